@@ -1,0 +1,43 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint types imports unit proto proto-check clean venv
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+## make demo: the product end to end on the simulated cluster, with a real Triton on the CPU.
+demo: $(STAMP)
+	$(PY) -m sim.demo
+
+## make test: lint, format, types, import boundaries, then the whole pytest suite.
+test: $(STAMP) lint types imports unit
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+types: $(STAMP)
+	$(VENV)/bin/mypy .
+
+imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+## make proto: regenerate protos/agent_pb2*.py from protos/agent.proto (the result is committed).
+proto: $(STAMP)
+	$(PY) -m protos.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

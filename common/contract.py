@@ -1,0 +1,108 @@
+"""The contract between the parts (DESIGN.md, "Contract"): every key, name and default.
+
+The key prefix is configurable. With the prefix `seldon.io/trtis-` every key becomes the proof of
+concept's own name (`seldon.io/trtis-gpu-mem`, `seldon.io/trtis-model-id`, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "tritonshare.io/"
+POC_PREFIX = "seldon.io/trtis-"
+DEFAULT_SCHEDULER_NAME = "tritonshare"
+DEFAULT_SYSTEM_NAMESPACE = "tritonshare-system"
+DEFAULT_AGENT_AUDIENCE = "tritonshare-agent"
+AGENT_LEASE_PREFIX = "tritonshare-agent-"
+BINDER_LEADER_LEASE = "tritonshare-binder"
+
+# Default ports. Triton's own ports are never exposed to tenants.
+DEFAULT_AGENT_GRPC_PORT = 9100
+DEFAULT_AGENT_HTTP_PORT = 9102
+DEFAULT_BINDER_HTTP_PORT = 9200
+DEFAULT_PROXY_HTTP_PORT = 9000
+DEFAULT_PROXY_GRPC_PORT = 9001
+DEFAULT_PROXY_METRICS_PORT = 9002
+
+_PREFIX_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9_.-]*$"
+)
+_MODEL_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class ContractError(ValueError):
+    """A value does not follow the contract; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The annotation, resource and label keys, all derived from one prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not self.prefix or not _PREFIX_RE.match(self.prefix):
+            raise ContractError(
+                f"key prefix {self.prefix!r} is not a valid Kubernetes key prefix; "
+                f"use a DNS subdomain ending in '/', such as {DEFAULT_PREFIX!r}, "
+                f"or {POC_PREFIX!r} for the proof of concept's names"
+            )
+
+    @property
+    def gpu_mem(self) -> str:
+        """Container resource limit: the model's GPU memory, a quantity in bytes."""
+        return f"{self.prefix}gpu-mem"
+
+    @property
+    def model_id(self) -> str:
+        """Pod annotation: the Triton model name, unique per node."""
+        return f"{self.prefix}model-id"
+
+    @property
+    def gpu(self) -> str:
+        """Pod annotation written by the binder: UUID of the GPU chosen on the node."""
+        return f"{self.prefix}gpu"
+
+    @property
+    def gpu_mem_total(self) -> str:
+        """Node annotation written by the agent: total memory of healthy GPUs, decimal bytes."""
+        return f"{self.prefix}gpu-mem-total"
+
+    @property
+    def gpus(self) -> str:
+        """Node annotation written by the agent: JSON list of the node's GPUs."""
+        return f"{self.prefix}gpus"
+
+
+def agent_lease_name(node_name: str) -> str:
+    """The name of the Lease an agent renews for its node."""
+    return f"{AGENT_LEASE_PREFIX}{node_name}"
+
+
+def validate_model_id(model_id: str) -> str:
+    """Return `model_id` if it is a valid model id, else raise ContractError saying why."""
+    if not isinstance(model_id, str) or not model_id:
+        raise ContractError("model id is empty; set it to the Triton model name")
+    if len(model_id) > 128:
+        raise ContractError(
+            f"model id {model_id[:40]!r}... is {len(model_id)} characters; at most 128 are allowed"
+        )
+    if model_id.startswith("."):
+        raise ContractError(
+            f"model id {model_id!r} starts with a dot; Triton would list it as a hidden directory"
+        )
+    if not _MODEL_ID_RE.match(model_id):
+        raise ContractError(
+            f"model id {model_id!r} has characters outside [A-Za-z0-9_.-]; rename the model"
+        )
+    return model_id
+
+
+def is_valid_model_id(model_id: str) -> bool:
+    """True when `model_id` follows the contract."""
+    try:
+        validate_model_id(model_id)
+    except ContractError:
+        return False
+    return True

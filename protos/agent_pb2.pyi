@@ -1,0 +1,155 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODEL_STATE_UNSPECIFIED: _ClassVar[ModelState]
+    MODEL_STATE_ABSENT: _ClassVar[ModelState]
+    MODEL_STATE_INSTALLED: _ClassVar[ModelState]
+    MODEL_STATE_LOADING: _ClassVar[ModelState]
+    MODEL_STATE_READY: _ClassVar[ModelState]
+    MODEL_STATE_UNLOADING: _ClassVar[ModelState]
+    MODEL_STATE_FAILED: _ClassVar[ModelState]
+MODEL_STATE_UNSPECIFIED: ModelState
+MODEL_STATE_ABSENT: ModelState
+MODEL_STATE_INSTALLED: ModelState
+MODEL_STATE_LOADING: ModelState
+MODEL_STATE_READY: ModelState
+MODEL_STATE_UNLOADING: ModelState
+MODEL_STATE_FAILED: ModelState
+
+class FileEntry(_message.Message):
+    __slots__ = ("path", "size", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class Manifest(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[FileEntry]
+    def __init__(self, files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ...) -> None: ...
+
+class InstallHeader(_message.Message):
+    __slots__ = ("model_id", "manifest")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    manifest: Manifest
+    def __init__(self, model_id: _Optional[str] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ...) -> None: ...
+
+class FileChunk(_message.Message):
+    __slots__ = ("path", "offset", "data")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    offset: int
+    data: bytes
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class InstallModelRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: InstallHeader
+    chunk: FileChunk
+    def __init__(self, header: _Optional[_Union[InstallHeader, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
+
+class InstallModelResponse(_message.Message):
+    __slots__ = ("model_id", "manifest_digest", "unchanged", "bytes_written")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    manifest_digest: str
+    unchanged: bool
+    bytes_written: int
+    def __init__(self, model_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., unchanged: _Optional[bool] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+
+class ModelStatus(_message.Message):
+    __slots__ = ("model_id", "state", "reason", "manifest_digest", "gpu_uuid", "gpu_index", "pod")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    state: ModelState
+    reason: str
+    manifest_digest: str
+    gpu_uuid: str
+    gpu_index: int
+    pod: str
+    def __init__(self, model_id: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., gpu_index: _Optional[int] = ..., pod: _Optional[str] = ...) -> None: ...
+
+class LoadModelRequest(_message.Message):
+    __slots__ = ("model_id",)
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    def __init__(self, model_id: _Optional[str] = ...) -> None: ...
+
+class UnloadModelRequest(_message.Message):
+    __slots__ = ("model_id",)
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    def __init__(self, model_id: _Optional[str] = ...) -> None: ...
+
+class GetModelRequest(_message.Message):
+    __slots__ = ("model_id",)
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    def __init__(self, model_id: _Optional[str] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ...) -> None: ...
+
+class ListGpusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Gpu(_message.Message):
+    __slots__ = ("uuid", "index", "product", "memory_total_bytes", "memory_used_bytes", "healthy", "reason")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    index: int
+    product: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    healthy: bool
+    reason: str
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., product: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ListGpusResponse(_message.Message):
+    __slots__ = ("node", "gpus")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ...) -> None: ...

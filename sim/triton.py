@@ -1,0 +1,232 @@
+"""Run a real Triton Inference Server on the CPU, from the `nvidia-pytriton` wheel.
+
+The wheel ships `tritonserver` 2.51 with the Python backend. This module finds the binary, builds a
+backend directory with the Python backend's library, utilities and the stub for this Python, starts
+the server on free ports in explicit model-control mode, waits until it is live, and stops it.
+Used by the tests, the benchmarks and the demo; the product talks to a Triton it is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+
+class TritonUnavailableError(RuntimeError):
+    """nvidia-pytriton (and so the tritonserver binary) is not installed."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the wheel put the binary, its libraries and the Python backend."""
+
+    binary: Path
+    libs: Path
+    python_backend: Path
+    stub: Path
+
+    @classmethod
+    def find(cls) -> TritonInstall:
+        """Locate the install; raise TritonUnavailableError with what to install if absent."""
+        try:
+            import pytriton
+        except ImportError as e:
+            raise TritonUnavailableError(
+                "nvidia-pytriton is not installed; run `make test` (or pip install "
+                "'nvidia-pytriton==0.7.0') to get the tritonserver binary"
+            ) from e
+        package = Path(pytriton.__file__).resolve().parent
+        site = package.parent
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        install = cls(
+            binary=package / "tritonserver" / "bin" / "tritonserver",
+            libs=site / "nvidia_pytriton.libs",
+            python_backend=package / "tritonserver" / "backends" / "python",
+            stub=package
+            / "tritonserver"
+            / "python_backend_stubs"
+            / version
+            / "triton_python_backend_stub",
+        )
+        for path in (install.binary, install.libs, install.python_backend, install.stub):
+            if not path.exists():
+                raise TritonUnavailableError(f"the nvidia-pytriton install lacks {path}")
+        return install
+
+    def make_backend_dir(self, root: Path) -> Path:
+        """Assemble `root/python/` with the backend library, utilities and this Python's stub."""
+        python_dir = root / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            target = python_dir / name
+            if not target.exists():
+                shutil.copy2(self.python_backend / name, target)
+        stub = python_dir / "triton_python_backend_stub"
+        if not stub.exists():
+            shutil.copy2(self.stub, stub)
+            stub.chmod(0o755)
+        return root
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process. Use as a context manager, or call start() and stop()."""
+
+    model_repository: Path
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    restricted: bool = False
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    startup_timeout: float = 60.0
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _workdir: Path | None = field(default=None, init=False)
+
+    @property
+    def http_url(self) -> str:
+        """host:port of the HTTP endpoint (tritonclient's form)."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port of the gRPC endpoint (tritonclient's form)."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def command(self, install: TritonInstall, backend_dir: Path) -> list[str]:
+        """The tritonserver command line."""
+        args = [
+            str(install.binary),
+            f"--model-repository={self.model_repository}",
+            "--model-control-mode=explicit",
+            f"--backend-directory={backend_dir}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=false",
+            "--exit-on-error=false",
+            "--strict-readiness=true",
+            "--log-verbose=0",
+        ]
+        if self.restricted:
+            header = "tritonshare-admin-key:local"
+            args += [
+                f"--http-restricted-api=model-repository,shared-memory,trace,logging:{header}",
+                f"--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:{header}",
+            ]
+        return args + self.extra_args
+
+    def start(self) -> TritonServer:
+        """Start the server and wait until /v2/health/live answers."""
+        install = TritonInstall.find()
+        self._workdir = Path(tempfile.mkdtemp(prefix="tritonshare-triton-"))
+        backend_dir = install.make_backend_dir(self._workdir / "backends")
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            if getattr(self, name) == 0:
+                setattr(self, name, free_port())
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = ":".join(
+            p for p in (str(install.libs), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        # The Python backend's stub embeds libpython and finds its environment (numpy) through
+        # the `python3` first on PATH: put this interpreter's bin directory first.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        log_path = self.log_path or (self._workdir / "tritonserver.log")
+        with log_path.open("wb") as log_file:
+            self.process = subprocess.Popen(
+                self.command(install, backend_dir),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self.log_path = log_path
+        try:
+            self._wait_live()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_live(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        url = f"http://{self.http_url}/v2/health/live"
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"tritonserver exited with code {self.process.returncode} while starting; "
+                    f"its log:\n{self.log_tail()}"
+                )
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(url, timeout=1) as response,
+            ):
+                if response.status == 200:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"tritonserver was not live after {self.startup_timeout:.0f} s; log:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server's log, for error messages."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and remove its work directory."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout)
+        self.process = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def kill(self) -> None:
+        """Kill the server abruptly (as a crash would), keeping the ports for a restart."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(15)
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

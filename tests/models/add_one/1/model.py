@@ -1,0 +1,13 @@
+"""add_one: OUTPUT0 = INPUT0 + 1, a tiny Python-backend model for tests and the demo."""
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses

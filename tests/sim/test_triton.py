@@ -1,0 +1,65 @@
+"""The real-Triton fixture really serves inferences (HTTP and gRPC) and stops cleanly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from sim.triton import TritonInstall, TritonServer
+from tests.conftest import copy_model
+
+
+def test_fixture_serves_an_inference_over_http_and_grpc(
+    triton: TritonServer, model_repository: Path
+) -> None:
+    copy_model("add_one", model_repository)
+    http = httpclient.InferenceServerClient(triton.http_url)
+    try:
+        assert http.is_server_live()
+        http.load_model("add_one")
+        assert http.is_model_ready("add_one")
+        data = np.array([[1.0, 2.5, -3.0]], dtype=np.float32)
+        inp = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+        inp.set_data_from_numpy(data)
+        result = http.infer("add_one", [inp])
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), data + 1)
+    finally:
+        http.close()
+
+    grpc = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        ginp = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+        ginp.set_data_from_numpy(np.array([[10.0, 20.0]], dtype=np.float32))
+        gres = grpc.infer("add_one", [ginp])
+        np.testing.assert_allclose(gres.as_numpy("OUTPUT0"), [[11.0, 21.0]])
+    finally:
+        grpc.close()
+
+
+def test_identity_echoes_several_dtypes(triton: TritonServer, model_repository: Path) -> None:
+    copy_model("identity", model_repository)
+    client = httpclient.InferenceServerClient(triton.http_url)
+    try:
+        client.load_model("identity")
+        ints = np.array([1, -2, 3], dtype=np.int64)
+        words = np.array([b"a", b"bc", "é".encode()], dtype=np.object_)
+        i1 = httpclient.InferInput("INPUT_INT64", [3], "INT64")
+        i1.set_data_from_numpy(ints)
+        i2 = httpclient.InferInput("INPUT_BYTES", [3], "BYTES")
+        i2.set_data_from_numpy(words)
+        result = client.infer("identity", [i1, i2])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT_INT64"), ints)
+        assert list(result.as_numpy("OUTPUT_BYTES")) == list(words)
+    finally:
+        client.close()
+
+
+def test_stop_ends_the_process(triton_install: TritonInstall, model_repository: Path) -> None:
+    server = TritonServer(model_repository).start()
+    process = server.process
+    assert process is not None and process.poll() is None
+    server.stop()
+    assert process.poll() is not None

@@ -1,0 +1,47 @@
+"""Import boundaries import-linter cannot express (it does not take subpackages of external
+packages): aiohttp's server side (`aiohttp.web`) has one importer per part."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The one module per part allowed to import aiohttp's server pieces.
+WEB_IMPORTERS = {"proxy": "proxy/server.py", "agent": "agent/http.py", "binder": "binder/http.py"}
+
+
+def _imports_aiohttp_web(path: Path) -> bool:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(
+            a.name == "aiohttp.web" or a.name.startswith("aiohttp.web_") for a in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "aiohttp.web" or node.module.startswith("aiohttp.web_"):
+                return True
+            if node.module == "aiohttp" and any(a.name.startswith("web") for a in node.names):
+                return True
+    return False
+
+
+def test_only_one_module_per_part_imports_the_aiohttp_server() -> None:
+    offenders = []
+    for part in ("agent", "binder", "loader", "proxy", "common", "protos"):
+        for path in sorted((ROOT / part).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if _imports_aiohttp_web(path) and WEB_IMPORTERS.get(part) != relative:
+                offenders.append(relative)
+    assert not offenders, (
+        f"these modules import aiohttp's server pieces outside their part's one allowed module "
+        f"{sorted(WEB_IMPORTERS.values())}: {offenders}"
+    )
+
+
+def test_the_checker_sees_an_aiohttp_web_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from aiohttp import web\n")
+    assert _imports_aiohttp_web(sample)
+    sample.write_text("import aiohttp\n")
+    assert not _imports_aiohttp_web(sample)
