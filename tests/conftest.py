@@ -18,6 +18,8 @@ import pytest
 
 from sim.triton import TritonInstall, TritonServer, TritonUnavailableError
 
+pytest_plugins = ["tests.fixtures_sim"]
+
 MODELS_DIR = Path(__file__).parent / "models"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

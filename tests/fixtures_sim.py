@@ -1,0 +1,1 @@
+"""Pytest fixtures for the simulated cluster (filled in with sim/apiserver)."""
