@@ -59,6 +59,9 @@ class Lifecycle:
             coro.close()
             raise RuntimeError(f"task {name!r} is already running")
         task = asyncio.create_task(self._guard(name, coro), name=name)
+        # A task cancelled before its first step never awaits `coro`: close it so it is not
+        # reported as "never awaited".
+        task.add_done_callback(lambda _: coro.close())
         self._tasks[name] = task
         return task
 

@@ -1,0 +1,123 @@
+"""The lifecycle stops on signals, reports failed tasks and runs cleanups in reverse order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+
+import pytest
+
+from common.lifecycle import Lifecycle
+from common.logs import JsonFormatter, configure_logging
+
+
+async def test_cleanups_run_in_reverse_order_and_tasks_are_cancelled() -> None:
+    order: list[str] = []
+    cancelled = asyncio.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def main(life: Lifecycle) -> None:
+        life.spawn("worker", forever())
+
+        async def first() -> None:
+            order.append("first")
+
+        async def second() -> None:
+            order.append("second")
+
+        life.on_shutdown("first", first)
+        life.on_shutdown("second", second)
+        life.request_stop("test")
+
+    assert await Lifecycle().run(main) == 0
+    assert order == ["second", "first"]
+    assert cancelled.is_set()
+
+
+async def test_a_failing_task_stops_the_process_with_code_1(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    async def main(life: Lifecycle) -> None:
+        life.spawn("watcher", broken())
+
+    with caplog.at_level(logging.ERROR):
+        code = await asyncio.wait_for(Lifecycle().run(main), 10)
+    assert code == 1
+    assert "watcher has failed" in caplog.text
+
+
+async def test_sigterm_requests_a_stop() -> None:
+    life = Lifecycle()
+    seen: list[signal.Signals] = []
+    life.install_signal_handlers(seen.append)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(life.wait(), 10)
+    finally:
+        loop = asyncio.get_running_loop()
+        loop.remove_signal_handler(signal.SIGTERM)
+        loop.remove_signal_handler(signal.SIGINT)
+    assert seen == [signal.SIGTERM]
+    assert life.stop_reason == "SIGTERM"
+
+
+async def test_a_slow_cleanup_is_bounded_and_the_next_still_runs() -> None:
+    ran: list[str] = []
+
+    async def slow() -> None:
+        await asyncio.Event().wait()
+
+    async def quick() -> None:
+        ran.append("quick")
+
+    life = Lifecycle(cleanup_timeout=0.05)
+    life.on_shutdown("quick", quick)
+    life.on_shutdown("slow", slow)
+    await life.shutdown()
+    assert ran == ["quick"]
+
+
+async def test_spawning_a_running_name_twice_is_refused() -> None:
+    life = Lifecycle()
+    life.spawn("x", asyncio.Event().wait())  # type: ignore[arg-type]
+    coro = asyncio.Event().wait()
+    with pytest.raises(RuntimeError, match="already running"):
+        life.spawn("x", coro)  # type: ignore[arg-type]
+    await life.shutdown()
+
+
+def test_json_logs_carry_message_and_extra_fields() -> None:
+    record = logging.LogRecord(
+        "agent.gpus", logging.WARNING, __file__, 1, "GPU %d is lost", (1,), None
+    )
+    record.gpu_uuid = "GPU-3f2"
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "GPU 1 is lost"
+    assert entry["level"] == "warning"
+    assert entry["logger"] == "agent.gpus"
+    assert entry["gpu_uuid"] == "GPU-3f2"
+
+
+def test_configure_logging_replaces_handlers_and_quiets_clients() -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("DEBUG", "json")
+        assert len(root.handlers) == 1
+        assert isinstance(root.handlers[0].formatter, JsonFormatter)
+        assert logging.getLogger("kubernetes").level == logging.WARNING
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
