@@ -1,0 +1,226 @@
+"""The loader's one adapter to the node's agent: a grpc.aio channel and the three calls it needs.
+
+Every call carries `authorization: Bearer <token>`, with the token re-read from its file for each
+call because the kubelet rotates projected tokens. Agent answers are converted to the dataclasses
+below where they enter; gRPC failures are converted once, by errors.classify, into a permanent
+LoaderError or a TransientError. Must not retry or decide what to do next (loading.py does).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import grpc
+import grpc.aio
+
+from loader.errors import INSTALL, LOAD, QUERY, InvalidModelError, SettingsError, classify
+from loader.manifest import Manifest
+from loader.validate import ModelDirectory
+from protos import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class ModelState(Enum):
+    """A model's state on the node, as the agent reports it."""
+
+    UNSPECIFIED = agent_pb2.MODEL_STATE_UNSPECIFIED
+    ABSENT = agent_pb2.MODEL_STATE_ABSENT
+    INSTALLED = agent_pb2.MODEL_STATE_INSTALLED
+    LOADING = agent_pb2.MODEL_STATE_LOADING
+    READY = agent_pb2.MODEL_STATE_READY
+    UNLOADING = agent_pb2.MODEL_STATE_UNLOADING
+    FAILED = agent_pb2.MODEL_STATE_FAILED
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model on the node."""
+
+    model_id: str
+    state: ModelState
+    reason: str = ""
+    manifest_digest: str = ""
+    gpu_uuid: str = ""
+    gpu_index: int = -1
+
+    @classmethod
+    def from_proto(cls, status: agent_pb2.ModelStatus) -> ModelStatus:
+        """Convert the agent's answer; an unknown future state reads as UNSPECIFIED."""
+        try:
+            state = ModelState(status.state)
+        except ValueError:
+            state = ModelState.UNSPECIFIED
+        return cls(
+            model_id=status.model_id,
+            state=state,
+            reason=status.reason,
+            manifest_digest=status.manifest_digest,
+            gpu_uuid=status.gpu_uuid,
+            gpu_index=status.gpu_index,
+        )
+
+    def describe_placement(self) -> str:
+        """'GPU <uuid> (index i)' or 'the CPU', for log sentences."""
+        if self.gpu_uuid:
+            return f"GPU {self.gpu_uuid} (index {self.gpu_index})"
+        return "the CPU"
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    """What the agent did with an install stream."""
+
+    manifest_digest: str
+    unchanged: bool
+    bytes_written: int
+    bytes_sent: int
+
+
+class AgentClient:
+    """One channel to the agent for the whole run."""
+
+    def __init__(self, address: str, token_file: Path, *, chunk_bytes: int) -> None:
+        self.address = address
+        self._token_file = token_file
+        self._chunk_bytes = chunk_bytes
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = agent_pb2_grpc.AgentStub(self._channel)
+
+    async def close(self) -> None:
+        """Close the channel; pending calls are cancelled."""
+        await self._channel.close(grace=None)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        try:
+            token = self._token_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError as e:
+            raise SettingsError(
+                f"token file {self._token_file} does not exist; mount a projected "
+                f"service-account token with the agent's audience there, or set --token-file"
+            ) from e
+        except (OSError, UnicodeDecodeError) as e:
+            raise SettingsError(f"token file {self._token_file} cannot be read: {e}") from e
+        if not token:
+            raise SettingsError(f"token file {self._token_file} is empty; mount a real token")
+        return (("authorization", f"Bearer {token}"),)
+
+    async def get_model(self, model_id: str, time_limit: float) -> ModelStatus:
+        """The agent's view of `model_id`; NOT_FOUND reads as ABSENT."""
+        request = agent_pb2.GetModelRequest(model_id=model_id)
+        try:
+            reply = await self._stub.GetModel(
+                request, metadata=self._metadata(), timeout=time_limit
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return ModelStatus(model_id=model_id, state=ModelState.ABSENT)
+            raise classify(e.code(), e.details() or "", QUERY) from e
+        return ModelStatus.from_proto(reply)
+
+    async def load(self, model_id: str, time_limit: float) -> ModelStatus:
+        """Ask the agent to load an installed model; it answers once READY or FAILED."""
+        request = agent_pb2.LoadModelRequest(model_id=model_id)
+        try:
+            reply = await self._stub.LoadModel(
+                request, metadata=self._metadata(), timeout=time_limit
+            )
+        except grpc.aio.AioRpcError as e:
+            raise classify(e.code(), e.details() or "", LOAD) from e
+        return ModelStatus.from_proto(reply)
+
+    async def install(
+        self, model: ModelDirectory, manifest: Manifest, time_limit: float
+    ) -> InstallResult:
+        """Stream the header (model id and manifest), then every file in chunks, in path order."""
+        counter = _SentBytes()
+        header = agent_pb2.InstallHeader(
+            model_id=model.model_id,
+            manifest=agent_pb2.Manifest(
+                files=[
+                    agent_pb2.FileEntry(path=e.path, size=e.size, sha256=e.sha256)
+                    for e in manifest.entries
+                ]
+            ),
+        )
+        requests = self._install_requests(header, model, manifest, counter)
+        try:
+            reply = await self._stub.InstallModel(
+                requests, metadata=self._metadata(), timeout=time_limit
+            )
+        except grpc.aio.AioRpcError as e:
+            if counter.failure is not None:
+                # The stream was cut because a local file changed; that, not the cancellation
+                # the agent saw, is the reason to report.
+                raise counter.failure from e
+            raise classify(e.code(), e.details() or "", INSTALL) from e
+        if counter.failure is not None:
+            raise counter.failure
+        return InstallResult(
+            manifest_digest=reply.manifest_digest,
+            unchanged=reply.unchanged,
+            bytes_written=reply.bytes_written,
+            bytes_sent=counter.sent,
+        )
+
+    async def _install_requests(
+        self,
+        header: agent_pb2.InstallHeader,
+        model: ModelDirectory,
+        manifest: Manifest,
+        counter: _SentBytes,
+    ) -> AsyncIterator[agent_pb2.InstallModelRequest]:
+        yield agent_pb2.InstallModelRequest(header=header)
+        sources = {f.path: f.source for f in model.files}
+        for entry in manifest.entries:
+            source = sources[entry.path]
+            offset = 0
+            try:
+                with source.open("rb") as stream:
+                    if entry.size == 0:
+                        # An empty file still gets one (empty) chunk, so the agent creates it.
+                        yield _chunk(entry.path, 0, b"")
+                    while offset < entry.size:
+                        data = stream.read(min(self._chunk_bytes, entry.size - offset))
+                        if not data:
+                            break
+                        yield _chunk(entry.path, offset, data)
+                        offset += len(data)
+                        counter.sent += len(data)
+            except OSError as e:
+                counter.failure = InvalidModelError(
+                    f"{entry.path} in the model directory cannot be read ({e.strerror}); "
+                    f"fix its permissions"
+                )
+                return
+            if offset != entry.size or _size_now(source) != entry.size:
+                counter.failure = InvalidModelError(
+                    f"{entry.path} in the model directory changed size while being sent; finish "
+                    f"writing the model before the loader starts"
+                )
+                return
+
+
+def _chunk(path: str, offset: int, data: bytes) -> agent_pb2.InstallModelRequest:
+    return agent_pb2.InstallModelRequest(
+        chunk=agent_pb2.FileChunk(path=path, offset=offset, data=data)
+    )
+
+
+def _size_now(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+class _SentBytes:
+    """Mutable tally shared with the request generator: bytes sent, and a local failure."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.failure: InvalidModelError | None = None

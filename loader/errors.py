@@ -1,0 +1,164 @@
+"""The loader's failures, each with the exit code a pod's operator sees, and the one table that
+maps the agent's gRPC status codes onto them.
+
+A failure is either permanent (retrying cannot help: fix the model, the token or the settings) or
+transient (the agent or Triton is not up yet, the connection was reset): only `TransientError` is
+retried. This module must not do I/O; it only names and classifies failures.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import grpc
+
+
+class ExitCode(int, Enum):
+    """The loader's process exit codes (documented in docs/loader.md)."""
+
+    OK = 0
+    AGENT_FAILED = 1
+    USAGE = 2
+    INVALID_MODEL = 3
+    REFUSED = 4
+    MODEL_REJECTED = 5
+    TIMED_OUT = 6
+    AGENT_UNREACHABLE = 7
+    STOPPED = 143
+
+
+class LoaderError(Exception):
+    """A failure that ends the loader; `str(e)` is the one-line reason for the termination log."""
+
+    exit_code = ExitCode.AGENT_FAILED
+
+
+class SettingsError(LoaderError):
+    """A flag, environment variable or input file is missing or malformed."""
+
+    exit_code = ExitCode.USAGE
+
+
+class InvalidModelError(LoaderError):
+    """The model directory cannot be served as it is (found locally or by the agent)."""
+
+    exit_code = ExitCode.INVALID_MODEL
+
+
+class RefusedError(LoaderError):
+    """The agent refused the caller: the token is invalid, or the pod may not load this model."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class ModelRejectedError(LoaderError):
+    """Triton (through the agent) refused to load the model; the message carries its reason."""
+
+    exit_code = ExitCode.MODEL_REJECTED
+
+
+class TimedOutError(LoaderError):
+    """The agent was reached, but the model was not READY before the overall timeout."""
+
+    exit_code = ExitCode.TIMED_OUT
+
+
+class AgentUnreachableError(LoaderError):
+    """The agent never answered before the overall timeout."""
+
+    exit_code = ExitCode.AGENT_UNREACHABLE
+
+
+class AgentFailedError(LoaderError):
+    """The agent answered with an error the loader cannot fix by retrying or by itself."""
+
+    exit_code = ExitCode.AGENT_FAILED
+
+
+class StoppedError(LoaderError):
+    """The loader was asked to stop (SIGTERM, SIGINT) before the model was READY."""
+
+    exit_code = ExitCode.STOPPED
+
+
+class TransientError(Exception):
+    """A failure worth retrying; `reached_agent` tells timeout from unreachable when time runs out.
+
+    Not a LoaderError: it never ends the process by itself.
+    """
+
+    def __init__(self, message: str, *, reached_agent: bool) -> None:
+        super().__init__(message)
+        self.reached_agent = reached_agent
+
+
+# Which agent RPC failed matters for one code: INVALID_ARGUMENT on an install means the agent found
+# the files unacceptable (exit 3), on a load it means Triton rejected the model (exit 5).
+INSTALL = "install"
+LOAD = "load"
+QUERY = "query"
+
+# Codes that mean "try again": the agent or Triton is starting or restarting, the connection broke,
+# one attempt ran out of time, or a concurrent request for the same model won a race.
+_TRANSIENT: dict[grpc.StatusCode, bool] = {
+    # value: whether the agent itself was reached (an UNAVAILABLE is usually no connection).
+    grpc.StatusCode.UNAVAILABLE: False,
+    grpc.StatusCode.DEADLINE_EXCEEDED: True,
+    grpc.StatusCode.ABORTED: True,
+    grpc.StatusCode.CANCELLED: True,
+    grpc.StatusCode.DATA_LOSS: True,
+    grpc.StatusCode.NOT_FOUND: True,
+}
+
+_PERMANENT: dict[tuple[str, grpc.StatusCode], tuple[type[LoaderError], str]] = {
+    (INSTALL, grpc.StatusCode.INVALID_ARGUMENT): (
+        InvalidModelError,
+        "the agent refused the model files: {details}; fix the model directory",
+    ),
+    (LOAD, grpc.StatusCode.INVALID_ARGUMENT): (
+        ModelRejectedError,
+        "Triton rejected the model: {details}; fix config.pbtxt or the model files",
+    ),
+    (INSTALL, grpc.StatusCode.FAILED_PRECONDITION): (
+        ModelRejectedError,
+        "the agent cannot install the model: {details}",
+    ),
+    (LOAD, grpc.StatusCode.FAILED_PRECONDITION): (
+        ModelRejectedError,
+        "Triton rejected the model: {details}; fix config.pbtxt or the model files",
+    ),
+    (LOAD, grpc.StatusCode.RESOURCE_EXHAUSTED): (
+        ModelRejectedError,
+        "the model does not fit: {details}; raise the pod's GPU memory limit or slim the model",
+    ),
+    (INSTALL, grpc.StatusCode.RESOURCE_EXHAUSTED): (
+        InvalidModelError,
+        "the agent has no room for the model files: {details}",
+    ),
+}
+
+_REFUSAL_HINT = {
+    grpc.StatusCode.UNAUTHENTICATED: (
+        "the agent refused the token: {details}; mount a projected service-account token with "
+        "the agent's audience at --token-file"
+    ),
+    grpc.StatusCode.PERMISSION_DENIED: (
+        "the agent refused this pod: {details}; the pod must be scheduled by tritonshare onto "
+        "this node and annotated with this model id"
+    ),
+}
+
+
+def classify(code: grpc.StatusCode, details: str, phase: str) -> LoaderError | TransientError:
+    """Map an agent RPC's failure onto a permanent LoaderError or a TransientError."""
+    details = details or code.name
+    if code in _TRANSIENT:
+        return TransientError(
+            f"{phase} call: {code.name}: {details}", reached_agent=_TRANSIENT[code]
+        )
+    if code in _REFUSAL_HINT:
+        return RefusedError(_REFUSAL_HINT[code].format(details=details))
+    if (phase, code) in _PERMANENT:
+        error_type, template = _PERMANENT[(phase, code)]
+        return error_type(template.format(details=details))
+    return AgentFailedError(f"the agent failed the {phase} call with {code.name}: {details}")

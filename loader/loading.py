@@ -1,0 +1,264 @@
+"""The loader's job from start to READY: ask what the node has, send only what is missing, load,
+wait, and retry transient failures with backoff until the overall deadline.
+
+One pass: GetModel; if the node already has the same manifest digest (READY, INSTALLED, LOADING
+or FAILED), skip the install; otherwise stream the files; then LoadModel unless READY, and poll
+while the agent reports LOADING. A TransientError anywhere restarts the pass after a backoff
+delay, so an agent restarted mid-install is simply asked again. Permanent failures propagate at
+once. Owns this decision flow; it must not parse settings, hash files or touch gRPC directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from common.quantity import format_bytes
+from loader.agentclient import InstallResult, ModelState, ModelStatus
+from loader.errors import (
+    AgentFailedError,
+    AgentUnreachableError,
+    ModelRejectedError,
+    TimedOutError,
+    TransientError,
+)
+from loader.manifest import Manifest
+from loader.retry import Backoff, Deadline
+from loader.validate import ModelDirectory
+
+log = logging.getLogger(__name__)
+
+# States in which the node holds files it can load: skip the install when the digest matches.
+_HAS_FILES = frozenset(
+    {ModelState.INSTALLED, ModelState.LOADING, ModelState.READY, ModelState.FAILED}
+)
+
+
+class Agent(Protocol):
+    """The agent calls the flow needs (loader.agentclient.AgentClient in production)."""
+
+    address: str
+
+    async def get_model(self, model_id: str, time_limit: float) -> ModelStatus: ...
+
+    async def load(self, model_id: str, time_limit: float) -> ModelStatus: ...
+
+    async def install(
+        self, model: ModelDirectory, manifest: Manifest, time_limit: float
+    ) -> InstallResult: ...
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to wait for what."""
+
+    total_seconds: float
+    attempt_seconds: float
+    poll_seconds: float
+    backoff: Backoff
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the loader did, for the final log line, the termination log and the tests."""
+
+    status: ModelStatus
+    files: int
+    model_bytes: int
+    bytes_sent: int
+    installed: bool
+    attempts: int
+    seconds: float
+
+    def summary(self) -> str:
+        """One line: the model, where it runs, what was sent and how long it took."""
+        if self.installed:
+            sent = f"sent {self.files} files ({format_bytes(self.bytes_sent)})"
+        else:
+            sent = f"its {self.files} files were already on the node, nothing sent"
+        return (
+            f"model {self.status.model_id} is READY on {self.status.describe_placement()} "
+            f"after {self.seconds:.1f} s: {sent}"
+        )
+
+
+class Loading:
+    """One run of the loader for one model directory."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        model: ModelDirectory,
+        manifest: Manifest,
+        timing: Timing,
+        *,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._agent = agent
+        self._model = model
+        self._manifest = manifest
+        self._timing = timing
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+        self._bytes_sent = 0
+        self._installed = False
+
+    async def run(self) -> Outcome:
+        """Get the model READY, or raise the LoaderError that says why not."""
+        deadline = Deadline(self._timing.total_seconds, self._clock)
+        reached_agent = False
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                status = await self._one_pass(deadline)
+            except TransientError as e:
+                reached_agent = reached_agent or e.reached_agent
+                delay = self._timing.backoff.delay(attempt - 1, self._rng)
+                if deadline.remaining() <= delay:
+                    raise self._gave_up(e, reached_agent, deadline) from e
+                log.warning(
+                    "Attempt %d to load model %s failed (%s): retrying in %.1f s, %.0f s left.",
+                    attempt,
+                    self._model.model_id,
+                    e,
+                    delay,
+                    deadline.remaining(),
+                )
+                await self._sleep(delay)
+                continue
+            return Outcome(
+                status=status,
+                files=len(self._manifest.entries),
+                model_bytes=self._manifest.total_bytes,
+                bytes_sent=self._bytes_sent,
+                installed=self._installed,
+                attempts=attempt,
+                seconds=deadline.elapsed(),
+            )
+
+    async def _one_pass(self, deadline: Deadline) -> ModelStatus:
+        model_id = self._model.model_id
+        digest = self._manifest.digest
+        status = await self._agent.get_model(model_id, deadline.bound(self._timing.attempt_seconds))
+        same_files = status.manifest_digest == digest and status.state in _HAS_FILES
+        if status.state is ModelState.READY and same_files:
+            log.info(
+                "Model %s is already READY on %s with the same files (digest %s): nothing to do.",
+                model_id,
+                status.describe_placement(),
+                digest[:12],
+            )
+            return status
+        if status.state is ModelState.UNLOADING:
+            raise TransientError(
+                f"model {model_id} is still being unloaded on the node", reached_agent=True
+            )
+        if same_files:
+            log.info(
+                "Model %s's files are already on the node (state %s, digest %s): not sending them.",
+                model_id,
+                status.state.name,
+                digest[:12],
+            )
+            if status.state is ModelState.LOADING:
+                status = await self._wait_while_loading(deadline)
+                if status.state is ModelState.READY:
+                    return status
+        else:
+            await self._install(deadline)
+        log.info("Asking the agent to load model %s into Triton.", model_id)
+        status = await self._agent.load(model_id, deadline.remaining())
+        if status.state is ModelState.LOADING:
+            status = await self._wait_while_loading(deadline)
+        return self._settled(status)
+
+    async def _install(self, deadline: Deadline) -> None:
+        model_id = self._model.model_id
+        log.info(
+            "Sending model %s to the agent at %s: %d files, %s (digest %s).",
+            model_id,
+            self._agent.address,
+            len(self._manifest.entries),
+            format_bytes(self._manifest.total_bytes),
+            self._manifest.digest[:12],
+        )
+        started = self._clock()
+        result = await self._agent.install(self._model, self._manifest, deadline.remaining())
+        self._bytes_sent += result.bytes_sent
+        self._installed = True
+        if result.manifest_digest and result.manifest_digest != self._manifest.digest:
+            raise AgentFailedError(
+                f"the agent installed model {model_id} with manifest digest "
+                f"{result.manifest_digest}, but the loader sent {self._manifest.digest}; "
+                f"the loader and agent disagree on the manifest format, upgrade them together"
+            )
+        seconds = self._clock() - started
+        if result.unchanged:
+            log.info(
+                "The agent already had model %s's files: it wrote nothing (%.1f s).",
+                model_id,
+                seconds,
+            )
+        else:
+            log.info(
+                "The agent installed model %s: %s sent, %s written in %.1f s.",
+                model_id,
+                format_bytes(result.bytes_sent),
+                format_bytes(result.bytes_written),
+                seconds,
+            )
+
+    async def _wait_while_loading(self, deadline: Deadline) -> ModelStatus:
+        model_id = self._model.model_id
+        log.info("Model %s is LOADING in Triton: waiting for it to become READY.", model_id)
+        while True:
+            await self._sleep(deadline.bound(self._timing.poll_seconds))
+            if deadline.remaining() <= 0:
+                raise TransientError(
+                    f"model {model_id} was still LOADING when time ran out", reached_agent=True
+                )
+            status = await self._agent.get_model(
+                model_id, deadline.bound(self._timing.attempt_seconds)
+            )
+            if status.state is not ModelState.LOADING:
+                return status
+
+    def _settled(self, status: ModelStatus) -> ModelStatus:
+        model_id = self._model.model_id
+        if status.state is ModelState.READY:
+            return status
+        if status.state is ModelState.FAILED:
+            raise ModelRejectedError(
+                f"Triton could not load model {model_id}: {status.reason or 'no reason given'}; "
+                f"fix config.pbtxt or the model files"
+            )
+        # INSTALLED or ABSENT after a load: the node changed under us (an agent or Triton
+        # restart); ask again from the start.
+        raise TransientError(
+            f"the agent reported model {model_id} as {status.state.name} after loading it"
+            + (f" ({status.reason})" if status.reason else ""),
+            reached_agent=True,
+        )
+
+    def _gave_up(
+        self, last: TransientError, reached_agent: bool, deadline: Deadline
+    ) -> TimedOutError | AgentUnreachableError:
+        waited = deadline.elapsed()
+        model_id = self._model.model_id
+        if reached_agent:
+            return TimedOutError(
+                f"model {model_id} was not READY after {waited:.0f} s (last: {last}); raise "
+                f"--timeout for a slow model, or look at the agent's and Triton's logs"
+            )
+        return AgentUnreachableError(
+            f"the agent at {self._agent.address} did not answer for {waited:.0f} s (last: "
+            f"{last}); check that the tritonshare agent runs on this node and listens there"
+        )
