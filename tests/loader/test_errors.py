@@ -1,0 +1,76 @@
+"""The one table from the agent's gRPC codes to retry or a permanent exit code."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from loader.errors import (
+    INSTALL,
+    LOAD,
+    QUERY,
+    AgentFailedError,
+    ExitCode,
+    InvalidModelError,
+    ModelRejectedError,
+    RefusedError,
+    TransientError,
+    classify,
+)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+    ],
+)
+@pytest.mark.parametrize("phase", [INSTALL, LOAD, QUERY])
+def test_a_not_yet_ready_agent_is_retried(code: grpc.StatusCode, phase: str) -> None:
+    assert isinstance(classify(code, "starting", phase), TransientError)
+
+
+def test_only_a_refused_connection_counts_as_not_reaching_the_agent() -> None:
+    unavailable = classify(grpc.StatusCode.UNAVAILABLE, "connection refused", QUERY)
+    deadline = classify(grpc.StatusCode.DEADLINE_EXCEEDED, "slow", QUERY)
+    assert isinstance(unavailable, TransientError)
+    assert isinstance(deadline, TransientError)
+    assert not unavailable.reached_agent
+    assert deadline.reached_agent
+
+
+@pytest.mark.parametrize("phase", [INSTALL, LOAD, QUERY])
+def test_a_refused_token_or_pod_fails_at_once_with_exit_4(phase: str) -> None:
+    token = classify(grpc.StatusCode.UNAUTHENTICATED, "token expired", phase)
+    pod = classify(grpc.StatusCode.PERMISSION_DENIED, "pod not on node", phase)
+    assert isinstance(token, RefusedError)
+    assert isinstance(pod, RefusedError)
+    assert token.exit_code == pod.exit_code == ExitCode.REFUSED
+    assert "token expired" in str(token)
+    assert "--token-file" in str(token)
+    assert "pod not on node" in str(pod)
+
+
+def test_invalid_argument_means_bad_files_on_install_and_a_rejected_model_on_load() -> None:
+    install = classify(grpc.StatusCode.INVALID_ARGUMENT, "path escapes", INSTALL)
+    load = classify(grpc.StatusCode.INVALID_ARGUMENT, "unexpected input", LOAD)
+    assert isinstance(install, InvalidModelError)
+    assert install.exit_code == ExitCode.INVALID_MODEL
+    assert isinstance(load, ModelRejectedError)
+    assert load.exit_code == ExitCode.MODEL_REJECTED
+    assert "unexpected input" in str(load)
+
+
+def test_an_internal_agent_error_is_not_retried_forever() -> None:
+    error = classify(grpc.StatusCode.INTERNAL, "bug", LOAD)
+    assert isinstance(error, AgentFailedError)
+    assert error.exit_code == ExitCode.AGENT_FAILED
+    assert "INTERNAL: bug" in str(error)
+
+
+def test_exit_codes_are_distinct() -> None:
+    codes = [c.value for c in ExitCode]
+    assert len(codes) == len(set(codes))
