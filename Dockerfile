@@ -1,0 +1,39 @@
+# syntax=docker/dockerfile:1
+# One image, four entry points: python -m agent | binder | loader | proxy (and the `tritonshare`
+# CLI). Build: docker build -t ghcr.io/tritonshare/tritonshare:0.1.0 .   (see docs/deploy.md)
+#
+# Stage 1 installs the project and its dependencies into a virtual environment. Every dependency
+# ships manylinux wheels, so no compiler is needed even here; the final stage gets only the venv.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/tritonshare
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY common ./common
+COPY protos ./protos
+COPY agent ./agent
+COPY binder ./binder
+COPY loader ./loader
+COPY proxy ./proxy
+COPY sim ./sim
+# A regular (not editable) install: the final stage must not depend on /src.
+RUN /opt/tritonshare/bin/pip install . \
+ && /opt/tritonshare/bin/python -m compileall -q /opt/tritonshare/lib \
+ && /opt/tritonshare/bin/pip uninstall -y pip setuptools
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="tritonshare" \
+      org.opencontainers.image.description="Share GPUs between many ML models on Kubernetes" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/tritonshare /opt/tritonshare
+ENV PATH=/opt/tritonshare/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# A numeric user, so Kubernetes' runAsNonRoot can verify it without looking into /etc/passwd.
+USER 10001:10001
+WORKDIR /tmp
+# The manifests set the command per container; a bare `docker run` prints the CLI's help.
+CMD ["tritonshare", "--help"]

@@ -1,0 +1,68 @@
+"""Render deploy/'s kustomizations with `kubectl kustomize` and walk the objects they produce.
+
+Shared by the deploy tests. Rendering uses whatever `kubectl` is installed: Debian's 1.20 (kustomize
+v2.0) in CI and newer ones on developers' machines; the kustomizations are written for both.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+KUSTOMIZATIONS = ("base", "monitoring", "example", "overlays/production")
+
+Obj = dict[str, Any]
+
+
+@cache
+def render(kubectl: str, kustomization: str) -> tuple[Obj, ...]:
+    """The objects `kubectl kustomize deploy/<kustomization>` prints, in order."""
+    result = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / kustomization)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, (
+        f"kubectl kustomize deploy/{kustomization} failed:\n{result.stderr}"
+    )
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    """kind/namespace/name, for messages."""
+    meta = obj.get("metadata", {})
+    return f"{obj.get('kind')}/{meta.get('namespace', '-')}/{meta.get('name')}"
+
+
+def pod_spec(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod template's spec of a workload object, or None for other kinds."""
+    kind = obj.get("kind")
+    if kind == "Pod":
+        spec: Mapping[str, Any] = obj["spec"]
+        return spec
+    if kind in ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"):
+        template: Mapping[str, Any] = obj["spec"]["template"]["spec"]
+        return template
+    return None
+
+
+def containers(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """Init containers, then main containers."""
+    yield from spec.get("initContainers", [])
+    yield from spec.get("containers", [])
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of a container argument, for the variables given."""
+    for key, replacement in env.items():
+        value = value.replace(f"$({key})", replacement)
+    return value

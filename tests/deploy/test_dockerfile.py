@@ -1,0 +1,119 @@
+"""The Dockerfile builds one slim, non-root image with the four entry points.
+
+No Docker engine runs here, so these read the Dockerfile and .dockerignore as a build would and
+check what the image would contain; the build itself is documented in docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.rendering import REPO
+
+PARTS = ("agent", "binder", "loader", "proxy")
+BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|make|build-essential|apt-get|apk|cc)\b")
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+
+def stages() -> list[Stage]:
+    text = (REPO / "Dockerfile").read_text()
+    logical = re.sub(r"\\\n", " ", text)
+    args: dict[str, str] = {}
+    result: list[Stage] = []
+    for line in logical.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        op, _, rest = line.partition(" ")
+        op = op.upper()
+        if op == "ARG" and not result:
+            key, _, value = rest.partition("=")
+            args[key] = value
+        elif op == "FROM":
+            words = rest.split()
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            result.append(Stage(base, name))
+        else:
+            result[-1].instructions.append((op, rest))
+    return result
+
+
+def test_the_image_is_multi_stage_on_a_pinned_slim_python() -> None:
+    all_stages = stages()
+    assert len(all_stages) >= 2
+    for stage in all_stages:
+        assert re.fullmatch(r"python:3\.11[.\d]*-slim-\w+", stage.base), stage.base
+
+
+def test_the_final_stage_is_non_root_and_has_no_build_tools() -> None:
+    final = stages()[-1]
+    users = [rest for op, rest in final.instructions if op == "USER"]
+    assert users, "the final stage must set USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "USER must be numeric and not root (runAsNonRoot)"
+    for op, rest in final.instructions:
+        assert op != "RUN" or not BUILD_TOOLS.search(rest), f"build tools in final stage: {rest}"
+    copies = [rest for op, rest in final.instructions if op == "COPY"]
+    assert copies and all(c.startswith("--from=") for c in copies), (
+        "the final stage copies only the built environment from the build stage"
+    )
+
+
+def test_the_manifests_run_as_the_image_user() -> None:
+    final = stages()[-1]
+    uid = int([rest for op, rest in final.instructions if op == "USER"][-1].split(":")[0])
+    for manifest in (REPO / "deploy").rglob("*.yaml"):
+        text = manifest.read_text()
+        if "image: tritonshare" in text:
+            assert f"runAsUser: {uid}" in text, f"{manifest} does not run as uid {uid}"
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.removeprefix("!").rstrip("/")
+        if fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(path.split("/")[0], pattern):
+            ignored = not negate
+    return ignored
+
+
+def test_the_build_context_holds_every_package_the_image_installs() -> None:
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    build = stages()[0]
+    copied = [shlex.split(rest)[:-1] for op, rest in build.instructions if op == "COPY"]
+    sources = {src for srcs in copied for src in srcs}
+    for package in ("common", "protos", *PARTS):
+        assert package in sources, f"the build stage does not copy {package}/"
+        assert not _ignored(f"{package}/__init__.py", patterns), f".dockerignore drops {package}/"
+    assert not _ignored("pyproject.toml", patterns)
+    assert _ignored(".venv/bin/python", patterns), ".dockerignore must keep .venv out"
+    assert _ignored("tests/conftest.py", patterns)
+
+
+def test_each_entry_point_is_a_runnable_module() -> None:
+    missing = [part for part in PARTS if importlib.util.find_spec(f"{part}.__main__") is None]
+    if missing:
+        pytest.skip(f"parts without a __main__ yet (the image cannot run them): {missing}")
+    for part in PARTS:
+        spec = importlib.util.find_spec(f"{part}.__main__")
+        assert spec is not None and spec.origin is not None
+        assert Path(spec.origin).is_relative_to(REPO / part)

@@ -1,0 +1,381 @@
+"""deploy/ renders with kubectl kustomize, validates against the Kubernetes schemas, locks every
+container down, and follows the contract (scheduler name, GPU memory, model id, agent token)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no stubs; only the deploy tests use it
+import kubernetes_validate
+import pytest
+
+from common.contract import (
+    DEFAULT_AGENT_AUDIENCE,
+    DEFAULT_AGENT_GRPC_PORT,
+    DEFAULT_PROXY_GRPC_PORT,
+    DEFAULT_PROXY_HTTP_PORT,
+    DEFAULT_SCHEDULER_NAME,
+    DEFAULT_SYSTEM_NAMESPACE,
+    Keys,
+    validate_model_id,
+)
+from common.quantity import parse_quantity
+from tests.conftest import require_executable
+from tests.deploy.rendering import (
+    KUSTOMIZATIONS,
+    Obj,
+    containers,
+    expand,
+    name_of,
+    pod_spec,
+    render,
+)
+
+# The oldest Kubernetes the manifests support: ValidatingAdmissionPolicy v1 and the pod's node name
+# in service-account tokens (agent-admission-policy.yaml), and the preStop sleep action.
+KUBERNETES_VERSION = "1.30.0"
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+KEYS = Keys()
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    return require_executable("kubectl")
+
+
+def everything(kubectl: str) -> list[Obj]:
+    seen: dict[str, Obj] = {}
+    for kustomization in KUSTOMIZATIONS:
+        for obj in render(kubectl, kustomization):
+            seen.setdefault(name_of(obj), obj)
+    return list(seen.values())
+
+
+def workloads(kubectl: str) -> list[tuple[Obj, Mapping[str, Any]]]:
+    return [(obj, spec) for obj in everything(kubectl) if (spec := pod_spec(obj)) is not None]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_each_kustomization_renders(kubectl: str, kustomization: str) -> None:
+    objects = render(kubectl, kustomization)
+    assert objects, f"deploy/{kustomization} rendered nothing"
+    names = [name_of(o) for o in objects]
+    assert len(names) == len(set(names)), f"duplicate objects in deploy/{kustomization}: {names}"
+
+
+def test_the_production_overlay_holds_the_whole_system(kubectl: str) -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in render(kubectl, "overlays/production")}
+    for expected in [
+        ("Namespace", DEFAULT_SYSTEM_NAMESPACE),
+        ("DaemonSet", "tritonshare-node"),
+        ("Deployment", "tritonshare-binder"),
+        ("PodDisruptionBudget", "tritonshare-binder"),
+        ("ValidatingAdmissionPolicy", "tritonshare-agent-own-node"),
+        ("PodMonitor", "tritonshare-model-proxies"),
+        ("ConfigMap", "tritonshare-grafana-dashboard"),
+    ]:
+        assert expected in kinds, f"the production overlay lacks {expected}"
+
+
+def test_every_builtin_object_validates_against_the_kubernetes_schema(kubectl: str) -> None:
+    validated = 0
+    for obj in everything(kubectl):
+        if obj["apiVersion"] in CRD_SCHEMAS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            pytest.fail(f"{name_of(obj)} is invalid at {path}: {e.message}")
+        validated += 1
+    assert validated >= 20
+
+
+# Custom resources have no schema in kubernetes-validate. These check the fields the manifests use
+# against the shapes the Prometheus Operator (monitoring.coreos.com/v1) and KEDA (keda.sh/v1alpha1)
+# CRDs define, rejecting unknown fields; fields we do not use are not described.
+_LABEL_SELECTOR = {
+    "type": "object",
+    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+    "additionalProperties": False,
+}
+_POD_MONITOR = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["selector", "podMetricsEndpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": _LABEL_SELECTOR,
+                "namespaceSelector": {
+                    "type": "object",
+                    "properties": {"any": {"type": "boolean"}},
+                    "additionalProperties": False,
+                },
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["port"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                            "relabelings": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "sourceLabels": {
+                                            "type": "array",
+                                            "items": {"type": "string"},
+                                        },
+                                        "targetLabel": {"type": "string"},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+_SCALED_OBJECT = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string"}},
+                    "additionalProperties": False,
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer"},
+                "cooldownPeriod": {"type": "integer"},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"const": "prometheus"},
+                            "metadata": {
+                                "type": "object",
+                                "required": ["serverAddress", "query", "threshold"],
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+CRD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "monitoring.coreos.com/v1": _POD_MONITOR,
+    "keda.sh/v1alpha1": _SCALED_OBJECT,
+}
+
+
+def test_custom_resources_have_the_shape_their_operators_expect(kubectl: str) -> None:
+    custom = [o for o in everything(kubectl) if o["apiVersion"] in CRD_SCHEMAS]
+    assert {o["kind"] for o in custom} == {"PodMonitor", "ScaledObject"}
+    for obj in custom:
+        try:
+            jsonschema.validate(obj, CRD_SCHEMAS[obj["apiVersion"]])
+        except jsonschema.ValidationError as e:
+            pytest.fail(f"{name_of(obj)}: {e.message} at {list(e.path)}")
+    deployments = {o["metadata"]["name"] for o in everything(kubectl) if o["kind"] == "Deployment"}
+    for scaled in (o for o in custom if o["kind"] == "ScaledObject"):
+        assert scaled["spec"]["scaleTargetRef"]["name"] in deployments
+
+
+def test_every_container_is_locked_down(kubectl: str) -> None:
+    for obj, spec in workloads(kubectl):
+        pod_security = spec.get("securityContext", {})
+        assert pod_security.get("runAsNonRoot") is True, f"{name_of(obj)} may run as root"
+        assert pod_security.get("seccompProfile", {}).get("type") == "RuntimeDefault"
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(flag), f"{name_of(obj)} sets {flag}"
+        for volume in spec.get("volumes", []):
+            assert "hostPath" not in volume, f"{name_of(obj)} mounts a hostPath"
+        for c in containers(spec):
+            where = f"{name_of(obj)} container {c['name']}"
+            sc = c.get("securityContext", {})
+            assert sc.get("allowPrivilegeEscalation") is False, f"{where} may escalate privileges"
+            assert sc.get("readOnlyRootFilesystem") is True, f"{where} has a writable root fs"
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{where} keeps capabilities"
+            assert not sc.get("capabilities", {}).get("add"), f"{where} adds capabilities"
+            assert not sc.get("privileged"), f"{where} is privileged"
+            assert sc.get("runAsUser", pod_security.get("runAsUser", 0)) != 0, f"{where} is root"
+            requests = c.get("resources", {}).get("requests", {})
+            assert {"cpu", "memory"} <= set(requests), f"{where} lacks cpu/memory requests"
+            assert "memory" in c.get("resources", {}).get("limits", {}), f"{where}: no memory limit"
+
+
+def test_images_are_pinned(kubectl: str) -> None:
+    for obj, spec in workloads(kubectl):
+        for c in containers(spec):
+            image = c["image"]
+            tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+            assert tag and tag != "latest", f"{name_of(obj)} {c['name']}: {image} is not pinned"
+
+
+def _the(kubectl: str, kind: str, name: str) -> Obj:
+    found = [o for o in everything(kubectl) if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubectl: str) -> None:
+    ds = _the(kubectl, "DaemonSet", "tritonshare-node")
+    spec = ds["spec"]["template"]["spec"]
+    assert ds["metadata"]["namespace"] == DEFAULT_SYSTEM_NAMESPACE
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert spec["nodeSelector"], "the node pod must be limited to GPU nodes"
+    by_name = {c["name"]: c for c in spec["containers"]}
+    triton, agent = by_name["triton"], by_name["agent"]
+    assert triton["image"] == TRITON_IMAGE
+    args = triton["args"]
+    assert "--model-control-mode=explicit" in args
+    for flag in ("--http-restricted-api=", "--grpc-restricted-protocol="):
+        [restricted] = [a for a in args if a.startswith(flag)]
+        apis, _, header = restricted.removeprefix(flag).partition(":")
+        assert set(apis.split(",")) == {"model-repository", "shared-memory", "trace", "logging"}
+        assert re.fullmatch(r"[a-z-]+=\$\([A-Z_]+\)", header), f"bad restriction {header!r}"
+    # Tenants reach neither metrics port through the node; only inference and the agent's gRPC.
+    ports = [p for c in spec["containers"] for p in c["ports"]]
+    host_ports = {p["containerPort"] for p in ports if "hostPort" in p}
+    assert host_ports == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
+    # Triton reads the repository the agent writes, through a read-only mount of the same volume.
+    [triton_repo] = [m for m in triton["volumeMounts"] if m["name"] == "repository"]
+    [agent_repo] = [m for m in agent["volumeMounts"] if m["name"] == "repository"]
+    assert triton_repo["readOnly"] is True and not agent_repo.get("readOnly")
+    assert f"--model-repository={triton_repo['mountPath']}" in args
+    assert f"--model-repository={agent_repo['mountPath']}/{triton_repo['subPath']}" in agent["args"]
+
+
+def test_the_node_pod_admits_only_model_pods_and_monitoring(kubectl: str) -> None:
+    policy = _the(kubectl, "NetworkPolicy", "tritonshare-node")
+    ds = _the(kubectl, "DaemonSet", "tritonshare-node")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    model_rule, monitoring_rule = policy["spec"]["ingress"]
+    assert model_rule["from"][0]["podSelector"]["matchLabels"] == {"tritonshare.io/role": "model"}
+    assert {p["port"] for p in model_rule["ports"]} == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
+    assert {p["port"] for p in monitoring_rule["ports"]} == {8002, 9102}
+
+
+def test_the_binder_runs_two_replicas_with_a_disruption_budget(kubectl: str) -> None:
+    binder = _the(kubectl, "Deployment", "tritonshare-binder")
+    pdb = _the(kubectl, "PodDisruptionBudget", "tritonshare-binder")
+    assert binder["spec"]["replicas"] >= 2
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= (
+        binder["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+def test_the_example_model_follows_the_contract(kubectl: str) -> None:
+    deployment = _the(kubectl, "Deployment", "add-one")
+    template = deployment["spec"]["template"]
+    spec = template["spec"]
+    assert spec["schedulerName"] == DEFAULT_SCHEDULER_NAME
+    validate_model_id(template["metadata"]["annotations"][KEYS.model_id])
+    assert template["metadata"]["labels"]["tritonshare.io/role"] == "model"
+    limits = [c["resources"].get("limits", {}).get(KEYS.gpu_mem) for c in spec["containers"]]
+    assert [parse_quantity(q) for q in limits if q] == [1024**3]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert spec["nodeSelector"]
+    init_names = [c["name"] for c in spec["initContainers"]]
+    assert init_names == ["storage-initializer", "loader"], "the model must be fetched, then loaded"
+    # The token the loader and proxy present to the agent: projected, with the agent's audience.
+    [token_volume] = [v for v in spec["volumes"] if v["name"] == "agent-token"]
+    [source] = token_volume["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == DEFAULT_AGENT_AUDIENCE
+    proxy = next(c for c in spec["containers"] if c["name"] == "proxy")
+    assert proxy["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert "preStop" in proxy["lifecycle"]
+    assert spec["terminationGracePeriodSeconds"] >= 30
+    for c in spec["containers"] + spec["initContainers"][1:]:
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+        assert env["HOST_IP"] == "status.hostIP"
+        assert env["MODEL_ID"] == f"metadata.annotations['{KEYS.model_id}']"
+    service = _the(kubectl, "Service", "add-one")
+    port_names = {p["name"] for p in proxy["ports"]}
+    assert {p["port"] for p in service["spec"]["ports"]} == {
+        DEFAULT_PROXY_HTTP_PORT,
+        DEFAULT_PROXY_GRPC_PORT,
+    }
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+
+
+def test_model_pods_have_no_kubernetes_api_access(kubectl: str) -> None:
+    deployment = _the(kubectl, "Deployment", "add-one")
+    spec = deployment["spec"]["template"]["spec"]
+    account = _the(kubectl, "ServiceAccount", spec["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is False
+    bound = {
+        s["name"]
+        for o in everything(kubectl)
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        for s in o["subjects"]
+    }
+    assert spec["serviceAccountName"] not in bound
+
+
+def _part_of(container: Mapping[str, Any]) -> str | None:
+    command = container.get("command", [])
+    if command[:2] == ["python", "-m"] and len(command) == 3:
+        return str(command[2])
+    return None
+
+
+def test_every_part_accepts_the_arguments_the_manifests_give_it(kubectl: str) -> None:
+    """Each `python -m <part>` container's args parse with that part's own settings parser."""
+    downward = {"NODE_NAME": "gpu-node-1", "HOST_IP": "10.0.0.5", "MODEL_ID": "add_one"}
+    checked: set[str] = set()
+    missing: list[str] = []
+    for obj, spec in workloads(kubectl):
+        for c in containers(spec):
+            part = _part_of(c)
+            if part is None:
+                continue
+            try:
+                settings = importlib.import_module(f"{part}.settings")
+            except ModuleNotFoundError:
+                missing.append(part)
+                continue
+            args = [expand(a, downward) for a in c.get("args", [])]
+            env = {"TRITONSHARE_TRITON_ADMIN_KEY": "k"} if part == "agent" else {}
+            try:
+                settings.parse_settings(args, env)
+            except Exception as e:
+                pytest.fail(f"{name_of(obj)} container {c['name']}: {part} refuses {args}: {e}")
+            checked.add(part)
+    if missing:
+        pytest.skip(f"parts without a settings module yet: {sorted(set(missing))}")
+    assert checked == {"agent", "binder", "loader", "proxy"}
