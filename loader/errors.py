@@ -94,9 +94,9 @@ class TransientError(Exception):
 
 # Which agent RPC failed matters for one code: INVALID_ARGUMENT on an install means the agent found
 # the files unacceptable (exit 3), on a load it means Triton rejected the model (exit 5).
-INSTALL = "install"
-LOAD = "load"
-QUERY = "query"
+INSTALL = "InstallModel"
+LOAD = "LoadModel"
+QUERY = "GetModel"
 
 # Codes that mean "try again": the agent or Triton is starting or restarting, the connection broke,
 # one attempt ran out of time, or a concurrent request for the same model won a race.
@@ -153,9 +153,7 @@ def classify(code: grpc.StatusCode, details: str, phase: str) -> LoaderError | T
     """Map an agent RPC's failure onto a permanent LoaderError or a TransientError."""
     details = details or code.name
     if code in _TRANSIENT:
-        return TransientError(
-            f"{phase} call: {code.name}: {details}", reached_agent=_TRANSIENT[code]
-        )
+        return TransientError(f"{phase}: {code.name}: {details}", reached_agent=_TRANSIENT[code])
     if code in _REFUSAL_HINT:
         return RefusedError(_REFUSAL_HINT[code].format(details=details))
     if (phase, code) in _PERMANENT:
