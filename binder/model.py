@@ -1,0 +1,336 @@
+"""The binder's domain: immutable views of nodes, pods and leases, converted once from API dicts.
+
+Everything the placement needs is read here, where API objects enter, so the rest of the binder
+never touches camelCase dicts. Conversion never raises on bad user input: a malformed quantity or
+a missing model id becomes a `problem` string on the pod (what is wrong and what to do), which the
+controller turns into an event. This module does no I/O and reads no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from common.contract import Keys, is_valid_model_id, validate_model_id
+from common.quantity import QuantityError, parse_quantity
+
+TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One node selector requirement (`matchExpressions` or `matchFields` entry)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorTerm:
+    """One node selector term: its requirements are ANDed."""
+
+    match_expressions: tuple[Requirement, ...] = ()
+    match_fields: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredTerm:
+    """A preferred node affinity term and its weight."""
+
+    weight: int
+    preference: SelectorTerm
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """Everything a pod says about which nodes it may use; hashable, so pods that share a template
+    share one cached evaluation over all nodes."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required_terms: tuple[SelectorTerm, ...] | None = None
+    preferred_terms: tuple[PreferredTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU as the agent publishes it; `memory` in bytes."""
+
+    uuid: str
+    index: int
+    product: str
+    memory: int
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """The parts of a Node the binder decides on. Equal values mean no placement-relevant change."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False, compare=True)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    gpus: tuple[Gpu, ...] = ()
+    gpu_problem: str = ""
+    """Why the agent's GPU annotation could not be read; empty when it was fine or absent."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The parts of a Pod the binder decides on or accounts for."""
+
+    uid: str
+    namespace: str
+    name: str
+    scheduler_name: str = ""
+    node_name: str = ""
+    phase: str = "Pending"
+    deleting: bool = False
+    request: int = 0
+    """Effective GPU memory request in bytes (0 when the pod asks for none)."""
+    model_id: str = ""
+    gpu_uuid: str = ""
+    """The GPU the binder chose, from the pod's annotation; empty before binding."""
+    constraints: Constraints = Constraints()
+    problem: str = ""
+    """Why the pod cannot be scheduled whatever the cluster looks like; empty when it can."""
+    created: float = 0.0
+    """Creation time, seconds since the epoch (0 when unknown)."""
+    resource_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminated(self) -> bool:
+        """Succeeded and Failed pods hold no GPU memory; a deleting pod still does until gone."""
+        return self.phase in TERMINATED_PHASES
+
+
+def parse_time(value: object) -> float | None:
+    """An RFC 3339 API timestamp as seconds since the epoch, or None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _sequence(value: object) -> Sequence[Any]:
+    return value if isinstance(value, list | tuple) else ()
+
+
+def _requirements(raw: object) -> tuple[Requirement, ...]:
+    out = []
+    for item in _sequence(raw):
+        item = _mapping(item)
+        values = tuple(str(v) for v in _sequence(item.get("values")))
+        out.append(Requirement(str(item.get("key", "")), str(item.get("operator", "")), values))
+    return tuple(out)
+
+
+def _term(raw: object) -> SelectorTerm:
+    raw = _mapping(raw)
+    return SelectorTerm(
+        _requirements(raw.get("matchExpressions")), _requirements(raw.get("matchFields"))
+    )
+
+
+def constraints_from_spec(spec: Mapping[str, Any]) -> Constraints:
+    """Read nodeSelector, node affinity and tolerations from a pod spec (API-shaped)."""
+    raw_selector = _mapping(spec.get("nodeSelector")).items()
+    selector = tuple(sorted((str(k), str(v)) for k, v in raw_selector))
+    node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
+    required_raw = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    required: tuple[SelectorTerm, ...] | None = None
+    if isinstance(required_raw, Mapping):
+        required = tuple(_term(t) for t in _sequence(required_raw.get("nodeSelectorTerms")))
+    preferred = []
+    for item in _sequence(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")):
+        item = _mapping(item)
+        weight = item.get("weight", 0)
+        preferred.append(
+            PreferredTerm(weight if isinstance(weight, int) else 0, _term(item.get("preference")))
+        )
+    tolerations = tuple(
+        Toleration(
+            str(t.get("key") or ""),
+            str(t.get("operator") or ""),
+            str(t.get("value") or ""),
+            str(t.get("effect") or ""),
+        )
+        for t in map(_mapping, _sequence(spec.get("tolerations")))
+    )
+    return Constraints(selector, required, tuple(preferred), tolerations)
+
+
+def _container_request(container: Mapping[str, Any], resource: str) -> int:
+    """A container's request of an extended resource: the request, else the limit (which implies
+    an equal request for extended resources)."""
+    resources = _mapping(container.get("resources"))
+    requests = _mapping(resources.get("requests"))
+    limits = _mapping(resources.get("limits"))
+    raw = requests.get(resource, limits.get(resource))
+    if raw is None:
+        return 0
+    name = str(container.get("name", "?"))
+    return parse_quantity(raw, what=f"container {name!r}: {resource}")
+
+
+def effective_request(spec: Mapping[str, Any], resource: str) -> int:
+    """The pod's effective request of `resource`, as Kubernetes computes it.
+
+    The larger of (the sum over app containers plus restartable init containers, the sidecars) and,
+    for each ordinary init container, its own request plus the sidecars started before it; then
+    the pod overhead is added. Raises QuantityError for an unreadable quantity.
+    """
+    sidecars = 0
+    init_peak = 0
+    for container in map(_mapping, _sequence(spec.get("initContainers"))):
+        request = _container_request(container, resource)
+        if container.get("restartPolicy") == "Always":
+            sidecars += request
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + request)
+    containers = map(_mapping, _sequence(spec.get("containers")))
+    app = sum(_container_request(c, resource) for c in containers)
+    total = max(app + sidecars, init_peak)
+    overhead = _mapping(spec.get("overhead")).get(resource)
+    if overhead is not None:
+        total += parse_quantity(overhead, what=f"pod overhead: {resource}")
+    return total
+
+
+def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
+    """Convert an API pod; never raises on user input (problems land in `problem`)."""
+    meta = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
+    annotations = _mapping(meta.get("annotations"))
+    problem = ""
+    try:
+        request = effective_request(spec, keys.gpu_mem)
+    except QuantityError as e:
+        request = 0
+        problem = f"{e}; fix the pod's {keys.gpu_mem} limit"
+    model_id = str(annotations.get(keys.model_id) or "")
+    if not problem:
+        if request <= 0:
+            problem = (
+                f"pod requests no GPU memory; set a {keys.gpu_mem} limit (such as '2Gi') on the "
+                f"container that serves the model"
+            )
+        elif not model_id:
+            problem = (
+                f"pod has no {keys.model_id} annotation; set it to the Triton model name so the "
+                f"binder can keep one copy of each model per node"
+            )
+        elif not is_valid_model_id(model_id):
+            try:
+                validate_model_id(model_id)
+            except ValueError as e:
+                problem = f"annotation {keys.model_id}: {e}"
+    return PodInfo(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+        node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        request=request,
+        model_id=model_id,
+        gpu_uuid=str(annotations.get(keys.gpu) or ""),
+        constraints=constraints_from_spec(spec),
+        problem=problem,
+        created=parse_time(meta.get("creationTimestamp")) or 0.0,
+        resource_version=str(meta.get("resourceVersion", "")),
+    )
+
+
+def _gpus(annotations: Mapping[str, Any], keys: Keys) -> tuple[tuple[Gpu, ...], str]:
+    raw = annotations.get(keys.gpus)
+    if raw is None:
+        return (), ""
+    where = f"annotation {keys.gpus}"
+    try:
+        items = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError as e:
+        return (), f"{where} is not JSON ({e}); the node's agent must rewrite it"
+    if not isinstance(items, list):
+        return (), f"{where} is not a JSON list; the node's agent must rewrite it"
+    gpus = []
+    for position, item in enumerate(items):
+        if not isinstance(item, Mapping) or not isinstance(item.get("uuid"), str):
+            return (), f"{where}: entry {position} has no uuid; the node's agent must rewrite it"
+        memory = item.get("memory")
+        index = item.get("index", position)
+        if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
+            return (), f"{where}: GPU {item['uuid']} has no memory size in bytes"
+        gpus.append(
+            Gpu(
+                uuid=item["uuid"],
+                index=index if isinstance(index, int) else position,
+                product=str(item.get("product", "")),
+                memory=memory,
+                healthy=item.get("healthy", True) is True,
+            )
+        )
+    return tuple(gpus), ""
+
+
+def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
+    """Convert an API node; a malformed GPU annotation leaves the node without GPUs, with why."""
+    meta = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
+    labels = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
+    taints = tuple(
+        Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
+        for t in map(_mapping, _sequence(spec.get("taints")))
+    )
+    gpus, problem = _gpus(_mapping(meta.get("annotations")), keys)
+    return NodeInfo(
+        name=str(meta.get("name", "")),
+        labels=labels,
+        taints=taints,
+        unschedulable=bool(spec.get("unschedulable")),
+        gpus=gpus,
+        gpu_problem=problem,
+    )
+
+
+def lease_expiry(obj: Mapping[str, Any]) -> float:
+    """When an agent's Lease runs out (seconds since the epoch); 0 when it never was valid."""
+    spec = _mapping(obj.get("spec"))
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if renewed is None or not isinstance(duration, int):
+        return 0.0
+    return renewed + duration

@@ -1,0 +1,229 @@
+"""Placement: which node and which GPU a pod goes to, or why it cannot go anywhere.
+
+Filters, in kube-scheduler's order and then ours: Kubernetes' rules (binder.rules), the node
+publishes GPUs, its agent is alive, the model is not already on the node, and the request fits in
+one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAffinity (weight 2)
+and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus our GPU
+memory score (weight 1, 0..100): `binpack` favours full nodes and the smallest GPU block that
+fits, `spread` the emptiest. Ties go to a node chosen by a stable hash of the pod's uid.
+
+Pure: a function of the cluster state, the pod and the time passed in; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
+from binder.rules import kubernetes_reasons
+from binder.state import ClusterState
+from common.contract import Keys
+from common.quantity import format_bytes
+
+Policy = Literal["binpack", "spread"]
+POLICIES: tuple[Policy, ...] = ("binpack", "spread")
+
+AFFINITY_WEIGHT = 2
+TAINT_WEIGHT = 3
+MEMORY_WEIGHT = 1
+MAX_SCORE = 100
+
+REASON_NO_GPUS = "node(s) had no GPUs published by the tritonshare agent"
+REASON_BAD_GPUS = "node(s) had an unreadable tritonshare GPU annotation"
+REASON_AGENT_DOWN = "node(s) had no live tritonshare agent"
+
+
+def reason_model_present(model_id: str) -> str:
+    return f"node(s) already had model {model_id}"
+
+
+def reason_memory(largest_free: int) -> str:
+    return f"Insufficient GPU memory (largest free block {format_bytes(largest_free)})"
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str
+    gpu: Gpu
+    score: float
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """Why a pod fits nowhere: `message` is kube-scheduler's FitError format."""
+
+    message: str
+    reasons: Mapping[str, int]
+    """How many nodes failed for each reason (empty for a problem with the pod itself)."""
+
+
+def node_fits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> list[str]:
+    """Kubernetes' node rules for an API-shaped pod and node: empty when the node fits, else every
+    rule it breaks, phrased as kube-scheduler phrases them, in its filter order (the first is the
+    one kube-scheduler reports). GPU memory, agents and model ids need the whole cluster: see
+    `explain`."""
+    spec = pod.get("spec")
+    constraints = constraints_from_spec(spec if isinstance(spec, Mapping) else {})
+    return kubernetes_reasons(constraints, node_from_api(node, Keys()))
+
+
+def fit_message(total_nodes: int, reasons: Mapping[str, int], detail: str = "") -> str:
+    """kube-scheduler's FitError text: "0/N nodes are available: <detail>. <sorted counts>." """
+    message = f"0/{total_nodes} nodes are available:"
+    if detail:
+        message += f" {detail}."
+    histogram = sorted(f"{count} {reason}" for reason, count in reasons.items())
+    if histogram:
+        message += " " + ", ".join(histogram) + "."
+    return message
+
+
+def pod_problem(state: ClusterState, pod: PodInfo) -> str:
+    """A reason the pod fits no node whatever the others do, or ""."""
+    if pod.problem:
+        return pod.problem
+    largest = state.largest_usable()
+    if largest > 0 and pod.request > largest:
+        return (
+            f"pod requests {format_bytes(pod.request)} of GPU memory, more than any healthy GPU in "
+            f"the cluster offers (largest {format_bytes(largest)} after the reserve); lower its "
+            f"GPU memory limit or add larger GPUs"
+        )
+    return ""
+
+
+def _tie_break(uid: str, count: int) -> int:
+    return zlib.crc32(uid.encode()) % count
+
+
+def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> Gpu | None:
+    """binpack: the fullest healthy GPU that still fits (keeps whole GPUs free); spread: the
+    emptiest. Ties go to the lower GPU index."""
+    info = state.nodes[node]
+    free = state.gpu_free(node)
+    fitting = [(f, g) for f, g in zip(free, info.gpus, strict=True) if g.healthy and f >= request]
+    if not fitting:
+        return None
+    if policy == "binpack":
+        return min(fitting, key=lambda item: (item[0], item[1].index))[1]
+    return min(fitting, key=lambda item: (-item[0], item[1].index))[1]
+
+
+def place(
+    state: ClusterState, pod: PodInfo, *, now: float, policy: Policy = "binpack"
+) -> Placement | Unschedulable:
+    """Choose a node and a GPU for a pending pod, or say why none fits."""
+    problem = pod_problem(state, pod)
+    if problem:
+        return Unschedulable(fit_message(len(state.nodes), {}, problem), {})
+    cls = state.constraint_class(pod.constraints)
+    nodes = cls.nodes
+    if nodes.size:
+        ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
+        if pod.model_id:
+            ok &= ~state.model_mask(pod.model_id)[nodes]
+        candidates = nodes[ok]
+        if candidates.size:
+            affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
+            return _best(state, pod, policy, candidates, affinity, prefer)
+    return _unschedulable(state, pod, now, cls.rejected)
+
+
+def _best(
+    state: ClusterState,
+    pod: PodInfo,
+    policy: Policy,
+    candidates: np.ndarray[Any, np.dtype[np.int64]],
+    affinity: np.ndarray[Any, np.dtype[np.int64]],
+    prefer: np.ndarray[Any, np.dtype[np.int64]],
+) -> Placement:
+    top_affinity = int(affinity.max())
+    affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else affinity * 0
+    top_prefer = int(prefer.max())
+    if top_prefer > 0:
+        taint_score = MAX_SCORE - (prefer * MAX_SCORE) // top_prefer
+    else:
+        taint_score = np.full(prefer.shape, MAX_SCORE, np.int64)
+    capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
+    free = state.free_total[candidates].astype(np.float64)
+    if policy == "binpack":
+        memory = MAX_SCORE * (capacity - free + pod.request) / capacity
+    else:
+        memory = MAX_SCORE * (free - pod.request) / capacity
+    score = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score + MEMORY_WEIGHT * memory
+    best = score.max()
+    ties = np.flatnonzero(score == best)
+    chosen = int(candidates[ties[_tie_break(pod.uid, ties.size)]])
+    node = state.names[chosen]
+    gpu = choose_gpu(state, node, pod.request, policy)
+    # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
+    assert gpu is not None, f"node {node} was feasible but no GPU fits"
+    return Placement(node, gpu, float(best))
+
+
+def dynamic_reason(state: ClusterState, pod: PodInfo, node: str, now: float) -> str:
+    """The first of our own filters the node fails for the pod, or "" (Kubernetes rules aside)."""
+    info = state.nodes[node]
+    if info.gpu_problem:
+        return REASON_BAD_GPUS
+    if not info.gpus:
+        return REASON_NO_GPUS
+    if state.leases.get(node, 0.0) <= now:
+        return REASON_AGENT_DOWN
+    if pod.model_id and state.has_model(node, pod.model_id):
+        return reason_model_present(pod.model_id)
+    if max(state.gpu_free(node), default=0) < pod.request:
+        return "memory"
+    return ""
+
+
+def _unschedulable(
+    state: ClusterState, pod: PodInfo, now: float, rejected: Mapping[int, str]
+) -> Unschedulable:
+    reasons: Counter[str] = Counter()
+    short: list[str] = []
+    for i, node in enumerate(state.names):
+        reason = rejected.get(i) or dynamic_reason(state, pod, node, now)
+        if reason == "memory":
+            short.append(node)
+        elif reason:
+            reasons[reason] += 1
+    if short:
+        largest = max(max(state.gpu_free(n), default=0) for n in short)
+        reasons[reason_memory(largest)] += len(short)
+    return Unschedulable(fit_message(len(state.names), reasons), dict(reasons))
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """One node's answer for `explain`: every reason it does not fit, or none."""
+
+    node: str
+    reasons: tuple[str, ...]
+    free: tuple[int, ...]
+
+
+def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdict]:
+    """For every node, why the pod does or does not fit there (all reasons, not only the first)."""
+    state.arrays()
+    verdicts = []
+    for node in state.names:
+        info = state.nodes[node]
+        reasons = kubernetes_reasons(pod.constraints, info)
+        reason = dynamic_reason(state, pod, node, now)
+        if reason == "memory":
+            largest = max(state.gpu_free(node), default=0)
+            reason = (
+                f"Insufficient GPU memory: needs {format_bytes(pod.request)}, the largest free "
+                f"block is {format_bytes(largest)}"
+            )
+        if reason:
+            reasons.append(reason)
+        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(state.gpu_free(node))))
+    return verdicts

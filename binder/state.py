@@ -1,0 +1,332 @@
+"""The binder's in-memory picture of the cluster: nodes, agent leases and the GPU memory ledger.
+
+It owns the accounting DESIGN.md defines: a GPU's free memory is its size minus the reserve minus
+the requests of the non-terminated pods assigned to it, including pods the binder has bound but
+not yet seen back from its watch ("assumed" pods). It keeps per-node numbers in arrays indexed by
+node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes, so
+a decision costs a few vector operations instead of a scan of every pod of every node.
+
+It is fed by the cache (watch events) and read by placement. No I/O, no clock: lease liveness is
+judged against a time passed in by the caller.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from binder.model import Constraints, Gpu, NodeInfo, PodInfo
+from binder.rules import first_kubernetes_reason, prefer_no_schedule_count, preferred_affinity_score
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class ConstraintClass:
+    """Kubernetes' rules evaluated once over every node for one set of pod constraints."""
+
+    nodes: IntArray
+    """Indices of the nodes that pass every Kubernetes rule."""
+    affinity: IntArray
+    """Raw preferred node affinity score of each node in `nodes`."""
+    prefer_no_schedule: IntArray
+    """Untolerated PreferNoSchedule taints of each node in `nodes`."""
+    rejected: dict[int, str]
+    """For nodes that fail a rule: the reason kube-scheduler reports."""
+
+
+@dataclass
+class _Account:
+    """Where one pod's request is charged."""
+
+    pod: PodInfo
+    node: str
+    gpu: int
+    """Position of the charged GPU in the node's list; -1 while the node is unknown."""
+    assumed: bool
+
+
+class ClusterState:
+    """Nodes, leases and the GPU memory ledger, with vectorised per-node views for placement."""
+
+    def __init__(self, *, reserve: int = 0) -> None:
+        self.reserve = reserve
+        self.nodes: dict[str, NodeInfo] = {}
+        self.leases: dict[str, float] = {}
+        self._accounts: dict[str, _Account] = {}
+        self._by_node: dict[str, dict[str, _Account]] = {}
+        self._alloc: dict[str, list[int]] = {}
+        self._models: dict[str, Counter[str]] = {}
+        self._model_nodes: dict[str, Counter[str]] = {}
+        self._classes: dict[Constraints, ConstraintClass] = {}
+        self._dirty = True
+        self._largest: int | None = None
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.max_free: IntArray = np.zeros(0, np.int64)
+        self.free_total: IntArray = np.zeros(0, np.int64)
+        self.capacity: IntArray = np.zeros(0, np.int64)
+        self.lease_expiry: FloatArray = np.zeros(0, np.float64)
+        self.generation = 0
+        """Bumped whenever something placement depends on changes (for requeue decisions)."""
+
+    # ---- nodes and leases -------------------------------------------------------------------
+
+    def set_node(self, node: NodeInfo) -> bool:
+        """Add or update a node; True when anything placement depends on changed."""
+        old = self.nodes.get(node.name)
+        if old == node:
+            return False
+        self.nodes[node.name] = node
+        self._largest = None
+        if old is None or old.labels != node.labels or old.taints != node.taints:
+            self._classes.clear()
+        if old is None or old.unschedulable != node.unschedulable:
+            self._classes.clear()
+        if old is None:
+            self._dirty = True
+        self._recharge_node(node.name)
+        self.generation += 1
+        return True
+
+    def remove_node(self, name: str) -> bool:
+        if self.nodes.pop(name, None) is None:
+            return False
+        self._classes.clear()
+        self._dirty = True
+        self._largest = None
+        self._alloc.pop(name, None)
+        for account in self._by_node.get(name, {}).values():
+            account.gpu = -1
+        self.generation += 1
+        return True
+
+    def set_lease(self, node: str, expiry: float) -> None:
+        """Record when the agent's lease of `node` expires (seconds since the epoch)."""
+        if self.leases.get(node) == expiry:
+            return
+        self.leases[node] = expiry
+        self.generation += 1
+        if not self._dirty and node in self.index:
+            self.lease_expiry[self.index[node]] = expiry
+
+    def remove_lease(self, node: str) -> None:
+        self.set_lease(node, 0.0)
+
+    # ---- pods ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def counts(pod: PodInfo) -> bool:
+        """Whether a pod holds GPU memory: assigned to a node and not terminated."""
+        return bool(pod.node_name) and not pod.terminated and pod.request > 0
+
+    def set_pod(self, pod: PodInfo) -> None:
+        """Account an assigned pod as the API shows it (replacing any assumption about it)."""
+        if not self.counts(pod):
+            self.remove_pod(pod.uid)
+            return
+        existing = self._accounts.get(pod.uid)
+        if (
+            existing is not None
+            and existing.node == pod.node_name
+            and existing.pod.request == pod.request
+            and existing.pod.model_id == pod.model_id
+            and (existing.pod.gpu_uuid == pod.gpu_uuid or not pod.gpu_uuid)
+        ):
+            existing.pod = pod if pod.gpu_uuid else existing.pod
+            existing.assumed = False
+            return
+        self.remove_pod(pod.uid)
+        self._charge(_Account(pod, pod.node_name, -1, assumed=False))
+
+    def assume(self, pod: PodInfo, node: str, gpu_uuid: str) -> None:
+        """Charge a pod the binder is binding, before the watch shows it bound."""
+        self.remove_pod(pod.uid)
+        bound = PodInfo(
+            uid=pod.uid,
+            namespace=pod.namespace,
+            name=pod.name,
+            scheduler_name=pod.scheduler_name,
+            node_name=node,
+            phase=pod.phase,
+            request=pod.request,
+            model_id=pod.model_id,
+            gpu_uuid=gpu_uuid,
+            constraints=pod.constraints,
+            created=pod.created,
+        )
+        self._charge(_Account(bound, node, -1, assumed=True))
+
+    def is_assumed(self, uid: str) -> bool:
+        account = self._accounts.get(uid)
+        return account is not None and account.assumed
+
+    def remove_pod(self, uid: str) -> None:
+        account = self._accounts.pop(uid, None)
+        if account is None:
+            return
+        self._by_node[account.node].pop(uid, None)
+        if not self._by_node[account.node]:
+            del self._by_node[account.node]
+        model = account.pod.model_id
+        if model:
+            self._models[account.node][model] -= 1
+            if self._models[account.node][model] <= 0:
+                del self._models[account.node][model]
+            self._model_nodes[model][account.node] -= 1
+            if self._model_nodes[model][account.node] <= 0:
+                del self._model_nodes[model][account.node]
+                if not self._model_nodes[model]:
+                    del self._model_nodes[model]
+        if account.gpu >= 0 and account.node in self._alloc:
+            self._alloc[account.node][account.gpu] -= account.pod.request
+            self._refresh(account.node)
+        self.generation += 1
+
+    def assigned_pods(self) -> list[PodInfo]:
+        return [a.pod for a in self._accounts.values()]
+
+    def pods_on(self, node: str) -> list[tuple[PodInfo, int]]:
+        """The pods charged to a node, each with its GPU position (-1: not attributed)."""
+        return [(a.pod, a.gpu) for a in self._by_node.get(node, {}).values()]
+
+    def assumed_uids(self) -> list[str]:
+        return [uid for uid, a in self._accounts.items() if a.assumed]
+
+    def has_model(self, node: str, model_id: str) -> bool:
+        return self._models.get(node, Counter())[model_id] > 0
+
+    def nodes_with_model(self, model_id: str) -> list[str]:
+        return list(self._model_nodes.get(model_id, ()))
+
+    # ---- GPU numbers --------------------------------------------------------------------------
+
+    def allocated(self, node: str) -> list[int]:
+        """Requested bytes charged to each GPU of the node, in the node's GPU order."""
+        return list(self._alloc.get(node, ()))
+
+    def usable(self, gpu: Gpu) -> int:
+        """What a GPU offers to pods at most: its memory minus the reserve (0 when unhealthy)."""
+        return max(0, gpu.memory - self.reserve) if gpu.healthy else 0
+
+    def largest_usable(self) -> int:
+        """The most any single healthy GPU in the cluster can offer a pod."""
+        if self._largest is None:
+            self._largest = max(
+                (self.usable(g) for n in self.nodes.values() for g in n.gpus), default=0
+            )
+        return self._largest
+
+    def gpu_free(self, node: str) -> list[int]:
+        """Free bytes per GPU for placement (0 for unhealthy GPUs; never negative)."""
+        info = self.nodes.get(node)
+        if info is None or not info.gpus:
+            return []
+        alloc = self._alloc.get(node, [0] * len(info.gpus))
+        return [max(0, self.usable(g) - a) for g, a in zip(info.gpus, alloc, strict=True)]
+
+    def _charge(self, account: _Account) -> None:
+        self._accounts[account.pod.uid] = account
+        self._by_node.setdefault(account.node, {})[account.pod.uid] = account
+        model = account.pod.model_id
+        if model:
+            self._models.setdefault(account.node, Counter())[model] += 1
+            self._model_nodes.setdefault(model, Counter())[account.node] += 1
+        if account.node in self.nodes:
+            account.gpu = self._attribute(account)
+            self._alloc[account.node][account.gpu] += account.pod.request
+            self._refresh(account.node)
+        self.generation += 1
+
+    def _attribute(self, account: _Account) -> int:
+        """The GPU a pod is charged to: the one its annotation names; a pod without one (bound by
+        someone else, or naming a GPU the node lost) is charged to the GPU with the most free
+        memory, so the largest free block is never overstated."""
+        info = self.nodes[account.node]
+        alloc = self._alloc.setdefault(account.node, [0] * len(info.gpus))
+        for position, gpu in enumerate(info.gpus):
+            if gpu.uuid == account.pod.gpu_uuid:
+                return position
+        if not info.gpus:
+            self._alloc[account.node] = alloc = [0]
+            return 0
+        frees = [self.usable(g) - a for g, a in zip(info.gpus, alloc, strict=True)]
+        return max(range(len(frees)), key=lambda i: (frees[i], -i))
+
+    def _recharge_node(self, name: str) -> None:
+        info = self.nodes[name]
+        self._alloc[name] = [0] * max(1, len(info.gpus))
+        for account in sorted(self._by_node.get(name, {}).values(), key=lambda a: a.pod.uid):
+            account.gpu = self._attribute(account)
+            self._alloc[name][account.gpu] += account.pod.request
+        self._refresh(name)
+
+    def _refresh(self, name: str) -> None:
+        if self._dirty or name not in self.index:
+            return
+        i = self.index[name]
+        free = self.gpu_free(name)
+        info = self.nodes[name]
+        self.max_free[i] = max(free) if free else -1
+        self.free_total[i] = sum(free)
+        self.capacity[i] = sum(self.usable(g) for g in info.gpus)
+
+    # ---- vectorised views ---------------------------------------------------------------------
+
+    def arrays(self) -> None:
+        """Rebuild the per-node arrays if nodes were added or removed since the last decision."""
+        if not self._dirty:
+            return
+        self.names = sorted(self.nodes)
+        self.index = {name: i for i, name in enumerate(self.names)}
+        count = len(self.names)
+        self.max_free = np.full(count, -1, np.int64)
+        self.free_total = np.zeros(count, np.int64)
+        self.capacity = np.zeros(count, np.int64)
+        self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
+        self._dirty = False
+        for name in self.names:
+            self._refresh(name)
+
+    def constraint_class(self, constraints: Constraints) -> ConstraintClass:
+        """Kubernetes' rules for these constraints over every node, cached until nodes change."""
+        self.arrays()
+        cached = self._classes.get(constraints)
+        if cached is not None:
+            return cached
+        passing: list[int] = []
+        affinity: list[int] = []
+        prefer: list[int] = []
+        rejected: dict[int, str] = {}
+        for i, name in enumerate(self.names):
+            node = self.nodes[name]
+            reason = first_kubernetes_reason(constraints, node)
+            if reason:
+                rejected[i] = reason
+                continue
+            passing.append(i)
+            affinity.append(preferred_affinity_score(constraints, node))
+            prefer.append(prefer_no_schedule_count(node, constraints.tolerations))
+        result = ConstraintClass(
+            np.array(passing, np.int64),
+            np.array(affinity, np.int64),
+            np.array(prefer, np.int64),
+            rejected,
+        )
+        if len(self._classes) > 1024:
+            self._classes.clear()
+        self._classes[constraints] = result
+        return result
+
+    def model_mask(self, model_id: str) -> npt.NDArray[np.bool_]:
+        """True at the index of every node that already has the model."""
+        mask = np.zeros(len(self.names), np.bool_)
+        for name in self._model_nodes.get(model_id, ()):
+            i = self.index.get(name)
+            if i is not None:
+                mask[i] = True
+        return mask

@@ -1,0 +1,311 @@
+"""Placement over a cluster state: our filters (GPU memory on one GPU, live agent, model id),
+scoring, tie-breaks, the unschedulable message, and the effective GPU memory request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from binder.model import effective_request, lease_expiry, node_from_api, pod_from_api
+from binder.placement import Placement, Unschedulable, explain, place
+from binder.state import ClusterState
+from common.quantity import QuantityError
+from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
+
+NOW = 1_000_000.0
+
+
+def cluster(*nodes: dict[str, Any], reserve: int = 0, alive: bool = True) -> ClusterState:
+    state = ClusterState(reserve=reserve)
+    for obj in nodes:
+        info = node_from_api(obj, KEYS)
+        state.set_node(info)
+        if alive:
+            state.set_lease(info.name, lease_expiry(lease_obj(info.name, NOW - 1)))
+    return state
+
+
+def bind(state: ClusterState, name: str, node: str, gpu: int, mem: str = "1Gi", **kw: Any) -> None:
+    state.set_pod(
+        pod_from_api(pod_obj(name, mem=mem, node=node, gpu=f"GPU-{node}-{gpu}", **kw), KEYS)
+    )
+
+
+def placed(state: ClusterState, obj: dict[str, Any], **kw: Any) -> Placement:
+    result = place(state, pod_from_api(obj, KEYS), now=NOW, **kw)
+    assert isinstance(result, Placement), result
+    return result
+
+
+def refused(state: ClusterState, obj: dict[str, Any]) -> Unschedulable:
+    result = place(state, pod_from_api(obj, KEYS), now=NOW)
+    assert isinstance(result, Unschedulable), result
+    return result
+
+
+# ---- the request -------------------------------------------------------------------------------
+
+
+def spec_with(
+    containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {"containers": containers, "initContainers": init or []}
+
+
+def ctr(
+    name: str, limit: str | None = None, request: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    resources: dict[str, dict[str, str]] = {}
+    if limit is not None:
+        resources["limits"] = {KEYS.gpu_mem: limit}
+    if request is not None:
+        resources["requests"] = {KEYS.gpu_mem: request}
+    return {"name": name, "resources": resources, **extra}
+
+
+def test_effective_request_sums_containers_and_takes_the_largest_init_container() -> None:
+    spec = spec_with(
+        [ctr("a", "1Gi"), ctr("b", "512Mi")], [ctr("loader", "1Gi"), ctr("big", "3Gi")]
+    )
+    assert effective_request(spec, KEYS.gpu_mem) == 3 * GI
+    spec = spec_with([ctr("a", "1Gi"), ctr("b", "1Gi")], [ctr("loader", "1Gi")])
+    assert effective_request(spec, KEYS.gpu_mem) == 2 * GI
+
+
+def test_a_limit_implies_the_request_and_an_explicit_request_wins() -> None:
+    assert effective_request(spec_with([ctr("a", limit="2Gi")]), KEYS.gpu_mem) == 2 * GI
+    assert effective_request(spec_with([ctr("a", request="1Gi")]), KEYS.gpu_mem) == GI
+    assert effective_request(spec_with([ctr("a")]), KEYS.gpu_mem) == 0
+
+
+def test_sidecar_init_containers_add_to_the_app_and_later_init_containers() -> None:
+    sidecar = ctr("side", "1Gi", restartPolicy="Always")
+    spec = spec_with([ctr("a", "2Gi")], [sidecar, ctr("later", "2Gi")])
+    assert effective_request(spec, KEYS.gpu_mem) == 3 * GI
+
+
+def test_overhead_is_added() -> None:
+    spec = {**spec_with([ctr("a", "1Gi")]), "overhead": {KEYS.gpu_mem: "1Gi"}}
+    assert effective_request(spec, KEYS.gpu_mem) == 2 * GI
+
+
+def test_a_malformed_quantity_raises_with_the_container_name() -> None:
+    with pytest.raises(QuantityError, match="container 'a'"):
+        effective_request(spec_with([ctr("a", "lots")]), KEYS.gpu_mem)
+
+
+@pytest.mark.parametrize(
+    ("obj", "fragment"),
+    [
+        (pod_obj("p", mem="lots"), "is not a Kubernetes quantity"),
+        (pod_obj("p", mem=None), "requests no GPU memory"),
+        (pod_obj("p", model=None), "has no tritonshare.io/model-id annotation"),
+        (pod_obj("p", model=".hidden"), "starts with a dot"),
+    ],
+)
+def test_bad_input_is_refused_with_a_clear_message_and_never_raises(
+    obj: dict[str, Any], fragment: str
+) -> None:
+    state = cluster(node_obj("n1", [16 * GI]))
+    result = refused(state, obj)
+    assert fragment in result.message
+    assert result.message.startswith("0/1 nodes are available: ")
+
+
+def test_a_request_larger_than_any_gpu_says_so() -> None:
+    state = cluster(node_obj("n1", [16 * GI]), node_obj("n2", [16 * GI]), reserve=GI)
+    result = refused(state, pod_obj("huge", mem="20Gi"))
+    assert "more than any healthy GPU in the cluster offers (largest 15Gi" in result.message
+
+
+# ---- our filters -------------------------------------------------------------------------------
+
+
+def test_memory_must_fit_on_one_gpu_not_across_gpus() -> None:
+    state = cluster(node_obj("n1", [8 * GI, 8 * GI]))
+    bind(state, "a", "n1", 0, "6Gi")
+    bind(state, "b", "n1", 1, "6Gi")
+    result = refused(state, pod_obj("c", mem="3Gi"))
+    assert result.message == (
+        "0/1 nodes are available: 1 Insufficient GPU memory (largest free block 2Gi)."
+    )
+    assert placed(state, pod_obj("d", mem="2Gi")).node == "n1"
+
+
+def test_the_reserve_is_kept_free_on_every_gpu() -> None:
+    state = cluster(node_obj("n1", [8 * GI]), reserve=GI)
+    assert isinstance(place(state, pod_from_api(pod_obj("a", mem="7Gi"), KEYS), now=NOW), Placement)
+    refused(state, pod_obj("b", mem="7.5Gi"))
+
+
+def test_unhealthy_gpus_offer_nothing() -> None:
+    state = cluster(node_obj("n1", [16 * GI, 8 * GI], healthy=[False, True]))
+    assert placed(state, pod_obj("a", mem="4Gi")).gpu.uuid == "GPU-n1-1"
+    refused(state, pod_obj("b", mem="10Gi"))
+
+
+def test_terminated_pods_free_memory_and_terminating_pods_keep_it() -> None:
+    state = cluster(node_obj("n1", [8 * GI]))
+    bind(state, "done", "n1", 0, "8Gi", phase="Succeeded")
+    assert placed(state, pod_obj("a", mem="8Gi")).node == "n1"
+    terminating = pod_obj("going", mem="8Gi", node="n1", gpu="GPU-n1-0", phase="Running")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    state.set_pod(pod_from_api(terminating, KEYS))
+    refused(state, pod_obj("b", mem="1Gi"))
+    state.remove_pod(terminating["metadata"]["uid"])
+    assert placed(state, pod_obj("b", mem="1Gi")).node == "n1"
+
+
+def test_a_pod_without_a_gpu_annotation_is_charged_to_the_freest_gpu() -> None:
+    state = cluster(node_obj("n1", [8 * GI, 8 * GI]))
+    bind(state, "a", "n1", 0, "2Gi")
+    state.set_pod(pod_from_api(pod_obj("legacy", mem="5Gi", node="n1"), KEYS))
+    assert state.gpu_free("n1") == [6 * GI, 3 * GI]
+
+
+def test_assumed_pods_count_until_forgotten() -> None:
+    state = cluster(node_obj("n1", [8 * GI]))
+    first = pod_from_api(pod_obj("a", mem="6Gi"), KEYS)
+    chosen = place(state, first, now=NOW)
+    assert isinstance(chosen, Placement)
+    state.assume(first, chosen.node, chosen.gpu.uuid)
+    refused(state, pod_obj("b", mem="6Gi"))
+    state.remove_pod(first.uid)
+    placed(state, pod_obj("b", mem="6Gi"))
+
+
+def test_the_model_id_is_unique_per_node() -> None:
+    state = cluster(node_obj("n1", [16 * GI]), node_obj("n2", [16 * GI]))
+    bind(state, "resnet-1", "n1", 0, model="resnet")
+    assert placed(state, pod_obj("resnet-2", model="resnet")).node == "n2"
+    bind(state, "resnet-2", "n2", 0, model="resnet")
+    result = refused(state, pod_obj("resnet-3", model="resnet"))
+    assert result.message == "0/2 nodes are available: 2 node(s) already had model resnet."
+
+
+def test_a_node_without_a_live_agent_is_skipped() -> None:
+    state = cluster(node_obj("n1", [16 * GI]), alive=False)
+    assert refused(state, pod_obj("a")).reasons == {"node(s) had no live tritonshare agent": 1}
+    state.set_lease("n1", NOW + 10)
+    placed(state, pod_obj("a"))
+    state.set_lease("n1", NOW - 0.001)
+    refused(state, pod_obj("a"))
+
+
+def test_nodes_without_gpus_or_with_a_broken_annotation_are_skipped() -> None:
+    broken = node_obj("n2", [16 * GI])
+    broken["metadata"]["annotations"][KEYS.gpus] = "{not json"
+    state = cluster(node_obj("n1"), broken)
+    assert refused(state, pod_obj("a")).reasons == {
+        "node(s) had no GPUs published by the tritonshare agent": 1,
+        "node(s) had an unreadable tritonshare GPU annotation": 1,
+    }
+
+
+def test_the_message_counts_every_reason_sorted_as_kube_scheduler_does() -> None:
+    taint = {"key": "nvidia.com/gpu", "value": "", "effect": "NoSchedule"}
+    zone_a = {"zone": "a"}
+    nodes = [node_obj(f"full{i}", [8 * GI], labels=zone_a) for i in range(3)]
+    nodes += [node_obj(f"tainted{i}", [16 * GI], labels=zone_a, taints=[taint]) for i in range(2)]
+    nodes += [node_obj(f"other{i}", [16 * GI], labels={"zone": "b"}) for i in range(2)]
+    state = cluster(*nodes)
+    for i in range(3):
+        bind(state, f"big{i}", f"full{i}", 0, "6.5Gi")
+    result = refused(state, pod_obj("p", mem="2Gi", spec_extra={"nodeSelector": zone_a}))
+    assert result.message == (
+        "0/7 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
+        "2 node(s) had untolerated taint {nvidia.com/gpu: }, "
+        "3 Insufficient GPU memory (largest free block 1.5Gi)."
+    )
+    # A node is counted once, under the first rule it breaks in kube-scheduler's order.
+    result = refused(state, pod_obj("q", mem="2Gi", spec_extra={"nodeSelector": {"zone": "c"}}))
+    assert result.message == (
+        "0/7 nodes are available: 2 node(s) had untolerated taint {nvidia.com/gpu: }, "
+        "5 node(s) didn't match Pod's node affinity/selector."
+    )
+
+
+def test_insufficient_memory_reports_the_largest_free_block_across_nodes() -> None:
+    state = cluster(node_obj("n1", [8 * GI]), node_obj("n2", [8 * GI]))
+    bind(state, "a", "n1", 0, "7Gi")
+    bind(state, "b", "n2", 0, "6.5Gi")
+    result = refused(state, pod_obj("c", mem="2Gi"))
+    assert result.message == (
+        "0/2 nodes are available: 2 Insufficient GPU memory (largest free block 1.5Gi)."
+    )
+
+
+# ---- scoring -----------------------------------------------------------------------------------
+
+
+def test_binpack_fills_the_fullest_gpu_and_node_and_keeps_whole_gpus_free() -> None:
+    state = cluster(node_obj("n1", [16 * GI, 16 * GI]), node_obj("n2", [16 * GI, 16 * GI]))
+    bind(state, "a", "n2", 1, "10Gi")
+    choice = placed(state, pod_obj("b", mem="4Gi"))
+    assert (choice.node, choice.gpu.uuid) == ("n2", "GPU-n2-1")
+    spread = placed(state, pod_obj("b", mem="4Gi"), policy="spread")
+    assert spread.node == "n1"
+
+
+def test_spread_picks_the_emptiest_gpu_on_the_emptiest_node() -> None:
+    state = cluster(node_obj("n1", [16 * GI, 16 * GI]), node_obj("n2", [16 * GI, 16 * GI]))
+    bind(state, "a", "n1", 0, "2Gi")
+    bind(state, "b", "n2", 0, "4Gi")
+    bind(state, "c", "n2", 1, "4Gi")
+    choice = placed(state, pod_obj("d", mem="1Gi"), policy="spread")
+    assert (choice.node, choice.gpu.uuid) == ("n1", "GPU-n1-1")
+
+
+def test_preferred_affinity_outweighs_memory_packing() -> None:
+    state = cluster(node_obj("n1", [16 * GI], labels={"tier": "fast"}), node_obj("n2", [16 * GI]))
+    bind(state, "a", "n2", 0, "12Gi")
+    prefer = {
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 10,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": "tier", "operator": "In", "values": ["fast"]}
+                            ]
+                        },
+                    }
+                ]
+            }
+        }
+    }
+    assert placed(state, pod_obj("b", mem="1Gi")).node == "n2"
+    assert placed(state, pod_obj("b", mem="1Gi", spec_extra=prefer)).node == "n1"
+
+
+def test_prefer_no_schedule_taints_lower_the_score() -> None:
+    soft = [{"key": "spot", "value": "", "effect": "PreferNoSchedule"}]
+    state = cluster(node_obj("n1", [16 * GI], taints=soft), node_obj("n2", [16 * GI]))
+    bind(state, "a", "n1", 0, "12Gi")
+    assert placed(state, pod_obj("b", mem="1Gi")).node == "n2"
+    tolerate = {"tolerations": [{"key": "spot", "operator": "Exists"}]}
+    assert placed(state, pod_obj("b", mem="1Gi", spec_extra=tolerate)).node == "n1"
+
+
+def test_ties_are_broken_by_the_pod_uid_reproducibly() -> None:
+    nodes = [node_obj(f"n{i}", [16 * GI]) for i in range(8)]
+    first = {f"p{i}": placed(cluster(*nodes), pod_obj(f"p{i}")).node for i in range(40)}
+    again = {f"p{i}": placed(cluster(*reversed(nodes)), pod_obj(f"p{i}")).node for i in range(40)}
+    assert first == again
+    assert len(set(first.values())) > 1, "the hash should spread ties over the nodes"
+
+
+def test_explain_gives_every_node_its_reasons() -> None:
+    taint = {"key": "t", "value": "v", "effect": "NoSchedule"}
+    state = cluster(
+        node_obj("a", [8 * GI]), node_obj("b", [8 * GI], taints=[taint]), node_obj("c", [2 * GI])
+    )
+    verdicts = {
+        v.node: v.reasons
+        for v in explain(state, pod_from_api(pod_obj("p", mem="4Gi"), KEYS), now=NOW)
+    }
+    assert verdicts["a"] == ()
+    assert verdicts["b"] == ("node(s) had untolerated taint {t: v}",)
+    assert verdicts["c"] == ("Insufficient GPU memory: needs 4Gi, the largest free block is 2Gi",)
