@@ -1,0 +1,27 @@
+"""`python -m proxy`: parse settings, configure logs, run the proxy until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from common.logs import configure_logging
+from proxy.app import run
+from proxy.settings import SettingsError, parse_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv)
+    except SettingsError as e:
+        print(f"proxy: {e}", file=sys.stderr)
+        return 2
+    configure_logging(
+        settings.log_level, "json" if settings.log_format == "json" else "text", name="proxy"
+    )
+    return asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

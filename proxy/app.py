@@ -1,0 +1,110 @@
+"""Assembles the proxy and owns its shutdown order.
+
+Start: the concurrency limiter and metrics, then the metrics port, the REST port and the gRPC
+port. On SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
+  1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
+  2. keep serving for the drain period, as requests routed before the endpoint update still come;
+  3. stop listening and let in-flight requests finish, up to the finish timeout;
+  4. ask the agent to unload the model, authenticated as the pod;
+  5. stop the metrics port and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from common.lifecycle import Lifecycle
+from proxy.agentclient import AgentClient
+from proxy.grpcproxy import GrpcProxy
+from proxy.limiter import Limiter
+from proxy.metrics import ProxyMetrics
+from proxy.server import MetricsServer, ProxyState, RestProxy
+from proxy.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Proxy:
+    """The running parts of one proxy process."""
+
+    settings: Settings
+    state: ProxyState
+    limiter: Limiter
+    metrics: ProxyMetrics
+    rest: RestProxy
+    grpc: GrpcProxy
+    metrics_server: MetricsServer
+
+    @classmethod
+    def build(cls, settings: Settings) -> Proxy:
+        """Create every part; nothing listens yet."""
+        state = ProxyState()
+        limiter = Limiter(
+            settings.container_concurrency,
+            settings.queue_limit,
+            settings.queue_timeout_seconds,
+            window=settings.concurrency_window_seconds,
+        )
+        metrics = ProxyMetrics(limiter, settings.model_id)
+        rest = RestProxy(settings, limiter, metrics, state)
+        return cls(
+            settings=settings,
+            state=state,
+            limiter=limiter,
+            metrics=metrics,
+            rest=rest,
+            grpc=GrpcProxy(settings, limiter, metrics, state),
+            metrics_server=MetricsServer(settings, metrics, state, rest.own_model_ready),
+        )
+
+    async def start(self) -> None:
+        """Listen on the metrics, REST and gRPC ports."""
+        await self.metrics_server.start()
+        await self.rest.start()
+        await self.grpc.start()
+
+    async def drain_and_stop(self) -> None:
+        """Steps 1 to 5 of the shutdown order in the module docstring."""
+        settings = self.settings
+        self.state.draining = True
+        log.info(
+            "Reporting model %s not ready and serving for %.1f s more while endpoints drain.",
+            settings.model_id,
+            settings.drain_seconds,
+        )
+        await asyncio.sleep(settings.drain_seconds)
+        log.info(
+            "Stopped taking new requests: waiting up to %.1f s for %d in-flight ones.",
+            settings.finish_timeout_seconds,
+            self.limiter.in_flight,
+        )
+        await asyncio.gather(self.rest.stop(), self.grpc.stop())
+        if settings.agent_address and settings.token_file is not None:
+            client = AgentClient(
+                settings.agent_address, settings.token_file, settings.agent_timeout_seconds
+            )
+            await client.unload(settings.model_id)
+        else:
+            log.info("No agent address is set: leaving model %s loaded.", settings.model_id)
+        await self.metrics_server.stop()
+
+
+async def run(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT, then drain and stop; the process exit code."""
+    lifecycle = Lifecycle(
+        cleanup_timeout=settings.drain_seconds
+        + settings.finish_timeout_seconds
+        + settings.agent_timeout_seconds
+        + 10.0
+    )
+    proxy = Proxy.build(settings)
+
+    async def main(lc: Lifecycle) -> None:
+        lc.install_signal_handlers()
+        lc.on_shutdown("the model proxy", proxy.drain_and_stop)
+        await proxy.start()
+
+    return await lifecycle.run(main)

@@ -1,0 +1,138 @@
+"""Just enough of the protobuf wire format to route gRPC requests without decoding them.
+
+Reads the top-level fields of a serialized message to find one string field (the model name),
+and encodes the few tiny messages the proxy answers itself. It never decodes a whole message and
+never allocates a copy of a tensor payload: length-delimited fields are skipped by their length.
+
+Protobuf parsers keep the LAST occurrence of a repeated scalar field, so a request carrying the
+name twice could pass a check on the first and reach Triton with the second. The scanner therefore
+refuses any message where the field occurs more than once, even with equal values.
+"""
+
+from __future__ import annotations
+
+VARINT = 0
+FIXED64 = 1
+LENGTH_DELIMITED = 2
+FIXED32 = 5
+
+
+class WireError(ValueError):
+    """The bytes are not a well-formed message, or the looked-for field is ambiguous."""
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    end = len(data)
+    while True:
+        if pos >= end:
+            raise WireError("the message ends inside a varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 64:
+            raise WireError("a varint is longer than 10 bytes")
+
+
+def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
+    """The raw values of the top-level length-delimited fields `numbers`, each seen at most once.
+
+    Raises WireError when the message is malformed, when one of `numbers` has another wire type,
+    or when one of them occurs more than once.
+    """
+    found: dict[int, bytes] = {}
+    pos = 0
+    end = len(data)
+    while pos < end:
+        key, pos = _varint(data, pos)
+        number = key >> 3
+        wire_type = key & 7
+        if number == 0:
+            raise WireError("the message has a field number 0")
+        if wire_type == LENGTH_DELIMITED:
+            length, pos = _varint(data, pos)
+            stop = pos + length
+            if stop > end:
+                raise WireError(f"field {number} claims {length} bytes past the message's end")
+            if number in numbers:
+                if number in found:
+                    raise WireError(f"field {number} occurs more than once")
+                found[number] = data[pos:stop]
+            pos = stop
+            continue
+        if number in numbers:
+            raise WireError(f"field {number} has wire type {wire_type}, not a string")
+        if wire_type == VARINT:
+            _, pos = _varint(data, pos)
+        elif wire_type == FIXED64:
+            pos += 8
+        elif wire_type == FIXED32:
+            pos += 4
+        else:
+            raise WireError(f"field {number} has the unsupported wire type {wire_type}")
+        if pos > end:
+            raise WireError(f"field {number} runs past the message's end")
+    return found
+
+
+def model_name(data: bytes, number: int = 1) -> bytes:
+    """The model name field (empty when absent), refusing a duplicated or malformed one."""
+    return string_fields(data, (number,)).get(number, b"")
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_string(number: int, value: bytes) -> bytes:
+    """One length-delimited field."""
+    return _encode_varint(number << 3 | LENGTH_DELIMITED) + _encode_varint(len(value)) + value
+
+
+def encode_bool(number: int, value: bool) -> bytes:
+    """One bool field; proto3 omits a false one."""
+    return _encode_varint(number << 3 | VARINT) + b"\x01" if value else b""
+
+
+def without_field(data: bytes, number: int) -> bytes:
+    """`data` with every top-level occurrence of field `number` removed (other bytes untouched)."""
+    out = bytearray()
+    pos = 0
+    end = len(data)
+    while pos < end:
+        start = pos
+        key, pos = _varint(data, pos)
+        wire_type = key & 7
+        if wire_type == LENGTH_DELIMITED:
+            length, pos = _varint(data, pos)
+            pos += length
+        elif wire_type == VARINT:
+            _, pos = _varint(data, pos)
+        elif wire_type == FIXED64:
+            pos += 8
+        elif wire_type == FIXED32:
+            pos += 4
+        else:
+            raise WireError(f"field {key >> 3} has the unsupported wire type {wire_type}")
+        if pos > end:
+            raise WireError(f"field {key >> 3} runs past the message's end")
+        if key >> 3 != number:
+            out += data[start:pos]
+    return bytes(out)
+
+
+def with_string_field(data: bytes, number: int, value: bytes) -> bytes:
+    """`data` with field `number` set to `value` exactly once."""
+    return without_field(data, number) + encode_string(number, value)

@@ -1,0 +1,143 @@
+"""Fixtures for the proxy's tests: one real Triton for the session, proxies on free ports.
+
+The Triton serves the shipped add_one and identity models and the proxy's own test models
+(tests/proxy/models): text_stream (decoupled, for generate_stream and ModelStreamInfer) and
+sleepy (holds a request in flight). A proxy runs in a thread with its own event loop, so both
+synchronous and asyncio clients can use it, and is stopped (and its thread joined) after the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import threading
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import Proxy
+from proxy.settings import Settings
+from sim.triton import TritonInstall, TritonServer
+from tests.conftest import copy_model
+
+PROXY_MODELS = Path(__file__).parent / "models"
+SERVED_MODELS = ("add_one", "identity", "text_stream", "sleepy")
+
+
+@pytest.fixture(scope="session")
+def served_triton(
+    tmp_path_factory: pytest.TempPathFactory, triton_install: TritonInstall
+) -> Iterator[TritonServer]:
+    """A real Triton with every test model loaded, shared by the proxy's tests."""
+    repository = tmp_path_factory.mktemp("proxy-repository")
+    copy_model("add_one", repository)
+    copy_model("identity", repository)
+    for name in ("text_stream", "sleepy"):
+        shutil.copytree(PROXY_MODELS / name, repository / name)
+    server = TritonServer(repository)
+    server.start()
+    try:
+        for name in SERVED_MODELS:
+            request = urllib.request.Request(
+                f"http://{server.http_url}/v2/repository/models/{name}/load", method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert response.status == 200, f"Triton did not load {name}"
+        yield server
+    finally:
+        server.stop()
+
+
+class RunningProxy:
+    """A Proxy serving from a background thread's event loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self._started: Future[Proxy] = Future()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="proxy-under-test")
+        self._thread.start()
+        self.proxy = self._started.result(timeout=30)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        proxy = Proxy.build(self.settings)
+        try:
+            await proxy.start()
+        except BaseException as e:
+            self._started.set_exception(e)
+            raise
+        self._started.set_result(proxy)
+        await self._stop.wait()
+        await proxy.drain_and_stop()
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        """Run `coro` on the proxy's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.proxy.rest.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.proxy.grpc.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy.metrics_server.port}/metrics"
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            assert self._stop is not None
+            self.loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(60)
+        assert not self._thread.is_alive(), "the proxy did not stop within 60 s"
+
+
+def proxy_settings(triton: TritonServer, model_id: str = "add_one", **changes: Any) -> Settings:
+    """Settings for a proxy in front of `triton` on free ports, with a quick shutdown."""
+    settings = Settings(
+        model_id=model_id,
+        triton_http_url=triton.http_url,
+        triton_grpc_url=triton.grpc_url,
+        listen_http=("127.0.0.1", 0),
+        listen_grpc=("127.0.0.1", 0),
+        listen_metrics=("127.0.0.1", 0),
+        drain_seconds=0.0,
+        finish_timeout_seconds=5.0,
+    )
+    return replace(settings, **changes)
+
+
+@contextlib.contextmanager
+def running_proxy(settings: Settings) -> Iterator[RunningProxy]:
+    """Run a proxy for the duration of the block."""
+    running = RunningProxy(settings)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def proxy(served_triton: TritonServer) -> Iterator[RunningProxy]:
+    """A proxy for add_one in front of the shared Triton."""
+    with running_proxy(proxy_settings(served_triton)) as running:
+        yield running
