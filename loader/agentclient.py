@@ -136,7 +136,10 @@ class AgentClient:
     async def install(
         self, model: ModelDirectory, manifest: Manifest, time_limit: float
     ) -> InstallResult:
-        """Stream the header (model id and manifest), then every file in chunks, in path order."""
+        """Stream the header (model id and manifest), then every file in chunks, in path order.
+
+        An empty file gets no chunk: the manifest alone tells the agent to create it.
+        """
         counter = _SentBytes()
         header = agent_pb2.InstallHeader(
             model_id=model.model_id,
@@ -181,9 +184,6 @@ class AgentClient:
             offset = 0
             try:
                 with source.open("rb") as stream:
-                    if entry.size == 0:
-                        # An empty file still gets one (empty) chunk, so the agent creates it.
-                        yield _chunk(entry.path, 0, b"")
                     while offset < entry.size:
                         data = stream.read(min(self._chunk_bytes, entry.size - offset))
                         if not data:
