@@ -45,8 +45,12 @@ class ModelDirectory:
 
 
 def is_version_name(name: str) -> bool:
-    """Triton serves a subdirectory as a version only if it is a number not starting with 0."""
-    return name.isascii() and name.isdigit() and not name.startswith("0")
+    """Triton serves a subdirectory as a version only if it is a plain decimal number.
+
+    Seen on Triton 2.51: `0` and `3` load, `01` is ignored ("at least one version must be
+    available"), and so is anything not made of ASCII digits.
+    """
+    return name.isascii() and name.isdigit() and (name == "0" or not name.startswith("0"))
 
 
 def validate_model_directory(root: Path, model_id: str, max_bytes: int) -> ModelDirectory:
@@ -73,7 +77,7 @@ def validate_model_directory(root: Path, model_id: str, max_bytes: int) -> Model
         found = f" (found: {', '.join(others[:10])})" if others else ""
         raise InvalidModelError(
             f"model directory {root} has no version directory{found}; put the model files in a "
-            f"numbered subdirectory such as {root}/1 (Triton ignores names starting with 0)"
+            f"numbered subdirectory such as {root}/1 (Triton ignores names like 01 or v1)"
         )
     total = sum(f.size for f in files)
     if total > max_bytes:

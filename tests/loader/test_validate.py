@@ -75,7 +75,7 @@ def test_a_name_other_than_the_model_id_says_how_to_fix_it(model: Path) -> None:
     assert 'set name: "other"' in str(e.value)
 
 
-@pytest.mark.parametrize("names", [[], ["0"], ["01", "v1", "latest"]])
+@pytest.mark.parametrize("names", [[], ["00"], ["01", "v1", "latest"]])
 def test_no_servable_version_directory_is_refused(model: Path, names: list[str]) -> None:
     (model / "1" / "model.py").unlink()
     (model / "1").rmdir()
@@ -96,17 +96,18 @@ def test_a_version_file_is_not_a_version_directory(model: Path) -> None:
 def test_version_names_follow_triton() -> None:
     assert is_version_name("1")
     assert is_version_name("20240101")
-    assert not is_version_name("0")
+    assert is_version_name("0")
+    assert not is_version_name("00")
     assert not is_version_name("007")
     assert not is_version_name("v1")
     assert not is_version_name("\u0661")  # an Arabic-Indic digit is a digit, but not to Triton
 
 
 def test_several_versions_are_reported_in_order(model: Path) -> None:
-    for version in ("10", "2"):
+    for version in ("10", "2", "0"):
         (model / version).mkdir()
         (model / version / "model.py").write_text("pass\n")
-    assert validate_model_directory(model, "add_one", LIMIT).versions == (1, 2, 10)
+    assert validate_model_directory(model, "add_one", LIMIT).versions == (0, 1, 2, 10)
 
 
 def test_a_symlink_leaving_the_directory_is_refused(model: Path, tmp_path: Path) -> None:
