@@ -3,6 +3,9 @@ models, a missing token, and nobody listening. Each has its own exit code and te
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import pytest
 from loader.errors import ExitCode
 from sim.triton import free_port
 from tests.conftest import copy_model
-from tests.loader.loaderprocess import run_loader
+from tests.loader.loaderprocess import ROOT, run_loader
 
 
 @pytest.fixture
@@ -64,3 +67,42 @@ def test_an_agent_that_never_comes_exits_7_after_the_timeout(
     assert f"the agent at {nobody} did not answer" in run.termination_message
     assert "retrying in" in run.logs
     assert time.monotonic() - started < 60
+
+
+def test_sigterm_while_waiting_exits_143_and_says_so(
+    tmp_path: Path, token: Path, nobody: str
+) -> None:
+    model = copy_model("add_one", tmp_path)
+    termination_log = tmp_path / "termination-log"
+    log_file = tmp_path / "loader.log"
+    command = [
+        sys.executable,
+        "-m",
+        "loader",
+        "--model-dir",
+        str(model),
+        "--model-id",
+        "add_one",
+        "--agent-address",
+        nobody,
+        "--token-file",
+        str(token),
+        "--termination-log",
+        str(termination_log),
+    ]
+    with log_file.open("w") as log:
+        process = subprocess.Popen(command, cwd=ROOT, stderr=log, stdout=log)
+    try:
+        deadline = time.monotonic() + 60
+        while "retrying in" not in log_file.read_text():
+            assert process.poll() is None, log_file.read_text()
+            assert time.monotonic() < deadline, "the loader never started retrying"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        returncode = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert returncode == ExitCode.STOPPED, log_file.read_text()
+    assert termination_log.read_text() == "stopped by SIGTERM before model add_one was READY\n"
