@@ -1,0 +1,197 @@
+"""The kinds the simulated API server serves, and what the real server knows about each.
+
+For every resource: its group/version, plural and kind, whether it is namespaced, its
+subresources, the field labels a `fieldSelector` may use (exactly upstream's list for that kind),
+and the strategy flags that change verb behaviour (status reset on update, create on update).
+Nothing here touches stored objects or the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+JsonObject = dict[str, Any]
+FieldGetter = Callable[[JsonObject], str]
+
+
+def _path(*keys: str) -> FieldGetter:
+    def get(obj: JsonObject) -> str:
+        value: Any = obj
+        for key in keys:
+            if not isinstance(value, dict):
+                return ""
+            value = value.get(key)
+        if value is None:
+            return ""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+    return get
+
+
+def _pod_ips(obj: JsonObject) -> str:
+    ips = obj.get("status", {}).get("podIPs") or []
+    return ",".join(str(ip.get("ip", "")) for ip in ips if isinstance(ip, dict))
+
+
+_META = {"metadata.name": _path("metadata", "name")}
+_NAMESPACED_META = _META | {"metadata.namespace": _path("metadata", "namespace")}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One served resource (a REST collection) and its upstream behaviour."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    field_labels: Mapping[str, FieldGetter]
+    subresources: frozenset[str] = frozenset()
+    status_subresource: bool = False
+    """Updates of the main resource keep the stored status; /status updates keep the rest."""
+    allow_create_on_update: bool = False
+    """PUT of a missing object creates it (leases and events do, pods and nodes do not)."""
+    allow_unconditional_update: bool = True
+    """PUT without metadata.resourceVersion is accepted (leases require one)."""
+    verbs: frozenset[str] = field(
+        default=frozenset({"create", "delete", "get", "list", "patch", "update", "watch"})
+    )
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_resource(self) -> str:
+        """How error messages name the resource: `pods`, `leases.coordination.k8s.io`."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+
+NAMESPACES = Resource(
+    group="",
+    version="v1",
+    plural="namespaces",
+    kind="Namespace",
+    namespaced=False,
+    field_labels=_META | {"status.phase": _path("status", "phase")},
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
+NODES = Resource(
+    group="",
+    version="v1",
+    plural="nodes",
+    kind="Node",
+    namespaced=False,
+    field_labels=_META | {"spec.unschedulable": _path("spec", "unschedulable")},
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
+PODS = Resource(
+    group="",
+    version="v1",
+    plural="pods",
+    kind="Pod",
+    namespaced=True,
+    field_labels=_NAMESPACED_META
+    | {
+        "spec.nodeName": _path("spec", "nodeName"),
+        "spec.restartPolicy": _path("spec", "restartPolicy"),
+        "spec.schedulerName": _path("spec", "schedulerName"),
+        "spec.serviceAccountName": _path("spec", "serviceAccountName"),
+        "spec.hostNetwork": lambda obj: (
+            "true" if obj.get("spec", {}).get("hostNetwork") else "false"
+        ),
+        "status.phase": _path("status", "phase"),
+        "status.podIP": _path("status", "podIP"),
+        "status.podIPs": _pod_ips,
+        "status.nominatedNodeName": _path("status", "nominatedNodeName"),
+    },
+    subresources=frozenset({"status", "binding"}),
+    status_subresource=True,
+)
+
+EVENTS = Resource(
+    group="",
+    version="v1",
+    plural="events",
+    kind="Event",
+    namespaced=True,
+    field_labels=_NAMESPACED_META
+    | {
+        "involvedObject.kind": _path("involvedObject", "kind"),
+        "involvedObject.namespace": _path("involvedObject", "namespace"),
+        "involvedObject.name": _path("involvedObject", "name"),
+        "involvedObject.uid": _path("involvedObject", "uid"),
+        "involvedObject.apiVersion": _path("involvedObject", "apiVersion"),
+        "involvedObject.resourceVersion": _path("involvedObject", "resourceVersion"),
+        "involvedObject.fieldPath": _path("involvedObject", "fieldPath"),
+        "reason": _path("reason"),
+        "reportingComponent": _path("reportingComponent"),
+        "source": _path("source", "component"),
+        "type": _path("type"),
+    },
+    allow_create_on_update=True,
+)
+
+LEASES = Resource(
+    group="coordination.k8s.io",
+    version="v1",
+    plural="leases",
+    kind="Lease",
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    allow_create_on_update=True,
+    allow_unconditional_update=False,
+)
+
+STORED: tuple[Resource, ...] = (NAMESPACES, NODES, PODS, EVENTS, LEASES)
+
+# Served but never stored: the service-account token subresource and TokenReview.
+SERVICE_ACCOUNTS = Resource(
+    group="",
+    version="v1",
+    plural="serviceaccounts",
+    kind="ServiceAccount",
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"token"}),
+    verbs=frozenset(),
+)
+TOKEN_REVIEWS = Resource(
+    group="authentication.k8s.io",
+    version="v1",
+    plural="tokenreviews",
+    kind="TokenReview",
+    namespaced=False,
+    field_labels=_META,
+    verbs=frozenset({"create"}),
+)
+BINDINGS = Resource(
+    group="",
+    version="v1",
+    plural="bindings",
+    kind="Binding",
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    verbs=frozenset({"create"}),
+)
+
+ALL: tuple[Resource, ...] = (*STORED, SERVICE_ACCOUNTS, TOKEN_REVIEWS, BINDINGS)
+
+BY_GROUP_VERSION: dict[tuple[str, str], dict[str, Resource]] = {}
+for _resource in ALL:
+    BY_GROUP_VERSION.setdefault((_resource.group, _resource.version), {})[_resource.plural] = (
+        _resource
+    )

@@ -1,0 +1,449 @@
+"""What each verb does to stored objects: the registry strategies of the real API server.
+
+create (defaults, generateName, uid, creationTimestamp, validation, 409 AlreadyExists), update
+(resourceVersion precondition, 409 Conflict, status subresource split, pod spec immutability,
+create-on-update for leases and events), patch (the three kinds, then the update rules), delete
+(pod graceful deletion, finalizers, preconditions, namespace cascade), and the pod binding
+subresource (409 if already bound, PodScheduled=True). Raises `ApiError`; does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sim.apiserver import patch as patches
+from sim.apiserver import validation
+from sim.apiserver.clock import Clock, rfc3339
+from sim.apiserver.errors import (
+    STALE_OBJECT,
+    ApiError,
+    already_exists,
+    bad_request,
+    conflict,
+    internal,
+    invalid,
+    not_found,
+    unprocessable,
+    unsupported_media_type,
+)
+from sim.apiserver.resources import NAMESPACES, PODS, STORED, Resource
+from sim.apiserver.store import Store, Stored
+
+JsonObject = dict[str, Any]
+
+_NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+DEFAULT_GRACE_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class DeleteOptions:
+    grace_period_seconds: int | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    stored: Stored
+    removed: bool
+    """False when the object stays (graceful pod deletion, finalizers)."""
+
+
+def _kind_group(resource: Resource) -> tuple[str, str]:
+    return resource.kind, resource.group
+
+
+def _meta(obj: JsonObject) -> JsonObject:
+    meta = obj.get("metadata")
+    if meta is None:
+        meta = obj["metadata"] = {}
+    if not isinstance(meta, dict):
+        raise bad_request("metadata must be an object")
+    return meta
+
+
+class Registry:
+    """The verbs over a `Store`, with upstream's rules per kind."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+
+    # helpers
+
+    def _check_body(self, resource: Resource, body: Any) -> JsonObject:
+        if not isinstance(body, dict):
+            raise bad_request(f"the request body must be a JSON object ({resource.kind})")
+        kind = body.get("kind")
+        if kind not in (None, "", resource.kind):
+            raise bad_request(
+                f"the kind of the body ({kind}) does not match the resource ({resource.kind})"
+            )
+        api_version = body.get("apiVersion")
+        if api_version not in (None, "", resource.api_version):
+            raise bad_request(
+                f"the apiVersion of the body ({api_version}) does not match the resource"
+                f" ({resource.api_version})"
+            )
+        body["kind"] = resource.kind
+        body["apiVersion"] = resource.api_version
+        _meta(body)
+        return body
+
+    def _check_namespace(self, resource: Resource, namespace: str, obj: JsonObject) -> None:
+        meta = _meta(obj)
+        if not resource.namespaced:
+            meta.pop("namespace", None)
+            return
+        given = meta.get("namespace")
+        if given and given != namespace:
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent on the"
+                " request"
+            )
+        meta["namespace"] = namespace
+        if self.store.get(NAMESPACES, "", namespace) is None:
+            raise not_found(NAMESPACES.group_resource, namespace)
+
+    def _validate(self, resource: Resource, obj: JsonObject, causes: list[tuple[str, str]]) -> None:
+        causes = causes + validation.kind_causes(resource, obj)
+        if causes:
+            kind, group = _kind_group(resource)
+            raise invalid(kind, group, str(obj["metadata"].get("name", "")), causes)
+
+    def get(self, resource: Resource, namespace: str, name: str) -> Stored:
+        stored = self.store.get(resource, namespace, name)
+        if stored is None:
+            raise not_found(resource.group_resource, name)
+        return stored
+
+    # create
+
+    def create(self, resource: Resource, namespace: str, body: Any) -> Stored:
+        obj = self._check_body(resource, body)
+        self._check_namespace(resource, namespace, obj)
+        meta = obj["metadata"]
+        if meta.get("resourceVersion"):
+            raise internal("resourceVersion should not be set on objects to be created")
+        causes: list[tuple[str, str]] = []
+        if not meta.get("name"):
+            prefix = meta.get("generateName")
+            if prefix:
+                meta["name"] = prefix[:58] + "".join(
+                    secrets.choice(_NAME_SUFFIX_ALPHABET) for _ in range(5)
+                )
+            else:
+                causes.append(("metadata.name", "Required value: name or generateName is required"))
+        name = str(meta.get("name", ""))
+        if name:
+            causes += validation.name_causes(resource, name)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = rfc3339(self.clock.now())
+        for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+            meta.pop(key, None)
+        self._defaults(resource, obj)
+        self._validate(resource, obj, causes)
+        if self.store.get(resource, meta.get("namespace", ""), name) is not None:
+            raise already_exists(resource.group_resource, name)
+        return self.store.insert(resource, obj)
+
+    def _defaults(self, resource: Resource, obj: JsonObject) -> None:
+        if resource is PODS:
+            spec = obj.setdefault("spec", {})
+            if isinstance(spec, dict):
+                spec.setdefault("schedulerName", "default-scheduler")
+                spec.setdefault("restartPolicy", "Always")
+                spec.setdefault("dnsPolicy", "ClusterFirst")
+                spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+                spec.setdefault("serviceAccountName", "default")
+                spec.setdefault("serviceAccount", spec["serviceAccountName"])
+                spec.setdefault("securityContext", {})
+                spec.setdefault("priority", 0)
+                spec.setdefault("enableServiceLinks", True)
+                spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+            obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj)}
+        elif resource is NAMESPACES:
+            obj["spec"] = {"finalizers": ["kubernetes"]}
+            obj["status"] = {"phase": "Active"}
+            labels = obj["metadata"].setdefault("labels", {})
+            if isinstance(labels, dict):
+                labels["kubernetes.io/metadata.name"] = obj["metadata"].get("name", "")
+
+    # update and patch
+
+    def update(
+        self, resource: Resource, namespace: str, name: str, body: Any, subresource: str = ""
+    ) -> tuple[Stored, bool]:
+        """PUT; returns the stored object and whether it was created."""
+        obj = self._check_body(resource, body)
+        meta = obj["metadata"]
+        if meta.get("name") and meta["name"] != name:
+            raise bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL"
+                f" ({name})"
+            )
+        meta["name"] = name
+        self._check_namespace(resource, namespace, obj)
+        current = self.store.get(resource, namespace, name)
+        if current is None:
+            if resource.allow_create_on_update and not subresource:
+                meta.pop("resourceVersion", None)
+                return self.create(resource, namespace, obj), True
+            raise not_found(resource.group_resource, name)
+        given_rv = meta.get("resourceVersion")
+        if not given_rv and not resource.allow_unconditional_update:
+            kind, group = _kind_group(resource)
+            raise invalid(
+                kind,
+                group,
+                name,
+                [
+                    (
+                        "metadata.resourceVersion",
+                        "Invalid value: 0x0: must be specified for an update",
+                    )
+                ],
+            )
+        return self._commit_update(resource, current, obj, subresource), False
+
+    def patch(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        content_type: str,
+        raw: bytes,
+        subresource: str = "",
+    ) -> Stored:
+        current = self.get(resource, namespace, name)
+        media = content_type.split(";")[0].strip().lower()
+        if media not in (patches.JSON_PATCH, patches.MERGE_PATCH, patches.STRATEGIC_MERGE_PATCH):
+            if media == patches.APPLY_PATCH:
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    "server-side apply (application/apply-patch+yaml) is not implemented by the"
+                    " simulated API server; use a strategic merge, merge or JSON patch",
+                )
+            raise unsupported_media_type(content_type, patches.ACCEPTED)
+        try:
+            document = json.loads(raw)
+        except ValueError as e:
+            raise bad_request(f"error decoding patch: {e}") from e
+        target = current.copy()
+        if media == patches.JSON_PATCH:
+            result = patches.json_patch(target, document)
+        elif media == patches.MERGE_PATCH:
+            result = patches.json_merge_patch(target, document)
+        else:
+            result = patches.strategic_merge_patch(target, document)
+        if not isinstance(result, dict):
+            raise unprocessable("the patched document is not a JSON object")
+        obj = self._check_body(resource, result)
+        meta = obj["metadata"]
+        if meta.get("name") != name or (resource.namespaced and meta.get("namespace") != namespace):
+            raise bad_request("a patch may not change metadata.name or metadata.namespace")
+        return self._commit_update(resource, current, obj, subresource)
+
+    def _commit_update(
+        self, resource: Resource, current: Stored, obj: JsonObject, subresource: str
+    ) -> Stored:
+        meta = obj["metadata"]
+        old = current.obj
+        old_meta = old["metadata"]
+        given_rv = meta.get("resourceVersion")
+        if given_rv and str(given_rv) != str(current.rv):
+            raise conflict(resource.group_resource, current.name, STALE_OBJECT)
+        causes: list[tuple[str, str]] = []
+        if meta.get("uid") and meta["uid"] != old_meta.get("uid"):
+            causes.append(("metadata.uid", f'Invalid value: "{meta["uid"]}": field is immutable'))
+        meta["uid"] = old_meta.get("uid")
+        meta["creationTimestamp"] = old_meta.get("creationTimestamp")
+        for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            if key in old_meta:
+                meta[key] = old_meta[key]
+            else:
+                meta.pop(key, None)
+        if subresource == "status":
+            for key, value in old.items():
+                if key not in ("metadata", "status", "kind", "apiVersion"):
+                    obj[key] = value
+            if resource is PODS:
+                if "ownerReferences" in old_meta:
+                    meta["ownerReferences"] = old_meta["ownerReferences"]
+                else:
+                    meta.pop("ownerReferences", None)
+        elif resource.status_subresource:
+            if "status" in old:
+                obj["status"] = old["status"]
+            else:
+                obj.pop("status", None)
+            if resource is PODS:
+                causes += validation.pod_update_causes(old, obj)
+        if resource is NAMESPACES and subresource != "status":
+            obj["spec"] = old.get("spec", {})
+        self._validate(resource, obj, causes)
+        if _finalized(obj):
+            return self.store.remove(resource, current.namespace, current.name)
+        return self.store.replace(resource, obj)
+
+    # delete
+
+    def delete(
+        self, resource: Resource, namespace: str, name: str, options: DeleteOptions
+    ) -> DeleteResult:
+        current = self.get(resource, namespace, name)
+        meta = current.obj["metadata"]
+        if options.uid is not None and options.uid != meta.get("uid"):
+            raise conflict(
+                resource.group_resource,
+                name,
+                f"Precondition failed: UID in precondition: {options.uid}, UID in object meta:"
+                f" {meta.get('uid')}",
+            )
+        if options.resource_version is not None and options.resource_version != str(current.rv):
+            raise conflict(
+                resource.group_resource,
+                name,
+                f"Precondition failed: ResourceVersion in precondition:"
+                f" {options.resource_version}, ResourceVersion in object meta: {current.rv}",
+            )
+        grace = self._grace_period(resource, current, options)
+        finalizers = meta.get("finalizers") or []
+        pending = meta.get("deletionGracePeriodSeconds")
+        if grace == 0 and not finalizers:
+            if resource is NAMESPACES:
+                self._empty_namespace(name)
+            return DeleteResult(self.store.remove(resource, namespace, name), True)
+        if meta.get("deletionTimestamp") and (pending is None or grace >= pending):
+            return DeleteResult(current, False)
+        obj = current.copy()
+        obj["metadata"]["deletionTimestamp"] = rfc3339(self.clock.now() + grace)
+        obj["metadata"]["deletionGracePeriodSeconds"] = grace
+        return DeleteResult(self.store.replace(resource, obj), False)
+
+    def _grace_period(self, resource: Resource, current: Stored, options: DeleteOptions) -> int:
+        if resource is not PODS:
+            return 0
+        spec = current.obj.get("spec", {})
+        grace = options.grace_period_seconds
+        if grace is None:
+            grace = int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+        if grace < 0:
+            grace = 1
+        phase = current.obj.get("status", {}).get("phase")
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+            return 0
+        return grace
+
+    def _empty_namespace(self, namespace: str) -> None:
+        """The namespace controller's job, done at once: every object in it goes first."""
+        for resource in STORED:
+            if not resource.namespaced:
+                continue
+            for stored in list(self.store.objects(resource, namespace)):
+                self.store.remove(resource, namespace, stored.name)
+
+    # binding
+
+    def bind(self, namespace: str, name: str, body: Any) -> Stored:
+        """pods/binding: assign the pod to target.name, once."""
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a Binding object")
+        meta = body.get("metadata") or {}
+        bound_name = meta.get("name") or name
+        if bound_name != name:
+            raise bad_request("name in URL does not match name in Binding object")
+        if meta.get("namespace") and meta["namespace"] != namespace:
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent on the"
+                " request"
+            )
+        target = body.get("target") or {}
+        causes = []
+        if not target.get("name"):
+            causes.append(("target.name", "Required value"))
+        if target.get("kind") not in (None, "", "Node"):
+            causes.append(
+                ("target.kind", f'Unsupported value: "{target["kind"]}": supported values: "Node"')
+            )
+        if causes:
+            raise invalid("Binding", "", name, causes)
+        current = self.get(PODS, namespace, name)
+        pod_meta = current.obj["metadata"]
+        binding_resource = "pods/binding"
+        if meta.get("uid") and meta["uid"] != pod_meta.get("uid"):
+            raise conflict(
+                binding_resource,
+                name,
+                f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta:"
+                f" {pod_meta.get('uid')}",
+            )
+        if pod_meta.get("deletionTimestamp"):
+            raise conflict(
+                binding_resource, name, f"pod {name} is being deleted, cannot be assigned to a host"
+            )
+        node = current.obj.get("spec", {}).get("nodeName")
+        if node:
+            raise conflict(
+                binding_resource, name, f'pod {name} is already assigned to node "{node}"'
+            )
+        obj = current.copy()
+        obj["spec"]["nodeName"] = target["name"]
+        annotations = meta.get("annotations") or {}
+        if annotations:
+            obj["metadata"].setdefault("annotations", {}).update(annotations)
+        status = obj.setdefault("status", {})
+        conditions = status.setdefault("conditions", [])
+        now = rfc3339(self.clock.now())
+        for condition in conditions:
+            if condition.get("type") == "PodScheduled":
+                if condition.get("status") != "True":
+                    condition["lastTransitionTime"] = now
+                condition["status"] = "True"
+                condition.pop("reason", None)
+                condition.pop("message", None)
+                break
+        else:
+            conditions.append(
+                {
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now,
+                }
+            )
+        return self.store.replace(PODS, obj)
+
+
+def _finalized(obj: JsonObject) -> bool:
+    """An object marked for deletion whose last finalizer is gone (and grace has run out)."""
+    meta = obj["metadata"]
+    return (
+        bool(meta.get("deletionTimestamp"))
+        and not meta.get("finalizers")
+        and not meta.get("deletionGracePeriodSeconds")
+    )
+
+
+def _qos_class(pod: JsonObject) -> str:
+    spec = pod.get("spec") or {}
+    containers = [c for c in (spec.get("containers") or []) if isinstance(c, dict)]
+    requests_any = False
+    guaranteed = bool(containers)
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        if limits or requests:
+            requests_any = True
+        for name in ("cpu", "memory"):
+            if name not in limits or requests.get(name, limits[name]) != limits[name]:
+                guaranteed = False
+    if guaranteed:
+        return "Guaranteed"
+    return "Burstable" if requests_any else "BestEffort"

@@ -1,0 +1,541 @@
+"""The HTTP face of the API server: aiohttp routes, request parsing, responses, audit.
+
+Every `/api/...` and `/apis/...` request is parsed into a `RequestInfo`, dispatched to the
+registry (`rest`), the token authority (`auth`) or a watch stream (`watch`), and answered with the
+object, a `...List`, or a `Status`; every request is recorded in the audit log. Discovery
+(`/api`, `/apis`, `/api/v1`, ...), `/version` and the health endpoints are served too. This module
+holds no object state of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from sim.apiserver import watch as watches
+from sim.apiserver.audit import AuditLog, AuditRecord
+from sim.apiserver.auth import TokenAuthority
+from sim.apiserver.clock import Clock
+from sim.apiserver.errors import (
+    ApiError,
+    bad_request,
+    expired,
+    invalid,
+    method_not_allowed,
+    too_large_resource_version,
+)
+from sim.apiserver.requestinfo import RequestInfo, parse_bool, parse_request
+from sim.apiserver.resources import (
+    ALL,
+    BINDINGS,
+    BY_GROUP_VERSION,
+    PODS,
+    SERVICE_ACCOUNTS,
+    STORED,
+    TOKEN_REVIEWS,
+    Resource,
+)
+from sim.apiserver.rest import DeleteOptions, Registry
+from sim.apiserver.selectors import parse_field_selector, parse_label_selector
+from sim.apiserver.settings import ApiServerSettings
+from sim.apiserver.store import Store, Stored
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "31",
+    "gitVersion": "v1.31.0-tritonshare-sim",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2024-08-13T00:00:00Z",
+    "goVersion": "go1.22.5",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+
+
+@dataclass
+class ApiServerCore:
+    """Everything one API server instance owns, shared by its handlers."""
+
+    settings: ApiServerSettings
+    clock: Clock = field(default_factory=Clock)
+    store: Store = field(init=False)
+    registry: Registry = field(init=False)
+    authority: TokenAuthority = field(init=False)
+    audit: AuditLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = Store(self.settings.history_size)
+        self.registry = Registry(self.store, self.clock)
+        self.authority = TokenAuthority(self.store, self.clock)
+        self.audit = AuditLog(self.settings.audit_size)
+
+
+def _json(obj: object, status: int = 200) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(obj, separators=(",", ":")).encode(),
+        content_type="application/json",
+    )
+
+
+def _object(stored: Stored, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=stored.full(), content_type="application/json")
+
+
+def _success(resource: Resource, stored: Stored) -> web.Response:
+    details: JsonObject = {"name": stored.name}
+    if resource.group:
+        details["group"] = resource.group
+    details["kind"] = resource.plural
+    details["uid"] = stored.obj["metadata"].get("uid")
+    return _json(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": details,
+        }
+    )
+
+
+async def _body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise bad_request("the request body is empty; send the object as JSON")
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from e
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    value = request.query.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError as e:
+        raise bad_request(f"invalid value for {name}: {value!r} is not an integer") from e
+
+
+def _list_options_error(message: str) -> ApiError:
+    return invalid("ListOptions", "meta.k8s.io", "", [("resourceVersionMatch", message)])
+
+
+class Handlers:
+    """The request handlers of one `ApiServerCore`."""
+
+    def __init__(self, core: ApiServerCore) -> None:
+        self.core = core
+
+    @web.middleware
+    async def audit_middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        arrived = self.core.clock.now()
+        try:
+            info = parse_request(request.method, request.path, request.query.get("watch"))
+        except ApiError as e:
+            return _json(e.status(), e.code)
+        request["info"] = info
+        code = 500
+        try:
+            response = await handler(request)
+            code = response.status
+            return response
+        except ApiError as e:
+            code = e.code
+            return _json(e.status(), e.code)
+        except web.HTTPException as e:
+            code = e.status
+            raise
+        finally:
+            if info.is_resource_request:
+                self._record(request, info, arrived, code)
+
+    def _record(self, request: web.Request, info: RequestInfo, arrived: float, code: int) -> None:
+        authorization = request.headers.get("Authorization", "")
+        user = ""
+        if authorization.startswith("Bearer "):
+            user = self.core.authority.username(authorization[len("Bearer ") :].strip())
+        self.core.audit.append(
+            AuditRecord(
+                time=arrived,
+                user_agent=request.headers.get("User-Agent", ""),
+                user=user,
+                verb=info.verb,
+                api_group=info.api_group,
+                resource=info.resource_name,
+                subresource=info.subresource,
+                namespace=info.namespace,
+                name=info.name,
+                code=code,
+            )
+        )
+
+    # dispatch
+
+    async def api(self, request: web.Request) -> web.StreamResponse:
+        info: RequestInfo = request["info"]
+        if not info.is_resource_request:
+            return self._discovery(info)
+        resource = info.resource
+        if resource is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        verb = info.verb
+        if resource is TOKEN_REVIEWS:
+            if verb != "create":
+                raise method_not_allowed(verb, "tokenreviews")
+            return _json(self.core.authority.token_review(await _body(request)), 201)
+        if resource is SERVICE_ACCOUNTS:
+            if verb == "create" and info.subresource == "token" and info.name:
+                answer = self.core.authority.token_request(
+                    info.namespace, info.name, await _body(request)
+                )
+                return _json(answer, 201)
+            raise method_not_allowed(verb, "serviceaccounts (only the token subresource)")
+        if resource is BINDINGS:
+            if verb != "create":
+                raise method_not_allowed(verb, "bindings")
+            body = await _body(request)
+            name = (
+                str((body.get("metadata") or {}).get("name", "")) if isinstance(body, dict) else ""
+            )
+            return self._bind(info.namespace, name, body)
+        if info.subresource:
+            return await self._subresource(request, info, resource)
+        namespace = info.namespace if resource.namespaced else ""
+        if verb == "get":
+            return _object(self.core.registry.get(resource, namespace, info.name))
+        if verb == "list":
+            return self._list(request, resource, info)
+        if verb == "watch":
+            return await self._watch(request, resource, info)
+        if verb == "create":
+            stored = self.core.registry.create(resource, namespace, await _body(request))
+            return _object(stored, 201)
+        if verb == "update":
+            stored, created = self.core.registry.update(
+                resource, namespace, info.name, await _body(request)
+            )
+            return _object(stored, 201 if created else 200)
+        if verb == "patch":
+            stored = self.core.registry.patch(
+                resource,
+                namespace,
+                info.name,
+                request.headers.get("Content-Type", ""),
+                await request.read(),
+            )
+            return _object(stored)
+        if verb == "delete":
+            result = self.core.registry.delete(
+                resource, namespace, info.name, await self._delete_options(request)
+            )
+            if resource is PODS or resource.plural == "namespaces" or not result.removed:
+                return _object(result.stored)
+            return _success(resource, result.stored)
+        raise method_not_allowed(verb, resource.group_resource)
+
+    async def _subresource(
+        self, request: web.Request, info: RequestInfo, resource: Resource
+    ) -> web.StreamResponse:
+        sub = info.subresource
+        if sub not in resource.subresources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        namespace = info.namespace if resource.namespaced else ""
+        if sub == "binding":
+            if info.verb != "create":
+                raise method_not_allowed(info.verb, "pods/binding")
+            return self._bind(namespace, info.name, await _body(request))
+        if info.verb == "get":
+            return _object(self.core.registry.get(resource, namespace, info.name))
+        if info.verb == "update":
+            stored, _ = self.core.registry.update(
+                resource, namespace, info.name, await _body(request), subresource=sub
+            )
+            return _object(stored)
+        if info.verb == "patch":
+            stored = self.core.registry.patch(
+                resource,
+                namespace,
+                info.name,
+                request.headers.get("Content-Type", ""),
+                await request.read(),
+                subresource=sub,
+            )
+            return _object(stored)
+        raise method_not_allowed(info.verb, f"{resource.group_resource}/{sub}")
+
+    def _bind(self, namespace: str, name: str, body: Any) -> web.Response:
+        self.core.registry.bind(namespace, name, body)
+        return _json(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
+            201,
+        )
+
+    async def _delete_options(self, request: web.Request) -> DeleteOptions:
+        grace = _int_param(request, "gracePeriodSeconds")
+        uid = rv = None
+        raw = await request.read()
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                raise bad_request(f"the DeleteOptions body is not valid JSON: {e}") from e
+            if isinstance(body, dict):
+                if body.get("gracePeriodSeconds") is not None:
+                    grace = int(body["gracePeriodSeconds"])
+                preconditions = body.get("preconditions") or {}
+                uid = preconditions.get("uid")
+                rv = preconditions.get("resourceVersion")
+        return DeleteOptions(grace_period_seconds=grace, uid=uid, resource_version=rv)
+
+    # list and watch
+
+    def _selectors(self, request: web.Request, resource: Resource) -> tuple[Any, Any]:
+        labels = parse_label_selector(request.query.get("labelSelector", ""))
+        fields = parse_field_selector(request.query.get("fieldSelector", ""), resource.field_labels)
+        return labels, fields
+
+    def _list(self, request: web.Request, resource: Resource, info: RequestInfo) -> web.Response:
+        store = self.core.store
+        labels, fields = self._selectors(request, resource)
+        namespace = info.namespace if resource.namespaced and info.namespace else None
+        limit = _int_param(request, "limit") or 0
+        token = request.query.get("continue", "")
+        rv_text = request.query.get("resourceVersion", "")
+        match = request.query.get("resourceVersionMatch", "")
+        if match and match not in ("Exact", "NotOlderThan"):
+            raise _list_options_error(
+                f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"'
+            )
+        if match and not rv_text:
+            raise _list_options_error(
+                "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"
+            )
+        if token and rv_text:
+            raise _list_options_error(
+                "Forbidden: specifying resource version is not allowed when using continue"
+            )
+        after = None
+        list_rv = store.rv
+        if token:
+            list_rv, after = _decode_continue(token)
+            if list_rv < store.oldest_replayable_rv:
+                raise expired(
+                    "The provided continue parameter is too old to display a consistent list"
+                    " result. You can start a new list without the continue parameter, or use"
+                    " the continue token in this response to retrieve the remainder of the"
+                    " results. Continuing with the provided token results in an inconsistent"
+                    " list - objects that were created, modified, or deleted between the time the"
+                    " first chunk was returned and now may show up in the list."
+                )
+        candidates: Any
+        if rv_text and match == "Exact":
+            wanted = _parse_rv(rv_text)
+            if wanted == 0:
+                raise _list_options_error(
+                    'Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
+                )
+            if wanted > store.rv:
+                raise too_large_resource_version(wanted, store.rv)
+            list_rv = wanted
+            candidates = [
+                s
+                for s in store.state_at(resource, namespace, wanted)
+                if after is None or (s.namespace, s.name) > after
+            ]
+        else:
+            if rv_text and rv_text != "0" and _parse_rv(rv_text) > store.rv:
+                raise too_large_resource_version(_parse_rv(rv_text), store.rv)
+            node = fields.equality("spec.nodeName") if resource is PODS else None
+            if node is not None:
+                candidates = store.pods_on_node(node, namespace, after)
+            else:
+                candidates = store.objects(resource, namespace, after)
+        selecting = bool(labels.requirements or fields.terms)
+        items: list[bytes] = []
+        last: Stored | None = None
+        more = False
+        for stored in candidates:
+            if selecting and not (labels.matches(stored.obj) and fields.matches(stored.obj)):
+                continue
+            if limit and len(items) >= limit:
+                more = True
+                break
+            items.append(stored.body())
+            last = stored
+        metadata: JsonObject = {"resourceVersion": str(list_rv)}
+        if more and last is not None:
+            metadata["continue"] = _encode_continue(list_rv, (last.namespace, last.name))
+            if not selecting and namespace is None and not token:
+                metadata["remainingItemCount"] = store.count(resource) - len(items)
+        head = json.dumps(
+            {"kind": resource.list_kind, "apiVersion": resource.api_version, "metadata": metadata},
+            separators=(",", ":"),
+        ).encode()
+        body = head[:-1] + b',"items":[' + b",".join(items) + b"]}"
+        return web.Response(body=body, content_type="application/json")
+
+    async def _watch(
+        self, request: web.Request, resource: Resource, info: RequestInfo
+    ) -> web.StreamResponse:
+        store = self.core.store
+        labels, fields = self._selectors(request, resource)
+        if info.name:
+            fields = parse_field_selector(f"metadata.name={info.name}", resource.field_labels)
+        rv_text = request.query.get("resourceVersion", "")
+        start: int | None = None
+        if rv_text not in ("", "0"):
+            start = _parse_rv(rv_text)
+            if start > store.rv:
+                raise too_large_resource_version(start, store.rv)
+        timeout = _int_param(request, "timeoutSeconds")
+        query = request.query
+        spec = watches.WatchRequest(
+            resource=resource,
+            namespace=info.namespace if resource.namespaced and info.namespace else None,
+            labels=labels,
+            fields=fields,
+            start_rv=start,
+            timeout_seconds=float(timeout)
+            if timeout
+            else self.core.settings.default_watch_timeout_seconds,
+            bookmarks=parse_bool("allowWatchBookmarks", query.get("allowWatchBookmarks")),
+            send_initial_events=parse_bool("sendInitialEvents", query.get("sendInitialEvents")),
+        )
+        if spec.send_initial_events:
+            # A streaming list starts from the current state whatever version was asked for.
+            spec = dataclasses.replace(spec, start_rv=None)
+        return await watches.stream(
+            request, store, spec, self.core.settings.bookmark_interval_seconds
+        )
+
+    # discovery and health
+
+    def _discovery(self, info: RequestInfo) -> web.Response:
+        if not info.api_version:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        served = BY_GROUP_VERSION.get((info.api_group, info.api_version))
+        if served is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        resources = []
+        for resource in served.values():
+            stored = resource in STORED
+            resources.append(
+                {
+                    "name": resource.plural,
+                    "singularName": resource.kind.lower(),
+                    "namespaced": resource.namespaced,
+                    "kind": resource.kind,
+                    "verbs": sorted(resource.verbs),
+                }
+            )
+            for sub in sorted(resource.subresources):
+                sub_kind = {"binding": "Binding", "token": "TokenRequest"}.get(sub, resource.kind)
+                resources.append(
+                    {
+                        "name": f"{resource.plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": resource.namespaced,
+                        "kind": sub_kind,
+                        "verbs": ["create"]
+                        if sub in ("binding", "token")
+                        else (["get", "patch", "update"] if stored else []),
+                    }
+                )
+        group_version = f"{info.api_group}/{info.api_version}" if info.api_group else "v1"
+        return _json(
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": group_version,
+                "resources": resources,
+            }
+        )
+
+    async def root_api(self, request: web.Request) -> web.Response:
+        return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+
+    async def root_apis(self, request: web.Request) -> web.Response:
+        groups = sorted({r.group for r in ALL if r.group})
+        return _json(
+            {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": g,
+                        "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
+                        "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"},
+                    }
+                    for g in groups
+                ],
+            }
+        )
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json(SERVER_VERSION)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+
+def _parse_rv(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise bad_request(f"invalid resource version: {text!r} is not a resourceVersion") from e
+    if value < 0:
+        raise bad_request(f"invalid resource version: {text!r} is negative")
+    return value
+
+
+def _encode_continue(rv: int, after: tuple[str, str]) -> str:
+    token = {"v": "meta.k8s.io/v1", "rv": rv, "start": f"{after[0]}/{after[1]}\x00"}
+    return base64.urlsafe_b64encode(json.dumps(token).encode()).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+        start = str(decoded["start"]).rstrip("\x00")
+        namespace, _, name = start.rpartition("/")
+        return int(decoded["rv"]), (namespace, name)
+    except (ValueError, KeyError, TypeError, binascii.Error) as e:
+        raise bad_request(f"continue key is not valid: {e}") from e
+
+
+def build_app(core: ApiServerCore) -> web.Application:
+    handlers = Handlers(core)
+    app = web.Application(middlewares=[handlers.audit_middleware], client_max_size=64 * 1024**2)
+    app.router.add_get("/api", handlers.root_api)
+    app.router.add_get("/apis", handlers.root_apis)
+    app.router.add_get("/version", handlers.version)
+    for path in ("/healthz", "/livez", "/readyz"):
+        app.router.add_get(path, handlers.health)
+    app.router.add_route("*", "/api/{tail:.*}", handlers.api)
+    app.router.add_route("*", "/apis/{tail:.*}", handlers.api)
+    return app

@@ -1,0 +1,263 @@
+"""Running the API server: in a background thread for tests, or as the main loop of a process.
+
+`start_in_thread()` gives a `RunningApiServer` handle (URL, kubeconfig, an official-client
+`ApiClient`, token minting, the audit log, the clock) whose `stop()` ends every watch and joins
+the thread. `serve()` runs the same server until a stop event, for `python -m sim.apiserver`.
+Both create the namespaces every cluster starts with. Request semantics live in `routes`/`rest`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
+from aiohttp import web
+
+from common.contract import DEFAULT_SYSTEM_NAMESPACE
+from sim.apiserver.audit import AuditLog
+from sim.apiserver.clock import Clock
+from sim.apiserver.resources import NAMESPACES, PODS
+from sim.apiserver.routes import ApiServerCore, build_app
+from sim.apiserver.settings import ApiServerSettings
+
+if TYPE_CHECKING:
+    import kubernetes.client
+
+log = logging.getLogger(__name__)
+
+INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", DEFAULT_SYSTEM_NAMESPACE)
+SHUTDOWN_TIMEOUT_SECONDS = 2.0
+T = TypeVar("T")
+
+
+def _create_initial_namespaces(core: ApiServerCore) -> None:
+    for name in INITIAL_NAMESPACES:
+        core.registry.create(NAMESPACES, "", {"metadata": {"name": name}})
+
+
+def kubeconfig_document(url: str) -> dict[str, Any]:
+    """A kubeconfig for `url` with no credentials (the simulated server authorises everyone)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "sim", "cluster": {"server": url}}],
+        "users": [{"name": "sim", "user": {}}],
+        "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}],
+        "current-context": "sim",
+        "preferences": {},
+    }
+
+
+def write_kubeconfig(url: str, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(kubeconfig_document(url), sort_keys=False))
+    return path
+
+
+async def _start_site(core: ApiServerCore, host: str, port: int) -> tuple[web.AppRunner, int]:
+    app = build_app(core)
+
+    async def end_watches(_: web.Application) -> None:
+        core.store.close()
+
+    app.on_shutdown.append(end_watches)
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS, handle_signals=False
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = int(runner.addresses[0][1])
+    return runner, bound
+
+
+class RunningApiServer:
+    """A simulated API server serving on its own thread and event loop."""
+
+    def __init__(self, core: ApiServerCore, host: str) -> None:
+        self._core = core
+        self._host = host
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._runner: web.AppRunner | None = None
+        self._startup_error: BaseException | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=self._run, name="sim-apiserver", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def audit(self) -> AuditLog:
+        return self._core.audit
+
+    @property
+    def clock(self) -> Clock:
+        return self._core.clock
+
+    @property
+    def resource_version(self) -> int:
+        return self._core.store.rv
+
+    def _start(self, port: int) -> None:
+        self._requested_port = port
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            self._thread.join()
+            raise RuntimeError(
+                f"the simulated API server could not listen on {self._host}:{port}:"
+                f" {self._startup_error}"
+            ) from self._startup_error
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner, self.port = self._loop.run_until_complete(
+                _start_site(self._core, self._host, self._requested_port)
+            )
+        except BaseException as e:  # reported to the starting thread
+            self._startup_error = e
+            self._ready.set()
+            self._loop.close()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    def call(self, function: Callable[[], T]) -> T:
+        """Run `function` on the server's loop (the store is single-threaded); return its result."""
+
+        async def run() -> T:
+            return function()
+
+        return self.run(run())
+
+    def run(self, coroutine: Awaitable[T]) -> T:
+        async def wrapper() -> T:
+            return await coroutine
+
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
+            wrapper(), self._loop
+        )
+        return future.result(timeout=60)
+
+    def stop(self) -> None:
+        """End every watch, close the listener and connections, and join the thread."""
+        if not self._thread.is_alive():
+            return
+        runner = self._runner
+
+        async def shutdown() -> None:
+            self._core.store.close()
+            if runner is not None:
+                await runner.cleanup()
+
+        try:
+            self.run(shutdown())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """Write a kubeconfig for this server (no credentials) to `path` and return it."""
+        return write_kubeconfig(self.url, path)
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """An official-client `ApiClient` for this server; close it when done."""
+        import kubernetes.client
+
+        configuration = kubernetes.client.Configuration()
+        configuration.host = self.url
+        return kubernetes.client.ApiClient(configuration)
+
+    def mint_token(
+        self,
+        namespace: str,
+        pod_name: str,
+        audience: str = "tritonshare-agent",
+        service_account: str | None = None,
+        expiration_seconds: int = 3600,
+    ) -> str:
+        """A projected service-account token bound to the pod, as the kubelet would obtain.
+
+        Same as a TokenRequest with `boundObjectRef` {kind: Pod, name, uid}; the pod must exist.
+        `service_account` defaults to the pod's own `spec.serviceAccountName` (as the kubelet
+        does); naming a different one fails as the real API does.
+        """
+
+        def mint() -> str:
+            pod = self._core.store.get(PODS, namespace, pod_name)
+            if pod is None:
+                raise LookupError(
+                    f'cannot mint a token for pod "{namespace}/{pod_name}": the pod does not'
+                    " exist; create it first"
+                )
+            account = service_account or str(
+                pod.obj.get("spec", {}).get("serviceAccountName", "default")
+            )
+            answer = self._core.authority.token_request(
+                namespace,
+                account,
+                {
+                    "spec": {
+                        "audiences": [audience],
+                        "expirationSeconds": expiration_seconds,
+                        "boundObjectRef": {
+                            "kind": "Pod",
+                            "apiVersion": "v1",
+                            "name": pod_name,
+                            "uid": pod.obj["metadata"]["uid"],
+                        },
+                    }
+                },
+            )
+            return str(answer["status"]["token"])
+
+        return self.call(mint)
+
+    def __enter__(self) -> RunningApiServer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def start_in_thread(
+    host: str = "127.0.0.1", port: int = 0, settings: ApiServerSettings | None = None
+) -> RunningApiServer:
+    """Start a fresh API server (default namespaces only) on its own thread; `stop()` it after."""
+    settings = settings or ApiServerSettings(host=host, port=port)
+    core = ApiServerCore(settings)
+    _create_initial_namespaces(core)
+    running = RunningApiServer(core, host)
+    running._start(port)
+    return running
+
+
+async def serve(
+    settings: ApiServerSettings, stop: asyncio.Event, on_listening: Callable[[str], None]
+) -> None:
+    """Serve until `stop` is set (the process entry point's main coroutine)."""
+    core = ApiServerCore(settings)
+    _create_initial_namespaces(core)
+    runner, port = await _start_site(core, settings.host, settings.port)
+    url = f"http://{settings.host}:{port}"
+    try:
+        if settings.kubeconfig_out is not None:
+            write_kubeconfig(url, settings.kubeconfig_out)
+            log.info("Wrote a kubeconfig for %s to %s.", url, settings.kubeconfig_out)
+        on_listening(url)
+        await stop.wait()
+        log.info("Stopping the simulated API server: ending watches and closing connections.")
+    finally:
+        core.store.close()
+        await runner.cleanup()

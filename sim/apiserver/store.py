@@ -1,0 +1,249 @@
+"""The object store: current objects, the one resourceVersion counter, event history, wake-ups.
+
+Like etcd behind kube-apiserver, every write takes the next resourceVersion from a single
+cluster-wide counter and appends one event (ADDED, MODIFIED, DELETED) to a bounded history that
+watches replay; a watch or exact list older than the history is told it expired (410). Pods are
+indexed by namespace and by `spec.nodeName`, so a node-scoped list does not scan every pod.
+
+Stored objects are immutable once committed: readers share them without copying and take their
+JSON from a per-version cache, and writers build a new dict for each version (`Stored.copy()`).
+The store validates nothing and knows no verb semantics (that is `sim.apiserver.rest`). It is
+used from one event loop only; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from sim.apiserver.errors import expired
+from sim.apiserver.resources import PODS, STORED, Resource
+
+JsonObject = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+
+
+class Stored:
+    """One committed version of an object, with its JSON rendered at most once."""
+
+    __slots__ = ("_body", "obj", "rv")
+
+    def __init__(self, obj: JsonObject, rv: int) -> None:
+        self.obj = obj
+        self.rv = rv
+        self._body: bytes | None = None
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj["metadata"].get("namespace", ""))
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    def body(self) -> bytes:
+        """The object's JSON without kind/apiVersion, as list items are served."""
+        if self._body is None:
+            self._body = json.dumps(
+                {k: v for k, v in self.obj.items() if k not in ("kind", "apiVersion")},
+                separators=(",", ":"),
+            ).encode()
+        return self._body
+
+    def full(self) -> bytes:
+        """The whole object's JSON, kind and apiVersion first."""
+        head = json.dumps(
+            {"kind": self.obj.get("kind"), "apiVersion": self.obj.get("apiVersion")},
+            separators=(",", ":"),
+        ).encode()
+        body = self.body()
+        return head[:-1] + b"," + body[1:] if len(body) > 2 else head
+
+    def copy(self) -> JsonObject:
+        """A deep, mutable copy (a JSON round trip is faster than copy.deepcopy)."""
+        result: JsonObject = json.loads(self.full())
+        return result
+
+
+class Event:
+    """One history entry: what happened to which object at which resourceVersion."""
+
+    __slots__ = ("prev", "resource", "rv", "stored", "type")
+
+    def __init__(self, type_: str, resource: Resource, stored: Stored, prev: Stored | None) -> None:
+        self.type = type_
+        self.resource = resource
+        self.rv = stored.rv
+        self.stored = stored
+        self.prev = prev
+
+
+class Store:
+    """All objects of all stored kinds, their history and the watchers' wake-up signal."""
+
+    def __init__(self, history_size: int = 10_000) -> None:
+        if history_size < 1:
+            raise ValueError(f"history_size must be at least 1, got {history_size}")
+        self.rv = 0
+        self.history_size = history_size
+        self._ring: list[Event | None] = [None] * history_size
+        self._first_event_rv = 1
+        self._objects: dict[str, dict[str, dict[str, Stored]]] = {r.plural: {} for r in STORED}
+        self._sorted: dict[tuple[str, str], list[str]] = {}
+        self._pods_by_node: dict[str, dict[Key, Stored]] = {}
+        self._changed = asyncio.Event()
+        self.closed = False
+
+    # reads
+
+    def get(self, resource: Resource, namespace: str, name: str) -> Stored | None:
+        return self._objects[resource.plural].get(namespace, {}).get(name)
+
+    def count(self, resource: Resource) -> int:
+        return sum(len(names) for names in self._objects[resource.plural].values())
+
+    def namespaces_of(self, resource: Resource) -> Iterable[str]:
+        return self._objects[resource.plural].keys()
+
+    def objects(
+        self, resource: Resource, namespace: str | None, after: Key | None = None
+    ) -> Iterator[Stored]:
+        """Objects sorted by namespace then name (etcd's key order), those after `after` only."""
+        spaces = self._objects[resource.plural]
+        chosen = [namespace] if namespace is not None else sorted(spaces)
+        for space in chosen:
+            if after is not None and space < after[0]:
+                continue
+            names = spaces.get(space)
+            if not names:
+                continue
+            order = self._sorted.get((resource.plural, space))
+            if order is None:
+                order = sorted(names)
+                self._sorted[(resource.plural, space)] = order
+            start = bisect.bisect_right(order, after[1]) if after and space == after[0] else 0
+            for name in order[start:]:
+                yield names[name]
+
+    def pods_on_node(
+        self, node_name: str, namespace: str | None, after: Key | None = None
+    ) -> list[Stored]:
+        pods = self._pods_by_node.get(node_name, {})
+        keys = sorted(
+            k
+            for k in pods
+            if (namespace is None or k[0] == namespace) and (after is None or k > after)
+        )
+        return [pods[k] for k in keys]
+
+    # writes
+
+    def insert(self, resource: Resource, obj: JsonObject) -> Stored:
+        stored = self._commit(resource, obj)
+        names = self._objects[resource.plural].setdefault(stored.namespace, {})
+        names[stored.name] = stored
+        self._sorted.pop((resource.plural, stored.namespace), None)
+        self._index(resource, None, stored)
+        self._record(Event(ADDED, resource, stored, None))
+        return stored
+
+    def replace(self, resource: Resource, obj: JsonObject) -> Stored:
+        stored = self._commit(resource, obj)
+        names = self._objects[resource.plural][stored.namespace]
+        prev = names[stored.name]
+        names[stored.name] = stored
+        self._index(resource, prev, stored)
+        self._record(Event(MODIFIED, resource, stored, prev))
+        return stored
+
+    def remove(self, resource: Resource, namespace: str, name: str) -> Stored:
+        """Delete the object; the DELETED event (and the result) is its last state at a new rv."""
+        names = self._objects[resource.plural][namespace]
+        prev = names.pop(name)
+        if not names:
+            del self._objects[resource.plural][namespace]
+        self._sorted.pop((resource.plural, namespace), None)
+        last = dict(prev.obj)
+        last["metadata"] = dict(prev.obj["metadata"])
+        stored = self._commit(resource, last)
+        self._index(resource, prev, None)
+        self._record(Event(DELETED, resource, stored, prev))
+        return stored
+
+    def _commit(self, resource: Resource, obj: JsonObject) -> Stored:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        return Stored(obj, self.rv)
+
+    def _index(self, resource: Resource, old: Stored | None, new: Stored | None) -> None:
+        if resource is not PODS:
+            return
+        if old is not None:
+            node = old.obj.get("spec", {}).get("nodeName", "")
+            bucket = self._pods_by_node.get(node)
+            if bucket is not None:
+                bucket.pop((old.namespace, old.name), None)
+                if not bucket:
+                    del self._pods_by_node[node]
+        if new is not None:
+            node = new.obj.get("spec", {}).get("nodeName", "")
+            self._pods_by_node.setdefault(node, {})[(new.namespace, new.name)] = new
+
+    def _record(self, event: Event) -> None:
+        self._ring[event.rv % self.history_size] = event
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # history
+
+    @property
+    def oldest_replayable_rv(self) -> int:
+        """The smallest resourceVersion a watch may start from and still see every event."""
+        return max(self._first_event_rv, self.rv - self.history_size + 1) - 1
+
+    def events_after(self, rv: int, limit: int = 1000) -> list[Event]:
+        """Events with resourceVersion > rv, oldest first; 410 Expired if some were dropped."""
+        if rv < self.oldest_replayable_rv:
+            raise expired(f"too old resource version: {rv} ({self.oldest_replayable_rv})")
+        end = min(self.rv, rv + limit)
+        events = []
+        for version in range(rv + 1, end + 1):
+            event = self._ring[version % self.history_size]
+            assert event is not None and event.rv == version
+            events.append(event)
+        return events
+
+    def state_at(self, resource: Resource, namespace: str | None, rv: int) -> list[Stored]:
+        """The objects as they were at `rv` (for exact-version lists), by undoing later events."""
+        if rv < self.oldest_replayable_rv:
+            raise expired(f"too old resource version: {rv} ({self.oldest_replayable_rv})")
+        state = {(s.namespace, s.name): s for s in self.objects(resource, namespace)}
+        for version in range(self.rv, rv, -1):
+            event = self._ring[version % self.history_size]
+            assert event is not None
+            if event.resource is not resource:
+                continue
+            key = (event.stored.namespace, event.stored.name)
+            if namespace is not None and key[0] != namespace:
+                continue
+            if event.prev is None:
+                state.pop(key, None)
+            else:
+                state[key] = event.prev
+        return [state[k] for k in sorted(state)]
+
+    def changed(self) -> asyncio.Event:
+        """An event set by the next write (or by close()): watchers wait on it."""
+        return self._changed
+
+    def close(self) -> None:
+        """Wake every watcher so streams end before the server stops."""
+        self.closed = True
+        self._changed.set()
