@@ -32,7 +32,7 @@ def kube_api(apiserver: RunningApiServer) -> Iterator[kubernetes.client.ApiClien
     try:
         yield client
     finally:
-        client.close()
+        client.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture
