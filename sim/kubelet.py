@@ -1,0 +1,300 @@
+"""The simulated kubelet: runs the pods bound to one node as local processes, through the API.
+
+`Kubelet` lists and watches the pods with `spec.nodeName=<node>` through the official client and
+gives each pod a `sim.podworker.PodWorker`, which runs it as a kubelet would (volumes, projected
+tokens, init containers, main containers, readiness probes, status, graceful deletion).
+
+`HollowKubelet` stands in for the kubelets of simulated nodes that run nothing (as kwok does): it
+marks their pods Running and Ready and removes them once they are deleted.
+
+It must not know the product: everything comes from the pod spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from sim.containers import now_rfc3339
+from sim.podspec import Obj
+from sim.podworker import NodeRuntime, PodWorker, pod_key, read_json
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "tritonshare-sim-kubelet"
+
+
+class _PodWatcher:
+    """List, then watch, the pods a kubelet cares about; relist on errors and 410 Gone."""
+
+    def __init__(self, api_client: client.ApiClient, field_selector: str, name: str) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self._field_selector = field_selector
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop_watching(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def sync(self, pods: list[Obj]) -> None:
+        """Called with every pod after each (re)list."""
+        raise NotImplementedError
+
+    def handle(self, event_type: str, pod: Obj) -> None:
+        """Called for each watch event."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                listed = read_json(
+                    self.core.list_pod_for_all_namespaces(
+                        field_selector=self._field_selector, _preload_content=False
+                    )
+                )
+                self.sync(listed.get("items", []))
+                self._watch(listed["metadata"]["resourceVersion"])
+            except Exception as e:
+                if self._stop.is_set():
+                    return
+                log.warning(
+                    "The pod watch (%s) failed: %s; listing again.", self._field_selector, e
+                )
+                self._stop.wait(0.5)
+
+    def _watch(self, resource_version: str) -> None:
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+                self.core.list_pod_for_all_namespaces,
+                field_selector=self._field_selector,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=2,
+                _request_timeout=10,
+            )
+            for event in stream:
+                if self._stop.is_set():
+                    return
+                raw = event["raw_object"]
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch error {raw.get('code')}: {raw.get('message')}")
+                resource_version = raw["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    self.handle(event["type"], raw)
+
+
+class Kubelet(_PodWatcher):
+    """Runs the pods bound to `node_name` as processes under `workdir`. Use as a context manager,
+    or call start() and stop()."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        node_name: str,
+        workdir: Path,
+        *,
+        host_ip: str = "127.0.0.1",
+        python: str = sys.executable,
+        base_env: Mapping[str, str] | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 5.0,
+        abandon_grace: float = 10.0,
+    ) -> None:
+        api_client.user_agent = USER_AGENT
+        super().__init__(api_client, f"spec.nodeName={node_name}", f"kubelet-{node_name}")
+        self.node_name = node_name
+        self.workdir = workdir
+        self.runtime = NodeRuntime(
+            core=self.core,
+            workdir=workdir,
+            host_ip=host_ip,
+            python=python,
+            base_env=dict(os.environ if base_env is None else base_env),
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            abandon_grace=abandon_grace,
+        )
+        self._workers: dict[str, PodWorker] = {}
+        self._lock = threading.Lock()
+
+    def sync(self, pods: list[Obj]) -> None:
+        seen = set()
+        for pod in pods:
+            seen.add(pod["metadata"].get("uid", ""))
+            self.handle("MODIFIED", pod)
+        with self._lock:
+            gone = [w for uid, w in self._workers.items() if uid not in seen]
+        for worker in gone:
+            worker.abandon()
+
+    def handle(self, event_type: str, pod: Obj) -> None:
+        uid = str(pod["metadata"].get("uid", ""))
+        with self._lock:
+            worker = self._workers.get(uid)
+            if event_type == "DELETED":
+                if worker is not None:
+                    worker.abandon()
+                return
+            deleting = pod["metadata"].get("deletionTimestamp") is not None
+            if worker is None:
+                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") or deleting:
+                    if deleting:
+                        self._force_delete(pod)
+                    return
+                worker = PodWorker(self.runtime, pod)
+                self._workers[uid] = worker
+                worker.start()
+            if deleting:
+                grace = pod["metadata"].get("deletionGracePeriodSeconds")
+                worker.request_deletion(float(30 if grace is None else grace))
+
+    def _force_delete(self, pod: Obj) -> None:
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(
+                pod["metadata"]["name"],
+                pod["metadata"].get("namespace", "default"),
+                body=client.V1DeleteOptions(grace_period_seconds=0),
+                _preload_content=False,
+            )
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "The simulated kubelet of node %s is running pods in %s.", self.node_name, self.workdir
+        )
+        super().start()
+
+    def stop(self) -> None:
+        """Stop watching and stop every pod's processes (no API calls: the cluster may be gone)."""
+        self.stop_watching()
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            worker.abandon()
+        for worker in workers:
+            worker.join(self.runtime.abandon_grace + 15)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every pod worker has finished (its pod deleted); True if they all did."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        return not any(w.is_alive() for w in workers)
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """The log of a container of a running pod (empty if unknown)."""
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            if (worker.namespace, worker.pod_name) == (namespace, pod):
+                for c in worker.inits + worker.mains:
+                    if c.name == container and c.log_path and c.log_path.exists():
+                        return c.log_path.read_text(errors="replace")
+        return ""
+
+    def __enter__(self) -> Kubelet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class HollowKubelet(_PodWatcher):
+    """Marks the pods of simulated nodes Running and Ready, and removes them once deleted."""
+
+    def __init__(self, api_client: client.ApiClient, node_names: Iterable[str]) -> None:
+        api_client.user_agent = USER_AGENT
+        super().__init__(api_client, "", "hollow-kubelet")
+        self.node_names = frozenset(node_names)
+
+    def sync(self, pods: list[Obj]) -> None:
+        for pod in pods:
+            self.handle("MODIFIED", pod)
+
+    def handle(self, event_type: str, pod: Obj) -> None:
+        if event_type == "DELETED" or pod["spec"].get("nodeName") not in self.node_names:
+            return
+        meta = pod["metadata"]
+        try:
+            if meta.get("deletionTimestamp") is not None:
+                self.core.delete_namespaced_pod(
+                    meta["name"],
+                    meta["namespace"],
+                    body=client.V1DeleteOptions(grace_period_seconds=0),
+                    _preload_content=False,
+                )
+            elif pod.get("status", {}).get("phase") != "Running":
+                self._mark_running(pod)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                log.warning(
+                    "The hollow kubelet could not update pod %s: %s", pod_key(pod), e.reason
+                )
+
+    def _mark_running(self, pod: Obj) -> None:
+        stamp = now_rfc3339()
+        kept = [
+            c
+            for c in pod.get("status", {}).get("conditions", [])
+            if c["type"] not in ("Initialized", "Ready", "ContainersReady")
+        ]
+        containers = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": stamp}},
+            }
+            for c in pod["spec"].get("containers", [])
+        ]
+        body = dict(pod)
+        body["status"] = {
+            **pod.get("status", {}),
+            "phase": "Running",
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "startTime": stamp,
+            "conditions": kept
+            + [
+                {"type": t, "status": "True", "lastTransitionTime": stamp}
+                for t in ("Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": containers,
+        }
+        self.core.replace_namespaced_pod_status(
+            pod["metadata"]["name"],
+            pod["metadata"]["namespace"],
+            cast(Any, body),
+            _preload_content=False,
+        )
+
+    def stop(self) -> None:
+        self.stop_watching()
+
+    def __enter__(self) -> HollowKubelet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

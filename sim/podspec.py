@@ -1,0 +1,149 @@
+"""Turn one container of a pod into a process launch, as a kubelet would prepare it.
+
+Owns the pure part of the simulated kubelet: environment variables with the Downward API
+(`fieldRef`), Kubernetes' `$(VAR)` expansion, the image's `python` mapped to this interpreter, and
+volume mount paths rewritten to the local directories that stand in for the mounts. It reads no
+clock, starts nothing and calls no API; `sim.kubelet` does that.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Obj = Mapping[str, Any]
+
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+
+_VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_FIELD_RE = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]$")
+# The image's interpreter is ours: the demo and tests run the parts with this Python.
+_PYTHONS = frozenset({"python", "python3", "python3.11", "/usr/local/bin/python"})
+
+
+class PodSpecError(ValueError):
+    """The pod asks for something the simulated kubelet cannot provide; the message says what."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start one container as a local process."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    termination_log: Path
+
+
+def field_value(pod: Obj, path: str) -> str:
+    """A Downward API `fieldRef.fieldPath` of `pod`, as the kubelet resolves it."""
+    meta = pod.get("metadata", {})
+    spec = pod.get("spec", {})
+    status = pod.get("status", {})
+    simple = {
+        "metadata.name": meta.get("name", ""),
+        "metadata.namespace": meta.get("namespace", ""),
+        "metadata.uid": meta.get("uid", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+        "status.hostIP": status.get("hostIP", ""),
+        "status.podIP": status.get("podIP", ""),
+    }
+    if path in simple:
+        return str(simple[path])
+    match = _FIELD_RE.match(path)
+    if match:
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    raise PodSpecError(f"fieldRef {path!r} is not supported by the simulated kubelet")
+
+
+def expand(text: str, variables: Mapping[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion: known names are replaced, `$$` is a literal `$`, and an
+    unknown reference is left as written (as the kubelet does)."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return variables.get(name, match.group(0))
+
+    return _VAR_RE.sub(replace, text)
+
+
+def rewrite_paths(text: str, mounts: Sequence[tuple[str, Path]]) -> str:
+    """Replace each mount path (as a whole path component) in `text` by its local directory."""
+    for mount_path, local in mounts:
+        pattern = re.compile(rf"(?<![\w./-]){re.escape(mount_path.rstrip('/'))}(?=/|$|[\s:,;])")
+        text = pattern.sub(str(local).replace("\\", "\\\\"), text)
+    return text
+
+
+def container_env(pod: Obj, container: Obj) -> dict[str, str]:
+    """The container's declared environment, Downward API resolved and `$(VAR)` expanded in
+    declaration order (a variable sees only the ones declared before it)."""
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        name = item["name"]
+        if "value" in item:
+            env[name] = expand(str(item["value"]), env)
+            continue
+        source = item.get("valueFrom", {})
+        if "fieldRef" in source:
+            env[name] = field_value(pod, source["fieldRef"]["fieldPath"])
+        else:
+            kinds = ", ".join(sorted(source)) or "nothing"
+            raise PodSpecError(
+                f"env {name!r} of container {container.get('name')!r} comes from {kinds}; the "
+                "simulated kubelet resolves only value and fieldRef"
+            )
+    return env
+
+
+def plan(
+    pod: Obj,
+    container: Obj,
+    *,
+    mounts: Mapping[str, Path],
+    termination_log: Path,
+    base_env: Mapping[str, str],
+    python: str = sys.executable,
+) -> Launch:
+    """The launch of `container`.
+
+    `mounts` maps each volume name to its local directory; a volumeMount's `subPath` is a
+    subdirectory of it. The container's terminationMessagePath is rewritten to `termination_log`.
+    """
+    command = list(container.get("command", []))
+    args = list(container.get("args", []))
+    if not command:
+        raise PodSpecError(
+            f"container {container.get('name')!r} has no command; the simulated kubelet has no "
+            "image entrypoints to fall back on, so give the command (e.g. python -m loader)"
+        )
+    path_map: list[tuple[str, Path]] = []
+    for mount in container.get("volumeMounts", []):
+        volume = mount["name"]
+        if volume not in mounts:
+            raise PodSpecError(f"volumeMount {volume!r} names no volume of the pod")
+        local = mounts[volume] / mount["subPath"] if mount.get("subPath") else mounts[volume]
+        path_map.append((mount["mountPath"], local))
+    message_path = container.get("terminationMessagePath", DEFAULT_TERMINATION_MESSAGE_PATH)
+    path_map.append((message_path, termination_log))
+    # Longest first, so /var/run/secrets/x is rewritten before a mount at /var/run.
+    path_map.sort(key=lambda item: len(item[0]), reverse=True)
+
+    declared = container_env(pod, container)
+    env = {**base_env, **{k: rewrite_paths(v, path_map) for k, v in declared.items()}}
+    argv = [rewrite_paths(expand(a, declared), path_map) for a in command + args]
+    if argv[0] in _PYTHONS:
+        argv[0] = python
+    return Launch(
+        name=str(container["name"]),
+        argv=tuple(argv),
+        env=env,
+        termination_log=termination_log,
+    )

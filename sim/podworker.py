@@ -1,0 +1,419 @@
+"""One pod's life on the simulated kubelet, from volume setup to deletion.
+
+Owns the order a kubelet follows: volumes (emptyDir and hostPath as local directories; projected
+service-account tokens from the TokenRequest API, rotated at 80% of their life), init containers
+one by one (restarted with back-off unless restartPolicy is Never), then the main containers
+(probed, restarted as the policy says), and on deletion preStop hooks, SIGTERM, the grace period,
+SIGKILL and the final delete with gracePeriodSeconds=0. It reports all of this in the pod's status
+(read, modify, replace; retried on conflicts). It must not watch the API: `sim.kubelet` does and
+hands it the pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sim.containers import ContainerRun, http_get, now_rfc3339
+from sim.podspec import Obj, PodSpecError, plan
+
+log = logging.getLogger(__name__)
+
+_KUBELET_CONDITIONS = ("Initialized", "ContainersReady", "Ready")
+
+
+def read_json(response: Any) -> Any:
+    """The JSON body of a `_preload_content=False` response."""
+    return json.loads(response.data)
+
+
+def pod_key(pod: Obj) -> str:
+    """namespace/name."""
+    return f"{pod['metadata'].get('namespace', 'default')}/{pod['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class NodeRuntime:
+    """What every pod worker of one simulated node shares."""
+
+    core: client.CoreV1Api
+    workdir: Path
+    host_ip: str
+    python: str
+    base_env: Mapping[str, str]
+    backoff_initial: float
+    """Seconds before the first restart of a failed container; doubles per restart."""
+    backoff_max: float
+    """Seconds, the cap of the restart back-off."""
+    abandon_grace: float
+    """Seconds between SIGTERM and SIGKILL when the simulation itself stops."""
+
+
+class PodWorker(threading.Thread):
+    """Runs one pod from start to deletion."""
+
+    def __init__(self, node: NodeRuntime, pod: Obj) -> None:
+        super().__init__(name=f"kubelet-pod-{pod_key(pod)}")
+        self.node = node
+        self.pod = pod
+        self.key = pod_key(pod)
+        meta, spec = pod["metadata"], pod["spec"]
+        self.uid = str(meta.get("uid", ""))
+        self.namespace = str(meta.get("namespace", "default"))
+        self.pod_name = str(meta["name"])
+        self.restart_policy = str(spec.get("restartPolicy", "Always"))
+        self.dir = node.workdir / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}"
+        self.inits = [ContainerRun(c) for c in spec.get("initContainers", [])]
+        self.mains = [ContainerRun(c) for c in spec.get("containers", [])]
+        self.mounts: dict[str, Path] = {}
+        self.token_refresh: list[tuple[float, Callable[[], None]]] = []
+        self.phase = "Pending"
+        self.initialized = False
+        self.config_error = ""
+        self.start_time = now_rfc3339()
+        self._grace = float(spec.get("terminationGracePeriodSeconds", 30))
+        self._deleting = threading.Event()
+        self._abandon = threading.Event()
+        self._published = ""
+
+    def request_deletion(self, grace_seconds: float) -> None:
+        """The pod was deleted gracefully: stop it within `grace_seconds`, then remove it."""
+        self._grace = min(self._grace, grace_seconds)
+        self._deleting.set()
+
+    def abandon(self) -> None:
+        """Stop at once without API calls: the pod is gone, or the simulation is ending."""
+        self._abandon.set()
+        self._deleting.set()
+
+    def run(self) -> None:
+        try:
+            self._prepare_volumes()
+            self._publish()
+            if self._run_inits():
+                self._run_mains()
+        except PodSpecError as e:
+            self.config_error = str(e)
+            log.error("Pod %s cannot run on the simulated kubelet: %s", self.key, e)
+            with contextlib.suppress(ApiException):
+                self._publish()
+            self._deleting.wait()
+        except Exception:
+            log.exception("The simulated kubelet failed to run pod %s: parking it.", self.key)
+            self._deleting.wait()
+        finally:
+            self._terminate()
+
+    # Volumes.
+
+    def _prepare_volumes(self) -> None:
+        for volume in self.pod["spec"].get("volumes", []):
+            name = volume["name"]
+            local = self.dir / "volumes" / name
+            local.mkdir(parents=True, exist_ok=True)
+            self.mounts[name] = local
+            if "emptyDir" in volume or "hostPath" in volume:
+                continue
+            if "projected" not in volume:
+                kinds = ", ".join(k for k in volume if k != "name")
+                raise PodSpecError(f"volume {name!r} is a {kinds} volume; use emptyDir or hostPath")
+            for source in volume["projected"].get("sources", []):
+                if "serviceAccountToken" not in source:
+                    raise PodSpecError(
+                        f"volume {name!r}: only serviceAccountToken projections are simulated"
+                    )
+                self._project_token(local / source["serviceAccountToken"]["path"], source)
+
+    def _project_token(self, target: Path, source: Obj) -> None:
+        token = source["serviceAccountToken"]
+        expiry = int(token.get("expirationSeconds", 3600))
+        spec: dict[str, Any] = {
+            "expirationSeconds": expiry,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.pod_name},
+        }
+        spec["boundObjectRef"]["uid"] = self.uid
+        if token.get("audience"):
+            spec["audiences"] = [token["audience"]]
+        account = self.pod["spec"].get("serviceAccountName") or "default"
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+
+        def fetch() -> None:
+            answer = read_json(
+                self.node.core.create_namespaced_service_account_token(
+                    account, self.namespace, cast(Any, body), _preload_content=False
+                )
+            )
+            partial = target.with_name(target.name + ".new")
+            partial.write_text(answer["status"]["token"])
+            partial.replace(target)
+            # The kubelet rotates a projected token at 80% of its life.
+            self.token_refresh.append((time.monotonic() + 0.8 * expiry, fetch))
+
+        fetch()
+
+    def _refresh_tokens(self) -> None:
+        now = time.monotonic()
+        due = [fetch for at, fetch in self.token_refresh if now >= at]
+        if not due:
+            return
+        self.token_refresh = [(at, fetch) for at, fetch in self.token_refresh if now < at]
+        for fetch in due:
+            try:
+                fetch()
+            except Exception as e:
+                log.warning("Pod %s: rotating a projected token failed: %s", self.key, e)
+
+    # Containers.
+
+    def _launch(self, container: ContainerRun) -> None:
+        pod = {
+            **self.pod,
+            "status": {
+                **self.pod.get("status", {}),
+                "hostIP": self.node.host_ip,
+                "podIP": self.node.host_ip,
+            },
+        }
+        launch = plan(
+            pod,
+            container.spec,
+            mounts=self.mounts,
+            termination_log=self.dir / "termination" / container.name,
+            base_env=self.node.base_env,
+            python=self.node.python,
+        )
+        container.start(launch, self.dir / "logs" / f"{container.name}.log", self.dir)
+        log.info("Pod %s: started container %s.", self.key, container.name)
+
+    def _exited(self, container: ContainerRun, code: int) -> None:
+        container.exited(code)
+        level = logging.INFO if code == 0 else logging.WARNING
+        log.log(level, "Pod %s: container %s exited with code %d.", self.key, container.name, code)
+
+    def _delay(self, container: ContainerRun) -> float:
+        return float(min(self.node.backoff_max, self.node.backoff_initial * 2**container.restarts))
+
+    def _run_inits(self) -> bool:
+        """Run the init containers in order; False if the pod is deleted or fails first."""
+        for container in self.inits:
+            while True:
+                self._launch(container)
+                self._publish()
+                assert container.process is not None
+                while (code := container.process.poll()) is None:
+                    self._refresh_tokens()
+                    if self._deleting.wait(0.05):
+                        return False
+                self._exited(container, code)
+                if code == 0:
+                    break
+                if self.restart_policy == "Never":
+                    self.phase = "Failed"
+                    self._publish()
+                    self._deleting.wait()
+                    return False
+                container.back_off(self._delay(container))
+                container.restarts += 1
+                self._publish()
+                if self._deleting.wait(max(0.0, container.next_start - time.monotonic())):
+                    return False
+        self.initialized = True
+        return True
+
+    def _run_mains(self) -> None:
+        for container in self.mains:
+            self._launch(container)
+        self.phase = "Running"
+        self._publish()
+        while not self._deleting.wait(0.05):
+            self._refresh_tokens()
+            for container in self.mains:
+                self._tend(container)
+            if all(c.process is None and not c.next_start for c in self.mains):
+                codes = [c.state["terminated"]["exitCode"] for c in self.mains]
+                self.phase = "Failed" if any(codes) else "Succeeded"
+                self._publish()
+                self._deleting.wait()
+                return
+            self._publish()
+
+    def _tend(self, container: ContainerRun) -> None:
+        """Probe a running container, or notice its exit and restart it as the policy says."""
+        if container.process is None:
+            if container.next_start and time.monotonic() >= container.next_start:
+                container.next_start = 0.0
+                container.restarts += 1
+                self._launch(container)
+            return
+        code = container.process.poll()
+        if code is None:
+            container.probe(self.node.host_ip)
+            return
+        self._exited(container, code)
+        if self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and code):
+            container.back_off(self._delay(container))
+
+    # Termination.
+
+    def _terminate(self) -> None:
+        deadline = time.monotonic() + self._grace
+        if self._abandon.is_set():
+            deadline = time.monotonic() + self.node.abandon_grace
+        else:
+            hooks = [
+                threading.Thread(
+                    target=self._pre_stop, args=(c, deadline), name=f"prestop-{c.name}"
+                )
+                for c in self.mains
+                if c.running() and "preStop" in c.spec.get("lifecycle", {})
+            ]
+            for hook in hooks:
+                hook.start()
+            for hook in hooks:
+                hook.join(max(0.0, deadline - time.monotonic()) + 1)
+        running = [c for c in self.inits + self.mains if c.running()]
+        for container in running:
+            container.signal(signal.SIGTERM)
+        for container in running:
+            assert container.process is not None
+            try:
+                code = container.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "Pod %s: container %s outlived its grace period: killing it.",
+                    self.key,
+                    container.name,
+                )
+                container.signal(signal.SIGKILL)
+                code = container.process.wait(10)
+            # Whatever the container left behind dies with it, as in its cgroup.
+            container.signal(signal.SIGKILL)
+            self._exited(container, code)
+        if not self._abandon.is_set():
+            with contextlib.suppress(ApiException):
+                self._publish()
+            self._delete()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _pre_stop(self, container: ContainerRun, deadline: float) -> None:
+        hook = container.spec["lifecycle"]["preStop"]
+        left = max(0.1, deadline - time.monotonic())
+        if "sleep" in hook:
+            time.sleep(min(float(hook["sleep"]["seconds"]), left))
+        elif "httpGet" in hook:
+            http_get(hook["httpGet"], container.ports, self.node.host_ip, left)
+        elif "exec" in hook and container.launch is not None:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    list(hook["exec"]["command"]),
+                    env=dict(container.launch.env),
+                    cwd=self.dir,
+                    timeout=left,
+                    check=False,
+                    capture_output=True,
+                )
+
+    def _delete(self) -> None:
+        try:
+            self.node.core.delete_namespaced_pod(
+                self.pod_name,
+                self.namespace,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)
+                ),
+                _preload_content=False,
+            )
+            log.info("Pod %s has stopped: removed it from the API.", self.key)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                log.warning("Pod %s has stopped but could not be removed: %s", self.key, e.reason)
+
+    # Status.
+
+    def _status(self) -> dict[str, Any]:
+        mains = [c.status() for c in self.mains]
+        if self.config_error:
+            for status in mains:
+                status["state"] = {
+                    "waiting": {
+                        "reason": "CreateContainerConfigError",
+                        "message": self.config_error,
+                    }
+                }
+        ready = self.phase == "Running" and all(c.ready for c in self.mains)
+        flags = {"Initialized": self.initialized, "ContainersReady": ready, "Ready": ready}
+        return {
+            "phase": self.phase,
+            "hostIP": self.node.host_ip,
+            "podIP": self.node.host_ip,
+            "podIPs": [{"ip": self.node.host_ip}],
+            "startTime": self.start_time,
+            "conditions": [
+                {"type": kind, "status": "True" if value else "False"}
+                for kind, value in flags.items()
+            ],
+            "initContainerStatuses": [c.status() for c in self.inits],
+            "containerStatuses": mains,
+        }
+
+    def _publish(self) -> None:
+        """Write the status if it changed (read, modify, replace; retried on conflicts)."""
+        status = self._status()
+        fingerprint = json.dumps(status, sort_keys=True)
+        if fingerprint == self._published:
+            return
+        for _ in range(10):
+            try:
+                current = read_json(
+                    self.node.core.read_namespaced_pod(
+                        self.pod_name, self.namespace, _preload_content=False
+                    )
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    return
+                raise
+            if current["metadata"].get("uid") != self.uid:
+                return
+            old = {c["type"]: c for c in current.get("status", {}).get("conditions", [])}
+            stamp = now_rfc3339()
+            for condition in status["conditions"]:
+                previous = old.get(condition["type"], {})
+                unchanged = previous.get("status") == condition["status"]
+                condition["lastTransitionTime"] = (
+                    previous.get("lastTransitionTime", stamp) if unchanged else stamp
+                )
+            # Conditions others own (PodScheduled, written by the binder) are kept as they are.
+            others = [c for t, c in old.items() if t not in _KUBELET_CONDITIONS]
+            current["status"] = {
+                **current.get("status", {}),
+                **status,
+                "conditions": others + status["conditions"],
+            }
+            try:
+                self.node.core.replace_namespaced_pod_status(
+                    self.pod_name, self.namespace, cast(Any, current), _preload_content=False
+                )
+            except ApiException as e:
+                if e.status == 409:
+                    continue
+                if e.status == 404:
+                    return
+                raise
+            self.pod = current
+            self._published = fingerprint
+            return
+        log.warning("Pod %s: its status kept conflicting; writing it on the next change.", self.key)

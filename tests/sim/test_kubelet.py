@@ -1,0 +1,378 @@
+"""The simulated kubelet runs a node's pods as processes, through the official client against sim/.
+
+Pods here use tiny `python -c` programs, so the tests exercise the kubelet's own behaviour: init
+order, Downward API, projected tokens, volumes, readiness, termination messages, restarts and
+graceful deletion, as a client reads them back from the API.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from sim.apiserver import RunningApiServer
+from sim.kubelet import HollowKubelet, Kubelet
+from sim.triton import free_port
+
+NODE = "node-local"
+NS = "default"
+
+
+def core(api: kubernetes.client.ApiClient) -> Any:
+    """CoreV1Api, untyped: these tests pass raw dicts and read raw responses."""
+    return cast(Any, kubernetes.client.CoreV1Api(api))
+
+
+def read(api: kubernetes.client.ApiClient, name: str) -> dict[str, Any] | None:
+    try:
+        response = core(api).read_namespaced_pod(name, NS, _preload_content=False)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    pod: dict[str, Any] = json.loads(response.data)
+    return pod
+
+
+def wait_for(
+    what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def condition(pod: dict[str, Any] | None, kind: str) -> str | None:
+    if pod is None:
+        return None
+    for c in pod.get("status", {}).get("conditions", []):
+        if c["type"] == kind:
+            return str(c["status"])
+    return None
+
+
+def create(api: kubernetes.client.ApiClient, pod: dict[str, Any]) -> None:
+    core(api).create_namespaced_pod(NS, pod, _preload_content=False)
+
+
+def pod_manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"example.com/model": "add_one"}},
+        "spec": {"nodeName": NODE, **spec},
+    }
+
+
+@pytest.fixture
+def kubelet(apiserver: RunningApiServer, tmp_path: Path) -> Iterator[Kubelet]:
+    api = apiserver.api_client()
+    node = Kubelet(api, NODE, tmp_path / "kubelet", backoff_initial=0.1, abandon_grace=5)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        api.close()  # type: ignore[no-untyped-call]
+
+
+# The init container records what it was given; the main container serves it over HTTP.
+INIT = """
+import json, os, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+token = pathlib.Path(sys.argv[2]).read_text()
+env = {k: os.environ[k] for k in ("POD_NAME", "POD_UID", "HOST_IP", "MODEL", "GREETING")}
+(out / "index.json").write_text(json.dumps({"env": env, "token": token, "argv": sys.argv[1:]}))
+"""
+
+
+def test_a_pod_runs_init_then_main_containers_and_becomes_ready(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubelet: Kubelet
+) -> None:
+    port = free_port()
+    create(
+        kube_api,
+        pod_manifest(
+            "web",
+            {
+                "initContainers": [
+                    {
+                        "name": "prepare",
+                        "image": "tritonshare",
+                        "command": ["python", "-c", INIT],
+                        "args": ["/srv/data", "/var/run/secrets/tokens/token"],
+                        "env": [
+                            {
+                                "name": "POD_NAME",
+                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                            },
+                            {
+                                "name": "POD_UID",
+                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
+                            },
+                            {
+                                "name": "HOST_IP",
+                                "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
+                            },
+                            {
+                                "name": "MODEL",
+                                "valueFrom": {
+                                    "fieldRef": {
+                                        "fieldPath": "metadata.annotations['example.com/model']"
+                                    }
+                                },
+                            },
+                            {"name": "GREETING", "value": "hello $(MODEL) on $(HOST_IP)"},
+                        ],
+                        "volumeMounts": [
+                            {"name": "data", "mountPath": "/srv/data"},
+                            {"name": "token", "mountPath": "/var/run/secrets/tokens"},
+                        ],
+                    }
+                ],
+                "containers": [
+                    {
+                        "name": "server",
+                        "image": "tritonshare",
+                        "command": ["python", "-m", "http.server"],
+                        "args": [str(port), "--bind", "127.0.0.1", "--directory", "/srv/data"],
+                        "ports": [{"name": "http", "containerPort": port}],
+                        "readinessProbe": {
+                            "httpGet": {"path": "/index.json", "port": "http"},
+                            "periodSeconds": 1,
+                        },
+                        "volumeMounts": [{"name": "data", "mountPath": "/srv/data"}],
+                    }
+                ],
+                "volumes": [
+                    {"name": "data", "emptyDir": {}},
+                    {
+                        "name": "token",
+                        "projected": {
+                            "sources": [
+                                {
+                                    "serviceAccountToken": {
+                                        "audience": "tritonshare-agent",
+                                        "expirationSeconds": 3600,
+                                        "path": "token",
+                                    }
+                                }
+                            ]
+                        },
+                    },
+                ],
+            },
+        ),
+    )
+    pod = wait_for(
+        "the pod to be Ready",
+        lambda: condition(read(kube_api, "web"), "Ready") == "True" and read(kube_api, "web"),
+    )
+    assert pod["status"]["phase"] == "Running"
+    assert condition(pod, "Initialized") == "True"
+    [init] = pod["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["reason"] == "Completed"
+    assert init["state"]["terminated"]["exitCode"] == 0
+    [main] = pod["status"]["containerStatuses"]
+    assert main["ready"] is True and "running" in main["state"]
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/index.json", timeout=10) as response:
+        seen = json.loads(response.read())
+    uid = pod["metadata"]["uid"]
+    assert seen["env"] == {
+        "POD_NAME": "web",
+        "POD_UID": uid,
+        "HOST_IP": "127.0.0.1",
+        "MODEL": "add_one",
+        "GREETING": "hello add_one on 127.0.0.1",
+    }
+    # Mount paths in args are rewritten to the local directories that stand in for the volumes.
+    assert not seen["argv"][0].startswith("/srv/")
+    # The projected token is a real one: TokenReview binds it to this pod, with the audience.
+    review = cast(Any, kubernetes.client.AuthenticationV1Api(kube_api)).create_token_review(
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": seen["token"], "audiences": ["tritonshare-agent"]},
+        },
+        _preload_content=False,
+    )
+    status = json.loads(review.data)["status"]
+    assert status["authenticated"] is True
+    assert status["user"]["extra"]["authentication.kubernetes.io/pod-uid"] == [uid]
+
+
+def test_a_failing_init_container_reports_its_termination_message(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet
+) -> None:
+    failing = (
+        "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('config.pbtxt is missing');"
+        " sys.exit(3)"
+    )
+    create(
+        kube_api,
+        pod_manifest(
+            "broken",
+            {
+                "restartPolicy": "Never",
+                "initContainers": [
+                    {
+                        "name": "loader",
+                        "image": "tritonshare",
+                        "command": ["python", "-c", failing],
+                        "args": ["/dev/termination-log"],
+                    }
+                ],
+                "containers": [{"name": "never", "image": "tritonshare", "command": ["false"]}],
+            },
+        ),
+    )
+    pod = wait_for(
+        "the pod to fail",
+        lambda: (p := read(kube_api, "broken")) and p["status"].get("phase") == "Failed" and p,
+    )
+    terminated = pod["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    assert terminated == terminated | {
+        "exitCode": 3,
+        "reason": "Error",
+        "message": "config.pbtxt is missing",
+    }
+    assert condition(pod, "Initialized") == "False"
+    assert "running" not in pod["status"]["containerStatuses"][0]["state"]
+
+
+def test_a_crashing_container_is_restarted_with_back_off(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet
+) -> None:
+    create(
+        kube_api,
+        pod_manifest(
+            "crashy",
+            {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "tritonshare",
+                        "command": ["python", "-c", "raise SystemExit(1)"],
+                    }
+                ]
+            },
+        ),
+    )
+
+    waiting_reasons: set[str] = set()
+
+    def restarted_twice() -> dict[str, Any] | None:
+        pod = read(kube_api, "crashy")
+        statuses = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
+        waiting_reasons.add(statuses[0].get("state", {}).get("waiting", {}).get("reason", ""))
+        return pod if statuses[0].get("restartCount", 0) >= 2 else None
+
+    pod = wait_for("two restarts", restarted_twice, interval=0.02)
+    status = pod["status"]["containerStatuses"][0]
+    assert status["lastState"]["terminated"]["exitCode"] == 1
+    assert "CrashLoopBackOff" in waiting_reasons
+
+
+def test_deleting_a_pod_runs_pre_stop_then_sigterm_then_removes_it(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    marker = tmp_path / "order.txt"
+    program = (
+        "import pathlib, signal, sys, time\n"
+        "log = pathlib.Path(sys.argv[1])\n"
+        "def stop(*_):\n"
+        "    log.write_text(log.read_text() + 'sigterm at %.2f\\n' % time.time()); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "log.write_text('started\\n')\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    create(
+        kube_api,
+        pod_manifest(
+            "graceful",
+            {
+                "terminationGracePeriodSeconds": 20,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "tritonshare",
+                        "command": [sys.executable, "-c", program, str(marker)],
+                        "lifecycle": {"preStop": {"sleep": {"seconds": 1}}},
+                    }
+                ],
+            },
+        ),
+    )
+    wait_for("the container to start", lambda: marker.exists() and "started" in marker.read_text())
+    deleted_at = time.time()
+    core(kube_api).delete_namespaced_pod("graceful", NS, _preload_content=False)
+    wait_for("the pod to be removed", lambda: read(kube_api, "graceful") is None)
+    lines = marker.read_text().splitlines()
+    assert lines[0] == "started"
+    sigterm_at = float(lines[1].split()[-1])
+    assert sigterm_at - deleted_at >= 0.9, "SIGTERM came before the preStop sleep ended"
+
+
+def test_a_container_that_ignores_sigterm_is_killed_after_the_grace_period(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet
+) -> None:
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    create(
+        kube_api,
+        pod_manifest(
+            "stubborn",
+            {
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "main", "image": "tritonshare", "command": ["python", "-c", stubborn]}
+                ],
+            },
+        ),
+    )
+    wait_for(
+        "the pod to run",
+        lambda: (p := read(kube_api, "stubborn")) and p["status"].get("phase") == "Running",
+    )
+    started = time.monotonic()
+    core(kube_api).delete_namespaced_pod("stubborn", NS, _preload_content=False)
+    wait_for("the pod to be removed", lambda: read(kube_api, "stubborn") is None)
+    assert time.monotonic() - started < 15
+
+
+def test_the_hollow_kubelet_marks_pods_of_its_nodes_ready_and_removes_deleted_ones(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> None:
+    api = apiserver.api_client()
+    hollow = HollowKubelet(api, ["gpu-a"])
+    hollow.start()
+    try:
+        for name, node in (("mine", "gpu-a"), ("other", "gpu-b")):
+            pod = pod_manifest(name, {"containers": [{"name": "c", "image": "x:1"}]})
+            pod["spec"]["nodeName"] = node
+            create(kube_api, pod)
+        wait_for(
+            "the hollow pod to be Ready",
+            lambda: condition(read(kube_api, "mine"), "Ready") == "True",
+        )
+        other = read(kube_api, "other")
+        assert other is not None and other.get("status", {}).get("phase") != "Running"
+        core(kube_api).delete_namespaced_pod("mine", NS, _preload_content=False)
+        wait_for("the hollow pod to be removed", lambda: read(kube_api, "mine") is None)
+    finally:
+        hollow.stop()
+        api.close()  # type: ignore[no-untyped-call]
