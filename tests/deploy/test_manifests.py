@@ -370,11 +370,18 @@ def test_every_part_accepts_the_arguments_the_manifests_give_it(kubectl: str) ->
                 missing.append(part)
                 continue
             args = [expand(a, downward) for a in c.get("args", [])]
-            env = {"TRITONSHARE_TRITON_ADMIN_KEY": "k"} if part == "agent" else {}
+            env = {
+                e["name"]: expand(e["value"], downward | {"TRITON_ADMIN_KEY": "secret"})
+                for e in c.get("env", [])
+                if "value" in e and e["name"].startswith("TRITONSHARE_")
+            }
             try:
-                settings.parse_settings(args, env)
+                parsed = settings.parse_settings(args, env)
             except Exception as e:
                 pytest.fail(f"{name_of(obj)} container {c['name']}: {part} refuses {args}: {e}")
+            if part == "agent":
+                # The same header name Triton's --http-restricted-api names, with the same key.
+                assert parsed.triton_admin_header == ("tritonshare-admin-key", "secret")
             checked.add(part)
     if missing:
         pytest.skip(f"parts without a settings module yet: {sorted(set(missing))}")
