@@ -1,0 +1,45 @@
+"""`python -m agent`: parse the settings, configure logging, run the agent until SIGTERM.
+
+Exit codes: 0 after a clean stop, 1 if a long-lived task failed, 2 for bad settings or a start
+that failed (the log says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from agent.app import Agent
+from agent.errors import AgentError
+from agent.settings import Settings, SettingsError, parse_settings
+from common.lifecycle import Lifecycle
+from common.logs import configure_logging
+
+log = logging.getLogger("agent")
+
+
+async def run(settings: Settings) -> int:
+    lifecycle = Lifecycle()
+    lifecycle.install_signal_handlers()
+    agent = Agent(settings)
+    return await lifecycle.run(agent.start)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as e:
+        print(f"agent: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, "json" if settings.log_format == "json" else "text")
+    try:
+        return asyncio.run(run(settings))
+    except (AgentError, OSError) as e:
+        log.error("The agent for node %s cannot start: %s", settings.node_name, e)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Assembling the agent from its parts, starting it, and stopping it in a fixed order.
+
+`Agent(settings)` builds everything; `start(lifecycle)` binds the servers, logs
+"Agent for node N is serving gRPC on HOST:PORT", writes the ports file, spawns the long-lived tasks
+and registers the cleanups. Shutdown (reverse order of registration): stop accepting gRPC calls
+(in-flight ones get a grace period), stop HTTP, stop the pod watch, then close Triton, file and
+Kubernetes clients. Tests build an Agent in-process with a mock NVML module and their own clocks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import types
+from pathlib import Path
+
+import grpc
+
+from agent import __version__
+from agent.auth import Authorizer
+from agent.gpus import GpuReader
+from agent.http import HttpServer, build_app
+from agent.kube import KubeClient, PodWatch
+from agent.metrics import AgentMetrics
+from agent.models import Models
+from agent.node import NodePublisher
+from agent.reconcile import Reconciler
+from agent.repository import Repository
+from agent.service import AgentService, add_to_server
+from agent.settings import Settings
+from agent.triton import TritonClient
+from common.lifecycle import Lifecycle
+
+log = logging.getLogger(__name__)
+
+# Model chunks arrive in messages of a few MiB; leave room for the largest a loader may send.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+GRPC_GRACE_SECONDS = 10.0
+
+
+def _split(host_port: str) -> tuple[str, int]:
+    host, _, port = host_port.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Agent:
+    """Every part of one agent process."""
+
+    def __init__(self, settings: Settings, *, nvml: types.ModuleType | None = None) -> None:
+        self.settings = settings
+        self.metrics = AgentMetrics()
+        self.repository = Repository(settings.model_repository, settings.staging_dir)
+        self.kube = KubeClient(settings.kubeconfig)
+        self.triton = TritonClient(
+            settings.triton_http_url,
+            admin_header=settings.triton_admin_header,
+            load_timeout=settings.load_timeout_seconds,
+        )
+        self.node = NodePublisher(
+            self.kube,
+            GpuReader(nvml),
+            self.metrics,
+            node_name=settings.node_name,
+            keys=settings.keys,
+            system_namespace=settings.system_namespace,
+            cpu_only=settings.cpu_only,
+            advertise_gpu_mem=settings.advertise_gpu_mem,
+            gpu_poll_seconds=settings.gpu_poll_seconds,
+            lease_renew_seconds=settings.lease_renew_seconds,
+            lease_duration_seconds=settings.lease_duration_seconds,
+            node_resync_seconds=settings.node_resync_seconds,
+        )
+        self.models = Models(
+            self.repository,
+            self.triton,
+            self.metrics,
+            lambda: self.node.snapshot,
+            cpu_only=settings.cpu_only,
+            unload_timeout=settings.unload_timeout_seconds,
+        )
+        self.metrics.watch_gpus(lambda: self.node.snapshot, self.models.loaded_per_gpu)
+        self.authorizer = Authorizer(
+            self.kube,
+            node_name=settings.node_name,
+            scheduler_name=settings.scheduler_name,
+            keys=settings.keys,
+            audience=settings.audience,
+            platform_accounts=settings.platform_accounts,
+            cache_seconds=settings.token_cache_seconds,
+        )
+        self.reconciler = Reconciler(
+            self.models,
+            self.metrics,
+            node_name=settings.node_name,
+            scheduler_name=settings.scheduler_name,
+            keys=settings.keys,
+            orphan_grace_seconds=settings.orphan_grace_seconds,
+            resync_seconds=settings.resync_seconds,
+            triton_poll_seconds=settings.triton_poll_seconds,
+        )
+        self.service = AgentService(
+            self.models,
+            self.authorizer,
+            self.metrics,
+            lambda: self.node.snapshot,
+            settings.node_name,
+        )
+        self.grpc_address = ""
+        self.http_address = ""
+        self._grpc: grpc.aio.Server | None = None
+        self._http: HttpServer | None = None
+        self._watch: PodWatch | None = None
+
+    def not_ready(self) -> list[str]:
+        """Why the agent is not ready; empty when it is."""
+        reasons = []
+        if not self.node.gpus_read:
+            reasons.append(self.node.nvml_error or "the GPUs have not been read yet")
+        if not self.reconciler.triton_live:
+            reasons.append(f"Triton at {self.triton.base} is not reachable")
+        if not self.reconciler.synced:
+            reasons.append("this node's pods have not been listed yet")
+        return reasons
+
+    async def start(self, lifecycle: Lifecycle) -> None:
+        settings = self.settings
+        self.repository.prepare()
+        lifecycle.on_shutdown("the Kubernetes client", self.kube.close)
+        lifecycle.on_shutdown("the file workers", self.models.close)
+        lifecycle.on_shutdown("the Triton client", self.triton.close)
+        lifecycle.on_shutdown("the pod watch", self._stop_watch)
+
+        # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
+        self.node.read_gpus()
+
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ]
+        )
+        add_to_server(self.service, self._grpc)
+        host, _ = _split(settings.listen_grpc)
+        port = self._grpc.add_insecure_port(settings.listen_grpc)
+        if port == 0:
+            raise OSError(f"cannot listen for gRPC on {settings.listen_grpc}: the port is taken")
+        await self._grpc.start()
+        self.grpc_address = f"{host}:{port}"
+
+        http_host, http_port = _split(settings.listen_http)
+        self._http = HttpServer(
+            build_app(self.metrics.registry, self.not_ready), http_host, http_port
+        )
+        await self._http.start()
+        self.http_address = f"{http_host}:{self._http.port}"
+        lifecycle.on_shutdown("the HTTP server", self._http.stop)
+        lifecycle.on_shutdown("the gRPC server", self._stop_grpc)
+
+        stop = lifecycle.stop_event
+        lifecycle.spawn("the node publisher", self.node.run(stop))
+        lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop))
+        lifecycle.spawn("the reconciler", self.reconciler.run(stop))
+        self._watch = self.kube.watch_pods(
+            settings.node_name, self.reconciler.on_list, self.reconciler.on_event
+        )
+        log.info(
+            "Agent %s for node %s is serving gRPC on %s (health and metrics on %s).",
+            __version__,
+            settings.node_name,
+            self.grpc_address,
+            self.http_address,
+        )
+        if settings.ports_file is not None:
+            _write_ports(settings.ports_file, self.grpc_address, self.http_address)
+
+    async def _stop_grpc(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(GRPC_GRACE_SECONDS)
+            self._grpc = None
+
+    async def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+
+def _write_ports(path: Path, grpc_address: str, http_address: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps({"grpc": grpc_address, "http": http_address}))
+    temporary.replace(path)

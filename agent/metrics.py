@@ -1,0 +1,121 @@
+"""The agent's Prometheus metrics, in one explicit registry per process.
+
+GPU figures come from a collector that reads the latest snapshot at scrape time, so a scrape never
+calls NVML. Names follow Prometheus conventions (`_bytes`, `_seconds`, `_total`). Only
+`agent.http` serves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agent.inventory import GpuSnapshot
+
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _GpuCollector(Collector):
+    def __init__(
+        self, snapshot: Callable[[], GpuSnapshot | None], loaded: Callable[[], dict[str, int]]
+    ) -> None:
+        self._snapshot = snapshot
+        self._loaded = loaded
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["gpu", "uuid", "product"]
+        total = GaugeMetricFamily(
+            "tritonshare_agent_gpu_memory_total_bytes", "GPU memory", labels=labels
+        )
+        used = GaugeMetricFamily(
+            "tritonshare_agent_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=labels
+        )
+        free = GaugeMetricFamily(
+            "tritonshare_agent_gpu_memory_free_bytes", "GPU memory free (NVML)", labels=labels
+        )
+        healthy = GaugeMetricFamily(
+            "tritonshare_agent_gpu_healthy", "1 when the GPU answers NVML, else 0", labels=labels
+        )
+        loaded = GaugeMetricFamily(
+            "tritonshare_agent_models_loaded",
+            "Models loaded by the agent, per GPU (uuid empty: CPU)",
+            labels=["uuid"],
+        )
+        snapshot = self._snapshot()
+        for gpu in snapshot.gpus if snapshot else ():
+            values = [str(gpu.index), gpu.uuid, gpu.product]
+            total.add_metric(values, gpu.memory_total)
+            used.add_metric(values, gpu.memory_used)
+            free.add_metric(values, gpu.memory_free)
+            healthy.add_metric(values, 1 if gpu.healthy else 0)
+        for uuid, count in sorted(self._loaded().items()):
+            loaded.add_metric([uuid], count)
+        yield from (total, used, free, healthy, loaded)
+
+
+class AgentMetrics:
+    """Every metric the agent exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.installs = Counter(
+            "tritonshare_agent_installs",
+            "Model installs by outcome (installed, unchanged, failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.install_bytes = Counter(
+            "tritonshare_agent_install_written_bytes", "Model bytes written", registry=r
+        )
+        self.install_seconds = Histogram(
+            "tritonshare_agent_install_duration_seconds",
+            "Time to receive, verify and install a model",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.load_seconds = Histogram(
+            "tritonshare_agent_load_duration_seconds",
+            "Time Triton took to load a model",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.unload_seconds = Histogram(
+            "tritonshare_agent_unload_duration_seconds",
+            "Time from unload until the model is UNAVAILABLE and removed",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.load_failures = Counter(
+            "tritonshare_agent_load_failures", "Failed loads by reason", ["reason"], registry=r
+        )
+        self.unload_failures = Counter(
+            "tritonshare_agent_unload_failures", "Failed unloads by reason", ["reason"], registry=r
+        )
+        self.requests = Counter(
+            "tritonshare_agent_requests",
+            "Agent API calls by method and gRPC code",
+            ["method", "code"],
+            registry=r,
+        )
+        self.reconciles = Counter(
+            "tritonshare_agent_reconcile_actions",
+            "Reconciliation actions (orphan_removed, adopted, reloaded)",
+            ["action"],
+            registry=r,
+        )
+        self.kube_writes = Counter(
+            "tritonshare_agent_kube_writes",
+            "Writes to the Kubernetes API by kind (node, node_status, lease)",
+            ["kind"],
+            registry=r,
+        )
+
+    def watch_gpus(
+        self, snapshot: Callable[[], GpuSnapshot | None], loaded: Callable[[], dict[str, int]]
+    ) -> None:
+        """Export per-GPU figures read from `snapshot()` at scrape time."""
+        self.registry.register(_GpuCollector(snapshot, loaded))

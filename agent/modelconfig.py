@@ -1,0 +1,79 @@
+"""A model's `config.pbtxt`: parsing, checking it against the model id, and the load-time override.
+
+Triton accepts a `config` parameter on `POST /v2/repository/models/<name>/load`: a JSON ModelConfig
+that replaces `config.pbtxt` for that load. The agent uses it to pin every instance group to the
+GPU the binder chose (`KIND_GPU`, `gpus: [cuda index]`), or to the CPU on machines without GPUs.
+Pure: it reads the text it is given and returns strings; the files are `agent.repository`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from agent.errors import InvalidRequestError
+
+# tritonclient ships no type stubs: the generated message class is untyped here.
+ModelConfig: TypeAlias = Any
+
+
+def parse_config(text: str, model_id: str) -> ModelConfig:
+    """Parse `config.pbtxt` text; its `name`, when set, must equal the model id."""
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise InvalidRequestError(
+            f"config.pbtxt of model {model_id!r} is not a valid Triton model configuration: {e}"
+        ) from e
+    if config.name and config.name != model_id:
+        raise InvalidRequestError(
+            f"config.pbtxt names the model {config.name!r} but the pod's model id is "
+            f"{model_id!r}; Triton would refuse to load it: make them equal"
+        )
+    if not config.backend and not config.platform:
+        raise InvalidRequestError(
+            f"config.pbtxt of model {model_id!r} sets neither 'backend' nor 'platform'; "
+            f'Triton cannot tell how to run it without one (for example backend: "python")'
+        )
+    return config
+
+
+def pinned_config(config: ModelConfig, model_id: str, gpu_index: int | None) -> ModelConfig:
+    """A copy whose instance groups run on GPU `gpu_index`, or on the CPU when it is None.
+
+    A config without instance groups gets one group of one instance, as Triton's default would
+    place one per visible GPU, which is exactly what sharing must prevent.
+    """
+    pinned = model_config_pb2.ModelConfig()
+    pinned.CopyFrom(config)
+    pinned.name = model_id
+    if not pinned.instance_group:
+        pinned.instance_group.add(count=1)
+    kind = (
+        model_config_pb2.ModelInstanceGroup.KIND_CPU
+        if gpu_index is None
+        else model_config_pb2.ModelInstanceGroup.KIND_GPU
+    )
+    for group in pinned.instance_group:
+        group.kind = kind
+        del group.gpus[:]
+        if gpu_index is not None:
+            group.gpus.append(gpu_index)
+        if group.count < 1:
+            group.count = 1
+    return pinned
+
+
+def override_json(config: ModelConfig) -> str:
+    """The JSON string Triton's load `config` parameter takes."""
+    return json_format.MessageToJson(
+        config, preserving_proto_field_name=True, indent=None, sort_keys=True
+    )
+
+
+def instance_gpus(config: ModelConfig) -> list[int]:
+    """The GPU indexes the config's instance groups are pinned to."""
+    return sorted({gpu for group in config.instance_group for gpu in group.gpus})

@@ -1,0 +1,79 @@
+"""Model pods as the agent sees them: converted once from API objects, and which models are wanted.
+
+Pure: takes the JSON dicts `agent.kube` returns, gives frozen values. A pod wants its model while it
+is bound to this node, scheduled by tritonshare, and not terminated (phase Succeeded or Failed).
+A pod being deleted still wants its model: its proxy drains first, then asks to unload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common.contract import Keys, is_valid_model_id
+
+TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """The fields of a pod the agent decides on."""
+
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    scheduler_name: str
+    phase: str
+    model_id: str
+    gpu_uuid: str
+    deleting: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in TERMINATED_PHASES
+
+    @property
+    def running(self) -> bool:
+        """Running means every init container, the loader included, has succeeded."""
+        return self.phase == "Running"
+
+
+def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
+    """A PodInfo from a Pod as the API returns it (JSON)."""
+    metadata = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    annotations = metadata.get("annotations") or {}
+    return PodInfo(
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        node_name=str(spec.get("nodeName") or ""),
+        scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+        phase=str(status.get("phase") or "Pending"),
+        model_id=str(annotations.get(keys.model_id, "")),
+        gpu_uuid=str(annotations.get(keys.gpu, "")),
+        deleting=bool(metadata.get("deletionTimestamp")),
+    )
+
+
+def wanted_models(
+    pods: Iterable[PodInfo], node_name: str, scheduler_name: str
+) -> dict[str, PodInfo]:
+    """Model id -> the live pod that wants it on this node (the oldest key wins a duplicate)."""
+    wanted: dict[str, PodInfo] = {}
+    for pod in sorted(pods, key=lambda p: p.key):
+        if (
+            pod.node_name == node_name
+            and pod.scheduler_name == scheduler_name
+            and not pod.terminated
+            and is_valid_model_id(pod.model_id)
+        ):
+            wanted.setdefault(pod.model_id, pod)
+    return wanted

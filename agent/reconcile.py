@@ -1,0 +1,187 @@
+"""Keeping Triton and the repository in line with the pods bound to this node.
+
+On every change of this node's pods (the watch) and every resync period:
+- a model no live pod wants (its pod crashed, was force-deleted, or never called unload) is
+  unloaded and its files removed, once it has been idle for the grace period (which covers a
+  loader that installs before the watch has shown its pod);
+- a wanted model Triton already runs but the agent does not remember (the agent restarted) is
+  adopted, not reloaded;
+- a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again.
+It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
+Nothing happens before the first pod list: an empty cache must not read as "nothing is wanted".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.errors import AgentError
+from agent.metrics import AgentMetrics
+from agent.models import Models
+from agent.pods import PodInfo, pod_from_dict, wanted_models
+from agent.triton import LOADING, READY
+from common.contract import Keys
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    """Holds this node's pods (from the watch) and converges models towards them."""
+
+    def __init__(
+        self,
+        models: Models,
+        metrics: AgentMetrics,
+        *,
+        node_name: str,
+        scheduler_name: str,
+        keys: Keys,
+        orphan_grace_seconds: float = 30.0,
+        resync_seconds: float = 60.0,
+        triton_poll_seconds: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.models = models
+        self.metrics = metrics
+        self.node_name = node_name
+        self.scheduler_name = scheduler_name
+        self.keys = keys
+        self.orphan_grace_seconds = orphan_grace_seconds
+        self.resync_seconds = resync_seconds
+        self.triton_poll_seconds = triton_poll_seconds
+        self._clock = clock
+        self.pods: dict[str, PodInfo] = {}
+        self.synced = False
+        self.triton_live = False
+        self.passes = 0
+        self._wake = asyncio.Event()
+
+    # Watch callbacks (run on the event loop).
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        self.pods = {}
+        for obj in items:
+            pod = pod_from_dict(obj, self.keys)
+            self.pods[pod.key] = pod
+        self.synced = True
+        self.trigger()
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        pod = pod_from_dict(obj, self.keys)
+        if kind == "DELETED":
+            self.pods.pop(pod.key, None)
+        else:
+            self.pods[pod.key] = pod
+        self.trigger()
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def wanted(self) -> dict[str, PodInfo]:
+        return wanted_models(self.pods.values(), self.node_name, self.scheduler_name)
+
+    async def reconcile_once(self) -> None:
+        """One pass; errors of single models are logged and retried on the next pass."""
+        if not self.synced:
+            return
+        models = self.models
+        wanted = self.wanted()
+        index = await models.triton.index()
+        on_disk = set(models.repository.installed_models())
+        running = {name for name, e in index.items() if e.state in (READY, LOADING)}
+        now = self._clock()
+        work = []
+        for model in sorted((on_disk | running) - set(wanted)):
+            if models.is_busy(model):
+                continue
+            if now - models.record(model).last_activity < self.orphan_grace_seconds:
+                continue
+            work.append(self._remove_orphan(model))
+        records = models.known_records()
+        for model, pod in sorted(wanted.items()):
+            if models.is_busy(model):
+                continue
+            entry = index.get(model)
+            record = records.get(model)
+            if entry is not None and entry.state == READY:
+                if record is None or not record.want_loaded:
+                    models.adopt(model, pod.gpu_uuid, pod.key)
+                    self.metrics.reconciles.labels("adopted").inc()
+                    log.info(
+                        "Model %s is already loaded in Triton for pod %s: adopting it.",
+                        model,
+                        pod.key,
+                    )
+                continue
+            should_run = (record is not None and record.want_loaded) or pod.running
+            if model not in on_disk or not should_run:
+                continue
+            if (
+                record is not None
+                and record.failure
+                and now - record.failed_at < self.resync_seconds
+            ):
+                continue
+            work.append(self._reload(model, pod))
+        if work:
+            await asyncio.gather(*work)
+        self.passes += 1
+
+    async def _remove_orphan(self, model: str) -> None:
+        log.info("Model %s is wanted by no pod on this node: unloading and removing it.", model)
+        try:
+            await self.models.unload(model, reason="no pod on this node wants it")
+        except AgentError as e:
+            log.warning("Removing orphan model %s failed (%s): retrying later.", model, e)
+            return
+        self.metrics.reconciles.labels("orphan_removed").inc()
+
+    async def _reload(self, model: str, pod: PodInfo) -> None:
+        log.warning(
+            "Model %s of pod %s is not loaded in Triton (Triton restarted or lost it): "
+            "loading it again.",
+            model,
+            pod.key,
+        )
+        try:
+            status = await self.models.load(model, pod.gpu_uuid, pod.key)
+        except AgentError as e:
+            log.warning("Reloading model %s failed (%s): retrying later.", model, e)
+            return
+        self.metrics.reconciles.labels("reloaded").inc()
+        log.info("Model %s is %s again.", model, status.state.name)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile on every trigger and every resync period, until `stop`."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.resync_seconds)
+            self._wake.clear()
+            if stop.is_set():
+                return
+            try:
+                await self.reconcile_once()
+            except AgentError as e:
+                log.warning("Reconciling models failed (%s): retrying on the next change.", e)
+
+    async def watch_triton(self, stop: asyncio.Event) -> None:
+        """Poll Triton's liveness; when it comes back after being down, reconcile at once."""
+        was_live: bool | None = None
+        while not stop.is_set():
+            live = await self.models.triton.live()
+            self.triton_live = live
+            if live and was_live is False:
+                log.warning("Triton is live again: checking which models must be loaded again.")
+                self.trigger()
+            elif not live and was_live is not False:
+                log.warning(
+                    "Triton at %s does not answer: models cannot load until it is back.",
+                    self.models.triton.base,
+                )
+            was_live = live
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.triton_poll_seconds)

@@ -1,0 +1,361 @@
+"""The node's Triton model repository on disk: manifests, staging, atomic install, removal.
+
+Triton lists every subdirectory of the repository root as a model (hidden ones too), so files are
+written into a staging directory OUTSIDE the root on the same filesystem, checked against the
+manifest (paths, sizes, sha256), fsynced, and only then renamed into `<root>/<model-id>`. The
+accepted manifest is stored inside the model directory (`.tritonshare-manifest.json`) so that it
+moves with the files in the same rename; Triton ignores files that are not version directories.
+
+This module never talks to Triton or Kubernetes; `agent.models` decides when installing or removing
+is safe (never while Triton has the model loaded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from agent.errors import (
+    DigestMismatchError,
+    InvalidRequestError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+from common.contract import ContractError, is_valid_model_id, validate_model_id
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FILE = ".tritonshare-manifest.json"
+MAX_FILES = 10_000
+MAX_PATH_LENGTH = 1024
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# Room left on the filesystem beyond the model itself, so an install never fills the disk.
+DISK_HEADROOM_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One file: path relative to the model directory (with "/"), size in bytes, sha256 hex."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A model directory's files, sorted by path."""
+
+    files: tuple[ManifestEntry, ...]
+
+    @property
+    def digest(self) -> str:
+        """sha256 over "path\\0size\\0sha256\\n" of each file, sorted by path (agent.proto)."""
+        h = hashlib.sha256()
+        for entry in self.files:
+            h.update(f"{entry.path}\0{entry.size}\0{entry.sha256}\n".encode())
+        return h.hexdigest()
+
+    @property
+    def total_size(self) -> int:
+        return sum(entry.size for entry in self.files)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"files": [[e.path, e.size, e.sha256] for e in self.files]}, separators=(",", ":")
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        data = json.loads(text)
+        return cls(tuple(ManifestEntry(str(p), int(s), str(h)) for p, s, h in data["files"]))
+
+
+def check_relative_path(path: str) -> PurePosixPath:
+    """The path as a PurePosixPath, or InvalidRequestError saying why it is refused."""
+    if not path:
+        raise InvalidRequestError(
+            "a manifest entry has an empty path; send paths like '1/model.py'"
+        )
+    if len(path) > MAX_PATH_LENGTH:
+        raise InvalidRequestError(f"path {path[:60]!r}... is longer than {MAX_PATH_LENGTH}")
+    if "\0" in path or "\\" in path:
+        raise InvalidRequestError(
+            f"path {path!r} contains a NUL or backslash; use '/' between directories"
+        )
+    if path.startswith("/"):
+        raise InvalidRequestError(
+            f"path {path!r} is absolute; send it relative to the model directory"
+        )
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise InvalidRequestError(
+            f"path {path!r} has an empty, '.' or '..' component and could escape the model "
+            f"directory; send a plain relative path such as '1/model.py'"
+        )
+    if parts[0] == MANIFEST_FILE:
+        raise InvalidRequestError(f"path {path!r} is reserved for the agent's own manifest")
+    return PurePosixPath(path)
+
+
+def build_manifest(model_id: str, entries: list[ManifestEntry]) -> Manifest:
+    """Validate a received manifest and sort it; raise InvalidRequestError on the first problem."""
+    try:
+        validate_model_id(model_id)
+    except ContractError as e:
+        raise InvalidRequestError(str(e)) from e
+    if not entries:
+        raise InvalidRequestError(f"the manifest for model {model_id!r} lists no files")
+    if len(entries) > MAX_FILES:
+        raise InvalidRequestError(f"the manifest lists {len(entries)} files; at most {MAX_FILES}")
+    seen: set[str] = set()
+    directories: set[str] = set()
+    for entry in entries:
+        pure = check_relative_path(entry.path)
+        if entry.path in seen:
+            raise InvalidRequestError(f"path {entry.path!r} is listed twice in the manifest")
+        seen.add(entry.path)
+        directories.update(str(parent) for parent in pure.parents if str(parent) != ".")
+        if not _SHA256_RE.match(entry.sha256):
+            raise InvalidRequestError(
+                f"file {entry.path!r} has sha256 {entry.sha256!r}; send 64 lowercase hex digits"
+            )
+        if entry.size < 0:
+            raise InvalidRequestError(f"file {entry.path!r} has a negative size")
+    clashes = seen & directories
+    if clashes:
+        raise InvalidRequestError(
+            f"{sorted(clashes)[0]!r} is listed both as a file and as a directory of other files"
+        )
+    if "config.pbtxt" not in seen:
+        raise InvalidRequestError(
+            f"the manifest for model {model_id!r} has no 'config.pbtxt' at the top of the model "
+            f"directory; Triton needs it to load the model"
+        )
+    return Manifest(tuple(sorted(entries, key=lambda e: e.path)))
+
+
+@dataclass
+class _FileProgress:
+    entry: ManifestEntry
+    received: int = 0
+    hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
+    handle: BinaryIO | None = None
+
+
+class Staging:
+    """One install in progress: a private directory outside the repository root."""
+
+    def __init__(self, directory: Path, model_id: str, manifest: Manifest) -> None:
+        self.directory = directory
+        self.model_id = model_id
+        self.manifest = manifest
+        self.bytes_written = 0
+        self._files = {e.path: _FileProgress(e) for e in manifest.files}
+
+    def write(self, path: str, offset: int, data: bytes) -> None:
+        """Append a chunk; chunks of one file must come in order of offset."""
+        progress = self._files.get(path)
+        if progress is None:
+            raise InvalidRequestError(
+                f"a chunk names {path!r}, which is not in the manifest of {self.model_id!r}"
+            )
+        if offset != progress.received:
+            raise InvalidRequestError(
+                f"chunk of {path!r} starts at offset {offset} but {progress.received} bytes "
+                f"were received; send each file's chunks in order"
+            )
+        if progress.received + len(data) > progress.entry.size:
+            raise DigestMismatchError(
+                f"file {path!r} is larger than the {progress.entry.size} bytes in the manifest"
+            )
+        if progress.handle is None:
+            target = self.directory / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # O_EXCL|O_NOFOLLOW: never write through a link, never over another file.
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            progress.handle = os.fdopen(fd, "wb")
+        progress.handle.write(data)
+        progress.hasher.update(data)
+        progress.received += len(data)
+        self.bytes_written += len(data)
+        if progress.received == progress.entry.size:
+            self._close(progress)
+
+    @staticmethod
+    def _close(progress: _FileProgress) -> None:
+        if progress.handle is not None:
+            progress.handle.flush()
+            os.fsync(progress.handle.fileno())
+            progress.handle.close()
+            progress.handle = None
+
+    def finish(self) -> None:
+        """Check every file against the manifest, write the manifest, fsync everything."""
+        for progress in self._files.values():
+            entry = progress.entry
+            if progress.received != entry.size:
+                raise DigestMismatchError(
+                    f"file {entry.path!r} arrived with {progress.received} bytes but the manifest "
+                    f"says {entry.size}; resend the model"
+                )
+            if entry.size == 0 and progress.handle is None:
+                target = self.directory / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW))
+            self._close(progress)
+            if progress.hasher.hexdigest() != entry.sha256:
+                raise DigestMismatchError(
+                    f"file {entry.path!r} has sha256 {progress.hasher.hexdigest()} but the "
+                    f"manifest says {entry.sha256}; the upload was corrupted, resend the model"
+                )
+        manifest_path = self.directory / MANIFEST_FILE
+        with manifest_path.open("w") as f:
+            f.write(self.manifest.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        for dirpath, _, _ in os.walk(self.directory):
+            _fsync_directory(Path(dirpath))
+
+    def abort(self) -> None:
+        """Close and delete everything written so far."""
+        for progress in self._files.values():
+            if progress.handle is not None:
+                progress.handle.close()
+                progress.handle = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Repository:
+    """The repository root and its staging directory (same filesystem, outside the root)."""
+
+    def __init__(self, root: Path, staging_root: Path | None = None) -> None:
+        self.root = root.resolve()
+        self.staging_root = (staging_root or self.root.parent / ".tritonshare-staging").resolve()
+
+    def prepare(self) -> None:
+        """Create the directories and check that a rename between them is atomic."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+        if self.staging_root == self.root or self.root in self.staging_root.parents:
+            raise InvalidRequestError(
+                f"the staging directory {self.staging_root} is inside the model repository "
+                f"{self.root}, where Triton would list it as a model; put it beside the root"
+            )
+        if self.root.stat().st_dev != self.staging_root.stat().st_dev:
+            raise InvalidRequestError(
+                f"the staging directory {self.staging_root} is on another filesystem than the "
+                f"model repository {self.root}; rename() would not be atomic, put both on one"
+            )
+        # Leftovers of installs interrupted by a crash are never valid: drop them.
+        for leftover in self.staging_root.iterdir():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def model_dir(self, model_id: str) -> Path:
+        if not is_valid_model_id(model_id):
+            raise InvalidRequestError(f"{model_id!r} is not a valid model id")
+        return self.root / model_id
+
+    def installed_manifest(self, model_id: str) -> Manifest | None:
+        """The manifest of the installed model, or None if absent or not installed by us."""
+        directory = self.model_dir(model_id)
+        if directory.is_symlink() or not directory.is_dir():
+            return None
+        try:
+            return Manifest.from_json((directory / MANIFEST_FILE).read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def is_intact(self, model_id: str, manifest: Manifest) -> bool:
+        """True when every manifest file is a regular file (not through a link) of its size.
+
+        Digests were verified at install; sizes and the absence of links catch tampering and
+        partial deletes cheaply without rereading gigabytes on every pod restart. Extra files
+        are allowed: the Python backend writes `__pycache__` next to `model.py`.
+        """
+        directory = self.model_dir(model_id)
+        for entry in manifest.files:
+            path = directory
+            for part in entry.path.split("/"):
+                path = path / part
+                if path.is_symlink():
+                    return False
+            try:
+                info = path.lstat()
+            except OSError:
+                return False
+            if not stat.S_ISREG(info.st_mode) or info.st_size != entry.size:
+                return False
+        return True
+
+    def installed_models(self) -> list[str]:
+        """Model ids present in the repository root (real directories with a valid id)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.is_symlink() and is_valid_model_id(p.name)
+        )
+
+    def begin(self, model_id: str, manifest: Manifest) -> Staging:
+        """Start an install into a fresh private staging directory."""
+        needed = manifest.total_size + DISK_HEADROOM_BYTES
+        free = shutil.disk_usage(self.staging_root).free
+        if needed > free:
+            raise ResourceExhaustedError(
+                f"model {model_id!r} needs {manifest.total_size} bytes but only {free} are free "
+                f"on the filesystem of {self.staging_root}; free space or use a larger volume"
+            )
+        directory = Path(tempfile.mkdtemp(prefix=f"{model_id}.", dir=self.staging_root))
+        return Staging(directory, model_id, manifest)
+
+    def commit(self, staging: Staging) -> None:
+        """Rename the finished staging directory into place, replacing an older install."""
+        target = self.model_dir(staging.model_id)
+        old: Path | None = None
+        if target.exists() or target.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f"{staging.model_id}.old.", dir=self.staging_root))
+            target.rename(old / "model")
+        staging.directory.rename(target)
+        _fsync_directory(self.root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info(
+            "Model %s is installed in %s (%d files, %d bytes).",
+            staging.model_id,
+            target,
+            len(staging.manifest.files),
+            staging.manifest.total_size,
+        )
+
+    def remove(self, model_id: str) -> None:
+        """Move the model directory out of the root, then delete it, so Triton never sees a
+        half-deleted model."""
+        target = self.model_dir(model_id)
+        if not (target.exists() or target.is_symlink()):
+            raise NotFoundError(f"model {model_id!r} is not installed on this node")
+        trash = Path(tempfile.mkdtemp(prefix=f"{model_id}.removed.", dir=self.staging_root))
+        target.rename(trash / "model")
+        _fsync_directory(self.root)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(trash)
+        log.info("Model %s was removed from the repository.", model_id)

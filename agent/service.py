@@ -1,0 +1,194 @@
+"""The agent gRPC API (protos/agent.proto) on grpc.aio: authentication, then `agent.models`.
+
+Each RPC authenticates the caller, authorizes it for the model it names (or as the platform for
+listings), converts the request to domain values, and converts AgentErrors to gRPC statuses through
+`agent.errors.grpc_code` only. LoadModel answers FAILED with Triton's reason rather than an RPC
+error when Triton rejects the model, as the proto documents.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn
+
+import grpc
+
+from agent.auth import Authorizer, Caller
+from agent.errors import AgentError, InvalidRequestError, grpc_code
+from agent.inventory import GpuSnapshot
+from agent.metrics import AgentMetrics
+from agent.models import Chunk, Models, ModelStatus
+from agent.repository import ManifestEntry, build_manifest
+from protos import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def status_to_proto(status: ModelStatus) -> Any:
+    return agent_pb2.ModelStatus(
+        model_id=status.model_id,
+        state=f"MODEL_STATE_{status.state.name}",
+        reason=status.reason,
+        manifest_digest=status.manifest_digest,
+        gpu_uuid=status.gpu_uuid,
+        gpu_index=status.gpu_index,
+        pod=status.pod,
+    )
+
+
+class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
+    """The servicer; one instance per process."""
+
+    def __init__(
+        self,
+        models: Models,
+        authorizer: Authorizer,
+        metrics: AgentMetrics,
+        gpus: Callable[[], GpuSnapshot | None],
+        node_name: str,
+    ) -> None:
+        self.models = models
+        self.authorizer = authorizer
+        self.metrics = metrics
+        self._gpus = gpus
+        self.node_name = node_name
+
+    async def _fail(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, e: AgentError
+    ) -> NoReturn:
+        code = grpc_code(e)
+        self.metrics.requests.labels(method, code.name).inc()
+        log.log(
+            logging.INFO if code != grpc.StatusCode.INTERNAL else logging.ERROR,
+            "%s was refused with %s: %s",
+            method,
+            code.name,
+            e,
+        )
+        await context.abort(code, str(e))
+
+    def _ok(self, method: str) -> None:
+        self.metrics.requests.labels(method, "OK").inc()
+
+    async def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
+        return await self.authorizer.authenticate(context.invocation_metadata())
+
+    async def InstallModel(  # noqa: N802
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        method = "InstallModel"
+        try:
+            caller = await self._caller(context)
+            first = await anext(aiter(request_iterator), None)
+            if first is None or first.WhichOneof("part") != "header":
+                raise InvalidRequestError(
+                    "the first InstallModel message must be the header (model id and manifest)"
+                )
+            header = first.header
+            pod = await self.authorizer.authorize_model(caller, header.model_id)
+            manifest = build_manifest(
+                header.model_id,
+                [ManifestEntry(f.path, int(f.size), f.sha256) for f in header.manifest.files],
+            )
+            started = time.monotonic()
+            result = await self.models.install(
+                header.model_id, manifest, _chunks(request_iterator), pod=pod.key
+            )
+        except AgentError as e:
+            await self._fail(context, method, e)
+        self._ok(method)
+        if not result.unchanged:
+            seconds = max(time.monotonic() - started, 1e-9)
+            log.info(
+                "Model %s was received from pod %s: %d bytes in %.2f s (%.0f MB/s).",
+                result.model_id,
+                pod.key,
+                result.bytes_written,
+                seconds,
+                result.bytes_written / seconds / 1e6,
+            )
+        return agent_pb2.InstallModelResponse(
+            model_id=result.model_id,
+            manifest_digest=result.manifest_digest,
+            unchanged=result.unchanged,
+            bytes_written=result.bytes_written,
+        )
+
+    async def LoadModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        try:
+            caller = await self._caller(context)
+            pod = await self.authorizer.authorize_model(caller, request.model_id)
+            status = await self.models.load(request.model_id, pod.gpu_uuid, pod=pod.key)
+        except AgentError as e:
+            await self._fail(context, "LoadModel", e)
+        self._ok("LoadModel")
+        return status_to_proto(status)
+
+    async def UnloadModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        try:
+            caller = await self._caller(context)
+            pod = await self.authorizer.authorize_model(caller, request.model_id)
+            status = await self.models.unload(request.model_id, reason=f"asked by pod {pod.key}")
+        except AgentError as e:
+            await self._fail(context, "UnloadModel", e)
+        self._ok("UnloadModel")
+        return status_to_proto(status)
+
+    async def GetModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        try:
+            caller = await self._caller(context)
+            if not self.authorizer.is_platform(caller):
+                await self.authorizer.authorize_model(caller, request.model_id)
+            status = await self.models.status(request.model_id)
+        except AgentError as e:
+            await self._fail(context, "GetModel", e)
+        self._ok("GetModel")
+        return status_to_proto(status)
+
+    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        try:
+            caller = await self._caller(context)
+            self.authorizer.require_platform(caller, "list the node's models")
+            statuses = await self.models.statuses()
+        except AgentError as e:
+            await self._fail(context, "ListModels", e)
+        self._ok("ListModels")
+        return agent_pb2.ListModelsResponse(models=[status_to_proto(s) for s in statuses])
+
+    async def ListGpus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        try:
+            caller = await self._caller(context)
+            self.authorizer.require_platform(caller, "list the node's GPUs")
+        except AgentError as e:
+            await self._fail(context, "ListGpus", e)
+        self._ok("ListGpus")
+        snapshot = self._gpus()
+        return agent_pb2.ListGpusResponse(
+            node=self.node_name,
+            gpus=[
+                agent_pb2.Gpu(
+                    uuid=g.uuid,
+                    index=g.index,
+                    product=g.product,
+                    memory_total_bytes=g.memory_total,
+                    memory_used_bytes=g.memory_used,
+                    healthy=g.healthy,
+                    reason=g.reason,
+                )
+                for g in (snapshot.gpus if snapshot else ())
+            ],
+        )
+
+
+async def _chunks(request_iterator: AsyncIterator[Any]) -> AsyncIterator[Chunk]:
+    async for message in request_iterator:
+        if message.WhichOneof("part") != "chunk":
+            raise InvalidRequestError("only the first InstallModel message may be a header")
+        chunk = message.chunk
+        yield chunk.path, int(chunk.offset), bytes(chunk.data)
+
+
+def add_to_server(service: AgentService, server: grpc.aio.Server) -> None:
+    agent_pb2_grpc.add_AgentServicer_to_server(service, server)

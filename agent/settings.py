@@ -1,0 +1,229 @@
+"""The agent's settings: one frozen object, from flags and `TRITONSHARE_<FLAG>` variables.
+
+Parsed once, in `agent.__main__`; everything else receives the object. Nothing here reads files
+or talks to anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.contract import (
+    DEFAULT_AGENT_AUDIENCE,
+    DEFAULT_AGENT_GRPC_PORT,
+    DEFAULT_AGENT_HTTP_PORT,
+    DEFAULT_PREFIX,
+    DEFAULT_SCHEDULER_NAME,
+    DEFAULT_SYSTEM_NAMESPACE,
+    ContractError,
+    Keys,
+)
+
+DEFAULT_PLATFORM_ACCOUNTS = (
+    f"system:serviceaccount:{DEFAULT_SYSTEM_NAMESPACE}:tritonshare-binder",
+    f"system:serviceaccount:{DEFAULT_SYSTEM_NAMESPACE}:tritonshare-agent",
+)
+
+
+class SettingsError(ValueError):
+    """A flag or variable with a value the agent cannot use; says which and what to write."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the agent can be told."""
+
+    node_name: str
+    """Name of the Node this agent serves (the Downward API's spec.nodeName). Required."""
+    model_repository: Path
+    """Triton's model repository directory, shared with the Triton container. Required."""
+    kubeconfig: str | None = None
+    """Path of a kubeconfig file; None: in-cluster config. Env KUBECONFIG."""
+    triton_http_url: str = "127.0.0.1:8000"
+    """Triton's HTTP endpoint, host:port."""
+    triton_admin_header: tuple[str, str] | None = None
+    """Header "Name:value" for Triton's restricted repository API; None when unrestricted."""
+    staging_dir: Path | None = None
+    """Where installs are staged; same filesystem, outside the repository. Default:
+    <repository>/../.tritonshare-staging."""
+    listen_grpc: str = f"0.0.0.0:{DEFAULT_AGENT_GRPC_PORT}"
+    """host:port of the agent gRPC API (port 0: any free port, logged and in --ports-file)."""
+    listen_http: str = f"0.0.0.0:{DEFAULT_AGENT_HTTP_PORT}"
+    """host:port of /healthz, /readyz and /metrics."""
+    ports_file: Path | None = None
+    """If set, the agent writes {"grpc": "host:port", "http": "host:port"} there once serving."""
+    cpu_only: bool = False
+    """Run model instances on the CPU (KIND_CPU) and accept a node without NVML."""
+    advertise_gpu_mem: bool = False
+    """Also advertise <prefix>gpu-mem as an extended resource in the Node's status capacity."""
+    key_prefix: str = DEFAULT_PREFIX
+    """Prefix of every annotation and resource key."""
+    system_namespace: str = DEFAULT_SYSTEM_NAMESPACE
+    """Namespace of the agent's Lease."""
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    """schedulerName of the pods this agent serves."""
+    audience: str = DEFAULT_AGENT_AUDIENCE
+    """Audience callers' projected tokens must carry."""
+    platform_accounts: tuple[str, ...] = DEFAULT_PLATFORM_ACCOUNTS
+    """Usernames (system:serviceaccount:NS:NAME) allowed to call ListModels, ListGpus, GetModel."""
+    gpu_poll_seconds: float = 10.0
+    """Seconds between NVML reads."""
+    lease_duration_seconds: int = 60
+    """leaseDurationSeconds written on the agent's Lease."""
+    lease_renew_seconds: float = 20.0
+    """Seconds between Lease renewals (one write each)."""
+    node_resync_seconds: float = 600.0
+    """Seconds between rereads of the Node to repair annotations someone else changed."""
+    resync_seconds: float = 60.0
+    """Seconds between full reconciliations of Triton with the pods (besides pod changes)."""
+    triton_poll_seconds: float = 2.0
+    """Seconds between Triton liveness checks (a restart triggers a reconciliation)."""
+    orphan_grace_seconds: float = 30.0
+    """Seconds a model without a pod is kept after its last install/load before removal."""
+    unload_timeout_seconds: float = 120.0
+    """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
+    load_timeout_seconds: float = 600.0
+    """Seconds a Triton load may take."""
+    token_cache_seconds: float = 30.0
+    """Seconds a TokenReview answer is reused for the same token."""
+    log_level: str = "INFO"
+    """Log level."""
+    log_format: str = "text"
+    """Log format: text or json."""
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.key_prefix)
+
+
+def _env(environ: Mapping[str, str], flag: str) -> str | None:
+    return environ.get("TRITONSHARE_" + flag.upper().replace("-", "_"))
+
+
+def _host_port(value: str, flag: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SettingsError(f"--{flag} {value!r} is not host:port (for example 127.0.0.1:9100)")
+    return value
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from flags, falling back to environment variables, then to the defaults."""
+    env = dict(os.environ if environ is None else environ)
+    defaults = Settings(node_name="", model_repository=Path())
+    parser = argparse.ArgumentParser(
+        prog="python -m agent",
+        description="tritonshare agent: GPUs on the Node, and the owner of Triton's repository.",
+    )
+
+    def add(flag: str, default: object, help_text: str, **kwargs: Any) -> None:
+        value = _env(env, flag)
+        parser.add_argument(
+            f"--{flag}", default=value if value is not None else default, help=help_text, **kwargs
+        )
+
+    def add_flag(flag: str, help_text: str) -> None:
+        value = (_env(env, flag) or "").lower() in ("1", "true", "yes")
+        parser.add_argument(f"--{flag}", action="store_true", default=value, help=help_text)
+
+    add("node-name", env.get("NODE_NAME"), "this node's name (required)")
+    add("model-repository", None, "Triton's model repository directory (required)")
+    add("kubeconfig", env.get("KUBECONFIG"), "kubeconfig file; default: in-cluster config")
+    add("triton-http-url", defaults.triton_http_url, "Triton HTTP host:port")
+    add("triton-admin-header", None, "Name:value header for Triton's restricted APIs")
+    add("staging-dir", None, "staging directory (same filesystem, outside the repository)")
+    add("listen-grpc", defaults.listen_grpc, "gRPC API host:port")
+    add("listen-http", defaults.listen_http, "health and metrics host:port")
+    add("ports-file", None, "write the bound ports there as JSON once serving")
+    add_flag("cpu-only", "run model instances on the CPU; NVML is optional")
+    add_flag("advertise-gpu-mem", "advertise <prefix>gpu-mem in the Node's status capacity")
+    add("key-prefix", defaults.key_prefix, "annotation and resource key prefix")
+    add("system-namespace", defaults.system_namespace, "namespace of the agent Lease")
+    add("scheduler-name", defaults.scheduler_name, "schedulerName of the pods served")
+    add("audience", defaults.audience, "audience of callers' tokens")
+    add(
+        "platform-accounts",
+        ",".join(defaults.platform_accounts),
+        "comma-separated usernames allowed to list models and GPUs",
+    )
+    for name in (
+        "gpu_poll_seconds",
+        "lease_renew_seconds",
+        "node_resync_seconds",
+        "resync_seconds",
+        "triton_poll_seconds",
+        "orphan_grace_seconds",
+        "unload_timeout_seconds",
+        "load_timeout_seconds",
+        "token_cache_seconds",
+    ):
+        add(name.replace("_", "-"), getattr(defaults, name), f"{name} (seconds)", type=float)
+    add("lease-duration-seconds", defaults.lease_duration_seconds, "Lease duration", type=int)
+    add("log-level", defaults.log_level, "log level")
+    add("log-format", defaults.log_format, "text or json", choices=("text", "json"))
+    args = parser.parse_args(argv)
+
+    if not args.node_name:
+        raise SettingsError("--node-name is required (or NODE_NAME from the Downward API)")
+    if not args.model_repository:
+        raise SettingsError("--model-repository is required: Triton's model repository directory")
+    admin_header = None
+    if args.triton_admin_header:
+        name, sep, value = str(args.triton_admin_header).partition(":")
+        if not sep or not name:
+            raise SettingsError("--triton-admin-header must be Name:value")
+        admin_header = (name.strip(), value.strip())
+    try:
+        Keys(args.key_prefix)
+    except ContractError as e:
+        raise SettingsError(str(e)) from e
+    for name in (
+        "gpu_poll_seconds",
+        "lease_renew_seconds",
+        "resync_seconds",
+        "triton_poll_seconds",
+    ):
+        if getattr(args, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be more than 0")
+    if args.lease_renew_seconds >= args.lease_duration_seconds:
+        raise SettingsError(
+            "--lease-renew-seconds must be shorter than --lease-duration-seconds, or the Lease "
+            "expires between renewals"
+        )
+    return Settings(
+        node_name=args.node_name,
+        model_repository=Path(args.model_repository),
+        kubeconfig=args.kubeconfig or None,
+        triton_http_url=args.triton_http_url,
+        triton_admin_header=admin_header,
+        staging_dir=Path(args.staging_dir) if args.staging_dir else None,
+        listen_grpc=_host_port(args.listen_grpc, "listen-grpc"),
+        listen_http=_host_port(args.listen_http, "listen-http"),
+        ports_file=Path(args.ports_file) if args.ports_file else None,
+        cpu_only=bool(args.cpu_only),
+        advertise_gpu_mem=bool(args.advertise_gpu_mem),
+        key_prefix=args.key_prefix,
+        system_namespace=args.system_namespace,
+        scheduler_name=args.scheduler_name,
+        audience=args.audience,
+        platform_accounts=tuple(a.strip() for a in args.platform_accounts.split(",") if a.strip()),
+        gpu_poll_seconds=args.gpu_poll_seconds,
+        lease_duration_seconds=args.lease_duration_seconds,
+        lease_renew_seconds=args.lease_renew_seconds,
+        node_resync_seconds=args.node_resync_seconds,
+        resync_seconds=args.resync_seconds,
+        triton_poll_seconds=args.triton_poll_seconds,
+        orphan_grace_seconds=args.orphan_grace_seconds,
+        unload_timeout_seconds=args.unload_timeout_seconds,
+        load_timeout_seconds=args.load_timeout_seconds,
+        token_cache_seconds=args.token_cache_seconds,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )

@@ -1,0 +1,62 @@
+"""A simulated GPU node's agent.
+
+`python -m sim.agent_node --gpus SPEC [--faults FILE] -- <agent flags>`
+
+installs the mock NVML (sim/nvml.py) as `sys.modules["pynvml"]`, then runs the agent's own main
+with the flags after `--`, so the real GPU-reading code runs against the simulated GPUs. GPU UUIDs
+are derived from the agent's `--node-name`, so every simulated node has its own. It adds nothing
+to the agent's behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sim.nvml import SpecError, install, load_events, parse_spec
+
+
+def _node_name(agent_args: Sequence[str]) -> str:
+    for i, arg in enumerate(agent_args):
+        if arg == "--node-name" and i + 1 < len(agent_args):
+            return agent_args[i + 1]
+        if arg.startswith("--node-name="):
+            return arg.partition("=")[2]
+    return "node"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" in args:
+        split = args.index("--")
+        own, agent_args = args[:split], args[split + 1 :]
+    else:
+        own, agent_args = args, []
+    parser = argparse.ArgumentParser(
+        prog="python -m sim.agent_node",
+        description="Run the tritonshare agent over simulated GPUs (mock NVML).",
+        epilog="Everything after `--` is passed to the agent (python -m agent --help).",
+    )
+    parser.add_argument(
+        "--gpus", required=True, help="preset such as 2xT4, 8xA100-80GB, or a JSON/YAML spec"
+    )
+    parser.add_argument("--faults", type=Path, help="JSON/YAML file with an 'events' timeline")
+    options = parser.parse_args(own)
+    try:
+        spec = parse_spec(options.gpus, seed=_node_name(agent_args))
+        if options.faults is not None:
+            spec.events = sorted([*spec.events, *load_events(options.faults)], key=lambda e: e.at)
+    except (SpecError, ValueError) as e:
+        print(f"sim.agent_node: {e}", file=sys.stderr)
+        return 2
+    install(spec)
+    # Imported only now, so that agent.gpus binds the mock as `pynvml`.
+    from agent.__main__ import main as agent_main
+
+    return agent_main(agent_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

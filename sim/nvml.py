@@ -1,0 +1,450 @@
+"""A mock NVML that stands in for the `pynvml` module itself, so the agent's real GPU code runs.
+
+`MockNvml(spec).as_module()` returns a module with the same function names, constants and
+`NVMLError` classes (with the same codes, and the same subclass per code, such as
+`NVMLError_GpuIsLost`) as `pynvml` from nvidia-ml-py. `install(spec)` puts that module in
+`sys.modules["pynvml"]`. This module only simulates hardware; it knows nothing of the agent.
+
+A spec is a preset (`8xA100-80GB`, `2xT4`, `1xH100-80GB`, or `N x` any preset product such as
+`4xT4`) or a JSON/YAML file:
+
+    gpus:                       # one entry per GPU, in index order
+      - product: Tesla T4
+        memory: 15Gi            # a Kubernetes quantity or bytes
+        used: 300Mi             # optional, default 0
+        uuid: GPU-...           # optional, derived from the seed and the index
+    events:                     # optional: what changes over time, seconds after start
+      - {at: 5, gpu: 0, used: 2Gi}
+      - {at: 10, gpu: 1, fault: lost}          # NVML_ERROR_GPU_IS_LOST for that GPU
+      - {at: 20, gpu: 1, fault: recovered}
+      - {at: 30, fault: nvml_not_loaded}       # nvmlInit and every call: LIBRARY_NOT_FOUND
+      - {at: 40, fault: nvml_loaded}
+
+A file given only for `events` (the `--faults` file of `sim.agent_node`) has the same `events`
+list. Tests drive it directly too: `set_used`, `lose_gpu`, `recover_gpu`, `set_library_loaded`.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import sys
+import threading
+import time
+import types
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.quantity import parse_quantity
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_POWER = 8
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IRQ_ISSUE = 11
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_CORRUPTED_INFOROM = 14
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_OPERATING_SYSTEM = 17
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_MEMORY = 20
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_UNKNOWN = 999
+
+_ERROR_STRINGS = {
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_ALREADY_INITIALIZED: "Already Initialized",
+    NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    NVML_ERROR_INSUFFICIENT_POWER: "Insufficient External Power",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_TIMEOUT: "Timeout",
+    NVML_ERROR_IRQ_ISSUE: "Interrupt Request Issue",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_CORRUPTED_INFOROM: "Corrupted infoROM",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    NVML_ERROR_OPERATING_SYSTEM: "The operating system has blocked the request.",
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
+    NVML_ERROR_IN_USE: "In use by another client",
+    NVML_ERROR_MEMORY: "Insufficient Memory",
+    NVML_ERROR_NO_DATA: "No data",
+    NVML_ERROR_UNKNOWN: "Unknown Error",
+}
+
+
+class NVMLError(Exception):
+    """pynvml's error: `NVMLError(code)` builds the subclass registered for that code."""
+
+    _value_class: dict[int, type[NVMLError]] = {}
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._value_class.get(value, NVMLError)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __str__(self) -> str:
+        return _ERROR_STRINGS.get(self.value, f"NVML Error with code {self.value}")
+
+
+def _error_classes() -> dict[str, type[NVMLError]]:
+    """One subclass per code, named as pynvml names them (NVML_ERROR_GPU_IS_LOST ->
+    NVMLError_GpuIsLost)."""
+    classes: dict[str, type[NVMLError]] = {}
+    for name, value in list(globals().items()):
+        if not name.startswith("NVML_ERROR_"):
+            continue
+        words = name.removeprefix("NVML_ERROR_")
+        class_name = "NVMLError_" + string.capwords(words, "_").replace("_", "")
+
+        def make_new(code: int) -> Callable[..., NVMLError]:
+            def new(cls: type[NVMLError], *args: object) -> NVMLError:
+                obj = Exception.__new__(cls)
+                obj.value = code
+                return obj
+
+            return new
+
+        error_class = type(class_name, (NVMLError,), {"__new__": make_new(value)})
+        error_class.__module__ = "pynvml"
+        NVMLError._value_class[value] = error_class
+        classes[class_name] = error_class
+    return classes
+
+
+ERROR_CLASSES = _error_classes()
+
+
+@dataclass(frozen=True)
+class Product:
+    """A GPU model as NVML names it, with its memory in bytes."""
+
+    name: str
+    memory: int
+
+
+MiB = 1024 * 1024
+PRODUCTS: dict[str, Product] = {
+    "A100-80GB": Product("NVIDIA A100-SXM4-80GB", 81920 * MiB),
+    "A100-40GB": Product("NVIDIA A100-SXM4-40GB", 40960 * MiB),
+    "T4": Product("Tesla T4", 15360 * MiB),
+    "H100-80GB": Product("NVIDIA H100 80GB HBM3", 81559 * MiB),
+    "L4": Product("NVIDIA L4", 23034 * MiB),
+}
+
+
+@dataclass
+class GpuState:
+    """One simulated GPU: what NVML reports about it, and whether it still answers."""
+
+    uuid: str
+    product: str
+    memory: int
+    used: int = 0
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    """A change at `at` seconds after start: used memory, or a fault (lost, recovered,
+    nvml_not_loaded, nvml_loaded)."""
+
+    at: float
+    gpu: int | None = None
+    used: int | None = None
+    fault: str | None = None
+
+
+FAULTS = ("lost", "recovered", "nvml_not_loaded", "nvml_loaded")
+
+
+class SpecError(ValueError):
+    """A mock NVML spec that cannot be read; the message says what to write instead."""
+
+
+@dataclass
+class Spec:
+    """The simulated GPUs and the timeline of changes."""
+
+    gpus: list[GpuState]
+    events: list[Event] = field(default_factory=list)
+
+
+def _uuid_for(seed: str, index: int) -> str:
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"tritonshare-mock-nvml/{seed}/{index}"))
+
+
+def _parse_events(raw: object, where: str) -> list[Event]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise SpecError(f"{where}: 'events' must be a list of {{at, gpu, used|fault}} objects")
+    events = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or "at" not in item:
+            raise SpecError(f"{where}: event {i} must be an object with 'at' (seconds)")
+        fault = item.get("fault")
+        if fault is not None and fault not in FAULTS:
+            raise SpecError(f"{where}: event {i} has fault {fault!r}; use one of {FAULTS}")
+        used = item.get("used")
+        events.append(
+            Event(
+                at=float(item["at"]),
+                gpu=None if item.get("gpu") is None else int(item["gpu"]),
+                used=None if used is None else parse_quantity(used, what=f"event {i} used"),
+                fault=fault,
+            )
+        )
+    return sorted(events, key=lambda e: e.at)
+
+
+def load_events(path: Path) -> list[Event]:
+    """The `events` list of a faults file (JSON or YAML)."""
+    data = _read_document(path)
+    return _parse_events(data.get("events"), str(path))
+
+
+def _read_document(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read mock NVML file {path}: {e}") from e
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise SpecError(f"{path} is not valid JSON/YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must hold an object with 'gpus' (and optional 'events')")
+    return data
+
+
+def parse_spec(text: str, *, seed: str = "node") -> Spec:
+    """A preset (`2xT4`) or the path of a JSON/YAML spec file; `seed` makes UUIDs per node."""
+    count, sep, product_key = text.partition("x")
+    if sep and count.isdigit() and product_key in PRODUCTS:
+        product = PRODUCTS[product_key]
+        return Spec(
+            gpus=[
+                GpuState(uuid=_uuid_for(seed, i), product=product.name, memory=product.memory)
+                for i in range(int(count))
+            ]
+        )
+    path = Path(text)
+    if not path.exists():
+        raise SpecError(
+            f"mock NVML spec {text!r} is neither a preset ({', '.join(sorted(PRODUCTS))} as "
+            f"'2xT4') nor an existing JSON/YAML file"
+        )
+    data = _read_document(path)
+    raw_gpus = data.get("gpus")
+    if not isinstance(raw_gpus, list):
+        raise SpecError(f"{path}: 'gpus' must be a list of {{product, memory, used, uuid}}")
+    gpus = []
+    for i, item in enumerate(raw_gpus):
+        if not isinstance(item, dict) or "memory" not in item:
+            raise SpecError(f"{path}: gpu {i} needs at least 'memory' (such as '16Gi')")
+        gpus.append(
+            GpuState(
+                uuid=str(item.get("uuid") or _uuid_for(seed, i)),
+                product=str(item.get("product", "NVIDIA Mock GPU")),
+                memory=parse_quantity(item["memory"], what=f"gpu {i} memory"),
+                used=parse_quantity(item.get("used", 0), what=f"gpu {i} used"),
+            )
+        )
+    return Spec(gpus=gpus, events=_parse_events(data.get("events"), str(path)))
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """What nvmlDeviceGetMemoryInfo returns: total, free and used bytes."""
+
+    total: int
+    free: int
+    used: int
+
+
+@dataclass(frozen=True)
+class Handle:
+    """An opaque device handle, as pynvml's is."""
+
+    index: int
+
+
+class MockNvml:
+    """The simulated library; thread-safe, since tests drive it while the agent reads it."""
+
+    def __init__(self, spec: Spec, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._gpus = [replace(g) for g in spec.gpus]
+        self._events = list(spec.events)
+        self._clock = clock
+        self._start = clock()
+        self._lock = threading.Lock()
+        self._library_loaded = True
+        self._init_count = 0
+        self.calls = 0
+
+    # Test controls.
+    def set_used(self, index: int, used: int) -> None:
+        with self._lock:
+            self._gpus[index].used = used
+
+    def lose_gpu(self, index: int) -> None:
+        with self._lock:
+            self._gpus[index].lost = True
+
+    def recover_gpu(self, index: int) -> None:
+        with self._lock:
+            self._gpus[index].lost = False
+
+    def set_library_loaded(self, loaded: bool) -> None:
+        with self._lock:
+            self._library_loaded = loaded
+            if not loaded:
+                self._init_count = 0
+
+    @property
+    def gpus(self) -> list[GpuState]:
+        with self._lock:
+            return [replace(g) for g in self._gpus]
+
+    def _apply_due_events(self) -> None:
+        now = self._clock() - self._start
+        while self._events and self._events[0].at <= now:
+            event = self._events.pop(0)
+            targets = self._gpus if event.gpu is None else [self._gpus[event.gpu]]
+            if event.used is not None:
+                for gpu in targets:
+                    gpu.used = event.used
+            if event.fault == "lost":
+                for gpu in targets:
+                    gpu.lost = True
+            elif event.fault == "recovered":
+                for gpu in targets:
+                    gpu.lost = False
+            elif event.fault == "nvml_not_loaded":
+                self._library_loaded = False
+                self._init_count = 0
+            elif event.fault == "nvml_loaded":
+                self._library_loaded = True
+
+    def _enter(self) -> None:
+        """Every call: apply the timeline, then fail as the real library does when unusable."""
+        self.calls += 1
+        self._apply_due_events()
+        if not self._library_loaded:
+            raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+        if self._init_count == 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+    def _device(self, handle: Handle) -> GpuState:
+        if not isinstance(handle, Handle) or not 0 <= handle.index < len(self._gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._gpus[handle.index]
+        if gpu.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    # The pynvml functions the agent uses, with pynvml's names.
+    def nvmlInit(self) -> None:  # noqa: N802
+        with self._lock:
+            self._apply_due_events()
+            if not self._library_loaded:
+                raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+            self._init_count += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:  # noqa: N802
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        with self._lock:
+            self._enter()
+            self._init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        with self._lock:
+            self._enter()
+            return "550.54.15-mock"
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        with self._lock:
+            self._enter()
+            return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:  # noqa: N802
+        with self._lock:
+            self._enter()
+            if not 0 <= index < len(self._gpus):
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            if self._gpus[index].lost:
+                raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+            return Handle(index)
+
+    def nvmlDeviceGetIndex(self, handle: Handle) -> int:  # noqa: N802
+        with self._lock:
+            self._enter()
+            self._device(handle)
+            return handle.index
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:  # noqa: N802
+        with self._lock:
+            self._enter()
+            return self._device(handle).uuid
+
+    def nvmlDeviceGetName(self, handle: Handle) -> str:  # noqa: N802
+        with self._lock:
+            self._enter()
+            return self._device(handle).product
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> MemoryInfo:  # noqa: N802
+        with self._lock:
+            self._enter()
+            gpu = self._device(handle)
+            used = min(gpu.used, gpu.memory)
+            return MemoryInfo(total=gpu.memory, free=gpu.memory - used, used=used)
+
+    def nvmlErrorString(self, code: int) -> str:  # noqa: N802
+        return _ERROR_STRINGS.get(code, f"NVML Error with code {code}")
+
+    def as_module(self) -> types.ModuleType:
+        """A module object that looks like `pynvml` to its importers."""
+        module = types.ModuleType("pynvml", "Mock NVML from tritonshare's sim/nvml.py")
+        for name, value in globals().items():
+            if name.startswith("NVML_"):
+                setattr(module, name, value)
+        module.NVMLError = NVMLError  # type: ignore[attr-defined]
+        for name, error_class in ERROR_CLASSES.items():
+            setattr(module, name, error_class)
+        for name in dir(self):
+            if name.startswith("nvml"):
+                setattr(module, name, getattr(self, name))
+        module.mock = self  # type: ignore[attr-defined]
+        return module
+
+
+def install(spec: Spec, *, clock: Callable[[], float] = time.monotonic) -> MockNvml:
+    """Put a mock built from `spec` into `sys.modules["pynvml"]`; import the agent after this."""
+    mock = MockNvml(spec, clock=clock)
+    sys.modules["pynvml"] = mock.as_module()
+    return mock

@@ -1,0 +1,100 @@
+"""The agent as others start it: `python -m sim.agent_node --gpus 2xT4 -- <agent flags>` (which
+runs `python -m agent`'s main), found through its ports file, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+
+from sim.triton import TritonServer
+from tests.agent.conftest import NODE
+
+pytestmark = pytest.mark.triton
+
+
+def _wait_for(path: Path, process: subprocess.Popen[bytes], limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        assert process.poll() is None, "the agent exited while starting"
+        assert time.monotonic() < deadline, "the agent did not write its ports file"
+        time.sleep(0.05)
+
+
+def test_agent_process_publishes_gpus_serves_and_stops_on_sigterm(
+    kubeconfig: Path,
+    kube_api: kubernetes.client.ApiClient,
+    node: str,
+    triton: TritonServer,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    ports = tmp_path / "ports.json"
+    log_path = tmp_path / "agent.log"
+    command = [
+        sys.executable, "-m", "sim.agent_node", "--gpus", "2xT4", "--",
+        "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+        "--triton-http-url", triton.http_url, "--model-repository", str(model_repository),
+        "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",
+        "--ports-file", str(ports), "--cpu-only",
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(ports, process)
+        addresses = json.loads(ports.read_text())
+        core = kubernetes.client.CoreV1Api(kube_api)
+        deadline = time.monotonic() + 30
+        while True:
+            metadata = core.read_node(NODE).metadata
+            annotations = (metadata.annotations if metadata else None) or {}
+            if "tritonshare.io/gpus" in annotations:
+                break
+            assert time.monotonic() < deadline, "the agent never annotated its node"
+            time.sleep(0.05)
+        gpus = json.loads(annotations["tritonshare.io/gpus"])
+        assert [g["product"] for g in gpus] == ["Tesla T4", "Tesla T4"]
+        assert int(annotations["tritonshare.io/gpu-mem-total"]) == 2 * 15360 * 1024 * 1024
+        lease = kubernetes.client.CoordinationV1Api(kube_api).read_namespaced_lease(
+            f"tritonshare-agent-{NODE}", "tritonshare-system"
+        )
+        assert lease.spec is not None and lease.spec.holder_identity
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{addresses['http']}/readyz") as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the agent never became ready"
+            time.sleep(0.05)
+        with urllib.request.urlopen(f"http://{addresses['http']}/metrics") as response:
+            metrics = response.read().decode()
+        assert 'tritonshare_agent_gpu_memory_total_bytes{gpu="1"' in metrics
+        text = log_path.read_text()
+        assert f"for node {NODE} is serving gRPC on {addresses['grpc']}" in text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+    assert code == 0, log_path.read_text()
+
+
+def test_agent_refuses_missing_settings_with_a_clear_message(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "--model-repository", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--node-name is required" in result.stderr
