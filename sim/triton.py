@@ -131,7 +131,7 @@ class TritonServer:
             "--log-verbose=0",
         ]
         if self.restricted:
-            header = "tritonshare-admin-key:local"
+            header = "tritonshare-admin-key=local"  # Triton 2.51 wants <api>:<header>=<value>
             args += [
                 f"--http-restricted-api=model-repository,shared-memory,trace,logging:{header}",
                 f"--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:{header}",
