@@ -94,7 +94,8 @@ def _other_model(method: str, name: str, kind: str) -> Answer:
     route = kind or "metadata"
     wanted = "POST" if kind in _POST_KINDS else "GET"
     if method != wanted:
-        return Answer(route, 405, JSON if kind in ("config", "") else TEXT, _METHOD_NOT_ALLOWED)
+        content_type = TEXT if kind in ("ready", "infer") else JSON
+        return Answer(route, 405, content_type, _METHOD_NOT_ALLOWED)
     if kind == "ready":
         return Answer(route, 400, TEXT, _error_body("Model version not ready"))
     if kind == "stats":
