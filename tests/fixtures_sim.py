@@ -6,10 +6,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import kubernetes.client
+import kubernetes.watch
 import pytest
 
 from sim.apiserver import RunningApiServer, start_in_thread
@@ -39,3 +42,30 @@ def kube_api(apiserver: RunningApiServer) -> Iterator[kubernetes.client.ApiClien
 def kubeconfig(apiserver: RunningApiServer, tmp_path: Path) -> Path:
     """A kubeconfig file for `apiserver`, usable by `kubernetes.config.load_kube_config`."""
     return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+def core_v1(api: kubernetes.client.ApiClient) -> Any:
+    """CoreV1Api typed as Any: the client's models make every field Optional, so typed tests
+    would need a None check on each attribute they read."""
+    return kubernetes.client.CoreV1Api(api)
+
+
+def coordination_v1(api: kubernetes.client.ApiClient) -> Any:
+    """CoordinationV1Api typed as Any (see core_v1)."""
+    return kubernetes.client.CoordinationV1Api(api)
+
+
+def authentication_v1(api: kubernetes.client.ApiClient) -> Any:
+    """AuthenticationV1Api typed as Any (see core_v1)."""
+    return kubernetes.client.AuthenticationV1Api(api)
+
+
+def new_watch() -> Any:
+    """A `kubernetes.watch.Watch` (the module is untyped)."""
+    return kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+
+
+def status_of(error: kubernetes.client.ApiException) -> dict[str, Any]:
+    """The `Status` body of a failed call."""
+    body: dict[str, Any] = json.loads(error.body or "{}")
+    return body

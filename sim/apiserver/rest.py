@@ -30,7 +30,7 @@ from sim.apiserver.errors import (
     unprocessable,
     unsupported_media_type,
 )
-from sim.apiserver.resources import NAMESPACES, PODS, STORED, Resource
+from sim.apiserver.resources import LEASES, NAMESPACES, NODES, PODS, STORED, Resource
 from sim.apiserver.store import Store, Stored
 
 JsonObject = dict[str, Any]
@@ -166,6 +166,11 @@ class Registry:
                 spec.setdefault("enableServiceLinks", True)
                 spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj)}
+        elif resource is NODES:
+            obj.setdefault("spec", {})
+            obj.setdefault("status", {})
+        elif resource is LEASES:
+            obj.setdefault("spec", {})
         elif resource is NAMESPACES:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}

@@ -50,6 +50,8 @@ from sim.apiserver.store import Store, Stored
 
 log = logging.getLogger(__name__)
 
+INFO_KEY = web.RequestKey("info", RequestInfo)
+
 JsonObject = dict[str, Any]
 SERVER_VERSION = {
     "major": "1",
@@ -152,7 +154,7 @@ class Handlers:
             info = parse_request(request.method, request.path, request.query.get("watch"))
         except ApiError as e:
             return _json(e.status(), e.code)
-        request["info"] = info
+        request[INFO_KEY] = info
         code = 500
         try:
             response = await handler(request)
@@ -191,7 +193,7 @@ class Handlers:
     # dispatch
 
     async def api(self, request: web.Request) -> web.StreamResponse:
-        info: RequestInfo = request["info"]
+        info = request[INFO_KEY]
         if not info.is_resource_request:
             return self._discovery(info)
         resource = info.resource
