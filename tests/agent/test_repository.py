@@ -1,0 +1,180 @@
+"""Installing files into the repository: staging outside the root, checks, atomic rename."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from agent.errors import DigestMismatchError, InvalidRequestError, ResourceExhaustedError
+from agent.repository import MANIFEST_FILE, Manifest, ManifestEntry, Repository, build_manifest
+
+CONFIG = b'name: "m"\nbackend: "python"\n'
+MODEL = b"print('hello')\n"
+
+
+def entry(path: str, data: bytes) -> ManifestEntry:
+    return ManifestEntry(path, len(data), hashlib.sha256(data).hexdigest())
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Repository:
+    repo = Repository(tmp_path / "models")
+    repo.prepare()
+    return repo
+
+
+def install(repo: Repository, files: dict[str, bytes], model_id: str = "m") -> Manifest:
+    manifest = build_manifest(model_id, [entry(p, d) for p, d in files.items()])
+    staging = repo.begin(model_id, manifest)
+    try:
+        for path, data in files.items():
+            for offset in range(0, len(data), 4):
+                staging.write(path, offset, data[offset : offset + 4])
+        staging.finish()
+        repo.commit(staging)
+    except BaseException:
+        staging.abort()
+        raise
+    return manifest
+
+
+def test_install_stages_outside_the_root_and_renames_into_place(repository: Repository) -> None:
+    assert repository.staging_root.parent == repository.root.parent
+    manifest = install(repository, {"config.pbtxt": CONFIG, "1/model.py": MODEL})
+    assert (repository.root / "m" / "1" / "model.py").read_bytes() == MODEL
+    assert repository.installed_manifest("m") == manifest
+    assert repository.is_intact("m", manifest)
+    assert repository.installed_models() == ["m"]
+    assert list(repository.staging_root.iterdir()) == []
+    # The manifest digest follows agent.proto: sha256 over sorted "path\0size\0sha256\n".
+    expected = hashlib.sha256()
+    for e in sorted(manifest.files, key=lambda e: e.path):
+        expected.update(f"{e.path}\0{e.size}\0{e.sha256}\n".encode())
+    assert manifest.digest == expected.hexdigest()
+
+
+def test_empty_files_are_created(repository: Repository) -> None:
+    install(repository, {"config.pbtxt": CONFIG, "1/model.py": MODEL, "1/empty": b""})
+    assert (repository.root / "m" / "1" / "empty").read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("../escape", "'..'"),
+        ("1/../../escape", "'..'"),
+        ("/etc/passwd", "absolute"),
+        ("1//model.py", "empty"),
+        ("./config.pbtxt", "'.'"),
+        ("1\\model.py", "backslash"),
+        (MANIFEST_FILE, "reserved"),
+        ("", "empty path"),
+    ],
+)
+def test_paths_that_could_escape_are_refused(path: str, why: str) -> None:
+    with pytest.raises(InvalidRequestError, match=why):
+        build_manifest("m", [entry("config.pbtxt", CONFIG), entry(path, MODEL)])
+
+
+def test_other_bad_manifests_are_refused() -> None:
+    with pytest.raises(InvalidRequestError, match=r"config\.pbtxt"):
+        build_manifest("m", [entry("1/model.py", MODEL)])
+    with pytest.raises(InvalidRequestError, match="twice"):
+        build_manifest("m", [entry("config.pbtxt", CONFIG), entry("config.pbtxt", CONFIG)])
+    with pytest.raises(InvalidRequestError, match="both as a file and as a directory"):
+        build_manifest("m", [entry("config.pbtxt", CONFIG), entry("1", b"x"), entry("1/a", b"y")])
+    with pytest.raises(InvalidRequestError, match="64 lowercase hex"):
+        build_manifest("m", [ManifestEntry("config.pbtxt", 1, "ABC")])
+    with pytest.raises(InvalidRequestError, match="dot"):
+        build_manifest(".hidden", [entry("config.pbtxt", CONFIG)])
+
+
+def test_size_and_digest_mismatches_are_refused_and_leave_nothing(
+    repository: Repository,
+) -> None:
+    manifest = build_manifest("m", [entry("config.pbtxt", CONFIG), entry("1/model.py", MODEL)])
+    staging = repository.begin("m", manifest)
+    staging.write("config.pbtxt", 0, CONFIG)
+    with pytest.raises(DigestMismatchError, match="larger"):
+        staging.write("1/model.py", 0, MODEL + b"extra")
+    staging.abort()
+
+    staging = repository.begin("m", manifest)
+    staging.write("config.pbtxt", 0, CONFIG)
+    staging.write("1/model.py", 0, MODEL[:-1] + b"!")
+    with pytest.raises(DigestMismatchError, match="sha256"):
+        staging.finish()
+    staging.abort()
+
+    staging = repository.begin("m", manifest)
+    staging.write("config.pbtxt", 0, CONFIG)
+    with pytest.raises(DigestMismatchError, match="arrived with 0 bytes"):
+        staging.finish()
+    staging.abort()
+
+    staging = repository.begin("m", manifest)
+    with pytest.raises(InvalidRequestError, match="in order"):
+        staging.write("config.pbtxt", 5, CONFIG[5:])
+    with pytest.raises(InvalidRequestError, match="not in the manifest"):
+        staging.write("other.py", 0, b"x")
+    staging.abort()
+
+    assert not (repository.root / "m").exists()
+    assert list(repository.staging_root.iterdir()) == []
+
+
+def test_a_symlink_in_an_installed_model_is_not_trusted(
+    repository: Repository, tmp_path: Path
+) -> None:
+    manifest = install(repository, {"config.pbtxt": CONFIG, "1/model.py": MODEL})
+    target = repository.root / "m" / "1" / "model.py"
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(MODEL)
+    target.unlink()
+    target.symlink_to(outside)
+    assert not repository.is_intact("m", manifest)
+    # Reinstalling replaces the tampered directory with real files.
+    install(repository, {"config.pbtxt": CONFIG, "1/model.py": MODEL})
+    assert not target.is_symlink() and target.read_bytes() == MODEL
+    assert outside.exists(), "replacing a model must never follow a link out of the repository"
+
+
+def test_a_symlinked_model_directory_is_not_an_installed_model(
+    repository: Repository, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (repository.root / "linked").symlink_to(elsewhere)
+    assert repository.installed_models() == []
+    assert repository.installed_manifest("linked") is None
+
+
+def test_remove_takes_the_directory_out_of_the_root(repository: Repository) -> None:
+    install(repository, {"config.pbtxt": CONFIG, "1/model.py": MODEL})
+    repository.remove("m")
+    assert repository.installed_models() == []
+    assert list(repository.staging_root.iterdir()) == []
+
+
+def test_not_enough_disk_is_refused_before_writing(repository: Repository) -> None:
+    huge = ManifestEntry("config.pbtxt", 1 << 60, "0" * 64)
+    with pytest.raises(ResourceExhaustedError, match="free"):
+        repository.begin("m", Manifest((huge,)))
+
+
+def test_staging_inside_the_root_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="Triton would list it"):
+        Repository(tmp_path / "models", tmp_path / "models" / ".staging").prepare()
+
+
+def test_leftovers_of_a_crashed_install_are_dropped(tmp_path: Path) -> None:
+    repo = Repository(tmp_path / "models")
+    repo.prepare()
+    leftover = repo.staging_root / "m.abc123"
+    leftover.mkdir()
+    (leftover / "config.pbtxt").write_bytes(CONFIG)
+    repo.prepare()
+    assert not leftover.exists()
+    assert list(repo.root.iterdir()) == []
