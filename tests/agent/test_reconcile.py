@@ -1,0 +1,209 @@
+"""Reconciliation against a real Triton: orphans removed, adoption after an agent restart, models
+loaded again after a Triton restart, per-model serialization, bad uploads over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+import grpc
+import kubernetes.client
+import pytest
+
+from agent.triton import READY
+from protos import agent_pb2
+from sim.apiserver import RunningApiServer
+from sim.nvml import MockNvml
+from sim.triton import TritonServer
+from tests.agent.conftest import (
+    RunningAgent,
+    agent_settings,
+    bearer,
+    eventually,
+    install_dir,
+    install_requests,
+    make_pod,
+    manifest_of,
+    start_agent,
+)
+from tests.conftest import copy_model
+
+pytestmark = pytest.mark.triton
+
+
+async def deploy(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+    model_id: str,
+) -> str:
+    """Create a pod for `model_id`, install and load it as its loader would; return its token."""
+    make_pod(kube_api, f"{model_id}-pod", model_id, gpu_uuid=running.mock.gpus[0].uuid)
+    token = apiserver.mint_token("default", f"{model_id}-pod")
+    source = copy_model("add_one", tmp_path / "src" / model_id, as_name=model_id)
+    await install_dir(running.stub, token, source, model_id)
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id=model_id), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    return token
+
+
+async def triton_state(running: RunningAgent, model_id: str) -> str:
+    entry = await running.agent.triton.state(model_id)
+    return entry.state if entry else ""
+
+
+async def test_a_force_deleted_pod_leaks_nothing(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    await deploy(running, apiserver, kube_api, tmp_path, "gone")
+    await deploy(running, apiserver, kube_api, tmp_path, "kept")
+    kubernetes.client.CoreV1Api(kube_api).delete_namespaced_pod(
+        "gone-pod", "default", grace_period_seconds=0
+    )
+
+    async def removed() -> bool:
+        return not (model_repository / "gone").exists() and await triton_state(running, "gone") in (
+            "",
+            "UNAVAILABLE",
+        )
+
+    await eventually(removed, what="the orphan model to be unloaded and removed")
+    assert await triton_state(running, "kept") == READY
+    assert (model_repository / "kept").exists()
+
+
+async def test_an_agent_restart_adopts_loaded_models_and_a_triton_restart_reloads_them(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    token = await deploy(running, apiserver, kube_api, tmp_path, "m")
+    await running.stop()
+
+    second = await start_agent(agent_settings(kubeconfig, triton, model_repository), mock_nvml)
+    try:
+        await eventually(lambda: second.agent.reconciler.passes >= 2, what="two passes")
+        status = await second.stub.GetModel(
+            agent_pb2.GetModelRequest(model_id="m"), metadata=bearer(token)
+        )
+        assert status.state == agent_pb2.MODEL_STATE_READY
+        assert status.gpu_uuid == mock_nvml.gpus[0].uuid, "adopted with the pod's GPU"
+        assert status.pod == "default/m-pod"
+        registry = second.agent.metrics.registry
+        count = registry.get_sample_value("tritonshare_agent_load_duration_seconds_count")
+        assert count == 0, "an adopted model is not loaded again"
+        assert second.agent.metrics.reconciles.labels("adopted")._value.get() == 1
+
+        triton.kill()
+        await eventually(lambda: not second.agent.reconciler.triton_live, what="Triton down")
+        triton.start()
+
+        async def ready_again() -> bool:
+            return await triton_state(second, "m") == READY
+
+        await eventually(ready_again, what="the model READY again after Triton restarted")
+        assert second.agent.metrics.reconciles.labels("reloaded")._value.get() >= 1
+    finally:
+        await second.stop()
+
+
+async def test_concurrent_requests_for_one_model_are_serialized(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    token = await deploy(running, apiserver, kube_api, tmp_path, "busy")
+    request = agent_pb2.LoadModelRequest(model_id="busy")
+    unload = agent_pb2.UnloadModelRequest(model_id="busy")
+    results = await asyncio.gather(
+        running.stub.UnloadModel(unload, metadata=bearer(token)),
+        running.stub.LoadModel(request, metadata=bearer(token)),
+        return_exceptions=True,
+    )
+    # Whatever the order, each call saw a whole state, never a half-unloaded model.
+    unloaded, loaded = results
+    assert not isinstance(unloaded, BaseException)
+    assert unloaded.state == agent_pb2.MODEL_STATE_ABSENT
+    if isinstance(loaded, grpc.aio.AioRpcError):
+        assert loaded.code() == grpc.StatusCode.NOT_FOUND
+    else:
+        assert not isinstance(loaded, BaseException)
+        assert loaded.state == agent_pb2.MODEL_STATE_READY
+
+
+async def test_bad_uploads_are_refused_and_leave_nothing(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    make_pod(kube_api, "bad-pod", "bad")
+    token = apiserver.mint_token("default", "bad-pod")
+    source = copy_model("add_one", tmp_path / "src")  # config.pbtxt still says add_one
+
+    with pytest.raises(grpc.aio.AioRpcError) as misnamed:
+        await install_dir(running.stub, token, source, "bad")
+    assert misnamed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "names the model 'add_one'" in (misnamed.value.details() or "")
+
+    files = manifest_of(source)
+    corrupt = [(p, s, hashlib.sha256(b"other").hexdigest() if p == "config.pbtxt" else h)
+               for p, s, h in files]  # fmt: skip
+    with pytest.raises(grpc.aio.AioRpcError) as mismatch:
+        await running.stub.InstallModel(
+            install_requests("bad", corrupt, lambda p: (source / p).read_bytes()),
+            metadata=bearer(token),
+        )
+    assert mismatch.value.code() == grpc.StatusCode.DATA_LOSS
+
+    escaping = [("../../escape", 1, hashlib.sha256(b"x").hexdigest()), *files]
+    with pytest.raises(grpc.aio.AioRpcError) as escape:
+        await running.stub.InstallModel(
+            install_requests("bad", escaping, lambda p: b"x"), metadata=bearer(token)
+        )
+    assert escape.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "escape" in (escape.value.details() or "")
+
+    assert not (model_repository / "bad").exists()
+    assert not (tmp_path.parent / "escape").exists()
+    staging = model_repository.parent / ".tritonshare-staging"
+    assert list(staging.iterdir()) == []
+
+    with pytest.raises(grpc.aio.AioRpcError) as not_installed:
+        await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="bad"), metadata=bearer(token)
+        )
+    assert not_installed.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_triton_rejecting_a_model_is_reported_with_its_reason(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    make_pod(kube_api, "broken-pod", "broken")
+    token = apiserver.mint_token("default", "broken-pod")
+    source = copy_model("add_one", tmp_path / "src", as_name="broken")
+    (source / "1" / "model.py").write_text("raise RuntimeError('this model cannot start')\n")
+    await install_dir(running.stub, token, source, "broken")
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="broken"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_FAILED
+    assert "this model cannot start" in status.reason
