@@ -1,0 +1,246 @@
+"""Scale of the simulated API server: 5,000 nodes and 50,000 pods, as the binder and agents see it.
+
+Starts `python -m sim.apiserver` as its own process (so its RSS is its own), loads the nodes and
+pods over raw HTTP with many requests in flight, then measures through the official `kubernetes`
+client:
+- a full pod list (all 50,000), both the server's answer (raw bytes, `_preload_content=False`)
+  and the client's full model deserialisation;
+- a node-scoped pod list (`fieldSelector=spec.nodeName=X`, ~10 pods of 50,000), as an agent does;
+- watch latency: time from a create call's return to the ADDED event on an open watch;
+- the server's resident memory.
+Medians (and p95 where it helps) over rounds; single absolute times on a shared machine are noise.
+
+Run: .venv/bin/python -m benchmarks.sim_apiserver [--nodes 5000 --pods 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import operator
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import aiohttp
+import kubernetes.client
+import kubernetes.watch
+import psutil
+
+NAMESPACE = "default"
+
+
+def node_body(i: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": f"node-{i:05d}",
+            "labels": {"kubernetes.io/hostname": f"node-{i:05d}", "pool": f"p{i % 7}"},
+            "annotations": {"tritonshare.io/gpu-mem-total": str(16 * 1024**3)},
+        },
+        "status": {"capacity": {"cpu": "32", "memory": "128Gi"}},
+    }
+
+
+def pod_body(i: int, nodes: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"model-{i:06d}",
+            "labels": {"app": f"model-{i % 500}"},
+            "annotations": {"tritonshare.io/model-id": f"model-{i:06d}"},
+        },
+        "spec": {
+            "schedulerName": "tritonshare",
+            "nodeName": f"node-{i % nodes:05d}",
+            "containers": [
+                {
+                    "name": "proxy",
+                    "image": "tritonshare/proxy:latest",
+                    "resources": {"limits": {"tritonshare.io/gpu-mem": "1Gi"}},
+                }
+            ],
+        },
+    }
+
+
+async def bulk_create(
+    url: str, path: str, bodies: list[dict[str, Any]], in_flight: int = 64
+) -> float:
+    """POST every body with `in_flight` requests at once; returns objects per second."""
+    connector = aiohttp.TCPConnector(limit=in_flight)
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(connector=connector) as session:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        for body in bodies:
+            queue.put_nowait(body)
+
+        async def worker() -> None:
+            while not queue.empty():
+                body = queue.get_nowait()
+                async with session.post(url + path, json=body) as response:
+                    if response.status != 201:
+                        raise RuntimeError(
+                            f"create failed: {response.status} {await response.text()}"
+                        )
+                    await response.read()
+
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return len(bodies) / (time.perf_counter() - started)
+
+
+def timed(function: Callable[[], Any], rounds: int) -> list[float]:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def describe(name: str, seconds: list[float]) -> None:
+    ordered = sorted(seconds)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    print(
+        f"{name:<48} median {statistics.median(seconds) * 1000:9.2f} ms"
+        f"   p95 {p95 * 1000:9.2f} ms   (n={len(seconds)})"
+    )
+
+
+def watch_latency(api: kubernetes.client.ApiClient, samples: int, nodes: int) -> list[float]:
+    """Create pods one by one; time from sending each create to seeing its ADDED event."""
+    v1: Any = kubernetes.client.CoreV1Api(api)
+    start = v1.list_namespaced_pod(NAMESPACE, limit=1).metadata.resource_version
+    seen: dict[str, float] = {}
+    arrived = threading.Condition()
+    w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+
+    def consume() -> None:
+        for event in w.stream(
+            v1.list_namespaced_pod, NAMESPACE, resource_version=start, timeout_seconds=600
+        ):
+            with arrived:
+                seen[event["raw_object"]["metadata"]["name"]] = time.perf_counter()
+                arrived.notify_all()
+            if len(seen) >= samples:
+                w.stop()
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    latencies = []
+    for i in range(samples):
+        body = pod_body(1_000_000 + i, nodes)
+        name = body["metadata"]["name"]
+        sent = time.perf_counter()
+        v1.create_namespaced_pod(NAMESPACE, body, _preload_content=False)
+        with arrived:
+            if not arrived.wait_for(partial(operator.contains, seen, name), timeout=30):
+                raise RuntimeError(f"no watch event for {name} within 30 s")
+            latencies.append(seen[name] - sent)
+    thread.join(timeout=30)
+    return latencies
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=50000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sim.apiserver", "--port", "0", "--log-level", "WARNING"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().rsplit(" ", 1)[1].strip()
+        process = psutil.Process(server.pid)
+        idle_rss = process.memory_info().rss
+        print(
+            f"simulated API server at {url} (pid {server.pid}), idle RSS {idle_rss / 2**20:.0f} MiB"
+        )
+        rate = asyncio.run(
+            bulk_create(url, "/api/v1/nodes", [node_body(i) for i in range(args.nodes)])
+        )
+        print(f"created {args.nodes} nodes at {rate:,.0f}/s")
+        rate = asyncio.run(
+            bulk_create(
+                url,
+                f"/api/v1/namespaces/{NAMESPACE}/pods",
+                [pod_body(i, args.nodes) for i in range(args.pods)],
+            )
+        )
+        print(f"created {args.pods} pods at {rate:,.0f}/s")
+        loaded_rss = process.memory_info().rss
+        configuration = kubernetes.client.Configuration()
+        configuration.host = url
+        with kubernetes.client.ApiClient(configuration) as api:
+            v1: Any = kubernetes.client.CoreV1Api(api)
+            rounds = args.rounds
+            full = v1.list_pod_for_all_namespaces(_preload_content=False)
+            assert len(json.loads(full.data)["items"]) == args.pods
+            print(f"a full pod list is {len(full.data) / 2**20:.1f} MiB of JSON")
+
+            def raw_full_list() -> None:
+                response = v1.list_pod_for_all_namespaces(_preload_content=False)
+                assert len(response.data) > 0
+
+            def typed_full_list() -> None:
+                assert len(v1.list_pod_for_all_namespaces().items) == args.pods
+
+            node_names = [f"node-{(i * 97) % args.nodes:05d}" for i in range(50)]
+
+            def node_list() -> None:
+                for node in node_names:
+                    pods = v1.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+                    assert len(pods.items) == args.pods // args.nodes
+
+            def paged_list() -> None:
+                token, count = None, 0
+                while True:
+                    page = v1.list_pod_for_all_namespaces(
+                        limit=500, _continue=token, _preload_content=False
+                    )
+                    body = json.loads(page.data)
+                    count += len(body["items"])
+                    token = body["metadata"].get("continue")
+                    if not token:
+                        break
+                assert count == args.pods
+
+            def node_list_all() -> None:
+                assert len(v1.list_node().items) == args.nodes
+
+            describe("full pod list, raw bytes (server + transfer)", timed(raw_full_list, rounds))
+            describe("full pod list, paged by 500 (raw JSON)", timed(paged_list, args.rounds))
+            describe("full node list, official client models", timed(node_list_all, args.rounds))
+            per_node = [t / len(node_names) for t in timed(node_list, args.rounds)]
+            describe("node-scoped pod list (official client)", per_node)
+            describe("full pod list, official client models", timed(typed_full_list, 1))
+            latencies = watch_latency(api, 200, args.nodes)
+            describe("watch latency, create sent -> ADDED seen", latencies)
+        final_rss = process.memory_info().rss
+        print(
+            f"server RSS: idle {idle_rss / 2**20:.0f} MiB, loaded {loaded_rss / 2**20:.0f} MiB,"
+            f" after measuring {final_rss / 2**20:.0f} MiB"
+            f" ({(loaded_rss - idle_rss) / (args.nodes + args.pods) / 1024:.1f} KiB per object)"
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        if server.stdout is not None:
+            server.stdout.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
