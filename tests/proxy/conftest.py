@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import shutil
 import threading
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -141,3 +142,12 @@ def proxy(served_triton: TritonServer) -> Iterator[RunningProxy]:
     """A proxy for add_one in front of the shared Triton."""
     with running_proxy(proxy_settings(served_triton)) as running:
         yield running
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, within: float = 20.0) -> None:
+    """Poll `predicate` until it holds; fail saying `what` did not happen `within` seconds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within:g} s")
+        await asyncio.sleep(0.02)
