@@ -1,0 +1,403 @@
+"""A whole simulated tritonshare cluster on one machine, for the demo and the end-to-end test.
+
+Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
+Node objects (as kubelets would register them), a real Triton on the CPU for the one node whose
+pods run for real, one agent per node (`python -m sim.agent_node`, mock NVML), the binder replicas
+(`python -m binder`), the local node's kubelet and a hollow kubelet for the other nodes. Every
+process logs to a file under the work directory. A part that is not in the tree yet is reported in
+`missing` and left out; nothing pretends to be it. It must not create model pods: that is the
+caller's scenario.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+
+from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
+from sim.apiserver import RunningApiServer, start_in_thread
+from sim.kubelet import HollowKubelet, Kubelet
+from sim.triton import TritonServer, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+# The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
+TRITON_ADMIN_HEADER = "tritonshare-admin-key:local"
+KEYS = Keys()
+
+
+class ClusterError(RuntimeError):
+    """A part of the simulated cluster did not come up; the message says which and where its log
+    is."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One simulated GPU node."""
+
+    name: str
+    gpus: str
+    """Mock NVML spec, such as 2xT4 or 1xA100-80GB."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, str], ...] = ()
+    real: bool = False
+    """Served by a real Triton and the local kubelet (its pods run as processes)."""
+
+
+@dataclass
+class ManagedProcess:
+    """A child process with its log file; stopped with SIGTERM, then SIGKILL."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: Mapping[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen(
+                list(self.argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=REPO,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL; the exit code (None if never run)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        return self.process.returncode
+
+
+@dataclass
+class AgentHandle:
+    node: str
+    process: ManagedProcess
+    grpc: str = ""
+    http: str = ""
+
+
+@dataclass
+class BinderHandle:
+    identity: str
+    process: ManagedProcess
+    http: str
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, on_fail: str = "") -> Any:
+    """Poll `check` until it returns something truthy; ClusterError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise ClusterError(f"{what} did not happen within {timeout:.0f} s. {on_fail}".strip())
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+            return int(response.status) == 200
+    except OSError:
+        return False
+
+
+def _started_or_dead(process: ManagedProcess, started: Callable[[], bool]) -> bool:
+    return started() or not process.alive()
+
+
+def available(module: str) -> bool:
+    """True when `python -m <module>` can run from this tree."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+class SimCluster:
+    """Start with start(), stop with stop() (also on failure); or use as a context manager."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: Sequence[NodeSpec],
+        *,
+        binders: int = 2,
+        say: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        if sum(1 for n in nodes if n.real) > 1:
+            raise ValueError("at most one node can be served by the real Triton")
+        self.workdir = workdir
+        self.nodes = list(nodes)
+        self.binder_count = binders
+        self.say = say
+        self.missing: list[str] = []
+        self.apiserver: RunningApiServer | None = None
+        self.kubeconfig = workdir / "kubeconfig"
+        self.kube: kubernetes.client.ApiClient | None = None
+        self.triton: TritonServer | None = None
+        self.agents: dict[str, AgentHandle] = {}
+        self.binders: list[BinderHandle] = []
+        self.kubelet: Kubelet | None = None
+        self.hollow: HollowKubelet | None = None
+        self._kubelet_clients: list[kubernetes.client.ApiClient] = []
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(self.kubeconfig)}
+
+    @property
+    def core(self) -> Any:
+        """CoreV1Api of the cluster, untyped (callers pass and read raw dicts)."""
+        assert self.kube is not None
+        return cast(Any, kubernetes.client.CoreV1Api(self.kube))
+
+    @property
+    def real_node(self) -> NodeSpec | None:
+        return next((n for n in self.nodes if n.real), None)
+
+    def start(self) -> None:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.apiserver = start_in_thread()
+        self.apiserver.write_kubeconfig(self.kubeconfig)
+        self.kube = self.apiserver.api_client()
+        self.say(f"Simulated Kubernetes API server is up at {self.apiserver.url}.")
+        for node in self.nodes:
+            self._register(node)
+        self.say(f"Registered {len(self.nodes)} GPU nodes (as their kubelets would).")
+        if self.real_node is not None:
+            self.triton = TritonServer(
+                self.workdir / "triton" / "models",
+                restricted=True,
+                log_path=self.workdir / "logs" / "tritonserver.log",
+            )
+            self.triton.model_repository.mkdir(parents=True, exist_ok=True)
+            self.triton.start()
+            self.say(
+                f"A real Triton 2.51 is serving node {self.real_node.name} on the CPU "
+                f"(HTTP {self.triton.http_url}, gRPC {self.triton.grpc_url}; admin APIs "
+                "restricted)."
+            )
+        self._start_agents()
+        self._start_binders()
+        self._start_kubelets()
+
+    def _register(self, node: NodeSpec) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node.name,
+                "labels": {"kubernetes.io/hostname": node.name, **node.labels},
+            },
+            "spec": {"taints": [dict(t) for t in node.taints]} if node.taints else {},
+        }
+        self.core.create_node(body, _preload_content=False)
+        status = {
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "capacity": {"cpu": "8", "memory": "64Gi", "pods": "110"},
+                "allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"},
+            }
+        }
+        self.core.patch_node_status(node.name, status, _preload_content=False)
+
+    def _start_agents(self) -> None:
+        if not (available("agent.__main__") and available("sim.agent_node")):
+            self.missing.append("agent (python -m agent / sim.agent_node is not in the tree yet)")
+            return
+        for node in self.nodes:
+            node_dir = self.workdir / "nodes" / node.name
+            node_dir.mkdir(parents=True, exist_ok=True)
+            ports_file = node_dir / "agent-ports.json"
+            if node.real and self.triton is not None:
+                repository, triton_url = self.triton.model_repository, self.triton.http_url
+            else:
+                # No Triton here: the agent publishes GPUs and liveness; nothing is loaded.
+                repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
+                repository.mkdir(parents=True, exist_ok=True)
+            argv = [
+                sys.executable, "-m", "sim.agent_node", "--gpus", node.gpus, "--",
+                "--node-name", node.name,
+                "--kubeconfig", str(self.kubeconfig),
+                "--model-repository", str(repository),
+                "--triton-http-url", triton_url,
+                "--triton-admin-header", TRITON_ADMIN_HEADER,
+                "--listen-grpc", "127.0.0.1:0",
+                "--listen-http", "127.0.0.1:0",
+                "--ports-file", str(ports_file),
+                "--cpu-only",
+            ]  # fmt: skip
+            process = ManagedProcess(
+                f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
+            )
+            process.start(self.env)
+            self.agents[node.name] = AgentHandle(node.name, process)
+        for name, handle in self.agents.items():
+            ports_file = self.workdir / "nodes" / name / "agent-ports.json"
+            wait_until(
+                f"the agent of node {name} serving",
+                partial(_started_or_dead, handle.process, ports_file.exists),
+                60,
+            )
+            if not handle.process.alive():
+                raise ClusterError(
+                    f"the agent of node {name} exited while starting; its log "
+                    f"({handle.process.log_path}) ends:\n{handle.process.log_tail()}"
+                )
+            ports = json.loads(ports_file.read_text())
+            handle.grpc, handle.http = ports["grpc"], ports["http"]
+        for name in self.agents:
+            wait_until(
+                f"node {name}'s GPUs published by its agent",
+                partial(self._has_gpus, name),
+                60,
+                f"See {self.agents[name].process.log_path}.",
+            )
+            wait_until(
+                f"node {name}'s agent lease", partial(self._lease, agent_lease_name(name)), 60
+            )
+        self.say(f"{len(self.agents)} agents are publishing their GPUs and renewing their leases.")
+
+    def _start_binders(self) -> None:
+        if not available("binder.__main__"):
+            self.missing.append("binder (python -m binder is not in the tree yet)")
+            return
+        for i in range(self.binder_count):
+            identity = f"binder-{i}"
+            http = f"127.0.0.1:{free_port()}"
+            argv = [
+                sys.executable, "-m", "binder",
+                "--kubeconfig", str(self.kubeconfig),
+                "--listen-http", http,
+                "--identity", identity,
+            ]  # fmt: skip
+            process = ManagedProcess(identity, argv, self.workdir / "logs" / f"{identity}.log")
+            process.start(self.env)
+            self.binders.append(BinderHandle(identity, process, http))
+        for binder in self.binders:
+            wait_until(
+                f"{binder.identity} answering /healthz",
+                partial(
+                    _started_or_dead,
+                    binder.process,
+                    partial(http_ok, f"http://{binder.http}/healthz"),
+                ),
+                60,
+            )
+            if not binder.process.alive():
+                raise ClusterError(
+                    f"{binder.identity} exited while starting; its log ends:\n"
+                    f"{binder.process.log_tail()}"
+                )
+        wait_until("a binder leader elected", self.binder_leader, 60)
+        self.say(f"{len(self.binders)} binders are running; {self.binder_leader()} is the leader.")
+
+    def _start_kubelets(self) -> None:
+        assert self.apiserver is not None
+        real = self.real_node
+        if real is not None:
+            api = self.apiserver.api_client()
+            self._kubelet_clients.append(api)
+            self.kubelet = Kubelet(api, real.name, self.workdir / "kubelet", base_env=self.env)
+            self.kubelet.start()
+        hollow = [n.name for n in self.nodes if not n.real]
+        if hollow:
+            api = self.apiserver.api_client()
+            self._kubelet_clients.append(api)
+            self.hollow = HollowKubelet(api, hollow)
+            self.hollow.start()
+        self.say(
+            f"The kubelet of {real.name if real else 'no node'} runs its pods as processes; "
+            f"a hollow kubelet marks pods on {', '.join(hollow) or 'no node'} Running without "
+            "running them."
+        )
+
+    def _has_gpus(self, name: str) -> bool:
+        return KEYS.gpus in self._node(name)["metadata"].get("annotations", {})
+
+    def _node(self, name: str) -> dict[str, Any]:
+        response = self.core.read_node(name, _preload_content=False)
+        node: dict[str, Any] = json.loads(response.data)
+        return node
+
+    def _lease(self, name: str) -> dict[str, Any] | None:
+        assert self.kube is not None
+        api = cast(Any, kubernetes.client.CoordinationV1Api(self.kube))
+        try:
+            response = api.read_namespaced_lease(
+                name, DEFAULT_SYSTEM_NAMESPACE, _preload_content=False
+            )
+        except kubernetes.client.exceptions.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        lease: dict[str, Any] = json.loads(response.data)
+        return lease
+
+    def binder_leader(self) -> str:
+        """The identity holding the binder leader lease ('' when none)."""
+        lease = self._lease("tritonshare-binder")
+        return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+    def stop(self) -> None:
+        """Stop everything, last started first. Safe to call on a half-started cluster."""
+        if self.hollow is not None:
+            self.hollow.stop()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        for api in self._kubelet_clients:
+            api.close()  # type: ignore[no-untyped-call]
+        for binder in self.binders:
+            binder.process.stop()
+        for agent in self.agents.values():
+            agent.process.stop()
+        if self.triton is not None:
+            self.triton.stop()
+        if self.kube is not None:
+            self.kube.close()  # type: ignore[no-untyped-call]
+        if self.apiserver is not None:
+            self.apiserver.stop()
+
+    def __enter__(self) -> SimCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,362 @@
+"""`make demo`: tritonshare end to end on a simulated cluster, with a real Triton on the CPU.
+
+Starts the cluster of `sim.scenario` (four GPU nodes in three pools, one tainted; an agent per
+node; two binders; the local node's kubelet), creates the model pods, waits for the binder to
+place them, sends inferences through the proxies of the pods that run for real, and prints what a
+newcomer should see: nodes, GPUs and the models on each, the pending pods with the binder's
+reasons, and a metrics summary. Then it deletes the model pods (the proxies drain and unload their
+models), stops everything and exits 0. `run_demo` returns the facts for the end-to-end test.
+Whatever part of the product is missing from the tree is said plainly, never simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.contract import Keys
+from common.quantity import format_bytes, parse_quantity
+from sim.cluster import ClusterError, SimCluster, wait_until
+from sim.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
+from sim.triton import free_port
+
+KEYS = Keys()
+Say = Callable[[str], None]
+
+
+@dataclass
+class DemoResult:
+    """What happened, for the end-to-end test and the summary."""
+
+    missing: list[str] = field(default_factory=list)
+    placements: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """pod -> (node, GPU UUID) for every bound pod."""
+    pending: dict[str, str] = field(default_factory=dict)
+    """pod -> the PodScheduled condition's message."""
+    served: list[str] = field(default_factory=list)
+    """Pods that ran for real on the node with Triton and became Ready."""
+    inferences: dict[str, list[float]] = field(default_factory=dict)
+    isolation_refused: bool = False
+    leader: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    loaded_after_shutdown: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _pod(cluster: SimCluster, name: str) -> dict[str, Any] | None:
+    try:
+        response = cluster.core.read_namespaced_pod(name, NAMESPACE, _preload_content=False)
+    except Exception:
+        return None
+    pod: dict[str, Any] = json.loads(response.data)
+    return pod
+
+
+def _condition(pod: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for c in (pod or {}).get("status", {}).get("conditions", []) or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return {}
+
+
+def _create_pods(cluster: SimCluster) -> dict[str, PodPorts]:
+    node = cluster.real_node
+    assert node is not None and cluster.triton is not None
+    agent = cluster.agents.get(node.name)
+    agent_port = int(agent.grpc.rpartition(":")[2]) if agent else free_port()
+    cluster.core.create_namespace(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        _preload_content=False,
+    )
+    ports: dict[str, PodPorts] = {}
+    for pod in PODS:
+        ports[pod.name] = PodPorts(free_port(), free_port(), free_port())
+        manifest = model_pod_manifest(
+            pod,
+            ports[pod.name],
+            agent_port=agent_port,
+            triton_http_port=cluster.triton.http_port,
+            triton_grpc_port=cluster.triton.grpc_port,
+        )
+        cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
+    return ports
+
+
+def _wait_for_placement(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    def decided() -> bool:
+        for pod in PODS:
+            current = _pod(cluster, pod.name)
+            node = (current or {}).get("spec", {}).get("nodeName")
+            scheduled = _condition(current, "PodScheduled")
+            if node:
+                gpu = (current or {})["metadata"].get("annotations", {}).get(KEYS.gpu, "")
+                result.placements[pod.name] = (node, gpu)
+            elif scheduled.get("status") == "False":
+                result.pending[pod.name] = str(scheduled.get("message", ""))
+            else:
+                return False
+        return True
+
+    wait_until("the binder deciding every model pod", decided, 60)
+    say(f"The binder placed {len(result.placements)} pods and explained {len(result.pending)}.")
+
+
+def _wait_for_ready(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    real = cluster.real_node
+    assert real is not None
+    local = [p for p, (node, _) in result.placements.items() if node == real.name]
+    say(
+        f"On {real.name}, each pod's loader streams its model to the agent, which loads it into "
+        f"Triton pinned to the chosen GPU; then the proxy starts: {', '.join(local)}."
+    )
+
+    def ready() -> bool:
+        for name in local:
+            pod = _pod(cluster, name)
+            failed = [
+                s
+                for s in (pod or {}).get("status", {}).get("initContainerStatuses", []) or []
+                if s.get("restartCount", 0) > 0
+            ]
+            if failed:
+                message = failed[0].get("lastState", {}).get("terminated", {}).get("message", "")
+                raise ClusterError(f"pod {name}: {failed[0]['name']} failed: {message}")
+            if _condition(pod, "Ready").get("status") != "True":
+                return False
+        return True
+
+    wait_until("the model pods on the real node becoming Ready", ready, 120)
+    result.served = local
+
+
+def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    ids = {p.name: p.model_id for p in PODS}
+    for name in result.served:
+        port = ports[name]
+        model = ids[name]
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{port.http}")
+        try:
+            source = next(p.source for p in PODS if p.name == name)
+            data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+            if source == "add_one":
+                tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+                output = "OUTPUT0"
+            else:
+                data = data[0]
+                tensor = httpclient.InferInput("INPUT_FP32", list(data.shape), "FP32")
+                output = "OUTPUT_FP32"
+            tensor.set_data_from_numpy(data)
+            answer = http.infer(model, [tensor]).as_numpy(output)
+            result.inferences[name] = [float(x) for x in answer.reshape(-1)]
+            sent, got = data.reshape(-1).tolist(), answer.reshape(-1).tolist()
+            say(f"  REST {name}: {model}({sent}) = {got}")
+            if source == "add_one":
+                with grpcclient.InferenceServerClient(f"127.0.0.1:{port.grpc}") as grpc:
+                    g = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+                    g.set_data_from_numpy(data)
+                    out = grpc.infer(model, [g]).as_numpy("OUTPUT0").reshape(-1).tolist()
+                    say(f"  gRPC {name}: {model}({data.reshape(-1).tolist()}) = {out}")
+            other = next((ids[n] for n in result.served if n != name), None)
+            if other is not None:
+                try:
+                    http.get_model_metadata(other)
+                except InferenceServerException as e:
+                    result.isolation_refused = True
+                    say(
+                        f"  {name}'s proxy refuses model {other!r} (another tenant's): "
+                        f"{str(e).splitlines()[0][:90]}"
+                    )
+        finally:
+            http.close()
+
+
+def _scrape(address: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_created")):
+                continue
+            key = sample.name
+            if "result" in sample.labels:
+                key += f"{{result={sample.labels['result']}}}"
+            totals[key] = totals.get(key, 0.0) + float(sample.value)
+    return totals
+
+
+def _metrics(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult) -> None:
+    leader = next((b for b in cluster.binders if b.identity == result.leader), None)
+    sources = []
+    if leader is not None:
+        sources.append(leader.http)
+    real = cluster.real_node
+    if real is not None and real.name in cluster.agents:
+        sources.append(cluster.agents[real.name].http)
+    sources += [f"127.0.0.1:{ports[name].metrics}" for name in result.served]
+    for address in sources:
+        try:
+            for key, value in _scrape(address).items():
+                result.metrics[key] = result.metrics.get(key, 0.0) + value
+        except OSError:
+            continue
+
+
+def _print_tables(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    pods_by_gpu: dict[str, list[tuple[str, int]]] = {}
+    for name, (_, gpu) in result.placements.items():
+        pod = next(p for p in PODS if p.name == name)
+        pods_by_gpu.setdefault(gpu, []).append((pod.model_id, parse_quantity(pod.gpu_mem)))
+    say("")
+    say("NODE          POOL / TAINT                          GPU                        "
+        "CAPACITY  ALLOCATED  FREE      MODELS")  # fmt: skip
+    for spec in cluster.nodes:
+        node = json.loads(cluster.core.read_node(spec.name, _preload_content=False).data)
+        gpus = json.loads(node["metadata"].get("annotations", {}).get(KEYS.gpus, "[]"))
+        pool = spec.labels.get("k8s.amazonaws.com/accelerator", "")
+        taint = " +taint nvidia.com/gpu" if spec.taints else ""
+        where = f"{pool}{taint}" + (" (real Triton)" if spec.real else "")
+        for i, gpu in enumerate(gpus):
+            placed = pods_by_gpu.get(gpu["uuid"], [])
+            used = sum(size for _, size in placed)
+            label = f"{gpu['index']}: {gpu['product']}"[:26]
+            models = ", ".join(f"{m} ({format_bytes(s)})" for m, s in placed) or "-"
+            say(
+                f"{spec.name if i == 0 else '':<13} {where if i == 0 else '':<37} {label:<26} "
+                f"{format_bytes(gpu['memory']):<9} {format_bytes(used):<10} "
+                f"{format_bytes(gpu['memory'] - used):<9} {models}"
+            )
+    say("")
+    for name, message in result.pending.items():
+        pod = next(p for p in PODS if p.name == name)
+        say(f"PENDING {name} ({pod.gpu_mem}): {message}")
+
+
+def run_demo(workdir: Path, say: Say = print) -> DemoResult:
+    """Run the whole scenario in `workdir`; returns what happened. Raises ClusterError if a part
+    fails to come up or a pod fails, with the log to read."""
+    started = time.monotonic()
+    result = DemoResult()
+    with SimCluster(workdir, NODES, binders=2, say=say) as cluster:
+        result.missing = list(cluster.missing)
+        for missing in cluster.missing:
+            say(f"MISSING: {missing}; the demo runs without it.")
+        result.leader = cluster.binder_leader()
+        say("")
+        say("Model pods, as a user (or KServe) writes them: schedulerName tritonshare, a GPU "
+            "memory limit, a model id:")  # fmt: skip
+        for pod in PODS:
+            say(f"  {pod.name:<11} {pod.gpu_mem:>5}  {pod.story}")
+        ports = _create_pods(cluster)
+        if cluster.binders:
+            _wait_for_placement(cluster, result, say)
+        else:
+            say("No binder is running, so the model pods stay Pending; nothing more to show.")
+        if result.placements and cluster.kubelet is not None:
+            _wait_for_ready(cluster, result, say)
+            say("Inferences through the proxies (tritonclient, REST and gRPC):")
+            _infer(ports, result, say)
+            _metrics(cluster, ports, result)
+        _print_tables(cluster, result, say)
+        _summarize_metrics(result, say)
+        say("")
+        say("Deleting the model pods: each proxy drains, asks its agent to unload, and exits.")
+        for pod in PODS:
+            cluster.core.delete_namespaced_pod(pod.name, NAMESPACE, _preload_content=False)
+        wait_until(
+            "the model pods to be gone",
+            lambda: all(_pod(cluster, p.name) is None for p in PODS),
+            90,
+        )
+        result.loaded_after_shutdown = _loaded_models(cluster)
+        say(
+            "Triton has no model left loaded."
+            if not result.loaded_after_shutdown
+            else f"Still loaded in Triton: {result.loaded_after_shutdown}"
+        )
+        say("Stopping the binders, the agents, Triton and the API server.")
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _loaded_models(cluster: SimCluster) -> list[str]:
+    if cluster.triton is None:
+        return []
+    request = urllib.request.Request(
+        f"http://{cluster.triton.http_url}/v2/repository/index",
+        data=b"{}",
+        headers={"tritonshare-admin-key": "local"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+        index = json.loads(response.read())
+    return [m["name"] for m in index if m.get("state") == "READY"]
+
+
+def _summarize_metrics(result: DemoResult, say: Say) -> None:
+    if not result.metrics:
+        return
+    m = result.metrics
+    say("")
+    say("Metrics (scraped from the leader binder, the real node's agent and the proxies):")
+    attempts = "tritonshare_binder_schedule_attempts_total"
+    rows = [
+        ("binder: pods scheduled", f"{attempts}{{result=scheduled}}"),
+        ("binder: unschedulable attempts", f"{attempts}{{result=unschedulable}}"),
+        ("binder: pods pending now", "tritonshare_binder_pending_pods"),
+        ("agent: models loaded", "tritonshare_agent_models_loaded"),
+        ("agent: model loads (count)", "tritonshare_agent_load_duration_seconds_count"),
+        ("agent: seconds spent loading", "tritonshare_agent_load_duration_seconds_sum"),
+        ("proxies: requests answered", "tritonshare_proxy_requests_total"),
+    ]  # fmt: skip
+    for label, key in rows:
+        if key in m:
+            say(f"  {label:<32} {m[key]:g}")
+    latency_sum = m.get("tritonshare_binder_scheduling_latency_seconds_sum")
+    latency_count = m.get("tritonshare_binder_scheduling_latency_seconds_count")
+    if latency_sum is not None and latency_count:
+        say(f"  {'binder: mean creation-to-bind':<32} {latency_sum / latency_count * 1000:.0f} ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.demo", description=__doc__)
+    parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tritonshare-demo-"))
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    say("tritonshare demo: many models share GPUs; one Triton per GPU node serves them all.")
+    try:
+        result = run_demo(workdir, say)
+    except ClusterError as e:
+        say(f"\nThe demo failed: {e}\nEvery process's log is in {workdir / 'logs'}.")
+        return 1
+    say("")
+    if result.missing:
+        say(f"Done in {result.seconds:.0f} s, WITHOUT: {'; '.join(result.missing)}.")
+    else:
+        say(f"Done in {result.seconds:.0f} s. Logs of every process: {workdir / 'logs'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

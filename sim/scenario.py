@@ -1,0 +1,264 @@
+"""The demo's cluster and model pods: what `make demo` and the end-to-end test create.
+
+Owns the node pools (labels and the nvidia.com/gpu taint as KServe users set them up), the model
+pods (GPU memory, model id, selectors, tolerations and affinity as users write them) and the pod
+manifest they share with deploy/example: a storage-initializer-style init container, the loader
+with its projected agent-audience token, and the proxy with a readiness probe and preStop. Pure:
+it builds dicts and starts nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.contract import DEFAULT_AGENT_AUDIENCE, DEFAULT_SCHEDULER_NAME, Keys
+from sim.cluster import NodeSpec
+
+KEYS = Keys()
+NAMESPACE = "models"
+SERVICE_ACCOUNT = "tritonshare-model"
+MODELS_DIR = Path(__file__).resolve().parent.parent / "tests" / "models"
+ACCELERATOR = "k8s.amazonaws.com/accelerator"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+NODES = (
+    NodeSpec(
+        "t4-node-0",
+        "2xT4",
+        {ACCELERATOR: "nvidia-tesla-t4", "topology.kubernetes.io/zone": "zone-a"},
+        real=True,
+    ),
+    NodeSpec(
+        "l4-node-0", "1xL4", {ACCELERATOR: "nvidia-l4", "topology.kubernetes.io/zone": "zone-b"}
+    ),
+    NodeSpec(
+        "a100-node-0",
+        "1xA100-80GB",
+        {ACCELERATOR: "nvidia-a100", "pool": "premium", "topology.kubernetes.io/zone": "zone-a"},
+        (GPU_TAINT,),
+    ),
+    NodeSpec(
+        "a100-node-1",
+        "1xA100-80GB",
+        {ACCELERATOR: "nvidia-a100", "pool": "premium", "topology.kubernetes.io/zone": "zone-b"},
+        (GPU_TAINT,),
+    ),
+)
+
+_PREMIUM_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["premium"]}]}
+            ]
+        }
+    }
+}
+
+
+@dataclass(frozen=True)
+class ModelPod:
+    """One model pod of the scenario and what the demo expects of it."""
+
+    name: str
+    model_id: str
+    source: str
+    """The shipped model (tests/models/<source>) its storage initializer fetches."""
+    gpu_mem: str
+    story: str
+    """One line for the newcomer: what this pod shows."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, str], ...] = ()
+    affinity: dict[str, Any] = field(default_factory=dict)
+    fits: bool = True
+
+
+PODS = (
+    ModelPod(
+        "add-one", "add_one", "add_one", "2Gi",
+        "a T4 model (nodeSelector accelerator=nvidia-tesla-t4): runs for real",
+        node_selector={ACCELERATOR: "nvidia-tesla-t4"},
+    ),
+    ModelPod(
+        "identity", "identity", "identity", "3Gi",
+        "a second T4 model: packed onto the same GPU as add-one (binpack)",
+        node_selector={ACCELERATOR: "nvidia-tesla-t4"},
+    ),
+    ModelPod(
+        "ranker", "ranker", "add_one", "30Gi",
+        "a premium model: tolerates the nvidia.com/gpu taint, requires pool=premium",
+        tolerations=(TOLERATE_GPU,), affinity=_PREMIUM_AFFINITY,
+    ),
+    ModelPod(
+        "llm-70b", "llm_70b", "identity", "70Gi",
+        "a big premium model: only a whole free A100 holds 70Gi",
+        tolerations=(TOLERATE_GPU,), affinity=_PREMIUM_AFFINITY,
+    ),
+    ModelPod(
+        "embeddings", "embeddings", "identity", "12Gi",
+        "no selector, no toleration: only untainted nodes (T4 or L4) qualify",
+    ),
+    ModelPod(
+        "llm-405b", "llm_405b", "identity", "100Gi",
+        "needs 100Gi on one GPU: no GPU in the cluster is that big, so it stays Pending",
+        tolerations=(TOLERATE_GPU,), fits=False,
+    ),
+    ModelPod(
+        "h100-only", "h100_only", "add_one", "1Gi",
+        "asks for accelerator=nvidia-h100, which no node has: Pending with the reason",
+        node_selector={ACCELERATOR: "nvidia-h100"}, fits=False,
+    ),
+)  # fmt: skip
+
+# The storage initializer: fetch the model into the pod's own volume, named as its model id.
+_FETCH = """
+import pathlib, shutil, sys
+source, target, model_id = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+shutil.copytree(source, target, dirs_exist_ok=True)
+config = target / "config.pbtxt"
+text = config.read_text()
+config.write_text(text.replace('name: "%s"' % source.name, 'name: "%s"' % model_id, 1))
+print("fetched", source.name, "as", model_id, "into", target)
+"""
+
+
+@dataclass(frozen=True)
+class PodPorts:
+    """Where a model pod's proxy listens (all pods share the host's network in the sim)."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+
+def model_pod_manifest(
+    pod: ModelPod,
+    ports: PodPorts,
+    *,
+    agent_port: int,
+    triton_http_port: int,
+    triton_grpc_port: int,
+) -> dict[str, Any]:
+    """The pod as the platform (or an operator) writes it, for the simulated cluster.
+
+    On a real cluster every node's agent and Triton listen on the same ports (hostPorts); in the
+    simulation they share 127.0.0.1, so the ports are those of the one node that runs pods.
+    """
+    token_dir = "/var/run/secrets/tritonshare"  # noqa: S105 - a mount path, not a secret
+    downward = [
+        {
+            "name": "MODEL_ID",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{KEYS.model_id}']"}},
+        },
+        {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+    ]
+    small = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+    spec: dict[str, Any] = {
+        "schedulerName": DEFAULT_SCHEDULER_NAME,
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 30,
+        "initContainers": [
+            {
+                "name": "storage-initializer",
+                "image": "tritonshare:demo",
+                "command": ["python", "-c", _FETCH],
+                "args": [str(MODELS_DIR / pod.source), "/mnt/models", "$(MODEL_ID)"],
+                "env": downward[:1],
+                "resources": small,
+                "volumeMounts": [{"name": "model", "mountPath": "/mnt/models"}],
+            },
+            {
+                "name": "loader",
+                "image": "tritonshare:demo",
+                "command": ["python", "-m", "loader"],
+                "args": [
+                    "--model-dir=/mnt/models",
+                    "--model-id=$(MODEL_ID)",
+                    f"--agent-address=$(HOST_IP):{agent_port}",
+                    f"--token-file={token_dir}/token",
+                    "--termination-log=/dev/termination-log",
+                    "--timeout=120",
+                ],
+                "env": downward,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "resources": small,
+                "volumeMounts": [
+                    {"name": "model", "mountPath": "/mnt/models", "readOnly": True},
+                    {"name": "agent-token", "mountPath": token_dir, "readOnly": True},
+                ],
+            },
+        ],
+        "containers": [
+            {
+                "name": "proxy",
+                "image": "tritonshare:demo",
+                "command": ["python", "-m", "proxy"],
+                "args": [
+                    "--model-id=$(MODEL_ID)",
+                    f"--triton-http-url=$(HOST_IP):{triton_http_port}",
+                    f"--triton-grpc-url=$(HOST_IP):{triton_grpc_port}",
+                    f"--listen-http=127.0.0.1:{ports.http}",
+                    f"--listen-grpc=127.0.0.1:{ports.grpc}",
+                    f"--listen-metrics=127.0.0.1:{ports.metrics}",
+                    f"--agent-address=$(HOST_IP):{agent_port}",
+                    f"--token-file={token_dir}/token",
+                    "--drain-seconds=1",
+                ],
+                "env": downward,
+                "ports": [
+                    {"name": "http", "containerPort": ports.http},
+                    {"name": "grpc", "containerPort": ports.grpc},
+                    {"name": "metrics", "containerPort": ports.metrics},
+                ],
+                "readinessProbe": {
+                    "httpGet": {"path": "/v2/health/ready", "port": "http"},
+                    "periodSeconds": 1,
+                    "failureThreshold": 2,
+                },
+                "lifecycle": {"preStop": {"sleep": {"seconds": 1}}},
+                "resources": {
+                    "requests": {"cpu": "250m", "memory": "128Mi"},
+                    "limits": {"memory": "512Mi", KEYS.gpu_mem: pod.gpu_mem},
+                },
+                "volumeMounts": [{"name": "agent-token", "mountPath": token_dir, "readOnly": True}],
+            }
+        ],
+        "volumes": [
+            {"name": "model", "emptyDir": {}},
+            {
+                "name": "agent-token",
+                "projected": {
+                    "sources": [
+                        {
+                            "serviceAccountToken": {
+                                "audience": DEFAULT_AGENT_AUDIENCE,
+                                "expirationSeconds": 3600,
+                                "path": "token",
+                            }
+                        }
+                    ]
+                },
+            },
+        ],
+    }
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        spec["tolerations"] = [dict(t) for t in pod.tolerations]
+    if pod.affinity:
+        spec["affinity"] = pod.affinity
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": NAMESPACE,
+            "labels": {"app.kubernetes.io/name": pod.name, "tritonshare.io/role": "model"},
+            "annotations": {KEYS.model_id: pod.model_id},
+        },
+        "spec": spec,
+    }
