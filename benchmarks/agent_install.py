@@ -1,0 +1,240 @@
+"""Agent benchmark: install throughput of a 1 GiB model directory, and the agent's load overhead
+over a direct Triton load of the same model, side by side, medians of several runs.
+
+    .venv/bin/python -m benchmarks.agent_install [--size-mib 1024] [--runs 5] [--chunk-kib 1024]
+
+Runs the real pieces: sim/'s API server, a real Triton (nvidia-pytriton) on the CPU, and the agent
+as a process (`python -m sim.agent_node --gpus 2xT4 -- ... --cpu-only`). The client streams the
+files over gRPC as the loader does, with a projected token minted for the model's pod. Each
+install run writes everything anew (the model is unloaded and removed between runs); the load
+comparison alternates a direct `POST /v2/repository/models/<m>/load` with the agent's LoadModel
+(which parses config.pbtxt, pins the instances, and loads with the config override).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import kubernetes.client
+
+from protos import agent_pb2, agent_pb2_grpc
+from sim.apiserver import start_in_thread
+from sim.triton import TritonServer
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "bench"
+NODE = "bench-node"
+
+
+def make_model(directory: Path, size_mib: int) -> list[tuple[str, int, str]]:
+    """add_one under the name `bench`, plus a weights file of `size_mib` MiB; its manifest."""
+    shutil.copytree(ROOT / "tests" / "models" / "add_one", directory)
+    config = directory / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_one"', f'name: "{MODEL}"', 1))
+    block = os.urandom(1024 * 1024)
+    with (directory / "1" / "weights.bin").open("wb") as f:
+        for i in range(size_mib):
+            # Vary each MiB so nothing downstream can deduplicate or compress it away.
+            f.write(i.to_bytes(8, "little") + block[8:])
+    manifest = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        manifest.append(
+            (path.relative_to(directory).as_posix(), path.stat().st_size, h.hexdigest())
+        )
+    return manifest
+
+
+async def requests(
+    directory: Path, manifest: list[tuple[str, int, str]], chunk: int
+) -> AsyncIterator[Any]:
+    yield agent_pb2.InstallModelRequest(
+        header=agent_pb2.InstallHeader(
+            model_id=MODEL,
+            manifest=agent_pb2.Manifest(
+                files=[agent_pb2.FileEntry(path=p, size=s, sha256=h) for p, s, h in manifest]
+            ),
+        )
+    )
+    for path, _, _ in manifest:
+        with (directory / path).open("rb") as f:
+            offset = 0
+            while data := f.read(chunk):
+                yield agent_pb2.InstallModelRequest(
+                    chunk=agent_pb2.FileChunk(path=path, offset=offset, data=data)
+                )
+                offset += len(data)
+
+
+def direct(triton: TritonServer, verb: str) -> None:
+    request = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/models/{MODEL}/{verb}", data=b"{}", method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        response.read()
+
+
+def wait_unloaded(triton: TritonServer) -> None:
+    while True:
+        request = urllib.request.Request(
+            f"http://{triton.http_url}/v2/repository/index", data=b"{}", method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            index = json.loads(response.read())
+        states = [m.get("state") for m in index if m["name"] == MODEL]
+        if all(s in (None, "UNAVAILABLE") for s in states):
+            return
+        time.sleep(0.02)
+
+
+def start_process(command: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command, cwd=ROOT)
+
+
+async def measure(args: argparse.Namespace, work: Path) -> None:
+    apiserver = start_in_thread()
+    triton: TritonServer | None = None
+    agent: subprocess.Popen[bytes] | None = None
+    try:
+        api = apiserver.api_client()
+        core = kubernetes.client.CoreV1Api(api)
+        node: Any = {"metadata": {"name": NODE}}
+        core.create_node(node)
+        pod: Any = {
+            "metadata": {
+                "name": "bench-pod",
+                "namespace": "default",
+                "annotations": {"tritonshare.io/model-id": MODEL},
+            },
+            "spec": {
+                "nodeName": NODE,
+                "schedulerName": "tritonshare",
+                "containers": [{"name": "proxy", "image": "proxy"}],
+            },
+        }
+        core.create_namespaced_pod("default", pod)
+        api.close()  # type: ignore[no-untyped-call]
+        token = apiserver.mint_token("default", "bench-pod")
+        metadata = (("authorization", f"Bearer {token}"),)
+
+        source = work / "source"
+        print(f"Writing a {args.size_mib} MiB model directory and hashing it ...", flush=True)
+        manifest = make_model(source, args.size_mib)
+        total = sum(size for _, size, _ in manifest)
+        repository = work / "node" / "models"
+        repository.mkdir(parents=True)
+        triton = TritonServer(repository).start()
+        ports = work / "ports.json"
+        command = [
+            sys.executable, "-m", "sim.agent_node", "--gpus", "2xT4", "--",
+            "--node-name", NODE, "--kubeconfig", str(apiserver.write_kubeconfig(work / "kc")),
+            "--triton-http-url", triton.http_url, "--model-repository", str(repository),
+            "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",
+            "--ports-file", str(ports), "--cpu-only", "--log-level", "WARNING",
+        ]  # fmt: skip
+        agent = start_process(command)
+        deadline = time.monotonic() + 60
+        while not ports.exists():
+            if agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the agent did not start")
+            await asyncio.sleep(0.05)
+        address = json.loads(ports.read_text())["grpc"]
+        options = [("grpc.max_send_message_length", 64 << 20)]
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            installs = []
+            for run in range(args.runs):
+                started = time.perf_counter()
+                reply = await stub.InstallModel(
+                    requests(source, manifest, args.chunk_kib * 1024), metadata=metadata
+                )
+                seconds = time.perf_counter() - started
+                assert reply.bytes_written == total and not reply.unchanged
+                installs.append(seconds)
+                print(f"  install run {run + 1}: {total / seconds / 1e6:.0f} MB/s", flush=True)
+                if run < args.runs - 1:
+                    await stub.UnloadModel(
+                        agent_pb2.UnloadModelRequest(model_id=MODEL), metadata=metadata
+                    )
+            started = time.perf_counter()
+            reply = await stub.InstallModel(
+                requests(source, manifest, args.chunk_kib * 1024), metadata=metadata
+            )
+            unchanged = time.perf_counter() - started
+            assert reply.unchanged
+
+            direct_loads, agent_loads = [], []
+            for _ in range(args.runs):
+                started = time.perf_counter()
+                direct(triton, "load")
+                direct_loads.append(time.perf_counter() - started)
+                direct(triton, "unload")
+                wait_unloaded(triton)
+                started = time.perf_counter()
+                status = await stub.LoadModel(
+                    agent_pb2.LoadModelRequest(model_id=MODEL), metadata=metadata
+                )
+                agent_loads.append(time.perf_counter() - started)
+                assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+                direct(triton, "unload")
+                wait_unloaded(triton)
+
+        install = statistics.median(installs)
+        load_direct = statistics.median(direct_loads)
+        load_agent = statistics.median(agent_loads)
+        print()
+        print(f"model directory: {total / (1 << 20):.0f} MiB in {len(manifest)} files, "
+              f"{args.chunk_kib} KiB chunks, {args.runs} runs, medians")  # fmt: skip
+        print(f"{'':34}{'median':>12}{'min':>12}{'max':>12}")
+        row = "{:34}{:>12}{:>12}{:>12}"
+        print(row.format(
+            "install throughput (MB/s)",
+            *(f"{total / s / 1e6:.0f}" for s in (install, max(installs), min(installs))),
+        ))  # fmt: skip
+        print(row.format("install, same manifest again (ms)", f"{unchanged * 1e3:.1f}", "", ""))
+        print(row.format("direct Triton load (ms)", *(f"{v * 1e3:.0f}" for v in
+              (load_direct, min(direct_loads), max(direct_loads)))))  # fmt: skip
+        print(row.format("agent LoadModel (ms)", *(f"{v * 1e3:.0f}" for v in
+              (load_agent, min(agent_loads), max(agent_loads)))))  # fmt: skip
+        print(f"agent load overhead: {(load_agent - load_direct) * 1e3:+.0f} ms "
+              f"({load_agent / load_direct:.2f}x the direct load)")  # fmt: skip
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(60)
+        if triton is not None:
+            triton.stop()
+        apiserver.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=1024, help="weights file size, MiB")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each measurement")
+    parser.add_argument("--chunk-kib", type=int, default=1024, help="chunk size, KiB")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tritonshare-bench-") as work:
+        asyncio.run(measure(args, Path(work)))
+
+
+if __name__ == "__main__":
+    main()
