@@ -1,0 +1,60 @@
+"""The demo's scenario, end to end, with assertions: every part as a real process against sim/,
+a real Triton on the CPU, tritonclient through the proxies, and a clean shutdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.demo import run_demo
+from sim.scenario import NODES, PODS
+from sim.triton import TritonInstall
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_the_demo_scenario_places_serves_explains_and_cleans_up(
+    tmp_path: Path, triton_install: TritonInstall
+) -> None:
+    lines: list[str] = []
+    result = run_demo(tmp_path / "demo", lines.append)
+    transcript = "\n".join(lines)
+
+    assert result.missing == [], transcript
+    assert result.leader in {"binder-0", "binder-1"}
+
+    # Placement follows the users' selectors, tolerations and affinity, and packs GPUs.
+    node_of = {pod: node for pod, (node, _) in result.placements.items()}
+    gpu_of = {pod: gpu for pod, (_, gpu) in result.placements.items()}
+    assert node_of["add-one"] == node_of["identity"] == "t4-node-0"
+    assert gpu_of["add-one"] == gpu_of["identity"], "binpack keeps both small models on one GPU"
+    assert {node_of["ranker"], node_of["llm-70b"]} == {"a100-node-0", "a100-node-1"}
+    tainted = {n.name for n in NODES if n.taints}
+    assert node_of["embeddings"] not in tainted
+    assert all(gpu.startswith("GPU-") for gpu in gpu_of.values())
+
+    # What cannot be placed is explained as kube-scheduler would, on the pod itself.
+    unfit = {p.name for p in PODS if not p.fits}
+    assert set(result.pending) == unfit
+    assert "GPU memory" in result.pending["llm-405b"]
+    assert "didn't match Pod's node affinity/selector" in result.pending["h100-only"]
+    assert result.pending["h100-only"].startswith(f"0/{len(NODES)} nodes are available")
+
+    # The pods on the node with Triton really ran: loaded, ready, answering through the proxy.
+    on_real = {p for p, n in node_of.items() if n == "t4-node-0"}
+    assert set(result.served) == on_real
+    assert result.inferences["add-one"] == [2.0, 3.0, 4.0]
+    assert result.inferences["identity"] == [1.0, 2.0, 3.0]
+    assert result.isolation_refused, "a proxy must refuse another pod's model"
+
+    # Metrics as the parts export them.
+    assert result.metrics["tritonshare_binder_schedule_attempts_total{result=scheduled}"] == len(
+        result.placements
+    )
+    assert result.metrics["tritonshare_agent_models_loaded"] == len(on_real)
+
+    # Deleting the pods drained the proxies, which had the agent unload every model.
+    assert result.loaded_after_shutdown == []
+    assert "Triton has no model left loaded." in transcript
+    assert result.seconds < 120
