@@ -161,9 +161,21 @@ class ClusterState:
         )
         self._charge(_Account(bound, node, -1, assumed=True))
 
+    def is_accounted(self, uid: str) -> bool:
+        """Whether the pod's request is charged to a node (seen bound, or assumed)."""
+        return uid in self._accounts
+
+    def account_uids(self) -> set[str]:
+        return set(self._accounts)
+
     def is_assumed(self, uid: str) -> bool:
         account = self._accounts.get(uid)
         return account is not None and account.assumed
+
+    def forget_assumed(self, uid: str) -> None:
+        """Drop the pod's assumption, but never an account the watch has confirmed meanwhile."""
+        if self.is_assumed(uid):
+            self.remove_pod(uid)
 
     def remove_pod(self, uid: str) -> None:
         account = self._accounts.pop(uid, None)

@@ -1,0 +1,180 @@
+"""Wiring of one binder replica: API client, caches, queue, controller, leader election, HTTP.
+
+Start order: the HTTP endpoints (so /healthz answers while caches fill), the informers (nodes,
+leases, pods), leader election, then the scheduling loop. Stop order is the reverse, fixed here:
+stop scheduling, let in-flight API writes finish, release the leader lease, end the watches,
+stop the HTTP endpoints, close the API client and its worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from binder.cache import ClusterCache, Informer
+from binder.controller import Controller
+from binder.http import HttpServer, build_app
+from binder.kube import Kube
+from binder.leader import LeaderElector
+from binder.metrics import Metrics
+from binder.queue import SchedulingQueue
+from binder.settings import Settings
+from common.contract import BINDER_LEADER_LEASE
+
+log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 10.0
+
+
+class Binder:
+    """One replica. `start()` returns once it serves; `stop()` undoes everything."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.kube = Kube(settings.kubeconfig)
+        self.metrics = Metrics(lambda: self.cache.state)
+        self.queue = SchedulingQueue(
+            initial_seconds=settings.backoff_initial_seconds,
+            max_seconds=settings.backoff_max_seconds,
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.bind_workers + 2, thread_name_prefix="binder-api"
+        )
+        self.controller = Controller(
+            self.kube,
+            keys=settings.keys,
+            policy=settings.policy,
+            queue=self.queue,
+            metrics=self.metrics,
+            executor=self._executor,
+            bind_workers=settings.bind_workers,
+            identity=settings.identity,
+        )
+        self.cache = ClusterCache(
+            settings.keys,
+            scheduler_name=settings.scheduler_name,
+            reserve=settings.gpu_mem_reserve,
+            listener=self.controller,
+        )
+        self.controller.state = self.cache.state
+        self.controller.pending = self.cache.pending
+        self.elector = LeaderElector(
+            self.kube,
+            namespace=settings.system_namespace,
+            name=BINDER_LEADER_LEASE,
+            identity=settings.identity,
+            lease_duration=settings.lease_duration_seconds,
+            renew_deadline=settings.renew_deadline_seconds,
+            retry_period=settings.retry_period_seconds,
+            executor=self._executor,
+            on_change=self._leadership_changed,
+        )
+        self.http = HttpServer(
+            build_app(self.metrics.registry, self.not_ready, self.role), *settings.listen_http
+        )
+        self._stop = asyncio.Event()
+        self._informers: list[Informer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    def role(self) -> str:
+        return "leader" if self.elector.is_leader else "follower"
+
+    def not_ready(self) -> list[str]:
+        if not self._informers:
+            return ["not started"]
+        return [
+            f"the {i.kind} cache is not filled yet"
+            for i in self._informers
+            if not i.synced.is_set()
+        ]
+
+    def _leadership_changed(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
+        if leading:
+            # A new leader starts from what its warm caches say is pending.
+            for uid in self.cache.pending:
+                self.queue.add(uid)
+
+    async def start(self) -> None:
+        await self.http.start()
+        loop = asyncio.get_running_loop()
+        cache = self.cache
+        kinds = [
+            (self.kube.nodes(), cache.replace_nodes, cache.apply_node),
+            (
+                self.kube.leases(self.settings.system_namespace),
+                cache.replace_leases,
+                cache.apply_lease,
+            ),
+            (self.kube.pods(), cache.replace_pods, cache.apply_pod),
+        ]
+        for kind, on_list, on_event in kinds:
+            informer = Informer(self.kube, kind, loop, on_list=on_list, on_event=on_event)
+            self._informers.append(informer)
+            informer.start()
+        for informer in self._informers:
+            await informer.synced.wait()
+        log.info(
+            "Caches are warm: %d nodes, %d assigned pods, %d pending pods.",
+            len(cache.state.nodes),
+            len(cache.state.account_uids()),
+            len(cache.pending),
+        )
+        if self.settings.leader_elect:
+            self._tasks.append(
+                asyncio.create_task(self._guard("leader election", self._elect()), name="elector")
+            )
+        else:
+            self.elector.leading.set()
+            self._leadership_changed(True)
+        self._tasks.append(
+            asyncio.create_task(
+                self._guard("scheduling", self.controller.run(self.elector.leading, self._stop)),
+                name="scheduler",
+            )
+        )
+
+    async def _elect(self) -> None:
+        await self.elector.run(self._stop)
+
+    async def _guard(self, name: str, coroutine: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coroutine
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("The binder's %s has failed: stopping this replica.", name)
+            self._stop.set()
+            self.elector.leading.clear()
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        return self._stop
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop in the documented order. release=False leaves the leader lease to expire, as a
+        crashed replica would."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.elector.release_on_stop = release
+        self._stop.set()
+        if not release:
+            self.elector.leading.clear()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=DRAIN_SECONDS)
+        await self.controller.drain(DRAIN_SECONDS)
+        for informer in self._informers:
+            informer.stop()
+        self.kube.close_watches()
+        for informer in self._informers:
+            await asyncio.get_running_loop().run_in_executor(self._executor, informer.join, 5.0)
+        await self.http.stop()
+        self._executor.shutdown(wait=True)
+        self.kube.close()

@@ -1,0 +1,239 @@
+"""The informer-style cache: list+watch of nodes, pods and leases, folded into the cluster state.
+
+One daemon thread per watched kind lists once, then watches from the last resourceVersion (kept
+across reconnects, advanced by bookmarks) and relists only on 410 Gone. Events are handed to the
+event loop, where `ClusterCache` applies them to the ClusterState and the set of pending pods and
+tells its listener what changed: a pending pod appeared or changed, a pending pod left, or the
+cluster changed in a way that could help unschedulable pods (memory freed, a node added or
+changed, an agent came alive). Decisions never list: they read this cache.
+
+It must not decide placements nor write to the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from binder.errors import ApiError, GoneError
+from binder.kube import JsonObject, Kind, Kube
+from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
+from binder.state import ClusterState
+from common.contract import AGENT_LEASE_PREFIX, Keys
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
+
+
+class Listener(Protocol):
+    def pending_changed(self, pod: PodInfo, relevant: bool) -> None:
+        """A pending pod of ours appeared (relevant=True) or changed."""
+
+    def pending_gone(self, uid: str) -> None:
+        """A pending pod was bound, deleted, or is no longer ours."""
+
+    def cluster_changed(self, why: str) -> None:
+        """Something changed that could make an unschedulable pod fit."""
+
+
+def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
+    return (pod.constraints, pod.request, pod.model_id, pod.problem, pod.scheduler_name)
+
+
+class ClusterCache:
+    """Applies API objects to the ClusterState and the pending pods, on the event loop thread."""
+
+    def __init__(
+        self,
+        keys: Keys,
+        *,
+        scheduler_name: str,
+        reserve: int,
+        listener: Listener,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.keys = keys
+        self.scheduler_name = scheduler_name
+        self.state = ClusterState(reserve=reserve)
+        self.pending: dict[str, PodInfo] = {}
+        self._listener = listener
+        self._clock = clock
+        self._known_pods: set[str] = set()
+
+    # ---- pods ----------------------------------------------------------------------------------
+
+    def apply_pod(self, event: str, obj: JsonObject) -> None:
+        pod = pod_from_api(obj, self.keys)
+        if not pod.uid:
+            return
+        if event == "DELETED":
+            self._known_pods.discard(pod.uid)
+            self._drop_pending(pod.uid)
+            if self._accounted(pod.uid):
+                self.state.remove_pod(pod.uid)
+                self._listener.cluster_changed(f"pod {pod.key} was deleted")
+            return
+        self._known_pods.add(pod.uid)
+        if pod.node_name:
+            self._drop_pending(pod.uid)
+            held = self._accounted(pod.uid)
+            self.state.set_pod(pod)
+            if held and not self._accounted(pod.uid):
+                self._listener.cluster_changed(f"pod {pod.key} finished ({pod.phase})")
+            return
+        if pod.scheduler_name != self.scheduler_name or pod.deleting or pod.terminated:
+            self._drop_pending(pod.uid)
+            return
+        old = self.pending.get(pod.uid)
+        self.pending[pod.uid] = pod
+        relevant = old is None or _placement_inputs(old) != _placement_inputs(pod)
+        self._listener.pending_changed(pod, relevant)
+
+    def _accounted(self, uid: str) -> bool:
+        return self.state.is_accounted(uid)
+
+    def _drop_pending(self, uid: str) -> None:
+        if self.pending.pop(uid, None) is not None:
+            self._listener.pending_gone(uid)
+
+    def replace_pods(self, items: list[JsonObject]) -> None:
+        """A full list: forget pods that are gone, then apply every listed pod."""
+        listed = {str((o.get("metadata") or {}).get("uid", "")) for o in items}
+        for uid in list(self.pending):
+            if uid not in listed:
+                self._drop_pending(uid)
+        for uid in self.state.account_uids() - listed:
+            self.state.remove_pod(uid)
+        for obj in items:
+            self.apply_pod("ADDED", obj)
+        self._listener.cluster_changed("pods were relisted")
+
+    # ---- nodes ---------------------------------------------------------------------------------
+
+    def apply_node(self, event: str, obj: JsonObject) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event == "DELETED":
+            self.state.remove_node(name)
+            return
+        node = node_from_api(obj, self.keys)
+        if node.gpu_problem:
+            log.warning("Node %s has GPUs the binder cannot read: %s.", name, node.gpu_problem)
+        if self.state.set_node(node):
+            self._listener.cluster_changed(f"node {name} was added or changed")
+
+    def replace_nodes(self, items: list[JsonObject]) -> None:
+        listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
+        for name in set(self.state.nodes) - listed:
+            self.state.remove_node(name)
+        for obj in items:
+            self.apply_node("ADDED", obj)
+
+    # ---- leases --------------------------------------------------------------------------------
+
+    def apply_lease(self, event: str, obj: JsonObject) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if not name.startswith(AGENT_LEASE_PREFIX):
+            return
+        node = name[len(AGENT_LEASE_PREFIX) :]
+        now = self._clock()
+        was_alive = self.state.leases.get(node, 0.0) > now
+        expiry = 0.0 if event == "DELETED" else lease_expiry(obj)
+        self.state.set_lease(node, expiry)
+        if expiry > now and not was_alive:
+            self._listener.cluster_changed(f"the agent of node {node} is alive")
+
+    def replace_leases(self, items: list[JsonObject]) -> None:
+        listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
+        for node in list(self.state.leases):
+            if AGENT_LEASE_PREFIX + node not in listed:
+                self.state.set_lease(node, 0.0)
+        for obj in items:
+            self.apply_lease("ADDED", obj)
+
+
+class Informer:
+    """List+watch of one kind on a daemon thread, delivering to the event loop."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        kind: Kind,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        on_list: Callable[[list[JsonObject]], None],
+        on_event: Callable[[str, JsonObject], None],
+    ) -> None:
+        self._kube = kube
+        self._kind = kind.name
+        self.kind = kind.name
+        self._source = kind
+        self._loop = loop
+        self._on_list = on_list
+        self._on_event = on_event
+        self._stop = threading.Event()
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self._thread = threading.Thread(target=self._run, name=f"watch-{kind.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end; the caller cuts open watches with Kube.close_watches()."""
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._guarded, callback, *args)
+        except RuntimeError:  # the loop is closed: we are shutting down
+            self._stop.set()
+
+    def _guarded(self, callback: Callable[..., None], *args: Any) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("Applying a %s change has failed: the cache may be stale.", self._kind)
+
+    def _listed(self, items: list[JsonObject]) -> None:
+        self._on_list(items)
+        self.synced.set()
+
+    def _run(self) -> None:
+        version = ""
+        delay = RETRY_SECONDS
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    items, version = self._kube.list_all(self._source)
+                    self.relists += 1
+                    self._deliver(self._listed, items)
+                for event, obj in self._kube.watch(self._source, version):
+                    if self._stop.is_set():
+                        return
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if event != "BOOKMARK":
+                        self._deliver(self._on_event, event, obj)
+                delay = RETRY_SECONDS
+            except GoneError:
+                log.info("The %s watch is too old to resume: relisting.", self._kind)
+                version = ""
+            except (ApiError, OSError, ValueError) as e:
+                if self._stop.is_set():
+                    return
+                log.warning(
+                    "Watching %s has failed (%s): retrying in %.0f s.", self._kind, e, delay
+                )
+                self._stop.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)

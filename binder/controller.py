@@ -1,0 +1,244 @@
+"""The scheduling loop: take a pending pod from the queue, place it, bind it or say why not.
+
+While this replica leads: pop a pod, decide on the cache's state (no API reads), charge the pod
+to the chosen GPU at once (assume), then, off the loop, patch the pod's GPU annotation and post
+the Binding. A 404 or 409 (deleted, or bound by someone else) drops the assumption; other
+failures drop it and retry the pod with backoff. A pod that fits nowhere gets a FailedScheduling
+Event and PodScheduled=False (only when the message changes, so a pod waiting for hours does not
+flood the API) and waits out its backoff, or less if the cluster changes in a way that helps.
+
+Owns the decisions and the API writes they cause; reads the cluster only through the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any
+
+from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.kube import Kube
+from binder.metrics import Metrics
+from binder.model import PodInfo
+from binder.placement import Placement, Policy, place
+from binder.queue import SchedulingQueue
+from binder.state import ClusterState
+from common.contract import Keys
+from common.quantity import format_bytes
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    """Decides and binds; the cache's listener."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        keys: Keys,
+        policy: Policy,
+        queue: SchedulingQueue,
+        metrics: Metrics,
+        executor: Executor,
+        bind_workers: int,
+        identity: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self._keys = keys
+        self._policy = policy
+        self.queue = queue
+        self._metrics = metrics
+        self._executor = executor
+        self._slots = asyncio.Semaphore(bind_workers)
+        self._identity = identity
+        self._clock = clock
+        self.state: ClusterState | None = None
+        self.pending: dict[str, PodInfo] = {}
+        self._in_flight: set[str] = set()
+        self._reported: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.bound = 0
+
+    # ---- listener of the cache -------------------------------------------------------------------
+
+    def pending_changed(self, pod: PodInfo, relevant: bool) -> None:
+        self._metrics.pending.set(len(self.pending))
+        if pod.uid in self._in_flight:
+            return
+        if relevant or pod.uid not in self.queue:
+            self.queue.add(pod.uid)
+
+    def pending_gone(self, uid: str) -> None:
+        self.queue.remove(uid)
+        self._reported.pop(uid, None)
+        self._metrics.pending.set(len(self.pending))
+
+    def cluster_changed(self, why: str) -> None:
+        moved = self.queue.move_all_to_active()
+        if moved:
+            log.debug("%s: retrying %d unschedulable pods now.", why, moved)
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    async def run(self, leading: asyncio.Event, stop: asyncio.Event) -> None:
+        """Schedule while leading, until `stop`."""
+        while not stop.is_set():
+            if not leading.is_set():
+                await _first(leading.wait(), stop.wait())
+                continue
+            popped = asyncio.ensure_future(self.queue.pop())
+            stopped = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({popped, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if popped not in done:
+                popped.cancel()
+                break
+            uid = popped.result()
+            if not leading.is_set():
+                self.queue.add(uid)
+                continue
+            await self._slots.acquire()
+            try:
+                self.schedule_one(uid)
+            except Exception:
+                self._slots.release()
+                raise
+
+    def schedule_one(self, uid: str) -> None:
+        """Decide for one pod. Holds a bind slot, released when its API writes are done."""
+        state = self.state
+        pod = self.pending.get(uid)
+        if state is None or pod is None or state.is_accounted(uid) or uid in self._in_flight:
+            self._slots.release()
+            return
+        result = place(state, pod, now=self._clock(), policy=self._policy)
+        if isinstance(result, Placement):
+            state.assume(pod, result.node, result.gpu.uuid)
+            self._in_flight.add(uid)
+            self._spawn(self._bind(pod, result))
+            return
+        self._metrics.attempts.labels("unschedulable").inc()
+        delay = self.queue.backoff(uid)
+        log.info(
+            "Pod %s (%s of GPU memory) is unschedulable: %s Retrying in %.0f s or on a helpful "
+            "cluster change.",
+            pod.key,
+            format_bytes(pod.request),
+            result.message,
+            delay,
+        )
+        if self._reported.get(uid) != result.message:
+            self._reported[uid] = result.message
+            self._spawn(self._report(pod, result.message))
+        else:
+            self._slots.release()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, function: Callable[[], None]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, function)
+
+    async def _bind(self, pod: PodInfo, placement: Placement) -> None:
+        state = self.state
+        assert state is not None
+        try:
+            await self._call(
+                lambda: self._kube.patch_pod_annotation(
+                    pod.namespace, pod.name, self._keys.gpu, placement.gpu.uuid
+                )
+            )
+            self._metrics.api_calls.labels("annotate").inc()
+            await self._call(
+                lambda: self._kube.bind(pod.namespace, pod.name, pod.uid, placement.node)
+            )
+            self._metrics.api_calls.labels("bind").inc()
+        except (NotFoundError, ConflictError) as e:
+            state.forget_assumed(pod.uid)
+            self.queue.remove(pod.uid)
+            self._metrics.attempts.labels("error").inc()
+            log.info(
+                "Pod %s was not bound to %s (%s): it was deleted or bound elsewhere; dropping it.",
+                pod.key,
+                placement.node,
+                e.reason or e.status,
+            )
+        except (ApiError, OSError) as e:
+            state.forget_assumed(pod.uid)
+            self._metrics.attempts.labels("error").inc()
+            delay = self.queue.backoff(pod.uid)
+            log.warning(
+                "Binding pod %s to %s has failed (%s): released its GPU memory, retrying in "
+                "%.0f s.",
+                pod.key,
+                placement.node,
+                e,
+                delay,
+            )
+        else:
+            self.bound += 1
+            self._metrics.attempts.labels("scheduled").inc()
+            if pod.created:
+                self._metrics.latency.observe(max(0.0, self._clock() - pod.created))
+            self.queue.remove(pod.uid)
+            self._reported.pop(pod.uid, None)
+            log.info(
+                "Bound pod %s (model %s, %s) to node %s, GPU %d (%s).",
+                pod.key,
+                pod.model_id,
+                format_bytes(pod.request),
+                placement.node,
+                placement.gpu.index,
+                placement.gpu.uuid,
+            )
+        finally:
+            self._in_flight.discard(pod.uid)
+            self._slots.release()
+
+    async def _report(self, pod: PodInfo, message: str) -> None:
+        try:
+            await self._call(
+                lambda: self._kube.record_event(
+                    pod.namespace,
+                    pod.name,
+                    pod.uid,
+                    reason="FailedScheduling",
+                    message=message,
+                    reporting_instance=self._identity,
+                )
+            )
+            self._metrics.api_calls.labels("event").inc()
+            await self._call(lambda: self._kube.set_unschedulable(pod.namespace, pod.name, message))
+            self._metrics.api_calls.labels("condition").inc()
+        except NotFoundError:
+            pass
+        except (ApiError, OSError) as e:
+            self._reported.pop(pod.uid, None)
+            log.warning("Recording why pod %s is pending has failed: %s.", pod.key, e)
+        finally:
+            self._slots.release()
+
+    async def drain(self, grace_seconds: float) -> None:
+        """Let in-flight API writes finish (bounded), then cancel what is left."""
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=grace_seconds)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+
+
+async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,170 @@
+"""Leader election through a coordination.k8s.io/v1 Lease, as client-go's leaderelection does.
+
+Every replica tries to acquire or renew the Lease each retry period. A replica that does not hold
+it judges the holder's lease expired by its own clock: the time it last saw the record change,
+plus the record's leaseDurationSeconds, so clock skew between replicas does not matter. Writes
+carry the Lease's resourceVersion, so two candidates cannot both win (the loser gets 409). A
+leader that fails to renew for the renew deadline steps down; a leader that stops cleanly
+releases the Lease so a follower takes over at once.
+
+Owns the Lease and the `leading` flag; knows nothing about scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from binder.errors import ApiError, ConflictError
+from binder.kube import JsonObject, Kube, micro_time
+
+log = logging.getLogger(__name__)
+
+
+class LeaderElector:
+    """Acquires and renews the leader Lease; `leading` is set while this replica leads."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float,
+        renew_deadline: float,
+        retry_period: float,
+        executor: Executor | None = None,
+        on_change: Callable[[bool], None] = lambda leading: None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self._duration = lease_duration
+        self._renew_deadline = renew_deadline
+        self._retry = retry_period
+        self._executor = executor
+        self._on_change = on_change
+        self._monotonic = monotonic
+        self._wall = wall
+        self.leading = asyncio.Event()
+        self.release_on_stop = True
+        """Release the Lease when `run` ends while leading (False mimics a crash)."""
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._last_renew = 0.0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leading.is_set()
+
+    def _spec(self, old: JsonObject | None) -> JsonObject:
+        now = micro_time(self._wall())
+        previous = (old or {}).get("spec") or {}
+        taking_over = previous.get("holderIdentity") != self.identity
+        transitions = int(previous.get("leaseTransitions") or 0)
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, math.ceil(self._duration)),
+            "acquireTime": now if taking_over else previous.get("acquireTime", now),
+            "renewTime": now,
+            "leaseTransitions": transitions + 1 if taking_over and old is not None else transitions,
+        }
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt (blocking): True when this replica holds the Lease afterwards."""
+        lease = self._kube.get_lease(self.namespace, self.name)
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(None),
+            }
+            try:
+                self._kube.create_lease(self.namespace, body)
+            except ConflictError:
+                return False
+            return True
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        record = (holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        now = self._monotonic()
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = now
+        duration = float(spec.get("leaseDurationSeconds") or self._duration)
+        if holder and holder != self.identity and self._observed_at + duration > now:
+            return False
+        lease["spec"] = {**spec, **self._spec(lease)}
+        try:
+            self._kube.replace_lease(self.namespace, self.name, lease)
+        except ConflictError:
+            return False
+        return True
+
+    def release(self) -> None:
+        """Give the Lease up (blocking) so a follower need not wait for it to expire."""
+        lease = self._kube.get_lease(self.namespace, self.name)
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        now = micro_time(self._wall())
+        lease["spec"] = {
+            **lease["spec"],
+            "holderIdentity": "",
+            "leaseDurationSeconds": 1,
+            "renewTime": now,
+            "acquireTime": now,
+        }
+        self._kube.replace_lease(self.namespace, self.name, lease)
+
+    def _set(self, leading: bool) -> None:
+        if leading == self.is_leader:
+            return
+        if leading:
+            self.leading.set()
+            log.info("This replica (%s) is now the leader: it binds pods.", self.identity)
+        else:
+            self.leading.clear()
+            log.warning(
+                "This replica (%s) lost the leader lease: it stops binding and keeps its caches.",
+                self.identity,
+            )
+        self._on_change(leading)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Campaign until `stop`; release the Lease on the way out if leading (and asked to)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while not stop.is_set():
+                try:
+                    held = await loop.run_in_executor(self._executor, self.try_acquire_or_renew)
+                except ApiError as e:
+                    log.warning("The leader lease could not be read or written: %s.", e)
+                    held = False
+                now = self._monotonic()
+                if held:
+                    self._last_renew = now
+                    self._set(True)
+                elif self.is_leader and now - self._last_renew > self._renew_deadline:
+                    self._set(False)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self._retry)
+        finally:
+            was_leader = self.is_leader
+            self._set(False)
+            if was_leader and self.release_on_stop:
+                try:
+                    await loop.run_in_executor(self._executor, self.release)
+                    log.info("Released the leader lease for a quick takeover.")
+                except (ApiError, RuntimeError) as e:
+                    log.warning("Releasing the leader lease has failed (%s): it will expire.", e)

@@ -1,0 +1,95 @@
+"""The binder's Prometheus metrics, in a registry of its own.
+
+Counters and the latency histogram are updated by the controller as it decides. Per-node and
+per-GPU capacity and allocation are not pushed: a collector reads the cluster state when
+Prometheus scrapes, so the numbers are never stale and cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from binder.state import ClusterState
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class StateCollector(Collector):
+    """Per-node and per-GPU capacity and allocated bytes, read from the state at scrape time."""
+
+    def __init__(self, state: Callable[[], ClusterState | None]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state()
+        gpu_capacity = GaugeMetricFamily(
+            "tritonshare_binder_gpu_capacity_bytes",
+            "GPU memory a GPU offers to pods (its memory minus the reserve; 0 when unhealthy).",
+            labels=["node", "gpu"],
+        )
+        gpu_allocated = GaugeMetricFamily(
+            "tritonshare_binder_gpu_allocated_bytes",
+            "GPU memory requested by the pods assigned to a GPU, assumed ones included.",
+            labels=["node", "gpu"],
+        )
+        node_capacity = GaugeMetricFamily(
+            "tritonshare_binder_node_capacity_bytes",
+            "GPU memory a node offers to pods, over its healthy GPUs.",
+            labels=["node"],
+        )
+        node_allocated = GaugeMetricFamily(
+            "tritonshare_binder_node_allocated_bytes",
+            "GPU memory requested by the pods assigned to a node.",
+            labels=["node"],
+        )
+        if state is not None:
+            for name, info in sorted(state.nodes.items()):
+                allocated = state.allocated(name)
+                for gpu, used in zip(info.gpus, allocated, strict=False):
+                    gpu_capacity.add_metric([name, gpu.uuid], state.usable(gpu))
+                    gpu_allocated.add_metric([name, gpu.uuid], used)
+                node_capacity.add_metric([name], sum(state.usable(g) for g in info.gpus))
+                node_allocated.add_metric([name], sum(allocated))
+        yield from (gpu_capacity, gpu_allocated, node_capacity, node_allocated)
+
+
+class Metrics:
+    """Every metric the binder exports."""
+
+    def __init__(self, state: Callable[[], ClusterState | None] = lambda: None) -> None:
+        self.registry = CollectorRegistry()
+        self.attempts = Counter(
+            "tritonshare_binder_schedule_attempts",
+            "Scheduling attempts by result: scheduled, unschedulable or error.",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ("scheduled", "unschedulable", "error"):
+            self.attempts.labels(result)
+        self.latency = Histogram(
+            "tritonshare_binder_scheduling_latency_seconds",
+            "Seconds from a pod's creation until the binder bound it.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.pending = Gauge(
+            "tritonshare_binder_pending_pods",
+            "Pods with our scheduler name that are not bound yet.",
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "tritonshare_binder_is_leader",
+            "1 while this replica is the leader that binds pods, else 0.",
+            registry=self.registry,
+        )
+        self.api_calls = Counter(
+            "tritonshare_binder_api_writes",
+            "Write calls to the Kubernetes API by kind: annotate, bind, event, condition, lease.",
+            ["call"],
+            registry=self.registry,
+        )
+        self.registry.register(StateCollector(state))

@@ -1,0 +1,120 @@
+"""The scheduling queue: pending pods waiting for a decision, with per-pod exponential backoff.
+
+A new or changed pending pod is active at once. A pod that did not fit waits: 1 s after its first
+failure, doubling per failure up to a cap (2 min by default), and is retried when its wait ends.
+A cluster change that could help (memory freed, a node added or changed, an agent alive) makes
+every waiting pod active at once, keeping its failure count so the next wait is still longer.
+Order is first in, first out, so no pod starves.
+
+Owns no pods, only their uids; reads time from the clock it is given (fake in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+
+class SchedulingQueue:
+    """Active uids (FIFO) plus uids waiting out a backoff."""
+
+    def __init__(
+        self,
+        *,
+        initial_seconds: float = 1.0,
+        max_seconds: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._initial = initial_seconds
+        self._max = max_seconds
+        self._clock = clock
+        self._active: deque[str] = deque()
+        self._queued: set[str] = set()
+        self._waiting: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._wakeup = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._waiting)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._queued or uid in self._waiting
+
+    def failures(self, uid: str) -> int:
+        return self._failures.get(uid, 0)
+
+    def add(self, uid: str) -> None:
+        """Make a pod active now (new, or changed in a way that matters)."""
+        self._waiting.pop(uid, None)
+        if uid not in self._queued:
+            self._queued.add(uid)
+            self._active.append(uid)
+            self._wakeup.set()
+
+    def remove(self, uid: str) -> None:
+        """Forget a pod entirely (bound, deleted, or no longer ours)."""
+        self._waiting.pop(uid, None)
+        self._failures.pop(uid, None)
+        if uid in self._queued:
+            self._queued.discard(uid)
+            self._active.remove(uid)
+
+    def backoff(self, uid: str) -> float:
+        """The pod did not fit: wait before retrying. Returns the wait in seconds."""
+        failures = self._failures.get(uid, 0) + 1
+        self._failures[uid] = failures
+        delay: float = min(self._initial * 2.0 ** (failures - 1), self._max)
+        if uid in self._queued:
+            self._queued.discard(uid)
+            self._active.remove(uid)
+        self._waiting[uid] = self._clock() + delay
+        self._wakeup.set()
+        return delay
+
+    def move_all_to_active(self) -> int:
+        """A helpful cluster change: every waiting pod is retried now. Returns how many."""
+        moved = sorted(self._waiting, key=lambda uid: self._waiting[uid])
+        for uid in moved:
+            del self._waiting[uid]
+            self._queued.add(uid)
+            self._active.append(uid)
+        if moved:
+            self._wakeup.set()
+        return len(moved)
+
+    def _promote_due(self) -> float | None:
+        """Move pods whose wait is over to active; return seconds until the next one is due."""
+        now = self._clock()
+        due = sorted((t, uid) for uid, t in self._waiting.items() if t <= now)
+        for _, uid in due:
+            del self._waiting[uid]
+            self._queued.add(uid)
+            self._active.append(uid)
+        if not self._waiting:
+            return None
+        return max(0.0, min(self._waiting.values()) - now)
+
+    def pop_ready(self) -> str | None:
+        """The next active pod, or None (promoting pods whose wait is over first)."""
+        self._promote_due()
+        if not self._active:
+            return None
+        uid = self._active.popleft()
+        self._queued.discard(uid)
+        return uid
+
+    async def pop(self) -> str:
+        """Wait for the next pod to schedule."""
+        while True:
+            self._wakeup.clear()
+            next_due = self._promote_due()
+            if self._active:
+                uid = self._active.popleft()
+                self._queued.discard(uid)
+                return uid
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=next_due)
+            except TimeoutError:
+                continue

@@ -1,0 +1,343 @@
+"""The controller through the official client against the simulated API server: binding, API
+calls per pod, events and conditions as a client reads them, backoff without spam, requeue on a
+helpful change, conflicts, bad input, and the HTTP endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kubernetes.client
+import pytest
+
+from binder.app import Binder
+from binder.kube import USER_AGENT
+from binder.model import pod_from_api
+from binder.placement import Placement, place
+from binder.settings import Settings
+from sim.apiserver import RunningApiServer
+from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
+from tests.fixtures_sim import coordination_v1, core_v1
+
+MakeBinder = Callable[..., Awaitable[Binder]]
+SYSTEM = "tritonshare-system"
+
+
+async def eventually(check: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:
+    """Poll `check` until it returns something truthy, or fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within} s waiting for {what or check}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def make_binder(kubeconfig: Path) -> AsyncIterator[MakeBinder]:
+    started: list[Binder] = []
+
+    async def make(**overrides: Any) -> Binder:
+        values: dict[str, Any] = {
+            "kubeconfig": str(kubeconfig),
+            "listen_http": ("127.0.0.1", 0),
+            "leader_elect": False,
+            "backoff_initial_seconds": 0.2,
+            "backoff_max_seconds": 0.8,
+            "identity": f"binder-{len(started)}",
+            "lease_duration_seconds": 2.0,
+            "renew_deadline_seconds": 1.5,
+            "retry_period_seconds": 0.2,
+        }
+        values.update(overrides)
+        binder = Binder(Settings(**values))
+        started.append(binder)
+        await binder.start()
+        return binder
+
+    yield make
+    for binder in started:
+        await binder.stop()
+
+
+@pytest.fixture
+def core(kube_api: kubernetes.client.ApiClient) -> Any:
+    return core_v1(kube_api)
+
+
+def add_node(kube_api: kubernetes.client.ApiClient, name: str, gpus: list[int], **kw: Any) -> None:
+    core_v1(kube_api).create_node(node_obj(name, gpus, **kw))
+    coordination_v1(kube_api).create_namespaced_lease(SYSTEM, lease_obj(name, time.time(), 3600))
+
+
+def add_pod(core: Any, name: str, **kw: Any) -> None:
+    obj = pod_obj(name, **kw)
+    del obj["metadata"]["uid"], obj["metadata"]["creationTimestamp"]
+    core.create_namespaced_pod(
+        "default", {**obj, "metadata": {**obj["metadata"], "namespace": "default"}}
+    )
+
+
+def node_of(core: Any, name: str) -> str:
+    return str(core.read_namespaced_pod(name, "default").spec.node_name or "")
+
+
+def binder_writes(apiserver: RunningApiServer, name: str | None = None) -> list[Any]:
+    return [
+        r
+        for r in apiserver.audit.writes(user_agent="tritonshare-binder/")
+        if name is None or r.name == name or r.name.startswith(f"{name}.")
+    ]
+
+
+def scheduled_condition(core: Any, name: str) -> Any:
+    pod = core.read_namespaced_pod(name, "default")
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled":
+            return condition
+    return None
+
+
+def failed_events(core: Any, name: str) -> list[Any]:
+    events = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={name}"
+    ).items
+    return [e for e in events if e.reason == "FailedScheduling"]
+
+
+async def test_binds_a_pod_with_two_api_calls_and_the_gpu_annotation(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI, 16 * GI])
+    binder = await make_binder()
+    add_pod(core, "resnet", mem="4Gi")
+    node = await eventually(lambda: node_of(core, "resnet"), what="the pod to be bound")
+    assert node == "gpu-1"
+    pod = core.read_namespaced_pod("resnet", "default")
+    assert pod.metadata.annotations[KEYS.gpu] in ("GPU-gpu-1-0", "GPU-gpu-1-1")
+    writes = binder_writes(apiserver, "resnet")
+    assert [(w.verb, w.resource, w.subresource) for w in writes] == [
+        ("patch", "pods", ""),
+        ("create", "pods", "binding"),
+    ]
+    assert all(w.user_agent == USER_AGENT for w in writes)
+    assert USER_AGENT.startswith("tritonshare-binder/")
+    # The watch brings the bound pod back: the assumption becomes the real account.
+    await eventually(lambda: not binder.cache.state.assumed_uids(), what="the assumption to clear")
+    assert binder.cache.state.allocated("gpu-1") in ([4 * GI, 0], [0, 4 * GI])
+
+
+async def test_unschedulable_pod_gets_one_event_and_condition_then_backs_off_quietly(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+) -> None:
+    add_node(kube_api, "gpu-1", [8 * GI])
+    binder = await make_binder()
+    add_pod(core, "big", mem="6Gi")
+    await eventually(lambda: node_of(core, "big"))
+    add_pod(core, "second", mem="4Gi")
+    condition = await eventually(lambda: scheduled_condition(core, "second"), what="PodScheduled")
+    expected = "0/1 nodes are available: 1 Insufficient GPU memory (largest free block 2Gi)."
+    assert (condition.status, condition.reason, condition.message) == (
+        "False",
+        "Unschedulable",
+        expected,
+    )
+    events = await eventually(lambda: failed_events(core, "second"), what="the event")
+    assert [(e.type, e.message, e.source.component) for e in events] == [
+        ("Warning", expected, "tritonshare")
+    ]
+    # Retries continue with backoff, but the unchanged message is not written again.
+    registry = binder.metrics.registry
+    sample = "tritonshare_binder_schedule_attempts_total"
+    labels = {"result": "unschedulable"}
+    await eventually(lambda: (registry.get_sample_value(sample, labels) or 0) >= 4, what="retries")
+    assert len(failed_events(core, "second")) == 1
+    writes = [
+        (w.resource, w.subresource)
+        for w in binder_writes(apiserver)
+        if w.resource == "events" or w.name == "second"
+    ]
+    assert writes == [("events", ""), ("pods", "status")]
+    assert binder.queue.failures(binder_uid(core, "second")) >= 3
+
+
+def binder_uid(core: Any, name: str) -> str:
+    return str(core.read_namespaced_pod(name, "default").metadata.uid)
+
+
+async def test_a_deleted_pod_frees_memory_and_requeues_at_once(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [8 * GI])
+    # A long backoff: only the requeue on the deletion can bind the second pod in time.
+    await make_binder(backoff_initial_seconds=60.0, backoff_max_seconds=120.0)
+    add_pod(core, "first", mem="6Gi")
+    await eventually(lambda: node_of(core, "first"))
+    add_pod(core, "second", mem="6Gi")
+    await eventually(lambda: scheduled_condition(core, "second"))
+    core.delete_namespaced_pod("first", "default", grace_period_seconds=0)
+    assert await eventually(lambda: node_of(core, "second"), within=20) == "gpu-1"
+
+
+async def test_a_node_added_later_requeues_at_once(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder(backoff_initial_seconds=60.0, backoff_max_seconds=120.0)
+    add_pod(core, "waiting", mem="2Gi")
+    condition = await eventually(lambda: scheduled_condition(core, "waiting"))
+    assert condition.message == "0/0 nodes are available:"
+    add_node(kube_api, "late", [16 * GI])
+    assert await eventually(lambda: node_of(core, "waiting"), within=20) == "late"
+
+
+async def test_an_agent_coming_alive_requeues_at_once(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    core.create_node(node_obj("gpu-1", [16 * GI]))
+    stale = lease_obj("gpu-1", time.time() - 600, 40)
+    coordination_v1(kube_api).create_namespaced_lease(SYSTEM, stale)
+    await make_binder(backoff_initial_seconds=60.0, backoff_max_seconds=120.0)
+    add_pod(core, "m", mem="2Gi")
+    condition = await eventually(lambda: scheduled_condition(core, "m"))
+    assert condition.message == "0/1 nodes are available: 1 node(s) had no live tritonshare agent."
+    lease = coordination_v1(kube_api).read_namespaced_lease("tritonshare-agent-gpu-1", SYSTEM)
+    fresh = lease_obj("gpu-1", time.time(), 40)
+    fresh["metadata"]["resourceVersion"] = lease.metadata.resource_version
+    coordination_v1(kube_api).replace_namespaced_lease("tritonshare-agent-gpu-1", SYSTEM, fresh)
+    assert await eventually(lambda: node_of(core, "m"), within=20) == "gpu-1"
+
+
+async def test_model_ids_stay_unique_per_node_and_node_rules_apply(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    taint = {"key": "nvidia.com/gpu", "value": "", "effect": "NoSchedule"}
+    add_node(kube_api, "a", [16 * GI], labels={"zone": "a"})
+    add_node(kube_api, "b", [16 * GI], labels={"zone": "b"}, taints=[taint])
+    await make_binder()
+    add_pod(core, "r1", model="resnet")
+    add_pod(core, "r2", model="resnet", spec_extra={"tolerations": [{"operator": "Exists"}]})
+    first = await eventually(lambda: node_of(core, "r1"))
+    second = await eventually(lambda: node_of(core, "r2"))
+    assert {first, second} == {"a", "b"}
+    add_pod(core, "r3", model="resnet", spec_extra={"tolerations": [{"operator": "Exists"}]})
+    condition = await eventually(lambda: scheduled_condition(core, "r3"))
+    assert condition.message == "0/2 nodes are available: 2 node(s) already had model resnet."
+
+
+async def test_bad_input_gets_a_clear_event_and_the_binder_keeps_going(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    await make_binder()
+    add_pod(core, "no-model", model=None)
+    add_pod(core, "bad-mem", mem="lots")
+    add_pod(core, "huge", mem="40Gi")
+    add_pod(core, "fine", mem="1Gi")
+    assert await eventually(lambda: node_of(core, "fine")) == "gpu-1"
+    for name, fragment in [
+        ("no-model", "has no tritonshare.io/model-id annotation"),
+        ("bad-mem", "'lots' is not a Kubernetes quantity"),
+        ("huge", "more than any healthy GPU in the cluster offers (largest 16Gi"),
+    ]:
+        events = await eventually(partial(failed_events, core, name), what=f"event of {name}")
+        assert fragment in events[0].message, events[0].message
+
+
+async def test_pods_of_other_schedulers_are_left_alone(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    await make_binder()
+    add_pod(core, "theirs", scheduler="default-scheduler")
+    add_pod(core, "ours")
+    await eventually(lambda: node_of(core, "ours"))
+    assert node_of(core, "theirs") == ""
+    assert binder_writes(apiserver, "theirs") == []
+
+
+async def test_a_conflict_or_a_deleted_pod_drops_the_assumption(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    add_node(kube_api, "gpu-2", [16 * GI])
+    binder = await make_binder(leader_elect=True, identity="follower")
+    # Another replica holds the leader lease, so this one decides nothing by itself.
+    coordination_v1(kube_api).create_namespaced_lease(
+        SYSTEM,
+        {
+            "metadata": {"name": "tritonshare-binder", "namespace": SYSTEM},
+            "spec": {
+                "holderIdentity": "someone-else",
+                "leaseDurationSeconds": 3600,
+                "renewTime": lease_obj("x", time.time())["spec"]["renewTime"],
+            },
+        },
+    )
+    add_pod(core, "raced", mem="4Gi")
+    add_pod(core, "gone", mem="4Gi")
+    await eventually(lambda: len(binder.cache.pending) == 2, what="two pending pods")
+    state = binder.cache.state
+    by_name = {p.name: p for p in binder.cache.pending.values()}
+    # Someone else binds "raced" between our decision and our binding; "gone" is deleted.
+    theirs = {"metadata": {"name": "raced"}, "target": {"kind": "Node", "name": "gpu-2"}}
+    core.create_namespaced_pod_binding("raced", "default", theirs, _preload_content=False)
+    core.delete_namespaced_pod("gone", "default", grace_period_seconds=0)
+    for name in ("raced", "gone"):
+        pod = by_name[name]
+        placement = place(state, pod, now=time.time())
+        assert isinstance(placement, Placement)
+        state.assume(pod, placement.node, placement.gpu.uuid)
+        await binder.controller._slots.acquire()
+        await binder.controller._bind(pod, placement)
+    # Neither assumption stays: "raced" is accounted where it really is, "gone" nowhere.
+    await eventually(lambda: not state.assumed_uids(), what="assumptions dropped")
+    assert {p.name: p.node_name for p in state.assigned_pods()} == {"raced": "gpu-2"}
+
+
+async def test_http_endpoints_report_readiness_role_and_gpu_metrics(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    binder = await make_binder()
+    add_pod(core, "m", mem="3Gi")
+    await eventually(lambda: node_of(core, "m"))
+    base = f"http://127.0.0.1:{binder.http.port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/healthz") as response:
+            assert response.status == 200
+        async with session.get(f"{base}/readyz") as response:
+            assert (response.status, await response.text()) == (200, "ready (leader)\n")
+        async with session.get(f"{base}/metrics") as response:
+            text = await response.text()
+    assert (
+        'tritonshare_binder_gpu_allocated_bytes{gpu="GPU-gpu-1-0",node="gpu-1"} 3.221225472e+09'
+        in text
+    )
+    assert (
+        'tritonshare_binder_gpu_capacity_bytes{gpu="GPU-gpu-1-0",node="gpu-1"} 1.7179869184e+10'
+        in text
+    )
+    assert 'tritonshare_binder_schedule_attempts_total{result="scheduled"} 1.0' in text
+    assert "tritonshare_binder_scheduling_latency_seconds_count 1.0" in text
+    assert "tritonshare_binder_is_leader 1.0" in text
+
+
+def test_pod_from_api_reads_what_the_binder_patched() -> None:
+    obj = pod_obj("p", node="n", gpu="GPU-n-1")
+    assert pod_from_api(obj, KEYS).gpu_uuid == "GPU-n-1"
