@@ -4,112 +4,30 @@ helpful change, conflicts, bad input, and the HTTP endpoints."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import kubernetes.client
-import pytest
 
-from binder.app import Binder
 from binder.kube import USER_AGENT
 from binder.model import pod_from_api
 from binder.placement import Placement, place
-from binder.settings import Settings
 from sim.apiserver import RunningApiServer
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
-from tests.fixtures_sim import coordination_v1, core_v1
-
-MakeBinder = Callable[..., Awaitable[Binder]]
-SYSTEM = "tritonshare-system"
-
-
-async def eventually(check: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:
-    """Poll `check` until it returns something truthy, or fail after `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within} s waiting for {what or check}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def make_binder(kubeconfig: Path) -> AsyncIterator[MakeBinder]:
-    started: list[Binder] = []
-
-    async def make(**overrides: Any) -> Binder:
-        values: dict[str, Any] = {
-            "kubeconfig": str(kubeconfig),
-            "listen_http": ("127.0.0.1", 0),
-            "leader_elect": False,
-            "backoff_initial_seconds": 0.2,
-            "backoff_max_seconds": 0.8,
-            "identity": f"binder-{len(started)}",
-            "lease_duration_seconds": 2.0,
-            "renew_deadline_seconds": 1.5,
-            "retry_period_seconds": 0.2,
-        }
-        values.update(overrides)
-        binder = Binder(Settings(**values))
-        started.append(binder)
-        await binder.start()
-        return binder
-
-    yield make
-    for binder in started:
-        await binder.stop()
-
-
-@pytest.fixture
-def core(kube_api: kubernetes.client.ApiClient) -> Any:
-    return core_v1(kube_api)
-
-
-def add_node(kube_api: kubernetes.client.ApiClient, name: str, gpus: list[int], **kw: Any) -> None:
-    core_v1(kube_api).create_node(node_obj(name, gpus, **kw))
-    coordination_v1(kube_api).create_namespaced_lease(SYSTEM, lease_obj(name, time.time(), 3600))
-
-
-def add_pod(core: Any, name: str, **kw: Any) -> None:
-    obj = pod_obj(name, **kw)
-    del obj["metadata"]["uid"], obj["metadata"]["creationTimestamp"]
-    core.create_namespaced_pod(
-        "default", {**obj, "metadata": {**obj["metadata"], "namespace": "default"}}
-    )
-
-
-def node_of(core: Any, name: str) -> str:
-    return str(core.read_namespaced_pod(name, "default").spec.node_name or "")
-
-
-def binder_writes(apiserver: RunningApiServer, name: str | None = None) -> list[Any]:
-    return [
-        r
-        for r in apiserver.audit.writes(user_agent="tritonshare-binder/")
-        if name is None or r.name == name or r.name.startswith(f"{name}.")
-    ]
-
-
-def scheduled_condition(core: Any, name: str) -> Any:
-    pod = core.read_namespaced_pod(name, "default")
-    for condition in pod.status.conditions or []:
-        if condition.type == "PodScheduled":
-            return condition
-    return None
-
-
-def failed_events(core: Any, name: str) -> list[Any]:
-    events = core.list_namespaced_event(
-        "default", field_selector=f"involvedObject.name={name}"
-    ).items
-    return [e for e in events if e.reason == "FailedScheduling"]
+from tests.binder.simcluster import (
+    SYSTEM,
+    MakeBinder,
+    add_node,
+    add_pod,
+    binder_writes,
+    eventually,
+    failed_events,
+    node_of,
+    scheduled_condition,
+)
+from tests.fixtures_sim import coordination_v1
 
 
 async def test_binds_a_pod_with_two_api_calls_and_the_gpu_annotation(
