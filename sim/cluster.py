@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 # The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
 TRITON_ADMIN_HEADER = "tritonshare-admin-key:local"
 KEYS = Keys()
+# The cluster's own calls (registering nodes, creating the scenario's pods) in the audit log.
+USER_AGENT = "tritonshare-sim-cluster"
 
 
 class ClusterError(RuntimeError):
@@ -192,6 +194,7 @@ class SimCluster:
         self.apiserver = start_in_thread()
         self.apiserver.write_kubeconfig(self.kubeconfig)
         self.kube = self.apiserver.api_client()
+        self.kube.user_agent = USER_AGENT
         self.say(f"Simulated Kubernetes API server is up at {self.apiserver.url}.")
         for node in self.nodes:
             self._register(node)
@@ -372,20 +375,27 @@ class SimCluster:
         lease = self._lease("tritonshare-binder")
         return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
-    def stop(self) -> None:
-        """Stop everything, last started first. Safe to call on a half-started cluster."""
+    def stop_parts(self) -> None:
+        """Stop the kubelets, binders, agents and Triton; the API server keeps serving (its
+        audit log records their last calls, such as a leader releasing its lease)."""
         if self.hollow is not None:
             self.hollow.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
         for api in self._kubelet_clients:
             api.close()  # type: ignore[no-untyped-call]
+        self._kubelet_clients.clear()
         for binder in self.binders:
             binder.process.stop()
         for agent in self.agents.values():
             agent.process.stop()
         if self.triton is not None:
             self.triton.stop()
+
+    def stop(self) -> None:
+        """Stop everything, last started first. Safe to call on a half-started cluster, and
+        after stop_parts()."""
+        self.stop_parts()
         if self.kube is not None:
             self.kube.close()  # type: ignore[no-untyped-call]
         if self.apiserver is not None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
+from sim.apiserver import AuditRecord
 from sim.cluster import ClusterError, SimCluster, wait_until
 from sim.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
 from sim.triton import free_port
@@ -49,6 +50,8 @@ class DemoResult:
     leader: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     loaded_after_shutdown: list[str] = field(default_factory=list)
+    audit: list[AuditRecord] = field(default_factory=list)
+    """Every API call of the run, as the API server's audit log recorded it."""
     seconds: float = 0.0
 
 
@@ -291,6 +294,9 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             else f"Still loaded in Triton: {result.loaded_after_shutdown}"
         )
         say("Stopping the binders, the agents, Triton and the API server.")
+        cluster.stop_parts()
+        assert cluster.apiserver is not None
+        result.audit = cluster.apiserver.audit.snapshot()
     result.seconds = time.monotonic() - started
     return result
 

@@ -3,23 +3,18 @@ a real Triton on the CPU, tritonclient through the proxies, and a clean shutdown
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from sim.demo import run_demo
+from sim.demo import DemoResult
 from sim.scenario import NODES, PODS
-from sim.triton import TritonInstall
 
 
 @pytest.mark.slow
 @pytest.mark.triton
 def test_the_demo_scenario_places_serves_explains_and_cleans_up(
-    tmp_path: Path, triton_install: TritonInstall
+    demo_run: tuple[DemoResult, str],
 ) -> None:
-    lines: list[str] = []
-    result = run_demo(tmp_path / "demo", lines.append)
-    transcript = "\n".join(lines)
+    result, transcript = demo_run
 
     assert result.missing == [], transcript
     assert result.leader in {"binder-0", "binder-1"}
