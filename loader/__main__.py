@@ -96,7 +96,10 @@ async def _run_until_stopped(settings: Settings) -> Outcome:
 
 def write_termination_log(path: Path, message: str) -> None:
     """Write one line for Kubernetes to show; a missing or read-only path is only a warning."""
-    data = message.replace("\n", " ").encode()[: _TERMINATION_MESSAGE_BYTES - 1] + b"\n"
+    # One line, whitespace collapsed: Triton's reasons carry multi-line Python tracebacks.
+    line = " ".join(message.split())
+    kept = line.encode()[: _TERMINATION_MESSAGE_BYTES - 1].decode("utf-8", errors="ignore")
+    data = kept.encode() + b"\n"
     try:
         path.write_bytes(data)
     except OSError as e:

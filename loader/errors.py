@@ -137,15 +137,10 @@ _PERMANENT: dict[tuple[str, grpc.StatusCode], tuple[type[LoaderError], str]] = {
     ),
 }
 
+# The agent's own message says what is wrong and what to do; docs/loader.md adds the pod-side fix.
 _REFUSAL_HINT = {
-    grpc.StatusCode.UNAUTHENTICATED: (
-        "the agent refused the token: {details}; mount a projected service-account token with "
-        "the agent's audience at --token-file"
-    ),
-    grpc.StatusCode.PERMISSION_DENIED: (
-        "the agent refused this pod: {details}; the pod must be scheduled by tritonshare onto "
-        "this node and annotated with this model id"
-    ),
+    grpc.StatusCode.UNAUTHENTICATED: "the agent refused the token: {details}",
+    grpc.StatusCode.PERMISSION_DENIED: "the agent refused this pod: {details}",
 }
 
 

@@ -77,7 +77,7 @@ class Outcome:
     def summary(self) -> str:
         """One line: the model, where it runs, what was sent and how long it took."""
         if self.installed:
-            sent = f"sent {self.files} files ({format_bytes(self.bytes_sent)})"
+            sent = f"sent {self.files} files ({_size(self.bytes_sent)})"
         else:
             sent = f"its {self.files} files were already on the node, nothing sent"
         return (
@@ -187,7 +187,7 @@ class Loading:
             model_id,
             self._agent.address,
             len(self._manifest.entries),
-            format_bytes(self._manifest.total_bytes),
+            _size(self._manifest.total_bytes),
             self._manifest.digest[:12],
         )
         started = self._clock()
@@ -211,8 +211,8 @@ class Loading:
             log.info(
                 "The agent installed model %s: %s sent, %s written in %.1f s.",
                 model_id,
-                format_bytes(result.bytes_sent),
-                format_bytes(result.bytes_written),
+                _size(result.bytes_sent),
+                _size(result.bytes_written),
                 seconds,
             )
 
@@ -236,10 +236,8 @@ class Loading:
         if status.state is ModelState.READY:
             return status
         if status.state is ModelState.FAILED:
-            raise ModelRejectedError(
-                f"Triton could not load model {model_id}: {status.reason or 'no reason given'}; "
-                f"fix config.pbtxt or the model files"
-            )
+            reason = status.reason or f"Triton could not load model {model_id} (no reason given)"
+            raise ModelRejectedError(f"{reason}; fix config.pbtxt or the model files")
         # INSTALLED or ABSENT after a load: the node changed under us (an agent or Triton
         # restart); ask again from the start.
         raise TransientError(
@@ -262,3 +260,8 @@ class Loading:
             f"the agent at {self._agent.address} did not answer for {waited:.0f} s (last: "
             f"{last}); check that the tritonshare agent runs on this node and listens there"
         )
+
+
+def _size(count: int) -> str:
+    """Bytes for a log sentence: '348 bytes', '2Mi'."""
+    return f"{count} bytes" if count < 1024 else format_bytes(count)

@@ -1,0 +1,277 @@
+"""The loader as a process against the real thing: a real agent process (over a simulated 2xT4
+node), a real Triton on the CPU, and sim/'s API server minting the pod's projected token.
+
+A good model ends READY and answers an inference through tritonclient; a restarted pod re-uses
+what is installed without sending a byte; a model Triton rejects exits 5 with Triton's reason; a
+refused token or pod exits 4; an agent that starts late is waited for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+
+from loader.errors import ExitCode
+from sim.apiserver import RunningApiServer
+from sim.triton import TritonServer, free_port
+from tests.conftest import copy_model
+from tests.fixtures_sim import core_v1
+from tests.loader.loaderprocess import ROOT, LoaderRun, run_loader
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+NODE = "gpu-node-1"
+NAMESPACE = "default"
+
+
+@dataclass
+class AgentProcess:
+    """`python -m sim.agent_node --gpus 2xT4 -- <agent flags>`, stopped by SIGTERM."""
+
+    process: subprocess.Popen[bytes]
+    grpc_address: str
+    http_address: str
+    log: Path
+
+    def metric(self, name: str) -> float:
+        """The sum of one metric's samples on the agent's /metrics."""
+        with urllib.request.urlopen(f"http://{self.http_address}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.MULTILINE)
+        return sum(float(value) for value in pattern.findall(text))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_agent(
+    tmp_path: Path, kubeconfig: Path, triton: TritonServer, repository: Path, grpc_port: int = 0
+) -> AgentProcess:
+    ports = tmp_path / f"agent-ports-{grpc_port}.json"
+    log = tmp_path / "agent.log"
+    command = [
+        sys.executable, "-m", "sim.agent_node", "--gpus", "2xT4", "--",
+        "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+        "--triton-http-url", triton.http_url, "--model-repository", str(repository),
+        "--listen-grpc", f"127.0.0.1:{grpc_port}", "--listen-http", "127.0.0.1:0",
+        "--ports-file", str(ports), "--cpu-only",
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    agent = AgentProcess(process, "", "", log)
+    deadline = time.monotonic() + 60
+    try:
+        while not ports.exists():
+            assert process.poll() is None, f"the agent exited while starting:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the agent never started:\n{log.read_text()}"
+            time.sleep(0.05)
+        addresses = json.loads(ports.read_text())
+    except BaseException:
+        agent.stop()
+        raise
+    agent.grpc_address = addresses["grpc"]
+    agent.http_address = addresses["http"]
+    return agent
+
+
+def make_pod(api: kubernetes.client.ApiClient, name: str, model_id: str) -> None:
+    """A model pod bound to the node, scheduled by tritonshare, as the binder leaves it."""
+    body: Any = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "annotations": {"tritonshare.io/model-id": model_id},
+        },
+        "spec": {
+            "nodeName": NODE,
+            "schedulerName": "tritonshare",
+            "containers": [{"name": "proxy", "image": "tritonshare"}],
+        },
+    }
+    core_v1(api).create_namespaced_pod(NAMESPACE, body)
+
+
+@dataclass
+class Node:
+    """One simulated GPU node with its Triton and API server; the agent is started on demand."""
+
+    tmp_path: Path
+    apiserver: RunningApiServer
+    api: kubernetes.client.ApiClient
+    kubeconfig: Path
+    triton: TritonServer
+    repository: Path
+
+    def pod_token(self, pod: str, model_id: str, audience: str = "tritonshare-agent") -> Path:
+        make_pod(self.api, pod, model_id)
+        path = self.tmp_path / f"token-{pod}"
+        path.write_text(self.apiserver.mint_token(NAMESPACE, pod, audience))
+        return path
+
+    def load(self, model_dir: Path, model_id: str, address: str, token: Path, *extra: str) -> Any:
+        return run_loader(
+            self.tmp_path, model_dir, model_id, address, token, "--log-format", "json", *extra
+        )
+
+
+@pytest.fixture
+def node(
+    tmp_path: Path,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+) -> Node:
+    core_v1(kube_api).create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    return Node(tmp_path, apiserver, kube_api, kubeconfig, triton, model_repository)
+
+
+@pytest.fixture
+def agent(node: Node) -> Iterator[AgentProcess]:
+    running = start_agent(node.tmp_path, node.kubeconfig, node.triton, node.repository)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def final_record(run: LoaderRun) -> dict[str, Any]:
+    """The loader's last JSON log line."""
+    lines = [line for line in run.logs.splitlines() if line.startswith("{")]
+    assert lines, run.explain()
+    record: dict[str, Any] = json.loads(lines[-1])
+    return record
+
+
+def test_a_good_model_ends_ready_serves_and_a_restart_sends_nothing(
+    node: Node, agent: AgentProcess
+) -> None:
+    model = copy_model("add_one", node.tmp_path / "pod")
+    (model / "1" / "weights.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: several chunks
+    token = node.pod_token("add-one-0", "add_one")
+
+    first = node.load(model, "add_one", agent.grpc_address, token)
+    assert first.returncode == ExitCode.OK, first.explain()
+    done = final_record(first)
+    size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
+    assert done["installed"] is True
+    assert done["bytes_sent"] == done["model_bytes"] == size
+    assert "model add_one is READY on the CPU" in first.termination_message
+
+    client = triton_http.InferenceServerClient(node.triton.http_url)
+    try:
+        assert client.is_model_ready("add_one")
+        data = np.array([[1.5, -2.0, 41.0]], dtype=np.float32)
+        infer_input = triton_http.InferInput("INPUT0", list(data.shape), "FP32")
+        infer_input.set_data_from_numpy(data)
+        answer = client.infer("add_one", [infer_input]).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+    assert answer is not None
+    assert answer.tolist() == [[2.5, -1.0, 42.0]]
+
+    written = agent.metric("tritonshare_agent_install_written_bytes_total")
+    installs = agent.metric("tritonshare_agent_installs_total")
+    assert written >= size
+
+    # The pod restarts: same model, same files, the node already has them.
+    again = node.load(model, "add_one", agent.grpc_address, token)
+    assert again.returncode == ExitCode.OK, again.explain()
+    record = final_record(again)
+    assert record["installed"] is False
+    assert record["bytes_sent"] == 0
+    assert "nothing sent" in again.termination_message
+    assert agent.metric("tritonshare_agent_install_written_bytes_total") == written
+    assert agent.metric("tritonshare_agent_installs_total") == installs
+
+
+def test_a_model_triton_rejects_exits_5_with_tritons_reason(
+    node: Node, agent: AgentProcess
+) -> None:
+    model = copy_model("add_one", node.tmp_path / "pod", as_name="broken")
+    (model / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise RuntimeError('weights are missing on purpose')\n"
+    )
+    token = node.pod_token("broken-0", "broken")
+    run = node.load(model, "broken", agent.grpc_address, token)
+    assert run.returncode == ExitCode.MODEL_REJECTED, run.explain()
+    assert "weights are missing on purpose" in run.termination_message
+    assert "retrying" not in run.logs, "a rejected model must fail at once"
+
+
+def test_a_refused_token_or_pod_exits_4_at_once(node: Node, agent: AgentProcess) -> None:
+    model = copy_model("add_one", node.tmp_path / "pod")
+
+    forged = node.tmp_path / "forged-token"
+    forged.write_text("eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
+    refused = node.load(model, "add_one", agent.grpc_address, forged)
+    assert refused.returncode == ExitCode.REFUSED, refused.explain()
+    assert "the agent refused the token" in refused.termination_message
+
+    # A real token, but from a pod annotated with another model.
+    other = node.pod_token("other-0", "other_model")
+    denied = node.load(model, "add_one", agent.grpc_address, other)
+    assert denied.returncode == ExitCode.REFUSED, denied.explain()
+    assert "the agent refused this pod" in denied.termination_message
+    assert "other_model" in denied.termination_message
+
+    wrong_audience = node.pod_token("add-one-0", "add_one", audience="someone-else")
+    refused_audience = node.load(model, "add_one", agent.grpc_address, wrong_audience)
+    assert refused_audience.returncode == ExitCode.REFUSED, refused_audience.explain()
+
+
+def test_an_agent_that_starts_late_is_waited_for(node: Node) -> None:
+    model = copy_model("add_one", node.tmp_path / "pod")
+    token = node.pod_token("add-one-0", "add_one")
+    port = free_port()
+    log = node.tmp_path / "loader.log"
+    termination_log = node.tmp_path / "late-termination-log"
+    command = [
+        sys.executable, "-m", "loader", "--model-dir", str(model), "--model-id", "add_one",
+        "--agent-address", f"127.0.0.1:{port}", "--token-file", str(token),
+        "--termination-log", str(termination_log), "--timeout", "120",
+    ]  # fmt: skip
+    with log.open("w") as out:
+        loader = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    agent: AgentProcess | None = None
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("retrying in") < 2:
+            assert loader.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"the loader never retried:\n{log.read_text()}"
+            time.sleep(0.05)
+        agent = start_agent(node.tmp_path, node.kubeconfig, node.triton, node.repository, port)
+        code = loader.wait(timeout=120)
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.wait()
+        if agent is not None:
+            agent.stop()
+    assert code == ExitCode.OK, log.read_text()
+    assert "is READY on the CPU" in termination_log.read_text()
