@@ -1,0 +1,191 @@
+"""`tritonshare status` and `tritonshare explain POD`: the cluster as the binder sees it.
+
+`status` prints every node and GPU with capacity, allocated and free GPU memory and the models on
+it (as `kubectl inspect gpushare` does for GPU sharing). `explain` prints, for every node, why a
+pod does or does not fit there, and what the binder would decide now. Both list the cluster once
+and run the binder's own placement code on it; they change nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from binder.cache import ClusterCache
+from binder.errors import BinderError, NotFoundError
+from binder.kube import Kube
+from binder.model import PodInfo, pod_from_api
+from binder.placement import Placement, explain, place
+from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
+from common.quantity import QuantityError, format_bytes, parse_quantity
+
+
+class _Quiet:
+    """A cache listener that ignores changes: the CLI reads one snapshot."""
+
+    def pending_changed(self, pod: PodInfo, relevant: bool) -> None:
+        pass
+
+    def pending_gone(self, uid: str) -> None:
+        pass
+
+    def cluster_changed(self, why: str) -> None:
+        pass
+
+
+def load(kube: Kube, keys: Keys, namespace: str, scheduler: str, reserve: int) -> ClusterCache:
+    """One list of nodes, agent leases and pods, folded into the binder's cache."""
+    cache = ClusterCache(keys, scheduler_name=scheduler, reserve=reserve, listener=_Quiet())
+    cache.replace_nodes(kube.list_all(kube.nodes())[0])
+    cache.replace_leases(kube.list_all(kube.leases(namespace))[0])
+    cache.replace_pods(kube.list_all(kube.pods())[0])
+    cache.state.arrays()
+    return cache
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        out.write("\n")
+
+
+def status(cache: ClusterCache, out: TextIO, now: float) -> None:
+    state = cache.state
+    rows = [["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "MODELS"]]
+    total_capacity = total_allocated = 0
+    for name in state.names:
+        info = state.nodes[name]
+        agent = "alive" if state.leases.get(name, 0.0) > now else "down"
+        if not info.gpus:
+            why = "unreadable GPU annotation" if info.gpu_problem else "no GPUs published"
+            rows.append([name, agent, "-", why, "", "", "", "", ""])
+            continue
+        allocated = state.allocated(name)
+        free = state.gpu_free(name)
+        models: dict[int, list[str]] = {}
+        for pod, position in state.pods_on(name):
+            models.setdefault(position, []).append(pod.model_id or pod.key)
+        for position, gpu in enumerate(info.gpus):
+            capacity = state.usable(gpu)
+            total_capacity += capacity
+            total_allocated += allocated[position]
+            rows.append(
+                [
+                    name,
+                    agent,
+                    str(gpu.index),
+                    gpu.uuid,
+                    gpu.product + ("" if gpu.healthy else " (unhealthy)"),
+                    format_bytes(capacity),
+                    format_bytes(allocated[position]),
+                    format_bytes(free[position]),
+                    ", ".join(sorted(models.get(position, []))) or "-",
+                ]
+            )
+    _table(rows, out)
+    out.write(
+        f"\n{len(state.names)} nodes; GPU memory allocated {format_bytes(total_allocated)} of "
+        f"{format_bytes(total_capacity)}; {len(cache.pending)} pods pending.\n"
+    )
+
+
+def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> None:
+    out.write(
+        f"Pod {pod.key} asks for {format_bytes(pod.request)} of GPU memory for model "
+        f"{pod.model_id or '(none)'}.\n"
+    )
+    if pod.node_name:
+        gpu = pod.gpu_uuid or "(not annotated)"
+        out.write(f"It is bound to node {pod.node_name}, GPU {gpu}.\n")
+        return
+    result = place(cache.state, pod, now=now)
+    if isinstance(result, Placement):
+        out.write(
+            f"The binder would place it now on node {result.node}, GPU {result.gpu.index} "
+            f"({result.gpu.uuid}).\n\n"
+        )
+    else:
+        out.write(f"It fits nowhere now: {result.message}\n\n")
+    if pod.problem:
+        return
+    rows = [["NODE", "FITS", "FREE PER GPU", "REASONS"]]
+    for verdict in explain(cache.state, pod, now=now):
+        rows.append(
+            [
+                verdict.node,
+                "no" if verdict.reasons else "yes",
+                " ".join(format_bytes(f) for f in verdict.free) or "-",
+                "; ".join(verdict.reasons) or "-",
+            ]
+        )
+    _table(rows, out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="tritonshare", description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", default=env.get("KUBECONFIG"), help="(env KUBECONFIG)")
+    parser.add_argument("--key-prefix", default=env.get("TRITONSHARE_KEY_PREFIX", DEFAULT_PREFIX))
+    parser.add_argument(
+        "--system-namespace",
+        default=env.get("TRITONSHARE_SYSTEM_NAMESPACE", DEFAULT_SYSTEM_NAMESPACE),
+    )
+    parser.add_argument(
+        "--scheduler-name", default=env.get("TRITONSHARE_SCHEDULER_NAME", DEFAULT_SCHEDULER_NAME)
+    )
+    parser.add_argument(
+        "--gpu-mem-reserve",
+        default=env.get("TRITONSHARE_GPU_MEM_RESERVE", "0"),
+        help="bytes kept free on every GPU; use the binder's value",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("status", help="nodes and GPUs: capacity, allocated, free, models")
+    why = commands.add_parser("explain", help="why a pod does or does not fit on each node")
+    why.add_argument("pod", help="POD or NAMESPACE/POD")
+    why.add_argument("-n", "--namespace", default="default")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        keys = Keys(args.key_prefix)
+        reserve = parse_quantity(args.gpu_mem_reserve, what="--gpu-mem-reserve")
+    except (ValueError, QuantityError) as e:
+        print(f"tritonshare: {e}", file=sys.stderr)
+        return 2
+    try:
+        kube = Kube(args.kubeconfig, user_agent="tritonshare-cli/0.1.0")
+    except BinderError as e:
+        print(f"tritonshare: {e}", file=sys.stderr)
+        return 2
+    try:
+        cache = load(kube, keys, args.system_namespace, args.scheduler_name, reserve)
+        now = time.time()
+        if args.command == "status":
+            status(cache, out, now)
+            return 0
+        namespace, _, name = args.pod.rpartition("/")
+        namespace = namespace or args.namespace
+        try:
+            pod = pod_from_api(kube.read_pod(namespace, name), keys)
+        except NotFoundError:
+            print(f"tritonshare: pod {namespace}/{name} does not exist", file=sys.stderr)
+            return 1
+        explain_pod(cache, pod, out, now)
+        return 0
+    except BinderError as e:
+        print(f"tritonshare: the cluster could not be read: {e}", file=sys.stderr)
+        return 1
+    finally:
+        kube.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

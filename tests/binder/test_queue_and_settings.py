@@ -1,0 +1,126 @@
+"""The scheduling queue on a fake clock (backoff 1 s doubling to a cap, requeue on change, FIFO),
+and the settings parser's errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from binder.errors import ConfigError
+from binder.queue import SchedulingQueue
+from binder.settings import parse_settings
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_queue(clock: FakeClock) -> SchedulingQueue:
+    return SchedulingQueue(initial_seconds=1.0, max_seconds=120.0, clock=clock)
+
+
+def test_backoff_doubles_from_one_second_up_to_two_minutes() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock)
+    delays = [queue.backoff("p") for _ in range(10)]
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 120, 120, 120]
+
+
+def test_a_waiting_pod_comes_back_when_its_backoff_ends() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock)
+    queue.add("p")
+    assert queue.pop_ready() == "p"
+    queue.backoff("p")
+    queue.backoff("p")  # second failure: 2 s
+    assert queue.pop_ready() is None
+    clock.now = 1.999
+    assert queue.pop_ready() is None
+    clock.now = 2.0
+    assert queue.pop_ready() == "p"
+    assert queue.pop_ready() is None
+
+
+def test_a_helpful_change_moves_every_waiting_pod_at_once_keeping_its_count() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock)
+    for uid in ("a", "b"):
+        queue.add(uid)
+        queue.pop_ready()
+        queue.backoff(uid)
+    assert queue.move_all_to_active() == 2
+    assert [queue.pop_ready(), queue.pop_ready()] == ["a", "b"]
+    assert queue.backoff("a") == 2.0, "the failure count survives the requeue"
+
+
+def test_first_in_first_out_and_no_duplicates() -> None:
+    queue = make_queue(FakeClock())
+    for uid in ("a", "b", "a", "c"):
+        queue.add(uid)
+    assert len(queue) == 3
+    assert [queue.pop_ready() for _ in range(3)] == ["a", "b", "c"]
+
+
+def test_removed_pods_are_forgotten() -> None:
+    queue = make_queue(FakeClock())
+    queue.add("a")
+    queue.backoff("b")
+    queue.remove("a")
+    queue.remove("b")
+    assert len(queue) == 0
+    assert queue.failures("b") == 0
+    assert queue.move_all_to_active() == 0
+
+
+async def test_pop_waits_for_an_added_pod() -> None:
+    queue = SchedulingQueue()
+    waiter = asyncio.ensure_future(queue.pop())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    queue.add("x")
+    assert await asyncio.wait_for(waiter, 5) == "x"
+
+
+async def test_pop_wakes_up_when_a_backoff_ends() -> None:
+    queue = SchedulingQueue(initial_seconds=0.05)
+    queue.backoff("x")
+    assert await asyncio.wait_for(queue.pop(), 5) == "x"
+
+
+def test_settings_defaults_and_environment() -> None:
+    settings = parse_settings([], {"TRITONSHARE_POLICY": "spread", "KUBECONFIG": "/k"})
+    assert settings.policy == "spread"
+    assert settings.kubeconfig == "/k"
+    assert settings.listen_http == ("0.0.0.0", 9200)
+    assert settings.keys.gpu_mem == "tritonshare.io/gpu-mem"
+    assert settings.backoff_max_seconds == 120.0
+    flags = parse_settings(
+        ["--key-prefix", "seldon.io/trtis-", "--gpu-mem-reserve", "512Mi", "--policy", "binpack"],
+        {"TRITONSHARE_POLICY": "spread"},
+    )
+    assert flags.keys.gpu_mem == "seldon.io/trtis-gpu-mem"
+    assert flags.gpu_mem_reserve == 512 * 1024**2
+    assert flags.policy == "binpack"
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--policy", "random"], "neither 'binpack' nor 'spread'"),
+        (["--gpu-mem-reserve", "lots"], "is not a Kubernetes quantity"),
+        (["--key-prefix", "Not A Prefix"], "not a valid Kubernetes key prefix"),
+        (["--listen-http", "nowhere"], "is not host:port"),
+        (["--lease-duration", "5", "--renew-deadline", "6"], "shorter than --lease-duration"),
+        (["--backoff-initial", "-1"], "more than 0 seconds"),
+        (["--bind-workers", "0"], "above 0"),
+        (["--no-such-flag"], "unrecognized arguments"),
+    ],
+)
+def test_bad_settings_say_what_to_fix(argv: list[str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        parse_settings(argv, {})
