@@ -58,6 +58,8 @@ class Resource:
     """PUT of a missing object creates it (leases and events do, pods and nodes do not)."""
     allow_unconditional_update: bool = True
     """PUT without metadata.resourceVersion is accepted (leases require one)."""
+    short_names: tuple[str, ...] = ()
+    """Discovery short names (`kubectl get ns`)."""
     verbs: frozenset[str] = field(
         default=frozenset({"create", "delete", "get", "list", "patch", "update", "watch"})
     )
@@ -81,6 +83,7 @@ NAMESPACES = Resource(
     version="v1",
     plural="namespaces",
     kind="Namespace",
+    short_names=("ns",),
     namespaced=False,
     field_labels=_META | {"status.phase": _path("status", "phase")},
     subresources=frozenset({"status"}),
@@ -92,6 +95,7 @@ NODES = Resource(
     version="v1",
     plural="nodes",
     kind="Node",
+    short_names=("no",),
     namespaced=False,
     field_labels=_META | {"spec.unschedulable": _path("spec", "unschedulable")},
     subresources=frozenset({"status"}),
@@ -103,6 +107,7 @@ PODS = Resource(
     version="v1",
     plural="pods",
     kind="Pod",
+    short_names=("po",),
     namespaced=True,
     field_labels=_NAMESPACED_META
     | {
@@ -127,6 +132,7 @@ EVENTS = Resource(
     version="v1",
     plural="events",
     kind="Event",
+    short_names=("ev",),
     namespaced=True,
     field_labels=_NAMESPACED_META
     | {

@@ -28,6 +28,7 @@ from sim.apiserver.errors import (
     ApiError,
     bad_request,
     expired,
+    internal,
     invalid,
     method_not_allowed,
     too_large_resource_version,
@@ -166,6 +167,16 @@ class Handlers:
         except web.HTTPException as e:
             code = e.status
             raise
+        except Exception as e:
+            # A bug in the simulator: answer as the real server does (500 Status) and say where.
+            log.exception(
+                "The simulated API server failed on %s %s: answering 500.",
+                request.method,
+                request.path,
+            )
+            error = internal(f"{type(e).__name__}: {e}")
+            code = error.code
+            return _json(error.status(), error.code)
         finally:
             if info.is_resource_request:
                 self._record(request, info, arrived, code)
@@ -453,6 +464,7 @@ class Handlers:
                     "namespaced": resource.namespaced,
                     "kind": resource.kind,
                     "verbs": sorted(resource.verbs),
+                    **({"shortNames": list(resource.short_names)} if resource.short_names else {}),
                 }
             )
             for sub in sorted(resource.subresources):

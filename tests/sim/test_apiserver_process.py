@@ -3,6 +3,7 @@ SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import kubernetes
 from kubernetes import client
 
+from sim.apiserver import RunningApiServer
+from tests.conftest import require_executable
 from tests.fixtures_sim import core_v1
 
 
@@ -69,3 +72,31 @@ def test_bad_flags_exit_with_a_usage_error() -> None:
     )
     assert result.returncode == 2
     assert "--history-size must be at least 1" in result.stderr
+
+
+def test_kubectl_works_against_it(apiserver: RunningApiServer, kubeconfig: Path) -> None:
+    kubectl = require_executable("kubectl")
+    with apiserver.api_client() as api:
+        v1 = core_v1(api)
+        v1.create_node({"metadata": {"name": "gpu-1"}})
+        v1.create_namespaced_pod(
+            "default",
+            {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+        )
+
+    def run(*args: str) -> str:
+        result = subprocess.run(
+            [kubectl, "--kubeconfig", str(kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert "tritonshare-system" in run("get", "ns")
+    assert "gpu-1" in run("get", "nodes")
+    assert json.loads(run("get", "pod", "p", "-o", "json"))["metadata"]["name"] == "p"
+    assert 'pod "p" deleted' in run("delete", "pod", "p")
+    assert run("get", "pods", "-n", "default", "-o", "name") == ""
