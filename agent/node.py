@@ -174,29 +174,36 @@ class NodePublisher:
 
     # The loop.
     async def run(self, stop: asyncio.Event) -> None:
-        """Until `stop`: GPUs every poll period, Lease every renew period, Node reread rarely."""
+        """Until `stop`: GPUs every poll period, Lease every renew period, Node reread rarely.
+
+        Each duty fails alone: a Node that cannot be patched must not stop the Lease renewals.
+        """
         next_gpu = next_lease = self._clock()
         next_node = self._clock() + self.node_resync_seconds
         while not stop.is_set():
             now = self._clock()
-            try:
-                if now >= next_node:
-                    await self.sync_node()
-                    next_node = now + self.node_resync_seconds
-                if now >= next_gpu:
-                    self.read_gpus()
-                    await self.publish()
-                    next_gpu = now + self.gpu_poll_seconds
-                if now >= next_lease:
-                    await self.renew_lease()
-                    next_lease = now + self.lease_renew_seconds
-            except AgentError as e:
-                log.warning("Updating node %s failed (%s): retrying shortly.", self.node_name, e)
-                retry = now + min(self.gpu_poll_seconds, self.lease_renew_seconds / 4)
-                next_lease = min(next_lease, retry)
-                next_gpu = min(next_gpu, retry)
+            retry = now + min(self.gpu_poll_seconds, self.lease_renew_seconds / 4)
+            if now >= next_node:
+                next_node = now + self.node_resync_seconds
+                if not await self._attempt("reread the node", self.sync_node()):
+                    self._node_annotations = None  # publish() rereads it first
+            if now >= next_gpu:
+                self.read_gpus()
+                ok = await self._attempt("publish the GPUs on the node", self.publish())
+                next_gpu = now + self.gpu_poll_seconds if ok else retry
+            if now >= next_lease:
+                ok = await self._attempt("renew the agent lease", self.renew_lease())
+                next_lease = now + self.lease_renew_seconds if ok else retry
             delay = max(min(next_gpu, next_lease, next_node) - self._clock(), 0.0)
             await self._wait(stop, delay)
+
+    async def _attempt(self, what: str, step: Awaitable[object]) -> bool:
+        try:
+            await step
+        except AgentError as e:
+            log.warning("Node %s could not %s (%s): retrying shortly.", self.node_name, what, e)
+            return False
+        return True
 
     async def _wait(self, stop: asyncio.Event, delay: float) -> None:
         if self._sleep is not None:

@@ -222,3 +222,24 @@ async def test_gpu_faults_are_reflected_on_the_node(
     capacity = kubernetes.client.CoreV1Api(kube_api).read_node(NODE).status
     assert capacity is not None and capacity.capacity is not None
     assert capacity.capacity["tritonshare.io/gpu-mem"] == str(2 * T4)
+
+
+async def test_a_missing_node_does_not_stop_the_lease(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = asyncio.Event()
+    fake = FakeTime(until=100.0, stop=stop)
+    mock = MockNvml(parse_spec("1xH100-80GB", seed=NODE), clock=fake.clock)
+    kube = KubeClient(str(kubeconfig))
+    try:
+        await publisher(kube, mock, fake).run(stop)
+    finally:
+        await kube.close()
+    lease = kubernetes.client.CoordinationV1Api(kube_api).read_namespaced_lease(
+        f"tritonshare-agent-{NODE}", "tritonshare-system"
+    )
+    assert lease.spec is not None and lease.spec.renew_time is not None
+    assert f"node {NODE} does not exist in the API; check --node-name" in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aiohttp
 import grpc
 import kubernetes.client
 import numpy as np
@@ -17,6 +18,7 @@ from sim.triton import TritonServer
 from tests.agent.conftest import (
     RunningAgent,
     bearer,
+    eventually,
     install_dir,
     make_pod,
 )
@@ -102,6 +104,7 @@ async def test_refused_callers(
     make_pod(kube_api, "a-pod", "model-a")
     make_pod(kube_api, "elsewhere", "model-b", node="other-node")
     make_pod(kube_api, "plain", "model-c", scheduler="default-scheduler")
+    make_pod(kube_api, "done", "model-d", phase="Failed")
     stub = running.stub
     request = agent_pb2.GetModelRequest(model_id="model-a")
 
@@ -138,6 +141,12 @@ async def test_refused_callers(
     assert not_ours.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "default-scheduler" in (not_ours.value.details() or "")
 
+    token_d = apiserver.mint_token("default", "done")
+    with pytest.raises(grpc.aio.AioRpcError) as terminated:
+        await stub.GetModel(agent_pb2.GetModelRequest(model_id="model-d"), metadata=bearer(token_d))
+    assert terminated.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "terminated" in (terminated.value.details() or "")
+
     with pytest.raises(grpc.aio.AioRpcError) as not_platform:
         await stub.ListModels(agent_pb2.ListModelsRequest(), metadata=bearer(token_a))
     assert not_platform.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -167,3 +176,38 @@ async def test_refused_callers(
     assert gpus.node == "gpu-node-1"
     models = await stub.ListModels(agent_pb2.ListModelsRequest(), metadata=bearer(platform))
     assert list(models.models) == []
+
+
+async def test_metrics_and_readiness(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    gpu = running.mock.gpus[0].uuid
+    make_pod(kube_api, "m-pod", "m", gpu_uuid=gpu)
+    token = apiserver.mint_token("default", "m-pod")
+    await install_dir(running.stub, token, copy_model("add_one", tmp_path, as_name="m"), "m")
+    await running.stub.LoadModel(agent_pb2.LoadModelRequest(model_id="m"), metadata=bearer(token))
+    base = f"http://{running.agent.http_address}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/metrics") as response:
+            text = await response.text()
+        assert f'tritonshare_agent_models_loaded{{uuid="{gpu}"}} 1.0' in text
+        assert "tritonshare_agent_load_duration_seconds_count 1.0" in text
+        assert 'tritonshare_agent_requests_total{code="OK",method="LoadModel"} 1.0' in text
+        assert 'tritonshare_agent_installs_total{outcome="installed"} 1.0' in text
+        assert 'tritonshare_agent_gpu_healthy{gpu="0",product="Tesla T4"' in text
+        async with session.get(f"{base}/readyz") as response:
+            assert response.status == 200
+        async with session.get(f"{base}/healthz") as response:
+            assert response.status == 200
+
+        triton.kill()
+
+        async def not_ready() -> bool:
+            async with session.get(f"{base}/readyz") as response:
+                return response.status == 503 and "Triton" in await response.text()
+
+        await eventually(not_ready, what="/readyz to report Triton unreachable")

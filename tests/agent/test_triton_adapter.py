@@ -1,0 +1,87 @@
+"""The Triton adapter against a real Triton whose repository API is restricted, and the agent's
+behaviour when NVML is missing on a CPU-only node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from agent.errors import TritonError, TritonUnreachableError
+from agent.gpus import GpuReader
+from agent.kube import KubeClient
+from agent.metrics import AgentMetrics
+from agent.node import NodePublisher
+from agent.triton import READY, TritonClient
+from common.contract import Keys
+from sim.triton import TritonServer, free_port
+from tests.conftest import copy_model
+
+
+@pytest.mark.triton
+async def test_a_restricted_repository_api_needs_the_admin_header(
+    triton_install: object, model_repository: Path
+) -> None:
+    copy_model("add_one", model_repository)
+    with TritonServer(model_repository, restricted=True) as server:
+        plain = TritonClient(server.http_url)
+        admin = TritonClient(server.http_url, admin_header=("tritonshare-admin-key", "local"))
+        try:
+            assert await plain.live()
+            with pytest.raises(TritonError, match="--triton-admin-header"):
+                await plain.index()
+            await admin.load("add_one")
+            entry = await admin.state("add_one")
+            assert entry is not None and entry.state == READY
+            await admin.unload("add_one")
+            await admin.wait_unloaded("add_one", 30)
+            entry = await admin.state("add_one")
+            assert entry is not None and entry.state == "UNAVAILABLE"
+        finally:
+            await plain.close()
+            await admin.close()
+
+
+async def test_an_unreachable_triton_is_reported_as_such() -> None:
+    client = TritonClient(f"127.0.0.1:{free_port()}", request_timeout=2)
+    try:
+        assert not await client.live()
+        with pytest.raises(TritonUnreachableError, match="does not answer"):
+            await client.index()
+    finally:
+        await client.close()
+
+
+def _nvml_present() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.parametrize("cpu_only", [True, False])
+async def test_a_node_without_nvml(cpu_only: bool, kubeconfig: Path) -> None:
+    if _nvml_present():
+        pytest.skip("this machine has NVML; the test is about machines without it")
+    kube = KubeClient(str(kubeconfig))
+    try:
+        node = NodePublisher(
+            kube,
+            GpuReader(),
+            AgentMetrics(),
+            node_name="cpu-node",
+            keys=Keys(),
+            system_namespace="tritonshare-system",
+            cpu_only=cpu_only,
+        )
+        snapshot = node.read_gpus()
+    finally:
+        await kube.close()
+    if cpu_only:
+        assert node.gpus_read and snapshot is not None and snapshot.gpus == ()
+    else:
+        assert not node.gpus_read
+        assert "--cpu-only" in node.nvml_error and "libnvidia-ml" in node.nvml_error
