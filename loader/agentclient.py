@@ -17,7 +17,15 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from loader.errors import INSTALL, LOAD, QUERY, InvalidModelError, SettingsError, classify
+from loader.errors import (
+    INSTALL,
+    LOAD,
+    QUERY,
+    UNLOAD,
+    InvalidModelError,
+    SettingsError,
+    classify,
+)
 from loader.manifest import Manifest
 from loader.validate import ModelDirectory
 from protos import agent_pb2, agent_pb2_grpc
@@ -131,6 +139,17 @@ class AgentClient:
             )
         except grpc.aio.AioRpcError as e:
             raise classify(e.code(), e.details() or "", LOAD) from e
+        return ModelStatus.from_proto(reply)
+
+    async def unload(self, model_id: str, time_limit: float) -> ModelStatus:
+        """Ask the agent to unload the model and remove its files; it answers once they are gone."""
+        request = agent_pb2.UnloadModelRequest(model_id=model_id)
+        try:
+            reply = await self._stub.UnloadModel(
+                request, metadata=self._metadata(), timeout=time_limit
+            )
+        except grpc.aio.AioRpcError as e:
+            raise classify(e.code(), e.details() or "", UNLOAD) from e
         return ModelStatus.from_proto(reply)
 
     async def install(

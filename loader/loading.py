@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 _HAS_FILES = frozenset(
     {ModelState.INSTALLED, ModelState.LOADING, ModelState.READY, ModelState.FAILED}
 )
+# States in which the agent refuses to install other files over the model's.
+_LOADED = frozenset({ModelState.READY, ModelState.LOADING})
 
 
 class Agent(Protocol):
@@ -46,6 +48,8 @@ class Agent(Protocol):
     async def get_model(self, model_id: str, time_limit: float) -> ModelStatus: ...
 
     async def load(self, model_id: str, time_limit: float) -> ModelStatus: ...
+
+    async def unload(self, model_id: str, time_limit: float) -> ModelStatus: ...
 
     async def install(
         self, model: ModelDirectory, manifest: Manifest, time_limit: float
@@ -173,6 +177,19 @@ class Loading:
                 if status.state is ModelState.READY:
                     return status
         else:
+            if status.state in _LOADED and status.manifest_digest:
+                # Only this pod may hold this model id on this node (the binder sees to it), and
+                # its proxy does not run while the loader does: the loaded files are this pod's
+                # previous ones, and the agent refuses to overwrite loaded files.
+                log.info(
+                    "Model %s is %s on the node with other files (digest %s, this pod has %s): "
+                    "unloading it to install this pod's files.",
+                    model_id,
+                    status.state.name,
+                    status.manifest_digest[:12],
+                    digest[:12],
+                )
+                await self._agent.unload(model_id, deadline.remaining())
             await self._install(deadline)
         log.info("Asking the agent to load model %s into Triton.", model_id)
         status = await self._agent.load(model_id, deadline.remaining())

@@ -82,6 +82,10 @@ class ScriptedAgent:
     ) -> InstallResult:
         return self._take(self.install_answers, "install")
 
+    async def unload(self, model_id: str, time_limit: float) -> ModelStatus:
+        self.calls.append("unload")
+        return ModelStatus(model_id, ModelState.ABSENT)
+
 
 @pytest.fixture
 def model(tmp_path: Path) -> ModelDirectory:
@@ -157,10 +161,20 @@ async def test_installed_files_with_the_same_digest_are_loaded_without_sending(
     assert outcome.bytes_sent == 0
 
 
-async def test_a_ready_model_with_other_files_is_sent_again_and_reloaded(
+async def test_a_ready_model_with_other_files_is_unloaded_replaced_and_reloaded(
     model: ModelDirectory, manifest: Manifest
 ) -> None:
     agent = ScriptedAgent(FakeTime(), get=[status(ModelState.READY, "0" * 64)])
+    agent.install_answers = [installed(manifest, 10)]
+    agent.load_answers = [ready(manifest.digest)]
+    await loading(agent, model, manifest).run()
+    assert agent.calls == ["get", "unload", "install", "load"]
+
+
+async def test_installed_other_files_are_replaced_without_an_unload(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    agent = ScriptedAgent(FakeTime(), get=[status(ModelState.INSTALLED, "0" * 64)])
     agent.install_answers = [installed(manifest, 10)]
     agent.load_answers = [ready(manifest.digest)]
     await loading(agent, model, manifest).run()

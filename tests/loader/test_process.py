@@ -208,6 +208,34 @@ def test_a_good_model_ends_ready_serves_and_a_restart_sends_nothing(
     assert agent.metric("tritonshare_agent_installs_total") == installs
 
 
+def test_a_pod_restarted_with_new_files_replaces_the_loaded_model(
+    node: Node, agent: AgentProcess
+) -> None:
+    model = copy_model("add_one", node.tmp_path / "pod")
+    token = node.pod_token("add-one-0", "add_one")
+    first = node.load(model, "add_one", agent.grpc_address, token)
+    assert first.returncode == ExitCode.OK, first.explain()
+
+    # The storage-initializer fetched a new version of the model before the pod restarted.
+    code = model / "1" / "model.py"
+    code.write_text(code.read_text().replace("+ 1", "+ 100"))
+    assert "+ 100" in code.read_text()
+    again = node.load(model, "add_one", agent.grpc_address, token)
+    assert again.returncode == ExitCode.OK, again.explain()
+    assert final_record(again)["installed"] is True
+    assert "unloading it to install this pod's files" in again.logs
+
+    client = triton_http.InferenceServerClient(node.triton.http_url)
+    try:
+        infer_input = triton_http.InferInput("INPUT0", [1, 1], "FP32")
+        infer_input.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
+        answer = client.infer("add_one", [infer_input]).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+    assert answer is not None
+    assert answer.tolist() == [[101.0]]
+
+
 def test_a_model_triton_rejects_exits_5_with_tritons_reason(
     node: Node, agent: AgentProcess
 ) -> None:
