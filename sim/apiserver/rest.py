@@ -37,6 +37,7 @@ JsonObject = dict[str, Any]
 
 _NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 DEFAULT_GRACE_SECONDS = 30
+PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,13 @@ class Registry:
     ) -> DeleteResult:
         current = self.get(resource, namespace, name)
         meta = current.obj["metadata"]
+        if resource is NAMESPACES and name in PROTECTED_NAMESPACES:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                {"name": name, "kind": "namespaces"},
+            )
         if options.uid is not None and options.uid != meta.get("uid"):
             raise conflict(
                 resource.group_resource,

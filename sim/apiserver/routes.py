@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from sim.apiserver import watch as watches
-from sim.apiserver.audit import AuditLog, AuditRecord
+from sim.apiserver.audit import WRITE_VERBS, AuditLog, AuditRecord
 from sim.apiserver.auth import TokenAuthority
 from sim.apiserver.clock import Clock
 from sim.apiserver.errors import (
@@ -230,6 +230,11 @@ class Handlers:
                 str((body.get("metadata") or {}).get("name", "")) if isinstance(body, dict) else ""
             )
             return self._bind(info.namespace, name, body)
+        if "dryRun" in request.query and verb in WRITE_VERBS:
+            raise bad_request(
+                "dryRun is not implemented by the simulated API server: the request was not"
+                " applied; send it without dryRun"
+            )
         if info.subresource:
             return await self._subresource(request, info, resource)
         namespace = info.namespace if resource.namespaced else ""

@@ -274,3 +274,20 @@ def test_audit_records_every_request_with_user_agent(
     ]
     assert {r.user_agent for r in records} == {"tritonshare-test/1"}
     assert [r.verb for r in apiserver.audit.writes("tritonshare-test")] == ["create", "patch"]
+
+
+def test_system_namespaces_cannot_be_deleted(kube_api: client.ApiClient) -> None:
+    with pytest.raises(client.ApiException) as raised:
+        core_v1(kube_api).delete_namespace("kube-system")
+    assert raised.value.status == 403
+    assert status_of(raised.value)["reason"] == "Forbidden"
+    assert core_v1(kube_api).read_namespace("kube-system").status.phase == "Active"
+
+
+def test_dry_run_is_refused_rather_than_applied(kube_api: client.ApiClient) -> None:
+    v1 = core_v1(kube_api)
+    with pytest.raises(client.ApiException) as raised:
+        v1.create_node({"metadata": {"name": "n1"}}, dry_run="All")
+    assert raised.value.status == 400
+    assert "dryRun is not implemented" in status_of(raised.value)["message"]
+    assert v1.list_node().items == []
