@@ -60,7 +60,10 @@ async def run(settings: Settings) -> Outcome:
         backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds),
     )
     client = AgentClient(
-        settings.agent_address, settings.token_file, chunk_bytes=settings.chunk_bytes
+        settings.agent_address,
+        settings.token_file,
+        chunk_bytes=settings.chunk_bytes,
+        reconnect_max_seconds=settings.backoff_max_seconds,
     )
     try:
         return await Loading(client, model, manifest, timing, clock=time.monotonic).run()

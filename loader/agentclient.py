@@ -92,11 +92,24 @@ class InstallResult:
 class AgentClient:
     """One channel to the agent for the whole run."""
 
-    def __init__(self, address: str, token_file: Path, *, chunk_bytes: int) -> None:
+    def __init__(
+        self, address: str, token_file: Path, *, chunk_bytes: int, reconnect_max_seconds: float
+    ) -> None:
         self.address = address
         self._token_file = token_file
         self._chunk_bytes = chunk_bytes
-        self._channel = grpc.aio.insecure_channel(address)
+        # gRPC's own reconnect backoff grows to 120 s by default; while it waits, every call fails
+        # at once, so an agent that came back would go unnoticed for up to two minutes. Keep it
+        # within the loader's own retry delays.
+        reconnect_ms = max(100, int(reconnect_max_seconds * 1000))
+        self._channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", min(250, reconnect_ms)),
+                ("grpc.min_reconnect_backoff_ms", min(250, reconnect_ms)),
+                ("grpc.max_reconnect_backoff_ms", reconnect_ms),
+            ],
+        )
         self._stub = agent_pb2_grpc.AgentStub(self._channel)
 
     async def close(self) -> None:

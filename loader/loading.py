@@ -177,7 +177,7 @@ class Loading:
                 if status.state is ModelState.READY:
                     return status
         else:
-            if status.state in _LOADED and status.manifest_digest:
+            if status.state in _LOADED:
                 # Only this pod may hold this model id on this node (the binder sees to it), and
                 # its proxy does not run while the loader does: the loaded files are this pod's
                 # previous ones, and the agent refuses to overwrite loaded files.
@@ -186,7 +186,7 @@ class Loading:
                     "unloading it to install this pod's files.",
                     model_id,
                     status.state.name,
-                    status.manifest_digest[:12],
+                    status.manifest_digest[:12] or "unknown",
                     digest[:12],
                 )
                 await self._agent.unload(model_id, deadline.remaining())

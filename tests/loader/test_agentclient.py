@@ -111,7 +111,7 @@ async def test_the_install_stream_carries_the_manifest_then_every_byte(
     token = tmp_path / "token"
     token.write_text("first-token\n")
     manifest = build_manifest(model.files)
-    client = AgentClient(address, token, chunk_bytes=1024 * 1024)
+    client = AgentClient(address, token, chunk_bytes=1024 * 1024, reconnect_max_seconds=1.0)
     try:
         result = await client.install(model, manifest, 30.0)
     finally:
@@ -136,7 +136,7 @@ async def test_the_token_is_read_again_for_every_call(
     servicer, address = agent
     token = tmp_path / "token"
     token.write_text("before-rotation")
-    client = AgentClient(address, token, chunk_bytes=1024)
+    client = AgentClient(address, token, chunk_bytes=1024, reconnect_max_seconds=1.0)
     try:
         absent = await client.get_model("add_one", 5.0)
         token.write_text("after-rotation")
@@ -168,7 +168,7 @@ async def test_agent_status_codes_reach_the_loader_classified(
     servicer.fail_with = (code, "the agent's own words")
     token = tmp_path / "token"
     token.write_text("t")
-    client = AgentClient(address, token, chunk_bytes=1024)
+    client = AgentClient(address, token, chunk_bytes=1024, reconnect_max_seconds=1.0)
     try:
         with pytest.raises(expected, match="the agent's own words"):
             await client.load("add_one", 5.0)
@@ -185,7 +185,7 @@ async def test_a_file_that_grows_while_being_sent_is_reported_as_such(
     manifest = build_manifest(model.files)
     with (model.root / "1" / "weights.bin").open("ab") as grow:
         grow.write(b"more")
-    client = AgentClient(address, token, chunk_bytes=1024 * 1024)
+    client = AgentClient(address, token, chunk_bytes=1024 * 1024, reconnect_max_seconds=1.0)
     try:
         with pytest.raises(InvalidModelError, match=r"1/weights\.bin .* changed size"):
             await client.install(model, manifest, 30.0)
