@@ -194,6 +194,10 @@ def _scrape(address: str) -> dict[str, float]:
         text = response.read().decode()
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        if not family.samples:
+            # A labelled metric before its first observation: declared, worth 0.
+            suffix = "_total" if family.type == "counter" else ""
+            totals.setdefault(family.name + suffix, 0.0)
         for sample in family.samples:
             if sample.name.endswith(("_bucket", "_created")):
                 continue
