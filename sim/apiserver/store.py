@@ -1,4 +1,4 @@
-"""The object store: current objects, the one resourceVersion counter, event history, wake-ups.
+"""The object store: current objects, the one resourceVersion counter, event history, watchers.
 
 Like etcd behind kube-apiserver, every write takes the next resourceVersion from a single
 cluster-wide counter and appends one event (ADDED, MODIFIED, DELETED) to a bounded history that
@@ -7,8 +7,9 @@ indexed by namespace and by `spec.nodeName`, so a node-scoped list does not scan
 
 Stored objects are immutable once committed: readers share them without copying and take their
 JSON from a per-version cache, and writers build a new dict for each version (`Stored.copy()`).
-The store validates nothing and knows no verb semantics (that is `sim.apiserver.rest`). It is
-used from one event loop only; it does no I/O.
+Watch streams register a `Watcher` inbox; each write is offered to the unindexed watchers of its
+kind and to the pod watchers of the node(s) it concerns. The store validates nothing and knows
+no verb semantics (that is `sim.apiserver.rest`). It is used from one event loop only; no I/O.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -85,6 +87,45 @@ class Event:
         self.prev = prev
 
 
+TRIGGER_FIELDS = {PODS.plural: "spec.nodeName"}
+"""The field whose equality selector indexes a kind's watchers (upstream: pods by node)."""
+
+
+def trigger_value(resource: Resource, stored: Stored) -> str:
+    if resource is PODS:
+        return str(stored.obj.get("spec", {}).get("nodeName") or "")
+    return ""
+
+
+class Watcher:
+    """One watch's inbox: events offered by the store, and the wake-up its stream waits on.
+
+    The inbox is bounded. A watcher that falls `capacity` events behind stops being offered
+    events and is marked `behind`: its stream then reads the history ring from its last position
+    instead (and gets 410 Expired if the history no longer reaches back that far).
+    """
+
+    __slots__ = ("behind", "capacity", "queue", "resource", "trigger", "wake")
+
+    def __init__(self, resource: Resource, trigger: str | None, capacity: int) -> None:
+        self.resource = resource
+        self.trigger = trigger
+        self.capacity = capacity
+        self.queue: deque[Event] = deque()
+        self.wake = asyncio.Event()
+        self.behind = False
+
+    def offer(self, event: Event) -> None:
+        if self.behind:
+            return
+        if len(self.queue) >= self.capacity:
+            self.queue.clear()
+            self.behind = True
+        else:
+            self.queue.append(event)
+        self.wake.set()
+
+
 class Store:
     """All objects of all stored kinds, their history and the watchers' wake-up signal."""
 
@@ -98,7 +139,8 @@ class Store:
         self._objects: dict[str, dict[str, dict[str, Stored]]] = {r.plural: {} for r in STORED}
         self._sorted: dict[tuple[str, str], list[str]] = {}
         self._pods_by_node: dict[str, dict[Key, Stored]] = {}
-        self._changed = asyncio.Event()
+        self._unindexed: dict[str, set[Watcher]] = {r.plural: set() for r in STORED}
+        self._by_trigger: dict[str, dict[str, set[Watcher]]] = {r.plural: {} for r in STORED}
         self.closed = False
 
     # reads
@@ -198,8 +240,17 @@ class Store:
 
     def _record(self, event: Event) -> None:
         self._ring[event.rv % self.history_size] = event
-        self._changed.set()
-        self._changed = asyncio.Event()
+        plural = event.resource.plural
+        for watcher in self._unindexed[plural]:
+            watcher.offer(event)
+        triggers = self._by_trigger[plural]
+        if triggers:
+            values = {trigger_value(event.resource, event.stored)}
+            if event.prev is not None:
+                values.add(trigger_value(event.resource, event.prev))
+            for value in values:
+                for watcher in triggers.get(value, ()):
+                    watcher.offer(event)
 
     # history
 
@@ -239,11 +290,42 @@ class Store:
                 state[key] = event.prev
         return [state[k] for k in sorted(state)]
 
-    def changed(self) -> asyncio.Event:
-        """An event set by the next write (or by close()): watchers wait on it."""
-        return self._changed
+    # watchers
+
+    def add_watcher(self, resource: Resource, trigger: str | None) -> Watcher:
+        """Register a watcher; with a trigger it is offered only events whose object (before or
+        after) has that trigger value (a pod's `spec.nodeName`), as upstream's indexed triggers
+        do, so a write does not wake every node's watch."""
+        watcher = Watcher(resource, trigger, self.history_size)
+        if trigger is None or resource.plural not in TRIGGER_FIELDS:
+            self._unindexed[resource.plural].add(watcher)
+        else:
+            self._by_trigger[resource.plural].setdefault(trigger, set()).add(watcher)
+        return watcher
+
+    def remove_watcher(self, watcher: Watcher) -> None:
+        plural = watcher.resource.plural
+        self._unindexed[plural].discard(watcher)
+        if watcher.trigger is not None:
+            bucket = self._by_trigger[plural].get(watcher.trigger)
+            if bucket is not None:
+                bucket.discard(watcher)
+                if not bucket:
+                    del self._by_trigger[plural][watcher.trigger]
+
+    @property
+    def watcher_count(self) -> int:
+        unindexed = sum(len(ws) for ws in self._unindexed.values())
+        indexed = sum(len(ws) for t in self._by_trigger.values() for ws in t.values())
+        return unindexed + indexed
 
     def close(self) -> None:
         """Wake every watcher so streams end before the server stops."""
         self.closed = True
-        self._changed.set()
+        for watchers in self._unindexed.values():
+            for watcher in watchers:
+                watcher.wake.set()
+        for triggers in self._by_trigger.values():
+            for watchers in triggers.values():
+                for watcher in watchers:
+                    watcher.wake.set()

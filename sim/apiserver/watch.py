@@ -6,8 +6,12 @@ selector the way the watch cache does: an object that starts matching is ADDED, 
 matching is DELETED (its previous state at the new version). A start older than the history gets
 an in-stream ERROR event with a 410 Expired Status, and so does a watcher that falls so far behind
 that its next events left the history. BOOKMARK events carry the current version when asked for;
-the stream ends after `timeoutSeconds` or when the server stops. No state of its own beyond the
-stream; reads the store only.
+the stream ends after `timeoutSeconds` or when the server stops.
+
+Each stream registers a `Watcher` inbox with the store before reading anything; a pod watch with
+`spec.nodeName=X` is indexed by node, so a write wakes only the watches it concerns. A watch that
+starts from a resourceVersion, or whose inbox overflowed, reads the history ring until it has
+caught up, then switches to its inbox. No state of its own beyond the stream.
 """
 
 from __future__ import annotations
@@ -23,7 +27,16 @@ from aiohttp import web
 from sim.apiserver.errors import ApiError
 from sim.apiserver.resources import Resource
 from sim.apiserver.selectors import FieldSelector, LabelSelector
-from sim.apiserver.store import ADDED, DELETED, MODIFIED, Event, Store, Stored
+from sim.apiserver.store import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    TRIGGER_FIELDS,
+    Event,
+    Store,
+    Stored,
+    Watcher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,29 +106,55 @@ async def stream(
     request: web.Request, store: Store, watch: WatchRequest, bookmark_interval: float
 ) -> web.StreamResponse:
     """Serve one watch until its timeout, the client leaving, or the server stopping."""
-    response = web.StreamResponse(
-        status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"}
+    trigger = (
+        watch.fields.equality(TRIGGER_FIELDS[watch.resource.plural])
+        if (watch.resource.plural in TRIGGER_FIELDS)
+        else None
     )
-    response.enable_chunked_encoding()
-    await response.prepare(request)
+    # Registered before anything is read, so no write can fall between the start and the inbox.
+    watcher = store.add_watcher(watch.resource, trigger)
+    try:
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"}
+        )
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            await _serve(response, store, watch, watcher, bookmark_interval)
+            await response.write_eof()
+        except ConnectionResetError:
+            log.debug("A watch client on %s went away.", watch.resource.group_resource)
+        return response
+    finally:
+        store.remove_watcher(watcher)
+
+
+async def _serve(
+    response: web.StreamResponse,
+    store: Store,
+    watch: WatchRequest,
+    watcher: Watcher,
+    bookmark_interval: float,
+) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + watch.timeout_seconds
     next_bookmark = loop.time() + bookmark_interval
-    try:
-        if watch.start_rv is None:
-            position = store.rv
-            initial = [
-                _line(ADDED, s.full())
-                for s in store.objects(watch.resource, watch.namespace)
-                if watch.matches(s)
-            ]
-            if watch.send_initial_events and watch.bookmarks:
-                initial.append(bookmark(watch.resource, position, initial_events_end=True))
-            if initial:
-                await _write_batches(response, initial)
-        else:
-            position = watch.start_rv
-        while not store.closed:
+    if watch.start_rv is None:
+        position = store.rv
+        initial = [
+            _line(ADDED, s.full())
+            for s in store.objects(watch.resource, watch.namespace)
+            if watch.matches(s)
+        ]
+        if watch.send_initial_events and watch.bookmarks:
+            initial.append(bookmark(watch.resource, position, initial_events_end=True))
+        await _write_batches(response, initial)
+    else:
+        position = watch.start_rv
+        watcher.behind = True  # replay the history first, then switch to the inbox
+    while not store.closed:
+        lines: list[bytes] = []
+        if watcher.behind:
             try:
                 events = store.events_after(position)
             except ApiError as e:
@@ -127,27 +166,40 @@ async def stream(
                     e.message,
                 )
                 await response.write(error_line(e))
-                break
-            if events:
-                position = events[-1].rv
-                lines = [line for e in events if (line := translate(watch, e)) is not None]
-                if lines:
-                    await response.write(b"".join(lines))
+                return
+            if not events:
+                # Caught up with no await since reading the history: the inbox takes over.
+                watcher.behind = False
+                watcher.queue.clear()
                 continue
+            position = events[-1].rv
+            lines = [line for e in events if (line := translate(watch, e)) is not None]
+        elif watcher.queue:
+            while watcher.queue:
+                event = watcher.queue.popleft()
+                if event.rv <= position:
+                    continue
+                position = event.rv
+                line = translate(watch, event)
+                if line is not None:
+                    lines.append(line)
+        else:
+            # Nothing pending: every event up to now that concerns this watch has been sent.
+            position = max(position, store.rv)
             now = loop.time()
             if now >= deadline:
-                break
+                return
             if watch.bookmarks and now >= next_bookmark:
                 await response.write(bookmark(watch.resource, position))
-                next_bookmark = now + bookmark_interval
+                next_bookmark = loop.time() + bookmark_interval
+                continue
             wake = deadline if not watch.bookmarks else min(deadline, next_bookmark)
-            changed = store.changed()
+            watcher.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=max(0.0, wake - now))
-        await response.write_eof()
-    except ConnectionResetError:
-        log.debug("A watch client on %s went away.", watch.resource.group_resource)
-    return response
+                await asyncio.wait_for(watcher.wake.wait(), timeout=max(0.0, wake - now))
+            continue
+        if lines:
+            await _write_batches(response, lines)
 
 
 async def _write_batches(response: web.StreamResponse, lines: list[bytes]) -> None:

@@ -3,6 +3,7 @@ paging and exact-version lists."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import urllib.error
@@ -10,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes import client
 
@@ -243,3 +245,43 @@ def test_exact_version_list_shows_the_past(kube_api: client.ApiClient) -> None:
     with pytest.raises(client.ApiException) as raised:
         v1.list_node(resource_version_match="Exact")
     assert raised.value.status == 422
+
+
+async def test_many_node_scoped_watches_each_see_only_their_node(
+    apiserver: RunningApiServer,
+) -> None:
+    nodes = [f"gpu-{i}" for i in range(20)]
+    url = apiserver.url
+    async with aiohttp.ClientSession() as session:
+        listed = await (await session.get(f"{url}/api/v1/pods")).json()
+        start = listed["metadata"]["resourceVersion"]
+        streams = [
+            await session.get(
+                f"{url}/api/v1/pods",
+                params={
+                    "watch": "1",
+                    "resourceVersion": start,
+                    "fieldSelector": f"spec.nodeName={node}",
+                    "timeoutSeconds": "5",
+                },
+            )
+            for node in nodes
+        ]
+        for i, node in enumerate(nodes):
+            pod = _pod(f"p{i}")
+            async with session.post(f"{url}/api/v1/namespaces/default/pods", json=pod) as r:
+                assert r.status == 201
+            binding = {"metadata": {"name": f"p{i}"}, "target": {"kind": "Node", "name": node}}
+            async with session.post(
+                f"{url}/api/v1/namespaces/default/pods/p{i}/binding", json=binding
+            ) as r:
+                assert r.status == 201
+        # Each watch sees its own pod arrive (ADDED: it starts matching when bound) and nothing
+        # from the other nodes before its timeout ends the stream.
+        for i, stream in enumerate(streams):
+            body = await asyncio.wait_for(stream.read(), timeout=60)
+            events = [json.loads(line) for line in body.splitlines()]
+            assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+                ("ADDED", f"p{i}")
+            ]
+            assert events[0]["object"]["spec"]["nodeName"] == nodes[i]
