@@ -252,6 +252,25 @@ def test_a_model_triton_rejects_exits_5_with_tritons_reason(
     assert "retrying" not in run.logs, "a rejected model must fail at once"
 
 
+def test_a_model_slower_than_the_timeout_exits_6(node: Node, agent: AgentProcess) -> None:
+    model = copy_model("add_one", node.tmp_path / "pod", as_name="slow")
+    code = model / "1" / "model.py"
+    code.write_text(
+        code.read_text().replace(
+            "class TritonPythonModel:",
+            "class TritonPythonModel:\n"
+            "    def initialize(self, args):\n"
+            "        import time\n"
+            "        time.sleep(4)\n",
+        )
+    )
+    token = node.pod_token("slow-0", "slow")
+    run = node.load(model, "slow", agent.grpc_address, token, "--timeout", "2")
+    assert run.returncode == ExitCode.TIMED_OUT, run.explain()
+    assert "model slow was not READY after" in run.termination_message
+    assert "raise --timeout" in run.termination_message
+
+
 def test_a_refused_token_or_pod_exits_4_at_once(node: Node, agent: AgentProcess) -> None:
     model = copy_model("add_one", node.tmp_path / "pod")
 
