@@ -52,7 +52,8 @@ class RefusedError(LoaderError):
 
 
 class ModelRejectedError(LoaderError):
-    """Triton (through the agent) refused to load the model; the message carries its reason."""
+    """The node cannot serve the model: Triton refused to load it (the message carries Triton's
+    reason), it does not fit, or the agent cannot install it."""
 
     exit_code = ExitCode.MODEL_REJECTED
 
@@ -133,8 +134,9 @@ _PERMANENT: dict[tuple[str, grpc.StatusCode], tuple[type[LoaderError], str]] = {
         "the model does not fit: {details}; raise the pod's GPU memory limit or slim the model",
     ),
     (INSTALL, grpc.StatusCode.RESOURCE_EXHAUSTED): (
-        InvalidModelError,
-        "the agent has no room for the model files: {details}",
+        ModelRejectedError,
+        "the node has no room for the model files: {details}; free disk on the node or slim "
+        "the model",
     ),
 }
 
