@@ -1,1 +1,7 @@
-"""loader."""
+"""The loader: a model pod's init container that gets its model READY in the node's Triton.
+
+`python -m loader` checks the model directory (validate.py), hashes it (manifest.py), and drives
+the node's agent (agentclient.py, the only module that speaks gRPC) through loading.py's retrying
+flow; errors.py names every failure and its exit code. It never imports another part, `sim` or
+`kubernetes`: it meets the agent only through protos/agent.proto. See docs/loader.md.
+"""
