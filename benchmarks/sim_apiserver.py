@@ -115,6 +115,49 @@ def describe(name: str, seconds: list[float]) -> None:
     )
 
 
+async def fanout(url: str, nodes: int, samples: int) -> tuple[list[float], float]:
+    """One pod watch per node (`spec.nodeName=X`, as every agent holds) all open at once: the
+    latency from a create to the event on that node's watch, and the create rate meanwhile."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(f"{url}/api/v1/pods", params={"limit": "1"}) as response:
+            start = (await response.json())["metadata"]["resourceVersion"]
+
+        async def open_watch(node: str) -> aiohttp.ClientResponse:
+            params = {
+                "watch": "1",
+                "resourceVersion": start,
+                "fieldSelector": f"spec.nodeName={node}",
+                "timeoutSeconds": "3600",
+            }
+            return await session.get(f"{url}/api/v1/pods", params=params)
+
+        names = [f"node-{i:05d}" for i in range(nodes)]
+        streams: dict[str, aiohttp.ClientResponse] = {}
+        for chunk in range(0, nodes, 250):
+            opened = await asyncio.gather(*(open_watch(n) for n in names[chunk : chunk + 250]))
+            streams.update(zip(names[chunk : chunk + 250], opened, strict=True))
+        print(f"opened {len(streams)} node-scoped pod watches")
+        latencies = []
+        for i in range(samples):
+            body = pod_body(2_000_000 + i, nodes)
+            node = body["spec"]["nodeName"]
+            sent = time.perf_counter()
+            async with session.post(f"{url}/api/v1/namespaces/{NAMESPACE}/pods", json=body) as r:
+                assert r.status == 201, await r.text()
+            line = await asyncio.wait_for(streams[node].content.readline(), timeout=30)
+            latencies.append(time.perf_counter() - sent)
+            assert json.loads(line)["object"]["metadata"]["name"] == body["metadata"]["name"]
+        rate = await bulk_create(
+            url,
+            f"/api/v1/namespaces/{NAMESPACE}/pods",
+            [pod_body(3_000_000 + i, nodes) for i in range(2000)],
+        )
+        for stream in streams.values():
+            stream.close()
+    return latencies, rate
+
+
 def watch_latency(api: kubernetes.client.ApiClient, samples: int, nodes: int) -> list[float]:
     """Create pods one by one; time from sending each create to seeing its ADDED event."""
     v1: Any = kubernetes.client.CoreV1Api(api)
@@ -228,6 +271,9 @@ def main() -> int:
             describe("full pod list, official client models", timed(typed_full_list, 1))
             latencies = watch_latency(api, 200, args.nodes)
             describe("watch latency, create sent -> ADDED seen", latencies)
+        fan_latencies, fan_rate = asyncio.run(fanout(url, args.nodes, 200))
+        describe(f"same, with {args.nodes} node-scoped watches open", fan_latencies)
+        print(f"create rate with {args.nodes} node-scoped watches open: {fan_rate:,.0f}/s")
         final_rss = process.memory_info().rss
         print(
             f"server RSS: idle {idle_rss / 2**20:.0f} MiB, loaded {loaded_rss / 2**20:.0f} MiB,"
