@@ -1,0 +1,181 @@
+"""The informer cache: 410 Gone relists (against sim/ with a short history), and how API events
+change the state, the pending pods and the "helpful change" signal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from binder.cache import ClusterCache, Informer
+from binder.errors import GoneError
+from binder.kube import JsonObject, Kind, Kube
+from binder.model import PodInfo
+from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
+from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
+from tests.binder.simcluster import eventually
+from tests.fixtures_sim import core_v1
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.changed: list[str] = []
+        self.pending: list[str] = []
+        self.gone: list[str] = []
+
+    def pending_changed(self, pod: PodInfo, relevant: bool) -> None:
+        self.pending.append(f"{pod.name}:{'relevant' if relevant else 'minor'}")
+
+    def pending_gone(self, uid: str) -> None:
+        self.gone.append(uid)
+
+    def cluster_changed(self, why: str) -> None:
+        self.changed.append(why)
+
+
+NOW = 1_000_000.0
+
+
+def make_cache() -> tuple[ClusterCache, Recorder]:
+    recorder = Recorder()
+    cache = ClusterCache(
+        KEYS, scheduler_name="tritonshare", reserve=0, listener=recorder, clock=lambda: NOW
+    )
+    return cache, recorder
+
+
+def test_pending_pods_are_ours_unbound_and_alive() -> None:
+    cache, recorder = make_cache()
+    cache.apply_pod("ADDED", pod_obj("ours"))
+    cache.apply_pod("ADDED", pod_obj("theirs", scheduler="default-scheduler"))
+    done = pod_obj("done", phase="Succeeded")
+    cache.apply_pod("ADDED", done)
+    assert [p.name for p in cache.pending.values()] == ["ours"]
+    changed = pod_obj("ours")
+    changed["metadata"]["annotations"][KEYS.gpu] = "GPU-x"  # our own patch: not relevant
+    cache.apply_pod("MODIFIED", changed)
+    bigger = pod_obj("ours", mem="2Gi")
+    cache.apply_pod("MODIFIED", bigger)
+    assert recorder.pending == ["ours:relevant", "ours:minor", "ours:relevant"]
+    cache.apply_pod("MODIFIED", pod_obj("ours", node="n1", gpu="GPU-n1-0"))
+    assert cache.pending == {}
+    assert recorder.gone == ["uid-models-ours"]
+
+
+def test_memory_freed_on_a_node_is_a_helpful_change_and_a_new_bound_pod_is_not() -> None:
+    cache, recorder = make_cache()
+    cache.apply_node("ADDED", node_obj("n1", [8 * GI]))
+    recorder.changed.clear()
+    cache.apply_pod("ADDED", pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Running"))
+    assert recorder.changed == []
+    assert cache.state.gpu_free("n1") == [7 * GI]
+    cache.apply_pod("MODIFIED", pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Succeeded"))
+    assert recorder.changed == ["pod models/a finished (Succeeded)"]
+    assert cache.state.gpu_free("n1") == [8 * GI]
+    cache.apply_pod("ADDED", pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"))
+    cache.apply_pod("DELETED", pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"))
+    assert recorder.changed[-1] == "pod models/b was deleted"
+
+
+def test_node_changes_count_only_when_placement_inputs_change() -> None:
+    cache, recorder = make_cache()
+    cache.apply_node("ADDED", node_obj("n1", [8 * GI]))
+    heartbeat = node_obj("n1", [8 * GI])
+    heartbeat["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    cache.apply_node("MODIFIED", heartbeat)
+    cache.apply_node("MODIFIED", node_obj("n1", [8 * GI], labels={"zone": "a"}))
+    assert recorder.changed == [
+        "node n1 was added or changed",
+        "node n1 was added or changed",
+    ]
+
+
+def test_an_agent_coming_alive_is_a_helpful_change_but_a_renewal_is_not() -> None:
+    cache, recorder = make_cache()
+    cache.apply_lease("ADDED", lease_obj("n1", NOW - 100, 40))
+    assert recorder.changed == []
+    cache.apply_lease("MODIFIED", lease_obj("n1", NOW - 1, 40))
+    cache.apply_lease("MODIFIED", lease_obj("n1", NOW, 40))
+    assert recorder.changed == ["the agent of node n1 is alive"]
+    other = lease_obj("n1", NOW, 40)
+    other["metadata"]["name"] = "tritonshare-binder"
+    cache.apply_lease("MODIFIED", other)
+    assert set(cache.state.leases) == {"n1"}
+    cache.apply_lease("DELETED", lease_obj("n1", NOW, 40))
+    assert cache.state.leases["n1"] == 0.0
+
+
+@pytest.fixture
+def short_history(tmp_path: Path) -> Iterator[tuple[RunningApiServer, Path]]:
+    server = start_in_thread(settings=ApiServerSettings(history_size=4))
+    try:
+        yield server, server.write_kubeconfig(tmp_path / "kubeconfig")
+    finally:
+        server.stop()
+
+
+def test_a_watch_from_a_version_older_than_the_history_is_gone(
+    short_history: tuple[RunningApiServer, Path],
+) -> None:
+    server, kubeconfig = short_history
+    kube = Kube(str(kubeconfig))
+    client: Any = server.api_client()
+    try:
+        _, version = kube.list_all(kube.nodes())
+        for i in range(10):
+            core_v1(client).create_node(node_obj(f"n{i}"))
+        with pytest.raises(GoneError):
+            list(kube.watch(kube.nodes(), version))
+    finally:
+        client.close()
+        kube.close()
+
+
+async def test_the_informer_relists_on_gone_and_catches_up(
+    short_history: tuple[RunningApiServer, Path],
+) -> None:
+    server, kubeconfig = short_history
+    kube = Kube(str(kubeconfig))
+    client: Any = server.api_client()
+    real_watch = kube.watch
+    watches: list[str] = []
+    lists: list[list[str]] = []
+    seen: list[str] = []
+    proceed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def stale_first(kind: Kind, version: str) -> Iterator[tuple[str, JsonObject]]:
+        watches.append(version)
+        if len(watches) == 1:
+            # Fall behind while the history moves on, as a slow or disconnected watcher does.
+            asyncio.run_coroutine_threadsafe(proceed.wait(), loop).result(timeout=30)
+        return real_watch(kind, version)
+
+    kube.watch = stale_first  # type: ignore[method-assign,assignment]
+    informer = Informer(
+        kube,
+        kube.nodes(),
+        loop,
+        on_list=lambda items: lists.append([i["metadata"]["name"] for i in items]),
+        on_event=lambda event, obj: seen.append(f"{event} {obj['metadata']['name']}"),
+    )
+    informer.start()
+    try:
+        await informer.synced.wait()
+        for i in range(6):
+            core_v1(client).create_node(node_obj(f"n{i}"))
+        proceed.set()
+        await eventually(lambda: len(lists) == 2, what="a relist after 410")
+        assert lists == [[], [f"n{i}" for i in range(6)]]
+        assert informer.relists == 2
+        core_v1(client).create_node(node_obj("late"))
+        await eventually(lambda: "ADDED late" in seen, what="the watch after the relist")
+    finally:
+        informer.stop()
+        kube.close_watches()
+        await loop.run_in_executor(None, informer.join, 5.0)
+        client.close()
+        kube.close()
