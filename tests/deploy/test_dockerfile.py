@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +111,51 @@ def test_the_build_context_holds_every_package_the_image_installs() -> None:
     assert not _ignored("pyproject.toml", patterns)
     assert _ignored(".venv/bin/python", patterns), ".dockerignore must keep .venv out"
     assert _ignored("tests/conftest.py", patterns)
+
+
+def _context(patterns: list[str], target: Path) -> None:
+    """Copy what `docker build .` would send, per .dockerignore, into `target`."""
+    for entry in REPO.iterdir():
+        if not _ignored(entry.name if entry.is_file() else f"{entry.name}/x", patterns):
+            if entry.is_dir():
+                shutil.copytree(
+                    entry, target / entry.name, ignore=shutil.ignore_patterns("__pycache__")
+                )
+            else:
+                shutil.copy2(entry, target / entry.name)
+
+
+@pytest.mark.slow
+def test_the_build_stage_installs_a_package_whose_entry_points_run(tmp_path: Path) -> None:
+    """What the build stage's `pip install .` produces, from the context .dockerignore lets
+    through: every part runs from the installed package, not from this source tree."""
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    context, installed = tmp_path / "context", tmp_path / "installed"
+    context.mkdir()
+    _context(patterns, context)
+    assert not (context / "tests").exists() and not (context / ".venv").exists()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(installed), str(context)],
+        check=True, capture_output=True, timeout=240,
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    for part in PARTS:
+        where = subprocess.run(
+            [sys.executable, "-c", f"import {part}; print({part}.__file__)"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert Path(where.stdout.strip()).is_relative_to(installed)
+        run = subprocess.run(
+            [sys.executable, "-m", part, "--help"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, f"python -m {part} --help failed in the image:\n{run.stderr}"
+    assert (installed / "protos" / "agent.proto").exists(), "the proto ships with the package"
 
 
 def test_each_entry_point_is_a_runnable_module() -> None:
