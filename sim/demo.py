@@ -344,6 +344,19 @@ def _summarize_metrics(result: DemoResult, say: Say) -> None:
         say(f"  {'binder: mean creation-to-bind':<32} {latency_sum / latency_count * 1000:.0f} ms")
 
 
+_INTRO = (
+    "tritonshare demo: many models share GPUs; one Triton per GPU node serves them all.",
+    "",
+    "What runs here, all on this machine:",
+    "  - a simulated Kubernetes API server (the official client talks to it unchanged);",
+    "  - four GPU nodes in three pools (mock NVML): T4, L4, and A100s tainted nvidia.com/gpu;",
+    "  - on each node the tritonshare agent, publishing its GPUs on the Node and renewing a Lease;",
+    "  - a real Triton (on the CPU) for the T4 node, whose pods run as real processes;",
+    "  - two binders (one leader): the scheduler that places model pods by GPU memory.",
+    "",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.demo", description=__doc__)
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
@@ -354,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
-    say("tritonshare demo: many models share GPUs; one Triton per GPU node serves them all.")
+    for line in _INTRO:
+        say(line)
     try:
         result = run_demo(workdir, say)
     except ClusterError as e:
@@ -365,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"Done in {result.seconds:.0f} s, WITHOUT: {'; '.join(result.missing)}.")
     else:
         say(f"Done in {result.seconds:.0f} s. Logs of every process: {workdir / 'logs'}")
+    say("On a real GPU cluster the same parts deploy with deploy/ (see docs/deploy.md).")
     return 0
 
 
