@@ -13,6 +13,8 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from binder.errors import NotReadyError, http_status
+
 
 def build_app(
     registry: CollectorRegistry,
@@ -28,7 +30,8 @@ def build_app(
     async def readyz(request: web.Request) -> web.Response:
         reasons = not_ready()
         if reasons:
-            return web.Response(status=503, text="not ready: " + "; ".join(reasons) + "\n")
+            error = NotReadyError("; ".join(reasons))
+            return web.Response(status=http_status(error), text=f"not ready: {error}\n")
         return web.Response(text=f"ready ({role()})\n")
 
     async def metrics(request: web.Request) -> web.Response:

@@ -88,7 +88,7 @@ class Metrics:
         )
         self.api_calls = Counter(
             "tritonshare_binder_api_writes",
-            "Write calls to the Kubernetes API by kind: annotate, bind, event, condition, lease.",
+            "Pod writes to the Kubernetes API by kind: annotate, bind, event, condition.",
             ["call"],
             registry=self.registry,
         )

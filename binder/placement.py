@@ -22,7 +22,7 @@ import numpy as np
 
 from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
-from binder.state import ClusterState
+from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState, ConstraintClass
 from common.contract import Keys
 from common.quantity import format_bytes
 
@@ -132,7 +132,7 @@ def place(
         if candidates.size:
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
             return _best(state, pod, policy, candidates, affinity, prefer)
-    return _unschedulable(state, pod, now, cls.rejected)
+    return _unschedulable(state, pod, now, cls)
 
 
 def _best(
@@ -184,19 +184,30 @@ def dynamic_reason(state: ClusterState, pod: PodInfo, node: str, now: float) -> 
 
 
 def _unschedulable(
-    state: ClusterState, pod: PodInfo, now: float, rejected: Mapping[int, str]
+    state: ClusterState, pod: PodInfo, now: float, cls: ConstraintClass
 ) -> Unschedulable:
-    reasons: Counter[str] = Counter()
-    short: list[str] = []
-    for i, node in enumerate(state.names):
-        reason = rejected.get(i) or dynamic_reason(state, pod, node, now)
-        if reason == "memory":
-            short.append(node)
-        elif reason:
-            reasons[reason] += 1
-    if short:
-        largest = max(max(state.gpu_free(n), default=0) for n in short)
-        reasons[reason_memory(largest)] += len(short)
+    """Count, per reason, the nodes that failed; vectorised like the decision itself, because a
+    helpful cluster change retries every waiting pod at once."""
+    reasons: Counter[str] = Counter(cls.rejected_counts)
+    nodes = cls.nodes
+    status = state.gpu_status[nodes]
+    rest = status == GPUS_OK
+    for code, reason in ((GPUS_UNREADABLE, REASON_BAD_GPUS), (GPUS_NONE, REASON_NO_GPUS)):
+        count = int(np.count_nonzero(status == code))
+        if count:
+            reasons[reason] += count
+    down = rest & (state.lease_expiry[nodes] <= now)
+    if down.any():
+        reasons[REASON_AGENT_DOWN] += int(np.count_nonzero(down))
+    rest &= ~down
+    if pod.model_id:
+        present = rest & state.model_mask(pod.model_id)[nodes]
+        if present.any():
+            reasons[reason_model_present(pod.model_id)] += int(np.count_nonzero(present))
+        rest &= ~present
+    if rest.any():
+        largest = max(0, int(state.max_free[nodes[rest]].max()))
+        reasons[reason_memory(largest)] += int(np.count_nonzero(rest))
     return Unschedulable(fit_message(len(state.names), reasons), dict(reasons))
 
 

@@ -22,6 +22,7 @@ from binder.model import Constraints, Gpu, NodeInfo, PodInfo
 from binder.rules import first_kubernetes_reason, prefer_no_schedule_count, preferred_affinity_score
 
 IntArray = npt.NDArray[np.int64]
+GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -37,6 +38,8 @@ class ConstraintClass:
     """Untolerated PreferNoSchedule taints of each node in `nodes`."""
     rejected: dict[int, str]
     """For nodes that fail a rule: the reason kube-scheduler reports."""
+    rejected_counts: dict[str, int]
+    """How many nodes `rejected` holds for each reason."""
 
 
 @dataclass
@@ -68,6 +71,8 @@ class ClusterState:
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.max_free: IntArray = np.zeros(0, np.int64)
+        self.gpu_status: IntArray = np.zeros(0, np.int64)
+        """Per node: GPUS_OK, GPUS_NONE (nothing published) or GPUS_UNREADABLE."""
         self.free_total: IntArray = np.zeros(0, np.int64)
         self.capacity: IntArray = np.zeros(0, np.int64)
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
@@ -284,6 +289,10 @@ class ClusterState:
         free = self.gpu_free(name)
         info = self.nodes[name]
         self.max_free[i] = max(free) if free else -1
+        if info.gpus:
+            self.gpu_status[i] = GPUS_OK
+        else:
+            self.gpu_status[i] = GPUS_UNREADABLE if info.gpu_problem else GPUS_NONE
         self.free_total[i] = sum(free)
         self.capacity[i] = sum(self.usable(g) for g in info.gpus)
 
@@ -297,6 +306,7 @@ class ClusterState:
         self.index = {name: i for i, name in enumerate(self.names)}
         count = len(self.names)
         self.max_free = np.full(count, -1, np.int64)
+        self.gpu_status = np.zeros(count, np.int64)
         self.free_total = np.zeros(count, np.int64)
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
@@ -328,6 +338,7 @@ class ClusterState:
             np.array(affinity, np.int64),
             np.array(prefer, np.int64),
             rejected,
+            dict(Counter(rejected.values())),
         )
         if len(self._classes) > 1024:
             self._classes.clear()

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from binder.model import PodInfo, node_from_api, pod_from_api
-from binder.placement import Placement, node_fits, place
+from binder.placement import Placement, Unschedulable, node_fits, place
 from binder.state import ClusterState
 from tests.binder.objects import GI, KEYS, node_obj, pod_obj
 
@@ -82,6 +82,10 @@ class World:
             seen.add(key)
         for obj in self.pending.values():
             assert not self.oracle_fits(obj), f"{obj['metadata']['name']} fits but stayed pending"
+            result = place(self.state, pod_from_api(obj, KEYS), now=NOW)
+            assert isinstance(result, Unschedulable)
+            if result.reasons:  # every node is counted once, under one reason
+                assert sum(result.reasons.values()) == len(self.nodes), result.message
 
 
 operation = st.one_of(
