@@ -102,7 +102,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         if not result.unchanged:
             seconds = max(time.monotonic() - started, 1e-9)
             log.info(
-                "Model %s was received from pod %s: %d bytes in %.2f s (%.0f MB/s).",
+                "Model %s was received from pod %s: %d bytes in %.2f s (%.1f MB/s).",
                 result.model_id,
                 pod.key,
                 result.bytes_written,

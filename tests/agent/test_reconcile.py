@@ -120,29 +120,30 @@ async def test_an_agent_restart_adopts_loaded_models_and_a_triton_restart_reload
         await second.stop()
 
 
-async def test_concurrent_requests_for_one_model_are_serialized(
+async def test_one_model_waits_for_its_own_lock_only(
     running: RunningAgent,
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     tmp_path: Path,
 ) -> None:
-    token = await deploy(running, apiserver, kube_api, tmp_path, "busy")
-    request = agent_pb2.LoadModelRequest(model_id="busy")
-    unload = agent_pb2.UnloadModelRequest(model_id="busy")
-    results = await asyncio.gather(
-        running.stub.UnloadModel(unload, metadata=bearer(token)),
-        running.stub.LoadModel(request, metadata=bearer(token)),
-        return_exceptions=True,
-    )
-    # Whatever the order, each call saw a whole state, never a half-unloaded model.
-    unloaded, loaded = results
-    assert not isinstance(unloaded, BaseException)
+    token_a = await deploy(running, apiserver, kube_api, tmp_path, "a")
+    token_b = await deploy(running, apiserver, kube_api, tmp_path, "b")
+    models = running.agent.models
+    async with models.lock("a"):
+        # An operation on "a" is in progress: unloading "a" waits, "b" goes ahead.
+        waiting = asyncio.ensure_future(
+            running.stub.UnloadModel(
+                agent_pb2.UnloadModelRequest(model_id="a"), metadata=bearer(token_a)
+            )
+        )
+        other = await running.stub.UnloadModel(
+            agent_pb2.UnloadModelRequest(model_id="b"), metadata=bearer(token_b)
+        )
+        assert other.state == agent_pb2.MODEL_STATE_ABSENT
+        assert not waiting.done()
+        assert await triton_state(running, "a") == READY
+    unloaded = await waiting
     assert unloaded.state == agent_pb2.MODEL_STATE_ABSENT
-    if isinstance(loaded, grpc.aio.AioRpcError):
-        assert loaded.code() == grpc.StatusCode.NOT_FOUND
-    else:
-        assert not isinstance(loaded, BaseException)
-        assert loaded.state == agent_pb2.MODEL_STATE_READY
 
 
 async def test_bad_uploads_are_refused_and_leave_nothing(
