@@ -103,9 +103,10 @@ UNLOAD = "UnloadModel"
 # Codes that mean "try again": the agent or Triton is starting or restarting, the connection broke,
 # one attempt ran out of time, or a concurrent request for the same model won a race.
 _TRANSIENT: dict[grpc.StatusCode, bool] = {
-    # value: whether the agent itself was reached (an UNAVAILABLE is usually no connection).
+    # value: whether the code proves the agent answered. UNAVAILABLE is usually no connection, and
+    # a deadline also passes while the channel is still connecting.
     grpc.StatusCode.UNAVAILABLE: False,
-    grpc.StatusCode.DEADLINE_EXCEEDED: True,
+    grpc.StatusCode.DEADLINE_EXCEEDED: False,
     grpc.StatusCode.ABORTED: True,
     grpc.StatusCode.CANCELLED: True,
     grpc.StatusCode.DATA_LOSS: True,

@@ -113,21 +113,22 @@ class Loading:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self._bytes_sent = 0
         self._installed = False
+        # Whether the agent ever answered: tells "timed out" (6) from "unreachable" (7).
+        self._reached_agent = False
 
     async def run(self) -> Outcome:
         """Get the model READY, or raise the LoaderError that says why not."""
         deadline = Deadline(self._timing.total_seconds, self._clock)
-        reached_agent = False
         attempt = 0
         while True:
             attempt += 1
             try:
                 status = await self._one_pass(deadline)
             except TransientError as e:
-                reached_agent = reached_agent or e.reached_agent
+                self._reached_agent = self._reached_agent or e.reached_agent
                 delay = self._timing.backoff.delay(attempt - 1, self._rng)
                 if deadline.remaining() <= delay:
-                    raise self._gave_up(e, reached_agent, deadline) from e
+                    raise self._gave_up(e, deadline) from e
                 log.warning(
                     "Attempt %d to load model %s failed (%s): retrying in %.1f s, %.0f s left.",
                     attempt,
@@ -152,6 +153,7 @@ class Loading:
         model_id = self._model.model_id
         digest = self._manifest.digest
         status = await self._agent.get_model(model_id, deadline.bound(self._timing.attempt_seconds))
+        self._reached_agent = True
         same_files = status.manifest_digest == digest and status.state in _HAS_FILES
         if status.state is ModelState.READY and same_files:
             log.info(
@@ -264,11 +266,11 @@ class Loading:
         )
 
     def _gave_up(
-        self, last: TransientError, reached_agent: bool, deadline: Deadline
+        self, last: TransientError, deadline: Deadline
     ) -> TimedOutError | AgentUnreachableError:
         waited = deadline.elapsed()
         model_id = self._model.model_id
-        if reached_agent:
+        if self._reached_agent:
             return TimedOutError(
                 f"model {model_id} was not READY after {waited:.0f} s (last: {last}); raise "
                 f"--timeout for a slow model, or look at the agent's and Triton's logs"

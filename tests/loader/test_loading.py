@@ -284,3 +284,21 @@ async def test_an_agent_restarted_mid_install_is_asked_again(
     outcome = await loading(agent, model, manifest).run()
     assert agent.calls == ["get", "install", "get", "install", "load"]
     assert outcome.attempts == 2
+
+
+async def test_deadlines_without_any_answer_mean_unreachable_not_timed_out(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    silent = TransientError("GetModel: DEADLINE_EXCEEDED", reached_agent=False)
+    agent = ScriptedAgent(FakeTime(), get=[silent])
+    with pytest.raises(AgentUnreachableError):
+        await loading(agent, model, manifest, total=10.0).run()
+
+
+async def test_a_load_cut_by_deadlines_after_an_answer_is_timed_out(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    agent = ScriptedAgent(FakeTime(), get=[status(ModelState.INSTALLED, manifest.digest)])
+    agent.load_answers = [TransientError("LoadModel: DEADLINE_EXCEEDED", reached_agent=False)]
+    with pytest.raises(TimedOutError, match="LoadModel: DEADLINE_EXCEEDED"):
+        await loading(agent, model, manifest, total=10.0).run()
