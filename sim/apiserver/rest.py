@@ -2,9 +2,9 @@
 
 create (defaults, generateName, uid, creationTimestamp, validation, 409 AlreadyExists), update
 (resourceVersion precondition, 409 Conflict, status subresource split, pod spec immutability,
-create-on-update for leases and events), patch (the three kinds, then the update rules), delete
-(pod graceful deletion, finalizers, preconditions, namespace cascade), and the pod binding
-subresource (409 if already bound, PodScheduled=True). Raises `ApiError`; does no I/O.
+create-on-update for leases and events), patch (the three kinds, then the update rules) and delete
+(pod graceful deletion, finalizers, preconditions, namespace cascade). Binding lives in `binding`.
+Raises `ApiError`; does no I/O.
 """
 
 from __future__ import annotations
@@ -362,75 +362,6 @@ class Registry:
                 self.store.remove(resource, namespace, stored.name)
 
     # binding
-
-    def bind(self, namespace: str, name: str, body: Any) -> Stored:
-        """pods/binding: assign the pod to target.name, once."""
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a Binding object")
-        meta = body.get("metadata") or {}
-        bound_name = meta.get("name") or name
-        if bound_name != name:
-            raise bad_request("name in URL does not match name in Binding object")
-        if meta.get("namespace") and meta["namespace"] != namespace:
-            raise bad_request(
-                "the namespace of the provided object does not match the namespace sent on the"
-                " request"
-            )
-        target = body.get("target") or {}
-        causes = []
-        if not target.get("name"):
-            causes.append(("target.name", "Required value"))
-        if target.get("kind") not in (None, "", "Node"):
-            causes.append(
-                ("target.kind", f'Unsupported value: "{target["kind"]}": supported values: "Node"')
-            )
-        if causes:
-            raise invalid("Binding", "", name, causes)
-        current = self.get(PODS, namespace, name)
-        pod_meta = current.obj["metadata"]
-        binding_resource = "pods/binding"
-        if meta.get("uid") and meta["uid"] != pod_meta.get("uid"):
-            raise conflict(
-                binding_resource,
-                name,
-                f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta:"
-                f" {pod_meta.get('uid')}",
-            )
-        if pod_meta.get("deletionTimestamp"):
-            raise conflict(
-                binding_resource, name, f"pod {name} is being deleted, cannot be assigned to a host"
-            )
-        node = current.obj.get("spec", {}).get("nodeName")
-        if node:
-            raise conflict(
-                binding_resource, name, f'pod {name} is already assigned to node "{node}"'
-            )
-        obj = current.copy()
-        obj["spec"]["nodeName"] = target["name"]
-        annotations = meta.get("annotations") or {}
-        if annotations:
-            obj["metadata"].setdefault("annotations", {}).update(annotations)
-        status = obj.setdefault("status", {})
-        conditions = status.setdefault("conditions", [])
-        now = rfc3339(self.clock.now())
-        for condition in conditions:
-            if condition.get("type") == "PodScheduled":
-                if condition.get("status") != "True":
-                    condition["lastTransitionTime"] = now
-                condition["status"] = "True"
-                condition.pop("reason", None)
-                condition.pop("message", None)
-                break
-        else:
-            conditions.append(
-                {
-                    "type": "PodScheduled",
-                    "status": "True",
-                    "lastProbeTime": None,
-                    "lastTransitionTime": now,
-                }
-            )
-        return self.store.replace(PODS, obj)
 
 
 def _finalized(obj: JsonObject) -> bool:

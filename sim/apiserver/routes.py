@@ -9,8 +9,6 @@ holds no object state of its own.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import json
 import logging
@@ -20,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sim.apiserver import binding, discovery, listing
 from sim.apiserver import watch as watches
 from sim.apiserver.audit import WRITE_VERBS, AuditLog, AuditRecord
 from sim.apiserver.auth import TokenAuthority
@@ -27,20 +26,15 @@ from sim.apiserver.clock import Clock
 from sim.apiserver.errors import (
     ApiError,
     bad_request,
-    expired,
     internal,
-    invalid,
     method_not_allowed,
     too_large_resource_version,
 )
 from sim.apiserver.requestinfo import RequestInfo, parse_bool, parse_request
 from sim.apiserver.resources import (
-    ALL,
     BINDINGS,
-    BY_GROUP_VERSION,
     PODS,
     SERVICE_ACCOUNTS,
-    STORED,
     TOKEN_REVIEWS,
     Resource,
 )
@@ -54,17 +48,6 @@ log = logging.getLogger(__name__)
 INFO_KEY = web.RequestKey("info", RequestInfo)
 
 JsonObject = dict[str, Any]
-SERVER_VERSION = {
-    "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-tritonshare-sim",
-    "gitCommit": "0000000000000000000000000000000000000000",
-    "gitTreeState": "clean",
-    "buildDate": "2024-08-13T00:00:00Z",
-    "goVersion": "go1.22.5",
-    "compiler": "gc",
-    "platform": "linux/amd64",
-}
 
 
 @dataclass
@@ -132,10 +115,6 @@ def _int_param(request: web.Request, name: str) -> int | None:
         return int(value)
     except ValueError as e:
         raise bad_request(f"invalid value for {name}: {value!r} is not an integer") from e
-
-
-def _list_options_error(message: str) -> ApiError:
-    return invalid("ListOptions", "meta.k8s.io", "", [("resourceVersionMatch", message)])
 
 
 class Handlers:
@@ -301,7 +280,7 @@ class Handlers:
         raise method_not_allowed(info.verb, f"{resource.group_resource}/{sub}")
 
     def _bind(self, namespace: str, name: str, body: Any) -> web.Response:
-        self.core.registry.bind(namespace, name, body)
+        binding.bind(self.core.store, self.core.clock, namespace, name, body)
         return _json(
             {
                 "kind": "Status",
@@ -338,83 +317,11 @@ class Handlers:
         return labels, fields
 
     def _list(self, request: web.Request, resource: Resource, info: RequestInfo) -> web.Response:
-        store = self.core.store
         labels, fields = self._selectors(request, resource)
         namespace = info.namespace if resource.namespaced and info.namespace else None
-        limit = _int_param(request, "limit") or 0
-        token = request.query.get("continue", "")
-        rv_text = request.query.get("resourceVersion", "")
-        match = request.query.get("resourceVersionMatch", "")
-        if match and match not in ("Exact", "NotOlderThan"):
-            raise _list_options_error(
-                f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"'
-            )
-        if match and not rv_text:
-            raise _list_options_error(
-                "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"
-            )
-        if token and rv_text:
-            raise _list_options_error(
-                "Forbidden: specifying resource version is not allowed when using continue"
-            )
-        after = None
-        list_rv = store.rv
-        if token:
-            list_rv, after = _decode_continue(token)
-            if list_rv < store.oldest_replayable_rv:
-                raise expired(
-                    "The provided continue parameter is too old to display a consistent list"
-                    " result. You can start a new list without the continue parameter, or use"
-                    " the continue token in this response to retrieve the remainder of the"
-                    " results. Continuing with the provided token results in an inconsistent"
-                    " list - objects that were created, modified, or deleted between the time the"
-                    " first chunk was returned and now may show up in the list."
-                )
-        candidates: Any
-        if rv_text and match == "Exact":
-            wanted = _parse_rv(rv_text)
-            if wanted == 0:
-                raise _list_options_error(
-                    'Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
-                )
-            if wanted > store.rv:
-                raise too_large_resource_version(wanted, store.rv)
-            list_rv = wanted
-            candidates = [
-                s
-                for s in store.state_at(resource, namespace, wanted)
-                if after is None or (s.namespace, s.name) > after
-            ]
-        else:
-            if rv_text and rv_text != "0" and _parse_rv(rv_text) > store.rv:
-                raise too_large_resource_version(_parse_rv(rv_text), store.rv)
-            node = fields.equality("spec.nodeName") if resource is PODS else None
-            if node is not None:
-                candidates = store.pods_on_node(node, namespace, after)
-            else:
-                candidates = store.objects(resource, namespace, after)
-        selecting = bool(labels.requirements or fields.terms)
-        items: list[bytes] = []
-        last: Stored | None = None
-        more = False
-        for stored in candidates:
-            if selecting and not (labels.matches(stored.obj) and fields.matches(stored.obj)):
-                continue
-            if limit and len(items) >= limit:
-                more = True
-                break
-            items.append(stored.body())
-            last = stored
-        metadata: JsonObject = {"resourceVersion": str(list_rv)}
-        if more and last is not None:
-            metadata["continue"] = _encode_continue(list_rv, (last.namespace, last.name))
-            if not selecting and namespace is None and not token:
-                metadata["remainingItemCount"] = store.count(resource) - len(items)
-        head = json.dumps(
-            {"kind": resource.list_kind, "apiVersion": resource.api_version, "metadata": metadata},
-            separators=(",", ":"),
-        ).encode()
-        body = head[:-1] + b',"items":[' + b",".join(items) + b"]}"
+        body = listing.list_body(
+            self.core.store, resource, namespace, labels, fields, request.query
+        )
         return web.Response(body=body, content_type="application/json")
 
     async def _watch(
@@ -427,7 +334,7 @@ class Handlers:
         rv_text = request.query.get("resourceVersion", "")
         start: int | None = None
         if rv_text not in ("", "0"):
-            start = _parse_rv(rv_text)
+            start = listing.parse_rv(rv_text)
             if start > store.rv:
                 raise too_large_resource_version(start, store.rv)
         timeout = _int_param(request, "timeoutSeconds")
@@ -454,97 +361,22 @@ class Handlers:
     # discovery and health
 
     def _discovery(self, info: RequestInfo) -> web.Response:
-        if not info.api_version:
+        document = discovery.resource_list(info.api_group, info.api_version)
+        if not info.api_version or document is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        served = BY_GROUP_VERSION.get((info.api_group, info.api_version))
-        if served is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        resources = []
-        for resource in served.values():
-            stored = resource in STORED
-            resources.append(
-                {
-                    "name": resource.plural,
-                    "singularName": resource.kind.lower(),
-                    "namespaced": resource.namespaced,
-                    "kind": resource.kind,
-                    "verbs": sorted(resource.verbs),
-                    **({"shortNames": list(resource.short_names)} if resource.short_names else {}),
-                }
-            )
-            for sub in sorted(resource.subresources):
-                sub_kind = {"binding": "Binding", "token": "TokenRequest"}.get(sub, resource.kind)
-                resources.append(
-                    {
-                        "name": f"{resource.plural}/{sub}",
-                        "singularName": "",
-                        "namespaced": resource.namespaced,
-                        "kind": sub_kind,
-                        "verbs": ["create"]
-                        if sub in ("binding", "token")
-                        else (["get", "patch", "update"] if stored else []),
-                    }
-                )
-        group_version = f"{info.api_group}/{info.api_version}" if info.api_group else "v1"
-        return _json(
-            {
-                "kind": "APIResourceList",
-                "apiVersion": "v1",
-                "groupVersion": group_version,
-                "resources": resources,
-            }
-        )
+        return _json(document)
 
     async def root_api(self, request: web.Request) -> web.Response:
-        return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        return _json(discovery.api_versions())
 
     async def root_apis(self, request: web.Request) -> web.Response:
-        groups = sorted({r.group for r in ALL if r.group})
-        return _json(
-            {
-                "kind": "APIGroupList",
-                "apiVersion": "v1",
-                "groups": [
-                    {
-                        "name": g,
-                        "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
-                        "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"},
-                    }
-                    for g in groups
-                ],
-            }
-        )
+        return _json(discovery.api_groups())
 
     async def version(self, request: web.Request) -> web.Response:
-        return _json(SERVER_VERSION)
+        return _json(discovery.SERVER_VERSION)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
-
-
-def _parse_rv(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as e:
-        raise bad_request(f"invalid resource version: {text!r} is not a resourceVersion") from e
-    if value < 0:
-        raise bad_request(f"invalid resource version: {text!r} is negative")
-    return value
-
-
-def _encode_continue(rv: int, after: tuple[str, str]) -> str:
-    token = {"v": "meta.k8s.io/v1", "rv": rv, "start": f"{after[0]}/{after[1]}\x00"}
-    return base64.urlsafe_b64encode(json.dumps(token).encode()).decode()
-
-
-def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
-    try:
-        decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
-        start = str(decoded["start"]).rstrip("\x00")
-        namespace, _, name = start.rpartition("/")
-        return int(decoded["rv"]), (namespace, name)
-    except (ValueError, KeyError, TypeError, binascii.Error) as e:
-        raise bad_request(f"continue key is not valid: {e}") from e
 
 
 def build_app(core: ApiServerCore) -> web.Application:
