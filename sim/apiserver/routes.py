@@ -46,6 +46,8 @@ from sim.apiserver.store import Store, Stored
 log = logging.getLogger(__name__)
 
 INFO_KEY = web.RequestKey("info", RequestInfo)
+ARRIVED_KEY = web.RequestKey("arrived", float)
+RECORDED_KEY = web.RequestKey("recorded", bool)
 
 JsonObject = dict[str, Any]
 
@@ -130,6 +132,7 @@ class Handlers:
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
         arrived = self.core.clock.now()
+        request[ARRIVED_KEY] = arrived
         try:
             info = parse_request(request.method, request.path, request.query.get("watch"))
         except ApiError as e:
@@ -157,7 +160,7 @@ class Handlers:
             code = error.code
             return _json(error.status(), error.code)
         finally:
-            if info.is_resource_request:
+            if info.is_resource_request and not request.get(RECORDED_KEY, False):
                 self._record(request, info, arrived, code)
 
     def _record(self, request: web.Request, info: RequestInfo, arrived: float, code: int) -> None:
@@ -354,6 +357,9 @@ class Handlers:
         if spec.send_initial_events:
             # A streaming list starts from the current state whatever version was asked for.
             spec = dataclasses.replace(spec, start_rv=None)
+        # A watch is audited when it starts (it may stay open for the whole test).
+        self._record(request, info, request[ARRIVED_KEY], 200)
+        request[RECORDED_KEY] = True
         return await watches.stream(
             request, store, spec, self.core.settings.bookmark_interval_seconds
         )

@@ -90,6 +90,10 @@ def test_watch_sees_live_writes_from_another_thread(
     names = []
     for event in w.stream(v1.list_node, resource_version=start, timeout_seconds=30):
         names.append(event["object"].metadata.name)
+        if len(names) == 1:
+            # The open watch is already in the audit log, as a watch on nodes.
+            watches = [r for r in apiserver.audit if r.verb == "watch"]
+            assert [(r.resource, r.code) for r in watches] == [("nodes", 200)]
         if len(names) == 5:
             w.stop()
     thread.join()
