@@ -41,23 +41,24 @@ def _create_initial_namespaces(core: ApiServerCore) -> None:
         core.registry.create(NAMESPACES, "", {"metadata": {"name": name}})
 
 
-def kubeconfig_document(url: str) -> dict[str, Any]:
-    """A kubeconfig for `url` with no credentials (the simulated server authorises everyone)."""
+def kubeconfig_document(url: str, token: str | None = None) -> dict[str, Any]:
+    """A kubeconfig for `url`; with `token`, requests carry it (the server authorises everyone,
+    but its audit log then names the service account)."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "sim", "cluster": {"server": url}}],
-        "users": [{"name": "sim", "user": {}}],
+        "users": [{"name": "sim", "user": {"token": token} if token else {}}],
         "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}],
         "current-context": "sim",
         "preferences": {},
     }
 
 
-def write_kubeconfig(url: str, path: Path) -> Path:
+def write_kubeconfig(url: str, path: Path, token: str | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(kubeconfig_document(url), sort_keys=False))
+    path.write_text(yaml.safe_dump(kubeconfig_document(url, token), sort_keys=False))
     return path
 
 
@@ -167,9 +168,27 @@ class RunningApiServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
 
-    def write_kubeconfig(self, path: Path) -> Path:
-        """Write a kubeconfig for this server (no credentials) to `path` and return it."""
-        return write_kubeconfig(self.url, path)
+    def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
+        """Write a kubeconfig for this server to `path` and return it.
+
+        Without `token` it has no credentials. With one (see `service_account_token`), every
+        request carries it, so the audit log's `user` names the part that made each call.
+        """
+        return write_kubeconfig(self.url, path, token)
+
+    def service_account_token(
+        self, namespace: str, service_account: str, expiration_seconds: int = 3600
+    ) -> str:
+        """A token for the service account with the API server's audience (a TokenRequest with
+        no bound object), as a part running in the cluster would present."""
+
+        def mint() -> str:
+            answer = self._core.authority.token_request(
+                namespace, service_account, {"spec": {"expirationSeconds": expiration_seconds}}
+            )
+            return str(answer["status"]["token"])
+
+        return self.call(mint)
 
     def api_client(self) -> kubernetes.client.ApiClient:
         """An official-client `ApiClient` for this server; close it when done."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 from kubernetes import client
 
@@ -178,3 +180,20 @@ def test_audit_names_the_service_account_of_a_bearer_token(
         "nodes",
         "system:serviceaccount:default:agent",
     )
+
+
+def test_kubeconfig_with_a_service_account_token_names_the_caller_in_the_audit(
+    apiserver: RunningApiServer, tmp_path: Path
+) -> None:
+    token = apiserver.service_account_token("tritonshare-system", "tritonshare-binder")
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig", token=token)
+    configuration = client.Configuration()
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), client_configuration=configuration
+    )
+    with client.ApiClient(configuration) as api:
+        core_v1(api).list_node()
+        # The same token passes a TokenReview for the API server's own audience.
+        assert _review(authentication_v1(api), token).authenticated is True
+    users = {(r.verb, r.resource, r.user) for r in apiserver.audit}
+    assert ("list", "nodes", "system:serviceaccount:tritonshare-system:tritonshare-binder") in users
