@@ -141,9 +141,18 @@ class Agent:
         )
         add_to_server(self.service, self._grpc)
         host, _ = _split(settings.listen_grpc)
-        port = self._grpc.add_insecure_port(settings.listen_grpc)
+        try:
+            port = self._grpc.add_insecure_port(settings.listen_grpc)
+        except RuntimeError as e:
+            port = 0
+            cause: Exception | None = e
+        else:
+            cause = None
         if port == 0:
-            raise OSError(f"cannot listen for gRPC on {settings.listen_grpc}: the port is taken")
+            raise OSError(
+                f"cannot listen for gRPC on {settings.listen_grpc} (the port is taken or the "
+                f"address is not local); choose another --listen-grpc"
+            ) from cause
         await self._grpc.start()
         self.grpc_address = f"{host}:{port}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -98,3 +99,18 @@ def test_agent_refuses_missing_settings_with_a_clear_message(tmp_path: Path) -> 
     )
     assert result.returncode == 2
     assert "--node-name is required" in result.stderr
+
+
+def test_a_taken_port_is_reported_and_exits_2(kubeconfig: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [
+            sys.executable, "-m", "agent", "--node-name", NODE,
+            "--kubeconfig", str(kubeconfig), "--model-repository", str(tmp_path / "m"),
+            "--listen-grpc", f"127.0.0.1:{port}", "--cpu-only",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in result.stderr
