@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import json
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -30,6 +31,11 @@ Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kind
 ADDED = "ADDED"
 MODIFIED = "MODIFIED"
 DELETED = "DELETED"
+
+
+@functools.cache
+def _head(kind: str, api_version: str) -> bytes:
+    return json.dumps({"kind": kind, "apiVersion": api_version}, separators=(",", ":")).encode()
 
 
 class Stored:
@@ -61,10 +67,7 @@ class Stored:
 
     def full(self) -> bytes:
         """The whole object's JSON, kind and apiVersion first."""
-        head = json.dumps(
-            {"kind": self.obj.get("kind"), "apiVersion": self.obj.get("apiVersion")},
-            separators=(",", ":"),
-        ).encode()
+        head = _head(str(self.obj.get("kind")), str(self.obj.get("apiVersion")))
         body = self.body()
         return head[:-1] + b"," + body[1:] if len(body) > 2 else head
 
