@@ -244,6 +244,19 @@ def main() -> None:
     print(
         f"ratio binder / proof of concept: {ours_median / poc_median:.0f}x  (target >= 2000 pods/s)"
     )
+    # A pod that fits nowhere (an A100's worth of memory on a T4 node): every node is filtered
+    # and every reason counted, the cost paid for each waiting pod when a helpful cluster change
+    # retries them all.
+    misfits = []
+    for i in range(200):
+        obj = make_pod(counter + 1 + i, rng, {"nodeSelector": {"gpu": "t4"}})
+        obj["spec"]["containers"][0]["resources"]["limits"][KEYS.gpu_mem] = "79Gi"
+        misfits.append(pod_from_api(obj, KEYS))
+    t0 = time.perf_counter()
+    refused = [place(state, pod, now=NOW) for pod in misfits]
+    rate = len(misfits) / (time.perf_counter() - t0)
+    sample = next((r for r in refused if not isinstance(r, Placement)), None)
+    print(f"unschedulable decisions: {rate:8.0f} pods/s; e.g. {getattr(sample, 'message', '-')}")
 
 
 if __name__ == "__main__":
