@@ -208,3 +208,61 @@ async def test_triton_rejecting_a_model_is_reported_with_its_reason(
     )
     assert status.state == agent_pb2.MODEL_STATE_FAILED
     assert "this model cannot start" in status.reason
+
+
+async def test_without_cpu_only_the_model_is_pinned_to_the_pods_gpu(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    node: str,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    settings = agent_settings(kubeconfig, triton, model_repository, cpu_only=False)
+    running = await start_agent(settings, mock_nvml)
+    try:
+        pods = {
+            "second-gpu": mock_nvml.gpus[1].uuid,
+            "unknown-gpu": "GPU-00000000-0000-0000-0000-000000000000",
+            "lost-gpu": mock_nvml.gpus[0].uuid,
+        }
+        tokens = {}
+        for model, uuid in pods.items():
+            make_pod(kube_api, f"{model}-pod", model, gpu_uuid=uuid)
+            tokens[model] = apiserver.mint_token("default", f"{model}-pod")
+            source = copy_model("add_one", tmp_path / model, as_name=model)
+            await install_dir(running.stub, tokens[model], source, model)
+
+        # This machine has no GPU: Triton refuses the pinned instance group, naming the index the
+        # agent mapped from the pod's GPU UUID.
+        status = await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="second-gpu"), metadata=bearer(tokens["second-gpu"])
+        )
+        assert status.state == agent_pb2.MODEL_STATE_FAILED
+        assert "gpu id 1" in status.reason, status.reason
+
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await running.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="unknown-gpu"),
+                metadata=bearer(tokens["unknown-gpu"]),
+            )
+        assert unknown.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "is not on this node" in (unknown.value.details() or "")
+
+        mock_nvml.lose_gpu(0)
+        await eventually(
+            lambda: (
+                not running.agent.node.snapshot or not running.agent.node.snapshot.gpus[0].healthy
+            ),
+            what="the agent to see GPU 0 lost",
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as lost:
+            await running.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="lost-gpu"), metadata=bearer(tokens["lost-gpu"])
+            )
+        assert lost.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "unhealthy" in (lost.value.details() or "")
+    finally:
+        await running.stop()
