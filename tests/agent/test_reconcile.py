@@ -252,12 +252,12 @@ async def test_without_cpu_only_the_model_is_pinned_to_the_pods_gpu(
         assert "is not on this node" in (unknown.value.details() or "")
 
         mock_nvml.lose_gpu(0)
-        await eventually(
-            lambda: (
-                not running.agent.node.snapshot or not running.agent.node.snapshot.gpus[0].healthy
-            ),
-            what="the agent to see GPU 0 lost",
-        )
+
+        def gpu0_lost() -> bool:
+            snapshot = running.agent.node.snapshot
+            return snapshot is not None and not snapshot.gpus[0].healthy
+
+        await eventually(gpu0_lost, what="the agent to see GPU 0 lost")
         with pytest.raises(grpc.aio.AioRpcError) as lost:
             await running.stub.LoadModel(
                 agent_pb2.LoadModelRequest(model_id="lost-gpu"), metadata=bearer(tokens["lost-gpu"])
