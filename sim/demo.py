@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from typing import Any
 from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
 from sim.apiserver import AuditRecord
-from sim.cluster import ClusterError, SimCluster, wait_until
+from sim.cluster import ClusterError, SimCluster, available, wait_until
 from sim.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
 from sim.triton import free_port
 
@@ -50,6 +51,8 @@ class DemoResult:
     leader: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     loaded_after_shutdown: list[str] = field(default_factory=list)
+    explain: str = ""
+    """What `tritonshare explain` printed for a pending pod."""
     audit: list[AuditRecord] = field(default_factory=list)
     """Every API call of the run, as the API server's audit log recorded it."""
     seconds: float = 0.0
@@ -253,6 +256,18 @@ def _print_tables(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     for name, message in result.pending.items():
         pod = next(p for p in PODS if p.name == name)
         say(f"PENDING {name} ({pod.gpu_mem}): {message}")
+    if result.pending and available("binder.cli"):
+        name = sorted(result.pending)[0]
+        say("")
+        say(f"Node by node, from the binder's CLI (tritonshare explain {NAMESPACE}/{name}):")
+        explained = subprocess.run(
+            [sys.executable, "-m", "binder.cli", "--kubeconfig", str(cluster.kubeconfig),
+             "explain", f"{NAMESPACE}/{name}"],
+            capture_output=True, text=True, timeout=60, check=False, env=cluster.env,
+        )  # fmt: skip
+        result.explain = explained.stdout
+        for line in (explained.stdout or explained.stderr).splitlines():
+            say(f"  {line}")
 
 
 def run_demo(workdir: Path, say: Say = print) -> DemoResult:

@@ -36,6 +36,9 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert "didn't match Pod's node affinity/selector" in result.pending["h100-only"]
     assert result.pending["h100-only"].startswith(f"0/{len(NODES)} nodes are available")
 
+    # The binder's CLI explains a pending pod node by node.
+    for node in NODES:
+        assert node.name in result.explain
     # The pods on the node with Triton really ran: loaded, ready, answering through the proxy.
     on_real = {p for p, n in node_of.items() if n == "t4-node-0"}
     assert set(result.served) == on_real

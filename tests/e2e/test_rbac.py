@@ -137,6 +137,12 @@ def test_rbac_covers_exactly_the_calls_each_part_makes(
 @pytest.mark.triton
 def test_model_pods_make_no_kubernetes_api_calls(demo_run: tuple[DemoResult, str]) -> None:
     result, _ = demo_run
-    known = ("tritonshare-binder", "tritonshare-agent", KUBELET_USER_AGENT, CLUSTER_USER_AGENT)
+    known = (
+        "tritonshare-binder",
+        "tritonshare-agent",
+        "tritonshare-cli",
+        KUBELET_USER_AGENT,
+        CLUSTER_USER_AGENT,
+    )
     strangers = sorted({r.user_agent for r in result.audit if not r.user_agent.startswith(known)})
     assert not strangers, f"unexpected API callers (loader or proxy?): {strangers}"
