@@ -21,8 +21,7 @@ async def _run(settings: Settings) -> int:
     lifecycle.install_signal_handlers()
     binder = Binder(settings)
 
-    async def main(lc: Lifecycle) -> None:
-        lc.on_shutdown("binder", binder.stop)
+    async def serve() -> None:
         await binder.start()
         log.info(
             "The binder %s serves on %s:%d and schedules pods with schedulerName %s (%s).",
@@ -32,14 +31,15 @@ async def _run(settings: Settings) -> int:
             settings.scheduler_name,
             settings.policy,
         )
+        await binder.stopped.wait()
+        lifecycle.request_stop("the binder stopped")
 
-        async def watch_failure() -> None:
-            await binder.stopped.wait()
-            lc.request_stop("the binder stopped")
+    async def start(lc: Lifecycle) -> None:
+        lc.on_shutdown("binder", binder.stop)
+        # Started as a task, so a signal also stops a binder still waiting for its caches.
+        lc.spawn("binder", serve())
 
-        lc.spawn("binder watchdog", watch_failure())
-
-    return await lifecycle.run(main)
+    return await lifecycle.run(start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,6 @@ class ClusterCache:
         self.pending: dict[str, PodInfo] = {}
         self._listener = listener
         self._clock = clock
-        self._known_pods: set[str] = set()
 
     # ---- pods ----------------------------------------------------------------------------------
 
@@ -73,13 +72,11 @@ class ClusterCache:
         if not pod.uid:
             return
         if event == "DELETED":
-            self._known_pods.discard(pod.uid)
             self._drop_pending(pod.uid)
             if self._accounted(pod.uid):
                 self.state.remove_pod(pod.uid)
                 self._listener.cluster_changed(f"pod {pod.key} was deleted")
             return
-        self._known_pods.add(pod.uid)
         if pod.node_name:
             self._drop_pending(pod.uid)
             held = self._accounted(pod.uid)

@@ -53,9 +53,11 @@ class HttpServer:
         self._runner = web.AppRunner(app, access_log=None)
         self._host = host
         self.port = port
+        self._started = False
 
     async def start(self) -> None:
         await self._runner.setup()
+        self._started = True
         site = web.TCPSite(self._runner, self._host, self.port)
         await site.start()
         addresses = self._runner.addresses
@@ -63,4 +65,6 @@ class HttpServer:
             self.port = int(addresses[0][1])
 
     async def stop(self) -> None:
-        await self._runner.cleanup()
+        if self._started:
+            self._started = False
+            await self._runner.cleanup()

@@ -119,7 +119,7 @@ class Kube:
         token = None
         while True:
             try:
-                kwargs: dict[str, Any] = {"limit": page}
+                kwargs: dict[str, Any] = {"limit": page, "_request_timeout": (10, 60)}
                 if token:
                     kwargs["_continue"] = token
                 response = self._call(kind, **kwargs)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,42 @@ def test_python_m_binder_serves_schedules_and_stops_on_sigterm(
         _, errors = process.communicate(timeout=30)
         assert process.returncode == 0, errors
         assert "Released the leader lease" in errors
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_a_binder_without_an_api_server_is_alive_not_ready_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: "
+        f"'http://127.0.0.1:{free_port()}'}}}}]\nusers: [{{name: u, user: {{}}}}]\n"
+        f"contexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n"
+    )
+    port = free_port()
+    argv = [sys.executable, "-m", "binder", "--kubeconfig", str(kubeconfig)]
+    argv += ["--listen-http", f"127.0.0.1:{port}"]
+    process = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+
+        def status(path: str) -> int:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as e:
+                return int(e.code)
+            except OSError:
+                return 0
+
+        wait_for(lambda: status("/healthz") == 200, "/healthz")
+        assert status("/readyz") == 503
+        process.send_signal(signal.SIGTERM)
+        _, errors = process.communicate(timeout=30)
+        assert process.returncode == 0, errors
+        assert "Connection refused" in errors  # it kept trying instead of exiting
     finally:
         if process.poll() is None:
             process.kill()
