@@ -48,8 +48,8 @@ class Settings:
     """`binpack` (fill GPUs and nodes, keep whole GPUs free) or `spread`. Default binpack."""
     gpu_mem_reserve: int = 0
     """Bytes kept free on every GPU for the CUDA context and Triton (a quantity). Default 0."""
-    identity: str = ""
-    """This replica's name in the leader lease. Default hostname_pid."""
+    identity: str = field(default_factory=lambda: default_identity())
+    """This replica's name in the leader lease. Default hostname_pid (the pod name in a pod)."""
     leader_elect: bool = True
     """Take part in leader election; off means always act as leader (one replica). Default on."""
     lease_duration_seconds: float = 15.0
@@ -68,6 +68,10 @@ class Settings:
     """Log level name. Default INFO."""
     log_format: LogFormat = "text"
     """`text` for people, `json` for log pipelines. Default text."""
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -177,7 +181,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None
         scheduler_name=str(args.scheduler_name),
         policy=policy,
         gpu_mem_reserve=reserve,
-        identity=str(args.identity) or f"{socket.gethostname()}_{os.getpid()}",
+        identity=str(args.identity) or default_identity(),
         leader_elect=leader_elect in ("true", "1", "yes"),
         lease_duration_seconds=_seconds(args.lease_duration, "--lease-duration"),
         renew_deadline_seconds=_seconds(args.renew_deadline, "--renew-deadline"),

@@ -259,3 +259,35 @@ async def test_http_endpoints_report_readiness_role_and_gpu_metrics(
 def test_pod_from_api_reads_what_the_binder_patched() -> None:
     obj = pod_obj("p", node="n", gpu="GPU-n-1")
     assert pod_from_api(obj, KEYS).gpu_uuid == "GPU-n-1"
+
+
+async def test_a_burst_never_overcommits_a_gpu_as_the_api_shows_it(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    for name in ("a", "b", "c"):
+        add_node(kube_api, name, [8 * GI, 8 * GI])
+    binder = await make_binder(bind_workers=4)
+    sizes = ["1Gi", "2Gi", "3Gi", "5Gi"]
+    for i in range(40):
+        add_pod(core, f"m{i}", mem=sizes[i % 4], model=f"model-{i % 12}")
+    await eventually(
+        lambda: (
+            len(binder.cache.pending) + len(binder.cache.state.assigned_pods()) == 40
+            and all(binder.queue.failures(uid) for uid in binder.cache.pending)
+            and not binder.cache.state.assumed_uids()
+        ),
+        what="every pod decided",
+    )
+    used: dict[str, int] = {}
+    models: set[tuple[str, str]] = set()
+    for pod in core.list_namespaced_pod("default").items:
+        if not pod.spec.node_name:
+            continue
+        gpu = pod.metadata.annotations[KEYS.gpu]
+        limit = pod.spec.containers[0].resources.limits[KEYS.gpu_mem]
+        used[gpu] = used.get(gpu, 0) + int(limit.removesuffix("Gi")) * GI
+        key = (pod.spec.node_name, pod.metadata.annotations[KEYS.model_id])
+        assert key not in models, f"model {key[1]} twice on node {key[0]}"
+        models.add(key)
+    assert used and max(used.values()) <= 8 * GI, used
+    assert sum(used.values()) >= 40 * GI, "the binder should pack most of the 48Gi"
