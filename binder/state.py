@@ -76,8 +76,6 @@ class ClusterState:
         self.free_total: IntArray = np.zeros(0, np.int64)
         self.capacity: IntArray = np.zeros(0, np.int64)
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
-        self.generation = 0
-        """Bumped whenever something placement depends on changes (for requeue decisions)."""
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -88,14 +86,12 @@ class ClusterState:
             return False
         self.nodes[node.name] = node
         self._largest = None
-        if old is None or old.labels != node.labels or old.taints != node.taints:
-            self._classes.clear()
-        if old is None or old.unschedulable != node.unschedulable:
+        rules = (node.labels, node.taints, node.unschedulable)
+        if old is None or (old.labels, old.taints, old.unschedulable) != rules:
             self._classes.clear()
         if old is None:
             self._dirty = True
         self._recharge_node(node.name)
-        self.generation += 1
         return True
 
     def remove_node(self, name: str) -> bool:
@@ -107,7 +103,6 @@ class ClusterState:
         self._alloc.pop(name, None)
         for account in self._by_node.get(name, {}).values():
             account.gpu = -1
-        self.generation += 1
         return True
 
     def set_lease(self, node: str, expiry: float) -> None:
@@ -115,7 +110,6 @@ class ClusterState:
         if self.leases.get(node) == expiry:
             return
         self.leases[node] = expiry
-        self.generation += 1
         if not self._dirty and node in self.index:
             self.lease_expiry[self.index[node]] = expiry
 
@@ -202,7 +196,6 @@ class ClusterState:
         if account.gpu >= 0 and account.node in self._alloc:
             self._alloc[account.node][account.gpu] -= account.pod.request
             self._refresh(account.node)
-        self.generation += 1
 
     def assigned_pods(self) -> list[PodInfo]:
         return [a.pod for a in self._accounts.values()]
@@ -257,7 +250,6 @@ class ClusterState:
             account.gpu = self._attribute(account)
             self._alloc[account.node][account.gpu] += account.pod.request
             self._refresh(account.node)
-        self.generation += 1
 
     def _attribute(self, account: _Account) -> int:
         """The GPU a pod is charged to: the one its annotation names; a pod without one (bound by

@@ -309,3 +309,16 @@ def test_explain_gives_every_node_its_reasons() -> None:
     assert verdicts["a"] == ()
     assert verdicts["b"] == ("node(s) had untolerated taint {t: v}",)
     assert verdicts["c"] == ("Insufficient GPU memory: needs 4Gi, the largest free block is 2Gi",)
+
+
+def test_a_node_relabelled_or_cordoned_is_judged_anew() -> None:
+    state = cluster(node_obj("n1", [16 * GI]))
+    selector = pod_obj("p", spec_extra={"nodeSelector": {"zone": "a"}})
+    refused(state, selector)
+    state.set_node(node_from_api(node_obj("n1", [16 * GI], labels={"zone": "a"}), KEYS))
+    assert placed(state, selector).node == "n1"
+    cordoned = node_obj("n1", [16 * GI], labels={"zone": "a"}, unschedulable=True)
+    state.set_node(node_from_api(cordoned, KEYS))
+    assert refused(state, selector).reasons == {"node(s) were unschedulable": 1}
+    state.remove_node("n1")
+    assert refused(state, selector).message == "0/0 nodes are available:"
