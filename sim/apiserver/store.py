@@ -19,7 +19,7 @@ import bisect
 import functools
 import json
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sim.apiserver.errors import expired
@@ -108,18 +108,27 @@ class Watcher:
     instead (and gets 410 Expired if the history no longer reaches back that far).
     """
 
-    __slots__ = ("behind", "capacity", "queue", "resource", "trigger", "wake")
+    __slots__ = ("behind", "capacity", "concerns", "queue", "resource", "trigger", "wake")
 
-    def __init__(self, resource: Resource, trigger: str | None, capacity: int) -> None:
+    def __init__(
+        self,
+        resource: Resource,
+        trigger: str | None,
+        capacity: int,
+        concerns: Callable[[Event], bool] | None = None,
+    ) -> None:
         self.resource = resource
         self.trigger = trigger
         self.capacity = capacity
+        self.concerns = concerns
         self.queue: deque[Event] = deque()
         self.wake = asyncio.Event()
         self.behind = False
 
     def offer(self, event: Event) -> None:
-        if self.behind:
+        # Filtering here, in the write, spares waking the stream of every watch an event does
+        # not concern (thousands of label-selected watches would each wake for every write).
+        if self.behind or (self.concerns is not None and not self.concerns(event)):
             return
         if len(self.queue) >= self.capacity:
             self.queue.clear()
@@ -295,11 +304,16 @@ class Store:
 
     # watchers
 
-    def add_watcher(self, resource: Resource, trigger: str | None) -> Watcher:
+    def add_watcher(
+        self,
+        resource: Resource,
+        trigger: str | None,
+        concerns: Callable[[Event], bool] | None = None,
+    ) -> Watcher:
         """Register a watcher; with a trigger it is offered only events whose object (before or
         after) has that trigger value (a pod's `spec.nodeName`), as upstream's indexed triggers
         do, so a write does not wake every node's watch."""
-        watcher = Watcher(resource, trigger, self.history_size)
+        watcher = Watcher(resource, trigger, self.history_size, concerns)
         if trigger is None or resource.plural not in TRIGGER_FIELDS:
             self._unindexed[resource.plural].add(watcher)
         else:

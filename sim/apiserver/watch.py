@@ -60,6 +60,10 @@ class WatchRequest:
             return False
         return self.labels.matches(stored.obj) and self.fields.matches(stored.obj)
 
+    def concerns(self, event: Event) -> bool:
+        """Whether this watch sees anything of `event` (its object matches, now or before)."""
+        return self.matches(event.stored) or (event.prev is not None and self.matches(event.prev))
+
 
 def _line(event_type: str, payload: bytes) -> bytes:
     return b'{"type":"' + event_type.encode() + b'","object":' + payload + b"}\n"
@@ -112,7 +116,7 @@ async def stream(
         else None
     )
     # Registered before anything is read, so no write can fall between the start and the inbox.
-    watcher = store.add_watcher(watch.resource, trigger)
+    watcher = store.add_watcher(watch.resource, trigger, watch.concerns)
     try:
         response = web.StreamResponse(
             status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"}
