@@ -254,6 +254,8 @@ async def test_http_endpoints_report_readiness_role_and_gpu_metrics(
     assert 'tritonshare_binder_schedule_attempts_total{result="scheduled"} 1.0' in text
     assert "tritonshare_binder_scheduling_latency_seconds_count 1.0" in text
     assert "tritonshare_binder_is_leader 1.0" in text
+    assert "tritonshare_binder_pending_pods 0.0" in text
+    assert 'tritonshare_binder_api_writes_total{call="bind"} 1.0' in text
 
 
 def test_pod_from_api_reads_what_the_binder_patched() -> None:
