@@ -159,7 +159,7 @@ def agent_settings(
         cpu_only=True,
         triton_poll_seconds=0.2,
         resync_seconds=1.0,
-        orphan_grace_seconds=0.0,
+        orphan_grace_seconds=1.0,
         gpu_poll_seconds=0.2,
         unload_timeout_seconds=30.0,
     )

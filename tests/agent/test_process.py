@@ -63,9 +63,18 @@ def test_agent_process_publishes_gpus_serves_and_stops_on_sigterm(
         gpus = json.loads(annotations["tritonshare.io/gpus"])
         assert [g["product"] for g in gpus] == ["Tesla T4", "Tesla T4"]
         assert int(annotations["tritonshare.io/gpu-mem-total"]) == 2 * 15360 * 1024 * 1024
-        lease = kubernetes.client.CoordinationV1Api(kube_api).read_namespaced_lease(
-            f"tritonshare-agent-{NODE}", "tritonshare-system"
-        )
+        # The Lease is renewed right after the annotations are written: poll for it too.
+        leases = kubernetes.client.CoordinationV1Api(kube_api)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                lease = leases.read_namespaced_lease(
+                    f"tritonshare-agent-{NODE}", "tritonshare-system"
+                )
+                break
+            except kubernetes.client.ApiException as e:
+                assert e.status == 404 and time.monotonic() < deadline, "no agent Lease"
+                time.sleep(0.05)
         assert lease.spec is not None and lease.spec.holder_identity
         deadline = time.monotonic() + 30
         while True:
