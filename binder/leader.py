@@ -127,7 +127,7 @@ class LeaderElector:
         }
         self._kube.replace_lease(self.namespace, self.name, lease)
 
-    def _set(self, leading: bool) -> None:
+    def _set(self, leading: bool, *, stopping: bool = False) -> None:
         if leading == self.is_leader:
             return
         if leading:
@@ -135,10 +135,14 @@ class LeaderElector:
             log.info("This replica (%s) is now the leader: it binds pods.", self.identity)
         else:
             self.leading.clear()
-            log.warning(
-                "This replica (%s) lost the leader lease: it stops binding and keeps its caches.",
-                self.identity,
-            )
+            if stopping:
+                log.info("This replica (%s) stops leading: it is shutting down.", self.identity)
+            else:
+                log.warning(
+                    "This replica (%s) could not renew the leader lease: it stops binding and "
+                    "keeps its caches.",
+                    self.identity,
+                )
         self._on_change(leading)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -161,7 +165,7 @@ class LeaderElector:
                     await asyncio.wait_for(stop.wait(), timeout=self._retry)
         finally:
             was_leader = self.is_leader
-            self._set(False)
+            self._set(False, stopping=True)
             if was_leader and self.release_on_stop:
                 try:
                     await loop.run_in_executor(self._executor, self.release)
