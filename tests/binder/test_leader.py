@@ -3,6 +3,7 @@ caches and take over within the lease duration, after a crash or a clean release
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -80,3 +81,23 @@ async def test_a_clean_stop_releases_the_lease_for_an_immediate_takeover(
     assert time.monotonic() - stopped < LEASE_SECONDS + 1.5
     add_pod(core, "after-release", mem="2Gi")
     assert await eventually(lambda: node_of(core, "after-release")) == "gpu-1"
+
+
+async def test_a_leader_that_cannot_renew_steps_down_and_stops_binding(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    binder = await make_binder(leader_elect=True, identity="replica-a")
+    await eventually(lambda: binder.elector.is_leader, what="leadership")
+    # Another replica (with a skewed view, say) overwrites the lease: renewals now fail.
+    leases = coordination_v1(kube_api)
+    lease = leases.read_namespaced_lease("tritonshare-binder", SYSTEM)
+    lease.spec.holder_identity = "usurper"
+    lease.spec.lease_duration_seconds = 3600
+    leases.replace_namespaced_lease("tritonshare-binder", SYSTEM, lease)
+    await eventually(lambda: not binder.elector.is_leader, within=10, what="stepping down")
+    add_pod(core, "orphan", mem="1Gi")
+    await eventually(lambda: binder.cache.pending, what="the pod in the follower's cache")
+    await asyncio.sleep(0.5)  # give a (wrongly) still-leading replica time to bind
+    assert node_of(core, "orphan") == ""
+    assert binder.metrics.registry.get_sample_value("tritonshare_binder_is_leader") == 0.0
