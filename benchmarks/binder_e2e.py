@@ -159,7 +159,10 @@ async def run(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
             settings = Settings(
-                kubeconfig=str(kubeconfig), listen_http=("127.0.0.1", 0), leader_elect=False
+                kubeconfig=str(kubeconfig),
+                listen_http=("127.0.0.1", 0),
+                leader_elect=False,
+                bind_workers=args.bind_workers,
             )
             binder = Binder(settings)
             t0 = time.perf_counter()
@@ -181,7 +184,10 @@ async def run(args: argparse.Namespace) -> None:
             for r in ours
             if r.is_write
         )
-        print(f"binder: caches warm in {warm:.2f} s; {bound} pods bound in {elapsed:.2f} s")
+        print(
+            f"binder ({args.bind_workers} bind workers): caches warm in {warm:.2f} s; "
+            f"{bound} pods bound in {elapsed:.2f} s"
+        )
         binder_rate = bound / elapsed if elapsed else 0.0
         print(
             f"binder: {binder_rate:.0f} pods/s (watch -> decide -> annotate -> bind -> seen bound)"
@@ -218,6 +224,7 @@ def main() -> None:
     parser.add_argument("--poc-pods", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--bind-workers", type=int, default=8)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(run(args))
