@@ -39,6 +39,7 @@ TRITON_ADMIN_HEADER = "tritonshare-admin-key:local"
 KEYS = Keys()
 # The cluster's own calls (registering nodes, creating the scenario's pods) in the audit log.
 USER_AGENT = "tritonshare-sim-cluster"
+BINDER_LEASE_SECONDS = 6
 
 
 class ClusterError(RuntimeError):
@@ -306,6 +307,10 @@ class SimCluster:
                 "--kubeconfig", str(self.kubeconfig),
                 "--listen-http", http,
                 "--identity", identity,
+                # Short leases, so a crashed leader is replaced within seconds in the demo.
+                "--lease-duration", str(BINDER_LEASE_SECONDS),
+                "--renew-deadline", str(BINDER_LEASE_SECONDS * 2 // 3),
+                "--retry-period", "1",
             ]  # fmt: skip
             process = ManagedProcess(identity, argv, self.workdir / "logs" / f"{identity}.log")
             process.start(self.env)
@@ -369,6 +374,14 @@ class SimCluster:
             raise
         lease: dict[str, Any] = json.loads(response.data)
         return lease
+
+    def crash_binder(self, identity: str) -> None:
+        """Kill a binder abruptly (SIGKILL): its leader lease is left to expire."""
+        binder = next(b for b in self.binders if b.identity == identity)
+        assert binder.process.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(binder.process.process.pid, signal.SIGKILL)
+        binder.process.process.wait(10)
 
     def binder_leader(self) -> str:
         """The identity holding the binder leader lease ('' when none)."""

@@ -12,6 +12,7 @@ Whatever part of the product is missing from the tree is said plainly, never sim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import subprocess
@@ -24,14 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
 from sim.apiserver import AuditRecord
 from sim.cluster import ClusterError, SimCluster, available, wait_until
-from sim.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
+from sim.scenario import LATE_POD, NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
 from sim.triton import free_port
 
 KEYS = Keys()
+ALL_PODS = (*PODS, LATE_POD)
 Say = Callable[[str], None]
 
 
@@ -49,6 +53,9 @@ class DemoResult:
     inferences: dict[str, list[float]] = field(default_factory=dict)
     isolation_refused: bool = False
     leader: str = ""
+    new_leader: str = ""
+    """The binder leading after the first leader was crashed."""
+    failover_seconds: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     loaded_after_shutdown: list[str] = field(default_factory=list)
     explain: str = ""
@@ -144,6 +151,38 @@ def _wait_for_ready(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     result.served = local
 
 
+def _fail_over(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    """Crash the leader binder; the follower takes the lease over and binds the next pod."""
+    if len(cluster.binders) < 2 or not result.leader:
+        return
+    say("")
+    say(f"Crashing the leader binder ({result.leader}, SIGKILL): its lease must expire first.")
+    crashed_at = time.monotonic()
+    cluster.crash_binder(result.leader)
+    manifest = model_pod_manifest(
+        LATE_POD,
+        PodPorts(free_port(), free_port(), free_port()),
+        agent_port=free_port(),
+        triton_http_port=free_port(),
+        triton_grpc_port=free_port(),
+    )
+    cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
+
+    def bound() -> str:
+        pod = _pod(cluster, LATE_POD.name)
+        return str((pod or {}).get("spec", {}).get("nodeName") or "")
+
+    node = wait_until(f"the new leader binding {LATE_POD.name}", bound, 60)
+    result.new_leader = cluster.binder_leader()
+    result.failover_seconds = time.monotonic() - crashed_at
+    gpu = (_pod(cluster, LATE_POD.name) or {})["metadata"].get("annotations", {}).get(KEYS.gpu, "")
+    result.placements[LATE_POD.name] = (node, gpu)
+    say(
+        f"{result.new_leader} took over and bound {LATE_POD.name} to {node} "
+        f"{result.failover_seconds:.1f} s after the crash."
+    )
+
+
 def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -231,7 +270,7 @@ def _metrics(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult
 def _print_tables(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     pods_by_gpu: dict[str, list[tuple[str, int]]] = {}
     for name, (_, gpu) in result.placements.items():
-        pod = next(p for p in PODS if p.name == name)
+        pod = next(p for p in ALL_PODS if p.name == name)
         pods_by_gpu.setdefault(gpu, []).append((pod.model_id, parse_quantity(pod.gpu_mem)))
     say("")
     say("NODE          POOL / TAINT                          GPU                        "
@@ -295,15 +334,17 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             say("Inferences through the proxies (tritonclient, REST and gRPC):")
             _infer(ports, result, say)
             _metrics(cluster, ports, result)
+        _fail_over(cluster, result, say)
         _print_tables(cluster, result, say)
         _summarize_metrics(result, say)
         say("")
         say("Deleting the model pods: each proxy drains, asks its agent to unload, and exits.")
-        for pod in PODS:
-            cluster.core.delete_namespaced_pod(pod.name, NAMESPACE, _preload_content=False)
+        for pod in ALL_PODS:
+            with contextlib.suppress(ApiException):
+                cluster.core.delete_namespaced_pod(pod.name, NAMESPACE, _preload_content=False)
         wait_until(
             "the model pods to be gone",
-            lambda: all(_pod(cluster, p.name) is None for p in PODS),
+            lambda: all(_pod(cluster, p.name) is None for p in ALL_PODS),
             90,
         )
         result.loaded_after_shutdown = _loaded_models(cluster)

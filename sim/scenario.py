@@ -113,6 +113,13 @@ PODS = (
     ),
 )  # fmt: skip
 
+# Created after the leader binder is crashed: the follower must take over to place it.
+LATE_POD = ModelPod(
+    "reranker", "reranker", "add_one", "8Gi",
+    "created while the leader binder is down: the follower takes over and places it",
+    tolerations=(TOLERATE_GPU,), affinity=_PREMIUM_AFFINITY,
+)  # fmt: skip
+
 # The storage initializer: fetch the model into the pod's own volume, named as its model id.
 _FETCH = """
 import pathlib, shutil, sys

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.demo import DemoResult
-from sim.scenario import NODES, PODS
+from sim.scenario import LATE_POD, NODES, PODS
 
 
 @pytest.mark.slow
@@ -46,10 +46,14 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert result.inferences["identity"] == [1.0, 2.0, 3.0]
     assert result.isolation_refused, "a proxy must refuse another pod's model"
 
-    # Metrics as the parts export them.
-    assert result.metrics["tritonshare_binder_schedule_attempts_total{result=scheduled}"] == len(
-        result.placements
-    )
+    # A crashed leader is replaced: the follower takes the lease and binds a pod created after.
+    assert result.new_leader in {"binder-0", "binder-1"} - {result.leader}
+    assert node_of[LATE_POD.name] in {"a100-node-0", "a100-node-1"}
+    assert result.failover_seconds < 60
+
+    # Metrics as the parts export them (scraped before the crash).
+    scheduled = "tritonshare_binder_schedule_attempts_total{result=scheduled}"
+    assert result.metrics[scheduled] == len([p for p in PODS if p.fits])
     assert result.metrics["tritonshare_agent_models_loaded"] == len(on_real)
 
     # Deleting the pods drained the proxies, which had the agent unload every model.
