@@ -10,7 +10,7 @@ for a few pods: for each decision it lists the nodes and, for every node, that n
 Note: the API server shares this process (and the GIL) with the binder, so absolute rates are
 conservative; compare the two algorithms by their ratio.
 
-Run: .venv/bin/python -m benchmarks.binder_e2e [--nodes 1000 --pods 2000 --poc-pods 3]
+Run: .venv/bin/python -m benchmarks.binder_e2e [--nodes 1000 --pods 2000 --poc-pods 5]
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--pods", type=int, default=2000)
-    parser.add_argument("--poc-pods", type=int, default=3)
+    parser.add_argument("--poc-pods", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--bind-workers", type=int, default=8)
