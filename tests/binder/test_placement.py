@@ -10,6 +10,7 @@ import pytest
 from binder.model import effective_request, lease_expiry, node_from_api, pod_from_api
 from binder.placement import Placement, Unschedulable, explain, place
 from binder.state import ClusterState
+from common.contract import Keys
 from common.quantity import QuantityError
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
 
@@ -322,3 +323,18 @@ def test_a_node_relabelled_or_cordoned_is_judged_anew() -> None:
     assert refused(state, selector).reasons == {"node(s) were unschedulable": 1}
     state.remove_node("n1")
     assert refused(state, selector).message == "0/0 nodes are available:"
+
+
+def test_the_proof_of_concepts_key_prefix_reads_its_own_names() -> None:
+    poc = Keys("seldon.io/trtis-")
+    obj = pod_obj("legacy", mem=None, model=None)
+    obj["metadata"]["annotations"]["seldon.io/trtis-model-id"] = "resnet"
+    obj["spec"]["containers"][0]["resources"] = {"limits": {"seldon.io/trtis-gpu-mem": "3Gi"}}
+    pod = pod_from_api(obj, poc)
+    assert (pod.request, pod.model_id, pod.problem) == (3 * GI, "resnet", "")
+    assert pod_from_api(obj, KEYS).problem.startswith("pod requests no GPU memory")
+    node = node_obj("n1", [16 * GI])
+    annotations = node["metadata"]["annotations"]
+    annotations["seldon.io/trtis-gpus"] = annotations.pop(KEYS.gpus)
+    assert len(node_from_api(node, poc).gpus) == 1
+    assert node_from_api(node, KEYS).gpus == ()
