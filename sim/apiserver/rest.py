@@ -295,6 +295,10 @@ class Registry:
         self._validate(resource, obj, causes)
         if _finalized(obj):
             return self.store.remove(resource, current.namespace, current.name)
+        meta["resourceVersion"] = old_meta.get("resourceVersion")
+        if obj == old:
+            # As upstream: a write that changes nothing keeps the resourceVersion, sends no event.
+            return current
         return self.store.replace(resource, obj)
 
     # delete

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from sim.apiserver import RunningApiServer
-from tests.fixtures_sim import core_v1
+from tests.fixtures_sim import core_v1, new_watch
 
 
 def _patch(
@@ -209,3 +209,28 @@ def test_official_client_picks_patch_kind_by_body(kube_api: client.ApiClient) ->
     )
     assert status.status.conditions[0].status == "False"
     assert status.spec.containers[0].image == "busybox"
+
+
+def test_a_write_that_changes_nothing_keeps_the_version_and_sends_no_event(
+    apiserver: RunningApiServer, node: Any
+) -> None:
+    version = node.metadata.resource_version
+    code, body = _patch(
+        apiserver,
+        NODE,
+        "application/strategic-merge-patch+json",
+        {"metadata": {"labels": {"zone": "a"}}},
+    )
+    assert code == 200 and body["metadata"]["resourceVersion"] == version
+    with apiserver.api_client() as api:
+        v1 = core_v1(api)
+        same = v1.replace_node("n1", v1.read_node("n1"))
+        assert same.metadata.resource_version == version
+        v1.patch_node("n1", {"metadata": {"labels": {"zone": "b"}}})
+        events = [
+            (e["type"], e["object"].metadata.labels["zone"])
+            for e in new_watch().stream(v1.list_node, resource_version=version, timeout_seconds=1)
+        ]
+    assert events == [("MODIFIED", "b")]
+    # The requests are still audited as writes, as the real audit log records them.
+    assert [r.verb for r in apiserver.audit.writes()][-3:] == ["patch", "update", "patch"]
