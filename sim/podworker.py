@@ -78,6 +78,15 @@ class PodWorker(threading.Thread):
         self.dir = node.workdir / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}"
         self.inits = [ContainerRun(c) for c in spec.get("initContainers", [])]
         self.mains = [ContainerRun(c) for c in spec.get("containers", [])]
+        for container in self.inits + self.mains:
+            unsimulated = [p for p in ("livenessProbe", "startupProbe") if p in container.spec]
+            if unsimulated:
+                log.info(
+                    "Pod %s: container %s's %s are not simulated; only readiness probes run.",
+                    self.key,
+                    container.name,
+                    " and ".join(unsimulated),
+                )
         self.mounts: dict[str, Path] = {}
         self.token_refresh: list[tuple[float, Callable[[], None]]] = []
         self.phase = "Pending"
