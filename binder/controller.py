@@ -31,6 +31,9 @@ from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
 
+REPORT_INTERVAL_SECONDS = 10.0
+"""Shortest time between two FailedScheduling writes for one pod whose reason changed."""
+
 
 class Controller:
     """Decides and binds; the cache's listener."""
@@ -47,6 +50,8 @@ class Controller:
         bind_workers: int,
         identity: str,
         clock: Callable[[], float] = time.time,
+        report_interval: float = REPORT_INTERVAL_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
         self._keys = keys
@@ -60,7 +65,10 @@ class Controller:
         self.state: ClusterState | None = None
         self.pending: dict[str, PodInfo] = {}
         self._in_flight: set[str] = set()
-        self._reported: dict[str, str] = {}
+        self._reported: dict[str, tuple[str, float]] = {}
+        """Per pod: the last message written and when (monotonic seconds)."""
+        self._report_interval = report_interval
+        self._monotonic = monotonic
         self._tasks: set[asyncio.Task[None]] = set()
         self.bound = 0
 
@@ -132,11 +140,19 @@ class Controller:
             result.message,
             delay,
         )
-        if self._reported.get(uid) != result.message:
-            self._reported[uid] = result.message
+        if self._should_report(uid, result.message):
+            self._reported[uid] = (result.message, self._monotonic())
             self._spawn(self._report(pod, result.message))
         else:
             self._slots.release()
+
+    def _should_report(self, uid: str, message: str) -> bool:
+        """Write a pod's first reason at once; a changed reason at most once per interval (the
+        largest free block moves with every bind elsewhere); an unchanged one never again."""
+        last = self._reported.get(uid)
+        if last is None:
+            return True
+        return last[0] != message and self._monotonic() - last[1] >= self._report_interval
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -4,12 +4,16 @@ and the settings parser's errors."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 
 import pytest
 
+from binder.controller import Controller
 from binder.errors import ConfigError
+from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
 from binder.settings import parse_settings
+from common.contract import Keys
 
 
 class FakeClock:
@@ -124,3 +128,28 @@ def test_settings_defaults_and_environment() -> None:
 def test_bad_settings_say_what_to_fix(argv: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
         parse_settings(argv, {})
+
+
+def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_changes() -> None:
+    clock = FakeClock()
+    controller = Controller(
+        cast(Any, None),
+        keys=Keys(),
+        policy="binpack",
+        queue=SchedulingQueue(clock=clock),
+        metrics=Metrics(),
+        executor=cast(Any, None),
+        bind_workers=1,
+        identity="test",
+        report_interval=10.0,
+        monotonic=clock,
+    )
+    assert controller._should_report("p", "0/1 nodes: largest free block 2Gi")
+    controller._reported["p"] = ("0/1 nodes: largest free block 2Gi", clock.now)
+    assert not controller._should_report("p", "0/1 nodes: largest free block 2Gi")
+    clock.now = 5.0
+    assert not controller._should_report("p", "0/1 nodes: largest free block 1Gi")
+    clock.now = 10.0
+    assert controller._should_report("p", "0/1 nodes: largest free block 1Gi")
+    clock.now = 1000.0
+    assert not controller._should_report("p", "0/1 nodes: largest free block 2Gi")
