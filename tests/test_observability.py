@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+import yaml
 
 from sim.cluster import SimCluster, wait_until
 from sim.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
 from sim.triton import TritonInstall, free_port
 from tests.conftest import require_executable
+from tests.deploy.test_dashboard import SCALED_OBJECT, queries
 
 POD = next(p for p in PODS if p.name == "add-one")
 
@@ -104,8 +106,18 @@ def test_prometheus_scrapes_every_part_and_promtool_accepts_each_exposition(
         assert check.returncode == 0, f"promtool rejects the {job}'s /metrics:\n{problems}"
 
     config = tmp_path / "prometheus.yml"
+    # The target labels deploy/monitoring's PodMonitors give (namespace, and model_id for proxies).
+    target_labels = {
+        "agent": {"namespace": "tritonshare-system"},
+        "binder": {"namespace": "tritonshare-system"},
+        "proxy": {"namespace": NAMESPACE, "model_id": POD.model_id},
+    }
     scrape_configs = [
-        {"job_name": job, "scrape_interval": "1s", "static_configs": [{"targets": [address]}]}
+        {
+            "job_name": job,
+            "scrape_interval": "1s",
+            "static_configs": [{"targets": [address], "labels": target_labels[job]}],
+        }
         for job, address in targets.items()
     ]
     config.write_text(
@@ -155,6 +167,17 @@ def test_prometheus_scrapes_every_part_and_promtool_accepts_each_exposition(
         assert value("tritonshare_binder_is_leader") == 1
         assert value("sum(tritonshare_agent_models_loaded)") == 1
         assert value("count(tritonshare_agent_gpu_memory_total_bytes)") == 2
+
+        # The example's autoscaler query, verbatim, has data to scale on once rate() has two
+        # scrapes; every dashboard query is one Prometheus evaluates.
+        autoscaler = yaml.safe_load(SCALED_OBJECT.read_text())["spec"]["triggers"][0]
+        query = autoscaler["metadata"]["query"].replace(
+            'model="add_one"', f'model="{POD.model_id}"'
+        )
+        wait_until("the autoscaler's query to have data", lambda: _query(listen, query), 30)
+        assert value(query) >= 0
+        for expr in queries():
+            _query(listen, expr)
     finally:
         server.terminate()
         server.wait(30)
