@@ -207,7 +207,12 @@ class TokenAuthority:
         audiences = wanted or [API_AUDIENCE]
         shared = [a for a in audiences if a in minted.audiences]
         if not shared:
-            return {"user": {}, "error": "[invalid bearer token, token audiences is invalid]"}
+            return {
+                "user": {},
+                "error": "[invalid bearer token, token audiences"
+                f" {json.dumps(list(minted.audiences))} is invalid for the target audiences"
+                f" {json.dumps(audiences)}]",
+            }
         extra: dict[str, list[str]] = {
             "authentication.kubernetes.io/credential-id": [f"JTI={minted.credential_id}"]
         }
