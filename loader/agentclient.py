@@ -172,7 +172,7 @@ class AgentClient:
 
         An empty file gets no chunk: the manifest alone tells the agent to create it.
         """
-        counter = _SentBytes()
+        counter = _StreamTally()
         header = agent_pb2.InstallHeader(
             model_id=model.model_id,
             manifest=agent_pb2.Manifest(
@@ -207,7 +207,7 @@ class AgentClient:
         header: agent_pb2.InstallHeader,
         model: ModelDirectory,
         manifest: Manifest,
-        counter: _SentBytes,
+        counter: _StreamTally,
     ) -> AsyncIterator[agent_pb2.InstallModelRequest]:
         yield agent_pb2.InstallModelRequest(header=header)
         sources = {f.path: f.source for f in model.files}
@@ -250,7 +250,7 @@ def _size_now(path: Path) -> int:
         return -1
 
 
-class _SentBytes:
+class _StreamTally:
     """Mutable tally shared with the request generator: bytes sent, and a local failure."""
 
     def __init__(self) -> None:

@@ -2,10 +2,11 @@
 wait, and retry transient failures with backoff until the overall deadline.
 
 One pass: GetModel; if the node already has the same manifest digest (READY, INSTALLED, LOADING
-or FAILED), skip the install; otherwise stream the files; then LoadModel unless READY, and poll
-while the agent reports LOADING. A TransientError anywhere restarts the pass after a backoff
-delay, so an agent restarted mid-install is simply asked again. Permanent failures propagate at
-once. Owns this decision flow; it must not parse settings, hash files or touch gRPC directly.
+or FAILED), skip the install; otherwise stream the files (unloading other files first); then
+LoadModel (the agent answers at once for a model already READY where this pod was placed), and
+poll while it reports LOADING. A TransientError anywhere restarts the pass after a backoff delay,
+so an agent restarted mid-install is simply asked again. Permanent failures propagate at once.
+Owns this decision flow; it must not parse settings, hash files or touch gRPC directly.
 """
 
 from __future__ import annotations
@@ -155,14 +156,6 @@ class Loading:
         status = await self._agent.get_model(model_id, deadline.bound(self._timing.attempt_seconds))
         self._reached_agent = True
         same_files = status.manifest_digest == digest and status.state in _HAS_FILES
-        if status.state is ModelState.READY and same_files:
-            log.info(
-                "Model %s is already READY on %s with the same files (digest %s): nothing to do.",
-                model_id,
-                status.describe_placement(),
-                digest[:12],
-            )
-            return status
         if status.state is ModelState.UNLOADING:
             raise TransientError(
                 f"model {model_id} is still being unloaded on the node", reached_agent=True
@@ -193,6 +186,9 @@ class Loading:
                 )
                 await self._agent.unload(model_id, deadline.remaining())
             await self._install(deadline)
+        # Even a model already READY with these files is loaded again: the agent answers at once
+        # when it runs where this pod was placed, and otherwise moves it there and records this
+        # pod as its owner (a pod recreated on the same node has a new GPU and a new uid).
         log.info("Asking the agent to load model %s into Triton.", model_id)
         status = await self._agent.load(model_id, deadline.remaining())
         if status.state is ModelState.LOADING:

@@ -140,12 +140,13 @@ async def test_an_absent_model_is_sent_then_loaded(
     assert "sent 2 files" in outcome.summary()
 
 
-async def test_a_ready_model_with_the_same_digest_is_left_alone(
+async def test_a_ready_model_with_the_same_digest_is_only_confirmed(
     model: ModelDirectory, manifest: Manifest
 ) -> None:
     agent = ScriptedAgent(FakeTime(), get=[status(ModelState.READY, manifest.digest)])
+    agent.load_answers = [ready(manifest.digest)]
     outcome = await loading(agent, model, manifest).run()
-    assert agent.calls == ["get"]
+    assert agent.calls == ["get", "load"]
     assert not outcome.installed
     assert outcome.bytes_sent == 0
     assert "nothing sent" in outcome.summary()
