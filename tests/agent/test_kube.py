@@ -1,0 +1,71 @@
+"""The Kubernetes adapter against sim/ through the official client: the pod watch keeps going
+across server-side watch timeouts and sees only this node's pods; token reviews."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+
+from agent.kube import KubeClient
+from sim.apiserver import RunningApiServer
+from tests.agent.conftest import NODE, eventually, make_pod
+
+
+async def test_the_pod_watch_survives_watch_timeouts_and_filters_by_node(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubeconfig: Path
+) -> None:
+    make_pod(kube_api, "before", "m0")
+    listed: list[list[str]] = []
+    events: list[tuple[str, str]] = []
+
+    def on_list(items: list[dict[str, Any]]) -> None:
+        listed.append([i["metadata"]["name"] for i in items])
+
+    def on_event(kind: str, obj: dict[str, Any]) -> None:
+        events.append((kind, obj["metadata"]["name"]))
+
+    kube = KubeClient(str(kubeconfig))
+    watch = kube.watch_pods(NODE, on_list, on_event, timeout_seconds=1)
+    try:
+        await eventually(lambda: bool(listed), what="the first list")
+        assert listed[0] == ["before"]
+        # Outlive a few server-side watch timeouts (each one a new watch call) first.
+        await eventually(
+            lambda: sum(1 for r in apiserver.audit if r.verb == "watch") >= 3,
+            what="the watch to be renewed after server-side timeouts",
+        )
+        make_pod(kube_api, "after", "m1")
+        make_pod(kube_api, "other", "m2", node="another-node")
+        kubernetes.client.CoreV1Api(kube_api).delete_namespaced_pod(
+            "before", "default", grace_period_seconds=0
+        )
+        await eventually(
+            lambda: ("ADDED", "after") in events and ("DELETED", "before") in events,
+            what="the watch to report the new and the deleted pod",
+        )
+        assert all(name != "other" for _, name in events)
+        assert len(listed) == 1, "a watch timeout resumes from its resourceVersion, no relist"
+    finally:
+        watch.stop()
+        await kube.close()
+
+
+async def test_token_review_reports_the_pod_of_a_projected_token(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubeconfig: Path
+) -> None:
+    pod = make_pod(kube_api, "p", "m")
+    token = apiserver.mint_token("default", "p")
+    kube = KubeClient(str(kubeconfig))
+    try:
+        review = await kube.review_token(token, "tritonshare-agent")
+        wrong = await kube.review_token(token, "another-audience")
+        missing = await kube.get_pod("default", "nope")
+    finally:
+        await kube.close()
+    assert review.authenticated
+    assert review.username == "system:serviceaccount:default:default"
+    assert review.extra["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
+    assert not wrong.authenticated and "audience" in wrong.error
+    assert missing is None
