@@ -30,6 +30,8 @@ JsonObject = dict[str, Any]
 VERSION = "0.1.0"
 USER_AGENT = f"tritonshare-binder/{VERSION}"
 WATCH_TIMEOUT_SECONDS = 300
+# Raw JSON answers (no model deserialisation), and no call may hang a worker thread forever.
+_RAW: dict[str, Any] = {"_preload_content": False, "_request_timeout": (10, 30)}
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class Kube:
     def patch_pod_annotation(self, namespace: str, name: str, key: str, value: str) -> None:
         body = {"metadata": {"annotations": {key: value}}}
         try:
-            self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False)
+            self.core.patch_namespaced_pod(name, namespace, body, **_RAW)
         except ApiException as e:
             raise _error(e) from e
 
@@ -204,7 +206,7 @@ class Kube:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+            self.core.create_namespaced_pod_binding(name, namespace, body, **_RAW)
         except ApiException as e:
             raise _error(e) from e
 
@@ -225,7 +227,7 @@ class Kube:
             }
         }
         try:
-            self.core.patch_namespaced_pod_status(name, namespace, body, _preload_content=False)
+            self.core.patch_namespaced_pod_status(name, namespace, body, **_RAW)
         except ApiException as e:
             raise _error(e) from e
 
@@ -266,7 +268,7 @@ class Kube:
             "action": "Scheduling",
         }
         try:
-            self.core.create_namespaced_event(namespace, body, _preload_content=False)
+            self.core.create_namespaced_event(namespace, body, **_RAW)
         except ApiException as e:
             raise _error(e) from e
 
@@ -274,9 +276,7 @@ class Kube:
 
     def get_lease(self, namespace: str, name: str) -> JsonObject | None:
         try:
-            response = self.coordination.read_namespaced_lease(
-                name, namespace, _preload_content=False
-            )
+            response = self.coordination.read_namespaced_lease(name, namespace, **_RAW)
         except ApiException as e:
             error = _error(e)
             if error.status == 404:
@@ -287,9 +287,7 @@ class Kube:
 
     def create_lease(self, namespace: str, body: JsonObject) -> JsonObject:
         try:
-            response = self.coordination.create_namespaced_lease(
-                namespace, body, _preload_content=False
-            )
+            response = self.coordination.create_namespaced_lease(namespace, body, **_RAW)
         except ApiException as e:
             raise _error(e) from e
         result: JsonObject = json.loads(response.data)
@@ -298,9 +296,7 @@ class Kube:
     def replace_lease(self, namespace: str, name: str, body: JsonObject) -> JsonObject:
         """PUT with the body's resourceVersion: a 409 means someone else wrote it first."""
         try:
-            response = self.coordination.replace_namespaced_lease(
-                name, namespace, body, _preload_content=False
-            )
+            response = self.coordination.replace_namespaced_lease(name, namespace, body, **_RAW)
         except ApiException as e:
             raise _error(e) from e
         result: JsonObject = json.loads(response.data)
@@ -308,21 +304,11 @@ class Kube:
 
     def read_pod(self, namespace: str, name: str) -> JsonObject:
         try:
-            response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            response = self.core.read_namespaced_pod(name, namespace, **_RAW)
         except ApiException as e:
             raise _error(e) from e
         result: JsonObject = json.loads(response.data)
         return result
-
-    def list_events(self, namespace: str, field_selector: str) -> list[JsonObject]:
-        try:
-            response = self.core.list_namespaced_event(
-                namespace, field_selector=field_selector, _preload_content=False
-            )
-        except ApiException as e:
-            raise _error(e) from e
-        items: list[JsonObject] = json.loads(response.data).get("items") or []
-        return items
 
 
 __all__ = ["USER_AGENT", "ApiError", "GoneError", "JsonObject", "Kind", "Kube", "micro_time"]
