@@ -8,7 +8,8 @@ audience), and the bound pod still exists with the same uid. The user is
 
 Tokens look like JWTs (so code that decodes claims works) but the signature part is 32 random
 bytes and a token is valid only if it is in this authority's table, so a forged or edited token
-never authenticates. ServiceAccounts are implicit: any name in an existing namespace.
+never authenticates. ServiceAccounts are implicit: any name in an existing namespace. This module
+reads the store (pods, nodes, namespaces) and never writes it; no I/O.
 """
 
 from __future__ import annotations
