@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from agent.metrics import AgentMetrics
 from agent.node import NodePublisher
 from common.contract import Keys
 from sim.apiserver import RunningApiServer
-from sim.nvml import Event, MockNvml, parse_spec
+from sim.nvml import Event, MockNvml, SpecError, load_events, parse_spec
 from tests.agent.conftest import NODE
 
 T4 = 15360 * 1024 * 1024
@@ -243,3 +245,24 @@ async def test_a_missing_node_does_not_stop_the_lease(
     )
     assert lease.spec is not None and lease.spec.renew_time is not None
     assert f"node {NODE} does not exist in the API; check --node-name" in caplog.text
+
+
+def test_a_faults_file_and_bad_specs(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"
+    faults.write_text(
+        '{"events": [{"at": 3, "gpu": 1, "fault": "lost"}, {"at": 1, "used": "1Gi"}]}'
+    )
+    events = load_events(faults)
+    assert [(e.at, e.fault, e.used) for e in events] == [(1.0, None, 1 << 30), (3.0, "lost", None)]
+    faults.write_text('{"events": [{"at": 3, "fault": "melted"}]}')
+    with pytest.raises(SpecError, match="melted"):
+        load_events(faults)
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.agent_node", "--gpus", "3xNope", "--", "--node-name", "n"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "neither a preset" in result.stderr and "T4" in result.stderr
