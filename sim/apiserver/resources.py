@@ -61,7 +61,9 @@ class Resource:
     short_names: tuple[str, ...] = ()
     """Discovery short names (`kubectl get ns`)."""
     verbs: frozenset[str] = field(
-        default=frozenset({"create", "delete", "get", "list", "patch", "update", "watch"})
+        default=frozenset(
+            {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+        )
     )
 
     @property
@@ -88,6 +90,7 @@ NAMESPACES = Resource(
     field_labels=_META | {"status.phase": _path("status", "phase")},
     subresources=frozenset({"status"}),
     status_subresource=True,
+    verbs=frozenset({"create", "delete", "get", "list", "patch", "update", "watch"}),
 )
 
 NODES = Resource(

@@ -33,6 +33,7 @@ from sim.apiserver.errors import (
 from sim.apiserver.requestinfo import RequestInfo, parse_bool, parse_request
 from sim.apiserver.resources import (
     BINDINGS,
+    NAMESPACES,
     PODS,
     SERVICE_ACCOUNTS,
     TOKEN_REVIEWS,
@@ -247,10 +248,41 @@ class Handlers:
             result = self.core.registry.delete(
                 resource, namespace, info.name, await self._delete_options(request)
             )
-            if resource is PODS or resource.plural == "namespaces" or not result.removed:
+            if resource is PODS or resource is NAMESPACES or not result.removed:
                 return _object(result.stored)
             return _success(resource, result.stored)
+        if verb == "deletecollection":
+            return await self._delete_collection(request, resource, info)
         raise method_not_allowed(verb, resource.group_resource)
+
+    async def _delete_collection(
+        self, request: web.Request, resource: Resource, info: RequestInfo
+    ) -> web.Response:
+        """Delete every selected object, each as a single delete would (graceful for pods)."""
+        if resource is NAMESPACES:
+            raise method_not_allowed("deletecollection", "namespaces")
+        labels, fields = self._selectors(request, resource)
+        options = await self._delete_options(request)
+        namespace = info.namespace if resource.namespaced and info.namespace else None
+        chosen = [
+            s
+            for s in self.core.store.objects(resource, namespace)
+            if labels.matches(s.obj) and fields.matches(s.obj)
+        ]
+        items = [
+            self.core.registry.delete(resource, s.namespace, s.name, options).stored.body()
+            for s in chosen
+        ]
+        head = json.dumps(
+            {
+                "kind": resource.list_kind,
+                "apiVersion": resource.api_version,
+                "metadata": {"resourceVersion": str(self.core.store.rv)},
+            },
+            separators=(",", ":"),
+        ).encode()
+        body = head[:-1] + b',"items":[' + b",".join(items) + b"]}"
+        return web.Response(body=body, content_type="application/json")
 
     async def _subresource(
         self, request: web.Request, info: RequestInfo, resource: Resource

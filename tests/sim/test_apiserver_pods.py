@@ -180,3 +180,27 @@ def test_pod_status_update_keeps_spec(kube_api: client.ApiClient) -> None:
     assert after.spec.node_name == "gpu-1"
     found = v1.list_namespaced_pod("default", field_selector="status.phase=Running")
     assert [p.metadata.name for p in found.items] == ["p"]
+
+
+def test_delete_collection_deletes_each_selected_pod_as_a_single_delete_would(
+    kube_api: client.ApiClient,
+) -> None:
+    v1 = core_v1(kube_api)
+    for name, app in (("a", "x"), ("b", "x"), ("c", "y")):
+        v1.create_namespaced_pod(
+            "default", {**_pod(name), "metadata": {"name": name, "labels": {"app": app}}}
+        )
+    _bind(v1, "b", "gpu-1")
+    response = v1.delete_collection_namespaced_pod(
+        "default", label_selector="app=x", _preload_content=False
+    )
+    deleted = json.loads(response.data)
+    assert deleted["kind"] == "PodList"
+    assert [p["metadata"]["name"] for p in deleted["items"]] == ["a", "b"]
+    left = {
+        p.metadata.name: p.metadata.deletion_timestamp
+        for p in v1.list_namespaced_pod("default").items
+    }
+    # The bound pod is terminating gracefully; the unbound one is gone; the other app untouched.
+    assert set(left) == {"b", "c"}
+    assert left["b"] is not None and left["c"] is None
