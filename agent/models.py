@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ from agent.errors import (
     ConflictError,
     InvalidRequestError,
     NotFoundError,
+    ResourceExhaustedError,
     TritonError,
     TritonUnreachableError,
 )
@@ -85,6 +87,16 @@ class _Record:
 
 
 Chunk = tuple[str, int, bytes]
+
+
+def _disk_error(model_id: str, error: OSError) -> AgentError:
+    """A file error while installing, as an AgentError the caller can act on."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceExhaustedError(
+            f"the node's disk filled up while installing model {model_id!r} ({error}); "
+            f"nothing was kept, free space on the repository volume"
+        )
+    return AgentError(f"writing model {model_id!r} failed on the node ({error}); nothing was kept")
 
 
 class Models:
@@ -177,9 +189,11 @@ class Models:
                 config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
                 parse_config(config_text, model_id)
                 await self._in_thread(self.repository.commit, staging)
-            except BaseException:
+            except BaseException as e:
                 await self._in_thread(staging.abort)
                 self.metrics.installs.labels("failed").inc()
+                if isinstance(e, OSError):
+                    raise _disk_error(model_id, e) from e
                 raise
             record.failure = ""
             self.metrics.installs.labels("installed").inc()

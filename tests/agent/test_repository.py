@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from agent.errors import DigestMismatchError, InvalidRequestError, ResourceExhaustedError
-from agent.repository import MANIFEST_FILE, Manifest, ManifestEntry, Repository, build_manifest
+from agent.metrics import AgentMetrics
+from agent.models import Models
+from agent.repository import (
+    MANIFEST_FILE,
+    Manifest,
+    ManifestEntry,
+    Repository,
+    Staging,
+    build_manifest,
+)
+from agent.triton import TritonClient
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
 MODEL = b"print('hello')\n"
@@ -178,3 +190,27 @@ def test_leftovers_of_a_crashed_install_are_dropped(tmp_path: Path) -> None:
     repo.prepare()
     assert not leftover.exists()
     assert list(repo.root.iterdir()) == []
+
+
+async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
+    repository: Repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(self: Staging, path: str, offset: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Staging, "write", disk_full)
+    models = Models(
+        repository, TritonClient("127.0.0.1:1"), AgentMetrics(), lambda: None, cpu_only=True
+    )
+    manifest = build_manifest("m", [entry("config.pbtxt", CONFIG)])
+
+    async def chunks() -> AsyncIterator[tuple[str, int, bytes]]:
+        yield "config.pbtxt", 0, CONFIG
+
+    try:
+        with pytest.raises(ResourceExhaustedError, match="disk filled up"):
+            await models.install("m", manifest, chunks())
+    finally:
+        await models.close()
+    assert repository.installed_models() == []
+    assert list(repository.staging_root.iterdir()) == []
