@@ -289,3 +289,26 @@ async def test_many_node_scoped_watches_each_see_only_their_node(
                 ("ADDED", f"p{i}")
             ]
             assert events[0]["object"]["spec"]["nodeName"] == nodes[i]
+
+
+def test_streaming_list_sends_initial_events_then_an_annotated_bookmark(
+    apiserver: RunningApiServer, kube_api: client.ApiClient
+) -> None:
+    v1 = core_v1(kube_api)
+    v1.create_node({"metadata": {"name": "n1"}})
+    v1.create_node({"metadata": {"name": "n2"}})
+    current = v1.list_node().metadata.resource_version
+    query = (
+        "watch=1&sendInitialEvents=true&allowWatchBookmarks=true"
+        "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1"
+    )
+    with urllib.request.urlopen(f"{apiserver.url}/api/v1/nodes?{query}", timeout=30) as response:
+        events = [json.loads(line) for line in response.read().splitlines()]
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in events[:3]] == [
+        ("ADDED", "n1"),
+        ("ADDED", "n2"),
+        ("BOOKMARK", None),
+    ]
+    marker = events[2]["object"]["metadata"]
+    assert marker["resourceVersion"] == current
+    assert marker["annotations"] == {"k8s.io/initial-events-end": "true"}
