@@ -50,10 +50,7 @@ class HttpServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
         await self._runner.cleanup()
