@@ -90,6 +90,7 @@ class RunningApiServer:
         self._runner: web.AppRunner | None = None
         self._startup_error: BaseException | None = None
         self.port = 0
+        self._requested_port = 0
         self._thread = threading.Thread(target=self._run, name="sim-apiserver", daemon=True)
 
     @property
@@ -143,6 +144,8 @@ class RunningApiServer:
         return self.run(run())
 
     def run(self, coroutine: Awaitable[T]) -> T:
+        """Await `coroutine` on the server's loop from another thread (at most 60 s)."""
+
         async def wrapper() -> T:
             return await coroutine
 
