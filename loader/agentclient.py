@@ -8,6 +8,7 @@ LoaderError or a TransientError. Must not retry or decide what to do next (loadi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from loader.errors import (
     SettingsError,
     classify,
 )
-from loader.manifest import Manifest
+from loader.manifest import Manifest, hash_file
 from loader.validate import ModelDirectory
 from protos import agent_pb2, agent_pb2_grpc
 
@@ -192,6 +193,15 @@ class AgentClient:
                 # The stream was cut because a local file changed; that, not the cancellation
                 # the agent saw, is the reason to report.
                 raise counter.failure from e
+            if e.code() == grpc.StatusCode.DATA_LOSS:
+                # The agent saw other bytes than the manifest promised. Resending helps only if
+                # they were damaged on the way, not if a file changed on disk after hashing.
+                changed = await asyncio.to_thread(_changed_since, model, manifest)
+                if changed:
+                    raise InvalidModelError(
+                        f"{', '.join(changed[:3])} in the model directory changed while being "
+                        f"sent; finish writing the model before the loader starts"
+                    ) from e
             raise classify(e.code(), e.details() or "", INSTALL) from e
         if counter.failure is not None:
             raise counter.failure
@@ -235,6 +245,21 @@ class AgentClient:
                     f"writing the model before the loader starts"
                 )
                 return
+
+
+def _changed_since(model: ModelDirectory, manifest: Manifest) -> list[str]:
+    """Paths whose size or sha256 on disk is no longer what the manifest says."""
+    expected = {entry.path: entry for entry in manifest.entries}
+    changed = []
+    for file in model.files:
+        try:
+            now = hash_file(file)
+        except InvalidModelError:
+            changed.append(file.path)
+            continue
+        if now != expected.get(file.path):
+            changed.append(file.path)
+    return changed
 
 
 def _chunk(path: str, offset: int, data: bytes) -> agent_pb2.InstallModelRequest:

@@ -191,3 +191,26 @@ async def test_a_file_that_grows_while_being_sent_is_reported_as_such(
             await client.install(model, manifest, 30.0)
     finally:
         await client.close()
+
+
+async def test_a_digest_mismatch_from_a_file_edited_after_hashing_is_not_retried(
+    agent: tuple[RecordingAgent, str], model: ModelDirectory, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    token = tmp_path / "token"
+    token.write_text("t")
+    manifest = build_manifest(model.files)
+    client = AgentClient(address, token, chunk_bytes=1024 * 1024, reconnect_max_seconds=1.0)
+    servicer.fail_with = (grpc.StatusCode.DATA_LOSS, "sha256 differs from the manifest")
+    try:
+        # Bytes damaged on the way (the files on disk are as hashed): worth sending again.
+        with pytest.raises(TransientError, match="sha256 differs"):
+            await client.install(model, manifest, 30.0)
+        # A file edited in place after hashing (same size): sending again cannot help.
+        (model.root / "1" / "model.py").write_text(
+            (model.root / "1" / "model.py").read_text().replace("+ 1", "+ 2")
+        )
+        with pytest.raises(InvalidModelError, match=r"1/model\.py .* changed while being sent"):
+            await client.install(model, manifest, 30.0)
+    finally:
+        await client.close()
