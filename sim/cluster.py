@@ -12,14 +12,10 @@ caller's scenario.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,20 +27,22 @@ import kubernetes.client
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.kubelet import HollowKubelet, Kubelet
+from sim.processes import (
+    ClusterError,
+    ManagedProcess,
+    available,
+    http_ok,
+    started_or_dead,
+    wait_until,
+)
 from sim.triton import TritonServer, free_port
 
-REPO = Path(__file__).resolve().parent.parent
 # The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
 TRITON_ADMIN_HEADER = "tritonshare-admin-key:local"
 KEYS = Keys()
 # The cluster's own calls (registering nodes, creating the scenario's pods) in the audit log.
 USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
-
-
-class ClusterError(RuntimeError):
-    """A part of the simulated cluster did not come up; the message says which and where its log
-    is."""
 
 
 @dataclass(frozen=True)
@@ -61,51 +59,6 @@ class NodeSpec:
 
 
 @dataclass
-class ManagedProcess:
-    """A child process with its log file; stopped with SIGTERM, then SIGKILL."""
-
-    name: str
-    argv: Sequence[str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self, env: Mapping[str, str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as out:
-            self.process = subprocess.Popen(
-                list(self.argv),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                cwd=REPO,
-                start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log_tail(self, lines: int = 15) -> str:
-        if not self.log_path.exists():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, grace: float = 20.0) -> int | None:
-        """SIGTERM, wait up to `grace` seconds, then SIGKILL; the exit code (None if never run)."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        return self.process.returncode
-
-
-@dataclass
 class AgentHandle:
     node: str
     process: ManagedProcess
@@ -118,37 +71,6 @@ class BinderHandle:
     identity: str
     process: ManagedProcess
     http: str
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float, on_fail: str = "") -> Any:
-    """Poll `check` until it returns something truthy; ClusterError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise ClusterError(f"{what} did not happen within {timeout:.0f} s. {on_fail}".strip())
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
-            return int(response.status) == 200
-    except OSError:
-        return False
-
-
-def _started_or_dead(process: ManagedProcess, started: Callable[[], bool]) -> bool:
-    return started() or not process.alive()
-
-
-def available(module: str) -> bool:
-    """True when `python -m <module>` can run from this tree."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 class SimCluster:
@@ -273,7 +195,7 @@ class SimCluster:
             ports_file = self.workdir / "nodes" / name / "agent-ports.json"
             wait_until(
                 f"the agent of node {name} serving",
-                partial(_started_or_dead, handle.process, ports_file.exists),
+                partial(started_or_dead, handle.process, ports_file.exists),
                 60,
             )
             if not handle.process.alive():
@@ -319,7 +241,7 @@ class SimCluster:
             wait_until(
                 f"{binder.identity} answering /healthz",
                 partial(
-                    _started_or_dead,
+                    started_or_dead,
                     binder.process,
                     partial(http_ok, f"http://{binder.http}/healthz"),
                 ),

@@ -29,10 +29,9 @@ from kubernetes.client.exceptions import ApiException
 
 from sim.containers import ContainerRun, http_get, now_rfc3339
 from sim.podspec import Obj, PodSpecError, plan
+from sim.podstatus import write_status
 
 log = logging.getLogger(__name__)
-
-_KUBELET_CONDITIONS = ("Initialized", "ContainersReady", "Ready")
 
 
 def read_json(response: Any) -> Any:
@@ -379,50 +378,16 @@ class PodWorker(threading.Thread):
         }
 
     def _publish(self) -> None:
-        """Write the status if it changed (read, modify, replace; retried on conflicts)."""
+        """Write the status if it changed since the last write."""
         status = self._status()
         fingerprint = json.dumps(status, sort_keys=True)
         if fingerprint == self._published:
             return
-        for _ in range(10):
-            try:
-                current = read_json(
-                    self.node.core.read_namespaced_pod(
-                        self.pod_name, self.namespace, _preload_content=False
-                    )
-                )
-            except ApiException as e:
-                if e.status == 404:
-                    return
-                raise
-            if current["metadata"].get("uid") != self.uid:
-                return
-            old = {c["type"]: c for c in current.get("status", {}).get("conditions", [])}
-            stamp = now_rfc3339()
-            for condition in status["conditions"]:
-                previous = old.get(condition["type"], {})
-                unchanged = previous.get("status") == condition["status"]
-                condition["lastTransitionTime"] = (
-                    previous.get("lastTransitionTime", stamp) if unchanged else stamp
-                )
-            # Conditions others own (PodScheduled, written by the binder) are kept as they are.
-            others = [c for t, c in old.items() if t not in _KUBELET_CONDITIONS]
-            current["status"] = {
-                **current.get("status", {}),
-                **status,
-                "conditions": others + status["conditions"],
-            }
-            try:
-                self.node.core.replace_namespaced_pod_status(
-                    self.pod_name, self.namespace, cast(Any, current), _preload_content=False
-                )
-            except ApiException as e:
-                if e.status == 409:
-                    continue
-                if e.status == 404:
-                    return
-                raise
-            self.pod = current
-            self._published = fingerprint
+        written = write_status(self.node.core, self.namespace, self.pod_name, self.uid, status)
+        if written is None:
+            log.warning(
+                "Pod %s: its status was not written; retrying on the next change.", self.key
+            )
             return
-        log.warning("Pod %s: its status kept conflicting; writing it on the next change.", self.key)
+        self.pod = written
+        self._published = fingerprint

@@ -22,7 +22,8 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from sim.cluster import SimCluster, wait_until
+from sim.cluster import SimCluster
+from sim.processes import wait_until
 from sim.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
 from sim.triton import TritonInstall, free_port
 from tests.conftest import require_executable

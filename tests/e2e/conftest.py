@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.demo import DemoResult, run_demo
+from sim.demo import run_demo
+from sim.report import DemoResult
 from sim.triton import TritonInstall
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.demo import DemoResult
+from sim.report import DemoResult
 from sim.scenario import LATE_POD, NODES, PODS
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.demo import DemoResult
+from sim.report import DemoResult
 from tests.deploy.test_dashboard import METRIC, queries
 
 

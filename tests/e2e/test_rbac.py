@@ -18,8 +18,8 @@ import pytest
 from common.contract import DEFAULT_SYSTEM_NAMESPACE
 from sim.apiserver import AuditRecord
 from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
-from sim.demo import DemoResult
 from sim.kubelet import USER_AGENT as KUBELET_USER_AGENT
+from sim.report import DemoResult
 from tests.conftest import require_executable
 from tests.deploy.rendering import render
 

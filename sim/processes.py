@@ -1,0 +1,103 @@
+"""Child processes of the simulated cluster, and waiting for things to happen.
+
+Owns starting a part as a process (its own session, output to a log file), stopping it (SIGTERM,
+grace, SIGKILL), reading its log tail for error messages, and polling with a deadline. It knows
+nothing of Kubernetes; `sim.cluster` decides what runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ClusterError(RuntimeError):
+    """A part of the simulated cluster did not come up; the message says which and where its log
+    is."""
+
+
+@dataclass
+class ManagedProcess:
+    """A child process with its log file; stopped with SIGTERM, then SIGKILL."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: Mapping[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen(
+                list(self.argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=REPO,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL; the exit code (None if never run)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        return self.process.returncode
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, on_fail: str = "") -> Any:
+    """Poll `check` until it returns something truthy; ClusterError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise ClusterError(f"{what} did not happen within {timeout:.0f} s. {on_fail}".strip())
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+            return int(response.status) == 200
+    except OSError:
+        return False
+
+
+def started_or_dead(process: ManagedProcess, started: Callable[[], bool]) -> bool:
+    return started() or not process.alive()
+
+
+def available(module: str) -> bool:
+    """True when `python -m <module>` can run from this tree."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
