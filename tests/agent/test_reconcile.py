@@ -272,3 +272,40 @@ async def test_without_cpu_only_the_model_is_pinned_to_the_pods_gpu(
         assert "unhealthy" in (lost.value.details() or "")
     finally:
         await running.stop()
+
+
+async def test_after_agent_and_triton_both_restart_running_pods_get_their_models_back(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    await deploy(running, apiserver, kube_api, tmp_path, "m")
+    # Running means the pod's loader succeeded: the model must be loaded.
+    kubernetes.client.CoreV1Api(kube_api).patch_namespaced_pod_status(
+        "m-pod", "default", {"status": {"phase": "Running"}}
+    )
+    make_pod(kube_api, "pending-pod", "pending")
+    token = apiserver.mint_token("default", "pending-pod")
+    source = copy_model("add_one", tmp_path / "pending", as_name="pending")
+    await install_dir(running.stub, token, source, "pending")
+    await running.stop()
+    triton.kill()
+    triton.start()
+
+    second = await start_agent(agent_settings(kubeconfig, triton, model_repository), mock_nvml)
+    try:
+
+        async def reloaded() -> bool:
+            return await triton_state(second, "m") == READY
+
+        await eventually(reloaded, what="the Running pod's model loaded again")
+        # A pod whose loader has not finished is left to its loader: installed, not loaded.
+        assert await triton_state(second, "pending") != READY
+        assert (model_repository / "pending").exists()
+    finally:
+        await second.stop()
