@@ -312,3 +312,48 @@ def test_streaming_list_sends_initial_events_then_an_annotated_bookmark(
     marker = events[2]["object"]["metadata"]
     assert marker["resourceVersion"] == current
     assert marker["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+async def test_watches_opened_during_writes_miss_and_repeat_nothing(
+    apiserver: RunningApiServer,
+) -> None:
+    """Watches that start behind (replaying history) while writes keep coming switch to live
+    delivery without losing or repeating an event."""
+    url = apiserver.url
+    created: dict[str, int] = {}
+    async with aiohttp.ClientSession() as session:
+
+        async def create(i: int) -> None:
+            body = {"metadata": {"name": f"n{i:04d}"}}
+            async with session.post(f"{url}/api/v1/nodes", json=body) as response:
+                assert response.status == 201
+                obj = await response.json()
+                created[obj["metadata"]["name"]] = int(obj["metadata"]["resourceVersion"])
+
+        async def watch_from(rv: int) -> list[tuple[str, int]]:
+            params = {"watch": "1", "resourceVersion": str(rv), "timeoutSeconds": "60"}
+            seen = []
+            async with session.get(f"{url}/api/v1/nodes", params=params) as response:
+                async for line in response.content:
+                    event = json.loads(line)
+                    assert event["type"] == "ADDED"
+                    meta = event["object"]["metadata"]
+                    if meta["name"] == "zz-last":
+                        break
+                    seen.append((meta["name"], int(meta["resourceVersion"])))
+            return seen
+
+        start = apiserver.resource_version
+        writers = [asyncio.create_task(create(i)) for i in range(150)]
+        await asyncio.gather(*writers[:50])
+        middle = max(created.values())
+        watchers = [asyncio.create_task(watch_from(rv)) for rv in (start, middle, start + 10)]
+        await asyncio.gather(*writers[50:])
+        # A last write every watch will see, so each knows it has read everything before it.
+        async with session.post(f"{url}/api/v1/nodes", json={"metadata": {"name": "zz-last"}}):
+            pass
+        results = await asyncio.gather(*watchers)
+    for rv, seen in zip((start, middle, start + 10), results, strict=True):
+        expected = sorted((name, version) for name, version in created.items() if version > rv)
+        assert sorted(seen) == expected
+        assert [version for _, version in seen] == sorted(version for _, version in seen)
