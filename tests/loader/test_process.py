@@ -187,6 +187,7 @@ def test_a_good_model_ends_ready_and_restarts_reuse_or_replace_it(
 ) -> None:
     model = copy_model("add_one", node.tmp_path / "pod")
     (model / "1" / "weights.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: several chunks
+    (model / "1" / "empty.txt").write_bytes(b"")  # created by the agent from the manifest alone
     token = node.pod_token("add-one-0", "add_one")
 
     first = node.load(model, "add_one", agent.grpc_address, token)
