@@ -266,7 +266,7 @@ async def test_many_node_scoped_watches_each_see_only_their_node(
                     "watch": "1",
                     "resourceVersion": start,
                     "fieldSelector": f"spec.nodeName={node}",
-                    "timeoutSeconds": "5",
+                    "timeoutSeconds": "60",
                 },
             )
             for node in nodes
@@ -280,15 +280,22 @@ async def test_many_node_scoped_watches_each_see_only_their_node(
                 f"{url}/api/v1/namespaces/default/pods/p{i}/binding", json=binding
             ) as r:
                 assert r.status == 201
-        # Each watch sees its own pod arrive (ADDED: it starts matching when bound) and nothing
-        # from the other nodes before its timeout ends the stream.
+        # Then a last pod created on each node, so each watch knows when it has seen all.
+        for node in nodes:
+            last = {**_pod(f"last-{node}"), "spec": {**_pod("x")["spec"], "nodeName": node}}
+            async with session.post(f"{url}/api/v1/namespaces/default/pods", json=last) as r:
+                assert r.status == 201
+        # Each watch sees its own pod arrive (ADDED: it starts matching when bound), then its
+        # last pod, and nothing from the other nodes.
         for i, stream in enumerate(streams):
-            body = await asyncio.wait_for(stream.read(), timeout=60)
-            events = [json.loads(line) for line in body.splitlines()]
-            assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
-                ("ADDED", f"p{i}")
-            ]
-            assert events[0]["object"]["spec"]["nodeName"] == nodes[i]
+            events: list[tuple[str, str]] = []
+            while not events or events[-1][1] != f"last-{nodes[i]}":
+                line = await asyncio.wait_for(stream.content.readline(), timeout=60)
+                event = json.loads(line)
+                assert event["object"]["spec"]["nodeName"] == nodes[i]
+                events.append((event["type"], event["object"]["metadata"]["name"]))
+            stream.close()
+            assert events == [("ADDED", f"p{i}"), ("ADDED", f"last-{nodes[i]}")]
 
 
 def test_streaming_list_sends_initial_events_then_an_annotated_bookmark(
