@@ -173,10 +173,10 @@ class Agent:
             settings.node_name, self.reconciler.on_list, self.reconciler.on_event
         )
         log.info(
-            "Agent %s for node %s is serving gRPC on %s (health and metrics on %s).",
-            __version__,
+            "Agent for node %s is serving gRPC on %s (version %s; health and metrics on %s).",
             settings.node_name,
             self.grpc_address,
+            __version__,
             self.http_address,
         )
         if settings.ports_file is not None:

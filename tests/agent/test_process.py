@@ -90,7 +90,7 @@ def test_agent_process_publishes_gpus_serves_and_stops_on_sigterm(
             metrics = response.read().decode()
         assert 'tritonshare_agent_gpu_memory_total_bytes{gpu="1"' in metrics
         text = log_path.read_text()
-        assert f"for node {NODE} is serving gRPC on {addresses['grpc']}" in text
+        assert f"Agent for node {NODE} is serving gRPC on {addresses['grpc']} " in text
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(30)

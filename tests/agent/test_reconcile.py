@@ -29,7 +29,7 @@ from tests.agent.conftest import (
 )
 from tests.conftest import copy_model
 
-pytestmark = pytest.mark.triton
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 RELOADED = "tritonshare_agent_reconcile_actions_total", {"action": "reloaded"}
 ADOPTED = "tritonshare_agent_reconcile_actions_total", {"action": "adopted"}
