@@ -1,9 +1,9 @@
-"""One container of a simulated pod: its process, readiness probe, and the state reported for it.
+"""One container of a simulated pod: its process, probes, and the state reported for it.
 
 Owns starting a container's process from a `sim.podspec.Launch` (in its own session, logs to a
-file), the httpGet action used by readiness probes and preStop hooks, the termination message
-(the termination-log file, or the log tail under FallbackToLogsOnError), signals to the whole
-process group, and the container's entry in the pod status. It must not call the API; the pod
+file), the httpGet probes (startup, liveness, readiness) and preStop action, the termination
+message (the termination-log file, or the log tail under FallbackToLogsOnError), signals to the
+whole process group, and the container's entry in the pod status. It must not call the API; the pod
 worker (`sim.podworker`) decides when to start, probe, restart and stop.
 """
 
@@ -49,6 +49,38 @@ def http_get(action: Obj | None, ports: Obj, host: str, timeout: float) -> bool:
 
 
 @dataclass
+class Probe:
+    """One httpGet probe's schedule and counters, as the kubelet keeps them."""
+
+    spec: Obj
+    due: float = 0.0
+    failures: int = 0
+    successes: int = 0
+
+    @classmethod
+    def of(cls, spec: Obj | None) -> Probe | None:
+        """A fresh probe for a (re)started container, or None when the spec has none."""
+        if not spec:
+            return None
+        return cls(spec, due=time.monotonic() + float(spec.get("initialDelaySeconds", 0)))
+
+    def check(self, ports: Obj, host: str) -> str:
+        """Probe if due; "pass" or "fail" when a threshold is reached, else ""."""
+        now = time.monotonic()
+        if now < self.due:
+            return ""
+        self.due = now + float(self.spec.get("periodSeconds", 10))
+        timeout = float(self.spec.get("timeoutSeconds", 1))
+        if http_get(self.spec.get("httpGet"), ports, host, timeout):
+            self.failures = 0
+            self.successes += 1
+            return "pass" if self.successes >= int(self.spec.get("successThreshold", 1)) else ""
+        self.successes = 0
+        self.failures += 1
+        return "fail" if self.failures >= int(self.spec.get("failureThreshold", 3)) else ""
+
+
+@dataclass
 class ContainerRun:
     """One container's process and the state reported for it."""
 
@@ -64,9 +96,11 @@ class ContainerRun:
     last_state: dict[str, Any] = field(default_factory=dict)
     started_at: str = ""
     next_start: float = 0.0
-    probe_due: float = 0.0
-    probe_failures: int = 0
-    probe_successes: int = 0
+    readiness: Probe | None = None
+    liveness: Probe | None = None
+    startup: Probe | None = None
+    started_ok: bool = False
+    """The startup probe has passed (or there is none)."""
 
     @property
     def name(self) -> str:
@@ -97,10 +131,11 @@ class ContainerRun:
         self.launch, self.log_path = launch, log_path
         self.started_at = now_rfc3339()
         self.state = {"running": {"startedAt": self.started_at}}
-        probe = self.spec.get("readinessProbe")
-        self.ready = probe is None
-        self.probe_failures = self.probe_successes = 0
-        self.probe_due = time.monotonic() + float((probe or {}).get("initialDelaySeconds", 0))
+        self.readiness = Probe.of(self.spec.get("readinessProbe"))
+        self.liveness = Probe.of(self.spec.get("livenessProbe"))
+        self.startup = Probe.of(self.spec.get("startupProbe"))
+        self.started_ok = self.startup is None
+        self.ready = self.readiness is None and self.startup is None
 
     def exited(self, code: int) -> None:
         """Record the exit: terminated state with the termination message."""
@@ -138,23 +173,25 @@ class ContainerRun:
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
 
-    def probe(self, host: str) -> None:
-        """Run the readiness probe if it is due, and update `ready` by its thresholds."""
-        probe = self.spec.get("readinessProbe")
-        if not probe or time.monotonic() < self.probe_due:
-            return
-        self.probe_due = time.monotonic() + float(probe.get("periodSeconds", 10))
-        timeout = float(probe.get("timeoutSeconds", 1))
-        if http_get(probe.get("httpGet"), self.ports, host, timeout):
-            self.probe_failures = 0
-            self.probe_successes += 1
-            if self.probe_successes >= int(probe.get("successThreshold", 1)):
-                self.ready = True
-        else:
-            self.probe_successes = 0
-            self.probe_failures += 1
-            if self.probe_failures >= int(probe.get("failureThreshold", 3)):
-                self.ready = False
+    def probe(self, host: str) -> str:
+        """Run the probes that are due: the startup probe until it passes, then liveness and
+        readiness. Returns the probe that failed past its threshold ("startup" or "liveness"):
+        the kubelet must restart the container; else ""."""
+        if self.startup is not None and not self.started_ok:
+            outcome = self.startup.check(self.ports, host)
+            if outcome == "fail":
+                return "startup"
+            if outcome != "pass":
+                return ""
+            self.started_ok = True
+            self.ready = self.readiness is None
+        if self.liveness is not None and self.liveness.check(self.ports, host) == "fail":
+            return "liveness"
+        if self.readiness is not None:
+            outcome = self.readiness.check(self.ports, host)
+            if outcome:
+                self.ready = outcome == "pass"
+        return ""
 
     def signal(self, sig: signal.Signals) -> None:
         """Signal the container's whole process group."""
@@ -170,7 +207,7 @@ class ContainerRun:
             "imageID": "",
             "ready": self.ready,
             "restartCount": self.restarts,
-            "started": self.running(),
+            "started": self.running() and self.started_ok,
             "state": self.state,
         }
         if self.last_state:

@@ -3,10 +3,10 @@
 Owns the order a kubelet follows: volumes (emptyDir and hostPath as local directories; projected
 service-account tokens from the TokenRequest API, rotated at 80% of their life), init containers
 one by one (restarted with back-off unless restartPolicy is Never), then the main containers
-(probed, restarted as the policy says), and on deletion preStop hooks, SIGTERM, the grace period,
-SIGKILL and the final delete with gracePeriodSeconds=0. It reports all of this in the pod's status
-(read, modify, replace; retried on conflicts). It must not watch the API: `sim.kubelet` does and
-hands it the pod.
+(startup, liveness and readiness httpGet probes; restarted as the policy says), and on deletion
+preStop hooks, SIGTERM, the grace period, SIGKILL and the final delete with gracePeriodSeconds=0.
+It reports all of this in the pod's status (`sim.podstatus`). It must not watch the API:
+`sim.kubelet` does and hands it the pod.
 """
 
 from __future__ import annotations
@@ -77,15 +77,6 @@ class PodWorker(threading.Thread):
         self.dir = node.workdir / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}"
         self.inits = [ContainerRun(c) for c in spec.get("initContainers", [])]
         self.mains = [ContainerRun(c) for c in spec.get("containers", [])]
-        for container in self.inits + self.mains:
-            unsimulated = [p for p in ("livenessProbe", "startupProbe") if p in container.spec]
-            if unsimulated:
-                log.info(
-                    "Pod %s: container %s's %s are not simulated; only readiness probes run.",
-                    self.key,
-                    container.name,
-                    " and ".join(unsimulated),
-                )
         self.mounts: dict[str, Path] = {}
         self.token_refresh: list[tuple[float, Callable[[], None]]] = []
         self.phase = "Pending"
@@ -268,11 +259,30 @@ class PodWorker(threading.Thread):
             return
         code = container.process.poll()
         if code is None:
-            container.probe(self.node.host_ip)
-            return
+            failed = container.probe(self.node.host_ip)
+            if not failed:
+                return
+            log.warning(
+                "Pod %s: container %s failed its %s probe: restarting it.",
+                self.key,
+                container.name,
+                failed,
+            )
+            code = self._kill(container, min(self._grace, 10.0))
         self._exited(container, code)
         if self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and code):
             container.back_off(self._delay(container))
+
+    @staticmethod
+    def _kill(container: ContainerRun, grace: float) -> int:
+        """SIGTERM, up to `grace` seconds, then SIGKILL; the exit code."""
+        assert container.process is not None
+        container.signal(signal.SIGTERM)
+        try:
+            return container.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            container.signal(signal.SIGKILL)
+            return container.process.wait(10)
 
     # Termination.
 

@@ -376,3 +376,88 @@ def test_the_hollow_kubelet_marks_pods_of_its_nodes_ready_and_removes_deleted_on
     finally:
         hollow.stop()
         api.close()  # type: ignore[no-untyped-call]
+
+
+def test_a_container_failing_its_liveness_probe_is_restarted(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet
+) -> None:
+    dead_port = free_port()  # nothing listens there: every liveness probe fails
+    create(
+        kube_api,
+        pod_manifest(
+            "unhealthy",
+            {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "tritonshare",
+                        "command": ["python", "-c", "import time; time.sleep(600)"],
+                        "livenessProbe": {
+                            "httpGet": {"path": "/healthz", "port": dead_port},
+                            "periodSeconds": 1,
+                            "failureThreshold": 2,
+                        },
+                    }
+                ]
+            },
+        ),
+    )
+
+    def restarted() -> dict[str, Any] | None:
+        pod = read(kube_api, "unhealthy")
+        statuses = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
+        return pod if statuses[0].get("restartCount", 0) >= 1 else None
+
+    pod = wait_for("a restart after failed liveness probes", restarted)
+    last = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert last["exitCode"] == -15, "the kubelet stops the container with SIGTERM"
+
+
+def test_readiness_waits_for_the_startup_probe(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    port = free_port()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "ready").write_text("ok")
+    create(
+        kube_api,
+        pod_manifest(
+            "slow-start",
+            {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "tritonshare",
+                        "command": ["python", "-m", "http.server", str(port)],
+                        "args": ["--bind", "127.0.0.1", "--directory", str(site)],
+                        "startupProbe": {
+                            "httpGet": {"path": "/started", "port": port},
+                            "periodSeconds": 1,
+                            "failureThreshold": 30,
+                        },
+                        "readinessProbe": {
+                            "httpGet": {"path": "/ready", "port": port},
+                            "periodSeconds": 1,
+                        },
+                    }
+                ]
+            },
+        ),
+    )
+    wait_for(
+        "the container to run",
+        lambda: (p := read(kube_api, "slow-start")) and p["status"].get("phase") == "Running",
+    )
+    # Readiness would pass within a second if it ran before the startup probe passed.
+    window = time.monotonic() + 2.5
+    while time.monotonic() < window:
+        pod = read(kube_api, "slow-start")
+        assert condition(pod, "Ready") != "True", "readiness ran before the startup probe passed"
+        assert pod is not None and pod["status"]["containerStatuses"][0]["started"] is False
+        time.sleep(0.1)
+    (site / "started").write_text("ok")
+    wait_for(
+        "Ready after the startup probe passes",
+        lambda: condition(read(kube_api, "slow-start"), "Ready") == "True",
+    )
