@@ -226,6 +226,11 @@ def model_pod_manifest(
                     "periodSeconds": 1,
                     "failureThreshold": 2,
                 },
+                "livenessProbe": {
+                    "httpGet": {"path": "/v2/health/live", "port": "http"},
+                    "periodSeconds": 5,
+                    "failureThreshold": 3,
+                },
                 "lifecycle": {"preStop": {"sleep": {"seconds": 1}}},
                 "resources": {
                     "requests": {"cpu": "250m", "memory": "128Mi"},
