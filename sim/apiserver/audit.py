@@ -12,6 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import overload
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
@@ -58,7 +59,15 @@ class AuditLog:
         with self._lock:
             return len(self._records)
 
-    def __getitem__(self, index: int) -> AuditRecord:
+    @overload
+    def __getitem__(self, index: int) -> AuditRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[AuditRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> AuditRecord | list[AuditRecord]:
+        if isinstance(index, slice):
+            return self.snapshot()[index]
         with self._lock:
             return self._records[index]
 

@@ -274,6 +274,8 @@ def test_audit_records_every_request_with_user_agent(
     ]
     assert {r.user_agent for r in records} == {"tritonshare-test/1"}
     assert [r.verb for r in apiserver.audit.writes("tritonshare-test")] == ["create", "patch"]
+    assert [r.verb for r in apiserver.audit[-2:]] == ["list", "get"]
+    assert len(apiserver.audit) == 5
 
 
 def test_system_namespaces_cannot_be_deleted(kube_api: client.ApiClient) -> None:
