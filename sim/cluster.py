@@ -91,6 +91,8 @@ class SimCluster:
         self.binder_count = binders
         self.say = say
         self.missing: list[str] = []
+        self.exit_codes: dict[str, int | None] = {}
+        """Exit code of each stopped part (binder-N, agent/NODE); negative: killed by a signal."""
         self.apiserver: RunningApiServer | None = None
         self.kubeconfig = workdir / "kubeconfig"
         self.kube: kubernetes.client.ApiClient | None = None
@@ -321,9 +323,9 @@ class SimCluster:
             api.close()  # type: ignore[no-untyped-call]
         self._kubelet_clients.clear()
         for binder in self.binders:
-            binder.process.stop()
+            self.exit_codes[binder.process.name] = binder.process.stop()
         for agent in self.agents.values():
-            agent.process.stop()
+            self.exit_codes[agent.process.name] = agent.process.stop()
         if self.triton is not None:
             self.triton.stop()
 

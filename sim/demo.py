@@ -269,6 +269,11 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         )
         say("Stopping the binders, the agents, Triton and the API server.")
         cluster.stop_parts()
+        result.exit_codes = dict(cluster.exit_codes)
+        unclean = {part: code for part, code in result.exit_codes.items() if code != 0}
+        crashed = {result.leader} if result.new_leader else set()
+        if set(unclean) - crashed:
+            say(f"Parts that did not stop cleanly (exit codes): {unclean}")
         assert cluster.apiserver is not None
         result.audit = cluster.apiserver.audit.snapshot()
     result.seconds = time.monotonic() - started

@@ -45,6 +45,8 @@ class DemoResult:
     failover_seconds: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     loaded_after_shutdown: list[str] = field(default_factory=list)
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    """How each binder and agent process ended when stopped with SIGTERM."""
     explain: str = ""
     """What `tritonshare explain` printed for a pending pod."""
     audit: list[AuditRecord] = field(default_factory=list)

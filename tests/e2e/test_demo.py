@@ -56,6 +56,13 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert result.metrics[scheduled] == len([p for p in PODS if p.fits])
     assert result.metrics["tritonshare_agent_models_loaded"] == len(on_real)
 
+    # Every part stopped cleanly on SIGTERM (the crashed leader was already dead).
+    expected = {f"agent/{n.name}" for n in NODES} | {"binder-0", "binder-1"}
+    assert set(result.exit_codes) == expected
+    assert {part: code for part, code in result.exit_codes.items() if code != 0} == {
+        result.leader: -9
+    }
+
     # Deleting the pods drained the proxies, which had the agent unload every model.
     assert result.loaded_after_shutdown == []
     assert "Triton has no model left loaded." in transcript
