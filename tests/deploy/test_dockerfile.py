@@ -170,6 +170,11 @@ def test_the_build_stage_installs_a_package_whose_entry_points_run(tmp_path: Pat
         )  # fmt: skip
         assert run.returncode == 0, f"python -m {part} --help failed in the image:\n{run.stderr}"
     assert (installed / "protos" / "agent.proto").exists(), "the proto ships with the package"
+    cli = subprocess.run(
+        [str(installed / "bin" / "tritonshare"), "--help"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 0 and "status" in cli.stdout, f"the tritonshare CLI:\n{cli.stderr}"
 
 
 def test_each_entry_point_is_a_runnable_module() -> None:
