@@ -44,10 +44,11 @@ def make_pod(
     namespace: str = "default",
     service_account: str = "default",
     phase: str | None = None,
+    prefix: str = "tritonshare.io/",
 ) -> dict[str, Any]:
-    annotations = {"tritonshare.io/model-id": model_id}
+    annotations = {f"{prefix}model-id": model_id}
     if gpu_uuid:
-        annotations["tritonshare.io/gpu"] = gpu_uuid
+        annotations[f"{prefix}gpu"] = gpu_uuid
     core = kubernetes.client.CoreV1Api(api)
     body: Any = {
         "apiVersion": "v1",

@@ -14,13 +14,17 @@ import tritonclient.http as triton_http
 
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
+from sim.nvml import MockNvml
 from sim.triton import TritonServer
 from tests.agent.conftest import (
+    NODE,
     RunningAgent,
+    agent_settings,
     bearer,
     eventually,
     install_dir,
     make_pod,
+    start_agent,
 )
 from tests.conftest import copy_model
 
@@ -211,3 +215,40 @@ async def test_metrics_and_readiness(
                 return response.status == 503 and "Triton" in await response.text()
 
         await eventually(not_ready, what="/readyz to report Triton unreachable")
+
+
+async def test_the_proof_of_concepts_key_prefix(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    node: str,
+    mock_nvml: MockNvml,
+) -> None:
+    settings = agent_settings(kubeconfig, triton, model_repository, key_prefix="seldon.io/trtis-")
+    running = await start_agent(settings, mock_nvml)
+    try:
+        make_pod(kube_api, "poc", "m", prefix="seldon.io/trtis-")
+        make_pod(kube_api, "new-keys", "m2")
+        core = kubernetes.client.CoreV1Api(kube_api)
+
+        def annotated() -> bool:
+            metadata = core.read_node(NODE).metadata
+            return "seldon.io/trtis-gpu-mem-total" in ((metadata and metadata.annotations) or {})
+
+        await eventually(annotated, what="the node annotated with the proof of concept's keys")
+        token = apiserver.mint_token("default", "poc")
+        status = await running.stub.GetModel(
+            agent_pb2.GetModelRequest(model_id="m"), metadata=bearer(token)
+        )
+        assert status.state == agent_pb2.MODEL_STATE_ABSENT
+        other = apiserver.mint_token("default", "new-keys")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await running.stub.GetModel(
+                agent_pb2.GetModelRequest(model_id="m2"), metadata=bearer(other)
+            )
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "seldon.io/trtis-model-id=''" in (refused.value.details() or "")
+    finally:
+        await running.stop()
