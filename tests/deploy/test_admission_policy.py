@@ -160,6 +160,28 @@ def test_the_agent_may_not_change_taints_or_labels(policy: Policy) -> None:
     assert any("labels" in m for m in policy.denials(_request("nodes", "gpu-1"), relabelled, NODE))
 
 
+def test_the_agent_may_not_touch_other_annotations(policy: Policy) -> None:
+    guarded = _changed(
+        metadata__annotations={
+            "tritonshare.io/gpus": "[]",
+            "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+        }
+    )
+    message = "the tritonshare agent may change only its own (tritonshare.io/) node annotations"
+    # Adding, changing or removing someone else's annotation is refused.
+    assert policy.denials(_request("nodes", "gpu-1"), guarded, NODE) == [message]
+    changed = copy.deepcopy(guarded)
+    changed["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/scale-down-disabled"] = (
+        "no"
+    )
+    assert policy.denials(_request("nodes", "gpu-1"), changed, guarded) == [message]
+    assert policy.denials(_request("nodes", "gpu-1"), NODE, guarded) == [message]
+    # A node without annotations gets its first (ours) accepted.
+    bare: dict[str, Any] = copy.deepcopy(NODE)
+    del bare["metadata"]["annotations"]
+    assert policy.denials(_request("nodes", "gpu-1"), NODE, bare) == []
+
+
 def test_a_token_without_the_pods_node_name_is_refused(policy: Policy) -> None:
     assert policy.denials(_request("nodes", "gpu-1", token_node=None), NODE, NODE)
 
