@@ -214,3 +214,17 @@ async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
         await models.close()
     assert repository.installed_models() == []
     assert list(repository.staging_root.iterdir()) == []
+
+
+def test_installing_over_a_symlinked_model_directory_never_touches_its_target(
+    repository: Repository, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_bytes(b"keep me")
+    (repository.root / "m").symlink_to(elsewhere, target_is_directory=True)
+    install(repository, {"config.pbtxt": CONFIG, "1/model.py": MODEL})
+    model = repository.root / "m"
+    assert not model.is_symlink() and (model / "1" / "model.py").read_bytes() == MODEL
+    assert (elsewhere / "precious").read_bytes() == b"keep me"
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
