@@ -35,7 +35,7 @@ from sim.processes import (
     started_or_dead,
     wait_until,
 )
-from sim.triton import TritonServer, free_port
+from sim.triton import TritonServer, TritonUnavailableError, free_port
 
 # The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
 TRITON_ADMIN_HEADER = "tritonshare-admin-key:local"
@@ -131,7 +131,11 @@ class SimCluster:
                 log_path=self.workdir / "logs" / "tritonserver.log",
             )
             self.triton.model_repository.mkdir(parents=True, exist_ok=True)
-            self.triton.start()
+            try:
+                self.triton.start()
+            except (TritonUnavailableError, RuntimeError, TimeoutError) as e:
+                self.triton = None
+                raise ClusterError(f"the real Triton did not start: {e}") from e
             self.say(
                 f"A real Triton 2.51 is serving node {self.real_node.name} on the CPU "
                 f"(HTTP {self.triton.http_url}, gRPC {self.triton.grpc_url}; admin APIs "
