@@ -80,16 +80,22 @@ def test_the_production_overlay_holds_the_whole_system(kubectl: str) -> None:
         assert expected in kinds, f"the production overlay lacks {expected}"
 
 
-def test_every_builtin_object_validates_against_the_kubernetes_schema(kubectl: str) -> None:
+@pytest.mark.parametrize("version", [KUBERNETES_VERSION, kubernetes_validate.latest_version()])
+def test_every_builtin_object_validates_against_the_kubernetes_schema(
+    kubectl: str, version: str
+) -> None:
+    """Strictly (unknown fields fail), on the oldest supported and the newest known Kubernetes."""
     validated = 0
     for obj in everything(kubectl):
         if obj["apiVersion"] in CRD_SCHEMAS:
             continue
         try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
             path = ".".join(str(p) for p in e.path)
-            pytest.fail(f"{name_of(obj)} is invalid at {path}: {e.message}")
+            pytest.fail(
+                f"{name_of(obj)} is invalid for Kubernetes {version} at {path}: {e.message}"
+            )
         validated += 1
     assert validated >= 20
 
