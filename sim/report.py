@@ -100,6 +100,9 @@ def print_tables(cluster: SimCluster, result: DemoResult, say: Say) -> None:
                 f"{format_bytes(gpu['memory'] - used):<9} {models}"
             )
     say("")
+    for line in reading(cluster, result):
+        say(line)
+    say("")
     for name, message in result.pending.items():
         pod = next(p for p in PODS if p.name == name)
         say(f"PENDING {name} ({pod.gpu_mem}): {message}")
@@ -115,6 +118,34 @@ def print_tables(cluster: SimCluster, result: DemoResult, say: Say) -> None:
         result.explain = explained.stdout
         for line in (explained.stdout or explained.stderr).splitlines():
             say(f"  {line}")
+
+
+def reading(cluster: SimCluster, result: DemoResult) -> list[str]:
+    """How to read the table, from what actually happened."""
+    lines = ["How to read it:"]
+    by_gpu: dict[tuple[str, str], list[str]] = {}
+    for name, (node, gpu) in result.placements.items():
+        by_gpu.setdefault((node, gpu), []).append(name)
+    for (node, _), names in sorted(by_gpu.items()):
+        if len(names) > 1:
+            lines.append(
+                f"  - {' and '.join(sorted(names))} share one GPU of {node}: binpack fills a GPU "
+                "before starting an empty one, keeping whole GPUs free for big models."
+            )
+    tainted = {n.name for n in cluster.nodes if n.taints}
+    on_tainted = sorted(p for p, (node, _) in result.placements.items() if node in tainted)
+    if on_tainted:
+        lines.append(
+            f"  - Only pods that tolerate the nvidia.com/gpu taint reached the A100 pool: "
+            f"{', '.join(on_tainted)}."
+        )
+    real = cluster.real_node
+    lines.append(
+        "  - A model id runs at most once per node. The binder wrote the chosen GPU's UUID on "
+        "every pod it placed"
+        + (f"; on {real.name} the agent loaded each model pinned to that GPU." if real else ".")
+    )
+    return lines
 
 
 def summarize_metrics(result: DemoResult, say: Say) -> None:
