@@ -71,9 +71,19 @@ class TokenAuthority:
         if self._store.get(NAMESPACES, "", namespace) is None:
             raise not_found(NAMESPACES.group_resource, namespace)
         spec = body.get("spec") or {}
+        if not isinstance(spec, dict) or not isinstance(spec.get("audiences") or [], list):
+            raise bad_request(
+                'TokenRequest in version "v1" cannot be handled as a TokenRequest: spec must be an'
+                " object and spec.audiences a list of strings"
+            )
         audiences = [str(a) for a in (spec.get("audiences") or [])] or [API_AUDIENCE]
         seconds = spec.get("expirationSeconds")
-        seconds = DEFAULT_EXPIRATION_SECONDS if seconds is None else int(seconds)
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            raise bad_request(
+                f"TokenRequest spec.expirationSeconds must be an integer number of seconds, got"
+                f" {seconds!r}"
+            )
+        seconds = DEFAULT_EXPIRATION_SECONDS if seconds is None else seconds
         if seconds < MIN_EXPIRATION_SECONDS:
             raise invalid(
                 "TokenRequest",
@@ -88,6 +98,8 @@ class TokenAuthority:
                 ],
             )
         ref = spec.get("boundObjectRef") or {}
+        if not isinstance(ref, dict):
+            raise bad_request("TokenRequest spec.boundObjectRef must be an object")
         pod_name = pod_uid = node_name = node_uid = ""
         if ref:
             if ref.get("kind") != "Pod":
@@ -177,6 +189,8 @@ class TokenAuthority:
         if not isinstance(body, dict):
             raise bad_request("the request body must be a TokenReview object")
         spec = body.get("spec") or {}
+        if not isinstance(spec, dict):
+            raise bad_request("TokenReview spec must be an object with a token")
         token = str(spec.get("token") or "")
         wanted = [str(a) for a in (spec.get("audiences") or [])]
         status = self._review(token, wanted)

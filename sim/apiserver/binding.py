@@ -28,6 +28,19 @@ def bind(store: Store, clock: Clock, namespace: str, name: str, body: Any) -> St
     if not isinstance(body, dict):
         raise bad_request("the request body must be a Binding object")
     meta = body.get("metadata") or {}
+    target = body.get("target") or {}
+    if not isinstance(meta, dict) or not isinstance(target, dict):
+        raise bad_request(
+            'Binding in version "v1" cannot be handled as a Binding: metadata and target must be'
+            " objects"
+        )
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict) or not all(
+        isinstance(v, str) for v in annotations.values()
+    ):
+        raise bad_request("Binding metadata.annotations must be an object of strings")
+    if not isinstance(target.get("name") or "", str) or not isinstance(meta.get("name") or "", str):
+        raise bad_request("Binding metadata.name and target.name must be strings")
     bound_name = meta.get("name") or name
     if bound_name != name:
         raise bad_request("name in URL does not match name in Binding object")
@@ -35,7 +48,6 @@ def bind(store: Store, clock: Clock, namespace: str, name: str, body: Any) -> St
         raise bad_request(
             "the namespace of the provided object does not match the namespace sent on the request"
         )
-    target = body.get("target") or {}
     causes = []
     if not target.get("name"):
         causes.append(("target.name", "Required value"))
@@ -64,7 +76,6 @@ def bind(store: Store, clock: Clock, namespace: str, name: str, body: Any) -> St
         raise conflict(binding_resource, name, f'pod {name} is already assigned to node "{node}"')
     obj = current.copy()
     obj["spec"]["nodeName"] = target["name"]
-    annotations = meta.get("annotations") or {}
     if annotations:
         obj["metadata"].setdefault("annotations", {}).update(annotations)
     status = obj.setdefault("status", {})

@@ -92,7 +92,13 @@ class Registry:
             )
         body["kind"] = resource.kind
         body["apiVersion"] = resource.api_version
+        problem = validation.decoding_error(resource, body)
+        if problem is not None:
+            raise bad_request(problem)
         _meta(body)
+        for part in ("spec", "status"):
+            if part in body and body[part] is None:
+                del body[part]
         return body
 
     def _check_namespace(self, resource: Resource, namespace: str, obj: JsonObject) -> None:

@@ -209,10 +209,10 @@ class Handlers:
             if verb != "create":
                 raise method_not_allowed(verb, "bindings")
             body = await _body(request)
-            name = (
-                str((body.get("metadata") or {}).get("name", "")) if isinstance(body, dict) else ""
-            )
-            return self._bind(info.namespace, name, body)
+            meta = body.get("metadata") if isinstance(body, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            # The binding checks the body itself; a name that is not a string gets its 400.
+            return self._bind(info.namespace, name if isinstance(name, str) else "", body)
         if "dryRun" in request.query and verb in WRITE_VERBS:
             raise bad_request(
                 "dryRun is not implemented by the simulated API server: the request was not"
@@ -336,12 +336,22 @@ class Handlers:
                 body = json.loads(raw)
             except ValueError as e:
                 raise bad_request(f"the DeleteOptions body is not valid JSON: {e}") from e
-            if isinstance(body, dict):
-                if body.get("gracePeriodSeconds") is not None:
-                    grace = int(body["gracePeriodSeconds"])
-                preconditions = body.get("preconditions") or {}
-                uid = preconditions.get("uid")
-                rv = preconditions.get("resourceVersion")
+            if not isinstance(body, dict):
+                raise bad_request("the DeleteOptions body must be a JSON object")
+            given = body.get("gracePeriodSeconds")
+            if given is not None:
+                if isinstance(given, bool) or not isinstance(given, int):
+                    raise bad_request(
+                        f"DeleteOptions gracePeriodSeconds must be an integer, got {given!r}"
+                    )
+                grace = given
+            preconditions = body.get("preconditions") or {}
+            if not isinstance(preconditions, dict):
+                raise bad_request("DeleteOptions preconditions must be an object")
+            uid = preconditions.get("uid")
+            rv = preconditions.get("resourceVersion")
+            if not isinstance(uid, str | None) or not isinstance(rv, str | None):
+                raise bad_request("DeleteOptions preconditions uid and resourceVersion are strings")
         return DeleteOptions(grace_period_seconds=grace, uid=uid, resource_version=rv)
 
     # list and watch

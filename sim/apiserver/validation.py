@@ -160,3 +160,131 @@ def kind_causes(resource: Resource, obj: JsonObject) -> Causes:
     if resource is PODS:
         causes += pod_causes(obj)
     return causes
+
+
+# JSON types the real server's Go structs require for the fields this server reads; a body that
+# breaks one is refused at decoding (400), as upstream's "cannot unmarshal" errors are.
+_STRING, _INT, _BOOL, _OBJECT, _LIST = "string", "integer", "boolean", "object", "array"
+_META_TYPES = {
+    "name": _STRING,
+    "generateName": _STRING,
+    "namespace": _STRING,
+    "uid": _STRING,
+    "resourceVersion": _STRING,
+    "labels": _OBJECT,
+    "annotations": _OBJECT,
+    "finalizers": _LIST,
+    "ownerReferences": _LIST,
+}
+_SPEC_TYPES = {
+    "nodeName": _STRING,
+    "schedulerName": _STRING,
+    "serviceAccountName": _STRING,
+    "terminationGracePeriodSeconds": _INT,
+    "activeDeadlineSeconds": _INT,
+    "containers": _LIST,
+    "initContainers": _LIST,
+    "tolerations": _LIST,
+    "taints": _LIST,
+    "hostNetwork": _BOOL,
+    "unschedulable": _BOOL,
+    "holderIdentity": _STRING,
+    "leaseDurationSeconds": _INT,
+    "finalizers": _LIST,
+}
+_STATUS_TYPES = {
+    "phase": _STRING,
+    "conditions": _LIST,
+    "podIP": _STRING,
+    "podIPs": _LIST,
+    "nominatedNodeName": _STRING,
+    "capacity": _OBJECT,
+    "allocatable": _OBJECT,
+}
+_CONTAINER_TYPES = {"name": _STRING, "image": _STRING, "resources": _OBJECT}
+_RESOURCES_TYPES = {"limits": _OBJECT, "requests": _OBJECT}
+# Lists whose items must be objects, and lists whose items must be strings.
+_OBJECT_ITEMS = frozenset(
+    {"conditions", "podIPs", "containers", "initContainers", "ownerReferences", "tolerations"}
+)
+_STRING_ITEMS = frozenset({"finalizers"})
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return _BOOL
+    if isinstance(value, int):
+        return _INT
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return _STRING
+    if isinstance(value, list):
+        return _LIST
+    if isinstance(value, dict):
+        return _OBJECT
+    return "null"
+
+
+def _check_fields(owner: Any, types: dict[str, str], where: str) -> str | None:
+    if not isinstance(owner, dict):
+        return None
+    for key, expected in types.items():
+        value = owner.get(key)
+        if value is None:
+            continue
+        found = _json_type(value)
+        if found != expected:
+            return f"cannot unmarshal {found} into Go struct field {where}.{key} of type {expected}"
+        if expected == _LIST and (key in _OBJECT_ITEMS or key in _STRING_ITEMS):
+            item_type = _OBJECT if key in _OBJECT_ITEMS else _STRING
+            for item in value:
+                if _json_type(item) != item_type:
+                    return (
+                        f"cannot unmarshal {_json_type(item)} into Go struct field"
+                        f" {where}.{key} of type {item_type}"
+                    )
+        if expected == _OBJECT and key in ("labels", "annotations"):
+            for label, text in value.items():
+                if not isinstance(text, str):
+                    return (
+                        f"cannot unmarshal {_json_type(text)} into Go struct field"
+                        f" {where}.{key}[{label}] of type string"
+                    )
+    return None
+
+
+def decoding_error(resource: Resource, obj: JsonObject) -> str | None:
+    """Why `obj` could not be decoded into the kind's Go struct, or None if it could."""
+    problem: str | None = None
+    for part in ("metadata", "spec", "status"):
+        value = obj.get(part)
+        if value is not None and not isinstance(value, dict):
+            problem = (
+                f"cannot unmarshal {_json_type(value)} into Go struct field"
+                f" {resource.kind}.{part} of type object"
+            )
+            break
+    else:
+        problem = (
+            _check_fields(obj.get("metadata"), _META_TYPES, "ObjectMeta.metadata")
+            or _check_fields(obj.get("spec"), _SPEC_TYPES, f"{resource.kind}.spec")
+            or _check_fields(obj.get("status"), _STATUS_TYPES, f"{resource.kind}.status")
+        )
+        if problem is None and isinstance(obj.get("spec"), dict):
+            for list_name in ("containers", "initContainers"):
+                for container in obj["spec"].get(list_name) or []:
+                    problem = problem or _check_fields(
+                        container, _CONTAINER_TYPES, f"Container.spec.{list_name}"
+                    )
+                    problem = problem or _check_fields(
+                        container.get("resources"),
+                        _RESOURCES_TYPES,
+                        f"Container.spec.{list_name}.resources",
+                    )
+    if problem is None:
+        return None
+    return (
+        f'{resource.kind} in version "{resource.version}" cannot be handled as a'
+        f" {resource.kind}: json: {problem}"
+    )
