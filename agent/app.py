@@ -3,12 +3,14 @@
 `Agent(settings)` builds everything; `start(lifecycle)` binds the servers, logs
 "Agent for node N is serving gRPC on HOST:PORT", writes the ports file, spawns the long-lived tasks
 and registers the cleanups. Shutdown (reverse order of registration): stop accepting gRPC calls
-(in-flight ones get a grace period), stop HTTP, stop the pod watch, then close Triton, file and
-Kubernetes clients. Tests build an Agent in-process with a mock NVML module and their own clocks.
+(in-flight ones get a grace period), stop HTTP, let the loops finish their current step, release
+NVML, stop the pod watch, then close the Triton, file and Kubernetes clients. Tests build an
+Agent in-process with a mock NVML module.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import types
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 # Model chunks arrive in messages of a few MiB; leave room for the largest a loader may send.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_GRACE_SECONDS = 10.0
+# A reconciliation step (an unload waiting for Triton) may take this long before it is cut off.
+LOOPS_GRACE_SECONDS = 15.0
 
 
 def _split(host_port: str) -> tuple[str, int]:
@@ -56,9 +60,10 @@ class Agent:
             admin_header=settings.triton_admin_header,
             load_timeout=settings.load_timeout_seconds,
         )
+        self._gpu_reader = GpuReader(nvml)
         self.node = NodePublisher(
             self.kube,
-            GpuReader(nvml),
+            self._gpu_reader,
             self.metrics,
             node_name=settings.node_name,
             keys=settings.keys,
@@ -110,6 +115,7 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
+        self._loops: list[asyncio.Task[None]] = []
 
     def not_ready(self) -> list[str]:
         """Why the agent is not ready; empty when it is."""
@@ -129,6 +135,10 @@ class Agent:
         lifecycle.on_shutdown("the file workers", self.models.close)
         lifecycle.on_shutdown("the Triton client", self.triton.close)
         lifecycle.on_shutdown("the pod watch", self._stop_watch)
+        lifecycle.on_shutdown("NVML", self._close_nvml)
+        # Runs after the servers stop and before the clients close: the loops see the stop
+        # event and finish their current step, so none of them is cut off mid-call.
+        lifecycle.on_shutdown("the agent's loops", self._finish_loops)
 
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         self.node.read_gpus()
@@ -166,9 +176,11 @@ class Agent:
         lifecycle.on_shutdown("the gRPC server", self._stop_grpc)
 
         stop = lifecycle.stop_event
-        lifecycle.spawn("the node publisher", self.node.run(stop))
-        lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop))
-        lifecycle.spawn("the reconciler", self.reconciler.run(stop))
+        self._loops = [
+            lifecycle.spawn("the node publisher", self.node.run(stop)),
+            lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop)),
+            lifecycle.spawn("the reconciler", self.reconciler.run(stop)),
+        ]
         self._watch = self.kube.watch_pods(
             settings.node_name, self.reconciler.on_list, self.reconciler.on_event
         )
@@ -186,6 +198,13 @@ class Agent:
         if self._grpc is not None:
             await self._grpc.stop(GRPC_GRACE_SECONDS)
             self._grpc = None
+
+    async def _finish_loops(self) -> None:
+        if self._loops:
+            await asyncio.wait(self._loops, timeout=LOOPS_GRACE_SECONDS)
+
+    async def _close_nvml(self) -> None:
+        self._gpu_reader.close()
 
     async def _stop_watch(self) -> None:
         if self._watch is not None:

@@ -72,8 +72,3 @@ def override_json(config: ModelConfig) -> str:
     return json_format.MessageToJson(
         config, preserving_proto_field_name=True, indent=None, sort_keys=True
     )
-
-
-def instance_gpus(config: ModelConfig) -> list[int]:
-    """The GPU indexes the config's instance groups are pinned to."""
-    return sorted({gpu for group in config.instance_group for gpu in group.gpus})

@@ -158,8 +158,7 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile on every trigger and every resync period, until `stop`."""
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.resync_seconds)
+            await _first_of(self._wake, stop, limit=self.resync_seconds)
             self._wake.clear()
             if stop.is_set():
                 return
@@ -185,3 +184,13 @@ class Reconciler:
             was_live = live
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.triton_poll_seconds)
+
+
+async def _first_of(*events: asyncio.Event, limit: float) -> None:
+    """Return when any of `events` is set, or after `limit` seconds."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
