@@ -200,3 +200,22 @@ def test_any_update_or_delete_body_is_answered_without_a_500(
 ) -> None:
     code, answer = _call(server, method, path, body)
     assert code < 500, answer
+
+
+@FUZZ
+@given(
+    query=st.dictionaries(
+        st.sampled_from(
+            ["limit", "continue", "resourceVersion", "resourceVersionMatch", "timeoutSeconds"]
+        ),
+        st.sampled_from(["", "0", "1", "-1", "99999999", "x", "Exact", "NotOlderThan", "e30="]),
+        max_size=4,
+    )
+)
+def test_any_list_query_is_answered_without_a_500(
+    server: RunningApiServer, query: dict[str, str]
+) -> None:
+    code, answer = _call(server, "GET", f"/api/v1/pods?{urllib.parse.urlencode(query)}")
+    assert code < 500 or code == 504, answer
+    if code == 504:
+        assert answer["reason"] == "Timeout"  # a resourceVersion from the future
