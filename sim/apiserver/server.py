@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -256,8 +257,11 @@ class RunningApiServer:
 def start_in_thread(
     host: str = "127.0.0.1", port: int = 0, settings: ApiServerSettings | None = None
 ) -> RunningApiServer:
-    """Start a fresh API server (default namespaces only) on its own thread; `stop()` it after."""
-    settings = settings or ApiServerSettings(host=host, port=port)
+    """Start a fresh API server (default namespaces only) on its own thread; `stop()` it after.
+
+    `host` and `port` win over those in `settings` (which sets history size, bookmark interval).
+    """
+    settings = dataclasses.replace(settings or ApiServerSettings(), host=host, port=port)
     core = ApiServerCore(settings)
     _create_initial_namespaces(core)
     running = RunningApiServer(core, host)
