@@ -2,7 +2,8 @@
 
 `POST pods/{name}/binding` (or the legacy `bindings` collection) sets `spec.nodeName`, copies the
 Binding's annotations onto the pod and sets `PodScheduled=True`, as kube-apiserver's BindingREST
-does; a pod already on a node, being deleted, or with another uid gets 409 Conflict. The answer
+does; a pod already on a node, being deleted, gated (`spec.schedulingGates`), or with another
+uid or resourceVersion than the Binding names gets 409 Conflict. The answer
 (a Status) is the caller's job. No I/O.
 """
 
@@ -67,6 +68,13 @@ def bind(store: Store, clock: Clock, namespace: str, name: str, body: Any) -> St
             f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta:"
             f" {pod_meta.get('uid')}",
         )
+    if meta.get("resourceVersion") and str(meta["resourceVersion"]) != str(current.rv):
+        raise conflict(
+            binding_resource,
+            name,
+            "Precondition failed: ResourceVersion in precondition:"
+            f" {meta['resourceVersion']}, ResourceVersion in object meta: {current.rv}",
+        )
     if pod_meta.get("deletionTimestamp"):
         raise conflict(
             binding_resource, name, f"pod {name} is being deleted, cannot be assigned to a host"
@@ -74,6 +82,8 @@ def bind(store: Store, clock: Clock, namespace: str, name: str, body: Any) -> St
     node = current.obj.get("spec", {}).get("nodeName")
     if node:
         raise conflict(binding_resource, name, f'pod {name} is already assigned to node "{node}"')
+    if current.obj.get("spec", {}).get("schedulingGates"):
+        raise conflict(binding_resource, name, f"pod {name} has non-empty .spec.schedulingGates")
     obj = current.copy()
     obj["spec"]["nodeName"] = target["name"]
     if annotations:

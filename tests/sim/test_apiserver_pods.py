@@ -79,8 +79,14 @@ def test_binding_errors(kube_api: client.ApiClient) -> None:
     pod = v1.create_namespaced_pod("default", _pod("p"))
     code, body = _bind(v1, "p", "gpu-1", uid="not-the-uid")
     assert code == 409 and "Precondition failed: UID in precondition" in body["message"]
+    code, body = _bind(v1, "p", "gpu-1", resource_version="1")
+    assert code == 409 and "Precondition failed: ResourceVersion" in body["message"]
     code, _ = _bind(v1, "p", "gpu-1", uid=pod.metadata.uid)
     assert code == 201
+    gated = {**_pod("gated"), "spec": {**_pod("x")["spec"], "schedulingGates": [{"name": "g"}]}}
+    v1.create_namespaced_pod("default", gated)
+    code, body = _bind(v1, "gated", "gpu-1")
+    assert code == 409 and "non-empty .spec.schedulingGates" in body["message"]
 
 
 def test_legacy_bindings_collection_binds_too(apiserver: RunningApiServer) -> None:
