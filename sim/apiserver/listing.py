@@ -100,6 +100,8 @@ def list_body(
         if wanted > store.rv:
             raise too_large_resource_version(wanted, store.rv)
         list_rv = wanted
+        if wanted < store.oldest_replayable_rv:
+            raise expired("The resourceVersion for the provided list is too old.")
         candidates = store.state_at(resource, namespace, wanted)
     else:
         if rv_text and rv_text != "0" and parse_rv(rv_text) > store.rv:

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
-from tests.fixtures_sim import core_v1, new_watch
+from tests.fixtures_sim import core_v1, new_watch, status_of
 
 
 def _pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -121,6 +121,11 @@ def test_too_old_version_is_410_in_stream_and_relist_recovers(
         with pytest.raises(client.ApiException) as raised:
             list(new_watch().stream(v1.list_node, resource_version=old, timeout_seconds=1))
         assert raised.value.status == 410
+        # An exact list at that version has expired too.
+        with pytest.raises(client.ApiException) as raised:
+            v1.list_node(resource_version=old, resource_version_match="Exact")
+        assert raised.value.status == 410
+        assert status_of(raised.value)["reason"] == "Expired"
         # Recovery: relist, then watch from the list's version.
         listed = v1.list_node()
         assert len(listed.items) == 10
