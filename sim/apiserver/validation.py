@@ -131,7 +131,12 @@ def pod_causes(pod: JsonObject) -> Causes:
 
 def _comparable_spec(spec: JsonObject) -> JsonObject:
     result = dict(spec)
-    for key in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds"):
+    for key in (
+        "activeDeadlineSeconds",
+        "tolerations",
+        "terminationGracePeriodSeconds",
+        "schedulingGates",
+    ):
         result.pop(key, None)
     for list_name in ("containers", "initContainers"):
         if isinstance(result.get(list_name), list):
@@ -143,7 +148,8 @@ def _comparable_spec(spec: JsonObject) -> JsonObject:
 
 
 def pod_update_causes(old: JsonObject, new: JsonObject) -> Causes:
-    """An update may change only container images, deadlines and added tolerations."""
+    """An update may change only container images, deadlines, added tolerations and removed
+    scheduling gates."""
     old_spec = old.get("spec") or {}
     new_spec = new.get("spec") or {}
     if _comparable_spec(old_spec) != _comparable_spec(new_spec):
@@ -152,6 +158,15 @@ def pod_update_causes(old: JsonObject, new: JsonObject) -> Causes:
     new_tolerations = new_spec.get("tolerations") or []
     if any(t not in new_tolerations for t in old_tolerations):
         return [("spec.tolerations", _POD_UPDATE_FORBIDDEN)]
+    old_gates = old_spec.get("schedulingGates") or []
+    new_gates = new_spec.get("schedulingGates") or []
+    if any(g not in old_gates for g in new_gates):
+        return [
+            (
+                "spec.schedulingGates",
+                "Forbidden: only deletion is allowed, but found new scheduling gate",
+            )
+        ]
     return []
 
 

@@ -195,6 +195,19 @@ def test_pod_spec_is_immutable_except_images(kube_api: client.ApiClient) -> None
     pod = v1.read_namespaced_pod("p", "default")
     pod.spec.containers[0].image = "busybox:2"
     assert v1.replace_namespaced_pod("p", "default", pod).spec.containers[0].image == "busybox:2"
+    gated = _pod("g", schedulingGates=[{"name": "a"}, {"name": "b"}])
+    v1.create_namespaced_pod("default", gated)
+    opened = v1.patch_namespaced_pod(
+        "g", "default", [{"op": "remove", "path": "/spec/schedulingGates/0"}]
+    )
+    assert [g.name for g in opened.spec.scheduling_gates] == ["b"]
+    with pytest.raises(client.ApiException) as raised:
+        v1.patch_namespaced_pod(
+            "g",
+            "default",
+            [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "c"}}],
+        )
+    assert raised.value.status == 422
 
 
 def test_events_are_namespaced_and_filterable(kube_api: client.ApiClient) -> None:
