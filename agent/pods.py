@@ -28,6 +28,7 @@ class PodInfo:
     phase: str
     model_id: str
     gpu_uuid: str
+    deleting: bool = False
 
     @property
     def key(self) -> str:
@@ -58,6 +59,7 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         phase=str(status.get("phase") or "Pending"),
         model_id=str(annotations.get(keys.model_id, "")),
         gpu_uuid=str(annotations.get(keys.gpu, "")),
+        deleting=bool(metadata.get("deletionTimestamp")),
     )
 
 

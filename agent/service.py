@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import grpc
 
 from agent.auth import Authorizer, Caller
-from agent.errors import AgentError, InvalidRequestError, grpc_code
+from agent.errors import AgentError, ConflictError, InvalidRequestError, grpc_code
 from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
 from agent.models import Chunk, Models, ModelStatus
@@ -130,6 +130,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         try:
             caller = await self._caller(context)
             pod = await self.authorizer.authorize_model(caller, request.model_id)
+            if pod.running and not pod.deleting:
+                # A proxy restarted by its liveness probe also exits through SIGTERM; the
+                # loader does not run again then, so unloading would leave the pod modelless.
+                raise ConflictError(
+                    f"pod {pod.key} is running and not being deleted: model "
+                    f"{request.model_id!r} stays loaded (a container restart must not unload "
+                    f"it); delete the pod to unload it"
+                )
             status = await self.models.unload(request.model_id, reason=f"asked by pod {pod.key}")
         except AgentError as e:
             await self._fail(context, "UnloadModel", e)

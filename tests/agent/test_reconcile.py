@@ -309,3 +309,28 @@ async def test_after_agent_and_triton_both_restart_running_pods_get_their_models
         assert (model_repository / "pending").exists()
     finally:
         await second.stop()
+
+
+async def test_a_running_pod_unloads_only_once_it_is_being_deleted(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    token = await deploy(running, apiserver, kube_api, tmp_path, "m")
+    core = kubernetes.client.CoreV1Api(kube_api)
+    core.patch_namespaced_pod_status("m-pod", "default", {"status": {"phase": "Running"}})
+    unload = agent_pb2.UnloadModelRequest(model_id="m")
+    # A proxy restarted by its liveness probe asks too: the model must stay.
+    with pytest.raises(grpc.aio.AioRpcError) as restart:
+        await running.stub.UnloadModel(unload, metadata=bearer(token))
+    assert restart.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not being deleted" in (restart.value.details() or "")
+    assert await triton_state(running, "m") == READY
+
+    # A graceful delete: the pod stays (terminating) while its proxy drains, then unloads.
+    core.delete_namespaced_pod("m-pod", "default", grace_period_seconds=30)
+    status = await running.stub.UnloadModel(unload, metadata=bearer(token))
+    assert status.state == agent_pb2.MODEL_STATE_ABSENT
+    assert not (model_repository / "m").exists()
