@@ -124,7 +124,19 @@ def _wait_for_ready(cluster: SimCluster, result: DemoResult, say: Say) -> None:
                 return False
         return True
 
-    wait_until("the model pods on the real node becoming Ready", ready, 120)
+    try:
+        wait_until("the model pods on the real node becoming Ready", ready, 120)
+    except ClusterError as e:
+        unready = [
+            n for n in local if _condition(_pod(cluster, n), "Ready").get("status") != "True"
+        ]
+        name = (unready or local)[0]
+        assert cluster.kubelet is not None
+        log = cluster.kubelet.container_log(NAMESPACE, name, "proxy").splitlines()[-12:]
+        raise ClusterError(
+            f"{e} Not ready: {', '.join(unready) or '-'}; {name}'s proxy log ends:\n"
+            + "\n".join(log)
+        ) from e
     result.served = local
 
 
