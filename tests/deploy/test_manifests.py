@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import importlib
 import re
+import shutil
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs; only the deploy tests use it
 import kubernetes_validate
 import pytest
+import yaml
 
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
@@ -25,6 +29,7 @@ from common.contract import (
 from common.quantity import parse_quantity
 from tests.conftest import require_executable
 from tests.deploy.rendering import (
+    DEPLOY,
     KUSTOMIZATIONS,
     Obj,
     containers,
@@ -242,6 +247,34 @@ def test_images_are_pinned(kubectl: str) -> None:
             image = c["image"]
             tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
             assert tag and tag != "latest", f"{name_of(obj)} {c['name']}: {image} is not pinned"
+
+
+def test_editing_the_overlays_image_tag_upgrades_every_tritonshare_container(
+    kubectl: str, tmp_path: Path
+) -> None:
+    """The production overlay's `images` entry is what pins our image: a new tag there reaches
+    the agent, the binder and nothing else."""
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    kustomization = copy / "overlays" / "production" / "kustomization.yaml"
+    overlay = yaml.safe_load(kustomization.read_text())
+    overlay["images"][0]["newTag"] = "9.9.9"
+    kustomization.write_text(yaml.safe_dump(overlay))
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(copy / "overlays" / "production")],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    images = {
+        c["name"]: c["image"]
+        for obj in yaml.safe_load_all(rendered.stdout)
+        if obj and (spec := pod_spec(obj)) is not None
+        for c in containers(spec)
+    }
+    assert images == {
+        "triton": TRITON_IMAGE,
+        "agent": f"{overlay['images'][0]['newName']}:9.9.9",
+        "binder": f"{overlay['images'][0]['newName']}:9.9.9",
+    }
 
 
 def _the(kubectl: str, kind: str, name: str) -> Obj:
