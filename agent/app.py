@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -61,6 +62,7 @@ class Agent:
             load_timeout=settings.load_timeout_seconds,
         )
         self._gpu_reader = GpuReader(nvml)
+        self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
         self.node = NodePublisher(
             self.kube,
             self._gpu_reader,
@@ -74,6 +76,7 @@ class Agent:
             lease_renew_seconds=settings.lease_renew_seconds,
             lease_duration_seconds=settings.lease_duration_seconds,
             node_resync_seconds=settings.node_resync_seconds,
+            nvml_executor=self._nvml_thread,
         )
         self.models = Models(
             self.repository,
@@ -141,7 +144,7 @@ class Agent:
         lifecycle.on_shutdown("the agent's loops", self._finish_loops)
 
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
-        self.node.read_gpus()
+        await self.node.refresh_gpus()
 
         self._grpc = grpc.aio.server(
             options=[
@@ -204,7 +207,8 @@ class Agent:
             await asyncio.wait(self._loops, timeout=LOOPS_GRACE_SECONDS)
 
     async def _close_nvml(self) -> None:
-        self._gpu_reader.close()
+        await asyncio.get_running_loop().run_in_executor(self._nvml_thread, self._gpu_reader.close)
+        self._nvml_thread.shutdown(wait=True)
 
     async def _stop_watch(self) -> None:
         if self._watch is not None:

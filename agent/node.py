@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -66,6 +67,7 @@ class NodePublisher:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        nvml_executor: Executor | None = None,
     ) -> None:
         self._kube = kube
         self._reader = reader
@@ -83,6 +85,9 @@ class NodePublisher:
         self._clock = clock
         self._sleep = sleep
         self._wall = wall
+        # NVML calls can block for seconds on a failing GPU: with an executor they run there,
+        # so health checks and the API keep answering.
+        self._nvml_executor = nvml_executor
         self.snapshot: GpuSnapshot | None = None
         self.gpus_read = False
         self.nvml_error = ""
@@ -121,6 +126,13 @@ class NodePublisher:
             )
         self.snapshot, self.gpus_read = snapshot, True
         return snapshot
+
+    async def refresh_gpus(self) -> GpuSnapshot | None:
+        """`read_gpus` on the NVML executor when there is one."""
+        if self._nvml_executor is None:
+            return self.read_gpus()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._nvml_executor, self.read_gpus)
 
     # The Node.
     async def sync_node(self) -> None:
@@ -188,7 +200,7 @@ class NodePublisher:
                 if not await self._attempt("reread the node", self.sync_node()):
                     self._node_annotations = None  # publish() rereads it first
             if now >= next_gpu:
-                self.read_gpus()
+                await self.refresh_gpus()
                 ok = await self._attempt("publish the GPUs on the node", self.publish())
                 next_gpu = now + self.gpu_poll_seconds if ok else retry
             if now >= next_lease:
