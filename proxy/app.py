@@ -20,7 +20,8 @@ from proxy.agentclient import AgentClient
 from proxy.grpcproxy import GrpcProxy
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
-from proxy.server import MetricsServer, ProxyState, RestProxy
+from proxy.rest import RestRelay
+from proxy.server import MetricsServer, ProxyState
 from proxy.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class Proxy:
     state: ProxyState
     limiter: Limiter
     metrics: ProxyMetrics
-    rest: RestProxy
+    rest: RestRelay
     grpc: GrpcProxy
     metrics_server: MetricsServer
 
@@ -49,15 +50,14 @@ class Proxy:
             window=settings.concurrency_window_seconds,
         )
         metrics = ProxyMetrics(limiter, settings.model_id)
-        rest = RestProxy(settings, limiter, metrics, state)
         return cls(
             settings=settings,
             state=state,
             limiter=limiter,
             metrics=metrics,
-            rest=rest,
+            rest=RestRelay(settings, limiter, metrics, state),
             grpc=GrpcProxy(settings, limiter, metrics, state),
-            metrics_server=MetricsServer(settings, metrics, state, rest.own_model_ready),
+            metrics_server=MetricsServer(settings, metrics, state),
         )
 
     async def start(self) -> None:

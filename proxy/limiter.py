@@ -60,11 +60,17 @@ class Limiter:
             while len(self._checkpoints) > 1 and self._checkpoints[1][0] <= horizon:
                 self._checkpoints.popleft()
 
-    async def acquire(self) -> None:
-        """Take a slot, waiting in the queue if needed; raise when refused."""
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits; never waits itself."""
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
             self._account()
             self.in_flight += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting in the queue if needed; raise when refused."""
+        if self.try_acquire():
             return
         if len(self._waiters) >= self.queue_limit:
             raise OverloadedError(
