@@ -32,8 +32,9 @@ from agent.errors import (
 from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
 from agent.modelconfig import override_json, parse_config, pinned_config
-from agent.repository import Manifest, Repository, Staging
+from agent.repository import Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
+from common.manifest import Manifest
 
 log = logging.getLogger(__name__)
 

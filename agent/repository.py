@@ -7,7 +7,8 @@ accepted manifest is stored inside the model directory (`.tritonshare-manifest.j
 moves with the files in the same rename; Triton ignores files that are not version directories.
 
 This module never talks to Triton or Kubernetes; `agent.models` decides when installing or removing
-is safe (never while Triton has the model loaded).
+is safe (never while Triton has the model loaded). The manifest type and its digest are the
+loader-agent contract and live in `common.manifest`; this module validates and stores them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from agent.errors import (
     ResourceExhaustedError,
 )
 from common.contract import ContractError, is_valid_model_id, validate_model_id
+from common.manifest import Manifest, ManifestEntry
 
 log = logging.getLogger(__name__)
 
@@ -43,42 +45,17 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 DISK_HEADROOM_BYTES = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One file: path relative to the model directory (with "/"), size in bytes, sha256 hex."""
-
-    path: str
-    size: int
-    sha256: str
+def manifest_to_json(manifest: Manifest) -> str:
+    """The manifest as stored beside the model's files (the agent's own format, not the proto)."""
+    return json.dumps(
+        {"files": [[e.path, e.size, e.sha256] for e in manifest.files]}, separators=(",", ":")
+    )
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """A model directory's files, sorted by path."""
-
-    files: tuple[ManifestEntry, ...]
-
-    @property
-    def digest(self) -> str:
-        """sha256 over "path\\0size\\0sha256\\n" of each file, sorted by path (agent.proto)."""
-        h = hashlib.sha256()
-        for entry in self.files:
-            h.update(f"{entry.path}\0{entry.size}\0{entry.sha256}\n".encode())
-        return h.hexdigest()
-
-    @property
-    def total_size(self) -> int:
-        return sum(entry.size for entry in self.files)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"files": [[e.path, e.size, e.sha256] for e in self.files]}, separators=(",", ":")
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        data = json.loads(text)
-        return cls(tuple(ManifestEntry(str(p), int(s), str(h)) for p, s, h in data["files"]))
+def manifest_from_json(text: str) -> Manifest:
+    """The inverse of manifest_to_json; raises ValueError, KeyError or TypeError when malformed."""
+    data = json.loads(text)
+    return Manifest(tuple(ManifestEntry(str(p), int(s), str(h)) for p, s, h in data["files"]))
 
 
 def check_relative_path(path: str) -> PurePosixPath:
@@ -142,7 +119,7 @@ def build_manifest(model_id: str, entries: list[ManifestEntry]) -> Manifest:
             f"the manifest for model {model_id!r} has no 'config.pbtxt' at the top of the model "
             f"directory; Triton needs it to load the model"
         )
-    return Manifest(tuple(sorted(entries, key=lambda e: e.path)))
+    return Manifest(tuple(entries))
 
 
 @dataclass
@@ -221,7 +198,7 @@ class Staging:
                 )
         manifest_path = self.directory / MANIFEST_FILE
         with manifest_path.open("w") as f:
-            f.write(self.manifest.to_json())
+            f.write(manifest_to_json(self.manifest))
             f.flush()
             os.fsync(f.fileno())
         for dirpath, _, _ in os.walk(self.directory):
@@ -280,7 +257,7 @@ class Repository:
         if directory.is_symlink() or not directory.is_dir():
             return None
         try:
-            return Manifest.from_json((directory / MANIFEST_FILE).read_text())
+            return manifest_from_json((directory / MANIFEST_FILE).read_text())
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -318,11 +295,11 @@ class Repository:
 
     def begin(self, model_id: str, manifest: Manifest) -> Staging:
         """Start an install into a fresh private staging directory."""
-        needed = manifest.total_size + DISK_HEADROOM_BYTES
+        needed = manifest.total_bytes + DISK_HEADROOM_BYTES
         free = shutil.disk_usage(self.staging_root).free
         if needed > free:
             raise ResourceExhaustedError(
-                f"model {model_id!r} needs {manifest.total_size} bytes but only {free} are free "
+                f"model {model_id!r} needs {manifest.total_bytes} bytes but only {free} are free "
                 f"on the filesystem of {self.staging_root}; free space or use a larger volume"
             )
         directory = Path(tempfile.mkdtemp(prefix=f"{model_id}.", dir=self.staging_root))
@@ -344,7 +321,7 @@ class Repository:
             staging.model_id,
             target,
             len(staging.manifest.files),
-            staging.manifest.total_size,
+            staging.manifest.total_bytes,
         )
 
     def remove(self, model_id: str) -> None:

@@ -20,7 +20,8 @@ from agent.errors import AgentError, ConflictError, InvalidRequestError, grpc_co
 from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
 from agent.models import Chunk, Models, ModelStatus
-from agent.repository import ManifestEntry, build_manifest
+from agent.repository import build_manifest
+from common.manifest import entries_from_proto
 from protos import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 )
             header = first.header
             pod = await self.authorizer.authorize_model(caller, header.model_id)
-            manifest = build_manifest(
-                header.model_id,
-                [ManifestEntry(f.path, int(f.size), f.sha256) for f in header.manifest.files],
-            )
+            manifest = build_manifest(header.model_id, entries_from_proto(header.manifest))
             started = time.monotonic()
             result = await self.models.install(
                 header.model_id, manifest, _chunks(request_iterator), pod=pod.key

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from common.manifest import Manifest
 from loader.errors import (
     INSTALL,
     LOAD,
@@ -27,7 +28,7 @@ from loader.errors import (
     SettingsError,
     classify,
 )
-from loader.manifest import Manifest, hash_file
+from loader.manifest import hash_file
 from loader.validate import ModelDirectory
 from protos import agent_pb2, agent_pb2_grpc
 
@@ -176,12 +177,7 @@ class AgentClient:
         counter = _StreamTally()
         header = agent_pb2.InstallHeader(
             model_id=model.model_id,
-            manifest=agent_pb2.Manifest(
-                files=[
-                    agent_pb2.FileEntry(path=e.path, size=e.size, sha256=e.sha256)
-                    for e in manifest.entries
-                ]
-            ),
+            manifest=manifest.to_proto(),
         )
         requests = self._install_requests(header, model, manifest, counter)
         try:
@@ -221,7 +217,7 @@ class AgentClient:
     ) -> AsyncIterator[agent_pb2.InstallModelRequest]:
         yield agent_pb2.InstallModelRequest(header=header)
         sources = {f.path: f.source for f in model.files}
-        for entry in manifest.entries:
+        for entry in manifest.files:
             source = sources[entry.path]
             offset = 0
             try:
@@ -249,7 +245,7 @@ class AgentClient:
 
 def _changed_since(model: ModelDirectory, manifest: Manifest) -> list[str]:
     """Paths whose size or sha256 on disk is no longer what the manifest says."""
-    expected = {entry.path: entry for entry in manifest.entries}
+    expected = {entry.path: entry for entry in manifest.files}
     changed = []
     for file in model.files:
         try:

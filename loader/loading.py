@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from common.manifest import Manifest
 from common.quantity import format_bytes
 from loader.agentclient import InstallResult, ModelState, ModelStatus
 from loader.errors import (
@@ -27,7 +28,6 @@ from loader.errors import (
     TimedOutError,
     TransientError,
 )
-from loader.manifest import Manifest
 from loader.retry import Backoff, Deadline
 from loader.validate import ModelDirectory
 
@@ -142,7 +142,7 @@ class Loading:
                 continue
             return Outcome(
                 status=status,
-                files=len(self._manifest.entries),
+                files=len(self._manifest.files),
                 model_bytes=self._manifest.total_bytes,
                 bytes_sent=self._bytes_sent,
                 installed=self._installed,
@@ -201,7 +201,7 @@ class Loading:
             "Sending model %s to the agent at %s: %d files, %s (digest %s).",
             model_id,
             self._agent.address,
-            len(self._manifest.entries),
+            len(self._manifest.files),
             _size(self._manifest.total_bytes),
             self._manifest.digest[:12],
         )

@@ -12,15 +12,9 @@ import pytest
 from agent.errors import DigestMismatchError, InvalidRequestError, ResourceExhaustedError
 from agent.metrics import AgentMetrics
 from agent.models import Models
-from agent.repository import (
-    MANIFEST_FILE,
-    Manifest,
-    ManifestEntry,
-    Repository,
-    Staging,
-    build_manifest,
-)
+from agent.repository import MANIFEST_FILE, Repository, Staging, build_manifest
 from agent.triton import TritonClient
+from common.manifest import Manifest, ManifestEntry
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
 MODEL = b"print('hello')\n"

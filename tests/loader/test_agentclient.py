@@ -119,9 +119,9 @@ async def test_the_install_stream_carries_the_manifest_then_every_byte(
     header = servicer.headers[0]
     assert header.model_id == "add_one"
     assert [(f.path, f.size, f.sha256) for f in header.manifest.files] == [
-        (e.path, e.size, e.sha256) for e in manifest.entries
+        (e.path, e.size, e.sha256) for e in manifest.files
     ]
-    for entry in manifest.entries:
+    for entry in manifest.files:
         data = bytes(servicer.files.get(entry.path, b""))
         assert hashlib.sha256(data).hexdigest() == entry.sha256, entry.path
     assert "1/empty.txt" not in servicer.files, "an empty file is created from the manifest alone"

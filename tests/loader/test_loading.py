@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import pytest
 
+from common.manifest import Manifest
 from loader.agentclient import InstallResult, ModelState, ModelStatus
 from loader.errors import (
     AgentFailedError,
@@ -25,7 +26,7 @@ from loader.errors import (
     TransientError,
 )
 from loader.loading import Loading, Timing
-from loader.manifest import Manifest, build_manifest
+from loader.manifest import build_manifest
 from loader.retry import Backoff
 from loader.validate import ModelDirectory, validate_model_directory
 from tests.conftest import copy_model
