@@ -1,38 +1,32 @@
-"""A model's `config.pbtxt`: parsing, checking it against the model id, and the load-time override.
+"""A model's `config.pbtxt` as the agent needs it: the backend check and the load-time override.
 
 Triton accepts a `config` parameter on `POST /v2/repository/models/<name>/load`: a JSON ModelConfig
 that replaces `config.pbtxt` for that load. The agent uses it to pin every instance group to the
 GPU the binder chose (`KIND_GPU`, `gpus: [cuda index]`), or to the CPU on machines without GPUs.
-Pure: it reads the text it is given and returns strings; the files are `agent.repository`'s.
+Parsing and the name check are shared with the loader (`common.modelconfig`); this module turns
+their error into the agent's. Pure: it reads the text it is given and returns strings; the files
+are `agent.repository`'s.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
-
-from google.protobuf import json_format, text_format
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
 from agent.errors import InvalidRequestError
-
-# tritonclient ships no type stubs: the generated message class is untyped here.
-ModelConfig: TypeAlias = Any
+from common.modelconfig import ModelConfig, ModelConfigError, parse_model_config
 
 
 def parse_config(text: str, model_id: str) -> ModelConfig:
     """Parse `config.pbtxt` text; its `name`, when set, must equal the model id."""
-    config = model_config_pb2.ModelConfig()
     try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as e:
-        raise InvalidRequestError(
-            f"config.pbtxt of model {model_id!r} is not a valid Triton model configuration: {e}"
-        ) from e
-    if config.name and config.name != model_id:
-        raise InvalidRequestError(
-            f"config.pbtxt names the model {config.name!r} but the pod's model id is "
-            f"{model_id!r}; Triton would refuse to load it: make them equal"
-        )
+        config = parse_model_config(text, model_id)
+    except ModelConfigError as e:
+        if e.config_name is not None:
+            raise InvalidRequestError(
+                f"{e}; Triton would refuse to load it: make them equal"
+            ) from e
+        raise InvalidRequestError(f"model {model_id!r}: {e}") from e
     if not config.backend and not config.platform:
         raise InvalidRequestError(
             f"config.pbtxt of model {model_id!r} sets neither 'backend' nor 'platform'; "

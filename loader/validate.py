@@ -14,9 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
-
+from common.modelconfig import ModelConfig, ModelConfigError, parse_model_config
 from common.quantity import format_bytes
 from loader.errors import InvalidModelError
 
@@ -95,7 +93,7 @@ def validate_model_directory(root: Path, model_id: str, max_bytes: int) -> Model
     )
 
 
-def _parse_config(root: Path, model_id: str) -> model_config_pb2.ModelConfig:
+def _parse_config(root: Path, model_id: str) -> ModelConfig:
     path = root / CONFIG_FILE
     if not path.is_file():
         raise InvalidModelError(
@@ -108,19 +106,14 @@ def _parse_config(root: Path, model_id: str) -> model_config_pb2.ModelConfig:
         raise InvalidModelError(f"{path} is not UTF-8 text; save it as UTF-8") from e
     except OSError as e:
         raise InvalidModelError(f"{path} cannot be read ({e.strerror}); fix its permissions") from e
-    config = model_config_pb2.ModelConfig()
     try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as e:
-        raise InvalidModelError(
-            f"{path} is not a valid Triton model configuration: {e}; fix that line"
-        ) from e
-    if config.name and config.name != model_id:
-        raise InvalidModelError(
-            f"{path} names the model {config.name!r} but the model id is {model_id!r}; "
-            f'set name: "{model_id}" in {CONFIG_FILE}, or remove the name line'
-        )
-    return config
+        return parse_model_config(text, model_id, source=str(path))
+    except ModelConfigError as e:
+        if e.config_name is not None:
+            raise InvalidModelError(
+                f'{e}; set name: "{model_id}" in {CONFIG_FILE}, or remove the name line'
+            ) from e
+        raise InvalidModelError(f"{e}; fix that line") from e
 
 
 def _is_directory_inside(entry: Path, real_root: Path) -> bool:

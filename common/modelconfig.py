@@ -1,0 +1,42 @@
+"""Parsing a model's `config.pbtxt` and checking the name it gives against the model id.
+
+The loader checks the config before sending a model and the agent checks it again before
+installing one, so both parse with the same rules: tritonclient's ModelConfig message read by
+protobuf's text format, and a `name`, when set, equal to the model id (Triton refuses a load
+otherwise). Pure: it takes text and returns the parsed message or raises ModelConfigError. It must
+not read files or add a part's advice; each part wraps the error into its own type at its edge.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+# tritonclient ships no type stubs: the generated message class is untyped here.
+ModelConfig: TypeAlias = Any
+
+
+class ModelConfigError(ValueError):
+    """config.pbtxt cannot be served under the model id; the message says why."""
+
+    def __init__(self, message: str, *, config_name: str | None = None) -> None:
+        super().__init__(message)
+        self.config_name = config_name
+        """The name config.pbtxt gives, when a name other than the model id is the problem."""
+
+
+def parse_model_config(text: str, model_id: str, source: str = "config.pbtxt") -> ModelConfig:
+    """Parse config.pbtxt text; `source` names it in errors (a path, or "config.pbtxt")."""
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise ModelConfigError(f"{source} is not a valid Triton model configuration: {e}") from e
+    if config.name and config.name != model_id:
+        raise ModelConfigError(
+            f"{source} names the model {config.name!r} but the model id is {model_id!r}",
+            config_name=config.name,
+        )
+    return config
