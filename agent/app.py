@@ -22,7 +22,6 @@ import grpc
 from agent import __version__
 from agent.auth import Authorizer
 from agent.gpus import GpuReader
-from agent.http import HttpServer, build_app
 from agent.kube import KubeClient, PodWatch
 from agent.metrics import AgentMetrics
 from agent.models import Models
@@ -32,6 +31,7 @@ from agent.repository import Repository
 from agent.service import AgentService, add_to_server
 from agent.settings import Settings
 from agent.triton import TritonClient
+from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class Agent:
 
         http_host, http_port = _split(settings.listen_http)
         self._http = HttpServer(
-            build_app(self.metrics.registry, self.not_ready), http_host, http_port
+            build_health_app(self.metrics.registry, self.not_ready), http_host, http_port
         )
         await self._http.start()
         self.http_address = f"{http_host}:{self._http.port}"

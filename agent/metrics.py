@@ -2,7 +2,7 @@
 
 GPU figures come from a collector that reads the latest snapshot at scrape time, so a scrape never
 calls NVML. Names follow Prometheus conventions (`_bytes`, `_seconds`, `_total`). Only
-`agent.http` serves them.
+`common.health` serves them (`agent.app` wires it).
 """
 
 from __future__ import annotations

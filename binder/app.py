@@ -17,13 +17,14 @@ from typing import Any
 
 from binder.cache import ClusterCache, Informer
 from binder.controller import Controller
-from binder.http import HttpServer, build_app
+from binder.errors import NotReadyError, http_status
 from binder.kube import Kube
 from binder.leader import LeaderElector
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
 from binder.settings import Settings
 from common.contract import BINDER_LEADER_LEASE
+from common.health import HttpServer, build_health_app
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,14 @@ class Binder:
             on_change=self._leadership_changed,
         )
         self.http = HttpServer(
-            build_app(self.metrics.registry, self.not_ready, self.role), *settings.listen_http
+            build_health_app(
+                self.metrics.registry,
+                self.not_ready,
+                ready_text=lambda: f"ready ({self.role()})",
+                # The binder's one error table decides the status, as for every other answer.
+                not_ready_status=http_status(NotReadyError("caches not synced")),
+            ),
+            *settings.listen_http,
         )
         self._stop = asyncio.Event()
         self._informers: list[Informer] = []

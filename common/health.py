@@ -1,9 +1,10 @@
-"""The binder's HTTP endpoints: /healthz, /readyz and /metrics (the only aiohttp.web importer).
+"""The health and metrics endpoints the agent and the binder serve: /healthz, /readyz, /metrics.
 
-/healthz answers while the event loop runs. /readyz answers 200 once every cache has listed the
-cluster (a follower with warm caches is ready: it can take over at once), else 503 with the
-reasons; its body says whether this replica leads. /metrics renders the binder's own registry.
-It serves; it never changes anything.
+/healthz answers while the event loop runs. /readyz answers 200 when `not_ready()` gives no
+reason, else 503 (or the part's own status) with the reasons. /metrics renders the part's own
+Prometheus registry. The part decides what readiness means and what its ready text says; this
+module only serves, it never changes anything. It is the one module of the agent and the binder
+that imports aiohttp's server pieces (tests/test_boundaries.py checks).
 """
 
 from __future__ import annotations
@@ -13,16 +14,20 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from binder.errors import NotReadyError, http_status
+
+def _ready() -> str:
+    return "ready"
 
 
-def build_app(
+def build_health_app(
     registry: CollectorRegistry,
     not_ready: Callable[[], list[str]],
-    role: Callable[[], str],
+    ready_text: Callable[[], str] | None = None,
+    not_ready_status: int = 503,
 ) -> web.Application:
-    """`not_ready()` says why the binder is not ready (empty when it is); `role()` is
-    "leader" or "follower"."""
+    """`not_ready()` says why the part is not ready (empty when it is); `ready_text()` is the
+    /readyz body when ready (default "ready"), asked at each request."""
+    ready_line = ready_text or _ready
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -30,9 +35,10 @@ def build_app(
     async def readyz(request: web.Request) -> web.Response:
         reasons = not_ready()
         if reasons:
-            error = NotReadyError("; ".join(reasons))
-            return web.Response(status=http_status(error), text=f"not ready: {error}\n")
-        return web.Response(text=f"ready ({role()})\n")
+            return web.Response(
+                status=not_ready_status, text="not ready: " + "; ".join(reasons) + "\n"
+            )
+        return web.Response(text=ready_line() + "\n")
 
     async def metrics(request: web.Request) -> web.Response:
         response = web.Response(body=generate_latest(registry))
@@ -47,7 +53,7 @@ def build_app(
 
 
 class HttpServer:
-    """Runs the app on host:port; `port` is the bound port (useful with port 0)."""
+    """Runs the app on host:port; `port` is the bound port once started (useful with port 0)."""
 
     def __init__(self, app: web.Application, host: str, port: int) -> None:
         self._runner = web.AppRunner(app, access_log=None)
@@ -65,6 +71,7 @@ class HttpServer:
             self.port = int(addresses[0][1])
 
     async def stop(self) -> None:
+        """Stop serving; safe to call when start() never ran or failed half-way."""
         if self._started:
             self._started = False
             await self._runner.cleanup()

@@ -1,0 +1,60 @@
+"""The shared /healthz, /readyz and /metrics endpoints, served on a real port."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter
+
+from common.health import HttpServer, build_health_app
+
+
+async def _get(port: int, path: str) -> tuple[int, str, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
+        return response.status, response.headers["Content-Type"], await response.text()
+
+
+async def test_the_endpoints_answer_from_the_part_s_callables() -> None:
+    registry = CollectorRegistry()
+    Counter("demo_requests_total", "Requests", registry=registry).inc(3)
+    reasons = ["Triton is unreachable", "GPUs not read yet"]
+    role = ["follower"]
+    app = build_health_app(
+        registry,
+        lambda: list(reasons),
+        ready_text=lambda: f"ready ({role[0]})",
+        not_ready_status=599,
+    )
+    server = HttpServer(app, "127.0.0.1", 0)
+    await server.start()
+    try:
+        assert server.port != 0
+        assert (await _get(server.port, "/healthz"))[::2] == (200, "ok\n")
+        status, _, body = await _get(server.port, "/readyz")
+        assert (status, body) == (599, "not ready: Triton is unreachable; GPUs not read yet\n")
+        reasons.clear()
+        role[0] = "leader"
+        assert (await _get(server.port, "/readyz"))[::2] == (200, "ready (leader)\n")
+        status, content_type, body = await _get(server.port, "/metrics")
+        assert status == 200 and content_type.startswith("text/plain")
+        assert "demo_requests_total 3.0" in body
+    finally:
+        await server.stop()
+
+
+async def test_the_default_ready_text_and_status() -> None:
+    reasons: list[str] = ["caches not synced"]
+    server = HttpServer(build_health_app(CollectorRegistry(), lambda: reasons), "127.0.0.1", 0)
+    await server.start()
+    try:
+        assert (await _get(server.port, "/readyz"))[::2] == (503, "not ready: caches not synced\n")
+        reasons.clear()
+        assert (await _get(server.port, "/readyz"))[::2] == (200, "ready\n")
+    finally:
+        await server.stop()
+
+
+async def test_stopping_a_server_that_never_started_is_harmless() -> None:
+    await HttpServer(build_health_app(CollectorRegistry(), list), "127.0.0.1", 0).stop()
