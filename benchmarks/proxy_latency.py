@@ -277,7 +277,7 @@ def main() -> int:
         )
         print(
             f"{protocol.upper():4} c=16 throughput: direct {direct16:.0f} req/s, proxy "
-            f"{proxy16:.0f} req/s, kept {kept:.0%} (target >= {kept_target:.0%}) "
+            f"{proxy16:.0f} req/s, kept {kept:.1%} (target >= {kept_target:.0%}) "
             f"{'OK' if kept >= kept_target else 'MISSED'}"
         )
     direct = statistics.median(r[0] for r in results[("grpc-client", "direct", 1)])

@@ -21,8 +21,9 @@ from proxy.grpcproxy import GrpcProxy
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.rest import RestRelay
-from proxy.server import MetricsServer, ProxyState
+from proxy.server import MetricsServer
 from proxy.settings import Settings
+from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 

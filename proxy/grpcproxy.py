@@ -29,6 +29,7 @@ from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter, grpc_kind
 from proxy.settings import Settings
+from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class GrpcProxy:
     """Serves the tenant gRPC port and forwards allowed calls to Triton."""
 
     def __init__(
-        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: Any
+        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
     ) -> None:
         self._settings = settings
         self._router = GrpcRouter(settings.model_id)

@@ -37,6 +37,7 @@ from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Answer, Forward, HttpRouter
 from proxy.settings import Settings
+from proxy.state import ProxyState
 from proxy.upstream import Upstream, UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -446,7 +447,7 @@ class RestRelay:
     """Listens on the REST port and owns the upstream pool and the tenant connections."""
 
     def __init__(
-        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: Any
+        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
     ) -> None:
         self.settings = settings
         self.router = HttpRouter(settings.model_id)

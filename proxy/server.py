@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.metrics import ProxyMetrics
 from proxy.settings import Settings
+from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +29,6 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.bind((host, port))
     sock.setblocking(False)
     return sock
-
-
-class ProxyState:
-    """What the transports share about the process: whether it is draining."""
-
-    def __init__(self) -> None:
-        self.draining = False
 
 
 class MetricsServer:

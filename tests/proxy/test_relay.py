@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 
 import pytest
 
@@ -130,3 +131,27 @@ async def test_a_client_leaving_mid_request_frees_its_slot(served_triton: Triton
         await wait_until(lambda: limiter.in_flight == 1, "the partial request taking its slot")
         sock.close()
         await wait_until(lambda: limiter.in_flight == 0, "the partial request's slot being freed")
+
+
+def test_an_unreachable_triton_is_a_clear_502_and_unavailable(served_triton: TritonServer) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    from sim.triton import free_port
+
+    down = f"127.0.0.1:{free_port()}"
+    settings = replace(proxy_settings(served_triton), triton_http_url=down, triton_grpc_url=down)
+    with running_proxy(settings) as running:
+        with _connect(running) as sock:
+            sock.sendall(_post("/v2/models/add_one/infer", INFER))
+            [(status, body)] = _read_responses(sock, 1)
+        assert status == 502
+        assert f"Triton at {down} is unreachable" in json.loads(body)["error"]
+        assert running.proxy.limiter.in_flight == 0
+        with grpc.insecure_channel(running.grpc_url) as channel:
+            request = service_pb2.ModelInferRequest(model_name="add_one").SerializeToString()
+            with pytest.raises(grpc.RpcError) as caught:
+                channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", None, None)(
+                    request, timeout=10
+                )
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
