@@ -155,3 +155,21 @@ def test_an_unreachable_triton_is_a_clear_502_and_unavailable(served_triton: Tri
                     request, timeout=10
                 )
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_expect_100_continue_is_relayed_before_the_body(proxy: RunningProxy) -> None:
+    with _connect(proxy) as sock:
+        head = _post("/v2/models/add_one/infer", INFER, b"Expect: 100-continue\r\n")
+        sock.sendall(head[: -len(INFER)])
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(1024)
+            assert chunk, "the connection closed before the interim answer"
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100")
+        sock.sendall(INFER)
+        rest = interim.split(b"\r\n\r\n", 1)[1]
+        assert rest == b""
+        [(status, body)] = _read_responses(sock, 1)
+    assert status == 200
+    assert json.loads(body)["outputs"][0]["data"] == [2.0]
