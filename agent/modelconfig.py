@@ -16,17 +16,16 @@ from tritonclient.grpc import model_config_pb2
 from agent.errors import InvalidRequestError
 from common.modelconfig import ModelConfig, ModelConfigError, parse_model_config
 
+_RENAME = "Triton would refuse to load it: make them equal"
+
 
 def parse_config(text: str, model_id: str) -> ModelConfig:
     """Parse `config.pbtxt` text; its `name`, when set, must equal the model id."""
     try:
         config = parse_model_config(text, model_id)
     except ModelConfigError as e:
-        if e.config_name is not None:
-            raise InvalidRequestError(
-                f"{e}; Triton would refuse to load it: make them equal"
-            ) from e
-        raise InvalidRequestError(f"model {model_id!r}: {e}") from e
+        fix = f"model {model_id!r} cannot be installed until it is fixed"
+        raise InvalidRequestError(e.advised(wrong_name=_RENAME, invalid=fix)) from e
     if not config.backend and not config.platform:
         raise InvalidRequestError(
             f"config.pbtxt of model {model_id!r} sets neither 'backend' nor 'platform'; "

@@ -26,6 +26,10 @@ class ModelConfigError(ValueError):
         self.config_name = config_name
         """The name config.pbtxt gives, when a name other than the model id is the problem."""
 
+    def advised(self, *, wrong_name: str, invalid: str) -> str:
+        """The message followed by the part's advice for this kind of problem."""
+        return f"{self}; {wrong_name if self.config_name is not None else invalid}"
+
 
 def parse_model_config(text: str, model_id: str, source: str = "config.pbtxt") -> ModelConfig:
     """Parse config.pbtxt text; `source` names it in errors (a path, or "config.pbtxt")."""

@@ -109,11 +109,8 @@ def _parse_config(root: Path, model_id: str) -> ModelConfig:
     try:
         return parse_model_config(text, model_id, source=str(path))
     except ModelConfigError as e:
-        if e.config_name is not None:
-            raise InvalidModelError(
-                f'{e}; set name: "{model_id}" in {CONFIG_FILE}, or remove the name line'
-            ) from e
-        raise InvalidModelError(f"{e}; fix that line") from e
+        rename = f'set name: "{model_id}" in {CONFIG_FILE}, or remove the name line'
+        raise InvalidModelError(e.advised(wrong_name=rename, invalid="fix that line")) from e
 
 
 def _is_directory_inside(entry: Path, real_root: Path) -> bool:

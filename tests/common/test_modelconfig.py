@@ -28,6 +28,7 @@ def test_a_name_other_than_the_model_id_is_refused_and_named() -> None:
         "/models/x/config.pbtxt names the model 'add_one' but the model id is 'other'"
     )
     assert e.value.config_name == "add_one"
+    assert e.value.advised(wrong_name="rename it", invalid="fix it").endswith("'other'; rename it")
     assert isinstance(e.value, ValueError)
 
 
@@ -35,5 +36,6 @@ def test_a_syntax_error_names_the_source_and_the_line() -> None:
     with pytest.raises(ModelConfigError, match=r"^config\.pbtxt is not a valid Triton .*: 2:") as e:
         parse_model_config('backend: "python"\nmax_batch_size: x\n', "m")
     assert e.value.config_name is None
+    assert e.value.advised(wrong_name="rename it", invalid="fix it").endswith("; fix it")
     with pytest.raises(ModelConfigError, match="batch_size"):
         parse_model_config("batch_size: 4\n", "m")
