@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from common.lifecycle import Lifecycle
 from proxy.agentclient import AgentClient
 from proxy.grpcproxy import GrpcProxy
+from proxy.h2relay import GrpcRelay
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.rest import RestRelay
@@ -37,7 +38,7 @@ class Proxy:
     limiter: Limiter
     metrics: ProxyMetrics
     rest: RestRelay
-    grpc: GrpcProxy
+    grpc: GrpcProxy | GrpcRelay
     metrics_server: MetricsServer
 
     @classmethod
@@ -57,7 +58,9 @@ class Proxy:
             limiter=limiter,
             metrics=metrics,
             rest=RestRelay(settings, limiter, metrics, state),
-            grpc=GrpcProxy(settings, limiter, metrics, state),
+            grpc=(GrpcRelay if settings.grpc_mode == "relay" else GrpcProxy)(
+                settings, limiter, metrics, state
+            ),
             metrics_server=MetricsServer(settings, metrics, state),
         )
 

@@ -62,6 +62,8 @@ class Settings:
     """The pod's projected service-account token (audience tritonshare-agent), read per call."""
     agent_timeout_seconds: float = 30.0
     """Seconds to wait for the agent to unload the model on shutdown."""
+    grpc_mode: str = "grpcio"
+    """`grpcio`: the grpc.aio proxy; `relay`: the HTTP/2 frame relay (`proxy/h2relay.py`)."""
     log_level: str = "INFO"
     """Root log level."""
     log_format: str = "text"
@@ -129,6 +131,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     flag("agent-address", "host:port of the node agent (empty: no unload on exit)", "")
     flag("token-file", "the pod's projected service-account token file")
     flag("agent-timeout", "seconds to wait for the agent's unload", "30")
+    flag("grpc-mode", "gRPC endpoint: grpcio or relay (HTTP/2 frame relay)", "grpcio")
     flag("log-level", "log level", "INFO")
     flag("log-format", "text or json", "text")
     flag("key-prefix", "contract key prefix", DEFAULT_PREFIX)
@@ -162,6 +165,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
 
     if args.log_format not in ("text", "json"):
         raise SettingsError(f"--log-format {args.log_format!r} is neither 'text' nor 'json'")
+    if args.grpc_mode not in ("grpcio", "relay"):
+        raise SettingsError(f"--grpc-mode {args.grpc_mode!r} is neither 'grpcio' nor 'relay'")
     agent_address = args.agent_address or ""
     if agent_address:
         _upstream(agent_address, "--agent-address")
@@ -193,6 +198,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         agent_address=agent_address,
         token_file=Path(args.token_file) if args.token_file else None,
         agent_timeout_seconds=number("agent-timeout", args.agent_timeout),
+        grpc_mode=args.grpc_mode,
         log_level=args.log_level,
         log_format=args.log_format,
         key_prefix=args.key_prefix,

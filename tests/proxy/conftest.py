@@ -2,8 +2,9 @@
 
 The Triton serves the shipped add_one and identity models and the proxy's own test models
 (tests/proxy/models): text_stream (decoupled, for generate_stream and ModelStreamInfer) and
-sleepy (holds a request in flight). A proxy runs in a thread with its own event loop, so both
-synchronous and asyncio clients can use it, and is stopped (and its thread joined) after the test.
+sleepy (holds a request in flight). Tests of gRPC run once with each gRPC mode (`grpc_mode`). A
+proxy runs in a thread with its own event loop, so both synchronous and asyncio clients can use
+it, and is stopped (and its thread joined) after the test.
 """
 
 from __future__ import annotations
@@ -137,10 +138,20 @@ def running_proxy(settings: Settings) -> Iterator[RunningProxy]:
         running.stop()
 
 
+GRPC_MODES = ("grpcio", "relay")
+
+
+@pytest.fixture(params=GRPC_MODES)
+def grpc_mode(request: pytest.FixtureRequest) -> str:
+    """Each gRPC endpoint implementation (`--grpc-mode`): the test runs once with each."""
+    mode: str = request.param
+    return mode
+
+
 @pytest.fixture
-def proxy(served_triton: TritonServer) -> Iterator[RunningProxy]:
-    """A proxy for add_one in front of the shared Triton."""
-    with running_proxy(proxy_settings(served_triton)) as running:
+def proxy(served_triton: TritonServer, grpc_mode: str) -> Iterator[RunningProxy]:
+    """A proxy for add_one in front of the shared Triton, in each gRPC mode."""
+    with running_proxy(proxy_settings(served_triton, grpc_mode=grpc_mode)) as running:
         yield running
 
 

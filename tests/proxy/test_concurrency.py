@@ -106,9 +106,10 @@ def _sleepy_body(ms: int) -> bytes:
 @pytest.mark.triton
 async def test_rest_and_grpc_share_the_limit_and_overflow_is_refused(
     served_triton: TritonServer,
+    grpc_mode: str,
 ) -> None:
     settings = proxy_settings(
-        served_triton, model_id="sleepy", container_concurrency=2, queue_size=1
+        served_triton, grpc_mode=grpc_mode, model_id="sleepy", container_concurrency=2, queue_size=1
     )
     with running_proxy(settings) as running:
         url = f"http://{running.http_url}/v2/models/sleepy/infer"

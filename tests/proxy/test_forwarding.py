@@ -103,11 +103,13 @@ async def test_tritonclient_grpc_aio(proxy: RunningProxy) -> None:
         await client.close()
 
 
-def test_grpc_stream_checks_each_message(served_triton: TritonServer) -> None:
+def test_grpc_stream_checks_each_message(served_triton: TritonServer, grpc_mode: str) -> None:
     """ModelStreamInfer with a decoupled model; a message for another model is answered in the
     stream as Triton answers it, and the stream goes on."""
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    with running_proxy(proxy_settings(served_triton, model_id="text_stream")) as running:
+    with running_proxy(
+        proxy_settings(served_triton, grpc_mode=grpc_mode, model_id="text_stream")
+    ) as running:
         client = grpcclient.InferenceServerClient(running.grpc_url)
         try:
             client.start_stream(callback=lambda result, error: answers.put((result, error)))
@@ -182,9 +184,11 @@ def test_large_rest_body_both_ways(served_triton: TritonServer) -> None:
             client.close()
 
 
-def test_large_grpc_message_both_ways(served_triton: TritonServer) -> None:
+def test_large_grpc_message_both_ways(served_triton: TritonServer, grpc_mode: str) -> None:
     """6 MiB in and out through gRPC (grpc's default limit is 4 MiB)."""
-    with running_proxy(proxy_settings(served_triton, model_id="identity")) as running:
+    with running_proxy(
+        proxy_settings(served_triton, grpc_mode=grpc_mode, model_id="identity")
+    ) as running:
         client = grpcclient.InferenceServerClient(running.grpc_url)
         try:
             data = np.random.default_rng(2).integers(0, 1 << 40, 6 * 1024 * 1024 // 8)
@@ -196,8 +200,10 @@ def test_large_grpc_message_both_ways(served_triton: TritonServer) -> None:
             client.close()
 
 
-def test_bodies_over_the_limit_are_refused(served_triton: TritonServer) -> None:
-    settings = proxy_settings(served_triton, model_id="identity", max_body_bytes=64 * 1024)
+def test_bodies_over_the_limit_are_refused(served_triton: TritonServer, grpc_mode: str) -> None:
+    settings = proxy_settings(
+        served_triton, grpc_mode=grpc_mode, model_id="identity", max_body_bytes=64 * 1024
+    )
     with running_proxy(settings) as running:
         host, port = running.http_url.split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -218,9 +224,13 @@ def test_bodies_over_the_limit_are_refused(served_triton: TritonServer) -> None:
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-async def test_grpc_cancellation_reaches_triton(served_triton: TritonServer) -> None:
+async def test_grpc_cancellation_reaches_triton(
+    served_triton: TritonServer, grpc_mode: str
+) -> None:
     """A client that cancels a stream mid-way frees its slot and cancels the upstream call."""
-    with running_proxy(proxy_settings(served_triton, model_id="text_stream")) as running:
+    with running_proxy(
+        proxy_settings(served_triton, grpc_mode=grpc_mode, model_id="text_stream")
+    ) as running:
         async with grpc.aio.insecure_channel(running.grpc_url) as channel:
             stream = channel.stream_stream(
                 "/inference.GRPCInferenceService/ModelStreamInfer", None, None

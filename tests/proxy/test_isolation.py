@@ -121,12 +121,14 @@ def test_own_model_routes_answer_as_triton_does(
     ), row
 
 
-def test_server_readiness_is_the_own_models(served_triton: TritonServer) -> None:
+def test_server_readiness_is_the_own_models(served_triton: TritonServer, grpc_mode: str) -> None:
     from tests.proxy.conftest import proxy_settings, running_proxy
 
     # R3: a proxy for a model Triton does not have is not ready, though Triton itself is.
     assert fetch(served_triton.http_url, "GET", "/v2/health/ready")[0] == 200
-    with running_proxy(proxy_settings(served_triton, model_id="not_loaded")) as running:
+    with running_proxy(
+        proxy_settings(served_triton, grpc_mode=grpc_mode, model_id="not_loaded")
+    ) as running:
         assert fetch(running.http_url, "GET", "/v2/health/ready")[0] == 400
         with grpc.insecure_channel(running.grpc_url) as channel:
             ready = channel.unary_unary(SERVICE + "ServerReady", None, None)(b"", timeout=10)

@@ -133,14 +133,20 @@ async def test_a_client_leaving_mid_request_frees_its_slot(served_triton: Triton
         await wait_until(lambda: limiter.in_flight == 0, "the partial request's slot being freed")
 
 
-def test_an_unreachable_triton_is_a_clear_502_and_unavailable(served_triton: TritonServer) -> None:
+def test_an_unreachable_triton_is_a_clear_502_and_unavailable(
+    served_triton: TritonServer, grpc_mode: str
+) -> None:
     import grpc
     from tritonclient.grpc import service_pb2
 
     from sim.triton import free_port
 
     down = f"127.0.0.1:{free_port()}"
-    settings = replace(proxy_settings(served_triton), triton_http_url=down, triton_grpc_url=down)
+    settings = replace(
+        proxy_settings(served_triton, grpc_mode=grpc_mode),
+        triton_http_url=down,
+        triton_grpc_url=down,
+    )
     with running_proxy(settings) as running:
         with _connect(running) as sock:
             sock.sendall(_post("/v2/models/add_one/infer", INFER))

@@ -1,0 +1,250 @@
+"""Per-stream gate of the gRPC relay: admission, message checks, and the relay's own answers.
+
+Every message a tenant sends on a relayed stream is read whole (or, past HOLD_LIMIT bytes, relayed
+all but its last byte, so Triton cannot act on it before the check) and its model-name field
+checked by `routing`, exactly as the grpc.aio proxy checks it. A unary call takes a concurrency
+slot once its message passed; ModelStreamInfer takes one when the stream opens. Answers the relay
+gives itself (another model, refused APIs, overload) go on the stream; bytes it drops or injects
+are settled with WINDOW_UPDATEs so the tenant's flow-control view stays right.
+
+A mixin of `h2relay.H2Connection`, kept apart so each file stays readable. What it must not do:
+decide isolation itself, or hand Triton a message it has not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from proxy import errors, wire
+from proxy import h2frames as f
+from proxy.limiter import Limiter
+from proxy.routing import GrpcAnswer
+
+if TYPE_CHECKING:
+    from proxy.h2relay import GrpcRelay
+
+HOLD_LIMIT = 16 * 1024
+"""Messages up to this size are held whole before the check; larger ones stream minus a byte."""
+UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
+_COMPRESSED = "compressed messages cannot be routed by the model proxy; send them uncompressed"
+
+# Stream.limited values.
+NO_SLOT = 0
+HOLDS_SLOT = 1
+WAITING = 2
+
+
+class Stream:
+    """One tenant stream that reached the gate."""
+
+    __slots__ = (
+        "buf",
+        "code",
+        "early",
+        "ended",
+        "kind",
+        "limited",
+        "open",
+        "route",
+        "sid",
+        "waiter",
+    )
+
+    def __init__(self, sid: int, kind: str) -> None:
+        self.sid = sid
+        self.kind = kind
+        self.route = kind
+        self.buf = bytearray()
+        self.early = 0  # bytes of the current message already relayed (all but its last byte)
+        self.open = True  # relayed to Triton and not yet closed there
+        self.ended = False  # the tenant sent END_STREAM
+        self.limited = NO_SLOT
+        self.waiter: asyncio.Future[None] | None = None
+        self.code = "OK"
+
+
+class StreamGate:
+    """The per-stream half of a relay connection (see the module docstring)."""
+
+    relay: GrpcRelay
+    streams: dict[int, Stream]
+    _owed: int
+    _up_max_frame: int
+
+    def _to_client(self, frames: bytes) -> None:
+        raise NotImplementedError
+
+    def _send_up(self, frames: bytes) -> None:
+        raise NotImplementedError
+
+    def _admit(self, out: list[bytes], stream: Stream) -> bool:
+        """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
+        limiter = self.relay.limiter
+        if limiter.try_acquire():
+            stream.limited = HOLDS_SLOT
+            return True
+        stream.limited = WAITING
+        stream.waiter = self.relay.spawn(self._wait_slot(stream, limiter))
+        return False
+
+    async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
+        try:
+            await limiter.acquire()
+        except errors.ProxyError as e:
+            self.relay.metrics.rejected(type(e).__name__)
+            stream.waiter = None
+            stream.limited = NO_SLOT
+            self._refuse(stream, errors.grpc_code(e).name, str(e))
+            return
+        stream.waiter = None
+        if self.streams.get(stream.sid) is not stream:  # the tenant left while it waited
+            limiter.release()
+            stream.limited = NO_SLOT
+            return
+        stream.limited = HOLDS_SLOT
+        out: list[bytes] = []
+        self._messages(out, stream)
+        if out:
+            self._send_up(b"".join(out))
+
+    def _messages(self, out: list[bytes], stream: Stream) -> None:
+        """Check and relay every complete message in the stream's buffer."""
+        if stream.limited == WAITING:
+            return  # keep buffering until the stream has its slot
+        buf = stream.buf
+        while len(buf) >= 5:
+            size = int.from_bytes(buf[1:5], "big")
+            if buf[0] != 0:
+                self._refuse(stream, "INVALID_ARGUMENT", _COMPRESSED)
+                return
+            if size > self.relay.max_message:
+                self._refuse(stream, "RESOURCE_EXHAUSTED", _too_large(self.relay.max_message))
+                return
+            total = 5 + size
+            if len(buf) < total:
+                if size > HOLD_LIMIT and len(buf) - 1 > stream.early:
+                    # Large: relay all but the last byte so flow control keeps going; Triton
+                    # cannot act on an incomplete message, and is reset if the check fails.
+                    out.append(
+                        f.data_frames(
+                            stream.sid,
+                            bytes(buf[stream.early : len(buf) - 1]),
+                            False,
+                            self._up_max_frame,
+                        )
+                    )
+                    stream.early = len(buf) - 1
+                break
+            message = bytes(buf[5:total])
+            del buf[:total]
+            if not self._check(out, stream, message, total):
+                return
+        if stream.ended and not buf and stream.open:
+            out.append(f.frame(f.DATA, f.END_STREAM, stream.sid))
+            stream.ended = False  # sent on; the stream stays open until Triton's trailers
+
+    def _check(self, out: list[bytes], stream: Stream, message: bytes, total: int) -> bool:
+        router = self.relay.router
+        early, stream.early = stream.early, 0
+        if router.is_stream(stream.kind):
+            refusal = router.decide_stream_message(message)
+            if refusal is None:
+                out.append(self._tail(stream.sid, message, early))
+                return True
+            if early:
+                self._refuse(stream, "INVALID_ARGUMENT", _text(refusal))
+                return False
+            self._credit(stream.sid, total)
+            injected = f.data_frames(stream.sid, f.grpc_message(refusal), False)
+            self._owed += len(refusal) + 5
+            self._to_client(injected)
+            return True
+        if stream.route != stream.kind:  # a second message on a unary call
+            self._refuse(stream, "INVALID_ARGUMENT", "a unary call carries exactly one message")
+            return False
+        decision = router.decide(stream.kind, message)
+        stream.route = decision.route
+        if isinstance(decision, GrpcAnswer):
+            self._refuse(stream, decision.code, decision.details, decision.response)
+            return False
+        stream.route = "checked:" + decision.route
+        if decision.limited and stream.limited == NO_SLOT and not self._admit(out, stream):
+            stream.buf[:0] = f.grpc_message(message)  # checked again once admitted
+            stream.early = early
+            stream.route = stream.kind
+            return False
+        if decision.request is not message:
+            # Narrowed or rewritten: Triton counts the new message's bytes instead.
+            self._credit(stream.sid, total - len(decision.request) - 5)
+            out.append(f.data_frames(stream.sid, f.grpc_message(decision.request), False))
+        else:
+            out.append(self._tail(stream.sid, message, early))
+        return True
+
+    def _tail(self, sid: int, message: bytes, early: int) -> bytes:
+        framed = f.grpc_message(message)
+        return f.data_frames(sid, framed[early:] if early else framed, False, self._up_max_frame)
+
+    def _refuse(
+        self, stream: Stream, code: str, details: str, response: bytes | None = None
+    ) -> None:
+        """Answer `stream` ourselves and reset it at Triton."""
+        self.streams.pop(stream.sid, None)
+        if stream.open:
+            stream.open = False
+            self._send_up(f.rst_stream(stream.sid, f.CANCEL))
+        if stream.buf:
+            self._credit(0, len(stream.buf))
+            stream.buf.clear()
+        self._answer(stream, GrpcAnswer(stream.route, code, details, response or b""), None)
+
+    def _answer(self, stream: Stream, answer: GrpcAnswer, started: float | None) -> None:
+        response = answer.response if answer.code == "OK" else None
+        frames = f.local_answer(stream.sid, answer.code, answer.details, response)
+        if response is not None:
+            self._owed += len(response) + 5
+        self._to_client(frames)
+        if started is not None:
+            self.relay.metrics.observe(
+                "grpc", answer.route, answer.code, time.perf_counter() - started
+            )
+        else:
+            stream.code = answer.code
+            self._finish(stream, answer.code)
+
+    def _credit(self, sid: int, size: int) -> None:
+        """Give the tenant back flow-control credit for bytes Triton never receives."""
+        if size > 0:
+            frames = f.window_update(0, size)
+            if sid and sid in self.streams:
+                frames += f.window_update(sid, size)
+            self._to_client(frames)
+
+    def _finish(self, stream: Stream, code: str) -> None:
+        started = self.relay.started.pop(id(stream), None)
+        if started is None:
+            return
+        if stream.waiter is not None:
+            stream.waiter.cancel()
+            stream.waiter = None
+        if stream.limited == HOLDS_SLOT:
+            self.relay.limiter.release()
+        stream.limited = NO_SLOT
+        route = stream.route.removeprefix("checked:")
+        self.relay.metrics.observe("grpc", route, code, time.perf_counter() - started)
+
+    # -- Triton side ---------------------------------------------------------------------------
+
+
+def _text(refusal: bytes) -> str:
+    """The error_message of an in-stream refusal the router built."""
+    return wire.string_fields(refusal, (1,)).get(1, b"").decode("utf-8", "replace")
+
+
+def _too_large(limit: int) -> str:
+    return f"the message is over the proxy's limit of {limit} bytes; send less or raise --max-body"
+
+
+_UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
