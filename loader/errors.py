@@ -148,9 +148,19 @@ _REFUSAL_HINT = {
 }
 
 
+# grpc-core's client reports this when the server ended a streaming call while the client was
+# still writing: the agent's own status is lost in the race, so the call is worth repeating.
+CUT_STREAM_DETAILS = "Internal error from Core"
+
+
 def classify(code: grpc.StatusCode, details: str, phase: str) -> LoaderError | TransientError:
     """Map an agent RPC's failure onto a permanent LoaderError or a TransientError."""
     details = details or code.name
+    if code == grpc.StatusCode.INTERNAL and details == CUT_STREAM_DETAILS:
+        return TransientError(
+            f"{phase}: the agent ended the stream while files were still being sent",
+            reached_agent=True,
+        )
     if code in _TRANSIENT:
         return TransientError(f"{phase}: {code.name}: {details}", reached_agent=_TRANSIENT[code])
     if code in _REFUSAL_HINT:

@@ -64,6 +64,12 @@ class RecordingAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         request_iterator: AsyncIterator[agent_pb2.InstallModelRequest],
         context: grpc.aio.ServicerContext[object, object],
     ) -> agent_pb2.InstallModelResponse:
+        if self.fail_with is not None:
+            # Like the real agent, which judges digests once a file's bytes are in: read the
+            # stream, then answer. Ending it early races grpc-core's client, which may then
+            # report loader.errors.CUT_STREAM_DETAILS instead of this answer.
+            async for _ in request_iterator:
+                pass
         await self._check(context)
         received = 0
         async for request in request_iterator:

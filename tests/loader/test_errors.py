@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from loader.errors import (
+    CUT_STREAM_DETAILS,
     INSTALL,
     LOAD,
     QUERY,
@@ -74,3 +75,11 @@ def test_an_internal_agent_error_is_not_retried_forever() -> None:
 def test_exit_codes_are_distinct() -> None:
     codes = [c.value for c in ExitCode]
     assert len(codes) == len(set(codes))
+
+
+def test_a_stream_cut_by_the_agent_mid_send_is_retried_not_fatal() -> None:
+    error = classify(grpc.StatusCode.INTERNAL, CUT_STREAM_DETAILS, INSTALL)
+    assert isinstance(error, TransientError)
+    assert error.reached_agent
+    # Any other INTERNAL is the agent's own failure and ends the loader.
+    assert isinstance(classify(grpc.StatusCode.INTERNAL, "disk on fire", INSTALL), AgentFailedError)
