@@ -135,16 +135,22 @@ def status_fields(code: str, details: str) -> list[tuple[bytes, bytes]]:
     return fields
 
 
-def local_answer(stream_id: int, code: str, details: str, response: bytes | None) -> bytes:
-    """A whole answer on `stream_id`: a Trailers-Only error, or OK with one `response` message."""
-    if code != "OK" or response is None:
+def local_answer(
+    stream_id: int, code: str, details: str, response: bytes | None, head: bool = True
+) -> bytes:
+    """The relay's own answer on `stream_id`: the response head (unless Triton already sent one),
+    the `response` message if any, and the trailers; a bare error is one Trailers-Only block."""
+    if response is None and head:
         block = header_block(_RESPONSE_HEAD + status_fields(code, details))
         return headers_frames(stream_id, block, end_stream=True)
-    return (
-        headers_frames(stream_id, header_block(_RESPONSE_HEAD), end_stream=False)
-        + data_frames(stream_id, grpc_message(response), end_stream=False)
-        + headers_frames(stream_id, header_block(status_fields("OK", "")), end_stream=True)
-    )
+    parts = []
+    if head:
+        parts.append(headers_frames(stream_id, header_block(_RESPONSE_HEAD), end_stream=False))
+    if response is not None:
+        parts.append(data_frames(stream_id, grpc_message(response), end_stream=False))
+    trailers = header_block(status_fields(code, details))
+    parts.append(headers_frames(stream_id, trailers, end_stream=True))
+    return b"".join(parts)
 
 
 def rst_stream(stream_id: int, error: int) -> bytes:

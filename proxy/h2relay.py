@@ -75,7 +75,8 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self._up_decoder = Decoder()
         self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
         self._up_block: tuple[int, bytearray] | None = None
-        self._deferred: list[bytes] = []  # frames for the tenant while Triton is mid-block
+        self._deferred: list[bytes] = []
+        self._batch: list[bytes] | None = None  # frames for the tenant while Triton is mid-block
         self.streams: dict[int, Stream] = {}
         self.last_sid = 0
         self._goaway = False
@@ -134,6 +135,7 @@ class H2Connection(StreamGate, asyncio.Protocol):
             pos = 24
         end = len(data)
         out: list[bytes] = []
+        self._batch = out  # frames for Triton from this read, kept in the order they are made
         try:
             while end - pos >= 9:
                 length = int.from_bytes(data[pos : pos + 3], "big")
@@ -149,6 +151,8 @@ class H2Connection(StreamGate, asyncio.Protocol):
             log.warning("A tenant sent an unreadable HTTP/2 frame (%s): closing its connection.", e)
             self._close()
             return
+        finally:
+            self._batch = None
         self._in = data[pos:] if pos < end else b""
         if out:
             self._send_up(b"".join(out))
@@ -290,6 +294,9 @@ class H2Connection(StreamGate, asyncio.Protocol):
             if flags & f.PRIORITY_FLAG:
                 payload = payload[5:]
             self._up_block = (sid, bytearray(payload))
+            stream = self.streams.get(sid)
+            if stream is not None:
+                stream.responded = True
             if flags & f.END_STREAM:
                 self._up_end = sid  # trailers: END_STREAM is on the HEADERS frame
         elif kind == f.CONTINUATION and self._up_block is not None:
@@ -339,7 +346,9 @@ class H2Connection(StreamGate, asyncio.Protocol):
             self.transport.write(frames)
 
     def _send_up(self, frames: bytes) -> None:
-        if self.up is not None:
+        if self._batch is not None:
+            self._batch.append(frames)  # after the frames of this read made before it
+        elif self.up is not None:
             self.up.write(frames)
 
     def pause(self, transport: asyncio.Transport | None) -> None:

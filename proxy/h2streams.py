@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 HOLD_LIMIT = 16 * 1024
 """Messages up to this size are held whole before the check; larger ones stream minus a byte."""
 UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
+_ENDED = "; the message was too large to hold back whole, so the stream ends here"
 _COMPRESSED = "compressed messages cannot be routed by the model proxy; send them uncompressed"
 
 # Stream.limited values.
@@ -47,6 +48,7 @@ class Stream:
         "kind",
         "limited",
         "open",
+        "responded",
         "route",
         "sid",
         "waiter",
@@ -63,6 +65,7 @@ class Stream:
         self.limited = NO_SLOT
         self.waiter: asyncio.Future[None] | None = None
         self.code = "OK"
+        self.responded = False  # Triton sent the response head
 
 
 class StreamGate:
@@ -154,7 +157,9 @@ class StreamGate:
                 out.append(self._tail(stream.sid, message, early))
                 return True
             if early:
-                self._refuse(stream, "INVALID_ARGUMENT", _text(refusal))
+                # Part of it already reached Triton and cannot be taken back: end the stream.
+                self._credit(0, total)  # Triton does not credit bytes of a reset stream
+                self._refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
                 return False
             self._credit(stream.sid, total)
             injected = f.data_frames(stream.sid, f.grpc_message(refusal), False)
@@ -162,12 +167,17 @@ class StreamGate:
             self._to_client(injected)
             return True
         if stream.route != stream.kind:  # a second message on a unary call
+            self._credit(0, total)
             self._refuse(stream, "INVALID_ARGUMENT", "a unary call carries exactly one message")
             return False
         decision = router.decide(stream.kind, message)
         stream.route = decision.route
         if isinstance(decision, GrpcAnswer):
-            self._refuse(stream, decision.code, decision.details, decision.response)
+            # Triton never sees this message, or only part of it on a stream it then resets
+            # (for which it gives no credit back): the tenant gets the credit from the relay.
+            self._credit(0, total)
+            ok = decision.code == "OK"
+            self._refuse(stream, decision.code, decision.details, decision.response if ok else None)
             return False
         stream.route = "checked:" + decision.route
         if decision.limited and stream.limited == NO_SLOT and not self._admit(out, stream):
@@ -198,11 +208,20 @@ class StreamGate:
         if stream.buf:
             self._credit(0, len(stream.buf))
             stream.buf.clear()
-        self._answer(stream, GrpcAnswer(stream.route, code, details, response or b""), None)
+        self._answer(stream, GrpcAnswer(stream.route, code, details), None, response)
 
-    def _answer(self, stream: Stream, answer: GrpcAnswer, started: float | None) -> None:
-        response = answer.response if answer.code == "OK" else None
-        frames = f.local_answer(stream.sid, answer.code, answer.details, response)
+    def _answer(
+        self,
+        stream: Stream,
+        answer: GrpcAnswer,
+        started: float | None,
+        response: bytes | None = None,
+    ) -> None:
+        """Answer `stream` with `answer` (and `response`, or the answer's own for an OK one)."""
+        if response is None and answer.code == "OK":
+            response = answer.response
+        head = not stream.responded
+        frames = f.local_answer(stream.sid, answer.code, answer.details, response, head)
         if response is not None:
             self._owed += len(response) + 5
         self._to_client(frames)
