@@ -38,6 +38,7 @@ from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
+_COLLECT = 256 * 1024
 _READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
 _UNIMPLEMENTED = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
 
@@ -69,6 +70,9 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self._dead = False  # Triton unreachable: answer every stream UNAVAILABLE ourselves
         self._pending: list[bytes] = []
         self._in = b""
+        self._parts: list[bytes] = []  # reads of one large frame, joined when it is complete
+        self._have = 0
+        self._need = 0
         self._out = b""
         self._preface = False
         self._decoder = Decoder()
@@ -121,7 +125,16 @@ class H2Connection(StreamGate, asyncio.Protocol):
         if self.up is None and not self._dead:
             self._pending.append(data)
             return
-        data = self._in + data if self._in else data
+        if self._parts:
+            # A large frame arrives in many reads: collect them and join once, not per read.
+            self._parts.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return
+            data = b"".join(self._parts)
+            self._parts = []
+        elif self._in:
+            data = self._in + data
         pos = 0
         if not self._preface:
             if len(data) < 24:
@@ -154,6 +167,12 @@ class H2Connection(StreamGate, asyncio.Protocol):
         finally:
             self._batch = None
         self._in = data[pos:] if pos < end else b""
+        if len(self._in) >= 9:
+            self._need = int.from_bytes(self._in[:3], "big") + 9
+            if self._need > _COLLECT:
+                self._parts = [self._in]
+                self._have = len(self._in)
+                self._in = b""
         if out:
             self._send_up(b"".join(out))
 

@@ -62,8 +62,8 @@ class Settings:
     """The pod's projected service-account token (audience tritonshare-agent), read per call."""
     agent_timeout_seconds: float = 30.0
     """Seconds to wait for the agent to unload the model on shutdown."""
-    grpc_mode: str = "grpcio"
-    """`grpcio`: the grpc.aio proxy; `relay`: the HTTP/2 frame relay (`proxy/h2relay.py`)."""
+    grpc_mode: str = "relay"
+    """`relay` (default): the HTTP/2 frame relay (`proxy/h2relay.py`); `grpcio`: grpc.aio."""
     log_level: str = "INFO"
     """Root log level."""
     log_format: str = "text"
@@ -131,7 +131,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     flag("agent-address", "host:port of the node agent (empty: no unload on exit)", "")
     flag("token-file", "the pod's projected service-account token file")
     flag("agent-timeout", "seconds to wait for the agent's unload", "30")
-    flag("grpc-mode", "gRPC endpoint: grpcio or relay (HTTP/2 frame relay)", "grpcio")
+    flag("grpc-mode", "gRPC endpoint: relay (HTTP/2 frame relay) or grpcio", "relay")
     flag("log-level", "log level", "INFO")
     flag("log-format", "text or json", "text")
     flag("key-prefix", "contract key prefix", DEFAULT_PREFIX)

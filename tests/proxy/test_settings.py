@@ -20,7 +20,7 @@ def test_defaults() -> None:
     assert settings.max_body_bytes == ONE_GIB
     assert settings.container_concurrency == 0 and settings.queue_limit == 0
     assert settings.agent_address == "" and settings.token_file is None
-    assert settings.grpc_mode == "grpcio"
+    assert settings.grpc_mode == "relay"
 
 
 def test_environment_and_flags() -> None:
@@ -32,7 +32,7 @@ def test_environment_and_flags() -> None:
     assert settings.listen_http == ("127.0.0.1", 0)
     settings = parse_settings([*REQUIRED, "--container-concurrency", "2", "--queue-size", "0"], {})
     assert settings.queue_limit == 0
-    assert parse_settings(REQUIRED, {"TRITONSHARE_GRPC_MODE": "relay"}).grpc_mode == "relay"
+    assert parse_settings(REQUIRED, {"TRITONSHARE_GRPC_MODE": "grpcio"}).grpc_mode == "grpcio"
 
 
 @pytest.mark.parametrize(
