@@ -280,7 +280,6 @@ class H2Connection(StreamGate, asyncio.Protocol):
         if kind == "ServerReady":
             fields = [(n, _READY_PATH if n == b":path" else v) for n, v in fields]
         out.append(f.headers_frames(sid, f.header_block(fields), end_stream, self._up_max_frame))
-        stream.ended = end_stream
         if router.is_stream(kind):
             self._admit(out, stream)
 
@@ -327,9 +326,11 @@ class H2Connection(StreamGate, asyncio.Protocol):
                 self._finish(stream, "CANCELLED")
             return
         elif kind == f.SETTINGS and not flags & f.ACK:
-            size = f.settings_values(payload).get(f.SETTINGS_MAX_FRAME_SIZE)
-            if size is not None:
-                self._up_max_frame = size
+            values = f.settings_values(payload)
+            self._up_max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self._up_max_frame)
+            table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+            if table is not None:  # bounds the tenant's encoder, so our decoder of its blocks
+                self._decoder.max_allowed_table_size = table
             return
         else:
             return
