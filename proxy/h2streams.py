@@ -154,7 +154,7 @@ class StreamGate:
         if router.is_stream(stream.kind):
             refusal = router.decide_stream_message(message)
             if refusal is None:
-                out.append(self._tail(stream.sid, message, early))
+                out.append(self._tail(stream, message, early))
                 return True
             if early:
                 # Part of it already reached Triton and cannot be taken back: end the stream.
@@ -185,17 +185,26 @@ class StreamGate:
             stream.early = early
             stream.route = stream.kind
             return False
+        if decision.request is not message and early:
+            self._credit(0, total)
+            self._refuse(stream, "INVALID_ARGUMENT", "the request is too large to be narrowed")
+            return False
         if decision.request is not message:
             # Narrowed or rewritten: Triton counts the new message's bytes instead.
             self._credit(stream.sid, total - len(decision.request) - 5)
-            out.append(f.data_frames(stream.sid, f.grpc_message(decision.request), False))
-        else:
-            out.append(self._tail(stream.sid, message, early))
+            message, early = decision.request, 0
+        out.append(self._tail(stream, message, early))
         return True
 
-    def _tail(self, sid: int, message: bytes, early: int) -> bytes:
+    def _tail(self, stream: Stream, message: bytes, early: int) -> bytes:
+        """The message's DATA frames (less what went ahead), ending the stream if it is the last."""
         framed = f.grpc_message(message)
-        return f.data_frames(sid, framed[early:] if early else framed, False, self._up_max_frame)
+        last = stream.ended and not stream.buf
+        if last:
+            stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
+        return f.data_frames(
+            stream.sid, framed[early:] if early else framed, last, self._up_max_frame
+        )
 
     def _refuse(
         self, stream: Stream, code: str, details: str, response: bytes | None = None
