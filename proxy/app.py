@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from common.lifecycle import Lifecycle
 from proxy.agentclient import AgentClient
 from proxy.grpcproxy import GrpcProxy
-from proxy.h2relay import GrpcRelay
+from proxy.h2server import GrpcRelay
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.rest import RestRelay

@@ -22,25 +22,21 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Coroutine
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from hpack import Decoder, HPACKError
 
 from proxy import h2frames as f
-from proxy.h2streams import UNAVAILABLE, Stream, StreamGate
-from proxy.limiter import Limiter
-from proxy.metrics import ProxyMetrics
-from proxy.rest import bind
-from proxy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter, grpc_kind
-from proxy.settings import Settings
-from proxy.state import ProxyState
+from proxy.h2streams import FORWARDED, READY_PATH, UNAVAILABLE, UNIMPLEMENTED, Stream, StreamGate
+from proxy.h2triton import TritonSide
+from proxy.routing import GrpcAnswer, grpc_kind
+
+if TYPE_CHECKING:
+    from proxy.h2server import GrpcRelay
 
 log = logging.getLogger(__name__)
 
 _COLLECT = 256 * 1024
-_READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
-_UNIMPLEMENTED = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
 
 
 class _Upstream(asyncio.Protocol):
@@ -54,13 +50,13 @@ class _Upstream(asyncio.Protocol):
         self.conn.triton_lost()
 
     def pause_writing(self) -> None:
-        self.conn.pause(self.conn.transport)
+        _pause(self.conn.transport, True)
 
     def resume_writing(self) -> None:
-        self.conn.resume(self.conn.transport)
+        _pause(self.conn.transport, False)
 
 
-class H2Connection(StreamGate, asyncio.Protocol):
+class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
     """One tenant connection and its own connection to Triton."""
 
     def __init__(self, relay: GrpcRelay) -> None:
@@ -265,12 +261,12 @@ class H2Connection(StreamGate, asyncio.Protocol):
         if self._dead:
             answer = GrpcAnswer(kind or "unknown", "UNAVAILABLE", UNAVAILABLE)
         elif not kind:
-            answer = _UNIMPLEMENTED
+            answer = UNIMPLEMENTED
         elif kind == "ServerReady" and self.relay.state.draining:
             answer = GrpcAnswer(kind, "OK")  # ready: false while the pod drains
-        elif kind not in _FORWARDED:
+        elif kind not in FORWARDED:
             decision = router.decide(kind, b"")
-            answer = decision if isinstance(decision, GrpcAnswer) else _UNIMPLEMENTED
+            answer = decision if isinstance(decision, GrpcAnswer) else UNIMPLEMENTED
         if answer is not None:
             self._answer(stream, answer, started)
             return
@@ -278,76 +274,10 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self.streams[sid] = stream
         self.relay.started[id(stream)] = started
         if kind == "ServerReady":
-            fields = [(n, _READY_PATH if n == b":path" else v) for n, v in fields]
+            fields = [(n, READY_PATH if n == b":path" else v) for n, v in fields]
         out.append(f.headers_frames(sid, f.header_block(fields), end_stream, self._up_max_frame))
         if router.is_stream(kind):
             self._admit(out, stream)
-
-    def from_triton(self, data: bytes) -> None:
-        data = self._out + data if self._out else data
-        pos = 0
-        end = len(data)
-        while end - pos >= 9:
-            length = int.from_bytes(data[pos : pos + 3], "big")
-            stop = pos + 9 + length
-            if stop > end:
-                break
-            kind = data[pos + 3]
-            if kind != f.DATA:
-                self._triton_frame(data, pos, stop, kind, data[pos + 4])
-            pos = stop
-        self._out = data[pos:] if pos < end else b""
-        if pos and self.transport is not None:
-            self.transport.write(data[:pos] if pos < end else data)
-        if self._deferred and self._up_block is None:
-            deferred, self._deferred = self._deferred, []
-            self._to_client(b"".join(deferred))
-
-    def _triton_frame(self, data: bytes, pos: int, stop: int, kind: int, flags: int) -> None:
-        sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-        payload = data[pos + 9 : stop]
-        if kind == f.HEADERS:
-            if flags & f.PADDED:
-                payload = payload[1 : len(payload) - payload[0]]
-            if flags & f.PRIORITY_FLAG:
-                payload = payload[5:]
-            self._up_block = (sid, bytearray(payload))
-            stream = self.streams.get(sid)
-            if stream is not None:
-                stream.responded = True
-            if flags & f.END_STREAM:
-                self._up_end = sid  # trailers: END_STREAM is on the HEADERS frame
-        elif kind == f.CONTINUATION and self._up_block is not None:
-            self._up_block[1].extend(payload)
-        elif kind == f.RST_STREAM:
-            stream = self.streams.pop(sid, None)
-            if stream is not None:
-                stream.open = False
-                self._finish(stream, "CANCELLED")
-            return
-        elif kind == f.SETTINGS and not flags & f.ACK:
-            values = f.settings_values(payload)
-            self._up_max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self._up_max_frame)
-            table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
-            if table is not None:  # bounds the tenant's encoder, so our decoder of its blocks
-                self._decoder.max_allowed_table_size = table
-            return
-        else:
-            return
-        if flags & f.END_HEADERS and self._up_block is not None:
-            sid, block = self._up_block
-            self._up_block = None
-            fields = self._up_decoder.decode(bytes(block), raw=True)
-            if self._up_end == sid:
-                self._up_end = 0
-                stream = self.streams.pop(sid, None)
-                if stream is not None:
-                    stream.open = False
-                    code = "UNKNOWN"
-                    for name, value in fields:
-                        if name == b"grpc-status":
-                            code = f.CODE_NAMES.get(int(value), "UNKNOWN")
-                    self._finish(stream, code)
 
     def triton_lost(self) -> None:
         """Triton closed the connection: every stream still open fails UNAVAILABLE."""
@@ -371,19 +301,11 @@ class H2Connection(StreamGate, asyncio.Protocol):
         elif self.up is not None:
             self.up.write(frames)
 
-    def pause(self, transport: asyncio.Transport | None) -> None:
-        if transport is not None:
-            transport.pause_reading()
-
-    def resume(self, transport: asyncio.Transport | None) -> None:
-        if transport is not None:
-            transport.resume_reading()
-
     def pause_writing(self) -> None:
-        self.pause(self.up)
+        _pause(self.up, True)
 
     def resume_writing(self) -> None:
-        self.resume(self.up)
+        _pause(self.up, False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.connections.discard(self)
@@ -405,73 +327,17 @@ class H2Connection(StreamGate, asyncio.Protocol):
             self.transport.close()
 
 
+def _pause(transport: asyncio.Transport | None, pause: bool) -> None:
+    """Back-pressure: one side cannot take bytes as fast as the other sends them."""
+    if transport is not None:
+        if pause:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+
 def _nodelay(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-_FORWARDED = frozenset(
-    {"ServerLive", "ServerMetadata", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig",
-     "ModelInfer", "ModelStatistics", "ModelStreamInfer"}
-)  # fmt: skip
-
-
-class GrpcRelay:
-    """Listens on the gRPC port; owns the tenant connections (each with its Triton connection)."""
-
-    def __init__(
-        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
-    ) -> None:
-        self.settings = settings
-        self.router = GrpcRouter(settings.model_id)
-        self.limiter = limiter
-        self.metrics = metrics
-        self.state = state
-        self.max_message = settings.max_body_bytes
-        self.connections: set[H2Connection] = set()
-        self.tasks: set[asyncio.Future[None]] = set()
-        self.started: dict[int, float] = {}
-        self._server: asyncio.Server | None = None
-        self.port = 0
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
-        """Run `coro` as a task that stop() cancels."""
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
-
-    async def start(self) -> None:
-        """Start listening."""
-        host, port = self.settings.listen_grpc
-        sock = bind(host, port)
-        self.port = sock.getsockname()[1]
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: H2Connection(self), sock=sock, backlog=1024)
-        log.info("Relaying Triton gRPC for model %s on port %d.", self.settings.model_id, self.port)
-
-    async def stop(self, grace: float | None = None) -> None:
-        """GOAWAY to every tenant, let open streams finish (up to `grace` s), close."""
-        if self._server is not None:
-            self._server.close()
-        for connection in list(self.connections):
-            connection.go_away()
-        grace = self.settings.finish_timeout_seconds if grace is None else grace
-        deadline = time.monotonic() + grace
-        while True:
-            if not any(c.streams for c in self.connections) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.05)
-        for connection in list(self.connections):
-            if connection.transport is not None:
-                connection.transport.close()
-        for task in list(self.tasks):
-            task.cancel()
-        for task in list(self.tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None

@@ -20,15 +20,22 @@ from typing import TYPE_CHECKING
 from proxy import errors, wire
 from proxy import h2frames as f
 from proxy.limiter import Limiter
-from proxy.routing import GrpcAnswer
+from proxy.routing import GRPC_SERVICE, GrpcAnswer
 
 if TYPE_CHECKING:
-    from proxy.h2relay import GrpcRelay
+    from proxy.h2server import GrpcRelay
 
 HOLD_LIMIT = 16 * 1024
 """Messages up to this size are held whole before the check; larger ones stream minus a byte."""
 UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _ENDED = "; the message was too large to hold back whole, so the stream ends here"
+READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
+UNIMPLEMENTED = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
+FORWARDED = frozenset(
+    {"ServerLive", "ServerMetadata", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig",
+     "ModelInfer", "ModelStatistics", "ModelStreamInfer"}
+)  # fmt: skip
+"""The RPCs a stream is opened at Triton for; `routing` decides every other one locally."""
 _COMPRESSED = "compressed messages cannot be routed by the model proxy; send them uncompressed"
 
 # Stream.limited values.
