@@ -109,6 +109,7 @@ class ClientConnection(asyncio.Protocol):
         self._keep_alive = True
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
+        self._head_timer: asyncio.TimerHandle | None = None
 
     # -- connection events ------------------------------------------------------------------
 
@@ -123,6 +124,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay.connections.discard(self)
+        self._stop_head_timer()
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -181,7 +183,12 @@ class ClientConnection(asyncio.Protocol):
             if head_end < 0:
                 if len(buffer) > MAX_HEAD_BYTES:
                     self._refuse(431, "the request head is over 64 KiB; send smaller headers")
+                elif self._head_timer is None:
+                    self._head_timer = asyncio.get_running_loop().call_later(
+                        relay.settings.head_timeout_seconds, self._head_timed_out
+                    )
                 return
+            self._stop_head_timer()
             self._started = time.perf_counter()
             self._route = "unreadable"
             try:
@@ -414,6 +421,17 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(_answer_bytes(status, content_type, body, not self._keep_alive))
         if not self._keep_alive and self._state != _BODY:
             self._close()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._state == _IDLE and self._buffer:
+            timeout = self._relay.settings.head_timeout_seconds
+            self._refuse(408, f"the request head did not arrive within {timeout:g} s")
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer a request that cannot be read safely, and close the connection."""

@@ -113,6 +113,20 @@ def test_an_oversized_head_is_refused(proxy: RunningProxy) -> None:
         assert [status for status, _ in _read_responses(sock, 1)] == [431]
 
 
+def test_a_request_head_sent_too_slowly_is_answered_408_and_closed(
+    served_triton: TritonServer,
+) -> None:
+    settings = proxy_settings(served_triton, head_timeout_seconds=0.5)
+    with running_proxy(settings) as running, _connect(running) as sock:
+        # A complete request first: the timer only runs while a head is incomplete.
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert [status for status, _ in _read_responses(sock, 1)] == [200]
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n")  # never finished
+        responses = _read_responses(sock, 2)  # reads until the proxy closes
+        assert [status for status, _ in responses] == [408]
+        assert b"did not arrive within 0.5 s" in responses[0][1]
+
+
 async def test_a_client_leaving_mid_request_frees_its_slot(served_triton: TritonServer) -> None:
     settings = proxy_settings(served_triton, model_id="sleepy", container_concurrency=1)
     body = json.dumps(
