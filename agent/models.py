@@ -35,6 +35,7 @@ from agent.modelconfig import override_json, parse_config, pinned_config
 from agent.repository import Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.manifest import Manifest
+from protos import agent_pb2
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,14 @@ T = TypeVar("T")
 
 
 class ModelState(enum.Enum):
-    """The states of agent.proto's ModelState, by the same names."""
+    """agent.proto's ModelState: the proto is the one source of the names and numbers."""
 
-    ABSENT = 1
-    INSTALLED = 2
-    LOADING = 3
-    READY = 4
-    UNLOADING = 5
-    FAILED = 6
+    ABSENT = agent_pb2.MODEL_STATE_ABSENT
+    INSTALLED = agent_pb2.MODEL_STATE_INSTALLED
+    LOADING = agent_pb2.MODEL_STATE_LOADING
+    READY = agent_pb2.MODEL_STATE_READY
+    UNLOADING = agent_pb2.MODEL_STATE_UNLOADING
+    FAILED = agent_pb2.MODEL_STATE_FAILED
 
 
 @dataclass(frozen=True)

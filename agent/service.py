@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 def status_to_proto(status: ModelStatus) -> Any:
     return agent_pb2.ModelStatus(
         model_id=status.model_id,
-        state=f"MODEL_STATE_{status.state.name}",
+        state=status.state.value,
         reason=status.reason,
         manifest_digest=status.manifest_digest,
         gpu_uuid=status.gpu_uuid,
