@@ -24,9 +24,10 @@ import socket
 import time
 from typing import TYPE_CHECKING, cast
 
-from hpack import Decoder, HPACKError
+from hpack import HPACKError
 
 from proxy import h2frames as f
+from proxy.h2headers import BlockDecoder, Fields
 from proxy.h2streams import FORWARDED, READY_PATH, UNAVAILABLE, UNIMPLEMENTED, Stream, StreamGate
 from proxy.h2triton import TritonSide
 from proxy.routing import GrpcAnswer, grpc_kind
@@ -71,8 +72,9 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         self._need = 0
         self._out = b""
         self._preface = False
-        self._decoder = Decoder()
-        self._up_decoder = Decoder()
+        self._decoder = BlockDecoder()
+        self._up_decoder = BlockDecoder()
+        self._up_blocks: dict[Fields, bytes] = {}  # tenant fields -> the block Triton gets
         self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
         self._up_block: tuple[int, bytearray] | None = None
         self._deferred: list[bytes] = []
@@ -234,7 +236,7 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
             out.append(data[pos:stop])
 
     def _headers(self, out: list[bytes], sid: int, flags: int, block: bytes) -> None:
-        fields = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+        fields = self._decoder.decode(block)
         end_stream = bool(flags & f.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the tenant end its side
@@ -273,11 +275,24 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         stream.route = kind
         self.streams[sid] = stream
         self.relay.started[id(stream)] = started
-        if kind == "ServerReady":
-            fields = [(n, READY_PATH if n == b":path" else v) for n, v in fields]
-        out.append(f.headers_frames(sid, f.header_block(fields), end_stream, self._up_max_frame))
+        sent = self._up_block_for(fields, kind == "ServerReady")
+        out.append(f.headers_frames(sid, sent, end_stream, self._up_max_frame))
         if router.is_stream(kind):
             self._admit(out, stream)
+
+    def _up_block_for(self, fields: Fields, server_ready: bool) -> bytes:
+        """The header block Triton gets for a tenant's fields, made once per distinct fields
+        (`server_ready` follows from the fields' :path, so it needs no place in the key)."""
+        block = self._up_blocks.get(fields)
+        if block is None:
+            sent = list(fields)
+            if server_ready:  # the pod's readiness is its model's: ask Triton ModelReady
+                sent = [(n, READY_PATH if n == b":path" else v) for n, v in fields]
+            block = f.header_block(sent)
+            if len(self._up_blocks) >= 64:
+                self._up_blocks.clear()
+            self._up_blocks[fields] = block
+        return block
 
     def triton_lost(self) -> None:
         """Triton closed the connection: every stream still open fails UNAVAILABLE."""

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hpack import Decoder
-
 from proxy import h2frames as f
 
 if TYPE_CHECKING:
     import asyncio
 
+    from proxy.h2headers import BlockDecoder
     from proxy.h2streams import Stream
 
 
@@ -32,8 +31,8 @@ class TritonSide:
     _up_end: int
     _up_max_frame: int
     _deferred: list[bytes]
-    _decoder: Decoder
-    _up_decoder: Decoder
+    _decoder: BlockDecoder
+    _up_decoder: BlockDecoder
 
     if TYPE_CHECKING:  # provided by H2Connection and StreamGate; no stub may shadow them
 
@@ -95,7 +94,7 @@ class TritonSide:
         if flags & f.END_HEADERS and self._up_block is not None:
             sid, block = self._up_block
             self._up_block = None
-            fields = self._up_decoder.decode(bytes(block), raw=True)
+            fields = self._up_decoder.decode(bytes(block))
             if self._up_end == sid:
                 self._up_end = 0
                 stream = self.streams.pop(sid, None)

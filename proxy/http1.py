@@ -35,14 +35,14 @@ class HttpError(Exception):
         self.status = status
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RequestHead:
-    """A parsed request head, with the headers to forward."""
+    """A parsed request head, with the headers to forward (shared: the relay caches heads)."""
 
     method: str
     target: str
     version: bytes
-    headers: list[bytes]
+    headers: tuple[bytes, ...]
     """Forwarded header lines, `Name: value`, without hop-by-hop ones."""
     content_length: int | None
     chunked: bool
@@ -104,14 +104,14 @@ def parse_request_head(block: bytes) -> RequestHead:
         method.decode(),
         target.decode("latin-1"),
         version,
-        headers,
+        tuple(headers),
         content_length,
         chunked,
         keep_alive,
     )
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ResponseHead:
     """What the relay needs from a response head to find the response's end."""
 
@@ -211,3 +211,29 @@ class ChunkedFraming:
             elif not line:  # the blank line after the trailers ends the body
                 return pos
         return -1
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Payload Too Large",
+    431: "Request Header Fields Too Large",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+
+def answer_bytes(status: int, content_type: str, body: bytes, close: bool) -> bytes:
+    """A whole response the relay gives itself (Triton's answers pass through untouched)."""
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+    )
+    if close:
+        head += "Connection: close\r\n"
+    return head.encode() + b"\r\n" + body

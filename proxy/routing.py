@@ -59,12 +59,13 @@ class Answer:
     body: bytes
 
 
-def _error_body(message: str) -> bytes:
+def error_body(message: str) -> bytes:
+    """Triton's JSON error body: `{"error":"..."}`."""
     return b'{"error":' + json.dumps(message, ensure_ascii=False).encode() + b"}"
 
 
-NOT_FOUND = Answer("unknown", 404, TEXT, _error_body("Not Found"))
-_METHOD_NOT_ALLOWED = _error_body("Method Not Allowed")
+NOT_FOUND = Answer("unknown", 404, TEXT, error_body("Not Found"))
+_METHOD_NOT_ALLOWED = error_body("Method Not Allowed")
 
 
 def unknown_model_message(name: str) -> str:
@@ -82,7 +83,7 @@ def _refused(route: str, what: str) -> Answer:
         route,
         403,
         JSON,
-        _error_body(
+        error_body(
             f"{what} is not available through the model proxy: the model repository, shared "
             f"memory, trace and logging APIs are reserved for the platform"
         ),
@@ -97,11 +98,11 @@ def _other_model(method: str, name: str, kind: str) -> Answer:
         content_type = TEXT if kind in ("ready", "infer") else JSON
         return Answer(route, 405, content_type, _METHOD_NOT_ALLOWED)
     if kind == "ready":
-        return Answer(route, 400, TEXT, _error_body("Model version not ready"))
+        return Answer(route, 400, TEXT, error_body("Model version not ready"))
     if kind == "stats":
-        return Answer(route, 400, JSON, _error_body(unavailable_model_message(name)))
+        return Answer(route, 400, JSON, error_body(unavailable_model_message(name)))
     content_type = TEXT if kind == "infer" else JSON
-    return Answer(route, 404, content_type, _error_body(unknown_model_message(name)))
+    return Answer(route, 404, content_type, error_body(unknown_model_message(name)))
 
 
 class HttpRouter:

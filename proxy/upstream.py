@@ -3,7 +3,8 @@
 An `Upstream` sends one request at a time and passes the response back to its `ResponseSink` (the
 tenant connection) byte for byte as it arrives, reading only the response head and the body's
 framing (Content-Length, chunked, or until close) to know when the response ends and the
-connection can be reused. `UpstreamPool` keeps the idle ones, most recently used first.
+connection can be reused. `UpstreamPool` keeps the idle ones, most recently used first, and the
+parsed response heads Triton sends again and again (the same status, headers and body length).
 What it must not do: look into bodies, or reuse a connection whose exchange did not end cleanly.
 """
 
@@ -14,7 +15,16 @@ import contextlib
 import socket
 from typing import Protocol, cast
 
-from proxy.http1 import MAX_HEAD_BYTES, ChunkedFraming, HttpError, parse_response_head
+from proxy.http1 import (
+    MAX_HEAD_BYTES,
+    ChunkedFraming,
+    HttpError,
+    ResponseHead,
+    parse_response_head,
+)
+
+_RESPONSE_HEADS = 256
+"""Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
 
 
 class ResponseSink(Protocol):
@@ -121,7 +131,7 @@ class Upstream(asyncio.Protocol):
                     raise HttpError(502, "Triton's response head is too large")
                 self._buffer = data
                 return data, -1
-            head = parse_response_head(data[:head_end])
+            head = self._pool.response_head(data[:head_end])
             if 100 <= head.status < 200:
                 client.relay_response(data[: head_end + 4])
                 data = data[head_end + 4 :]
@@ -190,6 +200,18 @@ class UpstreamPool:
         self._port = port
         self._idle: list[Upstream] = []
         self._all: set[Upstream] = set()
+        self._heads: dict[bytes, ResponseHead] = {}
+
+    def response_head(self, block: bytes) -> ResponseHead:
+        """Triton's parsed response head for `block`; raises `http1.HttpError` when malformed."""
+        head = self._heads.get(block)
+        if head is None:
+            head = parse_response_head(block)
+            if len(block) <= 4096:
+                if len(self._heads) >= _RESPONSE_HEADS:
+                    self._heads.clear()
+                self._heads[block] = head
+        return head
 
     def take(self) -> Upstream | None:
         """An idle connection, or None when a new one must be opened."""

@@ -1,0 +1,72 @@
+"""HPACK decoding for the gRPC relay, remembering the header blocks a peer sends again and again.
+
+A gRPC client sends nearly the same headers on every call, and once its encoder has them in its
+dynamic table the header block is the same few bytes each time; Triton's response heads and
+trailers repeat the same way. Decoding with `hpack` costs tens of microseconds a block in pure
+Python, the largest share of the relay's own work per call, so `BlockDecoder` keeps what each
+block decoded to, and reuses it while that stays true.
+
+Why reuse is exact: a block's fields are a function of its bytes and the dynamic table. A block
+that leaves the table as it found it (indexed fields and literals without indexing only) is kept;
+a block that changes the table (an insertion, an eviction, a size update) is decoded every time
+and makes everything kept before it stale, since indices now point at other entries. Every block
+still goes through here, so the table never falls out of step with the peer's encoder.
+
+What it must not do: skip a block, or reuse a result across a change of the table.
+"""
+
+from __future__ import annotations
+
+from hpack import Decoder
+
+Fields = tuple[tuple[bytes, bytes], ...]
+
+_KEPT_BLOCKS = 128
+"""Distinct blocks kept per connection; past that the memory starts again."""
+_KEPT_BLOCK_BYTES = 1024
+"""Larger blocks (long literal values) are decoded every time: they rarely repeat."""
+
+
+class BlockDecoder:
+    """One peer's HPACK decoder (a connection direction) with a memory of repeated blocks."""
+
+    __slots__ = ("_decoder", "_kept", "_table")
+
+    def __init__(self) -> None:
+        self._decoder = Decoder()
+        self._table = self._decoder.header_table
+        self._kept: dict[bytes, Fields] = {}
+
+    @property
+    def max_allowed_table_size(self) -> int:
+        """The largest table the peer may ask for (our SETTINGS_HEADER_TABLE_SIZE)."""
+        return self._decoder.max_allowed_table_size
+
+    @max_allowed_table_size.setter
+    def max_allowed_table_size(self, size: int) -> None:
+        self._decoder.max_allowed_table_size = size
+        self._kept.clear()  # a block's validity may depend on the bound: decode afresh
+
+    def decode(self, block: bytes) -> Fields:
+        """The (name, value) fields of `block`; raises `hpack.HPACKError` when it is malformed."""
+        fields = self._kept.get(block)
+        if fields is not None:
+            return fields
+        entries = self._table.dynamic_entries
+        newest = entries[0] if entries else None
+        count = len(entries)
+        size = self._table.maxsize
+        try:
+            fields = tuple((name, value) for name, value in self._decoder.decode(block, raw=True))
+        except Exception:
+            self._kept.clear()  # it may have changed the table before it failed
+            raise
+        if (entries[0] if entries else None) is not newest or len(entries) != count:
+            self._kept.clear()  # the table changed: indices in kept blocks may mean other fields
+        elif self._table.maxsize != size:
+            self._kept.clear()
+        elif len(block) <= _KEPT_BLOCK_BYTES:
+            if len(self._kept) >= _KEPT_BLOCKS:
+                self._kept.clear()
+            self._kept[block] = fields
+        return fields
