@@ -74,7 +74,7 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         self._preface = False
         self._decoder = BlockDecoder()
         self._up_decoder = BlockDecoder()
-        self._up_blocks: dict[Fields, bytes] = {}  # tenant fields -> the block Triton gets
+        self._plans: dict[Fields, tuple[str, bytes]] = {}  # see _plan
         self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
         self._up_block: tuple[int, bytearray] | None = None
         self._deferred: list[bytes] = []
@@ -189,6 +189,11 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
             if len(body) < len(payload):
                 self._credit(sid, len(payload) - len(body))
             stream.ended = bool(flags & f.END_STREAM)
+            if body is payload and self._whole_message(payload, stream):
+                # The common case, one whole message in one frame: checked and, if it passes
+                # unchanged, sent on as the very frame the tenant sent.
+                self._check(out, stream, payload[5:], len(payload), data[pos:stop])
+                return
             stream.buf += body
             self._messages(out, stream)
         elif kind == f.HEADERS:
@@ -247,12 +252,7 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         if sid <= self.last_sid or sid % 2 == 0:
             raise ValueError(f"stream id {sid} is not a new client stream")
         self.last_sid = sid
-        path = b""
-        for name, value in fields:
-            if name == b":path":
-                path = value
-                break
-        kind = grpc_kind(path.decode("latin-1"))
+        kind, sent = self._plan(fields)
         stream = Stream(sid, kind)
         started = time.perf_counter()
         if self._goaway:
@@ -275,24 +275,25 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         stream.route = kind
         self.streams[sid] = stream
         self.relay.started[id(stream)] = started
-        sent = self._up_block_for(fields, kind == "ServerReady")
         out.append(f.headers_frames(sid, sent, end_stream, self._up_max_frame))
         if router.is_stream(kind):
             self._admit(out, stream)
 
-    def _up_block_for(self, fields: Fields, server_ready: bool) -> bytes:
-        """The header block Triton gets for a tenant's fields, made once per distinct fields
-        (`server_ready` follows from the fields' :path, so it needs no place in the key)."""
-        block = self._up_blocks.get(fields)
-        if block is None:
+    def _plan(self, fields: Fields) -> tuple[str, bytes]:
+        """The RPC a tenant's request fields call, and the header block Triton gets for them;
+        made once per distinct fields, since a client repeats its headers call after call."""
+        plan = self._plans.get(fields)
+        if plan is None:
+            path = next((value for name, value in fields if name == b":path"), b"")
+            kind = grpc_kind(path.decode("latin-1"))
             sent = list(fields)
-            if server_ready:  # the pod's readiness is its model's: ask Triton ModelReady
+            if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = [(n, READY_PATH if n == b":path" else v) for n, v in fields]
-            block = f.header_block(sent)
-            if len(self._up_blocks) >= 64:
-                self._up_blocks.clear()
-            self._up_blocks[fields] = block
-        return block
+            plan = (kind, f.header_block(sent))
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            self._plans[fields] = plan
+        return plan
 
     def triton_lost(self) -> None:
         """Triton closed the connection: every stream still open fails UNAVAILABLE."""

@@ -155,13 +155,34 @@ class StreamGate:
             out.append(f.frame(f.DATA, f.END_STREAM, stream.sid))
             stream.ended = False  # sent on; the stream stays open until Triton's trailers
 
-    def _check(self, out: list[bytes], stream: Stream, message: bytes, total: int) -> bool:
+    def _whole_message(self, payload: bytes, stream: Stream) -> bool:
+        """`payload` is exactly one uncompressed message within the limit, with nothing of the
+        stream buffered before it and nothing waiting: `_check` may take it as it is."""
+        return (
+            not stream.buf
+            and stream.limited != WAITING
+            and len(payload) >= 5
+            and payload[0] == 0
+            and int.from_bytes(payload[1:5], "big") == len(payload) - 5
+            and len(payload) - 5 <= self.relay.max_message
+        )
+
+    def _check(
+        self,
+        out: list[bytes],
+        stream: Stream,
+        message: bytes,
+        total: int,
+        frame: bytes | None = None,
+    ) -> bool:
+        """Check one whole message and relay it, or answer it; False when the stream ended.
+        `frame` is the tenant's DATA frame when it held exactly this message and nothing else."""
         router = self.relay.router
         early, stream.early = stream.early, 0
         if router.is_stream(stream.kind):
             refusal = router.decide_stream_message(message)
             if refusal is None:
-                out.append(self._tail(stream, message, early))
+                out.append(self._tail(stream, message, early, frame))
                 return True
             if early:
                 # Part of it already reached Triton and cannot be taken back: end the stream.
@@ -199,16 +220,19 @@ class StreamGate:
         if decision.request is not message:
             # Narrowed or rewritten: Triton counts the new message's bytes instead.
             self._credit(stream.sid, total - len(decision.request) - 5)
-            message, early = decision.request, 0
-        out.append(self._tail(stream, message, early))
+            message, early, frame = decision.request, 0, None
+        out.append(self._tail(stream, message, early, frame))
         return True
 
-    def _tail(self, stream: Stream, message: bytes, early: int) -> bytes:
-        """The message's DATA frames (less what went ahead), ending the stream if it is the last."""
-        framed = f.grpc_message(message)
+    def _tail(self, stream: Stream, message: bytes, early: int, frame: bytes | None) -> bytes:
+        """The message's DATA frames (less what went ahead), ending the stream if it is the last;
+        the tenant's own `frame` when it carried exactly this message (and its END_STREAM)."""
         last = stream.ended and not stream.buf
         if last:
             stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
+        if frame is not None:
+            return frame
+        framed = f.grpc_message(message)
         return f.data_frames(
             stream.sid, framed[early:] if early else framed, last, self._up_max_frame
         )

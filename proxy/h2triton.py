@@ -68,40 +68,43 @@ class TritonSide:
                 payload = payload[1 : len(payload) - payload[0]]
             if flags & f.PRIORITY_FLAG:
                 payload = payload[5:]
-            self._up_block = (sid, bytearray(payload))
             stream = self.streams.get(sid)
             if stream is not None:
                 stream.responded = True
             if flags & f.END_STREAM:
                 self._up_end = sid  # trailers: END_STREAM is on the HEADERS frame
+            if flags & f.END_HEADERS:
+                self._triton_headers(sid, payload)
+            else:
+                self._up_block = (sid, bytearray(payload))
         elif kind == f.CONTINUATION and self._up_block is not None:
             self._up_block[1].extend(payload)
+            if flags & f.END_HEADERS:
+                sid, block = self._up_block
+                self._up_block = None
+                self._triton_headers(sid, bytes(block))
         elif kind == f.RST_STREAM:
             stream = self.streams.pop(sid, None)
             if stream is not None:
                 stream.open = False
                 self._finish(stream, "CANCELLED")
-            return
         elif kind == f.SETTINGS and not flags & f.ACK:
             values = f.settings_values(payload)
             self._up_max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self._up_max_frame)
             table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
             if table is not None:  # bounds the tenant's encoder, so our decoder of its blocks
                 self._decoder.max_allowed_table_size = table
-            return
-        else:
-            return
-        if flags & f.END_HEADERS and self._up_block is not None:
-            sid, block = self._up_block
-            self._up_block = None
-            fields = self._up_decoder.decode(bytes(block))
-            if self._up_end == sid:
-                self._up_end = 0
-                stream = self.streams.pop(sid, None)
-                if stream is not None:
-                    stream.open = False
-                    code = "UNKNOWN"
-                    for name, value in fields:
-                        if name == b"grpc-status":
-                            code = f.CODE_NAMES.get(int(value), "UNKNOWN")
-                    self._finish(stream, code)
+
+    def _triton_headers(self, sid: int, block: bytes) -> None:
+        """A whole header block from Triton: decoded to keep in step; trailers end the stream."""
+        fields = self._up_decoder.decode(block)
+        if self._up_end == sid:
+            self._up_end = 0
+            stream = self.streams.pop(sid, None)
+            if stream is not None:
+                stream.open = False
+                code = "UNKNOWN"
+                for name, value in fields:
+                    if name == b"grpc-status":
+                        code = f.CODE_NAMES.get(int(value), "UNKNOWN")
+                self._finish(stream, code)
