@@ -74,7 +74,7 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         self._preface = False
         self._decoder = BlockDecoder()
         self._up_decoder = BlockDecoder()
-        self._plans: dict[Fields, tuple[str, bytes]] = {}  # see _plan
+        self._plans: dict[Fields, tuple[str, bytes, bytes | None]] = {}  # see _plan
         self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
         self._up_block: tuple[int, bytearray] | None = None
         self._deferred: list[bytes] = []
@@ -252,8 +252,8 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         if sid <= self.last_sid or sid % 2 == 0:
             raise ValueError(f"stream id {sid} is not a new client stream")
         self.last_sid = sid
-        kind, sent = self._plan(fields)
-        stream = Stream(sid, kind)
+        kind, sent, encoding = self._plan(fields)
+        stream = Stream(sid, kind, encoding)
         started = time.perf_counter()
         if self._goaway:
             self._to_client(f.rst_stream(sid, f.REFUSED_STREAM))
@@ -279,17 +279,19 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         if router.is_stream(kind):
             self._admit(out, stream)
 
-    def _plan(self, fields: Fields) -> tuple[str, bytes]:
-        """The RPC a tenant's request fields call, and the header block Triton gets for them;
-        made once per distinct fields, since a client repeats its headers call after call."""
+    def _plan(self, fields: Fields) -> tuple[str, bytes, bytes | None]:
+        """The RPC a tenant's request fields call, the header block Triton gets for them, and
+        their grpc-encoding (for compressed messages); made once per distinct fields, since a
+        client repeats its headers call after call."""
         plan = self._plans.get(fields)
         if plan is None:
             path = next((value for name, value in fields if name == b":path"), b"")
+            encoding = next((value for name, value in fields if name == b"grpc-encoding"), None)
             kind = grpc_kind(path.decode("latin-1"))
             sent = list(fields)
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = [(n, READY_PATH if n == b":path" else v) for n, v in fields]
-            plan = (kind, f.header_block(sent))
+            plan = (kind, f.header_block(sent), encoding)
             if len(self._plans) >= 64:
                 self._plans.clear()
             self._plans[fields] = plan

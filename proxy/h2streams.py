@@ -17,7 +17,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from proxy import errors, wire
+from proxy import errors, h2messages, wire
 from proxy import h2frames as f
 from proxy.limiter import Limiter
 from proxy.routing import GRPC_SERVICE, GrpcAnswer
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 HOLD_LIMIT = 16 * 1024
 """Messages up to this size are held whole before the check; larger ones stream minus a byte."""
+PREFIX_HOLD = 32 * 1024
+"""How much of a large message is held while its model name has not been read. The tenant's
+window is Triton's (64 KiB per stream by default), so holding more could stall the stream; the name
+is field 1 and serializers write it first, so only crafted messages ever reach this."""
 UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _ENDED = "; the message was too large to hold back whole, so the stream ends here"
 READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
@@ -36,7 +40,7 @@ FORWARDED = frozenset(
      "ModelInfer", "ModelStatistics", "ModelStreamInfer"}
 )  # fmt: skip
 """The RPCs a stream is opened at Triton for; `routing` decides every other one locally."""
-_COMPRESSED = "compressed messages cannot be routed by the model proxy; send them uncompressed"
+_FLAG = "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
 
 # Stream.limited values.
 NO_SLOT = 0
@@ -51,6 +55,7 @@ class Stream:
         "buf",
         "code",
         "early",
+        "encoding",
         "ended",
         "kind",
         "limited",
@@ -58,15 +63,18 @@ class Stream:
         "responded",
         "route",
         "sid",
+        "skip",
         "waiter",
     )
 
-    def __init__(self, sid: int, kind: str) -> None:
+    def __init__(self, sid: int, kind: str, encoding: bytes | None = None) -> None:
         self.sid = sid
         self.kind = kind
         self.route = kind
+        self.encoding = encoding  # the grpc-encoding request header, for compressed messages
         self.buf = bytearray()
         self.early = 0  # bytes of the current message already relayed (all but its last byte)
+        self.skip = 0  # bytes still to come of a large message refused from its prefix
         self.open = True  # relayed to Triton and not yet closed there
         self.ended = False  # the tenant sent END_STREAM
         self.limited = NO_SLOT
@@ -124,17 +132,27 @@ class StreamGate:
         if stream.limited == WAITING:
             return  # keep buffering until the stream has its slot
         buf = stream.buf
+        if stream.skip:  # the rest of a refused message: Triton never gets it, the tenant's credit
+            dropped = min(stream.skip, len(buf))
+            del buf[:dropped]
+            stream.skip -= dropped
+            self._credit(stream.sid, dropped)
         while len(buf) >= 5:
+            flag = buf[0]
             size = int.from_bytes(buf[1:5], "big")
-            if buf[0] != 0:
-                self._refuse(stream, "INVALID_ARGUMENT", _COMPRESSED)
+            if flag > 1:
+                self._refuse(stream, "INVALID_ARGUMENT", _FLAG.format(flag))
                 return
             if size > self.relay.max_message:
                 self._refuse(stream, "RESOURCE_EXHAUSTED", _too_large(self.relay.max_message))
                 return
             total = 5 + size
             if len(buf) < total:
-                if size > HOLD_LIMIT and len(buf) - 1 > stream.early:
+                if (
+                    size > HOLD_LIMIT
+                    and len(buf) - 1 > stream.early
+                    and (stream.early or self._prefix(stream))
+                ):
                     # Large: relay all but the last byte so flow control keeps going; Triton
                     # cannot act on an incomplete message, and is reset if the check fails.
                     out.append(
@@ -147,19 +165,76 @@ class StreamGate:
                     )
                     stream.early = len(buf) - 1
                 break
-            message = bytes(buf[5:total])
+            framed = None
+            if flag:
+                try:
+                    message = h2messages.inflate(
+                        stream.encoding, bytes(buf[5:total]), self.relay.max_message
+                    )
+                except h2messages.MessageError as e:
+                    self._refuse(stream, e.code, e.details)
+                    return
+                framed = bytes(buf[:total])  # Triton gets the tenant's compressed bytes
+            else:
+                message = bytes(buf[5:total])
             del buf[:total]
-            if not self._check(out, stream, message, total):
+            if not self._check(out, stream, message, total, None, framed):
                 return
         if stream.ended and not buf and stream.open:
             out.append(f.frame(f.DATA, f.END_STREAM, stream.sid))
             stream.ended = False  # sent on; the stream stays open until Triton's trailers
+
+    def _prefix(self, stream: Stream) -> bool:
+        """Decide a large message from its first bytes, before any of it reaches Triton: True to
+        relay it early (our model's, or the name unreadable here: checked when whole); False to
+        hold it for more bytes, or when it was refused."""
+        buf = stream.buf
+        if buf[0]:
+            return True  # compressed: the name is only readable once the message is whole
+        prefix = bytes(buf[5 : 5 + PREFIX_HOLD])
+        held = len(prefix) < PREFIX_HOLD
+        router = self.relay.router
+        try:
+            name = wire.prefix_string(prefix, 1)
+            request_id = wire.prefix_string(prefix, 3, ordered=True) if name is not None else None
+        except wire.WireError:
+            return True  # malformed: refused by the full check once whole
+        if name is None:
+            return not held
+        if name == router.model_id.encode():
+            return True
+        if request_id is None and held:
+            return False  # an in-stream error echoes the request's id: wait for it
+        named = wire.encode_string(1, name)
+        if router.is_stream(stream.kind):
+            echo = wire.encode_string(3, request_id) if request_id else b""
+            refusal = router.decide_stream_message(named + echo)
+            if refusal is None:  # cannot happen for another name; relay and check when whole
+                return True
+            stream.skip = 5 + int.from_bytes(buf[1:5], "big") - len(buf)
+            self._credit(stream.sid, len(buf))
+            buf.clear()
+            self._inject(stream, refusal)
+            return False
+        decision = router.decide(stream.kind, named)
+        if not isinstance(decision, GrpcAnswer):
+            return True
+        stream.route = decision.route
+        ok = decision.code == "OK"
+        self._refuse(stream, decision.code, decision.details, decision.response if ok else None)
+        return False
+
+    def _inject(self, stream: Stream, response: bytes) -> None:
+        """Send the tenant an in-stream response of the relay's own (Triton never sees it)."""
+        self._owed += len(response) + 5
+        self._to_client(f.data_frames(stream.sid, f.grpc_message(response), False))
 
     def _whole_message(self, payload: bytes, stream: Stream) -> bool:
         """`payload` is exactly one uncompressed message within the limit, with nothing of the
         stream buffered before it and nothing waiting: `_check` may take it as it is."""
         return (
             not stream.buf
+            and not stream.skip
             and stream.limited != WAITING
             and len(payload) >= 5
             and payload[0] == 0
@@ -174,15 +249,17 @@ class StreamGate:
         message: bytes,
         total: int,
         frame: bytes | None = None,
+        framed: bytes | None = None,
     ) -> bool:
         """Check one whole message and relay it, or answer it; False when the stream ended.
-        `frame` is the tenant's DATA frame when it held exactly this message and nothing else."""
+        `frame` is the tenant's DATA frame when it held exactly this message and nothing else;
+        `framed` the tenant's length-prefixed bytes when `message` was decompressed from them."""
         router = self.relay.router
         early, stream.early = stream.early, 0
         if router.is_stream(stream.kind):
             refusal = router.decide_stream_message(message)
             if refusal is None:
-                out.append(self._tail(stream, message, early, frame))
+                out.append(self._tail(stream, message, early, frame, framed))
                 return True
             if early:
                 # Part of it already reached Triton and cannot be taken back: end the stream.
@@ -190,9 +267,7 @@ class StreamGate:
                 self._refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
                 return False
             self._credit(stream.sid, total)
-            injected = f.data_frames(stream.sid, f.grpc_message(refusal), False)
-            self._owed += len(refusal) + 5
-            self._to_client(injected)
+            self._inject(stream, refusal)
             return True
         if stream.route != stream.kind:  # a second message on a unary call
             self._credit(0, total)
@@ -209,7 +284,7 @@ class StreamGate:
             return False
         stream.route = "checked:" + decision.route
         if decision.limited and stream.limited == NO_SLOT and not self._admit(out, stream):
-            stream.buf[:0] = f.grpc_message(message)  # checked again once admitted
+            stream.buf[:0] = framed or f.grpc_message(message)  # checked again once admitted
             stream.early = early
             stream.route = stream.kind
             return False
@@ -218,13 +293,21 @@ class StreamGate:
             self._refuse(stream, "INVALID_ARGUMENT", "the request is too large to be narrowed")
             return False
         if decision.request is not message:
-            # Narrowed or rewritten: Triton counts the new message's bytes instead.
+            # Narrowed or rewritten (sent uncompressed, which gRPC allows per message): Triton
+            # counts the new message's bytes instead.
             self._credit(stream.sid, total - len(decision.request) - 5)
-            message, early, frame = decision.request, 0, None
-        out.append(self._tail(stream, message, early, frame))
+            message, early, frame, framed = decision.request, 0, None, None
+        out.append(self._tail(stream, message, early, frame, framed))
         return True
 
-    def _tail(self, stream: Stream, message: bytes, early: int, frame: bytes | None) -> bytes:
+    def _tail(
+        self,
+        stream: Stream,
+        message: bytes,
+        early: int,
+        frame: bytes | None,
+        framed: bytes | None = None,
+    ) -> bytes:
         """The message's DATA frames (less what went ahead), ending the stream if it is the last;
         the tenant's own `frame` when it carried exactly this message (and its END_STREAM)."""
         last = stream.ended and not stream.buf
@@ -232,7 +315,8 @@ class StreamGate:
             stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
         if frame is not None:
             return frame
-        framed = f.grpc_message(message)
+        if framed is None:
+            framed = f.grpc_message(message)
         return f.data_frames(
             stream.sid, framed[early:] if early else framed, last, self._up_max_frame
         )

@@ -21,13 +21,17 @@ class WireError(ValueError):
     """The bytes are not a well-formed message, or the looked-for field is ambiguous."""
 
 
+class _TruncatedError(WireError):
+    """The bytes end inside a varint: malformed for a whole message, "not yet" for a prefix."""
+
+
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     result = 0
     shift = 0
     end = len(data)
     while True:
         if pos >= end:
-            raise WireError("the message ends inside a varint")
+            raise _TruncatedError("the message ends inside a varint")
         byte = data[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
@@ -77,6 +81,46 @@ def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
         if pos > end:
             raise WireError(f"field {number} runs past the message's end")
     return found
+
+
+def prefix_string(data: bytes, number: int, *, ordered: bool = False) -> bytes | None:
+    """The first value of the top-level length-delimited field `number` in `data`, the first bytes
+    of a message whose rest has not arrived yet; None while the prefix ends before it is complete.
+
+    With `ordered`, a field numbered higher than `number` seen first means the field is absent
+    (b""), since serializers write fields in number order; only use that where a crafted order
+    costs nothing. Raises WireError when the prefix is malformed or `number` has another wire type.
+    Later occurrences (a duplicate) can only be seen in the whole message, by `string_fields`.
+    """
+    pos = 0
+    end = len(data)
+    try:
+        while pos < end:
+            key, pos = _varint(data, pos)
+            field = key >> 3
+            wire_type = key & 7
+            if field == 0:
+                raise WireError("the message has a field number 0")
+            if field == number and wire_type != LENGTH_DELIMITED:
+                raise WireError(f"field {number} has wire type {wire_type}, not a string")
+            if ordered and field > number:
+                return b""
+            if wire_type == LENGTH_DELIMITED:
+                length, pos = _varint(data, pos)
+                if field == number:
+                    return data[pos : pos + length] if pos + length <= end else None
+                pos += length
+            elif wire_type == VARINT:
+                _, pos = _varint(data, pos)
+            elif wire_type == FIXED64:
+                pos += 8
+            elif wire_type == FIXED32:
+                pos += 4
+            else:
+                raise WireError(f"field {field} has the unsupported wire type {wire_type}")
+    except _TruncatedError:
+        pass
+    return None
 
 
 def model_name(data: bytes, number: int = 1) -> bytes:

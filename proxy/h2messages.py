@@ -1,0 +1,70 @@
+"""Compressed gRPC request messages for the relay: the bounded inflate that lets a message's model
+name be read, while the relay forwards the tenant's original compressed bytes.
+
+gRPC marks a compressed message with flag 1 in its length prefix and names the algorithm in the
+stream's `grpc-encoding` request header. grpc's `gzip` is RFC 1952 (zlib wbits 31) and its
+`deflate` is the zlib format of RFC 1950 (wbits 15), not raw deflate. Inflating never produces
+more than the proxy's message limit, so a small "bomb" costs the proxy at most that much.
+
+What it must not do: decide isolation, or touch frames and streams (pure functions only).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+_WBITS = {b"gzip": 31, b"deflate": 15}
+"""zlib window bits for each grpc-encoding the relay can read."""
+
+
+class MessageError(ValueError):
+    """A compressed message the relay cannot read: `code` is the gRPC status to answer with."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
+    """The decompressed bytes of one message with the compressed flag set.
+
+    Raises MessageError: INVALID_ARGUMENT when the stream names no usable encoding or the data is
+    corrupt, RESOURCE_EXHAUSTED when it would inflate past `limit` bytes (stopping there).
+    """
+    if encoding is None or encoding == b"identity":
+        raise MessageError(
+            "INVALID_ARGUMENT",
+            "a message is marked compressed but the call's grpc-encoding header names no "
+            "compression; send grpc-encoding gzip or deflate with it, or send it uncompressed",
+        )
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise MessageError(
+            "INVALID_ARGUMENT",
+            f"the model proxy cannot read messages compressed with "
+            f"{encoding.decode('latin-1')!r}; use gzip or deflate, or send them uncompressed",
+        )
+    inflater = zlib.decompressobj(wbits)
+    try:
+        # One byte past the limit tells "exactly the limit" from "more than the limit".
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise _corrupt(encoding, str(e)) from None
+    if len(out) > limit:
+        raise MessageError(
+            "RESOURCE_EXHAUSTED",
+            f"the message inflates to more than the proxy's limit of {limit} bytes; send less "
+            f"or raise --max-body",
+        )
+    if not inflater.eof or inflater.unused_data:
+        raise _corrupt(encoding, "truncated" if not inflater.eof else "data after its end")
+    return out
+
+
+def _corrupt(encoding: bytes, why: str) -> MessageError:
+    return MessageError(
+        "INVALID_ARGUMENT",
+        f"a {encoding.decode('latin-1')}-compressed message cannot be decompressed ({why}); "
+        f"send it compressed whole with the algorithm named in grpc-encoding",
+    )
