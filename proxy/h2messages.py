@@ -26,12 +26,7 @@ class MessageError(ValueError):
         self.details = details
 
 
-def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
-    """The decompressed bytes of one message with the compressed flag set.
-
-    Raises MessageError: INVALID_ARGUMENT when the stream names no usable encoding or the data is
-    corrupt, RESOURCE_EXHAUSTED when it would inflate past `limit` bytes (stopping there).
-    """
+def _wbits(encoding: bytes | None) -> int:
     if encoding is None or encoding == b"identity":
         raise MessageError(
             "INVALID_ARGUMENT",
@@ -45,12 +40,21 @@ def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
             f"the model proxy cannot read messages compressed with "
             f"{encoding.decode('latin-1')!r}; use gzip or deflate, or send them uncompressed",
         )
-    inflater = zlib.decompressobj(wbits)
+    return wbits
+
+
+def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
+    """The decompressed bytes of one message with the compressed flag set.
+
+    Raises MessageError: INVALID_ARGUMENT when the stream names no usable encoding or the data is
+    corrupt, RESOURCE_EXHAUSTED when it would inflate past `limit` bytes (stopping there).
+    """
+    inflater = zlib.decompressobj(_wbits(encoding))
     try:
         # One byte past the limit tells "exactly the limit" from "more than the limit".
         out = inflater.decompress(data, limit + 1)
     except zlib.error as e:
-        raise _corrupt(encoding, str(e)) from None
+        raise _corrupt(encoding or b"", str(e)) from None
     if len(out) > limit:
         raise MessageError(
             "RESOURCE_EXHAUSTED",
@@ -58,8 +62,19 @@ def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
             f"or raise --max-body",
         )
     if not inflater.eof or inflater.unused_data:
-        raise _corrupt(encoding, "truncated" if not inflater.eof else "data after its end")
+        raise _corrupt(encoding or b"", "truncated" if not inflater.eof else "data after its end")
     return out
+
+
+def inflate_prefix(encoding: bytes | None, data: bytes, limit: int) -> bytes:
+    """Up to `limit` bytes of what the first bytes `data` of a compressed message inflate to, for
+    reading its name before the rest arrives. Raises MessageError as `inflate` does for an
+    unusable encoding or corrupt data (a prefix that merely ends early is not an error)."""
+    inflater = zlib.decompressobj(_wbits(encoding))
+    try:
+        return inflater.decompress(data, limit)
+    except zlib.error as e:
+        raise _corrupt(encoding or b"", str(e)) from None
 
 
 def _corrupt(encoding: bytes, why: str) -> MessageError:

@@ -189,15 +189,15 @@ class StreamGate:
         relay it early (our model's, or the name unreadable here: checked when whole); False to
         hold it for more bytes, or when it was refused."""
         buf = stream.buf
-        if buf[0]:
-            return True  # compressed: the name is only readable once the message is whole
         prefix = bytes(buf[5 : 5 + PREFIX_HOLD])
         held = len(prefix) < PREFIX_HOLD
         router = self.relay.router
         try:
+            if buf[0]:  # compressed: read the name from what the prefix inflates to, bounded
+                prefix = h2messages.inflate_prefix(stream.encoding, prefix, PREFIX_HOLD)
             name = wire.prefix_string(prefix, 1)
             request_id = wire.prefix_string(prefix, 3, ordered=True) if name is not None else None
-        except wire.WireError:
+        except (wire.WireError, h2messages.MessageError):
             return True  # malformed: refused by the full check once whole
         if name is None:
             return not held

@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from proxy.h2messages import MessageError, inflate
+from proxy.h2messages import MessageError, inflate, inflate_prefix
 
 TEXT = b"model name and tensor bytes " * 40
 
@@ -73,3 +73,18 @@ def test_a_bomb_is_refused_without_inflating_it() -> None:
         tracemalloc.stop()
     assert caught.value.code == "RESOURCE_EXHAUSTED"
     assert peak < 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize(("encoding", "wbits"), [(b"gzip", 31), (b"deflate", 15)])
+def test_a_prefix_inflates_to_the_start_of_the_message(encoding: bytes, wbits: int) -> None:
+    packed = _compress(TEXT * 50, wbits)
+    start = inflate_prefix(encoding, packed[: len(packed) // 2], 100)
+    assert start == TEXT[:100]
+    assert inflate_prefix(encoding, packed[:3], 100) == b""  # not enough yet: no error
+
+
+def test_a_prefix_of_corrupt_data_or_an_unknown_encoding_is_refused() -> None:
+    with pytest.raises(MessageError, match="cannot be decompressed"):
+        inflate_prefix(b"gzip", b"plainly not gzip", 100)
+    with pytest.raises(MessageError, match="names no compression"):
+        inflate_prefix(None, _compress(TEXT, 31), 100)

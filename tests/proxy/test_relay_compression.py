@@ -188,3 +188,29 @@ def test_a_compressed_stream_keeps_going_after_a_refusal_raw(
     output = np.frombuffer(answers[1].infer_response.raw_output_contents[0], np.float32)
     assert output.tolist() == [3.0] * WIDE
     assert inflated == ([b"gzip"] * 2 if grpc_mode == "relay" else [])
+
+
+def test_a_large_compressed_stream_message_for_another_model_leaves_the_stream_open(
+    served_triton: TritonServer, grpc_mode: str
+) -> None:
+    """Over 4 MiB even compressed (so in several frames): the relay reads the name from the
+    inflated prefix and refuses it before Triton sees any of it, as for an uncompressed one."""
+    values = np.random.default_rng(7).integers(0, 16, 10 * 1024 * 1024, dtype=np.uint8)
+    request = service_pb2.ModelInferRequest(model_name="add_one", id="big")
+    request.raw_input_contents.append(values.tobytes())  # about 5.5 MiB gzipped
+    good = service_pb2.ModelInferRequest(model_name="identity", id="good")
+    good.inputs.add(name="INPUT_FP32", datatype="FP32", shape=[WIDE])
+    good.raw_input_contents.append(np.ones(WIDE, np.float32).tobytes())
+    settings = proxy_settings(served_triton, model_id="identity", grpc_mode=grpc_mode)
+    requests = [request.SerializeToString(), good.SerializeToString()]
+    with running_proxy(settings) as running, grpc.insecure_channel(running.grpc_url) as channel:
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer", None, None)
+        responses = stream(
+            _stream_requests(requests), timeout=60, compression=grpc.Compression.Gzip
+        )
+        answers = [service_pb2.ModelStreamInferResponse.FromString(raw) for raw in responses]
+    assert [a.error_message for a in answers] == [
+        "Request for unknown model: 'add_one' is not found",
+        "",
+    ]
+    assert [a.infer_response.id for a in answers] == ["big", "good"]
