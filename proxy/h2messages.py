@@ -1,5 +1,6 @@
 """Compressed gRPC request messages for the relay: the bounded inflate that lets a message's model
-name be read, while the relay forwards the tenant's original compressed bytes.
+name be read (of a whole message, or of the first bytes of a large one), while the relay forwards
+the tenant's original compressed bytes.
 
 gRPC marks a compressed message with flag 1 in its length prefix and names the algorithm in the
 stream's `grpc-encoding` request header. grpc's `gzip` is RFC 1952 (zlib wbits 31) and its

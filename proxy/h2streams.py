@@ -1,8 +1,10 @@
 """Per-stream gate of the gRPC relay: admission, message checks, and the relay's own answers.
 
-Every message a tenant sends on a relayed stream is read whole (or, past HOLD_LIMIT bytes, relayed
-all but its last byte, so Triton cannot act on it before the check) and its model-name field
-checked by `routing`, exactly as the grpc.aio proxy checks it. A unary call takes a concurrency
+Every message a tenant sends on a relayed stream is read whole and its model-name field checked by
+`routing`, exactly as the grpc.aio proxy checks it; a compressed one is read inflated (bounded, by
+`h2messages`) and forwarded as sent. Past HOLD_LIMIT bytes a message is first decided from its
+prefix (another model: refused before Triton sees a byte), then relayed all but its last byte, so
+Triton cannot act on it before the whole-message check. A unary call takes a concurrency
 slot once its message passed; ModelStreamInfer takes one when the stream opens. Answers the relay
 gives itself (another model, refused APIs, overload) go on the stream; bytes it drops or injects
 are settled with WINDOW_UPDATEs so the tenant's flow-control view stays right.
