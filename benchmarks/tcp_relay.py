@@ -44,6 +44,9 @@ class _Side(asyncio.Protocol):
         peer = self.peer
         if peer is None or peer.transport is None:
             self.pending.append(data)
+        elif peer.transport.is_closing():  # the other side has gone: so does this one
+            if self.transport is not None:
+                self.transport.close()
         else:
             peer.transport.write(data)
 
