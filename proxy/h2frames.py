@@ -1,11 +1,11 @@
 """HTTP/2 frame and header-block encoding for the gRPC relay (RFC 9113, RFC 7541, gRPC over h2).
 
-Builds the few frames the relay writes itself: re-encoded request headers for Triton, and the
-answers it gives tenants on its own (Trailers-Only errors, small OK responses, in-stream error
-messages). Header blocks use only "literal without indexing" representations with literal names,
-so they never touch either peer's HPACK dynamic table: the relay's encoder has no state to keep in
-sync, and frames it injects towards the tenant leave the tenant's decoder exactly where Triton's
-encoder believes it is.
+Builds the frames the relay writes itself: request HEADERS for Triton (their blocks come from
+`h2headers`), and the answers it gives tenants on its own (Trailers-Only errors, small OK
+responses, in-stream error messages). The header blocks of those answers use only "literal without
+indexing" representations with literal names, so they never touch the tenant's HPACK dynamic
+table: frames injected towards the tenant leave its decoder exactly where Triton's encoder
+believes it is.
 
 What it must not do: hold connection state, or decide anything about isolation.
 """

@@ -1,4 +1,5 @@
-"""HPACK decoding for the gRPC relay, remembering the header blocks a peer sends again and again.
+"""HPACK for the gRPC relay: decoding that remembers the header blocks a peer sends again and again,
+and encoding for Triton that indexes as a peer's own encoder would.
 
 A gRPC client sends nearly the same headers on every call, and once its encoder has them in its
 dynamic table the header block is the same few bytes each time; Triton's response heads and
@@ -12,12 +13,19 @@ a block that changes the table (an insertion, an eviction, a size update) is dec
 and makes everything kept before it stale, since indices now point at other entries. Every block
 still goes through here, so the table never falls out of step with the peer's encoder.
 
-What it must not do: skip a block, or reuse a result across a change of the table.
+`BlockEncoder` encodes the request headers the relay sends Triton with a dynamic table of its own
+(Triton's decoder is in step with it because every block it encodes is sent, in order), so a
+repeated call costs Triton a few indexed bytes to decode instead of a few hundred bytes of
+literals, as when a client talks to Triton directly; the same reuse rule keeps it cheap for us.
+
+What it must not do: skip a block, reuse a result across a change of a table, or encode a block
+that is then not sent.
 """
 
 from __future__ import annotations
 
-from hpack import Decoder
+from hpack import Decoder, Encoder
+from hpack.table import HeaderTable
 
 Fields = tuple[tuple[bytes, bytes], ...]
 
@@ -70,3 +78,52 @@ class BlockDecoder:
                 self._kept.clear()
             self._kept[block] = fields
         return fields
+
+
+def _changed(table: HeaderTable, before: tuple[object, int, int]) -> bool:
+    """Whether `table` differs from the `_state` taken before: a new newest entry (by identity:
+    an equal entry inserted again still shifts every index), another length, another size."""
+    newest, count, size = before
+    now = _state(table)
+    return now[0] is not newest or now[1] != count or now[2] != size
+
+
+def _state(table: HeaderTable) -> tuple[object, int, int]:
+    entries = table.dynamic_entries
+    return (entries[0] if entries else None, len(entries), table.maxsize)
+
+
+class BlockEncoder:
+    """The HPACK encoder for one connection to Triton, with a memory of repeated header lists.
+
+    Every block `encode` returns must be sent, in order: Triton's decoder follows this table.
+    """
+
+    __slots__ = ("_encoder", "_kept")
+
+    def __init__(self) -> None:
+        self._encoder = Encoder()
+        self._kept: dict[Fields, bytes] = {}
+
+    def limit_table(self, size: int) -> None:
+        """Triton's SETTINGS_HEADER_TABLE_SIZE: never use a larger table than it allows."""
+        if size < self._encoder.header_table_size:
+            self._encoder.header_table_size = size  # the next block starts with a size update
+            self._kept.clear()
+
+    def encode(self, fields: Fields) -> bytes:
+        """The header block for `fields`, given the table Triton's decoder holds now."""
+        block = self._kept.get(fields)
+        if block is not None:
+            return block
+        table = self._encoder.header_table
+        pending = table.resized
+        before = _state(table)
+        block = self._encoder.encode(list(fields))
+        if pending or _changed(table, before):
+            self._kept.clear()  # the table changed: kept blocks may point at other entries
+        elif len(block) <= _KEPT_BLOCK_BYTES:
+            if len(self._kept) >= _KEPT_BLOCKS:
+                self._kept.clear()
+            self._kept[fields] = block
+        return block

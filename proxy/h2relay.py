@@ -3,14 +3,14 @@
 Each tenant connection gets its own connection to Triton (1:1), so stream ids, SETTINGS, PING,
 WINDOW_UPDATE and flow control stay end to end and most frames pass verbatim. Only request header
 blocks are decoded (a persistent HPACK decoder, fed every block so it stays in sync) to route on
-`:path`; they are re-encoded for Triton without the dynamic table. Response header blocks are
-decoded too, only to read grpc-status for the metrics. The messages of each stream pass the gate
+`:path`; those forwarded are encoded for Triton by the relay's own encoder (`h2headers`). Response
+header blocks are decoded too, only to read grpc-status for the metrics. The messages of each stream pass the gate
 in `h2streams`. Frames the relay writes to the tenant itself are placed between Triton's frames,
 never inside one or inside a header block.
 
 Why not grpc.aio: its per-call cost (about 0.5-0.9 ms and most of a core here) made the proxy keep
-a third of Triton's gRPC throughput; this relay does a frame-header scan and one HPACK decode per
-request header block.
+a third of Triton's gRPC throughput; this relay scans frame headers and, for a client repeating
+its headers, finds its header blocks already decoded and encoded (`h2headers`).
 
 What it must not do: decide isolation itself, or hand Triton a message it has not checked.
 """
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, cast
 from hpack import HPACKError
 
 from proxy import h2frames as f
-from proxy.h2headers import BlockDecoder, Fields
+from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
 from proxy.h2streams import FORWARDED, READY_PATH, UNAVAILABLE, UNIMPLEMENTED, Stream, StreamGate
 from proxy.h2triton import TritonSide
 from proxy.routing import GrpcAnswer, grpc_kind
@@ -74,7 +74,8 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         self._preface = False
         self._decoder = BlockDecoder()
         self._up_decoder = BlockDecoder()
-        self._plans: dict[Fields, tuple[str, bytes, bytes | None]] = {}  # see _plan
+        self._plans: dict[Fields, tuple[str, Fields, bytes | None]] = {}  # see _plan
+        self._up_encoder = BlockEncoder()
         self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
         self._up_block: tuple[int, bytearray] | None = None
         self._deferred: list[bytes] = []
@@ -275,23 +276,24 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
         stream.route = kind
         self.streams[sid] = stream
         self.relay.started[id(stream)] = started
-        out.append(f.headers_frames(sid, sent, end_stream, self._up_max_frame))
+        block = self._up_encoder.encode(sent)  # only now: every block encoded must reach Triton
+        out.append(f.headers_frames(sid, block, end_stream, self._up_max_frame))
         if router.is_stream(kind):
             self._admit(out, stream)
 
-    def _plan(self, fields: Fields) -> tuple[str, bytes, bytes | None]:
-        """The RPC a tenant's request fields call, the header block Triton gets for them, and
-        their grpc-encoding (for compressed messages); made once per distinct fields, since a
-        client repeats its headers call after call."""
+    def _plan(self, fields: Fields) -> tuple[str, Fields, bytes | None]:
+        """The RPC a tenant's request fields call, the fields Triton gets for them, and their
+        grpc-encoding (for compressed messages); made once per distinct fields, since a client
+        repeats its headers call after call."""
         plan = self._plans.get(fields)
         if plan is None:
             path = next((value for name, value in fields if name == b":path"), b"")
             encoding = next((value for name, value in fields if name == b"grpc-encoding"), None)
             kind = grpc_kind(path.decode("latin-1"))
-            sent = list(fields)
+            sent = fields
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
-                sent = [(n, READY_PATH if n == b":path" else v) for n, v in fields]
-            plan = (kind, f.header_block(sent), encoding)
+                sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
+            plan = (kind, sent, encoding)
             if len(self._plans) >= 64:
                 self._plans.clear()
             self._plans[fields] = plan

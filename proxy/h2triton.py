@@ -17,7 +17,7 @@ from proxy import h2frames as f
 if TYPE_CHECKING:
     import asyncio
 
-    from proxy.h2headers import BlockDecoder
+    from proxy.h2headers import BlockDecoder, BlockEncoder
     from proxy.h2streams import Stream
 
 
@@ -33,6 +33,7 @@ class TritonSide:
     _deferred: list[bytes]
     _decoder: BlockDecoder
     _up_decoder: BlockDecoder
+    _up_encoder: BlockEncoder
 
     if TYPE_CHECKING:  # provided by H2Connection and StreamGate; no stub may shadow them
 
@@ -92,8 +93,9 @@ class TritonSide:
             values = f.settings_values(payload)
             self._up_max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self._up_max_frame)
             table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
-            if table is not None:  # bounds the tenant's encoder, so our decoder of its blocks
+            if table is not None:  # bounds the tenant's encoder (so our decoder) and our own
                 self._decoder.max_allowed_table_size = table
+                self._up_encoder.limit_table(table)
 
     def _triton_headers(self, sid: int, block: bytes) -> None:
         """A whole header block from Triton: decoded to keep in step; trailers end the stream."""
