@@ -52,13 +52,21 @@ def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
     pos = 0
     end = len(data)
     while pos < end:
-        key, pos = _varint(data, pos)
+        key = data[pos]
+        if key < 0x80:  # one-byte keys and lengths are the rule: no call for them
+            pos += 1
+        else:
+            key, pos = _varint(data, pos)
         number = key >> 3
         wire_type = key & 7
         if number == 0:
             raise WireError("the message has a field number 0")
         if wire_type == LENGTH_DELIMITED:
-            length, pos = _varint(data, pos)
+            if pos < end and data[pos] < 0x80:
+                length = data[pos]
+                pos += 1
+            else:
+                length, pos = _varint(data, pos)
             stop = pos + length
             if stop > end:
                 raise WireError(f"field {number} claims {length} bytes past the message's end")
