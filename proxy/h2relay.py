@@ -3,10 +3,10 @@
 Each tenant connection gets its own connection to Triton (1:1), so stream ids, SETTINGS, PING,
 WINDOW_UPDATE and flow control stay end to end and most frames pass verbatim. Only request header
 blocks are decoded (a persistent HPACK decoder, fed every block so it stays in sync) to route on
-`:path`; those forwarded are encoded for Triton by the relay's own encoder (`h2headers`). Response
-header blocks are decoded too, only to read grpc-status for the metrics. The messages of each stream pass the gate
-in `h2streams`. Frames the relay writes to the tenant itself are placed between Triton's frames,
-never inside one or inside a header block.
+`:path`; those forwarded are encoded for Triton by the relay's own encoder (`h2headers`).
+Response header blocks are decoded too, only to read grpc-status for the metrics. The messages of
+each stream pass the gate in `h2streams`. Frames the relay writes to the tenant itself are placed
+between Triton's frames, never inside one or inside a header block.
 
 Why not grpc.aio: its per-call cost (about 0.5-0.9 ms and most of a core here) made the proxy keep
 a third of Triton's gRPC throughput; this relay scans frame headers and, for a client repeating
