@@ -124,12 +124,7 @@ def running_proxy(triton: TritonServer, extra: list[str]) -> Iterator[Hop]:
         _wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready")
         yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process, 30)
 
 
 @contextmanager
@@ -149,12 +144,17 @@ def running_floor(triton: TritonServer) -> Iterator[Hop]:
             _wait_port(port)
         yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process, 10)
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, as a pod is stopped; kill after `grace` seconds."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_port(port: int, timeout: float = 30.0) -> None:

@@ -13,14 +13,13 @@ cancellation. What it must not do: decide isolation itself, or buffer whole bodi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from proxy import errors
 from proxy.http1 import MAX_HEAD_BYTES, ChunkedFraming, HttpError, RequestHead, answer_bytes
 from proxy.routing import Answer, error_body
+from proxy.sockets import nodelay
 from proxy.upstream import Upstream
 
 if TYPE_CHECKING:
@@ -72,12 +71,7 @@ class ClientConnection(asyncio.Protocol):
     # -- connection events ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = nodelay(transport)
         self._relay.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

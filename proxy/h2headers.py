@@ -24,8 +24,13 @@ that is then not sent.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from hpack import Decoder, Encoder
 from hpack.table import HeaderTable
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 Fields = tuple[tuple[bytes, bytes], ...]
 
@@ -33,6 +38,27 @@ _KEPT_BLOCKS = 128
 """Distinct blocks kept per connection; past that the memory starts again."""
 _KEPT_BLOCK_BYTES = 1024
 """Larger blocks (long literal values) are decoded every time: they rarely repeat."""
+
+
+def _changed(table: HeaderTable, before: tuple[object, int, int]) -> bool:
+    """Whether `table` differs from the `_state` taken before: a new newest entry (by identity:
+    an equal entry inserted again still shifts every index), another length, another size."""
+    newest, count, size = before
+    now = _state(table)
+    return now[0] is not newest or now[1] != count or now[2] != size
+
+
+def _state(table: HeaderTable) -> tuple[object, int, int]:
+    entries = table.dynamic_entries
+    return (entries[0] if entries else None, len(entries), table.maxsize)
+
+
+def _keep(kept: dict[K, V], key: K, value: V, size: int) -> None:
+    """Remember `value` under `key` unless it is large; past the bound the memory starts again."""
+    if size <= _KEPT_BLOCK_BYTES:
+        if len(kept) >= _KEPT_BLOCKS:
+            kept.clear()
+        kept[key] = value
 
 
 class BlockDecoder:
@@ -60,37 +86,17 @@ class BlockDecoder:
         fields = self._kept.get(block)
         if fields is not None:
             return fields
-        entries = self._table.dynamic_entries
-        newest = entries[0] if entries else None
-        count = len(entries)
-        size = self._table.maxsize
+        before = _state(self._table)
         try:
             fields = tuple((name, value) for name, value in self._decoder.decode(block, raw=True))
         except Exception:
             self._kept.clear()  # it may have changed the table before it failed
             raise
-        if (entries[0] if entries else None) is not newest or len(entries) != count:
+        if _changed(self._table, before):
             self._kept.clear()  # the table changed: indices in kept blocks may mean other fields
-        elif self._table.maxsize != size:
-            self._kept.clear()
-        elif len(block) <= _KEPT_BLOCK_BYTES:
-            if len(self._kept) >= _KEPT_BLOCKS:
-                self._kept.clear()
-            self._kept[block] = fields
+        else:
+            _keep(self._kept, block, fields, len(block))
         return fields
-
-
-def _changed(table: HeaderTable, before: tuple[object, int, int]) -> bool:
-    """Whether `table` differs from the `_state` taken before: a new newest entry (by identity:
-    an equal entry inserted again still shifts every index), another length, another size."""
-    newest, count, size = before
-    now = _state(table)
-    return now[0] is not newest or now[1] != count or now[2] != size
-
-
-def _state(table: HeaderTable) -> tuple[object, int, int]:
-    entries = table.dynamic_entries
-    return (entries[0] if entries else None, len(entries), table.maxsize)
 
 
 class BlockEncoder:
@@ -122,8 +128,6 @@ class BlockEncoder:
         block = self._encoder.encode(list(fields))
         if pending or _changed(table, before):
             self._kept.clear()  # the table changed: kept blocks may point at other entries
-        elif len(block) <= _KEPT_BLOCK_BYTES:
-            if len(self._kept) >= _KEPT_BLOCKS:
-                self._kept.clear()
-            self._kept[fields] = block
+        else:
+            _keep(self._kept, fields, block, len(block))
         return block

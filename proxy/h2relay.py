@@ -18,11 +18,9 @@ What it must not do: decide isolation itself, or hand Triton a message it has no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from hpack import HPACKError
 
@@ -31,6 +29,7 @@ from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
 from proxy.h2streams import FORWARDED, READY_PATH, UNAVAILABLE, UNIMPLEMENTED, Stream, StreamGate
 from proxy.h2triton import TritonSide
 from proxy.routing import GrpcAnswer, grpc_kind
+from proxy.sockets import nodelay
 
 if TYPE_CHECKING:
     from proxy.h2server import GrpcRelay
@@ -90,8 +89,7 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
     # -- tenant side ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = cast(asyncio.Transport, transport)
-        _nodelay(transport)
+        self.transport = nodelay(transport)
         self.relay.connections.add(self)
         self.relay.spawn(self._connect())
 
@@ -111,8 +109,7 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
             self._dead = True
             self._to_client(f.frame(f.SETTINGS, 0, 0))
         else:
-            _nodelay(transport)
-            self.up = transport
+            self.up = nodelay(transport)
             if self.transport is None or self.transport.is_closing():
                 self.up.close()
                 return
@@ -354,10 +351,3 @@ def _pause(transport: asyncio.Transport | None, pause: bool) -> None:
             transport.pause_reading()
         else:
             transport.resume_reading()
-
-
-def _nodelay(transport: asyncio.BaseTransport) -> None:
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

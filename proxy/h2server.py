@@ -18,9 +18,9 @@ from typing import Any
 from proxy.h2relay import H2Connection
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
-from proxy.rest import bind
 from proxy.routing import GrpcRouter
 from proxy.settings import Settings
+from proxy.sockets import bind
 from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 
 from proxy.h1relay import ClientConnection
@@ -25,6 +24,7 @@ from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Answer, Forward, HttpRouter
 from proxy.settings import Settings
+from proxy.sockets import bind
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamPool
 
@@ -37,15 +37,6 @@ _PREPARED_HEAD_BYTES = 4096
 
 Prepared = tuple[RequestHead, Forward | Answer, bytes]
 """A parsed head, its routing decision, and the head to send Triton (b"" for a local answer)."""
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on host:port (port 0 picks a free one)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.setblocking(False)
-    return sock
 
 
 class RestRelay:

@@ -10,7 +10,6 @@ the transports share. Tenant traffic never reaches it: the REST relay is `rest`,
 from __future__ import annotations
 
 import logging
-import socket
 
 import aiohttp
 from aiohttp import web
@@ -18,17 +17,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.metrics import ProxyMetrics
 from proxy.settings import Settings
+from proxy.sockets import bind
 from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.setblocking(False)
-    return sock
 
 
 class MetricsServer:
@@ -49,7 +41,7 @@ class MetricsServer:
         self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         host, port = self._settings.listen_metrics
-        sock = _bind(host, port)
+        sock = bind(host, port)
         self.port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
         log.info("Serving metrics and health on port %d.", self.port)

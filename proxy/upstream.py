@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-from typing import Protocol, cast
+from typing import Protocol
 
 from proxy.http1 import (
     MAX_HEAD_BYTES,
@@ -22,6 +21,7 @@ from proxy.http1 import (
     ResponseHead,
     parse_response_head,
 )
+from proxy.sockets import nodelay
 
 _RESPONSE_HEADS = 256
 """Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
@@ -77,12 +77,7 @@ class Upstream(asyncio.Protocol):
         self.status = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = nodelay(transport)
 
     def begin(self, client: ResponseSink, head_only: bool) -> None:
         """Attach to `client` for one exchange."""

@@ -42,6 +42,17 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise WireError("a varint is longer than 10 bytes")
 
 
+def _skip_scalar(data: bytes, pos: int, field: int, wire_type: int) -> int:
+    """The offset past a varint or fixed-size value of `field` starting at `pos`."""
+    if wire_type == VARINT:
+        return _varint(data, pos)[1]
+    if wire_type == FIXED64:
+        return pos + 8
+    if wire_type == FIXED32:
+        return pos + 4
+    raise WireError(f"field {field} has the unsupported wire type {wire_type}")
+
+
 def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
     """The raw values of the top-level length-delimited fields `numbers`, each seen at most once.
 
@@ -78,14 +89,7 @@ def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
             continue
         if number in numbers:
             raise WireError(f"field {number} has wire type {wire_type}, not a string")
-        if wire_type == VARINT:
-            _, pos = _varint(data, pos)
-        elif wire_type == FIXED64:
-            pos += 8
-        elif wire_type == FIXED32:
-            pos += 4
-        else:
-            raise WireError(f"field {number} has the unsupported wire type {wire_type}")
+        pos = _skip_scalar(data, pos, number, wire_type)
         if pos > end:
             raise WireError(f"field {number} runs past the message's end")
     return found
@@ -118,14 +122,8 @@ def prefix_string(data: bytes, number: int, *, ordered: bool = False) -> bytes |
                 if field == number:
                     return data[pos : pos + length] if pos + length <= end else None
                 pos += length
-            elif wire_type == VARINT:
-                _, pos = _varint(data, pos)
-            elif wire_type == FIXED64:
-                pos += 8
-            elif wire_type == FIXED32:
-                pos += 4
             else:
-                raise WireError(f"field {field} has the unsupported wire type {wire_type}")
+                pos = _skip_scalar(data, pos, field, wire_type)
     except _TruncatedError:
         pass
     return None
@@ -170,14 +168,8 @@ def without_field(data: bytes, number: int) -> bytes:
         if wire_type == LENGTH_DELIMITED:
             length, pos = _varint(data, pos)
             pos += length
-        elif wire_type == VARINT:
-            _, pos = _varint(data, pos)
-        elif wire_type == FIXED64:
-            pos += 8
-        elif wire_type == FIXED32:
-            pos += 4
         else:
-            raise WireError(f"field {key >> 3} has the unsupported wire type {wire_type}")
+            pos = _skip_scalar(data, pos, key >> 3, wire_type)
         if pos > end:
             raise WireError(f"field {key >> 3} runs past the message's end")
         if key >> 3 != number:
