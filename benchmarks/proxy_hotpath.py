@@ -3,8 +3,9 @@
 Feeds one request and its response through the real relay classes, in process, with transports
 that only count bytes: the REST relay (`rest.RestRelay`, `h1relay.ClientConnection`,
 `upstream.Upstream`: a JSON infer request and Triton's answer) and the gRPC relay
-(`h2relay.H2Connection`: a unary ModelInfer, its response head, message and trailers, with header
-blocks from a real HPACK encoder as grpc-core and Triton send them). No sockets, no Triton, no
+(`h2relay.H2Connection` and `h2channel.TritonChannel`: a unary ModelInfer, its response head,
+message and trailers, with header blocks from a real HPACK encoder as grpc-core and Triton send
+them). No sockets, no Triton, no
 other process: what is left is the CPU the proxy's own code spends per exchange, a figure the
 noise of a shared machine hardly moves (the end-to-end figures are `proxy_latency.py`'s).
 
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from proxy import h2frames as f  # noqa: E402
 from proxy.h1relay import ClientConnection  # noqa: E402
+from proxy.h2channel import TritonChannel  # noqa: E402
 from proxy.h2headers import Fields  # noqa: E402
 from proxy.h2relay import H2Connection  # noqa: E402
 from proxy.h2server import GrpcRelay  # noqa: E402
@@ -152,18 +154,29 @@ def rest_exchange(memory: bool) -> tuple[Callable[[], None], Callable[[], int]]:
     return exchange, answered
 
 
-def grpc_exchanges(memory: bool, count: int) -> tuple[H2Connection, list[tuple[bytes, bytes]]]:
-    """A relay connection and `count` unary ModelInfer exchanges (request, Triton's response)."""
+def grpc_exchanges(
+    memory: bool, count: int
+) -> tuple[GrpcRelay, H2Connection, TritonChannel, list[tuple[bytes, bytes]]]:
+    """A relay with one tenant connection and its channel to Triton, and `count` unary
+    ModelInfer exchanges (the tenant's request, Triton's response on the channel)."""
     limiter = Limiter(0, 0, 1.0)
     relay = GrpcRelay(_settings(), limiter, ProxyMetrics(limiter, MODEL), ProxyState())
     connection = H2Connection(relay)
     connection.transport = _Counting()  # type: ignore[assignment]
-    connection.up = _Counting()  # type: ignore[assignment]
     connection._preface = True
+    channel = TritonChannel(relay)
+    channel.transport = _Counting()  # type: ignore[assignment]
+    relay.channels.append(channel)
+    # Both peers open their windows wide at the start, as grpc-core and h2load do.
+    wide = f.settings({f.SETTINGS_INITIAL_WINDOW_SIZE: f.MAX_WINDOW})
+    wide += f.window_update(0, f.MAX_WINDOW - f.DEFAULT_WINDOW)
+    connection.data_received(wide)
+    channel.data_received(wide)
     if not memory:
         connection._decoder = _PlainDecoder()  # type: ignore[assignment]
-        connection._up_decoder = _PlainDecoder()  # type: ignore[assignment]
-        connection._up_encoder = _PlainEncoder()  # type: ignore[assignment]
+        connection._encoder = _PlainEncoder()  # type: ignore[assignment]
+        channel._decoder = _PlainDecoder()  # type: ignore[assignment]
+        channel._encoder = _PlainEncoder()  # type: ignore[assignment]
         connection._plans = _Forgetful()
     client, triton = Encoder(), Encoder()
     headers = [
@@ -182,7 +195,7 @@ def grpc_exchanges(memory: bool, count: int) -> tuple[H2Connection, list[tuple[b
     answer = f.grpc_message(b"\n\x07add_one\x12\x011" + b"\x00" * 40)
     exchanges = []
     for number in range(count):
-        sid = 2 * number + 1
+        sid = 2 * number + 1  # the tenant's, and (one tenant) the channel's too
         request = f.frame(f.HEADERS, f.END_HEADERS, sid, client.encode(headers))
         request += f.frame(f.DATA, f.END_STREAM, sid, f.grpc_message(message))
         head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
@@ -191,7 +204,7 @@ def grpc_exchanges(memory: bool, count: int) -> tuple[H2Connection, list[tuple[b
         trailers = triton.encode([(b"grpc-status", b"0")])
         response += f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, trailers)
         exchanges.append((request, response))
-    return connection, exchanges
+    return relay, connection, channel, exchanges
 
 
 def _best(run: Callable[[], float], repeats: int) -> float:
@@ -224,16 +237,18 @@ async def main() -> int:
         figures[("REST", memory)] = _best(rest_run, args.repeats)
 
         def grpc_run(memory: bool = memory) -> float:
-            connection, exchanges = grpc_exchanges(memory, n)
+            relay, connection, channel, exchanges = grpc_exchanges(memory, n)
             started = time.perf_counter()
             for request, response in exchanges:
                 connection.data_received(request)
-                connection.from_triton(response)
+                relay.flush()  # as at the end of the event-loop turn
+                channel.data_received(response)
             elapsed = (time.perf_counter() - started) / n
-            # Every request went to Triton and the tenant got exactly Triton's frames: nothing
-            # was answered by the relay itself (a refusal would be cheaper and measure nothing).
-            assert not connection.streams, "every exchange must have ended"
-            assert connection.transport.written == sum(len(r) for _, r in exchanges)  # type: ignore[union-attr]
+            # Every request went to Triton and its answer to the tenant: nothing was answered
+            # by the relay itself (a refusal would be cheaper and measure nothing).
+            assert not connection.streams and not channel.streams, "every exchange must end"
+            answered = relay.metrics._requests.counts.get(("grpc", "ModelInfer", "OK"), 0)
+            assert answered == n, f"{answered} of {n} calls were answered OK by Triton"
             return elapsed
 
         figures[("gRPC", memory)] = _best(grpc_run, args.repeats)

@@ -32,13 +32,20 @@ PADDED = 0x8
 PRIORITY_FLAG = 0x20
 
 SETTINGS_HEADER_TABLE_SIZE = 1
+SETTINGS_ENABLE_PUSH = 2
+SETTINGS_MAX_CONCURRENT_STREAMS = 3
+SETTINGS_INITIAL_WINDOW_SIZE = 4
 SETTINGS_MAX_FRAME_SIZE = 5
 DEFAULT_MAX_FRAME = 16384
+DEFAULT_WINDOW = 65535
+MAX_WINDOW = 2**31 - 1
 
 NO_ERROR = 0
 PROTOCOL_ERROR = 1
-CANCEL = 8
+FLOW_CONTROL_ERROR = 3
+FRAME_SIZE_ERROR = 6
 REFUSED_STREAM = 7
+CANCEL = 8
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -135,22 +142,35 @@ def status_fields(code: str, details: str) -> list[tuple[bytes, bytes]]:
     return fields
 
 
-def local_answer(
-    stream_id: int, code: str, details: str, response: bytes | None, head: bool = True
-) -> bytes:
-    """The relay's own answer on `stream_id`: the response head (unless Triton already sent one),
-    the `response` message if any, and the trailers; a bare error is one Trailers-Only block."""
-    if response is None and head:
-        block = header_block(_RESPONSE_HEAD + status_fields(code, details))
-        return headers_frames(stream_id, block, end_stream=True)
-    parts = []
-    if head:
-        parts.append(headers_frames(stream_id, header_block(_RESPONSE_HEAD), end_stream=False))
-    if response is not None:
-        parts.append(data_frames(stream_id, grpc_message(response), end_stream=False))
-    trailers = header_block(status_fields(code, details))
-    parts.append(headers_frames(stream_id, trailers, end_stream=True))
-    return b"".join(parts)
+def local_head(stream_id: int) -> bytes:
+    """The response head of an answer the relay gives itself after all (it carries a message)."""
+    return headers_frames(stream_id, header_block(_RESPONSE_HEAD), end_stream=False)
+
+
+def local_trailers(stream_id: int, code: str, details: str, head: bool) -> bytes:
+    """The trailers of the relay's own answer; with `head` (nothing sent on the stream yet) the
+    one Trailers-Only block of a bare error."""
+    fields = status_fields(code, details)
+    return headers_frames(
+        stream_id, header_block(_RESPONSE_HEAD + fields if head else fields), True
+    )
+
+
+def settings(values: dict[int, int]) -> bytes:
+    """A SETTINGS frame with `values`."""
+    payload = b"".join(
+        key.to_bytes(2, "big") + value.to_bytes(4, "big") for key, value in values.items()
+    )
+    return frame(SETTINGS, 0, 0, payload)
+
+
+def data_header(length: int, end_stream: bool, stream_id: int) -> bytes:
+    """The 9-byte header of one DATA frame of `length` bytes."""
+    return (
+        length.to_bytes(3, "big")
+        + (b"\x00\x01" if end_stream else b"\x00\x00")
+        + stream_id.to_bytes(4, "big")
+    )
 
 
 def rst_stream(stream_id: int, error: int) -> bytes:

@@ -1,18 +1,22 @@
-"""The tenant gRPC endpoint as an HTTP/2 frame relay on asyncio protocols (`--grpc-mode relay`).
+"""One tenant connection to the gRPC relay (`--grpc-mode relay`): its frames, both ways.
 
-Each tenant connection gets its own connection to Triton (1:1), so stream ids, SETTINGS, PING,
-WINDOW_UPDATE and flow control stay end to end and most frames pass verbatim. Only request header
-blocks are decoded (a persistent HPACK decoder, fed every block so it stays in sync) to route on
-`:path`; those forwarded are encoded for Triton by the relay's own encoder (`h2headers`).
-Response header blocks are decoded too, only to read grpc-status for the metrics. The messages of
-each stream pass the gate in `h2streams`. Frames the relay writes to the tenant itself are placed
-between Triton's frames, never inside one or inside a header block.
+The relay is the tenant's HTTP/2 peer: it answers SETTINGS and PING itself, grants and enforces
+its own flow-control windows, decodes the tenant's header blocks (to route on `:path`) and encodes
+Triton's response headers with an HPACK encoder of its own for this tenant. Streams it forwards go
+to Triton on the proxy's shared connection (`h2channel`), after the per-stream gate (`h2streams`)
+checked each message. A frame the tenant gets wrong (unreadable, out of order, over a window)
+closes this connection only; Triton never sees it.
+
+Writes to the tenant made in one event-loop turn leave in one write. Response DATA waits for the
+tenant's windows (and while its socket is full) and is credited to Triton only as the tenant takes
+it, so a slow reader holds Triton back rather than the relay's memory growing.
 
 Why not grpc.aio: its per-call cost (about 0.5-0.9 ms and most of a core here) made the proxy keep
 a third of Triton's gRPC throughput; this relay scans frame headers and, for a client repeating
 its headers, finds its header blocks already decoded and encoded (`h2headers`).
 
-What it must not do: decide isolation itself, or hand Triton a message it has not checked.
+What it must not do: decide isolation itself, hand Triton a message it has not checked, or let
+one tenant's frames reach the connection Triton shares among all of them.
 """
 
 from __future__ import annotations
@@ -26,8 +30,15 @@ from hpack import HPACKError
 
 from proxy import h2frames as f
 from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
-from proxy.h2streams import FORWARDED, READY_PATH, UNAVAILABLE, UNIMPLEMENTED, Stream, StreamGate
-from proxy.h2triton import TritonSide
+from proxy.h2streams import (
+    FORWARDED,
+    READY_PATH,
+    RECEIVE_WINDOW,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+    Stream,
+    StreamGate,
+)
 from proxy.routing import GrpcAnswer, grpc_kind
 from proxy.sockets import nodelay
 
@@ -36,231 +47,280 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_COLLECT = 256 * 1024
+MAX_STREAMS = 128
+"""Concurrent streams a tenant connection may open (SETTINGS_MAX_CONCURRENT_STREAMS)."""
+_CONNECTION_WINDOW = 1 << 30
+"""The tenant's connection window; credited as bytes arrive, since stream windows bound memory."""
+_HEAD = bytes((f.HEADERS, f.END_HEADERS))
+_CREDIT_STEP = RECEIVE_WINDOW // 4
+"""Stream credit is given back in steps this large, not a WINDOW_UPDATE per message."""
 
 
-class _Upstream(asyncio.Protocol):
-    def __init__(self, conn: H2Connection) -> None:
-        self.conn = conn
+class ProtocolBrokenError(Exception):
+    """The tenant broke the protocol: the connection ends with GOAWAY and this error code."""
 
-    def data_received(self, data: bytes) -> None:
-        self.conn.from_triton(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.triton_lost()
-
-    def pause_writing(self) -> None:
-        _pause(self.conn.transport, True)
-
-    def resume_writing(self) -> None:
-        _pause(self.conn.transport, False)
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
-class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
-    """One tenant connection and its own connection to Triton."""
+class H2Connection(StreamGate, asyncio.Protocol):
+    """One tenant connection (see the module docstring)."""
 
     def __init__(self, relay: GrpcRelay) -> None:
         self.relay = relay
         self.transport: asyncio.Transport | None = None
-        self.up: asyncio.Transport | None = None
-        self._dead = False  # Triton unreachable: answer every stream UNAVAILABLE ourselves
-        self._pending: list[bytes] = []
-        self._in = b""
-        self._parts: list[bytes] = []  # reads of one large frame, joined when it is complete
-        self._have = 0
-        self._need = 0
-        self._out = b""
-        self._preface = False
-        self._decoder = BlockDecoder()
-        self._up_decoder = BlockDecoder()
-        self._plans: dict[Fields, tuple[str, Fields, bytes | None]] = {}  # see _plan
-        self._up_encoder = BlockEncoder()
-        self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
-        self._up_block: tuple[int, bytearray] | None = None
-        self._deferred: list[bytes] = []
-        self._batch: list[bytes] | None = None  # frames for the tenant while Triton is mid-block
-        self.streams: dict[int, Stream] = {}
+        self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
         self.last_sid = 0
+        self.dirty = False
+        self._wbuf: list[bytes] = []
+        self._in = b""
+        self._preface = False
         self._goaway = False
-        self._owed = 0  # bytes we sent the tenant that Triton does not know about
-        self._up_max_frame = f.DEFAULT_MAX_FRAME  # Triton's SETTINGS_MAX_FRAME_SIZE
-        self._up_end = 0  # stream whose Triton header block ends it
+        self._paused = False  # the tenant's socket is full: response DATA waits
+        self._decoder = BlockDecoder()
+        self._encoder = BlockEncoder()
+        self._plans: dict[Fields, tuple[str, Fields, bytes | None]] = {}  # see _plan
+        self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
+        self._received = _CONNECTION_WINDOW  # what the tenant may still send on the connection
+        self._taken = 0  # connection bytes received and not yet credited back
+        self._window = f.DEFAULT_WINDOW  # the tenant's connection window for our DATA
+        self._initial_window = f.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
+        self._max_frame = f.DEFAULT_MAX_FRAME  # the tenant's SETTINGS_MAX_FRAME_SIZE
+        self._blocked: dict[Stream, None] = {}  # streams with DATA waiting for the tenant
 
-    # -- tenant side ---------------------------------------------------------------------------
+    # -- connection ------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
         self.relay.connections.add(self)
-        self.relay.spawn(self._connect())
-
-    async def _connect(self) -> None:
-        host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
-        loop = asyncio.get_running_loop()
-        try:
-            transport, _ = await loop.create_connection(lambda: _Upstream(self), host, int(port))
-        except OSError as e:
-            log.warning(
-                "Triton's gRPC endpoint %s:%s is unreachable (%s): every call on this tenant "
-                "connection is answered UNAVAILABLE.",
-                host,
-                port,
-                e,
+        self.write(
+            f.settings(
+                {
+                    f.SETTINGS_MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+                    f.SETTINGS_INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
+                }
             )
-            self._dead = True
-            self._to_client(f.frame(f.SETTINGS, 0, 0))
-        else:
-            self.up = nodelay(transport)
-            if self.transport is None or self.transport.is_closing():
-                self.up.close()
-                return
-        pending, self._pending = self._pending, []
-        for data in pending:
-            self.data_received(data)
+            + f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.connections.discard(self)
+        self.transport = None
+        for stream in list(self.streams.values()):
+            if stream.open and stream.channel is not None:
+                stream.open = False
+                stream.channel.reset(stream)  # Triton stops working for nobody
+            self._finish(stream, "CANCELLED")
+        self.streams.clear()
+        self._blocked.clear()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        for stream in list(self._blocked):
+            self._drain(stream)
+
+    def go_away(self) -> None:
+        """Take no new streams; those already open finish."""
+        if not self._goaway:
+            self._goaway = True
+            self.write(f.goaway(self.last_sid))
+
+    def write(self, frames: bytes) -> None:
+        """Queue `frames` for the tenant; they leave with everything else written this turn."""
+        self._wbuf.append(frames)
+        if not self.dirty:
+            self.dirty = True
+            self.relay.mark(self)
+
+    def flush(self) -> None:
+        self.dirty = False
+        if self._wbuf:
+            data = b"".join(self._wbuf)
+            self._wbuf.clear()
+            if self.transport is not None:
+                self.transport.write(data)
+
+    def _error(self, code: int, reason: str) -> None:
+        log.warning("A tenant broke the HTTP/2 protocol (%s): closing its connection.", reason)
+        self.write(f.goaway(self.last_sid, code))
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- the tenant's frames ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self.up is None and not self._dead:
-            self._pending.append(data)
-            return
-        if self._parts:
-            # A large frame arrives in many reads: collect them and join once, not per read.
-            self._parts.append(data)
-            self._have += len(data)
-            if self._have < self._need:
-                return
-            data = b"".join(self._parts)
-            self._parts = []
-        elif self._in:
+        if self._in:
             data = self._in + data
         pos = 0
         if not self._preface:
-            if len(data) < 24:
+            if len(data) < 24 and f.PREFACE.startswith(data):
                 self._in = data
                 return
             if data[:24] != f.PREFACE:
-                self._close()
+                self._error(f.PROTOCOL_ERROR, "no HTTP/2 connection preface")
                 return
             self._preface = True
-            self._send_up(data[:24])
             pos = 24
         end = len(data)
-        out: list[bytes] = []
-        self._batch = out  # frames for Triton from this read, kept in the order they are made
         try:
             while end - pos >= 9:
                 length = int.from_bytes(data[pos : pos + 3], "big")
+                if length > f.DEFAULT_MAX_FRAME:
+                    raise ProtocolBrokenError(f.FRAME_SIZE_ERROR, f"a {length}-byte frame")
                 stop = pos + 9 + length
                 if stop > end:
                     break
                 kind = data[pos + 3]
                 flags = data[pos + 4]
                 sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-                self._client_frame(out, data, pos, stop, kind, flags, sid)
+                if self._block is not None and kind != f.CONTINUATION:
+                    raise ProtocolBrokenError(f.PROTOCOL_ERROR, "a header block left unfinished")
+                if kind == f.DATA:
+                    self._data(data[pos + 9 : stop], flags, sid)
+                else:
+                    self._frame(data[pos + 9 : stop], kind, flags, sid)
                 pos = stop
-        except (HPACKError, ValueError) as e:
-            log.warning("A tenant sent an unreadable HTTP/2 frame (%s): closing its connection.", e)
-            self._close()
+        except ProtocolBrokenError as e:
+            self._error(e.code, str(e))
             return
-        finally:
-            self._batch = None
+        except (HPACKError, ValueError) as e:
+            self._error(f.PROTOCOL_ERROR, f"unreadable: {e}")
+            return
         self._in = data[pos:] if pos < end else b""
-        if len(self._in) >= 9:
-            self._need = int.from_bytes(self._in[:3], "big") + 9
-            if self._need > _COLLECT:
-                self._parts = [self._in]
-                self._have = len(self._in)
-                self._in = b""
-        if out:
-            self._send_up(b"".join(out))
 
-    def _client_frame(
-        self, out: list[bytes], data: bytes, pos: int, stop: int, kind: int, flags: int, sid: int
-    ) -> None:
-        payload = data[pos + 9 : stop]
-        if kind == f.DATA:
-            stream = self.streams.get(sid)
-            body = payload
-            if flags & f.PADDED:
-                body = payload[1 : len(payload) - payload[0]]
-            if stream is None or not stream.open:
-                self._credit(0, len(payload))  # for a stream Triton never sees, or saw end
-                return
-            if len(body) < len(payload):
-                self._credit(sid, len(payload) - len(body))
-            stream.ended = bool(flags & f.END_STREAM)
-            if body is payload and self._whole_message(payload, stream):
-                # The common case, one whole message in one frame: checked and, if it passes
-                # unchanged, sent on as the very frame the tenant sent.
-                self._check(out, stream, payload[5:], len(payload), data[pos:stop])
-                return
-            stream.buf += body
-            self._messages(out, stream)
-        elif kind == f.HEADERS:
+    def _data(self, payload: bytes, flags: int, sid: int) -> None:
+        size = len(payload)
+        self._received -= size
+        self._taken += size
+        if self._received < 0:
+            raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, "DATA over the connection window")
+        if self._taken >= _CONNECTION_WINDOW // 2:
+            self.write(f.window_update(0, self._taken))
+            self._received += self._taken
+            self._taken = 0
+        if sid == 0 or sid > self.last_sid:
+            raise ProtocolBrokenError(f.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
+        stream = self.streams.get(sid)
+        if stream is None or not stream.open or stream.fin:
+            return  # answered or reset already: dropped (its bytes counted above)
+        stream.received -= size
+        if stream.received < 0:
+            raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, f"DATA over stream {sid}'s window")
+        body = payload
+        if flags & f.PADDED:
+            body = payload[1 : size - payload[0]]
+            self.forwarded(stream, size - len(body))
+        if flags & f.END_STREAM:
+            stream.ended = stream.fin = True
+        if body is payload and self._whole_message(payload, stream):
+            # The common case, one whole message in one frame: checked and, if it passes
+            # unchanged, sent on as the very bytes the tenant sent.
+            self._check(stream, payload[5:], size, payload)
+            return
+        stream.buf += body
+        self._messages(stream)
+
+    def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+        if kind == f.HEADERS:
             block = payload
             if flags & f.PADDED:
                 block = block[1 : len(block) - block[0]]
             if flags & f.PRIORITY_FLAG:
                 block = block[5:]
             if flags & f.END_HEADERS:
-                self._headers(out, sid, flags, bytes(block))
+                self._headers(sid, flags, block)
             else:
                 self._block = (sid, flags, bytearray(block))
         elif kind == f.CONTINUATION:
             if self._block is None or self._block[0] != sid:
-                raise ValueError("CONTINUATION without HEADERS")
+                raise ProtocolBrokenError(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
             self._block[2].extend(payload)
             if flags & f.END_HEADERS:
-                sid, first, block_bytes = self._block
+                sid, first, fragments = self._block
                 self._block = None
-                self._headers(out, sid, first, bytes(block_bytes))
+                self._headers(sid, first, bytes(fragments))
+        elif kind == f.WINDOW_UPDATE:
+            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == f.RST_STREAM:
             stream = self.streams.pop(sid, None)
-            if stream is not None and stream.open:
-                out.append(data[pos:stop])
+            if stream is not None:
+                self._blocked.pop(stream, None)
+                if stream.open and stream.channel is not None:
+                    stream.open = False
+                    stream.channel.reset(stream)
                 self._finish(stream, "CANCELLED")
-        elif kind == f.WINDOW_UPDATE:
-            increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
-            if sid == 0 and self._owed:
-                taken = min(self._owed, increment)
-                self._owed -= taken
-                if increment > taken:
-                    out.append(f.window_update(0, increment - taken))
-            elif sid == 0 or (sid in self.streams and self.streams[sid].open):
-                out.append(data[pos:stop])
-        elif self._dead:
-            if kind == f.SETTINGS and not flags & f.ACK:
-                self._to_client(f.frame(f.SETTINGS, f.ACK, 0))
-            elif kind == f.PING and not flags & f.ACK:
-                self._to_client(f.frame(f.PING, f.ACK, 0, payload))
-        else:
-            if kind == f.SETTINGS and not flags & f.ACK:
-                size = f.settings_values(payload).get(f.SETTINGS_HEADER_TABLE_SIZE)
-                if size is not None:
-                    self._up_decoder.max_allowed_table_size = size
-            out.append(data[pos:stop])
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
+                self._settings(f.settings_values(payload))
+                self.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif kind == f.PING:
+            if not flags & f.ACK:
+                self.write(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.PUSH_PROMISE:
+            raise ProtocolBrokenError(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        # PRIORITY, GOAWAY (the tenant closes when it is done) and unknown types: nothing to do
 
-    def _headers(self, out: list[bytes], sid: int, flags: int, block: bytes) -> None:
-        fields = self._decoder.decode(block)
+    def _settings(self, values: dict[int, int]) -> None:
+        window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
+        if window is not None:
+            if window > f.MAX_WINDOW:
+                raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, "an initial window over 2^31-1")
+            delta = window - self._initial_window
+            self._initial_window = window
+            for stream in self.streams.values():
+                stream.window += delta
+            for stream in list(self._blocked):
+                self._drain(stream)
+        size = values.get(f.SETTINGS_MAX_FRAME_SIZE)
+        if size is not None:
+            if not f.DEFAULT_MAX_FRAME <= size < 1 << 24:
+                raise ProtocolBrokenError(f.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {size}")
+            self._max_frame = size
+        table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+        if table is not None:
+            self._encoder.limit_table(table)
+
+    def _window_update(self, sid: int, increment: int) -> None:
+        if sid == 0:
+            if increment == 0 or self._window + increment > f.MAX_WINDOW:
+                raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, "a bad connection WINDOW_UPDATE")
+            self._window += increment
+            for blocked in list(self._blocked):
+                self._drain(blocked)
+            return
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.window += increment
+            if stream in self._blocked:
+                self._drain(stream)
+
+    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+        fields = self._decoder.decode(block)  # every block: the decoder follows the tenant's table
         end_stream = bool(flags & f.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the tenant end its side
-            if stream.open:
-                stream.ended = True
-                self._messages(out, stream)
+            if stream.open and not stream.fin:
+                stream.ended = stream.fin = True
+                self._messages(stream)
             return
         if sid <= self.last_sid or sid % 2 == 0:
-            raise ValueError(f"stream id {sid} is not a new client stream")
+            raise ProtocolBrokenError(f.PROTOCOL_ERROR, f"stream {sid} is not a new client stream")
         self.last_sid = sid
         kind, sent, encoding = self._plan(fields)
-        stream = Stream(sid, kind, encoding)
+        stream = Stream(self, sid, kind, self._initial_window)
+        stream.encoding = encoding
         started = time.perf_counter()
-        if self._goaway:
-            self._to_client(f.rst_stream(sid, f.REFUSED_STREAM))
+        if self._goaway or len(self.streams) >= MAX_STREAMS:
+            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
             return
         router = self.relay.router
         answer: GrpcAnswer | None = None
-        if self._dead:
-            answer = GrpcAnswer(kind or "unknown", "UNAVAILABLE", UNAVAILABLE)
-        elif not kind:
+        if not kind:
             answer = UNIMPLEMENTED
         elif kind == "ServerReady" and self.relay.state.draining:
             answer = GrpcAnswer(kind, "OK")  # ready: false while the pod drains
@@ -271,12 +331,13 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
             self._answer(stream, answer, started)
             return
         stream.route = kind
+        stream.fin = end_stream  # and END_STREAM goes to Triton on the HEADERS frame
+        stream.open = True
         self.streams[sid] = stream
         self.relay.started[id(stream)] = started
-        block = self._up_encoder.encode(sent)  # only now: every block encoded must reach Triton
-        out.append(f.headers_frames(sid, block, end_stream, self._up_max_frame))
+        self.relay.channel().open(stream, sent, end_stream)
         if router.is_stream(kind):
-            self._admit(out, stream)
+            self._admit(stream)
 
     def _plan(self, fields: Fields) -> tuple[str, Fields, bytes | None]:
         """The RPC a tenant's request fields call, the fields Triton gets for them, and their
@@ -296,58 +357,130 @@ class H2Connection(TritonSide, StreamGate, asyncio.Protocol):
             self._plans[fields] = plan
         return plan
 
-    def triton_lost(self) -> None:
-        """Triton closed the connection: every stream still open fails UNAVAILABLE."""
-        self.up = None
-        for stream in list(self.streams.values()):
-            stream.open = False
-            self._refuse(stream, "UNAVAILABLE", UNAVAILABLE)
-        self._close()
+    def forwarded(self, stream: Stream, size: int) -> None:
+        """`size` bytes of `stream` left the relay (to Triton, or dropped): the tenant may send
+        that much more on it."""
+        stream.taken += size
+        if stream.taken >= _CREDIT_STEP and not stream.fin:
+            self.write(f.window_update(stream.sid, stream.taken))
+            stream.received += stream.taken
+            stream.taken = 0
 
-    # -- both ----------------------------------------------------------------------------------
+    # -- towards the tenant ----------------------------------------------------------------------
 
-    def _to_client(self, frames: bytes) -> None:
-        if self._up_block is not None or self._out:
-            self._deferred.append(frames)  # never inside one of Triton's frames or header blocks
-        elif self.transport is not None and frames:
-            self.transport.write(frames)
+    def to_tenant(self, stream: Stream, payload: bytes, end_stream: bool, triton: int = 0) -> None:
+        """DATA for the tenant on `stream`, now or once its windows allow; `triton` of its bytes
+        came from Triton (credited back to Triton as they leave)."""
+        size = len(payload)
+        if (
+            not stream.held
+            and not self._paused
+            and size <= stream.window
+            and size <= self._window
+            and size <= self._max_frame
+        ):
+            stream.window -= size
+            self._window -= size
+            self._wbuf.append(f.data_header(size, end_stream, stream.sid))
+            self.write(payload)
+            if triton:
+                self._give(stream, triton)
+            return
+        stream.held += payload
+        stream.held_end = stream.held_end or end_stream
+        stream.held_up += triton
+        self._blocked[stream] = None
+        self._drain(stream)
 
-    def _send_up(self, frames: bytes) -> None:
-        if self._batch is not None:
-            self._batch.append(frames)  # after the frames of this read made before it
-        elif self.up is not None:
-            self.up.write(frames)
-
-    def pause_writing(self) -> None:
-        _pause(self.up, True)
-
-    def resume_writing(self) -> None:
-        _pause(self.up, False)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.relay.connections.discard(self)
-        for stream in list(self.streams.values()):
-            self._finish(stream, "CANCELLED")
-        self.streams.clear()
-        if self.up is not None:
-            self.up.close()
-            self.up = None
-
-    def go_away(self) -> None:
-        """Take no new streams; those already open finish."""
-        if not self._goaway:
-            self._goaway = True
-            self._to_client(f.goaway(self.last_sid))
-
-    def _close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-def _pause(transport: asyncio.Transport | None, pause: bool) -> None:
-    """Back-pressure: one side cannot take bytes as fast as the other sends them."""
-    if transport is not None:
-        if pause:
-            transport.pause_reading()
+    def end_to_tenant(self, stream: Stream, trailers: bytes | Fields) -> None:
+        """End `stream` towards the tenant with `trailers` (frames, or Triton's fields to encode),
+        after any DATA still waiting for its window."""
+        if stream.held:
+            stream.trailers = trailers
+            self.streams[stream.sid] = stream  # kept for the tenant's WINDOW_UPDATEs
+            return
+        if isinstance(trailers, bytes):
+            self.write(trailers)
         else:
-            transport.resume_reading()
+            block = self._encoder.encode(trailers)
+            self.write(f.headers_frames(stream.sid, block, True, self._max_frame))
+        if not stream.open:
+            self.streams.pop(stream.sid, None)
+
+    def _drain(self, stream: Stream) -> None:
+        """Send what waits on `stream` as far as the tenant's windows allow."""
+        held = stream.held
+        while held and not self._paused:
+            size = min(len(held), stream.window, self._window, self._max_frame)
+            if size <= 0:
+                return
+            chunk = bytes(held[:size])
+            del held[:size]
+            stream.window -= size
+            self._window -= size
+            self.write(f.data_header(size, stream.held_end and not held, stream.sid) + chunk)
+            triton = min(size, stream.held_up)
+            if triton:
+                stream.held_up -= triton
+                self._give(stream, triton)
+        if held:
+            return
+        self._blocked.pop(stream, None)
+        trailers, stream.trailers = stream.trailers, None
+        if trailers is not None:
+            self.end_to_tenant(stream, trailers)
+
+    def _give(self, stream: Stream, size: int) -> None:
+        """The tenant took `size` of Triton's bytes on `stream`: credit Triton in steps."""
+        stream.given += size
+        if stream.given >= _CREDIT_STEP and stream.open and stream.channel is not None:
+            stream.channel.credit(stream, stream.given)
+            stream.given = 0
+
+    # -- Triton's side of a stream (called by h2channel) -------------------------------------
+
+    def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        if stream.sid not in self.streams:
+            return  # answered by the relay already
+        if not end_stream:
+            stream.responded = True
+            block = self._encoder.encode(fields)
+            if len(block) <= self._max_frame:
+                self.write(len(block).to_bytes(3, "big") + _HEAD + stream.sid.to_bytes(4, "big"))
+                self.write(block)
+            else:
+                self.write(f.headers_frames(stream.sid, block, False, self._max_frame))
+            return
+        code = "UNKNOWN"
+        for name, value in fields:
+            if name == b"grpc-status":
+                code = f.CODE_NAMES.get(int(value), "UNKNOWN")
+        self._finish(stream, code)
+        self.end_to_tenant(stream, fields)
+
+    def triton_data(self, stream: Stream, body: bytes, end_stream: bool) -> None:
+        if stream.sid not in self.streams:
+            return
+        self.to_tenant(stream, body, end_stream, len(body))
+        if end_stream:  # a response without trailers: not gRPC, but passed on as it came
+            self._finish(stream, "UNKNOWN")
+            if not stream.held:
+                self.streams.pop(stream.sid, None)
+
+    def triton_reset(self, stream: Stream, code: int) -> None:
+        if self.streams.pop(stream.sid, None) is not None:
+            self._blocked.pop(stream, None)
+            self.write(f.rst_stream(stream.sid, code))
+            self._finish(stream, "CANCELLED")
+
+    def triton_refused(self, stream: Stream) -> None:
+        """Triton's GOAWAY left `stream` unprocessed: the tenant may retry it."""
+        if self.streams.pop(stream.sid, None) is not None:
+            self._blocked.pop(stream, None)
+            self.write(f.rst_stream(stream.sid, f.REFUSED_STREAM))
+            self._finish(stream, "UNAVAILABLE")
+
+    def triton_unavailable(self, stream: Stream) -> None:
+        """The connection to Triton failed under `stream`."""
+        if stream.sid in self.streams:
+            self._refuse(stream, "UNAVAILABLE", UNAVAILABLE)

@@ -1,9 +1,12 @@
-"""The relay mode's gRPC listener: accepts tenant connections, and drains them on shutdown.
+"""The relay mode's gRPC listener: tenant connections, the shared connection to Triton, drain.
 
-Each accepted connection is an `h2relay.H2Connection` with its own connection to Triton. On stop
-every tenant gets GOAWAY (no new streams), open streams finish up to the grace period, then the
-connections close. It owns the tasks the connections start, so none outlives the proxy.
-What it must not do: look at frames (that is `h2relay`) or decide isolation (`routing`).
+Each accepted connection is an `h2relay.H2Connection`; the streams of all of them go to Triton on
+one `h2channel.TritonChannel` (another is opened only when Triton stops taking streams on it:
+GOAWAY, its stream limit, or ids used up). Writes are gathered per connection and leave once per
+event-loop turn (`mark`, `flush`). On stop every tenant gets GOAWAY (no new streams), open streams
+finish up to the grace period, then the connections close. It owns the tasks the connections
+start, so none outlives the proxy.
+What it must not do: look at frames (that is `h2relay`, `h2channel`) or decide isolation.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Protocol
 
+from proxy.h2channel import TritonChannel
 from proxy.h2relay import H2Connection
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
@@ -26,8 +30,18 @@ from proxy.state import ProxyState
 log = logging.getLogger(__name__)
 
 
+class _Writer(Protocol):
+    dirty: bool
+
+    def hold(self) -> None:
+        """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
+        self._flush_soon = True
+
+    def flush(self) -> None: ...
+
+
 class GrpcRelay:
-    """Listens on the gRPC port; owns the tenant connections (each with its Triton connection)."""
+    """Listens on the gRPC port; owns the tenant connections and the channels to Triton."""
 
     def __init__(
         self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
@@ -39,9 +53,13 @@ class GrpcRelay:
         self.state = state
         self.max_message = settings.max_body_bytes
         self.connections: set[H2Connection] = set()
+        self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Future[None]] = set()
         self.started: dict[int, float] = {}
         self._server: asyncio.Server | None = None
+        self._dirty: list[_Writer] = []
+        self._flush_soon = False
+        self._unreachable = False
         self.port = 0
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
@@ -50,6 +68,63 @@ class GrpcRelay:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def mark(self, writer: _Writer) -> None:
+        """`writer` has bytes to send: they leave at the end of this event-loop turn."""
+        self._dirty.append(writer)
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def hold(self) -> None:
+        """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
+        self._flush_soon = True
+
+    def flush(self) -> None:
+        """Write what every connection gathered."""
+        self._flush_soon = False
+        while self._dirty:
+            dirty, self._dirty = self._dirty, []
+            for writer in dirty:
+                if writer.dirty:
+                    writer.flush()
+
+    # -- channels to Triton ----------------------------------------------------------------------
+
+    def channel(self) -> TritonChannel:
+        """The channel a new stream goes on; opened when there is none that takes it."""
+        for channel in self.channels:
+            if channel.accepts():
+                return channel
+        channel = TritonChannel(self)
+        self.channels.append(channel)
+        self.mark(channel)
+        self.spawn(channel.connect())
+        return channel
+
+    def forget(self, channel: TritonChannel) -> None:
+        """`channel` takes no new streams."""
+        with contextlib.suppress(ValueError):
+            self.channels.remove(channel)
+
+    def triton_unreachable(self, address: str, error: OSError) -> None:
+        if not self._unreachable:
+            self._unreachable = True
+            log.warning(
+                "Triton's gRPC endpoint %s is unreachable (%s): calls are answered UNAVAILABLE "
+                "until it answers again.",
+                address,
+                error,
+            )
+
+    def triton_reachable(self) -> None:
+        if self._unreachable:
+            self._unreachable = False
+            log.info("Triton's gRPC endpoint answers again.")
+
+    # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start listening."""
@@ -72,9 +147,14 @@ class GrpcRelay:
             if not any(c.streams for c in self.connections) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
+        self.flush()
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
+        for channel in list(self.channels):
+            self.forget(channel)
+            if channel.transport is not None:
+                channel.transport.close()
         for task in list(self.tasks):
             task.cancel()
         for task in list(self.tasks):

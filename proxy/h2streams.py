@@ -25,6 +25,9 @@ from proxy.limiter import Limiter
 from proxy.routing import GRPC_SERVICE, GrpcAnswer
 
 if TYPE_CHECKING:
+    from proxy.h2channel import TritonChannel
+    from proxy.h2headers import Fields
+    from proxy.h2relay import H2Connection
     from proxy.h2server import GrpcRelay
 
 HOLD_LIMIT = 16 * 1024
@@ -44,6 +47,11 @@ FORWARDED = frozenset(
 """The RPCs a stream is opened at Triton for; `routing` decides every other one locally."""
 _FLAG = "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
 
+RECEIVE_WINDOW = 256 * 1024
+"""The per-stream window the relay grants tenants (SETTINGS_INITIAL_WINDOW_SIZE): the most it holds
+of one tenant stream while Triton's window is short. It must exceed the bytes held back to check
+a message (PREFIX_HOLD) plus what is credited in one go (a quarter of it), or a stream stalls."""
+
 # Stream.limited values.
 NO_SLOT = 0
 HOLDS_SLOT = 1
@@ -51,38 +59,72 @@ WAITING = 2
 
 
 class Stream:
-    """One tenant stream that reached the gate."""
+    """One tenant stream that reached the gate, and its stream at Triton once opened there."""
 
     __slots__ = (
         "buf",
+        "channel",
         "code",
+        "conn",
         "early",
         "encoding",
         "ended",
+        "fin",
+        "given",
+        "held",
+        "held_end",
+        "held_up",
         "kind",
         "limited",
         "open",
+        "received",
         "responded",
         "route",
         "sid",
         "skip",
+        "taken",
+        "trailers",
+        "up",
+        "up_end",
+        "up_held",
+        "up_window",
         "waiter",
+        "window",
     )
 
-    def __init__(self, sid: int, kind: str, encoding: bytes | None = None) -> None:
+    def __init__(self, conn: H2Connection, sid: int, kind: str, window: int) -> None:
+        self.conn = conn
         self.sid = sid
         self.kind = kind
         self.route = kind
-        self.encoding = encoding  # the grpc-encoding request header, for compressed messages
+        self.encoding: bytes | None = None  # the grpc-encoding request header
         self.buf = bytearray()
         self.early = 0  # bytes of the current message already relayed (all but its last byte)
         self.skip = 0  # bytes still to come of a large message refused from its prefix
-        self.open = True  # relayed to Triton and not yet closed there
-        self.ended = False  # the tenant sent END_STREAM
+        self.open = False  # opened at Triton and not yet closed there
+        self.ended = False  # the tenant's END_STREAM is still to be sent on to Triton
+        self.fin = False  # the tenant sent END_STREAM
         self.limited = NO_SLOT
         self.waiter: asyncio.Future[None] | None = None
         self.code = "OK"
-        self.responded = False  # Triton sent the response head
+        self.responded = False  # the tenant has the response head
+        # Tenant side (`h2relay`): what it may still send us, bytes to credit back to it, and
+        # what waits for its window (DATA, how much of it is Triton's, then the trailers).
+        self.received = RECEIVE_WINDOW
+        self.taken = 0
+        self.window = window
+        self.held = bytearray()
+        self.held_end = False
+        self.held_up = 0
+        self.trailers: bytes | Fields | None = None
+        # Triton side (`h2channel`): its stream id, what Triton lets us send, what waits for it,
+        # and response bytes the tenant took that Triton has not been credited for yet.
+        self.channel: TritonChannel | None = None
+        self.up = 0
+        self.up_window = 0
+        self.up_held = bytearray()
+        self.up_end = False
+        self.given = 0
 
 
 class StreamGate:
@@ -90,16 +132,18 @@ class StreamGate:
 
     relay: GrpcRelay
     streams: dict[int, Stream]
-    _owed: int
-    _up_max_frame: int
 
-    def _to_client(self, frames: bytes) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by H2Connection; no stub may shadow them
 
-    def _send_up(self, frames: bytes) -> None:
-        raise NotImplementedError
+        def write(self, frames: bytes) -> None: ...
 
-    def _admit(self, out: list[bytes], stream: Stream) -> bool:
+        def to_tenant(self, stream: Stream, payload: bytes, end_stream: bool) -> None: ...
+
+        def end_to_tenant(self, stream: Stream, trailers: bytes | Fields) -> None: ...
+
+        def forwarded(self, stream: Stream, size: int) -> None: ...
+
+    def _admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
         limiter = self.relay.limiter
         if limiter.try_acquire():
@@ -124,12 +168,9 @@ class StreamGate:
             stream.limited = NO_SLOT
             return
         stream.limited = HOLDS_SLOT
-        out: list[bytes] = []
-        self._messages(out, stream)
-        if out:
-            self._send_up(b"".join(out))
+        self._messages(stream)
 
-    def _messages(self, out: list[bytes], stream: Stream) -> None:
+    def _messages(self, stream: Stream) -> None:
         """Check and relay every complete message in the stream's buffer."""
         if stream.limited == WAITING:
             return  # keep buffering until the stream has its slot
@@ -138,7 +179,7 @@ class StreamGate:
             dropped = min(stream.skip, len(buf))
             del buf[:dropped]
             stream.skip -= dropped
-            self._credit(stream.sid, dropped)
+            self.forwarded(stream, dropped)
         while len(buf) >= 5:
             flag = buf[0]
             size = int.from_bytes(buf[1:5], "big")
@@ -157,14 +198,7 @@ class StreamGate:
                 ):
                     # Large: relay all but the last byte so flow control keeps going; Triton
                     # cannot act on an incomplete message, and is reset if the check fails.
-                    out.append(
-                        f.data_frames(
-                            stream.sid,
-                            bytes(buf[stream.early : len(buf) - 1]),
-                            False,
-                            self._up_max_frame,
-                        )
-                    )
+                    self._up(stream, bytes(buf[stream.early : len(buf) - 1]), False)
                     stream.early = len(buf) - 1
                 break
             framed = None
@@ -180,10 +214,10 @@ class StreamGate:
             else:
                 message = bytes(buf[5:total])
             del buf[:total]
-            if not self._check(out, stream, message, total, None, framed):
+            if not self._check(stream, message, total, framed):
                 return
         if stream.ended and not buf and stream.open:
-            out.append(f.frame(f.DATA, f.END_STREAM, stream.sid))
+            self._up(stream, b"", True)
             stream.ended = False  # sent on; the stream stays open until Triton's trailers
 
     def _prefix(self, stream: Stream) -> bool:
@@ -214,7 +248,7 @@ class StreamGate:
             if refusal is None:  # cannot happen for another name; relay and check when whole
                 return True
             stream.skip = 5 + int.from_bytes(buf[1:5], "big") - len(buf)
-            self._credit(stream.sid, len(buf))
+            self.forwarded(stream, len(buf))
             buf.clear()
             self._inject(stream, refusal)
             return False
@@ -228,8 +262,7 @@ class StreamGate:
 
     def _inject(self, stream: Stream, response: bytes) -> None:
         """Send the tenant an in-stream response of the relay's own (Triton never sees it)."""
-        self._owed += len(response) + 5
-        self._to_client(f.data_frames(stream.sid, f.grpc_message(response), False))
+        self.to_tenant(stream, f.grpc_message(response), False)
 
     def _whole_message(self, payload: bytes, stream: Stream) -> bool:
         """`payload` is exactly one uncompressed message within the limit, with nothing of the
@@ -244,84 +277,70 @@ class StreamGate:
             and len(payload) - 5 <= self.relay.max_message
         )
 
-    def _check(
-        self,
-        out: list[bytes],
-        stream: Stream,
-        message: bytes,
-        total: int,
-        frame: bytes | None = None,
-        framed: bytes | None = None,
-    ) -> bool:
+    def _check(self, stream: Stream, message: bytes, total: int, framed: bytes | None) -> bool:
         """Check one whole message and relay it, or answer it; False when the stream ended.
-        `frame` is the tenant's DATA frame when it held exactly this message and nothing else;
-        `framed` the tenant's length-prefixed bytes when `message` was decompressed from them."""
+        `framed` is the message as the tenant sent it (length-prefixed; compressed when `message`
+        was inflated from it), when the relay may send those very bytes on."""
         router = self.relay.router
         early, stream.early = stream.early, 0
         if router.is_stream(stream.kind):
             refusal = router.decide_stream_message(message)
             if refusal is None:
-                out.append(self._tail(stream, message, early, frame, framed))
+                self._tail(stream, message, early, framed)
                 return True
             if early:
                 # Part of it already reached Triton and cannot be taken back: end the stream.
-                self._credit(0, total)  # Triton does not credit bytes of a reset stream
                 self._refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
                 return False
-            self._credit(stream.sid, total)
+            self.forwarded(stream, total)
             self._inject(stream, refusal)
             return True
         if stream.route != stream.kind:  # a second message on a unary call
-            self._credit(0, total)
             self._refuse(stream, "INVALID_ARGUMENT", "a unary call carries exactly one message")
             return False
         decision = router.decide(stream.kind, message)
         stream.route = decision.route
         if isinstance(decision, GrpcAnswer):
-            # Triton never sees this message, or only part of it on a stream it then resets
-            # (for which it gives no credit back): the tenant gets the credit from the relay.
-            self._credit(0, total)
             ok = decision.code == "OK"
             self._refuse(stream, decision.code, decision.details, decision.response if ok else None)
             return False
         stream.route = "checked:" + decision.route
-        if decision.limited and stream.limited == NO_SLOT and not self._admit(out, stream):
+        if decision.limited and stream.limited == NO_SLOT and not self._admit(stream):
             stream.buf[:0] = framed or f.grpc_message(message)  # checked again once admitted
             stream.early = early
             stream.route = stream.kind
             return False
         if decision.request is not message and early:
-            self._credit(0, total)
             self._refuse(stream, "INVALID_ARGUMENT", "the request is too large to be narrowed")
             return False
         if decision.request is not message:
             # Narrowed or rewritten (sent uncompressed, which gRPC allows per message): Triton
             # counts the new message's bytes instead.
-            self._credit(stream.sid, total - len(decision.request) - 5)
-            message, early, frame, framed = decision.request, 0, None, None
-        out.append(self._tail(stream, message, early, frame, framed))
+            self.forwarded(stream, total - len(decision.request) - 5)
+            message, early, framed = decision.request, 0, None
+        self._tail(stream, message, early, framed)
         return True
 
-    def _tail(
-        self,
-        stream: Stream,
-        message: bytes,
-        early: int,
-        frame: bytes | None,
-        framed: bytes | None = None,
-    ) -> bytes:
-        """The message's DATA frames (less what went ahead), ending the stream if it is the last;
-        the tenant's own `frame` when it carried exactly this message (and its END_STREAM)."""
+    def _tail(self, stream: Stream, message: bytes, early: int, framed: bytes | None) -> None:
+        """Send the message on (less what went ahead), ending the stream if it is the last."""
         last = stream.ended and not stream.buf
         if last:
             stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
-        if frame is not None:
-            return frame
         if framed is None:
             framed = f.grpc_message(message)
-        return f.data_frames(
-            stream.sid, framed[early:] if early else framed, last, self._up_max_frame
-        )
+        self._up(stream, framed[early:] if early else framed, last)
+
+    def _up(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
+        """Request bytes of `stream` for Triton, split to frames Triton takes."""
+        channel = stream.channel
+        assert channel is not None
+        step = channel.max_frame
+        if len(payload) <= step:
+            channel.send(stream, payload, end_stream)
+            return
+        for pos in range(0, len(payload), step):
+            last = pos + step >= len(payload)
+            channel.send(stream, payload[pos : pos + step], end_stream and last)
 
     def _refuse(
         self, stream: Stream, code: str, details: str, response: bytes | None = None
@@ -330,10 +349,9 @@ class StreamGate:
         self.streams.pop(stream.sid, None)
         if stream.open:
             stream.open = False
-            self._send_up(f.rst_stream(stream.sid, f.CANCEL))
-        if stream.buf:
-            self._credit(0, len(stream.buf))
-            stream.buf.clear()
+            assert stream.channel is not None
+            stream.channel.reset(stream)
+        stream.buf.clear()
         self._answer(stream, GrpcAnswer(stream.route, code, details), None, response)
 
     def _answer(
@@ -347,10 +365,13 @@ class StreamGate:
         if response is None and answer.code == "OK":
             response = answer.response
         head = not stream.responded
-        frames = f.local_answer(stream.sid, answer.code, answer.details, response, head)
         if response is not None:
-            self._owed += len(response) + 5
-        self._to_client(frames)
+            if head:
+                self.write(f.local_head(stream.sid))
+                stream.responded = True
+                head = False
+            self.to_tenant(stream, f.grpc_message(response), False)
+        self.end_to_tenant(stream, f.local_trailers(stream.sid, answer.code, answer.details, head))
         if started is not None:
             self.relay.metrics.observe(
                 "grpc", answer.route, answer.code, time.perf_counter() - started
@@ -358,14 +379,6 @@ class StreamGate:
         else:
             stream.code = answer.code
             self._finish(stream, answer.code)
-
-    def _credit(self, sid: int, size: int) -> None:
-        """Give the tenant back flow-control credit for bytes Triton never receives."""
-        if size > 0:
-            frames = f.window_update(0, size)
-            if sid and sid in self.streams:
-                frames += f.window_update(sid, size)
-            self._to_client(frames)
 
     def _finish(self, stream: Stream, code: str) -> None:
         started = self.relay.started.pop(id(stream), None)

@@ -1,0 +1,369 @@
+"""The relay's one HTTP/2 connection to Triton, shared by every tenant connection of the proxy.
+
+Tenant streams are multiplexed onto it under stream ids of its own (`Stream.up`). Everything
+Triton receives is written here: request header blocks from the channel's own HPACK encoder,
+DATA within the windows Triton grants, RST_STREAM, WINDOW_UPDATE, and the answers to Triton's
+SETTINGS and PING. No tenant frame reaches Triton as sent, so a tenant that breaks the protocol
+only ever breaks its own connection. Triton's frames are read here and handed to the tenant
+connection that owns the stream (`h2relay`), which writes them under its own ids, windows and
+header compression.
+
+Flow control, request direction: DATA waits here while Triton's stream or connection window is
+short, and the tenant's stream gets its credit back only once its bytes went to Triton.
+Response direction: the channel grants Triton a large connection window, credited as bytes
+arrive; each stream's window (`RESPONSE_WINDOW`) is credited only as the tenant takes the bytes,
+so a tenant that stops reading holds at most that much per stream here.
+
+Writes from every tenant made in one event-loop turn leave in one write (`GrpcRelay.flush`): under
+load Triton reads many streams' frames per read, as from one client with many calls in flight.
+When Triton sends GOAWAY the channel takes no new streams (a new channel is opened) and streams
+Triton will not process are refused to their tenants with REFUSED_STREAM, which clients retry.
+
+What it must not do: forward a tenant's bytes unchecked, or exceed a window Triton granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from hpack import HPACKError
+
+from proxy import h2frames as f
+from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
+from proxy.sockets import nodelay
+
+if TYPE_CHECKING:
+    from proxy.h2server import GrpcRelay
+    from proxy.h2streams import Stream
+
+log = logging.getLogger(__name__)
+
+RESPONSE_WINDOW = 1024 * 1024
+"""The per-stream window the channel grants Triton: what it may hold of one stream's response."""
+_CONNECTION_WINDOW = 1 << 30
+"""The channel's connection window for Triton, credited back as bytes arrive (streams bound it)."""
+_LAST_ID = 2**31 - 1
+_PLAIN_BLOCK = f.END_HEADERS | f.PADDED | f.PRIORITY_FLAG
+
+
+class TritonChannel(asyncio.Protocol):
+    """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
+
+    def __init__(self, relay: GrpcRelay) -> None:
+        self.relay = relay
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, Stream] = {}  # by Triton-side stream id
+        self.closing = False  # GOAWAY from Triton, ids used up, or the proxy stops
+        self.max_streams = _LAST_ID  # Triton's SETTINGS_MAX_CONCURRENT_STREAMS
+        self.max_frame = f.DEFAULT_MAX_FRAME  # Triton's SETTINGS_MAX_FRAME_SIZE
+        self.initial_window = f.DEFAULT_WINDOW  # Triton's SETTINGS_INITIAL_WINDOW_SIZE
+        self.window = f.DEFAULT_WINDOW  # what Triton's connection window lets us send now
+        self.waiting: dict[Stream, None] = {}  # streams with DATA held for Triton's windows
+        self._next_id = 1
+        self._encoder = BlockEncoder()
+        self._decoder = BlockDecoder()
+        self._in = b""
+        self._block: tuple[int, int, bytearray] | None = None  # HEADERS awaiting CONTINUATION
+        self._received = 0  # DATA bytes not yet credited back on the connection
+        self._wbuf: list[bytes] = [
+            f.PREFACE,
+            f.settings(
+                {f.SETTINGS_ENABLE_PUSH: 0, f.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW}
+            ),
+            f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW),
+        ]
+        self.dirty = True
+
+    # -- connection ------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the connection; until then frames wait in the write buffer."""
+        host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_connection(lambda: self, host, int(port))
+        except OSError as e:
+            self.relay.triton_unreachable(f"{host}:{port}", e)
+            self._fail()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = nodelay(transport)
+        self.relay.triton_reachable()
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.streams:
+            log.warning(
+                "The connection to Triton's gRPC endpoint closed (%s) with %d calls in flight: "
+                "they fail UNAVAILABLE and new calls open a new connection.",
+                exc or "closed by Triton",
+                len(self.streams),
+            )
+        self.transport = None
+        self._fail()
+
+    def _fail(self) -> None:
+        """The connection is gone or never came: every stream on it fails UNAVAILABLE."""
+        self.closing = True
+        self.relay.forget(self)
+        streams, self.streams = list(self.streams.values()), {}
+        self.waiting.clear()
+        for stream in streams:
+            stream.open = False
+            stream.conn.triton_unavailable(stream)
+
+    def accepts(self) -> bool:
+        """Whether a new stream may go on this channel."""
+        return not self.closing and len(self.streams) < self.max_streams
+
+    def close(self) -> None:
+        """Take no new streams; close once the last one ends."""
+        self.closing = True
+        if not self.streams and self.transport is not None:
+            self.transport.close()
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def write(self, frames: bytes) -> None:
+        """Queue `frames` for Triton; they leave with everything else written this turn."""
+        self._wbuf.append(frames)
+        if not self.dirty:
+            self.dirty = True
+            self.relay.mark(self)
+
+    def flush(self) -> None:
+        """Write what was queued (kept while the connection is still being opened)."""
+        if self.transport is None:
+            return
+        self.dirty = False
+        if self._wbuf:
+            data = b"".join(self._wbuf)
+            self._wbuf.clear()
+            self.transport.write(data)
+
+    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        """Open `stream` at Triton with request header `fields`."""
+        up = self._next_id
+        self._next_id += 2
+        if self._next_id > _LAST_ID:
+            self.closing = True  # ids used up: new streams go to a new channel
+        stream.up = up
+        stream.channel = self
+        stream.up_window = self.initial_window
+        self.streams[up] = stream
+        block = self._encoder.encode(fields)  # every block encoded is written, in order
+        self.write(f.headers_frames(up, block, end_stream, self.max_frame))
+
+    def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
+        """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
+        size = len(payload)
+        if (
+            not stream.up_held
+            and size <= stream.up_window
+            and size <= self.window
+            and size <= self.max_frame
+        ):
+            stream.up_window -= size
+            self.window -= size
+            self._wbuf.append(f.data_header(size, end_stream, stream.up))
+            self.write(payload)
+            if size:
+                stream.conn.forwarded(stream, size)
+            return
+        stream.up_held += payload
+        stream.up_end = stream.up_end or end_stream
+        self.waiting[stream] = None
+        self._release(stream)
+
+    def _release(self, stream: Stream) -> None:
+        """Send what `stream` holds as far as the windows allow."""
+        held = stream.up_held
+        while held:
+            size = min(len(held), stream.up_window, self.window, self.max_frame)
+            if size <= 0:
+                return
+            chunk = bytes(held[:size])
+            del held[:size]
+            stream.up_window -= size
+            self.window -= size
+            end = stream.up_end and not held
+            self.write(f.data_header(size, end, stream.up) + chunk)
+            stream.conn.forwarded(stream, size)
+        if stream.up_end:
+            self.write(f.data_header(0, True, stream.up))  # ends an empty remainder
+        stream.up_end = False
+        self.waiting.pop(stream, None)
+
+    def reset(self, stream: Stream) -> None:
+        """Cancel `stream` at Triton (the tenant left it, or the relay answered it)."""
+        if self.streams.pop(stream.up, None) is not None:
+            self.write(f.rst_stream(stream.up, f.CANCEL))
+        stream.up_held.clear()
+        self.waiting.pop(stream, None)
+        self._ended()
+
+    def credit(self, stream: Stream, size: int) -> None:
+        """The tenant took `size` response bytes of `stream`: Triton may send that much more."""
+        if stream.up in self.streams:
+            self.write(f.window_update(stream.up, size))
+
+    def _ended(self) -> None:
+        if self.closing and not self.streams and self.transport is not None:
+            self.transport.close()
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self.relay.hold()  # what this read makes for tenants leaves at its end (flush below)
+        if self._in:
+            data = self._in + data
+        pos = 0
+        end = len(data)
+        streams = self.streams
+        try:
+            while end - pos >= 9:
+                length = int.from_bytes(data[pos : pos + 3], "big")
+                stop = pos + 9 + length
+                if stop > end:
+                    break
+                kind = data[pos + 3]
+                flags = data[pos + 4]
+                sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                if kind == f.DATA and not flags:  # the common shapes first, without detours
+                    self._received += length
+                    stream = streams.get(sid)
+                    if stream is not None:
+                        stream.conn.to_tenant(stream, data[pos + 9 : stop], False, length)
+                elif kind == f.HEADERS and flags & _PLAIN_BLOCK == f.END_HEADERS:
+                    self._headers(sid, flags, data[pos + 9 : stop])
+                elif kind == f.DATA:
+                    self._data(data[pos + 9 : stop], flags, sid)
+                else:
+                    self._frame(data[pos + 9 : stop], kind, flags, sid)
+                pos = stop
+        except (HPACKError, ValueError) as e:
+            log.warning("Triton sent an unreadable HTTP/2 frame (%s): reconnecting.", e)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self._in = data[pos:] if pos < end else b""
+        if self._received >= _CONNECTION_WINDOW // 2:
+            self.write(f.window_update(0, self._received))
+            self._received = 0
+        self.relay.flush()
+
+    def _data(self, payload: bytes, flags: int, sid: int) -> None:
+        self._received += len(payload)
+        stream = self.streams.get(sid)
+        if stream is None:
+            return  # reset by the relay: its bytes still count on the connection (above)
+        body = payload[1 : len(payload) - payload[0]] if flags & f.PADDED else payload
+        if len(body) < len(payload):
+            self.credit(stream, len(payload) - len(body))
+        if flags & f.END_STREAM:
+            self._close_stream(stream)
+        stream.conn.triton_data(stream, body, bool(flags & f.END_STREAM))
+
+    def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+        if kind == f.HEADERS:
+            if flags & f.PADDED:
+                payload = payload[1 : len(payload) - payload[0]]
+            if flags & f.PRIORITY_FLAG:
+                payload = payload[5:]
+            if flags & f.END_HEADERS:
+                self._headers(sid, flags, payload)
+            else:
+                self._block = (sid, flags, bytearray(payload))
+        elif kind == f.CONTINUATION:
+            if self._block is None or self._block[0] != sid:
+                raise ValueError("CONTINUATION without HEADERS")
+            self._block[2].extend(payload)
+            if flags & f.END_HEADERS:
+                sid, first, block = self._block
+                self._block = None
+                self._headers(sid, first, bytes(block))
+        elif kind == f.WINDOW_UPDATE:
+            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+        elif kind == f.RST_STREAM:
+            stream = self.streams.get(sid)
+            if stream is not None:
+                self._close_stream(stream)
+                stream.conn.triton_reset(stream, int.from_bytes(payload, "big"))
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
+                self._settings(f.settings_values(payload))
+                self.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif kind == f.PING:
+            if not flags & f.ACK:
+                self.write(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.GOAWAY:
+            self._goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, payload[4:8])
+        elif kind == f.PUSH_PROMISE:
+            raise ValueError("PUSH_PROMISE although the relay disabled push")
+
+    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+        fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        end_stream = bool(flags & f.END_STREAM)
+        if end_stream:
+            self._close_stream(stream)
+        stream.conn.triton_headers(stream, fields, end_stream)
+
+    def _close_stream(self, stream: Stream) -> None:
+        """Triton ended `stream`: nothing more goes to Triton on it."""
+        del self.streams[stream.up]
+        stream.open = False
+        stream.up_held.clear()
+        self.waiting.pop(stream, None)
+        self._ended()
+
+    def _window_update(self, sid: int, increment: int) -> None:
+        if sid == 0:
+            self.window += increment
+            for waiting in list(self.waiting):
+                self._release(waiting)
+                if self.window <= 0:
+                    break
+            return
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.up_window += increment
+            if stream in self.waiting:
+                self._release(stream)
+
+    def _settings(self, values: dict[int, int]) -> None:
+        self.max_streams = values.get(f.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams)
+        self.max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self.max_frame)
+        table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+        if table is not None:
+            self._encoder.limit_table(table)
+        window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window - self.initial_window
+            self.initial_window = window
+            for stream in self.streams.values():
+                stream.up_window += delta
+            for stream in list(self.waiting):
+                self._release(stream)
+
+    def _goaway(self, last: int, code: bytes) -> None:
+        """Triton takes no new streams; those above `last` it never processed."""
+        if code != b"\x00\x00\x00\x00":
+            log.warning(
+                "Triton's gRPC endpoint sent GOAWAY with error %d: new calls open a new "
+                "connection.",
+                int.from_bytes(code, "big"),
+            )
+        self.closing = True
+        self.relay.forget(self)
+        for sid, stream in list(self.streams.items()):
+            if sid > last:
+                del self.streams[sid]
+                stream.open = False
+                self.waiting.pop(stream, None)
+                stream.conn.triton_refused(stream)
+        self._ended()
