@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 class _Writer(Protocol):
     dirty: bool
 
-    def hold(self) -> None:
-        """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
-        self._flush_soon = True
-
     def flush(self) -> None: ...
 
 
@@ -77,6 +73,10 @@ class GrpcRelay:
         if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_soon(self.flush)
+
+    def hold(self) -> None:
+        """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
+        self._flush_soon = True
 
     def hold(self) -> None:
         """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
