@@ -78,10 +78,6 @@ class GrpcRelay:
         """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
         self._flush_soon = True
 
-    def hold(self) -> None:
-        """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
-        self._flush_soon = True
-
     def flush(self) -> None:
         """Write what every connection gathered."""
         self._flush_soon = False
