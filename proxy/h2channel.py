@@ -216,43 +216,47 @@ class TritonChannel(asyncio.Protocol):
     # -- reading ---------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self.relay.hold()  # what this read makes for tenants leaves at its end (flush below)
+        relay = self.relay
+        relay.hold()  # what this read makes for tenants leaves at its end, in one write each
+        try:
+            self._read(data)
+        except (HPACKError, ValueError) as e:
+            log.warning("Triton sent an unreadable HTTP/2 frame (%s): reconnecting.", e)
+            if self.transport is not None:
+                self.transport.abort()
+        finally:
+            relay.flush()
+
+    def _read(self, data: bytes) -> None:
         if self._in:
             data = self._in + data
         pos = 0
         end = len(data)
         streams = self.streams
-        try:
-            while end - pos >= 9:
-                length = int.from_bytes(data[pos : pos + 3], "big")
-                stop = pos + 9 + length
-                if stop > end:
-                    break
-                kind = data[pos + 3]
-                flags = data[pos + 4]
-                sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-                if kind == f.DATA and not flags:  # the common shapes first, without detours
-                    self._received += length
-                    stream = streams.get(sid)
-                    if stream is not None:
-                        stream.conn.to_tenant(stream, data[pos + 9 : stop], False, length)
-                elif kind == f.HEADERS and flags & _PLAIN_BLOCK == f.END_HEADERS:
-                    self._headers(sid, flags, data[pos + 9 : stop])
-                elif kind == f.DATA:
-                    self._data(data[pos + 9 : stop], flags, sid)
-                else:
-                    self._frame(data[pos + 9 : stop], kind, flags, sid)
-                pos = stop
-        except (HPACKError, ValueError) as e:
-            log.warning("Triton sent an unreadable HTTP/2 frame (%s): reconnecting.", e)
-            if self.transport is not None:
-                self.transport.abort()
-            return
+        while end - pos >= 9:
+            length = int.from_bytes(data[pos : pos + 3], "big")
+            stop = pos + 9 + length
+            if stop > end:
+                break
+            kind = data[pos + 3]
+            flags = data[pos + 4]
+            sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            if kind == f.DATA and not flags:  # the common shapes first, without detours
+                self._received += length
+                stream = streams.get(sid)
+                if stream is not None:
+                    stream.conn.to_tenant(stream, data[pos + 9 : stop], False, length)
+            elif kind == f.HEADERS and flags & _PLAIN_BLOCK == f.END_HEADERS:
+                self._headers(sid, flags, data[pos + 9 : stop])
+            elif kind == f.DATA:
+                self._data(data[pos + 9 : stop], flags, sid)
+            else:
+                self._frame(data[pos + 9 : stop], kind, flags, sid)
+            pos = stop
         self._in = data[pos:] if pos < end else b""
         if self._received >= _CONNECTION_WINDOW // 2:
             self.write(f.window_update(0, self._received))
             self._received = 0
-        self.relay.flush()
 
     def _data(self, payload: bytes, flags: int, sid: int) -> None:
         self._received += len(payload)

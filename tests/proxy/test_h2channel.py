@@ -1,0 +1,312 @@
+"""The gRPC relay's flow control and shared connection to Triton, frame by frame, in process.
+
+A relay with tenant connections and Triton channels on transports that record what is written:
+what each side may send and when (windows, held DATA, credit), stream ids mapped between the
+sides, Triton's GOAWAY, stream limit and a lost connection, and a tenant breaking flow control.
+The same code runs against a real Triton in test_relay_channel.py; here each rule is isolated so
+a broken one shows which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpack import Decoder, Encoder
+from tritonclient.grpc import service_pb2
+
+from proxy import h2frames as f
+from proxy.h2channel import RESPONSE_WINDOW, TritonChannel
+from proxy.h2relay import H2Connection
+from proxy.h2server import GrpcRelay
+from proxy.h2streams import RECEIVE_WINDOW
+from proxy.limiter import Limiter
+from proxy.metrics import ProxyMetrics
+from proxy.settings import parse_settings
+from proxy.state import ProxyState
+
+Frame = tuple[int, int, int, bytes]  # kind, flags, stream id, payload
+MODEL = "add_one"
+HEADERS = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+    (b":authority", b"proxy"),
+    (b"te", b"trailers"),
+    (b"content-type", b"application/grpc"),
+]
+
+
+class Recording:
+    """A transport that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def take(self) -> list[Frame]:
+        """The frames written since the last call (a leading connection preface skipped)."""
+        data = bytes(self.data)
+        self.data.clear()
+        if data.startswith(f.PREFACE):
+            data = data[len(f.PREFACE) :]
+        frames = []
+        while data:
+            length = int.from_bytes(data[:3], "big")
+            sid = int.from_bytes(data[5:9], "big")
+            frames.append((data[3], data[4], sid, data[9 : 9 + length]))
+            data = data[9 + length :]
+        return frames
+
+
+class Rig:
+    """A relay, its tenants and channels, driven by hand (flush = the end of a loop turn)."""
+
+    def __init__(self, **flags: str) -> None:
+        argv = ["--model-id", MODEL, "--triton-http-url", "127.0.0.1:1"]
+        argv += ["--triton-grpc-url", "127.0.0.1:2"]
+        for name, value in flags.items():
+            argv += [f"--{name.replace('_', '-')}", value]
+        settings = parse_settings(argv, {})
+        limiter = Limiter(0, 0, 1.0)
+        self.relay = GrpcRelay(settings, limiter, ProxyMetrics(limiter, MODEL), ProxyState())
+        self.triton_encoder = Encoder()
+        self.triton_decoder = Decoder()
+
+    def tenant(self, window: int | None = None) -> tuple[H2Connection, Recording]:
+        connection = H2Connection(self.relay)
+        transport = Recording()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        hello = f.PREFACE + f.settings(
+            {} if window is None else {f.SETTINGS_INITIAL_WINDOW_SIZE: window}
+        )
+        connection.data_received(hello)
+        self.relay.flush()
+        transport.take()
+        return connection, transport
+
+    def channel(self) -> tuple[TritonChannel, Recording]:
+        """The channel the last stream went on, connected to a recording transport."""
+        channel = self.relay.channels[-1]
+        if channel.transport is None:
+            transport = Recording()
+            channel.transport = transport  # type: ignore[assignment]
+            channel.flush()
+        return channel, channel.transport  # type: ignore[return-value]
+
+    def call(self, tenant: H2Connection, sid: int, message: bytes, end: bool = True) -> None:
+        frames = f.frame(f.HEADERS, f.END_HEADERS, sid, f.header_block(HEADERS))
+        frames += f.data_frames(sid, f.grpc_message(message), end)
+        tenant.data_received(frames)
+        self.relay.flush()
+
+    def respond(self, channel: TritonChannel, sid: int, body: bytes, trailers: bool) -> None:
+        head = self.triton_encoder.encode([(b":status", b"200"), (b"content-type", b"x")])
+        frames = f.frame(f.HEADERS, f.END_HEADERS, sid, head)
+        frames += f.data_frames(sid, body, False)
+        if trailers:
+            block = self.triton_encoder.encode([(b"grpc-status", b"0")])
+            frames += f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block)
+        channel.data_received(frames)
+
+
+def infer(payload: int = 4) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.raw_input_contents.append(b"\x01" * payload)
+    return request.SerializeToString()
+
+
+def kinds(frames: list[Frame]) -> list[tuple[int, int]]:
+    return [(kind, sid) for kind, _, sid, _ in frames]
+
+
+def data_bytes(frames: list[Frame], sid: int) -> int:
+    return sum(len(p) for kind, _, s, p in frames if kind == f.DATA and s == sid)
+
+
+async def test_two_tenants_share_one_channel_under_their_own_stream_ids() -> None:
+    rig = Rig()
+    a, a_out = rig.tenant()
+    b, b_out = rig.tenant()
+    rig.call(a, 1, infer())
+    rig.call(b, 1, infer())
+    assert len(rig.relay.channels) == 1
+    channel, up = rig.channel()
+    sent = up.take()
+    opened = [sid for kind, _, sid, _ in sent if kind == f.HEADERS]
+    assert opened == [1, 3]  # the channel's own ids, not the tenants' (both 1)
+    assert sent[0][0] == f.SETTINGS  # the channel's SETTINGS, not a tenant's
+    rig.respond(channel, 3, f.grpc_message(b"for-b"), trailers=True)
+    rig.respond(channel, 1, f.grpc_message(b"for-a"), trailers=True)
+    for out, body in ((a_out, b"for-a"), (b_out, b"for-b")):
+        frames = out.take()
+        assert kinds(frames) == [(f.HEADERS, 1), (f.DATA, 1), (f.HEADERS, 1)]
+        assert frames[1][3] == f.grpc_message(body)
+        assert frames[2][1] & f.END_STREAM
+    assert not a.streams and not b.streams and not channel.streams
+
+
+async def test_request_data_waits_for_tritons_window_and_the_tenant_is_credited_as_it_goes() -> (
+    None
+):
+    rig = Rig()
+    tenant, out = rig.tenant()
+    rig.call(tenant, 1, b"", end=False)  # opens the stream
+    channel, up = rig.channel()
+    channel.data_received(f.settings({f.SETTINGS_INITIAL_WINDOW_SIZE: 1000}))
+    rig.relay.flush()
+    up.take()
+    # A stream message bigger than the window, whole in one read: the relay may send 1000.
+    big = f.grpc_message(infer(70_000))
+    stream_sid = 3
+    block = f.header_block(
+        [(n, b"/inference.GRPCInferenceService/ModelStreamInfer" if n == b":path" else v)
+         for n, v in HEADERS]
+    )  # fmt: skip
+    tenant.data_received(
+        f.frame(f.HEADERS, f.END_HEADERS, stream_sid, block) + f.data_frames(stream_sid, big, False)
+    )
+    rig.relay.flush()
+    up_sid = 3
+    assert data_bytes(up.take(), up_sid) == 1000
+    assert not [frame for frame in out.take() if frame[0] == f.WINDOW_UPDATE and frame[2] == 3]
+    channel.data_received(f.window_update(up_sid, 200_000) + f.window_update(0, 200_000))
+    rig.relay.flush()
+    assert data_bytes(up.take(), up_sid) == len(big) - 1000  # the rest, once Triton allows it
+    credits = [p for kind, _, sid, p in out.take() if kind == f.WINDOW_UPDATE and sid == 3]
+    assert sum(int.from_bytes(p, "big") for p in credits) >= RECEIVE_WINDOW // 4
+
+
+async def test_response_data_waits_for_the_tenants_window_and_triton_is_credited_as_it_goes() -> (
+    None
+):
+    rig = Rig()
+    tenant, out = rig.tenant(window=100)
+    rig.call(tenant, 1, infer())
+    channel, up = rig.channel()
+    up.take()
+    body = f.grpc_message(b"x" * (RESPONSE_WINDOW // 2))
+    rig.respond(channel, 1, body, trailers=False)
+    assert data_bytes(out.take(), 1) == 100  # the tenant's stream window
+    assert not [frame for frame in up.take() if frame[0] == f.WINDOW_UPDATE and frame[2] == 1]
+    tenant.data_received(f.window_update(1, len(body)))
+    rig.relay.flush()
+    # The connection's window (65535 by default) is now the bound.
+    assert data_bytes(out.take(), 1) == f.DEFAULT_WINDOW - 100
+    tenant.data_received(f.window_update(0, len(body)))
+    rig.relay.flush()
+    assert data_bytes(out.take(), 1) == len(body) - f.DEFAULT_WINDOW
+    credited = [p for kind, _, sid, p in up.take() if kind == f.WINDOW_UPDATE and sid == 1]
+    assert sum(int.from_bytes(p, "big") for p in credited) >= len(body) // 2  # in steps
+
+
+async def test_trailers_wait_behind_response_data_the_tenant_cannot_take_yet() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant(window=10)
+    rig.call(tenant, 1, infer())
+    channel, _ = rig.channel()
+    rig.respond(channel, 1, f.grpc_message(b"y" * 50), trailers=True)
+    frames = out.take()
+    assert data_bytes(frames, 1) == 10
+    assert not any(kind == f.HEADERS and flags & f.END_STREAM for kind, flags, _, _ in frames)
+    tenant.data_received(f.window_update(1, 100))
+    rig.relay.flush()
+    frames = out.take()
+    assert data_bytes(frames, 1) == 45
+    assert frames[-1][0] == f.HEADERS and frames[-1][1] & f.END_STREAM
+    assert not tenant.streams
+
+
+async def test_a_tenant_overrunning_its_window_loses_its_connection_and_no_other() -> None:
+    rig = Rig(container_concurrency="1")
+    calm, calm_out = rig.tenant()
+    rig.call(calm, 1, infer())  # holds the only slot: the next stream's bytes are held
+    rude, rude_out = rig.tenant()
+    block = f.header_block(HEADERS)
+    rude.data_received(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+    rig.relay.flush()
+    message = f.grpc_message(infer(RECEIVE_WINDOW + 100))
+    rude.data_received(f.data_frames(1, message[: RECEIVE_WINDOW + 50], False))
+    rig.relay.flush()
+    channel, _ = rig.channel()
+    assert rude_out.closed
+    goaway = [p for kind, _, _, p in rude_out.take() if kind == f.GOAWAY]
+    assert goaway and int.from_bytes(goaway[0][4:8], "big") == f.FLOW_CONTROL_ERROR
+    rude.connection_lost(None)
+    assert not channel.closing and 1 in channel.streams  # the calm tenant's call goes on
+    rig.respond(channel, 1, f.grpc_message(b"ok"), trailers=True)
+    assert kinds(calm_out.take())[-1] == (f.HEADERS, 1)
+
+
+async def test_tritons_goaway_refuses_unprocessed_streams_and_opens_a_new_channel() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    rig.call(tenant, 1, infer())
+    rig.call(tenant, 3, infer())
+    channel, up = rig.channel()
+    channel.data_received(f.goaway(1))
+    frames = out.take()
+    assert (f.RST_STREAM, 3) in kinds(frames)
+    refused = next(p for kind, _, sid, p in frames if kind == f.RST_STREAM and sid == 3)
+    assert int.from_bytes(refused, "big") == f.REFUSED_STREAM
+    assert rig.relay.channels == []  # the old one only finishes stream 1
+    rig.call(tenant, 5, infer())
+    assert len(rig.relay.channels) == 1 and rig.relay.channels[0] is not channel
+    rig.respond(channel, 1, f.grpc_message(b"ok"), trailers=True)
+    assert up.closed  # the last stream ended on a channel Triton is closing
+
+
+async def test_tritons_stream_limit_spreads_streams_over_channels() -> None:
+    rig = Rig()
+    tenant, _ = rig.tenant()
+    rig.call(tenant, 1, infer())
+    channel, _ = rig.channel()
+    channel.data_received(f.settings({f.SETTINGS_MAX_CONCURRENT_STREAMS: 1}))
+    rig.call(tenant, 3, infer())
+    assert len(rig.relay.channels) == 2
+    assert tenant.streams[3].channel is rig.relay.channels[1]
+
+
+async def test_a_lost_channel_answers_its_calls_unavailable() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    rig.call(tenant, 1, infer())
+    channel, _ = rig.channel()
+    channel.connection_lost(ConnectionResetError("reset"))
+    rig.relay.flush()
+    (kind, flags, sid, block), *_ = out.take()
+    assert (kind, sid) == (f.HEADERS, 1) and flags & f.END_STREAM
+    fields = dict(Decoder().decode(block, raw=True))
+    assert fields[b"grpc-status"] == str(f.CODE_NUMBERS["UNAVAILABLE"]).encode()
+    assert not tenant.streams and rig.relay.channels == []
+
+
+async def test_frames_from_a_tenant_never_reach_triton_as_sent() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    rig.call(tenant, 1, infer(), end=False)
+    _, up = rig.channel()
+    up.take()
+    tenant.data_received(
+        f.frame(f.PING, 0, 0, b"12345678")
+        + f.settings({f.SETTINGS_HEADER_TABLE_SIZE: 0})
+        + f.window_update(0, 1000)
+        + f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x00\x10")
+    )
+    rig.relay.flush()
+    assert up.take() == []  # Triton hears none of it
+    answered = kinds(out.take())
+    assert (f.PING, 0) in answered and (f.SETTINGS, 0) in answered
