@@ -126,7 +126,8 @@ class Rig:
 def infer(payload: int = 4) -> bytes:
     request = service_pb2.ModelInferRequest(model_name=MODEL)
     request.raw_input_contents.append(b"\x01" * payload)
-    return request.SerializeToString()
+    data: bytes = request.SerializeToString()
+    return data
 
 
 def kinds(frames: list[Frame]) -> list[tuple[int, int]]:
