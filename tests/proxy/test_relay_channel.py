@@ -95,6 +95,7 @@ class RawTenant:
         self.streams: dict[int, Seen] = {}
         self.closed = False
         self._next_sid = 1
+        self._unsent = b""
 
     def close(self) -> None:
         self.sock.close()
@@ -112,8 +113,9 @@ class RawTenant:
         self.send(f.frame(f.PING, 0, 0, b"syncsync"))
         self.pump(lambda: b"syncsync" in self.ping_acks, "the proxy's answer to a PING")
 
-    def open_stream(self, method: str, end_stream: bool = False) -> int:
-        """A new stream calling `method` with valid request headers."""
+    def open_stream(self, method: str, end_stream: bool = False, send: bool = True) -> int:
+        """A new stream calling `method` with valid request headers (kept for `take_unsent`
+        unless `send`)."""
         sid = self._next_sid
         self._next_sid += 2
         head = [
@@ -124,9 +126,17 @@ class RawTenant:
             (b"content-type", b"application/grpc"),
             (b"te", b"trailers"),
         ]
-        self.send(f.headers_frames(sid, f.header_block(head), end_stream))
+        frames = f.headers_frames(sid, f.header_block(head), end_stream)
+        if send:
+            self.send(frames)
+        else:
+            self._unsent += frames
         self.streams[sid] = Seen()
         return sid
+
+    def take_unsent(self) -> bytes:
+        unsent, self._unsent = self._unsent, b""
+        return unsent
 
     def call(self, method: str, message: bytes, within: float = 30) -> Seen:
         """A unary call on a new stream, read until the proxy ends the stream."""
@@ -350,6 +360,8 @@ def test_every_tenant_connection_shares_one_connection_to_triton(
             for _ in range(8)
         ]
         try:
+            # Each client connects first, so the calls below start together on open connections.
+            assert all(client.is_server_live() for client in clients)
             with ThreadPoolExecutor(8) as pool:
                 first = pool.submit(clients[0].infer, "sleepy", sleepy_inputs(blocker_ms))
                 poll(lambda: running.proxy.limiter.in_flight == 1, "the blocker call starting")
@@ -388,28 +400,22 @@ def _data_on_stream_zero(tenant: RawTenant) -> None:
 
 
 def _window_overrun(tenant: RawTenant) -> None:
-    """More DATA than the connection's window, spread over streams that each stay within their
-    own, so it is the connection-level overrun only (a stream-level one may be answered by
-    resetting just that stream)."""
+    """More DATA on one new stream than the stream window the proxy advertised (and, when the
+    connection's window is the smaller, than that too)."""
     tenant.start()
     tenant.sync()  # every WINDOW_UPDATE the proxy sent at the start is read
     stream_window = tenant.peer_settings.get(SETTINGS_INITIAL_WINDOW_SIZE, DEFAULT_WINDOW)
-    connection_window = DEFAULT_WINDOW + tenant.window_updates.get(0, 0)
-    total = connection_window + 4 * f.DEFAULT_MAX_FRAME
-    per_stream = max(1, stream_window - f.DEFAULT_MAX_FRAME)
-    frames = []
-    while total > 0:
-        # Each stream: the start of one large, valid request for the model, never finished.
-        size = min(per_stream, total)
-        request = service_pb2.ModelInferRequest(model_name="text_stream", id="overrun")
-        request.raw_input_contents.append(b"\x00" * (size + stream_window))
-        message = f.grpc_message(request.SerializeToString())[:size]
-        sid = tenant.open_stream("ModelStreamInfer")
-        frames.append(f.data_frames(sid, message, end_stream=False))
-        total -= size
-    # At once, no WINDOW_UPDATE read in between; the proxy may close while we still send.
+    # The start of one large, valid request for the model, longer than the window: nothing but
+    # the overrun is wrong.
+    request = service_pb2.ModelInferRequest(model_name="text_stream", id="overrun")
+    request.raw_input_contents.append(b"\x00" * (2 * stream_window))
+    message = f.grpc_message(request.SerializeToString())[: stream_window + 4 * f.DEFAULT_MAX_FRAME]
+    sid = tenant.open_stream("ModelStreamInfer", send=False)
+    head = tenant.take_unsent()
+    # Headers and DATA at once: no WINDOW_UPDATE for the stream can be read in between. The
+    # proxy may close the connection while we still send.
     with contextlib.suppress(OSError):
-        tenant.send(b"".join(frames))
+        tenant.send(head + f.data_frames(sid, message, end_stream=False))
 
 
 def _stray_continuation(tenant: RawTenant) -> None:
@@ -472,8 +478,14 @@ def test_a_tenant_breaking_http2_loses_only_its_own_connection(
 ) -> None:
     """Tenant A is mid-way through a ModelStreamInfer stream (one response in, one to come, the
     stream open for more) while tenant B breaks the protocol on its own connection: B's
-    connection is closed, A's stream goes on to the end, and a new call works."""
-    settings = proxy_settings(served_triton, model_id="text_stream", grpc_mode=grpc_mode)
+    connection is closed, A's stream goes on to the end, and a new call works.
+
+    A holds the proxy's only concurrency slot, so a stream B opens waits in the queue and the
+    proxy cannot pass its DATA on (and credit it back at once, which would be a legitimate way
+    never to see an overrun); B's queued stream must leave no trace for the call after A's."""
+    settings = proxy_settings(
+        served_triton, model_id="text_stream", grpc_mode=grpc_mode, container_concurrency=1
+    )
     with running_proxy(settings) as running:
         answers: queue.Queue[StreamAnswer] = queue.Queue()
         a = grpcclient.InferenceServerClient(running.grpc_url, channel_args=OWN_CONNECTION)
