@@ -463,9 +463,12 @@ def _collect(into: queue.Queue[StreamAnswer], result: Any, error: Any) -> None:
 
 
 def _texts(answers: queue.Queue[StreamAnswer], count: int) -> list[str]:
-    texts = []
+    texts: list[str] = []
     for _ in range(count):
-        result, error = answers.get(timeout=30)
+        try:
+            result, error = answers.get(timeout=30)
+        except queue.Empty:
+            raise AssertionError(f"the stream gave no answer within 30 s after {texts}") from None
         assert error is None, f"the stream failed: {error}"
         assert result is not None
         texts.append(result.as_numpy("text_output").reshape(-1)[0].decode())
@@ -500,6 +503,7 @@ def test_a_tenant_breaking_http2_loses_only_its_own_connection(
             else:
                 b.wait_closed()
             b.close()  # or the proxy's stop would wait for B's unfinished streams
+            poll(lambda: running.proxy.limiter.queued == 0, "B's stream leaving the queue")
             assert _texts(answers, 1) == ["first 1"]
             a.async_stream_infer("text_stream", text_inputs("second", 1, 0))
             assert _texts(answers, 1) == ["second 0"]
