@@ -321,13 +321,14 @@ def text_inputs(text: str, repeat: int, delay_ms: int) -> list[grpcclient.InferI
     return inputs
 
 
-def established_to(port: int) -> int:
-    """This process's ESTABLISHED TCP connections to `port` on 127.0.0.1 (the proxy runs here)."""
-    return sum(
-        1
+def established_to(port: int) -> set[tuple[str, int]]:
+    """The local ends of this process's ESTABLISHED TCP connections to `port` (the proxy runs
+    in this process)."""
+    return {
+        (c.laddr.ip, c.laddr.port)
         for c in psutil.Process().net_connections(kind="tcp")
         if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == port
-    )
+    }
 
 
 def port_of(address: str) -> int:
@@ -354,6 +355,8 @@ def test_every_tenant_connection_shares_one_connection_to_triton(
     seven others stay queued in Triton, in flight, until it ends."""
     settings = proxy_settings(served_triton, model_id="sleepy", grpc_mode=grpc_mode)
     blocker_ms = 1200
+    triton_port = port_of(served_triton.grpc_url)
+    before = established_to(triton_port)  # any other test's, not the proxy's
     with running_proxy(settings) as running:
         clients = [
             grpcclient.InferenceServerClient(running.grpc_url, channel_args=OWN_CONNECTION)
@@ -369,8 +372,8 @@ def test_every_tenant_connection_shares_one_connection_to_triton(
                     pool.submit(clients[i].infer, "sleepy", sleepy_inputs(i)) for i in range(1, 8)
                 ]
                 poll(lambda: running.proxy.limiter.in_flight == 8, "eight calls in flight")
-                tenants = established_to(running.proxy.grpc.port)
-                upstream = established_to(port_of(served_triton.grpc_url))
+                tenants = len(established_to(running.proxy.grpc.port))
+                upstream = len(established_to(triton_port) - before)
                 results = [first.result(30)] + [o.result(30) for o in others]
         finally:
             for client in clients:
@@ -635,7 +638,7 @@ async def test_many_parallel_calls_on_several_connections_each_get_their_own_ans
 
     try:
         results = await asyncio.gather(*(one(t, c) for t in range(5) for c in range(64)))
-        tenants = established_to(proxy.proxy.grpc.port)
+        tenants = len(established_to(proxy.proxy.grpc.port))
     finally:
         for client in clients:
             await client.close()
