@@ -52,6 +52,8 @@ MAX_STREAMS = 128
 _CONNECTION_WINDOW = 1 << 30
 """The tenant's connection window; credited as bytes arrive, since stream windows bound memory."""
 _HEAD = bytes((f.HEADERS, f.END_HEADERS))
+_TRAILERS = bytes((f.HEADERS, f.END_HEADERS | f.END_STREAM))
+_STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
 _CREDIT_STEP = RECEIVE_WINDOW // 4
 """Stream credit is given back in steps this large, not a WINDOW_UPDATE per message."""
 
@@ -402,10 +404,18 @@ class H2Connection(StreamGate, asyncio.Protocol):
         if isinstance(trailers, bytes):
             self.write(trailers)
         else:
-            block = self._encoder.encode(trailers)
-            self.write(f.headers_frames(stream.sid, block, True, self._max_frame))
+            self._header_block(stream.sid, self._encoder.encode(trailers), _TRAILERS)
         if not stream.open:
             self.streams.pop(stream.sid, None)
+
+    def _header_block(self, sid: int, block: bytes, kind_flags: bytes) -> None:
+        """A header block this connection's encoder made, as HEADERS (and CONTINUATION)."""
+        if len(block) <= self._max_frame:
+            self._wbuf.append(len(block).to_bytes(3, "big") + kind_flags + sid.to_bytes(4, "big"))
+            self.write(block)
+        else:
+            end_stream = kind_flags == _TRAILERS
+            self.write(f.headers_frames(sid, block, end_stream, self._max_frame))
 
     def _drain(self, stream: Stream) -> None:
         """Send what waits on `stream` as far as the tenant's windows allow."""
@@ -444,17 +454,12 @@ class H2Connection(StreamGate, asyncio.Protocol):
             return  # answered by the relay already
         if not end_stream:
             stream.responded = True
-            block = self._encoder.encode(fields)
-            if len(block) <= self._max_frame:
-                self.write(len(block).to_bytes(3, "big") + _HEAD + stream.sid.to_bytes(4, "big"))
-                self.write(block)
-            else:
-                self.write(f.headers_frames(stream.sid, block, False, self._max_frame))
+            self._header_block(stream.sid, self._encoder.encode(fields), _HEAD)
             return
         code = "UNKNOWN"
         for name, value in fields:
             if name == b"grpc-status":
-                code = f.CODE_NAMES.get(int(value), "UNKNOWN")
+                code = _STATUS.get(value, "UNKNOWN")
         self._finish(stream, code)
         self.end_to_tenant(stream, fields)
 

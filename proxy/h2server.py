@@ -55,6 +55,7 @@ class GrpcRelay:
         self._server: asyncio.Server | None = None
         self._dirty: list[_Writer] = []
         self._flush_soon = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._unreachable = False
         self.port = 0
 
@@ -72,7 +73,9 @@ class GrpcRelay:
         self._dirty.append(writer)
         if not self._flush_soon:
             self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self.flush)
 
     def hold(self) -> None:
         """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
