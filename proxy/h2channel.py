@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for Triton to accept the connection (it runs on the same node)."""
 RESPONSE_WINDOW = 1024 * 1024
 """The per-stream window the channel grants Triton: what it may hold of one stream's response."""
 _CONNECTION_WINDOW = 1 << 30
@@ -83,9 +85,12 @@ class TritonChannel(asyncio.Protocol):
         host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
         loop = asyncio.get_running_loop()
         try:
-            await loop.create_connection(lambda: self, host, int(port))
-        except OSError as e:
-            self.relay.triton_unreachable(f"{host}:{port}", e)
+            await asyncio.wait_for(
+                loop.create_connection(lambda: self, host, int(port)), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as e:
+            reason = e if isinstance(e, OSError) else f"no answer within {CONNECT_TIMEOUT:g} s"
+            self.relay.triton_unreachable(f"{host}:{port}", reason)
             self._fail()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -1,11 +1,11 @@
 """HTTP/2 frame and header-block encoding for the gRPC relay (RFC 9113, RFC 7541, gRPC over h2).
 
-Builds the frames the relay writes itself: request HEADERS for Triton (their blocks come from
-`h2headers`), and the answers it gives tenants on its own (Trailers-Only errors, small OK
-responses, in-stream error messages). The header blocks of those answers use only "literal without
-indexing" representations with literal names, so they never touch the tenant's HPACK dynamic
-table: frames injected towards the tenant leave its decoder exactly where Triton's encoder
-believes it is.
+Builds the frames the relay writes: HEADERS (their blocks come from `h2headers`), DATA headers,
+SETTINGS, WINDOW_UPDATE, RST_STREAM and GOAWAY, and the answers it gives tenants on its own
+(Trailers-Only errors, small OK responses, in-stream error messages). The header blocks of those
+answers use only "literal without indexing" representations with literal names, so they never
+touch the tenant's HPACK dynamic table: they can go out at any moment, and the tenant's decoder
+stays where the relay's encoder for that tenant believes it is.
 
 What it must not do: hold connection state, or decide anything about isolation.
 """

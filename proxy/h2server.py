@@ -108,7 +108,7 @@ class GrpcRelay:
         with contextlib.suppress(ValueError):
             self.channels.remove(channel)
 
-    def triton_unreachable(self, address: str, error: OSError) -> None:
+    def triton_unreachable(self, address: str, error: object) -> None:
         if not self._unreachable:
             self._unreachable = True
             log.warning(

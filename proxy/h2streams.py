@@ -6,8 +6,8 @@ Every message a tenant sends on a relayed stream is read whole and its model-nam
 prefix (another model: refused before Triton sees a byte), then relayed all but its last byte, so
 Triton cannot act on it before the whole-message check. A unary call takes a concurrency
 slot once its message passed; ModelStreamInfer takes one when the stream opens. Answers the relay
-gives itself (another model, refused APIs, overload) go on the stream; bytes it drops or injects
-are settled with WINDOW_UPDATEs so the tenant's flow-control view stays right.
+gives itself (another model, refused APIs, overload) go on the stream, through the same
+windows as Triton's answers; bytes it drops are credited back to the tenant's stream at once.
 
 A mixin of `h2relay.H2Connection`, kept apart so each file stays readable. What it must not do:
 decide isolation itself, or hand Triton a message it has not checked.
