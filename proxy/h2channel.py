@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from hpack import HPACKError
 
 from proxy import h2frames as f
-from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
+from proxy.h2headers import BlockDecoder, BlockEncoder, Fields, HeaderBlocks
 from proxy.sockets import nodelay
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class TritonChannel(asyncio.Protocol):
         self._encoder = BlockEncoder()
         self._decoder = BlockDecoder()
         self._in = b""
-        self._block: tuple[int, int, bytearray] | None = None  # HEADERS awaiting CONTINUATION
+        self._blocks = HeaderBlocks()
         self._received = 0  # DATA bytes not yet credited back on the connection
         self._wbuf: list[bytes] = [
             f.PREFACE,
@@ -238,6 +238,7 @@ class TritonChannel(asyncio.Protocol):
         pos = 0
         end = len(data)
         streams = self.streams
+        blocks = self._blocks
         while end - pos >= 9:
             length = int.from_bytes(data[pos : pos + 3], "big")
             stop = pos + 9 + length
@@ -246,6 +247,8 @@ class TritonChannel(asyncio.Protocol):
             kind = data[pos + 3]
             flags = data[pos + 4]
             sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            if blocks.pending and kind != f.CONTINUATION:
+                raise ValueError("a header block left unfinished")
             if kind == f.DATA and not flags:  # the common shapes first, without detours
                 self._received += length
                 stream = streams.get(sid)
@@ -276,23 +279,10 @@ class TritonChannel(asyncio.Protocol):
         stream.conn.triton_data(stream, body, bool(flags & f.END_STREAM))
 
     def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
-        if kind == f.HEADERS:
-            if flags & f.PADDED:
-                payload = payload[1 : len(payload) - payload[0]]
-            if flags & f.PRIORITY_FLAG:
-                payload = payload[5:]
-            if flags & f.END_HEADERS:
-                self._headers(sid, flags, payload)
-            else:
-                self._block = (sid, flags, bytearray(payload))
-        elif kind == f.CONTINUATION:
-            if self._block is None or self._block[0] != sid:
-                raise ValueError("CONTINUATION without HEADERS")
-            self._block[2].extend(payload)
-            if flags & f.END_HEADERS:
-                sid, first, block = self._block
-                self._block = None
-                self._headers(sid, first, bytes(block))
+        if kind == f.HEADERS or kind == f.CONTINUATION:
+            block = self._blocks.feed(kind, flags, sid, payload)
+            if block is not None:
+                self._headers(*block)
         elif kind == f.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == f.RST_STREAM:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from hpack import HPACKError
 
 from proxy import h2frames as f
-from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
+from proxy.h2headers import BlockDecoder, BlockEncoder, Fields, HeaderBlocks
 from proxy.h2streams import (
     FORWARDED,
     READY_PATH,
@@ -83,7 +83,7 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self._decoder = BlockDecoder()
         self._encoder = BlockEncoder()
         self._plans: dict[Fields, tuple[str, Fields, bytes | None]] = {}  # see _plan
-        self._block: tuple[int, int, bytearray] | None = None  # sid, flags, fragments
+        self._blocks = HeaderBlocks()
         self._received = _CONNECTION_WINDOW  # what the tenant may still send on the connection
         self._taken = 0  # connection bytes received and not yet credited back
         self._window = f.DEFAULT_WINDOW  # the tenant's connection window for our DATA
@@ -180,7 +180,7 @@ class H2Connection(StreamGate, asyncio.Protocol):
                 kind = data[pos + 3]
                 flags = data[pos + 4]
                 sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-                if self._block is not None and kind != f.CONTINUATION:
+                if self._blocks.pending and kind != f.CONTINUATION:
                     raise ProtocolBrokenError(f.PROTOCOL_ERROR, "a header block left unfinished")
                 if kind == f.DATA:
                     self._data(data[pos + 9 : stop], flags, sid)
@@ -228,24 +228,10 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self._messages(stream)
 
     def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
-        if kind == f.HEADERS:
-            block = payload
-            if flags & f.PADDED:
-                block = block[1 : len(block) - block[0]]
-            if flags & f.PRIORITY_FLAG:
-                block = block[5:]
-            if flags & f.END_HEADERS:
-                self._headers(sid, flags, block)
-            else:
-                self._block = (sid, flags, bytearray(block))
-        elif kind == f.CONTINUATION:
-            if self._block is None or self._block[0] != sid:
-                raise ProtocolBrokenError(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-            self._block[2].extend(payload)
-            if flags & f.END_HEADERS:
-                sid, first, fragments = self._block
-                self._block = None
-                self._headers(sid, first, bytes(fragments))
+        if kind == f.HEADERS or kind == f.CONTINUATION:
+            block = self._blocks.feed(kind, flags, sid, payload)
+            if block is not None:
+                self._headers(*block)
         elif kind == f.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == f.RST_STREAM:
