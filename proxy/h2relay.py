@@ -322,7 +322,7 @@ class H2Connection(StreamGate, asyncio.Protocol):
         stream.fin = end_stream  # and END_STREAM goes to Triton on the HEADERS frame
         stream.open = True
         self.streams[sid] = stream
-        self.relay.started[id(stream)] = started
+        stream.started = started
         self.relay.channel().open(stream, sent, end_stream)
         if router.is_stream(kind):
             self._admit(stream)

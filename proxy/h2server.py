@@ -51,7 +51,6 @@ class GrpcRelay:
         self.connections: set[H2Connection] = set()
         self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Future[None]] = set()
-        self.started: dict[int, float] = {}
         self._server: asyncio.Server | None = None
         self._dirty: list[_Writer] = []
         self._flush_soon = False

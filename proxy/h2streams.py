@@ -82,6 +82,7 @@ class Stream:
         "route",
         "sid",
         "skip",
+        "started",
         "taken",
         "trailers",
         "up",
@@ -108,6 +109,7 @@ class Stream:
         self.waiter: asyncio.Future[None] | None = None
         self.code = "OK"
         self.responded = False  # the tenant has the response head
+        self.started = 0.0  # perf_counter() when relayed to Triton; 0 once finished
         # Tenant side (`h2relay`): what it may still send us, bytes to credit back to it, and
         # what waits for its window (DATA, how much of it is Triton's, then the trailers).
         self.received = RECEIVE_WINDOW
@@ -381,9 +383,10 @@ class StreamGate:
             self._finish(stream, answer.code)
 
     def _finish(self, stream: Stream, code: str) -> None:
-        started = self.relay.started.pop(id(stream), None)
-        if started is None:
-            return
+        started = stream.started
+        if not started:
+            return  # never relayed, or finished already
+        stream.started = 0.0
         if stream.waiter is not None:
             stream.waiter.cancel()
             stream.waiter = None
