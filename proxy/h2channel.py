@@ -69,7 +69,7 @@ class TritonChannel(asyncio.Protocol):
         self._encoder = BlockEncoder()
         self._decoder = BlockDecoder()
         self._in = b""
-        self._blocks = HeaderBlocks()
+        self._blocks = HeaderBlocks(1 << 20)
         self._received = 0  # DATA bytes not yet credited back on the connection
         self._wbuf: list[bytes] = [
             f.PREFACE,

@@ -139,9 +139,10 @@ class HeaderBlocks:
     """Joins header blocks sent as a HEADERS frame and CONTINUATION frames (RFC 9113 4.3), for one
     direction of a connection; raises ValueError when the frames break the rules."""
 
-    __slots__ = ("_open",)
+    __slots__ = ("_limit", "_open")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self._limit = limit  # bytes of one block: a peer may not grow one without end
         self._open: tuple[int, int, bytearray] | None = None
 
     @property
@@ -168,6 +169,8 @@ class HeaderBlocks:
         if self._open is None or self._open[0] != sid:
             raise ValueError("CONTINUATION without HEADERS")
         self._open[2].extend(payload)
+        if len(self._open[2]) > self._limit:
+            raise ValueError(f"a header block over {self._limit} bytes")
         if not flags & f.END_HEADERS:
             return None
         sid, first, block = self._open

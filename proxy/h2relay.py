@@ -55,6 +55,12 @@ _HEAD = bytes((f.HEADERS, f.END_HEADERS))
 _TRAILERS = bytes((f.HEADERS, f.END_HEADERS | f.END_STREAM))
 _STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
 _CREDIT_STEP = RECEIVE_WINDOW // 4
+MAX_HEADER_BLOCK = 64 * 1024
+"""The largest header block a tenant may send (HEADERS and its CONTINUATION frames)."""
+_RESETS = 2 * MAX_STREAMS
+"""How many more streams than it completes a tenant may open at Triton and reset: past that its
+connection ends (ENHANCE_YOUR_CALM), so a reset flood costs Triton and the shared connection
+little ("rapid reset", CVE-2023-44487)."""
 """Stream credit is given back in steps this large, not a WINDOW_UPDATE per message."""
 
 
@@ -83,7 +89,8 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self._decoder = BlockDecoder()
         self._encoder = BlockEncoder()
         self._plans: dict[Fields, tuple[str, Fields, bytes | None]] = {}  # see _plan
-        self._blocks = HeaderBlocks()
+        self._blocks = HeaderBlocks(MAX_HEADER_BLOCK)
+        self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
         self._received = _CONNECTION_WINDOW  # what the tenant may still send on the connection
         self._taken = 0  # connection bytes received and not yet credited back
         self._window = f.DEFAULT_WINDOW  # the tenant's connection window for our DATA
@@ -118,10 +125,16 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self._blocked.clear()
 
     def pause_writing(self) -> None:
+        # The tenant does not read: response DATA waits (its windows hold Triton back), and the
+        # tenant's own frames wait too, so nothing it asks for (PING, SETTINGS) piles up here.
         self._paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self.transport is not None:
+            self.transport.resume_reading()
         for stream in list(self._blocked):
             self._drain(stream)
 
@@ -241,7 +254,12 @@ class H2Connection(StreamGate, asyncio.Protocol):
                 if stream.open and stream.channel is not None:
                     stream.open = False
                     stream.channel.reset(stream)
+                    self._resets -= 1
                 self._finish(stream, "CANCELLED")
+                if self._resets < 0:
+                    raise ProtocolBrokenError(
+                        f.ENHANCE_YOUR_CALM, f"over {_RESETS} more streams reset than completed"
+                    )
         elif kind == f.SETTINGS:
             if not flags & f.ACK:
                 self._settings(f.settings_values(payload))
@@ -442,6 +460,8 @@ class H2Connection(StreamGate, asyncio.Protocol):
             stream.responded = True
             self._header_block(stream.sid, self._encoder.encode(fields), _HEAD)
             return
+        if self._resets < _RESETS:
+            self._resets += 1
         code = "UNKNOWN"
         for name, value in fields:
             if name == b"grpc-status":

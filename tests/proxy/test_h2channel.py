@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2
 
 from proxy import h2frames as f
 from proxy.h2channel import RESPONSE_WINDOW, TritonChannel
-from proxy.h2relay import H2Connection
+from proxy.h2relay import _RESETS, MAX_HEADER_BLOCK, H2Connection
 from proxy.h2server import GrpcRelay
 from proxy.h2streams import RECEIVE_WINDOW
 from proxy.limiter import Limiter
@@ -42,6 +42,13 @@ class Recording:
     def __init__(self) -> None:
         self.data = bytearray()
         self.closed = False
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def write(self, data: bytes) -> None:
         self.data += data
@@ -311,3 +318,62 @@ async def test_frames_from_a_tenant_never_reach_triton_as_sent() -> None:
     assert up.take() == []  # Triton hears none of it
     answered = kinds(out.take())
     assert (f.PING, 0) in answered and (f.SETTINGS, 0) in answered
+
+
+def _goaway_code(frames: list[Frame]) -> int:
+    goaway = [payload for kind, _, _, payload in frames if kind == f.GOAWAY]
+    assert goaway, "the proxy must say why it closes the connection"
+    return int.from_bytes(goaway[-1][4:8], "big")
+
+
+async def test_an_endless_header_block_ends_the_tenants_connection() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    tenant.data_received(f.frame(f.HEADERS, 0, 1, f.header_block(HEADERS)))
+    chunk = b"\x00" * f.DEFAULT_MAX_FRAME
+    for _ in range(MAX_HEADER_BLOCK // len(chunk) + 1):  # a CONTINUATION flood
+        tenant.data_received(f.frame(f.CONTINUATION, 0, 1, chunk))
+    rig.relay.flush()
+    assert out.closed and _goaway_code(out.take()) == f.PROTOCOL_ERROR
+    assert rig.relay.channels == []  # nothing reached Triton
+
+
+async def test_a_reset_flood_ends_the_tenants_connection_and_spares_the_others() -> None:
+    rig = Rig()
+    calm, _ = rig.tenant()
+    rig.call(calm, 1, infer(), end=False)
+    rude, rude_out = rig.tenant()
+    sid = 1
+    while not rude_out.closed and sid < 4 * _RESETS:
+        rig.call(rude, sid, infer(), end=False)
+        rude.data_received(f.rst_stream(sid, f.CANCEL))
+        sid += 2
+    rig.relay.flush()
+    assert rude_out.closed and _goaway_code(rude_out.take()) == f.ENHANCE_YOUR_CALM
+    assert sid // 2 == _RESETS + 1  # exactly the allowance, then the end
+    channel, _ = rig.channel()
+    assert not channel.closing and list(channel.streams) == [1]  # the calm tenant's call
+
+
+async def test_completed_calls_earn_back_the_reset_allowance() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    sid = 1
+    for _ in range(3 * _RESETS):  # a client that cancels every other call, for a long time
+        rig.call(tenant, sid, infer(), end=False)
+        tenant.data_received(f.rst_stream(sid, f.CANCEL))
+        rig.call(tenant, sid + 2, infer())
+        channel, _ = rig.channel()
+        rig.respond(channel, max(channel.streams), f.grpc_message(b"ok"), trailers=True)
+        sid += 4
+    assert not out.closed
+
+
+async def test_a_tenant_that_does_not_read_is_not_read_either() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    tenant.pause_writing()
+    assert not out.reading
+    tenant.resume_writing()
+    assert out.reading
+

@@ -151,7 +151,7 @@ def test_a_repeated_header_list_costs_a_few_indexed_bytes() -> None:
 
 
 def test_header_blocks_join_continuations_and_strip_padding_and_priority() -> None:
-    blocks = HeaderBlocks()
+    blocks = HeaderBlocks(1024)
     padded = bytes([3]) + b"\x00\x00\x00\x01\x10" + b"abc" + b"\x00\x00\x00"  # pad 3, priority
     flags = f.PADDED | f.PRIORITY_FLAG | f.END_STREAM
     open_after: list[bool] = []
@@ -175,11 +175,18 @@ def test_header_blocks_refuse_frames_out_of_rule(
     kind: int, flags: int, sid: int, payload: bytes
 ) -> None:
     with pytest.raises(ValueError):
-        HeaderBlocks().feed(kind, flags, sid, payload)
+        HeaderBlocks(1024).feed(kind, flags, sid, payload)
+
+
+def test_a_header_block_may_not_grow_past_its_limit() -> None:
+    blocks = HeaderBlocks(1024)
+    blocks.feed(f.HEADERS, 0, 1, b"a" * 1000)
+    with pytest.raises(ValueError, match="over 1024 bytes"):
+        blocks.feed(f.CONTINUATION, 0, 1, b"b" * 100)
 
 
 def test_a_continuation_for_another_stream_is_refused() -> None:
-    blocks = HeaderBlocks()
+    blocks = HeaderBlocks(1024)
     blocks.feed(f.HEADERS, 0, 1, b"a")
     with pytest.raises(ValueError):
         blocks.feed(f.CONTINUATION, f.END_HEADERS, 3, b"b")
