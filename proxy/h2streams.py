@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 HOLD_LIMIT = 16 * 1024
 """Messages up to this size are held whole before the check; larger ones stream minus a byte."""
 PREFIX_HOLD = 32 * 1024
-"""How much of a large message is held while its model name has not been read. The tenant's
-window is Triton's (64 KiB per stream by default), so holding more could stall the stream; the name
-is field 1 and serializers write it first, so only crafted messages ever reach this."""
+"""How much of a large message is held while its model name has not been read: held bytes are not
+credited back, so this stays well inside RECEIVE_WINDOW or the stream would stall; the name is
+field 1 and serializers write it first, so only crafted messages ever reach this."""
 UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _ENDED = "; the message was too large to hold back whole, so the stream ends here"
 READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
