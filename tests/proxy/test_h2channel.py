@@ -376,4 +376,3 @@ async def test_a_tenant_that_does_not_read_is_not_read_either() -> None:
     assert not out.reading
     tenant.resume_writing()
     assert out.reading
-
