@@ -125,12 +125,6 @@ class TritonChannel(asyncio.Protocol):
         """Whether a new stream may go on this channel."""
         return not self.closing and len(self.streams) < self.max_streams
 
-    def close(self) -> None:
-        """Take no new streams; close once the last one ends."""
-        self.closing = True
-        if not self.streams and self.transport is not None:
-            self.transport.close()
-
     # -- writing ---------------------------------------------------------------------------------
 
     def write(self, frames: bytes) -> None:
@@ -159,6 +153,7 @@ class TritonChannel(asyncio.Protocol):
         stream.up = up
         stream.channel = self
         stream.up_window = self.initial_window
+        stream.up_done = end_stream
         self.streams[up] = stream
         block = self._encoder.encode(fields)  # every block encoded is written, in order
         if len(block) <= self.max_frame:
@@ -181,6 +176,7 @@ class TritonChannel(asyncio.Protocol):
             self.window -= size
             self._wbuf.append(f.data_header(size, end_stream, stream.up))
             self.write(payload)
+            stream.up_done = end_stream
             if size:
                 stream.conn.forwarded(stream, size)
             return
@@ -202,9 +198,13 @@ class TritonChannel(asyncio.Protocol):
             self.window -= size
             end = stream.up_end and not held
             self.write(f.data_header(size, end, stream.up) + chunk)
+            if end:
+                stream.up_done = True
+                stream.up_end = False
             stream.conn.forwarded(stream, size)
         if stream.up_end:
             self.write(f.data_header(0, True, stream.up))  # ends an empty remainder
+            stream.up_done = True
         stream.up_end = False
         self.waiting.pop(stream, None)
 
@@ -282,7 +282,7 @@ class TritonChannel(asyncio.Protocol):
         if len(body) < len(payload):
             self.credit(stream, len(payload) - len(body))
         if flags & f.END_STREAM:
-            self._close_stream(stream)
+            self._ended_by_triton(stream)
         stream.conn.triton_data(stream, body, bool(flags & f.END_STREAM))
 
     def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
@@ -316,8 +316,15 @@ class TritonChannel(asyncio.Protocol):
             return
         end_stream = bool(flags & f.END_STREAM)
         if end_stream:
-            self._close_stream(stream)
+            self._ended_by_triton(stream)
         stream.conn.triton_headers(stream, fields, end_stream)
+
+    def _ended_by_triton(self, stream: Stream) -> None:
+        """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
+        (RST_STREAM NO_ERROR), or the stream would count against Triton's stream limit forever."""
+        if not stream.up_done:
+            self.write(f.rst_stream(stream.up, f.NO_ERROR))
+        self._close_stream(stream)
 
     def _close_stream(self, stream: Stream) -> None:
         """Triton ended `stream`: nothing more goes to Triton on it."""

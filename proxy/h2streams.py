@@ -86,6 +86,7 @@ class Stream:
         "taken",
         "trailers",
         "up",
+        "up_done",
         "up_end",
         "up_held",
         "up_window",
@@ -126,6 +127,7 @@ class Stream:
         self.up_window = 0
         self.up_held = bytearray()
         self.up_end = False
+        self.up_done = False  # END_STREAM went to Triton
         self.given = 0
 
 

@@ -376,3 +376,34 @@ async def test_a_tenant_that_does_not_read_is_not_read_either() -> None:
     assert not out.reading
     tenant.resume_writing()
     assert out.reading
+
+
+async def test_a_held_last_message_ends_the_stream_at_triton_exactly_once() -> None:
+    rig = Rig()
+    tenant, _ = rig.tenant()
+    rig.call(tenant, 1, b"", end=False)
+    channel, up = rig.channel()
+    channel.data_received(f.settings({f.SETTINGS_INITIAL_WINDOW_SIZE: 10}))
+    rig.relay.flush()
+    up.take()
+    rig.call(tenant, 3, infer(100))  # one unary call, END_STREAM on its only DATA frame
+    channel.data_received(f.window_update(3, 1_000))
+    rig.relay.flush()
+    sent = [frame for frame in up.take() if frame[0] == f.DATA and frame[2] == 3]
+    ends = [frame for frame in sent if frame[1] & f.END_STREAM]
+    assert len(ends) == 1 and sent[-1] is ends[0]
+    assert sum(len(frame[3]) for frame in sent) == len(f.grpc_message(infer(100)))
+
+
+async def test_a_stream_triton_ends_first_is_closed_at_triton_too() -> None:
+    rig = Rig()
+    tenant, _ = rig.tenant()
+    rig.call(tenant, 1, infer(), end=False)  # the tenant's side stays open
+    rig.call(tenant, 3, infer())  # this one the tenant ended
+    channel, up = rig.channel()
+    up.take()
+    rig.respond(channel, 1, f.grpc_message(b"early"), trailers=True)
+    rig.respond(channel, 3, f.grpc_message(b"ok"), trailers=True)
+    rig.relay.flush()
+    resets = [(sid, payload) for kind, _, sid, payload in up.take() if kind == f.RST_STREAM]
+    assert resets == [(1, f.NO_ERROR.to_bytes(4, "big"))]
