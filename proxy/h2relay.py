@@ -401,12 +401,13 @@ class H2Connection(StreamGate, asyncio.Protocol):
     def end_to_tenant(self, stream: Stream, trailers: bytes | Fields) -> None:
         """End `stream` towards the tenant with `trailers` (frames, or Triton's fields to encode),
         after any DATA still waiting for its window."""
-        if stream.held:
+        if stream.held or stream.held_end:
             stream.trailers = trailers
             self.streams[stream.sid] = stream  # kept for the tenant's WINDOW_UPDATEs
             return
         if isinstance(trailers, bytes):
-            self.write(trailers)
+            if trailers:
+                self.write(trailers)
         else:
             self._header_block(stream.sid, self._encoder.encode(trailers), _TRAILERS)
         if not stream.open:
@@ -432,13 +433,19 @@ class H2Connection(StreamGate, asyncio.Protocol):
             del held[:size]
             stream.window -= size
             self._window -= size
-            self.write(f.data_header(size, stream.held_end and not held, stream.sid) + chunk)
+            end = stream.held_end and not held
+            self.write(f.data_header(size, end, stream.sid) + chunk)
+            if end:
+                stream.held_end = False
             triton = min(size, stream.held_up)
             if triton:
                 stream.held_up -= triton
                 self._give(stream, triton)
-        if held:
+        if held or (stream.held_end and self._paused):
             return
+        if stream.held_end:  # an empty last DATA frame
+            self.write(f.data_header(0, True, stream.sid))
+            stream.held_end = False
         self._blocked.pop(stream, None)
         trailers, stream.trailers = stream.trailers, None
         if trailers is not None:
@@ -475,8 +482,7 @@ class H2Connection(StreamGate, asyncio.Protocol):
         self.to_tenant(stream, body, end_stream, len(body))
         if end_stream:  # a response without trailers: not gRPC, but passed on as it came
             self._finish(stream, "UNKNOWN")
-            if not stream.held:
-                self.streams.pop(stream.sid, None)
+            self.end_to_tenant(stream, b"")  # nothing more to send; forgotten once all is out
 
     def triton_reset(self, stream: Stream, code: int) -> None:
         if self.streams.pop(stream.sid, None) is not None:

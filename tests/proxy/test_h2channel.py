@@ -407,3 +407,25 @@ async def test_a_stream_triton_ends_first_is_closed_at_triton_too() -> None:
     rig.relay.flush()
     resets = [(sid, payload) for kind, _, sid, payload in up.take() if kind == f.RST_STREAM]
     assert resets == [(1, f.NO_ERROR.to_bytes(4, "big"))]
+
+
+async def test_a_response_ending_on_data_while_the_tenant_is_full_ends_once_it_drains() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    rig.call(tenant, 1, infer())
+    channel, _ = rig.channel()
+    tenant.pause_writing()  # the tenant's socket is full
+    head = rig.triton_encoder.encode([(b":status", b"200"), (b"content-type", b"x")])
+    channel.data_received(
+        f.frame(f.HEADERS, f.END_HEADERS, 1, head)
+        + f.frame(f.DATA, 0, 1, b"abc")
+        + f.frame(f.DATA, f.END_STREAM, 1, b"")  # no trailers: not gRPC, passed on as it came
+    )
+    assert data_bytes(out.take(), 1) == 0
+    tenant.resume_writing()
+    rig.relay.flush()
+    frames = [frame for frame in out.take() if frame[0] == f.DATA]
+    assert b"".join(frame[3] for frame in frames) == b"abc"
+    assert [bool(frame[1] & f.END_STREAM) for frame in frames][-1]
+    assert sum(bool(frame[1] & f.END_STREAM) for frame in frames) == 1
+    assert not tenant.streams
