@@ -52,7 +52,34 @@ _END_HEADERS = bytes((f.HEADERS, f.END_HEADERS))
 _END_HEADERS_STREAM = bytes((f.HEADERS, f.END_HEADERS | f.END_STREAM))
 
 
-class TritonChannel(asyncio.Protocol):
+class Gathered:
+    """A connection whose writes made in one event-loop turn leave in one write at its end
+    (`GrpcRelay.flush`), or when the connection is made."""
+
+    relay: GrpcRelay
+    transport: asyncio.Transport | None
+    dirty: bool
+    _wbuf: list[bytes]
+
+    def write(self, frames: bytes) -> None:
+        """Queue `frames`; they leave with everything else written this turn."""
+        self._wbuf.append(frames)
+        if not self.dirty:
+            self.dirty = True
+            self.relay.mark(self)
+
+    def flush(self) -> None:
+        """Write what was queued (kept while there is no connection)."""
+        if self.transport is None:
+            return
+        self.dirty = False
+        if self._wbuf:
+            data = b"".join(self._wbuf)
+            self._wbuf.clear()
+            self.transport.write(data)
+
+
+class TritonChannel(Gathered, asyncio.Protocol):
     """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
 
     def __init__(self, relay: GrpcRelay) -> None:
@@ -126,23 +153,6 @@ class TritonChannel(asyncio.Protocol):
         return not self.closing and len(self.streams) < self.max_streams
 
     # -- writing ---------------------------------------------------------------------------------
-
-    def write(self, frames: bytes) -> None:
-        """Queue `frames` for Triton; they leave with everything else written this turn."""
-        self._wbuf.append(frames)
-        if not self.dirty:
-            self.dirty = True
-            self.relay.mark(self)
-
-    def flush(self) -> None:
-        """Write what was queued (kept while the connection is still being opened)."""
-        if self.transport is None:
-            return
-        self.dirty = False
-        if self._wbuf:
-            data = b"".join(self._wbuf)
-            self._wbuf.clear()
-            self.transport.write(data)
 
     def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
         """Open `stream` at Triton with request header `fields`."""

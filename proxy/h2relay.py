@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from hpack import HPACKError
 
 from proxy import h2frames as f
+from proxy.h2channel import Gathered
 from proxy.h2headers import BlockDecoder, BlockEncoder, Fields, HeaderBlocks
 from proxy.h2streams import (
     FORWARDED,
@@ -72,7 +73,7 @@ class ProtocolBrokenError(Exception):
         self.code = code
 
 
-class H2Connection(StreamGate, asyncio.Protocol):
+class H2Connection(Gathered, StreamGate, asyncio.Protocol):
     """One tenant connection (see the module docstring)."""
 
     def __init__(self, relay: GrpcRelay) -> None:
@@ -143,21 +144,6 @@ class H2Connection(StreamGate, asyncio.Protocol):
         if not self._goaway:
             self._goaway = True
             self.write(f.goaway(self.last_sid))
-
-    def write(self, frames: bytes) -> None:
-        """Queue `frames` for the tenant; they leave with everything else written this turn."""
-        self._wbuf.append(frames)
-        if not self.dirty:
-            self.dirty = True
-            self.relay.mark(self)
-
-    def flush(self) -> None:
-        self.dirty = False
-        if self._wbuf:
-            data = b"".join(self._wbuf)
-            self._wbuf.clear()
-            if self.transport is not None:
-                self.transport.write(data)
 
     def _error(self, code: int, reason: str) -> None:
         log.warning("A tenant broke the HTTP/2 protocol (%s): closing its connection.", reason)
