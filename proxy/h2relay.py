@@ -7,9 +7,9 @@ to Triton on the proxy's shared connection (`h2channel`), after the per-stream g
 checked each message. A frame the tenant gets wrong (unreadable, out of order, over a window)
 closes this connection only; Triton never sees it.
 
-Writes to the tenant made in one event-loop turn leave in one write. Response DATA waits for the
-tenant's windows (and while its socket is full) and is credited to Triton only as the tenant takes
-it, so a slow reader holds Triton back rather than the relay's memory growing.
+Writes to the tenant made in one event-loop turn leave in one write. What goes back to the tenant
+(Triton's answers within its windows, under its stream ids) is `h2replies`; per tenant connection
+it limits streams, header block size and resets (see the constants below).
 
 Why not grpc.aio: its per-call cost (about 0.5-0.9 ms and most of a core here) made the proxy keep
 a third of Triton's gRPC throughput; this relay scans frame headers and, for a client repeating
@@ -31,11 +31,11 @@ from hpack import HPACKError
 from proxy import h2frames as f
 from proxy.h2channel import Gathered
 from proxy.h2headers import BlockDecoder, BlockEncoder, Fields, HeaderBlocks
+from proxy.h2replies import CREDIT_STEP, TenantSide
 from proxy.h2streams import (
     FORWARDED,
     READY_PATH,
     RECEIVE_WINDOW,
-    UNAVAILABLE,
     UNIMPLEMENTED,
     Stream,
     StreamGate,
@@ -52,10 +52,6 @@ MAX_STREAMS = 128
 """Concurrent streams a tenant connection may open (SETTINGS_MAX_CONCURRENT_STREAMS)."""
 _CONNECTION_WINDOW = 1 << 30
 """The tenant's connection window; credited as bytes arrive, since stream windows bound memory."""
-_HEAD = bytes((f.HEADERS, f.END_HEADERS))
-_TRAILERS = bytes((f.HEADERS, f.END_HEADERS | f.END_STREAM))
-_STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
-_CREDIT_STEP = RECEIVE_WINDOW // 4
 MAX_HEADER_BLOCK = 64 * 1024
 """The largest header block a tenant may send (HEADERS and its CONTINUATION frames)."""
 _RESETS = 2 * MAX_STREAMS
@@ -73,7 +69,7 @@ class ProtocolBrokenError(Exception):
         self.code = code
 
 
-class H2Connection(Gathered, StreamGate, asyncio.Protocol):
+class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
     """One tenant connection (see the module docstring)."""
 
     def __init__(self, relay: GrpcRelay) -> None:
@@ -349,141 +345,16 @@ class H2Connection(Gathered, StreamGate, asyncio.Protocol):
             self._plans[fields] = plan
         return plan
 
+    def completed(self) -> None:
+        """Triton completed one of this tenant's calls: it earns back one reset."""
+        if self._resets < _RESETS:
+            self._resets += 1
+
     def forwarded(self, stream: Stream, size: int) -> None:
         """`size` bytes of `stream` left the relay (to Triton, or dropped): the tenant may send
         that much more on it."""
         stream.taken += size
-        if stream.taken >= _CREDIT_STEP and not stream.fin:
+        if stream.taken >= CREDIT_STEP and not stream.fin:
             self.write(f.window_update(stream.sid, stream.taken))
             stream.received += stream.taken
             stream.taken = 0
-
-    # -- towards the tenant ----------------------------------------------------------------------
-
-    def to_tenant(self, stream: Stream, payload: bytes, end_stream: bool, triton: int = 0) -> None:
-        """DATA for the tenant on `stream`, now or once its windows allow; `triton` of its bytes
-        came from Triton (credited back to Triton as they leave)."""
-        size = len(payload)
-        if (
-            not stream.held
-            and not self._paused
-            and size <= stream.window
-            and size <= self._window
-            and size <= self._max_frame
-        ):
-            stream.window -= size
-            self._window -= size
-            self._wbuf.append(f.data_header(size, end_stream, stream.sid))
-            self.write(payload)
-            if triton:
-                self._give(stream, triton)
-            return
-        stream.held += payload
-        stream.held_end = stream.held_end or end_stream
-        stream.held_up += triton
-        self._blocked[stream] = None
-        self._drain(stream)
-
-    def end_to_tenant(self, stream: Stream, trailers: bytes | Fields) -> None:
-        """End `stream` towards the tenant with `trailers` (frames, or Triton's fields to encode),
-        after any DATA still waiting for its window."""
-        if stream.held or stream.held_end:
-            stream.trailers = trailers
-            self.streams[stream.sid] = stream  # kept for the tenant's WINDOW_UPDATEs
-            return
-        if isinstance(trailers, bytes):
-            if trailers:
-                self.write(trailers)
-        else:
-            self._header_block(stream.sid, self._encoder.encode(trailers), _TRAILERS)
-        if not stream.open:
-            self.streams.pop(stream.sid, None)
-
-    def _header_block(self, sid: int, block: bytes, kind_flags: bytes) -> None:
-        """A header block this connection's encoder made, as HEADERS (and CONTINUATION)."""
-        if len(block) <= self._max_frame:
-            self._wbuf.append(len(block).to_bytes(3, "big") + kind_flags + sid.to_bytes(4, "big"))
-            self.write(block)
-        else:
-            end_stream = kind_flags == _TRAILERS
-            self.write(f.headers_frames(sid, block, end_stream, self._max_frame))
-
-    def _drain(self, stream: Stream) -> None:
-        """Send what waits on `stream` as far as the tenant's windows allow."""
-        held = stream.held
-        while held and not self._paused:
-            size = min(len(held), stream.window, self._window, self._max_frame)
-            if size <= 0:
-                return
-            chunk = bytes(held[:size])
-            del held[:size]
-            stream.window -= size
-            self._window -= size
-            end = stream.held_end and not held
-            self.write(f.data_header(size, end, stream.sid) + chunk)
-            if end:
-                stream.held_end = False
-            triton = min(size, stream.held_up)
-            if triton:
-                stream.held_up -= triton
-                self._give(stream, triton)
-        if held or (stream.held_end and self._paused):
-            return
-        if stream.held_end:  # an empty last DATA frame
-            self.write(f.data_header(0, True, stream.sid))
-            stream.held_end = False
-        self._blocked.pop(stream, None)
-        trailers, stream.trailers = stream.trailers, None
-        if trailers is not None:
-            self.end_to_tenant(stream, trailers)
-
-    def _give(self, stream: Stream, size: int) -> None:
-        """The tenant took `size` of Triton's bytes on `stream`: credit Triton in steps."""
-        stream.given += size
-        if stream.given >= _CREDIT_STEP and stream.open and stream.channel is not None:
-            stream.channel.credit(stream, stream.given)
-            stream.given = 0
-
-    # -- Triton's side of a stream (called by h2channel) -------------------------------------
-
-    def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
-        if stream.sid not in self.streams:
-            return  # answered by the relay already
-        if not end_stream:
-            stream.responded = True
-            self._header_block(stream.sid, self._encoder.encode(fields), _HEAD)
-            return
-        if self._resets < _RESETS:
-            self._resets += 1
-        code = "UNKNOWN"
-        for name, value in fields:
-            if name == b"grpc-status":
-                code = _STATUS.get(value, "UNKNOWN")
-        self._finish(stream, code)
-        self.end_to_tenant(stream, fields)
-
-    def triton_data(self, stream: Stream, body: bytes, end_stream: bool) -> None:
-        if stream.sid not in self.streams:
-            return
-        self.to_tenant(stream, body, end_stream, len(body))
-        if end_stream:  # a response without trailers: not gRPC, but passed on as it came
-            self._finish(stream, "UNKNOWN")
-            self.end_to_tenant(stream, b"")  # nothing more to send; forgotten once all is out
-
-    def triton_reset(self, stream: Stream, code: int) -> None:
-        if self.streams.pop(stream.sid, None) is not None:
-            self._blocked.pop(stream, None)
-            self.write(f.rst_stream(stream.sid, code))
-            self._finish(stream, "CANCELLED")
-
-    def triton_refused(self, stream: Stream) -> None:
-        """Triton's GOAWAY left `stream` unprocessed: the tenant may retry it."""
-        if self.streams.pop(stream.sid, None) is not None:
-            self._blocked.pop(stream, None)
-            self.write(f.rst_stream(stream.sid, f.REFUSED_STREAM))
-            self._finish(stream, "UNAVAILABLE")
-
-    def triton_unavailable(self, stream: Stream) -> None:
-        """The connection to Triton failed under `stream`."""
-        if stream.sid in self.streams:
-            self._refuse(stream, "UNAVAILABLE", UNAVAILABLE)
