@@ -81,6 +81,7 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         self._wbuf: list[bytes] = []
         self._in = b""
         self._preface = False
+        self._preface_timer: asyncio.TimerHandle | None = None
         self._goaway = False
         self._paused = False  # the tenant's socket is full: response DATA waits
         self._decoder = BlockDecoder()
@@ -109,9 +110,19 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             )
             + f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW)
         )
+        self._preface_timer = asyncio.get_running_loop().call_later(
+            self.relay.settings.head_timeout_seconds, self._no_preface
+        )
+
+    def _no_preface(self) -> None:
+        """A connection that never says it speaks HTTP/2 only holds a socket: close it."""
+        timeout = self.relay.settings.head_timeout_seconds
+        self._error(f.PROTOCOL_ERROR, f"no HTTP/2 connection preface within {timeout:g} s")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.connections.discard(self)
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
         self.transport = None
         for stream in list(self.streams.values()):
             if stream.open and stream.channel is not None:
@@ -162,6 +173,9 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
                 self._error(f.PROTOCOL_ERROR, "no HTTP/2 connection preface")
                 return
             self._preface = True
+            if self._preface_timer is not None:
+                self._preface_timer.cancel()
+                self._preface_timer = None
             pos = 24
         end = len(data)
         try:

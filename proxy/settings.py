@@ -55,8 +55,9 @@ class Settings:
     finish_timeout_seconds: float = 20.0
     """Seconds to wait for in-flight requests after the drain period before giving up on them."""
     head_timeout_seconds: float = 30.0
-    """Seconds a REST client may take to send a request's head once it has begun; a slower one
-    is answered 408 and closed, so slow senders cannot hold connections open (slowloris)."""
+    """Seconds a REST client may take to send a request's head once it has begun (a slower one is
+    answered 408 and closed), and a gRPC client to send the HTTP/2 connection preface (else the
+    connection closes), so slow senders cannot hold connections open (slowloris)."""
     concurrency_window_seconds: float = 60.0
     """Window of the time-weighted average concurrency gauge, in seconds (Knative uses 60)."""
     agent_address: str = ""
@@ -130,7 +131,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     flag("queue-timeout", "seconds a request may wait for a slot", "30")
     flag("drain-seconds", "seconds to keep serving after SIGTERM", "5")
     flag("finish-timeout", "seconds to wait for in-flight requests at shutdown", "20")
-    flag("head-timeout", "seconds a REST client may take to send a request head", "30")
+    flag("head-timeout", "seconds to send a REST request head or the gRPC preface", "30")
     flag("concurrency-window", "seconds of the average concurrency gauge", "60")
     flag("agent-address", "host:port of the node agent (empty: no unload on exit)", "")
     flag("token-file", "the pod's projected service-account token file")

@@ -9,6 +9,7 @@ a broken one shows which.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from hpack import Decoder, Encoder
@@ -429,3 +430,17 @@ async def test_a_response_ending_on_data_while_the_tenant_is_full_ends_once_it_d
     assert [bool(frame[1] & f.END_STREAM) for frame in frames][-1]
     assert sum(bool(frame[1] & f.END_STREAM) for frame in frames) == 1
     assert not tenant.streams
+
+
+async def test_a_connection_that_never_sends_the_preface_is_closed() -> None:
+    rig = Rig(head_timeout="0.05")
+    silent = H2Connection(rig.relay)
+    silent_out = Recording()
+    silent.connection_made(silent_out)  # type: ignore[arg-type]
+    _, talking_out = rig.tenant()  # sent its preface at once
+    deadline = asyncio.get_running_loop().time() + 10
+    while not silent_out.closed:
+        assert asyncio.get_running_loop().time() < deadline, "the silent connection stayed open"
+        await asyncio.sleep(0.01)
+    assert not talking_out.closed
+
