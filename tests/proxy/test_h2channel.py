@@ -443,4 +443,3 @@ async def test_a_connection_that_never_sends_the_preface_is_closed() -> None:
         assert asyncio.get_running_loop().time() < deadline, "the silent connection stayed open"
         await asyncio.sleep(0.01)
     assert not talking_out.closed
-
