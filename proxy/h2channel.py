@@ -48,8 +48,6 @@ _CONNECTION_WINDOW = 1 << 30
 """The channel's connection window for Triton, credited back as bytes arrive (streams bound it)."""
 _LAST_ID = 2**31 - 1
 _PLAIN_BLOCK = f.END_HEADERS | f.PADDED | f.PRIORITY_FLAG
-_END_HEADERS = bytes((f.HEADERS, f.END_HEADERS))
-_END_HEADERS_STREAM = bytes((f.HEADERS, f.END_HEADERS | f.END_STREAM))
 
 
 class Gathered:
@@ -166,12 +164,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
         stream.up_done = end_stream
         self.streams[up] = stream
         block = self._encoder.encode(fields)  # every block encoded is written, in order
-        if len(block) <= self.max_frame:
-            flags = _END_HEADERS_STREAM if end_stream else _END_HEADERS
-            self._wbuf.append(len(block).to_bytes(3, "big") + flags + up.to_bytes(4, "big"))
-            self.write(block)
-        else:
-            self.write(f.headers_frames(up, block, end_stream, self.max_frame))
+        self.write(f.headers_frames(up, block, end_stream, self.max_frame))
 
     def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""

@@ -85,13 +85,18 @@ def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
     return bytes(out)
 
 
+_HEADERS_WHOLE = bytes((HEADERS, END_HEADERS))
+_HEADERS_ENDING_STREAM = bytes((HEADERS, END_HEADERS | END_STREAM))
+
+
 def headers_frames(
     stream_id: int, block: bytes, end_stream: bool, max_frame: int = DEFAULT_MAX_FRAME
 ) -> bytes:
     """HEADERS (and CONTINUATION frames when `block` is larger than one frame)."""
+    if len(block) <= max_frame:  # the common case, on every call: built in one expression
+        kind_flags = _HEADERS_ENDING_STREAM if end_stream else _HEADERS_WHOLE
+        return len(block).to_bytes(3, "big") + kind_flags + stream_id.to_bytes(4, "big") + block
     flags = END_STREAM if end_stream else 0
-    if len(block) <= max_frame:
-        return frame(HEADERS, flags | END_HEADERS, stream_id, block)
     out = [frame(HEADERS, flags, stream_id, block[:max_frame])]
     pos = max_frame
     while pos < len(block):

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 CREDIT_STEP = RECEIVE_WINDOW // 4
 """Credit is given back in steps this large (both ways), not a WINDOW_UPDATE per message."""
-_HEAD = bytes((f.HEADERS, f.END_HEADERS))
-_TRAILERS = bytes((f.HEADERS, f.END_HEADERS | f.END_STREAM))
 _STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
 
 
@@ -88,18 +86,10 @@ class TenantSide:
             if trailers:
                 self.write(trailers)
         else:
-            self._header_block(stream.sid, self._encoder.encode(trailers), _TRAILERS)
+            block = self._encoder.encode(trailers)
+            self.write(f.headers_frames(stream.sid, block, True, self._max_frame))
         if not stream.open:
             self.streams.pop(stream.sid, None)
-
-    def _header_block(self, sid: int, block: bytes, kind_flags: bytes) -> None:
-        """A header block this connection's encoder made, as HEADERS (and CONTINUATION)."""
-        if len(block) <= self._max_frame:
-            self._wbuf.append(len(block).to_bytes(3, "big") + kind_flags + sid.to_bytes(4, "big"))
-            self.write(block)
-        else:
-            end_stream = kind_flags == _TRAILERS
-            self.write(f.headers_frames(sid, block, end_stream, self._max_frame))
 
     def _drain(self, stream: Stream) -> None:
         """Send what waits on `stream` as far as the tenant's windows allow."""
@@ -144,7 +134,8 @@ class TenantSide:
             return  # answered by the relay already
         if not end_stream:
             stream.responded = True
-            self._header_block(stream.sid, self._encoder.encode(fields), _HEAD)
+            block = self._encoder.encode(fields)
+            self.write(f.headers_frames(stream.sid, block, False, self._max_frame))
             return
         self.completed()
         code = "UNKNOWN"

@@ -16,9 +16,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any
 
-from proxy.h2channel import TritonChannel
+from proxy.h2channel import Gathered, TritonChannel
 from proxy.h2relay import H2Connection
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
@@ -28,12 +28,6 @@ from proxy.sockets import bind
 from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
-
-
-class _Writer(Protocol):
-    dirty: bool
-
-    def flush(self) -> None: ...
 
 
 class GrpcRelay:
@@ -52,7 +46,7 @@ class GrpcRelay:
         self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Future[None]] = set()
         self._server: asyncio.Server | None = None
-        self._dirty: list[_Writer] = []
+        self._dirty: list[Gathered] = []
         self._flush_soon = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unreachable = False
@@ -67,7 +61,7 @@ class GrpcRelay:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def mark(self, writer: _Writer) -> None:
+    def mark(self, writer: Gathered) -> None:
         """`writer` has bytes to send: they leave at the end of this event-loop turn."""
         self._dirty.append(writer)
         if not self._flush_soon:

@@ -408,6 +408,3 @@ def _text(refusal: bytes) -> str:
 
 def _too_large(limit: int) -> str:
     return f"the message is over the proxy's limit of {limit} bytes; send less or raise --max-body"
-
-
-_UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
