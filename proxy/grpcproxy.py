@@ -63,6 +63,10 @@ class GrpcProxy:
             ("grpc.max_receive_message_length", size),
             ("grpc.max_send_message_length", size),
         ]
+        self._server_options = list(self._options)
+        if settings.idle_timeout_seconds > 0:
+            idle_ms = max(1, int(settings.idle_timeout_seconds * 1000))
+            self._server_options.append(("grpc.max_connection_idle_ms", idle_ms))
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
         self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
@@ -74,7 +78,7 @@ class GrpcProxy:
         self._channel = grpc.aio.insecure_channel(
             self._settings.triton_grpc_url, options=self._options
         )
-        self._server = grpc.aio.server(options=self._options)
+        self._server = grpc.aio.server(options=self._server_options)
         self._server.add_generic_rpc_handlers((_Handler(self),))
         host, port = self._settings.listen_grpc
         self.port = self._server.add_insecure_port(f"{host}:{port}")

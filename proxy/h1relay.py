@@ -401,3 +401,11 @@ class ClientConnection(asyncio.Protocol):
         """Close between requests (used when the proxy stops)."""
         if self.idle:
             self._close()
+
+    def activity(self) -> object | None:
+        """For the idle sweep: None during a request, else when the last one began."""
+        return self._started if self.idle else None
+
+    def close_idle(self) -> None:
+        """Idle for --idle-timeout: close, as an HTTP/1.1 server may between requests."""
+        self._close()

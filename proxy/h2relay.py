@@ -152,6 +152,18 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             self._goaway = True
             self.write(f.goaway(self.last_sid))
 
+    def activity(self) -> object | None:
+        """For the idle sweep: None while calls are open, else the last stream id."""
+        return None if self.streams else self.last_sid
+
+    def close_idle(self) -> None:
+        """Idle for --idle-timeout: GOAWAY NO_ERROR and close; the tenant's client reconnects on
+        its next call, as after a gRPC server's max_connection_idle."""
+        self.go_away()
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
     def _error(self, code: int, reason: str) -> None:
         log.warning("A tenant broke the HTTP/2 protocol (%s): closing its connection.", reason)
         self.write(f.goaway(self.last_sid, code))

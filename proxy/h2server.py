@@ -20,6 +20,7 @@ from typing import Any
 
 from proxy.h2channel import Gathered, TritonChannel
 from proxy.h2relay import H2Connection
+from proxy.idle import IdleSweeper
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.routing import GrpcRouter
@@ -43,6 +44,7 @@ class GrpcRelay:
         self.state = state
         self.max_message = settings.max_body_bytes
         self.connections: set[H2Connection] = set()
+        self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Future[None]] = set()
         self._server: asyncio.Server | None = None
@@ -126,9 +128,11 @@ class GrpcRelay:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: H2Connection(self), sock=sock, backlog=1024)
         log.info("Relaying Triton gRPC for model %s on port %d.", self.settings.model_id, self.port)
+        self.idle.start()
 
     async def stop(self, grace: float | None = None) -> None:
         """GOAWAY to every tenant, let open streams finish (up to `grace` s), close."""
+        self.idle.stop()
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):

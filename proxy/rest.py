@@ -20,6 +20,7 @@ import time
 
 from proxy.h1relay import ClientConnection
 from proxy.http1 import RequestHead, parse_request_head
+from proxy.idle import IdleSweeper
 from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.routing import Answer, Forward, HttpRouter
@@ -55,6 +56,7 @@ class RestRelay:
         host, _, port = settings.triton_http_url.rpartition(":")
         self.pool = UpstreamPool(host, int(port))
         self.connections: set[ClientConnection] = set()
+        self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         self._prepared: dict[bytes, Prepared] = {}
         self.closing = False
         self._server: asyncio.Server | None = None
@@ -87,10 +89,12 @@ class RestRelay:
         log.info(
             "Serving KServe v2 REST for model %s on port %d.", self.settings.model_id, self.port
         )
+        self.idle.start()
 
     async def stop(self) -> None:
         """Stop listening; let in-flight exchanges finish (up to the finish timeout); close."""
         self.closing = True
+        self.idle.stop()
         if self._server is not None:
             self._server.close()
         deadline = time.monotonic() + self.settings.finish_timeout_seconds

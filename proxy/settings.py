@@ -58,6 +58,9 @@ class Settings:
     """Seconds a REST client may take to send a request's head once it has begun (a slower one is
     answered 408 and closed), and a gRPC client to send the HTTP/2 connection preface (else the
     connection closes), so slow senders cannot hold connections open (slowloris)."""
+    idle_timeout_seconds: float = 300.0
+    """Seconds a tenant connection may stay open with no request or call in progress before it is
+    closed (gRPC with GOAWAY, so clients reconnect on their next call); 0 keeps it forever."""
     concurrency_window_seconds: float = 60.0
     """Window of the time-weighted average concurrency gauge, in seconds (Knative uses 60)."""
     agent_address: str = ""
@@ -132,6 +135,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     flag("drain-seconds", "seconds to keep serving after SIGTERM", "5")
     flag("finish-timeout", "seconds to wait for in-flight requests at shutdown", "20")
     flag("head-timeout", "seconds to send a REST request head or the gRPC preface", "30")
+    flag("idle-timeout", "seconds an idle tenant connection stays open, 0 = forever", "300")
     flag("concurrency-window", "seconds of the average concurrency gauge", "60")
     flag("agent-address", "host:port of the node agent (empty: no unload on exit)", "")
     flag("token-file", "the pod's projected service-account token file")
@@ -200,6 +204,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         drain_seconds=number("drain-seconds", args.drain_seconds),
         finish_timeout_seconds=number("finish-timeout", args.finish_timeout),
         head_timeout_seconds=number("head-timeout", args.head_timeout),
+        idle_timeout_seconds=number("idle-timeout", args.idle_timeout),
         concurrency_window_seconds=max(1.0, number("concurrency-window", args.concurrency_window)),
         agent_address=agent_address,
         token_file=Path(args.token_file) if args.token_file else None,

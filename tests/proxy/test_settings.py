@@ -21,6 +21,7 @@ def test_defaults() -> None:
     assert settings.container_concurrency == 0 and settings.queue_limit == 0
     assert settings.agent_address == "" and settings.token_file is None
     assert settings.grpc_mode == "relay"
+    assert settings.idle_timeout_seconds == 300.0
 
 
 def test_environment_and_flags() -> None:
@@ -33,6 +34,8 @@ def test_environment_and_flags() -> None:
     settings = parse_settings([*REQUIRED, "--container-concurrency", "2", "--queue-size", "0"], {})
     assert settings.queue_limit == 0
     assert parse_settings(REQUIRED, {"TRITONSHARE_GRPC_MODE": "grpcio"}).grpc_mode == "grpcio"
+    idle = parse_settings(REQUIRED, {"TRITONSHARE_IDLE_TIMEOUT": "0"}).idle_timeout_seconds
+    assert idle == 0.0
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,7 @@ def test_environment_and_flags() -> None:
         (["--max-body", "lots"], "not a Kubernetes quantity"),
         (["--container-concurrency", "-1"], "negative"),
         (["--queue-timeout", "soon"], "not a number of seconds"),
+        (["--idle-timeout", "-5"], "--idle-timeout '-5' is negative"),
         (["--listen-http", "9000"], "not host:port"),
         (["--log-format", "xml"], "neither 'text' nor 'json'"),
         (["--grpc-mode", "h2"], "neither 'grpcio' nor 'relay'"),
