@@ -45,14 +45,17 @@ class _Side(asyncio.Protocol):
         if peer is None or peer.transport is None:
             self.pending.append(data)
         elif peer.transport.is_closing():  # the other side has gone: so does this one
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
         else:
             peer.transport.write(data)
 
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.close()
+        if self.peer is not None:
+            self.peer.close()
 
 
 async def _listen(upstream: str, listen: str) -> asyncio.Server:
@@ -68,8 +71,10 @@ async def _listen(upstream: str, listen: str) -> asyncio.Server:
             try:
                 _, side = await loop.create_connection(_Side, up_host, int(up_port))
             except OSError:
-                if tenant.transport is not None:
-                    tenant.transport.close()
+                tenant.close()
+                return
+            if tenant.transport is None or tenant.transport.is_closing():
+                side.close()  # the tenant left while the upstream was connecting
                 return
             side.peer, tenant.peer = tenant, side
             for reader, writer in ((tenant, side), (side, tenant)):
