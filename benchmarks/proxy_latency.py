@@ -10,11 +10,13 @@ grpc-core stack tritonclient uses) for gRPC at concurrency 1.
 The box is shared and its speed drifts by tens of percent within a minute, so every round measures
 Triton directly and through each hop back to back (the order reversed every other round), and the
 figures are the medians over rounds of the per-round differences (latency added at c=1) and ratios
-(throughput kept at c=16), next to the targets (<= 0.25 ms / 0.2 ms added, >= 85% / 70% kept). It
-also prints the CPU time each hop's process spends per request at c=16, read from /proc: the
-proxy's own cost, which the noise does not move much. gRPC at c=1 is judged with the grpc client;
-h2load's c=1 figure is printed too, but h2load against Triton directly waits on its own small
-writes in a way a hop in between hides (direct is often slower than through the relay).
+(throughput kept at c=16), next to the targets (<= 0.25 ms / 0.2 ms added, >= 85% / 70% kept).
+Each proxy line also says what the proxy costs beyond the bare relay of the same round (the part
+any Python hop pays is the floor's), and the CPU time each hop's process spends per request at
+c=16, read from /proc: the proxy's own cost, which the noise does not move much. gRPC at c=1 is
+judged with the grpc client; h2load's c=1 figure is printed too, but h2load against Triton
+directly waits on its own small writes in a way a hop in between hides (direct is often slower
+than through the relay).
 
     .venv/bin/python benchmarks/proxy_latency.py [--rounds 7] [--seconds 2]
 """
@@ -311,9 +313,11 @@ class Loads:
         record("grpc1", grpc_client_latency(grpc_address, self.message, self.seconds))
 
 
-def _paired(results: Results, measure: str, name: str, kept: bool) -> list[float]:
-    """Per-round figures of `name` against Triton directly in the same round."""
-    pairs = zip(results[(measure, name)], results[(measure, "direct")], strict=True)
+def _paired(
+    results: Results, measure: str, name: str, kept: bool, base: str = "direct"
+) -> list[float]:
+    """Per-round figures of `name` against `base` (Triton directly) in the same round."""
+    pairs = zip(results[(measure, name)], results[(measure, base)], strict=True)
     return [p / d if kept else p - d for p, d in pairs]
 
 
@@ -360,6 +364,13 @@ def report(results: Results, rounds: int, seconds: float) -> None:
                 line = f"kept {value:6.1%} (rounds {min(figures):.0%} .. {max(figures):.0%})"
                 if kept_target is not None and name != "floor":
                     line += f"  target >= {kept_target:.0%}: {_verdict(value >= kept_target)}"
+            if name != "floor":  # what the hop costs beyond the floor, whatever the box's mood
+                beyond = statistics.median(_paired(results, measure, name, not latency, "floor"))
+                line += (
+                    f"; {beyond:+.3f} ms over the bare relay"
+                    if latency
+                    else f"; {beyond:.0%} of the bare relay"
+                )
             print(f"  {_label(measure, name):28} {line}")
     print("\nCPU time per request at c=16 (the hop's own process, from /proc):")
     for measure, names in (
