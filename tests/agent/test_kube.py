@@ -1,15 +1,19 @@
 """The Kubernetes adapter against sim/ through the official client: the pod watch keeps going
-across server-side watch timeouts and sees only this node's pods; token reviews."""
+across server-side watch timeouts, sees only this node's pods and relists when its
+resourceVersion is too old (410 Expired); token reviews."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
+import pytest
 
 from agent.kube import KubeClient
-from sim.apiserver import RunningApiServer
+from sim.apiserver import RunningApiServer, start_in_thread
+from sim.apiserver.settings import ApiServerSettings
 from tests.agent.conftest import NODE, eventually, make_pod
 
 
@@ -50,6 +54,45 @@ async def test_the_pod_watch_survives_watch_timeouts_and_filters_by_node(
     finally:
         watch.stop()
         await kube.close()
+
+
+async def test_the_pod_watch_relists_quietly_when_its_version_expired(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server keeps 5 events and sends no bookmarks: ten pods created on another node (which
+    this watch never sees) push its resourceVersion out of the history, so its next watch gets
+    410 Expired; the watch lists again at once, without the warning and back-off of a failure,
+    and goes on reporting this node's pods."""
+    caplog.set_level(logging.WARNING, logger="agent.kube")
+    settings = ApiServerSettings(history_size=5, bookmark_interval_seconds=3600)
+    server = start_in_thread(settings=settings)
+    api = server.api_client()
+    kube = KubeClient(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+    listed: list[list[str]] = []
+    events: list[tuple[str, str]] = []
+    watch = kube.watch_pods(
+        NODE,
+        lambda items: listed.append([i["metadata"]["name"] for i in items]),
+        lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
+        timeout_seconds=1,
+    )
+    try:
+        await eventually(lambda: bool(listed), what="the first list")
+        make_pod(api, "before", "m0")
+        await eventually(lambda: ("ADDED", "before") in events, what="the first pod's event")
+        for n in range(10):
+            make_pod(api, f"elsewhere-{n}", "m1", node="another-node")
+        await eventually(lambda: len(listed) >= 2, what="a relist after 410 Expired")
+        assert listed[0] == [] and listed[1] == ["before"]
+        make_pod(api, "after", "m2")
+        await eventually(lambda: ("ADDED", "after") in events, what="the new pod's event")
+        assert all(not name.startswith("elsewhere") for _, name in events)
+        assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text
+    finally:
+        watch.stop()
+        await kube.close()
+        api.close()  # type: ignore[no-untyped-call]
+        server.stop()
 
 
 async def test_token_review_reports_the_pod_of_a_projected_token(
