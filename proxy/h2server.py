@@ -45,6 +45,7 @@ class GrpcRelay:
         self.max_message = settings.max_body_bytes
         self.connections: set[H2Connection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
+        metrics.listener("grpc", self.idle)
         self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Future[None]] = set()
         self._server: asyncio.Server | None = None

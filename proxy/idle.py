@@ -10,7 +10,7 @@ nothing for this. What it must not do: judge what a connection is doing (each co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Collection
 from typing import Protocol
 
 SWEEPS = 4
@@ -30,11 +30,12 @@ class Idler(Protocol):
 
 class IdleSweeper:
     """Closes the connections of `connections` (a live collection) idle for `timeout` seconds;
-    a timeout of 0 keeps idle connections open forever."""
+    a timeout of 0 keeps idle connections open forever. `closed` counts those it closed."""
 
-    def __init__(self, timeout: float, connections: Iterable[Idler]) -> None:
+    def __init__(self, timeout: float, connections: Collection[Idler]) -> None:
         self.timeout = timeout
-        self._connections = connections
+        self.connections = connections
+        self.closed = 0
         self._seen: dict[Idler, tuple[object, int]] = {}
         self._timer: asyncio.TimerHandle | None = None
 
@@ -55,7 +56,7 @@ class IdleSweeper:
     def sweep(self) -> None:
         """Close the connections found idle on every one of the last SWEEPS + 1 sweeps."""
         seen: dict[Idler, tuple[object, int]] = {}
-        for connection in list(self._connections):
+        for connection in list(self.connections):
             mark = connection.activity()
             if mark is None:
                 continue
@@ -63,6 +64,7 @@ class IdleSweeper:
             sweeps = before[1] + 1 if before is not None and before[0] == mark else 0
             if sweeps >= SWEEPS:
                 connection.close_idle()
+                self.closed += 1
             else:
                 seen[connection] = (mark, sweeps)
         self._seen = seen

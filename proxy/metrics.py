@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from proxy.idle import IdleSweeper
 from proxy.limiter import Limiter
 
 _LATENCY_BUCKETS = (
@@ -102,6 +103,30 @@ class _RequestCollector(Collector):
         yield from (requests, latency)
 
 
+class _ConnectionCollector(Collector):
+    """Tenant connections open now and those closed for idling, by protocol, read at scrape
+    time from each listener's idle sweep (which holds its live set of connections)."""
+
+    def __init__(self) -> None:
+        self.listeners: dict[str, IdleSweeper] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        open_now = GaugeMetricFamily(
+            "tritonshare_proxy_connections",
+            "Tenant connections open now, by protocol.",
+            labels=["protocol"],
+        )
+        closed = CounterMetricFamily(
+            "tritonshare_proxy_idle_closed_connections",
+            "Tenant connections closed after --idle-timeout with nothing in progress.",
+            labels=["protocol"],
+        )
+        for protocol, sweeper in list(self.listeners.items()):
+            open_now.add_metric([protocol], len(sweeper.connections))
+            closed.add_metric([protocol], sweeper.closed)
+        yield from (open_now, closed)
+
+
 def _bound_text(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
@@ -123,6 +148,12 @@ class ProxyMetrics:
             registry=self.registry,
         )
         self.registry.register(_ConcurrencyCollector(limiter, model_id))
+        self._connections = _ConnectionCollector()
+        self.registry.register(self._connections)
+
+    def listener(self, protocol: str, sweeper: IdleSweeper) -> None:
+        """Report the connections of a listener (`http`, `grpc`) through its idle sweep."""
+        self._connections.listeners[protocol] = sweeper
 
     def observe(self, protocol: str, route: str, code: str, seconds: float) -> None:
         """Count one answered request and its latency."""

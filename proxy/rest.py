@@ -57,6 +57,7 @@ class RestRelay:
         self.pool = UpstreamPool(host, int(port))
         self.connections: set[ClientConnection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
+        metrics.listener("http", self.idle)
         self._prepared: dict[bytes, Prepared] = {}
         self.closing = False
         self._server: asyncio.Server | None = None

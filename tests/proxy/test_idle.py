@@ -14,17 +14,19 @@ import contextlib
 import socket
 import struct
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import h2frames as f
 from proxy.idle import SWEEPS, IdleSweeper
 from sim.triton import TritonServer
-from tests.proxy.conftest import proxy_settings, running_proxy
+from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
 from tests.proxy.test_relay_channel import (
     RawTenant,
     add_one_inputs,
@@ -277,3 +279,48 @@ def test_tritonclient_grpc_carries_on_after_its_connection_was_closed(
             client.close()
     np.testing.assert_array_equal(first, [[2, 3, 4, 5]])
     np.testing.assert_array_equal(second, [[2, 3, 4, 5]])
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+
+def _connection_samples(running: RunningProxy) -> dict[tuple[str, str], float]:
+    """(sample name, protocol) -> value of the connection metrics, as a Prometheus scrape reads
+    them."""
+    with urllib.request.urlopen(running.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, sample.labels["protocol"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("tritonshare_proxy_") and "connections" in family.name
+        for sample in family.samples
+    }
+
+
+@pytest.mark.triton
+def test_open_and_idle_closed_connections_are_reported(served_triton: TritonServer) -> None:
+    settings = proxy_settings(served_triton, grpc_mode="relay", idle_timeout_seconds=TIMEOUT)
+    opened = ("tritonshare_proxy_connections", "http"), ("tritonshare_proxy_connections", "grpc")
+    closed = (
+        ("tritonshare_proxy_idle_closed_connections_total", "http"),
+        ("tritonshare_proxy_idle_closed_connections_total", "grpc"),
+    )
+    with running_proxy(settings) as running:
+        assert [_connection_samples(running)[key] for key in (*opened, *closed)] == [0, 0, 0, 0]
+        with (
+            _connect(running.http_url) as sock,
+            contextlib.closing(RawTenant(running.grpc_url)) as tenant,
+        ):
+            poll(
+                lambda: [_connection_samples(running)[key] for key in opened] == [1, 1],
+                "both connections counted as open",
+            )
+            tenant.start()
+            _closed_after(sock)
+            tenant.wait_closed()
+        poll(
+            lambda: (
+                [_connection_samples(running)[key] for key in (*opened, *closed)] == [0, 0, 1, 1]
+            ),
+            "both counted as closed for idling",
+        )
