@@ -56,14 +56,21 @@ class Stand:
 # -- the sweep's rule ------------------------------------------------------------------------------
 
 
+def _sweeps_to_close(sweeper: IdleSweeper, connection: Stand, limit: int = 50) -> int:
+    """How many more sweeps it takes `sweeper` to close `connection`."""
+    for sweeps in range(1, limit + 1):
+        sweeper.sweep()
+        if connection.closed:
+            return sweeps
+    raise AssertionError(f"not closed after {limit} sweeps")
+
+
 def test_a_connection_idle_on_every_sweep_of_a_timeout_is_closed_on_the_last() -> None:
     connection = Stand()
     sweeper = IdleSweeper(1.0, [connection])
-    for _ in range(SWEEPS):  # seen idle, but not yet for a whole timeout
-        sweeper.sweep()
-    assert connection.closed == 0
-    sweeper.sweep()
-    assert connection.closed == 1
+    # seen idle on the first sweep, then for a whole timeout: SWEEPS more
+    assert _sweeps_to_close(sweeper, connection) == SWEEPS + 1
+    assert sweeper.closed == 1
 
 
 def test_a_request_begun_between_sweeps_restarts_the_count() -> None:
@@ -72,11 +79,7 @@ def test_a_request_begun_between_sweeps_restarts_the_count() -> None:
     for _ in range(SWEEPS):
         sweeper.sweep()
     connection.mark = 1.5  # a request began and ended since the last sweep
-    for _ in range(SWEEPS):
-        sweeper.sweep()
-    assert connection.closed == 0
-    sweeper.sweep()
-    assert connection.closed == 1
+    assert _sweeps_to_close(sweeper, connection) == SWEEPS + 1
 
 
 def test_a_busy_connection_is_never_closed_and_counts_from_when_it_is_idle_again() -> None:
@@ -87,11 +90,7 @@ def test_a_busy_connection_is_never_closed_and_counts_from_when_it_is_idle_again
         sweeper.sweep()
     assert connection.closed == 0
     connection.mark = 7
-    for _ in range(SWEEPS):
-        sweeper.sweep()
-    assert connection.closed == 0
-    sweeper.sweep()
-    assert connection.closed == 1
+    assert _sweeps_to_close(sweeper, connection) == SWEEPS + 1
 
 
 async def test_the_sweep_runs_on_its_own_and_stops() -> None:
