@@ -10,7 +10,8 @@ grpc-core stack tritonclient uses) for gRPC at concurrency 1.
 The box is shared and its speed drifts by tens of percent within a minute, so every round measures
 Triton directly and through each hop back to back (the order reversed every other round), and the
 figures are the medians over rounds of the per-round differences (latency added at c=1) and ratios
-(throughput kept at c=16), next to the targets (<= 0.25 ms / 0.2 ms added, >= 85% / 70% kept).
+(throughput kept at c=16), next to the targets (<= 0.25 ms / 0.2 ms added, >= 85% / 70% kept),
+each with a 95% bootstrap interval of that median, so a verdict the noise could flip shows as one.
 Each proxy line also says what the proxy costs beyond the bare relay of the same round (the part
 any Python hop pays is the floor's), and the CPU time each hop's process spends per request at
 c=16, read from /proc: the proxy's own cost, which the noise does not move much. gRPC at c=1 is
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -321,6 +323,16 @@ def _paired(
     return [p / d if kept else p - d for p, d in pairs]
 
 
+def median_interval(figures: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of `figures` (seeded: the same figures give the
+    same interval): where the median of another run of as many rounds would likely fall."""
+    rng = random.Random(0)
+    medians = sorted(
+        statistics.median(rng.choices(figures, k=len(figures))) for _ in range(resamples)
+    )
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def _verdict(ok: bool) -> str:
     return "OK" if ok else "MISSED"
 
@@ -357,11 +369,19 @@ def report(results: Results, rounds: int, seconds: float) -> None:
             figures = _paired(results, measure, name, kept=not latency)
             value = statistics.median(figures)
             if latency:
-                line = f"added {value:+.3f} ms (rounds {min(figures):+.3f} .. {max(figures):+.3f})"
+                low, high = median_interval(figures)
+                line = (
+                    f"added {value:+.3f} ms (95% CI {low:+.3f} .. {high:+.3f}; "
+                    f"rounds {min(figures):+.3f} .. {max(figures):+.3f})"
+                )
                 if added_target is not None and name != "floor":
                     line += f"  target <= {added_target} ms: {_verdict(value <= added_target)}"
             else:
-                line = f"kept {value:6.1%} (rounds {min(figures):.0%} .. {max(figures):.0%})"
+                low, high = median_interval(figures)
+                line = (
+                    f"kept {value:6.1%} (95% CI {low:.0%} .. {high:.0%}; "
+                    f"rounds {min(figures):.0%} .. {max(figures):.0%})"
+                )
                 if kept_target is not None and name != "floor":
                     line += f"  target >= {kept_target:.0%}: {_verdict(value >= kept_target)}"
             if name != "floor":  # what the hop costs beyond the floor, whatever the box's mood
