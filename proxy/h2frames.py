@@ -106,21 +106,6 @@ def headers_frames(
     return b"".join(out)
 
 
-def data_frames(
-    stream_id: int, data: bytes, end_stream: bool, max_frame: int = DEFAULT_MAX_FRAME
-) -> bytes:
-    """`data` as DATA frames no larger than `max_frame`; END_STREAM on the last when asked."""
-    if not data:
-        return frame(DATA, END_STREAM if end_stream else 0, stream_id) if end_stream else b""
-    out = []
-    view = memoryview(data)
-    for pos in range(0, len(data), max_frame):
-        last = pos + max_frame >= len(data)
-        flags = END_STREAM if end_stream and last else 0
-        out.append(frame(DATA, flags, stream_id, bytes(view[pos : pos + max_frame])))
-    return b"".join(out)
-
-
 def grpc_message(message: bytes) -> bytes:
     """A length-prefixed, uncompressed gRPC message."""
     return b"\x00" + len(message).to_bytes(4, "big") + message

@@ -64,7 +64,6 @@ class Stream:
     __slots__ = (
         "buf",
         "channel",
-        "code",
         "conn",
         "early",
         "encoding",
@@ -108,7 +107,6 @@ class Stream:
         self.fin = False  # the tenant sent END_STREAM
         self.limited = NO_SLOT
         self.waiter: asyncio.Future[None] | None = None
-        self.code = "OK"
         self.responded = False  # the tenant has the response head
         self.started = 0.0  # perf_counter() when relayed to Triton; 0 once finished
         # Tenant side (`h2relay`): what it may still send us, bytes to credit back to it, and
@@ -381,7 +379,6 @@ class StreamGate:
                 "grpc", answer.route, answer.code, time.perf_counter() - started
             )
         else:
-            stream.code = answer.code
             self._finish(stream, answer.code)
 
     def _finish(self, stream: Stream, code: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from proxy import h2frames as f
 from proxy.app import Proxy
 from proxy.settings import Settings
 from sim.triton import TritonInstall, TritonServer
@@ -162,3 +163,16 @@ async def wait_until(predicate: Callable[[], bool], what: str, within: float = 2
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {within:g} s")
         await asyncio.sleep(0.02)
+
+
+def data_frames(stream_id: int, data: bytes, end_stream: bool) -> bytes:
+    """`data` as the DATA frames a client would send (at most 16 KiB each); END_STREAM on the
+    last when asked."""
+    if not data:
+        return f.frame(f.DATA, f.END_STREAM, stream_id) if end_stream else b""
+    out = []
+    for pos in range(0, len(data), f.DEFAULT_MAX_FRAME):
+        last = pos + f.DEFAULT_MAX_FRAME >= len(data)
+        flags = f.END_STREAM if end_stream and last else 0
+        out.append(f.frame(f.DATA, flags, stream_id, data[pos : pos + f.DEFAULT_MAX_FRAME]))
+    return b"".join(out)

@@ -24,6 +24,7 @@ from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
 from proxy.settings import parse_settings
 from proxy.state import ProxyState
+from tests.proxy.conftest import data_frames
 
 Frame = tuple[int, int, int, bytes]  # kind, flags, stream id, payload
 MODEL = "add_one"
@@ -117,14 +118,14 @@ class Rig:
 
     def call(self, tenant: H2Connection, sid: int, message: bytes, end: bool = True) -> None:
         frames = f.frame(f.HEADERS, f.END_HEADERS, sid, f.header_block(HEADERS))
-        frames += f.data_frames(sid, f.grpc_message(message), end)
+        frames += data_frames(sid, f.grpc_message(message), end)
         tenant.data_received(frames)
         self.relay.flush()
 
     def respond(self, channel: TritonChannel, sid: int, body: bytes, trailers: bool) -> None:
         head = self.triton_encoder.encode([(b":status", b"200"), (b"content-type", b"x")])
         frames = f.frame(f.HEADERS, f.END_HEADERS, sid, head)
-        frames += f.data_frames(sid, body, False)
+        frames += data_frames(sid, body, False)
         if trailers:
             block = self.triton_encoder.encode([(b"grpc-status", b"0")])
             frames += f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block)
@@ -186,7 +187,7 @@ async def test_request_data_waits_for_tritons_window_and_the_tenant_is_credited_
          for n, v in HEADERS]
     )  # fmt: skip
     tenant.data_received(
-        f.frame(f.HEADERS, f.END_HEADERS, stream_sid, block) + f.data_frames(stream_sid, big, False)
+        f.frame(f.HEADERS, f.END_HEADERS, stream_sid, block) + data_frames(stream_sid, big, False)
     )
     rig.relay.flush()
     up_sid = 3
@@ -248,7 +249,7 @@ async def test_a_tenant_overrunning_its_window_loses_its_connection_and_no_other
     rude.data_received(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
     rig.relay.flush()
     message = f.grpc_message(infer(RECEIVE_WINDOW + 100))
-    rude.data_received(f.data_frames(1, message[: RECEIVE_WINDOW + 50], False))
+    rude.data_received(data_frames(1, message[: RECEIVE_WINDOW + 50], False))
     rig.relay.flush()
     channel, _ = rig.channel()
     assert rude_out.closed

@@ -32,7 +32,7 @@ from tritonclient.grpc import service_pb2
 
 from proxy import h2frames as f
 from sim.triton import TritonServer
-from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
+from tests.proxy.conftest import RunningProxy, data_frames, proxy_settings, running_proxy
 
 pytestmark = pytest.mark.triton
 SERVICE = "/inference.GRPCInferenceService/"
@@ -141,7 +141,7 @@ class RawTenant:
     def call(self, method: str, message: bytes, within: float = 30) -> Seen:
         """A unary call on a new stream, read until the proxy ends the stream."""
         sid = self.open_stream(method)
-        self.send(f.data_frames(sid, f.grpc_message(message), end_stream=True))
+        self.send(data_frames(sid, f.grpc_message(message), end_stream=True))
         seen = self.streams[sid]
         self.pump(
             lambda: seen.ended or seen.reset is not None, f"the answer on stream {sid}", within
@@ -418,7 +418,7 @@ def _window_overrun(tenant: RawTenant) -> None:
     # Headers and DATA at once: no WINDOW_UPDATE for the stream can be read in between. The
     # proxy may close the connection while we still send.
     with contextlib.suppress(OSError):
-        tenant.send(head + f.data_frames(sid, message, end_stream=False))
+        tenant.send(head + data_frames(sid, message, end_stream=False))
 
 
 def _stray_continuation(tenant: RawTenant) -> None:
@@ -539,7 +539,7 @@ def test_a_tenants_small_window_holds_the_response_back_until_it_grants_more(
         tenant = raw(raw_tenants, running.grpc_url)
         tenant.start({SETTINGS_INITIAL_WINDOW_SIZE: window})
         sid = tenant.open_stream("ModelInfer")
-        tenant.send(f.data_frames(sid, f.grpc_message(request.SerializeToString()), True))
+        tenant.send(data_frames(sid, f.grpc_message(request.SerializeToString()), True))
         seen = tenant.streams[sid]
         deadline = time.monotonic() + 15
         while len(seen.data) < window and not seen.ended:
@@ -601,7 +601,7 @@ def test_a_stream_reset_mid_call_gives_its_slot_back(
         tenant = raw(raw_tenants, running.grpc_url)
         tenant.start()
         sid = tenant.open_stream("ModelInfer")
-        tenant.send(f.data_frames(sid, f.grpc_message(sleepy_request(1000)), True))
+        tenant.send(data_frames(sid, f.grpc_message(sleepy_request(1000)), True))
         poll(lambda: running.proxy.limiter.in_flight == 1, "the sleepy call starting")
         tenant.send(f.rst_stream(sid, f.CANCEL))
         poll(lambda: running.proxy.limiter.in_flight == 0, "the reset call's slot being freed")
