@@ -167,8 +167,8 @@ class Controller:
         assert state is not None
         try:
             await self._call(
-                lambda: self._kube.patch_pod_annotation(
-                    pod.namespace, pod.name, self._keys.gpu, placement.gpu.uuid
+                lambda: self._kube.patch_pod_annotations(
+                    pod.namespace, pod.name, {self._keys.gpu: placement.gpu.uuid}
                 )
             )
             self._metrics.api_calls.labels("annotate").inc()

@@ -188,8 +188,9 @@ class Kube:
 
     # ---- writes for scheduling -----------------------------------------------------------------
 
-    def patch_pod_annotation(self, namespace: str, name: str, key: str, value: str) -> None:
-        body = {"metadata": {"annotations": {key: value}}}
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """One merge patch of the pod's annotations (the binder's placement: GPU and proof)."""
+        body = {"metadata": {"annotations": annotations}}
         try:
             self.core.patch_namespaced_pod(name, namespace, body, **_RAW)
         except ApiException as e:
