@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 MANIFEST_FILE = ".tritonshare-manifest.json"
 MAX_FILES = 10_000
 MAX_PATH_LENGTH = 1024
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Room left on the filesystem beyond the model itself, so an install never fills the disk.
 DISK_HEADROOM_BYTES = 64 * 1024 * 1024
 
@@ -103,7 +103,7 @@ def build_manifest(model_id: str, entries: list[ManifestEntry]) -> Manifest:
             raise InvalidRequestError(f"path {entry.path!r} is listed twice in the manifest")
         seen.add(entry.path)
         directories.update(str(parent) for parent in pure.parents if str(parent) != ".")
-        if not _SHA256_RE.match(entry.sha256):
+        if not _SHA256_RE.fullmatch(entry.sha256):
             raise InvalidRequestError(
                 f"file {entry.path!r} has sha256 {entry.sha256!r}; send 64 lowercase hex digits"
             )

@@ -34,6 +34,7 @@ from binder.app import Binder
 from binder.settings import Settings
 from common.contract import Keys, agent_lease_name
 from sim.apiserver import start_in_thread
+from sim.cluster import write_placement_keys
 
 GI = 1024**3
 KEYS = Keys()
@@ -160,6 +161,7 @@ async def run(args: argparse.Namespace) -> None:
             kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
             settings = Settings(
                 kubeconfig=str(kubeconfig),
+                placement_key_dir=write_placement_keys(Path(tmp) / "placement-key"),
                 listen_http=("127.0.0.1", 0),
                 leader_elect=False,
                 bind_workers=args.bind_workers,

@@ -17,7 +17,7 @@ from typing import Any
 
 from binder.cache import ClusterCache, Informer
 from binder.controller import Controller
-from binder.errors import NotReadyError, http_status
+from binder.errors import ConfigError, NotReadyError, http_status
 from binder.kube import Kube
 from binder.leader import LeaderElector
 from binder.metrics import Metrics
@@ -25,6 +25,7 @@ from binder.queue import SchedulingQueue
 from binder.settings import Settings
 from common.contract import BINDER_LEADER_LEASE
 from common.health import HttpServer, build_health_app
+from common.placement import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,12 @@ class Binder:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        if settings.placement_key_dir is None:
+            raise ConfigError("the binder needs --placement-key-dir to sign its placements")
+        try:
+            self.placement_keys = KeyDirectory(settings.placement_key_dir)
+        except PlacementKeyError as e:
+            raise ConfigError(str(e)) from e
         self.kube = Kube(settings.kubeconfig)
         self.metrics = Metrics(lambda: self.cache.state)
         self.queue = SchedulingQueue(
@@ -54,6 +61,7 @@ class Binder:
             executor=self._executor,
             bind_workers=settings.bind_workers,
             identity=settings.identity,
+            placement_keys=self.placement_keys.ring,
         )
         self.cache = ClusterCache(
             settings.keys,

@@ -27,6 +27,7 @@ from binder.placement import Placement, Policy, place
 from binder.queue import SchedulingQueue
 from binder.state import ClusterState
 from common.contract import Keys
+from common.placement import Claim, KeyRing
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Controller:
         executor: Executor,
         bind_workers: int,
         identity: str,
+        placement_keys: Callable[[], KeyRing],
         clock: Callable[[], float] = time.time,
         report_interval: float = REPORT_INTERVAL_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
@@ -61,6 +63,7 @@ class Controller:
         self._executor = executor
         self._slots = asyncio.Semaphore(bind_workers)
         self._identity = identity
+        self._placement_keys = placement_keys
         self._clock = clock
         self.state: ClusterState | None = None
         self.pending: dict[str, PodInfo] = {}
@@ -165,11 +168,23 @@ class Controller:
     async def _bind(self, pod: PodInfo, placement: Placement) -> None:
         state = self.state
         assert state is not None
+        claim = Claim(
+            pod.uid,
+            pod.namespace,
+            pod.name,
+            placement.node,
+            placement.gpu.uuid,
+            pod.model_id,
+            pod.request,
+        )
+        # The proof rides in the same patch as the GPU: still two API writes per pod.
+        annotations = {
+            self._keys.gpu: placement.gpu.uuid,
+            self._keys.placement: self._placement_keys().sign(claim),
+        }
         try:
             await self._call(
-                lambda: self._kube.patch_pod_annotations(
-                    pod.namespace, pod.name, {self._keys.gpu: placement.gpu.uuid}
-                )
+                lambda: self._kube.patch_pod_annotations(pod.namespace, pod.name, annotations)
             )
             self._metrics.api_calls.labels("annotate").inc()
             await self._call(

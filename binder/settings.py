@@ -12,6 +12,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NoReturn
 
 from binder.errors import ConfigError
@@ -46,6 +47,9 @@ class Settings:
     """Pods with this spec.schedulerName are ours. Default tritonshare."""
     policy: Policy = "binpack"
     """`binpack` (fill GPUs and nodes, keep whole GPUs free) or `spread`. Default binpack."""
+    placement_key_dir: Path | None = None
+    """Directory holding the placement keys (`current`, optionally `previous`: the mounted
+    placement-key Secret) the binder signs each placement with. Required to run. Default none."""
     gpu_mem_reserve: int = 0
     """Bytes kept free on every GPU for the CUDA context and Triton (a quantity). Default 0."""
     identity: str = field(default_factory=lambda: default_identity())
@@ -112,6 +116,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("system-namespace", "namespace of the agent and leader leases", DEFAULT_SYSTEM_NAMESPACE)
     add("scheduler-name", "spec.schedulerName of the pods to schedule", DEFAULT_SCHEDULER_NAME)
     add("policy", "binpack or spread", "binpack")
+    add(
+        "placement-key-dir",
+        "directory of the placement-key Secret (files current and previous); required",
+    )
     add("gpu-mem-reserve", "bytes kept free on every GPU, a quantity such as 512Mi", "0")
     add("identity", "this replica's name in the leader lease (default hostname_pid)", "")
     add("leader-elect", "true or false: take part in leader election", "true")
@@ -180,6 +188,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None
         system_namespace=str(args.system_namespace),
         scheduler_name=str(args.scheduler_name),
         policy=policy,
+        placement_key_dir=Path(args.placement_key_dir) if args.placement_key_dir else None,
         gpu_mem_reserve=reserve,
         identity=str(args.identity) or default_identity(),
         leader_elect=leader_elect in ("true", "1", "yes"),
@@ -192,6 +201,11 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None
         log_level=log_level,
         log_format="json" if log_format == "json" else "text",
     )
+    if settings.placement_key_dir is None:
+        raise ConfigError(
+            "--placement-key-dir is required: the binder signs every placement with the "
+            "placement-key Secret, and agents refuse pods without that proof (docs/security.md)"
+        )
     if not settings.retry_period_seconds < settings.renew_deadline_seconds:
         raise ConfigError("--retry-period must be shorter than --renew-deadline")
     if not settings.renew_deadline_seconds < settings.lease_duration_seconds:

@@ -28,7 +28,7 @@ DEFAULT_PROXY_METRICS_PORT = 9002
 _PREFIX_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9_.-]*$"
 )
-_MODEL_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_MODEL_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 class ContractError(ValueError):
@@ -65,6 +65,12 @@ class Keys:
         return f"{self.prefix}gpu"
 
     @property
+    def placement(self) -> str:
+        """Pod annotation written by the binder with the GPU: its signed proof of placement
+        (`common.placement`)."""
+        return f"{self.prefix}placement"
+
+    @property
     def gpu_mem_total(self) -> str:
         """Node annotation written by the agent: total memory of healthy GPUs, decimal bytes."""
         return f"{self.prefix}gpu-mem-total"
@@ -92,7 +98,8 @@ def validate_model_id(model_id: str) -> str:
         raise ContractError(
             f"model id {model_id!r} starts with a dot; Triton would list it as a hidden directory"
         )
-    if not _MODEL_ID_RE.match(model_id):
+    # fullmatch: with match, "$" lets a trailing newline through into paths and log lines.
+    if not _MODEL_ID_RE.fullmatch(model_id):
         raise ContractError(
             f"model id {model_id!r} has characters outside [A-Za-z0-9_.-]; rename the model"
         )

@@ -11,9 +11,11 @@ caller's scenario.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +45,16 @@ KEYS = Keys()
 # The cluster's own calls (registering nodes, creating the scenario's pods) in the audit log.
 USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
+
+
+def write_placement_keys(directory: Path) -> Path:
+    """A placement-key directory as the mounted Secret looks (file `current`: 32 random bytes,
+    base64), readable only by its owner, as the cluster admin creates it at install."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = directory / "current"
+    key.write_text(base64.b64encode(secrets.token_bytes(32)).decode())
+    key.chmod(0o600)
+    return directory
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ class SimCluster:
         """Exit code of each stopped part (binder-N, agent/NODE); negative: killed by a signal."""
         self.apiserver: RunningApiServer | None = None
         self.kubeconfig = workdir / "kubeconfig"
+        self.placement_key_dir = workdir / "placement-key"
         self.kube: kubernetes.client.ApiClient | None = None
         self.triton: TritonServer | None = None
         self.agents: dict[str, AgentHandle] = {}
@@ -116,6 +129,7 @@ class SimCluster:
 
     def start(self) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        write_placement_keys(self.placement_key_dir)
         self.apiserver = start_in_thread()
         self.apiserver.write_kubeconfig(self.kubeconfig)
         self.kube = self.apiserver.api_client()
@@ -235,6 +249,7 @@ class SimCluster:
                 "--kubeconfig", str(self.kubeconfig),
                 "--listen-http", http,
                 "--identity", identity,
+                "--placement-key-dir", str(self.placement_key_dir),
                 # Short leases, so a crashed leader is replaced within seconds in the demo.
                 "--lease-duration", str(BINDER_LEASE_SECONDS),
                 "--renew-deadline", str(BINDER_LEASE_SECONDS * 2 // 3),

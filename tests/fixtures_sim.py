@@ -1,13 +1,16 @@
 """Pytest fixtures for the simulated cluster: a fresh in-memory API server per test.
 
 `apiserver` is a `RunningApiServer` (stopped after the test), `kube_api` an official-client
-`ApiClient` for it (closed after), `kubeconfig` the path of a kubeconfig file pointing at it.
+`ApiClient` for it (closed after), `kubeconfig` the path of a kubeconfig file pointing at it,
+`placement_keys` the placement-key Secret as the binder and agents mount it (and the ring, so a
+test can sign a placement as the binder would).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,22 @@ import kubernetes.client
 import kubernetes.watch
 import pytest
 
+from common.placement import KeyRing, load_key_ring
 from sim.apiserver import RunningApiServer, start_in_thread
+from sim.cluster import write_placement_keys
+
+
+@dataclass(frozen=True)
+class PlacementKeys:
+    directory: Path
+    ring: KeyRing
+
+
+@pytest.fixture
+def placement_keys(tmp_path: Path) -> PlacementKeys:
+    """A fresh placement-key directory (file `current`), as the mounted Secret looks."""
+    directory = write_placement_keys(tmp_path / "placement-key")
+    return PlacementKeys(directory, load_key_ring(directory))
 
 
 @pytest.fixture

@@ -13,16 +13,17 @@ import pytest
 from binder.app import Binder
 from binder.settings import Settings
 from tests.binder.simcluster import MakeBinder
-from tests.fixtures_sim import core_v1
+from tests.fixtures_sim import PlacementKeys, core_v1
 
 
 @pytest.fixture
-async def make_binder(kubeconfig: Path) -> AsyncIterator[MakeBinder]:
+async def make_binder(kubeconfig: Path, placement_keys: PlacementKeys) -> AsyncIterator[MakeBinder]:
     started: list[Binder] = []
 
     async def make(**overrides: Any) -> Binder:
         values: dict[str, Any] = {
             "kubeconfig": str(kubeconfig),
+            "placement_key_dir": placement_keys.directory,
             "listen_http": ("127.0.0.1", 0),
             "leader_elect": False,
             "backoff_initial_seconds": 0.2,

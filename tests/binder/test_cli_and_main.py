@@ -21,6 +21,7 @@ from binder.cli import main as cli
 from sim.triton import free_port
 from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
+from tests.fixtures_sim import PlacementKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +86,10 @@ def wait_for(check: Callable[[], Any], what: str, within: float = 30.0) -> Any:
 
 
 def test_python_m_binder_serves_schedules_and_stops_on_sigterm(
-    kubeconfig: Path, kube_api: kubernetes.client.ApiClient, core: Any
+    kubeconfig: Path,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    placement_keys: PlacementKeys,
 ) -> None:
     add_node(kube_api, "gpu-1", [16 * GI])
     port = free_port()
@@ -93,6 +97,7 @@ def test_python_m_binder_serves_schedules_and_stops_on_sigterm(
         [
             sys.executable, "-m", "binder", "--kubeconfig", str(kubeconfig),
             "--listen-http", f"127.0.0.1:{port}", "--identity", "proc",
+            "--placement-key-dir", str(placement_keys.directory),
             "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
         ],
         cwd=ROOT,
@@ -122,7 +127,7 @@ def test_python_m_binder_serves_schedules_and_stops_on_sigterm(
 
 
 def test_a_binder_without_an_api_server_is_alive_not_ready_and_stops_on_sigterm(
-    tmp_path: Path,
+    tmp_path: Path, placement_keys: PlacementKeys
 ) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -133,6 +138,7 @@ def test_a_binder_without_an_api_server_is_alive_not_ready_and_stops_on_sigterm(
     port = free_port()
     argv = [sys.executable, "-m", "binder", "--kubeconfig", str(kubeconfig)]
     argv += ["--listen-http", f"127.0.0.1:{port}"]
+    argv += ["--placement-key-dir", str(placement_keys.directory)]
     process = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
 

@@ -5,15 +5,18 @@ helpful change, conflicts, bad input, and the HTTP endpoints."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import aiohttp
 import kubernetes.client
+import pytest
 
 from binder.kube import USER_AGENT
 from binder.model import pod_from_api
 from binder.placement import Placement, place
+from common.placement import Claim, ProofError
 from sim.apiserver import RunningApiServer
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
 from tests.binder.simcluster import (
@@ -27,7 +30,7 @@ from tests.binder.simcluster import (
     node_of,
     scheduled_condition,
 )
-from tests.fixtures_sim import coordination_v1
+from tests.fixtures_sim import PlacementKeys, coordination_v1
 
 
 async def test_binds_a_pod_with_two_api_calls_and_the_gpu_annotation(
@@ -53,6 +56,40 @@ async def test_binds_a_pod_with_two_api_calls_and_the_gpu_annotation(
     # The watch brings the bound pod back: the assumption becomes the real account.
     await eventually(lambda: not binder.cache.state.assumed_uids(), what="the assumption to clear")
     assert binder.cache.state.allocated("gpu-1") in ([4 * GI, 0], [0, 4 * GI])
+
+
+async def test_the_gpu_patch_carries_a_proof_of_placement_bound_to_this_pod(
+    core: Any,
+    kube_api: kubernetes.client.ApiClient,
+    make_binder: MakeBinder,
+    placement_keys: PlacementKeys,
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    await make_binder()
+    add_pod(core, "resnet", mem="4Gi", model="resnet50")
+    await eventually(lambda: node_of(core, "resnet"), what="the pod to be bound")
+    pod = core.read_namespaced_pod("resnet", "default")
+    annotations = pod.metadata.annotations
+    claim = Claim(
+        pod.metadata.uid,
+        "default",
+        "resnet",
+        "gpu-1",
+        annotations[KEYS.gpu],
+        "resnet50",
+        0,
+    )
+    proof = placement_keys.ring.verify(claim, annotations[KEYS.placement])
+    assert proof.request == 4 * GI
+    # The same proof on any other pod, GPU or model proves nothing.
+    for forged in (
+        replace(claim, pod_uid="another-uid"),
+        replace(claim, gpu_uuid="GPU-elsewhere"),
+        replace(claim, model_id="victim"),
+        replace(claim, node="gpu-2"),
+    ):
+        with pytest.raises(ProofError):
+            placement_keys.ring.verify(forged, annotations[KEYS.placement])
 
 
 async def test_unschedulable_pod_gets_one_event_and_condition_then_backs_off_quietly(

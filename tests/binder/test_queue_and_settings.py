@@ -4,6 +4,7 @@ and the settings parser's errors."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -14,6 +15,9 @@ from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
 from binder.settings import parse_settings
 from common.contract import Keys
+from common.placement import KeyRing
+
+KEY_DIR_ENV = {"TRITONSHARE_PLACEMENT_KEY_DIR": "/keys"}
 
 
 class FakeClock:
@@ -97,7 +101,9 @@ async def test_pop_wakes_up_when_a_backoff_ends() -> None:
 
 
 def test_settings_defaults_and_environment() -> None:
-    settings = parse_settings([], {"TRITONSHARE_POLICY": "spread", "KUBECONFIG": "/k"})
+    settings = parse_settings(
+        [], {"TRITONSHARE_POLICY": "spread", "KUBECONFIG": "/k", **KEY_DIR_ENV}
+    )
     assert settings.policy == "spread"
     assert settings.kubeconfig == "/k"
     assert settings.listen_http == ("0.0.0.0", 9200)
@@ -105,8 +111,9 @@ def test_settings_defaults_and_environment() -> None:
     assert settings.backoff_max_seconds == 120.0
     flags = parse_settings(
         ["--key-prefix", "seldon.io/trtis-", "--gpu-mem-reserve", "512Mi", "--policy", "binpack"],
-        {"TRITONSHARE_POLICY": "spread"},
+        {"TRITONSHARE_POLICY": "spread", **KEY_DIR_ENV},
     )
+    assert flags.placement_key_dir == Path("/keys")
     assert flags.keys.gpu_mem == "seldon.io/trtis-gpu-mem"
     assert flags.gpu_mem_reserve == 512 * 1024**2
     assert flags.policy == "binpack"
@@ -127,7 +134,12 @@ def test_settings_defaults_and_environment() -> None:
 )
 def test_bad_settings_say_what_to_fix(argv: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
-        parse_settings(argv, {})
+        parse_settings(argv, KEY_DIR_ENV)
+
+
+def test_the_binder_does_not_start_without_placement_keys() -> None:
+    with pytest.raises(ConfigError, match="--placement-key-dir is required"):
+        parse_settings([], {})
 
 
 def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_changes() -> None:
@@ -141,6 +153,7 @@ def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_c
         executor=cast(Any, None),
         bind_workers=1,
         identity="test",
+        placement_keys=lambda: KeyRing(b"k" * 32),
         report_interval=10.0,
         monotonic=clock,
     )
