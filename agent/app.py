@@ -21,18 +21,25 @@ import grpc
 
 from agent import __version__
 from agent.auth import Authorizer
+from agent.errors import AgentError
+from agent.events import PodEvents
 from agent.gpus import GpuReader
 from agent.kube import KubeClient, PodWatch
 from agent.metrics import AgentMetrics
+from agent.modelconfig import ModelPolicy
 from agent.models import Models
 from agent.node import NodePublisher
+from agent.ownership import OwnerRecord, OwnerStore
+from agent.placement import PlacementVerifier
+from agent.pods import pod_from_dict
 from agent.reconcile import Reconciler
-from agent.repository import Repository
+from agent.repository import Repository, check_apart
 from agent.service import AgentService, add_to_server
 from agent.settings import Settings
 from agent.triton import TritonClient
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
+from common.placement import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +62,18 @@ class Agent:
         self.settings = settings
         self.metrics = AgentMetrics()
         self.repository = Repository(settings.model_repository, settings.staging_dir)
+        if settings.placement_key_dir is None:
+            raise AgentError("the agent needs --placement-key-dir to check placements")
+        try:
+            self.placement_keys = KeyDirectory(settings.placement_key_dir)
+        except PlacementKeyError as e:
+            raise AgentError(str(e)) from e
+        self.verifier = PlacementVerifier(self.placement_keys.ring, settings.node_name)
+        self.owners = OwnerStore(
+            settings.state_dir or self.repository.root.parent / ".tritonshare-state"
+        )
         self.kube = KubeClient(settings.kubeconfig)
+        self.events = PodEvents(self.kube, f"tritonshare-agent/{settings.node_name}")
         self.triton = TritonClient(
             settings.triton_http_url,
             admin_header=settings.triton_admin_header,
@@ -83,22 +101,35 @@ class Agent:
             self.triton,
             self.metrics,
             lambda: self.node.snapshot,
+            owners=self.owners,
+            owner_alive=self._owner_alive,
+            policy=ModelPolicy(
+                safe_backends=frozenset(settings.safe_backends),
+                tenant_code_namespaces=frozenset(settings.tenant_code_namespaces),
+            ),
             cpu_only=settings.cpu_only,
             unload_timeout=settings.unload_timeout_seconds,
+            max_model_bytes=settings.max_model_bytes,
+            install_deadline=settings.install_deadline_seconds,
+            install_idle=settings.install_idle_seconds,
         )
         self.metrics.watch_gpus(lambda: self.node.snapshot, self.models.loaded_per_gpu)
         self.authorizer = Authorizer(
             self.kube,
+            self.verifier,
             node_name=settings.node_name,
             scheduler_name=settings.scheduler_name,
             keys=settings.keys,
             audience=settings.audience,
             platform_accounts=settings.platform_accounts,
             cache_seconds=settings.token_cache_seconds,
+            failure_cache_seconds=settings.auth_failure_cache_seconds,
         )
         self.reconciler = Reconciler(
             self.models,
             self.metrics,
+            self.verifier,
+            self.events,
             node_name=settings.node_name,
             scheduler_name=settings.scheduler_name,
             keys=settings.keys,
@@ -112,6 +143,7 @@ class Agent:
             self.metrics,
             lambda: self.node.snapshot,
             settings.node_name,
+            self.events,
         )
         self.grpc_address = ""
         self.http_address = ""
@@ -131,10 +163,23 @@ class Agent:
             reasons.append("this node's pods have not been listed yet")
         return reasons
 
+    async def _owner_alive(self, owner: OwnerRecord, model_id: str) -> bool:
+        """Whether the recorded owner of `model_id` is still a live pod here, proven for it
+        (read fresh: the watch may lag a pod that was just deleted or replaced)."""
+        obj = await self.kube.get_pod(owner.namespace, owner.name)
+        if obj is None:
+            return False
+        pod = pod_from_dict(obj, self.settings.keys)
+        proven = self.reconciler.proven(pod) if pod.uid == owner.uid else None
+        return proven is not None and proven.model_id == model_id
+
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings
+        check_apart(self.repository.root, self.owners.directory, "state directory", "--state-dir")
         self.repository.prepare()
+        self.owners.load()
         lifecycle.on_shutdown("the Kubernetes client", self.kube.close)
+        lifecycle.on_shutdown("the pod events", self.events.close)
         lifecycle.on_shutdown("the file workers", self.models.close)
         lifecycle.on_shutdown("the Triton client", self.triton.close)
         lifecycle.on_shutdown("the pod watch", self._stop_watch)

@@ -1,16 +1,26 @@
-"""Who may call the agent: projected service-account tokens checked with TokenReview.
+"""Who may call the agent: projected service-account tokens checked with TokenReview, and the
+pods they speak for, whose placement must be proved.
 
-A model call is accepted only from a pod bound to THIS node, scheduled by tritonshare, not
-terminated, whose model-id annotation is the model it names, and whose uid is the one the token
-was bound to (so a token of a deleted pod cannot speak for a new pod of the same name). Listing
-calls are for the platform's own service accounts. Refusals say which check failed:
-UNAUTHENTICATED for a missing or rejected token, PERMISSION_DENIED for a valid token that may not
-do this. TokenReview answers are reused briefly; the pod is read fresh on every call.
+Authentication: only tokens TokenReview accepts for the agent's audience (a review that names no
+audience is refused), bound to a pod (the review names the pod and its uid). A review is reused
+until the earlier of the cache period and the token's own `exp` (read from the token once the
+review has vouched for it); a refused token is remembered briefly, so a flood of bad tokens costs
+the API server one review per token and period.
+
+Authorization of a model call: the token's pod, read fresh, must still be the pod the token was
+bound to (same uid), bound to THIS node, scheduled by tritonshare, not terminated, name the model
+in its model-id annotation, and carry a placement proof that verifies for exactly that pod, node,
+GPU and model (`agent.placement`). Ownership of the model id among proven pods is decided by
+`agent.models`. Refusals say which check failed: UNAUTHENTICATED for a missing or rejected token,
+PERMISSION_DENIED for a valid token that may not do this.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,12 +28,14 @@ from typing import Any, Protocol
 
 from agent.errors import PermissionDeniedError, UnauthenticatedError
 from agent.kube import JsonObject, TokenReviewResult
-from agent.pods import PodInfo, pod_from_dict
+from agent.placement import PlacementVerifier, Proven
+from agent.pods import pod_from_dict
 from common.contract import Keys
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+CACHE_LIMIT = 10_000
 
 
 class TokenReviewer(Protocol):
@@ -65,11 +77,12 @@ def bearer_token(metadata: Iterable[Any] | None) -> str:
 
 
 class Authorizer:
-    """Checks callers against TokenReview and the pods of this node."""
+    """Checks callers against TokenReview, the pods of this node, and their placement proofs."""
 
     def __init__(
         self,
         kube: TokenReviewer,
+        verifier: PlacementVerifier,
         *,
         node_name: str,
         scheduler_name: str,
@@ -77,41 +90,81 @@ class Authorizer:
         audience: str,
         platform_accounts: Sequence[str],
         cache_seconds: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
+        failure_cache_seconds: float = 5.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._kube = kube
+        self._verifier = verifier
         self.node_name = node_name
         self.scheduler_name = scheduler_name
         self.keys = keys
         self.audience = audience
         self.platform_accounts = frozenset(platform_accounts)
         self._cache_seconds = cache_seconds
+        self._failure_seconds = failure_cache_seconds
         self._clock = clock
+        """Wall-clock seconds (time.time): the token's `exp` is wall-clock too."""
         self._cache: dict[str, tuple[float, Caller]] = {}
+        """Token digest -> (valid until, caller)."""
+        self._refused: dict[str, tuple[float, str]] = {}
+        """Token digest -> (remembered until, why it was refused)."""
+        self.reviews = 0
+        """TokenReviews sent, for tests and metrics."""
 
     async def authenticate(self, metadata: Iterable[Any] | None) -> Caller:
         token = bearer_token(metadata)
         digest = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
         cached = self._cache.get(digest)
-        if cached is not None and now - cached[0] < self._cache_seconds:
-            return cached[1]
+        if cached is not None:
+            if now < cached[0]:
+                return cached[1]
+            del self._cache[digest]
+        refused = self._refused.get(digest)
+        if refused is not None:
+            if now < refused[0]:
+                raise UnauthenticatedError(refused[1])
+            del self._refused[digest]
+        try:
+            caller, expires = await self._review(token, now)
+        except UnauthenticatedError as e:
+            _bounded(self._refused)[digest] = (now + self._failure_seconds, str(e))
+            raise
+        until = min(now + self._cache_seconds, expires)
+        if until > now:
+            _bounded(self._cache)[digest] = (until, caller)
+        return caller
+
+    async def _review(self, token: str, now: float) -> tuple[Caller, float]:
+        """The caller and when its token expires, or UnauthenticatedError."""
+        self.reviews += 1
         review = await self._kube.review_token(token, self.audience)
         if not review.authenticated:
             raise UnauthenticatedError(
                 f"the token was rejected by TokenReview ({review.error or 'not authenticated'}); "
                 f"send a current projected service-account token with audience {self.audience!r}"
             )
-        if review.audiences and self.audience not in review.audiences:
+        if self.audience not in review.audiences:
             raise UnauthenticatedError(
-                f"the token is for audiences {list(review.audiences)}, not {self.audience!r}; "
-                f"project the token with audience {self.audience!r}"
+                f"TokenReview did not confirm the audience {self.audience!r} for this token "
+                f"(it confirmed {list(review.audiences)}); project the token with audience "
+                f"{self.audience!r}"
             )
         caller = _caller_from(review)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[digest] = (now, caller)
-        return caller
+        if not (caller.pod_name and caller.pod_uid):
+            raise UnauthenticatedError(
+                f"{caller.username or 'the caller'} presented a token not bound to a pod; use the "
+                f"pod's projected service-account token (a serviceAccountToken volume)"
+            )
+        expires = token_expiry(token)
+        if expires is None:
+            raise UnauthenticatedError(
+                "the token carries no readable expiry (exp); send a projected service-account "
+                "token, which always has one"
+            )
+        if expires <= now:
+            raise UnauthenticatedError("the token has expired; send the pod's current token")
+        return caller, expires
 
     def is_platform(self, caller: Caller) -> bool:
         return caller.username in self.platform_accounts
@@ -123,18 +176,14 @@ class Authorizer:
                 f"({', '.join(sorted(self.platform_accounts)) or 'none configured'}) may"
             )
 
-    async def authorize_model(self, caller: Caller, model_id: str) -> PodInfo:
-        """The caller's pod, if it may act on `model_id` on this node; else PermissionDenied."""
-        if not caller.pod_name:
-            raise PermissionDeniedError(
-                f"{caller.username} presented a token not bound to a pod; use the model pod's "
-                f"projected service-account token"
-            )
+    async def authorize_model(self, caller: Caller, model_id: str) -> Proven:
+        """The caller's pod with its proven placement, if it may act on `model_id` on this
+        node; else PermissionDeniedError (a NotPlacedError when the proof is what fails)."""
         obj = await self._kube.get_pod(caller.namespace, caller.pod_name)
         if obj is None:
             raise PermissionDeniedError(f"pod {caller.pod_key} of the token no longer exists")
         pod = pod_from_dict(obj, self.keys)
-        if caller.pod_uid and pod.uid != caller.pod_uid:
+        if pod.uid != caller.pod_uid:
             raise PermissionDeniedError(
                 f"the token was issued to an earlier pod named {caller.pod_key} (uid "
                 f"{caller.pod_uid}), not the current one (uid {pod.uid})"
@@ -156,7 +205,31 @@ class Authorizer:
                 f"pod {pod.key} is annotated {self.keys.model_id}={pod.model_id!r}; it may act "
                 f"only on that model, not on {model_id!r}"
             )
-        return pod
+        return self._verifier.prove(pod)
+
+
+def _bounded(cache: dict[str, Any]) -> dict[str, Any]:
+    """The cache, emptied first when full: a flood of distinct tokens cannot grow it forever."""
+    if len(cache) >= CACHE_LIMIT:
+        cache.clear()
+    return cache
+
+
+def token_expiry(token: str) -> float | None:
+    """The `exp` claim of a JWT, in Unix seconds; None when it cannot be read. Read only after
+    TokenReview has accepted the token: the API server vouched for its claims."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    payload = parts[1] + "=" * (-len(parts[1]) % 4)
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload))
+    except (binascii.Error, ValueError):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        return None
+    return float(exp)
 
 
 def _caller_from(review: TokenReviewResult) -> Caller:

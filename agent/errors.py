@@ -40,9 +40,41 @@ class UnauthenticatedError(AgentError):
 
 
 class PermissionDeniedError(AgentError):
-    """A valid token from a caller that may not act on this model or node."""
+    """A valid token from a caller that may not act on this model or node.
+
+    `event_reason`, when set, is the reason of the Warning Event the agent records on the pod,
+    so its owner sees the refusal with `kubectl describe pod` as well as in the loader's log."""
 
     reason = "permission_denied"
+
+    def __init__(self, message: str, *, event_reason: str = "") -> None:
+        super().__init__(message)
+        self.event_reason = event_reason
+
+
+class NotPlacedError(PermissionDeniedError):
+    """The pod's placement on this node cannot be proved to be the binder's."""
+
+    reason = "not_placed"
+
+
+class OwnedByAnotherPodError(PermissionDeniedError):
+    """The model id belongs to another live pod on this node (who is not said)."""
+
+    reason = "owned_by_another_pod"
+
+
+class TenantCodeNotAllowedError(PermissionDeniedError):
+    """The model would run the tenant's own code inside the shared Triton, and the pod's
+    namespace is not allowed to."""
+
+    reason = "tenant_code_not_allowed"
+
+
+class DeadlineExceededError(AgentError):
+    """An install stream took longer than the agent allows (in total, or between chunks)."""
+
+    reason = "deadline_exceeded"
 
 
 class ConflictError(AgentError):
@@ -90,6 +122,7 @@ GRPC_CODES: dict[type[AgentError], grpc.StatusCode] = {
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
     TritonError: grpc.StatusCode.FAILED_PRECONDITION,
     TritonUnreachableError: grpc.StatusCode.UNAVAILABLE,
     KubeError: grpc.StatusCode.UNAVAILABLE,
@@ -105,6 +138,7 @@ HTTP_STATUSES: dict[type[AgentError], int] = {
     PermissionDeniedError: 403,
     ConflictError: 409,
     ResourceExhaustedError: 507,
+    DeadlineExceededError: 408,
     TritonError: 502,
     TritonUnreachableError: 503,
     KubeError: 503,

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import urllib3
@@ -164,6 +164,40 @@ class KubeClient:
             audiences=tuple(status.get("audiences") or ()),
             extra={k: list(v) for k, v in (user.get("extra") or {}).items()},
             error=str(status.get("error", "")),
+        )
+
+    # Events.
+    async def record_pod_event(
+        self, namespace: str, name: str, uid: str, *, reason: str, message: str, component: str
+    ) -> None:
+        """A Warning Event on a pod, as the kubelet records one (`kubectl describe pod`)."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning",
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": component,
+        }
+        await self._call(
+            f"record an event on pod {namespace}/{name}",
+            self.core.create_namespaced_event,
+            namespace,
+            body,
         )
 
     # Pods.

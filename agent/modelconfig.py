@@ -4,16 +4,23 @@ Triton accepts a `config` parameter on `POST /v2/repository/models/<name>/load`:
 that replaces `config.pbtxt` for that load. The agent uses it to pin every instance group to the
 GPU the binder chose (`KIND_GPU`, `gpus: [cuda index]`), or to the CPU on machines without GPUs.
 Parsing and the name check are shared with the loader (`common.modelconfig`); this module turns
-their error into the agent's. Pure: it reads the text it is given and returns strings; the files
-are `agent.repository`'s.
+their error into the agent's. `ModelPolicy` decides what a tenant's config may ask of the shared
+Triton: nothing that names host paths or devices beyond the placement, no ensembles or repository
+agents, and tenant code (python and custom backends, backend libraries shipped with the model,
+custom op libraries) only for the namespaces the operator allows. Pure: it reads the text it is
+given and returns strings; the files are `agent.repository`'s.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from typing import Any
+
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
-from agent.errors import InvalidRequestError
+from agent.errors import InvalidRequestError, TenantCodeNotAllowedError
 from common.modelconfig import ModelConfig, ModelConfigError, parse_model_config
 
 _RENAME = "Triton would refuse to load it: make them equal"
@@ -60,8 +67,163 @@ def pinned_config(config: ModelConfig, model_id: str, gpu_index: int | None) -> 
     return pinned
 
 
+def pinned_as(config: dict[str, Any], gpu_index: int | None) -> bool:
+    """True when a model config as Triton reports it (JSON) runs every instance where
+    `pinned_config` would: on GPU `gpu_index`, or on the CPU when it is None."""
+    groups = config.get("instance_group")
+    if not isinstance(groups, list) or not groups:
+        return False
+    kind = "KIND_CPU" if gpu_index is None else "KIND_GPU"
+    gpus = [] if gpu_index is None else [gpu_index]
+    return all(
+        isinstance(g, dict) and g.get("kind") == kind and list(g.get("gpus") or []) == gpus
+        for g in groups
+    )
+
+
 def override_json(config: ModelConfig) -> str:
     """The JSON string Triton's load `config` parameter takes."""
     return json_format.MessageToJson(
         config, preserving_proto_field_name=True, indent=None, sort_keys=True
     )
+
+
+# Backends whose code is the framework's, not the tenant's: a model for them is data.
+DEFAULT_SAFE_BACKENDS = ("onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino")
+# Triton's platform names, as the backend that serves each.
+PLATFORM_BACKENDS = {
+    "tensorrt_plan": "tensorrt",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+}
+_BACKEND_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Triton looks for a backend's library in the model's own directories before its backend
+# directory: a model that ships one runs its own code whatever `backend` it names.
+_BACKEND_LIBRARY_RE = re.compile(r"(^|/)libtriton_[^/]*$")
+
+
+@dataclass(frozen=True)
+class ModelPolicy:
+    """What a tenant's model may ask of the shared Triton."""
+
+    safe_backends: frozenset[str] = frozenset(DEFAULT_SAFE_BACKENDS)
+    """Backends that run no tenant code; any other runs tenant code inside Triton."""
+    tenant_code_namespaces: frozenset[str] = frozenset()
+    """Namespaces whose models may run their own code in Triton (python, custom backends)."""
+
+    def tenant_code_allowed(self, namespace: str) -> bool:
+        return namespace in self.tenant_code_namespaces
+
+    def check_files(self, model_id: str, paths: list[str], namespace: str) -> None:
+        """Refuse a manifest that ships a Triton backend library, unless `namespace` may run
+        its own code."""
+        if self.tenant_code_allowed(namespace):
+            return
+        for path in paths:
+            if _BACKEND_LIBRARY_RE.search(path):
+                raise TenantCodeNotAllowedError(
+                    f"model {model_id!r} ships {path!r}, a Triton backend library that Triton "
+                    f"would load in place of its own; namespace {namespace!r} may not run its own "
+                    f"code in the shared Triton (the operator allows it per namespace)",
+                    event_reason="TenantCodeNotAllowed",
+                )
+
+    def check_config(self, config: ModelConfig, model_id: str, namespace: str) -> None:
+        """Refuse what the placement does not allow: devices, host paths, other models, and
+        tenant code from a namespace not allowed to run it. The instance kind and GPUs are not
+        checked: the agent replaces them with the placement's."""
+        problems = _host_problems(config)
+        if problems:
+            raise InvalidRequestError(
+                f"config.pbtxt of model {model_id!r} asks for what a shared Triton cannot give "
+                f"one tenant: {'; '.join(problems)}; remove it (the agent pins the model to the "
+                f"GPU the binder chose)"
+            )
+        code = _tenant_code(config, self.safe_backends)
+        if code and not self.tenant_code_allowed(namespace):
+            raise TenantCodeNotAllowedError(
+                f"model {model_id!r} would run its own code inside the shared Triton "
+                f"({'; '.join(code)}); namespace {namespace!r} is not allowed to (the operator "
+                f"allows it per namespace with --tenant-code-namespaces); use one of the "
+                f"backends {', '.join(sorted(self.safe_backends))}",
+                event_reason="TenantCodeNotAllowed",
+            )
+
+
+def _is_host_path(value: str) -> bool:
+    """True for a value naming a place outside the model's own directory."""
+    text = value.strip()
+    if text.startswith("$$TRITON_MODEL_DIRECTORY"):
+        text = text.removeprefix("$$TRITON_MODEL_DIRECTORY").lstrip("/")
+    elif text.startswith(("/", "~", "\\")) or re.match(r"[A-Za-z]:[\\/]", text):
+        return True
+    return any(part == ".." for part in re.split(r"[\\/]", text))
+
+
+def _plain_file_name(value: str) -> bool:
+    return (
+        value in ("", value.strip())
+        and "/" not in value
+        and "\\" not in value
+        and (value not in (".", ".."))
+    )
+
+
+def _host_problems(config: ModelConfig) -> list[str]:
+    problems = []
+    for group in config.instance_group:
+        label = f"instance group {group.name or '(unnamed)'}"
+        if group.secondary_devices:
+            problems.append(f"{label} sets secondary_devices")
+        if group.host_policy:
+            problems.append(f"{label} sets host_policy {group.host_policy!r}")
+    if config.model_repository_agents.agents:
+        problems.append("model_repository_agents runs repository agents on the node")
+    if config.HasField("ensemble_scheduling") or config.platform == "ensemble":
+        problems.append("an ensemble calls other models on the node")
+    if not _plain_file_name(config.default_model_filename):
+        problems.append(f"default_model_filename {config.default_model_filename!r} is a path")
+    for key, name in config.cc_model_filenames.items():
+        if not _plain_file_name(name):
+            problems.append(f"cc_model_filenames[{key!r}] {name!r} is a path")
+    for warmup in config.model_warmup:
+        for name, data in warmup.inputs.items():
+            if data.input_data_file and not _plain_file_name(data.input_data_file):
+                problems.append(f"model_warmup input {name!r} reads {data.input_data_file!r}")
+    named = [(f"parameters[{k!r}]", v.string_value) for k, v in config.parameters.items()]
+    accelerators = config.optimization.execution_accelerators
+    for accelerator in [
+        *accelerators.gpu_execution_accelerator,
+        *accelerators.cpu_execution_accelerator,
+    ]:
+        named += [
+            (f"execution accelerator {accelerator.name!r} parameter {k!r}", v)
+            for k, v in accelerator.parameters.items()
+        ]
+    problems += [
+        f"{where} names a host path ({value!r})" for where, value in named if _is_host_path(value)
+    ]
+    return problems
+
+
+def _tenant_code(config: ModelConfig, safe_backends: frozenset[str]) -> list[str]:
+    """Why the model would run the tenant's own code in Triton; empty when it would not."""
+    reasons = []
+    backend = config.backend or PLATFORM_BACKENDS.get(config.platform, config.platform)
+    if not _BACKEND_NAME_RE.fullmatch(backend):
+        reasons.append(f"backend {backend!r} is not a backend name")
+    elif backend not in safe_backends:
+        reasons.append(f"backend {backend!r} runs the model's own code")
+    if (
+        config.platform
+        and config.platform not in PLATFORM_BACKENDS
+        and config.platform != "ensemble"
+    ):
+        reasons.append(f"platform {config.platform!r} is not a framework platform")
+    if config.runtime:
+        reasons.append(f"runtime {config.runtime!r} replaces the backend's own library")
+    if config.model_operations.op_library_filename:
+        reasons.append("model_operations loads custom operation libraries")
+    return reasons

@@ -4,8 +4,16 @@ This is where the repository (files) and Triton (loaded instances) meet. Every o
 model holds that model's lock, so concurrent requests for the same model run one after another
 while different models proceed in parallel. File work (writing, hashing, fsync, rename) runs on
 the agent's own small thread pool so the event loop keeps answering health checks and other
-models. It decides nothing about who may call (`agent.auth`) or which models are wanted
-(`agent.reconcile`).
+models.
+
+Ownership is decided here, under the model's lock: a model id belongs to one pod uid at a time
+(`agent.ownership`). A pod with a proven placement (`agent.placement`) claims a free id, or one
+whose previous owner is gone, and whatever that owner left (files, a loaded model) is removed
+first; any other pod is refused without learning who the owner is. Installs are bounded: a size
+limit per model, disk space reserved per install so concurrent installs cannot overrun the disk,
+a total deadline and a deadline between chunks, and each install writing through its own thread
+with small chunks gathered, so one tenant's slow or chatty stream never holds another's. It
+decides nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
 """
 
 from __future__ import annotations
@@ -15,23 +23,27 @@ import enum
 import errno
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from agent.errors import (
     AgentError,
     ConflictError,
+    DeadlineExceededError,
     InvalidRequestError,
     NotFoundError,
+    OwnedByAnotherPodError,
     ResourceExhaustedError,
     TritonError,
     TritonUnreachableError,
 )
 from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
-from agent.modelconfig import override_json, parse_config, pinned_config
+from agent.modelconfig import ModelPolicy, override_json, parse_config, pinned_as, pinned_config
+from agent.ownership import OwnerRecord, OwnerStore
+from agent.placement import Proven
 from agent.repository import Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.manifest import Manifest
@@ -89,6 +101,13 @@ class _Record:
 
 
 Chunk = tuple[str, int, bytes]
+OwnerCheck = Callable[[OwnerRecord, str], Awaitable[bool]]
+"""Whether the recorded owner of a model id (the record, the model id) is still a live pod on
+this node with a proven placement for it; raises KubeError when that cannot be told."""
+
+GATHER_BYTES = 4 * 1024 * 1024
+"""Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
+costs one thread hop per few MiB, not one per message."""
 
 
 def _disk_error(model_id: str, error: OSError) -> AgentError:
@@ -111,16 +130,28 @@ class Models:
         metrics: AgentMetrics,
         gpus: Callable[[], GpuSnapshot | None],
         *,
+        owners: OwnerStore,
+        owner_alive: OwnerCheck,
+        policy: ModelPolicy,
         cpu_only: bool,
         unload_timeout: float = 120.0,
+        max_model_bytes: int = 64 * 1024**3,
+        install_deadline: float = 1800.0,
+        install_idle: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repository = repository
         self.triton = triton
         self.metrics = metrics
         self._gpus = gpus
+        self.owners = owners
+        self._owner_alive = owner_alive
+        self.policy = policy
         self.cpu_only = cpu_only
         self.unload_timeout = unload_timeout
+        self.max_model_bytes = max_model_bytes
+        self.install_deadline = install_deadline
+        self.install_idle = install_idle
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._records: dict[str, _Record] = {}
@@ -129,8 +160,11 @@ class Models:
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def _in_thread(
+        self, fn: Callable[..., T], *args: object, executor: Executor | None = None
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor or self._executor, fn, *args)
 
     def lock(self, model_id: str) -> asyncio.Lock:
         return self._locks.setdefault(model_id, asyncio.Lock())
@@ -152,27 +186,82 @@ class Models:
         record.last_activity = self.clock()
         return record
 
+    # Ownership.
+    async def _claim_locked(self, model_id: str, owner: Proven) -> OwnerRecord:
+        """The owner record for `owner`, claiming the id if it is free or its owner is gone;
+        OwnedByAnotherPodError while another live pod owns it. Holds the model's lock."""
+        owned = self.owners.get(model_id)
+        if owned is not None and owned.uid == owner.uid:
+            return owned
+        if owned is not None and await self._owner_alive(owned, model_id):
+            raise self._owned_elsewhere(model_id)
+        if await self._holds_anything(model_id):
+            # Nothing another pod left (or nobody installed) may serve the new owner.
+            await self._unload_locked(
+                model_id,
+                f"its id is claimed by pod {owner.key}; "
+                + ("its previous owner is gone" if owned else "no owner vouches for it"),
+            )
+        claimed = OwnerRecord(owner.uid, owner.key)
+        self.owners.put(model_id, claimed)
+        log.info("Model id %s on this node now belongs to pod %s.", model_id, owner.key)
+        return claimed
+
+    async def _check_owner(self, model_id: str, owner: Proven) -> bool:
+        """True when `owner` owns the id; False when nobody alive does (nothing of it is the
+        caller's); OwnedByAnotherPodError when another live pod does."""
+        owned = self.owners.get(model_id)
+        if owned is not None and owned.uid == owner.uid:
+            return True
+        if owned is not None and await self._owner_alive(owned, model_id):
+            raise self._owned_elsewhere(model_id)
+        return False
+
+    @staticmethod
+    def _owned_elsewhere(model_id: str) -> OwnedByAnotherPodError:
+        return OwnedByAnotherPodError(
+            f"model id {model_id!r} on this node belongs to another pod; give the model another "
+            f"id, or run it when that pod is gone",
+            event_reason="ModelOwnedByAnotherPod",
+        )
+
+    async def _holds_anything(self, model_id: str) -> bool:
+        if self.repository.model_dir(model_id).exists():
+            return True
+        entry = await self.triton.state(model_id)
+        return entry is not None and entry.state in (READY, LOADING, UNLOADING)
+
     # Install.
     async def install(
-        self, model_id: str, manifest: Manifest, chunks: AsyncIterator[Chunk], pod: str = ""
+        self, model_id: str, manifest: Manifest, chunks: AsyncIterator[Chunk], owner: Proven
     ) -> InstallResult:
         """Write the streamed files to staging, verify, fsync and rename into the repository.
 
-        A manifest identical to the installed one returns at once (`unchanged`), reading no
-        chunk: a restarted pod does not resend gigabytes.
+        A manifest identical to the one installed for the same owner returns at once
+        (`unchanged`), reading no chunk: a restarted pod does not resend gigabytes.
         """
         started = self.clock()
+        if manifest.total_bytes > self.max_model_bytes:
+            raise ResourceExhaustedError(
+                f"model {model_id!r} is {manifest.total_bytes} bytes, over this node's limit of "
+                f"{self.max_model_bytes} bytes per model (--max-model-bytes); make it smaller or "
+                f"ask the operator to raise the limit"
+            )
+        self.policy.check_files(model_id, [e.path for e in manifest.files], owner.namespace)
         async with self.lock(model_id):
             record = self._touch(model_id)
-            if pod:
-                record.pod = pod
+            owned = await self._claim_locked(model_id, owner)
+            record.pod = owner.key
             installed = self.repository.installed_manifest(model_id)
-            if installed is not None and installed.digest == manifest.digest:
-                intact = await self._in_thread(self.repository.is_intact, model_id, installed)
-                if intact:
-                    log.info("Model %s is already installed with this manifest.", model_id)
-                    self.metrics.installs.labels("unchanged").inc()
-                    return InstallResult(model_id, manifest.digest, True, 0)
+            if (
+                installed is not None
+                and installed.digest == manifest.digest == owned.digest
+                and await self._in_thread(self.repository.is_intact, model_id, installed)
+            ):
+                log.info("Model %s is already installed with this manifest.", model_id)
+                self.metrics.installs.labels("unchanged").inc()
+                return InstallResult(model_id, manifest.digest, True, 0)
+            if installed is not None and installed.digest == owned.digest:
                 log.warning(
                     "Model %s on disk no longer matches its manifest: reinstalling it.", model_id
                 )
@@ -184,28 +273,90 @@ class Models:
                         f"{installed.digest[:12] if installed else 'unknown'}); unload it before "
                         f"installing a different version"
                     )
-            staging = await self._in_thread(self.repository.begin, model_id, manifest)
+            # Its own thread: one tenant's slow disk writes never queue another's.
+            writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-install")
             try:
-                await self._receive(staging, chunks)
-                await self._in_thread(staging.finish)
-                config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
-                parse_config(config_text, model_id)
-                await self._in_thread(self.repository.commit, staging)
-            except BaseException as e:
-                await self._in_thread(staging.abort)
-                self.metrics.installs.labels("failed").inc()
-                if isinstance(e, OSError):
-                    raise _disk_error(model_id, e) from e
-                raise
+                result = await self._install_locked(
+                    model_id, manifest, chunks, owner, writer, started
+                )
+            finally:
+                writer.shutdown(wait=False)
+            self.owners.put(model_id, owned.installed(manifest.digest))
             record.failure = ""
-            self.metrics.installs.labels("installed").inc()
-            self.metrics.install_bytes.inc(staging.bytes_written)
-            self.metrics.install_seconds.observe(self.clock() - started)
-            return InstallResult(model_id, manifest.digest, False, staging.bytes_written)
+            return result
 
-    async def _receive(self, staging: Staging, chunks: AsyncIterator[Chunk]) -> None:
-        async for path, offset, data in chunks:
-            await self._in_thread(staging.write, path, offset, data)
+    async def _install_locked(
+        self,
+        model_id: str,
+        manifest: Manifest,
+        chunks: AsyncIterator[Chunk],
+        owner: Proven,
+        writer: Executor,
+        started: float,
+    ) -> InstallResult:
+        staging = await self._in_thread(self.repository.begin, model_id, manifest, executor=writer)
+        try:
+            try:
+                async with asyncio.timeout(self.install_deadline):
+                    await self._receive(staging, chunks, writer)
+            except TimeoutError as e:
+                raise DeadlineExceededError(
+                    f"installing model {model_id!r} took longer than this node allows "
+                    f"({self.install_deadline:.0f} s, --install-deadline-seconds); nothing was "
+                    f"kept, send it again on a faster link"
+                ) from e
+            await self._in_thread(staging.finish, executor=writer)
+            config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
+            config = parse_config(config_text, model_id)
+            self.policy.check_config(config, model_id, owner.namespace)
+            await self._in_thread(self.repository.commit, staging, executor=writer)
+        except BaseException as e:
+            await self._in_thread(staging.abort, executor=writer)
+            self.metrics.installs.labels("failed").inc()
+            if isinstance(e, OSError) and not isinstance(e, TimeoutError):
+                raise _disk_error(model_id, e) from e
+            raise
+        self.metrics.installs.labels("installed").inc()
+        self.metrics.install_bytes.inc(staging.bytes_written)
+        self.metrics.install_seconds.observe(self.clock() - started)
+        return InstallResult(model_id, manifest.digest, False, staging.bytes_written)
+
+    async def _receive(
+        self, staging: Staging, chunks: AsyncIterator[Chunk], writer: Executor
+    ) -> None:
+        """Write the chunks in order, gathering consecutive ones of a file; a gap longer than
+        the idle limit between two chunks ends the install."""
+        parts: list[bytes] = []
+        path, offset, size = "", 0, 0
+
+        async def flush() -> None:
+            nonlocal parts, offset, size
+            if parts:
+                data = parts[0] if len(parts) == 1 else b"".join(parts)
+                await self._in_thread(staging.write, path, offset, data, executor=writer)
+                parts, offset, size = [], offset + size, 0
+
+        iterator = aiter(chunks)
+        while True:
+            try:
+                chunk = await asyncio.wait_for(anext(iterator, None), self.install_idle)
+            except TimeoutError as e:
+                raise DeadlineExceededError(
+                    f"the install of model {staging.model_id!r} sent nothing for "
+                    f"{self.install_idle:.0f} s (--install-idle-seconds); nothing was kept, "
+                    f"send it again"
+                ) from e
+            if chunk is None:
+                break
+            if parts and (chunk[0] != path or chunk[1] != offset + size):
+                await flush()
+            if not parts:
+                path, offset = chunk[0], chunk[1]
+            parts.append(chunk[2])
+            size += len(chunk[2])
+            if size >= GATHER_BYTES:
+                await flush()
+        await flush()
 
     # Load.
     def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
@@ -233,25 +384,27 @@ class Models:
             )
         return gpu.uuid, gpu.index
 
-    async def load(self, model_id: str, gpu_uuid: str = "", pod: str = "") -> ModelStatus:
-        """Load an installed model pinned to its GPU (or the CPU); READY or FAILED with reason."""
+    async def load(self, model_id: str, owner: Proven) -> ModelStatus:
+        """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
+        FAILED with Triton's reason."""
         async with self.lock(model_id):
-            return await self._load_locked(model_id, gpu_uuid, pod)
+            owned = await self._claim_locked(model_id, owner)
+            return await self._load_locked(model_id, owner, owned)
 
-    async def _load_locked(self, model_id: str, gpu_uuid: str, pod: str) -> ModelStatus:
+    async def _load_locked(self, model_id: str, owner: Proven, owned: OwnerRecord) -> ModelStatus:
         record = self._touch(model_id)
-        if pod:
-            record.pod = pod
+        record.pod = owner.key
         manifest = self.repository.installed_manifest(model_id)
-        if manifest is None:
+        if manifest is None or manifest.digest != owned.digest:
             raise NotFoundError(
-                f"model {model_id!r} is not installed on this node; install it (InstallModel) "
-                f"before loading"
+                f"model {model_id!r} is not installed on this node for pod {owner.key}; install "
+                f"it (InstallModel) before loading"
             )
-        uuid, index = self._gpu_for(model_id, gpu_uuid)
+        uuid, index = self._gpu_for(model_id, owner.gpu_uuid)
         config_path = self.repository.model_dir(model_id) / "config.pbtxt"
         config = parse_config(config_path.read_text(errors="replace"), model_id)
-        pin = None if self.cpu_only or index < 0 else index
+        self.policy.check_config(config, model_id, owner.namespace)
+        pin = self._pin(index)
         override = override_json(pinned_config(config, model_id, pin))
         entry = await self.triton.state(model_id)
         if (
@@ -286,13 +439,24 @@ class Models:
             record.busy = None
         return self._status(model_id, await self.triton.state(model_id), manifest)
 
+    def _pin(self, gpu_index: int) -> int | None:
+        return None if self.cpu_only or gpu_index < 0 else gpu_index
+
     # Unload.
-    async def unload(self, model_id: str, *, reason: str = "requested") -> ModelStatus:
-        """Unload from Triton, wait until UNAVAILABLE, then remove the files."""
+    async def unload(
+        self, model_id: str, *, owner: Proven | None = None, reason: str = "requested"
+    ) -> ModelStatus:
+        """Unload from Triton, wait until UNAVAILABLE, remove the files and the owner record.
+        With `owner`, only the owner's model is unloaded: an id nobody alive owns is reported
+        ABSENT untouched (the reconciler removes what is left), another's is refused."""
         async with self.lock(model_id):
+            if owner is not None and not await self._check_owner(model_id, owner):
+                return ModelStatus(model_id, ModelState.ABSENT)
             return await self._unload_locked(model_id, reason)
 
-    async def _unload_locked(self, model_id: str, reason: str) -> ModelStatus:
+    async def _unload_locked(
+        self, model_id: str, reason: str, *, keep_files: bool = False
+    ) -> ModelStatus:
         record = self._touch(model_id)
         record.want_loaded = False
         record.busy = ModelState.UNLOADING
@@ -302,7 +466,7 @@ class Models:
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
                 await self.triton.unload(model_id)
                 await self.triton.wait_unloaded(model_id, self.unload_timeout)
-            if self.repository.model_dir(model_id).exists():
+            if not keep_files and self.repository.model_dir(model_id).exists():
                 await self._in_thread(self.repository.remove, model_id)
         except AgentError as e:
             self.metrics.unload_failures.labels(e.reason).inc()
@@ -310,8 +474,12 @@ class Models:
         finally:
             record.busy = None
         self.metrics.unload_seconds.observe(self.clock() - started)
+        if keep_files:
+            log.info("Model %s is unloaded; its files stay (%s).", model_id, reason)
+            return ModelStatus(model_id, ModelState.INSTALLED)
         log.info("Model %s is unloaded and its files removed (%s).", model_id, reason)
         self._records.pop(model_id, None)
+        self.owners.drop(model_id)
         return ModelStatus(model_id, ModelState.ABSENT)
 
     # Status.
@@ -342,7 +510,10 @@ class Models:
             return replace(base, state=ModelState.INSTALLED)
         return base
 
-    async def status(self, model_id: str) -> ModelStatus:
+    async def status(self, model_id: str, owner: Proven | None = None) -> ModelStatus:
+        """The model's status; with `owner`, only the owner learns anything of it."""
+        if owner is not None and not await self._check_owner(model_id, owner):
+            return ModelStatus(model_id, ModelState.ABSENT)
         entry = await self.triton.state(model_id)
         return self._status(model_id, entry, self.repository.installed_manifest(model_id))
 
@@ -364,12 +535,56 @@ class Models:
                 counts[record.gpu_uuid] = counts.get(record.gpu_uuid, 0) + 1
         return counts
 
-    def adopt(self, model_id: str, gpu_uuid: str, pod: str) -> None:
-        """Take over a model Triton already runs for a live pod (after an agent restart)."""
+    async def vouch(self, model_id: str, owner: Proven) -> str:
+        """Why the agent cannot vouch that what Triton runs as `model_id` is the owner's model
+        as it installed it, pinned to the owner's GPU; "" when it can."""
+        owned = self.owners.get(model_id)
+        if owned is None or owned.uid != owner.uid:
+            return "the agent never installed it for this pod"
+        manifest = self.repository.installed_manifest(model_id)
+        if manifest is None or manifest.digest != owned.digest:
+            return "the files on disk are not the ones the agent installed"
+        if not await self._in_thread(self.repository.is_intact, model_id, manifest):
+            return "the files on disk were changed after the agent installed them"
+        try:
+            _, index = self._gpu_for(model_id, owner.gpu_uuid)
+        except AgentError as e:
+            return str(e)
+        config = await self.triton.config(model_id)
+        if config is None or not pinned_as(config, self._pin(index)):
+            return "Triton runs it with instances that are not pinned to the pod's GPU"
+        return ""
+
+    def files_vouched(self, model_id: str, owner: Proven) -> bool:
+        """True when the installed files are those the agent installed for `owner`."""
+        owned = self.owners.get(model_id)
+        manifest = self.repository.installed_manifest(model_id)
+        return (
+            owned is not None
+            and owned.uid == owner.uid
+            and manifest is not None
+            and manifest.digest == owned.digest
+            and self.repository.is_intact(model_id, manifest)
+        )
+
+    async def evict_unvouched(self, model_id: str, owner: Proven, why: str) -> None:
+        """Take out of Triton what the agent cannot vouch for; keep the owner's files when they
+        are the ones it installed (the reconciler then loads them again), else remove them."""
+        async with self.lock(model_id):
+            keep = self.files_vouched(model_id, owner)
+            record = self.record(model_id)
+            record.want_loaded = keep
+            await self._unload_locked(model_id, f"Triton ran it unvouched: {why}", keep_files=keep)
+            if not keep and self.owners.get(model_id) is None:
+                # The owner keeps its id (its loader has finished): it must reinstall.
+                self.owners.put(model_id, OwnerRecord(owner.uid, owner.key))
+
+    def adopt(self, model_id: str, owner: Proven) -> None:
+        """Take over a model Triton already runs, vouched for, after an agent restart."""
         record = self.record(model_id)
         record.want_loaded = True
-        record.pod = pod
-        record.gpu_uuid = gpu_uuid
+        record.pod = owner.key
+        record.gpu_uuid = owner.gpu_uuid
         snapshot = self._gpus()
-        gpu = snapshot.by_uuid(gpu_uuid) if snapshot and gpu_uuid else None
+        gpu = snapshot.by_uuid(owner.gpu_uuid) if snapshot and owner.gpu_uuid else None
         record.gpu_index = gpu.index if gpu else -1

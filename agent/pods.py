@@ -1,17 +1,17 @@
 """Model pods as the agent sees them: converted once from API objects, and which models are wanted.
 
-Pure: takes the JSON dicts `agent.kube` returns, gives frozen values. A pod wants its model while it
-is bound to this node, scheduled by tritonshare, and not terminated (phase Succeeded or Failed).
-A pod being deleted still wants its model: its proxy drains first, then asks to unload.
+Pure: takes the JSON dicts `agent.kube` returns, gives frozen values. Nothing read here is proof
+of anything (`agent.placement` decides which pods the binder placed). A pod being deleted still
+wants its model: its proxy drains first, then asks to unload.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.contract import Keys, is_valid_model_id
+from common.contract import Keys
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -29,6 +29,8 @@ class PodInfo:
     model_id: str
     gpu_uuid: str
     deleting: bool = False
+    placement: str = ""
+    """The binder's proof of placement (annotation), unverified: see `agent.placement`."""
 
     @property
     def key(self) -> str:
@@ -60,20 +62,5 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         model_id=str(annotations.get(keys.model_id, "")),
         gpu_uuid=str(annotations.get(keys.gpu, "")),
         deleting=bool(metadata.get("deletionTimestamp")),
+        placement=str(annotations.get(keys.placement, "")),
     )
-
-
-def wanted_models(
-    pods: Iterable[PodInfo], node_name: str, scheduler_name: str
-) -> dict[str, PodInfo]:
-    """Model id -> the live pod that wants it on this node (the oldest key wins a duplicate)."""
-    wanted: dict[str, PodInfo] = {}
-    for pod in sorted(pods, key=lambda p: p.key):
-        if (
-            pod.node_name == node_name
-            and pod.scheduler_name == scheduler_name
-            and not pod.terminated
-            and is_valid_model_id(pod.model_id)
-        ):
-            wanted.setdefault(pod.model_id, pod)
-    return wanted

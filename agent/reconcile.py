@@ -1,11 +1,16 @@
 """Keeping Triton and the repository in line with the pods bound to this node.
 
+A model is wanted when its owner (`agent.ownership`) is a live pod on this node whose placement
+is proved (`agent.placement`); pods without a proof want nothing, whatever their annotations say.
 On every change of this node's pods (the watch) and every resync period:
-- a model no live pod wants (its pod crashed, was force-deleted, or never called unload) is
-  unloaded and its files removed, once it has been idle for the grace period (which covers a
-  loader that installs before the watch has shown its pod);
+- a model no such pod wants (its pod crashed, was force-deleted, never called unload, lost its
+  proof, or nobody ever installed it through the agent) is unloaded and its files and owner
+  record removed, once it has been idle for the grace period (which covers a loader that
+  installs before the watch has shown its pod);
 - a wanted model Triton already runs but the agent does not remember (the agent restarted) is
-  adopted, not reloaded;
+  adopted only if the agent can vouch for it (its own install for this owner, files intact,
+  pinned to the owner's GPU); otherwise it is taken out of Triton, and loaded again from the
+  owner's files when those are intact, with a Warning Event on the pod either way;
 - a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again.
 It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
 Nothing happens before the first pod list: an empty cache must not read as "nothing is wanted".
@@ -21,9 +26,11 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.errors import AgentError
+from agent.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.models import Models
-from agent.pods import PodInfo, pod_from_dict, wanted_models
+from agent.placement import PlacementVerifier, Proven
+from agent.pods import PodInfo, pod_from_dict
 from agent.triton import LOADING, READY
 from common.contract import Keys
 
@@ -37,6 +44,8 @@ class Reconciler:
         self,
         models: Models,
         metrics: AgentMetrics,
+        verifier: PlacementVerifier,
+        events: PodEvents,
         *,
         node_name: str,
         scheduler_name: str,
@@ -48,6 +57,8 @@ class Reconciler:
     ) -> None:
         self.models = models
         self.metrics = metrics
+        self.verifier = verifier
+        self.events = events
         self.node_name = node_name
         self.scheduler_name = scheduler_name
         self.keys = keys
@@ -81,8 +92,22 @@ class Reconciler:
     def trigger(self) -> None:
         self._wake.set()
 
-    def wanted(self) -> dict[str, PodInfo]:
-        return wanted_models(self.pods.values(), self.node_name, self.scheduler_name)
+    def proven(self, pod: PodInfo) -> Proven | None:
+        """The pod with its proof, when it is a live tritonshare pod placed on this node."""
+        if pod.scheduler_name != self.scheduler_name or pod.terminated:
+            return None
+        return self.verifier.proven(pod)
+
+    def wanted(self) -> dict[str, Proven]:
+        """Model id -> its owner, for every owner that is a live, proven pod wanting it."""
+        by_uid = {pod.uid: pod for pod in self.pods.values()}
+        wanted = {}
+        for model, owner in self.models.owners.all().items():
+            pod = by_uid.get(owner.uid)
+            proven = self.proven(pod) if pod is not None else None
+            if proven is not None and proven.model_id == model:
+                wanted[model] = proven
+        return wanted
 
     async def reconcile_once(self) -> None:
         """One pass; errors of single models are logged and retried on the next pass."""
@@ -93,9 +118,10 @@ class Reconciler:
         index = await models.triton.index()
         on_disk = set(models.repository.installed_models())
         running = {name for name, e in index.items() if e.state in (READY, LOADING)}
+        owned = set(models.owners.all())
         now = self._clock()
         work = []
-        for model in sorted((on_disk | running) - set(wanted)):
+        for model in sorted((on_disk | running | owned) - set(wanted)):
             if models.is_busy(model):
                 continue
             if now - models.record(model).last_activity < self.orphan_grace_seconds:
@@ -109,15 +135,9 @@ class Reconciler:
             record = records.get(model)
             if entry is not None and entry.state == READY:
                 if record is None or not record.want_loaded:
-                    models.adopt(model, pod.gpu_uuid, pod.key)
-                    self.metrics.reconciles.labels("adopted").inc()
-                    log.info(
-                        "Model %s is already loaded in Triton for pod %s: adopting it.",
-                        model,
-                        pod.key,
-                    )
+                    work.append(self._adopt(model, pod))
                 continue
-            should_run = (record is not None and record.want_loaded) or pod.running
+            should_run = (record is not None and record.want_loaded) or pod.pod.running
             if model not in on_disk or not should_run:
                 continue
             if (
@@ -140,7 +160,43 @@ class Reconciler:
             return
         self.metrics.reconciles.labels("orphan_removed").inc()
 
-    async def _reload(self, model: str, pod: PodInfo) -> None:
+    async def _adopt(self, model: str, pod: Proven) -> None:
+        why = await self.models.vouch(model, pod)
+        if not why:
+            self.models.adopt(model, pod)
+            self.metrics.reconciles.labels("adopted").inc()
+            log.info(
+                "Model %s is already loaded in Triton for pod %s: adopting it.", model, pod.key
+            )
+            return
+        log.warning(
+            "Triton runs model %s for pod %s, but the agent cannot vouch for it (%s): taking it "
+            "out of Triton.",
+            model,
+            pod.key,
+            why,
+        )
+        try:
+            await self.models.evict_unvouched(model, pod, why)
+        except AgentError as e:
+            log.warning("Taking unvouched model %s out of Triton failed (%s): retrying.", model, e)
+            return
+        self.metrics.reconciles.labels("unvouched_removed").inc()
+        files = self.models.repository.installed_manifest(model) is not None
+        self.events.warn(
+            pod.key,
+            pod.uid,
+            "ModelNotVouched",
+            f"Triton ran model {model} in a way the tritonshare agent cannot vouch for ({why}); "
+            + (
+                "it is loaded again from the files installed for this pod"
+                if files
+                else "its files are gone: delete the pod so its loader installs it again"
+            ),
+        )
+        self.trigger()
+
+    async def _reload(self, model: str, pod: Proven) -> None:
         log.warning(
             "Model %s of pod %s is not loaded in Triton (Triton restarted or lost it): "
             "loading it again.",
@@ -148,7 +204,7 @@ class Reconciler:
             pod.key,
         )
         try:
-            status = await self.models.load(model, pod.gpu_uuid, pod.key)
+            status = await self.models.load(model, pod)
         except AgentError as e:
             log.warning("Reloading model %s failed (%s): retrying later.", model, e)
             return

@@ -22,6 +22,8 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -133,12 +135,28 @@ class _FileProgress:
 class Staging:
     """One install in progress: a private directory outside the repository root."""
 
-    def __init__(self, directory: Path, model_id: str, manifest: Manifest) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        model_id: str,
+        manifest: Manifest,
+        on_done: Callable[[Staging], None] = lambda _: None,
+    ) -> None:
         self.directory = directory
         self.model_id = model_id
         self.manifest = manifest
         self.bytes_written = 0
         self._files = {e.path: _FileProgress(e) for e in manifest.files}
+        self._on_done = on_done
+
+    @property
+    def outstanding(self) -> int:
+        """Bytes of the manifest not written yet: disk space this install still needs."""
+        return max(self.manifest.total_bytes - self.bytes_written, 0)
+
+    def done(self) -> None:
+        """The install is over (committed or aborted): it reserves no more disk space."""
+        self._on_done(self)
 
     def write(self, path: str, offset: int, data: bytes) -> None:
         """Append a chunk; chunks of one file must come in order of offset."""
@@ -211,6 +229,7 @@ class Staging:
                 progress.handle.close()
                 progress.handle = None
         shutil.rmtree(self.directory, ignore_errors=True)
+        self.done()
 
 
 def _fsync_directory(path: Path) -> None:
@@ -221,22 +240,49 @@ def _fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def _disk_free(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def check_apart(root: Path, other: Path, what: str, flag: str) -> None:
+    """Refuse `other` when it is the repository root, inside it, or contains it: Triton would
+    list it as a model, or wiping it would wipe the repository."""
+    root, other = root.resolve(), other.resolve()
+    if other == root or root in other.parents:
+        raise InvalidRequestError(
+            f"the {what} {other} is inside the model repository {root}, where Triton would list "
+            f"it as a model; set {flag} to a directory beside the repository"
+        )
+    if other in root.parents:
+        raise InvalidRequestError(
+            f"the {what} {other} contains the model repository {root}; the agent empties it at "
+            f"start and would delete every model; set {flag} to a directory beside the repository"
+        )
+
+
 class Repository:
     """The repository root and its staging directory (same filesystem, outside the root)."""
 
-    def __init__(self, root: Path, staging_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        staging_root: Path | None = None,
+        *,
+        disk_free: Callable[[Path], int] = _disk_free,
+    ) -> None:
         self.root = root.resolve()
         self.staging_root = (staging_root or self.root.parent / ".tritonshare-staging").resolve()
+        self.disk_free = disk_free
+        """Free bytes on the filesystem of a path (a setting so tests can shrink the disk)."""
+        self._active: set[Staging] = set()
+        self._reserve_lock = threading.Lock()
 
     def prepare(self) -> None:
-        """Create the directories and check that a rename between them is atomic."""
+        """Check where the directories are, create them, check that a rename between them is
+        atomic, and drop what interrupted installs left."""
+        check_apart(self.root, self.staging_root, "staging directory", "--staging-dir")
         self.root.mkdir(parents=True, exist_ok=True)
         self.staging_root.mkdir(parents=True, exist_ok=True)
-        if self.staging_root == self.root or self.root in self.staging_root.parents:
-            raise InvalidRequestError(
-                f"the staging directory {self.staging_root} is inside the model repository "
-                f"{self.root}, where Triton would list it as a model; put it beside the root"
-            )
         if self.root.stat().st_dev != self.staging_root.stat().st_dev:
             raise InvalidRequestError(
                 f"the staging directory {self.staging_root} is on another filesystem than the "
@@ -294,16 +340,26 @@ class Repository:
         )
 
     def begin(self, model_id: str, manifest: Manifest) -> Staging:
-        """Start an install into a fresh private staging directory."""
-        needed = manifest.total_bytes + DISK_HEADROOM_BYTES
-        free = shutil.disk_usage(self.staging_root).free
-        if needed > free:
-            raise ResourceExhaustedError(
-                f"model {model_id!r} needs {manifest.total_bytes} bytes but only {free} are free "
-                f"on the filesystem of {self.staging_root}; free space or use a larger volume"
-            )
-        directory = Path(tempfile.mkdtemp(prefix=f"{model_id}.", dir=self.staging_root))
-        return Staging(directory, model_id, manifest)
+        """Start an install into a fresh private staging directory, reserving its size: the
+        bytes that installs in progress have yet to write count as used."""
+        with self._reserve_lock:
+            free = self.disk_free(self.staging_root)
+            reserved = sum(s.outstanding for s in self._active)
+            if manifest.total_bytes + DISK_HEADROOM_BYTES > free - reserved:
+                raise ResourceExhaustedError(
+                    f"model {model_id!r} needs {manifest.total_bytes} bytes but only "
+                    f"{max(free - reserved - DISK_HEADROOM_BYTES, 0)} are free on the filesystem "
+                    f"of {self.staging_root} ({reserved} are reserved by installs in progress); "
+                    f"try again later, free space, or use a larger volume"
+                )
+            directory = Path(tempfile.mkdtemp(prefix=f"{model_id}.", dir=self.staging_root))
+            staging = Staging(directory, model_id, manifest, self._release)
+            self._active.add(staging)
+        return staging
+
+    def _release(self, staging: Staging) -> None:
+        with self._reserve_lock:
+            self._active.discard(staging)
 
     def commit(self, staging: Staging) -> None:
         """Rename the finished staging directory into place, replacing an older install."""
@@ -313,6 +369,7 @@ class Repository:
             old = Path(tempfile.mkdtemp(prefix=f"{staging.model_id}.old.", dir=self.staging_root))
             target.rename(old / "model")
         staging.directory.rename(target)
+        staging.done()
         _fsync_directory(self.root)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

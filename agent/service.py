@@ -1,8 +1,10 @@
 """The agent gRPC API (protos/agent.proto) on grpc.aio: authentication, then `agent.models`.
 
-Each RPC authenticates the caller, authorizes it for the model it names (or as the platform for
-listings), converts the request to domain values, and converts AgentErrors to gRPC statuses through
-`agent.errors.grpc_code` only. LoadModel answers FAILED with Triton's reason rather than an RPC
+Each RPC authenticates the caller, authorizes it for the model it names (a pod with a proven
+placement on this node; `agent.models` then checks it owns the model id) or as the platform for
+listings, converts the request to domain values, and converts AgentErrors to gRPC statuses through
+`agent.errors.grpc_code` only. A refusal that the pod's owner should see also becomes a Warning
+Event on the pod. LoadModel answers FAILED with Triton's reason rather than an RPC
 error when Triton rejects the model, as the proto documents.
 """
 
@@ -16,7 +18,14 @@ from typing import Any, NoReturn
 import grpc
 
 from agent.auth import Authorizer, Caller
-from agent.errors import AgentError, ConflictError, InvalidRequestError, grpc_code
+from agent.errors import (
+    AgentError,
+    ConflictError,
+    InvalidRequestError,
+    PermissionDeniedError,
+    grpc_code,
+)
+from agent.events import PodEvents
 from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
 from agent.models import Chunk, Models, ModelStatus
@@ -49,17 +58,25 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         metrics: AgentMetrics,
         gpus: Callable[[], GpuSnapshot | None],
         node_name: str,
+        events: PodEvents,
     ) -> None:
         self.models = models
         self.authorizer = authorizer
+        self.events = events
         self.metrics = metrics
         self._gpus = gpus
         self.node_name = node_name
 
     async def _fail(
-        self, context: grpc.aio.ServicerContext[Any, Any], method: str, e: AgentError
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        method: str,
+        e: AgentError,
+        caller: Caller | None = None,
     ) -> NoReturn:
         code = grpc_code(e)
+        if isinstance(e, PermissionDeniedError) and e.event_reason and caller is not None:
+            self.events.warn(caller.pod_key, caller.pod_uid, e.event_reason, f"{method}: {e}")
         self.metrics.requests.labels(method, code.name).inc()
         log.log(
             logging.INFO if code != grpc.StatusCode.INTERNAL else logging.ERROR,
@@ -80,6 +97,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         method = "InstallModel"
+        caller = None
         try:
             caller = await self._caller(context)
             first = await anext(aiter(request_iterator), None)
@@ -88,14 +106,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     "the first InstallModel message must be the header (model id and manifest)"
                 )
             header = first.header
-            pod = await self.authorizer.authorize_model(caller, header.model_id)
             manifest = build_manifest(header.model_id, entries_from_proto(header.manifest))
+            pod = await self.authorizer.authorize_model(caller, header.model_id)
             started = time.monotonic()
             result = await self.models.install(
-                header.model_id, manifest, _chunks(request_iterator), pod=pod.key
+                header.model_id, manifest, _chunks(request_iterator), pod
             )
         except AgentError as e:
-            await self._fail(context, method, e)
+            await self._fail(context, method, e, caller)
         self._ok(method)
         if not result.unchanged:
             seconds = max(time.monotonic() - started, 1e-9)
@@ -115,20 +133,22 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         )
 
     async def LoadModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        caller = None
         try:
             caller = await self._caller(context)
             pod = await self.authorizer.authorize_model(caller, request.model_id)
-            status = await self.models.load(request.model_id, pod.gpu_uuid, pod=pod.key)
+            status = await self.models.load(request.model_id, pod)
         except AgentError as e:
-            await self._fail(context, "LoadModel", e)
+            await self._fail(context, "LoadModel", e, caller)
         self._ok("LoadModel")
         return status_to_proto(status)
 
     async def UnloadModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        caller = None
         try:
             caller = await self._caller(context)
             pod = await self.authorizer.authorize_model(caller, request.model_id)
-            if pod.running and not pod.deleting:
+            if pod.pod.running and not pod.pod.deleting:
                 # A proxy restarted by its liveness probe also exits through SIGTERM; the
                 # loader does not run again then, so unloading would leave the pod modelless.
                 raise ConflictError(
@@ -136,20 +156,24 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     f"{request.model_id!r} stays loaded (a container restart must not unload "
                     f"it); delete the pod to unload it"
                 )
-            status = await self.models.unload(request.model_id, reason=f"asked by pod {pod.key}")
+            status = await self.models.unload(
+                request.model_id, owner=pod, reason=f"asked by pod {pod.key}"
+            )
         except AgentError as e:
-            await self._fail(context, "UnloadModel", e)
+            await self._fail(context, "UnloadModel", e, caller)
         self._ok("UnloadModel")
         return status_to_proto(status)
 
     async def GetModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        caller = None
         try:
             caller = await self._caller(context)
+            owner = None
             if not self.authorizer.is_platform(caller):
-                await self.authorizer.authorize_model(caller, request.model_id)
-            status = await self.models.status(request.model_id)
+                owner = await self.authorizer.authorize_model(caller, request.model_id)
+            status = await self.models.status(request.model_id, owner)
         except AgentError as e:
-            await self._fail(context, "GetModel", e)
+            await self._fail(context, "GetModel", e, caller)
         self._ok("GetModel")
         return status_to_proto(status)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.modelconfig import DEFAULT_SAFE_BACKENDS
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
@@ -23,6 +24,7 @@ from common.contract import (
     ContractError,
     Keys,
 )
+from common.quantity import QuantityError, parse_quantity
 
 DEFAULT_PLATFORM_ACCOUNTS = (
     f"system:serviceaccount:{DEFAULT_SYSTEM_NAMESPACE}:tritonshare-binder",
@@ -90,7 +92,26 @@ class Settings:
     load_timeout_seconds: float = 600.0
     """Seconds a Triton load may take."""
     token_cache_seconds: float = 30.0
-    """Seconds a TokenReview answer is reused for the same token."""
+    """Seconds a TokenReview answer is reused for the same token (never past its expiry)."""
+    auth_failure_cache_seconds: float = 5.0
+    """Seconds a refused token is refused again without asking TokenReview."""
+    placement_key_dir: Path | None = None
+    """Directory of the placement-key Secret (files `current`, optionally `previous`) that
+    proves the binder's placements. Required."""
+    state_dir: Path | None = None
+    """Where the agent keeps who owns each model id (outside the repository). Default:
+    <repository>/../.tritonshare-state."""
+    tenant_code_namespaces: tuple[str, ...] = ()
+    """Namespaces whose models may run their own code in the shared Triton (python and custom
+    backends, backend or op libraries shipped with the model). Default: none."""
+    safe_backends: tuple[str, ...] = DEFAULT_SAFE_BACKENDS
+    """Backends that run no tenant code, allowed for every namespace."""
+    max_model_bytes: int = 64 * 1024**3
+    """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
+    install_deadline_seconds: float = 1800.0
+    """Seconds one install stream may take in total."""
+    install_idle_seconds: float = 120.0
+    """Seconds an install stream may go without sending a chunk."""
     log_level: str = "INFO"
     """Log level."""
     log_format: str = "text"
@@ -110,6 +131,10 @@ def _host_port(value: str, flag: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise SettingsError(f"--{flag} {value!r} is not host:port (for example 127.0.0.1:9100)")
     return value
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in str(value).split(",") if name.strip())
 
 
 def parse_settings(
@@ -166,6 +191,42 @@ def parse_settings(
     ):
         add(name.replace("_", "-"), getattr(defaults, name), f"{name} (seconds)", type=float)
     add("lease-duration-seconds", defaults.lease_duration_seconds, "Lease duration", type=int)
+    add(
+        "placement-key-dir",
+        None,
+        "directory of the placement-key Secret (files current, previous); required",
+    )
+    add("state-dir", None, "where model ownership is kept (outside the repository)")
+    add(
+        "tenant-code-namespaces",
+        "",
+        "comma-separated namespaces allowed to run their own code in Triton (python, custom "
+        "backends)",
+    )
+    add(
+        "safe-backends",
+        ",".join(defaults.safe_backends),
+        "comma-separated backends that run no tenant code",
+    )
+    add("max-model-bytes", "64Gi", "largest model one pod may install (a quantity)")
+    add(
+        "install-deadline-seconds",
+        defaults.install_deadline_seconds,
+        "seconds one install may take",
+        type=float,
+    )
+    add(
+        "install-idle-seconds",
+        defaults.install_idle_seconds,
+        "seconds an install may send nothing",
+        type=float,
+    )
+    add(
+        "auth-failure-cache-seconds",
+        defaults.auth_failure_cache_seconds,
+        "seconds a refused token is refused without a new TokenReview",
+        type=float,
+    )
     add("log-level", defaults.log_level, "log level")
     add("log-format", defaults.log_format, "text or json", choices=("text", "json"))
     args = parser.parse_args(argv)
@@ -190,6 +251,20 @@ def parse_settings(
         "resync_seconds",
         "triton_poll_seconds",
     ):
+        if getattr(args, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be more than 0")
+    if not args.placement_key_dir:
+        raise SettingsError(
+            "--placement-key-dir is required: the agent acts only for pods whose placement the "
+            "binder signed with the placement-key Secret (see docs/security.md)"
+        )
+    try:
+        max_model_bytes = parse_quantity(str(args.max_model_bytes), what="--max-model-bytes")
+    except QuantityError as e:
+        raise SettingsError(str(e)) from e
+    if max_model_bytes <= 0:
+        raise SettingsError("--max-model-bytes must be more than 0")
+    for name in ("install_deadline_seconds", "install_idle_seconds"):
         if getattr(args, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be more than 0")
     if args.lease_renew_seconds >= args.lease_duration_seconds:
@@ -224,6 +299,14 @@ def parse_settings(
         unload_timeout_seconds=args.unload_timeout_seconds,
         load_timeout_seconds=args.load_timeout_seconds,
         token_cache_seconds=args.token_cache_seconds,
+        auth_failure_cache_seconds=args.auth_failure_cache_seconds,
+        placement_key_dir=Path(args.placement_key_dir),
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        tenant_code_namespaces=_names(args.tenant_code_namespaces),
+        safe_backends=_names(args.safe_backends),
+        max_model_bytes=max_model_bytes,
+        install_deadline_seconds=args.install_deadline_seconds,
+        install_idle_seconds=args.install_idle_seconds,
         log_level=args.log_level,
         log_format=args.log_format,
     )

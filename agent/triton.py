@@ -140,6 +140,16 @@ class TritonClient:
     async def state(self, name: str) -> IndexEntry | None:
         return (await self.index()).get(name)
 
+    async def config(self, name: str) -> dict[str, Any] | None:
+        """The configuration Triton runs `name` with (JSON), or None when it has no ready
+        version."""
+        status, payload = await self._request(
+            "GET", f"/v2/models/{quote(name, safe='')}/config", time_limit=self._request_timeout
+        )
+        if status != 200 or not isinstance(payload, dict):
+            return None
+        return payload
+
     async def load(self, name: str, config_json: str | None = None) -> None:
         """Load (or reload) `name`, with the config override if given; Triton's reason on error."""
         body: dict[str, Any] = {}

@@ -94,6 +94,7 @@ class SimCluster:
         nodes: Sequence[NodeSpec],
         *,
         binders: int = 2,
+        tenant_code_namespaces: Sequence[str] = ("models",),
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if sum(1 for n in nodes if n.real) > 1:
@@ -101,6 +102,9 @@ class SimCluster:
         self.workdir = workdir
         self.nodes = list(nodes)
         self.binder_count = binders
+        self.tenant_code_namespaces = tuple(tenant_code_namespaces)
+        """Namespaces the agents let run their own code in Triton: the scenario's tiny models
+        use the Python backend, which a real operator allows only for namespaces it trusts."""
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -204,6 +208,8 @@ class SimCluster:
                 "--listen-grpc", "127.0.0.1:0",
                 "--listen-http", "127.0.0.1:0",
                 "--ports-file", str(ports_file),
+                "--placement-key-dir", str(self.placement_key_dir),
+                "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
                 "--cpu-only",
             ]  # fmt: skip
             process = ManagedProcess(

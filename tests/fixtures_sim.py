@@ -18,9 +18,50 @@ import kubernetes.client
 import kubernetes.watch
 import pytest
 
-from common.placement import KeyRing, load_key_ring
+from common.placement import Claim, KeyRing, load_key_ring
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.cluster import write_placement_keys
+
+TEST_PLACEMENT_KEY = b"tritonshare tests: placement key, not a secret"
+TEST_RING = KeyRing(TEST_PLACEMENT_KEY)
+"""The ring tests sign with where they stand in for the binder (agents started with
+`write_test_placement_key`'s directory accept it)."""
+
+
+def write_test_placement_key(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "current").write_bytes(TEST_PLACEMENT_KEY)
+    return directory
+
+
+def sign_placement(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    request: int = 1024**3,
+    ring: KeyRing = TEST_RING,
+    prefix: str = "tritonshare.io/",
+) -> str:
+    """Write the placement proof on a bound pod as the binder would (from the pod as it is
+    now), and return it."""
+    core: Any = kubernetes.client.CoreV1Api(api)
+    pod = core.read_namespaced_pod(name, namespace)
+    annotations = pod.metadata.annotations or {}
+    claim = Claim(
+        pod.metadata.uid,
+        namespace,
+        name,
+        pod.spec.node_name or "",
+        annotations.get(f"{prefix}gpu", ""),
+        annotations.get(f"{prefix}model-id", ""),
+        request,
+    )
+    proof = ring.sign(claim)
+    core.patch_namespaced_pod(
+        name, namespace, {"metadata": {"annotations": {f"{prefix}placement": proof}}}
+    )
+    return proof
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from common.lifecycle import Lifecycle
 from protos import agent_pb2, agent_pb2_grpc
 from sim.nvml import MockNvml, parse_spec
 from sim.triton import TritonServer
+from tests.fixtures_sim import sign_placement, write_test_placement_key
 
 NODE = "gpu-node-1"
 SCHEDULER = "tritonshare"
@@ -45,7 +46,11 @@ def make_pod(
     service_account: str = "default",
     phase: str | None = None,
     prefix: str = "tritonshare.io/",
+    proven: bool = True,
+    request: int = 1024**3,
 ) -> dict[str, Any]:
+    """A pod bound to `node`; `proven` also writes the binder's placement proof (signed with the
+    tests' key, as the binder signs with the cluster's)."""
     annotations = {f"{prefix}model-id": model_id}
     if gpu_uuid:
         annotations[f"{prefix}gpu"] = gpu_uuid
@@ -62,6 +67,8 @@ def make_pod(
         },
     }
     core.create_namespaced_pod(namespace, body)
+    if proven:
+        sign_placement(api, namespace, name, request=request, prefix=prefix)
     if phase is not None:
         core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": phase}})
     read = core.read_namespaced_pod(name, namespace)
@@ -163,6 +170,9 @@ def agent_settings(
         orphan_grace_seconds=1.0,
         gpu_poll_seconds=0.2,
         unload_timeout_seconds=30.0,
+        placement_key_dir=write_test_placement_key(repository.parent / "placement-key"),
+        # The tests' tiny models use the Python backend: code of the tenant, allowed here.
+        tenant_code_namespaces=("default", "team-a", "team-b"),
     )
     return replace(settings, **overrides)
 

@@ -17,6 +17,7 @@ import pytest
 
 from sim.triton import TritonServer
 from tests.agent.conftest import NODE
+from tests.fixtures_sim import write_test_placement_key
 
 pytestmark = pytest.mark.triton
 
@@ -45,6 +46,7 @@ def test_agent_process_publishes_gpus_serves_and_stops_on_sigterm(
         "--triton-http-url", triton.http_url, "--model-repository", str(model_repository),
         "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",
         "--ports-file", str(ports), "--cpu-only",
+        "--placement-key-dir", str(write_test_placement_key(tmp_path / "key")),
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -119,7 +121,53 @@ def test_a_taken_port_is_reported_and_exits_2(kubeconfig: Path, tmp_path: Path) 
             sys.executable, "-m", "agent", "--node-name", NODE,
             "--kubeconfig", str(kubeconfig), "--model-repository", str(tmp_path / "m"),
             "--listen-grpc", f"127.0.0.1:{port}", "--cpu-only",
+            "--placement-key-dir", str(write_test_placement_key(tmp_path / "key")),
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2, result.stderr
     assert f"cannot listen for gRPC on 127.0.0.1:{port}" in result.stderr
+
+
+def _agent_start(tmp_path: Path, kubeconfig: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable, "-m", "agent", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+        "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0", "--cpu-only", *flags,
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_agent_does_not_start_without_placement_keys(kubeconfig: Path, tmp_path: Path) -> None:
+    result = _agent_start(tmp_path, kubeconfig, "--model-repository", str(tmp_path / "m"))
+    assert result.returncode == 2
+    assert "--placement-key-dir is required" in result.stderr
+    empty = tmp_path / "empty-key"
+    empty.mkdir()
+    result = _agent_start(
+        tmp_path, kubeconfig, "--model-repository", str(tmp_path / "m"),
+        "--placement-key-dir", str(empty),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert f"cannot read the placement key {empty / 'current'}" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["parent", "same", "inside"])
+def test_staging_and_repository_apart_or_the_agent_refuses_to_start_and_deletes_nothing(
+    kubeconfig: Path, tmp_path: Path, where: str
+) -> None:
+    repository = tmp_path / "data" / "models"
+    model = repository / "victim" / "1"
+    model.mkdir(parents=True)
+    (model / "model.onnx").write_bytes(b"weights")
+    staging = {
+        "parent": repository.parent,
+        "same": repository,
+        "inside": repository / ".staging",
+    }[where]
+    result = _agent_start(
+        tmp_path, kubeconfig, "--model-repository", str(repository),
+        "--staging-dir", str(staging),
+        "--placement-key-dir", str(write_test_placement_key(tmp_path / "key")),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--staging-dir" in result.stderr and "repository" in result.stderr
+    assert (model / "model.onnx").read_bytes() == b"weights"

@@ -11,7 +11,11 @@ import pytest
 
 from agent.errors import DigestMismatchError, InvalidRequestError, ResourceExhaustedError
 from agent.metrics import AgentMetrics
+from agent.modelconfig import ModelPolicy
 from agent.models import Models
+from agent.ownership import OwnerRecord, OwnerStore
+from agent.placement import Proven
+from agent.pods import PodInfo
 from agent.repository import MANIFEST_FILE, Repository, Staging, build_manifest
 from agent.triton import TritonClient
 from common.manifest import Manifest, ManifestEntry
@@ -193,17 +197,37 @@ async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(Staging, "write", disk_full)
+    owners = OwnerStore(repository.root.parent / "state")
+    owners.load()
+
+    async def nobody_else(owner: OwnerRecord, model_id: str) -> bool:
+        return False
+
+    async def not_in_triton(name: str) -> None:
+        return None
+
     models = Models(
-        repository, TritonClient("127.0.0.1:1"), AgentMetrics(), lambda: None, cpu_only=True
+        repository,
+        TritonClient("127.0.0.1:1"),
+        AgentMetrics(),
+        lambda: None,
+        owners=owners,
+        owner_alive=nobody_else,
+        policy=ModelPolicy(tenant_code_namespaces=frozenset({"default"})),
+        cpu_only=True,
     )
+    monkeypatch.setattr(models.triton, "state", not_in_triton)
     manifest = build_manifest("m", [entry("config.pbtxt", CONFIG)])
+    owner = Proven(
+        PodInfo("default", "p", "uid-p", "node", "tritonshare", "Pending", "m", ""), 1024
+    )
 
     async def chunks() -> AsyncIterator[tuple[str, int, bytes]]:
         yield "config.pbtxt", 0, CONFIG
 
     try:
         with pytest.raises(ResourceExhaustedError, match="disk filled up"):
-            await models.install("m", manifest, chunks())
+            await models.install("m", manifest, chunks(), owner)
     finally:
         await models.close()
     assert repository.installed_models() == []

@@ -18,8 +18,20 @@ def test_flags_then_environment_then_defaults() -> None:
             "TRITONSHARE_LISTEN_GRPC": "127.0.0.1:0",
             "TRITONSHARE_ADVERTISE_GPU_MEM": "true",
             "KUBECONFIG": "/kc",
+            "TRITONSHARE_PLACEMENT_KEY_DIR": "/keys",
+            "TRITONSHARE_TENANT_CODE_NAMESPACES": "team-a, team-b",
         },
     )
+    assert settings.placement_key_dir == Path("/keys")
+    assert settings.tenant_code_namespaces == ("team-a", "team-b")
+    assert settings.safe_backends == (
+        "onnxruntime",
+        "tensorrt",
+        "pytorch",
+        "tensorflow",
+        "openvino",
+    )
+    assert settings.max_model_bytes == 64 * 1024**3
     assert settings.node_name == "n1"
     assert settings.model_repository == Path("/models")
     assert settings.triton_admin_header == ("tritonshare-admin-key", "s3cret")
@@ -46,8 +58,18 @@ def test_flags_then_environment_then_defaults() -> None:
             ["--node-name", "n", "--model-repository", "/m", "--triton-admin-header", "novalue"],
             "Name:value",
         ),
+        (["--node-name", "n", "--model-repository", "/m", "--max-model-bytes", "lots"], "quantity"),
+        (
+            ["--node-name", "n", "--model-repository", "/m", "--install-idle-seconds", "0"],
+            "more than 0",
+        ),
     ],
 )
 def test_bad_settings_say_what_to_fix(argv: list[str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
-        parse_settings(argv, {})
+        parse_settings(argv, {"TRITONSHARE_PLACEMENT_KEY_DIR": "/keys"})
+
+
+def test_the_placement_keys_are_required() -> None:
+    with pytest.raises(SettingsError, match="--placement-key-dir is required"):
+        parse_settings(["--node-name", "n", "--model-repository", "/m"], {})

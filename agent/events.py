@@ -1,0 +1,79 @@
+"""Warning Events on model pods, so a refused or evicted pod says why in `kubectl describe pod`.
+
+The agent records an Event when it refuses a pod (not placed by the binder, model id owned by
+another pod, tenant code not allowed) or takes a model out of Triton that it cannot vouch for. A
+tenant can call the agent in a loop, so each (pod, reason) is written at most once per period,
+the remembered set is bounded, and writing never delays the answer: it runs as its own task,
+and a failed write is logged, not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from agent.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+REPEAT_SECONDS = 600.0
+REMEMBERED = 10_000
+
+
+class EventWriter(Protocol):
+    async def record_pod_event(
+        self, namespace: str, name: str, uid: str, *, reason: str, message: str, component: str
+    ) -> None: ...
+
+
+class PodEvents:
+    """Records Warning Events on pods, deduplicated per pod and reason."""
+
+    def __init__(
+        self,
+        kube: EventWriter,
+        component: str,
+        *,
+        repeat_seconds: float = REPEAT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self.component = component
+        self._repeat = repeat_seconds
+        self._clock = clock
+        self._written: dict[tuple[str, str], float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def warn(self, pod_key: str, uid: str, reason: str, message: str) -> None:
+        """Record the Event unless this pod got it within the period; returns at once."""
+        now = self._clock()
+        last = self._written.get((uid, reason))
+        if last is not None and now - last < self._repeat:
+            return
+        if len(self._written) >= REMEMBERED:
+            self._written.clear()
+        self._written[(uid, reason)] = now
+        namespace, _, name = pod_key.partition("/")
+        task = asyncio.get_running_loop().create_task(
+            self._write(namespace, name, uid, reason, message), name=f"event {reason} {pod_key}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        try:
+            await self._kube.record_pod_event(
+                namespace, name, uid, reason=reason, message=message, component=self.component
+            )
+        except KubeError as e:
+            log.warning(
+                "Recording event %s on pod %s/%s has failed: %s", reason, namespace, name, e
+            )
+
+    async def close(self) -> None:
+        """Let the Events being written finish (bounded)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5.0)
