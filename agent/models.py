@@ -98,6 +98,8 @@ class _Record:
     pod: str = ""
     want_loaded: bool = False
     last_activity: float = 0.0
+    vouched_at: float = 0.0
+    """When the agent last checked that Triton runs what it installed (monotonic seconds)."""
 
 
 Chunk = tuple[str, int, bytes]
@@ -429,6 +431,7 @@ class Models:
             log.warning("Model %s failed to load: %s", model_id, e)
         else:
             record.failure = ""
+            record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
             log.info(
                 "Model %s is loaded in Triton on %s.",
@@ -583,6 +586,7 @@ class Models:
         """Take over a model Triton already runs, vouched for, after an agent restart."""
         record = self.record(model_id)
         record.want_loaded = True
+        record.vouched_at = self.clock()
         record.pod = owner.key
         record.gpu_uuid = owner.gpu_uuid
         snapshot = self._gpus()

@@ -136,6 +136,8 @@ class Reconciler:
             if entry is not None and entry.state == READY:
                 if record is None or not record.want_loaded:
                     work.append(self._adopt(model, pod))
+                elif now - record.vouched_at >= self.resync_seconds:
+                    work.append(self._recheck(model, pod))
                 continue
             should_run = (record is not None and record.want_loaded) or pod.pod.running
             if model not in on_disk or not should_run:
@@ -169,6 +171,17 @@ class Reconciler:
                 "Model %s is already loaded in Triton for pod %s: adopting it.", model, pod.key
             )
             return
+        await self._evict(model, pod, why)
+
+    async def _recheck(self, model: str, pod: Proven) -> None:
+        """Once per resync period: is what Triton runs still what the agent installed?"""
+        why = await self.models.vouch(model, pod)
+        if not why:
+            self.models.record(model).vouched_at = self._clock()
+            return
+        await self._evict(model, pod, why)
+
+    async def _evict(self, model: str, pod: Proven, why: str) -> None:
         log.warning(
             "Triton runs model %s for pod %s, but the agent cannot vouch for it (%s): taking it "
             "out of Triton.",
