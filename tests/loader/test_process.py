@@ -30,7 +30,7 @@ from loader.errors import ExitCode
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer, free_port
 from tests.conftest import copy_model
-from tests.fixtures_sim import core_v1
+from tests.fixtures_sim import core_v1, sign_placement, write_test_placement_key
 from tests.loader.loaderprocess import ROOT, LoaderRun, run_loader
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -76,6 +76,8 @@ def start_agent(
         "--triton-http-url", triton.http_url, "--model-repository", str(repository),
         "--listen-grpc", f"127.0.0.1:{grpc_port}", "--listen-http", "127.0.0.1:0",
         "--ports-file", str(ports), "--cpu-only",
+        "--placement-key-dir", str(write_test_placement_key(tmp_path / "placement-key")),
+        "--tenant-code-namespaces", NAMESPACE,
     ]  # fmt: skip
     with log.open("ab") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -95,8 +97,11 @@ def start_agent(
     return agent
 
 
-def make_pod(api: kubernetes.client.ApiClient, name: str, model_id: str) -> None:
-    """A model pod bound to the node, scheduled by tritonshare, as the binder leaves it."""
+def make_pod(
+    api: kubernetes.client.ApiClient, name: str, model_id: str, *, proven: bool = True
+) -> None:
+    """A model pod bound to the node, scheduled by tritonshare, as the binder leaves it (with
+    its placement proof)."""
     body: Any = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -112,6 +117,8 @@ def make_pod(api: kubernetes.client.ApiClient, name: str, model_id: str) -> None
         },
     }
     core_v1(api).create_namespaced_pod(NAMESPACE, body)
+    if proven:
+        sign_placement(api, NAMESPACE, name)
 
 
 @dataclass
@@ -125,8 +132,15 @@ class Node:
     triton: TritonServer
     repository: Path
 
-    def pod_token(self, pod: str, model_id: str, audience: str = "tritonshare-agent") -> Path:
-        make_pod(self.api, pod, model_id)
+    def pod_token(
+        self,
+        pod: str,
+        model_id: str,
+        audience: str = "tritonshare-agent",
+        *,
+        proven: bool = True,
+    ) -> Path:
+        make_pod(self.api, pod, model_id, proven=proven)
         path = self.tmp_path / f"token-{pod}"
         path.write_text(self.apiserver.mint_token(NAMESPACE, pod, audience))
         return path
@@ -274,6 +288,12 @@ def test_a_refused_token_or_pod_exits_4_at_once(node: Node, agent: AgentProcess)
     assert denied.returncode == ExitCode.REFUSED, denied.explain()
     assert "the agent refused this pod" in denied.termination_message
     assert "other_model" in denied.termination_message
+
+    # A pod created with spec.nodeName: the binder never placed it.
+    unplaced = node.pod_token("squatter-0", "add_one", proven=False)
+    not_placed = node.load(model, "add_one", agent.grpc_address, unplaced)
+    assert not_placed.returncode == ExitCode.REFUSED, not_placed.explain()
+    assert "not placed on this node by the tritonshare binder" in not_placed.termination_message
 
     wrong_audience = node.pod_token("add-one-0", "add_one", audience="someone-else")
     refused_audience = node.load(model, "add_one", agent.grpc_address, wrong_audience)
