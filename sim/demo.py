@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,61 @@ def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
             http.close()
 
 
+SQUATTER_NAMESPACE = "intruders"
+
+
+def _squat(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    """Another team creates a pod with spec.nodeName set (so the binder never sees it) and the
+    model id of a model already served on that node: the agent refuses it, and says so on it."""
+    real = cluster.real_node
+    victim = next((p for p in PODS if p.name in result.served), None)
+    if real is None or victim is None:
+        return
+    say("")
+    say(
+        f"Another team ({SQUATTER_NAMESPACE}) creates a pod with spec.nodeName={real.name} and "
+        f"model id {victim.model_id!r}, {victim.name}'s model, bypassing the binder:"
+    )
+    cluster.core.create_namespace(
+        {"metadata": {"name": SQUATTER_NAMESPACE}}, _preload_content=False
+    )
+    manifest = model_pod_manifest(
+        replace(victim, name="squatter"),
+        PodPorts(free_port(), free_port(), free_port()),
+        agent_port=0,
+        triton_http_port=0,
+        triton_grpc_port=0,
+    )
+    agent = cluster.agents[real.name].grpc
+    for container in manifest["spec"]["initContainers"]:
+        container["args"] = [
+            f"--agent-address={agent}" if a.startswith("--agent-address=") else a
+            for a in container.get("args", [])
+        ]
+    manifest["metadata"]["namespace"] = SQUATTER_NAMESPACE
+    manifest["spec"]["nodeName"] = real.name
+    cluster.core.create_namespaced_pod(SQUATTER_NAMESPACE, manifest, _preload_content=False)
+
+    def refused() -> str:
+        response = cluster.core.list_namespaced_event(
+            SQUATTER_NAMESPACE,
+            field_selector="involvedObject.name=squatter",
+            _preload_content=False,
+        )
+        for event in json.loads(response.data).get("items", []):
+            if event.get("reason") == "NotPlacedByBinder":
+                return str(event.get("message", ""))
+        return ""
+
+    message = wait_until("the agent refusing the squatter pod", refused, 90)
+    result.squatter_refused = message
+    why = message.split(": ", 1)[-1].split(";")[0]
+    say(f"  the agent refused it, with a Warning Event NotPlacedByBinder on the pod: {why}.")
+    cluster.core.delete_namespaced_pod(
+        "squatter", SQUATTER_NAMESPACE, grace_period_seconds=0, _preload_content=False
+    )
+
+
 def _metrics(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult) -> None:
     leader = next((b for b in cluster.binders if b.identity == result.leader), None)
     sources = []
@@ -258,6 +314,9 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         if result.placements and cluster.kubelet is not None:
             _wait_for_ready(cluster, result, say)
             say("Inferences through the proxies (tritonclient, REST and gRPC):")
+            _infer(ports, result, say)
+            _squat(cluster, result, say)
+            say("Inferences after the attempt: every model still answers as its owner's.")
             _infer(ports, result, say)
             _metrics(cluster, ports, result)
         _fail_over(cluster, result, say)

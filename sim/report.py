@@ -39,6 +39,8 @@ class DemoResult:
     """Pods that ran for real on the node with Triton and became Ready."""
     inferences: dict[str, list[float]] = field(default_factory=dict)
     isolation_refused: bool = False
+    squatter_refused: str = ""
+    """The agent's Event on a pod created with spec.nodeName and another team's model id."""
     leader: str = ""
     new_leader: str = ""
     """The binder leading after the first leader was crashed."""

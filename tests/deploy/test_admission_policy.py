@@ -22,11 +22,11 @@ AGENT = "system:serviceaccount:tritonshare-system:tritonshare-agent"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
-def _policy() -> dict[str, Any]:
+def _policy(name: str = "tritonshare-agent-own-node") -> dict[str, Any]:
     [policy] = [
         o
         for o in render(require_executable("kubectl"), "base")
-        if o["kind"] == "ValidatingAdmissionPolicy"
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name
     ]
     return policy
 
@@ -207,3 +207,67 @@ def test_other_users_are_not_concerned(policy: Policy) -> None:
     assert (
         policy.denials(_request("nodes", "gpu-9", user=binder, token_node=None), other, NODE) == []
     )
+
+
+# The model-pod policy: defence in depth behind the agent's proof of placement.
+BINDER = "system:serviceaccount:tritonshare-system:tritonshare-binder"
+TENANT = "system:serviceaccount:team-a:default"
+CREATED_WITH_NODE = (
+    "a tritonshare pod may not be created with spec.nodeName; the tritonshare binder places it"
+)
+BINDER_ONLY = (
+    "only the tritonshare binder writes the tritonshare.io/gpu and tritonshare.io/placement "
+    "annotations"
+)
+MODEL_ID_FIXED = "the model id of a placed tritonshare pod cannot change; create a new pod"
+
+
+@pytest.fixture(scope="module")
+def pod_policy() -> Policy:
+    return Policy(_policy("tritonshare-model-pods"))
+
+
+def _pod(node: str = "", scheduler: str = "tritonshare", **annotations: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [{"name": "proxy"}]}
+    if node:
+        spec["nodeName"] = node
+    keyed = {f"tritonshare.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
+    return {"metadata": {"name": "p", "namespace": "team-a", "annotations": keyed}, "spec": spec}
+
+
+def _pod_request(operation: str, user: str = TENANT) -> dict[str, Any]:
+    return _request("pods", "p", operation=operation, user=user, token_node=None)
+
+
+def test_a_tritonshare_pod_created_with_node_name_is_refused(pod_policy: Policy) -> None:
+    created = _pod(node="gpu-1", model_id="victim")
+    assert pod_policy.denials(_pod_request("CREATE"), created, None) == [CREATED_WITH_NODE]
+    assert pod_policy.denials(_pod_request("CREATE"), _pod(model_id="mine"), None) == []
+    # Other schedulers' pods are not this policy's business.
+    assert pod_policy.denials(_pod_request("CREATE"), _pod(node="gpu-1", scheduler="x"), None) == []
+
+
+def test_only_the_binder_writes_the_gpu_and_the_proof(pod_policy: Policy) -> None:
+    pending = _pod(model_id="mine")
+    placed = _pod(model_id="mine", gpu="GPU-1", placement="v1.abc")
+    assert pod_policy.denials(_pod_request("UPDATE", BINDER), placed, pending) == []
+    assert pod_policy.denials(_pod_request("UPDATE"), placed, pending) == [BINDER_ONLY]
+    forged = _pod(model_id="mine", gpu="GPU-1", placement="v1.abc")
+    assert pod_policy.denials(_pod_request("CREATE"), forged, None) == [BINDER_ONLY]
+    bound = {**placed, "spec": {**placed["spec"], "nodeName": "gpu-1"}}
+    repinned = _pod(node="gpu-1", model_id="mine", gpu="GPU-2", placement="v1.abc")
+    assert pod_policy.denials(_pod_request("UPDATE"), repinned, bound) == [BINDER_ONLY]
+    unproved = _pod(node="gpu-1", model_id="mine", gpu="GPU-1")
+    assert pod_policy.denials(_pod_request("UPDATE"), unproved, bound) == [BINDER_ONLY]
+    # A tenant's own labels and annotations stay its own.
+    relabelled = copy.deepcopy(bound)
+    relabelled["metadata"]["annotations"]["team.example/owner"] = "alice"
+    assert pod_policy.denials(_pod_request("UPDATE"), relabelled, bound) == []
+
+
+def test_the_model_id_of_a_bound_pod_cannot_change(pod_policy: Policy) -> None:
+    bound = _pod(node="gpu-1", model_id="mine", gpu="GPU-1", placement="v1.abc")
+    renamed = _pod(node="gpu-1", model_id="victim", gpu="GPU-1", placement="v1.abc")
+    assert pod_policy.denials(_pod_request("UPDATE"), renamed, bound) == [MODEL_ID_FIXED]
+    # Before binding the user may still fix it.
+    assert pod_policy.denials(_pod_request("UPDATE"), _pod(model_id="b"), _pod(model_id="a")) == []

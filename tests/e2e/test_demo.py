@@ -45,6 +45,9 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert result.inferences["add-one"] == [2.0, 3.0, 4.0]
     assert result.inferences["identity"] == [1.0, 2.0, 3.0]
     assert result.isolation_refused, "a proxy must refuse another pod's model"
+    # A pod created with spec.nodeName and another team's model id is refused by the agent,
+    # with an Event on it, and the owner's model still answers (checked after the attempt).
+    assert "not placed on this node by the tritonshare binder" in result.squatter_refused
 
     # A crashed leader is replaced: the follower takes the lease and binds a pod created after.
     assert result.new_leader in {"binder-0", "binder-1"} - {result.leader}
