@@ -33,13 +33,17 @@ from typing import Any
 import grpc
 import kubernetes.client
 
+from common.contract import Keys
+from common.placement import Claim, load_key_ring
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import start_in_thread
+from sim.cluster import write_placement_keys
 from sim.triton import TritonServer
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench"
 NODE = "bench-node"
+KEYS = Keys()
 
 
 def make_model(directory: Path, size_mib: int) -> list[tuple[str, int, str]]:
@@ -131,7 +135,13 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
                 "containers": [{"name": "proxy", "image": "proxy"}],
             },
         }
-        core.create_namespaced_pod("default", pod)
+        created: Any = core.create_namespaced_pod("default", pod)
+        # Signed as the binder signs a placement: the agent serves only proven pods.
+        key_dir = write_placement_keys(work / "placement-key")
+        claim = Claim(created.metadata.uid, "default", "bench-pod", NODE, "", MODEL, 1 << 30)
+        proof = load_key_ring(key_dir).sign(claim)
+        patch: Any = {"metadata": {"annotations": {KEYS.placement: proof}}}
+        core.patch_namespaced_pod("bench-pod", "default", patch)
         api.close()  # type: ignore[no-untyped-call]
         token = apiserver.mint_token("default", "bench-pod")
         metadata = (("authorization", f"Bearer {token}"),)
@@ -150,6 +160,7 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
             "--triton-http-url", triton.http_url, "--model-repository", str(repository),
             "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",
             "--ports-file", str(ports), "--cpu-only", "--log-level", "WARNING",
+            "--placement-key-dir", str(key_dir), "--tenant-code-namespaces", "default",
         ]  # fmt: skip
         agent = start_process(command)
         deadline = time.monotonic() + 60
