@@ -65,6 +65,14 @@ def attacker_model(tmp_path: Path, name: str = MODEL) -> Path:
     return source
 
 
+def unnamed_model(tmp_path: Path) -> Path:
+    """add_one with no name in its config, so it installs under any model id."""
+    source = copy_model("add_one", tmp_path / "unnamed")
+    config = source / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_one"\n', ""))
+    return source
+
+
 def entries(directory: Path) -> list[Path]:
     return list(directory.iterdir())
 
@@ -240,9 +248,7 @@ async def test_a_model_id_with_a_trailing_newline_is_refused(
 ) -> None:
     make_pod(kube_api, "newline", "m1\n")
     token = apiserver.mint_token("default", "newline")
-    error = await refused(
-        install_dir(running.stub, token, copy_model("add_one", tmp_path, as_name="m1"), "m1\n")
-    )
+    error = await refused(install_dir(running.stub, token, unnamed_model(tmp_path), "m1\n"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "outside [A-Za-z0-9_.-]" in (error.details() or "")
     assert entries(model_repository) == []
@@ -289,7 +295,7 @@ async def test_a_tenant_cannot_fill_the_disk_or_hold_installs_open(
     )
     running = await start_agent(settings, mock_nvml)
     try:
-        source = copy_model("add_one", tmp_path / "src", as_name="small")
+        source = unnamed_model(tmp_path)
         for name in ("big", "stalled", "small"):
             make_pod(kube_api, name, "small" if name == "small" else name)
         tokens = {n: apiserver.mint_token("default", n) for n in ("big", "stalled", "small")}
