@@ -2,7 +2,8 @@
 server does under API Priority and Fairness or while etcd is unhealthy.
 
 A fault matches requests by the start of their User-Agent and, optionally, their verb, and answers
-the next `times` of them with its status instead of serving them (the request changes nothing).
+the next `times` of them with its status instead of serving them (the request changes nothing),
+or, if `committed`, after serving them (the change stays, only the answer is lost).
 Safe to arm from a test's thread while the server's loop consumes. No I/O.
 """
 
@@ -26,6 +27,9 @@ class Fault:
     """Kubernetes verb it applies to (`create`, `patch`, `list`...); "" for every verb."""
     retry_after: int | None = None
     """Seconds sent in a Retry-After header, as the real server does with 429; None for none."""
+    committed: bool = False
+    """Serve the request first and answer with the fault anyway (the change stays), as a server
+    whose answer is lost after the write reached storage (a 504 or 503 from a proxy)."""
 
     @property
     def reason(self) -> str:

@@ -163,7 +163,10 @@ class Handlers:
             fault = None
             if info.is_resource_request:
                 fault = self.core.faults.take(request.headers.get("User-Agent", ""), info.verb)
-            response = _fault(fault) if fault is not None else await handler(request)
+            if fault is None or fault.committed:
+                response = await handler(request)
+            if fault is not None:
+                response = _fault(fault)
             code = response.status
             return response
         except ApiError as e:

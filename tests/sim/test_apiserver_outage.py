@@ -59,6 +59,12 @@ def test_armed_faults_answer_instead_of_the_server_and_change_nothing(
     assert core.list_node().items == []  # unchanged, and the 503 is for another client
     core.create_node({"metadata": {"name": "n"}})  # the 429 was used up
     assert [r.code for r in apiserver.audit if r.resource == "nodes"] == [429, 200, 201]
+    # A committed fault loses only the answer: the write is done.
+    apiserver.faults.arm(Fault(503, times=1, verb="create", committed=True))
+    with pytest.raises(kubernetes.client.ApiException) as lost:
+        core.create_node({"metadata": {"name": "m"}})
+    assert lost.value.status == 503
+    assert sorted(n.metadata.name for n in core.list_node().items) == ["m", "n"]
 
 
 def test_the_audit_log_names_the_client_connection(
