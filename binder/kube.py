@@ -139,6 +139,10 @@ class Kube:
                 f"(or KUBECONFIG) outside a cluster"
             ) from e
         configuration.connection_pool_maxsize = pool_size
+        # Connection failures are retried by `_write` and the informers, with backoff and a
+        # sentence in the log; urllib3's own three immediate retries would only add noise. One
+        # immediate retry of a read stays, for a pooled connection the server closed while idle.
+        configuration.retries = urllib3.Retry(total=1, connect=0, read=1, redirect=0, status=0)
         self.client: Any = kubernetes.client.ApiClient(configuration)
         self.client.user_agent = user_agent
         self.core: Any = kubernetes.client.CoreV1Api(self.client)
@@ -183,7 +187,8 @@ class Kube:
         """Run `attempt(read_timeout)` until the server gives a verdict, backing off while it is
         unavailable, within the retry budget and while `retry_while()` holds."""
         policy = self.retry
-        deadline = self._monotonic() + policy.budget_seconds
+        started = self._monotonic()
+        deadline = started + policy.budget_seconds
         delay = policy.initial_seconds
         tries = 1
         while True:
@@ -200,7 +205,7 @@ class Kube:
                         "(%s).",
                         what,
                         tries,
-                        policy.budget_seconds - left,
+                        self._monotonic() - started,
                         e,
                     )
                     raise
@@ -318,32 +323,34 @@ class Kube:
         If an earlier Binding of this pod may have landed unseen, the pod is read first: a bound
         pod is a ConflictError, so a new placement never rewrites the GPU of a running one."""
         body = {"metadata": {"annotations": annotations}}
-        if (namespace, name) in self._unsure:
-            where = self._node_of(namespace, name)
-            if where:
-                raise ConflictError(409, "AlreadyBound", f"pod {namespace}/{name} is on {where}")
-            self._unsure.discard((namespace, name))
-        self._write(
-            f"patching the annotations of pod {namespace}/{name}",
-            lambda timeout: self._send(
+        key = (namespace, name)
+
+        def attempt(timeout: float) -> bytes:
+            if key in self._unsure:
+                where = self._bound_node(namespace, name, timeout)
+                if where:
+                    raise ConflictError(
+                        409, "AlreadyBound", f"pod {namespace}/{name} is on {where}"
+                    )
+                with self._lock:
+                    self._unsure.discard(key)
+            return self._send(
                 self.core.patch_namespaced_pod,
                 name,
                 namespace,
                 body,
                 _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
-            ),
-        )
+            )
 
-    def _node_of(self, namespace: str, name: str) -> str:
-        """The node the pod is bound to now ("" for none), read through the retry loop."""
-        data = self._write(
-            f"reading pod {namespace}/{name}",
-            lambda timeout: self._send(
-                self.core.read_namespaced_pod,
-                name,
-                namespace,
-                _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
-            ),
+        self._write(f"patching the annotations of pod {namespace}/{name}", attempt)
+
+    def _bound_node(self, namespace: str, name: str, timeout: float) -> str:
+        """The node the pod is bound to now ("" for none); one attempt."""
+        data = self._send(
+            self.core.read_namespaced_pod,
+            name,
+            namespace,
+            _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
         )
         return str((json.loads(data).get("spec") or {}).get("nodeName") or "")
 
@@ -367,7 +374,7 @@ class Kube:
         def attempt(timeout: float) -> bytes:
             nonlocal unsure
             if unsure:
-                where = self._node_of(namespace, name)
+                where = self._bound_node(namespace, name, timeout)
                 if where == node:
                     return b""
                 if where:
@@ -395,7 +402,8 @@ class Kube:
                     self._unsure.add((namespace, name))
             raise
         except NotFoundError:
-            self._unsure.discard((namespace, name))
+            with self._lock:
+                self._unsure.discard((namespace, name))
             raise
 
     def set_unschedulable(self, namespace: str, name: str, message: str) -> None:

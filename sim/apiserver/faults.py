@@ -25,8 +25,13 @@ class Fault:
     """Prefix of the User-Agent of the requests it applies to; "" for every client."""
     verb: str = ""
     """Kubernetes verb it applies to (`create`, `patch`, `list`...); "" for every verb."""
+    resource: str = ""
+    """Resource it applies to (`pods`, `leases`...); "" for every resource."""
     retry_after: int | None = None
     """Seconds sent in a Retry-After header, as the real server does with 429; None for none."""
+    delay_seconds: float = 0.0
+    """Hold the request this long before answering, as an overloaded server does; a client
+    with a shorter timeout sees it hang."""
     committed: bool = False
     """Serve the request first and answer with the fault anyway (the change stays), as a server
     whose answer is lost after the write reached storage (a 504 or 503 from a proxy)."""
@@ -57,12 +62,12 @@ class Faults:
         with self._lock:
             self._faults.clear()
 
-    def take(self, user_agent: str, verb: str) -> Fault | None:
+    def take(self, user_agent: str, verb: str, resource: str) -> Fault | None:
         """The fault that answers this request, counting it; None to serve the request."""
         with self._lock:
             for fault in self._faults:
                 wanted = fault.times > 0 and user_agent.startswith(fault.user_agent)
-                if wanted and fault.verb in ("", verb):
+                if wanted and fault.verb in ("", verb) and fault.resource in ("", resource):
                     fault.times -= 1
                     return fault
         return None

@@ -9,6 +9,7 @@ holds no object state of its own.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -162,7 +163,11 @@ class Handlers:
         try:
             fault = None
             if info.is_resource_request:
-                fault = self.core.faults.take(request.headers.get("User-Agent", ""), info.verb)
+                fault = self.core.faults.take(
+                    request.headers.get("User-Agent", ""), info.verb, info.resource_name
+                )
+            if fault is not None and fault.delay_seconds:
+                await asyncio.sleep(fault.delay_seconds)
             if fault is None or fault.committed:
                 response = await handler(request)
             if fault is not None:

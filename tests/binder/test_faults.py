@@ -168,3 +168,21 @@ async def test_a_leader_that_loses_the_api_server_steps_down_then_leads_again(
     await eventually(lambda: binder.elector.is_leader, within=15, what="leading again")
     add_pod(core, "after", mem="1Gi")
     assert await eventually(lambda: node_of(core, "after"), within=15) == "gpu-1"
+
+
+async def test_a_leader_whose_renewals_hang_steps_down_at_the_renew_deadline(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    binder = await make_binder(leader_elect=True, identity="replica-a")
+    await eventually(lambda: binder.elector.is_leader, what="leadership")
+    # Every lease call now hangs for 10 s before failing: longer than the 2 s lease.
+    hang = Fault(503, times=1000, user_agent=BINDER, resource="leases", delay_seconds=10)
+    apiserver.faults.arm(hang)
+    hung = time.monotonic()
+    await eventually(lambda: not binder.elector.is_leader, within=10, what="stepping down")
+    # The renew deadline (1.5 s) after the last renewal, not when a 10 s call gives up.
+    assert time.monotonic() - hung < 1.5 + 0.5
+    hang.times = 0
+    apiserver.faults.clear()
+    await eventually(lambda: binder.elector.is_leader, within=15, what="leading again")
