@@ -406,15 +406,18 @@ class Kube:
                 self._unsure.discard((namespace, name))
             raise
 
-    def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
-        """PodScheduled=False, reason Unschedulable, as kube-scheduler writes it."""
+    def set_unschedulable(
+        self, namespace: str, name: str, message: str, reason: str = "Unschedulable"
+    ) -> None:
+        """PodScheduled=False with `reason` (Unschedulable, or SchedulerError when a plugin
+        failed the attempt), as kube-scheduler writes it."""
         body = {
             "status": {
                 "conditions": [
                     {
                         "type": "PodScheduled",
                         "status": "False",
-                        "reason": "Unschedulable",
+                        "reason": reason,
                         "message": message,
                         "lastProbeTime": None,
                         "lastTransitionTime": now_rfc3339(),
