@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import kubernetes.client
 import kubernetes.config
@@ -81,10 +82,9 @@ def micro_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _retry_after(e: ApiException) -> float | None:
-    headers: Any = e.headers or {}
+def _retry_after(headers: Any) -> float | None:
     try:
-        value = headers.get("Retry-After")
+        value = headers.get("Retry-After") if headers else None
     except AttributeError:
         return None
     try:
@@ -93,15 +93,20 @@ def _retry_after(e: ApiException) -> float | None:
         return None  # an HTTP date: the server's own clock, not worth trusting; back off instead
 
 
-def _error(e: ApiException) -> ApiError:
-    reason, message = str(e.reason or ""), str(e.body or e.reason or "")
+def _status_error(status: int, reason: str, body: str, headers: Any) -> ApiError:
+    """The ApiError for an answer that is not a success, from its Status body."""
+    message = body or reason
     try:
-        body = json.loads(e.body) if e.body else {}
-        reason = str(body.get("reason") or reason)
-        message = str(body.get("message") or message)
+        status_body = json.loads(body) if body else {}
+        reason = str(status_body.get("reason") or reason)
+        message = str(status_body.get("message") or message)
     except (ValueError, AttributeError):
         pass
-    return api_error(int(e.status or 0), reason, message, _retry_after(e))
+    return api_error(status, reason, message, _retry_after(headers))
+
+
+def _error(e: ApiException) -> ApiError:
+    return _status_error(int(e.status or 0), str(e.reason or ""), str(e.body or ""), e.headers)
 
 
 def _unreachable(e: Exception) -> UnavailableError:
@@ -110,6 +115,13 @@ def _unreachable(e: Exception) -> UnavailableError:
 
 
 _TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+_PATCH = "application/strategic-merge-patch+json"
+"""What the generated client sends for a dict patch body; kept, so nothing changes server-side."""
+
+
+def _pod_path(namespace: str, name: str, subresource: str = "") -> str:
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+    return f"{path}/{subresource}" if subresource else path
 
 
 class Kube:
@@ -181,6 +193,47 @@ class Kube:
             raise _unreachable(e) from e
         finally:
             response.release_conn()
+        return data
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        body: JsonObject | None = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """One request for a body built here, through the official client's own request layer
+        (same configuration, credentials, TLS and connection pool), without the generated
+        methods' per-call argument validation: a third of a write's CPU, spent checking dicts
+        this module wrote. Answer read whole, connection handed back to the pool."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        request = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.client.call_api(
+                *request, _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout)
+            )
+        except ApiException as e:
+            raise _error(e) from e
+        except _TRANSPORT_ERRORS as e:
+            raise _unreachable(e) from e
+        try:
+            data: bytes = response.read()
+        except _TRANSPORT_ERRORS as e:
+            raise _unreachable(e) from e
+        finally:
+            response.response.release_conn()
+        if not 200 <= response.status <= 299:
+            text = data.decode("utf-8", "replace")
+            raise _status_error(response.status, str(response.reason or ""), text, response.headers)
         return data
 
     def _write(self, what: str, attempt: Callable[[float], bytes]) -> bytes:
@@ -334,24 +387,13 @@ class Kube:
                     )
                 with self._lock:
                     self._unsure.discard(key)
-            return self._send(
-                self.core.patch_namespaced_pod,
-                name,
-                namespace,
-                body,
-                _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
-            )
+            return self._request("PATCH", _pod_path(namespace, name), timeout, body, _PATCH)
 
         self._write(f"patching the annotations of pod {namespace}/{name}", attempt)
 
     def _bound_node(self, namespace: str, name: str, timeout: float) -> str:
         """The node the pod is bound to now ("" for none); one attempt."""
-        data = self._send(
-            self.core.read_namespaced_pod,
-            name,
-            namespace,
-            _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
-        )
+        data = self._request("GET", _pod_path(namespace, name), timeout)
         return str((json.loads(data).get("spec") or {}).get("nodeName") or "")
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
@@ -383,13 +425,7 @@ class Kube:
                     )
                 unsure = False
             try:
-                return self._send(
-                    self.core.create_namespaced_pod_binding,
-                    name,
-                    namespace,
-                    body,
-                    _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
-                )
+                return self._request("POST", _pod_path(namespace, name, "binding"), timeout, body)
             except UnavailableError as e:
                 unsure = e.status != 429  # a 429 is refused before anything is done
                 raise
@@ -427,12 +463,8 @@ class Kube:
         }
         self._write(
             f"setting PodScheduled=False on pod {namespace}/{name}",
-            lambda timeout: self._send(
-                self.core.patch_namespaced_pod_status,
-                name,
-                namespace,
-                body,
-                _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
+            lambda timeout: self._request(
+                "PATCH", _pod_path(namespace, name, "status"), timeout, body, _PATCH
             ),
         )
 
@@ -474,11 +506,8 @@ class Kube:
         }
         self._write(
             f"recording a {reason} event for pod {namespace}/{name}",
-            lambda timeout: self._send(
-                self.core.create_namespaced_event,
-                namespace,
-                body,
-                _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout),
+            lambda timeout: self._request(
+                "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", timeout, body
             ),
         )
 
