@@ -1,16 +1,26 @@
-"""End to end through sim/: watch -> decide -> annotate -> bind, with 1,000 GPU nodes.
+"""End to end through sim/: watch -> decide -> annotate -> bind, 5,000 GPU nodes by default.
 
 The simulated API server runs in this process (its audit log is the independent count of API
-calls); nodes with agent leases are created through the official client, then a backlog of
-pending pods. The binder starts with warm caches and the clock runs until the watch shows every
-pod bound. Figures: pods per second, and API calls per scheduled pod from the audit log (writes,
-and all requests). The proof of concept's algorithm runs in the same process on the same server
-for a few pods: for each decision it lists the nodes and, for every node, that node's pods.
+calls); nodes with agent leases and `--placed` pods already bound to their GPUs are created
+through the official client.
 
-Note: the API server shares this process (and the GIL) with the binder, so absolute rates are
-conservative; compare the two algorithms by their ratio.
+`--mode process` (default): `python -m binder` runs as its own process (from `--binder-root`, so
+two trees can be compared side by side). Once it is ready, it is stopped (SIGSTOP), `--pods` pods
+are created by 8 client threads, and it is resumed, so they reach it at once (`--no-burst`
+creates them while it runs: the load generator then sets the pace). Figures: decisions per second
+(bound pods over the time from the release to the last binding), the binder process's CPU per
+bound pod (user + system, from psutil, over the same span; split into its event loop thread and
+the others), API writes per pod from the audit log, and release-to-bind (or create-to-bind)
+percentiles. The API server and the load generator share this process, the binder has its own:
+on a 2-core machine they compete.
 
-Run: .venv/bin/python -m benchmarks.binder_e2e [--nodes 1000 --pods 2000 --poc-pods 5]
+`--mode in-process`: the former measurement: the binder runs in this process and starts on a
+backlog of pending pods; pods per second until the watch shows every pod bound.
+
+In both, the proof of concept's algorithm then runs on the same server for `--poc-pods` pods: for
+each decision it lists the nodes and, for every node, that node's pods.
+
+Run: .venv/bin/python -m benchmarks.binder_e2e [--nodes 5000 --gpus 8 --placed 40000 --pods 10000]
 """
 
 from __future__ import annotations
@@ -20,10 +30,14 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,8 +47,9 @@ import kubernetes.client
 from binder.app import Binder
 from binder.settings import Settings
 from common.contract import Keys, agent_lease_name
-from sim.apiserver import start_in_thread
+from sim.apiserver import RunningApiServer, start_in_thread
 from sim.cluster import write_placement_keys
+from sim.triton import free_port
 
 GI = 1024**3
 KEYS = Keys()
@@ -76,6 +91,30 @@ def lease_body(node: str) -> dict[str, Any]:
             "holderIdentity": node,
             "leaseDurationSeconds": 3600,
             "renewTime": stamp(time.time()),
+        },
+    }
+
+
+def placed_body(i: int, nodes: int, gpus: int, rng: random.Random) -> dict[str, Any]:
+    """A model pod already bound to a node and GPU (as the binder leaves them): 1-3Gi per pod,
+    about one pod per GPU, so no GPU is over its 16Gi."""
+    node = f"node-{i % nodes:04d}"
+    gpu = (i // nodes) % gpus
+    return {
+        "metadata": {
+            "name": f"placed-{i}",
+            "annotations": {KEYS.model_id: f"placed-{i}", KEYS.gpu: f"GPU-{node}-{gpu}"},
+        },
+        "spec": {
+            "schedulerName": "tritonshare",
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "proxy",
+                    "image": "tritonshare/proxy",
+                    "resources": {"limits": {KEYS.gpu_mem: rng.choice(["1Gi", "2Gi", "3Gi"])}},
+                }
+            ],
         },
     }
 
@@ -128,8 +167,11 @@ def poc_schedule(core: Any, pod_name: str, rng: random.Random) -> str | None:
     return choice
 
 
-def create_all(core: Any, bodies: list[dict[str, Any]], what: str) -> None:
-    def create(body: dict[str, Any]) -> None:
+def create_all(core: Any, bodies: list[dict[str, Any]], what: str) -> dict[str, float]:
+    """Create every body with 8 client threads; when each create returned (wall clock, the
+    API server's clock too), by name."""
+
+    def create(body: dict[str, Any]) -> tuple[str, float]:
         if what == "node":
             core.create_node(body)
         elif what == "lease":
@@ -137,9 +179,142 @@ def create_all(core: Any, bodies: list[dict[str, Any]], what: str) -> None:
             coordination.create_namespaced_lease(SYSTEM, body)
         else:
             core.create_namespaced_pod("default", body)
+        return str(body["metadata"]["name"]), time.time()
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(create, bodies))
+        return dict(pool.map(create, bodies))
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+def readyz(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def build_cluster(core: Any, args: argparse.Namespace, rng: random.Random) -> None:
+    started = time.perf_counter()
+    nodes = [node_body(i, args.gpus) for i in range(args.nodes)]
+    create_all(core, nodes, "node")
+    create_all(core, [lease_body(n["metadata"]["name"]) for n in nodes], "lease")
+    create_all(
+        core, [placed_body(i, args.nodes, args.gpus, rng) for i in range(args.placed)], "pod"
+    )
+    print(
+        f"cluster: {args.nodes} nodes x {args.gpus} GPUs (16Gi each), {args.placed} placed pods;"
+        f" created in {time.perf_counter() - started:.1f} s"
+    )
+
+
+def _thread_cpu(process: Any, tid: int) -> float:
+    """CPU seconds (user + system) of one thread of a psutil process; 0 if it is gone."""
+    for thread in process.threads():
+        if thread.id == tid:
+            return float(thread.user_time + thread.system_time)
+    return 0.0
+
+
+def run_process(args: argparse.Namespace, server: RunningApiServer, core: Any) -> None:
+    """The binder as a process; pods created at once while it runs."""
+    import psutil
+
+    rng = random.Random(args.seed + 1)
+    bodies = [pod_body(i, rng) for i in range(args.pods)]
+    with tempfile.TemporaryDirectory() as tmp:
+        kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
+        port = free_port()
+        root = Path(args.binder_root).resolve()
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        log_path = Path(tmp) / "binder.log"
+        argv = [
+            sys.executable, "-m", "binder", "--kubeconfig", str(kubeconfig),
+            "--listen-http", f"127.0.0.1:{port}", "--leader-elect", "false",
+            "--bind-workers", str(args.bind_workers),
+            "--log-level", args.binder_log_level,
+        ]  # fmt: skip
+        # A binder from before proofs of placement (--binder-root) has no key to be given.
+        if "placement-key-dir" in (root / "binder" / "settings.py").read_text():
+            argv += ["--placement-key-dir", str(write_placement_keys(Path(tmp) / "key"))]
+        with log_path.open("w") as log_file:
+            process = subprocess.Popen(argv, cwd=root, env=env, stderr=log_file)
+        try:
+            t0 = time.perf_counter()
+            while not readyz(port):
+                if process.poll() is not None or time.perf_counter() - t0 > args.timeout:
+                    raise SystemExit(
+                        f"the binder did not get ready: {log_path.read_text()[-2000:]}"
+                    )
+                time.sleep(0.05)
+            print(f"binder process from {root}: ready in {time.perf_counter() - t0:.1f} s")
+            watched = psutil.Process(process.pid)
+            server.audit.clear()
+            cpu0 = watched.cpu_times()
+            loop0 = _thread_cpu(watched, process.pid)
+            if args.burst:
+                watched.suspend()  # the pods reach its watch at once when it resumes
+            t0 = time.perf_counter()
+            created_at = create_all(core, bodies, "pod")
+            created = time.perf_counter() - t0
+            if args.burst:
+                watched.resume()
+            released = time.time()
+
+            def bound() -> int:
+                return sum(
+                    1 for r in server.audit if r.subresource == "binding" and r.code in (200, 201)
+                )
+
+            while bound() < args.pods and time.perf_counter() - t0 < args.timeout:
+                time.sleep(0.1)
+            cpu1 = watched.cpu_times()
+            loop1 = _thread_cpu(watched, process.pid)
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+        relists = log_path.read_text().count("too old to resume")
+    records = server.audit.snapshot()
+    # From the moment the binder could see the pod: its create, or the burst's release.
+    start = {name: max(at, released) if args.burst else at for name, at in created_at.items()}
+    bound_at = {
+        r.name: r.time for r in records if r.subresource == "binding" and r.code in (200, 201)
+    }
+    latencies = [bound_at[n] - start[n] for n in bound_at if n in start]
+    span = max(bound_at.values()) - min(start.values()) if bound_at else 0.0
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    ours = [r for r in records if r.user_agent.startswith("tritonshare-binder/")]
+    writes = Counter(
+        f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}"
+        for r in ours
+        if r.is_write
+    )
+    count = max(len(bound_at), 1)
+    how = "while the binder was stopped, then released at once" if args.burst else "live"
+    print(f"created {args.pods} pods in {created:.1f} s (8 client threads, {how})")
+    print(
+        f"binder: {len(bound_at)} of {args.pods} pods bound in {span:.1f} s: "
+        f"{len(bound_at) / span if span else 0:.0f} decisions/s; "
+        f"binder CPU {cpu:.1f} s = {1e3 * cpu / count:.2f} ms per bound pod "
+        f"({100 * cpu / span if span else 0:.0f}% of a core); of which the event loop thread "
+        f"(placement, cache) {1e3 * (loop1 - loop0) / count:.2f} ms, the other threads (API "
+        f"calls, watch decoding) {1e3 * (cpu - (loop1 - loop0)) / count:.2f} ms"
+    )
+    print(
+        f"binder: API writes per bound pod {sum(writes.values()) / count:.2f} ({dict(writes)});"
+        f" all requests per pod {len(ours) / count:.2f}; watches relisted after 410: {relists}"
+    )
+    print(
+        ("release-to-bind: " if args.burst else "create-to-bind: ")
+        + ", ".join(
+            f"p{int(q * 100)} {1e3 * percentile(latencies, q):.0f} ms" for q in (0.5, 0.9, 0.99)
+        )
+        + f", max {1e3 * max(latencies, default=0.0):.0f} ms"
+    )
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -148,82 +323,101 @@ async def run(args: argparse.Namespace) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     rng = random.Random(args.seed)
     try:
-        started = time.perf_counter()
-        nodes = [node_body(i, args.gpus) for i in range(args.nodes)]
-        create_all(core, nodes, "node")
-        create_all(core, [lease_body(n["metadata"]["name"]) for n in nodes], "lease")
-        create_all(core, [pod_body(i, rng) for i in range(args.pods)], "pod")
-        print(
-            f"cluster: {args.nodes} nodes x {args.gpus} GPUs (16Gi each), {args.pods} pending pods;"
-            f" created in {time.perf_counter() - started:.1f} s"
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
-            settings = Settings(
-                kubeconfig=str(kubeconfig),
-                placement_key_dir=write_placement_keys(Path(tmp) / "placement-key"),
-                listen_http=("127.0.0.1", 0),
-                leader_elect=False,
-                bind_workers=args.bind_workers,
-            )
-            binder = Binder(settings)
-            t0 = time.perf_counter()
-            await binder.start()
-            warm = time.perf_counter() - t0
-            server.audit.clear()
-            t0 = time.perf_counter()
-            while binder.cache.pending or binder.cache.state.assumed_uids():
-                await asyncio.sleep(0.02)
-                if time.perf_counter() - t0 > args.timeout:
-                    break
-            elapsed = time.perf_counter() - t0
-            bound = binder.controller.bound
-            await binder.stop()
-        records = server.audit.snapshot()
-        ours = [r for r in records if r.user_agent.startswith("tritonshare-binder/")]
-        writes = Counter(
-            f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}"
-            for r in ours
-            if r.is_write
-        )
-        print(
-            f"binder ({args.bind_workers} bind workers): caches warm in {warm:.2f} s; "
-            f"{bound} pods bound in {elapsed:.2f} s"
-        )
-        binder_rate = bound / elapsed if elapsed else 0.0
-        print(
-            f"binder: {binder_rate:.0f} pods/s (watch -> decide -> annotate -> bind -> seen bound)"
-        )
-        print(
-            f"binder: API writes per scheduled pod {sum(writes.values()) / max(bound, 1):.2f} "
-            f"({dict(writes)}); all requests per pod {len(ours) / max(bound, 1):.2f}"
-        )
-        poc_times = []
-        poc_calls = []
-        for i in range(args.poc_pods):
-            core.create_namespaced_pod("default", pod_body(i, rng, prefix="poc"))
-            before = len(server.audit)
-            t0 = time.perf_counter()
-            poc_schedule(core, f"poc-{i}", rng)
-            poc_times.append(time.perf_counter() - t0)
-            poc_calls.append(len(server.audit) - before)
-        poc_rate = 1 / statistics.median(poc_times)
-        print(
-            f"proof of concept: {poc_rate:.2f} pods/s (median of {args.poc_pods}), "
-            f"{statistics.median(poc_calls):.0f} API requests per scheduled pod"
-        )
-        print(f"ratio binder / proof of concept: {binder_rate / poc_rate:.0f}x pods/s")
+        build_cluster(core, args, rng)
+        if args.mode == "process":
+            run_process(args, server, core)
+        else:
+            await run_in_process(args, server, core, rng)
+        run_poc(args, server, core, rng)
     finally:
         client.close()
         server.stop()
 
 
+async def run_in_process(
+    args: argparse.Namespace, server: RunningApiServer, core: Any, rng: random.Random
+) -> None:
+    """The binder in this process, starting on a backlog of pending pods."""
+    create_all(core, [pod_body(i, rng) for i in range(args.pods)], "pod")
+    with tempfile.TemporaryDirectory() as tmp:
+        kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
+        settings = Settings(
+            kubeconfig=str(kubeconfig),
+            placement_key_dir=write_placement_keys(Path(tmp) / "placement-key"),
+            listen_http=("127.0.0.1", 0),
+            leader_elect=False,
+            bind_workers=args.bind_workers,
+        )
+        binder = Binder(settings)
+        t0 = time.perf_counter()
+        await binder.start()
+        warm = time.perf_counter() - t0
+        server.audit.clear()
+        t0 = time.perf_counter()
+        while binder.cache.pending or binder.cache.state.assumed_uids():
+            await asyncio.sleep(0.02)
+            if time.perf_counter() - t0 > args.timeout:
+                break
+        elapsed = time.perf_counter() - t0
+        bound = binder.controller.bound
+        await binder.stop()
+    records = server.audit.snapshot()
+    ours = [r for r in records if r.user_agent.startswith("tritonshare-binder/")]
+    writes = Counter(
+        f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}"
+        for r in ours
+        if r.is_write
+    )
+    print(
+        f"binder ({args.bind_workers} bind workers): caches warm in {warm:.2f} s; "
+        f"{bound} pods bound in {elapsed:.2f} s"
+    )
+    binder_rate = bound / elapsed if elapsed else 0.0
+    print(f"binder: {binder_rate:.0f} pods/s (watch -> decide -> annotate -> bind -> seen bound)")
+    print(
+        f"binder: API writes per scheduled pod {sum(writes.values()) / max(bound, 1):.2f} "
+        f"({dict(writes)}); all requests per pod {len(ours) / max(bound, 1):.2f}"
+    )
+
+
+def run_poc(
+    args: argparse.Namespace, server: RunningApiServer, core: Any, rng: random.Random
+) -> None:
+    if not args.poc_pods:
+        return
+    poc_times = []
+    poc_calls = []
+    for i in range(args.poc_pods):
+        core.create_namespaced_pod("default", pod_body(i, rng, prefix="poc"))
+        before = len(server.audit)
+        t0 = time.perf_counter()
+        poc_schedule(core, f"poc-{i}", rng)
+        poc_times.append(time.perf_counter() - t0)
+        poc_calls.append(len(server.audit) - before)
+    poc_rate = 1 / statistics.median(poc_times)
+    print(
+        f"proof of concept: {poc_rate:.2f} pods/s (median of {args.poc_pods}), "
+        f"{statistics.median(poc_calls):.0f} API requests per scheduled pod"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--gpus", type=int, default=4)
-    parser.add_argument("--pods", type=int, default=2000)
-    parser.add_argument("--poc-pods", type=int, default=5)
+    parser.add_argument("--mode", choices=("process", "in-process"), default="process")
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--placed", type=int, default=40000, help="pods already bound")
+    parser.add_argument("--pods", type=int, default=10000, help="pods to schedule")
+    parser.add_argument("--poc-pods", type=int, default=1)
+    parser.add_argument("--binder-root", default=".", help="tree to run `python -m binder` from")
+    parser.add_argument("--binder-log-level", default="INFO")
+    parser.add_argument(
+        "--burst",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stop the binder (SIGSTOP) while the pods are created, so they reach it at once; "
+        "--no-burst creates them while it runs (the load generator then sets the pace)",
+    )
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--bind-workers", type=int, default=8)

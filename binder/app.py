@@ -18,7 +18,7 @@ from typing import Any
 from binder.cache import ClusterCache, Informer
 from binder.controller import Controller
 from binder.errors import ConfigError, NotReadyError, http_status
-from binder.kube import Kube
+from binder.kube import Kube, RetryPolicy
 from binder.leader import LeaderElector
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
@@ -43,7 +43,10 @@ class Binder:
             self.placement_keys = KeyDirectory(settings.placement_key_dir)
         except PlacementKeyError as e:
             raise ConfigError(str(e)) from e
-        self.kube = Kube(settings.kubeconfig)
+        # A write retries no longer than the leader may go unrenewed (see Kube.retry_while).
+        self.kube = Kube(
+            settings.kubeconfig, retry=RetryPolicy(budget_seconds=settings.renew_deadline_seconds)
+        )
         self.metrics = Metrics(lambda: self.cache.state)
         self.queue = SchedulingQueue(
             initial_seconds=settings.backoff_initial_seconds,
@@ -82,6 +85,7 @@ class Binder:
             executor=self._executor,
             on_change=self._leadership_changed,
         )
+        self.kube.retry_while = self.elector.leading.is_set
         self.http = HttpServer(
             build_health_app(
                 self.metrics.registry,
@@ -103,11 +107,18 @@ class Binder:
     def not_ready(self) -> list[str]:
         if not self._informers:
             return ["not started"]
-        return [
-            f"the {i.kind} cache is not filled yet"
-            for i in self._informers
-            if not i.synced.is_set()
-        ]
+        grace = self.settings.watch_failure_grace_seconds
+        problems = []
+        for informer in self._informers:
+            failing = informer.failing_for()
+            if not informer.synced.is_set():
+                problems.append(f"the {informer.kind} cache is not filled yet")
+            elif failing > grace:
+                problems.append(
+                    f"the {informer.kind} watch has been failing for {failing:.0f} s "
+                    f"(more than {grace:g} s): the cache may be stale"
+                )
+        return problems
 
     def _leadership_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)

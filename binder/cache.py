@@ -1,7 +1,10 @@
 """The informer-style cache: list+watch of nodes, pods and leases, folded into the cluster state.
 
 One daemon thread per watched kind lists once, then watches from the last resourceVersion (kept
-across reconnects, advanced by bookmarks) and relists only on 410 Gone. Events are handed to the
+across reconnects, advanced by bookmarks) and relists only on 410 Gone. The thread ends only when
+asked to: an unreachable API server, a broken stream, 429 or 5xx mean waiting (doubling from 1 s
+to 30 s, or the server's Retry-After) and trying again, and even an unexpected error is logged and
+retried. Each informer says since when it has been failing, for /readyz. Events are handed to the
 event loop, where `ClusterCache` applies them to the ClusterState and the set of pending pods and
 tells its listener what changed: a pending pod appeared or changed, a pending pod left, or the
 cluster changed in a way that could help unschedulable pods (memory freed, a node added or
@@ -19,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from binder.errors import ApiError, GoneError
+from binder.errors import ApiError, GoneError, UnavailableError
 from binder.kube import JsonObject, Kind, Kube
 from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
 from binder.state import ClusterState
@@ -165,6 +168,7 @@ class Informer:
         *,
         on_list: Callable[[list[JsonObject]], None],
         on_event: Callable[[str, JsonObject], None],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
         self._kind = kind.name
@@ -176,6 +180,10 @@ class Informer:
         self._stop = threading.Event()
         self.synced = asyncio.Event()
         self.relists = 0
+        self.failures = 0
+        """Failed lists and watches so far."""
+        self._monotonic = monotonic
+        self._failing_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{kind.name}", daemon=True)
 
     def start(self) -> None:
@@ -207,6 +215,20 @@ class Informer:
         self._on_list(items)
         self.synced.set()
 
+    def failing_for(self) -> float:
+        """Seconds since the list or watch last failed without a success since; 0 when it works."""
+        since = self._failing_since
+        return 0.0 if since is None else max(0.0, self._monotonic() - since)
+
+    def _working(self) -> None:
+        if self._failing_since is not None:
+            log.info(
+                "The %s cache is back in touch with the API server after %.0f s.",
+                self._kind,
+                self.failing_for(),
+            )
+            self._failing_since = None
+
     def _run(self) -> None:
         version = ""
         delay = RETRY_SECONDS
@@ -215,8 +237,9 @@ class Informer:
                 if not version:
                     items, version = self._kube.list_all(self._source)
                     self.relists += 1
+                    self._working()
                     self._deliver(self._listed, items)
-                for event, obj in self._kube.watch(self._source, version):
+                for event, obj in self._kube.watch(self._source, version, self._working):
                     if self._stop.is_set():
                         return
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
@@ -226,11 +249,29 @@ class Informer:
             except GoneError:
                 log.info("The %s watch is too old to resume: relisting.", self._kind)
                 version = ""
-            except (ApiError, OSError, ValueError) as e:
+            except Exception as e:  # the thread must outlive every failure, even a bug
                 if self._stop.is_set():
                     return
-                log.warning(
-                    "Watching %s has failed (%s): retrying in %.0f s.", self._kind, e, delay
-                )
-                self._stop.wait(delay)
+                self.failures += 1
+                if self._failing_since is None:
+                    self._failing_since = self._monotonic()
+                wait = delay
+                if isinstance(e, UnavailableError) and e.retry_after is not None:
+                    wait = max(delay, e.retry_after)
+                if isinstance(e, ApiError | OSError | ValueError):
+                    log.warning(
+                        "Watching %s has failed (%s): the cache keeps what it has and retries "
+                        "in %.0f s.",
+                        self._kind,
+                        e,
+                        wait,
+                    )
+                else:
+                    log.exception(
+                        "Watching %s has failed unexpectedly: the cache keeps what it has and "
+                        "retries in %.0f s.",
+                        self._kind,
+                        wait,
+                    )
+                self._stop.wait(wait)
                 delay = min(delay * 2, RETRY_MAX_SECONDS)

@@ -133,7 +133,7 @@ class Controller:
             self._in_flight.add(uid)
             self._spawn(self._bind(pod, result))
             return
-        self._metrics.attempts.labels("unschedulable").inc()
+        self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
         log.info(
             "Pod %s (%s of GPU memory) is unschedulable: %s Retrying in %.0f s or on a helpful "
@@ -145,7 +145,7 @@ class Controller:
         )
         if self._should_report(uid, result.message):
             self._reported[uid] = (result.message, self._monotonic())
-            self._spawn(self._report(pod, result.message))
+            self._spawn(self._report(pod, result.message, result.condition_reason))
         else:
             self._slots.release()
 
@@ -233,7 +233,7 @@ class Controller:
             self._in_flight.discard(pod.uid)
             self._slots.release()
 
-    async def _report(self, pod: PodInfo, message: str) -> None:
+    async def _report(self, pod: PodInfo, message: str, reason: str) -> None:
         try:
             await self._call(
                 lambda: self._kube.record_event(
@@ -246,7 +246,9 @@ class Controller:
                 )
             )
             self._metrics.api_calls.labels("event").inc()
-            await self._call(lambda: self._kube.set_unschedulable(pod.namespace, pod.name, message))
+            await self._call(
+                lambda: self._kube.set_unschedulable(pod.namespace, pod.name, message, reason)
+            )
             self._metrics.api_calls.labels("condition").inc()
         except NotFoundError:
             pass

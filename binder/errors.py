@@ -30,6 +30,20 @@ class ApiError(BinderError):
         self.message = message
 
 
+class UnavailableError(ApiError):
+    """The API server could not be reached (status 0: refused, reset, timed out) or asked us to
+    come back later (429, 5xx): worth retrying after a delay, never a verdict on the request.
+
+    `retry_after` is the server's Retry-After in seconds, None when it sent none.
+    """
+
+    def __init__(
+        self, status: int, reason: str, message: str, retry_after: float | None = None
+    ) -> None:
+        super().__init__(status, reason, message)
+        self.retry_after = retry_after
+
+
 class ConflictError(ApiError):
     """409: someone else changed the object first (or the pod is already bound)."""
 
@@ -45,14 +59,17 @@ class GoneError(ApiError):
 _BY_STATUS: dict[int, type[ApiError]] = {409: ConflictError, 404: NotFoundError, 410: GoneError}
 
 
-def api_error(status: int, reason: str, message: str) -> ApiError:
-    """The right ApiError subclass for an HTTP status."""
+def api_error(status: int, reason: str, message: str, retry_after: float | None = None) -> ApiError:
+    """The right ApiError subclass for an HTTP status (0 when no answer came)."""
+    if status == 0 or status == 429 or status >= 500:
+        return UnavailableError(status, reason, message, retry_after)
     return _BY_STATUS.get(status, ApiError)(status, reason, message)
 
 
 HTTP_STATUS: dict[type[BinderError], int] = {
     NotReadyError: 503,
     ConfigError: 500,
+    UnavailableError: 503,
     ApiError: 502,
     BinderError: 500,
 }

@@ -4,8 +4,11 @@ Every replica tries to acquire or renew the Lease each retry period. A replica t
 it judges the holder's lease expired by its own clock: the time it last saw the record change,
 plus the record's leaseDurationSeconds, so clock skew between replicas does not matter. Writes
 carry the Lease's resourceVersion, so two candidates cannot both win (the loser gets 409). A
-leader that fails to renew for the renew deadline steps down; a leader that stops cleanly
-releases the Lease so a follower takes over at once.
+leader that fails to renew for the renew deadline steps down, whatever the failure (refused,
+reset, 5xx, or an attempt that hangs: each attempt is cut at the time left before the deadline,
+as client-go's renew loop runs under a context with that deadline), so it stops binding before
+the lease can expire and a follower take over. A leader that stops cleanly releases the Lease so
+a follower takes over at once.
 
 Owns the Lease and the `leading` flag; knows nothing about scheduling.
 """
@@ -80,9 +83,11 @@ class LeaderElector:
             "leaseTransitions": transitions + 1 if taking_over and old is not None else transitions,
         }
 
-    def try_acquire_or_renew(self) -> bool:
-        """One attempt (blocking): True when this replica holds the Lease afterwards."""
-        lease = self._kube.get_lease(self.namespace, self.name)
+    def try_acquire_or_renew(self, timeout: float | None = None) -> bool:
+        """One attempt (blocking): True when this replica holds the Lease afterwards. `timeout`
+        bounds each API call, in seconds (the client's default when None)."""
+        limit = {} if timeout is None else {"timeout": timeout}
+        lease = self._kube.get_lease(self.namespace, self.name, **limit)
         if lease is None:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -91,7 +96,7 @@ class LeaderElector:
                 "spec": self._spec(None),
             }
             try:
-                self._kube.create_lease(self.namespace, body)
+                self._kube.create_lease(self.namespace, body, **limit)
             except ConflictError:
                 return False
             return True
@@ -107,7 +112,7 @@ class LeaderElector:
             return False
         lease["spec"] = {**spec, **self._spec(lease)}
         try:
-            self._kube.replace_lease(self.namespace, self.name, lease)
+            self._kube.replace_lease(self.namespace, self.name, lease, **limit)
         except ConflictError:
             return False
         return True
@@ -145,21 +150,40 @@ class LeaderElector:
                 )
         self._on_change(leading)
 
+    def _time_left(self) -> float:
+        """Seconds an attempt may take: while leading, what is left before the renew deadline
+        (at least a tenth of a second); otherwise the renew deadline."""
+        if not self.is_leader:
+            return self._renew_deadline
+        return max(0.1, self._last_renew + self._renew_deadline - self._monotonic())
+
+    async def _attempt(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """One attempt off the loop, never longer than the time left; False on any failure."""
+        limit = self._time_left()
+        attempt = loop.run_in_executor(self._executor, self.try_acquire_or_renew, limit)
+        try:
+            return await asyncio.wait_for(attempt, timeout=limit)
+        except TimeoutError:
+            log.warning(
+                "The leader lease could not be read or written within %.1f s: the API server "
+                "does not answer.",
+                limit,
+            )
+        except ApiError as e:
+            log.warning("The leader lease could not be read or written: %s.", e)
+        return False
+
     async def run(self, stop: asyncio.Event) -> None:
         """Campaign until `stop`; release the Lease on the way out if leading (and asked to)."""
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                try:
-                    held = await loop.run_in_executor(self._executor, self.try_acquire_or_renew)
-                except ApiError as e:
-                    log.warning("The leader lease could not be read or written: %s.", e)
-                    held = False
+                held = await self._attempt(loop)
                 now = self._monotonic()
                 if held:
                     self._last_renew = now
                     self._set(True)
-                elif self.is_leader and now - self._last_renew > self._renew_deadline:
+                elif self.is_leader and now - self._last_renew >= self._renew_deadline:
                     self._set(False)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self._retry)

@@ -56,11 +56,19 @@ class Placement:
 
 @dataclass(frozen=True)
 class Unschedulable:
-    """Why a pod fits nowhere: `message` is kube-scheduler's FitError format."""
+    """Why a pod was not placed: `message` is kube-scheduler's FitError format, or the error of a
+    plugin that failed the attempt (then `condition_reason` is SchedulerError, as upstream)."""
 
     message: str
     reasons: Mapping[str, int]
     """How many nodes failed for each reason (empty for a problem with the pod itself)."""
+    condition_reason: str = "Unschedulable"
+    """The PodScheduled=False reason: Unschedulable (fits nowhere) or SchedulerError."""
+
+    @property
+    def attempt_result(self) -> str:
+        """The schedule_attempts_total result label, as kube-scheduler counts it."""
+        return "unschedulable" if self.condition_reason == "Unschedulable" else "error"
 
 
 def node_fits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> list[str]:
@@ -129,6 +137,9 @@ def place(
         if pod.model_id:
             ok &= ~state.model_mask(pod.model_id)[nodes]
         candidates = nodes[ok]
+        if candidates.size > 1 and cls.preferred_error:
+            # kube-scheduler scores only when two or more nodes are feasible; PreScore fails.
+            return Unschedulable(cls.preferred_error, {}, "SchedulerError")
         if candidates.size:
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
             return _best(state, pod, policy, candidates, affinity, prefer)

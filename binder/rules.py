@@ -4,8 +4,10 @@ and NodeAffinity (filter and score).
 The semantics follow kube-scheduler's plugins and k8s.io/component-helpers, including the corners
 people trip on: a malformed node selector term matches nothing instead of failing the pod, an empty
 term matches nothing, `matchFields` only knows `metadata.name`, a toleration with an empty key and
-`Exists` tolerates every taint, an empty toleration effect matches every effect, and
-PreferNoSchedule taints only lower a node's score. Pure: no I/O, no clock, no GPU knowledge.
+`Exists` tolerates every taint, an empty toleration effect matches every effect, `Gt`/`Lt`
+compare 64-bit integers only (Go's ParseInt), a preferred term that does not parse is an error of
+NodeAffinity's PreScore (not a score of 0), and PreferNoSchedule taints only lower a node's score.
+Pure: no I/O, no clock, no GPU knowledge.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ FILTERING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 _NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_INT_RE = re.compile(r"^[+-]?\d+$")
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 Matcher = Callable[[Mapping[str, str], str], bool]
 """(node labels, node name) -> whether a term matches."""
@@ -78,46 +82,98 @@ def _valid_label_value(value: str) -> bool:
     return value == "" or (len(value) <= 63 and bool(_NAME_RE.match(value)))
 
 
-def _label_requirement(req: Requirement) -> Matcher | None:
-    """labels.NewRequirement plus Requirement.Matches; None when the requirement is malformed."""
-    op, key, values = req.operator, req.key, req.values
-    if not _valid_label_key(key) or not all(_valid_label_value(v) for v in values):
+def parse_int64(text: str) -> int | None:
+    """Go's strconv.ParseInt(text, 10, 64): ASCII digits with an optional sign, within int64;
+    None when it fails (kube then treats the label or the requirement as not an integer)."""
+    if not _INT_RE.fullmatch(text):
         return None
+    number = int(text)
+    return number if INT64_MIN <= number <= INT64_MAX else None
+
+
+def _go_strings(values: Sequence[str]) -> str:
+    """A []string as Go's %#v prints it in field errors."""
+    return "[]string{" + ", ".join(f'"{v}"' for v in values) + "}"
+
+
+def _label_requirement_errors(req: Requirement, path: str) -> list[str]:
+    """labels.NewRequirement's field errors for a `matchExpressions` entry, in its order."""
+    op, key, values = req.operator, req.key, req.values
+    if op not in LABEL_OPERATORS:
+        supported = ", ".join(f'"{o}"' for o in LABEL_OPERATORS)
+        # component-helpers refuses the operator before building the requirement: one error.
+        return [f'{path}.operator: Unsupported value: "{op}": supported values: {supported}']
+    errors = []
+    if not _valid_label_key(key):
+        errors.append(f'{path}.key: Invalid value: "{key}": not a valid label key')
+    listed = _go_strings(values)
+    if op in ("In", "NotIn") and not values:
+        errors.append(
+            f"{path}.values: Invalid value: {listed}: for 'in', 'notin' operators, values set "
+            f"can't be empty"
+        )
+    elif op in ("Exists", "DoesNotExist") and values:
+        errors.append(
+            f"{path}.values: Invalid value: {listed}: values set must be empty for exists and "
+            f"does not exist"
+        )
+    elif op in ("Gt", "Lt"):
+        if len(values) != 1:
+            errors.append(
+                f"{path}.values: Invalid value: {listed}: for 'Gt', 'Lt' operators, exactly one "
+                f"value is required"
+            )
+        for i, value in enumerate(values):
+            if parse_int64(value) is None:
+                errors.append(
+                    f"{path}.values[{i}]: Invalid value: \"{value}\": for 'Gt', 'Lt' "
+                    f"operators, the value must be an integer"
+                )
+    for i, value in enumerate(values):
+        if not _valid_label_value(value):
+            errors.append(f'{path}.values[{i}]: Invalid value: "{value}": not a valid label value')
+    return errors
+
+
+def _label_matcher(req: Requirement) -> Matcher:
+    """Requirement.Matches for a requirement that parsed."""
+    op, key = req.operator, req.key
     if op in ("In", "NotIn"):
-        if not values:
-            return None
-        allowed = frozenset(values)
+        allowed = frozenset(req.values)
         if op == "In":
             return lambda labels, _name: key in labels and labels[key] in allowed
         return lambda labels, _name: key not in labels or labels[key] not in allowed
-    if op in ("Exists", "DoesNotExist"):
-        if values:
-            return None
-        if op == "Exists":
-            return lambda labels, _name: key in labels
+    if op == "Exists":
+        return lambda labels, _name: key in labels
+    if op == "DoesNotExist":
         return lambda labels, _name: key not in labels
-    if op in ("Gt", "Lt"):
-        if len(values) != 1 or not _INT_RE.match(values[0]):
-            return None
-        bound = int(values[0])
-        greater = op == "Gt"
+    bound = parse_int64(req.values[0])
+    assert bound is not None  # the requirement parsed
+    greater = op == "Gt"
 
-        def compare(labels: Mapping[str, str], _name: str) -> bool:
-            raw = labels.get(key)
-            if raw is None or not _INT_RE.match(raw):
-                return False
-            number = int(raw)
-            return number > bound if greater else number < bound
+    def compare(labels: Mapping[str, str], _name: str) -> bool:
+        raw = labels.get(key)
+        number = None if raw is None else parse_int64(raw)
+        if number is None:
+            return False  # kube's Matches: a label that does not parse never compares
+        return number > bound if greater else number < bound
 
-        return compare
-    return None
+    return compare
 
 
-def _field_requirement(req: Requirement) -> Matcher | None:
-    """A `matchFields` requirement: In/NotIn with exactly one value; a node has only the field
-    `metadata.name`, every other field reads as absent (empty)."""
-    if req.operator not in ("In", "NotIn") or len(req.values) != 1:
-        return None
+def _field_requirement_errors(req: Requirement, path: str) -> list[str]:
+    """A `matchFields` entry's errors: In/NotIn with exactly one value (any key parses; a node
+    has only `metadata.name`, every other field reads as empty)."""
+    if req.operator not in ("In", "NotIn"):
+        return [
+            f'{path}.operator: Unsupported value: "{req.operator}": supported values: "In", "NotIn"'
+        ]
+    if len(req.values) != 1:
+        return [f"{path}.values: Invalid value: {_go_strings(req.values)}: must have one element"]
+    return []
+
+
+def _field_matcher(req: Requirement) -> Matcher:
     wanted = req.values[0]
     is_name = req.key == "metadata.name"
     if req.operator == "In":
@@ -130,22 +186,45 @@ def _all(matchers: Sequence[Matcher]) -> Matcher:
 
 
 @lru_cache(maxsize=4096)
+def term_errors(term: SelectorTerm, path: str = "") -> tuple[str, ...]:
+    """Why k8s.io/component-helpers cannot parse the term (field errors under `path`), or ()."""
+    errors: list[str] = []
+    for i, req in enumerate(term.match_expressions):
+        errors += _label_requirement_errors(req, f"{path}.matchExpressions[{i}]".lstrip("."))
+    for i, req in enumerate(term.match_fields):
+        errors += _field_requirement_errors(req, f"{path}.matchFields[{i}]".lstrip("."))
+    return tuple(errors)
+
+
+@lru_cache(maxsize=4096)
 def compile_term(term: SelectorTerm) -> Matcher | None:
     """A term's matcher, or None when the term matches nothing (empty or malformed)."""
     if not term.match_expressions and not term.match_fields:
         return None
-    matchers: list[Matcher] = []
-    for req in term.match_expressions:
-        matcher = _label_requirement(req)
-        if matcher is None:
-            return None
-        matchers.append(matcher)
-    for req in term.match_fields:
-        matcher = _field_requirement(req)
-        if matcher is None:
-            return None
-        matchers.append(matcher)
+    if term_errors(term):
+        return None
+    matchers = [_label_matcher(r) for r in term.match_expressions]
+    matchers += [_field_matcher(r) for r in term.match_fields]
     return _all(matchers)
+
+
+def preferred_terms_error(constraints: Constraints) -> str:
+    """NodeAffinity PreScore's error for the pod's preferred terms, or "" when they all parse.
+
+    As NewPreferredSchedulingTerms: terms of weight 0 and empty terms are skipped unparsed; the
+    errors of the others are aggregated (one as is, several as "[a, b]", duplicates once)."""
+    errors: list[str] = []
+    for i, term in enumerate(constraints.preferred_terms):
+        preference = term.preference
+        if term.weight == 0 or not (preference.match_expressions or preference.match_fields):
+            continue
+        for error in term_errors(preference, f"[{i}]"):
+            if error not in errors:
+                errors.append(error)
+    if not errors:
+        return ""
+    detail = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    return f'running PreScore plugin "NodeAffinity": {detail}'
 
 
 def matches_required_affinity(constraints: Constraints, node: NodeInfo) -> bool:

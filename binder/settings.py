@@ -68,6 +68,9 @@ class Settings:
     """Seconds, the longest wait between two retries of an unschedulable pod. Default 120."""
     bind_workers: int = 8
     """API calls for binding in flight at once. Default 8."""
+    watch_failure_grace_seconds: float = 30.0
+    """Seconds a cache's list or watch may keep failing (API server unreachable, 429, 5xx)
+    before /readyz reports not ready; the cache keeps retrying either way. Default 30."""
     log_level: str = "INFO"
     """Log level name. Default INFO."""
     log_format: LogFormat = "text"
@@ -129,6 +132,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("backoff-initial", "seconds before the first retry of an unschedulable pod", "1")
     add("backoff-max", "largest retry delay in seconds", "120")
     add("bind-workers", "binding API calls in flight at once", "8")
+    add(
+        "watch-failure-grace",
+        "seconds a cache's watch may keep failing before /readyz reports not ready",
+        "30",
+    )
     add("log-level", "DEBUG, INFO, WARNING or ERROR", "INFO")
     add("log-format", "text or json", "text")
     return parser
@@ -198,6 +206,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None
         backoff_initial_seconds=_seconds(args.backoff_initial, "--backoff-initial"),
         backoff_max_seconds=_seconds(args.backoff_max, "--backoff-max"),
         bind_workers=workers,
+        watch_failure_grace_seconds=_seconds(args.watch_failure_grace, "--watch-failure-grace"),
         log_level=log_level,
         log_format="json" if log_format == "json" else "text",
     )

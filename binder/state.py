@@ -19,7 +19,12 @@ import numpy as np
 import numpy.typing as npt
 
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo
-from binder.rules import first_kubernetes_reason, prefer_no_schedule_count, preferred_affinity_score
+from binder.rules import (
+    first_kubernetes_reason,
+    prefer_no_schedule_count,
+    preferred_affinity_score,
+    preferred_terms_error,
+)
 
 IntArray = npt.NDArray[np.int64]
 GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
@@ -40,6 +45,9 @@ class ConstraintClass:
     """For nodes that fail a rule: the reason kube-scheduler reports."""
     rejected_counts: dict[str, int]
     """How many nodes `rejected` holds for each reason."""
+    preferred_error: str = ""
+    """NodeAffinity PreScore's error for the preferred terms ("" when they parse): kube-scheduler
+    fails the attempt with it when two or more nodes are feasible."""
 
 
 @dataclass
@@ -331,6 +339,7 @@ class ClusterState:
             np.array(prefer, np.int64),
             rejected,
             dict(Counter(rejected.values())),
+            preferred_terms_error(constraints),
         )
         if len(self._classes) > 1024:
             self._classes.clear()

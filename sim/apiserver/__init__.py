@@ -7,6 +7,7 @@ with `start_in_thread()`, or as a process with `python -m sim.apiserver --port P
 """
 
 from sim.apiserver.audit import AuditLog, AuditRecord
+from sim.apiserver.faults import Fault
 from sim.apiserver.server import RunningApiServer, start_in_thread, write_kubeconfig
 from sim.apiserver.settings import ApiServerSettings
 
@@ -14,6 +15,7 @@ __all__ = [
     "ApiServerSettings",
     "AuditLog",
     "AuditRecord",
+    "Fault",
     "RunningApiServer",
     "start_in_thread",
     "write_kubeconfig",

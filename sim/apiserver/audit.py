@@ -31,6 +31,9 @@ class AuditRecord:
     namespace: str
     name: str
     code: int
+    peer: str = ""
+    """`host:port` of the client's end of the TCP connection that carried the request, so a
+    test can count the connections a client opened."""
 
     @property
     def is_write(self) -> bool:

@@ -9,6 +9,7 @@ holds no object state of its own.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -30,6 +31,7 @@ from sim.apiserver.errors import (
     method_not_allowed,
     too_large_resource_version,
 )
+from sim.apiserver.faults import Fault, Faults
 from sim.apiserver.requestinfo import RequestInfo, parse_bool, parse_request
 from sim.apiserver.resources import (
     BINDINGS,
@@ -63,6 +65,7 @@ class ApiServerCore:
     registry: Registry = field(init=False)
     authority: TokenAuthority = field(init=False)
     audit: AuditLog = field(init=False)
+    faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:
         self.store = Store(self.settings.history_size)
@@ -77,6 +80,23 @@ def _json(obj: object, status: int = 200) -> web.Response:
         body=json.dumps(obj, separators=(",", ":")).encode(),
         content_type="application/json",
     )
+
+
+def _fault(fault: Fault) -> web.Response:
+    """The Status answer of an armed fault, with its Retry-After."""
+    error = ApiError(fault.status, fault.reason, fault.message, {})
+    response = _json(error.status(), fault.status)
+    if fault.retry_after is not None:
+        response.headers["Retry-After"] = str(fault.retry_after)
+    return response
+
+
+def _peer(request: web.Request) -> str:
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if not peer:
+        return ""
+    return f"{peer[0]}:{peer[1]}"
 
 
 def _object(stored: Stored, status: int = 200) -> web.Response:
@@ -141,7 +161,17 @@ class Handlers:
         request[INFO_KEY] = info
         code = 500
         try:
-            response = await handler(request)
+            fault = None
+            if info.is_resource_request:
+                fault = self.core.faults.take(
+                    request.headers.get("User-Agent", ""), info.verb, info.resource_name
+                )
+            if fault is not None and fault.delay_seconds:
+                await asyncio.sleep(fault.delay_seconds)
+            if fault is None or fault.committed:
+                response = await handler(request)
+            if fault is not None:
+                response = _fault(fault)
             code = response.status
             return response
         except ApiError as e:
@@ -181,6 +211,7 @@ class Handlers:
                 namespace=info.namespace,
                 name=info.name,
                 code=code,
+                peer=_peer(request),
             )
         )
 

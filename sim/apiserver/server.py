@@ -1,8 +1,10 @@
 """Running the API server: in a background thread for tests, or as the main loop of a process.
 
 `start_in_thread()` gives a `RunningApiServer` handle (URL, kubeconfig, an official-client
-`ApiClient`, token minting, the audit log, the clock) whose `stop()` ends every watch and joins
-the thread. `serve()` runs the same server until a stop event, for `python -m sim.apiserver`.
+`ApiClient`, token minting, the audit log, the clock, armed faults) whose `stop()` ends every
+watch and joins the thread; `pause()` and `resume()` take it down (connection refused) and bring
+it back on the same port with its objects, as an outage of a real API server over etcd does.
+`serve()` runs the same server until a stop event, for `python -m sim.apiserver`.
 Both create the namespaces every cluster starts with. Request semantics live in `routes`/`rest`.
 """
 
@@ -23,6 +25,7 @@ from aiohttp import web
 from common.contract import DEFAULT_SYSTEM_NAMESPACE
 from sim.apiserver.audit import AuditLog
 from sim.apiserver.clock import Clock
+from sim.apiserver.faults import Faults
 from sim.apiserver.resources import NAMESPACES, PODS
 from sim.apiserver.routes import ApiServerCore, build_app
 from sim.apiserver.settings import ApiServerSettings
@@ -109,6 +112,41 @@ class RunningApiServer:
     @property
     def resource_version(self) -> int:
         return self._core.store.rv
+
+    @property
+    def faults(self) -> Faults:
+        """Arm `Fault`s here to answer chosen requests with 429, 500 or 503."""
+        return self._core.faults
+
+    @property
+    def paused(self) -> bool:
+        return self._runner is None
+
+    def pause(self) -> None:
+        """Go down as a crashed API server does: end every watch, close every connection and
+        the listener, so clients get connection refused; the objects and the history stay."""
+        if self._runner is None:
+            return
+        runner = self._runner
+
+        async def close() -> None:
+            self._core.store.close()
+            await runner.cleanup()
+
+        self.run(close())
+        self._runner = None
+
+    def resume(self) -> None:
+        """Listen again on the same port over the same storage (watches resume, versions go on)."""
+        if self._runner is not None:
+            return
+
+        async def reopen() -> web.AppRunner:
+            self._core.store.reopen()
+            runner, _ = await _start_site(self._core, self._host, self.port)
+            return runner
+
+        self._runner = self.run(reopen())
 
     def _start(self, port: int) -> None:
         self._requested_port = port

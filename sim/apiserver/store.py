@@ -336,6 +336,11 @@ class Store:
         indexed = sum(len(ws) for t in self._by_trigger.values() for ws in t.values())
         return unindexed + indexed
 
+    def reopen(self) -> None:
+        """Accept watches again after `close`, keeping every object and the history (a server
+        restarted over the same storage)."""
+        self.closed = False
+
     def close(self) -> None:
         """Wake every watcher so streams end before the server stops."""
         self.closed = True

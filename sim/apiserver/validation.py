@@ -1,7 +1,8 @@
 """Field validation the real API server applies to the served kinds, with its messages.
 
 Names (DNS subdomain or label), label keys and values, annotation keys, the required fields of a
-pod's containers, and the fields of a pod that an update may not change. Each check returns
+pod's containers, its node affinity (operators and their value counts, keys, values, weights),
+and the fields of a pod that an update may not change. Each check returns
 (field, message) causes; `sim.apiserver.rest` turns them into one 422 Invalid. Pure; no I/O.
 """
 
@@ -126,6 +127,141 @@ def pod_causes(pod: JsonObject) -> Causes:
                 seen.add(name)
             if not container.get("image"):
                 causes.append((f"{where}.image", "Required value"))
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    if isinstance(node_affinity, dict):
+        causes += node_affinity_causes(node_affinity, "spec.affinity.nodeAffinity")
+    return causes
+
+
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _requirement_causes(requirement: Any, where: str) -> Causes:
+    """ValidateNodeSelectorRequirement: the operator's value count (not whether a Gt/Lt value
+    parses as an integer: kube-scheduler finds that out), the key, and each value a label value."""
+    if not isinstance(requirement, dict):
+        return [(where, "Invalid value: a node selector requirement must be an object")]
+    operator = requirement.get("operator")
+    values = requirement.get("values") or []
+    causes: Causes = []
+    if operator in ("In", "NotIn") and not values:
+        causes.append(
+            (
+                f"{where}.values",
+                "Required value: must be specified when `operator` is 'In' or 'NotIn'",
+            )
+        )
+    elif operator in ("Exists", "DoesNotExist") and values:
+        causes.append(
+            (
+                f"{where}.values",
+                "Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            )
+        )
+    elif operator in ("Gt", "Lt") and len(values) != 1:
+        causes.append(
+            (
+                f"{where}.values",
+                "Required value: must be specified single value when `operator` is 'Lt' or 'Gt'",
+            )
+        )
+    elif operator not in _SELECTOR_OPERATORS:
+        causes.append(
+            (
+                f"{where}.operator",
+                f"Invalid value: {_quoted(operator)}: not a valid selector operator",
+            )
+        )
+    causes += _key_causes(f"{where}.key", str(requirement.get("key") or ""))
+    for index, value in enumerate(values):
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            causes.append(
+                (
+                    f"{where}.values[{index}]",
+                    f"Invalid value: {_quoted(value)}: a valid label must be an empty string or"
+                    " consist of alphanumeric characters, '-', '_' or '.', and must start and end"
+                    " with an alphanumeric character, at most 63 characters",
+                )
+            )
+    return causes
+
+
+def _field_requirement_causes(requirement: Any, where: str) -> Causes:
+    """ValidateNodeFieldSelectorRequirement: In/NotIn, exactly one value, key metadata.name."""
+    if not isinstance(requirement, dict):
+        return [(where, "Invalid value: a node selector requirement must be an object")]
+    operator = requirement.get("operator")
+    values = requirement.get("values") or []
+    causes: Causes = []
+    if operator in ("In", "NotIn"):
+        if len(values) != 1:
+            causes.append(
+                (
+                    f"{where}.values",
+                    "Required value: must be only one value when `operator` is 'In' or 'NotIn' "
+                    "for node field selector",
+                )
+            )
+    else:
+        causes.append(
+            (
+                f"{where}.operator",
+                f"Invalid value: {_quoted(operator)}: not a valid selector operator",
+            )
+        )
+    key = requirement.get("key")
+    if key != "metadata.name":
+        causes.append(
+            (f"{where}.key", f"Invalid value: {_quoted(key)}: not a valid field selector key")
+        )
+    else:
+        for index, value in enumerate(values):
+            if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+                causes.append(
+                    (
+                        f"{where}.values[{index}]",
+                        f"Invalid value: {_quoted(value)}: {_SUBDOMAIN_HELP}",
+                    )
+                )
+    return causes
+
+
+def _term_causes(term: Any, where: str) -> Causes:
+    if not isinstance(term, dict):
+        return [(where, "Invalid value: a node selector term must be an object")]
+    causes: Causes = []
+    for index, requirement in enumerate(term.get("matchExpressions") or []):
+        causes += _requirement_causes(requirement, f"{where}.matchExpressions[{index}]")
+    for index, requirement in enumerate(term.get("matchFields") or []):
+        causes += _field_requirement_causes(requirement, f"{where}.matchFields[{index}]")
+    return causes
+
+
+def node_affinity_causes(node_affinity: JsonObject, where: str) -> Causes:
+    """validateNodeAffinity: the required selector has at least one term; preferred terms weigh
+    1 to 100; every term's requirements are well formed."""
+    causes: Causes = []
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if isinstance(required, dict):
+        path = f"{where}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+        terms = required.get("nodeSelectorTerms") or []
+        if not terms:
+            causes.append((path, "Required value: must have at least one node selector term"))
+        for index, term in enumerate(terms):
+            causes += _term_causes(term, f"{path}[{index}]")
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    for index, item in enumerate(preferred if isinstance(preferred, list) else []):
+        path = f"{where}.preferredDuringSchedulingIgnoredDuringExecution[{index}]"
+        if not isinstance(item, dict):
+            causes.append((path, "Invalid value: a preferred scheduling term must be an object"))
+            continue
+        weight = item.get("weight")
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+            causes.append(
+                (f"{path}.weight", f"Invalid value: {_quoted(weight)}: must be in the range 1-100")
+            )
+        causes += _term_causes(item.get("preference") or {}, f"{path}.preference")
     return causes
 
 

@@ -147,12 +147,12 @@ async def test_the_informer_relists_on_gone_and_catches_up(
     proceed = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def stale_first(kind: Kind, version: str) -> Iterator[tuple[str, JsonObject]]:
+    def stale_first(kind: Kind, version: str, *rest: Any) -> Iterator[tuple[str, JsonObject]]:
         watches.append(version)
         if len(watches) == 1:
             # Fall behind while the history moves on, as a slow or disconnected watcher does.
             asyncio.run_coroutine_threadsafe(proceed.wait(), loop).result(timeout=30)
-        return real_watch(kind, version)
+        return real_watch(kind, version, *rest)
 
     kube.watch = stale_first  # type: ignore[method-assign,assignment]
     informer = Informer(

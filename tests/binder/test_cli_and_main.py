@@ -157,6 +157,7 @@ def test_a_binder_without_an_api_server_is_alive_not_ready_and_stops_on_sigterm(
         _, errors = process.communicate(timeout=30)
         assert process.returncode == 0, errors
         assert "Connection refused" in errors  # it kept trying instead of exiting
+        assert "Exception in thread" not in errors  # and no cache thread died of it
     finally:
         if process.poll() is None:
             process.kill()

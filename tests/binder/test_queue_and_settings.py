@@ -109,6 +109,11 @@ def test_settings_defaults_and_environment() -> None:
     assert settings.listen_http == ("0.0.0.0", 9200)
     assert settings.keys.gpu_mem == "tritonshare.io/gpu-mem"
     assert settings.backoff_max_seconds == 120.0
+    assert settings.watch_failure_grace_seconds == 30.0
+    grace = parse_settings(
+        ["--watch-failure-grace", "5"], {"TRITONSHARE_WATCH_FAILURE_GRACE": "9", **KEY_DIR_ENV}
+    )
+    assert grace.watch_failure_grace_seconds == 5.0
     flags = parse_settings(
         ["--key-prefix", "seldon.io/trtis-", "--gpu-mem-reserve", "512Mi", "--policy", "binpack"],
         {"TRITONSHARE_POLICY": "spread", **KEY_DIR_ENV},
@@ -129,6 +134,7 @@ def test_settings_defaults_and_environment() -> None:
         (["--lease-duration", "5", "--renew-deadline", "6"], "shorter than --lease-duration"),
         (["--backoff-initial", "-1"], "more than 0 seconds"),
         (["--bind-workers", "0"], "above 0"),
+        (["--watch-failure-grace", "0"], "--watch-failure-grace '0' must be more than 0"),
         (["--no-such-flag"], "unrecognized arguments"),
     ],
 )
