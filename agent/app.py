@@ -24,7 +24,9 @@ from agent.auth import Authorizer
 from agent.errors import AgentError
 from agent.events import PodEvents
 from agent.gpus import GpuReader
+from agent.inventory import GpuInfo, GpuSnapshot
 from agent.kube import KubeClient, PodWatch
+from agent.memory import MemoryLedger
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy
 from agent.models import Models
@@ -74,6 +76,8 @@ class Agent:
         )
         self.kube = KubeClient(settings.kubeconfig)
         self.events = PodEvents(self.kube, f"tritonshare-agent/{settings.node_name}")
+        self.ledger = MemoryLedger(tolerance_fraction=settings.gpu_mem_tolerance)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.triton = TritonClient(
             settings.triton_http_url,
             admin_header=settings.triton_admin_header,
@@ -95,6 +99,9 @@ class Agent:
             lease_duration_seconds=settings.lease_duration_seconds,
             node_resync_seconds=settings.node_resync_seconds,
             nvml_executor=self._nvml_thread,
+            on_snapshot=self._observe_memory,
+            usage=self.ledger.annotation,
+            usage_publish_seconds=settings.usage_publish_seconds,
         )
         self.models = Models(
             self.repository,
@@ -112,7 +119,12 @@ class Agent:
             max_model_bytes=settings.max_model_bytes,
             install_deadline=settings.install_deadline_seconds,
             install_idle=settings.install_idle_seconds,
+            ledger=self.ledger,
+            read_gpu=self._read_gpu,
+            booked=lambda gpu, uid: self.reconciler.booked(gpu, uid),
+            gpu_mem_reserve=settings.gpu_mem_reserve,
         )
+        self.metrics.watch_memory(self.ledger, lambda: self.node.snapshot)
         self.metrics.watch_gpus(lambda: self.node.snapshot, self.models.loaded_per_gpu)
         self.authorizer = Authorizer(
             self.kube,
@@ -136,6 +148,8 @@ class Agent:
             orphan_grace_seconds=settings.orphan_grace_seconds,
             resync_seconds=settings.resync_seconds,
             triton_poll_seconds=settings.triton_poll_seconds,
+            enforcement=settings.gpu_mem_enforcement,
+            fail_pod=self.kube.fail_pod,
         )
         self.service = AgentService(
             self.models,
@@ -163,6 +177,17 @@ class Agent:
             reasons.append("this node's pods have not been listed yet")
         return reasons
 
+    def _observe_memory(self, snapshot: GpuSnapshot) -> None:
+        self.ledger.observe(snapshot)
+        if self.ledger.over() and self._loop is not None:
+            # Runs on the NVML thread when there is one: hand the wake-up to the event loop.
+            self._loop.call_soon_threadsafe(self.reconciler.trigger)
+
+    async def _read_gpu(self, uuid: str) -> GpuInfo | None:
+        """A fresh NVML reading of one GPU (on the NVML thread)."""
+        snapshot = await self.node.refresh_gpus()
+        return snapshot.by_uuid(uuid) if snapshot is not None else None
+
     async def _owner_alive(self, owner: OwnerRecord, model_id: str) -> bool:
         """Whether the recorded owner of `model_id` is still a live pod here, proven for it
         (read fresh: the watch may lag a pod that was just deleted or replaced)."""
@@ -175,6 +200,7 @@ class Agent:
 
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings
+        self._loop = asyncio.get_running_loop()
         check_apart(self.repository.root, self.owners.directory, "state directory", "--state-dir")
         self.repository.prepare()
         self.owners.load()

@@ -10,9 +10,17 @@ import grpc
 
 
 class AgentError(Exception):
-    """Base of everything the agent reports to a caller."""
+    """Base of everything the agent reports to a caller.
+
+    `event_reason`, when set, is the reason of the Warning Event the agent records on the
+    caller's pod, so its owner sees the refusal with `kubectl describe pod` as well as in the
+    loader's log."""
 
     reason = "internal"
+
+    def __init__(self, message: str, *, event_reason: str = "") -> None:
+        super().__init__(message)
+        self.event_reason = event_reason
 
 
 class InvalidRequestError(AgentError):
@@ -40,16 +48,9 @@ class UnauthenticatedError(AgentError):
 
 
 class PermissionDeniedError(AgentError):
-    """A valid token from a caller that may not act on this model or node.
-
-    `event_reason`, when set, is the reason of the Warning Event the agent records on the pod,
-    so its owner sees the refusal with `kubectl describe pod` as well as in the loader's log."""
+    """A valid token from a caller that may not act on this model or node."""
 
     reason = "permission_denied"
-
-    def __init__(self, message: str, *, event_reason: str = "") -> None:
-        super().__init__(message)
-        self.event_reason = event_reason
 
 
 class NotPlacedError(PermissionDeniedError):
@@ -84,7 +85,7 @@ class ConflictError(AgentError):
 
 
 class ResourceExhaustedError(AgentError):
-    """Not enough disk for the model."""
+    """Not enough disk, or not enough GPU memory, for the model."""
 
     reason = "no_space"
 

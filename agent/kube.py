@@ -200,6 +200,17 @@ class KubeClient:
             body,
         )
 
+    async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """Mark a pod Failed with a reason, as the kubelet does for an evicted pod."""
+        body = {"status": {"phase": "Failed", "reason": reason, "message": message[:1024]}}
+        await self._call(
+            f"mark pod {namespace}/{name} Failed",
+            self.core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            body,
+        )
+
     # Pods.
     async def get_pod(self, namespace: str, name: str) -> JsonObject | None:
         result: JsonObject | None = await self._call(

@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agent.inventory import GpuSnapshot
+from agent.memory import MemoryLedger
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -54,6 +55,36 @@ class _GpuCollector(Collector):
         for uuid, count in sorted(self._loaded().items()):
             loaded.add_metric([uuid], count)
         yield from (total, used, free, healthy, loaded)
+
+
+class _ModelMemoryCollector(Collector):
+    def __init__(self, ledger: MemoryLedger, snapshot: Callable[[], GpuSnapshot | None]) -> None:
+        self._ledger = ledger
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        measured = GaugeMetricFamily(
+            "tritonshare_agent_model_gpu_memory_bytes",
+            "GPU memory a loaded model is measured to use (Triton's figure, else NVML's growth)",
+            labels=["model", "gpu"],
+        )
+        requested = GaugeMetricFamily(
+            "tritonshare_agent_model_gpu_memory_request_bytes",
+            "GPU memory the binder booked for a loaded model (its pod's request)",
+            labels=["model", "gpu"],
+        )
+        unattributed = GaugeMetricFamily(
+            "tritonshare_agent_gpu_unattributed_memory_bytes",
+            "Used GPU memory no loaded model accounts for (beyond the GPU's baseline)",
+            labels=["gpu"],
+        )
+        for entry in sorted(self._ledger.models.values(), key=lambda m: m.model_id):
+            measured.add_metric([entry.model_id, entry.gpu_uuid], entry.bytes)
+            requested.add_metric([entry.model_id, entry.gpu_uuid], entry.request)
+        snapshot = self._snapshot()
+        for gpu in snapshot.gpus if snapshot else ():
+            unattributed.add_metric([gpu.uuid], self._ledger.unattributed(gpu.uuid))
+        yield from (measured, requested, unattributed)
 
 
 class AgentMetrics:
@@ -107,12 +138,30 @@ class AgentMetrics:
             ["action"],
             registry=r,
         )
+        self.gpu_memory_over = Counter(
+            "tritonshare_agent_gpu_memory_over_request",
+            "Models found using more GPU memory than their request plus the tolerance, by "
+            "action (warned, evicted)",
+            ["action"],
+            registry=r,
+        )
+        self.gpu_memory_refusals = Counter(
+            "tritonshare_agent_gpu_memory_refusals",
+            "Loads refused because the GPU's memory would not hold them",
+            registry=r,
+        )
         self.kube_writes = Counter(
             "tritonshare_agent_kube_writes",
             "Writes to the Kubernetes API by kind (node, node_status, lease)",
             ["kind"],
             registry=r,
         )
+
+    def watch_memory(
+        self, ledger: MemoryLedger, snapshot: Callable[[], GpuSnapshot | None]
+    ) -> None:
+        """Export each loaded model's measured memory and each GPU's unattributed rest."""
+        self.registry.register(_ModelMemoryCollector(ledger, snapshot))
 
     def watch_gpus(
         self, snapshot: Callable[[], GpuSnapshot | None], loaded: Callable[[], dict[str, int]]

@@ -39,7 +39,8 @@ from agent.errors import (
     TritonError,
     TritonUnreachableError,
 )
-from agent.inventory import GpuSnapshot
+from agent.inventory import GpuInfo, GpuSnapshot
+from agent.memory import MemoryLedger, admission_problem
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy, override_json, parse_config, pinned_as, pinned_config
 from agent.ownership import OwnerRecord, OwnerStore
@@ -104,6 +105,10 @@ class _Record:
 
 Chunk = tuple[str, int, bytes]
 OwnerCheck = Callable[[OwnerRecord, str], Awaitable[bool]]
+GpuRead = Callable[[str], Awaitable[GpuInfo | None]]
+"""A fresh NVML reading of one GPU, by UUID (None when it is not on the node)."""
+Booked = Callable[[str, str], list[int]]
+"""The memory booked on a GPU (UUID) by every proven placement but one pod's (uid)."""
 """Whether the recorded owner of a model id (the record, the model id) is still a live pod on
 this node with a proven placement for it; raises KubeError when that cannot be told."""
 
@@ -140,6 +145,10 @@ class Models:
         max_model_bytes: int = 64 * 1024**3,
         install_deadline: float = 1800.0,
         install_idle: float = 120.0,
+        ledger: MemoryLedger | None = None,
+        read_gpu: GpuRead | None = None,
+        booked: Booked | None = None,
+        gpu_mem_reserve: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repository = repository
@@ -154,6 +163,11 @@ class Models:
         self.max_model_bytes = max_model_bytes
         self.install_deadline = install_deadline
         self.install_idle = install_idle
+        self.ledger = ledger or MemoryLedger()
+        self._read_gpu = read_gpu
+        self._booked = booked or (lambda gpu, uid: [])
+        self.gpu_mem_reserve = gpu_mem_reserve
+        self._gpu_locks: dict[str, asyncio.Lock] = {}
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._records: dict[str, _Record] = {}
@@ -421,7 +435,7 @@ class Models:
         record.want_loaded = True
         started = self.clock()
         try:
-            await self.triton.load(model_id, override)
+            await self._load_measured(model_id, override, owner, uuid, index)
         except TritonUnreachableError:
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise
@@ -429,6 +443,10 @@ class Models:
             record.failure, record.failed_at = str(e), self.clock()
             self.metrics.load_failures.labels("triton_rejected").inc()
             log.warning("Model %s failed to load: %s", model_id, e)
+        except ResourceExhaustedError:
+            record.want_loaded = False
+            self.metrics.gpu_memory_refusals.inc()
+            raise
         else:
             record.failure = ""
             record.vouched_at = self.clock()
@@ -441,6 +459,55 @@ class Models:
         finally:
             record.busy = None
         return self._status(model_id, await self.triton.state(model_id), manifest)
+
+    async def _load_measured(
+        self, model_id: str, override: str, owner: Proven, uuid: str, index: int
+    ) -> None:
+        """Load, admitted and measured when the model's GPU can be read: one load at a time per
+        GPU, so the GPU's growth across the load is this model's."""
+        if self._read_gpu is None or not uuid or index < 0:
+            await self.triton.load(model_id, override)
+            return
+        async with self._gpu_locks.setdefault(uuid, asyncio.Lock()):
+            self.ledger.loading.add(uuid)
+            try:
+                before = await self._read_gpu(uuid)
+                if before is not None:
+                    problem = admission_problem(
+                        before,
+                        owner.request,
+                        self._booked(uuid, owner.uid),
+                        self.gpu_mem_reserve,
+                    )
+                    if problem:
+                        raise ResourceExhaustedError(
+                            f"model {model_id!r} of pod {owner.key} does not fit: {problem}; "
+                            f"the pod stays unloaded, delete it so the binder places it again",
+                            event_reason="InsufficientGPUMemory",
+                        )
+                await self.triton.load(model_id, override)
+                after = await self._read_gpu(uuid)
+                reported = await self.triton.gpu_memory(model_id, index)
+                if before is not None and after is not None:
+                    entry = self.ledger.record_load(
+                        model_id,
+                        uuid,
+                        owner.request,
+                        before.memory_used,
+                        after.memory_used,
+                        reported,
+                    )
+                    log.info(
+                        "Model %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
+                        model_id,
+                        entry.bytes,
+                        index,
+                        uuid,
+                        "Triton's statistics" if entry.source == "triton" else "NVML",
+                        owner.request,
+                    )
+            finally:
+                self.ledger.loading.discard(uuid)
 
     def _pin(self, gpu_index: int) -> int | None:
         return None if self.cpu_only or gpu_index < 0 else gpu_index
@@ -477,6 +544,7 @@ class Models:
         finally:
             record.busy = None
         self.metrics.unload_seconds.observe(self.clock() - started)
+        self.ledger.forget(model_id)
         if keep_files:
             log.info("Model %s is unloaded; its files stay (%s).", model_id, reason)
             return ModelStatus(model_id, ModelState.INSTALLED)

@@ -68,6 +68,9 @@ class NodePublisher:
         sleep: Callable[[float], Awaitable[None]] | None = None,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         nvml_executor: Executor | None = None,
+        on_snapshot: Callable[[GpuSnapshot], None] | None = None,
+        usage: Callable[[GpuSnapshot | None], str] | None = None,
+        usage_publish_seconds: float = 60.0,
     ) -> None:
         self._kube = kube
         self._reader = reader
@@ -93,6 +96,10 @@ class NodePublisher:
         self.nvml_error = ""
         self._node_annotations: dict[str, str] | None = None
         self._node_capacity: dict[str, str] = {}
+        self._on_snapshot = on_snapshot
+        self._usage = usage
+        self.usage_publish_seconds = usage_publish_seconds
+        self._usage_written_at: float | None = None
 
     # GPUs.
     def read_gpus(self) -> GpuSnapshot | None:
@@ -125,6 +132,8 @@ class NodePublisher:
                 ", ".join(f"{g.index}={g.product} ({g.uuid})" for g in snapshot.gpus) or "none",
             )
         self.snapshot, self.gpus_read = snapshot, True
+        if self._on_snapshot is not None:
+            self._on_snapshot(snapshot)
         return snapshot
 
     async def refresh_gpus(self) -> GpuSnapshot | None:
@@ -151,20 +160,29 @@ class NodePublisher:
             await self.sync_node()
         assert self._node_annotations is not None
         writes = 0
-        changed = annotations_patch(
-            self._node_annotations, node_annotations(self.snapshot, self.keys)
-        )
+        wanted = node_annotations(self.snapshot, self.keys)
+        now = self._clock()
+        if self._usage is not None and (
+            self._usage_written_at is None
+            or now - self._usage_written_at >= self.usage_publish_seconds
+        ):
+            # Measured memory changes often; it is published at most once per period.
+            wanted[self.keys.gpu_usage] = self._usage(self.snapshot)
+        changed = annotations_patch(self._node_annotations, wanted)
         if changed:
             await self._kube.patch_node_annotations(self.node_name, changed)
             self._node_annotations.update(changed)
             self._metrics.kube_writes.labels("node").inc()
+            writes += 1
+            if self.keys.gpu_usage in changed:
+                self._usage_written_at = now
+        if set(changed) - {self.keys.gpu_usage}:
             log.info(
                 "Node %s now advertises %s bytes of healthy GPU memory on %d GPUs.",
                 self.node_name,
                 self.snapshot.healthy_memory_total,
                 sum(1 for g in self.snapshot.gpus if g.healthy),
             )
-            writes += 1
         if self.advertise_gpu_mem:
             capacity = capacity_patch(self.snapshot, self.keys, self._node_capacity)
             if capacity is not None:

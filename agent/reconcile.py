@@ -11,7 +11,9 @@ On every change of this node's pods (the watch) and every resync period:
   adopted only if the agent can vouch for it (its own install for this owner, files intact,
   pinned to the owner's GPU); otherwise it is taken out of Triton, and loaded again from the
   owner's files when those are intact, with a Warning Event on the pod either way;
-- a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again.
+- a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again;
+- a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
+  Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded).
 It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
 Nothing happens before the first pod list: an empty cache must not read as "nothing is wanted".
 """
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.errors import AgentError
@@ -50,6 +52,8 @@ class Reconciler:
         node_name: str,
         scheduler_name: str,
         keys: Keys,
+        enforcement: str = "warn",
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
         orphan_grace_seconds: float = 30.0,
         resync_seconds: float = 60.0,
         triton_poll_seconds: float = 2.0,
@@ -62,6 +66,9 @@ class Reconciler:
         self.node_name = node_name
         self.scheduler_name = scheduler_name
         self.keys = keys
+        self.enforcement = enforcement
+        self._fail_pod = fail_pod
+        self._warned: set[str] = set()
         self.orphan_grace_seconds = orphan_grace_seconds
         self.resync_seconds = resync_seconds
         self.triton_poll_seconds = triton_poll_seconds
@@ -109,6 +116,20 @@ class Reconciler:
                 wanted[model] = proven
         return wanted
 
+    def booked(self, gpu_uuid: str, except_uid: str) -> list[int]:
+        """What every proven placement on a GPU holds but one pod's: the larger of its request and
+        what its model is measured to use."""
+        ledger, owners = self.models.ledger, self.models.owners
+        held = []
+        for pod in self.pods.values():
+            proven = self.proven(pod)
+            if proven is None or proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
+                continue
+            owner = owners.get(proven.model_id)
+            mine = owner is not None and owner.uid == proven.uid
+            held.append(max(proven.request, ledger.measured(proven.model_id) if mine else 0))
+        return held
+
     async def reconcile_once(self) -> None:
         """One pass; errors of single models are logged and retried on the next pass."""
         if not self.synced:
@@ -149,6 +170,11 @@ class Reconciler:
             ):
                 continue
             work.append(self._reload(model, pod))
+        for over in self.models.ledger.over():
+            owner = wanted.get(over.model_id)
+            if owner is not None and not models.is_busy(over.model_id):
+                work.append(self._enforce(over.model_id, owner, over.bytes))
+        self._warned &= {m.model_id for m in self.models.ledger.over()}
         if work:
             await asyncio.gather(*work)
         self.passes += 1
@@ -172,6 +198,35 @@ class Reconciler:
             )
             return
         await self._evict(model, pod, why)
+
+    async def _enforce(self, model: str, pod: Proven, used: int) -> None:
+        message = (
+            f"model {model} uses {used} bytes of GPU memory on {pod.gpu_uuid}, more than the "
+            f"{pod.request} bytes its pod requested (tritonshare.io/gpu-mem) plus the tolerance"
+        )
+        if self.enforcement != "evict" or self._fail_pod is None:
+            if model not in self._warned:
+                self._warned.add(model)
+                self.metrics.gpu_memory_over.labels("warned").inc()
+                log.warning("%s: raise the pod's request, or the agent may evict it.", message)
+            self.events.warn(
+                pod.key, pod.uid, "GPUMemoryOverRequest", f"{message}; raise the request"
+            )
+            return
+        log.warning("%s: evicting it (--gpu-mem-enforcement=evict).", message)
+        try:
+            await self.models.unload(model, reason="it used more GPU memory than it requested")
+            await self._fail_pod(
+                pod.namespace,
+                pod.pod.name,
+                "GPUMemoryExceeded",
+                f"{message}; the tritonshare agent unloaded it. Raise the request and recreate it",
+            )
+        except AgentError as e:
+            log.warning("Evicting model %s failed (%s): retrying.", model, e)
+            return
+        self.metrics.gpu_memory_over.labels("evicted").inc()
+        self.events.warn(pod.key, pod.uid, "GPUMemoryExceeded", f"{message}; evicted")
 
     async def _recheck(self, model: str, pod: Proven) -> None:
         """Once per resync period: is what Triton runs still what the agent installed?"""

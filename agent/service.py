@@ -22,7 +22,6 @@ from agent.errors import (
     AgentError,
     ConflictError,
     InvalidRequestError,
-    PermissionDeniedError,
     grpc_code,
 )
 from agent.events import PodEvents
@@ -75,7 +74,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         caller: Caller | None = None,
     ) -> NoReturn:
         code = grpc_code(e)
-        if isinstance(e, PermissionDeniedError) and e.event_reason and caller is not None:
+        if e.event_reason and caller is not None:
             self.events.warn(caller.pod_key, caller.pod_uid, e.event_reason, f"{method}: {e}")
         self.metrics.requests.labels(method, code.name).inc()
         log.log(

@@ -112,6 +112,16 @@ class Settings:
     """Seconds one install stream may take in total."""
     install_idle_seconds: float = 120.0
     """Seconds an install stream may go without sending a chunk."""
+    gpu_mem_reserve: int = 0
+    """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
+    value as the binder's --gpu-mem-reserve."""
+    gpu_mem_enforcement: str = "warn"
+    """What happens to a model measured above its request plus the tolerance: `warn` (an Event
+    and a metric) or `evict` (also unloaded, and its pod marked Failed)."""
+    gpu_mem_tolerance: float = 0.05
+    """Fraction of the request a model may use beyond it before it is over (at least 256Mi)."""
+    usage_publish_seconds: float = 60.0
+    """Shortest time between two writes of the node's gpu-usage annotation."""
     log_level: str = "INFO"
     """Log level."""
     log_format: str = "text"
@@ -209,6 +219,25 @@ def parse_settings(
         "comma-separated backends that run no tenant code",
     )
     add("max-model-bytes", "64Gi", "largest model one pod may install (a quantity)")
+    add("gpu-mem-reserve", "0", "bytes of every GPU kept for CUDA and Triton (a quantity)")
+    add(
+        "gpu-mem-enforcement",
+        defaults.gpu_mem_enforcement,
+        "warn or evict a model using more GPU memory than it asked for",
+        choices=("warn", "evict"),
+    )
+    add(
+        "gpu-mem-tolerance",
+        defaults.gpu_mem_tolerance,
+        "fraction of the request a model may exceed it by (at least 256Mi)",
+        type=float,
+    )
+    add(
+        "usage-publish-seconds",
+        defaults.usage_publish_seconds,
+        "shortest time between two gpu-usage annotation writes",
+        type=float,
+    )
     add(
         "install-deadline-seconds",
         defaults.install_deadline_seconds,
@@ -264,6 +293,12 @@ def parse_settings(
         raise SettingsError(str(e)) from e
     if max_model_bytes <= 0:
         raise SettingsError("--max-model-bytes must be more than 0")
+    try:
+        reserve = parse_quantity(str(args.gpu_mem_reserve), what="--gpu-mem-reserve")
+    except QuantityError as e:
+        raise SettingsError(str(e)) from e
+    if not 0 <= args.gpu_mem_tolerance < 10:
+        raise SettingsError("--gpu-mem-tolerance is a fraction of the request, such as 0.05")
     for name in ("install_deadline_seconds", "install_idle_seconds"):
         if getattr(args, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be more than 0")
@@ -307,6 +342,10 @@ def parse_settings(
         max_model_bytes=max_model_bytes,
         install_deadline_seconds=args.install_deadline_seconds,
         install_idle_seconds=args.install_idle_seconds,
+        gpu_mem_reserve=reserve,
+        gpu_mem_enforcement=args.gpu_mem_enforcement,
+        gpu_mem_tolerance=args.gpu_mem_tolerance,
+        usage_publish_seconds=args.usage_publish_seconds,
         log_level=args.log_level,
         log_format=args.log_format,
     )

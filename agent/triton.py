@@ -150,6 +150,25 @@ class TritonClient:
             return None
         return payload
 
+    async def gpu_memory(self, name: str, gpu_index: int) -> int | None:
+        """GPU memory Triton's statistics attribute to `name` on GPU `gpu_index` (the backend's
+        `memory_usage`), or None when it reports none (most backends, and every CPU model)."""
+        try:
+            status, payload = await self._request(
+                "GET", f"/v2/models/{quote(name, safe='')}/stats", time_limit=self._request_timeout
+            )
+        except TritonUnreachableError:
+            return None
+        if status != 200 or not isinstance(payload, dict):
+            return None
+        total, found = 0, False
+        for stats in payload.get("model_stats") or []:
+            for usage in (stats or {}).get("memory_usage") or []:
+                if usage.get("type") == "GPU" and int(usage.get("id", -1)) == gpu_index:
+                    total += int(usage.get("byte_size", 0))
+                    found = True
+        return total if found else None
+
     async def load(self, name: str, config_json: str | None = None) -> None:
         """Load (or reload) `name`, with the config override if given; Triton's reason on error."""
         body: dict[str, Any] = {}

@@ -76,6 +76,12 @@ class Keys:
         return f"{self.prefix}gpu-mem-total"
 
     @property
+    def gpu_usage(self) -> str:
+        """Node annotation written by the agent: JSON, per GPU UUID its NVML used bytes and its
+        loaded models' measured bytes (`agent.memory`); rate-limited."""
+        return f"{self.prefix}gpu-usage"
+
+    @property
     def gpus(self) -> str:
         """Node annotation written by the agent: JSON list of the node's GPUs."""
         return f"{self.prefix}gpus"

@@ -11,11 +11,16 @@ to the agent's behaviour.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.nvml import SpecError, install, load_events, parse_spec
+import kubernetes.client
+import kubernetes.config
+
+from sim.gpuload import ModelFootprints
+from sim.nvml import Spec, SpecError, install, load_events, parse_spec
 
 
 def _node_name(agent_args: Sequence[str]) -> str:
@@ -25,6 +30,31 @@ def _node_name(agent_args: Sequence[str]) -> str:
         if arg.startswith("--node-name="):
             return arg.partition("=")[2]
     return "node"
+
+
+def _flag(agent_args: Sequence[str], name: str, default: str = "") -> str:
+    for i, arg in enumerate(agent_args):
+        if arg == name and i + 1 < len(agent_args):
+            return agent_args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.partition("=")[2]
+    return default
+
+
+def _footprints(agent_args: Sequence[str], spec: Spec) -> ModelFootprints:
+    """Model memory from the agent's own Triton, repository and cluster (its flags)."""
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=_flag(agent_args, "--kubeconfig", os.environ.get("KUBECONFIG", "")),
+        client_configuration=config,
+    )
+    return ModelFootprints(
+        _flag(agent_args, "--triton-http-url", "127.0.0.1:8000"),
+        Path(_flag(agent_args, "--model-repository")),
+        kubernetes.client.ApiClient(config),
+        _node_name(agent_args),
+        {gpu.uuid: index for index, gpu in enumerate(spec.gpus)},
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--gpus", required=True, help="preset such as 2xT4, 8xA100-80GB, or a JSON/YAML spec"
     )
     parser.add_argument("--faults", type=Path, help="JSON/YAML file with an 'events' timeline")
+    parser.add_argument(
+        "--simulate-model-memory",
+        action="store_true",
+        help="models READY in the agent's Triton occupy the GPU memory their config declares "
+        "(parameter sim_gpu_memory; see sim/gpuload.py)",
+    )
     options = parser.parse_args(own)
     try:
         spec = parse_spec(options.gpus, seed=_node_name(agent_args))
@@ -51,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, ValueError) as e:
         print(f"sim.agent_node: {e}", file=sys.stderr)
         return 2
-    install(spec)
+    mock = install(spec)
+    if options.simulate_model_memory:
+        mock.set_workload(_footprints(agent_args, spec))
     # Imported only now, so that agent.gpus binds the mock as `pynvml`.
     from agent.__main__ import main as agent_main
 

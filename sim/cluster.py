@@ -199,7 +199,8 @@ class SimCluster:
                 repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
                 repository.mkdir(parents=True, exist_ok=True)
             argv = [
-                sys.executable, "-m", "sim.agent_node", "--gpus", node.gpus, "--",
+                sys.executable, "-m", "sim.agent_node", "--gpus", node.gpus,
+                *(["--simulate-model-memory"] if node.real else []), "--",
                 "--node-name", node.name,
                 "--kubeconfig", str(self.kubeconfig),
                 "--model-repository", str(repository),

@@ -151,6 +151,12 @@ class Kubelet(_PodWatcher):
                     worker.abandon()
                 return
             deleting = pod["metadata"].get("deletionTimestamp") is not None
+            terminal = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            if worker is not None and terminal and not deleting:
+                # Marked terminal by someone else (an eviction): stop its containers and leave
+                # the status as written, as a real kubelet does.
+                worker.abandon()
+                return
             if worker is None:
                 if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") or deleting:
                     if deleting:

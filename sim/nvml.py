@@ -22,6 +22,8 @@ A spec is a preset (`8xA100-80GB`, `2xT4`, `1xH100-80GB`, or `N x` any preset pr
 
 A file given only for `events` (the `--faults` file of `sim.agent_node`) has the same `events`
 list. Tests drive it directly too: `set_used`, `lose_gpu`, `recover_gpu`, `set_library_loaded`.
+`set_workload(fn)` adds what processes on the GPUs allocate: `fn()` returns extra used bytes by
+GPU index, read on every memory query (`sim.gpuload` models Triton's loaded models this way).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from sim.gpuspec import (
@@ -184,11 +186,17 @@ class MockNvml:
         self._library_loaded = True
         self._init_count = 0
         self.calls = 0
+        self._workload: Callable[[], Mapping[int, int]] | None = None
 
     # Test controls.
     def set_used(self, index: int, used: int) -> None:
         with self._lock:
             self._gpus[index].used = used
+
+    def set_workload(self, workload: Callable[[], Mapping[int, int]] | None) -> None:
+        """What the GPUs' processes allocate, by GPU index, on top of each GPU's own `used`."""
+        with self._lock:
+            self._workload = workload
 
     def lose_gpu(self, index: int) -> None:
         with self._lock:
@@ -301,8 +309,11 @@ class MockNvml:
         with self._lock:
             self._enter()
             gpu = self._device(handle)
-            used = min(gpu.used, gpu.memory)
-            return MemoryInfo(total=gpu.memory, free=gpu.memory - used, used=used)
+            workload = self._workload
+        # Outside the lock: the workload may take a moment (sim.gpuload asks Triton).
+        extra = workload().get(handle.index, 0) if workload is not None else 0
+        used = min(gpu.used + extra, gpu.memory)
+        return MemoryInfo(total=gpu.memory, free=gpu.memory - used, used=used)
 
     def nvmlErrorString(self, code: int) -> str:  # noqa: N802
         return _ERROR_STRINGS.get(code, f"NVML Error with code {code}")

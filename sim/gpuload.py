@@ -1,0 +1,119 @@
+"""What Triton's loaded models allocate on the simulated GPUs, for the mock NVML.
+
+On a real node a model's CUDA allocations land on the GPU its instances are pinned to, so NVML's
+used memory rises when it loads, falls when it unloads and grows when it grows. Triton runs on the
+CPU here, so this module plays the GPU's part: a model READY in Triton occupies the bytes its
+`config.pbtxt` declares in the parameter `sim_gpu_memory` (a quantity such as `3Gi`; none: 0),
+plus `sim_gpu_memory_growth` (`2Gi@5`: 2Gi more from 5 seconds after it was first seen READY),
+on the GPU of the pod that owns the model id on this node (its `tritonshare.io/gpu`
+annotation). It reads Triton's repository index, the model's config file and the node's pods;
+it writes nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+
+from common.contract import Keys
+from common.quantity import QuantityError, parse_quantity
+
+_PARAMETER_RE = r'key:\s*"{name}"\s*value:\s*\{{\s*string_value:\s*"([^"]*)"\s*\}}'
+
+
+def declared(config_text: str, name: str) -> str:
+    """The string value of parameter `name` in config.pbtxt text ("" when absent)."""
+    match = re.search(_PARAMETER_RE.format(name=re.escape(name)), config_text)
+    return match.group(1) if match else ""
+
+
+class ModelFootprints:
+    """Extra used bytes per GPU index, from the models READY in one Triton."""
+
+    def __init__(
+        self,
+        triton_http_url: str,
+        repository: Path,
+        api: kubernetes.client.ApiClient,
+        node_name: str,
+        gpu_indexes: Mapping[str, int],
+        *,
+        keys: Keys | None = None,
+        cache_seconds: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._url = triton_http_url if "://" in triton_http_url else f"http://{triton_http_url}"
+        self._repository = repository
+        self._core: Any = kubernetes.client.CoreV1Api(api)
+        self._node = node_name
+        self._gpu_indexes = dict(gpu_indexes)
+        self._keys = keys or Keys()
+        self._cache_seconds = cache_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict[int, int]] = (-1e9, {})
+        self._first_ready: dict[str, float] = {}
+
+    def __call__(self) -> dict[int, int]:
+        with self._lock:
+            now = self._clock()
+            if now - self._cached[0] < self._cache_seconds:
+                return self._cached[1]
+            try:
+                footprint = self._read(now)
+            except (OSError, ValueError, kubernetes.client.exceptions.ApiException):
+                footprint = self._cached[1]  # Triton or the API away: the GPUs keep their state
+            self._cached = (now, footprint)
+            return footprint
+
+    def _ready_models(self) -> set[str]:
+        url = f"{self._url}/v2/repository/index"
+        request = urllib.request.Request(url, data=b"{}", method="POST")  # noqa: S310 - http
+        with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - loopback
+            index = json.loads(response.read())
+        return {str(m["name"]) for m in index if m.get("state") == "READY"}
+
+    def _gpu_of_models(self) -> dict[str, int]:
+        pods = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self._node}", _preload_content=False
+        )
+        found: dict[str, int] = {}
+        for pod in json.loads(pods.data).get("items", []):
+            annotations = pod.get("metadata", {}).get("annotations") or {}
+            model, gpu = annotations.get(self._keys.model_id), annotations.get(self._keys.gpu)
+            if model and gpu in self._gpu_indexes:
+                found.setdefault(model, self._gpu_indexes[gpu])
+        return found
+
+    def _read(self, now: float) -> dict[int, int]:
+        ready = self._ready_models()
+        for gone in set(self._first_ready) - ready:
+            del self._first_ready[gone]
+        gpus = self._gpu_of_models()
+        footprint: dict[int, int] = {}
+        for model in ready:
+            first = self._first_ready.setdefault(model, now)
+            try:
+                text = (self._repository / model / "config.pbtxt").read_text()
+                size = _bytes(declared(text, "sim_gpu_memory"))
+                growth, _, after = declared(text, "sim_gpu_memory_growth").partition("@")
+                if growth and now - first >= float(after or 0):
+                    size += _bytes(growth)
+            except (OSError, QuantityError):
+                continue
+            if model in gpus and size:
+                index = gpus[model]
+                footprint[index] = footprint.get(index, 0) + size
+        return footprint
+
+
+def _bytes(text: str) -> int:
+    return parse_quantity(text, what="sim_gpu_memory") if text else 0
