@@ -142,7 +142,7 @@ async def test_measured_memory_is_published_and_an_unload_frees_it(
 
     def published(model_bytes: int | None) -> bool:
         entry = node_usage(kube_api).get(gpu, {})
-        return entry.get("models", {}).get("m1") == model_bytes
+        return bool(entry.get("models", {}).get("m1") == model_bytes)
 
     await eventually(lambda: published(GI), what="m1's 1Gi on the node's gpu-usage annotation")
 
