@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -80,6 +80,8 @@ class Gpu:
     product: str
     memory: int
     healthy: bool
+    used: int | None = None
+    """Bytes in use as the agent last published (NVML, rounded); None when not published."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,8 @@ class NodeInfo:
     gpus: tuple[Gpu, ...] = ()
     gpu_problem: str = ""
     """Why the agent's GPU annotation could not be read; empty when it was fine or absent."""
+    measured: Mapping[str, int] = field(default_factory=dict, hash=False, compare=True)
+    """Model id -> GPU memory its loaded model is measured to use on this node (bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +310,34 @@ def _gpus(annotations: Mapping[str, Any], keys: Keys) -> tuple[tuple[Gpu, ...], 
     return tuple(gpus), ""
 
 
+def _usage(
+    annotations: Mapping[str, Any], keys: Keys, gpus: tuple[Gpu, ...]
+) -> tuple[tuple[Gpu, ...], dict[str, int]]:
+    """The GPUs with their published used memory, and each loaded model's measured memory, from
+    the agent's gpu-usage annotation; a malformed or absent one adds nothing (the requests
+    alone count, as before the agent measured)."""
+    try:
+        usage = json.loads(str(annotations.get(keys.gpu_usage) or "{}"))
+    except ValueError:
+        return gpus, {}
+    if not isinstance(usage, Mapping):
+        return gpus, {}
+    measured: dict[str, int] = {}
+    with_used = []
+    for gpu in gpus:
+        entry = usage.get(gpu.uuid)
+        if not isinstance(entry, Mapping):
+            with_used.append(gpu)
+            continue
+        used = entry.get("used")
+        valid = isinstance(used, int) and not isinstance(used, bool) and used >= 0
+        with_used.append(replace(gpu, used=used) if valid else gpu)
+        for model, size in _mapping(entry.get("models")).items():
+            if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+                measured[str(model)] = size
+    return tuple(with_used), measured
+
+
 def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
     """Convert an API node; a malformed GPU annotation leaves the node without GPUs, with why."""
     meta = _mapping(obj.get("metadata"))
@@ -315,7 +347,9 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
         Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
         for t in map(_mapping, _sequence(spec.get("taints")))
     )
-    gpus, problem = _gpus(_mapping(meta.get("annotations")), keys)
+    annotations = _mapping(meta.get("annotations"))
+    gpus, problem = _gpus(annotations, keys)
+    gpus, measured = _usage(annotations, keys, gpus)
     return NodeInfo(
         name=str(meta.get("name", "")),
         labels=labels,
@@ -323,6 +357,7 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
         unschedulable=bool(spec.get("unschedulable")),
         gpus=gpus,
         gpu_problem=problem,
+        measured=measured,
     )
 
 

@@ -1,8 +1,10 @@
 """The binder's in-memory picture of the cluster: nodes, agent leases and the GPU memory ledger.
 
 It owns the accounting DESIGN.md defines: a GPU's free memory is its size minus the reserve minus
-the requests of the non-terminated pods assigned to it, including pods the binder has bound but
-not yet seen back from its watch ("assumed" pods). It keeps per-node numbers in arrays indexed by
+what the non-terminated pods assigned to it hold, including pods the binder has bound but not yet
+seen back from its watch ("assumed" pods). A pod holds the larger of its request and what its
+model is measured to use on the node (the agent's gpu-usage annotation), and a GPU never offers
+more than NVML says is free minus the reserve. It keeps per-node numbers in arrays indexed by
 node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes, so
 a decision costs a few vector operations instead of a scan of every pod of every node.
 
@@ -59,6 +61,8 @@ class _Account:
     gpu: int
     """Position of the charged GPU in the node's list; -1 while the node is unknown."""
     assumed: bool
+    held: int = 0
+    """Bytes charged: the larger of the request and the model's measured memory."""
 
 
 class ClusterState:
@@ -202,7 +206,7 @@ class ClusterState:
                 if not self._model_nodes[model]:
                     del self._model_nodes[model]
         if account.gpu >= 0 and account.node in self._alloc:
-            self._alloc[account.node][account.gpu] -= account.pod.request
+            self._alloc[account.node][account.gpu] -= account.held
             self._refresh(account.node)
 
     def assigned_pods(self) -> list[PodInfo]:
@@ -245,7 +249,22 @@ class ClusterState:
         if info is None or not info.gpus:
             return []
         alloc = self._alloc.get(node, [0] * len(info.gpus))
-        return [max(0, self.usable(g) - a) for g, a in zip(info.gpus, alloc, strict=True)]
+        return [
+            max(0, min(self.usable(g) - a, self._nvml_free(g)))
+            for g, a in zip(info.gpus, alloc, strict=True)
+        ]
+
+    def _nvml_free(self, gpu: Gpu) -> int:
+        """NVML's free memory minus the reserve, as the agent published it (no figure: no cap)."""
+        if gpu.used is None or not gpu.healthy:
+            return self.usable(gpu)
+        return gpu.memory - gpu.used - self.reserve
+
+    def held(self, pod: PodInfo, node: str) -> int:
+        """What a pod holds on its GPU: its request, or more when its model is measured above."""
+        info = self.nodes.get(node)
+        measured = info.measured.get(pod.model_id, 0) if info is not None and pod.model_id else 0
+        return max(pod.request, measured)
 
     def _charge(self, account: _Account) -> None:
         self._accounts[account.pod.uid] = account
@@ -256,7 +275,8 @@ class ClusterState:
             self._model_nodes.setdefault(model, Counter())[account.node] += 1
         if account.node in self.nodes:
             account.gpu = self._attribute(account)
-            self._alloc[account.node][account.gpu] += account.pod.request
+            account.held = self.held(account.pod, account.node)
+            self._alloc[account.node][account.gpu] += account.held
             self._refresh(account.node)
 
     def _attribute(self, account: _Account) -> int:
@@ -279,7 +299,8 @@ class ClusterState:
         self._alloc[name] = [0] * max(1, len(info.gpus))
         for account in sorted(self._by_node.get(name, {}).values(), key=lambda a: a.pod.uid):
             account.gpu = self._attribute(account)
-            self._alloc[name][account.gpu] += account.pod.request
+            account.held = self.held(account.pod, name)
+            self._alloc[name][account.gpu] += account.held
         self._refresh(name)
 
     def _refresh(self, name: str) -> None:
