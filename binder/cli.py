@@ -56,20 +56,24 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 
 def status(cache: ClusterCache, out: TextIO, now: float) -> None:
     state = cache.state
-    rows = [["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "MODELS"]]
+    header = ["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "USED"]
+    rows = [[*header, "MODELS (REQUEST, MEASURED)"]]
     total_capacity = total_allocated = 0
     for name in state.names:
         info = state.nodes[name]
         agent = "alive" if state.leases.get(name, 0.0) > now else "down"
         if not info.gpus:
             why = "unreadable GPU annotation" if info.gpu_problem else "no GPUs published"
-            rows.append([name, agent, "-", why, "", "", "", "", ""])
+            rows.append([name, agent, "-", why, "", "", "", "", "", ""])
             continue
         allocated = state.allocated(name)
         free = state.gpu_free(name)
         models: dict[int, list[str]] = {}
         for pod, position in state.pods_on(name):
-            models.setdefault(position, []).append(pod.model_id or pod.key)
+            measured = info.measured.get(pod.model_id)
+            uses = f", uses {format_bytes(measured)}" if measured is not None else ""
+            label = f"{pod.model_id or pod.key} (asks {format_bytes(pod.request)}{uses})"
+            models.setdefault(position, []).append(label)
         for position, gpu in enumerate(info.gpus):
             capacity = state.usable(gpu)
             total_capacity += capacity
@@ -84,6 +88,7 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
                     format_bytes(capacity),
                     format_bytes(allocated[position]),
                     format_bytes(free[position]),
+                    format_bytes(gpu.used) if gpu.used is not None else "-",
                     ", ".join(sorted(models.get(position, []))) or "-",
                 ]
             )
@@ -102,6 +107,14 @@ def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> N
     if pod.node_name:
         gpu = pod.gpu_uuid or "(not annotated)"
         out.write(f"It is bound to node {pod.node_name}, GPU {gpu}.\n")
+        node = cache.state.nodes.get(pod.node_name)
+        measured = node.measured.get(pod.model_id) if node is not None else None
+        if measured is not None:
+            out.write(
+                f"Its model is measured to use {format_bytes(measured)} "
+                f"(it asked for {format_bytes(pod.request)}); the binder counts "
+                f"{format_bytes(max(measured, pod.request))}.\n"
+            )
         return
     result = place(cache.state, pod, now=now)
     if isinstance(result, Placement):

@@ -4,6 +4,7 @@ process (serves, schedules, stops cleanly on SIGTERM; refuses bad flags with exi
 from __future__ import annotations
 
 import io
+import json
 import re
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import kubernetes.client
 
 from binder.cli import main as cli
 from sim.triton import free_port
-from tests.binder.objects import GI
+from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
 from tests.fixtures_sim import PlacementKeys
 
@@ -44,16 +45,34 @@ async def test_status_lists_gpus_with_capacity_allocation_and_models(
     code, text = run_cli(kubeconfig, "status")
     assert code == 0
     lines = text.splitlines()
-    assert lines[0].split() == [
-        "NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "MODELS"
+    assert re.split(r"\s{2,}", lines[0]) == [
+        "NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "USED",
+        "MODELS (REQUEST, MEASURED)",
     ]  # fmt: skip
     gpu_rows = [re.split(r"\s{2,}", line) for line in lines if line.startswith("gpu-1")]
     # binpack put both models on one GPU, keeping the other whole.
-    assert sorted(row[8] for row in gpu_rows) == ["-", "bert, resnet"]
-    full = next(row for row in gpu_rows if row[8] != "-")
-    assert full[5:8] == ["16Gi", "10Gi", "6Gi"]
+    assert sorted(row[9] for row in gpu_rows) == ["-", "bert (asks 6Gi), resnet (asks 4Gi)"]
+    full = next(row for row in gpu_rows if row[9] != "-")
+    assert full[5:9] == ["16Gi", "10Gi", "6Gi", "-"]
+    # The agent's measurements show beside the requests, and the binder counts the larger.
+    usage = {full[3]: {"used": 9 * GI, "models": {"resnet": 7 * GI}}}
+    core.patch_node("gpu-1", {"metadata": {"annotations": {KEYS.gpu_usage: json.dumps(usage)}}})
+
+    def measured_row() -> list[str] | None:
+        _, text = run_cli(kubeconfig, "status")
+        rows = [re.split(r"\s{2,}", line) for line in text.splitlines()]
+        return next(
+            (r for r in rows if r[0] == "gpu-1" and r[3] == full[3] and "uses" in r[9]), None
+        )
+
+    row = await eventually(measured_row, what="the measured figure in the status")
+    assert row[6:10] == ["13Gi", "3Gi", "9Gi", "bert (asks 6Gi), resnet (asks 4Gi, uses 7Gi)"]
     assert any(line.startswith("cpu-only") and "no GPUs published" in line for line in lines)
     assert "GPU memory allocated 10Gi of 32Gi; 0 pods pending." in text
+    _, explained = run_cli(kubeconfig, "explain", "default/resnet")
+    assert "Its model is measured to use 7Gi (it asked for 4Gi); the binder counts 7Gi." in (
+        explained
+    )
 
 
 async def test_explain_gives_each_node_its_reasons(
