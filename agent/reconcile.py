@@ -35,6 +35,7 @@ from agent.placement import PlacementVerifier, Proven
 from agent.pods import PodInfo, pod_from_dict
 from agent.triton import LOADING, READY
 from common.contract import Keys
+from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +202,9 @@ class Reconciler:
 
     async def _enforce(self, model: str, pod: Proven, used: int) -> None:
         message = (
-            f"model {model} uses {used} bytes of GPU memory on {pod.gpu_uuid}, more than the "
-            f"{pod.request} bytes its pod requested (tritonshare.io/gpu-mem) plus the tolerance"
+            f"model {model} uses {format_bytes(used)} of GPU memory on {pod.gpu_uuid}, more than "
+            f"the {format_bytes(pod.request)} its pod requested (tritonshare.io/gpu-mem) plus the "
+            f"tolerance"
         )
         if self.enforcement != "evict" or self._fail_pod is None:
             if model not in self._warned:

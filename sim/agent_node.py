@@ -19,6 +19,7 @@ from pathlib import Path
 import kubernetes.client
 import kubernetes.config
 
+from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
 from sim.gpuload import ModelFootprints
 from sim.nvml import Spec, SpecError, install, load_events, parse_spec
 
@@ -48,12 +49,17 @@ def _footprints(agent_args: Sequence[str], spec: Spec) -> ModelFootprints:
         config_file=_flag(agent_args, "--kubeconfig", os.environ.get("KUBECONFIG", "")),
         client_configuration=config,
     )
+    name, _, value = _flag(agent_args, "--triton-admin-header").partition(":")
+    api = kubernetes.client.ApiClient(config)
+    # The simulated hardware's reads, told apart from the agent's in the audit log.
+    api.user_agent = f"{CLUSTER_USER_AGENT}/gpuload"
     return ModelFootprints(
         _flag(agent_args, "--triton-http-url", "127.0.0.1:8000"),
         Path(_flag(agent_args, "--model-repository")),
-        kubernetes.client.ApiClient(config),
+        api,
         _node_name(agent_args),
         {gpu.uuid: index for index, gpu in enumerate(spec.gpus)},
+        admin_header=(name.strip(), value.strip()) if value else None,
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from common.contract import Keys
+from common.quantity import format_bytes
 from sim.cluster import SimCluster
 from sim.processes import ClusterError, wait_until
 from sim.report import (
@@ -37,7 +38,15 @@ from sim.report import (
     scrape,
     summarize_metrics,
 )
-from sim.scenario import LATE_POD, NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
+from sim.scenario import (
+    GREEDY_POD,
+    LATE_POD,
+    NAMESPACE,
+    NODES,
+    PODS,
+    PodPorts,
+    model_pod_manifest,
+)
 from sim.triton import free_port
 
 KEYS = Keys()
@@ -274,6 +283,52 @@ def _squat(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     )
 
 
+def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    """A model that occupies more GPU memory than its pod asked for: the agent measures it, warns
+    (or evicts, with --gpu-mem-enforcement=evict), and the binder counts what it really uses."""
+    real = cluster.real_node
+    if real is None or cluster.kubelet is None or cluster.triton is None:
+        return
+    say("")
+    say(f"A model that uses more GPU memory than it asked for: {GREEDY_POD.name} "
+        f"({GREEDY_POD.story}).")  # fmt: skip
+    manifest = model_pod_manifest(
+        GREEDY_POD,
+        PodPorts(free_port(), free_port(), free_port()),
+        agent_port=int(cluster.agents[real.name].grpc.rpartition(":")[2]),
+        triton_http_port=cluster.triton.http_port,
+        triton_grpc_port=cluster.triton.grpc_port,
+    )
+    cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
+
+    def warned() -> str:
+        response = cluster.core.list_namespaced_event(
+            NAMESPACE, field_selector=f"involvedObject.name={GREEDY_POD.name}",
+            _preload_content=False,
+        )  # fmt: skip
+        for event in json.loads(response.data).get("items", []):
+            if event.get("reason") == "GPUMemoryOverRequest":
+                return str(event.get("message", ""))
+        return ""
+
+    result.overuse = wait_until("the agent's warning about the greedy model", warned, 120)
+
+    def measured() -> int:
+        node = json.loads(cluster.core.read_node(real.name, _preload_content=False).data)
+        usage = json.loads(node["metadata"].get("annotations", {}).get(KEYS.gpu_usage, "{}"))
+        return max(
+            (g.get("models", {}).get(GREEDY_POD.model_id, 0) for g in usage.values()), default=0
+        )
+
+    result.overuse_measured = wait_until("the measured memory on the node", measured, 60)
+    say(f"  the agent measured it (NVML, around its load) and warned: {result.overuse}.")
+    say(
+        f"  The node now publishes {format_bytes(result.overuse_measured)} for it, and the binder "
+        f"counts that, not the 1Gi it asked for, when it places the next pod on that GPU."
+    )
+    say("  With --gpu-mem-enforcement=evict the agent would unload it and mark the pod Failed.")
+
+
 def _metrics(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult) -> None:
     leader = next((b for b in cluster.binders if b.identity == result.leader), None)
     sources = []
@@ -319,6 +374,7 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             say("Inferences after the attempt: every model still answers as its owner's.")
             _infer(ports, result, say)
             _metrics(cluster, ports, result)
+            _overuse(cluster, result, say)
         _fail_over(cluster, result, say)
         print_tables(cluster, result, say)
         summarize_metrics(result, say)

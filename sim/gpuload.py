@@ -13,6 +13,7 @@ it writes nothing and knows nothing of the agent. `mock.set_workload(ModelFootpr
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -26,6 +27,7 @@ import kubernetes.client
 from common.contract import Keys
 from common.quantity import QuantityError, parse_quantity
 
+log = logging.getLogger(__name__)
 _PARAMETER_RE = r'key:\s*"{name}"\s*value:\s*\{{\s*string_value:\s*"([^"]*)"\s*\}}'
 
 
@@ -47,6 +49,7 @@ class ModelFootprints:
         gpu_indexes: Mapping[str, int],
         *,
         keys: Keys | None = None,
+        admin_header: tuple[str, str] | None = None,
         cache_seconds: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -56,6 +59,8 @@ class ModelFootprints:
         self._node = node_name
         self._gpu_indexes = dict(gpu_indexes)
         self._keys = keys or Keys()
+        self._headers = dict([admin_header]) if admin_header else {}
+        """What Triton's restricted repository API asks of its callers (the agent's header)."""
         self._cache_seconds = cache_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -69,14 +74,17 @@ class ModelFootprints:
                 return self._cached[1]
             try:
                 footprint = self._read(now)
-            except (OSError, ValueError, kubernetes.client.exceptions.ApiException):
+            except (OSError, ValueError, kubernetes.client.exceptions.ApiException) as e:
+                log.warning("Simulated model memory is unknown for now (%s): unchanged.", e)
                 footprint = self._cached[1]  # Triton or the API away: the GPUs keep their state
             self._cached = (now, footprint)
             return footprint
 
     def _ready_models(self) -> set[str]:
         url = f"{self._url}/v2/repository/index"
-        request = urllib.request.Request(url, data=b"{}", method="POST")  # noqa: S310 - http
+        request = urllib.request.Request(  # noqa: S310 - http
+            url, data=b"{}", method="POST", headers=self._headers
+        )
         with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - loopback
             index = json.loads(response.read())
         return {str(m["name"]) for m in index if m.get("state") == "READY"}

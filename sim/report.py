@@ -19,10 +19,10 @@ from common.quantity import format_bytes, parse_quantity
 from sim.apiserver import AuditRecord
 from sim.cluster import SimCluster
 from sim.processes import available
-from sim.scenario import LATE_POD, NAMESPACE, PODS
+from sim.scenario import GREEDY_POD, LATE_POD, NAMESPACE, PODS
 
 KEYS = Keys()
-ALL_PODS = (*PODS, LATE_POD)
+ALL_PODS = (*PODS, LATE_POD, GREEDY_POD)
 Say = Callable[[str], None]
 
 
@@ -39,6 +39,10 @@ class DemoResult:
     """Pods that ran for real on the node with Triton and became Ready."""
     inferences: dict[str, list[float]] = field(default_factory=dict)
     isolation_refused: bool = False
+    overuse: str = ""
+    """The agent's Event on a pod whose model uses more GPU memory than it asked for."""
+    overuse_measured: int = 0
+    """That model's measured bytes as the binder reads them from the node."""
     squatter_refused: str = ""
     """The agent's Event on a pod created with spec.nodeName and another team's model id."""
     leader: str = ""

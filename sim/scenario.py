@@ -114,6 +114,12 @@ PODS = (
 )  # fmt: skip
 
 # Created after the leader binder is crashed: the follower must take over to place it.
+GREEDY_POD = ModelPod(
+    "greedy", "greedy", "greedy", "1Gi",
+    "asks for 1Gi of GPU memory but its model occupies 3Gi once loaded",
+    node_selector={ACCELERATOR: "nvidia-tesla-t4"},
+)  # fmt: skip
+
 LATE_POD = ModelPod(
     "reranker", "reranker", "add_one", "8Gi",
     "created while the leader binder is down: the follower takes over and places it",

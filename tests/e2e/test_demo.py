@@ -48,6 +48,11 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     # A pod created with spec.nodeName and another team's model id is refused by the agent,
     # with an Event on it, and the owner's model still answers (checked after the attempt).
     assert "not placed on this node by the tritonshare binder" in result.squatter_refused
+    # A model using more GPU memory than its pod asked for is measured, warned about, and the
+    # node publishes what it uses (the binder's accounting reads it).
+    assert "uses 3Gi of GPU memory" in result.overuse
+    assert "more than the 1Gi its pod requested" in result.overuse
+    assert result.overuse_measured == 3 * 1024**3
 
     # A crashed leader is replaced: the follower takes the lease and binds a pod created after.
     assert result.new_leader in {"binder-0", "binder-1"} - {result.leader}
