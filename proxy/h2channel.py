@@ -31,7 +31,10 @@ from typing import TYPE_CHECKING
 from hpack import HPACKError
 
 from proxy import h2frames as f
-from proxy.h2headers import BlockDecoder, BlockEncoder, Fields, HeaderBlocks
+from proxy.h2flow import FlowControlError, ReceiveWindow, Window
+from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
+from proxy.h2reader import STREAM_ERROR, ConnectionBrokenError, FrameReader
+from proxy.h2state import CLOSED, OPENED, RECEIVED_END, RESET, SENT_END, advance, we_ended
 from proxy.sockets import nodelay
 
 if TYPE_CHECKING:
@@ -47,7 +50,6 @@ RESPONSE_WINDOW = 1024 * 1024
 _CONNECTION_WINDOW = 1 << 30
 """The channel's connection window for Triton, credited back as bytes arrive (streams bound it)."""
 _LAST_ID = 2**31 - 1
-_PLAIN_BLOCK = f.END_HEADERS | f.PADDED | f.PRIORITY_FLAG
 
 
 class Gathered:
@@ -88,14 +90,14 @@ class TritonChannel(Gathered, asyncio.Protocol):
         self.max_streams = _LAST_ID  # Triton's SETTINGS_MAX_CONCURRENT_STREAMS
         self.max_frame = f.DEFAULT_MAX_FRAME  # Triton's SETTINGS_MAX_FRAME_SIZE
         self.initial_window = f.DEFAULT_WINDOW  # Triton's SETTINGS_INITIAL_WINDOW_SIZE
-        self.window = f.DEFAULT_WINDOW  # what Triton's connection window lets us send now
+        self.window = Window(f.DEFAULT_WINDOW)  # what Triton's connection window lets us send
         self.waiting: dict[Stream, None] = {}  # streams with DATA held for Triton's windows
         self._next_id = 1
         self._encoder = BlockEncoder()
         self._decoder = BlockDecoder()
-        self._in = b""
-        self._blocks = HeaderBlocks(1 << 20)
-        self._received = 0  # DATA bytes not yet credited back on the connection
+        self._reader = FrameReader(from_server=True, max_block=1 << 20)
+        # What Triton may still send on the connection, credited as bytes arrive (streams bound it).
+        self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
         self._wbuf: list[bytes] = [
             f.PREFACE,
             f.settings(
@@ -143,7 +145,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
         streams, self.streams = list(self.streams.values()), {}
         self.waiting.clear()
         for stream in streams:
-            stream.open = False
+            stream.triton = advance(stream.triton, RESET)
             stream.conn.triton_unavailable(stream)
 
     def accepts(self) -> bool:
@@ -160,8 +162,10 @@ class TritonChannel(Gathered, asyncio.Protocol):
             self.closing = True  # ids used up: new streams go to a new channel
         stream.up = up
         stream.channel = self
-        stream.up_window = self.initial_window
-        stream.up_done = end_stream
+        stream.up_window.size = self.initial_window
+        stream.triton = advance(stream.triton, OPENED)
+        if end_stream:
+            stream.triton = advance(stream.triton, SENT_END)
         self.streams[up] = stream
         block = self._encoder.encode(fields)  # every block encoded is written, in order
         self.write(f.headers_frames(up, block, end_stream, self.max_frame))
@@ -171,15 +175,16 @@ class TritonChannel(Gathered, asyncio.Protocol):
         size = len(payload)
         if (
             not stream.up_held
-            and size <= stream.up_window
-            and size <= self.window
+            and size <= stream.up_window.size
+            and size <= self.window.size
             and size <= self.max_frame
         ):
-            stream.up_window -= size
-            self.window -= size
+            stream.up_window.size -= size
+            self.window.size -= size
             self._wbuf.append(f.data_header(size, end_stream, stream.up))
             self.write(payload)
-            stream.up_done = end_stream
+            if end_stream:
+                stream.triton = advance(stream.triton, SENT_END)
             if size:
                 stream.conn.forwarded(stream, size)
             return
@@ -192,22 +197,22 @@ class TritonChannel(Gathered, asyncio.Protocol):
         """Send what `stream` holds as far as the windows allow."""
         held = stream.up_held
         while held:
-            size = min(len(held), stream.up_window, self.window, self.max_frame)
+            size = min(len(held), stream.up_window.size, self.window.size, self.max_frame)
             if size <= 0:
                 return
             chunk = bytes(held[:size])
             del held[:size]
-            stream.up_window -= size
-            self.window -= size
+            stream.up_window.size -= size
+            self.window.size -= size
             end = stream.up_end and not held
             self.write(f.data_header(size, end, stream.up) + chunk)
             if end:
-                stream.up_done = True
+                stream.triton = advance(stream.triton, SENT_END)
                 stream.up_end = False
             stream.conn.forwarded(stream, size)
         if stream.up_end:
             self.write(f.data_header(0, True, stream.up))  # ends an empty remainder
-            stream.up_done = True
+            stream.triton = advance(stream.triton, SENT_END)
         stream.up_end = False
         self.waiting.pop(stream, None)
 
@@ -215,6 +220,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
         """Cancel `stream` at Triton (the tenant left it, or the relay answered it)."""
         if self.streams.pop(stream.up, None) is not None:
             self.write(f.rst_stream(stream.up, f.CANCEL))
+        stream.triton = advance(stream.triton, RESET)
         stream.up_held.clear()
         self.waiting.pop(stream, None)
         self._ended()
@@ -235,65 +241,52 @@ class TritonChannel(Gathered, asyncio.Protocol):
         relay.hold()  # what this read makes for tenants leaves at its end, in one write each
         try:
             self._read(data)
-        except (HPACKError, ValueError) as e:
-            log.warning("Triton sent an unreadable HTTP/2 frame (%s): reconnecting.", e)
+        except (ConnectionBrokenError, FlowControlError, HPACKError) as e:
+            code = e.code if isinstance(e, ConnectionBrokenError) else f.PROTOCOL_ERROR
+            if isinstance(e, FlowControlError):
+                code = f.FLOW_CONTROL_ERROR
+            elif isinstance(e, HPACKError):
+                code = f.COMPRESSION_ERROR
+            log.warning("Triton broke HTTP/2 (%s): closing the connection to it.", e)
+            self.write(f.goaway(0, code))
+            self.flush()
             if self.transport is not None:
                 self.transport.abort()
         finally:
             relay.flush()
 
     def _read(self, data: bytes) -> None:
-        if self._in:
-            data = self._in + data
-        pos = 0
-        end = len(data)
         streams = self.streams
-        blocks = self._blocks
-        while end - pos >= 9:
-            length = int.from_bytes(data[pos : pos + 3], "big")
-            stop = pos + 9 + length
-            if stop > end:
-                break
-            kind = data[pos + 3]
-            flags = data[pos + 4]
-            sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            if blocks.pending and kind != f.CONTINUATION:
-                raise ValueError("a header block left unfinished")
-            if kind == f.DATA and not flags:  # the common shapes first, without detours
-                self._received += length
+        got = 0  # flow-controlled bytes of this read
+        for kind, flags, sid, payload, length in self._reader.frames(data):
+            if kind == f.DATA:
+                got += length
                 stream = streams.get(sid)
-                if stream is not None:
-                    stream.conn.to_tenant(stream, data[pos + 9 : stop], False, length)
-            elif kind == f.HEADERS and flags & _PLAIN_BLOCK == f.END_HEADERS:
-                self._headers(sid, flags, data[pos + 9 : stop])
-            elif kind == f.DATA:
-                self._data(data[pos + 9 : stop], flags, sid)
+                if stream is None:
+                    continue  # reset by the relay: its bytes still count on the connection
+                if not flags:  # the common shape first, without detours
+                    stream.conn.to_tenant(stream, payload, False, length)
+                else:
+                    self._data(stream, payload, flags, length)
+            elif kind == f.HEADERS:
+                self._headers(sid, flags, payload)
             else:
-                self._frame(data[pos + 9 : stop], kind, flags, sid)
-            pos = stop
-        self._in = data[pos:] if pos < end else b""
-        if self._received >= _CONNECTION_WINDOW // 2:
-            self.write(f.window_update(0, self._received))
-            self._received = 0
+                self._frame(payload, kind, flags, sid)
+        if got:
+            self._received.arrived(got)  # more than the window: FlowControlError
+            increment = self._received.release(got)
+            if increment:
+                self.write(f.window_update(0, increment))
 
-    def _data(self, payload: bytes, flags: int, sid: int) -> None:
-        self._received += len(payload)
-        stream = self.streams.get(sid)
-        if stream is None:
-            return  # reset by the relay: its bytes still count on the connection (above)
-        body = payload[1 : len(payload) - payload[0]] if flags & f.PADDED else payload
-        if len(body) < len(payload):
-            self.credit(stream, len(payload) - len(body))
+    def _data(self, stream: Stream, body: bytes, flags: int, length: int) -> None:
+        if len(body) < length:
+            self.credit(stream, length - len(body))
         if flags & f.END_STREAM:
             self._ended_by_triton(stream)
         stream.conn.triton_data(stream, body, bool(flags & f.END_STREAM))
 
     def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
-        if kind == f.HEADERS or kind == f.CONTINUATION:
-            block = self._blocks.feed(kind, flags, sid, payload)
-            if block is not None:
-                self._headers(*block)
-        elif kind == f.WINDOW_UPDATE:
+        if kind == f.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == f.RST_STREAM:
             stream = self.streams.get(sid)
@@ -309,8 +302,17 @@ class TritonChannel(Gathered, asyncio.Protocol):
                 self.write(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.GOAWAY:
             self._goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, payload[4:8])
-        elif kind == f.PUSH_PROMISE:
-            raise ValueError("PUSH_PROMISE although the relay disabled push")
+        elif kind == STREAM_ERROR:
+            self._stream_error(sid, flags, payload.decode())
+
+    def _stream_error(self, sid: int, code: int, reason: str) -> None:
+        """Triton broke a rule of stream `sid`: reset it there; the tenant's call fails."""
+        log.warning("Triton broke HTTP/2 on stream %d (%s): resetting the call.", sid, reason)
+        self.write(f.rst_stream(sid, code))
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self._close_stream(stream)
+            stream.conn.triton_reset(stream, f.INTERNAL_ERROR)
 
     def _headers(self, sid: int, flags: int, block: bytes) -> None:
         fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
@@ -325,29 +327,37 @@ class TritonChannel(Gathered, asyncio.Protocol):
     def _ended_by_triton(self, stream: Stream) -> None:
         """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
         (RST_STREAM NO_ERROR), or the stream would count against Triton's stream limit forever."""
-        if not stream.up_done:
+        if we_ended(stream.triton):
+            stream.triton = advance(stream.triton, RECEIVED_END)
+        else:
             self.write(f.rst_stream(stream.up, f.NO_ERROR))
         self._close_stream(stream)
 
     def _close_stream(self, stream: Stream) -> None:
-        """Triton ended `stream`: nothing more goes to Triton on it."""
+        """Triton ended `stream` (END_STREAM, or a reset either way): nothing more goes to
+        Triton on it."""
         del self.streams[stream.up]
-        stream.open = False
+        if stream.triton != CLOSED:
+            stream.triton = advance(stream.triton, RESET)
         stream.up_held.clear()
         self.waiting.pop(stream, None)
         self._ended()
 
     def _window_update(self, sid: int, increment: int) -> None:
         if sid == 0:
-            self.window += increment
+            self.window.grow(increment)  # past 2^31-1: FlowControlError, the connection ends
             for waiting in list(self.waiting):
                 self._release(waiting)
-                if self.window <= 0:
+                if self.window.size <= 0:
                     break
             return
         stream = self.streams.get(sid)
         if stream is not None:
-            stream.up_window += increment
+            try:
+                stream.up_window.grow(increment)
+            except FlowControlError as e:
+                self._stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+                return
             if stream in self.waiting:
                 self._release(stream)
 
@@ -362,7 +372,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
             delta = window - self.initial_window
             self.initial_window = window
             for stream in self.streams.values():
-                stream.up_window += delta
+                stream.up_window.shift(delta)
             for stream in list(self.waiting):
                 self._release(stream)
 
@@ -379,7 +389,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
         for sid, stream in list(self.streams.items()):
             if sid > last:
                 del self.streams[sid]
-                stream.open = False
+                stream.triton = advance(stream.triton, RESET)
                 self.waiting.pop(stream, None)
                 stream.conn.triton_refused(stream)
         self._ended()

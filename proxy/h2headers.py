@@ -29,8 +29,6 @@ from typing import TypeVar
 from hpack import Decoder, Encoder
 from hpack.table import HeaderTable
 
-from proxy import h2frames as f
-
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -133,46 +131,3 @@ class BlockEncoder:
         else:
             _keep(self._kept, fields, block, len(block))
         return block
-
-
-class HeaderBlocks:
-    """Joins header blocks sent as a HEADERS frame and CONTINUATION frames (RFC 9113 4.3), for one
-    direction of a connection; raises ValueError when the frames break the rules."""
-
-    __slots__ = ("_limit", "_open")
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit  # bytes of one block: a peer may not grow one without end
-        self._open: tuple[int, int, bytearray] | None = None
-
-    @property
-    def pending(self) -> bool:
-        """A block is open: only its CONTINUATION frames may come next."""
-        return self._open is not None
-
-    def feed(
-        self, kind: int, flags: int, sid: int, payload: bytes
-    ) -> tuple[int, int, bytes] | None:
-        """Take a HEADERS or CONTINUATION frame: (stream id, the HEADERS frame's flags, the whole
-        block) once the block is complete, else None."""
-        if kind == f.HEADERS:
-            if flags & f.PADDED:
-                if not payload or payload[0] >= len(payload):
-                    raise ValueError("HEADERS padding longer than the frame")
-                payload = payload[1 : len(payload) - payload[0]]
-            if flags & f.PRIORITY_FLAG:
-                payload = payload[5:]
-            if flags & f.END_HEADERS:
-                return sid, flags, payload
-            self._open = (sid, flags, bytearray(payload))
-            return None
-        if self._open is None or self._open[0] != sid:
-            raise ValueError("CONTINUATION without HEADERS")
-        self._open[2].extend(payload)
-        if len(self._open[2]) > self._limit:
-            raise ValueError(f"a header block over {self._limit} bytes")
-        if not flags & f.END_HEADERS:
-            return None
-        sid, first, block = self._open
-        self._open = None
-        return sid, first, bytes(block)

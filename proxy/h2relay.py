@@ -30,8 +30,11 @@ from hpack import HPACKError
 
 from proxy import h2frames as f
 from proxy.h2channel import Gathered
-from proxy.h2headers import BlockDecoder, BlockEncoder, Fields, HeaderBlocks
-from proxy.h2replies import CREDIT_STEP, TenantSide
+from proxy.h2flow import FlowControlError, ReceiveWindow, Window
+from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
+from proxy.h2reader import STREAM_ERROR, ConnectionBrokenError, FrameReader
+from proxy.h2replies import TenantSide
+from proxy.h2state import RECEIVED_END, RESET, advance, is_active, peer_ended
 from proxy.h2streams import (
     FORWARDED,
     READY_PATH,
@@ -58,15 +61,9 @@ _RESETS = 2 * MAX_STREAMS
 """How many more streams than it completes a tenant may open at Triton and reset: past that its
 connection ends (ENHANCE_YOUR_CALM), so a reset flood costs Triton and the shared connection
 little ("rapid reset", CVE-2023-44487)."""
-"""Stream credit is given back in steps this large, not a WINDOW_UPDATE per message."""
-
-
-class ProtocolBrokenError(Exception):
-    """The tenant broke the protocol: the connection ends with GOAWAY and this error code."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
+_CLOSED_KEPT = 256
+"""Closed streams remembered per connection, to tell a frame the tenant may still send on one
+(ignored) from one it may not (STREAM_CLOSED); older ones are forgotten, and ignored."""
 
 
 class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
@@ -87,11 +84,13 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         self._decoder = BlockDecoder()
         self._encoder = BlockEncoder()
         self._plans: dict[Fields, tuple[str, Fields, bytes | None]] = {}  # see _plan
-        self._blocks = HeaderBlocks(MAX_HEADER_BLOCK)
+        self._reader = FrameReader(from_server=False, max_block=MAX_HEADER_BLOCK)
+        self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
+        self._closed: dict[int, bool] = {}  # recently closed streams: see `closed`
         self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
-        self._received = _CONNECTION_WINDOW  # what the tenant may still send on the connection
-        self._taken = 0  # connection bytes received and not yet credited back
-        self._window = f.DEFAULT_WINDOW  # the tenant's connection window for our DATA
+        # What the tenant may still send on the connection; credited as bytes arrive.
+        self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
+        self._window = Window(f.DEFAULT_WINDOW)  # the tenant's connection window for our DATA
         self._initial_window = f.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
         self._max_frame = f.DEFAULT_MAX_FRAME  # the tenant's SETTINGS_MAX_FRAME_SIZE
         self._blocked: dict[Stream, None] = {}  # streams with DATA waiting for the tenant
@@ -125,8 +124,8 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             self._preface_timer.cancel()
         self.transport = None
         for stream in list(self.streams.values()):
-            if stream.open and stream.channel is not None:
-                stream.open = False
+            stream.tenant = advance(stream.tenant, RESET)
+            if is_active(stream.triton) and stream.channel is not None:
                 stream.channel.reset(stream)  # Triton stops working for nobody
             self._finish(stream, "CANCELLED")
         self.streams.clear()
@@ -174,10 +173,11 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
     # -- the tenant's frames ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._in:
-            data = self._in + data
         pos = 0
         if not self._preface:
+            if self._in:
+                data = self._in + data
+                self._in = b""
             if len(data) < 24 and f.PREFACE.startswith(data):
                 self._in = data
                 return
@@ -189,85 +189,68 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
                 self._preface_timer.cancel()
                 self._preface_timer = None
             pos = 24
-        end = len(data)
         try:
-            while end - pos >= 9:
-                length = int.from_bytes(data[pos : pos + 3], "big")
-                if length > f.DEFAULT_MAX_FRAME:
-                    raise ProtocolBrokenError(f.FRAME_SIZE_ERROR, f"a {length}-byte frame")
-                stop = pos + 9 + length
-                if stop > end:
-                    break
-                kind = data[pos + 3]
-                flags = data[pos + 4]
-                sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-                if self._blocks.pending and kind != f.CONTINUATION:
-                    raise ProtocolBrokenError(f.PROTOCOL_ERROR, "a header block left unfinished")
+            for kind, flags, sid, payload, length in self._reader.frames(
+                data[pos:] if pos else data
+            ):
                 if kind == f.DATA:
-                    self._data(data[pos + 9 : stop], flags, sid)
+                    self._data(payload, flags, sid, length)
+                elif kind == f.HEADERS:
+                    self._headers(sid, flags, payload)
                 else:
-                    self._frame(data[pos + 9 : stop], kind, flags, sid)
-                pos = stop
-        except ProtocolBrokenError as e:
+                    self._frame(payload, kind, flags, sid)
+        except ConnectionBrokenError as e:
             self._error(e.code, str(e))
-            return
-        except (HPACKError, ValueError) as e:
-            self._error(f.PROTOCOL_ERROR, f"unreadable: {e}")
-            return
-        self._in = data[pos:] if pos < end else b""
+        except FlowControlError as e:
+            self._error(f.FLOW_CONTROL_ERROR, str(e))
+        except HPACKError as e:
+            self._error(f.COMPRESSION_ERROR, f"an unreadable header block: {e}")
 
-    def _data(self, payload: bytes, flags: int, sid: int) -> None:
-        size = len(payload)
-        self._received -= size
-        self._taken += size
-        if self._received < 0:
-            raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, "DATA over the connection window")
-        if self._taken >= _CONNECTION_WINDOW // 2:
-            self.write(f.window_update(0, self._taken))
-            self._received += self._taken
-            self._taken = 0
-        if sid == 0 or sid > self.last_sid:
-            raise ProtocolBrokenError(f.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
+    def _data(self, body: bytes, flags: int, sid: int, size: int) -> None:
+        received = self._received
+        received.arrived(size)
+        increment = received.release(size)  # the stream windows bound what the relay holds
+        if increment:
+            self.write(f.window_update(0, increment))
         stream = self.streams.get(sid)
-        if stream is None or not stream.open or stream.fin:
-            return  # answered or reset already: dropped (its bytes counted above)
-        stream.received -= size
-        if stream.received < 0:
-            raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, f"DATA over stream {sid}'s window")
-        body = payload
-        if flags & f.PADDED:
-            body = payload[1 : size - payload[0]]
-            self.forwarded(stream, size - len(body))
+        if stream is None:
+            if sid > self.last_sid:
+                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
+            if self._closed.get(sid):
+                self._stream_error(sid, f.STREAM_CLOSED, f"DATA on closed stream {sid}")
+            return  # answered or reset by the relay: dropped (its bytes counted above)
+        if peer_ended(stream.tenant):
+            self._stream_error(sid, f.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM")
+            return
+        if not is_active(stream.triton):
+            return  # answered by the relay, kept only for its response: dropped
+        try:
+            stream.received.arrived(size)
+        except FlowControlError:
+            raise ConnectionBrokenError(
+                f.FLOW_CONTROL_ERROR, f"DATA over stream {sid}'s window"
+            ) from None
+        if len(body) < size:
+            self.forwarded(stream, size - len(body))  # padding: Triton never gets it
         if flags & f.END_STREAM:
-            stream.ended = stream.fin = True
-        if body is payload and self._whole_message(payload, stream):
+            stream.tenant = advance(stream.tenant, RECEIVED_END)
+            stream.ended = True
+        if len(body) == size and self._whole_message(body, stream):
             # The common case, one whole message in one frame: checked and, if it passes
             # unchanged, sent on as the very bytes the tenant sent.
-            self._check(stream, payload[5:], size, payload)
+            self._check(stream, body[5:], size, body)
             return
         stream.buf += body
         self._messages(stream)
 
     def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
-        if kind == f.HEADERS or kind == f.CONTINUATION:
-            block = self._blocks.feed(kind, flags, sid, payload)
-            if block is not None:
-                self._headers(*block)
-        elif kind == f.WINDOW_UPDATE:
+        if kind == f.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == f.RST_STREAM:
-            stream = self.streams.pop(sid, None)
-            if stream is not None:
-                self._blocked.pop(stream, None)
-                if stream.open and stream.channel is not None:
-                    stream.open = False
-                    stream.channel.reset(stream)
-                    self._resets -= 1
-                self._finish(stream, "CANCELLED")
-                if self._resets < 0:
-                    raise ProtocolBrokenError(
-                        f.ENHANCE_YOUR_CALM, f"over {_RESETS} more streams reset than completed"
-                    )
+            if sid > self.last_sid:
+                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+            self._reset_by_tenant(sid)
+            self.closed(sid, strict=True)  # RFC 9113 5.1: frames after its RST_STREAM are errors
         elif kind == f.SETTINGS:
             if not flags & f.ACK:
                 self._settings(f.settings_values(payload))
@@ -275,25 +258,58 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         elif kind == f.PING:
             if not flags & f.ACK:
                 self.write(f.frame(f.PING, f.ACK, 0, payload))
-        elif kind == f.PUSH_PROMISE:
-            raise ProtocolBrokenError(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-        # PRIORITY, GOAWAY (the tenant closes when it is done) and unknown types: nothing to do
+        elif kind == STREAM_ERROR:
+            self._stream_error(sid, flags, payload.decode())
+        # PRIORITY and GOAWAY (the tenant closes when it is done): nothing to do
+
+    def _reset_by_tenant(self, sid: int) -> bool:
+        """The tenant's RST_STREAM (or a stream error): cancel the stream at Triton and finish
+        it; False when the stream was not open here."""
+        stream = self.streams.pop(sid, None)
+        if stream is None:
+            return False
+        stream.tenant = advance(stream.tenant, RESET)
+        self._blocked.pop(stream, None)
+        if is_active(stream.triton) and stream.channel is not None:
+            stream.channel.reset(stream)
+            self._resets -= 1
+        self._finish(stream, "CANCELLED")
+        if self._resets < 0:
+            raise ConnectionBrokenError(
+                f.ENHANCE_YOUR_CALM, f"over {_RESETS} more streams reset than completed"
+            )
+        return True
+
+    def _stream_error(self, sid: int, code: int, reason: str) -> None:
+        """The tenant broke a rule of stream `sid`: RST_STREAM with `code`; the connection goes
+        on."""
+        log.info("A tenant broke HTTP/2 on stream %d (%s): resetting the stream.", sid, reason)
+        if sid > self.last_sid:
+            self._refused_sid = sid  # its HEADERS follow: decoded, then refused
+        self._reset_by_tenant(sid)
+        self.closed(sid, strict=False)  # frames the tenant sent before it saw the reset: ignored
+        self.write(f.rst_stream(sid, code))
+
+    def closed(self, sid: int, strict: bool) -> None:
+        """Remember that stream `sid` closed: with `strict` (the tenant ended or reset it) a
+        later frame on it is the tenant's error (STREAM_CLOSED), else it is ignored (the relay
+        ended it, and the tenant may have sent before it knew)."""
+        closed = self._closed
+        if len(closed) >= _CLOSED_KEPT:
+            del closed[next(iter(closed))]
+        closed[sid] = strict
 
     def _settings(self, values: dict[int, int]) -> None:
         window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
         if window is not None:
-            if window > f.MAX_WINDOW:
-                raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, "an initial window over 2^31-1")
             delta = window - self._initial_window
             self._initial_window = window
             for stream in self.streams.values():
-                stream.window += delta
+                stream.window.shift(delta)
             for stream in list(self._blocked):
                 self._drain(stream)
         size = values.get(f.SETTINGS_MAX_FRAME_SIZE)
         if size is not None:
-            if not f.DEFAULT_MAX_FRAME <= size < 1 << 24:
-                raise ProtocolBrokenError(f.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {size}")
             self._max_frame = size
         table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
         if table is not None:
@@ -301,32 +317,52 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
 
     def _window_update(self, sid: int, increment: int) -> None:
         if sid == 0:
-            if increment == 0 or self._window + increment > f.MAX_WINDOW:
-                raise ProtocolBrokenError(f.FLOW_CONTROL_ERROR, "a bad connection WINDOW_UPDATE")
-            self._window += increment
+            self._window.grow(increment)  # past 2^31-1: FlowControlError, the connection ends
             for blocked in list(self._blocked):
                 self._drain(blocked)
             return
         stream = self.streams.get(sid)
-        if stream is not None:
-            stream.window += increment
-            if stream in self._blocked:
-                self._drain(stream)
+        if stream is None:
+            if sid > self.last_sid:
+                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+            return  # closed here already: a WINDOW_UPDATE may still be on its way
+        try:
+            stream.window.grow(increment)
+        except FlowControlError as e:
+            self._stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+            return
+        if stream in self._blocked:
+            self._drain(stream)
 
     def _headers(self, sid: int, flags: int, block: bytes) -> None:
         fields = self._decoder.decode(block)  # every block: the decoder follows the tenant's table
         end_stream = bool(flags & f.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the tenant end its side
-            if stream.open and not stream.fin:
-                stream.ended = stream.fin = True
-                self._messages(stream)
+            if peer_ended(stream.tenant):
+                self._stream_error(sid, f.STREAM_CLOSED, f"HEADERS on stream {sid} after its end")
+            elif not end_stream:
+                self._stream_error(sid, f.PROTOCOL_ERROR, "trailers without END_STREAM")
+            else:
+                stream.tenant = advance(stream.tenant, RECEIVED_END)
+                if is_active(stream.triton):
+                    stream.ended = True
+                    self._messages(stream)
             return
-        if sid <= self.last_sid or sid % 2 == 0:
-            raise ProtocolBrokenError(f.PROTOCOL_ERROR, f"stream {sid} is not a new client stream")
+        if sid <= self.last_sid:
+            if self._closed.get(sid, True):
+                raise ConnectionBrokenError(f.STREAM_CLOSED, f"HEADERS on closed stream {sid}")
+            return  # the relay ended the stream first: trailers it no longer needs
+        if sid % 2 == 0:
+            raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"stream {sid} is not a client stream")
         self.last_sid = sid
+        if sid == self._refused_sid:
+            self._refused_sid = 0
+            return  # reset already (a stream error in its HEADERS frame)
         kind, sent, encoding = self._plan(fields)
         stream = Stream(self, sid, kind, self._initial_window)
+        if end_stream:
+            stream.tenant = advance(stream.tenant, RECEIVED_END)
         stream.encoding = encoding
         started = time.perf_counter()
         if self._goaway or len(self.streams) >= MAX_STREAMS:
@@ -344,9 +380,7 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         if answer is not None:
             self._answer(stream, answer, started)
             return
-        stream.route = kind
-        stream.fin = end_stream  # and END_STREAM goes to Triton on the HEADERS frame
-        stream.open = True
+        stream.route = kind  # END_STREAM, if there, goes to Triton on the HEADERS frame
         self.streams[sid] = stream
         stream.started = started
         self.relay.channel().open(stream, sent, end_stream)
@@ -379,8 +413,6 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
     def forwarded(self, stream: Stream, size: int) -> None:
         """`size` bytes of `stream` left the relay (to Triton, or dropped): the tenant may send
         that much more on it."""
-        stream.taken += size
-        if stream.taken >= CREDIT_STEP and not stream.fin:
-            self.write(f.window_update(stream.sid, stream.taken))
-            stream.received += stream.taken
-            stream.taken = 0
+        increment = stream.received.release(size)
+        if increment and not peer_ended(stream.tenant):
+            self.write(f.window_update(stream.sid, increment))

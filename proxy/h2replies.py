@@ -18,13 +18,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy import h2frames as f
-from proxy.h2streams import RECEIVE_WINDOW, UNAVAILABLE, Stream
+from proxy.h2state import CLOSED, RESET, SENT_END, advance, is_active
+from proxy.h2streams import CREDIT_STEP, UNAVAILABLE, Stream
 
 if TYPE_CHECKING:
+    from proxy.h2flow import Window
     from proxy.h2headers import BlockEncoder, Fields
-
-CREDIT_STEP = RECEIVE_WINDOW // 4
-"""Credit is given back in steps this large (both ways), not a WINDOW_UPDATE per message."""
 _STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
 
 
@@ -35,7 +34,7 @@ class TenantSide:
     _wbuf: list[bytes]
     _blocked: dict[Stream, None]
     _paused: bool
-    _window: int
+    _window: Window
     _max_frame: int
     _encoder: BlockEncoder
 
@@ -44,6 +43,8 @@ class TenantSide:
         def write(self, frames: bytes) -> None: ...
 
         def completed(self) -> None: ...
+
+        def closed(self, sid: int, strict: bool) -> None: ...
 
         def _finish(self, stream: Stream, code: str) -> None: ...
 
@@ -58,12 +59,12 @@ class TenantSide:
         if (
             not stream.held
             and not self._paused
-            and size <= stream.window
-            and size <= self._window
+            and size <= stream.window.size
+            and size <= self._window.size
             and size <= self._max_frame
         ):
-            stream.window -= size
-            self._window -= size
+            stream.window.size -= size
+            self._window.size -= size
             self._wbuf.append(f.data_header(size, end_stream, stream.sid))
             self.write(payload)
             if triton:
@@ -88,20 +89,22 @@ class TenantSide:
         else:
             block = self._encoder.encode(trailers)
             self.write(f.headers_frames(stream.sid, block, True, self._max_frame))
-        if not stream.open:
+        stream.tenant = advance(stream.tenant, SENT_END)
+        if not is_active(stream.triton):
             self.streams.pop(stream.sid, None)
+            self.closed(stream.sid, strict=stream.tenant == CLOSED)
 
     def _drain(self, stream: Stream) -> None:
         """Send what waits on `stream` as far as the tenant's windows allow."""
         held = stream.held
         while held and not self._paused:
-            size = min(len(held), stream.window, self._window, self._max_frame)
+            size = min(len(held), stream.window.size, self._window.size, self._max_frame)
             if size <= 0:
                 return
             chunk = bytes(held[:size])
             del held[:size]
-            stream.window -= size
-            self._window -= size
+            stream.window.size -= size
+            self._window.size -= size
             end = stream.held_end and not held
             self.write(f.data_header(size, end, stream.sid) + chunk)
             if end:
@@ -123,7 +126,7 @@ class TenantSide:
     def _give(self, stream: Stream, size: int) -> None:
         """The tenant took `size` of Triton's bytes on `stream`: credit Triton in steps."""
         stream.given += size
-        if stream.given >= CREDIT_STEP and stream.open and stream.channel is not None:
+        if stream.given >= CREDIT_STEP and is_active(stream.triton) and stream.channel:
             stream.channel.credit(stream, stream.given)
             stream.given = 0
 
@@ -155,6 +158,8 @@ class TenantSide:
 
     def triton_reset(self, stream: Stream, code: int) -> None:
         if self.streams.pop(stream.sid, None) is not None:
+            stream.tenant = advance(stream.tenant, RESET)
+            self.closed(stream.sid, strict=False)
             self._blocked.pop(stream, None)
             self.write(f.rst_stream(stream.sid, code))
             self._finish(stream, "CANCELLED")
@@ -162,6 +167,8 @@ class TenantSide:
     def triton_refused(self, stream: Stream) -> None:
         """Triton's GOAWAY left `stream` unprocessed: the tenant may retry it."""
         if self.streams.pop(stream.sid, None) is not None:
+            stream.tenant = advance(stream.tenant, RESET)
+            self.closed(stream.sid, strict=False)
             self._blocked.pop(stream, None)
             self.write(f.rst_stream(stream.sid, f.REFUSED_STREAM))
             self._finish(stream, "UNAVAILABLE")

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from proxy import errors, h2messages, wire
 from proxy import h2frames as f
+from proxy.h2flow import ReceiveWindow, Window
+from proxy.h2state import IDLE, OPEN, is_active
 from proxy.limiter import Limiter
 from proxy.routing import GRPC_SERVICE, GrpcAnswer
 
@@ -51,6 +53,8 @@ RECEIVE_WINDOW = 256 * 1024
 """The per-stream window the relay grants tenants (SETTINGS_INITIAL_WINDOW_SIZE): the most it holds
 of one tenant stream while Triton's window is short. It must exceed the bytes held back to check
 a message (PREFIX_HOLD) plus what is credited in one go (a quarter of it), or a stream stalls."""
+CREDIT_STEP = RECEIVE_WINDOW // 4
+"""Credit is given back in steps this large (both ways), not a WINDOW_UPDATE per message."""
 
 # Stream.limited values.
 NO_SLOT = 0
@@ -75,17 +79,17 @@ class Stream:
         "held_up",
         "kind",
         "limited",
-        "open",
+        "passed",
         "received",
         "responded",
         "route",
         "sid",
         "skip",
         "started",
-        "taken",
+        "tenant",
         "trailers",
+        "triton",
         "up",
-        "up_done",
         "up_end",
         "up_held",
         "up_window",
@@ -102,18 +106,20 @@ class Stream:
         self.buf = bytearray()
         self.early = 0  # bytes of the current message already relayed (all but its last byte)
         self.skip = 0  # bytes still to come of a large message refused from its prefix
-        self.open = False  # opened at Triton and not yet closed there
+        # The two streams' states (`h2state`): the tenant's, opened by the HEADERS that made this
+        # object, and Triton's, opened when the channel sends the request headers.
+        self.tenant = OPEN
+        self.triton = IDLE
         self.ended = False  # the tenant's END_STREAM is still to be sent on to Triton
-        self.fin = False  # the tenant sent END_STREAM
+        self.passed = False  # a unary call's one message passed the check
         self.limited = NO_SLOT
         self.waiter: asyncio.Future[None] | None = None
         self.responded = False  # the tenant has the response head
         self.started = 0.0  # perf_counter() when relayed to Triton; 0 once finished
         # Tenant side (`h2relay`): what it may still send us, bytes to credit back to it, and
         # what waits for its window (DATA, how much of it is Triton's, then the trailers).
-        self.received = RECEIVE_WINDOW
-        self.taken = 0
-        self.window = window
+        self.received = ReceiveWindow(RECEIVE_WINDOW, CREDIT_STEP)
+        self.window = Window(window)
         self.held = bytearray()
         self.held_end = False
         self.held_up = 0
@@ -122,10 +128,9 @@ class Stream:
         # and response bytes the tenant took that Triton has not been credited for yet.
         self.channel: TritonChannel | None = None
         self.up = 0
-        self.up_window = 0
+        self.up_window = Window(0)
         self.up_held = bytearray()
         self.up_end = False
-        self.up_done = False  # END_STREAM went to Triton
         self.given = 0
 
 
@@ -218,7 +223,7 @@ class StreamGate:
             del buf[:total]
             if not self._check(stream, message, total, framed):
                 return
-        if stream.ended and not buf and stream.open:
+        if stream.ended and not buf and is_active(stream.triton):
             self._up(stream, b"", True)
             stream.ended = False  # sent on; the stream stays open until Triton's trailers
 
@@ -297,7 +302,7 @@ class StreamGate:
             self.forwarded(stream, total)
             self._inject(stream, refusal)
             return True
-        if stream.route != stream.kind:  # a second message on a unary call
+        if stream.passed:  # a second message on a unary call
             self._refuse(stream, "INVALID_ARGUMENT", "a unary call carries exactly one message")
             return False
         decision = router.decide(stream.kind, message)
@@ -306,11 +311,12 @@ class StreamGate:
             ok = decision.code == "OK"
             self._refuse(stream, decision.code, decision.details, decision.response if ok else None)
             return False
-        stream.route = "checked:" + decision.route
+        stream.passed = True
         if decision.limited and stream.limited == NO_SLOT and not self._admit(stream):
             stream.buf[:0] = framed or f.grpc_message(message)  # checked again once admitted
             stream.early = early
             stream.route = stream.kind
+            stream.passed = False
             return False
         if decision.request is not message and early:
             self._refuse(stream, "INVALID_ARGUMENT", "the request is too large to be narrowed")
@@ -349,8 +355,7 @@ class StreamGate:
     ) -> None:
         """Answer `stream` ourselves and reset it at Triton."""
         self.streams.pop(stream.sid, None)
-        if stream.open:
-            stream.open = False
+        if is_active(stream.triton):
             assert stream.channel is not None
             stream.channel.reset(stream)
         stream.buf.clear()
@@ -392,8 +397,7 @@ class StreamGate:
         if stream.limited == HOLDS_SLOT:
             self.relay.limiter.release()
         stream.limited = NO_SLOT
-        route = stream.route.removeprefix("checked:")
-        self.relay.metrics.observe("grpc", route, code, time.perf_counter() - started)
+        self.relay.metrics.observe("grpc", stream.route, code, time.perf_counter() - started)
 
     # -- Triton side ---------------------------------------------------------------------------
 

@@ -10,141 +10,15 @@ a broken one shows which.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from hpack import Decoder, Encoder
-from tritonclient.grpc import service_pb2
+from hpack import Decoder
 
 from proxy import h2frames as f
-from proxy.h2channel import RESPONSE_WINDOW, TritonChannel
+from proxy.h2channel import RESPONSE_WINDOW
 from proxy.h2relay import _RESETS, MAX_HEADER_BLOCK, H2Connection
-from proxy.h2server import GrpcRelay
 from proxy.h2streams import RECEIVE_WINDOW
-from proxy.limiter import Limiter
-from proxy.metrics import ProxyMetrics
-from proxy.settings import parse_settings
-from proxy.state import ProxyState
 from tests.proxy.conftest import data_frames
-
-Frame = tuple[int, int, int, bytes]  # kind, flags, stream id, payload
-MODEL = "add_one"
-HEADERS = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
-    (b":authority", b"proxy"),
-    (b"te", b"trailers"),
-    (b"content-type", b"application/grpc"),
-]
-
-
-class Recording:
-    """A transport that keeps what is written."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-        self.reading = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    abort = close
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def take(self) -> list[Frame]:
-        """The frames written since the last call (a leading connection preface skipped)."""
-        data = bytes(self.data)
-        self.data.clear()
-        if data.startswith(f.PREFACE):
-            data = data[len(f.PREFACE) :]
-        frames = []
-        while data:
-            length = int.from_bytes(data[:3], "big")
-            sid = int.from_bytes(data[5:9], "big")
-            frames.append((data[3], data[4], sid, data[9 : 9 + length]))
-            data = data[9 + length :]
-        return frames
-
-
-class Rig:
-    """A relay, its tenants and channels, driven by hand (flush = the end of a loop turn)."""
-
-    def __init__(self, **flags: str) -> None:
-        argv = ["--model-id", MODEL, "--triton-http-url", "127.0.0.1:1"]
-        argv += ["--triton-grpc-url", "127.0.0.1:2"]
-        for name, value in flags.items():
-            argv += [f"--{name.replace('_', '-')}", value]
-        settings = parse_settings(argv, {})
-        limiter = Limiter(0, 0, 1.0)
-        self.relay = GrpcRelay(settings, limiter, ProxyMetrics(limiter, MODEL), ProxyState())
-        self.triton_encoder = Encoder()
-        self.triton_decoder = Decoder()
-
-    def tenant(self, window: int | None = None) -> tuple[H2Connection, Recording]:
-        connection = H2Connection(self.relay)
-        transport = Recording()
-        connection.connection_made(transport)  # type: ignore[arg-type]
-        hello = f.PREFACE + f.settings(
-            {} if window is None else {f.SETTINGS_INITIAL_WINDOW_SIZE: window}
-        )
-        connection.data_received(hello)
-        self.relay.flush()
-        transport.take()
-        return connection, transport
-
-    def channel(self) -> tuple[TritonChannel, Recording]:
-        """The channel the last stream went on, connected to a recording transport."""
-        channel = self.relay.channels[-1]
-        if channel.transport is None:
-            transport = Recording()
-            channel.transport = transport  # type: ignore[assignment]
-            channel.flush()
-        return channel, channel.transport  # type: ignore[return-value]
-
-    def call(self, tenant: H2Connection, sid: int, message: bytes, end: bool = True) -> None:
-        frames = f.frame(f.HEADERS, f.END_HEADERS, sid, f.header_block(HEADERS))
-        frames += data_frames(sid, f.grpc_message(message), end)
-        tenant.data_received(frames)
-        self.relay.flush()
-
-    def respond(self, channel: TritonChannel, sid: int, body: bytes, trailers: bool) -> None:
-        head = self.triton_encoder.encode([(b":status", b"200"), (b"content-type", b"x")])
-        frames = f.frame(f.HEADERS, f.END_HEADERS, sid, head)
-        frames += data_frames(sid, body, False)
-        if trailers:
-            block = self.triton_encoder.encode([(b"grpc-status", b"0")])
-            frames += f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block)
-        channel.data_received(frames)
-
-
-def infer(payload: int = 4) -> bytes:
-    request = service_pb2.ModelInferRequest(model_name=MODEL)
-    request.raw_input_contents.append(b"\x01" * payload)
-    data: bytes = request.SerializeToString()
-    return data
-
-
-def kinds(frames: list[Frame]) -> list[tuple[int, int]]:
-    return [(kind, sid) for kind, _, sid, _ in frames]
-
-
-def data_bytes(frames: list[Frame], sid: int) -> int:
-    return sum(len(p) for kind, _, s, p in frames if kind == f.DATA and s == sid)
+from tests.proxy.h2rig import HEADERS, Recording, Rig, data_bytes, goaway_code, infer, kinds
 
 
 async def test_two_tenants_share_one_channel_under_their_own_stream_ids() -> None:
@@ -322,12 +196,6 @@ async def test_frames_from_a_tenant_never_reach_triton_as_sent() -> None:
     assert (f.PING, 0) in answered and (f.SETTINGS, 0) in answered
 
 
-def _goaway_code(frames: list[Frame]) -> int:
-    goaway = [payload for kind, _, _, payload in frames if kind == f.GOAWAY]
-    assert goaway, "the proxy must say why it closes the connection"
-    return int.from_bytes(goaway[-1][4:8], "big")
-
-
 async def test_an_endless_header_block_ends_the_tenants_connection() -> None:
     rig = Rig()
     tenant, out = rig.tenant()
@@ -336,7 +204,7 @@ async def test_an_endless_header_block_ends_the_tenants_connection() -> None:
     for _ in range(MAX_HEADER_BLOCK // len(chunk) + 1):  # a CONTINUATION flood
         tenant.data_received(f.frame(f.CONTINUATION, 0, 1, chunk))
     rig.relay.flush()
-    assert out.closed and _goaway_code(out.take()) == f.PROTOCOL_ERROR
+    assert out.closed and goaway_code(out.take()) == f.PROTOCOL_ERROR
     assert rig.relay.channels == []  # nothing reached Triton
 
 
@@ -351,7 +219,7 @@ async def test_a_reset_flood_ends_the_tenants_connection_and_spares_the_others()
         rude.data_received(f.rst_stream(sid, f.CANCEL))
         sid += 2
     rig.relay.flush()
-    assert rude_out.closed and _goaway_code(rude_out.take()) == f.ENHANCE_YOUR_CALM
+    assert rude_out.closed and goaway_code(rude_out.take()) == f.ENHANCE_YOUR_CALM
     assert sid // 2 == _RESETS + 1  # exactly the allowance, then the end
     channel, _ = rig.channel()
     assert not channel.closing and list(channel.streams) == [1]  # the calm tenant's call

@@ -14,8 +14,7 @@ from hpack import Decoder, Encoder, HPACKError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import h2frames as f
-from proxy.h2headers import BlockDecoder, BlockEncoder, HeaderBlocks
+from proxy.h2headers import BlockDecoder, BlockEncoder
 
 _POOL = [
     (b":method", b"POST"),
@@ -148,45 +147,3 @@ def test_a_repeated_header_list_costs_a_few_indexed_bytes() -> None:
     second = ours.encode(fields)
     assert len(second) < len(first) // 4  # indexed now, as grpc-core would send it
     assert ours.encode(fields) is second  # kept: the table did not change
-
-
-def test_header_blocks_join_continuations_and_strip_padding_and_priority() -> None:
-    blocks = HeaderBlocks(1024)
-    padded = bytes([3]) + b"\x00\x00\x00\x01\x10" + b"abc" + b"\x00\x00\x00"  # pad 3, priority
-    flags = f.PADDED | f.PRIORITY_FLAG | f.END_STREAM
-    open_after: list[bool] = []
-    assert blocks.feed(f.HEADERS, flags, 5, padded) is None
-    open_after.append(blocks.pending)
-    assert blocks.feed(f.CONTINUATION, 0, 5, b"def") is None
-    assert blocks.feed(f.CONTINUATION, f.END_HEADERS, 5, b"ghi") == (5, flags, b"abcdefghi")
-    open_after.append(blocks.pending)
-    assert open_after == [True, False]
-    assert blocks.feed(f.HEADERS, f.END_HEADERS, 7, b"x") == (7, f.END_HEADERS, b"x")
-
-
-@pytest.mark.parametrize(
-    ("kind", "flags", "sid", "payload"),
-    [
-        (f.CONTINUATION, f.END_HEADERS, 1, b"x"),  # nothing open
-        (f.HEADERS, f.PADDED | f.END_HEADERS, 1, bytes([9]) + b"ab"),  # padding past the end
-    ],
-)
-def test_header_blocks_refuse_frames_out_of_rule(
-    kind: int, flags: int, sid: int, payload: bytes
-) -> None:
-    with pytest.raises(ValueError):
-        HeaderBlocks(1024).feed(kind, flags, sid, payload)
-
-
-def test_a_header_block_may_not_grow_past_its_limit() -> None:
-    blocks = HeaderBlocks(1024)
-    blocks.feed(f.HEADERS, 0, 1, b"a" * 1000)
-    with pytest.raises(ValueError, match="over 1024 bytes"):
-        blocks.feed(f.CONTINUATION, 0, 1, b"b" * 100)
-
-
-def test_a_continuation_for_another_stream_is_refused() -> None:
-    blocks = HeaderBlocks(1024)
-    blocks.feed(f.HEADERS, 0, 1, b"a")
-    with pytest.raises(ValueError):
-        blocks.feed(f.CONTINUATION, f.END_HEADERS, 3, b"b")
