@@ -131,3 +131,53 @@ class BlockEncoder:
         else:
             _keep(self._kept, fields, block, len(block))
         return block
+
+
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_CONNECTION_SPECIFIC = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+
+def request_problem(fields: Fields) -> str | None:
+    """What makes request header `fields` malformed (RFC 9113 8.2, 8.3), or None.
+
+    Names must be lowercase; pseudo-header fields are the request's four, each once, before every
+    other field, with :method, :scheme and a non-empty :path present; no connection-specific
+    fields, and TE only as `trailers`. A malformed request is a stream error (PROTOCOL_ERROR).
+    """
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in fields:
+        if name != name.lower():
+            return f"the field name {name[:40]!r} is not lowercase"
+        if name.startswith(b":"):
+            if regular:
+                return f"the pseudo-header {name[:40]!r} follows a regular field"
+            if name not in _REQUEST_PSEUDO:
+                return f"{name[:40]!r} is not a request pseudo-header"
+            if name in seen:
+                return f"the pseudo-header {name!r} is there twice"
+            seen.add(name)
+            if name == b":path" and not value:
+                return "the :path is empty"
+        else:
+            regular = True
+            if name in _CONNECTION_SPECIFIC:
+                return f"the connection-specific field {name!r}"
+            if name == b"te" and value != b"trailers":
+                return "TE other than `trailers`"
+    missing = _REQUEST_PSEUDO - seen - {b":authority"}
+    if missing:
+        return "no " + " or ".join(sorted(n.decode() for n in missing))
+    return None
+
+
+def trailers_problem(fields: Fields) -> str | None:
+    """What makes request trailer `fields` malformed (pseudo-headers, uppercase), or None."""
+    for name, _ in fields:
+        if name.startswith(b":"):
+            return f"the pseudo-header {name[:40]!r} in trailers"
+        if name != name.lower():
+            return f"the field name {name[:40]!r} is not lowercase"
+    return None

@@ -31,7 +31,13 @@ from hpack import HPACKError
 from proxy import h2frames as f
 from proxy.h2channel import Gathered
 from proxy.h2flow import FlowControlError, ReceiveWindow, Window
-from proxy.h2headers import BlockDecoder, BlockEncoder, Fields
+from proxy.h2headers import (
+    BlockDecoder,
+    BlockEncoder,
+    Fields,
+    request_problem,
+    trailers_problem,
+)
 from proxy.h2reader import STREAM_ERROR, ConnectionBrokenError, FrameReader
 from proxy.h2replies import TenantSide
 from proxy.h2state import RECEIVED_END, RESET, advance, is_active, peer_ended
@@ -61,9 +67,11 @@ _RESETS = 2 * MAX_STREAMS
 """How many more streams than it completes a tenant may open at Triton and reset: past that its
 connection ends (ENHANCE_YOUR_CALM), so a reset flood costs Triton and the shared connection
 little ("rapid reset", CVE-2023-44487)."""
+_Plan = tuple[str, Fields, bytes | None, str | None]
 _CLOSED_KEPT = 256
 """Closed streams remembered per connection, to tell a frame the tenant may still send on one
-(ignored) from one it may not (STREAM_CLOSED); older ones are forgotten, and ignored."""
+(ignored) from one it may not (STREAM_CLOSED); on older ones DATA is ignored and HEADERS are a
+PROTOCOL_ERROR, as for a stream id never used."""
 
 
 class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
@@ -83,7 +91,7 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         self._paused = False  # the tenant's socket is full: response DATA waits
         self._decoder = BlockDecoder()
         self._encoder = BlockEncoder()
-        self._plans: dict[Fields, tuple[str, Fields, bytes | None]] = {}  # see _plan
+        self._plans: dict[Fields, _Plan] = {}  # see _plan
         self._reader = FrameReader(from_server=False, max_block=MAX_HEADER_BLOCK)
         self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
         self._closed: dict[int, bool] = {}  # recently closed streams: see `closed`
@@ -343,6 +351,8 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
                 self._stream_error(sid, f.STREAM_CLOSED, f"HEADERS on stream {sid} after its end")
             elif not end_stream:
                 self._stream_error(sid, f.PROTOCOL_ERROR, "trailers without END_STREAM")
+            elif (problem := trailers_problem(fields)) is not None:
+                self._stream_error(sid, f.PROTOCOL_ERROR, problem)
             else:
                 stream.tenant = advance(stream.tenant, RECEIVED_END)
                 if is_active(stream.triton):
@@ -350,7 +360,12 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
                     self._messages(stream)
             return
         if sid <= self.last_sid:
-            if self._closed.get(sid, True):
+            strict = self._closed.get(sid)
+            if strict is None:  # RFC 9113 5.1.1: stream ids only grow
+                raise ConnectionBrokenError(
+                    f.PROTOCOL_ERROR, f"HEADERS opening stream {sid} after stream {self.last_sid}"
+                )
+            if strict:
                 raise ConnectionBrokenError(f.STREAM_CLOSED, f"HEADERS on closed stream {sid}")
             return  # the relay ended the stream first: trailers it no longer needs
         if sid % 2 == 0:
@@ -359,7 +374,10 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         if sid == self._refused_sid:
             self._refused_sid = 0
             return  # reset already (a stream error in its HEADERS frame)
-        kind, sent, encoding = self._plan(fields)
+        kind, sent, encoding, problem = self._plan(fields)
+        if problem is not None:
+            self._stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
+            return
         stream = Stream(self, sid, kind, self._initial_window)
         if end_stream:
             stream.tenant = advance(stream.tenant, RECEIVED_END)
@@ -387,10 +405,10 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         if router.is_stream(kind):
             self._admit(stream)
 
-    def _plan(self, fields: Fields) -> tuple[str, Fields, bytes | None]:
-        """The RPC a tenant's request fields call, the fields Triton gets for them, and their
-        grpc-encoding (for compressed messages); made once per distinct fields, since a client
-        repeats its headers call after call."""
+    def _plan(self, fields: Fields) -> _Plan:
+        """The RPC a tenant's request fields call, the fields Triton gets for them, their
+        grpc-encoding (for compressed messages) and what makes them malformed (or None); made
+        once per distinct fields, since a client repeats its headers call after call."""
         plan = self._plans.get(fields)
         if plan is None:
             path = next((value for name, value in fields if name == b":path"), b"")
@@ -399,7 +417,7 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             sent = fields
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
-            plan = (kind, sent, encoding)
+            plan = (kind, sent, encoding, request_problem(fields))
             if len(self._plans) >= 64:
                 self._plans.clear()
             self._plans[fields] = plan
