@@ -482,7 +482,6 @@ def assert_triton_saw_only_the_relay(rig: Rig) -> None:
             assert flags & f.END_HEADERS and sid % 2 == 1 and sid not in opened
             fields = dict(decoder.decode(payload, raw=True))
             assert fields[b":path"].startswith(b"/inference.GRPCInferenceService/")
-            assert fields[b"content-type"] == b"application/grpc"
             opened.add(sid)
         elif kind in (f.DATA, f.RST_STREAM):
             assert sid in opened, f"{kind} on stream {sid}, never opened at Triton"
