@@ -5,8 +5,10 @@ so all it needs to know is where each message ends. Anything ambiguous is refuse
 guessed, because a proxy and a server that disagree on where a request ends can be made to
 forward a second, hidden request (request smuggling): both Content-Length and Transfer-Encoding,
 repeated or malformed lengths, folded header lines, control characters in the request line or in
-header values, and transfer codings other than `chunked` are all answered 400 (or 501).
-The head is re-serialized from what was parsed, so Triton sees exactly what the proxy checked.
+header values (every byte below 0x20 but HTAB, and DEL: RFC 9110 5.5), an HTTP/1.1 request
+without exactly one valid Host (RFC 9112 3.2), and transfer codings other than `chunked` are all
+answered 400 (or 501). The head is re-serialized from what was parsed, so Triton sees exactly
+what the proxy checked. `tests/proxy/test_http1_h11.py` holds this parser to h11's.
 """
 
 from __future__ import annotations
@@ -17,8 +19,14 @@ from dataclasses import dataclass
 MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNK_LINE = 4096
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e\x80-\xff]+) (HTTP/1\.[01])")
-_HEADER = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([^\r\n\x00]*?)[ \t]*")
+# The target is a URI (RFC 9112 3.2): visible ASCII only; other bytes must be percent-encoded.
+_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) (HTTP/1\.[01])")
+# A field value is visible ASCII, SP, HTAB and obs-text (RFC 9110 5.5): no other control byte.
+_HEADER = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([\t\x20-\x7e\x80-\xff]*?)[ \t]*")
+# Host is uri-host [":" port] (RFC 9112 3.2, RFC 3986 3.2.2): a reg-name, IPv4 or IP-literal.
+_HOST = re.compile(
+    rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]*|\[[0-9A-Fa-f:.vV\-._~!$&'()*+,;=]+\])(?::[0-9]*)?"
+)
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
 # Headers that describe one connection, not the message: never forwarded as received.
@@ -73,6 +81,7 @@ def parse_request_head(block: bytes) -> RequestHead:
     content_length: int | None = None
     chunked = False
     connection = b""
+    hosts = 0
     for line in lines[1:]:
         header = _HEADER.fullmatch(line)
         if header is None:
@@ -80,7 +89,14 @@ def parse_request_head(block: bytes) -> RequestHead:
                 400, "a header line is malformed (folded, without a colon, or with control bytes)"
             )
         name = header[1].lower()
-        if name == b"content-length":
+        if name == b"host":
+            hosts += 1
+            if hosts > 1:
+                raise HttpError(400, "the request has Host more than once; send it once")
+            if _HOST.fullmatch(header[2]) is None:
+                raise HttpError(400, f"Host {header[2][:60]!r} is not host[:port]")
+            headers.append(line)
+        elif name == b"content-length":
             content_length = _length(header[2], content_length)
         elif name == b"transfer-encoding":
             if header[2].lower() != b"chunked" or chunked:
@@ -92,6 +108,8 @@ def parse_request_head(block: bytes) -> RequestHead:
             headers.append(line)  # framing headers are re-added once, below
     if chunked and content_length is not None:
         raise HttpError(400, "the request has both Content-Length and Transfer-Encoding")
+    if not hosts and version == b"HTTP/1.1":
+        raise HttpError(400, "an HTTP/1.1 request must carry a Host header")
     if chunked:
         headers.append(b"Transfer-Encoding: chunked")
     elif content_length is not None:

@@ -25,7 +25,7 @@ def test_a_request_head_is_reserialized_without_hop_by_hop_headers() -> None:
 
 
 def test_keep_alive_follows_the_version_and_connection_header() -> None:
-    assert not parse_request_head(b"GET / HTTP/1.1\r\nConnection: close").keep_alive
+    assert not parse_request_head(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close").keep_alive
     assert not parse_request_head(b"GET / HTTP/1.0").keep_alive
     assert parse_request_head(b"GET / HTTP/1.0\r\nConnection: keep-alive").keep_alive
 
@@ -44,6 +44,18 @@ def test_keep_alive_follows_the_version_and_connection_header() -> None:
         (b"POST / HTTP/1.1\r\nX: a\nContent-Length: 5", 400),
         (b"POST / HTTP/1.1\r\nContent-Length : 5", 400),
         (b"POST / HTTP/1.1\r\nX: a\x00b", 400),
+        # Issue 16's gaps: every control byte but HTAB in a value (RFC 9110 5.5), and Host
+        # missing, twice, or not host[:port] in an HTTP/1.1 request (RFC 9112 3.2).
+        (b"POST / HTTP/1.1\r\nHost: h\r\nX: a\x01b", 400),
+        (b"POST / HTTP/1.1\r\nHost: h\r\nX: a\x7fb", 400),
+        (b"POST / HTTP/1.1\r\nHost: h\r\nX: a\x1bb", 400),
+        (b"POST / HTTP/1.1\r\nHost: h\x01", 400),
+        (b"POST / HTTP/1.1\r\nContent-Length: 0", 400),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nHost: a", 400),
+        (b"POST / HTTP/1.1\r\nHost: a\r\nhost: b", 400),
+        (b"POST / HTTP/1.1\r\nHost: a b", 400),
+        (b"POST / HTTP/1.1\r\nHost: a/b", 400),
+        (b"POST / HTTP/1.1\r\nHost: user@a", 400),
         (b"POST /a b HTTP/1.1", 400),
         (b"POST /a\tb HTTP/1.1", 400),
         (b"POST /a HTTP/2.0", 400),
@@ -101,3 +113,18 @@ def test_chunked_framing_finds_the_end_across_any_split() -> None:
 def test_bad_chunked_bodies_are_refused(body: bytes) -> None:
     with pytest.raises(HttpError):
         ChunkedFraming().feed(body)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.0",  # HTTP/1.0 has no Host requirement
+        b"GET / HTTP/1.1\r\nHost: ",  # empty: a target without an authority
+        b"GET / HTTP/1.1\r\nHost: triton.example:8000",
+        b"GET / HTTP/1.1\r\nHost: 10.0.0.7:9000",
+        b"GET / HTTP/1.1\r\nHost: [fe80::1]:9000",
+        b"GET / HTTP/1.1\r\nHost: h\r\nX: tab\there, obs-text \xe9",
+    ],
+)
+def test_valid_hosts_and_values_pass(head: bytes) -> None:
+    parse_request_head(head)
