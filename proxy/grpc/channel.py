@@ -1,0 +1,395 @@
+"""The relay's one HTTP/2 connection to Triton, shared by every tenant connection of the proxy.
+
+Tenant streams are multiplexed onto it under stream ids of its own (`Stream.up`). Everything
+Triton receives is written here: request header blocks from the channel's own HPACK encoder,
+DATA within the windows Triton grants, RST_STREAM, WINDOW_UPDATE, and the answers to Triton's
+SETTINGS and PING. No tenant frame reaches Triton as sent, so a tenant that breaks the protocol
+only ever breaks its own connection. Triton's frames are read here and handed to the tenant
+connection that owns the stream (`grpc.relay`), which writes them under its own ids, windows and
+header compression.
+
+Flow control, request direction: DATA waits here while Triton's stream or connection window is
+short, and the tenant's stream gets its credit back only once its bytes went to Triton.
+Response direction: the channel grants Triton a large connection window, credited as bytes
+arrive; each stream's window (`RESPONSE_WINDOW`) is credited only as the tenant takes the bytes,
+so a tenant that stops reading holds at most that much per stream here.
+
+Writes from every tenant made in one event-loop turn leave in one write (`GrpcRelay.flush`): under
+load Triton reads many streams' frames per read, as from one client with many calls in flight.
+When Triton sends GOAWAY the channel takes no new streams (a new channel is opened) and streams
+Triton will not process are refused to their tenants with REFUSED_STREAM, which clients retry.
+
+What it must not do: forward a tenant's bytes unchecked, or exceed a window Triton granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from hpack import HPACKError
+
+from proxy.http2 import frames as f
+from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
+from proxy.http2.headers import BlockDecoder, BlockEncoder, Fields
+from proxy.http2.reader import STREAM_ERROR, ConnectionBrokenError, FrameReader
+from proxy.http2.state import CLOSED, OPENED, RECEIVED_END, RESET, SENT_END, advance, we_ended
+from proxy.sockets import nodelay
+
+if TYPE_CHECKING:
+    from proxy.grpc.gate import Stream
+    from proxy.grpc.server import GrpcRelay
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for Triton to accept the connection (it runs on the same node)."""
+RESPONSE_WINDOW = 1024 * 1024
+"""The per-stream window the channel grants Triton: what it may hold of one stream's response."""
+_CONNECTION_WINDOW = 1 << 30
+"""The channel's connection window for Triton, credited back as bytes arrive (streams bound it)."""
+_LAST_ID = 2**31 - 1
+
+
+class Gathered:
+    """A connection whose writes made in one event-loop turn leave in one write at its end
+    (`GrpcRelay.flush`), or when the connection is made."""
+
+    relay: GrpcRelay
+    transport: asyncio.Transport | None
+    dirty: bool
+    _wbuf: list[bytes]
+
+    def write(self, frames: bytes) -> None:
+        """Queue `frames`; they leave with everything else written this turn."""
+        self._wbuf.append(frames)
+        if not self.dirty:
+            self.dirty = True
+            self.relay.mark(self)
+
+    def flush(self) -> None:
+        """Write what was queued (kept while there is no connection)."""
+        if self.transport is None:
+            return
+        self.dirty = False
+        if self._wbuf:
+            data = b"".join(self._wbuf)
+            self._wbuf.clear()
+            self.transport.write(data)
+
+
+class TritonChannel(Gathered, asyncio.Protocol):
+    """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
+
+    def __init__(self, relay: GrpcRelay) -> None:
+        self.relay = relay
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, Stream] = {}  # by Triton-side stream id
+        self.closing = False  # GOAWAY from Triton, ids used up, or the proxy stops
+        self.max_streams = _LAST_ID  # Triton's SETTINGS_MAX_CONCURRENT_STREAMS
+        self.max_frame = f.DEFAULT_MAX_FRAME  # Triton's SETTINGS_MAX_FRAME_SIZE
+        self.initial_window = f.DEFAULT_WINDOW  # Triton's SETTINGS_INITIAL_WINDOW_SIZE
+        self.window = Window(f.DEFAULT_WINDOW)  # what Triton's connection window lets us send
+        self.waiting: dict[Stream, None] = {}  # streams with DATA held for Triton's windows
+        self._next_id = 1
+        self._encoder = BlockEncoder()
+        self._decoder = BlockDecoder()
+        self._reader = FrameReader(from_server=True, max_block=1 << 20)
+        # What Triton may still send on the connection, credited as bytes arrive (streams bound it).
+        self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
+        self._wbuf: list[bytes] = [
+            f.PREFACE,
+            f.settings(
+                {f.SETTINGS_ENABLE_PUSH: 0, f.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW}
+            ),
+            f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW),
+        ]
+        self.dirty = True
+
+    # -- connection ------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the connection; until then frames wait in the write buffer."""
+        host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: self, host, int(port)), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as e:
+            reason = e if isinstance(e, OSError) else f"no answer within {CONNECT_TIMEOUT:g} s"
+            self.relay.triton_unreachable(f"{host}:{port}", reason)
+            self._fail()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = nodelay(transport)
+        self.relay.triton_reachable()
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.streams:
+            log.warning(
+                "The connection to Triton's gRPC endpoint closed (%s) with %d calls in flight: "
+                "they fail UNAVAILABLE and new calls open a new connection.",
+                exc or "closed by Triton",
+                len(self.streams),
+            )
+        self.transport = None
+        self._fail()
+
+    def _fail(self) -> None:
+        """The connection is gone or never came: every stream on it fails UNAVAILABLE."""
+        self.closing = True
+        self.relay.forget(self)
+        streams, self.streams = list(self.streams.values()), {}
+        self.waiting.clear()
+        for stream in streams:
+            stream.triton = advance(stream.triton, RESET)
+            stream.conn.triton_unavailable(stream)
+
+    def accepts(self) -> bool:
+        """Whether a new stream may go on this channel."""
+        return not self.closing and len(self.streams) < self.max_streams
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        """Open `stream` at Triton with request header `fields`."""
+        up = self._next_id
+        self._next_id += 2
+        if self._next_id > _LAST_ID:
+            self.closing = True  # ids used up: new streams go to a new channel
+        stream.up = up
+        stream.channel = self
+        stream.up_window.size = self.initial_window
+        stream.triton = advance(stream.triton, OPENED)
+        if end_stream:
+            stream.triton = advance(stream.triton, SENT_END)
+        self.streams[up] = stream
+        block = self._encoder.encode(fields)  # every block encoded is written, in order
+        self.write(f.headers_frames(up, block, end_stream, self.max_frame))
+
+    def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
+        """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
+        size = len(payload)
+        if (
+            not stream.up_held
+            and size <= stream.up_window.size
+            and size <= self.window.size
+            and size <= self.max_frame
+        ):
+            stream.up_window.size -= size
+            self.window.size -= size
+            self._wbuf.append(f.data_header(size, end_stream, stream.up))
+            self.write(payload)
+            if end_stream:
+                stream.triton = advance(stream.triton, SENT_END)
+            if size:
+                stream.conn.forwarded(stream, size)
+            return
+        stream.up_held += payload
+        stream.up_end = stream.up_end or end_stream
+        self.waiting[stream] = None
+        self._release(stream)
+
+    def _release(self, stream: Stream) -> None:
+        """Send what `stream` holds as far as the windows allow."""
+        held = stream.up_held
+        while held:
+            size = min(len(held), stream.up_window.size, self.window.size, self.max_frame)
+            if size <= 0:
+                return
+            chunk = bytes(held[:size])
+            del held[:size]
+            stream.up_window.size -= size
+            self.window.size -= size
+            end = stream.up_end and not held
+            self.write(f.data_header(size, end, stream.up) + chunk)
+            if end:
+                stream.triton = advance(stream.triton, SENT_END)
+                stream.up_end = False
+            stream.conn.forwarded(stream, size)
+        if stream.up_end:
+            self.write(f.data_header(0, True, stream.up))  # ends an empty remainder
+            stream.triton = advance(stream.triton, SENT_END)
+        stream.up_end = False
+        self.waiting.pop(stream, None)
+
+    def reset(self, stream: Stream) -> None:
+        """Cancel `stream` at Triton (the tenant left it, or the relay answered it)."""
+        if self.streams.pop(stream.up, None) is not None:
+            self.write(f.rst_stream(stream.up, f.CANCEL))
+        stream.triton = advance(stream.triton, RESET)
+        stream.up_held.clear()
+        self.waiting.pop(stream, None)
+        self._ended()
+
+    def credit(self, stream: Stream, size: int) -> None:
+        """The tenant took `size` response bytes of `stream`: Triton may send that much more."""
+        if stream.up in self.streams:
+            self.write(f.window_update(stream.up, size))
+
+    def _ended(self) -> None:
+        if self.closing and not self.streams and self.transport is not None:
+            self.transport.close()
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        relay = self.relay
+        relay.hold()  # what this read makes for tenants leaves at its end, in one write each
+        try:
+            self._read(data)
+        except (ConnectionBrokenError, FlowControlError, HPACKError) as e:
+            code = e.code if isinstance(e, ConnectionBrokenError) else f.PROTOCOL_ERROR
+            if isinstance(e, FlowControlError):
+                code = f.FLOW_CONTROL_ERROR
+            elif isinstance(e, HPACKError):
+                code = f.COMPRESSION_ERROR
+            log.warning("Triton broke HTTP/2 (%s): closing the connection to it.", e)
+            self.write(f.goaway(0, code))
+            self.flush()
+            if self.transport is not None:
+                self.transport.abort()
+        finally:
+            relay.flush()
+
+    def _read(self, data: bytes) -> None:
+        streams = self.streams
+        got = 0  # flow-controlled bytes of this read
+        for kind, flags, sid, payload, length in self._reader.frames(data):
+            if kind == f.DATA:
+                got += length
+                stream = streams.get(sid)
+                if stream is None:
+                    continue  # reset by the relay: its bytes still count on the connection
+                if not flags:  # the common shape first, without detours
+                    stream.conn.to_tenant(stream, payload, False, length)
+                else:
+                    self._data(stream, payload, flags, length)
+            elif kind == f.HEADERS:
+                self._headers(sid, flags, payload)
+            else:
+                self._frame(payload, kind, flags, sid)
+        if got:
+            self._received.arrived(got)  # more than the window: FlowControlError
+            increment = self._received.release(got)
+            if increment:
+                self.write(f.window_update(0, increment))
+
+    def _data(self, stream: Stream, body: bytes, flags: int, length: int) -> None:
+        if len(body) < length:
+            self.credit(stream, length - len(body))
+        if flags & f.END_STREAM:
+            self._ended_by_triton(stream)
+        stream.conn.triton_data(stream, body, bool(flags & f.END_STREAM))
+
+    def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+        if kind == f.WINDOW_UPDATE:
+            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+        elif kind == f.RST_STREAM:
+            stream = self.streams.get(sid)
+            if stream is not None:
+                self._close_stream(stream)
+                stream.conn.triton_reset(stream, int.from_bytes(payload, "big"))
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
+                self._settings(f.settings_values(payload))
+                self.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif kind == f.PING:
+            if not flags & f.ACK:
+                self.write(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.GOAWAY:
+            self._goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, payload[4:8])
+        elif kind == STREAM_ERROR:
+            self._stream_error(sid, flags, payload.decode())
+
+    def _stream_error(self, sid: int, code: int, reason: str) -> None:
+        """Triton broke a rule of stream `sid`: reset it there; the tenant's call fails."""
+        log.warning("Triton broke HTTP/2 on stream %d (%s): resetting the call.", sid, reason)
+        self.write(f.rst_stream(sid, code))
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self._close_stream(stream)
+            stream.conn.triton_reset(stream, f.INTERNAL_ERROR)
+
+    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+        fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        end_stream = bool(flags & f.END_STREAM)
+        if end_stream:
+            self._ended_by_triton(stream)
+        stream.conn.triton_headers(stream, fields, end_stream)
+
+    def _ended_by_triton(self, stream: Stream) -> None:
+        """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
+        (RST_STREAM NO_ERROR), or the stream would count against Triton's stream limit forever."""
+        if we_ended(stream.triton):
+            stream.triton = advance(stream.triton, RECEIVED_END)
+        else:
+            self.write(f.rst_stream(stream.up, f.NO_ERROR))
+        self._close_stream(stream)
+
+    def _close_stream(self, stream: Stream) -> None:
+        """Triton ended `stream` (END_STREAM, or a reset either way): nothing more goes to
+        Triton on it."""
+        del self.streams[stream.up]
+        if stream.triton != CLOSED:
+            stream.triton = advance(stream.triton, RESET)
+        stream.up_held.clear()
+        self.waiting.pop(stream, None)
+        self._ended()
+
+    def _window_update(self, sid: int, increment: int) -> None:
+        if sid == 0:
+            self.window.grow(increment)  # past 2^31-1: FlowControlError, the connection ends
+            for waiting in list(self.waiting):
+                self._release(waiting)
+                if self.window.size <= 0:
+                    break
+            return
+        stream = self.streams.get(sid)
+        if stream is not None:
+            try:
+                stream.up_window.grow(increment)
+            except FlowControlError as e:
+                self._stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+                return
+            if stream in self.waiting:
+                self._release(stream)
+
+    def _settings(self, values: dict[int, int]) -> None:
+        self.max_streams = values.get(f.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams)
+        self.max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self.max_frame)
+        table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+        if table is not None:
+            self._encoder.limit_table(table)
+        window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window - self.initial_window
+            self.initial_window = window
+            for stream in self.streams.values():
+                stream.up_window.shift(delta)
+            for stream in list(self.waiting):
+                self._release(stream)
+
+    def _goaway(self, last: int, code: bytes) -> None:
+        """Triton takes no new streams; those above `last` it never processed."""
+        if code != b"\x00\x00\x00\x00":
+            log.warning(
+                "Triton's gRPC endpoint sent GOAWAY with error %d: new calls open a new "
+                "connection.",
+                int.from_bytes(code, "big"),
+            )
+        self.closing = True
+        self.relay.forget(self)
+        for sid, stream in list(self.streams.items()):
+            if sid > last:
+                del self.streams[sid]
+                stream.triton = advance(stream.triton, RESET)
+                self.waiting.pop(stream, None)
+                stream.conn.triton_refused(stream)
+        self._ended()
