@@ -174,7 +174,7 @@ def grpc_exchanges(
     channel.data_received(wide)
     if not memory:
         connection._decoder = _PlainDecoder()  # type: ignore[assignment]
-        connection._encoder = _PlainEncoder()  # type: ignore[assignment]
+        connection.replies.encoder = _PlainEncoder()  # type: ignore[assignment]
         channel._decoder = _PlainDecoder()  # type: ignore[assignment]
         channel._encoder = _PlainEncoder()  # type: ignore[assignment]
         connection._plans = _Forgetful()

@@ -26,20 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hpack import HPACKError
 
+from proxy.grpc.outbox import Outbox, Scheduler
+from proxy.grpc.stream import Stream
 from proxy.http2 import frames as f
 from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
 from proxy.http2.headers import BlockDecoder, BlockEncoder, Fields
-from proxy.http2.reader import STREAM_ERROR, ConnectionBrokenError, FrameReader
-from proxy.http2.state import CLOSED, OPENED, RECEIVED_END, RESET, SENT_END, advance, we_ended
+from proxy.http2.reader import ConnectionBrokenError, FrameReader
+from proxy.http2.state import CLOSED, NEXT, OPENED, RECEIVED_END, RESET, SENT_END, WE_ENDED
+from proxy.settings import Settings
 from proxy.sockets import nodelay
-
-if TYPE_CHECKING:
-    from proxy.grpc.gate import Stream
-    from proxy.grpc.server import GrpcRelay
 
 log = logging.getLogger(__name__)
 
@@ -52,39 +51,32 @@ _CONNECTION_WINDOW = 1 << 30
 _LAST_ID = 2**31 - 1
 
 
-class Gathered:
-    """A connection whose writes made in one event-loop turn leave in one write at its end
-    (`GrpcRelay.flush`), or when the connection is made."""
+class ChannelOwner(Scheduler, Protocol):
+    """What a channel needs from the listener that opened it (`server.GrpcRelay`)."""
 
-    relay: GrpcRelay
-    transport: asyncio.Transport | None
-    dirty: bool
-    _wbuf: list[bytes]
+    settings: Settings
 
-    def write(self, frames: bytes) -> None:
-        """Queue `frames`; they leave with everything else written this turn."""
-        self._wbuf.append(frames)
-        if not self.dirty:
-            self.dirty = True
-            self.relay.mark(self)
+    def hold(self) -> None:
+        """Writes from now on wait for the caller's `flush`."""
 
     def flush(self) -> None:
-        """Write what was queued (kept while there is no connection)."""
-        if self.transport is None:
-            return
-        self.dirty = False
-        if self._wbuf:
-            data = b"".join(self._wbuf)
-            self._wbuf.clear()
-            self.transport.write(data)
+        """Write what every connection gathered."""
+
+    def forget(self, channel: TritonChannel) -> None:
+        """`channel` takes no new streams."""
+
+    def triton_unreachable(self, address: str, error: object) -> None:
+        """Connecting to Triton failed."""
+
+    def triton_reachable(self) -> None:
+        """Triton accepted a connection."""
 
 
-class TritonChannel(Gathered, asyncio.Protocol):
+class TritonChannel(asyncio.Protocol):
     """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
 
-    def __init__(self, relay: GrpcRelay) -> None:
+    def __init__(self, relay: ChannelOwner) -> None:
         self.relay = relay
-        self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}  # by Triton-side stream id
         self.closing = False  # GOAWAY from Triton, ids used up, or the proxy stops
         self.max_streams = _LAST_ID  # Triton's SETTINGS_MAX_CONCURRENT_STREAMS
@@ -95,17 +87,27 @@ class TritonChannel(Gathered, asyncio.Protocol):
         self._next_id = 1
         self._encoder = BlockEncoder()
         self._decoder = BlockDecoder()
-        self._reader = FrameReader(from_server=True, max_block=1 << 20)
+        self._reader = FrameReader(self, from_server=True, max_block=1 << 20)
+        self._got = 0  # flow-controlled bytes of the read in progress
         # What Triton may still send on the connection, credited as bytes arrive (streams bound it).
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
-        self._wbuf: list[bytes] = [
+        hello = [
             f.PREFACE,
             f.settings(
                 {f.SETTINGS_ENABLE_PUSH: 0, f.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW}
             ),
             f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW),
         ]
-        self.dirty = True
+        self.out = Outbox(relay, hello)  # leaves once connected; the listener marks it
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The socket to Triton (None until connected and once lost)."""
+        return self.out.transport
+
+    @transport.setter
+    def transport(self, transport: asyncio.Transport | None) -> None:
+        self.out.transport = transport
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -125,7 +127,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
         self.relay.triton_reachable()
-        self.flush()
+        self.out.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.streams:
@@ -145,8 +147,8 @@ class TritonChannel(Gathered, asyncio.Protocol):
         streams, self.streams = list(self.streams.values()), {}
         self.waiting.clear()
         for stream in streams:
-            stream.triton = advance(stream.triton, RESET)
-            stream.conn.triton_unavailable(stream)
+            stream.triton = NEXT[stream.triton, RESET]
+            stream.replies.triton_unavailable(stream)
 
     def accepts(self) -> bool:
         """Whether a new stream may go on this channel."""
@@ -163,12 +165,12 @@ class TritonChannel(Gathered, asyncio.Protocol):
         stream.up = up
         stream.channel = self
         stream.up_window.size = self.initial_window
-        stream.triton = advance(stream.triton, OPENED)
+        stream.triton = NEXT[stream.triton, OPENED]
         if end_stream:
-            stream.triton = advance(stream.triton, SENT_END)
+            stream.triton = NEXT[stream.triton, SENT_END]
         self.streams[up] = stream
         block = self._encoder.encode(fields)  # every block encoded is written, in order
-        self.write(f.headers_frames(up, block, end_stream, self.max_frame))
+        self.out.write(f.headers_frames(up, block, end_stream, self.max_frame))
 
     def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
@@ -181,12 +183,11 @@ class TritonChannel(Gathered, asyncio.Protocol):
         ):
             stream.up_window.size -= size
             self.window.size -= size
-            self._wbuf.append(f.data_header(size, end_stream, stream.up))
-            self.write(payload)
+            self.out.write_data(f.data_header(size, end_stream, stream.up), payload)
             if end_stream:
-                stream.triton = advance(stream.triton, SENT_END)
+                stream.triton = NEXT[stream.triton, SENT_END]
             if size:
-                stream.conn.forwarded(stream, size)
+                stream.replies.forwarded(stream, size)
             return
         stream.up_held += payload
         stream.up_end = stream.up_end or end_stream
@@ -205,22 +206,22 @@ class TritonChannel(Gathered, asyncio.Protocol):
             stream.up_window.size -= size
             self.window.size -= size
             end = stream.up_end and not held
-            self.write(f.data_header(size, end, stream.up) + chunk)
+            self.out.write(f.data_header(size, end, stream.up) + chunk)
             if end:
-                stream.triton = advance(stream.triton, SENT_END)
+                stream.triton = NEXT[stream.triton, SENT_END]
                 stream.up_end = False
-            stream.conn.forwarded(stream, size)
+            stream.replies.forwarded(stream, size)
         if stream.up_end:
-            self.write(f.data_header(0, True, stream.up))  # ends an empty remainder
-            stream.triton = advance(stream.triton, SENT_END)
+            self.out.write(f.data_header(0, True, stream.up))  # ends an empty remainder
+            stream.triton = NEXT[stream.triton, SENT_END]
         stream.up_end = False
         self.waiting.pop(stream, None)
 
     def reset(self, stream: Stream) -> None:
         """Cancel `stream` at Triton (the tenant left it, or the relay answered it)."""
         if self.streams.pop(stream.up, None) is not None:
-            self.write(f.rst_stream(stream.up, f.CANCEL))
-        stream.triton = advance(stream.triton, RESET)
+            self.out.write(f.rst_stream(stream.up, f.CANCEL))
+        stream.triton = NEXT[stream.triton, RESET]
         stream.up_held.clear()
         self.waiting.pop(stream, None)
         self._ended()
@@ -228,7 +229,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
     def credit(self, stream: Stream, size: int) -> None:
         """The tenant took `size` response bytes of `stream`: Triton may send that much more."""
         if stream.up in self.streams:
-            self.write(f.window_update(stream.up, size))
+            self.out.write(f.window_update(stream.up, size))
 
     def _ended(self) -> None:
         if self.closing and not self.streams and self.transport is not None:
@@ -248,73 +249,66 @@ class TritonChannel(Gathered, asyncio.Protocol):
             elif isinstance(e, HPACKError):
                 code = f.COMPRESSION_ERROR
             log.warning("Triton broke HTTP/2 (%s): closing the connection to it.", e)
-            self.write(f.goaway(0, code))
-            self.flush()
+            self.out.write(f.goaway(0, code))
+            self.out.flush()
             if self.transport is not None:
                 self.transport.abort()
         finally:
             relay.flush()
 
     def _read(self, data: bytes) -> None:
-        streams = self.streams
-        got = 0  # flow-controlled bytes of this read
-        for kind, flags, sid, payload, length in self._reader.frames(data):
-            if kind == f.DATA:
-                got += length
-                stream = streams.get(sid)
-                if stream is None:
-                    continue  # reset by the relay: its bytes still count on the connection
-                if not flags:  # the common shape first, without detours
-                    stream.conn.to_tenant(stream, payload, False, length)
-                else:
-                    self._data(stream, payload, flags, length)
-            elif kind == f.HEADERS:
-                self._headers(sid, flags, payload)
-            else:
-                self._frame(payload, kind, flags, sid)
+        self._got = 0
+        self._reader.feed(data)  # frames come back to on_* below
+        got = self._got
         if got:
-            self._received.arrived(got)  # more than the window: FlowControlError
-            increment = self._received.release(got)
+            increment = self._received.take(got)  # more than the window: FlowControlError
             if increment:
-                self.write(f.window_update(0, increment))
+                self.out.write(f.window_update(0, increment))
 
-    def _data(self, stream: Stream, body: bytes, flags: int, length: int) -> None:
+    # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
+
+    def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
+        self._got += length
+        stream = self.streams.get(sid)
+        if stream is None:
+            return  # reset by the relay: its bytes still count on the connection
+        if not flags:  # the common shape first, without detours
+            stream.replies.to_tenant(stream, body, False, length)
+            return
         if len(body) < length:
             self.credit(stream, length - len(body))
         if flags & f.END_STREAM:
             self._ended_by_triton(stream)
-        stream.conn.triton_data(stream, body, bool(flags & f.END_STREAM))
+        stream.replies.triton_data(stream, body, bool(flags & f.END_STREAM))
 
-    def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+    def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         if kind == f.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == f.RST_STREAM:
             stream = self.streams.get(sid)
             if stream is not None:
                 self._close_stream(stream)
-                stream.conn.triton_reset(stream, int.from_bytes(payload, "big"))
+                stream.replies.triton_reset(stream, int.from_bytes(payload, "big"))
         elif kind == f.SETTINGS:
             if not flags & f.ACK:
                 self._settings(f.settings_values(payload))
-                self.write(f.frame(f.SETTINGS, f.ACK, 0))
+                self.out.write(f.frame(f.SETTINGS, f.ACK, 0))
         elif kind == f.PING:
             if not flags & f.ACK:
-                self.write(f.frame(f.PING, f.ACK, 0, payload))
+                self.out.write(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.GOAWAY:
             self._goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, payload[4:8])
-        elif kind == STREAM_ERROR:
-            self._stream_error(sid, flags, payload.decode())
 
-    def _stream_error(self, sid: int, code: int, reason: str) -> None:
+    def on_stream_error(self, sid: int, code: int, reason: str) -> None:
         """Triton broke a rule of stream `sid`: reset it there; the tenant's call fails."""
         log.warning("Triton broke HTTP/2 on stream %d (%s): resetting the call.", sid, reason)
-        self.write(f.rst_stream(sid, code))
+        self.out.write(f.rst_stream(sid, code))
         stream = self.streams.get(sid)
         if stream is not None:
             self._close_stream(stream)
-            stream.conn.triton_reset(stream, f.INTERNAL_ERROR)
+            stream.replies.triton_reset(stream, f.INTERNAL_ERROR)
 
-    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+    def on_headers(self, sid: int, flags: int, block: bytes) -> None:
         fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
         stream = self.streams.get(sid)
         if stream is None:
@@ -322,15 +316,15 @@ class TritonChannel(Gathered, asyncio.Protocol):
         end_stream = bool(flags & f.END_STREAM)
         if end_stream:
             self._ended_by_triton(stream)
-        stream.conn.triton_headers(stream, fields, end_stream)
+        stream.replies.triton_headers(stream, fields, end_stream)
 
     def _ended_by_triton(self, stream: Stream) -> None:
         """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
         (RST_STREAM NO_ERROR), or the stream would count against Triton's stream limit forever."""
-        if we_ended(stream.triton):
-            stream.triton = advance(stream.triton, RECEIVED_END)
+        if stream.triton in WE_ENDED:
+            stream.triton = NEXT[stream.triton, RECEIVED_END]
         else:
-            self.write(f.rst_stream(stream.up, f.NO_ERROR))
+            self.out.write(f.rst_stream(stream.up, f.NO_ERROR))
         self._close_stream(stream)
 
     def _close_stream(self, stream: Stream) -> None:
@@ -338,7 +332,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
         Triton on it."""
         del self.streams[stream.up]
         if stream.triton != CLOSED:
-            stream.triton = advance(stream.triton, RESET)
+            stream.triton = NEXT[stream.triton, RESET]
         stream.up_held.clear()
         self.waiting.pop(stream, None)
         self._ended()
@@ -356,7 +350,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
             try:
                 stream.up_window.grow(increment)
             except FlowControlError as e:
-                self._stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+                self.on_stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
                 return
             if stream in self.waiting:
                 self._release(stream)
@@ -389,7 +383,7 @@ class TritonChannel(Gathered, asyncio.Protocol):
         for sid, stream in list(self.streams.items()):
             if sid > last:
                 del self.streams[sid]
-                stream.triton = advance(stream.triton, RESET)
+                stream.triton = NEXT[stream.triton, RESET]
                 self.waiting.pop(stream, None)
-                stream.conn.triton_refused(stream)
+                stream.replies.triton_refused(stream)
         self._ended()

@@ -9,29 +9,29 @@ slot once its message passed; ModelStreamInfer takes one when the stream opens. 
 gives itself (another model, refused APIs, overload) go on the stream, through the same
 windows as Triton's answers; bytes it drops are credited back to the tenant's stream at once.
 
-A mixin of `relay.H2Connection`, kept apart so each file stays readable. What it must not do:
-decide isolation itself, or hand Triton a message it has not checked.
+One `StreamGate` per tenant connection, composed by `relay.H2Connection`: it writes through the
+connection's `outbox.Outbox`, answers through its `replies.Replies`, and reaches the listener's
+router, limiter and metrics through `GateContext`. What it must not do: decide isolation itself,
+or hand Triton a message it has not checked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from proxy.grpc import messages
+from proxy.grpc.outbox import Outbox
+from proxy.grpc.replies import Replies
+from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
 from proxy.http2 import frames as f
-from proxy.http2.flow import ReceiveWindow, Window
-from proxy.http2.state import IDLE, OPEN, is_active
+from proxy.http2.state import ACTIVE
+from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals, wire
 from proxy.policy.limiter import Limiter
-from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer
-
-if TYPE_CHECKING:
-    from proxy.grpc.channel import TritonChannel
-    from proxy.grpc.relay import H2Connection
-    from proxy.grpc.server import GrpcRelay
-    from proxy.http2.headers import Fields
+from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
 
 HOLD_LIMIT = 16 * 1024
 """Messages up to this size are held whole before the check; larger ones stream minus a byte."""
@@ -39,7 +39,6 @@ PREFIX_HOLD = 32 * 1024
 """How much of a large message is held while its model name has not been read: held bytes are not
 credited back, so this stays well inside RECEIVE_WINDOW or the stream would stall; the name is
 field 1 and serializers write it first, so only crafted messages ever reach this."""
-UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _ENDED = "; the message was too large to hold back whole, so the stream ends here"
 READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
 UNIMPLEMENTED = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
@@ -50,125 +49,50 @@ FORWARDED = frozenset(
 """The RPCs a stream is opened at Triton for; `policy.routing` decides every other one locally."""
 _FLAG = "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
 
-RECEIVE_WINDOW = 256 * 1024
-"""The per-stream window the relay grants tenants (SETTINGS_INITIAL_WINDOW_SIZE): the most it holds
-of one tenant stream while Triton's window is short. It must exceed the bytes held back to check
-a message (PREFIX_HOLD) plus what is credited in one go (a quarter of it), or a stream stalls."""
-CREDIT_STEP = RECEIVE_WINDOW // 4
-"""Credit is given back in steps this large (both ways), not a WINDOW_UPDATE per message."""
 
-# Stream.limited values.
-NO_SLOT = 0
-HOLDS_SLOT = 1
-WAITING = 2
+class GateContext(Protocol):
+    """What the gate needs from the listener (`server.GrpcRelay`)."""
 
+    router: GrpcRouter
+    limiter: Limiter
+    metrics: ProxyMetrics
+    max_message: int
 
-class Stream:
-    """One tenant stream that reached the gate, and its stream at Triton once opened there."""
-
-    __slots__ = (
-        "buf",
-        "channel",
-        "conn",
-        "early",
-        "encoding",
-        "ended",
-        "fin",
-        "given",
-        "held",
-        "held_end",
-        "held_up",
-        "kind",
-        "limited",
-        "passed",
-        "received",
-        "responded",
-        "route",
-        "sid",
-        "skip",
-        "started",
-        "tenant",
-        "trailers",
-        "triton",
-        "up",
-        "up_end",
-        "up_held",
-        "up_window",
-        "waiter",
-        "window",
-    )
-
-    def __init__(self, conn: H2Connection, sid: int, kind: str, window: int) -> None:
-        self.conn = conn
-        self.sid = sid
-        self.kind = kind
-        self.route = kind
-        self.encoding: bytes | None = None  # the grpc-encoding request header
-        self.buf = bytearray()
-        self.early = 0  # bytes of the current message already relayed (all but its last byte)
-        self.skip = 0  # bytes still to come of a large message refused from its prefix
-        # The two streams' states (`http2.state`): the tenant's, opened by the HEADERS that made
-        # this object, and Triton's, opened when the channel sends the request headers.
-        self.tenant = OPEN
-        self.triton = IDLE
-        self.ended = False  # the tenant's END_STREAM is still to be sent on to Triton
-        self.passed = False  # a unary call's one message passed the check
-        self.limited = NO_SLOT
-        self.waiter: asyncio.Future[None] | None = None
-        self.responded = False  # the tenant has the response head
-        self.started = 0.0  # perf_counter() when relayed to Triton; 0 once finished
-        # Tenant side (`grpc.relay`): what it may still send us, bytes to credit back to it, and
-        # what waits for its window (DATA, how much of it is Triton's, then the trailers).
-        self.received = ReceiveWindow(RECEIVE_WINDOW, CREDIT_STEP)
-        self.window = Window(window)
-        self.held = bytearray()
-        self.held_end = False
-        self.held_up = 0
-        self.trailers: bytes | Fields | None = None
-        # Triton side (`grpc.channel`): its stream id, what Triton lets us send, what waits for it,
-        # and response bytes the tenant took that Triton has not been credited for yet.
-        self.channel: TritonChannel | None = None
-        self.up = 0
-        self.up_window = Window(0)
-        self.up_held = bytearray()
-        self.up_end = False
-        self.given = 0
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """Run `coro` on a task the listener owns (cancelled when it stops)."""
 
 
 class StreamGate:
-    """The per-stream half of a relay connection (see the module docstring)."""
+    """The per-stream checks of one tenant connection (see the module docstring)."""
 
-    relay: GrpcRelay
-    streams: dict[int, Stream]
+    __slots__ = ("context", "out", "replies", "streams")
 
-    if TYPE_CHECKING:  # provided by H2Connection; no stub may shadow them
+    def __init__(
+        self, context: GateContext, streams: dict[int, Stream], out: Outbox, replies: Replies
+    ) -> None:
+        self.context = context
+        self.streams = streams  # the connection's open streams, shared with it and the replies
+        self.out = out
+        self.replies = replies
 
-        def write(self, frames: bytes) -> None: ...
-
-        def to_tenant(self, stream: Stream, payload: bytes, end_stream: bool) -> None: ...
-
-        def end_to_tenant(self, stream: Stream, trailers: bytes | Fields) -> None: ...
-
-        def forwarded(self, stream: Stream, size: int) -> None: ...
-
-    def _admit(self, stream: Stream) -> bool:
+    def admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
-        limiter = self.relay.limiter
+        limiter = self.context.limiter
         if limiter.try_acquire():
             stream.limited = HOLDS_SLOT
             return True
         stream.limited = WAITING
-        stream.waiter = self.relay.spawn(self._wait_slot(stream, limiter))
+        stream.waiter = self.context.spawn(self._wait_slot(stream, limiter))
         return False
 
     async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
         try:
             await limiter.acquire()
         except refusals.ProxyError as e:
-            self.relay.metrics.rejected(type(e).__name__)
+            self.context.metrics.rejected(type(e).__name__)
             stream.waiter = None
             stream.limited = NO_SLOT
-            self._refuse(stream, refusals.grpc_code(e).name, str(e))
+            self.refuse(stream, refusals.grpc_code(e).name, str(e))
             return
         stream.waiter = None
         if self.streams.get(stream.sid) is not stream:  # the tenant left while it waited
@@ -176,9 +100,9 @@ class StreamGate:
             stream.limited = NO_SLOT
             return
         stream.limited = HOLDS_SLOT
-        self._messages(stream)
+        self.relay_buffered(stream)
 
-    def _messages(self, stream: Stream) -> None:
+    def relay_buffered(self, stream: Stream) -> None:
         """Check and relay every complete message in the stream's buffer."""
         if stream.limited == WAITING:
             return  # keep buffering until the stream has its slot
@@ -187,15 +111,15 @@ class StreamGate:
             dropped = min(stream.skip, len(buf))
             del buf[:dropped]
             stream.skip -= dropped
-            self.forwarded(stream, dropped)
+            self.replies.forwarded(stream, dropped)
         while len(buf) >= 5:
             flag = buf[0]
             size = int.from_bytes(buf[1:5], "big")
             if flag > 1:
-                self._refuse(stream, "INVALID_ARGUMENT", _FLAG.format(flag))
+                self.refuse(stream, "INVALID_ARGUMENT", _FLAG.format(flag))
                 return
-            if size > self.relay.max_message:
-                self._refuse(stream, "RESOURCE_EXHAUSTED", _too_large(self.relay.max_message))
+            if size > self.context.max_message:
+                self.refuse(stream, "RESOURCE_EXHAUSTED", _too_large(self.context.max_message))
                 return
             total = 5 + size
             if len(buf) < total:
@@ -213,18 +137,18 @@ class StreamGate:
             if flag:
                 try:
                     message = messages.inflate(
-                        stream.encoding, bytes(buf[5:total]), self.relay.max_message
+                        stream.encoding, bytes(buf[5:total]), self.context.max_message
                     )
                 except messages.MessageError as e:
-                    self._refuse(stream, e.code, e.details)
+                    self.refuse(stream, e.code, e.details)
                     return
                 framed = bytes(buf[:total])  # Triton gets the tenant's compressed bytes
             else:
                 message = bytes(buf[5:total])
             del buf[:total]
-            if not self._check(stream, message, total, framed):
+            if not self.check(stream, message, total, framed):
                 return
-        if stream.ended and not buf and is_active(stream.triton):
+        if stream.ended and not buf and stream.triton in ACTIVE:
             self._up(stream, b"", True)
             stream.ended = False  # sent on; the stream stays open until Triton's trailers
 
@@ -235,7 +159,7 @@ class StreamGate:
         buf = stream.buf
         prefix = bytes(buf[5 : 5 + PREFIX_HOLD])
         held = len(prefix) < PREFIX_HOLD
-        router = self.relay.router
+        router = self.context.router
         try:
             if buf[0]:  # compressed: read the name from what the prefix inflates to, bounded
                 prefix = messages.inflate_prefix(stream.encoding, prefix, PREFIX_HOLD)
@@ -256,7 +180,7 @@ class StreamGate:
             if refusal is None:  # cannot happen for another name; relay and check when whole
                 return True
             stream.skip = 5 + int.from_bytes(buf[1:5], "big") - len(buf)
-            self.forwarded(stream, len(buf))
+            self.replies.forwarded(stream, len(buf))
             buf.clear()
             self._inject(stream, refusal)
             return False
@@ -265,14 +189,14 @@ class StreamGate:
             return True
         stream.route = decision.route
         ok = decision.code == "OK"
-        self._refuse(stream, decision.code, decision.details, decision.response if ok else None)
+        self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
         return False
 
     def _inject(self, stream: Stream, response: bytes) -> None:
         """Send the tenant an in-stream response of the relay's own (Triton never sees it)."""
-        self.to_tenant(stream, f.grpc_message(response), False)
+        self.replies.to_tenant(stream, f.grpc_message(response), False)
 
-    def _whole_message(self, payload: bytes, stream: Stream) -> bool:
+    def whole_message(self, payload: bytes, stream: Stream) -> bool:
         """`payload` is exactly one uncompressed message within the limit, with nothing of the
         stream buffered before it and nothing waiting: `_check` may take it as it is."""
         return (
@@ -282,14 +206,14 @@ class StreamGate:
             and len(payload) >= 5
             and payload[0] == 0
             and int.from_bytes(payload[1:5], "big") == len(payload) - 5
-            and len(payload) - 5 <= self.relay.max_message
+            and len(payload) - 5 <= self.context.max_message
         )
 
-    def _check(self, stream: Stream, message: bytes, total: int, framed: bytes | None) -> bool:
+    def check(self, stream: Stream, message: bytes, total: int, framed: bytes | None) -> bool:
         """Check one whole message and relay it, or answer it; False when the stream ended.
         `framed` is the message as the tenant sent it (length-prefixed; compressed when `message`
         was inflated from it), when the relay may send those very bytes on."""
-        router = self.relay.router
+        router = self.context.router
         early, stream.early = stream.early, 0
         if router.is_stream(stream.kind):
             refusal = router.decide_stream_message(message)
@@ -298,34 +222,34 @@ class StreamGate:
                 return True
             if early:
                 # Part of it already reached Triton and cannot be taken back: end the stream.
-                self._refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
+                self.refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
                 return False
-            self.forwarded(stream, total)
+            self.replies.forwarded(stream, total)
             self._inject(stream, refusal)
             return True
         if stream.passed:  # a second message on a unary call
-            self._refuse(stream, "INVALID_ARGUMENT", "a unary call carries exactly one message")
+            self.refuse(stream, "INVALID_ARGUMENT", "a unary call carries exactly one message")
             return False
         decision = router.decide(stream.kind, message)
         stream.route = decision.route
         if isinstance(decision, GrpcAnswer):
             ok = decision.code == "OK"
-            self._refuse(stream, decision.code, decision.details, decision.response if ok else None)
+            self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
             return False
         stream.passed = True
-        if decision.limited and stream.limited == NO_SLOT and not self._admit(stream):
+        if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or f.grpc_message(message)  # checked again once admitted
             stream.early = early
             stream.route = stream.kind
             stream.passed = False
             return False
         if decision.request is not message and early:
-            self._refuse(stream, "INVALID_ARGUMENT", "the request is too large to be narrowed")
+            self.refuse(stream, "INVALID_ARGUMENT", "the request is too large to be narrowed")
             return False
         if decision.request is not message:
             # Narrowed or rewritten (sent uncompressed, which gRPC allows per message): Triton
             # counts the new message's bytes instead.
-            self.forwarded(stream, total - len(decision.request) - 5)
+            self.replies.forwarded(stream, total - len(decision.request) - 5)
             message, early, framed = decision.request, 0, None
         self._tail(stream, message, early, framed)
         return True
@@ -351,18 +275,18 @@ class StreamGate:
             last = pos + step >= len(payload)
             channel.send(stream, payload[pos : pos + step], end_stream and last)
 
-    def _refuse(
+    def refuse(
         self, stream: Stream, code: str, details: str, response: bytes | None = None
     ) -> None:
         """Answer `stream` ourselves and reset it at Triton."""
         self.streams.pop(stream.sid, None)
-        if is_active(stream.triton):
+        if stream.triton in ACTIVE:
             assert stream.channel is not None
             stream.channel.reset(stream)
         stream.buf.clear()
-        self._answer(stream, GrpcAnswer(stream.route, code, details), None, response)
+        self.answer(stream, GrpcAnswer(stream.route, code, details), None, response)
 
-    def _answer(
+    def answer(
         self,
         stream: Stream,
         answer: GrpcAnswer,
@@ -375,19 +299,21 @@ class StreamGate:
         head = not stream.responded
         if response is not None:
             if head:
-                self.write(f.local_head(stream.sid))
+                self.out.write(f.local_head(stream.sid))
                 stream.responded = True
                 head = False
-            self.to_tenant(stream, f.grpc_message(response), False)
-        self.end_to_tenant(stream, f.local_trailers(stream.sid, answer.code, answer.details, head))
+            self.replies.to_tenant(stream, f.grpc_message(response), False)
+        self.replies.end_to_tenant(
+            stream, f.local_trailers(stream.sid, answer.code, answer.details, head)
+        )
         if started is not None:
-            self.relay.metrics.observe(
+            self.context.metrics.observe(
                 "grpc", answer.route, answer.code, time.perf_counter() - started
             )
         else:
-            self._finish(stream, answer.code)
+            self.finish(stream, answer.code)
 
-    def _finish(self, stream: Stream, code: str) -> None:
+    def finish(self, stream: Stream, code: str) -> None:
         started = stream.started
         if not started:
             return  # never relayed, or finished already
@@ -396,11 +322,9 @@ class StreamGate:
             stream.waiter.cancel()
             stream.waiter = None
         if stream.limited == HOLDS_SLOT:
-            self.relay.limiter.release()
+            self.context.limiter.release()
         stream.limited = NO_SLOT
-        self.relay.metrics.observe("grpc", stream.route, code, time.perf_counter() - started)
-
-    # -- Triton side ---------------------------------------------------------------------------
+        self.context.metrics.observe("grpc", stream.route, code, time.perf_counter() - started)
 
 
 def _text(refusal: bytes) -> str:

@@ -7,9 +7,11 @@ to Triton on the proxy's shared connection (`grpc.channel`), after the per-strea
 checked each message. A frame the tenant gets wrong (unreadable, out of order, over a window)
 closes this connection only; Triton never sees it.
 
-Writes to the tenant made in one event-loop turn leave in one write. What goes back to the tenant
-(Triton's answers within its windows, under its stream ids) is `grpc.replies`; per tenant connection
-it limits streams, header block size and resets (see the constants below).
+The connection is composed, not inherited: an `outbox.Outbox` gathers its writes (what it writes
+in one event-loop turn leaves in one write), a `gate.StreamGate` checks each stream's messages,
+and `replies.Replies` writes Triton's answers back within the tenant's windows; the gate and the
+replies reach back only through `replies.ReplyHooks`, which this class implements. Per tenant
+connection it limits streams, header block size and resets (see the constants below).
 
 Why not grpc.aio: its per-call cost (about 0.5-0.9 ms and most of a core here) made the proxy keep
 a third of Triton's gRPC throughput; this relay scans frame headers and, for a client repeating
@@ -24,36 +26,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from hpack import HPACKError
 
-from proxy.grpc.channel import Gathered
-from proxy.grpc.gate import (
-    FORWARDED,
-    READY_PATH,
-    RECEIVE_WINDOW,
-    UNIMPLEMENTED,
-    Stream,
-    StreamGate,
-)
-from proxy.grpc.replies import TenantSide
+from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED, GateContext, StreamGate
+from proxy.grpc.outbox import Outbox, Scheduler
+from proxy.grpc.replies import Replies
+from proxy.grpc.stream import RECEIVE_WINDOW, Channel, Stream
 from proxy.http2 import frames as f
-from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
-from proxy.http2.headers import (
-    BlockDecoder,
-    BlockEncoder,
-    Fields,
-    request_problem,
-    trailers_problem,
-)
-from proxy.http2.reader import STREAM_ERROR, ConnectionBrokenError, FrameReader
-from proxy.http2.state import RECEIVED_END, RESET, advance, is_active, peer_ended
+from proxy.http2.flow import FlowControlError, ReceiveWindow
+from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
+from proxy.http2.reader import ConnectionBrokenError, FrameReader
+from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET
 from proxy.policy.routing import GrpcAnswer, grpc_kind
+from proxy.settings import Settings
 from proxy.sockets import nodelay
-
-if TYPE_CHECKING:
-    from proxy.grpc.server import GrpcRelay
+from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
@@ -74,41 +64,71 @@ _CLOSED_KEPT = 256
 PROTOCOL_ERROR, as for a stream id never used."""
 
 
-class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
+class Listener(GateContext, Scheduler, Protocol):
+    """What a tenant connection needs from the listener (`server.GrpcRelay`)."""
+
+    settings: Settings
+    state: ProxyState
+    connections: set[H2Connection]
+
+    def channel(self) -> TritonChannelLike:
+        """The connection to Triton a new stream goes on."""
+
+
+class TritonChannelLike(Channel, Protocol):
+    """A connection to Triton as a new stream sees it (`channel.TritonChannel`)."""
+
+    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        """Open `stream` at Triton with request header `fields`."""
+
+
+class H2Connection(asyncio.Protocol):
     """One tenant connection (see the module docstring)."""
 
-    def __init__(self, relay: GrpcRelay) -> None:
+    finish: Callable[[Stream, str], None]
+    refuse: Callable[[Stream, str, str, bytes | None], None]
+
+    def __init__(self, relay: Listener) -> None:
         self.relay = relay
-        self.transport: asyncio.Transport | None = None
+        self.out = Outbox(relay)
         self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
+        self.replies = Replies(self.out, self.streams, self)
+        self.gate = StreamGate(relay, self.streams, self.out, self.replies)
+        # The replies' hooks into the gate (`replies.ReplyHooks`), bound once: no call between.
+        self.finish = self.gate.finish
+        self.refuse = self.gate.refuse
         self.last_sid = 0
-        self.dirty = False
-        self._wbuf: list[bytes] = []
         self._in = b""
         self._preface = False
         self._preface_timer: asyncio.TimerHandle | None = None
         self._goaway = False
-        self._paused = False  # the tenant's socket is full: response DATA waits
         self._decoder = BlockDecoder()
-        self._encoder = BlockEncoder()
         self._plans: dict[Fields, _Plan] = {}  # see _plan
-        self._reader = FrameReader(from_server=False, max_block=MAX_HEADER_BLOCK)
+        self._reader = FrameReader(self, from_server=False, max_block=MAX_HEADER_BLOCK)
         self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
         self._closed: dict[int, bool] = {}  # recently closed streams: see `closed`
         self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
         # What the tenant may still send on the connection; credited as bytes arrive.
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
-        self._window = Window(f.DEFAULT_WINDOW)  # the tenant's connection window for our DATA
         self._initial_window = f.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
-        self._max_frame = f.DEFAULT_MAX_FRAME  # the tenant's SETTINGS_MAX_FRAME_SIZE
-        self._blocked: dict[Stream, None] = {}  # streams with DATA waiting for the tenant
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The tenant's socket (None before it connects and once it is gone)."""
+        return self.out.transport
+
+    @transport.setter
+    def transport(self, transport: asyncio.Transport | None) -> None:
+        self.out.transport = transport
+
+    # -- the hooks of the gate and the replies (`replies.ReplyHooks`) -----------------------------
 
     # -- connection ------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
         self.relay.connections.add(self)
-        self.write(
+        self.out.write(
             f.settings(
                 {
                     f.SETTINGS_MAX_CONCURRENT_STREAMS: MAX_STREAMS,
@@ -132,32 +152,31 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             self._preface_timer.cancel()
         self.transport = None
         for stream in list(self.streams.values()):
-            stream.tenant = advance(stream.tenant, RESET)
-            if is_active(stream.triton) and stream.channel is not None:
+            stream.tenant = NEXT[stream.tenant, RESET]
+            if stream.triton in ACTIVE and stream.channel is not None:
                 stream.channel.reset(stream)  # Triton stops working for nobody
-            self._finish(stream, "CANCELLED")
+            self.gate.finish(stream, "CANCELLED")
         self.streams.clear()
-        self._blocked.clear()
+        self.replies.blocked.clear()
 
     def pause_writing(self) -> None:
         # The tenant does not read: response DATA waits (its windows hold Triton back), and the
         # tenant's own frames wait too, so nothing it asks for (PING, SETTINGS) piles up here.
-        self._paused = True
+        self.replies.paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self.replies.paused = False
         if self.transport is not None:
             self.transport.resume_reading()
-        for stream in list(self._blocked):
-            self._drain(stream)
+        self.replies.drain_all()
 
     def go_away(self) -> None:
         """Take no new streams; those already open finish."""
         if not self._goaway:
             self._goaway = True
-            self.write(f.goaway(self.last_sid))
+            self.out.write(f.goaway(self.last_sid))
 
     def activity(self) -> object | None:
         """For the idle sweep: None while calls are open, else the last stream id."""
@@ -167,14 +186,14 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         """Idle for --idle-timeout: GOAWAY NO_ERROR and close; the tenant's client reconnects on
         its next call, as after a gRPC server's max_connection_idle."""
         self.go_away()
-        self.flush()
+        self.out.flush()
         if self.transport is not None:
             self.transport.close()
 
     def _error(self, code: int, reason: str) -> None:
         log.warning("A tenant broke the HTTP/2 protocol (%s): closing its connection.", reason)
-        self.write(f.goaway(self.last_sid, code))
-        self.flush()
+        self.out.write(f.goaway(self.last_sid, code))
+        self.out.flush()
         if self.transport is not None:
             self.transport.close()
 
@@ -198,15 +217,7 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
                 self._preface_timer = None
             pos = 24
         try:
-            for kind, flags, sid, payload, length in self._reader.frames(
-                data[pos:] if pos else data
-            ):
-                if kind == f.DATA:
-                    self._data(payload, flags, sid, length)
-                elif kind == f.HEADERS:
-                    self._headers(sid, flags, payload)
-                else:
-                    self._frame(payload, kind, flags, sid)
+            self._reader.feed(data[pos:] if pos else data)  # frames come back to on_* below
         except ConnectionBrokenError as e:
             self._error(e.code, str(e))
         except FlowControlError as e:
@@ -214,23 +225,23 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         except HPACKError as e:
             self._error(f.COMPRESSION_ERROR, f"an unreadable header block: {e}")
 
-    def _data(self, body: bytes, flags: int, sid: int, size: int) -> None:
-        received = self._received
-        received.arrived(size)
-        increment = received.release(size)  # the stream windows bound what the relay holds
+    # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
+
+    def on_data(self, body: bytes, flags: int, sid: int, size: int) -> None:
+        increment = self._received.take(size)  # the stream windows bound what the relay holds
         if increment:
-            self.write(f.window_update(0, increment))
+            self.out.write(f.window_update(0, increment))
         stream = self.streams.get(sid)
         if stream is None:
             if sid > self.last_sid:
                 raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
             if self._closed.get(sid):
-                self._stream_error(sid, f.STREAM_CLOSED, f"DATA on closed stream {sid}")
+                self.on_stream_error(sid, f.STREAM_CLOSED, f"DATA on closed stream {sid}")
             return  # answered or reset by the relay: dropped (its bytes counted above)
-        if peer_ended(stream.tenant):
-            self._stream_error(sid, f.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM")
+        if stream.tenant in PEER_ENDED:
+            self.on_stream_error(sid, f.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM")
             return
-        if not is_active(stream.triton):
+        if stream.triton not in ACTIVE:
             return  # answered by the relay, kept only for its response: dropped
         try:
             stream.received.arrived(size)
@@ -239,19 +250,19 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
                 f.FLOW_CONTROL_ERROR, f"DATA over stream {sid}'s window"
             ) from None
         if len(body) < size:
-            self.forwarded(stream, size - len(body))  # padding: Triton never gets it
+            self.replies.forwarded(stream, size - len(body))  # padding: Triton never gets it
         if flags & f.END_STREAM:
-            stream.tenant = advance(stream.tenant, RECEIVED_END)
+            stream.tenant = NEXT[stream.tenant, RECEIVED_END]
             stream.ended = True
-        if len(body) == size and self._whole_message(body, stream):
+        if len(body) == size and self.gate.whole_message(body, stream):
             # The common case, one whole message in one frame: checked and, if it passes
             # unchanged, sent on as the very bytes the tenant sent.
-            self._check(stream, body[5:], size, body)
+            self.gate.check(stream, body[5:], size, body)
             return
         stream.buf += body
-        self._messages(stream)
+        self.gate.relay_buffered(stream)
 
-    def _frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+    def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         if kind == f.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
         elif kind == f.RST_STREAM:
@@ -262,13 +273,10 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         elif kind == f.SETTINGS:
             if not flags & f.ACK:
                 self._settings(f.settings_values(payload))
-                self.write(f.frame(f.SETTINGS, f.ACK, 0))
-        elif kind == f.PING:
-            if not flags & f.ACK:
-                self.write(f.frame(f.PING, f.ACK, 0, payload))
-        elif kind == STREAM_ERROR:
-            self._stream_error(sid, flags, payload.decode())
-        # PRIORITY and GOAWAY (the tenant closes when it is done): nothing to do
+                self.out.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif kind == f.PING and not flags & f.ACK:
+            self.out.write(f.frame(f.PING, f.ACK, 0, payload))
+        # a PING ACK, GOAWAY (the tenant closes when it is done): nothing to do
 
     def _reset_by_tenant(self, sid: int) -> bool:
         """The tenant's RST_STREAM (or a stream error): cancel the stream at Triton and finish
@@ -276,19 +284,19 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         stream = self.streams.pop(sid, None)
         if stream is None:
             return False
-        stream.tenant = advance(stream.tenant, RESET)
-        self._blocked.pop(stream, None)
-        if is_active(stream.triton) and stream.channel is not None:
+        stream.tenant = NEXT[stream.tenant, RESET]
+        self.replies.blocked.pop(stream, None)
+        if stream.triton in ACTIVE and stream.channel is not None:
             stream.channel.reset(stream)
             self._resets -= 1
-        self._finish(stream, "CANCELLED")
+        self.gate.finish(stream, "CANCELLED")
         if self._resets < 0:
             raise ConnectionBrokenError(
                 f.ENHANCE_YOUR_CALM, f"over {_RESETS} more streams reset than completed"
             )
         return True
 
-    def _stream_error(self, sid: int, code: int, reason: str) -> None:
+    def on_stream_error(self, sid: int, code: int, reason: str) -> None:
         """The tenant broke a rule of stream `sid`: RST_STREAM with `code`; the connection goes
         on."""
         log.info("A tenant broke HTTP/2 on stream %d (%s): resetting the stream.", sid, reason)
@@ -296,7 +304,7 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             self._refused_sid = sid  # its HEADERS follow: decoded, then refused
         self._reset_by_tenant(sid)
         self.closed(sid, strict=False)  # frames the tenant sent before it saw the reset: ignored
-        self.write(f.rst_stream(sid, code))
+        self.out.write(f.rst_stream(sid, code))
 
     def closed(self, sid: int, strict: bool) -> None:
         """Remember that stream `sid` closed: with `strict` (the tenant ended or reset it) a
@@ -314,20 +322,20 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             self._initial_window = window
             for stream in self.streams.values():
                 stream.window.shift(delta)
-            for stream in list(self._blocked):
-                self._drain(stream)
+            self.replies.drain_all()
         size = values.get(f.SETTINGS_MAX_FRAME_SIZE)
         if size is not None:
-            self._max_frame = size
+            self.replies.max_frame = size
         table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
         if table is not None:
-            self._encoder.limit_table(table)
+            self.replies.encoder.limit_table(table)
 
     def _window_update(self, sid: int, increment: int) -> None:
         if sid == 0:
-            self._window.grow(increment)  # past 2^31-1: FlowControlError, the connection ends
-            for blocked in list(self._blocked):
-                self._drain(blocked)
+            self.replies.window.grow(
+                increment
+            )  # past 2^31-1: FlowControlError, the connection ends
+            self.replies.drain_all()
             return
         stream = self.streams.get(sid)
         if stream is None:
@@ -337,27 +345,27 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         try:
             stream.window.grow(increment)
         except FlowControlError as e:
-            self._stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+            self.on_stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
             return
-        if stream in self._blocked:
-            self._drain(stream)
+        if stream in self.replies.blocked:
+            self.replies.drain(stream)
 
-    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+    def on_headers(self, sid: int, flags: int, block: bytes) -> None:
         fields = self._decoder.decode(block)  # every block: the decoder follows the tenant's table
         end_stream = bool(flags & f.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the tenant end its side
-            if peer_ended(stream.tenant):
-                self._stream_error(sid, f.STREAM_CLOSED, f"HEADERS on stream {sid} after its end")
+            if stream.tenant in PEER_ENDED:
+                self.on_stream_error(sid, f.STREAM_CLOSED, f"HEADERS on stream {sid} after its end")
             elif not end_stream:
-                self._stream_error(sid, f.PROTOCOL_ERROR, "trailers without END_STREAM")
+                self.on_stream_error(sid, f.PROTOCOL_ERROR, "trailers without END_STREAM")
             elif (problem := trailers_problem(fields)) is not None:
-                self._stream_error(sid, f.PROTOCOL_ERROR, problem)
+                self.on_stream_error(sid, f.PROTOCOL_ERROR, problem)
             else:
-                stream.tenant = advance(stream.tenant, RECEIVED_END)
-                if is_active(stream.triton):
+                stream.tenant = NEXT[stream.tenant, RECEIVED_END]
+                if stream.triton in ACTIVE:
                     stream.ended = True
-                    self._messages(stream)
+                    self.gate.relay_buffered(stream)
             return
         if sid <= self.last_sid:
             strict = self._closed.get(sid)
@@ -376,15 +384,15 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             return  # reset already (a stream error in its HEADERS frame)
         kind, sent, encoding, problem = self._plan(fields)
         if problem is not None:
-            self._stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
+            self.on_stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
             return
-        stream = Stream(self, sid, kind, self._initial_window)
+        stream = Stream(self.replies, sid, kind, self._initial_window)
         if end_stream:
-            stream.tenant = advance(stream.tenant, RECEIVED_END)
+            stream.tenant = NEXT[stream.tenant, RECEIVED_END]
         stream.encoding = encoding
         started = time.perf_counter()
         if self._goaway or len(self.streams) >= MAX_STREAMS:
-            self.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            self.out.write(f.rst_stream(sid, f.REFUSED_STREAM))
             return
         router = self.relay.router
         answer: GrpcAnswer | None = None
@@ -396,14 +404,14 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
             decision = router.decide(kind, b"")
             answer = decision if isinstance(decision, GrpcAnswer) else UNIMPLEMENTED
         if answer is not None:
-            self._answer(stream, answer, started)
+            self.gate.answer(stream, answer, started)
             return
         stream.route = kind  # END_STREAM, if there, goes to Triton on the HEADERS frame
         self.streams[sid] = stream
         stream.started = started
         self.relay.channel().open(stream, sent, end_stream)
         if router.is_stream(kind):
-            self._admit(stream)
+            self.gate.admit(stream)
 
     def _plan(self, fields: Fields) -> _Plan:
         """The RPC a tenant's request fields call, the fields Triton gets for them, their
@@ -427,10 +435,3 @@ class H2Connection(Gathered, TenantSide, StreamGate, asyncio.Protocol):
         """Triton completed one of this tenant's calls: it earns back one reset."""
         if self._resets < _RESETS:
             self._resets += 1
-
-    def forwarded(self, stream: Stream, size: int) -> None:
-        """`size` bytes of `stream` left the relay (to Triton, or dropped): the tenant may send
-        that much more on it."""
-        increment = stream.received.release(size)
-        if increment and not peer_ended(stream.tenant):
-            self.write(f.window_update(stream.sid, increment))

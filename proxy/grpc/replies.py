@@ -8,49 +8,70 @@ in steps, so a tenant that stops reading holds back Triton's sending on its own 
 relay's memory. Header blocks are encoded by the tenant connection's own HPACK encoder at the
 moment they are written, so the tenant's decoder follows them in order.
 
-A mixin of `relay.H2Connection`, kept apart so each file stays readable; `channel` calls the
-`triton_*` methods. What it must not do: send a tenant more than its windows allow, or encode a
-header block that is not then written.
+It also gives the tenant its credit back as its request bytes leave for Triton (`forwarded`).
+One `Replies` per tenant connection, composed by `relay.H2Connection`; it is the `TenantSide` the
+channel delivers Triton's frames to (`stream.Stream.replies`), and reaches the connection's stream
+bookkeeping and the gate only through `ReplyHooks`. What it must not do: send a tenant more than
+its windows allow, or encode a header block that is not then written.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from proxy.grpc.gate import CREDIT_STEP, UNAVAILABLE, Stream
+from proxy.grpc.outbox import Outbox
+from proxy.grpc.stream import CREDIT_STEP, Stream
 from proxy.http2 import frames as f
-from proxy.http2.state import CLOSED, RESET, SENT_END, advance, is_active
+from proxy.http2.flow import Window
+from proxy.http2.headers import BlockEncoder, Fields
+from proxy.http2.state import ACTIVE, CLOSED, NEXT, PEER_ENDED, RESET, SENT_END
 
-if TYPE_CHECKING:
-    from proxy.http2.flow import Window
-    from proxy.http2.headers import BlockEncoder, Fields
+UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
 
 
-class TenantSide:
-    """The tenant-bound half of a relay connection (see the module docstring)."""
+class ReplyHooks(Protocol):
+    """What the replies need from the tenant connection (`relay.H2Connection`) and its gate."""
 
-    streams: dict[int, Stream]
-    _wbuf: list[bytes]
-    _blocked: dict[Stream, None]
-    _paused: bool
-    _window: Window
-    _max_frame: int
-    _encoder: BlockEncoder
+    def completed(self) -> None:
+        """Triton completed one of the tenant's calls."""
 
-    if TYPE_CHECKING:  # provided by H2Connection, Gathered and StreamGate
+    def closed(self, sid: int, strict: bool) -> None:
+        """Stream `sid` closed (see `relay.H2Connection.closed`)."""
 
-        def write(self, frames: bytes) -> None: ...
+    def finish(self, stream: Stream, code: str, /) -> None:
+        """The call ended with `code`: free its slot, count it."""
 
-        def completed(self) -> None: ...
+    def refuse(self, stream: Stream, code: str, details: str, response: bytes | None, /) -> None:
+        """Answer `stream` with the relay's own error (and `response`), reset it at Triton."""
 
-        def closed(self, sid: int, strict: bool) -> None: ...
 
-        def _finish(self, stream: Stream, code: str) -> None: ...
+class Replies:
+    """The tenant-bound half of one tenant connection (see the module docstring)."""
 
-        def _refuse(
-            self, stream: Stream, code: str, details: str, response: bytes | None = None
-        ) -> None: ...
+    __slots__ = ("blocked", "encoder", "hooks", "max_frame", "out", "paused", "streams", "window")
+
+    def __init__(self, out: Outbox, streams: dict[int, Stream], hooks: ReplyHooks) -> None:
+        self.out = out
+        self.streams = streams  # the connection's open streams, shared with it and the gate
+        self.hooks = hooks
+        self.blocked: dict[Stream, None] = {}  # streams with DATA waiting for the tenant
+        self.paused = False  # the tenant's socket is full: response DATA waits
+        self.window = Window(f.DEFAULT_WINDOW)  # the tenant's connection window for our DATA
+        self.max_frame = f.DEFAULT_MAX_FRAME  # the tenant's SETTINGS_MAX_FRAME_SIZE
+        self.encoder = BlockEncoder()  # bounded by the tenant's SETTINGS_HEADER_TABLE_SIZE
+
+    def forwarded(self, stream: Stream, size: int) -> None:
+        """`size` bytes of `stream` left the relay (to Triton, or dropped): the tenant may send
+        that much more on it."""
+        increment = stream.received.release(size)
+        if increment and stream.tenant not in PEER_ENDED:
+            self.out.write(f.window_update(stream.sid, increment))
+
+    def drain_all(self) -> None:
+        """Send what waits on every stream, as far as the windows allow (they grew)."""
+        for stream in list(self.blocked):
+            self.drain(stream)
 
     def to_tenant(self, stream: Stream, payload: bytes, end_stream: bool, triton: int = 0) -> None:
         """DATA for the tenant on `stream`, now or once its windows allow; `triton` of its bytes
@@ -58,23 +79,22 @@ class TenantSide:
         size = len(payload)
         if (
             not stream.held
-            and not self._paused
+            and not self.paused
             and size <= stream.window.size
-            and size <= self._window.size
-            and size <= self._max_frame
+            and size <= self.window.size
+            and size <= self.max_frame
         ):
             stream.window.size -= size
-            self._window.size -= size
-            self._wbuf.append(f.data_header(size, end_stream, stream.sid))
-            self.write(payload)
+            self.window.size -= size
+            self.out.write_data(f.data_header(size, end_stream, stream.sid), payload)
             if triton:
                 self._give(stream, triton)
             return
         stream.held += payload
         stream.held_end = stream.held_end or end_stream
         stream.held_up += triton
-        self._blocked[stream] = None
-        self._drain(stream)
+        self.blocked[stream] = None
+        self.drain(stream)
 
     def end_to_tenant(self, stream: Stream, trailers: bytes | Fields) -> None:
         """End `stream` towards the tenant with `trailers` (frames, or Triton's fields to encode),
@@ -85,40 +105,40 @@ class TenantSide:
             return
         if isinstance(trailers, bytes):
             if trailers:
-                self.write(trailers)
+                self.out.write(trailers)
         else:
-            block = self._encoder.encode(trailers)
-            self.write(f.headers_frames(stream.sid, block, True, self._max_frame))
-        stream.tenant = advance(stream.tenant, SENT_END)
-        if not is_active(stream.triton):
+            block = self.encoder.encode(trailers)
+            self.out.write(f.headers_frames(stream.sid, block, True, self.max_frame))
+        stream.tenant = NEXT[stream.tenant, SENT_END]
+        if stream.triton not in ACTIVE:
             self.streams.pop(stream.sid, None)
-            self.closed(stream.sid, strict=stream.tenant == CLOSED)
+            self.hooks.closed(stream.sid, strict=stream.tenant == CLOSED)
 
-    def _drain(self, stream: Stream) -> None:
+    def drain(self, stream: Stream) -> None:
         """Send what waits on `stream` as far as the tenant's windows allow."""
         held = stream.held
-        while held and not self._paused:
-            size = min(len(held), stream.window.size, self._window.size, self._max_frame)
+        while held and not self.paused:
+            size = min(len(held), stream.window.size, self.window.size, self.max_frame)
             if size <= 0:
                 return
             chunk = bytes(held[:size])
             del held[:size]
             stream.window.size -= size
-            self._window.size -= size
+            self.window.size -= size
             end = stream.held_end and not held
-            self.write(f.data_header(size, end, stream.sid) + chunk)
+            self.out.write(f.data_header(size, end, stream.sid) + chunk)
             if end:
                 stream.held_end = False
             triton = min(size, stream.held_up)
             if triton:
                 stream.held_up -= triton
                 self._give(stream, triton)
-        if held or (stream.held_end and self._paused):
+        if held or (stream.held_end and self.paused):
             return
         if stream.held_end:  # an empty last DATA frame
-            self.write(f.data_header(0, True, stream.sid))
+            self.out.write(f.data_header(0, True, stream.sid))
             stream.held_end = False
-        self._blocked.pop(stream, None)
+        self.blocked.pop(stream, None)
         trailers, stream.trailers = stream.trailers, None
         if trailers is not None:
             self.end_to_tenant(stream, trailers)
@@ -126,26 +146,26 @@ class TenantSide:
     def _give(self, stream: Stream, size: int) -> None:
         """The tenant took `size` of Triton's bytes on `stream`: credit Triton in steps."""
         stream.given += size
-        if stream.given >= CREDIT_STEP and is_active(stream.triton) and stream.channel:
+        if stream.given >= CREDIT_STEP and stream.triton in ACTIVE and stream.channel:
             stream.channel.credit(stream, stream.given)
             stream.given = 0
 
-    # -- Triton's side of a stream (called by grpc.channel) -------------------------------------
+    # -- Triton's side of a stream (`stream.TenantSide`, called by `channel`) ----------------
 
     def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
         if stream.sid not in self.streams:
             return  # answered by the relay already
         if not end_stream:
             stream.responded = True
-            block = self._encoder.encode(fields)
-            self.write(f.headers_frames(stream.sid, block, False, self._max_frame))
+            block = self.encoder.encode(fields)
+            self.out.write(f.headers_frames(stream.sid, block, False, self.max_frame))
             return
-        self.completed()
+        self.hooks.completed()
         code = "UNKNOWN"
         for name, value in fields:
             if name == b"grpc-status":
                 code = _STATUS.get(value, "UNKNOWN")
-        self._finish(stream, code)
+        self.hooks.finish(stream, code)
         self.end_to_tenant(stream, fields)
 
     def triton_data(self, stream: Stream, body: bytes, end_stream: bool) -> None:
@@ -153,27 +173,27 @@ class TenantSide:
             return
         self.to_tenant(stream, body, end_stream, len(body))
         if end_stream:  # a response without trailers: not gRPC, but passed on as it came
-            self._finish(stream, "UNKNOWN")
+            self.hooks.finish(stream, "UNKNOWN")
             self.end_to_tenant(stream, b"")  # nothing more to send; forgotten once all is out
 
     def triton_reset(self, stream: Stream, code: int) -> None:
         if self.streams.pop(stream.sid, None) is not None:
-            stream.tenant = advance(stream.tenant, RESET)
-            self.closed(stream.sid, strict=False)
-            self._blocked.pop(stream, None)
-            self.write(f.rst_stream(stream.sid, code))
-            self._finish(stream, "CANCELLED")
+            stream.tenant = NEXT[stream.tenant, RESET]
+            self.hooks.closed(stream.sid, strict=False)
+            self.blocked.pop(stream, None)
+            self.out.write(f.rst_stream(stream.sid, code))
+            self.hooks.finish(stream, "CANCELLED")
 
     def triton_refused(self, stream: Stream) -> None:
         """Triton's GOAWAY left `stream` unprocessed: the tenant may retry it."""
         if self.streams.pop(stream.sid, None) is not None:
-            stream.tenant = advance(stream.tenant, RESET)
-            self.closed(stream.sid, strict=False)
-            self._blocked.pop(stream, None)
-            self.write(f.rst_stream(stream.sid, f.REFUSED_STREAM))
-            self._finish(stream, "UNAVAILABLE")
+            stream.tenant = NEXT[stream.tenant, RESET]
+            self.hooks.closed(stream.sid, strict=False)
+            self.blocked.pop(stream, None)
+            self.out.write(f.rst_stream(stream.sid, f.REFUSED_STREAM))
+            self.hooks.finish(stream, "UNAVAILABLE")
 
     def triton_unavailable(self, stream: Stream) -> None:
         """The connection to Triton failed under `stream`."""
         if stream.sid in self.streams:
-            self._refuse(stream, "UNAVAILABLE", UNAVAILABLE)
+            self.hooks.refuse(stream, "UNAVAILABLE", UNAVAILABLE, None)

@@ -18,7 +18,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from proxy.grpc.channel import Gathered, TritonChannel
+from proxy.grpc.channel import TritonChannel
+from proxy.grpc.outbox import Outbox
 from proxy.grpc.relay import H2Connection
 from proxy.idle import IdleSweeper
 from proxy.metrics import ProxyMetrics
@@ -49,7 +50,7 @@ class GrpcRelay:
         self.channels: list[TritonChannel] = []
         self.tasks: set[asyncio.Future[None]] = set()
         self._server: asyncio.Server | None = None
-        self._dirty: list[Gathered] = []
+        self._dirty: list[Outbox] = []
         self._flush_soon = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unreachable = False
@@ -64,7 +65,7 @@ class GrpcRelay:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def mark(self, writer: Gathered) -> None:
+    def mark(self, writer: Outbox) -> None:
         """`writer` has bytes to send: they leave at the end of this event-loop turn."""
         self._dirty.append(writer)
         if not self._flush_soon:
@@ -95,7 +96,7 @@ class GrpcRelay:
                 return channel
         channel = TritonChannel(self)
         self.channels.append(channel)
-        self.mark(channel)
+        self.mark(channel.out)
         self.spawn(channel.connect())
         return channel
 

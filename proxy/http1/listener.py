@@ -18,13 +18,13 @@ import asyncio
 import logging
 import time
 
-from proxy.http1.framing import RequestHead, parse_request_head
-from proxy.http1.relay import ClientConnection
+from proxy.http1.framing import parse_request_head
+from proxy.http1.relay import ClientConnection, Prepared
 from proxy.http1.upstream import UpstreamPool
 from proxy.idle import IdleSweeper
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
-from proxy.policy.routing import Answer, Forward, HttpRouter
+from proxy.policy.routing import Forward, HttpRouter
 from proxy.settings import Settings
 from proxy.sockets import bind
 from proxy.state import ProxyState
@@ -35,9 +35,6 @@ _PREPARED_HEADS = 256
 """Distinct request heads kept; past that the cache starts again (a client varying its heads)."""
 _PREPARED_HEAD_BYTES = 4096
 """Larger heads are prepared every time, so the cache holds at most about 1 MiB."""
-
-Prepared = tuple[RequestHead, Forward | Answer, bytes]
-"""A parsed head, its routing decision, and the head to send Triton (b"" for a local answer)."""
 
 
 class RestRelay:

@@ -15,16 +15,38 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, HttpError, RequestHead, answer_bytes
-from proxy.http1.upstream import Upstream
+from proxy.http1.upstream import Upstream, UpstreamPool
+from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
-from proxy.policy.routing import Answer, error_body
+from proxy.policy.limiter import Limiter
+from proxy.policy.routing import Answer, Forward, error_body
+from proxy.settings import Settings
 from proxy.sockets import nodelay
+from proxy.state import ProxyState
 
-if TYPE_CHECKING:
-    from proxy.http1.listener import RestRelay
+Prepared = tuple[RequestHead, Forward | Answer, bytes]
+"""A parsed head, its routing decision, and the head to send Triton (b"" for a local answer)."""
+
+
+class Listener(Protocol):
+    """What a tenant connection needs from the REST listener (`listener.RestRelay`)."""
+
+    settings: Settings
+    limiter: Limiter
+    metrics: ProxyMetrics
+    state: ProxyState
+    pool: UpstreamPool
+    max_body: int
+    upstream_address: str
+    closing: bool
+    connections: set[ClientConnection]
+
+    def prepare(self, block: bytes) -> Prepared:
+        """The prepared form of request head `block` (parsed, decided, re-serialized)."""
+
 
 _PIPELINE_LIMIT = 1024 * 1024
 
@@ -47,7 +69,7 @@ def too_large(limit: int) -> str:
 class ClientConnection(asyncio.Protocol):
     """One tenant connection: requests in order, one exchange at a time."""
 
-    def __init__(self, relay: RestRelay) -> None:
+    def __init__(self, relay: Listener) -> None:
         self._relay = relay
         self.transport: asyncio.Transport | None = None
         self._buffer = b""

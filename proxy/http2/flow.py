@@ -69,6 +69,20 @@ class ReceiveWindow:
         if self.size < 0:
             raise FlowControlError(f"{-self.size} bytes of DATA beyond the window")
 
+    def take(self, size: int) -> int:
+        """`arrived` and `release` at once, for a window credited as bytes arrive (a
+        connection's, whose streams bound what is held): the increment to send now, or 0."""
+        self.size -= size
+        if self.size < 0:
+            raise FlowControlError(f"{-self.size} bytes of DATA beyond the window")
+        owed = self.owed + size
+        if owed < self.step:
+            self.owed = owed
+            return 0
+        self.owed = 0
+        self.size += owed
+        return owed
+
     def release(self, size: int) -> int:
         """We are done with `size` bytes: the increment to send now (0 while under a step)."""
         owed = self.owed + size

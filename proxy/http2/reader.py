@@ -3,11 +3,12 @@
 One `FrameReader` per direction of a connection: the tenant's frames (`grpc.relay`) and Triton's
 (`grpc.channel`) go through the same checks. It splits the bytes into frames, checks each frame's
 length, stream id and fields as its type requires, joins a header block's HEADERS and CONTINUATION
-frames, strips padding and priority fields, and yields what is left. A frame that breaks a rule of
-the connection raises `ConnectionBrokenError` with the error code the RFC names (the caller
-answers with GOAWAY and closes); one that breaks a rule of one stream is yielded as a
-`STREAM_ERROR` event (the caller resets that stream with RST_STREAM and goes on reading). Unknown
-frame types and unknown flags are ignored, as the RFC requires, except inside a header block.
+frames, strips padding and priority fields, and hands what is left to its `FrameSink` (the
+connection). A frame that breaks a rule of the connection raises `ConnectionBrokenError` with the
+error code the RFC names (the caller answers with GOAWAY and closes); one that breaks a rule of
+one stream goes to `FrameSink.on_stream_error` (the caller resets that stream with RST_STREAM and
+goes on reading). Unknown frame types and unknown flags are ignored, as the RFC requires, except
+inside a header block.
 
 What a frame means for a stream or a window (its state, flow control) is for the caller and
 `http2.flow`; this module knows no stream and no window. The fast path (DATA without padding and
@@ -19,17 +20,9 @@ not checked reach the caller.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Protocol
 
 from proxy.http2 import frames as f
-
-Frame = tuple[int, int, int, bytes, int]
-"""(type, flags, stream id, payload, flow-controlled length): for DATA the payload without its
-padding, for HEADERS the whole header block (CONTINUATIONs joined; padding and priority fields
-removed); for STREAM_ERROR the error code is in the flags and the payload is the reason."""
-
-STREAM_ERROR = 0x100
-"""A pseudo frame type: the stream must be reset with the error code given as flags."""
 
 MAX_FRAME_LIMIT = (1 << 24) - 1
 _FIXED_LENGTH = {f.PRIORITY: 5, f.RST_STREAM: 4, f.PING: 8, f.WINDOW_UPDATE: 4}
@@ -50,6 +43,7 @@ _NAMES = {
     f.CONTINUATION: "CONTINUATION",
 }
 _PLAIN_BLOCK = f.END_HEADERS | f.PADDED | f.PRIORITY_FLAG
+_DATA, _HEADERS, _PADDED, _END_HEADERS = f.DATA, f.HEADERS, f.PADDED, f.END_HEADERS
 
 
 class ConnectionBrokenError(Exception):
@@ -92,8 +86,24 @@ def _unpad(payload: bytes, kind: int) -> bytes:
     return payload[1 : len(payload) - pad]
 
 
+class FrameSink(Protocol):
+    """Where a `FrameReader` delivers checked frames: the connection reading them."""
+
+    def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
+        """DATA: `body` without padding; `length` bytes (padding included) count on windows."""
+
+    def on_headers(self, sid: int, flags: int, block: bytes) -> None:
+        """A whole header block (CONTINUATIONs joined), with its HEADERS frame's flags."""
+
+    def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+        """RST_STREAM, SETTINGS, PING, GOAWAY or WINDOW_UPDATE (a valid PRIORITY is dropped)."""
+
+    def on_stream_error(self, sid: int, code: int, reason: str) -> None:
+        """Stream `sid` broke a rule: reset it with `code`."""
+
+
 class FrameReader:
-    """Checked frames from one peer's bytes (see the module docstring).
+    """Checked frames from one peer's bytes, for `sink` (see the module docstring).
 
     `from_server` is True when the peer is a server (Triton): then PUSH_PROMISE is refused (the
     relay disables push) and SETTINGS_ENABLE_PUSH must be 0. `max_frame` is our
@@ -101,32 +111,40 @@ class FrameReader:
     connection).
     """
 
-    __slots__ = ("_block", "_in", "_max_block", "from_server", "max_frame")
+    __slots__ = ("_block", "_in", "_max_block", "_sink", "from_server", "max_frame")
 
     def __init__(
-        self, from_server: bool, max_block: int, max_frame: int = f.DEFAULT_MAX_FRAME
+        self,
+        sink: FrameSink,
+        from_server: bool,
+        max_block: int,
+        max_frame: int = f.DEFAULT_MAX_FRAME,
     ) -> None:
+        self._sink = sink
         self.from_server = from_server
         self.max_frame = max_frame
         self._max_block = max_block
         self._in = b""
-        self._block: tuple[int, int, bytearray, int] | None = None  # sid, flags, block, length
+        self._block: tuple[int, int, bytearray] | None = None  # sid, flags, block so far
 
     @property
     def buffered(self) -> int:
         """Bytes of an incomplete frame held until the rest arrives."""
         return len(self._in)
 
-    def frames(self, data: bytes) -> Iterator[Frame]:
-        """Every whole frame in what has arrived, checked; the rest waits for the next call.
-
-        Raises ConnectionBrokenError (after which the reader must not be used again)."""
+    def feed(self, data: bytes) -> None:
+        """Hand every whole frame in what has arrived to the sink, checked; the rest waits for
+        the next call. Raises ConnectionBrokenError (after which the reader must not be used
+        again), and lets whatever the sink raises through."""
         if self._in:
             data = self._in + data
             self._in = b""
         pos = 0
         end = len(data)
         max_frame = self.max_frame
+        on_data = self._sink.on_data
+        on_headers = self._sink.on_headers
+        in_block = self._block is not None  # only _headers and _continuation change it
         while end - pos >= 9:
             length = int.from_bytes(data[pos : pos + 3], "big")
             kind = data[pos + 3]
@@ -142,19 +160,21 @@ class FrameReader:
             sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
             payload = data[pos + 9 : stop]
             pos = stop
-            if self._block is not None:
-                yield from self._continuation(kind, flags, sid, payload)
-            elif sid and (
-                (kind == f.DATA and not flags & f.PADDED)
-                or (kind == f.HEADERS and flags & _PLAIN_BLOCK == f.END_HEADERS)
-            ):  # the fast paths: nothing to check beyond the length and the stream id
-                yield kind, flags, sid, payload, length
+            # The fast paths first: nothing to check beyond the length and the stream id.
+            if in_block:
+                self._continuation(kind, flags, sid, payload)
+                in_block = self._block is not None
+            elif kind == _DATA and sid and not flags & _PADDED:
+                on_data(payload, flags, sid, length)
+            elif kind == _HEADERS and sid and flags & _PLAIN_BLOCK == _END_HEADERS:
+                on_headers(sid, flags, payload)
             else:
-                yield from self._checked(kind, flags, sid, payload)
+                self._checked(kind, flags, sid, payload)
+                in_block = self._block is not None
         if pos < end:
             self._in = data[pos:]
 
-    def _checked(self, kind: int, flags: int, sid: int, payload: bytes) -> Iterator[Frame]:
+    def _checked(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         """The rules of every frame type but the fast paths'."""
         length = len(payload)
         if kind > f.CONTINUATION:
@@ -167,18 +187,18 @@ class FrameReader:
         fixed = _FIXED_LENGTH.get(kind)
         if fixed is not None and length != fixed:
             if kind == f.PRIORITY:  # a stream error: PRIORITY changes no connection state
-                yield STREAM_ERROR, f.FRAME_SIZE_ERROR, sid, b"a PRIORITY frame not 5 bytes", 0
+                self._sink.on_stream_error(sid, f.FRAME_SIZE_ERROR, "a PRIORITY frame not 5 bytes")
                 return
             raise ConnectionBrokenError(
                 f.FRAME_SIZE_ERROR, f"a {length}-byte {name} frame, not {fixed} bytes"
             )
         if kind == f.DATA:
-            yield kind, flags, sid, _unpad(payload, kind), length
+            self._sink.on_data(_unpad(payload, kind), flags, sid, length)
         elif kind == f.HEADERS:
-            yield from self._headers(flags, sid, payload)
+            self._headers(flags, sid, payload)
         elif kind == f.PRIORITY:
             if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid:
-                yield STREAM_ERROR, f.PROTOCOL_ERROR, sid, b"a stream depending on itself", 0
+                self._sink.on_stream_error(sid, f.PROTOCOL_ERROR, "a stream depending on itself")
             # otherwise nothing to do: priorities are advice the relay does not take
         elif kind == f.SETTINGS:
             if flags & f.ACK:
@@ -190,18 +210,18 @@ class FrameReader:
                 )
             else:
                 check_settings(f.settings_values(payload), self.from_server)
-            yield kind, flags, sid, payload, length
+            self._sink.on_frame(payload, kind, flags, sid)
         elif kind == f.GOAWAY:
             if length < 8:
                 raise ConnectionBrokenError(f.FRAME_SIZE_ERROR, f"a {length}-byte GOAWAY frame")
-            yield kind, flags, sid, payload, length
+            self._sink.on_frame(payload, kind, flags, sid)
         elif kind == f.WINDOW_UPDATE:
             if int.from_bytes(payload, "big") & 0x7FFFFFFF == 0:
                 if sid == 0:
                     raise ConnectionBrokenError(f.PROTOCOL_ERROR, "a connection WINDOW_UPDATE of 0")
-                yield STREAM_ERROR, f.PROTOCOL_ERROR, sid, b"a WINDOW_UPDATE of 0", 0
+                self._sink.on_stream_error(sid, f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
                 return
-            yield kind, flags, sid, payload, length
+            self._sink.on_frame(payload, kind, flags, sid)
         elif kind == f.PUSH_PROMISE:
             reason = "although push is disabled" if self.from_server else "from a client"
             raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"PUSH_PROMISE {reason}")
@@ -210,10 +230,9 @@ class FrameReader:
                 f.PROTOCOL_ERROR, f"CONTINUATION on stream {sid} without an open header block"
             )
         else:  # RST_STREAM, PING
-            yield kind, flags, sid, payload, length
+            self._sink.on_frame(payload, kind, flags, sid)
 
-    def _headers(self, flags: int, sid: int, payload: bytes) -> Iterator[Frame]:
-        length = len(payload)
+    def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if flags & f.PADDED:
             payload = _unpad(payload, f.HEADERS)
         self_dependent = False
@@ -227,15 +246,15 @@ class FrameReader:
         if self_dependent:
             # The block is still decoded (the caller's HPACK table must follow it), after which
             # the stream is reset.
-            yield STREAM_ERROR, f.PROTOCOL_ERROR, sid, b"a stream depending on itself", 0
+            self._sink.on_stream_error(sid, f.PROTOCOL_ERROR, "a stream depending on itself")
         if flags & f.END_HEADERS:
-            yield f.HEADERS, flags, sid, payload, length
+            self._sink.on_headers(sid, flags, payload)
             return
-        self._block = (sid, flags, bytearray(payload), length)
+        self._block = (sid, flags, bytearray(payload))
 
-    def _continuation(self, kind: int, flags: int, sid: int, payload: bytes) -> Iterator[Frame]:
+    def _continuation(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         assert self._block is not None
-        first_sid, first_flags, block, length = self._block
+        first_sid, first_flags, block = self._block
         if kind != f.CONTINUATION or sid != first_sid:
             name = _NAMES.get(kind, f"a frame of type {kind}")
             raise ConnectionBrokenError(
@@ -249,6 +268,4 @@ class FrameReader:
             )
         if flags & f.END_HEADERS:
             self._block = None
-            yield f.HEADERS, first_flags, sid, bytes(block), length + len(payload)
-        else:
-            self._block = (first_sid, first_flags, block, length + len(payload))
+            self._sink.on_headers(sid, first_flags, bytes(block))

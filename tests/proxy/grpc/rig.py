@@ -110,7 +110,7 @@ class Rig:
         if channel.transport is None:
             transport = Recording()
             channel.transport = transport  # type: ignore[assignment]
-            channel.flush()
+            channel.out.flush()
         return channel, channel.transport  # type: ignore[return-value]
 
     def call(self, tenant: H2Connection, sid: int, message: bytes, end: bool = True) -> None:

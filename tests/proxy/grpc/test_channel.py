@@ -14,8 +14,8 @@ import asyncio
 from hpack import Decoder
 
 from proxy.grpc.channel import RESPONSE_WINDOW
-from proxy.grpc.gate import RECEIVE_WINDOW
 from proxy.grpc.relay import _RESETS, MAX_HEADER_BLOCK, H2Connection
+from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http2 import frames as f
 from tests.proxy.conftest import data_frames
 from tests.proxy.grpc.rig import HEADERS, Recording, Rig, data_bytes, goaway_code, infer, kinds
