@@ -92,7 +92,7 @@ class StreamGate:
             self.context.metrics.rejected(type(e).__name__)
             stream.waiter = None
             stream.limited = NO_SLOT
-            self.refuse(stream, refusals.grpc_code(e).name, str(e))
+            self.refuse_error(stream, e)
             return
         stream.waiter = None
         if self.streams.get(stream.sid) is not stream:  # the tenant left while it waited
@@ -116,10 +116,11 @@ class StreamGate:
             flag = buf[0]
             size = int.from_bytes(buf[1:5], "big")
             if flag > 1:
-                self.refuse(stream, "INVALID_ARGUMENT", _FLAG.format(flag))
+                self.refuse_error(stream, refusals.MalformedRequestError(_FLAG.format(flag)))
                 return
             if size > self.context.max_message:
-                self.refuse(stream, "RESOURCE_EXHAUSTED", _too_large(self.context.max_message))
+                too_large = _too_large(self.context.max_message)
+                self.refuse_error(stream, refusals.BodyTooLargeError(too_large))
                 return
             total = 5 + size
             if len(buf) < total:
@@ -228,7 +229,8 @@ class StreamGate:
             self._inject(stream, refusal)
             return True
         if stream.passed:  # a second message on a unary call
-            self.refuse(stream, "INVALID_ARGUMENT", "a unary call carries exactly one message")
+            error = refusals.MalformedRequestError("a unary call carries exactly one message")
+            self.refuse_error(stream, error)
             return False
         decision = router.decide(stream.kind, message)
         stream.route = decision.route
@@ -244,7 +246,8 @@ class StreamGate:
             stream.passed = False
             return False
         if decision.request is not message and early:
-            self.refuse(stream, "INVALID_ARGUMENT", "the request is too large to be narrowed")
+            error = refusals.MalformedRequestError("the request is too large to be narrowed")
+            self.refuse_error(stream, error)
             return False
         if decision.request is not message:
             # Narrowed or rewritten (sent uncompressed, which gRPC allows per message): Triton
@@ -274,6 +277,10 @@ class StreamGate:
         for pos in range(0, len(payload), step):
             last = pos + step >= len(payload)
             channel.send(stream, payload[pos : pos + step], end_stream and last)
+
+    def refuse_error(self, stream: Stream, error: refusals.ProxyError) -> None:
+        """Answer `stream` with one of the proxy's own refusals (its code from the table)."""
+        self.refuse(stream, refusals.grpc_code(error).name, str(error), None)
 
     def refuse(
         self, stream: Stream, code: str, details: str, response: bytes | None = None

@@ -25,6 +25,7 @@ from proxy.http2 import frames as f
 from proxy.http2.flow import Window
 from proxy.http2.headers import BlockEncoder, Fields
 from proxy.http2.state import ACTIVE, CLOSED, NEXT, PEER_ENDED, RESET, SENT_END
+from proxy.policy.refusals import UpstreamError, grpc_code
 
 UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
@@ -196,4 +197,5 @@ class Replies:
     def triton_unavailable(self, stream: Stream) -> None:
         """The connection to Triton failed under `stream`."""
         if stream.sid in self.streams:
-            self.hooks.refuse(stream, "UNAVAILABLE", UNAVAILABLE, None)
+            error = UpstreamError(UNAVAILABLE)
+            self.hooks.refuse(stream, grpc_code(error).name, str(error), None)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from proxy.policy.refusals import MalformedRequestError, UnsupportedError, UpstreamError
+
 MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNK_LINE = 4096
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
@@ -33,14 +35,6 @@ _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
 _HOP_BY_HOP = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"trailer")
 )
-
-
-class HttpError(Exception):
-    """A message the relay will not forward; `status` is the answer to send."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,18 +58,18 @@ class RequestHead:
 
 def _length(value: bytes, current: int | None) -> int:
     if not value.isdigit() or len(value) > 18:
-        raise HttpError(400, f"Content-Length {value[:20]!r} is not a number of bytes")
+        raise MalformedRequestError(f"Content-Length {value[:20]!r} is not a number of bytes")
     if current is not None:
-        raise HttpError(400, "the request has Content-Length more than once; send it once")
+        raise MalformedRequestError("the request has Content-Length more than once; send it once")
     return int(value)
 
 
 def parse_request_head(block: bytes) -> RequestHead:
-    """Parse a request head (everything before the blank line), or raise HttpError."""
+    """Parse a request head (everything before the blank line), or raise a refusal (400, 501)."""
     lines = block.split(b"\r\n")
     match = _REQUEST_LINE.fullmatch(lines[0])
     if match is None:
-        raise HttpError(400, "the request line is not `METHOD target HTTP/1.x`")
+        raise MalformedRequestError("the request line is not `METHOD target HTTP/1.x`")
     method, target, version = match.groups()
     headers: list[bytes] = []
     content_length: int | None = None
@@ -85,31 +79,31 @@ def parse_request_head(block: bytes) -> RequestHead:
     for line in lines[1:]:
         header = _HEADER.fullmatch(line)
         if header is None:
-            raise HttpError(
-                400, "a header line is malformed (folded, without a colon, or with control bytes)"
+            raise MalformedRequestError(
+                "a header line is malformed (folded, without a colon, or with control bytes)"
             )
         name = header[1].lower()
         if name == b"host":
             hosts += 1
             if hosts > 1:
-                raise HttpError(400, "the request has Host more than once; send it once")
+                raise MalformedRequestError("the request has Host more than once; send it once")
             if _HOST.fullmatch(header[2]) is None:
-                raise HttpError(400, f"Host {header[2][:60]!r} is not host[:port]")
+                raise MalformedRequestError(f"Host {header[2][:60]!r} is not host[:port]")
             headers.append(line)
         elif name == b"content-length":
             content_length = _length(header[2], content_length)
         elif name == b"transfer-encoding":
             if header[2].lower() != b"chunked" or chunked:
-                raise HttpError(501, "only `Transfer-Encoding: chunked` is supported")
+                raise UnsupportedError("only `Transfer-Encoding: chunked` is supported")
             chunked = True
         elif name == b"connection":
             connection = header[2].lower()
         elif name not in _HOP_BY_HOP:
             headers.append(line)  # framing headers are re-added once, below
     if chunked and content_length is not None:
-        raise HttpError(400, "the request has both Content-Length and Transfer-Encoding")
+        raise MalformedRequestError("the request has both Content-Length and Transfer-Encoding")
     if not hosts and version == b"HTTP/1.1":
-        raise HttpError(400, "an HTTP/1.1 request must carry a Host header")
+        raise MalformedRequestError("an HTTP/1.1 request must carry a Host header")
     if chunked:
         headers.append(b"Transfer-Encoding: chunked")
     elif content_length is not None:
@@ -140,24 +134,24 @@ class ResponseHead:
 
 
 def parse_response_head(block: bytes) -> ResponseHead:
-    """Parse Triton's response head, or raise HttpError (answered 502)."""
+    """Parse Triton's response head, or raise a `policy.refusals` error (answered 502)."""
     lines = block.split(b"\r\n")
     match = _STATUS_LINE.fullmatch(lines[0])
     if match is None:
-        raise HttpError(502, "Triton sent a malformed status line")
+        raise UpstreamError("Triton sent a malformed status line")
     keep_alive = match[1] == b"1"
     content_length: int | None = None
     chunked = False
     for line in lines[1:]:
         header = _HEADER.fullmatch(line)
         if header is None:
-            raise HttpError(502, "Triton sent a malformed header line")
+            raise UpstreamError("Triton sent a malformed header line")
         name = header[1].lower()
         if name == b"content-length":
             try:
                 content_length = _length(header[2], content_length)
-            except HttpError as e:
-                raise HttpError(502, f"Triton's response is ambiguous: {e}") from e
+            except MalformedRequestError as e:
+                raise UpstreamError(f"Triton's response is ambiguous: {e}") from e
         elif name == b"transfer-encoding":
             chunked = header[2].lower().endswith(b"chunked")
         elif name == b"connection":
@@ -188,12 +182,12 @@ class ChunkedFraming:
         if end < 0:
             self._line += data[pos:]
             if len(self._line) > _MAX_CHUNK_LINE:
-                raise HttpError(400, "a chunk-size or trailer line is too long")
+                raise MalformedRequestError("a chunk-size or trailer line is too long")
             return None, len(data)
         line = self._line + data[pos:end]
         self._line = b""
         if not line.endswith(b"\r"):
-            raise HttpError(400, "a chunked body line does not end with CRLF")
+            raise MalformedRequestError("a chunked body line does not end with CRLF")
         return line[:-1], end + 1
 
     def feed(self, data: bytes, start: int = 0) -> int:
@@ -214,7 +208,7 @@ class ChunkedFraming:
             if self._state == self._SIZE:
                 size_text = line.split(b";", 1)[0].rstrip(b" \t")
                 if _HEX.fullmatch(size_text) is None:
-                    raise HttpError(400, f"chunk size {size_text[:20]!r} is not plain hex")
+                    raise MalformedRequestError(f"chunk size {size_text[:20]!r} is not plain hex")
                 size = int(size_text, 16)
                 self.payload += size
                 if size == 0:
@@ -224,7 +218,7 @@ class ChunkedFraming:
                     self._state = self._DATA
             elif self._state == self._DATA_END:
                 if line:
-                    raise HttpError(400, "a chunk's data is longer than its size says")
+                    raise MalformedRequestError("a chunk's data is longer than its size says")
                 self._state = self._SIZE
             elif not line:  # the blank line after the trailers ends the body
                 return pos

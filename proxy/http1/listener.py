@@ -62,7 +62,7 @@ class RestRelay:
 
     def prepare(self, block: bytes) -> Prepared:
         """The prepared request head for `block` (the head's bytes before the blank line);
-        raises `http1.framing.HttpError` for a head the relay will not forward."""
+        raises a `policy.refusals.ProxyError` for a head the relay will not forward."""
         prepared = self._prepared.get(block)
         if prepared is None:
             head = parse_request_head(block)

@@ -17,7 +17,7 @@ import asyncio
 import time
 from typing import Any, Protocol
 
-from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, HttpError, RequestHead, answer_bytes
+from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, answer_bytes
 from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
@@ -157,7 +157,11 @@ class ClientConnection(asyncio.Protocol):
             head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
             if head_end < 0:
                 if len(buffer) > MAX_HEAD_BYTES:
-                    self._refuse(431, "the request head is over 64 KiB; send smaller headers")
+                    self._refuse(
+                        refusals.HeadTooLargeError(
+                            "the request head is over 64 KiB; send smaller headers"
+                        )
+                    )
                 elif self._head_timer is None:
                     self._head_timer = asyncio.get_running_loop().call_later(
                         relay.settings.head_timeout_seconds, self._head_timed_out
@@ -168,8 +172,8 @@ class ClientConnection(asyncio.Protocol):
             self._route = "unreadable"
             try:
                 head, decision, self._upstream_head = relay.prepare(buffer[:head_end])
-            except HttpError as e:
-                self._refuse(e.status, str(e))
+            except refusals.ProxyError as e:
+                self._refuse(e)
                 return
             self._buffer = buffer[head_end + 4 :]
             self._head = head
@@ -182,7 +186,7 @@ class ClientConnection(asyncio.Protocol):
                 self._answer_locally(decision.status, decision.content_type, decision.body)
                 continue
             if head.content_length is not None and head.content_length > relay.max_body:
-                self._refuse(413, too_large(relay.max_body))
+                self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
                 return
             if decision.readiness and relay.state.draining:
                 self._answer_locally(
@@ -217,7 +221,7 @@ class ClientConnection(asyncio.Protocol):
             await self._relay.limiter.acquire()
         except refusals.ProxyError as e:
             self._relay.metrics.rejected(type(e).__name__)
-            self._answer_locally(refusals.http_status(e), "application/json", error_body(str(e)))
+            self._answer_refusal(e)
             self._resume()
             return
         self._holding = True
@@ -232,8 +236,12 @@ class ClientConnection(asyncio.Protocol):
             upstream = await self._relay.pool.connect()
         except OSError as e:
             self._release_slot()
-            message = f"Triton at {self._relay.upstream_address} is unreachable ({e.strerror})"
-            self._answer_locally(502, "application/json", error_body(message + "; retry soon"))
+            address = self._relay.upstream_address
+            self._answer_refusal(
+                refusals.UpstreamError(
+                    f"Triton at {address} is unreachable ({e.strerror}); retry soon"
+                )
+            )
             self._resume()
             return
         if self._state == _CLOSED:
@@ -278,13 +286,13 @@ class ClientConnection(asyncio.Protocol):
             else:
                 end = self._chunked.feed(data, start)
                 if self._chunked.payload > self._relay.max_body:
-                    raise HttpError(413, too_large(self._relay.max_body))
-        except HttpError as e:
+                    raise refusals.BodyTooLargeError(too_large(self._relay.max_body))
+        except refusals.ProxyError as e:
             if self._upstream is not None:
                 self._upstream.abort()
                 self._upstream = None
             self._release_slot()
-            self._refuse(e.status, str(e))
+            self._refuse(e)
             return
         stop = len(data) if end == -1 else end
         if self._sink is not None and stop > start:
@@ -342,10 +350,13 @@ class ClientConnection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()  # the tenant must not mistake a cut answer for a whole one
             return
-        message = f"Triton at {self._relay.upstream_address} failed: {reason}; retry shortly"
-        self._finish("502")
+        error = refusals.UpstreamError(
+            f"Triton at {self._relay.upstream_address} failed: {reason}; retry shortly"
+        )
+        status = refusals.http_status(error)
+        self._finish(str(status))
         self._keep_alive = False
-        self._write_answer(502, "application/json", error_body(message))
+        self._write_answer(status, "application/json", error_body(str(error)))
 
     def _release_slot(self) -> None:
         if self._holding:
@@ -403,15 +414,25 @@ class ClientConnection(asyncio.Protocol):
         self._head_timer = None
         if self._state == _IDLE and self._buffer:
             timeout = self._relay.settings.head_timeout_seconds
-            self._refuse(408, f"the request head did not arrive within {timeout:g} s")
+            self._refuse(
+                refusals.HeadTimeoutError(f"the request head did not arrive within {timeout:g} s")
+            )
 
-    def _refuse(self, status: int, message: str) -> None:
-        """Answer a request that cannot be read safely, and close the connection."""
+    def _answer_refusal(self, error: refusals.ProxyError) -> None:
+        """Answer the request with `error` (its status from `policy.refusals`); the connection
+        goes on."""
+        self._answer_locally(
+            refusals.http_status(error), "application/json", error_body(str(error))
+        )
+
+    def _refuse(self, error: refusals.ProxyError) -> None:
+        """Answer a request that cannot be read safely with `error`, and close the connection."""
+        status = refusals.http_status(error)
         self._relay.metrics.observe("http", self._route or "unreadable", str(status), 0.0)
         self._keep_alive = False
         if self.transport is not None and self._state != _CLOSED:
             self.transport.write(
-                answer_bytes(status, "application/json", error_body(message), True)
+                answer_bytes(status, "application/json", error_body(str(error)), True)
             )
         self._close()
 

@@ -17,10 +17,10 @@ from typing import Protocol
 from proxy.http1.framing import (
     MAX_HEAD_BYTES,
     ChunkedFraming,
-    HttpError,
     ResponseHead,
     parse_response_head,
 )
+from proxy.policy.refusals import ProxyError, UpstreamError
 from proxy.sockets import nodelay
 
 _RESPONSE_HEADS = 256
@@ -105,7 +105,7 @@ class Upstream(asyncio.Protocol):
                 if pos < 0:
                     return
             end = self._body_end(data, pos)
-        except HttpError as e:
+        except ProxyError as e:
             self.abort()
             client.upstream_failed(self, str(e))
             return
@@ -123,7 +123,7 @@ class Upstream(asyncio.Protocol):
             head_end = data.find(b"\r\n\r\n")
             if head_end < 0:
                 if len(data) > MAX_HEAD_BYTES:
-                    raise HttpError(502, "Triton's response head is too large")
+                    raise UpstreamError("Triton's response head is too large")
                 self._buffer = data
                 return data, -1
             head = self._pool.response_head(data[:head_end])
@@ -198,7 +198,7 @@ class UpstreamPool:
         self._heads: dict[bytes, ResponseHead] = {}
 
     def response_head(self, block: bytes) -> ResponseHead:
-        """Triton's parsed response head for `block`; raises `framing.HttpError` when malformed."""
+        """Triton's parsed response head for `block`; raises UpstreamError when malformed."""
         head = self._heads.get(block)
         if head is None:
             head = parse_response_head(block)

@@ -1,8 +1,12 @@
 """The proxy's own refusals, and the one table that maps them to HTTP status and gRPC code.
 
 Answers that imitate Triton (another model named, unknown route) are not errors of the proxy: they
-are built in `routing`. What lives here is what the proxy itself refuses: overload, shutdown, too
-large a body, a malformed request, an unreachable Triton.
+are built in `routing`. What lives here is what the proxy itself refuses: overload, a head or body
+too large or too slow, a malformed or unsupported request, an unreachable or broken Triton. Every
+relay raises (or hands on) one of these types, and answers it with `http_status` or `grpc_code`:
+no relay picks a status or a code for its own refusals.
+
+What it must not do: know a protocol's wire format, or build an answer's bytes.
 """
 
 from __future__ import annotations
@@ -22,36 +26,42 @@ class QueueTimeoutError(ProxyError):
     """A request waited for a slot longer than the queue timeout."""
 
 
-class DrainingError(ProxyError):
-    """The proxy is shutting down and takes no new inference requests."""
-
-
 class BodyTooLargeError(ProxyError):
-    """A body or message is over the configured maximum."""
+    """A body or message is over the configured maximum (--max-body)."""
+
+
+class HeadTooLargeError(ProxyError):
+    """A request head is over the proxy's limit."""
+
+
+class HeadTimeoutError(ProxyError):
+    """A client began a request head and did not finish it in time (--head-timeout)."""
 
 
 class MalformedRequestError(ProxyError):
-    """The request cannot be read safely (for example a model name field sent twice)."""
+    """The request cannot be read safely (ambiguous framing, a model name field sent twice, a
+    message flag that does not exist, a second message on a unary call)."""
 
 
-class RefusedRouteError(ProxyError):
-    """A server-wide administrative API that tenants may not use through the proxy."""
+class UnsupportedError(ProxyError):
+    """The request uses something the proxy does not relay (a transfer coding but chunked)."""
 
 
 class UpstreamError(ProxyError):
-    """Triton could not be reached or broke the connection."""
+    """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
 
-# One place maps every refusal to its wire answers: (HTTP status, gRPC status code).
 STATUS: dict[type[ProxyError], tuple[int, grpc.StatusCode]] = {
     OverloadedError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
     QueueTimeoutError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    DrainingError: (503, grpc.StatusCode.UNAVAILABLE),
     BodyTooLargeError: (413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    HeadTooLargeError: (431, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    HeadTimeoutError: (408, grpc.StatusCode.DEADLINE_EXCEEDED),
     MalformedRequestError: (400, grpc.StatusCode.INVALID_ARGUMENT),
-    RefusedRouteError: (403, grpc.StatusCode.PERMISSION_DENIED),
+    UnsupportedError: (501, grpc.StatusCode.UNIMPLEMENTED),
     UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
 }
+"""The one table: every refusal's (HTTP status, gRPC status code)."""
 
 
 def http_status(error: ProxyError) -> int:

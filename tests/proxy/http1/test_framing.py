@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.http1.framing import ChunkedFraming, HttpError, parse_request_head, parse_response_head
+from proxy.http1.framing import ChunkedFraming, parse_request_head, parse_response_head
+from proxy.policy.refusals import ProxyError, http_status
 
 
 def test_a_request_head_is_reserialized_without_hop_by_hop_headers() -> None:
@@ -64,9 +65,9 @@ def test_keep_alive_follows_the_version_and_connection_header() -> None:
     ],
 )
 def test_ambiguous_requests_are_refused(head: bytes, status: int) -> None:
-    with pytest.raises(HttpError) as caught:
+    with pytest.raises(ProxyError) as caught:
         parse_request_head(head)
-    assert caught.value.status == status
+    assert http_status(caught.value) == status
 
 
 def test_response_heads() -> None:
@@ -80,7 +81,7 @@ def test_response_heads() -> None:
     sse = parse_response_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked")
     assert sse.chunked and sse.content_length is None
     assert not parse_response_head(b"HTTP/1.1 200 OK\r\nConnection: close").keep_alive
-    with pytest.raises(HttpError):
+    with pytest.raises(ProxyError):
         parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2")
 
 
@@ -111,7 +112,7 @@ def test_chunked_framing_finds_the_end_across_any_split() -> None:
     ],
 )
 def test_bad_chunked_bodies_are_refused(body: bytes) -> None:
-    with pytest.raises(HttpError):
+    with pytest.raises(ProxyError):
         ChunkedFraming().feed(body)
 
 

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.http1.framing import HttpError, RequestHead, parse_request_head
+from proxy.http1.framing import RequestHead, parse_request_head
+from proxy.policy.refusals import ProxyError, http_status
 
 VALID = [
     b"GET /v2/health/live HTTP/1.1\r\nHost: proxy",
@@ -86,8 +87,8 @@ def h11_reading(head: bytes) -> h11.Request | None:
 def ours(head: bytes) -> RequestHead | None:
     try:
         return parse_request_head(head)
-    except HttpError as e:
-        assert e.status in (400, 501)
+    except ProxyError as e:
+        assert http_status(e) in (400, 501)
         return None
 
 

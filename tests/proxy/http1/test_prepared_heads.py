@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.http1.framing import HttpError, parse_request_head, parse_response_head
+from proxy.http1.framing import parse_request_head, parse_response_head
 from proxy.http1.listener import RestRelay
 from proxy.http1.upstream import UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
+from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import Answer, Forward, HttpRouter
 from proxy.settings import parse_settings
 from proxy.state import ProxyState
@@ -71,7 +72,7 @@ def test_a_malformed_head_is_refused_every_time() -> None:
     relay = _relay()
     block = _head("/v2/models/m/infer", "\r\nContent-Length: 3")
     for _ in range(2):
-        with pytest.raises(HttpError, match="Content-Length more than once"):
+        with pytest.raises(ProxyError, match="Content-Length more than once"):
             relay.prepare(block)
 
 
@@ -93,5 +94,5 @@ def test_response_heads_are_parsed_once_and_malformed_ones_refused() -> None:
     other = pool.response_head(block.replace(b"17", b"18"))
     assert other.content_length == 18
     for _ in range(2):
-        with pytest.raises(HttpError):
+        with pytest.raises(ProxyError):
             pool.response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2")
