@@ -27,6 +27,7 @@ its c=1 figure is judged against the bare relay only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -101,7 +102,7 @@ def running_triton(workdir: Path) -> Iterator[TritonServer]:
 
 
 @contextmanager
-def running_proxy(triton: TritonServer, extra: list[str]) -> Iterator[Hop]:
+def running_proxy(triton: TritonServer, extra: list[str], root: Path = ROOT) -> Iterator[Hop]:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
         sys.executable,
@@ -125,7 +126,7 @@ def running_proxy(triton: TritonServer, extra: list[str]) -> Iterator[Hop]:
         "WARNING",
         *extra,
     ]
-    process = subprocess.Popen(command, cwd=ROOT)
+    process = subprocess.Popen(command, cwd=root)  # `-m proxy` imports the proxy under `root`
     try:
         _wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready")
         yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid
@@ -362,6 +363,8 @@ _CPU_TARGETS = {"restcpu": 1.15, "grpccpu": 1.3}
 def _label(measure: str, name: str) -> str:
     if name == "floor":
         return "bare TCP relay (floor)"
+    if name == "baseline":
+        return "proxy from --baseline-tree"
     return "proxy" if measure.startswith("rest") else f"proxy, --grpc-mode {name}"
 
 
@@ -371,7 +374,9 @@ def report(results: Results, rounds: int, seconds: float) -> None:
         f"proxy benchmark: {rounds} rounds of {seconds:g} s; each round Triton directly and every "
         f"hop back to back; medians over rounds of per-round figures; cpus={os.cpu_count()}"
     )
+    baseline = [n for n in ("baseline",) if (("rest1", n) in results)]
     for title, measure, names, added_target, kept_target, floor_target in _ROWS:
+        names = names + baseline
         direct = statistics.median(results[(measure, "direct")])
         latency = added_target is not None or measure.endswith("c1")
         print(
@@ -413,8 +418,8 @@ def report(results: Results, rounds: int, seconds: float) -> None:
             print(f"  {_label(measure, name):28} {line}")
     print("\nCPU time per request at c=16 (the hop's own process, from /proc):")
     for measure, names in (
-        ("restcpu", ["floor", "relay"]),
-        ("grpccpu", ["floor", "relay", "grpcio"]),
+        ("restcpu", ["floor", "relay", *baseline]),
+        ("grpccpu", ["floor", "relay", "grpcio", *baseline]),
     ):
         per_hop = [f"{n} {statistics.median(results[(measure, n)]):.0f} us" for n in names]
         ratio = statistics.median(_paired(results, measure, "relay", True, "floor"))
@@ -424,6 +429,9 @@ def report(results: Results, rounds: int, seconds: float) -> None:
             f"{ratio:.2f}x the bare relay (median of rounds)  target <= {most}x: "
             f"{_verdict(ratio <= most)}"
         )
+        if baseline:
+            times = statistics.median(_paired(results, measure, "relay", True, "baseline"))
+            print(f"    relay {times:.2f}x the --baseline-tree proxy's CPU (median of rounds)")
 
 
 def main() -> int:
@@ -431,6 +439,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy flag")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="another source tree (e.g. `git archive` of an older commit): its proxy runs as one "
+        "more hop (relay mode) in the same rounds, for a before/after the box's noise cannot skew",
+    )
     args = parser.parse_args()
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
@@ -444,6 +458,7 @@ def main() -> int:
             running_proxy(triton, [*args.proxy_arg, "--grpc-mode", "relay"]) as relay,
             running_proxy(triton, [*args.proxy_arg, "--grpc-mode", "grpcio"]) as grpcio,
             running_floor(triton) as floor,
+            contextlib.ExitStack() as more,
         ):
             hops: dict[str, Hop] = {
                 "direct": (triton.http_url, triton.grpc_url, 0),
@@ -451,6 +466,14 @@ def main() -> int:
                 "relay": relay,
                 "grpcio": grpcio,
             }
+            if args.baseline_tree is not None:
+                hops["baseline"] = more.enter_context(
+                    running_proxy(
+                        triton,
+                        [*args.proxy_arg, "--grpc-mode", "relay"],
+                        args.baseline_tree.resolve(),
+                    )
+                )
             for hop in hops.values():
                 loads.warm_up(hop)
             for round_number in range(args.rounds):
