@@ -4,9 +4,11 @@ Tenant streams are multiplexed onto it under stream ids of its own (`Stream.up`)
 Triton receives is written here: request header blocks from the channel's own HPACK encoder,
 DATA within the windows Triton grants, RST_STREAM, WINDOW_UPDATE, and the answers to Triton's
 SETTINGS and PING. No tenant frame reaches Triton as sent, so a tenant that breaks the protocol
-only ever breaks its own connection. Triton's frames are read here and handed to the tenant
-connection that owns the stream (`grpc.relay`), which writes them under its own ids, windows and
-header compression.
+only ever breaks its own connection. Triton's frames are read here (through the same checked
+frame layer as the tenants', `proxy.http2.reader`) and handed to the stream's `stream.TenantSide`
+(the `replies.Replies` of the tenant connection that owns it), which writes them under its own
+ids, windows and header compression. The channel reaches the listener only through
+`ChannelOwner`.
 
 Flow control, request direction: DATA waits here while Triton's stream or connection window is
 short, and the tenant's stream gets its credit back only once its bytes went to Triton.

@@ -63,11 +63,6 @@ NEXT = _Transitions(
 step."""
 
 
-def advance(state: int, event: str) -> int:
-    """`NEXT[state, event]`, for readers who prefer a call."""
-    return NEXT[state, event]
-
-
 ACTIVE = frozenset((OPEN, HALF_CLOSED_LOCAL, HALF_CLOSED_REMOTE))
 """Open or half-closed: the stream exists at the peer (`state in ACTIVE`)."""
 PEER_ENDED = frozenset((HALF_CLOSED_REMOTE, CLOSED))
