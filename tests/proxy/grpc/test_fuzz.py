@@ -3,7 +3,9 @@
 A valid conversation (two calls, one split over CONTINUATION, SETTINGS, PING, WINDOW_UPDATE,
 PRIORITY, RST_STREAM) is mutated frame by frame (dropped, repeated, swapped, its type, flags,
 stream id or payload changed) and fed to an in-process relay (`h2rig.Rig`) one frame per read
-or cut at random places. Whatever comes, the relay must:
+or cut at random places; fed one frame per read, Triton acts between the tenant's frames too
+(answers a call whole or in part, resets it, or answers Trailers-Only), so the stream states
+meet both sides' ends in every order. Whatever comes, the relay must:
 
 - raise nothing (every exception inside `data_received` would escape into the test);
 - answer a broken rule the way RFC 9113 names: a connection closed only after a GOAWAY with one
@@ -130,12 +132,49 @@ def _errors(frames: list[Frame]) -> list[tuple[int, int]]:
     return out
 
 
-async def _converse(frames: list[Parts], cuts: list[int] | None) -> None:
+TRITON_ACTS = 5  # nothing, a whole answer, head and DATA only, RST_STREAM, Trailers-Only
+
+
+def _triton_acts(rig: Rig, action: int, headed: set[int]) -> None:
+    """Triton does `action` (one of TRITON_ACTS) on the oldest stream open at the channel."""
+    if not action or not rig.relay.channels:
+        return
+    channel, _ = rig.channel()
+    if not channel.streams:
+        return
+    up = min(channel.streams)
+    encode = rig.triton_encoder.encode
+    head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    if action == 3:
+        channel.data_received(f.rst_stream(up, f.CANCEL))
+    elif action == 4 and up not in headed:
+        block = encode([*head, (b"grpc-status", b"5")])
+        channel.data_received(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, up, block))
+    else:
+        frames = b""
+        if up not in headed:
+            headed.add(up)
+            frames += f.frame(f.HEADERS, f.END_HEADERS, up, encode(head))
+        frames += f.frame(f.DATA, 0, up, f.grpc_message(b"answer"))
+        if action == 1:
+            trailers = encode([(b"grpc-status", b"0")])
+            frames += f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, up, trailers)
+        channel.data_received(frames)
+    rig.relay.flush()
+
+
+async def _converse(frames: list[Parts], cuts: list[int] | None, acts: list[int]) -> None:
     rig = Rig()
     tenant, out = rig.tenant()
     wire = [f.frame(*parts) for parts in frames]
+    headed: set[int] = set()
     if cuts is None:  # one frame per read: each answer belongs to one frame
-        for parts, data in zip(frames, wire, strict=True):
+        for number, (parts, data) in enumerate(zip(frames, wire, strict=True)):
+            _triton_acts(rig, acts[number] if number < len(acts) else 0, headed)
+            triton_answered = out.take()
+            _check_answers(triton_answered, out.closed)
+            goaway = [frame for frame in triton_answered if frame[0] == f.GOAWAY]
+            assert not goaway, "what Triton did ended the tenant's connection"
             tenant.data_received(data)
             rig.relay.flush()
             answered = out.take()
@@ -174,9 +213,9 @@ def _check_answers(answered: list[Frame], closed: bool) -> None:
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(frames=conversations())
-def test_mutated_frames_one_per_read(frames: list[Parts]) -> None:
-    asyncio.run(_converse(frames, None))
+@given(frames=conversations(), acts=st.lists(st.integers(0, TRITON_ACTS - 1), max_size=16))
+def test_mutated_frames_one_per_read(frames: list[Parts], acts: list[int]) -> None:
+    asyncio.run(_converse(frames, None, acts))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -184,4 +223,4 @@ def test_mutated_frames_one_per_read(frames: list[Parts]) -> None:
 def test_mutated_frames_cut_anywhere(frames: list[Parts], data: st.DataObject) -> None:
     total = sum(9 + len(parts[3]) for parts in frames)
     cuts = sorted(set(data.draw(st.lists(st.integers(1, max(total - 1, 1)), max_size=6))))
-    asyncio.run(_converse(frames, [c for c in cuts if c < total]))
+    asyncio.run(_converse(frames, [c for c in cuts if c < total], []))
