@@ -140,8 +140,8 @@ class StreamGate:
                     message = messages.inflate(
                         stream.encoding, bytes(buf[5:total]), self.context.max_message
                     )
-                except messages.MessageError as e:
-                    self.refuse(stream, e.code, e.details)
+                except refusals.ProxyError as e:
+                    self.refuse_error(stream, e)
                     return
                 framed = bytes(buf[:total])  # Triton gets the tenant's compressed bytes
             else:
@@ -166,7 +166,7 @@ class StreamGate:
                 prefix = messages.inflate_prefix(stream.encoding, prefix, PREFIX_HOLD)
             name = wire.prefix_string(prefix, 1)
             request_id = wire.prefix_string(prefix, 3, ordered=True) if name is not None else None
-        except (wire.WireError, messages.MessageError):
+        except (wire.WireError, refusals.ProxyError):
             return True  # malformed: refused by the full check once whole
         if name is None:
             return not held

@@ -14,30 +14,21 @@ from __future__ import annotations
 
 import zlib
 
+from proxy.policy.refusals import BodyTooLargeError, MalformedRequestError
+
 _WBITS = {b"gzip": 31, b"deflate": 15}
 """zlib window bits for each grpc-encoding the relay can read."""
 
 
-class MessageError(ValueError):
-    """A compressed message the relay cannot read: `code` is the gRPC status to answer with."""
-
-    def __init__(self, code: str, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
 def _wbits(encoding: bytes | None) -> int:
     if encoding is None or encoding == b"identity":
-        raise MessageError(
-            "INVALID_ARGUMENT",
+        raise MalformedRequestError(
             "a message is marked compressed but the call's grpc-encoding header names no "
             "compression; send grpc-encoding gzip or deflate with it, or send it uncompressed",
         )
     wbits = _WBITS.get(encoding)
     if wbits is None:
-        raise MessageError(
-            "INVALID_ARGUMENT",
+        raise MalformedRequestError(
             f"the model proxy cannot read messages compressed with "
             f"{encoding.decode('latin-1')!r}; use gzip or deflate, or send them uncompressed",
         )
@@ -47,8 +38,9 @@ def _wbits(encoding: bytes | None) -> int:
 def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
     """The decompressed bytes of one message with the compressed flag set.
 
-    Raises MessageError: INVALID_ARGUMENT when the stream names no usable encoding or the data is
-    corrupt, RESOURCE_EXHAUSTED when it would inflate past `limit` bytes (stopping there).
+    Raises MalformedRequestError when the stream names no usable encoding or the data is corrupt,
+    BodyTooLargeError when it would inflate past `limit` bytes (stopping there): refusals the
+    relay answers from `policy.refusals`' table (INVALID_ARGUMENT, RESOURCE_EXHAUSTED).
     """
     inflater = zlib.decompressobj(_wbits(encoding))
     try:
@@ -57,8 +49,7 @@ def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
     except zlib.error as e:
         raise _corrupt(encoding or b"", str(e)) from None
     if len(out) > limit:
-        raise MessageError(
-            "RESOURCE_EXHAUSTED",
+        raise BodyTooLargeError(
             f"the message inflates to more than the proxy's limit of {limit} bytes; send less "
             f"or raise --max-body",
         )
@@ -69,7 +60,7 @@ def inflate(encoding: bytes | None, data: bytes, limit: int) -> bytes:
 
 def inflate_prefix(encoding: bytes | None, data: bytes, limit: int) -> bytes:
     """Up to `limit` bytes of what the first bytes `data` of a compressed message inflate to, for
-    reading its name before the rest arrives. Raises MessageError as `inflate` does for an
+    reading its name before the rest arrives. Raises MalformedRequestError as `inflate` does for an
     unusable encoding or corrupt data (a prefix that merely ends early is not an error)."""
     inflater = zlib.decompressobj(_wbits(encoding))
     try:
@@ -78,9 +69,8 @@ def inflate_prefix(encoding: bytes | None, data: bytes, limit: int) -> bytes:
         raise _corrupt(encoding or b"", str(e)) from None
 
 
-def _corrupt(encoding: bytes, why: str) -> MessageError:
-    return MessageError(
-        "INVALID_ARGUMENT",
+def _corrupt(encoding: bytes, why: str) -> MalformedRequestError:
+    return MalformedRequestError(
         f"a {encoding.decode('latin-1')}-compressed message cannot be decompressed ({why}); "
         f"send it compressed whole with the algorithm named in grpc-encoding",
     )

@@ -7,7 +7,8 @@ import zlib
 
 import pytest
 
-from proxy.grpc.messages import MessageError, inflate, inflate_prefix
+from proxy.grpc.messages import inflate, inflate_prefix
+from proxy.policy.refusals import ProxyError, grpc_code
 
 TEXT = b"model name and tensor bytes " * 40
 
@@ -24,15 +25,15 @@ def test_grpc_encodings_inflate_to_the_original(encoding: bytes, wbits: int) -> 
 
 @pytest.mark.parametrize("encoding", [None, b"identity"])
 def test_a_compressed_flag_without_a_compression_is_refused(encoding: bytes | None) -> None:
-    with pytest.raises(MessageError, match="names no compression") as caught:
+    with pytest.raises(ProxyError, match="names no compression") as caught:
         inflate(encoding, _compress(TEXT, 31), len(TEXT))
-    assert caught.value.code == "INVALID_ARGUMENT"
+    assert grpc_code(caught.value).name == "INVALID_ARGUMENT"
 
 
 def test_an_unknown_encoding_is_refused_saying_what_works() -> None:
-    with pytest.raises(MessageError, match="'snappy'; use gzip or deflate") as caught:
+    with pytest.raises(ProxyError, match="'snappy'; use gzip or deflate") as caught:
         inflate(b"snappy", TEXT, len(TEXT))
-    assert caught.value.code == "INVALID_ARGUMENT"
+    assert grpc_code(caught.value).name == "INVALID_ARGUMENT"
 
 
 @pytest.mark.parametrize(
@@ -45,17 +46,17 @@ def test_an_unknown_encoding_is_refused_saying_what_works() -> None:
     ],
 )
 def test_corrupt_data_is_refused(data: bytes, why: str) -> None:
-    with pytest.raises(MessageError, match=why) as caught:
+    with pytest.raises(ProxyError, match=why) as caught:
         inflate(b"gzip", data, len(TEXT))
-    assert caught.value.code == "INVALID_ARGUMENT"
+    assert grpc_code(caught.value).name == "INVALID_ARGUMENT"
 
 
 def test_exactly_the_limit_passes_and_one_byte_more_is_refused() -> None:
     packed = _compress(TEXT, 31)
     assert inflate(b"gzip", packed, len(TEXT)) == TEXT
-    with pytest.raises(MessageError, match=f"limit of {len(TEXT) - 1} bytes") as caught:
+    with pytest.raises(ProxyError, match=f"limit of {len(TEXT) - 1} bytes") as caught:
         inflate(b"gzip", packed, len(TEXT) - 1)
-    assert caught.value.code == "RESOURCE_EXHAUSTED"
+    assert grpc_code(caught.value).name == "RESOURCE_EXHAUSTED"
 
 
 def test_a_bomb_is_refused_without_inflating_it() -> None:
@@ -66,12 +67,12 @@ def test_a_bomb_is_refused_without_inflating_it() -> None:
     assert len(bomb) < 1024 * 1024
     tracemalloc.start()
     try:
-        with pytest.raises(MessageError) as caught:
+        with pytest.raises(ProxyError) as caught:
             inflate(b"gzip", bomb, 1024 * 1024)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert caught.value.code == "RESOURCE_EXHAUSTED"
+    assert grpc_code(caught.value).name == "RESOURCE_EXHAUSTED"
     assert peak < 4 * 1024 * 1024
 
 
@@ -84,7 +85,7 @@ def test_a_prefix_inflates_to_the_start_of_the_message(encoding: bytes, wbits: i
 
 
 def test_a_prefix_of_corrupt_data_or_an_unknown_encoding_is_refused() -> None:
-    with pytest.raises(MessageError, match="cannot be decompressed"):
+    with pytest.raises(ProxyError, match="cannot be decompressed"):
         inflate_prefix(b"gzip", b"plainly not gzip", 100)
-    with pytest.raises(MessageError, match="names no compression"):
+    with pytest.raises(ProxyError, match="names no compression"):
         inflate_prefix(None, _compress(TEXT, 31), 100)
