@@ -38,7 +38,16 @@ from proxy.http2 import frames as f
 from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
 from proxy.http2.headers import BlockDecoder, BlockEncoder, Fields
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
-from proxy.http2.state import CLOSED, NEXT, OPENED, RECEIVED_END, RESET, SENT_END, WE_ENDED
+from proxy.http2.state import (
+    CLOSED,
+    NEXT,
+    OPENED,
+    RECEIVED_END,
+    RESET,
+    SENT_END,
+    WE_ENDED,
+    StreamStateError,
+)
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 
@@ -253,6 +262,11 @@ class TritonChannel(asyncio.Protocol):
             log.warning("Triton broke HTTP/2 (%s): closing the connection to it.", e)
             self.out.write(f.goaway(0, code))
             self.out.flush()
+            if self.transport is not None:
+                self.transport.abort()
+        except StreamStateError:
+            # A bug of the relay's: this connection's calls fail UNAVAILABLE, the proxy goes on.
+            log.exception("The gRPC relay lost track of a stream: reconnecting to Triton.")
             if self.transport is not None:
                 self.transport.abort()
         finally:

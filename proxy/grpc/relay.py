@@ -39,7 +39,7 @@ from proxy.http2 import frames as f
 from proxy.http2.flow import FlowControlError, ReceiveWindow
 from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
-from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET
+from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET, StreamStateError
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 from proxy.settings import Settings
 from proxy.sockets import nodelay
@@ -192,6 +192,10 @@ class H2Connection(asyncio.Protocol):
 
     def _error(self, code: int, reason: str) -> None:
         log.warning("A tenant broke the HTTP/2 protocol (%s): closing its connection.", reason)
+        self._close_with(code)
+
+    def _close_with(self, code: int) -> None:
+        """GOAWAY with `code`, then close: the connection ends."""
         self.out.write(f.goaway(self.last_sid, code))
         self.out.flush()
         if self.transport is not None:
@@ -224,6 +228,10 @@ class H2Connection(asyncio.Protocol):
             self._error(f.FLOW_CONTROL_ERROR, str(e))
         except HPACKError as e:
             self._error(f.COMPRESSION_ERROR, f"an unreadable header block: {e}")
+        except StreamStateError:
+            # A bug of the relay's, never the tenant's doing: this connection ends, not the proxy.
+            log.exception("The gRPC relay lost track of a stream: closing the tenant's connection.")
+            self._close_with(f.INTERNAL_ERROR)
 
     # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
 

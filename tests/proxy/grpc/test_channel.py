@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hpack import Decoder
 
 from proxy.grpc.channel import RESPONSE_WINDOW
+from proxy.grpc.gate import StreamGate
 from proxy.grpc.relay import _RESETS, MAX_HEADER_BLOCK, H2Connection
 from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http2 import frames as f
+from proxy.http2.state import StreamStateError
 from tests.proxy.conftest import data_frames
 from tests.proxy.grpc.rig import HEADERS, Recording, Rig, data_bytes, goaway_code, infer, kinds
 
@@ -312,3 +315,22 @@ async def test_a_connection_that_never_sends_the_preface_is_closed() -> None:
         assert asyncio.get_running_loop().time() < deadline, "the silent connection stayed open"
         await asyncio.sleep(0.01)
     assert not talking_out.closed
+
+
+async def test_a_bug_that_loses_a_streams_state_ends_one_connection_not_the_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A StreamStateError is the relay's bug, never the tenant's doing: that tenant's connection
+    ends with GOAWAY INTERNAL_ERROR; nothing escapes into the event loop; others go on."""
+    rig = Rig()
+    calm, calm_out = rig.tenant()
+    rig.call(calm, 1, infer(), end=False)
+
+    def lost(*args: object) -> bool:
+        raise StreamStateError("a stream in state closed cannot be sent END_STREAM")
+
+    monkeypatch.setattr(StreamGate, "check", lost)
+    unlucky, out = rig.tenant()
+    rig.call(unlucky, 1, infer())
+    assert out.closed and goaway_code(out.take()) == f.INTERNAL_ERROR
+    assert not calm_out.closed
