@@ -1,9 +1,9 @@
 """Benchmark: the proxy's own Python work per exchange, with and without its memory of heads.
 
 Feeds one request and its response through the real relay classes, in process, with transports
-that only count bytes: the REST relay (`rest.RestRelay`, `h1relay.ClientConnection`,
-`upstream.Upstream`: a JSON infer request and Triton's answer) and the gRPC relay
-(`h2relay.H2Connection` and `h2channel.TritonChannel`: a unary ModelInfer, its response head,
+that only count bytes: the REST relay (`http1.listener.RestRelay`, `http1.relay.ClientConnection`,
+`http1.upstream.Upstream`: a JSON infer request and Triton's answer) and the gRPC relay
+(`grpc.relay.H2Connection` and `grpc.channel.TritonChannel`: a unary ModelInfer, its response head,
 message and trailers, with header blocks from a real HPACK encoder as grpc-core and Triton send
 them). No sockets, no Triton, no
 other process: what is left is the CPU the proxy's own code spends per exchange, a figure the
@@ -34,18 +34,18 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy import h2frames as f  # noqa: E402
-from proxy.h1relay import ClientConnection  # noqa: E402
-from proxy.h2channel import TritonChannel  # noqa: E402
-from proxy.h2headers import Fields  # noqa: E402
-from proxy.h2relay import H2Connection  # noqa: E402
-from proxy.h2server import GrpcRelay  # noqa: E402
-from proxy.limiter import Limiter  # noqa: E402
+from proxy.grpc.channel import TritonChannel  # noqa: E402
+from proxy.grpc.relay import H2Connection  # noqa: E402
+from proxy.grpc.server import GrpcRelay  # noqa: E402
+from proxy.http1.listener import RestRelay  # noqa: E402
+from proxy.http1.relay import ClientConnection  # noqa: E402
+from proxy.http1.upstream import Upstream  # noqa: E402
+from proxy.http2 import frames as f  # noqa: E402
+from proxy.http2.headers import Fields  # noqa: E402
 from proxy.metrics import ProxyMetrics  # noqa: E402
-from proxy.rest import RestRelay  # noqa: E402
+from proxy.policy.limiter import Limiter  # noqa: E402
 from proxy.settings import Settings, parse_settings  # noqa: E402
 from proxy.state import ProxyState  # noqa: E402
-from proxy.upstream import Upstream  # noqa: E402
 
 MODEL = "add_one"
 
@@ -174,7 +174,7 @@ def grpc_exchanges(
     channel.data_received(wide)
     if not memory:
         connection._decoder = _PlainDecoder()  # type: ignore[assignment]
-        connection._encoder = _PlainEncoder()  # type: ignore[assignment]
+        connection.replies.encoder = _PlainEncoder()  # type: ignore[assignment]
         channel._decoder = _PlainDecoder()  # type: ignore[assignment]
         channel._encoder = _PlainEncoder()  # type: ignore[assignment]
         connection._plans = _Forgetful()

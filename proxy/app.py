@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from common.lifecycle import Lifecycle
 from proxy.agentclient import AgentClient
-from proxy.grpcproxy import GrpcProxy
-from proxy.h2server import GrpcRelay
-from proxy.limiter import Limiter
+from proxy.grpc.grpcio import GrpcProxy
+from proxy.grpc.server import GrpcRelay
+from proxy.http1.listener import RestRelay
 from proxy.metrics import ProxyMetrics
-from proxy.rest import RestRelay
+from proxy.policy.limiter import Limiter
 from proxy.server import MetricsServer
 from proxy.settings import Settings
 from proxy.state import ProxyState

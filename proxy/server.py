@@ -3,8 +3,8 @@
 The only module of the proxy that imports aiohttp's server. It serves /metrics (the process's
 registry, as Prometheus scrapes it), /healthz (the process is up) and /readyz (the pod's
 readiness: the own model is ready in Triton and the proxy is not draining), and holds the state
-the transports share. Tenant traffic never reaches it: the REST relay is `rest`, gRPC is
-`grpcproxy`.
+the transports share. Tenant traffic never reaches it: the REST relay is `http1.listener`, gRPC is
+`grpc.grpcio`.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class Settings:
     agent_timeout_seconds: float = 30.0
     """Seconds to wait for the agent to unload the model on shutdown."""
     grpc_mode: str = "relay"
-    """`relay` (default): the HTTP/2 frame relay (`proxy/h2relay.py`); `grpcio`: grpc.aio."""
+    """`relay` (default): the HTTP/2 frame relay (`proxy/grpc/relay.py`); `grpcio`: grpc.aio."""
     log_level: str = "INFO"
     """Root log level."""
     log_format: str = "text"

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from proxy import h2frames as f
 from proxy.app import Proxy
+from proxy.http2 import frames as f
 from proxy.settings import Settings
 from sim.triton import TritonInstall, TritonServer
 from tests.conftest import copy_model

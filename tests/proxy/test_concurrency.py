@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
 
-from proxy.errors import OverloadedError, QueueTimeoutError
-from proxy.limiter import Limiter
+from proxy.policy.limiter import Limiter
+from proxy.policy.refusals import OverloadedError, QueueTimeoutError
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy, wait_until
 

@@ -23,11 +23,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy import h2frames as f
+from proxy.http2 import frames as f
 from proxy.idle import SWEEPS, IdleSweeper
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
-from tests.proxy.test_relay_channel import (
+from tests.proxy.grpc.test_relay_channel import (
     RawTenant,
     add_one_inputs,
     established_to,

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
-from proxy import wire
+from proxy.policy import wire
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy
 

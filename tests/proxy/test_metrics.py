@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.limiter import Limiter
 from proxy.metrics import _LATENCY_BUCKETS, ProxyMetrics
+from proxy.policy.limiter import Limiter
 
 _OBSERVATION = st.tuples(
     st.sampled_from(["http", "grpc"]),

@@ -1,0 +1,405 @@
+"""The relay's one HTTP/2 connection to Triton, shared by every tenant connection of the proxy.
+
+Tenant streams are multiplexed onto it under stream ids of its own (`Stream.up`). Everything
+Triton receives is written here: request header blocks from the channel's own HPACK encoder,
+DATA within the windows Triton grants, RST_STREAM, WINDOW_UPDATE, and the answers to Triton's
+SETTINGS and PING. No tenant frame reaches Triton as sent, so a tenant that breaks the protocol
+only ever breaks its own connection. Triton's frames are read here (through the same checked
+frame layer as the tenants', `proxy.http2.reader`) and handed to the stream's `stream.TenantSide`
+(the `replies.Replies` of the tenant connection that owns it), which writes them under its own
+ids, windows and header compression. The channel reaches the listener only through
+`ChannelOwner`.
+
+Flow control, request direction: DATA waits here while Triton's stream or connection window is
+short, and the tenant's stream gets its credit back only once its bytes went to Triton.
+Response direction: the channel grants Triton a large connection window, credited as bytes
+arrive; each stream's window (`RESPONSE_WINDOW`) is credited only as the tenant takes the bytes,
+so a tenant that stops reading holds at most that much per stream here.
+
+Writes from every tenant made in one event-loop turn leave in one write (`GrpcRelay.flush`): under
+load Triton reads many streams' frames per read, as from one client with many calls in flight.
+When Triton sends GOAWAY the channel takes no new streams (a new channel is opened) and streams
+Triton will not process are refused to their tenants with REFUSED_STREAM, which clients retry.
+
+What it must not do: forward a tenant's bytes unchecked, or exceed a window Triton granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from hpack import HPACKError
+
+from proxy.grpc.outbox import Outbox, Scheduler
+from proxy.grpc.stream import Stream
+from proxy.http2 import frames as f
+from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
+from proxy.http2.headers import BlockDecoder, BlockEncoder, Fields
+from proxy.http2.reader import ConnectionBrokenError, FrameReader
+from proxy.http2.state import (
+    CLOSED,
+    NEXT,
+    OPENED,
+    RECEIVED_END,
+    RESET,
+    SENT_END,
+    WE_ENDED,
+    StreamStateError,
+)
+from proxy.settings import Settings
+from proxy.sockets import nodelay
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for Triton to accept the connection (it runs on the same node)."""
+RESPONSE_WINDOW = 1024 * 1024
+"""The per-stream window the channel grants Triton: what it may hold of one stream's response."""
+_CONNECTION_WINDOW = 1 << 30
+"""The channel's connection window for Triton, credited back as bytes arrive (streams bound it)."""
+_LAST_ID = 2**31 - 1
+
+
+class ChannelOwner(Scheduler, Protocol):
+    """What a channel needs from the listener that opened it (`server.GrpcRelay`)."""
+
+    settings: Settings
+
+    def hold(self) -> None:
+        """Writes from now on wait for the caller's `flush`."""
+
+    def flush(self) -> None:
+        """Write what every connection gathered."""
+
+    def forget(self, channel: TritonChannel) -> None:
+        """`channel` takes no new streams."""
+
+    def triton_unreachable(self, address: str, error: object) -> None:
+        """Connecting to Triton failed."""
+
+    def triton_reachable(self) -> None:
+        """Triton accepted a connection."""
+
+
+class TritonChannel(asyncio.Protocol):
+    """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
+
+    def __init__(self, relay: ChannelOwner) -> None:
+        self.relay = relay
+        self.streams: dict[int, Stream] = {}  # by Triton-side stream id
+        self.closing = False  # GOAWAY from Triton, ids used up, or the proxy stops
+        self.max_streams = _LAST_ID  # Triton's SETTINGS_MAX_CONCURRENT_STREAMS
+        self.max_frame = f.DEFAULT_MAX_FRAME  # Triton's SETTINGS_MAX_FRAME_SIZE
+        self.initial_window = f.DEFAULT_WINDOW  # Triton's SETTINGS_INITIAL_WINDOW_SIZE
+        self.window = Window(f.DEFAULT_WINDOW)  # what Triton's connection window lets us send
+        self.waiting: dict[Stream, None] = {}  # streams with DATA held for Triton's windows
+        self._next_id = 1
+        self._encoder = BlockEncoder()
+        self._decoder = BlockDecoder()
+        self._reader = FrameReader(self, from_server=True, max_block=1 << 20)
+        self._got = 0  # flow-controlled bytes of the read in progress
+        # What Triton may still send on the connection, credited as bytes arrive (streams bound it).
+        self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
+        hello = [
+            f.PREFACE,
+            f.settings(
+                {f.SETTINGS_ENABLE_PUSH: 0, f.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW}
+            ),
+            f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW),
+        ]
+        self.out = Outbox(relay, hello)  # leaves once connected; the listener marks it
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The socket to Triton (None until connected and once lost)."""
+        return self.out.transport
+
+    @transport.setter
+    def transport(self, transport: asyncio.Transport | None) -> None:
+        self.out.transport = transport
+
+    # -- connection ------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the connection; until then frames wait in the write buffer."""
+        host, _, port = self.relay.settings.triton_grpc_url.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: self, host, int(port)), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as e:
+            reason = e if isinstance(e, OSError) else f"no answer within {CONNECT_TIMEOUT:g} s"
+            self.relay.triton_unreachable(f"{host}:{port}", reason)
+            self._fail()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = nodelay(transport)
+        self.relay.triton_reachable()
+        self.out.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.streams:
+            log.warning(
+                "The connection to Triton's gRPC endpoint closed (%s) with %d calls in flight: "
+                "they fail UNAVAILABLE and new calls open a new connection.",
+                exc or "closed by Triton",
+                len(self.streams),
+            )
+        self.transport = None
+        self._fail()
+
+    def _fail(self) -> None:
+        """The connection is gone or never came: every stream on it fails UNAVAILABLE."""
+        self.closing = True
+        self.relay.forget(self)
+        streams, self.streams = list(self.streams.values()), {}
+        self.waiting.clear()
+        for stream in streams:
+            stream.triton = NEXT[stream.triton, RESET]
+            stream.replies.triton_unavailable(stream)
+
+    def accepts(self) -> bool:
+        """Whether a new stream may go on this channel."""
+        return not self.closing and len(self.streams) < self.max_streams
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        """Open `stream` at Triton with request header `fields`."""
+        up = self._next_id
+        self._next_id += 2
+        if self._next_id > _LAST_ID:
+            self.closing = True  # ids used up: new streams go to a new channel
+        stream.up = up
+        stream.channel = self
+        stream.up_window.size = self.initial_window
+        stream.triton = NEXT[stream.triton, OPENED]
+        if end_stream:
+            stream.triton = NEXT[stream.triton, SENT_END]
+        self.streams[up] = stream
+        block = self._encoder.encode(fields)  # every block encoded is written, in order
+        self.out.write(f.headers_frames(up, block, end_stream, self.max_frame))
+
+    def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
+        """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
+        size = len(payload)
+        if (
+            not stream.up_held
+            and size <= stream.up_window.size
+            and size <= self.window.size
+            and size <= self.max_frame
+        ):
+            stream.up_window.size -= size
+            self.window.size -= size
+            self.out.write_data(f.data_header(size, end_stream, stream.up), payload)
+            if end_stream:
+                stream.triton = NEXT[stream.triton, SENT_END]
+            if size:
+                stream.replies.forwarded(stream, size)
+            return
+        stream.up_held += payload
+        stream.up_end = stream.up_end or end_stream
+        self.waiting[stream] = None
+        self._release(stream)
+
+    def _release(self, stream: Stream) -> None:
+        """Send what `stream` holds as far as the windows allow."""
+        held = stream.up_held
+        while held:
+            size = min(len(held), stream.up_window.size, self.window.size, self.max_frame)
+            if size <= 0:
+                return
+            chunk = bytes(held[:size])
+            del held[:size]
+            stream.up_window.size -= size
+            self.window.size -= size
+            end = stream.up_end and not held
+            self.out.write(f.data_header(size, end, stream.up) + chunk)
+            if end:
+                stream.triton = NEXT[stream.triton, SENT_END]
+                stream.up_end = False
+            stream.replies.forwarded(stream, size)
+        if stream.up_end:
+            self.out.write(f.data_header(0, True, stream.up))  # ends an empty remainder
+            stream.triton = NEXT[stream.triton, SENT_END]
+        stream.up_end = False
+        self.waiting.pop(stream, None)
+
+    def reset(self, stream: Stream) -> None:
+        """Cancel `stream` at Triton (the tenant left it, or the relay answered it)."""
+        if self.streams.pop(stream.up, None) is not None:
+            self.out.write(f.rst_stream(stream.up, f.CANCEL))
+        stream.triton = NEXT[stream.triton, RESET]
+        stream.up_held.clear()
+        self.waiting.pop(stream, None)
+        self._ended()
+
+    def credit(self, stream: Stream, size: int) -> None:
+        """The tenant took `size` response bytes of `stream`: Triton may send that much more."""
+        if stream.up in self.streams:
+            self.out.write(f.window_update(stream.up, size))
+
+    def _ended(self) -> None:
+        if self.closing and not self.streams and self.transport is not None:
+            self.transport.close()
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        relay = self.relay
+        relay.hold()  # what this read makes for tenants leaves at its end, in one write each
+        try:
+            self._read(data)
+        except (ConnectionBrokenError, FlowControlError, HPACKError) as e:
+            code = e.code if isinstance(e, ConnectionBrokenError) else f.PROTOCOL_ERROR
+            if isinstance(e, FlowControlError):
+                code = f.FLOW_CONTROL_ERROR
+            elif isinstance(e, HPACKError):
+                code = f.COMPRESSION_ERROR
+            log.warning("Triton broke HTTP/2 (%s): closing the connection to it.", e)
+            self.out.write(f.goaway(0, code))
+            self.out.flush()
+            if self.transport is not None:
+                self.transport.abort()
+        except StreamStateError:
+            # A bug of the relay's: this connection's calls fail UNAVAILABLE, the proxy goes on.
+            log.exception("The gRPC relay lost track of a stream: reconnecting to Triton.")
+            if self.transport is not None:
+                self.transport.abort()
+        finally:
+            relay.flush()
+
+    def _read(self, data: bytes) -> None:
+        self._got = 0
+        self._reader.feed(data)  # frames come back to on_* below
+        got = self._got
+        if got:
+            increment = self._received.take(got)  # more than the window: FlowControlError
+            if increment:
+                self.out.write(f.window_update(0, increment))
+
+    # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
+
+    def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
+        self._got += length
+        stream = self.streams.get(sid)
+        if stream is None:
+            return  # reset by the relay: its bytes still count on the connection
+        if not flags:  # the common shape first, without detours
+            stream.replies.to_tenant(stream, body, False, length)
+            return
+        if len(body) < length:
+            self.credit(stream, length - len(body))
+        if flags & f.END_STREAM:
+            self._ended_by_triton(stream)
+        stream.replies.triton_data(stream, body, bool(flags & f.END_STREAM))
+
+    def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+        if kind == f.WINDOW_UPDATE:
+            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+        elif kind == f.RST_STREAM:
+            stream = self.streams.get(sid)
+            if stream is not None:
+                self._close_stream(stream)
+                stream.replies.triton_reset(stream, int.from_bytes(payload, "big"))
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
+                self._settings(f.settings_values(payload))
+                self.out.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif kind == f.PING:
+            if not flags & f.ACK:
+                self.out.write(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.GOAWAY:
+            self._goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, payload[4:8])
+
+    def on_stream_error(self, sid: int, code: int, reason: str) -> None:
+        """Triton broke a rule of stream `sid`: reset it there; the tenant's call fails."""
+        log.warning("Triton broke HTTP/2 on stream %d (%s): resetting the call.", sid, reason)
+        self.out.write(f.rst_stream(sid, code))
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self._close_stream(stream)
+            stream.replies.triton_reset(stream, f.INTERNAL_ERROR)
+
+    def on_headers(self, sid: int, flags: int, block: bytes) -> None:
+        fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        end_stream = bool(flags & f.END_STREAM)
+        if end_stream:
+            self._ended_by_triton(stream)
+        stream.replies.triton_headers(stream, fields, end_stream)
+
+    def _ended_by_triton(self, stream: Stream) -> None:
+        """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
+        (RST_STREAM NO_ERROR), or the stream would count against Triton's stream limit forever."""
+        if stream.triton in WE_ENDED:
+            stream.triton = NEXT[stream.triton, RECEIVED_END]
+        else:
+            self.out.write(f.rst_stream(stream.up, f.NO_ERROR))
+        self._close_stream(stream)
+
+    def _close_stream(self, stream: Stream) -> None:
+        """Triton ended `stream` (END_STREAM, or a reset either way): nothing more goes to
+        Triton on it."""
+        del self.streams[stream.up]
+        if stream.triton != CLOSED:
+            stream.triton = NEXT[stream.triton, RESET]
+        stream.up_held.clear()
+        self.waiting.pop(stream, None)
+        self._ended()
+
+    def _window_update(self, sid: int, increment: int) -> None:
+        if sid == 0:
+            self.window.grow(increment)  # past 2^31-1: FlowControlError, the connection ends
+            for waiting in list(self.waiting):
+                self._release(waiting)
+                if self.window.size <= 0:
+                    break
+            return
+        stream = self.streams.get(sid)
+        if stream is not None:
+            try:
+                stream.up_window.grow(increment)
+            except FlowControlError as e:
+                self.on_stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+                return
+            if stream in self.waiting:
+                self._release(stream)
+
+    def _settings(self, values: dict[int, int]) -> None:
+        self.max_streams = values.get(f.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams)
+        self.max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self.max_frame)
+        table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+        if table is not None:
+            self._encoder.limit_table(table)
+        window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window - self.initial_window
+            self.initial_window = window
+            for stream in self.streams.values():
+                stream.up_window.shift(delta)
+            for stream in list(self.waiting):
+                self._release(stream)
+
+    def _goaway(self, last: int, code: bytes) -> None:
+        """Triton takes no new streams; those above `last` it never processed."""
+        if code != b"\x00\x00\x00\x00":
+            log.warning(
+                "Triton's gRPC endpoint sent GOAWAY with error %d: new calls open a new "
+                "connection.",
+                int.from_bytes(code, "big"),
+            )
+        self.closing = True
+        self.relay.forget(self)
+        for sid, stream in list(self.streams.items()):
+            if sid > last:
+                del self.streams[sid]
+                stream.triton = NEXT[stream.triton, RESET]
+                self.waiting.pop(stream, None)
+                stream.replies.triton_refused(stream)
+        self._ended()

@@ -1,0 +1,343 @@
+"""Per-stream gate of the gRPC relay: admission, message checks, and the relay's own answers.
+
+Every message a tenant sends on a relayed stream is read whole and its model-name field checked by
+`policy.routing`, exactly as the grpc.aio proxy checks it; a compressed one is read inflated
+(bounded, by `messages`) and forwarded as sent. Past HOLD_LIMIT bytes a message is first decided
+from its prefix (another model: refused before Triton sees a byte), then relayed all but its last
+byte, so Triton cannot act on it before the whole-message check. A unary call takes a concurrency
+slot once its message passed; ModelStreamInfer takes one when the stream opens. Answers the relay
+gives itself (another model, refused APIs, overload) go on the stream, through the same
+windows as Triton's answers; bytes it drops are credited back to the tenant's stream at once.
+
+One `StreamGate` per tenant connection, composed by `relay.H2Connection`: it writes through the
+connection's `outbox.Outbox`, answers through its `replies.Replies`, and reaches the listener's
+router, limiter and metrics through `GateContext`. What it must not do: decide isolation itself,
+or hand Triton a message it has not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from proxy.grpc import messages
+from proxy.grpc.outbox import Outbox
+from proxy.grpc.replies import Replies
+from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
+from proxy.http2 import frames as f
+from proxy.http2.state import ACTIVE
+from proxy.metrics import ProxyMetrics
+from proxy.policy import refusals, wire
+from proxy.policy.limiter import Limiter
+from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
+
+HOLD_LIMIT = 16 * 1024
+"""Messages up to this size are held whole before the check; larger ones stream minus a byte."""
+PREFIX_HOLD = 32 * 1024
+"""How much of a large message is held while its model name has not been read: held bytes are not
+credited back, so this stays well inside RECEIVE_WINDOW or the stream would stall; the name is
+field 1 and serializers write it first, so only crafted messages ever reach this."""
+_ENDED = "; the message was too large to hold back whole, so the stream ends here"
+READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
+UNIMPLEMENTED = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
+FORWARDED = frozenset(
+    {"ServerLive", "ServerMetadata", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig",
+     "ModelInfer", "ModelStatistics", "ModelStreamInfer"}
+)  # fmt: skip
+"""The RPCs a stream is opened at Triton for; `policy.routing` decides every other one locally."""
+_FLAG = "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
+
+
+class GateContext(Protocol):
+    """What the gate needs from the listener (`server.GrpcRelay`)."""
+
+    router: GrpcRouter
+    limiter: Limiter
+    metrics: ProxyMetrics
+    max_message: int
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """Run `coro` on a task the listener owns (cancelled when it stops)."""
+
+
+class StreamGate:
+    """The per-stream checks of one tenant connection (see the module docstring)."""
+
+    __slots__ = ("context", "out", "replies", "streams")
+
+    def __init__(
+        self, context: GateContext, streams: dict[int, Stream], out: Outbox, replies: Replies
+    ) -> None:
+        self.context = context
+        self.streams = streams  # the connection's open streams, shared with it and the replies
+        self.out = out
+        self.replies = replies
+
+    def admit(self, stream: Stream) -> bool:
+        """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
+        limiter = self.context.limiter
+        if limiter.try_acquire():
+            stream.limited = HOLDS_SLOT
+            return True
+        stream.limited = WAITING
+        stream.waiter = self.context.spawn(self._wait_slot(stream, limiter))
+        return False
+
+    async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
+        try:
+            await limiter.acquire()
+        except refusals.ProxyError as e:
+            self.context.metrics.rejected(type(e).__name__)
+            stream.waiter = None
+            stream.limited = NO_SLOT
+            self.refuse_error(stream, e)
+            return
+        stream.waiter = None
+        if self.streams.get(stream.sid) is not stream:  # the tenant left while it waited
+            limiter.release()
+            stream.limited = NO_SLOT
+            return
+        stream.limited = HOLDS_SLOT
+        self.relay_buffered(stream)
+
+    def relay_buffered(self, stream: Stream) -> None:
+        """Check and relay every complete message in the stream's buffer."""
+        if stream.limited == WAITING:
+            return  # keep buffering until the stream has its slot
+        buf = stream.buf
+        if stream.skip:  # the rest of a refused message: Triton never gets it, the tenant's credit
+            dropped = min(stream.skip, len(buf))
+            del buf[:dropped]
+            stream.skip -= dropped
+            self.replies.forwarded(stream, dropped)
+        while len(buf) >= 5:
+            flag = buf[0]
+            size = int.from_bytes(buf[1:5], "big")
+            if flag > 1:
+                self.refuse_error(stream, refusals.MalformedRequestError(_FLAG.format(flag)))
+                return
+            if size > self.context.max_message:
+                too_large = _too_large(self.context.max_message)
+                self.refuse_error(stream, refusals.BodyTooLargeError(too_large))
+                return
+            total = 5 + size
+            if len(buf) < total:
+                if (
+                    size > HOLD_LIMIT
+                    and len(buf) - 1 > stream.early
+                    and (stream.early or self._prefix(stream))
+                ):
+                    # Large: relay all but the last byte so flow control keeps going; Triton
+                    # cannot act on an incomplete message, and is reset if the check fails.
+                    self._up(stream, bytes(buf[stream.early : len(buf) - 1]), False)
+                    stream.early = len(buf) - 1
+                break
+            framed = None
+            if flag:
+                try:
+                    message = messages.inflate(
+                        stream.encoding, bytes(buf[5:total]), self.context.max_message
+                    )
+                except refusals.ProxyError as e:
+                    self.refuse_error(stream, e)
+                    return
+                framed = bytes(buf[:total])  # Triton gets the tenant's compressed bytes
+            else:
+                message = bytes(buf[5:total])
+            del buf[:total]
+            if not self.check(stream, message, total, framed):
+                return
+        if stream.ended and not buf and stream.triton in ACTIVE:
+            self._up(stream, b"", True)
+            stream.ended = False  # sent on; the stream stays open until Triton's trailers
+
+    def _prefix(self, stream: Stream) -> bool:
+        """Decide a large message from its first bytes, before any of it reaches Triton: True to
+        relay it early (our model's, or the name unreadable here: checked when whole); False to
+        hold it for more bytes, or when it was refused."""
+        buf = stream.buf
+        prefix = bytes(buf[5 : 5 + PREFIX_HOLD])
+        held = len(prefix) < PREFIX_HOLD
+        router = self.context.router
+        try:
+            if buf[0]:  # compressed: read the name from what the prefix inflates to, bounded
+                prefix = messages.inflate_prefix(stream.encoding, prefix, PREFIX_HOLD)
+            name = wire.prefix_string(prefix, 1)
+            request_id = wire.prefix_string(prefix, 3, ordered=True) if name is not None else None
+        except (wire.WireError, refusals.ProxyError):
+            return True  # malformed: refused by the full check once whole
+        if name is None:
+            return not held
+        if name == router.model_id.encode():
+            return True
+        if request_id is None and held:
+            return False  # an in-stream error echoes the request's id: wait for it
+        named = wire.encode_string(1, name)
+        if router.is_stream(stream.kind):
+            echo = wire.encode_string(3, request_id) if request_id else b""
+            refusal = router.decide_stream_message(named + echo)
+            if refusal is None:  # cannot happen for another name; relay and check when whole
+                return True
+            stream.skip = 5 + int.from_bytes(buf[1:5], "big") - len(buf)
+            self.replies.forwarded(stream, len(buf))
+            buf.clear()
+            self._inject(stream, refusal)
+            return False
+        decision = router.decide(stream.kind, named)
+        if not isinstance(decision, GrpcAnswer):
+            return True
+        stream.route = decision.route
+        ok = decision.code == "OK"
+        self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
+        return False
+
+    def _inject(self, stream: Stream, response: bytes) -> None:
+        """Send the tenant an in-stream response of the relay's own (Triton never sees it)."""
+        self.replies.to_tenant(stream, f.grpc_message(response), False)
+
+    def whole_message(self, payload: bytes, stream: Stream) -> bool:
+        """`payload` is exactly one uncompressed message within the limit, with nothing of the
+        stream buffered before it and nothing waiting: `_check` may take it as it is."""
+        return (
+            not stream.buf
+            and not stream.skip
+            and stream.limited != WAITING
+            and len(payload) >= 5
+            and payload[0] == 0
+            and int.from_bytes(payload[1:5], "big") == len(payload) - 5
+            and len(payload) - 5 <= self.context.max_message
+        )
+
+    def check(self, stream: Stream, message: bytes, total: int, framed: bytes | None) -> bool:
+        """Check one whole message and relay it, or answer it; False when the stream ended.
+        `framed` is the message as the tenant sent it (length-prefixed; compressed when `message`
+        was inflated from it), when the relay may send those very bytes on."""
+        router = self.context.router
+        early, stream.early = stream.early, 0
+        if router.is_stream(stream.kind):
+            refusal = router.decide_stream_message(message)
+            if refusal is None:
+                self._tail(stream, message, early, framed)
+                return True
+            if early:
+                # Part of it already reached Triton and cannot be taken back: end the stream.
+                self.refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
+                return False
+            self.replies.forwarded(stream, total)
+            self._inject(stream, refusal)
+            return True
+        if stream.passed:  # a second message on a unary call
+            error = refusals.MalformedRequestError("a unary call carries exactly one message")
+            self.refuse_error(stream, error)
+            return False
+        decision = router.decide(stream.kind, message)
+        stream.route = decision.route
+        if isinstance(decision, GrpcAnswer):
+            ok = decision.code == "OK"
+            self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
+            return False
+        stream.passed = True
+        if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
+            stream.buf[:0] = framed or f.grpc_message(message)  # checked again once admitted
+            stream.early = early
+            stream.route = stream.kind
+            stream.passed = False
+            return False
+        if decision.request is not message and early:
+            error = refusals.MalformedRequestError("the request is too large to be narrowed")
+            self.refuse_error(stream, error)
+            return False
+        if decision.request is not message:
+            # Narrowed or rewritten (sent uncompressed, which gRPC allows per message): Triton
+            # counts the new message's bytes instead.
+            self.replies.forwarded(stream, total - len(decision.request) - 5)
+            message, early, framed = decision.request, 0, None
+        self._tail(stream, message, early, framed)
+        return True
+
+    def _tail(self, stream: Stream, message: bytes, early: int, framed: bytes | None) -> None:
+        """Send the message on (less what went ahead), ending the stream if it is the last."""
+        last = stream.ended and not stream.buf
+        if last:
+            stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
+        if framed is None:
+            framed = f.grpc_message(message)
+        self._up(stream, framed[early:] if early else framed, last)
+
+    def _up(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
+        """Request bytes of `stream` for Triton, split to frames Triton takes."""
+        channel = stream.channel
+        assert channel is not None
+        step = channel.max_frame
+        if len(payload) <= step:
+            channel.send(stream, payload, end_stream)
+            return
+        for pos in range(0, len(payload), step):
+            last = pos + step >= len(payload)
+            channel.send(stream, payload[pos : pos + step], end_stream and last)
+
+    def refuse_error(self, stream: Stream, error: refusals.ProxyError) -> None:
+        """Answer `stream` with one of the proxy's own refusals (its code from the table)."""
+        self.refuse(stream, refusals.grpc_code(error).name, str(error), None)
+
+    def refuse(
+        self, stream: Stream, code: str, details: str, response: bytes | None = None
+    ) -> None:
+        """Answer `stream` ourselves and reset it at Triton."""
+        self.streams.pop(stream.sid, None)
+        if stream.triton in ACTIVE:
+            assert stream.channel is not None
+            stream.channel.reset(stream)
+        stream.buf.clear()
+        self.answer(stream, GrpcAnswer(stream.route, code, details), None, response)
+
+    def answer(
+        self,
+        stream: Stream,
+        answer: GrpcAnswer,
+        started: float | None,
+        response: bytes | None = None,
+    ) -> None:
+        """Answer `stream` with `answer` (and `response`, or the answer's own for an OK one)."""
+        if response is None and answer.code == "OK":
+            response = answer.response
+        head = not stream.responded
+        if response is not None:
+            if head:
+                self.out.write(f.local_head(stream.sid))
+                stream.responded = True
+                head = False
+            self.replies.to_tenant(stream, f.grpc_message(response), False)
+        self.replies.end_to_tenant(
+            stream, f.local_trailers(stream.sid, answer.code, answer.details, head)
+        )
+        if started is not None:
+            self.context.metrics.observe(
+                "grpc", answer.route, answer.code, time.perf_counter() - started
+            )
+        else:
+            self.finish(stream, answer.code)
+
+    def finish(self, stream: Stream, code: str) -> None:
+        started = stream.started
+        if not started:
+            return  # never relayed, or finished already
+        stream.started = 0.0
+        if stream.waiter is not None:
+            stream.waiter.cancel()
+            stream.waiter = None
+        if stream.limited == HOLDS_SLOT:
+            self.context.limiter.release()
+        stream.limited = NO_SLOT
+        self.context.metrics.observe("grpc", stream.route, code, time.perf_counter() - started)
+
+
+def _text(refusal: bytes) -> str:
+    """The error_message of an in-stream refusal the router built."""
+    return wire.string_fields(refusal, (1,)).get(1, b"").decode("utf-8", "replace")
+
+
+def _too_large(limit: int) -> str:
+    return f"the message is over the proxy's limit of {limit} bytes; send less or raise --max-body"

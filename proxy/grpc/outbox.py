@@ -1,0 +1,58 @@
+"""Gathered writes: what one connection writes during an event-loop turn leaves in one write.
+
+Each connection of the gRPC relay (a tenant's, and the channel to Triton) owns an `Outbox`. The
+first write of a turn asks the `Scheduler` (the listener, `server.GrpcRelay`) to flush it at the
+end of the turn, so under load the calls of several tenants reach Triton in one write, and all
+that one read from Triton produces for a tenant reaches it in one.
+
+What it must not do: look at what it writes, or write while there is no transport (frames wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+
+class Scheduler(Protocol):
+    """Flushes marked outboxes at the end of the event-loop turn."""
+
+    def mark(self, outbox: Outbox) -> None:
+        """`outbox` has bytes to send: flush it at the end of this turn."""
+
+
+class Outbox:
+    """The frames one connection wrote this turn, and its transport."""
+
+    __slots__ = ("_frames", "_scheduler", "dirty", "transport")
+
+    def __init__(self, scheduler: Scheduler, frames: list[bytes] | None = None) -> None:
+        self._scheduler = scheduler
+        self._frames: list[bytes] = frames or []
+        self.dirty = bool(self._frames)  # frames given at birth wait for the caller's mark
+        self.transport: asyncio.Transport | None = None
+
+    def write(self, frames: bytes) -> None:
+        """Queue `frames`; they leave with everything else written this turn."""
+        self._frames.append(frames)
+        if not self.dirty:
+            self.dirty = True
+            self._scheduler.mark(self)
+
+    def write_data(self, header: bytes, payload: bytes) -> None:
+        """Queue a DATA frame's header and its payload (not joined: the payload is not copied)."""
+        self._frames.append(header)
+        self._frames.append(payload)
+        if not self.dirty:
+            self.dirty = True
+            self._scheduler.mark(self)
+
+    def flush(self) -> None:
+        """Write what was queued (kept while there is no transport)."""
+        if self.transport is None:
+            return
+        self.dirty = False
+        if self._frames:
+            data = b"".join(self._frames)
+            self._frames.clear()
+            self.transport.write(data)

@@ -1,0 +1,445 @@
+"""One tenant connection to the gRPC relay (`--grpc-mode relay`): its frames, both ways.
+
+The relay is the tenant's HTTP/2 peer: it answers SETTINGS and PING itself, grants and enforces
+its own flow-control windows, decodes the tenant's header blocks (to route on `:path`) and encodes
+Triton's response headers with an HPACK encoder of its own for this tenant. Streams it forwards go
+to Triton on the proxy's shared connection (`grpc.channel`), after the per-stream gate (`grpc.gate`)
+checked each message. A frame the tenant gets wrong (unreadable, out of order, over a window)
+closes this connection only; Triton never sees it.
+
+The connection is composed, not inherited: an `outbox.Outbox` gathers its writes (what it writes
+in one event-loop turn leaves in one write), a `gate.StreamGate` checks each stream's messages,
+and `replies.Replies` writes Triton's answers back within the tenant's windows; the gate and the
+replies reach back only through `replies.ReplyHooks`, which this class implements. Per tenant
+connection it limits streams, header block size and resets (see the constants below).
+
+Why not grpc.aio: its per-call cost (about 0.5-0.9 ms and most of a core here) made the proxy keep
+a third of Triton's gRPC throughput; this relay scans frame headers and, for a client repeating
+its headers, finds its header blocks already decoded and encoded (`http2.headers`).
+
+What it must not do: decide isolation itself, hand Triton a message it has not checked, or let
+one tenant's frames reach the connection Triton shares among all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from hpack import HPACKError
+
+from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED, GateContext, StreamGate
+from proxy.grpc.outbox import Outbox, Scheduler
+from proxy.grpc.replies import Replies
+from proxy.grpc.stream import RECEIVE_WINDOW, Channel, Stream
+from proxy.http2 import frames as f
+from proxy.http2.flow import FlowControlError, ReceiveWindow
+from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
+from proxy.http2.reader import ConnectionBrokenError, FrameReader
+from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET, StreamStateError
+from proxy.policy.routing import GrpcAnswer, grpc_kind
+from proxy.settings import Settings
+from proxy.sockets import nodelay
+from proxy.state import ProxyState
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 128
+"""Concurrent streams a tenant connection may open (SETTINGS_MAX_CONCURRENT_STREAMS)."""
+_CONNECTION_WINDOW = 1 << 30
+"""The tenant's connection window; credited as bytes arrive, since stream windows bound memory."""
+MAX_HEADER_BLOCK = 64 * 1024
+"""The largest header block a tenant may send (HEADERS and its CONTINUATION frames)."""
+_RESETS = 2 * MAX_STREAMS
+"""How many more streams than it completes a tenant may open at Triton and reset: past that its
+connection ends (ENHANCE_YOUR_CALM), so a reset flood costs Triton and the shared connection
+little ("rapid reset", CVE-2023-44487)."""
+_Plan = tuple[str, Fields, bytes | None, str | None]
+_CLOSED_KEPT = 256
+"""Closed streams remembered per connection, to tell a frame the tenant may still send on one
+(ignored) from one it may not (STREAM_CLOSED); on older ones DATA is ignored and HEADERS are a
+PROTOCOL_ERROR, as for a stream id never used."""
+
+
+class Listener(GateContext, Scheduler, Protocol):
+    """What a tenant connection needs from the listener (`server.GrpcRelay`)."""
+
+    settings: Settings
+    state: ProxyState
+    connections: set[H2Connection]
+
+    def channel(self) -> TritonChannelLike:
+        """The connection to Triton a new stream goes on."""
+
+
+class TritonChannelLike(Channel, Protocol):
+    """A connection to Triton as a new stream sees it (`channel.TritonChannel`)."""
+
+    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        """Open `stream` at Triton with request header `fields`."""
+
+
+class H2Connection(asyncio.Protocol):
+    """One tenant connection (see the module docstring)."""
+
+    finish: Callable[[Stream, str], None]
+    refuse: Callable[[Stream, str, str, bytes | None], None]
+
+    def __init__(self, relay: Listener) -> None:
+        self.relay = relay
+        self.out = Outbox(relay)
+        self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
+        self.replies = Replies(self.out, self.streams, self)
+        self.gate = StreamGate(relay, self.streams, self.out, self.replies)
+        # The replies' hooks into the gate (`replies.ReplyHooks`), bound once: no call between.
+        self.finish = self.gate.finish
+        self.refuse = self.gate.refuse
+        self.last_sid = 0
+        self._in = b""
+        self._preface = False
+        self._preface_timer: asyncio.TimerHandle | None = None
+        self._goaway = False
+        self._decoder = BlockDecoder()
+        self._plans: dict[Fields, _Plan] = {}  # see _plan
+        self._reader = FrameReader(self, from_server=False, max_block=MAX_HEADER_BLOCK)
+        self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
+        self._closed: dict[int, bool] = {}  # recently closed streams: see `closed`
+        self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
+        # What the tenant may still send on the connection; credited as bytes arrive.
+        self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
+        self._initial_window = f.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The tenant's socket (None before it connects and once it is gone)."""
+        return self.out.transport
+
+    @transport.setter
+    def transport(self, transport: asyncio.Transport | None) -> None:
+        self.out.transport = transport
+
+    # -- the hooks of the gate and the replies (`replies.ReplyHooks`) -----------------------------
+
+    # -- connection ------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = nodelay(transport)
+        self.relay.connections.add(self)
+        self.out.write(
+            f.settings(
+                {
+                    f.SETTINGS_MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+                    f.SETTINGS_INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
+                }
+            )
+            + f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+        )
+        self._preface_timer = asyncio.get_running_loop().call_later(
+            self.relay.settings.head_timeout_seconds, self._no_preface
+        )
+
+    def _no_preface(self) -> None:
+        """A connection that never says it speaks HTTP/2 only holds a socket: close it."""
+        timeout = self.relay.settings.head_timeout_seconds
+        self._error(f.PROTOCOL_ERROR, f"no HTTP/2 connection preface within {timeout:g} s")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.connections.discard(self)
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
+        self.transport = None
+        for stream in list(self.streams.values()):
+            stream.tenant = NEXT[stream.tenant, RESET]
+            if stream.triton in ACTIVE and stream.channel is not None:
+                stream.channel.reset(stream)  # Triton stops working for nobody
+            self.gate.finish(stream, "CANCELLED")
+        self.streams.clear()
+        self.replies.blocked.clear()
+
+    def pause_writing(self) -> None:
+        # The tenant does not read: response DATA waits (its windows hold Triton back), and the
+        # tenant's own frames wait too, so nothing it asks for (PING, SETTINGS) piles up here.
+        self.replies.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.replies.paused = False
+        if self.transport is not None:
+            self.transport.resume_reading()
+        self.replies.drain_all()
+
+    def go_away(self) -> None:
+        """Take no new streams; those already open finish."""
+        if not self._goaway:
+            self._goaway = True
+            self.out.write(f.goaway(self.last_sid))
+
+    def activity(self) -> object | None:
+        """For the idle sweep: None while calls are open, else the last stream id."""
+        return None if self.streams else self.last_sid
+
+    def close_idle(self) -> None:
+        """Idle for --idle-timeout: GOAWAY NO_ERROR and close; the tenant's client reconnects on
+        its next call, as after a gRPC server's max_connection_idle."""
+        self.go_away()
+        self.out.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _error(self, code: int, reason: str) -> None:
+        log.warning("A tenant broke the HTTP/2 protocol (%s): closing its connection.", reason)
+        self._close_with(code)
+
+    def _close_with(self, code: int) -> None:
+        """GOAWAY with `code`, then close: the connection ends."""
+        self.out.write(f.goaway(self.last_sid, code))
+        self.out.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- the tenant's frames ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        pos = 0
+        if not self._preface:
+            if self._in:
+                data = self._in + data
+                self._in = b""
+            if len(data) < 24 and f.PREFACE.startswith(data):
+                self._in = data
+                return
+            if data[:24] != f.PREFACE:
+                self._error(f.PROTOCOL_ERROR, "no HTTP/2 connection preface")
+                return
+            self._preface = True
+            if self._preface_timer is not None:
+                self._preface_timer.cancel()
+                self._preface_timer = None
+            pos = 24
+        try:
+            self._reader.feed(data[pos:] if pos else data)  # frames come back to on_* below
+        except ConnectionBrokenError as e:
+            self._error(e.code, str(e))
+        except FlowControlError as e:
+            self._error(f.FLOW_CONTROL_ERROR, str(e))
+        except HPACKError as e:
+            self._error(f.COMPRESSION_ERROR, f"an unreadable header block: {e}")
+        except StreamStateError:
+            # A bug of the relay's, never the tenant's doing: this connection ends, not the proxy.
+            log.exception("The gRPC relay lost track of a stream: closing the tenant's connection.")
+            self._close_with(f.INTERNAL_ERROR)
+
+    # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
+
+    def on_data(self, body: bytes, flags: int, sid: int, size: int) -> None:
+        increment = self._received.take(size)  # the stream windows bound what the relay holds
+        if increment:
+            self.out.write(f.window_update(0, increment))
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid > self.last_sid:
+                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
+            if self._closed.get(sid):
+                self.on_stream_error(sid, f.STREAM_CLOSED, f"DATA on closed stream {sid}")
+            return  # answered or reset by the relay: dropped (its bytes counted above)
+        if stream.tenant in PEER_ENDED:
+            self.on_stream_error(sid, f.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM")
+            return
+        if stream.triton not in ACTIVE:
+            return  # answered by the relay, kept only for its response: dropped
+        try:
+            stream.received.arrived(size)
+        except FlowControlError:
+            raise ConnectionBrokenError(
+                f.FLOW_CONTROL_ERROR, f"DATA over stream {sid}'s window"
+            ) from None
+        if len(body) < size:
+            self.replies.forwarded(stream, size - len(body))  # padding: Triton never gets it
+        if flags & f.END_STREAM:
+            stream.tenant = NEXT[stream.tenant, RECEIVED_END]
+            stream.ended = True
+        if len(body) == size and self.gate.whole_message(body, stream):
+            # The common case, one whole message in one frame: checked and, if it passes
+            # unchanged, sent on as the very bytes the tenant sent.
+            self.gate.check(stream, body[5:], size, body)
+            return
+        stream.buf += body
+        self.gate.relay_buffered(stream)
+
+    def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
+        if kind == f.WINDOW_UPDATE:
+            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+        elif kind == f.RST_STREAM:
+            if sid > self.last_sid:
+                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+            self._reset_by_tenant(sid)
+            self.closed(sid, strict=True)  # RFC 9113 5.1: frames after its RST_STREAM are errors
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
+                self._settings(f.settings_values(payload))
+                self.out.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif kind == f.PING and not flags & f.ACK:
+            self.out.write(f.frame(f.PING, f.ACK, 0, payload))
+        # a PING ACK, GOAWAY (the tenant closes when it is done): nothing to do
+
+    def _reset_by_tenant(self, sid: int) -> bool:
+        """The tenant's RST_STREAM (or a stream error): cancel the stream at Triton and finish
+        it; False when the stream was not open here."""
+        stream = self.streams.pop(sid, None)
+        if stream is None:
+            return False
+        stream.tenant = NEXT[stream.tenant, RESET]
+        self.replies.blocked.pop(stream, None)
+        if stream.triton in ACTIVE and stream.channel is not None:
+            stream.channel.reset(stream)
+            self._resets -= 1
+        self.gate.finish(stream, "CANCELLED")
+        if self._resets < 0:
+            raise ConnectionBrokenError(
+                f.ENHANCE_YOUR_CALM, f"over {_RESETS} more streams reset than completed"
+            )
+        return True
+
+    def on_stream_error(self, sid: int, code: int, reason: str) -> None:
+        """The tenant broke a rule of stream `sid`: RST_STREAM with `code`; the connection goes
+        on."""
+        log.info("A tenant broke HTTP/2 on stream %d (%s): resetting the stream.", sid, reason)
+        if sid > self.last_sid:
+            self._refused_sid = sid  # its HEADERS follow: decoded, then refused
+        self._reset_by_tenant(sid)
+        self.closed(sid, strict=False)  # frames the tenant sent before it saw the reset: ignored
+        self.out.write(f.rst_stream(sid, code))
+
+    def closed(self, sid: int, strict: bool) -> None:
+        """Remember that stream `sid` closed: with `strict` (the tenant ended or reset it) a
+        later frame on it is the tenant's error (STREAM_CLOSED), else it is ignored (the relay
+        ended it, and the tenant may have sent before it knew)."""
+        closed = self._closed
+        if len(closed) >= _CLOSED_KEPT:
+            del closed[next(iter(closed))]
+        closed[sid] = strict
+
+    def _settings(self, values: dict[int, int]) -> None:
+        window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window - self._initial_window
+            self._initial_window = window
+            for stream in self.streams.values():
+                stream.window.shift(delta)
+            self.replies.drain_all()
+        size = values.get(f.SETTINGS_MAX_FRAME_SIZE)
+        if size is not None:
+            self.replies.max_frame = size
+        table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+        if table is not None:
+            self.replies.encoder.limit_table(table)
+
+    def _window_update(self, sid: int, increment: int) -> None:
+        if sid == 0:
+            self.replies.window.grow(
+                increment
+            )  # past 2^31-1: FlowControlError, the connection ends
+            self.replies.drain_all()
+            return
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid > self.last_sid:
+                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+            return  # closed here already: a WINDOW_UPDATE may still be on its way
+        try:
+            stream.window.grow(increment)
+        except FlowControlError as e:
+            self.on_stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+            return
+        if stream in self.replies.blocked:
+            self.replies.drain(stream)
+
+    def on_headers(self, sid: int, flags: int, block: bytes) -> None:
+        fields = self._decoder.decode(block)  # every block: the decoder follows the tenant's table
+        end_stream = bool(flags & f.END_STREAM)
+        stream = self.streams.get(sid)
+        if stream is not None:  # trailers from the tenant end its side
+            if stream.tenant in PEER_ENDED:
+                self.on_stream_error(sid, f.STREAM_CLOSED, f"HEADERS on stream {sid} after its end")
+            elif not end_stream:
+                self.on_stream_error(sid, f.PROTOCOL_ERROR, "trailers without END_STREAM")
+            elif (problem := trailers_problem(fields)) is not None:
+                self.on_stream_error(sid, f.PROTOCOL_ERROR, problem)
+            else:
+                stream.tenant = NEXT[stream.tenant, RECEIVED_END]
+                if stream.triton in ACTIVE:
+                    stream.ended = True
+                    self.gate.relay_buffered(stream)
+            return
+        if sid <= self.last_sid:
+            strict = self._closed.get(sid)
+            if strict is None:  # RFC 9113 5.1.1: stream ids only grow
+                raise ConnectionBrokenError(
+                    f.PROTOCOL_ERROR, f"HEADERS opening stream {sid} after stream {self.last_sid}"
+                )
+            if strict:
+                raise ConnectionBrokenError(f.STREAM_CLOSED, f"HEADERS on closed stream {sid}")
+            return  # the relay ended the stream first: trailers it no longer needs
+        if sid % 2 == 0:
+            raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"stream {sid} is not a client stream")
+        self.last_sid = sid
+        if sid == self._refused_sid:
+            self._refused_sid = 0
+            return  # reset already (a stream error in its HEADERS frame)
+        kind, sent, encoding, problem = self._plan(fields)
+        if problem is not None:
+            self.on_stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
+            return
+        stream = Stream(self.replies, sid, kind, self._initial_window)
+        if end_stream:
+            stream.tenant = NEXT[stream.tenant, RECEIVED_END]
+        stream.encoding = encoding
+        started = time.perf_counter()
+        if self._goaway or len(self.streams) >= MAX_STREAMS:
+            self.out.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            return
+        router = self.relay.router
+        answer: GrpcAnswer | None = None
+        if not kind:
+            answer = UNIMPLEMENTED
+        elif kind == "ServerReady" and self.relay.state.draining:
+            answer = GrpcAnswer(kind, "OK")  # ready: false while the pod drains
+        elif kind not in FORWARDED:
+            decision = router.decide(kind, b"")
+            answer = decision if isinstance(decision, GrpcAnswer) else UNIMPLEMENTED
+        if answer is not None:
+            self.gate.answer(stream, answer, started)
+            return
+        stream.route = kind  # END_STREAM, if there, goes to Triton on the HEADERS frame
+        self.streams[sid] = stream
+        stream.started = started
+        self.relay.channel().open(stream, sent, end_stream)
+        if router.is_stream(kind):
+            self.gate.admit(stream)
+
+    def _plan(self, fields: Fields) -> _Plan:
+        """The RPC a tenant's request fields call, the fields Triton gets for them, their
+        grpc-encoding (for compressed messages) and what makes them malformed (or None); made
+        once per distinct fields, since a client repeats its headers call after call."""
+        plan = self._plans.get(fields)
+        if plan is None:
+            path = next((value for name, value in fields if name == b":path"), b"")
+            encoding = next((value for name, value in fields if name == b"grpc-encoding"), None)
+            kind = grpc_kind(path.decode("latin-1"))
+            sent = fields
+            if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
+                sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
+            plan = (kind, sent, encoding, request_problem(fields))
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            self._plans[fields] = plan
+        return plan
+
+    def completed(self) -> None:
+        """Triton completed one of this tenant's calls: it earns back one reset."""
+        if self._resets < _RESETS:
+            self._resets += 1

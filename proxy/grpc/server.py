@@ -1,0 +1,163 @@
+"""The relay mode's gRPC listener: tenant connections, the shared connection to Triton, drain.
+
+Each accepted connection is an `grpc.relay.H2Connection`; the streams of all of them go to Triton on
+one `grpc.channel.TritonChannel` (another is opened only when Triton stops taking streams on it:
+GOAWAY, its stream limit, or ids used up). Writes are gathered per connection and leave once per
+event-loop turn (`mark`, `flush`). On stop every tenant gets GOAWAY (no new streams), open streams
+finish up to the grace period, then the connections close. It owns the tasks the connections
+start, so none outlives the proxy.
+What it must not do: look at frames (that is `grpc.relay`, `grpc.channel`) or decide isolation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from proxy.grpc.channel import TritonChannel
+from proxy.grpc.outbox import Outbox
+from proxy.grpc.relay import H2Connection
+from proxy.idle import IdleSweeper
+from proxy.metrics import ProxyMetrics
+from proxy.policy.limiter import Limiter
+from proxy.policy.routing import GrpcRouter
+from proxy.settings import Settings
+from proxy.sockets import bind
+from proxy.state import ProxyState
+
+log = logging.getLogger(__name__)
+
+
+class GrpcRelay:
+    """Listens on the gRPC port; owns the tenant connections and the channels to Triton."""
+
+    def __init__(
+        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
+    ) -> None:
+        self.settings = settings
+        self.router = GrpcRouter(settings.model_id)
+        self.limiter = limiter
+        self.metrics = metrics
+        self.state = state
+        self.max_message = settings.max_body_bytes
+        self.connections: set[H2Connection] = set()
+        self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
+        metrics.listener("grpc", self.idle)
+        self.channels: list[TritonChannel] = []
+        self.tasks: set[asyncio.Future[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._dirty: list[Outbox] = []
+        self._flush_soon = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._unreachable = False
+        self.port = 0
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """Run `coro` as a task that stop() cancels."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def mark(self, writer: Outbox) -> None:
+        """`writer` has bytes to send: they leave at the end of this event-loop turn."""
+        self._dirty.append(writer)
+        if not self._flush_soon:
+            self._flush_soon = True
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self.flush)
+
+    def hold(self) -> None:
+        """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
+        self._flush_soon = True
+
+    def flush(self) -> None:
+        """Write what every connection gathered."""
+        self._flush_soon = False
+        while self._dirty:
+            dirty, self._dirty = self._dirty, []
+            for writer in dirty:
+                if writer.dirty:
+                    writer.flush()
+
+    # -- channels to Triton ----------------------------------------------------------------------
+
+    def channel(self) -> TritonChannel:
+        """The channel a new stream goes on; opened when there is none that takes it."""
+        for channel in self.channels:
+            if channel.accepts():
+                return channel
+        channel = TritonChannel(self)
+        self.channels.append(channel)
+        self.mark(channel.out)
+        self.spawn(channel.connect())
+        return channel
+
+    def forget(self, channel: TritonChannel) -> None:
+        """`channel` takes no new streams."""
+        with contextlib.suppress(ValueError):
+            self.channels.remove(channel)
+
+    def triton_unreachable(self, address: str, error: object) -> None:
+        if not self._unreachable:
+            self._unreachable = True
+            log.warning(
+                "Triton's gRPC endpoint %s is unreachable (%s): calls are answered UNAVAILABLE "
+                "until it answers again.",
+                address,
+                error,
+            )
+
+    def triton_reachable(self) -> None:
+        if self._unreachable:
+            self._unreachable = False
+            log.info("Triton's gRPC endpoint answers again.")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start listening."""
+        host, port = self.settings.listen_grpc
+        sock = bind(host, port)
+        self.port = sock.getsockname()[1]
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: H2Connection(self), sock=sock, backlog=1024)
+        log.info("Relaying Triton gRPC for model %s on port %d.", self.settings.model_id, self.port)
+        self.idle.start()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """GOAWAY to every tenant, let open streams finish (up to `grace` s), close."""
+        self.idle.stop()
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.go_away()
+        grace = self.settings.finish_timeout_seconds if grace is None else grace
+        deadline = time.monotonic() + grace
+        while True:
+            if not any(c.streams for c in self.connections) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        self.flush()
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        for channel in list(self.channels):
+            self.forget(channel)
+            if channel.transport is not None:
+                channel.transport.close()
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None

@@ -1,0 +1,143 @@
+"""One relayed gRPC call: the tenant's stream and Triton's, as the relay's modules share them.
+
+A `Stream` is created when a tenant's request headers arrive (`relay`) and holds everything about
+the call: the two stream states (`proxy.http2.state`), both sides' windows (`proxy.http2.flow`),
+the bytes held for either side, the limiter slot and the routing decision. The modules that act on
+it reach each other through the two Protocols here, never by importing each other: `Channel` is
+what the gate and the replies need from the connection to Triton (`channel.TritonChannel`), and
+`TenantSide` what the channel needs from the tenant's side (`replies.Replies`).
+
+What it must not do: act. It is a record, and the Protocols' contracts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from proxy.http2.flow import ReceiveWindow, Window
+from proxy.http2.headers import Fields
+from proxy.http2.state import IDLE, OPEN
+
+RECEIVE_WINDOW = 256 * 1024
+"""The per-stream window the relay grants tenants (SETTINGS_INITIAL_WINDOW_SIZE): the most it holds
+of one tenant stream while Triton's window is short. It must exceed the bytes held back to check
+a message (PREFIX_HOLD) plus what is credited in one go (a quarter of it), or a stream stalls."""
+CREDIT_STEP = RECEIVE_WINDOW // 4
+"""Credit is given back in steps this large (both ways), not a WINDOW_UPDATE per message."""
+
+# Stream.limited values.
+NO_SLOT = 0
+HOLDS_SLOT = 1
+WAITING = 2
+
+
+class Stream:
+    """One tenant stream that reached the gate, and its stream at Triton once opened there."""
+
+    __slots__ = (
+        "buf",
+        "channel",
+        "early",
+        "encoding",
+        "ended",
+        "given",
+        "held",
+        "held_end",
+        "held_up",
+        "kind",
+        "limited",
+        "passed",
+        "received",
+        "replies",
+        "responded",
+        "route",
+        "sid",
+        "skip",
+        "started",
+        "tenant",
+        "trailers",
+        "triton",
+        "up",
+        "up_end",
+        "up_held",
+        "up_window",
+        "waiter",
+        "window",
+    )
+
+    def __init__(self, replies: TenantSide, sid: int, kind: str, window: int) -> None:
+        self.replies = replies
+        self.sid = sid
+        self.kind = kind
+        self.route = kind
+        self.encoding: bytes | None = None  # the grpc-encoding request header
+        self.buf = bytearray()
+        self.early = 0  # bytes of the current message already relayed (all but its last byte)
+        self.skip = 0  # bytes still to come of a large message refused from its prefix
+        # The two streams' states (`http2.state`): the tenant's, opened by the HEADERS that made
+        # this object, and Triton's, opened when the channel sends the request headers.
+        self.tenant = OPEN
+        self.triton = IDLE
+        self.ended = False  # the tenant's END_STREAM is still to be sent on to Triton
+        self.passed = False  # a unary call's one message passed the check
+        self.limited = NO_SLOT
+        self.waiter: asyncio.Future[None] | None = None
+        self.responded = False  # the tenant has the response head
+        self.started = 0.0  # perf_counter() when relayed to Triton; 0 once finished
+        # Tenant side (`grpc.relay`): what it may still send us, bytes to credit back to it, and
+        # what waits for its window (DATA, how much of it is Triton's, then the trailers).
+        self.received = ReceiveWindow(RECEIVE_WINDOW, CREDIT_STEP)
+        self.window = Window(window)
+        self.held = bytearray()
+        self.held_end = False
+        self.held_up = 0
+        self.trailers: bytes | Fields | None = None
+        # Triton side (`grpc.channel`): its stream id, what Triton lets us send, what waits for it,
+        # and response bytes the tenant took that Triton has not been credited for yet.
+        self.channel: Channel | None = None
+        self.up = 0
+        self.up_window = Window(0)
+        self.up_held = bytearray()
+        self.up_end = False
+        self.given = 0
+
+
+class Channel(Protocol):
+    """The connection to Triton a stream is opened on (`channel.TritonChannel`)."""
+
+    max_frame: int
+
+    def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
+        """Send request bytes now, or as soon as Triton's windows allow."""
+
+    def reset(self, stream: Stream) -> None:
+        """Cancel the stream at Triton."""
+
+    def credit(self, stream: Stream, size: int) -> None:
+        """The tenant took `size` response bytes: Triton may send that much more."""
+
+
+class TenantSide(Protocol):
+    """Where the channel delivers Triton's side of a stream (`replies.Replies`)."""
+
+    def to_tenant(self, stream: Stream, payload: bytes, end_stream: bool, triton: int = 0) -> None:
+        """DATA for the tenant; `triton` of its bytes came from Triton (credited as they leave)."""
+
+    def forwarded(self, stream: Stream, size: int) -> None:
+        """`size` request bytes left the relay: the tenant may send that much more."""
+
+    def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        """Triton's response headers, or its trailers with `end_stream`."""
+
+    def triton_data(self, stream: Stream, body: bytes, end_stream: bool) -> None:
+        """Triton's DATA that ends the stream, or that came padded."""
+
+    def triton_reset(self, stream: Stream, code: int) -> None:
+        """Triton reset the stream (or broke a rule on it)."""
+
+    def triton_refused(self, stream: Stream) -> None:
+        """Triton's GOAWAY left the stream unprocessed: the tenant may retry it."""
+
+    def triton_unavailable(self, stream: Stream) -> None:
+        """The connection to Triton failed under the stream."""

@@ -1,0 +1,455 @@
+"""One tenant's HTTP/1.1 connection to the REST relay: requests in order, one exchange at a time.
+
+Reads each request head (parsed strictly by `framing`, decided by `policy.routing`, both through
+the listener's cache of prepared heads), then either answers locally or relays the request to
+Triton over a pooled keep-alive connection (`upstream`): the head as re-serialized from what was
+checked, the body and the whole response passed through verbatim, chunk by chunk as they arrive,
+so server-sent events stream and a 1 GiB body is never held in memory; back-pressure pauses the
+sending side.
+
+A client that disconnects mid-request aborts its upstream connection, so Triton sees the
+cancellation. What it must not do: decide isolation itself, or buffer whole bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol
+
+from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, answer_bytes
+from proxy.http1.upstream import Upstream, UpstreamPool
+from proxy.metrics import ProxyMetrics
+from proxy.policy import refusals
+from proxy.policy.limiter import Limiter
+from proxy.policy.routing import Answer, Forward, error_body
+from proxy.settings import Settings
+from proxy.sockets import nodelay
+from proxy.state import ProxyState
+
+Prepared = tuple[RequestHead, Forward | Answer, bytes]
+"""A parsed head, its routing decision, and the head to send Triton (b"" for a local answer)."""
+
+
+class Listener(Protocol):
+    """What a tenant connection needs from the REST listener (`listener.RestRelay`)."""
+
+    settings: Settings
+    limiter: Limiter
+    metrics: ProxyMetrics
+    state: ProxyState
+    pool: UpstreamPool
+    max_body: int
+    upstream_address: str
+    closing: bool
+    connections: set[ClientConnection]
+
+    def prepare(self, block: bytes) -> Prepared:
+        """The prepared form of request head `block` (parsed, decided, re-serialized)."""
+
+
+_PIPELINE_LIMIT = 1024 * 1024
+
+# Client connection states.
+_IDLE = 0  # waiting for a request head
+_PENDING = 1  # head read, waiting for a concurrency slot or an upstream connection
+_BODY = 2  # relaying the request body
+_AWAIT = 3  # request sent, response still coming
+_CLOSED = 4
+
+
+def too_large(limit: int) -> str:
+    """Why a body over --max-body is refused, and what to do."""
+    return (
+        f"the request body is over the proxy's limit of {limit} bytes; send a smaller request "
+        f"or raise --max-body"
+    )
+
+
+class ClientConnection(asyncio.Protocol):
+    """One tenant connection: requests in order, one exchange at a time."""
+
+    def __init__(self, relay: Listener) -> None:
+        self._relay = relay
+        self.transport: asyncio.Transport | None = None
+        self._buffer = b""
+        self._state = _IDLE
+        self._head: RequestHead | None = None
+        self._upstream_head = b""
+        self._route = ""
+        self._limited = False
+        self._holding = False
+        self._started = 0.0
+        self._upstream: Upstream | None = None
+        self._sink: Upstream | None = None
+        self._remaining = 0
+        self._chunked: ChunkedFraming | None = None
+        self._request_done = False
+        self._response_done = False
+        self._keep_alive = True
+        self._task: asyncio.Task[None] | None = None
+        self._reading_paused = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    # -- connection events ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = nodelay(transport)
+        self._relay.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._relay.connections.discard(self)
+        self._stop_head_timer()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._state == _PENDING:
+            self._finish("cancelled")
+        elif self._state in (_BODY, _AWAIT) and not self._response_done:
+            # The tenant gave up: abort upstream so Triton stops working for nobody.
+            if self._upstream is not None:
+                self._upstream.abort()
+                self._upstream = None
+            self._finish("cancelled")
+        self._state = _CLOSED
+
+    def pause_writing(self) -> None:
+        upstream = self._upstream
+        if upstream is not None and upstream.transport is not None:
+            upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        upstream = self._upstream
+        if upstream is not None and upstream.transport is not None:
+            upstream.transport.resume_reading()
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    @property
+    def idle(self) -> bool:
+        """Between requests, with nothing buffered."""
+        return self._state == _IDLE and not self._buffer
+
+    def data_received(self, data: bytes) -> None:
+        if self._state == _BODY:
+            self._relay_body(data, 0)
+            return
+        self._buffer = self._buffer + data if self._buffer else data
+        if self._state == _IDLE:
+            self._next_request()
+        elif len(self._buffer) > _PIPELINE_LIMIT:
+            self.pause_reading()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _next_request(self) -> None:
+        relay = self._relay
+        while self._state == _IDLE and self._buffer:
+            buffer = self._buffer
+            head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+            if head_end < 0:
+                if len(buffer) > MAX_HEAD_BYTES:
+                    self._refuse(
+                        refusals.HeadTooLargeError(
+                            "the request head is over 64 KiB; send smaller headers"
+                        )
+                    )
+                elif self._head_timer is None:
+                    self._head_timer = asyncio.get_running_loop().call_later(
+                        relay.settings.head_timeout_seconds, self._head_timed_out
+                    )
+                return
+            self._stop_head_timer()
+            self._started = time.perf_counter()
+            self._route = "unreadable"
+            try:
+                head, decision, self._upstream_head = relay.prepare(buffer[:head_end])
+            except refusals.ProxyError as e:
+                self._refuse(e)
+                return
+            self._buffer = buffer[head_end + 4 :]
+            self._head = head
+            self._keep_alive = head.keep_alive and not relay.closing
+            self._request_done = self._response_done = False
+            self._remaining = head.content_length or 0
+            self._chunked = ChunkedFraming() if head.chunked else None
+            self._route = decision.route
+            if isinstance(decision, Answer):
+                self._answer_locally(decision.status, decision.content_type, decision.body)
+                continue
+            if head.content_length is not None and head.content_length > relay.max_body:
+                self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
+                return
+            if decision.readiness and relay.state.draining:
+                self._answer_locally(
+                    503,
+                    "application/json",
+                    error_body("the model proxy is shutting down: use another replica"),
+                )
+                continue
+            self._limited = decision.limited
+            self._forward()
+
+    def _forward(self) -> None:
+        relay = self._relay
+        if self._limited:
+            if not relay.limiter.try_acquire():
+                self._wait(self._acquire_then_send())
+                return
+            self._holding = True
+        upstream = relay.pool.take()
+        if upstream is None:
+            self._wait(self._connect_then_send())
+            return
+        self._send(upstream)
+
+    def _wait(self, coro: Any) -> None:
+        self._state = _PENDING
+        self.pause_reading()
+        self._task = asyncio.get_running_loop().create_task(coro)
+
+    async def _acquire_then_send(self) -> None:
+        try:
+            await self._relay.limiter.acquire()
+        except refusals.ProxyError as e:
+            self._relay.metrics.rejected(type(e).__name__)
+            self._answer_refusal(e)
+            self._resume()
+            return
+        self._holding = True
+        upstream = self._relay.pool.take()
+        if upstream is None:
+            await self._connect_then_send()
+        else:
+            self._send(upstream)
+
+    async def _connect_then_send(self) -> None:
+        try:
+            upstream = await self._relay.pool.connect()
+        except OSError as e:
+            self._release_slot()
+            address = self._relay.upstream_address
+            self._answer_refusal(
+                refusals.UpstreamError(
+                    f"Triton at {address} is unreachable ({e.strerror}); retry soon"
+                )
+            )
+            self._resume()
+            return
+        if self._state == _CLOSED:
+            self._relay.pool.put(upstream)
+            return
+        self._send(upstream)
+
+    def _resume(self) -> None:
+        self._task = None
+        if self._state == _IDLE:
+            self.resume_reading()
+            self._next_request()
+
+    def _send(self, upstream: Upstream) -> None:
+        head = self._head
+        assert head is not None
+        self._task = None
+        self._upstream = upstream
+        self._sink = upstream
+        upstream.begin(self, head.method == "HEAD")
+        self._state = _BODY
+        buffer = self._buffer
+        self._buffer = b""
+        length = head.content_length
+        if not head.chunked and (length is None or len(buffer) >= length):
+            # The whole request is here: one write, one segment to Triton.
+            length = length or 0
+            upstream.write(self._upstream_head + buffer[:length] if length else self._upstream_head)
+            self._remaining = 0
+            self._body_done(buffer, length)
+        else:
+            upstream.write(self._upstream_head)
+            self._relay_body(buffer, 0)
+        self.resume_reading()
+
+    def _relay_body(self, data: bytes, start: int) -> None:
+        try:
+            if self._chunked is None:
+                step = min(self._remaining, len(data) - start)
+                self._remaining -= step
+                end = start + step if self._remaining == 0 else -1
+            else:
+                end = self._chunked.feed(data, start)
+                if self._chunked.payload > self._relay.max_body:
+                    raise refusals.BodyTooLargeError(too_large(self._relay.max_body))
+        except refusals.ProxyError as e:
+            if self._upstream is not None:
+                self._upstream.abort()
+                self._upstream = None
+            self._release_slot()
+            self._refuse(e)
+            return
+        stop = len(data) if end == -1 else end
+        if self._sink is not None and stop > start:
+            self._sink.write(data if start == 0 and stop == len(data) else data[start:stop])
+        if end >= 0:
+            self._body_done(data, end)
+
+    def _body_done(self, data: bytes, end: int) -> None:
+        self._request_done = True
+        self._sink = None
+        rest = data[end:] if end < len(data) else b""
+        if rest:
+            self._buffer = rest + self._buffer if self._buffer else rest
+        if self._response_done:
+            self._state = _IDLE
+            self._after_exchange()
+        else:
+            self._state = _AWAIT
+
+    # -- responses --------------------------------------------------------------------------
+
+    def relay_response(self, data: bytes) -> None:
+        """Bytes of Triton's response, passed through as they come."""
+        if self.transport is not None and self._state != _CLOSED:
+            self.transport.write(data)
+
+    def response_complete(self, upstream: Upstream, reusable: bool) -> None:
+        """Triton finished its response."""
+        self._response_done = True
+        self._upstream = None
+        if not self._keep_alive or not upstream.keep_alive:
+            self._keep_alive = False
+        self._finish(str(upstream.status))
+        if self._request_done and reusable and self._state != _CLOSED:
+            self._relay.pool.put(upstream)
+        elif upstream.transport is not None:
+            upstream.transport.close()
+        if self._state == _CLOSED:
+            return
+        if self._request_done:
+            self._state = _IDLE
+            self._after_exchange()
+        else:
+            self._sink = None  # Triton answered early: read and drop the rest of the body
+
+    def upstream_failed(self, upstream: Upstream, reason: str) -> None:
+        """The upstream connection broke before the response was complete."""
+        self._upstream = None
+        self._sink = None
+        if self._state == _CLOSED:
+            return
+        self._response_done = True
+        if upstream.started:
+            self._finish("502")
+            if self.transport is not None:
+                self.transport.abort()  # the tenant must not mistake a cut answer for a whole one
+            return
+        error = refusals.UpstreamError(
+            f"Triton at {self._relay.upstream_address} failed: {reason}; retry shortly"
+        )
+        status = refusals.http_status(error)
+        self._finish(str(status))
+        self._keep_alive = False
+        self._write_answer(status, "application/json", error_body(str(error)))
+
+    def _release_slot(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._relay.limiter.release()
+
+    def _finish(self, code: str) -> None:
+        self._release_slot()
+        self._relay.metrics.observe("http", self._route, code, time.perf_counter() - self._started)
+
+    def _after_exchange(self) -> None:
+        if not self._keep_alive:
+            self._close()
+            return
+        self.resume_reading()
+        self._next_request()
+
+    # -- local answers ----------------------------------------------------------------------
+
+    def _answer_locally(self, status: int, content_type: str, body: bytes) -> None:
+        """Answer without Triton, then skip the request's body (if any)."""
+        self._relay.metrics.observe(
+            "http", self._route, str(status), time.perf_counter() - self._started
+        )
+        self._response_done = True
+        self._sink = None
+        self._write_answer(status, content_type, body)
+        if self._state == _CLOSED:
+            return
+        head = self._head
+        if head is not None and (head.content_length or head.chunked):
+            self._state = _BODY
+            buffer = self._buffer
+            self._buffer = b""
+            self._relay_body(buffer, 0)
+            if self._state == _BODY:
+                self.resume_reading()
+        else:
+            self._state = _IDLE
+            if not self._keep_alive:
+                self._close()
+
+    def _write_answer(self, status: int, content_type: str, body: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(answer_bytes(status, content_type, body, not self._keep_alive))
+        if not self._keep_alive and self._state != _BODY:
+            self._close()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._state == _IDLE and self._buffer:
+            timeout = self._relay.settings.head_timeout_seconds
+            self._refuse(
+                refusals.HeadTimeoutError(f"the request head did not arrive within {timeout:g} s")
+            )
+
+    def _answer_refusal(self, error: refusals.ProxyError) -> None:
+        """Answer the request with `error` (its status from `policy.refusals`); the connection
+        goes on."""
+        self._answer_locally(
+            refusals.http_status(error), "application/json", error_body(str(error))
+        )
+
+    def _refuse(self, error: refusals.ProxyError) -> None:
+        """Answer a request that cannot be read safely with `error`, and close the connection."""
+        status = refusals.http_status(error)
+        self._relay.metrics.observe("http", self._route or "unreadable", str(status), 0.0)
+        self._keep_alive = False
+        if self.transport is not None and self._state != _CLOSED:
+            self.transport.write(
+                answer_bytes(status, "application/json", error_body(str(error)), True)
+            )
+        self._close()
+
+    def _close(self) -> None:
+        self._state = _CLOSED
+        if self.transport is not None:
+            self.transport.close()
+
+    def close_if_idle(self) -> None:
+        """Close between requests (used when the proxy stops)."""
+        if self.idle:
+            self._close()
+
+    def activity(self) -> object | None:
+        """For the idle sweep: None during a request, else when the last one began."""
+        return self._started if self.idle else None
+
+    def close_idle(self) -> None:
+        """Idle for --idle-timeout: close, as an HTTP/1.1 server may between requests."""
+        self._close()

@@ -1,0 +1,190 @@
+"""HTTP/2 frame and header-block encoding for the gRPC relay (RFC 9113, RFC 7541, gRPC over h2).
+
+Builds the frames the relay writes: HEADERS (their blocks come from `http2.headers`), DATA headers,
+SETTINGS, WINDOW_UPDATE, RST_STREAM and GOAWAY, and the answers it gives tenants on its own
+(Trailers-Only errors, small OK responses, in-stream error messages). The header blocks of those
+answers use only "literal without indexing" representations with literal names, so they never
+touch the tenant's HPACK dynamic table: they can go out at any moment, and the tenant's decoder
+stays where the relay's encoder for that tenant believes it is.
+
+What it must not do: hold connection state, or decide anything about isolation.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+DATA = 0
+HEADERS = 1
+PRIORITY = 2
+RST_STREAM = 3
+SETTINGS = 4
+PUSH_PROMISE = 5
+PING = 6
+GOAWAY = 7
+WINDOW_UPDATE = 8
+CONTINUATION = 9
+
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+SETTINGS_HEADER_TABLE_SIZE = 1
+SETTINGS_ENABLE_PUSH = 2
+SETTINGS_MAX_CONCURRENT_STREAMS = 3
+SETTINGS_INITIAL_WINDOW_SIZE = 4
+SETTINGS_MAX_FRAME_SIZE = 5
+DEFAULT_MAX_FRAME = 16384
+DEFAULT_WINDOW = 65535
+MAX_WINDOW = 2**31 - 1
+
+NO_ERROR = 0
+PROTOCOL_ERROR = 1
+INTERNAL_ERROR = 2
+FLOW_CONTROL_ERROR = 3
+STREAM_CLOSED = 5
+FRAME_SIZE_ERROR = 6
+REFUSED_STREAM = 7
+CANCEL = 8
+COMPRESSION_ERROR = 9
+ENHANCE_YOUR_CALM = 11
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+CODE_NUMBERS = {code.name: code.value[0] for code in grpc.StatusCode}
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    """One frame: the 9-byte header and `payload`."""
+    return (
+        len(payload).to_bytes(3, "big")
+        + bytes((kind, flags))
+        + stream_id.to_bytes(4, "big")
+        + payload
+    )
+
+
+def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A header block of literal-without-indexing fields: no dynamic table on either side."""
+    out = bytearray()
+    for name, value in headers:
+        out += b"\x00" + _integer(len(name), 7) + name + _integer(len(value), 7) + value
+    return bytes(out)
+
+
+_HEADERS_WHOLE = bytes((HEADERS, END_HEADERS))
+_HEADERS_ENDING_STREAM = bytes((HEADERS, END_HEADERS | END_STREAM))
+
+
+def headers_frames(
+    stream_id: int, block: bytes, end_stream: bool, max_frame: int = DEFAULT_MAX_FRAME
+) -> bytes:
+    """HEADERS (and CONTINUATION frames when `block` is larger than one frame)."""
+    if len(block) <= max_frame:  # the common case, on every call: built in one expression
+        kind_flags = _HEADERS_ENDING_STREAM if end_stream else _HEADERS_WHOLE
+        return len(block).to_bytes(3, "big") + kind_flags + stream_id.to_bytes(4, "big") + block
+    flags = END_STREAM if end_stream else 0
+    out = [frame(HEADERS, flags, stream_id, block[:max_frame])]
+    pos = max_frame
+    while pos < len(block):
+        chunk = block[pos : pos + max_frame]
+        pos += max_frame
+        out.append(frame(CONTINUATION, END_HEADERS if pos >= len(block) else 0, stream_id, chunk))
+    return b"".join(out)
+
+
+def grpc_message(message: bytes) -> bytes:
+    """A length-prefixed, uncompressed gRPC message."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def _percent_encode(text: str) -> bytes:
+    """grpc-message encoding: printable ASCII except '%' as is, every other byte as %XX."""
+    out = bytearray()
+    for byte in text.encode():
+        if 0x20 <= byte <= 0x7E and byte != 0x25:
+            out.append(byte)
+        else:
+            out += b"%%%02X" % byte
+    return bytes(out)
+
+
+_RESPONSE_HEAD = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+
+
+def status_fields(code: str, details: str) -> list[tuple[bytes, bytes]]:
+    """The grpc-status and grpc-message trailer fields for status `code` (a StatusCode name)."""
+    fields = [(b"grpc-status", str(CODE_NUMBERS[code]).encode())]
+    if details:
+        fields.append((b"grpc-message", _percent_encode(details)))
+    return fields
+
+
+def local_head(stream_id: int) -> bytes:
+    """The response head of an answer the relay gives itself after all (it carries a message)."""
+    return headers_frames(stream_id, header_block(_RESPONSE_HEAD), end_stream=False)
+
+
+def local_trailers(stream_id: int, code: str, details: str, head: bool) -> bytes:
+    """The trailers of the relay's own answer; with `head` (nothing sent on the stream yet) the
+    one Trailers-Only block of a bare error."""
+    fields = status_fields(code, details)
+    return headers_frames(
+        stream_id, header_block(_RESPONSE_HEAD + fields if head else fields), True
+    )
+
+
+def settings(values: dict[int, int]) -> bytes:
+    """A SETTINGS frame with `values`."""
+    payload = b"".join(
+        key.to_bytes(2, "big") + value.to_bytes(4, "big") for key, value in values.items()
+    )
+    return frame(SETTINGS, 0, 0, payload)
+
+
+def data_header(length: int, end_stream: bool, stream_id: int) -> bytes:
+    """The 9-byte header of one DATA frame of `length` bytes."""
+    return (
+        length.to_bytes(3, "big")
+        + (b"\x00\x01" if end_stream else b"\x00\x00")
+        + stream_id.to_bytes(4, "big")
+    )
+
+
+def rst_stream(stream_id: int, error: int) -> bytes:
+    """RST_STREAM with `error`."""
+    return frame(RST_STREAM, 0, stream_id, error.to_bytes(4, "big"))
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    """WINDOW_UPDATE of `increment` bytes (stream 0: the connection)."""
+    return frame(WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big"))
+
+
+def goaway(last_stream_id: int, error: int = NO_ERROR) -> bytes:
+    """GOAWAY: streams above `last_stream_id` are not processed."""
+    return frame(GOAWAY, 0, 0, last_stream_id.to_bytes(4, "big") + error.to_bytes(4, "big"))
+
+
+def settings_values(payload: bytes) -> dict[int, int]:
+    """The identifier/value pairs of a SETTINGS payload."""
+    return {
+        int.from_bytes(payload[pos : pos + 2], "big"): int.from_bytes(payload[pos + 2 : pos + 6])
+        for pos in range(0, len(payload) - 5, 6)
+    }

@@ -1,0 +1,183 @@
+"""HPACK for the gRPC relay: decoding that remembers the header blocks a peer sends again and again,
+and encoding for Triton that indexes as a peer's own encoder would.
+
+A gRPC client sends nearly the same headers on every call, and once its encoder has them in its
+dynamic table the header block is the same few bytes each time; Triton's response heads and
+trailers repeat the same way. Decoding with `hpack` costs tens of microseconds a block in pure
+Python, the largest share of the relay's own work per call, so `BlockDecoder` keeps what each
+block decoded to, and reuses it while that stays true.
+
+Why reuse is exact: a block's fields are a function of its bytes and the dynamic table. A block
+that leaves the table as it found it (indexed fields and literals without indexing only) is kept;
+a block that changes the table (an insertion, an eviction, a size update) is decoded every time
+and makes everything kept before it stale, since indices now point at other entries. Every block
+still goes through here, so the table never falls out of step with the peer's encoder.
+
+`BlockEncoder` encodes the request headers the relay sends Triton with a dynamic table of its own
+(Triton's decoder is in step with it because every block it encodes is sent, in order), so a
+repeated call costs Triton a few indexed bytes to decode instead of a few hundred bytes of
+literals, as when a client talks to Triton directly; the same reuse rule keeps it cheap for us.
+
+What it must not do: skip a block, reuse a result across a change of a table, or encode a block
+that is then not sent.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from hpack import Decoder, Encoder
+from hpack.table import HeaderTable
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+Fields = tuple[tuple[bytes, bytes], ...]
+
+_KEPT_BLOCKS = 128
+"""Distinct blocks kept per connection; past that the memory starts again."""
+_KEPT_BLOCK_BYTES = 1024
+"""Larger blocks (long literal values) are decoded every time: they rarely repeat."""
+
+
+def _changed(table: HeaderTable, before: tuple[object, int, int]) -> bool:
+    """Whether `table` differs from the `_state` taken before: a new newest entry (by identity:
+    an equal entry inserted again still shifts every index), another length, another size."""
+    newest, count, size = before
+    now = _state(table)
+    return now[0] is not newest or now[1] != count or now[2] != size
+
+
+def _state(table: HeaderTable) -> tuple[object, int, int]:
+    entries = table.dynamic_entries
+    return (entries[0] if entries else None, len(entries), table.maxsize)
+
+
+def _keep(kept: dict[K, V], key: K, value: V, size: int) -> None:
+    """Remember `value` under `key` unless it is large; past the bound the memory starts again."""
+    if size <= _KEPT_BLOCK_BYTES:
+        if len(kept) >= _KEPT_BLOCKS:
+            kept.clear()
+        kept[key] = value
+
+
+class BlockDecoder:
+    """One peer's HPACK decoder (a connection direction) with a memory of repeated blocks."""
+
+    __slots__ = ("_decoder", "_kept", "_table")
+
+    def __init__(self) -> None:
+        self._decoder = Decoder()
+        self._table = self._decoder.header_table
+        self._kept: dict[bytes, Fields] = {}
+
+    @property
+    def max_allowed_table_size(self) -> int:
+        """The largest table the peer may ask for (our SETTINGS_HEADER_TABLE_SIZE)."""
+        return self._decoder.max_allowed_table_size
+
+    @max_allowed_table_size.setter
+    def max_allowed_table_size(self, size: int) -> None:
+        self._decoder.max_allowed_table_size = size
+        self._kept.clear()  # a block's validity may depend on the bound: decode afresh
+
+    def decode(self, block: bytes) -> Fields:
+        """The (name, value) fields of `block`; raises `hpack.HPACKError` when it is malformed."""
+        fields = self._kept.get(block)
+        if fields is not None:
+            return fields
+        before = _state(self._table)
+        try:
+            fields = tuple((name, value) for name, value in self._decoder.decode(block, raw=True))
+        except Exception:
+            self._kept.clear()  # it may have changed the table before it failed
+            raise
+        if _changed(self._table, before):
+            self._kept.clear()  # the table changed: indices in kept blocks may mean other fields
+        else:
+            _keep(self._kept, block, fields, len(block))
+        return fields
+
+
+class BlockEncoder:
+    """The HPACK encoder for one connection to Triton, with a memory of repeated header lists.
+
+    Every block `encode` returns must be sent, in order: Triton's decoder follows this table.
+    """
+
+    __slots__ = ("_encoder", "_kept")
+
+    def __init__(self) -> None:
+        self._encoder = Encoder()
+        self._kept: dict[Fields, bytes] = {}
+
+    def limit_table(self, size: int) -> None:
+        """Triton's SETTINGS_HEADER_TABLE_SIZE: never use a larger table than it allows."""
+        if size < self._encoder.header_table_size:
+            self._encoder.header_table_size = size  # the next block starts with a size update
+            self._kept.clear()
+
+    def encode(self, fields: Fields) -> bytes:
+        """The header block for `fields`, given the table Triton's decoder holds now."""
+        block = self._kept.get(fields)
+        if block is not None:
+            return block
+        table = self._encoder.header_table
+        pending = table.resized
+        before = _state(table)
+        block = self._encoder.encode(list(fields))
+        if pending or _changed(table, before):
+            self._kept.clear()  # the table changed: kept blocks may point at other entries
+        else:
+            _keep(self._kept, fields, block, len(block))
+        return block
+
+
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_CONNECTION_SPECIFIC = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+
+def request_problem(fields: Fields) -> str | None:
+    """What makes request header `fields` malformed (RFC 9113 8.2, 8.3), or None.
+
+    Names must be lowercase; pseudo-header fields are the request's four, each once, before every
+    other field, with :method, :scheme and a non-empty :path present; no connection-specific
+    fields, and TE only as `trailers`. A malformed request is a stream error (PROTOCOL_ERROR).
+    """
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in fields:
+        if name != name.lower():
+            return f"the field name {name[:40]!r} is not lowercase"
+        if name.startswith(b":"):
+            if regular:
+                return f"the pseudo-header {name[:40]!r} follows a regular field"
+            if name not in _REQUEST_PSEUDO:
+                return f"{name[:40]!r} is not a request pseudo-header"
+            if name in seen:
+                return f"the pseudo-header {name!r} is there twice"
+            seen.add(name)
+            if name == b":path" and not value:
+                return "the :path is empty"
+        else:
+            regular = True
+            if name in _CONNECTION_SPECIFIC:
+                return f"the connection-specific field {name!r}"
+            if name == b"te" and value != b"trailers":
+                return "TE other than `trailers`"
+    missing = _REQUEST_PSEUDO - seen - {b":authority"}
+    if missing:
+        return "no " + " or ".join(sorted(n.decode() for n in missing))
+    return None
+
+
+def trailers_problem(fields: Fields) -> str | None:
+    """What makes request trailer `fields` malformed (pseudo-headers, uppercase), or None."""
+    for name, _ in fields:
+        if name.startswith(b":"):
+            return f"the pseudo-header {name[:40]!r} in trailers"
+        if name != name.lower():
+            return f"the field name {name[:40]!r} is not lowercase"
+    return None

@@ -1,0 +1,128 @@
+"""The concurrency limit on inference requests, its bounded queue, and concurrency accounting.
+
+A request takes a slot (`acquire`) before it is forwarded and gives it back (`release`) when its
+answer is complete. With the limit reached, a request waits in a FIFO queue of bounded size for at
+most the queue timeout; a full queue or a timeout refuses it at once with a clear message, which
+the transports answer as 503 / RESOURCE_EXHAUSTED. A freed slot is handed straight to the oldest
+waiter, so a newcomer can never overtake the queue.
+
+It also integrates in-flight requests over time (request-seconds): `rate()` of that counter in
+Prometheus is the time-weighted average concurrency, the metric KServe/Knative users scale on.
+The clock is injected, so the accounting is tested without sleeping. No I/O here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+from proxy.policy.refusals import OverloadedError, QueueTimeoutError
+
+
+class Limiter:
+    """In-flight limit (0 = unlimited), queue, and time-weighted concurrency."""
+
+    def __init__(
+        self,
+        limit: int,
+        queue_limit: int,
+        queue_timeout: float,
+        *,
+        window: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit = limit
+        self.queue_limit = queue_limit
+        self.queue_timeout = queue_timeout
+        self.window = window
+        self._clock = clock
+        self.in_flight = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._area = 0.0  # request-seconds, up to self._since
+        self._since = clock()
+        # (time, area) checkpoints, at most one a second, for the windowed average.
+        self._checkpoints: deque[tuple[float, float]] = deque([(self._since, 0.0)])
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._waiters)
+
+    def _account(self) -> None:
+        now = self._clock()
+        self._area += self.in_flight * (now - self._since)
+        self._since = now
+        if now - self._checkpoints[-1][0] >= 1.0:
+            self._checkpoints.append((now, self._area))
+            horizon = now - self.window
+            while len(self._checkpoints) > 1 and self._checkpoints[1][0] <= horizon:
+                self._checkpoints.popleft()
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits; never waits itself."""
+        if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
+            self._account()
+            self.in_flight += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting in the queue if needed; raise when refused."""
+        if self.try_acquire():
+            return
+        if len(self._waiters) >= self.queue_limit:
+            raise OverloadedError(
+                f"the model is at its concurrency limit ({self.limit} in flight) and its queue "
+                f"is full ({self.queue_limit} waiting); retry later or scale the model out"
+            )
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(self.queue_timeout):
+                await waiter
+        except (TimeoutError, asyncio.CancelledError) as e:
+            if waiter.done() and not waiter.cancelled():
+                # The slot was handed over just as we gave up: pass it on, do not leak it.
+                self.release()
+            else:
+                waiter.cancel()
+                self._waiters.remove(waiter)
+            if isinstance(e, TimeoutError):
+                raise QueueTimeoutError(
+                    f"the request waited {self.queue_timeout:g} s for one of the model's "
+                    f"{self.limit} concurrency slots and timed out; retry later or scale out"
+                ) from None
+            raise
+
+    def release(self) -> None:
+        """Give a slot back, handing it to the oldest waiter if there is one."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
+                return
+        self._account()
+        self.in_flight -= 1
+
+    def concurrency_seconds(self) -> float:
+        """In-flight requests integrated over time since start, in request-seconds."""
+        self._account()
+        return self._area
+
+    def average_concurrency(self) -> float:
+        """Time-weighted average of in-flight requests over about the last `window` seconds."""
+        self._account()
+        now = self._since
+        # The newest checkpoint at or before the window's start (pruning keeps one), else the
+        # oldest: the average then spans a little more than the window, never less.
+        start_time, start_area = self._checkpoints[0]
+        for checkpoint in self._checkpoints:
+            if checkpoint[0] > now - self.window:
+                break
+            start_time, start_area = checkpoint
+        span = now - start_time
+        if span <= 0:
+            return float(self.in_flight)
+        return (self._area - start_area) / span

@@ -1,0 +1,74 @@
+"""The proxy's own refusals, and the one table that maps them to HTTP status and gRPC code.
+
+Answers that imitate Triton (another model named, unknown route) are not errors of the proxy: they
+are built in `routing`. What lives here is what the proxy itself refuses: overload, a head or body
+too large or too slow, a malformed or unsupported request, an unreachable or broken Triton. Every
+relay raises (or hands on) one of these types, and answers it with `http_status` or `grpc_code`:
+no relay picks a status or a code for its own refusals.
+
+What it must not do: know a protocol's wire format, or build an answer's bytes.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class ProxyError(Exception):
+    """A request the proxy refuses; the message says what is wrong and what to do."""
+
+
+class OverloadedError(ProxyError):
+    """The concurrency limit is reached and the queue is full."""
+
+
+class QueueTimeoutError(ProxyError):
+    """A request waited for a slot longer than the queue timeout."""
+
+
+class BodyTooLargeError(ProxyError):
+    """A body or message is over the configured maximum (--max-body)."""
+
+
+class HeadTooLargeError(ProxyError):
+    """A request head is over the proxy's limit."""
+
+
+class HeadTimeoutError(ProxyError):
+    """A client began a request head and did not finish it in time (--head-timeout)."""
+
+
+class MalformedRequestError(ProxyError):
+    """The request cannot be read safely (ambiguous framing, a model name field sent twice, a
+    message flag that does not exist, a second message on a unary call)."""
+
+
+class UnsupportedError(ProxyError):
+    """The request uses something the proxy does not relay (a transfer coding but chunked)."""
+
+
+class UpstreamError(ProxyError):
+    """Triton could not be reached, broke the connection or sent what cannot be relayed."""
+
+
+STATUS: dict[type[ProxyError], tuple[int, grpc.StatusCode]] = {
+    OverloadedError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    QueueTimeoutError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    BodyTooLargeError: (413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    HeadTooLargeError: (431, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    HeadTimeoutError: (408, grpc.StatusCode.DEADLINE_EXCEEDED),
+    MalformedRequestError: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    UnsupportedError: (501, grpc.StatusCode.UNIMPLEMENTED),
+    UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
+}
+"""The one table: every refusal's (HTTP status, gRPC status code)."""
+
+
+def http_status(error: ProxyError) -> int:
+    """The HTTP status that answers `error`."""
+    return STATUS.get(type(error), (500, grpc.StatusCode.INTERNAL))[0]
+
+
+def grpc_code(error: ProxyError) -> grpc.StatusCode:
+    """The gRPC status code that answers `error`."""
+    return STATUS.get(type(error), (500, grpc.StatusCode.INTERNAL))[1]

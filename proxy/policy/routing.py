@@ -1,0 +1,281 @@
+"""The allow/deny decision, as pure functions of what the tenant sent and the pod's model id.
+
+REST: a method and the raw, undecoded request path (Triton matches the raw path with RE2 and never
+percent-decodes, so neither does this). gRPC: a method name and the raw request bytes, of which
+only the model-name field is read. The decision is one of: forward (possibly to a rewritten path
+or message), answer exactly as Triton answers for an unknown model (so tenants cannot probe which
+models exist), refuse a platform-only API, or answer as Triton does for an unknown route.
+
+No I/O, no clock, no aiohttp or grpc objects here; `docs/proxy.md` is the table of these rules.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from proxy.policy import wire
+
+# Triton 2.51's own grammar for per-model routes (http_server.cc, `model_regex_`), matched whole.
+_MODEL_ROUTE = re.compile(
+    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+    r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?",
+    re.DOTALL,
+)
+# Server-wide administrative APIs: Triton restricts them too, the proxy never forwards them.
+_REFUSED_PREFIXES = (
+    "/v2/repository",
+    "/v2/systemsharedmemory",
+    "/v2/cudasharedmemory",
+    "/v2/trace",
+    "/v2/logging",
+)
+_INFERENCE_KINDS = frozenset({"infer", "generate", "generate_stream"})
+_POST_KINDS = _INFERENCE_KINDS
+JSON = "application/json"
+TEXT = "text/plain"
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send the request on to Triton at `path` (raw path plus the original query)."""
+
+    route: str
+    path: str
+    limited: bool = False
+    """Counts against the concurrency limit (inference only, never health or metadata)."""
+    readiness: bool = False
+    """Answers the pod's readiness: the proxy reports not ready while draining."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer locally with this status, content type and body; nothing reaches Triton."""
+
+    route: str
+    status: int
+    content_type: str
+    body: bytes
+
+
+def error_body(message: str) -> bytes:
+    """Triton's JSON error body: `{"error":"..."}`."""
+    return b'{"error":' + json.dumps(message, ensure_ascii=False).encode() + b"}"
+
+
+NOT_FOUND = Answer("unknown", 404, TEXT, error_body("Not Found"))
+_METHOD_NOT_ALLOWED = error_body("Method Not Allowed")
+
+
+def unknown_model_message(name: str) -> str:
+    """Triton's message when a request names a model it does not have."""
+    return f"Request for unknown model: '{name}' is not found"
+
+
+def unavailable_model_message(name: str) -> str:
+    """Triton's message when statistics are asked for a model it does not have."""
+    return f"requested model '{name}' is not available"
+
+
+def _refused(route: str, what: str) -> Answer:
+    return Answer(
+        route,
+        403,
+        JSON,
+        error_body(
+            f"{what} is not available through the model proxy: the model repository, shared "
+            f"memory, trace and logging APIs are reserved for the platform"
+        ),
+    )
+
+
+def _other_model(method: str, name: str, kind: str) -> Answer:
+    """Exactly what Triton answers for a model it does not know (checked by the tests)."""
+    route = kind or "metadata"
+    wanted = "POST" if kind in _POST_KINDS else "GET"
+    if method != wanted:
+        content_type = TEXT if kind in ("ready", "infer") else JSON
+        return Answer(route, 405, content_type, _METHOD_NOT_ALLOWED)
+    if kind == "ready":
+        return Answer(route, 400, TEXT, error_body("Model version not ready"))
+    if kind == "stats":
+        return Answer(route, 400, JSON, error_body(unavailable_model_message(name)))
+    content_type = TEXT if kind == "infer" else JSON
+    return Answer(route, 404, content_type, error_body(unknown_model_message(name)))
+
+
+class HttpRouter:
+    """Decides REST requests for one model."""
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self._own_ready = f"/v2/models/{model_id}/ready"
+        self._own_stats = f"/v2/models/{model_id}/stats"
+
+    def decide(self, method: str, raw_path: str) -> Forward | Answer:
+        """The decision for `method` on `raw_path` (path and query exactly as received)."""
+        path, sep, query = raw_path.partition("?")
+        suffix = sep + query
+        match = _MODEL_ROUTE.fullmatch(path)
+        if match is not None and path != "/v2/models/stats":
+            name, _version, kind = match.groups()
+            kind = kind or ""
+            if kind == "trace/setting":
+                return _refused("trace", "per-model trace settings")
+            if name != self.model_id:
+                return _other_model(method, name, kind)
+            return Forward(kind or "metadata", raw_path, limited=kind in _INFERENCE_KINDS)
+        if path == "/v2/health/ready":
+            return Forward("server_ready", self._own_ready + suffix, readiness=True)
+        if path == "/v2/health/live":
+            return Forward("server_live", raw_path)
+        if path == "/v2":
+            return Forward("server_metadata", raw_path)
+        if path == "/v2/models/stats":
+            # Statistics of every model would reveal the node's other tenants: narrow to ours.
+            return Forward("stats", self._own_stats + suffix)
+        for prefix in _REFUSED_PREFIXES:
+            if path.startswith(prefix):
+                return _refused(prefix.removeprefix("/v2/"), path)
+        return NOT_FOUND
+
+
+GRPC_SERVICE = "inference.GRPCInferenceService"
+_PASS_THROUGH = frozenset({"ServerLive", "ServerMetadata"})
+_PER_MODEL = frozenset({"ModelReady", "ModelMetadata", "ModelConfig", "ModelInfer"})
+_REFUSED_RPCS = frozenset(
+    {
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
+        "TraceSetting",
+        "LogSettings",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcForward:
+    """Send `request` (the original bytes unless narrowed) to Triton's `method`."""
+
+    route: str
+    method: str
+    request: bytes
+    limited: bool = False
+    readiness: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcAnswer:
+    """Answer locally: OK with `response` bytes, or the status `code` (a grpc.StatusCode name)."""
+
+    route: str
+    code: str
+    details: str = ""
+    response: bytes = b""
+
+
+def grpc_kind(full_method: str) -> str:
+    """`ModelInfer` for `/inference.GRPCInferenceService/ModelInfer`, "" for other services."""
+    service, _, name = full_method.lstrip("/").partition("/")
+    return name if service == GRPC_SERVICE else ""
+
+
+class GrpcRouter:
+    """Decides gRPC calls for one model."""
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self._name = model_id.encode()
+        self._ready_request = wire.encode_string(1, self._name)
+
+    def is_stream(self, kind: str) -> bool:
+        """True for the bidirectional streaming RPC, checked message by message."""
+        return kind == "ModelStreamInfer"
+
+    def decide(self, kind: str, request: bytes) -> GrpcForward | GrpcAnswer:
+        """The decision for one unary call of `kind` with the raw `request` bytes."""
+        if kind in _PER_MODEL:
+            try:
+                name = wire.model_name(request)
+            except wire.WireError as e:
+                return _malformed(kind, e)
+            if name != self._name:
+                return _grpc_other_model(kind, name)
+            return GrpcForward(kind, kind, request, limited=kind == "ModelInfer")
+        if kind in _PASS_THROUGH:
+            return GrpcForward(kind, kind, request)
+        if kind == "ServerReady":
+            return GrpcForward(kind, "ModelReady", self._ready_request, readiness=True)
+        if kind == "ModelStatistics":
+            try:
+                name = wire.model_name(request)
+            except wire.WireError as e:
+                return _malformed(kind, e)
+            if name == b"":
+                # Statistics of every model would reveal the node's other tenants: narrow to ours.
+                return GrpcForward(kind, kind, wire.with_string_field(request, 1, self._name))
+            if name != self._name:
+                return _grpc_other_model(kind, name)
+            return GrpcForward(kind, kind, request)
+        if kind in _REFUSED_RPCS:
+            return GrpcAnswer(
+                kind,
+                "PERMISSION_DENIED",
+                f"{kind} is not available through the model proxy: the model repository, shared "
+                f"memory, trace and logging APIs are reserved for the platform",
+            )
+        return GrpcAnswer("unknown", "UNIMPLEMENTED")
+
+    def decide_stream_message(self, request: bytes) -> bytes | None:
+        """None when a ModelStreamInfer message may pass; else the stream response to send back.
+
+        Triton answers a bad message in a stream with a response carrying `error_message` and the
+        request's id, and keeps the stream open; the proxy does the same.
+        """
+        try:
+            fields = wire.string_fields(request, (1,))
+        except wire.WireError as e:
+            return _stream_error(_malformed_message(e), request)
+        name = fields.get(1, b"")
+        if name == self._name:
+            return None
+        return _stream_error(unknown_model_message(_text(name)), request)
+
+
+def _text(name: bytes) -> str:
+    return name.decode("utf-8", "replace")
+
+
+def _malformed_message(error: wire.WireError) -> str:
+    return f"the request cannot be routed safely ({error}); send the model name field exactly once"
+
+
+def _malformed(kind: str, error: wire.WireError) -> GrpcAnswer:
+    return GrpcAnswer(kind, "INVALID_ARGUMENT", _malformed_message(error))
+
+
+def _grpc_other_model(kind: str, name: bytes) -> GrpcAnswer:
+    """Exactly what Triton answers over gRPC for a model it does not know."""
+    if kind == "ModelReady":
+        return GrpcAnswer(kind, "OK")  # ready: false, Triton's answer for an unknown model
+    if kind == "ModelStatistics":
+        return GrpcAnswer(kind, "INVALID_ARGUMENT", unavailable_model_message(_text(name)))
+    return GrpcAnswer(kind, "NOT_FOUND", unknown_model_message(_text(name)))
+
+
+def _stream_error(message: str, request: bytes) -> bytes:
+    """A ModelStreamInferResponse: error_message (1) and infer_response (2) with the request id."""
+    try:
+        request_id = wire.string_fields(request, (3,)).get(3, b"")
+    except wire.WireError:
+        request_id = b""
+    inner = wire.encode_string(3, request_id) if request_id else b""
+    return wire.encode_string(1, message.encode()) + wire.encode_string(2, inner)

@@ -1,0 +1,98 @@
+"""The REST relay prepares each distinct head once: the same decision as parsing afresh, bounded.
+
+Heads are parsed, routed and re-serialized once and then reused by their exact bytes, on the way in
+(`RestRelay.prepare`) and on the way back (`UpstreamPool.response_head`). Reuse must never change
+a decision: a head that differs by one byte is prepared on its own, a malformed head is refused
+every time, and the memory stays bounded however many distinct heads a client sends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.http1.framing import parse_request_head, parse_response_head
+from proxy.http1.listener import RestRelay
+from proxy.http1.upstream import UpstreamPool
+from proxy.metrics import ProxyMetrics
+from proxy.policy.limiter import Limiter
+from proxy.policy.refusals import ProxyError
+from proxy.policy.routing import Answer, Forward, HttpRouter
+from proxy.settings import parse_settings
+from proxy.state import ProxyState
+
+
+def _relay() -> RestRelay:
+    settings = parse_settings(
+        ["--model-id", "m", "--triton-http-url", "127.0.0.1:1", "--triton-grpc-url", "127.0.0.1:2"],
+        {},
+    )
+    limiter = Limiter(0, 0, 1.0)
+    return RestRelay(settings, limiter, ProxyMetrics(limiter, "m"), ProxyState())
+
+
+def _head(path: str, extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: 2{extra}".encode()
+
+
+def test_a_repeated_head_is_prepared_once_and_decides_as_a_fresh_parse() -> None:
+    relay = _relay()
+    block = _head("/v2/models/m/infer")
+    first = relay.prepare(block)
+    assert relay.prepare(bytes(block)) is first  # equal bytes, another object: reused
+    head, decision, upstream = first
+    assert head == parse_request_head(block)
+    assert decision == HttpRouter("m").decide("POST", "/v2/models/m/infer")
+    assert isinstance(decision, Forward)
+    assert upstream == head.serialize(decision.path)
+    # Only the body length differs: another head, another framing.
+    longer, _, _ = relay.prepare(block.replace(b"Content-Length: 2", b"Content-Length: 3"))
+    assert (head.content_length, longer.content_length) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("path", "forwarded"),
+    [
+        ("/v2/models/m/infer", True),
+        ("/v2/models/n/infer", False),  # one byte apart: another model, answered locally
+        ("/v2/models/M/infer", False),
+        ("/v2/repository/index", False),
+    ],
+)
+def test_heads_one_byte_apart_are_decided_apart(path: str, forwarded: bool) -> None:
+    relay = _relay()
+    relay.prepare(_head("/v2/models/m/infer"))  # ours first, so the others could be confused
+    _, decision, upstream = relay.prepare(_head(path))
+    assert isinstance(decision, Forward) is forwarded
+    assert (upstream != b"") is forwarded
+    if not forwarded:
+        assert isinstance(decision, Answer)
+
+
+def test_a_malformed_head_is_refused_every_time() -> None:
+    relay = _relay()
+    block = _head("/v2/models/m/infer", "\r\nContent-Length: 3")
+    for _ in range(2):
+        with pytest.raises(ProxyError, match="Content-Length more than once"):
+            relay.prepare(block)
+
+
+def test_memory_stays_bounded_with_endless_distinct_heads() -> None:
+    relay = _relay()
+    for i in range(2000):
+        relay.prepare(_head("/v2/models/m/infer", f"\r\nX-Request: {i}"))
+    big = _head("/v2/models/m/infer", "\r\nX-Big: " + "a" * 8000)
+    assert relay.prepare(big) is not relay.prepare(big)  # too large to keep: prepared each time
+    assert len(relay._prepared) <= 256
+
+
+def test_response_heads_are_parsed_once_and_malformed_ones_refused() -> None:
+    pool = UpstreamPool("127.0.0.1", 1)
+    block = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 17"
+    head = pool.response_head(block)
+    assert pool.response_head(bytes(block)) is head
+    assert head == parse_response_head(block)
+    other = pool.response_head(block.replace(b"17", b"18"))
+    assert other.content_length == 18
+    for _ in range(2):
+        with pytest.raises(ProxyError):
+            pool.response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2")

@@ -1,0 +1,149 @@
+"""BlockDecoder decodes every block exactly as a plain hpack Decoder does, reuse or not.
+
+A peer's hpack Encoder (which indexes, evicts and resizes its dynamic table like grpc-core and
+nghttp2 do) encodes header lists drawn from a small pool, so blocks repeat; each block goes to a
+BlockDecoder and to a plain Decoder (the oracle), and the fields must agree every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import pytest
+from hpack import Decoder, Encoder, HPACKError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.http2.headers import BlockDecoder, BlockEncoder
+
+_POOL = [
+    (b":method", b"POST"),
+    (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+    (b":path", b"/inference.GRPCInferenceService/ModelReady"),
+    (b"content-type", b"application/grpc"),
+    (b"te", b"trailers"),
+    (b"grpc-timeout", b"10S"),
+    (b"grpc-timeout", b"9999m"),
+    (b"x-tenant", b"a" * 40),
+    (b"x-tenant", b"b" * 40),
+    (b"grpc-status", b"0"),
+]
+
+_STEP = st.one_of(
+    st.lists(st.sampled_from(_POOL), min_size=1, max_size=6).map(lambda h: ("headers", h)),
+    st.sampled_from([0, 64, 120, 256, 4096]).map(lambda size: ("resize", size)),
+    # An earlier block again, whatever it means now: the stale-reuse case a cache can get wrong.
+    st.integers(min_value=0, max_value=39).map(lambda i: ("replay", i)),
+)
+
+
+def _outcome(decode: Callable[[bytes], Iterable[tuple[bytes, bytes]]], block: bytes) -> object:
+    try:
+        return [(bytes(n), bytes(v)) for n, v in decode(block)]
+    except HPACKError as e:
+        return type(e)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_STEP, min_size=1, max_size=40))
+def test_every_block_decodes_as_a_plain_decoder_decodes_it(
+    steps: list[tuple[str, object]],
+) -> None:
+    encoder = Encoder()
+    ours = BlockDecoder()
+    oracle = Decoder()
+    sent: list[bytes] = []
+    resized = False
+    for kind, value in steps:
+        if kind == "replay":
+            assert isinstance(value, int)
+            if sent:
+                block = sent[value % len(sent)]
+                assert _outcome(ours.decode, block) == _outcome(
+                    lambda b: oracle.decode(b, raw=True), block
+                )
+            continue
+        if kind == "resize":
+            assert isinstance(value, int)
+            # hpack's Encoder sends only the last of several size changes between two blocks
+            # (RFC 7541 4.2 wants the smallest too) and none for a repeated value: one at a time.
+            if not resized and value != encoder.header_table_size:
+                encoder.header_table_size = value  # the next block starts with a size update
+                resized = True
+            continue
+        assert isinstance(value, list)
+        block = encoder.encode(value)
+        resized = False
+        sent.append(block)
+        # A replayed size update leaves the encoder out of step with both decoders; from there
+        # blocks may fail, and must fail (or not) the same way in both.
+        expected = _outcome(lambda b: oracle.decode(b, raw=True), block)
+        assert _outcome(ours.decode, block) == expected
+
+
+def test_a_repeated_block_is_reused_until_the_table_changes() -> None:
+    encoder = Encoder()
+    ours = BlockDecoder()
+    oracle = Decoder()
+    headers = [(b":path", b"/p"), (b"x-a", b"1")]
+    first = encoder.encode(headers)  # inserts both fields into the table
+    second = encoder.encode(headers)  # all indexed now: the same bytes from here on
+    assert encoder.encode(headers) == second
+    for block in (first, second):
+        oracle.decode(block)
+        ours.decode(block)
+    kept = ours.decode(second)
+    assert ours.decode(second) is kept  # reused, not decoded again
+    assert kept == tuple(headers)
+    insertion = encoder.encode([(b"x-b", b"2")])  # shifts every dynamic index by one
+    oracle.decode(insertion)
+    ours.decode(insertion)
+    # The same bytes now mean other fields; the kept result must not be reused.
+    now = [(bytes(n), bytes(v)) for n, v in oracle.decode(second, raw=True)]
+    assert now != list(headers)
+    assert list(ours.decode(second)) == now
+
+
+def test_a_malformed_block_raises_every_time() -> None:
+    ours = BlockDecoder()
+    for _ in range(2):
+        with pytest.raises(HPACKError):
+            ours.decode(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(st.sampled_from(_POOL), min_size=1, max_size=6).map(lambda h: ("headers", h)),
+            st.sampled_from([0, 64, 120, 256]).map(lambda size: ("limit", size)),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_what_the_encoder_sends_decodes_back_to_the_same_fields(
+    steps: list[tuple[str, object]],
+) -> None:
+    """Triton's side is a plain decoder fed every block in order; it must read what was meant,
+    through repeated lists (reused blocks), insertions, evictions and table limits."""
+    ours = BlockEncoder()
+    triton = Decoder()
+    for kind, value in steps:
+        if kind == "limit":
+            assert isinstance(value, int)
+            ours.limit_table(value)
+            continue
+        assert isinstance(value, list)
+        fields = tuple(value)
+        block = ours.encode(fields)
+        assert [(bytes(n), bytes(v)) for n, v in triton.decode(block, raw=True)] == value
+
+
+def test_a_repeated_header_list_costs_a_few_indexed_bytes() -> None:
+    ours = BlockEncoder()
+    fields = tuple(_POOL[:5])
+    first = ours.encode(fields)
+    second = ours.encode(fields)
+    assert len(second) < len(first) // 4  # indexed now, as grpc-core would send it
+    assert ours.encode(fields) is second  # kept: the table did not change

@@ -1,0 +1,61 @@
+"""The stream states of RFC 9113 5.1 (`proxy.http2.state`): the steps the table holds, and that
+any other step is an error, never a silent overwrite."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.http2.state import (
+    ACTIVE,
+    CLOSED,
+    HALF_CLOSED_LOCAL,
+    HALF_CLOSED_REMOTE,
+    IDLE,
+    NEXT,
+    OPEN,
+    OPENED,
+    PEER_ENDED,
+    RECEIVED_END,
+    RESET,
+    SENT_END,
+    WE_ENDED,
+    StreamStateError,
+)
+
+
+def walk(*events: str) -> int:
+    state = IDLE
+    for event in events:
+        state = NEXT[state, event]
+    return state
+
+
+def test_a_call_closes_whichever_side_ends_first() -> None:
+    assert walk(OPENED, RECEIVED_END) == HALF_CLOSED_REMOTE
+    assert walk(OPENED, RECEIVED_END, SENT_END) == CLOSED
+    assert walk(OPENED, SENT_END) == HALF_CLOSED_LOCAL
+    assert walk(OPENED, SENT_END, RECEIVED_END) == CLOSED
+    assert walk(OPENED, RESET) == CLOSED
+    assert walk(OPENED, SENT_END, RESET, RESET) == CLOSED  # a reset after the end is harmless
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        (SENT_END,),  # END_STREAM on a stream never opened
+        (OPENED, OPENED),
+        (OPENED, SENT_END, SENT_END),  # END_STREAM sent twice
+        (OPENED, RECEIVED_END, RECEIVED_END),
+        (OPENED, RESET, SENT_END),  # anything after a reset
+        (OPENED, RESET, RECEIVED_END),
+    ],
+)
+def test_a_step_the_rfc_has_not_is_an_error(events: tuple[str, ...]) -> None:
+    with pytest.raises(StreamStateError, match="cannot be"):
+        walk(*events)
+
+
+def test_the_state_sets_say_who_may_still_send() -> None:
+    assert {OPEN, HALF_CLOSED_LOCAL, HALF_CLOSED_REMOTE} == ACTIVE
+    assert {HALF_CLOSED_REMOTE, CLOSED} == PEER_ENDED
+    assert {HALF_CLOSED_LOCAL, CLOSED} == WE_ENDED
