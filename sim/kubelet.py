@@ -152,7 +152,8 @@ class Kubelet(_PodWatcher):
                 return
             deleting = pod["metadata"].get("deletionTimestamp") is not None
             terminal = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
-            if worker is not None and terminal and not deleting:
+            external = worker is not None and worker.phase not in ("Succeeded", "Failed")
+            if worker is not None and terminal and external and not deleting:
                 # Marked terminal by someone else (an eviction): stop its containers and leave
                 # the status as written, as a real kubelet does.
                 worker.abandon()

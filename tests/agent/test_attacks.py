@@ -300,9 +300,17 @@ async def test_a_tenant_cannot_fill_the_disk_or_hold_installs_open(
             make_pod(kube_api, name, "small" if name == "small" else name)
         tokens = {n: apiserver.mint_token("default", n) for n in ("big", "stalled", "small")}
 
-        # Over the per-model limit: refused before a byte is written.
+        # Over the per-model limit: refused at the header, before a byte is written.
         (source / "1" / "weights.bin").write_bytes(b"\0" * (5 * 1024**2))
-        big = await refused(install_dir(running.stub, tokens["big"], source, "big"))
+        header = install_requests("big", manifest_of(source), lambda p: (source / p).read_bytes())
+        first = await anext(header)
+
+        async def header_only() -> AsyncIterator[Any]:
+            yield first
+
+        big = await refused(
+            running.stub.InstallModel(header_only(), metadata=bearer(tokens["big"]))
+        )
         assert big.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--max-model-bytes" in (big.details() or "")
         (source / "1" / "weights.bin").write_bytes(b"\0" * (3 * 1024**2))
