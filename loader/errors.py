@@ -132,7 +132,7 @@ _PERMANENT: dict[tuple[str, grpc.StatusCode], tuple[type[LoaderError], str]] = {
     ),
     (LOAD, grpc.StatusCode.RESOURCE_EXHAUSTED): (
         ModelRejectedError,
-        "the model does not fit: {details}; raise the pod's GPU memory limit or slim the model",
+        "the model does not fit on its GPU now: {details}",
     ),
     (INSTALL, grpc.StatusCode.RESOURCE_EXHAUSTED): (
         ModelRejectedError,

@@ -83,3 +83,14 @@ def test_a_stream_cut_by_the_agent_mid_send_is_retried_not_fatal() -> None:
     assert error.reached_agent
     # Any other INTERNAL is the agent's own failure and ends the loader.
     assert isinstance(classify(grpc.StatusCode.INTERNAL, "disk on fire", INSTALL), AgentFailedError)
+
+
+def test_a_load_the_gpu_cannot_hold_fails_with_the_agents_reason() -> None:
+    details = (
+        "model 'm' of pod ns/p does not fit: GPU 0 (GPU-1) has 15Gi for models and 14Gi are "
+        "booked; the pod stays unloaded, delete it so the binder places it again"
+    )
+    error = classify(grpc.StatusCode.RESOURCE_EXHAUSTED, details, LOAD)
+    assert isinstance(error, ModelRejectedError)
+    assert error.exit_code == ExitCode.MODEL_REJECTED
+    assert str(error) == f"the model does not fit on its GPU now: {details}"
