@@ -19,6 +19,7 @@ import yaml
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
+    DEFAULT_AGENT_HTTP_PORT,
     DEFAULT_PROXY_GRPC_PORT,
     DEFAULT_PROXY_HTTP_PORT,
     DEFAULT_SCHEDULER_NAME,
@@ -44,6 +45,15 @@ from tests.deploy.rendering import (
 KUBERNETES_VERSION = "1.30.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 KEYS = Keys()
+# Ports that daemons commonly listen on in the node's own network namespace (hostNetwork): a
+# hostPort on the same number would capture their traffic to the node's IP.
+NODE_DAEMON_PORTS = {
+    9100: "node-exporter (kube-prometheus-stack)",
+    9400: "dcgm-exporter (GPU Operator)",
+    10250: "the kubelet",
+    10256: "kube-proxy health",
+    10249: "kube-proxy metrics",
+}
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +315,8 @@ def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubec
     ports = [p for c in spec["containers"] for p in c["ports"]]
     host_ports = {p["containerPort"] for p in ports if "hostPort" in p}
     assert host_ports == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
+    taken = host_ports & set(NODE_DAEMON_PORTS)
+    assert not taken, f"hostPorts {taken} collide with {[NODE_DAEMON_PORTS[p] for p in taken]}"
     # Triton reads the repository the agent writes, through a read-only mount of the same volume.
     [triton_repo] = [m for m in triton["volumeMounts"] if m["name"] == "repository"]
     [agent_repo] = [m for m in agent["volumeMounts"] if m["name"] == "repository"]
@@ -322,7 +334,7 @@ def test_the_node_pod_admits_only_model_pods_and_monitoring(kubectl: str) -> Non
     model_rule, monitoring_rule = policy["spec"]["ingress"]
     assert model_rule["from"][0]["podSelector"]["matchLabels"] == {"tritonshare.io/role": "model"}
     assert {p["port"] for p in model_rule["ports"]} == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
-    assert {p["port"] for p in monitoring_rule["ports"]} == {8002, 9102}
+    assert {p["port"] for p in monitoring_rule["ports"]} == {8002, DEFAULT_AGENT_HTTP_PORT}
 
 
 def test_the_binder_runs_two_replicas_with_a_disruption_budget(kubectl: str) -> None:
