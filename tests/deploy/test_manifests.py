@@ -90,6 +90,7 @@ def test_the_production_overlay_holds_the_whole_system(kubectl: str) -> None:
         ("PodDisruptionBudget", "tritonshare-binder"),
         ("ValidatingAdmissionPolicy", "tritonshare-agent-own-node"),
         ("PodMonitor", "tritonshare-model-proxies"),
+        ("PrometheusRule", "tritonshare"),
         ("ConfigMap", "tritonshare-grafana-dashboard"),
     ]:
         assert expected in kinds, f"the production overlay lacks {expected}"
@@ -102,7 +103,7 @@ def test_every_builtin_object_validates_against_the_kubernetes_schema(
     """Strictly (unknown fields fail), on the oldest supported and the newest known Kubernetes."""
     validated = 0
     for obj in everything(kubectl):
-        if obj["apiVersion"] in CRD_SCHEMAS:
+        if obj["apiVersion"] in CUSTOM_API_VERSIONS:
             continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -115,9 +116,9 @@ def test_every_builtin_object_validates_against_the_kubernetes_schema(
     assert validated >= 20
 
 
-# Custom resources have no schema in kubernetes-validate. These check the fields the manifests use
-# against the shapes the Prometheus Operator (monitoring.coreos.com/v1) and KEDA (keda.sh/v1alpha1)
-# CRDs define, rejecting unknown fields; fields we do not use are not described.
+# Custom resources have no schema in kubernetes-validate. These check the fields the manifests (and
+# the Helm chart) use against the shapes the Prometheus Operator (monitoring.coreos.com/v1) and KEDA
+# (keda.sh/v1alpha1) CRDs define, rejecting unknown fields; fields we do not use are not described.
 _LABEL_SELECTOR = {
     "type": "object",
     "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
@@ -209,20 +210,76 @@ _SCALED_OBJECT = {
         }
     },
 }
-CRD_SCHEMAS: dict[str, dict[str, Any]] = {
-    "monitoring.coreos.com/v1": _POD_MONITOR,
-    "keda.sh/v1alpha1": _SCALED_OBJECT,
+_DURATION = {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}
+_PROMETHEUS_RULE = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["alert", "expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "expr": {"type": "string"},
+                                        "for": _DURATION,
+                                        "labels": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                        "annotations": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        }
+    },
 }
+CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): _POD_MONITOR,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _PROMETHEUS_RULE,
+    ("keda.sh/v1alpha1", "ScaledObject"): _SCALED_OBJECT,
+}
+CUSTOM_API_VERSIONS = {api_version for api_version, _ in CRD_SCHEMAS}
+
+
+def check_custom_resource(obj: Mapping[str, Any]) -> None:
+    """Fail unless `obj` has the shape its operator's CRD defines (as far as CRD_SCHEMAS says)."""
+    schema = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    assert schema is not None, f"{name_of(obj)}: no schema for this custom resource kind"
+    try:
+        jsonschema.validate(obj, schema)
+    except jsonschema.ValidationError as e:
+        pytest.fail(f"{name_of(obj)}: {e.message} at {list(e.path)}")
 
 
 def test_custom_resources_have_the_shape_their_operators_expect(kubectl: str) -> None:
-    custom = [o for o in everything(kubectl) if o["apiVersion"] in CRD_SCHEMAS]
-    assert {o["kind"] for o in custom} == {"PodMonitor", "ScaledObject"}
+    custom = [o for o in everything(kubectl) if o["apiVersion"] in CUSTOM_API_VERSIONS]
+    assert {o["kind"] for o in custom} == {"PodMonitor", "PrometheusRule", "ScaledObject"}
     for obj in custom:
-        try:
-            jsonschema.validate(obj, CRD_SCHEMAS[obj["apiVersion"]])
-        except jsonschema.ValidationError as e:
-            pytest.fail(f"{name_of(obj)}: {e.message} at {list(e.path)}")
+        check_custom_resource(obj)
     deployments = {o["metadata"]["name"] for o in everything(kubectl) if o["kind"] == "Deployment"}
     for scaled in (o for o in custom if o["kind"] == "ScaledObject"):
         assert scaled["spec"]["scaleTargetRef"]["name"] in deployments
