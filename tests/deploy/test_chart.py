@@ -23,6 +23,8 @@ import pytest
 
 from agent.settings import parse_settings as parse_agent_settings
 from binder.settings import parse_settings as parse_binder_settings
+from loader.settings import parse_settings as parse_loader_settings
+from proxy.settings import parse_settings as parse_proxy_settings
 from tests.conftest import require_executable
 from tests.deploy.rendering import CHART, DEPLOY, Obj, containers, name_of, pod_spec, render
 from tests.deploy.rendering import render_chart as _render_chart
@@ -70,6 +72,7 @@ CUSTOM: dict[str, Any] = {
         "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "64Gi"}},
     },
     "monitoring": {"namespace": "observability", "labels": {"release": "prom"}},
+    "example": {"enabled": True, "namespace": "team-a", "modelId": "7"},
 }
 
 
@@ -205,6 +208,11 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
             assert "namespace" not in obj["metadata"], f"{name_of(obj)} is cluster-scoped"
         elif obj["kind"] == "ConfigMap":
             assert obj["metadata"]["namespace"] == "observability"
+        elif obj["kind"] == "Namespace" or obj["metadata"]["name"] in (
+            "add-one",
+            "tritonshare-model",
+        ):
+            assert obj["metadata"].get("namespace", "team-a") == "team-a", name_of(obj)
         else:
             assert obj["metadata"]["namespace"] == CUSTOM_NAMESPACE, name_of(obj)
     # The parts parse their arguments into the values given.
@@ -250,6 +258,53 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     rule = _the(objects, "PrometheusRule", "tritonshare")
     exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert f'job="{CUSTOM_NAMESPACE}/tritonshare-node"' in exprs
+
+
+def test_the_example_model_is_deploy_example_and_follows_the_values() -> None:
+    """With example.enabled the chart renders `kubectl kustomize deploy/example` (Helm labels
+    aside); its pods find the agent and Triton on the ports the node pod publishes, carry the
+    prefix's keys, and its autoscaler asks the Prometheus of monitoring.namespace."""
+    kubectl = require_executable("kubectl")
+    example = _by_name(render_chart({"example": {"enabled": True}}))
+    for name, obj in _by_name(render(kubectl, "example")).items():
+        assert name in example, f"the chart's example lacks {name}"
+        assert _without_helm_labels(example[name]) == obj, f"{name} differs from deploy/example"
+    without_keda = render_chart({"example": {"enabled": True, "keda": {"enabled": False}}})
+    assert "ScaledObject" not in {o["kind"] for o in without_keda}
+    assert "Deployment/models/add-one" not in _by_name(render_chart())
+
+    objects = render_chart(CUSTOM, namespace=CUSTOM_NAMESPACE)
+    template = _the(objects, "Deployment", "add-one")["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"seldon.io/trtis-model-id": "7"}
+    assert template["spec"]["schedulerName"] == "shared-gpu"
+    loader, proxy = template["spec"]["initContainers"][1], template["spec"]["containers"][0]
+    assert "--agent-address=$(HOST_IP):8200" in loader["args"]
+    assert {
+        "--agent-address=$(HOST_IP):8200",
+        "--triton-http-url=$(HOST_IP):8010",
+        "--triton-grpc-url=$(HOST_IP):8011",
+    } <= set(proxy["args"])
+    assert proxy["resources"]["limits"]["seldon.io/trtis-gpu-mem"] == "1Gi"
+    for c in (loader, proxy):
+        [model_id] = [e for e in c["env"] if e["name"] == "MODEL_ID"]
+        path = model_id["valueFrom"]["fieldRef"]["fieldPath"]
+        assert path == "metadata.annotations['seldon.io/trtis-model-id']"
+    downward = {"$(HOST_IP)": "10.0.0.5", "$(MODEL_ID)": "7"}
+
+    def expanded(args: list[str]) -> list[str]:
+        for variable, value in downward.items():
+            args = [a.replace(variable, value) for a in args]
+        return args
+
+    assert parse_loader_settings(expanded(loader["args"]), {}).agent_address == "10.0.0.5:8200"
+    parsed_proxy = parse_proxy_settings(expanded(proxy["args"]), {})
+    assert parsed_proxy.model_id == "7"
+    scaled = _the(objects, "ScaledObject", "add-one")
+    [trigger] = scaled["spec"]["triggers"]
+    assert (
+        trigger["metadata"]["serverAddress"] == "http://prometheus-operated.observability.svc:9090"
+    )
+    assert 'namespace="team-a", model="7"' in trigger["metadata"]["query"]
 
 
 def test_the_admission_policies_follow_the_namespace_and_the_key_prefix() -> None:

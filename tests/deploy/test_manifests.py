@@ -494,3 +494,44 @@ def test_every_part_accepts_the_arguments_the_manifests_give_it(kubectl: str) ->
     if missing:
         pytest.skip(f"parts without a settings module yet: {sorted(set(missing))}")
     assert checked == {"agent", "binder", "loader", "proxy"}
+
+
+def _doc_block(starting: str) -> str:
+    """The ```sh block of docs/deploy.md whose first line is `starting`."""
+    text = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL)
+    [block] = [b for b in blocks if b.startswith(starting)]
+    return str(block)
+
+
+def test_the_documented_overlay_moves_monitoring_to_another_namespace(
+    kubectl: str, tmp_path: Path
+) -> None:
+    """docs/deploy.md's own commands (your overlay, then the monitoring patches) render with the
+    installed kubectl, and move what names the monitoring namespace and release."""
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    for starting in ("mkdir -p my-cluster", "cd my-cluster\ncat >> kustomization.yaml"):
+        subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", _doc_block(starting)],
+            cwd=tmp_path, check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path / "my-cluster")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    objects = {name_of(o): o for o in yaml.safe_load_all(rendered.stdout) if o}
+    assert "ConfigMap/observability/tritonshare-grafana-dashboard" in objects
+    for name in ("tritonshare-node", "tritonshare-binder"):
+        policy = objects[f"NetworkPolicy/tritonshare-system/{name}"]
+        named = {
+            peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            for rule in policy["spec"]["ingress"]
+            for peer in rule["from"]
+            if "matchLabels" in peer.get("namespaceSelector", {})
+        }
+        assert named == {"observability"}, f"{name} admits {named}"
+    rule = objects["PrometheusRule/tritonshare-system/tritonshare"]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    images = {c["image"] for o in objects.values() if (s := pod_spec(o)) for c in containers(s)}
+    assert "registry.example.com/tritonshare:0.1.0" in images
