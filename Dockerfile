@@ -18,7 +18,8 @@ COPY agent ./agent
 COPY binder ./binder
 COPY loader ./loader
 COPY proxy ./proxy
-COPY sim ./sim
+# Not sim/ (the simulated cluster for tests and the demo), tests/ or benchmarks/: the product
+# never imports them (import-linter), and an image should not carry a fake API server.
 # A regular (not editable) install: the final stage must not depend on /src.
 RUN /opt/tritonshare/bin/pip install . \
  && /opt/tritonshare/bin/python -m compileall -q /opt/tritonshare/lib \
