@@ -188,6 +188,12 @@ def test_the_build_stage_installs_a_package_whose_entry_points_run(tmp_path: Pat
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert cli.returncode == 0 and "status" in cli.stdout, f"the tritonshare CLI:\n{cli.stderr}"
+    plugin = subprocess.run(
+        [str(installed / "bin" / "kubectl-tritonshare"), "--help"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert plugin.returncode == 0, f"the kubectl plugin:\n{plugin.stderr}"
+    assert plugin.stdout.startswith("usage: kubectl tritonshare")
 
 
 def test_each_entry_point_is_a_runnable_module() -> None:
