@@ -22,7 +22,7 @@ import pytest
 
 from tests.deploy.rendering import REPO
 
-PARTS = ("agent", "binder", "loader", "proxy")
+PARTS = ("agent", "binder", "loader", "proxy", "webhook")
 BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|make|build-essential|apt-get|apk|cc)\b")
 
 
