@@ -14,7 +14,9 @@ import base64
 import copy
 import json
 import re
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import helm_python
@@ -442,3 +444,79 @@ def test_the_dashboard_is_the_one_in_deploy_monitoring() -> None:
     config_map = _the(render_chart(), "ConfigMap", "tritonshare-grafana-dashboard")
     dashboard = (DEPLOY / "monitoring" / "tritonshare-dashboard.json").read_text()
     assert config_map["data"] == {"tritonshare-dashboard.json": dashboard}
+
+
+def _webhook_objects(values: dict[str, Any], namespace: str = CUSTOM_NAMESPACE) -> dict[str, Obj]:
+    objects = render_chart({"webhook": {"enabled": True, **values}}, namespace=namespace)
+    for obj in objects:
+        if obj["apiVersion"] not in CUSTOM_API_VERSIONS and not obj["apiVersion"].startswith(
+            "cert-manager.io/"
+        ):
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
+
+
+def test_the_webhook_gets_a_certificate_its_configuration_trusts(tmp_path: Path) -> None:
+    """Self-managed TLS: the generated serving certificate names the Service and verifies
+    against the caBundle the MutatingWebhookConfiguration gives the API server (openssl)."""
+    openssl = require_executable("openssl")
+    objects = _webhook_objects({})
+    secret = objects["Secret/tritonshare-webhook-tls"]
+    configuration = objects["MutatingWebhookConfiguration/tritonshare-model-pods"]
+    [hook] = configuration["webhooks"]
+    assert hook["clientConfig"]["service"] == {
+        "name": "tritonshare-webhook",
+        "namespace": CUSTOM_NAMESPACE,
+        "path": "/mutate-pods",
+        "port": 443,
+    }
+    (tmp_path / "ca.crt").write_bytes(base64.b64decode(hook["clientConfig"]["caBundle"]))
+    (tmp_path / "tls.crt").write_bytes(base64.b64decode(secret["data"]["tls.crt"]))
+    verified = subprocess.run(
+        [openssl, "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    names = subprocess.run(
+        [openssl, "x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls.crt")],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert f"DNS:tritonshare-webhook.{CUSTOM_NAMESPACE}.svc" in names
+    # The Deployment mounts that Secret where its arguments look for it.
+    spec = objects["Deployment/tritonshare-webhook"]["spec"]["template"]["spec"]
+    [volume] = spec["volumes"]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    [container] = spec["containers"]
+    [mount] = container["volumeMounts"]
+    assert f"--tls-cert={mount['mountPath']}/tls.crt" in container["args"]
+    # The system namespace is never sent to the webhook; only labelled pods are.
+    [expression] = hook["namespaceSelector"]["matchExpressions"]
+    assert expression["operator"] == "NotIn" and CUSTOM_NAMESPACE in expression["values"]
+    assert hook["objectSelector"] == {"matchLabels": {"tritonshare.io/role": "model"}}
+
+
+def test_with_cert_manager_the_certificate_and_ca_come_from_it() -> None:
+    objects = _webhook_objects({"tls": {"certManager": {"enabled": True}}})
+    assert "Secret/tritonshare-webhook-tls" not in objects
+    certificate = objects["Certificate/tritonshare-webhook"]
+    assert certificate["spec"]["secretName"] == "tritonshare-webhook-tls"
+    assert f"tritonshare-webhook.{CUSTOM_NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    assert certificate["spec"]["issuerRef"] == {"name": "tritonshare-webhook", "kind": "Issuer"}
+    assert objects["Issuer/tritonshare-webhook"]["spec"] == {"selfSigned": {}}
+    configuration = objects["MutatingWebhookConfiguration/tritonshare-model-pods"]
+    assert configuration["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{CUSTOM_NAMESPACE}/tritonshare-webhook"
+    }
+    assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
+    own = _webhook_objects(
+        {
+            "tls": {
+                "certManager": {
+                    "enabled": True,
+                    "issuerRef": {"name": "corp", "kind": "ClusterIssuer"},
+                }
+            }
+        }
+    )
+    assert "Issuer/tritonshare-webhook" not in own
+    assert own["Certificate/tritonshare-webhook"]["spec"]["issuerRef"]["name"] == "corp"
