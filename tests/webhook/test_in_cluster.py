@@ -85,7 +85,7 @@ def configured(kube_api: kubernetes.client.ApiClient, webhook_url: tuple[str, by
     hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca).decode()}
     admission = kubernetes.client.AdmissionregistrationV1Api(kube_api)
     admission.create_mutating_webhook_configuration(configuration)
-    core = kubernetes.client.CoreV1Api(kube_api)
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
     core.create_namespace({"metadata": {"name": "models"}})
     return core
 
