@@ -108,7 +108,7 @@ def _without_helm_labels(obj: Obj) -> Obj:
 
 def test_the_chart_lints_clean() -> None:
     """`helm lint --strict`: no errors and no warnings, with default and with custom values."""
-    for values in (None, CUSTOM):
+    for values in (None, CUSTOM, {"webhook": {"enabled": True}}):
         report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
         problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
         assert not problems, f"helm lint with {values}: {problems}"
