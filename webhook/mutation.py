@@ -224,6 +224,23 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
     }
 
 
+def _fill(mine: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """`mine` with what it lacks taken from `ours`: missing fields whole; env entries, volume
+    mounts and ports by name; resource requests and limits by key."""
+    filled = copy.deepcopy(mine)
+    for key, value in ours.items():
+        if key not in filled:
+            filled[key] = copy.deepcopy(value)
+        elif key in ("env", "volumeMounts", "ports"):
+            filled[key] = list(filled[key]) + [
+                copy.deepcopy(v) for v in value if not _by_name(filled[key], v["name"])
+            ]
+        elif key == "resources":
+            for part in ("requests", "limits"):
+                filled[key][part] = {**value.get(part, {}), **(filled[key].get(part) or {})}
+    return filled
+
+
 def complete(pod: Pod, settings: Settings) -> Pod:
     """The complete model pod `pod` asks for (a new dict), or AnnotationError."""
     request = read_request(pod, settings)
@@ -282,8 +299,13 @@ def complete(pod: Pod, settings: Settings) -> Pod:
             init.append(container)
     spec["initContainers"] = init
     containers = list(spec.get("containers") or [])
-    if not _by_name(containers, "proxy"):
-        containers.insert(0, _proxy(request, settings))
+    proxy = _proxy(request, settings)
+    if _by_name(containers, "proxy"):
+        # A Deployment's template must name a container: the user's `proxy` placeholder is
+        # filled in where it is silent and kept where it speaks.
+        containers = [_fill(c, proxy) if c.get("name") == "proxy" else c for c in containers]
+    else:
+        containers.insert(0, proxy)
     spec["containers"] = containers
     return done
 

@@ -116,6 +116,13 @@ def test_an_annotated_pod_is_created_complete(configured: Any) -> None:
     assert proxy.image == "ghcr.io/tritonshare/tritonshare:0.1.0"
     token = next(v for v in pod.spec.volumes if v.name == "agent-token")
     assert token.projected.sources[0].service_account_token.audience == "tritonshare-agent"
+    # As a Deployment's template must: a placeholder proxy container, filled in.
+    placeholder = _pod("bert-1", MODEL, ASKS)
+    placeholder["spec"]["containers"] = [{"name": "proxy", "image": "registry.example.com/ts:2"}]
+    core.create_namespaced_pod("models", placeholder)
+    [proxy] = core.read_namespaced_pod("bert-1", "models").spec.containers
+    assert proxy.image == "registry.example.com/ts:2" and proxy.command == ["python", "-m", "proxy"]
+    assert proxy.resources.limits["tritonshare.io/gpu-mem"] == "3Gi"
 
 
 def test_a_malformed_pod_is_refused_with_what_to_write(configured: Any) -> None:

@@ -91,16 +91,41 @@ def test_what_the_pod_already_has_is_kept() -> None:
     spec = mine["spec"]
     spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 2000}
     spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "a100"}]
-    spec["containers"] = [{"name": "proxy", "image": "mine:1"}, {"name": "sidecar", "image": "s:1"}]
+    spec["containers"] = [{"name": "sidecar", "image": "s:1"}]
     spec["volumes"] = [{"name": "model", "emptyDir": {"sizeLimit": "100Gi"}}]
     done = complete(mine, SETTINGS)["spec"]
     assert done["securityContext"] == {"runAsNonRoot": True, "runAsUser": 2000}
     assert done["tolerations"] == spec["tolerations"]
-    assert done["containers"] == spec["containers"]
+    assert done["containers"][1:] == spec["containers"], "other containers are kept as they are"
     assert [v for v in done["volumes"] if v["name"] == "model"] == spec["volumes"]
     assert complete(mine, SETTINGS)["metadata"]["annotations"]["tritonshare.io/model-id"] == (
         "my_model"
     )
+
+
+def test_a_placeholder_proxy_is_filled_in_where_it_is_silent() -> None:
+    """A Deployment's template must name a container; a bare `proxy` becomes the full proxy,
+    and what it says (its image, an extra env entry, a CPU request) stays."""
+    mine = pod(**GS)
+    mine["spec"]["containers"] = [
+        {
+            "name": "proxy",
+            "image": "registry.example.com/ts:2",
+            "env": [{"name": "EXTRA", "value": "1"}],
+            "resources": {"requests": {"cpu": "1"}},
+        }
+    ]
+    done = complete(mine, SETTINGS)
+    [proxy] = done["spec"]["containers"]
+    assert proxy["image"] == "registry.example.com/ts:2"
+    assert proxy["command"] == ["python", "-m", "proxy"]
+    assert [e["name"] for e in proxy["env"]] == ["EXTRA", "MODEL_ID", "HOST_IP"]
+    assert proxy["resources"]["requests"] == {"cpu": "1", "memory": "128Mi"}
+    assert proxy["resources"]["limits"]["tritonshare.io/gpu-mem"] == "1Gi"
+    assert proxy["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert parse_proxy_settings(_args(proxy), {}).model_id == "add_one"
+    assert complete(done, SETTINGS) == done
+    kubernetes_validate.validate(done, "1.30.0", strict=True)
 
 
 def test_a_pvc_model_is_copied_from_the_claim_mounted_read_only() -> None:
