@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# One image, four entry points: python -m agent | binder | loader | proxy (and the `tritonshare`
-# CLI). Build: docker build -t ghcr.io/tritonshare/tritonshare:0.1.0 .   (see docs/deploy.md)
+# One image, five entry points: python -m agent | binder | loader | proxy | webhook (and the
+# `tritonshare` CLI). Build: docker build -t ghcr.io/tritonshare/tritonshare:0.1.0 .
+# (see docs/deploy.md)
 #
 # Stage 1 installs the project and its dependencies into a virtual environment. Every dependency
 # ships manylinux wheels, so no compiler is needed even here; the final stage gets only the venv.
@@ -18,7 +19,9 @@ COPY agent ./agent
 COPY binder ./binder
 COPY loader ./loader
 COPY proxy ./proxy
-COPY sim ./sim
+COPY webhook ./webhook
+# Not sim/ (the simulated cluster for tests and the demo), tests/ or benchmarks/: the product
+# never imports them (import-linter), and an image should not carry a fake API server.
 # A regular (not editable) install: the final stage must not depend on /src.
 RUN /opt/tritonshare/bin/pip install . \
  && /opt/tritonshare/bin/python -m compileall -q /opt/tritonshare/lib \

@@ -1,5 +1,9 @@
 """`tritonshare status` and `tritonshare explain POD`: the cluster as the binder sees it.
 
+Installed twice: as `tritonshare`, and as `kubectl-tritonshare` so that kubectl runs it as its
+plugin (`kubectl tritonshare status`). Either way it finds the cluster as kubectl does:
+--kubeconfig, $KUBECONFIG or ~/.kube/config, --context, and -n/--namespace (else the context's).
+
 `status` prints every node and GPU with capacity, allocated and free GPU memory and the models on
 it (as `kubectl inspect gpushare` does for GPU sharing). `explain` prints, for every node, why a
 pod does or does not fit there, and what the binder would decide now. Both list the cluster once
@@ -12,12 +16,15 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TextIO
+
+import yaml
 
 from binder.cache import ClusterCache
 from binder.errors import BinderError, NotFoundError
-from binder.kube import Kube
+from binder.kube import Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
@@ -139,44 +146,116 @@ def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> N
     _table(rows, out)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The flags every command takes. They are accepted before and after the command, as
+    kubectl's are (`kubectl tritonshare explain POD -n models`): on the command's own parser they
+    default to SUPPRESS, so a flag given before the command is not reset by it."""
     env = os.environ
-    parser = argparse.ArgumentParser(prog="tritonshare", description=__doc__.splitlines()[0])
-    parser.add_argument("--kubeconfig", default=env.get("KUBECONFIG"), help="(env KUBECONFIG)")
-    parser.add_argument("--key-prefix", default=env.get("TRITONSHARE_KEY_PREFIX", DEFAULT_PREFIX))
+
+    def default(value: str | None) -> str | None:
+        return value if top else argparse.SUPPRESS
+
     parser.add_argument(
-        "--system-namespace",
-        default=env.get("TRITONSHARE_SYSTEM_NAMESPACE", DEFAULT_SYSTEM_NAMESPACE),
+        "--kubeconfig",
+        default=default(None),
+        help="kubeconfig file, or files joined by ':' (default: $KUBECONFIG, else ~/.kube/config, "
+        "else the in-cluster service account)",
     )
     parser.add_argument(
-        "--scheduler-name", default=env.get("TRITONSHARE_SCHEDULER_NAME", DEFAULT_SCHEDULER_NAME)
+        "--context", default=default(None), help="kubeconfig context (default: the current one)"
+    )
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        default=default(None),
+        help="namespace of the pod to explain (default: the context's, else default)",
+    )
+    parser.add_argument(
+        "--key-prefix", default=default(env.get("TRITONSHARE_KEY_PREFIX", DEFAULT_PREFIX))
+    )
+    parser.add_argument(
+        "--system-namespace",
+        default=default(env.get("TRITONSHARE_SYSTEM_NAMESPACE", DEFAULT_SYSTEM_NAMESPACE)),
+    )
+    parser.add_argument(
+        "--scheduler-name",
+        default=default(env.get("TRITONSHARE_SCHEDULER_NAME", DEFAULT_SCHEDULER_NAME)),
     )
     parser.add_argument(
         "--gpu-mem-reserve",
-        default=env.get("TRITONSHARE_GPU_MEM_RESERVE", "0"),
+        default=default(env.get("TRITONSHARE_GPU_MEM_RESERVE", "0")),
         help="bytes kept free on every GPU; use the binder's value",
     )
+
+
+def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    _global_flags(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("status", help="nodes and GPUs: capacity, allocated, free, models")
+    status_parser = commands.add_parser(
+        "status", help="nodes and GPUs: capacity, allocated, free, models"
+    )
+    _global_flags(status_parser, top=False)
     why = commands.add_parser("explain", help="why a pod does or does not fit on each node")
     why.add_argument("pod", help="POD or NAMESPACE/POD")
-    why.add_argument("-n", "--namespace", default="default")
+    _global_flags(why, top=False)
     return parser
+
+
+def kubeconfig_path(flag: str | None, environ: Mapping[str, str], home: Path) -> str | None:
+    """The kubeconfig kubectl would use: --kubeconfig, else $KUBECONFIG (a ':'-joined list is
+    merged), else ~/.kube/config when it exists; None means the in-cluster service account."""
+    if flag:
+        return flag
+    if environ.get("KUBECONFIG"):
+        return environ["KUBECONFIG"]
+    default = home / ".kube" / "config"
+    return str(default) if default.exists() else None
+
+
+def current_context(kubeconfig: str) -> str | None:
+    """The current context of a ':'-joined kubeconfig list as kubectl picks it: from the first
+    file that sets one. (The Python client's merge lets the last file win instead.)"""
+    for path in kubeconfig.split(os.pathsep):
+        try:
+            document = yaml.safe_load(Path(path).expanduser().read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(document, dict) and document.get("current-context"):
+            return str(document["current-context"])
+    return None
+
+
+def _prog(argv0: str) -> str:
+    """`kubectl tritonshare` when kubectl runs us as its plugin `kubectl-tritonshare`."""
+    name = Path(argv0).name
+    return "kubectl tritonshare" if name.startswith("kubectl-") else "tritonshare"
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    prog = _prog(sys.argv[0])
+    args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         keys = Keys(args.key_prefix)
         reserve = parse_quantity(args.gpu_mem_reserve, what="--gpu-mem-reserve")
     except (ValueError, QuantityError) as e:
-        print(f"tritonshare: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    kubeconfig = kubeconfig_path(args.kubeconfig, os.environ, Path.home())
+    if kubeconfig is None and args.context:
+        print(
+            f"{prog}: --context {args.context} needs a kubeconfig, and none was found: pass "
+            f"--kubeconfig, set KUBECONFIG, or write ~/.kube/config",
+            file=sys.stderr,
+        )
+        return 2
+    context = args.context or (current_context(kubeconfig) if kubeconfig else None)
     try:
-        kube = Kube(args.kubeconfig, user_agent="tritonshare-cli/0.1.0")
+        context_namespace = kubeconfig_namespace(kubeconfig, context) if kubeconfig else None
+        kube = Kube(kubeconfig, context=context, user_agent="tritonshare-cli/0.1.0")
     except BinderError as e:
-        print(f"tritonshare: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
         cache = load(kube, keys, args.system_namespace, args.scheduler_name, reserve)
@@ -185,16 +264,16 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             status(cache, out, now)
             return 0
         namespace, _, name = args.pod.rpartition("/")
-        namespace = namespace or args.namespace
+        namespace = namespace or args.namespace or context_namespace or "default"
         try:
             pod = pod_from_api(kube.read_pod(namespace, name), keys)
         except NotFoundError:
-            print(f"tritonshare: pod {namespace}/{name} does not exist", file=sys.stderr)
+            print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1
         explain_pod(cache, pod, out, now)
         return 0
     except BinderError as e:
-        print(f"tritonshare: the cluster could not be read: {e}", file=sys.stderr)
+        print(f"{prog}: the cluster could not be read: {e}", file=sys.stderr)
         return 1
     finally:
         kube.close()

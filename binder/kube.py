@@ -124,6 +124,28 @@ def _pod_path(namespace: str, name: str, subresource: str = "") -> str:
     return f"{path}/{subresource}" if subresource else path
 
 
+def kubeconfig_namespace(kubeconfig: str, context: str | None = None) -> str | None:
+    """The namespace the kubeconfig's `context` (default: its current context) names, as kubectl
+    reads it; None when it names none. Raises ConfigError for an unreadable kubeconfig or an
+    unknown context."""
+    try:
+        loader: Any = kubernetes.config
+        contexts, current = loader.list_kube_config_contexts(config_file=kubeconfig)
+    except (kubernetes.config.ConfigException, OSError, ValueError) as e:
+        raise ConfigError(f"cannot read kubeconfig {kubeconfig}: {e}") from e
+    if context:
+        chosen = next((c for c in contexts if c.get("name") == context), None)
+        if chosen is None:
+            names = ", ".join(sorted(str(c.get("name")) for c in contexts)) or "none"
+            raise ConfigError(
+                f"context {context!r} is not in kubeconfig {kubeconfig} (it has: {names})"
+            )
+    else:
+        chosen = current
+    namespace = (chosen or {}).get("context", {}).get("namespace")
+    return str(namespace) if namespace else None
+
+
 class Kube:
     """One ApiClient per process, shared by every thread (urllib3's pool is thread-safe)."""
 
@@ -131,6 +153,7 @@ class Kube:
         self,
         kubeconfig: str | None,
         *,
+        context: str | None = None,
         user_agent: str = USER_AGENT,
         pool_size: int = 32,
         retry: RetryPolicy | None = None,
@@ -141,11 +164,16 @@ class Kube:
         configuration = kubernetes.client.Configuration()
         try:
             if kubeconfig:
-                loader.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+                # A KUBECONFIG-style list of files (a:b) is merged as kubectl merges it.
+                loader.load_kube_config(
+                    config_file=kubeconfig, context=context, client_configuration=configuration
+                )
             else:
                 loader.load_incluster_config(client_configuration=configuration)
         except (kubernetes.config.ConfigException, OSError, ValueError) as e:
             where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+            if context:
+                where += f", context {context}"
             raise ConfigError(
                 f"cannot configure the Kubernetes client from {where}: {e}; pass --kubeconfig "
                 f"(or KUBECONFIG) outside a cluster"

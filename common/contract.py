@@ -17,9 +17,12 @@ DEFAULT_AGENT_AUDIENCE = "tritonshare-agent"
 AGENT_LEASE_PREFIX = "tritonshare-agent-"
 BINDER_LEADER_LEASE = "tritonshare-binder"
 
-# Default ports. Triton's own ports are never exposed to tenants.
-DEFAULT_AGENT_GRPC_PORT = 9100
-DEFAULT_AGENT_HTTP_PORT = 9102
+# Default ports. Triton's own ports are never exposed to tenants. The agent's gRPC port is a
+# hostPort on every GPU node, so it stays clear of node daemons that run with hostNetwork
+# (node-exporter listens on 9100 in kube-prometheus-stack, dcgm-exporter on 9400); the node pod's
+# ports are one block beside Triton's 8000-8002.
+DEFAULT_AGENT_GRPC_PORT = 8100
+DEFAULT_AGENT_HTTP_PORT = 8102
 DEFAULT_BINDER_HTTP_PORT = 9200
 DEFAULT_PROXY_HTTP_PORT = 9000
 DEFAULT_PROXY_GRPC_PORT = 9001

@@ -165,7 +165,23 @@ LEASES = Resource(
     allow_unconditional_update=False,
 )
 
-STORED: tuple[Resource, ...] = (NAMESPACES, NODES, PODS, EVENTS, LEASES)
+MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="mutatingwebhookconfigurations",
+    kind="MutatingWebhookConfiguration",
+    namespaced=False,
+    field_labels=_META,
+)
+
+STORED: tuple[Resource, ...] = (
+    NAMESPACES,
+    NODES,
+    PODS,
+    EVENTS,
+    LEASES,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+)
 
 # Served but never stored: the service-account token subresource and TokenReview.
 SERVICE_ACCOUNTS = Resource(

@@ -131,6 +131,15 @@ class Registry:
     # create
 
     def create(self, resource: Resource, namespace: str, body: Any) -> Stored:
+        """Create without admission webhooks (the server's own objects)."""
+        obj, causes = self.prepare_create(resource, namespace, body)
+        return self.commit_create(resource, obj, causes)
+
+    def prepare_create(
+        self, resource: Resource, namespace: str, body: Any
+    ) -> tuple[JsonObject, list[tuple[str, str]]]:
+        """The object to create, decoded and defaulted, and the name problems found so far:
+        what mutating admission sees. `commit_create` validates and stores it."""
         obj = self._check_body(resource, body)
         self._check_namespace(resource, namespace, obj)
         meta = obj["metadata"]
@@ -153,6 +162,15 @@ class Registry:
         for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(key, None)
         self._defaults(resource, obj)
+        return obj, causes
+
+    def commit_create(
+        self, resource: Resource, obj: JsonObject, causes: list[tuple[str, str]]
+    ) -> Stored:
+        """Default again (a webhook may have added fields), validate, store."""
+        self._defaults(resource, obj)
+        meta = obj["metadata"]
+        name = str(meta.get("name", ""))
         self._validate(resource, obj, causes)
         if self.store.get(resource, meta.get("namespace", ""), name) is not None:
             raise already_exists(resource.group_resource, name)

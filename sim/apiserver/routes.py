@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim.apiserver import binding, discovery, listing
+from sim.apiserver import admission, binding, discovery, listing
 from sim.apiserver import watch as watches
 from sim.apiserver.audit import WRITE_VERBS, AuditLog, AuditRecord
 from sim.apiserver.auth import TokenAuthority
@@ -259,8 +259,11 @@ class Handlers:
         if verb == "watch":
             return await self._watch(request, resource, info)
         if verb == "create":
-            stored = self.core.registry.create(resource, namespace, await _body(request))
-            return _object(stored, 201)
+            registry = self.core.registry
+            obj, causes = registry.prepare_create(resource, namespace, await _body(request))
+            # Mutating admission: webhooks see the defaulted object, before validation.
+            obj = await admission.mutate(registry.store, resource, "CREATE", namespace, obj)
+            return _object(registry.commit_create(resource, obj, causes), 201)
         if verb == "update":
             stored, created = self.core.registry.update(
                 resource, namespace, info.name, await _body(request)

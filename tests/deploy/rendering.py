@@ -1,4 +1,5 @@
-"""Render deploy/'s kustomizations with `kubectl kustomize` and walk the objects they produce.
+"""Render deploy/'s kustomizations with `kubectl kustomize`, and charts/tritonshare with Helm's own
+engine (helm-python-sdk, no helm binary), and walk the objects they produce.
 
 Shared by the deploy tests. Rendering uses whatever `kubectl` is installed: Debian's 1.20 (kustomize
 v2.0) in CI and newer ones on developers' machines; the kustomizations are written for both.
@@ -12,10 +13,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
+CHART = REPO / "charts" / "tritonshare"
+RELEASE = "tritonshare"
 KUSTOMIZATIONS = ("base", "monitoring", "example", "overlays/production")
 
 Obj = dict[str, Any]
@@ -35,6 +39,30 @@ def render(kubectl: str, kustomization: str) -> tuple[Obj, ...]:
         f"kubectl kustomize deploy/{kustomization} failed:\n{result.stderr}"
     )
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def render_chart(
+    values: Mapping[str, Any] | None = None,
+    *,
+    namespace: str = "tritonshare-system",
+    release: str = RELEASE,
+    chart: Path = CHART,
+) -> tuple[Obj, ...]:
+    """The objects `helm template RELEASE charts/tritonshare -n NAMESPACE` renders with `values`
+    over the chart's defaults, template by template in file name order (NOTES.txt left out).
+
+    Rendering is offline: Helm's `lookup` finds nothing, as in `helm template`."""
+    with helm_python.Chart.load(chart) as loaded:
+        loaded.validate_schema(dict(values or {}))
+        manifests = loaded.render(
+            dict(values or {}), name=release, namespace=namespace, is_install=True
+        )
+    objects: list[Obj] = []
+    for template in sorted(manifests):
+        if template.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(manifests[template]) if doc)
+    return tuple(objects)
 
 
 def name_of(obj: Mapping[str, Any]) -> str:

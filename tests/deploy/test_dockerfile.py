@@ -22,7 +22,7 @@ import pytest
 
 from tests.deploy.rendering import REPO
 
-PARTS = ("agent", "binder", "loader", "proxy")
+PARTS = ("agent", "binder", "loader", "proxy", "webhook")
 BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|make|build-essential|apt-get|apk|cc)\b")
 
 
@@ -111,7 +111,9 @@ def test_the_build_context_holds_every_package_the_image_installs() -> None:
         assert not _ignored(f"{package}/__init__.py", patterns), f".dockerignore drops {package}/"
     assert not _ignored("pyproject.toml", patterns)
     assert _ignored(".venv/bin/python", patterns), ".dockerignore must keep .venv out"
-    assert _ignored("tests/conftest.py", patterns)
+    for tooling in ("tests", "sim", "benchmarks", "charts"):
+        assert _ignored(f"{tooling}/__init__.py", patterns), f".dockerignore lets {tooling}/ in"
+        assert tooling not in sources, f"the build stage copies {tooling}/"
 
 
 def _can_build_here() -> bool:
@@ -148,7 +150,8 @@ def test_the_build_stage_installs_a_package_whose_entry_points_run(tmp_path: Pat
     context, installed = tmp_path / "context", tmp_path / "installed"
     context.mkdir()
     _context(patterns, context)
-    assert not (context / "tests").exists() and not (context / ".venv").exists()
+    for left_out in ("tests", ".venv", "sim", "benchmarks"):
+        assert not (context / left_out).exists(), f"{left_out}/ is in the build context"
     # Build with this environment's setuptools when it can (fast, offline), else as the
     # Dockerfile does, in an isolated build environment fetched from the index.
     isolation = ["--no-build-isolation"] if _can_build_here() else []
@@ -170,11 +173,27 @@ def test_the_build_stage_installs_a_package_whose_entry_points_run(tmp_path: Pat
         )  # fmt: skip
         assert run.returncode == 0, f"python -m {part} --help failed in the image:\n{run.stderr}"
     assert (installed / "protos" / "agent.proto").exists(), "the proto ships with the package"
+    # (This environment may still find sim/ through its own development install; what matters
+    # is that the image's install holds none of it.)
+    assert not (installed / "sim").exists(), "the image ships sim/"
+    found = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; s = u.find_spec('sim'); "
+         "print(s.origin if s else '')"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    origin = found.stdout.strip()
+    assert not origin or not Path(origin).is_relative_to(installed), "the image ships sim/"
     cli = subprocess.run(
         [str(installed / "bin" / "tritonshare"), "--help"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert cli.returncode == 0 and "status" in cli.stdout, f"the tritonshare CLI:\n{cli.stderr}"
+    plugin = subprocess.run(
+        [str(installed / "bin" / "kubectl-tritonshare"), "--help"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert plugin.returncode == 0, f"the kubectl plugin:\n{plugin.stderr}"
+    assert plugin.stdout.startswith("usage: kubectl tritonshare")
 
 
 def test_each_entry_point_is_a_runnable_module() -> None:

@@ -19,6 +19,7 @@ import yaml
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
+    DEFAULT_AGENT_HTTP_PORT,
     DEFAULT_PROXY_GRPC_PORT,
     DEFAULT_PROXY_HTTP_PORT,
     DEFAULT_SCHEDULER_NAME,
@@ -44,6 +45,15 @@ from tests.deploy.rendering import (
 KUBERNETES_VERSION = "1.30.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 KEYS = Keys()
+# Ports that daemons commonly listen on in the node's own network namespace (hostNetwork): a
+# hostPort on the same number would capture their traffic to the node's IP.
+NODE_DAEMON_PORTS = {
+    9100: "node-exporter (kube-prometheus-stack)",
+    9400: "dcgm-exporter (GPU Operator)",
+    10250: "the kubelet",
+    10256: "kube-proxy health",
+    10249: "kube-proxy metrics",
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +90,7 @@ def test_the_production_overlay_holds_the_whole_system(kubectl: str) -> None:
         ("PodDisruptionBudget", "tritonshare-binder"),
         ("ValidatingAdmissionPolicy", "tritonshare-agent-own-node"),
         ("PodMonitor", "tritonshare-model-proxies"),
+        ("PrometheusRule", "tritonshare"),
         ("ConfigMap", "tritonshare-grafana-dashboard"),
     ]:
         assert expected in kinds, f"the production overlay lacks {expected}"
@@ -92,7 +103,7 @@ def test_every_builtin_object_validates_against_the_kubernetes_schema(
     """Strictly (unknown fields fail), on the oldest supported and the newest known Kubernetes."""
     validated = 0
     for obj in everything(kubectl):
-        if obj["apiVersion"] in CRD_SCHEMAS:
+        if obj["apiVersion"] in CUSTOM_API_VERSIONS:
             continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -105,9 +116,9 @@ def test_every_builtin_object_validates_against_the_kubernetes_schema(
     assert validated >= 20
 
 
-# Custom resources have no schema in kubernetes-validate. These check the fields the manifests use
-# against the shapes the Prometheus Operator (monitoring.coreos.com/v1) and KEDA (keda.sh/v1alpha1)
-# CRDs define, rejecting unknown fields; fields we do not use are not described.
+# Custom resources have no schema in kubernetes-validate. These check the fields the manifests (and
+# the Helm chart) use against the shapes the Prometheus Operator (monitoring.coreos.com/v1) and KEDA
+# (keda.sh/v1alpha1) CRDs define, rejecting unknown fields; fields we do not use are not described.
 _LABEL_SELECTOR = {
     "type": "object",
     "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
@@ -199,20 +210,76 @@ _SCALED_OBJECT = {
         }
     },
 }
-CRD_SCHEMAS: dict[str, dict[str, Any]] = {
-    "monitoring.coreos.com/v1": _POD_MONITOR,
-    "keda.sh/v1alpha1": _SCALED_OBJECT,
+_DURATION = {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}
+_PROMETHEUS_RULE = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["alert", "expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "expr": {"type": "string"},
+                                        "for": _DURATION,
+                                        "labels": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                        "annotations": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        }
+    },
 }
+CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): _POD_MONITOR,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _PROMETHEUS_RULE,
+    ("keda.sh/v1alpha1", "ScaledObject"): _SCALED_OBJECT,
+}
+CUSTOM_API_VERSIONS = {api_version for api_version, _ in CRD_SCHEMAS}
+
+
+def check_custom_resource(obj: Mapping[str, Any]) -> None:
+    """Fail unless `obj` has the shape its operator's CRD defines (as far as CRD_SCHEMAS says)."""
+    schema = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    assert schema is not None, f"{name_of(obj)}: no schema for this custom resource kind"
+    try:
+        jsonschema.validate(obj, schema)
+    except jsonschema.ValidationError as e:
+        pytest.fail(f"{name_of(obj)}: {e.message} at {list(e.path)}")
 
 
 def test_custom_resources_have_the_shape_their_operators_expect(kubectl: str) -> None:
-    custom = [o for o in everything(kubectl) if o["apiVersion"] in CRD_SCHEMAS]
-    assert {o["kind"] for o in custom} == {"PodMonitor", "ScaledObject"}
+    custom = [o for o in everything(kubectl) if o["apiVersion"] in CUSTOM_API_VERSIONS]
+    assert {o["kind"] for o in custom} == {"PodMonitor", "PrometheusRule", "ScaledObject"}
     for obj in custom:
-        try:
-            jsonschema.validate(obj, CRD_SCHEMAS[obj["apiVersion"]])
-        except jsonschema.ValidationError as e:
-            pytest.fail(f"{name_of(obj)}: {e.message} at {list(e.path)}")
+        check_custom_resource(obj)
     deployments = {o["metadata"]["name"] for o in everything(kubectl) if o["kind"] == "Deployment"}
     for scaled in (o for o in custom if o["kind"] == "ScaledObject"):
         assert scaled["spec"]["scaleTargetRef"]["name"] in deployments
@@ -305,6 +372,8 @@ def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubec
     ports = [p for c in spec["containers"] for p in c["ports"]]
     host_ports = {p["containerPort"] for p in ports if "hostPort" in p}
     assert host_ports == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
+    taken = host_ports & set(NODE_DAEMON_PORTS)
+    assert not taken, f"hostPorts {taken} collide with {[NODE_DAEMON_PORTS[p] for p in taken]}"
     # Triton reads the repository the agent writes, through a read-only mount of the same volume.
     [triton_repo] = [m for m in triton["volumeMounts"] if m["name"] == "repository"]
     [agent_repo] = [m for m in agent["volumeMounts"] if m["name"] == "repository"]
@@ -322,7 +391,7 @@ def test_the_node_pod_admits_only_model_pods_and_monitoring(kubectl: str) -> Non
     model_rule, monitoring_rule = policy["spec"]["ingress"]
     assert model_rule["from"][0]["podSelector"]["matchLabels"] == {"tritonshare.io/role": "model"}
     assert {p["port"] for p in model_rule["ports"]} == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
-    assert {p["port"] for p in monitoring_rule["ports"]} == {8002, 9102}
+    assert {p["port"] for p in monitoring_rule["ports"]} == {8002, DEFAULT_AGENT_HTTP_PORT}
 
 
 def test_the_binder_runs_two_replicas_with_a_disruption_budget(kubectl: str) -> None:
@@ -425,3 +494,44 @@ def test_every_part_accepts_the_arguments_the_manifests_give_it(kubectl: str) ->
     if missing:
         pytest.skip(f"parts without a settings module yet: {sorted(set(missing))}")
     assert checked == {"agent", "binder", "loader", "proxy"}
+
+
+def _doc_block(starting: str) -> str:
+    """The ```sh block of docs/deploy.md whose first line is `starting`."""
+    text = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL)
+    [block] = [b for b in blocks if b.startswith(starting)]
+    return str(block)
+
+
+def test_the_documented_overlay_moves_monitoring_to_another_namespace(
+    kubectl: str, tmp_path: Path
+) -> None:
+    """docs/deploy.md's own commands (your overlay, then the monitoring patches) render with the
+    installed kubectl, and move what names the monitoring namespace and release."""
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    for starting in ("mkdir -p my-cluster", "cd my-cluster\ncat >> kustomization.yaml"):
+        subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", _doc_block(starting)],
+            cwd=tmp_path, check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path / "my-cluster")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    objects = {name_of(o): o for o in yaml.safe_load_all(rendered.stdout) if o}
+    assert "ConfigMap/observability/tritonshare-grafana-dashboard" in objects
+    for name in ("tritonshare-node", "tritonshare-binder"):
+        policy = objects[f"NetworkPolicy/tritonshare-system/{name}"]
+        named = {
+            peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            for rule in policy["spec"]["ingress"]
+            for peer in rule["from"]
+            if "matchLabels" in peer.get("namespaceSelector", {})
+        }
+        assert named == {"observability"}, f"{name} admits {named}"
+    rule = objects["PrometheusRule/tritonshare-system/tritonshare"]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    images = {c["image"] for o in objects.values() if (s := pod_spec(o)) for c in containers(s)}
+    assert "registry.example.com/tritonshare:0.1.0" in images

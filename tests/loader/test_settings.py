@@ -42,7 +42,7 @@ def test_environment_variables_fill_in_and_flags_win() -> None:
     }
     settings = parse_settings([], environ)
     assert settings.model_id == "from_env"
-    assert settings.agent_address == "10.1.2.3:9100"
+    assert settings.agent_address == "10.1.2.3:8100"
     assert settings.model_dir == Path("/models/x")
     assert settings.timeout_seconds == 42
     assert settings.max_model_bytes == 1500 * 1024**2
@@ -77,11 +77,11 @@ def test_bad_settings_say_what_to_fix(argv: list[str], message: str) -> None:
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        ("10.0.0.5", "10.0.0.5:9100"),
+        ("10.0.0.5", "10.0.0.5:8100"),
         ("10.0.0.5:9200", "10.0.0.5:9200"),
-        ("node-1.example", "node-1.example:9100"),
-        ("fd00::5", "[fd00::5]:9100"),
-        ("[fd00::5]", "[fd00::5]:9100"),
+        ("node-1.example", "node-1.example:8100"),
+        ("fd00::5", "[fd00::5]:8100"),
+        ("[fd00::5]", "[fd00::5]:8100"),
         ("[fd00::5]:9300", "[fd00::5]:9300"),
         (" 127.0.0.1:1 ", "127.0.0.1:1"),
     ],

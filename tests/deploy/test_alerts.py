@@ -1,0 +1,261 @@
+"""The alerts (deploy/monitoring/prometheus-rule.yaml, and the chart's same rule) fire when they
+should and stay quiet otherwise, on the metric names the parts really export.
+
+`promtool test rules` (Debian's `prometheus` package) runs each alert on synthetic series shaped
+as Prometheus scrapes them through the PodMonitors (job `<namespace>/<PodMonitor>`, the pod's
+namespace, pod and container, the proxy's `model_id` from its annotation). The metric names are
+checked against the collectors the agent, the binder and the proxy register.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.metrics import AgentMetrics
+from binder.metrics import Metrics as BinderMetrics
+from proxy.limiter import Limiter
+from proxy.metrics import ProxyMetrics
+from tests.conftest import require_executable
+from tests.deploy.rendering import DEPLOY
+from tests.deploy.test_dashboard import METRIC
+
+RULE = DEPLOY / "monitoring" / "prometheus-rule.yaml"
+ALERTS = {
+    "TritonshareAgentDown",
+    "TritonshareGPUUnhealthy",
+    "TritonsharePodsPendingLong",
+    "TritonshareModelLoadFailures",
+    "TritonshareProxyRejecting",
+}
+
+
+def rules() -> list[dict[str, Any]]:
+    rule = yaml.safe_load(RULE.read_text())
+    return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
+def exported_families() -> set[str]:
+    """Every metric family the parts register, by the name Prometheus scrapes (counters _total)."""
+    agent = AgentMetrics()
+    agent.watch_gpus(lambda: None, dict)
+    registries = [
+        agent.registry,
+        BinderMetrics().registry,
+        ProxyMetrics(Limiter(0, 0, 0.0), "m").registry,
+    ]
+    names = set()
+    for registry in registries:
+        for family in registry.collect():
+            names.add(family.name + ("_total" if family.type == "counter" else ""))
+    return names
+
+
+def test_the_rule_has_each_alert_the_operators_asked_for() -> None:
+    assert {r["alert"] for r in rules()} == ALERTS
+    for rule in rules():
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_alerts_query_only_metrics_the_parts_export() -> None:
+    exported = exported_families()
+    assert "tritonshare_agent_load_failures_total" in exported
+    for rule in rules():
+        for name in METRIC.findall(rule["expr"]):
+            assert name in exported, f"{rule['alert']} queries {name}, which no part exports"
+
+
+def _alerts_test(rule_file: Path) -> dict[str, Any]:
+    """Input series and the alerts expected at given times, per alert."""
+    agent_up = 'up{job="tritonshare-system/tritonshare-node", container="agent", pod="node-a"}'
+    triton_up = 'up{job="tritonshare-system/tritonshare-node", container="triton", pod="node-a"}'
+    gpu = 'tritonshare_agent_gpu_healthy{gpu="1", uuid="GPU-b", product="T4", pod="node-a"}'
+    healthy = 'tritonshare_agent_gpu_healthy{gpu="0", uuid="GPU-a", product="T4", pod="node-a"}'
+    failures = (
+        'tritonshare_agent_load_failures_total{namespace="tritonshare-system", pod="node-a", '
+        'reason="triton_refused"}'
+    )
+    rejected = (
+        'tritonshare_proxy_rejected_requests_total{namespace="models", pod="add-one-1", '
+        'model_id="add_one", reason="QueueFullError"}'
+    )
+    quiet = (
+        'tritonshare_proxy_rejected_requests_total{namespace="models", pod="add-one-2", '
+        'model_id="add_one", reason="RouteRefusedError"}'
+    )
+    return {
+        "rule_files": [str(rule_file)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # The agent stops answering at minute 3; Triton keeps answering.
+                    {"series": agent_up, "values": "1 1 1 0x20"},
+                    {"series": triton_up, "values": "1x23"},
+                    # GPU 1 goes unhealthy at minute 5; GPU 0 stays healthy.
+                    {"series": gpu, "values": "1x4 0x20"},
+                    {"series": healthy, "values": "1x24"},
+                    # Two pods pending from minute 2 on (the leader and the follower agree).
+                    {
+                        "series": 'tritonshare_binder_pending_pods{pod="binder-0"}',
+                        "values": "0 0 2x30",
+                    },
+                    {
+                        "series": 'tritonshare_binder_pending_pods{pod="binder-1"}',
+                        "values": "0 0 2x30",
+                    },
+                    # One failed load at minute 4.
+                    {"series": failures, "values": "0x3 1x26"},
+                    # One proxy refuses 60 requests a minute (1/s) from minute 0; another 1 a
+                    # minute (1/60 s), under the threshold.
+                    {"series": rejected, "values": "0+60x30"},
+                    {"series": quiet, "values": "0+1x30"},
+                ],
+                "alert_rule_test": [
+                    # Down for 2 minutes: not yet (for: 5m); down for 6: firing.
+                    {"eval_time": "5m", "alertname": "TritonshareAgentDown", "exp_alerts": []},
+                    {
+                        "eval_time": "9m",
+                        "alertname": "TritonshareAgentDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "job": "tritonshare-system/tritonshare-node",
+                                    "container": "agent",
+                                    "pod": "node-a",
+                                },
+                            }
+                        ],
+                    },
+                    {"eval_time": "6m", "alertname": "TritonshareGPUUnhealthy", "exp_alerts": []},
+                    {
+                        "eval_time": "8m",
+                        "alertname": "TritonshareGPUUnhealthy",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "gpu": "1",
+                                    "uuid": "GPU-b",
+                                    "product": "T4",
+                                    "pod": "node-a",
+                                },
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "15m",
+                        "alertname": "TritonsharePodsPendingLong",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "18m",
+                        "alertname": "TritonsharePodsPendingLong",
+                        "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                    },
+                    {
+                        "eval_time": "3m",
+                        "alertname": "TritonshareModelLoadFailures",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "6m",
+                        "alertname": "TritonshareModelLoadFailures",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "tritonshare-system",
+                                    "pod": "node-a",
+                                    "reason": "triton_refused",
+                                },
+                            }
+                        ],
+                    },
+                    # Ten minutes after the one failure, it has left the window.
+                    {
+                        "eval_time": "20m",
+                        "alertname": "TritonshareModelLoadFailures",
+                        "exp_alerts": [],
+                    },
+                    {"eval_time": "8m", "alertname": "TritonshareProxyRejecting", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "TritonshareProxyRejecting",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "models",
+                                    "pod": "add-one-1",
+                                    "model_id": "add_one",
+                                    "reason": "QueueFullError",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+
+
+def _annotations_free(rule_file: Path, tmp_path: Path) -> Path:
+    """The rule groups as a Prometheus rule file, without annotations: promtool compares an
+    alert's annotations too, and these tests are about when alerts fire and with which labels
+    (the annotations' templates are checked by `promtool check rules`)."""
+    groups = yaml.safe_load(rule_file.read_text())["spec"]["groups"]
+    for group in groups:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    return path
+
+
+def test_the_rules_are_valid_prometheus_rules(tmp_path: Path) -> None:
+    promtool = require_executable("promtool")
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": yaml.safe_load(RULE.read_text())["spec"]["groups"]}))
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"promtool rejects the rules:\n{result.stdout}{result.stderr}"
+    assert re.search(r"SUCCESS: 5 rules found", result.stdout), result.stdout
+
+
+def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
+    promtool = require_executable("promtool")
+    rule_file = _annotations_free(RULE, tmp_path)
+    test_file = tmp_path / "alerts_test.yml"
+    test_file.write_text(yaml.safe_dump(_alerts_test(rule_file)))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"promtool test rules:\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("alert", sorted(ALERTS))
+def test_a_broken_alert_fails_its_test(tmp_path: Path, alert: str) -> None:
+    """The promtool test can fail: with one alert's condition inverted, it does."""
+    promtool = require_executable("promtool")
+    rule_file = _annotations_free(RULE, tmp_path)
+    groups = yaml.safe_load(rule_file.read_text())
+    for rule in groups["groups"][0]["rules"]:
+        if rule["alert"] == alert:
+            rule["expr"] = f"absent({rule['expr']})"
+    rule_file.write_text(yaml.safe_dump(groups))
+    test_file = tmp_path / "alerts_test.yml"
+    test_file.write_text(yaml.safe_dump(_alerts_test(rule_file)))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0 and alert in result.stdout + result.stderr

@@ -1,0 +1,153 @@
+"""The webhook as the chart deploys it, end to end: `python -m webhook` runs with the arguments of
+the chart's Deployment, the simulated API server calls it through the chart's
+MutatingWebhookConfiguration (its rules, selectors and failure policy; only the address and CA
+are this test's), and pods created with the official client come back complete, or are refused
+with the webhook's message."""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from sim.triton import free_port
+from tests.deploy.rendering import render_chart
+from tests.webhook.test_server import make_certificate
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_VALUES = {"webhook": {"enabled": True}}
+
+
+def _chart_objects() -> dict[str, Any]:
+    wanted = {("Deployment", "tritonshare-webhook"), ("MutatingWebhookConfiguration", None)}
+    return {
+        o["kind"]: o
+        for o in render_chart(CHART_VALUES)
+        if (o["kind"], o["metadata"]["name"]) in wanted or (o["kind"], None) in wanted
+    }
+
+
+@pytest.fixture
+def webhook_url(tmp_path: Path) -> Iterator[tuple[str, bytes]]:
+    """`python -m webhook` with the chart's arguments, on a free port; its URL and CA."""
+    cert, key = make_certificate(tmp_path)
+    [container] = _chart_objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    args = []
+    for arg in container["args"]:
+        flag = arg.partition("=")[0]
+        replacement = {
+            "--listen": f"--listen=127.0.0.1:{port}",
+            "--tls-cert": f"--tls-cert={cert}",
+            "--tls-key": f"--tls-key={key}",
+        }
+        args.append(replacement.get(flag, arg))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "webhook", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        context = ssl.create_default_context(cafile=str(cert))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(
+                    f"https://127.0.0.1:{port}/healthz", context=context, timeout=2
+                ) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                assert process.poll() is None, process.communicate()[1]
+                assert time.monotonic() < deadline, "the webhook did not start"
+                time.sleep(0.1)
+        yield f"https://127.0.0.1:{port}/mutate-pods", cert.read_bytes()
+    finally:
+        process.terminate()
+        _, errors = process.communicate(timeout=30)
+        assert process.returncode == 0, errors
+
+
+@pytest.fixture
+def configured(kube_api: kubernetes.client.ApiClient, webhook_url: tuple[str, bytes]) -> Any:
+    url, ca = webhook_url
+    configuration = _chart_objects()["MutatingWebhookConfiguration"]
+    [hook] = configuration["webhooks"]
+    # No cluster DNS here: the address and the CA are this test's; the rest is the chart's.
+    hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca).decode()}
+    admission = kubernetes.client.AdmissionregistrationV1Api(kube_api)
+    admission.create_mutating_webhook_configuration(configuration)
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    core.create_namespace({"metadata": {"name": "models"}})
+    return core
+
+
+def _pod(name: str, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    # A Deployment's pod template must name a container; the webhook keeps unrelated ones.
+    return {
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"containers": []},
+    }
+
+
+MODEL = {"tritonshare.io/role": "model"}
+ASKS = {"tritonshare.io/model-uri": "s3://models/triton/bert", "tritonshare.io/gpu-mem": "3Gi"}
+
+
+def test_an_annotated_pod_is_created_complete(configured: Any) -> None:
+    core = configured
+    core.create_namespaced_pod("models", _pod("bert-0", MODEL, ASKS))
+    pod = core.read_namespaced_pod("bert-0", "models")
+    assert pod.spec.scheduler_name == "tritonshare"
+    assert pod.metadata.annotations["tritonshare.io/model-id"] == "bert"
+    assert [c.name for c in pod.spec.init_containers] == ["storage-initializer", "loader"]
+    assert pod.spec.init_containers[0].args == ["s3://models/triton/bert", "/mnt/models"]
+    [proxy] = pod.spec.containers
+    assert proxy.name == "proxy" and proxy.resources.limits["tritonshare.io/gpu-mem"] == "3Gi"
+    assert "--agent-address=$(HOST_IP):8100" in proxy.args
+    assert proxy.image == "ghcr.io/tritonshare/tritonshare:0.1.0"
+    token = next(v for v in pod.spec.volumes if v.name == "agent-token")
+    assert token.projected.sources[0].service_account_token.audience == "tritonshare-agent"
+    # As a Deployment's template must: a placeholder proxy container, filled in.
+    placeholder = _pod("bert-1", MODEL, ASKS)
+    placeholder["spec"]["containers"] = [{"name": "proxy", "image": "registry.example.com/ts:2"}]
+    core.create_namespaced_pod("models", placeholder)
+    [proxy] = core.read_namespaced_pod("bert-1", "models").spec.containers
+    assert proxy.image == "registry.example.com/ts:2" and proxy.command == ["python", "-m", "proxy"]
+    assert proxy.resources.limits["tritonshare.io/gpu-mem"] == "3Gi"
+
+
+def test_a_malformed_pod_is_refused_with_what_to_write(configured: Any) -> None:
+    core = configured
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        core.create_namespaced_pod(
+            "models", _pod("bad", MODEL, {"tritonshare.io/model-uri": "ftp://x/y"})
+        )
+    assert e.value.status == 400
+    message = json.loads(e.value.body or "{}")["message"]
+    assert message.startswith(
+        'admission webhook "model-pods.tritonshare.io" denied the request: annotation '
+        "tritonshare.io/model-uri='ftp://x/y' is not a model URI; write gs://BUCKET/PATH"
+    ), message
+
+
+def test_only_labelled_pods_outside_the_system_namespace_are_sent(configured: Any) -> None:
+    core = configured
+    placeholder = {"name": "c", "image": "busybox"}
+    unlabelled = _pod("web", {"app": "web"}, ASKS)
+    unlabelled["spec"]["containers"] = [placeholder]
+    core.create_namespaced_pod("models", unlabelled)
+    assert core.read_namespaced_pod("web", "models").spec.scheduler_name == "default-scheduler"
+    system = _pod("sys", MODEL, ASKS)
+    system["spec"]["containers"] = [placeholder]
+    core.create_namespaced_pod("tritonshare-system", system)
+    pod = core.read_namespaced_pod("sys", "tritonshare-system")
+    assert pod.spec.scheduler_name == "default-scheduler" and not pod.spec.init_containers

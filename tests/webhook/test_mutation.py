@@ -1,0 +1,224 @@
+"""The webhook completes a pod from its annotations into the model pod deploy/example writes by
+hand, idempotently, keeps what the pod already has, and refuses malformed annotations with a
+message saying what to write. The completed pod validates against the Kubernetes schema and its
+loader and proxy accept their arguments."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from loader.settings import parse_settings as parse_loader_settings
+from proxy.settings import parse_settings as parse_proxy_settings
+from sim.apiserver.patch import json_patch
+from webhook.mutation import AnnotationError, complete, patch
+from webhook.review import ReviewError, review
+from webhook.settings import Settings, SettingsError, parse_settings
+
+SETTINGS = Settings()
+
+
+def pod(**annotations: str) -> dict[str, Any]:
+    """A pod as the API server hands it to admission: defaulted, no containers of ours."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "m",
+            "namespace": "models",
+            "labels": {"tritonshare.io/role": "model", "app": "add-one"},
+            "annotations": annotations,
+        },
+        "spec": {"schedulerName": "default-scheduler", "containers": []},
+    }
+
+
+GS = {"tritonshare.io/model-uri": "gs://my-models/triton/add_one", "tritonshare.io/gpu-mem": "1Gi"}
+
+
+def _args(container: dict[str, Any]) -> list[str]:
+    env = {"$(HOST_IP)": "10.0.0.5", "$(MODEL_ID)": "add_one"}
+    args = list(container["args"])
+    for variable, value in env.items():
+        args = [a.replace(variable, value) for a in args]
+    return args
+
+
+def test_a_few_annotations_become_a_complete_model_pod() -> None:
+    done = complete(pod(**GS, **{"tritonshare.io/concurrency": "4"}), SETTINGS)
+    kubernetes_validate.validate(done, "1.30.0", strict=True)
+    spec = done["spec"]
+    assert spec["schedulerName"] == "tritonshare"
+    assert done["metadata"]["annotations"]["tritonshare.io/model-id"] == "add_one"
+    assert done["metadata"]["labels"] == {"tritonshare.io/role": "model", "app": "add-one"}
+    assert [c["name"] for c in spec["initContainers"]] == ["storage-initializer", "loader"]
+    assert spec["initContainers"][0]["args"] == ["gs://my-models/triton/add_one", "/mnt/models"]
+    [proxy] = spec["containers"]
+    assert proxy["resources"]["limits"]["tritonshare.io/gpu-mem"] == "1Gi"
+    assert proxy["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    [token] = [v for v in spec["volumes"] if v["name"] == "agent-token"]
+    assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == (
+        "tritonshare-agent"
+    )
+    loader = parse_loader_settings(_args(spec["initContainers"][1]), {})
+    assert loader.agent_address == "10.0.0.5:8100" and loader.model_id == "add_one"
+    proxied = parse_proxy_settings(_args(proxy), {})
+    assert proxied.model_id == "add_one" and proxied.container_concurrency == 4
+
+
+def test_completion_is_idempotent_and_the_patch_gets_there() -> None:
+    original = pod(**GS)
+    done = complete(original, SETTINGS)
+    operations = patch(original, done)
+    assert operations, "an incomplete pod needs a patch"
+    assert json_patch(copy.deepcopy(original), operations) == done
+    assert complete(done, SETTINGS) == done
+    assert patch(done, complete(done, SETTINGS)) == []
+
+
+def test_what_the_pod_already_has_is_kept() -> None:
+    mine = pod(**GS, **{"tritonshare.io/model-id": "my_model"})
+    spec = mine["spec"]
+    spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 2000}
+    spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "a100"}]
+    spec["containers"] = [{"name": "sidecar", "image": "s:1"}]
+    spec["volumes"] = [{"name": "model", "emptyDir": {"sizeLimit": "100Gi"}}]
+    done = complete(mine, SETTINGS)["spec"]
+    assert done["securityContext"] == {"runAsNonRoot": True, "runAsUser": 2000}
+    assert done["tolerations"] == spec["tolerations"]
+    assert done["containers"][1:] == spec["containers"], "other containers are kept as they are"
+    assert [v for v in done["volumes"] if v["name"] == "model"] == spec["volumes"]
+    assert complete(mine, SETTINGS)["metadata"]["annotations"]["tritonshare.io/model-id"] == (
+        "my_model"
+    )
+
+
+def test_a_placeholder_proxy_is_filled_in_where_it_is_silent() -> None:
+    """A Deployment's template must name a container; a bare `proxy` becomes the full proxy,
+    and what it says (its image, an extra env entry, a CPU request) stays."""
+    mine = pod(**GS)
+    mine["spec"]["containers"] = [
+        {
+            "name": "proxy",
+            "image": "registry.example.com/ts:2",
+            "env": [{"name": "EXTRA", "value": "1"}],
+            "resources": {"requests": {"cpu": "1"}},
+        }
+    ]
+    done = complete(mine, SETTINGS)
+    [proxy] = done["spec"]["containers"]
+    assert proxy["image"] == "registry.example.com/ts:2"
+    assert proxy["command"] == ["python", "-m", "proxy"]
+    assert [e["name"] for e in proxy["env"]] == ["EXTRA", "MODEL_ID", "HOST_IP"]
+    assert proxy["resources"]["requests"] == {"cpu": "1", "memory": "128Mi"}
+    assert proxy["resources"]["limits"]["tritonshare.io/gpu-mem"] == "1Gi"
+    assert proxy["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert parse_proxy_settings(_args(proxy), {}).model_id == "add_one"
+    assert complete(done, SETTINGS) == done
+    kubernetes_validate.validate(done, "1.30.0", strict=True)
+
+
+def test_a_pvc_model_is_copied_from_the_claim_mounted_read_only() -> None:
+    done = complete(
+        pod(
+            **{
+                "tritonshare.io/model-uri": "pvc://models-pvc/triton/bert",
+                "tritonshare.io/gpu-mem": "2Gi",
+            }
+        ),
+        SETTINGS,
+    )
+    spec = done["spec"]
+    [claim] = [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"] == {"claimName": "models-pvc", "readOnly": True}
+    initializer = spec["initContainers"][0]
+    assert initializer["args"] == ["/mnt/pvc/triton/bert", "/mnt/models"]
+    assert {"name": claim["name"], "mountPath": "/mnt/pvc", "readOnly": True} in initializer[
+        "volumeMounts"
+    ]
+    assert done["metadata"]["annotations"]["tritonshare.io/model-id"] == "bert"
+    kubernetes_validate.validate(done, "1.30.0", strict=True)
+
+
+URI, MEM = "tritonshare.io/model-uri", "tritonshare.io/gpu-mem"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "says"),
+    [
+        ({URI: "ftp://x/y", MEM: "1Gi"}, "write gs://BUCKET/PATH"),
+        ({URI: "models/add_one", MEM: "1Gi"}, "is not a model URI"),
+        ({URI: "pvc://Bad_Claim/x", MEM: "1Gi"}, "write pvc://CLAIM/PATH"),
+        ({URI: "gs://b/m"}, "tritonshare.io/gpu-mem is missing; write"),
+        ({URI: "gs://b/m", MEM: "lots"}, "such as 1500Mi"),
+        ({URI: "gs://b/m", MEM: "0"}, "not a GPU memory size"),
+        ({URI: "gs://b/", MEM: "1Gi"}, "set tritonshare.io/model-id"),
+        ({**GS, "tritonshare.io/model-id": ".hidden"}, "tritonshare.io/model-id is not a usable"),
+        ({**GS, "tritonshare.io/concurrency": "four"}, 'example tritonshare.io/concurrency: "4"'),
+    ],
+)
+def test_malformed_annotations_are_refused_saying_what_to_write(
+    annotations: dict[str, str], says: str
+) -> None:
+    with pytest.raises(AnnotationError) as e:
+        complete(pod(**annotations), SETTINGS)
+    assert says in str(e.value)
+
+
+def _review(obj: dict[str, Any]) -> dict[str, Any]:
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "namespace": "models",
+            "object": obj,
+        },
+    }
+    return review(body, SETTINGS)
+
+
+def test_the_review_answers_with_a_json_patch_or_a_reason() -> None:
+    answer = _review(pod(**GS))
+    response = answer["response"]
+    assert answer["kind"] == "AdmissionReview" and response["allowed"] is True
+    assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert response["patchType"] == "JSONPatch"
+    operations = json.loads(base64.b64decode(response["patch"]))
+    assert json_patch(pod(**GS), operations) == complete(pod(**GS), SETTINGS)
+    refused = _review(pod(**{"tritonshare.io/model-uri": "gs://b/m"}))["response"]
+    assert refused["allowed"] is False and refused["status"]["code"] == 400
+    assert "tritonshare.io/gpu-mem is missing" in refused["status"]["message"]
+    # Pods that name no model URI, and complete ones, pass untouched.
+    untouched = _review(pod())["response"]
+    assert untouched == {"uid": untouched["uid"], "allowed": True}
+    assert "patch" not in _review(complete(pod(**GS), SETTINGS))["response"]
+    with pytest.raises(ReviewError):
+        review({"kind": "Pod"}, SETTINGS)
+
+
+def test_settings_follow_the_key_prefix_and_ports() -> None:
+    settings = parse_settings(
+        ["--key-prefix", "seldon.io/trtis-", "--agent-port", "8200", "--scheduler-name", "gpu"], {}
+    )
+    done = complete(
+        pod(**{"seldon.io/trtis-model-uri": "s3://b/m", "seldon.io/trtis-gpu-mem": "1Gi"}), settings
+    )
+    assert done["spec"]["schedulerName"] == "gpu"
+    assert done["metadata"]["annotations"]["seldon.io/trtis-model-id"] == "m"
+    assert "seldon.io/trtis-gpu-mem" in done["spec"]["containers"][0]["resources"]["limits"]
+    assert "--agent-address=$(HOST_IP):8200" in done["spec"]["initContainers"][1]["args"]
+    with pytest.raises(SettingsError, match="write a number from 1 to 65535"):
+        parse_settings(["--agent-port", "http"], {})

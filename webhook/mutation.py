@@ -1,0 +1,336 @@
+"""From a pod with a few annotations to a complete model pod: pure functions, no I/O.
+
+A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare.io/role: model`:
+
+    tritonshare.io/model-uri: gs://bucket/triton/add_one   # or s3://, https://, pvc://CLAIM/PATH
+    tritonshare.io/gpu-mem: 1Gi
+    tritonshare.io/model-id: add_one                       # optional: the URI's last segment
+    tritonshare.io/concurrency: "4"                        # optional: the proxy's in-flight limit
+
+and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
+initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
+the agent, the GPU toleration and a restricted securityContext. What the pod already has is kept
+(a container, volume or toleration of the same name, the pod's own securityContext), so
+completing a complete pod changes nothing. `patch()` turns the difference into a JSON patch.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from common.contract import ContractError, validate_model_id
+from common.quantity import QuantityError, parse_quantity
+from webhook.settings import Settings
+
+ROLE_LABEL = "tritonshare.io/role"
+MODEL_DIR = "/mnt/models"
+PVC_DIR = "/mnt/pvc"
+TOKEN_DIR = "/var/run/secrets/tritonshare"  # noqa: S105  (a directory, not a secret)
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+_SCHEMES = ("s3", "gs", "https", "pvc")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_LOCKED_DOWN = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+Pod = dict[str, Any]
+
+
+class AnnotationError(ValueError):
+    """An annotation is missing or malformed; the message says what to write instead."""
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the annotations ask for, checked."""
+
+    uri: str
+    scheme: str
+    gpu_mem: str
+    model_id: str
+    concurrency: int | None
+
+
+def wants_completion(pod: Pod, settings: Settings) -> bool:
+    """True when the pod names a model URI: the webhook leaves every other pod alone."""
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    return settings.keys.prefix + "model-uri" in annotations
+
+
+def read_request(pod: Pod, settings: Settings) -> ModelRequest:
+    """The checked annotations, or AnnotationError saying what to write."""
+    prefix = settings.keys.prefix
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    uri_key, mem_key = prefix + "model-uri", prefix + "gpu-mem"
+    id_key, concurrency_key = prefix + "model-id", prefix + "concurrency"
+    uri = str(annotations.get(uri_key, "")).strip()
+    parts = urlsplit(uri)
+    example = "gs://BUCKET/PATH, s3://BUCKET/PATH, https://HOST/PATH or pvc://CLAIM/PATH"
+    if parts.scheme not in _SCHEMES or not parts.netloc:
+        raise AnnotationError(
+            f"annotation {uri_key}={uri!r} is not a model URI; write {example} "
+            f"(a Triton model directory: config.pbtxt and numbered version directories)"
+        )
+    if parts.scheme == "pvc" and not _DNS_LABEL.fullmatch(parts.netloc):
+        raise AnnotationError(
+            f"annotation {uri_key}={uri!r} names PVC {parts.netloc!r}, which is not a valid claim "
+            f"name; write pvc://CLAIM/PATH with the PersistentVolumeClaim's name"
+        )
+    if mem_key not in annotations:
+        raise AnnotationError(
+            f"annotation {mem_key} is missing; write the model's GPU memory as a quantity, "
+            f"for example {mem_key}: 1500Mi"
+        )
+    try:
+        if parse_quantity(str(annotations[mem_key]), what=mem_key) <= 0:
+            raise QuantityError(f"{mem_key} must be more than 0")
+    except QuantityError as e:
+        raise AnnotationError(
+            f"annotation {mem_key}={annotations[mem_key]!r} is not a GPU memory size ({e}); "
+            f"write a Kubernetes quantity such as 1500Mi or 2Gi"
+        ) from e
+    model_id = str(annotations.get(id_key) or parts.path.rstrip("/").rpartition("/")[2])
+    try:
+        validate_model_id(model_id)
+    except ContractError as e:
+        where = f"annotation {id_key}" if id_key in annotations else f"the last segment of {uri}"
+        raise AnnotationError(
+            f"{where} is not a usable model id ({e}); set {id_key} to the Triton model name"
+        ) from e
+    concurrency: int | None = None
+    if concurrency_key in annotations:
+        text = str(annotations[concurrency_key]).strip()
+        if not text.isdigit():
+            raise AnnotationError(
+                f"annotation {concurrency_key}={text!r} is not a whole number; write the most "
+                f'in-flight requests one pod serves, for example {concurrency_key}: "4" '
+                f'("0" for no limit)'
+            )
+        concurrency = int(text)
+    return ModelRequest(uri, parts.scheme, str(annotations[mem_key]), model_id, concurrency)
+
+
+def _by_name(items: list[dict[str, Any]], name: str) -> bool:
+    return any(item.get("name") == name for item in items)
+
+
+def _downward_env(settings: Settings) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "MODEL_ID",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": f"metadata.annotations['{settings.keys.model_id}']"}
+            },
+        },
+        {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+    ]
+
+
+def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str, Any]:
+    mounts: list[dict[str, Any]] = [
+        {"name": "model", "mountPath": MODEL_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  (the container's own emptyDir)
+    ]
+    source = request.uri
+    if request.scheme == "pvc":
+        parts = urlsplit(request.uri)
+        source = PVC_DIR + (parts.path or "/")
+        mounts.append({"name": "model-pvc", "mountPath": PVC_DIR, "readOnly": True})
+    return {
+        "name": "storage-initializer",
+        "image": settings.storage_initializer_image,
+        "args": [source, MODEL_DIR],
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "1Gi"},
+        },
+        "securityContext": copy.deepcopy(_LOCKED_DOWN),
+        "volumeMounts": mounts,
+    }
+
+
+def _loader(settings: Settings) -> dict[str, Any]:
+    return {
+        "name": "loader",
+        "image": settings.image,
+        "command": ["python", "-m", "loader"],
+        "args": [
+            f"--model-dir={MODEL_DIR}",
+            "--model-id=$(MODEL_ID)",
+            f"--agent-address=$(HOST_IP):{settings.agent_port}",
+            f"--token-file={TOKEN_DIR}/token",
+        ],
+        "env": _downward_env(settings),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": copy.deepcopy(_LOCKED_DOWN),
+        "volumeMounts": [
+            {"name": "model", "mountPath": MODEL_DIR, "readOnly": True},
+            {"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
+    }
+
+
+def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
+    args = [
+        "--model-id=$(MODEL_ID)",
+        f"--triton-http-url=$(HOST_IP):{settings.triton_http_port}",
+        f"--triton-grpc-url=$(HOST_IP):{settings.triton_grpc_port}",
+        "--listen-http=0.0.0.0:9000",
+        "--listen-grpc=0.0.0.0:9001",
+        "--listen-metrics=0.0.0.0:9002",
+        f"--agent-address=$(HOST_IP):{settings.agent_port}",
+        f"--token-file={TOKEN_DIR}/token",
+    ]
+    if request.concurrency is not None:
+        args.append(f"--container-concurrency={request.concurrency}")
+    return {
+        "name": "proxy",
+        "image": settings.image,
+        "command": ["python", "-m", "proxy"],
+        "args": args,
+        "env": _downward_env(settings),
+        "ports": [
+            {"name": "http", "containerPort": 9000},
+            {"name": "grpc", "containerPort": 9001},
+            {"name": "metrics", "containerPort": 9002},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/v2/health/ready", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi", settings.keys.gpu_mem: request.gpu_mem},
+        },
+        "securityContext": copy.deepcopy(_LOCKED_DOWN),
+        "volumeMounts": [{"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True}],
+    }
+
+
+def _fill(mine: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """`mine` with what it lacks taken from `ours`: missing fields whole; env entries, volume
+    mounts and ports by name; resource requests and limits by key."""
+    filled = copy.deepcopy(mine)
+    for key, value in ours.items():
+        if key not in filled:
+            filled[key] = copy.deepcopy(value)
+        elif key in ("env", "volumeMounts", "ports"):
+            filled[key] = list(filled[key]) + [
+                copy.deepcopy(v) for v in value if not _by_name(filled[key], v["name"])
+            ]
+        elif key == "resources":
+            for part in ("requests", "limits"):
+                filled[key][part] = {**value.get(part, {}), **(filled[key].get(part) or {})}
+    return filled
+
+
+def complete(pod: Pod, settings: Settings) -> Pod:
+    """The complete model pod `pod` asks for (a new dict), or AnnotationError."""
+    request = read_request(pod, settings)
+    done = copy.deepcopy(pod)
+    metadata = done.setdefault("metadata", {})
+    labels = metadata.get("labels") or {}
+    metadata["labels"] = {**labels, ROLE_LABEL: "model"}
+    annotations = metadata.get("annotations") or {}
+    metadata["annotations"] = {settings.keys.model_id: request.model_id, **annotations}
+    spec = done.setdefault("spec", {})
+    # The API server has already defaulted schedulerName to default-scheduler: overwrite it.
+    spec["schedulerName"] = settings.scheduler_name
+    spec.setdefault("automountServiceAccountToken", False)
+    spec.setdefault(
+        "securityContext",
+        {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    )
+    tolerations = spec.get("tolerations") or []
+    if not any(t.get("key") == GPU_TOLERATION["key"] for t in tolerations):
+        spec["tolerations"] = [*tolerations, dict(GPU_TOLERATION)]
+    volumes = list(spec.get("volumes") or [])
+    wanted_volumes: list[dict[str, Any]] = [
+        {"name": "model", "emptyDir": {"sizeLimit": "10Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {
+            "name": "agent-token",
+            "projected": {
+                "sources": [
+                    {
+                        "serviceAccountToken": {
+                            "audience": settings.audience,
+                            "expirationSeconds": 3600,
+                            "path": "token",
+                        }
+                    }
+                ]
+            },
+        },
+    ]
+    if request.scheme == "pvc":
+        claim = urlsplit(request.uri).netloc
+        wanted_volumes.append(
+            {"name": "model-pvc", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+    volumes += [v for v in wanted_volumes if not _by_name(volumes, v["name"])]
+    spec["volumes"] = volumes
+    init = list(spec.get("initContainers") or [])
+    for container in (_storage_initializer(request, settings), _loader(settings)):
+        if not _by_name(init, container["name"]):
+            init.append(container)
+    spec["initContainers"] = init
+    containers = list(spec.get("containers") or [])
+    proxy = _proxy(request, settings)
+    if _by_name(containers, "proxy"):
+        # A Deployment's template must name a container: the user's `proxy` placeholder is
+        # filled in where it is silent and kept where it speaks.
+        containers = [_fill(c, proxy) if c.get("name") == "proxy" else c for c in containers]
+    else:
+        containers.insert(0, proxy)
+    spec["containers"] = containers
+    return done
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def patch(before: Pod, after: Pod) -> list[dict[str, Any]]:
+    """A JSON patch (RFC 6902) taking `before` to `after`, one operation per changed field of
+    metadata and spec; empty when they are equal."""
+    ops: list[dict[str, Any]] = []
+    for section in ("metadata", "spec"):
+        old, new = before.get(section), after.get(section) or {}
+        if old == new:
+            continue
+        if old is None:
+            ops.append({"op": "add", "path": f"/{section}", "value": new})
+            continue
+        for key in sorted(set(old) | set(new)):
+            path = f"/{section}/{_escape(key)}"
+            if key not in new:
+                ops.append({"op": "remove", "path": path})
+            elif key not in old:
+                ops.append({"op": "add", "path": path, "value": new[key]})
+            elif old[key] != new[key]:
+                ops.append({"op": "replace", "path": path, "value": new[key]})
+    return ops
