@@ -139,7 +139,7 @@ def _env(environ: Mapping[str, str], flag: str) -> str | None:
 def _host_port(value: str, flag: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise SettingsError(f"--{flag} {value!r} is not host:port (for example 127.0.0.1:9100)")
+        raise SettingsError(f"--{flag} {value!r} is not host:port (for example 127.0.0.1:8100)")
     return value
 
 

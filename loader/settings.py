@@ -32,7 +32,7 @@ class Settings:
     model_id: str
     """The Triton model name (the pod's `tritonshare.io/model-id` annotation). Required."""
     agent_address: str
-    """The node's agent as `host:port`; a bare host gets port 9100. Required."""
+    """The node's agent as `host:port`; a bare host gets port 8100. Required."""
     model_dir: Path = DEFAULT_MODEL_DIR
     """The model directory to send (config.pbtxt and version directories). Default /mnt/models."""
     token_file: Path = DEFAULT_TOKEN_FILE
@@ -89,7 +89,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         )
 
     add("model-id", "Triton model name; in a pod, the tritonshare.io/model-id annotation")
-    add("agent-address", "the node's agent as host:port (port defaults to 9100)")
+    add("agent-address", "the node's agent as host:port (port defaults to 8100)")
     add("model-dir", "model directory to send", str(DEFAULT_MODEL_DIR))
     add("token-file", "projected service-account token file", str(DEFAULT_TOKEN_FILE))
     add("timeout", "overall seconds until the model must be READY", "600")
@@ -120,7 +120,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     if not args.agent_address:
         raise SettingsError(
             "no agent address: set --agent-address or TRITONSHARE_AGENT_ADDRESS to the node's IP "
-            "(status.hostIP through the Downward API) and the agent's port, such as 10.0.0.5:9100"
+            "(status.hostIP through the Downward API) and the agent's port, such as 10.0.0.5:8100"
         )
     log_format = str(args.log_format).lower()
     if log_format not in ("text", "json"):
