@@ -19,8 +19,8 @@ import yaml
 
 from agent.metrics import AgentMetrics
 from binder.metrics import Metrics as BinderMetrics
-from proxy.limiter import Limiter
 from proxy.metrics import ProxyMetrics
+from proxy.policy.limiter import Limiter
 from tests.conftest import require_executable
 from tests.deploy.rendering import DEPLOY
 from tests.deploy.test_dashboard import METRIC
