@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 import urllib3
@@ -26,11 +26,14 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from agent import __version__
 from agent.errors import KubeError
+from common.events import pod_event
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 JsonObject = dict[str, Any]
+REQUEST_TIMEOUT = (5.0, 30.0)
+"""Seconds to connect, and to wait for an answer, on every call but the watch."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,13 @@ def _micro_time(moment: datetime) -> str:
 class KubeClient:
     """One API client per process, configured from a kubeconfig file or in-cluster."""
 
-    def __init__(self, kubeconfig: str | None) -> None:
+    def __init__(
+        self,
+        kubeconfig: str | None,
+        *,
+        request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+    ) -> None:
+        self._request_timeout = request_timeout
         configuration = client.Configuration()
         try:
             if kubeconfig:
@@ -83,6 +92,8 @@ class KubeClient:
         """Run a blocking client call; return its JSON body, None for 404, else KubeError."""
 
         def run() -> Any:
+            # A hanging API server must not hold a worker (and the Lease renewal) forever.
+            kwargs.setdefault("_request_timeout", self._request_timeout)
             response = fn(*args, _preload_content=False, **kwargs)
             try:
                 return json.loads(response.data) if response.data else None
@@ -171,28 +182,16 @@ class KubeClient:
         self, namespace: str, name: str, uid: str, *, reason: str, message: str, component: str
     ) -> None:
         """A Warning Event on a pod, as the kubelet records one (`kubectl describe pod`)."""
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": name,
-                "namespace": namespace,
-                "uid": uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning",
-            "count": 1,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "source": {"component": component},
-            "reportingComponent": component,
-            "reportingInstance": component,
-        }
+        body = pod_event(
+            namespace,
+            name,
+            uid,
+            reason=reason,
+            message=message,
+            component=component,
+            instance=component,
+            action="Serving",
+        )
         await self._call(
             f"record an event on pod {namespace}/{name}",
             self.core.create_namespaced_event,

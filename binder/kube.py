@@ -41,6 +41,7 @@ from binder.errors import (
     UnavailableError,
     api_error,
 )
+from common.events import pod_event
 
 log = logging.getLogger(__name__)
 
@@ -509,29 +510,17 @@ class Kube:
         component: str = "tritonshare",
     ) -> None:
         """A core/v1 Event about a pod, as kube-scheduler records one."""
-        stamp = now_rfc3339()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": name,
-                "namespace": namespace,
-                "uid": uid,
-            },
-            "reason": reason,
-            "message": message,
-            "type": event_type,
-            "count": 1,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "source": {"component": component},
-            "reportingComponent": component,
-            "reportingInstance": reporting_instance,
-            "action": "Scheduling",
-        }
+        body = pod_event(
+            namespace,
+            name,
+            uid,
+            reason=reason,
+            message=message,
+            component=component,
+            instance=reporting_instance,
+            action="Scheduling",
+            event_type=event_type,
+        )
         self._write(
             f"recording a {reason} event for pod {namespace}/{name}",
             lambda timeout: self._request(

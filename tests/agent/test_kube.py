@@ -5,14 +5,17 @@ resourceVersion is too old (410 Expired); token reviews."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
 
+from agent.errors import KubeError
 from agent.kube import KubeClient
 from sim.apiserver import RunningApiServer, start_in_thread
+from sim.apiserver.faults import Fault
 from sim.apiserver.settings import ApiServerSettings
 from tests.agent.conftest import NODE, eventually, make_pod
 
@@ -112,3 +115,23 @@ async def test_token_review_reports_the_pod_of_a_projected_token(
     assert review.extra["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
     assert not wrong.authenticated and "audience" in wrong.error
     assert missing is None
+
+
+async def test_a_hanging_api_server_fails_a_call_after_the_timeout_not_never(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, kubeconfig: Path
+) -> None:
+    """A call that gets no answer ends with KubeError, so the lease loop and the other
+    callers on the agent's few API threads go on (the API server held it 30 s)."""
+    make_pod(kube_api, "p", "m")
+    # Every attempt hangs (urllib3 repeats a GET whose answer timed out).
+    apiserver.faults.arm(Fault(503, times=100, resource="pods", verb="get", delay_seconds=30))
+    kube = KubeClient(str(kubeconfig), request_timeout=(1.0, 0.5))
+    try:
+        started = time.monotonic()
+        with pytest.raises(KubeError, match="unreachable while trying to read pod default/p"):
+            await kube.get_pod("default", "p")
+        assert time.monotonic() - started < 10
+        apiserver.faults.clear()
+        assert await kube.get_pod("default", "p") is not None
+    finally:
+        await kube.close()
