@@ -205,6 +205,35 @@ def started_triton(triton: TritonServer) -> Iterator[TritonServer]:
     yield triton
 
 
+StartAgent = Callable[..., Awaitable[RunningAgent]]
+
+
+@pytest.fixture
+async def start_custom_agent(
+    kubeconfig: Path,
+    triton: TritonServer,
+    model_repository: Path,
+    node: str,
+    mock_nvml: MockNvml,
+) -> AsyncIterator[StartAgent]:
+    """Start an agent with settings overridden (`agent_settings`' keywords), ready; every agent
+    started is stopped after the test."""
+    started: list[RunningAgent] = []
+
+    async def start(**overrides: Any) -> RunningAgent:
+        settings = agent_settings(kubeconfig, triton, model_repository, **overrides)
+        agent = await start_agent(settings, mock_nvml)
+        started.append(agent)
+        await eventually(lambda: not agent.agent.not_ready(), what="the agent to be ready")
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in started:
+            await agent.stop()
+
+
 @pytest.fixture
 async def running(
     kubeconfig: Path,

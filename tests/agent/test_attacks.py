@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,16 @@ import tritonclient.http as triton_http
 from agent.repository import Staging
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
-from sim.nvml import MockNvml
 from sim.triton import TritonServer
 from tests.agent.conftest import (
     RunningAgent,
-    agent_settings,
+    StartAgent,
     bearer,
     eventually,
     install_dir,
     install_requests,
     make_pod,
     manifest_of,
-    start_agent,
 )
 from tests.conftest import copy_model
 
@@ -277,91 +274,71 @@ async def test_tokens_not_bound_to_a_pod_are_refused_and_refusals_are_cached(
 
 
 async def test_a_tenant_cannot_fill_the_disk_or_hold_installs_open(
-    kubeconfig: Path,
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
-    triton: TritonServer,
     model_repository: Path,
-    node: str,
-    mock_nvml: MockNvml,
     tmp_path: Path,
+    start_custom_agent: StartAgent,
 ) -> None:
-    settings = agent_settings(
-        kubeconfig,
-        triton,
-        model_repository,
-        max_model_bytes=4 * 1024**2,
-        install_idle_seconds=1.0,
+    running = await start_custom_agent(max_model_bytes=4 * 1024**2, install_idle_seconds=1.0)
+    source = unnamed_model(tmp_path)
+    for name in ("big", "stalled", "small"):
+        make_pod(kube_api, name, "small" if name == "small" else name)
+    tokens = {n: apiserver.mint_token("default", n) for n in ("big", "stalled", "small")}
+
+    # Over the per-model limit: refused at the header, before a byte is written.
+    (source / "1" / "weights.bin").write_bytes(b"\0" * (5 * 1024**2))
+    header = install_requests("big", manifest_of(source), lambda p: (source / p).read_bytes())
+    first = await anext(header)
+
+    async def header_only() -> AsyncIterator[Any]:
+        yield first
+
+    big = await refused(running.stub.InstallModel(header_only(), metadata=bearer(tokens["big"])))
+    assert big.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-model-bytes" in (big.details() or "")
+    (source / "1" / "weights.bin").write_bytes(b"\0" * (3 * 1024**2))
+
+    # Free space is shared: what an install in progress will write is reserved.
+    headroom = 64 * 1024**2
+    running.agent.repository.disk_free = lambda _: headroom + 4 * 1024**2
+    files = manifest_of(source)
+    started: list[bool] = []
+
+    async def stalled_stream() -> AsyncIterator[Any]:
+        requests = install_requests("stalled", files, lambda p: (source / p).read_bytes())
+        yield await anext(requests)  # the header
+        yield await anext(requests)  # one chunk
+        started.append(True)
+        await running.lifecycle.stop_event.wait()  # then nothing, ever
+
+    stall = running.stub.InstallModel(stalled_stream(), metadata=bearer(tokens["stalled"]))
+    await eventually(lambda: bool(started), what="the stalled install to start")
+    await eventually(
+        lambda: any(model_repository.parent.joinpath(".tritonshare-staging").iterdir()),
+        what="the stalled install's staging directory",
     )
-    running = await start_agent(settings, mock_nvml)
-    try:
-        source = unnamed_model(tmp_path)
-        for name in ("big", "stalled", "small"):
-            make_pod(kube_api, name, "small" if name == "small" else name)
-        tokens = {n: apiserver.mint_token("default", n) for n in ("big", "stalled", "small")}
+    small = await refused(install_dir(running.stub, tokens["small"], source, "small"))
+    assert small.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "reserved by installs in progress" in (small.details() or "")
 
-        # Over the per-model limit: refused at the header, before a byte is written.
-        (source / "1" / "weights.bin").write_bytes(b"\0" * (5 * 1024**2))
-        header = install_requests("big", manifest_of(source), lambda p: (source / p).read_bytes())
-        first = await anext(header)
-
-        async def header_only() -> AsyncIterator[Any]:
-            yield first
-
-        big = await refused(
-            running.stub.InstallModel(header_only(), metadata=bearer(tokens["big"]))
-        )
-        assert big.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "--max-model-bytes" in (big.details() or "")
-        (source / "1" / "weights.bin").write_bytes(b"\0" * (3 * 1024**2))
-
-        # Free space is shared: what an install in progress will write is reserved.
-        headroom = 64 * 1024**2
-        running.agent.repository.disk_free = lambda _: headroom + 4 * 1024**2
-        files = manifest_of(source)
-        started: list[bool] = []
-
-        async def stalled_stream() -> AsyncIterator[Any]:
-            requests = install_requests("stalled", files, lambda p: (source / p).read_bytes())
-            yield await anext(requests)  # the header
-            yield await anext(requests)  # one chunk
-            started.append(True)
-            await running.lifecycle.stop_event.wait()  # then nothing, ever
-
-        stall = running.stub.InstallModel(stalled_stream(), metadata=bearer(tokens["stalled"]))
-        await eventually(lambda: bool(started), what="the stalled install to start")
-        await eventually(
-            lambda: any(model_repository.parent.joinpath(".tritonshare-staging").iterdir()),
-            what="the stalled install's staging directory",
-        )
-        small = await refused(install_dir(running.stub, tokens["small"], source, "small"))
-        assert small.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "reserved by installs in progress" in (small.details() or "")
-
-        # The stalled stream is cut by the idle limit; its reservation and files go with it.
-        error = await refused(stall)
-        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "--install-idle-seconds" in (error.details() or "")
-        assert list(model_repository.parent.joinpath(".tritonshare-staging").iterdir()) == []
-        reply = await install_dir(running.stub, tokens["small"], source, "small")
-        assert not reply.unchanged
-    finally:
-        await running.stop()
+    # The stalled stream is cut by the idle limit; its reservation and files go with it.
+    error = await refused(stall)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "--install-idle-seconds" in (error.details() or "")
+    assert list(model_repository.parent.joinpath(".tritonshare-staging").iterdir()) == []
+    reply = await install_dir(running.stub, tokens["small"], source, "small")
+    assert not reply.unchanged
 
 
 async def test_an_install_has_a_total_deadline_and_tiny_chunks_are_written_together(
-    kubeconfig: Path,
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
-    triton: TritonServer,
-    model_repository: Path,
-    node: str,
-    mock_nvml: MockNvml,
     tmp_path: Path,
+    start_custom_agent: StartAgent,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = agent_settings(kubeconfig, triton, model_repository, install_deadline_seconds=3.0)
-    running = await start_agent(settings, mock_nvml)
+    running = await start_custom_agent(install_deadline_seconds=3.0)
     writes: list[int] = []
     original = Staging.write
 
@@ -370,37 +347,34 @@ async def test_an_install_has_a_total_deadline_and_tiny_chunks_are_written_toget
         original(self, path, offset, data)
 
     monkeypatch.setattr(Staging, "write", counting)
-    try:
-        source = copy_model("add_one", tmp_path / "src", as_name="trickle")
-        (source / "1" / "weights.bin").write_bytes(bytes(range(256)) * 64)
-        make_pod(kube_api, "trickle", "trickle")
-        token = apiserver.mint_token("default", "trickle")
-        # 1-byte chunks: one write per file, not one per message.
-        reply = await install_dir(running.stub, token, source, "trickle", chunk=1)
-        assert reply.bytes_written == sum(s for _, s, _ in manifest_of(source))
-        assert len(writes) == len(manifest_of(source))
+    source = copy_model("add_one", tmp_path / "src", as_name="trickle")
+    (source / "1" / "weights.bin").write_bytes(bytes(range(256)) * 64)
+    make_pod(kube_api, "trickle", "trickle")
+    token = apiserver.mint_token("default", "trickle")
+    # 1-byte chunks: one write per file, not one per message.
+    reply = await install_dir(running.stub, token, source, "trickle", chunk=1)
+    assert reply.bytes_written == sum(s for _, s, _ in manifest_of(source))
+    assert len(writes) == len(manifest_of(source))
 
-        # A stream that keeps sending, slowly, forever, is cut at the total deadline.
-        make_pod(kube_api, "slow", "slow")
-        slow_token = apiserver.mint_token("default", "slow")
-        files = manifest_of(copy_model("add_one", tmp_path / "slow", as_name="slow"))
-        files = [*files, ("1/weights.bin", 10**6, "0" * 64)]
+    # A stream that keeps sending, slowly, forever, is cut at the total deadline.
+    make_pod(kube_api, "slow", "slow")
+    slow_token = apiserver.mint_token("default", "slow")
+    files = manifest_of(copy_model("add_one", tmp_path / "slow", as_name="slow"))
+    files = [*files, ("1/weights.bin", 10**6, "0" * 64)]
 
-        async def forever() -> AsyncIterator[Any]:
-            yield await anext(install_requests("slow", files, lambda p: b""))
-            offset = 0
-            while not running.lifecycle.stop_event.is_set():
-                yield agent_pb2.InstallModelRequest(
-                    chunk=agent_pb2.FileChunk(path="1/weights.bin", offset=offset, data=b"x")
-                )
-                offset += 1
-                await asyncio.sleep(0.2)  # the attack: a byte every 0.2 s, under the idle limit
+    async def forever() -> AsyncIterator[Any]:
+        yield await anext(install_requests("slow", files, lambda p: b""))
+        offset = 0
+        while not running.lifecycle.stop_event.is_set():
+            yield agent_pb2.InstallModelRequest(
+                chunk=agent_pb2.FileChunk(path="1/weights.bin", offset=offset, data=b"x")
+            )
+            offset += 1
+            await asyncio.sleep(0.2)  # the attack: a byte every 0.2 s, under the idle limit
 
-        error = await refused(running.stub.InstallModel(forever(), metadata=bearer(slow_token)))
-        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "--install-deadline-seconds" in (error.details() or "")
-    finally:
-        await running.stop()
+    error = await refused(running.stub.InstallModel(forever(), metadata=bearer(slow_token)))
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "--install-deadline-seconds" in (error.details() or "")
 
 
 CONFIG_HEAD = 'backend: "onnxruntime"\nmax_batch_size: 0\n'
@@ -531,41 +505,34 @@ async def test_what_triton_runs_behind_the_agents_back_is_not_adopted(
 
 
 async def test_files_swapped_under_a_loaded_model_are_not_vouched_for(
-    kubeconfig: Path,
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
-    triton: TritonServer,
     model_repository: Path,
-    node: str,
-    mock_nvml: MockNvml,
     tmp_path: Path,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
 ) -> None:
-    settings = replace(agent_settings(kubeconfig, triton, model_repository), resync_seconds=0.5)
-    running = await start_agent(settings, mock_nvml)
+    running = await start_custom_agent(resync_seconds=0.5)
+    await serve_victim(running, apiserver, kube_api, triton, tmp_path / "victim")
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    core.patch_namespaced_pod_status("victim", "team-b", {"status": {"phase": "Running"}})
+    # The attacker's files replace the victim's on disk, and Triton is told to reload.
+    shutil.rmtree(model_repository / MODEL)
+    shutil.copytree(attacker_model(tmp_path), model_repository / MODEL)
+    client = triton_http.InferenceServerClient(triton.http_url)
     try:
-        await eventually(lambda: not running.agent.not_ready(), what="the agent to be ready")
-        await serve_victim(running, apiserver, kube_api, triton, tmp_path / "victim")
-        core: Any = kubernetes.client.CoreV1Api(kube_api)
-        core.patch_namespaced_pod_status("victim", "team-b", {"status": {"phase": "Running"}})
-        # The attacker's files replace the victim's on disk, and Triton is told to reload.
-        shutil.rmtree(model_repository / MODEL)
-        shutil.copytree(attacker_model(tmp_path), model_repository / MODEL)
-        client = triton_http.InferenceServerClient(triton.http_url)
-        try:
-            client.load_model(MODEL)
-        finally:
-            client.close()
-
-        async def taken_out() -> bool:
-            index = await running.agent.triton.index()
-            entry = index.get(MODEL)
-            unloaded = entry is None or entry.state == "UNAVAILABLE"
-            return unloaded and not (model_repository / MODEL).exists()
-
-        await eventually(taken_out, what="the swapped model to be taken out and removed")
-        await eventually(
-            lambda: "ModelNotVouched" in {r for r, _ in events(kube_api, "team-b", "victim")},
-            what="a ModelNotVouched event on the victim's pod",
-        )
+        client.load_model(MODEL)
     finally:
-        await running.stop()
+        client.close()
+
+    async def taken_out() -> bool:
+        index = await running.agent.triton.index()
+        entry = index.get(MODEL)
+        unloaded = entry is None or entry.state == "UNAVAILABLE"
+        return unloaded and not (model_repository / MODEL).exists()
+
+    await eventually(taken_out, what="the swapped model to be taken out and removed")
+    await eventually(
+        lambda: "ModelNotVouched" in {r for r, _ in events(kube_api, "team-b", "victim")},
+        what="a ModelNotVouched event on the victim's pod",
+    )

@@ -5,7 +5,6 @@ model READY in Triton occupies the bytes its config declares on its pod's GPU)."
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,11 @@ from sim.triton import TritonServer
 from tests.agent.conftest import (
     NODE,
     RunningAgent,
-    agent_settings,
+    StartAgent,
     bearer,
     eventually,
     install_dir,
     make_pod,
-    start_agent,
 )
 from tests.conftest import copy_model
 
@@ -71,16 +69,14 @@ async def serve(
 
 @pytest.fixture
 async def memory_agent(
-    kubeconfig: Path,
-    apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     triton: TritonServer,
     model_repository: Path,
-    node: str,
     mock_nvml: MockNvml,
+    start_custom_agent: StartAgent,
     request: pytest.FixtureRequest,
-) -> AsyncIterator[RunningAgent]:
-    overrides = getattr(request, "param", {})
+) -> RunningAgent:
+    """An agent whose simulated GPUs hold what Triton's loaded models declare."""
     footprints = ModelFootprints(
         triton.http_url,
         model_repository,
@@ -90,15 +86,7 @@ async def memory_agent(
         cache_seconds=0.0,
     )
     mock_nvml.set_workload(footprints)
-    settings = agent_settings(
-        kubeconfig, triton, model_repository, usage_publish_seconds=0.2, **overrides
-    )
-    running = await start_agent(settings, mock_nvml)
-    try:
-        await eventually(lambda: not running.agent.not_ready(), what="the agent to be ready")
-        yield running
-    finally:
-        await running.stop()
+    return await start_custom_agent(usage_publish_seconds=0.2, **getattr(request, "param", {}))
 
 
 def node_usage(api: kubernetes.client.ApiClient) -> dict[str, Any]:
