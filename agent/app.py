@@ -11,6 +11,7 @@ Agent in-process with a mock NVML module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import types
@@ -180,8 +181,10 @@ class Agent:
     def _observe_memory(self, snapshot: GpuSnapshot) -> None:
         self.ledger.observe(snapshot)
         if self.ledger.over() and self._loop is not None:
-            # Runs on the NVML thread when there is one: hand the wake-up to the event loop.
-            self._loop.call_soon_threadsafe(self.reconciler.trigger)
+            # Runs on the NVML thread when there is one: hand the wake-up to the event loop
+            # (which may be closing at shutdown: then nobody needs waking).
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self.reconciler.trigger)
 
     async def _read_gpu(self, uuid: str) -> GpuInfo | None:
         """A fresh NVML reading of one GPU (on the NVML thread)."""

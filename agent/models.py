@@ -105,12 +105,12 @@ class _Record:
 
 Chunk = tuple[str, int, bytes]
 OwnerCheck = Callable[[OwnerRecord, str], Awaitable[bool]]
+"""Whether the recorded owner of a model id (the record, the model id) is still a live pod on
+this node with a proven placement for it; raises KubeError when that cannot be told."""
 GpuRead = Callable[[str], Awaitable[GpuInfo | None]]
 """A fresh NVML reading of one GPU, by UUID (None when it is not on the node)."""
 Booked = Callable[[str, str], list[int]]
 """The memory booked on a GPU (UUID) by every proven placement but one pod's (uid)."""
-"""Whether the recorded owner of a model id (the record, the model id) is still a live pod on
-this node with a proven placement for it; raises KubeError when that cannot be told."""
 
 GATHER_BYTES = 1024 * 1024
 """Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
