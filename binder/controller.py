@@ -136,10 +136,12 @@ class Controller:
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
         log.info(
-            "Pod %s (%s of GPU memory) is unschedulable: %s Retrying in %.0f s or on a helpful "
-            "cluster change.",
+            "Pod %s (%s of GPU memory) %s: %s Retrying in %.0f s or on a helpful cluster change.",
             pod.key,
             format_bytes(pod.request),
+            "is unschedulable"
+            if result.condition_reason == "Unschedulable"
+            else "could not be scheduled (scheduler error)",
             result.message,
             delay,
         )
