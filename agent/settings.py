@@ -154,6 +154,7 @@ def parse_settings(
     env = dict(os.environ if environ is None else environ)
     defaults = Settings(node_name="", model_repository=Path())
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m agent",
         description="tritonshare agent: GPUs on the Node, and the owner of Triton's repository.",
     )

@@ -189,14 +189,18 @@ def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog=prog, description=__doc__.splitlines()[0]
+    )
     _global_flags(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True)
     status_parser = commands.add_parser(
-        "status", help="nodes and GPUs: capacity, allocated, free, models"
+        "status", help="nodes and GPUs: capacity, allocated, free, models", allow_abbrev=False
     )
     _global_flags(status_parser, top=False)
-    why = commands.add_parser("explain", help="why a pod does or does not fit on each node")
+    why = commands.add_parser(
+        "explain", help="why a pod does or does not fit on each node", allow_abbrev=False
+    )
     why.add_argument("pod", help="POD or NAMESPACE/POD")
     _global_flags(why, top=False)
     return parser

@@ -92,6 +92,7 @@ def _env(flag: str) -> str:
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = _Parser(
+        allow_abbrev=False,
         prog="python -m binder",
         description="Schedule pods with schedulerName tritonshare onto a node and a GPU by "
         "GPU memory, with kube-scheduler's node rules.",

@@ -75,6 +75,7 @@ def _env(name: str) -> str:
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The command line, with each flag's default taken from its environment variable if set."""
     parser = _Parser(
+        allow_abbrev=False,
         prog="python -m loader",
         description="Send a model directory to the node's tritonshare agent, load it into "
         "Triton, and wait until it is READY.",
@@ -156,7 +157,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
 
 def termination_log_from(argv: Sequence[str], environ: Mapping[str, str]) -> Path:
     """The termination log path, read leniently, so even a settings error can be written there."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     parser.add_argument(
         "--termination-log",
         default=environ.get(_env("termination-log"), str(DEFAULT_TERMINATION_LOG)),

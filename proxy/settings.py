@@ -112,6 +112,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     """Read the flags (and `TRITONSHARE_*` variables) into Settings, or raise SettingsError."""
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m proxy",
         description="Per-model KServe v2 REST and gRPC front door to the node's shared Triton.",
     )

@@ -71,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         own, agent_args = args, []
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m sim.agent_node",
         description="Run the tritonshare agent over simulated GPUs (mock NVML).",
         epilog="Everything after `--` is passed to the agent (python -m agent --help).",

@@ -422,7 +422,9 @@ def _loaded_models(cluster: SimCluster) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim.demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m sim.demo", description=__doc__
+    )
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -72,6 +72,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     env = os.environ if env is None else env
     defaults = Settings()
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m webhook",
         description="Mutating admission webhook that completes tritonshare model pods.",
     )

@@ -49,6 +49,7 @@ def parse_settings(
     env = os.environ if environ is None else environ
     defaults = ApiServerSettings()
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m sim.apiserver",
         description="An in-memory Kubernetes API server for tests, benchmarks and the demo.",
     )
