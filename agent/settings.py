@@ -24,6 +24,7 @@ from common.contract import (
     ContractError,
     Keys,
 )
+from common.flags import described, env_name
 from common.quantity import QuantityError, parse_quantity
 
 DEFAULT_PLATFORM_ACCOUNTS = (
@@ -162,11 +163,15 @@ def parse_settings(
     def add(flag: str, default: object, help_text: str, **kwargs: Any) -> None:
         value = _env(env, flag)
         parser.add_argument(
-            f"--{flag}", default=value if value is not None else default, help=help_text, **kwargs
+            f"--{flag}",
+            default=value if value is not None else default,
+            help=described(help_text, default, env_name(flag)),
+            **kwargs,
         )
 
     def add_flag(flag: str, help_text: str) -> None:
         value = (_env(env, flag) or "").lower() in ("1", "true", "yes")
+        help_text = described(f"{help_text}; off unless given", None, env_name(flag))
         parser.add_argument(f"--{flag}", action="store_true", default=value, help=help_text)
 
     add("node-name", env.get("NODE_NAME"), "this node's name (required)")

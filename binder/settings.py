@@ -25,6 +25,7 @@ from common.contract import (
     ContractError,
     Keys,
 )
+from common.flags import described
 from common.logs import LogFormat
 from common.quantity import QuantityError, parse_quantity
 
@@ -103,7 +104,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         parser.add_argument(
             f"--{flag}",
             default=environ.get(variable, default),
-            help=f"{help_text} (env {variable})",
+            help=described(help_text, default, variable),
         )
 
     parser.add_argument(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from common.contract import DEFAULT_AGENT_GRPC_PORT, ContractError, validate_model_id
+from common.flags import described
 from common.logs import LogFormat
 from common.quantity import QuantityError, parse_quantity
 from loader.errors import SettingsError
@@ -86,7 +87,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         parser.add_argument(
             f"--{flag}",
             default=environ.get(variable, default),
-            help=f"{help_text} (env {variable})",
+            help=described(help_text, default, variable),
         )
 
     add("model-id", "Triton model name; in a pod, the tritonshare.io/model-id annotation")

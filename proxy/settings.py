@@ -21,6 +21,7 @@ from common.contract import (
     ContractError,
     validate_model_id,
 )
+from common.flags import described
 from common.quantity import QuantityError, parse_quantity
 
 ONE_GIB = 1024**3
@@ -120,7 +121,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     def flag(name: str, help_text: str, default: str | None = None) -> None:
         variable = "TRITONSHARE_" + name.upper().replace("-", "_")
         parser.add_argument(
-            f"--{name}", default=env.get(variable, default), help=f"{help_text} (env {variable})"
+            f"--{name}",
+            default=env.get(variable, default),
+            help=described(help_text, default, variable),
         )
 
     flag("model-id", "the pod's own Triton model name")

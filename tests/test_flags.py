@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -13,10 +14,12 @@ from agent.settings import parse_settings as agent_settings
 from binder.cli import build_parser as cli_parser
 from binder.errors import ConfigError
 from binder.settings import parse_settings as binder_settings
+from common.flags import env_name
 from loader.errors import SettingsError as LoaderSettingsError
 from loader.settings import parse_settings as loader_settings
 from proxy.settings import SettingsError as ProxySettingsError
 from proxy.settings import parse_settings as proxy_settings
+from webhook.settings import parse_settings as webhook_settings
 
 AGENT = ["--node-name", "n", "--model-repository", "/m", "--placement-key-dir", "/k"]
 
@@ -63,3 +66,26 @@ def test_an_abbreviated_flag_is_refused_and_the_whole_one_works(
     parse(whole)
     with pytest.raises(refused):
         parse(abbreviated)
+
+
+@pytest.mark.parametrize(
+    ("part", "parse"),
+    [
+        ("agent", lambda: agent_settings(["--help"], {})),
+        ("binder", lambda: binder_settings(["--help"], {})),
+        ("loader", lambda: loader_settings(["--help"], {})),
+        ("proxy", lambda: proxy_settings(["--help"], {})),
+        ("webhook", lambda: webhook_settings(["--help"], {})),
+    ],
+)
+def test_help_names_every_flags_variable_and_default(
+    part: str, parse: Callable[[], Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse()
+    text = " ".join(capsys.readouterr().out.split())
+    flags = sorted(set(re.findall(r"(?<![\w-])--([a-z][a-z0-9-]+)", text)) - {"help", "kubeconfig"})
+    assert flags, f"{part} --help lists no flags"
+    missing = [f for f in flags if env_name(f) not in text]
+    assert not missing, f"{part} --help does not name the variables of {missing}"
+    assert "(default " in text

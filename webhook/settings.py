@@ -20,6 +20,7 @@ from common.contract import (
     ContractError,
     Keys,
 )
+from common.flags import described
 from common.logs import LogFormat
 
 
@@ -80,7 +81,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     def flag(name: str, help_text: str, default: object) -> None:
         variable = "TRITONSHARE_" + name.upper().replace("-", "_")
         value = env.get(variable, None if default is None else str(default))
-        parser.add_argument(f"--{name}", default=value, help=f"{help_text} (env {variable})")
+        parser.add_argument(
+            f"--{name}", default=value, help=described(help_text, default, variable)
+        )
 
     flag("listen", "HTTPS host:port", f"{defaults.listen[0]}:{defaults.listen[1]}")
     flag("tls-cert", "PEM certificate file (tls.crt)", None)
