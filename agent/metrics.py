@@ -27,7 +27,8 @@ class _GpuCollector(Collector):
         self._loaded = loaded
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["gpu", "uuid", "product"]
+        # The GPU is its UUID in every part's series; its index is a label of its own.
+        labels = ["gpu", "index", "product"]
         total = GaugeMetricFamily(
             "tritonshare_agent_gpu_memory_total_bytes", "GPU memory", labels=labels
         )
@@ -42,12 +43,12 @@ class _GpuCollector(Collector):
         )
         loaded = GaugeMetricFamily(
             "tritonshare_agent_models_loaded",
-            "Models loaded by the agent, per GPU (uuid empty: CPU)",
-            labels=["uuid"],
+            "Models loaded by the agent, per GPU (gpu empty: CPU)",
+            labels=["gpu"],
         )
         snapshot = self._snapshot()
         for gpu in snapshot.gpus if snapshot else ():
-            values = [str(gpu.index), gpu.uuid, gpu.product]
+            values = [gpu.uuid, str(gpu.index), gpu.product]
             total.add_metric(values, gpu.memory_total)
             used.add_metric(values, gpu.memory_used)
             free.add_metric(values, gpu.memory_free)

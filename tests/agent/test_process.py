@@ -4,6 +4,7 @@ runs `python -m agent`'s main), found through its ports file, stopped by SIGTERM
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -90,7 +91,9 @@ def test_agent_process_publishes_gpus_serves_and_stops_on_sigterm(
             time.sleep(0.05)
         with urllib.request.urlopen(f"http://{addresses['http']}/metrics") as response:
             metrics = response.read().decode()
-        assert 'tritonshare_agent_gpu_memory_total_bytes{gpu="1"' in metrics
+        assert re.search(
+            r'tritonshare_agent_gpu_memory_total_bytes\{gpu="GPU-[^"]+",index="1"', metrics
+        )
         text = log_path.read_text()
         assert f"Agent for node {NODE} is serving gRPC on {addresses['grpc']} " in text
     finally:

@@ -75,8 +75,8 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
     """Input series and the alerts expected at given times, per alert."""
     agent_up = 'up{job="tritonshare-system/tritonshare-node", container="agent", pod="node-a"}'
     triton_up = 'up{job="tritonshare-system/tritonshare-node", container="triton", pod="node-a"}'
-    gpu = 'tritonshare_agent_gpu_healthy{gpu="1", uuid="GPU-b", product="T4", pod="node-a"}'
-    healthy = 'tritonshare_agent_gpu_healthy{gpu="0", uuid="GPU-a", product="T4", pod="node-a"}'
+    gpu = 'tritonshare_agent_gpu_healthy{gpu="GPU-b", index="1", product="T4", pod="node-a"}'
+    healthy = 'tritonshare_agent_gpu_healthy{gpu="GPU-a", index="0", product="T4", pod="node-a"}'
     failures = (
         'tritonshare_agent_load_failures_total{namespace="tritonshare-system", pod="node-a", '
         'reason="triton_refused"}'
@@ -143,8 +143,8 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                             {
                                 "exp_labels": {
                                     "severity": "critical",
-                                    "gpu": "1",
-                                    "uuid": "GPU-b",
+                                    "gpu": "GPU-b",
+                                    "index": "1",
                                     "product": "T4",
                                     "pod": "node-a",
                                 },
