@@ -74,9 +74,11 @@ class _ConcurrencyCollector(Collector):
 
 
 class _RequestCollector(Collector):
-    """Answered requests by (protocol, route, code) and their latency by (protocol, route)."""
+    """Answered requests by (protocol, route, code) and their latency by (protocol, route), each
+    labelled with the pod's model id (series join the agent's and Triton's by `model`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_id: str) -> None:
+        self._model = model_id
         self.counts: dict[tuple[str, str, str], int] = {}
         # Per (protocol, route): a count per bucket (the last is +Inf), then the sum of seconds.
         self.latency: dict[tuple[str, str], list[float]] = {}
@@ -85,21 +87,21 @@ class _RequestCollector(Collector):
         requests = CounterMetricFamily(
             "tritonshare_proxy_requests",
             "Requests answered, by protocol, route and status (HTTP status or gRPC code).",
-            labels=["protocol", "route", "code"],
+            labels=["model", "protocol", "route", "code"],
         )
         for labels, count in list(self.counts.items()):
-            requests.add_metric(list(labels), count)
+            requests.add_metric([self._model, *labels], count)
         latency = HistogramMetricFamily(
             "tritonshare_proxy_request_duration_seconds",
             "Time from receiving a request to finishing its answer, by protocol and route.",
-            labels=["protocol", "route"],
+            labels=["model", "protocol", "route"],
         )
         for route, counts in list(self.latency.items()):
             cumulative, buckets = 0.0, []
             for bound, in_bucket in zip(_BOUNDS, counts[:-1], strict=True):
                 cumulative += in_bucket
                 buckets.append((_bound_text(bound), cumulative))
-            latency.add_metric(list(route), buckets, counts[-1])
+            latency.add_metric([self._model, *route], buckets, counts[-1])
         yield from (requests, latency)
 
 
@@ -139,12 +141,13 @@ class ProxyMetrics:
 
     def __init__(self, limiter: Limiter, model_id: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._requests = _RequestCollector()
+        self._requests = _RequestCollector(model_id)
+        self._model = model_id
         self.registry.register(self._requests)
         self._rejected = Counter(
             "tritonshare_proxy_rejected_requests",
             "Requests refused by the proxy itself, by reason.",
-            ["reason"],
+            ["model", "reason"],
             registry=self.registry,
         )
         self.registry.register(_ConcurrencyCollector(limiter, model_id))
@@ -170,4 +173,4 @@ class ProxyMetrics:
 
     def rejected(self, reason: str) -> None:
         """Count one request the proxy refused (for example `queue_full`)."""
-        self._rejected.labels(reason).inc()
+        self._rejected.labels(self._model, reason).inc()

@@ -338,6 +338,9 @@ def _metrics(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult
     if real is not None and real.name in cluster.agents:
         sources.append(cluster.agents[real.name].http)
     sources += [f"127.0.0.1:{ports[name].metrics}" for name in result.served]
+    if cluster.triton is not None:
+        # Triton's own per-model series, which the dashboard also reads.
+        sources.append(f"127.0.0.1:{cluster.triton.metrics_port}")
     for address in sources:
         try:
             for key, value in scrape(address).items():

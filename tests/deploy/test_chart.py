@@ -255,7 +255,8 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
         for obj in (o for o in objects if o["kind"] == kind):
             assert obj["metadata"]["labels"]["release"] == "prom", name_of(obj)
     proxies = _the(objects, "PodMonitor", "tritonshare-model-proxies")
-    [relabel] = proxies["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    relabel, node = proxies["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert node == {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
     # What Prometheus' Kubernetes discovery names the annotation seldon.io/trtis-model-id.
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_annotation_seldon_io_trtis_model_id"]
     rule = _the(objects, "PrometheusRule", "tritonshare")

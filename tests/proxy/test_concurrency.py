@@ -150,16 +150,22 @@ async def test_rest_and_grpc_share_the_limit_and_overflow_is_refused(
 
         samples = _scrape(running)
         requests = "tritonshare_proxy_requests_total"
-        ok = (("code", "200"), ("protocol", "http"), ("route", "infer"))
+        model = ("model", "sleepy")
+        ok = (("code", "200"), model, ("protocol", "http"), ("route", "infer"))
         assert samples[(requests, ok)] == 3
-        assert samples[(requests, (("code", "503"), ("protocol", "http"), ("route", "infer")))] == 1
+        overloaded = (("code", "503"), model, ("protocol", "http"), ("route", "infer"))
+        assert samples[(requests, overloaded)] == 1
         grpc_refused = (
             ("code", "RESOURCE_EXHAUSTED"),
+            model,
             ("protocol", "grpc"),
             ("route", "ModelInfer"),
         )
         assert samples[(requests, grpc_refused)] == 1
-        rejected = ("tritonshare_proxy_rejected_requests_total", (("reason", "OverloadedError"),))
+        rejected = (
+            "tritonshare_proxy_rejected_requests_total",
+            (model, ("reason", "OverloadedError")),
+        )
         assert samples[rejected] == 2
         # Three requests of about 1.5 s each, with at most two at a time: about 4.5 s of
         # request-seconds, whatever the machine's noise.
@@ -168,7 +174,7 @@ async def test_rest_and_grpc_share_the_limit_and_overflow_is_refused(
         count = samples[
             (
                 "tritonshare_proxy_request_duration_seconds_count",
-                (("protocol", "http"), ("route", "infer")),
+                (model, ("protocol", "http"), ("route", "infer")),
             )
         ]
         assert count == 4

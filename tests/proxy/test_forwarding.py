@@ -252,6 +252,11 @@ async def test_grpc_cancellation_reaches_triton(
         assert running.proxy.limiter.in_flight == 0
         scrape = running.proxy.metrics.registry.get_sample_value(
             "tritonshare_proxy_requests_total",
-            {"protocol": "grpc", "route": "ModelStreamInfer", "code": "CANCELLED"},
+            {
+                "model": "text_stream",
+                "protocol": "grpc",
+                "route": "ModelStreamInfer",
+                "code": "CANCELLED",
+            },
         )
         assert scrape == 1.0

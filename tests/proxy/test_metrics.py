@@ -44,19 +44,19 @@ def test_scrape_matches_prometheus_clients_own_counter_and_histogram(
     metrics = ProxyMetrics(Limiter(0, 0, 1.0), "m")
     oracle = CollectorRegistry()
     requests = Counter(
-        "tritonshare_proxy_requests", "x", ["protocol", "route", "code"], registry=oracle
+        "tritonshare_proxy_requests", "x", ["model", "protocol", "route", "code"], registry=oracle
     )
     latency = Histogram(
         "tritonshare_proxy_request_duration_seconds",
         "x",
-        ["protocol", "route"],
+        ["model", "protocol", "route"],
         buckets=_LATENCY_BUCKETS,
         registry=oracle,
     )
     for protocol, route, code, seconds in observations:
         metrics.observe(protocol, route, code, seconds)
-        requests.labels(protocol, route, code).inc()
-        latency.labels(protocol, route).observe(seconds)
+        requests.labels("m", protocol, route, code).inc()
+        latency.labels("m", protocol, route).observe(seconds)
 
     names = (
         "tritonshare_proxy_requests_total",
