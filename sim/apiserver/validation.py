@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from sim.apiserver.resources import NAMESPACES, PODS, Resource
@@ -127,10 +128,91 @@ def pod_causes(pod: JsonObject) -> Causes:
                 seen.add(name)
             if not container.get("image"):
                 causes.append((f"{where}.image", "Required value"))
+            causes += _resource_causes(container.get("resources"), f"{where}.resources")
     affinity = spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
     if isinstance(node_affinity, dict):
         causes += node_affinity_causes(node_affinity, "spec.affinity.nodeAffinity")
+    return causes
+
+
+# What kube-apiserver's decoder accepts as a quantity; anything else fails the whole request.
+QUANTITY_RE = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+QUANTITY_ERROR = (
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)
+_BINARY_SUFFIXES = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15}
+_DECIMAL_SUFFIXES["E"] = 18
+
+
+def quantity_value(text: str) -> Decimal | None:
+    """The exact value of a quantity string, or None when kube-apiserver would not decode it."""
+    match = QUANTITY_RE.match(text)
+    if match is None:
+        return None
+    number, suffix = match.groups()
+    try:
+        value = Decimal(number)
+    except InvalidOperation:
+        return None
+    if suffix in _BINARY_SUFFIXES:
+        return value * Decimal(1024) ** _BINARY_SUFFIXES[suffix]
+    if suffix in _DECIMAL_SUFFIXES:
+        return value.scaleb(_DECIMAL_SUFFIXES[suffix])
+    if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+-").isdigit():
+        return value.scaleb(int(suffix[1:]))
+    return None
+
+
+def _is_extended(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: a domain-qualified name outside kubernetes.io."""
+    domain = name.partition("/")[0] if "/" in name else ""
+    native = domain == "kubernetes.io" or domain.endswith(".kubernetes.io")
+    return bool(domain) and not native and not name.startswith("requests.")
+
+
+def _resource_causes(resources: Any, where: str) -> Causes:
+    """Extended resources (such as tritonshare.io/gpu-mem) as kube-apiserver validates them:
+    whole numbers, not negative, a request only with a limit, and equal to it."""
+    if not isinstance(resources, dict):
+        return []
+    raw_limits, raw_requests = resources.get("limits"), resources.get("requests")
+    limits: dict[str, Any] = raw_limits if isinstance(raw_limits, dict) else {}
+    requests: dict[str, Any] = raw_requests if isinstance(raw_requests, dict) else {}
+    causes: Causes = []
+    for part, values in (("limits", limits), ("requests", requests)):
+        for name, raw in values.items():
+            value = quantity_value(str(raw))
+            if value is None or not _is_extended(str(name)):
+                continue
+            if value < 0:
+                causes.append(
+                    (f"{where}.{part}[{name}]", f"Invalid value: {_quoted(raw)}: must be "
+                     "greater than or equal to 0")
+                )  # fmt: skip
+            elif value != value.to_integral_value():
+                causes.append(
+                    (
+                        f"{where}.{part}[{name}]",
+                        f"Invalid value: {_quoted(raw)}: must be an integer",
+                    )
+                )
+    for name, raw in requests.items():
+        if not _is_extended(str(name)):
+            continue
+        if name not in limits:
+            causes.append(
+                (f"{where}.limits", "Required value: Limit must be set for non overcommitable "
+                 "resources")
+            )  # fmt: skip
+            continue
+        request, limit = quantity_value(str(raw)), quantity_value(str(limits[name]))
+        if request is not None and limit is not None and request != limit:
+            causes.append(
+                (f"{where}.requests", f"Invalid value: {_quoted(raw)}: must be equal to {name} "
+                 f"limit of {limits[name]}")
+            )  # fmt: skip
     return causes
 
 
@@ -405,6 +487,19 @@ def _check_fields(owner: Any, types: dict[str, str], where: str) -> str | None:
     return None
 
 
+def _quantity_problem(resources: Any) -> str | None:
+    if not isinstance(resources, dict):
+        return None
+    for part in ("limits", "requests"):
+        values = resources.get(part)
+        for raw in (values or {}).values() if isinstance(values, dict) else ():
+            if not isinstance(raw, str | int) or isinstance(raw, bool):
+                return QUANTITY_ERROR
+            if quantity_value(str(raw)) is None:
+                return QUANTITY_ERROR
+    return None
+
+
 def decoding_error(resource: Resource, obj: JsonObject) -> str | None:
     """Why `obj` could not be decoded into the kind's Go struct, or None if it could."""
     problem: str | None = None
@@ -433,9 +528,12 @@ def decoding_error(resource: Resource, obj: JsonObject) -> str | None:
                         _RESOURCES_TYPES,
                         f"Container.spec.{list_name}.resources",
                     )
+                    problem = problem or _quantity_problem(container.get("resources"))
     if problem is None:
         return None
+    # The decoder reports a bad quantity in its own words, a type mismatch as json's.
+    detail = problem if problem == QUANTITY_ERROR else f"json: {problem}"
     return (
         f'{resource.kind} in version "{resource.version}" cannot be handled as a'
-        f" {resource.kind}: json: {problem}"
+        f" {resource.kind}: {detail}"
     )
