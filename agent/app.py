@@ -159,6 +159,7 @@ class Agent:
             lambda: self.node.snapshot,
             settings.node_name,
             self.events,
+            max_calls_per_pod=settings.max_calls_per_pod,
         )
         self.grpc_address = ""
         self.http_address = ""

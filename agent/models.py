@@ -296,7 +296,9 @@ class Models:
                     model_id, manifest, chunks, owner, writer, started
                 )
             finally:
-                writer.shutdown(wait=False)
+                # Every write was awaited, so the thread is idle: joining it takes a moment, and
+                # no install leaves a thread behind.
+                writer.shutdown(wait=True)
             self.owners.put(model_id, owned.installed(manifest.digest))
             record.failure = ""
             return result

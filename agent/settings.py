@@ -113,6 +113,8 @@ class Settings:
     """Seconds one install stream may take in total."""
     install_idle_seconds: float = 120.0
     """Seconds an install stream may go without sending a chunk."""
+    max_calls_per_pod: int = 8
+    """Calls one pod may have in progress at once (more are refused: RESOURCE_EXHAUSTED)."""
     gpu_mem_reserve: int = 0
     """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
     value as the binder's --gpu-mem-reserve."""
@@ -257,6 +259,12 @@ def parse_settings(
         type=float,
     )
     add(
+        "max-calls-per-pod",
+        defaults.max_calls_per_pod,
+        "calls one pod may have in progress at once",
+        type=int,
+    )
+    add(
         "auth-failure-cache-seconds",
         defaults.auth_failure_cache_seconds,
         "seconds a refused token is refused without a new TokenReview",
@@ -305,6 +313,8 @@ def parse_settings(
         raise SettingsError(str(e)) from e
     if not 0 <= args.gpu_mem_tolerance < 10:
         raise SettingsError("--gpu-mem-tolerance is a fraction of the request, such as 0.05")
+    if args.max_calls_per_pod < 1:
+        raise SettingsError("--max-calls-per-pod must be 1 or more")
     for name in ("install_deadline_seconds", "install_idle_seconds"):
         if getattr(args, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be more than 0")
@@ -348,6 +358,7 @@ def parse_settings(
         max_model_bytes=max_model_bytes,
         install_deadline_seconds=args.install_deadline_seconds,
         install_idle_seconds=args.install_idle_seconds,
+        max_calls_per_pod=args.max_calls_per_pod,
         gpu_mem_reserve=reserve,
         gpu_mem_enforcement=args.gpu_mem_enforcement,
         gpu_mem_tolerance=args.gpu_mem_tolerance,

@@ -331,6 +331,56 @@ async def test_a_tenant_cannot_fill_the_disk_or_hold_installs_open(
     assert not reply.unchanged
 
 
+async def test_a_pod_cannot_pile_up_calls_and_take_the_agent_from_others(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+    start_custom_agent: StartAgent,
+) -> None:
+    """Streams opened and left waiting (the second waits for the first's model lock) are
+    bounded per pod; other pods are served meanwhile."""
+    running = await start_custom_agent(max_calls_per_pod=2, install_idle_seconds=30.0)
+    source = unnamed_model(tmp_path)
+    make_pod(kube_api, "hog", "hog")
+    make_pod(kube_api, "fair", "fair")
+    hog, fair = apiserver.mint_token("default", "hog"), apiserver.mint_token("default", "fair")
+    files = manifest_of(source)
+    opened: list[int] = []
+
+    async def stalled() -> AsyncIterator[Any]:
+        yield await anext(install_requests("hog", files, lambda p: (source / p).read_bytes()))
+        opened.append(1)
+        await running.lifecycle.stop_event.wait()
+
+    calls = [running.stub.InstallModel(stalled(), metadata=bearer(hog)) for _ in range(2)]
+    await eventually(lambda: len(opened) == 2, what="both stalled streams to be open")
+    await eventually(
+        lambda: running.agent.service._in_progress.get(running_uid(kube_api, "hog")) == 2,
+        what="both streams admitted",
+    )
+    error = await refused(
+        running.stub.GetModel(agent_pb2.GetModelRequest(model_id="hog"), metadata=bearer(hog))
+    )
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "calls in progress" in (error.details() or "")
+    reply = await install_dir(running.stub, fair, unnamed_model(tmp_path / "fair"), "fair")
+    assert not reply.unchanged
+    for call in calls:
+        call.cancel()
+    await eventually(
+        lambda: not running.agent.service._in_progress, what="the hog's slots to be freed"
+    )
+    status = await running.stub.GetModel(
+        agent_pb2.GetModelRequest(model_id="hog"), metadata=bearer(hog)
+    )
+    assert status.model_id == "hog"
+
+
+def running_uid(api: kubernetes.client.ApiClient, name: str) -> str:
+    core: Any = kubernetes.client.CoreV1Api(api)
+    return str(core.read_namespaced_pod(name, "default").metadata.uid)
+
+
 async def test_an_install_has_a_total_deadline_and_tiny_chunks_are_written_together(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
