@@ -180,12 +180,18 @@ class Agent:
         return reasons
 
     def _observe_memory(self, snapshot: GpuSnapshot) -> None:
+        """Called where NVML was read (its own thread): the ledger belongs to the event loop,
+        which changes it around loads, so the reading is handed over rather than applied here."""
+        if self._loop is None:
+            self._apply_memory(snapshot)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closing at shutdown
+            self._loop.call_soon_threadsafe(self._apply_memory, snapshot)
+
+    def _apply_memory(self, snapshot: GpuSnapshot) -> None:
         self.ledger.observe(snapshot)
-        if self.ledger.over() and self._loop is not None:
-            # Runs on the NVML thread when there is one: hand the wake-up to the event loop
-            # (which may be closing at shutdown: then nobody needs waking).
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self.reconciler.trigger)
+        if self.ledger.over():
+            self.reconciler.trigger()
 
     async def _read_gpu(self, uuid: str) -> GpuInfo | None:
         """A fresh NVML reading of one GPU (on the NVML thread)."""
