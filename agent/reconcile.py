@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from agent.errors import AgentError
@@ -142,13 +142,14 @@ class Reconciler:
         running = {name for name, e in index.items() if e.state in (READY, LOADING)}
         owned = set(models.owners.all())
         now = self._clock()
-        work = []
+        # One action per model and pass: two (a recheck and an eviction, say) would race for it.
+        work: dict[str, Coroutine[Any, Any, None]] = {}
         for model in sorted((on_disk | running | owned) - set(wanted)):
             if models.is_busy(model):
                 continue
             if now - models.record(model).last_activity < self.orphan_grace_seconds:
                 continue
-            work.append(self._remove_orphan(model))
+            work[model] = self._remove_orphan(model)
         records = models.known_records()
         for model, pod in sorted(wanted.items()):
             if models.is_busy(model):
@@ -157,9 +158,9 @@ class Reconciler:
             record = records.get(model)
             if entry is not None and entry.state == READY:
                 if record is None or not record.want_loaded:
-                    work.append(self._adopt(model, pod))
+                    work[model] = self._adopt(model, pod)
                 elif now - record.vouched_at >= self.resync_seconds:
-                    work.append(self._recheck(model, pod))
+                    work[model] = self._recheck(model, pod)
                 continue
             should_run = (record is not None and record.want_loaded) or pod.pod.running
             if model not in on_disk or not should_run:
@@ -170,14 +171,18 @@ class Reconciler:
                 and now - record.failed_at < self.resync_seconds
             ):
                 continue
-            work.append(self._reload(model, pod))
+            work[model] = self._reload(model, pod)
         for over in self.models.ledger.over():
             owner = wanted.get(over.model_id)
-            if owner is not None and not models.is_busy(over.model_id):
-                work.append(self._enforce(over.model_id, owner, over.bytes))
+            if owner is None or models.is_busy(over.model_id):
+                continue
+            rival = work.pop(over.model_id, None)
+            if rival is not None:
+                rival.close()  # never started; enforcing the limit comes first
+            work[over.model_id] = self._enforce(over.model_id, owner, over.bytes)
         self._warned &= {m.model_id for m in self.models.ledger.over()}
         if work:
-            await asyncio.gather(*work)
+            await asyncio.gather(*work.values())
         self.passes += 1
 
     async def _remove_orphan(self, model: str) -> None:

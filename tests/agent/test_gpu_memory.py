@@ -226,4 +226,8 @@ async def test_evict_mode_unloads_a_model_that_grows_past_its_request_and_fails_
     index = await running.agent.triton.index()
     assert index.get("grower") is None or index["grower"].state == "UNAVAILABLE"
     assert index["modest"].state == "READY"
-    assert "GPUMemoryExceeded" in events(kube_api, "grower")
+    # The Event is written after the pod's status, by a task of its own.
+    await eventually(
+        lambda: "GPUMemoryExceeded" in events(kube_api, "grower"), what="the eviction's Event"
+    )
+    assert "ModelNotVouched" not in events(kube_api, "grower")
