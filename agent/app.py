@@ -24,6 +24,7 @@ from agent import __version__
 from agent.auth import Authorizer
 from agent.errors import AgentError
 from agent.events import PodEvents
+from agent.gateway import CallerPublisher
 from agent.gpus import GpuReader
 from agent.inventory import GpuInfo, GpuSnapshot
 from agent.kube import KubeClient, PodWatch
@@ -152,6 +153,15 @@ class Agent:
             enforcement=settings.gpu_mem_enforcement,
             fail_pod=self.kube.fail_pod,
         )
+        self.callers: CallerPublisher | None = None
+        if settings.gateway_table is not None:
+            self.callers = CallerPublisher(
+                settings.gateway_table,
+                settings.node_name,
+                self.reconciler.callers,
+                refresh_seconds=settings.gateway_table_refresh_seconds,
+            )
+            self.reconciler.on_pods = self.owners.on_change = self.callers.changed
         self.service = AgentService(
             self.models,
             self.authorizer,
@@ -265,6 +275,10 @@ class Agent:
             lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop)),
             lifecycle.spawn("the reconciler", self.reconciler.run(stop)),
         ]
+        if self.callers is not None:
+            self._loops.append(
+                lifecycle.spawn("the gateway's caller table", self.callers.run(stop))
+            )
         self._watch = self.kube.watch_pods(
             settings.node_name, self.reconciler.on_list, self.reconciler.on_event
         )

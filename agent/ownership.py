@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class OwnerStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._records: dict[str, OwnerRecord] = {}
+        self.on_change: Callable[[], None] | None = None
+        """Called after a record is put or dropped (the gateway's caller table follows owners)."""
 
     def load(self) -> None:
         """Read every record; an unreadable one is dropped with a warning (its model is then
@@ -91,8 +94,14 @@ class OwnerStore:
             os.fsync(f.fileno())
         temporary.replace(path)
         self._records[model_id] = record
+        self._changed()
 
     def drop(self, model_id: str) -> None:
         self._records.pop(model_id, None)
         with contextlib.suppress(FileNotFoundError):
             (self.directory / f"{model_id}{SUFFIX}").unlink()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()

@@ -31,6 +31,12 @@ class PodInfo:
     deleting: bool = False
     placement: str = ""
     """The binder's proof of placement (annotation), unverified: see `agent.placement`."""
+    pod_ip: str = ""
+    """status.podIP: the address the node gateway knows the pod's connections by."""
+    host_ip: str = ""
+    """status.hostIP: the node's address, which never identifies a pod."""
+    host_network: bool = False
+    """spec.hostNetwork: such a pod shares the node's address and is never a gateway caller."""
 
     @property
     def key(self) -> str:
@@ -63,4 +69,7 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         gpu_uuid=str(annotations.get(keys.gpu, "")),
         deleting=bool(metadata.get("deletionTimestamp")),
         placement=str(annotations.get(keys.placement, "")),
+        pod_ip=str(status.get("podIP") or ""),
+        host_ip=str(status.get("hostIP") or ""),
+        host_network=bool(spec.get("hostNetwork")),
     )

@@ -79,6 +79,8 @@ class Reconciler:
         self.triton_live = False
         self.passes = 0
         self._wake = asyncio.Event()
+        self.on_pods: Callable[[], None] | None = None
+        """Called when the pods may have changed (the gateway's caller table follows them)."""
 
     # Watch callbacks (run on the event loop).
     def on_list(self, items: list[dict[str, Any]]) -> None:
@@ -99,6 +101,12 @@ class Reconciler:
 
     def trigger(self) -> None:
         self._wake.set()
+        if self.on_pods is not None:
+            self.on_pods()
+
+    def callers(self) -> list[Proven] | None:
+        """The proven owners, once the pods are listed (the gateway's caller table)."""
+        return list(self.wanted().values()) if self.synced else None
 
     def proven(self, pod: PodInfo) -> Proven | None:
         """The pod with its proof, when it is a live tritonshare pod placed on this node."""

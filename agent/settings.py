@@ -102,6 +102,12 @@ class Settings:
     state_dir: Path | None = None
     """Where the agent keeps who owns each model id (outside the repository). Default:
     <repository>/../.tritonshare-state."""
+    gateway_table: Path | None = None
+    """Where the agent writes the node gateway's caller table (a volume shared with the gateway
+    only); None: no gateway on this node."""
+    gateway_table_refresh_seconds: float = 5.0
+    """Seconds between rewrites of the caller table when nothing changed (the gateway treats a
+    table older than its --table-max-age as empty)."""
     tenant_code_namespaces: tuple[str, ...] = ()
     """Namespaces whose models may run their own code in the shared Triton (python and custom
     backends, backend or op libraries shipped with the model). Default: none."""
@@ -215,6 +221,18 @@ def parse_settings(
         "directory of the placement-key Secret (files current, previous); required",
     )
     add("state-dir", None, "where model ownership is kept (outside the repository)")
+    add(
+        "gateway-table",
+        None,
+        "file the node gateway reads its callers from (shared with the gateway only); unset: "
+        "no gateway",
+    )
+    add(
+        "gateway-table-refresh-seconds",
+        defaults.gateway_table_refresh_seconds,
+        "seconds between rewrites of an unchanged caller table",
+        type=float,
+    )
     add(
         "tenant-code-namespaces",
         "",
@@ -353,6 +371,8 @@ def parse_settings(
         auth_failure_cache_seconds=args.auth_failure_cache_seconds,
         placement_key_dir=Path(args.placement_key_dir),
         state_dir=Path(args.state_dir) if args.state_dir else None,
+        gateway_table=Path(args.gateway_table) if args.gateway_table else None,
+        gateway_table_refresh_seconds=args.gateway_table_refresh_seconds,
         tenant_code_namespaces=_names(args.tenant_code_namespaces),
         safe_backends=_names(args.safe_backends),
         max_model_bytes=max_model_bytes,

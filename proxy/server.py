@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.metrics import ProxyMetrics
 from proxy.settings import Settings
-from proxy.sockets import bind
+from proxy.sockets import bind, local_address
 from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,10 @@ class MetricsServer:
 
     async def start(self) -> None:
         """Start listening."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=5),
+            connector=aiohttp.TCPConnector(local_addr=local_address(self._settings.source_address)),
+        )
         server = web.Server(self.handle, access_log=None)
         self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()

@@ -7,6 +7,7 @@ a flag on the command line wins over the variable. Nothing here reads the enviro
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ class Settings:
     """host:port of the node's Triton HTTP endpoint (no scheme)."""
     triton_grpc_url: str
     """host:port of the node's Triton gRPC endpoint."""
+    source_address: str = ""
+    """The local address connections to Triton (the node gateway) leave from; empty: the
+    kernel's choice, which in a pod is the pod's address. The simulated cluster, whose pods share
+    the host's network, sets each pod's own address here so the gateway can tell them apart."""
     listen_http: tuple[str, int] = ("0.0.0.0", DEFAULT_PROXY_HTTP_PORT)
     """host and port the tenant-facing KServe v2 REST endpoint listens on; default 0.0.0.0:9000."""
     listen_grpc: tuple[str, int] = ("0.0.0.0", DEFAULT_PROXY_GRPC_PORT)
@@ -95,17 +100,17 @@ class SettingsError(ValueError):
     """A flag or environment variable has a value the proxy cannot use."""
 
 
-def _address(value: str, what: str) -> tuple[str, int]:
+def listen_address(value: str, what: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise SettingsError(f"{what}: {value!r} is not host:port; write for example 0.0.0.0:9000")
     return (host or "0.0.0.0", int(port))
 
 
-def _upstream(value: str, what: str) -> str:
+def upstream_address(value: str, what: str) -> str:
     if "://" in value:
         raise SettingsError(f"{what}: {value!r} has a scheme; write only host:port")
-    _address(value, what)
+    listen_address(value, what)
     return value
 
 
@@ -129,6 +134,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     flag("model-id", "the pod's own Triton model name")
     flag("triton-http-url", "host:port of the node's Triton HTTP endpoint")
     flag("triton-grpc-url", "host:port of the node's Triton gRPC endpoint")
+    flag(
+        "source-address",
+        "local address of connections to Triton or the node gateway (empty: the pod's own)",
+        "",
+    )
     flag("listen-http", "REST listen address", f"0.0.0.0:{DEFAULT_PROXY_HTTP_PORT}")
     flag("listen-grpc", "gRPC listen address", f"0.0.0.0:{DEFAULT_PROXY_GRPC_PORT}")
     flag("listen-metrics", "metrics/health listen address", f"0.0.0.0:{DEFAULT_PROXY_METRICS_PORT}")
@@ -180,9 +190,23 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         raise SettingsError(f"--log-format {args.log_format!r} is neither 'text' nor 'json'")
     if args.grpc_mode not in ("grpcio", "relay"):
         raise SettingsError(f"--grpc-mode {args.grpc_mode!r} is neither 'grpcio' nor 'relay'")
+    source_address = args.source_address or ""
+    if source_address:
+        try:
+            ipaddress.ip_address(source_address)
+        except ValueError as e:
+            raise SettingsError(
+                f"--source-address {source_address!r} is not an IP address; write for example "
+                "10.0.0.7, or leave it empty"
+            ) from e
+        if args.grpc_mode == "grpcio":
+            raise SettingsError(
+                "--source-address works with --grpc-mode relay only (grpc.aio cannot choose its "
+                "source address)"
+            )
     agent_address = args.agent_address or ""
     if agent_address:
-        _upstream(agent_address, "--agent-address")
+        upstream_address(agent_address, "--agent-address")
         if not args.token_file:
             raise SettingsError(
                 "--agent-address is set but --token-file is not; the agent accepts only calls "
@@ -190,11 +214,12 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
             )
     return Settings(
         model_id=model_id,
-        triton_http_url=_upstream(args.triton_http_url, "--triton-http-url"),
-        triton_grpc_url=_upstream(args.triton_grpc_url, "--triton-grpc-url"),
-        listen_http=_address(args.listen_http, "--listen-http"),
-        listen_grpc=_address(args.listen_grpc, "--listen-grpc"),
-        listen_metrics=_address(args.listen_metrics, "--listen-metrics"),
+        triton_http_url=upstream_address(args.triton_http_url, "--triton-http-url"),
+        triton_grpc_url=upstream_address(args.triton_grpc_url, "--triton-grpc-url"),
+        source_address=source_address,
+        listen_http=listen_address(args.listen_http, "--listen-http"),
+        listen_grpc=listen_address(args.listen_grpc, "--listen-grpc"),
+        listen_metrics=listen_address(args.listen_metrics, "--listen-metrics"),
         max_body_bytes=max_body,
         container_concurrency=int(
             number("container-concurrency", args.container_concurrency, integer=True)

@@ -31,3 +31,8 @@ def nodelay(transport: asyncio.BaseTransport) -> asyncio.Transport:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return cast(asyncio.Transport, transport)
+
+
+def local_address(source_address: str) -> tuple[str, int] | None:
+    """`local_addr` for a connection leaving from `source_address` (None: the kernel chooses)."""
+    return (source_address, 0) if source_address else None

@@ -49,7 +49,7 @@ from proxy.http2.state import (
     StreamStateError,
 )
 from proxy.settings import Settings
-from proxy.sockets import nodelay
+from proxy.sockets import local_address, nodelay
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,13 @@ class TritonChannel(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: self, host, int(port)), CONNECT_TIMEOUT
+                loop.create_connection(
+                    lambda: self,
+                    host,
+                    int(port),
+                    local_addr=local_address(self.relay.settings.source_address),
+                ),
+                CONNECT_TIMEOUT,
             )
         except (OSError, TimeoutError) as e:
             reason = e if isinstance(e, OSError) else f"no answer within {CONNECT_TIMEOUT:g} s"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -131,6 +132,19 @@ class GrpcRelay:
         self._server = await loop.create_server(lambda: H2Connection(self), sock=sock, backlog=1024)
         log.info("Relaying Triton gRPC for model %s on port %d.", self.settings.model_id, self.port)
         self.idle.start()
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve a tenant connection another listener accepted (the node gateway's, which
+        accepts for many pods and hands each connection to the relay of the pod it came from)."""
+        self.idle.start()
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(lambda: H2Connection(self), sock)
+
+    def abort_all(self) -> None:
+        """Drop every tenant connection now, open streams or not (the caller lost its right)."""
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
 
     async def stop(self, grace: float | None = None) -> None:
         """GOAWAY to every tenant, let open streams finish (up to `grace` s), close."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 
 from proxy.http1.framing import parse_request_head
@@ -51,7 +52,7 @@ class RestRelay:
         self.max_body = settings.max_body_bytes
         self.upstream_address = settings.triton_http_url
         host, _, port = settings.triton_http_url.rpartition(":")
-        self.pool = UpstreamPool(host, int(port))
+        self.pool = UpstreamPool(host, int(port), settings.source_address)
         self.connections: set[ClientConnection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         metrics.listener("http", self.idle)
@@ -88,6 +89,20 @@ class RestRelay:
             "Serving KServe v2 REST for model %s on port %d.", self.settings.model_id, self.port
         )
         self.idle.start()
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve a tenant connection another listener accepted (the node gateway's, which
+        accepts for many pods and hands each connection to the relay of the pod it came from)."""
+        self.idle.start()
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(lambda: ClientConnection(self), sock)
+
+    def abort_all(self) -> None:
+        """Drop every tenant connection now, mid-request or not (the caller lost its right)."""
+        self.closing = True
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
 
     async def stop(self) -> None:
         """Stop listening; let in-flight exchanges finish (up to the finish timeout); close."""

@@ -21,7 +21,7 @@ from proxy.http1.framing import (
     parse_response_head,
 )
 from proxy.policy.refusals import ProxyError, UpstreamError
-from proxy.sockets import nodelay
+from proxy.sockets import local_address, nodelay
 
 _RESPONSE_HEADS = 256
 """Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
@@ -190,9 +190,10 @@ class Upstream(asyncio.Protocol):
 class UpstreamPool:
     """Idle keep-alive connections to Triton, reused most-recent first."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, source_address: str = "") -> None:
         self._host = host
         self._port = port
+        self._local = local_address(source_address)
         self._idle: list[Upstream] = []
         self._all: set[Upstream] = set()
         self._heads: dict[bytes, ResponseHead] = {}
@@ -219,7 +220,9 @@ class UpstreamPool:
     async def connect(self) -> Upstream:
         """Open a new connection to Triton."""
         loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(lambda: Upstream(self), self._host, self._port)
+        _, protocol = await loop.create_connection(
+            lambda: Upstream(self), self._host, self._port, local_addr=self._local
+        )
         self._all.add(protocol)
         return protocol
 

@@ -1,0 +1,123 @@
+"""Keeping the node gateway's caller table (`common.callers`) in step with this node's model pods.
+
+A caller is a pod the agent would act for: a live pod on this node whose placement it can prove,
+that owns its model id here (`Reconciler.wanted`), with an address of its own. A pod on the host
+network shares the node's address, as does anything else on the node, so it never qualifies; nor
+does an address two pods claim at once (both are left out: an address that names two pods names
+none). The table is rewritten as soon as the pods or the owners change (coalesced to one write per
+event-loop turn) and at least every `refresh_seconds`, which is how the gateway knows the agent is
+alive. Until the agent has listed the node's pods it writes nothing, so after an agent restart the
+gateway goes on with the table it has. What it must not do: decide proofs or ownership (the
+reconciler and `agent.models` do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from agent.placement import Proven
+from common.callers import Caller, CallerTable, write_table
+
+log = logging.getLogger(__name__)
+
+
+def callers_of(owners: Iterable[Proven]) -> tuple[list[Caller], list[str]]:
+    """The callers among the proven owners, and why the others are left out (for the log)."""
+    candidates: dict[str, list[Caller]] = {}
+    left_out = []
+    for proven in owners:
+        pod = proven.pod
+        if pod.host_network or not pod.pod_ip or pod.pod_ip == pod.host_ip:
+            if pod.host_network or pod.pod_ip:
+                left_out.append(f"{pod.key} shares the node's address")
+            continue
+        caller = Caller(pod.pod_ip, pod.model_id, pod.key, pod.uid)
+        candidates.setdefault(pod.pod_ip, []).append(caller)
+    callers = []
+    for address, claimants in sorted(candidates.items()):
+        if len(claimants) == 1:
+            callers.append(claimants[0])
+        else:
+            pods = ", ".join(c.pod for c in claimants)
+            left_out.append(f"address {address} is claimed by several pods ({pods})")
+    return callers, left_out
+
+
+class CallerPublisher:
+    """Writes the caller table at `path` whenever the callers change, and every refresh."""
+
+    def __init__(
+        self,
+        path: Path,
+        node_name: str,
+        owners: Callable[[], Iterable[Proven] | None],
+        *,
+        refresh_seconds: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.node_name = node_name
+        self._owners = owners
+        self.refresh_seconds = refresh_seconds
+        self._clock = clock
+        self._last: tuple[Caller, ...] | None = None
+        self._reported: frozenset[str] = frozenset()
+        self._pending = False
+        self.writes = 0
+
+    def changed(self) -> None:
+        """The pods or the owners changed: write the table at the end of this event-loop turn."""
+        if self._pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.publish()
+            return
+        self._pending = True
+        loop.call_soon(self.publish)
+
+    def publish(self, *, force: bool = False) -> None:
+        """Write the table if the callers changed (or `force`, to refresh its time)."""
+        self._pending = False
+        owners = self._owners()
+        if owners is None:
+            return  # the pods are not listed yet: the table on disk stays as it is
+        callers, left_out = callers_of(owners)
+        reported = frozenset(left_out)
+        for reason in sorted(reported - self._reported):
+            log.warning("Not a gateway caller: %s.", reason)
+        self._reported = reported
+        current = tuple(callers)
+        if current == self._last and not force:
+            return
+        try:
+            write_table(self.path, CallerTable(self.node_name, self._clock(), current))
+        except OSError as e:
+            log.error(
+                "Cannot write the gateway's caller table %s (%s): the gateway refuses every "
+                "pod once the table it has grows stale; check the volume.",
+                self.path,
+                e.strerror,
+            )
+            return
+        if current != self._last:
+            log.info(
+                "Gateway callers: %s.",
+                ", ".join(f"{c.pod} ({c.address}) -> {c.model_id}" for c in current) or "none",
+            )
+        self._last = current
+        self.writes += 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Refresh the table every `refresh_seconds` until `stop`."""
+        while not stop.is_set():
+            self.publish(force=True)
+            try:
+                await asyncio.wait_for(stop.wait(), self.refresh_seconds)
+            except TimeoutError:
+                continue

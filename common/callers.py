@@ -1,0 +1,119 @@
+"""The node gateway's caller table: which pod address may reach which model on this node.
+
+The agent writes it (it watches the node's pods, verifies each proof of placement and knows which
+pod owns each model id); the gateway reads it and lets a connection from `address` reach only
+`model_id`. Both run in the node pod and share the file through a volume only they mount, so
+nothing a tenant writes reaches it. The file is JSON, replaced whole by a rename (a reader sees the
+old table or the new one), and rewritten at least every few seconds even when nothing changed, so
+its `written_at` tells the gateway the agent is alive: a table older than the gateway's bound is
+treated as empty (fail closed). What it must not do: decide who is a caller (that is
+`agent.gateway`); this module only says what a table is and moves it to and from disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.contract import ContractError, validate_model_id
+
+FORMAT = "tritonshare.io/callers/v1"
+
+
+class CallerTableError(ValueError):
+    """The table file is missing or unreadable; the message says which and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """One pod that may call the gateway: its address, its model and who it is."""
+
+    address: str
+    """The pod's IP (status.podIP), as the gateway sees it as a connection's source."""
+    model_id: str
+    pod: str
+    """namespace/name, for logs and metrics."""
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallerTable:
+    """Every caller of one node, and when the agent last wrote the table (Unix seconds)."""
+
+    node: str
+    written_at: float
+    callers: tuple[Caller, ...]
+
+    def by_address(self) -> dict[str, Caller]:
+        return {c.address: c for c in self.callers}
+
+
+def encode(table: CallerTable) -> bytes:
+    """The file's bytes for `table`."""
+    document = {
+        "format": FORMAT,
+        "node": table.node,
+        "writtenAt": table.written_at,
+        "callers": [
+            {"address": c.address, "modelId": c.model_id, "pod": c.pod, "uid": c.uid}
+            for c in sorted(table.callers, key=lambda c: c.address)
+        ],
+    }
+    return json.dumps(document, indent=1).encode()
+
+
+def decode(data: bytes) -> CallerTable:
+    """The table in `data`; raises CallerTableError when it is not a table of this format."""
+    try:
+        document = json.loads(data)
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise CallerTableError(f"not a caller table (format is not {FORMAT!r})")
+        callers = tuple(_caller(entry) for entry in document["callers"])
+        return CallerTable(str(document["node"]), float(document["writtenAt"]), callers)
+    except (ValueError, KeyError, TypeError, ContractError) as e:
+        if isinstance(e, CallerTableError):
+            raise
+        raise CallerTableError(f"the caller table is malformed ({e})") from e
+
+
+def _caller(entry: Any) -> Caller:
+    if not isinstance(entry, dict):
+        raise CallerTableError("a caller entry is not an object")
+    address = str(entry["address"])
+    if not address or any(ch.isspace() for ch in address):
+        raise CallerTableError(f"caller address {address!r} is not an IP address")
+    return Caller(
+        address, validate_model_id(str(entry["modelId"])), str(entry["pod"]), str(entry["uid"])
+    )
+
+
+def write_table(path: Path, table: CallerTable) -> None:
+    """Replace the file at `path` with `table` in one rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=".callers-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode(table))
+        Path(temporary).chmod(0o644)
+        Path(temporary).replace(path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_table(path: Path) -> CallerTable:
+    """The table at `path`; raises CallerTableError when it is missing or unreadable."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as e:
+        raise CallerTableError(
+            f"no caller table at {path}: the node's agent writes it (--gateway-table); is the "
+            "agent running and is the volume shared with the gateway?"
+        ) from e
+    except OSError as e:
+        raise CallerTableError(f"cannot read the caller table {path}: {e.strerror}") from e
+    return decode(data)

@@ -1,0 +1,180 @@
+"""The node gateway: the one way from model pods to the node's Triton, which listens on loopback.
+
+Triton binds the node pod's loopback, so nothing outside the node pod reaches it; the gateway, in
+the node pod too, listens for the model pods' proxies. It knows which pod is calling by the
+connection's source address: the agent's caller table (`gateway.callers`) maps each proven model
+pod of this node that owns its model to that model. At accept, a connection from an address that
+is no caller is closed before a byte is read; one from a caller is handed to that pod's relays
+(`gateway.tenants`), which are the proxy's own, bound to the pod's model. When a pod leaves the
+table its connections are dropped at once.
+
+Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table. Stop
+(SIGTERM): stop accepting, let in-flight requests finish up to the finish timeout, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import struct
+import time
+
+from common.health import HttpServer, build_health_app
+from common.lifecycle import Lifecycle
+from proxy.gateway.callers import CallerBook
+from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.settings import GatewaySettings
+from proxy.gateway.tenants import Tenants
+from proxy.sockets import bind
+from proxy.state import ProxyState
+
+log = logging.getLogger(__name__)
+
+_REFUSAL_LOG_SECONDS = 60.0
+"""A refused address is logged once per this period, so a scan cannot flood the log."""
+_REMEMBERED_REFUSALS = 4096
+
+
+def caller_address(peer: object) -> str:
+    """The source address of an accepted connection, IPv4-mapped IPv6 written as IPv4."""
+    host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+    with contextlib.suppress(ValueError):
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(address)
+    return host
+
+
+class Gateway:
+    """Every part of one gateway process."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.state = ProxyState()
+        self.tenants = Tenants(self.state)
+        self.book = CallerBook(
+            settings.caller_table,
+            max_age=settings.table_max_age_seconds,
+            on_revoke=self.tenants.revoke,
+        )
+        self.metrics = GatewayMetrics(self.book, lambda: self.tenants)
+        self.ports: dict[str, int] = {}
+        self._sockets: dict[str, socket.socket] = {}
+        self._health: HttpServer | None = None
+        self._refusals: dict[str, float] = {}
+        self._accepting: list[asyncio.Task[None]] = []
+        self.accepted = 0
+
+    def not_ready(self) -> list[str]:
+        return [self.book.problem] if self.book.problem else []
+
+    async def start(self, lifecycle: Lifecycle) -> None:
+        """Read the table, listen, and spawn the accept loops and the table watch."""
+        settings = self.settings
+        self.book.check()
+        host, port = settings.listen_metrics
+        self._health = HttpServer(
+            build_health_app(self.metrics.registry, self.not_ready), host, port
+        )
+        await self._health.start()
+        self.ports["metrics"] = self._health.port
+        lifecycle.on_shutdown("the health server", self._health.stop)
+        lifecycle.on_shutdown("the relays", self._stop_relays)
+        for protocol, (host, port) in (
+            ("http", settings.listen_http),
+            ("grpc", settings.listen_grpc),
+        ):
+            sock = bind(host, port)
+            sock.listen(1024)
+            self._sockets[protocol] = sock
+            self.ports[protocol] = sock.getsockname()[1]
+            self._accepting.append(
+                lifecycle.spawn(f"gateway {protocol} accept", self._accept(protocol, sock))
+            )
+        lifecycle.on_shutdown("the listening sockets", self._close_sockets)
+        lifecycle.spawn(
+            "the caller table watch",
+            self.book.run(lifecycle.stop_event, settings.table_poll_seconds),
+        )
+        log.info(
+            "Node gateway: REST on port %d, gRPC on port %d, metrics on port %d, to Triton at %s "
+            "and %s; callers from %s (%s).",
+            self.ports["http"],
+            self.ports["grpc"],
+            self.ports["metrics"],
+            settings.triton_http_url,
+            settings.triton_grpc_url,
+            settings.caller_table,
+            self.book.problem or f"{len(self.book.callers)} callers",
+        )
+
+    async def _accept(self, protocol: str, listening: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(listening)
+            except OSError as e:
+                log.warning("Accepting a %s connection failed (%s): retrying.", protocol, e)
+                await asyncio.sleep(0.1)
+                continue
+            address = caller_address(peer)
+            caller = self.book.lookup(address)
+            if caller is None or self.state.draining:
+                self._refuse(protocol, address, sock)
+                continue
+            self.accepted += 1
+            tenant = self.tenants.get(caller, self.settings.relay_settings(caller.model_id))
+            try:
+                await tenant.adopt(protocol, sock)
+            except OSError as e:
+                log.warning("Serving a connection of pod %s failed at once: %s", caller.pod, e)
+                sock.close()
+
+    def _refuse(self, protocol: str, address: str, sock: socket.socket) -> None:
+        # SO_LINGER 0: the peer sees a reset at once rather than an orderly close it might
+        # mistake for an answer.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        reason = "no_table" if self.book.problem else "not_a_caller"
+        self.metrics.refused(protocol, reason)
+        now = time.monotonic()
+        last = self._refusals.get(address)
+        if last is not None and now - last < _REFUSAL_LOG_SECONDS:
+            return
+        if len(self._refusals) >= _REMEMBERED_REFUSALS:
+            self._refusals.clear()
+        self._refusals[address] = now
+        why = self.book.problem or (
+            "it is not a model pod that this node's agent placed and that owns its model here"
+        )
+        log.warning("Refused a %s connection from %s: %s.", protocol, address, why)
+
+    async def _close_sockets(self) -> None:
+        for task in self._accepting:
+            task.cancel()
+        for task in self._accepting:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sock in self._sockets.values():
+            sock.close()
+
+    async def _stop_relays(self) -> None:
+        self.state.draining = True
+        await self.tenants.stop()
+
+
+async def run(settings: GatewaySettings) -> int:
+    """Run until SIGTERM/SIGINT, then stop; the process exit code."""
+    lifecycle = Lifecycle(cleanup_timeout=settings.finish_timeout_seconds + 10.0)
+    gateway = Gateway(settings)
+
+    async def main(lc: Lifecycle) -> None:
+        lc.install_signal_handlers()
+        await gateway.start(lc)
+
+    return await lifecycle.run(main)

@@ -1,0 +1,84 @@
+"""The gateway's Prometheus metrics: its own, and each calling pod's relay series renamed.
+
+Each tenant's relays count into a `proxy.metrics.ProxyMetrics` of their own (the proxy's code, run
+once per pod); at scrape time this collector renames their `tritonshare_proxy_*` series to
+`tritonshare_gateway_*` and labels them with the pod (they already carry the model), so one
+/metrics shows every caller. The gateway's own series: connections refused by reason, callers in
+the table, the table's age. Scrapes run on the event loop, like the relays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.gateway.callers import CallerBook
+from proxy.gateway.tenants import Tenant
+
+_PROXY = "tritonshare_proxy_"
+_GATEWAY = "tritonshare_gateway_"
+
+
+class _TenantCollector(Collector):
+    def __init__(self, tenants: Callable[[], Iterable[Tenant]]) -> None:
+        self._tenants = tenants
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for tenant in self._tenants():
+            extra = {"pod": tenant.caller.pod, "model": tenant.caller.model_id}
+            for metric in tenant.metrics.registry.collect():
+                name = _GATEWAY + metric.name.removeprefix(_PROXY)
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = Metric(name, metric.documentation, metric.type)
+                for sample in metric.samples:
+                    family.add_sample(
+                        _GATEWAY + sample.name.removeprefix(_PROXY),
+                        {**sample.labels, **extra},
+                        sample.value,
+                        sample.timestamp,
+                        sample.exemplar,
+                    )
+        yield from families.values()
+
+
+class _BookCollector(Collector):
+    def __init__(self, book: CallerBook) -> None:
+        self._book = book
+
+    def collect(self) -> Iterator[Metric]:
+        callers = GaugeMetricFamily(
+            "tritonshare_gateway_callers",
+            "Pods the caller table lets reach their model through this gateway now.",
+        )
+        callers.add_metric([], len(self._book.callers))
+        age = GaugeMetricFamily(
+            "tritonshare_gateway_caller_table_age_seconds",
+            "Seconds since the agent last wrote the caller table (-1: no table).",
+        )
+        table_age = self._book.age()
+        age.add_metric([], -1.0 if table_age is None else table_age)
+        yield from (callers, age)
+
+
+class GatewayMetrics:
+    """The registry /metrics serves, and the gateway's own counters."""
+
+    def __init__(self, book: CallerBook, tenants: Callable[[], Iterable[Tenant]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._refused = Counter(
+            "tritonshare_gateway_refused_connections",
+            "Connections closed at accept, by reason: not_a_caller (the address is no proven "
+            "model pod of this node) or no_table (no fresh caller table).",
+            ["protocol", "reason"],
+            registry=self.registry,
+        )
+        self.registry.register(_BookCollector(book))
+        self.registry.register(_TenantCollector(tenants))
+
+    def refused(self, protocol: str, reason: str) -> None:
+        self._refused.labels(protocol, reason).inc()

@@ -1,0 +1,120 @@
+"""One relay per calling pod: the proxy's own REST and gRPC relays, bound to that pod's model.
+
+A `Tenant` is what the gateway serves a caller with: the proxy's `RestRelay` and `GrpcRelay`
+(routing, the raw-path grammar, server-wide APIs refused, other models answered like unknown
+ones, every gRPC message checked), made for the caller's model and fed the connections the
+gateway accepted from the caller's address. Each tenant has its own connections to Triton, so one
+pod's stalled stream or slow reader never holds another's. `Tenants` makes them on a pod's first
+connection and drops them, with every open connection, the moment the pod loses its place in the
+caller table. What it must not do: decide who a caller is (`gateway.callers`) or accept sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+from common.callers import Caller
+from proxy.grpc.server import GrpcRelay
+from proxy.http1.listener import RestRelay
+from proxy.metrics import ProxyMetrics
+from proxy.policy.limiter import Limiter
+from proxy.settings import Settings
+from proxy.state import ProxyState
+
+log = logging.getLogger(__name__)
+
+
+class Tenant:
+    """The relays serving one calling pod."""
+
+    def __init__(self, caller: Caller, settings: Settings, state: ProxyState) -> None:
+        self.caller = caller
+        self.limiter = Limiter(
+            settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
+        )
+        self.metrics = ProxyMetrics(self.limiter, caller.model_id)
+        self.rest = RestRelay(settings, self.limiter, self.metrics, state)
+        self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state)
+
+    @property
+    def connections(self) -> int:
+        return len(self.rest.connections) + len(self.grpc.connections)
+
+    async def adopt(self, protocol: str, sock: socket.socket) -> None:
+        """Serve an accepted connection of this pod on the `http` or `grpc` relay."""
+        await (self.rest if protocol == "http" else self.grpc).adopt(sock)
+
+    def abort(self) -> None:
+        """Drop every connection of this pod now."""
+        self.rest.abort_all()
+        self.grpc.abort_all()
+
+    async def stop(self) -> None:
+        """Let in-flight requests finish (up to the finish timeout), then close everything."""
+        await asyncio.gather(self.rest.stop(), self.grpc.stop())
+
+
+class Tenants:
+    """The tenants of the pods that have connected, by address."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+        self._by_address: dict[str, Tenant] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self.revoked = 0
+
+    def __iter__(self) -> Iterator[Tenant]:
+        return iter(list(self._by_address.values()))
+
+    def get(self, caller: Caller, settings: Settings) -> Tenant:
+        """The tenant for `caller`, made on its first connection."""
+        tenant = self._by_address.get(caller.address)
+        if tenant is None or tenant.caller != caller:
+            if tenant is not None:
+                self._drop(tenant)
+            tenant = self._by_address[caller.address] = Tenant(caller, settings, self.state)
+        return tenant
+
+    def revoke(self, addresses: set[str]) -> None:
+        """These addresses lost their place: drop their tenants and every connection at once."""
+        for address in addresses:
+            tenant = self._by_address.pop(address, None)
+            if tenant is not None:
+                self._drop(tenant)
+
+    def _drop(self, tenant: Tenant) -> None:
+        caller = tenant.caller
+        if tenant.connections:
+            log.info(
+                "Pod %s (%s) may no longer reach model %s: closing its %d connections.",
+                caller.pod,
+                caller.address,
+                caller.model_id,
+                tenant.connections,
+            )
+        self._by_address.pop(caller.address, None)
+        self.revoked += 1
+        tenant.abort()
+        task = asyncio.get_running_loop().create_task(
+            tenant.stop(), name=f"gateway: closing the relays of {caller.pod}"
+        )
+        self._stopping.add(task)
+        task.add_done_callback(self._stopped)
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        self._stopping.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("Closing a revoked pod's relays failed: %s", task.exception())
+
+    async def stop(self) -> None:
+        """Stop every tenant (in-flight requests finish up to the finish timeout)."""
+        tenants = list(self._by_address.values())
+        self._by_address.clear()
+        await asyncio.gather(*(t.stop() for t in tenants))
+        for task in list(self._stopping):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
