@@ -79,6 +79,17 @@ class AgentHandle:
 
 
 @dataclass
+class GatewayHandle:
+    """The node gateway of the node whose pods run for real: the model pods' one way to Triton."""
+
+    process: ManagedProcess
+    http: int
+    grpc: int
+    metrics: int
+    caller_table: Path
+
+
+@dataclass
 class BinderHandle:
     identity: str
     process: ManagedProcess
@@ -115,6 +126,7 @@ class SimCluster:
         self.kube: kubernetes.client.ApiClient | None = None
         self.triton: TritonServer | None = None
         self.agents: dict[str, AgentHandle] = {}
+        self.gateway: GatewayHandle | None = None
         self.binders: list[BinderHandle] = []
         self.kubelet: Kubelet | None = None
         self.hollow: HollowKubelet | None = None
@@ -159,6 +171,7 @@ class SimCluster:
                 f"(HTTP {self.triton.http_url}, gRPC {self.triton.grpc_url}; admin APIs "
                 "restricted)."
             )
+        self._start_gateway()
         self._start_agents()
         self._start_binders()
         self._start_kubelets()
@@ -215,6 +228,8 @@ class SimCluster:
                 "--usage-publish-seconds", "2",
                 "--cpu-only",
             ]  # fmt: skip
+            if node.real and self.gateway is not None:
+                argv += ["--gateway-table", str(self.gateway.caller_table)]
             process = ManagedProcess(
                 f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
             )
@@ -245,6 +260,55 @@ class SimCluster:
                 f"node {name}'s agent lease", partial(self._lease, agent_lease_name(name)), 60
             )
         self.say(f"{len(self.agents)} agents are publishing their GPUs and renewing their leases.")
+
+    def _start_gateway(self) -> None:
+        """The real node's gateway, on the node's address (127.0.0.1) before its agent, which
+        writes the caller table the gateway follows (until then the gateway refuses everyone)."""
+        real = self.real_node
+        if real is None or self.triton is None:
+            return
+        node_dir = self.workdir / "nodes" / real.name
+        node_dir.mkdir(parents=True, exist_ok=True)
+        http, grpc, metrics = free_port(), free_port(), free_port()
+        caller_table = node_dir / "gateway" / "callers.json"
+        argv = [
+            sys.executable, "-m", "proxy.gateway",
+            "--caller-table", str(caller_table),
+            "--triton-http-url", self.triton.http_url,
+            "--triton-grpc-url", self.triton.grpc_url,
+            "--listen-http", f"127.0.0.1:{http}",
+            "--listen-grpc", f"127.0.0.1:{grpc}",
+            "--listen-metrics", f"127.0.0.1:{metrics}",
+        ]  # fmt: skip
+        log_path = self.workdir / "logs" / f"gateway-{real.name}.log"
+        handle = GatewayHandle(
+            ManagedProcess(f"gateway/{real.name}", argv, log_path),
+            http,
+            grpc,
+            metrics,
+            caller_table,
+        )
+        handle.process.start(self.env)
+        wait_until(
+            f"the gateway of node {real.name} serving",
+            partial(
+                started_or_dead,
+                handle.process,
+                partial(http_ok, f"http://127.0.0.1:{handle.metrics}/healthz"),
+            ),
+            60,
+        )
+        if not handle.process.alive():
+            raise ClusterError(
+                f"the gateway of node {real.name} exited while starting; its log ends:\n"
+                f"{handle.process.log_tail()}"
+            )
+        self.gateway = handle
+        self.say(
+            f"Node {real.name}'s gateway is the model pods' one way to Triton (REST "
+            f"127.0.0.1:{handle.http}, gRPC 127.0.0.1:{handle.grpc}): it knows each pod by its "
+            "address."
+        )
 
     def _start_binders(self) -> None:
         if not available("binder.__main__"):
@@ -354,6 +418,8 @@ class SimCluster:
             self.exit_codes[binder.process.name] = binder.process.stop()
         for agent in self.agents.values():
             self.exit_codes[agent.process.name] = agent.process.stop()
+        if self.gateway is not None:
+            self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
         if self.triton is not None:
             self.triton.stop()
 

@@ -69,8 +69,8 @@ def _condition(pod: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 
 def _create_pods(cluster: SimCluster) -> dict[str, PodPorts]:
-    node = cluster.real_node
-    assert node is not None and cluster.triton is not None
+    node, gateway = cluster.real_node, cluster.gateway
+    assert node is not None and gateway is not None
     agent = cluster.agents.get(node.name)
     agent_port = int(agent.grpc.rpartition(":")[2]) if agent else free_port()
     cluster.core.create_namespace(
@@ -84,8 +84,8 @@ def _create_pods(cluster: SimCluster) -> dict[str, PodPorts]:
             pod,
             ports[pod.name],
             agent_port=agent_port,
-            triton_http_port=cluster.triton.http_port,
-            triton_grpc_port=cluster.triton.grpc_port,
+            gateway_http_port=gateway.http,
+            gateway_grpc_port=gateway.grpc,
         )
         cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
     return ports
@@ -162,8 +162,8 @@ def _fail_over(cluster: SimCluster, result: DemoResult, say: Say) -> None:
         LATE_POD,
         PodPorts(free_port(), free_port(), free_port()),
         agent_port=free_port(),
-        triton_http_port=free_port(),
-        triton_grpc_port=free_port(),
+        gateway_http_port=free_port(),
+        gateway_grpc_port=free_port(),
     )
     cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
 
@@ -250,8 +250,8 @@ def _squat(cluster: SimCluster, result: DemoResult, say: Say) -> None:
         replace(victim, name="squatter"),
         PodPorts(free_port(), free_port(), free_port()),
         agent_port=0,
-        triton_http_port=0,
-        triton_grpc_port=0,
+        gateway_http_port=0,
+        gateway_grpc_port=0,
     )
     agent = cluster.agents[real.name].grpc
     for container in manifest["spec"]["initContainers"]:
@@ -286,8 +286,8 @@ def _squat(cluster: SimCluster, result: DemoResult, say: Say) -> None:
 def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     """A model that occupies more GPU memory than its pod asked for: the agent measures it, warns
     (or evicts, with --gpu-mem-enforcement=evict), and the binder counts what it really uses."""
-    real = cluster.real_node
-    if real is None or cluster.kubelet is None or cluster.triton is None:
+    real, gateway = cluster.real_node, cluster.gateway
+    if real is None or cluster.kubelet is None or gateway is None:
         return
     say("")
     say(f"A model that uses more GPU memory than it asked for: {GREEDY_POD.name} "
@@ -296,8 +296,8 @@ def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
         GREEDY_POD,
         PodPorts(free_port(), free_port(), free_port()),
         agent_port=int(cluster.agents[real.name].grpc.rpartition(":")[2]),
-        triton_http_port=cluster.triton.http_port,
-        triton_grpc_port=cluster.triton.grpc_port,
+        gateway_http_port=gateway.http,
+        gateway_grpc_port=gateway.grpc,
     )
     cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
 

@@ -25,6 +25,7 @@ from typing import Any, cast
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from sim.addresses import PodAddresses
 from sim.containers import now_rfc3339
 from sim.podspec import Obj
 from sim.podworker import NodeRuntime, PodWorker, pod_key, read_json
@@ -124,6 +125,7 @@ class Kubelet(_PodWatcher):
             workdir=workdir,
             host_ip=host_ip,
             python=python,
+            addresses=PodAddresses(),
             base_env=dict(os.environ if base_env is None else base_env),
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,

@@ -27,6 +27,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from sim.addresses import PodAddresses
 from sim.containers import ContainerRun, http_get, now_rfc3339
 from sim.podspec import Obj, PodSpecError, plan
 from sim.podstatus import write_status
@@ -52,6 +53,8 @@ class NodeRuntime:
     workdir: Path
     host_ip: str
     python: str
+    addresses: PodAddresses
+    """Where each pod's own IP comes from (`sim.addresses`)."""
     base_env: Mapping[str, str]
     backoff_initial: float
     """Seconds before the first restart of a failed container; doubles per restart."""
@@ -84,6 +87,8 @@ class PodWorker(threading.Thread):
         self.config_error = ""
         self.start_time = now_rfc3339()
         self._grace = float(spec.get("terminationGracePeriodSeconds", 30))
+        # A pod on the host network has the node's address; every other pod an address of its own.
+        self.pod_ip = node.host_ip if spec.get("hostNetwork") else node.addresses.take(self.uid)
         self._deleting = threading.Event()
         self._abandon = threading.Event()
         self._published = ""
@@ -114,7 +119,11 @@ class PodWorker(threading.Thread):
             log.exception("The simulated kubelet failed to run pod %s: parking it.", self.key)
             self._deleting.wait()
         finally:
-            self._terminate()
+            try:
+                self._terminate()
+            finally:
+                if self.pod_ip != self.node.host_ip:
+                    self.node.addresses.give_back(self.pod_ip)
 
     # Volumes.
 
@@ -183,7 +192,7 @@ class PodWorker(threading.Thread):
             "status": {
                 **self.pod.get("status", {}),
                 "hostIP": self.node.host_ip,
-                "podIP": self.node.host_ip,
+                "podIP": self.pod_ip,
             },
         }
         launch = plan(
@@ -259,7 +268,7 @@ class PodWorker(threading.Thread):
             return
         code = container.process.poll()
         if code is None:
-            failed = container.probe(self.node.host_ip)
+            failed = container.probe(self.pod_ip)
             if not failed:
                 return
             log.warning(
@@ -332,7 +341,7 @@ class PodWorker(threading.Thread):
         if "sleep" in hook:
             time.sleep(min(float(hook["sleep"]["seconds"]), left))
         elif "httpGet" in hook:
-            http_get(hook["httpGet"], container.ports, self.node.host_ip, left)
+            http_get(hook["httpGet"], container.ports, self.pod_ip, left)
         elif "exec" in hook and container.launch is not None:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 subprocess.run(
@@ -376,8 +385,8 @@ class PodWorker(threading.Thread):
         return {
             "phase": self.phase,
             "hostIP": self.node.host_ip,
-            "podIP": self.node.host_ip,
-            "podIPs": [{"ip": self.node.host_ip}],
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
             "startTime": self.start_time,
             "conditions": [
                 {"type": kind, "status": "True" if value else "False"}

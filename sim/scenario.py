@@ -152,13 +152,17 @@ def model_pod_manifest(
     ports: PodPorts,
     *,
     agent_port: int,
-    triton_http_port: int,
-    triton_grpc_port: int,
+    gateway_http_port: int,
+    gateway_grpc_port: int,
 ) -> dict[str, Any]:
     """The pod as the platform (or an operator) writes it, for the simulated cluster.
 
-    On a real cluster every node's agent and Triton listen on the same ports (hostPorts); in the
-    simulation they share 127.0.0.1, so the ports are those of the one node that runs pods.
+    On a real cluster every node's agent and gateway listen on the same ports (hostPorts); in the
+    simulation the node's address is 127.0.0.1 for every node, so the ports are those of the one
+    node that runs pods. Each pod has an address of its own (status.podIP): the proxy's
+    connections to the gateway leave from it (--source-address), which is how the gateway knows
+    the pod. The proxy listens on every address, on ports of its own, so clients reach it at
+    127.0.0.1 and the kubelet's probes at the pod's address.
     """
     token_dir = "/var/run/secrets/tritonshare"  # noqa: S105 - a mount path, not a secret
     downward = [
@@ -167,6 +171,7 @@ def model_pod_manifest(
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{KEYS.model_id}']"}},
         },
         {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     small = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
     spec: dict[str, Any] = {
@@ -212,11 +217,12 @@ def model_pod_manifest(
                 "command": ["python", "-m", "proxy"],
                 "args": [
                     "--model-id=$(MODEL_ID)",
-                    f"--triton-http-url=$(HOST_IP):{triton_http_port}",
-                    f"--triton-grpc-url=$(HOST_IP):{triton_grpc_port}",
-                    f"--listen-http=127.0.0.1:{ports.http}",
-                    f"--listen-grpc=127.0.0.1:{ports.grpc}",
-                    f"--listen-metrics=127.0.0.1:{ports.metrics}",
+                    f"--triton-http-url=$(HOST_IP):{gateway_http_port}",
+                    f"--triton-grpc-url=$(HOST_IP):{gateway_grpc_port}",
+                    "--source-address=$(POD_IP)",
+                    f"--listen-http=0.0.0.0:{ports.http}",
+                    f"--listen-grpc=0.0.0.0:{ports.grpc}",
+                    f"--listen-metrics=0.0.0.0:{ports.metrics}",
                     f"--agent-address=$(HOST_IP):{agent_port}",
                     f"--token-file={token_dir}/token",
                     "--drain-seconds=1",

@@ -36,7 +36,7 @@ POD = next(p for p in PODS if p.name == "add-one")
 def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[tuple[SimCluster, PodPorts]]:
     with SimCluster(tmp_path / "cluster", [NODES[0]], binders=1) as running:
         assert running.missing == [], running.missing
-        assert running.triton is not None
+        assert running.triton is not None and running.gateway is not None
         ports = PodPorts(free_port(), free_port(), free_port())
         agent_port = int(running.agents[NODES[0].name].grpc.rpartition(":")[2])
         running.core.create_namespace(
@@ -47,8 +47,8 @@ def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[tuple[Sim
             POD,
             ports,
             agent_port=agent_port,
-            triton_http_port=running.triton.http_port,
-            triton_grpc_port=running.triton.grpc_port,
+            gateway_http_port=running.gateway.http,
+            gateway_grpc_port=running.gateway.grpc,
         )
         running.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
         try:

@@ -1,0 +1,54 @@
+"""Pod addresses for the simulated kubelet: each pod its own IP in 127.0.0.0/8.
+
+A real pod has its own network namespace and IP; the simulated ones share the host's, but Linux
+answers on every address of 127.0.0.0/8, so a process can listen on, and connect from, an address
+of its own there. The node keeps 127.0.0.1 (its agent, gateway and Triton listen on it, and a pod
+on the host network gets it too); pods get addresses from 127.1.0.1 on, each held until the pod
+is gone and then reused last, as a CNI's IPAM hands them out. Thread-safe: pod workers take and
+give back addresses from their own threads.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections import deque
+
+FIRST = ipaddress.IPv4Address("127.1.0.1")
+LAST = ipaddress.IPv4Address("127.254.255.254")
+
+
+class AddressesExhaustedError(RuntimeError):
+    """Every pod address is in use."""
+
+
+class PodAddresses:
+    """Hands out pod IPs in 127.1.0.0-127.254.255.255, never one that is in use."""
+
+    def __init__(self, first: ipaddress.IPv4Address = FIRST) -> None:
+        self._next = int(first)
+        self._freed: deque[str] = deque()
+        self._in_use: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def take(self, owner: str) -> str:
+        """An address for pod `owner` (its uid); the same one if it already holds one."""
+        with self._lock:
+            for address, holder in self._in_use.items():
+                if holder == owner:
+                    return address
+            if self._next <= int(LAST):
+                address = str(ipaddress.IPv4Address(self._next))
+                self._next += 1
+            elif self._freed:
+                address = self._freed.popleft()
+            else:
+                raise AddressesExhaustedError("every simulated pod address is in use")
+            self._in_use[address] = owner
+            return address
+
+    def give_back(self, address: str) -> None:
+        """The pod holding `address` is gone."""
+        with self._lock:
+            if self._in_use.pop(address, None) is not None:
+                self._freed.append(address)
