@@ -1,0 +1,122 @@
+"""Fixtures for the node gateway's tests: a gateway in a thread, in front of the real Triton.
+
+The caller table is written by the test, as the agent would write it (the agent's own side is
+tested in tests/agent/test_gateway_table.py). Clients pick the pod they play by the source address
+they connect from: any address of 127.0.0.0/8 is local on Linux.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.callers import Caller, CallerTable, write_table
+from common.lifecycle import Lifecycle
+from proxy.gateway.app import Gateway
+from proxy.gateway.settings import GatewaySettings
+from sim.triton import TritonServer
+
+NODE = "gpu-node-1"
+
+
+def caller(address: str, model_id: str, pod: str = "") -> Caller:
+    return Caller(address, model_id, pod or f"team/{model_id}-pod", f"uid-{address}")
+
+
+def publish(path: Path, *callers: Caller, written_at: float | None = None) -> None:
+    """Write the caller table as the agent does."""
+    write_table(path, CallerTable(NODE, time.time() if written_at is None else written_at, callers))
+
+
+class RunningGateway:
+    """A Gateway serving from a background thread's event loop."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self._started: Future[Gateway] = Future()
+        self._lifecycle: Lifecycle | None = None
+        self._thread = threading.Thread(target=self._run, name="gateway-under-test")
+        self._thread.start()
+        self.gateway = self._started.result(timeout=30)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    async def _main(self) -> None:
+        lifecycle = self._lifecycle = Lifecycle(cleanup_timeout=30)
+        gateway = Gateway(self.settings)
+
+        async def main(lc: Lifecycle) -> None:
+            try:
+                await gateway.start(lc)
+            except BaseException as e:
+                self._started.set_exception(e)
+                raise
+            self._started.set_result(gateway)
+
+        await lifecycle.run(main)
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.gateway.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.gateway.ports['grpc']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.ports['metrics']}/metrics"
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            assert self._lifecycle is not None
+            self.loop.call_soon_threadsafe(self._lifecycle.request_stop, "test over")
+            self._thread.join(60)
+        assert not self._thread.is_alive(), "the gateway did not stop within 60 s"
+
+
+def gateway_settings(triton: TritonServer, table: Path, **changes: Any) -> GatewaySettings:
+    settings = GatewaySettings(
+        caller_table=table,
+        triton_http_url=triton.http_url,
+        triton_grpc_url=triton.grpc_url,
+        listen_http=("127.0.0.1", 0),
+        listen_grpc=("127.0.0.1", 0),
+        listen_metrics=("127.0.0.1", 0),
+        table_poll_seconds=0.02,
+        finish_timeout_seconds=5.0,
+    )
+    return replace(settings, **changes)
+
+
+@contextlib.contextmanager
+def running_gateway(settings: GatewaySettings) -> Iterator[RunningGateway]:
+    running = RunningGateway(settings)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    return tmp_path / "gateway" / "callers.json"

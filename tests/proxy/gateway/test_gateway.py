@@ -1,0 +1,261 @@
+"""The node gateway against the real Triton: who may connect, what each pod reaches, and how
+access follows the caller table (a pod deleted, a table gone stale, the gateway restarted).
+
+Each test plays pods by connecting from their addresses (127.1.0.x); the full path (tritonclient,
+the pod's proxy leaving from the pod's address, the gateway, Triton) is exercised too.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from sim.triton import TritonServer
+from tests.proxy.conftest import proxy_settings, running_proxy
+from tests.proxy.gateway.conftest import (
+    RunningGateway,
+    caller,
+    gateway_settings,
+    publish,
+    running_gateway,
+)
+
+pytestmark = pytest.mark.triton
+
+ADD_ONE_POD = "127.1.0.7"
+IDENTITY_POD = "127.1.0.8"
+STRANGER = "127.1.0.9"
+INFER = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+).encode()
+
+
+def fetch(
+    gateway: RunningGateway, source: str, method: str, path: str, body: bytes | None = None
+) -> tuple[int, bytes]:
+    host, port = gateway.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10, source_address=(source, 0))
+    try:
+        connection.request(method, path, body=body)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def refused(gateway: RunningGateway, source: str, url: str) -> bool:
+    """True when a connection from `source` to `url` is closed without an answer."""
+    host, port = url.split(":")
+    try:
+        with socket.create_connection(
+            (host, int(port)), timeout=10, source_address=(source, 0)
+        ) as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            return sock.recv(1024) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def scrape(gateway: RunningGateway) -> str:
+    with urllib.request.urlopen(gateway.metrics_url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def poll(predicate: object, what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within:g} s")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def gateway(served_triton: TritonServer, table: Path) -> Iterator[RunningGateway]:
+    publish(table, caller(ADD_ONE_POD, "add_one"), caller(IDENTITY_POD, "identity"))
+    with running_gateway(gateway_settings(served_triton, table)) as running:
+        yield running
+
+
+def test_each_pod_reaches_its_own_model_and_no_other(gateway: RunningGateway) -> None:
+    status, body = fetch(gateway, ADD_ONE_POD, "POST", "/v2/models/add_one/infer", INFER)
+    assert status == 200
+    assert json.loads(body)["outputs"][0]["data"] == [2, 3, 4]
+    # The neighbour's model is answered as Triton answers a model it does not have.
+    status, body = fetch(gateway, ADD_ONE_POD, "POST", "/v2/models/identity/infer", INFER)
+    assert status == 404
+    assert b"unknown model: 'identity'" in body
+    # From the other pod's address, the same request is its own.
+    assert fetch(gateway, IDENTITY_POD, "GET", "/v2/models/identity/ready")[0] == 200
+    status, body = fetch(gateway, IDENTITY_POD, "POST", "/v2/models/add_one/infer", INFER)
+    assert status == 404
+    assert b"unknown model: 'add_one'" in body
+
+
+def test_an_address_that_is_no_caller_is_refused_before_a_byte_is_read(
+    gateway: RunningGateway,
+) -> None:
+    for url in (gateway.http_url, gateway.grpc_url):
+        assert refused(gateway, STRANGER, url)
+    # The node's own address is no caller either (the agent never writes it).
+    assert refused(gateway, "127.0.0.1", gateway.http_url)
+    metrics = scrape(gateway)
+    assert (
+        'tritonshare_gateway_refused_connections_total{protocol="http",reason="not_a_caller"} 2.0'
+        in metrics
+    )
+    assert (
+        'tritonshare_gateway_refused_connections_total{protocol="grpc",reason="not_a_caller"} 1.0'
+        in metrics
+    )
+    assert "tritonshare_gateway_callers 2.0" in metrics
+
+
+def test_the_full_path_from_tritonclient_through_the_pods_proxy(
+    gateway: RunningGateway, served_triton: TritonServer
+) -> None:
+    settings = proxy_settings(
+        served_triton,
+        triton_http_url=gateway.http_url,
+        triton_grpc_url=gateway.grpc_url,
+        source_address=ADD_ONE_POD,
+    )
+    data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+    with running_proxy(settings) as proxy:
+        with httpclient.InferenceServerClient(proxy.http_url) as rest:
+            tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+            tensor.set_data_from_numpy(data)
+            assert rest.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2, 3, 4]]
+            assert rest.is_server_ready()
+        with grpcclient.InferenceServerClient(proxy.grpc_url) as grpc:
+            tensor = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+            tensor.set_data_from_numpy(data)
+            assert grpc.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[2, 3, 4]]
+    metrics = scrape(gateway)
+    assert 'pod="team/add_one-pod"' in metrics
+    assert 'tritonshare_gateway_requests_total{code="200",model="add_one"' in metrics
+
+
+def test_a_proxy_leaving_from_a_stranger_address_gets_nothing(
+    gateway: RunningGateway, served_triton: TritonServer
+) -> None:
+    settings = proxy_settings(
+        served_triton,
+        triton_http_url=gateway.http_url,
+        triton_grpc_url=gateway.grpc_url,
+        source_address=STRANGER,
+    )
+    data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+    with (
+        running_proxy(settings) as proxy,
+        httpclient.InferenceServerClient(proxy.http_url) as rest,
+    ):
+        tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+        tensor.set_data_from_numpy(data)
+        with pytest.raises(InferenceServerException):
+            rest.infer("add_one", [tensor])
+
+
+def test_streams_reach_the_own_decoupled_model(served_triton: TritonServer, table: Path) -> None:
+    publish(table, caller("127.0.0.1", "text_stream"))
+    results: list[object] = []
+    with (
+        running_gateway(gateway_settings(served_triton, table)) as gateway,
+        grpcclient.InferenceServerClient(gateway.grpc_url) as client,
+    ):
+        client.start_stream(callback=lambda result, error: results.append(error or result))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"chunk"], dtype=np.object_))
+        repeat = grpcclient.InferInput("repeat", [1], "INT32")
+        repeat.set_data_from_numpy(np.array([3], dtype=np.int32))
+        client.async_stream_infer("text_stream", [text, repeat])
+        poll(lambda: len(results) >= 3, "three streamed answers")
+        client.stop_stream()
+    texts = []
+    for result in results:
+        assert not isinstance(result, InferenceServerException), result
+        texts.append(result.as_numpy("text_output").reshape(-1)[0])  # type: ignore[attr-defined]
+    assert texts == [b"chunk 0", b"chunk 1", b"chunk 2"]
+
+
+def test_a_pod_that_leaves_the_table_loses_its_open_connections_at_once(
+    gateway: RunningGateway, table: Path
+) -> None:
+    host, port = gateway.http_url.split(":")
+    connection = http.client.HTTPConnection(
+        host, int(port), timeout=10, source_address=(ADD_ONE_POD, 0)
+    )
+    connection.request("GET", "/v2/models/add_one/ready")
+    assert connection.getresponse().status == 200
+    # The agent saw the pod deleted: it rewrites the table without it.
+    publish(table, caller(IDENTITY_POD, "identity"))
+    poll(lambda: gateway.gateway.book.lookup(ADD_ONE_POD) is None, "the gateway rereading")
+    with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+        connection.request("GET", "/v2/models/add_one/ready")
+        connection.getresponse().read()
+    connection.close()
+    assert refused(gateway, ADD_ONE_POD, gateway.http_url)
+    assert fetch(gateway, IDENTITY_POD, "GET", "/v2/models/identity/ready")[0] == 200
+
+
+def test_a_moved_address_is_its_new_pods_only(gateway: RunningGateway, table: Path) -> None:
+    assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+    # The address now belongs to another pod with another model (an IP reused after a delete).
+    publish(table, caller(ADD_ONE_POD, "identity", pod="other/identity"))
+    poll(
+        lambda: (
+            (c := gateway.gateway.book.lookup(ADD_ONE_POD)) is not None and c.model_id == "identity"
+        ),
+        "the gateway rereading",
+    )
+    assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 400
+    assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/identity/ready")[0] == 200
+
+
+def test_a_table_the_agent_stopped_refreshing_refuses_everyone(
+    served_triton: TritonServer, table: Path
+) -> None:
+    publish(table, caller(ADD_ONE_POD, "add_one"), written_at=time.time() - 5)
+    settings = gateway_settings(served_triton, table, table_max_age_seconds=2)
+    with running_gateway(settings) as gateway:
+        assert refused(gateway, ADD_ONE_POD, gateway.http_url)
+        assert 'reason="no_table"' in scrape(gateway)
+        with urllib.request.urlopen(gateway.metrics_url.replace("/metrics", "/healthz")) as r:
+            assert r.status == 200
+        # The agent writes again: access comes back.
+        publish(table, caller(ADD_ONE_POD, "add_one"))
+        poll(lambda: not gateway.gateway.book.problem, "the table being fresh again")
+        assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+
+
+def test_no_table_means_no_caller_and_not_ready(served_triton: TritonServer, table: Path) -> None:
+    with running_gateway(gateway_settings(served_triton, table)) as gateway:
+        assert refused(gateway, ADD_ONE_POD, gateway.http_url)
+        ready_url = gateway.metrics_url.replace("/metrics", "/readyz")
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(ready_url, timeout=10)
+        assert error.value.code == 503
+        assert b"no caller table" in error.value.read()
+
+
+def test_a_restarted_gateway_serves_the_callers_at_once(
+    served_triton: TritonServer, table: Path
+) -> None:
+    publish(table, caller(ADD_ONE_POD, "add_one"))
+    settings = gateway_settings(served_triton, table)
+    with running_gateway(settings) as first:
+        assert fetch(first, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+    # The table stays on the shared volume: the next gateway reads it before it listens.
+    with running_gateway(settings) as second:
+        assert fetch(second, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
