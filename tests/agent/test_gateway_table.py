@@ -1,0 +1,131 @@
+"""The caller table the agent writes for the node gateway: through the real agent, its pod watch
+on the simulated API server and a real Triton; and `callers_of`'s rules on their own.
+
+A caller is a proven pod of this node that owns its model here and has an address of its own. A
+pod created with spec.nodeName (no proof), a pod asking for a model another pod owns, a pod on the
+host network, and an address two pods claim are never callers; a deleted pod leaves the table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from agent.gateway import callers_of
+from agent.placement import Proven
+from agent.pods import PodInfo
+from common.callers import CallerTable, read_table
+from sim.apiserver import RunningApiServer
+from tests.agent.conftest import (
+    NODE,
+    RunningAgent,
+    StartAgent,
+    eventually,
+    install_dir,
+    make_pod,
+)
+from tests.conftest import copy_model
+
+pytestmark = pytest.mark.triton
+
+
+def pod(name: str, ip: str, *, host_ip: str = "10.0.0.1", host_network: bool = False) -> Proven:
+    info = PodInfo(
+        "team", name, f"uid-{name}", NODE, "tritonshare", "Running", name, "GPU-1",
+        pod_ip=ip, host_ip=host_ip, host_network=host_network,
+    )  # fmt: skip
+    return Proven(info, 1024**3)
+
+
+def test_callers_are_pods_with_an_address_of_their_own() -> None:
+    callers, left_out = callers_of(
+        [
+            pod("a", "10.1.0.5"),
+            pod("host", "10.0.0.1", host_network=True),
+            pod("same-as-node", "10.0.0.1"),
+            pod("no-ip-yet", ""),
+            pod("twin1", "10.1.0.9"),
+            pod("twin2", "10.1.0.9"),
+        ]
+    )
+    assert [(c.address, c.model_id, c.pod) for c in callers] == [("10.1.0.5", "a", "team/a")]
+    assert any("team/host" in reason for reason in left_out)
+    assert any("team/same-as-node" in reason for reason in left_out)
+    assert any("10.1.0.9" in reason and "team/twin1" in reason for reason in left_out)
+
+
+def set_address(api: kubernetes.client.ApiClient, name: str, ip: str) -> None:
+    """What the kubelet writes once the pod's sandbox has its address."""
+    core: Any = kubernetes.client.CoreV1Api(api)
+    core.patch_namespaced_pod_status(
+        name, "default", {"status": {"podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1"}}
+    )
+
+
+def table_of(path: Path) -> CallerTable | None:
+    try:
+        return read_table(path)
+    except ValueError:
+        return None
+
+
+def addresses(path: Path) -> dict[str, str]:
+    table = table_of(path)
+    return {} if table is None else {c.address: c.model_id for c in table.callers}
+
+
+async def test_the_agent_writes_its_proven_owners_and_drops_a_deleted_pod(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    table = tmp_path / "gateway" / "callers.json"
+    running: RunningAgent = await start_custom_agent(
+        gateway_table=table, gateway_table_refresh_seconds=0.2
+    )
+    await eventually(lambda: table_of(table) is not None, what="the first caller table")
+    first = table_of(table)
+    assert first is not None and first.node == NODE and first.callers == ()
+
+    gpu = running.mock.gpus[0].uuid
+    make_pod(kube_api, "owner", "add_one", gpu_uuid=gpu)
+    set_address(kube_api, "owner", "127.1.0.5")
+    # Proven but owning nothing yet: no caller until its loader installs the model.
+    await eventually(lambda: running.agent.reconciler.pods.get("default/owner") is not None)
+    assert addresses(table) == {}
+    token = apiserver.mint_token("default", "owner")
+    await install_dir(running.stub, token, copy_model("add_one", tmp_path / "m"), "add_one")
+    await eventually(
+        lambda: addresses(table) == {"127.1.0.5": "add_one"}, what="the owner in the table"
+    )
+
+    # A pod created with spec.nodeName and no proof, and a proven pod asking for the model
+    # another pod owns: neither becomes a caller.
+    make_pod(kube_api, "squatter", "add_one", gpu_uuid=gpu, proven=False)
+    set_address(kube_api, "squatter", "127.1.0.6")
+    make_pod(kube_api, "copycat", "add_one", gpu_uuid=gpu)
+    set_address(kube_api, "copycat", "127.1.0.7")
+    await eventually(lambda: running.agent.reconciler.pods.get("default/copycat") is not None)
+    assert addresses(table) == {"127.1.0.5": "add_one"}
+
+    # The table is rewritten while nothing changes: the gateway can tell the agent is alive.
+    before = table_of(table)
+    assert before is not None
+    await eventually(
+        lambda: (t := table_of(table)) is not None and t.written_at > before.written_at,
+        what="a refresh of the table",
+    )
+
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    core.delete_namespaced_pod("owner", "default", grace_period_seconds=0)
+    await eventually(lambda: addresses(table) == {}, what="the deleted owner leaving the table")
+
+
+async def test_without_a_table_path_there_is_no_publisher(start_custom_agent: StartAgent) -> None:
+    running = await start_custom_agent()
+    assert running.agent.callers is None
+    assert running.agent.reconciler.on_pods is None
