@@ -149,7 +149,13 @@ def test_a_pod_runs_init_then_main_containers_and_becomes_ready(
                         "name": "server",
                         "image": "tritonshare",
                         "command": ["python", "-m", "http.server"],
-                        "args": [str(port), "--bind", "127.0.0.1", "--directory", "/srv/data"],
+                        "args": [str(port), "--bind", "$(POD_IP)", "--directory", "/srv/data"],
+                        "env": [
+                            {
+                                "name": "POD_IP",
+                                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                            }
+                        ],
                         "ports": [{"name": "http", "containerPort": port}],
                         "readinessProbe": {
                             "httpGet": {"path": "/index.json", "port": "http"},
@@ -190,7 +196,12 @@ def test_a_pod_runs_init_then_main_containers_and_becomes_ready(
     [main] = pod["status"]["containerStatuses"]
     assert main["ready"] is True and "running" in main["state"]
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/index.json", timeout=10) as response:
+    # The pod has an address of its own, not the node's; the server listens on it and the
+    # kubelet's readiness probe reached it there.
+    pod_ip = pod["status"]["podIP"]
+    assert pod_ip != pod["status"]["hostIP"] == "127.0.0.1"
+    assert pod_ip.startswith("127.") and pod["status"]["podIPs"] == [{"ip": pod_ip}]
+    with urllib.request.urlopen(f"http://{pod_ip}:{port}/index.json", timeout=10) as response:
         seen = json.loads(response.read())
     uid = pod["metadata"]["uid"]
     assert seen["env"] == {
@@ -430,7 +441,13 @@ def test_readiness_waits_for_the_startup_probe(
                         "name": "main",
                         "image": "tritonshare",
                         "command": ["python", "-m", "http.server", str(port)],
-                        "args": ["--bind", "127.0.0.1", "--directory", str(site)],
+                        "args": ["--bind", "$(POD_IP)", "--directory", str(site)],
+                        "env": [
+                            {
+                                "name": "POD_IP",
+                                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                            }
+                        ],
                         "startupProbe": {
                             "httpGet": {"path": "/started", "port": port},
                             "periodSeconds": 1,

@@ -1,0 +1,42 @@
+"""Pod addresses of the simulated kubelet: one per pod, never one in use, reused only when free."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import pytest
+
+from sim.addresses import LAST, AddressesExhaustedError, PodAddresses
+
+
+def test_each_pod_gets_its_own_address_and_keeps_it() -> None:
+    addresses = PodAddresses()
+    a, b = addresses.take("uid-a"), addresses.take("uid-b")
+    assert a != b
+    assert addresses.take("uid-a") == a
+    assert all(ipaddress.ip_address(x) in ipaddress.ip_network("127.0.0.0/8") for x in (a, b))
+    assert "127.0.0.1" not in (a, b)
+
+
+def test_a_freed_address_is_reused_only_when_no_new_one_is_left() -> None:
+    addresses = PodAddresses(first=ipaddress.IPv4Address(int(LAST) - 1))
+    a = addresses.take("a")
+    addresses.give_back(a)
+    b, c = addresses.take("b"), addresses.take("c")
+    assert b != a and c == a  # the fresh one first, then the freed one
+    with pytest.raises(AddressesExhaustedError):
+        addresses.take("d")
+
+
+def test_a_process_can_listen_on_and_connect_from_a_pod_address() -> None:
+    pod_a, pod_b = PodAddresses().take("a"), PodAddresses().take("a")
+    assert pod_a == pod_b  # two kubelets start from the same first address
+    with socket.socket() as server:
+        server.bind((pod_a, 0))
+        server.listen()
+        source = str(ipaddress.IPv4Address(int(ipaddress.IPv4Address(pod_a)) + 1))
+        with socket.create_connection(server.getsockname(), source_address=(source, 0)):
+            accepted, peer = server.accept()
+            accepted.close()
+    assert peer[0] == source
