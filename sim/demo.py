@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import logging
+import socket
 import sys
 import tempfile
 import time
@@ -283,6 +284,105 @@ def _squat(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     )
 
 
+_KNOCK = """
+import os, socket, sys
+host, port, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+request = f"GET /v2/models/{model}/ready HTTP/1.1\\r\\nHost: triton\\r\\n\\r\\n".encode()
+try:
+    with socket.create_connection((host, port), 10, (os.environ["POD_IP"], 0)) as s:
+        s.sendall(request)
+        answer = s.recv(200).split(b"\\r\\n", 1)[0].decode() or "the connection was closed"
+except OSError as e:
+    answer = f"the connection was refused ({e.strerror or e})"
+print(f"from {os.environ['POD_IP']}: {answer}", flush=True)
+"""
+
+
+def _knock_from(address: str, gateway: str, model: str) -> str:
+    """The first line of the gateway's answer to `address` asking whether `model` is ready."""
+    host, _, port = gateway.rpartition(":")
+    request = f"GET /v2/models/{model}/ready HTTP/1.1\r\nHost: triton\r\n\r\n".encode()
+    try:
+        with socket.create_connection((host, int(port)), 10, (address, 0)) as sock:
+            sock.sendall(request)
+            answer = sock.recv(200).split(b"\r\n", 1)[0].decode()
+            return answer or "the connection was closed"
+    except OSError as e:
+        return f"the connection was refused ({e.strerror or e})"
+
+
+def _gateway(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    """Only a model pod's own address reaches Triton, and only for its own model: a pod that is
+    no model pod (with a forged model label) and a model pod asking for its neighbour's model,
+    both stopped at the node's gateway."""
+    real, gateway = cluster.real_node, cluster.gateway
+    if real is None or gateway is None or cluster.kubelet is None:
+        return
+    served = [p for p in PODS if p.name in result.served]
+    if len(served) < 2:
+        return
+    tenant, neighbour = served[0], served[1]
+    say("")
+    say(
+        f"Triton on {real.name} is reachable only through the node's gateway, which knows each "
+        "pod by its address:"
+    )
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "stranger",
+            "namespace": SQUATTER_NAMESPACE,
+            "labels": {"tritonshare.io/role": "model"},  # forged: labels prove nothing
+        },
+        "spec": {
+            "nodeName": real.name,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "knock",
+                    "image": "tritonshare:demo",
+                    "command": ["python", "-c", _KNOCK],
+                    "args": ["$(HOST_IP)", str(gateway.http), tenant.model_id],
+                    "env": [
+                        {
+                            "name": "POD_IP",
+                            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                        },
+                        {
+                            "name": "HOST_IP",
+                            "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
+                        },
+                    ],
+                }
+            ],
+        },
+    }
+    cluster.core.create_namespaced_pod(SQUATTER_NAMESPACE, manifest, _preload_content=False)
+    kubelet = cluster.kubelet
+
+    def knocked() -> str:
+        return kubelet.container_log(SQUATTER_NAMESPACE, "stranger", "knock").strip()
+
+    result.gateway_stranger = wait_until("the stranger pod's attempt", knocked, 60)
+    say(
+        f"  a pod of {SQUATTER_NAMESPACE} labelled as a model pod asks for {tenant.model_id!r}: "
+        f"{result.gateway_stranger}"
+    )
+    cluster.core.delete_namespaced_pod(
+        "stranger", SQUATTER_NAMESPACE, grace_period_seconds=0, _preload_content=False
+    )
+    pod = _pod(cluster, tenant.name) or {}
+    address = str(pod.get("status", {}).get("podIP", ""))
+    own = _knock_from(address, f"127.0.0.1:{gateway.http}", tenant.model_id)
+    result.gateway_neighbour = _knock_from(address, f"127.0.0.1:{gateway.http}", neighbour.model_id)
+    say(
+        f"  {tenant.name} ({address}) asks for its own model {tenant.model_id!r}: {own}; for "
+        f"{neighbour.name}'s {neighbour.model_id!r}: {result.gateway_neighbour} (as Triton "
+        "answers a model it does not have)"
+    )
+
+
 def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     """A model that occupies more GPU memory than its pod asked for: the agent measures it, warns
     (or evicts, with --gpu-mem-enforcement=evict), and the binder counts what it really uses."""
@@ -374,6 +474,7 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             say("Inferences through the proxies (tritonclient, REST and gRPC):")
             _infer(ports, result, say)
             _squat(cluster, result, say)
+            _gateway(cluster, result, say)
             say("Inferences after the attempt: every model still answers as its owner's.")
             _infer(ports, result, say)
             _metrics(cluster, ports, result)

@@ -48,6 +48,11 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     # A pod created with spec.nodeName and another team's model id is refused by the agent,
     # with an Event on it, and the owner's model still answers (checked after the attempt).
     assert "not placed on this node by the tritonshare binder" in result.squatter_refused
+    # Every pod reaches Triton only through the node's gateway (the proxies' inferences above went
+    # that way): a pod that is no model pod is refused at accept, whatever its labels, and a
+    # model pod asking for its neighbour's model is answered as for a model Triton lacks.
+    assert "refused" in result.gateway_stranger and "127.1." in result.gateway_stranger
+    assert result.gateway_neighbour.startswith("HTTP/1.1 400"), result.gateway_neighbour
     # A model using more GPU memory than its pod asked for is measured, warned about, and the
     # node publishes what it uses (the binder's accounting reads it).
     assert "uses 3Gi of GPU memory" in result.overuse
