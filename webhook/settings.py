@@ -15,6 +15,8 @@ from pathlib import Path
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
+    DEFAULT_GATEWAY_GRPC_PORT,
+    DEFAULT_GATEWAY_HTTP_PORT,
     DEFAULT_PREFIX,
     DEFAULT_SCHEDULER_NAME,
     ContractError,
@@ -48,10 +50,11 @@ class Settings:
     """Image that fetches s3://, gs://, https:// models (and copies pvc:// ones)."""
     agent_port: int = DEFAULT_AGENT_GRPC_PORT
     """The agent's gRPC hostPort on every GPU node."""
-    triton_http_port: int = 8000
-    """Triton's HTTP hostPort."""
-    triton_grpc_port: int = 8001
-    """Triton's gRPC hostPort."""
+    triton_http_port: int = DEFAULT_GATEWAY_HTTP_PORT
+    """The hostPort of the node gateway's REST side: the proxies' only way to Triton (which
+    listens on the node pod's loopback)."""
+    triton_grpc_port: int = DEFAULT_GATEWAY_GRPC_PORT
+    """The hostPort of the node gateway's gRPC side."""
     audience: str = DEFAULT_AGENT_AUDIENCE
     """Audience of the pod's projected token for the agent."""
     log_format: LogFormat = "text"
@@ -95,8 +98,16 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         "storage-initializer-image", "image that fetches models", defaults.storage_initializer_image
     )
     flag("agent-port", "the agent's gRPC hostPort", defaults.agent_port)
-    flag("triton-http-port", "Triton's HTTP hostPort", defaults.triton_http_port)
-    flag("triton-grpc-port", "Triton's gRPC hostPort", defaults.triton_grpc_port)
+    flag(
+        "triton-http-port",
+        "hostPort of the node gateway's REST side (the proxies' way to Triton)",
+        defaults.triton_http_port,
+    )
+    flag(
+        "triton-grpc-port",
+        "hostPort of the node gateway's gRPC side (the proxies' way to Triton)",
+        defaults.triton_grpc_port,
+    )
     flag("audience", "audience of the pod's token for the agent", defaults.audience)
     flag("log-format", "text or json", defaults.log_format)
     args = parser.parse_args(list(argv))

@@ -20,6 +20,9 @@ from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
     DEFAULT_AGENT_HTTP_PORT,
+    DEFAULT_GATEWAY_GRPC_PORT,
+    DEFAULT_GATEWAY_HTTP_PORT,
+    DEFAULT_GATEWAY_METRICS_PORT,
     DEFAULT_PROXY_GRPC_PORT,
     DEFAULT_PROXY_HTTP_PORT,
     DEFAULT_SCHEDULER_NAME,
@@ -340,6 +343,7 @@ def test_editing_the_overlays_image_tag_upgrades_every_tritonshare_container(
     assert images == {
         "triton": TRITON_IMAGE,
         "agent": f"{overlay['images'][0]['newName']}:9.9.9",
+        "gateway": f"{overlay['images'][0]['newName']}:9.9.9",
         "binder": f"{overlay['images'][0]['newName']}:9.9.9",
     }
 
@@ -368,10 +372,28 @@ def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubec
         apis, _, header = restricted.removeprefix(flag).partition(":")
         assert set(apis.split(",")) == {"model-repository", "shared-memory", "trace", "logging"}
         assert re.fullmatch(r"[a-z-]+=\$\([A-Z_]+\)", header), f"bad restriction {header!r}"
-    # Tenants reach neither metrics port through the node; only inference and the agent's gRPC.
+    # Triton's inference listens on the pod's loopback: the gateway beside it is the one way in.
+    assert {"--http-address=127.0.0.1", "--grpc-address=127.0.0.1"} <= set(args)
+    gateway = by_name["gateway"]
+    assert "--triton-http-url=127.0.0.1:8000" in gateway["args"]
+    assert "--triton-grpc-url=127.0.0.1:8001" in gateway["args"]
+    # Tenants reach no metrics port through the node; only the gateway and the agent's gRPC.
     ports = [p for c in spec["containers"] for p in c["ports"]]
     host_ports = {p["containerPort"] for p in ports if "hostPort" in p}
-    assert host_ports == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
+    assert host_ports == {
+        DEFAULT_GATEWAY_HTTP_PORT,
+        DEFAULT_GATEWAY_GRPC_PORT,
+        DEFAULT_AGENT_GRPC_PORT,
+    }
+    assert not any(p["containerPort"] in (8000, 8001) for p in ports)
+    # The caller table: written by the agent, read-only for the gateway, mounted by no one else.
+    [table] = [a for a in agent["args"] if a.startswith("--gateway-table=")]
+    [read] = [a for a in gateway["args"] if a.startswith("--caller-table=")]
+    assert table.partition("=")[2] == read.partition("=")[2]
+    mounts = {c["name"]: m for c in spec["containers"] for m in c.get("volumeMounts", [])
+              if m["name"] == "gateway-callers"}  # fmt: skip
+    assert set(mounts) == {"agent", "gateway"}
+    assert mounts["gateway"]["readOnly"] is True and not mounts["agent"].get("readOnly")
     taken = host_ports & set(NODE_DAEMON_PORTS)
     assert not taken, f"hostPorts {taken} collide with {[NODE_DAEMON_PORTS[p] for p in taken]}"
     # Triton reads the repository the agent writes, through a read-only mount of the same volume.
@@ -390,8 +412,16 @@ def test_the_node_pod_admits_only_model_pods_and_monitoring(kubectl: str) -> Non
     )
     model_rule, monitoring_rule = policy["spec"]["ingress"]
     assert model_rule["from"][0]["podSelector"]["matchLabels"] == {"tritonshare.io/role": "model"}
-    assert {p["port"] for p in model_rule["ports"]} == {8000, 8001, DEFAULT_AGENT_GRPC_PORT}
-    assert {p["port"] for p in monitoring_rule["ports"]} == {8002, DEFAULT_AGENT_HTTP_PORT}
+    assert {p["port"] for p in model_rule["ports"]} == {
+        DEFAULT_GATEWAY_HTTP_PORT,
+        DEFAULT_GATEWAY_GRPC_PORT,
+        DEFAULT_AGENT_GRPC_PORT,
+    }
+    assert {p["port"] for p in monitoring_rule["ports"]} == {
+        8002,
+        DEFAULT_GATEWAY_METRICS_PORT,
+        DEFAULT_AGENT_HTTP_PORT,
+    }
 
 
 def test_the_binder_runs_two_replicas_with_a_disruption_budget(kubectl: str) -> None:
@@ -493,7 +523,7 @@ def test_every_part_accepts_the_arguments_the_manifests_give_it(kubectl: str) ->
             checked.add(part)
     if missing:
         pytest.skip(f"parts without a settings module yet: {sorted(set(missing))}")
-    assert checked == {"agent", "binder", "loader", "proxy"}
+    assert checked == {"agent", "binder", "loader", "proxy", "proxy.gateway"}
 
 
 def _doc_block(starting: str) -> str:
