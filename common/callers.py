@@ -12,6 +12,7 @@ treated as empty (fail closed). What it must not do: decide who is a caller (tha
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tempfile
@@ -84,8 +85,12 @@ def _caller(entry: Any) -> Caller:
     if not isinstance(entry, dict):
         raise CallerTableError("a caller entry is not an object")
     address = str(entry["address"])
-    if not address or any(ch.isspace() for ch in address):
-        raise CallerTableError(f"caller address {address!r} is not an IP address")
+    try:
+        canonical = str(ipaddress.ip_address(address))
+    except ValueError as e:
+        raise CallerTableError(f"caller address {address!r} is not an IP address") from e
+    if canonical != address:
+        raise CallerTableError(f"caller address {address!r} is not written canonically")
     return Caller(
         address, validate_model_id(str(entry["modelId"])), str(entry["pod"]), str(entry["uid"])
     )

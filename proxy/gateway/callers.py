@@ -65,8 +65,8 @@ class CallerBook:
             stat = self.path.stat()
         except OSError as e:
             self._fail(
-                f"no caller table at {self.path} ({e.strerror}): is the node's agent running "
-                "with --gateway-table, on a volume shared with the gateway?"
+                f"no caller table at {self.path} ({e.strerror}); check that the node's agent "
+                "runs with --gateway-table naming this file, on a volume shared with the gateway"
             )
             return
         identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
@@ -88,7 +88,7 @@ class CallerBook:
                 f"({self.max_age:g} s): the node's agent is not refreshing it"
             )
         elif self._table is not None and self.problem:
-            log.info("The caller table is fresh again: %d callers.", len(self._callers))
+            log.info("Following the caller table: %d callers.", len(self._callers))
             self.problem = ""
 
     def _adopt(self, table: CallerTable) -> None:
@@ -102,7 +102,7 @@ class CallerBook:
 
     def _fail(self, problem: str) -> None:
         if problem != self.problem:
-            log.error("Refusing every pod: %s.", problem)
+            log.error("Refusing every pod: %s", problem)
         before = self.callers
         self.problem = problem
         self._revoke(set(before))

@@ -1,0 +1,122 @@
+"""The caller table's format (`common.callers`) and how the gateway follows it (`CallerBook`):
+what it lets in, what it revokes and when, and that it fails closed. A clock is injected, so
+staleness is tested without waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from common.callers import Caller, CallerTable, CallerTableError, decode, encode, write_table
+from proxy.gateway.callers import CallerBook
+
+A = Caller("10.1.0.5", "add_one", "team-a/add-one", "uid-a")
+B = Caller("10.1.0.6", "identity", "team-b/identity", "uid-b")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_table_survives_the_round_trip() -> None:
+    table = CallerTable("node-1", 12.5, (B, A))
+    decoded = decode(encode(table))
+    assert decoded.node == "node-1" and decoded.written_at == 12.5
+    assert set(decoded.callers) == {A, B}
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        ({"format": "something/else", "node": "n", "writtenAt": 1, "callers": []}, "format"),
+        ({"format": "tritonshare.io/callers/v1", "node": "n", "callers": []}, "malformed"),
+        (
+            {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1,
+             "callers": [{"address": "10.0.0.1\n", "modelId": "m", "pod": "p", "uid": "u"}]},
+            "not an IP address",
+        ),
+        (
+            {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1,
+             "callers": [{"address": "10.0.0.1", "modelId": "m\n", "pod": "p", "uid": "u"}]},
+            "malformed",
+        ),
+    ],
+)  # fmt: skip
+def test_anything_but_a_well_formed_table_is_refused(document: object, problem: str) -> None:
+    with pytest.raises(CallerTableError, match=problem):
+        decode(json.dumps(document).encode())
+
+
+def test_no_table_means_no_caller(tmp_path: Path) -> None:
+    book = CallerBook(tmp_path / "callers.json", max_age=60)
+    book.check()
+    assert book.lookup(A.address) is None
+    assert "no caller table" in book.problem
+
+
+def test_callers_changes_and_revocations(tmp_path: Path) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    book = CallerBook(path, max_age=60, on_revoke=revoked.append, clock=clock)
+    write_table(path, CallerTable("n", clock.now, (A, B)))
+    book.check()
+    assert book.lookup(A.address) == A and book.lookup(B.address) == B
+    assert book.lookup("10.1.0.7") is None
+    assert revoked == []
+    # B's pod is deleted; A's address now belongs to another pod with another model.
+    moved = Caller(A.address, "other", "team-c/other", "uid-c")
+    write_table(path, CallerTable("n", clock.now, (moved,)))
+    book.check()
+    assert revoked == [{A.address, B.address}]
+    assert book.lookup(A.address) == moved and book.lookup(B.address) is None
+
+
+def test_a_later_unreadable_table_keeps_the_last_good_one_while_it_is_fresh(
+    tmp_path: Path,
+) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    book = CallerBook(path, max_age=60, on_revoke=revoked.append, clock=clock)
+    write_table(path, CallerTable("n", clock.now, (A,)))
+    book.check()
+    path.write_text("{ not json")
+    os.utime(path, ns=(1, 1))
+    book.check()
+    assert book.lookup(A.address) == A
+    clock.now += 61
+    book.check()
+    assert book.lookup(A.address) is None and revoked == [{A.address}]
+
+
+def test_a_stale_table_refuses_everyone_until_the_agent_writes_again(tmp_path: Path) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    book = CallerBook(path, max_age=60, on_revoke=revoked.append, clock=clock)
+    write_table(path, CallerTable("n", clock.now, (A, B)))
+    book.check()
+    clock.now += 59
+    book.check()
+    assert book.lookup(A.address) == A
+    clock.now += 2
+    book.check()
+    assert book.lookup(A.address) is None and "not refreshing" in book.problem
+    assert revoked == [{A.address, B.address}]
+    write_table(path, CallerTable("n", clock.now, (A, B)))
+    book.check()
+    assert book.lookup(A.address) == A and not book.problem
+
+
+def test_a_table_already_stale_when_read_lets_no_one_in(tmp_path: Path) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    write_table(path, CallerTable("n", clock.now - 3600, (A,)))
+    book = CallerBook(path, max_age=60, clock=clock)
+    book.check()
+    assert book.lookup(A.address) is None
+    assert book.callers == {}
