@@ -484,6 +484,11 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         summarize_metrics(result, say)
         say("")
         say("Deleting the model pods: each proxy drains, asks its agent to unload, and exits.")
+        addresses = {
+            p.name: str((_pod(cluster, p.name) or {}).get("status", {}).get("podIP", ""))
+            for p in PODS
+            if p.name in result.served
+        }
         for pod in ALL_PODS:
             with contextlib.suppress(ApiException):
                 cluster.core.delete_namespaced_pod(pod.name, NAMESPACE, _preload_content=False)
@@ -492,6 +497,12 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             lambda: all(_pod(cluster, p.name) is None for p in ALL_PODS),
             90,
         )
+        if cluster.gateway is not None and addresses:
+            name, address = next(iter(addresses.items()))
+            model = next(p.model_id for p in PODS if p.name == name)
+            gateway = f"127.0.0.1:{cluster.gateway.http}"
+            result.gateway_after_delete = _knock_from(address, gateway, model)
+            say(f"  {name}'s address ({address}) at the gateway now: {result.gateway_after_delete}")
         result.loaded_after_shutdown = _loaded_models(cluster)
         say(
             "Triton has no model left loaded."

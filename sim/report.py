@@ -49,6 +49,8 @@ class DemoResult:
     """What a pod that is no model pod (a forged model label) got from the node's gateway."""
     gateway_neighbour: str = ""
     """What a model pod asking the gateway for another pod's model got."""
+    gateway_after_delete: str = ""
+    """What a deleted model pod's address got from the gateway once the pod was gone."""
     leader: str = ""
     new_leader: str = ""
     """The binder leading after the first leader was crashed."""

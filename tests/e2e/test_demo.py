@@ -53,6 +53,8 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     # model pod asking for its neighbour's model is answered as for a model Triton lacks.
     assert "refused" in result.gateway_stranger and "127.1." in result.gateway_stranger
     assert result.gateway_neighbour.startswith("HTTP/1.1 400"), result.gateway_neighbour
+    # A deleted pod's address reaches nothing once the pod is gone.
+    assert "refused" in result.gateway_after_delete, result.gateway_after_delete
     # A model using more GPU memory than its pod asked for is measured, warned about, and the
     # node publishes what it uses (the binder's accounting reads it).
     assert "uses 3Gi of GPU memory" in result.overuse
@@ -70,7 +72,7 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert result.metrics["tritonshare_agent_models_loaded"] == len(on_real)
 
     # Every part stopped cleanly on SIGTERM (the crashed leader was already dead).
-    expected = {f"agent/{n.name}" for n in NODES} | {"binder-0", "binder-1"}
+    expected = {f"agent/{n.name}" for n in NODES} | {"binder-0", "binder-1", "gateway/t4-node-0"}
     assert set(result.exit_codes) == expected
     assert {part: code for part, code in result.exit_codes.items() if code != 0} == {
         result.leader: -9
