@@ -7,6 +7,7 @@ the pod's proxy leaving from the pod's address, the gateway, Triton) is exercise
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -259,3 +260,28 @@ def test_a_restarted_gateway_serves_the_callers_at_once(
     # The table stays on the shared volume: the next gateway reads it before it listens.
     with running_gateway(settings) as second:
         assert fetch(second, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+
+
+def test_a_flood_of_strangers_costs_the_callers_nothing(gateway: RunningGateway) -> None:
+    host, port = gateway.http_url.split(":")
+    held = []
+    try:
+        for i in range(300):
+            sock = socket.socket()
+            sock.bind((f"127.1.1.{i % 250 + 1}", 0))
+            sock.settimeout(10)
+            held.append(sock)
+            with contextlib.suppress(ConnectionResetError):  # the reset may beat connect()
+                sock.connect((host, int(port)))
+            if i % 50 == 0:
+                assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+        for sock in held:
+            with contextlib.suppress(ConnectionResetError, OSError):
+                assert sock.recv(1) == b""
+    finally:
+        for sock in held:
+            sock.close()
+    status, body = fetch(gateway, ADD_ONE_POD, "POST", "/v2/models/add_one/infer", INFER)
+    assert status == 200, body
+    # Every stranger was turned away at accept: none holds a relay or a connection to Triton.
+    assert [t.caller.address for t in gateway.gateway.tenants] == [ADD_ONE_POD]
