@@ -9,7 +9,6 @@ checked against the collectors the agent, the binder and the proxy register.
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ import yaml
 
 from agent.metrics import AgentMetrics
 from binder.metrics import Metrics as BinderMetrics
+from proxy.gateway.callers import CallerBook
+from proxy.gateway.metrics import GatewayMetrics
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from tests.conftest import require_executable
@@ -32,6 +33,7 @@ ALERTS = {
     "TritonsharePodsPendingLong",
     "TritonshareModelLoadFailures",
     "TritonshareProxyRejecting",
+    "TritonshareGatewayWithoutCallers",
 }
 
 
@@ -48,6 +50,7 @@ def exported_families() -> set[str]:
         agent.registry,
         BinderMetrics().registry,
         ProxyMetrics(Limiter(0, 0, 0.0), "m").registry,
+        GatewayMetrics(CallerBook(Path("/nonexistent"), max_age=60), list).registry,
     ]
     names = set()
     for registry in registries:
@@ -89,6 +92,8 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
         'tritonshare_proxy_rejected_requests_total{namespace="models", pod="add-one-2", '
         'model_id="add_one", reason="RouteRefusedError"}'
     )
+    stale = 'tritonshare_gateway_caller_table_age_seconds{pod="node-a", container="gateway"}'
+    fresh = 'tritonshare_gateway_caller_table_age_seconds{pod="node-b", container="gateway"}'
     return {
         "rule_files": [str(rule_file)],
         "evaluation_interval": "1m",
@@ -117,6 +122,10 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     # minute (1/60 s), under the threshold.
                     {"series": rejected, "values": "0+60x30"},
                     {"series": quiet, "values": "0+1x30"},
+                    # The agent stops refreshing the caller table at minute 0: its age grows
+                    # a minute a minute; another node's stays fresh.
+                    {"series": stale, "values": "0+60x30"},
+                    {"series": fresh, "values": "5x30"},
                 ],
                 "alert_rule_test": [
                     # Down for 2 minutes: not yet (for: 5m); down for 6: firing.
@@ -186,6 +195,25 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                         "alertname": "TritonshareModelLoadFailures",
                         "exp_alerts": [],
                     },
+                    # Over 90 s old from minute 2, firing 2 minutes later.
+                    {
+                        "eval_time": "3m",
+                        "alertname": "TritonshareGatewayWithoutCallers",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "5m",
+                        "alertname": "TritonshareGatewayWithoutCallers",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "pod": "node-a",
+                                    "container": "gateway",
+                                },
+                            }
+                        ],
+                    },
                     {"eval_time": "8m", "alertname": "TritonshareProxyRejecting", "exp_alerts": []},
                     {
                         "eval_time": "20m",
@@ -229,7 +257,7 @@ def test_the_rules_are_valid_prometheus_rules(tmp_path: Path) -> None:
         [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, f"promtool rejects the rules:\n{result.stdout}{result.stderr}"
-    assert re.search(r"SUCCESS: 5 rules found", result.stdout), result.stdout
+    assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout, result.stdout
 
 
 def test_each_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
