@@ -126,21 +126,29 @@ class Gateway:
             if caller is None or self.state.draining:
                 self._refuse(protocol, address, sock)
                 continue
-            self.accepted += 1
             tenant = self.tenants.get(caller, self.settings.relay_settings(caller.model_id))
+            if tenant.connections >= self.settings.max_connections_per_pod:
+                self._refuse(protocol, address, sock, too_many=True)
+                continue
+            self.accepted += 1
             try:
                 await tenant.adopt(protocol, sock)
             except OSError as e:
                 log.warning("Serving a connection of pod %s failed at once: %s", caller.pod, e)
                 sock.close()
 
-    def _refuse(self, protocol: str, address: str, sock: socket.socket) -> None:
+    def _refuse(
+        self, protocol: str, address: str, sock: socket.socket, *, too_many: bool = False
+    ) -> None:
         # SO_LINGER 0: the peer sees a reset at once rather than an orderly close it might
         # mistake for an answer.
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
-        reason = "no_table" if self.book.problem else "not_a_caller"
+        if too_many:
+            reason = "too_many_connections"
+        else:
+            reason = "no_table" if self.book.problem else "not_a_caller"
         self.metrics.refused(protocol, reason)
         now = time.monotonic()
         last = self._refusals.get(address)
@@ -152,6 +160,11 @@ class Gateway:
         why = self.book.problem or (
             "it is not a model pod that this node's agent placed and that owns its model here"
         )
+        if too_many:
+            why = (
+                f"the pod already holds {self.settings.max_connections_per_pod} connections "
+                "(--max-connections-per-pod)"
+            )
         log.warning("Refused a %s connection from %s: %s.", protocol, address, why)
 
     async def _close_sockets(self) -> None:

@@ -73,7 +73,8 @@ class GatewayMetrics:
         self._refused = Counter(
             "tritonshare_gateway_refused_connections",
             "Connections closed at accept, by reason: not_a_caller (the address is no proven "
-            "model pod of this node) or no_table (no fresh caller table).",
+            "model pod of this node), no_table (no fresh caller table) or too_many_connections "
+            "(the pod holds --max-connections-per-pod already).",
             ["protocol", "reason"],
             registry=self.registry,
         )

@@ -48,6 +48,9 @@ class GatewaySettings:
     head_timeout_seconds: float = 30.0
     idle_timeout_seconds: float = 300.0
     finish_timeout_seconds: float = 20.0
+    max_connections_per_pod: int = 512
+    """Connections one pod may hold open to the gateway; more are reset at accept, so one pod
+    cannot take the gateway's file descriptors from the others."""
     max_in_flight_per_pod: int = 0
     """Inference requests one pod may have at Triton at once through the gateway (its proxy has
     its own limit; this one holds even for a pod that bypasses its proxy); 0: no limit."""
@@ -102,6 +105,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     flag("head-timeout", "seconds to send a REST request head or the gRPC preface", "30")
     flag("idle-timeout", "seconds an idle connection stays open, 0 = forever", "300")
     flag("finish-timeout", "seconds to wait for in-flight requests at shutdown", "20")
+    flag("max-connections-per-pod", "connections one pod may hold open", "512")
     flag(
         "max-in-flight-per-pod", "inference requests one pod may have at Triton, 0 = no limit", "0"
     )
@@ -145,6 +149,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         head_timeout_seconds=number("head-timeout", args.head_timeout),
         idle_timeout_seconds=number("idle-timeout", args.idle_timeout),
         finish_timeout_seconds=number("finish-timeout", args.finish_timeout),
+        max_connections_per_pod=int(
+            number("max-connections-per-pod", args.max_connections_per_pod, integer=True)
+        ),
         max_in_flight_per_pod=int(
             number("max-in-flight-per-pod", args.max_in_flight_per_pod, integer=True)
         ),

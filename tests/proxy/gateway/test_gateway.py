@@ -285,3 +285,32 @@ def test_a_flood_of_strangers_costs_the_callers_nothing(gateway: RunningGateway)
     assert status == 200, body
     # Every stranger was turned away at accept: none holds a relay or a connection to Triton.
     assert [t.caller.address for t in gateway.gateway.tenants] == [ADD_ONE_POD]
+
+
+def test_a_pod_cannot_take_every_connection_of_the_gateway(
+    served_triton: TritonServer, table: Path
+) -> None:
+    publish(table, caller(ADD_ONE_POD, "add_one"), caller(IDENTITY_POD, "identity"))
+    settings = gateway_settings(served_triton, table, max_connections_per_pod=3)
+    with running_gateway(settings) as gateway:
+        host, port = gateway.http_url.split(":")
+        held = []
+        try:
+            for _ in range(3):
+                connection = http.client.HTTPConnection(
+                    host, int(port), timeout=10, source_address=(ADD_ONE_POD, 0)
+                )
+                connection.request("GET", "/v2/models/add_one/ready")
+                assert connection.getresponse().status == 200
+                held.append(connection)
+            assert refused(gateway, ADD_ONE_POD, gateway.http_url)
+            # The other pod is not affected.
+            assert fetch(gateway, IDENTITY_POD, "GET", "/v2/models/identity/ready")[0] == 200
+            assert 'reason="too_many_connections"' in scrape(gateway)
+        finally:
+            for connection in held:
+                connection.close()
+        poll(
+            lambda: fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200,
+            "a connection slot freed",
+        )
