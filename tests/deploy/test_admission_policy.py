@@ -194,8 +194,8 @@ def test_only_the_binder_writes_the_gpu_and_the_placement(cluster: Cluster) -> N
     status = _refused(cluster.tenant.create_namespaced_pod, TENANT_NAMESPACE, forged)
     assert (status["code"], status["message"]) == (422, _pod_denial(BINDER_ONLY))
     cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, _model_pod(model_id="mine"))
-    for annotation in ({"gpu": "GPU-1"}, {"placement": "v1.k.1.sig"}):
-        status = _refused(_annotate_pod, cluster.tenant, "m", **annotation)
+    for written in ({"gpu": "GPU-1"}, {"placement": "v1.k.1.sig"}):
+        status = _refused(_annotate_pod, cluster.tenant, "m", **written)
         assert (status["code"], status["message"]) == (422, _pod_denial(BINDER_ONLY))
     # The binder writes both and binds; the tenant can neither change nor remove them.
     _annotate_pod(cluster.binder, "m", gpu="GPU-1", placement="v1.k.1.sig")
@@ -203,7 +203,8 @@ def test_only_the_binder_writes_the_gpu_and_the_placement(cluster: Cluster) -> N
     cluster.binder.create_namespaced_pod_binding(
         "m", TENANT_NAMESPACE, binding, _preload_content=False
     )
-    for annotation in ({"gpu": "GPU-2"}, {"placement": None}):
+    changes: list[dict[str, str | None]] = [{"gpu": "GPU-2"}, {"placement": None}]
+    for annotation in changes:
         status = _refused(_annotate_pod, cluster.tenant, "m", **annotation)
         assert status["message"] == _pod_denial(BINDER_ONLY)
     pod = cluster.admin.read_namespaced_pod("m", TENANT_NAMESPACE)
