@@ -47,12 +47,13 @@ def variables_map(values: Mapping[str, Any]) -> Any:
 
 def as_bool(value: Any) -> bool | None:
     """A CEL bool as a Python bool; None for any other type."""
-    return bool(value) if isinstance(value, celtypes.BoolType) else None
+    # Some of cel-python's functions answer with Python's own bool and str.
+    return bool(value) if isinstance(value, celtypes.BoolType | bool) else None
 
 
 def as_str(value: Any) -> str | None:
     """A CEL string as a Python str; None for any other type."""
-    return str(value) if isinstance(value, celtypes.StringType) else None
+    return str(value) if isinstance(value, str) else None
 
 
 def _explain(error: Exception) -> str:
