@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 
 from sim.apiserver import RunningApiServer
 from tests.conftest import require_executable
-from tests.deploy.rendering import render
+from tests.deploy.rendering import Obj, render
 from tests.fixtures_sim import coordination_v1, core_v1, status_of
 
 API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
@@ -59,11 +59,46 @@ class Cluster:
     admin_leases: Any
 
 
-def _client(apiserver: RunningApiServer, token: str) -> kubernetes.client.ApiClient:
+def client_with_token(apiserver: RunningApiServer, token: str) -> kubernetes.client.ApiClient:
+    """An official client that calls `apiserver` with a bearer token; close it when done."""
     configuration = kubernetes.client.Configuration()
     configuration.host = apiserver.url
     configuration.api_key = {"authorization": f"Bearer {token}"}
     return kubernetes.client.ApiClient(configuration)
+
+
+def install_policies(api: kubernetes.client.ApiClient, objects: Iterable[Obj]) -> list[str]:
+    """Create the ValidatingAdmissionPolicies and bindings among `objects`; their names."""
+    admission: Any = kubernetes.client.AdmissionregistrationV1Api(api)
+    names = []
+    for obj in objects:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(obj, _preload_content=False)
+        elif obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            admission.create_validating_admission_policy_binding(obj, _preload_content=False)
+        else:
+            continue
+        names.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return names
+
+
+def agent_token(apiserver: RunningApiServer, namespace: str, node: str) -> str:
+    """The API token of the agent's pod on `node`, as the DaemonSet's pod holds it: bound to the
+    pod, so its `extra` names the node. Creates that pod first (as the admin)."""
+    pod = f"tritonshare-node-{node}"
+    with apiserver.api_client() as api:
+        core_v1(api).create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": pod},
+                "spec": {
+                    "serviceAccountName": "tritonshare-agent",
+                    "nodeName": node,
+                    "containers": [{"name": "agent", "image": "tritonshare"}],
+                },
+            },
+        )
+    return apiserver.mint_token(namespace, pod, audience=API_AUDIENCE)
 
 
 def _node(name: str) -> dict[str, Any]:
@@ -81,43 +116,21 @@ def _node(name: str) -> dict[str, Any]:
 def cluster(
     apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
 ) -> Iterator[Cluster]:
-    admission: Any = kubernetes.client.AdmissionregistrationV1Api(kube_api)
-    policies = [
-        o
-        for o in render(require_executable("kubectl"), "base")
-        if o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    ]
-    assert len(policies) == 4, [o["metadata"]["name"] for o in policies]
-    for obj in policies:
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            admission.create_validating_admission_policy(obj, _preload_content=False)
-        else:
-            admission.create_validating_admission_policy_binding(obj, _preload_content=False)
+    installed = install_policies(kube_api, render(require_executable("kubectl"), "base"))
+    assert len(installed) == 4, installed
     admin = core_v1(kube_api)
     admin.create_namespace({"metadata": {"name": TENANT_NAMESPACE}})
     for name in ("gpu-1", "gpu-2"):
         admin.create_node(_node(name))
-    # The agent's pod on gpu-1, as the DaemonSet runs it: its projected token names the node.
-    admin.create_namespaced_pod(
-        SYSTEM,
-        {
-            "metadata": {"name": "tritonshare-node-abcde"},
-            "spec": {
-                "serviceAccountName": "tritonshare-agent",
-                "nodeName": "gpu-1",
-                "containers": [{"name": "agent", "image": "tritonshare"}],
-            },
-        },
-    )
-    agent_token = apiserver.mint_token(SYSTEM, "tritonshare-node-abcde", audience=API_AUDIENCE)
     tokens = {
         "tenant": apiserver.service_account_token(TENANT_NAMESPACE, "default"),
         "binder": apiserver.service_account_token(SYSTEM, "tritonshare-binder"),
-        "agent": agent_token,
+        "agent": agent_token(apiserver, SYSTEM, "gpu-1"),
     }
     with contextlib.ExitStack() as stack:
         clients = {
-            user: stack.enter_context(_client(apiserver, token)) for user, token in tokens.items()
+            user: stack.enter_context(client_with_token(apiserver, token))
+            for user, token in tokens.items()
         }
         yield Cluster(
             apiserver,
@@ -311,7 +324,7 @@ def test_the_agent_writes_only_its_own_lease(cluster: Cluster) -> None:
 
 def test_an_agent_token_not_bound_to_a_pod_on_a_node_is_refused(cluster: Cluster) -> None:
     token = cluster.apiserver.service_account_token(SYSTEM, "tritonshare-agent")
-    with _client(cluster.apiserver, token) as api:
+    with client_with_token(cluster.apiserver, token) as api:
         status = _refused(
             _annotate_node, core_v1(api), "gpu-1", {"tritonshare.io/gpus": '[{"index": 0}]'}
         )
