@@ -13,7 +13,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sim.apiserver.admission import policies
+from sim.apiserver.admission import registration
 from sim.apiserver.resources import (
     NAMESPACES,
     PODS,
@@ -400,7 +400,7 @@ def kind_causes(resource: Resource, obj: JsonObject) -> Causes:
     if resource is PODS:
         causes += pod_causes(obj)
     elif resource in (VALIDATING_ADMISSION_POLICIES, VALIDATING_ADMISSION_POLICY_BINDINGS):
-        causes += policies.spec_causes(resource, obj)
+        causes += registration.spec_causes(resource, obj)
     return causes
 
 

@@ -14,9 +14,10 @@ with binding '<b>' denied request: <message>`, code from the validation's `reaso
 by default), `Warn` adds a `Warning` header, `Audit` is logged.
 
 Not simulated: policy parameters (`paramKind`, `paramRef`: refused when the policy or binding is
-written), `auditAnnotations`, `matchPolicy: Equivalent` (only the exact group/version matches),
-the `authorizer` variable and CEL's cost limits and type checking (see `cel`). Policies do not
-apply to admissionregistration.k8s.io objects, as upstream. Pure: reads the store, no I/O.
+written, see `registration`), `auditAnnotations`, `matchPolicy: Equivalent` (only the exact
+group/version matches), the `authorizer` variable and CEL's cost limits and type checking (see
+`cel`). Policies do not apply to admissionregistration.k8s.io objects, as upstream. Pure: reads
+the store, no I/O.
 """
 
 from __future__ import annotations
@@ -53,11 +54,9 @@ from sim.apiserver.store import Store
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-Causes = list[tuple[str, str]]
 
 ADMISSION_GROUP = "admissionregistration.k8s.io"
 _CODES = {"Unauthorized": 401, "Forbidden": 403, "Invalid": 422, "RequestEntityTooLarge": 413}
-_ACTIONS = ("Deny", "Warn", "Audit")
 
 
 @dataclass(frozen=True)
@@ -340,68 +339,3 @@ def _denied(request: Request, denial: Denial) -> ApiError:
     details["causes"] = [{"message": message}]
     reason = denial.reason if denial.reason in _CODES else "Invalid"
     return ApiError(_CODES[reason], reason, f"{forbidden} is forbidden: {message}", details)
-
-
-def spec_causes(resource: Resource, obj: JsonObject) -> Causes:
-    """What the API server refuses (422) in a policy or binding it is asked to store, and what
-    this one does not implement (parameters)."""
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        return [("spec", "Required value")]
-    causes: Causes = []
-    if resource is VALIDATING_ADMISSION_POLICIES:
-        if spec.get("failurePolicy", "Fail") not in ("Fail", "Ignore"):
-            causes.append(
-                (
-                    "spec.failurePolicy",
-                    f'Unsupported value: "{spec["failurePolicy"]}": supported values: "Fail",'
-                    ' "Ignore"',
-                )
-            )
-        if spec.get("paramKind"):
-            causes.append(("spec.paramKind", _NO_PARAMS))
-        if not (spec.get("matchConstraints") or {}).get("resourceRules"):
-            causes.append(("spec.matchConstraints.resourceRules", "Required value"))
-        if not spec.get("validations") and not spec.get("auditAnnotations"):
-            causes.append(
-                (
-                    "spec.validations",
-                    "Required value: validations or auditAnnotations must contain"
-                    " at least one item",
-                )
-            )
-        for i, validation in enumerate(spec.get("validations") or []):
-            if not isinstance(validation, dict) or not validation.get("expression"):
-                causes.append((f"spec.validations[{i}].expression", "Required value"))
-    elif resource is VALIDATING_ADMISSION_POLICY_BINDINGS:
-        if not spec.get("policyName"):
-            causes.append(("spec.policyName", "Required value"))
-        if spec.get("paramRef"):
-            causes.append(("spec.paramRef", _NO_PARAMS))
-        actions = spec.get("validationActions") or []
-        if not actions:
-            causes.append(("spec.validationActions", "Required value"))
-        for i, action in enumerate(actions):
-            if action not in _ACTIONS:
-                causes.append(
-                    (
-                        f"spec.validationActions[{i}]",
-                        f'Unsupported value: "{action}": supported values: "Audit", "Deny", "Warn"',
-                    )
-                )
-        if "Deny" in actions and "Warn" in actions:
-            causes.append(
-                (
-                    "spec.validationActions",
-                    'Invalid value: ["Deny","Warn"]: must not contain both Deny and Warn'
-                    " (repeating the same validation failure information in the API response"
-                    " and headers serves no purpose)",
-                )
-            )
-    return causes
-
-
-_NO_PARAMS = (
-    "Forbidden: policy parameters (paramKind, paramRef) are not implemented by the simulated API"
-    " server"
-)

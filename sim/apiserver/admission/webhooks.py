@@ -3,11 +3,11 @@
 For an object being created (after defaulting, before validation), every webhook of every stored
 `MutatingWebhookConfiguration` (admissionregistration.k8s.io/v1; configurations in name order,
 webhooks in order) whose `rules`, `namespaceSelector` and `objectSelector` match is called with
-an `AdmissionReview` v1 over HTTPS, trusting only its `clientConfig.caBundle`. A JSONPatch answer
-is applied; a refusal fails the request with the webhook's status and upstream's wording
-(`admission webhook "x" denied the request: ...`); a webhook that cannot be reached or answers
-nonsense fails the request with 500 under `failurePolicy: Fail` (the default) and is skipped
-under `Ignore`.
+an `AdmissionReview` v1 (with the caller's `userInfo`) over HTTPS, trusting only its
+`clientConfig.caBundle`. A JSONPatch answer is applied; a refusal fails the request with the
+webhook's status and upstream's wording (`admission webhook "x" denied the request: ...`); a
+webhook that cannot be reached or answers nonsense fails the request with 500 under
+`failurePolicy: Fail` (the default) and is skipped under `Ignore`.
 
 Not simulated: webhooks on UPDATE, DELETE and CONNECT (only CREATE is sent), `clientConfig.service`
 (there is no cluster DNS: use `url`), `matchPolicy` equivalents, `matchConditions`,
