@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -402,3 +404,45 @@ def test_warn_and_audit_actions_let_the_request_through(
         ' consider a \\"smaller\\" pod"'
     )
     assert "would deny CREATE pods default/p (audit only)" in caplog.text
+
+
+def _post(apiserver: RunningApiServer, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST a body the official client's models would refuse to send; the Status answered."""
+    request = urllib.request.Request(
+        f"{apiserver.url}/apis/admissionregistration.k8s.io/v1/{plural}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(request, timeout=10)
+    status: dict[str, Any] = json.loads(raised.value.read())
+    assert raised.value.code == status["code"]
+    return status
+
+
+def test_malformed_policies_are_refused_when_written_so_writes_never_fail_on_them(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> None:
+    malformed: list[dict[str, Any]] = [
+        {"matchConstraints": {"resourceRules": [PODS_RULE]}, "validations": "true"},
+        {"matchConstraints": {"resourceRules": "pods"}, "validations": [{"expression": "true"}]},
+        {
+            "matchConstraints": {"resourceRules": [PODS_RULE]},
+            "validations": [{"expression": "true", "reason": "Teapot"}],
+        },
+        {
+            "matchConstraints": {"resourceRules": [PODS_RULE]},
+            "variables": [{"name": "v"}],
+            "validations": [{"expression": "true"}],
+        },
+        {"validations": [{"expression": "true"}]},
+    ]
+    for i, spec in enumerate(malformed):
+        body = {"metadata": {"name": f"m{i}"}, "spec": spec}
+        status = _post(apiserver, "validatingadmissionpolicies", body)
+        assert (status["code"], status["reason"]) == (422, "Invalid"), spec
+    binding = {"metadata": {"name": "b"}, "spec": {"policyName": "p", "validationActions": ["X"]}}
+    status = _post(apiserver, "validatingadmissionpolicybindings", binding)
+    assert 'Unsupported value: "X": supported values: "Audit", "Deny", "Warn"' in status["message"]
+    core_v1(kube_api).create_namespaced_pod("default", _pod())

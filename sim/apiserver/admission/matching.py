@@ -60,11 +60,17 @@ def selector_matches(selector: JsonObject | None, labels: JsonObject) -> bool:
     """A metav1.LabelSelector; an absent or empty one matches everything."""
     if not selector:
         return True
-    for key, value in (selector.get("matchLabels") or {}).items():
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(match_labels, dict) or not isinstance(expressions, list):
+        return False  # a malformed selector selects nothing
+    for key, value in match_labels.items():
         if labels.get(key) != value:
             return False
-    for expression in selector.get("matchExpressions") or []:
-        key, operator = expression.get("key"), expression.get("operator")
+    for expression in expressions:
+        if not isinstance(expression, dict):
+            return False
+        key, operator = str(expression.get("key")), expression.get("operator")
         values = expression.get("values") or []
         if operator == "In" and labels.get(key) not in values:
             return False
