@@ -130,11 +130,13 @@ class Policies:
         """The warnings for `request`; raises the ApiError of the first denial under `Deny`."""
         if request.resource.group == ADMISSION_GROUP:
             return []
-        namespace = self._namespace_of(request)
         policies = sorted(
             (s.obj for s in self._store.objects(VALIDATING_ADMISSION_POLICIES, "")),
             key=lambda o: str(o["metadata"]["name"]),
         )
+        if not policies:
+            return []
+        namespace = self._namespace_of(request)
         bindings = sorted(
             (s.obj for s in self._store.objects(VALIDATING_ADMISSION_POLICY_BINDINGS, "")),
             key=lambda o: str(o["metadata"]["name"]),
