@@ -7,6 +7,10 @@ pods run for real, one agent per node (`python -m sim.agent_node`, mock NVML), t
 process logs to a file under the work directory. A part that is not in the tree yet is reported in
 `missing` and left out; nothing pretends to be it. It must not create model pods: that is the
 caller's scenario.
+
+With `admission_policies=True` the API server also runs the project's ValidatingAdmissionPolicies
+(deploy/base) and the binders call it with their service account's token; off by default (see
+`SimCluster.admission_policies`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import kubernetes.client
+import yaml
 
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
 from sim.apiserver import RunningApiServer, start_in_thread
@@ -45,6 +50,28 @@ KEYS = Keys()
 # The cluster's own calls (registering nodes, creating the scenario's pods) in the audit log.
 USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
+ADMISSION_POLICY_FILES = tuple(
+    Path(__file__).resolve().parents[1] / "deploy" / "base" / name
+    for name in ("agent-admission-policy.yaml", "model-pod-admission-policy.yaml")
+)
+BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
+SERVICE_ACCOUNT_TOKEN_SECONDS = 7 * 24 * 3600
+
+
+def install_admission_policies(api: kubernetes.client.ApiClient) -> list[str]:
+    """Create deploy/base's ValidatingAdmissionPolicies and their bindings through the API, as an
+    admin applying the base would; their names. (Read from the files, not rendered by kustomize:
+    the base changes nothing in them that the API server looks at.)"""
+    admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(api))
+    names = []
+    for path in ADMISSION_POLICY_FILES:
+        for obj in yaml.safe_load_all(path.read_text()):
+            if obj["kind"] == "ValidatingAdmissionPolicy":
+                admission.create_validating_admission_policy(obj, _preload_content=False)
+            else:
+                admission.create_validating_admission_policy_binding(obj, _preload_content=False)
+            names.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return names
 
 
 def write_placement_keys(directory: Path) -> Path:
@@ -106,6 +133,7 @@ class SimCluster:
         *,
         binders: int = 2,
         tenant_code_namespaces: Sequence[str] = ("models",),
+        admission_policies: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if sum(1 for n in nodes if n.real) > 1:
@@ -116,6 +144,15 @@ class SimCluster:
         self.tenant_code_namespaces = tuple(tenant_code_namespaces)
         """Namespaces the agents let run their own code in Triton: the scenario's tiny models
         use the Python backend, which a real operator allows only for namespaces it trusts."""
+        self.admission_policies = admission_policies
+        """Run deploy/base's ValidatingAdmissionPolicies in the API server, and the binders with
+        their service account's token (the model-pod policy lets only the binder write
+        placements). Off by default: everything else in the sim calls the API server without
+        credentials, as the cluster admin, whom the model-pod policy holds to its rules too, so
+        the demo's squatter (a pod created with spec.nodeName, to show the agent refusing it)
+        would be refused at the API server instead; and the agents, processes without a pod,
+        have no pod-bound token naming their node, so they stay the admin, whom the agent
+        policy does not concern."""
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -151,6 +188,9 @@ class SimCluster:
         self.kube = self.apiserver.api_client()
         self.kube.user_agent = USER_AGENT
         self.say(f"Simulated Kubernetes API server is up at {self.apiserver.url}.")
+        if self.admission_policies:
+            installed = install_admission_policies(self.kube)
+            self.say(f"The API server runs tritonshare's admission policies ({len(installed)}).")
         for node in self.nodes:
             self._register(node)
         self.say(f"Registered {len(self.nodes)} GPU nodes (as their kubelets would).")
@@ -314,12 +354,13 @@ class SimCluster:
         if not available("binder.__main__"):
             self.missing.append("binder (python -m binder is not in the tree yet)")
             return
+        kubeconfig = self._binder_kubeconfig()
         for i in range(self.binder_count):
             identity = f"binder-{i}"
             http = f"127.0.0.1:{free_port()}"
             argv = [
                 sys.executable, "-m", "binder",
-                "--kubeconfig", str(self.kubeconfig),
+                "--kubeconfig", str(kubeconfig),
                 "--listen-http", http,
                 "--identity", identity,
                 "--placement-key-dir", str(self.placement_key_dir),
@@ -348,6 +389,17 @@ class SimCluster:
                 )
         wait_until("a binder leader elected", self.binder_leader, 60)
         self.say(f"{len(self.binders)} binders are running; {self.binder_leader()} is the leader.")
+
+    def _binder_kubeconfig(self) -> Path:
+        """The admin's kubeconfig, or under the admission policies one with the binder's
+        service-account token (the identity the model-pod policy trusts with placements)."""
+        if not self.admission_policies:
+            return self.kubeconfig
+        assert self.apiserver is not None
+        token = self.apiserver.service_account_token(
+            DEFAULT_SYSTEM_NAMESPACE, BINDER_SERVICE_ACCOUNT, SERVICE_ACCOUNT_TOKEN_SECONDS
+        )
+        return self.apiserver.write_kubeconfig(self.workdir / "kubeconfig-binder", token=token)
 
     def _start_kubelets(self) -> None:
         assert self.apiserver is not None

@@ -6,6 +6,10 @@ audiences intersect the review's (an empty review audience list means the API se
 audience), and the bound pod still exists with the same uid. The user is
 `system:serviceaccount:<ns>:<sa>` with the pod's name and uid in `extra`.
 
+The same check authenticates a bearer token on an API request (`authenticate`, for the API
+server's own audience): its `UserInfo` is what admission sees. A request with no credentials is
+the cluster admin (`CLUSTER_ADMIN`), as the sim's kubeconfigs without a token have always meant.
+
 Tokens look like JWTs (so code that decodes claims works) but the signature part is 32 random
 bytes and a token is valid only if it is in this authority's table, so a forged or edited token
 never authenticates. ServiceAccounts are implicit: any name in an existing namespace. This module
@@ -18,7 +22,8 @@ import base64
 import json
 import secrets
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sim.apiserver.clock import Clock, rfc3339
@@ -32,6 +37,32 @@ API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 MIN_EXPIRATION_SECONDS = 600
 DEFAULT_EXPIRATION_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    """Who made a request, as authentication hands it to admission (authentication/v1
+    UserInfo): `request.userInfo` in a policy's CEL, `userInfo` in an AdmissionReview."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        body: JsonObject = {"username": self.username}
+        if self.uid:
+            body["uid"] = self.uid
+        if self.groups:
+            body["groups"] = list(self.groups)
+        if self.extra:
+            body["extra"] = {key: list(values) for key, values in self.extra.items()}
+        return body
+
+
+CLUSTER_ADMIN = UserInfo("kubernetes-admin", groups=("system:masters", "system:authenticated"))
+"""A request without credentials: what kubeadm's admin.conf authenticates as. The simulated API
+server authorises every request, so the sim's credential-free kubeconfigs act as the admin."""
 
 
 @dataclass(frozen=True)
@@ -202,12 +233,19 @@ class TokenAuthority:
             "status": status,
         }
 
-    def username(self, token: str) -> str:
-        """The user a bearer token on a request stands for ("" if this server did not mint it)."""
-        minted = self._tokens.get(token)
-        if minted is None or minted.expires <= self._clock.now():
-            return ""
-        return f"system:serviceaccount:{minted.namespace}:{minted.service_account}"
+    def authenticate(self, token: str) -> UserInfo | None:
+        """The user a bearer token on an API request stands for, or None (401) unless this
+        server minted it for its own audience, it has not expired and its bound pod is there."""
+        status = self._review(token, [API_AUDIENCE])
+        if not status.get("authenticated"):
+            return None
+        user = status["user"]
+        return UserInfo(
+            username=user["username"],
+            uid=user["uid"],
+            groups=tuple(user["groups"]),
+            extra={key: tuple(values) for key, values in user["extra"].items()},
+        )
 
     def _review(self, token: str, wanted: list[str]) -> JsonObject:
         failure = {"user": {}, "error": "[invalid bearer token, token lookup failed]"}

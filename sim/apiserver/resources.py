@@ -174,6 +174,26 @@ MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
     field_labels=_META,
 )
 
+VALIDATING_ADMISSION_POLICIES = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="validatingadmissionpolicies",
+    kind="ValidatingAdmissionPolicy",
+    namespaced=False,
+    field_labels=_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
+VALIDATING_ADMISSION_POLICY_BINDINGS = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="validatingadmissionpolicybindings",
+    kind="ValidatingAdmissionPolicyBinding",
+    namespaced=False,
+    field_labels=_META,
+)
+
 STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
@@ -181,6 +201,8 @@ STORED: tuple[Resource, ...] = (
     EVENTS,
     LEASES,
     MUTATING_WEBHOOK_CONFIGURATIONS,
+    VALIDATING_ADMISSION_POLICIES,
+    VALIDATING_ADMISSION_POLICY_BINDINGS,
 )
 
 # Served but never stored: the service-account token subresource and TokenReview.

@@ -4,7 +4,8 @@ create (defaults, generateName, uid, creationTimestamp, validation, 409 AlreadyE
 (resourceVersion precondition, 409 Conflict, status subresource split, pod spec immutability,
 create-on-update for leases and events), patch (the three kinds, then the update rules) and delete
 (pod graceful deletion, finalizers, preconditions, namespace cascade). Binding lives in `binding`.
-Raises `ApiError`; does no I/O.
+Each write a client makes passes its `Admit` (validating admission) once the object is valid and
+before it is stored. Raises `ApiError`; does no I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import secrets
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sim.apiserver import patch as patches
 from sim.apiserver import validation
@@ -30,7 +31,15 @@ from sim.apiserver.errors import (
     unprocessable,
     unsupported_media_type,
 )
-from sim.apiserver.resources import LEASES, NAMESPACES, NODES, PODS, STORED, Resource
+from sim.apiserver.resources import (
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    STORED,
+    VALIDATING_ADMISSION_POLICIES,
+    Resource,
+)
 from sim.apiserver.store import Store, Stored
 
 JsonObject = dict[str, Any]
@@ -38,6 +47,34 @@ JsonObject = dict[str, Any]
 _NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 DEFAULT_GRACE_SECONDS = 30
 PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
+
+
+class Admit(Protocol):
+    """Validating admission of one write (`object` None for a delete, `old` None for a create);
+    raises ApiError to refuse it."""
+
+    def __call__(
+        self,
+        operation: str,
+        resource: Resource,
+        subresource: str,
+        namespace: str,
+        name: str,
+        obj: JsonObject | None,
+        old: JsonObject | None,
+    ) -> None: ...
+
+
+def admit_all(
+    operation: str,
+    resource: Resource,
+    subresource: str,
+    namespace: str,
+    name: str,
+    obj: JsonObject | None,
+    old: JsonObject | None,
+) -> None:
+    """No validating admission: the server's own writes."""
 
 
 @dataclass(frozen=True)
@@ -130,10 +167,12 @@ class Registry:
 
     # create
 
-    def create(self, resource: Resource, namespace: str, body: Any) -> Stored:
-        """Create without admission webhooks (the server's own objects)."""
+    def create(
+        self, resource: Resource, namespace: str, body: Any, admit: Admit = admit_all
+    ) -> Stored:
+        """Create without admission webhooks (the server's own objects, and create on update)."""
         obj, causes = self.prepare_create(resource, namespace, body)
-        return self.commit_create(resource, obj, causes)
+        return self.commit_create(resource, obj, causes, admit)
 
     def prepare_create(
         self, resource: Resource, namespace: str, body: Any
@@ -165,13 +204,18 @@ class Registry:
         return obj, causes
 
     def commit_create(
-        self, resource: Resource, obj: JsonObject, causes: list[tuple[str, str]]
+        self,
+        resource: Resource,
+        obj: JsonObject,
+        causes: list[tuple[str, str]],
+        admit: Admit = admit_all,
     ) -> Stored:
-        """Default again (a webhook may have added fields), validate, store."""
+        """Default again (a webhook may have added fields), validate, admit, store."""
         self._defaults(resource, obj)
         meta = obj["metadata"]
         name = str(meta.get("name", ""))
         self._validate(resource, obj, causes)
+        admit("CREATE", resource, "", str(meta.get("namespace", "")), name, obj, None)
         if self.store.get(resource, meta.get("namespace", ""), name) is not None:
             raise already_exists(resource.group_resource, name)
         return self.store.insert(resource, obj)
@@ -196,6 +240,10 @@ class Registry:
             obj.setdefault("status", {})
         elif resource is LEASES:
             obj.setdefault("spec", {})
+        elif resource is VALIDATING_ADMISSION_POLICIES:
+            spec = obj.get("spec")
+            if isinstance(spec, dict):
+                spec.setdefault("failurePolicy", "Fail")
         elif resource is NAMESPACES:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
@@ -206,7 +254,13 @@ class Registry:
     # update and patch
 
     def update(
-        self, resource: Resource, namespace: str, name: str, body: Any, subresource: str = ""
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        body: Any,
+        subresource: str = "",
+        admit: Admit = admit_all,
     ) -> tuple[Stored, bool]:
         """PUT; returns the stored object and whether it was created."""
         obj = self._check_body(resource, body)
@@ -222,7 +276,7 @@ class Registry:
         if current is None:
             if resource.allow_create_on_update and not subresource:
                 meta.pop("resourceVersion", None)
-                return self.create(resource, namespace, obj), True
+                return self.create(resource, namespace, obj, admit), True
             raise not_found(resource.group_resource, name)
         given_rv = meta.get("resourceVersion")
         if not given_rv and not resource.allow_unconditional_update:
@@ -238,7 +292,7 @@ class Registry:
                     )
                 ],
             )
-        return self._commit_update(resource, current, obj, subresource), False
+        return self._commit_update(resource, current, obj, subresource, admit), False
 
     def patch(
         self,
@@ -248,6 +302,7 @@ class Registry:
         content_type: str,
         raw: bytes,
         subresource: str = "",
+        admit: Admit = admit_all,
     ) -> Stored:
         current = self.get(resource, namespace, name)
         media = content_type.split(";")[0].strip().lower()
@@ -277,10 +332,15 @@ class Registry:
         meta = obj["metadata"]
         if meta.get("name") != name or (resource.namespaced and meta.get("namespace") != namespace):
             raise bad_request("a patch may not change metadata.name or metadata.namespace")
-        return self._commit_update(resource, current, obj, subresource)
+        return self._commit_update(resource, current, obj, subresource, admit)
 
     def _commit_update(
-        self, resource: Resource, current: Stored, obj: JsonObject, subresource: str
+        self,
+        resource: Resource,
+        current: Stored,
+        obj: JsonObject,
+        subresource: str,
+        admit: Admit,
     ) -> Stored:
         meta = obj["metadata"]
         old = current.obj
@@ -317,6 +377,7 @@ class Registry:
         if resource is NAMESPACES and subresource != "status":
             obj["spec"] = old.get("spec", {})
         self._validate(resource, obj, causes)
+        admit("UPDATE", resource, subresource, current.namespace, current.name, obj, old)
         if _finalized(obj):
             return self.store.remove(resource, current.namespace, current.name)
         meta["resourceVersion"] = old_meta.get("resourceVersion")
@@ -328,7 +389,12 @@ class Registry:
     # delete
 
     def delete(
-        self, resource: Resource, namespace: str, name: str, options: DeleteOptions
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        options: DeleteOptions,
+        admit: Admit = admit_all,
     ) -> DeleteResult:
         current = self.get(resource, namespace, name)
         meta = current.obj["metadata"]
@@ -353,6 +419,7 @@ class Registry:
                 f"Precondition failed: ResourceVersion in precondition:"
                 f" {options.resource_version}, ResourceVersion in object meta: {current.rv}",
             )
+        admit("DELETE", resource, "", namespace, name, None, current.obj)
         grace = self._grace_period(resource, current, options)
         finalizers = meta.get("finalizers") or []
         pending = meta.get("deletionGracePeriodSeconds")

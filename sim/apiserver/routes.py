@@ -1,6 +1,8 @@
 """The HTTP face of the API server: aiohttp routes, request parsing, responses, audit.
 
-Every `/api/...` and `/apis/...` request is parsed into a `RequestInfo`, dispatched to the
+Every request is authenticated (a bearer token this server minted, or none: the cluster admin;
+any other token gets 401), and every `/api/...` and `/apis/...` request is parsed into a
+`RequestInfo`, dispatched to the
 registry (`rest`), the token authority (`auth`) or a watch stream (`watch`), and answered with the
 object, a `...List`, or a `Status`; every request is recorded in the audit log. Discovery
 (`/api`, `/apis`, `/api/v1`, ...), `/version` and the health endpoints are served too. This module
@@ -19,10 +21,13 @@ from typing import Any
 
 from aiohttp import web
 
-from sim.apiserver import admission, binding, discovery, listing
+from sim.apiserver import binding, discovery, listing
 from sim.apiserver import watch as watches
+from sim.apiserver.admission import webhooks
+from sim.apiserver.admission.policies import Policies
+from sim.apiserver.admission.policies import Request as AdmissionRequest
 from sim.apiserver.audit import WRITE_VERBS, AuditLog, AuditRecord
-from sim.apiserver.auth import TokenAuthority
+from sim.apiserver.auth import CLUSTER_ADMIN, TokenAuthority, UserInfo
 from sim.apiserver.clock import Clock
 from sim.apiserver.errors import (
     ApiError,
@@ -41,7 +46,7 @@ from sim.apiserver.resources import (
     TOKEN_REVIEWS,
     Resource,
 )
-from sim.apiserver.rest import DeleteOptions, Registry
+from sim.apiserver.rest import Admit, DeleteOptions, Registry
 from sim.apiserver.selectors import parse_field_selector, parse_label_selector
 from sim.apiserver.settings import ApiServerSettings
 from sim.apiserver.store import Store, Stored
@@ -51,6 +56,8 @@ log = logging.getLogger(__name__)
 INFO_KEY = web.RequestKey("info", RequestInfo)
 ARRIVED_KEY = web.RequestKey("arrived", float)
 RECORDED_KEY = web.RequestKey("recorded", bool)
+USER_KEY = web.RequestKey("user", UserInfo)
+WARNINGS_KEY = web.RequestKey("warnings", list[str])
 
 JsonObject = dict[str, Any]
 
@@ -66,11 +73,13 @@ class ApiServerCore:
     authority: TokenAuthority = field(init=False)
     audit: AuditLog = field(init=False)
     faults: Faults = field(default_factory=Faults)
+    policies: Policies = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = Store(self.settings.history_size)
         self.registry = Registry(self.store, self.clock)
         self.authority = TokenAuthority(self.store, self.clock)
+        self.policies = Policies(self.store)
         self.audit = AuditLog(self.settings.audit_size)
 
 
@@ -89,6 +98,12 @@ def _fault(fault: Fault) -> web.Response:
     if fault.retry_after is not None:
         response.headers["Retry-After"] = str(fault.retry_after)
     return response
+
+
+def _header_text(text: str) -> str:
+    """A warning as a quoted header value: one line, quotes and backslashes escaped."""
+    text = " ".join(text.split())
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _peer(request: web.Request) -> str:
@@ -159,8 +174,10 @@ class Handlers:
         except ApiError as e:
             return _json(e.status(), e.code)
         request[INFO_KEY] = info
+        request[WARNINGS_KEY] = []
         code = 500
         try:
+            request[USER_KEY] = self._authenticate(request)
             fault = None
             if info.is_resource_request:
                 fault = self.core.faults.take(
@@ -173,6 +190,8 @@ class Handlers:
             if fault is not None:
                 response = _fault(fault)
             code = response.status
+            for warning in request[WARNINGS_KEY]:
+                response.headers.add("Warning", f'299 - "{_header_text(warning)}"')
             return response
         except ApiError as e:
             code = e.code
@@ -194,16 +213,49 @@ class Handlers:
             if info.is_resource_request and not request.get(RECORDED_KEY, False):
                 self._record(request, info, arrived, code)
 
-    def _record(self, request: web.Request, info: RequestInfo, arrived: float, code: int) -> None:
+    def _authenticate(self, request: web.Request) -> UserInfo:
+        """The caller: the service account of a token this server minted for its own audience,
+        the cluster admin without credentials; 401 for any other credentials, as upstream."""
         authorization = request.headers.get("Authorization", "")
-        user = ""
-        if authorization.startswith("Bearer "):
-            user = self.core.authority.username(authorization[len("Bearer ") :].strip())
+        if not authorization:
+            return CLUSTER_ADMIN
+        scheme, _, token = authorization.partition(" ")
+        user = None
+        if scheme.lower() == "bearer":
+            user = self.core.authority.authenticate(token.strip())
+        if user is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return user
+
+    def _admit(self, request: web.Request) -> Admit:
+        """Validating admission for this request's writes, as its caller; warnings go to the
+        response's Warning headers."""
+        user, warnings = request[USER_KEY], request[WARNINGS_KEY]
+
+        def admit(
+            operation: str,
+            resource: Resource,
+            subresource: str,
+            namespace: str,
+            name: str,
+            obj: JsonObject | None,
+            old: JsonObject | None,
+        ) -> None:
+            attributes = AdmissionRequest(
+                operation, resource, subresource, namespace, name, obj, old, user
+            )
+            warnings.extend(self.core.policies.validate(attributes))
+
+        return admit
+
+    def _record(self, request: web.Request, info: RequestInfo, arrived: float, code: int) -> None:
+        user = request.get(USER_KEY)
+        # Requests without credentials are recorded with no user, as before admission knew them.
         self.core.audit.append(
             AuditRecord(
                 time=arrived,
                 user_agent=request.headers.get("User-Agent", ""),
-                user=user,
+                user=user.username if user is not None and user is not CLUSTER_ADMIN else "",
                 verb=info.verb,
                 api_group=info.api_group,
                 resource=info.resource_name,
@@ -243,7 +295,10 @@ class Handlers:
             meta = body.get("metadata") if isinstance(body, dict) else None
             name = meta.get("name") if isinstance(meta, dict) else None
             # The binding checks the body itself; a name that is not a string gets its 400.
-            return self._bind(info.namespace, name if isinstance(name, str) else "", body)
+            name = name if isinstance(name, str) else ""
+            if isinstance(body, dict):
+                self._admit(request)("CREATE", BINDINGS, "", info.namespace, name, body, None)
+            return self._bind(info.namespace, name, body)
         if "dryRun" in request.query and verb in WRITE_VERBS:
             raise bad_request(
                 "dryRun is not implemented by the simulated API server: the request was not"
@@ -262,11 +317,13 @@ class Handlers:
             registry = self.core.registry
             obj, causes = registry.prepare_create(resource, namespace, await _body(request))
             # Mutating admission: webhooks see the defaulted object, before validation.
-            obj = await admission.mutate(registry.store, resource, "CREATE", namespace, obj)
-            return _object(registry.commit_create(resource, obj, causes), 201)
+            obj = await webhooks.mutate(
+                registry.store, resource, "CREATE", namespace, obj, request[USER_KEY]
+            )
+            return _object(registry.commit_create(resource, obj, causes, self._admit(request)), 201)
         if verb == "update":
             stored, created = self.core.registry.update(
-                resource, namespace, info.name, await _body(request)
+                resource, namespace, info.name, await _body(request), admit=self._admit(request)
             )
             return _object(stored, 201 if created else 200)
         if verb == "patch":
@@ -276,11 +333,16 @@ class Handlers:
                 info.name,
                 request.headers.get("Content-Type", ""),
                 await request.read(),
+                admit=self._admit(request),
             )
             return _object(stored)
         if verb == "delete":
             result = self.core.registry.delete(
-                resource, namespace, info.name, await self._delete_options(request)
+                resource,
+                namespace,
+                info.name,
+                await self._delete_options(request),
+                self._admit(request),
             )
             if resource is PODS or resource is NAMESPACES or not result.removed:
                 return _object(result.stored)
@@ -303,8 +365,9 @@ class Handlers:
             for s in self.core.store.objects(resource, namespace)
             if labels.matches(s.obj) and fields.matches(s.obj)
         ]
+        admit = self._admit(request)
         items = [
-            self.core.registry.delete(resource, s.namespace, s.name, options).stored.body()
+            self.core.registry.delete(resource, s.namespace, s.name, options, admit).stored.body()
             for s in chosen
         ]
         head = json.dumps(
@@ -328,12 +391,20 @@ class Handlers:
         if sub == "binding":
             if info.verb != "create":
                 raise method_not_allowed(info.verb, "pods/binding")
-            return self._bind(namespace, info.name, await _body(request))
+            body = await _body(request)
+            if isinstance(body, dict):
+                self._admit(request)("CREATE", resource, sub, namespace, info.name, body, None)
+            return self._bind(namespace, info.name, body)
         if info.verb == "get":
             return _object(self.core.registry.get(resource, namespace, info.name))
         if info.verb == "update":
             stored, _ = self.core.registry.update(
-                resource, namespace, info.name, await _body(request), subresource=sub
+                resource,
+                namespace,
+                info.name,
+                await _body(request),
+                subresource=sub,
+                admit=self._admit(request),
             )
             return _object(stored)
         if info.verb == "patch":
@@ -344,6 +415,7 @@ class Handlers:
                 request.headers.get("Content-Type", ""),
                 await request.read(),
                 subresource=sub,
+                admit=self._admit(request),
             )
             return _object(stored)
         raise method_not_allowed(info.verb, f"{resource.group_resource}/{sub}")

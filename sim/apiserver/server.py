@@ -46,8 +46,8 @@ def _create_initial_namespaces(core: ApiServerCore) -> None:
 
 
 def kubeconfig_document(url: str, token: str | None = None) -> dict[str, Any]:
-    """A kubeconfig for `url`; with `token`, requests carry it (the server authorises everyone,
-    but its audit log then names the service account)."""
+    """A kubeconfig for `url`; with `token`, requests carry it and are made as its service
+    account (admission and the audit log see that user); without, as the cluster admin."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
@@ -213,8 +213,9 @@ class RunningApiServer:
     def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
         """Write a kubeconfig for this server to `path` and return it.
 
-        Without `token` it has no credentials. With one (see `service_account_token`), every
-        request carries it, so the audit log's `user` names the part that made each call.
+        Without `token` it has no credentials: the caller is the cluster admin. With one (see
+        `service_account_token`), every request carries it and is made as that service account:
+        admission policies see it, and the audit log's `user` names the part that made each call.
         """
         return write_kubeconfig(self.url, path, token)
 

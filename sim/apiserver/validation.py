@@ -13,7 +13,14 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sim.apiserver.resources import NAMESPACES, PODS, Resource
+from sim.apiserver.admission import registration
+from sim.apiserver.resources import (
+    NAMESPACES,
+    PODS,
+    VALIDATING_ADMISSION_POLICIES,
+    VALIDATING_ADMISSION_POLICY_BINDINGS,
+    Resource,
+)
 
 JsonObject = dict[str, Any]
 Causes = list[tuple[str, str]]
@@ -392,6 +399,8 @@ def kind_causes(resource: Resource, obj: JsonObject) -> Causes:
     causes = metadata_causes(obj)
     if resource is PODS:
         causes += pod_causes(obj)
+    elif resource in (VALIDATING_ADMISSION_POLICIES, VALIDATING_ADMISSION_POLICY_BINDINGS):
+        causes += registration.spec_causes(resource, obj)
     return causes
 
 

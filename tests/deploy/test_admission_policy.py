@@ -1,217 +1,33 @@
-"""The agent's NodeRestriction-like ValidatingAdmissionPolicy decides as intended.
+"""The project's ValidatingAdmissionPolicies, as kustomize renders them from deploy/base, refuse at
+the API server what they are written to refuse, and nothing else.
 
-No API server runs here, so the policy's own CEL (match conditions, variables, validations, as
-rendered by kustomize) is evaluated with cel-python on admission requests shaped as the real API
-server builds them for the agent's writes: its own node and lease pass; another node, another
-node's lease, a node's spec or labels, and a token without the pod's node name are refused; other
-users are not concerned.
+They are applied to a running simulated API server, which evaluates their CEL as kube-apiserver
+does (sim/apiserver/admission/policies.py), and every request goes through the official client
+as the user it would come from on a real cluster: a tenant's service account (full rights in its
+namespace), the binder's service account, the agent's pod-bound token (whose `extra` names the
+node its pod runs on). Each refusal is checked for kube-apiserver's status code and message.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib.util
+import contextlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import kubernetes.client
 import pytest
 
-from tests.conftest import require_executable, require_tool
-from tests.deploy.rendering import render
+from sim.apiserver import RunningApiServer
+from tests.conftest import require_executable
+from tests.deploy.rendering import Obj, render
+from tests.fixtures_sim import coordination_v1, core_v1, status_of
 
-AGENT = "system:serviceaccount:tritonshare-system:tritonshare-agent"
-NODE_EXTRA = "authentication.kubernetes.io/node-name"
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
+SYSTEM = "tritonshare-system"
+TENANT_NAMESPACE = "team-a"
 
-
-def _policy(name: str = "tritonshare-agent-own-node") -> dict[str, Any]:
-    [policy] = [
-        o
-        for o in render(require_executable("kubectl"), "base")
-        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name
-    ]
-    return policy
-
-
-class Policy:
-    """Evaluates a ValidatingAdmissionPolicy's CEL on one admission request."""
-
-    def __init__(self, policy: dict[str, Any]) -> None:
-        require_tool(
-            importlib.util.find_spec("celpy") is not None,
-            "cel-python is not installed (pip install cel-python): it evaluates the policy's CEL",
-        )
-        import celpy
-
-        self._celpy = celpy
-        self._env = celpy.Environment()
-        self.spec = policy["spec"]
-
-    def _eval(self, expression: str, activation: dict[str, Any]) -> Any:
-        program = self._env.program(self._env.compile(expression))
-        return program.evaluate(activation)
-
-    def _holds(self, expression: str, activation: dict[str, Any]) -> bool:
-        """True only for a CEL `true`; an error (a missing key, say) counts as false, as the API
-        server's failurePolicy Fail makes it deny."""
-        result = self._eval(expression, activation)
-        return isinstance(result, self._celpy.celtypes.BoolType) and bool(result)
-
-    def _matches(self, request: dict[str, Any]) -> bool:
-        resource = request["resource"]["resource"]
-        if request.get("subResource"):
-            resource += "/" + request["subResource"]
-        for rule in self.spec["matchConstraints"]["resourceRules"]:
-            if (
-                request["resource"]["group"] in rule["apiGroups"]
-                and resource in rule["resources"]
-                and request["operation"] in rule["operations"]
-            ):
-                return True
-        return False
-
-    def denials(
-        self, request: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None
-    ) -> list[str]:
-        """The messages of the failed validations; empty when the request is admitted."""
-        if not self._matches(request):
-            return []
-        celpy = self._celpy
-        activation: dict[str, Any] = {
-            "request": celpy.json_to_cel(request),
-            "object": celpy.json_to_cel(obj),
-            "oldObject": celpy.json_to_cel(old),
-        }
-        for condition in self.spec.get("matchConditions", []):
-            if not self._holds(condition["expression"], activation):
-                return []
-        variables: dict[Any, Any] = {}
-        for variable in self.spec.get("variables", []):
-            variables[celpy.celtypes.StringType(variable["name"])] = self._eval(
-                variable["expression"],
-                {**activation, "variables": celpy.celtypes.MapType(variables)},
-            )
-        activation["variables"] = celpy.celtypes.MapType(variables)
-        failed = []
-        for validation in self.spec["validations"]:
-            if not self._holds(validation["expression"], activation):
-                failed.append(str(validation["message"]))
-        return failed
-
-
-@pytest.fixture(scope="module")
-def policy() -> Policy:
-    return Policy(_policy())
-
-
-def _request(
-    resource: str,
-    name: str,
-    *,
-    operation: str = "UPDATE",
-    user: str = AGENT,
-    token_node: str | None = "gpu-1",  # noqa: S107 - a node name, not a secret
-    group: str = "",
-    sub: str = "",
-) -> dict[str, Any]:
-    extra = {NODE_EXTRA: [token_node]} if token_node else {}
-    return {
-        "operation": operation,
-        "name": name,
-        "resource": {"group": group, "version": "v1", "resource": resource},
-        "subResource": sub,
-        "userInfo": {"username": user, "extra": extra},
-    }
-
-
-NODE = {
-    "metadata": {
-        "name": "gpu-1",
-        "labels": {"nvidia.com/gpu.present": "true"},
-        "annotations": {"tritonshare.io/gpus": "[]"},
-    },
-    "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-}
-
-
-def _changed(**changes: Any) -> dict[str, Any]:
-    node: dict[str, Any] = copy.deepcopy(NODE)
-    for path, value in changes.items():
-        section, key = path.split("__")
-        node[section][key] = value
-    return node
-
-
-def test_the_agent_may_annotate_its_own_node(policy: Policy) -> None:
-    new = _changed(metadata__annotations={"tritonshare.io/gpus": '[{"uuid": "GPU-1"}]'})
-    assert policy.denials(_request("nodes", "gpu-1"), new, NODE) == []
-    assert policy.denials(_request("nodes", "gpu-1", sub="status"), new, NODE) == []
-
-
-def test_the_agent_may_not_touch_another_node(policy: Policy) -> None:
-    other: dict[str, Any] = copy.deepcopy(NODE)
-    other["metadata"]["name"] = "gpu-2"
-    denied = policy.denials(_request("nodes", "gpu-2"), other, other)
-    assert denied == ["the tritonshare agent may change only the node its own pod runs on"]
-
-
-def test_the_agent_may_not_change_taints_or_labels(policy: Policy) -> None:
-    untainted = _changed(spec__taints=[])
-    assert any("spec" in m for m in policy.denials(_request("nodes", "gpu-1"), untainted, NODE))
-    relabelled = _changed(metadata__labels={"pool": "premium"})
-    assert any("labels" in m for m in policy.denials(_request("nodes", "gpu-1"), relabelled, NODE))
-
-
-def test_the_agent_may_not_touch_other_annotations(policy: Policy) -> None:
-    guarded = _changed(
-        metadata__annotations={
-            "tritonshare.io/gpus": "[]",
-            "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
-        }
-    )
-    message = "the tritonshare agent may change only its own (tritonshare.io/) node annotations"
-    # Adding, changing or removing someone else's annotation is refused.
-    assert policy.denials(_request("nodes", "gpu-1"), guarded, NODE) == [message]
-    changed = copy.deepcopy(guarded)
-    changed["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/scale-down-disabled"] = (
-        "no"
-    )
-    assert policy.denials(_request("nodes", "gpu-1"), changed, guarded) == [message]
-    assert policy.denials(_request("nodes", "gpu-1"), NODE, guarded) == [message]
-    # A node without annotations gets its first (ours) accepted.
-    bare: dict[str, Any] = copy.deepcopy(NODE)
-    del bare["metadata"]["annotations"]
-    assert policy.denials(_request("nodes", "gpu-1"), NODE, bare) == []
-
-
-def test_a_token_without_the_pods_node_name_is_refused(policy: Policy) -> None:
-    assert policy.denials(_request("nodes", "gpu-1", token_node=None), NODE, NODE)
-
-
-def test_the_agent_writes_only_its_own_lease(policy: Policy) -> None:
-    lease = {"metadata": {"name": "tritonshare-agent-gpu-1"}, "spec": {}}
-    for operation in ("CREATE", "UPDATE"):
-        mine = _request(
-            "leases", "tritonshare-agent-gpu-1", operation=operation, group="coordination.k8s.io"
-        )
-        assert policy.denials(mine, lease, lease) == []
-        theirs = _request(
-            "leases", "tritonshare-agent-gpu-2", operation=operation, group="coordination.k8s.io"
-        )
-        assert policy.denials(theirs, lease, lease) == [
-            "the tritonshare agent may write only the lease named after its own node"
-        ]
-
-
-def test_other_users_are_not_concerned(policy: Policy) -> None:
-    binder = "system:serviceaccount:tritonshare-system:tritonshare-binder"
-    other = _changed(spec__taints=[])
-    assert (
-        policy.denials(_request("nodes", "gpu-9", user=binder, token_node=None), other, NODE) == []
-    )
-
-
-# The model-pod policy: defence in depth behind the agent's proof of placement.
-BINDER = "system:serviceaccount:tritonshare-system:tritonshare-binder"
-TENANT = "system:serviceaccount:team-a:default"
 CREATED_WITH_NODE = (
     "a tritonshare pod may not be created with spec.nodeName; the tritonshare binder places it"
 )
@@ -220,54 +36,304 @@ BINDER_ONLY = (
     "annotations"
 )
 MODEL_ID_FIXED = "the model id of a placed tritonshare pod cannot change; create a new pod"
+OWN_NODE = "the tritonshare agent may change only the node its own pod runs on"
+NODE_SPEC = "the tritonshare agent may not change a node's spec (taints, unschedulable, podCIDR)"
+NODE_LABELS = "the tritonshare agent may not change a node's labels (they steer scheduling)"
+NODE_ANNOTATIONS = (
+    "the tritonshare agent may change only its own (tritonshare.io/) node annotations"
+)
+OWN_LEASE = "the tritonshare agent may write only the lease named after its own node"
 
 
-@pytest.fixture(scope="module")
-def pod_policy() -> Policy:
-    return Policy(_policy("tritonshare-model-pods"))
+@dataclass
+class Cluster:
+    """A simulated API server running the project's policies, and a client per user."""
+
+    apiserver: RunningApiServer
+    admin: Any
+    tenant: Any
+    binder: Any
+    agent: Any
+    """The agent on node gpu-1, with its pod's bound token."""
+    agent_leases: Any
+    admin_leases: Any
 
 
-def _pod(node: str = "", scheduler: str = "tritonshare", **annotations: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [{"name": "proxy"}]}
+def client_with_token(apiserver: RunningApiServer, token: str) -> kubernetes.client.ApiClient:
+    """An official client that calls `apiserver` with a bearer token; close it when done."""
+    configuration = kubernetes.client.Configuration()
+    configuration.host = apiserver.url
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return kubernetes.client.ApiClient(configuration)
+
+
+def install_policies(api: kubernetes.client.ApiClient, objects: Iterable[Obj]) -> list[str]:
+    """Create the ValidatingAdmissionPolicies and bindings among `objects`; their names."""
+    admission: Any = kubernetes.client.AdmissionregistrationV1Api(api)
+    names = []
+    for obj in objects:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(obj, _preload_content=False)
+        elif obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            admission.create_validating_admission_policy_binding(obj, _preload_content=False)
+        else:
+            continue
+        names.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return names
+
+
+def agent_token(apiserver: RunningApiServer, namespace: str, node: str) -> str:
+    """The API token of the agent's pod on `node`, as the DaemonSet's pod holds it: bound to the
+    pod, so its `extra` names the node. Creates that pod first (as the admin)."""
+    pod = f"tritonshare-node-{node}"
+    with apiserver.api_client() as api:
+        core_v1(api).create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": pod},
+                "spec": {
+                    "serviceAccountName": "tritonshare-agent",
+                    "nodeName": node,
+                    "containers": [{"name": "agent", "image": "tritonshare"}],
+                },
+            },
+        )
+    return apiserver.mint_token(namespace, pod, audience=API_AUDIENCE)
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"nvidia.com/gpu.present": "true"},
+            "annotations": {"tritonshare.io/gpus": "[]"},
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+    }
+
+
+@pytest.fixture
+def cluster(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> Iterator[Cluster]:
+    installed = install_policies(kube_api, render(require_executable("kubectl"), "base"))
+    assert len(installed) == 4, installed
+    admin = core_v1(kube_api)
+    admin.create_namespace({"metadata": {"name": TENANT_NAMESPACE}})
+    for name in ("gpu-1", "gpu-2"):
+        admin.create_node(_node(name))
+    tokens = {
+        "tenant": apiserver.service_account_token(TENANT_NAMESPACE, "default"),
+        "binder": apiserver.service_account_token(SYSTEM, "tritonshare-binder"),
+        "agent": agent_token(apiserver, SYSTEM, "gpu-1"),
+    }
+    with contextlib.ExitStack() as stack:
+        clients = {
+            user: stack.enter_context(client_with_token(apiserver, token))
+            for user, token in tokens.items()
+        }
+        yield Cluster(
+            apiserver,
+            admin,
+            core_v1(clients["tenant"]),
+            core_v1(clients["binder"]),
+            core_v1(clients["agent"]),
+            coordination_v1(clients["agent"]),
+            coordination_v1(kube_api),
+        )
+
+
+def _model_pod(name: str = "m", node: str = "", **annotations: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": "tritonshare",
+        "containers": [{"name": "proxy", "image": "tritonshare"}],
+    }
     if node:
         spec["nodeName"] = node
     keyed = {f"tritonshare.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
-    return {"metadata": {"name": "p", "namespace": "team-a", "annotations": keyed}, "spec": spec}
+    return {"metadata": {"name": name, "annotations": keyed}, "spec": spec}
 
 
-def _pod_request(operation: str, user: str = TENANT) -> dict[str, Any]:
-    return _request("pods", "p", operation=operation, user=user, token_node=None)
+def _refused(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The Status of a call the API server must refuse."""
+    with pytest.raises(kubernetes.client.ApiException) as raised:
+        call(*args, **kwargs)
+    status = status_of(raised.value)
+    assert raised.value.status == status["code"]
+    return status
 
 
-def test_a_tritonshare_pod_created_with_node_name_is_refused(pod_policy: Policy) -> None:
-    created = _pod(node="gpu-1", model_id="victim")
-    assert pod_policy.denials(_pod_request("CREATE"), created, None) == [CREATED_WITH_NODE]
-    assert pod_policy.denials(_pod_request("CREATE"), _pod(model_id="mine"), None) == []
-    # Other schedulers' pods are not this policy's business.
-    assert pod_policy.denials(_pod_request("CREATE"), _pod(node="gpu-1", scheduler="x"), None) == []
+def _denied_by(policy: str, message: str, resource: str, name: str) -> str:
+    return (
+        f"{resource} \"{name}\" is forbidden: ValidatingAdmissionPolicy '{policy}' with binding"
+        f" '{policy}' denied request: {message}"
+    )
 
 
-def test_only_the_binder_writes_the_gpu_and_the_proof(pod_policy: Policy) -> None:
-    pending = _pod(model_id="mine")
-    placed = _pod(model_id="mine", gpu="GPU-1", placement="v1.abc")
-    assert pod_policy.denials(_pod_request("UPDATE", BINDER), placed, pending) == []
-    assert pod_policy.denials(_pod_request("UPDATE"), placed, pending) == [BINDER_ONLY]
-    forged = _pod(model_id="mine", gpu="GPU-1", placement="v1.abc")
-    assert pod_policy.denials(_pod_request("CREATE"), forged, None) == [BINDER_ONLY]
-    bound = {**placed, "spec": {**placed["spec"], "nodeName": "gpu-1"}}
-    repinned = _pod(node="gpu-1", model_id="mine", gpu="GPU-2", placement="v1.abc")
-    assert pod_policy.denials(_pod_request("UPDATE"), repinned, bound) == [BINDER_ONLY]
-    unproved = _pod(node="gpu-1", model_id="mine", gpu="GPU-1")
-    assert pod_policy.denials(_pod_request("UPDATE"), unproved, bound) == [BINDER_ONLY]
-    # A tenant's own labels and annotations stay its own.
-    relabelled = copy.deepcopy(bound)
-    relabelled["metadata"]["annotations"]["team.example/owner"] = "alice"
-    assert pod_policy.denials(_pod_request("UPDATE"), relabelled, bound) == []
+def _pod_denial(message: str, name: str = "m") -> str:
+    return _denied_by("tritonshare-model-pods", message, "pods", name)
 
 
-def test_the_model_id_of_a_bound_pod_cannot_change(pod_policy: Policy) -> None:
-    bound = _pod(node="gpu-1", model_id="mine", gpu="GPU-1", placement="v1.abc")
-    renamed = _pod(node="gpu-1", model_id="victim", gpu="GPU-1", placement="v1.abc")
-    assert pod_policy.denials(_pod_request("UPDATE"), renamed, bound) == [MODEL_ID_FIXED]
-    # Before binding the user may still fix it.
-    assert pod_policy.denials(_pod_request("UPDATE"), _pod(model_id="b"), _pod(model_id="a")) == []
+def _annotate_pod(core: Any, name: str, **annotations: str | None) -> Any:
+    keyed = {f"tritonshare.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
+    return core.patch_namespaced_pod(
+        name, TENANT_NAMESPACE, {"metadata": {"annotations": keyed}}, _preload_content=False
+    )
+
+
+# The model-pod policy.
+
+
+def test_a_tenant_cannot_create_a_tritonshare_pod_with_a_node_name(cluster: Cluster) -> None:
+    status = _refused(
+        cluster.tenant.create_namespaced_pod,
+        TENANT_NAMESPACE,
+        _model_pod(node="gpu-1", model_id="victim"),
+    )
+    assert (status["code"], status["reason"]) == (422, "Invalid")
+    assert status["message"] == _pod_denial(CREATED_WITH_NODE)
+    assert status["details"]["kind"] == "pods" and status["details"]["name"] == "m"
+    # Nothing was stored.
+    assert cluster.admin.list_namespaced_pod(TENANT_NAMESPACE).items == []
+    # The same pod for the binder to place, and another scheduler's pod with a node, are fine.
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, _model_pod(model_id="mine"))
+    other = _model_pod("other", node="gpu-1")
+    other["spec"]["schedulerName"] = "default-scheduler"
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, other)
+
+
+def test_only_the_binder_writes_the_gpu_and_the_placement(cluster: Cluster) -> None:
+    forged = _model_pod(model_id="mine", gpu="GPU-1")
+    status = _refused(cluster.tenant.create_namespaced_pod, TENANT_NAMESPACE, forged)
+    assert (status["code"], status["message"]) == (422, _pod_denial(BINDER_ONLY))
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, _model_pod(model_id="mine"))
+    for written in ({"gpu": "GPU-1"}, {"placement": "v1.k.1.sig"}):
+        status = _refused(_annotate_pod, cluster.tenant, "m", **written)
+        assert (status["code"], status["message"]) == (422, _pod_denial(BINDER_ONLY))
+    # The binder writes both and binds; the tenant can neither change nor remove them.
+    _annotate_pod(cluster.binder, "m", gpu="GPU-1", placement="v1.k.1.sig")
+    binding = {"metadata": {"name": "m"}, "target": {"kind": "Node", "name": "gpu-1"}}
+    cluster.binder.create_namespaced_pod_binding(
+        "m", TENANT_NAMESPACE, binding, _preload_content=False
+    )
+    changes: list[dict[str, str | None]] = [{"gpu": "GPU-2"}, {"placement": None}]
+    for annotation in changes:
+        status = _refused(_annotate_pod, cluster.tenant, "m", **annotation)
+        assert status["message"] == _pod_denial(BINDER_ONLY)
+    pod = cluster.admin.read_namespaced_pod("m", TENANT_NAMESPACE)
+    assert pod.metadata.annotations["tritonshare.io/gpu"] == "GPU-1"
+    assert pod.spec.node_name == "gpu-1"
+    # A tenant's own annotations stay its own.
+    cluster.tenant.patch_namespaced_pod(
+        "m", TENANT_NAMESPACE, {"metadata": {"annotations": {"team.example/owner": "alice"}}}
+    )
+
+
+def test_the_model_id_of_a_bound_pod_cannot_change(cluster: Cluster) -> None:
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, _model_pod(model_id="draft"))
+    # Before binding the tenant may still fix it.
+    _annotate_pod(cluster.tenant, "m", model_id="mine")
+    _annotate_pod(cluster.binder, "m", gpu="GPU-1", placement="v1.k.1.sig")
+    binding = {"metadata": {"name": "m"}, "target": {"kind": "Node", "name": "gpu-1"}}
+    cluster.binder.create_namespaced_pod_binding(
+        "m", TENANT_NAMESPACE, binding, _preload_content=False
+    )
+    for model_id in ("victim", None):
+        status = _refused(_annotate_pod, cluster.tenant, "m", model_id=model_id)
+        assert (status["code"], status["message"]) == (422, _pod_denial(MODEL_ID_FIXED))
+    # A full update (PUT) is held to the same rule.
+    pod = cluster.tenant.read_namespaced_pod("m", TENANT_NAMESPACE)
+    pod.metadata.annotations["tritonshare.io/model-id"] = "victim"
+    status = _refused(cluster.tenant.replace_namespaced_pod, "m", TENANT_NAMESPACE, pod)
+    assert status["message"] == _pod_denial(MODEL_ID_FIXED)
+    pod = cluster.admin.read_namespaced_pod("m", TENANT_NAMESPACE)
+    assert pod.metadata.annotations["tritonshare.io/model-id"] == "mine"
+
+
+# The agent's NodeRestriction-like policy.
+
+
+def _annotate_node(core: Any, name: str, annotations: dict[str, str | None]) -> Any:
+    return core.patch_node(name, {"metadata": {"annotations": annotations}}, _preload_content=False)
+
+
+def _node_denial(message: str, name: str) -> str:
+    return _denied_by("tritonshare-agent-own-node", message, "nodes", name)
+
+
+def test_the_agent_may_annotate_only_its_own_node(cluster: Cluster) -> None:
+    gpus = json.dumps([{"uuid": "GPU-1", "index": 0}])
+    _annotate_node(cluster.agent, "gpu-1", {"tritonshare.io/gpus": gpus})
+    cluster.agent.patch_node_status(
+        "gpu-1", {"metadata": {"annotations": {"tritonshare.io/gpu-mem-total": "1"}}}
+    )
+    node = cluster.admin.read_node("gpu-1")
+    assert node.metadata.annotations["tritonshare.io/gpus"] == gpus
+    status = _refused(_annotate_node, cluster.agent, "gpu-2", {"tritonshare.io/gpus": gpus})
+    assert (status["code"], status["reason"]) == (422, "Invalid")
+    assert status["message"] == _node_denial(OWN_NODE, "gpu-2")
+    assert cluster.admin.read_node("gpu-2").metadata.annotations["tritonshare.io/gpus"] == "[]"
+
+
+def test_the_agent_may_not_change_taints_labels_or_others_annotations(cluster: Cluster) -> None:
+    status = _refused(cluster.agent.patch_node, "gpu-1", {"spec": {"taints": []}})
+    assert status["message"] == _node_denial(NODE_SPEC, "gpu-1")
+    status = _refused(cluster.agent.patch_node, "gpu-1", {"metadata": {"labels": {"pool": "x"}}})
+    assert status["message"] == _node_denial(NODE_LABELS, "gpu-1")
+    autoscaler = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+    status = _refused(_annotate_node, cluster.agent, "gpu-1", {autoscaler: "true"})
+    assert status["message"] == _node_denial(NODE_ANNOTATIONS, "gpu-1")
+    # The admin set it; the agent may neither change nor remove it.
+    _annotate_node(cluster.admin, "gpu-1", {autoscaler: "true"})
+    for value in ("false", None):
+        status = _refused(_annotate_node, cluster.agent, "gpu-1", {autoscaler: value})
+        assert status["message"] == _node_denial(NODE_ANNOTATIONS, "gpu-1")
+
+
+def _lease(node: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"tritonshare-agent-{node}"},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40},
+    }
+
+
+def test_the_agent_writes_only_its_own_lease(cluster: Cluster) -> None:
+    leases = cluster.agent_leases
+    leases.create_namespaced_lease(SYSTEM, _lease("gpu-1"))
+    leases.patch_namespaced_lease(
+        "tritonshare-agent-gpu-1", SYSTEM, {"spec": {"leaseDurationSeconds": 30}}
+    )
+    status = _refused(leases.create_namespaced_lease, SYSTEM, _lease("gpu-2"))
+    assert status["message"] == _denied_by(
+        "tritonshare-agent-own-node",
+        OWN_LEASE,
+        "leases.coordination.k8s.io",
+        "tritonshare-agent-gpu-2",
+    )
+    coordination_v1_admin = cluster.admin_leases
+    coordination_v1_admin.create_namespaced_lease(SYSTEM, _lease("gpu-2"))
+    status = _refused(leases.delete_namespaced_lease, "tritonshare-agent-gpu-2", SYSTEM)
+    assert status["message"] == _denied_by(
+        "tritonshare-agent-own-node",
+        OWN_LEASE,
+        "leases.coordination.k8s.io",
+        "tritonshare-agent-gpu-2",
+    )
+    leases.delete_namespaced_lease("tritonshare-agent-gpu-1", SYSTEM)
+
+
+def test_an_agent_token_not_bound_to_a_pod_on_a_node_is_refused(cluster: Cluster) -> None:
+    token = cluster.apiserver.service_account_token(SYSTEM, "tritonshare-agent")
+    with client_with_token(cluster.apiserver, token) as api:
+        status = _refused(
+            _annotate_node, core_v1(api), "gpu-1", {"tritonshare.io/gpus": '[{"index": 0}]'}
+        )
+    assert status["message"] == _node_denial(OWN_NODE, "gpu-1")
+
+
+def test_other_users_are_not_concerned_by_the_agent_policy(cluster: Cluster) -> None:
+    # The binder's service account and the admin change any node (RBAC, not this policy, limits
+    # them on a real cluster).
+    cluster.binder.patch_node("gpu-2", {"metadata": {"labels": {"pool": "premium"}}})
+    cluster.admin.patch_node("gpu-2", {"spec": {"taints": []}})
+    assert cluster.admin.read_node("gpu-2").metadata.labels["pool"] == "premium"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
+import kubernetes.client
 import kubernetes_validate
 import pytest
 
@@ -27,15 +28,17 @@ from agent.settings import parse_settings as parse_agent_settings
 from binder.settings import parse_settings as parse_binder_settings
 from loader.settings import parse_settings as parse_loader_settings
 from proxy.settings import parse_settings as parse_proxy_settings
+from sim.apiserver import RunningApiServer
 from tests.conftest import require_executable
 from tests.deploy.rendering import CHART, DEPLOY, Obj, containers, name_of, pod_spec, render
 from tests.deploy.rendering import render_chart as _render_chart
-from tests.deploy.test_admission_policy import Policy
+from tests.deploy.test_admission_policy import agent_token, client_with_token, install_policies
 from tests.deploy.test_manifests import (
     CUSTOM_API_VERSIONS,
     KUBERNETES_VERSION,
     check_custom_resource,
 )
+from tests.fixtures_sim import core_v1, status_of
 
 # Labels Helm charts put on the objects they own; kustomize has no release to name.
 HELM_LABELS = (
@@ -311,61 +314,50 @@ def test_the_example_model_is_deploy_example_and_follows_the_values() -> None:
     assert 'namespace="team-a", model="7"' in trigger["metadata"]["query"]
 
 
-def test_the_admission_policies_follow_the_namespace_and_the_key_prefix() -> None:
-    """The rendered CEL, evaluated: the binder of the custom namespace may write the custom
-    prefix's binder annotations, a tenant may not; the agent of the custom namespace may annotate
-    its own node under the custom prefix, and not under the default one."""
+def test_the_admission_policies_follow_the_namespace_and_the_key_prefix(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> None:
+    """The chart's policies, run by the simulated API server: the binder of the custom namespace
+    may write the custom prefix's binder annotations, a tenant may not; the agent of the custom
+    namespace may annotate its own node under the custom prefix, and not under the default one."""
     objects = render_chart(CUSTOM, namespace=CUSTOM_NAMESPACE)
-    pods = Policy(_the(objects, "ValidatingAdmissionPolicy", "tritonshare-model-pods"))
-    binder = f"system:serviceaccount:{CUSTOM_NAMESPACE}:tritonshare-binder"
-    pod: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "m", "namespace": "models", "annotations": {}},
-        "spec": {"schedulerName": "shared-gpu", "nodeName": "gpu-1", "containers": []},
-    }
-    placed = copy.deepcopy(pod)
-    placed["metadata"]["annotations"]["seldon.io/trtis-gpu"] = "GPU-1"
+    assert len(install_policies(kube_api, objects)) == 4
+    admin = core_v1(kube_api)
+    for namespace in (CUSTOM_NAMESPACE, "models"):
+        admin.create_namespace({"metadata": {"name": namespace}})
+    admin.create_node({"metadata": {"name": "gpu-1"}})
+    tenant_token = apiserver.service_account_token("models", "default")
+    binder_token = apiserver.service_account_token(CUSTOM_NAMESPACE, "tritonshare-binder")
+    node_token = agent_token(apiserver, CUSTOM_NAMESPACE, "gpu-1")
+    with (
+        client_with_token(apiserver, tenant_token) as tenant_api,
+        client_with_token(apiserver, binder_token) as binder_api,
+        client_with_token(apiserver, node_token) as agent_api,
+    ):
+        tenant, binder, agent = core_v1(tenant_api), core_v1(binder_api), core_v1(agent_api)
 
-    def pod_update(user: str) -> dict[str, Any]:
-        return {
-            "operation": "UPDATE",
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "userInfo": {"username": user, "extra": {}},
-            "name": "m",
-        }
+        def pod(name: str, scheduler: str, node: str = "") -> dict[str, Any]:
+            spec = {"schedulerName": scheduler, "containers": [{"name": "c", "image": "x"}]}
+            return {"metadata": {"name": name}, "spec": spec | ({"nodeName": node} if node else {})}
 
-    assert pods.denials(pod_update(binder), placed, pod) == []
-    assert pods.denials(pod_update("system:serviceaccount:models:default"), placed, pod)
-    created = copy.deepcopy(pod)
-    create = pod_update("system:serviceaccount:models:default") | {"operation": "CREATE"}
-    assert pods.denials(create, created, None), "spec.nodeName at create must be refused"
-    created["spec"]["schedulerName"] = "default-scheduler"
-    assert pods.denials(create, created, None) == [], "only shared-gpu pods are concerned"
+        def refused(call: Any, *args: Any) -> str:
+            with pytest.raises(kubernetes.client.ApiException) as raised:
+                call(*args)
+            assert raised.value.status == 422
+            message: str = status_of(raised.value)["message"]
+            return message
 
-    nodes = Policy(_the(objects, "ValidatingAdmissionPolicy", "tritonshare-agent-own-node"))
-    agent = {
-        "username": f"system:serviceaccount:{CUSTOM_NAMESPACE}:tritonshare-agent",
-        "extra": {"authentication.kubernetes.io/node-name": ["gpu-1"]},
-    }
-    node: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": "gpu-1"},
-        "spec": {},
-    }
-    request = {
-        "operation": "UPDATE",
-        "resource": {"group": "", "version": "v1", "resource": "nodes"},
-        "userInfo": agent,
-        "name": "gpu-1",
-    }
-    ours = copy.deepcopy(node)
-    ours["metadata"]["annotations"] = {"seldon.io/trtis-gpus": "[]"}
-    assert nodes.denials(request, ours, node) == []
-    theirs = copy.deepcopy(node)
-    theirs["metadata"]["annotations"] = {"tritonshare.io/gpus": "[]"}
-    assert nodes.denials(request, theirs, node)
+        message = refused(tenant.create_namespaced_pod, "models", pod("m", "shared-gpu", "gpu-1"))
+        assert "spec.nodeName" in message, "spec.nodeName at create must be refused"
+        tenant.create_namespaced_pod("models", pod("d", "default-scheduler", "gpu-1"))
+        tenant.create_namespaced_pod("models", pod("m", "shared-gpu"))
+        placed = {"metadata": {"annotations": {"seldon.io/trtis-gpu": "GPU-1"}}}
+        assert "seldon.io/trtis-gpu" in refused(tenant.patch_namespaced_pod, "m", "models", placed)
+        binder.patch_namespaced_pod("m", "models", placed)
+
+        agent.patch_node("gpu-1", {"metadata": {"annotations": {"seldon.io/trtis-gpus": "[]"}}})
+        theirs = {"metadata": {"annotations": {"tritonshare.io/gpus": "[]"}}}
+        assert "annotations" in refused(agent.patch_node, "gpu-1", theirs)
 
 
 def test_the_chart_makes_strong_keys_or_leaves_the_secrets_to_you() -> None:

@@ -145,6 +145,11 @@ def test_a_matching_webhook_mutates_the_pod_it_is_sent(
     assert review["apiVersion"] == "admission.k8s.io/v1" and request["operation"] == "CREATE"
     assert request["kind"] == {"group": "", "version": "v1", "kind": "Pod"}
     assert request["namespace"] == "default" and request["name"] == "p"
+    # The caller, here without credentials: the cluster admin.
+    assert request["userInfo"] == {
+        "username": "kubernetes-admin",
+        "groups": ["system:masters", "system:authenticated"],
+    }
     # The webhook sees the defaulted object, as upstream's mutating admission does.
     assert request["object"]["spec"]["schedulerName"] == "default-scheduler"
     # Other kinds and operations are not sent.

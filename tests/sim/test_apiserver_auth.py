@@ -15,6 +15,7 @@ from sim.apiserver import RunningApiServer
 from tests.fixtures_sim import authentication_v1, core_v1, status_of
 
 AUDIENCE = "tritonshare-agent"
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 
 
 def _make_pod(v1: Any, name: str, service_account: str = "default", node: str = "") -> Any:
@@ -164,15 +165,19 @@ def test_mint_token_needs_the_pod(apiserver: RunningApiServer) -> None:
         apiserver.mint_token("default", "ghost")
 
 
+def _as(apiserver: RunningApiServer, token: str) -> client.ApiClient:
+    configuration = client.Configuration()
+    configuration.host = apiserver.url
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(configuration)
+
+
 def test_audit_names_the_service_account_of_a_bearer_token(
     apiserver: RunningApiServer, kube_api: client.ApiClient
 ) -> None:
     _make_pod(core_v1(kube_api), "p", service_account="agent")
-    token = apiserver.mint_token("default", "p")
-    configuration = client.Configuration()
-    configuration.host = apiserver.url
-    configuration.api_key = {"authorization": f"Bearer {token}"}
-    with client.ApiClient(configuration) as api:
+    token = apiserver.mint_token("default", "p", audience=API_AUDIENCE)
+    with _as(apiserver, token) as api:
         core_v1(api).list_node()
     last = apiserver.audit[-1]
     assert (last.verb, last.resource, last.user) == (
@@ -180,6 +185,34 @@ def test_audit_names_the_service_account_of_a_bearer_token(
         "nodes",
         "system:serviceaccount:default:agent",
     )
+
+
+def test_credentials_the_api_server_does_not_accept_get_401(
+    apiserver: RunningApiServer, kube_api: client.ApiClient
+) -> None:
+    """As upstream: a token for another audience (the agent's), an expired one, one whose pod is
+    gone and one this server never minted are refused before anything else happens."""
+    v1 = core_v1(kube_api)
+    _make_pod(v1, "p", service_account="agent")
+    for_the_agent = apiserver.mint_token("default", "p")
+    bound_to_p = apiserver.mint_token("default", "p", audience=API_AUDIENCE)
+    unbound = apiserver.service_account_token("default", "agent", expiration_seconds=600)
+    for token in (for_the_agent, "not-a-token"):
+        with _as(apiserver, token) as api, pytest.raises(client.ApiException) as raised:
+            core_v1(api).list_node()
+        assert raised.value.status == 401
+        assert status_of(raised.value)["reason"] == "Unauthorized"
+    assert apiserver.audit[-1].code == 401
+    v1.delete_namespaced_pod("p", "default")
+    with _as(apiserver, bound_to_p) as api, pytest.raises(client.ApiException) as raised:
+        core_v1(api).list_node()
+    assert raised.value.status == 401
+    with _as(apiserver, unbound) as api:
+        core_v1(api).list_node()
+        apiserver.clock.advance(601)
+        with pytest.raises(client.ApiException) as raised:
+            core_v1(api).list_node()
+    assert raised.value.status == 401
 
 
 def test_kubeconfig_with_a_service_account_token_names_the_caller_in_the_audit(

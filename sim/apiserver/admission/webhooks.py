@@ -3,11 +3,11 @@
 For an object being created (after defaulting, before validation), every webhook of every stored
 `MutatingWebhookConfiguration` (admissionregistration.k8s.io/v1; configurations in name order,
 webhooks in order) whose `rules`, `namespaceSelector` and `objectSelector` match is called with
-an `AdmissionReview` v1 over HTTPS, trusting only its `clientConfig.caBundle`. A JSONPatch answer
-is applied; a refusal fails the request with the webhook's status and upstream's wording
-(`admission webhook "x" denied the request: ...`); a webhook that cannot be reached or answers
-nonsense fails the request with 500 under `failurePolicy: Fail` (the default) and is skipped
-under `Ignore`.
+an `AdmissionReview` v1 (with the caller's `userInfo`) over HTTPS, trusting only its
+`clientConfig.caBundle`. A JSONPatch answer is applied; a refusal fails the request with the
+webhook's status and upstream's wording (`admission webhook "x" denied the request: ...`); a
+webhook that cannot be reached or answers nonsense fails the request with 500 under
+`failurePolicy: Fail` (the default) and is skipped under `Ignore`.
 
 Not simulated: webhooks on UPDATE, DELETE and CONNECT (only CREATE is sent), `clientConfig.service`
 (there is no cluster DNS: use `url`), `matchPolicy` equivalents, `matchConditions`,
@@ -21,11 +21,17 @@ import binascii
 import json
 import ssl
 import uuid
-from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
 
+from sim.apiserver.admission.matching import (
+    labels_of,
+    namespace_selector_applies,
+    rule_matches,
+    selector_matches,
+)
+from sim.apiserver.auth import UserInfo
 from sim.apiserver.errors import ApiError
 from sim.apiserver.patch import json_patch
 from sim.apiserver.resources import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES, Resource
@@ -39,56 +45,6 @@ class WebhookCallError(Exception):
     """The webhook could not be called, or its answer is not a usable AdmissionReview."""
 
 
-def _wildcard(values: Iterable[str], value: str) -> bool:
-    values = list(values)
-    return "*" in values or value in values
-
-
-def rule_matches(rule: JsonObject, resource: Resource, operation: str) -> bool:
-    """A RuleWithOperations against the resource (and subresource-free) request."""
-    if not _wildcard(rule.get("operations") or [], operation):
-        return False
-    if not _wildcard(rule.get("apiGroups") or [], resource.group):
-        return False
-    if not _wildcard(rule.get("apiVersions") or [], resource.version):
-        return False
-    resources = rule.get("resources") or []
-    if not ("*" in resources or "*/*" in resources or resource.plural in resources):
-        return False
-    scope = rule.get("scope", "*")
-    return (
-        scope == "*"
-        or (scope == "Namespaced" and resource.namespaced)
-        or (scope == "Cluster" and not resource.namespaced)
-    )
-
-
-def selector_matches(selector: JsonObject | None, labels: JsonObject) -> bool:
-    """A metav1.LabelSelector; an absent or empty one matches everything."""
-    if not selector:
-        return True
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or []:
-        key, operator = expression.get("key"), expression.get("operator")
-        values = expression.get("values") or []
-        if operator == "In" and labels.get(key) not in values:
-            return False
-        if operator == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-    return True
-
-
-def _labels(obj: JsonObject | None) -> JsonObject:
-    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-    return labels if isinstance(labels, dict) else {}
-
-
 def webhooks_for(
     store: Store, resource: Resource, operation: str, namespace: str, obj: JsonObject
 ) -> list[JsonObject]:
@@ -99,28 +55,28 @@ def webhooks_for(
     )
     namespace_labels: JsonObject = {}
     if resource is NAMESPACES:
-        namespace_labels = _labels(obj)
+        namespace_labels = labels_of(obj)
     elif resource.namespaced:
         stored = store.get(NAMESPACES, "", namespace)
-        namespace_labels = _labels(stored.obj if stored else None)
+        namespace_labels = labels_of(stored.obj if stored else None)
     chosen = []
     for configuration in configurations:
         for webhook in configuration.get("webhooks") or []:
             if not any(rule_matches(r, resource, operation) for r in webhook.get("rules") or []):
                 continue
-            # The namespaceSelector does not apply to cluster-scoped objects (other than
-            # namespaces), as upstream.
-            if (resource.namespaced or resource is NAMESPACES) and not selector_matches(
+            if namespace_selector_applies(resource) and not selector_matches(
                 webhook.get("namespaceSelector"), namespace_labels
             ):
                 continue
-            if not selector_matches(webhook.get("objectSelector"), _labels(obj)):
+            if not selector_matches(webhook.get("objectSelector"), labels_of(obj)):
                 continue
             chosen.append(webhook)
     return chosen
 
 
-def _review(resource: Resource, operation: str, namespace: str, obj: JsonObject) -> JsonObject:
+def _review(
+    resource: Resource, operation: str, namespace: str, obj: JsonObject, user: UserInfo
+) -> JsonObject:
     group_version_kind = {
         "group": resource.group,
         "version": resource.version,
@@ -139,7 +95,7 @@ def _review(resource: Resource, operation: str, namespace: str, obj: JsonObject)
         "requestResource": group_version_resource,
         "name": obj.get("metadata", {}).get("name", ""),
         "operation": operation,
-        "userInfo": {"username": "system:anonymous", "groups": ["system:unauthenticated"]},
+        "userInfo": user.to_json(),
         "object": obj,
         "oldObject": None,
         "dryRun": False,
@@ -204,13 +160,18 @@ def _denied(name: str, response: JsonObject) -> ApiError:
 
 
 async def mutate(
-    store: Store, resource: Resource, operation: str, namespace: str, obj: JsonObject
+    store: Store,
+    resource: Resource,
+    operation: str,
+    namespace: str,
+    obj: JsonObject,
+    user: UserInfo,
 ) -> JsonObject:
     """`obj` after every matching mutating webhook, or the ApiError that fails the request."""
     for webhook in webhooks_for(store, resource, operation, namespace, obj):
         name = str(webhook.get("name", ""))
         try:
-            response = await call(webhook, _review(resource, operation, namespace, obj))
+            response = await call(webhook, _review(resource, operation, namespace, obj, user))
             if not response.get("allowed"):
                 raise _denied(name, response)
             if response.get("patch"):
