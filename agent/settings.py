@@ -23,7 +23,7 @@ from common.contract import (
     Keys,
 )
 from common.settings import (
-    BadValue,
+    BadValueError,
     Declaration,
     Setting,
     host_port,
@@ -150,7 +150,7 @@ class Settings:
 def _admin_header(value: str) -> tuple[str, str]:
     name, sep, header_value = value.partition(":")
     if not sep or not name.strip():
-        raise BadValue("is not a header; write Name:value")
+        raise BadValueError("is not a header; write Name:value")
     return name.strip(), header_value.strip()
 
 

@@ -28,10 +28,10 @@ FALSE_WORDS = ("0", "false", "no")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 Kind = Callable[[str], Any]
-"""Turns the text of a flag or variable into the field's value, or raises BadValue."""
+"""Turns the text of a flag or variable into the field's value, or raises BadValueError."""
 
 
-class BadValue(ValueError):
+class BadValueError(ValueError):
     """A kind's refusal, worded to follow the value: "is not a number of seconds"."""
 
 
@@ -73,7 +73,7 @@ def boolean(value: str) -> bool:
         return True
     if word in FALSE_WORDS:
         return False
-    raise BadValue("is neither true nor false")
+    raise BadValueError("is neither true nor false")
 
 
 def one_of(*choices: str, case: Callable[[str], str] = str.lower) -> Kind:
@@ -86,7 +86,7 @@ def one_of(*choices: str, case: Callable[[str], str] = str.lower) -> Kind:
     def kind(value: str) -> str:
         chosen = case(value.strip())
         if chosen not in choices:
-            raise BadValue(expected)
+            raise BadValueError(expected)
         return chosen
 
     return kind
@@ -103,15 +103,15 @@ def seconds(*, positive: bool = False, minimum: float = 0.0) -> Kind:
         try:
             number = float(value)
         except ValueError:
-            raise BadValue("is not a number of seconds") from None
+            raise BadValueError("is not a number of seconds") from None
         if positive and not (number > 0 and math.isfinite(number)):
-            raise BadValue("must be more than 0 seconds (and finite)")
+            raise BadValueError("must be more than 0 seconds (and finite)")
         if not math.isfinite(number):
-            raise BadValue("is not a finite number of seconds")
+            raise BadValueError("is not a finite number of seconds")
         if number < 0:
-            raise BadValue("is negative; use 0 or more")
+            raise BadValueError("is negative; use 0 or more")
         if number < minimum:
-            raise BadValue(f"must be at least {minimum:g} seconds")
+            raise BadValueError(f"must be at least {minimum:g} seconds")
         return number
 
     return kind
@@ -124,10 +124,10 @@ def number(*, minimum: float = 0.0, below: float = math.inf) -> Kind:
         try:
             parsed = float(value)
         except ValueError:
-            raise BadValue("is not a number") from None
+            raise BadValueError("is not a number") from None
         if not (minimum <= parsed < below):
             limit = "" if below == math.inf else f" and below {below:g}"
-            raise BadValue(f"must be at least {minimum:g}{limit}")
+            raise BadValueError(f"must be at least {minimum:g}{limit}")
         return parsed
 
     return kind
@@ -140,11 +140,11 @@ def whole(*, minimum: int = 0) -> Kind:
         try:
             parsed = int(value)
         except ValueError:
-            raise BadValue("is not a whole number") from None
+            raise BadValueError("is not a whole number") from None
         if parsed < minimum:
             if minimum == 0:
-                raise BadValue("is negative; use 0 or more")
-            raise BadValue(f"must be a whole number of {minimum} or more")
+                raise BadValueError("is negative; use 0 or more")
+            raise BadValueError(f"must be a whole number of {minimum} or more")
         return parsed
 
     return kind
@@ -157,11 +157,11 @@ def quantity(*, minimum: int = 0) -> Kind:
         try:
             amount = parse_quantity(value)
         except QuantityError:
-            raise BadValue(
+            raise BadValueError(
                 "is not a Kubernetes quantity; write e.g. 512Mi, 2Gi, 500M or 1e9"
             ) from None
         if amount < minimum:
-            raise BadValue(f"is less than {minimum} bytes")
+            raise BadValueError(f"is less than {minimum} bytes")
         return amount
 
     return kind
@@ -170,7 +170,7 @@ def quantity(*, minimum: int = 0) -> Kind:
 def _split_host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise BadValue("is not host:port; write e.g. 0.0.0.0:9000")
+        raise BadValueError("is not host:port; write e.g. 0.0.0.0:9000")
     return host.strip("[]"), int(port)
 
 
@@ -183,17 +183,17 @@ def address(value: str) -> tuple[str, int]:
 def host_port(value: str) -> str:
     """`host:port` (a host is required, no scheme), kept as written."""
     if "://" in value:
-        raise BadValue("has a scheme; write only host:port")
+        raise BadValueError("has a scheme; write only host:port")
     host, _ = _split_host_port(value)
     if not host:
-        raise BadValue("has no host; write e.g. 127.0.0.1:8000")
+        raise BadValueError("has no host; write e.g. 127.0.0.1:8000")
     return value
 
 
 def port(*, minimum: int = 1) -> Kind:
     def kind(value: str) -> int:
         if not value.isdigit() or not minimum <= int(value) <= 65535:
-            raise BadValue(f"is not a port; write a number from {minimum} to 65535")
+            raise BadValueError(f"is not a port; write a number from {minimum} to 65535")
         return int(value)
 
     return kind
@@ -218,7 +218,7 @@ class Setting:
     help: str
     """What it sets, for --help; the default and the variable are appended."""
     kind: Kind = text
-    """Text -> value; raises BadValue (or ValueError) for a value the part cannot use."""
+    """Text -> value; raises BadValueError (or ValueError) for a value the part cannot use."""
     default: str | None = None
     """The default as one would write it (shown in --help and parsed like a given value). None:
     the field keeps the default of the part's Settings class."""
@@ -342,7 +342,7 @@ class Declaration:
                 continue
             try:
                 values[s.name] = s.kind(raw)
-            except BadValue as e:
+            except BadValueError as e:
                 raise self.error(f"{where}: {raw!r} {e}") from e
             except (ValueError, ContractError) as e:
                 raise self.error(f"{where}: {e}") from e
