@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from common.contract import ContractError, Keys, validate_model_id
-from common.quantity import QuantityError, parse_quantity
+from common.quantity import QuantityError, format_bytes, parse_quantity
 
 ENV_PREFIX = "TRITONSHARE_"
 TRUE_WORDS = ("1", "true", "yes")
@@ -161,7 +161,9 @@ def quantity(*, minimum: int = 0) -> Kind:
                 "is not a Kubernetes quantity; write e.g. 512Mi, 2Gi, 500M or 1e9"
             ) from None
         if amount < minimum:
-            raise BadValueError(f"is less than {minimum} bytes")
+            if minimum == 1:
+                raise BadValueError("must be more than 0 bytes")
+            raise BadValueError(f"is less than {format_bytes(minimum)}")
         return amount
 
     return kind
