@@ -1,18 +1,24 @@
-"""The health and metrics endpoints the agent and the binder serve: /healthz, /readyz, /metrics.
+"""The health and metrics endpoints every long-running part serves: /healthz, /readyz, /metrics.
 
 /healthz answers while the event loop runs. /readyz answers 200 when `not_ready()` gives no
-reason, else 503 (or the part's own status) with the reasons. /metrics renders the part's own
-Prometheus registry. The part decides what readiness means and what its ready text says; this
-module only serves, it never changes anything. It is the one module of the agent and the binder
-that imports aiohttp's server pieces (tests/test_boundaries.py checks).
+reason, else 503 (or the part's own status) with the reasons; `not_ready` may be a coroutine
+function when readiness needs a question to another process (the proxy asks Triton). /metrics
+renders the part's own Prometheus registry. The part decides what readiness means and what its
+ready text says; this module only serves, it never changes anything. It is the one module of the
+agent, the binder and the proxy that imports aiohttp's server pieces (tests/test_boundaries.py
+checks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+NotReady = Callable[[], list[str] | Awaitable[list[str]]]
+"""Why the part is not ready (empty when it is), answered at once or awaited."""
 
 
 def _ready() -> str:
@@ -21,7 +27,7 @@ def _ready() -> str:
 
 def build_health_app(
     registry: CollectorRegistry,
-    not_ready: Callable[[], list[str]],
+    not_ready: NotReady,
     ready_text: Callable[[], str] | None = None,
     not_ready_status: int = 503,
 ) -> web.Application:
@@ -33,7 +39,8 @@ def build_health_app(
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        reasons = not_ready()
+        answer = not_ready()
+        reasons = await answer if inspect.isawaitable(answer) else answer
         if reasons:
             return web.Response(
                 status=not_ready_status, text="not ready: " + "; ".join(reasons) + "\n"
@@ -53,10 +60,15 @@ def build_health_app(
 
 
 class HttpServer:
-    """Runs the app on host:port; `port` is the bound port once started (useful with port 0)."""
+    """Runs the app on host:port; `port` is the bound port once started (useful with port 0).
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
-        self._runner = web.AppRunner(app, access_log=None)
+    Stopping waits at most `shutdown_timeout` seconds for requests in progress: these endpoints
+    answer at once, and a part's shutdown must not wait on a slow scrape."""
+
+    def __init__(
+        self, app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0
+    ) -> None:
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
         self._host = host
         self.port = port
         self._started = False
