@@ -19,6 +19,7 @@ import binder.settings
 import loader.errors
 import loader.settings
 import proxy.settings
+import sim.agent_node
 import sim.apiserver.settings
 import webhook.settings
 from common.settings import (
@@ -93,6 +94,7 @@ PARTS = [
         sim.apiserver.settings.SettingsError,
         {},
     ),
+    Part("sim.agent_node", sim.agent_node.OWN_FLAGS, None, sim.agent_node.SettingsError, {}),
 ]
 SETTINGS = [
     pytest.param(part, setting, id=f"{part.name} --{setting.flag}")
