@@ -98,6 +98,8 @@ class Binder:
         self._stop = asyncio.Event()
         self._informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self.failure: BaseException | None = None
+        """What ended the replica, if one of its tasks failed (logged where it failed)."""
         self._stopping = False
 
     def role(self) -> str:
@@ -176,6 +178,8 @@ class Binder:
         await self.elector.run(self._stop)
 
     def _failed(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
         self._stop.set()
         self.elector.leading.clear()
 

@@ -102,12 +102,13 @@ class Lifecycle:
             name,
             coro,
             consequence="stopping the process",
-            on_failure=partial(self._failed, name),
+            on_failure=partial(self.fail, name),
         )
         self._tasks[name] = task
         return task
 
-    def _failed(self, name: str, error: BaseException) -> None:
+    def fail(self, name: str, error: BaseException) -> None:
+        """`name` failed with `error`: stop, and exit with code 1."""
         if self.failure is None:
             self.failure = error
         self.request_stop(f"{name} failed")
