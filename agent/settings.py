@@ -155,6 +155,7 @@ def _admin_header(value: str) -> tuple[str, str]:
 
 
 def _prefix(value: str) -> str:
+    """The prefix as written, once the contract accepts it (a ContractError says why not)."""
     Keys(value)
     return value
 

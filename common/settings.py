@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common.contract import ContractError, Keys, validate_model_id
+from common.contract import Keys, validate_model_id
 from common.quantity import QuantityError, format_bytes, parse_quantity
 
 ENV_PREFIX = "TRITONSHARE_"
@@ -346,7 +346,7 @@ class Declaration:
                 values[s.name] = s.kind(raw)
             except BadValueError as e:
                 raise self.error(f"{where}: {raw!r} {e}") from e
-            except (ValueError, ContractError) as e:
+            except ValueError as e:  # another module's refusal, such as a ContractError
                 raise self.error(f"{where}: {e}") from e
         return values
 
