@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from agent.errors import KubeError
+from common.lifecycle import spawn
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,12 @@ class PodEvents:
             self._written.clear()
         self._written[(uid, reason)] = now
         namespace, _, name = pod_key.partition("/")
-        task = asyncio.get_running_loop().create_task(
-            self._write(namespace, name, uid, reason, message), name=f"event {reason} {pod_key}"
+        spawn(
+            f"Recording event {reason} on pod {pod_key}",
+            self._write(namespace, name, uid, reason, message),
+            consequence="the pod does not show it",
+            keep=self._tasks,
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _write(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
         try:

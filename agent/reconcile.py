@@ -35,6 +35,7 @@ from agent.placement import PlacementVerifier, Proven
 from agent.pods import PodInfo, pod_from_dict
 from agent.triton import LOADING, READY
 from common.contract import Keys
+from common.lifecycle import spawn
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
@@ -327,7 +328,7 @@ class Reconciler:
 
 async def _first_of(*events: asyncio.Event, limit: float) -> None:
     """Return when any of `events` is set, or after `limit` seconds."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    waiters = [spawn("Waiting for a reason to reconcile", event.wait()) for event in events]
     try:
         await asyncio.wait(waiters, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
     finally:

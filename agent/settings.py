@@ -1,17 +1,16 @@
-"""The agent's settings: one frozen object, from flags and `TRITONSHARE_<FLAG>` variables.
+"""The agent's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
+default, help) with common.settings, parsed once in `agent.__main__`.
 
-Parsed once, in `agent.__main__`; everything else receives the object. Nothing here reads files
-or talks to anything.
+Everything else receives the object. Nothing here reads files or talks to anything.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from agent.modelconfig import DEFAULT_SAFE_BACKENDS
 from common.contract import (
@@ -21,11 +20,24 @@ from common.contract import (
     DEFAULT_PREFIX,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SYSTEM_NAMESPACE,
-    ContractError,
     Keys,
 )
-from common.flags import described, env_name
-from common.quantity import QuantityError, parse_quantity
+from common.settings import (
+    BadValueError,
+    Declaration,
+    Setting,
+    host_port,
+    log_format,
+    log_level,
+    names,
+    number,
+    one_of,
+    path,
+    quantity,
+    seconds,
+    text,
+    whole,
+)
 
 DEFAULT_PLATFORM_ACCOUNTS = (
     f"system:serviceaccount:{DEFAULT_SYSTEM_NAMESPACE}:tritonshare-binder",
@@ -141,248 +153,198 @@ class Settings:
         return Keys(self.key_prefix)
 
 
-def _env(environ: Mapping[str, str], flag: str) -> str | None:
-    return environ.get("TRITONSHARE_" + flag.upper().replace("-", "_"))
+def _admin_header(value: str) -> tuple[str, str]:
+    name, sep, header_value = value.partition(":")
+    if not sep or not name.strip():
+        raise BadValueError("is not a header; write Name:value")
+    return name.strip(), header_value.strip()
 
 
-def _host_port(value: str, flag: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise SettingsError(f"--{flag} {value!r} is not host:port (for example 127.0.0.1:8100)")
+def _prefix(value: str) -> str:
+    """The prefix as written, once the contract accepts it (a ContractError says why not)."""
+    Keys(value)
     return value
 
 
-def _names(value: str) -> tuple[str, ...]:
-    return tuple(name.strip() for name in str(value).split(",") if name.strip())
+def _seconds(flag: str, help_text: str, default: float, *, positive: bool = False) -> Setting:
+    return Setting(flag, help_text, seconds(positive=positive), f"{default:g}")
+
+
+DECLARATION = Declaration(
+    "python -m agent",
+    "tritonshare agent: GPUs on the Node, and the owner of Triton's repository.",
+    [
+        Setting(
+            "node-name",
+            "this node's name",
+            also_env=("NODE_NAME",),
+            required="NODE_NAME comes from the Downward API's spec.nodeName",
+        ),
+        Setting(
+            "model-repository",
+            "Triton's model repository directory",
+            path,
+            required="Triton's model repository directory",
+        ),
+        Setting(
+            "kubeconfig", "kubeconfig file; default: in-cluster config", also_env=("KUBECONFIG",)
+        ),
+        Setting("triton-http-url", "Triton HTTP host:port", host_port, "127.0.0.1:8000"),
+        Setting(
+            "triton-admin-header", "Name:value header for Triton's restricted APIs", _admin_header
+        ),
+        Setting(
+            "staging-dir",
+            "staging directory (same filesystem, outside the repository); default: "
+            "<repository>/../.tritonshare-staging",
+            path,
+        ),
+        Setting(
+            "listen-grpc", "gRPC API host:port", host_port, f"0.0.0.0:{DEFAULT_AGENT_GRPC_PORT}"
+        ),
+        Setting(
+            "listen-http",
+            "health and metrics host:port",
+            host_port,
+            f"0.0.0.0:{DEFAULT_AGENT_HTTP_PORT}",
+        ),
+        Setting("ports-file", "write the bound ports there as JSON once serving", path),
+        Setting("cpu-only", "run model instances on the CPU; NVML is optional", switch=True),
+        Setting(
+            "advertise-gpu-mem",
+            "advertise <prefix>gpu-mem in the Node's status capacity",
+            switch=True,
+        ),
+        Setting("key-prefix", "annotation and resource key prefix", _prefix, DEFAULT_PREFIX),
+        Setting("system-namespace", "namespace of the agent Lease", text, DEFAULT_SYSTEM_NAMESPACE),
+        Setting("scheduler-name", "schedulerName of the pods served", text, DEFAULT_SCHEDULER_NAME),
+        Setting("audience", "audience of callers' tokens", text, DEFAULT_AGENT_AUDIENCE),
+        Setting(
+            "platform-accounts",
+            "comma-separated usernames allowed to list models and GPUs",
+            names,
+            ",".join(DEFAULT_PLATFORM_ACCOUNTS),
+        ),
+        _seconds("gpu-poll-seconds", "seconds between NVML reads", 10, positive=True),
+        _seconds("lease-renew-seconds", "seconds between Lease renewals", 20, positive=True),
+        _seconds("node-resync-seconds", "seconds between rereads of the Node", 600),
+        _seconds(
+            "resync-seconds", "seconds between full reconciliations of Triton", 60, positive=True
+        ),
+        _seconds("triton-poll-seconds", "seconds between Triton liveness checks", 2, positive=True),
+        _seconds(
+            "orphan-grace-seconds",
+            "seconds a model without a pod is kept after its last install or load",
+            30,
+        ),
+        _seconds(
+            "unload-timeout-seconds",
+            "seconds to wait for an unloaded model to become UNAVAILABLE",
+            120,
+        ),
+        _seconds("load-timeout-seconds", "seconds a Triton load may take", 600),
+        _seconds(
+            "token-cache-seconds", "seconds a TokenReview answer is reused for the same token", 30
+        ),
+        Setting(
+            "lease-duration-seconds", "leaseDurationSeconds of the Lease", whole(minimum=1), "60"
+        ),
+        Setting(
+            "placement-key-dir",
+            "directory of the placement-key Secret (files current, previous)",
+            path,
+            required="the agent acts only for pods whose placement the binder signed with the "
+            "placement-key Secret, see docs/security.md",
+        ),
+        Setting(
+            "state-dir",
+            "where model ownership is kept (outside the repository); default: "
+            "<repository>/../.tritonshare-state",
+            path,
+        ),
+        Setting(
+            "gateway-table",
+            "file the node gateway reads its callers from (shared with the gateway only); unset: "
+            "no gateway",
+            path,
+        ),
+        _seconds(
+            "gateway-table-refresh-seconds",
+            "seconds between rewrites of an unchanged caller table",
+            5,
+            positive=True,
+        ),
+        Setting(
+            "tenant-code-namespaces",
+            "comma-separated namespaces allowed to run their own code in Triton (python, custom "
+            "backends)",
+            names,
+        ),
+        Setting(
+            "safe-backends",
+            "comma-separated backends that run no tenant code",
+            names,
+            ",".join(DEFAULT_SAFE_BACKENDS),
+        ),
+        Setting(
+            "max-model-bytes",
+            "largest model one pod may install (a quantity)",
+            quantity(minimum=1),
+            "64Gi",
+        ),
+        Setting(
+            "gpu-mem-reserve",
+            "bytes of every GPU kept for CUDA and Triton (a quantity)",
+            quantity(),
+            "0",
+        ),
+        Setting(
+            "gpu-mem-enforcement",
+            "warn or evict a model using more GPU memory than it asked for",
+            one_of("warn", "evict"),
+            "warn",
+        ),
+        Setting(
+            "gpu-mem-tolerance",
+            "fraction of the request a model may exceed it by (at least 256Mi)",
+            number(minimum=0, below=10),
+            "0.05",
+        ),
+        _seconds(
+            "usage-publish-seconds", "shortest time between two gpu-usage annotation writes", 60
+        ),
+        _seconds("install-deadline-seconds", "seconds one install may take", 1800, positive=True),
+        _seconds("install-idle-seconds", "seconds an install may send nothing", 120, positive=True),
+        Setting(
+            "max-calls-per-pod",
+            "calls one pod may have in progress at once",
+            whole(minimum=1),
+            "8",
+        ),
+        _seconds(
+            "auth-failure-cache-seconds",
+            "seconds a refused token is refused without a new TokenReview",
+            5,
+        ),
+        Setting("log-level", "log level", log_level, "INFO"),
+        Setting("log-format", "text or json", log_format, "text"),
+    ],
+    error=SettingsError,
+)
 
 
 def parse_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Settings from flags, falling back to environment variables, then to the defaults."""
-    env = dict(os.environ if environ is None else environ)
-    defaults = Settings(node_name="", model_repository=Path())
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m agent",
-        description="tritonshare agent: GPUs on the Node, and the owner of Triton's repository.",
-    )
-
-    def add(flag: str, default: object, help_text: str, **kwargs: Any) -> None:
-        value = _env(env, flag)
-        parser.add_argument(
-            f"--{flag}",
-            default=value if value is not None else default,
-            help=described(help_text, default, env_name(flag)),
-            **kwargs,
+    settings = Settings(
+        **DECLARATION.values(
+            sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
         )
-
-    def add_flag(flag: str, help_text: str) -> None:
-        value = (_env(env, flag) or "").lower() in ("1", "true", "yes")
-        help_text = described(f"{help_text}; off unless given", None, env_name(flag))
-        parser.add_argument(f"--{flag}", action="store_true", default=value, help=help_text)
-
-    add("node-name", env.get("NODE_NAME"), "this node's name (required)")
-    add("model-repository", None, "Triton's model repository directory (required)")
-    add("kubeconfig", env.get("KUBECONFIG"), "kubeconfig file; default: in-cluster config")
-    add("triton-http-url", defaults.triton_http_url, "Triton HTTP host:port")
-    add("triton-admin-header", None, "Name:value header for Triton's restricted APIs")
-    add("staging-dir", None, "staging directory (same filesystem, outside the repository)")
-    add("listen-grpc", defaults.listen_grpc, "gRPC API host:port")
-    add("listen-http", defaults.listen_http, "health and metrics host:port")
-    add("ports-file", None, "write the bound ports there as JSON once serving")
-    add_flag("cpu-only", "run model instances on the CPU; NVML is optional")
-    add_flag("advertise-gpu-mem", "advertise <prefix>gpu-mem in the Node's status capacity")
-    add("key-prefix", defaults.key_prefix, "annotation and resource key prefix")
-    add("system-namespace", defaults.system_namespace, "namespace of the agent Lease")
-    add("scheduler-name", defaults.scheduler_name, "schedulerName of the pods served")
-    add("audience", defaults.audience, "audience of callers' tokens")
-    add(
-        "platform-accounts",
-        ",".join(defaults.platform_accounts),
-        "comma-separated usernames allowed to list models and GPUs",
     )
-    for name in (
-        "gpu_poll_seconds",
-        "lease_renew_seconds",
-        "node_resync_seconds",
-        "resync_seconds",
-        "triton_poll_seconds",
-        "orphan_grace_seconds",
-        "unload_timeout_seconds",
-        "load_timeout_seconds",
-        "token_cache_seconds",
-    ):
-        add(name.replace("_", "-"), getattr(defaults, name), f"{name} (seconds)", type=float)
-    add("lease-duration-seconds", defaults.lease_duration_seconds, "Lease duration", type=int)
-    add(
-        "placement-key-dir",
-        None,
-        "directory of the placement-key Secret (files current, previous); required",
-    )
-    add("state-dir", None, "where model ownership is kept (outside the repository)")
-    add(
-        "gateway-table",
-        None,
-        "file the node gateway reads its callers from (shared with the gateway only); unset: "
-        "no gateway",
-    )
-    add(
-        "gateway-table-refresh-seconds",
-        defaults.gateway_table_refresh_seconds,
-        "seconds between rewrites of an unchanged caller table",
-        type=float,
-    )
-    add(
-        "tenant-code-namespaces",
-        "",
-        "comma-separated namespaces allowed to run their own code in Triton (python, custom "
-        "backends)",
-    )
-    add(
-        "safe-backends",
-        ",".join(defaults.safe_backends),
-        "comma-separated backends that run no tenant code",
-    )
-    add("max-model-bytes", "64Gi", "largest model one pod may install (a quantity)")
-    add("gpu-mem-reserve", "0", "bytes of every GPU kept for CUDA and Triton (a quantity)")
-    add(
-        "gpu-mem-enforcement",
-        defaults.gpu_mem_enforcement,
-        "warn or evict a model using more GPU memory than it asked for",
-        choices=("warn", "evict"),
-    )
-    add(
-        "gpu-mem-tolerance",
-        defaults.gpu_mem_tolerance,
-        "fraction of the request a model may exceed it by (at least 256Mi)",
-        type=float,
-    )
-    add(
-        "usage-publish-seconds",
-        defaults.usage_publish_seconds,
-        "shortest time between two gpu-usage annotation writes",
-        type=float,
-    )
-    add(
-        "install-deadline-seconds",
-        defaults.install_deadline_seconds,
-        "seconds one install may take",
-        type=float,
-    )
-    add(
-        "install-idle-seconds",
-        defaults.install_idle_seconds,
-        "seconds an install may send nothing",
-        type=float,
-    )
-    add(
-        "max-calls-per-pod",
-        defaults.max_calls_per_pod,
-        "calls one pod may have in progress at once",
-        type=int,
-    )
-    add(
-        "auth-failure-cache-seconds",
-        defaults.auth_failure_cache_seconds,
-        "seconds a refused token is refused without a new TokenReview",
-        type=float,
-    )
-    add("log-level", defaults.log_level, "log level")
-    add("log-format", defaults.log_format, "text or json", choices=("text", "json"))
-    args = parser.parse_args(argv)
-
-    if not args.node_name:
-        raise SettingsError("--node-name is required (or NODE_NAME from the Downward API)")
-    if not args.model_repository:
-        raise SettingsError("--model-repository is required: Triton's model repository directory")
-    admin_header = None
-    if args.triton_admin_header:
-        name, sep, value = str(args.triton_admin_header).partition(":")
-        if not sep or not name:
-            raise SettingsError("--triton-admin-header must be Name:value")
-        admin_header = (name.strip(), value.strip())
-    try:
-        Keys(args.key_prefix)
-    except ContractError as e:
-        raise SettingsError(str(e)) from e
-    for name in (
-        "gpu_poll_seconds",
-        "lease_renew_seconds",
-        "resync_seconds",
-        "triton_poll_seconds",
-    ):
-        if getattr(args, name) <= 0:
-            raise SettingsError(f"--{name.replace('_', '-')} must be more than 0")
-    if not args.placement_key_dir:
-        raise SettingsError(
-            "--placement-key-dir is required: the agent acts only for pods whose placement the "
-            "binder signed with the placement-key Secret (see docs/security.md)"
-        )
-    try:
-        max_model_bytes = parse_quantity(str(args.max_model_bytes), what="--max-model-bytes")
-    except QuantityError as e:
-        raise SettingsError(str(e)) from e
-    if max_model_bytes <= 0:
-        raise SettingsError("--max-model-bytes must be more than 0")
-    try:
-        reserve = parse_quantity(str(args.gpu_mem_reserve), what="--gpu-mem-reserve")
-    except QuantityError as e:
-        raise SettingsError(str(e)) from e
-    if not 0 <= args.gpu_mem_tolerance < 10:
-        raise SettingsError("--gpu-mem-tolerance is a fraction of the request, such as 0.05")
-    if args.max_calls_per_pod < 1:
-        raise SettingsError("--max-calls-per-pod must be 1 or more")
-    for name in ("install_deadline_seconds", "install_idle_seconds"):
-        if getattr(args, name) <= 0:
-            raise SettingsError(f"--{name.replace('_', '-')} must be more than 0")
-    if args.lease_renew_seconds >= args.lease_duration_seconds:
+    if settings.lease_renew_seconds >= settings.lease_duration_seconds:
         raise SettingsError(
             "--lease-renew-seconds must be shorter than --lease-duration-seconds, or the Lease "
             "expires between renewals"
         )
-    return Settings(
-        node_name=args.node_name,
-        model_repository=Path(args.model_repository),
-        kubeconfig=args.kubeconfig or None,
-        triton_http_url=args.triton_http_url,
-        triton_admin_header=admin_header,
-        staging_dir=Path(args.staging_dir) if args.staging_dir else None,
-        listen_grpc=_host_port(args.listen_grpc, "listen-grpc"),
-        listen_http=_host_port(args.listen_http, "listen-http"),
-        ports_file=Path(args.ports_file) if args.ports_file else None,
-        cpu_only=bool(args.cpu_only),
-        advertise_gpu_mem=bool(args.advertise_gpu_mem),
-        key_prefix=args.key_prefix,
-        system_namespace=args.system_namespace,
-        scheduler_name=args.scheduler_name,
-        audience=args.audience,
-        platform_accounts=tuple(a.strip() for a in args.platform_accounts.split(",") if a.strip()),
-        gpu_poll_seconds=args.gpu_poll_seconds,
-        lease_duration_seconds=args.lease_duration_seconds,
-        lease_renew_seconds=args.lease_renew_seconds,
-        node_resync_seconds=args.node_resync_seconds,
-        resync_seconds=args.resync_seconds,
-        triton_poll_seconds=args.triton_poll_seconds,
-        orphan_grace_seconds=args.orphan_grace_seconds,
-        unload_timeout_seconds=args.unload_timeout_seconds,
-        load_timeout_seconds=args.load_timeout_seconds,
-        token_cache_seconds=args.token_cache_seconds,
-        auth_failure_cache_seconds=args.auth_failure_cache_seconds,
-        placement_key_dir=Path(args.placement_key_dir),
-        state_dir=Path(args.state_dir) if args.state_dir else None,
-        gateway_table=Path(args.gateway_table) if args.gateway_table else None,
-        gateway_table_refresh_seconds=args.gateway_table_refresh_seconds,
-        tenant_code_namespaces=_names(args.tenant_code_namespaces),
-        safe_backends=_names(args.safe_backends),
-        max_model_bytes=max_model_bytes,
-        install_deadline_seconds=args.install_deadline_seconds,
-        install_idle_seconds=args.install_idle_seconds,
-        max_calls_per_pod=args.max_calls_per_pod,
-        gpu_mem_reserve=reserve,
-        gpu_mem_enforcement=args.gpu_mem_enforcement,
-        gpu_mem_tolerance=args.gpu_mem_tolerance,
-        usage_publish_seconds=args.usage_publish_seconds,
-        log_level=args.log_level,
-        log_format=args.log_format,
-    )
+    return settings

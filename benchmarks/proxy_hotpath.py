@@ -34,18 +34,15 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from proxy.app import Proxy  # noqa: E402
 from proxy.grpc.channel import TritonChannel  # noqa: E402
 from proxy.grpc.relay import H2Connection  # noqa: E402
 from proxy.grpc.server import GrpcRelay  # noqa: E402
-from proxy.http1.listener import RestRelay  # noqa: E402
 from proxy.http1.relay import ClientConnection  # noqa: E402
 from proxy.http1.upstream import Upstream  # noqa: E402
 from proxy.http2 import frames as f  # noqa: E402
 from proxy.http2.headers import Fields  # noqa: E402
-from proxy.metrics import ProxyMetrics  # noqa: E402
-from proxy.policy.limiter import Limiter  # noqa: E402
 from proxy.settings import Settings, parse_settings  # noqa: E402
-from proxy.state import ProxyState  # noqa: E402
 
 MODEL = "add_one"
 
@@ -118,8 +115,7 @@ def _settings() -> Settings:
 
 def rest_exchange(memory: bool) -> tuple[Callable[[], None], Callable[[], int]]:
     """One REST infer exchange through the relay's tenant and upstream connections."""
-    limiter = Limiter(0, 0, 1.0)
-    relay = RestRelay(_settings(), limiter, ProxyMetrics(limiter, MODEL), ProxyState())
+    relay = Proxy.build(_settings()).rest
     if not memory:
         relay._prepared = _Forgetful()
         relay.pool._heads = _Forgetful()
@@ -159,8 +155,8 @@ def grpc_exchanges(
 ) -> tuple[GrpcRelay, H2Connection, TritonChannel, list[tuple[bytes, bytes]]]:
     """A relay with one tenant connection and its channel to Triton, and `count` unary
     ModelInfer exchanges (the tenant's request, Triton's response on the channel)."""
-    limiter = Limiter(0, 0, 1.0)
-    relay = GrpcRelay(_settings(), limiter, ProxyMetrics(limiter, MODEL), ProxyState())
+    relay = Proxy.build(_settings()).grpc
+    assert isinstance(relay, GrpcRelay), "the default --grpc-mode is the relay"
     connection = H2Connection(relay)
     connection.transport = _Counting()  # type: ignore[assignment]
     connection._preface = True

@@ -32,6 +32,8 @@ async def _run(settings: Settings) -> int:
             settings.policy,
         )
         await binder.stopped.wait()
+        if binder.failure is not None:
+            lifecycle.fail("the binder", binder.failure)  # logged where it failed; exit 1
         lifecycle.request_stop("the binder stopped")
 
     async def start(lc: Lifecycle) -> None:

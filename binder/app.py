@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from binder.cache import ClusterCache, Informer
 from binder.controller import Controller
@@ -25,6 +23,7 @@ from binder.queue import SchedulingQueue
 from binder.settings import Settings
 from common.contract import BINDER_LEADER_LEASE
 from common.health import HttpServer, build_health_app
+from common.lifecycle import spawn
 from common.placement import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
@@ -99,6 +98,8 @@ class Binder:
         self._stop = asyncio.Event()
         self._informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self.failure: BaseException | None = None
+        """What ended the replica, if one of its tasks failed (logged where it failed)."""
         self._stopping = False
 
     def role(self) -> str:
@@ -154,30 +155,33 @@ class Binder:
         )
         if self.settings.leader_elect:
             self._tasks.append(
-                asyncio.create_task(self._guard("leader election", self._elect()), name="elector")
+                spawn(
+                    "The binder's leader election",
+                    self._elect(),
+                    consequence="stopping this replica",
+                    on_failure=self._failed,
+                )
             )
         else:
             self.elector.leading.set()
             self._leadership_changed(True)
         self._tasks.append(
-            asyncio.create_task(
-                self._guard("scheduling", self.controller.run(self.elector.leading, self._stop)),
-                name="scheduler",
+            spawn(
+                "The binder's scheduling",
+                self.controller.run(self.elector.leading, self._stop),
+                consequence="stopping this replica",
+                on_failure=self._failed,
             )
         )
 
     async def _elect(self) -> None:
         await self.elector.run(self._stop)
 
-    async def _guard(self, name: str, coroutine: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coroutine
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("The binder's %s has failed: stopping this replica.", name)
-            self._stop.set()
-            self.elector.leading.clear()
+    def _failed(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+        self._stop.set()
+        self.elector.leading.clear()
 
     @property
     def stopped(self) -> asyncio.Event:
@@ -194,7 +198,8 @@ class Binder:
         if not release:
             self.elector.leading.clear()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # A task that failed was logged when it failed (common.lifecycle.spawn).
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=DRAIN_SECONDS)
         await self.controller.drain(DRAIN_SECONDS)
         for informer in self._informers:

@@ -23,12 +23,13 @@ from typing import TextIO
 import yaml
 
 from binder.cache import ClusterCache
-from binder.errors import BinderError, NotFoundError
+from binder.errors import BinderError, ConfigError, NotFoundError
 from binder.kube import Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
-from common.quantity import QuantityError, format_bytes, parse_quantity
+from common.quantity import format_bytes
+from common.settings import Declaration, Setting, key_prefix, quantity, text
 
 
 class _Quiet:
@@ -146,63 +147,56 @@ def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> N
     _table(rows, out)
 
 
-def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    """The flags every command takes. They are accepted before and after the command, as
-    kubectl's are (`kubectl tritonshare explain POD -n models`): on the command's own parser they
-    default to SUPPRESS, so a flag given before the command is not reset by it."""
-    env = os.environ
-
-    def default(value: str | None) -> str | None:
-        return value if top else argparse.SUPPRESS
-
-    parser.add_argument(
-        "--kubeconfig",
-        default=default(None),
-        help="kubeconfig file, or files joined by ':' (default: $KUBECONFIG, else ~/.kube/config, "
-        "else the in-cluster service account)",
-    )
-    parser.add_argument(
-        "--context", default=default(None), help="kubeconfig context (default: the current one)"
-    )
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        default=default(None),
-        help="namespace of the pod to explain (default: the context's, else default)",
-    )
-    parser.add_argument(
-        "--key-prefix", default=default(env.get("TRITONSHARE_KEY_PREFIX", DEFAULT_PREFIX))
-    )
-    parser.add_argument(
-        "--system-namespace",
-        default=default(env.get("TRITONSHARE_SYSTEM_NAMESPACE", DEFAULT_SYSTEM_NAMESPACE)),
-    )
-    parser.add_argument(
-        "--scheduler-name",
-        default=default(env.get("TRITONSHARE_SCHEDULER_NAME", DEFAULT_SCHEDULER_NAME)),
-    )
-    parser.add_argument(
-        "--gpu-mem-reserve",
-        default=default(env.get("TRITONSHARE_GPU_MEM_RESERVE", "0")),
-        help="bytes kept free on every GPU; use the binder's value",
-    )
+FLAGS = Declaration(
+    "tritonshare",
+    "The flags every command takes, before or after it, as kubectl's are.",
+    [
+        Setting(
+            "kubeconfig",
+            "kubeconfig file, or files joined by ':' (default: $KUBECONFIG, else ~/.kube/config, "
+            "else the in-cluster service account)",
+            env=None,
+        ),
+        Setting("context", "kubeconfig context (default: the current one)", env=None),
+        Setting(
+            "namespace",
+            "namespace of the pod to explain (default: the context's, else default)",
+            env=None,
+            aliases=("-n",),
+        ),
+        Setting("key-prefix", "prefix of the contract's keys", key_prefix, DEFAULT_PREFIX, "keys"),
+        Setting(
+            "system-namespace", "namespace of the agent leases", text, DEFAULT_SYSTEM_NAMESPACE
+        ),
+        Setting("scheduler-name", "spec.schedulerName of the pods", text, DEFAULT_SCHEDULER_NAME),
+        Setting(
+            "gpu-mem-reserve",
+            "bytes kept free on every GPU; use the binder's value",
+            quantity(),
+            "0",
+        ),
+    ],
+    error=ConfigError,
+)
+"""Added to the top parser and to each command's, so `explain POD -n models` works; a flag given
+before the command is not reset by the command's parser (unset flags leave no attribute)."""
 
 
 def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         allow_abbrev=False, prog=prog, description=__doc__.splitlines()[0]
     )
-    _global_flags(parser, top=True)
+    FLAGS.add_to(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     status_parser = commands.add_parser(
         "status", help="nodes and GPUs: capacity, allocated, free, models", allow_abbrev=False
     )
-    _global_flags(status_parser, top=False)
+    FLAGS.add_to(status_parser)
     why = commands.add_parser(
         "explain", help="why a pod does or does not fit on each node", allow_abbrev=False
     )
     why.add_argument("pod", help="POD or NAMESPACE/POD")
-    _global_flags(why, top=False)
+    FLAGS.add_to(why)
     return parser
 
 
@@ -241,20 +235,24 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     prog = _prog(sys.argv[0])
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
-        keys = Keys(args.key_prefix)
-        reserve = parse_quantity(args.gpu_mem_reserve, what="--gpu-mem-reserve")
-    except (ValueError, QuantityError) as e:
+        flags = FLAGS.resolve(vars(args), os.environ)
+    except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    kubeconfig = kubeconfig_path(args.kubeconfig, os.environ, Path.home())
-    if kubeconfig is None and args.context:
+    keys: Keys = flags["keys"]
+    reserve: int = flags["gpu_mem_reserve"]
+    system_namespace: str = flags["system_namespace"]
+    scheduler_name: str = flags["scheduler_name"]
+    given_context: str | None = flags.get("context")
+    kubeconfig = kubeconfig_path(flags.get("kubeconfig"), os.environ, Path.home())
+    if kubeconfig is None and given_context:
         print(
-            f"{prog}: --context {args.context} needs a kubeconfig, and none was found: pass "
+            f"{prog}: --context {given_context} needs a kubeconfig, and none was found: pass "
             f"--kubeconfig, set KUBECONFIG, or write ~/.kube/config",
             file=sys.stderr,
         )
         return 2
-    context = args.context or (current_context(kubeconfig) if kubeconfig else None)
+    context = given_context or (current_context(kubeconfig) if kubeconfig else None)
     try:
         context_namespace = kubeconfig_namespace(kubeconfig, context) if kubeconfig else None
         kube = Kube(kubeconfig, context=context, user_agent="tritonshare-cli/0.1.0")
@@ -262,13 +260,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
-        cache = load(kube, keys, args.system_namespace, args.scheduler_name, reserve)
+        cache = load(kube, keys, system_namespace, scheduler_name, reserve)
         now = time.time()
         if args.command == "status":
             status(cache, out, now)
             return 0
         namespace, _, name = args.pod.rpartition("/")
-        namespace = namespace or args.namespace or context_namespace or "default"
+        namespace = namespace or flags.get("namespace") or context_namespace or "default"
         try:
             pod = pod_from_api(kube.read_pod(namespace, name), keys)
         except NotFoundError:

@@ -27,6 +27,7 @@ from binder.placement import Placement, Policy, place
 from binder.queue import SchedulingQueue
 from binder.state import ClusterState
 from common.contract import Keys
+from common.lifecycle import spawn
 from common.placement import Claim, KeyRing
 from common.quantity import format_bytes
 
@@ -102,8 +103,8 @@ class Controller:
             if not leading.is_set():
                 await _first(leading.wait(), stop.wait())
                 continue
-            popped = asyncio.ensure_future(self.queue.pop())
-            stopped = asyncio.ensure_future(stop.wait())
+            popped = spawn("Waiting for a pod to schedule", self.queue.pop())
+            stopped = spawn("Waiting for the binder to stop", stop.wait())
             done, _ = await asyncio.wait({popped, stopped}, return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
             if popped not in done:
@@ -131,7 +132,7 @@ class Controller:
         if isinstance(result, Placement):
             state.assume(pod, result.node, result.gpu.uuid)
             self._in_flight.add(uid)
-            self._spawn(self._bind(pod, result))
+            self._spawn(f"Binding pod {pod.key}", self._bind(pod, result))
             return
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
@@ -147,7 +148,10 @@ class Controller:
         )
         if self._should_report(uid, result.message):
             self._reported[uid] = (result.message, self._monotonic())
-            self._spawn(self._report(pod, result.message, result.condition_reason))
+            self._spawn(
+                f"Reporting why pod {pod.key} is pending",
+                self._report(pod, result.message, result.condition_reason),
+            )
         else:
             self._slots.release()
 
@@ -159,10 +163,8 @@ class Controller:
             return True
         return last[0] != message and self._monotonic() - last[1] >= self._report_interval
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, name: str, coroutine: Coroutine[Any, Any, None]) -> None:
+        spawn(name, coroutine, keep=self._tasks)
 
     async def _call(self, function: Callable[[], None]) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, function)
@@ -271,7 +273,7 @@ class Controller:
 
 
 async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
-    tasks = [asyncio.ensure_future(a) for a in aws]
+    tasks = [spawn("Waiting for the first of several events", a) for a in aws]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:

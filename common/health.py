@@ -1,18 +1,27 @@
-"""The health and metrics endpoints the agent and the binder serve: /healthz, /readyz, /metrics.
+"""The health and metrics endpoints every long-running part serves (/healthz, /readyz,
+/metrics), and the one HTTP server every part runs them on (the webhook adds its admission route
+and serves it over TLS).
 
 /healthz answers while the event loop runs. /readyz answers 200 when `not_ready()` gives no
-reason, else 503 (or the part's own status) with the reasons. /metrics renders the part's own
-Prometheus registry. The part decides what readiness means and what its ready text says; this
-module only serves, it never changes anything. It is the one module of the agent and the binder
-that imports aiohttp's server pieces (tests/test_boundaries.py checks).
+reason, else 503 (or the part's own status) with the reasons; `not_ready` may be a coroutine
+function when readiness needs a question to another process (the proxy asks Triton). /metrics
+renders the part's own Prometheus registry. The part decides what readiness means and what its
+ready text says; this module only serves, it never changes anything. It is the one module of the
+agent, the binder and the proxy that imports aiohttp's server pieces (tests/test_boundaries.py
+checks); the webhook also imports it, for its admission handler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import ssl
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+NotReady = Callable[[], list[str] | Awaitable[list[str]]]
+"""Why the part is not ready (empty when it is), answered at once or awaited."""
 
 
 def _ready() -> str:
@@ -21,19 +30,34 @@ def _ready() -> str:
 
 def build_health_app(
     registry: CollectorRegistry,
-    not_ready: Callable[[], list[str]],
+    not_ready: NotReady,
     ready_text: Callable[[], str] | None = None,
     not_ready_status: int = 503,
 ) -> web.Application:
-    """`not_ready()` says why the part is not ready (empty when it is); `ready_text()` is the
-    /readyz body when ready (default "ready"), asked at each request."""
+    """An app with only the health endpoints (see `add_health_routes`)."""
+    app = web.Application()
+    add_health_routes(app, registry, not_ready, ready_text, not_ready_status)
+    return app
+
+
+def add_health_routes(
+    app: web.Application,
+    registry: CollectorRegistry,
+    not_ready: NotReady,
+    ready_text: Callable[[], str] | None = None,
+    not_ready_status: int = 503,
+) -> None:
+    """Add /healthz, /readyz and /metrics to `app`. `not_ready()` says why the part is not ready
+    (empty when it is); `ready_text()` is the /readyz body when ready (default "ready"), asked at
+    each request."""
     ready_line = ready_text or _ready
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        reasons = not_ready()
+        answer = not_ready()
+        reasons = await answer if inspect.isawaitable(answer) else answer
         if reasons:
             return web.Response(
                 status=not_ready_status, text="not ready: " + "; ".join(reasons) + "\n"
@@ -45,18 +69,29 @@ def build_health_app(
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
-    app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    return app
 
 
 class HttpServer:
-    """Runs the app on host:port; `port` is the bound port once started (useful with port 0)."""
+    """Runs the app on host:port, over TLS when given a context; `port` is the bound port once
+    started (useful with port 0).
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
-        self._runner = web.AppRunner(app, access_log=None)
+    Stopping waits at most `shutdown_timeout` seconds for requests in progress: these endpoints
+    answer at once, and a part's shutdown must not wait on a slow scrape."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        shutdown_timeout: float = 1.0,
+    ) -> None:
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+        self._ssl_context = ssl_context
         self._host = host
         self.port = port
         self._started = False
@@ -64,7 +99,7 @@ class HttpServer:
     async def start(self) -> None:
         await self._runner.setup()
         self._started = True
-        site = web.TCPSite(self._runner, self._host, self.port)
+        site = web.TCPSite(self._runner, self._host, self.port, ssl_context=self._ssl_context)
         await site.start()
         addresses = self._runner.addresses
         if addresses:

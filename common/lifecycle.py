@@ -1,9 +1,11 @@
-"""The async lifecycle every long-running part uses.
+"""The async lifecycle every long-running part uses, and the one way any part starts a task.
 
-Signals set a stop event. Long-lived tasks are created in one place, named, and guarded so that a
-crash is logged as "X has failed" and stops the process instead of dying silently. Shutdown runs
-the registered cleanups in reverse order of registration (last started, first stopped), each
-bounded by a timeout, so the order is fixed and documented by the code that registers them.
+Every asyncio task in the parts is created by `spawn`: it has a name, and an exception in it is
+logged as "X has failed: <consequence>" with its traceback (and handed to `on_failure`) instead of
+vanishing with the task. `Lifecycle.spawn` starts a part's long-lived tasks with it: a crash there
+stops the process. Signals set a stop event. Shutdown runs the registered cleanups in reverse
+order of registration (last started, first stopped), each bounded by a timeout, so the order is
+fixed and documented by the code that registers them.
 """
 
 from __future__ import annotations
@@ -12,12 +14,50 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, MutableSet
+from functools import partial
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 Cleanup = Callable[[], Awaitable[None]]
+T = TypeVar("T")
+
+
+def spawn(
+    name: str,
+    coro: Coroutine[Any, Any, T],
+    *,
+    consequence: str = "its work is abandoned",
+    on_failure: Callable[[BaseException], None] | None = None,
+    keep: MutableSet[asyncio.Task[Any]] | None = None,
+) -> asyncio.Task[T]:
+    """Run `coro` as the task `name`. If it raises, log "`name` has failed: `consequence`." with
+    the traceback, then call `on_failure(error)`. `keep` holds the task until it ends (the loop
+    holds tasks only weakly) and lets its owner wait for or cancel what is left.
+
+    The cost is one done-callback per task, so it is used on the proxy's paths too."""
+    task = asyncio.get_running_loop().create_task(coro, name=name)
+    if keep is not None:
+        keep.add(task)
+        task.add_done_callback(keep.discard)
+    task.add_done_callback(partial(_report, consequence, on_failure))
+    return task
+
+
+def _report(
+    consequence: str,
+    on_failure: Callable[[BaseException], None] | None,
+    task: asyncio.Task[Any],
+) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        return
+    log.error("%s has failed: %s.", task.get_name(), consequence, exc_info=error)
+    if on_failure is not None:
+        on_failure(error)
 
 
 class Lifecycle:
@@ -58,23 +98,20 @@ class Lifecycle:
         if name in self._tasks and not self._tasks[name].done():
             coro.close()
             raise RuntimeError(f"task {name!r} is already running")
-        task = asyncio.create_task(self._guard(name, coro), name=name)
-        # A task cancelled before its first step never awaits `coro`: close it so it is not
-        # reported as "never awaited".
-        task.add_done_callback(lambda _: coro.close())
+        task = spawn(
+            name,
+            coro,
+            consequence="stopping the process",
+            on_failure=partial(self.fail, name),
+        )
         self._tasks[name] = task
         return task
 
-    async def _guard(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            log.exception("%s has failed: stopping the process.", name)
-            if self.failure is None:
-                self.failure = e
-            self.request_stop(f"{name} failed")
+    def fail(self, name: str, error: BaseException) -> None:
+        """`name` failed with `error`: stop, and exit with code 1."""
+        if self.failure is None:
+            self.failure = error
+        self.request_stop(f"{name} failed")
 
     def on_shutdown(self, name: str, cleanup: Cleanup) -> None:
         """Register a cleanup; cleanups run in reverse order of registration."""

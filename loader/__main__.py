@@ -1,8 +1,9 @@
-"""`python -m loader`: parse settings, configure logs, check and hash the model, get it READY.
+"""`python -m loader`: parse settings, configure logs, run the loader (loader.app), report.
 
 Exits with the code of the failure (loader.errors.ExitCode) and writes a one-line reason to the
 termination log, so `kubectl describe pod` shows why the init container failed. SIGTERM or SIGINT
-stop it cleanly (exit 143). Owns process wiring only; the decisions live in loading.py.
+stop it cleanly (exit 143). Owns the command line and the outcome only: the assembly and its
+order live in app.py, the decisions in loading.py.
 """
 
 from __future__ import annotations
@@ -10,91 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from common.logs import configure_logging
-from loader.agentclient import AgentClient
-from loader.errors import ExitCode, LoaderError, StoppedError
-from loader.loading import Loading, Outcome, Timing
-from loader.manifest import build_manifest
-from loader.retry import Backoff
-from loader.settings import Settings, parse_settings, termination_log_from
-from loader.validate import validate_model_directory
+from loader.app import run_until_stopped
+from loader.errors import ExitCode, LoaderError
+from loader.settings import parse_settings, termination_log_from
 
 log = logging.getLogger("loader")
 
 # Kubernetes keeps at most 4096 bytes of a termination message.
 _TERMINATION_MESSAGE_BYTES = 4096
-
-
-async def run(settings: Settings) -> Outcome:
-    """Validate, hash, then drive the agent until the model is READY; raise a LoaderError if not."""
-    started = time.monotonic()
-    model = validate_model_directory(
-        settings.model_dir, settings.model_id, settings.max_model_bytes
-    )
-    log.info(
-        "Model directory %s is valid for model %s: %d files, versions %s, backend %s.",
-        model.root,
-        model.model_id,
-        len(model.files),
-        ", ".join(str(v) for v in model.versions),
-        model.backend or "(chosen by Triton)",
-    )
-    # Hashing a big model takes seconds of disk reads; keep the event loop free meanwhile.
-    manifest = await asyncio.to_thread(build_manifest, model.files)
-    log.info(
-        "Hashed model %s in %.1f s: manifest digest %s.",
-        model.model_id,
-        time.monotonic() - started,
-        manifest.digest,
-    )
-    timing = Timing(
-        total_seconds=max(0.001, settings.timeout_seconds - (time.monotonic() - started)),
-        attempt_seconds=settings.attempt_timeout_seconds,
-        poll_seconds=settings.poll_seconds,
-        backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds),
-    )
-    client = AgentClient(
-        settings.agent_address,
-        settings.token_file,
-        chunk_bytes=settings.chunk_bytes,
-        reconnect_max_seconds=settings.backoff_max_seconds,
-    )
-    try:
-        return await Loading(client, model, manifest, timing, clock=time.monotonic).run()
-    finally:
-        await client.close()
-
-
-async def _run_until_stopped(settings: Settings) -> Outcome:
-    """Run, turning SIGTERM/SIGINT into a StoppedError instead of a traceback."""
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    received: list[signal.Signals] = []
-
-    def stop(sig: signal.Signals) -> None:
-        received.append(sig)
-        task.cancel()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        return await run(settings)
-    except asyncio.CancelledError as e:
-        if not received:
-            raise
-        raise StoppedError(
-            f"stopped by {received[0].name} before model {settings.model_id} was READY"
-        ) from e
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
 
 
 def write_termination_log(path: Path, message: str) -> None:
@@ -132,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.timeout_seconds,
     )
     try:
-        outcome = asyncio.run(_run_until_stopped(settings))
+        outcome = asyncio.run(run_until_stopped(settings))
     except LoaderError as e:
         log.error(
             "Model %s was not loaded (exit code %d): %s.",

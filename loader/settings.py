@@ -1,5 +1,5 @@
-"""The loader's settings: one frozen object, from flags and `TRITONSHARE_<FLAG>` environment
-variables (a flag wins over its variable), parsed once in `__main__`.
+"""The loader's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
+default, help) with common.settings; a flag wins over its variable. Parsed once in `__main__`.
 
 Every problem is a SettingsError (exit code 2) that says which flag or variable to fix. Must not
 read the model directory or the token file: that happens per attempt, later.
@@ -7,20 +7,25 @@ read the model directory or the token file: that happens per attempt, later.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
-from common.contract import DEFAULT_AGENT_GRPC_PORT, ContractError, validate_model_id
-from common.flags import described
+from common.contract import DEFAULT_AGENT_GRPC_PORT
 from common.logs import LogFormat
-from common.quantity import QuantityError, parse_quantity
+from common.settings import (
+    Declaration,
+    Setting,
+    log_format,
+    log_level,
+    model_id,
+    path,
+    quantity,
+    seconds,
+)
 from loader.errors import SettingsError
 
-ENV_PREFIX = "TRITONSHARE_"
 DEFAULT_MODEL_DIR = Path("/mnt/models")
 DEFAULT_TOKEN_FILE = Path("/var/run/secrets/tritonshare/token")
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
@@ -62,94 +67,90 @@ class Settings:
     """`text` for people, `json` for log pipelines. Default text."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises SettingsError instead of exiting, so the reason reaches the log."""
-
-    def error(self, message: str) -> NoReturn:
-        raise SettingsError(f"{message}; run `python -m loader --help` for the flags")
-
-
-def _env(name: str) -> str:
-    return ENV_PREFIX + name.upper().replace("-", "_")
+def _agent_address(value: str) -> str:
+    try:
+        return normalize_address(value)
+    except SettingsError as e:
+        raise ValueError(str(e)) from None
 
 
-def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The command line, with each flag's default taken from its environment variable if set."""
-    parser = _Parser(
-        allow_abbrev=False,
-        prog="python -m loader",
-        description="Send a model directory to the node's tritonshare agent, load it into "
-        "Triton, and wait until it is READY.",
-    )
+def _seconds(flag: str, help_text: str, default: str, field: str) -> Setting:
+    return Setting(flag, help_text, seconds(positive=True), default, field)
 
-    def add(flag: str, help_text: str, default: object = None) -> None:
-        variable = _env(flag)
-        parser.add_argument(
-            f"--{flag}",
-            default=environ.get(variable, default),
-            help=described(help_text, default, variable),
-        )
 
-    add("model-id", "Triton model name; in a pod, the tritonshare.io/model-id annotation")
-    add("agent-address", "the node's agent as host:port (port defaults to 8100)")
-    add("model-dir", "model directory to send", str(DEFAULT_MODEL_DIR))
-    add("token-file", "projected service-account token file", str(DEFAULT_TOKEN_FILE))
-    add("timeout", "overall seconds until the model must be READY", "600")
-    add("attempt-timeout", "seconds one short agent call may take", "30")
-    add("backoff-initial", "seconds, first retry delay cap (doubles per retry)", "0.25")
-    add("backoff-max", "seconds, largest retry delay", "5")
-    add("poll-interval", "seconds between looks at a LOADING model", "0.5")
-    add("max-model-bytes", "largest model directory, a quantity such as 32Gi", "32Gi")
-    add("chunk-bytes", "bytes per file chunk, a quantity such as 1Mi", "1Mi")
-    add("termination-log", "file for the one-line outcome", str(DEFAULT_TERMINATION_LOG))
-    add("log-level", "DEBUG, INFO, WARNING or ERROR", "INFO")
-    add("log-format", "text or json", "text")
-    return parser
+DECLARATION = Declaration(
+    "python -m loader",
+    "Send a model directory to the node's tritonshare agent, load it into Triton, and wait until "
+    "it is READY.",
+    [
+        Setting(
+            "model-id",
+            "Triton model name",
+            model_id,
+            required="in a pod, the tritonshare.io/model-id annotation through the Downward API",
+        ),
+        Setting(
+            "agent-address",
+            "the node's agent as host:port (port defaults to 8100)",
+            _agent_address,
+            required="the node's IP (status.hostIP through the Downward API) and the agent's "
+            "port, such as 10.0.0.5:8100",
+        ),
+        Setting("model-dir", "model directory to send", path, str(DEFAULT_MODEL_DIR)),
+        Setting(
+            "token-file", "projected service-account token file", path, str(DEFAULT_TOKEN_FILE)
+        ),
+        _seconds(
+            "timeout", "overall seconds until the model must be READY", "600", "timeout_seconds"
+        ),
+        _seconds(
+            "attempt-timeout",
+            "seconds one short agent call may take",
+            "30",
+            "attempt_timeout_seconds",
+        ),
+        _seconds(
+            "backoff-initial",
+            "seconds, first retry delay cap (doubles per retry)",
+            "0.25",
+            "backoff_initial_seconds",
+        ),
+        _seconds("backoff-max", "seconds, largest retry delay", "5", "backoff_max_seconds"),
+        _seconds(
+            "poll-interval", "seconds between looks at a LOADING model", "0.5", "poll_seconds"
+        ),
+        Setting(
+            "max-model-bytes",
+            "largest model directory, a quantity such as 32Gi",
+            quantity(minimum=1),
+            "32Gi",
+        ),
+        Setting(
+            "chunk-bytes",
+            "bytes per file chunk, a quantity such as 1Mi",
+            quantity(minimum=1),
+            "1Mi",
+        ),
+        Setting(
+            "termination-log",
+            "file for the one-line outcome",
+            path,
+            str(DEFAULT_TERMINATION_LOG),
+        ),
+        Setting("log-level", "DEBUG, INFO, WARNING or ERROR", log_level, "INFO"),
+        Setting("log-format", "text or json", log_format, "text"),
+    ],
+    error=SettingsError,
+)
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Parse and check the flags and environment; raise SettingsError saying what to fix."""
-    args = build_parser(environ).parse_args(list(argv))
-    if not args.model_id:
+    settings = Settings(**DECLARATION.values(argv, environ))
+    if not settings.chunk_bytes <= 3 * 1024 * 1024:
         raise SettingsError(
-            "no model id: set --model-id or TRITONSHARE_MODEL_ID (in a pod, from the "
-            "tritonshare.io/model-id annotation through the Downward API)"
-        )
-    try:
-        model_id = validate_model_id(args.model_id)
-    except ContractError as e:
-        raise SettingsError(str(e)) from e
-    if not args.agent_address:
-        raise SettingsError(
-            "no agent address: set --agent-address or TRITONSHARE_AGENT_ADDRESS to the node's IP "
-            "(status.hostIP through the Downward API) and the agent's port, such as 10.0.0.5:8100"
-        )
-    log_format = str(args.log_format).lower()
-    if log_format not in ("text", "json"):
-        raise SettingsError(f"--log-format {args.log_format!r} is neither 'text' nor 'json'")
-    log_level = str(args.log_level).upper()
-    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise SettingsError(f"--log-level {args.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
-    settings = Settings(
-        model_id=model_id,
-        agent_address=normalize_address(str(args.agent_address)),
-        model_dir=Path(args.model_dir),
-        token_file=Path(args.token_file),
-        timeout_seconds=_seconds(args.timeout, "--timeout"),
-        attempt_timeout_seconds=_seconds(args.attempt_timeout, "--attempt-timeout"),
-        backoff_initial_seconds=_seconds(args.backoff_initial, "--backoff-initial"),
-        backoff_max_seconds=_seconds(args.backoff_max, "--backoff-max"),
-        poll_seconds=_seconds(args.poll_interval, "--poll-interval"),
-        max_model_bytes=_bytes(args.max_model_bytes, "--max-model-bytes"),
-        chunk_bytes=_bytes(args.chunk_bytes, "--chunk-bytes"),
-        termination_log=Path(args.termination_log),
-        log_level=log_level,
-        log_format="json" if log_format == "json" else "text",
-    )
-    if not 1 <= settings.chunk_bytes <= 3 * 1024 * 1024:
-        raise SettingsError(
-            f"--chunk-bytes {args.chunk_bytes!r} must be between 1 byte and 3Mi, below gRPC's "
-            f"4Mi message limit"
+            f"--chunk-bytes {settings.chunk_bytes} must be at most 3Mi, below gRPC's 4Mi message "
+            f"limit"
         )
     if settings.backoff_max_seconds < settings.backoff_initial_seconds:
         raise SettingsError("--backoff-max must be at least --backoff-initial")
@@ -158,13 +159,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
 
 def termination_log_from(argv: Sequence[str], environ: Mapping[str, str]) -> Path:
     """The termination log path, read leniently, so even a settings error can be written there."""
-    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    parser.add_argument(
-        "--termination-log",
-        default=environ.get(_env("termination-log"), str(DEFAULT_TERMINATION_LOG)),
-    )
-    known, _ = parser.parse_known_args(list(argv))
-    return Path(known.termination_log)
+    return Path(DECLARATION.raw(argv, environ, "termination-log") or DEFAULT_TERMINATION_LOG)
 
 
 def normalize_address(address: str) -> str:
@@ -197,23 +192,3 @@ def _port(text: str, address: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise SettingsError(f"agent address {address!r} has port {text!r}; use 1-65535")
     return int(text)
-
-
-def _seconds(value: object, flag: str) -> float:
-    try:
-        seconds = float(str(value))
-    except ValueError as e:
-        raise SettingsError(f"{flag} {value!r} is not a number of seconds") from e
-    if not seconds > 0 or seconds == float("inf"):
-        raise SettingsError(f"{flag} {value!r} must be a positive, finite number of seconds")
-    return seconds
-
-
-def _bytes(value: object, flag: str) -> int:
-    try:
-        amount = parse_quantity(str(value), what=flag)
-    except QuantityError as e:
-        raise SettingsError(str(e)) from e
-    if amount <= 0:
-        raise SettingsError(f"{flag} {value!r} must be more than zero bytes")
-    return amount

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
 from proxy.agentclient import AgentClient
 from proxy.grpc.grpcio import GrpcProxy
@@ -22,7 +23,7 @@ from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
-from proxy.server import MetricsServer
+from proxy.readiness import Readiness
 from proxy.settings import Settings
 from proxy.state import ProxyState
 
@@ -39,7 +40,9 @@ class Proxy:
     metrics: ProxyMetrics
     rest: RestRelay
     grpc: GrpcProxy | GrpcRelay
-    metrics_server: MetricsServer
+    readiness: Readiness
+    metrics_server: HttpServer
+    """/metrics, /healthz and /readyz (common/health.py), on their own port."""
 
     @classmethod
     def build(cls, settings: Settings) -> Proxy:
@@ -52,6 +55,8 @@ class Proxy:
             window=settings.concurrency_window_seconds,
         )
         metrics = ProxyMetrics(limiter, settings.model_id)
+        readiness = Readiness(settings, state)
+        host, port = settings.listen_metrics
         return cls(
             settings=settings,
             state=state,
@@ -61,12 +66,17 @@ class Proxy:
             grpc=(GrpcRelay if settings.grpc_mode == "relay" else GrpcProxy)(
                 settings, limiter, metrics, state
             ),
-            metrics_server=MetricsServer(settings, metrics, state),
+            readiness=readiness,
+            metrics_server=HttpServer(
+                build_health_app(metrics.registry, readiness.not_ready), host, port
+            ),
         )
 
     async def start(self) -> None:
         """Listen on the metrics, REST and gRPC ports."""
+        await self.readiness.start()
         await self.metrics_server.start()
+        log.info("Serving metrics and health on port %d.", self.metrics_server.port)
         await self.rest.start()
         await self.grpc.start()
 
@@ -94,6 +104,7 @@ class Proxy:
         else:
             log.info("No agent address is set: leaving model %s loaded.", settings.model_id)
         await self.metrics_server.stop()
+        await self.readiness.stop()
 
 
 async def run(settings: Settings) -> int:

@@ -1,4 +1,5 @@
-"""The proxy's settings: one frozen object, parsed once in `__main__` from flags and env vars.
+"""The proxy's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
+default, help) with common.settings, parsed once in `__main__`.
 
 Every flag has an environment variable `TRITONSHARE_<FLAG_UPPER>` (dashes become underscores);
 a flag on the command line wins over the variable. Nothing here reads the environment at import.
@@ -6,7 +7,6 @@ a flag on the command line wins over the variable. Nothing here reads the enviro
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
@@ -19,18 +19,30 @@ from common.contract import (
     DEFAULT_PROXY_HTTP_PORT,
     DEFAULT_PROXY_METRICS_PORT,
     DEFAULT_SYSTEM_NAMESPACE,
-    ContractError,
-    validate_model_id,
 )
-from common.flags import described
-from common.quantity import QuantityError, parse_quantity
+from common.settings import (
+    BadValueError,
+    Declaration,
+    Setting,
+    address,
+    host_port,
+    log_format,
+    log_level,
+    model_id,
+    one_of,
+    path,
+    quantity,
+    seconds,
+    text,
+    whole,
+)
 
 ONE_GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything the proxy needs to run; see `parse_settings` for the flag of each field."""
+    """Everything the proxy needs to run; see `DECLARATION` for the flag of each field."""
 
     model_id: str
     """The pod's own Triton model name; the only model the proxy lets requests reach."""
@@ -100,147 +112,136 @@ class SettingsError(ValueError):
     """A flag or environment variable has a value the proxy cannot use."""
 
 
-def listen_address(value: str, what: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"{what}: {value!r} is not host:port; write for example 0.0.0.0:9000")
-    return (host or "0.0.0.0", int(port))
-
-
-def upstream_address(value: str, what: str) -> str:
-    if "://" in value:
-        raise SettingsError(f"{what}: {value!r} has a scheme; write only host:port")
-    listen_address(value, what)
+def ip_address(value: str) -> str:
+    """An IP address as written (empty: none)."""
+    if value:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError as e:
+            raise BadValueError(
+                "is not an IP address; write e.g. 10.0.0.7, or leave it empty"
+            ) from e
     return value
+
+
+DECLARATION = Declaration(
+    "python -m proxy",
+    "Per-model KServe v2 REST and gRPC front door to the node's shared Triton.",
+    [
+        Setting(
+            "model-id", "the pod's own Triton model name", model_id, required="the pod's model"
+        ),
+        Setting(
+            "triton-http-url",
+            "host:port of the node's Triton HTTP endpoint",
+            host_port,
+            required="where Triton's HTTP endpoint is",
+        ),
+        Setting(
+            "triton-grpc-url",
+            "host:port of the node's Triton gRPC endpoint",
+            host_port,
+            required="where Triton's gRPC endpoint is",
+        ),
+        Setting(
+            "source-address",
+            "local address of connections to Triton or the node gateway (empty: the pod's own)",
+            ip_address,
+        ),
+        Setting(
+            "listen-http", "REST listen address", address, f"0.0.0.0:{DEFAULT_PROXY_HTTP_PORT}"
+        ),
+        Setting(
+            "listen-grpc", "gRPC listen address", address, f"0.0.0.0:{DEFAULT_PROXY_GRPC_PORT}"
+        ),
+        Setting(
+            "listen-metrics",
+            "metrics/health listen address",
+            address,
+            f"0.0.0.0:{DEFAULT_PROXY_METRICS_PORT}",
+        ),
+        Setting(
+            "max-body",
+            "largest body or message, a quantity such as 1Gi",
+            quantity(minimum=1024),
+            "1Gi",
+            "max_body_bytes",
+        ),
+        Setting("container-concurrency", "in-flight inference limit, 0 = unlimited", whole(), "0"),
+        Setting("queue-size", "waiting requests allowed (default 10x the limit)", whole()),
+        Setting(
+            "queue-timeout",
+            "seconds a request may wait for a slot",
+            seconds(),
+            "30",
+            "queue_timeout_seconds",
+        ),
+        Setting("drain-seconds", "seconds to keep serving after SIGTERM", seconds(), "5"),
+        Setting(
+            "finish-timeout",
+            "seconds to wait for in-flight requests at shutdown",
+            seconds(),
+            "20",
+            "finish_timeout_seconds",
+        ),
+        Setting(
+            "head-timeout",
+            "seconds to send a REST request head or the gRPC preface",
+            seconds(),
+            "30",
+            "head_timeout_seconds",
+        ),
+        Setting(
+            "idle-timeout",
+            "seconds an idle tenant connection stays open, 0 = forever",
+            seconds(),
+            "300",
+            "idle_timeout_seconds",
+        ),
+        Setting(
+            "concurrency-window",
+            "seconds of the average concurrency gauge",
+            seconds(minimum=1.0),
+            "60",
+            "concurrency_window_seconds",
+        ),
+        Setting(
+            "agent-address", "host:port of the node agent (empty: no unload on exit)", host_port
+        ),
+        Setting("token-file", "the pod's projected service-account token file", path),
+        Setting(
+            "agent-timeout",
+            "seconds to wait for the agent's unload",
+            seconds(),
+            "30",
+            "agent_timeout_seconds",
+        ),
+        Setting(
+            "grpc-mode",
+            "gRPC endpoint: relay (HTTP/2 frame relay) or grpcio",
+            one_of("grpcio", "relay"),
+            "relay",
+        ),
+        Setting("log-level", "log level", log_level, "INFO"),
+        Setting("log-format", "text or json", log_format, "text"),
+        Setting("key-prefix", "contract key prefix", text, DEFAULT_PREFIX),
+        Setting("system-namespace", "the platform's namespace", text, DEFAULT_SYSTEM_NAMESPACE),
+    ],
+    error=SettingsError,
+)
 
 
 def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
     """Read the flags (and `TRITONSHARE_*` variables) into Settings, or raise SettingsError."""
-    env = os.environ if env is None else env
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m proxy",
-        description="Per-model KServe v2 REST and gRPC front door to the node's shared Triton.",
-    )
-
-    def flag(name: str, help_text: str, default: str | None = None) -> None:
-        variable = "TRITONSHARE_" + name.upper().replace("-", "_")
-        parser.add_argument(
-            f"--{name}",
-            default=env.get(variable, default),
-            help=described(help_text, default, variable),
+    settings = Settings(**DECLARATION.values(argv, os.environ if env is None else env))
+    if settings.source_address and settings.grpc_mode == "grpcio":
+        raise SettingsError(
+            "--source-address works with --grpc-mode relay only (grpc.aio cannot choose its "
+            "source address)"
         )
-
-    flag("model-id", "the pod's own Triton model name")
-    flag("triton-http-url", "host:port of the node's Triton HTTP endpoint")
-    flag("triton-grpc-url", "host:port of the node's Triton gRPC endpoint")
-    flag(
-        "source-address",
-        "local address of connections to Triton or the node gateway (empty: the pod's own)",
-        "",
-    )
-    flag("listen-http", "REST listen address", f"0.0.0.0:{DEFAULT_PROXY_HTTP_PORT}")
-    flag("listen-grpc", "gRPC listen address", f"0.0.0.0:{DEFAULT_PROXY_GRPC_PORT}")
-    flag("listen-metrics", "metrics/health listen address", f"0.0.0.0:{DEFAULT_PROXY_METRICS_PORT}")
-    flag("max-body", "largest body or message, a quantity such as 1Gi", "1Gi")
-    flag("container-concurrency", "in-flight inference limit, 0 = unlimited", "0")
-    flag("queue-size", "waiting requests allowed (default 10x the limit)")
-    flag("queue-timeout", "seconds a request may wait for a slot", "30")
-    flag("drain-seconds", "seconds to keep serving after SIGTERM", "5")
-    flag("finish-timeout", "seconds to wait for in-flight requests at shutdown", "20")
-    flag("head-timeout", "seconds to send a REST request head or the gRPC preface", "30")
-    flag("idle-timeout", "seconds an idle tenant connection stays open, 0 = forever", "300")
-    flag("concurrency-window", "seconds of the average concurrency gauge", "60")
-    flag("agent-address", "host:port of the node agent (empty: no unload on exit)", "")
-    flag("token-file", "the pod's projected service-account token file")
-    flag("agent-timeout", "seconds to wait for the agent's unload", "30")
-    flag("grpc-mode", "gRPC endpoint: relay (HTTP/2 frame relay) or grpcio", "relay")
-    flag("log-level", "log level", "INFO")
-    flag("log-format", "text or json", "text")
-    flag("key-prefix", "contract key prefix", DEFAULT_PREFIX)
-    flag("system-namespace", "the platform's namespace", DEFAULT_SYSTEM_NAMESPACE)
-    args = parser.parse_args(list(argv))
-
-    missing = [
-        f"--{n}"
-        for n in ("model-id", "triton-http-url", "triton-grpc-url")
-        if not getattr(args, n.replace("-", "_"))
-    ]
-    if missing:
-        raise SettingsError(f"missing required settings {', '.join(missing)}; pass them as flags")
-    try:
-        model_id = validate_model_id(args.model_id)
-        max_body = parse_quantity(args.max_body, what="--max-body")
-    except (ContractError, QuantityError) as e:
-        raise SettingsError(str(e)) from e
-    if max_body < 1024:
-        raise SettingsError(f"--max-body {args.max_body!r} is under 1Ki; requests would not fit")
-
-    def number(name: str, value: str, *, integer: bool = False) -> float:
-        try:
-            parsed = int(value) if integer else float(value)
-        except ValueError as e:
-            kind = "a whole number" if integer else "a number of seconds"
-            raise SettingsError(f"--{name} {value!r} is not {kind}") from e
-        if parsed < 0:
-            raise SettingsError(f"--{name} {value!r} is negative; use 0 or more")
-        return parsed
-
-    if args.log_format not in ("text", "json"):
-        raise SettingsError(f"--log-format {args.log_format!r} is neither 'text' nor 'json'")
-    if args.grpc_mode not in ("grpcio", "relay"):
-        raise SettingsError(f"--grpc-mode {args.grpc_mode!r} is neither 'grpcio' nor 'relay'")
-    source_address = args.source_address or ""
-    if source_address:
-        try:
-            ipaddress.ip_address(source_address)
-        except ValueError as e:
-            raise SettingsError(
-                f"--source-address {source_address!r} is not an IP address; write for example "
-                "10.0.0.7, or leave it empty"
-            ) from e
-        if args.grpc_mode == "grpcio":
-            raise SettingsError(
-                "--source-address works with --grpc-mode relay only (grpc.aio cannot choose its "
-                "source address)"
-            )
-    agent_address = args.agent_address or ""
-    if agent_address:
-        upstream_address(agent_address, "--agent-address")
-        if not args.token_file:
-            raise SettingsError(
-                "--agent-address is set but --token-file is not; the agent accepts only calls "
-                "carrying the pod's projected token: pass its path"
-            )
-    return Settings(
-        model_id=model_id,
-        triton_http_url=upstream_address(args.triton_http_url, "--triton-http-url"),
-        triton_grpc_url=upstream_address(args.triton_grpc_url, "--triton-grpc-url"),
-        source_address=source_address,
-        listen_http=listen_address(args.listen_http, "--listen-http"),
-        listen_grpc=listen_address(args.listen_grpc, "--listen-grpc"),
-        listen_metrics=listen_address(args.listen_metrics, "--listen-metrics"),
-        max_body_bytes=max_body,
-        container_concurrency=int(
-            number("container-concurrency", args.container_concurrency, integer=True)
-        ),
-        queue_size=(
-            None
-            if args.queue_size in (None, "")
-            else int(number("queue-size", args.queue_size, integer=True))
-        ),
-        queue_timeout_seconds=number("queue-timeout", args.queue_timeout),
-        drain_seconds=number("drain-seconds", args.drain_seconds),
-        finish_timeout_seconds=number("finish-timeout", args.finish_timeout),
-        head_timeout_seconds=number("head-timeout", args.head_timeout),
-        idle_timeout_seconds=number("idle-timeout", args.idle_timeout),
-        concurrency_window_seconds=max(1.0, number("concurrency-window", args.concurrency_window)),
-        agent_address=agent_address,
-        token_file=Path(args.token_file) if args.token_file else None,
-        agent_timeout_seconds=number("agent-timeout", args.agent_timeout),
-        grpc_mode=args.grpc_mode,
-        log_level=args.log_level,
-        log_format=args.log_format,
-        key_prefix=args.key_prefix,
-        system_namespace=args.system_namespace,
-    )
+    if settings.agent_address and settings.token_file is None:
+        raise SettingsError(
+            "--agent-address is set but --token-file is not; the agent accepts only calls "
+            "carrying the pod's projected token: pass its path"
+        )
+    return settings

@@ -1,6 +1,6 @@
 """What the proxy's transports share about the process, set only by the shutdown sequence.
 
-Kept apart so the REST relay, the gRPC proxy and the metrics server read one flag without
+Kept apart so the REST relay, the gRPC proxy and the readiness check read one flag without
 importing each other.
 """
 

@@ -10,7 +10,6 @@ to the agent's behaviour.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -19,43 +18,64 @@ from pathlib import Path
 import kubernetes.client
 import kubernetes.config
 
+from agent.settings import DECLARATION as AGENT_SETTINGS
+from common.settings import Declaration, Setting, path
 from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
 from sim.gpuload import ModelFootprints
 from sim.nvml import Spec, SpecError, install, load_events, parse_spec
 
 
+class SettingsError(ValueError):
+    """A flag of the simulated node (not of the agent) is missing or wrong."""
+
+
+OWN_FLAGS = Declaration(
+    "python -m sim.agent_node",
+    "Run the tritonshare agent over simulated GPUs (mock NVML). Everything after `--` is passed "
+    "to the agent (python -m agent --help).",
+    [
+        Setting(
+            "gpus",
+            "preset such as 2xT4, 8xA100-80GB, or a JSON/YAML spec",
+            env=None,
+            required="the simulated GPUs",
+        ),
+        Setting("faults", "JSON/YAML file with an 'events' timeline", path, env=None),
+        Setting(
+            "simulate-model-memory",
+            "models READY in the agent's Triton occupy the GPU memory their config declares "
+            "(parameter sim_gpu_memory; see sim/gpuload.py)",
+            env=None,
+            switch=True,
+        ),
+    ],
+    error=SettingsError,
+)
+
+
+def _flag(agent_args: Sequence[str], name: str) -> str:
+    """One of the agent's settings as the agent reads it (flag, variable, default), or ""."""
+    return AGENT_SETTINGS.raw(agent_args, os.environ, name) or ""
+
+
 def _node_name(agent_args: Sequence[str]) -> str:
-    for i, arg in enumerate(agent_args):
-        if arg == "--node-name" and i + 1 < len(agent_args):
-            return agent_args[i + 1]
-        if arg.startswith("--node-name="):
-            return arg.partition("=")[2]
-    return "node"
-
-
-def _flag(agent_args: Sequence[str], name: str, default: str = "") -> str:
-    for i, arg in enumerate(agent_args):
-        if arg == name and i + 1 < len(agent_args):
-            return agent_args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.partition("=")[2]
-    return default
+    return _flag(agent_args, "node-name") or "node"
 
 
 def _footprints(agent_args: Sequence[str], spec: Spec) -> ModelFootprints:
     """Model memory from the agent's own Triton, repository and cluster (its flags)."""
     config = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=_flag(agent_args, "--kubeconfig", os.environ.get("KUBECONFIG", "")),
+        config_file=_flag(agent_args, "kubeconfig"),
         client_configuration=config,
     )
-    name, _, value = _flag(agent_args, "--triton-admin-header").partition(":")
+    name, _, value = _flag(agent_args, "triton-admin-header").partition(":")
     api = kubernetes.client.ApiClient(config)
     # The simulated hardware's reads, told apart from the agent's in the audit log.
     api.user_agent = f"{CLUSTER_USER_AGENT}/gpuload"
     return ModelFootprints(
-        _flag(agent_args, "--triton-http-url", "127.0.0.1:8000"),
-        Path(_flag(agent_args, "--model-repository")),
+        _flag(agent_args, "triton-http-url"),
+        Path(_flag(agent_args, "model-repository")),
         api,
         _node_name(agent_args),
         {gpu.uuid: index for index, gpu in enumerate(spec.gpus)},
@@ -70,32 +90,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         own, agent_args = args[:split], args[split + 1 :]
     else:
         own, agent_args = args, []
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m sim.agent_node",
-        description="Run the tritonshare agent over simulated GPUs (mock NVML).",
-        epilog="Everything after `--` is passed to the agent (python -m agent --help).",
-    )
-    parser.add_argument(
-        "--gpus", required=True, help="preset such as 2xT4, 8xA100-80GB, or a JSON/YAML spec"
-    )
-    parser.add_argument("--faults", type=Path, help="JSON/YAML file with an 'events' timeline")
-    parser.add_argument(
-        "--simulate-model-memory",
-        action="store_true",
-        help="models READY in the agent's Triton occupy the GPU memory their config declares "
-        "(parameter sim_gpu_memory; see sim/gpuload.py)",
-    )
-    options = parser.parse_args(own)
     try:
-        spec = parse_spec(options.gpus, seed=_node_name(agent_args))
-        if options.faults is not None:
-            spec.events = sorted([*spec.events, *load_events(options.faults)], key=lambda e: e.at)
+        options = OWN_FLAGS.values(own, os.environ)
+        spec = parse_spec(options["gpus"], seed=_node_name(agent_args))
+        faults: Path | None = options.get("faults")
+        if faults is not None:
+            spec.events = sorted([*spec.events, *load_events(faults)], key=lambda e: e.at)
     except (SpecError, ValueError) as e:
         print(f"sim.agent_node: {e}", file=sys.stderr)
         return 2
     mock = install(spec)
-    if options.simulate_model_memory:
+    if options.get("simulate_model_memory"):
         mock.set_workload(_footprints(agent_args, spec))
     # Imported only now, so that agent.gpus binds the mock as `pynvml`.
     from agent.__main__ import main as agent_main

@@ -14,7 +14,7 @@ from agent.settings import parse_settings as agent_settings
 from binder.cli import build_parser as cli_parser
 from binder.errors import ConfigError
 from binder.settings import parse_settings as binder_settings
-from common.flags import env_name
+from common.settings import env_name
 from loader.errors import SettingsError as LoaderSettingsError
 from loader.settings import parse_settings as loader_settings
 from proxy.settings import SettingsError as ProxySettingsError

@@ -8,7 +8,7 @@ import sys
 
 from common.lifecycle import Lifecycle
 from common.logs import configure_logging
-from webhook.server import WebhookServer, tls_context
+from webhook.server import tls_context, webhook_server
 from webhook.settings import Settings, SettingsError, parse_settings
 
 log = logging.getLogger("webhook")
@@ -16,7 +16,7 @@ log = logging.getLogger("webhook")
 
 async def _run(settings: Settings) -> int:
     assert settings.tls_cert is not None and settings.tls_key is not None
-    server = WebhookServer(settings, tls_context(settings.tls_cert, settings.tls_key))
+    server = webhook_server(settings, tls_context(settings.tls_cert, settings.tls_key))
     lifecycle = Lifecycle()
     lifecycle.install_signal_handlers()
 

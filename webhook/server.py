@@ -1,7 +1,8 @@
-"""The webhook's HTTPS server (aiohttp): POST /mutate-pods answers AdmissionReviews, GET /healthz.
+"""The webhook's HTTPS app (aiohttp): POST /mutate-pods answers AdmissionReviews; /healthz,
+/readyz and /metrics are common/health.py's, and so is the server that runs it all.
 
-The only module that imports aiohttp's server side; TLS comes from the certificate and key files
-(cert-manager's Secret, or your own), read once at start.
+The only module of the webhook that imports aiohttp's server side; TLS comes from the certificate
+and key files (cert-manager's Secret, or your own), read once at start.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import ssl
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from common.health import HttpServer, add_health_routes
 from webhook.review import ReviewError, review
 from webhook.settings import Settings
 
@@ -44,32 +47,19 @@ def make_app(settings: Settings) -> web.Application:
             log.info("Refused pod: %s", response["status"]["message"])
         return web.json_response(answer)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app.router.add_post("/mutate-pods", mutate)
-    app.router.add_get("/healthz", healthz)
+    # No metrics of its own yet: an empty registry.
+    add_health_routes(app, CollectorRegistry(), _never_unready)
     return app
 
 
-class WebhookServer:
-    """The running HTTPS listener; `port` is the bound one (useful with port 0)."""
+def _never_unready() -> list[str]:
+    """The webhook keeps no state: it is ready whenever it runs."""
+    return []
 
-    def __init__(self, settings: Settings, context: ssl.SSLContext) -> None:
-        self._settings = settings
-        self._context = context
-        self._runner = web.AppRunner(make_app(settings), access_log=None)
-        self.port = 0
 
-    async def start(self) -> None:
-        await self._runner.setup()
-        host, port = self._settings.listen
-        site = web.TCPSite(self._runner, host, port, ssl_context=self._context)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else port
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
+def webhook_server(settings: Settings, context: ssl.SSLContext) -> HttpServer:
+    """The HTTPS listener (not started); its `port` is the bound one once started."""
+    host, port = settings.listen
+    return HttpServer(make_app(settings), host, port, ssl_context=context)

@@ -1,4 +1,5 @@
-"""The webhook's settings: one frozen object from flags and TRITONSHARE_* environment variables.
+"""The webhook's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
+default, help) with common.settings, from flags and TRITONSHARE_* environment variables.
 
 It owns what the webhook writes into the pods it completes (images, ports, keys); nothing here is
 read at import time.
@@ -6,7 +7,6 @@ read at import time.
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,11 +19,10 @@ from common.contract import (
     DEFAULT_GATEWAY_HTTP_PORT,
     DEFAULT_PREFIX,
     DEFAULT_SCHEDULER_NAME,
-    ContractError,
     Keys,
 )
-from common.flags import described
 from common.logs import LogFormat
+from common.settings import Declaration, Setting, address, key_prefix, log_format, path, port, text
 
 
 class SettingsError(ValueError):
@@ -61,81 +60,46 @@ class Settings:
     """text or json."""
 
 
-def _port(value: str, flag: str, *, lowest: int = 1) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        port = -1
-    if not lowest <= port < 65536:
-        raise SettingsError(f"--{flag} {value!r} is not a port; write a number from 1 to 65535")
-    return port
+DECLARATION = Declaration(
+    "python -m webhook",
+    "Mutating admission webhook that completes tritonshare model pods.",
+    [
+        Setting("listen", "HTTPS host:port", address, "0.0.0.0:9443"),
+        Setting("tls-cert", "PEM certificate file (tls.crt)", path),
+        Setting("tls-key", "PEM private key file (tls.key)", path),
+        Setting("key-prefix", "prefix of the contract's keys", key_prefix, DEFAULT_PREFIX, "keys"),
+        Setting(
+            "scheduler-name", "schedulerName written into model pods", text, DEFAULT_SCHEDULER_NAME
+        ),
+        Setting("image", "image of the loader and the proxy", text, Settings.image),
+        Setting(
+            "storage-initializer-image",
+            "image that fetches models",
+            text,
+            Settings.storage_initializer_image,
+        ),
+        Setting("agent-port", "the agent's gRPC hostPort", port(), str(DEFAULT_AGENT_GRPC_PORT)),
+        Setting(
+            "triton-http-port",
+            "hostPort of the node gateway's REST side (the proxies' way to Triton)",
+            port(),
+            str(DEFAULT_GATEWAY_HTTP_PORT),
+        ),
+        Setting(
+            "triton-grpc-port",
+            "hostPort of the node gateway's gRPC side (the proxies' way to Triton)",
+            port(),
+            str(DEFAULT_GATEWAY_GRPC_PORT),
+        ),
+        Setting(
+            "audience", "audience of the pod's token for the agent", text, DEFAULT_AGENT_AUDIENCE
+        ),
+        Setting("log-format", "text or json", log_format, "text"),
+    ],
+    error=SettingsError,
+)
 
 
 def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
     """Read the flags (each also `TRITONSHARE_<FLAG>`) into Settings, or raise SettingsError."""
-    env = os.environ if env is None else env
-    defaults = Settings()
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m webhook",
-        description="Mutating admission webhook that completes tritonshare model pods.",
-    )
-
-    def flag(name: str, help_text: str, default: object) -> None:
-        variable = "TRITONSHARE_" + name.upper().replace("-", "_")
-        value = env.get(variable, None if default is None else str(default))
-        parser.add_argument(
-            f"--{name}", default=value, help=described(help_text, default, variable)
-        )
-
-    flag("listen", "HTTPS host:port", f"{defaults.listen[0]}:{defaults.listen[1]}")
-    flag("tls-cert", "PEM certificate file (tls.crt)", None)
-    flag("tls-key", "PEM private key file (tls.key)", None)
-    flag("key-prefix", "prefix of the contract's keys", DEFAULT_PREFIX)
-    flag("scheduler-name", "schedulerName written into model pods", defaults.scheduler_name)
-    flag("image", "image of the loader and the proxy", defaults.image)
-    flag(
-        "storage-initializer-image", "image that fetches models", defaults.storage_initializer_image
-    )
-    flag("agent-port", "the agent's gRPC hostPort", defaults.agent_port)
-    flag(
-        "triton-http-port",
-        "hostPort of the node gateway's REST side (the proxies' way to Triton)",
-        defaults.triton_http_port,
-    )
-    flag(
-        "triton-grpc-port",
-        "hostPort of the node gateway's gRPC side (the proxies' way to Triton)",
-        defaults.triton_grpc_port,
-    )
-    flag("audience", "audience of the pod's token for the agent", defaults.audience)
-    flag("log-format", "text or json", defaults.log_format)
-    args = parser.parse_args(list(argv))
-    host, _, port = str(args.listen).rpartition(":")
-    if not host:
-        raise SettingsError(f"--listen {args.listen!r} is not host:port (for example 0.0.0.0:9443)")
-    try:
-        keys = Keys(args.key_prefix)
-    except ContractError as e:
-        raise SettingsError(str(e)) from e
-    log_format: LogFormat
-    if args.log_format == "json":
-        log_format = "json"
-    elif args.log_format == "text":
-        log_format = "text"
-    else:
-        raise SettingsError(f"--log-format {args.log_format!r} is neither 'text' nor 'json'")
-    return Settings(
-        listen=(host, _port(port, "listen", lowest=0)),
-        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
-        tls_key=Path(args.tls_key) if args.tls_key else None,
-        keys=keys,
-        scheduler_name=args.scheduler_name,
-        image=args.image,
-        storage_initializer_image=args.storage_initializer_image,
-        agent_port=_port(args.agent_port, "agent-port"),
-        triton_http_port=_port(args.triton_http_port, "triton-http-port"),
-        triton_grpc_port=_port(args.triton_grpc_port, "triton-grpc-port"),
-        audience=args.audience,
-        log_format=log_format,
-    )
+    return Settings(**DECLARATION.values(argv, os.environ if env is None else env))

@@ -1,4 +1,5 @@
-"""The gateway's settings: one frozen object, parsed once in `__main__` from flags and env vars.
+"""The gateway's settings: one frozen object, declared once in `DECLARATION` with
+common.settings, parsed once in `__main__`.
 
 Every flag has an environment variable `TRITONSHARE_<FLAG_UPPER>`; a flag on the command line
 wins over the variable. The relay knobs (body limit, timeouts) mean what they mean for the proxy,
@@ -7,7 +8,6 @@ whose relay the gateway runs once per calling pod (`relay_settings`).
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,9 +18,19 @@ from common.contract import (
     DEFAULT_GATEWAY_HTTP_PORT,
     DEFAULT_GATEWAY_METRICS_PORT,
 )
-from common.flags import described
-from common.quantity import QuantityError, parse_quantity
-from proxy.settings import Settings, SettingsError, listen_address, upstream_address
+from common.settings import (
+    Declaration,
+    Setting,
+    address,
+    host_port,
+    log_format,
+    log_level,
+    path,
+    quantity,
+    seconds,
+    whole,
+)
+from proxy.settings import Settings, SettingsError
 
 
 @dataclass(frozen=True)
@@ -73,88 +83,92 @@ class GatewaySettings:
         )
 
 
+DECLARATION = Declaration(
+    "python -m proxy.gateway",
+    "The node gateway: lets each model pod reach only its own model in the node's Triton, "
+    "knowing the pod by its connection's source address.",
+    [
+        Setting(
+            "caller-table",
+            "the agent's caller table file",
+            path,
+            required="the file the node's agent writes (its --gateway-table)",
+        ),
+        Setting(
+            "triton-http-url", "host:port of Triton's HTTP endpoint", host_port, "127.0.0.1:8000"
+        ),
+        Setting(
+            "triton-grpc-url", "host:port of Triton's gRPC endpoint", host_port, "127.0.0.1:8001"
+        ),
+        Setting(
+            "listen-http", "REST listen address", address, f"0.0.0.0:{DEFAULT_GATEWAY_HTTP_PORT}"
+        ),
+        Setting(
+            "listen-grpc", "gRPC listen address", address, f"0.0.0.0:{DEFAULT_GATEWAY_GRPC_PORT}"
+        ),
+        Setting(
+            "listen-metrics",
+            "metrics/health listen address",
+            address,
+            f"0.0.0.0:{DEFAULT_GATEWAY_METRICS_PORT}",
+        ),
+        Setting(
+            "table-poll-seconds",
+            "seconds between checks of the caller table file",
+            seconds(positive=True),
+            "0.1",
+        ),
+        Setting(
+            "table-max-age",
+            "seconds after which an unrefreshed caller table counts as empty",
+            seconds(positive=True),
+            "60",
+            "table_max_age_seconds",
+        ),
+        Setting(
+            "max-body",
+            "largest body or message, a quantity such as 1Gi",
+            quantity(minimum=1024),
+            "1Gi",
+            "max_body_bytes",
+        ),
+        Setting(
+            "head-timeout",
+            "seconds to send a REST request head or the gRPC preface",
+            seconds(),
+            "30",
+            "head_timeout_seconds",
+        ),
+        Setting(
+            "idle-timeout",
+            "seconds an idle connection stays open, 0 = forever",
+            seconds(),
+            "300",
+            "idle_timeout_seconds",
+        ),
+        Setting(
+            "finish-timeout",
+            "seconds to wait for in-flight requests at shutdown",
+            seconds(),
+            "20",
+            "finish_timeout_seconds",
+        ),
+        Setting(
+            "max-connections-per-pod", "connections one pod may hold open", whole(minimum=1), "512"
+        ),
+        Setting(
+            "max-in-flight-per-pod",
+            "requests one pod may have at Triton, 0 = no limit",
+            whole(),
+            "0",
+        ),
+        Setting("log-level", "log level", log_level, "INFO"),
+        Setting("log-format", "text or json", log_format, "text"),
+    ],
+    error=SettingsError,
+)
+
+
 def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> GatewaySettings:
     """Read the flags (and `TRITONSHARE_*` variables) into settings, or raise SettingsError."""
-    env = os.environ if env is None else env
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m proxy.gateway",
-        description="The node gateway: lets each model pod reach only its own model in the "
-        "node's Triton, knowing the pod by its connection's source address.",
-    )
-
-    def flag(name: str, help_text: str, default: str | None = None) -> None:
-        variable = "TRITONSHARE_" + name.upper().replace("-", "_")
-        parser.add_argument(
-            f"--{name}",
-            default=env.get(variable, default),
-            help=described(help_text, default, variable),
-        )
-
-    flag("caller-table", "the agent's caller table file (required)")
-    flag("triton-http-url", "host:port of Triton's HTTP endpoint", "127.0.0.1:8000")
-    flag("triton-grpc-url", "host:port of Triton's gRPC endpoint", "127.0.0.1:8001")
-    flag("listen-http", "REST listen address", f"0.0.0.0:{DEFAULT_GATEWAY_HTTP_PORT}")
-    flag("listen-grpc", "gRPC listen address", f"0.0.0.0:{DEFAULT_GATEWAY_GRPC_PORT}")
-    flag(
-        "listen-metrics", "metrics/health listen address", f"0.0.0.0:{DEFAULT_GATEWAY_METRICS_PORT}"
-    )
-    flag("table-poll-seconds", "seconds between checks of the caller table file", "0.1")
-    flag("table-max-age", "seconds after which an unrefreshed caller table counts as empty", "60")
-    flag("max-body", "largest body or message, a quantity such as 1Gi", "1Gi")
-    flag("head-timeout", "seconds to send a REST request head or the gRPC preface", "30")
-    flag("idle-timeout", "seconds an idle connection stays open, 0 = forever", "300")
-    flag("finish-timeout", "seconds to wait for in-flight requests at shutdown", "20")
-    flag("max-connections-per-pod", "connections one pod may hold open", "512")
-    flag(
-        "max-in-flight-per-pod", "inference requests one pod may have at Triton, 0 = no limit", "0"
-    )
-    flag("log-level", "log level", "INFO")
-    flag("log-format", "text or json", "text")
-    args = parser.parse_args(list(argv))
-
-    if not args.caller_table:
-        raise SettingsError(
-            "missing --caller-table: the file the node's agent writes (its --gateway-table)"
-        )
-
-    def number(name: str, value: str, *, integer: bool = False, positive: bool = False) -> float:
-        try:
-            parsed = int(value) if integer else float(value)
-        except ValueError as e:
-            kind = "a whole number" if integer else "a number of seconds"
-            raise SettingsError(f"--{name} {value!r} is not {kind}") from e
-        if parsed < 0 or (positive and parsed == 0):
-            raise SettingsError(
-                f"--{name} {value!r} must be {'above' if positive else 'at least'} 0"
-            )
-        return parsed
-
-    try:
-        max_body = parse_quantity(args.max_body, what="--max-body")
-    except QuantityError as e:
-        raise SettingsError(str(e)) from e
-    if args.log_format not in ("text", "json"):
-        raise SettingsError(f"--log-format {args.log_format!r} is neither 'text' nor 'json'")
-    return GatewaySettings(
-        caller_table=Path(args.caller_table),
-        triton_http_url=upstream_address(args.triton_http_url, "--triton-http-url"),
-        triton_grpc_url=upstream_address(args.triton_grpc_url, "--triton-grpc-url"),
-        listen_http=listen_address(args.listen_http, "--listen-http"),
-        listen_grpc=listen_address(args.listen_grpc, "--listen-grpc"),
-        listen_metrics=listen_address(args.listen_metrics, "--listen-metrics"),
-        table_poll_seconds=number("table-poll-seconds", args.table_poll_seconds, positive=True),
-        table_max_age_seconds=number("table-max-age", args.table_max_age, positive=True),
-        max_body_bytes=max_body,
-        head_timeout_seconds=number("head-timeout", args.head_timeout),
-        idle_timeout_seconds=number("idle-timeout", args.idle_timeout),
-        finish_timeout_seconds=number("finish-timeout", args.finish_timeout),
-        max_connections_per_pod=int(
-            number("max-connections-per-pod", args.max_connections_per_pod, integer=True)
-        ),
-        max_in_flight_per_pod=int(
-            number("max-in-flight-per-pod", args.max_in_flight_per_pod, integer=True)
-        ),
-        log_level=args.log_level,
-        log_format=args.log_format,
-    )
+    return GatewaySettings(**DECLARATION.values(argv, os.environ if env is None else env))

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from common.lifecycle import spawn
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.limiter import Limiter
@@ -183,8 +184,8 @@ class GrpcProxy:
         )
         out: asyncio.Queue[object] = asyncio.Queue(_STREAM_BUFFER)
         pumps = [
-            asyncio.create_task(self._pump_requests(requests, call, out)),
-            asyncio.create_task(self._pump_responses(call, out)),
+            spawn("A gRPC stream's request pump", self._pump_requests(requests, call, out)),
+            spawn("A gRPC stream's response pump", self._pump_responses(call, out)),
         ]
         try:
             while True:

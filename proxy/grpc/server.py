@@ -19,6 +19,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from common.lifecycle import spawn
 from proxy.grpc.channel import TritonChannel
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.relay import H2Connection
@@ -49,7 +50,7 @@ class GrpcRelay:
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         metrics.listener("grpc", self.idle)
         self.channels: list[TritonChannel] = []
-        self.tasks: set[asyncio.Future[None]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._dirty: list[Outbox] = []
         self._flush_soon = False
@@ -57,12 +58,11 @@ class GrpcRelay:
         self._unreachable = False
         self.port = 0
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
-        """Run `coro` as a task that stop() cancels."""
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
+    def spawn(
+        self, coro: Coroutine[Any, Any, None], name: str = "A gRPC stream waiting for a slot"
+    ) -> asyncio.Future[None]:
+        """Run `coro` as a task that stop() cancels; a failure is logged (common/lifecycle.py)."""
+        return spawn(name, coro, keep=self.tasks)
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -98,7 +98,7 @@ class GrpcRelay:
         channel = TritonChannel(self)
         self.channels.append(channel)
         self.mark(channel.out)
-        self.spawn(channel.connect())
+        self.spawn(channel.connect(), "A gRPC channel's connection to Triton")
         return channel
 
     def forget(self, channel: TritonChannel) -> None:

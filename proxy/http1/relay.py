@@ -17,6 +17,7 @@ import asyncio
 import time
 from typing import Any, Protocol
 
+from common.lifecycle import spawn
 from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, answer_bytes
 from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
@@ -214,7 +215,7 @@ class ClientConnection(asyncio.Protocol):
     def _wait(self, coro: Any) -> None:
         self._state = _PENDING
         self.pause_reading()
-        self._task = asyncio.get_running_loop().create_task(coro)
+        self._task = spawn("A REST request waiting for a slot or a connection to Triton", coro)
 
     async def _acquire_then_send(self) -> None:
         try:

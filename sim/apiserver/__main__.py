@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from common.logs import configure_logging
 from sim.apiserver.server import serve
-from sim.apiserver.settings import ApiServerSettings, parse_settings
+from sim.apiserver.settings import ApiServerSettings, SettingsError, parse_settings
 
 log = logging.getLogger("sim.apiserver")
 
@@ -33,7 +33,11 @@ async def _main(settings: ApiServerSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = parse_settings(argv)
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as e:
+        print(f"sim.apiserver: {e}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
     try:
         asyncio.run(_main(settings))

@@ -1,4 +1,5 @@
-"""The simulated API server's settings: one frozen object, from flags and environment variables.
+"""The simulated API server's settings: one frozen object, declared once in `DECLARATION` with
+common.settings, from flags and `TRITONSHARE_<FLAG>` environment variables.
 
 Parsed once by `__main__` (or built directly by `start_in_thread`); nothing reads the environment
 anywhere else.
@@ -6,13 +7,24 @@ anywhere else.
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.logs import LogFormat
+from common.settings import (
+    Declaration,
+    Setting,
+    log_format,
+    log_level,
+    path,
+    port,
+    seconds,
+    text,
+    whole,
+)
 
 
 @dataclass(frozen=True)
@@ -38,63 +50,47 @@ class ApiServerSettings:
     """`text` or `json`. Default text."""
 
 
-def _env(environ: Mapping[str, str], flag: str) -> str | None:
-    return environ.get("TRITONSHARE_" + flag.upper().replace("-", "_"))
+class SettingsError(ValueError):
+    """A flag or variable the simulated API server cannot use; says which and what to write."""
+
+
+DECLARATION = Declaration(
+    "python -m sim.apiserver",
+    "An in-memory Kubernetes API server for tests, benchmarks and the demo.",
+    [
+        Setting("host", "address to listen on", text, "127.0.0.1"),
+        Setting("port", "TCP port; 0 picks a free one", port(minimum=0), "0"),
+        Setting(
+            "kubeconfig-out",
+            "write a kubeconfig pointing at this server here once it listens",
+            path,
+        ),
+        Setting("history-size", "events kept for watch replay", whole(minimum=1), "10000"),
+        Setting(
+            "bookmark-interval-seconds",
+            "seconds between BOOKMARK events",
+            seconds(positive=True),
+            "1",
+        ),
+        Setting(
+            "default-watch-timeout-seconds",
+            "watch length when the client sets no timeoutSeconds",
+            seconds(positive=True),
+            "1800",
+        ),
+        Setting("log-level", "log level", log_level, "INFO"),
+        Setting("log-format", "text or json", log_format, "text"),
+    ],
+    error=SettingsError,
+)
 
 
 def parse_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> ApiServerSettings:
     """Flags win over `TRITONSHARE_<FLAG>` environment variables, which win over defaults."""
-    env = os.environ if environ is None else environ
-    defaults = ApiServerSettings()
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m sim.apiserver",
-        description="An in-memory Kubernetes API server for tests, benchmarks and the demo.",
-    )
-
-    def default(flag: str, value: object) -> object:
-        found = _env(env, flag)
-        return value if found is None else found
-
-    parser.add_argument("--host", default=default("host", defaults.host))
-    parser.add_argument("--port", type=int, default=default("port", defaults.port))
-    parser.add_argument(
-        "--kubeconfig-out",
-        type=Path,
-        default=default("kubeconfig-out", None),
-        help="write a kubeconfig pointing at this server to PATH once it listens",
-    )
-    parser.add_argument(
-        "--history-size", type=int, default=default("history-size", defaults.history_size)
-    )
-    parser.add_argument(
-        "--bookmark-interval-seconds",
-        type=float,
-        default=default("bookmark-interval-seconds", defaults.bookmark_interval_seconds),
-    )
-    parser.add_argument(
-        "--default-watch-timeout-seconds",
-        type=float,
-        default=default("default-watch-timeout-seconds", defaults.default_watch_timeout_seconds),
-    )
-    parser.add_argument("--log-level", default=default("log-level", defaults.log_level))
-    parser.add_argument(
-        "--log-format", choices=["text", "json"], default=default("log-format", "text")
-    )
-    args = parser.parse_args(argv)
-    if args.history_size < 1:
-        parser.error(f"--history-size must be at least 1, got {args.history_size}")
-    if args.bookmark_interval_seconds <= 0:
-        parser.error("--bookmark-interval-seconds must be positive")
     return ApiServerSettings(
-        host=args.host,
-        port=int(args.port),
-        kubeconfig_out=Path(args.kubeconfig_out) if args.kubeconfig_out else None,
-        history_size=int(args.history_size),
-        bookmark_interval_seconds=float(args.bookmark_interval_seconds),
-        default_watch_timeout_seconds=float(args.default_watch_timeout_seconds),
-        log_level=str(args.log_level).upper(),
-        log_format="json" if args.log_format == "json" else "text",
+        **DECLARATION.values(
+            sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
+        )
     )

@@ -194,5 +194,5 @@ def test_bad_flags_exit_2_with_the_reason() -> None:
         check=False,
     )
     assert result.returncode == 2
-    assert "--policy 'random' is neither 'binpack' nor 'spread'" in result.stderr
+    assert "--policy: 'random' is neither 'binpack' nor 'spread'" in result.stderr
     assert time.monotonic() - started < 60

@@ -4,6 +4,7 @@ helpful change, conflicts, bad input, and the HTTP endpoints."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from functools import partial
@@ -333,3 +334,24 @@ async def test_a_burst_never_overcommits_a_gpu_as_the_api_shows_it(
         models.add(key)
     assert used and max(used.values()) <= 8 * GI, used
     assert sum(used.values()) >= 40 * GI, "the binder should pack most of the 48Gi"
+
+
+async def test_a_failure_in_the_scheduling_loop_is_logged_and_stops_the_replica(
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    binder = await make_binder()
+
+    def broken(uid: str) -> None:
+        raise RuntimeError("a bug in placement")
+
+    monkeypatch.setattr(binder.controller, "schedule_one", broken)
+    with caplog.at_level(logging.ERROR, logger="common.lifecycle"):
+        add_pod(core, "resnet", mem="4Gi")
+        await eventually(binder.stopped.is_set, what="the replica to stop")
+    assert str(binder.failure) == "a bug in placement"
+    assert "The binder's scheduling has failed: stopping this replica." in caplog.messages

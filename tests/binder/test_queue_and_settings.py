@@ -133,8 +133,8 @@ def test_settings_defaults_and_environment() -> None:
         (["--listen-http", "nowhere"], "is not host:port"),
         (["--lease-duration", "5", "--renew-deadline", "6"], "shorter than --lease-duration"),
         (["--backoff-initial", "-1"], "more than 0 seconds"),
-        (["--bind-workers", "0"], "above 0"),
-        (["--watch-failure-grace", "0"], "--watch-failure-grace '0' must be more than 0"),
+        (["--bind-workers", "0"], "--bind-workers: '0' must be a whole number of 1 or more"),
+        (["--watch-failure-grace", "0"], "--watch-failure-grace: '0' must be more than 0"),
         (["--no-such-flag"], "unrecognized arguments"),
     ],
 )

@@ -58,3 +58,21 @@ async def test_the_default_ready_text_and_status() -> None:
 
 async def test_stopping_a_server_that_never_started_is_harmless() -> None:
     await HttpServer(build_health_app(CollectorRegistry(), list), "127.0.0.1", 0).stop()
+
+
+async def test_readiness_may_be_awaited() -> None:
+    asked: list[str] = []
+
+    async def not_ready() -> list[str]:
+        asked.append("asked")
+        return ["model m is not ready in Triton"] if len(asked) == 1 else []
+
+    server = HttpServer(build_health_app(CollectorRegistry(), not_ready), "127.0.0.1", 0)
+    await server.start()
+    try:
+        status, _, body = await _get(server.port, "/readyz")
+        assert (status, body) == (503, "not ready: model m is not ready in Triton\n")
+        assert (await _get(server.port, "/readyz"))[::2] == (200, "ready\n")
+        assert (await _get(server.port, "/nothing"))[0] == 404
+    finally:
+        await server.stop()

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from common.lifecycle import Lifecycle
+from common.lifecycle import Lifecycle, spawn
 from common.logs import JsonFormatter, configure_logging
 
 
@@ -56,6 +56,51 @@ async def test_a_failing_task_stops_the_process_with_code_1(
         code = await asyncio.wait_for(Lifecycle().run(main), 10)
     assert code == 1
     assert "watcher has failed" in caplog.text
+
+
+async def test_a_spawned_task_that_raises_is_logged_with_its_name_and_then_handed_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    kept: set[asyncio.Task[object]] = set()
+    failures: list[BaseException] = []
+    with caplog.at_level(logging.ERROR, logger="common.lifecycle"):
+        task = spawn(
+            "Recording event X on pod a/b",
+            broken(),
+            consequence="the pod does not show it",
+            on_failure=failures.append,
+            keep=kept,
+        )
+        assert task.get_name() == "Recording event X on pod a/b" and kept == {task}
+        with pytest.raises(RuntimeError):
+            await task
+        await asyncio.sleep(0)  # done-callbacks run on the next loop turn
+    (record,) = caplog.records
+    assert (
+        record.getMessage() == "Recording event X on pod a/b has failed: the pod does not show it."
+    )
+    assert record.exc_info is not None and "boom" in caplog.text
+    assert [str(e) for e in failures] == ["boom"]
+    assert not kept
+
+
+async def test_a_cancelled_or_finished_task_is_not_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failures: list[BaseException] = []
+    with caplog.at_level(logging.DEBUG, logger="common.lifecycle"):
+        sleeping = spawn("sleeper", asyncio.sleep(60), on_failure=failures.append)
+        done = spawn("quick", asyncio.sleep(0, "result"), on_failure=failures.append)
+        await asyncio.sleep(0)
+        sleeping.cancel()
+        assert await done == "result"
+        with pytest.raises(asyncio.CancelledError):
+            await sleeping
+        await asyncio.sleep(0)
+    assert not caplog.records and not failures
 
 
 async def test_sigterm_requests_a_stop() -> None:

@@ -47,7 +47,7 @@ def test_a_settings_mistake_exits_2_and_says_which_flag(
     model = copy_model("add_one", tmp_path)
     run = run_loader(tmp_path, model, "add_one", nobody, token, "--timeout", "soon")
     assert run.returncode == ExitCode.USAGE, run.explain()
-    assert "--timeout 'soon' is not a number of seconds" in run.termination_message
+    assert "--timeout: 'soon' is not a number of seconds" in run.termination_message
 
 
 def test_a_missing_token_file_exits_2_and_says_what_to_mount(tmp_path: Path, nobody: str) -> None:

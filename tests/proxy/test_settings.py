@@ -45,7 +45,7 @@ def test_environment_and_flags() -> None:
         (["--max-body", "lots"], "not a Kubernetes quantity"),
         (["--container-concurrency", "-1"], "negative"),
         (["--queue-timeout", "soon"], "not a number of seconds"),
-        (["--idle-timeout", "-5"], "--idle-timeout '-5' is negative"),
+        (["--idle-timeout", "-5"], "--idle-timeout: '-5' is negative"),
         (["--listen-http", "9000"], "not host:port"),
         (["--log-format", "xml"], "neither 'text' nor 'json'"),
         (["--grpc-mode", "h2"], "neither 'grpcio' nor 'relay'"),
@@ -68,4 +68,4 @@ def test_missing_required_settings() -> None:
 
 def test_main_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["--model-id", "m"]) == 2
-    assert "missing required settings" in capsys.readouterr().err
+    assert "--triton-http-url is required" in capsys.readouterr().err

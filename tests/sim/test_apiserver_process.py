@@ -71,7 +71,7 @@ def test_bad_flags_exit_with_a_usage_error() -> None:
         check=False,
     )
     assert result.returncode == 2
-    assert "--history-size must be at least 1" in result.stderr
+    assert "--history-size: '0' must be a whole number of 1 or more" in result.stderr
 
 
 def test_kubectl_works_against_it(apiserver: RunningApiServer, kubeconfig: Path) -> None:

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import require_executable
-from webhook.server import WebhookServer, tls_context
+from webhook.server import tls_context, webhook_server
 from webhook.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ REVIEW = {
 
 async def test_admission_reviews_over_https(tmp_path: Path) -> None:
     cert, key = make_certificate(tmp_path)
-    server = WebhookServer(Settings(listen=("127.0.0.1", 0)), tls_context(cert, key))
+    server = webhook_server(Settings(listen=("127.0.0.1", 0)), tls_context(cert, key))
     await server.start()
     try:
         url = f"https://127.0.0.1:{server.port}/mutate-pods"
@@ -75,6 +75,10 @@ async def test_admission_reviews_over_https(tmp_path: Path) -> None:
             ]
             async with session.post(url, data=b"not json", ssl=trusting) as answer:
                 assert answer.status == 400
+            health = f"https://127.0.0.1:{server.port}"
+            for path in ("/healthz", "/readyz"):
+                async with session.get(health + path, ssl=trusting) as answer:
+                    assert answer.status == 200
             with pytest.raises(aiohttp.ClientConnectorCertificateError):
                 await session.post(url, json=REVIEW, ssl=ssl.create_default_context())
     finally:

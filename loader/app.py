@@ -1,0 +1,90 @@
+"""Assembles the loader and owns its order: check and hash the model, then drive the agent.
+
+The order is fixed: validate the model directory, hash it (off the event loop), open one agent
+client, run the load (loading.py decides), and close the client whatever happened. SIGTERM or
+SIGINT cancel the run, which ends as a StoppedError. The command line, the logs and the
+termination log belong to `__main__`; the decisions belong to loading.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from loader.agentclient import AgentClient
+from loader.errors import StoppedError
+from loader.loading import Loading, Outcome, Timing
+from loader.manifest import build_manifest
+from loader.retry import Backoff
+from loader.settings import Settings
+from loader.validate import validate_model_directory
+
+log = logging.getLogger("loader")
+
+
+async def run(settings: Settings) -> Outcome:
+    """Validate, hash, then drive the agent until the model is READY; raise a LoaderError if not."""
+    started = time.monotonic()
+    model = validate_model_directory(
+        settings.model_dir, settings.model_id, settings.max_model_bytes
+    )
+    log.info(
+        "Model directory %s is valid for model %s: %d files, versions %s, backend %s.",
+        model.root,
+        model.model_id,
+        len(model.files),
+        ", ".join(str(v) for v in model.versions),
+        model.backend or "(chosen by Triton)",
+    )
+    # Hashing a big model takes seconds of disk reads; keep the event loop free meanwhile.
+    manifest = await asyncio.to_thread(build_manifest, model.files)
+    log.info(
+        "Hashed model %s in %.1f s: manifest digest %s.",
+        model.model_id,
+        time.monotonic() - started,
+        manifest.digest,
+    )
+    timing = Timing(
+        total_seconds=max(0.001, settings.timeout_seconds - (time.monotonic() - started)),
+        attempt_seconds=settings.attempt_timeout_seconds,
+        poll_seconds=settings.poll_seconds,
+        backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds),
+    )
+    client = AgentClient(
+        settings.agent_address,
+        settings.token_file,
+        chunk_bytes=settings.chunk_bytes,
+        reconnect_max_seconds=settings.backoff_max_seconds,
+    )
+    try:
+        return await Loading(client, model, manifest, timing, clock=time.monotonic).run()
+    finally:
+        await client.close()
+
+
+async def run_until_stopped(settings: Settings) -> Outcome:
+    """Run, turning SIGTERM/SIGINT into a StoppedError instead of a traceback."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    received: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        received.append(sig)
+        task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await run(settings)
+    except asyncio.CancelledError as e:
+        if not received:
+            raise
+        raise StoppedError(
+            f"stopped by {received[0].name} before model {settings.model_id} was READY"
+        ) from e
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,54 @@
+"""Whether the pod is ready: its own model is ready in Triton and the proxy is not draining.
+
+`Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton over one
+client session held for the process (closed at shutdown). It serves nothing and changes nothing.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from proxy.settings import Settings
+from proxy.sockets import local_address
+from proxy.state import ProxyState
+
+
+class Readiness:
+    """Answers why the pod is not ready, asking Triton about the own model each time."""
+
+    def __init__(self, settings: Settings, state: ProxyState) -> None:
+        self._url = f"http://{settings.triton_http_url}/v2/models/{settings.model_id}/ready"
+        self._model_id = settings.model_id
+        self._source = settings.source_address
+        self._state = state
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=5),
+            # Through the node gateway, which knows the pod by this address.
+            connector=aiohttp.TCPConnector(local_addr=local_address(self._source)),
+        )
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def own_model_ready(self) -> bool:
+        """True when Triton reports the pod's model ready."""
+        if self._session is None:
+            return False
+        try:
+            async with self._session.get(self._url) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def not_ready(self) -> list[str]:
+        """The reasons the pod is not ready; none when it is."""
+        if self._state.draining:
+            return ["draining: the pod is shutting down"]
+        if not await self.own_model_ready():
+            return [f"model {self._model_id} is not ready in Triton"]
+        return []

@@ -1,0 +1,258 @@
+"""Every part's settings come from one kind of declaration, so they read and fail alike: variables
+follow one convention, --help names each flag's variable and default, a default shown is the
+default applied, and a bad value is refused as `--flag: 'value' why; what to write`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import agent.settings
+import binder.cli
+import binder.errors
+import binder.settings
+import loader.errors
+import loader.settings
+import proxy.gateway.settings
+import proxy.settings
+import sim.agent_node
+import sim.apiserver.settings
+import webhook.settings
+from common.settings import (
+    BadValueError,
+    Declaration,
+    Setting,
+    env_name,
+    names,
+    path,
+    quantity,
+    seconds,
+    text,
+    whole,
+)
+
+OUTSIDE_VARIABLES = {"KUBECONFIG", "NODE_NAME"}
+"""Variables other tools own (kubectl, the Downward API in our manifests), read as they are."""
+ANY_TEXT = {text, path, names}
+"""Kinds that accept whatever is written."""
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    declaration: Declaration
+    settings_class: type | None
+    error: type[Exception]
+    required: Mapping[str, str]
+
+
+PARTS = [
+    Part(
+        "agent",
+        agent.settings.DECLARATION,
+        agent.settings.Settings,
+        agent.settings.SettingsError,
+        {"node-name": "n", "model-repository": "/m", "placement-key-dir": "/k"},
+    ),
+    Part(
+        "binder",
+        binder.settings.DECLARATION,
+        binder.settings.Settings,
+        binder.errors.ConfigError,
+        {"placement-key-dir": "/k"},
+    ),
+    Part("cli", binder.cli.FLAGS, None, binder.errors.ConfigError, {}),
+    Part(
+        "loader",
+        loader.settings.DECLARATION,
+        loader.settings.Settings,
+        loader.errors.SettingsError,
+        {"model-id": "m", "agent-address": "10.0.0.5:8100"},
+    ),
+    Part(
+        "proxy",
+        proxy.settings.DECLARATION,
+        proxy.settings.Settings,
+        proxy.settings.SettingsError,
+        {"model-id": "m", "triton-http-url": "t:8000", "triton-grpc-url": "t:8001"},
+    ),
+    Part(
+        "gateway",
+        proxy.gateway.settings.DECLARATION,
+        proxy.gateway.settings.GatewaySettings,
+        proxy.settings.SettingsError,
+        {"caller-table": "/run/callers.json"},
+    ),
+    Part(
+        "webhook",
+        webhook.settings.DECLARATION,
+        webhook.settings.Settings,
+        webhook.settings.SettingsError,
+        {},
+    ),
+    Part(
+        "sim.apiserver",
+        sim.apiserver.settings.DECLARATION,
+        sim.apiserver.settings.ApiServerSettings,
+        sim.apiserver.settings.SettingsError,
+        {},
+    ),
+    Part("sim.agent_node", sim.agent_node.OWN_FLAGS, None, sim.agent_node.SettingsError, {}),
+]
+SETTINGS = [
+    pytest.param(part, setting, id=f"{part.name} --{setting.flag}")
+    for part in PARTS
+    for setting in part.declaration.settings
+]
+
+
+def _argv(part: Part, **override: str) -> list[str]:
+    given = {**part.required, **override}
+    return [word for flag, value in given.items() for word in (f"--{flag}", value)]
+
+
+@pytest.mark.parametrize(("part", "setting"), SETTINGS)
+def test_the_variable_follows_the_convention(part: Part, setting: Setting) -> None:
+    if setting.variable is not None and setting.variable not in OUTSIDE_VARIABLES:
+        assert setting.variable == env_name(setting.flag)
+    assert set(setting.also_env) <= OUTSIDE_VARIABLES
+
+
+@pytest.mark.parametrize("part", PARTS, ids=[p.name for p in PARTS])
+def test_help_names_every_variable_and_default(
+    part: Part, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse would break long words at their hyphens
+    with pytest.raises(SystemExit):
+        part.declaration.parser().parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for s in part.declaration.settings:
+        if s.variable is not None:
+            assert s.variable in help_text, f"{part.name} --help does not name {s.variable}"
+        if s.default not in (None, ""):
+            assert f"default {s.default}" in help_text, f"{part.name} --{s.flag} default"
+
+
+@pytest.mark.parametrize(("part", "setting"), SETTINGS)
+def test_a_default_shown_is_the_default_applied(part: Part, setting: Setting) -> None:
+    if part.settings_class is None or setting.default is None:
+        return
+    (field,) = (f for f in dataclasses.fields(part.settings_class) if f.name == setting.name)
+    if field.default is not dataclasses.MISSING:
+        class_default: Any = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        class_default = field.default_factory()
+    else:
+        pytest.fail(f"{part.name} --{setting.flag} has a default its Settings field lacks")
+    assert setting.kind(setting.default) == class_default
+
+
+@pytest.mark.parametrize(("part", "setting"), SETTINGS)
+def test_a_bad_value_names_the_flag_and_the_value(part: Part, setting: Setting) -> None:
+    if setting.switch or setting.kind in ANY_TEXT:
+        return
+    refusals = []
+    for bad in ("12q", "@@ bad @@", "host:99999"):
+        try:
+            part.declaration.values(_argv(part, **{setting.flag: bad}), {})
+        except part.error as e:
+            refusals.append((bad, str(e)))
+    assert refusals, f"{part.name} --{setting.flag} accepts anything"
+    for bad, message in refusals:
+        assert message.startswith(f"--{setting.flag}: "), message
+        assert bad in message
+
+
+def test_a_bad_variable_is_named_with_its_flag() -> None:
+    part = PARTS[0]
+    with pytest.raises(part.error) as e:
+        part.declaration.values(_argv(part), {"TRITONSHARE_MAX_MODEL_BYTES": "12q"})
+    assert str(e.value) == (
+        "TRITONSHARE_MAX_MODEL_BYTES (for --max-model-bytes): '12q' is not a Kubernetes "
+        "quantity; write e.g. 512Mi, 2Gi, 500M or 1e9"
+    )
+
+
+class RefusedError(ValueError):
+    pass
+
+
+DEMO = Declaration(
+    "demo",
+    "A declaration for these tests.",
+    [
+        Setting("size", "bytes", quantity(), "1Ki", "size_bytes"),
+        Setting("wait", "seconds", seconds(positive=True)),
+        Setting("count", "how many", whole(minimum=1), required="how many to make"),
+        Setting("fast", "go fast", switch=True),
+        Setting("kubeconfig", "kubeconfig", env="KUBECONFIG"),
+        Setting("namespace", "namespace", env=None, aliases=("-n",)),
+    ],
+    error=RefusedError,
+)
+
+
+def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:
+    assert DEMO.values(["--count", "2"], {}) == {"size_bytes": 1024, "count": 2}
+    env = {"TRITONSHARE_SIZE": "2Ki", "TRITONSHARE_COUNT": "3", "TRITONSHARE_FAST": "yes"}
+    assert DEMO.values([], env) == {"size_bytes": 2048, "count": 3, "fast": True}
+    assert DEMO.values(["--size", "4Ki", "--fast"], {**env, "TRITONSHARE_FAST": "no"}) == {
+        "size_bytes": 4096,
+        "count": 3,
+        "fast": True,
+    }
+    assert DEMO.values(["-n", "x"], {"KUBECONFIG": "/k", "TRITONSHARE_COUNT": "1"}) == {
+        "size_bytes": 1024,
+        "count": 1,
+        "kubeconfig": "/k",
+        "namespace": "x",
+    }
+
+
+def test_an_empty_value_counts_as_not_given() -> None:
+    assert "wait" not in DEMO.values(["--count", "1", "--wait", ""], {"TRITONSHARE_WAIT": ""})
+
+
+def test_refusals_say_what_to_fix() -> None:
+    with pytest.raises(
+        RefusedError, match=r"^--count is required \(how many to make\): set the flag "
+    ):
+        DEMO.values([], {})
+    with pytest.raises(
+        RefusedError, match=r"^--size: '12q' is not a Kubernetes quantity; write e.g."
+    ):
+        DEMO.values(["--count", "1", "--size", "12q"], {})
+    with pytest.raises(RefusedError, match=r"^unrecognized arguments: --siz 1; run `demo --help`"):
+        DEMO.values(["--count", "1", "--siz", "1"], {})
+    with pytest.raises(RefusedError, match=r"^--wait: 'inf' must be more than 0 seconds"):
+        DEMO.values(["--count", "1", "--wait", "inf"], {})
+
+
+def test_one_setting_is_read_leniently() -> None:
+    assert DEMO.raw(["--bogus", "--size", "3"], {}, "size") == "3"
+    assert DEMO.raw(["--count", "x"], {"TRITONSHARE_SIZE": "5"}, "size") == "5"
+    assert DEMO.raw([], {}, "wait") is None
+
+
+def test_a_flag_declared_twice_is_a_mistake() -> None:
+    with pytest.raises(ValueError, match="declared twice"):
+        Declaration("x", "", [Setting("a", "a"), Setting("a", "b")], error=RefusedError)
+
+
+def test_a_kind_refuses_with_a_reason_that_follows_the_value() -> None:
+    with pytest.raises(BadValueError, match=r"^is negative; use 0 or more$"):
+        whole()("-1")
+    assert re.fullmatch(r"is less than 1Ki", _reason(quantity(minimum=1024), "1000"))
+
+
+def _reason(kind: Any, value: str) -> str:
+    try:
+        kind(value)
+    except BadValueError as e:
+        return str(e)
+    raise AssertionError(f"{value!r} was accepted")
