@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from binder.index import FreeIndex
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo
 from binder.rules import (
     first_kubernetes_reason,
@@ -31,6 +32,9 @@ from binder.rules import (
 IntArray = npt.NDArray[np.int64]
 GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
 FloatArray = npt.NDArray[np.float64]
+
+CHANGE_LOG_LIMIT = 1 << 16
+"""Logged node changes kept for the free-memory indexes; past it they are rebuilt on next use."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,9 @@ class ClusterState:
         self._models: dict[str, Counter[str]] = {}
         self._model_nodes: dict[str, Counter[str]] = {}
         self._classes: dict[Constraints, ConstraintClass] = {}
+        self._indexes: dict[Constraints, FreeIndex] = {}
+        self._changes: list[int] = []
+        """Indices of nodes whose free memory or capacity changed, in order (for the indexes)."""
         self._dirty = True
         self._largest: int | None = None
         self.names: list[str] = []
@@ -100,7 +107,7 @@ class ClusterState:
         self._largest = None
         rules = (node.labels, node.taints, node.unschedulable)
         if old is None or (old.labels, old.taints, old.unschedulable) != rules:
-            self._classes.clear()
+            self._forget_classes()
         if old is None:
             self._dirty = True
         self._recharge_node(node.name)
@@ -109,7 +116,7 @@ class ClusterState:
     def remove_node(self, name: str) -> bool:
         if self.nodes.pop(name, None) is None:
             return False
-        self._classes.clear()
+        self._forget_classes()
         self._dirty = True
         self._largest = None
         self._alloc.pop(name, None)
@@ -314,8 +321,12 @@ class ClusterState:
             self.gpu_status[i] = GPUS_OK
         else:
             self.gpu_status[i] = GPUS_UNREADABLE if info.gpu_problem else GPUS_NONE
-        self.free_total[i] = sum(free)
-        self.capacity[i] = sum(self.usable(g) for g in info.gpus)
+        free_total = sum(free)
+        capacity = sum(self.usable(g) for g in info.gpus)
+        if free_total != self.free_total[i] or capacity != self.capacity[i]:
+            self.free_total[i] = free_total
+            self.capacity[i] = capacity
+            self._changes.append(i)
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -334,6 +345,12 @@ class ClusterState:
         self._dirty = False
         for name in self.names:
             self._refresh(name)
+        self._forget_classes()
+
+    def _forget_classes(self) -> None:
+        self._classes.clear()
+        self._indexes.clear()
+        self._changes.clear()
 
     def constraint_class(self, constraints: Constraints) -> ConstraintClass:
         """Kubernetes' rules for these constraints over every node, cached until nodes change."""
@@ -363,9 +380,35 @@ class ClusterState:
             preferred_terms_error(constraints),
         )
         if len(self._classes) > 1024:
-            self._classes.clear()
+            self._forget_classes()
         self._classes[constraints] = result
         return result
+
+    def free_index(self, constraints: Constraints) -> FreeIndex:
+        """The class's feasible-by-rules nodes by free memory, up to date with the ledger."""
+        cls = self.constraint_class(constraints)
+        if len(self._changes) > CHANGE_LOG_LIMIT:
+            self._indexes.clear()
+            self._changes.clear()
+        index = self._indexes.get(constraints)
+        if index is None:
+            index = FreeIndex(
+                cls.nodes,
+                cls.affinity,
+                cls.prefer_no_schedule,
+                self.capacity,
+                self.free_total,
+                len(self._changes),
+            )
+            self._indexes[constraints] = index
+        else:
+            index.catch_up(self._changes, self.capacity, self.free_total, len(self._changes))
+        return index
+
+    def model_nodes(self, model_id: str) -> set[int]:
+        """Indices of the nodes that already have the model."""
+        index = self.index
+        return {index[n] for n in self._model_nodes.get(model_id, ()) if n in index}
 
     def model_mask(self, model_id: str) -> npt.NDArray[np.bool_]:
         """True at the index of every node that already has the model."""
