@@ -9,16 +9,19 @@ knows nothing of Kubernetes: binder.kube gives it the address, the TLS context a
 and turns its answers and errors into ApiErrors.
 
 A failure to connect, send or read is an OSError (WireError for an answer that is not HTTP), and
-the connection it happened on is closed, never reused. An idle connection the server has closed
-is noticed before it is reused.
+the connection it happened on is closed, never reused. A connection idle for more than
+`idle_check_seconds` is checked before it is reused (a server closes idle connections after a
+minute or more; checking every time would cost a system call per request).
 """
 
 from __future__ import annotations
 
+import math
 import select
 import socket
 import ssl
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -45,6 +48,7 @@ class _Connection:
         self.sock = sock
         self.reader: BinaryIO = sock.makefile("rb")
         self.timeout: float | None = sock.gettimeout()
+        self.idle_since = 0.0
 
     def close(self) -> None:
         try:
@@ -65,6 +69,7 @@ class Connections:
         server_hostname: str | None = None,
         connect_timeout: float = 10.0,
         keep: int = 32,
+        idle_check_seconds: float = 1.0,
     ) -> None:
         self.host = host
         self.port = port
@@ -72,6 +77,7 @@ class Connections:
         self._server_hostname = server_hostname or host
         self._connect_timeout = connect_timeout
         self._keep = keep
+        self._idle_check = idle_check_seconds
         self._idle: deque[_Connection] = deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -86,8 +92,10 @@ class Connections:
 
     def request(self, head: bytes, body: bytes, timeout: float) -> Answer:
         """Send `head` (request line and headers, ending with the blank line) and `body`; read
-        the whole answer. `timeout` bounds each socket operation, in seconds."""
+        the whole answer. `timeout` bounds each socket operation, in seconds (rounded up to a
+        whole second, so a connection's timeout is set again only when it really changes)."""
         connection = self._take() or self._open()
+        timeout = float(math.ceil(timeout))
         try:
             if connection.timeout != timeout:
                 connection.sock.settimeout(timeout)
@@ -109,6 +117,8 @@ class Connections:
                 connection = self._idle.pop()
             except IndexError:
                 return None
+            if time.monotonic() - connection.idle_since < self._idle_check:
+                return connection
             # Readable while idle means the server closed it (or sent what we did not ask for).
             readable, _, _ = select.select([connection.sock], [], [], 0)
             if not readable:
@@ -118,6 +128,7 @@ class Connections:
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._keep:
+                connection.idle_since = time.monotonic()
                 self._idle.append(connection)
                 return
         connection.close()

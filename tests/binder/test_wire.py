@@ -129,7 +129,7 @@ def test_an_idle_connection_the_server_closed_is_replaced_not_used(serve: type[S
             None,
         ]
     )
-    wire = Connections("127.0.0.1", server.port)
+    wire = Connections("127.0.0.1", server.port, idle_check_seconds=0)
     assert wire.request(HEAD, b"{}", 5).body == b"a"
     deadline = time.monotonic() + 5
     while server.connections == 1 and len(server.answers) == 2 and time.monotonic() < deadline:
