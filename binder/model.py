@@ -143,11 +143,14 @@ def parse_time(value: object) -> float | None:
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
+    if type(value) is dict:  # what JSON decodes to: skip the slower abstract-class check
+        return value
     return value if isinstance(value, Mapping) else {}
 
 
 def _sequence(value: object) -> Sequence[Any]:
-    return value if isinstance(value, list | tuple) else ()
+    # A tuple of types: `list | tuple` builds a union object on every call.
+    return value if isinstance(value, (list, tuple)) else ()
 
 
 def _requirements(raw: object) -> tuple[Requirement, ...]:
