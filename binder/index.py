@@ -63,6 +63,30 @@ class FreeIndex:
         for keys in self.buckets.values():
             keys.sort()
 
+    def refile(self, node: int, scoring: tuple[int, int] | None, capacity: int, free: int) -> None:
+        """The node's rules were evaluated again: `scoring` is its (affinity, PreferNoSchedule
+        count), or None when the class's rules now reject it."""
+        self._remove(node)
+        if scoring is None:
+            self._scoring.pop(node, None)
+            return
+        self._scoring[node] = scoring
+        self._add(node, (*scoring, capacity), entry(free, node))
+
+    def _remove(self, node: int) -> None:
+        placed = self._placed.pop(node, None)
+        if placed is None:
+            return
+        bucket, key = placed
+        keys = self.buckets[bucket]
+        del keys[bisect_left(keys, key)]
+        if not keys:
+            del self.buckets[bucket]
+
+    def _add(self, node: int, bucket: Bucket, key: int) -> None:
+        insort(self.buckets.setdefault(bucket, []), key)
+        self._placed[node] = (bucket, key)
+
     def catch_up(
         self, changes: Sequence[int], capacity: IntArray, free: IntArray, upto: int
     ) -> None:
@@ -71,16 +95,10 @@ class FreeIndex:
             placed = self._placed.get(i)
             if placed is None:
                 continue  # a node this class's rules reject
-            old_bucket, old_key = placed
             a, p = self._scoring[i]
             bucket = (a, p, int(capacity[i]))
             key = entry(int(free[i]), i)
-            if (bucket, key) == placed:
-                continue
-            keys = self.buckets[old_bucket]
-            del keys[bisect_left(keys, old_key)]
-            if not keys:
-                del self.buckets[old_bucket]
-            insort(self.buckets.setdefault(bucket, []), key)
-            self._placed[i] = (bucket, key)
+            if (bucket, key) != placed:
+                self._remove(i)
+                self._add(i, bucket, key)
         self.cursor = upto

@@ -106,11 +106,12 @@ class ClusterState:
         self.nodes[node.name] = node
         self._largest = None
         rules = (node.labels, node.taints, node.unschedulable)
-        if old is None or (old.labels, old.taints, old.unschedulable) != rules:
-            self._forget_classes()
         if old is None:
+            self._forget_classes()
             self._dirty = True
         self._recharge_node(node.name)
+        if old is not None and (old.labels, old.taints, old.unschedulable) != rules:
+            self._reclassify(node.name)
         return True
 
     def remove_node(self, name: str) -> bool:
@@ -351,6 +352,48 @@ class ClusterState:
         self._classes.clear()
         self._indexes.clear()
         self._changes.clear()
+
+    def _reclassify(self, name: str) -> None:
+        """A node's labels, taints or cordon changed: evaluate Kubernetes' rules again for that
+        node only, in every cached class and its index (not every node of every class)."""
+        if self._dirty or name not in self.index:
+            self._forget_classes()
+            return
+        i = self.index[name]
+        node = self.nodes[name]
+        for constraints, cls in list(self._classes.items()):
+            reason = first_kubernetes_reason(constraints, node)
+            position = int(np.searchsorted(cls.nodes, i))
+            nodes, affinity, prefer = cls.nodes, cls.affinity, cls.prefer_no_schedule
+            if position < nodes.size and nodes[position] == i:
+                nodes = np.delete(nodes, position)
+                affinity = np.delete(affinity, position)
+                prefer = np.delete(prefer, position)
+            rejected = dict(cls.rejected)
+            counts = Counter(cls.rejected_counts)
+            old_reason = rejected.pop(i, "")
+            if old_reason:
+                counts[old_reason] -= 1
+                if not counts[old_reason]:
+                    del counts[old_reason]
+            scoring: tuple[int, int] | None = None
+            if reason:
+                rejected[i] = reason
+                counts[reason] += 1
+            else:
+                scoring = (
+                    preferred_affinity_score(constraints, node),
+                    prefer_no_schedule_count(node, constraints.tolerations),
+                )
+                nodes = np.insert(nodes, position, i)
+                affinity = np.insert(affinity, position, scoring[0])
+                prefer = np.insert(prefer, position, scoring[1])
+            self._classes[constraints] = ConstraintClass(
+                nodes, affinity, prefer, rejected, dict(counts), cls.preferred_error
+            )
+            index = self._indexes.get(constraints)
+            if index is not None:
+                index.refile(i, scoring, int(self.capacity[i]), int(self.free_total[i]))
 
     def constraint_class(self, constraints: Constraints) -> ConstraintClass:
         """Kubernetes' rules for these constraints over every node, cached until nodes change."""

@@ -7,7 +7,8 @@ common; taints of every effect; preferred and required node affinity; cordoned n
 agents; unhealthy GPUs; measured GPU memory from the gpu-usage annotation) every pending pod is
 placed three ways, for both policies, and the answers must be equal. The pods are then charged
 as the controller charges them, and nodes change under the indexes (new measurements, a cordon,
-a removal), so the indexes are compared after catching up, not only freshly built.
+a removal), so the indexes are compared after catching up, not only freshly built; after a
+node's labels, taints or cordon change, every cached class must equal one built from scratch.
 """
 
 from __future__ import annotations
@@ -61,6 +62,32 @@ def random_node(rng: random.Random, name: str) -> dict[str, Any]:
         }
         obj["metadata"]["annotations"][KEYS.gpu_usage] = json.dumps(usage)
     return obj
+
+
+def relabel(rng: random.Random, node: dict[str, Any]) -> None:
+    """Change what Kubernetes' rules read on a node: its cordon, a label or its taints."""
+    roll = rng.random()
+    if roll < 0.4:
+        node["spec"]["unschedulable"] = not node["spec"].get("unschedulable")
+    elif roll < 0.7:
+        node["metadata"]["labels"]["zone"] = rng.choice(ZONES)
+        node["metadata"]["labels"]["pool"] = f"p{rng.randrange(3)}"
+    else:
+        node["spec"]["taints"] = random_node(rng, "x")["spec"].get("taints", [])
+
+
+def assert_classes_fresh(state: ClusterState) -> None:
+    """Every cached class, kept up to date node by node, equals one evaluated from scratch."""
+    fresh = ClusterState(reserve=state.reserve)
+    for info in state.nodes.values():
+        fresh.set_node(info)
+    for constraints, kept in list(state._classes.items()):
+        built = fresh.constraint_class(constraints)
+        assert kept.nodes.tolist() == built.nodes.tolist()
+        assert kept.affinity.tolist() == built.affinity.tolist()
+        assert kept.prefer_no_schedule.tolist() == built.prefer_no_schedule.tolist()
+        assert kept.rejected == built.rejected
+        assert kept.rejected_counts == built.rejected_counts
 
 
 def random_spec(rng: random.Random) -> dict[str, Any]:
@@ -160,10 +187,11 @@ def test_the_index_and_the_scan_agree_on_random_clusters(seed: int, policy: Poli
             fresh = random_node(rng, name)
             nodes[name]["metadata"]["annotations"] = fresh["metadata"]["annotations"]
             state.set_node(node_from_api(nodes[name], KEYS))
-        elif roll < 0.18:  # a cordon: the classes are evaluated anew
+        elif roll < 0.18:  # a cordon, new labels or taints: the classes follow that node
             name = rng.choice(list(nodes))
-            nodes[name]["spec"]["unschedulable"] = not nodes[name]["spec"].get("unschedulable")
+            relabel(rng, nodes[name])
             state.set_node(node_from_api(nodes[name], KEYS))
+            assert_classes_fresh(state)
         elif roll < 0.20 and len(nodes) > 2:  # a node leaves
             name = rng.choice(list(nodes))
             del nodes[name]
