@@ -5,8 +5,11 @@ what the non-terminated pods assigned to it hold, including pods the binder has 
 seen back from its watch ("assumed" pods). A pod holds the larger of its request and what its
 model is measured to use on the node (the agent's gpu-usage annotation), and a GPU never offers
 more than NVML says is free minus the reserve. It keeps per-node numbers in arrays indexed by
-node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes, so
-a decision costs a few vector operations instead of a scan of every pod of every node.
+node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes
+(kept up to date node by node when a node's labels, taints or cordon change), each with its
+free-memory index (binder.index), fed by a log of the nodes whose free memory changed. So a
+decision reads a few bucket heads, or at worst a few vector operations, instead of a scan of every
+pod of every node.
 
 It is fed by the cache (watch events) and read by placement. No I/O, no clock: lease liveness is
 judged against a time passed in by the caller.
