@@ -1,17 +1,25 @@
 """binder.wire against a raw socket server that answers as scripted: Content-Length, chunked and
-close-delimited bodies, an interim 100, an idle connection the server closed, garbage."""
+close-delimited bodies, an interim 100, an idle connection the server closed, garbage; and
+binder.kube's writes through it over TLS, configured from a kubeconfig (CA, token, path prefix)."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from binder.errors import UnavailableError
+from binder.kube import Kube, RetryPolicy
 from binder.wire import Connections, WireError
+from tests.conftest import require_executable
 
 HEAD = b"PATCH /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n"
 
@@ -21,8 +29,9 @@ class Server:
     of None closes the connection instead; one starting with "!" is sent (without the "!"), then
     the connection is closed without a word, as a server closes an idle keep-alive connection."""
 
-    def __init__(self, answers: list[bytes | None]) -> None:
+    def __init__(self, answers: list[bytes | None], tls: ssl.SSLContext | None = None) -> None:
         self.answers = answers
+        self.tls = tls
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections = 0
@@ -37,6 +46,12 @@ class Server:
             except OSError:
                 return
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except OSError:  # the client refused our certificate
+                    conn.close()
+                    continue
             with conn:
                 while self.answers:
                     data = b""
@@ -64,8 +79,11 @@ class Server:
                         break
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept()
         self.listener.close()
         self._thread.join(5)
+        assert not self._thread.is_alive()
 
 
 @pytest.fixture
@@ -73,8 +91,8 @@ def serve() -> Iterator[type[Server]]:
     servers: list[Server] = []
 
     class Tracked(Server):
-        def __init__(self, answers: list[bytes | None]) -> None:
-            super().__init__(answers)
+        def __init__(self, answers: list[bytes | None], tls: ssl.SSLContext | None = None) -> None:
+            super().__init__(answers, tls)
             servers.append(self)
 
     yield Tracked
@@ -160,3 +178,48 @@ def test_a_refused_connection_is_an_os_error() -> None:
         port = probe.getsockname()[1]
     with pytest.raises(OSError):
         Connections("127.0.0.1", port, connect_timeout=2).request(HEAD, b"{}", 5)
+
+
+def kubeconfig(path: Path, server: str, ca: Path | None) -> Path:
+    cluster = f"server: {server}" + (f", certificate-authority: {ca}" if ca else "")
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        f"clusters: [{{name: c, cluster: {{{cluster}}}}}]\n"
+        "users: [{name: u, user: {token: secret-token}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    return path
+
+
+def test_kube_writes_go_over_tls_with_the_kubeconfig_ca_token_and_path_prefix(
+    serve: type[Server], tmp_path: Path
+) -> None:
+    openssl = require_executable("openssl")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=apiserver", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    server = serve([ok, ok], tls)  # the second is never asked for
+    url = f"https://127.0.0.1:{server.port}/prefix"
+    kube = Kube(str(kubeconfig(tmp_path / "trusting", url, cert)))
+    kube.patch_pod_annotations("models", "p", {"a": "b"})
+    request = server.requests[0].decode()
+    assert request.startswith("PATCH /prefix/api/v1/namespaces/models/pods/p HTTP/1.1\r\n")
+    assert "authorization: Bearer secret-token\r\n" in request
+    assert "Content-Type: application/strategic-merge-patch+json\r\n" in request
+    assert request.endswith('{"metadata":{"annotations":{"a":"b"}}}')
+    kube.close()
+    # A client that does not trust the server's certificate never sends the request.
+    untrusting = Kube(
+        str(kubeconfig(tmp_path / "untrusting", url, None)), retry=RetryPolicy(budget_seconds=0.1)
+    )
+    with pytest.raises(UnavailableError, match="CERTIFICATE_VERIFY_FAILED"):
+        untrusting.patch_pod_annotations("models", "p", {"a": "c"})
+    untrusting.close()
+    assert len(server.requests) == 1
