@@ -28,10 +28,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from binder.classes import ConstraintClass
 from binder.index import NODE_MASK, SHIFT, FreeIndex
 from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
-from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState, ConstraintClass
+from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState
 from common.contract import Keys
 from common.quantity import format_bytes
 

@@ -23,14 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from binder.classes import ConstraintClass, evaluate, reevaluate
 from binder.index import FreeIndex
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo
-from binder.rules import (
-    first_kubernetes_reason,
-    prefer_no_schedule_count,
-    preferred_affinity_score,
-    preferred_terms_error,
-)
 
 IntArray = npt.NDArray[np.int64]
 GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
@@ -38,25 +33,6 @@ FloatArray = npt.NDArray[np.float64]
 
 CHANGE_LOG_LIMIT = 1 << 16
 """Logged node changes kept for the free-memory indexes; past it they are rebuilt on next use."""
-
-
-@dataclass(frozen=True)
-class ConstraintClass:
-    """Kubernetes' rules evaluated once over every node for one set of pod constraints."""
-
-    nodes: IntArray
-    """Indices of the nodes that pass every Kubernetes rule."""
-    affinity: IntArray
-    """Raw preferred node affinity score of each node in `nodes`."""
-    prefer_no_schedule: IntArray
-    """Untolerated PreferNoSchedule taints of each node in `nodes`."""
-    rejected: dict[int, str]
-    """For nodes that fail a rule: the reason kube-scheduler reports."""
-    rejected_counts: dict[str, int]
-    """How many nodes `rejected` holds for each reason."""
-    preferred_error: str = ""
-    """NodeAffinity PreScore's error for the preferred terms ("" when they parse): kube-scheduler
-    fails the attempt with it when two or more nodes are feasible."""
 
 
 @dataclass
@@ -365,35 +341,7 @@ class ClusterState:
         i = self.index[name]
         node = self.nodes[name]
         for constraints, cls in list(self._classes.items()):
-            reason = first_kubernetes_reason(constraints, node)
-            position = int(np.searchsorted(cls.nodes, i))
-            nodes, affinity, prefer = cls.nodes, cls.affinity, cls.prefer_no_schedule
-            if position < nodes.size and nodes[position] == i:
-                nodes = np.delete(nodes, position)
-                affinity = np.delete(affinity, position)
-                prefer = np.delete(prefer, position)
-            rejected = dict(cls.rejected)
-            counts = Counter(cls.rejected_counts)
-            old_reason = rejected.pop(i, "")
-            if old_reason:
-                counts[old_reason] -= 1
-                if not counts[old_reason]:
-                    del counts[old_reason]
-            scoring: tuple[int, int] | None = None
-            if reason:
-                rejected[i] = reason
-                counts[reason] += 1
-            else:
-                scoring = (
-                    preferred_affinity_score(constraints, node),
-                    prefer_no_schedule_count(node, constraints.tolerations),
-                )
-                nodes = np.insert(nodes, position, i)
-                affinity = np.insert(affinity, position, scoring[0])
-                prefer = np.insert(prefer, position, scoring[1])
-            self._classes[constraints] = ConstraintClass(
-                nodes, affinity, prefer, rejected, dict(counts), cls.preferred_error
-            )
+            self._classes[constraints], scoring = reevaluate(cls, constraints, i, node)
             index = self._indexes.get(constraints)
             if index is not None:
                 index.refile(i, scoring, int(self.capacity[i]), int(self.free_total[i]))
@@ -404,27 +352,7 @@ class ClusterState:
         cached = self._classes.get(constraints)
         if cached is not None:
             return cached
-        passing: list[int] = []
-        affinity: list[int] = []
-        prefer: list[int] = []
-        rejected: dict[int, str] = {}
-        for i, name in enumerate(self.names):
-            node = self.nodes[name]
-            reason = first_kubernetes_reason(constraints, node)
-            if reason:
-                rejected[i] = reason
-                continue
-            passing.append(i)
-            affinity.append(preferred_affinity_score(constraints, node))
-            prefer.append(prefer_no_schedule_count(node, constraints.tolerations))
-        result = ConstraintClass(
-            np.array(passing, np.int64),
-            np.array(affinity, np.int64),
-            np.array(prefer, np.int64),
-            rejected,
-            dict(Counter(rejected.values())),
-            preferred_terms_error(constraints),
-        )
+        result = evaluate(constraints, [self.nodes[name] for name in self.names])
         if len(self._classes) > 1024:
             self._forget_classes()
         self._classes[constraints] = result
