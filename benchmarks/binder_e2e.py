@@ -119,7 +119,7 @@ def placed_body(i: int, nodes: int, gpus: int, rng: random.Random) -> dict[str, 
     }
 
 
-def pod_body(i: int, rng: random.Random, prefix: str = "pod") -> dict[str, Any]:
+def pod_body(i: int, rng: random.Random, prefix: str = "pod", run: str = "") -> dict[str, Any]:
     spec: dict[str, Any] = {
         "schedulerName": "tritonshare",
         "containers": [
@@ -134,10 +134,13 @@ def pod_body(i: int, rng: random.Random, prefix: str = "pod") -> dict[str, Any]:
         spec["nodeSelector"] = {"zone": f"zone-{i % 4}"}
     if i % 5 == 0:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
-    return {
-        "metadata": {"name": f"{prefix}-{i}", "annotations": {KEYS.model_id: f"model-{i}"}},
-        "spec": spec,
+    metadata: dict[str, Any] = {
+        "name": f"{prefix}-{i}",
+        "annotations": {KEYS.model_id: f"model-{i}"},
     }
+    if run:
+        metadata["labels"] = {"benchmark-run": run}
+    return {"metadata": metadata, "spec": spec}
 
 
 def poc_schedule(core: Any, pod_name: str, rng: random.Random) -> str | None:
@@ -220,16 +223,18 @@ def _thread_cpu(process: Any, tid: int) -> float:
     return 0.0
 
 
-def run_process(args: argparse.Namespace, server: RunningApiServer, core: Any) -> None:
-    """The binder as a process; pods created at once while it runs."""
+def run_process(
+    args: argparse.Namespace, server: RunningApiServer, core: Any, root: Path, run: str
+) -> dict[str, float]:
+    """The binder from `root` as a process; the pods (labelled with `run`) created at once while
+    it is stopped, or live. Prints the figures and returns them."""
     import psutil
 
-    rng = random.Random(args.seed + 1)
-    bodies = [pod_body(i, rng) for i in range(args.pods)]
+    rng = random.Random(args.seed + 1)  # the same pods for every run
+    bodies = [pod_body(i, rng, run=run) for i in range(args.pods)]
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
         port = free_port()
-        root = Path(args.binder_root).resolve()
         env = {**os.environ, "PYTHONPATH": str(root)}
         log_path = Path(tmp) / "binder.log"
         argv = [
@@ -294,6 +299,20 @@ def run_process(args: argparse.Namespace, server: RunningApiServer, core: Any) -
         if r.is_write
     )
     count = max(len(bound_at), 1)
+    loop_cpu = loop1 - loop0
+    figures = {
+        "decisions/s": len(bound_at) / span if span else 0.0,
+        "binder CPU ms per bound pod": 1e3 * cpu / count,
+        "  of which user ms": 1e3 * (cpu1.user - cpu0.user) / count,
+        "  of which system ms": 1e3 * (cpu1.system - cpu0.system) / count,
+        "  event loop thread ms": 1e3 * loop_cpu / count,
+        "  other threads ms": 1e3 * (cpu - loop_cpu) / count,
+        "API writes per bound pod": sum(writes.values()) / count,
+        "pods bound": float(len(bound_at)),
+        "to-bind p50 ms": 1e3 * percentile(latencies, 0.5),
+        "to-bind p90 ms": 1e3 * percentile(latencies, 0.9),
+        "to-bind p99 ms": 1e3 * percentile(latencies, 0.99),
+    }
     how = "while the binder was stopped, then released at once" if args.burst else "live"
     print(f"created {args.pods} pods in {created:.1f} s (8 client threads, {how})")
     print(
@@ -315,6 +334,47 @@ def run_process(args: argparse.Namespace, server: RunningApiServer, core: Any) -
         )
         + f", max {1e3 * max(latencies, default=0.0):.0f} ms"
     )
+    return figures
+
+
+def forget_run(core: Any, server: RunningApiServer, run: str, timeout: float) -> None:
+    """Delete a run's pods at once (grace 0), so the next run starts from the same cluster."""
+    core.delete_collection_namespaced_pod(
+        "default", label_selector=f"benchmark-run={run}", grace_period_seconds=0
+    )
+    deadline = time.perf_counter() + timeout
+    while core.list_namespaced_pod("default", label_selector=f"benchmark-run={run}").items:
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"the pods of run {run} were not deleted in {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def run_trees(args: argparse.Namespace, server: RunningApiServer, core: Any) -> None:
+    """Each tree `--repeat` times, alternating, on the same cluster; then the comparison."""
+    trees = {f"baseline {args.baseline_root}": args.baseline_root} if args.baseline_root else {}
+    trees[f"this {args.binder_root}"] = args.binder_root
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for repeat in range(args.repeat):
+        for number, (name, root) in enumerate(trees.items()):  # alternating: drift hits both
+            run = f"r{repeat}-{number}"
+            print(f"-- {name}, run {repeat + 1} of {args.repeat}")
+            runs[name].append(run_process(args, server, core, Path(root).resolve(), run))
+            forget_run(core, server, run, args.timeout)
+    if len(trees) > 1 or args.repeat > 1:
+        compare(runs)
+
+
+def compare(runs: dict[str, list[dict[str, float]]]) -> None:
+    """Medians per tree, side by side, and the ratio of the last tree to the first."""
+    names = list(runs)
+    medians = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
+    width = max(len(n) for n in names) + 2
+    print(f"\nmedians over {len(runs[names[0]])} run(s) per tree, same cluster, same pods:")
+    print(f"{'':30}" + "".join(f"{n:>{width}}" for n in names) + f"{'ratio':>10}")
+    for key in medians[names[0]]:
+        first, last = medians[names[0]][key], medians[names[-1]][key]
+        ratio = f"{last / first:9.2f}x" if first else f"{'-':>10}"
+        print(f"{key:30}" + "".join(f"{medians[n][key]:{width}.2f}" for n in names) + ratio)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -325,7 +385,7 @@ async def run(args: argparse.Namespace) -> None:
     try:
         build_cluster(core, args, rng)
         if args.mode == "process":
-            run_process(args, server, core)
+            run_trees(args, server, core)
         else:
             await run_in_process(args, server, core, rng)
         run_poc(args, server, core, rng)
@@ -410,6 +470,13 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=10000, help="pods to schedule")
     parser.add_argument("--poc-pods", type=int, default=1)
     parser.add_argument("--binder-root", default=".", help="tree to run `python -m binder` from")
+    parser.add_argument(
+        "--baseline-root",
+        default="",
+        help="a second tree (such as `git archive main binder common` unpacked) run on the same "
+        "cluster and pods in the same invocation, printed beside --binder-root with ratios",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs per tree (medians printed)")
     parser.add_argument("--binder-log-level", default="INFO")
     parser.add_argument(
         "--burst",

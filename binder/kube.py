@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import kubernetes.client
 import kubernetes.config
@@ -41,6 +42,7 @@ from binder.errors import (
     UnavailableError,
     api_error,
 )
+from binder.wire import Answer, Connections
 from common.events import pod_event
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,39 @@ _PATCH = "application/strategic-merge-patch+json"
 """What the generated client sends for a dict patch body; kept, so nothing changes server-side."""
 
 
+def _wire(configuration: Any, keep: int) -> tuple[Connections, str, str] | None:
+    """Connections for the writes, with the server's path prefix and Host header, from the
+    client's own configuration (same server, CA, client certificate, SNI); None when a proxy is
+    configured, which only the official client's urllib3 path knows how to cross."""
+    if configuration.proxy:
+        return None
+    url = urlsplit(configuration.host)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return None
+    tls = None
+    if url.scheme == "https":
+        if configuration.verify_ssl:
+            tls = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+            if configuration.assert_hostname is False:
+                tls.check_hostname = False
+        else:
+            tls = ssl.create_default_context()
+            tls.check_hostname = False
+            tls.verify_mode = ssl.CERT_NONE
+        if configuration.cert_file:
+            tls.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    connections = Connections(
+        url.hostname,
+        port,
+        tls=tls,
+        server_hostname=configuration.tls_server_name or url.hostname,
+        connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        keep=keep,
+    )
+    return connections, url.path.rstrip("/"), url.netloc
+
+
 def _pod_path(namespace: str, name: str, subresource: str = "") -> str:
     path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
     return f"{path}/{subresource}" if subresource else path
@@ -186,6 +221,11 @@ class Kube:
         configuration.retries = urllib3.Retry(total=1, connect=0, read=1, redirect=0, status=0)
         self.client: Any = kubernetes.client.ApiClient(configuration)
         self.client.user_agent = user_agent
+        self._configuration: Any = configuration
+        try:
+            self._wire = _wire(configuration, pool_size)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"cannot set up TLS to the API server: {e}") from e
         self.core: Any = kubernetes.client.CoreV1Api(self.client)
         self.coordination: Any = kubernetes.client.CoordinationV1Api(self.client)
         self.retry = retry or RetryPolicy()
@@ -202,6 +242,8 @@ class Kube:
     def close(self) -> None:
         self._closing.set()
         self.close_watches()
+        if self._wire is not None:
+            self._wire[0].close()
         self.client.close()
 
     # ---- one request ---------------------------------------------------------------------------
@@ -235,7 +277,12 @@ class Kube:
         """One request for a body built here, through the official client's own request layer
         (same configuration, credentials, TLS and connection pool), without the generated
         methods' per-call argument validation: a third of a write's CPU, spent checking dicts
-        this module wrote. Answer read whole, connection handed back to the pool."""
+        this module wrote. Answer read whole, connection handed back to the pool.
+
+        Without a proxy the request goes through binder.wire instead, on connections of its own
+        to the same server with the same TLS settings and credentials: a seventh of the CPU."""
+        if self._wire is not None:
+            return self._send_wire(method, path, timeout, body, content_type)
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -264,6 +311,45 @@ class Kube:
             text = data.decode("utf-8", "replace")
             raise _status_error(response.status, str(response.reason or ""), text, response.headers)
         return data
+
+    def _send_wire(
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        body: JsonObject | None,
+        content_type: str,
+    ) -> bytes:
+        assert self._wire is not None
+        connections, prefix, host = self._wire
+        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
+        lines = [
+            f"{method} {prefix}{path} HTTP/1.1",
+            f"Host: {host}",
+            f"User-Agent: {self.client.user_agent}",
+            "Accept: application/json",
+        ]
+        if body is not None:
+            lines.append(f"Content-Type: {content_type}")
+            lines.append(f"Content-Length: {len(payload)}")
+        # Read each time: an in-cluster token is refreshed from its file by this hook.
+        for auth in self._configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                lines.append(f"{auth['key']}: {auth['value']}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            answer: Answer = connections.request(head, payload, timeout)
+        except OSError as e:
+            raise _unreachable(e) from e
+        if not 200 <= answer.status <= 299:
+            retry_after = answer.headers.get("retry-after")
+            raise _status_error(
+                answer.status,
+                answer.reason,
+                answer.body.decode("utf-8", "replace"),
+                {"Retry-After": retry_after} if retry_after is not None else {},
+            )
+        return answer.body
 
     def _write(self, what: str, attempt: Callable[[float], bytes]) -> bytes:
         """Run `attempt(read_timeout)` until the server gives a verdict, backing off while it is

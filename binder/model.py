@@ -12,12 +12,14 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from common.contract import Keys, is_valid_model_id, validate_model_id
 from common.quantity import QuantityError, parse_quantity
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,17 +139,23 @@ def parse_time(value: object) -> float | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(value).timestamp()  # 3.11 reads the "Z" itself
     except ValueError:
         return None
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    # JSON decodes to dicts, and absent fields are None: both skip the slower abstract-class check.
+    if type(value) is dict:
+        return value
+    if value is None:
+        return _EMPTY
+    return value if isinstance(value, Mapping) else _EMPTY
 
 
 def _sequence(value: object) -> Sequence[Any]:
-    return value if isinstance(value, list | tuple) else ()
+    # A tuple of types: `list | tuple` builds a union object on every call.
+    return value if isinstance(value, (list, tuple)) else ()
 
 
 def _requirements(raw: object) -> tuple[Requirement, ...]:

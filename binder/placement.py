@@ -7,11 +7,19 @@ and TaintToleration (weight 3), each normalised to 0..100 over the feasible node
 memory score (weight 1, 0..100): `binpack` favours full nodes and the smallest GPU block that
 fits, `spread` the emptiest. Ties go to a node chosen by a stable hash of the pod's uid.
 
+Two ways to the same answer. The common case reads the heads of the pod's class's free-memory
+index (binder.index), so its cost does not grow with the cluster. When that would mean walking
+far (many infeasible nodes at the head, or a large tie), when nothing fits (the reasons need every
+node) or when PreScore fails, every node of the class is scored at once, vectorised. The two agree
+on the node, the GPU and the score; tests/binder/test_placement_paths.py compares them on random
+clusters.
+
 Pure: a function of the cluster state, the pod and the time passed in; no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import Counter
 from collections.abc import Mapping
@@ -20,9 +28,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from binder.classes import ConstraintClass
+from binder.index import NODE_MASK, SHIFT, FreeIndex
 from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
-from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState, ConstraintClass
+from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState
 from common.contract import Keys
 from common.quantity import format_bytes
 
@@ -33,6 +43,10 @@ AFFINITY_WEIGHT = 2
 TAINT_WEIGHT = 3
 MEMORY_WEIGHT = 1
 MAX_SCORE = 100
+
+SCAN_BUDGET = 256
+"""Index entries a decision may read before it scores the whole class instead; both give the
+same answer, this only bounds the index's worst case (a long infeasible head, a large tie)."""
 
 REASON_NO_GPUS = "node(s) had no GPUs published by the tritonshare agent"
 REASON_BAD_GPUS = "node(s) had an unreadable tritonshare GPU annotation"
@@ -124,13 +138,27 @@ def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> 
 
 
 def place(
-    state: ClusterState, pod: PodInfo, *, now: float, policy: Policy = "binpack"
+    state: ClusterState,
+    pod: PodInfo,
+    *,
+    now: float,
+    policy: Policy = "binpack",
+    scan_budget: int | None = SCAN_BUDGET,
 ) -> Placement | Unschedulable:
-    """Choose a node and a GPU for a pending pod, or say why none fits."""
+    """Choose a node and a GPU for a pending pod, or say why none fits.
+
+    `scan_budget`: index entries to read before scoring the whole class instead (None: no
+    limit; 0: never use the index). Every value gives the same answer; tests vary it."""
     problem = pod_problem(state, pod)
     if problem:
         return Unschedulable(fit_message(len(state.nodes), {}, problem), {})
     cls = state.constraint_class(pod.constraints)
+    if scan_budget != 0 and not cls.preferred_error:
+        budget = math.inf if scan_budget is None else scan_budget
+        index = state.free_index(pod.constraints)
+        found = _place_indexed(state, pod, policy, index, now, budget)
+        if found is not None:
+            return found
     nodes = cls.nodes
     if nodes.size:
         ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
@@ -144,6 +172,80 @@ def place(
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
             return _best(state, pod, policy, candidates, affinity, prefer)
     return _unschedulable(state, pod, now, cls)
+
+
+def _place_indexed(
+    state: ClusterState,
+    pod: PodInfo,
+    policy: Policy,
+    index: FreeIndex,
+    now: float,
+    budget: float,
+) -> Placement | None:
+    """The best node from the heads of the index's buckets, scored exactly as `_best` scores
+    (same integer and float operations, in the same order), or None when the budget runs out or
+    nothing is feasible (the caller then scores the whole class)."""
+    request = pod.request
+    max_free = state.max_free
+    lease = state.lease_expiry
+    taken = state.model_nodes(pod.model_id) if pod.model_id else set()
+    binpack = policy == "binpack"
+    read = 0
+    heads: list[tuple[int, int, int, list[int], int]] = []
+    for (affinity, prefer, capacity), keys in index.buckets.items():
+        positions = range(len(keys)) if binpack else range(len(keys) - 1, -1, -1)
+        for position in positions:
+            read += 1
+            if read > budget:
+                return None
+            i = keys[position] & NODE_MASK
+            if max_free[i] >= request and lease[i] > now and i not in taken:
+                heads.append((affinity, prefer, capacity, keys, position))
+                break
+    if not heads:
+        return None
+    top_affinity = max(h[0] for h in heads)
+    top_prefer = max(h[1] for h in heads)
+    best = -math.inf
+    scored: list[tuple[float, int, float, list[int], int]] = []
+    for affinity, prefer, capacity, keys, position in heads:
+        affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else 0
+        taint_score = (
+            MAX_SCORE - (prefer * MAX_SCORE) // top_prefer if top_prefer > 0 else MAX_SCORE
+        )
+        base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
+        size = float(max(capacity, 1))
+        score = base + MEMORY_WEIGHT * _memory_score(policy, size, keys[position] >> SHIFT, request)
+        scored.append((score, base, size, keys, position))
+        best = max(best, score)
+    ties: list[int] = []
+    for score, base, size, keys, position in scored:
+        if score != best:
+            continue
+        # The bucket's run of equal scores: the same free memory, in node order.
+        step = 1 if binpack else -1
+        while 0 <= position < len(keys):
+            free, i = keys[position] >> SHIFT, keys[position] & NODE_MASK
+            if base + MEMORY_WEIGHT * _memory_score(policy, size, free, request) != best:
+                break
+            read += 1
+            if read > budget:
+                return None
+            if max_free[i] >= request and lease[i] > now and i not in taken:
+                ties.append(i)
+            position += step
+    ties.sort()
+    node = state.names[ties[_tie_break(pod.uid, len(ties))]]
+    gpu = choose_gpu(state, node, pod.request, policy)
+    assert gpu is not None, f"node {node} was feasible but no GPU fits"
+    return Placement(node, gpu, float(best))
+
+
+def _memory_score(policy: Policy, capacity: float, free: int, request: int) -> float:
+    """`_best`'s memory score of one node, with its float operations in its order."""
+    if policy == "binpack":
+        return MAX_SCORE * (capacity - float(free) + request) / capacity
+    return MAX_SCORE * (float(free) - request) / capacity
 
 
 def _best(

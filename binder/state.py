@@ -5,8 +5,11 @@ what the non-terminated pods assigned to it hold, including pods the binder has 
 seen back from its watch ("assumed" pods). A pod holds the larger of its request and what its
 model is measured to use on the node (the agent's gpu-usage annotation), and a GPU never offers
 more than NVML says is free minus the reserve. It keeps per-node numbers in arrays indexed by
-node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes, so
-a decision costs a few vector operations instead of a scan of every pod of every node.
+node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes
+(kept up to date node by node when a node's labels, taints or cordon change), each with its
+free-memory index (binder.index), fed by a log of the nodes whose free memory changed. So a
+decision reads a few bucket heads, or at worst a few vector operations, instead of a scan of every
+pod of every node.
 
 It is fed by the cache (watch events) and read by placement. No I/O, no clock: lease liveness is
 judged against a time passed in by the caller.
@@ -20,36 +23,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from binder.classes import ConstraintClass, evaluate, reevaluate
+from binder.index import FreeIndex
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo
-from binder.rules import (
-    first_kubernetes_reason,
-    prefer_no_schedule_count,
-    preferred_affinity_score,
-    preferred_terms_error,
-)
 
 IntArray = npt.NDArray[np.int64]
 GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
 FloatArray = npt.NDArray[np.float64]
 
-
-@dataclass(frozen=True)
-class ConstraintClass:
-    """Kubernetes' rules evaluated once over every node for one set of pod constraints."""
-
-    nodes: IntArray
-    """Indices of the nodes that pass every Kubernetes rule."""
-    affinity: IntArray
-    """Raw preferred node affinity score of each node in `nodes`."""
-    prefer_no_schedule: IntArray
-    """Untolerated PreferNoSchedule taints of each node in `nodes`."""
-    rejected: dict[int, str]
-    """For nodes that fail a rule: the reason kube-scheduler reports."""
-    rejected_counts: dict[str, int]
-    """How many nodes `rejected` holds for each reason."""
-    preferred_error: str = ""
-    """NodeAffinity PreScore's error for the preferred terms ("" when they parse): kube-scheduler
-    fails the attempt with it when two or more nodes are feasible."""
+CHANGE_LOG_LIMIT = 1 << 16
+"""Logged node changes kept for the free-memory indexes; past it they are rebuilt on next use."""
 
 
 @dataclass
@@ -78,6 +61,9 @@ class ClusterState:
         self._models: dict[str, Counter[str]] = {}
         self._model_nodes: dict[str, Counter[str]] = {}
         self._classes: dict[Constraints, ConstraintClass] = {}
+        self._indexes: dict[Constraints, FreeIndex] = {}
+        self._changes: list[int] = []
+        """Indices of nodes whose free memory or capacity changed, in order (for the indexes)."""
         self._dirty = True
         self._largest: int | None = None
         self.names: list[str] = []
@@ -99,17 +85,18 @@ class ClusterState:
         self.nodes[node.name] = node
         self._largest = None
         rules = (node.labels, node.taints, node.unschedulable)
-        if old is None or (old.labels, old.taints, old.unschedulable) != rules:
-            self._classes.clear()
         if old is None:
+            self._forget_classes()
             self._dirty = True
         self._recharge_node(node.name)
+        if old is not None and (old.labels, old.taints, old.unschedulable) != rules:
+            self._reclassify(node.name)
         return True
 
     def remove_node(self, name: str) -> bool:
         if self.nodes.pop(name, None) is None:
             return False
-        self._classes.clear()
+        self._forget_classes()
         self._dirty = True
         self._largest = None
         self._alloc.pop(name, None)
@@ -314,8 +301,12 @@ class ClusterState:
             self.gpu_status[i] = GPUS_OK
         else:
             self.gpu_status[i] = GPUS_UNREADABLE if info.gpu_problem else GPUS_NONE
-        self.free_total[i] = sum(free)
-        self.capacity[i] = sum(self.usable(g) for g in info.gpus)
+        free_total = sum(free)
+        capacity = sum(self.usable(g) for g in info.gpus)
+        if free_total != self.free_total[i] or capacity != self.capacity[i]:
+            self.free_total[i] = free_total
+            self.capacity[i] = capacity
+            self._changes.append(i)
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -334,6 +325,26 @@ class ClusterState:
         self._dirty = False
         for name in self.names:
             self._refresh(name)
+        self._forget_classes()
+
+    def _forget_classes(self) -> None:
+        self._classes.clear()
+        self._indexes.clear()
+        self._changes.clear()
+
+    def _reclassify(self, name: str) -> None:
+        """A node's labels, taints or cordon changed: evaluate Kubernetes' rules again for that
+        node only, in every cached class and its index (not every node of every class)."""
+        if self._dirty or name not in self.index:
+            self._forget_classes()
+            return
+        i = self.index[name]
+        node = self.nodes[name]
+        for constraints, cls in list(self._classes.items()):
+            self._classes[constraints], scoring = reevaluate(cls, constraints, i, node)
+            index = self._indexes.get(constraints)
+            if index is not None:
+                index.refile(i, scoring, int(self.capacity[i]), int(self.free_total[i]))
 
     def constraint_class(self, constraints: Constraints) -> ConstraintClass:
         """Kubernetes' rules for these constraints over every node, cached until nodes change."""
@@ -341,31 +352,37 @@ class ClusterState:
         cached = self._classes.get(constraints)
         if cached is not None:
             return cached
-        passing: list[int] = []
-        affinity: list[int] = []
-        prefer: list[int] = []
-        rejected: dict[int, str] = {}
-        for i, name in enumerate(self.names):
-            node = self.nodes[name]
-            reason = first_kubernetes_reason(constraints, node)
-            if reason:
-                rejected[i] = reason
-                continue
-            passing.append(i)
-            affinity.append(preferred_affinity_score(constraints, node))
-            prefer.append(prefer_no_schedule_count(node, constraints.tolerations))
-        result = ConstraintClass(
-            np.array(passing, np.int64),
-            np.array(affinity, np.int64),
-            np.array(prefer, np.int64),
-            rejected,
-            dict(Counter(rejected.values())),
-            preferred_terms_error(constraints),
-        )
+        result = evaluate(constraints, [self.nodes[name] for name in self.names])
         if len(self._classes) > 1024:
-            self._classes.clear()
+            self._forget_classes()
         self._classes[constraints] = result
         return result
+
+    def free_index(self, constraints: Constraints) -> FreeIndex:
+        """The class's feasible-by-rules nodes by free memory, up to date with the ledger."""
+        cls = self.constraint_class(constraints)
+        if len(self._changes) > CHANGE_LOG_LIMIT:
+            self._indexes.clear()
+            self._changes.clear()
+        index = self._indexes.get(constraints)
+        if index is None:
+            index = FreeIndex(
+                cls.nodes,
+                cls.affinity,
+                cls.prefer_no_schedule,
+                self.capacity,
+                self.free_total,
+                len(self._changes),
+            )
+            self._indexes[constraints] = index
+        else:
+            index.catch_up(self._changes, self.capacity, self.free_total, len(self._changes))
+        return index
+
+    def model_nodes(self, model_id: str) -> set[int]:
+        """Indices of the nodes that already have the model."""
+        index = self.index
+        return {index[n] for n in self._model_nodes.get(model_id, ()) if n in index}
 
     def model_mask(self, model_id: str) -> npt.NDArray[np.bool_]:
         """True at the index of every node that already has the model."""

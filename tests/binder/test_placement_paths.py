@@ -1,0 +1,222 @@
+"""The free-memory index and the whole-class scan give the same node, GPU and score.
+
+`place(..., scan_budget=0)` scores every node of the pod's class (the way every decision was made
+before the index); `scan_budget=None` answers from the index alone, however far it must read;
+the default budget mixes the two. On many random clusters (GPU sizes that repeat, so ties are
+common; taints of every effect; preferred and required node affinity; cordoned nodes; dead
+agents; unhealthy GPUs; measured GPU memory from the gpu-usage annotation) every pending pod is
+placed three ways, for both policies, and the answers must be equal. The pods are then charged
+as the controller charges them, and nodes change under the indexes (new measurements, a cordon,
+a removal), so the indexes are compared after catching up, not only freshly built; after a
+node's labels, taints or cordon change, every cached class must equal one built from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from binder.model import PodInfo, node_from_api, pod_from_api
+from binder.placement import POLICIES, Placement, Policy, place
+from binder.state import ClusterState
+from tests.binder.objects import GI, KEYS, node_obj, pod_obj
+
+NOW = 1000.0
+ZONES = ["a", "b", "c"]
+KINDS = {"t4": 16 * GI, "a10": 24 * GI}
+
+
+def random_node(rng: random.Random, name: str) -> dict[str, Any]:
+    kind = rng.choice(list(KINDS))
+    count = rng.choice([1, 2, 4])
+    healthy = [rng.random() > 0.1 for _ in range(count)]
+    taints = []
+    roll = rng.random()
+    if roll < 0.15:
+        taints.append({"key": "dedicated", "value": "ml", "effect": "NoSchedule"})
+    elif roll < 0.35:
+        taints.append({"key": "spot", "value": "", "effect": "PreferNoSchedule"})
+    elif roll < 0.40:
+        taints.append({"key": "drain", "value": "", "effect": "NoExecute"})
+    if rng.random() < 0.15:
+        taints.append({"key": "old", "value": "", "effect": "PreferNoSchedule"})
+    obj = node_obj(
+        name,
+        [KINDS[kind]] * count,
+        labels={"zone": rng.choice(ZONES), "gpu": kind, "pool": f"p{rng.randrange(3)}"},
+        taints=taints or None,
+        unschedulable=rng.random() < 0.08,
+        healthy=healthy,
+    )
+    if rng.random() < 0.3:
+        usage = {
+            f"GPU-{name}-{g}": {
+                "used": rng.choice([0, 1, 3, 6]) * GI,
+                "models": {f"m{rng.randrange(6)}": rng.choice([1, 2, 5]) * GI},
+            }
+            for g in range(count)
+            if rng.random() < 0.7
+        }
+        obj["metadata"]["annotations"][KEYS.gpu_usage] = json.dumps(usage)
+    return obj
+
+
+def relabel(rng: random.Random, node: dict[str, Any]) -> None:
+    """Change what Kubernetes' rules read on a node: its cordon, a label or its taints."""
+    roll = rng.random()
+    if roll < 0.4:
+        node["spec"]["unschedulable"] = not node["spec"].get("unschedulable")
+    elif roll < 0.7:
+        node["metadata"]["labels"]["zone"] = rng.choice(ZONES)
+        node["metadata"]["labels"]["pool"] = f"p{rng.randrange(3)}"
+    else:
+        node["spec"]["taints"] = random_node(rng, "x")["spec"].get("taints", [])
+
+
+def assert_classes_fresh(state: ClusterState) -> None:
+    """Every cached class, kept up to date node by node, equals one evaluated from scratch."""
+    fresh = ClusterState(reserve=state.reserve)
+    for info in state.nodes.values():
+        fresh.set_node(info)
+    for constraints, kept in list(state._classes.items()):
+        built = fresh.constraint_class(constraints)
+        assert kept.nodes.tolist() == built.nodes.tolist()
+        assert kept.affinity.tolist() == built.affinity.tolist()
+        assert kept.prefer_no_schedule.tolist() == built.prefer_no_schedule.tolist()
+        assert kept.rejected == built.rejected
+        assert kept.rejected_counts == built.rejected_counts
+
+
+def random_spec(rng: random.Random) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if rng.random() < 0.3:
+        spec["nodeSelector"] = {"zone": rng.choice(ZONES)}
+    affinity: dict[str, Any] = {}
+    if rng.random() < 0.2:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a10"]}]},
+                {"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["p0"]}]},
+            ]
+        }
+    if rng.random() < 0.4:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {
+                "weight": rng.choice([1, 20, 50]),
+                "preference": {
+                    "matchExpressions": [
+                        {
+                            "key": rng.choice(["zone", "pool"]),
+                            "operator": "In",
+                            "values": ["a", "p1"],
+                        }
+                    ]
+                },
+            }
+            for _ in range(rng.randrange(1, 3))
+        ]
+    if affinity:
+        spec["affinity"] = {"nodeAffinity": affinity}
+    tolerations = []
+    if rng.random() < 0.4:
+        tolerations.append({"key": "dedicated", "operator": "Exists"})
+    if rng.random() < 0.3:
+        tolerations.append({"key": "spot", "operator": "Exists", "effect": "PreferNoSchedule"})
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return spec
+
+
+def random_pod(rng: random.Random, name: str) -> PodInfo:
+    mem = rng.choice(["512Mi", "1Gi", "2Gi", "4Gi", "8Gi", "15Gi"])
+    model = f"m{rng.randrange(12)}"
+    return pod_from_api(pod_obj(name, mem=mem, model=model, spec_extra=random_spec(rng)), KEYS)
+
+
+def decide(state: ClusterState, pod: PodInfo, policy: Policy) -> Placement | object:
+    """The pod placed three ways; all three answers must be the same."""
+    scanned = place(state, pod, now=NOW, policy=policy, scan_budget=0)
+    indexed = place(state, pod, now=NOW, policy=policy, scan_budget=None)
+    mixed = place(state, pod, now=NOW, policy=policy, scan_budget=3)
+    assert indexed == scanned, f"{pod.key}: index {indexed} != scan {scanned}"
+    assert mixed == scanned, f"{pod.key}: budget 3 {mixed} != scan {scanned}"
+    return scanned
+
+
+def build(rng: random.Random, count: int) -> tuple[ClusterState, dict[str, dict[str, Any]]]:
+    state = ClusterState(reserve=GI // 2)
+    nodes = {}
+    for n in range(count):
+        name = f"node-{n:03d}"
+        nodes[name] = random_node(rng, name)
+        state.set_node(node_from_api(nodes[name], KEYS))
+        state.set_lease(name, NOW - 1 if rng.random() < 0.08 else NOW + 60)
+    for p in range(count * 2):  # pods already bound, some without a GPU annotation
+        name = rng.choice(list(nodes))
+        gpu = f"GPU-{name}-0" if rng.random() < 0.7 else ""
+        obj = pod_obj(f"placed-{p}", mem="1Gi", model=f"m{rng.randrange(12)}", node=name, gpu=gpu)
+        obj["status"]["phase"] = "Running"
+        state.set_pod(pod_from_api(obj, KEYS))
+    return state, nodes
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", range(40))
+def test_the_index_and_the_scan_agree_on_random_clusters(seed: int, policy: Policy) -> None:
+    rng = random.Random(seed)
+    state, nodes = build(rng, rng.choice([3, 12, 40]))
+    placed: list[PodInfo] = []
+    outcomes = {"placed": 0, "not": 0}
+    for step in range(60):
+        pod = random_pod(rng, f"pod-{step}")
+        result = decide(state, pod, policy)
+        if isinstance(result, Placement):
+            state.assume(pod, result.node, result.gpu.uuid)
+            placed.append(pod)
+            outcomes["placed"] += 1
+        else:
+            outcomes["not"] += 1
+        roll = rng.random()
+        if roll < 0.1 and placed:  # a pod ends: its memory comes back
+            state.remove_pod(placed.pop(rng.randrange(len(placed))).uid)
+        elif roll < 0.15:  # the agent publishes new measurements
+            name = rng.choice(list(nodes))
+            fresh = random_node(rng, name)
+            nodes[name]["metadata"]["annotations"] = fresh["metadata"]["annotations"]
+            state.set_node(node_from_api(nodes[name], KEYS))
+        elif roll < 0.18:  # a cordon, new labels or taints: the classes follow that node
+            name = rng.choice(list(nodes))
+            relabel(rng, nodes[name])
+            state.set_node(node_from_api(nodes[name], KEYS))
+            assert_classes_fresh(state)
+        elif roll < 0.20 and len(nodes) > 2:  # a node leaves
+            name = rng.choice(list(nodes))
+            del nodes[name]
+            state.remove_node(name)
+        elif roll < 0.22:  # an agent dies or comes back
+            name = rng.choice(list(nodes))
+            state.set_lease(name, NOW - 1 if state.leases.get(name, 0) > NOW else NOW + 60)
+    # Both outcomes must have happened, or the comparison proved little.
+    assert outcomes["placed"] > 0
+    assert outcomes["not"] > 0 or len(nodes) >= 12
+
+
+def test_ties_are_broken_alike_on_a_cluster_of_identical_nodes() -> None:
+    """Many equal nodes: the index must collect the whole tie, in node order, as the scan does."""
+    state = ClusterState()
+    for n in range(50):
+        state.set_node(node_from_api(node_obj(f"n{n:02d}", [16 * GI, 16 * GI]), KEYS))
+        state.set_lease(f"n{n:02d}", NOW + 60)
+    chosen = set()
+    for p in range(200):
+        pod = pod_from_api(pod_obj(f"p{p}", mem="3Gi", model=f"m{p % 7}"), KEYS)
+        for policy in POLICIES:
+            decide(state, pod, policy)
+        result = place(state, pod, now=NOW, policy="spread", scan_budget=None)
+        assert isinstance(result, Placement)
+        state.assume(pod, result.node, result.gpu.uuid)
+        chosen.add(result.node)
+    assert len(chosen) == 50  # spread visited every node, so ties were many and broken apart
