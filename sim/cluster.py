@@ -45,6 +45,9 @@ KEYS = Keys()
 # The cluster's own calls (registering nodes, creating the scenario's pods) in the audit log.
 USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
+# The proxy's --source-address as an environment variable: set by the kubelet to each pod's IP,
+# as the stand-in for its own network namespace (sim.podnetwork).
+SOURCE_ADDRESS_VARIABLE = "TRITONSHARE_SOURCE_ADDRESS"
 
 
 def write_placement_keys(directory: Path) -> Path:
@@ -355,7 +358,14 @@ class SimCluster:
         if real is not None:
             api = self.apiserver.api_client()
             self._kubelet_clients.append(api)
-            self.kubelet = Kubelet(api, real.name, self.workdir / "kubelet", base_env=self.env)
+            self.kubelet = Kubelet(
+                api,
+                real.name,
+                self.workdir / "kubelet",
+                base_env=self.env,
+                # The proxy's --source-address: the pod's connections leave from its own IP.
+                source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
+            )
             self.kubelet.start()
         hollow = [n.name for n in self.nodes if not n.real]
         if hollow:

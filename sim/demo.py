@@ -62,6 +62,11 @@ def _pod(cluster: SimCluster, name: str) -> dict[str, Any] | None:
     return pod
 
 
+def _address(cluster: SimCluster, name: str) -> str:
+    """The pod's own IP, where its proxy listens."""
+    return str((_pod(cluster, name) or {}).get("status", {}).get("podIP", ""))
+
+
 def _condition(pod: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     for c in (pod or {}).get("status", {}).get("conditions", []) or []:
         if c.get("type") == kind:
@@ -183,7 +188,7 @@ def _fail_over(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     )
 
 
-def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
+def _infer(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
     import numpy as np
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -193,7 +198,8 @@ def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
     for name in result.served:
         port = ports[name]
         model = ids[name]
-        http = httpclient.InferenceServerClient(f"127.0.0.1:{port.http}")
+        address = _address(cluster, name)
+        http = httpclient.InferenceServerClient(f"{address}:{port.http}")
         try:
             source = next(p.source for p in PODS if p.name == name)
             data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
@@ -210,7 +216,7 @@ def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
             sent, got = data.reshape(-1).tolist(), answer.reshape(-1).tolist()
             say(f"  REST {name}: {model}({sent}) = {got}")
             if source == "add_one":
-                with grpcclient.InferenceServerClient(f"127.0.0.1:{port.grpc}") as grpc:
+                with grpcclient.InferenceServerClient(f"{address}:{port.grpc}") as grpc:
                     g = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
                     g.set_data_from_numpy(data)
                     out = grpc.infer(model, [g]).as_numpy("OUTPUT0").reshape(-1).tolist()
@@ -437,7 +443,7 @@ def _metrics(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult
     real = cluster.real_node
     if real is not None and real.name in cluster.agents:
         sources.append(cluster.agents[real.name].http)
-    sources += [f"127.0.0.1:{ports[name].metrics}" for name in result.served]
+    sources += [f"{_address(cluster, name)}:{ports[name].metrics}" for name in result.served]
     if cluster.triton is not None:
         # Triton's own per-model series, which the dashboard also reads.
         sources.append(f"127.0.0.1:{cluster.triton.metrics_port}")
@@ -472,11 +478,11 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         if result.placements and cluster.kubelet is not None:
             _wait_for_ready(cluster, result, say)
             say("Inferences through the proxies (tritonclient, REST and gRPC):")
-            _infer(ports, result, say)
+            _infer(cluster, ports, result, say)
             _squat(cluster, result, say)
             _gateway(cluster, result, say)
             say("Inferences after the attempt: every model still answers as its owner's.")
-            _infer(ports, result, say)
+            _infer(cluster, ports, result, say)
             _metrics(cluster, ports, result)
             _overuse(cluster, result, say)
         _fail_over(cluster, result, say)

@@ -140,7 +140,7 @@ print("fetched", source.name, "as", model_id, "into", target)
 
 @dataclass(frozen=True)
 class PodPorts:
-    """Where a model pod's proxy listens (all pods share the host's network in the sim)."""
+    """Where a model pod's proxy listens, on the pod's IP."""
 
     http: int
     grpc: int
@@ -159,10 +159,10 @@ def model_pod_manifest(
 
     On a real cluster every node's agent and gateway listen on the same ports (hostPorts); in the
     simulation the node's address is 127.0.0.1 for every node, so the ports are those of the one
-    node that runs pods. Each pod has an address of its own (status.podIP): the proxy's
-    connections to the gateway leave from it (--source-address), which is how the gateway knows
-    the pod. The proxy listens on every address, on ports of its own, so clients reach it at
-    127.0.0.1 and the kubelet's probes at the pod's address.
+    node that runs pods. Each pod has an address of its own (status.podIP): the simulated kubelet
+    makes the proxy listen there (0.0.0.0 is the pod's own address in a pod) and its connections
+    to the gateway leave from it, which is how the gateway knows the pod (`sim.podnetwork`).
+    Clients reach the proxy at the pod's IP.
     """
     token_dir = "/var/run/secrets/tritonshare"  # noqa: S105 - a mount path, not a secret
     downward = [
@@ -171,7 +171,6 @@ def model_pod_manifest(
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{KEYS.model_id}']"}},
         },
         {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     small = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
     spec: dict[str, Any] = {
@@ -219,7 +218,6 @@ def model_pod_manifest(
                     "--model-id=$(MODEL_ID)",
                     f"--triton-http-url=$(HOST_IP):{gateway_http_port}",
                     f"--triton-grpc-url=$(HOST_IP):{gateway_grpc_port}",
-                    "--source-address=$(POD_IP)",
                     f"--listen-http=0.0.0.0:{ports.http}",
                     f"--listen-grpc=0.0.0.0:{ports.grpc}",
                     f"--listen-metrics=0.0.0.0:{ports.metrics}",
