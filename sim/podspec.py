@@ -84,11 +84,15 @@ def expand(text: str, variables: Mapping[str, str]) -> str:
 
 
 def rewrite_paths(text: str, mounts: Sequence[tuple[str, Path]]) -> str:
-    """Replace each mount path (as a whole path component) in `text` by its local directory."""
-    for mount_path, local in mounts:
-        pattern = re.compile(rf"(?<![\w./-]){re.escape(mount_path.rstrip('/'))}(?=/|$|[\s:,;])")
-        text = pattern.sub(str(local).replace("\\", "\\\\"), text)
-    return text
+    """Replace each mount path (as a whole path component) in `text` by its local directory, in
+    one pass: a local directory that itself lies under a mount path (a `/tmp` mount, with the
+    volumes under /tmp) is not rewritten again. Where mount paths nest, the longest wins."""
+    if not mounts:
+        return text
+    locals_by_path = {m.rstrip("/"): str(local) for m, local in mounts}
+    alternatives = "|".join(re.escape(m) for m in sorted(locals_by_path, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w./-])({alternatives})(?=/|$|[\s:,;])")
+    return pattern.sub(lambda match: locals_by_path[match.group(1)], text)
 
 
 def container_env(pod: Obj, container: Obj) -> dict[str, str]:

@@ -205,3 +205,11 @@ def test_an_image_with_a_stand_in_runs_it_when_the_container_gives_no_command(
             termination_log=tmp_path / "t",
             base_env={},
         )
+
+
+def test_a_local_directory_under_a_mount_path_is_not_rewritten_again() -> None:
+    # The webhook mounts an emptyDir at /tmp, and the kubelet's volumes live under /tmp.
+    volumes = Path("/tmp/kubelet/pod/volumes")
+    mounts = [("/mnt/models", volumes / "model"), ("/tmp", volumes / "tmp")]
+    assert rewrite_paths("/mnt/models", mounts) == "/tmp/kubelet/pod/volumes/model"
+    assert rewrite_paths("--scratch=/tmp/x", mounts) == "--scratch=/tmp/kubelet/pod/volumes/tmp/x"
