@@ -3,7 +3,10 @@
 Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
 Node objects (as kubelets would register them), a real Triton on the CPU for the one node whose
 pods run for real, one agent per node (`python -m sim.agent_node`, mock NVML), the binder replicas
-(`python -m binder`), the local node's kubelet and a hollow kubelet for the other nodes. Every
+(`python -m binder`), the local node's kubelet and a hollow kubelet for the other nodes; with
+`webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered as the chart
+registers it: `sim.admission_webhook`) and a model store serving model archives over HTTPS
+(`sim.modelstore`), so pods written in the short form run end to end. Every
 process logs to a file under the work directory. A part that is not in the tree yet is reported in
 `missing` and left out; nothing pretends to be it. It must not create model pods: that is the
 caller's scenario.
@@ -17,7 +20,9 @@ import json
 import os
 import secrets
 import signal
+import ssl
 import sys
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,8 +32,10 @@ from typing import Any, cast
 import kubernetes.client
 
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
+from sim import admission_webhook
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.kubelet import HollowKubelet, Kubelet
+from sim.modelstore import ModelStore
 from sim.processes import (
     ClusterError,
     ManagedProcess,
@@ -37,6 +44,7 @@ from sim.processes import (
     started_or_dead,
     wait_until,
 )
+from sim.tls import TlsUnavailableError, self_signed
 from sim.triton import TritonServer, TritonUnavailableError, free_port
 
 # The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
@@ -93,6 +101,15 @@ class GatewayHandle:
 
 
 @dataclass
+class WebhookHandle:
+    """tritonshare's webhook, and the certificate its callers trust (also the model store's)."""
+
+    process: ManagedProcess
+    url: str
+    ca: Path
+
+
+@dataclass
 class BinderHandle:
     identity: str
     process: ManagedProcess
@@ -109,6 +126,7 @@ class SimCluster:
         *,
         binders: int = 2,
         tenant_code_namespaces: Sequence[str] = ("models",),
+        webhook: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if sum(1 for n in nodes if n.real) > 1:
@@ -119,6 +137,8 @@ class SimCluster:
         self.tenant_code_namespaces = tuple(tenant_code_namespaces)
         """Namespaces the agents let run their own code in Triton: the scenario's tiny models
         use the Python backend, which a real operator allows only for namespaces it trusts."""
+        self.webhook_wanted = webhook
+        """Run tritonshare's webhook and the model store (pods in the short form)."""
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -130,6 +150,8 @@ class SimCluster:
         self.triton: TritonServer | None = None
         self.agents: dict[str, AgentHandle] = {}
         self.gateway: GatewayHandle | None = None
+        self.webhook: WebhookHandle | None = None
+        self.model_store: ModelStore | None = None
         self.binders: list[BinderHandle] = []
         self.kubelet: Kubelet | None = None
         self.hollow: HollowKubelet | None = None
@@ -176,6 +198,8 @@ class SimCluster:
             )
         self._start_gateway()
         self._start_agents()
+        if self.webhook_wanted:
+            self._start_webhook()
         self._start_binders()
         self._start_kubelets()
 
@@ -313,6 +337,63 @@ class SimCluster:
             "address."
         )
 
+    def _start_webhook(self) -> None:
+        """The model store, then the webhook with the real node's ports, then its configuration:
+        from then on the API server sends it every model pod created."""
+        real = self.real_node
+        if not available("webhook.__main__"):
+            self.missing.append("webhook (python -m webhook is not in the tree yet)")
+            return
+        if real is None or self.gateway is None or real.name not in self.agents:
+            self.missing.append("webhook (no node runs pods, so no pod it completes could run)")
+            return
+        try:
+            cert, key = self_signed(self.workdir / "tls")
+        except TlsUnavailableError as e:
+            self.missing.append(f"webhook ({e})")
+            return
+        self.model_store = ModelStore(self.workdir / "model-store", cert, key)
+        self.model_store.start()
+        port = free_port()
+        ports = admission_webhook.NodePorts(
+            agent=int(self.agents[real.name].grpc.rpartition(":")[2]),
+            gateway_http=self.gateway.http,
+            gateway_grpc=self.gateway.grpc,
+        )
+        argv = [
+            sys.executable, "-m", "webhook", *admission_webhook.arguments(port, cert, key, ports)
+        ]  # fmt: skip
+        process = ManagedProcess("webhook", argv, self.workdir / "logs" / "webhook.log")
+        process.start(self.env)
+        context = ssl.create_default_context(cafile=str(cert))
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(
+                    f"https://127.0.0.1:{port}/healthz", context=context, timeout=2
+                ) as answer:
+                    return int(answer.status) == 200
+            except OSError:
+                return False
+
+        wait_until("the webhook serving", partial(started_or_dead, process, healthy), 60)
+        if not process.alive():
+            raise ClusterError(
+                f"the webhook exited while starting; its log ends:\n{process.log_tail()}"
+            )
+        url = f"https://127.0.0.1:{port}{admission_webhook.PATH}"
+        self.webhook = WebhookHandle(process, url, cert)
+        assert self.kube is not None
+        admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(self.kube))
+        admission.create_mutating_webhook_configuration(
+            admission_webhook.configuration(url, cert.read_bytes()), _preload_content=False
+        )
+        self.say(
+            "tritonshare's webhook completes model pods written in the short form (a model URI "
+            f"and a GPU memory annotation); their models come from a model store at "
+            f"{self.model_store.base_url}."
+        )
+
     def _start_binders(self) -> None:
         if not available("binder.__main__"):
             self.missing.append("binder (python -m binder is not in the tree yet)")
@@ -358,11 +439,16 @@ class SimCluster:
         if real is not None:
             api = self.apiserver.api_client()
             self._kubelet_clients.append(api)
+            env = dict(self.env)
+            if self.webhook is not None:
+                # The pods trust the sim's certificate (the model store's), as pods of a cluster
+                # with a private CA do.
+                env["SSL_CERT_FILE"] = str(self.webhook.ca)
             self.kubelet = Kubelet(
                 api,
                 real.name,
                 self.workdir / "kubelet",
-                base_env=self.env,
+                base_env=env,
                 # The proxy's --source-address: the pod's connections leave from its own IP.
                 source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
             )
@@ -430,6 +516,10 @@ class SimCluster:
             self.exit_codes[agent.process.name] = agent.process.stop()
         if self.gateway is not None:
             self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
+        if self.webhook is not None:
+            self.exit_codes[self.webhook.process.name] = self.webhook.process.stop()
+        if self.model_store is not None:
+            self.model_store.stop()
         if self.triton is not None:
             self.triton.stop()
 
