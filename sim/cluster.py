@@ -106,6 +106,7 @@ class WebhookHandle:
 
     process: ManagedProcess
     url: str
+    """https://host:port, without a path."""
     ca: Path
 
 
@@ -201,6 +202,8 @@ class SimCluster:
         if self.webhook_wanted:
             self._start_webhook()
         self._start_binders()
+        if self.webhook is not None:
+            self._register_webhook(self.webhook)
         self._start_kubelets()
 
     def _register(self, node: NodeSpec) -> None:
@@ -338,8 +341,8 @@ class SimCluster:
         )
 
     def _start_webhook(self) -> None:
-        """The model store, then the webhook with the real node's ports, then its configuration:
-        from then on the API server sends it every model pod created."""
+        """The model store, and the webhook's process with the real node's ports (it is
+        registered once it serves: `_register_webhook`)."""
         real = self.real_node
         if not available("webhook.__main__"):
             self.missing.append("webhook (python -m webhook is not in the tree yet)")
@@ -365,29 +368,33 @@ class SimCluster:
         ]  # fmt: skip
         process = ManagedProcess("webhook", argv, self.workdir / "logs" / "webhook.log")
         process.start(self.env)
-        context = ssl.create_default_context(cafile=str(cert))
+        self.webhook = WebhookHandle(process, f"https://127.0.0.1:{port}", cert)
+
+    def _register_webhook(self, webhook: WebhookHandle) -> None:
+        """Once the webhook serves (it started while the binders did), register its
+        configuration: from then on the API server sends it every model pod created."""
+        context = ssl.create_default_context(cafile=str(webhook.ca))
 
         def healthy() -> bool:
             try:
-                with urllib.request.urlopen(
-                    f"https://127.0.0.1:{port}/healthz", context=context, timeout=2
+                with urllib.request.urlopen(  # noqa: S310  (https, the sim's own URL)
+                    f"{webhook.url}/healthz", context=context, timeout=2
                 ) as answer:
                     return int(answer.status) == 200
             except OSError:
                 return False
 
-        wait_until("the webhook serving", partial(started_or_dead, process, healthy), 60)
-        if not process.alive():
+        wait_until("the webhook serving", partial(started_or_dead, webhook.process, healthy), 60)
+        if not webhook.process.alive():
             raise ClusterError(
-                f"the webhook exited while starting; its log ends:\n{process.log_tail()}"
+                f"the webhook exited while starting; its log ends:\n{webhook.process.log_tail()}"
             )
-        url = f"https://127.0.0.1:{port}{admission_webhook.PATH}"
-        self.webhook = WebhookHandle(process, url, cert)
-        assert self.kube is not None
+        assert self.kube is not None and self.model_store is not None
         admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(self.kube))
-        admission.create_mutating_webhook_configuration(
-            admission_webhook.configuration(url, cert.read_bytes()), _preload_content=False
+        configuration = admission_webhook.configuration(
+            webhook.url + admission_webhook.PATH, webhook.ca.read_bytes()
         )
+        admission.create_mutating_webhook_configuration(configuration, _preload_content=False)
         self.say(
             "tritonshare's webhook completes model pods written in the short form (a model URI "
             f"and a GPU memory annotation); their models come from a model store at "

@@ -3,8 +3,9 @@
 Owns the node pools (labels and the nvidia.com/gpu taint as KServe users set them up), the model
 pods (GPU memory, model id, selectors, tolerations and affinity as users write them) and the pod
 manifest they share with deploy/example: a storage-initializer-style init container, the loader
-with its projected agent-audience token, and the proxy with a readiness probe and preStop. Pure:
-it builds dicts and starts nothing.
+with its projected agent-audience token, and the proxy with a readiness probe and preStop; and
+the short form of a model pod (a label and two annotations) that tritonshare's webhook completes.
+Pure: it builds dicts and starts nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.contract import DEFAULT_AGENT_AUDIENCE, DEFAULT_SCHEDULER_NAME, Keys
+from common.contract import (
+    DEFAULT_AGENT_AUDIENCE,
+    DEFAULT_PROXY_GRPC_PORT,
+    DEFAULT_PROXY_HTTP_PORT,
+    DEFAULT_PROXY_METRICS_PORT,
+    DEFAULT_SCHEDULER_NAME,
+    Keys,
+)
 from sim.cluster import NodeSpec
 
 KEYS = Keys()
@@ -74,6 +82,9 @@ class ModelPod:
     tolerations: tuple[dict[str, str], ...] = ()
     affinity: dict[str, Any] = field(default_factory=dict)
     fits: bool = True
+    short_form: bool = False
+    """Written as a few annotations, completed by tritonshare's webhook (`short_form_manifest`);
+    its proxy listens on the webhook's ports, on the pod's own address."""
 
 
 PODS = (
@@ -84,8 +95,8 @@ PODS = (
     ),
     ModelPod(
         "identity", "identity", "identity", "3Gi",
-        "a second T4 model: packed onto the same GPU as add-one (binpack)",
-        node_selector={ACCELERATOR: "nvidia-tesla-t4"},
+        "a second T4 model, in the short form (webhook): packed onto add-one's GPU",
+        node_selector={ACCELERATOR: "nvidia-tesla-t4"}, short_form=True,
     ),
     ModelPod(
         "ranker", "ranker", "add_one", "30Gi",
@@ -145,6 +156,38 @@ class PodPorts:
     http: int
     grpc: int
     metrics: int
+
+
+# Where the proxy of a pod the webhook completes listens (on the pod's own address).
+SHORT_FORM_PORTS = PodPorts(
+    DEFAULT_PROXY_HTTP_PORT, DEFAULT_PROXY_GRPC_PORT, DEFAULT_PROXY_METRICS_PORT
+)
+
+
+def short_form_manifest(pod: ModelPod, model_uri: str) -> dict[str, Any]:
+    """The pod as a team writes it for tritonshare's webhook: the model's URI and GPU memory as
+    annotations (the model id is the URI's last segment), and its own placement fields."""
+    spec: dict[str, Any] = {"containers": []}
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        spec["tolerations"] = [dict(t) for t in pod.tolerations]
+    if pod.affinity:
+        spec["affinity"] = pod.affinity
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": NAMESPACE,
+            "labels": {"app.kubernetes.io/name": pod.name, "tritonshare.io/role": "model"},
+            "annotations": {
+                f"{KEYS.prefix}model-uri": model_uri,
+                f"{KEYS.prefix}gpu-mem": pod.gpu_mem,
+            },
+        },
+        "spec": spec,
+    }
 
 
 def model_pod_manifest(
