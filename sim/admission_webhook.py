@@ -6,18 +6,28 @@ annotations) is completed by the product's own webhook, called by the simulated 
 HTTPS. Two things differ from the chart, both because the simulation has one address for every
 node: the webhook is reached at a `url` (there is no cluster DNS for `clientConfig.service`), and
 the agent and gateway ports it writes into pods are those of the one node that runs pods, not the
-hostPorts 8100/8010/8011. `tests/webhook/test_in_cluster.py` checks the rest against the chart.
-Pure: it builds lists and dicts.
+hostPorts 8100/8010/8011; its logs are text, as every part's in the simulation.
+`tests/webhook/test_in_cluster.py` checks the rest against the chart. Owns the arguments, the
+configuration, starting the process and registering it once it serves; `sim.cluster` decides when.
 """
 
 from __future__ import annotations
 
 import base64
+import ssl
+import sys
+import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import kubernetes.client
 
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE
+from sim.processes import ClusterError, ManagedProcess, started_or_dead, wait_until
+from sim.triton import free_port
 
 CONFIGURATION_NAME = "tritonshare-model-pods"
 WEBHOOK_NAME = "model-pods.tritonshare.io"
@@ -35,6 +45,16 @@ class NodePorts:
     agent: int
     gateway_http: int
     gateway_grpc: int
+
+
+@dataclass
+class WebhookHandle:
+    """The webhook's process, and the certificate its callers trust."""
+
+    process: ManagedProcess
+    url: str
+    """https://host:port, without a path."""
+    ca: Path
 
 
 def arguments(port: int, cert: Path, key: Path, ports: NodePorts) -> list[str]:
@@ -92,3 +112,39 @@ def configuration(url: str, ca: bytes) -> dict[str, Any]:
             }
         ],
     }
+
+
+def start(
+    log_dir: Path, env: Mapping[str, str], cert: Path, key: Path, ports: NodePorts
+) -> WebhookHandle:
+    """Start `python -m webhook` on a free port (log `webhook.log`); it is not waited for."""
+    port = free_port()
+    argv = [sys.executable, "-m", "webhook", *arguments(port, cert, key, ports)]
+    process = ManagedProcess("webhook", argv, log_dir / "webhook.log")
+    process.start(env)
+    return WebhookHandle(process, f"https://127.0.0.1:{port}", cert)
+
+
+def _serving(webhook: WebhookHandle, context: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(  # noqa: S310  (https, the sim's own URL)
+            f"{webhook.url}/healthz", context=context, timeout=2
+        ) as answer:
+            return int(answer.status) == 200
+    except OSError:
+        return False
+
+
+def register(webhook: WebhookHandle, api: kubernetes.client.ApiClient) -> None:
+    """Wait until the webhook serves, then create its configuration: from then on the API server
+    sends it every model pod created. ClusterError if it exits first."""
+    context = ssl.create_default_context(cafile=str(webhook.ca))
+    serving = partial(_serving, webhook, context)
+    wait_until("the webhook serving", partial(started_or_dead, webhook.process, serving), 60)
+    if not webhook.process.alive():
+        raise ClusterError(
+            f"the webhook exited while starting; its log ends:\n{webhook.process.log_tail()}"
+        )
+    admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(api))
+    body = configuration(webhook.url + PATH, webhook.ca.read_bytes())
+    admission.create_mutating_webhook_configuration(body, _preload_content=False)

@@ -20,9 +20,7 @@ import json
 import os
 import secrets
 import signal
-import ssl
 import sys
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -101,16 +99,6 @@ class GatewayHandle:
 
 
 @dataclass
-class WebhookHandle:
-    """tritonshare's webhook, and the certificate its callers trust (also the model store's)."""
-
-    process: ManagedProcess
-    url: str
-    """https://host:port, without a path."""
-    ca: Path
-
-
-@dataclass
 class BinderHandle:
     identity: str
     process: ManagedProcess
@@ -151,7 +139,7 @@ class SimCluster:
         self.triton: TritonServer | None = None
         self.agents: dict[str, AgentHandle] = {}
         self.gateway: GatewayHandle | None = None
-        self.webhook: WebhookHandle | None = None
+        self.webhook: admission_webhook.WebhookHandle | None = None
         self.model_store: ModelStore | None = None
         self.binders: list[BinderHandle] = []
         self.kubelet: Kubelet | None = None
@@ -341,8 +329,8 @@ class SimCluster:
         )
 
     def _start_webhook(self) -> None:
-        """The model store, and the webhook's process with the real node's ports (it is
-        registered once it serves: `_register_webhook`)."""
+        """The model store, and the webhook's process with the real node's ports (registered
+        once it serves, after the binders have started: `_register_webhook`)."""
         real = self.real_node
         if not available("webhook.__main__"):
             self.missing.append("webhook (python -m webhook is not in the tree yet)")
@@ -357,44 +345,16 @@ class SimCluster:
             return
         self.model_store = ModelStore(self.workdir / "model-store", cert, key)
         self.model_store.start()
-        port = free_port()
         ports = admission_webhook.NodePorts(
             agent=int(self.agents[real.name].grpc.rpartition(":")[2]),
             gateway_http=self.gateway.http,
             gateway_grpc=self.gateway.grpc,
         )
-        argv = [
-            sys.executable, "-m", "webhook", *admission_webhook.arguments(port, cert, key, ports)
-        ]  # fmt: skip
-        process = ManagedProcess("webhook", argv, self.workdir / "logs" / "webhook.log")
-        process.start(self.env)
-        self.webhook = WebhookHandle(process, f"https://127.0.0.1:{port}", cert)
+        self.webhook = admission_webhook.start(self.workdir / "logs", self.env, cert, key, ports)
 
-    def _register_webhook(self, webhook: WebhookHandle) -> None:
-        """Once the webhook serves (it started while the binders did), register its
-        configuration: from then on the API server sends it every model pod created."""
-        context = ssl.create_default_context(cafile=str(webhook.ca))
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(  # noqa: S310  (https, the sim's own URL)
-                    f"{webhook.url}/healthz", context=context, timeout=2
-                ) as answer:
-                    return int(answer.status) == 200
-            except OSError:
-                return False
-
-        wait_until("the webhook serving", partial(started_or_dead, webhook.process, healthy), 60)
-        if not webhook.process.alive():
-            raise ClusterError(
-                f"the webhook exited while starting; its log ends:\n{webhook.process.log_tail()}"
-            )
+    def _register_webhook(self, webhook: admission_webhook.WebhookHandle) -> None:
         assert self.kube is not None and self.model_store is not None
-        admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(self.kube))
-        configuration = admission_webhook.configuration(
-            webhook.url + admission_webhook.PATH, webhook.ca.read_bytes()
-        )
-        admission.create_mutating_webhook_configuration(configuration, _preload_content=False)
+        admission_webhook.register(webhook, self.kube)
         self.say(
             "tritonshare's webhook completes model pods written in the short form (a model URI "
             f"and a GPU memory annotation); their models come from a model store at "
