@@ -4,15 +4,20 @@ A real pod has its own network namespace and IP; the simulated ones share the ho
 answers on every address of 127.0.0.0/8, so a process can listen on, and connect from, an address
 of its own there. The node keeps 127.0.0.1 (its agent, gateway and Triton listen on it, and a pod
 on the host network gets it too); pods get addresses from 127.1.0.1 on, each held until the pod
-is gone and then reused last, as a CNI's IPAM hands them out. Thread-safe: pod workers take and
-give back addresses from their own threads.
+is gone and then reused last, as a CNI's IPAM hands them out. Since a pod's ports are its own
+only on its own address, an address where another process of the machine already holds one of
+the pod's declared ports (another simulated cluster's pod, say, or a listener on 0.0.0.0) is
+skipped. Thread-safe: pod workers take and give back addresses from their own threads.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import threading
 from collections import deque
+from collections.abc import Iterable
 
 FIRST = ipaddress.IPv4Address("127.1.0.1")
 LAST = ipaddress.IPv4Address("127.254.255.254")
@@ -31,24 +36,43 @@ class PodAddresses:
         self._in_use: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def take(self, owner: str) -> str:
-        """An address for pod `owner` (its uid); the same one if it already holds one."""
+    def take(self, owner: str, ports: Iterable[int] = ()) -> str:
+        """An address for pod `owner` (its uid), where each of its TCP `ports` is free; the same
+        one if it already holds one."""
+        wanted = tuple(ports)
         with self._lock:
             for address, holder in self._in_use.items():
                 if holder == owner:
                     return address
-            if self._next <= int(LAST):
-                address = str(ipaddress.IPv4Address(self._next))
-                self._next += 1
-            elif self._freed:
-                address = self._freed.popleft()
-            else:
-                raise AddressesExhaustedError("every simulated pod address is in use")
-            self._in_use[address] = owner
-            return address
+            while True:
+                if self._next <= int(LAST):
+                    address = str(ipaddress.IPv4Address(self._next))
+                    self._next += 1
+                elif self._freed:
+                    address = self._freed.popleft()
+                else:
+                    raise AddressesExhaustedError("every simulated pod address is in use")
+                if _free(address, wanted):
+                    self._in_use[address] = owner
+                    return address
+                # Another process of the machine holds a port there: pass the address over.
 
     def give_back(self, address: str) -> None:
         """The pod holding `address` is gone."""
         with self._lock:
             if self._in_use.pop(address, None) is not None:
                 self._freed.append(address)
+
+
+def _free(address: str, ports: tuple[int, ...]) -> bool:
+    """True when each of `ports` can be bound on `address` (as a server binds, SO_REUSEADDR)."""
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return False
+                raise
+    return True

@@ -3,7 +3,10 @@
 Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
 Node objects (as kubelets would register them), a real Triton on the CPU for the one node whose
 pods run for real, one agent per node (`python -m sim.agent_node`, mock NVML), the binder replicas
-(`python -m binder`), the local node's kubelet and a hollow kubelet for the other nodes. Every
+(`python -m binder`), the local node's kubelet and a hollow kubelet for the other nodes; with
+`webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered as the chart
+registers it: `sim.admission_webhook`) and a model store serving model archives over HTTPS
+(`sim.modelstore`), so pods written in the short form run end to end. Every
 process logs to a file under the work directory. A part that is not in the tree yet is reported in
 `missing` and left out; nothing pretends to be it. It must not create model pods: that is the
 caller's scenario.
@@ -32,8 +35,10 @@ import kubernetes.client
 import yaml
 
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
+from sim import admission_webhook
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.kubelet import HollowKubelet, Kubelet
+from sim.modelstore import ModelStore
 from sim.processes import (
     ClusterError,
     ManagedProcess,
@@ -42,6 +47,7 @@ from sim.processes import (
     started_or_dead,
     wait_until,
 )
+from sim.tls import TlsUnavailableError, self_signed
 from sim.triton import TritonServer, TritonUnavailableError, free_port
 
 # The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
@@ -72,6 +78,11 @@ def install_admission_policies(api: kubernetes.client.ApiClient) -> list[str]:
                 admission.create_validating_admission_policy_binding(obj, _preload_content=False)
             names.append(f"{obj['kind']}/{obj['metadata']['name']}")
     return names
+
+
+# The proxy's --source-address as an environment variable: set by the kubelet to each pod's IP,
+# as the stand-in for its own network namespace (sim.podnetwork).
+SOURCE_ADDRESS_VARIABLE = "TRITONSHARE_SOURCE_ADDRESS"
 
 
 def write_placement_keys(directory: Path) -> Path:
@@ -134,6 +145,7 @@ class SimCluster:
         binders: int = 2,
         tenant_code_namespaces: Sequence[str] = ("models",),
         admission_policies: bool = False,
+        webhook: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if sum(1 for n in nodes if n.real) > 1:
@@ -153,6 +165,8 @@ class SimCluster:
         would be refused at the API server instead; and the agents, processes without a pod,
         have no pod-bound token naming their node, so they stay the admin, whom the agent
         policy does not concern."""
+        self.webhook_wanted = webhook
+        """Run tritonshare's webhook and the model store (pods in the short form)."""
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -164,6 +178,8 @@ class SimCluster:
         self.triton: TritonServer | None = None
         self.agents: dict[str, AgentHandle] = {}
         self.gateway: GatewayHandle | None = None
+        self.webhook: admission_webhook.WebhookHandle | None = None
+        self.model_store: ModelStore | None = None
         self.binders: list[BinderHandle] = []
         self.kubelet: Kubelet | None = None
         self.hollow: HollowKubelet | None = None
@@ -213,7 +229,11 @@ class SimCluster:
             )
         self._start_gateway()
         self._start_agents()
+        if self.webhook_wanted:
+            self._start_webhook()
         self._start_binders()
+        if self.webhook is not None:
+            self._register_webhook(self.webhook)
         self._start_kubelets()
 
     def _register(self, node: NodeSpec) -> None:
@@ -350,6 +370,39 @@ class SimCluster:
             "address."
         )
 
+    def _start_webhook(self) -> None:
+        """The model store, and the webhook's process with the real node's ports (registered
+        once it serves, after the binders have started: `_register_webhook`)."""
+        real = self.real_node
+        if not available("webhook.__main__"):
+            self.missing.append("webhook (python -m webhook is not in the tree yet)")
+            return
+        if real is None or self.gateway is None or real.name not in self.agents:
+            self.missing.append("webhook (no node runs pods, so no pod it completes could run)")
+            return
+        try:
+            cert, key = self_signed(self.workdir / "tls")
+        except TlsUnavailableError as e:
+            self.missing.append(f"webhook ({e})")
+            return
+        self.model_store = ModelStore(self.workdir / "model-store", cert, key)
+        self.model_store.start()
+        ports = admission_webhook.NodePorts(
+            agent=int(self.agents[real.name].grpc.rpartition(":")[2]),
+            gateway_http=self.gateway.http,
+            gateway_grpc=self.gateway.grpc,
+        )
+        self.webhook = admission_webhook.start(self.workdir / "logs", self.env, cert, key, ports)
+
+    def _register_webhook(self, webhook: admission_webhook.WebhookHandle) -> None:
+        assert self.kube is not None and self.model_store is not None
+        admission_webhook.register(webhook, self.kube)
+        self.say(
+            "tritonshare's webhook completes model pods written in the short form (a model URI "
+            f"and a GPU memory annotation); their models come from a model store at "
+            f"{self.model_store.base_url}."
+        )
+
     def _start_binders(self) -> None:
         if not available("binder.__main__"):
             self.missing.append("binder (python -m binder is not in the tree yet)")
@@ -407,7 +460,19 @@ class SimCluster:
         if real is not None:
             api = self.apiserver.api_client()
             self._kubelet_clients.append(api)
-            self.kubelet = Kubelet(api, real.name, self.workdir / "kubelet", base_env=self.env)
+            env = dict(self.env)
+            if self.webhook is not None:
+                # The pods trust the sim's certificate (the model store's), as pods of a cluster
+                # with a private CA do.
+                env["SSL_CERT_FILE"] = str(self.webhook.ca)
+            self.kubelet = Kubelet(
+                api,
+                real.name,
+                self.workdir / "kubelet",
+                base_env=env,
+                # The proxy's --source-address: the pod's connections leave from its own IP.
+                source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
+            )
             self.kubelet.start()
         hollow = [n.name for n in self.nodes if not n.real]
         if hollow:
@@ -472,6 +537,10 @@ class SimCluster:
             self.exit_codes[agent.process.name] = agent.process.stop()
         if self.gateway is not None:
             self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
+        if self.webhook is not None:
+            self.exit_codes[self.webhook.process.name] = self.webhook.process.stop()
+        if self.model_store is not None:
+            self.model_store.stop()
         if self.triton is not None:
             self.triton.stop()
 

@@ -42,11 +42,15 @@ from sim.report import (
 from sim.scenario import (
     GREEDY_POD,
     LATE_POD,
+    MODELS_DIR,
     NAMESPACE,
     NODES,
     PODS,
+    SHORT_FORM_PORTS,
+    ModelPod,
     PodPorts,
     model_pod_manifest,
+    short_form_manifest,
 )
 from sim.triton import free_port
 
@@ -62,6 +66,11 @@ def _pod(cluster: SimCluster, name: str) -> dict[str, Any] | None:
     return pod
 
 
+def _address(cluster: SimCluster, name: str) -> str:
+    """The pod's own IP, where its proxy listens."""
+    return str((_pod(cluster, name) or {}).get("status", {}).get("podIP", ""))
+
+
 def _condition(pod: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     for c in (pod or {}).get("status", {}).get("conditions", []) or []:
         if c.get("type") == kind:
@@ -69,7 +78,7 @@ def _condition(pod: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return {}
 
 
-def _create_pods(cluster: SimCluster) -> dict[str, PodPorts]:
+def _create_pods(cluster: SimCluster, result: DemoResult, say: Say) -> dict[str, PodPorts]:
     node, gateway = cluster.real_node, cluster.gateway
     assert node is not None and gateway is not None
     agent = cluster.agents.get(node.name)
@@ -80,6 +89,10 @@ def _create_pods(cluster: SimCluster) -> dict[str, PodPorts]:
     )
     ports: dict[str, PodPorts] = {}
     for pod in PODS:
+        if pod.short_form and cluster.model_store is not None:
+            _create_short_form(cluster, pod, result, say)
+            ports[pod.name] = SHORT_FORM_PORTS
+            continue
         ports[pod.name] = PodPorts(free_port(), free_port(), free_port())
         manifest = model_pod_manifest(
             pod,
@@ -90,6 +103,35 @@ def _create_pods(cluster: SimCluster) -> dict[str, PodPorts]:
         )
         cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
     return ports
+
+
+def _create_short_form(cluster: SimCluster, pod: ModelPod, result: DemoResult, say: Say) -> None:
+    """Publish the pod's model to the model store and create the pod as a team writes it; the
+    webhook completes it on the way in."""
+    assert cluster.model_store is not None
+    uri = cluster.model_store.publish(pod.model_id, MODELS_DIR / pod.source)
+    manifest = short_form_manifest(pod, uri)
+    cluster.core.create_namespaced_pod(NAMESPACE, manifest, _preload_content=False)
+    created = _pod(cluster, pod.name) or {}
+    spec = created.get("spec", {})
+    result.short_form[pod.name] = {
+        "annotations": dict(created.get("metadata", {}).get("annotations", {})),
+        "schedulerName": spec.get("schedulerName", ""),
+        "initContainers": [
+            {"name": c["name"], "image": c.get("image", ""), "args": c.get("args", [])}
+            for c in spec.get("initContainers", [])
+        ],
+        "containers": [c["name"] for c in spec.get("containers", [])],
+    }
+    written = ", ".join(f"{k}: {v}" for k, v in manifest["metadata"]["annotations"].items())
+    made = result.short_form[pod.name]
+    inits = ", ".join(f"{c['name']} ({c['image']})" for c in made["initContainers"])
+    say(f"{pod.name} is written in the short form: {written}.")
+    say(
+        f"  tritonshare's webhook completed it: schedulerName {made['schedulerName']}, model id "
+        f"{made['annotations'].get(KEYS.model_id)}, init containers {inits}, containers "
+        f"{', '.join(made['containers'])}."
+    )
 
 
 def _wait_for_placement(cluster: SimCluster, result: DemoResult, say: Say) -> None:
@@ -183,7 +225,7 @@ def _fail_over(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     )
 
 
-def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
+def _infer(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
     import numpy as np
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -193,7 +235,8 @@ def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
     for name in result.served:
         port = ports[name]
         model = ids[name]
-        http = httpclient.InferenceServerClient(f"127.0.0.1:{port.http}")
+        address = _address(cluster, name)
+        http = httpclient.InferenceServerClient(f"{address}:{port.http}")
         try:
             source = next(p.source for p in PODS if p.name == name)
             data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
@@ -210,7 +253,7 @@ def _infer(ports: dict[str, PodPorts], result: DemoResult, say: Say) -> None:
             sent, got = data.reshape(-1).tolist(), answer.reshape(-1).tolist()
             say(f"  REST {name}: {model}({sent}) = {got}")
             if source == "add_one":
-                with grpcclient.InferenceServerClient(f"127.0.0.1:{port.grpc}") as grpc:
+                with grpcclient.InferenceServerClient(f"{address}:{port.grpc}") as grpc:
                     g = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
                     g.set_data_from_numpy(data)
                     out = grpc.infer(model, [g]).as_numpy("OUTPUT0").reshape(-1).tolist()
@@ -383,6 +426,23 @@ def _gateway(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     )
 
 
+def _retire_short_form(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    """Delete the short-form pods now that the demo is done with them: their proxies keep the
+    webhook's production defaults (preStop 5 s, then a 5 s drain), so their graceful exit runs
+    while the demo goes on rather than at its end."""
+    done = [name for name in result.short_form if name in result.served]
+    if not done:
+        return
+    say("")
+    say(
+        f"Deleting {', '.join(done)} now: its proxy keeps the webhook's production defaults "
+        "(preStop 5 s, a 5 s drain, then the unload), which run while the demo goes on."
+    )
+    for name in done:
+        with contextlib.suppress(ApiException):
+            cluster.core.delete_namespaced_pod(name, NAMESPACE, _preload_content=False)
+
+
 def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     """A model that occupies more GPU memory than its pod asked for: the agent measures it, warns
     (or evicts, with --gpu-mem-enforcement=evict), and the binder counts what it really uses."""
@@ -437,7 +497,7 @@ def _metrics(cluster: SimCluster, ports: dict[str, PodPorts], result: DemoResult
     real = cluster.real_node
     if real is not None and real.name in cluster.agents:
         sources.append(cluster.agents[real.name].http)
-    sources += [f"127.0.0.1:{ports[name].metrics}" for name in result.served]
+    sources += [f"{_address(cluster, name)}:{ports[name].metrics}" for name in result.served]
     if cluster.triton is not None:
         # Triton's own per-model series, which the dashboard also reads.
         sources.append(f"127.0.0.1:{cluster.triton.metrics_port}")
@@ -454,17 +514,18 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
     fails to come up or a pod fails, with the log to read."""
     started = time.monotonic()
     result = DemoResult()
-    with SimCluster(workdir, NODES, binders=2, say=say) as cluster:
+    with SimCluster(workdir, NODES, binders=2, webhook=True, say=say) as cluster:
         result.missing = list(cluster.missing)
         for missing in cluster.missing:
             say(f"MISSING: {missing}; the demo runs without it.")
         result.leader = cluster.binder_leader()
         say("")
         say("Model pods, as a user (or KServe) writes them: schedulerName tritonshare, a GPU "
-            "memory limit, a model id:")  # fmt: skip
+            "memory limit, a model id; or in the short form, two annotations the webhook "
+            "completes:")  # fmt: skip
         for pod in PODS:
             say(f"  {pod.name:<11} {pod.gpu_mem:>5}  {pod.story}")
-        ports = _create_pods(cluster)
+        ports = _create_pods(cluster, result, say)
         if cluster.binders:
             _wait_for_placement(cluster, result, say)
         else:
@@ -472,12 +533,13 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         if result.placements and cluster.kubelet is not None:
             _wait_for_ready(cluster, result, say)
             say("Inferences through the proxies (tritonclient, REST and gRPC):")
-            _infer(ports, result, say)
+            _infer(cluster, ports, result, say)
             _squat(cluster, result, say)
             _gateway(cluster, result, say)
             say("Inferences after the attempt: every model still answers as its owner's.")
-            _infer(ports, result, say)
+            _infer(cluster, ports, result, say)
             _metrics(cluster, ports, result)
+            _retire_short_form(cluster, result, say)
             _overuse(cluster, result, say)
         _fail_over(cluster, result, say)
         print_tables(cluster, result, say)

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -101,7 +101,11 @@ class _PodWatcher:
 
 class Kubelet(_PodWatcher):
     """Runs the pods bound to `node_name` as processes under `workdir`. Use as a context manager,
-    or call start() and stop()."""
+    or call start() and stop().
+
+    `source_address_variables` name the environment variables set to each pod's IP, the stand-in
+    for a pod's own network namespace (`sim.podnetwork`): the caller knows which ones its
+    programs read; the kubelet does not."""
 
     def __init__(
         self,
@@ -112,6 +116,7 @@ class Kubelet(_PodWatcher):
         host_ip: str = "127.0.0.1",
         python: str = sys.executable,
         base_env: Mapping[str, str] | None = None,
+        source_address_variables: Sequence[str] = (),
         backoff_initial: float = 0.5,
         backoff_max: float = 5.0,
         abandon_grace: float = 10.0,
@@ -126,6 +131,7 @@ class Kubelet(_PodWatcher):
             host_ip=host_ip,
             python=python,
             addresses=PodAddresses(),
+            source_address_variables=tuple(source_address_variables),
             base_env=dict(os.environ if base_env is None else base_env),
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,

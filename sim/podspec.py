@@ -1,9 +1,10 @@
 """Turn one container of a pod into a process launch, as a kubelet would prepare it.
 
 Owns the pure part of the simulated kubelet: environment variables with the Downward API
-(`fieldRef`), Kubernetes' `$(VAR)` expansion, the image's `python` mapped to this interpreter, and
-volume mount paths rewritten to the local directories that stand in for the mounts. It reads no
-clock, starts nothing and calls no API; `sim.kubelet` does that.
+(`fieldRef`), Kubernetes' `$(VAR)` expansion, the image's `python` mapped to this interpreter, the
+entrypoints of the images it has stand-ins for (`IMAGE_ENTRYPOINTS`), volume mount paths rewritten
+to the local directories that stand in for the mounts, and the pod's stand-in network namespace
+(`sim.podnetwork`). It reads no clock, starts nothing and calls no API; `sim.kubelet` does that.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.podnetwork import PodNetwork
+
 Obj = Mapping[str, Any]
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -23,6 +26,12 @@ _VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _FIELD_RE = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]$")
 # The image's interpreter is ours: the demo and tests run the parts with this Python.
 _PYTHONS = frozenset({"python", "python3", "python3.11", "/usr/local/bin/python"})
+# Images whose entrypoint has a local stand-in, for containers that give no command (as the
+# pods the tritonshare webhook writes give none for KServe's storage initializer: its args are
+# [URI, directory]). Keyed by repository, without registry host or tag.
+IMAGE_ENTRYPOINTS: Mapping[str, tuple[str, ...]] = {
+    "kserve/storage-initializer": ("python", "-m", "sim.storage_initializer"),
+}
 
 
 class PodSpecError(ValueError):
@@ -75,11 +84,15 @@ def expand(text: str, variables: Mapping[str, str]) -> str:
 
 
 def rewrite_paths(text: str, mounts: Sequence[tuple[str, Path]]) -> str:
-    """Replace each mount path (as a whole path component) in `text` by its local directory."""
-    for mount_path, local in mounts:
-        pattern = re.compile(rf"(?<![\w./-]){re.escape(mount_path.rstrip('/'))}(?=/|$|[\s:,;])")
-        text = pattern.sub(str(local).replace("\\", "\\\\"), text)
-    return text
+    """Replace each mount path (as a whole path component) in `text` by its local directory, in
+    one pass: a local directory that itself lies under a mount path (a `/tmp` mount, with the
+    volumes under /tmp) is not rewritten again. Where mount paths nest, the longest wins."""
+    if not mounts:
+        return text
+    locals_by_path = {m.rstrip("/"): str(local) for m, local in mounts}
+    alternatives = "|".join(re.escape(m) for m in sorted(locals_by_path, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w./-])({alternatives})(?=/|$|[\s:,;])")
+    return pattern.sub(lambda match: locals_by_path[match.group(1)], text)
 
 
 def container_env(pod: Obj, container: Obj) -> dict[str, str]:
@@ -103,6 +116,18 @@ def container_env(pod: Obj, container: Obj) -> dict[str, str]:
     return env
 
 
+def image_repository(image: str) -> str:
+    """`image` without its digest, tag and registry host: `kserve/storage-initializer` for
+    `docker.io/kserve/storage-initializer:v0.14.1`."""
+    name = image.partition("@")[0]
+    head, _, tail = name.rpartition("/")
+    name = f"{head}/{tail.partition(':')[0]}" if head else tail.partition(":")[0]
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return rest
+    return name
+
+
 def plan(
     pod: Obj,
     container: Obj,
@@ -111,19 +136,26 @@ def plan(
     termination_log: Path,
     base_env: Mapping[str, str],
     python: str = sys.executable,
+    network: PodNetwork | None = None,
 ) -> Launch:
     """The launch of `container`.
 
     `mounts` maps each volume name to its local directory; a volumeMount's `subPath` is a
     subdirectory of it. The container's terminationMessagePath is rewritten to `termination_log`.
+    `network` is the pod's stand-in network namespace (None on the host network).
     """
     command = list(container.get("command", []))
     args = list(container.get("args", []))
     if not command:
-        raise PodSpecError(
-            f"container {container.get('name')!r} has no command; the simulated kubelet has no "
-            "image entrypoints to fall back on, so give the command (e.g. python -m loader)"
-        )
+        entrypoint = IMAGE_ENTRYPOINTS.get(image_repository(str(container.get("image", ""))))
+        if entrypoint is None:
+            known = ", ".join(sorted(IMAGE_ENTRYPOINTS))
+            raise PodSpecError(
+                f"container {container.get('name')!r} has no command; the simulated kubelet "
+                f"knows the entrypoints of {known} only, so give the command (e.g. python -m "
+                "loader)"
+            )
+        command = list(entrypoint)
     path_map: list[tuple[str, Path]] = []
     for mount in container.get("volumeMounts", []):
         volume = mount["name"]
@@ -139,6 +171,10 @@ def plan(
     declared = container_env(pod, container)
     env = {**base_env, **{k: rewrite_paths(v, path_map) for k, v in declared.items()}}
     argv = [rewrite_paths(expand(a, declared), path_map) for a in command + args]
+    if network is not None:
+        env.update({k: network.rewrite(env[k]) for k in declared})
+        env.update(network.environment(declared))
+        argv = [network.rewrite(a) for a in argv]
     if argv[0] in _PYTHONS:
         argv[0] = python
     return Launch(

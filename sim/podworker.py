@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sim.addresses import PodAddresses
 from sim.containers import ContainerRun, http_get, now_rfc3339
+from sim.podnetwork import pod_network
 from sim.podspec import Obj, PodSpecError, plan
 from sim.podstatus import write_status
 
@@ -55,6 +56,9 @@ class NodeRuntime:
     python: str
     addresses: PodAddresses
     """Where each pod's own IP comes from (`sim.addresses`)."""
+    source_address_variables: tuple[str, ...]
+    """Environment variables through which a pod's processes learn the address their connections
+    leave from: the pod's IP (`sim.podnetwork`)."""
     base_env: Mapping[str, str]
     backoff_initial: float
     """Seconds before the first restart of a failed container; doubles per restart."""
@@ -88,7 +92,15 @@ class PodWorker(threading.Thread):
         self.start_time = now_rfc3339()
         self._grace = float(spec.get("terminationGracePeriodSeconds", 30))
         # A pod on the host network has the node's address; every other pod an address of its own.
-        self.pod_ip = node.host_ip if spec.get("hostNetwork") else node.addresses.take(self.uid)
+        ports = [
+            int(p["containerPort"])
+            for c in spec.get("containers", [])
+            for p in c.get("ports", [])
+            if p.get("protocol", "TCP") == "TCP" and isinstance(p.get("containerPort"), int)
+        ]
+        self.pod_ip = (
+            node.host_ip if spec.get("hostNetwork") else node.addresses.take(self.uid, ports)
+        )
         self._deleting = threading.Event()
         self._abandon = threading.Event()
         self._published = ""
@@ -202,6 +214,7 @@ class PodWorker(threading.Thread):
             termination_log=self.dir / "termination" / container.name,
             base_env=self.node.base_env,
             python=self.node.python,
+            network=pod_network(self.pod_ip, self.node.host_ip, self.node.source_address_variables),
         )
         container.start(launch, self.dir / "logs" / f"{container.name}.log", self.dir)
         log.info("Pod %s: started container %s.", self.key, container.name)

@@ -13,6 +13,7 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
@@ -35,6 +36,9 @@ class DemoResult:
     """pod -> (node, GPU UUID) for every bound pod."""
     pending: dict[str, str] = field(default_factory=dict)
     """pod -> the PodScheduled condition's message."""
+    short_form: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """pod -> what the webhook made of a pod created in the short form: its annotations, scheduler
+    name, init containers (with the storage initializer's image and args) and containers."""
     served: list[str] = field(default_factory=list)
     """Pods that ran for real on the node with Triton and became Ready."""
     inferences: dict[str, list[float]] = field(default_factory=dict)
@@ -193,6 +197,8 @@ INTRO = (
     "  - four GPU nodes in three pools (mock NVML): T4, L4, and A100s tainted nvidia.com/gpu;",
     "  - on each node the tritonshare agent, publishing its GPUs on the Node and renewing a Lease;",
     "  - a real Triton (on the CPU) for the T4 node, whose pods run as real processes;",
-    "  - two binders (one leader): the scheduler that places model pods by GPU memory.",
+    "  - two binders (one leader): the scheduler that places model pods by GPU memory;",
+    "  - tritonshare's webhook, completing model pods written in the short form (a model URI and",
+    "    its GPU memory), and an HTTPS model store their storage initializer fetches from.",
     "",
 )

@@ -3,8 +3,9 @@
 Owns the node pools (labels and the nvidia.com/gpu taint as KServe users set them up), the model
 pods (GPU memory, model id, selectors, tolerations and affinity as users write them) and the pod
 manifest they share with deploy/example: a storage-initializer-style init container, the loader
-with its projected agent-audience token, and the proxy with a readiness probe and preStop. Pure:
-it builds dicts and starts nothing.
+with its projected agent-audience token, and the proxy with a readiness probe and preStop; and
+the short form of a model pod (a label and two annotations) that tritonshare's webhook completes.
+Pure: it builds dicts and starts nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.contract import DEFAULT_AGENT_AUDIENCE, DEFAULT_SCHEDULER_NAME, Keys
+from common.contract import (
+    DEFAULT_AGENT_AUDIENCE,
+    DEFAULT_PROXY_GRPC_PORT,
+    DEFAULT_PROXY_HTTP_PORT,
+    DEFAULT_PROXY_METRICS_PORT,
+    DEFAULT_SCHEDULER_NAME,
+    Keys,
+)
 from sim.cluster import NodeSpec
 
 KEYS = Keys()
@@ -74,6 +82,9 @@ class ModelPod:
     tolerations: tuple[dict[str, str], ...] = ()
     affinity: dict[str, Any] = field(default_factory=dict)
     fits: bool = True
+    short_form: bool = False
+    """Written as a few annotations, completed by tritonshare's webhook (`short_form_manifest`);
+    its proxy listens on the webhook's ports, on the pod's own address."""
 
 
 PODS = (
@@ -84,8 +95,8 @@ PODS = (
     ),
     ModelPod(
         "identity", "identity", "identity", "3Gi",
-        "a second T4 model: packed onto the same GPU as add-one (binpack)",
-        node_selector={ACCELERATOR: "nvidia-tesla-t4"},
+        "a second T4 model, in the short form (webhook): packed onto add-one's GPU",
+        node_selector={ACCELERATOR: "nvidia-tesla-t4"}, short_form=True,
     ),
     ModelPod(
         "ranker", "ranker", "add_one", "30Gi",
@@ -140,11 +151,43 @@ print("fetched", source.name, "as", model_id, "into", target)
 
 @dataclass(frozen=True)
 class PodPorts:
-    """Where a model pod's proxy listens (all pods share the host's network in the sim)."""
+    """Where a model pod's proxy listens, on the pod's IP."""
 
     http: int
     grpc: int
     metrics: int
+
+
+# Where the proxy of a pod the webhook completes listens (on the pod's own address).
+SHORT_FORM_PORTS = PodPorts(
+    DEFAULT_PROXY_HTTP_PORT, DEFAULT_PROXY_GRPC_PORT, DEFAULT_PROXY_METRICS_PORT
+)
+
+
+def short_form_manifest(pod: ModelPod, model_uri: str) -> dict[str, Any]:
+    """The pod as a team writes it for tritonshare's webhook: the model's URI and GPU memory as
+    annotations (the model id is the URI's last segment), and its own placement fields."""
+    spec: dict[str, Any] = {"containers": []}
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        spec["tolerations"] = [dict(t) for t in pod.tolerations]
+    if pod.affinity:
+        spec["affinity"] = pod.affinity
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": NAMESPACE,
+            "labels": {"app.kubernetes.io/name": pod.name, "tritonshare.io/role": "model"},
+            "annotations": {
+                f"{KEYS.prefix}model-uri": model_uri,
+                f"{KEYS.prefix}gpu-mem": pod.gpu_mem,
+            },
+        },
+        "spec": spec,
+    }
 
 
 def model_pod_manifest(
@@ -159,10 +202,10 @@ def model_pod_manifest(
 
     On a real cluster every node's agent and gateway listen on the same ports (hostPorts); in the
     simulation the node's address is 127.0.0.1 for every node, so the ports are those of the one
-    node that runs pods. Each pod has an address of its own (status.podIP): the proxy's
-    connections to the gateway leave from it (--source-address), which is how the gateway knows
-    the pod. The proxy listens on every address, on ports of its own, so clients reach it at
-    127.0.0.1 and the kubelet's probes at the pod's address.
+    node that runs pods. Each pod has an address of its own (status.podIP): the simulated kubelet
+    makes the proxy listen there (0.0.0.0 is the pod's own address in a pod) and its connections
+    to the gateway leave from it, which is how the gateway knows the pod (`sim.podnetwork`).
+    Clients reach the proxy at the pod's IP.
     """
     token_dir = "/var/run/secrets/tritonshare"  # noqa: S105 - a mount path, not a secret
     downward = [
@@ -171,7 +214,6 @@ def model_pod_manifest(
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{KEYS.model_id}']"}},
         },
         {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     small = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
     spec: dict[str, Any] = {
@@ -219,7 +261,6 @@ def model_pod_manifest(
                     "--model-id=$(MODEL_ID)",
                     f"--triton-http-url=$(HOST_IP):{gateway_http_port}",
                     f"--triton-grpc-url=$(HOST_IP):{gateway_grpc_port}",
-                    "--source-address=$(POD_IP)",
                     f"--listen-http=0.0.0.0:{ports.http}",
                     f"--listen-grpc=0.0.0.0:{ports.grpc}",
                     f"--listen-metrics=0.0.0.0:{ports.metrics}",

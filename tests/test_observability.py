@@ -59,14 +59,16 @@ def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[tuple[Sim
             running.kubelet.wait_idle(60)
 
 
-def _ready(cluster: SimCluster) -> bool:
+def _ready(cluster: SimCluster) -> str:
+    """The pod's IP (where its proxy listens) once it is Ready, else ""."""
     pod = json.loads(
         cluster.core.read_namespaced_pod(POD.name, NAMESPACE, _preload_content=False).data
     )
-    return any(
+    ready = any(
         c["type"] == "Ready" and c["status"] == "True"
         for c in pod.get("status", {}).get("conditions", [])
     )
+    return str(pod["status"]["podIP"]) if ready else ""
 
 
 def _query(prometheus: str, expr: str) -> list[dict[str, Any]]:
@@ -86,8 +88,8 @@ def test_prometheus_scrapes_every_part_and_promtool_accepts_each_exposition(
     prometheus_bin = require_executable("prometheus")
     promtool = require_executable("promtool")
     sim, ports = cluster
-    wait_until("the model pod becoming Ready", lambda: _ready(sim), 120)
-    with httpclient.InferenceServerClient(f"127.0.0.1:{ports.http}") as client:
+    address = wait_until("the model pod becoming Ready", lambda: _ready(sim), 120)
+    with httpclient.InferenceServerClient(f"{address}:{ports.http}") as client:
         tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(np.array([[1.0, 5.0]], dtype=np.float32))
         assert client.infer(POD.model_id, [tensor]).as_numpy("OUTPUT0").tolist() == [[2.0, 6.0]]
@@ -95,7 +97,7 @@ def test_prometheus_scrapes_every_part_and_promtool_accepts_each_exposition(
     targets = {
         "agent": sim.agents[NODES[0].name].http,
         "binder": sim.binders[0].http,
-        "proxy": f"127.0.0.1:{ports.metrics}",
+        "proxy": f"{address}:{ports.metrics}",
     }
     for job, address in targets.items():
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:

@@ -5,6 +5,7 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
     tritonshare.io/model-uri: gs://bucket/triton/add_one   # or s3://, https://, pvc://CLAIM/PATH
     tritonshare.io/gpu-mem: 1Gi
     tritonshare.io/model-id: add_one                       # optional: the URI's last segment
+                                                           # (without .tar.gz, .tgz, .tar, .zip)
     tritonshare.io/concurrency: "4"                        # optional: the proxy's in-flight limit
 
 and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
@@ -32,6 +33,9 @@ PVC_DIR = "/mnt/pvc"
 TOKEN_DIR = "/var/run/secrets/tritonshare"  # noqa: S105  (a directory, not a secret)
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 _SCHEMES = ("s3", "gs", "https", "pvc")
+# An https:// URI names one file, so a model directory comes as an archive, which KServe's storage
+# initializer unpacks: the model id is the archive's name without its extension.
+_ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _LOCKED_DOWN = {
     "allowPrivilegeEscalation": False,
@@ -61,6 +65,13 @@ def wants_completion(pod: Pod, settings: Settings) -> bool:
     """True when the pod names a model URI: the webhook leaves every other pod alone."""
     annotations = pod.get("metadata", {}).get("annotations") or {}
     return settings.keys.prefix + "model-uri" in annotations
+
+
+def _last_segment(path: str) -> str:
+    """The path's last segment, without an archive extension."""
+    name = path.rstrip("/").rpartition("/")[2]
+    suffix = next((s for s in _ARCHIVES if name.endswith(s) and len(name) > len(s)), "")
+    return name.removesuffix(suffix)
 
 
 def read_request(pod: Pod, settings: Settings) -> ModelRequest:
@@ -95,7 +106,7 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
             f"annotation {mem_key}={annotations[mem_key]!r} is not a GPU memory size ({e}); "
             f"write a Kubernetes quantity such as 1500Mi or 2Gi"
         ) from e
-    model_id = str(annotations.get(id_key) or parts.path.rstrip("/").rpartition("/")[2])
+    model_id = str(annotations.get(id_key) or _last_segment(parts.path))
     try:
         validate_model_id(model_id)
     except ContractError as e:

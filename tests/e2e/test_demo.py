@@ -36,6 +36,21 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert "didn't match Pod's node affinity/selector" in result.pending["h100-only"]
     assert result.pending["h100-only"].startswith(f"0/{len(NODES)} nodes are available")
 
+    # identity was written in the short form (a model URI and its GPU memory) and completed by
+    # tritonshare's webhook on its way into the API server; it was then placed, fetched from the
+    # model store by the storage initializer, loaded and served like the others (below).
+    assert set(result.short_form) == {p.name for p in PODS if p.short_form} == {"identity"}
+    made = result.short_form["identity"]
+    assert made["schedulerName"] == "tritonshare"
+    assert made["annotations"]["tritonshare.io/model-id"] == "identity"
+    assert made["annotations"]["tritonshare.io/gpu-mem"] == "3Gi"
+    initializer, loader = made["initContainers"]
+    assert initializer["image"].startswith("kserve/storage-initializer:")
+    uri = made["annotations"]["tritonshare.io/model-uri"]
+    assert uri.startswith("https://127.0.0.1:") and uri.endswith("/identity.tar.gz")
+    assert initializer["args"] == [uri, "/mnt/models"]
+    assert loader["name"] == "loader" and made["containers"] == ["proxy"]
+
     # The binder's CLI explains a pending pod node by node.
     for node in NODES:
         assert node.name in result.explain
@@ -72,7 +87,12 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert result.metrics["tritonshare_agent_models_loaded"] == len(on_real)
 
     # Every part stopped cleanly on SIGTERM (the crashed leader was already dead).
-    expected = {f"agent/{n.name}" for n in NODES} | {"binder-0", "binder-1", "gateway/t4-node-0"}
+    expected = {f"agent/{n.name}" for n in NODES} | {
+        "binder-0",
+        "binder-1",
+        "gateway/t4-node-0",
+        "webhook",
+    }
     assert set(result.exit_codes) == expected
     assert {part: code for part, code in result.exit_codes.items() if code != 0} == {
         result.leader: -9

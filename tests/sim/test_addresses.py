@@ -40,3 +40,13 @@ def test_a_process_can_listen_on_and_connect_from_a_pod_address() -> None:
             accepted, peer = server.accept()
             accepted.close()
     assert peer[0] == source
+
+
+def test_an_address_where_another_process_holds_one_of_the_pods_ports_is_passed_over() -> None:
+    with socket.socket() as other:
+        other.bind(("127.1.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        addresses = PodAddresses()
+        assert addresses.take("a", [port]) == "127.1.0.2"
+        assert addresses.take("b") == "127.1.0.3", "a passed-over address is not handed out"

@@ -7,11 +7,14 @@ graceful deletion, as a client reads them back from the API.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -478,3 +481,76 @@ def test_readiness_waits_for_the_startup_probe(
         "Ready after the startup probe passes",
         lambda: condition(read(kube_api, "slow-start"), "Ready") == "True",
     )
+
+
+# Listens where its args say, and tells the "gateway" (a socket of the test) its address,
+# connecting from the address in EXAMPLE_SOURCE when the kubelet sets it.
+SERVE_AND_CALL = """
+import http.server, os, socket, sys
+host, port, gateway = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+source = (os.environ["EXAMPLE_SOURCE"], 0) if "EXAMPLE_SOURCE" in os.environ else None
+with socket.create_connection(("127.0.0.1", gateway), 10, source) as s:
+    s.sendall(host.encode())
+http.server.HTTPServer((host, port), http.server.SimpleHTTPRequestHandler).serve_forever()
+"""
+
+
+def test_pods_listen_on_the_any_address_as_in_a_network_namespace_of_their_own(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, tmp_path: Path
+) -> None:
+    api = apiserver.api_client()
+    node = Kubelet(
+        api,
+        NODE,
+        tmp_path / "kubelet",
+        source_address_variables=("EXAMPLE_SOURCE",),
+        abandon_grace=5,
+    )
+    port = free_port()
+    with contextlib.closing(api), socket.socket() as gateway, node:
+        gateway.bind(("127.0.0.1", 0))
+        gateway.listen()
+        gateway.settimeout(60)
+        for name in ("one", "two"):
+            create(
+                kube_api,
+                pod_manifest(
+                    name,
+                    {
+                        "containers": [
+                            {
+                                "name": "server",
+                                "image": "tritonshare",
+                                "command": ["python", "-c", SERVE_AND_CALL],
+                                # Both on the same port, as two pods of a Deployment are.
+                                "args": ["0.0.0.0", str(port), str(gateway.getsockname()[1])],
+                                "ports": [{"name": "http", "containerPort": port}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/", "port": "http"},
+                                    "periodSeconds": 1,
+                                },
+                            }
+                        ]
+                    },
+                ),
+            )
+        calls = {}
+        for _ in range(2):
+            accepted, (peer, _) = gateway.accept()
+            with accepted:
+                calls[peer] = accepted.recv(100).decode()
+
+        def ready(name: str) -> dict[str, Any] | None:
+            pod = read(kube_api, name)
+            return pod if condition(pod, "Ready") == "True" else None
+
+        pods = [wait_for(f"pod {name} Ready", partial(ready, name)) for name in ("one", "two")]
+        addresses = {p["status"]["podIP"] for p in pods}
+        assert len(addresses) == 2 and "127.0.0.1" not in addresses
+        # Each listened on its own IP (0.0.0.0 in its spec) and called from it.
+        assert calls == {a: a for a in addresses}
+        for address in addresses:
+            with urllib.request.urlopen(f"http://{address}:{port}/", timeout=10) as answer:
+                assert answer.status == 200
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)

@@ -1,5 +1,6 @@
 """The simulated kubelet prepares a container's process as a kubelet would: Downward API, $(VAR)
-expansion, and mount paths rewritten to the directories standing in for the volumes."""
+expansion, mount paths rewritten to the directories standing in for the volumes, the pod's
+stand-in network namespace, and the entrypoints of the images it has stand-ins for."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from sim.podspec import PodSpecError, expand, field_value, plan, rewrite_paths
+from sim.podnetwork import PodNetwork, pod_network
+from sim.podspec import (
+    PodSpecError,
+    expand,
+    field_value,
+    image_repository,
+    plan,
+    rewrite_paths,
+)
 
 POD: dict[str, Any] = {
     "metadata": {
@@ -98,7 +107,7 @@ def test_plan_refuses_what_it_cannot_provide(tmp_path: Path) -> None:
     def attempt(container: dict[str, Any]) -> None:
         plan(POD, container, mounts={}, termination_log=tmp_path / "t", base_env={})
 
-    with pytest.raises(PodSpecError, match="no command"):
+    with pytest.raises(PodSpecError, match="has no command"):
         attempt({"name": "c"})
     with pytest.raises(PodSpecError, match="secretKeyRef"):
         attempt(
@@ -110,3 +119,97 @@ def test_plan_refuses_what_it_cannot_provide(tmp_path: Path) -> None:
         )
     with pytest.raises(PodSpecError, match="names no volume"):
         attempt({"name": "c", "command": ["x"], "volumeMounts": [{"name": "v", "mountPath": "/v"}]})
+
+
+def test_the_any_address_becomes_the_pods_own_and_connections_leave_from_it(
+    tmp_path: Path,
+) -> None:
+    container = {
+        "name": "proxy",
+        "command": ["python", "-m", "proxy"],
+        "args": ["--listen-http=0.0.0.0:9000", "--upstream=10.0.0.0:80", "--x=0.0.0.01"],
+        "env": [
+            {"name": "LISTEN", "value": "0.0.0.0:9001"},
+            {"name": "OWN_SOURCE", "value": "192.0.2.1"},
+        ],
+    }
+    network = PodNetwork("127.1.0.7", ("SOURCE", "OWN_SOURCE"))
+    launch = plan(
+        POD,
+        container,
+        mounts={},
+        termination_log=tmp_path / "t",
+        base_env={"SOURCE": "inherited"},
+        network=network,
+    )
+    assert launch.argv[3:] == (
+        "--listen-http=127.1.0.7:9000",
+        "--upstream=10.0.0.0:80",
+        "--x=0.0.0.01",
+    ), "only the any-address, as a whole address"
+    assert launch.env["LISTEN"] == "127.1.0.7:9001"
+    assert launch.env["SOURCE"] == "127.1.0.7"
+    assert launch.env["OWN_SOURCE"] == "192.0.2.1", "a container's own setting wins"
+    # On the host network (no stand-in) the process sees the host's network as written.
+    plain = plan(POD, container, mounts={}, termination_log=tmp_path / "t", base_env={})
+    assert plain.argv[3] == "--listen-http=0.0.0.0:9000" and "SOURCE" not in plain.env
+    assert pod_network("127.0.0.1", "127.0.0.1", ("SOURCE",)) is None
+    assert pod_network("127.1.0.7", "127.0.0.1", ("SOURCE",)) == PodNetwork(
+        "127.1.0.7", ("SOURCE",)
+    )
+
+
+@pytest.mark.parametrize(
+    ("image", "repository"),
+    [
+        ("kserve/storage-initializer:v0.14.1", "kserve/storage-initializer"),
+        ("docker.io/kserve/storage-initializer:v0.14.1", "kserve/storage-initializer"),
+        ("registry.local:5000/kserve/storage-initializer@sha256:ab", "kserve/storage-initializer"),
+        ("localhost/kserve/storage-initializer", "kserve/storage-initializer"),
+        ("python:3.11", "python"),
+    ],
+)
+def test_image_repositories(image: str, repository: str) -> None:
+    assert image_repository(image) == repository
+
+
+def test_an_image_with_a_stand_in_runs_it_when_the_container_gives_no_command(
+    tmp_path: Path,
+) -> None:
+    container = {
+        "name": "storage-initializer",
+        "image": "kserve/storage-initializer:v0.14.1",
+        "args": ["https://models.example.com/add_one.tar.gz", "/mnt/models"],
+        "volumeMounts": [{"name": "model", "mountPath": "/mnt/models"}],
+    }
+    launch = plan(
+        POD,
+        container,
+        mounts={"model": tmp_path / "model"},
+        termination_log=tmp_path / "t",
+        base_env={},
+        python="/opt/py",
+    )
+    assert launch.argv == (
+        "/opt/py",
+        "-m",
+        "sim.storage_initializer",
+        "https://models.example.com/add_one.tar.gz",
+        str(tmp_path / "model"),
+    )
+    with pytest.raises(PodSpecError, match="knows the entrypoints of kserve/storage-initializer"):
+        plan(
+            POD,
+            {**container, "image": "busybox"},
+            mounts={"model": tmp_path / "model"},
+            termination_log=tmp_path / "t",
+            base_env={},
+        )
+
+
+def test_a_local_directory_under_a_mount_path_is_not_rewritten_again() -> None:
+    # The webhook mounts an emptyDir at /tmp, and the kubelet's volumes live under /tmp.
+    volumes = Path("/tmp/kubelet/pod/volumes")
+    mounts = [("/mnt/models", volumes / "model"), ("/tmp", volumes / "tmp")]
+    assert rewrite_paths("/mnt/models", mounts) == "/tmp/kubelet/pod/volumes/model"
+    assert rewrite_paths("--scratch=/tmp/x", mounts) == "--scratch=/tmp/kubelet/pod/volumes/tmp/x"

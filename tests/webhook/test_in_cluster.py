@@ -20,6 +20,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
+from sim import admission_webhook
 from sim.triton import free_port
 from tests.deploy.rendering import render_chart
 from tests.webhook.test_server import make_certificate
@@ -151,3 +152,33 @@ def test_only_labelled_pods_outside_the_system_namespace_are_sent(configured: An
     core.create_namespaced_pod("tritonshare-system", system)
     pod = core.read_namespaced_pod("sys", "tritonshare-system")
     assert pod.spec.scheduler_name == "default-scheduler" and not pod.spec.init_containers
+
+
+def test_the_simulated_cluster_runs_the_webhook_as_the_chart_does(tmp_path: Path) -> None:
+    """SimCluster(webhook=True) registers the chart's configuration and passes the chart's
+    arguments; only the address, the certificate, the node's ports and the log format are the
+    simulation's."""
+    chart = _chart_objects()
+    url, ca = "https://127.0.0.1:1/mutate-pods", b"CA"
+    ours = admission_webhook.configuration(url, ca)
+    theirs = chart["MutatingWebhookConfiguration"]
+    assert ours["metadata"]["name"] == theirs["metadata"]["name"]
+    [hook], [expected] = ours["webhooks"], theirs["webhooks"]
+    assert hook.pop("clientConfig") == {"url": url, "caBundle": base64.b64encode(ca).decode()}
+    assert expected.pop("clientConfig")["service"]["path"] == admission_webhook.PATH
+    assert hook == expected
+    ports = admission_webhook.NodePorts(agent=31000, gateway_http=31001, gateway_grpc=31002)
+    sim_args = admission_webhook.arguments(4443, tmp_path / "c", tmp_path / "k", ports)
+    [container] = chart["Deployment"]["spec"]["template"]["spec"]["containers"]
+    own = {
+        "--listen": "127.0.0.1:4443",
+        "--tls-cert": str(tmp_path / "c"),
+        "--tls-key": str(tmp_path / "k"),
+        "--agent-port": "31000",
+        "--triton-http-port": "31001",
+        "--triton-grpc-port": "31002",
+        # Text, as every other part of the simulation logs, for people reading logs/.
+        "--log-format": "text",
+    }
+    chart_args = [a.partition("=") for a in container["args"]]
+    assert sim_args == [f"{f}={own.get(f, value)}" for f, _, value in chart_args]

@@ -154,6 +154,24 @@ URI, MEM = "tritonshare.io/model-uri", "tritonshare.io/gpu-mem"
 
 
 @pytest.mark.parametrize(
+    ("uri", "model_id"),
+    [
+        ("https://models.example.com/triton/add_one.tar.gz", "add_one"),
+        ("https://models.example.com/triton/add_one.tgz", "add_one"),
+        ("https://models.example.com/triton/v1.2.zip", "v1.2"),
+        ("https://models.example.com/triton/model.onnx", "model.onnx"),
+        ("gs://my-models/triton/add_one/", "add_one"),
+    ],
+)
+def test_the_model_id_is_the_uris_last_segment_without_an_archive_extension(
+    uri: str, model_id: str
+) -> None:
+    done = complete(pod(**{URI: uri, MEM: "1Gi"}), SETTINGS)
+    assert done["metadata"]["annotations"]["tritonshare.io/model-id"] == model_id
+    assert done["spec"]["initContainers"][0]["args"] == [uri, "/mnt/models"]
+
+
+@pytest.mark.parametrize(
     ("annotations", "says"),
     [
         ({URI: "ftp://x/y", MEM: "1Gi"}, "write gs://BUCKET/PATH"),
@@ -163,6 +181,7 @@ URI, MEM = "tritonshare.io/model-uri", "tritonshare.io/gpu-mem"
         ({URI: "gs://b/m", MEM: "lots"}, "such as 1500Mi"),
         ({URI: "gs://b/m", MEM: "0"}, "not a GPU memory size"),
         ({URI: "gs://b/", MEM: "1Gi"}, "set tritonshare.io/model-id"),
+        ({URI: "https://b/.tar.gz", MEM: "1Gi"}, "set tritonshare.io/model-id"),
         ({**GS, "tritonshare.io/model-id": ".hidden"}, "tritonshare.io/model-id is not a usable"),
         ({**GS, "tritonshare.io/concurrency": "four"}, 'example tritonshare.io/concurrency: "4"'),
     ],
