@@ -4,7 +4,7 @@ over a direct Triton load of the same model, side by side, medians of several ru
     .venv/bin/python -m benchmarks.agent_install [--size-mib 1024] [--runs 5] [--chunk-kib 1024]
 
 Runs the real pieces: sim/'s API server, a real Triton (nvidia-pytriton) on the CPU, and the agent
-as a process (`python -m sim.agent_node --gpus 2xT4 -- ... --cpu-only`). The client streams the
+as a process (`python -m sim.gpu.agent_node --gpus 2xT4 -- ... --cpu-only`). The client streams the
 files over gRPC as the loader does, with a projected token minted for the model's pod. Each
 install run writes everything anew (the model is unloaded and removed between runs); the load
 comparison alternates a direct `POST /v2/repository/models/<m>/load` with the agent's LoadModel
@@ -155,7 +155,7 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
         triton = TritonServer(repository).start()
         ports = work / "ports.json"
         command = [
-            sys.executable, "-m", "sim.agent_node", "--gpus", "2xT4", "--",
+            sys.executable, "-m", "sim.gpu.agent_node", "--gpus", "2xT4", "--",
             "--node-name", NODE, "--kubeconfig", str(apiserver.write_kubeconfig(work / "kc")),
             "--triton-http-url", triton.http_url, "--model-repository", str(repository),
             "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",

@@ -2,18 +2,18 @@
 
 Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
 Node objects (as kubelets would register them), a real Triton on the CPU for the one node whose
-pods run for real, one agent per node (`python -m sim.agent_node`, mock NVML), the binder replicas
-(`python -m binder`), the local node's kubelet and a hollow kubelet for the other nodes; with
-`webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered as the chart
-registers it: `sim.admission_webhook`) and a model store serving model archives over HTTPS
-(`sim.modelstore`), so pods written in the short form run end to end. Every
-process logs to a file under the work directory. A part that is not in the tree yet is reported in
+pods run for real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the binder
+replicas (`python -m binder`), the local node's kubelet and a hollow kubelet for the other
+nodes; with `webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered
+as the chart registers it: `sim.admission_webhook`) and a model store serving model archives
+over HTTPS (`sim.modelstore`), so pods written in the short form run end to end. Every process
+logs to a file under the work directory. A part that is not in the tree yet is reported in
 `missing` and left out; nothing pretends to be it. It must not create model pods: that is the
 caller's scenario.
 
-With `admission_policies=True` the API server also runs the project's ValidatingAdmissionPolicies
-(deploy/base) and the binders call it with their service account's token; off by default (see
-`SimCluster.admission_policies`).
+With `admission_policies=True` the API server also runs the project's
+ValidatingAdmissionPolicies (deploy/base) and the binders call it with their service account's
+token; off by default (see `SimCluster.admission_policies`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import yaml
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
 from sim import admission_webhook
 from sim.apiserver import RunningApiServer, start_in_thread
-from sim.kubelet import HollowKubelet, Kubelet
 from sim.modelstore import ModelStore
+from sim.node.kubelet import HollowKubelet, Kubelet
 from sim.processes import (
     ClusterError,
     ManagedProcess,
@@ -81,7 +81,7 @@ def install_admission_policies(api: kubernetes.client.ApiClient) -> list[str]:
 
 
 # The proxy's --source-address as an environment variable: set by the kubelet to each pod's IP,
-# as the stand-in for its own network namespace (sim.podnetwork).
+# as the stand-in for its own network namespace (sim.node.podnetwork).
 SOURCE_ADDRESS_VARIABLE = "TRITONSHARE_SOURCE_ADDRESS"
 
 
@@ -258,8 +258,10 @@ class SimCluster:
         self.core.patch_node_status(node.name, status, _preload_content=False)
 
     def _start_agents(self) -> None:
-        if not (available("agent.__main__") and available("sim.agent_node")):
-            self.missing.append("agent (python -m agent / sim.agent_node is not in the tree yet)")
+        if not (available("agent.__main__") and available("sim.gpu.agent_node")):
+            self.missing.append(
+                "agent (python -m agent / sim.gpu.agent_node is not in the tree yet)"
+            )
             return
         for node in self.nodes:
             node_dir = self.workdir / "nodes" / node.name
@@ -272,7 +274,7 @@ class SimCluster:
                 repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
                 repository.mkdir(parents=True, exist_ok=True)
             argv = [
-                sys.executable, "-m", "sim.agent_node", "--gpus", node.gpus,
+                sys.executable, "-m", "sim.gpu.agent_node", "--gpus", node.gpus,
                 *(["--simulate-model-memory"] if node.real else []), "--",
                 "--node-name", node.name,
                 "--kubeconfig", str(self.kubeconfig),

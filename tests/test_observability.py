@@ -23,8 +23,8 @@ import tritonclient.http as httpclient
 import yaml
 
 from sim.cluster import SimCluster
+from sim.demo.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
 from sim.processes import wait_until
-from sim.scenario import NAMESPACE, NODES, PODS, PodPorts, model_pod_manifest
 from sim.triton import TritonInstall, free_port
 from tests.conftest import require_executable
 from tests.deploy.test_dashboard import SCALED_OBJECT, queries

@@ -20,7 +20,7 @@ from agent.app import Agent
 from agent.settings import Settings
 from common.lifecycle import Lifecycle
 from protos import agent_pb2, agent_pb2_grpc
-from sim.nvml import MockNvml, parse_spec
+from sim.gpu.nvml import MockNvml, parse_spec
 from sim.triton import TritonServer
 from tests.fixtures_sim import sign_placement, write_test_placement_key
 

@@ -1,5 +1,5 @@
 """GPU memory measured per model, admitted and enforced on the node: through the agent's real API
-with a real Triton, the mock NVML standing in for pynvml, and `sim.gpuload` playing the GPU (a
+with a real Triton, the mock NVML standing in for pynvml, and `sim.gpu.load` playing the GPU (a
 model READY in Triton occupies the bytes its config declares on its pod's GPU)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
-from sim.gpuload import ModelFootprints
-from sim.nvml import MockNvml
+from sim.gpu.load import ModelFootprints
+from sim.gpu.nvml import MockNvml
 from sim.triton import TritonServer
 from tests.agent.conftest import (
     NODE,

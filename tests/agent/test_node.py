@@ -21,7 +21,7 @@ from agent.metrics import AgentMetrics
 from agent.node import NodePublisher
 from common.contract import Keys
 from sim.apiserver import RunningApiServer
-from sim.nvml import Event, MockNvml, SpecError, load_events, parse_spec
+from sim.gpu.nvml import Event, MockNvml, SpecError, load_events, parse_spec
 from tests.agent.conftest import NODE
 
 T4 = 15360 * 1024 * 1024
@@ -258,7 +258,7 @@ def test_a_faults_file_and_bad_specs(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="melted"):
         load_events(faults)
     result = subprocess.run(
-        [sys.executable, "-m", "sim.agent_node", "--gpus", "3xNope", "--", "--node-name", "n"],
+        [sys.executable, "-m", "sim.gpu.agent_node", "--gpus", "3xNope", "--", "--node-name", "n"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,4 +1,4 @@
-"""The agent as others start it: `python -m sim.agent_node --gpus 2xT4 -- <agent flags>` (which
+"""The agent as others start it: `python -m sim.gpu.agent_node --gpus 2xT4 -- <agent flags>` (which
 runs `python -m agent`'s main), found through its ports file, stopped by SIGTERM."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_agent_process_publishes_gpus_serves_and_stops_on_sigterm(
     ports = tmp_path / "ports.json"
     log_path = tmp_path / "agent.log"
     command = [
-        sys.executable, "-m", "sim.agent_node", "--gpus", "2xT4", "--",
+        sys.executable, "-m", "sim.gpu.agent_node", "--gpus", "2xT4", "--",
         "--node-name", NODE, "--kubeconfig", str(kubeconfig),
         "--triton-http-url", triton.http_url, "--model-repository", str(model_repository),
         "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",

@@ -14,7 +14,7 @@ import pytest
 from agent.triton import READY
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
-from sim.nvml import MockNvml
+from sim.gpu.nvml import MockNvml
 from sim.triton import TritonServer
 from tests.agent.conftest import (
     RunningAgent,

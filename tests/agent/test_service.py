@@ -14,7 +14,7 @@ import tritonclient.http as triton_http
 
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
-from sim.nvml import MockNvml
+from sim.gpu.nvml import MockNvml
 from sim.triton import TritonServer
 from tests.agent.conftest import (
     NODE,

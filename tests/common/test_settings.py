@@ -20,8 +20,8 @@ import loader.errors
 import loader.settings
 import proxy.gateway.settings
 import proxy.settings
-import sim.agent_node
 import sim.apiserver.settings
+import sim.gpu.agent_node
 import webhook.settings
 from common.settings import (
     BadValueError,
@@ -102,7 +102,13 @@ PARTS = [
         sim.apiserver.settings.SettingsError,
         {},
     ),
-    Part("sim.agent_node", sim.agent_node.OWN_FLAGS, None, sim.agent_node.SettingsError, {}),
+    Part(
+        "sim.gpu.agent_node",
+        sim.gpu.agent_node.OWN_FLAGS,
+        None,
+        sim.gpu.agent_node.SettingsError,
+        {},
+    ),
 ]
 SETTINGS = [
     pytest.param(part, setting, id=f"{part.name} --{setting.flag}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.demo import run_demo
-from sim.report import DemoResult
+from sim.demo.report import DemoResult
+from sim.demo.run import run_demo
 from sim.triton import TritonInstall
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.report import DemoResult
-from sim.scenario import LATE_POD, NODES, PODS
+from sim.demo.report import DemoResult
+from sim.demo.scenario import LATE_POD, NODES, PODS
 
 
 @pytest.mark.slow

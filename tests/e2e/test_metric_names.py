@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.report import DemoResult
+from sim.demo.report import DemoResult
 from tests.deploy.test_dashboard import METRIC, TRITON_METRIC, queries
 
 

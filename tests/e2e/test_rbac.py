@@ -18,8 +18,8 @@ import pytest
 from common.contract import DEFAULT_SYSTEM_NAMESPACE
 from sim.apiserver import AuditRecord
 from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
-from sim.kubelet import USER_AGENT as KUBELET_USER_AGENT
-from sim.report import DemoResult
+from sim.demo.report import DemoResult
+from sim.node.kubelet import USER_AGENT as KUBELET_USER_AGENT
 from tests.conftest import require_executable
 from tests.deploy.rendering import render
 

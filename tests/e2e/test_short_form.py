@@ -25,8 +25,8 @@ from tritonclient.utils import InferenceServerException
 
 from common.contract import Keys
 from sim.cluster import SimCluster
+from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
-from sim.scenario import MODELS_DIR, NODES
 from sim.triton import TritonInstall
 
 KEYS = Keys()

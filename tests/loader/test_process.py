@@ -41,7 +41,7 @@ NAMESPACE = "default"
 
 @dataclass
 class AgentProcess:
-    """`python -m sim.agent_node --gpus 2xT4 -- <agent flags>`, stopped by SIGTERM."""
+    """`python -m sim.gpu.agent_node --gpus 2xT4 -- <agent flags>`, stopped by SIGTERM."""
 
     process: subprocess.Popen[bytes]
     grpc_address: str
@@ -71,7 +71,7 @@ def start_agent(
     ports = tmp_path / f"agent-ports-{grpc_port}.json"
     log = tmp_path / "agent.log"
     command = [
-        sys.executable, "-m", "sim.agent_node", "--gpus", "2xT4", "--",
+        sys.executable, "-m", "sim.gpu.agent_node", "--gpus", "2xT4", "--",
         "--node-name", NODE, "--kubeconfig", str(kubeconfig),
         "--triton-http-url", triton.http_url, "--model-repository", str(repository),
         "--listen-grpc", f"127.0.0.1:{grpc_port}", "--listen-http", "127.0.0.1:0",

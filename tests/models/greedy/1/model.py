@@ -1,4 +1,4 @@
-"""greedy: add_one that occupies more GPU memory than its pod asks for (sim/gpuload.py reads
+"""greedy: add_one that occupies more GPU memory than its pod asks for (sim/gpu/load.py reads
 its config), for the demo of what tritonshare does about it."""
 
 import triton_python_backend_utils as pb_utils

@@ -5,8 +5,8 @@ service-account tokens from the TokenRequest API, rotated at 80% of their life),
 one by one (restarted with back-off unless restartPolicy is Never), then the main containers
 (startup, liveness and readiness httpGet probes; restarted as the policy says), and on deletion
 preStop hooks, SIGTERM, the grace period, SIGKILL and the final delete with gracePeriodSeconds=0.
-It reports all of this in the pod's status (`sim.podstatus`). It must not watch the API:
-`sim.kubelet` does and hands it the pod.
+It reports all of this in the pod's status (`sim.node.podstatus`). It must not watch the API:
+`sim.node.kubelet` does and hands it the pod.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sim.addresses import PodAddresses
-from sim.containers import ContainerRun, http_get, now_rfc3339
-from sim.podnetwork import pod_network
-from sim.podspec import Obj, PodSpecError, plan
-from sim.podstatus import write_status
+from sim.node.addresses import PodAddresses
+from sim.node.containers import ContainerRun, http_get, now_rfc3339
+from sim.node.podnetwork import pod_network
+from sim.node.podspec import Obj, PodSpecError, plan
+from sim.node.podstatus import write_status
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,10 @@ class NodeRuntime:
     host_ip: str
     python: str
     addresses: PodAddresses
-    """Where each pod's own IP comes from (`sim.addresses`)."""
+    """Where each pod's own IP comes from (`sim.node.addresses`)."""
     source_address_variables: tuple[str, ...]
     """Environment variables through which a pod's processes learn the address their connections
-    leave from: the pod's IP (`sim.podnetwork`)."""
+    leave from: the pod's IP (`sim.node.podnetwork`)."""
     base_env: Mapping[str, str]
     backoff_initial: float
     """Seconds before the first restart of a failed container; doubles per restart."""

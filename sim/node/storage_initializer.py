@@ -1,9 +1,9 @@
 """The simulated kubelet's stand-in for KServe's storage-initializer image.
 
-`python -m sim.storage_initializer SOURCE DIRECTORY` is what the kubelet runs for a container of
-the image `kserve/storage-initializer` that gives no command (`sim.podspec.IMAGE_ENTRYPOINTS`), as
-the pods the tritonshare webhook completes are: args `[URI, /mnt/models]`. It puts the model
-where KServe's initializer puts it:
+`python -m sim.node.storage_initializer SOURCE DIRECTORY` is what the kubelet runs for a
+container of the image `kserve/storage-initializer` that gives no command
+(`sim.node.podspec.IMAGE_ENTRYPOINTS`), as the pods the tritonshare webhook completes are: args
+`[URI, /mnt/models]`. It puts the model where KServe's initializer puts it:
 
 - `https://` and `http://`: the file the URI names is downloaded into DIRECTORY; an archive
   (`.tar`, `.tar.gz`, `.tgz`, `.zip`) is unpacked there and removed, so a Triton model directory
@@ -98,7 +98,7 @@ def fetch(source: str, directory: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m sim.storage_initializer SOURCE DIRECTORY", file=sys.stderr)
+        print("usage: python -m sim.node.storage_initializer SOURCE DIRECTORY", file=sys.stderr)
         return 2
     try:
         print(fetch(args[0], Path(args[1])), flush=True)

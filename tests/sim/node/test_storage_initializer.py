@@ -18,7 +18,7 @@ from sim.modelstore import ModelStore
 from sim.tls import self_signed
 from sim.triton import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "tests" / "models"
 
 
@@ -36,7 +36,7 @@ def store(tmp_path: Path) -> Iterator[tuple[ModelStore, Path]]:
 def initialize(source: str, target: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
     return subprocess.run(
-        [sys.executable, "-m", "sim.storage_initializer", source, str(target)],
+        [sys.executable, "-m", "sim.node.storage_initializer", source, str(target)],
         env={**base, **env},
         cwd=ROOT,
         capture_output=True,

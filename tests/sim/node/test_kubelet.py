@@ -23,7 +23,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from sim.apiserver import RunningApiServer
-from sim.kubelet import HollowKubelet, Kubelet
+from sim.node.kubelet import HollowKubelet, Kubelet
 from sim.triton import free_port
 
 NODE = "node-local"

@@ -20,10 +20,10 @@ A spec is a preset (`8xA100-80GB`, `2xT4`, `1xH100-80GB`, or `N x` any preset pr
       - {at: 30, fault: nvml_not_loaded}       # nvmlInit and every call: LIBRARY_NOT_FOUND
       - {at: 40, fault: nvml_loaded}
 
-A file given only for `events` (the `--faults` file of `sim.agent_node`) has the same `events`
+A file given only for `events` (the `--faults` file of `sim.gpu.agent_node`) has the same `events`
 list. Tests drive it directly too: `set_used`, `lose_gpu`, `recover_gpu`, `set_library_loaded`.
 `set_workload(fn)` adds what processes on the GPUs allocate: `fn()` returns extra used bytes by
-GPU index, read on every memory query (`sim.gpuload` models Triton's loaded models this way).
+GPU index, read on every memory query (`sim.gpu.load` models Triton's loaded models this way).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from sim.gpuspec import (
+from sim.gpu.spec import (
     FAULTS,
     PRODUCTS,
     Event,
@@ -310,7 +310,7 @@ class MockNvml:
             self._enter()
             gpu = self._device(handle)
             workload = self._workload
-        # Outside the lock: the workload may take a moment (sim.gpuload asks Triton).
+        # Outside the lock: the workload may take a moment (sim.gpu.load asks Triton).
         extra = workload().get(handle.index, 0) if workload is not None else 0
         used = min(gpu.used + extra, gpu.memory)
         return MemoryInfo(total=gpu.memory, free=gpu.memory - used, used=used)
@@ -320,7 +320,7 @@ class MockNvml:
 
     def as_module(self) -> types.ModuleType:
         """A module object that looks like `pynvml` to its importers."""
-        module = types.ModuleType("pynvml", "Mock NVML from tritonshare's sim/nvml.py")
+        module = types.ModuleType("pynvml", "Mock NVML from tritonshare's sim/gpu/nvml.py")
         for name, value in globals().items():
             if name.startswith("NVML_"):
                 setattr(module, name, value)

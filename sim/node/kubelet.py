@@ -1,8 +1,8 @@
 """The simulated kubelet: runs the pods bound to one node as local processes, through the API.
 
 `Kubelet` lists and watches the pods with `spec.nodeName=<node>` through the official client and
-gives each pod a `sim.podworker.PodWorker`, which runs it as a kubelet would (volumes, projected
-tokens, init containers, main containers, readiness probes, status, graceful deletion).
+gives each pod a `sim.node.podworker.PodWorker`, which runs it as a kubelet would (volumes,
+projected tokens, init containers, main containers, readiness probes, status, graceful deletion).
 
 `HollowKubelet` stands in for the kubelets of simulated nodes that run nothing (as kwok does): it
 marks their pods Running and Ready and removes them once they are deleted.
@@ -25,10 +25,10 @@ from typing import Any, cast
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from sim.addresses import PodAddresses
-from sim.containers import now_rfc3339
-from sim.podspec import Obj
-from sim.podworker import NodeRuntime, PodWorker, pod_key, read_json
+from sim.node.addresses import PodAddresses
+from sim.node.containers import now_rfc3339
+from sim.node.podspec import Obj
+from sim.node.podworker import NodeRuntime, PodWorker, pod_key, read_json
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Kubelet(_PodWatcher):
     or call start() and stop().
 
     `source_address_variables` name the environment variables set to each pod's IP, the stand-in
-    for a pod's own network namespace (`sim.podnetwork`): the caller knows which ones its
+    for a pod's own network namespace (`sim.node.podnetwork`): the caller knows which ones its
     programs read; the kubelet does not."""
 
     def __init__(

@@ -27,7 +27,7 @@ from sim.cluster import NodeSpec
 KEYS = Keys()
 NAMESPACE = "models"
 SERVICE_ACCOUNT = "tritonshare-model"
-MODELS_DIR = Path(__file__).resolve().parent.parent / "tests" / "models"
+MODELS_DIR = Path(__file__).resolve().parents[2] / "tests" / "models"
 ACCELERATOR = "k8s.amazonaws.com/accelerator"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -204,7 +204,7 @@ def model_pod_manifest(
     simulation the node's address is 127.0.0.1 for every node, so the ports are those of the one
     node that runs pods. Each pod has an address of its own (status.podIP): the simulated kubelet
     makes the proxy listen there (0.0.0.0 is the pod's own address in a pod) and its connections
-    to the gateway leave from it, which is how the gateway knows the pod (`sim.podnetwork`).
+    to the gateway leave from it, which is how the gateway knows the pod (`sim.node.podnetwork`).
     Clients reach the proxy at the pod's IP.
     """
     token_dir = "/var/run/secrets/tritonshare"  # noqa: S105 - a mount path, not a secret

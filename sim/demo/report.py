@@ -19,8 +19,8 @@ from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
 from sim.apiserver import AuditRecord
 from sim.cluster import SimCluster
+from sim.demo.scenario import GREEDY_POD, LATE_POD, NAMESPACE, PODS
 from sim.processes import available
-from sim.scenario import GREEDY_POD, LATE_POD, NAMESPACE, PODS
 
 KEYS = Keys()
 ALL_PODS = (*PODS, LATE_POD, GREEDY_POD)

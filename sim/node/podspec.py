@@ -4,7 +4,8 @@ Owns the pure part of the simulated kubelet: environment variables with the Down
 (`fieldRef`), Kubernetes' `$(VAR)` expansion, the image's `python` mapped to this interpreter, the
 entrypoints of the images it has stand-ins for (`IMAGE_ENTRYPOINTS`), volume mount paths rewritten
 to the local directories that stand in for the mounts, and the pod's stand-in network namespace
-(`sim.podnetwork`). It reads no clock, starts nothing and calls no API; `sim.kubelet` does that.
+(`sim.node.podnetwork`). It reads no clock, starts nothing and calls no API; `sim.node.kubelet`
+does that.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.podnetwork import PodNetwork
+from sim.node.podnetwork import PodNetwork
 
 Obj = Mapping[str, Any]
 
@@ -30,7 +31,7 @@ _PYTHONS = frozenset({"python", "python3", "python3.11", "/usr/local/bin/python"
 # pods the tritonshare webhook writes give none for KServe's storage initializer: its args are
 # [URI, directory]). Keyed by repository, without registry host or tag.
 IMAGE_ENTRYPOINTS: Mapping[str, tuple[str, ...]] = {
-    "kserve/storage-initializer": ("python", "-m", "sim.storage_initializer"),
+    "kserve/storage-initializer": ("python", "-m", "sim.node.storage_initializer"),
 }
 
 

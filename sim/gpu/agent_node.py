@@ -1,8 +1,8 @@
 """A simulated GPU node's agent.
 
-`python -m sim.agent_node --gpus SPEC [--faults FILE] -- <agent flags>`
+`python -m sim.gpu.agent_node --gpus SPEC [--faults FILE] -- <agent flags>`
 
-installs the mock NVML (sim/nvml.py) as `sys.modules["pynvml"]`, then runs the agent's own main
+installs the mock NVML (sim/gpu/nvml.py) as `sys.modules["pynvml"]`, then runs the agent's own main
 with the flags after `--`, so the real GPU-reading code runs against the simulated GPUs. GPU UUIDs
 are derived from the agent's `--node-name`, so every simulated node has its own. It adds nothing
 to the agent's behaviour.
@@ -21,8 +21,8 @@ import kubernetes.config
 from agent.settings import DECLARATION as AGENT_SETTINGS
 from common.settings import Declaration, Setting, path
 from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
-from sim.gpuload import ModelFootprints
-from sim.nvml import Spec, SpecError, install, load_events, parse_spec
+from sim.gpu.load import ModelFootprints
+from sim.gpu.nvml import Spec, SpecError, install, load_events, parse_spec
 
 
 class SettingsError(ValueError):
@@ -30,7 +30,7 @@ class SettingsError(ValueError):
 
 
 OWN_FLAGS = Declaration(
-    "python -m sim.agent_node",
+    "python -m sim.gpu.agent_node",
     "Run the tritonshare agent over simulated GPUs (mock NVML). Everything after `--` is passed "
     "to the agent (python -m agent --help).",
     [
@@ -44,7 +44,7 @@ OWN_FLAGS = Declaration(
         Setting(
             "simulate-model-memory",
             "models READY in the agent's Triton occupy the GPU memory their config declares "
-            "(parameter sim_gpu_memory; see sim/gpuload.py)",
+            "(parameter sim_gpu_memory; see sim/gpu/load.py)",
             env=None,
             switch=True,
         ),
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if faults is not None:
             spec.events = sorted([*spec.events, *load_events(faults)], key=lambda e: e.at)
     except (SpecError, ValueError) as e:
-        print(f"sim.agent_node: {e}", file=sys.stderr)
+        print(f"sim.gpu.agent_node: {e}", file=sys.stderr)
         return 2
     mock = install(spec)
     if options.get("simulate_model_memory"):

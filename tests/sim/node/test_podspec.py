@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sim.podnetwork import PodNetwork, pod_network
-from sim.podspec import (
+from sim.node.podnetwork import PodNetwork, pod_network
+from sim.node.podspec import (
     PodSpecError,
     expand,
     field_value,
@@ -193,7 +193,7 @@ def test_an_image_with_a_stand_in_runs_it_when_the_container_gives_no_command(
     assert launch.argv == (
         "/opt/py",
         "-m",
-        "sim.storage_initializer",
+        "sim.node.storage_initializer",
         "https://models.example.com/add_one.tar.gz",
         str(tmp_path / "model"),
     )

@@ -3,7 +3,7 @@
 Owns the merge rules: the kubelet's own conditions (Initialized, ContainersReady, Ready) keep
 their lastTransitionTime while their status is unchanged, and conditions others own (PodScheduled,
 written by the scheduler) are kept as they are. It must not decide what the status says; the pod
-worker (`sim.podworker`) does.
+worker (`sim.node.podworker`) does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sim.containers import now_rfc3339
+from sim.node.containers import now_rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """One container of a simulated pod: its process, probes, and the state reported for it.
 
-Owns starting a container's process from a `sim.podspec.Launch` (in its own session, logs to a
+Owns starting a container's process from a `sim.node.podspec.Launch` (in its own session, logs to a
 file), the httpGet probes (startup, liveness, readiness) and preStop action, the termination
 message (the termination-log file, or the log tail under FallbackToLogsOnError), signals to the
 whole process group, and the container's entry in the pod status. It must not call the API; the pod
-worker (`sim.podworker`) decides when to start, probe, restart and stop.
+worker (`sim.node.podworker`) decides when to start, probe, restart and stop.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sim.podspec import Launch, Obj
+from sim.node.podspec import Launch, Obj
 
 MAX_MESSAGE_BYTES = 4096
 _LOG_TAIL_LINES = 80

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from sim.addresses import LAST, AddressesExhaustedError, PodAddresses
+from sim.node.addresses import LAST, AddressesExhaustedError, PodAddresses
 
 
 def test_each_pod_gets_its_own_address_and_keeps_it() -> None:

@@ -1,6 +1,6 @@
 """`make demo`: tritonshare end to end on a simulated cluster, with a real Triton on the CPU.
 
-Starts the cluster of `sim.scenario` (four GPU nodes in three pools, one tainted; an agent per
+Starts the cluster of `sim.demo.scenario` (four GPU nodes in three pools, one tainted; an agent per
 node; two binders; the local node's kubelet), creates the model pods, waits for the binder to
 place them, sends inferences through the proxies of the pods that run for real, and prints what a
 newcomer should see: nodes, GPUs and the models on each, the pending pods with the binder's
@@ -29,8 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from common.contract import Keys
 from common.quantity import format_bytes
 from sim.cluster import SimCluster
-from sim.processes import ClusterError, wait_until
-from sim.report import (
+from sim.demo.report import (
     ALL_PODS,
     INTRO,
     DemoResult,
@@ -39,7 +38,7 @@ from sim.report import (
     scrape,
     summarize_metrics,
 )
-from sim.scenario import (
+from sim.demo.scenario import (
     GREEDY_POD,
     LATE_POD,
     MODELS_DIR,
@@ -52,6 +51,7 @@ from sim.scenario import (
     model_pod_manifest,
     short_form_manifest,
 )
+from sim.processes import ClusterError, wait_until
 from sim.triton import free_port
 
 KEYS = Keys()

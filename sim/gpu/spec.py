@@ -1,7 +1,7 @@
 """The simulated GPUs a mock NVML serves: presets, JSON/YAML spec files, and timelines of changes.
 
-Pure: parses text and files into values; `sim.nvml` serves them through pynvml's API. The spec
-format is documented in sim/nvml.py and docs/agent.md.
+Pure: parses text and files into values; `sim.gpu.nvml` serves them through pynvml's API. The spec
+format is documented in sim/gpu/nvml.py and docs/agent.md.
 """
 
 from __future__ import annotations

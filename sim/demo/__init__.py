@@ -1,0 +1,1 @@
+"""`make demo`: the scenario (`scenario`), its run on a simulated cluster (`run`) and the report."""
