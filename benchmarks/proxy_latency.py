@@ -653,6 +653,9 @@ def main() -> int:
         help=f"comma-separated hops to measure beside Triton directly, of {','.join(HOPS)}",
     )
     parser.add_argument("--hey", action="store_true", help="also time REST at c=1 with hey")
+    parser.add_argument(
+        "--save", type=Path, help="write every per-round figure here as JSON, to look at later"
+    )
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy flag")
     parser.add_argument(
         "--baseline-tree",
@@ -714,6 +717,9 @@ def main() -> int:
                             continue  # its REST is the relay proxy's code
                         loads.measure(results, measure, name, hop)
                 print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
+    if args.save is not None:
+        figures = {f"{measure} {hop}": values for (measure, hop), values in results.items()}
+        args.save.write_text(json.dumps(figures, indent=1))
     report(results, args.rounds, args.seconds)
     return 0
 
