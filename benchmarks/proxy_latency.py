@@ -373,12 +373,17 @@ class Loads:
         self.log = work / "h2load.log"
 
     def warm_up(self, hop: Hop, rest: bool, with_hey: bool) -> None:
+        """Every load once, c=16 too: a proxy's pool of upstream connections grows to 16 before
+        the first round (else the first round pays its connects, to the gateway's accept loop
+        in the full path)."""
         check_grpc(hop.grpc, self.message)
         if rest:
             wrk(hop.rest, 1, 1, self.script)
+            wrk(hop.rest, 16, 1, self.script)
             if with_hey:
-                hey(hop.rest, 0.5, self.body)
+                hey(hop.rest, 1, self.body)
         h2load(hop.grpc, 1, 1, self.framed, self.log)
+        h2load(hop.grpc, 16, 1, self.framed, self.log)
 
     def measure(self, results: Results, measure: str, name: str, hop: Hop) -> None:
         """One figure of `measure` through `hop`: c=1 latency, or c=16 throughput with the CPU
