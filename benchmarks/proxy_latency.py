@@ -619,6 +619,9 @@ def _report_gateway(results: Results) -> None:
             continue
         gateway = statistics.median(results[(measure, "full")])
         line = f"  {protocol}: gateway {gateway:.0f} us"
+        if (measure, "relay") in results:  # the gateway runs the proxy's relay code
+            ratios = _paired(results, measure, "full", True, "relay")
+            line += f" ({statistics.median(ratios):.2f}x the proxy alone's)"
         if (measure, "floor") in results:
             ratios = _paired(results, measure, "full", True, "floor")
             value = statistics.median(ratios)
@@ -639,6 +642,17 @@ def _report_gateway(results: Results) -> None:
             ratios = _paired(results, measure, "full:proxy", True, "relay")
             line += f"; the proxy in front of it {statistics.median(ratios):.2f}x the proxy alone"
         print(line)
+
+
+def load_results(saved: list[Path]) -> Results:
+    """The per-round figures of `--save` files, each measure's rounds of every file in turn."""
+    files = [json.loads(path.read_text()) for path in saved]
+    common = set.intersection(*(set(figures) for figures in files))
+    results: Results = {}
+    for key in sorted(common):
+        measure, hop = key.split(" ", 1)
+        results[(measure, hop)] = [value for figures in files for value in figures[key]]
+    return results
 
 
 HOPS = ("floor", "relay", "grpcio", "chain", "full")
@@ -668,7 +682,19 @@ def main() -> int:
         help="another source tree (e.g. `git archive` of an older commit): its proxy runs as one "
         "more hop (relay mode) in the same rounds, for a before/after the box's noise cannot skew",
     )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="SAVED",
+        help="measure nothing: print the report of figures written by --save, the rounds of "
+        "several files (runs of the same code) pooled; only measures every file has count",
+    )
     args = parser.parse_args()
+    if args.report:
+        saved = load_results(args.report)
+        report(saved, len(saved[("grpc1", "direct")]), args.seconds)
+        return 0
     paths = [p for p in args.paths.split(",") if p]
     if not paths or set(paths) - set(HOPS):
         parser.error(f"--paths {args.paths!r}: name hops of {','.join(HOPS)}")
