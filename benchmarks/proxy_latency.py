@@ -32,8 +32,11 @@ from /proc (the proxy's own cost, which the noise does not move much). h2load ag
 directly waits on its own small writes in a way a hop in between hides (direct is often slower
 than through the relay), so its c=1 figure is judged against the bare relay only.
 
-    .venv/bin/python benchmarks/proxy_latency.py [--rounds 6] [--seconds 2] [--hey]
-        [--paths floor,relay,grpcio,chain,full]
+    .venv/bin/python benchmarks/proxy_latency.py [--rounds 5] [--seconds 2] [--hey]
+        [--paths floor,relay,grpcio,chain,full] [--save FILE] [--report FILE ...]
+
+A round of every hop takes about 65 s on a 2-core box (5 rounds, the default, about 6 minutes);
+more rounds narrow the intervals, and `--report` pools the rounds of several saved runs.
 """
 
 from __future__ import annotations
@@ -662,7 +665,7 @@ and the full path through the gateway."""
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--seconds", type=int, default=2, help="whole seconds of each load run (wrk's unit)"
     )
