@@ -1,27 +1,42 @@
-"""Benchmark: what the proxy adds over going to Triton directly, REST and gRPC.
+"""Benchmark: what the proxy, and the path through the node gateway, add over Triton directly.
 
 Starts a real Triton serving the small Python-backend model add_one, two proxies as their own
 processes (`python -m proxy`, as in a pod: `--grpc-mode relay`, the default, and `--grpc-mode
 grpcio`), and a bare TCP relay (`benchmarks/tcp_relay.py`, the floor of any extra Python hop). It
 runs the SAME load generator against each of them in rounds: wrk for REST (a JSON infer request),
 h2load for gRPC (a framed ModelInfer request on HTTP/2), and a blocking python grpc client (the
-grpc-core stack tritonclient uses) for gRPC at concurrency 1.
+grpc-core stack tritonclient uses) for gRPC at concurrency 1; with `--hey`, hey as a second REST
+client at concurrency 1 (its mean time per request, from its rate: hey prints latencies to 0.1 ms).
 
-The box is shared and its speed drifts by tens of percent within a minute, so every round measures
-Triton directly and through each hop back to back (the order reversed every other round), and the
-figures are the medians over rounds of the per-round differences (latency added at c=1) and ratios
-(throughput kept at c=16), next to the targets (<= 0.25 ms / 0.2 ms added, >= 85% / 70% kept),
-each with a 95% bootstrap interval of that median, so a verdict the noise could flip shows as one.
-Each proxy line also says what the proxy costs beyond the bare relay of the same round (the part
-any Python hop pays is the floor's), judged against issue 16's targets: at c=1 at most +0.05 ms
-(REST) and +0.08 ms (gRPC, with the grpc client's framing and with h2load's, one stream at a
-time) over the bare relay; at c=16 at least 95% (REST) and 90% (gRPC) of its throughput, and at
-most 1.15x (REST) and 1.3x (gRPC) its CPU time per request, read from /proc (the proxy's own
-cost, which the noise does not move much). h2load against Triton directly waits on its own
-small writes in a way a hop in between hides (direct is often slower than through the relay), so
-its c=1 figure is judged against the bare relay only.
+Two more chains run in the same rounds (issue 14): the full path of a model pod, a relay-mode
+proxy sending from its own address (`--source-address 127.1.0.7`) to the node gateway (`python -m
+proxy.gateway`, its own process, with a caller table mapping that address to add_one), which
+relays to Triton; and the same proxy in front of a second bare relay in front of Triton, the
+"today's proxy plus one bare byte-relay hop" the full path is held to. The full path may add at
+most +0.15 ms (REST) / +0.12 ms (gRPC) at c=1 over the proxy alone, and the gateway's CPU time
+per request at c=16 may be at most 1.3x the bare relay's of the same rounds; its throughput at
+c=16 and its latency are also set against the proxy + bare relay chain, so "at most one bare relay
+hop more" reads directly.
 
-    .venv/bin/python benchmarks/proxy_latency.py [--rounds 7] [--seconds 2]
+The box is shared and its speed drifts by tens of percent within a minute, so every round runs
+each measure against Triton directly and through each hop back to back (the hop order reversed
+every other measure), and the figures are the medians over rounds of the per-round differences
+(latency added at c=1) and ratios (throughput kept at c=16), next to the targets (<= 0.25 ms /
+0.2 ms added, >= 85% / 70% kept), each with a 95% bootstrap interval of that median, so a verdict
+the noise could flip shows as one. Each proxy line also says what the proxy costs beyond the bare
+relay of the same round (the part any Python hop pays is the floor's), judged against issue 16's
+targets: at c=1 at most +0.05 ms (REST) and +0.08 ms (gRPC, with the grpc client's framing and
+with h2load's, one stream at a time) over the bare relay; at c=16 at least 95% (REST) and 90%
+(gRPC) of its throughput, and at most 1.15x (REST) and 1.3x (gRPC) its CPU time per request, read
+from /proc (the proxy's own cost, which the noise does not move much). h2load against Triton
+directly waits on its own small writes in a way a hop in between hides (direct is often slower
+than through the relay), so its c=1 figure is judged against the bare relay only.
+
+    .venv/bin/python benchmarks/proxy_latency.py [--rounds 5] [--seconds 2] [--hey]
+        [--paths floor,relay,grpcio,chain,full] [--save FILE] [--report FILE ...]
+
+A round of every hop takes about 65 s on a 2-core box (5 rounds, the default, about 6 minutes);
+more rounds narrow the intervals, and `--report` pools the rounds of several saved runs.
 """
 
 from __future__ import annotations
@@ -45,6 +60,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -53,13 +69,31 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common.callers import Caller, CallerTable, write_table  # noqa: E402
 from sim.triton import TritonServer, free_port  # noqa: E402
 
 MODEL = "add_one"
+POD_ADDRESS = "127.1.0.7"
+"""The full path's model pod address: its proxy sends from it, the caller table maps it to MODEL
+(on Linux every 127.x.y.z address is local)."""
 Results = dict[tuple[str, str], list[float]]
-"""(measure, hop) -> one figure per round; hop "direct" is Triton itself."""
-Hop = tuple[str, str, int]
-"""A hop's REST address, gRPC address and process id (0 for Triton itself)."""
+"""(measure, hop) -> one figure per round; hop "direct" is Triton itself. CPU figures of a hop's
+other processes are under "hop:process" (e.g. "full:proxy")."""
+Upstream = tuple[str, str]
+"""host:port of an upstream's REST and gRPC endpoints."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Where a load generator sends, and whose CPU time it reads."""
+
+    rest: str
+    grpc: str
+    cpu: tuple[tuple[str, int], ...] = ()
+    """(process, pid) of the processes whose CPU time per request is read at c=16; the first is
+    the hop's own figure (the gateway for the full path, the bare relay for the proxy + relay)."""
+
+
 REST_BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 )
@@ -102,7 +136,7 @@ def running_triton(workdir: Path) -> Iterator[TritonServer]:
 
 
 @contextmanager
-def running_proxy(triton: TritonServer, extra: list[str], root: Path = ROOT) -> Iterator[Hop]:
+def running_proxy(upstream: Upstream, extra: list[str], root: Path = ROOT) -> Iterator[Hop]:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
         sys.executable,
@@ -111,9 +145,9 @@ def running_proxy(triton: TritonServer, extra: list[str], root: Path = ROOT) -> 
         "--model-id",
         MODEL,
         "--triton-http-url",
-        triton.http_url,
+        upstream[0],
         "--triton-grpc-url",
-        triton.grpc_url,
+        upstream[1],
         "--listen-http",
         f"127.0.0.1:{http_port}",
         "--listen-grpc",
@@ -129,29 +163,45 @@ def running_proxy(triton: TritonServer, extra: list[str], root: Path = ROOT) -> 
     process = subprocess.Popen(command, cwd=root)  # `-m proxy` imports the proxy under `root`
     try:
         _wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready")
-        yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid
+        yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("proxy", process.pid),))
     finally:
         _stop(process, 30)
 
 
 @contextmanager
-def running_floor(triton: TritonServer) -> Iterator[Hop]:
+def running_floor(upstream: Upstream) -> Iterator[Hop]:
     """The bare TCP relay (`benchmarks/tcp_relay.py`) for REST and gRPC, in one process."""
     http_port, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "benchmarks.tcp_relay"]
-    command += [
-        triton.http_url,
-        f"127.0.0.1:{http_port}",
-        triton.grpc_url,
-        f"127.0.0.1:{grpc_port}",
-    ]
+    command += [upstream[0], f"127.0.0.1:{http_port}", upstream[1], f"127.0.0.1:{grpc_port}"]
     process = subprocess.Popen(command, cwd=ROOT)
     try:
         for port in (http_port, grpc_port):
             _wait_port(port)
-        yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid
+        yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("relay", process.pid),))
     finally:
         _stop(process, 10)
+
+
+@contextmanager
+def running_gateway(upstream: Upstream, work: Path) -> Iterator[Hop]:
+    """The node gateway (`python -m proxy.gateway`) as in a node pod, with a caller table that
+    lets POD_ADDRESS reach MODEL and that stays fresh for the whole run."""
+    table = work / "callers.json"
+    pod = Caller(POD_ADDRESS, MODEL, "bench/add-one", "bench-uid")
+    write_table(table, CallerTable("bench-node", time.time(), (pod,)))
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    command = [sys.executable, "-m", "proxy.gateway", "--caller-table", str(table)]
+    command += ["--triton-http-url", upstream[0], "--triton-grpc-url", upstream[1]]
+    command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
+    command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
+    command += ["--table-max-age", "100000", "--log-level", "WARNING"]
+    process = subprocess.Popen(command, cwd=ROOT)
+    try:
+        _wait_http(f"http://127.0.0.1:{metrics_port}/readyz")
+        yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("gateway", process.pid),))
+    finally:
+        _stop(process, 30)
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
@@ -251,6 +301,35 @@ def h2load(
     return statistics.median(elapsed) / 1000, float(rate[1])
 
 
+def hey(address: str, seconds: float, body: Path) -> float:
+    """Mean time per request in ms of one hey run at concurrency 1 (from its request rate: its
+    latency figures have 0.1 ms steps, too coarse for the targets)."""
+    out = subprocess.run(
+        [
+            "hey",
+            "-c",
+            "1",
+            "-z",
+            f"{seconds:g}s",
+            "-m",
+            "POST",
+            "-T",
+            "application/json",
+            "-D",
+            str(body),
+            f"http://{address}/v2/models/{MODEL}/infer",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rate = re.search(r"^\s*Requests/sec:\s+([\d.]+)", out, re.MULTILINE)
+    statuses = re.findall(r"^\s*\[(\d+)\]\s+\d+ responses", out, re.MULTILINE)
+    if rate is None or statuses != ["200"] or "Error distribution" in out:
+        raise RuntimeError(f"hey saw errors, or its output cannot be read:\n{out}")
+    return 1000 / float(rate[1])
+
+
 def grpc_client_latency(address: str, request: bytes, seconds: float) -> float:
     """Median latency in ms of back-to-back ModelInfer calls from one blocking grpc client: a
     second view of gRPC at concurrency 1, since h2load times HTTP/2 streams, not gRPC calls."""
@@ -274,8 +353,12 @@ def check_grpc(address: str, request: bytes) -> None:
         assert response.model_name == MODEL, response
 
 
+MEASURES = ("rest1", "hey1", "rest16", "h2c1", "grpc16", "grpc1")
+"""Every measure of a round, in the order they run; "hey1" only with --hey."""
+
+
 class Loads:
-    """The load generators' inputs, and one round of every measure against one hop."""
+    """The load generators' inputs, and one measure against one hop."""
 
     def __init__(self, work: Path, seconds: float) -> None:
         self.seconds = seconds
@@ -285,37 +368,53 @@ class Loads:
             f"wrk.body = {json.dumps(REST_BODY)}\n"
             'wrk.headers["Content-Type"] = "application/json"\n'
         )
+        self.body = work / "infer.json"
+        self.body.write_text(REST_BODY)
         self.message = _grpc_request()
         self.framed = work / "infer.grpc"
         self.framed.write_bytes(b"\x00" + struct.pack(">I", len(self.message)) + self.message)
         self.log = work / "h2load.log"
 
-    def warm_up(self, hop: Hop) -> None:
-        check_grpc(hop[1], self.message)
-        wrk(hop[0], 1, 1, self.script)
-        h2load(hop[1], 1, 1, self.framed, self.log)
-
-    def measure(self, results: Results, name: str, hop: Hop, rest: bool) -> None:
-        """c=1 latency and c=16 throughput (with CPU per request) of every load through `hop`."""
-        http_address, grpc_address, pid = hop
-
-        def record(measure: str, figure: float) -> None:
-            results.setdefault((measure, name), []).append(figure)
-
-        def throughput(measure: str, run: tuple[float, float], cpu_before: float) -> None:
-            record(measure, run[1])
-            if pid:
-                spent = cpu_seconds(pid) - cpu_before
-                record(measure[:4] + "cpu", spent / (run[1] * self.seconds) * 1e6)
-
+    def warm_up(self, hop: Hop, rest: bool, with_hey: bool) -> None:
+        """Every load once, c=16 too: a proxy's pool of upstream connections grows to 16 before
+        the first round (else the first round pays its connects, to the gateway's accept loop
+        in the full path)."""
+        check_grpc(hop.grpc, self.message)
         if rest:
-            record("rest1", wrk(http_address, 1, self.seconds, self.script)[0])
-            before = cpu_seconds(pid) if pid else 0.0
-            throughput("rest16", wrk(http_address, 16, self.seconds, self.script), before)
-        record("h2c1", h2load(grpc_address, 1, self.seconds, self.framed, self.log)[0])
-        before = cpu_seconds(pid) if pid else 0.0
-        throughput("grpc16", h2load(grpc_address, 16, self.seconds, self.framed, self.log), before)
-        record("grpc1", grpc_client_latency(grpc_address, self.message, self.seconds))
+            wrk(hop.rest, 1, 1, self.script)
+            wrk(hop.rest, 16, 1, self.script)
+            if with_hey:
+                hey(hop.rest, 1, self.body)
+        h2load(hop.grpc, 1, 1, self.framed, self.log)
+        h2load(hop.grpc, 16, 1, self.framed, self.log)
+
+    def measure(self, results: Results, measure: str, name: str, hop: Hop) -> None:
+        """One figure of `measure` through `hop`: c=1 latency, or c=16 throughput with the CPU
+        time per request of each of the hop's processes."""
+
+        def record(key: str, hop_name: str, figure: float) -> None:
+            results.setdefault((key, hop_name), []).append(figure)
+
+        if measure == "rest1":
+            record(measure, name, wrk(hop.rest, 1, self.seconds, self.script)[0])
+        elif measure == "hey1":
+            record(measure, name, hey(hop.rest, self.seconds, self.body))
+        elif measure == "h2c1":
+            record(measure, name, h2load(hop.grpc, 1, self.seconds, self.framed, self.log)[0])
+        elif measure == "grpc1":
+            record(measure, name, grpc_client_latency(hop.grpc, self.message, self.seconds))
+        else:
+            before = [cpu_seconds(pid) for _, pid in hop.cpu]
+            if measure == "rest16":
+                rate = wrk(hop.rest, 16, self.seconds, self.script)[1]
+            else:
+                rate = h2load(hop.grpc, 16, self.seconds, self.framed, self.log)[1]
+            record(measure, name, rate)
+            for index, ((process, pid), spent) in enumerate(zip(hop.cpu, before, strict=True)):
+                per_request = (cpu_seconds(pid) - spent) / (rate * self.seconds) * 1e6
+                record(
+                    measure[:4] + "cpu", name if index == 0 else f"{name}:{process}", per_request
+                )
 
 
 def _paired(
@@ -344,6 +443,7 @@ def _verdict(ok: bool) -> str:
 # bare relay of the same rounds: ms added over it at c=1, or the share of its throughput at c=16)
 _ROWS = [
     ("REST c=1 latency, wrk", "rest1", ["floor", "relay"], 0.25, None, 0.05),
+    ("REST c=1 latency, hey (mean)", "hey1", ["floor", "relay"], 0.25, None, 0.05),
     (
         "gRPC c=1 latency, python grpc client",
         "grpc1",
@@ -359,26 +459,56 @@ _ROWS = [
 _CPU_TARGETS = {"restcpu": 1.15, "grpccpu": 1.3}
 """The proxy's CPU per request at c=16 as a multiple of the bare relay's (issue 16)."""
 
+# (title, measure, most ms the full path may add at c=1 over the proxy alone; None: throughput)
+_GATEWAY_ROWS = [
+    ("REST c=1, wrk", "rest1", 0.15),
+    ("REST c=1, hey (mean)", "hey1", 0.15),
+    ("gRPC c=1, python grpc client", "grpc1", 0.12),
+    ("gRPC c=1, h2load", "h2c1", 0.12),
+    ("REST c=16, wrk", "rest16", None),
+    ("gRPC c=16, h2load", "grpc16", None),
+]
+_GATEWAY_CPU_TARGET = 1.3
+"""The gateway's CPU per request at c=16 as a multiple of the bare relay's (issue 14)."""
+
 
 def _label(measure: str, name: str) -> str:
     if name == "floor":
         return "bare TCP relay (floor)"
     if name == "baseline":
         return "proxy from --baseline-tree"
-    return "proxy" if measure.startswith("rest") else f"proxy, --grpc-mode {name}"
+    if name == "chain":
+        return "proxy + bare relay"
+    if name == "full":
+        return "proxy + gateway (full path)"
+    return (
+        "proxy" if measure.startswith("rest") or measure == "hey1" else f"proxy, --grpc-mode {name}"
+    )
+
+
+def _figure(figures: list[float], latency: bool) -> str:
+    """The median of per-round figures with its interval and range, in ms added or share kept."""
+    value = statistics.median(figures)
+    low, high = median_interval(figures)
+    if latency:
+        return f"{value:+.3f} ms (95% CI {low:+.3f} .. {high:+.3f})"
+    return f"{value:.1%} (95% CI {low:.0%} .. {high:.0%})"
 
 
 def report(results: Results, rounds: int, seconds: float) -> None:
     """Print every figure, and each target's verdict on the medians over rounds."""
     print(
-        f"proxy benchmark: {rounds} rounds of {seconds:g} s; each round Triton directly and every "
-        f"hop back to back; medians over rounds of per-round figures; cpus={os.cpu_count()}"
+        f"proxy benchmark: {rounds} rounds of {seconds:g} s; each round every measure against "
+        f"Triton directly and every hop back to back; medians over rounds of per-round figures; "
+        f"cpus={os.cpu_count()}"
     )
-    baseline = [n for n in ("baseline",) if (("rest1", n) in results)]
     for title, measure, names, added_target, kept_target, floor_target in _ROWS:
-        names = names + baseline
+        if (measure, "direct") not in results:
+            continue
+        names = [n for n in [*names, "chain", "full", "baseline"] if (measure, n) in results]
+        has_floor = (measure, "floor") in results
         direct = statistics.median(results[(measure, "direct")])
-        latency = added_target is not None or measure.endswith("c1")
+        latency = added_target is not None or measure.endswith("1")
         print(
             f"\n{title}: direct {direct:.3f} ms" if latency else f"\n{title}: direct {direct:.0f}/s"
         )
@@ -391,7 +521,7 @@ def report(results: Results, rounds: int, seconds: float) -> None:
                     f"added {value:+.3f} ms (95% CI {low:+.3f} .. {high:+.3f}; "
                     f"rounds {min(figures):+.3f} .. {max(figures):+.3f})"
                 )
-                if added_target is not None and name != "floor":
+                if added_target is not None and name in ("relay", "grpcio", "baseline"):
                     line += f"  target <= {added_target} ms: {_verdict(value <= added_target)}"
             else:
                 low, high = median_interval(figures)
@@ -399,9 +529,9 @@ def report(results: Results, rounds: int, seconds: float) -> None:
                     f"kept {value:6.1%} (95% CI {low:.0%} .. {high:.0%}; "
                     f"rounds {min(figures):.0%} .. {max(figures):.0%})"
                 )
-                if kept_target is not None and name != "floor":
+                if kept_target is not None and name in ("relay", "grpcio", "baseline"):
                     line += f"  target >= {kept_target:.0%}: {_verdict(value >= kept_target)}"
-            if name != "floor":  # what the hop costs beyond the floor, whatever the box's mood
+            if name != "floor" and has_floor:  # what the hop costs beyond the floor
                 against = _paired(results, measure, name, not latency, "floor")
                 beyond = statistics.median(against)
                 low, high = median_interval(against)
@@ -416,28 +546,138 @@ def report(results: Results, rounds: int, seconds: float) -> None:
                 if name == "relay":
                     line += f"  target {target}: {_verdict(ok)}"
             print(f"  {_label(measure, name):28} {line}")
+    _report_cpu(results)
+    _report_gateway(results)
+
+
+def _report_cpu(results: Results) -> None:
     print("\nCPU time per request at c=16 (the hop's own process, from /proc):")
-    for measure, names in (
-        ("restcpu", ["floor", "relay", *baseline]),
-        ("grpccpu", ["floor", "relay", "grpcio", *baseline]),
-    ):
-        per_hop = [f"{n} {statistics.median(results[(measure, n)]):.0f} us" for n in names]
-        ratio = statistics.median(_paired(results, measure, "relay", True, "floor"))
-        most = _CPU_TARGETS[measure]
-        print(
-            f"  {'REST' if measure == 'restcpu' else 'gRPC'}: {', '.join(per_hop)}; relay "
-            f"{ratio:.2f}x the bare relay (median of rounds)  target <= {most}x: "
-            f"{_verdict(ratio <= most)}"
-        )
-        if baseline:
+    for measure in ("restcpu", "grpccpu"):
+        names = ["floor", "relay", "grpcio", "baseline", "chain", "full", "chain:proxy"]
+        names += ["full:proxy"]
+        per_hop = [
+            f"{n} {statistics.median(results[(measure, n)]):.0f} us"
+            for n in names
+            if (measure, n) in results
+        ]
+        if not per_hop:
+            continue
+        line = f"  {'REST' if measure == 'restcpu' else 'gRPC'}: {', '.join(per_hop)}"
+        if (measure, "relay") in results and (measure, "floor") in results:
+            ratio = statistics.median(_paired(results, measure, "relay", True, "floor"))
+            most = _CPU_TARGETS[measure]
+            line += (
+                f"; relay {ratio:.2f}x the bare relay (median of rounds)  target <= {most}x: "
+                f"{_verdict(ratio <= most)}"
+            )
+        print(line)
+        if (measure, "relay") in results and (measure, "baseline") in results:
             times = statistics.median(_paired(results, measure, "relay", True, "baseline"))
             print(f"    relay {times:.2f}x the --baseline-tree proxy's CPU (median of rounds)")
+    print(
+        "  (chain: the bare relay behind the proxy; full: the gateway; chain:proxy, full:proxy: "
+        "the proxy in front of them)"
+    )
+
+
+def _report_gateway(results: Results) -> None:
+    """Issue 14: the full path against the proxy alone, the proxy + one bare relay, and the
+    gateway's CPU against the bare relay's, all paired by round."""
+    if ("grpc1", "full") not in results:
+        return
+    print(
+        "\nThe full path (client -> proxy -> gateway -> Triton), per-round differences at c=1 "
+        "and ratios at c=16:"
+    )
+    for title, measure, most in _GATEWAY_ROWS:
+        if (measure, "full") not in results:
+            continue
+        latency = most is not None
+        parts = []
+        if (measure, "relay") in results:
+            figures = _paired(results, measure, "full", not latency, "relay")
+            part = f"vs the proxy alone {_figure(figures, latency)}"
+            if most is not None:
+                ok = statistics.median(figures) <= most
+                part += f" target <= +{most} ms: {_verdict(ok)}"
+            parts.append(part)
+        if (measure, "chain") in results:
+            figures = _paired(results, measure, "full", not latency, "chain")
+            value = statistics.median(figures)
+            low, high = median_interval(figures)
+            ok = value <= 0 if latency else value >= 1
+            noise = low <= 0 <= high if latency else low <= 1 <= high
+            verdict = "yes" if ok else "no, within noise" if noise else "no"
+            parts.append(
+                f"vs proxy + bare relay {_figure(figures, latency)} (at most one bare relay hop "
+                f"more: {verdict})"
+            )
+        print(f"  {title:30} " + "; ".join(parts))
+        if (measure, "chain") in results and (measure, "relay") in results:
+            hop = _paired(results, measure, "chain", not latency, "relay")
+            print(f"  {'':30} (one bare relay hop behind the proxy: {_figure(hop, latency)})")
+    print("The gateway's CPU time per request at c=16 (from /proc), per-round ratios:")
+    for measure, protocol in (("restcpu", "REST"), ("grpccpu", "gRPC")):
+        if (measure, "full") not in results:
+            continue
+        gateway = statistics.median(results[(measure, "full")])
+        line = f"  {protocol}: gateway {gateway:.0f} us"
+        if (measure, "relay") in results:  # the gateway runs the proxy's relay code
+            ratios = _paired(results, measure, "full", True, "relay")
+            line += f" ({statistics.median(ratios):.2f}x the proxy alone's)"
+        if (measure, "floor") in results:
+            ratios = _paired(results, measure, "full", True, "floor")
+            value = statistics.median(ratios)
+            low, high = median_interval(ratios)
+            floor = statistics.median(results[(measure, "floor")])
+            line += (
+                f"; the bare relay {floor:.0f} us: {value:.2f}x ({low:.2f} .. {high:.2f}) "
+                f"target <= {_GATEWAY_CPU_TARGET}x: {_verdict(value <= _GATEWAY_CPU_TARGET)}"
+            )
+        if (measure, "chain") in results:
+            ratios = _paired(results, measure, "full", True, "chain")
+            chain = statistics.median(results[(measure, "chain")])
+            line += (
+                f"; the bare relay behind the proxy {chain:.0f} us: "
+                f"{statistics.median(ratios):.2f}x"
+            )
+        if (measure, "full:proxy") in results and (measure, "relay") in results:
+            ratios = _paired(results, measure, "full:proxy", True, "relay")
+            line += f"; the proxy in front of it {statistics.median(ratios):.2f}x the proxy alone"
+        print(line)
+
+
+def load_results(saved: list[Path]) -> Results:
+    """The per-round figures of `--save` files, each measure's rounds of every file in turn."""
+    files = [json.loads(path.read_text()) for path in saved]
+    common = set.intersection(*(set(figures) for figures in files))
+    results: Results = {}
+    for key in sorted(common):
+        measure, hop = key.split(" ", 1)
+        results[(measure, hop)] = [value for figures in files for value in figures[key]]
+    return results
+
+
+HOPS = ("floor", "relay", "grpcio", "chain", "full")
+"""Every hop beside Triton directly: the bare relay, the two proxies, the proxy + a bare relay,
+and the full path through the gateway."""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--seconds", type=int, default=2, help="whole seconds of each load run (wrk's unit)"
+    )
+    parser.add_argument(
+        "--paths",
+        default=",".join(HOPS),
+        help=f"comma-separated hops to measure beside Triton directly, of {','.join(HOPS)}",
+    )
+    parser.add_argument("--hey", action="store_true", help="also time REST at c=1 with hey")
+    parser.add_argument(
+        "--save", type=Path, help="write every per-round figure here as JSON, to look at later"
+    )
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy flag")
     parser.add_argument(
         "--baseline-tree",
@@ -445,44 +685,75 @@ def main() -> int:
         help="another source tree (e.g. `git archive` of an older commit): its proxy runs as one "
         "more hop (relay mode) in the same rounds, for a before/after the box's noise cannot skew",
     )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="SAVED",
+        help="measure nothing: print the report of figures written by --save, the rounds of "
+        "several files (runs of the same code) pooled; only measures every file has count",
+    )
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
+    if args.report:
+        saved = load_results(args.report)
+        report(saved, len(saved[("grpc1", "direct")]), args.seconds)
+        return 0
+    paths = [p for p in args.paths.split(",") if p]
+    if not paths or set(paths) - set(HOPS):
+        parser.error(f"--paths {args.paths!r}: name hops of {','.join(HOPS)}")
+    for tool in ("wrk", "h2load", *(["hey"] if args.hey else [])):
         if shutil.which(tool) is None:
-            print(f"{tool} is missing: apt-get install -y wrk nghttp2-client", file=sys.stderr)
+            print(f"{tool} is missing: apt-get install -y wrk nghttp2-client hey", file=sys.stderr)
             return 2
+    measures = [m for m in MEASURES if args.hey or m != "hey1"]
     results: Results = {}
+    relay_mode = [*args.proxy_arg, "--grpc-mode", "relay"]
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
         loads = Loads(Path(tmp), args.seconds)
-        with (
-            running_triton(Path(tmp)) as triton,
-            running_proxy(triton, [*args.proxy_arg, "--grpc-mode", "relay"]) as relay,
-            running_proxy(triton, [*args.proxy_arg, "--grpc-mode", "grpcio"]) as grpcio,
-            running_floor(triton) as floor,
-            contextlib.ExitStack() as more,
-        ):
-            hops: dict[str, Hop] = {
-                "direct": (triton.http_url, triton.grpc_url, 0),
-                "floor": floor,
-                "relay": relay,
-                "grpcio": grpcio,
-            }
-            if args.baseline_tree is not None:
-                hops["baseline"] = more.enter_context(
+        with running_triton(Path(tmp)) as triton, contextlib.ExitStack() as stack:
+            triton_urls = (triton.http_url, triton.grpc_url)
+            hops: dict[str, Hop] = {"direct": Hop(*triton_urls)}
+            if "floor" in paths:
+                hops["floor"] = stack.enter_context(running_floor(triton_urls))
+            if "relay" in paths:
+                hops["relay"] = stack.enter_context(running_proxy(triton_urls, relay_mode))
+            if "chain" in paths:
+                relay = stack.enter_context(running_floor(triton_urls))
+                proxy = stack.enter_context(running_proxy((relay.rest, relay.grpc), relay_mode))
+                hops["chain"] = Hop(proxy.rest, proxy.grpc, relay.cpu + proxy.cpu)
+            if "full" in paths:
+                gateway = stack.enter_context(running_gateway(triton_urls, Path(tmp)))
+                proxy = stack.enter_context(
                     running_proxy(
-                        triton,
-                        [*args.proxy_arg, "--grpc-mode", "relay"],
-                        args.baseline_tree.resolve(),
+                        (gateway.rest, gateway.grpc), [*relay_mode, "--source-address", POD_ADDRESS]
                     )
                 )
-            for hop in hops.values():
-                loads.warm_up(hop)
+                hops["full"] = Hop(proxy.rest, proxy.grpc, gateway.cpu + proxy.cpu)
+            if "grpcio" in paths:
+                grpcio = [*args.proxy_arg, "--grpc-mode", "grpcio"]
+                hops["grpcio"] = stack.enter_context(running_proxy(triton_urls, grpcio))
+            if args.baseline_tree is not None:
+                hops["baseline"] = stack.enter_context(
+                    running_proxy(triton_urls, relay_mode, args.baseline_tree.resolve())
+                )
+            for name, hop in hops.items():
+                loads.warm_up(hop, rest=name != "grpcio", with_hey=args.hey)
+            turn = 0
             for round_number in range(args.rounds):
-                order = list(hops.items())
-                if round_number % 2:
-                    order.reverse()  # no hop always runs first, or last, in a round
-                for name, hop in order:
-                    loads.measure(results, name, hop, rest=name != "grpcio")  # REST: same code
+                for measure in measures:
+                    order = list(hops.items())
+                    if turn % 2:
+                        order.reverse()  # no hop always runs first, or last
+                    turn += 1
+                    for name, hop in order:
+                        rest = measure in ("rest1", "hey1", "rest16")
+                        if rest and name == "grpcio":
+                            continue  # its REST is the relay proxy's code
+                        loads.measure(results, measure, name, hop)
                 print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
+    if args.save is not None:
+        figures = {f"{measure} {hop}": values for (measure, hop), values in results.items()}
+        args.save.write_text(json.dumps(figures, indent=1))
     report(results, args.rounds, args.seconds)
     return 0
 
