@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.inbox import Inbox
 from binder.kube import Kube
 from binder.metrics import Metrics
 from binder.model import PodInfo
@@ -88,15 +89,15 @@ class Controller:
         self._report_interval = report_interval
         self._monotonic = monotonic
         self.bound = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.inbox: Inbox | None = None
+        """Where the writers hand outcomes back: the one the informers use, so the bind's answer
+        and the watch event it causes share a wake-up of the loop (or its own, made on first
+        use)."""
         self._workers = bind_workers
         self._lock = threading.Lock()
         self._jobs: deque[_Job] = deque()
         """API writes decided on the loop, waiting for a runner."""
         self._runners = 0
-        self._outcomes: deque[tuple[Callable[[Exception | None], None], Exception | None]] = deque()
-        """Writes done on worker threads, waiting for the loop to take them."""
-        self._outcomes_scheduled = False
         self._outstanding = 0
         self._idle = asyncio.Event()
         """Set while no job is outstanding."""
@@ -208,8 +209,8 @@ class Controller:
         self, work: Callable[[], None], outcome: Callable[[Exception | None], None]
     ) -> None:
         """Run `work` on a worker thread, then `outcome(its error or None)` on the loop."""
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
+        if self.inbox is None:
+            self.inbox = Inbox(asyncio.get_running_loop())
         self._idle.clear()
         self._outstanding += 1
         with self._lock:
@@ -239,29 +240,18 @@ class Controller:
                 work()
             except Exception as e:  # every outcome, even a bug's, is the loop's to judge
                 error = e
-            with self._lock:
-                self._outcomes.append((outcome, error))
-                if self._outcomes_scheduled:
-                    continue
-                self._outcomes_scheduled = True
-            assert self._loop is not None
-            # A closed loop: the process is ending and nobody waits for the outcome.
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._take_outcomes)
+            assert self.inbox is not None
+            self.inbox.post(self._take_outcome, outcome, error)
 
-    def _take_outcomes(self) -> None:
-        with self._lock:
-            outcomes = list(self._outcomes)
-            self._outcomes.clear()
-            self._outcomes_scheduled = False
-        for outcome, error in outcomes:
-            if self._abandoned:
-                return
-            self._outstanding -= 1
-            try:
-                outcome(error)
-            except Exception:  # the other outcomes must still be taken
-                log.exception("Taking the outcome of an API write has failed.")
+    def _take_outcome(
+        self, outcome: Callable[[Exception | None], None], error: Exception | None
+    ) -> None:
+        if self._abandoned:
+            return
+        self._outstanding -= 1
+        try:
+            outcome(error)
+        finally:
             if not self._outstanding:
                 self._idle.set()
 
