@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from binder.cache import ClusterCache, Informer
 from binder.controller import Controller
 from binder.errors import ConfigError, NotReadyError, http_status
+from binder.inbox import Inbox
 from binder.kube import Kube, RetryPolicy
 from binder.leader import LeaderElector
 from binder.metrics import Metrics
@@ -141,8 +142,13 @@ class Binder:
             ),
             (self.kube.pods(), cache.replace_pods, cache.apply_pod),
         ]
+        # One inbox for every thread that hands work to the loop: one wake-up per burst.
+        inbox = Inbox(loop)
+        self.controller.inbox = inbox
         for kind, on_list, on_event in kinds:
-            informer = Informer(self.kube, kind, loop, on_list=on_list, on_event=on_event)
+            informer = Informer(
+                self.kube, kind, loop, on_list=on_list, on_event=on_event, inbox=inbox
+            )
             self._informers.append(informer)
             informer.start()
         for informer in self._informers:

@@ -19,11 +19,11 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from binder.errors import ApiError, GoneError, UnavailableError
+from binder.inbox import Inbox
 from binder.kube import JsonObject, Kind, Kube
 from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
 from binder.state import ClusterState
@@ -170,6 +170,7 @@ class Informer:
         on_list: Callable[[list[JsonObject]], None],
         on_event: Callable[[str, JsonObject], None],
         monotonic: Callable[[], float] = time.monotonic,
+        inbox: Inbox | None = None,
     ) -> None:
         self._kube = kube
         self._kind = kind.name
@@ -186,9 +187,7 @@ class Informer:
         self._monotonic = monotonic
         self._failing_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{kind.name}", daemon=True)
-        self._batch: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
-        self._batch_lock = threading.Lock()
-        self._drain_scheduled = False
+        self._inbox = inbox or Inbox(loop)
 
     def start(self) -> None:
         self._thread.start()
@@ -202,26 +201,10 @@ class Informer:
             self._thread.join(timeout)
 
     def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
-        """Hand a change to the event loop, in order. Changes that arrive while the loop has not
-        yet taken the previous ones go with them: one wake-up of the loop for a burst, not one
-        per event."""
-        with self._batch_lock:
-            self._batch.append((callback, args))
-            if self._drain_scheduled:
-                return
-            self._drain_scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: we are shutting down
-            self._stop.set()
-
-    def _drain(self) -> None:
-        with self._batch_lock:
-            batch = list(self._batch)
-            self._batch.clear()
-            self._drain_scheduled = False
-        for callback, args in batch:
-            self._guarded(callback, *args)
+        """Hand a change to the event loop, in order; a burst of changes (from every informer
+        and the API writers sharing the inbox) costs the loop one wake-up, not one per event."""
+        if not self._inbox.post(self._guarded, callback, *args):
+            self._stop.set()  # the loop is closed: we are shutting down
 
     def _guarded(self, callback: Callable[..., None], *args: Any) -> None:
         if self._stop.is_set():

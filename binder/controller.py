@@ -13,13 +13,18 @@ Owns the decisions and the API writes they cause; reads the cluster only through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
+from functools import partial
 from typing import Any
 
 from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.inbox import Inbox
 from binder.kube import Kube
 from binder.metrics import Metrics
 from binder.model import PodInfo
@@ -33,8 +38,15 @@ from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
 
+_Job = tuple[Callable[[], None], Callable[[Exception | None], None]]
+"""Work for a worker thread, and what the loop does with its error (None: it worked)."""
+
 YIELD_EVERY = 32
 """Pods decided in a row, without waiting, before the loop lets its other callbacks run."""
+
+DECIDED_AHEAD = 2
+"""Pods decided per bind worker whose writes may wait for a worker, so a worker that finishes
+takes the next at once. Writes in flight stay at most `bind_workers`."""
 
 REPORT_INTERVAL_SECONDS = 10.0
 """Shortest time between two FailedScheduling writes for one pod whose reason changed."""
@@ -65,7 +77,7 @@ class Controller:
         self.queue = queue
         self._metrics = metrics
         self._executor = executor
-        self._slots = asyncio.Semaphore(bind_workers)
+        self._slots = asyncio.Semaphore(bind_workers * DECIDED_AHEAD)
         self._identity = identity
         self._placement_keys = placement_keys
         self._clock = clock
@@ -76,8 +88,23 @@ class Controller:
         """Per pod: the last message written and when (monotonic seconds)."""
         self._report_interval = report_interval
         self._monotonic = monotonic
-        self._tasks: set[asyncio.Task[None]] = set()
         self.bound = 0
+        self.inbox: Inbox | None = None
+        """Where the writers hand outcomes back: the one the informers use, so the bind's answer
+        and the watch event it causes share a wake-up of the loop (or its own, made on first
+        use)."""
+        self._workers = bind_workers
+        self._lock = threading.Lock()
+        self._jobs: deque[_Job] = deque()
+        """API writes decided on the loop, waiting for a runner."""
+        self._runners = 0
+        self._outstanding = 0
+        self._idle = asyncio.Event()
+        """Set while no job is outstanding."""
+        self._idle.set()
+        self._abandoned = False
+        self._calls: dict[str, Any] = {}
+        self._scheduled = metrics.attempts.labels("scheduled")
 
     # ---- listener of the cache -------------------------------------------------------------------
 
@@ -142,8 +169,7 @@ class Controller:
         result = place(state, pod, now=self._clock(), policy=self._policy)
         if isinstance(result, Placement):
             state.assume(pod, result.node, result.gpu.uuid)
-            self._in_flight.add(uid)
-            self._spawn(f"Binding pod {pod.key}", self._bind(pod, result))
+            self._bind(pod, result)
             return
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
@@ -159,10 +185,7 @@ class Controller:
         )
         if self._should_report(uid, result.message):
             self._reported[uid] = (result.message, self._monotonic())
-            self._spawn(
-                f"Reporting why pod {pod.key} is pending",
-                self._report(pod, result.message, result.condition_reason),
-            )
+            self._report(pod, result.message, result.condition_reason)
         else:
             self._slots.release()
 
@@ -174,15 +197,74 @@ class Controller:
             return True
         return last[0] != message and self._monotonic() - last[1] >= self._report_interval
 
-    def _spawn(self, name: str, coroutine: Coroutine[Any, Any, None]) -> None:
-        spawn(name, coroutine, keep=self._tasks)
+    # ---- API writes: on worker threads, handed over and back in batches -------------------------
+    #
+    # No task and no asyncio future per pod: a pod's writes are a job in a deque, run by at most
+    # `bind_workers` runners on the executor, and their outcomes come back to the loop in batches
+    # (one wake-up for all that finished meanwhile). The loop may decide up to DECIDED_AHEAD pods
+    # per worker, so a runner that finishes finds the next pod waiting instead of sleeping until
+    # woken: those hand-offs between threads cost more CPU than the writes themselves.
 
-    async def _call(self, function: Callable[[], None]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, function)
+    def _hand_over(
+        self, work: Callable[[], None], outcome: Callable[[Exception | None], None]
+    ) -> None:
+        """Run `work` on a worker thread, then `outcome(its error or None)` on the loop."""
+        if self.inbox is None:
+            self.inbox = Inbox(asyncio.get_running_loop())
+        self._idle.clear()
+        self._outstanding += 1
+        with self._lock:
+            self._jobs.append((work, outcome))
+            if self._runners >= self._workers:
+                return
+            self._runners += 1
+        try:
+            self._executor.submit(self._run_jobs)
+        except BaseException:
+            with self._lock:
+                self._runners -= 1
+                self._jobs.remove((work, outcome))
+            self._outstanding -= 1
+            raise
 
-    async def _bind(self, pod: PodInfo, placement: Placement) -> None:
-        state = self.state
-        assert state is not None
+    def _run_jobs(self) -> None:
+        """A runner, on a worker thread: jobs until none is waiting."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._runners -= 1
+                    return
+                work, outcome = self._jobs.popleft()
+            error: Exception | None = None
+            try:
+                work()
+            except Exception as e:  # every outcome, even a bug's, is the loop's to judge
+                error = e
+            assert self.inbox is not None
+            self.inbox.post(self._take_outcome, outcome, error)
+
+    def _take_outcome(
+        self, outcome: Callable[[Exception | None], None], error: Exception | None
+    ) -> None:
+        if self._abandoned:
+            return
+        self._outstanding -= 1
+        try:
+            outcome(error)
+        finally:
+            if not self._outstanding:
+                self._idle.set()
+
+    def _count(self, call: str) -> None:
+        """Count one API write (from any thread); the labelled child is looked up once."""
+        child = self._calls.get(call)
+        if child is None:
+            child = self._calls.setdefault(call, self._metrics.api_calls.labels(call))
+        child.inc()
+
+    def _bind(self, pod: PodInfo, placement: Placement) -> None:
+        """Patch the pod's GPU annotation and post its Binding, off the loop. The caller holds a
+        bind slot, released with the outcome."""
         claim = Claim(
             pod.uid,
             pod.namespace,
@@ -199,45 +281,66 @@ class Controller:
         }
 
         def write() -> None:
-            # Both writes in one trip to a worker thread: half the hand-offs between threads.
             self._kube.patch_pod_annotations(pod.namespace, pod.name, annotations)
-            self._metrics.api_calls.labels("annotate").inc()
+            self._count("annotate")
             self._kube.bind(pod.namespace, pod.name, pod.uid, placement.node)
-            self._metrics.api_calls.labels("bind").inc()
+            self._count("bind")
 
+        self._in_flight.add(pod.uid)
         try:
-            await self._call(write)
-        except (NotFoundError, ConflictError) as e:
-            state.forget_assumed(pod.uid)
-            self.queue.remove(pod.uid)
-            self._metrics.attempts.labels("error").inc()
-            log.info(
-                "Pod %s was not bound to %s (%s): it was deleted or bound elsewhere; dropping it.",
-                pod.key,
-                placement.node,
-                e.reason or e.status,
-            )
-        except (ApiError, OSError) as e:
-            state.forget_assumed(pod.uid)
-            self._metrics.attempts.labels("error").inc()
-            delay = self.queue.backoff(pod.uid)
-            log.warning(
-                "Binding pod %s to %s has failed (%s): released its GPU memory, retrying in "
-                "%.0f s.",
-                pod.key,
-                placement.node,
-                e,
-                delay,
-            )
-        else:
-            self.bound += 1
-            self._metrics.attempts.labels("scheduled").inc()
-            if pod.created:
-                self._metrics.latency.observe(max(0.0, self._clock() - pod.created))
-            self.queue.remove(pod.uid)
-            self._reported.pop(pod.uid, None)
-            # DEBUG, as kube-scheduler keeps "Successfully bound pod to node" below its default
-            # verbosity: a line per pod cost about 10 us of formatting and a write to stderr.
+            self._hand_over(write, partial(self._bound, pod, placement))
+        except BaseException:
+            self._in_flight.discard(pod.uid)
+            raise
+
+    def _bound(self, pod: PodInfo, placement: Placement, error: Exception | None) -> None:
+        """The outcome of a pod's writes, on the loop."""
+        state = self.state
+        assert state is not None
+        try:
+            if error is None:
+                self._bound_well(pod, placement)
+            elif isinstance(error, NotFoundError | ConflictError):
+                state.forget_assumed(pod.uid)
+                self.queue.remove(pod.uid)
+                self._metrics.attempts.labels("error").inc()
+                log.info(
+                    "Pod %s was not bound to %s (%s): it was deleted or bound elsewhere; "
+                    "dropping it.",
+                    pod.key,
+                    placement.node,
+                    error.reason or error.status,
+                )
+            elif isinstance(error, ApiError | OSError):
+                state.forget_assumed(pod.uid)
+                self._metrics.attempts.labels("error").inc()
+                delay = self.queue.backoff(pod.uid)
+                log.warning(
+                    "Binding pod %s to %s has failed (%s): released its GPU memory, retrying in "
+                    "%.0f s.",
+                    pod.key,
+                    placement.node,
+                    error,
+                    delay,
+                )
+            else:
+                log.error(
+                    "Binding pod %s has failed: its work is abandoned.", pod.key, exc_info=error
+                )
+        finally:
+            self._in_flight.discard(pod.uid)
+            self._slots.release()
+
+    def _bound_well(self, pod: PodInfo, placement: Placement) -> None:
+        self.bound += 1
+        self._scheduled.inc()
+        if pod.created:
+            self._metrics.latency.observe(max(0.0, self._clock() - pod.created))
+        self.queue.remove(pod.uid)
+        self._reported.pop(pod.uid, None)
+        # DEBUG, as kube-scheduler keeps "Successfully bound pod to node" below its default
+        # verbosity: a line per pod cost about 10 us of formatting and a write to stderr.
+        if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "Bound pod %s (model %s, %s) to node %s, GPU %d (%s).",
                 pod.key,
@@ -247,43 +350,52 @@ class Controller:
                 placement.gpu.index,
                 placement.gpu.uuid,
             )
-        finally:
-            self._in_flight.discard(pod.uid)
-            self._slots.release()
 
-    async def _report(self, pod: PodInfo, message: str, reason: str) -> None:
+    def _report(self, pod: PodInfo, message: str, reason: str) -> None:
+        """Record a FailedScheduling Event and set PodScheduled=False, off the loop. The caller
+        holds a bind slot, released with the outcome."""
+
+        def write() -> None:
+            self._kube.record_event(
+                pod.namespace,
+                pod.name,
+                pod.uid,
+                reason="FailedScheduling",
+                message=message,
+                reporting_instance=self._identity,
+            )
+            self._count("event")
+            self._kube.set_unschedulable(pod.namespace, pod.name, message, reason)
+            self._count("condition")
+
+        self._hand_over(write, partial(self._reported_why, pod))
+
+    def _reported_why(self, pod: PodInfo, error: Exception | None) -> None:
         try:
-            await self._call(
-                lambda: self._kube.record_event(
-                    pod.namespace,
-                    pod.name,
-                    pod.uid,
-                    reason="FailedScheduling",
-                    message=message,
-                    reporting_instance=self._identity,
+            if error is None or isinstance(error, NotFoundError):
+                return
+            if isinstance(error, ApiError | OSError):
+                self._reported.pop(pod.uid, None)
+                log.warning("Recording why pod %s is pending has failed: %s.", pod.key, error)
+            else:
+                log.error(
+                    "Reporting why pod %s is pending has failed: its work is abandoned.",
+                    pod.key,
+                    exc_info=error,
                 )
-            )
-            self._metrics.api_calls.labels("event").inc()
-            await self._call(
-                lambda: self._kube.set_unschedulable(pod.namespace, pod.name, message, reason)
-            )
-            self._metrics.api_calls.labels("condition").inc()
-        except NotFoundError:
-            pass
-        except (ApiError, OSError) as e:
-            self._reported.pop(pod.uid, None)
-            log.warning("Recording why pod %s is pending has failed: %s.", pod.key, e)
         finally:
             self._slots.release()
 
     async def drain(self, grace_seconds: float) -> None:
-        """Let in-flight API writes finish (bounded), then cancel what is left."""
-        if self._tasks:
-            _, late = await asyncio.wait(set(self._tasks), timeout=grace_seconds)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late)
+        """Let in-flight API writes finish (bounded), then abandon what is left: a write already
+        on a worker thread ends there, its outcome ignored; a waiting one is never sent."""
+        if self._outstanding:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace_seconds)
+        if self._outstanding:
+            self._abandoned = True
+            with self._lock:
+                self._jobs.clear()
 
 
 async def _first(*aws: Coroutine[Any, Any, Any]) -> None:

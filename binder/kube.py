@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import ssl
 import threading
 import time
@@ -54,6 +55,8 @@ WATCH_TIMEOUT_SECONDS = 300
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_TIMEOUT_SECONDS = 30.0
 """No call may hang a worker thread forever."""
+AUTH_REFRESH_SECONDS = 1.0
+"""How long the writes reuse the credential headers before reading them again."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,8 @@ class Kube:
         self._closing = threading.Event()
         self._unsure: set[tuple[str, str]] = set()
         """Pods whose Binding may have landed although its answer was lost."""
+        self._auth: list[str] = []
+        self._auth_until = -math.inf
 
     def close(self) -> None:
         self._closing.set()
@@ -332,10 +337,7 @@ class Kube:
         if body is not None:
             lines.append(f"Content-Type: {content_type}")
             lines.append(f"Content-Length: {len(payload)}")
-        # Read each time: an in-cluster token is refreshed from its file by this hook.
-        for auth in self._configuration.auth_settings().values():
-            if auth.get("in") == "header" and auth.get("value"):
-                lines.append(f"{auth['key']}: {auth['value']}")
+        lines.extend(self._auth_headers())
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
             answer: Answer = connections.request(head, payload, timeout)
@@ -350,6 +352,22 @@ class Kube:
                 {"Retry-After": retry_after} if retry_after is not None else {},
             )
         return answer.body
+
+    def _auth_headers(self) -> list[str]:
+        """The credential headers, read through the client's refresh hook at most once per
+        AUTH_REFRESH_SECONDS. The hook re-reads an expired in-cluster token (the client itself
+        does so once a minute), and re-applies the whole kubeconfig or in-cluster settings to the
+        configuration each time, whose `host` setter scans the environment for proxies: 0.08 ms
+        a write, more than the write itself."""
+        now = self._monotonic()
+        if now >= self._auth_until:
+            headers = []
+            for auth in self._configuration.auth_settings().values():
+                if auth.get("in") == "header" and auth.get("value"):
+                    headers.append(f"{auth['key']}: {auth['value']}")
+            self._auth = headers
+            self._auth_until = now + AUTH_REFRESH_SECONDS
+        return self._auth
 
     def _write(self, what: str, attempt: Callable[[float], bytes]) -> bytes:
         """Run `attempt(read_timeout)` until the server gives a verdict, backing off while it is

@@ -12,6 +12,7 @@ Owns no pods, only their uids; reads time from the clock it is given (fake in te
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +34,10 @@ class SchedulingQueue:
         self._active: deque[str] = deque()
         self._queued: set[str] = set()
         self._waiting: dict[str, float] = {}
+        self._due: list[tuple[float, str]] = []
+        """Heap of (due time, uid) over the waiting pods: a pop looks at the due ones only, not
+        at every waiting pod. Entries of pods no longer waiting, or waiting until another time,
+        are stale and skipped; the heap is rebuilt when they outnumber the live ones."""
         self._failures: dict[str, int] = {}
         self._wakeup = asyncio.Event()
 
@@ -69,7 +74,12 @@ class SchedulingQueue:
         if uid in self._queued:
             self._queued.discard(uid)
             self._active.remove(uid)
-        self._waiting[uid] = self._clock() + delay
+        due = self._clock() + delay
+        self._waiting[uid] = due
+        heapq.heappush(self._due, (due, uid))
+        if len(self._due) > 2 * len(self._waiting) + 64:
+            self._due = [(t, u) for u, t in self._waiting.items()]
+            heapq.heapify(self._due)
         self._wakeup.set()
         return delay
 
@@ -80,21 +90,30 @@ class SchedulingQueue:
             del self._waiting[uid]
             self._queued.add(uid)
             self._active.append(uid)
+        self._due.clear()
         if moved:
             self._wakeup.set()
         return len(moved)
 
     def _promote_due(self) -> float | None:
         """Move pods whose wait is over to active; return seconds until the next one is due."""
-        now = self._clock()
-        due = sorted((t, uid) for uid, t in self._waiting.items() if t <= now)
-        for _, uid in due:
-            del self._waiting[uid]
-            self._queued.add(uid)
-            self._active.append(uid)
-        if not self._waiting:
+        heap = self._due
+        if not heap:
             return None
-        return max(0.0, min(self._waiting.values()) - now)
+        now = self._clock()
+        waiting = self._waiting
+        # In (due, uid) order, as sorting the due ones would give.
+        while heap and heap[0][0] <= now:
+            t, uid = heapq.heappop(heap)
+            if waiting.get(uid) == t:
+                del waiting[uid]
+                self._queued.add(uid)
+                self._active.append(uid)
+        while heap and waiting.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        return max(0.0, heap[0][0] - now)
 
     def pop_ready(self) -> str | None:
         """The next active pod, or None (promoting pods whose wait is over first)."""

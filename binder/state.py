@@ -236,10 +236,17 @@ class ClusterState:
         if info is None or not info.gpus:
             return []
         alloc = self._alloc.get(node, [0] * len(info.gpus))
-        return [
-            max(0, min(self.usable(g) - a, self._nvml_free(g)))
-            for g, a in zip(info.gpus, alloc, strict=True)
-        ]
+        # `usable` and `_nvml_free` written out: this runs on every charge, for every GPU.
+        reserve = self.reserve
+        free = []
+        for g, a in zip(info.gpus, alloc, strict=True):
+            if not g.healthy:
+                free.append(0)
+                continue
+            usable = max(0, g.memory - reserve)
+            cap = usable if g.used is None else g.memory - g.used - reserve
+            free.append(max(0, min(usable - a, cap)))
+        return free
 
     def _nvml_free(self, gpu: Gpu) -> int:
         """NVML's free memory minus the reserve, as the agent published it (no figure: no cap)."""

@@ -18,6 +18,12 @@ _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
+_PARSED: dict[str, int] = {}
+"""Strings already read, and their bytes: a cluster repeats a few quantities ("4Gi") in every pod
+the binder reads (three watch events per bound pod), and Decimal arithmetic costs microseconds."""
+_PARSED_MAX = 4096
+
+
 class QuantityError(ValueError):
     """A quantity string that Kubernetes would not accept, with what to write instead."""
 
@@ -28,6 +34,18 @@ def parse_quantity(value: str | int, *, what: str = "quantity") -> int:
     `what` names the field in the error message (for example "tritonshare.io/gpu-mem limit").
     Negative values are refused: memory cannot be negative.
     """
+    if type(value) is str:
+        known = _PARSED.get(value)
+        if known is not None:
+            return known
+        parsed = _parse(value, what)
+        if len(_PARSED) < _PARSED_MAX:
+            _PARSED[value] = parsed
+        return parsed
+    return _parse(value, what)
+
+
+def _parse(value: str | int, what: str) -> int:
     if isinstance(value, bool):
         raise QuantityError(f"{what}: {value!r} is not a quantity; write bytes such as '2Gi'")
     if isinstance(value, int):

@@ -263,7 +263,7 @@ async def test_a_conflict_or_a_deleted_pod_drops_the_assumption(
         assert isinstance(placement, Placement)
         state.assume(pod, placement.node, placement.gpu.uuid)
         await binder.controller._slots.acquire()
-        await binder.controller._bind(pod, placement)
+        binder.controller._bind(pod, placement)
     # Neither assumption stays: "raced" is accounted where it really is, "gone" nowhere.
     await eventually(lambda: not state.assumed_uids(), what="assumptions dropped")
     assert {p.name: p.node_name for p in state.assigned_pods()} == {"raced": "gpu-2"}

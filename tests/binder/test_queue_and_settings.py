@@ -4,6 +4,7 @@ and the settings parser's errors."""
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from typing import Any, cast
 
@@ -83,6 +84,73 @@ def test_removed_pods_are_forgotten() -> None:
     assert len(queue) == 0
     assert queue.failures("b") == 0
     assert queue.move_all_to_active() == 0
+
+
+class SortingQueue:
+    """The queue as it was before its heap: every waiting pod sorted on each pop. The heap must
+    give the same pods in the same order."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.inner = make_queue(clock)
+        self.clock = clock
+        self.waiting: dict[str, float] = {}
+        self.active: list[str] = []
+
+    def add(self, uid: str) -> None:
+        self.waiting.pop(uid, None)
+        if uid not in self.active:
+            self.active.append(uid)
+
+    def remove(self, uid: str) -> None:
+        self.waiting.pop(uid, None)
+        if uid in self.active:
+            self.active.remove(uid)
+
+    def backoff(self, uid: str) -> None:
+        delay = self.inner.backoff(uid)  # the failure count and delay are not under test
+        if uid in self.active:
+            self.active.remove(uid)
+        self.waiting[uid] = self.clock.now + delay
+
+    def move_all_to_active(self) -> int:
+        moved = sorted(self.waiting, key=lambda uid: self.waiting[uid])
+        self.waiting.clear()
+        self.active.extend(moved)
+        return len(moved)
+
+    def pop_ready(self) -> str | None:
+        due = sorted((t, uid) for uid, t in self.waiting.items() if t <= self.clock.now)
+        for _, uid in due:
+            del self.waiting[uid]
+            self.active.append(uid)
+        return self.active.pop(0) if self.active else None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_heap_of_due_times_pops_as_sorting_every_waiting_pod_would(seed: int) -> None:
+    rng = random.Random(seed)
+    clock = FakeClock()
+    queue, model = make_queue(clock), SortingQueue(clock)
+    uids = [f"p{i}" for i in range(12)]
+    for _ in range(600):
+        op, uid = rng.random(), rng.choice(uids)
+        if op < 0.25:
+            queue.add(uid)
+            model.add(uid)
+        elif op < 0.4:
+            queue.remove(uid)
+            model.remove(uid)
+            model.inner.remove(uid)
+        elif op < 0.65:
+            queue.backoff(uid)
+            model.backoff(uid)
+        elif op < 0.68:
+            assert queue.move_all_to_active() == model.move_all_to_active()
+        elif op < 0.8:
+            clock.now += rng.choice((0.0, 0.5, 1.0, 4.0, 30.0))
+        else:
+            assert queue.pop_ready() == model.pop_ready()
+        assert len(queue) == len(model.active) + len(model.waiting)
 
 
 async def test_pop_waits_for_an_added_pod() -> None:

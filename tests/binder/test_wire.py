@@ -223,3 +223,35 @@ def test_kube_writes_go_over_tls_with_the_kubeconfig_ca_token_and_path_prefix(
         untrusting.patch_pod_annotations("models", "p", {"a": "c"})
     untrusting.close()
     assert len(server.requests) == 1
+
+
+def test_kube_writes_read_a_refreshed_token_within_a_second_not_on_every_write(
+    serve: type[Server], tmp_path: Path
+) -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    server = serve([ok] * 4)
+    now = [1000.0]
+    kube = Kube(
+        str(kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{server.port}", None)),
+        monotonic=lambda: now[0],
+    )
+    configuration = kube._configuration
+    hook = configuration.refresh_api_key_hook
+    calls = 0
+
+    def refresh(c: object) -> None:  # as the in-cluster loader re-reads an expired token file
+        nonlocal calls
+        calls += 1
+        hook(c)  # re-applies the kubeconfig, and itself as the hook
+        c.refresh_api_key_hook = refresh  # type: ignore[attr-defined]
+        c.api_key["BearerToken"] = f"Bearer token-{calls}"  # type: ignore[attr-defined]
+
+    configuration.refresh_api_key_hook = refresh
+    for _ in range(3):
+        kube.patch_pod_annotations("models", "p", {"a": "b"})
+    now[0] += 1.0
+    kube.patch_pod_annotations("models", "p", {"a": "b"})
+    kube.close()
+    assert calls == 2, "the hook re-applies the whole kubeconfig: once a second, not per write"
+    tokens = [r.split(b"authorization: ")[1].split(b"\r\n")[0] for r in server.requests]
+    assert tokens == [b"Bearer token-1"] * 3 + [b"Bearer token-2"]
