@@ -168,7 +168,8 @@ class ClientConnection(asyncio.Protocol):
                         relay.settings.head_timeout_seconds, self._head_timed_out
                     )
                 return
-            self._stop_head_timer()
+            if self._head_timer is not None:  # only for a head that came in pieces
+                self._stop_head_timer()
             self._started = time.perf_counter()
             self._route = "unreadable"
             try:

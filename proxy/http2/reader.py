@@ -115,7 +115,16 @@ class FrameReader:
     connection).
     """
 
-    __slots__ = ("_block", "_in", "_max_block", "_sink", "from_server", "max_frame")
+    __slots__ = (
+        "_block",
+        "_in",
+        "_max_block",
+        "_on_data",
+        "_on_headers",
+        "_sink",
+        "from_server",
+        "max_frame",
+    )
 
     def __init__(
         self,
@@ -125,6 +134,9 @@ class FrameReader:
         max_frame: int = f.DEFAULT_MAX_FRAME,
     ) -> None:
         self._sink = sink
+        # The fast paths' callbacks, bound once rather than on every read.
+        self._on_data = sink.on_data
+        self._on_headers = sink.on_headers
         self.from_server = from_server
         self.max_frame = max_frame
         self._max_block = max_block
@@ -146,8 +158,8 @@ class FrameReader:
         pos = 0
         end = len(data)
         max_frame = self.max_frame
-        on_data = self._sink.on_data
-        on_headers = self._sink.on_headers
+        on_data = self._on_data
+        on_headers = self._on_headers
         in_block = self._block is not None  # only _headers and _continuation change it
         header = _FRAME_HEADER.unpack_from
         while end - pos >= 9:
