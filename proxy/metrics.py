@@ -79,9 +79,24 @@ class _RequestCollector(Collector):
 
     def __init__(self, model_id: str) -> None:
         self._model = model_id
-        self.counts: dict[tuple[str, str, str], int] = {}
         # Per (protocol, route): a count per bucket (the last is +Inf), then the sum of seconds.
         self.latency: dict[tuple[str, str], list[float]] = {}
+        # Per (protocol, route, code): its count (in a one-item list, so `observe` adds to it in
+        # place) and its route's latency histogram, found with one lookup per request.
+        self.series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
+
+    @property
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        """Requests answered by (protocol, route, code)."""
+        return {labels: count[0] for labels, (count, _) in list(self.series.items())}
+
+    def add_series(self, protocol: str, route: str, code: str) -> tuple[list[int], list[float]]:
+        """The count of (protocol, route, code), new, and its route's histogram."""
+        histogram = self.latency.get((protocol, route))
+        if histogram is None:
+            histogram = self.latency[protocol, route] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
+        series = self.series[protocol, route, code] = ([0], histogram)
+        return series
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -89,7 +104,7 @@ class _RequestCollector(Collector):
             "Requests answered, by protocol, route and status (HTTP status or gRPC code).",
             labels=["model", "protocol", "route", "code"],
         )
-        for labels, count in list(self.counts.items()):
+        for labels, count in self.counts.items():
             requests.add_metric([self._model, *labels], count)
         latency = HistogramMetricFamily(
             "tritonshare_proxy_request_duration_seconds",
@@ -142,6 +157,7 @@ class ProxyMetrics:
     def __init__(self, limiter: Limiter, model_id: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = _RequestCollector(model_id)
+        self._series = self._requests.series
         self._model = model_id
         self.registry.register(self._requests)
         self._rejected = Counter(
@@ -160,14 +176,11 @@ class ProxyMetrics:
 
     def observe(self, protocol: str, route: str, code: str, seconds: float) -> None:
         """Count one answered request and its latency."""
-        counts = self._requests.counts
-        key = (protocol, route, code)
-        counts[key] = counts.get(key, 0) + 1
-        latency = self._requests.latency
-        latency_key = (protocol, route)
-        histogram = latency.get(latency_key)
-        if histogram is None:
-            histogram = latency[latency_key] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
+        series = self._series.get((protocol, route, code))
+        if series is None:
+            series = self._requests.add_series(protocol, route, code)
+        count, histogram = series
+        count[0] += 1
         histogram[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
         histogram[-1] += seconds
 

@@ -175,7 +175,7 @@ class StreamGate:
         if request_id is None and held:
             return False  # an in-stream error echoes the request's id: wait for it
         named = wire.encode_string(1, name)
-        if router.is_stream(stream.kind):
+        if stream.streaming:
             echo = wire.encode_string(3, request_id) if request_id else b""
             refusal = router.decide_stream_message(named + echo)
             if refusal is None:  # cannot happen for another name; relay and check when whole
@@ -216,7 +216,7 @@ class StreamGate:
         was inflated from it), when the relay may send those very bytes on."""
         router = self.context.router
         early, stream.early = stream.early, 0
-        if router.is_stream(stream.kind):
+        if stream.streaming:
             refusal = router.decide_stream_message(message)
             if refusal is None:
                 self._tail(stream, message, early, framed)

@@ -57,7 +57,7 @@ _RESETS = 2 * MAX_STREAMS
 """How many more streams than it completes a tenant may open at Triton and reset: past that its
 connection ends (ENHANCE_YOUR_CALM), so a reset flood costs Triton and the shared connection
 little ("rapid reset", CVE-2023-44487)."""
-_Plan = tuple[str, Fields, bytes | None, str | None]
+_Plan = tuple[str, bool, Fields, bytes | None, str | None]
 _CLOSED_KEPT = 256
 """Closed streams remembered per connection, to tell a frame the tenant may still send on one
 (ignored) from one it may not (STREAM_CLOSED); on older ones DATA is ignored and HEADERS are a
@@ -390,11 +390,12 @@ class H2Connection(asyncio.Protocol):
         if sid == self._refused_sid:
             self._refused_sid = 0
             return  # reset already (a stream error in its HEADERS frame)
-        kind, sent, encoding, problem = self._plan(fields)
+        kind, streaming, sent, encoding, problem = self._plans.get(fields) or self._plan(fields)
         if problem is not None:
             self.on_stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
             return
         stream = Stream(self.replies, sid, kind, self._initial_window)
+        stream.streaming = streaming
         if end_stream:
             stream.tenant = NEXT[stream.tenant, RECEIVED_END]
         stream.encoding = encoding
@@ -418,13 +419,14 @@ class H2Connection(asyncio.Protocol):
         self.streams[sid] = stream
         stream.started = started
         self.relay.channel().open(stream, sent, end_stream)
-        if router.is_stream(kind):
+        if streaming:
             self.gate.admit(stream)
 
     def _plan(self, fields: Fields) -> _Plan:
-        """The RPC a tenant's request fields call, the fields Triton gets for them, their
-        grpc-encoding (for compressed messages) and what makes them malformed (or None); made
-        once per distinct fields, since a client repeats its headers call after call."""
+        """The RPC a tenant's request fields call, whether it streams, the fields Triton gets for
+        them, their grpc-encoding (for compressed messages) and what makes them malformed (or
+        None); made once per distinct fields, since a client repeats its headers call after
+        call (the caller looks in `_plans` first: a hit costs no call)."""
         plan = self._plans.get(fields)
         if plan is None:
             path = next((value for name, value in fields if name == b":path"), b"")
@@ -433,7 +435,8 @@ class H2Connection(asyncio.Protocol):
             sent = fields
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
-            plan = (kind, sent, encoding, request_problem(fields))
+            streaming = self.relay.router.is_stream(kind)
+            plan = (kind, streaming, sent, encoding, request_problem(fields))
             if len(self._plans) >= 64:
                 self._plans.clear()
             self._plans[fields] = plan

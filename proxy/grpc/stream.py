@@ -55,6 +55,7 @@ class Stream:
         "sid",
         "skip",
         "started",
+        "streaming",
         "tenant",
         "trailers",
         "triton",
@@ -70,6 +71,7 @@ class Stream:
         self.replies = replies
         self.sid = sid
         self.kind = kind
+        self.streaming = False  # ModelStreamInfer: every message is checked, not just one
         self.route = kind
         self.encoding: bytes | None = None  # the grpc-encoding request header
         self.buf = bytearray()

@@ -168,7 +168,8 @@ class ClientConnection(asyncio.Protocol):
                         relay.settings.head_timeout_seconds, self._head_timed_out
                     )
                 return
-            self._stop_head_timer()
+            if self._head_timer is not None:  # only for a head that came in pieces
+                self._stop_head_timer()
             self._started = time.perf_counter()
             self._route = "unreadable"
             try:
@@ -276,7 +277,8 @@ class ClientConnection(asyncio.Protocol):
         else:
             upstream.write(self._upstream_head)
             self._relay_body(buffer, 0)
-        self.resume_reading()
+        if self._reading_paused:  # paused while it waited for a slot or a connection
+            self.resume_reading()
 
     def _relay_body(self, data: bytes, start: int) -> None:
         try:
@@ -365,15 +367,22 @@ class ClientConnection(asyncio.Protocol):
             self._relay.limiter.release()
 
     def _finish(self, code: str) -> None:
-        self._release_slot()
-        self._relay.metrics.observe("http", self._route, code, time.perf_counter() - self._started)
+        relay = self._relay
+        if self._holding:  # `_release_slot`, inline: this runs once per request
+            self._holding = False
+            relay.limiter.release()
+        relay.metrics.observe("http", self._route, code, time.perf_counter() - self._started)
 
     def _after_exchange(self) -> None:
         if not self._keep_alive:
             self._close()
             return
-        self.resume_reading()
-        self._next_request()
+        # Checked here rather than in the calls: after most exchanges reading was never paused
+        # and nothing of the next request has arrived yet.
+        if self._reading_paused:
+            self.resume_reading()
+        if self._buffer:
+            self._next_request()
 
     # -- local answers ----------------------------------------------------------------------
 

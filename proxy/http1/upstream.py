@@ -104,7 +104,13 @@ class Upstream(asyncio.Protocol):
                 data, pos = self._read_head(client, data)
                 if pos < 0:
                     return
-            end = self._body_end(data, pos)
+            remaining = self._remaining
+            if remaining >= 0:  # Content-Length, the common framing: `_body_end`, inline
+                step = min(remaining, len(data) - pos)
+                self._remaining = remaining = remaining - step
+                end = pos + step if remaining == 0 else -1
+            else:
+                end = self._body_end(data, pos)
         except ProxyError as e:
             self.abort()
             client.upstream_failed(self, str(e))

@@ -12,6 +12,8 @@ What it must not do: hold connection state, or decide anything about isolation.
 
 from __future__ import annotations
 
+import struct
+
 import grpc
 
 DATA = 0
@@ -57,14 +59,16 @@ CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 CODE_NUMBERS = {code.name: code.value[0] for code in grpc.StatusCode}
 
 
+_HEADER = struct.Struct(">BHBBL")
+"""A frame header: the length's high byte and low 16 bits, type, flags, stream id. Packed in one
+C call, several times per relayed call, instead of two int.to_bytes and three concatenations."""
+_pack_header = _HEADER.pack
+
+
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     """One frame: the 9-byte header and `payload`."""
-    return (
-        len(payload).to_bytes(3, "big")
-        + bytes((kind, flags))
-        + stream_id.to_bytes(4, "big")
-        + payload
-    )
+    length = len(payload)
+    return _pack_header(length >> 16, length & 0xFFFF, kind, flags, stream_id) + payload
 
 
 def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -88,17 +92,14 @@ def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
     return bytes(out)
 
 
-_HEADERS_WHOLE = bytes((HEADERS, END_HEADERS))
-_HEADERS_ENDING_STREAM = bytes((HEADERS, END_HEADERS | END_STREAM))
-
-
 def headers_frames(
     stream_id: int, block: bytes, end_stream: bool, max_frame: int = DEFAULT_MAX_FRAME
 ) -> bytes:
     """HEADERS (and CONTINUATION frames when `block` is larger than one frame)."""
-    if len(block) <= max_frame:  # the common case, on every call: built in one expression
-        kind_flags = _HEADERS_ENDING_STREAM if end_stream else _HEADERS_WHOLE
-        return len(block).to_bytes(3, "big") + kind_flags + stream_id.to_bytes(4, "big") + block
+    length = len(block)
+    if length <= max_frame:  # the common case, on every call: built in one expression
+        flags = END_HEADERS | END_STREAM if end_stream else END_HEADERS
+        return _pack_header(length >> 16, length & 0xFFFF, HEADERS, flags, stream_id) + block
     flags = END_STREAM if end_stream else 0
     out = [frame(HEADERS, flags, stream_id, block[:max_frame])]
     pos = max_frame
@@ -160,11 +161,7 @@ def settings(values: dict[int, int]) -> bytes:
 
 def data_header(length: int, end_stream: bool, stream_id: int) -> bytes:
     """The 9-byte header of one DATA frame of `length` bytes."""
-    return (
-        length.to_bytes(3, "big")
-        + (b"\x00\x01" if end_stream else b"\x00\x00")
-        + stream_id.to_bytes(4, "big")
-    )
+    return _pack_header(length >> 16, length & 0xFFFF, DATA, end_stream, stream_id)
 
 
 def rst_stream(stream_id: int, error: int) -> bytes:

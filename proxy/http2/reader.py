@@ -20,6 +20,7 @@ not checked reach the caller.
 
 from __future__ import annotations
 
+import struct
 from typing import Protocol
 
 from proxy.http2 import frames as f
@@ -44,6 +45,9 @@ _NAMES = {
 }
 _PLAIN_BLOCK = f.END_HEADERS | f.PADDED | f.PRIORITY_FLAG
 _DATA, _HEADERS, _PADDED, _END_HEADERS = f.DATA, f.HEADERS, f.PADDED, f.END_HEADERS
+_FRAME_HEADER = struct.Struct(">BHBBL")
+"""A frame header in one C call (the length's high byte and low 16 bits, type, flags, stream id):
+about a third of what two slices and two int.from_bytes cost, on every frame."""
 
 
 class ConnectionBrokenError(Exception):
@@ -111,7 +115,16 @@ class FrameReader:
     connection).
     """
 
-    __slots__ = ("_block", "_in", "_max_block", "_sink", "from_server", "max_frame")
+    __slots__ = (
+        "_block",
+        "_in",
+        "_max_block",
+        "_on_data",
+        "_on_headers",
+        "_sink",
+        "from_server",
+        "max_frame",
+    )
 
     def __init__(
         self,
@@ -121,6 +134,9 @@ class FrameReader:
         max_frame: int = f.DEFAULT_MAX_FRAME,
     ) -> None:
         self._sink = sink
+        # The fast paths' callbacks, bound once rather than on every read.
+        self._on_data = sink.on_data
+        self._on_headers = sink.on_headers
         self.from_server = from_server
         self.max_frame = max_frame
         self._max_block = max_block
@@ -142,12 +158,13 @@ class FrameReader:
         pos = 0
         end = len(data)
         max_frame = self.max_frame
-        on_data = self._sink.on_data
-        on_headers = self._sink.on_headers
+        on_data = self._on_data
+        on_headers = self._on_headers
         in_block = self._block is not None  # only _headers and _continuation change it
+        header = _FRAME_HEADER.unpack_from
         while end - pos >= 9:
-            length = int.from_bytes(data[pos : pos + 3], "big")
-            kind = data[pos + 3]
+            high, low, kind, flags, sid = header(data, pos)
+            length = high << 16 | low
             if length > max_frame:
                 name = _NAMES.get(kind, f"type-{kind}")
                 raise ConnectionBrokenError(
@@ -156,8 +173,7 @@ class FrameReader:
             stop = pos + 9 + length
             if stop > end:
                 break
-            flags = data[pos + 4]
-            sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            sid &= 0x7FFFFFFF
             payload = data[pos + 9 : stop]
             pos = stop
             # The fast paths first: nothing to check beyond the length and the stream id.

@@ -9,6 +9,11 @@ waiter, so a newcomer can never overtake the queue.
 It also integrates in-flight requests over time (request-seconds): `rate()` of that counter in
 Prometheus is the time-weighted average concurrency, the metric KServe/Knative users scale on.
 The clock is injected, so the accounting is tested without sleeping. No I/O here.
+
+Every relayed request passes here twice, with or without a limit (0: unlimited still counts), so
+the accounting costs one clock read and two additions per step: the area is kept as sums of start
+and end times (`_starts`, `_ends`) and folded into `_area` at most once a second, at a checkpoint,
+rather than integrated on every step.
 """
 
 from __future__ import annotations
@@ -40,22 +45,31 @@ class Limiter:
         self._clock = clock
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._area = 0.0  # request-seconds, up to self._since
+        # Request-seconds up to now: _area + _ends - _starts + in_flight * now. _area holds what
+        # was folded in at self._since; since then, _starts sums the start times of requests
+        # taken (and self._since once per request then in flight), _ends their end times.
+        self._area = 0.0
         self._since = clock()
+        self._starts = 0.0
+        self._ends = 0.0
         # (time, area) checkpoints, at most one a second, for the windowed average.
         self._checkpoints: deque[tuple[float, float]] = deque([(self._since, 0.0)])
+        self._next_checkpoint = self._since + 1.0
 
     @property
     def queued(self) -> int:
         """Requests waiting for a slot."""
         return len(self._waiters)
 
-    def _account(self) -> None:
-        now = self._clock()
-        self._area += self.in_flight * (now - self._since)
+    def _account(self, now: float) -> None:
+        """Fold the sums into the area at `now`, and checkpoint when a second has passed."""
+        self._area += self._ends - self._starts + self.in_flight * now
+        self._starts = self.in_flight * now
+        self._ends = 0.0
         self._since = now
         if now - self._checkpoints[-1][0] >= 1.0:
             self._checkpoints.append((now, self._area))
+            self._next_checkpoint = now + 1.0
             horizon = now - self.window
             while len(self._checkpoints) > 1 and self._checkpoints[1][0] <= horizon:
                 self._checkpoints.popleft()
@@ -63,8 +77,11 @@ class Limiter:
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody waits; never waits itself."""
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
-            self._account()
+            now = self._clock()
+            self._starts += now
             self.in_flight += 1
+            if now >= self._next_checkpoint:
+                self._account(now)
             return True
         return False
 
@@ -103,18 +120,21 @@ class Limiter:
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
                 return
-        self._account()
+        now = self._clock()
+        self._ends += now
         self.in_flight -= 1
+        if now >= self._next_checkpoint:
+            self._account(now)
 
     def concurrency_seconds(self) -> float:
         """In-flight requests integrated over time since start, in request-seconds."""
-        self._account()
+        self._account(self._clock())
         return self._area
 
     def average_concurrency(self) -> float:
         """Time-weighted average of in-flight requests over about the last `window` seconds."""
-        self._account()
-        now = self._since
+        now = self._clock()
+        self._account(now)
         # The newest checkpoint at or before the window's start (pruning keeps one), else the
         # oldest: the average then spans a little more than the window, never less.
         start_time, start_area = self._checkpoints[0]

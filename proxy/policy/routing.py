@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from proxy.policy import wire
 
@@ -161,9 +162,12 @@ _REFUSED_RPCS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class GrpcForward:
-    """Send `request` (the original bytes unless narrowed) to Triton's `method`."""
+class GrpcForward(NamedTuple):
+    """Send `request` (the original bytes unless narrowed) to Triton's `method`.
+
+    A named tuple rather than a frozen dataclass like the other decisions: one is made for every
+    unary call, and a frozen dataclass's __init__ sets each field through object.__setattr__
+    (about 1 us for these five fields here, against 0.2 us for a tuple). Just as immutable."""
 
     route: str
     method: str

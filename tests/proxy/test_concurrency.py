@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import urllib.request
 
 import aiohttp
@@ -85,6 +86,28 @@ async def test_time_weighted_average_concurrency() -> None:
     clock.now += 100  # idle for much longer than the window
     assert limiter.average_concurrency() == pytest.approx(0.0)
     assert limiter.concurrency_seconds() == pytest.approx(16)
+
+
+def test_concurrency_seconds_match_a_step_by_step_integral() -> None:
+    """The limiter keeps sums of start and end times instead of integrating every step: over
+    random steps and pauses (checkpoints included) the area is the step-by-step integral."""
+    for seed in range(50):
+        rng = random.Random(seed)
+        clock = FakeClock()
+        limiter = Limiter(0, 0, 1.0, window=10.0, clock=clock)
+        area, in_flight = 0.0, 0
+        for _ in range(300):
+            pause = rng.choice([0.0, 0.001, 0.3, 0.7, 1.0, 2.5, 15.0])
+            clock.now += pause
+            area += in_flight * pause
+            if rng.random() < 0.5:
+                assert limiter.try_acquire()
+                in_flight += 1
+            elif in_flight:
+                limiter.release()
+                in_flight -= 1
+            assert limiter.in_flight == in_flight
+        assert limiter.concurrency_seconds() == pytest.approx(area, rel=1e-9)
 
 
 def _scrape(running: RunningProxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
