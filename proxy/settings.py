@@ -124,6 +124,39 @@ def ip_address(value: str) -> str:
     return value
 
 
+# The relay's limits, declared once: the proxy and the node gateway (which runs the same relays
+# for each calling pod) take them with the same flags, variables and defaults.
+MAX_BODY = Setting(
+    "max-body",
+    "largest body or message, a quantity such as 1Gi",
+    quantity(minimum=1024),
+    "1Gi",
+    "max_body_bytes",
+)
+HEAD_TIMEOUT = Setting(
+    "head-timeout",
+    "seconds to send a REST request head or the gRPC preface",
+    seconds(),
+    "30",
+    "head_timeout_seconds",
+)
+IDLE_TIMEOUT = Setting(
+    "idle-timeout",
+    "seconds an idle tenant connection stays open, 0 = forever",
+    seconds(),
+    "300",
+    "idle_timeout_seconds",
+)
+FINISH_TIMEOUT = Setting(
+    "finish-timeout",
+    "seconds to wait for in-flight requests at shutdown",
+    seconds(),
+    "20",
+    "finish_timeout_seconds",
+)
+RELAY_LIMITS = (MAX_BODY, HEAD_TIMEOUT, IDLE_TIMEOUT, FINISH_TIMEOUT)
+
+
 DECLARATION = Declaration(
     "python -m proxy",
     "Per-model KServe v2 REST and gRPC front door to the node's shared Triton.",
@@ -160,13 +193,7 @@ DECLARATION = Declaration(
             address,
             f"0.0.0.0:{DEFAULT_PROXY_METRICS_PORT}",
         ),
-        Setting(
-            "max-body",
-            "largest body or message, a quantity such as 1Gi",
-            quantity(minimum=1024),
-            "1Gi",
-            "max_body_bytes",
-        ),
+        MAX_BODY,
         Setting("container-concurrency", "in-flight inference limit, 0 = unlimited", whole(), "0"),
         Setting("queue-size", "waiting requests allowed (default 10x the limit)", whole()),
         Setting(
@@ -177,27 +204,9 @@ DECLARATION = Declaration(
             "queue_timeout_seconds",
         ),
         Setting("drain-seconds", "seconds to keep serving after SIGTERM", seconds(), "5"),
-        Setting(
-            "finish-timeout",
-            "seconds to wait for in-flight requests at shutdown",
-            seconds(),
-            "20",
-            "finish_timeout_seconds",
-        ),
-        Setting(
-            "head-timeout",
-            "seconds to send a REST request head or the gRPC preface",
-            seconds(),
-            "30",
-            "head_timeout_seconds",
-        ),
-        Setting(
-            "idle-timeout",
-            "seconds an idle tenant connection stays open, 0 = forever",
-            seconds(),
-            "300",
-            "idle_timeout_seconds",
-        ),
+        FINISH_TIMEOUT,
+        HEAD_TIMEOUT,
+        IDLE_TIMEOUT,
         Setting(
             "concurrency-window",
             "seconds of the average concurrency gauge",

@@ -26,11 +26,10 @@ from common.settings import (
     log_format,
     log_level,
     path,
-    quantity,
     seconds,
     whole,
 )
-from proxy.settings import Settings, SettingsError
+from proxy.settings import RELAY_LIMITS, Settings, SettingsError
 
 
 @dataclass(frozen=True)
@@ -125,34 +124,7 @@ DECLARATION = Declaration(
             "60",
             "table_max_age_seconds",
         ),
-        Setting(
-            "max-body",
-            "largest body or message, a quantity such as 1Gi",
-            quantity(minimum=1024),
-            "1Gi",
-            "max_body_bytes",
-        ),
-        Setting(
-            "head-timeout",
-            "seconds to send a REST request head or the gRPC preface",
-            seconds(),
-            "30",
-            "head_timeout_seconds",
-        ),
-        Setting(
-            "idle-timeout",
-            "seconds an idle connection stays open, 0 = forever",
-            seconds(),
-            "300",
-            "idle_timeout_seconds",
-        ),
-        Setting(
-            "finish-timeout",
-            "seconds to wait for in-flight requests at shutdown",
-            seconds(),
-            "20",
-            "finish_timeout_seconds",
-        ),
+        *RELAY_LIMITS,
         Setting(
             "max-connections-per-pod", "connections one pod may hold open", whole(minimum=1), "512"
         ),
