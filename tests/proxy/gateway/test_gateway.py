@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from proxy.settings import Settings
 from sim.triton import TritonServer
 from tests.proxy.conftest import proxy_settings, running_proxy
 from tests.proxy.gateway.conftest import (
@@ -82,6 +83,16 @@ def poll(predicate: object, what: str, within: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def through(gateway: RunningGateway, triton: TritonServer, source: str) -> Settings:
+    """A pod's proxy in front of `gateway`, its connections leaving from `source`."""
+    return proxy_settings(
+        triton,
+        triton_http_url=gateway.http_url,
+        triton_grpc_url=gateway.grpc_url,
+        source_address=source,
+    )
+
+
 @pytest.fixture
 def gateway(served_triton: TritonServer, table: Path) -> Iterator[RunningGateway]:
     publish(table, caller(ADD_ONE_POD, "add_one"), caller(IDENTITY_POD, "identity"))
@@ -126,12 +137,7 @@ def test_an_address_that_is_no_caller_is_refused_before_a_byte_is_read(
 def test_the_full_path_from_tritonclient_through_the_pods_proxy(
     gateway: RunningGateway, served_triton: TritonServer
 ) -> None:
-    settings = proxy_settings(
-        served_triton,
-        triton_http_url=gateway.http_url,
-        triton_grpc_url=gateway.grpc_url,
-        source_address=ADD_ONE_POD,
-    )
+    settings = through(gateway, served_triton, ADD_ONE_POD)
     data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
     with running_proxy(settings) as proxy:
         with httpclient.InferenceServerClient(proxy.http_url) as rest:
@@ -151,12 +157,7 @@ def test_the_full_path_from_tritonclient_through_the_pods_proxy(
 def test_a_proxy_leaving_from_a_stranger_address_gets_nothing(
     gateway: RunningGateway, served_triton: TritonServer
 ) -> None:
-    settings = proxy_settings(
-        served_triton,
-        triton_http_url=gateway.http_url,
-        triton_grpc_url=gateway.grpc_url,
-        source_address=STRANGER,
-    )
+    settings = through(gateway, served_triton, STRANGER)
     data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
     with (
         running_proxy(settings) as proxy,
