@@ -67,7 +67,6 @@ class CallerPublisher:
         self._last: tuple[Caller, ...] | None = None
         self._reported: frozenset[str] = frozenset()
         self._pending = False
-        self.writes = 0
 
     def changed(self) -> None:
         """The pods or the owners changed: write the table at the end of this event-loop turn."""
@@ -111,7 +110,6 @@ class CallerPublisher:
                 ", ".join(f"{c.pod} ({c.address}) -> {c.model_id}" for c in current) or "none",
             )
         self._last = current
-        self.writes += 1
 
     async def run(self, stop: asyncio.Event) -> None:
         """Refresh the table every `refresh_seconds` until `stop`."""

@@ -26,7 +26,7 @@ from typing import Any, cast
 import kubernetes.client
 
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE
-from sim.processes import ClusterError, ManagedProcess, started_or_dead, wait_until
+from sim.processes import ManagedProcess, wait_started
 from sim.triton import free_port
 
 CONFIGURATION_NAME = "tritonshare-model-pods"
@@ -140,11 +140,7 @@ def register(webhook: WebhookHandle, api: kubernetes.client.ApiClient) -> None:
     sends it every model pod created. ClusterError if it exits first."""
     context = ssl.create_default_context(cafile=str(webhook.ca))
     serving = partial(_serving, webhook, context)
-    wait_until("the webhook serving", partial(started_or_dead, webhook.process, serving), 60)
-    if not webhook.process.alive():
-        raise ClusterError(
-            f"the webhook exited while starting; its log ends:\n{webhook.process.log_tail()}"
-        )
+    wait_started(webhook.process, "the webhook", serving)
     admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(api))
     body = configuration(webhook.url + PATH, webhook.ca.read_bytes())
     admission.create_mutating_webhook_configuration(body, _preload_content=False)

@@ -44,7 +44,7 @@ from sim.processes import (
     ManagedProcess,
     available,
     http_ok,
-    started_or_dead,
+    wait_started,
     wait_until,
 )
 from sim.tls import TlsUnavailableError, self_signed
@@ -299,16 +299,7 @@ class SimCluster:
             self.agents[node.name] = AgentHandle(node.name, process)
         for name, handle in self.agents.items():
             ports_file = self.workdir / "nodes" / name / "agent-ports.json"
-            wait_until(
-                f"the agent of node {name} serving",
-                partial(started_or_dead, handle.process, ports_file.exists),
-                60,
-            )
-            if not handle.process.alive():
-                raise ClusterError(
-                    f"the agent of node {name} exited while starting; its log "
-                    f"({handle.process.log_path}) ends:\n{handle.process.log_tail()}"
-                )
+            wait_started(handle.process, f"the agent of node {name}", ports_file.exists)
             ports = json.loads(ports_file.read_text())
             handle.grpc, handle.http = ports["grpc"], ports["http"]
         for name in self.agents:
@@ -351,20 +342,11 @@ class SimCluster:
             caller_table,
         )
         handle.process.start(self.env)
-        wait_until(
-            f"the gateway of node {real.name} serving",
-            partial(
-                started_or_dead,
-                handle.process,
-                partial(http_ok, f"http://127.0.0.1:{handle.metrics}/healthz"),
-            ),
-            60,
+        wait_started(
+            handle.process,
+            f"the gateway of node {real.name}",
+            partial(http_ok, f"http://127.0.0.1:{handle.metrics}/healthz"),
         )
-        if not handle.process.alive():
-            raise ClusterError(
-                f"the gateway of node {real.name} exited while starting; its log ends:\n"
-                f"{handle.process.log_tail()}"
-            )
         self.gateway = handle
         self.say(
             f"Node {real.name}'s gateway is the model pods' one way to Triton (REST "
@@ -428,20 +410,9 @@ class SimCluster:
             process.start(self.env)
             self.binders.append(BinderHandle(identity, process, http))
         for binder in self.binders:
-            wait_until(
-                f"{binder.identity} answering /healthz",
-                partial(
-                    started_or_dead,
-                    binder.process,
-                    partial(http_ok, f"http://{binder.http}/healthz"),
-                ),
-                60,
+            wait_started(
+                binder.process, binder.identity, partial(http_ok, f"http://{binder.http}/healthz")
             )
-            if not binder.process.alive():
-                raise ClusterError(
-                    f"{binder.identity} exited while starting; its log ends:\n"
-                    f"{binder.process.log_tail()}"
-                )
         wait_until("a binder leader elected", self.binder_leader, 60)
         self.say(f"{len(self.binders)} binders are running; {self.binder_leader()} is the leader.")
 

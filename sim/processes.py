@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,19 @@ def http_ok(url: str) -> bool:
 
 def started_or_dead(process: ManagedProcess, started: Callable[[], bool]) -> bool:
     return started() or not process.alive()
+
+
+def wait_started(
+    process: ManagedProcess, what: str, started: Callable[[], bool], timeout: float = 60
+) -> None:
+    """Wait until `started()` holds; ClusterError with the end of its log if `process` (called
+    `what`) exits first, or if it does not start within `timeout` seconds."""
+    wait_until(f"{what} serving", partial(started_or_dead, process, started), timeout)
+    if not process.alive():
+        raise ClusterError(
+            f"{what} exited while starting; its log ({process.log_path}) ends:\n"
+            f"{process.log_tail()}"
+        )
 
 
 def available(module: str) -> bool:

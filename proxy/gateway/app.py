@@ -67,7 +67,6 @@ class Gateway:
         self._health: HttpServer | None = None
         self._refusals: dict[str, float] = {}
         self._accepting: list[asyncio.Task[None]] = []
-        self.accepted = 0
 
     def not_ready(self) -> list[str]:
         return [self.book.problem] if self.book.problem else []
@@ -130,7 +129,6 @@ class Gateway:
             if tenant.connections >= self.settings.max_connections_per_pod:
                 self._refuse(protocol, address, sock, too_many=True)
                 continue
-            self.accepted += 1
             try:
                 await tenant.adopt(protocol, sock)
             except OSError as e:

@@ -42,7 +42,6 @@ class CallerBook:
         self._identity: tuple[int, int, int] | None = None
         self.problem = "the caller table has not been read yet"
         """Why no pod may call now (empty while the table is fresh)."""
-        self.reloads = 0
 
     def lookup(self, address: str) -> Caller | None:
         """The caller at `address`, or None: not a proven model pod of this node, or no fresh
@@ -95,7 +94,6 @@ class CallerBook:
         before = self.callers
         self._table = table
         self._callers = table.by_address()
-        self.reloads += 1
         fresh = self._clock() - table.written_at <= self.max_age
         after = self._callers if fresh else {}
         self._revoke({a for a, c in before.items() if after.get(a) != c})

@@ -65,7 +65,6 @@ class Tenants:
         self.state = state
         self._by_address: dict[str, Tenant] = {}
         self._stopping: set[asyncio.Task[None]] = set()
-        self.revoked = 0
 
     def __iter__(self) -> Iterator[Tenant]:
         return iter(list(self._by_address.values()))
@@ -97,7 +96,6 @@ class Tenants:
                 tenant.connections,
             )
         self._by_address.pop(caller.address, None)
-        self.revoked += 1
         tenant.abort()
         task = asyncio.get_running_loop().create_task(
             tenant.stop(), name=f"gateway: closing the relays of {caller.pod}"

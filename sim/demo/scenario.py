@@ -164,16 +164,22 @@ SHORT_FORM_PORTS = PodPorts(
 )
 
 
+def placement_fields(pod: ModelPod) -> dict[str, Any]:
+    """The pod's own placement fields (nodeSelector, tolerations, affinity), those it sets."""
+    fields: dict[str, Any] = {}
+    if pod.node_selector:
+        fields["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        fields["tolerations"] = [dict(t) for t in pod.tolerations]
+    if pod.affinity:
+        fields["affinity"] = pod.affinity
+    return fields
+
+
 def short_form_manifest(pod: ModelPod, model_uri: str) -> dict[str, Any]:
     """The pod as a team writes it for tritonshare's webhook: the model's URI and GPU memory as
     annotations (the model id is the URI's last segment), and its own placement fields."""
-    spec: dict[str, Any] = {"containers": []}
-    if pod.node_selector:
-        spec["nodeSelector"] = dict(pod.node_selector)
-    if pod.tolerations:
-        spec["tolerations"] = [dict(t) for t in pod.tolerations]
-    if pod.affinity:
-        spec["affinity"] = pod.affinity
+    spec: dict[str, Any] = {"containers": [], **placement_fields(pod)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -310,12 +316,7 @@ def model_pod_manifest(
             },
         ],
     }
-    if pod.node_selector:
-        spec["nodeSelector"] = dict(pod.node_selector)
-    if pod.tolerations:
-        spec["tolerations"] = [dict(t) for t in pod.tolerations]
-    if pod.affinity:
-        spec["affinity"] = pod.affinity
+    spec.update(placement_fields(pod))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
