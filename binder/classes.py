@@ -1,6 +1,7 @@
 """Equivalence classes: Kubernetes' rules evaluated once over every node for one set of pod
 constraints (nodeSelector, node affinity, tolerations), as kube-scheduler groups pods, and then
-kept up to date one node at a time when that node's labels, taints or cordon change.
+kept up to date one node at a time when that node's labels, taints or cordon change, or when a
+node joins or leaves (the other nodes' indices shift; their rules are not evaluated again).
 
 Pods of one Deployment share their constraints, so they share one evaluation: a decision only
 reads which nodes pass, their preferred-affinity sums and untolerated PreferNoSchedule counts,
@@ -70,12 +71,23 @@ def evaluate(constraints: Constraints, nodes: Sequence[NodeInfo]) -> ConstraintC
     )
 
 
-def reevaluate(
-    cls: ConstraintClass, constraints: Constraints, i: int, node: NodeInfo
-) -> tuple[ConstraintClass, tuple[int, int] | None]:
-    """The class with node `i` (now `node`) evaluated again, and that node's (affinity,
-    PreferNoSchedule count) when it passes, None when a rule rejects it."""
-    reason = first_kubernetes_reason(constraints, node)
+def shifted(cls: ConstraintClass, at: int, delta: int) -> ConstraintClass:
+    """The class with the indices of nodes `at` and later moved by `delta`: a node joined (+1)
+    or left (-1) before them in name order. Nothing is evaluated again."""
+    nodes = cls.nodes + np.where(cls.nodes >= at, delta, 0)
+    rejected = {(i + delta if i >= at else i): why for i, why in cls.rejected.items()}
+    return ConstraintClass(
+        nodes,
+        cls.affinity,
+        cls.prefer_no_schedule,
+        rejected,
+        cls.rejected_counts,
+        cls.preferred_error,
+    )
+
+
+def without(cls: ConstraintClass, i: int) -> ConstraintClass:
+    """The class with node `i` in neither its passing nor its rejected nodes."""
     position = int(np.searchsorted(cls.nodes, i))
     nodes, affinity, prefer = cls.nodes, cls.affinity, cls.prefer_no_schedule
     if position < nodes.size and nodes[position] == i:
@@ -89,6 +101,21 @@ def reevaluate(
         counts[old_reason] -= 1
         if not counts[old_reason]:
             del counts[old_reason]
+    return ConstraintClass(nodes, affinity, prefer, rejected, dict(counts), cls.preferred_error)
+
+
+def reevaluate(
+    cls: ConstraintClass, constraints: Constraints, i: int, node: NodeInfo
+) -> tuple[ConstraintClass, tuple[int, int] | None]:
+    """The class with node `i` (now `node`, or a node that just joined at `i`) evaluated again,
+    and that node's (affinity, PreferNoSchedule count) when it passes, None when a rule rejects
+    it."""
+    reason = first_kubernetes_reason(constraints, node)
+    cls = without(cls, i)
+    nodes, affinity, prefer = cls.nodes, cls.affinity, cls.prefer_no_schedule
+    position = int(np.searchsorted(nodes, i))
+    rejected = dict(cls.rejected)
+    counts = Counter(cls.rejected_counts)
     scoring: tuple[int, int] | None = None
     if reason:
         rejected[i] = reason

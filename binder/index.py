@@ -73,6 +73,16 @@ class FreeIndex:
         self._scoring[node] = scoring
         self._add(node, (*scoring, capacity), entry(free, node))
 
+    def shift(self, at: int, delta: int) -> None:
+        """Node indices `at` and later move by `delta` (a node joined or left before them in name
+        order). Each bucket stays sorted: no index moves past another one."""
+        for bucket, keys in self.buckets.items():
+            self.buckets[bucket] = [k + delta if k & NODE_MASK >= at else k for k in keys]
+        self._scoring = {(i + delta if i >= at else i): s for i, s in self._scoring.items()}
+        placed = {i: p for i, p in self._placed.items() if i < at}
+        placed.update({i + delta: (b, k + delta) for i, (b, k) in self._placed.items() if i >= at})
+        self._placed = placed
+
     def _remove(self, node: int) -> None:
         placed = self._placed.pop(node, None)
         if placed is None:

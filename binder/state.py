@@ -6,10 +6,10 @@ seen back from its watch ("assumed" pods). A pod holds the larger of its request
 model is measured to use on the node (the agent's gpu-usage annotation), and a GPU never offers
 more than NVML says is free minus the reserve. It keeps per-node numbers in arrays indexed by
 node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes
-(kept up to date node by node when a node's labels, taints or cordon change), each with its
-free-memory index (binder.index), fed by a log of the nodes whose free memory changed. So a
-decision reads a few bucket heads, or at worst a few vector operations, instead of a scan of every
-pod of every node.
+(kept up to date node by node when a node joins, leaves, or its labels, taints or cordon
+change), each with its free-memory index (binder.index), fed by a log of the nodes whose free
+memory changed. So a decision reads a few bucket heads, or at worst a few vector operations,
+instead of a scan of every pod of every node.
 
 It is fed by the cache (watch events) and read by placement. No I/O, no clock: lease liveness is
 judged against a time passed in by the caller.
@@ -17,13 +17,14 @@ judged against a time passed in by the caller.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from binder.classes import ConstraintClass, evaluate, reevaluate
+from binder.classes import ConstraintClass, evaluate, reevaluate, shifted, without
 from binder.index import FreeIndex
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo
 
@@ -83,25 +84,24 @@ class ClusterState:
         if old == node:
             return False
         self.nodes[node.name] = node
-        self._largest = None
+        self._follow_largest(old, node)
         rules = (node.labels, node.taints, node.unschedulable)
         if old is None:
-            self._forget_classes()
-            self._dirty = True
+            self._insert_row(node.name)
         self._recharge_node(node.name)
-        if old is not None and (old.labels, old.taints, old.unschedulable) != rules:
+        if old is None or (old.labels, old.taints, old.unschedulable) != rules:
             self._reclassify(node.name)
         return True
 
     def remove_node(self, name: str) -> bool:
-        if self.nodes.pop(name, None) is None:
+        old = self.nodes.pop(name, None)
+        if old is None:
             return False
-        self._forget_classes()
-        self._dirty = True
-        self._largest = None
+        self._follow_largest(old, None)
         self._alloc.pop(name, None)
         for account in self._by_node.get(name, {}).values():
             account.gpu = -1
+        self._delete_row(name)
         return True
 
     def set_lease(self, node: str, expiry: float) -> None:
@@ -230,6 +230,21 @@ class ClusterState:
             )
         return self._largest
 
+    def _largest_on(self, node: NodeInfo | None) -> int:
+        return max((self.usable(g) for g in node.gpus), default=0) if node is not None else 0
+
+    def _follow_largest(self, old: NodeInfo | None, new: NodeInfo | None) -> None:
+        """Keep `largest_usable` without a pass over every GPU of the cluster each time an agent
+        republishes its node: only a node that held the largest GPU and offers less now (or
+        left) sends the next call back to the pass."""
+        if self._largest is None:
+            return
+        before, after = self._largest_on(old), self._largest_on(new)
+        if before >= self._largest > after:
+            self._largest = None
+        else:
+            self._largest = max(self._largest, after)
+
     def gpu_free(self, node: str) -> list[int]:
         """Free bytes per GPU for placement (0 for unhealthy GPUs; never negative)."""
         info = self.nodes.get(node)
@@ -318,7 +333,8 @@ class ClusterState:
     # ---- vectorised views ---------------------------------------------------------------------
 
     def arrays(self) -> None:
-        """Rebuild the per-node arrays if nodes were added or removed since the last decision."""
+        """Build the per-node arrays at the first decision; after that, nodes joining and leaving
+        update them in place (`_insert_row`, `_delete_row`)."""
         if not self._dirty:
             return
         self.names = sorted(self.nodes)
@@ -333,6 +349,54 @@ class ClusterState:
         for name in self.names:
             self._refresh(name)
         self._forget_classes()
+
+    def _insert_row(self, name: str) -> None:
+        """A node joined: give it a row at its place in name order and move the later nodes'
+        indices up by one in the arrays, every cached class and every index. Its own numbers and
+        rules are filled in by the caller (`_recharge_node`, `_reclassify`)."""
+        if self._dirty:
+            return  # the arrays are built at the next decision
+        position = bisect_left(self.names, name)
+        self._settle_indexes()
+        self.names.insert(position, name)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.max_free = np.insert(self.max_free, position, -1)
+        self.gpu_status = np.insert(self.gpu_status, position, GPUS_NONE)
+        self.free_total = np.insert(self.free_total, position, 0)
+        self.capacity = np.insert(self.capacity, position, 0)
+        self.lease_expiry = np.insert(self.lease_expiry, position, self.leases.get(name, 0.0))
+        for constraints, cls in self._classes.items():
+            self._classes[constraints] = shifted(cls, position, 1)
+        for index in self._indexes.values():
+            index.shift(position, 1)
+
+    def _delete_row(self, name: str) -> None:
+        """A node left: drop its row and move the later nodes' indices down by one, as above."""
+        if self._dirty or name not in self.index:
+            return
+        position = self.index[name]
+        self._settle_indexes()
+        del self.names[position]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.max_free = np.delete(self.max_free, position)
+        self.gpu_status = np.delete(self.gpu_status, position)
+        self.free_total = np.delete(self.free_total, position)
+        self.capacity = np.delete(self.capacity, position)
+        self.lease_expiry = np.delete(self.lease_expiry, position)
+        for constraints, cls in self._classes.items():
+            self._classes[constraints] = shifted(without(cls, position), position + 1, -1)
+        for index in self._indexes.values():
+            index.refile(position, None, 0, 0)
+            index.shift(position + 1, -1)
+
+    def _settle_indexes(self) -> None:
+        """Bring every index up to the change log and empty it: its node indices are about to
+        shift."""
+        upto = len(self._changes)
+        for index in self._indexes.values():
+            index.catch_up(self._changes, self.capacity, self.free_total, upto)
+            index.cursor = 0
+        self._changes.clear()
 
     def _forget_classes(self) -> None:
         self._classes.clear()
