@@ -11,7 +11,7 @@ it reads the relay's answers on that stream too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h2.config
 import h2.connection
@@ -147,12 +147,21 @@ CHANNEL_SENDS = {f.HEADERS, f.DATA, f.RST_STREAM, f.WINDOW_UPDATE, f.SETTINGS, f
 GRPC_PATH = b"/inference.GRPCInferenceService/"
 
 
-def assert_triton_saw_only_the_relay(rig: Rig) -> dict[int, list[HeaderTuple]]:
+@dataclass
+class TritonRequest:
+    """One stream the channel opened at Triton, as Triton read it."""
+
+    fields: list[HeaderTuple]  # as `hpack` decoded them: a never-indexed field stays marked
+    body: bytearray = field(default_factory=bytearray)
+    ended: bool = False
+    reset: bool = False
+
+
+def assert_triton_saw_only_the_relay(rig: Rig) -> dict[int, TritonRequest]:
     """Everything on the connection to Triton is the channel's own: its preface and SETTINGS,
     header blocks a fresh HPACK decoder reads as valid gRPC requests, DATA and RST_STREAM only on
     streams it opened, no tenant PING, PRIORITY, CONTINUATION or unknown frame, nothing over
-    16 KiB. Returns the request fields Triton read, by its stream id (as `hpack` decoded them:
-    a never-indexed field is a `NeverIndexedHeaderTuple`)."""
+    16 KiB. Returns the requests Triton read, by its stream id."""
     if not rig.relay.channels:
         return {}
     _, up = rig.channel()
@@ -160,7 +169,7 @@ def assert_triton_saw_only_the_relay(rig: Rig) -> dict[int, list[HeaderTuple]]:
     assert data.startswith(f.PREFACE)
     pos = len(f.PREFACE)
     decoder = hpack.Decoder()
-    opened: dict[int, list[HeaderTuple]] = {}
+    opened: dict[int, TritonRequest] = {}
     settings_seen = 0
     while pos < len(data):
         length = int.from_bytes(data[pos : pos + 3], "big")
@@ -175,10 +184,16 @@ def assert_triton_saw_only_the_relay(rig: Rig) -> dict[int, list[HeaderTuple]]:
             assert settings_seen == 1 and not flags & f.ACK, "a SETTINGS not the channel's own"
         elif kind == f.HEADERS:
             assert flags & f.END_HEADERS and sid % 2 == 1 and sid not in opened
-            fields = decoder.decode(payload, raw=True)
+            fields = list(decoder.decode(payload, raw=True))
             assert dict(fields)[b":path"].startswith(GRPC_PATH)
-            opened[sid] = fields
+            opened[sid] = TritonRequest(fields, ended=bool(flags & f.END_STREAM))
         elif kind in (f.DATA, f.RST_STREAM):
-            assert sid in opened, f"{kind} on stream {sid}, never opened at Triton"
+            request = opened.get(sid)
+            assert request is not None, f"{kind} on stream {sid}, never opened at Triton"
+            if kind == f.DATA:
+                request.body += payload
+                request.ended = request.ended or bool(flags & f.END_STREAM)
+            else:
+                request.reset = True
     assert pos == len(data)
     return opened
