@@ -18,6 +18,9 @@ import h2.connection
 import h2.events
 import hpack
 from hpack import HeaderTuple
+from hpack.hpack import encode_integer
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
 from proxy.grpc.relay import H2Connection
 from proxy.http2 import frames as f
@@ -26,6 +29,24 @@ from tests.proxy.grpc.rig import HEADERS, Frame, Recording, Rig, infer
 BLOCK = f.header_block(HEADERS)
 MESSAGE = f.grpc_message(infer())
 PING = f.frame(f.PING, 0, 0, b"h2spec!!")
+
+
+HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+
+
+def integer(value: int, prefix_bits: int, pattern: int) -> bytes:
+    """An HPACK integer (RFC 7541 5.1) with `pattern` in the first octet's high bits."""
+    encoded = encode_integer(value, prefix_bits)
+    encoded[0] |= pattern
+    return bytes(encoded)
+
+
+def string(data: bytes, huffman: bool = False) -> bytes:
+    """An HPACK string literal (RFC 7541 5.2), Huffman-coded or as is."""
+    if huffman:
+        data = HUFFMAN.encode(data)
+        return integer(len(data), 7, 0x80) + data
+    return integer(len(data), 7, 0) + data
 
 
 def settings_payload(values: dict[int, int]) -> bytes:

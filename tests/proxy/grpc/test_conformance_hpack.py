@@ -26,29 +26,21 @@ Every case applies; none failed on the relay as it was (the `hpack` package refu
 from __future__ import annotations
 
 import pytest
-from hpack.hpack import encode_integer
-from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
 from proxy.http2 import frames as f
 from tests.proxy.grpc.h2spec import (
     BLOCK,
     GOAWAY_,
+    HUFFMAN,
     answer_of,
     assert_triton_saw_only_the_relay,
     conversation,
+    integer,
 )
 
-HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
 EOS = 256
 DEFAULT_TABLE_SIZE = 4096  # RFC 9113 6.5.2: SETTINGS_HEADER_TABLE_SIZE when never sent
-
-
-def integer(value: int, prefix_bits: int, pattern: int) -> bytes:
-    """An HPACK integer (RFC 7541 5.1) with `pattern` in the first octet's high bits."""
-    encoded = encode_integer(value, prefix_bits)
-    encoded[0] |= pattern
-    return bytes(encoded)
 
 
 def huffman_bits(symbols: list[int]) -> str:
