@@ -22,8 +22,10 @@ PING. Where h2spec's exchange is not a gRPC call, it is re-expressed as the near
 
 No case is left out. For the never-indexed representations (5/10 to 5/13) the relay, an
 intermediary, must also pass the field on never-indexed (RFC 7541 6.2.3): checked on what Triton
-decodes. Those four failed before issue 16's conformance work: the relay's decoder dropped the
-mark and its encoder indexed the field at Triton.
+decodes, and (the last test, not h2spec's) on what the tenant decodes of Triton's response head.
+Those failed before the fix in `http2.headers.BlockDecoder` (it rebuilt hpack's field tuples
+as plain ones, dropping the mark, so the channel's encoder indexed the field at Triton); every
+other case passed as the relay was.
 """
 
 from __future__ import annotations
@@ -470,3 +472,18 @@ def _(talk: Conversation) -> None:
 async def test_h2spec_generic_case(name: str) -> None:
     talk = conversation("idle")
     CASES[name](talk)
+
+
+async def test_a_never_indexed_field_from_triton_reaches_the_tenant_never_indexed() -> None:
+    """The other direction of RFC 7541 6.2.3: the relay is an intermediary for Triton's
+    response heads too."""
+    talk = conversation("half-closed")
+    channel, _ = talk.rig.channel()
+    secret = NeverIndexedHeaderTuple(b"x-secret", b"s3cret")
+    head = talk.rig.triton_encoder.encode([(b":status", b"200"), secret])
+    channel.data_received(f.frame(f.HEADERS, f.END_HEADERS, 1, head))
+    talk.send(b"")
+    [response] = talk.responses(1)
+    assert isinstance(response, h2.events.ResponseReceived)
+    [at_tenant] = [x for x in response.headers if x[0] == b"x-secret"]
+    assert isinstance(at_tenant, NeverIndexedHeaderTuple)
