@@ -6,10 +6,10 @@ applies to the relay's tenant side is a row below, named by h2spec's id, run in 
 real relay (`rig.Rig`: tenant connections and the channel to Triton on recording transports;
 the harness, `h2spec.py`, is shared with the `generic` and `hpack` groups).
 Cases h2spec accepts either of two answers for (a stream error or a connection error) are held to
-the one the relay gives. Left out, and why: h2spec's `generic` and `hpack` groups (they test
-HPACK and HTTP semantics the relay leaves to the `hpack` package and to Triton), 6.9.1/1 (a
-server's own sending within the client's window: grpc/test_channel.py), 8.1.2.6 (content-length
-against DATA: gRPC requests carry none), and server push (the relay never pushes).
+the one the relay gives. h2spec's `generic` and `hpack` groups are `test_conformance_generic.py`
+and `test_conformance_hpack.py`. Left out, and why: 6.9.1/1 (a server's own sending within the
+client's window: grpc/test_channel.py), 8.1.2.6 (content-length against DATA: gRPC requests
+carry none), and server push (the relay never pushes).
 
 The cases marked "gap" were answered wrongly before issue 16 (an uncaught IndexError, a short
 PING echoed, a short SETTINGS acknowledged, a WINDOW_UPDATE of 0 or past 2^31-1 ignored): each

@@ -91,10 +91,12 @@ CASES: dict[str, bytes] = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-async def test_h2spec_hpack_case(name: str) -> None:
+async def test_h2spec_hpack_case(name: str, caplog: pytest.LogCaptureFixture) -> None:
     talk = conversation("idle")
     frames = talk.send(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, CASES[name]))
     assert answer_of(talk, frames) == (GOAWAY_, f.COMPRESSION_ERROR)
+    assert any("unreadable header block" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.exc_info], "the tenant's error is not a crash"
     assert not [frame for frame in frames if frame[0] == f.HEADERS], "the request was answered"
     assert assert_triton_saw_only_the_relay(talk.rig) == {}, "Triton heard of the request"
 
