@@ -53,8 +53,8 @@ from tests.proxy.grpc.h2spec import (
 from tests.proxy.grpc.rig import HEADERS, Recording, Rig
 
 INFER_PATH = dict(HEADERS)[b":path"]
-H2SPEC_GET = [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/")]
-H2SPEC_GET += [(b":authority", b"proxy")]
+ROOT = [(b":scheme", b"http"), (b":path", b"/"), (b":authority", b"proxy")]
+"""h2spec's usual request fields (its CommonHeaders) after :method."""
 PRIORITY_FIELDS = b"\x00\x00\x00\x00\xff"  # no dependency, weight 256
 
 
@@ -84,8 +84,8 @@ def answered(talk: Conversation, sid: int = 1) -> TritonRequest:
     return seen[up]
 
 
-def fields_of(request: TritonRequest) -> list[tuple[bytes, bytes]]:
-    return [(name, value) for name, value in request.fields]
+def fields_of(sent: TritonRequest) -> list[tuple[bytes, bytes]]:
+    return [(name, value) for name, value in sent.fields]
 
 
 Case = Callable[[Conversation], None]
@@ -320,7 +320,7 @@ def _(talk: Conversation) -> None:
 def _not_a_grpc_call(talk: Conversation, method: bytes) -> None:
     """Not a gRPC call: the relay answers UNIMPLEMENTED itself (Trailers-Only), Triton hears
     nothing, and the connection goes on."""
-    fields = [(b":method", method), *H2SPEC_GET[1:]]
+    fields = [(b":method", method), *ROOT]
     talk.send(request(talk, block=f.header_block(fields)))
     [head] = talk.responses(1)
     assert isinstance(head, h2.events.ResponseReceived)
