@@ -88,7 +88,9 @@ class BlockDecoder:
             return fields
         before = _state(self._table)
         try:
-            fields = tuple((name, value) for name, value in self._decoder.decode(block, raw=True))
+            # hpack's own field tuples: a never-indexed one stays marked, for the encoder of
+            # the next hop (RFC 7541 6.2.3: an intermediary keeps that representation).
+            fields = tuple(self._decoder.decode(block, raw=True))
         except Exception:
             self._kept.clear()  # it may have changed the table before it failed
             raise

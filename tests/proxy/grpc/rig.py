@@ -1,5 +1,5 @@
 """An in-process gRPC relay driven frame by frame, for the relay's tests (`test_channel`,
-`test_conformance`, `test_fuzz`).
+`test_conformance*`, `test_fuzz`).
 
 `Rig` builds a relay whose tenant connections and Triton channels write to `Recording`
 transports: each test feeds one side bytes, ends the event-loop turn by hand (`relay.flush()`),

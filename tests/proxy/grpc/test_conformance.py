@@ -3,12 +3,13 @@
 h2spec (summerwind/h2spec, a Go tool not available here) drives a server through a list of cases,
 each a short exchange with the answer RFC 9113 requires. Every case of its `http2` group that
 applies to the relay's tenant side is a row below, named by h2spec's id, run in process against a
-real relay (`h2rig.Rig`: tenant connections and the channel to Triton on recording transports).
+real relay (`rig.Rig`: tenant connections and the channel to Triton on recording transports;
+the harness, `h2spec.py`, is shared with the `generic` and `hpack` groups).
 Cases h2spec accepts either of two answers for (a stream error or a connection error) are held to
-the one the relay gives. Left out, and why: h2spec's `generic` and `hpack` groups (they test
-HPACK and HTTP semantics the relay leaves to the `hpack` package and to Triton), 6.9.1/1 (a
-server's own sending within the client's window: grpc/test_channel.py), 8.1.2.6 (content-length
-against DATA: gRPC requests carry none), and server push (the relay never pushes).
+the one the relay gives. h2spec's `generic` and `hpack` groups are `test_conformance_generic.py`
+and `test_conformance_hpack.py`. Left out, and why: 6.9.1/1 (a server's own sending within the
+client's window: grpc/test_channel.py), 8.1.2.6 (content-length against DATA: gRPC requests
+carry none), and server push (the relay never pushes).
 
 The cases marked "gap" were answered wrongly before issue 16 (an uncaught IndexError, a short
 PING echoed, a short SETTINGS acknowledged, a WINDOW_UPDATE of 0 or past 2^31-1 ignored): each
@@ -22,116 +23,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import h2.config
-import h2.connection
 import h2.events
-import hpack
 import pytest
 
 from proxy.grpc.relay import MAX_STREAMS, H2Connection
 from proxy.http2 import frames as f
-from tests.proxy.grpc.rig import HEADERS, Frame, Recording, Rig, infer
-
-BLOCK = f.header_block(HEADERS)
-MESSAGE = f.grpc_message(infer())
-PING = f.frame(f.PING, 0, 0, b"h2spec!!")
-
-
-def settings_payload(values: dict[int, int]) -> bytes:
-    return b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in values.items())
-
-
-@dataclass
-class Conversation:
-    """A tenant connection brought to a stream state, with an `h2` client reading every answer."""
-
-    rig: Rig
-    tenant: H2Connection
-    out: Recording
-    client: h2.connection.H2Connection
-    events: list[h2.events.Event]
-
-    def send(self, data: bytes) -> list[Frame]:
-        """Feed the relay `data`; the frames it answered (also read by the h2 client)."""
-        self.tenant.data_received(data)
-        self.rig.relay.flush()
-        frames = self.out.take()
-        # The h2 client reads the answers about the connection and the streams it opened itself
-        # (it refuses, rightly for a client, a RST_STREAM on streams only raw bytes opened).
-        known = b"".join(
-            f.frame(kind, flags, sid, payload)
-            for kind, flags, sid, payload in frames
-            if sid == 0 or sid in self.client.streams
-        )
-        self.events += self.client.receive_data(known)  # raises if it is not valid HTTP/2
-        self.client.data_to_send()  # the client's own acknowledgements: not needed here
-        return frames
-
-
-def conversation(state: str) -> Conversation:
-    """A tenant after the preface, with stream 1 in `state`: "idle" (never opened), "open"
-    (request headers sent), "half-closed" (the request ended, Triton not answered yet), "reset"
-    (the tenant reset it) or "closed" (both sides ended it)."""
-    rig = Rig()
-    tenant, out = rig.tenant()
-    config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-    client = h2.connection.H2Connection(config)
-    client.initiate_connection()
-    client.data_to_send()  # the relay has had a client preface already (rig.tenant)
-    # The client must follow the relay's SETTINGS and streams as if it had sent them itself.
-    client.receive_data(f.settings({}) + f.frame(f.SETTINGS, f.ACK, 0))
-    client.data_to_send()
-    talk = Conversation(rig, tenant, out, client, [])
-    if state == "idle":
-        return talk
-    client.send_headers(1, HEADERS, end_stream=False)
-    opened = client.data_to_send()
-    talk.send(opened)
-    if state in ("half-closed", "closed"):
-        client.send_data(1, MESSAGE, end_stream=True)
-        talk.send(client.data_to_send())
-    if state == "reset":
-        client.reset_stream(1, f.CANCEL)
-        talk.send(client.data_to_send())
-    if state == "closed":
-        channel, _ = rig.channel()
-        rig.respond(channel, 1, f.grpc_message(b"ok"), trailers=True)
-        talk.send(b"")
-        assert 1 not in tenant.streams
-    return talk
-
-
-def goaway(frames: list[Frame]) -> int | None:
-    codes = [int.from_bytes(p[4:8], "big") for kind, _, _, p in frames if kind == f.GOAWAY]
-    return codes[-1] if codes else None
-
-
-def resets(frames: list[Frame]) -> dict[int, int]:
-    return {sid: int.from_bytes(p, "big") for kind, _, sid, p in frames if kind == f.RST_STREAM}
-
-
-Answer = tuple[str, int]
-GOAWAY_ = "goaway"
-RST = "rst"
-ALIVE = ("alive", 0)
-
-
-def answer_of(talk: Conversation, frames: list[Frame]) -> Answer:
-    """GOAWAY (with the connection closed), a RST_STREAM, or alive: a PING still answered."""
-    code = goaway(frames)
-    if code is not None:
-        assert talk.out.closed, "GOAWAY for an error must end the connection"
-        terminated = [e for e in talk.events if isinstance(e, h2.events.ConnectionTerminated)]
-        assert terminated and terminated[-1].error_code == code
-        return GOAWAY_, code
-    reset = resets(frames)
-    if reset:
-        [code] = set(reset.values())  # one stream, or (5.1.2/1) every stream over the limit
-        return RST, code
-    assert not talk.out.closed
-    answered = talk.send(PING)
-    assert (f.PING, f.ACK, 0, b"h2spec!!") in answered, "the relay stopped answering PING"
-    return ALIVE
+from tests.proxy.grpc.h2spec import (
+    ALIVE,
+    BLOCK,
+    GOAWAY_,
+    MESSAGE,
+    PING,
+    RST,
+    Answer,
+    Conversation,
+    answer_of,
+    assert_triton_saw_only_the_relay,
+    conversation,
+    goaway,
+    resets,
+    settings_payload,
+)
+from tests.proxy.grpc.rig import HEADERS, Recording, Rig
 
 
 @dataclass(frozen=True)
@@ -446,46 +359,6 @@ async def test_a_whole_call_reads_as_valid_http2_to_the_h2_client() -> None:
     data = b"".join(e.data for e in talk.events if isinstance(e, h2.events.DataReceived))
     assert data == f.grpc_message(b"answer")
     assert_triton_saw_only_the_relay(talk.rig)
-
-
-# -- what Triton hears ----------------------------------------------------------------------------
-
-CHANNEL_SENDS = {f.HEADERS, f.DATA, f.RST_STREAM, f.WINDOW_UPDATE, f.SETTINGS, f.GOAWAY}
-
-
-def assert_triton_saw_only_the_relay(rig: Rig) -> None:
-    """Everything on the connection to Triton is the channel's own: its preface and SETTINGS,
-    header blocks a fresh HPACK decoder reads as valid gRPC requests, DATA and RST_STREAM only on
-    streams it opened, no tenant PING, PRIORITY, CONTINUATION or unknown frame, nothing over
-    16 KiB."""
-    if not rig.relay.channels:
-        return
-    _, up = rig.channel()
-    data = bytes(up.data)
-    assert data.startswith(f.PREFACE)
-    pos = len(f.PREFACE)
-    decoder = hpack.Decoder()
-    opened: set[int] = set()
-    settings_seen = 0
-    while pos < len(data):
-        length = int.from_bytes(data[pos : pos + 3], "big")
-        kind, flags = data[pos + 3], data[pos + 4]
-        sid = int.from_bytes(data[pos + 5 : pos + 9], "big")
-        payload = data[pos + 9 : pos + 9 + length]
-        pos += 9 + length
-        assert kind in CHANNEL_SENDS, f"Triton was sent a frame of type {kind}"
-        assert length <= f.DEFAULT_MAX_FRAME
-        if kind == f.SETTINGS:
-            settings_seen += 1
-            assert settings_seen == 1 and not flags & f.ACK, "a SETTINGS not the channel's own"
-        elif kind == f.HEADERS:
-            assert flags & f.END_HEADERS and sid % 2 == 1 and sid not in opened
-            fields = dict(decoder.decode(payload, raw=True))
-            assert fields[b":path"].startswith(b"/inference.GRPCInferenceService/")
-            opened.add(sid)
-        elif kind in (f.DATA, f.RST_STREAM):
-            assert sid in opened, f"{kind} on stream {sid}, never opened at Triton"
-    assert pos == len(data)
 
 
 # -- the same frame layer on the channel to Triton ------------------------------------------------

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.http2 import frames as f
+from tests.proxy.grpc.h2spec import assert_triton_saw_only_the_relay
 from tests.proxy.grpc.rig import HEADERS, Frame, Rig, infer
-from tests.proxy.grpc.test_conformance import assert_triton_saw_only_the_relay
 
 Parts = tuple[int, int, int, bytes]  # type, flags, stream id, payload
 READY = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import pytest
-from hpack import Decoder, Encoder, HPACKError
+from hpack import Decoder, Encoder, HPACKError, NeverIndexedHeaderTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -109,6 +109,24 @@ def test_a_malformed_block_raises_every_time() -> None:
     for _ in range(2):
         with pytest.raises(HPACKError):
             ours.decode(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff")
+
+
+def test_a_never_indexed_field_stays_never_indexed_through_the_relay() -> None:
+    """RFC 7541 6.2.3: an intermediary passes a never-indexed field on never-indexed. The decoder
+    keeps hpack's mark (also from its memory of repeated blocks), and the encoder for the next
+    hop honours it (generic/5/10-13 of h2spec, in `tests/proxy/grpc`)."""
+    secret = NeverIndexedHeaderTuple(b"authorization", b"Bearer t0ken")
+    block = Encoder().encode([(b":method", b"POST"), secret])
+    ours = BlockDecoder()
+    ours.decode(block)
+    fields = ours.decode(block)  # the kept result this time
+    assert isinstance(fields[1], NeverIndexedHeaderTuple)
+    triton = Decoder()
+    encoder = BlockEncoder()
+    for _ in range(2):
+        forwarded = list(triton.decode(encoder.encode(fields), raw=True))
+        assert isinstance(forwarded[1], NeverIndexedHeaderTuple)
+        assert not triton.header_table.dynamic_entries  # never in its table either
 
 
 @settings(max_examples=150, deadline=None)
