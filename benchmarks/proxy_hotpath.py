@@ -32,8 +32,8 @@ from the hop's process alone), it only makes the /proc figures noisier by sharin
 no canned upstream is needed. Child processes run with PYTHONHASHSEED=0, so the hashing of
 strings (the caches' keys, dict layouts) is the same in every run.
 
-    .venv/bin/python -m benchmarks.proxy_hotpath [--requests 2000] [--warmup 300]
-        [--proc-requests 5000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
+    .venv/bin/python -m benchmarks.proxy_hotpath [--requests 4000] [--warmup 300]
+        [--proc-requests 10000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
 
 About 6 minutes on a 2-core box with the defaults and no baseline tree (most of it the hops'
 start and the loads under valgrind).
@@ -245,35 +245,42 @@ def measure_cpu(
     return figures
 
 
-def _ratio(figures: Figures, protocol: str, concurrency: int, name: str, base: str) -> float:
-    """The median of per-round ratios of hop `name` to hop `base`."""
+def _ratios(figures: Figures, protocol: str, concurrency: int, name: str, base: str) -> str:
+    """The median of per-round ratios of hop `name` to hop `base`, with their range when there
+    are several rounds."""
     pairs = zip(
         figures[(protocol, concurrency, name)], figures[(protocol, concurrency, base)], strict=True
     )
-    return statistics.median(a / b if b else float("inf") for a, b in pairs)
+    ratios = [a / b if b else float("inf") for a, b in pairs]
+    text = f"{statistics.median(ratios):.2f}x"
+    if len(ratios) > 1:
+        text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+    return text
 
 
 def table(figures: Figures, title: str, unit: Callable[[float], str]) -> list[str]:
     """One row per measure: proxy, bare relay, their ratio and, if run, the baseline tree's
-    proxy and the proxy's ratio to it."""
+    proxy and the proxy's ratio to it (ratios: the median of per-round ratios, and their range)."""
     baseline = any(name == "baseline" for _, _, name in figures)
-    head = f"  {'':10} {'proxy':>9} {'bare relay':>11} {'ratio':>7}"
+    rounds = len(next(iter(figures.values())))
+    width = 18 if rounds > 1 else 6
+    head = f"  {'':10} {'proxy':>8} {'bare relay':>11} {'ratio':>{width}}"
     if baseline:
-        head += f" {'baseline':>9} {'proxy/baseline':>15}"
+        head += f" {'baseline':>9} {'proxy/baseline':>{width}}"
     lines = [title, head]
     for protocol, concurrency in MEASURES:
 
-        def median(name: str, protocol: str = protocol, concurrency: int = concurrency) -> float:
-            return statistics.median(figures[(protocol, concurrency, name)])
+        def median(name: str, protocol: str = protocol, concurrency: int = concurrency) -> str:
+            return unit(statistics.median(figures[(protocol, concurrency, name)]))
 
-        ratio = _ratio(figures, protocol, concurrency, "proxy", "bare")
+        ratio = _ratios(figures, protocol, concurrency, "proxy", "bare")
         line = (
-            f"  {protocol + ' c=' + str(concurrency):10} {unit(median('proxy')):>9} "
-            f"{unit(median('bare')):>11} {ratio:>6.2f}x"
+            f"  {protocol + ' c=' + str(concurrency):10} {median('proxy'):>8} "
+            f"{median('bare'):>11} {ratio:>{width}}"
         )
         if baseline:
-            against = _ratio(figures, protocol, concurrency, "proxy", "baseline")
-            line += f" {unit(median('baseline')):>9} {against:>14.2f}x"
+            against = _ratios(figures, protocol, concurrency, "proxy", "baseline")
+            line += f" {median('baseline'):>9} {against:>{width}}"
         lines.append(line)
     return lines
 
@@ -281,13 +288,13 @@ def table(figures: Figures, title: str, unit: Callable[[float], str]) -> list[st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--requests", type=int, default=2000, help="requests per callgrind measure (default 2000)"
+        "--requests", type=int, default=4000, help="requests per callgrind measure (default 4000)"
     )
     parser.add_argument(
         "--warmup", type=int, default=300, help="requests before each measure (default 300)"
     )
     parser.add_argument(
-        "--proc-requests", type=int, default=5000, help="requests per /proc run (default 5000)"
+        "--proc-requests", type=int, default=10000, help="requests per /proc run (default 10000)"
     )
     parser.add_argument("--rounds", type=int, default=5, help="/proc rounds (default 5)")
     parser.add_argument(
