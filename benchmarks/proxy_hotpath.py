@@ -19,24 +19,27 @@ Two figures per row:
 - Instructions per request (callgrind): each hop runs under `valgrind --tool=callgrind`; after the
   warm-up its counters are zeroed (`callgrind_control --zero`), the measured load runs, and they
   are dumped (`--dump`). User-space instructions of the whole process: they do not depend on the
-  box's load, so they compare before/after to a percent or two. The kernel's work (system calls)
-  is not counted. Under valgrind a hop is about 50x slower, so at c=16 more requests arrive per
-  read than without it (fewer wake-ups per request); the c=1 rows have no such batching.
+  box's load, so they compare before/after to a percent or two (c=1: to 0.1%). The kernel's work
+  (system calls) is not counted. Under valgrind a hop is many times slower, so at c=16 more
+  requests arrive per read than without it (fewer wake-ups per request), and how many depends on
+  timing; the c=1 rows have no such batching.
 - CPU time per request from /proc/<pid>/stat (user + system, all threads), the hops run without
   valgrind: medians over interleaved rounds (the hop order reversed every other run), and the
   median of the per-round ratios. The box's noise moves these by tens of percent; they price the
   system calls the instruction counts leave out.
 
-The upstream is a real Triton in both parts: its own CPU is not in either figure (each is read
-from the hop's process alone), it only makes the /proc figures noisier by sharing the 2 cores, so
-no canned upstream is needed. Child processes run with PYTHONHASHSEED=0, so the hashing of
-strings (the caches' keys, dict layouts) is the same in every run.
+The upstream is a real Triton in both parts: its own CPU is not in either figure (each is read from
+the hop's process alone), it only makes the /proc figures noisier by sharing the 2 cores, so no
+canned upstream is needed. Every h2load run opens its connections anew, so a row's figure includes
+accepting them, spread over requests / concurrency requests each. Child processes run with
+PYTHONHASHSEED=0, so the hashing of strings (the caches' keys, dict layouts) is the same in every
+run.
 
     .venv/bin/python -m benchmarks.proxy_hotpath [--requests 4000] [--warmup 300]
         [--proc-requests 10000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
 
-About 6 minutes on a 2-core box with the defaults and no baseline tree (most of it the hops'
-start and the loads under valgrind).
+About 5-7 minutes on a 2-core box with the defaults and a baseline tree (half of it the /proc
+rounds, most of the rest the hops' start under valgrind).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ from benchmarks.proxy_latency import (
 MEASURES = (("REST", 16), ("REST", 1), ("gRPC", 16), ("gRPC", 1))
 """(protocol, concurrency) of every row, in the order they run."""
 START_TIMEOUT = 600.0
-"""Seconds a hop under valgrind may take to listen (imports run about 50x slower there)."""
+"""Seconds a hop under valgrind may take to listen (the imports run many times slower there)."""
 
 
 @dataclass(frozen=True)
