@@ -1,262 +1,357 @@
-"""Benchmark: the proxy's own Python work per exchange, with and without its memory of heads.
+"""Benchmark: the proxy's own CPU per request, through its entry point, against a bare byte relay.
 
-Feeds one request and its response through the real relay classes, in process, with transports
-that only count bytes: the REST relay (`http1.listener.RestRelay`, `http1.relay.ClientConnection`,
-`http1.upstream.Upstream`: a JSON infer request and Triton's answer) and the gRPC relay
-(`grpc.relay.H2Connection` and `grpc.channel.TritonChannel`: a unary ModelInfer, its response head,
-message and trailers, with header blocks from a real HPACK encoder as grpc-core and Triton send
-them). No sockets, no Triton, no
-other process: what is left is the CPU the proxy's own code spends per exchange, a figure the
-noise of a shared machine hardly moves (the end-to-end figures are `proxy_latency.py`'s).
+Starts a real Triton serving the Python-backend model add_one, the proxy as a pod runs it
+(`python -m proxy`, relay mode, as `proxy_latency.py` starts it) and, as the baseline in the same
+run, a bare TCP relay (`benchmarks/tcp_relay.py`: bytes copied both ways on uvloop, nothing
+parsed, the floor of one Python hop), both in front of that Triton. `--baseline-tree DIR` adds the
+proxy of another source tree (e.g. `git archive <commit> | tar -x -C DIR`) as one more column, so a
+change's before and after read in one run. Nothing of the proxy is imported: what is measured is
+the process a pod runs, with its real sockets, uvloop and Triton behind it.
 
-The baseline, in the same run, is the same relay with its memory turned off: REST heads parsed,
-routed and serialized afresh on every request (as before the prepared-head cache), gRPC header
-blocks decoded and encoded with plain `hpack` every time. Prints microseconds per exchange (the
-best of several runs) and the ratio.
+Load: h2load, a fixed number of requests after a warm-up, at concurrency 16 and at 1: REST with
+`--h1` and the JSON infer body, gRPC with a framed ModelInfer (`content-type: application/grpc`,
+`te: trailers`, one stream per connection). Every run must have every request succeed (REST: all
+2xx; gRPC: all 200 with a response message of the size Triton's own answer has: a call the proxy
+refused itself carries no message), or the benchmark fails.
 
-    .venv/bin/python -m benchmarks.proxy_hotpath [--exchanges 20000]
+Two figures per row:
+
+- Instructions per request (callgrind): each hop runs under `valgrind --tool=callgrind`; after the
+  warm-up its counters are zeroed (`callgrind_control --zero`), the measured load runs, and they
+  are dumped (`--dump`). User-space instructions of the whole process: they do not depend on the
+  box's load, so they compare before/after to a percent or two (c=1: to 0.1%). The kernel's work
+  (system calls) is not counted. Under valgrind a hop is many times slower, so at c=16 more
+  requests arrive per read than without it (fewer wake-ups per request), and how many depends on
+  timing; the c=1 rows have no such batching.
+- CPU time per request from /proc/<pid>/stat (user + system, all threads), the hops run without
+  valgrind: medians over interleaved rounds (the hop order reversed every other run), and the
+  median of the per-round ratios. The box's noise moves these by tens of percent; they price the
+  system calls the instruction counts leave out.
+
+The upstream is a real Triton in both parts: its own CPU is not in either figure (each is read from
+the hop's process alone), it only makes the /proc figures noisier by sharing the 2 cores, so no
+canned upstream is needed. Every h2load run opens its connections anew, so a row's figure includes
+accepting them, spread over requests / concurrency requests each. Child processes run with
+PYTHONHASHSEED=0, so the hashing of strings (the caches' keys, dict layouts) is the same in every
+run.
+
+    .venv/bin/python -m benchmarks.proxy_hotpath [--requests 4000] [--warmup 300]
+        [--proc-requests 10000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
+
+About 5-7 minutes on a 2-core box with the defaults and a baseline tree (half of it the /proc
+rounds, most of the rest the hops' start under valgrind).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
+import os
+import re
+import shutil
+import statistics
 import struct
+import subprocess
 import sys
-import time
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from hpack import Decoder, Encoder
-from tritonclient.grpc import service_pb2
+from benchmarks.proxy_latency import (
+    MODEL,
+    REST_BODY,
+    Hop,
+    cpu_seconds,
+    grpc_request,
+    running_floor,
+    running_proxy,
+    running_triton,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from proxy.app import Proxy  # noqa: E402
-from proxy.grpc.channel import TritonChannel  # noqa: E402
-from proxy.grpc.relay import H2Connection  # noqa: E402
-from proxy.grpc.server import GrpcRelay  # noqa: E402
-from proxy.http1.relay import ClientConnection  # noqa: E402
-from proxy.http1.upstream import Upstream  # noqa: E402
-from proxy.http2 import frames as f  # noqa: E402
-from proxy.http2.headers import Fields  # noqa: E402
-from proxy.settings import Settings, parse_settings  # noqa: E402
-
-MODEL = "add_one"
+MEASURES = (("REST", 16), ("REST", 1), ("gRPC", 16), ("gRPC", 1))
+"""(protocol, concurrency) of every row, in the order they run."""
+START_TIMEOUT = 600.0
+"""Seconds a hop under valgrind may take to listen (the imports run many times slower there)."""
 
 
-class _Counting:
-    """A transport that takes every write and keeps only the byte count."""
+@dataclass(frozen=True)
+class Loads:
+    """The load generator's inputs and what a successful run must report."""
 
-    def __init__(self) -> None:
-        self.written = 0
+    body: Path
+    framed: Path
+    response_bytes: int
+    """Bytes of DATA per successful gRPC call: Triton's framed ModelInferResponse."""
 
-    def write(self, data: bytes) -> None:
-        self.written += len(data)
+    @classmethod
+    def write(cls, work: Path, triton: Hop) -> Loads:
+        """The request files, and the size of Triton's answer read from Triton directly."""
+        body = work / "infer.json"
+        body.write_text(REST_BODY)
+        message = grpc_request()
+        framed = work / "infer.grpc"
+        framed.write_bytes(b"\x00" + struct.pack(">I", len(message)) + message)
+        probe = cls(body, framed, 0)
+        return cls(body, framed, probe.run("gRPC", triton.grpc, 16, 64) // 64)
 
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-
-class _Forgetful(dict[Any, Any]):
-    """A cache that keeps nothing: the baseline's every lookup misses."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-
-class _PlainDecoder:
-    """hpack's decoder, with no memory of blocks (the baseline)."""
-
-    def __init__(self) -> None:
-        self._decoder = Decoder()
-        self.max_allowed_table_size = self._decoder.max_allowed_table_size
-
-    def decode(self, block: bytes) -> Fields:
-        return tuple((n, v) for n, v in self._decoder.decode(block, raw=True))
-
-
-class _PlainEncoder:
-    """hpack's encoder, encoding every list afresh (the baseline)."""
-
-    def __init__(self) -> None:
-        self._encoder = Encoder()
-
-    def limit_table(self, size: int) -> None:
-        self._encoder.header_table_size = size
-
-    def encode(self, fields: Fields) -> bytes:
-        block: bytes = self._encoder.encode(list(fields))
-        return block
+    def run(self, protocol: str, address: str, concurrency: int, requests: int) -> int:
+        """`requests` requests at `concurrency` through `address`; fails unless all succeeded.
+        Returns the bytes of DATA received (the probe, response_bytes 0, checks no size)."""
+        command = ["h2load", "-n", str(requests), "-c", str(concurrency), "-t", "1"]
+        if protocol == "REST":
+            command += ["--h1", "-d", str(self.body), "-H", "content-type: application/json"]
+            command.append(f"http://{address}/v2/models/{MODEL}/infer")
+        else:
+            command += ["-m", "1", "-d", str(self.framed), "-H", "content-type: application/grpc"]
+            command += ["-H", "te: trailers"]
+            command.append(f"http://{address}/inference.GRPCInferenceService/ModelInfer")
+        out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+        done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded", out)
+        statuses = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+        data = re.search(r"traffic: .* total, .* headers .*, \S+ \((\d+)\) data", out)
+        wrong = []
+        if done is None or int(done[1]) != requests:
+            wrong.append("not every request succeeded")
+        if statuses is None or int(statuses[1]) != requests:
+            wrong.append("not every status was 2xx")
+        received = -1 if data is None else int(data[1])
+        if (
+            protocol == "gRPC"
+            and self.response_bytes
+            and received != requests * self.response_bytes
+        ):
+            wrong.append(f"not every call got Triton's {self.response_bytes}-byte answer")
+        if wrong:
+            raise RuntimeError(
+                f"{protocol} c={concurrency} through {address}: {'; '.join(wrong)}:\n"
+                f"{' '.join(command)}\n{out}"
+            )
+        return received
 
 
-def _settings() -> Settings:
-    return parse_settings(
-        [
-            "--model-id",
-            MODEL,
-            "--triton-http-url",
-            "127.0.0.1:1",
-            "--triton-grpc-url",
-            "127.0.0.1:2",
-        ],
-        {},
+def _address(hop: Hop, protocol: str) -> str:
+    return hop.rest if protocol == "REST" else hop.grpc
+
+
+def _pid(hop: Hop) -> int:
+    return hop.cpu[0][1]
+
+
+@contextlib.contextmanager
+def running_hops(
+    upstream: tuple[str, str], baseline: Path | None, wrap: Callable[[str], list[str]]
+) -> Iterator[dict[str, Hop]]:
+    """The proxy, the bare relay and the baseline tree's proxy, each command prefixed by
+    `wrap(name)`, all in front of `upstream`."""
+    relay_mode = ["--grpc-mode", "relay"]
+    with contextlib.ExitStack() as stack:
+        hops = {
+            "proxy": stack.enter_context(
+                running_proxy(upstream, relay_mode, wrapper=wrap("proxy"), timeout=START_TIMEOUT)
+            ),
+            "bare": stack.enter_context(
+                running_floor(upstream, wrapper=wrap("bare"), timeout=START_TIMEOUT)
+            ),
+        }
+        if baseline is not None:
+            hops["baseline"] = stack.enter_context(
+                running_proxy(
+                    upstream,
+                    relay_mode,
+                    baseline.resolve(),
+                    wrapper=wrap("baseline"),
+                    timeout=START_TIMEOUT,
+                )
+            )
+        yield hops
+
+
+Figures = dict[tuple[str, int, str], list[float]]
+"""(protocol, concurrency, hop) -> one figure per round (callgrind: a single one)."""
+
+
+def _dumped_instructions(out: Path, pid: int) -> int:
+    """Dump `pid`'s counters and read their sum (callgrind numbers each dump `out.N`)."""
+    dumps = set(out.parent.glob(out.name + ".*"))
+    subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, check=True)
+    new = set(out.parent.glob(out.name + ".*")) - dumps
+    if len(new) != 1:
+        raise RuntimeError(f"callgrind_control --dump {pid} wrote {sorted(new)}, not one file")
+    summary = re.search(r"^summary: (\d+)$", new.pop().read_text(errors="replace"), re.MULTILINE)
+    if summary is None:
+        raise RuntimeError(f"no summary line in {out}'s dump")
+    return int(summary[1])
+
+
+def measure_instructions(
+    loads: Loads,
+    upstream: tuple[str, str],
+    baseline: Path | None,
+    work: Path,
+    args: argparse.Namespace,
+) -> Figures:
+    """Instructions per request of every hop under callgrind, counters zeroed after the warm-up."""
+
+    def valgrind(name: str) -> list[str]:
+        return [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={work / ('callgrind.' + name)}",
+            f"--log-file={work / ('valgrind.' + name)}",
+        ]
+
+    figures: Figures = {}
+    with running_hops(upstream, baseline, valgrind) as hops:
+        for name, hop in hops.items():
+            for protocol, concurrency in MEASURES:
+                address, pid = _address(hop, protocol), _pid(hop)
+                loads.run(protocol, address, concurrency, args.warmup)
+                subprocess.run(
+                    ["callgrind_control", "--zero", str(pid)], capture_output=True, check=True
+                )
+                loads.run(protocol, address, concurrency, args.requests)
+                spent = _dumped_instructions(work / f"callgrind.{name}", pid)
+                figures[(protocol, concurrency, name)] = [spent / args.requests]
+                print(
+                    f"callgrind: {protocol} c={concurrency} {name}: "
+                    f"{spent / args.requests:.0f} instructions per request",
+                    file=sys.stderr,
+                )
+    return figures
+
+
+def measure_cpu(
+    loads: Loads, upstream: tuple[str, str], baseline: Path | None, args: argparse.Namespace
+) -> Figures:
+    """CPU seconds per request of every hop from /proc, in interleaved rounds."""
+    figures: Figures = {}
+    with running_hops(upstream, baseline, lambda name: []) as hops:
+        for hop in hops.values():  # the proxies' pools of upstream connections grow to 16
+            for protocol, concurrency in MEASURES:
+                loads.run(protocol, _address(hop, protocol), concurrency, args.warmup)
+        turn = 0
+        for round_number in range(args.rounds):
+            for protocol, concurrency in MEASURES:
+                order = list(hops.items())
+                if turn % 2:
+                    order.reverse()  # no hop always runs first, or last
+                turn += 1
+                for name, hop in order:
+                    before = cpu_seconds(_pid(hop))
+                    loads.run(protocol, _address(hop, protocol), concurrency, args.proc_requests)
+                    spent = cpu_seconds(_pid(hop)) - before
+                    figures.setdefault((protocol, concurrency, name), []).append(
+                        spent / args.proc_requests
+                    )
+            print(f"/proc: round {round_number + 1}/{args.rounds} done", file=sys.stderr)
+    return figures
+
+
+def _ratios(figures: Figures, protocol: str, concurrency: int, name: str, base: str) -> str:
+    """The median of per-round ratios of hop `name` to hop `base`, with their range when there
+    are several rounds."""
+    pairs = zip(
+        figures[(protocol, concurrency, name)], figures[(protocol, concurrency, base)], strict=True
     )
+    ratios = [a / b if b else float("inf") for a, b in pairs]
+    text = f"{statistics.median(ratios):.2f}x"
+    if len(ratios) > 1:
+        text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+    return text
 
 
-def rest_exchange(memory: bool) -> tuple[Callable[[], None], Callable[[], int]]:
-    """One REST infer exchange through the relay's tenant and upstream connections."""
-    relay = Proxy.build(_settings()).rest
-    if not memory:
-        relay._prepared = _Forgetful()
-        relay.pool._heads = _Forgetful()
-    tenant = ClientConnection(relay)
-    tenant_transport = _Counting()
-    tenant.connection_made(tenant_transport)  # type: ignore[arg-type]
-    upstream = Upstream(relay.pool)
-    upstream.connection_made(_Counting())  # type: ignore[arg-type]
-    relay.pool.put(upstream)
-    body = b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
-    request = (
-        b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: 127.0.0.1:9000\r\n"
-        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-    )
-    answer = b'{"model_name":"add_one","model_version":"1","outputs":[{"name":"OUTPUT0",'
-    answer += b'"datatype":"FP32","shape":[1,4],"data":[2.0,3.0,4.0,5.0]}]}'
-    response = (
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-        % len(answer)
-        + answer
-    )
+def table(figures: Figures, title: str, unit: Callable[[float], str]) -> list[str]:
+    """One row per measure: proxy, bare relay, their ratio and, if run, the baseline tree's
+    proxy and the proxy's ratio to it (ratios: the median of per-round ratios, and their range)."""
+    baseline = any(name == "baseline" for _, _, name in figures)
+    rounds = len(next(iter(figures.values())))
+    width = 18 if rounds > 1 else 6
+    head = f"  {'':10} {'proxy':>8} {'bare relay':>11} {'ratio':>{width}}"
+    if baseline:
+        head += f" {'baseline':>9} {'proxy/baseline':>{width}}"
+    lines = [title, head]
+    for protocol, concurrency in MEASURES:
 
-    def exchange() -> None:
-        tenant.data_received(request)
-        upstream.data_received(response)
+        def median(name: str, protocol: str = protocol, concurrency: int = concurrency) -> str:
+            return unit(statistics.median(figures[(protocol, concurrency, name)]))
 
-    def answered() -> int:
-        """Whole responses the tenant received: Triton's, not a refusal of the relay's own."""
-        assert tenant_transport.written % len(response) == 0
-        return tenant_transport.written // len(response)
-
-    return exchange, answered
-
-
-def grpc_exchanges(
-    memory: bool, count: int
-) -> tuple[GrpcRelay, H2Connection, TritonChannel, list[tuple[bytes, bytes]]]:
-    """A relay with one tenant connection and its channel to Triton, and `count` unary
-    ModelInfer exchanges (the tenant's request, Triton's response on the channel)."""
-    relay = Proxy.build(_settings()).grpc
-    assert isinstance(relay, GrpcRelay), "the default --grpc-mode is the relay"
-    connection = H2Connection(relay)
-    connection.transport = _Counting()  # type: ignore[assignment]
-    connection._preface = True
-    channel = TritonChannel(relay)
-    channel.transport = _Counting()  # type: ignore[assignment]
-    relay.channels.append(channel)
-    # Both peers open their windows wide at the start, as grpc-core and h2load do.
-    wide = f.settings({f.SETTINGS_INITIAL_WINDOW_SIZE: f.MAX_WINDOW})
-    wide += f.window_update(0, f.MAX_WINDOW - f.DEFAULT_WINDOW)
-    connection.data_received(wide)
-    channel.data_received(wide)
-    if not memory:
-        connection._decoder = _PlainDecoder()  # type: ignore[assignment]
-        connection.replies.encoder = _PlainEncoder()  # type: ignore[assignment]
-        channel._decoder = _PlainDecoder()  # type: ignore[assignment]
-        channel._encoder = _PlainEncoder()  # type: ignore[assignment]
-        connection._plans = _Forgetful()
-    client, triton = Encoder(), Encoder()
-    headers = [
-        (b":method", b"POST"),
-        (b":scheme", b"http"),
-        (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
-        (b":authority", b"127.0.0.1:9001"),
-        (b"te", b"trailers"),
-        (b"content-type", b"application/grpc"),
-        (b"user-agent", b"grpc-python/1.81.1 grpc-c/50.0.0 (linux; chttp2)"),
-    ]
-    infer = service_pb2.ModelInferRequest(model_name=MODEL)
-    infer.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
-    infer.raw_input_contents.append(struct.pack("<4f", 1, 2, 3, 4))
-    message = infer.SerializeToString()
-    answer = f.grpc_message(b"\n\x07add_one\x12\x011" + b"\x00" * 40)
-    exchanges = []
-    for number in range(count):
-        sid = 2 * number + 1  # the tenant's, and (one tenant) the channel's too
-        request = f.frame(f.HEADERS, f.END_HEADERS, sid, client.encode(headers))
-        request += f.frame(f.DATA, f.END_STREAM, sid, f.grpc_message(message))
-        head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-        response = f.frame(f.HEADERS, f.END_HEADERS, sid, triton.encode(head))
-        response += f.frame(f.DATA, 0, sid, answer)
-        trailers = triton.encode([(b"grpc-status", b"0")])
-        response += f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, trailers)
-        exchanges.append((request, response))
-    return relay, connection, channel, exchanges
-
-
-def _best(run: Callable[[], float], repeats: int) -> float:
-    return min(run() for _ in range(repeats))
-
-
-async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--exchanges", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
-    n = int(args.exchanges)
-    figures: dict[tuple[str, bool], float] = {}
-    for memory in (True, False):
-        exchange, answered = rest_exchange(memory)
-        for _ in range(500):
-            exchange()
-
-        def rest_run(
-            exchange: Callable[[], None] = exchange, answered: Callable[[], int] = answered
-        ) -> float:
-            before = answered()
-            started = time.perf_counter()
-            for _ in range(n):
-                exchange()
-            elapsed = (time.perf_counter() - started) / n
-            assert answered() - before == n, "every request must have been relayed and answered"
-            return elapsed
-
-        figures[("REST", memory)] = _best(rest_run, args.repeats)
-
-        def grpc_run(memory: bool = memory) -> float:
-            relay, connection, channel, exchanges = grpc_exchanges(memory, n)
-            started = time.perf_counter()
-            for request, response in exchanges:
-                connection.data_received(request)
-                relay.flush()  # as at the end of the event-loop turn
-                channel.data_received(response)
-            elapsed = (time.perf_counter() - started) / n
-            # Every request went to Triton and its answer to the tenant: nothing was answered
-            # by the relay itself (a refusal would be cheaper and measure nothing).
-            assert not connection.streams and not channel.streams, "every exchange must end"
-            answered = relay.metrics._requests.counts.get(("grpc", "ModelInfer", "OK"), 0)
-            assert answered == n, f"{answered} of {n} calls were answered OK by Triton"
-            return elapsed
-
-        figures[("gRPC", memory)] = _best(grpc_run, args.repeats)
-    print(f"proxy hot path: CPU per exchange in process, best of {args.repeats} runs of {n}")
-    for protocol in ("REST", "gRPC"):
-        now, before = figures[(protocol, True)], figures[(protocol, False)]
-        print(
-            f"  {protocol}: {now * 1e6:6.2f} us with the memory of heads, {before * 1e6:6.2f} us "
-            f"without (baseline): {now / before:.2f}x"
+        ratio = _ratios(figures, protocol, concurrency, "proxy", "bare")
+        line = (
+            f"  {protocol + ' c=' + str(concurrency):10} {median('proxy'):>8} "
+            f"{median('bare'):>11} {ratio:>{width}}"
         )
+        if baseline:
+            against = _ratios(figures, protocol, concurrency, "proxy", "baseline")
+            line += f" {median('baseline'):>9} {against:>{width}}"
+        lines.append(line)
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--requests", type=int, default=4000, help="requests per callgrind measure (default 4000)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=300, help="requests before each measure (default 300)"
+    )
+    parser.add_argument(
+        "--proc-requests", type=int, default=10000, help="requests per /proc run (default 10000)"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="/proc rounds (default 5)")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="another source tree (e.g. `git archive` of an older commit) whose `python -m "
+        "proxy` runs as one more column",
+    )
+    parser.add_argument(
+        "--parts", default="callgrind,proc", help="which figures: callgrind, proc or both"
+    )
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"callgrind", "proc"}:
+        parser.error(f"--parts {args.parts!r}: callgrind, proc or callgrind,proc")
+    if min(args.requests, args.warmup, args.proc_requests) < 16:
+        parser.error("every load needs at least 16 requests (one per connection at c=16)")
+    if args.baseline_tree is not None and not (args.baseline_tree / "proxy").is_dir():
+        parser.error(f"--baseline-tree {args.baseline_tree}: no proxy/ package there")
+    tools = ["h2load", *(["valgrind", "callgrind_control"] if "callgrind" in parts else [])]
+    for tool in tools:
+        if shutil.which(tool) is None:
+            print(f"{tool} is missing: apt-get install -y nghttp2-client valgrind", file=sys.stderr)
+            return 2
+    os.environ["PYTHONHASHSEED"] = "0"  # the hops' string hashes, the same in every run
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="proxy-hotpath-") as tmp:
+        work = Path(tmp)
+        with running_triton(work) as triton:
+            upstream = (triton.http_url, triton.grpc_url)
+            loads = Loads.write(work, Hop(*upstream))
+            if "callgrind" in parts:
+                instructions = measure_instructions(loads, upstream, args.baseline_tree, work, args)
+                lines += table(
+                    instructions,
+                    f"Instructions per request (callgrind, user space; {args.requests} requests "
+                    f"after {args.warmup}):",
+                    lambda value: f"{value / 1000:.1f}k",
+                )
+            if "proc" in parts:
+                cpu = measure_cpu(loads, upstream, args.baseline_tree, args)
+                lines += table(
+                    cpu,
+                    f"CPU per request (/proc user + system, us; medians of {args.rounds} rounds of "
+                    f"{args.proc_requests}; ratios: medians of per-round ratios):",
+                    lambda value: f"{value * 1e6:.1f}",
+                )
+    print(
+        f"proxy hot path through `python -m proxy` (relay mode) and a bare relay, real Triton; "
+        f"cpus={os.cpu_count()}"
+    )
+    print("\n".join(lines))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(main())

@@ -58,7 +58,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +99,7 @@ REST_BODY = json.dumps(
 )
 
 
-def _grpc_request() -> bytes:
+def grpc_request() -> bytes:
     request = service_pb2.ModelInferRequest(model_name=MODEL)
     tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
     del tensor
@@ -136,9 +136,18 @@ def running_triton(workdir: Path) -> Iterator[TritonServer]:
 
 
 @contextmanager
-def running_proxy(upstream: Upstream, extra: list[str], root: Path = ROOT) -> Iterator[Hop]:
+def running_proxy(
+    upstream: Upstream,
+    extra: list[str],
+    root: Path = ROOT,
+    wrapper: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> Iterator[Hop]:
+    """`python -m proxy` from the source tree `root`, its command prefixed by `wrapper` (such as
+    valgrind, which keeps the process id), ready within `timeout` seconds."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
+        *wrapper,
         sys.executable,
         "-m",
         "proxy",
@@ -162,22 +171,25 @@ def running_proxy(upstream: Upstream, extra: list[str], root: Path = ROOT) -> It
     ]
     process = subprocess.Popen(command, cwd=root)  # `-m proxy` imports the proxy under `root`
     try:
-        _wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready")
+        _wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout)
         yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("proxy", process.pid),))
     finally:
         _stop(process, 30)
 
 
 @contextmanager
-def running_floor(upstream: Upstream) -> Iterator[Hop]:
-    """The bare TCP relay (`benchmarks/tcp_relay.py`) for REST and gRPC, in one process."""
+def running_floor(
+    upstream: Upstream, wrapper: Sequence[str] = (), timeout: float = 30.0
+) -> Iterator[Hop]:
+    """The bare TCP relay (`benchmarks/tcp_relay.py`) for REST and gRPC, in one process (its
+    command prefixed by `wrapper`, listening within `timeout` seconds)."""
     http_port, grpc_port = free_port(), free_port()
-    command = [sys.executable, "-m", "benchmarks.tcp_relay"]
+    command = [*wrapper, sys.executable, "-m", "benchmarks.tcp_relay"]
     command += [upstream[0], f"127.0.0.1:{http_port}", upstream[1], f"127.0.0.1:{grpc_port}"]
     process = subprocess.Popen(command, cwd=ROOT)
     try:
         for port in (http_port, grpc_port):
-            _wait_port(port)
+            _wait_port(port, timeout)
         yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("relay", process.pid),))
     finally:
         _stop(process, 10)
@@ -370,7 +382,7 @@ class Loads:
         )
         self.body = work / "infer.json"
         self.body.write_text(REST_BODY)
-        self.message = _grpc_request()
+        self.message = grpc_request()
         self.framed = work / "infer.grpc"
         self.framed.write_bytes(b"\x00" + struct.pack(">I", len(self.message)) + self.message)
         self.log = work / "h2load.log"
