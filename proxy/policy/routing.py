@@ -213,7 +213,7 @@ class GrpcRouter:
                 return _malformed(kind, e)
             if name != self._name:
                 return _grpc_other_model(kind, name)
-            return GrpcForward(kind, kind, request, limited=kind == "ModelInfer")
+            return GrpcForward(kind, kind, request, kind == "ModelInfer")  # positional: cheaper
         if kind in _PASS_THROUGH:
             return GrpcForward(kind, kind, request)
         if kind == "ServerReady":
