@@ -104,6 +104,11 @@ class H2Connection(asyncio.Protocol):
         self._goaway = False
         self._decoder = BlockDecoder()
         self._plans: dict[Fields, _Plan] = {}  # see _plan
+        # The last plan and its fields: a client repeating its headers gets the very tuple the
+        # decoder kept, recognised by identity without hashing it (CPython does not cache a
+        # tuple's hash; this one is seven pairs).
+        self._last_fields: Fields | None = None
+        self._last_plan: _Plan = ("", False, (), None, None)
         self._reader = FrameReader(self, from_server=False, max_block=MAX_HEADER_BLOCK)
         self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
         self._closed: dict[int, bool] = {}  # recently closed streams: see `closed`
@@ -390,7 +395,12 @@ class H2Connection(asyncio.Protocol):
         if sid == self._refused_sid:
             self._refused_sid = 0
             return  # reset already (a stream error in its HEADERS frame)
-        kind, streaming, sent, encoding, problem = self._plans.get(fields) or self._plan(fields)
+        if fields is self._last_fields:  # the client's previous call's headers, as decoded
+            plan = self._last_plan
+        else:
+            plan = self._plans.get(fields) or self._plan(fields)
+            self._last_fields, self._last_plan = fields, plan
+        kind, streaming, sent, encoding, problem = plan
         if problem is not None:
             self.on_stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
             return
