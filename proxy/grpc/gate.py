@@ -18,6 +18,7 @@ or hand Triton a message it has not checked.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
@@ -48,6 +49,8 @@ FORWARDED = frozenset(
 )  # fmt: skip
 """The RPCs a stream is opened at Triton for; `policy.routing` decides every other one locally."""
 _FLAG = "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
+_PREFIX = struct.Struct(">BL")
+"""A gRPC message's prefix (compressed flag, length), read in one call on every unary call."""
 
 
 class GateContext(Protocol):
@@ -200,14 +203,14 @@ class StreamGate:
     def whole_message(self, payload: bytes, stream: Stream) -> bool:
         """`payload` is exactly one uncompressed message within the limit, with nothing of the
         stream buffered before it and nothing waiting: `_check` may take it as it is."""
+        size = len(payload) - 5
         return (
             not stream.buf
             and not stream.skip
             and stream.limited != WAITING
-            and len(payload) >= 5
-            and payload[0] == 0
-            and int.from_bytes(payload[1:5], "big") == len(payload) - 5
-            and len(payload) - 5 <= self.context.max_message
+            and size >= 0
+            and _PREFIX.unpack_from(payload) == (0, size)
+            and size <= self.context.max_message
         )
 
     def check(self, stream: Stream, message: bytes, total: int, framed: bytes | None) -> bool:
@@ -264,7 +267,14 @@ class StreamGate:
             stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
         if framed is None:
             framed = f.grpc_message(message)
-        self._up(stream, framed[early:] if early else framed, last)
+        if early:
+            framed = framed[early:]
+        channel = stream.channel
+        assert channel is not None
+        if len(framed) <= channel.max_frame:  # `_up`'s common case, without the call
+            channel.send(stream, framed, last)
+        else:
+            self._up(stream, framed, last)
 
     def _up(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Request bytes of `stream` for Triton, split to frames Triton takes."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -104,9 +105,16 @@ class H2Connection(asyncio.Protocol):
         self._goaway = False
         self._decoder = BlockDecoder()
         self._plans: dict[Fields, _Plan] = {}  # see _plan
+        # The last plan and its fields: a client repeating its headers gets the very tuple the
+        # decoder kept, recognised by identity without hashing it (CPython does not cache a
+        # tuple's hash; this one is seven pairs).
+        self._last_fields: Fields | None = None
+        self._last_plan: _Plan = ("", False, (), None, None)
         self._reader = FrameReader(self, from_server=False, max_block=MAX_HEADER_BLOCK)
         self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
-        self._closed: dict[int, bool] = {}  # recently closed streams: see `closed`
+        # Recently closed streams (see `closed`), oldest first: an OrderedDict drops its oldest
+        # in O(1), where a dict's first key is found past every slot deleted before it.
+        self._closed: OrderedDict[int, bool] = OrderedDict()
         self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
         # What the tenant may still send on the connection; credited as bytes arrive.
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
@@ -320,7 +328,7 @@ class H2Connection(asyncio.Protocol):
         ended it, and the tenant may have sent before it knew)."""
         closed = self._closed
         if len(closed) >= _CLOSED_KEPT:
-            del closed[next(iter(closed))]
+            closed.popitem(last=False)
         closed[sid] = strict
 
     def _settings(self, values: dict[int, int]) -> None:
@@ -390,7 +398,12 @@ class H2Connection(asyncio.Protocol):
         if sid == self._refused_sid:
             self._refused_sid = 0
             return  # reset already (a stream error in its HEADERS frame)
-        kind, streaming, sent, encoding, problem = self._plans.get(fields) or self._plan(fields)
+        if fields is self._last_fields:  # the client's previous call's headers, as decoded
+            plan = self._last_plan
+        else:
+            plan = self._plans.get(fields) or self._plan(fields)
+            self._last_fields, self._last_plan = fields, plan
+        kind, streaming, sent, encoding, problem = plan
         if problem is not None:
             self.on_stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
             return

@@ -173,7 +173,8 @@ class FrameReader:
             stop = pos + 9 + length
             if stop > end:
                 break
-            sid &= 0x7FFFFFFF
+            if sid > 0x7FFFFFFF:  # the reserved bit, ignored (RFC 9113 4.1); mostly clear, and
+                sid &= 0x7FFFFFFF  # a compare costs less than an and in CPython 3.11
             payload = data[pos + 9 : stop]
             pos = stop
             # The fast paths first: nothing to check beyond the length and the stream id.

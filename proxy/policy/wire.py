@@ -130,7 +130,36 @@ def prefix_string(data: bytes, number: int, *, ordered: bool = False) -> bytes |
 
 
 def model_name(data: bytes, number: int = 1) -> bytes:
-    """The model name field (empty when absent), refusing a duplicated or malformed one."""
+    """The model name field (empty when absent), refusing a duplicated or malformed one.
+
+    Read on every unary call, so the shape every serializer writes (top-level fields that are all
+    length-delimited, with one-byte keys) is walked by a loop of its own; anything else (a scalar
+    field, a long key, a duplicate, a field past the end) is handed to `string_fields` from the
+    start, so the answer and every error are exactly its own."""
+    wanted = number << 3 | LENGTH_DELIMITED
+    name = None
+    pos = 0
+    end = len(data)
+    try:
+        while pos < end:
+            key = data[pos]
+            if key & 0x87 != LENGTH_DELIMITED or key == LENGTH_DELIMITED:
+                break  # a scalar, a long key or field number 0
+            length = data[pos + 1]  # IndexError at the end: the general reader's error
+            if length > 0x7F:
+                length, pos = _varint(data, pos + 1)
+            else:
+                pos += 2
+            if key == wanted:
+                if name is not None:
+                    break
+                name = data[pos : pos + length]
+            pos += length
+        else:
+            if pos == end:
+                return b"" if name is None else name
+    except (IndexError, WireError):
+        pass
     return string_fields(data, (number,)).get(number, b"")
 
 

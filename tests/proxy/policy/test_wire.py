@@ -144,3 +144,26 @@ def test_a_prefix_reads_the_first_of_a_field_and_past_other_wire_types() -> None
 def test_a_malformed_prefix_is_refused(data: bytes, message: str) -> None:
     with pytest.raises(wire.WireError, match=message):
         wire.prefix_string(data, 1)
+
+
+_PIECES = [
+    b"\x0a\x01m", b"\x0a\x00", b"\x12\x02ab", b"\x08\x01", b"\x0a\x85", b"\x3a\x85",
+    b"\x3a\x81\x01" + b"x" * 129, b"\x02\x00", b"\x13", b"\x80\x01\x00", b"\x0a\x05ab",
+    b"\x19" + b"\x00" * 8,
+]  # fmt: skip
+"""Fields and broken fields, well-formed or not, to string together."""
+
+
+@given(data=st.binary(max_size=60) | st.lists(st.sampled_from(_PIECES), max_size=6).map(b"".join))
+def test_the_name_reader_answers_as_the_general_field_reader(data: bytes) -> None:
+    """`model_name`'s loop for the usual shape gives the same name, or the same error, as
+    `string_fields` on any bytes: malformed, duplicated, truncated or not."""
+    try:
+        expected: bytes | str = wire.string_fields(data, (1,)).get(1, b"")
+    except wire.WireError as e:
+        expected = str(e)
+    try:
+        got: bytes | str = wire.model_name(data)
+    except wire.WireError as e:
+        got = str(e)
+    assert got == expected
