@@ -4,7 +4,9 @@ An `Upstream` sends one request at a time and passes the response back to its `R
 tenant connection) byte for byte as it arrives, reading only the response head and the body's
 framing (Content-Length, chunked, or until close) to know when the response ends and the
 connection can be reused. `UpstreamPool` keeps the idle ones, most recently used first, and the
-parsed response heads Triton sends again and again (the same status, headers and body length).
+parsed response heads Triton sends again and again (the same status, headers and body length);
+each connection also remembers the last head it read, so a response that begins with the same
+bytes is recognised without searching for the head's end or hashing it.
 What it must not do: look into bodies, or reuse a connection whose exchange did not end cleanly.
 """
 
@@ -25,6 +27,9 @@ from proxy.sockets import local_address, nodelay
 
 _RESPONSE_HEADS = 256
 """Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
+_KNOWN_HEAD_BYTES = 4096
+"""The largest response head a connection remembers as its last one."""
+_NO_HEAD = ResponseHead(0, None, False, False)
 
 
 class ResponseSink(Protocol):
@@ -53,6 +58,8 @@ class Upstream(asyncio.Protocol):
         "_buffer",
         "_chunked",
         "_head_only",
+        "_known",
+        "_known_head",
         "_pool",
         "_remaining",
         "_to_close",
@@ -75,6 +82,9 @@ class Upstream(asyncio.Protocol):
         self.keep_alive = True
         self.started = False
         self.status = 0
+        # The last response head read on this connection, with its blank line, and its parse.
+        self._known = b""
+        self._known_head = _NO_HEAD
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
@@ -126,13 +136,23 @@ class Upstream(asyncio.Protocol):
         """Read the response head: (data, offset past the head), or offset -1 while incomplete.
         Interim 1xx heads (100 Continue) are relayed at once: the client may be waiting."""
         while True:
-            head_end = data.find(b"\r\n\r\n")
-            if head_end < 0:
-                if len(data) > MAX_HEAD_BYTES:
-                    raise UpstreamError("Triton's response head is too large")
-                self._buffer = data
-                return data, -1
-            head = self._pool.response_head(data[:head_end])
+            known = self._known
+            if known and data.startswith(known):
+                # The same head as this connection's last response (the same bytes up to and
+                # including the blank line, so its end is found at the same place): its parse.
+                head = self._known_head
+                head_end = len(known) - 4
+            else:
+                head_end = data.find(b"\r\n\r\n")
+                if head_end < 0:
+                    if len(data) > MAX_HEAD_BYTES:
+                        raise UpstreamError("Triton's response head is too large")
+                    self._buffer = data
+                    return data, -1
+                head = self._pool.response_head(data[:head_end])
+                if head_end <= _KNOWN_HEAD_BYTES:
+                    self._known = data[: head_end + 4]
+                    self._known_head = head
             if 100 <= head.status < 200:
                 client.relay_response(data[: head_end + 4])
                 data = data[head_end + 4 :]

@@ -12,7 +12,8 @@ import pytest
 
 from proxy.http1.framing import parse_request_head, parse_response_head
 from proxy.http1.listener import RestRelay
-from proxy.http1.upstream import UpstreamPool
+from proxy.http1.relay import ClientConnection
+from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.policy.refusals import ProxyError
@@ -96,3 +97,59 @@ def test_response_heads_are_parsed_once_and_malformed_ones_refused() -> None:
     for _ in range(2):
         with pytest.raises(ProxyError):
             pool.response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2")
+
+
+class _Transport:
+    """Keeps what is written; knows whether it was closed."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+def _connection() -> tuple[ClientConnection, _Transport, Upstream, _Transport]:
+    """A tenant connection and one idle upstream connection in its relay's pool."""
+    relay = _relay()
+    tenant, tenant_side = ClientConnection(relay), _Transport()
+    tenant.connection_made(tenant_side)  # type: ignore[arg-type]
+    upstream, triton_side = Upstream(relay.pool), _Transport()
+    upstream.connection_made(triton_side)  # type: ignore[arg-type]
+    relay.pool.put(upstream)
+    return tenant, tenant_side, upstream, triton_side
+
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def test_an_upstream_repeating_its_response_head_is_read_as_a_fresh_parse() -> None:
+    """Each upstream connection remembers its last response head; one that begins with the same
+    bytes but is another head is parsed on its own, and a malformed one fails the exchange."""
+    tenant, tenant_side, upstream, _ = _connection()
+    request = _head("/v2/models/m/infer") + b"\r\n\r\nhi"
+    for response in (_OK, _OK, _OK.replace(b": 2\r\n\r\nok", b": 20\r\n\r\n" + b"y" * 20)):
+        tenant.data_received(request)
+        upstream.data_received(response)
+        assert tenant_side.data.endswith(response)
+        assert upstream.client is None  # the response ended where its own head says
+    tenant.data_received(request)
+    upstream.data_received(_OK.replace(b"\r\n\r\n", b"\r\nContent-Length: 3\r\n\r\n"))
+    assert tenant_side.data.rsplit(b"HTTP/1.1 ", 1)[1].startswith(b"502")
