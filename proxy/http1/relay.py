@@ -23,7 +23,7 @@ from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.limiter import Limiter
-from proxy.policy.routing import Answer, Forward, error_body
+from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
@@ -50,6 +50,10 @@ class Listener(Protocol):
 
 
 _PIPELINE_LIMIT = 1024 * 1024
+_KNOWN_HEAD_BYTES = 4096
+"""The largest request head a connection remembers as its last one (as the listener's cache)."""
+_NOTHING_KNOWN: Prepared = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
+"""Stands for the last head until there is one (never read: `_known` is empty until then)."""
 
 # Client connection states.
 _IDLE = 0  # waiting for a request head
@@ -91,6 +95,10 @@ class ClientConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
         self._head_timer: asyncio.TimerHandle | None = None
+        # The last request head read on this connection, with its blank line, as prepared:
+        # keep-alive clients send the same head again and again.
+        self._known = b""
+        self._known_prepared = _NOTHING_KNOWN
 
     # -- connection events ------------------------------------------------------------------
 
@@ -155,28 +163,42 @@ class ClientConnection(asyncio.Protocol):
         relay = self._relay
         while self._state == _IDLE and self._buffer:
             buffer = self._buffer
-            head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
-            if head_end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    self._refuse(
-                        refusals.HeadTooLargeError(
-                            "the request head is over 64 KiB; send smaller headers"
+            known = self._known
+            if known and buffer.startswith(known):
+                # The same head as this connection's last request (the same bytes up to and
+                # including the blank line, so its end is found at the same place): as prepared.
+                head_end = len(known) - 4
+                prepared = self._known_prepared
+                if self._head_timer is not None:  # only for a head that came in pieces
+                    self._stop_head_timer()
+                self._started = time.perf_counter()
+            else:
+                head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+                if head_end < 0:
+                    if len(buffer) > MAX_HEAD_BYTES:
+                        self._refuse(
+                            refusals.HeadTooLargeError(
+                                "the request head is over 64 KiB; send smaller headers"
+                            )
                         )
-                    )
-                elif self._head_timer is None:
-                    self._head_timer = asyncio.get_running_loop().call_later(
-                        relay.settings.head_timeout_seconds, self._head_timed_out
-                    )
-                return
-            if self._head_timer is not None:  # only for a head that came in pieces
-                self._stop_head_timer()
-            self._started = time.perf_counter()
-            self._route = "unreadable"
-            try:
-                head, decision, self._upstream_head = relay.prepare(buffer[:head_end])
-            except refusals.ProxyError as e:
-                self._refuse(e)
-                return
+                    elif self._head_timer is None:
+                        self._head_timer = asyncio.get_running_loop().call_later(
+                            relay.settings.head_timeout_seconds, self._head_timed_out
+                        )
+                    return
+                if self._head_timer is not None:
+                    self._stop_head_timer()
+                self._started = time.perf_counter()
+                self._route = "unreadable"
+                try:
+                    prepared = relay.prepare(buffer[:head_end])
+                except refusals.ProxyError as e:
+                    self._refuse(e)
+                    return
+                if head_end <= _KNOWN_HEAD_BYTES:
+                    self._known = buffer[: head_end + 4]
+                    self._known_prepared = prepared
+            head, decision, self._upstream_head = prepared
             self._buffer = buffer[head_end + 4 :]
             self._head = head
             self._keep_alive = head.keep_alive and not relay.closing

@@ -140,6 +140,41 @@ def _connection() -> tuple[ClientConnection, _Transport, Upstream, _Transport]:
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
+def test_a_connection_repeating_its_head_is_decided_as_a_fresh_parse() -> None:
+    """Each connection remembers its last head; a head that begins with the same bytes but is
+    another head (longer, or one byte apart) is prepared on its own, and refused if malformed."""
+    tenant, tenant_side, upstream, triton_side = _connection()
+    ours = _head("/v2/models/m/infer") + b"\r\n\r\nhi"
+    for _ in range(2):  # the second time from the connection's memory of its last head
+        tenant.data_received(ours)
+        assert triton_side.data.endswith(ours)
+        upstream.data_received(_OK)
+        assert tenant_side.data.endswith(_OK)
+    # The same first bytes, then another digit: a 3-byte body, not a 2-byte one and a stray byte.
+    tenant.data_received(_head("/v2/models/m/infer").replace(b": 2", b": 23") + b"\r\n\r\n")
+    tenant.data_received(b"x" * 23)
+    assert triton_side.data.endswith(b"Content-Length: 23\r\n\r\n" + b"x" * 23)
+    upstream.data_received(_OK)
+    # The same head, then a second Host: refused, never forwarded.
+    tenant.data_received(ours)
+    upstream.data_received(_OK)
+    sent = len(triton_side.data)
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\nHost: other\r\n\r\nhi")
+    assert len(triton_side.data) == sent
+    assert tenant_side.data.startswith(b"HTTP/1.1 400", tenant_side.data.rfind(b"HTTP/1.1 "))
+    assert tenant_side.closed
+
+
+def test_a_connection_repeating_its_head_for_another_model_is_answered_locally() -> None:
+    tenant, tenant_side, upstream, triton_side = _connection()
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\nhi")
+    upstream.data_received(_OK)
+    sent = len(triton_side.data)
+    tenant.data_received(_head("/v2/models/mm/infer") + b"\r\n\r\nhi")
+    assert len(triton_side.data) == sent
+    assert tenant_side.data.endswith(b"Request for unknown model: 'mm' is not found\"}")
+
+
 def test_an_upstream_repeating_its_response_head_is_read_as_a_fresh_parse() -> None:
     """Each upstream connection remembers its last response head; one that begins with the same
     bytes but is another head is parsed on its own, and a malformed one fails the exchange."""
