@@ -344,24 +344,41 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is not None and self._state != _CLOSED:
             self.transport.write(data)
 
-    def response_complete(self, upstream: Upstream, reusable: bool) -> None:
-        """Triton finished its response."""
+    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        """Triton finished its response with `data`, passed through as it is."""
+        relay = self._relay
+        if self._state == _CLOSED:
+            upstream_transport = upstream.transport
+            if upstream_transport is not None:
+                upstream_transport.close()
+            self._response_done = True
+            self._upstream = None
+            self._finish(upstream.code)
+            return
+        if data and self.transport is not None:
+            self.transport.write(data)
         self._response_done = True
         self._upstream = None
-        if not self._keep_alive or not upstream.keep_alive:
+        if not upstream.keep_alive:
             self._keep_alive = False
-        self._finish(str(upstream.status))
-        if self._request_done and reusable and self._state != _CLOSED:
-            self._relay.pool.put(upstream)
+        # `_finish`, inline: this runs once per request.
+        if self._holding:
+            self._holding = False
+            relay.limiter.release()
+        relay.metrics.observe(
+            "http", self._route, upstream.code, time.perf_counter() - self._started
+        )
+        if not self._request_done:
+            if upstream.transport is not None:
+                upstream.transport.close()
+            self._sink = None  # Triton answered early: read and drop the rest of the body
+            return
+        if reusable:
+            relay.pool.put(upstream)
         elif upstream.transport is not None:
             upstream.transport.close()
-        if self._state == _CLOSED:
-            return
-        if self._request_done:
-            self._state = _IDLE
-            self._after_exchange()
-        else:
-            self._sink = None  # Triton answered early: read and drop the rest of the body
+        self._state = _IDLE
+        self._after_exchange()
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
         """The upstream connection broke before the response was complete."""
@@ -370,7 +387,7 @@ class ClientConnection(asyncio.Protocol):
         if self._state == _CLOSED:
             return
         self._response_done = True
-        if upstream.started:
+        if upstream.code:  # the response had begun
             self._finish("502")
             if self.transport is not None:
                 self.transport.abort()  # the tenant must not mistake a cut answer for a whole one

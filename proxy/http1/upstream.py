@@ -29,7 +29,10 @@ _RESPONSE_HEADS = 256
 """Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
 _KNOWN_HEAD_BYTES = 4096
 """The largest response head a connection remembers as its last one."""
-_NO_HEAD = ResponseHead(0, None, False, False)
+# `Upstream._remaining` below 0: no body length to count down.
+_HEAD = -1  # reading the head
+_UNTIL_CLOSE = -2  # the body ends when Triton closes the connection
+_CHUNKED = -4  # a chunked body (`ChunkedFraming` finds its end)
 
 
 class ResponseSink(Protocol):
@@ -38,8 +41,9 @@ class ResponseSink(Protocol):
     def relay_response(self, data: bytes) -> None:
         """Bytes of the response, to pass on as they are."""
 
-    def response_complete(self, upstream: Upstream, reusable: bool) -> None:
-        """The response ended; `reusable` when the connection may serve another request."""
+    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        """The response ended with `data` (its last bytes, to pass on as they are; often the whole
+        response); `reusable` when the connection may serve another request."""
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
         """The connection broke before the response was complete."""
@@ -59,14 +63,13 @@ class Upstream(asyncio.Protocol):
         "_chunked",
         "_head_only",
         "_known",
-        "_known_head",
+        "_known_framing",
         "_pool",
         "_remaining",
         "_to_close",
         "client",
+        "code",
         "keep_alive",
-        "started",
-        "status",
         "transport",
     )
 
@@ -76,15 +79,16 @@ class Upstream(asyncio.Protocol):
         self.client: ResponseSink | None = None
         self._buffer = b""
         self._chunked: ChunkedFraming | None = None
-        self._remaining = -1  # -1: reading the head; -2: until the connection closes
+        self._remaining = _HEAD  # else the body's bytes still due, or a framing below 0
         self._head_only = False
         self._to_close = False
         self.keep_alive = True
-        self.started = False
-        self.status = 0
-        # The last response head read on this connection, with its blank line, and its parse.
+        self.code = ""
+        """The response's status code as text; empty until its head is read."""
+        # The last final response head read on this connection, with its blank line, and what it
+        # set: (code, keep_alive, _remaining) for a request other than HEAD.
         self._known = b""
-        self._known_head = _NO_HEAD
+        self._known_framing = ("", False, 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
@@ -94,11 +98,10 @@ class Upstream(asyncio.Protocol):
         self.client = client
         self._buffer = b""
         self._chunked = None
-        self._remaining = -1
+        self._remaining = _HEAD
         self._head_only = head_only
         self.keep_alive = True
-        self.started = False
-        self.status = 0
+        self.code = ""
 
     def data_received(self, data: bytes) -> None:
         client = self.client
@@ -107,13 +110,22 @@ class Upstream(asyncio.Protocol):
             return
         try:
             pos = 0
-            if self._remaining == -1:
+            if self._remaining == _HEAD:
                 if self._buffer:
                     data = self._buffer + data
                     self._buffer = b""
-                data, pos = self._read_head(client, data)
-                if pos < 0:
-                    return
+                known = self._known
+                if known and data.startswith(known) and not self._head_only:
+                    # This connection's last final response head again (the same bytes up to
+                    # and including the blank line, so it ends at the same place): as then.
+                    pos = len(known)
+                    self.code, self.keep_alive, self._remaining = self._known_framing
+                    if self._remaining == _CHUNKED:
+                        self._chunked = ChunkedFraming()
+                else:
+                    data, pos = self._read_head(client, data)
+                    if pos < 0:
+                        return
             remaining = self._remaining
             if remaining >= 0:  # Content-Length, the common framing: `_body_end`, inline
                 step = min(remaining, len(data) - pos)
@@ -128,48 +140,42 @@ class Upstream(asyncio.Protocol):
         if end == -1:
             client.relay_response(data)
             return
-        client.relay_response(data if end == len(data) else data[:end])
         self.client = None
-        client.response_complete(self, self.keep_alive and end == len(data))
+        if end == len(data):
+            client.response_complete(self, data, self.keep_alive)
+        else:
+            client.response_complete(self, data[:end], False)
 
     def _read_head(self, client: ResponseSink, data: bytes) -> tuple[bytes, int]:
         """Read the response head: (data, offset past the head), or offset -1 while incomplete.
         Interim 1xx heads (100 Continue) are relayed at once: the client may be waiting."""
         while True:
-            known = self._known
-            if known and data.startswith(known):
-                # The same head as this connection's last response (the same bytes up to and
-                # including the blank line, so its end is found at the same place): its parse.
-                head = self._known_head
-                head_end = len(known) - 4
-            else:
-                head_end = data.find(b"\r\n\r\n")
-                if head_end < 0:
-                    if len(data) > MAX_HEAD_BYTES:
-                        raise UpstreamError("Triton's response head is too large")
-                    self._buffer = data
-                    return data, -1
-                head = self._pool.response_head(data[:head_end])
-                if head_end <= _KNOWN_HEAD_BYTES:
-                    self._known = data[: head_end + 4]
-                    self._known_head = head
+            head_end = data.find(b"\r\n\r\n")
+            if head_end < 0:
+                if len(data) > MAX_HEAD_BYTES:
+                    raise UpstreamError("Triton's response head is too large")
+                self._buffer = data
+                return data, -1
+            head = self._pool.response_head(data[:head_end])
             if 100 <= head.status < 200:
                 client.relay_response(data[: head_end + 4])
                 data = data[head_end + 4 :]
                 continue
-            self.status = head.status
+            self.code = str(head.status)
             self.keep_alive = head.keep_alive
-            self.started = True
             if self._head_only or head.status in (204, 304):
                 self._remaining = 0
             elif head.chunked:
                 self._chunked = ChunkedFraming()
-                self._remaining = -4
+                self._remaining = _CHUNKED
             elif head.content_length is not None:
                 self._remaining = head.content_length
             else:
-                self._remaining = -2  # the body ends when Triton closes the connection
+                self._remaining = _UNTIL_CLOSE  # the body ends when Triton closes the connection
                 self.keep_alive = False
+            if head_end <= _KNOWN_HEAD_BYTES and not self._head_only:
+                self._known = data[: head_end + 4]
+                self._known_framing = (self.code, self.keep_alive, self._remaining)
             return data, head_end + 4
 
     def _body_end(self, data: bytes, pos: int) -> int:
@@ -188,8 +194,8 @@ class Upstream(asyncio.Protocol):
         self.client = None
         if client is None:
             return
-        if self._remaining == -2:
-            client.response_complete(self, False)  # a close-delimited body ends here
+        if self._remaining == _UNTIL_CLOSE:
+            client.response_complete(self, b"", False)  # a close-delimited body ends here
         else:
             client.upstream_failed(self, "Triton closed the connection mid-response")
 

@@ -188,3 +188,18 @@ def test_an_upstream_repeating_its_response_head_is_read_as_a_fresh_parse() -> N
     tenant.data_received(request)
     upstream.data_received(_OK.replace(b"\r\n\r\n", b"\r\nContent-Length: 3\r\n\r\n"))
     assert tenant_side.data.rsplit(b"HTTP/1.1 ", 1)[1].startswith(b"502")
+
+
+def test_a_head_request_reads_no_body_under_a_remembered_head() -> None:
+    """The remembered framing is that of a request with a body to come back: an answer to HEAD
+    carries the same head and no body, and ends with its head."""
+    tenant, tenant_side, upstream, _ = _connection()
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\nhi")
+    upstream.data_received(_OK)
+    tenant.data_received(b"HEAD /v2/models/m HTTP/1.1\r\nHost: h\r\n\r\n")
+    upstream.data_received(_OK[:-2])
+    assert upstream.client is None
+    assert tenant_side.data.endswith(_OK + _OK[:-2])
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\nhi")
+    upstream.data_received(_OK)  # the same connection again: the last exchange ended cleanly
+    assert tenant_side.data.endswith(_OK[:-2] + _OK)
