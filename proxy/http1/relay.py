@@ -82,7 +82,6 @@ class ClientConnection(asyncio.Protocol):
         self._head: RequestHead | None = None
         self._upstream_head = b""
         self._route = ""
-        self._limited = False
         self._holding = False
         self._started = 0.0
         self._upstream: Upstream | None = None
@@ -99,6 +98,7 @@ class ClientConnection(asyncio.Protocol):
         # keep-alive clients send the same head again and again.
         self._known = b""
         self._known_prepared = _NOTHING_KNOWN
+        self._known_verbatim = False
 
     # -- connection events ------------------------------------------------------------------
 
@@ -169,6 +169,7 @@ class ClientConnection(asyncio.Protocol):
                 # including the blank line, so its end is found at the same place): as prepared.
                 head_end = len(known) - 4
                 prepared = self._known_prepared
+                verbatim = self._known_verbatim
                 if self._head_timer is not None:  # only for a head that came in pieces
                     self._stop_head_timer()
                 self._started = time.perf_counter()
@@ -195,45 +196,50 @@ class ClientConnection(asyncio.Protocol):
                 except refusals.ProxyError as e:
                     self._refuse(e)
                     return
+                verbatim = False
                 if head_end <= _KNOWN_HEAD_BYTES:
                     self._known = buffer[: head_end + 4]
                     self._known_prepared = prepared
+                    # Re-serializing gave the same bytes (as with clients that send the framing
+                    # header last): the head can go to Triton as received, without a copy.
+                    self._known_verbatim = prepared[2] == self._known
             head, decision, self._upstream_head = prepared
-            self._buffer = buffer[head_end + 4 :]
+            body = head_end + 4
             self._head = head
             self._keep_alive = head.keep_alive and not relay.closing
             self._request_done = self._response_done = False
-            self._remaining = head.content_length or 0
+            self._remaining = length = head.content_length or 0
             self._chunked = ChunkedFraming() if head.chunked else None
             self._route = decision.route
+            # Below, `self._buffer` keeps what follows the head whenever the request does not go
+            # to Triton at once: `_send` takes the buffer as it is.
             if isinstance(decision, Answer):
+                self._buffer = buffer[body:]
                 self._answer_locally(decision.status, decision.content_type, decision.body)
                 continue
-            if head.content_length is not None and head.content_length > relay.max_body:
+            if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
                 return
             if decision.readiness and relay.state.draining:
+                self._buffer = buffer[body:]
                 self._answer_locally(
                     503,
                     "application/json",
                     error_body("the model proxy is shutting down: use another replica"),
                 )
                 continue
-            self._limited = decision.limited
-            self._forward()
-
-    def _forward(self) -> None:
-        relay = self._relay
-        if self._limited:
-            if not relay.limiter.try_acquire():
-                self._wait(self._acquire_then_send())
+            if decision.limited:
+                if not relay.limiter.try_acquire():
+                    self._buffer = buffer[body:]
+                    self._wait(self._acquire_then_send())
+                    return
+                self._holding = True
+            upstream = relay.pool.take()
+            if upstream is None:
+                self._buffer = buffer[body:]
+                self._wait(self._connect_then_send())
                 return
-            self._holding = True
-        upstream = relay.pool.take()
-        if upstream is None:
-            self._wait(self._connect_then_send())
-            return
-        self._send(upstream)
+            self._send(upstream, buffer, body, verbatim)
 
     def _wait(self, coro: Any) -> None:
         self._state = _PENDING
@@ -253,7 +259,7 @@ class ClientConnection(asyncio.Protocol):
         if upstream is None:
             await self._connect_then_send()
         else:
-            self._send(upstream)
+            self._send(upstream, self._buffer, 0)
 
     async def _connect_then_send(self) -> None:
         try:
@@ -271,7 +277,7 @@ class ClientConnection(asyncio.Protocol):
         if self._state == _CLOSED:
             self._relay.pool.put(upstream)
             return
-        self._send(upstream)
+        self._send(upstream, self._buffer, 0)
 
     def _resume(self) -> None:
         self._task = None
@@ -279,26 +285,36 @@ class ClientConnection(asyncio.Protocol):
             self.resume_reading()
             self._next_request()
 
-    def _send(self, upstream: Upstream) -> None:
+    def _send(self, upstream: Upstream, buffer: bytes, start: int, verbatim: bool = False) -> None:
+        """Send the request on `upstream`: the prepared head, then the body, which begins at
+        `buffer[start]`; `verbatim` when `buffer[:start]` is the head as received and the same
+        bytes as the prepared one."""
         head = self._head
         assert head is not None
         self._task = None
         self._upstream = upstream
-        self._sink = upstream
-        upstream.begin(self, head.method == "HEAD")
-        self._state = _BODY
-        buffer = self._buffer
         self._buffer = b""
-        length = head.content_length
-        if not head.chunked and (length is None or len(buffer) >= length):
-            # The whole request is here: one write, one segment to Triton.
-            length = length or 0
-            upstream.write(self._upstream_head + buffer[:length] if length else self._upstream_head)
+        upstream.begin(self, head.method == "HEAD")
+        end = start + self._remaining
+        if self._chunked is None and len(buffer) >= end:
+            # The whole request is here: one write, one segment to Triton (`_body_done`, inline:
+            # no response can have come yet).
+            if verbatim:
+                upstream.write(buffer if end == len(buffer) else buffer[:end])
+            elif end > start:
+                upstream.write(self._upstream_head + buffer[start:end])
+            else:
+                upstream.write(self._upstream_head)
             self._remaining = 0
-            self._body_done(buffer, length)
+            self._request_done = True
+            if end < len(buffer):
+                self._buffer = buffer[end:]
+            self._state = _AWAIT
         else:
+            self._state = _BODY
+            self._sink = upstream
             upstream.write(self._upstream_head)
-            self._relay_body(buffer, 0)
+            self._relay_body(buffer, start)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
 

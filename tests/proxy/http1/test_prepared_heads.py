@@ -203,3 +203,20 @@ def test_a_head_request_reads_no_body_under_a_remembered_head() -> None:
     tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\nhi")
     upstream.data_received(_OK)  # the same connection again: the last exchange ended cleanly
     assert tenant_side.data.endswith(_OK[:-2] + _OK)
+
+
+def test_triton_gets_the_checked_head_whether_or_not_it_is_sent_as_received() -> None:
+    """A head whose re-serialization is its own bytes goes as received (without a copy); any
+    other is sent re-serialized, every time, and a pipelined request waits for its turn."""
+    tenant, _, upstream, triton_side = _connection()
+    checked = _head("/v2/models/m/infer") + b"\r\n\r\nhi"
+    other = b"POST /v2/models/m/infer HTTP/1.1\r\ncontent-length: 2\r\nConnection: x\r\nHost: h"
+    for _ in range(2):
+        tenant.data_received(other + b"\r\n\r\nhi")
+        assert triton_side.data.endswith(b"HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
+        upstream.data_received(_OK)
+    triton_side.data = b""
+    tenant.data_received(checked + checked)
+    assert triton_side.data == checked
+    upstream.data_received(_OK)
+    assert triton_side.data == checked + checked
