@@ -94,13 +94,11 @@ class Upstream(asyncio.Protocol):
         self.transport = nodelay(transport)
 
     def begin(self, client: ResponseSink, head_only: bool) -> None:
-        """Attach to `client` for one exchange."""
+        """Attach to `client` for one exchange. (The framing fields are all set when the head is
+        read; a connection only comes back to the pool after a response that ended cleanly.)"""
         self.client = client
-        self._buffer = b""
-        self._chunked = None
         self._remaining = _HEAD
         self._head_only = head_only
-        self.keep_alive = True
         self.code = ""
 
     def data_received(self, data: bytes) -> None:
@@ -128,9 +126,12 @@ class Upstream(asyncio.Protocol):
                         return
             remaining = self._remaining
             if remaining >= 0:  # Content-Length, the common framing: `_body_end`, inline
-                step = min(remaining, len(data) - pos)
-                self._remaining = remaining = remaining - step
-                end = pos + step if remaining == 0 else -1
+                if remaining <= len(data) - pos:
+                    self._remaining = 0
+                    end = pos + remaining
+                else:
+                    self._remaining = remaining - (len(data) - pos)
+                    end = -1
             else:
                 end = self._body_end(data, pos)
         except ProxyError as e:
