@@ -14,7 +14,7 @@ cancellation. What it must not do: decide isolation itself, or buffer whole bodi
 from __future__ import annotations
 
 import asyncio
-import time
+from time import perf_counter
 from typing import Any, Protocol
 
 from common.lifecycle import spawn
@@ -172,7 +172,7 @@ class ClientConnection(asyncio.Protocol):
                 verbatim = self._known_verbatim
                 if self._head_timer is not None:  # only for a head that came in pieces
                     self._stop_head_timer()
-                self._started = time.perf_counter()
+                self._started = perf_counter()
             else:
                 head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
                 if head_end < 0:
@@ -189,7 +189,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 if self._head_timer is not None:
                     self._stop_head_timer()
-                self._started = time.perf_counter()
+                self._started = perf_counter()
                 self._route = "unreadable"
                 try:
                     prepared = relay.prepare(buffer[:head_end])
@@ -240,6 +240,7 @@ class ClientConnection(asyncio.Protocol):
                 self._wait(self._connect_then_send())
                 return
             self._send(upstream, buffer, body, verbatim)
+            return  # the request is on its way: the state is no longer _IDLE
 
     def _wait(self, coro: Any) -> None:
         self._state = _PENDING
@@ -381,9 +382,7 @@ class ClientConnection(asyncio.Protocol):
         if self._holding:
             self._holding = False
             relay.limiter.release()
-        relay.metrics.observe(
-            "http", self._route, upstream.code, time.perf_counter() - self._started
-        )
+        relay.metrics.observe("http", self._route, upstream.code, perf_counter() - self._started)
         if not self._request_done:
             if upstream.transport is not None:
                 upstream.transport.close()
@@ -394,7 +393,14 @@ class ClientConnection(asyncio.Protocol):
         elif upstream.transport is not None:
             upstream.transport.close()
         self._state = _IDLE
-        self._after_exchange()
+        # `_after_exchange`, inline.
+        if not self._keep_alive:
+            self._close()
+        else:
+            if self._reading_paused:
+                self.resume_reading()
+            if self._buffer:
+                self._next_request()
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
         """The upstream connection broke before the response was complete."""
@@ -426,7 +432,7 @@ class ClientConnection(asyncio.Protocol):
         if self._holding:  # `_release_slot`, inline: this runs once per request
             self._holding = False
             relay.limiter.release()
-        relay.metrics.observe("http", self._route, code, time.perf_counter() - self._started)
+        relay.metrics.observe("http", self._route, code, perf_counter() - self._started)
 
     def _after_exchange(self) -> None:
         if not self._keep_alive:
@@ -444,7 +450,7 @@ class ClientConnection(asyncio.Protocol):
     def _answer_locally(self, status: int, content_type: str, body: bytes) -> None:
         """Answer without Triton, then skip the request's body (if any)."""
         self._relay.metrics.observe(
-            "http", self._route, str(status), time.perf_counter() - self._started
+            "http", self._route, str(status), perf_counter() - self._started
         )
         self._response_done = True
         self._sink = None
