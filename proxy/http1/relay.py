@@ -295,26 +295,26 @@ class ClientConnection(asyncio.Protocol):
         self._task = None
         self._upstream = upstream
         self._buffer = b""
-        upstream.begin(self, head.method == "HEAD")
         end = start + self._remaining
         if self._chunked is None and len(buffer) >= end:
             # The whole request is here: one write, one segment to Triton (`_body_done`, inline:
             # no response can have come yet).
             if verbatim:
-                upstream.write(buffer if end == len(buffer) else buffer[:end])
+                request = buffer if end == len(buffer) else buffer[:end]
             elif end > start:
-                upstream.write(self._upstream_head + buffer[start:end])
+                request = self._upstream_head + buffer[start:end]
             else:
-                upstream.write(self._upstream_head)
+                request = self._upstream_head
+            upstream.begin(self, head.method == "HEAD", request)
             self._remaining = 0
             self._request_done = True
             if end < len(buffer):
                 self._buffer = buffer[end:]
             self._state = _AWAIT
         else:
+            upstream.begin(self, head.method == "HEAD", self._upstream_head)
             self._state = _BODY
             self._sink = upstream
-            upstream.write(self._upstream_head)
             self._relay_body(buffer, start)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()

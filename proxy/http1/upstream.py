@@ -93,13 +93,16 @@ class Upstream(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
 
-    def begin(self, client: ResponseSink, head_only: bool) -> None:
-        """Attach to `client` for one exchange. (The framing fields are all set when the head is
-        read; a connection only comes back to the pool after a response that ended cleanly.)"""
+    def begin(self, client: ResponseSink, head_only: bool, data: bytes) -> None:
+        """Attach to `client` for one exchange and send `data`, the request's first bytes (its
+        head, or all of it). The framing fields are all set when the response head is read; a
+        connection only comes back to the pool after a response that ended cleanly."""
         self.client = client
         self._remaining = _HEAD
         self._head_only = head_only
         self.code = ""
+        assert self.transport is not None
+        self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         client = self.client
