@@ -1,11 +1,12 @@
 """One tenant's HTTP/1.1 connection to the REST relay: requests in order, one exchange at a time.
 
 Reads each request head (parsed strictly by `framing`, decided by `policy.routing`, both through
-the listener's cache of prepared heads), then either answers locally or relays the request to
+the listener's cache of prepared heads; a connection also remembers its last head as prepared,
+since keep-alive clients repeat theirs), then either answers locally or relays the request to
 Triton over a pooled keep-alive connection (`upstream`): the head as re-serialized from what was
-checked, the body and the whole response passed through verbatim, chunk by chunk as they arrive,
-so server-sent events stream and a 1 GiB body is never held in memory; back-pressure pauses the
-sending side.
+checked (the received bytes themselves when they are the same), the body and the whole response
+passed through verbatim, chunk by chunk as they arrive, so server-sent events stream and a 1 GiB
+body is never held in memory; back-pressure pauses the sending side.
 
 A client that disconnects mid-request aborts its upstream connection, so Triton sees the
 cancellation. What it must not do: decide isolation itself, or buffer whole bodies.
