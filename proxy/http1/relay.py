@@ -1,11 +1,12 @@
 """One tenant's HTTP/1.1 connection to the REST relay: requests in order, one exchange at a time.
 
 Reads each request head (parsed strictly by `framing`, decided by `policy.routing`, both through
-the listener's cache of prepared heads), then either answers locally or relays the request to
+the listener's cache of prepared heads; a connection also remembers its last head as prepared,
+since keep-alive clients repeat theirs), then either answers locally or relays the request to
 Triton over a pooled keep-alive connection (`upstream`): the head as re-serialized from what was
-checked, the body and the whole response passed through verbatim, chunk by chunk as they arrive,
-so server-sent events stream and a 1 GiB body is never held in memory; back-pressure pauses the
-sending side.
+checked (the received bytes themselves when they are the same), the body and the whole response
+passed through verbatim, chunk by chunk as they arrive, so server-sent events stream and a 1 GiB
+body is never held in memory; back-pressure pauses the sending side.
 
 A client that disconnects mid-request aborts its upstream connection, so Triton sees the
 cancellation. What it must not do: decide isolation itself, or buffer whole bodies.
@@ -14,7 +15,7 @@ cancellation. What it must not do: decide isolation itself, or buffer whole bodi
 from __future__ import annotations
 
 import asyncio
-import time
+from time import perf_counter
 from typing import Any, Protocol
 
 from common.lifecycle import spawn
@@ -23,7 +24,7 @@ from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.limiter import Limiter
-from proxy.policy.routing import Answer, Forward, error_body
+from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
@@ -50,6 +51,10 @@ class Listener(Protocol):
 
 
 _PIPELINE_LIMIT = 1024 * 1024
+_KNOWN_HEAD_BYTES = 4096
+"""The largest request head a connection remembers as its last one (as the listener's cache)."""
+_NOTHING_KNOWN: Prepared = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
+"""Stands for the last head until there is one (never read: `_known` is empty until then)."""
 
 # Client connection states.
 _IDLE = 0  # waiting for a request head
@@ -78,7 +83,6 @@ class ClientConnection(asyncio.Protocol):
         self._head: RequestHead | None = None
         self._upstream_head = b""
         self._route = ""
-        self._limited = False
         self._holding = False
         self._started = 0.0
         self._upstream: Upstream | None = None
@@ -91,6 +95,11 @@ class ClientConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
         self._head_timer: asyncio.TimerHandle | None = None
+        # The last request head read on this connection, with its blank line, as prepared:
+        # keep-alive clients send the same head again and again.
+        self._known = b""
+        self._known_prepared = _NOTHING_KNOWN
+        self._known_verbatim = False
 
     # -- connection events ------------------------------------------------------------------
 
@@ -155,63 +164,84 @@ class ClientConnection(asyncio.Protocol):
         relay = self._relay
         while self._state == _IDLE and self._buffer:
             buffer = self._buffer
-            head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
-            if head_end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    self._refuse(
-                        refusals.HeadTooLargeError(
-                            "the request head is over 64 KiB; send smaller headers"
+            known = self._known
+            if known and buffer.startswith(known):
+                # The same head as this connection's last request (the same bytes up to and
+                # including the blank line, so its end is found at the same place): as prepared.
+                head_end = len(known) - 4
+                prepared = self._known_prepared
+                verbatim = self._known_verbatim
+                if self._head_timer is not None:  # only for a head that came in pieces
+                    self._stop_head_timer()
+                self._started = perf_counter()
+            else:
+                head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+                if head_end < 0:
+                    if len(buffer) > MAX_HEAD_BYTES:
+                        self._refuse(
+                            refusals.HeadTooLargeError(
+                                "the request head is over 64 KiB; send smaller headers"
+                            )
                         )
-                    )
-                elif self._head_timer is None:
-                    self._head_timer = asyncio.get_running_loop().call_later(
-                        relay.settings.head_timeout_seconds, self._head_timed_out
-                    )
-                return
-            if self._head_timer is not None:  # only for a head that came in pieces
-                self._stop_head_timer()
-            self._started = time.perf_counter()
-            self._route = "unreadable"
-            try:
-                head, decision, self._upstream_head = relay.prepare(buffer[:head_end])
-            except refusals.ProxyError as e:
-                self._refuse(e)
-                return
-            self._buffer = buffer[head_end + 4 :]
+                    elif self._head_timer is None:
+                        self._head_timer = asyncio.get_running_loop().call_later(
+                            relay.settings.head_timeout_seconds, self._head_timed_out
+                        )
+                    return
+                if self._head_timer is not None:
+                    self._stop_head_timer()
+                self._started = perf_counter()
+                self._route = "unreadable"
+                try:
+                    prepared = relay.prepare(buffer[:head_end])
+                except refusals.ProxyError as e:
+                    self._refuse(e)
+                    return
+                verbatim = False
+                if head_end <= _KNOWN_HEAD_BYTES:
+                    self._known = buffer[: head_end + 4]
+                    self._known_prepared = prepared
+                    # Re-serializing gave the same bytes (as with clients that send the framing
+                    # header last): the head can go to Triton as received, without a copy.
+                    self._known_verbatim = prepared[2] == self._known
+            head, decision, self._upstream_head = prepared
+            body = head_end + 4
             self._head = head
             self._keep_alive = head.keep_alive and not relay.closing
             self._request_done = self._response_done = False
-            self._remaining = head.content_length or 0
+            self._remaining = length = head.content_length or 0
             self._chunked = ChunkedFraming() if head.chunked else None
             self._route = decision.route
+            # Below, `self._buffer` keeps what follows the head whenever the request does not go
+            # to Triton at once: `_send` takes the buffer as it is.
             if isinstance(decision, Answer):
+                self._buffer = buffer[body:]
                 self._answer_locally(decision.status, decision.content_type, decision.body)
                 continue
-            if head.content_length is not None and head.content_length > relay.max_body:
+            if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
                 return
             if decision.readiness and relay.state.draining:
+                self._buffer = buffer[body:]
                 self._answer_locally(
                     503,
                     "application/json",
                     error_body("the model proxy is shutting down: use another replica"),
                 )
                 continue
-            self._limited = decision.limited
-            self._forward()
-
-    def _forward(self) -> None:
-        relay = self._relay
-        if self._limited:
-            if not relay.limiter.try_acquire():
-                self._wait(self._acquire_then_send())
+            if decision.limited:
+                if not relay.limiter.try_acquire():
+                    self._buffer = buffer[body:]
+                    self._wait(self._acquire_then_send())
+                    return
+                self._holding = True
+            upstream = relay.pool.take()
+            if upstream is None:
+                self._buffer = buffer[body:]
+                self._wait(self._connect_then_send())
                 return
-            self._holding = True
-        upstream = relay.pool.take()
-        if upstream is None:
-            self._wait(self._connect_then_send())
-            return
-        self._send(upstream)
+            self._send(upstream, buffer, body, verbatim)
+            return  # the request is on its way: the state is no longer _IDLE
 
     def _wait(self, coro: Any) -> None:
         self._state = _PENDING
@@ -231,7 +261,7 @@ class ClientConnection(asyncio.Protocol):
         if upstream is None:
             await self._connect_then_send()
         else:
-            self._send(upstream)
+            self._send(upstream, self._buffer, 0)
 
     async def _connect_then_send(self) -> None:
         try:
@@ -249,7 +279,7 @@ class ClientConnection(asyncio.Protocol):
         if self._state == _CLOSED:
             self._relay.pool.put(upstream)
             return
-        self._send(upstream)
+        self._send(upstream, self._buffer, 0)
 
     def _resume(self) -> None:
         self._task = None
@@ -257,26 +287,36 @@ class ClientConnection(asyncio.Protocol):
             self.resume_reading()
             self._next_request()
 
-    def _send(self, upstream: Upstream) -> None:
+    def _send(self, upstream: Upstream, buffer: bytes, start: int, verbatim: bool = False) -> None:
+        """Send the request on `upstream`: the prepared head, then the body, which begins at
+        `buffer[start]`; `verbatim` when `buffer[:start]` is the head as received and the same
+        bytes as the prepared one."""
         head = self._head
         assert head is not None
         self._task = None
         self._upstream = upstream
-        self._sink = upstream
-        upstream.begin(self, head.method == "HEAD")
-        self._state = _BODY
-        buffer = self._buffer
         self._buffer = b""
-        length = head.content_length
-        if not head.chunked and (length is None or len(buffer) >= length):
-            # The whole request is here: one write, one segment to Triton.
-            length = length or 0
-            upstream.write(self._upstream_head + buffer[:length] if length else self._upstream_head)
+        end = start + self._remaining
+        if self._chunked is None and len(buffer) >= end:
+            # The whole request is here: one write, one segment to Triton (`_body_done`, inline:
+            # no response can have come yet).
+            if verbatim:
+                request = buffer if end == len(buffer) else buffer[:end]
+            elif end > start:
+                request = self._upstream_head + buffer[start:end]
+            else:
+                request = self._upstream_head
+            upstream.begin(self, head.method == "HEAD", request)
             self._remaining = 0
-            self._body_done(buffer, length)
+            self._request_done = True
+            if end < len(buffer):
+                self._buffer = buffer[end:]
+            self._state = _AWAIT
         else:
-            upstream.write(self._upstream_head)
-            self._relay_body(buffer, 0)
+            upstream.begin(self, head.method == "HEAD", self._upstream_head)
+            self._state = _BODY
+            self._sink = upstream
+            self._relay_body(buffer, start)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
 
@@ -322,24 +362,46 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is not None and self._state != _CLOSED:
             self.transport.write(data)
 
-    def response_complete(self, upstream: Upstream, reusable: bool) -> None:
-        """Triton finished its response."""
+    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        """Triton finished its response with `data`, passed through as it is."""
+        relay = self._relay
+        if self._state == _CLOSED:
+            upstream_transport = upstream.transport
+            if upstream_transport is not None:
+                upstream_transport.close()
+            self._response_done = True
+            self._upstream = None
+            self._finish(upstream.code)
+            return
+        if data and self.transport is not None:
+            self.transport.write(data)
         self._response_done = True
         self._upstream = None
-        if not self._keep_alive or not upstream.keep_alive:
+        if not upstream.keep_alive:
             self._keep_alive = False
-        self._finish(str(upstream.status))
-        if self._request_done and reusable and self._state != _CLOSED:
-            self._relay.pool.put(upstream)
+        # `_finish`, inline: this runs once per request.
+        if self._holding:
+            self._holding = False
+            relay.limiter.release()
+        relay.metrics.observe("http", self._route, upstream.code, perf_counter() - self._started)
+        if not self._request_done:
+            if upstream.transport is not None:
+                upstream.transport.close()
+            self._sink = None  # Triton answered early: read and drop the rest of the body
+            return
+        if reusable:
+            relay.pool.put(upstream)
         elif upstream.transport is not None:
             upstream.transport.close()
-        if self._state == _CLOSED:
-            return
-        if self._request_done:
-            self._state = _IDLE
-            self._after_exchange()
+        self._state = _IDLE
+        # `_after_exchange`, inline.
+        if not self._keep_alive:
+            self._close()
         else:
-            self._sink = None  # Triton answered early: read and drop the rest of the body
+            if self._reading_paused:
+                self.resume_reading()
+            if self._buffer:
+                self._next_request()
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
         """The upstream connection broke before the response was complete."""
@@ -348,7 +410,7 @@ class ClientConnection(asyncio.Protocol):
         if self._state == _CLOSED:
             return
         self._response_done = True
-        if upstream.started:
+        if upstream.code:  # the response had begun
             self._finish("502")
             if self.transport is not None:
                 self.transport.abort()  # the tenant must not mistake a cut answer for a whole one
@@ -371,7 +433,7 @@ class ClientConnection(asyncio.Protocol):
         if self._holding:  # `_release_slot`, inline: this runs once per request
             self._holding = False
             relay.limiter.release()
-        relay.metrics.observe("http", self._route, code, time.perf_counter() - self._started)
+        relay.metrics.observe("http", self._route, code, perf_counter() - self._started)
 
     def _after_exchange(self) -> None:
         if not self._keep_alive:
@@ -389,7 +451,7 @@ class ClientConnection(asyncio.Protocol):
     def _answer_locally(self, status: int, content_type: str, body: bytes) -> None:
         """Answer without Triton, then skip the request's body (if any)."""
         self._relay.metrics.observe(
-            "http", self._route, str(status), time.perf_counter() - self._started
+            "http", self._route, str(status), perf_counter() - self._started
         )
         self._response_done = True
         self._sink = None

@@ -4,7 +4,9 @@ An `Upstream` sends one request at a time and passes the response back to its `R
 tenant connection) byte for byte as it arrives, reading only the response head and the body's
 framing (Content-Length, chunked, or until close) to know when the response ends and the
 connection can be reused. `UpstreamPool` keeps the idle ones, most recently used first, and the
-parsed response heads Triton sends again and again (the same status, headers and body length).
+parsed response heads Triton sends again and again (the same status, headers and body length);
+each connection also remembers the last head it read, so a response that begins with the same
+bytes is recognised without searching for the head's end or hashing it.
 What it must not do: look into bodies, or reuse a connection whose exchange did not end cleanly.
 """
 
@@ -25,6 +27,12 @@ from proxy.sockets import local_address, nodelay
 
 _RESPONSE_HEADS = 256
 """Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
+_KNOWN_HEAD_BYTES = 4096
+"""The largest response head a connection remembers as its last one."""
+# `Upstream._remaining` below 0: no body length to count down.
+_HEAD = -1  # reading the head
+_UNTIL_CLOSE = -2  # the body ends when Triton closes the connection
+_CHUNKED = -4  # a chunked body (`ChunkedFraming` finds its end)
 
 
 class ResponseSink(Protocol):
@@ -33,8 +41,9 @@ class ResponseSink(Protocol):
     def relay_response(self, data: bytes) -> None:
         """Bytes of the response, to pass on as they are."""
 
-    def response_complete(self, upstream: Upstream, reusable: bool) -> None:
-        """The response ended; `reusable` when the connection may serve another request."""
+    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        """The response ended with `data` (its last bytes, to pass on as they are; often the whole
+        response); `reusable` when the connection may serve another request."""
 
     def upstream_failed(self, upstream: Upstream, reason: str) -> None:
         """The connection broke before the response was complete."""
@@ -53,13 +62,14 @@ class Upstream(asyncio.Protocol):
         "_buffer",
         "_chunked",
         "_head_only",
+        "_known",
+        "_known_framing",
         "_pool",
         "_remaining",
         "_to_close",
         "client",
+        "code",
         "keep_alive",
-        "started",
-        "status",
         "transport",
     )
 
@@ -69,26 +79,30 @@ class Upstream(asyncio.Protocol):
         self.client: ResponseSink | None = None
         self._buffer = b""
         self._chunked: ChunkedFraming | None = None
-        self._remaining = -1  # -1: reading the head; -2: until the connection closes
+        self._remaining = _HEAD  # else the body's bytes still due, or a framing below 0
         self._head_only = False
         self._to_close = False
         self.keep_alive = True
-        self.started = False
-        self.status = 0
+        self.code = ""
+        """The response's status code as text; empty until its head is read."""
+        # The last final response head read on this connection, with its blank line, and what it
+        # set: (code, keep_alive, _remaining) for a request other than HEAD.
+        self._known = b""
+        self._known_framing = ("", False, 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
 
-    def begin(self, client: ResponseSink, head_only: bool) -> None:
-        """Attach to `client` for one exchange."""
+    def begin(self, client: ResponseSink, head_only: bool, data: bytes) -> None:
+        """Attach to `client` for one exchange and send `data`, the request's first bytes (its
+        head, or all of it). The framing fields are all set when the response head is read; a
+        connection only comes back to the pool after a response that ended cleanly."""
         self.client = client
-        self._buffer = b""
-        self._chunked = None
-        self._remaining = -1
+        self._remaining = _HEAD
         self._head_only = head_only
-        self.keep_alive = True
-        self.started = False
-        self.status = 0
+        self.code = ""
+        assert self.transport is not None
+        self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         client = self.client
@@ -97,18 +111,30 @@ class Upstream(asyncio.Protocol):
             return
         try:
             pos = 0
-            if self._remaining == -1:
+            if self._remaining == _HEAD:
                 if self._buffer:
                     data = self._buffer + data
                     self._buffer = b""
-                data, pos = self._read_head(client, data)
-                if pos < 0:
-                    return
+                known = self._known
+                if known and data.startswith(known) and not self._head_only:
+                    # This connection's last final response head again (the same bytes up to
+                    # and including the blank line, so it ends at the same place): as then.
+                    pos = len(known)
+                    self.code, self.keep_alive, self._remaining = self._known_framing
+                    if self._remaining == _CHUNKED:
+                        self._chunked = ChunkedFraming()
+                else:
+                    data, pos = self._read_head(client, data)
+                    if pos < 0:
+                        return
             remaining = self._remaining
             if remaining >= 0:  # Content-Length, the common framing: `_body_end`, inline
-                step = min(remaining, len(data) - pos)
-                self._remaining = remaining = remaining - step
-                end = pos + step if remaining == 0 else -1
+                if remaining <= len(data) - pos:
+                    self._remaining = 0
+                    end = pos + remaining
+                else:
+                    self._remaining = remaining - (len(data) - pos)
+                    end = -1
             else:
                 end = self._body_end(data, pos)
         except ProxyError as e:
@@ -118,9 +144,11 @@ class Upstream(asyncio.Protocol):
         if end == -1:
             client.relay_response(data)
             return
-        client.relay_response(data if end == len(data) else data[:end])
         self.client = None
-        client.response_complete(self, self.keep_alive and end == len(data))
+        if end == len(data):
+            client.response_complete(self, data, self.keep_alive)
+        else:
+            client.response_complete(self, data[:end], False)
 
     def _read_head(self, client: ResponseSink, data: bytes) -> tuple[bytes, int]:
         """Read the response head: (data, offset past the head), or offset -1 while incomplete.
@@ -137,19 +165,21 @@ class Upstream(asyncio.Protocol):
                 client.relay_response(data[: head_end + 4])
                 data = data[head_end + 4 :]
                 continue
-            self.status = head.status
+            self.code = str(head.status)
             self.keep_alive = head.keep_alive
-            self.started = True
             if self._head_only or head.status in (204, 304):
                 self._remaining = 0
             elif head.chunked:
                 self._chunked = ChunkedFraming()
-                self._remaining = -4
+                self._remaining = _CHUNKED
             elif head.content_length is not None:
                 self._remaining = head.content_length
             else:
-                self._remaining = -2  # the body ends when Triton closes the connection
+                self._remaining = _UNTIL_CLOSE  # the body ends when Triton closes the connection
                 self.keep_alive = False
+            if head_end <= _KNOWN_HEAD_BYTES and not self._head_only:
+                self._known = data[: head_end + 4]
+                self._known_framing = (self.code, self.keep_alive, self._remaining)
             return data, head_end + 4
 
     def _body_end(self, data: bytes, pos: int) -> int:
@@ -168,8 +198,8 @@ class Upstream(asyncio.Protocol):
         self.client = None
         if client is None:
             return
-        if self._remaining == -2:
-            client.response_complete(self, False)  # a close-delimited body ends here
+        if self._remaining == _UNTIL_CLOSE:
+            client.response_complete(self, b"", False)  # a close-delimited body ends here
         else:
             client.upstream_failed(self, "Triton closed the connection mid-response")
 
