@@ -110,9 +110,15 @@ def up_to_date(out: Path = DEFAULT_OUT, root: Path = ROOT) -> bool:
 
 
 def _mypy_ini(root: Path) -> str:
-    """pyproject.toml's [tool.mypy] as a mypy.ini, which mypyc type-checks with (a copy of
-    pyproject.toml would also hand setuptools the project's own packaging)."""
+    """pyproject.toml's [tool.mypy] as a mypy.ini for mypyc (a copy of pyproject.toml would also
+    hand setuptools the project's own packaging). Without `strict` and with missing stubs
+    ignored: `make types` holds the code to those; the build only needs the types, also where
+    the test extra's stub packages (grpc-stubs, types-protobuf) are not installed, as in the
+    image."""
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mypy"]
+    for strictness in ("strict", "warn_unreachable"):
+        config.pop(strictness, None)
+    config["ignore_missing_imports"] = True
 
     def section(name: str, options: dict[str, object]) -> str:
         lines = [f"[{name}]"]
