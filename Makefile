@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types imports unit proto proto-check clean venv
+.PHONY: demo test lint types imports unit proto proto-check native clean venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ unit: $(STAMP)
 ## make proto: regenerate protos/agent_pb2*.py from protos/agent.proto (the result is committed).
 proto: $(STAMP)
 	$(PY) -m protos.generate
+
+## make native: the proxy's hot modules compiled with mypyc into build/native (optional; needs gcc and
+## Python's headers); run it with PYTHONPATH=build/native python -m proxy (or -m proxy.gateway).
+## Rebuilt only when the sources changed; the working tree stays pure Python.
+native: $(STAMP)
+	$(PY) -m proxy.native
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -34,6 +34,11 @@ than through the relay), so its c=1 figure is judged against the bare relay only
 
     .venv/bin/python benchmarks/proxy_latency.py [--rounds 5] [--seconds 2] [--hey]
         [--paths floor,relay,grpcio,chain,full] [--save FILE] [--report FILE ...]
+        [--native] [--baseline-tree DIR]
+
+`--native` runs the proxy and the gateway compiled (`python -m proxy.native`, built first when
+stale); `--baseline-tree build/native` instead adds the compiled proxy as one more hop beside the
+pure one, for a pure/compiled comparison in the same rounds.
 
 A round of every hop takes about 65 s on a 2-core box (5 rounds, the default, about 6 minutes);
 more rounds narrow the intervals, and `--report` pools the rounds of several saved runs.
@@ -70,6 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.callers import Caller, CallerTable, write_table  # noqa: E402
+from proxy import native  # noqa: E402
 from sim.triton import TritonServer, free_port  # noqa: E402
 
 MODEL = "add_one"
@@ -196,7 +202,7 @@ def running_floor(
 
 
 @contextmanager
-def running_gateway(upstream: Upstream, work: Path) -> Iterator[Hop]:
+def running_gateway(upstream: Upstream, work: Path, root: Path = ROOT) -> Iterator[Hop]:
     """The node gateway (`python -m proxy.gateway`) as in a node pod, with a caller table that
     lets POD_ADDRESS reach MODEL and that stays fresh for the whole run."""
     table = work / "callers.json"
@@ -208,7 +214,7 @@ def running_gateway(upstream: Upstream, work: Path) -> Iterator[Hop]:
     command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
     command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
     command += ["--table-max-age", "100000", "--log-level", "WARNING"]
-    process = subprocess.Popen(command, cwd=ROOT)
+    process = subprocess.Popen(command, cwd=root)  # `-m proxy.gateway` from under `root`
     try:
         _wait_http(f"http://127.0.0.1:{metrics_port}/readyz")
         yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("gateway", process.pid),))
@@ -698,6 +704,13 @@ def main() -> int:
         "more hop (relay mode) in the same rounds, for a before/after the box's noise cannot skew",
     )
     parser.add_argument(
+        "--native",
+        action="store_true",
+        help="run the proxy and the gateway from the native build (`python -m proxy.native`, "
+        "built first when it is missing or older than the sources); a --baseline-tree of "
+        "build/native is brought up to date the same way",
+    )
+    parser.add_argument(
         "--report",
         type=Path,
         nargs="+",
@@ -718,6 +731,11 @@ def main() -> int:
             print(f"{tool} is missing: apt-get install -y wrk nghttp2-client hey", file=sys.stderr)
             return 2
     measures = [m for m in MEASURES if args.hey or m != "hey1"]
+    tree = native.DEFAULT_OUT if args.native else ROOT
+    baseline = args.baseline_tree.resolve() if args.baseline_tree is not None else None
+    if args.native or baseline == native.DEFAULT_OUT:
+        print("Building the native proxy (python -m proxy.native)...", file=sys.stderr)
+        native.build()
     results: Results = {}
     relay_mode = [*args.proxy_arg, "--grpc-mode", "relay"]
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
@@ -728,25 +746,29 @@ def main() -> int:
             if "floor" in paths:
                 hops["floor"] = stack.enter_context(running_floor(triton_urls))
             if "relay" in paths:
-                hops["relay"] = stack.enter_context(running_proxy(triton_urls, relay_mode))
+                hops["relay"] = stack.enter_context(running_proxy(triton_urls, relay_mode, tree))
             if "chain" in paths:
                 relay = stack.enter_context(running_floor(triton_urls))
-                proxy = stack.enter_context(running_proxy((relay.rest, relay.grpc), relay_mode))
+                proxy = stack.enter_context(
+                    running_proxy((relay.rest, relay.grpc), relay_mode, tree)
+                )
                 hops["chain"] = Hop(proxy.rest, proxy.grpc, relay.cpu + proxy.cpu)
             if "full" in paths:
-                gateway = stack.enter_context(running_gateway(triton_urls, Path(tmp)))
+                gateway = stack.enter_context(running_gateway(triton_urls, Path(tmp), tree))
                 proxy = stack.enter_context(
                     running_proxy(
-                        (gateway.rest, gateway.grpc), [*relay_mode, "--source-address", POD_ADDRESS]
+                        (gateway.rest, gateway.grpc),
+                        [*relay_mode, "--source-address", POD_ADDRESS],
+                        tree,
                     )
                 )
                 hops["full"] = Hop(proxy.rest, proxy.grpc, gateway.cpu + proxy.cpu)
             if "grpcio" in paths:
                 grpcio = [*args.proxy_arg, "--grpc-mode", "grpcio"]
-                hops["grpcio"] = stack.enter_context(running_proxy(triton_urls, grpcio))
-            if args.baseline_tree is not None:
+                hops["grpcio"] = stack.enter_context(running_proxy(triton_urls, grpcio, tree))
+            if baseline is not None:
                 hops["baseline"] = stack.enter_context(
-                    running_proxy(triton_urls, relay_mode, args.baseline_tree.resolve())
+                    running_proxy(triton_urls, relay_mode, baseline)
                 )
             for name, hop in hops.items():
                 loads.warm_up(hop, rest=name != "grpcio", with_hey=args.hey)

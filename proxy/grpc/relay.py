@@ -232,10 +232,10 @@ class H2Connection(asyncio.Protocol):
             self._reader.feed(data[pos:] if pos else data)  # frames come back to on_* below
         except ConnectionBrokenError as e:
             self._error(e.code, str(e))
-        except FlowControlError as e:
-            self._error(f.FLOW_CONTROL_ERROR, str(e))
-        except HPACKError as e:
-            self._error(f.COMPRESSION_ERROR, f"an unreadable header block: {e}")
+        except FlowControlError as flow:  # a name per type: compiled (mypyc), `e` has one type
+            self._error(f.FLOW_CONTROL_ERROR, str(flow))
+        except HPACKError as hpack:
+            self._error(f.COMPRESSION_ERROR, f"an unreadable header block: {hpack}")
         except StreamStateError:
             # A bug of the relay's, never the tenant's doing: this connection ends, not the proxy.
             log.exception("The gRPC relay lost track of a stream: closing the tenant's connection.")

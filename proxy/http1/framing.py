@@ -169,7 +169,11 @@ class ChunkedFraming:
 
     __slots__ = ("_line", "_remaining", "_state", "payload")
 
-    _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
+    # One assignment each: compiled (mypyc), a class body may only assign names.
+    _SIZE = 0
+    _DATA = 1
+    _DATA_END = 2
+    _TRAILER = 3
 
     def __init__(self) -> None:
         self._state = self._SIZE

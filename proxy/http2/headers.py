@@ -24,6 +24,7 @@ that is then not sent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 from hpack import Decoder, Encoder
@@ -49,7 +50,9 @@ def _changed(table: HeaderTable, before: tuple[object, int, int]) -> bool:
 
 
 def _state(table: HeaderTable) -> tuple[object, int, int]:
-    entries = table.dynamic_entries
+    # Entries as plain objects: compiled (mypyc), a `tuple[bytes, bytes]` read from the deque is
+    # unpacked and packed again into a new tuple, and `_changed` compares by identity.
+    entries: Sequence[object] = table.dynamic_entries
     return (entries[0] if entries else None, len(entries), table.maxsize)
 
 

@@ -78,6 +78,18 @@ def test_the_final_stage_is_non_root_and_has_no_build_tools() -> None:
     )
 
 
+def test_the_build_stage_compiles_the_native_proxy_into_the_installed_package() -> None:
+    """`python -m proxy.native` (docs/proxy.md, Performance) runs where the compiler is, and its
+    extensions land in the venv the final stage copies, checked there by importing them."""
+    build = stages()[0]
+    runs = " ".join(rest for op, rest in build.instructions if op == "RUN")
+    assert BUILD_TOOLS.search(runs), "the build stage installs no C compiler"
+    assert "-m proxy.native" in runs, "the build stage does not compile the native proxy"
+    assert re.search(r"-P -c 'import proxy\.app.*endswith\(\"\.so\"\)", runs), (
+        "the build stage does not check that the installed proxy imports compiled"
+    )
+
+
 def test_the_manifests_run_as_the_image_user() -> None:
     final = stages()[-1]
     uid = int([rest for op, rest in final.instructions if op == "USER"][-1].split(":")[0])

@@ -1,0 +1,88 @@
+"""The native build (`python -m proxy.native`): built once per session when the sources changed,
+then some of the proxy's end-to-end tests run again against it.
+
+The rest of the suite runs the pure working tree in process. Here pytest runs a second time, in a
+subprocess whose `proxy` package is build/native's (PYTHONPATH first, `python -P` and
+`--import-mode=append` so neither the working directory nor the rootdir comes before it), over
+`NATIVE_TESTS`: REST and gRPC through a real Triton, isolation, the gRPC relay's conformance and
+edges, HTTP/2's frames and HPACK, and the gateway. Not among them: tests that monkeypatch the
+relays' classes or functions (grpc/test_channel.py, grpc/test_compression.py: a compiled call does
+not look the name up again) and http1/test_prepared_heads.py, which checks a cache hit by the
+identity of the tuple it returns (compiled, a fixed-length tuple is packed anew on return).
+
+Building needs a C compiler and Python's headers: the tests skip without them on a developer's
+machine and fail in CI (`CI=true`), as for any tool.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from proxy import native
+from tests.conftest import require_tool
+
+NATIVE_TESTS = (
+    "tests/proxy/test_forwarding.py",
+    "tests/proxy/test_isolation.py",
+    "tests/proxy/grpc/test_conformance.py",
+    "tests/proxy/grpc/test_edges.py",
+    "tests/proxy/grpc/test_relay_channel.py",
+    "tests/proxy/http1/test_relay.py",
+    "tests/proxy/http2",
+    "tests/proxy/gateway/test_gateway.py",
+)
+"""Tests run a second time against the compiled proxy (none of them patch what they test)."""
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="session")
+def native_build() -> Path:
+    """build/native, brought up to date (a hash of the sources when nothing changed)."""
+    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "gcc"
+    require_tool(
+        shutil.which(compiler.split()[0]) is not None, f"no C compiler ({compiler}) for mypyc"
+    )
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    require_tool(headers.is_file(), f"no Python headers ({headers}): install python3-dev")
+    try:
+        native.build()
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"the native build failed:\n{e.stdout}{e.stderr}")
+    return native.DEFAULT_OUT
+
+
+def _env(build: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join((str(build), str(native.ROOT)))}
+
+
+def test_the_native_build_is_what_python_m_proxy_imports(native_build: Path) -> None:
+    modules = [path.removesuffix(".py").replace("/", ".") for path in native.COMPILED]
+    shown = "; ".join(f"print({m}.__file__)" for m in modules)
+    found = subprocess.run(
+        [sys.executable, "-P", "-c", f"import {', '.join(modules)}; {shown}"],
+        cwd=native.ROOT, env=_env(native_build), capture_output=True, text=True, check=True,
+        timeout=60,
+    )  # fmt: skip
+    files = found.stdout.split()
+    assert len(files) == len(modules)
+    for module, file in zip(modules, files, strict=True):
+        assert Path(file).is_relative_to(native_build), f"{module} came from {file}"
+        assert file.endswith(".so"), f"{module} is not compiled: {file}"
+    assert not list((native.ROOT / "proxy").rglob("*.so")), "a .so next to the sources"
+
+
+def test_the_end_to_end_tests_pass_against_the_native_build(native_build: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "pytest", "--import-mode=append", "-p", "no:cacheprovider",
+         "-p", "no:randomly", "-q", "-x", *NATIVE_TESTS],
+        cwd=native.ROOT, env=_env(native_build), capture_output=True, text=True, timeout=840,
+    )  # fmt: skip
+    assert run.returncode == 0, f"against build/native:\n{run.stdout[-6000:]}{run.stderr[-3000:]}"
