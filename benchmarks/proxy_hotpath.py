@@ -8,6 +8,13 @@ proxy of another source tree (e.g. `git archive <commit> | tar -x -C DIR`) as on
 change's before and after read in one run. Nothing of the proxy is imported: what is measured is
 the process a pod runs, with its real sockets, uvloop and Triton behind it.
 
+`--native` measures the native build (`python -m proxy.native`, built first when stale, as
+`proxy_latency --native` does) instead of this tree; `--baseline-tree build/native` adds it as the
+baseline column instead (and `--native --baseline-tree .` reads native against pure). `--gateway`
+measures the node gateway (`python -m proxy.gateway`) instead of the proxy: started as
+`proxy_latency` starts its full path, with a caller table, behind a proxy of the same tree (not
+measured) sending from the table's address; the baseline tree's column is then its gateway.
+
 Load: h2load, a fixed number of requests after a warm-up, at concurrency 16 and at 1: REST with
 `--h1` and the JSON infer body, gRPC with a framed ModelInfer (`content-type: application/grpc`,
 `te: trailers`, one stream per connection). Every run must have every request succeed (REST: all
@@ -37,6 +44,7 @@ run.
 
     .venv/bin/python -m benchmarks.proxy_hotpath [--requests 4000] [--warmup 300]
         [--proc-requests 10000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
+        [--native] [--gateway]
 
 About 5-7 minutes on a 2-core box with the defaults and a baseline tree (half of it the /proc
 rounds, most of the rest the hops' start under valgrind).
@@ -65,9 +73,12 @@ from benchmarks.proxy_latency import (
     cpu_seconds,
     grpc_request,
     running_floor,
+    running_full_path,
     running_proxy,
     running_triton,
+    source_trees,
 )
+from proxy import native
 
 MEASURES = (("REST", 16), ("REST", 1), ("gRPC", 16), ("gRPC", 1))
 """(protocol, concurrency) of every row, in the order they run."""
@@ -138,32 +149,42 @@ def _pid(hop: Hop) -> int:
     return hop.cpu[0][1]
 
 
+@dataclass(frozen=True)
+class Trees:
+    """What runs as the measured hop, and from which source trees."""
+
+    main: Path
+    baseline: Path | None
+    gateway: bool
+    """The gateway (behind a proxy of its tree, not measured) instead of the proxy."""
+    work: Path
+    """Where the gateway's caller table is written."""
+
+
 @contextlib.contextmanager
 def running_hops(
-    upstream: tuple[str, str], baseline: Path | None, wrap: Callable[[str], list[str]]
+    upstream: tuple[str, str], trees: Trees, wrap: Callable[[str], list[str]]
 ) -> Iterator[dict[str, Hop]]:
-    """The proxy, the bare relay and the baseline tree's proxy, each command prefixed by
-    `wrap(name)`, all in front of `upstream`."""
+    """The proxy (or gateway), the bare relay and the baseline tree's proxy (or gateway), each
+    measured command prefixed by `wrap(name)`, all in front of `upstream`."""
     relay_mode = ["--grpc-mode", "relay"]
+
+    def measured(name: str, root: Path) -> contextlib.AbstractContextManager[Hop]:
+        if trees.gateway:
+            return running_full_path(
+                upstream, relay_mode, trees.work, root, wrap(name), START_TIMEOUT
+            )
+        return running_proxy(upstream, relay_mode, root, wrap(name), START_TIMEOUT)
+
     with contextlib.ExitStack() as stack:
         hops = {
-            "proxy": stack.enter_context(
-                running_proxy(upstream, relay_mode, wrapper=wrap("proxy"), timeout=START_TIMEOUT)
-            ),
+            "proxy": stack.enter_context(measured("proxy", trees.main)),
             "bare": stack.enter_context(
                 running_floor(upstream, wrapper=wrap("bare"), timeout=START_TIMEOUT)
             ),
         }
-        if baseline is not None:
-            hops["baseline"] = stack.enter_context(
-                running_proxy(
-                    upstream,
-                    relay_mode,
-                    baseline.resolve(),
-                    wrapper=wrap("baseline"),
-                    timeout=START_TIMEOUT,
-                )
-            )
+        if trees.baseline is not None:
+            hops["baseline"] = stack.enter_context(measured("baseline", trees.baseline))
         yield hops
 
 
@@ -185,11 +206,7 @@ def _dumped_instructions(out: Path, pid: int) -> int:
 
 
 def measure_instructions(
-    loads: Loads,
-    upstream: tuple[str, str],
-    baseline: Path | None,
-    work: Path,
-    args: argparse.Namespace,
+    loads: Loads, upstream: tuple[str, str], trees: Trees, args: argparse.Namespace
 ) -> Figures:
     """Instructions per request of every hop under callgrind, counters zeroed after the warm-up."""
 
@@ -197,12 +214,12 @@ def measure_instructions(
         return [
             "valgrind",
             "--tool=callgrind",
-            f"--callgrind-out-file={work / ('callgrind.' + name)}",
-            f"--log-file={work / ('valgrind.' + name)}",
+            f"--callgrind-out-file={trees.work / ('callgrind.' + name)}",
+            f"--log-file={trees.work / ('valgrind.' + name)}",
         ]
 
     figures: Figures = {}
-    with running_hops(upstream, baseline, valgrind) as hops:
+    with running_hops(upstream, trees, valgrind) as hops:
         for name, hop in hops.items():
             for protocol, concurrency in MEASURES:
                 address, pid = _address(hop, protocol), _pid(hop)
@@ -211,7 +228,7 @@ def measure_instructions(
                     ["callgrind_control", "--zero", str(pid)], capture_output=True, check=True
                 )
                 loads.run(protocol, address, concurrency, args.requests)
-                spent = _dumped_instructions(work / f"callgrind.{name}", pid)
+                spent = _dumped_instructions(trees.work / f"callgrind.{name}", pid)
                 figures[(protocol, concurrency, name)] = [spent / args.requests]
                 print(
                     f"callgrind: {protocol} c={concurrency} {name}: "
@@ -222,11 +239,11 @@ def measure_instructions(
 
 
 def measure_cpu(
-    loads: Loads, upstream: tuple[str, str], baseline: Path | None, args: argparse.Namespace
+    loads: Loads, upstream: tuple[str, str], trees: Trees, args: argparse.Namespace
 ) -> Figures:
     """CPU seconds per request of every hop from /proc, in interleaved rounds."""
     figures: Figures = {}
-    with running_hops(upstream, baseline, lambda name: []) as hops:
+    with running_hops(upstream, trees, lambda name: []) as hops:
         for hop in hops.values():  # the proxies' pools of upstream connections grow to 16
             for protocol, concurrency in MEASURES:
                 loads.run(protocol, _address(hop, protocol), concurrency, args.warmup)
@@ -261,15 +278,16 @@ def _ratios(figures: Figures, protocol: str, concurrency: int, name: str, base: 
     return text
 
 
-def table(figures: Figures, title: str, unit: Callable[[float], str]) -> list[str]:
-    """One row per measure: proxy, bare relay, their ratio and, if run, the baseline tree's
-    proxy and the proxy's ratio to it (ratios: the median of per-round ratios, and their range)."""
+def table(figures: Figures, title: str, unit: Callable[[float], str], what: str) -> list[str]:
+    """One row per measure: the proxy (or gateway, as `what` says), bare relay, their ratio
+    and, if run, the baseline tree's and the ratio to it (ratios: the median of per-round ratios,
+    and their range)."""
     baseline = any(name == "baseline" for _, _, name in figures)
     rounds = len(next(iter(figures.values())))
     width = 18 if rounds > 1 else 6
-    head = f"  {'':10} {'proxy':>8} {'bare relay':>11} {'ratio':>{width}}"
+    head = f"  {'':10} {what:>8} {'bare relay':>11} {'ratio':>{width}}"
     if baseline:
-        head += f" {'baseline':>9} {'proxy/baseline':>{width}}"
+        head += f" {'baseline':>9} {what + '/baseline':>{width}}"
     lines = [title, head]
     for protocol, concurrency in MEASURES:
 
@@ -307,6 +325,17 @@ def main() -> int:
         "proxy` runs as one more column",
     )
     parser.add_argument(
+        "--native",
+        action="store_true",
+        help="measure the native build (`python -m proxy.native`, built first when stale); a "
+        "--baseline-tree of build/native is brought up to date the same way",
+    )
+    parser.add_argument(
+        "--gateway",
+        action="store_true",
+        help="measure the node gateway (behind a proxy, as in a node) instead of the proxy",
+    )
+    parser.add_argument(
         "--parts", default="callgrind,proc", help="which figures: callgrind, proc or both"
     )
     args = parser.parse_args()
@@ -315,39 +344,50 @@ def main() -> int:
         parser.error(f"--parts {args.parts!r}: callgrind, proc or callgrind,proc")
     if min(args.requests, args.warmup, args.proc_requests) < 16:
         parser.error("every load needs at least 16 requests (one per connection at c=16)")
-    if args.baseline_tree is not None and not (args.baseline_tree / "proxy").is_dir():
-        parser.error(f"--baseline-tree {args.baseline_tree}: no proxy/ package there")
+    baseline = args.baseline_tree
+    if (
+        baseline is not None
+        and baseline.resolve() != native.DEFAULT_OUT  # built below when missing
+        and not (baseline / "proxy").is_dir()
+    ):
+        parser.error(f"--baseline-tree {baseline}: no proxy/ package there")
     tools = ["h2load", *(["valgrind", "callgrind_control"] if "callgrind" in parts else [])]
     for tool in tools:
         if shutil.which(tool) is None:
             print(f"{tool} is missing: apt-get install -y nghttp2-client valgrind", file=sys.stderr)
             return 2
+    main_tree, baseline = source_trees(args.native, baseline)
     os.environ["PYTHONHASHSEED"] = "0"  # the hops' string hashes, the same in every run
+    what = "gateway" if args.gateway else "proxy"
     lines = []
     with tempfile.TemporaryDirectory(prefix="proxy-hotpath-") as tmp:
-        work = Path(tmp)
-        with running_triton(work) as triton:
+        trees = Trees(main_tree, baseline, args.gateway, Path(tmp))
+        with running_triton(trees.work) as triton:
             upstream = (triton.http_url, triton.grpc_url)
-            loads = Loads.write(work, Hop(*upstream))
+            loads = Loads.write(trees.work, Hop(*upstream))
             if "callgrind" in parts:
-                instructions = measure_instructions(loads, upstream, args.baseline_tree, work, args)
+                instructions = measure_instructions(loads, upstream, trees, args)
                 lines += table(
                     instructions,
                     f"Instructions per request (callgrind, user space; {args.requests} requests "
                     f"after {args.warmup}):",
                     lambda value: f"{value / 1000:.1f}k",
+                    what,
                 )
             if "proc" in parts:
-                cpu = measure_cpu(loads, upstream, args.baseline_tree, args)
+                cpu = measure_cpu(loads, upstream, trees, args)
                 lines += table(
                     cpu,
                     f"CPU per request (/proc user + system, us; medians of {args.rounds} rounds of "
                     f"{args.proc_requests}; ratios: medians of per-round ratios):",
                     lambda value: f"{value * 1e6:.1f}",
+                    what,
                 )
+    entry = "proxy.gateway` (behind a proxy" if args.gateway else "proxy` (relay mode"
+    build = "native build" if args.native else "pure tree"
     print(
-        f"proxy hot path through `python -m proxy` (relay mode) and a bare relay, real Triton; "
-        f"cpus={os.cpu_count()}"
+        f"{what} hot path through `python -m {entry}, the {build}) and a bare relay, real "
+        f"Triton; cpus={os.cpu_count()}"
     )
     print("\n".join(lines))
     return 0

@@ -202,24 +202,75 @@ def running_floor(
 
 
 @contextmanager
-def running_gateway(upstream: Upstream, work: Path, root: Path = ROOT) -> Iterator[Hop]:
+def running_gateway(
+    upstream: Upstream,
+    work: Path,
+    root: Path = ROOT,
+    wrapper: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> Iterator[Hop]:
     """The node gateway (`python -m proxy.gateway`) as in a node pod, with a caller table that
-    lets POD_ADDRESS reach MODEL and that stays fresh for the whole run."""
+    lets POD_ADDRESS reach MODEL and that stays fresh for the whole run; its command prefixed by
+    `wrapper`, ready within `timeout` seconds."""
     table = work / "callers.json"
     pod = Caller(POD_ADDRESS, MODEL, "bench/add-one", "bench-uid")
     write_table(table, CallerTable("bench-node", time.time(), (pod,)))
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "proxy.gateway", "--caller-table", str(table)]
+    command = [*wrapper, sys.executable, "-m", "proxy.gateway", "--caller-table", str(table)]
     command += ["--triton-http-url", upstream[0], "--triton-grpc-url", upstream[1]]
     command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
     command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
     command += ["--table-max-age", "100000", "--log-level", "WARNING"]
     process = subprocess.Popen(command, cwd=root)  # `-m proxy.gateway` from under `root`
     try:
-        _wait_http(f"http://127.0.0.1:{metrics_port}/readyz")
+        _wait_http(f"http://127.0.0.1:{metrics_port}/readyz", timeout)
         yield Hop(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", (("gateway", process.pid),))
     finally:
         _stop(process, 30)
+
+
+@contextmanager
+def running_full_path(
+    upstream: Upstream,
+    extra: list[str],
+    work: Path,
+    root: Path = ROOT,
+    wrapper: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> Iterator[Hop]:
+    """A model pod's full path: the gateway (its command prefixed by `wrapper`) in front of
+    `upstream`, and a proxy (flags `extra`) sending to it from POD_ADDRESS, both from `root`.
+    The hop's CPU figures are the gateway's, then the proxy's."""
+    with contextlib.ExitStack() as stack:
+        gateway = stack.enter_context(running_gateway(upstream, work, root, wrapper, timeout))
+        proxy = stack.enter_context(
+            running_proxy(
+                (gateway.rest, gateway.grpc),
+                [*extra, "--source-address", POD_ADDRESS],
+                root,
+                timeout=timeout,
+            )
+        )
+        yield Hop(proxy.rest, proxy.grpc, gateway.cpu + proxy.cpu)
+
+
+def source_trees(use_native: bool, baseline: Path | None) -> tuple[Path, Path | None]:
+    """The tree the measured proxy and gateway run from (the native build with `use_native`,
+    else this one) and the baseline tree, resolved. The native build is brought up to date first
+    when either is it, and must then import its compiled modules: `python -m` puts the working
+    directory first on the path, ahead of any PYTHONPATH."""
+    tree = native.DEFAULT_OUT if use_native else ROOT
+    resolved = baseline.resolve() if baseline is not None else None
+    if native.DEFAULT_OUT in (tree, resolved):
+        print("Building the native proxy (python -m proxy.native)...", file=sys.stderr)
+        native.build()
+        probe = [sys.executable, "-c", "import proxy.http1.relay as m; print(m.__file__)"]
+        found = subprocess.run(
+            probe, cwd=native.DEFAULT_OUT, capture_output=True, text=True, check=False
+        )
+        if not found.stdout.strip().endswith(".so"):
+            raise RuntimeError(f"{native.DEFAULT_OUT} does not run compiled: {found}")
+    return tree, resolved
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
@@ -731,11 +782,7 @@ def main() -> int:
             print(f"{tool} is missing: apt-get install -y wrk nghttp2-client hey", file=sys.stderr)
             return 2
     measures = [m for m in MEASURES if args.hey or m != "hey1"]
-    tree = native.DEFAULT_OUT if args.native else ROOT
-    baseline = args.baseline_tree.resolve() if args.baseline_tree is not None else None
-    if args.native or baseline == native.DEFAULT_OUT:
-        print("Building the native proxy (python -m proxy.native)...", file=sys.stderr)
-        native.build()
+    tree, baseline = source_trees(args.native, args.baseline_tree)
     results: Results = {}
     relay_mode = [*args.proxy_arg, "--grpc-mode", "relay"]
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
@@ -754,15 +801,9 @@ def main() -> int:
                 )
                 hops["chain"] = Hop(proxy.rest, proxy.grpc, relay.cpu + proxy.cpu)
             if "full" in paths:
-                gateway = stack.enter_context(running_gateway(triton_urls, Path(tmp), tree))
-                proxy = stack.enter_context(
-                    running_proxy(
-                        (gateway.rest, gateway.grpc),
-                        [*relay_mode, "--source-address", POD_ADDRESS],
-                        tree,
-                    )
+                hops["full"] = stack.enter_context(
+                    running_full_path(triton_urls, relay_mode, Path(tmp), tree)
                 )
-                hops["full"] = Hop(proxy.rest, proxy.grpc, gateway.cpu + proxy.cpu)
             if "grpcio" in paths:
                 grpcio = [*args.proxy_arg, "--grpc-mode", "grpcio"]
                 hops["grpcio"] = stack.enter_context(running_proxy(triton_urls, grpcio, tree))
