@@ -25,6 +25,8 @@ from prometheus_client.registry import Collector
 from proxy.idle import IdleSweeper
 from proxy.policy.limiter import Limiter
 
+# Not `Final`, nor `_BOUNDS`: compiled (mypyc 2.4.1), reading a Final tuple of floats raises
+# NameError "value for final name was not set" (mypyc/mypyc#1183), here at import.
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip

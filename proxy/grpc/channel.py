@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Final, Protocol
 
 from hpack import HPACKError
 
@@ -53,13 +53,13 @@ from proxy.sockets import local_address, nodelay
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 10.0
+CONNECT_TIMEOUT: Final = 10.0
 """Seconds to wait for Triton to accept the connection (it runs on the same node)."""
-RESPONSE_WINDOW = 1024 * 1024
+RESPONSE_WINDOW: Final = 1024 * 1024
 """The per-stream window the channel grants Triton: what it may hold of one stream's response."""
-_CONNECTION_WINDOW = 1 << 30
+_CONNECTION_WINDOW: Final = 1 << 30
 """The channel's connection window for Triton, credited back as bytes arrive (streams bound it)."""
-_LAST_ID = 2**31 - 1
+_LAST_ID: Final = 2**31 - 1
 
 
 class ChannelOwner(Scheduler, Protocol):

@@ -21,7 +21,7 @@ import asyncio
 import struct
 import time
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from proxy.grpc import messages
 from proxy.grpc.outbox import Outbox
@@ -34,22 +34,24 @@ from proxy.policy import refusals, wire
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
 
-HOLD_LIMIT = 16 * 1024
+HOLD_LIMIT: Final = 16 * 1024
 """Messages up to this size are held whole before the check; larger ones stream minus a byte."""
-PREFIX_HOLD = 32 * 1024
+PREFIX_HOLD: Final = 32 * 1024
 """How much of a large message is held while its model name has not been read: held bytes are not
 credited back, so this stays well inside RECEIVE_WINDOW or the stream would stall; the name is
 field 1 and serializers write it first, so only crafted messages ever reach this."""
-_ENDED = "; the message was too large to hold back whole, so the stream ends here"
-READY_PATH = f"/{GRPC_SERVICE}/ModelReady".encode()
-UNIMPLEMENTED = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
-FORWARDED = frozenset(
+_ENDED: Final = "; the message was too large to hold back whole, so the stream ends here"
+READY_PATH: Final = f"/{GRPC_SERVICE}/ModelReady".encode()
+UNIMPLEMENTED: Final = GrpcAnswer("unknown", "UNIMPLEMENTED", "Method not found!")
+FORWARDED: Final = frozenset(
     {"ServerLive", "ServerMetadata", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig",
      "ModelInfer", "ModelStatistics", "ModelStreamInfer"}
 )  # fmt: skip
 """The RPCs a stream is opened at Triton for; `policy.routing` decides every other one locally."""
-_FLAG = "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
-_PREFIX = struct.Struct(">BL")
+_FLAG: Final = (
+    "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
+)
+_PREFIX: Final = struct.Struct(">BL")
 """A gRPC message's prefix (compressed flag, length), read in one call on every unary call."""
 
 

@@ -13,10 +13,11 @@ What it must not do: decide isolation, or touch frames and streams (pure functio
 from __future__ import annotations
 
 import zlib
+from typing import Final
 
 from proxy.policy.refusals import BodyTooLargeError, MalformedRequestError
 
-_WBITS = {b"gzip": 31, b"deflate": 15}
+_WBITS: Final = {b"gzip": 31, b"deflate": 15}
 """zlib window bits for each grpc-encoding the relay can read."""
 
 

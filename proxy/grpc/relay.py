@@ -28,7 +28,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from hpack import HPACKError
 
@@ -48,18 +48,18 @@ from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
-MAX_STREAMS = 128
+MAX_STREAMS: Final = 128
 """Concurrent streams a tenant connection may open (SETTINGS_MAX_CONCURRENT_STREAMS)."""
-_CONNECTION_WINDOW = 1 << 30
+_CONNECTION_WINDOW: Final = 1 << 30
 """The tenant's connection window; credited as bytes arrive, since stream windows bound memory."""
-MAX_HEADER_BLOCK = 64 * 1024
+MAX_HEADER_BLOCK: Final = 64 * 1024
 """The largest header block a tenant may send (HEADERS and its CONTINUATION frames)."""
-_RESETS = 2 * MAX_STREAMS
+_RESETS: Final = 2 * MAX_STREAMS
 """How many more streams than it completes a tenant may open at Triton and reset: past that its
 connection ends (ENHANCE_YOUR_CALM), so a reset flood costs Triton and the shared connection
 little ("rapid reset", CVE-2023-44487)."""
 _Plan = tuple[str, bool, Fields, bytes | None, str | None]
-_CLOSED_KEPT = 256
+_CLOSED_KEPT: Final = 256
 """Closed streams remembered per connection, to tell a frame the tenant may still send on one
 (ignored) from one it may not (STREAM_CLOSED); on older ones DATA is ignored and HEADERS are a
 PROTOCOL_ERROR, as for a stream id never used."""

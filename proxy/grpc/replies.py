@@ -17,7 +17,7 @@ its windows allow, or encode a header block that is not then written.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.stream import CREDIT_STEP, Stream
@@ -27,8 +27,8 @@ from proxy.http2.headers import BlockEncoder, Fields
 from proxy.http2.state import ACTIVE, CLOSED, NEXT, PEER_ENDED, RESET, SENT_END
 from proxy.policy.refusals import UpstreamError, grpc_code
 
-UNAVAILABLE = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
-_STATUS = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
+UNAVAILABLE: Final = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
+_STATUS: Final = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
 
 
 class ReplyHooks(Protocol):

@@ -13,23 +13,23 @@ What it must not do: act. It is a record, and the Protocols' contracts.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Final, Protocol
 
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
 from proxy.http2.state import IDLE, OPEN
 
-RECEIVE_WINDOW = 256 * 1024
+RECEIVE_WINDOW: Final = 256 * 1024
 """The per-stream window the relay grants tenants (SETTINGS_INITIAL_WINDOW_SIZE): the most it holds
 of one tenant stream while Triton's window is short. It must exceed the bytes held back to check
 a message (PREFIX_HOLD) plus what is credited in one go (a quarter of it), or a stream stalls."""
-CREDIT_STEP = RECEIVE_WINDOW // 4
+CREDIT_STEP: Final = RECEIVE_WINDOW // 4
 """Credit is given back in steps this large (both ways), not a WINDOW_UPDATE per message."""
 
 # Stream.limited values.
-NO_SLOT = 0
-HOLDS_SLOT = 1
-WAITING = 2
+NO_SLOT: Final = 0
+HOLDS_SLOT: Final = 1
+WAITING: Final = 2
 
 
 class Stream:

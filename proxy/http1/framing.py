@@ -15,24 +15,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 
 from proxy.policy.refusals import MalformedRequestError, UnsupportedError, UpstreamError
 
-MAX_HEAD_BYTES = 64 * 1024
-_MAX_CHUNK_LINE = 4096
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+MAX_HEAD_BYTES: Final = 64 * 1024
+_MAX_CHUNK_LINE: Final = 4096
+_TOKEN: Final = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 # The target is a URI (RFC 9112 3.2): visible ASCII only; other bytes must be percent-encoded.
-_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) (HTTP/1\.[01])")
+_REQUEST_LINE: Final = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) (HTTP/1\.[01])")
 # A field value is visible ASCII, SP, HTAB and obs-text (RFC 9110 5.5): no other control byte.
-_HEADER = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([\t\x20-\x7e\x80-\xff]*?)[ \t]*")
+_HEADER: Final = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([\t\x20-\x7e\x80-\xff]*?)[ \t]*")
 # Host is uri-host [":" port] (RFC 9112 3.2, RFC 3986 3.2.2): a reg-name, IPv4 or IP-literal.
-_HOST = re.compile(
+_HOST: Final = re.compile(
     rb"(?:[A-Za-z0-9\-._~!$&'()*+,;=%]*|\[[0-9A-Fa-f:.vV\-._~!$&'()*+,;=]+\])(?::[0-9]*)?"
 )
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
+_HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
+_STATUS_LINE: Final = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
 # Headers that describe one connection, not the message: never forwarded as received.
-_HOP_BY_HOP = frozenset(
+_HOP_BY_HOP: Final = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"trailer")
 )
 
@@ -170,10 +171,10 @@ class ChunkedFraming:
     __slots__ = ("_line", "_remaining", "_state", "payload")
 
     # One assignment each: compiled (mypyc), a class body may only assign names.
-    _SIZE = 0
-    _DATA = 1
-    _DATA_END = 2
-    _TRAILER = 3
+    _SIZE: Final = 0
+    _DATA: Final = 1
+    _DATA_END: Final = 2
+    _TRAILER: Final = 3
 
     def __init__(self) -> None:
         self._state = self._SIZE
@@ -229,7 +230,7 @@ class ChunkedFraming:
         return -1
 
 
-_REASONS = {
+_REASONS: Final = {
     200: "OK",
     400: "Bad Request",
     403: "Forbidden",

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import socket
 import time
+from typing import Final
 
 from proxy.http1.framing import parse_request_head
 from proxy.http1.relay import ClientConnection, Prepared
@@ -32,9 +33,9 @@ from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
-_PREPARED_HEADS = 256
+_PREPARED_HEADS: Final = 256
 """Distinct request heads kept; past that the cache starts again (a client varying its heads)."""
-_PREPARED_HEAD_BYTES = 4096
+_PREPARED_HEAD_BYTES: Final = 4096
 """Larger heads are prepared every time, so the cache holds at most about 1 MiB."""
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from common.lifecycle import spawn
 from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, answer_bytes
@@ -50,18 +50,18 @@ class Listener(Protocol):
         """The prepared form of request head `block` (parsed, decided, re-serialized)."""
 
 
-_PIPELINE_LIMIT = 1024 * 1024
-_KNOWN_HEAD_BYTES = 4096
+_PIPELINE_LIMIT: Final = 1024 * 1024
+_KNOWN_HEAD_BYTES: Final = 4096
 """The largest request head a connection remembers as its last one (as the listener's cache)."""
-_NOTHING_KNOWN: Prepared = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
+_NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
 """Stands for the last head until there is one (never read: `_known` is empty until then)."""
 
 # Client connection states.
-_IDLE = 0  # waiting for a request head
-_PENDING = 1  # head read, waiting for a concurrency slot or an upstream connection
-_BODY = 2  # relaying the request body
-_AWAIT = 3  # request sent, response still coming
-_CLOSED = 4
+_IDLE: Final = 0  # waiting for a request head
+_PENDING: Final = 1  # head read, waiting for a concurrency slot or an upstream connection
+_BODY: Final = 2  # relaying the request body
+_AWAIT: Final = 3  # request sent, response still coming
+_CLOSED: Final = 4
 
 
 def too_large(limit: int) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Protocol
+from typing import Final, Protocol
 
 from proxy.http1.framing import (
     MAX_HEAD_BYTES,
@@ -25,14 +25,14 @@ from proxy.http1.framing import (
 from proxy.policy.refusals import ProxyError, UpstreamError
 from proxy.sockets import local_address, nodelay
 
-_RESPONSE_HEADS = 256
+_RESPONSE_HEADS: Final = 256
 """Distinct response heads kept (each at most 4 KiB); past that the cache starts again."""
-_KNOWN_HEAD_BYTES = 4096
+_KNOWN_HEAD_BYTES: Final = 4096
 """The largest response head a connection remembers as its last one."""
 # `Upstream._remaining` below 0: no body length to count down.
-_HEAD = -1  # reading the head
-_UNTIL_CLOSE = -2  # the body ends when Triton closes the connection
-_CHUNKED = -4  # a chunked body (`ChunkedFraming` finds its end)
+_HEAD: Final = -1  # reading the head
+_UNTIL_CLOSE: Final = -2  # the body ends when Triton closes the connection
+_CHUNKED: Final = -4  # a chunked body (`ChunkedFraming` finds its end)
 
 
 class ResponseSink(Protocol):

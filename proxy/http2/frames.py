@@ -13,53 +13,54 @@ What it must not do: hold connection state, or decide anything about isolation.
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 import grpc
 
-DATA = 0
-HEADERS = 1
-PRIORITY = 2
-RST_STREAM = 3
-SETTINGS = 4
-PUSH_PROMISE = 5
-PING = 6
-GOAWAY = 7
-WINDOW_UPDATE = 8
-CONTINUATION = 9
+DATA: Final = 0
+HEADERS: Final = 1
+PRIORITY: Final = 2
+RST_STREAM: Final = 3
+SETTINGS: Final = 4
+PUSH_PROMISE: Final = 5
+PING: Final = 6
+GOAWAY: Final = 7
+WINDOW_UPDATE: Final = 8
+CONTINUATION: Final = 9
 
-END_STREAM = 0x1
-ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
 
-SETTINGS_HEADER_TABLE_SIZE = 1
-SETTINGS_ENABLE_PUSH = 2
-SETTINGS_MAX_CONCURRENT_STREAMS = 3
-SETTINGS_INITIAL_WINDOW_SIZE = 4
-SETTINGS_MAX_FRAME_SIZE = 5
-DEFAULT_MAX_FRAME = 16384
-DEFAULT_WINDOW = 65535
-MAX_WINDOW = 2**31 - 1
+SETTINGS_HEADER_TABLE_SIZE: Final = 1
+SETTINGS_ENABLE_PUSH: Final = 2
+SETTINGS_MAX_CONCURRENT_STREAMS: Final = 3
+SETTINGS_INITIAL_WINDOW_SIZE: Final = 4
+SETTINGS_MAX_FRAME_SIZE: Final = 5
+DEFAULT_MAX_FRAME: Final = 16384
+DEFAULT_WINDOW: Final = 65535
+MAX_WINDOW: Final = 2**31 - 1
 
-NO_ERROR = 0
-PROTOCOL_ERROR = 1
-INTERNAL_ERROR = 2
-FLOW_CONTROL_ERROR = 3
-STREAM_CLOSED = 5
-FRAME_SIZE_ERROR = 6
-REFUSED_STREAM = 7
-CANCEL = 8
-COMPRESSION_ERROR = 9
-ENHANCE_YOUR_CALM = 11
+NO_ERROR: Final = 0
+PROTOCOL_ERROR: Final = 1
+INTERNAL_ERROR: Final = 2
+FLOW_CONTROL_ERROR: Final = 3
+STREAM_CLOSED: Final = 5
+FRAME_SIZE_ERROR: Final = 6
+REFUSED_STREAM: Final = 7
+CANCEL: Final = 8
+COMPRESSION_ERROR: Final = 9
+ENHANCE_YOUR_CALM: Final = 11
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-CODE_NUMBERS = {code.name: code.value[0] for code in grpc.StatusCode}
+CODE_NAMES: Final = {code.value[0]: code.name for code in grpc.StatusCode}
+CODE_NUMBERS: Final = {code.name: code.value[0] for code in grpc.StatusCode}
 
 
-_HEADER = struct.Struct(">BHBBL")
+_HEADER: Final = struct.Struct(">BHBBL")
 """A frame header: the length's high byte and low 16 bits, type, flags, stream id. Packed in one
 C call, several times per relayed call, instead of two int.to_bytes and three concatenations."""
 _pack_header = _HEADER.pack
@@ -126,7 +127,7 @@ def _percent_encode(text: str) -> bytes:
     return bytes(out)
 
 
-_RESPONSE_HEAD = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+_RESPONSE_HEAD: Final = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 
 def status_fields(code: str, details: str) -> list[tuple[bytes, bytes]]:

@@ -25,7 +25,7 @@ that is then not sent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from hpack import Decoder, Encoder
 from hpack.table import HeaderTable
@@ -35,9 +35,9 @@ V = TypeVar("V")
 
 Fields = tuple[tuple[bytes, bytes], ...]
 
-_KEPT_BLOCKS = 128
+_KEPT_BLOCKS: Final = 128
 """Distinct blocks kept per connection; past that the memory starts again."""
-_KEPT_BLOCK_BYTES = 1024
+_KEPT_BLOCK_BYTES: Final = 1024
 """Larger blocks (long literal values) are decoded every time: they rarely repeat."""
 
 
@@ -148,8 +148,8 @@ class BlockEncoder:
         return block
 
 
-_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
-_CONNECTION_SPECIFIC = frozenset(
+_REQUEST_PSEUDO: Final = frozenset((b":method", b":scheme", b":path", b":authority"))
+_CONNECTION_SPECIFIC: Final = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
 )
 

@@ -12,22 +12,24 @@ What it must not do: write frames, or know anything but states and events.
 
 from __future__ import annotations
 
-IDLE = 0
-OPEN = 1
-HALF_CLOSED_LOCAL = 2
-"""We sent END_STREAM; the peer may still send."""
-HALF_CLOSED_REMOTE = 3
-"""The peer sent END_STREAM; we may still send."""
-CLOSED = 4
+from typing import Final
 
-NAMES = ("idle", "open", "half-closed (local)", "half-closed (remote)", "closed")
+IDLE: Final = 0
+OPEN: Final = 1
+HALF_CLOSED_LOCAL: Final = 2
+"""We sent END_STREAM; the peer may still send."""
+HALF_CLOSED_REMOTE: Final = 3
+"""The peer sent END_STREAM; we may still send."""
+CLOSED: Final = 4
+
+NAMES: Final = ("idle", "open", "half-closed (local)", "half-closed (remote)", "closed")
 
 # Events.
-OPENED = "opened"
+OPENED: Final = "opened"
 """HEADERS opened the stream (sent or received)."""
-SENT_END = "sent END_STREAM"
-RECEIVED_END = "received END_STREAM"
-RESET = "reset"
+SENT_END: Final = "sent END_STREAM"
+RECEIVED_END: Final = "received END_STREAM"
+RESET: Final = "reset"
 """RST_STREAM, sent or received, or the connection ended."""
 
 
@@ -45,7 +47,7 @@ class _Transitions(dict[tuple[int, str], int]):
         raise StreamStateError(f"a stream in state {NAMES[state]} cannot be {event}")
 
 
-NEXT = _Transitions(
+NEXT: Final = _Transitions(
     {
         (IDLE, OPENED): OPEN,
         (OPEN, SENT_END): HALF_CLOSED_LOCAL,
@@ -63,9 +65,9 @@ NEXT = _Transitions(
 step."""
 
 
-ACTIVE = frozenset((OPEN, HALF_CLOSED_LOCAL, HALF_CLOSED_REMOTE))
+ACTIVE: Final = frozenset((OPEN, HALF_CLOSED_LOCAL, HALF_CLOSED_REMOTE))
 """Open or half-closed: the stream exists at the peer (`state in ACTIVE`)."""
-PEER_ENDED = frozenset((HALF_CLOSED_REMOTE, CLOSED))
+PEER_ENDED: Final = frozenset((HALF_CLOSED_REMOTE, CLOSED))
 """The peer may send nothing more on the stream."""
-WE_ENDED = frozenset((HALF_CLOSED_LOCAL, CLOSED))
+WE_ENDED: Final = frozenset((HALF_CLOSED_LOCAL, CLOSED))
 """We may send nothing more on the stream."""

@@ -11,6 +11,8 @@ What it must not do: know a protocol's wire format, or build an answer's bytes.
 
 from __future__ import annotations
 
+from typing import Final
+
 import grpc
 
 
@@ -51,7 +53,7 @@ class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
 
-STATUS: dict[type[ProxyError], tuple[int, grpc.StatusCode]] = {
+STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     OverloadedError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
     QueueTimeoutError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
     BodyTooLargeError: (413, grpc.StatusCode.RESOURCE_EXHAUSTED),

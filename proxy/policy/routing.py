@@ -14,28 +14,28 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from proxy.policy import wire
 
 # Triton 2.51's own grammar for per-model routes (http_server.cc, `model_regex_`), matched whole.
-_MODEL_ROUTE = re.compile(
+_MODEL_ROUTE: Final = re.compile(
     r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
     r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?",
     re.DOTALL,
 )
 # Server-wide administrative APIs: Triton restricts them too, the proxy never forwards them.
-_REFUSED_PREFIXES = (
+_REFUSED_PREFIXES: Final = (
     "/v2/repository",
     "/v2/systemsharedmemory",
     "/v2/cudasharedmemory",
     "/v2/trace",
     "/v2/logging",
 )
-_INFERENCE_KINDS = frozenset({"infer", "generate", "generate_stream"})
-_POST_KINDS = _INFERENCE_KINDS
-JSON = "application/json"
-TEXT = "text/plain"
+_INFERENCE_KINDS: Final = frozenset({"infer", "generate", "generate_stream"})
+_POST_KINDS: Final = _INFERENCE_KINDS
+JSON: Final = "application/json"
+TEXT: Final = "text/plain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +65,8 @@ def error_body(message: str) -> bytes:
     return b'{"error":' + json.dumps(message, ensure_ascii=False).encode() + b"}"
 
 
-NOT_FOUND = Answer("unknown", 404, TEXT, error_body("Not Found"))
-_METHOD_NOT_ALLOWED = error_body("Method Not Allowed")
+NOT_FOUND: Final = Answer("unknown", 404, TEXT, error_body("Not Found"))
+_METHOD_NOT_ALLOWED: Final = error_body("Method Not Allowed")
 
 
 def unknown_model_message(name: str) -> str:
@@ -142,10 +142,10 @@ class HttpRouter:
         return NOT_FOUND
 
 
-GRPC_SERVICE = "inference.GRPCInferenceService"
-_PASS_THROUGH = frozenset({"ServerLive", "ServerMetadata"})
-_PER_MODEL = frozenset({"ModelReady", "ModelMetadata", "ModelConfig", "ModelInfer"})
-_REFUSED_RPCS = frozenset(
+GRPC_SERVICE: Final = "inference.GRPCInferenceService"
+_PASS_THROUGH: Final = frozenset({"ServerLive", "ServerMetadata"})
+_PER_MODEL: Final = frozenset({"ModelReady", "ModelMetadata", "ModelConfig", "ModelInfer"})
+_REFUSED_RPCS: Final = frozenset(
     {
         "RepositoryIndex",
         "RepositoryModelLoad",

@@ -11,10 +11,12 @@ refuses any message where the field occurs more than once, even with equal value
 
 from __future__ import annotations
 
-VARINT = 0
-FIXED64 = 1
-LENGTH_DELIMITED = 2
-FIXED32 = 5
+from typing import Final
+
+VARINT: Final = 0
+FIXED64: Final = 1
+LENGTH_DELIMITED: Final = 2
+FIXED32: Final = 5
 
 
 class WireError(ValueError):
