@@ -67,12 +67,6 @@ class ChannelOwner(Scheduler, Protocol):
 
     settings: Settings
 
-    def hold(self) -> None:
-        """Writes from now on wait for the caller's `flush`."""
-
-    def flush(self) -> None:
-        """Write what every connection gathered."""
-
     def forget(self, channel: TritonChannel) -> None:
         """`channel` takes no new streams."""
 

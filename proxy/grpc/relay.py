@@ -212,6 +212,14 @@ class H2Connection(asyncio.Protocol):
     # -- the tenant's frames ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        relay = self.relay
+        relay.hold()  # what this read makes (for Triton, and for this tenant) leaves at its end
+        try:
+            self._read(data)
+        finally:
+            relay.flush()
+
+    def _read(self, data: bytes) -> None:
         pos = 0
         if not self._preface:
             if self._in:

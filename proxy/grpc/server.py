@@ -67,7 +67,8 @@ class GrpcRelay:
     # -- writes ----------------------------------------------------------------------------------
 
     def mark(self, writer: Outbox) -> None:
-        """`writer` has bytes to send: they leave at the end of this event-loop turn."""
+        """`writer` has bytes to send: they leave when the read being handled is done (`hold`,
+        `flush`), or at the end of this event-loop turn."""
         self._dirty.append(writer)
         if not self._flush_soon:
             self._flush_soon = True
@@ -76,7 +77,8 @@ class GrpcRelay:
             self._loop.call_soon(self.flush)
 
     def hold(self) -> None:
-        """Writes from now on wait for the caller's `flush` rather than the end of the turn."""
+        """Writes from now on wait for the caller's `flush` (the end of its read) rather than the
+        end of the turn."""
         self._flush_soon = True
 
     def flush(self) -> None:
