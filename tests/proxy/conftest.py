@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from proxy.http2 import frames as f
 from proxy.settings import Settings
 from sim.triton import TritonInstall, TritonServer
 from tests.conftest import copy_model
+from tests.proxy.served import ServedInThread
 
 PROXY_MODELS = Path(__file__).parent / "models"
 SERVED_MODELS = ("add_one", "identity", "text_stream", "sleepy")
@@ -57,42 +56,28 @@ def served_triton(
         server.stop()
 
 
-class RunningProxy:
+class RunningProxy(ServedInThread[Proxy]):
     """A Proxy serving from a background thread's event loop."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.loop = asyncio.new_event_loop()
-        self._started: Future[Proxy] = Future()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="proxy-under-test")
-        self._thread.start()
-        self.proxy = self._started.result(timeout=30)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._main())
-        finally:
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.run_until_complete(self.loop.shutdown_default_executor())
-            self.loop.close()
-
-    async def _main(self) -> None:
         self._stop = asyncio.Event()
+        super().__init__("proxy")
+        self.proxy = self.app
+
+    async def _serve(self) -> None:
         proxy = Proxy.build(self.settings)
         try:
             await proxy.start()
         except BaseException as e:
-            self._started.set_exception(e)
+            self._failed(e)
             raise
-        self._started.set_result(proxy)
+        self._ready(proxy)
         await self._stop.wait()
         await proxy.drain_and_stop()
 
-    def call(self, coro: Any, timeout: float = 30) -> Any:
-        """Run `coro` on the proxy's loop and return its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+    def _request_stop(self) -> None:
+        self._stop.set()
 
     @property
     def http_url(self) -> str:
@@ -105,13 +90,6 @@ class RunningProxy:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.proxy.metrics_server.port}/metrics"
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            assert self._stop is not None
-            self.loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(60)
-        assert not self._thread.is_alive(), "the proxy did not stop within 60 s"
 
 
 def proxy_settings(triton: TritonServer, model_id: str = "add_one", **changes: Any) -> Settings:

@@ -7,12 +7,9 @@ they connect from: any address of 127.0.0.0/8 is local on Linux.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from common.lifecycle import Lifecycle
 from proxy.gateway.app import Gateway
 from proxy.gateway.settings import GatewaySettings
 from sim.triton import TritonServer
+from tests.proxy.served import ServedInThread
 
 NODE = "gpu-node-1"
 
@@ -37,42 +35,30 @@ def publish(path: Path, *callers: Caller, written_at: float | None = None) -> No
     write_table(path, CallerTable(NODE, time.time() if written_at is None else written_at, callers))
 
 
-class RunningGateway:
+class RunningGateway(ServedInThread[Gateway]):
     """A Gateway serving from a background thread's event loop."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self.loop = asyncio.new_event_loop()
-        self._started: Future[Gateway] = Future()
-        self._lifecycle: Lifecycle | None = None
-        self._thread = threading.Thread(target=self._run, name="gateway-under-test")
-        self._thread.start()
-        self.gateway = self._started.result(timeout=30)
+        self._lifecycle = Lifecycle(cleanup_timeout=30)
+        super().__init__("gateway")
+        self.gateway = self.app
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._main())
-        finally:
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
-    async def _main(self) -> None:
-        lifecycle = self._lifecycle = Lifecycle(cleanup_timeout=30)
+    async def _serve(self) -> None:
         gateway = Gateway(self.settings)
 
         async def main(lc: Lifecycle) -> None:
             try:
                 await gateway.start(lc)
             except BaseException as e:
-                self._started.set_exception(e)
+                self._failed(e)
                 raise
-            self._started.set_result(gateway)
+            self._ready(gateway)
 
-        await lifecycle.run(main)
+        await self._lifecycle.run(main)
 
-    def call(self, coro: Any, timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+    def _request_stop(self) -> None:
+        self._lifecycle.request_stop("test over")
 
     @property
     def http_url(self) -> str:
@@ -85,13 +71,6 @@ class RunningGateway:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway.ports['metrics']}/metrics"
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            assert self._lifecycle is not None
-            self.loop.call_soon_threadsafe(self._lifecycle.request_stop, "test over")
-            self._thread.join(60)
-        assert not self._thread.is_alive(), "the gateway did not stop within 60 s"
 
 
 def gateway_settings(triton: TritonServer, table: Path, **changes: Any) -> GatewaySettings:
