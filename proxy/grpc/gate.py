@@ -18,7 +18,6 @@ or hand Triton a message it has not checked.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol
@@ -51,8 +50,6 @@ FORWARDED: Final = frozenset(
 _FLAG: Final = (
     "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
 )
-_PREFIX: Final = struct.Struct(">BL")
-"""A gRPC message's prefix (compressed flag, length), read in one call on every unary call."""
 
 
 class GateContext(Protocol):
@@ -211,7 +208,8 @@ class StreamGate:
             and not stream.skip
             and stream.limited != WAITING
             and size >= 0
-            and _PREFIX.unpack_from(payload) == (0, size)
+            and payload[0] == 0
+            and payload[1] << 24 | payload[2] << 16 | payload[3] << 8 | payload[4] == size
             and size <= self.context.max_message
         )
 

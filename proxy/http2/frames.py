@@ -63,7 +63,7 @@ CODE_NUMBERS: Final = {code.name: code.value[0] for code in grpc.StatusCode}
 _HEADER: Final = struct.Struct(">BHBBL")
 """A frame header: the length's high byte and low 16 bits, type, flags, stream id. Packed in one
 C call, several times per relayed call, instead of two int.to_bytes and three concatenations."""
-_pack_header = _HEADER.pack
+_pack_header: Final = _HEADER.pack
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:

@@ -8,9 +8,11 @@ import pytest
 from proxy.http2.state import (
     ACTIVE,
     CLOSED,
+    EVENTS,
     HALF_CLOSED_LOCAL,
     HALF_CLOSED_REMOTE,
     IDLE,
+    NAMES,
     NEXT,
     OPEN,
     OPENED,
@@ -23,7 +25,7 @@ from proxy.http2.state import (
 )
 
 
-def walk(*events: str) -> int:
+def walk(*events: int) -> int:
     state = IDLE
     for event in events:
         state = NEXT[state, event]
@@ -50,9 +52,36 @@ def test_a_call_closes_whichever_side_ends_first() -> None:
         (OPENED, RESET, RECEIVED_END),
     ],
 )
-def test_a_step_the_rfc_has_not_is_an_error(events: tuple[str, ...]) -> None:
+def test_a_step_the_rfc_has_not_is_an_error(events: tuple[int, ...]) -> None:
     with pytest.raises(StreamStateError, match="cannot be"):
         walk(*events)
+
+
+def test_every_step_outside_the_table_is_refused_by_name() -> None:
+    held = {(state, event) for state in range(len(NAMES)) for event in range(len(EVENTS))}
+    allowed = {step for step in held if _takes(step)}
+    assert allowed == {
+        (IDLE, OPENED),
+        (OPEN, SENT_END),
+        (OPEN, RECEIVED_END),
+        (HALF_CLOSED_LOCAL, RECEIVED_END),
+        (HALF_CLOSED_REMOTE, SENT_END),
+        (IDLE, RESET),
+        (OPEN, RESET),
+        (HALF_CLOSED_LOCAL, RESET),
+        (HALF_CLOSED_REMOTE, RESET),
+        (CLOSED, RESET),
+    }
+    with pytest.raises(StreamStateError, match="in state half-closed .local. cannot be sent END"):
+        NEXT[HALF_CLOSED_LOCAL, SENT_END]
+
+
+def _takes(step: tuple[int, int]) -> bool:
+    try:
+        NEXT[step]
+    except StreamStateError:
+        return False
+    return True
 
 
 def test_the_state_sets_say_who_may_still_send() -> None:
