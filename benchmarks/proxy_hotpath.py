@@ -30,10 +30,15 @@ Two figures per row:
   (system calls) is not counted. Under valgrind a hop is many times slower, so at c=16 more
   requests arrive per read than without it (fewer wake-ups per request), and how many depends on
   timing; the c=1 rows have no such batching.
-- CPU time per request from /proc/<pid>/stat (user + system, all threads), the hops run without
-  valgrind: medians over interleaved rounds (the hop order reversed every other run), and the
-  median of the per-round ratios. The box's noise moves these by tens of percent; they price the
-  system calls the instruction counts leave out.
+- CPU time per request from /proc (the time the hop's threads ran, `schedstat`, in nanoseconds),
+  the hops run without valgrind: medians over interleaved rounds (the hop order reversed every
+  other run), and the median of the per-round ratios. They price the system calls and the wake-ups
+  the instruction counts leave out. By default every process runs wherever the kernel puts it, as
+  `proxy_latency` runs them, and the box's noise moves a round's figure by tens of percent.
+  `--pin` runs each measured hop alone on the last CPU and Triton, h2load and any hop in front of
+  it on the others: rounds then agree within a few percent, but every hop's figure is higher (its
+  CPU goes idle between requests, and each wake-up from idle costs more on this virtual machine),
+  so a pinned and an unpinned figure do not compare; ratios within one run do.
 
 The upstream is a real Triton in both parts: its own CPU is not in either figure (each is read from
 the hop's process alone), it only makes the /proc figures noisier by sharing the 2 cores, so no
@@ -44,7 +49,7 @@ run.
 
     .venv/bin/python -m benchmarks.proxy_hotpath [--requests 4000] [--warmup 300]
         [--proc-requests 10000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
-        [--native] [--gateway]
+        [--native] [--gateway] [--pin]
 
 About 5-7 minutes on a 2-core box with the defaults and a baseline tree (half of it the /proc
 rounds, most of the rest the hops' start under valgrind).
@@ -54,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -94,6 +100,8 @@ class Loads:
     framed: Path
     response_bytes: int
     """Bytes of DATA per successful gRPC call: Triton's framed ModelInferResponse."""
+    cpus: frozenset[int] | None = None
+    """The CPUs h2load runs on (`--pin`), or wherever the kernel puts it."""
 
     @classmethod
     def write(cls, work: Path, triton: Hop) -> Loads:
@@ -117,7 +125,14 @@ class Loads:
             command += ["-m", "1", "-d", str(self.framed), "-H", "content-type: application/grpc"]
             command += ["-H", "te: trailers"]
             command.append(f"http://{address}/inference.GRPCInferenceService/ModelInfer")
-        out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+        cpus = self.cpus
+        out = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            check=False,
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+        ).stdout
         done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded", out)
         statuses = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
         data = re.search(r"traffic: .* total, .* headers .*, \S+ \((\d+)\) data", out)
@@ -238,12 +253,50 @@ def measure_instructions(
     return figures
 
 
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and every process under it (Triton's Python backend stubs are its children)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # a process that ended meanwhile
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def pin(pid: int, cpus: frozenset[int]) -> None:
+    """Every thread of `pid`, and of the processes under it, onto `cpus` only."""
+    for process in _process_tree(pid):
+        for task in Path(f"/proc/{process}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.name), cpus)
+
+
 def measure_cpu(
-    loads: Loads, upstream: tuple[str, str], trees: Trees, args: argparse.Namespace
+    loads: Loads,
+    upstream: tuple[str, str],
+    trees: Trees,
+    args: argparse.Namespace,
+    triton_pid: int,
 ) -> Figures:
-    """CPU seconds per request of every hop from /proc, in interleaved rounds."""
+    """CPU seconds per request of every hop from /proc, in interleaved rounds. With `args.pin`,
+    each measured hop runs alone on the last CPU, and Triton, h2load and any hop in front of the
+    measured one (the gateway's proxy) on the others."""
     figures: Figures = {}
     with running_hops(upstream, trees, lambda name: []) as hops:
+        if args.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            hop_cpu, others = frozenset(cpus[-1:]), frozenset(cpus[:-1])
+            pin(triton_pid, others)
+            for hop in hops.values():
+                pin(_pid(hop), hop_cpu)
+                for _, pid in hop.cpu[1:]:
+                    pin(pid, others)
+            loads = dataclasses.replace(loads, cpus=others)
         for hop in hops.values():  # the proxies' pools of upstream connections grow to 16
             for protocol, concurrency in MEASURES:
                 loads.run(protocol, _address(hop, protocol), concurrency, args.warmup)
@@ -338,10 +391,18 @@ def main() -> int:
     parser.add_argument(
         "--parts", default="callgrind,proc", help="which figures: callgrind, proc or both"
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="/proc figures with each measured hop alone on the last CPU and Triton and h2load "
+        "on the others (steadier rounds; see the module docstring)",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if not parts or parts - {"callgrind", "proc"}:
         parser.error(f"--parts {args.parts!r}: callgrind, proc or callgrind,proc")
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin needs two CPUs or more: one for the hop, the rest for the load")
     if min(args.requests, args.warmup, args.proc_requests) < 16:
         parser.error("every load needs at least 16 requests (one per connection at c=16)")
     baseline = args.baseline_tree
@@ -375,11 +436,17 @@ def main() -> int:
                     what,
                 )
             if "proc" in parts:
-                cpu = measure_cpu(loads, upstream, trees, args)
+                assert triton.process is not None
+                cpu = measure_cpu(loads, upstream, trees, args, triton.process.pid)
+                placed = (
+                    "each hop pinned alone on a CPU, Triton and h2load on the others"
+                    if args.pin
+                    else "hops, Triton and h2load wherever the kernel runs them"
+                )
                 lines += table(
                     cpu,
-                    f"CPU per request (/proc user + system, us; medians of {args.rounds} rounds of "
-                    f"{args.proc_requests}; ratios: medians of per-round ratios):",
+                    f"CPU per request (/proc schedstat, us; {placed}; medians of {args.rounds} "
+                    f"rounds of {args.proc_requests}; ratios: medians of per-round ratios):",
                     lambda value: f"{value * 1e6:.1f}",
                     what,
                 )
