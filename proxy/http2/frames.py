@@ -12,7 +12,6 @@ What it must not do: hold connection state, or decide anything about isolation.
 
 from __future__ import annotations
 
-import struct
 from typing import Final
 
 import grpc
@@ -60,16 +59,16 @@ CODE_NAMES: Final = {code.value[0]: code.name for code in grpc.StatusCode}
 CODE_NUMBERS: Final = {code.name: code.value[0] for code in grpc.StatusCode}
 
 
-_HEADER: Final = struct.Struct(">BHBBL")
-"""A frame header: the length's high byte and low 16 bits, type, flags, stream id. Packed in one
-C call, several times per relayed call, instead of two int.to_bytes and three concatenations."""
-_pack_header: Final = _HEADER.pack
+def _header(length: int, kind: int, flags: int, stream_id: int) -> bytes:
+    """A 9-byte frame header (length, type, flags, stream id), as one 72-bit integer's bytes:
+    compiled (mypyc), half the cost of `struct.pack` with its boxed arguments (the pure
+    interpreter pays more for it than for `struct`; the image runs compiled)."""
+    return ((length << 16 | kind << 8 | flags) << 32 | stream_id).to_bytes(9, "big")
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     """One frame: the 9-byte header and `payload`."""
-    length = len(payload)
-    return _pack_header(length >> 16, length & 0xFFFF, kind, flags, stream_id) + payload
+    return _header(len(payload), kind, flags, stream_id) + payload
 
 
 def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -100,7 +99,7 @@ def headers_frames(
     length = len(block)
     if length <= max_frame:  # the common case, on every call: built in one expression
         flags = END_HEADERS | END_STREAM if end_stream else END_HEADERS
-        return _pack_header(length >> 16, length & 0xFFFF, HEADERS, flags, stream_id) + block
+        return _header(length, HEADERS, flags, stream_id) + block
     flags = END_STREAM if end_stream else 0
     out = [frame(HEADERS, flags, stream_id, block[:max_frame])]
     pos = max_frame
@@ -162,7 +161,7 @@ def settings(values: dict[int, int]) -> bytes:
 
 def data_header(length: int, end_stream: bool, stream_id: int) -> bytes:
     """The 9-byte header of one DATA frame of `length` bytes."""
-    return _pack_header(length >> 16, length & 0xFFFF, DATA, end_stream, stream_id)
+    return _header(length, DATA, end_stream, stream_id)
 
 
 def rst_stream(stream_id: int, error: int) -> bytes:

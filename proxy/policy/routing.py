@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
 from proxy.policy import wire
 
@@ -162,21 +162,36 @@ _REFUSED_RPCS: Final = frozenset(
 )
 
 
-class GrpcForward(NamedTuple):
+class GrpcForward:
     """Send `request` (the original bytes unless narrowed) to Triton's `method`.
 
-    A named tuple rather than a frozen dataclass like the other decisions: one is made for every
-    unary call, and a frozen dataclass's __init__ sets each field through object.__setattr__
-    (about 1 us for these five fields here, against 0.2 us for a tuple). Just as immutable."""
+    A plain class with `Final` fields rather than a frozen dataclass like the other decisions:
+    one is made for every unary call, and a frozen dataclass sets each field through
+    `object.__setattr__` (about 1 us for these five fields pure, 0.5 us compiled). Immutable to
+    the type checker (mypy refuses any assignment to a field, and CI runs it on every module);
+    compiled (mypyc), it is built in 25 ns, against 115 ns for the named tuple it was."""
 
-    route: str
-    method: str
-    request: bytes
-    limited: bool = False
-    readiness: bool = False
+    __slots__ = ("limited", "method", "readiness", "request", "route")
 
+    def __init__(
+        self,
+        route: str,
+        method: str,
+        request: bytes,
+        limited: bool = False,
+        readiness: bool = False,
+    ) -> None:
+        self.route: Final = route
+        self.method: Final = method
+        self.request: Final = request
+        self.limited: Final = limited
+        self.readiness: Final = readiness
 
-_new_tuple = tuple.__new__
+    def __repr__(self) -> str:
+        return (
+            f"GrpcForward({self.route!r}, {self.method!r}, {len(self.request)} bytes, "
+            f"limited={self.limited}, readiness={self.readiness})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +231,7 @@ class GrpcRouter:
                 return _malformed(kind, e)
             if name != self._name:
                 return _grpc_other_model(kind, name)
-            # Every unary call: built by tuple.__new__ itself, without the Python frame of the
-            # named tuple's generated __new__ (about a third of the cost; same object).
-            return _new_tuple(GrpcForward, (kind, kind, request, kind == "ModelInfer", False))
+            return GrpcForward(kind, kind, request, kind == "ModelInfer")
         if kind in _PASS_THROUGH:
             return GrpcForward(kind, kind, request)
         if kind == "ServerReady":
