@@ -104,6 +104,9 @@ class TritonChannel(asyncio.Protocol):
             f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW),
         ]
         self.out = Outbox(relay, hello)  # leaves once connected; the listener marks it
+        # The listener's hold and flush around each read, bound once (see relay.H2Connection).
+        self._hold = relay.hold
+        self._flush = relay.flush
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -249,8 +252,7 @@ class TritonChannel(asyncio.Protocol):
     # -- reading ---------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        relay = self.relay
-        relay.hold()  # what this read makes for tenants leaves at its end, in one write each
+        self._hold()  # what this read makes for tenants leaves at its end, in one write each
         try:
             self._read(data)
         except (ConnectionBrokenError, FlowControlError, HPACKError) as e:
@@ -270,7 +272,7 @@ class TritonChannel(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
         finally:
-            relay.flush()
+            self._flush()
 
     def _read(self, data: bytes) -> None:
         self._got = 0

@@ -35,10 +35,11 @@ class Scheduler(Protocol):
 class Outbox:
     """The frames one connection wrote this turn, and its transport."""
 
-    __slots__ = ("_frames", "_scheduler", "dirty", "transport")
+    __slots__ = ("_frames", "_mark", "dirty", "transport")
 
     def __init__(self, scheduler: Scheduler, frames: list[bytes] | None = None) -> None:
-        self._scheduler = scheduler
+        # Bound once: compiled (mypyc), a call through the Protocol looks `mark` up every time.
+        self._mark = scheduler.mark
         self._frames: list[bytes] = frames or []
         self.dirty = bool(self._frames)  # frames given at birth wait for the caller's mark
         self.transport: asyncio.Transport | None = None
@@ -48,7 +49,7 @@ class Outbox:
         self._frames.append(frames)
         if not self.dirty:
             self.dirty = True
-            self._scheduler.mark(self)
+            self._mark(self)
 
     def write_data(self, header: bytes, payload: bytes) -> None:
         """Queue a DATA frame's header and its payload (not joined: the payload is not copied)."""
@@ -56,7 +57,7 @@ class Outbox:
         self._frames.append(payload)
         if not self.dirty:
             self.dirty = True
-            self._scheduler.mark(self)
+            self._mark(self)
 
     def flush(self) -> None:
         """Write what was queued (kept while there is no transport)."""

@@ -98,6 +98,10 @@ class H2Connection(asyncio.Protocol):
         # The replies' hooks into the gate (`replies.ReplyHooks`), bound once: no call between.
         self.finish = self.gate.finish
         self.refuse = self.gate.refuse
+        # The listener's hold and flush around each read, bound once: compiled (mypyc), a call
+        # through a Protocol looks the method up by name every time.
+        self._hold = relay.hold
+        self._flush = relay.flush
         self.last_sid = 0
         self._in = b""
         self._preface = False
@@ -212,12 +216,11 @@ class H2Connection(asyncio.Protocol):
     # -- the tenant's frames ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        relay = self.relay
-        relay.hold()  # what this read makes (for Triton, and for this tenant) leaves at its end
+        self._hold()  # what this read makes (for Triton, and for this tenant) leaves at its end
         try:
             self._read(data)
         finally:
-            relay.flush()
+            self._flush()
 
     def _read(self, data: bytes) -> None:
         pos = 0

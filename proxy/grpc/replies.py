@@ -50,12 +50,28 @@ class ReplyHooks(Protocol):
 class Replies:
     """The tenant-bound half of one tenant connection (see the module docstring)."""
 
-    __slots__ = ("blocked", "encoder", "hooks", "max_frame", "out", "paused", "streams", "window")
+    __slots__ = (
+        "_closed",
+        "_completed",
+        "blocked",
+        "encoder",
+        "hooks",
+        "max_frame",
+        "out",
+        "paused",
+        "streams",
+        "window",
+    )
 
     def __init__(self, out: Outbox, streams: dict[int, Stream], hooks: ReplyHooks) -> None:
         self.out = out
         self.streams = streams  # the connection's open streams, shared with it and the gate
         self.hooks = hooks
+        # Two hooks every call ends through, bound once: compiled (mypyc), a call through the
+        # Protocol looks the method up by name every time. (`finish` is bound by the connection
+        # after the replies exist: it is the gate's, and the gate is made with the replies.)
+        self._completed = hooks.completed
+        self._closed = hooks.closed
         self.blocked: dict[Stream, None] = {}  # streams with DATA waiting for the tenant
         self.paused = False  # the tenant's socket is full: response DATA waits
         self.window = Window(f.DEFAULT_WINDOW)  # the tenant's connection window for our DATA
@@ -113,7 +129,7 @@ class Replies:
         stream.tenant = NEXT[stream.tenant, SENT_END]
         if stream.triton not in ACTIVE:
             self.streams.pop(stream.sid, None)
-            self.hooks.closed(stream.sid, strict=stream.tenant == CLOSED)
+            self._closed(stream.sid, stream.tenant == CLOSED)
 
     def drain(self, stream: Stream) -> None:
         """Send what waits on `stream` as far as the tenant's windows allow."""
@@ -161,7 +177,7 @@ class Replies:
             block = self.encoder.encode(fields)
             self.out.write(f.headers_frames(stream.sid, block, False, self.max_frame))
             return
-        self.hooks.completed()
+        self._completed()
         code = "UNKNOWN"
         for name, value in fields:
             if name == b"grpc-status":

@@ -121,6 +121,7 @@ class FrameReader:
         "_in",
         "_max_block",
         "_on_data",
+        "_on_frame",
         "_on_headers",
         "_sink",
         "from_server",
@@ -138,6 +139,7 @@ class FrameReader:
         # The fast paths' callbacks, bound once rather than on every read.
         self._on_data = sink.on_data
         self._on_headers = sink.on_headers
+        self._on_frame = sink.on_frame
         self.from_server = from_server
         self.max_frame = max_frame
         self._max_block = max_block
@@ -231,18 +233,18 @@ class FrameReader:
                 )
             else:
                 check_settings(f.settings_values(payload), self.from_server)
-            self._sink.on_frame(payload, kind, flags, sid)
+            self._on_frame(payload, kind, flags, sid)
         elif kind == f.GOAWAY:
             if length < 8:
                 raise ConnectionBrokenError(f.FRAME_SIZE_ERROR, f"a {length}-byte GOAWAY frame")
-            self._sink.on_frame(payload, kind, flags, sid)
+            self._on_frame(payload, kind, flags, sid)
         elif kind == f.WINDOW_UPDATE:
             if int.from_bytes(payload, "big") & 0x7FFFFFFF == 0:
                 if sid == 0:
                     raise ConnectionBrokenError(f.PROTOCOL_ERROR, "a connection WINDOW_UPDATE of 0")
                 self._sink.on_stream_error(sid, f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
                 return
-            self._sink.on_frame(payload, kind, flags, sid)
+            self._on_frame(payload, kind, flags, sid)
         elif kind == f.PUSH_PROMISE:
             reason = "although push is disabled" if self.from_server else "from a client"
             raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"PUSH_PROMISE {reason}")
@@ -251,7 +253,7 @@ class FrameReader:
                 f.PROTOCOL_ERROR, f"CONTINUATION on stream {sid} without an open header block"
             )
         else:  # RST_STREAM, PING
-            self._sink.on_frame(payload, kind, flags, sid)
+            self._on_frame(payload, kind, flags, sid)
 
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if flags & f.PADDED:
