@@ -77,6 +77,11 @@ class ClientConnection(asyncio.Protocol):
 
     def __init__(self, relay: Listener) -> None:
         self._relay = relay
+        # The listener's parts every request uses, read once: compiled (mypyc), reading an
+        # attribute through the Protocol is a lookup by name every time.
+        self._limiter = relay.limiter
+        self._metrics = relay.metrics
+        self._pool = relay.pool
         self.transport: asyncio.Transport | None = None
         self._buffer = b""
         self._state = _IDLE
@@ -230,12 +235,12 @@ class ClientConnection(asyncio.Protocol):
                 )
                 continue
             if decision.limited:
-                if not relay.limiter.try_acquire():
+                if not self._limiter.try_acquire():
                     self._buffer = buffer[body:]
                     self._wait(self._acquire_then_send())
                     return
                 self._holding = True
-            upstream = relay.pool.take()
+            upstream = self._pool.take()
             if upstream is None:
                 self._buffer = buffer[body:]
                 self._wait(self._connect_then_send())
@@ -364,7 +369,6 @@ class ClientConnection(asyncio.Protocol):
 
     def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
         """Triton finished its response with `data`, passed through as it is."""
-        relay = self._relay
         if self._state == _CLOSED:
             upstream_transport = upstream.transport
             if upstream_transport is not None:
@@ -382,15 +386,15 @@ class ClientConnection(asyncio.Protocol):
         # `_finish`, inline: this runs once per request.
         if self._holding:
             self._holding = False
-            relay.limiter.release()
-        relay.metrics.observe("http", self._route, upstream.code, perf_counter() - self._started)
+            self._limiter.release()
+        self._metrics.observe("http", self._route, upstream.code, perf_counter() - self._started)
         if not self._request_done:
             if upstream.transport is not None:
                 upstream.transport.close()
             self._sink = None  # Triton answered early: read and drop the rest of the body
             return
         if reusable:
-            relay.pool.put(upstream)
+            self._pool.put(upstream)
         elif upstream.transport is not None:
             upstream.transport.close()
         self._state = _IDLE
@@ -429,11 +433,10 @@ class ClientConnection(asyncio.Protocol):
             self._relay.limiter.release()
 
     def _finish(self, code: str) -> None:
-        relay = self._relay
         if self._holding:  # `_release_slot`, inline: this runs once per request
             self._holding = False
-            relay.limiter.release()
-        relay.metrics.observe("http", self._route, code, perf_counter() - self._started)
+            self._limiter.release()
+        self._metrics.observe("http", self._route, code, perf_counter() - self._started)
 
     def _after_exchange(self) -> None:
         if not self._keep_alive:
