@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -118,9 +117,13 @@ class H2Connection(asyncio.Protocol):
         self._last_plan: _Plan = ("", False, (), None, None)
         self._reader = FrameReader(self, from_server=False, max_block=MAX_HEADER_BLOCK)
         self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
-        # Recently closed streams (see `closed`), oldest first: an OrderedDict drops its oldest
-        # in O(1), where a dict's first key is found past every slot deleted before it.
-        self._closed: OrderedDict[int, bool] = OrderedDict()
+        # Recently closed streams (see `closed`): whether each was closed strictly, by id, and
+        # their ids in the order they closed, a ring whose next slot holds the oldest (a dict's
+        # first key is found past every slot deleted before it; compiled, an OrderedDict's
+        # methods are calls by name).
+        self._closed: dict[int, bool] = {}
+        self._closed_order = [0] * _CLOSED_KEPT
+        self._closed_next = 0
         self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
         # What the tenant may still send on the connection; credited as bytes arrive.
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
@@ -339,10 +342,13 @@ class H2Connection(asyncio.Protocol):
         """Remember that stream `sid` closed: with `strict` (the tenant ended or reset it) a
         later frame on it is the tenant's error (STREAM_CLOSED), else it is ignored (the relay
         ended it, and the tenant may have sent before it knew)."""
-        closed = self._closed
-        if len(closed) >= _CLOSED_KEPT:
-            closed.popitem(last=False)
-        closed[sid] = strict
+        slot = self._closed_next
+        oldest = self._closed_order[slot]
+        if oldest:
+            self._closed.pop(oldest, None)  # gone already if it closed twice
+        self._closed_order[slot] = sid
+        self._closed_next = (slot + 1) % _CLOSED_KEPT
+        self._closed[sid] = strict
 
     def _settings(self, values: dict[int, int]) -> None:
         window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)

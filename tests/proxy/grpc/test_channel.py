@@ -16,7 +16,7 @@ from hpack import Decoder
 
 from proxy.grpc.channel import RESPONSE_WINDOW
 from proxy.grpc.gate import StreamGate
-from proxy.grpc.relay import _RESETS, MAX_HEADER_BLOCK, H2Connection
+from proxy.grpc.relay import _CLOSED_KEPT, _RESETS, MAX_HEADER_BLOCK, H2Connection
 from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http2 import frames as f
 from proxy.http2.state import StreamStateError
@@ -240,6 +240,32 @@ async def test_completed_calls_earn_back_the_reset_allowance() -> None:
         rig.respond(channel, max(channel.streams), f.grpc_message(b"ok"), trailers=True)
         sid += 4
     assert not out.closed
+
+
+@pytest.mark.parametrize(
+    ("closed_ago", "code"),
+    [
+        (0, f.STREAM_CLOSED),  # the last call's stream: the tenant's HEADERS on it are an error
+        (_CLOSED_KEPT - 1, f.STREAM_CLOSED),  # the oldest stream still remembered
+        (_CLOSED_KEPT, f.PROTOCOL_ERROR),  # forgotten: like an id below one already used
+    ],
+)
+async def test_the_last_closed_streams_are_remembered_and_older_ones_forgotten(
+    closed_ago: int, code: int
+) -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    calls = _CLOSED_KEPT + 10
+    for n in range(calls):  # each closed by the tenant's END_STREAM and Triton's trailers
+        rig.call(tenant, 2 * n + 1, infer())
+        channel, _ = rig.channel()
+        rig.respond(channel, max(channel.streams), f.grpc_message(b"ok"), trailers=True)
+    rig.relay.flush()
+    out.take()
+    sid = 2 * (calls - 1 - closed_ago) + 1
+    tenant.data_received(f.frame(f.HEADERS, f.END_HEADERS, sid, f.header_block(HEADERS)))
+    rig.relay.flush()
+    assert out.closed and goaway_code(out.take()) == code
 
 
 async def test_a_tenant_that_does_not_read_is_not_read_either() -> None:
