@@ -13,7 +13,8 @@ the process a pod runs, with its real sockets, uvloop and Triton behind it.
 baseline column instead (and `--native --baseline-tree .` reads native against pure). `--gateway`
 measures the node gateway (`python -m proxy.gateway`) instead of the proxy: started as
 `proxy_latency` starts its full path, with a caller table, behind a proxy of the same tree (not
-measured) sending from the table's address; the baseline tree's column is then its gateway.
+measured) sending from the table's address; the bare relay then runs behind such a proxy too, in
+the same place of a chain, and the baseline tree's column is its gateway.
 
 Load: h2load, a fixed number of requests after a warm-up, at concurrency 16 and at 1: REST with
 `--h1` and the JSON infer body, gRPC with a framed ModelInfer (`content-type: application/grpc`,
@@ -194,13 +195,26 @@ def running_hops(
     with contextlib.ExitStack() as stack:
         hops = {
             "proxy": stack.enter_context(measured("proxy", trees.main)),
-            "bare": stack.enter_context(
-                running_floor(upstream, wrapper=wrap("bare"), timeout=START_TIMEOUT)
-            ),
+            "bare": stack.enter_context(_running_bare(upstream, trees, wrap("bare"))),
         }
         if trees.baseline is not None:
             hops["baseline"] = stack.enter_context(measured("baseline", trees.baseline))
         yield hops
+
+
+@contextlib.contextmanager
+def _running_bare(upstream: tuple[str, str], trees: Trees, wrapper: list[str]) -> Iterator[Hop]:
+    """The bare relay (its command prefixed by `wrapper`); for the gateway, behind a proxy of the
+    measured tree as the gateway is, so that both sit in the same place of a chain (the load
+    reaching a second hop is not the load reaching a first)."""
+    with running_floor(upstream, wrapper=wrapper, timeout=START_TIMEOUT) as relay:
+        if not trees.gateway:
+            yield relay
+            return
+        front = (relay.rest, relay.grpc)
+        relay_mode = ["--grpc-mode", "relay"]
+        with running_proxy(front, relay_mode, trees.main, timeout=START_TIMEOUT) as proxy:
+            yield Hop(proxy.rest, proxy.grpc, relay.cpu + proxy.cpu)
 
 
 Figures = dict[tuple[str, int, str], list[float]]
@@ -453,8 +467,8 @@ def main() -> int:
     entry = "proxy.gateway` (behind a proxy" if args.gateway else "proxy` (relay mode"
     build = "native build" if args.native else "pure tree"
     print(
-        f"{what} hot path through `python -m {entry}, the {build}) and a bare relay, real "
-        f"Triton; cpus={os.cpu_count()}"
+        f"{what} hot path through `python -m {entry}, the {build}) and a bare relay"
+        f"{' (behind a proxy too)' if args.gateway else ''}, real Triton; cpus={os.cpu_count()}"
     )
     print("\n".join(lines))
     return 0
