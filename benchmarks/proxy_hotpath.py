@@ -73,12 +73,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from benchmarks.proxy_latency import (
     MODEL,
     REST_BODY,
     Hop,
     cpu_seconds,
     grpc_request,
+    running_chain,
     running_floor,
     running_full_path,
     running_proxy,
@@ -195,26 +198,17 @@ def running_hops(
     with contextlib.ExitStack() as stack:
         hops = {
             "proxy": stack.enter_context(measured("proxy", trees.main)),
-            "bare": stack.enter_context(_running_bare(upstream, trees, wrap("bare"))),
+            # For the gateway, the bare relay sits behind a proxy as the gateway does: the load
+            # reaching a second hop is not the load reaching a first.
+            "bare": stack.enter_context(
+                running_chain(upstream, relay_mode, trees.main, wrap("bare"), START_TIMEOUT)
+                if trees.gateway
+                else running_floor(upstream, wrap("bare"), START_TIMEOUT)
+            ),
         }
         if trees.baseline is not None:
             hops["baseline"] = stack.enter_context(measured("baseline", trees.baseline))
         yield hops
-
-
-@contextlib.contextmanager
-def _running_bare(upstream: tuple[str, str], trees: Trees, wrapper: list[str]) -> Iterator[Hop]:
-    """The bare relay (its command prefixed by `wrapper`); for the gateway, behind a proxy of the
-    measured tree as the gateway is, so that both sit in the same place of a chain (the load
-    reaching a second hop is not the load reaching a first)."""
-    with running_floor(upstream, wrapper=wrapper, timeout=START_TIMEOUT) as relay:
-        if not trees.gateway:
-            yield relay
-            return
-        front = (relay.rest, relay.grpc)
-        relay_mode = ["--grpc-mode", "relay"]
-        with running_proxy(front, relay_mode, trees.main, timeout=START_TIMEOUT) as proxy:
-            yield Hop(proxy.rest, proxy.grpc, relay.cpu + proxy.cpu)
 
 
 Figures = dict[tuple[str, int, str], list[float]]
@@ -267,27 +261,14 @@ def measure_instructions(
     return figures
 
 
-def _process_tree(pid: int) -> list[int]:
-    """`pid` and every process under it (Triton's Python backend stubs are its children)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):  # a process that ended meanwhile
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    return tree
-
-
 def pin(pid: int, cpus: frozenset[int]) -> None:
-    """Every thread of `pid`, and of the processes under it, onto `cpus` only."""
-    for process in _process_tree(pid):
-        for task in Path(f"/proc/{process}/task").iterdir():
+    """Every thread of `pid`, and of the processes under it (Triton's Python backend stubs are
+    its children), onto `cpus` only."""
+    top = psutil.Process(pid)
+    for process in [top, *top.children(recursive=True)]:
+        for thread in process.threads():
             with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                os.sched_setaffinity(int(task.name), cpus)
+                os.sched_setaffinity(thread.id, cpus)
 
 
 def measure_cpu(

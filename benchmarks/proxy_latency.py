@@ -254,6 +254,24 @@ def running_full_path(
         yield Hop(proxy.rest, proxy.grpc, gateway.cpu + proxy.cpu)
 
 
+@contextmanager
+def running_chain(
+    upstream: Upstream,
+    extra: list[str],
+    root: Path = ROOT,
+    wrapper: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> Iterator[Hop]:
+    """The bare relay (its command prefixed by `wrapper`) in front of `upstream`, behind a proxy
+    (flags `extra`) from `root`: a relay in the place the gateway has in the full path. The hop's
+    CPU figures are the relay's, then the proxy's."""
+    with contextlib.ExitStack() as stack:
+        relay = stack.enter_context(running_floor(upstream, wrapper, timeout))
+        front = (relay.rest, relay.grpc)
+        proxy = stack.enter_context(running_proxy(front, extra, root, timeout=timeout))
+        yield Hop(proxy.rest, proxy.grpc, relay.cpu + proxy.cpu)
+
+
 def source_trees(use_native: bool, baseline: Path | None) -> tuple[Path, Path | None]:
     """The tree the measured proxy and gateway run from (the native build with `use_native`,
     else this one) and the baseline tree, resolved. The native build is brought up to date first
@@ -807,11 +825,7 @@ def main() -> int:
             if "relay" in paths:
                 hops["relay"] = stack.enter_context(running_proxy(triton_urls, relay_mode, tree))
             if "chain" in paths:
-                relay = stack.enter_context(running_floor(triton_urls))
-                proxy = stack.enter_context(
-                    running_proxy((relay.rest, relay.grpc), relay_mode, tree)
-                )
-                hops["chain"] = Hop(proxy.rest, proxy.grpc, relay.cpu + proxy.cpu)
+                hops["chain"] = stack.enter_context(running_chain(triton_urls, relay_mode, tree))
             if "full" in paths:
                 hops["full"] = stack.enter_context(
                     running_full_path(triton_urls, relay_mode, Path(tmp), tree)

@@ -377,56 +377,30 @@ def literal(how: str, field: tuple[bytes, bytes], huffman: bool, name_index: int
     return name + string(field[1], huffman)
 
 
-REPRESENTATIONS: dict[str, tuple[bytes, tuple[bytes, bytes], str]] = {
+Representation = tuple[bytes, tuple[bytes, bytes], str]
+"""A field's encoded bytes, the field, and how it is indexed ("" for an indexed field)."""
+
+
+def _literal(
+    how: str, field: tuple[bytes, bytes], huffman: bool, name_index: int = 0
+) -> Representation:
+    return literal(how, field, huffman, name_index), field, how
+
+
+REPRESENTATIONS: dict[str, Representation] = {
     "5/1 an indexed field": (integer(USER_AGENT, 7, 0x80), (b"user-agent", b""), ""),
-    "5/2 incremental indexing, indexed name": (
-        literal(INDEXED, UA, False, USER_AGENT),
-        UA,
-        INDEXED,
-    ),
-    "5/3 incremental indexing, indexed name, Huffman": (
-        literal(INDEXED, UA, True, USER_AGENT),
-        UA,
-        INDEXED,
-    ),
-    "5/4 incremental indexing, new name": (literal(INDEXED, X_TEST, False), X_TEST, INDEXED),
-    "5/5 incremental indexing, new name, Huffman": (
-        literal(INDEXED, X_TEST, True),
-        X_TEST,
-        INDEXED,
-    ),
-    "5/6 without indexing, indexed name": (
-        literal(NOT_INDEXED, UA, False, USER_AGENT),
-        UA,
-        NOT_INDEXED,
-    ),
-    "5/7 without indexing, indexed name, Huffman": (
-        literal(NOT_INDEXED, UA, True, USER_AGENT),
-        UA,
-        NOT_INDEXED,
-    ),
-    "5/8 without indexing, new name": (literal(NOT_INDEXED, X_TEST, False), X_TEST, NOT_INDEXED),
-    "5/9 without indexing, new name, Huffman": (
-        literal(NOT_INDEXED, X_TEST, True),
-        X_TEST,
-        NOT_INDEXED,
-    ),
-    "5/10 never indexed, indexed name": (
-        literal(NEVER_INDEXED, UA, False, USER_AGENT),
-        UA,
-        NEVER_INDEXED,
-    ),
-    "5/11 never indexed, indexed name, Huffman": (
-        literal(NEVER_INDEXED, UA, True, USER_AGENT),
-        UA,
-        NEVER_INDEXED,
-    ),
-    "5/12 never indexed, new name": (literal(NEVER_INDEXED, X_TEST, False), X_TEST, NEVER_INDEXED),
-    "5/13 never indexed, new name, Huffman": (
-        literal(NEVER_INDEXED, X_TEST, True),
-        X_TEST,
-        NEVER_INDEXED,
-    ),
+    "5/2 incremental indexing, indexed name": _literal(INDEXED, UA, False, USER_AGENT),
+    "5/3 incremental indexing, indexed name, Huffman": _literal(INDEXED, UA, True, USER_AGENT),
+    "5/4 incremental indexing, new name": _literal(INDEXED, X_TEST, False),
+    "5/5 incremental indexing, new name, Huffman": _literal(INDEXED, X_TEST, True),
+    "5/6 without indexing, indexed name": _literal(NOT_INDEXED, UA, False, USER_AGENT),
+    "5/7 without indexing, indexed name, Huffman": _literal(NOT_INDEXED, UA, True, USER_AGENT),
+    "5/8 without indexing, new name": _literal(NOT_INDEXED, X_TEST, False),
+    "5/9 without indexing, new name, Huffman": _literal(NOT_INDEXED, X_TEST, True),
+    "5/10 never indexed, indexed name": _literal(NEVER_INDEXED, UA, False, USER_AGENT),
+    "5/11 never indexed, indexed name, Huffman": _literal(NEVER_INDEXED, UA, True, USER_AGENT),
+    "5/12 never indexed, new name": _literal(NEVER_INDEXED, X_TEST, False),
+    "5/13 never indexed, new name, Huffman": _literal(NEVER_INDEXED, X_TEST, True),
 }
 
 
