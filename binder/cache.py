@@ -20,14 +20,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from binder.errors import ApiError, GoneError, UnavailableError
 from binder.inbox import Inbox
 from binder.kube import JsonObject, Kind, Kube
 from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
+from binder.proofs import Unproven, proven, same_proof
 from binder.state import ClusterState
 from common.contract import AGENT_LEASE_PREFIX, Keys
+from common.placement import KeyRing
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,9 @@ class Listener(Protocol):
     def cluster_changed(self, why: str) -> None:
         """Something changed that could make an unschedulable pod fit."""
 
+    def unproven_seen(self, verdict: Unproven) -> None:
+        """A bound pod on a tritonshare node proves nothing (first seen, or for a new reason)."""
+
 
 def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
     return (pod.constraints, pod.request, pod.model_id, pod.problem, pod.scheduler_name)
@@ -60,14 +66,22 @@ class ClusterCache:
         scheduler_name: str,
         reserve: int,
         listener: Listener,
+        placement_keys: Callable[[], KeyRing] | None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`placement_keys` gives the ring in force (reread as the Secret rotates); None checks
+        proofs for form only, for a CLI user who cannot read the key (`binder.proofs`)."""
         self.keys = keys
         self.scheduler_name = scheduler_name
         self.state = ClusterState(reserve=reserve)
         self.pending: dict[str, PodInfo] = {}
+        self.unproven: dict[str, Unproven] = {}
+        """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
+        does not verify: never charged. At most one entry per such pod in the cluster."""
         self._listener = listener
         self._clock = clock
+        self._placement_keys = placement_keys
+        self._ring = placement_keys() if placement_keys is not None else None
 
     # ---- pods ----------------------------------------------------------------------------------
 
@@ -77,6 +91,7 @@ class ClusterCache:
             return
         if event == "DELETED":
             self._drop_pending(pod.uid)
+            self.unproven.pop(pod.uid, None)
             if self._accounted(pod.uid):
                 self.state.remove_pod(pod.uid)
                 self._listener.cluster_changed(f"pod {pod.key} was deleted")
@@ -84,9 +99,10 @@ class ClusterCache:
         if pod.node_name:
             self._drop_pending(pod.uid)
             held = self._accounted(pod.uid)
-            self.state.set_pod(pod)
+            self._account(pod)
             if held and not self._accounted(pod.uid):
-                self._listener.cluster_changed(f"pod {pod.key} finished ({pod.phase})")
+                why = f"finished ({pod.phase})" if pod.terminated else "no longer proves its place"
+                self._listener.cluster_changed(f"pod {pod.key} {why}")
             return
         if pod.scheduler_name != self.scheduler_name or pod.deleting or pod.terminated:
             self._drop_pending(pod.uid)
@@ -98,6 +114,67 @@ class ClusterCache:
 
     def _accounted(self, uid: str) -> bool:
         return self.state.is_accounted(uid)
+
+    def _account(self, pod: PodInfo) -> None:
+        """Charge a bound pod if its placement is proven, else keep it as unproven."""
+        self._follow_ring()
+        if pod.terminated or not pod.claims_share:
+            self.unproven.pop(pod.uid, None)
+            self.state.remove_pod(pod.uid)
+            return
+        charged = self.state.charged_pod(pod.uid)
+        verdict: PodInfo | Unproven
+        if charged is not None and same_proof(charged, pod):
+            # Verified when it was charged, and nothing the proof covers has changed since.
+            verdict = (
+                pod if pod.request == charged.request else replace(pod, request=charged.request)
+            )
+        else:
+            verdict = proven(pod, self._ring)
+        if isinstance(verdict, Unproven):
+            self._set_unproven(verdict)
+        else:
+            self.unproven.pop(pod.uid, None)
+            self.state.set_pod(verdict)
+
+    def _set_unproven(self, verdict: Unproven) -> None:
+        pod = verdict.pod
+        self.state.remove_pod(pod.uid)
+        old = self.unproven.get(pod.uid)
+        self.unproven[pod.uid] = verdict
+        if (old is None or old.reason != verdict.reason) and self.on_tritonshare_node(pod):
+            self._listener.unproven_seen(verdict)
+
+    def on_tritonshare_node(self, pod: PodInfo) -> bool:
+        """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
+        info = self.state.nodes.get(pod.node_name)
+        return info is not None and bool(info.gpus or info.gpu_problem)
+
+    def _follow_ring(self) -> None:
+        """When the key ring changed (a rotation), judge every bound pod again: a pod signed
+        with a key that is gone stops being charged; one whose key arrived starts."""
+        if self._placement_keys is None:
+            return
+        ring = self._placement_keys()
+        if ring is self._ring:
+            return
+        self._ring = ring
+        freed = False
+        for pod in self.state.bound_pods():
+            verdict = proven(pod, ring)
+            if isinstance(verdict, Unproven):
+                self._set_unproven(verdict)
+                freed = True
+        for verdict in list(self.unproven.values()):
+            again = proven(verdict.pod, ring)
+            if isinstance(again, Unproven):
+                if again.reason != verdict.reason:
+                    self._set_unproven(again)
+            else:
+                del self.unproven[again.uid]
+                self.state.set_pod(again)
+        if freed:
+            self._listener.cluster_changed("the placement keys changed")
 
     def _drop_pending(self, uid: str) -> None:
         if self.pending.pop(uid, None) is not None:
@@ -111,6 +188,8 @@ class ClusterCache:
                 self._drop_pending(uid)
         for uid in self.state.account_uids() - listed:
             self.state.remove_pod(uid)
+        for uid in set(self.unproven) - listed:
+            del self.unproven[uid]
         for obj in items:
             self.apply_pod("ADDED", obj)
         self._listener.cluster_changed("pods were relisted")

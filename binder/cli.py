@@ -27,6 +27,7 @@ from binder.errors import BinderError, ConfigError, NotFoundError
 from binder.kube import Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
+from binder.proofs import Unproven
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
 from common.quantity import format_bytes
 from common.settings import Declaration, Setting, key_prefix, quantity, text
@@ -44,10 +45,15 @@ class _Quiet:
     def cluster_changed(self, why: str) -> None:
         pass
 
+    def unproven_seen(self, verdict: Unproven) -> None:
+        pass
+
 
 def load(kube: Kube, keys: Keys, namespace: str, scheduler: str, reserve: int) -> ClusterCache:
     """One list of nodes, agent leases and pods, folded into the binder's cache."""
-    cache = ClusterCache(keys, scheduler_name=scheduler, reserve=reserve, listener=_Quiet())
+    cache = ClusterCache(
+        keys, scheduler_name=scheduler, reserve=reserve, listener=_Quiet(), placement_keys=None
+    )
     cache.replace_nodes(kube.list_all(kube.nodes())[0])
     cache.replace_leases(kube.list_all(kube.leases(namespace))[0])
     cache.replace_pods(kube.list_all(kube.pods())[0])

@@ -2,9 +2,12 @@
 
 It owns the accounting DESIGN.md defines: a GPU's free memory is its size minus the reserve minus
 what the non-terminated pods assigned to it hold, including pods the binder has bound but not yet
-seen back from its watch ("assumed" pods). A pod holds the larger of its request and what its
-model is measured to use on the node (the agent's gpu-usage annotation), and a GPU never offers
-more than NVML says is free minus the reserve. It keeps per-node numbers in arrays indexed by
+seen back from its watch ("assumed" pods). Which bound pods are charged at all (those whose proof
+of placement verifies) is decided before they reach it (`binder.cache`, `binder.proofs`). A pod
+holds the larger of its request and what its model is measured to use on the node (the agent's
+gpu-usage annotation), and a GPU never offers more than NVML says is free minus the reserve, so
+memory nothing charged explains (a pod that proves nothing, something outside tritonshare) is
+never handed out either. It keeps per-node numbers in arrays indexed by
 node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes
 (kept up to date node by node when a node joins, leaves, or its labels, taints or cordon
 change), each with its free-memory index (binder.index), fed by a log of the nodes whose free
@@ -198,6 +201,15 @@ class ClusterState:
 
     def assigned_pods(self) -> list[PodInfo]:
         return [a.pod for a in self._accounts.values()]
+
+    def charged_pod(self, uid: str) -> PodInfo | None:
+        """The pod as charged, when the watch has shown it bound (not a mere assumption)."""
+        account = self._accounts.get(uid)
+        return account.pod if account is not None and not account.assumed else None
+
+    def bound_pods(self) -> list[PodInfo]:
+        """The charged pods the watch has shown bound (assumptions left out)."""
+        return [a.pod for a in self._accounts.values() if not a.assumed]
 
     def pods_on(self, node: str) -> list[tuple[PodInfo, int]]:
         """The pods charged to a node, each with its GPU position (-1: not attributed)."""

@@ -14,10 +14,11 @@ from binder.cache import ClusterCache, Informer
 from binder.errors import GoneError
 from binder.kube import JsonObject, Kind, Kube
 from binder.model import PodInfo
+from binder.proofs import Unproven
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
-from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
+from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj, signed
 from tests.binder.simcluster import eventually
-from tests.fixtures_sim import core_v1
+from tests.fixtures_sim import TEST_RING, core_v1
 
 
 class Recorder:
@@ -25,6 +26,7 @@ class Recorder:
         self.changed: list[str] = []
         self.pending: list[str] = []
         self.gone: list[str] = []
+        self.unproven: list[str] = []
 
     def pending_changed(self, pod: PodInfo, relevant: bool) -> None:
         self.pending.append(f"{pod.name}:{'relevant' if relevant else 'minor'}")
@@ -35,6 +37,9 @@ class Recorder:
     def cluster_changed(self, why: str) -> None:
         self.changed.append(why)
 
+    def unproven_seen(self, verdict: Unproven) -> None:
+        self.unproven.append(f"{verdict.pod.name}:{verdict.reason}")
+
 
 NOW = 1_000_000.0
 
@@ -42,7 +47,12 @@ NOW = 1_000_000.0
 def make_cache() -> tuple[ClusterCache, Recorder]:
     recorder = Recorder()
     cache = ClusterCache(
-        KEYS, scheduler_name="tritonshare", reserve=0, listener=recorder, clock=lambda: NOW
+        KEYS,
+        scheduler_name="tritonshare",
+        reserve=0,
+        listener=recorder,
+        placement_keys=lambda: TEST_RING,
+        clock=lambda: NOW,
     )
     return cache, recorder
 
@@ -69,14 +79,22 @@ def test_memory_freed_on_a_node_is_a_helpful_change_and_a_new_bound_pod_is_not()
     cache, recorder = make_cache()
     cache.apply_node("ADDED", node_obj("n1", [8 * GI]))
     recorder.changed.clear()
-    cache.apply_pod("ADDED", pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Running"))
+    cache.apply_pod(
+        "ADDED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
+    )
     assert recorder.changed == []
     assert cache.state.gpu_free("n1") == [7 * GI]
-    cache.apply_pod("MODIFIED", pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Succeeded"))
+    cache.apply_pod(
+        "MODIFIED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Succeeded"), TEST_RING)
+    )
     assert recorder.changed == ["pod models/a finished (Succeeded)"]
     assert cache.state.gpu_free("n1") == [8 * GI]
-    cache.apply_pod("ADDED", pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"))
-    cache.apply_pod("DELETED", pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"))
+    cache.apply_pod(
+        "ADDED", signed(pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
+    )
+    cache.apply_pod(
+        "DELETED", signed(pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
+    )
     assert recorder.changed[-1] == "pod models/b was deleted"
 
 

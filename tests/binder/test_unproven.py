@@ -136,9 +136,7 @@ async def test_a_proof_copied_from_the_tenants_own_pod_proves_nothing(
     )
     await eventually(lambda: core.read_namespaced_pod("mine", TENANT).spec.node_name)
     mine = core.read_namespaced_pod("mine", TENANT)
-    copied = {
-        k: v for k, v in mine.metadata.annotations.items() if k in (KEYS.gpu, KEYS.placement)
-    }
+    copied = {k: v for k, v in mine.metadata.annotations.items() if k in (KEYS.gpu, KEYS.placement)}
     assert KEYS.placement in copied
     # Its proof copied onto pods created on every node: 16Gi each, and the victim's model id.
     for node in ("gpu-1", "gpu-2"):
@@ -190,7 +188,7 @@ async def test_a_bound_pod_edited_after_binding_is_not_charged_at_its_edited_val
     annotations = core.read_namespaced_pod("mine", TENANT).metadata.annotations
     booked_gpu = annotations[KEYS.gpu]
     other_gpu = next(g for g in ("GPU-gpu-1-0", "GPU-gpu-1-1") if g != booked_gpu)
-    version, key_id, request, signature = annotations[KEYS.placement].split(".")
+    version, key_id, _booked, signature = annotations[KEYS.placement].split(".")
     changed = {
         "model-id": {KEYS.model_id: "resnet"},
         "gpu": {KEYS.gpu: other_gpu},
