@@ -145,6 +145,10 @@ class ClusterCache:
         if (old is None or old.reason != verdict.reason) and self.on_tritonshare_node(pod):
             self._listener.unproven_seen(verdict)
 
+    @property
+    def proofs_checked_for_form_only(self) -> bool:
+        return self._placement_keys is None
+
     def on_tritonshare_node(self, pod: PodInfo) -> bool:
         """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
         info = self.state.nodes.get(pod.node_name)

@@ -12,13 +12,16 @@ its decision for the victim sees what the tenant did.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
 
-from tests.binder.objects import GI, KEYS
+from tests.binder.objects import GI, KEYS, node_obj
 from tests.binder.simcluster import (
+    SYSTEM,
     MakeBinder,
     add_node,
     add_pod,
@@ -26,6 +29,9 @@ from tests.binder.simcluster import (
     node_of,
     scheduled_condition,
 )
+from tests.binder.test_cli_and_main import run_cli
+from tests.binder.test_measured_memory import publish_usage
+from tests.fixtures_sim import PlacementKeys
 
 TENANT = "team-b"
 """The attacker's namespace; the victim's pods are in `default`."""
@@ -205,3 +211,110 @@ async def test_a_bound_pod_edited_after_binding_is_not_charged_at_its_edited_val
         for n in ("victim-1", "victim-2")
     }
     assert gpus == {"GPU-gpu-1-0", "GPU-gpu-1-1"}
+
+
+def events_of(core: Any, namespace: str, name: str) -> list[Any]:
+    found = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return [e for e in found.items if e.reason != "FailedScheduling"]
+
+
+async def test_unproven_pods_on_tritonshare_nodes_get_one_warning_event_each(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    core.create_node(node_obj("cpu-1"))  # no agent publishes GPUs here
+    tenant_namespace(core)
+    await make_binder()
+    hog(core, "hog", "gpu-1")
+    hog(core, "on-a-cpu-node", "cpu-1", annotations={KEYS.model_id: "resnet"})
+    core.create_namespaced_pod(  # the node pod: nothing of tritonshare's contract on it
+        SYSTEM,
+        {
+            "metadata": {"name": "tritonshare-node-gpu-1"},
+            "spec": {"nodeName": "gpu-1", "containers": [{"name": "agent", "image": "t"}]},
+        },
+    )
+    [event] = await eventually(lambda: events_of(core, TENANT, "hog"), what="hog's Event")
+    assert (event.type, event.reason) == ("Warning", "NotPlacedByBinder")
+    assert event.involved_object.uid == core.read_namespaced_pod("hog", TENANT).metadata.uid
+    assert event.message == (
+        f"Pod {TENANT}/hog on node gpu-1 carries tritonshare resources or annotations, but it "
+        "was not placed by the tritonshare binder (no proof of placement): the binder does not "
+        "count its GPU memory or its model id, and the node's agent does not serve it. To run "
+        "it on tritonshare, create it without spec.nodeName and with schedulerName tritonshare, "
+        "and let the binder place it."
+    )
+    # The tenant touches its pod again and again: still one Event.
+    for n in range(5):
+        core.patch_namespaced_pod("hog", TENANT, {"metadata": {"labels": {"n": str(n)}}})
+    # A proof that does not match gets its own reason. Events are written one at a time in the
+    # order the pods were seen, so once this one is there, any second Event for the others
+    # would be too.
+    forged = {KEYS.placement: "v1.0123456789abcdef.1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}
+    hog(core, "forged", "gpu-1", annotations=forged)
+    [changed] = await eventually(lambda: events_of(core, TENANT, "forged"), what="an Event")
+    assert changed.reason == "PlacementKeyUnknown"
+    assert len(events_of(core, TENANT, "hog")) == 1
+    assert events_of(core, TENANT, "on-a-cpu-node") == []
+    assert events_of(core, SYSTEM, "tritonshare-node-gpu-1") == []
+
+
+async def test_memory_nvml_shows_used_that_nothing_proven_explains_is_never_handed_out(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    """An unproven pod is not charged, but whatever it (or anything outside tritonshare) really
+    holds on the GPU shows in NVML's used memory, and the binder's free figure subtracts it."""
+    add_node(kube_api, "gpu-1", [16 * GI])
+    tenant_namespace(core)
+    publish_usage(core, "gpu-1", 12 * GI, {})  # 12Gi used, no proven model explains it
+    await make_binder()
+    hog(core, "hog", "gpu-1", mem="15Gi")
+    add_pod(core, "big", mem="8Gi", model="big")
+    condition = await eventually(lambda: scheduled_condition(core, "big"), what="big's reason")
+    # 4Gi: NVML's free; charging the hog would have said 1Gi, ignoring NVML 16Gi.
+    assert "Insufficient GPU memory (largest free block 4Gi)" in condition.message
+    add_pod(core, "small", mem="3Gi", model="small")
+    assert await placed_or_refused(core, "small") == "gpu-1"
+
+
+async def test_status_and_explain_show_unproven_pods_as_not_charged_and_unattributed_memory(
+    kubeconfig: Path,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+    placement_keys: PlacementKeys,
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    tenant_namespace(core)
+    await make_binder()
+    add_pod(core, "resnet", mem="4Gi", model="resnet")
+    assert await placed_or_refused(core, "resnet") == "gpu-1"
+    # NVML: 14Gi used; the agent measured resnet at 5Gi, the other 9Gi no proven model explains.
+    publish_usage(core, "gpu-1", 14 * GI, {"resnet": 5 * GI})
+    hog(core, "hog", "gpu-1", annotations={KEYS.model_id: "bert"})
+    forged = {KEYS.placement: "v1.0123456789abcdef.1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}
+    hog(core, "forged", "gpu-1", mem="1", annotations={**forged, KEYS.model_id: "gpt"})
+    key_dir = str(placement_keys.directory)
+    code, text = run_cli(kubeconfig, "status", "--placement-key-dir", key_dir)
+    assert code == 0, text
+    rows = [re.split(r"\s{2,}", line) for line in text.splitlines()]
+    [gpu] = [r for r in rows if r[0] == "gpu-1" and len(r) == 10]
+    assert gpu[6:10] == ["5Gi", "2Gi", "14Gi", "resnet (asks 4Gi, uses 5Gi)"]
+    assert "2 pods on tritonshare nodes prove no placement by the binder: not charged, not " in text
+    assert ["team-b/forged", "gpu-1", "1", "gpt", "PlacementKeyUnknown"] in rows
+    assert ["team-b/hog", "gpu-1", "16Gi", "bert", "NotPlacedByBinder"] in rows
+    assert ["gpu-1", "0", "9Gi"] in rows  # unattributed
+    assert "checked for form only" not in text
+    # Without the key, a well-formed proof cannot be told from a real one, and the CLI says so.
+    _, text = run_cli(kubeconfig, "status")
+    rows = [re.split(r"\s{2,}", line) for line in text.splitlines()]
+    assert "1 pods on tritonshare nodes prove no placement" in text
+    assert not any(r[0] == "team-b/forged" for r in rows)
+    assert "Proofs of placement were checked for form only (no --placement-key-dir)" in text
+    _, text = run_cli(kubeconfig, "explain", f"{TENANT}/hog")
+    assert (
+        "It is bound to node gpu-1, GPU (not annotated).\n"
+        "The binder does not charge it (NotPlacedByBinder): it was not placed by the tritonshare "
+        "binder (no proof of placement). Its GPU memory and model id do not count on the node, "
+        "and the node's agent does not serve it.\n"
+    ) in text
