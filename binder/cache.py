@@ -125,7 +125,8 @@ class ClusterCache:
         charged = self.state.charged_pod(pod.uid)
         verdict: PodInfo | Unproven
         if charged is not None and same_proof(charged, pod):
-            # Verified when it was charged, and nothing the proof covers has changed since.
+            # Verified when it was charged, or signed by this binder when it assumed the pod,
+            # and nothing the proof covers has changed since.
             verdict = (
                 pod if pod.request == charged.request else replace(pod, request=charged.request)
             )

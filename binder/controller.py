@@ -226,8 +226,9 @@ class Controller:
             return
         result = place(state, pod, now=self._clock(), policy=self._policy)
         if isinstance(result, Placement):
-            state.assume(pod, result.node, result.gpu.uuid)
-            self._bind(pod, result)
+            proof = self._sign(pod, result)
+            state.assume(pod, result.node, result.gpu.uuid, proof)
+            self._bind(pod, result, proof)
             return
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
@@ -320,9 +321,8 @@ class Controller:
             child = self._calls.setdefault(call, self._metrics.api_calls.labels(call))
         child.inc()
 
-    def _bind(self, pod: PodInfo, placement: Placement) -> None:
-        """Patch the pod's GPU annotation and post its Binding, off the loop. The caller holds a
-        bind slot, released with the outcome."""
+    def _sign(self, pod: PodInfo, placement: Placement) -> str:
+        """The proof of this placement, signed with the current key."""
         claim = Claim(
             pod.uid,
             pod.namespace,
@@ -332,10 +332,15 @@ class Controller:
             pod.model_id,
             pod.request,
         )
+        return self._placement_keys().sign(claim)
+
+    def _bind(self, pod: PodInfo, placement: Placement, proof: str = "") -> None:
+        """Patch the pod's GPU annotation and post its Binding, off the loop. The caller holds a
+        bind slot, released with the outcome."""
         # The proof rides in the same patch as the GPU: still two API writes per pod.
         annotations = {
             self._keys.gpu: placement.gpu.uuid,
-            self._keys.placement: self._placement_keys().sign(claim),
+            self._keys.placement: proof or self._sign(pod, placement),
         }
 
         def write() -> None:

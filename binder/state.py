@@ -144,8 +144,9 @@ class ClusterState:
         self.remove_pod(pod.uid)
         self._charge(_Account(pod, pod.node_name, -1, assumed=False))
 
-    def assume(self, pod: PodInfo, node: str, gpu_uuid: str) -> None:
-        """Charge a pod the binder is binding, before the watch shows it bound."""
+    def assume(self, pod: PodInfo, node: str, gpu_uuid: str, placement: str = "") -> None:
+        """Charge a pod the binder is binding, before the watch shows it bound; `placement` is
+        the proof it signed (so the watch's copy of the pod needs no second check)."""
         self.remove_pod(pod.uid)
         bound = PodInfo(
             uid=pod.uid,
@@ -157,6 +158,7 @@ class ClusterState:
             request=pod.request,
             model_id=pod.model_id,
             gpu_uuid=gpu_uuid,
+            placement=placement,
             constraints=pod.constraints,
             created=pod.created,
         )
@@ -203,9 +205,9 @@ class ClusterState:
         return [a.pod for a in self._accounts.values()]
 
     def charged_pod(self, uid: str) -> PodInfo | None:
-        """The pod as charged, when the watch has shown it bound (not a mere assumption)."""
+        """The pod as charged (seen bound, or assumed with the proof the binder signed)."""
         account = self._accounts.get(uid)
-        return account.pod if account is not None and not account.assumed else None
+        return account.pod if account is not None else None
 
     def bound_pods(self) -> list[PodInfo]:
         """The charged pods the watch has shown bound (assumptions left out)."""

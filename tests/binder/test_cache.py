@@ -13,7 +13,7 @@ import pytest
 from binder.cache import ClusterCache, Informer
 from binder.errors import GoneError
 from binder.kube import JsonObject, Kind, Kube
-from binder.model import PodInfo
+from binder.model import PodInfo, pod_from_api
 from binder.proofs import Unproven
 from common.placement import Claim, KeyRing, Proof
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
@@ -318,3 +318,25 @@ def test_without_a_key_ring_a_proofs_form_is_all_that_is_checked() -> None:
         "b": "NotPlacedByBinder",
         "c": "NotPlacedByBinder",
     }
+
+
+def test_a_pod_the_binder_assumed_comes_back_charged_without_a_second_check() -> None:
+    cache, recorder, rings = rotating_cache()
+    obj = signed(pod_obj("ours", mem="3Gi", node="n1", gpu="GPU-n1-0"), rings[0])
+    pending = pod_from_api({**obj, "spec": {**obj["spec"], "nodeName": ""}}, KEYS)
+    cache.state.assume(pending, "n1", "GPU-n1-0", obj["metadata"]["annotations"][KEYS.placement])
+    before = CountingRing.verified
+    cache.apply_pod("MODIFIED", obj)
+    assert CountingRing.verified == before
+    assert cache.state.assumed_uids() == [] and cache.state.gpu_free("n1") == [13 * GI]
+    # Bound with another proof than the one it signed (edited in between): checked, refused.
+    other = signed(pod_obj("ours-2", mem="3Gi", node="n1", gpu="GPU-n1-0"), rings[0])
+    pending = pod_from_api({**other, "spec": {**other["spec"], "nodeName": ""}}, KEYS)
+    cache.state.assume(pending, "n1", "GPU-n1-0", other["metadata"]["annotations"][KEYS.placement])
+    other["metadata"]["annotations"][KEYS.placement] = obj["metadata"]["annotations"][
+        KEYS.placement
+    ]
+    cache.apply_pod("MODIFIED", other)
+    assert CountingRing.verified == before + 1
+    assert cache.state.gpu_free("n1") == [13 * GI]
+    assert recorder.unproven == ["ours-2:PlacementChanged"]
