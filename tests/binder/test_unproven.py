@@ -30,6 +30,7 @@ from tests.binder.simcluster import (
     scheduled_condition,
 )
 from tests.binder.test_cli_and_main import run_cli
+from tests.binder.test_leader import two_replicas
 from tests.binder.test_measured_memory import publish_usage
 from tests.fixtures_sim import PlacementKeys
 
@@ -318,3 +319,28 @@ async def test_status_and_explain_show_unproven_pods_as_not_charged_and_unattrib
         "binder (no proof of placement). Its GPU memory and model id do not count on the node, "
         "and the node's agent does not serve it.\n"
     ) in text
+
+
+async def test_only_the_leader_reports_and_a_new_leader_reports_what_it_finds(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI])
+    tenant_namespace(core)
+    leader, follower = await two_replicas(make_binder)
+    hog(core, "hog", "gpu-1")
+    [event] = await eventually(lambda: events_of(core, TENANT, "hog"), what="hog's Event")
+    assert event.reporting_instance == leader.settings.identity
+    await eventually(lambda: "hog" in {v.pod.name for v in follower.cache.unproven.values()})
+    # The follower saw it too, and queued nothing: only the leader writes.
+    assert not follower.controller._unproven_reported
+    assert not follower.controller._unproven_waiting
+    await leader.stop()  # a clean stop releases the lease: the follower leads at once
+    await eventually(lambda: follower.elector.is_leader, what="the takeover")
+    events = await eventually(
+        lambda: (found := events_of(core, TENANT, "hog")) and len(found) == 2 and found,
+        what="the new leader's report",
+    )
+    assert {e.reporting_instance for e in events} == {
+        leader.settings.identity,
+        follower.settings.identity,
+    }
