@@ -417,7 +417,10 @@ def render(report: Report, settings: CheckSettings, out: TextIO) -> None:
     """The report as text for a person."""
     write = out.write
     if report.driver:
-        write(f"NVIDIA driver {report.driver}; NVML lists {len(report.gpus)} GPUs.\n")
+        count = len(report.gpus)
+        write(
+            f"NVIDIA driver {report.driver}; NVML lists {count} GPU{'' if count == 1 else 's'}.\n"
+        )
     for g in report.gpus:
         state = "healthy" if g["healthy"] else f"UNHEALTHY ({g['reason']})"
         write(
@@ -464,8 +467,8 @@ def _render_measurement(
         f"(error {m.error:+d} bytes, {share:+.3%})\n"
     )
     write(
-        f"  Load took {m.load_seconds * 1000:.1f} ms; load-to-measure "
-        f"{m.load_to_measure_seconds * 1000:.1f} ms\n"
+        f"  Load took {m.load_seconds * 1000:.2f} ms; load-to-measure "
+        f"{m.load_to_measure_seconds * 1000:.2f} ms\n"
     )
     write(
         f"  After {settings.settle_seconds:g} s: GPU used {m.settled_used} (at measurement "

@@ -41,7 +41,10 @@ if not torch.cuda.is_available():
         f"{torch.version.cuda}); the NVIDIA driver must be visible to this process")
     sys.exit(3)
 amount = int(sys.argv[1])
-torch.zeros(1, device="cuda")
+# The context, and the fill kernel loaded (CUDA loads kernels lazily, into GPU memory): neither
+# may land in the measured load.
+warm = torch.empty(1, dtype=torch.uint8, device="cuda")
+warm.fill_(1)
 torch.cuda.synchronize()
 props = torch.cuda.get_device_properties(0)
 say("ready", str(getattr(props, "uuid", "") or "-"), torch.__version__, props.name)

@@ -437,3 +437,112 @@ def test_a_missing_gpu_skips_unless_a_gpu_is_required(
     with pytest.raises(then):  # type: ignore[call-overload]
         hardware.require(False, "no GPU here", environ)
     hardware.require(True, "never said", environ)
+
+
+FAKE_TORCH = '''
+"""A torch with a fake GPU, for the stand-in's protocol only: it allocates nothing."""
+import os
+import types
+
+__version__ = "0.0-fake"
+version = types.SimpleNamespace(cuda="0.0")
+_reserved = 0
+
+
+class _Tensor:
+    def __init__(self, size):
+        self.size = size
+
+    def fill_(self, value):
+        return self
+
+
+def empty(size, dtype=None, device=None):
+    global _reserved
+    _reserved += size
+    return _Tensor(size)
+
+
+uint8 = "uint8"
+
+
+class cuda:
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def synchronize():
+        pass
+
+    @staticmethod
+    def get_device_properties(index):
+        return types.SimpleNamespace(uuid=os.environ["FAKE_UUID"], name="Fake GPU 80GB")
+
+    @staticmethod
+    def memory_reserved():
+        return _reserved
+
+    @staticmethod
+    def empty_cache():
+        global _reserved
+        _reserved = 0
+'''
+
+
+@pytest.fixture
+def fake_torch(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> GpuInfo:
+    """The stand-in's child finds a fake torch first; returns the GPU it pins to."""
+    (tmp_path / "torch.py").write_text(FAKE_TORCH)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
+    gpu = GpuReader(Gpus().module).read().gpus[0]
+    monkeypatch.setenv("FAKE_UUID", gpu.uuid.removeprefix("GPU-"))
+    return gpu
+
+
+def test_the_torch_stand_in_starts_allocates_frees_and_is_reaped(fake_torch: GpuInfo) -> None:
+    stand_in = TorchStandIn(fake_torch, 3 * MIB, 60)
+    try:
+        assert stand_in.start() == "torch 0.0-fake on Fake GPU 80GB"
+        assert stand_in.pid is not None
+        stand_in.allocate()
+        stand_in.free()
+    finally:
+        stand_in.stop()
+    assert stand_in._process is None
+
+
+def test_a_stand_in_on_another_gpu_than_its_pin_is_refused(
+    fake_torch: GpuInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_UUID", "00000000-0000-0000-0000-000000000000")
+    stand_in = TorchStandIn(fake_torch, MIB, 60)
+    try:
+        with pytest.raises(StandInError, match=r"not on GPU 0 .* wrong GPU"):
+            stand_in.start()
+    finally:
+        stand_in.stop()
+
+
+def test_a_stand_in_that_hangs_is_given_up_after_the_timeout(
+    fake_torch: GpuInfo, tmp_path: Any
+) -> None:
+    (tmp_path / "torch.py").write_text("import time\ntime.sleep(60)\n")
+    stand_in = TorchStandIn(fake_torch, MIB, 0.5)
+    try:
+        with pytest.raises(StandInError, match=r"did not start within 0\.5 s"):
+            stand_in.start()
+    finally:
+        stand_in.stop()
+
+
+def test_a_stand_in_whose_allocation_nvml_never_sees_fails_the_check(
+    fake_torch: GpuInfo,
+) -> None:
+    """The whole check with the real stand-in process: a fake torch allocates nothing the mock
+    NVML sees, so the agent measures 0 for a known 1Gi, which must not pass."""
+    out = io.StringIO()
+    code = main(["--measure", "1Gi", "--settle-seconds", "0"], {}, nvml=Gpus().module, out=out)
+    assert code == Outcome.MEASUREMENT_OFF
+    assert "measured 0 bytes for a load of exactly 1073741824" in out.getvalue()
+    assert "torch 0.0-fake on Fake GPU 80GB" in out.getvalue()
