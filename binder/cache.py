@@ -2,13 +2,16 @@
 
 One daemon thread per watched kind lists once, then watches from the last resourceVersion (kept
 across reconnects, advanced by bookmarks) and relists only on 410 Gone. The thread ends only when
-asked to: an unreachable API server, a broken stream, 429 or 5xx mean waiting (doubling from 1 s
-to 30 s, or the server's Retry-After) and trying again, and even an unexpected error is logged and
-retried. Each informer says since when it has been failing, for /readyz. Events are handed to the
-event loop, where `ClusterCache` applies them to the ClusterState and the set of pending pods and
-tells its listener what changed: a pending pod appeared or changed, a pending pod left, or the
-cluster changed in a way that could help unschedulable pods (memory freed, a node added or
-changed, an agent came alive). Decisions never list: they read this cache.
+asked to: an unreachable API server (refused, reset, timed out) is tried again about every second,
+jittered, for a connection attempt costs a server that is down nothing and the caches must be back
+in touch within a second of it answering again; 429 and 5xx, from a server that answers but is
+overloaded, mean backing off (doubling from 1 s to 30 s, jittered, or the server's Retry-After);
+even an unexpected error is logged and retried. Each informer says since when it has been failing,
+for /readyz. Events are handed to the event loop, where `ClusterCache` applies them to the
+ClusterState and the set of pending pods and tells its listener what changed: a pending pod
+appeared or changed, a pending pod left, or the cluster changed in a way that could help
+unschedulable pods (memory freed, a node added or changed, an agent came alive). Decisions never
+list: they read this cache.
 
 It must not decide placements nor write to the API.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +40,10 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
+UNREACHABLE_RETRY_SECONDS = 1.0
+"""While the API server cannot be reached, each watch tries again after 50-100 % of this."""
+FAILURE_LOG_SECONDS = 30.0
+"""While a watch keeps failing, it says so once in this many seconds."""
 
 
 class Listener(Protocol):
@@ -270,6 +278,7 @@ class Informer:
         """Failed lists and watches so far."""
         self._monotonic = monotonic
         self._failing_since: float | None = None
+        self._logged_failure_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{kind.name}", daemon=True)
         self._inbox = inbox or Inbox(loop)
 
@@ -307,7 +316,19 @@ class Informer:
         since = self._failing_since
         return 0.0 if since is None else max(0.0, self._monotonic() - since)
 
+    def _should_log_failure(self) -> bool:
+        """Whether this failure is worth a log line: the first of an outage, then one every
+        FAILURE_LOG_SECONDS, since an unreachable server is tried about every second."""
+        now = self._monotonic()
+        if self._logged_failure_at is not None and now - self._logged_failure_at < (
+            FAILURE_LOG_SECONDS
+        ):
+            return False
+        self._logged_failure_at = now
+        return True
+
     def _working(self) -> None:
+        self._logged_failure_at = None
         if self._failing_since is not None:
             log.info(
                 "The %s cache is back in touch with the API server after %.0f s.",
@@ -342,17 +363,17 @@ class Informer:
                 self.failures += 1
                 if self._failing_since is None:
                     self._failing_since = self._monotonic()
-                wait = delay
-                if isinstance(e, UnavailableError) and e.retry_after is not None:
-                    wait = max(delay, e.retry_after)
+                wait = _retry_wait(e, delay)
                 if isinstance(e, ApiError | OSError | ValueError):
-                    log.warning(
-                        "Watching %s has failed (%s): the cache keeps what it has and retries "
-                        "in %.0f s.",
-                        self._kind,
-                        e,
-                        wait,
-                    )
+                    if self._should_log_failure():
+                        log.warning(
+                            "Watching %s has failed (%s): the cache keeps what it has and "
+                            "retries in %.1f s (failing for %.0f s).",
+                            self._kind,
+                            e,
+                            wait,
+                            self.failing_for(),
+                        )
                 else:
                     log.exception(
                         "Watching %s has failed unexpectedly: the cache keeps what it has and "
@@ -361,4 +382,21 @@ class Informer:
                         wait,
                     )
                 self._stop.wait(wait)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                if not _unreachable(e):
+                    delay = min(delay * 2, RETRY_MAX_SECONDS)
+
+
+def _unreachable(e: Exception) -> bool:
+    """The API server did not answer at all (status 0: refused, reset, timed out)."""
+    return isinstance(e, UnavailableError) and e.status == 0
+
+
+def _retry_wait(e: Exception, delay: float) -> float:
+    """How long a watch waits after `e`, jittered so the informers (and replicas) do not retry
+    in step: about a second while the server is unreachable, `delay` (or the server's
+    Retry-After, if longer) while it answers with errors."""
+    if _unreachable(e):
+        return UNREACHABLE_RETRY_SECONDS * random.uniform(0.5, 1.0)  # noqa: S311 (not security)
+    if isinstance(e, UnavailableError) and e.retry_after is not None:
+        return max(delay, e.retry_after)
+    return delay * random.uniform(0.5, 1.0)  # noqa: S311 (jitter, not security)
