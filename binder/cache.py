@@ -217,8 +217,15 @@ class ClusterCache:
         node = node_from_api(obj, self.keys)
         if node.gpu_problem:
             log.warning("Node %s has GPUs the binder cannot read: %s.", name, node.gpu_problem)
+        old = self.state.nodes.get(name)
+        was_ours = old is not None and bool(old.gpus or old.gpu_problem)
         if self.state.set_node(node):
             self._listener.cluster_changed(f"node {name} was added or changed")
+        if not was_ours and (node.gpus or node.gpu_problem) and self.unproven:
+            # An agent started on a node where unproven pods already ran: report them now.
+            for verdict in list(self.unproven.values()):
+                if verdict.pod.node_name == name:
+                    self._listener.unproven_seen(verdict)
 
     def replace_nodes(self, items: list[JsonObject]) -> None:
         listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}

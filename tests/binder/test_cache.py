@@ -340,3 +340,13 @@ def test_a_pod_the_binder_assumed_comes_back_charged_without_a_second_check() ->
     assert CountingRing.verified == before + 1
     assert cache.state.gpu_free("n1") == [13 * GI]
     assert recorder.unproven == ["ours-2:PlacementChanged"]
+
+
+def test_unproven_pods_are_reported_when_their_node_becomes_a_tritonshare_node() -> None:
+    cache, recorder, _ = rotating_cache()
+    cache.apply_pod("ADDED", pod_obj("early", node="later", namespace="team-b"))
+    cache.apply_pod("ADDED", pod_obj("on-plain", node="plain", namespace="team-b"))
+    assert recorder.unproven == []  # node "later" is unknown, "plain" publishes no GPUs
+    cache.apply_node("ADDED", node_obj("later", [16 * GI]))  # its agent starts
+    cache.apply_node("MODIFIED", node_obj("later", [16 * GI], labels={"a": "b"}))
+    assert recorder.unproven == ["early:NotPlacedByBinder"]
