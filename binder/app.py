@@ -47,7 +47,7 @@ class Binder:
         self.kube = Kube(
             settings.kubeconfig, retry=RetryPolicy(budget_seconds=settings.renew_deadline_seconds)
         )
-        self.metrics = Metrics(lambda: self.cache.state)
+        self.metrics = Metrics(lambda: self.cache.state, self._unproven_reasons)
         self.queue = SchedulingQueue(
             initial_seconds=settings.backoff_initial_seconds,
             max_seconds=settings.backoff_max_seconds,
@@ -105,6 +105,10 @@ class Binder:
         self.failure: BaseException | None = None
         """What ended the replica, if one of its tasks failed (logged where it failed)."""
         self._stopping = False
+
+    def _unproven_reasons(self) -> list[str]:
+        cache = self.cache
+        return [v.reason for v in list(cache.unproven.values()) if cache.on_tritonshare_node(v.pod)]
 
     def role(self) -> str:
         return "leader" if self.elector.is_leader else "follower"

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kubernetes.client
 import pytest
 
@@ -225,7 +226,7 @@ async def test_unproven_pods_on_tritonshare_nodes_get_one_warning_event_each(
     add_node(kube_api, "gpu-1", [16 * GI])
     core.create_node(node_obj("cpu-1"))  # no agent publishes GPUs here
     tenant_namespace(core)
-    await make_binder()
+    binder = await make_binder()
     hog(core, "hog", "gpu-1")
     hog(core, "on-a-cpu-node", "cpu-1", annotations={KEYS.model_id: "resnet"})
     core.create_namespaced_pod(  # the node pod: nothing of tritonshare's contract on it
@@ -258,6 +259,16 @@ async def test_unproven_pods_on_tritonshare_nodes_get_one_warning_event_each(
     assert len(events_of(core, TENANT, "hog")) == 1
     assert events_of(core, TENANT, "on-a-cpu-node") == []
     assert events_of(core, SYSTEM, "tritonshare-node-gpu-1") == []
+    # And counted for alerts, where the agent runs only.
+    url = f"http://127.0.0.1:{binder.http.port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        text = await answer.text()
+    for reason, count in [
+        ("NotPlacedByBinder", 1),
+        ("PlacementChanged", 0),
+        ("PlacementKeyUnknown", 1),
+    ]:
+        assert f'tritonshare_binder_unproven_pods{{reason="{reason}"}} {count}.0' in text
 
 
 async def test_memory_nvml_shows_used_that_nothing_proven_explains_is_never_handed_out(
