@@ -40,7 +40,7 @@ from agent.errors import (
     TritonUnreachableError,
 )
 from agent.inventory import GpuInfo, GpuSnapshot
-from agent.memory import MemoryLedger, admission_problem
+from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy, override_json, parse_config, pinned_as, pinned_config
 from agent.ownership import OwnerRecord, OwnerStore
@@ -465,15 +465,19 @@ class Models:
     async def _load_measured(
         self, model_id: str, override: str, owner: Proven, uuid: str, index: int
     ) -> None:
-        """Load, admitted and measured when the model's GPU can be read: one load at a time per
-        GPU, so the GPU's growth across the load is this model's."""
+        """Load, admitted and measured when the model's GPU can be read: one load or unload at
+        a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
+        since its last reading is observed first, so what grew before the load is not billed
+        to it (`agent.memory` decides whose the window's growth is)."""
         if self._read_gpu is None or not uuid or index < 0:
             await self.triton.load(model_id, override)
             return
-        async with self._gpu_locks.setdefault(uuid, asyncio.Lock()):
+        async with self._gpu_lock(uuid):
+            before = await self._read_gpu(uuid)
+            if before is not None:
+                self._unexplained(self.ledger.observe_gpu(before))
             self.ledger.loading.add(uuid)
             try:
-                before = await self._read_gpu(uuid)
                 if before is not None:
                     problem = admission_problem(
                         before,
@@ -491,7 +495,7 @@ class Models:
                 after = await self._read_gpu(uuid)
                 reported = await self.triton.gpu_memory(model_id, index)
                 if before is not None and after is not None:
-                    entry = self.ledger.record_load(
+                    entry, rest = self.ledger.record_load(
                         model_id,
                         uuid,
                         owner.request,
@@ -508,6 +512,38 @@ class Models:
                         "Triton's statistics" if entry.source == "triton" else "NVML",
                         owner.request,
                     )
+                    self._unexplained(rest)
+            finally:
+                self.ledger.loading.discard(uuid)
+
+    def _gpu_lock(self, uuid: str) -> asyncio.Lock:
+        return self._gpu_locks.setdefault(uuid, asyncio.Lock())
+
+    def _unexplained(self, growth: Unexplained | None) -> None:
+        if growth is not None:
+            self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
+            log.warning("%s.", describe(growth))
+
+    async def _unload_measured(self, model_id: str) -> None:
+        """Unload and wait until Triton has; on a measured GPU, one load or unload at a time,
+        read before and after so that what it did not free stays unexplained."""
+        entry = self.ledger.models.get(model_id)
+        if entry is None or self._read_gpu is None:
+            await self.triton.unload(model_id)
+            await self.triton.wait_unloaded(model_id, self.unload_timeout)
+            return
+        uuid = entry.gpu_uuid
+        async with self._gpu_lock(uuid):
+            before = await self._read_gpu(uuid)
+            if before is not None:
+                self._unexplained(self.ledger.observe_gpu(before))
+            self.ledger.loading.add(uuid)
+            try:
+                await self.triton.unload(model_id)
+                await self.triton.wait_unloaded(model_id, self.unload_timeout)
+                after = await self._read_gpu(uuid)
+                if before is not None and after is not None:
+                    self.ledger.record_unload(model_id, before.memory_used, after.memory_used)
             finally:
                 self.ledger.loading.discard(uuid)
 
@@ -536,8 +572,7 @@ class Models:
         try:
             entry = await self.triton.state(model_id)
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
-                await self.triton.unload(model_id)
-                await self.triton.wait_unloaded(model_id, self.unload_timeout)
+                await self._unload_measured(model_id)
             if not keep_files and self.repository.model_dir(model_id).exists():
                 await self._in_thread(self.repository.remove, model_id)
         except AgentError as e:

@@ -6,8 +6,11 @@ CPU here, so this module plays the GPU's part: a model READY in Triton occupies 
 `config.pbtxt` declares in the parameter `sim_gpu_memory` (a quantity such as `3Gi`; none: 0),
 plus `sim_gpu_memory_growth` (`2Gi@5`: 2Gi more from 5 seconds after it was first seen READY),
 on the GPU of the pod that owns the model id on this node (its `tritonshare.io/gpu`
-annotation). It reads Triton's repository index, the model's config file and the node's pods;
-it writes nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
+annotation). Tests make a loaded model allocate more at a moment of their choosing with
+`allocate(model, bytes)` (a tenant's model growing on its first large request, say); like the rest
+of its footprint, that is freed when the model leaves READY. It reads Triton's repository index,
+the model's config file and the node's pods; it writes nothing and knows nothing of the agent.
+`mock.set_workload(ModelFootprints(...))`.
 """
 
 from __future__ import annotations
@@ -66,6 +69,13 @@ class ModelFootprints:
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[int, int]] = (-1e9, {})
         self._first_ready: dict[str, float] = {}
+        self._allocated: dict[str, int] = {}
+
+    def allocate(self, model: str, size: int) -> None:
+        """From now on `model` occupies `size` bytes more (until it leaves READY)."""
+        with self._lock:
+            self._allocated[model] = self._allocated.get(model, 0) + size
+            self._cached = (-1e9, {})
 
     def __call__(self) -> dict[int, int]:
         with self._lock:
@@ -105,6 +115,8 @@ class ModelFootprints:
         ready = self._ready_models()
         for gone in set(self._first_ready) - ready:
             del self._first_ready[gone]
+        for gone in set(self._allocated) - ready:
+            del self._allocated[gone]
         gpus = self._gpu_of_models()
         footprint: dict[int, int] = {}
         for model in ready:
@@ -115,6 +127,7 @@ class ModelFootprints:
                 growth, _, after = declared(text, "sim_gpu_memory_growth").partition("@")
                 if growth and now - first >= float(after or 0):
                     size += _bytes(growth)
+                size += self._allocated.get(model, 0)
             except (OSError, QuantityError):
                 continue
             if model in gpus and size:
