@@ -22,10 +22,13 @@ import asyncio
 import enum
 import errno
 import logging
+import mmap
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TypeVar
 
 from agent.errors import (
@@ -42,7 +45,16 @@ from agent.errors import (
 from agent.inventory import GpuInfo, GpuSnapshot
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
-from agent.modelconfig import ModelPolicy, override_json, parse_config, pinned_as, pinned_config
+from agent.modelconfig import (
+    ModelPolicy,
+    external_data_problem,
+    onnx_files,
+    override_json,
+    parse_config,
+    pinned_as,
+    pinned_config,
+)
+from agent.onnxmodel import OnnxFormatError, external_locations
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.repository import Repository, Staging
@@ -125,6 +137,22 @@ def _disk_error(model_id: str, error: OSError) -> AgentError:
             f"nothing was kept, free space on the repository volume"
         )
     return AgentError(f"writing model {model_id!r} failed on the node ({error}); nothing was kept")
+
+
+def _onnx_locations(model_id: str, path: Path) -> list[str]:
+    """The external-data locations of an ONNX file, read through a read-only mapping."""
+    with path.open("rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return []
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            try:
+                return external_locations(mapped)
+            except OnnxFormatError as e:
+                why = str(e)  # raised below: the traceback must not pin the mapping open
+    raise InvalidRequestError(
+        f"{path.name} of model {model_id!r} is not an ONNX model ({why}); install the file "
+        f"onnxruntime loads"
+    )
 
 
 class Models:
@@ -327,6 +355,16 @@ class Models:
             config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
             config = parse_config(config_text, model_id)
             self.policy.check_config(config, model_id, owner.namespace)
+            paths = [e.path for e in manifest.files]
+            for path in onnx_files(config, paths):
+                # Off the event loop: a model file may be gigabytes (mapped, never copied).
+                locations = await self._in_thread(
+                    _onnx_locations, model_id, staging.directory / path, executor=writer
+                )
+                for location in locations:
+                    problem = external_data_problem(model_id, path, location, set(paths))
+                    if problem:
+                        raise InvalidRequestError(problem)
             await self._in_thread(self.repository.commit, staging, executor=writer)
         except BaseException as e:
             await self._in_thread(staging.abort, executor=writer)

@@ -124,7 +124,8 @@ class Settings:
     """Namespaces whose models may run their own code in the shared Triton (python and custom
     backends, backend or op libraries shipped with the model). Default: none."""
     safe_backends: tuple[str, ...] = DEFAULT_SAFE_BACKENDS
-    """Backends that run no tenant code, allowed for every namespace."""
+    """Backends whose models cannot reach beyond themselves, allowed for every namespace (the
+    framework backends whose graphs read files, pytorch, tensorflow and openvino, are not)."""
     max_model_bytes: int = 64 * 1024**3
     """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
     install_deadline_seconds: float = 1800.0
@@ -282,7 +283,8 @@ DECLARATION = Declaration(
         ),
         Setting(
             "safe-backends",
-            "comma-separated backends that run no tenant code",
+            "comma-separated backends whose models cannot reach beyond themselves (see "
+            "docs/agent.md before adding one: pytorch, tensorflow and openvino graphs read files)",
             names,
             ",".join(DEFAULT_SAFE_BACKENDS),
         ),

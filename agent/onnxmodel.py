@@ -1,0 +1,109 @@
+"""The files an ONNX model makes its runtime open: the external-data locations in its protobuf.
+
+An ONNX tensor may keep its bytes outside the model file: `data_location: EXTERNAL` and an
+`external_data` entry `location`, a path relative to the model file's directory. onnxruntime up to
+1.23 (Triton 2.51 ships 1.19) opens that path as given, absolute or through `..`, so a model that
+is "only data" can read any file Triton can read: another tenant's weights in the shared
+repository, a token, `/proc/self/environ`. `ModelPolicy.check_external_data` allows only files of
+the model itself; this module finds every location a model names.
+
+The walk reads the protobuf wire format directly (no `onnx` package): it enters only the messages
+that can hold tensors (graphs, nodes, attributes, sparse tensors, functions, training graphs) and
+steps over every other field by its length, so a 2 GiB file is walked without being copied. Pure:
+it is given the bytes (a memoryview over an mmap) and returns strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from mmap import mmap
+
+MAX_DEPTH = 100
+"""protobuf's own parsers stop at this nesting; onnxruntime reads nothing deeper."""
+
+# The messages worth entering, and which of their fields hold such messages.
+_MODEL, _GRAPH, _NODE, _ATTRIBUTE, _TENSOR, _SPARSE, _FUNCTION, _TRAINING, _ENTRY = range(9)
+_CHILDREN: dict[int, dict[int, int]] = {
+    _MODEL: {7: _GRAPH, 20: _TRAINING, 25: _FUNCTION},
+    _GRAPH: {1: _NODE, 5: _TENSOR, 15: _SPARSE},
+    _NODE: {5: _ATTRIBUTE},
+    _ATTRIBUTE: {5: _TENSOR, 6: _GRAPH, 10: _TENSOR, 11: _GRAPH, 22: _SPARSE, 23: _SPARSE},
+    _SPARSE: {1: _TENSOR, 2: _TENSOR},
+    _FUNCTION: {7: _NODE, 11: _ATTRIBUTE},
+    _TRAINING: {1: _GRAPH, 2: _GRAPH},
+    _TENSOR: {13: _ENTRY},  # external_data: StringStringEntryProto
+    _ENTRY: {},
+}
+_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+
+
+class OnnxFormatError(ValueError):
+    """The bytes are not an ONNX protobuf."""
+
+
+def external_locations(data: bytes | mmap | memoryview) -> list[str]:
+    """Every external-data `location` the model names (duplicates kept)."""
+    with memoryview(data) as view:
+        return _walk(view)
+
+
+def _walk(view: memoryview) -> list[str]:
+    found: list[str] = []
+    stack = [(_MODEL, 0, len(view), 0)]
+    while stack:
+        kind, start, end, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise OnnxFormatError(f"messages nest deeper than {MAX_DEPTH} levels")
+        key, value = "", ""
+        for number, wire, first, last in _fields(view, start, end):
+            if kind == _ENTRY and wire == _LENGTH and number in (1, 2):
+                text = bytes(view[first:last]).decode("utf-8", errors="replace")
+                key, value = (text, value) if number == 1 else (key, text)
+                continue
+            child = _CHILDREN[kind].get(number)
+            if child is not None and wire == _LENGTH:
+                stack.append((child, first, last, depth + 1))
+        if kind == _ENTRY and key == "location":
+            found.append(value)
+    return found
+
+
+def _fields(view: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, payload start, payload end) of each field in view[start:end]."""
+    at = start
+    while at < end:
+        tag, at = _varint(view, at, end)
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise OnnxFormatError(f"field number 0 at byte {at}")
+        if wire == _VARINT:
+            _, following = _varint(view, at, end)
+            yield number, wire, at, following
+            at = following
+        elif wire == _LENGTH:
+            size, first = _varint(view, at, end)
+            if first + size > end:
+                raise OnnxFormatError(f"a field at byte {at} runs past its message")
+            yield number, wire, first, first + size
+            at = first + size
+        elif wire in (_FIXED64, _FIXED32):
+            size = 8 if wire == _FIXED64 else 4
+            if at + size > end:
+                raise OnnxFormatError(f"a field at byte {at} runs past its message")
+            yield number, wire, at, at + size
+            at += size
+        else:
+            raise OnnxFormatError(f"wire type {wire} at byte {at} is not used by ONNX")
+
+
+def _varint(view: memoryview, at: int, end: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if at >= end or shift > 63:
+            raise OnnxFormatError(f"a truncated number at byte {at}")
+        byte = view[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
