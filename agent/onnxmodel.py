@@ -1,10 +1,11 @@
 """The files an ONNX model makes its runtime open: the external-data locations in its protobuf.
 
 An ONNX tensor may keep its bytes outside the model file: `data_location: EXTERNAL` and an
-`external_data` entry `location`, a path relative to the model file's directory. onnxruntime up to
-1.23 (Triton 2.51 ships 1.19) opens that path as given, absolute or through `..`, so a model that
-is "only data" can read any file Triton can read: another tenant's weights in the shared
-repository, a token, `/proc/self/environ`. `ModelPolicy.check_external_data` allows only files of
+`external_data` entry `location`, a path relative to the model file's directory. onnxruntime
+opened that path as given, absolute or through `..`, until it learned to refuse them in December
+2025 (microsoft/onnxruntime#26776, after the onnxruntime of Triton 2.51), so a model that is "only
+data" can read any file Triton can read: another tenant's weights in the shared repository, a
+token, `/proc/self/environ`. `ModelPolicy.check_external_data` allows only files of
 the model itself; this module finds every location a model names.
 
 The walk reads the protobuf wire format directly (no `onnx` package): it enters only the messages
