@@ -64,6 +64,9 @@ class Measured:
     """`triton` (the backend's own statistics) or `nvml` (its GPU's used memory)."""
     floor: int = 0
     """Triton's figure at load: a model alone on its GPU is never measured below it."""
+    adopted: bool = False
+    """Found loaded after an agent restart: its load was never read, its GPU's baseline is
+    unknown."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,17 @@ class MemoryLedger:
         entry = self.models.get(model_id)
         if entry is None or entry.source == "triton":
             return 0
+        if any(m.adopted for m in self.on_gpu(entry.gpu_uuid)):
+            # Loaded before this agent started: nothing on its GPU was read from empty.
+            return entry.bytes
         return max(self._unexplained.get(entry.gpu_uuid, 0), 0)
+
+    def adopt(self, model_id: str, gpu_uuid: str, request: int) -> None:
+        """A model already loaded when the agent started: counted at its request, so that its
+        neighbours' loads are measured as shared, and never sure until its GPU has been empty."""
+        if model_id not in self.models:
+            self.models[model_id] = Measured(model_id, gpu_uuid, request, request, "nvml")
+            self.models[model_id].adopted = True
 
     def record_load(
         self,

@@ -735,3 +735,5 @@ class Models:
         snapshot = self._gpus()
         gpu = snapshot.by_uuid(owner.gpu_uuid) if snapshot and owner.gpu_uuid else None
         record.gpu_index = gpu.index if gpu else -1
+        if gpu is not None:
+            self.ledger.adopt(model_id, gpu.uuid, owner.request)

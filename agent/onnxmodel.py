@@ -21,6 +21,11 @@ from mmap import mmap
 
 MAX_DEPTH = 100
 """protobuf's own parsers stop at this nesting; onnxruntime reads nothing deeper."""
+MAX_BYTES = 2**31 - 1
+"""protobuf's limit on one message: a larger file is no ONNX model onnxruntime can parse."""
+MAX_FIELDS = 5_000_000
+"""Fields walked at most (about 1.5 us each): a real graph has far fewer outside its tensors'
+data, which is stepped over whole; a file crafted of tiny fields costs seconds, not minutes."""
 
 # The messages worth entering, and which of their fields hold such messages.
 _MODEL, _GRAPH, _NODE, _ATTRIBUTE, _TENSOR, _SPARSE, _FUNCTION, _TRAINING, _ENTRY = range(9)
@@ -49,14 +54,25 @@ def external_locations(data: bytes | mmap | memoryview) -> list[str]:
 
 
 def _walk(view: memoryview) -> list[str]:
+    if len(view) > MAX_BYTES:
+        raise OnnxFormatError(
+            f"it is {len(view)} bytes, over protobuf's 2 GiB; keep the weights as external data"
+        )
     found: list[str] = []
     stack = [(_MODEL, 0, len(view), 0)]
+    walked = 0
     while stack:
         kind, start, end, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise OnnxFormatError(f"messages nest deeper than {MAX_DEPTH} levels")
         key, value = "", ""
         for number, wire, first, last in _fields(view, start, end):
+            walked += 1
+            if walked > MAX_FIELDS:
+                raise OnnxFormatError(
+                    f"its graph has more than {MAX_FIELDS} fields outside tensor data, more "
+                    f"than the agent reads"
+                )
             if kind == _ENTRY and wire == _LENGTH and number in (1, 2):
                 text = bytes(view[first:last]).decode("utf-8", errors="replace")
                 key, value = (text, value) if number == 1 else (key, text)

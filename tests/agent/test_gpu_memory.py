@@ -315,9 +315,11 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
 
     async def victim_loading() -> bool:
         entry = await running.agent.triton.state("victim")
-        return entry is not None and entry.state == "LOADING"
+        return victim_load.done() or (entry is not None and entry.state == "LOADING")
 
     await eventually(victim_loading, what="the victim's load to begin in Triton")
+    if victim_load.done():  # its install or load failed: say why
+        pytest.fail(f"the victim's load ended before the attack: {victim_load.result()}")
     footprints.allocate("attacker", 4 * GI)
     victim = await victim_load
     assert victim.state == agent_pb2.MODEL_STATE_READY, victim.reason

@@ -93,3 +93,17 @@ def test_triton_s_own_figure_is_sure_and_never_lowered_by_nvml() -> None:
     assert (entry.bytes, entry.source, ledger.uncertainty("t")) == (2 * GI, "triton", 0)
     ledger.observe_gpu(reading(GI))
     assert ledger.measured("t") == 2 * GI
+
+
+def test_models_found_loaded_after_a_restart_make_their_gpu_shared_and_unsure() -> None:
+    """The agent restarts with a model loaded: its load was never read, so a neighbour loading
+    beside it is measured as shared, and nothing on the GPU can be evicted on NVML's word."""
+    ledger = MemoryLedger()
+    ledger.observe_gpu(reading(3 * GI))  # before adoption: the old model looks like baseline
+    ledger.adopt("old", GPU, GI)
+    entry, rest = ledger.record_load("new", GPU, GI, 3 * GI, 6 * GI, None)
+    assert entry.bytes == GI and rest is not None and rest.grown == 2 * GI
+    ledger.record_unload("new", 6 * GI, 5 * GI)
+    ledger.observe_gpu(reading(8 * GI))
+    [over] = ledger.over()
+    assert over.model.model_id == "old" and not over.sure(ledger.allowed(GI))

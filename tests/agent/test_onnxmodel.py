@@ -105,3 +105,13 @@ def test_anything_else_is_refused_with_what_to_do(location: str) -> None:
     problem = external_data_problem("m", "1/model.onnx", location, FILES)
     assert "is not a file of the model" in problem
     assert "install it with the model" in problem
+
+
+def test_a_file_of_tiny_fields_costs_a_bounded_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model crafted of millions of tiny fields would hold the install's thread for minutes:
+    the walk stops at a bound and says so."""
+    monkeypatch.setattr("agent.onnxmodel.MAX_FIELDS", 1000)
+    graph = field(99, 1) * 1001
+    with pytest.raises(OnnxFormatError, match="more than 1000 fields"):
+        external_locations(model(graph))
+    assert external_locations(model(field(99, 1) * 990)) == []
