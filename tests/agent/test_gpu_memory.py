@@ -313,11 +313,12 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
     )  # fmt: skip
     victim_load = asyncio.ensure_future(victim_serve)
 
-    async def victim_loading() -> bool:
-        entry = await running.agent.triton.state("victim")
-        return victim_load.done() or (entry is not None and entry.state == "LOADING")
-
-    await eventually(victim_loading, what="the victim's load to begin in Triton")
+    # The agent's window on GPU 0 opens (its reading before the load is taken) and the victim's
+    # model takes three seconds to load: the attacker allocates inside the window.
+    await eventually(
+        lambda: victim_load.done() or gpu in running.agent.ledger.loading,
+        what="the victim's load window to open",
+    )
     if victim_load.done():  # its install or load failed: say why
         pytest.fail(f"the victim's load ended before the attack: {victim_load.result()}")
     footprints.allocate("attacker", 4 * GI)
