@@ -335,7 +335,17 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
     # The attacker's growth is not hidden: it stays on the GPU as unattributed memory.
     assert ledger.unattributed(gpu) >= 3 * GI
     metrics = await scrape(running)
-    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{gpu="{gpu}"}}' in metrics
+    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{gpu="{gpu}"}} 3.221225472e+09' in (
+        metrics
+    )
+    assert (
+        f'tritonshare_agent_gpu_unexplained_growth_bytes_total{{gpu="{gpu}"}} 3.221225472e+09'
+        in metrics
+    )
+    assert (
+        f'tritonshare_agent_model_gpu_memory_uncertainty_bytes{{gpu="{gpu}",model="victim"}}'
+        in (metrics)
+    )
     # Several reconciliation passes later, nothing has happened to the victim.
     passes = running.agent.reconciler.passes
     await eventually(
