@@ -180,6 +180,11 @@ class MemoryLedger:
     ) -> tuple[Measured, Unexplained | None]:
         """A load finished (`used_before` was observed first): its figure, and the growth of
         its window that could not be billed to it (None when there was none)."""
+        previous = self.models.get(model_id)
+        if previous is not None:
+            # A reload replaces the model in place: what it held before is its own, not the
+            # GPU's baseline, and its figure is that plus the change.
+            used_before -= previous.bytes
         growth = used_after - used_before
         others = [m for m in self.on_gpu(gpu_uuid) if m.model_id != model_id]
         if not others:

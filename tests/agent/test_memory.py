@@ -107,3 +107,14 @@ def test_models_found_loaded_after_a_restart_make_their_gpu_shared_and_unsure() 
     ledger.observe_gpu(reading(8 * GI))
     [over] = ledger.over()
     assert over.model.model_id == "old" and not over.sure(ledger.allowed(GI))
+
+
+def test_a_reload_in_place_keeps_what_the_model_held() -> None:
+    """Triton reloads a loaded model in place: the GPU barely changes, and the model's memory
+    is still its own, not the GPU's baseline."""
+    ledger = MemoryLedger()
+    ledger.record_load("a", GPU, GI, 0, 2 * GI, None)
+    entry, _ = ledger.record_load("a", GPU, GI, 2 * GI, 2 * GI + GI // 2, None)
+    assert entry.bytes == 2 * GI + GI // 2
+    ledger.observe_gpu(reading(3 * GI))
+    assert ledger.measured("a") == 3 * GI
