@@ -139,7 +139,8 @@ class Settings:
     value as the binder's --gpu-mem-reserve."""
     gpu_mem_enforcement: str = "warn"
     """What happens to a model measured above its request plus the tolerance: `warn` (an Event
-    and a metric) or `evict` (also unloaded, and its pod marked Failed)."""
+    and a metric) or `evict` (also unloaded, and its pod marked Failed, when the excess is beyond
+    its figure's uncertainty: no other model can have caused it; otherwise it is warned)."""
     gpu_mem_tolerance: float = 0.05
     """Fraction of the request a model may use beyond it before it is over (at least 256Mi)."""
     usage_publish_seconds: float = 60.0
@@ -302,7 +303,8 @@ DECLARATION = Declaration(
         ),
         Setting(
             "gpu-mem-enforcement",
-            "warn or evict a model using more GPU memory than it asked for",
+            "warn or evict a model using more GPU memory than it asked for (evict only where no "
+            "other model could have caused the excess; otherwise warn)",
             one_of("warn", "evict"),
             "warn",
         ),
