@@ -139,18 +139,28 @@ def _disk_error(model_id: str, error: OSError) -> AgentError:
     return AgentError(f"writing model {model_id!r} failed on the node ({error}); nothing was kept")
 
 
-def _onnx_locations(model_id: str, path: Path) -> list[str]:
-    """The external-data locations of an ONNX file, read through a read-only mapping."""
+def _onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
+    """Why the ONNX file `name` of the model (at `path`) may not be installed ("" when it may):
+    a tensor of it names external data that is not a file of the model, or it is no ONNX model.
+    Read through a read-only mapping, one location at a time."""
     with path.open("rb") as file:
         if os.fstat(file.fileno()).st_size == 0:
-            return []
+            return ""
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            locations = external_locations(mapped)
             try:
-                return external_locations(mapped)
+                for location in locations:
+                    problem = external_data_problem(model_id, name, location, files)
+                    if problem:
+                        return problem
             except OnnxFormatError as e:
-                why = str(e)  # raised below: the traceback must not pin the mapping open
-    raise InvalidRequestError(
-        f"{path.name} of model {model_id!r} is not an ONNX model ({why}); install the file "
+                why = str(e)  # returned below: the traceback must not pin the mapping open
+            else:
+                return ""
+            finally:
+                locations.close()
+    return (
+        f"{name} of model {model_id!r} is not an ONNX model ({why}); install the file "
         f"onnxruntime loads"
     )
 
@@ -358,13 +368,16 @@ class Models:
             paths = [e.path for e in manifest.files]
             for path in onnx_files(config, paths):
                 # Off the event loop: a model file may be gigabytes (mapped, never copied).
-                locations = await self._in_thread(
-                    _onnx_locations, model_id, staging.directory / path, executor=writer
+                problem = await self._in_thread(
+                    _onnx_problem,
+                    model_id,
+                    staging.directory / path,
+                    path,
+                    set(paths),
+                    executor=writer,
                 )
-                for location in locations:
-                    problem = external_data_problem(model_id, path, location, set(paths))
-                    if problem:
-                        raise InvalidRequestError(problem)
+                if problem:
+                    raise InvalidRequestError(problem)
             await self._in_thread(self.repository.commit, staging, executor=writer)
         except BaseException as e:
             await self._in_thread(staging.abort, executor=writer)

@@ -16,13 +16,15 @@ it is given the bytes (a memoryview over an mmap) and returns strings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from mmap import mmap
 
 MAX_DEPTH = 100
 """protobuf's own parsers stop at this nesting; onnxruntime reads nothing deeper."""
 MAX_BYTES = 2**31 - 1
 """protobuf's limit on one message: a larger file is no ONNX model onnxruntime can parse."""
+MAX_PATH_BYTES = 4096
+"""PATH_MAX: no location longer than this names a file."""
 MAX_FIELDS = 5_000_000
 """Fields walked at most (about 1.5 us each): a real graph has far fewer outside its tensors'
 data, which is stepped over whole; a file crafted of tiny fields costs seconds, not minutes."""
@@ -47,42 +49,64 @@ class OnnxFormatError(ValueError):
     """The bytes are not an ONNX protobuf."""
 
 
-def external_locations(data: bytes | mmap | memoryview) -> list[str]:
-    """Every external-data `location` the model names (duplicates kept)."""
+def external_locations(data: bytes | mmap | memoryview) -> Generator[str, None, None]:
+    """Every external-data `location` the model names, as it is found (duplicates kept): the
+    caller may stop at the first it refuses. Memory stays O(nesting): one field iterator per
+    open message, one location at a time."""
     with memoryview(data) as view:
-        return _walk(view)
+        yield from _walk(view)
 
 
-def _walk(view: memoryview) -> list[str]:
+def _walk(view: memoryview) -> Generator[str, None, None]:
     if len(view) > MAX_BYTES:
         raise OnnxFormatError(
             f"it is {len(view)} bytes, over protobuf's 2 GiB; keep the weights as external data"
         )
-    found: list[str] = []
-    stack = [(_MODEL, 0, len(view), 0)]
+    stack = [(_MODEL, _fields(view, 0, len(view)))]
     walked = 0
     while stack:
-        kind, start, end, depth = stack.pop()
-        if depth > MAX_DEPTH:
+        kind, fields = stack[-1]
+        step = next(fields, None)
+        if step is None:
+            stack.pop()
+            continue
+        walked += 1
+        if walked > MAX_FIELDS:
+            raise OnnxFormatError(
+                f"its graph has more than {MAX_FIELDS} fields outside tensor data, more than "
+                f"the agent reads"
+            )
+        number, wire, first, last = step
+        child = _CHILDREN[kind].get(number)
+        if child is None or wire != _LENGTH:
+            continue
+        if child == _ENTRY:
+            location = _location(view, first, last)
+            if location is not None:
+                yield location
+        elif len(stack) >= MAX_DEPTH:
             raise OnnxFormatError(f"messages nest deeper than {MAX_DEPTH} levels")
-        key, value = "", ""
-        for number, wire, first, last in _fields(view, start, end):
-            walked += 1
-            if walked > MAX_FIELDS:
-                raise OnnxFormatError(
-                    f"its graph has more than {MAX_FIELDS} fields outside tensor data, more "
-                    f"than the agent reads"
-                )
-            if kind == _ENTRY and wire == _LENGTH and number in (1, 2):
-                text = bytes(view[first:last]).decode("utf-8", errors="replace")
-                key, value = (text, value) if number == 1 else (key, text)
-                continue
-            child = _CHILDREN[kind].get(number)
-            if child is not None and wire == _LENGTH:
-                stack.append((child, first, last, depth + 1))
-        if kind == _ENTRY and key == "location":
-            found.append(value)
-    return found
+        else:
+            stack.append((child, _fields(view, first, last)))
+
+
+def _location(view: memoryview, start: int, end: int) -> str | None:
+    """The value of an external_data entry whose key is `location` (None for other keys)."""
+    is_location, value = False, (0, 0)
+    for number, wire, first, last in _fields(view, start, end):
+        if wire != _LENGTH:
+            continue
+        if number == 1:
+            is_location = last - first == 8 and bytes(view[first:last]) == b"location"
+        elif number == 2:
+            value = (first, last)
+    if not is_location:
+        return None
+    if value[1] - value[0] > MAX_PATH_BYTES:
+        raise OnnxFormatError(
+            f"an external-data location is {value[1] - value[0]} bytes, longer than any path"
+        )
+    return bytes(view[value[0] : value[1]]).decode("utf-8", errors="replace")
 
 
 def _fields(view: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:

@@ -4,6 +4,8 @@ field, as onnx.save_model writes it (tests/agent/test_attacks.py installs such a
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from agent.modelconfig import external_data_problem
@@ -52,7 +54,7 @@ def test_every_place_a_tensor_can_be_is_searched() -> None:
     )
     function = field(1, b"f") + field(7, field(4, b"Constant") + field(5, attribute))
     training = field(1, field(5, external_tensor("training")))
-    found = external_locations(model(graph, field(20, training), field(25, function)))
+    found = list(external_locations(model(graph, field(20, training), field(25, function))))
     assert sorted(found) == sorted(
         [
             "in-attribute",
@@ -68,7 +70,7 @@ def test_every_place_a_tensor_can_be_is_searched() -> None:
 
 def test_a_model_without_external_data_names_nothing() -> None:
     tensor = field(1, 1) + field(8, b"w") + field(9, b"\x01\x02")
-    assert external_locations(model(field(5, tensor))) == []
+    assert list(external_locations(model(field(5, tensor)))) == []
 
 
 @pytest.mark.parametrize(
@@ -78,7 +80,7 @@ def test_a_model_without_external_data_names_nothing() -> None:
 )
 def test_what_is_not_an_onnx_protobuf_is_refused(data: bytes) -> None:
     with pytest.raises(OnnxFormatError):
-        external_locations(data)
+        list(external_locations(data))
 
 
 FILES = {"config.pbtxt", "1/model.onnx", "1/weights.bin", "1/data/more.bin"}
@@ -113,5 +115,23 @@ def test_a_file_of_tiny_fields_costs_a_bounded_walk(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr("agent.onnxmodel.MAX_FIELDS", 1000)
     graph = field(99, 1) * 1001
     with pytest.raises(OnnxFormatError, match="more than 1000 fields"):
-        external_locations(model(graph))
-    assert external_locations(model(field(99, 1) * 990)) == []
+        list(external_locations(model(graph)))
+    assert list(external_locations(model(field(99, 1) * 990))) == []
+
+
+def test_a_location_longer_than_any_path_is_refused_before_it_is_read() -> None:
+    with pytest.raises(OnnxFormatError, match="longer than any path"):
+        list(external_locations(onnx_model("a" * 5000)))
+
+
+def test_a_graph_of_millions_of_nodes_is_walked_in_constant_memory() -> None:
+    """The walk keeps one field iterator per open message, not every message it has yet to
+    enter: a wide graph costs no more memory than a narrow one."""
+    wide = model(field(1, field(4, b"Relu")) * 200_000)
+    tracemalloc.start()
+    try:
+        list(external_locations(wide))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, peak
