@@ -49,6 +49,11 @@ class UnsupportedError(ProxyError):
     """The request uses something the proxy does not relay (a transfer coding but chunked)."""
 
 
+class UnsupportedEncodingError(ProxyError):
+    """A REST body compressed with a content coding Triton does not inflate (gzip and deflate
+    are the ones it does), or with several."""
+
+
 class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
@@ -61,6 +66,7 @@ STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     HeadTimeoutError: (408, grpc.StatusCode.DEADLINE_EXCEEDED),
     MalformedRequestError: (400, grpc.StatusCode.INVALID_ARGUMENT),
     UnsupportedError: (501, grpc.StatusCode.UNIMPLEMENTED),
+    UnsupportedEncodingError: (415, grpc.StatusCode.INVALID_ARGUMENT),
     UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
 }
 """The one table: every refusal's (HTTP status, gRPC status code)."""
