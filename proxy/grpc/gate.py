@@ -56,6 +56,8 @@ FORWARDED: Final = frozenset(
      "ModelInfer", "ModelStatistics", "ModelStreamInfer"}
 )  # fmt: skip
 """The RPCs a stream is opened at Triton for; `policy.routing` decides every other one locally."""
+_INFERENCE: Final = frozenset({"ModelInfer", "ModelStreamInfer"})
+"""The RPCs whose messages may be larger than `refusals.SMALL_REQUEST`."""
 _CUT: Final = "the call ended inside a message; send each message whole"
 _FLAG: Final = (
     "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
@@ -155,6 +157,9 @@ class StreamGate:
             if size > self.context.max_message:
                 too_large = _too_large(self.context.max_message)
                 self.refuse_error(stream, refusals.BodyTooLargeError(too_large))
+                return
+            if size > refusals.SMALL_REQUEST and stream.kind not in _INFERENCE:
+                self.refuse_error(stream, refusals.small_request(f"a {stream.kind} message"))
                 return
             total = 5 + size
             whole = len(buf) >= total

@@ -237,6 +237,10 @@ class ClientConnection(asyncio.Protocol):
             if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
                 return
+            if (length > refusals.SMALL_REQUEST or head.chunked) and not decision.limited:
+                chunked = " (chunked: of no stated size)" if head.chunked else ""
+                self._refuse(refusals.small_request(f"a {decision.route} request{chunked}"))
+                return
             if head.encoding and head.chunked:
                 self._refuse(
                     refusals.UnsupportedError(

@@ -58,6 +58,20 @@ class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
 
+SMALL_REQUEST: Final = 64 * 1024
+"""The largest body or message of a request that is not inference (health, metadata, config,
+readiness, statistics: a model name and a version at most). Only inference counts against the
+in-flight limits, so only inference may be large: a flood of huge metadata calls would otherwise
+make Triton (and the relay) hold --max-body per call, unlimited in number."""
+
+
+def small_request(what: str) -> BodyTooLargeError:
+    """The refusal of a request that is not inference with a body or message over SMALL_REQUEST."""
+    return BodyTooLargeError(
+        f"{what} carries more than {SMALL_REQUEST} bytes; only inference requests may be larger"
+    )
+
+
 STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     OverloadedError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
     QueueTimeoutError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),

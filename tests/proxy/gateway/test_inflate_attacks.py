@@ -413,3 +413,27 @@ def test_a_large_compressed_grpc_message_within_the_cap_is_answered(
     answer = grpc_call(gateway.grpc_url, ATTACKER, path, message, "gzip")
     assert answer.get("grpc-status") == "0", answer
     assert int(answer["received"]) > 4 * 1024 * 1024
+
+
+def test_requests_that_are_not_inference_cannot_be_made_large(gateway: GatewayProcess) -> None:
+    """Only inference counts against the in-flight limits, so only inference may be large: a
+    1 MiB metadata request (REST body or gRPC message) is refused before Triton holds it."""
+    host, port = gateway.http_url.split(":")
+    connection = http.client.HTTPConnection(
+        host, int(port), timeout=30, source_address=(ATTACKER, 0)
+    )
+    try:
+        connection.request("GET", "/v2/models/identity", body=bytes(1024 * 1024))
+        response = connection.getresponse()
+        status, body = response.status, response.read()
+    except (BrokenPipeError, ConnectionResetError) as e:  # refused before the body was read
+        status, body = 0, repr(e).encode()
+    finally:
+        connection.close()
+    assert status == 413, body[:300]
+    assert b"only inference requests may be larger" in body
+    message = b"\x0a\x08identity\x12" + varint(1024 * 1024) + bytes(1024 * 1024)
+    path = "/inference.GRPCInferenceService/ModelMetadata"
+    answer = grpc_call(gateway.grpc_url, ATTACKER, path, message, "identity")
+    assert answer.get("grpc-status") == "8", answer  # RESOURCE_EXHAUSTED
+    assert "only inference requests may be larger" in answer.get("grpc-message", "")
