@@ -58,7 +58,7 @@ class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
 
-SMALL_REQUEST: Final = 64 * 1024
+SMALL_REQUEST: Final = 16 * 1024
 """The largest body or message of a request that is not inference (health, metadata, config,
 readiness, statistics: a model name and a version at most). Only inference counts against the
 in-flight limits, so only inference may be large: a flood of huge metadata calls would otherwise
