@@ -1,6 +1,6 @@
 """Per-stream gate of the gRPC relay: admission, message checks, and the relay's own answers.
 
-Every message a tenant sends on a relayed stream is read whole and its model-name field checked by
+Every message a tenant sends on a relayed stream has its model-name field checked, whole, by
 `policy.routing`, exactly as the grpc.aio proxy checks it; a compressed one is read inflated and
 forwarded as sent. A message past HOLD_LIMIT bytes, or one that inflates past SMALL_INFLATE, is
 first decided from its prefix (another model: refused before Triton sees a byte), then read in
@@ -183,7 +183,11 @@ class StreamGate:
             if not whole or (flag and framed is None):
                 # Large, or inflating past SMALL_INFLATE: decided from its prefix, then read in
                 # pieces as it passes.
-                if not self._prefix(stream, whole) or not self._begin(stream, flag, size):
+                if not self._prefix(stream, whole):
+                    if whole and self.streams.get(stream.sid) is stream:
+                        continue  # refused in the stream and dropped: the next message's turn
+                    break
+                if not self._begin(stream, flag, size):
                     break
                 continue
             del buf[:total]
@@ -220,9 +224,12 @@ class StreamGate:
             refusal = router.decide_stream_message(named + echo)
             if refusal is None:  # cannot happen for another name; relay and check when whole
                 return True
-            stream.skip = 5 + int.from_bytes(buf[1:5], "big") - len(buf)
-            self.replies.forwarded(stream, len(buf))
-            buf.clear()
+            # Dropped, and what is still to come of it (a whole message: the next ones stay).
+            total = 5 + int.from_bytes(buf[1:5], "big")
+            dropped = min(total, len(buf))
+            stream.skip = total - dropped
+            del buf[:dropped]
+            self.replies.forwarded(stream, dropped)
             self._inject(stream, refusal)
             return False
         decision = router.decide(stream.kind, named)

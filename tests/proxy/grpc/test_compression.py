@@ -219,3 +219,24 @@ def test_a_large_compressed_stream_message_for_another_model_leaves_the_stream_o
         "",
     ]
     assert [a.infer_response.id for a in answers] == ["big", "good"]
+
+
+def test_a_small_compressed_stream_message_inflating_large_for_another_model_keeps_the_next(
+    proxy: RunningProxy, grpc_mode: str
+) -> None:
+    """A few KiB compressed, over 64 KiB inflated (read in pieces, not inline): refused from its
+    prefix with the in-stream error, and the messages after it in the same stream are answered."""
+    big = _infer("ghost", [0.0] * (256 * 1024), "a")  # 1 MiB of zeros: a few KiB gzipped
+    requests = [big, _infer("add_one", [2.0] * WIDE, "b"), _infer("add_one", [3.0] * WIDE, "c")]
+    with grpc.insecure_channel(proxy.grpc_url) as channel:
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer", None, None)
+        responses = stream(
+            _stream_requests(requests), timeout=30, compression=grpc.Compression.Gzip
+        )
+        answers = [service_pb2.ModelStreamInferResponse.FromString(raw) for raw in responses]
+    assert [a.error_message for a in answers] == [
+        "Request for unknown model: 'ghost' is not found",
+        "",
+        "",
+    ]
+    assert [a.infer_response.id for a in answers] == ["a", "b", "c"]
