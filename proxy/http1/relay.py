@@ -56,7 +56,7 @@ class Listener(Protocol):
         """The prepared form of request head `block` (parsed, decided, re-serialized)."""
 
 
-_PIPELINE_LIMIT: Final = 1024 * 1024
+PIPELINE_LIMIT: Final = 1024 * 1024
 _KNOWN_HEAD_BYTES: Final = 4096
 """The largest request head a connection remembers as its last one (as the listener's cache)."""
 _NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
@@ -171,7 +171,7 @@ class ClientConnection(asyncio.Protocol):
         self._buffer = self._buffer + data if self._buffer else data
         if self._state == _IDLE:
             self._next_request()
-        elif len(self._buffer) > _PIPELINE_LIMIT:
+        elif len(self._buffer) > PIPELINE_LIMIT:
             self.pause_reading()
 
     # -- requests ---------------------------------------------------------------------------
