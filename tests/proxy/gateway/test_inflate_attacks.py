@@ -35,9 +35,13 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import numpy as np
 import psutil
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
 
 from sim.triton import TritonServer, free_port
 from tests.proxy.gateway.conftest import caller, publish
@@ -106,31 +110,35 @@ class GatewayProcess:
     grpc_url: str
 
 
+def _ready(process: subprocess.Popen[bytes], metrics_port: int, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{metrics_port}/readyz", timeout=5
+            ) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        assert process.poll() is None, f"the {what} exited while starting"
+        assert time.monotonic() < deadline, f"the {what} did not become ready in 60 s"
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
-def gateway_process(triton: TritonServer, table: Path) -> Iterator[GatewayProcess]:
-    """`python -m proxy.gateway` from this tree, as the node pod runs it."""
+def serving(module: str, flags: list[str]) -> Iterator[GatewayProcess]:
+    """`python -m <module>` (the gateway or the proxy) from this tree, listening on free ports,
+    with the inflate cap CAP given by its variable."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "proxy.gateway", "--caller-table", str(table)]
-    command += ["--triton-http-url", triton.http_url, "--triton-grpc-url", triton.grpc_url]
+    command = [sys.executable, "-m", module, *flags]
     command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
     command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
-    command += ["--table-max-age", "3600", "--log-level", "WARNING"]
+    command += ["--log-level", "WARNING"]
     env = {**os.environ, "TRITONSHARE_MAX_INFLATED": str(CAP)}
     process = subprocess.Popen(command, cwd=ROOT, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{metrics_port}/readyz", timeout=5
-                ) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert process.poll() is None, "the gateway exited while starting"
-            assert time.monotonic() < deadline, "the gateway did not become ready in 60 s"
-            time.sleep(0.05)
+        _ready(process, metrics_port, module)
         yield GatewayProcess(process, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
     finally:
         process.terminate()
@@ -139,6 +147,15 @@ def gateway_process(triton: TritonServer, table: Path) -> Iterator[GatewayProces
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+
+
+def gateway_process(
+    triton: TritonServer, table: Path
+) -> contextlib.AbstractContextManager[GatewayProcess]:
+    """`python -m proxy.gateway` from this tree, as the node pod runs it."""
+    flags = ["--caller-table", str(table), "--table-max-age", "3600"]
+    flags += ["--triton-http-url", triton.http_url, "--triton-grpc-url", triton.grpc_url]
+    return serving("proxy.gateway", flags)
 
 
 @dataclass
@@ -437,3 +454,40 @@ def test_requests_that_are_not_inference_cannot_be_made_large(gateway: GatewayPr
     answer = grpc_call(gateway.grpc_url, ATTACKER, path, message, "identity")
     assert answer.get("grpc-status") == "8", answer  # RESOURCE_EXHAUSTED
     assert "only inference requests may be larger" in answer.get("grpc-message", "")
+
+
+def test_the_pods_own_proxy_refuses_a_bomb_from_tritonclient_in_bounded_memory(
+    gateway: GatewayProcess,
+) -> None:
+    """The same relays in the pod's proxy (`python -m proxy`, sending to the gateway from the
+    pod's address), against tritonclient's own compression (gRPC gzip, REST gzip): refused at
+    the cap, the proxy's RSS bounded, and the proxy still serves."""
+    flags = ["--model-id", "identity", "--source-address", ATTACKER, "--drain-seconds", "0"]
+    flags += ["--triton-http-url", gateway.http_url, "--triton-grpc-url", gateway.grpc_url]
+    zeros = np.zeros(INFLATED // 4 // 4, np.float32)  # 128 MiB: the client holds it whole
+    with serving("proxy", flags) as proxy:
+        grpc_client = grpcclient.InferenceServerClient(proxy.grpc_url)
+        rest_client = httpclient.InferenceServerClient(proxy.http_url, network_timeout=120)
+        try:
+            grpc_input = grpcclient.InferInput("INPUT_FP32", [len(zeros)], "FP32")
+            grpc_input.set_data_from_numpy(zeros)
+            rest_input = httpclient.InferInput("INPUT_FP32", [len(zeros)], "FP32")
+            rest_input.set_data_from_numpy(zeros, binary_data=True)
+            with PeakRss(proxy.process.pid) as rss:
+                with pytest.raises(InferenceServerException) as grpc_refusal:
+                    grpc_client.infer("identity", [grpc_input], compression_algorithm="gzip")
+                with pytest.raises(InferenceServerException) as rest_refusal:
+                    rest_client.infer(
+                        "identity", [rest_input], request_compression_algorithm="gzip"
+                    )
+            assert grpc_refusal.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert f"{CAP} bytes" in str(grpc_refusal.value.message())
+            assert f"{CAP} bytes" in str(rest_refusal.value.message())
+            assert rss.growth < GATEWAY_GROWTH, f"the proxy grew by {rss.growth / 2**20:.0f} MiB"
+            small = grpcclient.InferInput("INPUT_FP32", [3], "FP32")
+            small.set_data_from_numpy(np.ones(3, np.float32))
+            answer = grpc_client.infer("identity", [small], compression_algorithm="gzip")
+            assert answer.as_numpy("OUTPUT_FP32").tolist() == [1.0, 1.0, 1.0]
+        finally:
+            grpc_client.close()
+            rest_client.close()
