@@ -453,9 +453,9 @@ def test_requests_that_are_not_inference_cannot_be_made_large(gateway: GatewayPr
     assert b"only inference requests may be larger" in body
     message = b"\x0a\x08identity\x12" + varint(1024 * 1024) + bytes(1024 * 1024)
     path = "/inference.GRPCInferenceService/ModelMetadata"
-    answer = grpc_call(gateway.grpc_url, ATTACKER, path, message, "identity")
-    assert answer.get("grpc-status") == "8", answer  # RESOURCE_EXHAUSTED
-    assert "only inference requests may be larger" in answer.get("grpc-message", "")
+    trailers = grpc_call(gateway.grpc_url, ATTACKER, path, message, "identity")
+    assert trailers.get("grpc-status") == "8", trailers  # RESOURCE_EXHAUSTED
+    assert "only inference requests may be larger" in trailers.get("grpc-message", "")
 
 
 def test_the_pods_own_proxy_refuses_a_bomb_from_tritonclient_in_bounded_memory(
