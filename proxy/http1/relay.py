@@ -395,7 +395,15 @@ class ClientConnection(asyncio.Protocol):
                 self._upstream.abort()  # Triton never gets the rest: it inflates nothing
                 self._upstream = None
             self._release_slot()
-            self._refuse(e)
+            # Answered now, the rest of the body read and dropped, then the connection closed:
+            # closing on unread bytes would reset it, and the client might never read why.
+            status = refusals.http_status(e)
+            self._relay.metrics.observe("http", self._route, str(status), 0.0)
+            self._keep_alive = False
+            self._response_done = True
+            self._sink = None
+            self._write_answer(status, "application/json", error_body(str(e)))
+            self._relay_body(data, start)
             return
         self._remaining -= taken
         if self._sink is not None and taken:
