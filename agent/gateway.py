@@ -35,7 +35,7 @@ def callers_of(owners: Iterable[Proven]) -> tuple[list[Caller], list[str]]:
             if pod.host_network or pod.pod_ip:
                 left_out.append(f"{pod.key} shares the node's address")
             continue
-        caller = Caller(pod.pod_ip, pod.model_id, pod.key, pod.uid)
+        caller = Caller(pod.pod_ip, pod.model_id, pod.key, pod.uid, pod.concurrency)
         candidates.setdefault(pod.pod_ip, []).append(caller)
     callers = []
     for address, claimants in sorted(candidates.items()):

@@ -37,6 +37,10 @@ class PodInfo:
     """status.hostIP: the node's address, which never identifies a pod."""
     host_network: bool = False
     """spec.hostNetwork: such a pod shares the node's address and is never a gateway caller."""
+    concurrency: int = 0
+    """The in-flight limit the pod's proxy declares (`--container-concurrency`, as a flag or its
+    variable; the webhook writes it from the concurrency annotation), 0 when none: the gateway's
+    per-pod limit follows it. Tenant-written, so it only ever lowers the gateway's ceiling."""
 
     @property
     def key(self) -> str:
@@ -72,4 +76,32 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         pod_ip=str(status.get("podIP") or ""),
         host_ip=str(status.get("hostIP") or ""),
         host_network=bool(spec.get("hostNetwork")),
+        concurrency=declared_concurrency(spec),
     )
+
+
+_FLAG = "--container-concurrency"
+_VARIABLE = "TRITONSHARE_CONTAINER_CONCURRENCY"
+
+
+def declared_concurrency(spec: Mapping[str, Any]) -> int:
+    """The largest `--container-concurrency` any container of the pod declares (the flag wins
+    over the variable, as in the proxy), 0 when none declares a whole number above 0."""
+    found = 0
+    for container in spec.get("containers") or []:
+        if not isinstance(container, Mapping):
+            continue
+        words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
+        value = None
+        for i, word in enumerate(words):
+            if word.startswith(_FLAG + "="):
+                value = word[len(_FLAG) + 1 :]
+            elif word == _FLAG and i + 1 < len(words):
+                value = words[i + 1]
+        if value is None:
+            for variable in container.get("env") or []:
+                if isinstance(variable, Mapping) and variable.get("name") == _VARIABLE:
+                    value = str(variable.get("value") or "")
+        if value is not None and value.strip().isdigit():
+            found = max(found, int(value.strip()))
+    return found

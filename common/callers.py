@@ -39,6 +39,9 @@ class Caller:
     pod: str
     """namespace/name, for logs and metrics."""
     uid: str
+    concurrency: int = 0
+    """The in-flight limit the pod's proxy declares (`--container-concurrency`); 0: none. The
+    gateway's per-pod limit follows it, up to the gateway's own ceiling."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,13 @@ def encode(table: CallerTable) -> bytes:
         "node": table.node,
         "writtenAt": table.written_at,
         "callers": [
-            {"address": c.address, "modelId": c.model_id, "pod": c.pod, "uid": c.uid}
+            {
+                "address": c.address,
+                "modelId": c.model_id,
+                "pod": c.pod,
+                "uid": c.uid,
+                "concurrency": c.concurrency,
+            }
             for c in sorted(table.callers, key=lambda c: c.address)
         ],
     }
@@ -91,8 +100,16 @@ def _caller(entry: Any) -> Caller:
         raise CallerTableError(f"caller address {address!r} is not an IP address") from e
     if canonical != address:
         raise CallerTableError(f"caller address {address!r} is not written canonically")
+    # Tables of agents before the field existed have none: the gateway's default applies.
+    concurrency = entry.get("concurrency", 0)
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 0:
+        raise CallerTableError(f"caller concurrency {concurrency!r} is not a whole number")
     return Caller(
-        address, validate_model_id(str(entry["modelId"])), str(entry["pod"]), str(entry["uid"])
+        address,
+        validate_model_id(str(entry["modelId"])),
+        str(entry["pod"]),
+        str(entry["uid"]),
+        concurrency,
     )
 
 

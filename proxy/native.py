@@ -62,6 +62,7 @@ COMPILED = (
     "proxy/grpc/server.py",
     "proxy/grpc/stream.py",
     "proxy/policy/__init__.py",
+    "proxy/policy/inflation.py",
     "proxy/policy/limiter.py",
     "proxy/policy/refusals.py",
     "proxy/policy/routing.py",

@@ -62,6 +62,11 @@ class Settings:
     """host and port of /metrics, /healthz and /readyz, kept off the Service port; default 9002."""
     max_body_bytes: int = ONE_GIB
     """Largest REST body and gRPC message accepted and returned, in bytes; default 1 GiB."""
+    max_inflated_bytes: int = 64 * 1024**2
+    """Largest size a compressed REST body (Content-Encoding gzip or deflate) or gRPC message
+    (grpc-encoding gzip or deflate) may inflate to, in bytes; default 64 MiB. Counted as the
+    compressed bytes pass, in bounded slices; a body or message past it is refused (413 /
+    RESOURCE_EXHAUSTED) before its last byte reaches Triton, which would inflate it unbounded."""
     container_concurrency: int = 0
     """Hard limit on in-flight inference requests (streams count once); 0 means unlimited."""
     queue_size: int | None = None
@@ -154,7 +159,14 @@ FINISH_TIMEOUT = Setting(
     "20",
     "finish_timeout_seconds",
 )
-RELAY_LIMITS = (MAX_BODY, HEAD_TIMEOUT, IDLE_TIMEOUT, FINISH_TIMEOUT)
+MAX_INFLATED = Setting(
+    "max-inflated",
+    "largest size a compressed body or message may inflate to, a quantity such as 64Mi",
+    quantity(minimum=1024),
+    "64Mi",
+    "max_inflated_bytes",
+)
+RELAY_LIMITS = (MAX_BODY, MAX_INFLATED, HEAD_TIMEOUT, IDLE_TIMEOUT, FINISH_TIMEOUT)
 
 
 DECLARATION = Declaration(
@@ -194,6 +206,7 @@ DECLARATION = Declaration(
             f"0.0.0.0:{DEFAULT_PROXY_METRICS_PORT}",
         ),
         MAX_BODY,
+        MAX_INFLATED,
         Setting("container-concurrency", "in-flight inference limit, 0 = unlimited", whole(), "0"),
         Setting("queue-size", "waiting requests allowed (default 10x the limit)", whole()),
         Setting(

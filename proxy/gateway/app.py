@@ -125,7 +125,9 @@ class Gateway:
             if caller is None or self.state.draining:
                 self._refuse(protocol, address, sock)
                 continue
-            tenant = self.tenants.get(caller, self.settings.relay_settings(caller.model_id))
+            tenant = self.tenants.get(
+                caller, self.settings.relay_settings(caller.model_id, caller.concurrency)
+            )
             if tenant.connections >= self.settings.max_connections_per_pod:
                 self._refuse(protocol, address, sock, too_many=True)
                 continue

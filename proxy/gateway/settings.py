@@ -54,27 +54,42 @@ class GatewaySettings:
     """A table the agent has not rewritten for this long is treated as empty: every pod is
     refused until the agent writes again (it rewrites every few seconds)."""
     max_body_bytes: int = 1024**3
+    max_inflated_bytes: int = 64 * 1024**2
     head_timeout_seconds: float = 30.0
     idle_timeout_seconds: float = 300.0
     finish_timeout_seconds: float = 20.0
     max_connections_per_pod: int = 512
     """Connections one pod may hold open to the gateway; more are reset at accept, so one pod
     cannot take the gateway's file descriptors from the others."""
-    max_in_flight_per_pod: int = 0
-    """Inference requests one pod may have at Triton at once through the gateway (its proxy has
-    its own limit; this one holds even for a pod that bypasses its proxy); 0: no limit."""
+    max_in_flight_per_pod: int = 64
+    """Inference requests one pod may have at Triton at once through the gateway, even a pod
+    that bypasses its proxy: a pod that declares its proxy's concurrency (`--container-concurrency`,
+    in the caller table) gets that, up to this; a pod that declares none gets this; 0: no limit.
+    As many more may wait (up to the relay's queue timeout); past that, 503 / RESOURCE_EXHAUSTED."""
     log_level: str = "INFO"
     log_format: str = "text"
 
-    def relay_settings(self, model_id: str) -> Settings:
-        """The proxy relay's settings for one calling pod whose model is `model_id`."""
+    def in_flight_limit(self, declared: int) -> int:
+        """The in-flight limit of a pod whose proxy declares concurrency `declared` (0: none)."""
+        ceiling = self.max_in_flight_per_pod
+        if declared <= 0:
+            return ceiling
+        return declared if ceiling == 0 else min(declared, ceiling)
+
+    def relay_settings(self, model_id: str, declared: int = 0) -> Settings:
+        """The proxy relay's settings for one calling pod whose model is `model_id` and whose
+        proxy declares concurrency `declared` (0: none). The queue is as long as the limit: a
+        pod's proxy frees its slot a moment after the gateway frees its own, and a request that
+        races in between waits instead of being refused."""
+        limit = self.in_flight_limit(declared)
         return Settings(
             model_id=model_id,
             triton_http_url=self.triton_http_url,
             triton_grpc_url=self.triton_grpc_url,
             max_body_bytes=self.max_body_bytes,
-            container_concurrency=self.max_in_flight_per_pod,
-            queue_size=0,
+            max_inflated_bytes=self.max_inflated_bytes,
+            container_concurrency=limit,
+            queue_size=limit,
             head_timeout_seconds=self.head_timeout_seconds,
             idle_timeout_seconds=self.idle_timeout_seconds,
             finish_timeout_seconds=self.finish_timeout_seconds,
@@ -130,9 +145,10 @@ DECLARATION = Declaration(
         ),
         Setting(
             "max-in-flight-per-pod",
-            "requests one pod may have at Triton, 0 = no limit",
+            "requests one pod may have at Triton (its declared concurrency, up to this), "
+            "0 = no limit",
             whole(),
-            "0",
+            "64",
         ),
         Setting("log-level", "log level", log_level, "INFO"),
         Setting("log-format", "text or json", log_format, "text"),

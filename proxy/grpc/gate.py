@@ -1,10 +1,14 @@
 """Per-stream gate of the gRPC relay: admission, message checks, and the relay's own answers.
 
-Every message a tenant sends on a relayed stream is read whole and its model-name field checked by
-`policy.routing`, exactly as the grpc.aio proxy checks it; a compressed one is read inflated
-(bounded, by `messages`) and forwarded as sent. Past HOLD_LIMIT bytes a message is first decided
-from its prefix (another model: refused before Triton sees a byte), then relayed all but its last
-byte, so Triton cannot act on it before the whole-message check. A unary call takes a concurrency
+Every message a tenant sends on a relayed stream has its model-name field checked, whole, by
+`policy.routing`, exactly as the grpc.aio proxy checks it; a compressed one is read inflated and
+forwarded as sent. A message past HOLD_LIMIT bytes, or one that inflates past SMALL_INFLATE, is
+first decided from its prefix (another model: refused before Triton sees a byte), then read in
+pieces as it passes (`wire.MessageScan`, inflated in bounded slices under the inflate cap by
+`policy.inflation`, yielding to the event loop every BUDGET inflated bytes) and relayed all but
+its last byte, which goes on only once the whole message passed: Triton cannot act on it, or
+inflate it, before. Such a message is never held whole: what the relay holds of it is what the
+stream's window lets the tenant send ahead. A unary call takes a concurrency
 slot once its message passed; ModelStreamInfer takes one when the stream opens. Answers the relay
 gives itself (another model, refused APIs, overload) go on the stream, through the same
 windows as Triton's answers; bytes it drops are credited back to the tenant's stream at once.
@@ -29,7 +33,7 @@ from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
 from proxy.http2 import frames as f
 from proxy.http2.state import ACTIVE
 from proxy.metrics import ProxyMetrics
-from proxy.policy import refusals, wire
+from proxy.policy import inflation, refusals, wire
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
 
@@ -39,6 +43,9 @@ PREFIX_HOLD: Final = 32 * 1024
 """How much of a large message is held while its model name has not been read: held bytes are not
 credited back, so this stays well inside RECEIVE_WINDOW or the stream would stall; the name is
 field 1 and serializers write it first, so only crafted messages ever reach this."""
+SMALL_INFLATE: Final = 64 * 1024
+"""A compressed message that inflates to at most this is inflated whole, inline, and checked like
+an uncompressed one; a larger one is read in pieces."""
 _clock: Final = time.perf_counter
 """The latency clock (`metrics.observe`), bound once: compiled (mypyc), a C static."""
 _ENDED: Final = "; the message was too large to hold back whole, so the stream ends here"
@@ -49,6 +56,9 @@ FORWARDED: Final = frozenset(
      "ModelInfer", "ModelStatistics", "ModelStreamInfer"}
 )  # fmt: skip
 """The RPCs a stream is opened at Triton for; `policy.routing` decides every other one locally."""
+_INFERENCE: Final = frozenset({"ModelInfer", "ModelStreamInfer"})
+"""The RPCs whose messages may be larger than `refusals.SMALL_REQUEST`."""
+_CUT: Final = "the call ended inside a message; send each message whole"
 _FLAG: Final = (
     "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
 )
@@ -61,6 +71,7 @@ class GateContext(Protocol):
     limiter: Limiter
     metrics: ProxyMetrics
     max_message: int
+    max_inflated: int
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         """Run `coro` on a task the listener owns (cancelled when it stops)."""
@@ -69,7 +80,16 @@ class GateContext(Protocol):
 class StreamGate:
     """The per-stream checks of one tenant connection (see the module docstring)."""
 
-    __slots__ = ("_limiter", "_metrics", "context", "out", "replies", "streams")
+    __slots__ = (
+        "_limiter",
+        "_metrics",
+        "_spent",
+        "_turn",
+        "context",
+        "out",
+        "replies",
+        "streams",
+    )
 
     def __init__(
         self, context: GateContext, streams: dict[int, Stream], out: Outbox, replies: Replies
@@ -82,6 +102,8 @@ class StreamGate:
         self.streams = streams  # the connection's open streams, shared with it and the replies
         self.out = out
         self.replies = replies
+        self._spent = 0  # bytes inflated on this connection in this event-loop turn
+        self._turn = False  # a callback resets `_spent` at the next turn
 
     def admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
@@ -120,7 +142,13 @@ class StreamGate:
             del buf[:dropped]
             stream.skip -= dropped
             self.replies.forwarded(stream, dropped)
-        while len(buf) >= 5:
+        while True:
+            if stream.scan is not None:  # a message read in pieces
+                if not self._pass_on(stream):
+                    return
+                continue
+            if len(buf) < 5:
+                break
             flag = buf[0]
             size = int.from_bytes(buf[1:5], "big")
             if flag > 1:
@@ -130,30 +158,38 @@ class StreamGate:
                 too_large = _too_large(self.context.max_message)
                 self.refuse_error(stream, refusals.BodyTooLargeError(too_large))
                 return
+            if size > refusals.SMALL_REQUEST and stream.kind not in _INFERENCE:
+                self.refuse_error(stream, refusals.small_request(f"a {stream.kind} message"))
+                return
             total = 5 + size
-            if len(buf) < total:
-                if (
-                    size > HOLD_LIMIT
-                    and len(buf) - 1 > stream.early
-                    and (stream.early or self._prefix(stream))
-                ):
-                    # Large: relay all but the last byte so flow control keeps going; Triton
-                    # cannot act on an incomplete message, and is reset if the check fails.
-                    self._up(stream, bytes(buf[stream.early : len(buf) - 1]), False)
-                    stream.early = len(buf) - 1
-                break
+            whole = len(buf) >= total
+            if not whole and (size <= HOLD_LIMIT or len(buf) < 6):
+                break  # held until whole (or until it has a byte to go ahead)
             framed = None
-            if flag:
+            message = b""
+            if whole and flag:
                 try:
-                    message = messages.inflate(
-                        stream.encoding, bytes(buf[5:total]), self.context.max_message
+                    small = messages.inflate_small(
+                        stream.encoding, bytes(buf[5:total]), SMALL_INFLATE
                     )
                 except refusals.ProxyError as e:
                     self.refuse_error(stream, e)
                     return
-                framed = bytes(buf[:total])  # Triton gets the tenant's compressed bytes
-            else:
+                if small is not None:
+                    message = small
+                    framed = bytes(buf[:total])  # Triton gets the tenant's compressed bytes
+            elif whole:
                 message = bytes(buf[5:total])
+            if not whole or (flag and framed is None):
+                # Large, or inflating past SMALL_INFLATE: decided from its prefix, then read in
+                # pieces as it passes.
+                if not self._prefix(stream, whole):
+                    if whole and self.streams.get(stream.sid) is stream:
+                        continue  # refused in the stream and dropped: the next message's turn
+                    break
+                if not self._begin(stream, flag, size):
+                    break
+                continue
             del buf[:total]
             if not self.check(stream, message, total, framed):
                 return
@@ -161,13 +197,13 @@ class StreamGate:
             self._up(stream, b"", True)
             stream.ended = False  # sent on; the stream stays open until Triton's trailers
 
-    def _prefix(self, stream: Stream) -> bool:
+    def _prefix(self, stream: Stream, whole: bool) -> bool:
         """Decide a large message from its first bytes, before any of it reaches Triton: True to
         relay it early (our model's, or the name unreadable here: checked when whole); False to
-        hold it for more bytes, or when it was refused."""
+        hold it for more bytes (never when it is `whole`), or when it was refused."""
         buf = stream.buf
         prefix = bytes(buf[5 : 5 + PREFIX_HOLD])
-        held = len(prefix) < PREFIX_HOLD
+        held = len(prefix) < PREFIX_HOLD and not whole
         router = self.context.router
         try:
             if buf[0]:  # compressed: read the name from what the prefix inflates to, bounded
@@ -188,9 +224,12 @@ class StreamGate:
             refusal = router.decide_stream_message(named + echo)
             if refusal is None:  # cannot happen for another name; relay and check when whole
                 return True
-            stream.skip = 5 + int.from_bytes(buf[1:5], "big") - len(buf)
-            self.replies.forwarded(stream, len(buf))
-            buf.clear()
+            # Dropped, and what is still to come of it (a whole message: the next ones stay).
+            total = 5 + int.from_bytes(buf[1:5], "big")
+            dropped = min(total, len(buf))
+            stream.skip = total - dropped
+            del buf[:dropped]
+            self.replies.forwarded(stream, dropped)
             self._inject(stream, refusal)
             return False
         decision = router.decide(stream.kind, named)
@@ -200,6 +239,132 @@ class StreamGate:
         ok = decision.code == "OK"
         self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
         return False
+
+    def _begin(self, stream: Stream, flag: int, size: int) -> bool:
+        """Start reading the message at the head of the buffer in pieces (its prefix decided
+        it may go ahead); False while a unary call waits for its slot, which it takes first, as
+        Triton gets the message's bytes from now on."""
+        unary_infer = stream.kind == "ModelInfer" and not stream.passed
+        if unary_infer and stream.limited == NO_SLOT and not self.admit(stream):
+            return False
+        stream.scan = wire.MessageScan()
+        if flag:
+            stream.inflation = inflation.Inflation(
+                messages.wbits(stream.encoding),
+                self.context.max_inflated,
+                "the message",
+                "--max-inflated",
+            )
+        stream.left = size
+        buf = stream.buf
+        self._up(stream, bytes(buf[:5]), False)
+        del buf[:5]
+        return True
+
+    def _pass_on(self, stream: Stream) -> bool:
+        """Read and relay what the buffer holds of the message being read in pieces; True once
+        it is whole, checked and sent on (the next message may be read), False while it waits for
+        bytes or for the next event-loop turn, or when it was refused."""
+        buf = stream.buf
+        scan = stream.scan
+        assert scan is not None
+        take = min(len(buf), stream.left)
+        if not take:
+            if stream.ended:
+                self.refuse_error(stream, refusals.MalformedRequestError(_CUT))
+            return False
+        chunk = bytes(buf[:take])
+        counting = stream.inflation
+        if counting is None:
+            scan.feed(chunk)
+            taken = take
+        else:
+            budget = self._budget()
+            if budget <= 0:
+                self._later(stream)
+                return False
+            before = counting.size
+            try:
+                taken = counting.feed(chunk, budget, scan)
+                if taken == stream.left:
+                    counting.finish()
+            except refusals.ProxyError as e:
+                self.refuse_error(stream, e)
+                return False
+            self._spent += counting.size - before
+        stream.left -= taken
+        if stream.left:
+            if taken:
+                self._up(stream, chunk if taken == take else chunk[:taken], False)
+                del buf[:taken]
+            if taken < take:
+                self._later(stream)  # this turn's budget is spent: go on at the next
+            elif stream.ended:
+                self.refuse_error(stream, refusals.MalformedRequestError(_CUT))
+            return False
+        # The last byte is in: everything before it goes on, it only once the message passed.
+        if taken > 1:
+            self._up(stream, chunk[: taken - 1], False)
+            del buf[: taken - 1]
+        last = bytes(buf[:1])
+        del buf[:1]
+        stream.scan = None
+        stream.inflation = None
+        scan.finish()
+        return self._scanned(stream, scan, last)
+
+    def _scanned(self, stream: Stream, scan: wire.MessageScan, last: bytes) -> bool:
+        """Decide a message read in pieces, whose bytes but `last` reached Triton: send `last`
+        on, or end the call (the part at Triton cannot be taken back)."""
+        router = self.context.router
+        if stream.streaming:
+            refusal = router.decide_stream_scanned(scan)
+            if refusal is not None:
+                self.refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
+                return False
+        else:
+            if stream.passed:  # a second message on a unary call
+                error = refusals.MalformedRequestError("a unary call carries exactly one message")
+                self.refuse_error(stream, error)
+                return False
+            decision = router.decide_scanned(stream.kind, scan)
+            stream.route = decision.route
+            if isinstance(decision, GrpcAnswer):
+                ok = decision.code == "OK"
+                response = decision.response if ok else None
+                self.refuse(stream, decision.code, decision.details, response)
+                return False
+            stream.passed = True
+        end = stream.ended and not stream.buf
+        if end:
+            stream.ended = False  # END_STREAM rides on this frame
+        channel = stream.channel
+        assert channel is not None
+        channel.send(stream, last, end)
+        return True
+
+    def _budget(self) -> int:
+        """What this connection may still inflate in this event-loop turn."""
+        if not self._turn:
+            self._turn = True
+            asyncio.get_running_loop().call_soon(self._new_turn)
+        return inflation.BUDGET - self._spent
+
+    def _new_turn(self) -> None:
+        self._turn = False
+        self._spent = 0
+
+    def _later(self, stream: Stream) -> None:
+        """Go on reading `stream` at the next event-loop turn, after other connections had
+        theirs."""
+        if not stream.resuming:
+            stream.resuming = True
+            asyncio.get_running_loop().call_soon(self._resume, stream)
+
+    def _resume(self, stream: Stream) -> None:
+        stream.resuming = False
+        if self.streams.get(stream.sid) is stream:
+            self.relay_buffered(stream)
 
     def _inject(self, stream: Stream, response: bytes) -> None:
         """Send the tenant an in-stream response of the relay's own (Triton never sees it)."""
@@ -211,6 +376,7 @@ class StreamGate:
         size = len(payload) - 5
         return (
             not stream.buf
+            and stream.scan is None
             and not stream.skip
             and stream.limited != WAITING
             and size >= 0
@@ -224,16 +390,11 @@ class StreamGate:
         `framed` is the message as the tenant sent it (length-prefixed; compressed when `message`
         was inflated from it), when the relay may send those very bytes on."""
         router = self.context.router
-        early, stream.early = stream.early, 0
         if stream.streaming:
             refusal = router.decide_stream_message(message)
             if refusal is None:
-                self._tail(stream, message, early, framed)
+                self._tail(stream, message, framed)
                 return True
-            if early:
-                # Part of it already reached Triton and cannot be taken back: end the stream.
-                self.refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
-                return False
             self.replies.forwarded(stream, total)
             self._inject(stream, refusal)
             return True
@@ -250,31 +411,24 @@ class StreamGate:
         stream.passed = True
         if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or f.grpc_message(message)  # checked again once admitted
-            stream.early = early
             stream.route = stream.kind
             stream.passed = False
-            return False
-        if decision.request is not message and early:
-            error = refusals.MalformedRequestError("the request is too large to be narrowed")
-            self.refuse_error(stream, error)
             return False
         if decision.request is not message:
             # Narrowed or rewritten (sent uncompressed, which gRPC allows per message): Triton
             # counts the new message's bytes instead.
             self.replies.forwarded(stream, total - len(decision.request) - 5)
-            message, early, framed = decision.request, 0, None
-        self._tail(stream, message, early, framed)
+            message, framed = decision.request, None
+        self._tail(stream, message, framed)
         return True
 
-    def _tail(self, stream: Stream, message: bytes, early: int, framed: bytes | None) -> None:
-        """Send the message on (less what went ahead), ending the stream if it is the last."""
+    def _tail(self, stream: Stream, message: bytes, framed: bytes | None) -> None:
+        """Send the message on, ending the stream if it is the last."""
         last = stream.ended and not stream.buf
         if last:
             stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
         if framed is None:
             framed = f.grpc_message(message)
-        if early:
-            framed = framed[early:]
         channel = stream.channel
         assert channel is not None
         if len(framed) <= channel.max_frame:  # `_up`'s common case, without the call
@@ -303,6 +457,8 @@ class StreamGate:
     ) -> None:
         """Answer `stream` ourselves and reset it at Triton."""
         self.streams.pop(stream.sid, None)
+        stream.scan = None
+        stream.inflation = None
         if stream.triton in ACTIVE:
             assert stream.channel is not None
             stream.channel.reset(stream)

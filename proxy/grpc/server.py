@@ -46,6 +46,7 @@ class GrpcRelay:
         self.metrics = metrics
         self.state = state
         self.max_message = settings.max_body_bytes
+        self.max_inflated = settings.max_inflated_bytes
         self.connections: set[H2Connection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         metrics.listener("grpc", self.idle)

@@ -18,6 +18,8 @@ from typing import Final, Protocol
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
 from proxy.http2.state import IDLE, OPEN
+from proxy.policy.inflation import Inflation
+from proxy.policy.wire import MessageScan
 
 RECEIVE_WINDOW: Final = 256 * 1024
 """The per-stream window the relay grants tenants (SETTINGS_INITIAL_WINDOW_SIZE): the most it holds
@@ -38,20 +40,23 @@ class Stream:
     __slots__ = (
         "buf",
         "channel",
-        "early",
         "encoding",
         "ended",
         "given",
         "held",
         "held_end",
         "held_up",
+        "inflation",
         "kind",
+        "left",
         "limited",
         "passed",
         "received",
         "replies",
         "responded",
+        "resuming",
         "route",
+        "scan",
         "sid",
         "skip",
         "started",
@@ -75,7 +80,12 @@ class Stream:
         self.route = kind
         self.encoding: bytes | None = None  # the grpc-encoding request header
         self.buf = bytearray()
-        self.early = 0  # bytes of the current message already relayed (all but its last byte)
+        # A message read in pieces (`gate`): its reader, its inflation when compressed, the bytes
+        # of it still to come, and whether it waits for the next event-loop turn.
+        self.scan: MessageScan | None = None
+        self.inflation: Inflation | None = None
+        self.left = 0
+        self.resuming = False
         self.skip = 0  # bytes still to come of a large message refused from its prefix
         # The two streams' states (`http2.state`): the tenant's, opened by the HEADERS that made
         # this object, and Triton's, opened when the channel sends the request headers.

@@ -17,7 +17,12 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.policy.refusals import MalformedRequestError, UnsupportedError, UpstreamError
+from proxy.policy.refusals import (
+    MalformedRequestError,
+    UnsupportedEncodingError,
+    UnsupportedError,
+    UpstreamError,
+)
 
 MAX_HEAD_BYTES: Final = 64 * 1024
 _MAX_CHUNK_LINE: Final = 4096
@@ -50,6 +55,8 @@ class RequestHead:
     content_length: int | None
     chunked: bool
     keep_alive: bool
+    encoding: int = 0
+    """zlib window bits of the body's Content-Encoding (31 gzip, 15 deflate), 0 for none."""
 
     def serialize(self, target: str) -> bytes:
         """The head to send upstream, for `target`."""
@@ -77,6 +84,7 @@ def parse_request_head(block: bytes) -> RequestHead:
     chunked = False
     connection = b""
     hosts = 0
+    encoding = -1
     for line in lines[1:]:
         header = _HEADER.fullmatch(line)
         if header is None:
@@ -99,6 +107,13 @@ def parse_request_head(block: bytes) -> RequestHead:
             chunked = True
         elif name == b"connection":
             connection = header[2].lower()
+        elif name == b"content-encoding":
+            if encoding >= 0:
+                raise MalformedRequestError(
+                    "the request has Content-Encoding more than once; send it once"
+                )
+            encoding = _content_coding(header[2])
+            headers.append(line)
         elif name not in _HOP_BY_HOP:
             headers.append(line)  # framing headers are re-added once, below
     if chunked and content_length is not None:
@@ -121,6 +136,23 @@ def parse_request_head(block: bytes) -> RequestHead:
         content_length,
         chunked,
         keep_alive,
+        max(encoding, 0),
+    )
+
+
+def _content_coding(value: bytes) -> int:
+    """The zlib window bits for a Content-Encoding Triton inflates, 0 for none; refuses the rest
+    (Triton's own answer to them is a refusal too, but only after reading the whole body)."""
+    coding = value.strip(b" \t").lower()
+    if coding in (b"", b"identity"):
+        return 0
+    if coding == b"gzip":
+        return 31
+    if coding == b"deflate":
+        return 15
+    raise UnsupportedEncodingError(
+        f"Content-Encoding {value[:40].decode('latin-1')!r} is not one Triton reads; send gzip, "
+        f"deflate, or an uncompressed body"
     )
 
 
@@ -238,6 +270,7 @@ _REASONS: Final = {
     405: "Method Not Allowed",
     408: "Request Timeout",
     413: "Payload Too Large",
+    415: "Unsupported Media Type",
     431: "Request Header Fields Too Large",
     501: "Not Implemented",
     502: "Bad Gateway",

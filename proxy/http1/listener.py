@@ -51,6 +51,7 @@ class RestRelay:
         self.metrics = metrics
         self.state = state
         self.max_body = settings.max_body_bytes
+        self.max_inflated = settings.max_inflated_bytes
         self.upstream_address = settings.triton_http_url
         host, _, port = settings.triton_http_url.rpartition(":")
         self.pool = UpstreamPool(host, int(port), settings.source_address)

@@ -6,7 +6,11 @@ since keep-alive clients repeat theirs), then either answers locally or relays t
 Triton over a pooled keep-alive connection (`upstream`): the head as re-serialized from what was
 checked (the received bytes themselves when they are the same), the body and the whole response
 passed through verbatim, chunk by chunk as they arrive, so server-sent events stream and a 1 GiB
-body is never held in memory; back-pressure pauses the sending side.
+body is never held in memory; back-pressure pauses the sending side. A compressed body
+(Content-Encoding gzip or deflate, which Triton inflates whole and unbounded) is counted as it
+passes (`policy.inflation`: in slices, at most BUDGET inflated bytes per event-loop turn, reading
+paused meanwhile), and each piece goes on only once counted: one that inflates past
+--max-inflated is refused (413) and its upstream connection aborted before Triton has it whole.
 
 A client that disconnects mid-request aborts its upstream connection, so Triton sees the
 cancellation. What it must not do: decide isolation itself, or buffer whole bodies.
@@ -23,6 +27,7 @@ from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, ans
 from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
+from proxy.policy.inflation import BUDGET, Inflation
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
 from proxy.settings import Settings
@@ -42,6 +47,7 @@ class Listener(Protocol):
     state: ProxyState
     pool: UpstreamPool
     max_body: int
+    max_inflated: int
     upstream_address: str
     closing: bool
     connections: set[ClientConnection]
@@ -50,7 +56,7 @@ class Listener(Protocol):
         """The prepared form of request head `block` (parsed, decided, re-serialized)."""
 
 
-_PIPELINE_LIMIT: Final = 1024 * 1024
+PIPELINE_LIMIT: Final = 1024 * 1024
 _KNOWN_HEAD_BYTES: Final = 4096
 """The largest request head a connection remembers as its last one (as the listener's cache)."""
 _NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
@@ -94,6 +100,8 @@ class ClientConnection(asyncio.Protocol):
         self._sink: Upstream | None = None
         self._remaining = 0
         self._chunked: ChunkedFraming | None = None
+        self._inflation: Inflation | None = None  # counting a compressed body
+        self._stash: bytes | None = None  # received bytes left for the next turn's counting
         self._request_done = False
         self._response_done = False
         self._keep_alive = True
@@ -144,7 +152,7 @@ class ClientConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None:
+        if self._reading_paused and self.transport is not None and self._stash is None:
             self._reading_paused = False
             self.transport.resume_reading()
 
@@ -155,12 +163,15 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._state == _BODY:
+            if self._stash is not None:  # read before the pause took effect: counted in order
+                self._stash += data
+                return
             self._relay_body(data, 0)
             return
         self._buffer = self._buffer + data if self._buffer else data
         if self._state == _IDLE:
             self._next_request()
-        elif len(self._buffer) > _PIPELINE_LIMIT:
+        elif len(self._buffer) > PIPELINE_LIMIT:
             self.pause_reading()
 
     # -- requests ---------------------------------------------------------------------------
@@ -225,6 +236,17 @@ class ClientConnection(asyncio.Protocol):
                 continue
             if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
+                return
+            if (length > refusals.SMALL_REQUEST or head.chunked) and not decision.limited:
+                chunked = " (chunked: of no stated size)" if head.chunked else ""
+                self._refuse(refusals.small_request(f"a {decision.route} request{chunked}"))
+                return
+            if head.encoding and head.chunked:
+                self._refuse(
+                    refusals.UnsupportedError(
+                        "a compressed request body must come with Content-Length, not chunked"
+                    )
+                )
                 return
             if decision.readiness and relay.state.draining:
                 self._buffer = buffer[body:]
@@ -302,7 +324,11 @@ class ClientConnection(asyncio.Protocol):
         self._upstream = upstream
         self._buffer = b""
         end = start + self._remaining
-        if self._chunked is None and len(buffer) >= end:
+        if head.encoding:
+            self._inflation = Inflation(
+                head.encoding, self._relay.max_inflated, "the request body", "--max-inflated"
+            )
+        if self._chunked is None and len(buffer) >= end and not head.encoding:
             # The whole request is here: one write, one segment to Triton (`_body_done`, inline:
             # no response can have come yet).
             if verbatim:
@@ -326,6 +352,9 @@ class ClientConnection(asyncio.Protocol):
             self.resume_reading()
 
     def _relay_body(self, data: bytes, start: int) -> None:
+        if self._inflation is not None:
+            self._relay_compressed(data, start)
+            return
         try:
             if self._chunked is None:
                 step = min(self._remaining, len(data) - start)
@@ -347,6 +376,55 @@ class ClientConnection(asyncio.Protocol):
             self._sink.write(data if start == 0 and stop == len(data) else data[start:stop])
         if end >= 0:
             self._body_done(data, end)
+
+    def _relay_compressed(self, data: bytes, start: int) -> None:
+        """`_relay_body` for a compressed body (Content-Length framed): each piece goes to Triton
+        only once its inflated size is counted; past the budget, the rest waits for the next
+        event-loop turn with reading paused."""
+        counting = self._inflation
+        assert counting is not None
+        step = min(self._remaining, len(data) - start)
+        piece = data if start == 0 and step == len(data) else data[start : start + step]
+        try:
+            taken = counting.feed(piece, BUDGET)
+            if taken == self._remaining:
+                counting.finish()
+        except refusals.ProxyError as e:
+            self._inflation = None
+            if self._upstream is not None:
+                self._upstream.abort()  # Triton never gets the rest: it inflates nothing
+                self._upstream = None
+            self._release_slot()
+            # Answered now, the rest of the body read and dropped, then the connection closed:
+            # closing on unread bytes would reset it, and the client might never read why.
+            status = refusals.http_status(e)
+            self._relay.metrics.observe("http", self._route, str(status), 0.0)
+            self._keep_alive = False
+            self._response_done = True
+            self._sink = None
+            self._write_answer(status, "application/json", error_body(str(e)))
+            self._relay_body(data, start)
+            return
+        self._remaining -= taken
+        if self._sink is not None and taken:
+            self._sink.write(piece if taken == len(piece) else piece[:taken])
+        if not self._remaining:
+            self._inflation = None
+            self._body_done(data, start + taken)
+        elif taken < step:
+            self._stash = data[start + taken :]
+            self.pause_reading()
+            asyncio.get_running_loop().call_soon(self._count_stash)
+
+    def _count_stash(self) -> None:
+        """The next event-loop turn: go on counting what was left."""
+        data = self._stash
+        self._stash = None
+        if data is None or self._state != _BODY or self._inflation is None:
+            return
+        self._relay_body(data, 0)
+        if self._stash is None:
+            self.resume_reading()
 
     def _body_done(self, data: bytes, end: int) -> None:
         self._request_done = True

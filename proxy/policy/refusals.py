@@ -49,8 +49,27 @@ class UnsupportedError(ProxyError):
     """The request uses something the proxy does not relay (a transfer coding but chunked)."""
 
 
+class UnsupportedEncodingError(ProxyError):
+    """A REST body compressed with a content coding Triton does not inflate (gzip and deflate
+    are the ones it does), or with several."""
+
+
 class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
+
+
+SMALL_REQUEST: Final = 16 * 1024
+"""The largest body or message of a request that is not inference (health, metadata, config,
+readiness, statistics: a model name and a version at most). Only inference counts against the
+in-flight limits, so only inference may be large: a flood of huge metadata calls would otherwise
+make Triton (and the relay) hold --max-body per call, unlimited in number."""
+
+
+def small_request(what: str) -> BodyTooLargeError:
+    """The refusal of a request that is not inference with a body or message over SMALL_REQUEST."""
+    return BodyTooLargeError(
+        f"{what} carries more than {SMALL_REQUEST} bytes; only inference requests may be larger"
+    )
 
 
 STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
@@ -61,6 +80,7 @@ STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     HeadTimeoutError: (408, grpc.StatusCode.DEADLINE_EXCEEDED),
     MalformedRequestError: (400, grpc.StatusCode.INVALID_ARGUMENT),
     UnsupportedError: (501, grpc.StatusCode.UNIMPLEMENTED),
+    UnsupportedEncodingError: (415, grpc.StatusCode.INVALID_ARGUMENT),
     UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
 }
 """The one table: every refusal's (HTTP status, gRPC status code)."""

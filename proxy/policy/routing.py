@@ -271,6 +271,41 @@ class GrpcRouter:
             return None
         return _stream_error(unknown_model_message(_text(name)), request)
 
+    def decide_scanned(self, kind: str, scan: wire.MessageScan) -> GrpcForward | GrpcAnswer:
+        """`decide` for a message too large to hold, read in pieces by `scan` (finished): the
+        same answer, except that a message `decide` would rewrite is refused (what reached
+        Triton of it cannot be rewritten). The forward's request is empty: the bytes went on."""
+        if kind in _PER_MODEL or kind == "ModelStatistics":
+            try:
+                skeleton = wire.encode_string(1, scan.field(1))
+            except wire.WireError as e:
+                return _malformed(kind, e)
+            decision = self.decide(kind, skeleton)
+            if isinstance(decision, GrpcForward) and decision.request is not skeleton:
+                return GrpcAnswer(
+                    kind, "INVALID_ARGUMENT", "the request is too large to be narrowed"
+                )
+            return decision
+        decision = self.decide(kind, b"")
+        if isinstance(decision, GrpcForward) and decision.request != b"":
+            return GrpcAnswer(kind, "INVALID_ARGUMENT", "the request is too large to be narrowed")
+        return decision
+
+    def decide_stream_scanned(self, scan: wire.MessageScan) -> bytes | None:
+        """`decide_stream_message` for a stream message too large to hold, read by `scan`."""
+        try:
+            request_id = scan.field(3)
+        except wire.WireError:
+            request_id = b""
+        echo = wire.encode_string(3, request_id) if request_id else b""
+        try:
+            name = scan.field(1)
+        except wire.WireError as e:
+            return _stream_error(_malformed_message(e), echo)
+        if name == self._name:
+            return None
+        return _stream_error(unknown_model_message(_text(name)), echo)
+
 
 def _text(name: bytes) -> str:
     return name.decode("utf-8", "replace")

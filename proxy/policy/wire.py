@@ -211,3 +211,168 @@ def without_field(data: bytes, number: int) -> bytes:
 def with_string_field(data: bytes, number: int, value: bytes) -> bytes:
     """`data` with field `number` set to `value` exactly once."""
     return without_field(data, number) + encode_string(number, value)
+
+
+# MessageScan states.
+_KEY: Final = 0  # reading a field's key (a varint)
+_LENGTH: Final = 1  # reading a length-delimited field's length
+_SCALAR: Final = 2  # skipping a varint value
+_SKIP: Final = 3  # skipping `_left` bytes (a fixed-size value, or a field nobody looks for)
+_VALUE: Final = 4  # keeping `_left` bytes of a field looked for (first CAPTURE of them)
+_BROKEN: Final = 5  # malformed: nothing after it can be read
+
+CAPTURE: Final = 64 * 1024
+"""The most kept of one looked-for field's value. Model ids are at most 128 bytes, so a longer
+value is another model's name whatever its first bytes; it is kept this far for the answer."""
+
+
+class MessageScan:
+    """The top-level fields 1 (model name) and 3 (request id) of a message fed in pieces, for a
+    message too large to hold whole: `string_fields(message, (1,))` and `(3,)` with the same
+    answers and errors, without keeping more than CAPTURE bytes of it.
+
+    `feed` the message's bytes in order, then `finish`; `fields(number)` then answers what
+    `string_fields(message, (number,))` would: the value (or b"" when absent), or raises its
+    WireError.
+    """
+
+    __slots__ = (
+        "_errors",
+        "_field",
+        "_left",
+        "_length",
+        "_shift",
+        "_state",
+        "_value",
+        "_values",
+        "_varint",
+    )
+
+    def __init__(self) -> None:
+        self._state = _KEY
+        self._varint = 0
+        self._shift = 0
+        self._field = 0
+        self._length = 0
+        self._left = 0
+        self._value = bytearray()
+        self._values: dict[int, bytes] = {}
+        self._errors: dict[int, str] = {}
+        """The first error `string_fields` would raise looking for field 1, field 3; a message
+        broken for both is keyed 0."""
+
+    def _fail(self, number: int, why: str) -> None:
+        if number not in self._errors:
+            self._errors[number] = why
+
+    def _break(self, why: str) -> None:
+        self._fail(1, why)
+        self._fail(3, why)
+        self._state = _BROKEN
+
+    def _read_varint(self, data: bytes, pos: int, end: int) -> int:
+        """Advance over a varint's bytes; -1 while it is incomplete, else the offset past it."""
+        while pos < end:
+            byte = data[pos]
+            pos += 1
+            self._varint |= (byte & 0x7F) << self._shift
+            if byte < 0x80:
+                return pos
+            self._shift += 7
+            if self._shift >= 64:
+                self._break("a varint is longer than 10 bytes")
+                return end
+        return -1
+
+    def feed(self, data: bytes) -> None:
+        """The next bytes of the message."""
+        pos = 0
+        end = len(data)
+        while pos < end:
+            state = self._state
+            if state == _SKIP:
+                step = min(self._left, end - pos)
+                self._left -= step
+                pos += step
+                if not self._left:
+                    self._state = _KEY
+                continue
+            if state == _VALUE:
+                step = min(self._left, end - pos)
+                room = CAPTURE - len(self._value)
+                if room > 0:
+                    self._value += data[pos : pos + min(step, room)]
+                self._left -= step
+                pos += step
+                if not self._left:
+                    self._value_done()
+                continue
+            if state == _BROKEN:
+                return
+            pos = self._read_varint(data, pos, end)
+            if pos < 0:
+                return
+            if self._state == _BROKEN:
+                return
+            value = self._varint
+            self._varint = self._shift = 0
+            if state == _KEY:
+                self._key(value)
+            elif state == _LENGTH:
+                self._length = self._left = value
+                if self._field in (1, 3):
+                    self._value = bytearray()
+                    self._state = _VALUE if value else _KEY
+                    if not value:
+                        self._value_done()
+                else:
+                    self._state = _SKIP if value else _KEY
+            else:  # _SCALAR: a varint value skipped
+                self._state = _KEY
+
+    def _key(self, key: int) -> None:
+        number = key >> 3
+        wire_type = key & 7
+        self._field = number
+        if number == 0:
+            self._break("the message has a field number 0")
+            return
+        if wire_type == LENGTH_DELIMITED:
+            self._state = _LENGTH
+            return
+        if number in (1, 3):
+            self._fail(number, f"field {number} has wire type {wire_type}, not a string")
+        if wire_type == VARINT:
+            self._state = _SCALAR
+        elif wire_type in (FIXED64, FIXED32):
+            self._left = 8 if wire_type == FIXED64 else 4
+            self._length = 0  # not length-delimited: a cut value "runs past" the end
+            self._state = _SKIP
+        else:
+            self._break(f"field {number} has the unsupported wire type {wire_type}")
+
+    def _value_done(self) -> None:
+        number = self._field
+        if number in self._values:
+            self._fail(number, f"field {number} occurs more than once")
+        else:
+            self._values[number] = bytes(self._value)
+        self._value = bytearray()
+        self._state = _KEY
+
+    def finish(self) -> None:
+        """The message is whole: an unfinished field is the error `string_fields` gives."""
+        state = self._state
+        if (state == _KEY and self._shift) or state in (_LENGTH, _SCALAR):
+            self._break("the message ends inside a varint")
+        elif state == _VALUE or (state == _SKIP and self._length):
+            self._break(f"field {self._field} claims {self._length} bytes past the message's end")
+        elif state == _SKIP:
+            self._break(f"field {self._field} runs past the message's end")
+
+    def field(self, number: int) -> bytes:
+        """Field 1's or 3's value (b"" when absent); raises WireError as `string_fields` would."""
+        error = self._errors.get(number)
+        if error is not None:
+            raise WireError(error)
+        return self._values.get(number, b"")

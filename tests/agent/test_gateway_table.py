@@ -16,8 +16,9 @@ import pytest
 
 from agent.gateway import callers_of
 from agent.placement import Proven
-from agent.pods import PodInfo
+from agent.pods import PodInfo, pod_from_dict
 from common.callers import CallerTable, read_table
+from common.contract import Keys
 from sim.apiserver import RunningApiServer
 from tests.agent.conftest import (
     NODE,
@@ -55,6 +56,40 @@ def test_callers_are_pods_with_an_address_of_their_own() -> None:
     assert any("team/host" in reason for reason in left_out)
     assert any("team/same-as-node" in reason for reason in left_out)
     assert any("10.1.0.9" in reason and "team/twin1" in reason for reason in left_out)
+
+
+@pytest.mark.parametrize(
+    ("container", "declared"),
+    [
+        ({"name": "proxy", "args": ["--model-id=m", "--container-concurrency=4"]}, 4),
+        ({"name": "proxy",
+          "command": ["python", "-m", "proxy", "--container-concurrency", "8"]}, 8),
+        ({"name": "proxy",
+          "env": [{"name": "TRITONSHARE_CONTAINER_CONCURRENCY", "value": "3"}]}, 3),
+        (
+            {"name": "proxy", "args": ["--container-concurrency=2"],
+             "env": [{"name": "TRITONSHARE_CONTAINER_CONCURRENCY", "value": "9"}]},
+            2,
+        ),
+        ({"name": "proxy", "args": ["--container-concurrency=many"]}, 0),
+        ({"name": "proxy", "args": ["--model-id=m"]}, 0),
+    ],
+)  # fmt: skip
+def test_the_proxys_declared_concurrency_reaches_the_caller_table(
+    container: dict[str, Any], declared: int
+) -> None:
+    """The flag wins over its variable, as in the proxy; what is not a whole number declares
+    nothing (the gateway's default applies)."""
+    document = {
+        "metadata": {"namespace": "team", "name": "a", "uid": "uid-a",
+                     "annotations": {"tritonshare.io/model-id": "a"}},
+        "spec": {"nodeName": NODE, "containers": [container]},
+        "status": {"phase": "Running", "podIP": "10.1.0.5", "hostIP": "10.0.0.1"},
+    }  # fmt: skip
+    info = pod_from_dict(document, Keys())
+    assert info.concurrency == declared
+    callers, _ = callers_of([Proven(info, 1024**3)])
+    assert [c.concurrency for c in callers] == [declared]
 
 
 def set_address(api: kubernetes.client.ApiClient, name: str, ip: str) -> None:

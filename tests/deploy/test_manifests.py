@@ -31,6 +31,8 @@ from common.contract import (
     validate_model_id,
 )
 from common.quantity import parse_quantity
+from proxy.gateway import budget
+from proxy.gateway.settings import parse_settings as gateway_settings
 from tests.conftest import require_executable
 from tests.deploy.rendering import (
     DEPLOY,
@@ -402,6 +404,19 @@ def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubec
     assert triton_repo["readOnly"] is True and not agent_repo.get("readOnly")
     assert f"--model-repository={triton_repo['mountPath']}" in args
     assert f"--model-repository={agent_repo['mountPath']}/{triton_repo['subPath']}" in agent["args"]
+
+
+def test_the_gateways_memory_limit_holds_its_worst_case_from_its_flags(kubectl: str) -> None:
+    """docs/proxy.md, "Worst-case memory": the limit holds the base and two pods at their worst
+    at once with the flags the manifest gives (the chart's defaults render the same)."""
+    ds = _the(kubectl, "DaemonSet", "tritonshare-node")
+    [gateway] = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "gateway"]
+    settings = gateway_settings(gateway["args"], {})
+    limit = parse_quantity(gateway["resources"]["limits"]["memory"])
+    assert budget.worst_case(settings, pods_at_worst=2) <= limit
+    # The limit is not arbitrary: without the manifest's connection bound one pod alone (at the
+    # flag's default) could take it.
+    assert budget.per_pod(gateway_settings(["--caller-table=/t"], {})) > limit
 
 
 def test_the_node_pod_admits_only_model_pods_and_monitoring(kubectl: str) -> None:

@@ -37,6 +37,10 @@ NATIVE_TESTS = (
     "tests/proxy/http1/test_relay.py",
     "tests/proxy/http2",
     "tests/proxy/gateway/test_gateway.py",
+    "tests/proxy/gateway/test_inflate_attacks.py",
+    "tests/proxy/grpc/test_large_stream.py",
+    "tests/proxy/grpc/test_pieces.py",
+    "tests/proxy/policy/test_inflation.py",
 )
 """Tests run a second time against the compiled proxy (none of them patch what they test)."""
 

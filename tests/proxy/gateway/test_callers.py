@@ -32,6 +32,25 @@ def test_a_table_survives_the_round_trip() -> None:
     assert set(decoded.callers) == {A, B}
 
 
+def test_a_pods_declared_concurrency_survives_the_round_trip_and_old_tables_read() -> None:
+    limited = Caller("10.1.0.7", "add_one", "team-a/limited", "uid-c", 4)
+    assert decode(encode(CallerTable("node-1", 1.0, (limited,)))).callers == (limited,)
+    # An agent before the field wrote none: its callers declare nothing (the gateway's default).
+    old = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1,
+           "callers": [{"address": "10.0.0.1", "modelId": "m", "pod": "p",
+                        "uid": "u"}]}  # fmt: skip
+    assert decode(json.dumps(old).encode()).callers[0].concurrency == 0
+
+
+@pytest.mark.parametrize("concurrency", [-1, "4", 2.5, True])
+def test_a_concurrency_that_is_no_whole_number_is_refused(concurrency: object) -> None:
+    document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1,
+                "callers": [{"address": "10.0.0.1", "modelId": "m", "pod": "p", "uid": "u",
+                             "concurrency": concurrency}]}  # fmt: skip
+    with pytest.raises(CallerTableError, match="concurrency"):
+        decode(json.dumps(document).encode())
+
+
 @pytest.mark.parametrize(
     ("document", "problem"),
     [

@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from proxy.grpc import messages
-from proxy.grpc.messages import inflate
+from proxy.grpc.messages import inflate_small
 from proxy.policy import wire
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy
@@ -61,11 +61,11 @@ def inflated(monkeypatch: pytest.MonkeyPatch) -> list[bytes | None]:
     client really compressed (grpc sends a message plain when compressing would not shrink it)."""
     seen: list[bytes | None] = []
 
-    def counting(encoding: bytes | None, data: bytes, limit: int) -> bytes:
+    def counting(encoding: bytes | None, data: bytes, limit: int) -> bytes | None:
         seen.append(encoding)
-        return inflate(encoding, data, limit)
+        return inflate_small(encoding, data, limit)
 
-    monkeypatch.setattr(messages, "inflate", counting)
+    monkeypatch.setattr(messages, "inflate_small", counting)
     return seen
 
 
@@ -152,14 +152,18 @@ def test_a_compressed_stream_message_for_another_model_gets_the_in_stream_error(
 def test_a_small_message_inflating_past_the_limit_is_refused(
     served_triton: TritonServer, grpc_mode: str
 ) -> None:
-    """Ten MiB of zeros gzip to about ten KiB; the proxy's limit is 64 KiB."""
+    """Ten MiB of zeros gzip to about ten KiB; the inflate cap is 1 MiB (grpcio mode: grpc core
+    checks the inflated size against the message limit)."""
     bomb = _infer("add_one", [0.0] * (10 * 1024 * 1024 // 4))
-    settings = proxy_settings(served_triton, grpc_mode=grpc_mode, max_body_bytes=64 * 1024)
+    settings = proxy_settings(
+        served_triton, grpc_mode=grpc_mode, max_body_bytes=1024**2, max_inflated_bytes=1024**2
+    )
     with running_proxy(settings) as running:
         code, details, _ = _call(running.grpc_url, bomb, grpc.Compression.Gzip)
         assert code == "RESOURCE_EXHAUSTED"
         if grpc_mode == "relay":
-            assert "inflates to more than the proxy's limit of 65536 bytes" in details
+            assert "inflates to more than the limit of 1048576 bytes" in details
+            assert "--max-inflated" in details
         # The connection and the proxy still serve a good compressed call.
         good = _call(running.grpc_url, _infer("add_one", [1.0] * WIDE), grpc.Compression.Gzip)
         assert good[0] == "OK"
@@ -215,3 +219,24 @@ def test_a_large_compressed_stream_message_for_another_model_leaves_the_stream_o
         "",
     ]
     assert [a.infer_response.id for a in answers] == ["big", "good"]
+
+
+def test_a_small_compressed_stream_message_inflating_large_for_another_model_keeps_the_next(
+    proxy: RunningProxy, grpc_mode: str
+) -> None:
+    """A few KiB compressed, over 64 KiB inflated (read in pieces, not inline): refused from its
+    prefix with the in-stream error, and the messages after it in the same stream are answered."""
+    big = _infer("ghost", [0.0] * (256 * 1024), "a")  # 1 MiB of zeros: a few KiB gzipped
+    requests = [big, _infer("add_one", [2.0] * WIDE, "b"), _infer("add_one", [3.0] * WIDE, "c")]
+    with grpc.insecure_channel(proxy.grpc_url) as channel:
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer", None, None)
+        responses = stream(
+            _stream_requests(requests), timeout=30, compression=grpc.Compression.Gzip
+        )
+        answers = [service_pb2.ModelStreamInferResponse.FromString(raw) for raw in responses]
+    assert [a.error_message for a in answers] == [
+        "Request for unknown model: 'ghost' is not found",
+        "",
+        "",
+    ]
+    assert [a.infer_response.id for a in answers] == ["a", "b", "c"]

@@ -129,3 +129,37 @@ def test_bad_chunked_bodies_are_refused(body: bytes) -> None:
 )
 def test_valid_hosts_and_values_pass(head: bytes) -> None:
     parse_request_head(head)
+
+
+@pytest.mark.parametrize(
+    ("value", "wbits"),
+    [(b"gzip", 31), (b"deflate", 15), (b"GZip", 31), (b"identity", 0), (b"", 0)],
+)
+def test_the_content_codings_triton_inflates_are_read(value: bytes, wbits: int) -> None:
+    head = parse_request_head(
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: "
+        + value
+        + b"\r\nContent-Length: 3"
+    )
+    assert head.encoding == wbits
+    assert b"Content-Encoding: " + value in head.serialize("/v2/models/m/infer")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "status", "why"),
+    [
+        (b"Content-Encoding: br", 415, "send gzip, deflate"),
+        (b"Content-Encoding: gzip, gzip", 415, "send gzip, deflate"),
+        (b"Content-Encoding: x-gzip", 415, "send gzip, deflate"),
+        (b"Content-Encoding: gzip\r\nContent-Encoding: gzip", 400, "more than once"),
+    ],
+)
+def test_other_or_repeated_content_codings_are_refused(
+    encoding: bytes, status: int, why: str
+) -> None:
+    """Triton inflates gzip and deflate; anything else it refuses anyway, and a list or a repeat
+    could be read differently by Triton and by the count of the inflated size."""
+    head = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n" + encoding + b"\r\nContent-Length: 3"
+    with pytest.raises(ProxyError, match=why) as caught:
+        parse_request_head(head)
+    assert http_status(caught.value) == status

@@ -167,3 +167,37 @@ def test_the_name_reader_answers_as_the_general_field_reader(data: bytes) -> Non
     except wire.WireError as e:
         got = str(e)
     assert got == expected
+
+
+def _answers(read: object, number: int) -> bytes | str:
+    try:
+        return read(number)  # type: ignore[operator, no-any-return]
+    except wire.WireError as e:
+        return str(e)
+
+
+_MORE_PIECES = [*_PIECES, b"\x1a\x03abc", b"\x1a\x00", b"\x18\x05", b"\x1d" + b"\x00" * 3,
+                b"\x0a\x80\x80\x04" + b"n" * 70_000]  # fmt: skip
+
+
+@given(
+    data=st.binary(max_size=60) | st.lists(st.sampled_from(_MORE_PIECES), max_size=6).map(b"".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=80_000), max_size=5),
+)
+def test_a_message_read_in_pieces_answers_as_the_whole_message(
+    data: bytes, cuts: list[int]
+) -> None:
+    """`MessageScan`, fed the message cut anywhere, gives fields 1 and 3 (or the error) exactly
+    as `string_fields` does on the whole message; a value past CAPTURE is kept only that far."""
+    scan = wire.MessageScan()
+    pos = 0
+    for cut in sorted(c for c in cuts if c <= len(data)):
+        scan.feed(data[pos:cut])
+        pos = cut
+    scan.feed(data[pos:])
+    scan.finish()
+    for number in (1, 3):
+        expected = _answers(lambda n: wire.string_fields(data, (n,)).get(n, b""), number)
+        if isinstance(expected, bytes):
+            expected = expected[: wire.CAPTURE]
+        assert _answers(scan.field, number) == expected

@@ -1,0 +1,55 @@
+"""The gateway's worst-case memory as a formula of its flags (docs/proxy.md, "Worst-case memory").
+
+What one calling pod can make the gateway hold, whatever it sends, from the relays' own bounds:
+each connection holds at most `CONNECTION_BYTES` (a REST connection: its head, pipelined
+requests and one compressed read being counted; a gRPC connection: a partial message or prefix
+on each of its streams, a header block, a small message inflated inline), and each stream at
+Triton or waiting for a slot at most `STREAM_BYTES` (request bytes Triton's window holds back,
+a response the tenant does not read, and a large message's name, request id and inflated
+slice). The deploy manifests set the gateway's memory limit from `worst_case` (a test keeps
+them in step). What it must not do: measure anything; it only adds the relays' constants up.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from proxy.gateway.settings import GatewaySettings
+from proxy.grpc.channel import RESPONSE_WINDOW
+from proxy.grpc.gate import HOLD_LIMIT, PREFIX_HOLD, SMALL_INFLATE
+from proxy.grpc.relay import MAX_HEADER_BLOCK, MAX_STREAMS
+from proxy.grpc.stream import RECEIVE_WINDOW
+from proxy.http1.framing import MAX_HEAD_BYTES
+from proxy.http1.relay import PIPELINE_LIMIT
+from proxy.policy.inflation import SLICE
+from proxy.policy.refusals import SMALL_REQUEST
+from proxy.policy.wire import CAPTURE
+
+BASE_BYTES: Final = 64 * 1024**2
+"""The process with no caller: interpreter, compiled relays, metrics (measured ~50-60 MiB)."""
+_READ: Final = 256 * 1024
+"""The most one socket read hands the relay (uvloop's read buffer)."""
+_REST_CONNECTION: Final = MAX_HEAD_BYTES + PIPELINE_LIMIT + _READ + SLICE
+_GRPC_CONNECTION: Final = (
+    MAX_STREAMS * (max(HOLD_LIMIT, PREFIX_HOLD, SMALL_REQUEST) + 5)
+    + MAX_HEADER_BLOCK
+    + SMALL_INFLATE
+)
+CONNECTION_BYTES: Final = max(_REST_CONNECTION, _GRPC_CONNECTION)
+"""The most one connection holds outside the streams at Triton or queued (~4.2 MiB)."""
+STREAM_BYTES: Final = RECEIVE_WINDOW + RESPONSE_WINDOW + 2 * CAPTURE + SLICE
+"""The most one inference stream at Triton or waiting for a slot holds (~1.6 MiB)."""
+
+
+def per_pod(settings: GatewaySettings, declared: int = 0) -> int:
+    """The most one pod (declaring concurrency `declared`, 0: none) can make the gateway hold:
+    its connections, and its inference requests in flight and queued (as many as in flight)."""
+    limit = settings.in_flight_limit(declared)
+    if limit == 0:
+        raise ValueError("with --max-in-flight-per-pod=0 a pod's share has no bound")
+    return settings.max_connections_per_pod * CONNECTION_BYTES + 2 * limit * STREAM_BYTES
+
+
+def worst_case(settings: GatewaySettings, pods_at_worst: int) -> int:
+    """The base plus `pods_at_worst` pods at their worst at once (the others at normal load)."""
+    return BASE_BYTES + pods_at_worst * per_pod(settings)
