@@ -334,7 +334,8 @@ class Bench:
         return max(figures) if figures else None
 
     def triton_states(self) -> dict[str, str]:
-        """Triton's repository index as the agent sees it (the operator's admin header)."""
+        """Triton's repository index as the agent sees it (the operator's admin header); empty
+        when Triton does not answer in time."""
         assert self.cluster.triton is not None
         name, _, value = TRITON_ADMIN_HEADER.partition(":")
         request = urllib.request.Request(
@@ -343,8 +344,12 @@ class Bench:
             headers={name: value},
             method="POST",
         )
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return {str(m["name"]): str(m.get("state", "")) for m in json.loads(response.read())}
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                index = json.loads(response.read())
+        except OSError:
+            return {}  # Triton stalls while a slow model loads: ask again at the next poll
+        return {str(m["name"]): str(m.get("state", "")) for m in index}
 
 
 def _bytes(value: Any) -> int | None:
@@ -708,16 +713,20 @@ def gpu_growth(bench: Bench) -> Outcome:
         poll(lambda: state("victim_slow") not in ("LOADING", ""), args.load_seconds + 60, 0.05)
         window_end = time.monotonic()
         landed = loading and window_start <= grows_at <= window_end
-        # The agent publishes measured memory every 2 s in the simulated cluster; an evicted
-        # model's figure goes away, so the largest seen is kept.
+        # The agent publishes measured memory on its GPU poll (10 s by default), at most every
+        # 2 s in the simulated cluster; an evicted model's figure goes away, so the largest
+        # seen is kept, and an eviction ends the wait.
         seen: dict[str, int] = {}
-        deadline = time.monotonic() + 6
-        while time.monotonic() < deadline:
+
+        def published() -> bool:
             for model in ("victim_slow", "grower"):
                 figure = bench.measured(model)
                 if figure is not None:
                     seen[model] = max(seen.get(model, 0), figure)
-            time.sleep(0.5)
+            gone = (bench.pod(VICTIM, "victim-slow") or {}).get("status", {}).get("phase")
+            return len(seen) == 2 or gone in (None, "Failed")
+
+        poll(published, 20, 0.5)
         pod = bench.pod(VICTIM, "victim-slow") or {}
         blamed = [e for e in bench.events(VICTIM, "victim-slow") if e.startswith("GPUMemory")]
         phase = pod.get("status", {}).get("phase", "gone")
@@ -737,14 +746,23 @@ def gpu_growth(bench: Bench) -> Outcome:
             return Outcome(None, f"not measured: {where}; {figures}")
         billed = victim is not None and victim > 1 * GIB
         evicted = phase == "Failed" or any("evicted" in e for e in blamed)
-        verdict = "victim " + ("evicted" if evicted else "warned" if blamed else "not blamed")
-        text = f"{verdict} (pod {phase}); {where}; {figures}"
+        culprit = [e for e in bench.events(ATTACKER, "grower") if e.startswith("GPUMemory")]
+        text = (
+            f"victim {_blame(blamed, phase)} (pod {phase}), attacker "
+            f"{_blame(culprit, '')}; {where}; {figures}"
+        )
         if blamed:
             text += f"; {blamed[0][:160]}"
         return Outcome(not (blamed or billed or evicted), text)
     finally:
         bench.delete(VICTIM, "victim-slow")
         bench.delete(ATTACKER, "grower")
+
+
+def _blame(events: list[str], phase: str) -> str:
+    if phase == "Failed" or any("evicted" in e for e in events):
+        return "evicted"
+    return "warned" if events else "not blamed"
 
 
 def _mib(value: int | None) -> str:

@@ -97,7 +97,8 @@ def run_victim(plan: VictimPlan, stop: threading.Event) -> Any:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    loopback(plan.http), loopback(plan.grpc)
+    loopback(plan.http)
+    loopback(plan.grpc)
     records: list[Record] = []
     lock = threading.Lock()
     local = threading.local()
@@ -132,13 +133,19 @@ def run_victim(plan: VictimPlan, stop: threading.Event) -> Any:
             records.append((due, time.monotonic() - due, error))
 
     started = time.monotonic()
-    with ThreadPoolExecutor(plan.workers, thread_name_prefix="victim") as pool:
+    pool = ThreadPoolExecutor(plan.workers, thread_name_prefix="victim")
+    try:
         for sent in range(int(plan.max_seconds * plan.rate) + 1):
             due = started + sent / plan.rate
             if stop.wait(max(due - time.monotonic(), 0.0)) or due - started > plan.max_seconds:
                 break
             pool.submit(call, due, sent % 2 == 0)
-    return records
+    finally:
+        # Requests still queued behind a stall when told to stop are not sent: they were due
+        # after the last phase, and waiting for them could outlast the caller's patience.
+        pool.shutdown(wait=True, cancel_futures=True)
+    with lock:
+        return list(records)
 
 
 # ---- gRPC by hand (h2) -----------------------------------------------------------------------
@@ -186,8 +193,12 @@ class GrpcCall:
 
     def _flush(self) -> None:
         data = self.conn.data_to_send()
-        if data:
+        if not data:
+            return
+        try:
             self.sock.sendall(data)
+        except OSError as e:  # the peer stopped reading, or closed
+            self.status = self.status or f"sending failed ({first_line(e) or 'timed out'})"
 
     def send(self, data: bytes, end: bool, deadline: float) -> None:
         """Send `data` as flow control allows (reading the peer meanwhile); stop early if the
@@ -342,7 +353,7 @@ async def read_status(reader: asyncio.StreamReader) -> int:
         raise ConnectionResetError("connection closed by the server")
     status = int(line.split()[1])
     length, chunked = 0, False
-    while True:
+    for _ in range(256):
         header = await reader.readline()
         if header in (b"\r\n", b"\n", b""):
             break
