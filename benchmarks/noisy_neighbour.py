@@ -28,11 +28,13 @@ runs each attack in turn, the network ones from its own pod's address in a proce
 The phases run alone first, then "control" (the victim's probes of 1, 2 and 5 with no attacker:
 a replica placed, a new model installed and loaded), the attacks (those that can leave a process's
 memory grown last), and "alone again". For each it prints the victim's p50/p99 latency and error
-count, the p99 as a multiple of alone's, the victim's outcome for 1, 2, 5 and 6 beside the same
-probe alone, what the attacker saw, and the peak RSS of the gateway, the agent and Triton (its
-whole process tree: the server and its Python backend stubs) against their container memory
-limits in deploy/base/node-daemonset.yaml. Peaks are psutil samples every --sample-ms, and for
-the gateway and the agent also the kernel's high-water mark (VmHWM, reset at each phase's start).
+count, the p99 as a multiple of alone's (the better p99 of "alone" and "alone again", so a stall
+of a shared box while alone flatters no attack), the victim's outcome for 1, 2, 5 and 6 beside
+the same probe alone, what the attacker saw, and the peak RSS of the gateway, the agent and
+Triton (its whole process tree: the server and its Python backend stubs) against their container
+memory limits in deploy/base/node-daemonset.yaml. Peaks are psutil samples every --sample-ms,
+and for the gateway and the agent also the kernel's high-water mark (VmHWM, reset at each phase's
+start).
 Then, per phase after alone and control, the target: the victim's p99 within 2x of alone, no victim
 error, every process under its limit (a process still over it from an earlier phase is marked
 "already before"), and the victim's outcome as alone: "met" or "NOT met" with the reasons; the exit
@@ -876,17 +878,26 @@ class Row:
 
 
 def summarize(run: Run) -> list[Row]:
-    """Each phase's victim latency and errors, and its verdict against the target."""
+    """Each phase's victim latency and errors, and its verdict against the target. "Alone" is
+    the better p99 of the victim alone before the attacks and after them: a stall of the shared
+    box during one of them must not make every attack look mild."""
+
+    def window(phase: Phase) -> list[Record]:
+        return [r for r in run.records if phase.start <= r[0] < phase.end]
+
+    alone = [
+        percentile([r[1] for r in window(p) if not r[2]], 0.99)
+        for p in run.phases
+        if p.name in ("alone", "alone again")
+    ]
+    base_p99 = min((p for p in alone if p == p), default=float("nan"))  # NaN: no answer
     rows = []
-    base_p99 = float("nan")
     for phase in run.phases:
-        window = [r for r in run.records if phase.start <= r[0] < phase.end]
-        ok = [r[1] for r in window if not r[2]]
-        errors = [r[2] for r in window if r[2]]
-        error_times = [r[0] - phase.start for r in window if r[2]]
+        rows_of_phase = window(phase)
+        ok = [r[1] for r in rows_of_phase if not r[2]]
+        errors = [r[2] for r in rows_of_phase if r[2]]
+        error_times = [r[0] - phase.start for r in rows_of_phase if r[2]]
         p99 = percentile(ok, 0.99)
-        if phase.name == "alone":
-            base_p99 = p99
         ratio = p99 / base_p99 if base_p99 > 0 else float("nan")
         missed = []
         if not ratio <= 2.0:
@@ -900,7 +911,9 @@ def summarize(run: Run) -> list[Row]:
         missed += [f"{part} exited" for part, alive in phase.alive.items() if not alive]
         if phase.outcome is not None and phase.outcome.ok is not True:
             missed.append("victim outcome" if phase.outcome.ok is False else "not measured")
-        row = Row(phase, len(window), percentile(ok, 0.5), p99, ratio, errors, error_times, missed)
+        row = Row(
+            phase, len(rows_of_phase), percentile(ok, 0.5), p99, ratio, errors, error_times, missed
+        )
         rows.append(replace(row, missed=[]) if not row.judged else row)
     return rows
 

@@ -84,6 +84,19 @@ def test_each_attack_is_judged_against_the_victim_alone() -> None:
     assert rows["connections"].requests == 100
 
 
+def test_a_stall_of_the_box_while_alone_does_not_flatter_the_attacks() -> None:
+    limits = dict.fromkeys(bench.PARTS, 1000)
+    phases = [_phase("alone", 0), _phase("flood", 10), _phase("alone again", 20)]
+    records: list[tuple[float, float, str]] = [(i / 10, 0.050, "") for i in range(100)]
+    records += [(10 + i / 10, 0.030, "") for i in range(100)]
+    records += [(20 + i / 10, 0.010, "") for i in range(100)]
+    rows = {
+        row.phase.name: row for row in bench.summarize(bench.Run(phases, records, limits, {}, 30))
+    }
+    assert rows["flood"].ratio == pytest.approx(3.0)
+    assert rows["flood"].missed == ["p99 3.0x alone"]
+
+
 @pytest.mark.triton
 @pytest.mark.slow
 def test_a_short_run_measures_every_figure(
