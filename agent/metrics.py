@@ -74,6 +74,12 @@ class _ModelMemoryCollector(Collector):
             "GPU memory the binder booked for a loaded model (its pod's request)",
             labels=["model", "gpu"],
         )
+        uncertain = GaugeMetricFamily(
+            "tritonshare_agent_model_gpu_memory_uncertainty_bytes",
+            "Bytes of a model's measured figure that another model on its GPU may have caused "
+            "(0 for Triton's own figure): it is never evicted for them",
+            labels=["model", "gpu"],
+        )
         unattributed = GaugeMetricFamily(
             "tritonshare_agent_gpu_unattributed_memory_bytes",
             "Used GPU memory no loaded model accounts for (beyond the GPU's baseline)",
@@ -82,10 +88,12 @@ class _ModelMemoryCollector(Collector):
         for entry in sorted(self._ledger.models.values(), key=lambda m: m.model_id):
             measured.add_metric([entry.model_id, entry.gpu_uuid], entry.bytes)
             requested.add_metric([entry.model_id, entry.gpu_uuid], entry.request)
+            labels = [entry.model_id, entry.gpu_uuid]
+            uncertain.add_metric(labels, self._ledger.uncertainty(entry.model_id))
         snapshot = self._snapshot()
         for gpu in snapshot.gpus if snapshot else ():
             unattributed.add_metric([gpu.uuid], self._ledger.unattributed(gpu.uuid))
-        yield from (measured, requested, unattributed)
+        yield from (measured, requested, uncertain, unattributed)
 
 
 class AgentMetrics:
@@ -144,6 +152,13 @@ class AgentMetrics:
             "Models found using more GPU memory than their request plus the tolerance, by "
             "action (warned, evicted)",
             ["action"],
+            registry=r,
+        )
+        self.gpu_memory_unexplained = Counter(
+            "tritonshare_agent_gpu_unexplained_growth_bytes",
+            "Growth of a GPU's used memory that no model could be billed for (several models "
+            "shared the GPU, or a neighbour's load window)",
+            ["gpu"],
             registry=r,
         )
         self.gpu_memory_refusals = Counter(
