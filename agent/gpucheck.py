@@ -132,7 +132,8 @@ DECLARATION = Declaration(
         ),
         Setting(
             "gpu-mem-enforcement",
-            "warn or evict a model using more GPU memory than it asked for",
+            "warn or evict a model using more GPU memory than it asked for (evict only where no "
+            "other model could have caused the excess; otherwise warn)",
             one_of("warn", "evict"),
             "warn",
         ),
@@ -315,7 +316,7 @@ def measure(
         stand_in.allocate()
         loaded = clock()
         after = _used(reader, uuid)
-        entry = ledger.record_load(
+        entry, _ = ledger.record_load(
             STAND_IN_MODEL, uuid, m.request, m.before_used, after.memory_used, None
         )
         m.load_to_measure_seconds = clock() - loaded
@@ -336,9 +337,11 @@ def measure(
         if settled is not None:
             booked = [max(m.request, m.polled)]
             m.second_admission = admission_problem(settled, m.request, booked, reserve)
-        m.over = any(o.model_id == STAND_IN_MODEL for o in ledger.over())
+        excess = next((o for o in ledger.over() if o.model.model_id == STAND_IN_MODEL), None)
+        m.over = excess is not None
         m.over_below = smallest_request_within(m.polled, fraction, minimum)
-        m.action = _action(m.over, settings.gpu_mem_enforcement)
+        sure = excess is not None and excess.sure(ledger.allowed(m.request))
+        m.action = _action(m.over, sure, settings.gpu_mem_enforcement)
         # agent.models._unload_locked: unload, then forget; the next poll shows what is left.
         stand_in.free()
         ledger.forget(STAND_IN_MODEL)
@@ -361,11 +364,14 @@ def measure(
     return m
 
 
-def _action(over: bool, enforcement: str) -> str:
+def _action(over: bool, sure: bool, enforcement: str) -> str:
+    """What the agent does about the figure (agent.reconcile: evict only on a sure excess)."""
     if not over:
         return "none: the model is within its request and the tolerance"
-    if enforcement == "evict":
+    if enforcement == "evict" and sure:
         return "evict: unload the model and mark its pod Failed (GPUMemoryExceeded)"
+    if enforcement == "evict":
+        return "warn: over its request, but another model may have caused part of it; no eviction"
     return "warn: a GPUMemoryOverRequest Event on the pod and a metric; the model stays"
 
 
