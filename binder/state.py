@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from binder.classes import ConstraintClass, evaluate, reevaluate, shifted, without
-from binder.index import FreeIndex
+from binder.index import Blocks, FreeIndex
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo
 
 IntArray = npt.NDArray[np.int64]
@@ -75,6 +75,8 @@ class ClusterState:
         self.free_total: IntArray = np.zeros(0, np.int64)
         self.capacity: IntArray = np.zeros(0, np.int64)
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
+        self.gpu_blocks: list[Blocks] = []
+        """Per node, per GPU: (usable size, free block), for binpack's index of free blocks."""
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -324,10 +326,17 @@ class ClusterState:
         else:
             self.gpu_status[i] = GPUS_UNREADABLE if info.gpu_problem else GPUS_NONE
         free_total = sum(free)
-        capacity = sum(self.usable(g) for g in info.gpus)
-        if free_total != self.free_total[i] or capacity != self.capacity[i]:
+        sizes = [self.usable(g) for g in info.gpus]
+        capacity = sum(sizes)
+        blocks = tuple(zip(sizes, free, strict=True))
+        if (
+            free_total != self.free_total[i]
+            or capacity != self.capacity[i]
+            or blocks != self.gpu_blocks[i]
+        ):
             self.free_total[i] = free_total
             self.capacity[i] = capacity
+            self.gpu_blocks[i] = blocks
             self._changes.append(i)
 
     # ---- vectorised views ---------------------------------------------------------------------
@@ -345,6 +354,7 @@ class ClusterState:
         self.free_total = np.zeros(count, np.int64)
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
+        self.gpu_blocks = [()] * count
         self._dirty = False
         for name in self.names:
             self._refresh(name)
@@ -365,6 +375,7 @@ class ClusterState:
         self.free_total = np.insert(self.free_total, position, 0)
         self.capacity = np.insert(self.capacity, position, 0)
         self.lease_expiry = np.insert(self.lease_expiry, position, self.leases.get(name, 0.0))
+        self.gpu_blocks.insert(position, ())
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(cls, position, 1)
         for index in self._indexes.values():
@@ -383,10 +394,11 @@ class ClusterState:
         self.free_total = np.delete(self.free_total, position)
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
+        del self.gpu_blocks[position]
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(without(cls, position), position + 1, -1)
         for index in self._indexes.values():
-            index.refile(position, None, 0, 0)
+            index.refile(position, None, 0, 0, ())
             index.shift(position + 1, -1)
 
     def _settle_indexes(self) -> None:
@@ -394,7 +406,7 @@ class ClusterState:
         shift."""
         upto = len(self._changes)
         for index in self._indexes.values():
-            index.catch_up(self._changes, self.capacity, self.free_total, upto)
+            index.catch_up(self._changes, self.capacity, self.free_total, self.gpu_blocks, upto)
             index.cursor = 0
         self._changes.clear()
 
@@ -415,7 +427,8 @@ class ClusterState:
             self._classes[constraints], scoring = reevaluate(cls, constraints, i, node)
             index = self._indexes.get(constraints)
             if index is not None:
-                index.refile(i, scoring, int(self.capacity[i]), int(self.free_total[i]))
+                capacity, free = int(self.capacity[i]), int(self.free_total[i])
+                index.refile(i, scoring, capacity, free, self.gpu_blocks[i])
 
     def constraint_class(self, constraints: Constraints) -> ConstraintClass:
         """Kubernetes' rules for these constraints over every node, cached until nodes change."""
@@ -437,17 +450,12 @@ class ClusterState:
             self._changes.clear()
         index = self._indexes.get(constraints)
         if index is None:
-            index = FreeIndex(
-                cls.nodes,
-                cls.affinity,
-                cls.prefer_no_schedule,
-                self.capacity,
-                self.free_total,
-                len(self._changes),
-            )
+            index = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, len(self._changes))
             self._indexes[constraints] = index
         else:
-            index.catch_up(self._changes, self.capacity, self.free_total, len(self._changes))
+            index.catch_up(
+                self._changes, self.capacity, self.free_total, self.gpu_blocks, len(self._changes)
+            )
         return index
 
     def model_nodes(self, model_id: str) -> set[int]:

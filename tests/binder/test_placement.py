@@ -290,12 +290,22 @@ def test_prefer_no_schedule_taints_lower_the_score() -> None:
     assert placed(state, pod_obj("b", mem="1Gi", spec_extra=tolerate)).node == "n1"
 
 
-def test_ties_are_broken_by_the_pod_uid_reproducibly() -> None:
+def test_spread_breaks_ties_by_the_pod_uid_reproducibly() -> None:
     nodes = [node_obj(f"n{i}", [16 * GI]) for i in range(8)]
-    first = {f"p{i}": placed(cluster(*nodes), pod_obj(f"p{i}")).node for i in range(40)}
-    again = {f"p{i}": placed(cluster(*reversed(nodes)), pod_obj(f"p{i}")).node for i in range(40)}
+    pods = [pod_obj(f"p{i}") for i in range(40)]
+    first = {p["metadata"]["name"]: placed(cluster(*nodes), p, policy="spread").node for p in pods}
+    again = {
+        p["metadata"]["name"]: placed(cluster(*reversed(nodes)), p, policy="spread").node
+        for p in pods
+    }
     assert first == again
     assert len(set(first.values())) > 1, "the hash should spread ties over the nodes"
+
+
+def test_binpack_breaks_ties_by_node_name_so_equal_choices_pile_up() -> None:
+    nodes = [node_obj(f"n{i}", [16 * GI]) for i in range(8)]
+    for order in (nodes, list(reversed(nodes))):
+        assert {placed(cluster(*order), pod_obj(f"p{i}")).node for i in range(40)} == {"n0"}
 
 
 def test_explain_gives_every_node_its_reasons() -> None:

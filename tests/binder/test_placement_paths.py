@@ -110,10 +110,17 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
     for constraints in list(state._indexes):
         kept = state.free_index(constraints)
         cls = state.constraint_class(constraints)
-        built = FreeIndex(
-            cls.nodes, cls.affinity, cls.prefer_no_schedule, state.capacity, state.free_total, 0
-        )
-        assert kept.buckets == built.buckets
+        assert state.gpu_blocks == [
+            tuple(
+                (state.usable(g), f)
+                for g, f in zip(state.nodes[n].gpus, state.gpu_free(n), strict=True)
+            )
+            for n in state.names
+        ]
+        built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
+        arrays = (state.capacity, state.free_total)
+        assert kept.buckets(*arrays) == built.buckets(*arrays)
+        assert kept.blocks(state.gpu_blocks) == built.blocks(state.gpu_blocks)
 
 
 def random_spec(rng: random.Random) -> dict[str, Any]:
