@@ -74,22 +74,36 @@ class FreeIndex:
         self._blocks: dict[Bucket, list[int]] | None = None
         self._filed: dict[int, list[tuple[Bucket, int]]] = {}
         """Node index -> the bucket and entry of each of its GPUs now (once `blocks` is built)."""
+        self._seen: dict[int, Blocks] = {}
+        """Node index -> the blocks those entries were made from."""
 
     def buckets(self, capacity: IntArray, free: IntArray) -> dict[Bucket, list[int]]:
         """Nodes by (scoring, capacity), each bucket sorted by free memory: for `spread`."""
         if self._buckets is None:
-            self._buckets = {}
+            built: dict[Bucket, list[int]] = {}
             for i, scoring in self._scoring.items():
-                self._add_node(i, (*scoring, int(capacity[i])), entry(int(free[i]), i))
+                bucket, key = (*scoring, int(capacity[i])), entry(int(free[i]), i)
+                built.setdefault(bucket, []).append(key)
+                self._placed[i] = (bucket, key)
+            for keys in built.values():
+                keys.sort()
+            self._buckets = built
         return self._buckets
 
     def blocks(self, blocks: Sequence[Blocks]) -> dict[Bucket, list[int]]:
         """GPUs by (their node's scoring, their size), each bucket sorted by free block: for
         `binpack`."""
         if self._blocks is None:
-            self._blocks = {}
+            built: dict[Bucket, list[int]] = {}
             for i, scoring in self._scoring.items():
-                self._add_gpus(i, scoring, blocks[i])
+                filed = _gpu_entries(i, scoring, blocks[i])
+                for bucket, key in filed:
+                    built.setdefault(bucket, []).append(key)
+                self._filed[i] = filed
+                self._seen[i] = blocks[i]
+            for keys in built.values():
+                keys.sort()
+            self._blocks = built
         return self._blocks
 
     def refile(
@@ -133,6 +147,7 @@ class FreeIndex:
                 }
             )
             self._filed = filed
+            self._seen = {(i + delta if i >= at else i): b for i, b in self._seen.items()}
 
     def _remove_node(self, node: int) -> None:
         placed = self._placed.pop(node, None)
@@ -146,6 +161,7 @@ class FreeIndex:
         self._placed[node] = (bucket, key)
 
     def _remove_gpus(self, node: int) -> None:
+        self._seen.pop(node, None)
         filed = self._filed.pop(node, None)
         if filed is None or self._blocks is None:
             return
@@ -154,13 +170,11 @@ class FreeIndex:
 
     def _add_gpus(self, node: int, scoring: Scoring, blocks: Blocks) -> None:
         assert self._blocks is not None
-        filed = [
-            ((*scoring, size), block_entry(free, node, position))
-            for position, (size, free) in enumerate(blocks)
-        ]
+        filed = _gpu_entries(node, scoring, blocks)
         for bucket, key in filed:
             insort(self._blocks.setdefault(bucket, []), key)
         self._filed[node] = filed
+        self._seen[node] = blocks
 
     def catch_up(
         self,
@@ -189,16 +203,28 @@ class FreeIndex:
         """Move only the node's GPUs whose block changed (one, when a pod is charged)."""
         assert self._blocks is not None
         filed = self._filed.get(node, [])
-        if len(filed) != len(blocks):
+        before = self._seen.get(node, ())
+        if len(filed) != len(blocks) or len(before) != len(blocks):
             self._remove_gpus(node)
             self._add_gpus(node, scoring, blocks)
             return
-        for position, (size, free) in enumerate(blocks):
-            now = ((*scoring, size), block_entry(free, node, position))
-            if now != filed[position]:
-                _discard(self._blocks, *filed[position])
-                insort(self._blocks.setdefault(now[0], []), now[1])
-                filed[position] = now
+        self._seen[node] = blocks
+        for position in range(len(blocks)):
+            new = blocks[position]
+            if new == before[position]:
+                continue
+            bucket = (scoring[0], scoring[1], new[0])
+            key = new[1] << BLOCK_SHIFT | node << GPU_BITS | position
+            _discard(self._blocks, *filed[position])
+            insort(self._blocks.setdefault(bucket, []), key)
+            filed[position] = (bucket, key)
+
+
+def _gpu_entries(node: int, scoring: Scoring, blocks: Blocks) -> list[tuple[Bucket, int]]:
+    return [
+        ((*scoring, size), block_entry(free, node, position))
+        for position, (size, free) in enumerate(blocks)
+    ]
 
 
 def _discard(buckets: dict[Bucket, list[int]], bucket: Bucket, key: int) -> None:

@@ -276,7 +276,7 @@ def _pack_indexed(
     top_affinity = max(h[0] for h in heads)
     top_prefer = max(h[1] for h in heads)
     largest = float(max(state.largest_usable(), 1))
-    best: tuple[float, int, int] = (-math.inf, 0, 0)
+    best, best_block, chosen = -math.inf, 0, 0
     for affinity, prefer, size, block, i in heads:
         affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else 0
         taint_score = (
@@ -284,21 +284,16 @@ def _pack_indexed(
         )
         base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
         score = base + MEMORY_WEIGHT * _pack_score(largest, size, request)
-        best = max(best, (score, -block, -i))
-    score, _, i = best
-    return _on_node(state, state.names[-i], request, "binpack", score)
+        # Equal scores (the same GPU size): the tightest block, then node name order.
+        if score > best or (score == best and (block, i) < (best_block, chosen)):
+            best, best_block, chosen = score, block, i
+    return _on_node(state, state.names[chosen], request, "binpack", best)
 
 
 def _pack_score(largest: float, size: int, request: int) -> float:
     """binpack's memory score: the smaller the GPU the pod fits (the less of it the pod leaves
     over), the higher, against the largest GPU of the cluster."""
     return MAX_SCORE * (largest - (size - request)) / largest
-
-
-def _tightest(blocks: tuple[tuple[int, int], ...], request: int) -> tuple[int, int]:
-    """(size, free block) of the node's best GPU for binpack: the smallest GPU that fits, then
-    its tightest block."""
-    return min((size, free) for size, free in blocks if free >= request)
 
 
 def _on_node(
@@ -333,17 +328,19 @@ def _best(
     request = pod.request
     base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
     if policy == "binpack":
-        # Each candidate's smallest fitting GPU and its tightest block: a Python pass over the
-        # candidates' GPUs, taken only when the index cannot answer within its budget.
-        blocks = state.gpu_blocks
-        best_gpus = [_tightest(blocks[i], request) for i in candidates.tolist()]
-        sizes = np.array([size for size, _ in best_gpus], np.int64)
+        # Each candidate's smallest fitting GPU, and the tightest block on a GPU of that size.
+        room = state.gpu_room[candidates]
+        fits = room >= request
+        size = state.gpu_size[candidates]
+        unfit = np.iinfo(np.int64).max
+        sizes = np.where(fits, size, unfit).min(axis=1)
+        tightest = np.where(fits & (size == sizes[:, None]), room, unfit).min(axis=1)
         largest = float(max(state.largest_usable(), 1))
         score = base + MEMORY_WEIGHT * (MAX_SCORE * (largest - (sizes - request)) / largest)
         top = score.max()
         # Equal scores (same GPU size): the tightest block, then node name order.
-        tied = np.flatnonzero(score == top).tolist()
-        chosen = min(tied, key=lambda t: (best_gpus[t][1], t))
+        tied = np.flatnonzero(score == top)
+        chosen = int(tied[np.argmin(tightest[tied])])
         return _on_node(state, state.names[int(candidates[chosen])], request, policy, top)
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
     free = state.free_total[candidates].astype(np.float64)

@@ -77,6 +77,10 @@ class ClusterState:
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
         self.gpu_blocks: list[Blocks] = []
         """Per node, per GPU: (usable size, free block), for binpack's index of free blocks."""
+        self.gpu_size: IntArray = np.zeros((0, 1), np.int64)
+        self.gpu_room: IntArray = np.full((0, 1), -1, np.int64)
+        """The same as two matrices (a row per node, padded with size 0 and room -1), for
+        binpack's vectorised scan."""
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -336,8 +340,23 @@ class ClusterState:
         ):
             self.free_total[i] = free_total
             self.capacity[i] = capacity
+            self._set_gpu_row(i, sizes, free, self.gpu_blocks[i])
             self.gpu_blocks[i] = blocks
             self._changes.append(i)
+
+    def _set_gpu_row(self, i: int, sizes: list[int], free: list[int], before: Blocks) -> None:
+        if [size for size, _ in before] == sizes:
+            self.gpu_room[i, : len(free)] = free  # a charge: only the free blocks moved
+            return
+        width = self.gpu_size.shape[1]
+        if len(sizes) > width:  # a node with more GPUs than any before: widen the matrices
+            extra = ((0, 0), (0, len(sizes) - width))
+            self.gpu_size = np.pad(self.gpu_size, extra, constant_values=0)
+            self.gpu_room = np.pad(self.gpu_room, extra, constant_values=-1)
+        self.gpu_size[i] = 0
+        self.gpu_room[i] = -1
+        self.gpu_size[i, : len(sizes)] = sizes
+        self.gpu_room[i, : len(free)] = free
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -355,6 +374,8 @@ class ClusterState:
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
         self.gpu_blocks = [()] * count
+        self.gpu_size = np.zeros((count, 1), np.int64)
+        self.gpu_room = np.full((count, 1), -1, np.int64)
         self._dirty = False
         for name in self.names:
             self._refresh(name)
@@ -376,6 +397,8 @@ class ClusterState:
         self.capacity = np.insert(self.capacity, position, 0)
         self.lease_expiry = np.insert(self.lease_expiry, position, self.leases.get(name, 0.0))
         self.gpu_blocks.insert(position, ())
+        self.gpu_size = np.insert(self.gpu_size, position, 0, axis=0)
+        self.gpu_room = np.insert(self.gpu_room, position, -1, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(cls, position, 1)
         for index in self._indexes.values():
@@ -395,6 +418,8 @@ class ClusterState:
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
         del self.gpu_blocks[position]
+        self.gpu_size = np.delete(self.gpu_size, position, axis=0)
+        self.gpu_room = np.delete(self.gpu_room, position, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(without(cls, position), position + 1, -1)
         for index in self._indexes.values():
