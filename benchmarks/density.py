@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
-from binder.placement import MAX_SCORE, Placement, choose_gpu, place
+from binder.placement import MAX_SCORE, Placement, place
 from binder.state import ClusterState
 
 GI = 1024**3
@@ -197,9 +197,9 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     score = np.zeros(candidates.size, np.int64) + 3 * MAX_SCORE + memory
     ties = np.flatnonzero(score == score.max())
     chosen = state.names[int(candidates[ties[zlib.crc32(pod.uid.encode()) % ties.size]])]
-    gpu = choose_gpu(state, chosen, pod.request, "binpack")
-    assert gpu is not None
-    return chosen, gpu.uuid
+    gpus = state.nodes[chosen].gpus
+    fitting = [(f, g.index, g.uuid) for f, g in zip(state.gpu_free(chosen), gpus, strict=True)]
+    return chosen, min(item for item in fitting if item[0] >= pod.request)[2]
 
 
 RULES: dict[str, Rule] = {"before": before_rule, "binder": binder_rule}
@@ -345,6 +345,11 @@ def picture(cluster: Cluster, state: ClusterState) -> Picture:
 # ---- static packing ----------------------------------------------------------------------------
 
 
+def whole_gpu(request: int) -> int:
+    """The GPU memory a replica holds when it has a GPU to itself: the smallest kind it fits."""
+    return min(size for size in KINDS.values() if size - RESERVE >= request)
+
+
 def static(cluster: Cluster, models: int, seed: int) -> None:
     rng = random.Random(seed)
     fleet = [make_deployment(rng, f"m{i:05d}") for i in range(models)]
@@ -360,7 +365,8 @@ def static(cluster: Cluster, models: int, seed: int) -> None:
     used, used_gib, failed = ffd(cluster, pods)
     bound = lower_bound(cluster, requested)
     print(f"{'static packing':<36}{'GPUs':>8}{'GPU GiB in use':>16}{'full':>7}{'refused':>9}")
-    print(f"{'whole-GPU serving (1 GPU a replica)':<36}{len(pods):>8}")
+    whole_gib = sum(whole_gpu(p.request) for p in pods) // GI
+    print(f"{'whole-GPU serving (1 GPU a replica)':<36}{len(pods):>8}{whole_gib:>16,}")
     print(f"{'lower bound (largest GPUs first)':<36}{bound:>8}{requested / GI:>16,.0f}")
     full = requested / GI / used_gib
     print(f"{'FFD, largest GPUs first':<36}{used:>8}{used_gib:>16,}{full:>7.0%}{failed:>9}")
@@ -380,7 +386,8 @@ def static(cluster: Cluster, models: int, seed: int) -> None:
         held = sum(seen.held.values())
         print(
             f"{name:<36}{gpus:>8}{seen.used_gib:>16,.0f}{held / GI / seen.used_gib:>7.0%}"
-            f"{refused:>9}   {len(pods) / gpus:.1f}x fewer GPUs than whole-GPU serving; "
+            f"{refused:>9}   {len(pods) / gpus:.1f}x fewer GPUs and "
+            f"{whole_gib / seen.used_gib:.1f}x fewer GiB than whole-GPU serving; "
             f"{seen.used_gib / used_gib - 1:+.1%} GiB in use against FFD; "
             f"{1e3 * seconds / len(pods):.2f} ms/decision"
         )
@@ -428,6 +435,8 @@ class Churned:
     big_refused: int = 0
     big_arrivals: int = 0
     big_repackable: int = 0
+    repackable_blocks: list[tuple[int, int, int]] = field(default_factory=list)
+    """For each of those: (request, largest A100 block, A100 free memory in all), GiB."""
     decisions: int = 0
     seconds: float = 0.0
     gpus_used: list[int] = field(default_factory=list)
@@ -452,6 +461,11 @@ def cause(state: ClusterState, pod: PodInfo) -> str:
     if blocked_by_model:
         return "one replica per node"
     return "fragmentation" if total >= pod.request else "no room"
+
+
+def a100_blocks(cluster: Cluster, state: ClusterState, request: int) -> tuple[int, int, int]:
+    frees = [f for n in cluster.nodes if cluster.kind(n) == "a100" for f in state.gpu_free(n.name)]
+    return request // GI, max(frees) // GI, sum(frees) // GI
 
 
 def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Churned:
@@ -520,7 +534,9 @@ def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Chur
                 out.big_refused += 1
                 if check_big:
                     _, _, failed = ffd(cluster, [*placed.values(), pod])
-                    out.big_repackable += failed == 0
+                    if failed == 0:
+                        out.big_repackable += 1
+                        out.repackable_blocks.append(a100_blocks(cluster, state, pod.request))
         if measured and deployment.band == "llm":
             out.big_arrivals += deployment.replicas
     out.end = picture(cluster, state)
@@ -553,6 +569,10 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
         ("big-model replicas arrived", lambda r: f"{r.big_arrivals}"),
         ("  refused", lambda r: f"{r.big_refused}"),
         ("  refused, FFD repack would place", lambda r: f"{r.big_repackable}"),
+        (
+            "    (GiB asked, largest a100 block, a100 free)",
+            lambda r: " ".join(f"{a}/{b}/{c}" for a, b, c in r.repackable_blocks[:3]) or "-",
+        ),
         ("GPUs in use (mean)", lambda r: f"{np.mean(r.gpus_used):,.0f}"),
         ("FFD repack of the live set (mean)", lambda r: f"{np.mean(r.ffd_used):,.0f}"),
         ("  replicas FFD cannot place (mean)", lambda r: f"{np.mean(r.ffd_failed):.1f}"),

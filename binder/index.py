@@ -22,7 +22,7 @@ pending pod uses costs nothing. Pure bookkeeping: no I/O, no clock.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +57,71 @@ def block_node(key: int) -> int:
     return (key >> GPU_BITS) & NODE_MASK
 
 
+class SortedKeys:
+    """Ints kept sorted in chunks of a few hundred, so adding or removing one moves a chunk's
+    worth of pointers, not a whole bucket's (a binpack bucket holds every GPU of one size in the
+    class: tens of thousands at 5,000 nodes)."""
+
+    CHUNK = 512
+
+    def __init__(self, keys: list[int]) -> None:
+        keys.sort()
+        self._chunks = [keys[i : i + self.CHUNK] for i in range(0, len(keys), self.CHUNK)]
+        self._maxes = [chunk[-1] for chunk in self._chunks]
+
+    def __len__(self) -> int:
+        return sum(len(chunk) for chunk in self._chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self._chunks)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SortedKeys) and list(self) == list(other)
+
+    def __iter__(self) -> Iterator[int]:
+        for chunk in self._chunks:
+            yield from chunk
+
+    def add(self, key: int) -> None:
+        if not self._chunks:
+            self._chunks, self._maxes = [[key]], [key]
+            return
+        i = min(bisect_left(self._maxes, key), len(self._chunks) - 1)
+        chunk = self._chunks[i]
+        insort(chunk, key)
+        self._maxes[i] = chunk[-1]
+        if len(chunk) > 2 * self.CHUNK:
+            self._chunks[i : i + 1] = [chunk[: self.CHUNK], chunk[self.CHUNK :]]
+            self._maxes[i : i + 1] = [chunk[self.CHUNK - 1], chunk[-1]]
+
+    def remove(self, key: int) -> None:
+        """Remove `key`, which must be present."""
+        i = bisect_left(self._maxes, key)
+        chunk = self._chunks[i]
+        del chunk[bisect_left(chunk, key)]
+        if chunk:
+            self._maxes[i] = chunk[-1]
+        else:
+            del self._chunks[i]
+            del self._maxes[i]
+
+    def from_key(self, key: int) -> Iterator[int]:
+        """The keys >= `key`, in order."""
+        i = bisect_left(self._maxes, key)
+        if i == len(self._chunks):
+            return
+        chunk = self._chunks[i]
+        for position in range(bisect_left(chunk, key), len(chunk)):
+            yield chunk[position]
+        for chunk in self._chunks[i + 1 :]:
+            yield from chunk
+
+    def map(self, shift: int, at: int) -> None:
+        """Add `shift` to the keys whose node index is `at` or later (order is kept)."""
+        self._chunks = [[k + shift if block_node(k) >= at else k for k in c] for c in self._chunks]
+        self._maxes = [chunk[-1] for chunk in self._chunks]
+
+
 class FreeIndex:
     """One class's nodes, bucketed by scoring inputs: by free memory (for `spread`) and their
     GPUs by free block (for `binpack`), each order built when first read."""
@@ -71,7 +136,7 @@ class FreeIndex:
         self._buckets: dict[Bucket, list[int]] | None = None
         self._placed: dict[int, tuple[Bucket, int]] = {}
         """Node index -> its bucket and entry now (once `buckets` is built)."""
-        self._blocks: dict[Bucket, list[int]] | None = None
+        self._blocks: dict[Bucket, SortedKeys] | None = None
         self._filed: dict[int, list[tuple[Bucket, int]]] = {}
         """Node index -> the bucket and entry of each of its GPUs now (once `blocks` is built)."""
         self._seen: dict[int, Blocks] = {}
@@ -90,7 +155,7 @@ class FreeIndex:
             self._buckets = built
         return self._buckets
 
-    def blocks(self, blocks: Sequence[Blocks]) -> dict[Bucket, list[int]]:
+    def blocks(self, blocks: Sequence[Blocks]) -> dict[Bucket, SortedKeys]:
         """GPUs by (their node's scoring, their size), each bucket sorted by free block: for
         `binpack`."""
         if self._blocks is None:
@@ -101,9 +166,7 @@ class FreeIndex:
                     built.setdefault(bucket, []).append(key)
                 self._filed[i] = filed
                 self._seen[i] = blocks[i]
-            for keys in built.values():
-                keys.sort()
-            self._blocks = built
+            self._blocks = {bucket: SortedKeys(keys) for bucket, keys in built.items()}
         return self._blocks
 
     def refile(
@@ -136,8 +199,8 @@ class FreeIndex:
             self._placed = placed
         if self._blocks is not None:
             step = delta << GPU_BITS
-            for bucket, keys in self._blocks.items():
-                self._blocks[bucket] = [k + step if block_node(k) >= at else k for k in keys]
+            for gpu_keys in self._blocks.values():
+                gpu_keys.map(step, at)
             filed = {i: gpus for i, gpus in self._filed.items() if i < at}
             filed.update(
                 {
@@ -166,13 +229,13 @@ class FreeIndex:
         if filed is None or self._blocks is None:
             return
         for bucket, key in filed:
-            _discard(self._blocks, bucket, key)
+            _remove_key(self._blocks, bucket, key)
 
     def _add_gpus(self, node: int, scoring: Scoring, blocks: Blocks) -> None:
         assert self._blocks is not None
         filed = _gpu_entries(node, scoring, blocks)
         for bucket, key in filed:
-            insort(self._blocks.setdefault(bucket, []), key)
+            _add_key(self._blocks, bucket, key)
         self._filed[node] = filed
         self._seen[node] = blocks
 
@@ -201,23 +264,22 @@ class FreeIndex:
 
     def _refile_gpus(self, node: int, scoring: Scoring, blocks: Blocks) -> None:
         """Move only the node's GPUs whose block changed (one, when a pod is charged)."""
-        assert self._blocks is not None
-        filed = self._filed.get(node, [])
-        before = self._seen.get(node, ())
-        if len(filed) != len(blocks) or len(before) != len(blocks):
+        before = self._seen.get(node)
+        if before is None or len(before) != len(blocks):
             self._remove_gpus(node)
             self._add_gpus(node, scoring, blocks)
             return
         self._seen[node] = blocks
-        for position in range(len(blocks)):
-            new = blocks[position]
-            if new == before[position]:
-                continue
-            bucket = (scoring[0], scoring[1], new[0])
-            key = new[1] << BLOCK_SHIFT | node << GPU_BITS | position
-            _discard(self._blocks, *filed[position])
-            insort(self._blocks.setdefault(bucket, []), key)
-            filed[position] = (bucket, key)
+        filed = self._filed[node]
+        gpu_buckets = self._blocks
+        assert gpu_buckets is not None
+        for position, (old, new) in enumerate(zip(before, blocks, strict=True)):
+            if old != new:
+                _remove_key(gpu_buckets, *filed[position])
+                bucket = (scoring[0], scoring[1], new[0])
+                key = new[1] << BLOCK_SHIFT | node << GPU_BITS | position
+                _add_key(gpu_buckets, bucket, key)
+                filed[position] = (bucket, key)
 
 
 def _gpu_entries(node: int, scoring: Scoring, blocks: Blocks) -> list[tuple[Bucket, int]]:
@@ -232,3 +294,18 @@ def _discard(buckets: dict[Bucket, list[int]], bucket: Bucket, key: int) -> None
     del keys[bisect_left(keys, key)]
     if not keys:
         del buckets[bucket]
+
+
+def _remove_key(buckets: dict[Bucket, SortedKeys], bucket: Bucket, key: int) -> None:
+    keys = buckets[bucket]
+    keys.remove(key)
+    if not keys:
+        del buckets[bucket]
+
+
+def _add_key(buckets: dict[Bucket, SortedKeys], bucket: Bucket, key: int) -> None:
+    keys = buckets.get(bucket)
+    if keys is None:
+        buckets[bucket] = SortedKeys([key])
+    else:
+        keys.add(key)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,15 +136,20 @@ def _tie_break(uid: str, count: int) -> int:
 def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> Gpu | None:
     """binpack: the smallest healthy GPU that fits, then the fullest of those (keeps whole GPUs,
     and large ones, free); spread: the emptiest. Ties go to the lower GPU index."""
+    state.arrays()
     info = state.nodes[node]
-    free = state.gpu_free(node)
-    fitting = [(f, g) for f, g in zip(free, info.gpus, strict=True) if g.healthy and f >= request]
+    # The ledger's (usable size, free block) of each GPU, as the index reads them.
+    blocks = state.gpu_blocks[state.index[node]]
+    fitting = [
+        (size, free, g.index, g)
+        for (size, free), g in zip(blocks, info.gpus, strict=True)
+        if g.healthy and free >= request
+    ]
     if not fitting:
         return None
     if policy == "binpack":
-        usable = state.usable
-        return min(fitting, key=lambda item: (usable(item[1]), item[0], item[1].index))[1]
-    return min(fitting, key=lambda item: (-item[0], item[1].index))[1]
+        return min(fitting, key=lambda item: item[:3])[3]
+    return min(fitting, key=lambda item: (-item[1], item[2]))[3]
 
 
 def place(
@@ -262,11 +266,10 @@ def _pack_indexed(
     read = 0
     heads: list[tuple[int, int, int, int, int]] = []
     for (affinity, prefer, size), keys in index.blocks(state.gpu_blocks).items():
-        for position in range(bisect_left(keys, request << BLOCK_SHIFT), len(keys)):
+        for key in keys.from_key(request << BLOCK_SHIFT):
             read += 1
             if read > budget:
                 return None
-            key = keys[position]
             i = block_node(key)
             if lease[i] > now and i not in taken:
                 heads.append((affinity, prefer, size, key >> BLOCK_SHIFT, i))
@@ -329,9 +332,10 @@ def _best(
     base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
     if policy == "binpack":
         # Each candidate's smallest fitting GPU, and the tightest block on a GPU of that size.
-        room = state.gpu_room[candidates]
+        all_sizes, all_rooms = state.gpu_matrices()
+        room = all_rooms[candidates]
         fits = room >= request
-        size = state.gpu_size[candidates]
+        size = all_sizes[candidates]
         unfit = np.iinfo(np.int64).max
         sizes = np.where(fits, size, unfit).min(axis=1)
         tightest = np.where(fits & (size == sizes[:, None]), room, unfit).min(axis=1)

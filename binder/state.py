@@ -77,10 +77,10 @@ class ClusterState:
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
         self.gpu_blocks: list[Blocks] = []
         """Per node, per GPU: (usable size, free block), for binpack's index of free blocks."""
-        self.gpu_size: IntArray = np.zeros((0, 1), np.int64)
-        self.gpu_room: IntArray = np.full((0, 1), -1, np.int64)
-        """The same as two matrices (a row per node, padded with size 0 and room -1), for
-        binpack's vectorised scan."""
+        self._gpu_size: IntArray = np.zeros((0, 1), np.int64)
+        self._gpu_room: IntArray = np.full((0, 1), -1, np.int64)
+        self._stale_rows: set[int] = set()
+        """Rows of those matrices behind `gpu_blocks`: written only when `gpu_matrices` is read."""
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -340,23 +340,29 @@ class ClusterState:
         ):
             self.free_total[i] = free_total
             self.capacity[i] = capacity
-            self._set_gpu_row(i, sizes, free, self.gpu_blocks[i])
             self.gpu_blocks[i] = blocks
+            self._stale_rows.add(i)
             self._changes.append(i)
 
-    def _set_gpu_row(self, i: int, sizes: list[int], free: list[int], before: Blocks) -> None:
-        if [size for size, _ in before] == sizes:
-            self.gpu_room[i, : len(free)] = free  # a charge: only the free blocks moved
-            return
-        width = self.gpu_size.shape[1]
-        if len(sizes) > width:  # a node with more GPUs than any before: widen the matrices
-            extra = ((0, 0), (0, len(sizes) - width))
-            self.gpu_size = np.pad(self.gpu_size, extra, constant_values=0)
-            self.gpu_room = np.pad(self.gpu_room, extra, constant_values=-1)
-        self.gpu_size[i] = 0
-        self.gpu_room[i] = -1
-        self.gpu_size[i, : len(sizes)] = sizes
-        self.gpu_room[i, : len(free)] = free
+    def gpu_matrices(self) -> tuple[IntArray, IntArray]:
+        """`gpu_blocks` as two matrices, a row per node: each GPU's usable size (0 past the
+        node's GPUs) and free block (-1 there), for binpack's vectorised scan. Kept up to date
+        only when read: the common decision reads the index instead."""
+        if self._stale_rows:
+            widest = max(len(self.gpu_blocks[i]) for i in self._stale_rows)
+            width = self._gpu_size.shape[1]
+            if widest > width:  # a node with more GPUs than any before: widen the matrices
+                extra = ((0, 0), (0, widest - width))
+                self._gpu_size = np.pad(self._gpu_size, extra, constant_values=0)
+                self._gpu_room = np.pad(self._gpu_room, extra, constant_values=-1)
+            for i in self._stale_rows:
+                blocks = self.gpu_blocks[i]
+                self._gpu_size[i] = 0
+                self._gpu_room[i] = -1
+                self._gpu_size[i, : len(blocks)] = [size for size, _ in blocks]
+                self._gpu_room[i, : len(blocks)] = [free for _, free in blocks]
+            self._stale_rows.clear()
+        return self._gpu_size, self._gpu_room
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -374,8 +380,9 @@ class ClusterState:
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
         self.gpu_blocks = [()] * count
-        self.gpu_size = np.zeros((count, 1), np.int64)
-        self.gpu_room = np.full((count, 1), -1, np.int64)
+        self._gpu_size = np.zeros((count, 1), np.int64)
+        self._gpu_room = np.full((count, 1), -1, np.int64)
+        self._stale_rows.clear()
         self._dirty = False
         for name in self.names:
             self._refresh(name)
@@ -389,6 +396,7 @@ class ClusterState:
             return  # the arrays are built at the next decision
         position = bisect_left(self.names, name)
         self._settle_indexes()
+        self.gpu_matrices()  # stale rows are counted by index: settle them before the shift
         self.names.insert(position, name)
         self.index = {n: i for i, n in enumerate(self.names)}
         self.max_free = np.insert(self.max_free, position, -1)
@@ -397,8 +405,8 @@ class ClusterState:
         self.capacity = np.insert(self.capacity, position, 0)
         self.lease_expiry = np.insert(self.lease_expiry, position, self.leases.get(name, 0.0))
         self.gpu_blocks.insert(position, ())
-        self.gpu_size = np.insert(self.gpu_size, position, 0, axis=0)
-        self.gpu_room = np.insert(self.gpu_room, position, -1, axis=0)
+        self._gpu_size = np.insert(self._gpu_size, position, 0, axis=0)
+        self._gpu_room = np.insert(self._gpu_room, position, -1, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(cls, position, 1)
         for index in self._indexes.values():
@@ -410,6 +418,7 @@ class ClusterState:
             return
         position = self.index[name]
         self._settle_indexes()
+        self.gpu_matrices()
         del self.names[position]
         self.index = {n: i for i, n in enumerate(self.names)}
         self.max_free = np.delete(self.max_free, position)
@@ -418,8 +427,8 @@ class ClusterState:
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
         del self.gpu_blocks[position]
-        self.gpu_size = np.delete(self.gpu_size, position, axis=0)
-        self.gpu_room = np.delete(self.gpu_room, position, axis=0)
+        self._gpu_size = np.delete(self._gpu_size, position, axis=0)
+        self._gpu_room = np.delete(self._gpu_room, position, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(without(cls, position), position + 1, -1)
         for index in self._indexes.values():

@@ -108,9 +108,10 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
         assert state.capacity[i] == sum(state.usable(g) for g in state.nodes[name].gpus), name
         assert state.lease_expiry[i] == state.leases.get(name, 0.0), name
         sizes = [state.usable(g) for g in state.nodes[name].gpus]
-        pad = state.gpu_size.shape[1] - len(sizes)
-        assert state.gpu_size[i].tolist() == sizes + [0] * pad, name
-        assert state.gpu_room[i].tolist() == free + [-1] * pad, name
+        size_matrix, room_matrix = state.gpu_matrices()
+        pad = size_matrix.shape[1] - len(sizes)
+        assert size_matrix[i].tolist() == sizes + [0] * pad, name
+        assert room_matrix[i].tolist() == free + [-1] * pad, name
     for constraints in list(state._indexes):
         kept = state.free_index(constraints)
         cls = state.constraint_class(constraints)
