@@ -24,11 +24,12 @@ activations, workspace and, for LLMs, the KV cache):
   (about 35-40 GB of weights) or 8 bits (about 70 GB); pinned to A100 nodes by required node
   affinity.
 
-Two placements decide, each on its own state, the same pods in the same order:
+Three placements decide, each on its own state, the same pods in the same order:
 - "before": the binder's binpack before issue 29, re-implemented here: a node scores by how full
   it would be relative to its own capacity, then the fullest GPU that fits; ties by the pod uid's
   hash. (It matched `place()` decision for decision on the tree before the change.)
 - "binder": `place(policy="binpack")` of this tree.
+- "tightest": for comparison, the tightest free block in bytes on any GPU, whatever its size.
 
 Static packing places the whole fleet in a random order. Churn runs deployments (drawn from the
 same distribution) arriving as a Poisson process and living an exponential time, at a load where
@@ -202,7 +203,24 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     return chosen, min(item for item in fitting if item[0] >= pod.request)[2]
 
 
-RULES: dict[str, Rule] = {"before": before_rule, "binder": binder_rule}
+def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+    """For comparison, the naive online rule: the tightest free block in bytes on any GPU of
+    any kind (what the binder's binpack does within one GPU size), ties in node order."""
+    cls = state.constraint_class(pod.constraints)
+    nodes = cls.nodes
+    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    ok &= ~state.model_mask(pod.model_id)[nodes]
+    candidates = nodes[ok]
+    if not candidates.size:
+        return None
+    room = state.gpu_matrices()[1][candidates]
+    waste = np.where(room >= pod.request, room - pod.request, np.iinfo(np.int64).max)
+    row, position = np.unravel_index(int(np.argmin(waste)), waste.shape)
+    node = state.names[int(candidates[row])]
+    return node, state.nodes[node].gpus[int(position)].uuid
+
+
+RULES: dict[str, Rule] = {"before": before_rule, "binder": binder_rule, "tightest": tightest_rule}
 
 
 # ---- first-fit-decreasing repack and the lower bound -------------------------------------------
