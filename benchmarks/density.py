@@ -588,8 +588,8 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
         ("  refused", lambda r: f"{r.big_refused}"),
         ("  refused, FFD repack would place", lambda r: f"{r.big_repackable}"),
         (
-            "    (GiB asked, largest a100 block, a100 free)",
-            lambda r: " ".join(f"{a}/{b}/{c}" for a, b, c in r.repackable_blocks[:3]) or "-",
+            "    first: GiB asked/largest a100 block/a100 free",
+            lambda r: "/".join(map(str, r.repackable_blocks[0])) if r.repackable_blocks else "-",
         ),
         ("GPUs in use (mean)", lambda r: f"{np.mean(r.gpus_used):,.0f}"),
         ("FFD repack of the live set (mean)", lambda r: f"{np.mean(r.ffd_used):,.0f}"),
