@@ -7,13 +7,16 @@ and TaintToleration (weight 3), each normalised to 0..100 over the feasible node
 memory score (weight 1, 0..100).
 
 `binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use:
-the node whose tightest fitting GPU block leaves the fewest bytes over, measured in bytes against
-the largest GPU of the cluster (not relative to the node's size, which made 8-GPU A100 nodes look
-fullest and fed them small models until no big model fitted). So a pod fills a used GPU before it
-opens an empty one, takes the smallest GPU kind it fits, and breaks a large free block only when
-no smaller block fits. Ties go to the first node in name order, so equal choices pile up rather
-than spread. `spread` favours the node with the most free memory relative to its size and its
-emptiest GPU; its ties go to a node chosen by a stable hash of the pod's uid.
+it scores a node by the smallest GPU on it with a free block for the pod (the less of that GPU's
+size the pod leaves over, against the largest GPU of the cluster, the higher), and among equal
+scores takes the tightest such block, then the first node in name order. A node's fullness
+relative to its own size, which binpack scored before, made 8-GPU A100 nodes look fullest and fed
+them small models until no big model fitted. So a pod fills a used GPU before it opens an empty
+one of the same kind, takes a T4 before an A100, and breaks an A100's large free block only when
+no smaller GPU has room; equal choices pile up in name order rather than spread.
+
+`spread` favours the node with the most free memory relative to its size and its emptiest GPU;
+its ties go to a node chosen by a stable hash of the pod's uid.
 
 Two ways to the same answer. The common case reads the pod's class's free-memory index
 (binder.index): for binpack a bisection to the tightest block that fits in each bucket, for spread
