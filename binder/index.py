@@ -137,10 +137,9 @@ class FreeIndex:
         self._placed: dict[int, tuple[Bucket, int]] = {}
         """Node index -> its bucket and entry now (once `buckets` is built)."""
         self._blocks: dict[Bucket, SortedKeys] | None = None
-        self._filed: dict[int, list[tuple[Bucket, int]]] = {}
-        """Node index -> the bucket and entry of each of its GPUs now (once `blocks` is built)."""
         self._seen: dict[int, Blocks] = {}
-        """Node index -> the blocks those entries were made from."""
+        """Node index -> the blocks its GPUs are filed under (once `blocks` is built): each GPU's
+        bucket and entry follow from them, so they are not kept (the state's tuple is shared)."""
 
     def buckets(self, capacity: IntArray, free: IntArray) -> dict[Bucket, list[int]]:
         """Nodes by (scoring, capacity), each bucket sorted by free memory: for `spread`."""
@@ -161,10 +160,8 @@ class FreeIndex:
         if self._blocks is None:
             built: dict[Bucket, list[int]] = {}
             for i, scoring in self._scoring.items():
-                filed = _gpu_entries(i, scoring, blocks[i])
-                for bucket, key in filed:
+                for bucket, key in _gpu_entries(i, scoring, blocks[i]):
                     built.setdefault(bucket, []).append(key)
-                self._filed[i] = filed
                 self._seen[i] = blocks[i]
             self._blocks = {bucket: SortedKeys(keys) for bucket, keys in built.items()}
         return self._blocks
@@ -201,15 +198,6 @@ class FreeIndex:
             step = delta << GPU_BITS
             for gpu_keys in self._blocks.values():
                 gpu_keys.map(step, at)
-            filed = {i: gpus for i, gpus in self._filed.items() if i < at}
-            filed.update(
-                {
-                    i + delta: [(b, k + step) for b, k in gpus]
-                    for i, gpus in self._filed.items()
-                    if i >= at
-                }
-            )
-            self._filed = filed
             self._seen = {(i + delta if i >= at else i): b for i, b in self._seen.items()}
 
     def _remove_node(self, node: int) -> None:
@@ -224,19 +212,17 @@ class FreeIndex:
         self._placed[node] = (bucket, key)
 
     def _remove_gpus(self, node: int) -> None:
-        self._seen.pop(node, None)
-        filed = self._filed.pop(node, None)
-        if filed is None or self._blocks is None:
+        """Take the node's GPUs out (before its scoring changes: their buckets follow from it)."""
+        seen = self._seen.pop(node, None)
+        if seen is None or self._blocks is None:
             return
-        for bucket, key in filed:
+        for bucket, key in _gpu_entries(node, self._scoring[node], seen):
             _remove_key(self._blocks, bucket, key)
 
     def _add_gpus(self, node: int, scoring: Scoring, blocks: Blocks) -> None:
         assert self._blocks is not None
-        filed = _gpu_entries(node, scoring, blocks)
-        for bucket, key in filed:
+        for bucket, key in _gpu_entries(node, scoring, blocks):
             _add_key(self._blocks, bucket, key)
-        self._filed[node] = filed
         self._seen[node] = blocks
 
     def catch_up(
@@ -270,16 +256,16 @@ class FreeIndex:
             self._add_gpus(node, scoring, blocks)
             return
         self._seen[node] = blocks
-        filed = self._filed[node]
         gpu_buckets = self._blocks
         assert gpu_buckets is not None
+        affinity, prefer = scoring
+        at = node << GPU_BITS
         for position, (old, new) in enumerate(zip(before, blocks, strict=True)):
             if old != new:
-                _remove_key(gpu_buckets, *filed[position])
-                bucket = (scoring[0], scoring[1], new[0])
-                key = new[1] << BLOCK_SHIFT | node << GPU_BITS | position
-                _add_key(gpu_buckets, bucket, key)
-                filed[position] = (bucket, key)
+                key = old[1] << BLOCK_SHIFT | at | position
+                _remove_key(gpu_buckets, (affinity, prefer, old[0]), key)
+                key = new[1] << BLOCK_SHIFT | at | position
+                _add_key(gpu_buckets, (affinity, prefer, new[0]), key)
 
 
 def _gpu_entries(node: int, scoring: Scoring, blocks: Blocks) -> list[tuple[Bucket, int]]:
