@@ -4,15 +4,27 @@ Filters, in kube-scheduler's order and then ours: Kubernetes' rules (binder.rule
 publishes GPUs, its agent is alive, the model is not already on the node, and the request fits in
 one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAffinity (weight 2)
 and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus our GPU
-memory score (weight 1, 0..100): `binpack` favours full nodes and the smallest GPU block that
-fits, `spread` the emptiest. Ties go to a node chosen by a stable hash of the pod's uid.
+memory score (weight 1, 0..100).
 
-Two ways to the same answer. The common case reads the heads of the pod's class's free-memory
-index (binder.index), so its cost does not grow with the cluster. When that would mean walking
-far (many infeasible nodes at the head, or a large tie), when nothing fits (the reasons need every
-node) or when PreScore fails, every node of the class is scored at once, vectorised. The two agree
-on the node, the GPU and the score; tests/binder/test_placement_paths.py compares them on random
-clusters.
+`binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use:
+it scores a node by the smallest GPU on it with a free block for the pod (the less of that GPU's
+size the pod leaves over, against the largest GPU of the cluster, the higher), and among equal
+scores takes the tightest such block, then the first node in name order. A node's fullness
+relative to its own size, which binpack scored before, made 8-GPU A100 nodes look fullest and fed
+them small models until no big model fitted. So a pod fills a used GPU before it opens an empty
+one of the same kind, takes a T4 before an A100, and breaks an A100's large free block only when
+no smaller GPU has room; equal choices pile up in name order rather than spread.
+
+`spread` favours the node with the most free memory relative to its size and its emptiest GPU;
+its ties go to a node chosen by a stable hash of the pod's uid.
+
+Two ways to the same answer. The common case reads the pod's class's free-memory index
+(binder.index): for binpack a bisection to the tightest block that fits in each bucket, for spread
+the heads of the buckets and the run of equal scores; so its cost does not grow with the cluster.
+When that would mean walking far (many infeasible entries, or a large spread tie), when nothing
+fits (the reasons need every node) or when PreScore fails, every node of the class is scored at
+once. The two agree on the node, the GPU and the score; tests/binder/test_placement_paths.py
+compares them on random clusters.
 
 Pure: a function of the cluster state, the pod and the time passed in; no I/O, no clock.
 """
@@ -29,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 
 from binder.classes import ConstraintClass
-from binder.index import NODE_MASK, SHIFT, FreeIndex
+from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
 from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState
@@ -125,16 +137,22 @@ def _tie_break(uid: str, count: int) -> int:
 
 
 def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> Gpu | None:
-    """binpack: the fullest healthy GPU that still fits (keeps whole GPUs free); spread: the
-    emptiest. Ties go to the lower GPU index."""
+    """binpack: the smallest healthy GPU that fits, then the fullest of those (keeps whole GPUs,
+    and large ones, free); spread: the emptiest. Ties go to the lower GPU index."""
+    state.arrays()
     info = state.nodes[node]
-    free = state.gpu_free(node)
-    fitting = [(f, g) for f, g in zip(free, info.gpus, strict=True) if g.healthy and f >= request]
+    # The ledger's (usable size, free block) of each GPU, as the index reads them.
+    blocks = state.gpu_blocks[state.index[node]]
+    fitting = [
+        (size, free, g.index, g)
+        for (size, free), g in zip(blocks, info.gpus, strict=True)
+        if g.healthy and free >= request
+    ]
     if not fitting:
         return None
     if policy == "binpack":
-        return min(fitting, key=lambda item: (item[0], item[1].index))[1]
-    return min(fitting, key=lambda item: (-item[0], item[1].index))[1]
+        return min(fitting, key=lambda item: item[:3])[3]
+    return min(fitting, key=lambda item: (-item[1], item[2]))[3]
 
 
 def place(
@@ -156,7 +174,10 @@ def place(
     if scan_budget != 0 and not cls.preferred_error:
         budget = math.inf if scan_budget is None else scan_budget
         index = state.free_index(pod.constraints)
-        found = _place_indexed(state, pod, policy, index, now, budget)
+        if policy == "binpack":
+            found = _pack_indexed(state, pod, index, now, budget)
+        else:
+            found = _spread_indexed(state, pod, index, now, budget)
         if found is not None:
             return found
     nodes = cls.nodes
@@ -174,27 +195,23 @@ def place(
     return _unschedulable(state, pod, now, cls)
 
 
-def _place_indexed(
-    state: ClusterState,
-    pod: PodInfo,
-    policy: Policy,
-    index: FreeIndex,
-    now: float,
-    budget: float,
+def _spread_indexed(
+    state: ClusterState, pod: PodInfo, index: FreeIndex, now: float, budget: float
 ) -> Placement | None:
-    """The best node from the heads of the index's buckets, scored exactly as `_best` scores
-    (same integer and float operations, in the same order), or None when the budget runs out or
-    nothing is feasible (the caller then scores the whole class)."""
+    """spread from the index: the emptiest feasible node of each bucket, scored exactly as
+    `_best` scores (same integer and float operations, in the same order), then the uid's pick
+    among the equal best; None when the budget runs out or nothing is feasible (the caller then
+    scores the whole class)."""
     request = pod.request
     max_free = state.max_free
     lease = state.lease_expiry
     taken = state.model_nodes(pod.model_id) if pod.model_id else set()
-    binpack = policy == "binpack"
     read = 0
     heads: list[tuple[int, int, int, list[int], int]] = []
-    for (affinity, prefer, capacity), keys in index.buckets.items():
-        positions = range(len(keys)) if binpack else range(len(keys) - 1, -1, -1)
-        for position in positions:
+    for (affinity, prefer, capacity), keys in index.buckets(
+        state.capacity, state.free_total
+    ).items():
+        for position in range(len(keys) - 1, -1, -1):
             read += 1
             if read > budget:
                 return None
@@ -215,7 +232,7 @@ def _place_indexed(
         )
         base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
         size = float(max(capacity, 1))
-        score = base + MEMORY_WEIGHT * _memory_score(policy, size, keys[position] >> SHIFT, request)
+        score = base + MEMORY_WEIGHT * _memory_score(size, keys[position] >> SHIFT, request)
         scored.append((score, base, size, keys, position))
         best = max(best, score)
     ties: list[int] = []
@@ -223,28 +240,79 @@ def _place_indexed(
         if score != best:
             continue
         # The bucket's run of equal scores: the same free memory, in node order.
-        step = 1 if binpack else -1
-        while 0 <= position < len(keys):
+        while position >= 0:
             free, i = keys[position] >> SHIFT, keys[position] & NODE_MASK
-            if base + MEMORY_WEIGHT * _memory_score(policy, size, free, request) != best:
+            if base + MEMORY_WEIGHT * _memory_score(size, free, request) != best:
                 break
             read += 1
             if read > budget:
                 return None
             if max_free[i] >= request and lease[i] > now and i not in taken:
                 ties.append(i)
-            position += step
+            position -= 1
     ties.sort()
-    node = state.names[ties[_tie_break(pod.uid, len(ties))]]
-    gpu = choose_gpu(state, node, pod.request, policy)
+    return _on_node(
+        state, state.names[ties[_tie_break(pod.uid, len(ties))]], request, "spread", best
+    )
+
+
+def _pack_indexed(
+    state: ClusterState, pod: PodInfo, index: FreeIndex, now: float, budget: float
+) -> Placement | None:
+    """binpack from the index: in each bucket (one GPU size), the tightest block that fits on a
+    feasible node (a bisection, then a walk past dead agents and nodes that have the model),
+    scored and tie-broken exactly as `_best` does; None when the budget runs out or nothing is
+    feasible."""
+    request = pod.request
+    lease = state.lease_expiry
+    taken = state.model_nodes(pod.model_id) if pod.model_id else set()
+    read = 0
+    heads: list[tuple[int, int, int, int, int]] = []
+    for (affinity, prefer, size), keys in index.blocks(state.gpu_blocks).items():
+        for key in keys.from_key(request << BLOCK_SHIFT):
+            read += 1
+            if read > budget:
+                return None
+            i = block_node(key)
+            if lease[i] > now and i not in taken:
+                heads.append((affinity, prefer, size, key >> BLOCK_SHIFT, i))
+                break
+    if not heads:
+        return None
+    top_affinity = max(h[0] for h in heads)
+    top_prefer = max(h[1] for h in heads)
+    largest = float(max(state.largest_usable(), 1))
+    best, best_block, chosen = -math.inf, 0, 0
+    for affinity, prefer, size, block, i in heads:
+        affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else 0
+        taint_score = (
+            MAX_SCORE - (prefer * MAX_SCORE) // top_prefer if top_prefer > 0 else MAX_SCORE
+        )
+        base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
+        score = base + MEMORY_WEIGHT * _pack_score(largest, size, request)
+        # Equal scores (the same GPU size): the tightest block, then node name order.
+        if score > best or (score == best and (block, i) < (best_block, chosen)):
+            best, best_block, chosen = score, block, i
+    return _on_node(state, state.names[chosen], request, "binpack", best)
+
+
+def _pack_score(largest: float, size: int, request: int) -> float:
+    """binpack's memory score: the smaller the GPU the pod fits (the less of it the pod leaves
+    over), the higher, against the largest GPU of the cluster."""
+    return MAX_SCORE * (largest - (size - request)) / largest
+
+
+def _on_node(
+    state: ClusterState, node: str, request: int, policy: Policy, score: float
+) -> Placement:
+    gpu = choose_gpu(state, node, request, policy)
+    # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
     assert gpu is not None, f"node {node} was feasible but no GPU fits"
-    return Placement(node, gpu, float(best))
+    return Placement(node, gpu, float(score))
 
 
-def _memory_score(policy: Policy, capacity: float, free: int, request: int) -> float:
-    """`_best`'s memory score of one node, with its float operations in its order."""
-    if policy == "binpack":
-        return MAX_SCORE * (capacity - float(free) + request) / capacity
+def _memory_score(capacity: float, free: int, request: int) -> float:
+    """`_best`'s spread memory score of one node, with its float operations in its order."""
     return MAX_SCORE * (float(free) - request) / capacity
 
 
@@ -263,21 +331,32 @@ def _best(
         taint_score = MAX_SCORE - (prefer * MAX_SCORE) // top_prefer
     else:
         taint_score = np.full(prefer.shape, MAX_SCORE, np.int64)
+    request = pod.request
+    base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
+    if policy == "binpack":
+        # Each candidate's smallest fitting GPU, and the tightest block on a GPU of that size.
+        all_sizes, all_rooms = state.gpu_matrices()
+        room = all_rooms[candidates]
+        fits = room >= request
+        size = all_sizes[candidates]
+        unfit = np.iinfo(np.int64).max
+        sizes = np.where(fits, size, unfit).min(axis=1)
+        tightest = np.where(fits & (size == sizes[:, None]), room, unfit).min(axis=1)
+        largest = float(max(state.largest_usable(), 1))
+        score = base + MEMORY_WEIGHT * (MAX_SCORE * (largest - (sizes - request)) / largest)
+        top = score.max()
+        # Equal scores (same GPU size): the tightest block, then node name order.
+        tied = np.flatnonzero(score == top)
+        chosen = int(tied[np.argmin(tightest[tied])])
+        return _on_node(state, state.names[int(candidates[chosen])], request, policy, top)
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
     free = state.free_total[candidates].astype(np.float64)
-    if policy == "binpack":
-        memory = MAX_SCORE * (capacity - free + pod.request) / capacity
-    else:
-        memory = MAX_SCORE * (free - pod.request) / capacity
-    score = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score + MEMORY_WEIGHT * memory
+    memory = MAX_SCORE * (free - request) / capacity
+    score = base + MEMORY_WEIGHT * memory
     best = score.max()
     ties = np.flatnonzero(score == best)
     chosen = int(candidates[ties[_tie_break(pod.uid, ties.size)]])
-    node = state.names[chosen]
-    gpu = choose_gpu(state, node, pod.request, policy)
-    # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
-    assert gpu is not None, f"node {node} was feasible but no GPU fits"
-    return Placement(node, gpu, float(best))
+    return _on_node(state, state.names[chosen], request, policy, best)
 
 
 def dynamic_reason(state: ClusterState, pod: PodInfo, node: str, now: float) -> str:

@@ -55,7 +55,8 @@ class Settings:
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     """Pods with this spec.schedulerName are ours. Default tritonshare."""
     policy: Policy = "binpack"
-    """`binpack` (fill GPUs and nodes, keep whole GPUs free) or `spread`. Default binpack."""
+    """`binpack` (the smallest GPU kind that fits, its tightest block: fills GPUs, keeps large
+    ones free for big models) or `spread`. Default binpack."""
     placement_key_dir: Path | None = None
     """Directory holding the placement keys (`current`, optionally `previous`: the mounted
     placement-key Secret) the binder signs each placement with. Required to run. Default none."""

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from binder.classes import ConstraintClass, evaluate, reevaluate, shifted, without
-from binder.index import FreeIndex
+from binder.index import Blocks, FreeIndex
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo
 
 IntArray = npt.NDArray[np.int64]
@@ -78,6 +78,12 @@ class ClusterState:
         self.free_total: IntArray = np.zeros(0, np.int64)
         self.capacity: IntArray = np.zeros(0, np.int64)
         self.lease_expiry: FloatArray = np.zeros(0, np.float64)
+        self.gpu_blocks: list[Blocks] = []
+        """Per node, per GPU: (usable size, free block), for binpack's index of free blocks."""
+        self._gpu_size: IntArray = np.zeros((0, 1), np.int64)
+        self._gpu_room: IntArray = np.full((0, 1), -1, np.int64)
+        self._stale_rows: set[int] = set()
+        """Rows of those matrices behind `gpu_blocks`: written only when `gpu_matrices` is read."""
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -338,11 +344,39 @@ class ClusterState:
         else:
             self.gpu_status[i] = GPUS_UNREADABLE if info.gpu_problem else GPUS_NONE
         free_total = sum(free)
-        capacity = sum(self.usable(g) for g in info.gpus)
-        if free_total != self.free_total[i] or capacity != self.capacity[i]:
+        sizes = [self.usable(g) for g in info.gpus]
+        capacity = sum(sizes)
+        blocks = tuple(zip(sizes, free, strict=True))
+        if (
+            free_total != self.free_total[i]
+            or capacity != self.capacity[i]
+            or blocks != self.gpu_blocks[i]
+        ):
             self.free_total[i] = free_total
             self.capacity[i] = capacity
+            self.gpu_blocks[i] = blocks
+            self._stale_rows.add(i)
             self._changes.append(i)
+
+    def gpu_matrices(self) -> tuple[IntArray, IntArray]:
+        """`gpu_blocks` as two matrices, a row per node: each GPU's usable size (0 past the
+        node's GPUs) and free block (-1 there), for binpack's vectorised scan. Kept up to date
+        only when read: the common decision reads the index instead."""
+        if self._stale_rows:
+            widest = max(len(self.gpu_blocks[i]) for i in self._stale_rows)
+            width = self._gpu_size.shape[1]
+            if widest > width:  # a node with more GPUs than any before: widen the matrices
+                extra = ((0, 0), (0, widest - width))
+                self._gpu_size = np.pad(self._gpu_size, extra, constant_values=0)
+                self._gpu_room = np.pad(self._gpu_room, extra, constant_values=-1)
+            for i in self._stale_rows:
+                blocks = self.gpu_blocks[i]
+                self._gpu_size[i] = 0
+                self._gpu_room[i] = -1
+                self._gpu_size[i, : len(blocks)] = [size for size, _ in blocks]
+                self._gpu_room[i, : len(blocks)] = [free for _, free in blocks]
+            self._stale_rows.clear()
+        return self._gpu_size, self._gpu_room
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -359,6 +393,10 @@ class ClusterState:
         self.free_total = np.zeros(count, np.int64)
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
+        self.gpu_blocks = [()] * count
+        self._gpu_size = np.zeros((count, 1), np.int64)
+        self._gpu_room = np.full((count, 1), -1, np.int64)
+        self._stale_rows.clear()
         self._dirty = False
         for name in self.names:
             self._refresh(name)
@@ -372,6 +410,7 @@ class ClusterState:
             return  # the arrays are built at the next decision
         position = bisect_left(self.names, name)
         self._settle_indexes()
+        self.gpu_matrices()  # stale rows are counted by index: settle them before the shift
         self.names.insert(position, name)
         self.index = {n: i for i, n in enumerate(self.names)}
         self.max_free = np.insert(self.max_free, position, -1)
@@ -379,6 +418,9 @@ class ClusterState:
         self.free_total = np.insert(self.free_total, position, 0)
         self.capacity = np.insert(self.capacity, position, 0)
         self.lease_expiry = np.insert(self.lease_expiry, position, self.leases.get(name, 0.0))
+        self.gpu_blocks.insert(position, ())
+        self._gpu_size = np.insert(self._gpu_size, position, 0, axis=0)
+        self._gpu_room = np.insert(self._gpu_room, position, -1, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(cls, position, 1)
         for index in self._indexes.values():
@@ -390,6 +432,7 @@ class ClusterState:
             return
         position = self.index[name]
         self._settle_indexes()
+        self.gpu_matrices()
         del self.names[position]
         self.index = {n: i for i, n in enumerate(self.names)}
         self.max_free = np.delete(self.max_free, position)
@@ -397,10 +440,13 @@ class ClusterState:
         self.free_total = np.delete(self.free_total, position)
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
+        del self.gpu_blocks[position]
+        self._gpu_size = np.delete(self._gpu_size, position, axis=0)
+        self._gpu_room = np.delete(self._gpu_room, position, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(without(cls, position), position + 1, -1)
         for index in self._indexes.values():
-            index.refile(position, None, 0, 0)
+            index.refile(position, None, 0, 0, ())
             index.shift(position + 1, -1)
 
     def _settle_indexes(self) -> None:
@@ -408,7 +454,7 @@ class ClusterState:
         shift."""
         upto = len(self._changes)
         for index in self._indexes.values():
-            index.catch_up(self._changes, self.capacity, self.free_total, upto)
+            index.catch_up(self._changes, self.capacity, self.free_total, self.gpu_blocks, upto)
             index.cursor = 0
         self._changes.clear()
 
@@ -429,7 +475,8 @@ class ClusterState:
             self._classes[constraints], scoring = reevaluate(cls, constraints, i, node)
             index = self._indexes.get(constraints)
             if index is not None:
-                index.refile(i, scoring, int(self.capacity[i]), int(self.free_total[i]))
+                capacity, free = int(self.capacity[i]), int(self.free_total[i])
+                index.refile(i, scoring, capacity, free, self.gpu_blocks[i])
 
     def constraint_class(self, constraints: Constraints) -> ConstraintClass:
         """Kubernetes' rules for these constraints over every node, cached until nodes change."""
@@ -451,17 +498,12 @@ class ClusterState:
             self._changes.clear()
         index = self._indexes.get(constraints)
         if index is None:
-            index = FreeIndex(
-                cls.nodes,
-                cls.affinity,
-                cls.prefer_no_schedule,
-                self.capacity,
-                self.free_total,
-                len(self._changes),
-            )
+            index = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, len(self._changes))
             self._indexes[constraints] = index
         else:
-            index.catch_up(self._changes, self.capacity, self.free_total, len(self._changes))
+            index.catch_up(
+                self._changes, self.capacity, self.free_total, self.gpu_blocks, len(self._changes)
+            )
         return index
 
     def model_nodes(self, model_id: str) -> set[int]:

@@ -249,6 +249,63 @@ def test_binpack_fills_the_fullest_gpu_and_node_and_keeps_whole_gpus_free() -> N
     assert spread.node == "n1"
 
 
+def test_a_small_model_leaves_the_last_a100_block_to_the_big_model_waiting_for_it() -> None:
+    """Before, a node scored by how full it would be relative to its own size: the 8-GPU A100
+    node with one LLM looked fuller than a T4 node, so small models broke its last 80 GiB
+    block and the next LLM fitted nowhere."""
+    a100 = {"gpu": "a100"}
+    state = cluster(
+        node_obj("a100-0", [80 * GI] * 2, labels=a100),
+        node_obj("t4-0", [16 * GI], labels={"gpu": "t4"}),
+        node_obj("t4-1", [16 * GI], labels={"gpu": "t4"}),
+    )
+    bind(state, "llm-1", "a100-0", 0, "60Gi")
+    bind(state, "bert", "t4-1", 0, "6Gi")
+    # Small models go to the T4s, the used one first, and open the other T4 when it is full.
+    for name, gpu in (("s0", "GPU-t4-1-0"), ("s1", "GPU-t4-1-0"), ("s2", "GPU-t4-0-0")):
+        pod = pod_from_api(pod_obj(name, mem="4Gi"), KEYS)
+        choice = place(state, pod, now=NOW)
+        assert isinstance(choice, Placement)
+        assert choice.gpu.uuid == gpu, name
+        state.assume(pod, choice.node, choice.gpu.uuid)
+    # 17Gi fits no T4: the A100 remainder beside the LLM, not the empty A100.
+    medium = placed(state, pod_obj("medium", mem="17Gi"))
+    assert medium.gpu.uuid == "GPU-a100-0-0"
+    state.assume(pod_from_api(pod_obj("medium", mem="17Gi"), KEYS), medium.node, medium.gpu.uuid)
+    llm = placed(state, pod_obj("llm-2", mem="70Gi", spec_extra={"nodeSelector": a100}))
+    assert llm.gpu.uuid == "GPU-a100-0-1"
+
+
+def test_binpack_takes_the_smallest_gpu_kind_that_fits() -> None:
+    state = cluster(
+        node_obj("a", [80 * GI] * 8), node_obj("b", [24 * GI] * 2), node_obj("c", [16 * GI])
+    )
+    for gpu in range(1, 8):  # the A100 node is the fullest node, but its free GPU the largest
+        bind(state, f"llm-{gpu}", "a", gpu, "76Gi")
+    for mem, node in (("4Gi", "c"), ("20Gi", "b"), ("30Gi", "a")):
+        assert placed(state, pod_obj(f"p-{mem}", mem=mem)).node == node, mem
+    # Once the T4 holds 13Gi, a 4Gi pod no longer fits it: the L4 is next, not the A100.
+    bind(state, "x", "c", 0, "13Gi")
+    assert placed(state, pod_obj("q", mem="4Gi")).node == "b"
+
+
+def test_binpack_fills_a_used_gpu_before_opening_an_empty_one_of_the_same_kind() -> None:
+    state = cluster(node_obj("n1", [16 * GI, 16 * GI]), node_obj("n2", [16 * GI]))
+    bind(state, "a", "n1", 1, "4Gi")
+    choice = placed(state, pod_obj("b", mem="2Gi"))
+    assert (choice.node, choice.gpu.uuid) == ("n1", "GPU-n1-1")
+    bind(state, "c", "n2", 0, "10Gi")  # now n2's GPU is the tightest block that fits
+    choice = placed(state, pod_obj("b", mem="2Gi"))
+    assert (choice.node, choice.gpu.uuid) == ("n2", "GPU-n2-0")
+
+
+def test_on_a_node_of_mixed_gpus_binpack_takes_the_smaller_gpu() -> None:
+    state = cluster(node_obj("n1", [80 * GI, 16 * GI]))
+    bind(state, "a", "n1", 0, "72Gi")  # the A100's block (8Gi) is tighter than the T4 (16Gi)
+    assert placed(state, pod_obj("b", mem="4Gi")).gpu.uuid == "GPU-n1-1"
+    assert placed(state, pod_obj("b", mem="4Gi"), scan_budget=0).gpu.uuid == "GPU-n1-1"
+
+
 def test_spread_picks_the_emptiest_gpu_on_the_emptiest_node() -> None:
     state = cluster(node_obj("n1", [16 * GI, 16 * GI]), node_obj("n2", [16 * GI, 16 * GI]))
     bind(state, "a", "n1", 0, "2Gi")
@@ -290,12 +347,22 @@ def test_prefer_no_schedule_taints_lower_the_score() -> None:
     assert placed(state, pod_obj("b", mem="1Gi", spec_extra=tolerate)).node == "n1"
 
 
-def test_ties_are_broken_by_the_pod_uid_reproducibly() -> None:
+def test_spread_breaks_ties_by_the_pod_uid_reproducibly() -> None:
     nodes = [node_obj(f"n{i}", [16 * GI]) for i in range(8)]
-    first = {f"p{i}": placed(cluster(*nodes), pod_obj(f"p{i}")).node for i in range(40)}
-    again = {f"p{i}": placed(cluster(*reversed(nodes)), pod_obj(f"p{i}")).node for i in range(40)}
+    pods = [pod_obj(f"p{i}") for i in range(40)]
+    first = {p["metadata"]["name"]: placed(cluster(*nodes), p, policy="spread").node for p in pods}
+    again = {
+        p["metadata"]["name"]: placed(cluster(*reversed(nodes)), p, policy="spread").node
+        for p in pods
+    }
     assert first == again
     assert len(set(first.values())) > 1, "the hash should spread ties over the nodes"
+
+
+def test_binpack_breaks_ties_by_node_name_so_equal_choices_pile_up() -> None:
+    nodes = [node_obj(f"n{i}", [16 * GI]) for i in range(8)]
+    for order in (nodes, list(reversed(nodes))):
+        assert {placed(cluster(*order), pod_obj(f"p{i}")).node for i in range(40)} == {"n0"}
 
 
 def test_explain_gives_every_node_its_reasons() -> None:

@@ -1,0 +1,656 @@
+"""Density: how many GPUs the binder's placement saves, packed once and under churn, against
+whole-GPU serving, a first-fit-decreasing repack and a lower bound, with the placement the binder
+used before issue 29 side by side on the same events.
+
+Everything runs through the binder's own placement core, as `benchmarks/binder_placement.py`
+drives it: a `ClusterState`, `place()` for each decision, `assume()` to charge the pod,
+`remove_pod()` when its deployment leaves. No API server, no clock: seconds are simulated.
+
+The cluster (seeded; `--scale` multiplies the node counts): T4 nodes (16 GiB GPUs) and L4 nodes
+(24 GiB) with 1 to 4 GPUs each, A100 nodes (80 GiB) with 8; a 0.5 GiB reserve per GPU, as the
+other binder benchmarks use.
+
+The fleet (seeded; each model gets 1 to 3 replicas, uniformly), sizes drawn log-uniformly in each
+band. The bands stand for public models' sizes (parameters times bytes per parameter, plus
+activations, workspace and, for LLMs, the KV cache):
+
+- 70 %, 0.5-4 GiB: ResNet-50 (25.6 M parameters), BERT-base (110 M) and BERT-large (340 M),
+  Whisper small and medium (244 M, 769 M), T5-base and T5-large (220 M, 770 M), in fp16 or fp32;
+- 20 %, 4-12 GiB: Whisper large (1.55 B parameters, about 3 GB in fp16), T5-3B (about 6 GB in
+  fp16), 7 B LLMs in 8 bits (about 7 GB);
+- 8 %, 12-32 GiB: Llama-2-7B and Llama-3-8B in fp16 (13.5 GB and 16 GB of weights), T5-11B in
+  fp16 (about 22 GB), Llama-2-13B in fp16 (26 GB);
+- 2 %, 40-70 GiB: Llama-2-13B in fp16 with a long KV cache, Llama-2-70B and Llama-3-70B in 4 bits
+  (about 35-40 GB of weights) or 8 bits (about 70 GB); pinned to A100 nodes by required node
+  affinity.
+
+Three placements decide, each on its own state, the same pods in the same order:
+- "before": the binder's binpack before issue 29, re-implemented here: a node scores by how full
+  it would be relative to its own capacity, then the fullest GPU that fits; ties by the pod uid's
+  hash. (It matched `place()` decision for decision on the tree before the change.)
+- "binder": `place(policy="binpack")` of this tree.
+- "tightest": for comparison, the tightest free block in bytes on any GPU, whatever its size.
+
+Static packing places the whole fleet in a random order. Churn runs deployments (drawn from the
+same distribution) arriving as a Poisson process and living an exponential time, at a load where
+the requested bytes of the live deployments average `--load` of the cluster's usable memory; the
+binder retries pending pods when memory is freed, as the live binder retries on cluster changes.
+It starts empty, warms up for one mean lifetime and then measures for `--lifetimes` more.
+
+Run: .venv/bin/python -m benchmarks.density [--scale 1 --models 2000 --load 0.85 --lifetimes 4]
+(`--scale 0.2 --models 400 --lifetimes 2` for a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import random
+import time
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
+from binder.placement import MAX_SCORE, Placement, place
+from binder.state import ClusterState
+
+GI = 1024**3
+RESERVE = GI // 2
+NOW = 1_000_000.0
+KINDS = {"t4": 16 * GI, "l4": 24 * GI, "a100": 80 * GI}
+NODES = {"t4": 320, "l4": 200, "a100": 20}
+"""Nodes of each kind at scale 1 (T4 and L4: 1-4 GPUs each, A100: 8)."""
+BANDS = (
+    ("small", 0.70, 0.5, 4.0, False),
+    ("medium", 0.20, 4.0, 12.0, False),
+    ("large", 0.08, 12.0, 32.0, False),
+    ("llm", 0.02, 40.0, 70.0, True),
+)
+"""(name, share of models, smallest and largest GiB, pinned to A100 nodes)."""
+BIG = 40 * GI
+"""A free block this large is what a big model needs; smaller A100 blocks are stranded for it."""
+PINNED = constraints_from_spec(
+    {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}
+                    ]
+                }
+            }
+        }
+    }
+)
+
+Rule = Callable[[ClusterState, PodInfo], "tuple[str, str] | None"]
+
+
+# ---- the cluster and the fleet -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: tuple[NodeInfo, ...]
+
+    def kind(self, node: NodeInfo) -> str:
+        return node.labels["gpu"]
+
+    def usable(self) -> int:
+        return sum(g.memory - RESERVE for n in self.nodes for g in n.gpus)
+
+    def gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+
+def make_cluster(scale: float, seed: int) -> Cluster:
+    rng = random.Random(seed)
+    nodes = []
+    for kind, count in NODES.items():
+        for i in range(max(1, round(count * scale))):
+            name = f"{kind}-{i:04d}"
+            gpus = 8 if kind == "a100" else rng.randint(1, 4)
+            listing = tuple(Gpu(f"GPU-{name}-{g}", g, kind, KINDS[kind], True) for g in range(gpus))
+            nodes.append(NodeInfo(name, labels={"gpu": kind}, gpus=listing))
+    return Cluster(tuple(nodes))
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str
+    band: str
+    request: int
+    replicas: int
+
+    def pods(self) -> list[PodInfo]:
+        constraints = PINNED if self.band == "llm" else Constraints()
+        return [
+            PodInfo(
+                uid=f"{self.model}-{r}",
+                namespace="models",
+                name=f"{self.model}-{r}",
+                scheduler_name="tritonshare",
+                request=self.request,
+                model_id=self.model,
+                constraints=constraints,
+            )
+            for r in range(self.replicas)
+        ]
+
+
+def make_deployment(rng: random.Random, model: str) -> Deployment:
+    roll, band = rng.random(), BANDS[-1]
+    for candidate in BANDS:
+        if roll < candidate[1]:
+            band = candidate
+            break
+        roll -= candidate[1]
+    name, _, low, high, _ = band
+    size = math.exp(rng.uniform(math.log(low), math.log(high)))
+    return Deployment(model, name, int(size * 4) * GI // 4, rng.randint(1, 3))
+
+
+def mean_bytes(rng: random.Random, samples: int = 20000) -> float:
+    """Requested bytes of one deployment (all its replicas), on average."""
+    total = 0
+    for i in range(samples):
+        d = make_deployment(rng, f"probe-{i}")
+        total += d.request * d.replicas
+    return total / samples
+
+
+def fresh_state(cluster: Cluster) -> ClusterState:
+    state = ClusterState(reserve=RESERVE)
+    for node in cluster.nodes:
+        state.set_node(node)
+        state.set_lease(node.name, NOW + 3600)
+    return state
+
+
+# ---- the two placements ------------------------------------------------------------------------
+
+
+def binder_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+    result = place(state, pod, now=NOW, policy="binpack")
+    return (result.node, result.gpu.uuid) if isinstance(result, Placement) else None
+
+
+def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+    """Binpack before issue 29: the node that would be fullest relative to its own capacity (the
+    same float operations as the binder's scan then, so ties are the same), then the fullest
+    GPU that fits. The fleet has no preferred terms and no PreferNoSchedule taints, so the other
+    plugins score every node alike (NodeAffinity 0, TaintToleration 3 x 100)."""
+    cls = state.constraint_class(pod.constraints)
+    nodes = cls.nodes
+    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    ok &= ~state.model_mask(pod.model_id)[nodes]
+    candidates = nodes[ok]
+    if not candidates.size:
+        return None
+    capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
+    free = state.free_total[candidates].astype(np.float64)
+    memory = MAX_SCORE * (capacity - free + pod.request) / capacity
+    score = np.zeros(candidates.size, np.int64) + 3 * MAX_SCORE + memory
+    ties = np.flatnonzero(score == score.max())
+    chosen = state.names[int(candidates[ties[zlib.crc32(pod.uid.encode()) % ties.size]])]
+    gpus = state.nodes[chosen].gpus
+    fitting = [(f, g.index, g.uuid) for f, g in zip(state.gpu_free(chosen), gpus, strict=True)]
+    return chosen, min(item for item in fitting if item[0] >= pod.request)[2]
+
+
+def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+    """For comparison, the naive online rule: the tightest free block in bytes on any GPU of
+    any kind (what the binder's binpack does within one GPU size), ties in node order."""
+    cls = state.constraint_class(pod.constraints)
+    nodes = cls.nodes
+    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    ok &= ~state.model_mask(pod.model_id)[nodes]
+    candidates = nodes[ok]
+    if not candidates.size:
+        return None
+    room = state.gpu_matrices()[1][candidates]
+    waste = np.where(room >= pod.request, room - pod.request, np.iinfo(np.int64).max)
+    row, position = np.unravel_index(int(np.argmin(waste)), waste.shape)
+    node = state.names[int(candidates[row])]
+    return node, state.nodes[node].gpus[int(position)].uuid
+
+
+RULES: dict[str, Rule] = {"before": before_rule, "binder": binder_rule, "tightest": tightest_rule}
+
+
+# ---- first-fit-decreasing repack and the lower bound -------------------------------------------
+
+
+class FirstFit:
+    """The cluster's GPUs, largest kind first, in a max-segment tree of free bytes, so "the first
+    GPU at or after i with a block of r bytes" costs O(log GPUs)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        order = sorted(cluster.nodes, key=lambda n: (-KINDS[cluster.kind(n)], n.name))
+        self.owner: list[str] = []
+        self.kind: list[str] = []
+        self.node_end: dict[str, int] = {}
+        sizes: list[int] = []
+        for node in order:
+            for gpu in node.gpus:
+                sizes.append(gpu.memory - RESERVE)
+                self.owner.append(node.name)
+                self.kind.append(cluster.kind(node))
+            self.node_end[node.name] = len(sizes)
+        self.capacity = sizes
+        self.size = 1 << max(1, (len(sizes) - 1).bit_length())
+        self.tree = [0] * (2 * self.size)
+        for i, s in enumerate(sizes):
+            self.tree[self.size + i] = s
+        for i in range(self.size - 1, 0, -1):
+            self.tree[i] = max(self.tree[2 * i], self.tree[2 * i + 1])
+        self.first_a100 = self.kind.index("a100") if "a100" in self.kind else len(sizes)
+        self.a100_end = len(sizes) - self.kind[::-1].index("a100") if "a100" in self.kind else 0
+
+    def free(self, i: int) -> int:
+        return self.tree[self.size + i]
+
+    def take(self, i: int, amount: int) -> None:
+        i += self.size
+        self.tree[i] -= amount
+        i //= 2
+        while i:
+            self.tree[i] = max(self.tree[2 * i], self.tree[2 * i + 1])
+            i //= 2
+
+    def first(self, start: int, end: int, request: int) -> int:
+        """The first GPU in [start, end) with at least `request` free, or -1."""
+        return self._first(1, 0, self.size, start, end, request)
+
+    def _first(self, node: int, lo: int, hi: int, start: int, end: int, request: int) -> int:
+        if hi <= start or lo >= end or self.tree[node] < request:
+            return -1
+        if hi - lo == 1:
+            return lo
+        mid = (lo + hi) // 2
+        found = self._first(2 * node, lo, mid, start, end, request)
+        return found if found >= 0 else self._first(2 * node + 1, mid, hi, start, end, request)
+
+
+def ffd(cluster: Cluster, pods: Iterable[PodInfo]) -> tuple[int, int, int]:
+    """First-fit-decreasing over the cluster's GPUs (largest kind first), with the same rules as
+    the binder (pinned pods on A100 nodes only, one replica of a model per node): (GPUs used, GiB
+    of the GPUs used, pods it could not place)."""
+    fit = FirstFit(cluster)
+    nodes_of: dict[str, set[str]] = defaultdict(set)
+    failed = 0
+    for pod in sorted(pods, key=lambda p: (-p.request, p.uid)):
+        pinned = pod.constraints == PINNED
+        start, end = (fit.first_a100, fit.a100_end) if pinned else (0, len(fit.capacity))
+        while True:
+            i = fit.first(start, end, pod.request)
+            if i < 0:
+                failed += 1
+                break
+            if fit.owner[i] in nodes_of[pod.model_id]:
+                start = fit.node_end[fit.owner[i]]
+                continue
+            fit.take(i, pod.request)
+            nodes_of[pod.model_id].add(fit.owner[i])
+            break
+    used = [i for i, c in enumerate(fit.capacity) if fit.free(i) < c]
+    return len(used), sum(fit.capacity[i] + RESERVE for i in used) // GI, failed
+
+
+def lower_bound(cluster: Cluster, requested: int) -> int:
+    """The fewest GPUs whose usable memory adds up to the requested bytes (largest first): no
+    packing can use fewer."""
+    sizes = sorted((g.memory - RESERVE for n in cluster.nodes for g in n.gpus), reverse=True)
+    total = 0
+    for count, size in enumerate(sizes, 1):
+        total += size
+        if total >= requested:
+            return count
+    return len(sizes)
+
+
+# ---- what a state looks like -------------------------------------------------------------------
+
+
+@dataclass
+class Picture:
+    """A state's GPUs by kind: used, empty, largest free block, memory held by models that would
+    fit a smaller kind, free memory stranded on used GPUs."""
+
+    used: Counter[str] = field(default_factory=Counter)
+    total: Counter[str] = field(default_factory=Counter)
+    used_gib: float = 0.0
+    largest: dict[str, int] = field(default_factory=dict)
+    held_by_smaller: Counter[str] = field(default_factory=Counter)
+    held: Counter[str] = field(default_factory=Counter)
+    free_on_used: int = 0
+    a100_small_blocks: int = 0
+    big_blocks: int = 0
+
+
+def picture(cluster: Cluster, state: ClusterState) -> Picture:
+    out = Picture()
+    smaller = {"a100": KINDS["l4"] - RESERVE, "l4": KINDS["t4"] - RESERVE, "t4": 0}
+    for node in cluster.nodes:
+        kind = cluster.kind(node)
+        frees = state.gpu_free(node.name)
+        by_gpu: dict[int, list[int]] = defaultdict(list)
+        for pod, position in state.pods_on(node.name):
+            by_gpu[position].append(pod.request)
+        for position, (gpu, free) in enumerate(zip(node.gpus, frees, strict=True)):
+            out.total[kind] += 1
+            out.largest[kind] = max(out.largest.get(kind, 0), free)
+            requests = by_gpu.get(position, [])
+            out.held[kind] += sum(requests)
+            out.held_by_smaller[kind] += sum(r for r in requests if r <= smaller[kind])
+            if requests:
+                out.used[kind] += 1
+                out.used_gib += gpu.memory / GI
+                out.free_on_used += free
+            if kind == "a100":
+                if free >= BIG:
+                    out.big_blocks += 1
+                else:
+                    out.a100_small_blocks += free
+    return out
+
+
+# ---- static packing ----------------------------------------------------------------------------
+
+
+def whole_gpu(request: int) -> int:
+    """The GPU memory a replica holds when it has a GPU to itself: the smallest kind it fits."""
+    return min(size for size in KINDS.values() if size - RESERVE >= request)
+
+
+def static(cluster: Cluster, models: int, seed: int) -> None:
+    rng = random.Random(seed)
+    fleet = [make_deployment(rng, f"m{i:05d}") for i in range(models)]
+    pods = [p for d in fleet for p in d.pods()]
+    rng.shuffle(pods)
+    requested = sum(p.request for p in pods)
+    by_band = Counter(d.band for d in fleet)
+    print(
+        f"fleet: {models} models ({', '.join(f'{by_band[b[0]]} {b[0]}' for b in BANDS)}), "
+        f"{len(pods)} replicas, {requested / GI:,.0f} GiB requested "
+        f"({requested / cluster.usable():.0%} of the cluster's usable GPU memory)"
+    )
+    used, used_gib, failed = ffd(cluster, pods)
+    bound = lower_bound(cluster, requested)
+    print(f"{'static packing':<36}{'GPUs':>8}{'GPU GiB in use':>16}{'full':>7}{'refused':>9}")
+    whole_gib = sum(whole_gpu(p.request) for p in pods) // GI
+    print(f"{'whole-GPU serving (1 GPU a replica)':<36}{len(pods):>8}{whole_gib:>16,}")
+    print(f"{'lower bound (largest GPUs first)':<36}{bound:>8}{requested / GI:>16,.0f}")
+    full = requested / GI / used_gib
+    print(f"{'FFD, largest GPUs first':<36}{used:>8}{used_gib:>16,}{full:>7.0%}{failed:>9}")
+    for name, rule in RULES.items():
+        state = fresh_state(cluster)
+        refused = 0
+        started = time.perf_counter()
+        for pod in pods:
+            chosen = rule(state, pod)
+            if chosen is None:
+                refused += 1
+            else:
+                state.assume(pod, *chosen)
+        seconds = time.perf_counter() - started
+        seen = picture(cluster, state)
+        gpus = sum(seen.used.values())
+        held = sum(seen.held.values())
+        print(
+            f"{name:<36}{gpus:>8}{seen.used_gib:>16,.0f}{held / GI / seen.used_gib:>7.0%}"
+            f"{refused:>9}   {len(pods) / gpus:.1f}x fewer GPUs and "
+            f"{whole_gib / seen.used_gib:.1f}x fewer GiB than whole-GPU serving; "
+            f"{seen.used_gib / used_gib - 1:+.1%} GiB in use against FFD; "
+            f"{1e3 * seconds / len(pods):.2f} ms/decision"
+        )
+
+
+# ---- churn -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Events:
+    """Arrivals and departures, generated once and replayed for every rule."""
+
+    arrivals: list[tuple[float, float, Deployment]]
+    """(arrival, departure, deployment), by arrival."""
+    warmup: float
+    end: float
+    samples: list[float]
+
+
+def make_events(
+    cluster: Cluster, load: float, lifetime: float, lifetimes: float, seed: int
+) -> Events:
+    rng = random.Random(seed)
+    rate = load * cluster.usable() / (lifetime * mean_bytes(random.Random(seed + 1)))
+    end = lifetime * (1 + lifetimes)
+    arrivals = []
+    t, i = 0.0, 0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= end:
+            break
+        d = make_deployment(rng, f"c{i:06d}")
+        arrivals.append((t, t + rng.expovariate(1 / lifetime), d))
+        i += 1
+    samples = [lifetime + lifetime * lifetimes * (k + 1) / 20 for k in range(20)]
+    return Events(arrivals, lifetime, end, samples)
+
+
+@dataclass
+class Churned:
+    unplaced: list[float] = field(default_factory=list)
+    live_gib: list[float] = field(default_factory=list)
+    refusals: Counter[str] = field(default_factory=Counter)
+    refused_gib: Counter[str] = field(default_factory=Counter)
+    big_refused: int = 0
+    big_arrivals: int = 0
+    big_repackable: int = 0
+    repackable_blocks: list[tuple[int, int, int]] = field(default_factory=list)
+    """For each of those: (request, largest A100 block, A100 free memory in all), GiB."""
+    decisions: int = 0
+    seconds: float = 0.0
+    gpus_used: list[int] = field(default_factory=list)
+    ffd_used: list[int] = field(default_factory=list)
+    ffd_failed: list[int] = field(default_factory=list)
+    end: Picture = field(default_factory=Picture)
+
+
+def cause(state: ClusterState, pod: PodInfo) -> str:
+    """Why a pod fits nowhere: no single GPU block only because of one-replica-per-node, no block
+    although the eligible nodes have the memory in total (fragmentation), or no room."""
+    cls = state.constraint_class(pod.constraints)
+    has_model = state.model_mask(pod.model_id)
+    total = 0
+    blocked_by_model = False
+    for i in cls.nodes.tolist():
+        frees = state.gpu_free(state.names[i])
+        if has_model[i]:
+            blocked_by_model |= max(frees, default=0) >= pod.request
+        else:
+            total += sum(frees)
+    if blocked_by_model:
+        return "one replica per node"
+    return "fragmentation" if total >= pod.request else "no room"
+
+
+def a100_blocks(cluster: Cluster, state: ClusterState, request: int) -> tuple[int, int, int]:
+    frees = [f for n in cluster.nodes if cluster.kind(n) == "a100" for f in state.gpu_free(n.name)]
+    return request // GI, max(frees) // GI, sum(frees) // GI
+
+
+def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Churned:
+    out = Churned()
+    state = fresh_state(cluster)
+    placed: dict[str, PodInfo] = {}
+    pending: dict[str, PodInfo] = {}
+    where: dict[str, str] = {}
+    departures: list[tuple[float, int, Deployment]] = []
+    samples = list(events.samples)
+
+    def decide(pod: PodInfo) -> bool:
+        started = time.perf_counter()
+        chosen = rule(state, pod)
+        out.seconds += time.perf_counter() - started
+        out.decisions += 1
+        if chosen is None:
+            return False
+        state.assume(pod, *chosen)
+        placed[pod.uid] = pod
+        where[pod.uid] = chosen[0]
+        return True
+
+    def sample() -> None:
+        live = sum(p.request for p in placed.values()) + sum(p.request for p in pending.values())
+        out.unplaced.append(sum(p.request for p in pending.values()) / max(live, 1))
+        out.live_gib.append(live / GI)
+        out.gpus_used.append(sum(picture(cluster, state).used.values()))
+        used, _, failed = ffd(cluster, [*placed.values(), *pending.values()])
+        out.ffd_used.append(used)
+        out.ffd_failed.append(failed)
+
+    def depart(deployment: Deployment) -> None:
+        touched = set()
+        for pod in deployment.pods():
+            pending.pop(pod.uid, None)
+            if placed.pop(pod.uid, None) is not None:
+                touched.add(where.pop(pod.uid))
+                state.remove_pod(pod.uid)
+        # Retry what waits, as the binder does when memory is freed; only a pod that fits the
+        # largest block the departure left can be placed now.
+        room = max((max(state.gpu_free(n), default=0) for n in touched), default=0)
+        for uid, pod in list(pending.items()):
+            if pod.request <= room and decide(pod):
+                del pending[uid]
+                room = max((max(state.gpu_free(n), default=0) for n in touched), default=0)
+
+    for order, (arrival, leaves, deployment) in enumerate(events.arrivals):
+        while departures and departures[0][0] <= arrival:
+            depart(heapq.heappop(departures)[2])
+        while samples and samples[0] <= arrival:
+            samples.pop(0)
+            sample()
+        heapq.heappush(departures, (leaves, order, deployment))
+        measured = arrival >= events.warmup
+        for pod in deployment.pods():
+            if decide(pod):
+                continue
+            pending[pod.uid] = pod
+            if not measured:
+                continue
+            why = cause(state, pod)
+            out.refusals[why] += 1
+            out.refused_gib[why] += pod.request // GI
+            if deployment.band == "llm":
+                out.big_refused += 1
+                if check_big:
+                    _, _, failed = ffd(cluster, [*placed.values(), pod])
+                    if failed == 0:
+                        out.big_repackable += 1
+                        out.repackable_blocks.append(a100_blocks(cluster, state, pod.request))
+        if measured and deployment.band == "llm":
+            out.big_arrivals += deployment.replicas
+    out.end = picture(cluster, state)
+    return out
+
+
+def kind_rows(kind: str) -> list[tuple[str, Callable[[Churned], str]]]:
+    def empty(r: Churned) -> str:
+        return f"{r.end.total[kind] - r.end.used[kind]} / {r.end.total[kind]}"
+
+    def largest(r: Churned) -> str:
+        return f"{r.end.largest.get(kind, 0) / GI:.1f} GiB"
+
+    return [(f"  {kind}: empty GPUs / all", empty), (f"  {kind}: largest free block", largest)]
+
+
+def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
+    names = list(results)
+    rows: list[tuple[str, Callable[[Churned], str]]] = [
+        ("live requested GiB (mean)", lambda r: f"{np.mean(r.live_gib):,.0f}"),
+        ("unplaced requested bytes (mean)", lambda r: f"{np.mean(r.unplaced):.2%}"),
+        ("unplaced requested bytes (worst)", lambda r: f"{max(r.unplaced):.2%}"),
+        ("refused replicas on arrival", lambda r: f"{sum(r.refusals.values())}"),
+        ("  for no room", lambda r: f"{r.refusals['no room']} ({r.refused_gib['no room']} GiB)"),
+        (
+            "  for fragmentation alone",
+            lambda r: f"{r.refusals['fragmentation']} ({r.refused_gib['fragmentation']} GiB)",
+        ),
+        ("  for one replica per node", lambda r: f"{r.refusals['one replica per node']}"),
+        ("big-model replicas arrived", lambda r: f"{r.big_arrivals}"),
+        ("  refused", lambda r: f"{r.big_refused}"),
+        ("  refused, FFD repack would place", lambda r: f"{r.big_repackable}"),
+        (
+            "    first: GiB asked/largest a100 block/a100 free",
+            lambda r: "/".join(map(str, r.repackable_blocks[0])) if r.repackable_blocks else "-",
+        ),
+        ("GPUs in use (mean)", lambda r: f"{np.mean(r.gpus_used):,.0f}"),
+        ("FFD repack of the live set (mean)", lambda r: f"{np.mean(r.ffd_used):,.0f}"),
+        ("  replicas FFD cannot place (mean)", lambda r: f"{np.mean(r.ffd_failed):.1f}"),
+        ("ms per decision", lambda r: f"{1e3 * r.seconds / max(r.decisions, 1):.3f}"),
+        ("at the end:", lambda r: ""),
+    ]
+    for kind in KINDS:
+        rows += kind_rows(kind)
+    rows += [
+        (
+            "  a100 memory held by models a smaller GPU fits",
+            lambda r: f"{r.end.held_by_smaller['a100'] / max(r.end.held['a100'], 1):.0%}",
+        ),
+        ("  a100 GPUs with a 40 GiB free block", lambda r: f"{r.end.big_blocks}"),
+        (
+            "  a100 free memory stranded in smaller blocks",
+            lambda r: f"{r.end.a100_small_blocks / GI:,.0f} GiB",
+        ),
+        ("  free memory on GPUs in use", lambda r: f"{r.end.free_on_used / GI:,.0f} GiB"),
+    ]
+    print(f"{'churn':<48}" + "".join(f"{n:>20}" for n in names))
+    for label, cell in rows:
+        print(f"{label:<48}" + "".join(f"{cell(results[n]):>20}" for n in names))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies the node counts")
+    parser.add_argument("--models", type=int, default=2000, help="models in the static fleet")
+    parser.add_argument("--load", type=float, default=0.85, help="churn: requested / usable")
+    parser.add_argument("--lifetime", type=float, default=3600.0, help="mean lifetime, seconds")
+    parser.add_argument("--lifetimes", type=float, default=4.0, help="measured, after warm-up")
+    parser.add_argument("--seed", type=int, default=29)
+    parser.add_argument(
+        "--no-repack-check",
+        action="store_true",
+        help="skip the FFD repack run for each refused big-model replica",
+    )
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    cluster = make_cluster(args.scale, args.seed)
+    kinds = Counter(cluster.kind(n) for n in cluster.nodes for _ in n.gpus)
+    print(
+        f"cluster: {len(cluster.nodes)} nodes, {cluster.gpus()} GPUs "
+        f"({', '.join(f'{kinds[k]} {k}' for k in KINDS)}), "
+        f"{cluster.usable() / GI:,.0f} GiB usable (0.5 GiB reserve per GPU)"
+    )
+    static(cluster, args.models, args.seed)
+    events = make_events(cluster, args.load, args.lifetime, args.lifetimes, args.seed + 2)
+    print(
+        f"\nchurn: {len(events.arrivals)} deployments arriving over {1 + args.lifetimes:g} mean "
+        f"lifetimes at {args.load:.0%} load, the first lifetime unmeasured; 20 samples"
+    )
+    results = {
+        name: churn(cluster, events, rule, not args.no_repack_check) for name, rule in RULES.items()
+    }
+    report_churn(cluster, results)
+    print(f"\nran in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
