@@ -10,8 +10,9 @@ Ownership is decided here, under the model's lock: a model id belongs to one pod
 (`agent.ownership`). A pod with a proven placement (`agent.placement`) claims a free id, or one
 whose previous owner is gone, and whatever that owner left (files, a loaded model) is removed
 first; any other pod is refused without learning who the owner is. Installs are bounded: a size
-limit per model, disk space reserved per install so concurrent installs cannot overrun the disk,
-a total deadline and a deadline between chunks, and each install writing through its own thread
+limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
+declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
+deadline and a deadline between chunks, and each install writing through its own thread
 with small chunks gathered, so one tenant's slow or chatty stream never holds another's. It
 decides nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
 """
@@ -312,7 +313,9 @@ class Models:
         writer: Executor,
         started: float,
     ) -> InstallResult:
-        staging = await self._in_thread(self.repository.begin, model_id, manifest, executor=writer)
+        staging = await self._in_thread(
+            self.repository.begin, model_id, manifest, owner.namespace, executor=writer
+        )
         try:
             try:
                 async with asyncio.timeout(self.install_deadline):

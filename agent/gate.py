@@ -1,0 +1,190 @@
+"""What a call to the agent must pass before grpc reads a message of it: a valid token, room at
+the agent, in its namespace and in its pod, and its method's message limit.
+
+grpc reads a unary request whole before its handler runs, so a handler that authenticates has
+already paid for the message: eight 60 MiB calls without a token once grew the agent by a GiB.
+This interceptor runs when a call's headers arrive, before any message is read. It authenticates
+the token (`agent.auth`: cached, a bounded number of TokenReviews in flight), and refuses a caller
+without a valid one with a handler that never asks grpc for a message. Every method is served as a
+request stream, so the gate, not grpc, decides when the first message is read: after the call has
+taken a slot at the agent (`max_calls`), in its namespace and in its pod. Each message is then
+checked against its method's limit; grpc itself reads no message over MAX_MESSAGE_BYTES.
+
+What it must not do: authorize a model (that needs the message; `agent.service` does it) or keep
+any state beyond the calls in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeAlias
+
+import grpc
+
+from agent.auth import Authorizer, Caller
+from agent.errors import (
+    AgentBusyError,
+    AgentError,
+    InvalidRequestError,
+    ResourceExhaustedError,
+    grpc_code,
+)
+from agent.metrics import AgentMetrics
+
+log = logging.getLogger(__name__)
+
+KIB = 1024
+MIB = 1024 * KIB
+MAX_MESSAGE_BYTES = 4 * MIB
+"""The largest message grpc reads at all: an install's header or one file chunk (loaders send
+chunks of at most 3Mi, their --chunk-bytes; the rest is room for the path and the framing)."""
+SMALL_MESSAGE_BYTES = 64 * KIB
+"""The largest message of the calls that carry only a model id."""
+METHOD_MESSAGE_BYTES = {"InstallModel": MAX_MESSAGE_BYTES}
+UNAUTHENTICATED_CALL_BYTES = 1 * MIB
+"""The most memory one call without a valid token makes the agent hold: its call state and the
+HTTP/2 stream window (64 KiB; BDP probing, which grows windows, is off) that grpc fills before
+the call is refused. No message of it is read. Measured by
+tests/agent/test_starvation.py::test_callers_without_a_valid_token_cannot_grow_the_agents_memory."""
+
+# The stubs make these generic; at run time they are not subscriptable.
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Continuation: TypeAlias = "Callable[[grpc.HandlerCallDetails], Awaitable[Handler]]"
+
+
+class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """The agent server's only interceptor; one per process."""
+
+    def __init__(
+        self,
+        authorizer: Authorizer,
+        metrics: AgentMetrics,
+        *,
+        max_calls: int = 64,
+        max_calls_per_namespace: int = 16,
+        max_calls_per_pod: int = 8,
+    ) -> None:
+        self.authorizer = authorizer
+        self.metrics = metrics
+        self.max_calls = max_calls
+        self.max_calls_per_namespace = max_calls_per_namespace
+        self.max_calls_per_pod = max_calls_per_pod
+        self.calls = 0
+        """Calls being authenticated or served now."""
+        self._in_progress: dict[str, int] = {}
+        """Calls in progress per pod uid and per "namespace/<name>"."""
+
+    async def intercept_service(
+        self, continuation: Continuation, details: grpc.HandlerCallDetails
+    ) -> Handler:
+        handler: Handler | None = await continuation(details)
+        if handler is None or handler.response_streaming:
+            # grpc answers UNIMPLEMENTED to None; no method of the agent streams its replies.
+            return handler  # type: ignore[return-value]
+        method = details.method.rpartition("/")[2]
+        try:
+            with self._counted():
+                caller = await self.authorizer.authenticate(details.invocation_metadata)
+        except AgentError as e:
+            return self._refusal(method, e)
+        return self._guarded(method, handler, caller)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        if self.calls >= self.max_calls:
+            raise AgentBusyError(
+                f"this agent is serving as many calls as it allows ({self.max_calls}, "
+                f"--max-calls); retry in a moment"
+            )
+        self.calls += 1
+        try:
+            yield
+        finally:
+            self.calls -= 1
+
+    @contextlib.contextmanager
+    def _slots(self, caller: Caller) -> Iterator[None]:
+        """A pod that opens streams and leaves them waiting, or a namespace that does it from
+        many pods, cannot take the agent's capacity from the others."""
+        pod = caller.pod_key or caller.username
+        bounds = (
+            (caller.pod_uid or caller.username, self.max_calls_per_pod, f"pod {pod}", ""),
+            (
+                f"namespace/{caller.namespace}",
+                self.max_calls_per_namespace,
+                f"namespace {caller.namespace}",
+                " (--max-calls-per-namespace)",
+            ),
+        )
+        taken: list[str] = []
+        try:
+            for key, bound, who, flag in bounds:
+                if self._in_progress.get(key, 0) >= bound:
+                    raise ResourceExhaustedError(
+                        f"{who} already has {bound} calls in progress at this agent{flag}; wait "
+                        f"for them to finish"
+                    )
+                self._in_progress[key] = self._in_progress.get(key, 0) + 1
+                taken.append(key)
+            yield
+        finally:
+            for key in taken:
+                left = self._in_progress.pop(key) - 1
+                if left:
+                    self._in_progress[key] = left
+
+    def _refusal(self, method: str, error: AgentError) -> Handler:
+        """A handler that refuses the call without reading a message of it."""
+
+        async def refuse(
+            _: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+        ) -> Any:
+            await self._abort(context, method, error)
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+    def _guarded(self, method: str, handler: Handler, caller: Caller) -> Handler:
+        """The method's handler, served as a request stream whose first message is read only
+        once the call holds its slots, each message checked against the method's limit."""
+        limit = METHOD_MESSAGE_BYTES.get(method, SMALL_MESSAGE_BYTES)
+        deserialize = handler.request_deserializer or (lambda raw: raw)
+        # Typed for grpc's synchronous server; grpc.aio calls the same fields with its own types.
+        stream_unary: Any = handler.stream_unary
+        unary_unary: Any = handler.unary_unary
+
+        async def messages(raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+            async for message in raw:
+                if len(message) > limit:
+                    raise ResourceExhaustedError(
+                        f"a {method} message of {len(message)} bytes is over the {limit} bytes "
+                        f"this agent accepts for it; send file chunks of at most 3Mi"
+                    )
+                yield deserialize(message)
+
+        async def behavior(
+            raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+        ) -> Any:
+            try:
+                with self._counted(), self._slots(caller):
+                    if handler.request_streaming:
+                        return await stream_unary(messages(raw), context)
+                    request = await anext(messages(raw), None)
+                    if request is None:
+                        raise InvalidRequestError(f"the {method} call carried no request")
+                    return await unary_unary(request, context)
+            except AgentError as e:
+                await self._abort(context, method, e)
+
+        return grpc.stream_unary_rpc_method_handler(
+            behavior, response_serializer=handler.response_serializer
+        )
+
+    async def _abort(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, error: AgentError
+    ) -> None:
+        code = grpc_code(error)
+        self.metrics.requests.labels(method, code.name).inc()
+        log.info("%s was refused with %s before its request was read: %s", method, code.name, error)
+        await context.abort(code, str(error))
