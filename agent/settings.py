@@ -135,7 +135,7 @@ class Settings:
     """Calls one pod may have in progress at once (more are refused: RESOURCE_EXHAUSTED)."""
     max_calls_per_namespace: int = 16
     """Calls the pods of one namespace may have in progress at the agent at once."""
-    max_calls: int = 64
+    max_calls: int = 32
     """Calls the agent serves at once, authenticating ones included; more are refused UNAVAILABLE
     before any message of theirs is read. Bounds the agent's memory, see docs/agent.md."""
     max_install_bytes_per_namespace: int = 64 * 1024**3
@@ -339,7 +339,7 @@ DECLARATION = Declaration(
             "max-calls",
             "calls the agent serves at once (its memory bound, see docs/agent.md)",
             whole(minimum=1),
-            "64",
+            "32",
         ),
         Setting(
             "max-install-bytes-per-namespace",

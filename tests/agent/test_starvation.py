@@ -25,7 +25,7 @@ import kubernetes.client
 import psutil
 import pytest
 
-from agent.gate import UNAUTHENTICATED_CALL_BYTES
+from agent.gate import MAX_MESSAGE_BYTES, UNAUTHENTICATED_CALL_BYTES
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
@@ -177,6 +177,44 @@ async def test_callers_without_a_valid_token_cannot_grow_the_agents_memory(
         # refused before its first message was read); the agent refused it all the same.
         cut = method == "InstallModel" and (code, details) == ("INTERNAL", CUT_STREAM_DETAILS)
         assert code == "UNAUTHENTICATED" or cut, (method, code, details)
+
+
+async def test_calls_with_a_token_hold_no_more_than_their_messages(
+    agent_process: tuple[str, psutil.Process],
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+) -> None:
+    """Eight pods with valid tokens each send twenty GetModels of almost 4 MiB, refused by the
+    method's 64 KiB limit: the agent holds at most five messages per call in progress
+    (docs/agent.md), not every message refused so far. Iterating grpc's request stream and
+    leaving it early once kept each refused call's message until the cyclic garbage collector
+    ran: +670 MiB here."""
+    address, process = agent_process
+    pods = [f"p{i}" for i in range(8)]
+    for pod in pods:
+        make_pod(kube_api, pod, pod)
+    tokens = [apiserver.mint_token("default", pod) for pod in pods]
+    payload = agent_pb2.GetModelRequest(model_id="x" * (MAX_MESSAGE_BYTES - 4096))
+    raw = payload.SerializeToString()
+
+    async def caller(token: str) -> set[str]:
+        codes = set()
+        async with grpc.aio.insecure_channel(address) as channel:
+            get = channel.unary_unary(SERVICE + "GetModel", None, None)
+            for _ in range(20):
+                try:
+                    await get(raw, metadata=bearer(token), timeout=60)
+                    codes.add("OK")
+                except grpc.aio.AioRpcError as e:
+                    codes.add(f"{e.code().name}: {'over' in (e.details() or '')}")
+        return codes
+
+    with PeakRss(process) as rss:
+        baseline = process.memory_info().rss
+        answers = await asyncio.gather(*(caller(token) for token in tokens))
+    assert set().union(*answers) == {"RESOURCE_EXHAUSTED: True"}
+    grown = rss.peak - baseline
+    assert grown <= len(pods) * 5 * MAX_MESSAGE_BYTES, f"the agent grew by {grown / MIB:.0f} MiB"
 
 
 async def header_only(model_id: str, size: int) -> AsyncIterator[Any]:
