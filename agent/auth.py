@@ -115,7 +115,9 @@ class Authorizer:
         """TokenReviews sent, for tests and metrics."""
         self._reviewing = asyncio.Semaphore(MAX_REVIEWS_IN_FLIGHT)
 
-    async def authenticate(self, metadata: Iterable[Any] | None) -> Caller:
+    def known(self, metadata: Iterable[Any] | None) -> Caller | None:
+        """The caller, when a review of its token is cached; None when it needs one. Raises
+        UnauthenticatedError for a malformed header or a token refused moments ago."""
         token = bearer_token(metadata)
         digest = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
@@ -129,6 +131,15 @@ class Authorizer:
             if now < refused[0]:
                 raise UnauthenticatedError(refused[1])
             del self._refused[digest]
+        return None
+
+    async def authenticate(self, metadata: Iterable[Any] | None) -> Caller:
+        known = self.known(metadata)
+        if known is not None:
+            return known
+        token = bearer_token(metadata)
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        now = self._clock()
         try:
             async with self._reviewing:
                 caller, expires = await self._review(token, now)

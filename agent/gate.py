@@ -4,8 +4,9 @@ the agent, in its namespace and in its pod, and its method's message limit.
 grpc reads a unary request whole before its handler runs, so a handler that authenticates has
 already paid for the message: eight 60 MiB calls without a token once grew the agent by a GiB.
 This interceptor runs when a call's headers arrive, before any message is read. It authenticates
-the token (`agent.auth`: cached, a bounded number of TokenReviews in flight), and refuses a caller
-without a valid one with a handler that never asks grpc for a message. Every method is served as a
+the token (`agent.auth`: cached, a bounded number of TokenReviews in flight, and at most
+`max_calls` callers waiting for one), and refuses a caller without a valid one with a handler
+that never asks grpc for a message. Every method is served as a
 request stream, so the gate, not grpc, decides when the first message is read: after the call has
 taken a slot at the agent (`max_calls`), in its namespace and in its pod. Each message is then
 checked against its method's limit; grpc itself reads no message over MAX_MESSAGE_BYTES.
@@ -72,8 +73,8 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         self.max_calls = max_calls
         self.max_calls_per_namespace = max_calls_per_namespace
         self.max_calls_per_pod = max_calls_per_pod
-        self.calls = 0
-        """Calls being authenticated or served now."""
+        self._counts: dict[str, int] = {}
+        """Calls "in progress" and calls "waiting for a TokenReview" now."""
         self._in_progress: dict[str, int] = {}
         """Calls in progress per pod uid and per "namespace/<name>"."""
 
@@ -86,24 +87,30 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return handler  # type: ignore[return-value]
         method = details.method.rpartition("/")[2]
         try:
-            with self._counted():
-                caller = await self.authorizer.authenticate(details.invocation_metadata)
+            caller = self.authorizer.known(details.invocation_metadata)
+            if caller is None:
+                # Callers waiting for a TokenReview have a bound of their own: a flood of new
+                # tokens cannot take the places of callers the agent already knows.
+                with self._counted("waiting for a TokenReview"):
+                    caller = await self.authorizer.authenticate(details.invocation_metadata)
         except AgentError as e:
             return self._refusal(method, e)
         return self._guarded(method, handler, caller)
 
     @contextlib.contextmanager
-    def _counted(self) -> Iterator[None]:
-        if self.calls >= self.max_calls:
+    def _counted(self, what: str) -> Iterator[None]:
+        """One of `max_calls` places among the calls being served, or being authenticated."""
+        count = self._counts.get(what, 0)
+        if count >= self.max_calls:
             raise AgentBusyError(
-                f"this agent is serving as many calls as it allows ({self.max_calls}, "
+                f"this agent has as many calls {what} as it allows ({self.max_calls}, "
                 f"--max-calls); retry in a moment"
             )
-        self.calls += 1
+        self._counts[what] = count + 1
         try:
             yield
         finally:
-            self.calls -= 1
+            self._counts[what] -= 1
 
     @contextlib.contextmanager
     def _slots(self, caller: Caller) -> Iterator[None]:
@@ -153,21 +160,30 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         stream_unary: Any = handler.stream_unary
         unary_unary: Any = handler.unary_unary
 
+        async def read(context: grpc.aio.ServicerContext[Any, Any]) -> list[Any]:
+            """The next message parsed, in a list (empty at the end of the stream); its raw
+            bytes are released on return."""
+            message = await context.read()
+            if message is EOF:
+                return []
+            if len(message) > limit:
+                raise ResourceExhaustedError(
+                    f"a {method} message of {len(message)} bytes is over the {limit} bytes "
+                    f"this agent accepts for it; send file chunks of at most 3Mi"
+                )
+            return [deserialize(message)]
+
         async def messages(context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             # context.read(), not grpc's request iterator: an iterator left before its end (any
             # refusal) keeps the call and its last message alive until the cyclic garbage
-            # collector runs, and refused 4 MiB messages piled up by hundreds of MiB.
-            while (message := await context.read()) is not EOF:
-                if len(message) > limit:
-                    raise ResourceExhaustedError(
-                        f"a {method} message of {len(message)} bytes is over the {limit} bytes "
-                        f"this agent accepts for it; send file chunks of at most 3Mi"
-                    )
-                yield deserialize(message)
+            # collector runs, and refused 4 MiB messages piled up by hundreds of MiB. Popped
+            # from a list, so this frame does not hold a message while the handler works on it.
+            while box := await read(context):
+                yield box.pop()
 
         async def behavior(_: object, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
-                with self._counted(), self._slots(caller):
+                with self._counted("in progress"), self._slots(caller):
                     if handler.request_streaming:
                         return await stream_unary(messages(context), context)
                     request = await anext(messages(context), None)

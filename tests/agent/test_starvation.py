@@ -217,6 +217,57 @@ async def test_calls_with_a_token_hold_no_more_than_their_messages(
     assert grown <= len(pods) * 5 * MAX_MESSAGE_BYTES, f"the agent grew by {grown / MIB:.0f} MiB"
 
 
+async def test_installs_refused_mid_stream_do_not_pile_up_in_memory(
+    agent_process: tuple[str, psutil.Process],
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+) -> None:
+    """Eight proven pods each start ten installs of 3 MiB chunks that are refused at the fourth
+    chunk: the agent holds at most five messages per call in progress. With context.abort()
+    grpc kept each refused call's frames (the chunks read and gathered) on the call, in a cycle
+    only the cyclic collector frees: +720 MiB for 160 such installs."""
+    address, process = agent_process
+    pods = [f"p{i}" for i in range(8)]
+    for pod in pods:
+        make_pod(kube_api, pod, pod)
+    tokens = [apiserver.mint_token("default", pod) for pod in pods]
+    data = b"\4" * (3 * MIB)
+
+    def requests(model_id: str) -> Iterator[Any]:
+        files = [("config.pbtxt", 10), ("1/w.bin", 48 * MIB)]
+        yield agent_pb2.InstallModelRequest(
+            header=agent_pb2.InstallHeader(
+                model_id=model_id,
+                manifest=agent_pb2.Manifest(
+                    files=[agent_pb2.FileEntry(path=p, size=s, sha256="0" * 64) for p, s in files]
+                ),
+            )
+        )
+        for offset in (0, 3 * MIB, 6 * MIB, 27 * MIB):  # the last one out of order
+            yield agent_pb2.InstallModelRequest(
+                chunk=agent_pb2.FileChunk(path="1/w.bin", offset=offset, data=data)
+            )
+
+    async def caller(pod: str, token: str) -> set[str]:
+        codes = set()
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            for _ in range(10):
+                try:
+                    await stub.InstallModel(requests(pod), metadata=bearer(token))
+                    codes.add("OK")
+                except grpc.aio.AioRpcError as e:
+                    codes.add(e.code().name)
+        return codes
+
+    with PeakRss(process) as rss:
+        baseline = process.memory_info().rss
+        answers = await asyncio.gather(*map(caller, pods, tokens))
+    assert set().union(*answers) == {"INVALID_ARGUMENT"}
+    grown = rss.peak - baseline
+    assert grown <= len(pods) * 5 * MAX_MESSAGE_BYTES, f"the agent grew by {grown / MIB:.0f} MiB"
+
+
 async def header_only(model_id: str, size: int) -> AsyncIterator[Any]:
     """An install that declares `size` bytes and then sends nothing, ever."""
     yield agent_pb2.InstallModelRequest(
@@ -329,3 +380,47 @@ async def test_installs_that_send_nothing_hold_no_disk_and_a_namespace_has_a_bou
         call.cancel()
     await eventually(lambda: repository.staged_bytes("team-a") == 0, what="team-a's staging")
     await eventually(lambda: not list(repository.staging_root.iterdir()), what="staging emptied")
+
+
+async def test_one_namespace_cannot_take_every_call_the_agent_serves(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+) -> None:
+    """Pods of team-a open installs and leave them waiting: past --max-calls-per-namespace their
+    next call is refused while team-b is served; past --max-calls every caller is told to retry
+    (UNAVAILABLE, which loaders retry) until calls finish."""
+    running = await start_custom_agent(max_calls=3, max_calls_per_namespace=2)
+    namespaces(kube_api, "team-a", "team-b")
+    for name in ("a1", "a2", "a3"):
+        make_pod(kube_api, name, name, namespace="team-a")
+    for name in ("b1", "b2"):
+        make_pod(kube_api, name, name, namespace="team-b")
+    token = {
+        n: apiserver.mint_token("team-a" if n.startswith("a") else "team-b", n)
+        for n in ("a1", "a2", "a3", "b1", "b2")
+    }
+
+    def get(name: str) -> Any:
+        request = agent_pb2.GetModelRequest(model_id=name)
+        return running.stub.GetModel(request, metadata=bearer(token[name]))
+
+    def held(name: str) -> Any:
+        return running.stub.InstallModel(header_only(name, MIB), metadata=bearer(token[name]))
+
+    stalled = [held("a1"), held("a2")]
+    await eventually(lambda: running.agent.gate._in_progress.get("namespace/team-a") == 2)
+    over = await refused(get("a3"))
+    assert over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "namespace team-a" in (over.details() or "")
+    assert (await get("b1")).model_id == "b1"
+
+    stalled.append(held("b1"))
+    await eventually(lambda: running.agent.gate._in_progress.get("namespace/team-b") == 1)
+    busy = await refused(get("b2"))
+    assert busy.code() == grpc.StatusCode.UNAVAILABLE
+    assert "--max-calls" in (busy.details() or "")
+    for call in stalled:
+        call.cancel()
+    await eventually(lambda: not running.agent.gate._in_progress, what="the calls to end")
+    assert (await get("b2")).model_id == "b2"
