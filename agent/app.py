@@ -126,6 +126,7 @@ class Agent:
             max_model_bytes=settings.max_model_bytes,
             install_deadline=settings.install_deadline_seconds,
             install_idle=settings.install_idle_seconds,
+            install_first_chunk=settings.install_first_chunk_seconds,
             ledger=self.ledger,
             read_gpu=self._read_gpu,
             booked=lambda gpu, uid: self.reconciler.booked(gpu, uid),

@@ -117,20 +117,30 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         """A pod that opens streams and leaves them waiting, or a namespace that does it from
         many pods, cannot take the agent's capacity from the others."""
         pod = caller.pod_key or caller.username
-        bounds = (
-            (caller.pod_uid or caller.username, self.max_calls_per_pod, f"pod {pod}", ""),
+        # A pod over its own bound made its calls itself: RESOURCE_EXHAUSTED. A pod whose
+        # namespace is busy may be an honest loader beside a noisy one: UNAVAILABLE, which
+        # loaders retry.
+        bounds: tuple[tuple[str, int, str, str, type[AgentError]], ...] = (
+            (
+                caller.pod_uid or caller.username,
+                self.max_calls_per_pod,
+                f"pod {pod}",
+                "",
+                ResourceExhaustedError,
+            ),
             (
                 f"namespace/{caller.namespace}",
                 self.max_calls_per_namespace,
                 f"namespace {caller.namespace}",
                 " (--max-calls-per-namespace)",
+                AgentBusyError,
             ),
         )
         taken: list[str] = []
         try:
-            for key, bound, who, flag in bounds:
+            for key, bound, who, flag, error in bounds:
                 if self._in_progress.get(key, 0) >= bound:
-                    raise ResourceExhaustedError(
+                    raise error(
                         f"{who} already has {bound} calls in progress at this agent{flag}; wait "
                         f"for them to finish"
                     )

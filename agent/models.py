@@ -146,6 +146,7 @@ class Models:
         max_model_bytes: int = 64 * 1024**3,
         install_deadline: float = 1800.0,
         install_idle: float = 120.0,
+        install_first_chunk: float = 10.0,
         ledger: MemoryLedger | None = None,
         read_gpu: GpuRead | None = None,
         booked: Booked | None = None,
@@ -164,6 +165,7 @@ class Models:
         self.max_model_bytes = max_model_bytes
         self.install_deadline = install_deadline
         self.install_idle = install_idle
+        self.install_first_chunk = install_first_chunk
         self.ledger = ledger or MemoryLedger()
         self._read_gpu = read_gpu
         self._booked = booked or (lambda gpu, uid: [])
@@ -358,15 +360,18 @@ class Models:
                 parts, offset, size = [], offset + size, 0
 
         iterator = aiter(chunks)
+        # A loader streams its first chunk right behind the header; a stream that sends only a
+        # header gives up its pod's and namespace's call slots within seconds.
+        limit, flag = self.install_first_chunk, "--install-first-chunk-seconds"
         while True:
             try:
-                chunk = await asyncio.wait_for(anext(iterator, None), self.install_idle)
+                chunk = await asyncio.wait_for(anext(iterator, None), limit)
             except TimeoutError as e:
                 raise DeadlineExceededError(
                     f"the install of model {staging.model_id!r} sent nothing for "
-                    f"{self.install_idle:.0f} s (--install-idle-seconds); nothing was kept, "
-                    f"send it again"
+                    f"{limit:g} s ({flag}); nothing was kept, send it again"
                 ) from e
+            limit, flag = self.install_idle, "--install-idle-seconds"
             if chunk is None:
                 break
             if parts and (chunk[0] != path or chunk[1] != offset + size):

@@ -131,6 +131,8 @@ class Settings:
     """Seconds one install stream may take in total."""
     install_idle_seconds: float = 120.0
     """Seconds an install stream may go without sending a chunk."""
+    install_first_chunk_seconds: float = 10.0
+    """Seconds an install stream may take from its header to its first chunk."""
     max_calls_per_pod: int = 8
     """Calls one pod may have in progress at once (more are refused: RESOURCE_EXHAUSTED)."""
     max_calls_per_namespace: int = 16
@@ -323,6 +325,12 @@ DECLARATION = Declaration(
         ),
         _seconds("install-deadline-seconds", "seconds one install may take", 1800, positive=True),
         _seconds("install-idle-seconds", "seconds an install may send nothing", 120, positive=True),
+        _seconds(
+            "install-first-chunk-seconds",
+            "seconds an install may take from its header to its first chunk",
+            10,
+            positive=True,
+        ),
         Setting(
             "max-calls-per-pod",
             "calls one pod may have in progress at once",

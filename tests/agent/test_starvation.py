@@ -295,7 +295,9 @@ async def test_installs_that_send_nothing_hold_no_disk_and_a_namespace_has_a_bou
     part of a model and stall: team-b's install still succeeds, team-a's staged bytes are what
     it sent, team-a cannot stage more than its bound, and no refusal names the free space."""
     running: RunningAgent = await start_custom_agent(
-        max_model_bytes=8 * MIB, max_install_bytes_per_namespace=6 * MIB
+        max_model_bytes=8 * MIB,
+        max_install_bytes_per_namespace=6 * MIB,
+        install_first_chunk_seconds=60.0,
     )
     repository = running.agent.repository
     # The disk holds the headroom and 12 MiB: today's reservations of two 8 MiB headers fill it.
@@ -389,8 +391,11 @@ async def test_one_namespace_cannot_take_every_call_the_agent_serves(
 ) -> None:
     """Pods of team-a open installs and leave them waiting: past --max-calls-per-namespace their
     next call is refused while team-b is served; past --max-calls every caller is told to retry
-    (UNAVAILABLE, which loaders retry) until calls finish."""
-    running = await start_custom_agent(max_calls=3, max_calls_per_namespace=2)
+    (UNAVAILABLE, which loaders retry) until calls finish; a stream that sends only a header
+    gives its slots back after --install-first-chunk-seconds."""
+    running = await start_custom_agent(
+        max_calls=3, max_calls_per_namespace=2, install_first_chunk_seconds=30.0
+    )
     namespaces(kube_api, "team-a", "team-b")
     for name in ("a1", "a2", "a3"):
         make_pod(kube_api, name, name, namespace="team-a")
@@ -411,7 +416,7 @@ async def test_one_namespace_cannot_take_every_call_the_agent_serves(
     stalled = [held("a1"), held("a2")]
     await eventually(lambda: running.agent.gate._in_progress.get("namespace/team-a") == 2)
     over = await refused(get("a3"))
-    assert over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert over.code() == grpc.StatusCode.UNAVAILABLE
     assert "namespace team-a" in (over.details() or "")
     assert (await get("b1")).model_id == "b1"
 
@@ -424,3 +429,19 @@ async def test_one_namespace_cannot_take_every_call_the_agent_serves(
         call.cancel()
     await eventually(lambda: not running.agent.gate._in_progress, what="the calls to end")
     assert (await get("b2")).model_id == "b2"
+
+
+async def test_a_stream_that_sends_only_a_header_gives_its_slots_back_in_seconds(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+) -> None:
+    running = await start_custom_agent(install_first_chunk_seconds=0.5)
+    make_pod(kube_api, "quiet", "quiet")
+    token = apiserver.mint_token("default", "quiet")
+    call = running.stub.InstallModel(header_only("quiet", MIB), metadata=bearer(token))
+    error = await refused(call)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "--install-first-chunk-seconds" in (error.details() or "")
+    assert not running.agent.gate._in_progress
+    assert not list(running.agent.repository.staging_root.iterdir())
