@@ -24,6 +24,7 @@ from agent import __version__
 from agent.auth import Authorizer
 from agent.errors import AgentError
 from agent.events import PodEvents
+from agent.gate import MAX_MESSAGE_BYTES, Gate
 from agent.gateway import CallerPublisher
 from agent.gpus import GpuReader
 from agent.inventory import GpuInfo, GpuSnapshot
@@ -47,8 +48,8 @@ from common.placement import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
 
-# Model chunks arrive in messages of a few MiB; leave room for the largest a loader may send.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Replies are small (a model's status, the node's GPUs); 4 MiB is grpc's own default.
+MAX_SEND_BYTES = 4 * 1024 * 1024
 GRPC_GRACE_SECONDS = 10.0
 # A reconciliation step (an unload waiting for Triton) may take this long before it is cut off.
 LOOPS_GRACE_SECONDS = 15.0
@@ -65,7 +66,11 @@ class Agent:
     def __init__(self, settings: Settings, *, nvml: types.ModuleType | None = None) -> None:
         self.settings = settings
         self.metrics = AgentMetrics()
-        self.repository = Repository(settings.model_repository, settings.staging_dir)
+        self.repository = Repository(
+            settings.model_repository,
+            settings.staging_dir,
+            namespace_bytes=settings.max_install_bytes_per_namespace,
+        )
         if settings.placement_key_dir is None:
             raise AgentError("the agent needs --placement-key-dir to check placements")
         try:
@@ -121,6 +126,7 @@ class Agent:
             max_model_bytes=settings.max_model_bytes,
             install_deadline=settings.install_deadline_seconds,
             install_idle=settings.install_idle_seconds,
+            install_first_chunk=settings.install_first_chunk_seconds,
             ledger=self.ledger,
             read_gpu=self._read_gpu,
             booked=lambda gpu, uid: self.reconciler.booked(gpu, uid),
@@ -169,6 +175,12 @@ class Agent:
             lambda: self.node.snapshot,
             settings.node_name,
             self.events,
+        )
+        self.gate = Gate(
+            self.authorizer,
+            self.metrics,
+            max_calls=settings.max_calls,
+            max_calls_per_namespace=settings.max_calls_per_namespace,
             max_calls_per_pod=settings.max_calls_per_pod,
         )
         self.grpc_address = ""
@@ -240,10 +252,15 @@ class Agent:
         await self.node.refresh_gpus()
 
         self._grpc = grpc.aio.server(
+            interceptors=[self.gate],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ]
+                ("grpc.max_send_message_length", MAX_SEND_BYTES),
+                # BDP probing grows a connection's stream windows to megabytes, which grpc then
+                # fills for calls the gate has not admitted; installs read their messages as they
+                # come, so the 64 KiB window grows per message instead (benchmarks/agent_install).
+                ("grpc.http2.bdp_probe", 0),
+            ],
         )
         add_to_server(self.service, self._grpc)
         host, _ = _split(settings.listen_grpc)

@@ -5,7 +5,8 @@ Authentication: only tokens TokenReview accepts for the agent's audience (a revi
 audience is refused), bound to a pod (the review names the pod and its uid). A review is reused
 until the earlier of the cache period and the token's own `exp` (read from the token once the
 review has vouched for it); a refused token is remembered briefly, so a flood of bad tokens costs
-the API server one review per token and period.
+the API server one review per token and period, and at most MAX_REVIEWS_IN_FLIGHT reviews are
+sent at once (the other callers wait, holding no message: `agent.gate` authenticates first).
 
 Authorization of a model call: the token's pod, read fresh, must still be the pod the token was
 bound to (same uid), bound to THIS node, scheduled by tritonshare, not terminated, name the model
@@ -17,6 +18,7 @@ PERMISSION_DENIED for a valid token that may not do this.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -36,6 +38,7 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 CACHE_LIMIT = 10_000
+MAX_REVIEWS_IN_FLIGHT = 8
 
 
 class TokenReviewer(Protocol):
@@ -110,8 +113,11 @@ class Authorizer:
         """Token digest -> (remembered until, why it was refused)."""
         self.reviews = 0
         """TokenReviews sent, for tests and metrics."""
+        self._reviewing = asyncio.Semaphore(MAX_REVIEWS_IN_FLIGHT)
 
-    async def authenticate(self, metadata: Iterable[Any] | None) -> Caller:
+    def known(self, metadata: Iterable[Any] | None) -> Caller | None:
+        """The caller, when a review of its token is cached; None when it needs one. Raises
+        UnauthenticatedError for a malformed header or a token refused moments ago."""
         token = bearer_token(metadata)
         digest = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
@@ -125,8 +131,18 @@ class Authorizer:
             if now < refused[0]:
                 raise UnauthenticatedError(refused[1])
             del self._refused[digest]
+        return None
+
+    async def authenticate(self, metadata: Iterable[Any] | None) -> Caller:
+        known = self.known(metadata)
+        if known is not None:
+            return known
+        token = bearer_token(metadata)
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        now = self._clock()
         try:
-            caller, expires = await self._review(token, now)
+            async with self._reviewing:
+                caller, expires = await self._review(token, now)
         except UnauthenticatedError as e:
             _bounded(self._refused)[digest] = (now + self._failure_seconds, str(e))
             raise

@@ -90,6 +90,12 @@ class ResourceExhaustedError(AgentError):
     reason = "no_space"
 
 
+class AgentBusyError(AgentError):
+    """The agent already serves as many calls as it allows: not the caller's fault, retry."""
+
+    reason = "busy"
+
+
 class TritonError(AgentError):
     """Triton refused or failed a repository call; the message carries Triton's reason."""
 
@@ -123,6 +129,7 @@ GRPC_CODES: dict[type[AgentError], grpc.StatusCode] = {
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    AgentBusyError: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
     TritonError: grpc.StatusCode.FAILED_PRECONDITION,
     TritonUnreachableError: grpc.StatusCode.UNAVAILABLE,
@@ -139,6 +146,7 @@ HTTP_STATUSES: dict[type[AgentError], int] = {
     PermissionDeniedError: 403,
     ConflictError: 409,
     ResourceExhaustedError: 507,
+    AgentBusyError: 503,
     DeadlineExceededError: 408,
     TritonError: 502,
     TritonUnreachableError: 503,

@@ -10,8 +10,9 @@ Ownership is decided here, under the model's lock: a model id belongs to one pod
 (`agent.ownership`). A pod with a proven placement (`agent.placement`) claims a free id, or one
 whose previous owner is gone, and whatever that owner left (files, a loaded model) is removed
 first; any other pod is refused without learning who the owner is. Installs are bounded: a size
-limit per model, disk space reserved per install so concurrent installs cannot overrun the disk,
-a total deadline and a deadline between chunks, and each install writing through its own thread
+limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
+declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
+deadline and a deadline between chunks, and each install writing through its own thread
 with small chunks gathered, so one tenant's slow or chatty stream never holds another's. It
 decides nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
 """
@@ -183,6 +184,7 @@ class Models:
         max_model_bytes: int = 64 * 1024**3,
         install_deadline: float = 1800.0,
         install_idle: float = 120.0,
+        install_first_chunk: float = 10.0,
         ledger: MemoryLedger | None = None,
         read_gpu: GpuRead | None = None,
         booked: Booked | None = None,
@@ -201,6 +203,7 @@ class Models:
         self.max_model_bytes = max_model_bytes
         self.install_deadline = install_deadline
         self.install_idle = install_idle
+        self.install_first_chunk = install_first_chunk
         self.ledger = ledger or MemoryLedger()
         self._read_gpu = read_gpu
         self._booked = booked or (lambda gpu, uid: [])
@@ -350,7 +353,9 @@ class Models:
         writer: Executor,
         started: float,
     ) -> InstallResult:
-        staging = await self._in_thread(self.repository.begin, model_id, manifest, executor=writer)
+        staging = await self._in_thread(
+            self.repository.begin, model_id, manifest, owner.namespace, executor=writer
+        )
         try:
             try:
                 async with asyncio.timeout(self.install_deadline):
@@ -406,15 +411,18 @@ class Models:
                 parts, offset, size = [], offset + size, 0
 
         iterator = aiter(chunks)
+        # A loader streams its first chunk right behind the header; a stream that sends only a
+        # header gives up its pod's and namespace's call slots within seconds.
+        limit, flag = self.install_first_chunk, "--install-first-chunk-seconds"
         while True:
             try:
-                chunk = await asyncio.wait_for(anext(iterator, None), self.install_idle)
+                chunk = await asyncio.wait_for(anext(iterator, None), limit)
             except TimeoutError as e:
                 raise DeadlineExceededError(
                     f"the install of model {staging.model_id!r} sent nothing for "
-                    f"{self.install_idle:.0f} s (--install-idle-seconds); nothing was kept, "
-                    f"send it again"
+                    f"{limit:g} s ({flag}); nothing was kept, send it again"
                 ) from e
+            limit, flag = self.install_idle, "--install-idle-seconds"
             if chunk is None:
                 break
             if parts and (chunk[0] != path or chunk[1] != offset + size):

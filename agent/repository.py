@@ -6,6 +6,11 @@ manifest (paths, sizes, sha256), fsynced, and only then renamed into `<root>/<mo
 accepted manifest is stored inside the model directory (`.tritonshare-manifest.json`) so that it
 moves with the files in the same rename; Triton ignores files that are not version directories.
 
+Disk is held by what installs write, never by what they declare: a stream that sends only a header
+holds nothing. Each write is admitted first: the installs in progress of one namespace may have
+written at most `namespace_bytes` in all, and a write that would leave less than
+DISK_HEADROOM_BYTES free is refused. Refusals never say how much of the disk is free.
+
 This module never talks to Triton or Kubernetes; `agent.models` decides when installing or removing
 is safe (never while Triton has the model loaded). The manifest type and its digest are the
 loader-agent contract and live in `common.manifest`; this module validates and stores them.
@@ -43,8 +48,12 @@ MANIFEST_FILE = ".tritonshare-manifest.json"
 MAX_FILES = 10_000
 MAX_PATH_LENGTH = 1024
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-# Room left on the filesystem beyond the model itself, so an install never fills the disk.
+# Room an install always leaves free on the filesystem, so installs never fill the disk; concurrent
+# writes may each pass the check before either lands, by at most one write (4 MiB) per install.
 DISK_HEADROOM_BYTES = 64 * 1024 * 1024
+# A refusal mid-stream often reaches the loader as grpc's "Internal error from Core" (its client
+# drops the server's status when a write is pending), so it is also an Event on the pod.
+NO_ROOM_EVENT = "ModelInstallNoRoom"
 
 
 def manifest_to_json(manifest: Manifest) -> str:
@@ -140,22 +149,24 @@ class Staging:
         directory: Path,
         model_id: str,
         manifest: Manifest,
+        namespace: str = "",
+        *,
+        admit: Callable[[Staging, int], None] = lambda _, __: None,
         on_done: Callable[[Staging], None] = lambda _: None,
     ) -> None:
         self.directory = directory
         self.model_id = model_id
         self.manifest = manifest
+        self.namespace = namespace
         self.bytes_written = 0
+        self.admitted = 0
+        """Bytes admitted to be written: what this install holds of its namespace's bound."""
         self._files = {e.path: _FileProgress(e) for e in manifest.files}
+        self._admit = admit
         self._on_done = on_done
 
-    @property
-    def outstanding(self) -> int:
-        """Bytes of the manifest not written yet: disk space this install still needs."""
-        return max(self.manifest.total_bytes - self.bytes_written, 0)
-
     def done(self) -> None:
-        """The install is over (committed or aborted): it reserves no more disk space."""
+        """The install is over (committed or aborted): it no longer counts for its namespace."""
         self._on_done(self)
 
     def write(self, path: str, offset: int, data: bytes) -> None:
@@ -174,6 +185,7 @@ class Staging:
             raise DigestMismatchError(
                 f"file {path!r} is larger than the {progress.entry.size} bytes in the manifest"
             )
+        self._admit(self, len(data))
         if progress.handle is None:
             target = self.directory / path
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -268,14 +280,18 @@ class Repository:
         root: Path,
         staging_root: Path | None = None,
         *,
+        namespace_bytes: int = 64 * 1024**3,
         disk_free: Callable[[Path], int] = _disk_free,
     ) -> None:
         self.root = root.resolve()
         self.staging_root = (staging_root or self.root.parent / ".tritonshare-staging").resolve()
+        self.namespace_bytes = namespace_bytes
+        """Bytes the installs in progress of one namespace may have written, in all."""
         self.disk_free = disk_free
         """Free bytes on the filesystem of a path (a setting so tests can shrink the disk)."""
-        self._active: set[Staging] = set()
-        self._reserve_lock = threading.Lock()
+        self._staged: dict[str, int] = {}
+        """Namespace -> bytes its installs in progress were admitted to write."""
+        self._lock = threading.Lock()
 
     def prepare(self) -> None:
         """Check where the directories are, create them, check that a rename between them is
@@ -339,27 +355,58 @@ class Repository:
             if p.is_dir() and not p.is_symlink() and is_valid_model_id(p.name)
         )
 
-    def begin(self, model_id: str, manifest: Manifest) -> Staging:
-        """Start an install into a fresh private staging directory, reserving its size: the
-        bytes that installs in progress have yet to write count as used."""
-        with self._reserve_lock:
-            free = self.disk_free(self.staging_root)
-            reserved = sum(s.outstanding for s in self._active)
-            if manifest.total_bytes + DISK_HEADROOM_BYTES > free - reserved:
+    def begin(self, model_id: str, manifest: Manifest, namespace: str = "") -> Staging:
+        """Start an install into a fresh private staging directory. It holds no disk until its
+        bytes arrive (`_admit`), so the only check here is one of settings, not of the disk."""
+        if manifest.total_bytes > self.namespace_bytes:
+            raise ResourceExhaustedError(
+                f"model {model_id!r} is {manifest.total_bytes} bytes, over the "
+                f"{self.namespace_bytes} bytes one namespace's installs in progress may write on "
+                f"this node (--max-install-bytes-per-namespace); make it smaller or ask the "
+                f"operator to raise the limit"
+            )
+        directory = Path(tempfile.mkdtemp(prefix=f"{model_id}.", dir=self.staging_root))
+        return Staging(
+            directory, model_id, manifest, namespace, admit=self._admit, on_done=self._release
+        )
+
+    def staged_bytes(self, namespace: str) -> int:
+        """Bytes the installs in progress of `namespace` were admitted to write."""
+        with self._lock:
+            return self._staged.get(namespace, 0)
+
+    def _admit(self, staging: Staging, size: int) -> None:
+        """Count `size` bytes of `staging` against its namespace and the disk, or refuse them."""
+        namespace = staging.namespace
+        with self._lock:
+            staged = self._staged.get(namespace, 0)
+            if staged + size > self.namespace_bytes:
                 raise ResourceExhaustedError(
-                    f"model {model_id!r} needs {manifest.total_bytes} bytes but only "
-                    f"{max(free - reserved - DISK_HEADROOM_BYTES, 0)} are free on the filesystem "
-                    f"of {self.staging_root} ({reserved} are reserved by installs in progress); "
-                    f"try again later, free space, or use a larger volume"
+                    f"the installs in progress of namespace {namespace} on this node have "
+                    f"written {staged} bytes; {size} more for model {staging.model_id!r} would "
+                    f"pass the {self.namespace_bytes} bytes a namespace may have in progress "
+                    f"(--max-install-bytes-per-namespace); nothing was kept, install fewer "
+                    f"models at once",
+                    event_reason=NO_ROOM_EVENT,
                 )
-            directory = Path(tempfile.mkdtemp(prefix=f"{model_id}.", dir=self.staging_root))
-            staging = Staging(directory, model_id, manifest, self._release)
-            self._active.add(staging)
-        return staging
+            if self.disk_free(self.staging_root) - size < DISK_HEADROOM_BYTES:
+                raise ResourceExhaustedError(
+                    f"the node's disk has no room for model {staging.model_id!r} now; nothing "
+                    f"was kept, try again later (the operator can free space on the repository "
+                    f"volume or give it a larger one)",
+                    event_reason=NO_ROOM_EVENT,
+                )
+            self._staged[namespace] = staged + size
+            staging.admitted += size
 
     def _release(self, staging: Staging) -> None:
-        with self._reserve_lock:
-            self._active.discard(staging)
+        with self._lock:
+            left = self._staged.get(staging.namespace, 0) - staging.admitted
+            staging.admitted = 0
+            if left > 0:
+                self._staged[staging.namespace] = left
+            else:
+                self._staged.pop(staging.namespace, None)
 
     def commit(self, staging: Staging) -> None:
         """Rename the finished staging directory into place, replacing an older install."""

@@ -132,8 +132,18 @@ class Settings:
     """Seconds one install stream may take in total."""
     install_idle_seconds: float = 120.0
     """Seconds an install stream may go without sending a chunk."""
+    install_first_chunk_seconds: float = 10.0
+    """Seconds an install stream may take from its header to its first chunk."""
     max_calls_per_pod: int = 8
     """Calls one pod may have in progress at once (more are refused: RESOURCE_EXHAUSTED)."""
+    max_calls_per_namespace: int = 16
+    """Calls the pods of one namespace may have in progress at the agent at once."""
+    max_calls: int = 32
+    """Calls the agent serves at once, authenticating ones included; more are refused UNAVAILABLE
+    before any message of theirs is read. Bounds the agent's memory, see docs/agent.md."""
+    max_install_bytes_per_namespace: int = 64 * 1024**3
+    """Bytes, what the installs in progress of one namespace may have written to the node's disk
+    (counted as they arrive, never as declared). Default 64Gi."""
     gpu_mem_reserve: int = 0
     """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
     value as the binder's --gpu-mem-reserve."""
@@ -319,11 +329,35 @@ DECLARATION = Declaration(
         ),
         _seconds("install-deadline-seconds", "seconds one install may take", 1800, positive=True),
         _seconds("install-idle-seconds", "seconds an install may send nothing", 120, positive=True),
+        _seconds(
+            "install-first-chunk-seconds",
+            "seconds an install may take from its header to its first chunk",
+            10,
+            positive=True,
+        ),
         Setting(
             "max-calls-per-pod",
             "calls one pod may have in progress at once",
             whole(minimum=1),
             "8",
+        ),
+        Setting(
+            "max-calls-per-namespace",
+            "calls the pods of one namespace may have in progress at once",
+            whole(minimum=1),
+            "16",
+        ),
+        Setting(
+            "max-calls",
+            "calls the agent serves at once (its memory bound, see docs/agent.md)",
+            whole(minimum=1),
+            "32",
+        ),
+        Setting(
+            "max-install-bytes-per-namespace",
+            "bytes the installs in progress of one namespace may have written (a quantity)",
+            quantity(minimum=1),
+            "64Gi",
         ),
         _seconds(
             "auth-failure-cache-seconds",

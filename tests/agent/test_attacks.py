@@ -299,9 +299,9 @@ async def test_a_tenant_cannot_fill_the_disk_or_hold_installs_open(
     assert "--max-model-bytes" in (big.details() or "")
     (source / "1" / "weights.bin").write_bytes(b"\0" * (3 * 1024**2))
 
-    # Free space is shared: what an install in progress will write is reserved.
+    # Free space is shared: an install in progress holds what it wrote, and no write may eat
+    # into the headroom; a refusal says so without saying how much is free.
     headroom = 64 * 1024**2
-    running.agent.repository.disk_free = lambda _: headroom + 4 * 1024**2
     files = manifest_of(source)
     started: list[bool] = []
 
@@ -318,15 +318,21 @@ async def test_a_tenant_cannot_fill_the_disk_or_hold_installs_open(
         lambda: any(model_repository.parent.joinpath(".tritonshare-staging").iterdir()),
         what="the stalled install's staging directory",
     )
-    small = await refused(install_dir(running.stub, tokens["small"], source, "small"))
+    running.agent.repository.disk_free = lambda _: headroom + 100
+    # A model within one HTTP/2 window: grpc's client keeps the status of a call refused while
+    # it still writes only when nothing is pending.
+    tiny = unnamed_model(tmp_path / "tiny")
+    small = await refused(install_dir(running.stub, tokens["small"], tiny, "small"))
     assert small.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "reserved by installs in progress" in (small.details() or "")
+    assert "no room" in (small.details() or "") and "100" not in (small.details() or "")
+    running.agent.repository.disk_free = lambda _: headroom + 4 * 1024**2
 
-    # The stalled stream is cut by the idle limit; its reservation and files go with it.
+    # The stalled stream is cut by the idle limit; its files go with it.
     error = await refused(stall)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "--install-idle-seconds" in (error.details() or "")
     assert list(model_repository.parent.joinpath(".tritonshare-staging").iterdir()) == []
+    assert running.agent.repository.staged_bytes("default") == 0
     reply = await install_dir(running.stub, tokens["small"], source, "small")
     assert not reply.unchanged
 
@@ -355,7 +361,7 @@ async def test_a_pod_cannot_pile_up_calls_and_take_the_agent_from_others(
     calls = [running.stub.InstallModel(stalled(), metadata=bearer(hog)) for _ in range(2)]
     await eventually(lambda: len(opened) == 2, what="both stalled streams to be open")
     await eventually(
-        lambda: running.agent.service._in_progress.get(running_uid(kube_api, "hog")) == 2,
+        lambda: running.agent.gate._in_progress.get(running_uid(kube_api, "hog")) == 2,
         what="both streams admitted",
     )
     error = await refused(
@@ -368,7 +374,7 @@ async def test_a_pod_cannot_pile_up_calls_and_take_the_agent_from_others(
     for call in calls:
         call.cancel()
     await eventually(
-        lambda: not running.agent.service._in_progress, what="the hog's slots to be freed"
+        lambda: not running.agent.gate._in_progress, what="the hog's slots to be freed"
     )
     status = await running.stub.GetModel(
         agent_pb2.GetModelRequest(model_id="hog"), metadata=bearer(hog)

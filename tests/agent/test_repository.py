@@ -16,7 +16,13 @@ from agent.models import Models
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.pods import PodInfo
-from agent.repository import MANIFEST_FILE, Repository, Staging, build_manifest
+from agent.repository import (
+    DISK_HEADROOM_BYTES,
+    MANIFEST_FILE,
+    Repository,
+    Staging,
+    build_manifest,
+)
 from agent.triton import TritonClient
 from common.manifest import Manifest, ManifestEntry
 
@@ -168,10 +174,34 @@ def test_remove_takes_the_directory_out_of_the_root(repository: Repository) -> N
     assert list(repository.staging_root.iterdir()) == []
 
 
-def test_not_enough_disk_is_refused_before_writing(repository: Repository) -> None:
+def test_disk_is_admitted_as_bytes_arrive_and_refusals_name_no_free_space(
+    tmp_path: Path,
+) -> None:
+    repository = Repository(tmp_path / "models", namespace_bytes=len(CONFIG) + 3)
+    repository.prepare()
     huge = ManifestEntry("config.pbtxt", 1 << 60, "0" * 64)
-    with pytest.raises(ResourceExhaustedError, match="free"):
-        repository.begin("m", Manifest((huge,)))
+    with pytest.raises(ResourceExhaustedError, match="--max-install-bytes-per-namespace"):
+        repository.begin("m", Manifest((huge,)), "team-a")
+    manifest = build_manifest("m", [entry("config.pbtxt", CONFIG)])
+    first = repository.begin("m", manifest, "team-a")
+    second = repository.begin("n", manifest, "team-a")
+    assert repository.staged_bytes("team-a") == 0, "a header alone holds nothing"
+    first.write("config.pbtxt", 0, CONFIG[:4])
+    assert repository.staged_bytes("team-a") == 4
+    with pytest.raises(ResourceExhaustedError, match="namespace team-a"):
+        second.write("config.pbtxt", 0, CONFIG)
+    other = repository.begin("o", manifest, "team-b")
+    other.write("config.pbtxt", 0, CONFIG)  # another namespace is not held back
+    first.abort()
+    second.abort()
+    assert repository.staged_bytes("team-a") == 0
+    repository.disk_free = lambda _: DISK_HEADROOM_BYTES + 1
+    full = repository.begin("m", manifest, "team-a")
+    with pytest.raises(ResourceExhaustedError, match="no room") as refused:
+        full.write("config.pbtxt", 0, CONFIG)
+    assert str(DISK_HEADROOM_BYTES + 1) not in str(refused.value)
+    full.abort()
+    other.abort()
 
 
 def test_staging_inside_the_root_is_refused(tmp_path: Path) -> None:
