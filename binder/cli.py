@@ -13,12 +13,13 @@ and run the binder's own placement code on it; they change nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import yaml
 
@@ -29,7 +30,7 @@ from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
 from common.quantity import format_bytes
-from common.settings import Declaration, Setting, key_prefix, quantity, text
+from common.settings import Declaration, Setting, key_prefix, one_of, quantity, text
 
 
 class _Quiet:
@@ -107,6 +108,66 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
     )
 
 
+def status_document(cache: ClusterCache, now: float) -> dict[str, Any]:
+    """What `status` prints, for `-o json` and `-o yaml`: bytes as integers, every pod charged to
+    a GPU with its request and its model's measured bytes, and the pods still pending."""
+    state = cache.state
+    nodes: list[dict[str, Any]] = []
+    for name in state.names:
+        info = state.nodes[name]
+        node: dict[str, Any] = {
+            "name": name,
+            "agent": "alive" if state.leases.get(name, 0.0) > now else "down",
+            "problem": info.gpu_problem or None,
+            "gpus": [],
+        }
+        nodes.append(node)
+        allocated, free = state.allocated(name), state.gpu_free(name)
+        charged: dict[int, list[dict[str, Any]]] = {}
+        for pod, position in state.pods_on(name):
+            charged.setdefault(position, []).append(
+                {
+                    "pod": pod.key,
+                    "model": pod.model_id,
+                    "request": pod.request,
+                    "measured": info.measured.get(pod.model_id),
+                    "holds": state.held(pod, name),
+                }
+            )
+        for position, gpu in enumerate(info.gpus):
+            node["gpus"].append(
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "product": gpu.product,
+                    "healthy": gpu.healthy,
+                    "capacity": state.usable(gpu),
+                    "allocated": allocated[position] if position < len(allocated) else 0,
+                    "free": free[position] if position < len(free) else 0,
+                    "used": gpu.used,
+                    "pods": sorted(charged.get(position, []), key=lambda p: str(p["pod"])),
+                }
+            )
+        if -1 in charged:
+            node["unattributed"] = sorted(charged[-1], key=lambda p: str(p["pod"]))
+    gpus = [g for n in nodes for g in n["gpus"]]
+    return {
+        "nodes": nodes,
+        "capacity": sum(g["capacity"] for g in gpus),
+        "allocated": sum(g["allocated"] for g in gpus),
+        "pending": sorted(p.key for p in cache.pending.values()),
+    }
+
+
+def write_document(document: object, output: str, out: TextIO) -> None:
+    """`document` as JSON or YAML, as `kubectl get -o json|yaml` writes objects."""
+    if output == "yaml":
+        yaml.safe_dump(document, out, sort_keys=False)
+    else:
+        json.dump(document, out, indent=2)
+        out.write("\n")
+
+
 def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> None:
     out.write(
         f"Pod {pod.key} asks for {format_bytes(pod.request)} of GPU memory for model "
@@ -147,6 +208,41 @@ def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> N
     _table(rows, out)
 
 
+def explain_document(cache: ClusterCache, pod: PodInfo, now: float) -> dict[str, Any]:
+    """What `explain` prints, for `-o json` and `-o yaml`."""
+    document: dict[str, Any] = {
+        "pod": pod.key,
+        "model": pod.model_id or None,
+        "request": pod.request,
+        "problem": pod.problem or None,
+    }
+    if pod.node_name:
+        node = cache.state.nodes.get(pod.node_name)
+        document["bound"] = {
+            "node": pod.node_name,
+            "gpu": pod.gpu_uuid or None,
+            "measured": node.measured.get(pod.model_id) if node is not None else None,
+        }
+        return document
+    result = place(cache.state, pod, now=now)
+    if isinstance(result, Placement):
+        document["decision"] = {"node": result.node, "gpu": result.gpu.uuid}
+    else:
+        document["decision"] = None
+        document["message"] = result.message
+    if not pod.problem:
+        document["nodes"] = [
+            {
+                "node": v.node,
+                "fits": not v.reasons,
+                "free": list(v.free),
+                "reasons": list(v.reasons),
+            }
+            for v in explain(cache.state, pod, now=now)
+        ]
+    return document
+
+
 FLAGS = Declaration(
     "tritonshare",
     "The flags every command takes, before or after it, as kubectl's are.",
@@ -160,7 +256,8 @@ FLAGS = Declaration(
         Setting("context", "kubeconfig context (default: the current one)", env=None),
         Setting(
             "namespace",
-            "namespace of the pod to explain (default: the context's, else default)",
+            "namespace of the pod `explain` looks up when POD has none (default: the "
+            "context's, else default); `status` always covers every namespace",
             env=None,
             aliases=("-n",),
         ),
@@ -169,6 +266,14 @@ FLAGS = Declaration(
             "system-namespace", "namespace of the agent leases", text, DEFAULT_SYSTEM_NAMESPACE
         ),
         Setting("scheduler-name", "spec.schedulerName of the pods", text, DEFAULT_SCHEDULER_NAME),
+        Setting(
+            "output",
+            "text, json or yaml (json and yaml give bytes as integers, for scripts)",
+            one_of("text", "json", "yaml"),
+            "text",
+            env=None,
+            aliases=("-o",),
+        ),
         Setting(
             "gpu-mem-reserve",
             "bytes kept free on every GPU; use the binder's value",
@@ -243,6 +348,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     reserve: int = flags["gpu_mem_reserve"]
     system_namespace: str = flags["system_namespace"]
     scheduler_name: str = flags["scheduler_name"]
+    output: str = flags["output"]
     given_context: str | None = flags.get("context")
     kubeconfig = kubeconfig_path(flags.get("kubeconfig"), os.environ, Path.home())
     if kubeconfig is None and given_context:
@@ -263,7 +369,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         cache = load(kube, keys, system_namespace, scheduler_name, reserve)
         now = time.time()
         if args.command == "status":
-            status(cache, out, now)
+            if output == "text":
+                status(cache, out, now)
+            else:
+                write_document(status_document(cache, now), output, out)
             return 0
         namespace, _, name = args.pod.rpartition("/")
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
@@ -272,7 +381,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         except NotFoundError:
             print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1
-        explain_pod(cache, pod, out, now)
+        if output == "text":
+            explain_pod(cache, pod, out, now)
+        else:
+            write_document(explain_document(cache, pod, now), output, out)
         return 0
     except BinderError as e:
         print(f"{prog}: the cluster could not be read: {e}", file=sys.stderr)
