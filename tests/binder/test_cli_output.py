@@ -1,0 +1,81 @@
+"""`tritonshare status|explain -o json|yaml`: the same figures as the table, for scripts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import yaml
+
+from binder.cli import main as cli
+from tests.binder.objects import GI
+from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
+
+
+def run_cli(kubeconfig: Path, *args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = cli(["--kubeconfig", str(kubeconfig), *args], out=out)
+    return code, out.getvalue()
+
+
+async def test_status_and_explain_as_json_and_yaml(
+    kubeconfig: Path, kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI, 16 * GI])
+    await make_binder()
+    add_pod(core, "resnet", mem="4Gi")
+    add_pod(core, "bert", mem="6Gi")
+    await eventually(lambda: node_of(core, "resnet") and node_of(core, "bert"))
+    add_pod(core, "huge", mem="20Gi")
+
+    code, text = run_cli(kubeconfig, "status", "-o", "json")
+    assert code == 0
+    status = json.loads(text)
+    assert run_cli(kubeconfig, "-o", "yaml", "status") == (
+        0,
+        yaml.safe_dump(status, sort_keys=False),
+    )
+    (node,) = status["nodes"]
+    assert (node["name"], node["agent"]) == ("gpu-1", "alive")
+    full, empty = sorted(node["gpus"], key=lambda g: -len(g["pods"]))
+    assert [(p["pod"], p["request"], p["holds"]) for p in full["pods"]] == [
+        ("default/bert", 6 * GI, 6 * GI),
+        ("default/resnet", 4 * GI, 4 * GI),
+    ]
+    assert (full["capacity"], full["allocated"], full["free"]) == (16 * GI, 10 * GI, 6 * GI)
+    assert (empty["allocated"], empty["free"], empty["pods"]) == (0, 16 * GI, [])
+    assert (status["capacity"], status["allocated"]) == (32 * GI, 10 * GI)
+
+    def pending() -> bool:
+        return json.loads(run_cli(kubeconfig, "status", "-o", "json")[1])["pending"] == [
+            "default/huge"
+        ]
+
+    await eventually(pending, what="the pending pod in the status")
+    code, text = run_cli(kubeconfig, "explain", "default/huge", "-o", "json")
+    assert code == 0
+    explained = json.loads(text)
+    assert (explained["pod"], explained["request"], explained["decision"]) == (
+        "default/huge", 20 * GI, None,
+    )  # fmt: skip
+    assert "more than any healthy GPU in the cluster offers" in explained["message"]
+    (verdict,) = explained["nodes"]
+    assert (verdict["node"], verdict["fits"], verdict["free"]) == (
+        "gpu-1",
+        False,
+        [6 * GI, 16 * GI],
+    )
+    code, text = run_cli(kubeconfig, "explain", "default/resnet", "-o", "yaml")
+    assert yaml.safe_load(text)["bound"]["node"] == "gpu-1"
+
+
+def test_an_unknown_output_is_refused_with_the_choices(kubeconfig: Path) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli(["--kubeconfig", str(kubeconfig), "status", "-o", "wide"], out=io.StringIO())
+    assert code == 2
+    assert "--output" in err.getvalue() and "'json'" in err.getvalue()
