@@ -67,6 +67,30 @@ def wants_completion(pod: Pod, settings: Settings) -> bool:
     return settings.keys.prefix + "model-uri" in annotations
 
 
+def check_unfinished(pod: Pod, settings: Settings) -> None:
+    """AnnotationError for a pod labelled as a model pod that asks to be completed (a GPU-memory
+    annotation, or no container at all) but names no model URI: without this refusal it would go
+    through unchanged, and the API server would answer only `spec.containers: Required value`.
+    A complete model pod written by hand (containers, the GPU-memory resource limit) passes."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    uri_key, mem_key = settings.keys.prefix + "model-uri", settings.keys.prefix + "gpu-mem"
+    if labels.get(ROLE_LABEL) != "model" or uri_key in annotations:
+        return
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if mem_key not in annotations and containers:
+        return
+    name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
+    asks = f"annotation {mem_key}" if mem_key in annotations else "no container"
+    raise AnnotationError(
+        f"pod {name} is labelled {ROLE_LABEL}=model with {asks}, so tritonshare's webhook would "
+        f"complete it, but it names no model: add the annotation {uri_key} (gs://BUCKET/PATH, "
+        f"s3://BUCKET/PATH, https://HOST/PATH or pvc://CLAIM/PATH), or write the complete model "
+        f"pod (loader and proxy containers, the {mem_key} resource limit) as deploy/example does"
+    )
+
+
 def _last_segment(path: str) -> str:
     """The path's last segment, without an archive extension."""
     name = path.rstrip("/").rpartition("/")[2]

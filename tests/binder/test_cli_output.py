@@ -51,9 +51,8 @@ async def test_status_and_explain_as_json_and_yaml(
     assert (status["capacity"], status["allocated"]) == (32 * GI, 10 * GI)
 
     def pending() -> bool:
-        return json.loads(run_cli(kubeconfig, "status", "-o", "json")[1])["pending"] == [
-            "default/huge"
-        ]
+        pending: list[str] = json.loads(run_cli(kubeconfig, "status", "-o", "json")[1])["pending"]
+        return pending == ["default/huge"]
 
     await eventually(pending, what="the pending pod in the status")
     code, text = run_cli(kubeconfig, "explain", "default/huge", "-o", "json")

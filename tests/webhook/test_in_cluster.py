@@ -140,6 +140,31 @@ def test_a_malformed_pod_is_refused_with_what_to_write(configured: Any) -> None:
     ), message
 
 
+def test_a_model_pod_without_a_model_uri_is_refused_saying_what_to_add(configured: Any) -> None:
+    """The model label and a GPU-memory annotation say "complete me": without the URI the webhook
+    refuses, naming the annotation to add, rather than letting the pod through for the API server
+    to answer `spec.containers: Required value`."""
+    core = configured
+    for name, written in [
+        ("half", {"tritonshare.io/gpu-mem": "3Gi"}),
+        ("bare", {"tritonshare.io/model-id": "bert"}),  # and no containers at all
+    ]:
+        with pytest.raises(kubernetes.client.ApiException) as e:
+            core.create_namespaced_pod("models", _pod(name, MODEL, written))
+        assert e.value.status == 400, e.value.body
+        message = json.loads(e.value.body or "{}")["message"]
+        assert message.startswith(
+            'admission webhook "model-pods.tritonshare.io" denied the request: pod '
+            f"{name} is labelled tritonshare.io/role=model"
+        ), message
+        assert "add the annotation tritonshare.io/model-uri" in message, message
+    # A complete model pod written by hand (deploy/example) carries the label and no URI: kept.
+    complete = _pod("by-hand", MODEL, {"tritonshare.io/model-id": "bert"})
+    complete["spec"]["containers"] = [{"name": "proxy", "image": "busybox"}]
+    core.create_namespaced_pod("models", complete)
+    assert core.read_namespaced_pod("by-hand", "models").spec.scheduler_name == "default-scheduler"
+
+
 def test_only_labelled_pods_outside_the_system_namespace_are_sent(configured: Any) -> None:
     core = configured
     placeholder = {"name": "c", "image": "busybox"}
