@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,10 +26,16 @@ import yaml
 
 from binder.cache import ClusterCache
 from binder.errors import BinderError, ConfigError, NotFoundError
-from binder.kube import Kube, kubeconfig_namespace
+from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
-from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
+from common.contract import (
+    BINDER_LEADER_LEASE,
+    DEFAULT_PREFIX,
+    DEFAULT_SCHEDULER_NAME,
+    DEFAULT_SYSTEM_NAMESPACE,
+    Keys,
+)
 from common.quantity import format_bytes
 from common.settings import Declaration, Setting, key_prefix, one_of, quantity, text
 
@@ -46,14 +53,100 @@ class _Quiet:
         pass
 
 
-def load(kube: Kube, keys: Keys, namespace: str, scheduler: str, reserve: int) -> ClusterCache:
-    """One list of nodes, agent leases and pods, folded into the binder's cache."""
+@dataclass(frozen=True)
+class Listing:
+    """One list of each kind the CLI reads, as the API server returned them."""
+
+    nodes: list[JsonObject]
+    leases: list[JsonObject]
+    """The system namespace's: the agents' and the binder leader's."""
+    pods: list[JsonObject]
+
+
+def list_cluster(kube: Kube, namespace: str) -> Listing:
+    return Listing(
+        kube.list_all(kube.nodes())[0],
+        kube.list_all(kube.leases(namespace))[0],
+        kube.list_all(kube.pods())[0],
+    )
+
+
+def fold(listing: Listing, keys: Keys, scheduler: str, reserve: int) -> ClusterCache:
+    """The listing folded into the binder's cache, as the binder folds its own lists."""
     cache = ClusterCache(keys, scheduler_name=scheduler, reserve=reserve, listener=_Quiet())
-    cache.replace_nodes(kube.list_all(kube.nodes())[0])
-    cache.replace_leases(kube.list_all(kube.leases(namespace))[0])
-    cache.replace_pods(kube.list_all(kube.pods())[0])
+    cache.replace_nodes(listing.nodes)
+    cache.replace_leases(listing.leases)
+    cache.replace_pods(listing.pods)
     cache.state.arrays()
     return cache
+
+
+def load(kube: Kube, keys: Keys, namespace: str, scheduler: str, reserve: int) -> ClusterCache:
+    """One list of nodes, agent leases and pods, folded into the binder's cache."""
+    return fold(list_cluster(kube, namespace), keys, scheduler, reserve)
+
+
+def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
+    """The GPU memory reserve the binder places with, as its leader publishes it on the leader
+    Lease (from its --gpu-mem-reserve); None when no binder has published one."""
+    for lease in leases:
+        metadata = lease.get("metadata") or {}
+        if metadata.get("name") != BINDER_LEADER_LEASE:
+            continue
+        value = str((metadata.get("annotations") or {}).get(keys.gpu_mem_reserve, ""))
+        return int(value) if value.isdigit() else None
+    return None
+
+
+def load_state(pod: JsonObject) -> tuple[str, str]:
+    """Where a bound model pod's model stands, from the pod's status as the kubelet reports it:
+    (`serving`, ""), (`loading`, ""), (`failed`, the loader's termination message: the agent's
+    refusal, such as TenantCodeNotAllowed, or Triton's reason), (`starting`, "") once loaded and
+    waiting for the proxy, or (`waiting`, "") before the loader runs."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    if conditions.get("Ready") == "True":
+        return "serving", ""
+    inits = status.get("initContainerStatuses") or []
+    for init in inits:
+        for where in ("state", "lastState"):
+            ended = (init.get(where) or {}).get("terminated") or {}
+            if ended and ended.get("exitCode", 0) != 0:
+                message = str(ended.get("message") or ended.get("reason") or "").strip()
+                return "failed", f"{init.get('name', 'init')}: {message.splitlines()[0]}"[:300]
+        if "running" in (init.get("state") or {}):
+            return "loading", ""
+    if inits and all("terminated" in (i.get("state") or {}) for i in inits):
+        return "starting", ""
+    return "waiting", ""
+
+
+def load_states(pods: list[JsonObject]) -> dict[str, tuple[str, str]]:
+    """`load_state` of every bound pod, by namespace/name."""
+    states = {}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        if (pod.get("spec") or {}).get("nodeName"):
+            key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+            states[key] = load_state(pod)
+    return states
+
+
+def write_unserved(cache: ClusterCache, states: Mapping[str, tuple[str, str]], out: TextIO) -> None:
+    """Below the table: each pod charged to a GPU whose model is not served, and why. Its
+    request stays allocated as long as the pod exists, as kube-scheduler keeps a crash-looping
+    pod's requests: the binder counts it too, and the GPU is its when the cause is fixed."""
+    rows = []
+    for name in cache.state.names:
+        for pod, _ in cache.state.pods_on(name):
+            state, why = states.get(pod.key, ("waiting", ""))
+            if state != "serving":
+                rows.append(f"  {pod.key} on {name}: {state}" + (f": {why}" if why else ""))
+    if rows:
+        out.write(
+            "\nModels allocated but not served (the allocation is held while the pod exists):\n"
+        )
+        out.write("\n".join(sorted(rows)) + "\n")
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
@@ -108,9 +201,13 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
     )
 
 
-def status_document(cache: ClusterCache, now: float) -> dict[str, Any]:
+def status_document(
+    cache: ClusterCache, now: float, states: Mapping[str, tuple[str, str]] | None = None
+) -> dict[str, Any]:
     """What `status` prints, for `-o json` and `-o yaml`: bytes as integers, every pod charged to
-    a GPU with its request and its model's measured bytes, and the pods still pending."""
+    a GPU with its request, its model's measured bytes and its load state, and the pods still
+    pending."""
+    states = states or {}
     state = cache.state
     nodes: list[dict[str, Any]] = []
     for name in state.names:
@@ -132,6 +229,9 @@ def status_document(cache: ClusterCache, now: float) -> dict[str, Any]:
                     "request": pod.request,
                     "measured": info.measured.get(pod.model_id),
                     "holds": state.held(pod, name),
+                    "load": dict(
+                        zip(("state", "message"), states.get(pod.key, ("waiting", "")), strict=True)
+                    ),
                 }
             )
         for position, gpu in enumerate(info.gpus):
@@ -152,11 +252,25 @@ def status_document(cache: ClusterCache, now: float) -> dict[str, Any]:
             node["unattributed"] = sorted(charged[-1], key=lambda p: str(p["pod"]))
     gpus = [g for n in nodes for g in n["gpus"]]
     return {
+        "reserve": state.reserve,
         "nodes": nodes,
         "capacity": sum(g["capacity"] for g in gpus),
         "allocated": sum(g["allocated"] for g in gpus),
         "pending": sorted(p.key for p in cache.pending.values()),
     }
+
+
+def write_reserve(reserve: int, given: int | None, published: int | None, out: TextIO) -> None:
+    """Where the reserve in the figures above comes from, so a mismatch with the binder shows."""
+    if given is not None:
+        where = "from --gpu-mem-reserve"
+        if published is not None and published != given:
+            where += f"; the binder leader places with {format_bytes(published)}"
+    elif published is not None:
+        where = "as the binder leader publishes it"
+    else:
+        where = "no binder leader has published its own; pass --gpu-mem-reserve"
+    out.write(f"GPU memory reserve {format_bytes(reserve)} per GPU ({where}).\n")
 
 
 def write_document(document: object, output: str, out: TextIO) -> None:
@@ -276,9 +390,9 @@ FLAGS = Declaration(
         ),
         Setting(
             "gpu-mem-reserve",
-            "bytes kept free on every GPU; use the binder's value",
+            "bytes kept free on every GPU (default: the value the binder leader publishes on "
+            "its Lease, else 0)",
             quantity(),
-            "0",
         ),
     ],
     error=ConfigError,
@@ -345,7 +459,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     keys: Keys = flags["keys"]
-    reserve: int = flags["gpu_mem_reserve"]
+    given_reserve: int | None = flags.get("gpu_mem_reserve")
     system_namespace: str = flags["system_namespace"]
     scheduler_name: str = flags["scheduler_name"]
     output: str = flags["output"]
@@ -366,13 +480,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
-        cache = load(kube, keys, system_namespace, scheduler_name, reserve)
+        listing = list_cluster(kube, system_namespace)
+        published = published_reserve(listing.leases, keys)
+        reserve = given_reserve if given_reserve is not None else published or 0
+        cache = fold(listing, keys, scheduler_name, reserve)
         now = time.time()
         if args.command == "status":
+            states = load_states(listing.pods)
             if output == "text":
                 status(cache, out, now)
+                write_unserved(cache, states, out)
+                write_reserve(reserve, given_reserve, published, out)
             else:
-                write_document(status_document(cache, now), output, out)
+                write_document(status_document(cache, now, states), output, out)
             return 0
         namespace, _, name = args.pod.rpartition("/")
         namespace = namespace or flags.get("namespace") or context_namespace or "default"

@@ -78,3 +78,63 @@ def test_an_unknown_output_is_refused_with_the_choices(kubeconfig: Path) -> None
         code = cli(["--kubeconfig", str(kubeconfig), "status", "-o", "wide"], out=io.StringIO())
     assert code == 2
     assert "--output" in err.getvalue() and "'json'" in err.getvalue()
+
+
+async def test_status_reads_the_reserve_the_binder_leader_places_with(
+    kubeconfig: Path, kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    """No --gpu-mem-reserve: the CLI counts with the binder's own reserve, from its leader Lease;
+    a flag given by hand still wins, and the footer says when the two differ."""
+    add_node(kube_api, "gpu-1", [16 * GI])
+    _, text = run_cli(kubeconfig, "status")
+    assert "GPU memory reserve 0 per GPU (no binder leader has published its own" in text
+    await make_binder(leader_elect=True, gpu_mem_reserve=2 * GI)
+
+    def published() -> dict[str, Any] | None:
+        document: dict[str, Any] = json.loads(run_cli(kubeconfig, "status", "-o", "json")[1])
+        return document if document["reserve"] == 2 * GI else None
+
+    document = await eventually(published, what="the leader's reserve in the status")
+    assert document["nodes"][0]["gpus"][0]["capacity"] == 14 * GI
+    _, text = run_cli(kubeconfig, "status")
+    assert "GPU memory reserve 2Gi per GPU (as the binder leader publishes it)." in text
+    _, text = run_cli(kubeconfig, "status", "--gpu-mem-reserve", "1Gi")
+    assert "reserve 1Gi per GPU (from --gpu-mem-reserve; the binder leader places with 2Gi)" in text
+
+
+async def test_a_model_the_agent_refused_shows_why_and_keeps_its_allocation(
+    kubeconfig: Path, kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    """The loader's termination message (the agent's refusal) is shown beside the pod; the pod
+    keeps its allocation, as the binder keeps counting it while the pod exists."""
+    add_node(kube_api, "gpu-1", [16 * GI])
+    await make_binder()
+    add_pod(core, "custom", mem="4Gi")
+    add_pod(core, "fine", mem="2Gi")
+    await eventually(lambda: node_of(core, "custom") and node_of(core, "fine"))
+    refusal = "TenantCodeNotAllowed: model 'custom' would run its own code inside the shared Triton"
+    terminated = {"exitCode": 4, "reason": "Error", "message": refusal}
+    core.patch_namespaced_pod_status(
+        "custom",
+        "default",
+        {"status": {"initContainerStatuses": [
+            {"name": "loader", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+             "lastState": {"terminated": terminated}, "restartCount": 2, "image": "ts",
+             "imageID": "", "ready": False},
+        ]}},
+        _preload_content=False,
+    )  # fmt: skip
+    core.patch_namespaced_pod_status(
+        "fine",
+        "default",
+        {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+        _preload_content=False,
+    )
+    document = json.loads(run_cli(kubeconfig, "status", "-o", "json")[1])
+    pods = {p["pod"]: p for p in document["nodes"][0]["gpus"][0]["pods"]}
+    assert pods["default/custom"]["load"] == {"state": "failed", "message": f"loader: {refusal}"}
+    assert pods["default/fine"]["load"] == {"state": "serving", "message": ""}
+    assert document["allocated"] == 6 * GI
+    _, text = run_cli(kubeconfig, "status")
+    assert f"  default/custom on gpu-1: failed: loader: {refusal}" in text
+    assert "default/fine on" not in text
