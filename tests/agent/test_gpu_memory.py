@@ -122,11 +122,14 @@ async def test_measured_memory_is_published_and_an_unload_frees_it(
     assert running.agent.ledger.measured("m1") == GI
     metrics = await scrape(running)
     assert (
-        f'tritonshare_agent_model_gpu_memory_bytes{{gpu="{gpu}",model="m1"}} 1.073741824e+09'
-        in (metrics)
+        f'tritonshare_agent_model_gpu_memory_bytes{{UUID="{gpu}",gpu="0",model="m1"}} '
+        "1.073741824e+09" in metrics
     )
-    assert f'tritonshare_agent_model_gpu_memory_request_bytes{{gpu="{gpu}",model="m1"}}' in metrics
-    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{gpu="{gpu}"}} 0.0' in metrics
+    assert (
+        f'tritonshare_agent_model_gpu_memory_request_bytes{{UUID="{gpu}",gpu="0",model="m1"}}'
+        in metrics
+    )
+    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{UUID="{gpu}",gpu="0"}} 0.0' in metrics
 
     def published(model_bytes: int | None) -> bool:
         entry = node_usage(kube_api).get(gpu, {})
