@@ -377,7 +377,10 @@ FLAGS = Declaration(
         ),
         Setting("key-prefix", "prefix of the contract's keys", key_prefix, DEFAULT_PREFIX, "keys"),
         Setting(
-            "system-namespace", "namespace of the agent leases", text, DEFAULT_SYSTEM_NAMESPACE
+            "system-namespace",
+            "namespace of the agent leases and the binder leader's",
+            text,
+            DEFAULT_SYSTEM_NAMESPACE,
         ),
         Setting("scheduler-name", "spec.schedulerName of the pods", text, DEFAULT_SCHEDULER_NAME),
         Setting(
