@@ -55,18 +55,18 @@ def render(kubectl: str, kustomization: str) -> tuple[Obj, ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
-def render_chart(
+def render_templates(
     values: Mapping[str, Any] | None = None,
     *,
     namespace: str = "tritonshare-system",
     release: str = RELEASE,
     chart: Path = CHART,
     api_versions: Sequence[str] = OPTIONAL_API_VERSIONS,
-) -> tuple[Obj, ...]:
-    """The objects `helm template RELEASE charts/tritonshare -n NAMESPACE --api-versions ...`
-    renders with `values` over the chart's defaults, template by template in file name order
-    (NOTES.txt left out). `api_versions` are the cluster's besides the built-in ones (by default
-    those of a cluster with every optional CRD; empty: a bare cluster).
+) -> dict[str, str]:
+    """Each template's text as `helm template RELEASE charts/tritonshare -n NAMESPACE
+    --api-versions ...` renders it with `values` over the chart's defaults (NOTES.txt included).
+    `api_versions` are the cluster's besides the built-in ones (by default those of a cluster with
+    every optional CRD; empty: a bare cluster).
 
     Rendering is offline: Helm's `lookup` finds nothing, as in `helm template`."""
     with helm_python.Chart.load(chart) as loaded:
@@ -79,11 +79,27 @@ def render_chart(
             "is_install": True,
             "api_versions": list(api_versions),
         }
-        manifests = json.loads(
+        manifests: dict[str, str] = json.loads(
             _native.call_string(
                 "helm_render", loaded._raw(), json.dumps(dict(values or {})), json.dumps(options)
             )
         )
+    return manifests
+
+
+def render_chart(
+    values: Mapping[str, Any] | None = None,
+    *,
+    namespace: str = "tritonshare-system",
+    release: str = RELEASE,
+    chart: Path = CHART,
+    api_versions: Sequence[str] = OPTIONAL_API_VERSIONS,
+) -> tuple[Obj, ...]:
+    """The objects `render_templates` renders, template by template in file name order
+    (NOTES.txt left out)."""
+    manifests = render_templates(
+        values, namespace=namespace, release=release, chart=chart, api_versions=api_versions
+    )
     objects: list[Obj] = []
     for template in sorted(manifests):
         if template.endswith("NOTES.txt"):

@@ -11,7 +11,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 
-from tests.deploy.rendering import Obj, name_of
+from tests.deploy.rendering import Obj, name_of, render_templates
 from tests.deploy.rendering import render_chart as _render_chart
 from tests.deploy.test_chart import _the, render_chart
 from tests.deploy.test_manifests import CUSTOM_API_VERSIONS, KUBERNETES_VERSION
@@ -130,3 +130,12 @@ def test_without_the_monitoring_and_keda_crds_their_objects_are_left_out() -> No
         for o in full
         if o["kind"] not in {"PodMonitor", "PrometheusRule", "ScaledObject"}
     }
+
+
+def test_the_install_notes_name_the_ports_model_pods_use() -> None:
+    """NOTES.txt tells where model pods reach Triton: the gateway's ports, as the values set."""
+    notes = render_templates({"gateway": {"ports": {"http": 8110, "grpc": 8111}}})
+    [text] = [t for name, t in notes.items() if name.endswith("NOTES.txt")]
+    assert "$(HOST_IP):8110 (REST) and 8111 (gRPC)" in text
+    assert "$(HOST_IP):8100" in text, "the agent's port"
+    assert "8000" not in text and "8001" not in text, "Triton's own ports are loopback only"
