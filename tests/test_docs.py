@@ -5,13 +5,17 @@ runs a part (`python -m agent|binder|loader|proxy|proxy.gateway|webhook`, `trito
 `kubectl tritonshare`) is parsed by that part's own settings, required flags included, so a
 renamed flag or a newly required one fails here before a reader copies it. Other `python -m`
 commands (the simulator, benchmarks) have each flag checked against their `--help`, and each
-`helm ... --set KEY=...` against the chart's values.yaml.
+`helm ... --set KEY=...` against the chart's values.yaml. README's "Running one part" block, the
+one that runs on the simulated cluster, is run as written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +34,8 @@ from binder.settings import parse_settings as binder_settings
 from loader.settings import parse_settings as loader_settings
 from proxy.gateway.settings import parse_settings as gateway_settings
 from proxy.settings import parse_settings as proxy_settings
+from sim.triton import free_port
+from tests.conftest import require_executable
 from webhook.settings import parse_settings as webhook_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,3 +232,54 @@ def test_each_documented_helm_value_exists_in_the_chart() -> None:
     assert given, "the docs install with helm --set: the reader found none"
     missing = [f"{c.doc}: {key}" for c, key in given if not _has_key(values, key)]
     assert not missing, f"values the chart does not have: {missing}"
+
+
+def _readme_block(heading: str) -> str:
+    """The first shell block under README's `heading`."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1]
+    match = _FENCE.search(section)
+    assert match is not None and match.group(1) == "sh", f"README's {heading} has no sh block"
+    return match.group(2)
+
+
+@pytest.mark.slow
+def test_readmes_running_one_part_runs_on_the_simulated_cluster(tmp_path: Path) -> None:
+    """The block as a reader pastes it, after `make venv` (this interpreter's environment), with
+    its /tmp paths in a temporary directory and its ports free ones: every command succeeds,
+    `status` shows the node's two GPUs and a live agent, and `explain` says the example pod is
+    not there yet."""
+    require_executable("kubectl")
+    require_executable("openssl")
+    script = _readme_block("Running one part")
+    first, _, rest = script.partition("\n")
+    assert first.startswith("make venv && . .venv/bin/activate && ")
+    script = first.removeprefix("make venv && . .venv/bin/activate && ") + "\n" + rest
+    script = script.replace("/tmp/", f"{tmp_path}/")
+    for port in ("6443", "9200", "8000"):
+        script = script.replace(f":{port}", f":{free_port()}").replace(
+            f"--port {port}", f"--port {free_port()}"
+        )
+    bin_dir = Path(sys.executable).parent
+    environ = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # The example pod is the reader's to make: its `explain` exits 1 saying so, checked below.
+    explain = "explain default/my-model-pod"
+    script = "set -e\n" + script.replace(explain, f"{explain} || true")
+    process = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=tmp_path, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=120)
+    finally:
+        # Whatever the block left behind if it failed before its own `kill`.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    assert process.returncode == 0, output
+    rows = [line.split() for line in output.splitlines() if line.startswith("node-1 ")]
+    assert [(r[1], r[2], r[4:6]) for r in rows] == [
+        ("alive", "0", ["Tesla", "T4"]),
+        ("alive", "1", ["Tesla", "T4"]),
+    ], output
+    assert "pod default/my-model-pod does not exist" in output
