@@ -28,7 +28,7 @@ from agent.gateway import CallerPublisher
 from agent.gpus import GpuReader
 from agent.inventory import GpuInfo, GpuSnapshot
 from agent.kube import KubeClient, PodWatch
-from agent.memory import MemoryLedger
+from agent.memory import MemoryLedger, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy
 from agent.models import Models
@@ -199,7 +199,9 @@ class Agent:
             self._loop.call_soon_threadsafe(self._apply_memory, snapshot)
 
     def _apply_memory(self, snapshot: GpuSnapshot) -> None:
-        self.ledger.observe(snapshot)
+        for growth in self.ledger.observe(snapshot):
+            self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
+            log.warning("%s.", describe(growth))
         if self.ledger.over():
             self.reconciler.trigger()
 

@@ -1,8 +1,10 @@
 """Reading the node's GPUs through NVML: the only module that imports `pynvml`.
 
-It turns NVML answers into `GpuSnapshot`s. A GPU whose calls fail with an NVML error (such as
-NVML_ERROR_GPU_IS_LOST) is reported unhealthy with the error as its reason, keeping its last known
-UUID, product and memory so the Node still lists it. NVML that cannot be loaded or initialised
+It turns NVML answers into `GpuSnapshot`s, and, for diagnosis (`agent.gpucheck`), into
+`GpuDetails` (MIG mode, processes holding memory), which the agent's inventory does not use. A
+GPU whose calls fail with an NVML error (such as NVML_ERROR_GPU_IS_LOST) is reported unhealthy
+with the error as its reason, keeping its last known UUID, product and memory so the Node still
+lists it. NVML that cannot be loaded or initialised
 raises `NvmlUnavailableError` with what to do. It must not write anywhere: `agent.node` publishes.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -30,6 +33,36 @@ _LIBRARY_ERRORS = frozenset(
         pynvml.NVML_ERROR_NO_PERMISSION,
     }
 )
+
+# nvml.h's NVML_DEVICE_MIG_ENABLE (the mock NVML does not define the constant).
+_MIG_ENABLED = 1
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU, as NVML lists it. Its PID is the host's: in a container
+    without the host's PID namespace it names no process the container can see."""
+
+    pid: int
+    used: int | None
+    """Bytes; None where the driver does not say (NVML_VALUE_NOT_AVAILABLE)."""
+
+
+@dataclass(frozen=True)
+class GpuDetails:
+    """What NVML says of one GPU beyond the inventory: its MIG mode and compute processes."""
+
+    index: int
+    mig: str
+    """`enabled`, `disabled`, `not supported`, or a pending change (`disabled, enabled after
+    the next GPU reset`); `unknown` when the GPU did not answer."""
+    processes: tuple[GpuProcess, ...] = ()
+    reason: str = ""
+    """The NVML error when the GPU did not answer."""
+
+
+def _mig_word(mode: int) -> str:
+    return "enabled" if mode == _MIG_ENABLED else "disabled"
 
 
 def _text(value: Any) -> str:
@@ -100,6 +133,49 @@ class GpuReader:
             gpus.append(info)
             self._last[index] = info
         return GpuSnapshot(gpus=tuple(gpus))
+
+    def driver_version(self) -> str:
+        """The NVIDIA driver's version as NVML reports it."""
+        self._init()
+        try:
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._nvml.NVMLError as e:
+            raise self._unavailable(e) from e
+
+    def details(self, index: int) -> GpuDetails:
+        """MIG mode and compute processes of GPU `index`; raises NvmlUnavailableError when NVML
+        itself fails, and reports a failing GPU in `reason`."""
+        self._init()
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            mig = self._mig_mode(handle)
+            processes = tuple(
+                GpuProcess(
+                    pid=int(p.pid),
+                    used=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                )
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            )
+        except nvml.NVMLError as e:
+            if e.value in _LIBRARY_ERRORS:
+                raise self._unavailable(e) from e
+            return GpuDetails(index=index, mig="unknown", reason=f"{type(e).__name__}: {e}")
+        return GpuDetails(index=index, mig=mig, processes=processes)
+
+    def _mig_mode(self, handle: Any) -> str:
+        nvml = self._nvml
+        try:
+            current, pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError as e:
+            # GPUs without MIG (everything before the A100, and the A10 or L4) say so this way.
+            if e.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return "not supported"
+            raise
+        mode = _mig_word(current)
+        if pending != current:
+            mode += f", {_mig_word(pending)} after the next GPU reset"
+        return mode
 
     def close(self) -> None:
         """Release NVML (nvmlShutdown), ignoring a library that is already gone."""

@@ -84,6 +84,12 @@ class _ModelMemoryCollector(Collector):
             "GPU memory the binder booked for a loaded model (its pod's request)",
             labels=["model", "gpu", "UUID"],
         )
+        uncertain = GaugeMetricFamily(
+            "tritonshare_agent_model_gpu_memory_uncertainty_bytes",
+            "Bytes of a model's measured figure that another model on its GPU may have caused "
+            "(0 for Triton's own figure): it is never evicted for them",
+            labels=["model", "gpu", "UUID"],
+        )
         unattributed = GaugeMetricFamily(
             "tritonshare_agent_gpu_unattributed_memory_bytes",
             "Used GPU memory no loaded model accounts for (beyond the GPU's baseline)",
@@ -95,9 +101,10 @@ class _ModelMemoryCollector(Collector):
             where = [index.get(entry.gpu_uuid, ""), entry.gpu_uuid]
             measured.add_metric([entry.model_id, *where], entry.bytes)
             requested.add_metric([entry.model_id, *where], entry.request)
+            uncertain.add_metric([entry.model_id, *where], self._ledger.uncertainty(entry.model_id))
         for gpu in snapshot.gpus if snapshot else ():
             unattributed.add_metric([str(gpu.index), gpu.uuid], self._ledger.unattributed(gpu.uuid))
-        yield from (measured, requested, unattributed)
+        yield from (measured, requested, uncertain, unattributed)
 
 
 class AgentMetrics:
@@ -156,6 +163,13 @@ class AgentMetrics:
             "Models found using more GPU memory than their request plus the tolerance, by "
             "action (warned, evicted)",
             ["action"],
+            registry=r,
+        )
+        self.gpu_memory_unexplained = Counter(
+            "tritonshare_agent_gpu_unexplained_growth_bytes",
+            "Growth of a GPU's used memory that no model could be billed for (several models "
+            "shared the GPU, or a neighbour's load window), by GPU UUID",
+            ["UUID"],
             registry=r,
         )
         self.gpu_memory_refusals = Counter(

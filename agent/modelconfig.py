@@ -6,13 +6,15 @@ GPU the binder chose (`KIND_GPU`, `gpus: [cuda index]`), or to the CPU on machin
 Parsing and the name check are shared with the loader (`common.modelconfig`); this module turns
 their error into the agent's. `ModelPolicy` decides what a tenant's config may ask of the shared
 Triton: nothing that names host paths or devices beyond the placement, no ensembles or repository
-agents, and tenant code (python and custom backends, backend libraries shipped with the model,
-custom op libraries) only for the namespaces the operator allows. Pure: it reads the text it is
+agents, ONNX external data outside the model, and tenant code (python and custom backends, the
+framework backends whose graphs read files, backend libraries shipped with the model, custom op
+libraries) only for the namespaces the operator allows. Pure: it reads the text it is
 given and returns strings; the files are `agent.repository`'s.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -88,8 +90,19 @@ def override_json(config: ModelConfig) -> str:
     )
 
 
-# Backends whose code is the framework's, not the tenant's: a model for them is data.
-DEFAULT_SAFE_BACKENDS = ("onnxruntime", "tensorrt", "pytorch", "tensorflow", "openvino")
+# Backends whose models are data that cannot reach beyond the model, as far as the agent can
+# check (docs/agent.md, "Which backends are safe"): an ONNX graph has no file or process
+# operations and its external data must be files of the model (`external_data_problem`); a
+# TensorRT plan runs no host code unless the operator turns on version compatibility.
+DEFAULT_SAFE_BACKENDS = ("onnxruntime", "tensorrt")
+# Framework backends off the default list, and why: their graphs read files Triton can read.
+READS_FILES = {
+    "pytorch": "TorchScript can call torch.from_file and every registered torch.ops operator",
+    "tensorflow": "TensorFlow graphs can run ReadFile, MatchingFiles and WriteFile on any path",
+    "openvino": "OpenVINO models can load extension libraries and ONNX external data anywhere",
+}
+ONNX_BACKENDS = frozenset({"onnxruntime", "openvino"})
+"""Backends that open `.onnx` files, and the external data those name."""
 # Triton's platform names, as the backend that serves each.
 PLATFORM_BACKENDS = {
     "tensorrt_plan": "tensorrt",
@@ -147,7 +160,8 @@ class ModelPolicy:
                 f"model {model_id!r} would run its own code inside the shared Triton "
                 f"({'; '.join(code)}); namespace {namespace!r} is not allowed to (the operator "
                 f"allows it per namespace with --tenant-code-namespaces); use one of the "
-                f"backends {', '.join(sorted(self.safe_backends))}",
+                f"backends {', '.join(sorted(self.safe_backends))} (PyTorch and TensorFlow "
+                f"models export to ONNX), or ask the operator to allow the namespace",
                 event_reason="TenantCodeNotAllowed",
             )
 
@@ -208,12 +222,49 @@ def _host_problems(config: ModelConfig) -> list[str]:
     return problems
 
 
+def backend_of(config: ModelConfig) -> str:
+    """The backend that serves the model (a platform, as its backend's name)."""
+    return str(config.backend or PLATFORM_BACKENDS.get(config.platform, config.platform))
+
+
+def onnx_files(config: ModelConfig, paths: list[str]) -> list[str]:
+    """The model's files its backend may open as ONNX models (none for other backends)."""
+    if backend_of(config) not in ONNX_BACKENDS:
+        return []
+    name = config.default_model_filename or "model.onnx"
+    return [p for p in paths if p.endswith(".onnx") or p.rsplit("/", 1)[-1] == name]
+
+
+def external_data_problem(model_id: str, model_file: str, location: str, files: set[str]) -> str:
+    """Why `location`, named by `model_file`'s tensors, may not be read ("" when it is a file
+    of the model): onnxruntime opens it relative to the model file, wherever it leads."""
+    parts = location.split("/")
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(model_file), location))
+    if (
+        location
+        and not location.startswith("/")
+        and "\\" not in location
+        and "\0" not in location
+        and ".." not in parts
+        and target in files
+    ):
+        return ""
+    return (
+        f"{model_file} of model {model_id!r} keeps tensor data in {location!r}, which is not a "
+        f"file of the model: onnxruntime would read it from the node, wherever it leads; save "
+        f"the external data beside the model file (onnx.save_model(..., location=<file name>)) "
+        f"and install it with the model"
+    )
+
+
 def _tenant_code(config: ModelConfig, safe_backends: frozenset[str]) -> list[str]:
     """Why the model would run the tenant's own code in Triton; empty when it would not."""
     reasons = []
-    backend = config.backend or PLATFORM_BACKENDS.get(config.platform, config.platform)
+    backend = backend_of(config)
     if not _BACKEND_NAME_RE.fullmatch(backend):
         reasons.append(f"backend {backend!r} is not a backend name")
+    elif backend not in safe_backends and backend in READS_FILES:
+        reasons.append(f"backend {backend!r} runs graphs that read files ({READS_FILES[backend]})")
     elif backend not in safe_backends:
         reasons.append(f"backend {backend!r} runs the model's own code")
     if (

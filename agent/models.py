@@ -22,10 +22,13 @@ import asyncio
 import enum
 import errno
 import logging
+import mmap
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TypeVar
 
 from agent.errors import (
@@ -40,9 +43,18 @@ from agent.errors import (
     TritonUnreachableError,
 )
 from agent.inventory import GpuInfo, GpuSnapshot
-from agent.memory import MemoryLedger, admission_problem
+from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
-from agent.modelconfig import ModelPolicy, override_json, parse_config, pinned_as, pinned_config
+from agent.modelconfig import (
+    ModelPolicy,
+    external_data_problem,
+    onnx_files,
+    override_json,
+    parse_config,
+    pinned_as,
+    pinned_config,
+)
+from agent.onnxmodel import OnnxFormatError, external_locations
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.repository import Repository, Staging
@@ -126,6 +138,32 @@ def _disk_error(model_id: str, error: OSError) -> AgentError:
             f"nothing was kept, free space on the repository volume"
         )
     return AgentError(f"writing model {model_id!r} failed on the node ({error}); nothing was kept")
+
+
+def _onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
+    """Why the ONNX file `name` of the model (at `path`) may not be installed ("" when it may):
+    a tensor of it names external data that is not a file of the model, or it is no ONNX model.
+    Read through a read-only mapping, one location at a time."""
+    with path.open("rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return ""
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            locations = external_locations(mapped)
+            try:
+                for location in locations:
+                    problem = external_data_problem(model_id, name, location, files)
+                    if problem:
+                        return problem
+            except OnnxFormatError as e:
+                why = str(e)  # returned below: the traceback must not pin the mapping open
+            else:
+                return ""
+            finally:
+                locations.close()
+    return (
+        f"{name} of model {model_id!r} is not an ONNX model ({why}); install the file "
+        f"onnxruntime loads"
+    )
 
 
 class Models:
@@ -333,6 +371,19 @@ class Models:
             config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
             config = parse_config(config_text, model_id)
             self.policy.check_config(config, model_id, owner.namespace)
+            paths = [e.path for e in manifest.files]
+            for path in onnx_files(config, paths):
+                # Off the event loop: a model file may be gigabytes (mapped, never copied).
+                problem = await self._in_thread(
+                    _onnx_problem,
+                    model_id,
+                    staging.directory / path,
+                    path,
+                    set(paths),
+                    executor=writer,
+                )
+                if problem:
+                    raise InvalidRequestError(problem)
             await self._in_thread(self.repository.commit, staging, executor=writer)
         except BaseException as e:
             await self._in_thread(staging.abort, executor=writer)
@@ -471,15 +522,19 @@ class Models:
     async def _load_measured(
         self, model_id: str, override: str, owner: Proven, uuid: str, index: int
     ) -> None:
-        """Load, admitted and measured when the model's GPU can be read: one load at a time per
-        GPU, so the GPU's growth across the load is this model's."""
+        """Load, admitted and measured when the model's GPU can be read: one load or unload at
+        a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
+        since its last reading is observed first, so what grew before the load is not billed
+        to it (`agent.memory` decides whose the window's growth is)."""
         if self._read_gpu is None or not uuid or index < 0:
             await self.triton.load(model_id, override)
             return
-        async with self._gpu_locks.setdefault(uuid, asyncio.Lock()):
+        async with self._gpu_lock(uuid):
+            before = await self._read_gpu(uuid)
+            if before is not None:
+                self._unexplained(self.ledger.observe_gpu(before))
             self.ledger.loading.add(uuid)
             try:
-                before = await self._read_gpu(uuid)
                 if before is not None:
                     problem = admission_problem(
                         before,
@@ -497,7 +552,7 @@ class Models:
                 after = await self._read_gpu(uuid)
                 reported = await self.triton.gpu_memory(model_id, index)
                 if before is not None and after is not None:
-                    entry = self.ledger.record_load(
+                    entry, rest = self.ledger.record_load(
                         model_id,
                         uuid,
                         owner.request,
@@ -514,6 +569,38 @@ class Models:
                         "Triton's statistics" if entry.source == "triton" else "NVML",
                         owner.request,
                     )
+                    self._unexplained(rest)
+            finally:
+                self.ledger.loading.discard(uuid)
+
+    def _gpu_lock(self, uuid: str) -> asyncio.Lock:
+        return self._gpu_locks.setdefault(uuid, asyncio.Lock())
+
+    def _unexplained(self, growth: Unexplained | None) -> None:
+        if growth is not None:
+            self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
+            log.warning("%s.", describe(growth))
+
+    async def _unload_measured(self, model_id: str) -> None:
+        """Unload and wait until Triton has; on a measured GPU, one load or unload at a time,
+        read before and after so that what it did not free stays unexplained."""
+        entry = self.ledger.models.get(model_id)
+        if entry is None or self._read_gpu is None:
+            await self.triton.unload(model_id)
+            await self.triton.wait_unloaded(model_id, self.unload_timeout)
+            return
+        uuid = entry.gpu_uuid
+        async with self._gpu_lock(uuid):
+            before = await self._read_gpu(uuid)
+            if before is not None:
+                self._unexplained(self.ledger.observe_gpu(before))
+            self.ledger.loading.add(uuid)
+            try:
+                await self.triton.unload(model_id)
+                await self.triton.wait_unloaded(model_id, self.unload_timeout)
+                after = await self._read_gpu(uuid)
+                if before is not None and after is not None:
+                    self.ledger.record_unload(model_id, before.memory_used, after.memory_used)
             finally:
                 self.ledger.loading.discard(uuid)
 
@@ -542,8 +629,7 @@ class Models:
         try:
             entry = await self.triton.state(model_id)
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
-                await self.triton.unload(model_id)
-                await self.triton.wait_unloaded(model_id, self.unload_timeout)
+                await self._unload_measured(model_id)
             if not keep_files and self.repository.model_dir(model_id).exists():
                 await self._in_thread(self.repository.remove, model_id)
         except AgentError as e:
@@ -678,3 +764,5 @@ class Models:
         snapshot = self._gpus()
         gpu = snapshot.by_uuid(owner.gpu_uuid) if snapshot and owner.gpu_uuid else None
         record.gpu_index = gpu.index if gpu else -1
+        if gpu is not None:
+            self.ledger.adopt(model_id, gpu.uuid, owner.request)

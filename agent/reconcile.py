@@ -29,6 +29,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.events import PodEvents
+from agent.memory import Excess
 from agent.metrics import AgentMetrics
 from agent.models import Models
 from agent.placement import PlacementVerifier, Proven
@@ -183,14 +184,15 @@ class Reconciler:
                 continue
             work[model] = self._reload(model, pod)
         for over in self.models.ledger.over():
-            owner = wanted.get(over.model_id)
-            if owner is None or models.is_busy(over.model_id):
+            model = over.model.model_id
+            owner = wanted.get(model)
+            if owner is None or models.is_busy(model):
                 continue
-            rival = work.pop(over.model_id, None)
+            rival = work.pop(model, None)
             if rival is not None:
                 rival.close()  # never started; enforcing the limit comes first
-            work[over.model_id] = self._enforce(over.model_id, owner, over.bytes)
-        self._warned &= {m.model_id for m in self.models.ledger.over()}
+            work[model] = self._enforce(model, owner, over)
+        self._warned &= {e.model.model_id for e in self.models.ledger.over()}
         if work:
             await asyncio.gather(*work.values())
         self.passes += 1
@@ -227,13 +229,17 @@ class Reconciler:
             return
         await self._evict(model, pod, why)
 
-    async def _enforce(self, model: str, pod: Proven, used: int) -> None:
+    async def _enforce(self, model: str, pod: Proven, over: Excess) -> None:
         message = (
-            f"model {model} uses {format_bytes(used)} of GPU memory on {pod.gpu_uuid}, more than "
-            f"the {format_bytes(pod.request)} its pod requested (tritonshare.io/gpu-mem) plus the "
-            f"tolerance"
+            f"model {model} uses {format_bytes(over.model.bytes)} of GPU memory on "
+            f"{pod.gpu_uuid}, more than the {format_bytes(pod.request)} its pod requested "
+            f"(tritonshare.io/gpu-mem) plus the tolerance"
         )
-        if self.enforcement != "evict" or self._fail_pod is None:
+        # Never evict on a figure another tenant could have inflated: only a warning then.
+        doubt = over.doubt() if not over.sure(self.models.ledger.allowed(pod.request)) else ""
+        if self.enforcement != "evict" or self._fail_pod is None or doubt:
+            if doubt:
+                message += f" ({doubt}; it is not evicted for them)"
             if model not in self._warned:
                 self._warned.add(model)
                 self.metrics.gpu_memory_over.labels("warned").inc()

@@ -124,7 +124,8 @@ class Settings:
     """Namespaces whose models may run their own code in the shared Triton (python and custom
     backends, backend or op libraries shipped with the model). Default: none."""
     safe_backends: tuple[str, ...] = DEFAULT_SAFE_BACKENDS
-    """Backends that run no tenant code, allowed for every namespace."""
+    """Backends whose models cannot reach beyond themselves, allowed for every namespace (the
+    framework backends whose graphs read files, pytorch, tensorflow and openvino, are not)."""
     max_model_bytes: int = 64 * 1024**3
     """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
     install_deadline_seconds: float = 1800.0
@@ -138,7 +139,8 @@ class Settings:
     value as the binder's --gpu-mem-reserve."""
     gpu_mem_enforcement: str = "warn"
     """What happens to a model measured above its request plus the tolerance: `warn` (an Event
-    and a metric) or `evict` (also unloaded, and its pod marked Failed)."""
+    and a metric) or `evict` (also unloaded, and its pod marked Failed, when the excess is beyond
+    its figure's uncertainty: no other model can have caused it; otherwise it is warned)."""
     gpu_mem_tolerance: float = 0.05
     """Fraction of the request a model may use beyond it before it is over (at least 256Mi)."""
     usage_publish_seconds: float = 60.0
@@ -282,7 +284,8 @@ DECLARATION = Declaration(
         ),
         Setting(
             "safe-backends",
-            "comma-separated backends that run no tenant code",
+            "comma-separated backends whose models cannot reach beyond themselves (see "
+            "docs/agent.md before adding one: pytorch, tensorflow and openvino graphs read files)",
             names,
             ",".join(DEFAULT_SAFE_BACKENDS),
         ),
@@ -300,7 +303,8 @@ DECLARATION = Declaration(
         ),
         Setting(
             "gpu-mem-enforcement",
-            "warn or evict a model using more GPU memory than it asked for",
+            "warn or evict a model using more GPU memory than it asked for (evict only where no "
+            "other model could have caused the excess; otherwise warn)",
             one_of("warn", "evict"),
             "warn",
         ),

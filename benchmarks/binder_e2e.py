@@ -1,8 +1,9 @@
 """End to end through sim/: watch -> decide -> annotate -> bind, 5,000 GPU nodes by default.
 
 The simulated API server runs in this process (its audit log is the independent count of API
-calls); nodes with agent leases and `--placed` pods already bound to their GPUs are created
-through the official client.
+calls); nodes with agent leases and `--placed` pods already bound to their GPUs, each with the
+proof of placement the binder would have written (the binder charges only proven pods), are
+created through the official client.
 
 `--mode process` (default): `python -m binder` runs as its own process (from `--binder-root`, so
 two trees can be compared side by side). Once it is ready, it is stopped (SIGSTOP), `--pods` pods
@@ -47,6 +48,8 @@ import kubernetes.client
 from binder.app import Binder
 from binder.settings import Settings
 from common.contract import Keys, agent_lease_name
+from common.placement import Claim, KeyRing, load_key_ring
+from common.quantity import parse_quantity
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.cluster import write_placement_keys
 from sim.triton import free_port
@@ -201,14 +204,37 @@ def readyz(port: int) -> bool:
         return False
 
 
-def build_cluster(core: Any, args: argparse.Namespace, rng: random.Random) -> None:
+def create_placed(core: Any, bodies: list[dict[str, Any]], ring: KeyRing) -> None:
+    """Create the placed pods with 8 client threads, each with the proof of placement the
+    binder would have written (it charges only proven pods; the uid is the server's)."""
+
+    def create(body: dict[str, Any]) -> None:
+        created = core.create_namespaced_pod("default", body)
+        annotations = body["metadata"]["annotations"]
+        limit = body["spec"]["containers"][0]["resources"]["limits"][KEYS.gpu_mem]
+        claim = Claim(
+            created.metadata.uid,
+            "default",
+            body["metadata"]["name"],
+            body["spec"]["nodeName"],
+            annotations[KEYS.gpu],
+            annotations[KEYS.model_id],
+            parse_quantity(limit),
+        )
+        proof = {"metadata": {"annotations": {KEYS.placement: ring.sign(claim)}}}
+        core.patch_namespaced_pod(body["metadata"]["name"], "default", proof)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(create, bodies))
+
+
+def build_cluster(core: Any, args: argparse.Namespace, rng: random.Random, key_dir: Path) -> None:
     started = time.perf_counter()
     nodes = [node_body(i, args.gpus) for i in range(args.nodes)]
     create_all(core, nodes, "node")
     create_all(core, [lease_body(n["metadata"]["name"]) for n in nodes], "lease")
-    create_all(
-        core, [placed_body(i, args.nodes, args.gpus, rng) for i in range(args.placed)], "pod"
-    )
+    placed = [placed_body(i, args.nodes, args.gpus, rng) for i in range(args.placed)]
+    create_placed(core, placed, load_key_ring(key_dir))
     print(
         f"cluster: {args.nodes} nodes x {args.gpus} GPUs (16Gi each), {args.placed} placed pods;"
         f" created in {time.perf_counter() - started:.1f} s"
@@ -224,7 +250,12 @@ def _thread_cpu(process: Any, tid: int) -> float:
 
 
 def run_process(
-    args: argparse.Namespace, server: RunningApiServer, core: Any, root: Path, run: str
+    args: argparse.Namespace,
+    server: RunningApiServer,
+    core: Any,
+    root: Path,
+    run: str,
+    key_dir: Path,
 ) -> dict[str, float]:
     """The binder from `root` as a process; the pods (labelled with `run`) created at once while
     it is stopped, or live. Prints the figures and returns them."""
@@ -245,7 +276,7 @@ def run_process(
         ]  # fmt: skip
         # A binder from before proofs of placement (--binder-root) has no key to be given.
         if "placement-key-dir" in (root / "binder" / "settings.py").read_text():
-            argv += ["--placement-key-dir", str(write_placement_keys(Path(tmp) / "key"))]
+            argv += ["--placement-key-dir", str(key_dir)]
         with log_path.open("w") as log_file:
             process = subprocess.Popen(argv, cwd=root, env=env, stderr=log_file)
         try:
@@ -349,7 +380,7 @@ def forget_run(core: Any, server: RunningApiServer, run: str, timeout: float) ->
         time.sleep(0.2)
 
 
-def run_trees(args: argparse.Namespace, server: RunningApiServer, core: Any) -> None:
+def run_trees(args: argparse.Namespace, server: RunningApiServer, core: Any, key_dir: Path) -> None:
     """Each tree `--repeat` times, alternating, on the same cluster; then the comparison."""
     trees = {f"baseline {args.baseline_root}": args.baseline_root} if args.baseline_root else {}
     trees[f"this {args.binder_root}"] = args.binder_root
@@ -358,7 +389,7 @@ def run_trees(args: argparse.Namespace, server: RunningApiServer, core: Any) -> 
         for number, (name, root) in enumerate(trees.items()):  # alternating: drift hits both
             run = f"r{repeat}-{number}"
             print(f"-- {name}, run {repeat + 1} of {args.repeat}")
-            runs[name].append(run_process(args, server, core, Path(root).resolve(), run))
+            runs[name].append(run_process(args, server, core, Path(root).resolve(), run, key_dir))
             forget_run(core, server, run, args.timeout)
     if len(trees) > 1 or args.repeat > 1:
         compare(runs)
@@ -383,11 +414,14 @@ async def run(args: argparse.Namespace) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     rng = random.Random(args.seed)
     try:
-        build_cluster(core, args, rng)
-        if args.mode == "process":
-            run_trees(args, server, core)
-        else:
-            await run_in_process(args, server, core, rng)
+        with tempfile.TemporaryDirectory() as tmp:
+            # One key for the whole run: the placed pods are signed with it, every binder holds it.
+            key_dir = write_placement_keys(Path(tmp) / "placement-key")
+            build_cluster(core, args, rng, key_dir)
+            if args.mode == "process":
+                run_trees(args, server, core, key_dir)
+            else:
+                await run_in_process(args, server, core, rng, key_dir)
         run_poc(args, server, core, rng)
     finally:
         client.close()
@@ -395,7 +429,11 @@ async def run(args: argparse.Namespace) -> None:
 
 
 async def run_in_process(
-    args: argparse.Namespace, server: RunningApiServer, core: Any, rng: random.Random
+    args: argparse.Namespace,
+    server: RunningApiServer,
+    core: Any,
+    rng: random.Random,
+    key_dir: Path,
 ) -> None:
     """The binder in this process, starting on a backlog of pending pods."""
     create_all(core, [pod_body(i, rng) for i in range(args.pods)], "pod")
@@ -403,7 +441,7 @@ async def run_in_process(
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
         settings = Settings(
             kubeconfig=str(kubeconfig),
-            placement_key_dir=write_placement_keys(Path(tmp) / "placement-key"),
+            placement_key_dir=key_dir,
             listen_http=("127.0.0.1", 0),
             leader_elect=False,
             bind_workers=args.bind_workers,

@@ -47,7 +47,7 @@ class Binder:
         self.kube = Kube(
             settings.kubeconfig, retry=RetryPolicy(budget_seconds=settings.renew_deadline_seconds)
         )
-        self.metrics = Metrics(lambda: self.cache.state)
+        self.metrics = Metrics(lambda: self.cache.state, self._unproven_reasons)
         self.queue = SchedulingQueue(
             initial_seconds=settings.backoff_initial_seconds,
             max_seconds=settings.backoff_max_seconds,
@@ -71,9 +71,11 @@ class Binder:
             scheduler_name=settings.scheduler_name,
             reserve=settings.gpu_mem_reserve,
             listener=self.controller,
+            placement_keys=self.placement_keys.ring,
         )
         self.controller.state = self.cache.state
         self.controller.pending = self.cache.pending
+        self.controller.unproven = self.cache.unproven
         self.elector = LeaderElector(
             self.kube,
             namespace=settings.system_namespace,
@@ -87,6 +89,7 @@ class Binder:
             annotations={settings.keys.gpu_mem_reserve: str(settings.gpu_mem_reserve)},
         )
         self.kube.retry_while = self.elector.leading.is_set
+        self.controller.leading = self.elector.leading.is_set
         self.http = HttpServer(
             build_health_app(
                 self.metrics.registry,
@@ -103,6 +106,10 @@ class Binder:
         self.failure: BaseException | None = None
         """What ended the replica, if one of its tasks failed (logged where it failed)."""
         self._stopping = False
+
+    def _unproven_reasons(self) -> list[str]:
+        cache = self.cache
+        return [v.reason for v in list(cache.unproven.values()) if cache.on_tritonshare_node(v.pod)]
 
     def role(self) -> str:
         return "leader" if self.elector.is_leader else "follower"
@@ -126,9 +133,13 @@ class Binder:
     def _leadership_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
-            # A new leader starts from what its warm caches say is pending.
+            # A new leader starts from what its warm caches say is pending, and reports the
+            # unproven pods (the old leader's record of what it reported died with it).
             for uid in self.cache.pending:
                 self.queue.add(uid)
+            for verdict in list(self.cache.unproven.values()):
+                if self.cache.on_tritonshare_node(verdict.pod):
+                    self.controller.unproven_seen(verdict)
 
     async def start(self) -> None:
         await self.http.start()

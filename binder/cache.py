@@ -2,13 +2,16 @@
 
 One daemon thread per watched kind lists once, then watches from the last resourceVersion (kept
 across reconnects, advanced by bookmarks) and relists only on 410 Gone. The thread ends only when
-asked to: an unreachable API server, a broken stream, 429 or 5xx mean waiting (doubling from 1 s
-to 30 s, or the server's Retry-After) and trying again, and even an unexpected error is logged and
-retried. Each informer says since when it has been failing, for /readyz. Events are handed to the
-event loop, where `ClusterCache` applies them to the ClusterState and the set of pending pods and
-tells its listener what changed: a pending pod appeared or changed, a pending pod left, or the
-cluster changed in a way that could help unschedulable pods (memory freed, a node added or
-changed, an agent came alive). Decisions never list: they read this cache.
+asked to: an unreachable API server (refused, reset, timed out) is tried again about every second,
+jittered, for a connection attempt costs a server that is down nothing and the caches must be back
+in touch within a second of it answering again; 429 and 5xx, from a server that answers but is
+overloaded, mean backing off (doubling from 1 s to 30 s, jittered, or the server's Retry-After);
+even an unexpected error is logged and retried. Each informer says since when it has been failing,
+for /readyz. Events are handed to the event loop, where `ClusterCache` applies them to the
+ClusterState and the set of pending pods and tells its listener what changed: a pending pod
+appeared or changed, a pending pod left, or the cluster changed in a way that could help
+unschedulable pods (memory freed, a node added or changed, an agent came alive). Decisions never
+list: they read this cache.
 
 It must not decide placements nor write to the API.
 """
@@ -17,22 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from binder.errors import ApiError, GoneError, UnavailableError
 from binder.inbox import Inbox
 from binder.kube import JsonObject, Kind, Kube
 from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
+from binder.proofs import Unproven, proven, same_proof
 from binder.state import ClusterState
 from common.contract import AGENT_LEASE_PREFIX, Keys
+from common.placement import KeyRing
 
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
+UNREACHABLE_RETRY_SECONDS = 1.0
+"""While the API server cannot be reached, each watch tries again after 50-100 % of this."""
+FAILURE_LOG_SECONDS = 30.0
+"""While a watch keeps failing, it says so once in this many seconds."""
 
 
 class Listener(Protocol):
@@ -44,6 +55,9 @@ class Listener(Protocol):
 
     def cluster_changed(self, why: str) -> None:
         """Something changed that could make an unschedulable pod fit."""
+
+    def unproven_seen(self, verdict: Unproven) -> None:
+        """A bound pod on a tritonshare node proves nothing (first seen, or for a new reason)."""
 
 
 def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
@@ -60,14 +74,22 @@ class ClusterCache:
         scheduler_name: str,
         reserve: int,
         listener: Listener,
+        placement_keys: Callable[[], KeyRing] | None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`placement_keys` gives the ring in force (reread as the Secret rotates); None checks
+        proofs for form only, for a CLI user who cannot read the key (`binder.proofs`)."""
         self.keys = keys
         self.scheduler_name = scheduler_name
         self.state = ClusterState(reserve=reserve)
         self.pending: dict[str, PodInfo] = {}
+        self.unproven: dict[str, Unproven] = {}
+        """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
+        does not verify: never charged. At most one entry per such pod in the cluster."""
         self._listener = listener
         self._clock = clock
+        self._placement_keys = placement_keys
+        self._ring = placement_keys() if placement_keys is not None else None
 
     # ---- pods ----------------------------------------------------------------------------------
 
@@ -77,6 +99,7 @@ class ClusterCache:
             return
         if event == "DELETED":
             self._drop_pending(pod.uid)
+            self.unproven.pop(pod.uid, None)
             if self._accounted(pod.uid):
                 self.state.remove_pod(pod.uid)
                 self._listener.cluster_changed(f"pod {pod.key} was deleted")
@@ -84,9 +107,10 @@ class ClusterCache:
         if pod.node_name:
             self._drop_pending(pod.uid)
             held = self._accounted(pod.uid)
-            self.state.set_pod(pod)
+            self._account(pod)
             if held and not self._accounted(pod.uid):
-                self._listener.cluster_changed(f"pod {pod.key} finished ({pod.phase})")
+                why = f"finished ({pod.phase})" if pod.terminated else "no longer proves its place"
+                self._listener.cluster_changed(f"pod {pod.key} {why}")
             return
         if pod.scheduler_name != self.scheduler_name or pod.deleting or pod.terminated:
             self._drop_pending(pod.uid)
@@ -98,6 +122,72 @@ class ClusterCache:
 
     def _accounted(self, uid: str) -> bool:
         return self.state.is_accounted(uid)
+
+    def _account(self, pod: PodInfo) -> None:
+        """Charge a bound pod if its placement is proven, else keep it as unproven."""
+        self._follow_ring()
+        if pod.terminated or not pod.claims_share:
+            self.unproven.pop(pod.uid, None)
+            self.state.remove_pod(pod.uid)
+            return
+        charged = self.state.charged_pod(pod.uid)
+        verdict: PodInfo | Unproven
+        if charged is not None and same_proof(charged, pod):
+            # Verified when it was charged, or signed by this binder when it assumed the pod,
+            # and nothing the proof covers has changed since.
+            verdict = (
+                pod if pod.request == charged.request else replace(pod, request=charged.request)
+            )
+        else:
+            verdict = proven(pod, self._ring)
+        if isinstance(verdict, Unproven):
+            self._set_unproven(verdict)
+        else:
+            self.unproven.pop(pod.uid, None)
+            self.state.set_pod(verdict)
+
+    def _set_unproven(self, verdict: Unproven) -> None:
+        pod = verdict.pod
+        self.state.remove_pod(pod.uid)
+        old = self.unproven.get(pod.uid)
+        self.unproven[pod.uid] = verdict
+        if (old is None or old.reason != verdict.reason) and self.on_tritonshare_node(pod):
+            self._listener.unproven_seen(verdict)
+
+    @property
+    def proofs_checked_for_form_only(self) -> bool:
+        return self._placement_keys is None
+
+    def on_tritonshare_node(self, pod: PodInfo) -> bool:
+        """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
+        info = self.state.nodes.get(pod.node_name)
+        return info is not None and bool(info.gpus or info.gpu_problem)
+
+    def _follow_ring(self) -> None:
+        """When the key ring changed (a rotation), judge every bound pod again: a pod signed
+        with a key that is gone stops being charged; one whose key arrived starts."""
+        if self._placement_keys is None:
+            return
+        ring = self._placement_keys()
+        if ring is self._ring:
+            return
+        self._ring = ring
+        freed = False
+        for pod in self.state.bound_pods():
+            verdict = proven(pod, ring)
+            if isinstance(verdict, Unproven):
+                self._set_unproven(verdict)
+                freed = True
+        for verdict in list(self.unproven.values()):
+            again = proven(verdict.pod, ring)
+            if isinstance(again, Unproven):
+                if again.reason != verdict.reason:
+                    self._set_unproven(again)
+            else:
+                del self.unproven[again.uid]
+                self.state.set_pod(again)
+        if freed:
+            self._listener.cluster_changed("the placement keys changed")
 
     def _drop_pending(self, uid: str) -> None:
         if self.pending.pop(uid, None) is not None:
@@ -111,6 +201,8 @@ class ClusterCache:
                 self._drop_pending(uid)
         for uid in self.state.account_uids() - listed:
             self.state.remove_pod(uid)
+        for uid in set(self.unproven) - listed:
+            del self.unproven[uid]
         for obj in items:
             self.apply_pod("ADDED", obj)
         self._listener.cluster_changed("pods were relisted")
@@ -125,8 +217,15 @@ class ClusterCache:
         node = node_from_api(obj, self.keys)
         if node.gpu_problem:
             log.warning("Node %s has GPUs the binder cannot read: %s.", name, node.gpu_problem)
+        old = self.state.nodes.get(name)
+        was_ours = old is not None and bool(old.gpus or old.gpu_problem)
         if self.state.set_node(node):
             self._listener.cluster_changed(f"node {name} was added or changed")
+        if not was_ours and (node.gpus or node.gpu_problem) and self.unproven:
+            # An agent started on a node where unproven pods already ran: report them now.
+            for verdict in list(self.unproven.values()):
+                if verdict.pod.node_name == name:
+                    self._listener.unproven_seen(verdict)
 
     def replace_nodes(self, items: list[JsonObject]) -> None:
         listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
@@ -186,6 +285,7 @@ class Informer:
         """Failed lists and watches so far."""
         self._monotonic = monotonic
         self._failing_since: float | None = None
+        self._logged_failure_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{kind.name}", daemon=True)
         self._inbox = inbox or Inbox(loop)
 
@@ -223,7 +323,19 @@ class Informer:
         since = self._failing_since
         return 0.0 if since is None else max(0.0, self._monotonic() - since)
 
+    def _should_log_failure(self) -> bool:
+        """Whether this failure is worth a log line: the first of an outage, then one every
+        FAILURE_LOG_SECONDS, since an unreachable server is tried about every second."""
+        now = self._monotonic()
+        if self._logged_failure_at is not None and now - self._logged_failure_at < (
+            FAILURE_LOG_SECONDS
+        ):
+            return False
+        self._logged_failure_at = now
+        return True
+
     def _working(self) -> None:
+        self._logged_failure_at = None
         if self._failing_since is not None:
             log.info(
                 "The %s cache is back in touch with the API server after %.0f s.",
@@ -258,17 +370,17 @@ class Informer:
                 self.failures += 1
                 if self._failing_since is None:
                     self._failing_since = self._monotonic()
-                wait = delay
-                if isinstance(e, UnavailableError) and e.retry_after is not None:
-                    wait = max(delay, e.retry_after)
+                wait = _retry_wait(e, delay)
                 if isinstance(e, ApiError | OSError | ValueError):
-                    log.warning(
-                        "Watching %s has failed (%s): the cache keeps what it has and retries "
-                        "in %.0f s.",
-                        self._kind,
-                        e,
-                        wait,
-                    )
+                    if self._should_log_failure():
+                        log.warning(
+                            "Watching %s has failed (%s): the cache keeps what it has and "
+                            "retries in %.1f s (failing for %.0f s).",
+                            self._kind,
+                            e,
+                            wait,
+                            self.failing_for(),
+                        )
                 else:
                     log.exception(
                         "Watching %s has failed unexpectedly: the cache keeps what it has and "
@@ -277,4 +389,21 @@ class Informer:
                         wait,
                     )
                 self._stop.wait(wait)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                if not _unreachable(e):
+                    delay = min(delay * 2, RETRY_MAX_SECONDS)
+
+
+def _unreachable(e: Exception) -> bool:
+    """The API server did not answer at all (status 0: refused, reset, timed out)."""
+    return isinstance(e, UnavailableError) and e.status == 0
+
+
+def _retry_wait(e: Exception, delay: float) -> float:
+    """How long a watch waits after `e`, jittered so the informers (and replicas) do not retry
+    in step: about a second while the server is unreachable, `delay` (or the server's
+    Retry-After, if longer) while it answers with errors."""
+    if _unreachable(e):
+        return UNREACHABLE_RETRY_SECONDS * random.uniform(0.5, 1.0)  # noqa: S311 (not security)
+    if isinstance(e, UnavailableError) and e.retry_after is not None:
+        return max(delay, e.retry_after)
+    return delay * random.uniform(0.5, 1.0)  # noqa: S311 (jitter, not security)

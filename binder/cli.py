@@ -30,6 +30,7 @@ from binder.errors import BinderError, ConfigError, NotFoundError
 from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
+from binder.proofs import Unproven
 from binder.report import (
     explain_document,
     load_states,
@@ -40,8 +41,10 @@ from binder.report import (
     write_unserved,
 )
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
+from common.placement import KeyRing, PlacementKeyError, load_key_ring
 from common.quantity import format_bytes
 from common.settings import Declaration, Setting, key_prefix, one_of, quantity, text
+from common.settings import path as directory
 
 
 class _Quiet:
@@ -54,6 +57,9 @@ class _Quiet:
         pass
 
     def cluster_changed(self, why: str) -> None:
+        pass
+
+    def unproven_seen(self, verdict: Unproven) -> None:
         pass
 
 
@@ -75,9 +81,18 @@ def list_cluster(kube: Kube, namespace: str) -> Listing:
     )
 
 
-def fold(listing: Listing, keys: Keys, scheduler: str, reserve: int) -> ClusterCache:
-    """The listing folded into the binder's cache, as the binder folds its own lists."""
-    cache = ClusterCache(keys, scheduler_name=scheduler, reserve=reserve, listener=_Quiet())
+def fold(
+    listing: Listing, keys: Keys, scheduler: str, reserve: int, ring: KeyRing | None = None
+) -> ClusterCache:
+    """The listing folded into the binder's cache, as the binder folds its own lists. Proofs of
+    placement are verified with `ring`, or checked for form only without one."""
+    cache = ClusterCache(
+        keys,
+        scheduler_name=scheduler,
+        reserve=reserve,
+        listener=_Quiet(),
+        placement_keys=None if ring is None else lambda: ring,
+    )
     cache.replace_nodes(listing.nodes)
     cache.replace_leases(listing.leases)
     cache.replace_pods(listing.pods)
@@ -85,9 +100,16 @@ def fold(listing: Listing, keys: Keys, scheduler: str, reserve: int) -> ClusterC
     return cache
 
 
-def load(kube: Kube, keys: Keys, namespace: str, scheduler: str, reserve: int) -> ClusterCache:
+def load(
+    kube: Kube,
+    keys: Keys,
+    namespace: str,
+    scheduler: str,
+    reserve: int,
+    ring: KeyRing | None = None,
+) -> ClusterCache:
     """One list of nodes, agent leases and pods, folded into the binder's cache."""
-    return fold(list_cluster(kube, namespace), keys, scheduler, reserve)
+    return fold(list_cluster(kube, namespace), keys, scheduler, reserve, ring)
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
@@ -140,6 +162,67 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
         f"\n{len(state.names)} nodes; GPU memory allocated {format_bytes(total_allocated)} of "
         f"{format_bytes(total_capacity)}; {len(cache.pending)} pods pending.\n"
     )
+    unproven_status(cache, out)
+
+
+def unproven_status(cache: ClusterCache, out: TextIO) -> None:
+    """The pods the binder does not charge, and the used memory nothing charged explains."""
+    unproven = sorted(
+        (v for v in cache.unproven.values() if cache.on_tritonshare_node(v.pod)),
+        key=lambda v: (v.pod.node_name, v.pod.key),
+    )
+    if unproven:
+        out.write(
+            f"\n{len(unproven)} pods on tritonshare nodes prove no placement by the binder: "
+            f"not charged, not served.\n"
+        )
+        rows = [["POD", "NODE", "ASKS", "MODEL", "REASON"]]
+        for v in unproven:
+            pod = v.pod
+            rows.append(
+                [
+                    pod.key,
+                    pod.node_name,
+                    format_bytes(pod.request),
+                    pod.model_id or "-",
+                    v.reason,
+                ]
+            )
+        _table(rows, out)
+    unexplained = [row for row in unattributed(cache) if row[2] > 0]
+    if unexplained:
+        out.write(
+            "\nGPU memory in use that no charged pod's measured model explains (FREE above "
+            "already leaves it out):\n"
+        )
+        _table(
+            [["NODE", "GPU", "UNATTRIBUTED"]]
+            + [[node, str(index), format_bytes(size)] for node, index, size in unexplained],
+            out,
+        )
+    if cache.proofs_checked_for_form_only:
+        out.write(
+            "\nProofs of placement were checked for form only (no --placement-key-dir): the "
+            "binder also checks their signatures.\n"
+        )
+
+
+def unattributed(cache: ClusterCache) -> list[tuple[str, int, int]]:
+    """Per GPU with a published NVML figure: (node, GPU index, used bytes that the measured
+    models of the pods charged to it do not account for). Triton's own CUDA context shows here
+    too; it is what --gpu-mem-reserve is for."""
+    state = cache.state
+    rows = []
+    for name in state.names:
+        info = state.nodes[name]
+        explained = [0] * len(info.gpus)
+        for pod, position in state.pods_on(name):
+            if 0 <= position < len(explained):
+                explained[position] += info.measured.get(pod.model_id, 0)
+        for position, gpu in enumerate(info.gpus):
+            if gpu.used is not None:
+                rows.append((name, gpu.index, max(0, gpu.used - explained[position])))
+    return rows
 
 
 def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> None:
@@ -150,6 +233,8 @@ def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> N
     if pod.node_name:
         gpu = pod.gpu_uuid or "(not annotated)"
         out.write(f"It is bound to node {pod.node_name}, GPU {gpu}.\n")
+        if explain_unproven(cache, pod, out):
+            return
         node = cache.state.nodes.get(pod.node_name)
         measured = node.measured.get(pod.model_id) if node is not None else None
         if measured is not None:
@@ -180,6 +265,18 @@ def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> N
             ]
         )
     _table(rows, out)
+
+
+def explain_unproven(cache: ClusterCache, pod: PodInfo, out: TextIO) -> bool:
+    """Say so when the binder does not charge a bound pod; True when it does not."""
+    verdict = cache.unproven.get(pod.uid)
+    if verdict is None:
+        return False
+    out.write(
+        f"The binder does not charge it ({verdict.reason}): {verdict.why}. Its GPU memory and "
+        f"model id do not count on the node, and the node's agent does not serve it.\n"
+    )
+    return True
 
 
 FLAGS = Declaration(
@@ -221,6 +318,12 @@ FLAGS = Declaration(
             "bytes kept free on every GPU (default: the value the binder leader publishes on "
             "its Lease, else 0)",
             quantity(),
+        ),
+        Setting(
+            "placement-key-dir",
+            "directory of the placement-key Secret's files, to verify proofs of placement as the "
+            "binder does (default: proofs are checked for form only)",
+            directory,
         ),
     ],
     error=ConfigError,
@@ -301,6 +404,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         )
         return 2
     context = given_context or (current_context(kubeconfig) if kubeconfig else None)
+    key_dir: Path | None = flags.get("placement_key_dir")
+    try:
+        ring = load_key_ring(key_dir) if key_dir is not None else None
+    except PlacementKeyError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
     try:
         context_namespace = kubeconfig_namespace(kubeconfig, context) if kubeconfig else None
         kube = Kube(kubeconfig, context=context, user_agent="tritonshare-cli/0.1.0")
@@ -311,7 +420,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         listing = list_cluster(kube, system_namespace)
         published = published_reserve(listing.leases, keys)
         reserve = given_reserve if given_reserve is not None else published or 0
-        cache = fold(listing, keys, scheduler_name, reserve)
+        cache = fold(listing, keys, scheduler_name, reserve, ring)
         now = time.time()
         if args.command == "status":
             states = load_states(listing.pods)

@@ -29,6 +29,7 @@ from binder.kube import Kube
 from binder.metrics import Metrics
 from binder.model import PodInfo
 from binder.placement import Placement, Policy, place
+from binder.proofs import Unproven
 from binder.queue import SchedulingQueue
 from binder.state import ClusterState
 from common.contract import Keys
@@ -51,6 +52,9 @@ takes the next at once. Writes in flight stay at most `bind_workers`."""
 
 REPORT_INTERVAL_SECONDS = 10.0
 """Shortest time between two FailedScheduling writes for one pod whose reason changed."""
+
+UNPROVEN_REMEMBERED = 10_000
+"""(pod, reason) pairs remembered as reported; past it the record starts again (as the agent's)."""
 
 
 class Controller:
@@ -84,6 +88,14 @@ class Controller:
         self._clock = clock
         self.state: ClusterState | None = None
         self.pending: dict[str, PodInfo] = {}
+        self.unproven: dict[str, Unproven] = {}
+        """The cache's unproven pods (the same dict), to skip reports that went stale."""
+        self.leading: Callable[[], bool] = lambda: True
+        """Whether this replica leads: only the leader writes Events."""
+        self._unproven_reported: set[tuple[str, str]] = set()
+        self._unproven_waiting: dict[str, Unproven] = {}
+        """Reports not yet written, oldest first; one is written at a time."""
+        self._unproven_writing = False
         self._in_flight: set[str] = set()
         self._reported: dict[str, tuple[str, float]] = {}
         """Per pod: the last message written and when (monotonic seconds)."""
@@ -125,6 +137,52 @@ class Controller:
         moved = self.queue.move_all_to_active()
         if moved:
             log.debug("%s: retrying %d unschedulable pods now.", why, moved)
+
+    def unproven_seen(self, verdict: Unproven) -> None:
+        """Report an unproven pod with a Warning Event, once per pod and reason. One such Event
+        is written at a time, so however many pods a tenant creates, they hold at most one of
+        the `bind_workers` writers; the others keep binding."""
+        key = (verdict.pod.uid, verdict.reason)
+        if not self.leading() or key in self._unproven_reported:
+            return
+        self._unproven_waiting[verdict.pod.uid] = verdict
+        self._write_unproven()
+
+    def _write_unproven(self) -> None:
+        while self._unproven_waiting and not self._unproven_writing:
+            uid = next(iter(self._unproven_waiting))
+            verdict = self._unproven_waiting.pop(uid)
+            current = self.unproven.get(uid)
+            if current is None or current.reason != verdict.reason or not self.leading():
+                continue  # gone, proven, changed reason (reported as such), or no longer ours
+            if len(self._unproven_reported) >= UNPROVEN_REMEMBERED:
+                self._unproven_reported.clear()
+            self._unproven_reported.add((uid, verdict.reason))
+            pod = verdict.pod
+
+            def write(pod: PodInfo = pod, verdict: Unproven = verdict) -> None:
+                self._kube.record_event(
+                    pod.namespace,
+                    pod.name,
+                    pod.uid,
+                    reason=verdict.reason,
+                    message=verdict.message,
+                    reporting_instance=self._identity,
+                )
+                self._count("event")
+
+            self._unproven_writing = True
+            self._hand_over(write, partial(self._unproven_written, verdict))
+
+    def _unproven_written(self, verdict: Unproven, error: Exception | None) -> None:
+        self._unproven_writing = False
+        if error is not None and not isinstance(error, NotFoundError):
+            # Reported again at the next sight (a change of the pod, or of leadership).
+            self._unproven_reported.discard((verdict.pod.uid, verdict.reason))
+            log.warning(
+                "Recording that pod %s is not charged has failed: %s.", verdict.pod.key, error
+            )
+        self._write_unproven()
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -169,8 +227,9 @@ class Controller:
             return
         result = place(state, pod, now=self._clock(), policy=self._policy)
         if isinstance(result, Placement):
-            state.assume(pod, result.node, result.gpu.uuid)
-            self._bind(pod, result)
+            proof = self._sign(pod, result)
+            state.assume(pod, result.node, result.gpu.uuid, proof)
+            self._bind(pod, result, proof)
             return
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
@@ -264,9 +323,8 @@ class Controller:
             child = self._calls.setdefault(call, self._metrics.api_calls.labels(call))
         child.inc()
 
-    def _bind(self, pod: PodInfo, placement: Placement) -> None:
-        """Patch the pod's GPU annotation and post its Binding, off the loop. The caller holds a
-        bind slot, released with the outcome."""
+    def _sign(self, pod: PodInfo, placement: Placement) -> str:
+        """The proof of this placement, signed with the current key."""
         claim = Claim(
             pod.uid,
             pod.namespace,
@@ -276,10 +334,15 @@ class Controller:
             pod.model_id,
             pod.request,
         )
+        return self._placement_keys().sign(claim)
+
+    def _bind(self, pod: PodInfo, placement: Placement, proof: str = "") -> None:
+        """Patch the pod's GPU annotation and post its Binding, off the loop. The caller holds a
+        bind slot, released with the outcome."""
         # The proof rides in the same patch as the GPU: still two API writes per pod.
         annotations = {
             self._keys.gpu: placement.gpu.uuid,
-            self._keys.placement: self._placement_keys().sign(claim),
+            self._keys.placement: proof or self._sign(pod, placement),
         }
 
         def write() -> None:

@@ -8,12 +8,14 @@ labelled `gpu` (its index) and `UUID`, as dcgm-exporter labels it, so queries jo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import collections
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from binder.proofs import CHANGED, KEY_UNKNOWN, NOT_PLACED
 from binder.state import ClusterState
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -59,10 +61,34 @@ class StateCollector(Collector):
         yield from (gpu_capacity, gpu_allocated, node_capacity, node_allocated)
 
 
+class UnprovenCollector(Collector):
+    """Pods on tritonshare nodes that prove no placement (never charged), by reason, read from
+    the cache at scrape time."""
+
+    def __init__(self, reasons: Callable[[], Iterable[str]]) -> None:
+        self._reasons = reasons
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "tritonshare_binder_unproven_pods",
+            "Bound pods on tritonshare nodes carrying tritonshare resources or annotations whose "
+            "placement the binder cannot prove, by reason; not charged.",
+            labels=["reason"],
+        )
+        counts = collections.Counter(self._reasons())
+        for reason in (NOT_PLACED, CHANGED, KEY_UNKNOWN):
+            family.add_metric([reason], counts.get(reason, 0))
+        yield family
+
+
 class Metrics:
     """Every metric the binder exports."""
 
-    def __init__(self, state: Callable[[], ClusterState | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        state: Callable[[], ClusterState | None] = lambda: None,
+        unproven: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.attempts = Counter(
             "tritonshare_binder_schedule_attempts",
@@ -95,3 +121,4 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(StateCollector(state))
+        self.registry.register(UnprovenCollector(unproven))

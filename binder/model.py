@@ -117,6 +117,8 @@ class PodInfo:
     model_id: str = ""
     gpu_uuid: str = ""
     """The GPU the binder chose, from the pod's annotation; empty before binding."""
+    placement: str = ""
+    """The pod's proof of placement annotation as written (checked by `binder.proofs`)."""
     constraints: Constraints = Constraints()
     problem: str = ""
     """Why the pod cannot be scheduled whatever the cluster looks like; empty when it can."""
@@ -127,6 +129,12 @@ class PodInfo:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def claims_share(self) -> bool:
+        """Whether the pod carries tritonshare resources or annotations (GPU memory, a model id,
+        a GPU, a proof): what a pod placed by the binder carries."""
+        return self.request > 0 or bool(self.model_id or self.gpu_uuid or self.placement)
 
     @property
     def terminated(self) -> bool:
@@ -280,6 +288,7 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         request=request,
         model_id=model_id,
         gpu_uuid=str(annotations.get(keys.gpu) or ""),
+        placement=str(annotations.get(keys.placement) or ""),
         constraints=constraints_from_spec(spec),
         problem=problem,
         created=parse_time(meta.get("creationTimestamp")) or 0.0,

@@ -2,9 +2,12 @@
 
 It owns the accounting DESIGN.md defines: a GPU's free memory is its size minus the reserve minus
 what the non-terminated pods assigned to it hold, including pods the binder has bound but not yet
-seen back from its watch ("assumed" pods). A pod holds the larger of its request and what its
-model is measured to use on the node (the agent's gpu-usage annotation), and a GPU never offers
-more than NVML says is free minus the reserve. It keeps per-node numbers in arrays indexed by
+seen back from its watch ("assumed" pods). Which bound pods are charged at all (those whose proof
+of placement verifies) is decided before they reach it (`binder.cache`, `binder.proofs`). A pod
+holds the larger of its request and what its model is measured to use on the node (the agent's
+gpu-usage annotation), and a GPU never offers more than NVML says is free minus the reserve, so
+memory nothing charged explains (a pod that proves nothing, something outside tritonshare) is
+never handed out either. It keeps per-node numbers in arrays indexed by
 node name order, and caches per pod-constraint evaluations of Kubernetes' rules over all nodes
 (kept up to date node by node when a node joins, leaves, or its labels, taints or cordon
 change), each with its free-memory index (binder.index), fed by a log of the nodes whose free
@@ -141,8 +144,9 @@ class ClusterState:
         self.remove_pod(pod.uid)
         self._charge(_Account(pod, pod.node_name, -1, assumed=False))
 
-    def assume(self, pod: PodInfo, node: str, gpu_uuid: str) -> None:
-        """Charge a pod the binder is binding, before the watch shows it bound."""
+    def assume(self, pod: PodInfo, node: str, gpu_uuid: str, placement: str = "") -> None:
+        """Charge a pod the binder is binding, before the watch shows it bound; `placement` is
+        the proof it signed (so the watch's copy of the pod needs no second check)."""
         self.remove_pod(pod.uid)
         bound = PodInfo(
             uid=pod.uid,
@@ -154,6 +158,7 @@ class ClusterState:
             request=pod.request,
             model_id=pod.model_id,
             gpu_uuid=gpu_uuid,
+            placement=placement,
             constraints=pod.constraints,
             created=pod.created,
         )
@@ -198,6 +203,15 @@ class ClusterState:
 
     def assigned_pods(self) -> list[PodInfo]:
         return [a.pod for a in self._accounts.values()]
+
+    def charged_pod(self, uid: str) -> PodInfo | None:
+        """The pod as charged (seen bound, or assumed with the proof the binder signed)."""
+        account = self._accounts.get(uid)
+        return account.pod if account is not None else None
+
+    def bound_pods(self) -> list[PodInfo]:
+        """The charged pods the watch has shown bound (assumptions left out)."""
+        return [a.pod for a in self._accounts.values() if not a.assumed]
 
     def pods_on(self, node: str) -> list[tuple[PodInfo, int]]:
         """The pods charged to a node, each with its GPU position (-1: not attributed)."""

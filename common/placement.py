@@ -28,6 +28,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 PROOF_VERSION = "v1"
@@ -44,7 +45,12 @@ class PlacementKeyError(ValueError):
 
 
 class ProofError(ValueError):
-    """A placement proof is absent, malformed, or does not verify; the message says which."""
+    """A placement proof is absent, malformed, or does not verify; the message says which and
+    `kind` names it for code: `absent`, `malformed`, `unknown-key` or `mismatch`."""
+
+    def __init__(self, message: str, kind: str = "mismatch") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +102,14 @@ def key_id(key: bytes) -> str:
 def parse_proof(value: str) -> Proof:
     """The annotation value as a Proof, or ProofError saying what is wrong with it."""
     if not value:
-        raise ProofError("the pod carries no placement proof: it was not placed by the binder")
+        raise ProofError(
+            "the pod carries no placement proof: it was not placed by the binder", "absent"
+        )
     match = _PROOF_RE.fullmatch(value)
     if match is None:
         raise ProofError(
-            "the pod's placement proof is malformed (it was not written by the binder)"
+            "the pod's placement proof is malformed (it was not written by the binder)",
+            "malformed",
         )
     signature = base64.urlsafe_b64decode(match.group(3) + "=")
     return Proof(match.group(1), int(match.group(2)), signature)
@@ -122,7 +131,9 @@ class KeyRing:
                     f"base64`)"
                 )
 
+    @cached_property
     def _keys(self) -> dict[str, bytes]:
+        """By key id; computed once per ring (the binder verifies every bound pod it sees)."""
         keys = {key_id(self.current): self.current}
         if self.previous is not None:
             keys.setdefault(key_id(self.previous), self.previous)
@@ -138,11 +149,12 @@ class KeyRing:
         """The proof if `value` proves `claim` (its request taken from the proof), else
         ProofError. The caller fills `claim` from the pod as it is now."""
         proof = parse_proof(value)
-        key = self._keys().get(proof.key_id)
+        key = self._keys.get(proof.key_id)
         if key is None:
             raise ProofError(
                 f"the pod's placement proof was signed with key {proof.key_id}, which this node "
-                f"does not hold (rotated out, or never the binder's)"
+                f"does not hold (rotated out, or never the binder's)",
+                "unknown-key",
             )
         signed = Claim(
             claim.pod_uid,

@@ -314,7 +314,11 @@ def _squat(cluster: SimCluster, result: DemoResult, say: Say) -> None:
             _preload_content=False,
         )
         for event in json.loads(response.data).get("items", []):
-            if event.get("reason") == "NotPlacedByBinder":
+            # The binder reports the pod too (it charges nothing for it); the agent's is wanted.
+            component = str((event.get("source") or {}).get("component", ""))
+            if event.get("reason") == "NotPlacedByBinder" and component.startswith(
+                "tritonshare-agent"
+            ):
                 return str(event.get("message", ""))
         return ""
 

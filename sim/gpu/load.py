@@ -1,13 +1,16 @@
 """What Triton's loaded models allocate on the simulated GPUs, for the mock NVML.
 
 On a real node a model's CUDA allocations land on the GPU its instances are pinned to, so NVML's
-used memory rises when it loads, falls when it unloads and grows when it grows. Triton runs on the
-CPU here, so this module plays the GPU's part: a model READY in Triton occupies the bytes its
-`config.pbtxt` declares in the parameter `sim_gpu_memory` (a quantity such as `3Gi`; none: 0),
-plus `sim_gpu_memory_growth` (`2Gi@5`: 2Gi more from 5 seconds after it was first seen READY),
-on the GPU of the pod that owns the model id on this node (its `tritonshare.io/gpu`
-annotation). It reads Triton's repository index, the model's config file and the node's pods;
-it writes nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
+used memory rises while it loads, falls once its unload has finished and grows when it grows.
+Triton runs on the CPU here, so this module plays the GPU's part: a model LOADING, READY or
+UNLOADING in Triton occupies the bytes its `config.pbtxt` declares in the parameter
+`sim_gpu_memory` (a quantity such as `3Gi`; none: 0), plus `sim_gpu_memory_growth` (`2Gi@5`: 2Gi
+more from 5 seconds after it was first seen READY), on the GPU of the pod that owns the model id
+on this node (its `tritonshare.io/gpu` annotation). Tests make a loaded model allocate more at a
+moment of their choosing with `allocate(model, bytes)` (a tenant's model growing on its first
+large request, say); like the rest of its footprint, that is freed when its unload has finished.
+It reads Triton's repository index, the model's config file and the node's pods; it writes
+nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from common.contract import Keys
 from common.quantity import QuantityError, parse_quantity
 
 log = logging.getLogger(__name__)
+_HOLDING = ("LOADING", "READY", "UNLOADING")
 _PARAMETER_RE = r'key:\s*"{name}"\s*value:\s*\{{\s*string_value:\s*"([^"]*)"\s*\}}'
 
 
@@ -66,6 +70,13 @@ class ModelFootprints:
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[int, int]] = (-1e9, {})
         self._first_ready: dict[str, float] = {}
+        self._allocated: dict[str, int] = {}
+
+    def allocate(self, model: str, size: int) -> None:
+        """From now on `model` occupies `size` bytes more (until it is unloaded)."""
+        with self._lock:
+            self._allocated[model] = self._allocated.get(model, 0) + size
+            self._cached = (-1e9, {})
 
     def __call__(self) -> dict[int, int]:
         with self._lock:
@@ -80,14 +91,17 @@ class ModelFootprints:
             self._cached = (now, footprint)
             return footprint
 
-    def _ready_models(self) -> set[str]:
+    def _models_in_memory(self) -> tuple[set[str], set[str]]:
+        """The models holding GPU memory (loading, ready or unloading: a GPU frees a model's
+        memory only once its unload has finished), and those of them READY."""
         url = f"{self._url}/v2/repository/index"
         request = urllib.request.Request(  # noqa: S310 - http
             url, data=b"{}", method="POST", headers=self._headers
         )
         with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - loopback
             index = json.loads(response.read())
-        return {str(m["name"]) for m in index if m.get("state") == "READY"}
+        held = {str(m["name"]) for m in index if m.get("state") in _HOLDING}
+        return held, {str(m["name"]) for m in index if m.get("state") == "READY"}
 
     def _gpu_of_models(self) -> dict[str, int]:
         pods = self._core.list_pod_for_all_namespaces(
@@ -102,19 +116,22 @@ class ModelFootprints:
         return found
 
     def _read(self, now: float) -> dict[int, int]:
-        ready = self._ready_models()
+        held, ready = self._models_in_memory()
         for gone in set(self._first_ready) - ready:
             del self._first_ready[gone]
+        for gone in set(self._allocated) - held:
+            del self._allocated[gone]
         gpus = self._gpu_of_models()
         footprint: dict[int, int] = {}
-        for model in ready:
-            first = self._first_ready.setdefault(model, now)
+        for model in held:
+            first = self._first_ready.setdefault(model, now) if model in ready else now
             try:
                 text = (self._repository / model / "config.pbtxt").read_text()
                 size = _bytes(declared(text, "sim_gpu_memory"))
                 growth, _, after = declared(text, "sim_gpu_memory_growth").partition("@")
                 if growth and now - first >= float(after or 0):
                     size += _bytes(growth)
+                size += self._allocated.get(model, 0)
             except (OSError, QuantityError):
                 continue
             if model in gpus and size:

@@ -586,3 +586,82 @@ async def test_files_swapped_under_a_loaded_model_are_not_vouched_for(
         lambda: "ModelNotVouched" in {r for r, _ in events(kube_api, "team-b", "victim")},
         what="a ModelNotVouched event on the victim's pod",
     )
+
+
+def onnx_naming(location: str) -> bytes:
+    """An ONNX model (as onnx.save_model writes it) whose one initializer keeps its bytes in
+    `location`."""
+
+    def field(number: int, payload: bytes | int) -> bytes:
+        if isinstance(payload, int):
+            return bytes([number << 3, payload])
+        size = len(payload)
+        assert size < 128
+        return bytes([number << 3 | 2, size]) + payload
+
+    entry = field(1, b"location") + field(2, location.encode())
+    tensor = field(1, 4) + field(2, 1) + field(8, b"w") + field(13, entry) + field(14, 1)
+    return field(1, 8) + field(7, field(5, tensor))
+
+
+@pytest.mark.parametrize(
+    "location", ["../../shared-model/1/model.py", "/proc/self/environ"], ids=["neighbour", "host"]
+)
+async def test_an_onnx_model_cannot_make_onnxruntime_read_files_beyond_it(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    model_repository: Path,
+    tmp_path: Path,
+    location: str,
+) -> None:
+    """Attack: team-a's "only data" ONNX model keeps a tensor's bytes in the victim's model file
+    or the host's: onnxruntime 1.19 (Triton 2.51) would read them. The agent refuses the install
+    and keeps nothing; the same model with its data beside it installs."""
+    await serve_victim(running, apiserver, kube_api, triton, tmp_path / "victim")
+    make_pod(kube_api, "p", "m", namespace="team-a")
+    token = apiserver.mint_token("team-a", "p")
+    source = tmp_path / "m"
+    (source / "1").mkdir(parents=True)
+    (source / "config.pbtxt").write_text(CONFIG_HEAD)
+    (source / "1" / "model.onnx").write_bytes(onnx_naming(location))
+    error = await refused(install_dir(running.stub, token, source, "m"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert f"keeps tensor data in {location!r}, which is not a file of the model" in (
+        error.details() or ""
+    )
+    assert sorted(p.name for p in entries(model_repository)) == [MODEL]
+
+    (source / "1" / "model.onnx").write_bytes(onnx_naming("weights.bin"))
+    (source / "1" / "weights.bin").write_bytes(b"\x00" * 16)
+    reply = await install_dir(running.stub, token, source, "m")
+    assert not reply.unchanged
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "tensorflow", "openvino", "pytorch_libtorch"])
+async def test_framework_backends_whose_graphs_read_files_are_tenant_code(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    model_repository: Path,
+    tmp_path: Path,
+    backend: str,
+) -> None:
+    """A TorchScript model can call torch.from_file, a TensorFlow graph ReadFile: in the one
+    Triton process they read what Triton can read. By default they are allowed only where tenant
+    code is, and the refusal says why and what to do."""
+    namespaces(kube_api, "team-c")  # not in the agent's --tenant-code-namespaces
+    make_pod(kube_api, "p", "m", namespace="team-c")
+    token = apiserver.mint_token("team-c", "p")
+    source = tmp_path / "m"
+    (source / "1").mkdir(parents=True)
+    key = "platform" if "_" in backend else "backend"
+    (source / "config.pbtxt").write_text(f'{key}: "{backend}"\nmax_batch_size: 0\n')
+    (source / "1" / "model.pt").write_bytes(b"graph")
+    error = await refused(install_dir(running.stub, token, source, "m"))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error.details()
+    details = error.details() or ""
+    assert "runs graphs that read files" in details, details
+    assert "--tenant-code-namespaces" in details and "export to ONNX" in details, details
+    assert entries(model_repository) == []

@@ -4,6 +4,7 @@ model READY in Triton occupies the bytes its config declares on its pod's GPU)."
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,29 @@ pytestmark = pytest.mark.triton
 GI = 1024**3
 
 
-def model_using(tmp_path: Path, name: str, uses: str, grows: str = "") -> Path:
-    """add_one renamed to `name`, declaring the GPU memory it occupies once loaded."""
+SLOW_LOAD = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(3)  # a large model: its load takes a while
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+"""
+
+
+def model_using(
+    tmp_path: Path, name: str, uses: str, grows: str = "", *, slow: bool = False
+) -> Path:
+    """add_one renamed to `name`, declaring the GPU memory it occupies once loaded; `slow`: its
+    load takes three seconds."""
     source = copy_model("add_one", tmp_path / name, as_name=name)
+    if slow:
+        (source / "1" / "model.py").write_text(SLOW_LOAD)
     parameters = f'parameters {{ key: "sim_gpu_memory" value: {{ string_value: "{uses}" }} }}\n'
     if grows:
         parameters += (
@@ -58,25 +79,28 @@ async def serve(
     uses: str,
     gpu: int = 0,
     grows: str = "",
+    namespace: str = "default",
+    slow: bool = False,
 ) -> Any:
-    make_pod(api, name, name, gpu_uuid=running.mock.gpus[gpu].uuid, request=request)
-    token = apiserver.mint_token("default", name)
-    await install_dir(running.stub, token, model_using(tmp_path, name, uses, grows), name)
+    make_pod(
+        api, name, name, gpu_uuid=running.mock.gpus[gpu].uuid, request=request, namespace=namespace
+    )
+    token = apiserver.mint_token(namespace, name)
+    source = model_using(tmp_path, name, uses, grows, slow=slow)
+    await install_dir(running.stub, token, source, name)
     return await running.stub.LoadModel(
         agent_pb2.LoadModelRequest(model_id=name), metadata=bearer(token)
     )
 
 
 @pytest.fixture
-async def memory_agent(
+def footprints(
     kube_api: kubernetes.client.ApiClient,
     triton: TritonServer,
     model_repository: Path,
     mock_nvml: MockNvml,
-    start_custom_agent: StartAgent,
-    request: pytest.FixtureRequest,
-) -> RunningAgent:
-    """An agent whose simulated GPUs hold what Triton's loaded models declare."""
+) -> ModelFootprints:
+    """The simulated GPUs hold what Triton's loaded models declare (and what tests allocate)."""
     footprints = ModelFootprints(
         triton.http_url,
         model_repository,
@@ -86,6 +110,16 @@ async def memory_agent(
         cache_seconds=0.0,
     )
     mock_nvml.set_workload(footprints)
+    return footprints
+
+
+@pytest.fixture
+async def memory_agent(
+    footprints: ModelFootprints,
+    start_custom_agent: StartAgent,
+    request: pytest.FixtureRequest,
+) -> RunningAgent:
+    """An agent whose simulated GPUs hold what Triton's loaded models declare."""
     return await start_custom_agent(usage_publish_seconds=0.2, **getattr(request, "param", {}))
 
 
@@ -103,9 +137,11 @@ async def scrape(running: RunningAgent) -> str:
         return await response.text()
 
 
-def events(api: kubernetes.client.ApiClient, pod: str) -> dict[str, str]:
+def events(
+    api: kubernetes.client.ApiClient, pod: str, namespace: str = "default"
+) -> dict[str, str]:
     core: Any = kubernetes.client.CoreV1Api(api)
-    found = core.list_namespaced_event("default", field_selector=f"involvedObject.name={pod}")
+    found = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}")
     return {e.reason: e.message for e in found.items}
 
 
@@ -188,11 +224,14 @@ async def test_an_over_user_is_warned_and_its_neighbour_within_its_request_is_no
     kube_api: kubernetes.client.ApiClient,
     tmp_path: Path,
 ) -> None:
+    """Measured alone on its GPU, the over-user's figure is its own; its neighbour, loaded
+    beside it later, is measured exactly (nothing else changed during its load)."""
     running = memory_agent
-    await serve(running, apiserver, kube_api, tmp_path, "modest", request=2 * GI, uses="1Gi")
     status = await serve(running, apiserver, kube_api, tmp_path, "greedy", request=GI, uses="3Gi")
     assert status.state == agent_pb2.MODEL_STATE_READY
+    await serve(running, apiserver, kube_api, tmp_path, "modest", request=2 * GI, uses="1Gi")
     assert running.agent.ledger.measured("greedy") == 3 * GI
+    assert running.agent.ledger.measured("modest") == GI
     await eventually(
         lambda: "GPUMemoryOverRequest" in events(kube_api, "greedy"),
         what="the over-user's warning",
@@ -234,3 +273,156 @@ async def test_evict_mode_unloads_a_model_that_grows_past_its_request_and_fails_
         lambda: "GPUMemoryExceeded" in events(kube_api, "grower"), what="the eviction's Event"
     )
     assert "ModelNotVouched" not in events(kube_api, "grower")
+
+
+def pod_phase(api: kubernetes.client.ApiClient, name: str, namespace: str) -> tuple[str, str]:
+    pod: Any = kubernetes.client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+    return pod.status.phase or "", pod.status.reason or ""
+
+
+@pytest.fixture
+def tenants(kube_api: kubernetes.client.ApiClient) -> None:
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    for name in ("team-a", "team-b"):
+        core.create_namespace({"metadata": {"name": name}})
+
+
+ENFORCEMENTS = [{"gpu_mem_enforcement": "warn"}, {"gpu_mem_enforcement": "evict"}]
+
+
+@pytest.mark.parametrize("memory_agent", ENFORCEMENTS, indirect=True, ids=["warn", "evict"])
+async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_model(
+    memory_agent: RunningAgent,
+    footprints: ModelFootprints,
+    tenants: None,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """Attack: team-a's model, loaded at 512Mi against a 1Gi request, allocates 4Gi more on the
+    GPU while team-b's model loads there. The victim is neither billed, warned nor evicted for
+    it; the growth stays visible on the GPU as unattributed, and once the attacker is alone on
+    its GPU again it is the one over its request."""
+    running = memory_agent
+    gpu = running.mock.gpus[0].uuid
+    attacker = await serve(
+        running, apiserver, kube_api, tmp_path, "attacker",
+        request=GI, uses="512Mi", namespace="team-a",
+    )  # fmt: skip
+    assert attacker.state == agent_pb2.MODEL_STATE_READY, attacker.reason
+    victim_serve = serve(
+        running, apiserver, kube_api, tmp_path, "victim",
+        request=2 * GI, uses="1Gi", namespace="team-b", slow=True,
+    )  # fmt: skip
+    victim_load = asyncio.ensure_future(victim_serve)
+
+    # The agent's window on GPU 0 opens (its reading before the load is taken) and the victim's
+    # model takes three seconds to load: the attacker allocates inside the window.
+    await eventually(
+        lambda: victim_load.done() or gpu in running.agent.ledger.loading,
+        what="the victim's load window to open",
+    )
+    if victim_load.done():  # its install or load failed: say why
+        pytest.fail(f"the victim's load ended before the attack: {victim_load.result()}")
+    footprints.allocate("attacker", 4 * GI)
+    victim = await victim_load
+    assert victim.state == agent_pb2.MODEL_STATE_READY, victim.reason
+
+    ledger = running.agent.ledger
+    assert ledger.measured("victim") <= 2 * GI, "the victim was billed the attacker's growth"
+    await eventually(
+        lambda: node_usage(kube_api).get(gpu, {}).get("models", {}).get("victim") is not None,
+        what="the victim's figure on the gpu-usage annotation",
+    )
+    assert node_usage(kube_api)[gpu]["models"]["victim"] <= 2 * GI
+    # The attacker's growth is not hidden: it stays on the GPU as unattributed memory.
+    assert ledger.unattributed(gpu) >= 3 * GI
+    metrics = await scrape(running)
+    assert (
+        f'tritonshare_agent_gpu_unattributed_memory_bytes{{UUID="{gpu}",gpu="0"}} 3.221225472e+09'
+        in metrics
+    )
+    assert (
+        f'tritonshare_agent_gpu_unexplained_growth_bytes_total{{UUID="{gpu}"}} 3.221225472e+09'
+        in metrics
+    )
+    assert (
+        f'tritonshare_agent_model_gpu_memory_uncertainty_bytes{{UUID="{gpu}",gpu="0",model="victim"}}'
+        in (metrics)
+    )
+    # Several reconciliation passes later, nothing has happened to the victim.
+    passes = running.agent.reconciler.passes
+    await eventually(
+        lambda: running.agent.reconciler.passes >= passes + 3, what="three reconciliations"
+    )
+    victim_events = events(kube_api, "victim", "team-b")
+    assert "GPUMemoryOverRequest" not in victim_events, victim_events
+    assert "GPUMemoryExceeded" not in victim_events, victim_events
+    assert pod_phase(kube_api, "victim", "team-b") != ("Failed", "GPUMemoryExceeded")
+    assert (await running.agent.triton.state("victim")).state == "READY"  # type: ignore[union-attr]
+
+    # The victim leaves: alone on its GPU again, the attacker is measured at its 4.5Gi and
+    # warned. Not evicted: what grew during the victim's load could, as far as NVML can tell,
+    # be what Triton kept of the victim's memory.
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    core.delete_namespaced_pod("victim", "team-b")
+    await running.stub.UnloadModel(
+        agent_pb2.UnloadModelRequest(model_id="victim"),
+        metadata=bearer(apiserver.mint_token("team-b", "victim")),
+    )
+    await eventually(
+        lambda: "GPUMemoryOverRequest" in events(kube_api, "attacker", "team-a"),
+        what="the attacker's warning once it is alone on its GPU",
+    )
+    assert ledger.measured("attacker") >= 4 * GI
+    warning = events(kube_api, "attacker", "team-a")["GPUMemoryOverRequest"]
+    assert "while other models shared it" in warning, warning
+    assert pod_phase(kube_api, "attacker", "team-a") != ("Failed", "GPUMemoryExceeded")
+
+
+@pytest.mark.parametrize(
+    "memory_agent",
+    # No poll after the agent's first: the growth is seen first by the victim's load.
+    [{**e, "gpu_poll_seconds": 3600.0} for e in ENFORCEMENTS],
+    indirect=True,
+    ids=["warn", "evict"],
+)
+async def test_a_neighbour_growing_between_polls_is_the_one_warned(
+    memory_agent: RunningAgent,
+    footprints: ModelFootprints,
+    tenants: None,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """Attack: team-a's model, alone on GPU 0, allocates 4Gi more after the agent's last poll;
+    team-b's model then loads there. The load's first reading sees the growth: it is the
+    attacker's (the only model on the GPU), not the victim's, and not swallowed as the GPU's
+    baseline either."""
+    running = memory_agent
+    attacker = await serve(
+        running, apiserver, kube_api, tmp_path, "attacker",
+        request=GI, uses="512Mi", namespace="team-a",
+    )  # fmt: skip
+    assert attacker.state == agent_pb2.MODEL_STATE_READY, attacker.reason
+    footprints.allocate("attacker", 4 * GI)
+    victim = await serve(
+        running, apiserver, kube_api, tmp_path, "victim",
+        request=2 * GI, uses="1Gi", namespace="team-b",
+    )  # fmt: skip
+    assert victim.state == agent_pb2.MODEL_STATE_READY, victim.reason
+    assert running.agent.ledger.measured("victim") == GI
+    evicting = running.agent.settings.gpu_mem_enforcement == "evict"
+    reason = "GPUMemoryExceeded" if evicting else "GPUMemoryOverRequest"
+    await eventually(
+        lambda: reason in events(kube_api, "attacker", "team-a"),
+        what=f"the attacker's {reason}",
+    )
+    if evicting:
+        assert pod_phase(kube_api, "attacker", "team-a") == ("Failed", "GPUMemoryExceeded")
+    else:
+        assert running.agent.ledger.measured("attacker") >= 4 * GI
+    victim_events = events(kube_api, "victim", "team-b")
+    assert "GPUMemoryOverRequest" not in victim_events, victim_events
+    assert "GPUMemoryExceeded" not in victim_events, victim_events
+    assert (await running.agent.triton.state("victim")).state == "READY"  # type: ignore[union-attr]

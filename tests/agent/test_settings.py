@@ -24,13 +24,8 @@ def test_flags_then_environment_then_defaults() -> None:
     )
     assert settings.placement_key_dir == Path("/keys")
     assert settings.tenant_code_namespaces == ("team-a", "team-b")
-    assert settings.safe_backends == (
-        "onnxruntime",
-        "tensorrt",
-        "pytorch",
-        "tensorflow",
-        "openvino",
-    )
+    # The framework backends whose graphs can read files are tenant code by default.
+    assert settings.safe_backends == ("onnxruntime", "tensorrt")
     assert settings.max_model_bytes == 64 * 1024**3
     assert settings.node_name == "n1"
     assert settings.model_repository == Path("/models")

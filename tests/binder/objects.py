@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
+from common.placement import Claim, KeyRing
+from common.quantity import parse_quantity
 
 GI = 1024**3
 KEYS = Keys()
@@ -96,6 +98,23 @@ def pod_obj(
         "spec": spec,
         "status": {"phase": phase},
     }
+
+
+def signed(obj: dict[str, Any], ring: KeyRing) -> dict[str, Any]:
+    """A bound `pod_obj` with the proof of placement the binder would have written for it."""
+    meta, annotations = obj["metadata"], obj["metadata"]["annotations"]
+    limit = obj["spec"]["containers"][0]["resources"]["limits"][KEYS.gpu_mem]
+    claim = Claim(
+        meta["uid"],
+        meta["namespace"],
+        meta["name"],
+        obj["spec"]["nodeName"],
+        annotations.get(KEYS.gpu, ""),
+        annotations.get(KEYS.model_id, ""),
+        parse_quantity(limit),
+    )
+    annotations[KEYS.placement] = ring.sign(claim)
+    return obj
 
 
 def rfc3339(ts: float) -> str:

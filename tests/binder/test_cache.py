@@ -13,11 +13,13 @@ import pytest
 from binder.cache import ClusterCache, Informer
 from binder.errors import GoneError
 from binder.kube import JsonObject, Kind, Kube
-from binder.model import PodInfo
+from binder.model import PodInfo, pod_from_api
+from binder.proofs import Unproven
+from common.placement import Claim, KeyRing, Proof
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
-from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj
+from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj, signed
 from tests.binder.simcluster import eventually
-from tests.fixtures_sim import core_v1
+from tests.fixtures_sim import TEST_RING, core_v1
 
 
 class Recorder:
@@ -25,6 +27,7 @@ class Recorder:
         self.changed: list[str] = []
         self.pending: list[str] = []
         self.gone: list[str] = []
+        self.unproven: list[str] = []
 
     def pending_changed(self, pod: PodInfo, relevant: bool) -> None:
         self.pending.append(f"{pod.name}:{'relevant' if relevant else 'minor'}")
@@ -35,6 +38,9 @@ class Recorder:
     def cluster_changed(self, why: str) -> None:
         self.changed.append(why)
 
+    def unproven_seen(self, verdict: Unproven) -> None:
+        self.unproven.append(f"{verdict.pod.name}:{verdict.reason}")
+
 
 NOW = 1_000_000.0
 
@@ -42,7 +48,12 @@ NOW = 1_000_000.0
 def make_cache() -> tuple[ClusterCache, Recorder]:
     recorder = Recorder()
     cache = ClusterCache(
-        KEYS, scheduler_name="tritonshare", reserve=0, listener=recorder, clock=lambda: NOW
+        KEYS,
+        scheduler_name="tritonshare",
+        reserve=0,
+        listener=recorder,
+        placement_keys=lambda: TEST_RING,
+        clock=lambda: NOW,
     )
     return cache, recorder
 
@@ -69,14 +80,22 @@ def test_memory_freed_on_a_node_is_a_helpful_change_and_a_new_bound_pod_is_not()
     cache, recorder = make_cache()
     cache.apply_node("ADDED", node_obj("n1", [8 * GI]))
     recorder.changed.clear()
-    cache.apply_pod("ADDED", pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Running"))
+    cache.apply_pod(
+        "ADDED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
+    )
     assert recorder.changed == []
     assert cache.state.gpu_free("n1") == [7 * GI]
-    cache.apply_pod("MODIFIED", pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Succeeded"))
+    cache.apply_pod(
+        "MODIFIED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0", phase="Succeeded"), TEST_RING)
+    )
     assert recorder.changed == ["pod models/a finished (Succeeded)"]
     assert cache.state.gpu_free("n1") == [8 * GI]
-    cache.apply_pod("ADDED", pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"))
-    cache.apply_pod("DELETED", pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"))
+    cache.apply_pod(
+        "ADDED", signed(pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
+    )
+    cache.apply_pod(
+        "DELETED", signed(pod_obj("b", node="n1", gpu="GPU-n1-0", phase="Running"), TEST_RING)
+    )
     assert recorder.changed[-1] == "pod models/b was deleted"
 
 
@@ -179,3 +198,155 @@ async def test_the_informer_relists_on_gone_and_catches_up(
         await loop.run_in_executor(None, informer.join, 5.0)
         client.close()
         kube.close()
+
+
+class CountingRing(KeyRing):
+    """A key ring that counts its verifications."""
+
+    verified = 0
+
+    def verify(self, claim: Claim, value: str) -> Proof:
+        CountingRing.verified += 1
+        return super().verify(claim, value)
+
+
+OLD_KEY, NEW_KEY, NEWER_KEY = (
+    f"placement key {n:02d} for the cache's tests!!".encode() for n in range(3)
+)
+
+
+def rotating_cache() -> tuple[ClusterCache, Recorder, list[KeyRing]]:
+    """A cache whose key ring the test replaces, as KeyDirectory does after a rotation."""
+    recorder = Recorder()
+    rings: list[KeyRing] = [CountingRing(OLD_KEY)]
+    cache = ClusterCache(
+        KEYS,
+        scheduler_name="tritonshare",
+        reserve=0,
+        listener=recorder,
+        placement_keys=lambda: rings[-1],
+        clock=lambda: NOW,
+    )
+    cache.apply_node("ADDED", node_obj("n1", [16 * GI]))
+    cache.apply_node("ADDED", node_obj("plain", None))  # no agent: not a tritonshare node
+    recorder.changed.clear()
+    return cache, recorder, rings
+
+
+def test_bound_pods_are_charged_only_with_a_proof_and_at_the_request_it_booked() -> None:
+    cache, recorder, rings = rotating_cache()
+    proven = signed(pod_obj("proven", mem="2Gi", node="n1", gpu="GPU-n1-0"), rings[0])
+    cache.apply_pod("ADDED", proven)
+    unsigned = pod_obj("unsigned", mem="8Gi", node="n1", gpu="GPU-n1-0", namespace="team-b")
+    cache.apply_pod("ADDED", unsigned)
+    elsewhere = pod_obj("elsewhere", mem="8Gi", node="plain", namespace="team-b")
+    cache.apply_pod("ADDED", elsewhere)
+    plain = pod_obj("plain-pod", mem=None, model=None, node="n1", namespace="kube-system")
+    cache.apply_pod("ADDED", plain)
+    assert cache.state.gpu_free("n1") == [14 * GI]
+    assert cache.state.nodes_with_model("unsigned") == []
+    assert sorted(cache.unproven) == ["uid-team-b-elsewhere", "uid-team-b-unsigned"]
+    # Reported only where the agent runs; a pod with nothing of tritonshare is nobody's concern.
+    assert recorder.unproven == ["unsigned:NotPlacedByBinder"]
+    # The proof carries what was booked: a proof of 4Gi charges 4Gi, whatever the spec says.
+    claim = Claim("uid-models-booked", "models", "booked", "n1", "GPU-n1-0", "booked", 4 * GI)
+    booked = pod_obj("booked", mem="1Gi", node="n1", gpu="GPU-n1-0")
+    booked["metadata"]["annotations"][KEYS.placement] = rings[0].sign(claim)
+    cache.apply_pod("ADDED", booked)
+    assert cache.state.gpu_free("n1") == [10 * GI]
+
+
+def test_a_proof_is_verified_once_and_again_only_when_what_it_covers_changes() -> None:
+    cache, recorder, rings = rotating_cache()
+    pod = signed(pod_obj("p", node="n1", gpu="GPU-n1-0", phase="Pending"), rings[0])
+    before = CountingRing.verified
+    cache.apply_pod("ADDED", pod)
+    for phase in ("Running", "Running", "Running"):  # status updates: nothing the proof covers
+        pod["status"]["phase"] = phase
+        cache.apply_pod("MODIFIED", pod)
+    assert CountingRing.verified == before + 1
+    assert cache.state.gpu_free("n1") == [15 * GI]
+    pod["metadata"]["annotations"][KEYS.model_id] = "victim"  # edited after binding
+    cache.apply_pod("MODIFIED", pod)
+    assert CountingRing.verified == before + 2
+    assert cache.state.gpu_free("n1") == [16 * GI]
+    assert cache.state.nodes_with_model("victim") == []
+    assert recorder.unproven == ["p:PlacementChanged"]
+    assert recorder.changed == ["pod models/p no longer proves its place"]
+    cache.apply_pod("DELETED", pod)
+    assert cache.unproven == {}
+
+
+def test_after_a_rotation_previous_still_counts_and_a_dropped_key_is_reported_not_charged() -> None:
+    cache, recorder, rings = rotating_cache()
+    old = signed(pod_obj("old", mem="4Gi", node="n1", gpu="GPU-n1-0"), rings[0])
+    cache.apply_pod("ADDED", old)
+    rings.append(CountingRing(NEW_KEY, previous=OLD_KEY))
+    new = signed(pod_obj("new", mem="2Gi", node="n1", gpu="GPU-n1-0"), rings[-1])
+    cache.apply_pod("ADDED", new)
+    assert cache.state.gpu_free("n1") == [10 * GI]
+    assert recorder.unproven == []
+    # OLD_KEY leaves the Secret: the pod it signed is judged again at the next event of any pod.
+    rings.append(CountingRing(NEWER_KEY, previous=NEW_KEY))
+    cache.apply_pod("MODIFIED", new)
+    assert cache.state.gpu_free("n1") == [14 * GI]
+    assert recorder.unproven == ["old:PlacementKeyUnknown"]
+    assert "key the binder no longer holds" in cache.unproven["uid-models-old"].message
+    assert recorder.changed == ["the placement keys changed"]
+    # And a key that arrives late (a binder whose Secret mount lagged) makes its pods count.
+    rings.append(CountingRing(NEWER_KEY, previous=OLD_KEY))
+    cache.apply_pod("MODIFIED", new)
+    assert list(cache.unproven) == ["uid-models-new"]
+    assert recorder.unproven == ["old:PlacementKeyUnknown", "new:PlacementKeyUnknown"]
+    assert cache.state.gpu_free("n1") == [12 * GI]
+
+
+def test_without_a_key_ring_a_proofs_form_is_all_that_is_checked() -> None:
+    """`tritonshare status` run by someone who cannot read the key: absent and malformed proofs
+    are seen as such; a well-formed one is taken at its word (the binder verifies it)."""
+    cache = ClusterCache(
+        KEYS, scheduler_name="tritonshare", reserve=0, listener=Recorder(), placement_keys=None
+    )
+    cache.apply_node("ADDED", node_obj("n1", [16 * GI]))
+    cache.apply_pod("ADDED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0"), TEST_RING))
+    forged = pod_obj("b", node="n1", gpu="GPU-n1-0")
+    forged["metadata"]["annotations"][KEYS.placement] = "v1.signed-by-me"
+    cache.apply_pod("ADDED", forged)
+    cache.apply_pod("ADDED", pod_obj("c", node="n1", gpu="GPU-n1-0"))
+    assert cache.state.gpu_free("n1") == [15 * GI]
+    assert {u.pod.name: u.reason for u in cache.unproven.values()} == {
+        "b": "NotPlacedByBinder",
+        "c": "NotPlacedByBinder",
+    }
+
+
+def test_a_pod_the_binder_assumed_comes_back_charged_without_a_second_check() -> None:
+    cache, recorder, rings = rotating_cache()
+    obj = signed(pod_obj("ours", mem="3Gi", node="n1", gpu="GPU-n1-0"), rings[0])
+    pending = pod_from_api({**obj, "spec": {**obj["spec"], "nodeName": ""}}, KEYS)
+    cache.state.assume(pending, "n1", "GPU-n1-0", obj["metadata"]["annotations"][KEYS.placement])
+    before = CountingRing.verified
+    cache.apply_pod("MODIFIED", obj)
+    assert CountingRing.verified == before
+    assert cache.state.assumed_uids() == [] and cache.state.gpu_free("n1") == [13 * GI]
+    # Bound with another proof than the one it signed (edited in between): checked, refused.
+    other = signed(pod_obj("ours-2", mem="3Gi", node="n1", gpu="GPU-n1-0"), rings[0])
+    pending = pod_from_api({**other, "spec": {**other["spec"], "nodeName": ""}}, KEYS)
+    cache.state.assume(pending, "n1", "GPU-n1-0", other["metadata"]["annotations"][KEYS.placement])
+    other["metadata"]["annotations"][KEYS.placement] = obj["metadata"]["annotations"][
+        KEYS.placement
+    ]
+    cache.apply_pod("MODIFIED", other)
+    assert CountingRing.verified == before + 1
+    assert cache.state.gpu_free("n1") == [13 * GI]
+    assert recorder.unproven == ["ours-2:PlacementChanged"]
+
+
+def test_unproven_pods_are_reported_when_their_node_becomes_a_tritonshare_node() -> None:
+    cache, recorder, _ = rotating_cache()
+    cache.apply_pod("ADDED", pod_obj("early", node="later", namespace="team-b"))
+    cache.apply_pod("ADDED", pod_obj("on-plain", node="plain", namespace="team-b"))
+    assert recorder.unproven == []  # node "later" is unknown, "plain" publishes no GPUs
+    cache.apply_node("ADDED", node_obj("later", [16 * GI]))  # its agent starts
+    cache.apply_node("MODIFIED", node_obj("later", [16 * GI], labels={"a": "b"}))
+    assert recorder.unproven == ["early:NotPlacedByBinder"]

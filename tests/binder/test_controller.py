@@ -230,8 +230,9 @@ async def test_pods_of_other_schedulers_are_left_alone(
     assert binder_writes(apiserver, "theirs") == []
 
 
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["same-node", "other-node"])
 async def test_a_conflict_or_a_deleted_pod_drops_the_assumption(
-    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder, elsewhere: bool
 ) -> None:
     add_node(kube_api, "gpu-1", [16 * GI])
     add_node(kube_api, "gpu-2", [16 * GI])
@@ -253,20 +254,34 @@ async def test_a_conflict_or_a_deleted_pod_drops_the_assumption(
     await eventually(lambda: len(binder.cache.pending) == 2, what="two pending pods")
     state = binder.cache.state
     by_name = {p.name: p for p in binder.cache.pending.values()}
-    # Someone else binds "raced" between our decision and our binding; "gone" is deleted.
-    theirs = {"metadata": {"name": "raced"}, "target": {"kind": "Node", "name": "gpu-2"}}
-    core.create_namespaced_pod_binding("raced", "default", theirs, _preload_content=False)
+    placements = {}
+    for name in ("raced", "gone"):
+        placement = place(state, by_name[name], now=time.time())
+        assert isinstance(placement, Placement)
+        placements[name] = placement
+    # Someone else binds "raced" between our decision and our binding (on the node we chose, or
+    # on the other); "gone" is deleted.
+    ours = placements["raced"].node
+    theirs = next(n for n in ("gpu-1", "gpu-2") if n != ours) if elsewhere else ours
+    binding = {"metadata": {"name": "raced"}, "target": {"kind": "Node", "name": theirs}}
+    core.create_namespaced_pod_binding("raced", "default", binding, _preload_content=False)
     core.delete_namespaced_pod("gone", "default", grace_period_seconds=0)
     for name in ("raced", "gone"):
-        pod = by_name[name]
-        placement = place(state, pod, now=time.time())
-        assert isinstance(placement, Placement)
+        pod, placement = by_name[name], placements[name]
         state.assume(pod, placement.node, placement.gpu.uuid)
         await binder.controller._slots.acquire()
         binder.controller._bind(pod, placement)
-    # Neither assumption stays: "raced" is accounted where it really is, "gone" nowhere.
+    # Neither assumption stays, and "gone" is charged nowhere. "raced" carries the proof of our
+    # placement: charged where it is when that is the node we chose (the proof holds), and
+    # nowhere, reported as unproven, when it was bound elsewhere.
     await eventually(lambda: not state.assumed_uids(), what="assumptions dropped")
-    assert {p.name: p.node_name for p in state.assigned_pods()} == {"raced": "gpu-2"}
+    raced = by_name["raced"].uid
+    if not elsewhere:
+        assert {p.name: p.node_name for p in state.assigned_pods()} == {"raced": theirs}
+    else:
+        await eventually(lambda: raced in binder.cache.unproven, what="raced seen unproven")
+        assert state.assigned_pods() == []
+        assert binder.cache.unproven[raced].reason == "PlacementChanged"
 
 
 async def test_http_endpoints_report_readiness_role_and_gpu_metrics(

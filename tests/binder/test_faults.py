@@ -67,6 +67,33 @@ async def test_the_caches_outlive_an_outage_and_readyz_says_when_they_fail_too_l
     assert all(i.failures > 0 for i in binder._informers)
 
 
+OUTAGE_SECONDS = 20.0
+
+
+async def test_after_a_20_s_outage_new_pods_are_bound_within_2_s_of_the_server_answering(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    core: Any,
+    make_binder: MakeBinder,
+) -> None:
+    """While the server is unreachable, the watches try again about every second (jittered), not
+    on a back-off doubling to 30 s: a 20 s outage used to leave the pod watch asleep for another
+    11 s after the server answered, and new pods Pending meanwhile."""
+    add_node(kube_api, "gpu-1", [16 * GI])
+    binder = await make_binder()
+    apiserver.pause()
+    down = await eventually(
+        lambda: all(i.failing_for() > 0 for i in binder._informers), within=10, what="the outage"
+    )
+    assert down
+    await asyncio.sleep(OUTAGE_SECONDS)  # the outage itself: the thing under test is its length
+    apiserver.resume()
+    answering = time.monotonic()
+    add_pod(core, "after-outage", mem="1Gi")
+    await eventually(lambda: node_of(core, "after-outage"), within=15, what="the pod bound")
+    assert time.monotonic() - answering < 2.0
+
+
 def test_a_write_rides_out_429_with_its_retry_after_and_5xx(
     apiserver: RunningApiServer, core: Any, kube: Kube
 ) -> None:

@@ -35,6 +35,12 @@ BINDER_ONLY = (
     "only the tritonshare binder writes the tritonshare.io/gpu and tritonshare.io/placement "
     "annotations"
 )
+CARRIES_TRITONSHARE = (
+    "a pod created with spec.nodeName may not carry tritonshare resources (tritonshare.io/gpu-mem) "
+    "or annotations (tritonshare.io/model-id, tritonshare.io/gpu, tritonshare.io/placement), "
+    "whatever its schedulerName; create it without spec.nodeName and with schedulerName "
+    "tritonshare, and the tritonshare binder places it"
+)
 MODEL_ID_FIXED = "the model id of a placed tritonshare pod cannot change; create a new pod"
 OWN_NODE = "the tritonshare agent may change only the node its own pod runs on"
 NODE_SPEC = "the tritonshare agent may not change a node's spec (taints, unschedulable, podCIDR)"
@@ -200,6 +206,67 @@ def test_a_tenant_cannot_create_a_tritonshare_pod_with_a_node_name(cluster: Clus
     other = _model_pod("other", node="gpu-1")
     other["spec"]["schedulerName"] = "default-scheduler"
     cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, other)
+
+
+def _on_node(
+    name: str,
+    *,
+    scheduler: str = "default-scheduler",
+    limits: dict[str, str] | None = None,
+    init_limits: dict[str, str] | None = None,
+    **annotations: str,
+) -> dict[str, Any]:
+    """A pod created straight onto gpu-1, by any scheduler name."""
+    pod = _model_pod(name, node="gpu-1", **annotations)
+    pod["spec"]["schedulerName"] = scheduler
+    if limits:
+        pod["spec"]["containers"][0]["resources"] = {"limits": limits}
+    if init_limits:  # an extended resource's request must equal its limit
+        resources = {"limits": init_limits, "requests": init_limits}
+        pod["spec"]["initContainers"] = [
+            {"name": "init", "image": "busybox", "resources": resources}
+        ]
+    return pod
+
+
+def test_no_pod_created_on_a_node_carries_tritonshare_resources_or_annotations(
+    cluster: Cluster,
+) -> None:
+    """Issue 23: a pod created with spec.nodeName and a big gpu-mem (or a victim's model id)
+    under another schedulerName slipped past the policy. The binder does not charge such a pod
+    any more; this refuses it where the tenant creates it, whatever its schedulerName."""
+    attempts = [
+        _on_node("hog", limits={"tritonshare.io/gpu-mem": "80Gi"}),
+        _on_node("init-hog", init_limits={"tritonshare.io/gpu-mem": "80Gi"}),
+        _on_node("squat", model_id="victim"),
+        _on_node("gpu", gpu="GPU-1"),
+        _on_node("copied", placement="v1.0123456789abcdef.1.sig"),
+        _on_node("mine", scheduler="my-scheduler", limits={"tritonshare.io/gpu-mem": "1"}),
+    ]
+    for pod in attempts:
+        name = pod["metadata"]["name"]
+        status = _refused(cluster.tenant.create_namespaced_pod, TENANT_NAMESPACE, pod)
+        assert (status["code"], status["message"]) == (
+            422,
+            _pod_denial(CARRIES_TRITONSHARE, name),
+        ), name
+    assert cluster.admin.list_namespaced_pod(TENANT_NAMESPACE).items == []
+    # What stays allowed: a pod on a node with nothing of tritonshare's (another prefix's keys
+    # are not ours), the same resources for a scheduler to place, and the system namespace's
+    # and the binder's own pods.
+    cluster.tenant.create_namespaced_pod(
+        TENANT_NAMESPACE, _on_node("plain", limits={"example.com/gpu-mem": "1Gi"})
+    )
+    placed_later = _on_node("later", limits={"tritonshare.io/gpu-mem": "1Gi"}, model_id="mine")
+    del placed_later["spec"]["nodeName"]
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, placed_later)
+    cluster.admin.create_namespaced_pod(
+        SYSTEM, _on_node("system", limits={"tritonshare.io/gpu-mem": "1Gi"}, model_id="x")
+    )
+    cluster.binder.create_namespaced_pod(TENANT_NAMESPACE, _on_node("by-binder", model_id="x"))
+    # And the admin is held to it like anyone else outside the system namespace.
+    status = _refused(cluster.admin.create_namespaced_pod, TENANT_NAMESPACE, attempts[0])
+    assert status["message"] == _pod_denial(CARRIES_TRITONSHARE, "hog")
 
 
 def test_only_the_binder_writes_the_gpu_and_the_placement(cluster: Cluster) -> None:

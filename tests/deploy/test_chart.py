@@ -350,6 +350,18 @@ def test_the_admission_policies_follow_the_namespace_and_the_key_prefix(
         message = refused(tenant.create_namespaced_pod, "models", pod("m", "shared-gpu", "gpu-1"))
         assert "spec.nodeName" in message, "spec.nodeName at create must be refused"
         tenant.create_namespaced_pod("models", pod("d", "default-scheduler", "gpu-1"))
+        # Any scheduler's pod created on a node with the custom prefix's keys is refused; the
+        # default prefix's keys mean nothing here.
+        squat = pod("s", "default-scheduler", "gpu-1")
+        squat["metadata"]["annotations"] = {"seldon.io/trtis-model-id": "victim"}
+        message = refused(tenant.create_namespaced_pod, "models", squat)
+        assert "may not carry tritonshare resources (seldon.io/trtis-gpu-mem)" in message
+        assert "with schedulerName shared-gpu" in message
+        squat["metadata"]["annotations"] = {"tritonshare.io/model-id": "victim"}
+        tenant.create_namespaced_pod("models", squat)
+        system_pod = pod("n", "default-scheduler", "gpu-1")
+        system_pod["metadata"]["annotations"] = {"seldon.io/trtis-model-id": "x"}
+        admin.create_namespaced_pod(CUSTOM_NAMESPACE, system_pod)
         tenant.create_namespaced_pod("models", pod("m", "shared-gpu"))
         placed = {"metadata": {"annotations": {"seldon.io/trtis-gpu": "GPU-1"}}}
         assert "seldon.io/trtis-gpu" in refused(tenant.patch_namespaced_pod, "m", "models", placed)
