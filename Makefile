@@ -7,10 +7,14 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test lint types imports unit proto proto-check native clean venv
 
+# Said before it is done: the first install takes about a minute, and pip is kept quiet.
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || { echo "Creating the virtual environment $(VENV) with $(PYTHON)."; $(PYTHON) -m venv $(VENV); }
+	@echo "Installing tritonshare and what its demo and tests use into $(VENV) (about a minute the"
+	@echo "first time, about 900 MB: a real Triton server (nvidia-pytriton), gRPC, Kubernetes, test tools)."
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@echo "Installed; $(VENV) is reused until pyproject.toml changes."
 	@touch $(STAMP)
 
 venv: $(STAMP)

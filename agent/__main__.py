@@ -15,7 +15,7 @@ from agent.app import Agent
 from agent.errors import AgentError
 from agent.settings import Settings, SettingsError, parse_settings
 from common.lifecycle import Lifecycle
-from common.logs import configure_logging
+from common.logs import configure_logging, subject
 
 log = logging.getLogger("agent")
 
@@ -33,7 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as e:
         print(f"agent: {e}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, "json" if settings.log_format == "json" else "text")
+    configure_logging(
+        settings.log_level,
+        "json" if settings.log_format == "json" else "text",
+        fields=subject(node=settings.node_name),
+    )
     try:
         return asyncio.run(run(settings))
     except (AgentError, OSError) as e:

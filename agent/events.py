@@ -17,6 +17,7 @@ from typing import Protocol
 
 from agent.errors import KubeError
 from common.lifecycle import spawn
+from common.logs import subject
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,12 @@ class PodEvents:
             )
         except KubeError as e:
             log.warning(
-                "Recording event %s on pod %s/%s has failed: %s", reason, namespace, name, e
+                "Recording event %s on pod %s/%s has failed: %s",
+                reason,
+                namespace,
+                name,
+                e,
+                extra=subject(pod=f"{namespace}/{name}"),
             )
 
     async def close(self) -> None:

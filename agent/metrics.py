@@ -3,6 +3,11 @@
 GPU figures come from a collector that reads the latest snapshot at scrape time, so a scrape never
 calls NVML. Names follow Prometheus conventions (`_bytes`, `_seconds`, `_total`). Only
 `common.health` serves them (`agent.app` wires it).
+
+A GPU is labelled as NVIDIA's dcgm-exporter labels it, `gpu` (its index) and `UUID`, so a query
+joins tritonshare's per-model figures with DCGM's per-GPU ones: `... * on(UUID) group_left
+DCGM_FI_DEV_GPU_UTIL`. (Triton's own per-GPU series call the UUID `gpu_uuid`:
+`label_replace(nv_gpu_memory_used_bytes, "UUID", "$1", "gpu_uuid", "(.*)")`.)
 """
 
 from __future__ import annotations
@@ -27,8 +32,7 @@ class _GpuCollector(Collector):
         self._loaded = loaded
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        # The GPU is its UUID in every part's series; its index is a label of its own.
-        labels = ["gpu", "index", "product"]
+        labels = ["gpu", "UUID", "product"]
         total = GaugeMetricFamily(
             "tritonshare_agent_gpu_memory_total_bytes", "GPU memory", labels=labels
         )
@@ -43,19 +47,25 @@ class _GpuCollector(Collector):
         )
         loaded = GaugeMetricFamily(
             "tritonshare_agent_models_loaded",
-            "Models loaded by the agent, per GPU (gpu empty: CPU)",
-            labels=["gpu"],
+            "Models loaded by the agent, per GPU (gpu and UUID empty: CPU)",
+            labels=["gpu", "UUID"],
         )
         snapshot = self._snapshot()
         for gpu in snapshot.gpus if snapshot else ():
-            values = [gpu.uuid, str(gpu.index), gpu.product]
+            values = [str(gpu.index), gpu.uuid, gpu.product]
             total.add_metric(values, gpu.memory_total)
             used.add_metric(values, gpu.memory_used)
             free.add_metric(values, gpu.memory_free)
             healthy.add_metric(values, 1 if gpu.healthy else 0)
+        index = _indexes(snapshot)
         for uuid, count in sorted(self._loaded().items()):
-            loaded.add_metric([uuid], count)
+            loaded.add_metric([index.get(uuid, ""), uuid], count)
         yield from (total, used, free, healthy, loaded)
+
+
+def _indexes(snapshot: GpuSnapshot | None) -> dict[str, str]:
+    """GPU UUID -> its index, as the `gpu` label writes it."""
+    return {g.uuid: str(g.index) for g in snapshot.gpus} if snapshot else {}
 
 
 class _ModelMemoryCollector(Collector):
@@ -67,32 +77,33 @@ class _ModelMemoryCollector(Collector):
         measured = GaugeMetricFamily(
             "tritonshare_agent_model_gpu_memory_bytes",
             "GPU memory a loaded model is measured to use (Triton's figure, else NVML's growth)",
-            labels=["model", "gpu"],
+            labels=["model", "gpu", "UUID"],
         )
         requested = GaugeMetricFamily(
             "tritonshare_agent_model_gpu_memory_request_bytes",
             "GPU memory the binder booked for a loaded model (its pod's request)",
-            labels=["model", "gpu"],
+            labels=["model", "gpu", "UUID"],
         )
         uncertain = GaugeMetricFamily(
             "tritonshare_agent_model_gpu_memory_uncertainty_bytes",
             "Bytes of a model's measured figure that another model on its GPU may have caused "
             "(0 for Triton's own figure): it is never evicted for them",
-            labels=["model", "gpu"],
+            labels=["model", "gpu", "UUID"],
         )
         unattributed = GaugeMetricFamily(
             "tritonshare_agent_gpu_unattributed_memory_bytes",
             "Used GPU memory no loaded model accounts for (beyond the GPU's baseline)",
-            labels=["gpu"],
+            labels=["gpu", "UUID"],
         )
-        for entry in sorted(self._ledger.models.values(), key=lambda m: m.model_id):
-            measured.add_metric([entry.model_id, entry.gpu_uuid], entry.bytes)
-            requested.add_metric([entry.model_id, entry.gpu_uuid], entry.request)
-            labels = [entry.model_id, entry.gpu_uuid]
-            uncertain.add_metric(labels, self._ledger.uncertainty(entry.model_id))
         snapshot = self._snapshot()
+        index = _indexes(snapshot)
+        for entry in sorted(self._ledger.models.values(), key=lambda m: m.model_id):
+            where = [index.get(entry.gpu_uuid, ""), entry.gpu_uuid]
+            measured.add_metric([entry.model_id, *where], entry.bytes)
+            requested.add_metric([entry.model_id, *where], entry.request)
+            uncertain.add_metric([entry.model_id, *where], self._ledger.uncertainty(entry.model_id))
         for gpu in snapshot.gpus if snapshot else ():
-            unattributed.add_metric([gpu.uuid], self._ledger.unattributed(gpu.uuid))
+            unattributed.add_metric([str(gpu.index), gpu.uuid], self._ledger.unattributed(gpu.uuid))
         yield from (measured, requested, uncertain, unattributed)
 
 
@@ -157,8 +168,8 @@ class AgentMetrics:
         self.gpu_memory_unexplained = Counter(
             "tritonshare_agent_gpu_unexplained_growth_bytes",
             "Growth of a GPU's used memory that no model could be billed for (several models "
-            "shared the GPU, or a neighbour's load window)",
-            ["gpu"],
+            "shared the GPU, or a neighbour's load window), by GPU UUID",
+            ["UUID"],
             registry=r,
         )
         self.gpu_memory_refusals = Counter(

@@ -60,6 +60,7 @@ from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.repository import Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
+from common.logs import subject
 from common.manifest import Manifest
 from protos import agent_pb2
 
@@ -261,7 +262,12 @@ class Models:
             )
         claimed = OwnerRecord(owner.uid, owner.key)
         self.owners.put(model_id, claimed)
-        log.info("Model id %s on this node now belongs to pod %s.", model_id, owner.key)
+        log.info(
+            "Model id %s on this node now belongs to pod %s.",
+            model_id,
+            owner.key,
+            extra=subject(pod=owner.key, model=model_id),
+        )
         return claimed
 
     async def _check_owner(self, model_id: str, owner: Proven) -> bool:
@@ -503,7 +509,7 @@ class Models:
         except TritonError as e:
             record.failure, record.failed_at = str(e), self.clock()
             self.metrics.load_failures.labels("triton_rejected").inc()
-            log.warning("Model %s failed to load: %s", model_id, e)
+            log.warning("Model %s failed to load: %s", model_id, e, extra=subject(model=model_id))
         except ResourceExhaustedError:
             record.want_loaded = False
             self.metrics.gpu_memory_refusals.inc()
@@ -642,9 +648,19 @@ class Models:
         self.metrics.unload_seconds.observe(self.clock() - started)
         self.ledger.forget(model_id)
         if keep_files:
-            log.info("Model %s is unloaded; its files stay (%s).", model_id, reason)
+            log.info(
+                "Model %s is unloaded; its files stay (%s).",
+                model_id,
+                reason,
+                extra=subject(model=model_id),
+            )
             return ModelStatus(model_id, ModelState.INSTALLED)
-        log.info("Model %s is unloaded and its files removed (%s).", model_id, reason)
+        log.info(
+            "Model %s is unloaded and its files removed (%s).",
+            model_id,
+            reason,
+            extra=subject(model=model_id),
+        )
         self._records.pop(model_id, None)
         self.owners.drop(model_id)
         return ModelStatus(model_id, ModelState.ABSENT)

@@ -37,6 +37,7 @@ from agent.pods import PodInfo, pod_from_dict
 from agent.triton import LOADING, READY
 from common.contract import Keys
 from common.lifecycle import spawn
+from common.logs import subject
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
@@ -197,11 +198,20 @@ class Reconciler:
         self.passes += 1
 
     async def _remove_orphan(self, model: str) -> None:
-        log.info("Model %s is wanted by no pod on this node: unloading and removing it.", model)
+        log.info(
+            "Model %s is wanted by no pod on this node: unloading and removing it.",
+            model,
+            extra=subject(model=model),
+        )
         try:
             await self.models.unload(model, reason="no pod on this node wants it")
         except AgentError as e:
-            log.warning("Removing orphan model %s failed (%s): retrying later.", model, e)
+            log.warning(
+                "Removing orphan model %s failed (%s): retrying later.",
+                model,
+                e,
+                extra=subject(model=model),
+            )
             return
         self.metrics.reconciles.labels("orphan_removed").inc()
 
@@ -211,7 +221,10 @@ class Reconciler:
             self.models.adopt(model, pod)
             self.metrics.reconciles.labels("adopted").inc()
             log.info(
-                "Model %s is already loaded in Triton for pod %s: adopting it.", model, pod.key
+                "Model %s is already loaded in Triton for pod %s: adopting it.",
+                model,
+                pod.key,
+                extra=subject(pod=pod.key, model=model),
             )
             return
         await self._evict(model, pod, why)
@@ -230,12 +243,20 @@ class Reconciler:
             if model not in self._warned:
                 self._warned.add(model)
                 self.metrics.gpu_memory_over.labels("warned").inc()
-                log.warning("%s: raise the pod's request, or the agent may evict it.", message)
+                log.warning(
+                    "%s: raise the pod's request, or the agent may evict it.",
+                    message,
+                    extra=subject(pod=pod.key, model=model),
+                )
             self.events.warn(
                 pod.key, pod.uid, "GPUMemoryOverRequest", f"{message}; raise the request"
             )
             return
-        log.warning("%s: evicting it (--gpu-mem-enforcement=evict).", message)
+        log.warning(
+            "%s: evicting it (--gpu-mem-enforcement=evict).",
+            message,
+            extra=subject(pod=pod.key, model=model),
+        )
         try:
             await self.models.unload(model, reason="it used more GPU memory than it requested")
             await self._fail_pod(
@@ -245,7 +266,12 @@ class Reconciler:
                 f"{message}; the tritonshare agent unloaded it. Raise the request and recreate it",
             )
         except AgentError as e:
-            log.warning("Evicting model %s failed (%s): retrying.", model, e)
+            log.warning(
+                "Evicting model %s failed (%s): retrying.",
+                model,
+                e,
+                extra=subject(pod=pod.key, model=model),
+            )
             return
         self.metrics.gpu_memory_over.labels("evicted").inc()
         self.events.warn(pod.key, pod.uid, "GPUMemoryExceeded", f"{message}; evicted")
@@ -265,11 +291,17 @@ class Reconciler:
             model,
             pod.key,
             why,
+            extra=subject(pod=pod.key, model=model),
         )
         try:
             await self.models.evict_unvouched(model, pod, why)
         except AgentError as e:
-            log.warning("Taking unvouched model %s out of Triton failed (%s): retrying.", model, e)
+            log.warning(
+                "Taking unvouched model %s out of Triton failed (%s): retrying.",
+                model,
+                e,
+                extra=subject(pod=pod.key, model=model),
+            )
             return
         self.metrics.reconciles.labels("unvouched_removed").inc()
         files = self.models.repository.installed_manifest(model) is not None
@@ -292,14 +324,25 @@ class Reconciler:
             "loading it again.",
             model,
             pod.key,
+            extra=subject(pod=pod.key, model=model),
         )
         try:
             status = await self.models.load(model, pod)
         except AgentError as e:
-            log.warning("Reloading model %s failed (%s): retrying later.", model, e)
+            log.warning(
+                "Reloading model %s failed (%s): retrying later.",
+                model,
+                e,
+                extra=subject(pod=pod.key, model=model),
+            )
             return
         self.metrics.reconciles.labels("reloaded").inc()
-        log.info("Model %s is %s again.", model, status.state.name)
+        log.info(
+            "Model %s is %s again.",
+            model,
+            status.state.name,
+            extra=subject(pod=pod.key, model=model),
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile on every trigger and every resync period, until `stop`."""

@@ -30,6 +30,7 @@ from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
 from agent.models import Chunk, Models, ModelStatus
 from agent.repository import build_manifest
+from common.logs import subject
 from common.manifest import entries_from_proto
 from protos import agent_pb2, agent_pb2_grpc
 
@@ -129,6 +130,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 result.bytes_written,
                 seconds,
                 result.bytes_written / seconds / 1e6,
+                extra=subject(pod=pod.key, model=result.model_id),
             )
         return agent_pb2.InstallModelResponse(
             model_id=result.model_id,

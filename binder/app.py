@@ -86,6 +86,7 @@ class Binder:
             retry_period=settings.retry_period_seconds,
             executor=self._executor,
             on_change=self._leadership_changed,
+            annotations={settings.keys.gpu_mem_reserve: str(settings.gpu_mem_reserve)},
         )
         self.kube.retry_while = self.elector.leading.is_set
         self.controller.leading = self.elector.leading.is_set

@@ -7,7 +7,9 @@ plugin (`kubectl tritonshare status`). Either way it finds the cluster as kubect
 `status` prints every node and GPU with capacity, allocated and free GPU memory and the models on
 it (as `kubectl inspect gpushare` does for GPU sharing). `explain` prints, for every node, why a
 pod does or does not fit there, and what the binder would decide now. Both list the cluster once
-and run the binder's own placement code on it; they change nothing.
+and run the binder's own placement code on it, with the GPU memory reserve the binder leader
+publishes on its Lease unless --gpu-mem-reserve is given; they change nothing. `-o json|yaml`
+prints the same as data (`binder.report`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -24,14 +27,23 @@ import yaml
 
 from binder.cache import ClusterCache
 from binder.errors import BinderError, ConfigError, NotFoundError
-from binder.kube import Kube, kubeconfig_namespace
+from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
 from binder.proofs import Unproven
+from binder.report import (
+    explain_document,
+    load_states,
+    published_reserve,
+    status_document,
+    write_document,
+    write_reserve,
+    write_unserved,
+)
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
 from common.placement import KeyRing, PlacementKeyError, load_key_ring
 from common.quantity import format_bytes
-from common.settings import Declaration, Setting, key_prefix, quantity, text
+from common.settings import Declaration, Setting, key_prefix, one_of, quantity, text
 from common.settings import path as directory
 
 
@@ -51,15 +63,28 @@ class _Quiet:
         pass
 
 
-def load(
-    kube: Kube,
-    keys: Keys,
-    namespace: str,
-    scheduler: str,
-    reserve: int,
-    ring: KeyRing | None = None,
+@dataclass(frozen=True)
+class Listing:
+    """One list of each kind the CLI reads, as the API server returned them."""
+
+    nodes: list[JsonObject]
+    leases: list[JsonObject]
+    """The system namespace's: the agents' and the binder leader's."""
+    pods: list[JsonObject]
+
+
+def list_cluster(kube: Kube, namespace: str) -> Listing:
+    return Listing(
+        kube.list_all(kube.nodes())[0],
+        kube.list_all(kube.leases(namespace))[0],
+        kube.list_all(kube.pods())[0],
+    )
+
+
+def fold(
+    listing: Listing, keys: Keys, scheduler: str, reserve: int, ring: KeyRing | None = None
 ) -> ClusterCache:
-    """One list of nodes, agent leases and pods, folded into the binder's cache. Proofs of
+    """The listing folded into the binder's cache, as the binder folds its own lists. Proofs of
     placement are verified with `ring`, or checked for form only without one."""
     cache = ClusterCache(
         keys,
@@ -68,11 +93,23 @@ def load(
         listener=_Quiet(),
         placement_keys=None if ring is None else lambda: ring,
     )
-    cache.replace_nodes(kube.list_all(kube.nodes())[0])
-    cache.replace_leases(kube.list_all(kube.leases(namespace))[0])
-    cache.replace_pods(kube.list_all(kube.pods())[0])
+    cache.replace_nodes(listing.nodes)
+    cache.replace_leases(listing.leases)
+    cache.replace_pods(listing.pods)
     cache.state.arrays()
     return cache
+
+
+def load(
+    kube: Kube,
+    keys: Keys,
+    namespace: str,
+    scheduler: str,
+    reserve: int,
+    ring: KeyRing | None = None,
+) -> ClusterCache:
+    """One list of nodes, agent leases and pods, folded into the binder's cache."""
+    return fold(list_cluster(kube, namespace), keys, scheduler, reserve, ring)
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
@@ -255,20 +292,32 @@ FLAGS = Declaration(
         Setting("context", "kubeconfig context (default: the current one)", env=None),
         Setting(
             "namespace",
-            "namespace of the pod to explain (default: the context's, else default)",
+            "namespace of the pod `explain` looks up when POD has none (default: the "
+            "context's, else default); `status` always covers every namespace",
             env=None,
             aliases=("-n",),
         ),
         Setting("key-prefix", "prefix of the contract's keys", key_prefix, DEFAULT_PREFIX, "keys"),
         Setting(
-            "system-namespace", "namespace of the agent leases", text, DEFAULT_SYSTEM_NAMESPACE
+            "system-namespace",
+            "namespace of the agent leases and the binder leader's",
+            text,
+            DEFAULT_SYSTEM_NAMESPACE,
         ),
         Setting("scheduler-name", "spec.schedulerName of the pods", text, DEFAULT_SCHEDULER_NAME),
         Setting(
+            "output",
+            "text, json or yaml (json and yaml give bytes as integers, for scripts)",
+            one_of("text", "json", "yaml"),
+            "text",
+            env=None,
+            aliases=("-o",),
+        ),
+        Setting(
             "gpu-mem-reserve",
-            "bytes kept free on every GPU; use the binder's value",
+            "bytes kept free on every GPU (default: the value the binder leader publishes on "
+            "its Lease, else 0)",
             quantity(),
-            "0",
         ),
         Setting(
             "placement-key-dir",
@@ -341,9 +390,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     keys: Keys = flags["keys"]
-    reserve: int = flags["gpu_mem_reserve"]
+    given_reserve: int | None = flags.get("gpu_mem_reserve")
     system_namespace: str = flags["system_namespace"]
     scheduler_name: str = flags["scheduler_name"]
+    output: str = flags["output"]
     given_context: str | None = flags.get("context")
     kubeconfig = kubeconfig_path(flags.get("kubeconfig"), os.environ, Path.home())
     if kubeconfig is None and given_context:
@@ -367,10 +417,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
-        cache = load(kube, keys, system_namespace, scheduler_name, reserve, ring)
+        listing = list_cluster(kube, system_namespace)
+        published = published_reserve(listing.leases, keys)
+        reserve = given_reserve if given_reserve is not None else published or 0
+        cache = fold(listing, keys, scheduler_name, reserve, ring)
         now = time.time()
         if args.command == "status":
-            status(cache, out, now)
+            states = load_states(listing.pods)
+            if output == "text":
+                status(cache, out, now)
+                write_unserved(cache, states, out)
+                write_reserve(reserve, given_reserve, published, out)
+            else:
+                write_document(status_document(cache, now, states), output, out)
             return 0
         namespace, _, name = args.pod.rpartition("/")
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
@@ -379,7 +438,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         except NotFoundError:
             print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1
-        explain_pod(cache, pod, out, now)
+        if output == "text":
+            explain_pod(cache, pod, out, now)
+        else:
+            write_document(explain_document(cache, pod, now), output, out)
         return 0
     except BinderError as e:
         print(f"{prog}: the cluster could not be read: {e}", file=sys.stderr)

@@ -34,6 +34,7 @@ from binder.queue import SchedulingQueue
 from binder.state import ClusterState
 from common.contract import Keys
 from common.lifecycle import spawn
+from common.logs import subject
 from common.placement import Claim, KeyRing
 from common.quantity import format_bytes
 
@@ -241,6 +242,7 @@ class Controller:
             else "could not be scheduled (scheduler error)",
             result.message,
             delay,
+            extra=subject(pod=pod.key, model=pod.model_id),
         )
         if self._should_report(uid, result.message):
             self._reported[uid] = (result.message, self._monotonic())
@@ -373,6 +375,7 @@ class Controller:
                     pod.key,
                     placement.node,
                     error.reason or error.status,
+                    extra=subject(pod=pod.key, node=placement.node),
                 )
             elif isinstance(error, ApiError | OSError):
                 state.forget_assumed(pod.uid)
@@ -385,10 +388,14 @@ class Controller:
                     placement.node,
                     error,
                     delay,
+                    extra=subject(pod=pod.key, node=placement.node),
                 )
             else:
                 log.error(
-                    "Binding pod %s has failed: its work is abandoned.", pod.key, exc_info=error
+                    "Binding pod %s has failed: its work is abandoned.",
+                    pod.key,
+                    exc_info=error,
+                    extra=subject(pod=pod.key),
                 )
         finally:
             self._in_flight.discard(pod.uid)
@@ -412,6 +419,7 @@ class Controller:
                 placement.node,
                 placement.gpu.index,
                 placement.gpu.uuid,
+                extra=subject(pod=pod.key, node=placement.node, model=pod.model_id),
             )
 
     def _report(self, pod: PodInfo, message: str, reason: str) -> None:
@@ -439,12 +447,18 @@ class Controller:
                 return
             if isinstance(error, ApiError | OSError):
                 self._reported.pop(pod.uid, None)
-                log.warning("Recording why pod %s is pending has failed: %s.", pod.key, error)
+                log.warning(
+                    "Recording why pod %s is pending has failed: %s.",
+                    pod.key,
+                    error,
+                    extra=subject(pod=pod.key),
+                )
             else:
                 log.error(
                     "Reporting why pod %s is pending has failed: its work is abandoned.",
                     pod.key,
                     exc_info=error,
+                    extra=subject(pod=pod.key),
                 )
         finally:
             self._slots.release()

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -47,8 +47,11 @@ class LeaderElector:
         on_change: Callable[[bool], None] = lambda leading: None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         self._kube = kube
+        self._annotations = dict(annotations or {})
+        """Written on the Lease by the replica that holds it: what the leader decides with."""
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -92,7 +95,11 @@ class LeaderElector:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    **({"annotations": dict(self._annotations)} if self._annotations else {}),
+                },
                 "spec": self._spec(None),
             }
             try:
@@ -111,6 +118,9 @@ class LeaderElector:
         if holder and holder != self.identity and self._observed_at + duration > now:
             return False
         lease["spec"] = {**spec, **self._spec(lease)}
+        if self._annotations:
+            metadata = lease.setdefault("metadata", {})
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), **self._annotations}
         try:
             self._kube.replace_lease(self.namespace, self.name, lease, **limit)
         except ConflictError:

@@ -2,7 +2,8 @@
 
 Counters and the latency histogram are updated by the controller as it decides. Per-node and
 per-GPU capacity and allocation are not pushed: a collector reads the cluster state when
-Prometheus scrapes, so the numbers are never stale and cost nothing between scrapes.
+Prometheus scrapes, so the numbers are never stale and cost nothing between scrapes. A GPU is
+labelled `gpu` (its index) and `UUID`, as dcgm-exporter labels it, so queries join the two.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ class StateCollector(Collector):
         gpu_capacity = GaugeMetricFamily(
             "tritonshare_binder_gpu_capacity_bytes",
             "GPU memory a GPU offers to pods (its memory minus the reserve; 0 when unhealthy).",
-            labels=["node", "gpu"],
+            labels=["node", "gpu", "UUID"],
         )
         gpu_allocated = GaugeMetricFamily(
             "tritonshare_binder_gpu_allocated_bytes",
             "GPU memory requested by the pods assigned to a GPU, assumed ones included.",
-            labels=["node", "gpu"],
+            labels=["node", "gpu", "UUID"],
         )
         node_capacity = GaugeMetricFamily(
             "tritonshare_binder_node_capacity_bytes",
@@ -52,8 +53,9 @@ class StateCollector(Collector):
             for name, info in sorted(state.nodes.items()):
                 allocated = state.allocated(name)
                 for gpu, used in zip(info.gpus, allocated, strict=False):
-                    gpu_capacity.add_metric([name, gpu.uuid], state.usable(gpu))
-                    gpu_allocated.add_metric([name, gpu.uuid], used)
+                    labels = [name, str(gpu.index), gpu.uuid]
+                    gpu_capacity.add_metric(labels, state.usable(gpu))
+                    gpu_allocated.add_metric(labels, used)
                 node_capacity.add_metric([name], sum(state.usable(g) for g in info.gpus))
                 node_allocated.add_metric([name], sum(allocated))
         yield from (gpu_capacity, gpu_allocated, node_capacity, node_allocated)

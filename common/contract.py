@@ -92,6 +92,12 @@ class Keys:
         """Node annotation written by the agent: JSON list of the node's GPUs."""
         return f"{self.prefix}gpus"
 
+    @property
+    def gpu_mem_reserve(self) -> str:
+        """Leader Lease annotation written by the binder: the GPU memory reserve it places with,
+        decimal bytes, so `tritonshare status` counts as the binder does."""
+        return f"{self.prefix}gpu-mem-reserve"
+
 
 def agent_lease_name(node_name: str) -> str:
     """The name of the Lease an agent renews for its node."""

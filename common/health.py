@@ -6,7 +6,9 @@ and serves it over TLS).
 reason, else 503 (or the part's own status) with the reasons; `not_ready` may be a coroutine
 function when readiness needs a question to another process (the proxy asks Triton). /metrics
 renders the part's own Prometheus registry. The part decides what readiness means and what its
-ready text says; this module only serves, it never changes anything. It is the one module of the
+ready text says; this module only serves, it never changes anything. Every /metrics also carries
+`tritonshare_build_info{version, python}` (always 1), so a dashboard or an alert sees which
+version each process runs, as a rollout mixes them. It is the one module of the
 agent, the binder and the proxy that imports aiohttp's server pieces (tests/test_boundaries.py
 checks); the webhook also imports it, for its admission handler.
 """
@@ -14,11 +16,13 @@ checks); the webhook also imports it, for its admission handler.
 from __future__ import annotations
 
 import inspect
+import platform
 import ssl
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 NotReady = Callable[[], list[str] | Awaitable[list[str]]]
 """Why the part is not ready (empty when it is), answered at once or awaited."""
@@ -26,6 +30,22 @@ NotReady = Callable[[], list[str] | Awaitable[list[str]]]
 
 def _ready() -> str:
     return "ready"
+
+
+def build_info() -> CollectorRegistry:
+    """A registry with `tritonshare_build_info`: the installed tritonshare version and Python."""
+    try:
+        version = metadata.version("tritonshare")
+    except metadata.PackageNotFoundError:
+        version = "unknown"  # run from a source tree that was never installed
+    registry = CollectorRegistry()
+    Gauge(
+        "tritonshare_build_info",
+        "Always 1; the labels say which tritonshare version and Python this process runs.",
+        ["version", "python"],
+        registry=registry,
+    ).labels(version, platform.python_version()).set(1)
+    return registry
 
 
 def build_health_app(
@@ -51,6 +71,7 @@ def add_health_routes(
     (empty when it is); `ready_text()` is the /readyz body when ready (default "ready"), asked at
     each request."""
     ready_line = ready_text or _ready
+    build = generate_latest(build_info())
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -65,7 +86,7 @@ def add_health_routes(
         return web.Response(text=ready_line() + "\n")
 
     async def metrics(request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(registry))
+        response = web.Response(body=generate_latest(registry) + build)
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 

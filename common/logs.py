@@ -1,7 +1,10 @@
 """Logging set up once per process, as text for people or JSON for log pipelines.
 
 Logs are sentences that name the subject and the consequence; structured fields passed with
-`extra={...}` appear as keys in JSON output.
+`extra={...}` appear as keys in JSON output. A line about a pod, a node or a model passes
+`extra=subject(...)`, so a log pipeline selects by `pod`, `namespace`, `node` and `model` instead
+of parsing sentences; what is the same for a whole process (the agent's node, a proxy's model) is
+given once to `configure_logging(fields=...)`.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -39,9 +43,47 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure_logging(level: str = "INFO", fmt: LogFormat = "text", *, name: str = "") -> None:
-    """Configure the root logger; call once, from a part's `__main__`."""
+def subject(*, pod: str = "", node: str = "", model: str = "") -> dict[str, str]:
+    """The `extra` of a line about a pod (`namespace/name`, given as `pod` and `namespace`), a
+    node or a model; empty values are left out."""
+    fields: dict[str, str] = {}
+    if pod:
+        namespace, _, name = pod.rpartition("/")
+        fields["pod"] = name
+        if namespace:
+            fields["namespace"] = namespace
+    if node:
+        fields["node"] = node
+    if model:
+        fields["model"] = model
+    return fields
+
+
+class _Fields(logging.Filter):
+    """Adds the process's own fields to every record that does not carry its own."""
+
+    def __init__(self, fields: Mapping[str, str]) -> None:
+        super().__init__()
+        self.fields = {k: v for k, v in fields.items() if v}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in self.fields.items():
+            record.__dict__.setdefault(key, value)
+        return True
+
+
+def configure_logging(
+    level: str = "INFO",
+    fmt: LogFormat = "text",
+    *,
+    name: str = "",
+    fields: Mapping[str, str] | None = None,
+) -> None:
+    """Configure the root logger; call once, from a part's `__main__`. `fields` (such as
+    `subject(node=...)`) are added to every JSON line that does not set them itself."""
     handler = logging.StreamHandler(sys.stderr)
+    if fields:
+        handler.addFilter(_Fields(fields))
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.logs import configure_logging
+from common.logs import configure_logging, subject
 from loader.app import run_until_stopped
 from loader.errors import ExitCode, LoaderError
 from loader.settings import parse_settings, termination_log_from
@@ -52,7 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("The loader cannot start: %s.", e)
         write_termination_log(termination_log_from(args, os.environ), f"loader: {e}")
         return int(e.exit_code)
-    configure_logging(settings.log_level, settings.log_format, name="loader")
+    configure_logging(
+        settings.log_level,
+        settings.log_format,
+        name="loader",
+        fields=subject(model=settings.model_id),
+    )
     log.info(
         "Loading model %s from %s through the agent at %s (timeout %.0f s).",
         settings.model_id,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from common.logs import configure_logging
+from common.logs import configure_logging, subject
 from proxy.app import run
 from proxy.runner import event_loop_runner
 from proxy.settings import SettingsError, parse_settings
@@ -24,7 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"proxy: {e}", file=sys.stderr)
         return 2
     configure_logging(
-        settings.log_level, "json" if settings.log_format == "json" else "text", name="proxy"
+        settings.log_level,
+        "json" if settings.log_format == "json" else "text",
+        name="proxy",
+        fields=subject(model=settings.model_id),
     )
     return event_loop_runner()(run(settings))
 

@@ -12,7 +12,8 @@ and `complete()` adds what deploy/example writes by hand: the scheduler name, th
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
 the agent, the GPU toleration and a restricted securityContext. What the pod already has is kept
 (a container, volume or toleration of the same name, the pod's own securityContext), so
-completing a complete pod changes nothing. `patch()` turns the difference into a JSON patch.
+completing a complete pod changes nothing; a container named `proxy`, or KServe's
+`kserve-container`, is the proxy's placeholder. `patch()` turns the difference into a JSON patch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ _SCHEMES = ("s3", "gs", "https", "pvc")
 # An https:// URI names one file, so a model directory comes as an archive, which KServe's storage
 # initializer unpacks: the model id is the archive's name without its extension.
 _ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
+# Containers the proxy fills in rather than joins: the user's own placeholder, and the runtime
+# container KServe makes from a ServingRuntime (deploy/example/kserve), whose Service sends
+# requests to it.
+PROXY_PLACEHOLDERS = ("proxy", "kserve-container")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _LOCKED_DOWN = {
     "allowPrivilegeEscalation": False,
@@ -65,6 +70,30 @@ def wants_completion(pod: Pod, settings: Settings) -> bool:
     """True when the pod names a model URI: the webhook leaves every other pod alone."""
     annotations = pod.get("metadata", {}).get("annotations") or {}
     return settings.keys.prefix + "model-uri" in annotations
+
+
+def check_unfinished(pod: Pod, settings: Settings) -> None:
+    """AnnotationError for a pod labelled as a model pod that asks to be completed (a GPU-memory
+    annotation, or no container at all) but names no model URI: without this refusal it would go
+    through unchanged, and the API server would answer only `spec.containers: Required value`.
+    A complete model pod written by hand (containers, the GPU-memory resource limit) passes."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    uri_key, mem_key = settings.keys.prefix + "model-uri", settings.keys.prefix + "gpu-mem"
+    if labels.get(ROLE_LABEL) != "model" or uri_key in annotations:
+        return
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if mem_key not in annotations and containers:
+        return
+    name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
+    asks = f"annotation {mem_key}" if mem_key in annotations else "no container"
+    raise AnnotationError(
+        f"pod {name} is labelled {ROLE_LABEL}=model with {asks}, so tritonshare's webhook would "
+        f"complete it, but it names no model: add the annotation {uri_key} (gs://BUCKET/PATH, "
+        f"s3://BUCKET/PATH, https://HOST/PATH or pvc://CLAIM/PATH), or write the complete model "
+        f"pod (loader and proxy containers, the {mem_key} resource limit) as deploy/example does"
+    )
 
 
 def _last_segment(path: str) -> str:
@@ -311,10 +340,11 @@ def complete(pod: Pod, settings: Settings) -> Pod:
     spec["initContainers"] = init
     containers = list(spec.get("containers") or [])
     proxy = _proxy(request, settings)
-    if _by_name(containers, "proxy"):
-        # A Deployment's template must name a container: the user's `proxy` placeholder is
-        # filled in where it is silent and kept where it speaks.
-        containers = [_fill(c, proxy) if c.get("name") == "proxy" else c for c in containers]
+    placeholder = next((n for n in PROXY_PLACEHOLDERS if _by_name(containers, n)), None)
+    if placeholder is not None:
+        # A Deployment's template must name a container (and KServe names its runtime's): that
+        # placeholder is filled in where it is silent and kept where it speaks.
+        containers = [_fill(c, proxy) if c.get("name") == placeholder else c for c in containers]
     else:
         containers.insert(0, proxy)
     spec["containers"] = containers

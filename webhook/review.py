@@ -2,7 +2,7 @@
 
 The API server sends the pod being created; the answer allows it with a JSON patch that completes
 it, allows it unchanged (not a model pod, or complete already), or refuses it with a message that
-says which annotation is wrong and what to write.
+says which annotation is wrong or missing and what to write.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import base64
 import json
 from typing import Any
 
-from webhook.mutation import AnnotationError, complete, patch, wants_completion
+from webhook.mutation import AnnotationError, check_unfinished, complete, patch, wants_completion
 from webhook.settings import Settings
 
 
@@ -29,9 +29,13 @@ def review(body: Any, settings: Settings) -> dict[str, Any]:
     answer: dict[str, Any] = {"uid": request["uid"], "allowed": True}
     pod = request.get("object")
     kind = request.get("kind") or {}
-    if isinstance(pod, dict) and kind.get("kind") == "Pod" and wants_completion(pod, settings):
+    if isinstance(pod, dict) and kind.get("kind") == "Pod":
         try:
-            operations = patch(pod, complete(pod, settings))
+            if not wants_completion(pod, settings):
+                check_unfinished(pod, settings)
+                operations = []
+            else:
+                operations = patch(pod, complete(pod, settings))
         except AnnotationError as e:
             answer = {
                 "uid": request["uid"],

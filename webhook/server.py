@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.health import HttpServer, add_health_routes
+from common.logs import subject
 from webhook.review import ReviewError, review
 from webhook.settings import Settings
 
@@ -44,7 +45,19 @@ def make_app(settings: Settings) -> web.Application:
             return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
         response = answer["response"]
         if not response["allowed"]:
-            log.info("Refused pod: %s", response["status"]["message"])
+            asked = body.get("request") or {}
+            metadata = (asked.get("object") or {}).get("metadata") or {}
+            name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
+            pod = f"{asked.get('namespace') or metadata.get('namespace', '')}/{name}"
+            log.info(
+                "Refused pod %s: %s",
+                pod,
+                response["status"]["message"],
+                extra=subject(
+                    pod=pod,
+                    model=str((metadata.get("annotations") or {}).get(settings.keys.model_id, "")),
+                ),
+            )
         return web.json_response(answer)
 
     app = web.Application(client_max_size=8 * 1024 * 1024)

@@ -1,7 +1,8 @@
 """What the demo found, and how it is printed for a newcomer.
 
 Owns `DemoResult` (the facts of one run, which the end-to-end test asserts on), the introduction,
-the table of nodes, GPUs and the models placed on them, the pending pods with their reasons, and
+the closing table of nodes, GPUs and the models placed on them (printed by the binder's CLI,
+the source of truth a user queries), the pending pods with their reasons, and
 the metrics summary scraped from the parts' /metrics. It starts nothing and changes nothing.
 """
 
@@ -65,6 +66,12 @@ class DemoResult:
     """How each binder and agent process ended when stopped with SIGTERM."""
     explain: str = ""
     """What `tritonshare explain` printed for a pending pod."""
+    status_text: str = ""
+    """What `tritonshare status` printed at the end (the closing table)."""
+    status: dict[str, Any] = field(default_factory=dict)
+    """`tritonshare status -o json` at the end, read just before `pods_in_api`."""
+    pods_in_api: list[dict[str, Any]] = field(default_factory=list)
+    """The demo namespace's pods as the API server listed them right after `status`."""
     audit: list[AuditRecord] = field(default_factory=list)
     """Every API call of the run, as the API server's audit log recorded it."""
     seconds: float = 0.0
@@ -91,69 +98,101 @@ def scrape(address: str) -> dict[str, float]:
     return totals
 
 
+def _cli(cluster: SimCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The binder's CLI as a user runs it against the cluster."""
+    return subprocess.run(
+        [sys.executable, "-m", "binder.cli", "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True, text=True, timeout=60, check=False, env=cluster.env,
+    )  # fmt: skip
+
+
+def pods_in_api(cluster: SimCluster) -> list[dict[str, Any]]:
+    """The demo's pods as the API server has them now: where each is bound, to which GPU, and
+    what it asks for; what the test holds the CLI's table to."""
+    response = cluster.core.list_namespaced_pod(NAMESPACE, _preload_content=False)
+    pods = []
+    for pod in json.loads(response.data).get("items", []):
+        meta, spec = pod["metadata"], pod.get("spec", {})
+        limits = [c.get("resources", {}).get("limits", {}) for c in spec.get("containers", [])]
+        pods.append(
+            {
+                "pod": f"{meta['namespace']}/{meta['name']}",
+                "node": spec.get("nodeName") or "",
+                "gpu": (meta.get("annotations") or {}).get(KEYS.gpu, ""),
+                "request": sum(parse_quantity(str(lim.get(KEYS.gpu_mem, 0))) for lim in limits),
+                "phase": pod.get("status", {}).get("phase", ""),
+                "deleting": bool(meta.get("deletionTimestamp")),
+            }
+        )
+    return pods
+
+
 def print_tables(cluster: SimCluster, result: DemoResult, say: Say) -> None:
-    pods_by_gpu: dict[str, list[tuple[str, int]]] = {}
-    for name, (_, gpu) in result.placements.items():
-        pod = next(p for p in ALL_PODS if p.name == name)
-        pods_by_gpu.setdefault(gpu, []).append((pod.model_id, parse_quantity(pod.gpu_mem)))
+    """The closing tables, from the binder's CLI: what a user would query, not what the demo
+    remembers doing."""
     say("")
-    say("NODE          POOL / TAINT                          GPU                        "
-        "CAPACITY  ALLOCATED  FREE      MODELS")  # fmt: skip
+    if not available("binder.cli"):
+        say("The binder's CLI is missing from this tree: no table of nodes and GPUs.")
+        return
+    say("Nodes, GPUs and the models on each, as the binder sees them (tritonshare status):")
+    shown = _cli(cluster, "status")
+    result.status_text = shown.stdout
+    for line in (shown.stdout or shown.stderr).splitlines():
+        say(f"  {line}")
+    document = _cli(cluster, "status", "-o", "json")
+    if document.returncode == 0:
+        result.status = json.loads(document.stdout)
+    result.pods_in_api = pods_in_api(cluster)
+    say("")
     for spec in cluster.nodes:
-        node = json.loads(cluster.core.read_node(spec.name, _preload_content=False).data)
-        gpus = json.loads(node["metadata"].get("annotations", {}).get(KEYS.gpus, "[]"))
         pool = spec.labels.get("k8s.amazonaws.com/accelerator", "")
-        taint = " +taint nvidia.com/gpu" if spec.taints else ""
-        where = f"{pool}{taint}" + (" (real Triton)" if spec.real else "")
-        for i, gpu in enumerate(gpus):
-            placed = pods_by_gpu.get(gpu["uuid"], [])
-            used = sum(size for _, size in placed)
-            label = f"{gpu['index']}: {gpu['product']}"[:26]
-            models = ", ".join(f"{m} ({format_bytes(s)})" for m, s in placed) or "-"
-            say(
-                f"{spec.name if i == 0 else '':<13} {where if i == 0 else '':<37} {label:<26} "
-                f"{format_bytes(gpu['memory']):<9} {format_bytes(used):<10} "
-                f"{format_bytes(gpu['memory'] - used):<9} {models}"
-            )
+        taint = ", tainted nvidia.com/gpu" if spec.taints else ""
+        real = ", served by the real Triton" if spec.real else ""
+        say(f"  {spec.name}: pool {pool}{taint}{real}")
     say("")
-    for line in reading(cluster, result):
+    for line in reading(cluster, result.status):
         say(line)
     say("")
     for name, message in result.pending.items():
         pod = next(p for p in PODS if p.name == name)
         say(f"PENDING {name} ({pod.gpu_mem}): {message}")
-    if result.pending and available("binder.cli"):
+    if result.pending:
         name = sorted(result.pending)[0]
         say("")
         say(f"Node by node, from the binder's CLI (tritonshare explain {NAMESPACE}/{name}):")
-        explained = subprocess.run(
-            [sys.executable, "-m", "binder.cli", "--kubeconfig", str(cluster.kubeconfig),
-             "explain", f"{NAMESPACE}/{name}"],
-            capture_output=True, text=True, timeout=60, check=False, env=cluster.env,
-        )  # fmt: skip
+        explained = _cli(cluster, "explain", f"{NAMESPACE}/{name}")
         result.explain = explained.stdout
         for line in (explained.stdout or explained.stderr).splitlines():
             say(f"  {line}")
 
 
-def reading(cluster: SimCluster, result: DemoResult) -> list[str]:
-    """How to read the table, from what actually happened."""
+def reading(cluster: SimCluster, status: dict[str, Any]) -> list[str]:
+    """How to read the table, from what the CLI reported."""
     lines = ["How to read it:"]
-    by_gpu: dict[tuple[str, str], list[str]] = {}
-    for name, (node, gpu) in result.placements.items():
-        by_gpu.setdefault((node, gpu), []).append(name)
-    for (node, _), names in sorted(by_gpu.items()):
-        if len(names) > 1:
-            lines.append(
-                f"  - {' and '.join(sorted(names))} share one GPU of {node}: binpack fills a GPU "
-                "before starting an empty one, keeping whole GPUs free for big models."
-            )
     tainted = {n.name for n in cluster.nodes if n.taints}
-    on_tainted = sorted(p for p, (node, _) in result.placements.items() if node in tainted)
+    on_tainted: list[str] = []
+    for node in status.get("nodes", []):
+        for gpu in node["gpus"]:
+            names = sorted(p["pod"].partition("/")[2] for p in gpu["pods"])
+            if node["name"] in tainted:
+                on_tainted += names
+            if len(names) > 1:
+                lines.append(
+                    f"  - {' and '.join(names)} share GPU {gpu['index']} of {node['name']}: "
+                    "binpack fills a GPU before starting an empty one, keeping whole GPUs free "
+                    "for big models."
+                )
+            measured = [p for p in gpu["pods"] if (p["measured"] or 0) > p["request"]]
+            for pod in measured:
+                lines.append(
+                    f"  - {pod['pod'].partition('/')[2]} asks for {format_bytes(pod['request'])} "
+                    f"but its model is measured at {format_bytes(pod['measured'])}: the binder "
+                    "counts the larger."
+                )
     if on_tainted:
         lines.append(
-            f"  - Only pods that tolerate the nvidia.com/gpu taint reached the A100 pool: "
-            f"{', '.join(on_tainted)}."
+            "  - Only pods that tolerate the nvidia.com/gpu taint reached the A100 pool: "
+            f"{', '.join(sorted(on_tainted))}."
         )
     real = cluster.real_node
     lines.append(

@@ -546,6 +546,14 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             _retire_short_form(cluster, result, say)
             _overuse(cluster, result, say)
         _fail_over(cluster, result, say)
+        retired = [name for name in result.short_form if name in result.served]
+        # The closing table shows the cluster as it is: a pod whose drain is still running holds
+        # its GPU memory until it is gone, as it would for kube-scheduler.
+        wait_until(
+            f"{', '.join(retired) or 'the retired pods'} to be gone",
+            lambda: all(_pod(cluster, name) is None for name in retired),
+            60,
+        )
         print_tables(cluster, result, say)
         summarize_metrics(result, say)
         say("")

@@ -118,6 +118,8 @@ class ContainerRun:
         """Start the process (a fresh session, so signals reach all it spawns)."""
         launch.termination_log.parent.mkdir(parents=True, exist_ok=True)
         launch.termination_log.write_text("")
+        if launch.scratch is not None:
+            (launch.scratch / "tmp").mkdir(parents=True, exist_ok=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as out:
             self.process = subprocess.Popen(

@@ -22,6 +22,13 @@ from sim.node.podnetwork import PodNetwork
 Obj = Mapping[str, Any]
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+# A process here shares the host's filesystem, so a path a program picks itself (not one the pod
+# spec names, which is rewritten) would land on the host. The tritonshare image's programs take
+# those from variables, which every container gets, pointing into its pod's directory: the
+# termination file the kubelet mounts at terminationMessagePath (the loader's default is
+# /dev/termination-log), and the temporary directory of the container's own filesystem.
+TERMINATION_LOG_VARIABLE = "TRITONSHARE_TERMINATION_LOG"
+TEMPORARY_DIRECTORY_VARIABLE = "TMPDIR"
 
 _VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _FIELD_RE = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]$")
@@ -47,6 +54,8 @@ class Launch:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     termination_log: Path
+    scratch: Path | None = None
+    """The stand-in for the container's own writable filesystem (its /tmp), when it has one."""
 
 
 def field_value(pod: Obj, path: str) -> str:
@@ -138,11 +147,14 @@ def plan(
     base_env: Mapping[str, str],
     python: str = sys.executable,
     network: PodNetwork | None = None,
+    scratch: Path | None = None,
 ) -> Launch:
     """The launch of `container`.
 
     `mounts` maps each volume name to its local directory; a volumeMount's `subPath` is a
-    subdirectory of it. The container's terminationMessagePath is rewritten to `termination_log`.
+    subdirectory of it. The container's terminationMessagePath is rewritten to `termination_log`,
+    and given in TRITONSHARE_TERMINATION_LOG for a program that writes it by default. `scratch`
+    stands in for the container's own /tmp (TMPDIR), unless a volume is mounted there.
     `network` is the pod's stand-in network namespace (None on the host network).
     """
     command = list(container.get("command", []))
@@ -170,7 +182,17 @@ def plan(
     path_map.sort(key=lambda item: len(item[0]), reverse=True)
 
     declared = container_env(pod, container)
-    env = {**base_env, **{k: rewrite_paths(v, path_map) for k, v in declared.items()}}
+    tmp = rewrite_paths("/tmp", path_map)  # noqa: S108  (the container's /tmp, mapped)
+    standins = {TERMINATION_LOG_VARIABLE: str(termination_log)}
+    if tmp != "/tmp":  # noqa: S108
+        standins[TEMPORARY_DIRECTORY_VARIABLE] = tmp
+    elif scratch is not None:
+        standins[TEMPORARY_DIRECTORY_VARIABLE] = str(scratch / "tmp")
+    env = {
+        **base_env,
+        **standins,
+        **{k: rewrite_paths(v, path_map) for k, v in declared.items()},
+    }
     argv = [rewrite_paths(expand(a, declared), path_map) for a in command + args]
     if network is not None:
         env.update({k: network.rewrite(env[k]) for k in declared})
@@ -183,4 +205,5 @@ def plan(
         argv=tuple(argv),
         env=env,
         termination_log=termination_log,
+        scratch=scratch,
     )

@@ -215,6 +215,7 @@ class PodWorker(threading.Thread):
             base_env=self.node.base_env,
             python=self.node.python,
             network=pod_network(self.pod_ip, self.node.host_ip, self.node.source_address_variables),
+            scratch=self.dir / "scratch" / container.name,
         )
         container.start(launch, self.dir / "logs" / f"{container.name}.log", self.dir)
         log.info("Pod %s: started container %s.", self.key, container.name)

@@ -158,11 +158,14 @@ async def test_measured_memory_is_published_and_an_unload_frees_it(
     assert running.agent.ledger.measured("m1") == GI
     metrics = await scrape(running)
     assert (
-        f'tritonshare_agent_model_gpu_memory_bytes{{gpu="{gpu}",model="m1"}} 1.073741824e+09'
-        in (metrics)
+        f'tritonshare_agent_model_gpu_memory_bytes{{UUID="{gpu}",gpu="0",model="m1"}} '
+        "1.073741824e+09" in metrics
     )
-    assert f'tritonshare_agent_model_gpu_memory_request_bytes{{gpu="{gpu}",model="m1"}}' in metrics
-    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{gpu="{gpu}"}} 0.0' in metrics
+    assert (
+        f'tritonshare_agent_model_gpu_memory_request_bytes{{UUID="{gpu}",gpu="0",model="m1"}}'
+        in metrics
+    )
+    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{UUID="{gpu}",gpu="0"}} 0.0' in metrics
 
     def published(model_bytes: int | None) -> bool:
         entry = node_usage(kube_api).get(gpu, {})
@@ -335,15 +338,16 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
     # The attacker's growth is not hidden: it stays on the GPU as unattributed memory.
     assert ledger.unattributed(gpu) >= 3 * GI
     metrics = await scrape(running)
-    assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{gpu="{gpu}"}} 3.221225472e+09' in (
-        metrics
-    )
     assert (
-        f'tritonshare_agent_gpu_unexplained_growth_bytes_total{{gpu="{gpu}"}} 3.221225472e+09'
+        f'tritonshare_agent_gpu_unattributed_memory_bytes{{UUID="{gpu}",gpu="0"}} 3.221225472e+09'
         in metrics
     )
     assert (
-        f'tritonshare_agent_model_gpu_memory_uncertainty_bytes{{gpu="{gpu}",model="victim"}}'
+        f'tritonshare_agent_gpu_unexplained_growth_bytes_total{{UUID="{gpu}"}} 3.221225472e+09'
+        in metrics
+    )
+    assert (
+        f'tritonshare_agent_model_gpu_memory_uncertainty_bytes{{UUID="{gpu}",gpu="0",model="victim"}}'
         in (metrics)
     )
     # Several reconciliation passes later, nothing has happened to the victim.

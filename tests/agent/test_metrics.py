@@ -22,9 +22,11 @@ def test_the_exposition_follows_prometheus_conventions() -> None:
     metrics.installs.labels("installed").inc()
     metrics.load_failures.labels("triton_rejected").inc()
     first = generate_latest(metrics.registry).decode()
-    labels = '{gpu="GPU-a",index="0",product="Tesla T4"}'
+    # Labelled as dcgm-exporter labels a GPU (`gpu` its index, `UUID`), so queries join them.
+    labels = '{UUID="GPU-a",gpu="0",product="Tesla T4"}'
     assert f"tritonshare_agent_gpu_memory_free_bytes{labels} 1.610612736e+10" in first
-    assert 'tritonshare_agent_models_loaded{gpu="GPU-a"} 2.0' in first
+    assert 'tritonshare_agent_models_loaded{UUID="GPU-a",gpu="0"} 2.0' in first
+    assert 'tritonshare_agent_models_loaded{UUID="",gpu=""} 1.0' in first
 
     # The collector reads the latest snapshot at scrape time: a lost GPU shows at the next scrape.
     snapshots.append(

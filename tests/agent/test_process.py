@@ -92,7 +92,7 @@ def test_agent_process_publishes_gpus_serves_and_stops_on_sigterm(
         with urllib.request.urlopen(f"http://{addresses['http']}/metrics") as response:
             metrics = response.read().decode()
         assert re.search(
-            r'tritonshare_agent_gpu_memory_total_bytes\{gpu="GPU-[^"]+",index="1"', metrics
+            r'tritonshare_agent_gpu_memory_total_bytes\{UUID="GPU-[^"]+",gpu="1"', metrics
         )
         text = log_path.read_text()
         assert f"Agent for node {NODE} is serving gRPC on {addresses['grpc']} " in text

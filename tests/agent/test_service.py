@@ -198,12 +198,12 @@ async def test_metrics_and_readiness(
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{base}/metrics") as response:
             text = await response.text()
-        assert f'tritonshare_agent_models_loaded{{gpu="{gpu}"}} 1.0' in text
+        assert f'tritonshare_agent_models_loaded{{UUID="{gpu}",gpu="0"}} 1.0' in text
         assert "tritonshare_agent_load_duration_seconds_count 1.0" in text
         assert 'tritonshare_agent_requests_total{code="OK",method="LoadModel"} 1.0' in text
         assert 'tritonshare_agent_installs_total{outcome="installed"} 1.0' in text
         gpu0 = running.mock.gpus[0].uuid
-        assert f'tritonshare_agent_gpu_healthy{{gpu="{gpu0}",index="0",product="Tesla T4"}}' in text
+        assert f'tritonshare_agent_gpu_healthy{{UUID="{gpu0}",gpu="0",product="Tesla T4"}}' in text
         async with session.get(f"{base}/readyz") as response:
             assert response.status == 200
         async with session.get(f"{base}/healthz") as response:

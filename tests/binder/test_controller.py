@@ -299,14 +299,10 @@ async def test_http_endpoints_report_readiness_role_and_gpu_metrics(
             assert (response.status, await response.text()) == (200, "ready (leader)\n")
         async with session.get(f"{base}/metrics") as response:
             text = await response.text()
-    assert (
-        'tritonshare_binder_gpu_allocated_bytes{gpu="GPU-gpu-1-0",node="gpu-1"} 3.221225472e+09'
-        in text
-    )
-    assert (
-        'tritonshare_binder_gpu_capacity_bytes{gpu="GPU-gpu-1-0",node="gpu-1"} 1.7179869184e+10'
-        in text
-    )
+    # A GPU is labelled as dcgm-exporter labels it (`gpu` its index, `UUID`), so queries join.
+    gpu = '{UUID="GPU-gpu-1-0",gpu="0",node="gpu-1"}'
+    assert f"tritonshare_binder_gpu_allocated_bytes{gpu} 3.221225472e+09" in text
+    assert f"tritonshare_binder_gpu_capacity_bytes{gpu} 1.7179869184e+10" in text
     assert 'tritonshare_binder_schedule_attempts_total{result="scheduled"} 1.0' in text
     assert "tritonshare_binder_scheduling_latency_seconds_count 1.0" in text
     assert "tritonshare_binder_is_leader 1.0" in text

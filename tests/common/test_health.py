@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
+
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
 
 from common.health import HttpServer, build_health_app
 
@@ -40,6 +44,14 @@ async def test_the_endpoints_answer_from_the_part_s_callables() -> None:
         status, content_type, body = await _get(server.port, "/metrics")
         assert status == 200 and content_type.startswith("text/plain")
         assert "demo_requests_total 3.0" in body
+        # Every part's /metrics says which version runs, parseable after the part's own.
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        [info] = families["tritonshare_build_info"].samples
+        assert info.value == 1.0
+        assert info.labels == {
+            "version": metadata.version("tritonshare"),
+            "python": platform.python_version(),
+        }
     finally:
         await server.stop()
 

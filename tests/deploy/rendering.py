@@ -7,14 +7,16 @@ v2.0) in CI and newer ones on developers' machines; the kustomizations are writt
 
 from __future__ import annotations
 
+import json
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import helm_python
 import yaml
+from helm_python import _native
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -23,6 +25,18 @@ RELEASE = "tritonshare"
 KUSTOMIZATIONS = ("base", "monitoring", "example", "overlays/production")
 
 Obj = dict[str, Any]
+
+# The API versions of a cluster with the CRDs the chart can use (the Prometheus Operator, KEDA,
+# cert-manager), as `helm install` discovers them and `helm template --api-versions` gives them.
+# The chart renders their objects only where the cluster has them.
+OPTIONAL_API_VERSIONS = (
+    "monitoring.coreos.com/v1",
+    "monitoring.coreos.com/v1/PodMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+    "keda.sh/v1alpha1",
+    "keda.sh/v1alpha1/ScaledObject",
+    "cert-manager.io/v1",
+)
 
 
 @cache
@@ -41,22 +55,51 @@ def render(kubectl: str, kustomization: str) -> tuple[Obj, ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
+def render_templates(
+    values: Mapping[str, Any] | None = None,
+    *,
+    namespace: str = "tritonshare-system",
+    release: str = RELEASE,
+    chart: Path = CHART,
+    api_versions: Sequence[str] = OPTIONAL_API_VERSIONS,
+) -> dict[str, str]:
+    """Each template's text as `helm template RELEASE charts/tritonshare -n NAMESPACE
+    --api-versions ...` renders it with `values` over the chart's defaults (NOTES.txt included).
+    `api_versions` are the cluster's besides the built-in ones (by default those of a cluster with
+    every optional CRD; empty: a bare cluster).
+
+    Rendering is offline: Helm's `lookup` finds nothing, as in `helm template`."""
+    with helm_python.Chart.load(chart) as loaded:
+        loaded.validate_schema(dict(values or {}))
+        # Chart.render has no api_versions argument; the native render it wraps takes them
+        # (Helm's ReleaseOptions' capabilities), as `helm template --api-versions` does.
+        options = {
+            "name": release,
+            "namespace": namespace,
+            "is_install": True,
+            "api_versions": list(api_versions),
+        }
+        manifests: dict[str, str] = json.loads(
+            _native.call_string(
+                "helm_render", loaded._raw(), json.dumps(dict(values or {})), json.dumps(options)
+            )
+        )
+    return manifests
+
+
 def render_chart(
     values: Mapping[str, Any] | None = None,
     *,
     namespace: str = "tritonshare-system",
     release: str = RELEASE,
     chart: Path = CHART,
+    api_versions: Sequence[str] = OPTIONAL_API_VERSIONS,
 ) -> tuple[Obj, ...]:
-    """The objects `helm template RELEASE charts/tritonshare -n NAMESPACE` renders with `values`
-    over the chart's defaults, template by template in file name order (NOTES.txt left out).
-
-    Rendering is offline: Helm's `lookup` finds nothing, as in `helm template`."""
-    with helm_python.Chart.load(chart) as loaded:
-        loaded.validate_schema(dict(values or {}))
-        manifests = loaded.render(
-            dict(values or {}), name=release, namespace=namespace, is_install=True
-        )
+    """The objects `render_templates` renders, template by template in file name order
+    (NOTES.txt left out)."""
+    manifests = render_templates(
+        values, namespace=namespace, release=release, chart=chart, api_versions=api_versions
+    )
     objects: list[Obj] = []
     for template in sorted(manifests):
         if template.endswith("NOTES.txt"):

@@ -34,7 +34,11 @@ ALERTS = {
     "TritonshareModelLoadFailures",
     "TritonshareProxyRejecting",
     "TritonshareGatewayWithoutCallers",
+    "TritonshareNoBinderLeader",
+    "TritonshareWebhookUnavailable",
 }
+RUNBOOKS = DEPLOY.parent / "docs" / "runbooks.md"
+RUNBOOK_URL = "https://github.com/tritonshare/tritonshare/blob/main/docs/runbooks.md#"
 
 
 def rules() -> list[dict[str, Any]]:
@@ -66,6 +70,19 @@ def test_the_rule_has_each_alert_the_operators_asked_for() -> None:
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
 
 
+def test_each_alert_links_its_runbook_page() -> None:
+    """Each runbook_url is docs/runbooks.md at the alert's own heading (GitHub's anchor)."""
+    headings = {
+        line.removeprefix("## ").strip().lower()
+        for line in RUNBOOKS.read_text().splitlines()
+        if line.startswith("## ")
+    }
+    for rule in rules():
+        url = rule["annotations"]["runbook_url"]
+        assert url == RUNBOOK_URL + rule["alert"].lower(), url
+        assert rule["alert"].lower() in headings, f"docs/runbooks.md has no {rule['alert']}"
+
+
 def test_alerts_query_only_metrics_the_parts_export() -> None:
     exported = exported_families()
     assert "tritonshare_agent_load_failures_total" in exported
@@ -78,8 +95,19 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
     """Input series and the alerts expected at given times, per alert."""
     agent_up = 'up{job="tritonshare-system/tritonshare-node", container="agent", pod="node-a"}'
     triton_up = 'up{job="tritonshare-system/tritonshare-node", container="triton", pod="node-a"}'
-    gpu = 'tritonshare_agent_gpu_healthy{gpu="GPU-b", index="1", product="T4", pod="node-a"}'
-    healthy = 'tritonshare_agent_gpu_healthy{gpu="GPU-a", index="0", product="T4", pod="node-a"}'
+    gpu = 'tritonshare_agent_gpu_healthy{gpu="1", UUID="GPU-b", product="T4", pod="node-a"}'
+    healthy = 'tritonshare_agent_gpu_healthy{gpu="0", UUID="GPU-a", product="T4", pod="node-a"}'
+    leader = 'tritonshare_binder_is_leader{pod="binder-0"}'
+    follower = 'tritonshare_binder_is_leader{pod="binder-1"}'
+    webhook = (
+        'kube_deployment_status_replicas_available{namespace="tritonshare-system", '
+        'deployment="tritonshare-webhook"}'
+    )
+    calls = (
+        'apiserver_admission_webhook_rejection_count{name="model-pods.tritonshare.io", '
+        'error_type="calling_webhook_error", operation="CREATE", rejection_code="500", '
+        'type="admit"}'
+    )
     failures = (
         'tritonshare_agent_load_failures_total{namespace="tritonshare-system", pod="node-a", '
         'reason="triton_refused"}'
@@ -126,6 +154,13 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     # a minute a minute; another node's stays fresh.
                     {"series": stale, "values": "0+60x30"},
                     {"series": fresh, "values": "5x30"},
+                    # The leader stops leading at minute 3 and the follower never takes over.
+                    {"series": leader, "values": "1x2 0x30"},
+                    {"series": follower, "values": "0x33"},
+                    # The webhook's replicas are all gone from minute 4 to minute 12; from
+                    # minute 20 they are there but the API server's calls to it fail.
+                    {"series": webhook, "values": "2x3 0x8 2x30"},
+                    {"series": calls, "values": "0x19 0+30x20"},
                 ],
                 "alert_rule_test": [
                     # Down for 2 minutes: not yet (for: 5m); down for 6: firing.
@@ -152,8 +187,8 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                             {
                                 "exp_labels": {
                                     "severity": "critical",
-                                    "gpu": "GPU-b",
-                                    "index": "1",
+                                    "gpu": "1",
+                                    "UUID": "GPU-b",
                                     "product": "T4",
                                     "pod": "node-a",
                                 },
@@ -213,6 +248,40 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                                 },
                             }
                         ],
+                    },
+                    {"eval_time": "4m", "alertname": "TritonshareNoBinderLeader", "exp_alerts": []},
+                    {
+                        "eval_time": "6m",
+                        "alertname": "TritonshareNoBinderLeader",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical"}}],
+                    },
+                    {
+                        "eval_time": "5m",
+                        "alertname": "TritonshareWebhookUnavailable",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "7m",
+                        "alertname": "TritonshareWebhookUnavailable",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "namespace": "tritonshare-system",
+                                    "deployment": "tritonshare-webhook",
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "16m",
+                        "alertname": "TritonshareWebhookUnavailable",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "24m",
+                        "alertname": "TritonshareWebhookUnavailable",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical"}}],
                     },
                     {"eval_time": "8m", "alertname": "TritonshareProxyRejecting", "exp_alerts": []},
                     {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.demo.report import DemoResult
-from sim.demo.scenario import LATE_POD, NODES, PODS
+from sim.demo.scenario import GREEDY_POD, LATE_POD, NODES, PODS
 
 
 @pytest.mark.slow
@@ -102,3 +102,50 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert result.loaded_after_shutdown == []
     assert "Triton has no model left loaded." in transcript
     assert result.seconds < 120
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_the_demos_closing_table_is_the_clis_and_agrees_with_the_api(
+    demo_run: tuple[DemoResult, str],
+) -> None:
+    """The closing table is what `tritonshare status` prints, and what it says is what the API
+    server holds at that moment: every bound, live pod on its node and GPU, no pod the demo
+    deleted, and each GPU's allocation the sum of what its pods hold."""
+    result, transcript = demo_run
+    assert result.status_text.strip(), transcript
+    for line in result.status_text.splitlines():
+        assert f"  {line}".rstrip() in transcript
+
+    live = [p for p in result.pods_in_api if p["phase"] not in {"Succeeded", "Failed"}]
+    expected = {(p["node"], p["gpu"], p["pod"], p["request"]) for p in live if p["node"]}
+    shown = {
+        (node["name"], gpu["uuid"], pod["pod"], pod["request"])
+        for node in result.status["nodes"]
+        for gpu in node["gpus"]
+        for pod in gpu["pods"]
+    }
+    assert shown == expected
+    assert {node["name"] for node in result.status["nodes"]} == {n.name for n in NODES}
+    assert sorted(result.status["pending"]) == sorted(f"models/{n}" for n in result.pending)
+
+    # The demo deleted the short-form pod before the table, and created greedy and the failover's
+    # pod after the first placements: the table follows the cluster, not the demo's script.
+    names = {pod.rpartition("/")[2] for _, _, pod, _ in shown}
+    assert "identity" not in names
+    assert {GREEDY_POD.name, LATE_POD.name} <= names
+
+    for node in result.status["nodes"]:
+        for gpu in node["gpus"]:
+            for pod in gpu["pods"]:
+                assert pod["holds"] == max(pod["request"], pod["measured"] or 0)
+            assert gpu["allocated"] == sum(p["holds"] for p in gpu["pods"])
+            assert 0 <= gpu["free"] <= gpu["capacity"] - gpu["allocated"]
+    greedy = next(
+        pod
+        for node in result.status["nodes"]
+        for gpu in node["gpus"]
+        for pod in gpu["pods"]
+        if pod["pod"] == f"models/{GREEDY_POD.name}"
+    )
+    assert greedy["measured"] == result.overuse_measured == 3 * 1024**3

@@ -210,6 +210,9 @@ def test_a_good_model_ends_ready_and_restarts_reuse_or_replace_it(
     size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
     assert done["installed"] is True
     assert done["bytes_sent"] == done["model_bytes"] == size
+    # Every JSON line of the loader names its model as a field, not only in the sentence.
+    records = [json.loads(line) for line in first.logs.splitlines() if line.startswith("{")]
+    assert {r.get("model") for r in records} == {"add_one"}
     assert "model add_one is READY on the CPU" in first.termination_message
 
     assert infer_add_one(node.triton, [[1.5, -2.0, 41.0]]) == [[2.5, -1.0, 42.0]]

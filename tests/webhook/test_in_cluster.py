@@ -19,6 +19,7 @@ from typing import Any
 
 import kubernetes.client
 import pytest
+import yaml
 
 from sim import admission_webhook
 from sim.triton import free_port
@@ -138,6 +139,78 @@ def test_a_malformed_pod_is_refused_with_what_to_write(configured: Any) -> None:
         'admission webhook "model-pods.tritonshare.io" denied the request: annotation '
         "tritonshare.io/model-uri='ftp://x/y' is not a model URI; write gs://BUCKET/PATH"
     ), message
+
+
+def test_a_model_pod_without_a_model_uri_is_refused_saying_what_to_add(configured: Any) -> None:
+    """The model label and a GPU-memory annotation say "complete me": without the URI the webhook
+    refuses, naming the annotation to add, rather than letting the pod through for the API server
+    to answer `spec.containers: Required value`."""
+    core = configured
+    for name, written in [
+        ("half", {"tritonshare.io/gpu-mem": "3Gi"}),
+        ("bare", {"tritonshare.io/model-id": "bert"}),  # and no containers at all
+    ]:
+        with pytest.raises(kubernetes.client.ApiException) as e:
+            core.create_namespaced_pod("models", _pod(name, MODEL, written))
+        assert e.value.status == 400, e.value.body
+        message = json.loads(e.value.body or "{}")["message"]
+        assert message.startswith(
+            'admission webhook "model-pods.tritonshare.io" denied the request: pod '
+            f"{name} is labelled tritonshare.io/role=model"
+        ), message
+        assert "add the annotation tritonshare.io/model-uri" in message, message
+    # A complete model pod written by hand (deploy/example) carries the label and no URI: kept.
+    complete = _pod("by-hand", MODEL, {"tritonshare.io/model-id": "bert"})
+    complete["spec"]["containers"] = [{"name": "proxy", "image": "busybox"}]
+    core.create_namespaced_pod("models", complete)
+    assert core.read_namespaced_pod("by-hand", "models").spec.scheduler_name == "default-scheduler"
+
+
+def _kserve_pod() -> dict[str, Any]:
+    """The predictor pod KServe makes (RawDeployment) from deploy/example/kserve: the
+    InferenceService predictor's labels, annotations and pod fields, and the ServingRuntime's
+    container as `kserve-container`."""
+    example = ROOT / "deploy" / "example" / "kserve"
+    runtime = yaml.safe_load((example / "serving-runtime.yaml").read_text())
+    service = yaml.safe_load((example / "inference-service.yaml").read_text())
+    predictor = service["spec"]["predictor"]
+    [container] = runtime["spec"]["containers"]
+    assert predictor["model"]["runtime"] == runtime["metadata"]["name"]
+    return {
+        "metadata": {
+            "name": "add-one-predictor-5d8f7-x2x4q",
+            "labels": {
+                **predictor["labels"],
+                "serving.kserve.io/inferenceservice": service["metadata"]["name"],
+                "component": "predictor",
+            },
+            "annotations": dict(predictor["annotations"]),
+        },
+        "spec": {
+            "serviceAccountName": predictor["serviceAccountName"],
+            "nodeSelector": predictor["nodeSelector"],
+            "containers": [container],
+        },
+    }
+
+
+def test_a_kserve_predictor_pod_becomes_a_model_pod(configured: Any) -> None:
+    """KServe's runtime container is the proxy's placeholder: filled in, not doubled."""
+    core = configured
+    core.create_namespaced_pod("models", _kserve_pod())
+    pod = core.read_namespaced_pod("add-one-predictor-5d8f7-x2x4q", "models")
+    assert pod.spec.scheduler_name == "tritonshare"
+    assert [c.name for c in pod.spec.init_containers] == ["storage-initializer", "loader"]
+    assert pod.spec.init_containers[0].args == ["gs://my-models/triton/add_one", "/mnt/models"]
+    [proxy] = pod.spec.containers
+    assert proxy.name == "kserve-container" and proxy.command == ["python", "-m", "proxy"]
+    assert proxy.image == "ghcr.io/tritonshare/tritonshare:0.1.0"
+    assert "--container-concurrency=4" in proxy.args
+    assert proxy.resources.limits == {"memory": "512Mi", "tritonshare.io/gpu-mem": "1Gi"}
+    assert [(p.name, p.container_port) for p in proxy.ports] == [
+        ("http", 9000), ("grpc", 9001), ("metrics", 9002),
+    ]  # fmt: skip
+    assert pod.spec.node_selector == {"k8s.amazonaws.com/accelerator": "nvidia-tesla-t4"}
 
 
 def test_only_labelled_pods_outside_the_system_namespace_are_sent(configured: Any) -> None:

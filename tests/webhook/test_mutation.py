@@ -220,9 +220,17 @@ def test_the_review_answers_with_a_json_patch_or_a_reason() -> None:
     refused = _review(pod(**{"tritonshare.io/model-uri": "gs://b/m"}))["response"]
     assert refused["allowed"] is False and refused["status"]["code"] == 400
     assert "tritonshare.io/gpu-mem is missing" in refused["status"]["message"]
-    # Pods that name no model URI, and complete ones, pass untouched.
-    untouched = _review(pod())["response"]
+    # Pods that are no model pods, and complete ones, pass untouched.
+    other = pod()
+    other["metadata"]["labels"] = {"app": "web"}
+    untouched = _review(other)["response"]
     assert untouched == {"uid": untouched["uid"], "allowed": True}
+    # A model pod asking to be completed (no container, or a GPU-memory annotation) with no URI
+    # is refused, naming what to add.
+    for unfinished in (pod(), pod(**{"tritonshare.io/gpu-mem": "1Gi"})):
+        refused = _review(unfinished)["response"]
+        assert refused["allowed"] is False and refused["status"]["code"] == 400
+        assert "add the annotation tritonshare.io/model-uri" in refused["status"]["message"]
     assert "patch" not in _review(complete(pod(**GS), SETTINGS))["response"]
     with pytest.raises(ReviewError):
         review({"kind": "Pod"}, SETTINGS)

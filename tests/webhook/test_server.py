@@ -5,11 +5,14 @@ refused by TLS, and `python -m webhook` refuses to start without a certificate."
 from __future__ import annotations
 
 import base64
+import copy
 import json
+import logging
 import ssl
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -56,7 +59,9 @@ REVIEW = {
 }
 
 
-async def test_admission_reviews_over_https(tmp_path: Path) -> None:
+async def test_admission_reviews_over_https(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     cert, key = make_certificate(tmp_path)
     server = webhook_server(Settings(listen=("127.0.0.1", 0)), tls_context(cert, key))
     await server.start()
@@ -75,6 +80,19 @@ async def test_admission_reviews_over_https(tmp_path: Path) -> None:
             ]
             async with session.post(url, data=b"not json", ssl=trusting) as answer:
                 assert answer.status == 400
+            # A refusal is logged naming the pod, with pod, namespace and model as fields.
+            bad: dict[str, Any] = copy.deepcopy(REVIEW)
+            annotations = bad["request"]["object"]["metadata"]["annotations"]
+            annotations.update(
+                {"tritonshare.io/gpu-mem": "x", "tritonshare.io/model-id": "add_one"}
+            )
+            with caplog.at_level(logging.INFO, logger="webhook"):
+                async with session.post(url, json=bad, ssl=trusting) as answer:
+                    assert (await answer.json())["response"]["allowed"] is False
+            [refused] = [r for r in caplog.records if r.getMessage().startswith("Refused pod")]
+            assert refused.getMessage().startswith("Refused pod models/m: annotation")
+            fields = {k: refused.__dict__.get(k) for k in ("pod", "namespace", "model")}
+            assert fields == {"pod": "m", "namespace": "models", "model": "add_one"}
             health = f"https://127.0.0.1:{server.port}"
             for path in ("/healthz", "/readyz"):
                 async with session.get(health + path, ssl=trusting) as answer:

@@ -7,6 +7,32 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Where a Deployment's pods run and what they carry, from a component's values (nodeSelector,
+tolerations, affinity, podAnnotations): .values is the component's values, .affinity the
+default affinity (YAML) used when the values set none.
+*/}}
+{{- define "tritonshare.podPlacement" -}}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .values.affinity }}
+affinity:
+  {{- toYaml .values.affinity | nindent 2 }}
+{{- else if .affinity }}
+affinity:
+  {{- .affinity | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* The tritonshare image, tag defaulting to the chart's appVersion. */}}

@@ -269,6 +269,53 @@ def test_a_failing_init_container_reports_its_termination_message(
     assert "running" not in pod["status"]["containerStatuses"][0]["state"]
 
 
+def test_the_loader_as_the_webhook_writes_it_reports_into_the_pods_own_directory(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    """The webhook's loader names no --termination-log: it writes its default,
+    /dev/termination-log, where the kubelet mounts the container's termination file. The
+    simulated kubelet must land that write in the pod's own directory (and so report it), never
+    on the host's /dev."""
+    create(
+        kube_api,
+        pod_manifest(
+            "unreachable",
+            {
+                "restartPolicy": "Never",
+                "initContainers": [
+                    {
+                        "name": "loader",
+                        "image": "tritonshare",
+                        "command": ["python", "-m", "loader"],
+                        "args": [
+                            "--model-dir=/mnt/models",
+                            "--model-id=add_one",
+                            f"--agent-address=127.0.0.1:{free_port()}",
+                            "--token-file=/var/run/secrets/tritonshare/token",
+                            "--timeout=5",
+                        ],
+                        "volumeMounts": [
+                            {"name": "model", "mountPath": "/mnt/models"},
+                            {"name": "token", "mountPath": "/var/run/secrets/tritonshare"},
+                        ],
+                    }
+                ],
+                "containers": [{"name": "never", "image": "tritonshare", "command": ["false"]}],
+                "volumes": [{"name": "model", "emptyDir": {}}, {"name": "token", "emptyDir": {}}],
+            },
+        ),
+    )
+    pod = wait_for(
+        "the pod to fail",
+        lambda: (p := read(kube_api, "unreachable")) and p["status"].get("phase") == "Failed" and p,
+    )
+    terminated = pod["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    # terminationMessagePolicy File (the default): the message is the file's, nothing else.
+    assert "has no config.pbtxt" in terminated["message"], terminated
+    written = [p for p in (tmp_path / "kubelet").rglob("termination/loader") if p.read_text()]
+    assert len(written) == 1 and written[0].read_text().strip() == terminated["message"].strip()
+
+
 def test_a_crashing_container_is_restarted_with_back_off(
     kube_api: kubernetes.client.ApiClient, kubelet: Kubelet
 ) -> None:

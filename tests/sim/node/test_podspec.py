@@ -213,3 +213,27 @@ def test_a_local_directory_under_a_mount_path_is_not_rewritten_again() -> None:
     mounts = [("/mnt/models", volumes / "model"), ("/tmp", volumes / "tmp")]
     assert rewrite_paths("/mnt/models", mounts) == "/tmp/kubelet/pod/volumes/model"
     assert rewrite_paths("--scratch=/tmp/x", mounts) == "--scratch=/tmp/kubelet/pod/volumes/tmp/x"
+
+
+def test_a_program_s_own_paths_land_in_the_pod_s_directory(tmp_path: Path) -> None:
+    """Paths a program picks itself (the loader's default termination log, the temporary
+    directory) come from variables pointing into the pod's directory; a container's own value
+    wins, and a volume mounted at /tmp is its temporary directory."""
+    container = {"name": "c", "image": "tritonshare", "command": ["python", "-m", "loader"]}
+    launch = plan(
+        POD, container, mounts={}, termination_log=tmp_path / "term", base_env={},
+        scratch=tmp_path / "scratch",
+    )  # fmt: skip
+    assert launch.env["TRITONSHARE_TERMINATION_LOG"] == str(tmp_path / "term")
+    assert launch.env["TMPDIR"] == str(tmp_path / "scratch" / "tmp")
+    mounted = {
+        **container,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "env": [{"name": "TRITONSHARE_TERMINATION_LOG", "value": "/var/log/outcome"}],
+    }
+    launch = plan(
+        POD, mounted, mounts={"tmp": tmp_path / "vol"}, termination_log=tmp_path / "term",
+        base_env={}, scratch=tmp_path / "scratch",
+    )  # fmt: skip
+    assert launch.env["TMPDIR"] == str(tmp_path / "vol")
+    assert launch.env["TRITONSHARE_TERMINATION_LOG"] == "/var/log/outcome"

@@ -1,0 +1,199 @@
+"""What `tritonshare status` and `tritonshare explain` report, as data and as the lines under the
+table: each GPU's pods with their load state (from the pod's status), the reserve the binder
+leader publishes, and the documents `-o json` and `-o yaml` print. Pure: it reads the cache and
+API objects the CLI listed, and writes only to the stream it is given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import yaml
+
+from binder.cache import ClusterCache
+from binder.kube import JsonObject
+from binder.model import PodInfo
+from binder.placement import Placement, explain, place
+from common.contract import BINDER_LEADER_LEASE, Keys
+from common.quantity import format_bytes
+
+
+def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
+    """The GPU memory reserve the binder places with, as its leader publishes it on the leader
+    Lease (from its --gpu-mem-reserve); None when no binder has published one."""
+    for lease in leases:
+        metadata = lease.get("metadata") or {}
+        if metadata.get("name") != BINDER_LEADER_LEASE:
+            continue
+        value = str((metadata.get("annotations") or {}).get(keys.gpu_mem_reserve, ""))
+        return int(value) if value.isdigit() else None
+    return None
+
+
+def load_state(pod: JsonObject) -> tuple[str, str]:
+    """Where a bound model pod's model stands, from the pod's status as the kubelet reports it:
+    (`serving`, ""), (`loading`, ""), (`failed`, the loader's termination message: the agent's
+    refusal, such as TenantCodeNotAllowed, or Triton's reason), (`starting`, "") once loaded and
+    waiting for the proxy, or (`waiting`, "") before the loader runs."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    if conditions.get("Ready") == "True":
+        return "serving", ""
+    inits = status.get("initContainerStatuses") or []
+    for init in inits:
+        for where in ("state", "lastState"):
+            ended = (init.get(where) or {}).get("terminated") or {}
+            if ended and ended.get("exitCode", 0) != 0:
+                message = str(ended.get("message") or ended.get("reason") or "").strip()
+                return "failed", f"{init.get('name', 'init')}: {message.splitlines()[0]}"[:300]
+        if "running" in (init.get("state") or {}):
+            return "loading", ""
+    if inits and all("terminated" in (i.get("state") or {}) for i in inits):
+        return "starting", ""
+    return "waiting", ""
+
+
+def load_states(pods: list[JsonObject]) -> dict[str, tuple[str, str]]:
+    """`load_state` of every bound pod, by namespace/name."""
+    states = {}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        if (pod.get("spec") or {}).get("nodeName"):
+            key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+            states[key] = load_state(pod)
+    return states
+
+
+def write_unserved(cache: ClusterCache, states: Mapping[str, tuple[str, str]], out: TextIO) -> None:
+    """Below the table: each pod charged to a GPU whose model is not served, and why. Its
+    request stays allocated as long as the pod exists, as kube-scheduler keeps a crash-looping
+    pod's requests: the binder counts it too, and the GPU is its when the cause is fixed."""
+    rows = []
+    for name in cache.state.names:
+        for pod, _ in cache.state.pods_on(name):
+            state, why = states.get(pod.key, ("waiting", ""))
+            if state != "serving":
+                rows.append(f"  {pod.key} on {name}: {state}" + (f": {why}" if why else ""))
+    if rows:
+        out.write(
+            "\nModels allocated but not served (the allocation is held while the pod exists):\n"
+        )
+        out.write("\n".join(sorted(rows)) + "\n")
+
+
+def status_document(
+    cache: ClusterCache, now: float, states: Mapping[str, tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    """What `status` prints, for `-o json` and `-o yaml`: bytes as integers, every pod charged to
+    a GPU with its request, its model's measured bytes and its load state, and the pods still
+    pending."""
+    states = states or {}
+    state = cache.state
+    nodes: list[dict[str, Any]] = []
+    for name in state.names:
+        info = state.nodes[name]
+        node: dict[str, Any] = {
+            "name": name,
+            "agent": "alive" if state.leases.get(name, 0.0) > now else "down",
+            "problem": info.gpu_problem or None,
+            "gpus": [],
+        }
+        nodes.append(node)
+        allocated, free = state.allocated(name), state.gpu_free(name)
+        charged: dict[int, list[dict[str, Any]]] = {}
+        for pod, position in state.pods_on(name):
+            charged.setdefault(position, []).append(
+                {
+                    "pod": pod.key,
+                    "model": pod.model_id,
+                    "request": pod.request,
+                    "measured": info.measured.get(pod.model_id),
+                    "holds": state.held(pod, name),
+                    "load": dict(
+                        zip(("state", "message"), states.get(pod.key, ("waiting", "")), strict=True)
+                    ),
+                }
+            )
+        for position, gpu in enumerate(info.gpus):
+            node["gpus"].append(
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "product": gpu.product,
+                    "healthy": gpu.healthy,
+                    "capacity": state.usable(gpu),
+                    "allocated": allocated[position] if position < len(allocated) else 0,
+                    "free": free[position] if position < len(free) else 0,
+                    "used": gpu.used,
+                    "pods": sorted(charged.get(position, []), key=lambda p: str(p["pod"])),
+                }
+            )
+        if -1 in charged:
+            node["unattributed"] = sorted(charged[-1], key=lambda p: str(p["pod"]))
+    gpus = [g for n in nodes for g in n["gpus"]]
+    return {
+        "reserve": state.reserve,
+        "nodes": nodes,
+        "capacity": sum(g["capacity"] for g in gpus),
+        "allocated": sum(g["allocated"] for g in gpus),
+        "pending": sorted(p.key for p in cache.pending.values()),
+    }
+
+
+def write_reserve(reserve: int, given: int | None, published: int | None, out: TextIO) -> None:
+    """Where the reserve in the figures above comes from, so a mismatch with the binder shows."""
+    if given is not None:
+        where = "from --gpu-mem-reserve"
+        if published is not None and published != given:
+            where += f"; the binder leader places with {format_bytes(published)}"
+    elif published is not None:
+        where = "as the binder leader publishes it"
+    else:
+        where = "no binder leader has published its own; pass --gpu-mem-reserve"
+    out.write(f"GPU memory reserve {format_bytes(reserve)} per GPU ({where}).\n")
+
+
+def write_document(document: object, output: str, out: TextIO) -> None:
+    """`document` as JSON or YAML, as `kubectl get -o json|yaml` writes objects."""
+    if output == "yaml":
+        yaml.safe_dump(document, out, sort_keys=False)
+    else:
+        json.dump(document, out, indent=2)
+        out.write("\n")
+
+
+def explain_document(cache: ClusterCache, pod: PodInfo, now: float) -> dict[str, Any]:
+    """What `explain` prints, for `-o json` and `-o yaml`."""
+    document: dict[str, Any] = {
+        "pod": pod.key,
+        "model": pod.model_id or None,
+        "request": pod.request,
+        "problem": pod.problem or None,
+    }
+    if pod.node_name:
+        node = cache.state.nodes.get(pod.node_name)
+        document["bound"] = {
+            "node": pod.node_name,
+            "gpu": pod.gpu_uuid or None,
+            "measured": node.measured.get(pod.model_id) if node is not None else None,
+        }
+        return document
+    result = place(cache.state, pod, now=now)
+    if isinstance(result, Placement):
+        document["decision"] = {"node": result.node, "gpu": result.gpu.uuid}
+    else:
+        document["decision"] = None
+        document["message"] = result.message
+    if not pod.problem:
+        document["nodes"] = [
+            {
+                "node": v.node,
+                "fits": not v.reasons,
+                "free": list(v.free),
+                "reasons": list(v.reasons),
+            }
+            for v in explain(cache.state, pod, now=now)
+        ]
+    return document

@@ -1,0 +1,141 @@
+"""The chart's knobs operators expect: where the binder's and webhook's pods run, their
+annotations, common labels, the webhook's disruption budget and spread, Triton's extra flags, and
+an install on a cluster without the monitoring or KEDA CRDs. Each renders, reaches the object it
+names, and validates against the Kubernetes schemas (tests/deploy/test_chart.py checks the rest)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+
+from tests.deploy.rendering import Obj, name_of, render_templates
+from tests.deploy.rendering import render_chart as _render_chart
+from tests.deploy.test_chart import _the, render_chart
+from tests.deploy.test_manifests import CUSTOM_API_VERSIONS, KUBERNETES_VERSION
+
+TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["infra"]}]}
+            ]
+        }
+    }
+}
+PLACED = {
+    "nodeSelector": {"pool": "infra"},
+    "tolerations": [TOLERATION],
+    "affinity": AFFINITY,
+    "podAnnotations": {"example.com/team": "platform"},
+}
+VALUES: dict[str, Any] = {
+    "commonLabels": {"example.com/cost-center": "ml-platform"},
+    "binder": PLACED,
+    "webhook": {"enabled": True, **PLACED},
+    "triton": {"extraArgs": ["--pinned-memory-pool-byte-size=0", "--log-verbose=1"]},
+    "example": {"enabled": True},
+}
+
+
+def _validate(objects: tuple[Obj, ...]) -> None:
+    for obj in objects:
+        if obj["apiVersion"] in CUSTOM_API_VERSIONS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            pytest.fail(f"{name_of(obj)} is invalid at {path}: {e.message}")
+
+
+def test_placement_annotations_and_labels_reach_the_binder_and_webhook_pods() -> None:
+    objects = render_chart(VALUES)
+    _validate(objects)
+    for name in ("tritonshare-binder", "tritonshare-webhook"):
+        template = _the(objects, "Deployment", name)["spec"]["template"]
+        spec = template["spec"]
+        assert spec["nodeSelector"] == {"pool": "infra"}
+        assert spec["tolerations"] == [TOLERATION]
+        assert spec["affinity"] == AFFINITY, "the values' affinity replaces the default"
+        assert template["metadata"]["annotations"] == {"example.com/team": "platform"}
+        assert template["metadata"]["labels"]["example.com/cost-center"] == "ml-platform"
+    node = _the(objects, "DaemonSet", "tritonshare-node")["spec"]["template"]["metadata"]
+    assert node["labels"]["example.com/cost-center"] == "ml-platform"
+    for obj in objects:
+        labels = obj["metadata"].get("labels", {})
+        assert labels.get("example.com/cost-center") == "ml-platform", name_of(obj)
+    # Selectors never take them: an upgrade that changes a common label changes no selector.
+    binder = _the(objects, "Deployment", "tritonshare-binder")
+    assert "example.com/cost-center" not in binder["spec"]["selector"]["matchLabels"]
+
+
+def test_the_defaults_leave_the_pods_where_the_cluster_puts_them() -> None:
+    objects = render_chart({"webhook": {"enabled": True}})
+    binder = _the(objects, "Deployment", "tritonshare-binder")["spec"]["template"]
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(binder["spec"])
+    assert "annotations" not in binder["metadata"]
+    webhook = _the(objects, "Deployment", "tritonshare-webhook")["spec"]["template"]["spec"]
+    [term] = webhook["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "tritonshare-webhook"
+    }
+
+
+def test_the_webhook_keeps_a_replica_through_drains_when_it_has_two() -> None:
+    budget = _the(
+        render_chart({"webhook": {"enabled": True}}), "PodDisruptionBudget", "tritonshare-webhook"
+    )
+    assert budget["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": {"app.kubernetes.io/name": "tritonshare-webhook"}},
+    }
+    for values in ({"replicas": 1}, {"podDisruptionBudget": {"enabled": False}}):
+        objects = render_chart({"webhook": {"enabled": True, **values}})
+        assert not [
+            o
+            for o in objects
+            if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "tritonshare-webhook"
+        ], values
+
+
+def test_triton_extra_args_follow_the_charts_and_cannot_undo_the_isolation() -> None:
+    node = _the(render_chart(VALUES), "DaemonSet", "tritonshare-node")
+    [triton] = [c for c in node["spec"]["template"]["spec"]["containers"] if c["name"] == "triton"]
+    assert triton["args"][-2:] == ["--pinned-memory-pool-byte-size=0", "--log-verbose=1"]
+    assert "--http-address=127.0.0.1" in triton["args"]
+    for flag in ("--http-address=0.0.0.0", "--grpc-restricted-protocol=health:x=y"):
+        with pytest.raises(helm_python.HelmError, match=f"triton.extraArgs: {flag.split('=')[0]}"):
+            _render_chart({"triton": {"extraArgs": [flag]}})
+
+
+def test_without_the_monitoring_and_keda_crds_their_objects_are_left_out() -> None:
+    """A cluster without the Prometheus Operator or KEDA: `helm install` would fail on a
+    PodMonitor, PrometheusRule or ScaledObject, so the chart renders none; the rest is whole."""
+    bare = render_chart({"example": {"enabled": True}}, api_versions=())
+    kinds = {o["kind"] for o in bare}
+    assert not {"PodMonitor", "PrometheusRule", "ScaledObject"} & kinds
+    assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "NetworkPolicy"} <= kinds
+    _validate(bare)
+    full = render_chart({"example": {"enabled": True}})
+    assert {"PodMonitor", "PrometheusRule", "ScaledObject"} <= {o["kind"] for o in full}
+    assert {name_of(o) for o in bare} == {
+        name_of(o)
+        for o in full
+        if o["kind"] not in {"PodMonitor", "PrometheusRule", "ScaledObject"}
+    }
+
+
+def test_the_install_notes_name_the_ports_model_pods_use() -> None:
+    """NOTES.txt tells where model pods reach Triton: the gateway's ports, as the values set."""
+    notes = render_templates({"gateway": {"ports": {"http": 8110, "grpc": 8111}}})
+    [text] = [t for name, t in notes.items() if name.endswith("NOTES.txt")]
+    assert "$(HOST_IP):8110 (REST) and 8111 (gRPC)" in text
+    assert "$(HOST_IP):8100" in text, "the agent's port"
+    assert "8000" not in text and "8001" not in text, "Triton's own ports are loopback only"
