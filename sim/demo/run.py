@@ -488,7 +488,8 @@ def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     say(f"  the agent measured it (NVML, around its load) and warned: {result.overuse}.")
     say(
         f"  The node now publishes {format_bytes(result.overuse_measured)} for it, and the binder "
-        f"counts that, not the 1Gi it asked for, when it places the next pod on that GPU."
+        f"counts that, not the {GREEDY_POD.gpu_mem} it asked for, when it places the next pod on "
+        f"that GPU."
     )
     say("  With --gpu-mem-enforcement=evict the agent would unload it and mark the pod Failed.")
 

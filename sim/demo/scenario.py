@@ -109,8 +109,9 @@ PODS = (
         tolerations=(TOLERATE_GPU,), affinity=_PREMIUM_AFFINITY,
     ),
     ModelPod(
-        "embeddings", "embeddings", "identity", "12Gi",
-        "no selector, no toleration: only untainted nodes (T4 or L4) qualify",
+        "embeddings", "embeddings", "identity", "16Gi",
+        "no selector, no toleration: only untainted nodes qualify, and 16Gi is more than a T4 "
+        "has: the L4",
     ),
     ModelPod(
         "llm-405b", "llm_405b", "identity", "100Gi",
@@ -125,9 +126,11 @@ PODS = (
 )  # fmt: skip
 
 # Created after the leader binder is crashed: the follower must take over to place it.
+# It asks for more than add-one's GPU has free, so it loads alone on the other T4: the agent bills
+# a model all of its load's growth only where no other model shares the GPU (docs/agent.md).
 GREEDY_POD = ModelPod(
-    "greedy", "greedy", "greedy", "1Gi",
-    "asks for 1Gi of GPU memory but its model occupies 3Gi once loaded",
+    "greedy", "greedy", "greedy", "13.5Gi",
+    "asks for 13.5Gi of GPU memory but its model occupies 14.5Gi once loaded",
     node_selector={ACCELERATOR: "nvidia-tesla-t4"},
 )  # fmt: skip
 

@@ -72,9 +72,9 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     assert "refused" in result.gateway_after_delete, result.gateway_after_delete
     # A model using more GPU memory than its pod asked for is measured, warned about, and the
     # node publishes what it uses (the binder's accounting reads it).
-    assert "uses 3Gi of GPU memory" in result.overuse
-    assert "more than the 1Gi its pod requested" in result.overuse
-    assert result.overuse_measured == 3 * 1024**3
+    assert "uses 14.5Gi of GPU memory" in result.overuse
+    assert "more than the 13.5Gi its pod requested" in result.overuse
+    assert result.overuse_measured == 29 * 1024**3 // 2
 
     # A crashed leader is replaced: the follower takes the lease and binds a pod created after.
     assert result.new_leader in {"binder-0", "binder-1"} - {result.leader}
@@ -148,4 +148,4 @@ def test_the_demos_closing_table_is_the_clis_and_agrees_with_the_api(
         for pod in gpu["pods"]
         if pod["pod"] == f"models/{GREEDY_POD.name}"
     )
-    assert greedy["measured"] == result.overuse_measured == 3 * 1024**3
+    assert greedy["measured"] == result.overuse_measured == 29 * 1024**3 // 2
