@@ -5,6 +5,11 @@ model-control mode; load is synchronous and returns Triton's reason on failure; 
 before the model is gone, so `wait_unloaded` polls the index until the model is UNAVAILABLE (or
 absent). When Triton restricts its repository API, every call carries the configured header.
 One aiohttp client session per process. It knows nothing of pods or files.
+
+Index calls are single-flight: callers that ask while one is in flight share its answer. While a
+load runs, Triton answers the index only when the load ends (both take its repository lock), and
+each waiting call holds one of Triton's HTTP threads, which every tenant's REST inference shares;
+so the agent holds at most one, whatever its reconciler, loaders and readiness checks ask meanwhile.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class TritonClient:
         self._request_timeout = request_timeout
         self._load_timeout = load_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._index_in_flight: asyncio.Future[dict[str, IndexEntry]] | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -69,6 +75,8 @@ class TritonClient:
         return self._session
 
     async def close(self) -> None:
+        if self._index_in_flight is not None:
+            self._index_in_flight.cancel()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -121,7 +129,19 @@ class TritonClient:
         return status == 200
 
     async def index(self) -> dict[str, IndexEntry]:
-        """Every model in Triton's repository, by name."""
+        """Every model in Triton's repository, by name (shared with the calls made meanwhile)."""
+        if self._index_in_flight is None:
+            self._index_in_flight = asyncio.ensure_future(self._read_index())
+            self._index_in_flight.add_done_callback(self._index_done)
+        return await asyncio.shield(self._index_in_flight)
+
+    def _index_done(self, future: asyncio.Future[dict[str, IndexEntry]]) -> None:
+        if self._index_in_flight is future:
+            self._index_in_flight = None
+        if not future.cancelled():
+            future.exception()  # retrieved: each caller that awaited it got it already
+
+    async def _read_index(self) -> dict[str, IndexEntry]:
         status, payload = await self._request(
             "POST", "/v2/repository/index", {}, time_limit=self._request_timeout
         )

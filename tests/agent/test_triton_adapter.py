@@ -3,6 +3,7 @@ behaviour when NVML is missing on a CPU-only node."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pynvml
@@ -85,3 +86,38 @@ async def test_a_node_without_nvml(cpu_only: bool, kubeconfig: Path) -> None:
     else:
         assert not node.gpus_read
         assert "--cpu-only" in node.nvml_error and "libnvidia-ml" in node.nvml_error
+
+
+@pytest.mark.triton
+async def test_index_calls_made_meanwhile_share_one_request_to_triton(
+    triton_install: object, model_repository: Path
+) -> None:
+    """While a load runs Triton answers the index only when it ends, and each waiting request
+    holds one of the HTTP threads every tenant's REST inference shares: the agent's callers (its
+    reconciler, loaders' GetModel, readiness) share one request instead of holding one each."""
+    copy_model("add_one", model_repository)
+    with TritonServer(model_repository) as server:
+        client = TritonClient(server.http_url)
+        try:
+            await client.load("add_one")
+            answers = await asyncio.gather(*(client.index() for _ in range(10)))
+            assert all(a is answers[0] for a in answers), "each caller made its own request"
+            assert answers[0]["add_one"].state == READY
+            later = await client.index()
+            assert later is not answers[0] and later == answers[0]
+        finally:
+            await client.close()
+
+
+async def test_a_failed_index_is_every_waiting_callers_failure_and_the_next_call_asks_again() -> (
+    None
+):
+    client = TritonClient(f"127.0.0.1:{free_port()}", request_timeout=2)
+    try:
+        results = await asyncio.gather(*(client.index() for _ in range(3)), return_exceptions=True)
+        assert all(isinstance(r, TritonUnreachableError) for r in results)
+        assert results[0] is results[1] is results[2]
+        with pytest.raises(TritonUnreachableError):
+            await client.index()
+    finally:
+        await client.close()
