@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import yaml
 from tritonclient.grpc import service_pb2
 
 from benchmarks import noisy_neighbour as bench
@@ -47,9 +48,14 @@ def test_nothing_is_sent_outside_loopback() -> None:
 def test_the_limits_are_read_from_the_manifest(tmp_path: Path) -> None:
     real = bench.deploy_limits()
     assert set(real) == {"gateway", "agent", "triton"}
-    text = bench.DAEMONSET.read_text()
+    docs = list(yaml.safe_load_all(bench.DAEMONSET.read_text()))
+    for doc in docs:
+        if doc and doc.get("kind") == "DaemonSet":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                if container["name"] == "agent":
+                    container["resources"]["limits"]["memory"] = "700Mi"
     edited = tmp_path / "node-daemonset.yaml"
-    edited.write_text(text.replace("memory: 512Mi", "memory: 700Mi"))
+    edited.write_text(yaml.safe_dump_all(docs))
     assert bench.deploy_limits(edited)["agent"] == 700 * MIB
     assert bench.deploy_limits(edited)["gateway"] == real["gateway"]
 
