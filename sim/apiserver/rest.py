@@ -35,6 +35,7 @@ from sim.apiserver.resources import (
     LEASES,
     NAMESPACES,
     NODES,
+    POD_DISRUPTION_BUDGETS,
     PODS,
     STORED,
     VALIDATING_ADMISSION_POLICIES,
@@ -244,6 +245,17 @@ class Registry:
             spec = obj.get("spec")
             if isinstance(spec, dict):
                 spec.setdefault("failurePolicy", "Fail")
+        elif resource is POD_DISRUPTION_BUDGETS:
+            # As upstream's strategy: a new budget starts at generation 1 with an empty status,
+            # which the disruption controller then fills in.
+            obj.setdefault("spec", {})
+            obj["metadata"]["generation"] = 1
+            obj["status"] = {
+                "disruptionsAllowed": 0,
+                "currentHealthy": 0,
+                "desiredHealthy": 0,
+                "expectedPods": 0,
+            }
         elif resource is NAMESPACES:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
@@ -376,6 +388,12 @@ class Registry:
                 causes += validation.pod_update_causes(old, obj)
         if resource is NAMESPACES and subresource != "status":
             obj["spec"] = old.get("spec", {})
+        if resource is POD_DISRUPTION_BUDGETS:
+            # The generation counts spec changes; the controller's observedGeneration trails it.
+            generation = int(old_meta.get("generation") or 1)
+            if subresource != "status" and obj.get("spec") != old.get("spec"):
+                generation += 1
+            meta["generation"] = generation
         self._validate(resource, obj, causes)
         admit("UPDATE", resource, subresource, current.namespace, current.name, obj, old)
         if _finalized(obj):
