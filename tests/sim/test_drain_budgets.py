@@ -10,6 +10,8 @@ ReplicaSet would."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from tests.conftest import require_executable
 from tests.deploy.rendering import DEPLOY, render_chart
 from tests.fixtures_sim import core_v1, status_of
 
@@ -187,3 +190,63 @@ def test_example_model_with_one_replica_does_not_block_a_drain(kube_api: client.
     pods = Workload(kube_api, deployment, budget)
     only = pods.start_pod(ready=True)
     assert pods.evict(only) == 201
+
+
+def _drain(kubeconfig: Path, node: str, timeout: str) -> subprocess.Popen[str]:
+    """`kubectl drain` as an operator runs it (the real binary, evicting through the API)."""
+    return subprocess.Popen(
+        [
+            require_executable("kubectl"),
+            f"--kubeconfig={kubeconfig}",
+            "drain",
+            node,
+            f"--timeout={timeout}",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish_terminating(pods: Workload, name: str, drain: subprocess.Popen[str]) -> str:
+    """Play the kubelet while the drain runs: end the pod once it is terminating. The drain's
+    output once it has exited."""
+    deadline = time.monotonic() + 30
+    while drain.poll() is None and time.monotonic() < deadline:
+        try:
+            pod = pods.v1.read_namespaced_pod(name, pods.namespace)
+        except client.ApiException as e:
+            assert e.status == 404
+        else:
+            if pod.metadata.deletion_timestamp is not None:
+                pods.kubelet_finishes(name)
+        time.sleep(0.1)
+    output, _ = drain.communicate(timeout=30)
+    return output
+
+
+def test_kubectl_drain_waits_on_the_binder_budget(
+    kube_api: client.ApiClient, kubeconfig: Path
+) -> None:
+    deployment, budget = SHIPPED["base binder"]
+    pods = Workload(kube_api, deployment, budget)
+    first, second = pods.start_pod(ready=True), pods.start_pod(ready=True)
+    for name in (first, second):
+        pods.v1.create_node({"metadata": {"name": f"node-{name}"}})
+    drain = _drain(kubeconfig, f"node-{first}", "20s")
+    output = _finish_terminating(pods, first, drain)
+    assert drain.returncode == 0, output
+    assert f"node/node-{first} drained" in output
+    # The replacement is not Ready yet: draining the other node must not take the last binder.
+    replacement = pods.start_pod(ready=False)
+    refused = _drain(kubeconfig, f"node-{second}", "3s")
+    output, _ = refused.communicate(timeout=60)
+    assert refused.returncode != 0
+    assert VIOLATES in output
+    assert pods.v1.read_namespaced_pod(second, pods.namespace).metadata.deletion_timestamp is None
+    pods.set_ready(replacement, True)
+    drain = _drain(kubeconfig, f"node-{second}", "20s")
+    output = _finish_terminating(pods, second, drain)
+    assert drain.returncode == 0, output

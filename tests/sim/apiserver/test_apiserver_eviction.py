@@ -168,7 +168,8 @@ def test_budget_needing_a_scale_fails_safe_without_a_controller(kube_api: client
     assert answer["details"]["causes"][0]["message"] == (
         "The disruption budget bare is still being processed by the server."
     )
-    assert raised.value.headers["Retry-After"] == "10"
+    headers: Any = raised.value.headers
+    assert headers["Retry-After"] == "10"
 
 
 def test_selector_absent_selects_nothing_empty_selects_all(kube_api: client.ApiClient) -> None:
