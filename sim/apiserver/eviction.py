@@ -28,7 +28,7 @@ from sim.apiserver import disruption
 from sim.apiserver.clock import Clock, rfc3339
 from sim.apiserver.errors import ApiError, bad_request, not_found
 from sim.apiserver.resources import POD_DISRUPTION_BUDGETS, PODS
-from sim.apiserver.rest import DeleteOptions, Registry
+from sim.apiserver.rest import DeleteOptions, Registry, check_preconditions
 from sim.apiserver.store import Stored
 
 JsonObject = dict[str, Any]
@@ -148,11 +148,8 @@ def _spend(registry: Registry, clock: Clock, budget: Stored, pod_name: str) -> N
 
 def _mark_and_delete(registry: Registry, clock: Clock, pod: Stored, options: DeleteOptions) -> None:
     """Add the DisruptionTarget condition, then delete the pod as the delete verb does."""
-    meta = pod.obj["metadata"]
-    if options.uid is not None and options.uid != meta.get("uid"):
-        registry.delete(PODS, pod.namespace, pod.name, options)  # raises upstream's 409
-    if options.resource_version is not None and options.resource_version != str(pod.rv):
-        registry.delete(PODS, pod.namespace, pod.name, options)  # raises upstream's 409
+    # The condition is written only for a pod the delete's preconditions allow, as upstream.
+    check_preconditions(PODS, pod, options)
     obj = pod.copy()
     conditions = obj.setdefault("status", {}).setdefault("conditions", [])
     target = {

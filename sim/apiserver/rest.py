@@ -423,20 +423,7 @@ class Registry:
                 f'namespaces "{name}" is forbidden: this namespace may not be deleted',
                 {"name": name, "kind": "namespaces"},
             )
-        if options.uid is not None and options.uid != meta.get("uid"):
-            raise conflict(
-                resource.group_resource,
-                name,
-                f"Precondition failed: UID in precondition: {options.uid}, UID in object meta:"
-                f" {meta.get('uid')}",
-            )
-        if options.resource_version is not None and options.resource_version != str(current.rv):
-            raise conflict(
-                resource.group_resource,
-                name,
-                f"Precondition failed: ResourceVersion in precondition:"
-                f" {options.resource_version}, ResourceVersion in object meta: {current.rv}",
-            )
+        check_preconditions(resource, current, options)
         admit("DELETE", resource, "", namespace, name, None, current.obj)
         grace = self._grace_period(resource, current, options)
         finalizers = meta.get("finalizers") or []
@@ -475,6 +462,25 @@ class Registry:
                 self.store.remove(resource, namespace, stored.name)
 
     # binding
+
+
+def check_preconditions(resource: Resource, current: Stored, options: DeleteOptions) -> None:
+    """409 Conflict, in upstream's words, when the delete's uid or resourceVersion is not the
+    object's."""
+    uid = current.obj["metadata"].get("uid")
+    if options.uid is not None and options.uid != uid:
+        raise conflict(
+            resource.group_resource,
+            current.name,
+            f"Precondition failed: UID in precondition: {options.uid}, UID in object meta: {uid}",
+        )
+    if options.resource_version is not None and options.resource_version != str(current.rv):
+        raise conflict(
+            resource.group_resource,
+            current.name,
+            f"Precondition failed: ResourceVersion in precondition:"
+            f" {options.resource_version}, ResourceVersion in object meta: {current.rv}",
+        )
 
 
 def _finalized(obj: JsonObject) -> bool:
