@@ -313,6 +313,8 @@ class DisruptionController:
     def _on_event(self, event: Event) -> None:
         if event.resource is PODS:
             namespace = event.stored.namespace
+            if namespace not in self.store.namespaces_of(POD_DISRUPTION_BUDGETS):
+                return  # the common case, kept to one lookup per pod write
             labels = [labels_of(event.stored.obj)]
             if event.prev is not None:
                 labels.append(labels_of(event.prev.obj))
