@@ -240,6 +240,13 @@ def test_budgets_list_by_label_and_watch_sees_status(kube_api: client.ApiClient)
     make_budget(kube_api, "other", {"minAvailable": 1})
     listed = policy.list_namespaced_pod_disruption_budget(NS, label_selector="team=a")
     assert [b.metadata.name for b in listed.items] == ["w"]
+    by_name = policy.list_pod_disruption_budget_for_all_namespaces(
+        field_selector="metadata.name=other"
+    )
+    assert [b.metadata.name for b in by_name.items] == ["other"]
+    with pytest.raises(client.ApiException) as raised:
+        policy.list_namespaced_pod_disruption_budget(NS, field_selector="spec.minAvailable=1")
+    assert raised.value.status == 400
     start = listed.metadata.resource_version
     policy.patch_namespaced_pod_disruption_budget("w", NS, {"spec": {"selector": _selector("w")}})
     make_pod(kube_api, "w-a", {"app": "w"}, ready=True)
