@@ -63,18 +63,23 @@ def resource_list(group: str, version: str) -> JsonObject | None:
             entry["shortNames"] = list(resource.short_names)
         resources.append(entry)
         for sub in sorted(resource.subresources):
-            creates = sub in ("binding", "token")
-            resources.append(
-                {
-                    "name": f"{resource.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": resource.namespaced,
-                    "kind": {"binding": "Binding", "token": "TokenRequest"}.get(sub, resource.kind),
-                    "verbs": ["create"]
-                    if creates
-                    else (["get", "patch", "update"] if resource in STORED else []),
-                }
-            )
+            creates = sub in ("binding", "token", "eviction")
+            sub_entry: JsonObject = {
+                "name": f"{resource.plural}/{sub}",
+                "singularName": "",
+                "namespaced": resource.namespaced,
+                "kind": {"binding": "Binding", "token": "TokenRequest", "eviction": "Eviction"}.get(
+                    sub, resource.kind
+                ),
+                "verbs": ["create"]
+                if creates
+                else (["get", "patch", "update"] if resource in STORED else []),
+            }
+            if sub == "eviction":
+                # As upstream: the Eviction kind is policy/v1's, served under core pods.
+                sub_entry["group"] = "policy"
+                sub_entry["version"] = "v1"
+            resources.append(sub_entry)
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",

@@ -126,7 +126,7 @@ PODS = Resource(
         "status.podIPs": _pod_ips,
         "status.nominatedNodeName": _path("status", "nominatedNodeName"),
     },
-    subresources=frozenset({"status", "binding"}),
+    subresources=frozenset({"status", "binding", "eviction"}),
     status_subresource=True,
 )
 
@@ -194,6 +194,18 @@ VALIDATING_ADMISSION_POLICY_BINDINGS = Resource(
     field_labels=_META,
 )
 
+POD_DISRUPTION_BUDGETS = Resource(
+    group="policy",
+    version="v1",
+    plural="poddisruptionbudgets",
+    kind="PodDisruptionBudget",
+    short_names=("pdb",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
 STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
@@ -203,6 +215,7 @@ STORED: tuple[Resource, ...] = (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     VALIDATING_ADMISSION_POLICIES,
     VALIDATING_ADMISSION_POLICY_BINDINGS,
+    POD_DISRUPTION_BUDGETS,
 )
 
 # Served but never stored: the service-account token subresource and TokenReview.

@@ -35,6 +35,7 @@ from sim.apiserver.resources import (
     LEASES,
     NAMESPACES,
     NODES,
+    POD_DISRUPTION_BUDGETS,
     PODS,
     STORED,
     VALIDATING_ADMISSION_POLICIES,
@@ -244,6 +245,17 @@ class Registry:
             spec = obj.get("spec")
             if isinstance(spec, dict):
                 spec.setdefault("failurePolicy", "Fail")
+        elif resource is POD_DISRUPTION_BUDGETS:
+            # As upstream's strategy: a new budget starts at generation 1 with an empty status,
+            # which the disruption controller then fills in.
+            obj.setdefault("spec", {})
+            obj["metadata"]["generation"] = 1
+            obj["status"] = {
+                "disruptionsAllowed": 0,
+                "currentHealthy": 0,
+                "desiredHealthy": 0,
+                "expectedPods": 0,
+            }
         elif resource is NAMESPACES:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
@@ -376,6 +388,12 @@ class Registry:
                 causes += validation.pod_update_causes(old, obj)
         if resource is NAMESPACES and subresource != "status":
             obj["spec"] = old.get("spec", {})
+        if resource is POD_DISRUPTION_BUDGETS:
+            # The generation counts spec changes; the controller's observedGeneration trails it.
+            generation = int(old_meta.get("generation") or 1)
+            if subresource != "status" and obj.get("spec") != old.get("spec"):
+                generation += 1
+            meta["generation"] = generation
         self._validate(resource, obj, causes)
         admit("UPDATE", resource, subresource, current.namespace, current.name, obj, old)
         if _finalized(obj):
@@ -405,20 +423,7 @@ class Registry:
                 f'namespaces "{name}" is forbidden: this namespace may not be deleted',
                 {"name": name, "kind": "namespaces"},
             )
-        if options.uid is not None and options.uid != meta.get("uid"):
-            raise conflict(
-                resource.group_resource,
-                name,
-                f"Precondition failed: UID in precondition: {options.uid}, UID in object meta:"
-                f" {meta.get('uid')}",
-            )
-        if options.resource_version is not None and options.resource_version != str(current.rv):
-            raise conflict(
-                resource.group_resource,
-                name,
-                f"Precondition failed: ResourceVersion in precondition:"
-                f" {options.resource_version}, ResourceVersion in object meta: {current.rv}",
-            )
+        check_preconditions(resource, current, options)
         admit("DELETE", resource, "", namespace, name, None, current.obj)
         grace = self._grace_period(resource, current, options)
         finalizers = meta.get("finalizers") or []
@@ -457,6 +462,25 @@ class Registry:
                 self.store.remove(resource, namespace, stored.name)
 
     # binding
+
+
+def check_preconditions(resource: Resource, current: Stored, options: DeleteOptions) -> None:
+    """409 Conflict, in upstream's words, when the delete's uid or resourceVersion is not the
+    object's."""
+    uid = current.obj["metadata"].get("uid")
+    if options.uid is not None and options.uid != uid:
+        raise conflict(
+            resource.group_resource,
+            current.name,
+            f"Precondition failed: UID in precondition: {options.uid}, UID in object meta: {uid}",
+        )
+    if options.resource_version is not None and options.resource_version != str(current.rv):
+        raise conflict(
+            resource.group_resource,
+            current.name,
+            f"Precondition failed: ResourceVersion in precondition:"
+            f" {options.resource_version}, ResourceVersion in object meta: {current.rv}",
+        )
 
 
 def _finalized(obj: JsonObject) -> bool:

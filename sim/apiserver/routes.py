@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim.apiserver import binding, discovery, listing
+from sim.apiserver import binding, discovery, eviction, listing
 from sim.apiserver import watch as watches
 from sim.apiserver.admission import webhooks
 from sim.apiserver.admission.policies import Policies
@@ -29,6 +29,7 @@ from sim.apiserver.admission.policies import Request as AdmissionRequest
 from sim.apiserver.audit import WRITE_VERBS, AuditLog, AuditRecord
 from sim.apiserver.auth import CLUSTER_ADMIN, TokenAuthority, UserInfo
 from sim.apiserver.clock import Clock
+from sim.apiserver.disruption import DisruptionController
 from sim.apiserver.errors import (
     ApiError,
     bad_request,
@@ -74,10 +75,12 @@ class ApiServerCore:
     audit: AuditLog = field(init=False)
     faults: Faults = field(default_factory=Faults)
     policies: Policies = field(init=False)
+    disruption: DisruptionController = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = Store(self.settings.history_size)
         self.registry = Registry(self.store, self.clock)
+        self.disruption = DisruptionController(self.store, self.clock)
         self.authority = TokenAuthority(self.store, self.clock)
         self.policies = Policies(self.store)
         self.audit = AuditLog(self.settings.audit_size)
@@ -195,7 +198,12 @@ class Handlers:
             return response
         except ApiError as e:
             code = e.code
-            return _json(e.status(), e.code)
+            answer = _json(e.status(), e.code)
+            retry_after = (e.details or {}).get("retryAfterSeconds")
+            if retry_after:
+                # As upstream's response writer: a suggested retry delay is a header too.
+                answer.headers["Retry-After"] = str(retry_after)
+            return answer
         except web.HTTPException as e:
             code = e.status
             raise
@@ -395,6 +403,13 @@ class Handlers:
             if isinstance(body, dict):
                 self._admit(request)("CREATE", resource, sub, namespace, info.name, body, None)
             return self._bind(namespace, info.name, body)
+        if sub == "eviction":
+            if info.verb != "create":
+                raise method_not_allowed(info.verb, "pods/eviction")
+            body = await _body(request)
+            options = eviction.check_body(namespace, info.name, body)
+            self._admit(request)("CREATE", resource, sub, namespace, info.name, body, None)
+            return self._evict(namespace, info.name, options)
         if info.verb == "get":
             return _object(self.core.registry.get(resource, namespace, info.name))
         if info.verb == "update":
@@ -432,6 +447,14 @@ class Handlers:
             },
             201,
         )
+
+    def _evict(self, namespace: str, name: str, options: DeleteOptions) -> web.Response:
+        refused = eviction.evict(self.core.registry, self.core.clock, namespace, name, options)
+        status: JsonObject = {"kind": "Status", "apiVersion": "v1", "metadata": {}}
+        if refused is not None:
+            # Upstream answers this one with a Failure Status of its own, without a reason.
+            return _json(status | {"status": "Failure", "message": refused, "code": 500}, 500)
+        return _json(status | {"status": "Success", "code": 201}, 201)
 
     async def _delete_options(self, request: web.Request) -> DeleteOptions:
         grace = _int_param(request, "gracePeriodSeconds")

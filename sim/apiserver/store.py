@@ -4,6 +4,8 @@ Like etcd behind kube-apiserver, every write takes the next resourceVersion from
 cluster-wide counter and appends one event (ADDED, MODIFIED, DELETED) to a bounded history that
 watches replay; a watch or exact list older than the history is told it expired (410). Pods are
 indexed by namespace and by `spec.nodeName`, so a node-scoped list does not scan every pod.
+Observers (the server's own controllers, such as the disruption controller) see each event after
+the watchers.
 
 Stored objects are immutable once committed: readers share them without copying and take their
 JSON from a per-version cache, and writers build a new dict for each version (`Stored.copy()`).
@@ -153,6 +155,7 @@ class Store:
         self._pods_by_node: dict[str, dict[Key, Stored]] = {}
         self._unindexed: dict[str, set[Watcher]] = {r.plural: set() for r in STORED}
         self._by_trigger: dict[str, dict[str, set[Watcher]]] = {r.plural: {} for r in STORED}
+        self._observers: list[Callable[[Event], None]] = []
         self.closed = False
 
     # reads
@@ -263,6 +266,13 @@ class Store:
             for value in values:
                 for watcher in triggers.get(value, ()):
                     watcher.offer(event)
+        for observer in self._observers:
+            observer(event)
+
+    def observe(self, observer: Callable[[Event], None]) -> None:
+        """Call `observer` with every event once it is committed and offered to watchers (the
+        server's own controllers; an observer may write, its writes are observed in turn)."""
+        self._observers.append(observer)
 
     # history
 

@@ -13,9 +13,11 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from sim.apiserver import disruption
 from sim.apiserver.admission import registration
 from sim.apiserver.resources import (
     NAMESPACES,
+    POD_DISRUPTION_BUDGETS,
     PODS,
     VALIDATING_ADMISSION_POLICIES,
     VALIDATING_ADMISSION_POLICY_BINDINGS,
@@ -401,6 +403,8 @@ def kind_causes(resource: Resource, obj: JsonObject) -> Causes:
         causes += pod_causes(obj)
     elif resource in (VALIDATING_ADMISSION_POLICIES, VALIDATING_ADMISSION_POLICY_BINDINGS):
         causes += registration.spec_causes(resource, obj)
+    elif resource is POD_DISRUPTION_BUDGETS:
+        causes += disruption.spec_causes(obj)
     return causes
 
 
@@ -538,6 +542,8 @@ def decoding_error(resource: Resource, obj: JsonObject) -> str | None:
                         f"Container.spec.{list_name}.resources",
                     )
                     problem = problem or _quantity_problem(container.get("resources"))
+    if problem is None and resource is POD_DISRUPTION_BUDGETS:
+        problem = disruption.decoding_problem(obj)
     if problem is None:
         return None
     # The decoder reports a bad quantity in its own words, a type mismatch as json's.
