@@ -55,6 +55,8 @@ class CallerBook:
         """The callers of the last table this book saw fresh: all a stale table may serve."""
         self._fresh_table: CallerTable | None = None
         self._serving: dict[str, Caller] = {}
+        self._stale_table: CallerTable | None = None
+        """The stale table `_serving` was last narrowed by."""
         """Who may call now; empty whenever `problem` is set."""
         self.problem = "the caller table has not been read yet"
         """Why no pod may call now (empty while the table is fresh or within its grace)."""
@@ -114,8 +116,12 @@ class CallerBook:
             return
         last_fresh = None if self._fresh_table is None else self._fresh_table.written_at
         if last_fresh is not None and now - last_fresh <= self.max_age + self.stale_grace:
-            current = table.by_address()
-            serving = {a: c for a, c in self._fresh.items() if current.get(a) == c}
+            serving = self._serving
+            if table is not self._stale_table or not self.stale:
+                # Once per table read, not per poll: a stale table stays in hand for minutes.
+                current = table.by_address()
+                serving = {a: c for a, c in self._fresh.items() if current.get(a) == c}
+                self._stale_table = table
             if not self.stale:
                 self.stale = (
                     f"the caller table was last written at {_when(last_fresh)}, more than "

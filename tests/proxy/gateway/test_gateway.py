@@ -258,7 +258,7 @@ def test_a_lost_agent_leaves_the_last_callers_served_until_the_grace_ends(
 ) -> None:
     publish(table, caller(ADD_ONE_POD, "add_one"))
     settings = gateway_settings(
-        served_triton, table, table_max_age_seconds=1, table_stale_grace_seconds=4
+        served_triton, table, table_max_age_seconds=1, table_stale_grace_seconds=8
     )
     with running_gateway(settings) as gateway:
         assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
@@ -273,8 +273,8 @@ def test_a_lost_agent_leaves_the_last_callers_served_until_the_grace_ends(
         with urllib.request.urlopen(gateway.metrics_url.replace("/metrics", "/healthz")) as r:
             assert r.status == 200
         # The grace ends: everyone is refused, as with no table.
-        poll(lambda: refused(gateway, ADD_ONE_POD, gateway.http_url), "the grace ending")
-        assert "--table-stale-grace" in readiness(gateway)[1]
+        poll(lambda: "--table-stale-grace (8 s) ago" in readiness(gateway)[1], "the grace ending")
+        assert refused(gateway, ADD_ONE_POD, gateway.http_url)
         metrics = scrape(gateway)
         assert "tritonshare_gateway_caller_table_stale 0.0" in metrics
         assert 'reason="no_table"' in metrics
