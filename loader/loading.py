@@ -123,10 +123,12 @@ class Loading:
         """Get the model READY, or raise the LoaderError that says why not."""
         deadline = Deadline(self._timing.total_seconds, self._clock)
         attempt = 0
-        # When the current run of failures with no connection to the agent began.
+        # When the first pass of the current run of failures with no connection began: a black
+        # hole (a connect that never completes) spends its attempt timeout before failing.
         unreachable_since: float | None = None
         while True:
             attempt += 1
+            pass_started = self._clock()
             try:
                 status = await self._one_pass(deadline)
             except TransientError as e:
@@ -136,7 +138,8 @@ class Loading:
                     unreachable_since = None
                 else:
                     now = self._clock()
-                    unreachable_since = now if unreachable_since is None else unreachable_since
+                    if unreachable_since is None:
+                        unreachable_since = pass_started
                     left = self._timing.unreachable_seconds - (now - unreachable_since)
                     if left <= 0:
                         raise self._lost_agent(e, now - unreachable_since) from e

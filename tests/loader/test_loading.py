@@ -348,3 +348,14 @@ async def test_busy_answers_never_spend_the_unreachable_budget(
     with pytest.raises(AgentUnreachableError, match="did not answer for"):
         await loading(agent, model, manifest, total=100, unreachable=5).run()
     assert agent.time.now > 90
+
+
+async def test_a_black_holed_agent_spends_the_budget_in_its_first_attempt(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    # Each GetModel waits 20 s for a connection that never completes, then fails.
+    gone = TransientError("GetModel: no connection", reached_agent=False, no_connection=True)
+    agent = ScriptedAgent(FakeTime(), get=[gone], call_seconds=20.0)
+    with pytest.raises(AgentUnreachableError, match="no connection for 40 s"):
+        await loading(agent, model, manifest, total=600, unreachable=30).run()
+    assert agent.calls == ["get", "get"]
