@@ -25,7 +25,9 @@ from loader.errors import (
     QUERY,
     UNLOAD,
     InvalidModelError,
+    LoaderError,
     SettingsError,
+    TransientError,
     classify,
 )
 from loader.manifest import hash_file
@@ -118,6 +120,12 @@ class AgentClient:
         """Close the channel; pending calls are cancelled."""
         await self._channel.close(grace=None)
 
+    def _failure(self, e: grpc.aio.AioRpcError, phase: str) -> LoaderError | TransientError:
+        # The channel's state, not the message, tells "no connection" from the agent's own
+        # UNAVAILABLE ("busy"): grpc-core's wording of connection errors is not an interface.
+        connected = self._channel.get_state() is grpc.ChannelConnectivity.READY
+        return classify(e.code(), e.details() or "", phase, connected=connected)
+
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         try:
             token = self._token_file.read_text(encoding="utf-8").strip()
@@ -142,7 +150,7 @@ class AgentClient:
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 return ModelStatus(model_id=model_id, state=ModelState.ABSENT)
-            raise classify(e.code(), e.details() or "", QUERY) from e
+            raise self._failure(e, QUERY) from e
         return ModelStatus.from_proto(reply)
 
     async def load(self, model_id: str, time_limit: float) -> ModelStatus:
@@ -153,7 +161,7 @@ class AgentClient:
                 request, metadata=self._metadata(), timeout=time_limit
             )
         except grpc.aio.AioRpcError as e:
-            raise classify(e.code(), e.details() or "", LOAD) from e
+            raise self._failure(e, LOAD) from e
         return ModelStatus.from_proto(reply)
 
     async def unload(self, model_id: str, time_limit: float) -> ModelStatus:
@@ -164,7 +172,7 @@ class AgentClient:
                 request, metadata=self._metadata(), timeout=time_limit
             )
         except grpc.aio.AioRpcError as e:
-            raise classify(e.code(), e.details() or "", UNLOAD) from e
+            raise self._failure(e, UNLOAD) from e
         return ModelStatus.from_proto(reply)
 
     async def install(
@@ -198,7 +206,7 @@ class AgentClient:
                         f"{', '.join(changed[:3])} in the model directory changed while being "
                         f"sent; finish writing the model before the loader starts"
                     ) from e
-            raise classify(e.code(), e.details() or "", INSTALL) from e
+            raise self._failure(e, INSTALL) from e
         if counter.failure is not None:
             raise counter.failure
         return InstallResult(

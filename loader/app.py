@@ -51,6 +51,7 @@ async def run(settings: Settings) -> Outcome:
         attempt_seconds=settings.attempt_timeout_seconds,
         poll_seconds=settings.poll_seconds,
         backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds),
+        unreachable_seconds=settings.agent_unreachable_seconds,
     )
     client = AgentClient(
         settings.agent_address,

@@ -65,7 +65,8 @@ class TimedOutError(LoaderError):
 
 
 class AgentUnreachableError(LoaderError):
-    """The agent never answered before the overall timeout."""
+    """The agent never answered before the overall timeout, or no connection to it could be had
+    for the unreachable budget (the node's agent is down)."""
 
     exit_code = ExitCode.AGENT_UNREACHABLE
 
@@ -83,14 +84,17 @@ class StoppedError(LoaderError):
 
 
 class TransientError(Exception):
-    """A failure worth retrying; `reached_agent` tells timeout from unreachable when time runs out.
+    """A failure worth retrying; `reached_agent` tells timeout from unreachable when time runs out,
+    and `no_connection` says the loader had no connection to the agent at all (refused, no route,
+    still connecting), as opposed to an agent that answered "busy" or "Triton is starting".
 
     Not a LoaderError: it never ends the process by itself.
     """
 
-    def __init__(self, message: str, *, reached_agent: bool) -> None:
+    def __init__(self, message: str, *, reached_agent: bool, no_connection: bool = False) -> None:
         super().__init__(message)
         self.reached_agent = reached_agent
+        self.no_connection = no_connection
 
 
 # Which agent RPC failed matters for one code: INVALID_ARGUMENT on an install means the agent found
@@ -153,9 +157,23 @@ _REFUSAL_HINT = {
 CUT_STREAM_DETAILS = "Internal error from Core"
 
 
-def classify(code: grpc.StatusCode, details: str, phase: str) -> LoaderError | TransientError:
-    """Map an agent RPC's failure onto a permanent LoaderError or a TransientError."""
+# Codes that, on a channel with no connection, mean the call never reached the agent. The agent
+# itself answers UNAVAILABLE too (busy, Triton starting), but only over a connection.
+_NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def classify(
+    code: grpc.StatusCode, details: str, phase: str, *, connected: bool = True
+) -> LoaderError | TransientError:
+    """Map an agent RPC's failure onto a permanent LoaderError or a TransientError; `connected`
+    says whether the channel had a connection to the agent when the call failed."""
     details = details or code.name
+    if code in _NO_ANSWER and not connected:
+        return TransientError(
+            f"{phase}: no connection to the agent ({code.name}: {details})",
+            reached_agent=False,
+            no_connection=True,
+        )
     if code == grpc.StatusCode.INTERNAL and details == CUT_STREAM_DETAILS:
         return TransientError(
             f"{phase}: the agent ended the stream while files were still being sent",

@@ -65,6 +65,8 @@ class Timing:
     attempt_seconds: float
     poll_seconds: float
     backoff: Backoff
+    unreachable_seconds: float = float("inf")
+    """How long the loader goes on with no connection to the agent at all before it gives up."""
 
 
 @dataclass(frozen=True)
@@ -121,13 +123,28 @@ class Loading:
         """Get the model READY, or raise the LoaderError that says why not."""
         deadline = Deadline(self._timing.total_seconds, self._clock)
         attempt = 0
+        # When the first pass of the current run of failures with no connection began: a black
+        # hole (a connect that never completes) spends its attempt timeout before failing.
+        unreachable_since: float | None = None
         while True:
             attempt += 1
+            pass_started = self._clock()
             try:
                 status = await self._one_pass(deadline)
             except TransientError as e:
                 self._reached_agent = self._reached_agent or e.reached_agent
                 delay = self._timing.backoff.delay(attempt - 1, self._rng)
+                if not e.no_connection:
+                    unreachable_since = None
+                else:
+                    now = self._clock()
+                    if unreachable_since is None:
+                        unreachable_since = pass_started
+                    left = self._timing.unreachable_seconds - (now - unreachable_since)
+                    if left <= 0:
+                        raise self._lost_agent(e, now - unreachable_since) from e
+                    # One more try at the end of the budget rather than a wait past it.
+                    delay = min(delay, left)
                 if deadline.remaining() <= delay:
                     raise self._gave_up(e, deadline) from e
                 log.warning(
@@ -259,6 +276,15 @@ class Loading:
             f"the agent reported model {model_id} as {status.state.name} after loading it"
             + (f" ({status.reason})" if status.reason else ""),
             reached_agent=True,
+        )
+
+    def _lost_agent(self, last: TransientError, seconds: float) -> AgentUnreachableError:
+        return AgentUnreachableError(
+            f"the node's agent at {self._agent.address} is unreachable: no connection for "
+            f"{seconds:.0f} s (--agent-unreachable-seconds {self._timing.unreachable_seconds:g}; "
+            f"last: {last}); model {self._model.model_id} is not served. Check the tritonshare "
+            f"node pod on this pod's node (its agent container is down or restarting); this "
+            f"loader runs again at the container's next restart"
         )
 
     def _gave_up(

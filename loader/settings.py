@@ -46,6 +46,11 @@ class Settings:
     it. Default /var/run/secrets/tritonshare/token."""
     timeout_seconds: float = 600.0
     """Seconds, overall, from start until the model must be READY. Default 600."""
+    agent_unreachable_seconds: float = 30.0
+    """Seconds the loader goes on with no connection to the agent at all (refused, no route,
+    still connecting) before it exits 7: a pod bound to a node whose agent died is not left
+    waiting for `timeout_seconds`. An agent that answers, even "busy", resets it. Default 30,
+    several agent restarts' worth."""
     attempt_timeout_seconds: float = 30.0
     """Seconds one short agent call (GetModel) may take before it is retried. Default 30. Installs
     and loads are bounded by the overall timeout only: a big model takes long to send or load."""
@@ -102,6 +107,12 @@ DECLARATION = Declaration(
         ),
         _seconds(
             "timeout", "overall seconds until the model must be READY", "600", "timeout_seconds"
+        ),
+        _seconds(
+            "agent-unreachable-seconds",
+            "seconds with no connection to the agent before giving up (exit 7)",
+            "30",
+            "agent_unreachable_seconds",
         ),
         _seconds(
             "attempt-timeout",

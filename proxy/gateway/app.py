@@ -59,6 +59,7 @@ class Gateway:
         self.book = CallerBook(
             settings.caller_table,
             max_age=settings.table_max_age_seconds,
+            stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
         )
         self.metrics = GatewayMetrics(self.book, lambda: self.tenants)
@@ -69,7 +70,11 @@ class Gateway:
         self._accepting: list[asyncio.Task[None]] = []
 
     def not_ready(self) -> list[str]:
-        return [self.book.problem] if self.book.problem else []
+        # Serving a stale table is not ready either, so `kubectl get pods` shows the node pod's
+        # trouble; readiness gates no traffic here (proxies reach the gateway by hostPort, not
+        # through a Service) and the kubelet restarts only on /healthz, which stays 200.
+        problem = self.book.problem or self.book.stale
+        return [problem] if problem else []
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Read the table, listen, and spawn the accept loops and the table watch."""
@@ -159,6 +164,11 @@ class Gateway:
         self._refusals[address] = now
         why = self.book.problem or (
             "it is not a model pod that this node's agent placed and that owns its model here"
+            + (
+                " (the caller table is stale: no pod is admitted until the agent writes again)"
+                if self.book.stale
+                else ""
+            )
         )
         if too_many:
             why = (

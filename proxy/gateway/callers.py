@@ -2,11 +2,20 @@
 
 The table (`common.callers`) maps a pod's address to its model. The book rereads the file when its
 identity changes (a stat per poll: inode, size, mtime), and answers `lookup(address)` from memory
-on every accepted connection. It fails closed: no table, an unreadable first table, or a table the
-agent has not refreshed within `max_age` means no caller at all; an unreadable later table keeps
-the last good one until that one is too old. Whenever a caller disappears or changes (the pod was
-deleted, its model moved, the table went stale), `on_revoke` gets its address, so the gateway can
-drop that pod's open connections at once. What it must not do: accept connections or relay bytes.
+on every accepted connection. It fails closed: no table, an unreadable first table, or a table
+already older than `max_age` when this book first reads it means no caller at all; an unreadable
+later table keeps the last good one while it is fresh.
+
+A lost agent stops rewriting the table while Triton runs. Past `max_age` the book keeps serving
+the callers of the last table it saw fresh, and no one else (a table read while stale can only
+take callers away), for `stale_grace` more seconds; then no caller at all until the agent writes
+again. The risk it bounds is revocation: a pod deleted meanwhile keeps its access, and a pod that
+gets its address reaches that pod's model only, until the grace ends. A missing file ends the
+grace at once, and a restarted gateway has no last fresh table, so it fails closed.
+
+Whenever a caller disappears or changes (the pod was deleted, its model moved, the grace ended),
+`on_revoke` gets its address, so the gateway can drop that pod's open connections at once. What it
+must not do: accept connections or relay bytes.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from common.callers import Caller, CallerTable, CallerTableError, read_table
@@ -30,39 +40,50 @@ class CallerBook:
         path: Path,
         *,
         max_age: float,
+        stale_grace: float = 0.0,
         on_revoke: Callable[[set[str]], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
         self.max_age = max_age
+        self.stale_grace = stale_grace
         self.on_revoke = on_revoke
         self._clock = clock
         self._table: CallerTable | None = None
-        self._callers: dict[str, Caller] = {}
         self._identity: tuple[int, int, int] | None = None
+        self._fresh: dict[str, Caller] = {}
+        """The callers of the last table this book saw fresh: all a stale table may serve."""
+        self._fresh_table: CallerTable | None = None
+        self._serving: dict[str, Caller] = {}
+        self._stale_table: CallerTable | None = None
+        """The stale table `_serving` was last narrowed by."""
+        """Who may call now; empty whenever `problem` is set."""
         self.problem = "the caller table has not been read yet"
-        """Why no pod may call now (empty while the table is fresh)."""
+        """Why no pod may call now (empty while the table is fresh or within its grace)."""
+        self.stale = ""
+        """Why the callers served are the last fresh table's (empty unless within the grace)."""
 
     def lookup(self, address: str) -> Caller | None:
         """The caller at `address`, or None: not a proven model pod of this node, or no fresh
-        table."""
-        if self.problem:
-            return None
-        return self._callers.get(address)
+        table (nor a stale one within its grace)."""
+        return self._serving.get(address)
 
     @property
     def callers(self) -> dict[str, Caller]:
-        return dict(self._callers) if not self.problem else {}
+        return dict(self._serving)
 
     def age(self) -> float | None:
         """Seconds since the agent wrote the table in hand; None without one."""
         return None if self._table is None else self._clock() - self._table.written_at
 
     def check(self) -> None:
-        """Reread the file if it changed, then apply the age bound."""
+        """Reread the file if it changed, then apply the age bound and the grace."""
         try:
             stat = self.path.stat()
         except OSError as e:
+            # Whatever removed the file (a replaced node pod, a wiped volume) is no lost agent:
+            # the last fresh table is forgotten, and only a fresh one serves again.
+            self._fresh, self._fresh_table = {}, None
             self._fail(
                 f"no caller table at {self.path} ({e.strerror}); check that the node's agent "
                 "runs with --gateway-table naming this file, on a volume shared with the gateway"
@@ -79,35 +100,68 @@ class CallerBook:
                 log.error("%s: keeping the previous caller table while it is fresh.", e)
             else:
                 self._identity = identity
-                self._adopt(table)
-        age = self.age()
-        if age is not None and age > self.max_age:
-            self._fail(
-                f"the caller table was last written {age:.0f} s ago, more than --table-max-age "
-                f"({self.max_age:g} s): the node's agent is not refreshing it"
-            )
-        elif self._table is not None and self.problem:
-            log.info("Following the caller table: %d callers.", len(self._callers))
-            self.problem = ""
+                self._table = table
+        if self._table is not None:
+            self._apply(self._table)
 
-    def _adopt(self, table: CallerTable) -> None:
-        before = self.callers
-        self._table = table
-        self._callers = table.by_address()
-        fresh = self._clock() - table.written_at <= self.max_age
-        after = self._callers if fresh else {}
-        self._revoke({a for a, c in before.items() if after.get(a) != c})
+    def _apply(self, table: CallerTable) -> None:
+        now = self._clock()
+        if now - table.written_at <= self.max_age:
+            if table is not self._fresh_table:
+                self._fresh, self._fresh_table = table.by_address(), table
+            if self.problem or self.stale:
+                log.info("Following the caller table: %d callers.", len(self._fresh))
+                self.problem = self.stale = ""
+            self._serve(self._fresh)
+            return
+        last_fresh = None if self._fresh_table is None else self._fresh_table.written_at
+        if last_fresh is not None and now - last_fresh <= self.max_age + self.stale_grace:
+            serving = self._serving
+            if table is not self._stale_table or not self.stale:
+                # Once per table read, not per poll: a stale table stays in hand for minutes.
+                current = table.by_address()
+                serving = {a: c for a, c in self._fresh.items() if current.get(a) == c}
+                self._stale_table = table
+            if not self.stale:
+                self.stale = (
+                    f"the caller table was last written at {_when(last_fresh)}, more than "
+                    f"--table-max-age ({self.max_age:g} s) ago: the node's agent is not "
+                    "refreshing it; serving only the pods of the last fresh table, admitting no "
+                    f"other, until {_when(last_fresh + self.max_age + self.stale_grace)} "
+                    f"(--table-stale-grace {self.stale_grace:g} s)"
+                )
+                log.error("Serving a stale caller table: %s.", self.stale)
+            self._serve(serving)
+            return
+        if last_fresh is not None:
+            grace = f" and --table-stale-grace ({self.stale_grace:g} s)" if self.stale_grace else ""
+            problem = (
+                f"the caller table was last written at {_when(last_fresh)}, more than "
+                f"--table-max-age ({self.max_age:g} s){grace} ago: the node's agent is not "
+                "refreshing it"
+            )
+        else:
+            problem = (
+                f"the caller table was written at {_when(table.written_at)}, more than "
+                f"--table-max-age ({self.max_age:g} s) ago: the node's agent is not refreshing "
+                "it (a gateway that never saw it fresh serves no one from it)"
+            )
+        self._fail(problem)
 
     def _fail(self, problem: str) -> None:
         if problem != self.problem:
             log.error("Refusing every pod: %s", problem)
-        before = self.callers
         self.problem = problem
-        self._revoke(set(before))
+        self.stale = ""
+        self._serve({})
 
-    def _revoke(self, addresses: set[str]) -> None:
-        if addresses and self.on_revoke is not None:
-            self.on_revoke(addresses)
+    def _serve(self, serving: dict[str, Caller]) -> None:
+        if serving is self._serving:
+            return
+        before, self._serving = self._serving, serving
+        revoked = {a for a, c in before.items() if serving.get(a) != c}
+        if revoked and self.on_revoke is not None:
+            self.on_revoke(revoked)
 
     async def run(self, stop: asyncio.Event, poll_seconds: float) -> None:
         """Check the table every `poll_seconds` until `stop`."""
@@ -117,3 +171,9 @@ class CallerBook:
                 await asyncio.wait_for(stop.wait(), poll_seconds)
             except TimeoutError:
                 continue
+
+
+def _when(unix_seconds: float) -> str:
+    """A moment for a log sentence: 2026-11-23T12:00:01Z."""
+    moment = datetime.fromtimestamp(unix_seconds, UTC).replace(microsecond=0)
+    return moment.isoformat().replace("+00:00", "Z")

@@ -4,7 +4,8 @@ Each tenant's relays count into a `proxy.metrics.ProxyMetrics` of their own (the
 once per pod); at scrape time this collector renames their `tritonshare_proxy_*` series to
 `tritonshare_gateway_*` and labels them with the pod (they already carry the model), so one
 /metrics shows every caller. The gateway's own series: connections refused by reason, callers in
-the table, the table's age. Scrapes run on the event loop, like the relays.
+the table, the table's age, whether a stale table is being served. Scrapes run on the event
+loop, like the relays.
 """
 
 from __future__ import annotations
@@ -62,7 +63,13 @@ class _BookCollector(Collector):
         )
         table_age = self._book.age()
         age.add_metric([], -1.0 if table_age is None else table_age)
-        yield from (callers, age)
+        stale = GaugeMetricFamily(
+            "tritonshare_gateway_caller_table_stale",
+            "1 while the caller table is older than --table-max-age and the gateway still serves "
+            "the pods of the last fresh table (within --table-stale-grace), else 0.",
+        )
+        stale.add_metric([], 1.0 if self._book.stale else 0.0)
+        yield from (callers, age, stale)
 
 
 class GatewayMetrics:

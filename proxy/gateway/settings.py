@@ -52,7 +52,14 @@ class GatewaySettings:
     """How often the caller table's file is checked for a change (a stat, nothing more)."""
     table_max_age_seconds: float = 60.0
     """A table the agent has not rewritten for this long is treated as empty: every pod is
-    refused until the agent writes again (it rewrites every few seconds)."""
+    refused until the agent writes again (it rewrites every few seconds), except those of
+    `table_stale_grace_seconds`."""
+    table_stale_grace_seconds: float = 300.0
+    """Seconds past `table_max_age_seconds` during which a table this gateway saw fresh still
+    serves the pods it had then, and admits no other: a lost agent does not cut off a running
+    Triton's pods at once. The price is revocation: a pod deleted meanwhile keeps its access (and
+    a pod given its address reaches its model only) until this ends. 300 s is Kubernetes' own
+    grace for pods of an unreachable node, and the agent-down alert fires within it. 0: none."""
     max_body_bytes: int = 1024**3
     max_inflated_bytes: int = 64 * 1024**2
     head_timeout_seconds: float = 30.0
@@ -138,6 +145,14 @@ DECLARATION = Declaration(
             seconds(positive=True),
             "60",
             "table_max_age_seconds",
+        ),
+        Setting(
+            "table-stale-grace",
+            "seconds past --table-max-age during which the last fresh table's pods are still "
+            "served, and no other; 0 = none",
+            seconds(),
+            "300",
+            "table_stale_grace_seconds",
         ),
         *RELAY_LIMITS,
         Setting(

@@ -94,3 +94,13 @@ def test_a_load_the_gpu_cannot_hold_fails_with_the_agents_reason() -> None:
     assert isinstance(error, ModelRejectedError)
     assert error.exit_code == ExitCode.MODEL_REJECTED
     assert str(error) == f"the model does not fit on its GPU now: {details}"
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+def test_a_failure_with_no_connection_is_told_from_the_agents_own_unavailable(
+    code: grpc.StatusCode,
+) -> None:
+    lost = classify(code, "failed to connect to all addresses", QUERY, connected=False)
+    assert isinstance(lost, TransientError) and lost.no_connection and not lost.reached_agent
+    busy = classify(code, "this agent has as many calls as it allows", QUERY, connected=True)
+    assert isinstance(busy, TransientError) and not busy.no_connection

@@ -111,10 +111,18 @@ def installed(manifest: Manifest, sent: int) -> InstallResult:
 
 
 def loading(
-    agent: ScriptedAgent, model: ModelDirectory, manifest: Manifest, total: float = 60.0
+    agent: ScriptedAgent,
+    model: ModelDirectory,
+    manifest: Manifest,
+    total: float = 60.0,
+    unreachable: float = float("inf"),
 ) -> Loading:
     timing = Timing(
-        total_seconds=total, attempt_seconds=5.0, poll_seconds=0.5, backoff=Backoff(0.25, 4.0)
+        total_seconds=total,
+        attempt_seconds=5.0,
+        poll_seconds=0.5,
+        backoff=Backoff(0.25, 4.0),
+        unreachable_seconds=unreachable,
     )
     return Loading(
         agent,
@@ -304,3 +312,50 @@ async def test_a_load_cut_by_deadlines_after_an_answer_is_timed_out(
     agent.load_answers = [TransientError("LoadModel: DEADLINE_EXCEEDED", reached_agent=False)]
     with pytest.raises(TimedOutError, match="LoadModel: DEADLINE_EXCEEDED"):
         await loading(agent, model, manifest, total=10.0).run()
+
+
+async def test_no_connection_for_the_unreachable_budget_ends_as_unreachable_long_before_timeout(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    gone = TransientError("GetModel: no connection", reached_agent=False, no_connection=True)
+    agent = ScriptedAgent(FakeTime(), get=[gone])
+    with pytest.raises(AgentUnreachableError, match="--agent-unreachable-seconds 30") as error:
+        await loading(agent, model, manifest, total=600, unreachable=30).run()
+    assert "the node's agent at 10.0.0.5:9100 is unreachable" in str(error.value)
+    assert 30 <= agent.time.now < 31
+
+
+async def test_an_answer_between_failures_restarts_the_unreachable_budget(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    gone = TransientError("GetModel: no connection", reached_agent=False, no_connection=True)
+    busy = TransientError("GetModel: UNAVAILABLE: busy", reached_agent=False)
+    # 20 s without a connection, an answer ("busy"), 20 s more: never 30 s in a row.
+    time = FakeTime()
+    agent = ScriptedAgent(time, call_seconds=1.0)
+    agent.get = [*[gone] * 8, busy, *[gone] * 8, status(ModelState.ABSENT)]
+    agent.install_answers = [installed(manifest, manifest.total_bytes)]
+    agent.load_answers = [ready(manifest.digest)]
+    outcome = await loading(agent, model, manifest, total=600, unreachable=30).run()
+    assert outcome.status.state is ModelState.READY and time.now > 30
+
+
+async def test_busy_answers_never_spend_the_unreachable_budget(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    busy = TransientError("GetModel: UNAVAILABLE: busy", reached_agent=False)
+    agent = ScriptedAgent(FakeTime(), get=[busy])
+    with pytest.raises(AgentUnreachableError, match="did not answer for"):
+        await loading(agent, model, manifest, total=100, unreachable=5).run()
+    assert agent.time.now > 90
+
+
+async def test_a_black_holed_agent_spends_the_budget_in_its_first_attempt(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    # Each GetModel waits 20 s for a connection that never completes, then fails.
+    gone = TransientError("GetModel: no connection", reached_agent=False, no_connection=True)
+    agent = ScriptedAgent(FakeTime(), get=[gone], call_seconds=20.0)
+    with pytest.raises(AgentUnreachableError, match="no connection for 40 s"):
+        await loading(agent, model, manifest, total=600, unreachable=30).run()
+    assert agent.calls == ["get", "get"]

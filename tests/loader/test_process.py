@@ -4,7 +4,8 @@ node), a real Triton on the CPU, and sim/'s API server minting the pod's project
 A good model ends READY and answers an inference through tritonclient; a restarted pod re-uses
 what is installed without sending a byte, or replaces it when its files changed; a model Triton
 rejects exits 5 with Triton's reason; a model slower than the timeout exits 6; a refused token or
-pod exits 4; an agent that starts late is waited for.
+pod exits 4; an agent that starts late is waited for, and so is one that answers busy for longer
+than the loader waits for an unreachable one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kubernetes.client
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
 from loader.errors import ExitCode
+from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer, free_port
 from tests.conftest import copy_model
@@ -66,7 +70,12 @@ class AgentProcess:
 
 
 def start_agent(
-    tmp_path: Path, kubeconfig: Path, triton: TritonServer, repository: Path, grpc_port: int = 0
+    tmp_path: Path,
+    kubeconfig: Path,
+    triton: TritonServer,
+    repository: Path,
+    grpc_port: int = 0,
+    *extra: str,
 ) -> AgentProcess:
     ports = tmp_path / f"agent-ports-{grpc_port}.json"
     log = tmp_path / "agent.log"
@@ -77,7 +86,7 @@ def start_agent(
         "--listen-grpc", f"127.0.0.1:{grpc_port}", "--listen-http", "127.0.0.1:0",
         "--ports-file", str(ports), "--cpu-only",
         "--placement-key-dir", str(write_test_placement_key(tmp_path / "placement-key")),
-        "--tenant-code-namespaces", NAMESPACE,
+        "--tenant-code-namespaces", NAMESPACE, *extra,
     ]  # fmt: skip
     with log.open("ab") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -331,5 +340,61 @@ def test_an_agent_that_starts_late_is_waited_for(node: Node) -> None:
             loader.wait()
         if agent is not None:
             agent.stop()
+    assert code == ExitCode.OK, log.read_text()
+    assert "is READY on the CPU" in termination_log.read_text()
+
+
+def test_an_agent_that_answers_busy_is_retried_past_the_unreachable_budget(node: Node) -> None:
+    """Busy (UNAVAILABLE from the agent itself) is no lost agent: the loader keeps asking."""
+    agent = start_agent(
+        node.tmp_path, node.kubeconfig, node.triton, node.repository, 0,
+        "--max-calls-per-namespace", "1",
+    )  # fmt: skip
+    release = threading.Event()
+
+    def held_open() -> Iterator[agent_pb2.InstallModelRequest]:
+        release.wait(120)
+        yield from ()
+
+    # Another pod of the namespace holds the namespace's one call open, as a slow install would.
+    holder_token = node.pod_token("identity-0", "identity").read_text()
+    channel = grpc.insecure_channel(agent.grpc_address)
+    held = agent_pb2_grpc.AgentStub(channel).InstallModel.future(
+        held_open(), metadata=(("authorization", f"Bearer {holder_token}"),), timeout=120
+    )
+    model = copy_model("add_one", node.tmp_path / "pod")
+    token = node.pod_token("add-one-0", "add_one")
+    log = node.tmp_path / "loader.log"
+    termination_log = node.tmp_path / "busy-termination-log"
+    command = [
+        sys.executable, "-m", "loader", "--model-dir", str(model), "--model-id", "add_one",
+        "--agent-address", agent.grpc_address, "--token-file", str(token),
+        "--termination-log", str(termination_log), "--timeout", "120",
+        "--agent-unreachable-seconds", "1", "--backoff-max", "0.3",
+    ]  # fmt: skip
+    try:
+        with log.open("w") as out:
+            loader = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            started = time.monotonic()
+            deadline = started + 60
+            # Busy for three times the unreachable budget, and still retrying.
+            while time.monotonic() - started < 3 or "already has 1 calls" not in log.read_text():
+                assert loader.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, (
+                    f"the loader never met a busy agent:\n{log.read_text()}"
+                )
+                time.sleep(0.05)
+            release.set()
+            code = loader.wait(timeout=120)
+        finally:
+            if loader.poll() is None:
+                loader.kill()
+                loader.wait()
+    finally:
+        release.set()
+        channel.close()
+        agent.stop()
+    assert not held.running()
     assert code == ExitCode.OK, log.read_text()
     assert "is READY on the CPU" in termination_log.read_text()

@@ -69,6 +69,25 @@ def test_an_agent_that_never_comes_exits_7_after_the_timeout(
     assert time.monotonic() - started < 60
 
 
+def test_an_unreachable_agent_exits_7_after_its_own_short_budget(
+    tmp_path: Path, token: Path, nobody: str
+) -> None:
+    """A pod bound to a node whose agent just died is not left waiting for --timeout."""
+    model = copy_model("add_one", tmp_path)
+    started = time.monotonic()
+    run = run_loader(
+        tmp_path, model, "add_one", nobody, token,
+        "--timeout", "30", "--agent-unreachable-seconds", "2", "--backoff-max", "0.5",
+    )  # fmt: skip
+    waited = time.monotonic() - started
+    assert run.returncode == ExitCode.AGENT_UNREACHABLE, run.explain()
+    assert waited < 20, f"the loader waited {waited:.0f} s, as if for --timeout"
+    assert f"the node's agent at {nobody} is unreachable" in run.termination_message
+    assert "--agent-unreachable-seconds" in run.termination_message
+    assert "node pod" in run.termination_message
+    assert "retrying in" in run.logs
+
+
 def test_sigterm_while_waiting_exits_143_and_says_so(
     tmp_path: Path, token: Path, nobody: str
 ) -> None:

@@ -139,3 +139,63 @@ def test_a_table_already_stale_when_read_lets_no_one_in(tmp_path: Path) -> None:
     book.check()
     assert book.lookup(A.address) is None
     assert book.callers == {}
+
+
+def test_a_stale_table_serves_only_the_last_fresh_callers_until_the_grace_ends(
+    tmp_path: Path,
+) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    book = CallerBook(path, max_age=60, stale_grace=300, on_revoke=revoked.append, clock=clock)
+    written = clock.now
+    write_table(path, CallerTable("n", written, (A, B)))
+    book.check()
+    clock.now += 61
+    book.check()
+    assert book.lookup(A.address) == A and book.lookup(B.address) == B
+    assert not book.problem and "serving only the pods of the last fresh table" in book.stale
+    assert revoked == []
+    # A table read while stale (here an old one put back) may take callers away, never add.
+    newcomer = Caller("10.1.0.7", "add_one", "team-a/new", "uid-n")
+    write_table(path, CallerTable("n", written, (A, newcomer)))
+    book.check()
+    assert book.lookup(newcomer.address) is None and book.lookup(B.address) is None
+    assert book.lookup(A.address) == A and revoked == [{B.address}]
+    clock.now = written + 60 + 300
+    book.check()
+    assert book.lookup(A.address) == A
+    clock.now += 1
+    book.check()
+    assert book.lookup(A.address) is None and "--table-stale-grace (300 s)" in book.problem
+    assert not book.stale and revoked == [{B.address}, {A.address}]
+    # The agent is back: its fresh table serves, and a later loss has a grace again.
+    write_table(path, CallerTable("n", clock.now, (A,)))
+    book.check()
+    assert book.lookup(A.address) == A and not book.problem and not book.stale
+
+
+def test_a_missing_table_ends_the_grace_at_once_for_good(tmp_path: Path) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    book = CallerBook(path, max_age=60, stale_grace=300, clock=clock)
+    write_table(path, CallerTable("n", clock.now, (A,)))
+    book.check()
+    clock.now += 61
+    book.check()
+    assert book.lookup(A.address) == A
+    table = path.read_bytes()
+    path.unlink()
+    book.check()
+    assert book.lookup(A.address) is None and "no caller table" in book.problem
+    # The same stale table back in place is no fresh table: it serves no one.
+    path.write_bytes(table)
+    book.check()
+    assert book.lookup(A.address) is None and "never saw it fresh" in book.problem
+
+
+def test_a_table_stale_at_start_gets_no_grace(tmp_path: Path) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    write_table(path, CallerTable("n", clock.now - 61, (A,)))
+    book = CallerBook(path, max_age=60, stale_grace=300, clock=clock)
+    book.check()
+    assert book.lookup(A.address) is None and not book.stale
+    assert "never saw it fresh" in book.problem

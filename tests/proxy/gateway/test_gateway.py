@@ -229,7 +229,10 @@ def test_a_table_the_agent_stopped_refreshing_refuses_everyone(
     served_triton: TritonServer, table: Path
 ) -> None:
     publish(table, caller(ADD_ONE_POD, "add_one"), written_at=time.time() - 5)
-    settings = gateway_settings(served_triton, table, table_max_age_seconds=2)
+    # A started gateway has no last fresh table to serve: a grace does not apply.
+    settings = gateway_settings(
+        served_triton, table, table_max_age_seconds=2, table_stale_grace_seconds=300
+    )
     with running_gateway(settings) as gateway:
         assert refused(gateway, ADD_ONE_POD, gateway.http_url)
         assert 'reason="no_table"' in scrape(gateway)
@@ -239,6 +242,57 @@ def test_a_table_the_agent_stopped_refreshing_refuses_everyone(
         publish(table, caller(ADD_ONE_POD, "add_one"))
         poll(lambda: not gateway.gateway.book.problem, "the table being fresh again")
         assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+
+
+def readiness(gateway: RunningGateway) -> tuple[int, str]:
+    url = gateway.metrics_url.replace("/metrics", "/readyz")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_lost_agent_leaves_the_last_callers_served_until_the_grace_ends(
+    served_triton: TritonServer, table: Path
+) -> None:
+    publish(table, caller(ADD_ONE_POD, "add_one"))
+    settings = gateway_settings(
+        served_triton, table, table_max_age_seconds=1, table_stale_grace_seconds=8
+    )
+    with running_gateway(settings) as gateway:
+        assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+        # The agent is gone: nobody rewrites the table. Past its max age the gateway says so...
+        poll(lambda: "not refreshing" in readiness(gateway)[1], "the table going stale")
+        status, why = readiness(gateway)
+        assert status == 503 and "serving only the pods of the last fresh table" in why
+        assert "tritonshare_gateway_caller_table_stale 1.0" in scrape(gateway)
+        # ...yet keeps serving the pod the last fresh table had, and only that pod.
+        assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+        assert refused(gateway, STRANGER, gateway.http_url)
+        with urllib.request.urlopen(gateway.metrics_url.replace("/metrics", "/healthz")) as r:
+            assert r.status == 200
+        # The grace ends: everyone is refused, as with no table.
+        poll(lambda: "--table-stale-grace (8 s) ago" in readiness(gateway)[1], "the grace ending")
+        assert refused(gateway, ADD_ONE_POD, gateway.http_url)
+        metrics = scrape(gateway)
+        assert "tritonshare_gateway_caller_table_stale 0.0" in metrics
+        assert 'reason="no_table"' in metrics
+
+
+def test_a_table_gone_during_the_grace_refuses_everyone_at_once(
+    served_triton: TritonServer, table: Path
+) -> None:
+    publish(table, caller(ADD_ONE_POD, "add_one"))
+    settings = gateway_settings(
+        served_triton, table, table_max_age_seconds=1, table_stale_grace_seconds=300
+    )
+    with running_gateway(settings) as gateway:
+        poll(lambda: "not refreshing" in readiness(gateway)[1], "the table going stale")
+        assert fetch(gateway, ADD_ONE_POD, "GET", "/v2/models/add_one/ready")[0] == 200
+        table.unlink()
+        poll(lambda: refused(gateway, ADD_ONE_POD, gateway.http_url), "the refusal")
+        assert "no caller table" in readiness(gateway)[1]
 
 
 def test_no_table_means_no_caller_and_not_ready(served_triton: TritonServer, table: Path) -> None:
