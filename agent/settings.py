@@ -118,8 +118,9 @@ class Settings:
     """Where the agent writes the node gateway's caller table (a volume shared with the gateway
     only); None: no gateway on this node."""
     gateway_table_refresh_seconds: float = 5.0
-    """Seconds between rewrites of the caller table when nothing changed (the gateway treats a
-    table older than its --table-max-age as empty)."""
+    """Seconds between rewrites of the caller table when nothing changed (past its
+    --table-max-age the gateway serves only the last fresh table's callers, for its
+    --table-stale-grace, then none)."""
     tenant_code_namespaces: tuple[str, ...] = ()
     """Namespaces whose models may run their own code in the shared Triton (python and custom
     backends, backend or op libraries shipped with the model). Default: none."""

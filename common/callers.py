@@ -5,8 +5,9 @@ pod owns each model id); the gateway reads it and lets a connection from `addres
 `model_id`. Both run in the node pod and share the file through a volume only they mount, so
 nothing a tenant writes reaches it. The file is JSON, replaced whole by a rename (a reader sees the
 old table or the new one), and rewritten at least every few seconds even when nothing changed, so
-its `written_at` tells the gateway the agent is alive: a table older than the gateway's bound is
-treated as empty (fail closed). What it must not do: decide who is a caller (that is
+its `written_at` tells the gateway the agent is alive: past the gateway's bound the table is stale,
+and the gateway serves only the callers of the last table it saw fresh, for a bounded grace, then
+none (fail closed). What it must not do: decide who is a caller (that is
 `agent.gateway`); this module only says what a table is and moves it to and from disk.
 """
 
