@@ -20,6 +20,7 @@ decides nothing about who may call (`agent.auth`) or which models are wanted (`a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import errno
 import logging
@@ -537,52 +538,61 @@ class Models:
         if self._read_gpu is None or not uuid or index < 0:
             await self.triton.load(model_id, override)
             return
+        async with self._gpu_window(uuid) as before:
+            if before is not None:
+                problem = admission_problem(
+                    before,
+                    owner.request,
+                    self._booked(uuid, owner.uid),
+                    self.gpu_mem_reserve,
+                )
+                if problem:
+                    raise ResourceExhaustedError(
+                        f"model {model_id!r} of pod {owner.key} does not fit: {problem}; "
+                        f"the pod stays unloaded, delete it so the binder places it again",
+                        event_reason="InsufficientGPUMemory",
+                    )
+            await self.triton.load(model_id, override)
+            after = await self._read_gpu(uuid)
+            reported = await self.triton.gpu_memory(model_id, index)
+            if before is not None and after is not None:
+                entry, rest = self.ledger.record_load(
+                    model_id,
+                    uuid,
+                    owner.request,
+                    before.memory_used,
+                    after.memory_used,
+                    reported,
+                )
+                log.info(
+                    "Model %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
+                    model_id,
+                    entry.bytes,
+                    index,
+                    uuid,
+                    "Triton's statistics" if entry.source == "triton" else "NVML",
+                    owner.request,
+                )
+                self._unexplained(rest)
+
+    def _gpu_lock(self, uuid: str) -> asyncio.Lock:
+        return self._gpu_locks.setdefault(uuid, asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def _gpu_window(self, uuid: str) -> AsyncIterator[GpuInfo | None]:
+        """A measured window on one GPU: no other load or unload on it meanwhile, its change
+        since the last poll observed first (so it is not billed to what the window does), and
+        the GPU marked busy for the pollers; yields the reading before (None: unreadable)."""
+        assert self._read_gpu is not None
         async with self._gpu_lock(uuid):
             before = await self._read_gpu(uuid)
             if before is not None:
                 self._unexplained(self.ledger.observe_gpu(before))
             self.ledger.loading.add(uuid)
             try:
-                if before is not None:
-                    problem = admission_problem(
-                        before,
-                        owner.request,
-                        self._booked(uuid, owner.uid),
-                        self.gpu_mem_reserve,
-                    )
-                    if problem:
-                        raise ResourceExhaustedError(
-                            f"model {model_id!r} of pod {owner.key} does not fit: {problem}; "
-                            f"the pod stays unloaded, delete it so the binder places it again",
-                            event_reason="InsufficientGPUMemory",
-                        )
-                await self.triton.load(model_id, override)
-                after = await self._read_gpu(uuid)
-                reported = await self.triton.gpu_memory(model_id, index)
-                if before is not None and after is not None:
-                    entry, rest = self.ledger.record_load(
-                        model_id,
-                        uuid,
-                        owner.request,
-                        before.memory_used,
-                        after.memory_used,
-                        reported,
-                    )
-                    log.info(
-                        "Model %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
-                        model_id,
-                        entry.bytes,
-                        index,
-                        uuid,
-                        "Triton's statistics" if entry.source == "triton" else "NVML",
-                        owner.request,
-                    )
-                    self._unexplained(rest)
+                yield before
             finally:
                 self.ledger.loading.discard(uuid)
-
-    def _gpu_lock(self, uuid: str) -> asyncio.Lock:
-        return self._gpu_locks.setdefault(uuid, asyncio.Lock())
 
     def _unexplained(self, growth: Unexplained | None) -> None:
         if growth is not None:
@@ -598,19 +608,12 @@ class Models:
             await self.triton.wait_unloaded(model_id, self.unload_timeout)
             return
         uuid = entry.gpu_uuid
-        async with self._gpu_lock(uuid):
-            before = await self._read_gpu(uuid)
-            if before is not None:
-                self._unexplained(self.ledger.observe_gpu(before))
-            self.ledger.loading.add(uuid)
-            try:
-                await self.triton.unload(model_id)
-                await self.triton.wait_unloaded(model_id, self.unload_timeout)
-                after = await self._read_gpu(uuid)
-                if before is not None and after is not None:
-                    self.ledger.record_unload(model_id, before.memory_used, after.memory_used)
-            finally:
-                self.ledger.loading.discard(uuid)
+        async with self._gpu_window(uuid) as before:
+            await self.triton.unload(model_id)
+            await self.triton.wait_unloaded(model_id, self.unload_timeout)
+            after = await self._read_gpu(uuid)
+            if before is not None and after is not None:
+                self.ledger.record_unload(model_id, before.memory_used, after.memory_used)
 
     def _pin(self, gpu_index: int) -> int | None:
         return None if self.cpu_only or gpu_index < 0 else gpu_index

@@ -45,12 +45,16 @@ Sizes: the issue's attacks inflate 1 GiB and send 8 x 60 MiB to the agent; the d
 smaller (--bomb-mib 256, --agent-mib 32) so a shared 2-core box can afford them, and still show the
 effect as growth of the process; `--full-size` runs the issue's sizes (on today's main: the gateway
 to 2.1 GiB, Triton to 4.2 GiB, the agent to 1.5 GiB, one after the other). The attacker's client
-shares the machine's cores with everything else, as a pod on the same node shares its CPUs; every
+shares the machine's cores with everything else, as a pod on the same node shares its CPUs; with
+`--pin-attacker` it runs alone on the last CPU and everything else on the others, as a tenant whose
+client runs in a pod of its own under its own CPU limit (on 2 cores the unpinned flood measures as
+much the attacker's client taking a core from the node as the gateway serving it). Every
 address used is in 127.0.0.0/8, and every part stops by itself (each loop is bounded in count and
 time) and is stopped at the end.
 
     .venv/bin/python -m benchmarks.noisy_neighbour [--attacks all] [--seconds 8] [--rate 50]
-        [--full-size] [--gpu-mem-enforcement evict] [--admission-policies] [--workdir DIR]
+        [--full-size] [--gpu-mem-enforcement evict] [--admission-policies] [--pin-attacker]
+        [--workdir DIR]
 
 About 3 minutes with the defaults on a 2-core box (15 to 20 s of it starting the cluster).
 """
@@ -211,6 +215,12 @@ class Bench:
     @property
     def core(self) -> Any:
         return self.cluster.core
+
+    @property
+    def attacker_cpus(self) -> set[int] | None:
+        """The CPUs the attacker's processes run on (--pin-attacker), None: any."""
+        cpus: set[int] | None = getattr(self.args, "attacker_cpus", None)
+        return cpus
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -557,7 +567,9 @@ class Tenant:
     """One tenant's side as a process of its own (`python -m benchmarks.noisy_traffic`): started
     on a plan, told to stop (SIGTERM), its result read back; never left running."""
 
-    def __init__(self, role: str, plan: VictimPlan | AttackPlan, workdir: Path) -> None:
+    def __init__(
+        self, role: str, plan: VictimPlan | AttackPlan, workdir: Path, cpus: set[int] | None = None
+    ) -> None:
         self.result_file = Path(tempfile.mkstemp(prefix=f"{role}-", dir=workdir)[1])
         self.result_file.unlink()
         self.log = (workdir / f"{role}.log").open("ab")
@@ -566,6 +578,8 @@ class Tenant:
         self.process = subprocess.Popen(
             argv, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        if cpus:
+            os.sched_setaffinity(self.process.pid, cpus)
 
     def result(self, timeout: float) -> Any:
         """Wait up to `timeout` seconds for it to end by itself; its result (None if none)."""
@@ -630,7 +644,7 @@ def attack(bench: Bench, kind: str, **fields: Any) -> str:
         model=ATTACKER_MODEL,
         **fields,
     )
-    process = Tenant("attack", plan, bench.cluster.workdir)
+    process = Tenant("attack", plan, bench.cluster.workdir, bench.attacker_cpus)
     summary = process.result(plan.seconds + 90)
     process.finish(10)
     return str(summary or "the attacker's process gave no result")
@@ -684,7 +698,7 @@ def install_streams(bench: Bench) -> tuple[Outcome, str]:
             install_declare=parse_quantity(args.install_declare, what="--install-declare"),
             ready_file=str(ready),
         )
-        attacker = Tenant("attack", plan, bench.cluster.workdir)
+        attacker = Tenant("attack", plan, bench.cluster.workdir, bench.attacker_cpus)
         try:
             poll(lambda: ready.exists() or attacker.process.poll() is not None, 60)
             outcome = install_victim(bench, "victim_new_1")
@@ -988,6 +1002,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--admission-policies", action="store_true",
         help="run deploy/base's admission policies in the API server (off: a cluster whose "
         "admin skipped them, which must hold too)")  # fmt: skip
+    add("--pin-attacker", action="store_true",
+        help="the attacker's client alone on the last CPU, everything else on the others (its "
+        "pod's own CPU, as on a real cluster)")  # fmt: skip
     add("--workdir", type=Path, help="keep the logs of every process here (default: a temp dir)")
     args = parser.parse_args(argv)
     chosen = ATTACKS if args.attacks == "all" else tuple(a for a in args.attacks.split(",") if a)
@@ -1008,6 +1025,13 @@ def run_benchmark(args: argparse.Namespace) -> Run:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tritonshare-noisy-"))
     workdir.mkdir(parents=True, exist_ok=True)
     models = write_models(workdir / "sources", args)
+    if args.pin_attacker:
+        cpus = os.sched_getaffinity(0)
+        if len(cpus) < 2:
+            raise SystemExit("--pin-attacker needs at least 2 CPUs")
+        # Every process started from here on (the cluster, the victim) inherits the rest.
+        os.sched_setaffinity(0, cpus - {max(cpus)})
+        args.attacker_cpus = {max(cpus)}
     nodes = [NodeSpec(NODE, "1xT4", real=True), NodeSpec(SPARE, "1xT4")]
     cluster = SimCluster(
         workdir,
@@ -1081,6 +1105,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.agent_calls} x {args.agent_mib} MiB"
         + ("" if args.full_size else " (the issue's: --full-size)")
         + f"; {run.seconds:.0f} s in all"
+        + (
+            f"; the attacker's client pinned to CPU {min(args.attacker_cpus)}, the rest elsewhere"
+            if getattr(args, "attacker_cpus", None)
+            else ""
+        )
     )
     return 1 if missed else 0
 
