@@ -43,6 +43,15 @@ class Caller:
     concurrency: int = 0
     """The in-flight limit the pod's proxy declares (`--container-concurrency`); 0: none. The
     gateway's per-pod limit follows it, up to the gateway's own ceiling."""
+    triton_name: str = ""
+    """The name the pod's model has in Triton, private to the pod (issue 25): the gateway maps
+    `model_id` in each request to it and back in each answer. Empty: the same as `model_id`
+    (models installed before private names, and tables of agents before the field)."""
+
+    @property
+    def name_in_triton(self) -> str:
+        """The model's name in Triton: `triton_name`, or the public `model_id` when none."""
+        return self.triton_name or self.model_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +79,7 @@ def encode(table: CallerTable) -> bytes:
                 "pod": c.pod,
                 "uid": c.uid,
                 "concurrency": c.concurrency,
+                **({"tritonName": c.triton_name} if c.triton_name else {}),
             }
             for c in sorted(table.callers, key=lambda c: c.address)
         ],
@@ -105,12 +115,19 @@ def _caller(entry: Any) -> Caller:
     concurrency = entry.get("concurrency", 0)
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 0:
         raise CallerTableError(f"caller concurrency {concurrency!r} is not a whole number")
+    # Absent in tables of agents before private names: the model's Triton name is its id.
+    triton_name = entry.get("tritonName", "")
+    if not isinstance(triton_name, str):
+        raise CallerTableError(f"caller tritonName {triton_name!r} is not a string")
+    if triton_name:
+        validate_model_id(triton_name)
     return Caller(
         address,
         validate_model_id(str(entry["modelId"])),
         str(entry["pod"]),
         str(entry["uid"]),
         concurrency,
+        triton_name,
     )
 
 

@@ -42,6 +42,25 @@ def test_a_pods_declared_concurrency_survives_the_round_trip_and_old_tables_read
     assert decode(json.dumps(old).encode()).callers[0].concurrency == 0
 
 
+def test_a_private_triton_name_survives_the_round_trip_and_old_tables_use_the_model_id() -> None:
+    private = Caller("10.1.0.8", "resnet50", "team-a/r", "uid-d", 0, "resnet50.0123abcd")
+    decoded = decode(encode(CallerTable("node-1", 1.0, (private, A)))).callers
+    assert {c.address: c.name_in_triton for c in decoded} == {
+        "10.1.0.8": "resnet50.0123abcd",
+        A.address: "add_one",
+    }
+    assert private in decoded
+
+
+@pytest.mark.parametrize("name", ["../other", ".hidden", 3])
+def test_a_triton_name_outside_the_model_id_grammar_is_refused(name: object) -> None:
+    document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1,
+                "callers": [{"address": "10.0.0.1", "modelId": "m", "pod": "p", "uid": "u",
+                             "tritonName": name}]}  # fmt: skip
+    with pytest.raises(CallerTableError):
+        decode(json.dumps(document).encode())
+
+
 @pytest.mark.parametrize("concurrency", [-1, "4", 2.5, True])
 def test_a_concurrency_that_is_no_whole_number_is_refused(concurrency: object) -> None:
     document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1,
