@@ -372,7 +372,7 @@ class StreamGate:
 
     def whole_message(self, payload: bytes, stream: Stream) -> bool:
         """`payload` is exactly one uncompressed message within the limit, with nothing of the
-        stream buffered before it and nothing waiting: `_check` may take it as it is."""
+        stream buffered before it and nothing waiting: `check` may take it as it is."""
         size = len(payload) - 5
         return (
             not stream.buf
