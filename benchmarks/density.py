@@ -24,14 +24,22 @@ activations, workspace and, for LLMs, the KV cache):
   (about 35-40 GB of weights) or 8 bits (about 70 GB); pinned to A100 nodes by required node
   affinity.
 
-Three placements decide, each on its own state, the same pods in the same order:
+Four placements decide, each on its own state, the same pods in the same order:
 - "before": the binder's binpack before issue 29, re-implemented here: a node scores by how full
   it would be relative to its own capacity, then the fullest GPU that fits; ties by the pod uid's
   hash. (It matched `place()` decision for decision on the tree before the change.)
-- "binder": `place(policy="binpack")` of this tree.
+- "kind first": issue 29's first rule, re-implemented here: the smallest GPU kind the pod fits,
+  then the tightest block on a GPU of that kind, ties in node order. It fixed churn but opened an
+  empty T4 while a used L4 had room.
+- "binder": `place(policy="binpack")` of this tree: a used GPU (the tightest) before an empty
+  one, the smallest empty one first, and a GPU of the largest kind only when nothing smaller has
+  room.
 - "tightest": for comparison, the tightest free block in bytes on any GPU, whatever its size.
 
-Static packing places the whole fleet in a random order. Churn runs deployments (drawn from the
+Static packing places the whole fleet in a random order (pods arrive in whatever order their
+owners create them; the binder's queue keeps kube-scheduler's first-in-first-out order), and,
+on one more line, the binder's placement of the same fleet bound largest first, which is what a
+queue sorted by size would give a backlog. Churn runs deployments (drawn from the
 same distribution) arriving as a Poisson process and living an exponential time, at a load where
 the requested bytes of the live deployments average `--load` of the cluster's usable memory; the
 binder retries pending pods when memory is freed, as the live binder retries on cluster changes.
@@ -203,6 +211,25 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     return chosen, min(item for item in fitting if item[0] >= pod.request)[2]
 
 
+def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+    """Issue 29's first rule: the smallest GPU size the pod fits, then the tightest block of that
+    size, ties in node order (the first such GPU in node and GPU order)."""
+    cls = state.constraint_class(pod.constraints)
+    nodes = cls.nodes
+    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    ok &= ~state.model_mask(pod.model_id)[nodes]
+    candidates = nodes[ok]
+    if not candidates.size:
+        return None
+    size, room = (matrix[candidates] for matrix in state.gpu_matrices())
+    fits = room >= pod.request
+    smallest = np.where(fits, size, np.iinfo(np.int64).max).min()
+    room = np.where(fits & (size == smallest), room, np.iinfo(np.int64).max)
+    row, position = np.unravel_index(int(np.argmin(room)), room.shape)
+    node = state.names[int(candidates[row])]
+    return node, state.nodes[node].gpus[int(position)].uuid
+
+
 def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     """For comparison, the naive online rule: the tightest free block in bytes on any GPU of
     any kind (what the binder's binpack does within one GPU size), ties in node order."""
@@ -220,7 +247,12 @@ def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     return node, state.nodes[node].gpus[int(position)].uuid
 
 
-RULES: dict[str, Rule] = {"before": before_rule, "binder": binder_rule, "tightest": tightest_rule}
+RULES: dict[str, Rule] = {
+    "before": before_rule,
+    "kind first": kind_first_rule,
+    "binder": binder_rule,
+    "tightest": tightest_rule,
+}
 
 
 # ---- first-fit-decreasing repack and the lower bound -------------------------------------------
@@ -388,11 +420,14 @@ def static(cluster: Cluster, models: int, seed: int) -> None:
     print(f"{'lower bound (largest GPUs first)':<36}{bound:>8}{requested / GI:>16,.0f}")
     full = requested / GI / used_gib
     print(f"{'FFD, largest GPUs first':<36}{used:>8}{used_gib:>16,}{full:>7.0%}{failed:>9}")
-    for name, rule in RULES.items():
+    runs = [(name, rule, pods) for name, rule in RULES.items()]
+    largest_first = sorted(pods, key=lambda p: (-p.request, p.uid))
+    runs.append(("binder, bound largest first", binder_rule, largest_first))
+    for name, rule, order in runs:
         state = fresh_state(cluster)
         refused = 0
         started = time.perf_counter()
-        for pod in pods:
+        for pod in order:
             chosen = rule(state, pod)
             if chosen is None:
                 refused += 1
