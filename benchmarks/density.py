@@ -59,10 +59,11 @@ import time
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from binder.consolidation import plan
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
 from binder.state import ClusterState
@@ -146,6 +147,7 @@ class Deployment:
                 request=self.request,
                 model_id=self.model,
                 constraints=constraints,
+                controlled=True,
             )
             for r in range(self.replicas)
         ]
@@ -496,6 +498,12 @@ class Churned:
     ffd_used: list[int] = field(default_factory=list)
     ffd_failed: list[int] = field(default_factory=list)
     end: Picture = field(default_factory=Picture)
+    moves: int = 0
+    """Pods moved to make room (consolidation), over the whole run."""
+    made_room: int = 0
+    """Pending pods placed once pods moved."""
+    not_replaced: int = 0
+    """Moved pods that found no GPU again at once."""
 
 
 def cause(state: ClusterState, pod: PodInfo) -> str:
@@ -521,7 +529,15 @@ def a100_blocks(cluster: Cluster, state: ClusterState, request: int) -> tuple[in
     return request // GI, max(frees) // GI, sum(frees) // GI
 
 
-def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Churned:
+MOVED_COOLDOWN = 600.0
+"""Seconds a moved pod is not moved again (consolidation)."""
+NODE_COOLDOWN = 60.0
+"""Seconds a node pods were moved off is not a target again (consolidation)."""
+
+
+def churn(
+    cluster: Cluster, events: Events, rule: Rule, check_big: bool, consolidate: bool = False
+) -> Churned:
     out = Churned()
     state = fresh_state(cluster)
     placed: dict[str, PodInfo] = {}
@@ -538,9 +554,36 @@ def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Chur
         if chosen is None:
             return False
         state.assume(pod, *chosen)
+        # The watch shows it bound (only a pod seen bound may be moved to make room).
+        state.set_pod(replace(pod, node_name=chosen[0], gpu_uuid=chosen[1], phase="Running"))
         placed[pod.uid] = pod
         where[pod.uid] = chosen[0]
         return True
+
+    moved_at: dict[str, float] = {}
+    node_moved_at: dict[str, float] = {}
+
+    def make_room(pod: PodInfo, at: float) -> bool:
+        """Consolidation: move the pods `plan` names, place the pod, then place them again."""
+        exempt = {uid for uid, t in moved_at.items() if at - t < MOVED_COOLDOWN}
+        cold = {node for node, t in node_moved_at.items() if at - t < NODE_COOLDOWN}
+        found = plan(state, pod, now=NOW, exempt=exempt, cold_nodes=cold)
+        if found is None:
+            return False
+        for victim in found.moves:
+            state.remove_pod(victim.uid)
+            placed.pop(victim.uid)
+            where.pop(victim.uid)
+            moved_at[victim.uid] = at
+        node_moved_at[found.node] = at
+        out.moves += len(found.moves)
+        ok = decide(pod)
+        out.made_room += ok
+        for victim in found.moves:
+            if not decide(victim):
+                pending[victim.uid] = victim
+                out.not_replaced += 1
+        return ok
 
     def sample() -> None:
         live = sum(p.request for p in placed.values()) + sum(p.request for p in pending.values())
@@ -575,7 +618,7 @@ def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Chur
         heapq.heappush(departures, (leaves, order, deployment))
         measured = arrival >= events.warmup
         for pod in deployment.pods():
-            if decide(pod):
+            if decide(pod) or (consolidate and make_room(pod, arrival)):
                 continue
             pending[pod.uid] = pod
             if not measured:
@@ -630,6 +673,9 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
         ("FFD repack of the live set (mean)", lambda r: f"{np.mean(r.ffd_used):,.0f}"),
         ("  replicas FFD cannot place (mean)", lambda r: f"{np.mean(r.ffd_failed):.1f}"),
         ("ms per decision", lambda r: f"{1e3 * r.seconds / max(r.decisions, 1):.3f}"),
+        ("pods moved to make room (whole run)", lambda r: f"{r.moves}"),
+        ("  pending pods placed by a move", lambda r: f"{r.made_room}"),
+        ("  moved pods not placed again at once", lambda r: f"{r.not_replaced}"),
         ("at the end:", lambda r: ""),
     ]
     for kind in KINDS:
@@ -683,6 +729,9 @@ def main() -> None:
     results = {
         name: churn(cluster, events, rule, not args.no_repack_check) for name, rule in RULES.items()
     }
+    results["binder + moves"] = churn(
+        cluster, events, binder_rule, not args.no_repack_check, consolidate=True
+    )
     report_churn(cluster, results)
     print(f"\nran in {time.perf_counter() - started:.0f} s")
 
