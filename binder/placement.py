@@ -346,19 +346,23 @@ def _best(
     request = pod.request
     base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
     if policy == "binpack":
-        # Each candidate's best GPU score (`pack_score`), and its tightest block of that score.
+        # Each GPU ranked as `pack_score` orders them, in integers: 2L+2 used, L+2-size empty
+        # (L the largest GPU), 1 or 0 for the largest kind, -1 when the pod does not fit; a node
+        # scores as its best GPU, and its tightest block of that rank breaks ties.
         all_sizes, all_rooms = state.gpu_matrices()
         room = all_rooms[candidates]
-        fits = room >= request
         size = all_sizes[candidates]
         top = max(state.largest_usable(), 1)
-        empty_score = 2 + 97 * (top - size) / top
-        gpu_score = np.where(room < size, 100.0, empty_score)
-        gpu_score = np.where(size * 10 >= top * 9, np.where(room < size, 1.0, 0.0), gpu_score)
-        gpu_score = np.where(fits, gpu_score, -1.0)
-        memory = gpu_score.max(axis=1)
+        used = room < size
+        rank = np.where(used, 2 * top + 2, top + 2 - size)
+        rank = np.where(size * 10 >= top * 9, used, rank)
+        rank = np.where(room >= request, rank, -1)
+        best_rank = rank.max(axis=1)
         unfit = np.iinfo(np.int64).max
-        tightest = np.where(fits & (gpu_score == memory[:, None]), room, unfit).min(axis=1)
+        tightest = np.where(rank == best_rank[:, None], room, unfit).min(axis=1)
+        # The same float operations as `pack_score`, per node.
+        memory = np.where(best_rank == 2 * top + 2, 100.0, 2 + 97 * (best_rank - 2) / top)
+        memory = np.where(best_rank <= 1, best_rank.astype(np.float64), memory)
         score = base + MEMORY_WEIGHT * memory
         top_score = score.max()
         # Equal scores: the tightest block, then node name order.
