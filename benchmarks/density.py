@@ -36,6 +36,11 @@ Four placements decide, each on its own state, the same pods in the same order:
   room.
 - "tightest": for comparison, the tightest free block in bytes on any GPU, whatever its size.
 
+Churn runs one more column, "binder + moves": the binder's placement, and when a pod fits no GPU,
+`binder.consolidation.plan` with its cooldowns in simulated time, as the binder runs it with
+`--consolidate-moves 4`: the pods it names are removed, the pod is placed, then they are placed
+again (their controllers' new pods).
+
 Static packing places the whole fleet in a random order (pods arrive in whatever order their
 owners create them; the binder's queue keeps kube-scheduler's first-in-first-out order), and,
 on one more line, the binder's placement of the same fleet bound largest first, which is what a
@@ -63,7 +68,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from binder.consolidation import plan
+from binder.consolidation import Cooldowns, plan
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
 from binder.state import ClusterState
@@ -529,12 +534,6 @@ def a100_blocks(cluster: Cluster, state: ClusterState, request: int) -> tuple[in
     return request // GI, max(frees) // GI, sum(frees) // GI
 
 
-MOVED_COOLDOWN = 600.0
-"""Seconds a moved pod is not moved again (consolidation)."""
-NODE_COOLDOWN = 60.0
-"""Seconds a node pods were moved off is not a target again (consolidation)."""
-
-
 def churn(
     cluster: Cluster, events: Events, rule: Rule, check_big: bool, consolidate: bool = False
 ) -> Churned:
@@ -560,22 +559,22 @@ def churn(
         where[pod.uid] = chosen[0]
         return True
 
-    moved_at: dict[str, float] = {}
-    node_moved_at: dict[str, float] = {}
+    cooldowns = Cooldowns()
 
     def make_room(pod: PodInfo, at: float) -> bool:
-        """Consolidation: move the pods `plan` names, place the pod, then place them again."""
-        exempt = {uid for uid, t in moved_at.items() if at - t < MOVED_COOLDOWN}
-        cold = {node for node, t in node_moved_at.items() if at - t < NODE_COOLDOWN}
-        found = plan(state, pod, now=NOW, exempt=exempt, cold_nodes=cold)
+        """Consolidation, as the controller runs it at simulated time `at`: plan, remove the
+        pods it names, place the pod, then place them again (their controllers' new pods)."""
+        recent = cooldowns.pods(at)
+        if pod.uid in recent:
+            return False
+        found = plan(state, pod, now=NOW, exempt=recent, cold_nodes=cooldowns.nodes(at))
+        cooldowns.planned(pod, found, at)
         if found is None:
             return False
         for victim in found.moves:
             state.remove_pod(victim.uid)
             placed.pop(victim.uid)
             where.pop(victim.uid)
-            moved_at[victim.uid] = at
-        node_moved_at[found.node] = at
         out.moves += len(found.moves)
         ok = decide(pod)
         out.made_room += ok

@@ -21,10 +21,13 @@ under kube-scheduler's preemption rules where they apply:
 Whether a PodDisruptionBudget allows each eviction is the API server's answer (429), not this
 module's guess: the caller evicts through the Eviction API and stops at the first refusal.
 
-Not wired into the live binder yet: the controller does not call it (no flag, no evictions, no
-Events). benchmarks/density.py measures what it would do under churn.
+The controller asks for a plan when `--consolidate-moves` is above 0 and carries it out
+(binder.moves: evictions and Events). `Cooldowns` keeps what was planned recently, so a pod moved
+is not moved again, a node emptied is not a target again, and a pending pod is not planned for
+again, for a while; benchmarks/density.py measures what plans do under churn.
 
-Pure: a function of the cluster state and the pod; no I/O, no clock (`now` is passed in).
+Pure: functions of the cluster state and the pod, and bookkeeping of times passed in; no I/O, no
+clock.
 """
 
 from __future__ import annotations
@@ -37,9 +40,14 @@ import numpy.typing as npt
 
 from binder.model import Gpu, PodInfo
 from binder.state import ClusterState
+from common.quantity import format_bytes
 
 MAX_MOVES = 4
 """Pods one plan may move at most (each is a model load elsewhere, seconds to minutes)."""
+POD_COOLDOWN_SECONDS = 600.0
+"""A pod moved, or planned for, is not moved (or planned for) again for this long."""
+NODE_COOLDOWN_SECONDS = 60.0
+"""A node pods were moved off is not a target again for this long."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +64,9 @@ class Plan:
         """What the Event on each moved pod says."""
         return (
             f"moved by tritonshare to make room for {pod.key}, which needs "
-            f"{pod.request} bytes of GPU memory on one GPU: the free memory of its nodes is "
-            f"split across GPUs, and GPU {self.gpu.uuid} on {self.node} has that block once "
-            f"{len(self.moves)} smaller pod(s) move"
+            f"{format_bytes(pod.request)} of GPU memory on one GPU: the free memory of its "
+            f"nodes is split across GPUs, and GPU {self.gpu.uuid} on {self.node} has that block "
+            f"once {len(self.moves)} smaller pod(s) move"
         )
 
 
@@ -179,3 +187,35 @@ def _rehomed(
         key = (int(nodes[row]), column)
         taken[key] = taken.get(key, 0) + other.request
     return True
+
+
+class Cooldowns:
+    """When pods and nodes were last part of a plan. Entries older than their cooldown are
+    dropped on each read, so it holds at most the pods and nodes of the plans of the last
+    `pod_seconds`: (moves + 1) pods and one node a plan, and at most one plan a pending pod."""
+
+    def __init__(
+        self, pod_seconds: float = POD_COOLDOWN_SECONDS, node_seconds: float = NODE_COOLDOWN_SECONDS
+    ) -> None:
+        self._pod_seconds = pod_seconds
+        self._node_seconds = node_seconds
+        self._pods: dict[str, float] = {}
+        self._nodes: dict[str, float] = {}
+
+    def pods(self, now: float) -> set[str]:
+        """Pods not to move now (moved, or planned for, recently)."""
+        self._pods = {u: t for u, t in self._pods.items() if now - t < self._pod_seconds}
+        return set(self._pods)
+
+    def nodes(self, now: float) -> set[str]:
+        """Nodes not to move pods off now."""
+        self._nodes = {n: t for n, t in self._nodes.items() if now - t < self._node_seconds}
+        return set(self._nodes)
+
+    def planned(self, pod: PodInfo, made: Plan | None, now: float) -> None:
+        """A plan was sought for `pod` (`made`: the plan, or None when there was none)."""
+        self._pods[pod.uid] = now
+        if made is not None:
+            self._nodes[made.node] = now
+            for moved in made.moves:
+                self._pods[moved.uid] = now
