@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from binder.consolidation import fragmented, plan
+from binder.consolidation import Cooldowns, fragmented, plan
 from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
 from binder.placement import Unschedulable, place
 from binder.state import ClusterState
@@ -143,3 +143,27 @@ def test_priority_and_controller_are_read_from_the_pod() -> None:
     not_controller = pod_obj("c")
     not_controller["metadata"]["ownerReferences"] = [{**OWNED[0], "controller": False}]
     assert pod_from_api(not_controller, KEYS).controlled is False
+
+
+def test_a_tenant_recreating_its_pod_cannot_make_the_binder_empty_the_same_gpu_again() -> None:
+    """The attack: with --consolidate-moves on, a team deletes and recreates its big pending pod
+    (a new uid each time) so that the binder evicts other teams' pods over and over. The
+    cooldowns stop it: a pod moved (and the pod it moved for) is not moved or planned for again
+    for ten minutes, and a node pods were moved off is not a target for a minute."""
+    cooldowns = Cooldowns(pod_seconds=600.0, node_seconds=60.0)
+    state = split_a100s()
+    first = pod("llm-c", "45Gi")
+    made = plan(state, first, now=NOW, exempt=cooldowns.pods(0.0), cold_nodes=cooldowns.nodes(0.0))
+    assert made is not None
+    cooldowns.planned(first, made, 0.0)
+    # The same pod again, or the tenant's new copy of it, a few seconds later: no plan.
+    again = pod("llm-c-2", "45Gi")
+    for candidate, at in ((first, 5.0), (again, 5.0), (again, 59.0)):
+        recent = cooldowns.pods(at)
+        assert candidate.uid in recent or (
+            plan(state, candidate, now=NOW, exempt=recent, cold_nodes=cooldowns.nodes(at)) is None
+        )
+    # The moved pod itself stays exempt for ten minutes, even once the node is warm again.
+    assert made.moves[0].uid in cooldowns.pods(61.0)
+    assert "a100-0" not in cooldowns.nodes(61.0)
+    assert made.moves[0].uid not in cooldowns.pods(601.0)
