@@ -16,7 +16,9 @@ under kube-scheduler's preemption rules where they apply:
 - every pod moved must fit elsewhere now (another GPU its rules allow, with a live agent, no
   other replica of its model on the node, and room left after the pods planned before it), so a
   move never turns one pending pod into another;
-- the fewest moves, then the fewest bytes moved, then node name and GPU order.
+- the fewest moves, then the fewest bytes moved, then node name and GPU order, among the
+  SEARCH_GPUS GPUs with the largest free blocks (those that need the least moved), so a plan
+  costs about the same on any cluster.
 
 Whether a PodDisruptionBudget allows each eviction is the API server's answer (429), not this
 module's guess: the caller evicts through the Eviction API and stops at the first refusal.
@@ -46,6 +48,8 @@ MAX_MOVES = 4
 """Pods one plan may move at most (each is a model load elsewhere, seconds to minutes)."""
 POD_COOLDOWN_SECONDS = 600.0
 """A pod moved, or planned for, is not moved (or planned for) again for this long."""
+SEARCH_GPUS = 256
+"""GPUs a plan looks at, those with the largest free blocks (each walks its node's pods)."""
 NODE_COOLDOWN_SECONDS = 60.0
 """A node pods were moved off is not a target again for this long."""
 
@@ -91,30 +95,42 @@ def plan(
     no GPU can be freed within the rules)."""
     if max_moves <= 0 or not fragmented(state, pod, now=now):
         return None
+    nodes = _eligible(state, pod, now)
+    if cold_nodes:
+        cold = np.array([state.index[n] for n in cold_nodes if n in state.index], np.int64)
+        nodes = nodes[~np.isin(nodes, cold)]
+    sizes, rooms = state.gpu_matrices()
+    size, room = sizes[nodes], rooms[nodes]
+    # The GPUs large enough, the largest free blocks first (the least to move): at most
+    # SEARCH_GPUS of them are looked at, so a plan's cost does not grow with the cluster.
+    flat = np.flatnonzero(size >= pod.request)
+    if flat.size > SEARCH_GPUS:
+        flat = flat[np.argpartition(-room.ravel()[flat], SEARCH_GPUS - 1)[:SEARCH_GPUS]]
+    flat = flat[np.lexsort((flat, -room.ravel()[flat]))]
+    width = room.shape[1]
     best: tuple[tuple[int, int, int, int], Plan] | None = None
-    for i in _eligible(state, pod, now).tolist():
+    on_node: dict[int, dict[int, list[PodInfo]]] = {}
+    for cell in flat.tolist():
+        i, position = int(nodes[cell // width]), cell % width
         node = state.names[i]
-        if node in cold_nodes:
+        gpu = state.nodes[node].gpus[position]
+        if not gpu.healthy:
             continue
-        info = state.nodes[node]
-        on_gpu: dict[int, list[PodInfo]] = {}
-        for other, position in state.pods_on(node):
-            on_gpu.setdefault(position, []).append(other)
-        for position, ((size, free), gpu) in enumerate(
-            zip(state.gpu_blocks[i], info.gpus, strict=True)
-        ):
-            if not gpu.healthy or size < pod.request:
-                continue
-            movable = [p for p in on_gpu.get(position, []) if _movable(state, p, pod, exempt)]
-            moves = _fewest(state, node, movable, pod.request - free, max_moves)
-            if moves is None:
-                continue
-            moved = sum(state.held(p, node) for p in moves)
-            rank = (len(moves), moved, i, position)
-            if best is not None and rank >= best[0]:
-                continue
-            if _rehomed(state, moves, node, position, now):
-                best = (rank, Plan(node, gpu, tuple(moves), free + moved))
+        if i not in on_node:
+            on_node[i] = {}
+            for other, at in state.pods_on(node):
+                on_node[i].setdefault(at, []).append(other)
+        free = int(room.ravel()[cell])
+        movable = [p for p in on_node[i].get(position, []) if _movable(state, p, pod, exempt)]
+        moves = _fewest(state, node, movable, pod.request - free, max_moves)
+        if moves is None:
+            continue
+        moved = sum(state.held(p, node) for p in moves)
+        rank = (len(moves), moved, i, position)
+        if best is not None and rank >= best[0]:
+            continue
+        if _rehomed(state, moves, node, position, now):
+            best = (rank, Plan(node, gpu, tuple(moves), free + moved))
     return best[1] if best is not None else None
 
 
