@@ -24,14 +24,27 @@ activations, workspace and, for LLMs, the KV cache):
   (about 35-40 GB of weights) or 8 bits (about 70 GB); pinned to A100 nodes by required node
   affinity.
 
-Three placements decide, each on its own state, the same pods in the same order:
+Four placements decide, each on its own state, the same pods in the same order:
 - "before": the binder's binpack before issue 29, re-implemented here: a node scores by how full
   it would be relative to its own capacity, then the fullest GPU that fits; ties by the pod uid's
   hash. (It matched `place()` decision for decision on the tree before the change.)
-- "binder": `place(policy="binpack")` of this tree.
+- "kind first": issue 29's first rule, re-implemented here: the smallest GPU kind the pod fits,
+  then the tightest block on a GPU of that kind, ties in node order. It fixed churn but opened an
+  empty T4 while a used L4 had room.
+- "binder": `place(policy="binpack")` of this tree: a used GPU (the tightest) before an empty
+  one, the smallest empty one first, and a GPU of the largest kind only when nothing smaller has
+  room.
 - "tightest": for comparison, the tightest free block in bytes on any GPU, whatever its size.
 
-Static packing places the whole fleet in a random order. Churn runs deployments (drawn from the
+Churn runs one more column, "binder + moves": the binder's placement, and when a pod fits no GPU,
+`binder.consolidation.plan` with its cooldowns in simulated time, as the binder runs it with
+`--consolidate-moves 4`: the pods it names are removed, the pod is placed, then they are placed
+again (their controllers' new pods).
+
+Static packing places the whole fleet in a random order (pods arrive in whatever order their
+owners create them; the binder's queue keeps kube-scheduler's first-in-first-out order), and,
+on one more line, the binder's placement of the same fleet bound largest first, which is what a
+queue sorted by size would give a backlog. Churn runs deployments (drawn from the
 same distribution) arriving as a Poisson process and living an exponential time, at a load where
 the requested bytes of the live deployments average `--load` of the cluster's usable memory; the
 binder retries pending pods when memory is freed, as the live binder retries on cluster changes.
@@ -51,10 +64,11 @@ import time
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from binder.consolidation import Cooldowns, plan
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
 from binder.state import ClusterState
@@ -138,6 +152,7 @@ class Deployment:
                 request=self.request,
                 model_id=self.model,
                 constraints=constraints,
+                controlled=True,
             )
             for r in range(self.replicas)
         ]
@@ -203,6 +218,25 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     return chosen, min(item for item in fitting if item[0] >= pod.request)[2]
 
 
+def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+    """Issue 29's first rule: the smallest GPU size the pod fits, then the tightest block of that
+    size, ties in node order (the first such GPU in node and GPU order)."""
+    cls = state.constraint_class(pod.constraints)
+    nodes = cls.nodes
+    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    ok &= ~state.model_mask(pod.model_id)[nodes]
+    candidates = nodes[ok]
+    if not candidates.size:
+        return None
+    size, room = (matrix[candidates] for matrix in state.gpu_matrices())
+    fits = room >= pod.request
+    smallest = np.where(fits, size, np.iinfo(np.int64).max).min()
+    room = np.where(fits & (size == smallest), room, np.iinfo(np.int64).max)
+    row, position = np.unravel_index(int(np.argmin(room)), room.shape)
+    node = state.names[int(candidates[row])]
+    return node, state.nodes[node].gpus[int(position)].uuid
+
+
 def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     """For comparison, the naive online rule: the tightest free block in bytes on any GPU of
     any kind (what the binder's binpack does within one GPU size), ties in node order."""
@@ -220,7 +254,12 @@ def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     return node, state.nodes[node].gpus[int(position)].uuid
 
 
-RULES: dict[str, Rule] = {"before": before_rule, "binder": binder_rule, "tightest": tightest_rule}
+RULES: dict[str, Rule] = {
+    "before": before_rule,
+    "kind first": kind_first_rule,
+    "binder": binder_rule,
+    "tightest": tightest_rule,
+}
 
 
 # ---- first-fit-decreasing repack and the lower bound -------------------------------------------
@@ -388,11 +427,14 @@ def static(cluster: Cluster, models: int, seed: int) -> None:
     print(f"{'lower bound (largest GPUs first)':<36}{bound:>8}{requested / GI:>16,.0f}")
     full = requested / GI / used_gib
     print(f"{'FFD, largest GPUs first':<36}{used:>8}{used_gib:>16,}{full:>7.0%}{failed:>9}")
-    for name, rule in RULES.items():
+    runs = [(name, rule, pods) for name, rule in RULES.items()]
+    largest_first = sorted(pods, key=lambda p: (-p.request, p.uid))
+    runs.append(("binder, bound largest first", binder_rule, largest_first))
+    for name, rule, order in runs:
         state = fresh_state(cluster)
         refused = 0
         started = time.perf_counter()
-        for pod in pods:
+        for pod in order:
             chosen = rule(state, pod)
             if chosen is None:
                 refused += 1
@@ -461,6 +503,12 @@ class Churned:
     ffd_used: list[int] = field(default_factory=list)
     ffd_failed: list[int] = field(default_factory=list)
     end: Picture = field(default_factory=Picture)
+    moves: int = 0
+    """Pods moved to make room (consolidation), over the whole run."""
+    made_room: int = 0
+    """Pending pods placed once pods moved."""
+    not_replaced: int = 0
+    """Moved pods that found no GPU again at once."""
 
 
 def cause(state: ClusterState, pod: PodInfo) -> str:
@@ -486,7 +534,9 @@ def a100_blocks(cluster: Cluster, state: ClusterState, request: int) -> tuple[in
     return request // GI, max(frees) // GI, sum(frees) // GI
 
 
-def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Churned:
+def churn(
+    cluster: Cluster, events: Events, rule: Rule, check_big: bool, consolidate: bool = False
+) -> Churned:
     out = Churned()
     state = fresh_state(cluster)
     placed: dict[str, PodInfo] = {}
@@ -503,9 +553,36 @@ def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Chur
         if chosen is None:
             return False
         state.assume(pod, *chosen)
+        # The watch shows it bound (only a pod seen bound may be moved to make room).
+        state.set_pod(replace(pod, node_name=chosen[0], gpu_uuid=chosen[1], phase="Running"))
         placed[pod.uid] = pod
         where[pod.uid] = chosen[0]
         return True
+
+    cooldowns = Cooldowns()
+
+    def make_room(pod: PodInfo, at: float) -> bool:
+        """Consolidation, as the controller runs it at simulated time `at`: plan, remove the
+        pods it names, place the pod, then place them again (their controllers' new pods)."""
+        recent = cooldowns.pods(at)
+        if pod.uid in recent:
+            return False
+        found = plan(state, pod, now=NOW, exempt=recent, cold_nodes=cooldowns.nodes(at))
+        cooldowns.planned(pod, found, at)
+        if found is None:
+            return False
+        for victim in found.moves:
+            state.remove_pod(victim.uid)
+            placed.pop(victim.uid)
+            where.pop(victim.uid)
+        out.moves += len(found.moves)
+        ok = decide(pod)
+        out.made_room += ok
+        for victim in found.moves:
+            if not decide(victim):
+                pending[victim.uid] = victim
+                out.not_replaced += 1
+        return ok
 
     def sample() -> None:
         live = sum(p.request for p in placed.values()) + sum(p.request for p in pending.values())
@@ -540,7 +617,7 @@ def churn(cluster: Cluster, events: Events, rule: Rule, check_big: bool) -> Chur
         heapq.heappush(departures, (leaves, order, deployment))
         measured = arrival >= events.warmup
         for pod in deployment.pods():
-            if decide(pod):
+            if decide(pod) or (consolidate and make_room(pod, arrival)):
                 continue
             pending[pod.uid] = pod
             if not measured:
@@ -595,6 +672,9 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
         ("FFD repack of the live set (mean)", lambda r: f"{np.mean(r.ffd_used):,.0f}"),
         ("  replicas FFD cannot place (mean)", lambda r: f"{np.mean(r.ffd_failed):.1f}"),
         ("ms per decision", lambda r: f"{1e3 * r.seconds / max(r.decisions, 1):.3f}"),
+        ("pods moved to make room (whole run)", lambda r: f"{r.moves}"),
+        ("  pending pods placed by a move", lambda r: f"{r.made_room}"),
+        ("  moved pods not placed again at once", lambda r: f"{r.not_replaced}"),
         ("at the end:", lambda r: ""),
     ]
     for kind in KINDS:
@@ -648,6 +728,9 @@ def main() -> None:
     results = {
         name: churn(cluster, events, rule, not args.no_repack_check) for name, rule in RULES.items()
     }
+    results["binder + moves"] = churn(
+        cluster, events, binder_rule, not args.no_repack_check, consolidate=True
+    )
     report_churn(cluster, results)
     print(f"\nran in {time.perf_counter() - started:.0f} s")
 

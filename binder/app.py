@@ -65,6 +65,7 @@ class Binder:
             bind_workers=settings.bind_workers,
             identity=settings.identity,
             placement_keys=self.placement_keys.ring,
+            consolidate_moves=settings.consolidate_moves,
         )
         self.cache = ClusterCache(
             settings.keys,

@@ -23,11 +23,13 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
+from binder.consolidation import Cooldowns, plan
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.inbox import Inbox
 from binder.kube import Kube
 from binder.metrics import Metrics
 from binder.model import PodInfo
+from binder.moves import carry_out
 from binder.placement import Placement, Policy, place
 from binder.proofs import Unproven
 from binder.queue import SchedulingQueue
@@ -75,6 +77,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         report_interval: float = REPORT_INTERVAL_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
+        consolidate_moves: int = 0,
     ) -> None:
         self._kube = kube
         self._keys = keys
@@ -101,6 +104,8 @@ class Controller:
         """Per pod: the last message written and when (monotonic seconds)."""
         self._report_interval = report_interval
         self._monotonic = monotonic
+        self._consolidate_moves = consolidate_moves
+        self._cooldowns = Cooldowns()
         self.bound = 0
         self.inbox: Inbox | None = None
         """Where the writers hand outcomes back: the one the informers use, so the bind's answer
@@ -244,11 +249,67 @@ class Controller:
             delay,
             extra=subject(pod=pod.key, model=pod.model_id),
         )
+        if self._consolidate_moves and result.condition_reason == "Unschedulable":
+            self._make_room(pod)
         if self._should_report(uid, result.message):
             self._reported[uid] = (result.message, self._monotonic())
             self._report(pod, result.message, result.condition_reason)
         else:
             self._slots.release()
+
+    def _make_room(self, pod: PodInfo) -> None:
+        """Plan to move a few smaller pods when only split free memory keeps the pod out
+        (binder.consolidation), and carry the plan out off the loop (binder.moves). Once per
+        pod per cooldown, whatever the answer, so a waiting pod's retries do not plan again."""
+        state = self.state
+        now = self._monotonic()
+        recent = self._cooldowns.pods(now)
+        if state is None or not self.leading() or pod.uid in recent:
+            return
+        made = plan(
+            state,
+            pod,
+            now=self._clock(),
+            max_moves=self._consolidate_moves,
+            exempt=recent,
+            cold_nodes=self._cooldowns.nodes(now),
+        )
+        self._cooldowns.planned(pod, made, now)
+        if made is None:
+            return
+        log.info(
+            "Pod %s waits only because its nodes' free GPU memory is split: moving %d smaller "
+            "pod(s) off GPU %s on node %s gives it a block of %s.",
+            pod.key,
+            len(made.moves),
+            made.gpu.uuid,
+            made.node,
+            format_bytes(made.freed),
+            extra=subject(pod=pod.key, node=made.node, model=pod.model_id),
+        )
+
+        def work() -> None:
+            carry_out(self._kube, made, pod, self._identity, self._count)
+
+        self._hand_over(work, partial(self._moved, pod))
+
+    def _moved(self, pod: PodInfo, error: Exception | None) -> None:
+        if error is None:
+            return
+        if isinstance(error, ApiError | OSError):
+            log.warning(
+                "Moving pods to make room for pod %s has failed: %s. It waits for room.",
+                pod.key,
+                error,
+                extra=subject(pod=pod.key),
+            )
+        else:
+            log.error(
+                "Moving pods to make room for pod %s has failed: its work is abandoned.",
+                pod.key,
+                exc_info=error,
+                extra=subject(pod=pod.key),
+            )
 
     def _should_report(self, uid: str, message: str) -> bool:
         """Write a pod's first reason at once; a changed reason at most once per interval (the

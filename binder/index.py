@@ -9,10 +9,10 @@ decision of its policy reads it (a binder runs one policy, so it keeps one):
 
 - `spread` scores a node by its free memory relative to its capacity: buckets of nodes sorted by
   their total free memory, read from the empty end.
-- `binpack` scores a node by the smallest GPU that fits the pod, then the tightest free block on
-  a GPU of that size: buckets of GPUs of one size sorted by their free block, so a bisection
-  finds the tightest block that fits in each, in O(log GPUs), and the next entries are the next
-  tightest.
+- `binpack` scores a node by its best GPU that fits the pod (by the GPU's size and whether it is
+  used), then the tightest free block: buckets of GPUs of one size sorted by their free block
+  (the used ones first, as an empty GPU's block is its whole size), so a bisection finds the
+  tightest block that fits in each, in O(log GPUs), and the next entries are the next tightest.
 
 Equal keys stay next to each other, in node order. The cluster state logs the nodes whose free
 memory or capacity changed; an index catches up on that log only when it is used, so a class no

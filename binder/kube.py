@@ -575,6 +575,19 @@ class Kube:
                 self._unsure.discard((namespace, name))
             raise
 
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """POST the pod's eviction subresource (policy/v1), once, for that uid only: the API
+        server applies the pod's PodDisruptionBudget and answers 429 when it forbids the
+        eviction (an UnavailableError with status 429), which the caller takes as a verdict,
+        not as a reason to retry."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        self._request("POST", _pod_path(namespace, name, "eviction"), READ_TIMEOUT_SECONDS, body)
+
     def set_unschedulable(
         self, namespace: str, name: str, message: str, reason: str = "Unschedulable"
     ) -> None:

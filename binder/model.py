@@ -125,6 +125,11 @@ class PodInfo:
     created: float = 0.0
     """Creation time, seconds since the epoch (0 when unknown)."""
     resource_version: str = ""
+    priority: int = 0
+    """spec.priority, as the priority admission plugin resolved it (0 when absent)."""
+    controlled: bool = False
+    """Whether an owner reference marks a controller (a ReplicaSet, a StatefulSet...) that
+    recreates the pod when it is evicted."""
 
     @property
     def key(self) -> str:
@@ -293,7 +298,19 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         problem=problem,
         created=parse_time(meta.get("creationTimestamp")) or 0.0,
         resource_version=str(meta.get("resourceVersion", "")),
+        priority=_priority(spec.get("priority")),
+        controlled=_controlled(meta.get("ownerReferences")),
     )
+
+
+def _priority(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _controlled(references: object) -> bool:
+    if not isinstance(references, list):
+        return False
+    return any(isinstance(r, Mapping) and r.get("controller") is True for r in references)
 
 
 def _gpus(annotations: Mapping[str, Any], keys: Keys) -> tuple[tuple[Gpu, ...], str]:

@@ -6,14 +6,19 @@ one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAf
 and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus our GPU
 memory score (weight 1, 0..100).
 
-`binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use:
-it scores a node by the smallest GPU on it with a free block for the pod (the less of that GPU's
-size the pod leaves over, against the largest GPU of the cluster, the higher), and among equal
-scores takes the tightest such block, then the first node in name order. A node's fullness
-relative to its own size, which binpack scored before, made 8-GPU A100 nodes look fullest and fed
-them small models until no big model fitted. So a pod fills a used GPU before it opens an empty
-one of the same kind, takes a T4 before an A100, and breaks an A100's large free block only when
-no smaller GPU has room; equal choices pile up in name order rather than spread.
+`binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use.
+A GPU's memory score is 100 when it already holds a pod, 2 to 99 when it is empty (the smaller
+the GPU, the higher), and 1 or 0 (used or empty) when it is of the cluster's largest kind
+(within a tenth of the largest GPU's size); a node scores as its best GPU that fits, and among
+equal scores the tightest such block wins, then the first node in name order. So a pod fills a
+used GPU, the tightest, before it opens an empty one; opens the smallest GPU it fits; and takes
+a GPU of the largest kind only when nothing smaller has room. The largest kind is kept whole
+because nothing else can hold the pods only it fits: a small model left beside a big one stays
+when the big one goes, and the next big model finds no block (measured in
+benchmarks/density.py: under churn, any rule that let small models fill the room beside big
+ones refused most big-model replicas). A node's fullness relative to its own size, which
+binpack scored before, made 8-GPU A100 nodes look fullest and fed them small models until no
+big model fitted.
 
 `spread` favours the node with the most free memory relative to its size and its emptiest GPU;
 its ties go to a node chosen by a stable hash of the pod's uid.
@@ -137,8 +142,8 @@ def _tie_break(uid: str, count: int) -> int:
 
 
 def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> Gpu | None:
-    """binpack: the smallest healthy GPU that fits, then the fullest of those (keeps whole GPUs,
-    and large ones, free); spread: the emptiest. Ties go to the lower GPU index."""
+    """binpack: the GPU with the best memory score (`pack_score`), then the tightest block;
+    spread: the emptiest. Ties go to the lower GPU index."""
     state.arrays()
     info = state.nodes[node]
     # The ledger's (usable size, free block) of each GPU, as the index reads them.
@@ -151,7 +156,8 @@ def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> 
     if not fitting:
         return None
     if policy == "binpack":
-        return min(fitting, key=lambda item: item[:3])[3]
+        top = max(state.largest_usable(), 1)
+        return min(fitting, key=lambda item: (-pack_score(top, item[0], item[1]), *item[1:3]))[3]
     return min(fitting, key=lambda item: (-item[1], item[2]))[3]
 
 
@@ -281,7 +287,7 @@ def _pack_indexed(
         return None
     top_affinity = max(h[0] for h in heads)
     top_prefer = max(h[1] for h in heads)
-    largest = float(max(state.largest_usable(), 1))
+    top = max(state.largest_usable(), 1)
     best, best_block, chosen = -math.inf, 0, 0
     for affinity, prefer, size, block, i in heads:
         affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else 0
@@ -289,17 +295,23 @@ def _pack_indexed(
             MAX_SCORE - (prefer * MAX_SCORE) // top_prefer if top_prefer > 0 else MAX_SCORE
         )
         base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
-        score = base + MEMORY_WEIGHT * _pack_score(largest, size, request)
-        # Equal scores (the same GPU size): the tightest block, then node name order.
+        score = base + MEMORY_WEIGHT * pack_score(top, size, block)
+        # Equal scores: the tightest block, then node name order.
         if score > best or (score == best and (block, i) < (best_block, chosen)):
             best, best_block, chosen = score, block, i
     return _on_node(state, state.names[chosen], request, "binpack", best)
 
 
-def _pack_score(largest: float, size: int, request: int) -> float:
-    """binpack's memory score: the smaller the GPU the pod fits (the less of it the pod leaves
-    over), the higher, against the largest GPU of the cluster."""
-    return MAX_SCORE * (largest - (size - request)) / largest
+def pack_score(largest: int, size: int, free: int) -> float:
+    """binpack's memory score of a GPU of `size` usable bytes with a `free` block that fits the
+    pod (`largest`: the cluster's largest GPU): 100 used; 2 to 99 empty, the smaller the
+    higher; 1 used or 0 empty for the largest kind. `_best` computes the same, vectorised, with
+    the same operations in the same order (the two paths compare scores for equality)."""
+    if size * 10 >= largest * 9:
+        return 1.0 if free < size else 0.0
+    if free < size:
+        return 100.0
+    return 2 + 97 * (largest - size) / largest
 
 
 def _on_node(
@@ -334,21 +346,29 @@ def _best(
     request = pod.request
     base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
     if policy == "binpack":
-        # Each candidate's smallest fitting GPU, and the tightest block on a GPU of that size.
+        # Each GPU ranked as `pack_score` orders them, in integers: 2L+2 used, L+2-size empty
+        # (L the largest GPU), 1 or 0 for the largest kind, -1 when the pod does not fit; a node
+        # scores as its best GPU, and its tightest block of that rank breaks ties.
         all_sizes, all_rooms = state.gpu_matrices()
         room = all_rooms[candidates]
-        fits = room >= request
         size = all_sizes[candidates]
+        top = max(state.largest_usable(), 1)
+        used = room < size
+        rank = np.where(used, 2 * top + 2, top + 2 - size)
+        rank = np.where(size * 10 >= top * 9, used, rank)
+        rank = np.where(room >= request, rank, -1)
+        best_rank = rank.max(axis=1)
         unfit = np.iinfo(np.int64).max
-        sizes = np.where(fits, size, unfit).min(axis=1)
-        tightest = np.where(fits & (size == sizes[:, None]), room, unfit).min(axis=1)
-        largest = float(max(state.largest_usable(), 1))
-        score = base + MEMORY_WEIGHT * (MAX_SCORE * (largest - (sizes - request)) / largest)
-        top = score.max()
-        # Equal scores (same GPU size): the tightest block, then node name order.
-        tied = np.flatnonzero(score == top)
+        tightest = np.where(rank == best_rank[:, None], room, unfit).min(axis=1)
+        # The same float operations as `pack_score`, per node.
+        memory = np.where(best_rank == 2 * top + 2, 100.0, 2 + 97 * (best_rank - 2) / top)
+        memory = np.where(best_rank <= 1, best_rank.astype(np.float64), memory)
+        score = base + MEMORY_WEIGHT * memory
+        top_score = score.max()
+        # Equal scores: the tightest block, then node name order.
+        tied = np.flatnonzero(score == top_score)
         chosen = int(tied[np.argmin(tightest[tied])])
-        return _on_node(state, state.names[int(candidates[chosen])], request, policy, top)
+        return _on_node(state, state.names[int(candidates[chosen])], request, policy, top_score)
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
     free = state.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity

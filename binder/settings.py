@@ -55,8 +55,9 @@ class Settings:
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     """Pods with this spec.schedulerName are ours. Default tritonshare."""
     policy: Policy = "binpack"
-    """`binpack` (the smallest GPU kind that fits, its tightest block: fills GPUs, keeps large
-    ones free for big models) or `spread`. Default binpack."""
+    """`binpack` (a used GPU's tightest block before an empty GPU, the smallest empty one first,
+    the largest GPU kind last: fills GPUs, keeps the largest free for big models) or `spread`.
+    Default binpack."""
     placement_key_dir: Path | None = None
     """Directory holding the placement keys (`current`, optionally `previous`: the mounted
     placement-key Secret) the binder signs each placement with. Required to run. Default none."""
@@ -78,6 +79,10 @@ class Settings:
     """Seconds, the longest wait between two retries of an unschedulable pod. Default 120."""
     bind_workers: int = 8
     """API calls for binding in flight at once. Default 8."""
+    consolidate_moves: int = 0
+    """Pods one plan may evict to make room for a pod that waits only because the free GPU
+    memory of its nodes is split across GPUs (binder.consolidation); 0 never evicts. Default 0:
+    an eviction stops another team's serving model for a reload elsewhere."""
     watch_failure_grace_seconds: float = 30.0
     """Seconds a cache's list or watch may keep failing (API server unreachable, 429, 5xx)
     before /readyz reports not ready; the cache keeps retrying either way. Default 30."""
@@ -168,6 +173,13 @@ DECLARATION = Declaration(
             "backoff_max_seconds",
         ),
         Setting("bind-workers", "binding API calls in flight at once", whole(minimum=1), "8"),
+        Setting(
+            "consolidate-moves",
+            "pods one plan may evict to give a pod waiting on split GPU memory one block "
+            "(0: never evict)",
+            whole(),
+            "0",
+        ),
         Setting(
             "watch-failure-grace",
             "seconds a cache's watch may keep failing before /readyz reports not ready",

@@ -167,6 +167,8 @@ class ClusterState:
             placement=placement,
             constraints=pod.constraints,
             created=pod.created,
+            priority=pod.priority,
+            controlled=pod.controlled,
         )
         self._charge(_Account(bound, node, -1, assumed=True))
 

@@ -299,6 +299,49 @@ def test_binpack_fills_a_used_gpu_before_opening_an_empty_one_of_the_same_kind()
     assert (choice.node, choice.gpu.uuid) == ("n2", "GPU-n2-0")
 
 
+def test_binpack_fills_a_used_gpu_of_a_bigger_kind_before_opening_an_empty_smaller_one() -> None:
+    """Issue 29's first rule took the smallest kind first and opened an empty T4 while a used L4
+    had room: 3 % more GPU memory in use on benchmarks/density.py's static fleet."""
+    state = cluster(
+        node_obj("a100-0", [80 * GI]), node_obj("l4-0", [24 * GI]), node_obj("t4-0", [16 * GI])
+    )
+    bind(state, "whisper", "l4-0", 0, "18Gi")
+    for budget in (None, 0):
+        assert placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget).node == "l4-0"
+    # A used GPU is preferred only where the pod fits: 7Gi no longer does, the empty T4 opens.
+    assert placed(state, pod_obj("t5", mem="7Gi")).node == "t4-0"
+
+
+def test_the_largest_kind_is_taken_by_a_smaller_model_only_when_nothing_smaller_has_room() -> None:
+    """The room beside an LLM looks like any used GPU's, but a small model left there stays when
+    the LLM goes, and the next LLM finds no whole A100: under churn every rule that filled it
+    refused most big models (benchmarks/density.py)."""
+    a100 = {"gpu": "a100"}
+    state = cluster(
+        node_obj("a100-0", [80 * GI] * 2, labels=a100), node_obj("t4-0", [16 * GI]), reserve=0
+    )
+    bind(state, "llm", "a100-0", 0, "60Gi")
+    for budget in (None, 0):
+        assert placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget).node == "t4-0"
+    bind(state, "resnet", "t4-0", 0, "14Gi")
+    # No T4 has room: the A100 beside the LLM, not the whole one.
+    for budget in (None, 0):
+        choice = placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget)
+        assert choice.gpu.uuid == "GPU-a100-0-0"
+
+
+def test_gpus_within_a_tenth_of_the_largest_count_as_the_largest_kind() -> None:
+    """An A100 80GB and an H100 80GB publish sizes 0.4 % apart; both are kept for big models."""
+    state = cluster(
+        node_obj("a100-0", [80 * GI]),
+        node_obj("h100-0", [int(79.6 * GI)]),
+        node_obj("a40-0", [48 * GI]),
+    )
+    bind(state, "llm", "h100-0", 0, "40Gi")
+    # The used H100 scores as a GPU of the largest kind, below the empty smaller A40.
+    assert placed(state, pod_obj("small", mem="4Gi")).node == "a40-0"
+
+
 def test_on_a_node_of_mixed_gpus_binpack_takes_the_smaller_gpu() -> None:
     state = cluster(node_obj("n1", [80 * GI, 16 * GI]))
     bind(state, "a", "n1", 0, "72Gi")  # the A100's block (8Gi) is tighter than the T4 (16Gi)

@@ -1,0 +1,85 @@
+"""Carrying out a consolidation plan: evict the planned pods through the Eviction API and say why.
+
+Each pod is evicted with its uid as a precondition, so a replacement of the same name is never
+hit. The API server applies the pod's PodDisruptionBudget: a 429 stops the plan there (the pods
+after it stay; the pending pod waits, and the controller does not plan for it again until its
+cooldown ends). Every moved pod gets an Event saying for which pod it moved, and the pending pod
+one saying what was moved for it. Runs on a worker thread, as the controller's other writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from binder.consolidation import Plan
+from binder.errors import NotFoundError, UnavailableError
+from binder.kube import Kube
+from binder.model import PodInfo
+from common.logs import subject
+
+log = logging.getLogger(__name__)
+
+REASON = "Consolidation"
+"""The Events' reason, on the moved pods and on the pod they made room for."""
+
+
+def carry_out(
+    kube: Kube, plan: Plan, pod: PodInfo, identity: str, count: Callable[[str], None]
+) -> int:
+    """Evict the plan's pods in order until one is refused; returns how many were evicted."""
+    moved = 0
+    for other in plan.moves:
+        try:
+            kube.evict_pod(other.namespace, other.name, other.uid)
+        except NotFoundError:
+            continue  # gone already: its memory is free
+        except UnavailableError as e:
+            if e.status != 429:
+                raise
+            log.info(
+                "Pod %s was not moved to make room for pod %s: the API server refused its "
+                "eviction (%s). The plan stops here; %s waits.",
+                other.key,
+                pod.key,
+                e,
+                pod.key,
+                extra=subject(pod=other.key, node=plan.node),
+            )
+            break
+        count("eviction")
+        moved += 1
+        log.info(
+            "Pod %s (%s) is moved off GPU %s on node %s to make room for pod %s.",
+            other.key,
+            other.model_id,
+            plan.gpu.uuid,
+            plan.node,
+            pod.key,
+            extra=subject(pod=other.key, node=plan.node, model=other.model_id),
+        )
+        kube.record_event(
+            other.namespace,
+            other.name,
+            other.uid,
+            reason=REASON,
+            message=plan.reason(pod),
+            reporting_instance=identity,
+            event_type="Normal",
+        )
+        count("event")
+    if moved:
+        names = ", ".join(p.key for p in plan.moves[:moved])
+        kube.record_event(
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            reason=REASON,
+            message=f"moving {moved} smaller pod(s) off GPU {plan.gpu.uuid} on node "
+            f"{plan.node} to make room for this pod, whose nodes have the memory only split "
+            f"across GPUs: {names}",
+            reporting_instance=identity,
+            event_type="Normal",
+        )
+        count("event")
+    return moved
