@@ -205,7 +205,7 @@ class Registry:
             meta.pop(key, None)
         self._defaults(resource, obj)
         if resource is DEPLOYMENTS or resource is REPLICA_SETS:
-            workloads.prepare_create(obj)
+            workloads.prepare_create(resource, obj)
         return obj, causes
 
     def commit_create(

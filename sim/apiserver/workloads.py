@@ -207,10 +207,11 @@ def update_causes(old: JsonObject, new: JsonObject) -> Causes:
     return []
 
 
-def prepare_create(obj: JsonObject) -> None:
-    """As upstream's strategy: a new object starts at generation 1 with an empty status."""
+def prepare_create(resource: Resource, obj: JsonObject) -> None:
+    """As upstream's strategy: a new object starts at generation 1 with an empty status (a
+    ReplicaSet's `status.replicas` is never omitted)."""
     obj["metadata"]["generation"] = 1
-    obj["status"] = {}
+    obj["status"] = {} if resource is DEPLOYMENTS else {"replicas": 0}
 
 
 def next_generation(old: JsonObject, new: JsonObject, subresource: str) -> int:

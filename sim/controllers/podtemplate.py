@@ -73,15 +73,17 @@ def scaled_value(value: int | str, total: int, round_up: bool) -> int:
 
 
 def parse_time(text: Any) -> float | None:
-    """A Kubernetes `Time` (`2024-01-02T03:04:05Z`) as seconds since the epoch."""
+    """A Kubernetes `Time` (`2024-01-02T03:04:05Z`; the official client writes the offset as
+    `+00:00`) as seconds since the epoch."""
     if not isinstance(text, str):
         return None
-    for layout in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.%fZ"):
-        try:
-            return datetime.strptime(text, layout).replace(tzinfo=UTC).timestamp()
-        except ValueError:
-            continue
-    return None
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
 
 
 def rfc3339(seconds: float) -> str:
