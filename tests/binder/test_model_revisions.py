@@ -12,8 +12,8 @@ from binder.model import node_from_api, pod_from_api
 from binder.placement import Placement, Unschedulable, explain, place
 from binder.state import ClusterState
 from common.contract import POC_PREFIX, Keys
-from tests.binder.objects import GI, KEYS, pod_obj
-from tests.binder.test_placement import NOW, bind, cluster, node_obj, placed, refused
+from tests.binder.objects import GI, KEYS, node_obj, pod_obj
+from tests.binder.test_placement import NOW, bind, cluster, placed, refused
 
 
 def revision_pod(name: str, revision: str = "", label: str = "pod-template-hash", **kw: Any) -> Any:
