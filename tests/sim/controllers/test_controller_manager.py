@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import kubernetes.client
 import pytest
@@ -186,7 +186,8 @@ def test_the_selector_of_a_deployment_is_immutable(kube_api: kubernetes.client.A
     }
     with pytest.raises(kubernetes.client.ApiException) as refused:
         apps.patch_namespaced_deployment("web", NS, patch)
-    assert refused.value.status == 422 and "field is immutable" in refused.value.body
+    assert refused.value.status == 422
+    assert "field is immutable" in status_of(refused.value)["message"]
 
 
 def test_a_deployment_rolls_to_a_new_template_through_revisions_and_owners(
@@ -404,7 +405,7 @@ def test_deleting_a_replica_set_collects_its_pods_and_a_budget_reads_the_real_sc
     kube_api: kubernetes.client.ApiClient, manager: ControllerManager, hollow: None
 ) -> None:
     apps, core = apps_v1(kube_api), core_v1(kube_api)
-    policy = kubernetes.client.PolicyV1Api(kube_api)
+    policy = cast(Any, kubernetes.client.PolicyV1Api(kube_api))
     policy.create_namespaced_pod_disruption_budget(
         NS,
         {
