@@ -401,30 +401,112 @@ def test_deleting_a_deployment_collects_its_replica_sets_and_their_pods(
     assert core.read_namespaced_pod("stray", NS).metadata.deletion_timestamp is None
 
 
-def test_deleting_a_replica_set_collects_its_pods_and_a_budget_reads_the_real_scale(
+def test_deleting_a_replica_set_collects_its_pods(
     kube_api: kubernetes.client.ApiClient, manager: ControllerManager, hollow: None
 ) -> None:
     apps, core = apps_v1(kube_api), core_v1(kube_api)
+    body = make_deployment("rs", 3, "auto")
+    body["kind"] = "ReplicaSet"
+    apps.create_namespaced_replica_set(NS, body)
+    wait_until("three pods", lambda: len(pods_of(core, "rs")) == 3, 10)
+    rs = apps.read_namespaced_replica_set_scale("rs", NS)
+    assert (rs.spec.replicas, rs.status.replicas) == (3, 3)
+    apps.delete_namespaced_replica_set("rs", NS)
+    wait_until("its pods collected", lambda: not pods_of(core, "rs"), 15)
+
+
+def _budget(kube_api: kubernetes.client.ApiClient, app: str, **spec: Any) -> Any:
     policy = cast(Any, kubernetes.client.PolicyV1Api(kube_api))
     policy.create_namespaced_pod_disruption_budget(
         NS,
-        {
-            "metadata": {"name": "rs"},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "rs"}}},
-        },
+        {"metadata": {"name": app}, "spec": {"selector": {"matchLabels": {"app": app}}, **spec}},
     )
+
+    def read() -> tuple[int, int]:
+        status = policy.read_namespaced_pod_disruption_budget(app, NS).status
+        return int(status.expected_pods or 0), int(status.desired_healthy or 0)
+
+    return read
+
+
+def test_a_budget_expects_a_replica_sets_scale_not_its_pods(
+    kube_api: kubernetes.client.ApiClient, manager: ControllerManager, hollow: None
+) -> None:
+    apps, core = apps_v1(kube_api), core_v1(kube_api)
+    budget = _budget(kube_api, "rs", maxUnavailable=1)
     body = make_deployment("rs", 3, "auto")
     body["kind"] = "ReplicaSet"
-    del body["spec"]["template"]["metadata"]["annotations"]
     apps.create_namespaced_replica_set(NS, body)
     wait_until("three pods", lambda: len(pods_of(core, "rs")) == 3, 10)
-
-    def expected() -> int:
-        return int(policy.read_namespaced_pod_disruption_budget("rs", NS).status.expected_pods or 0)
-
-    wait_until("the budget expects 3", lambda: expected() == 3, 10)
-    # The ReplicaSet's scale, not its pods in the store: scaled to 5, 5 are expected at once.
+    wait_until("the budget expects 3", lambda: budget() == (3, 2), 10)
+    # With no controller to add pods, the scale alone moves the budget: 5 expected, 3 pods.
+    manager.stop()
     apps.patch_namespaced_replica_set_scale("rs", NS, {"spec": {"replicas": 5}})
-    wait_until("the budget expects 5", lambda: expected() == 5, 10)
-    apps.delete_namespaced_replica_set("rs", NS)
-    wait_until("its pods collected", lambda: not pods_of(core, "rs"), 15)
+    wait_until("the budget expects 5", lambda: budget() == (5, 4), 10)
+    assert len(pods_of(core, "rs")) == 3
+
+
+def test_pods_the_api_refuses_mark_the_replica_set_and_the_deployment_replica_failure(
+    kube_api: kubernetes.client.ApiClient, manager: ControllerManager
+) -> None:
+    """The manager creates pods through admission: a policy refusing them is the Deployment's
+    ReplicaFailure condition, with the API's message, and it is retried, not repeated at once."""
+    admission = cast(Any, kubernetes.client.AdmissionregistrationV1Api(kube_api))
+    rule = {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE"],
+        "resources": ["pods"],
+    }
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": "no-pods"},
+            "spec": {
+                "matchConstraints": {"resourceRules": [rule]},
+                "validations": [{"expression": "false", "message": "pods are closed today"}],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {
+            "metadata": {"name": "no-pods"},
+            "spec": {"policyName": "no-pods", "validationActions": ["Deny"]},
+        }
+    )
+    apps = apps_v1(kube_api)
+    apps.create_namespaced_deployment(NS, make_deployment("closed", 3, "none"))
+
+    def failure() -> Any:
+        return condition(apps.read_namespaced_deployment("closed", NS), "ReplicaFailure")
+
+    found = wait_until("the Deployment's ReplicaFailure", failure, 10)
+    assert (found.status, found.reason) == ("True", "FailedCreate")
+    assert "pods are closed today" in found.message
+    [rs] = apps.list_namespaced_replica_set(NS).items
+    assert any(c.type == "ReplicaFailure" for c in rs.status.conditions)
+    assert rs.status.replicas == 0
+    # Slow start: one refused create per attempt, not three.
+    admission.delete_validating_admission_policy_binding("no-pods")
+    wait_until(
+        "the pods once the policy is gone",
+        lambda: len(pods_of(core_v1(kube_api), "closed")) == 3,
+        15,
+    )
+    wait_until("the condition cleared", lambda: failure() is None, 15)
+
+
+def test_a_budget_on_a_deployments_pods_expects_the_deployments_replicas(
+    kube_api: kubernetes.client.ApiClient, manager: ControllerManager, hollow: None
+) -> None:
+    apps, core = apps_v1(kube_api), core_v1(kube_api)
+    budget = _budget(kube_api, "web", minAvailable="50%")
+    apps.create_namespaced_deployment(NS, make_deployment("web", 2, "auto"))
+    wait_until("two pods", lambda: len(pods_of(core, "web")) == 2, 10)
+    wait_until("2 expected, 1 desired", lambda: budget() == (2, 1), 10)
+    # The Deployment's scale, found through its pods' ReplicaSet (whose own spec.replicas is
+    # still 2, with no controller running): 6 expected, 50% of 6 is 3.
+    manager.stop()
+    apps.patch_namespaced_deployment_scale("web", NS, {"spec": {"replicas": 6}})
+    wait_until("6 expected, 3 desired", lambda: budget() == (6, 3), 10)
+    [rs] = apps.list_namespaced_replica_set(NS).items
+    assert rs.spec.replicas == 2 and len(pods_of(core, "web")) == 2
