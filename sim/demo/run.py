@@ -495,8 +495,16 @@ def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     def measured() -> int:
         node = json.loads(cluster.core.read_node(real.name, _preload_content=False).data)
         usage = json.loads(node["metadata"].get("annotations", {}).get(KEYS.gpu_usage, "{}"))
+        # The agent keys a model by its name in Triton: its model id, or under private names
+        # (issue 25) the model id, a dash and a digest of its pod.
         return max(
-            (g.get("models", {}).get(GREEDY_POD.model_id, 0) for g in usage.values()), default=0
+            (
+                size
+                for g in usage.values()
+                for name, size in (g.get("models") or {}).items()
+                if name == GREEDY_POD.model_id or name.startswith(f"{GREEDY_POD.model_id}-")
+            ),
+            default=0,
         )
 
     result.overuse_measured = wait_until("the measured memory on the node", measured, 60)
