@@ -148,15 +148,18 @@ class PodInfo:
     created: float = 0.0
     """Creation time, seconds since the epoch (0 when unknown)."""
     resource_version: str = ""
+    model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
+    """The (namespace, model id, revision) of which a node takes at most one pod; made once
+    here, as placement reads it for every decision."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "model_key", ModelKey(self.namespace, self.model_id, self.revision)
+        )
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-    @property
-    def model_key(self) -> ModelKey:
-        """The (namespace, model id, revision) of which a node takes at most one pod."""
-        return ModelKey(self.namespace, self.model_id, self.revision)
 
     @property
     def claims_share(self) -> bool:
