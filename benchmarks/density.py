@@ -203,7 +203,7 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     cls = state.constraint_class(pod.constraints)
     nodes = cls.nodes
     ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_id)[nodes]
+    ok &= ~state.model_mask(pod.model_key)[nodes]
     candidates = nodes[ok]
     if not candidates.size:
         return None
@@ -243,7 +243,7 @@ def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     cls = state.constraint_class(pod.constraints)
     nodes = cls.nodes
     ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_id)[nodes]
+    ok &= ~state.model_mask(pod.model_key)[nodes]
     candidates = nodes[ok]
     if not candidates.size:
         return None
@@ -515,7 +515,7 @@ def cause(state: ClusterState, pod: PodInfo) -> str:
     """Why a pod fits nowhere: no single GPU block only because of one-replica-per-node, no block
     although the eligible nodes have the memory in total (fragmentation), or no room."""
     cls = state.constraint_class(pod.constraints)
-    has_model = state.model_mask(pod.model_id)
+    has_model = state.model_mask(pod.model_key)
     total = 0
     blocked_by_model = False
     for i in cls.nodes.tolist():

@@ -61,7 +61,7 @@ class Listener(Protocol):
 
 
 def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
-    return (pod.constraints, pod.request, pod.model_id, pod.problem, pod.scheduler_name)
+    return (pod.constraints, pod.request, pod.model_key, pod.problem, pod.scheduler_name)
 
 
 class ClusterCache:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from common.contract import Keys, is_valid_model_id, validate_model_id
 from common.quantity import QuantityError, parse_quantity
@@ -101,6 +101,26 @@ class NodeInfo:
     """Model id -> GPU memory its loaded model is measured to use on this node (bytes)."""
 
 
+REVISION_LABELS = ("pod-template-hash", "controller-revision-hash")
+"""The labels that name a pod's revision: a Deployment's ReplicaSet, a StatefulSet's revision."""
+
+
+class ModelKey(NamedTuple):
+    """What the binder keeps to one pod per node: one revision of one model id of a namespace.
+
+    Replicas of one revision never share a node (they would load the same model twice into one
+    Triton), while a rollout's new revision may join the old one, and another namespace's model
+    of the same id never collides. Pods with no revision label are one revision ("")."""
+
+    namespace: str
+    model_id: str
+    revision: str
+
+    def __str__(self) -> str:
+        named = f"{self.namespace}/{self.model_id}"
+        return f"{named} at revision {self.revision}" if self.revision else named
+
+
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     """The parts of a Pod the binder decides on or accounts for."""
@@ -115,6 +135,9 @@ class PodInfo:
     request: int = 0
     """Effective GPU memory request in bytes (0 when the pod asks for none)."""
     model_id: str = ""
+    revision: str = ""
+    """The pod's `pod-template-hash` (Deployment) or `controller-revision-hash` (StatefulSet)
+    label; empty when it has neither."""
     gpu_uuid: str = ""
     """The GPU the binder chose, from the pod's annotation; empty before binding."""
     placement: str = ""
@@ -130,6 +153,14 @@ class PodInfo:
     controlled: bool = False
     """Whether an owner reference marks a controller (a ReplicaSet, a StatefulSet...) that
     recreates the pod when it is evicted."""
+    model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
+    """The (namespace, model id, revision) of which a node takes at most one pod; made once
+    here, as placement reads it for every decision."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "model_key", ModelKey(self.namespace, self.model_id, self.revision)
+        )
 
     @property
     def key(self) -> str:
@@ -253,6 +284,14 @@ def effective_request(spec: Mapping[str, Any], resource: str) -> int:
     return total
 
 
+def _revision(labels: Mapping[str, Any]) -> str:
+    for label in REVISION_LABELS:
+        value = labels.get(label)
+        if value:
+            return str(value)
+    return ""
+
+
 def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
     """Convert an API pod; never raises on user input (problems land in `problem`)."""
     meta = _mapping(obj.get("metadata"))
@@ -275,7 +314,7 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         elif not model_id:
             problem = (
                 f"pod has no {keys.model_id} annotation; set it to the Triton model name so the "
-                f"binder can keep one copy of each model per node"
+                f"binder can keep one copy of each model revision per node"
             )
         elif not is_valid_model_id(model_id):
             try:
@@ -292,6 +331,7 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         deleting=bool(meta.get("deletionTimestamp")),
         request=request,
         model_id=model_id,
+        revision=_revision(_mapping(meta.get("labels"))),
         gpu_uuid=str(annotations.get(keys.gpu) or ""),
         placement=str(annotations.get(keys.placement) or ""),
         constraints=constraints_from_spec(spec),

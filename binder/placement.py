@@ -47,7 +47,7 @@ import numpy as np
 
 from binder.classes import ConstraintClass
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
-from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
+from binder.model import Gpu, ModelKey, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
 from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState
 from common.contract import Keys
@@ -70,8 +70,10 @@ REASON_BAD_GPUS = "node(s) had an unreadable tritonshare GPU annotation"
 REASON_AGENT_DOWN = "node(s) had no live tritonshare agent"
 
 
-def reason_model_present(model_id: str) -> str:
-    return f"node(s) already had model {model_id}"
+def reason_model_present(key: ModelKey) -> str:
+    """A node already runs a pod of this namespace's model at this revision (one per node: a
+    rollout's new revision may join the old one, another namespace's model never collides)."""
+    return f"node(s) already had model {key}"
 
 
 def reason_memory(largest_free: int) -> str:
@@ -190,7 +192,7 @@ def place(
     if nodes.size:
         ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
         if pod.model_id:
-            ok &= ~state.model_mask(pod.model_id)[nodes]
+            ok &= ~state.model_mask(pod.model_key)[nodes]
         candidates = nodes[ok]
         if candidates.size > 1 and cls.preferred_error:
             # kube-scheduler scores only when two or more nodes are feasible; PreScore fails.
@@ -211,7 +213,7 @@ def _spread_indexed(
     request = pod.request
     max_free = state.max_free
     lease = state.lease_expiry
-    taken = state.model_nodes(pod.model_id) if pod.model_id else set()
+    taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, list[int], int]] = []
     for (affinity, prefer, capacity), keys in index.buckets(
@@ -271,7 +273,7 @@ def _pack_indexed(
     feasible."""
     request = pod.request
     lease = state.lease_expiry
-    taken = state.model_nodes(pod.model_id) if pod.model_id else set()
+    taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, int, int]] = []
     for (affinity, prefer, size), keys in index.blocks(state.gpu_blocks).items():
@@ -388,8 +390,8 @@ def dynamic_reason(state: ClusterState, pod: PodInfo, node: str, now: float) -> 
         return REASON_NO_GPUS
     if state.leases.get(node, 0.0) <= now:
         return REASON_AGENT_DOWN
-    if pod.model_id and state.has_model(node, pod.model_id):
-        return reason_model_present(pod.model_id)
+    if pod.model_id and state.has_model(node, pod.model_key):
+        return reason_model_present(pod.model_key)
     if max(state.gpu_free(node), default=0) < pod.request:
         return "memory"
     return ""
@@ -413,9 +415,9 @@ def _unschedulable(
         reasons[REASON_AGENT_DOWN] += int(np.count_nonzero(down))
     rest &= ~down
     if pod.model_id:
-        present = rest & state.model_mask(pod.model_id)[nodes]
+        present = rest & state.model_mask(pod.model_key)[nodes]
         if present.any():
-            reasons[reason_model_present(pod.model_id)] += int(np.count_nonzero(present))
+            reasons[reason_model_present(pod.model_key)] += int(np.count_nonzero(present))
         rest &= ~present
     if rest.any():
         largest = max(0, int(state.max_free[nodes[rest]].max()))

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from binder.classes import ConstraintClass, evaluate, reevaluate, shifted, without
 from binder.index import Blocks, FreeIndex
-from binder.model import Constraints, Gpu, NodeInfo, PodInfo
+from binder.model import Constraints, Gpu, ModelKey, NodeInfo, PodInfo
 
 IntArray = npt.NDArray[np.int64]
 GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
@@ -62,8 +62,9 @@ class ClusterState:
         self._accounts: dict[str, _Account] = {}
         self._by_node: dict[str, dict[str, _Account]] = {}
         self._alloc: dict[str, list[int]] = {}
-        self._models: dict[str, Counter[str]] = {}
-        self._model_nodes: dict[str, Counter[str]] = {}
+        self._models: dict[str, Counter[ModelKey]] = {}
+        self._model_nodes: dict[ModelKey, Counter[str]] = {}
+        """Per node its pods' (namespace, model id, revision), and per such key its nodes."""
         self._classes: dict[Constraints, ConstraintClass] = {}
         self._indexes: dict[Constraints, FreeIndex] = {}
         self._changes: list[int] = []
@@ -141,7 +142,7 @@ class ClusterState:
             existing is not None
             and existing.node == pod.node_name
             and existing.pod.request == pod.request
-            and existing.pod.model_id == pod.model_id
+            and existing.pod.model_key == pod.model_key
             and (existing.pod.gpu_uuid == pod.gpu_uuid or not pod.gpu_uuid)
         ):
             existing.pod = pod if pod.gpu_uuid else existing.pod
@@ -163,6 +164,7 @@ class ClusterState:
             phase=pod.phase,
             request=pod.request,
             model_id=pod.model_id,
+            revision=pod.revision,
             gpu_uuid=gpu_uuid,
             placement=placement,
             constraints=pod.constraints,
@@ -195,8 +197,8 @@ class ClusterState:
         self._by_node[account.node].pop(uid, None)
         if not self._by_node[account.node]:
             del self._by_node[account.node]
-        model = account.pod.model_id
-        if model:
+        if account.pod.model_id:
+            model = account.pod.model_key
             self._models[account.node][model] -= 1
             if self._models[account.node][model] <= 0:
                 del self._models[account.node][model]
@@ -228,11 +230,12 @@ class ClusterState:
     def assumed_uids(self) -> list[str]:
         return [uid for uid, a in self._accounts.items() if a.assumed]
 
-    def has_model(self, node: str, model_id: str) -> bool:
-        return self._models.get(node, Counter())[model_id] > 0
+    def has_model(self, node: str, key: ModelKey) -> bool:
+        """Whether a pod of that namespace's model id at that revision is on the node."""
+        return self._models.get(node, Counter())[key] > 0
 
-    def nodes_with_model(self, model_id: str) -> list[str]:
-        return list(self._model_nodes.get(model_id, ()))
+    def nodes_with_model(self, key: ModelKey) -> list[str]:
+        return list(self._model_nodes.get(key, ()))
 
     # ---- GPU numbers --------------------------------------------------------------------------
 
@@ -300,8 +303,8 @@ class ClusterState:
     def _charge(self, account: _Account) -> None:
         self._accounts[account.pod.uid] = account
         self._by_node.setdefault(account.node, {})[account.pod.uid] = account
-        model = account.pod.model_id
-        if model:
+        if account.pod.model_id:
+            model = account.pod.model_key
             self._models.setdefault(account.node, Counter())[model] += 1
             self._model_nodes.setdefault(model, Counter())[account.node] += 1
         if account.node in self.nodes:
@@ -508,15 +511,15 @@ class ClusterState:
             )
         return index
 
-    def model_nodes(self, model_id: str) -> set[int]:
-        """Indices of the nodes that already have the model."""
+    def model_nodes(self, key: ModelKey) -> set[int]:
+        """Indices of the nodes that already have a pod of that model revision."""
         index = self.index
-        return {index[n] for n in self._model_nodes.get(model_id, ()) if n in index}
+        return {index[n] for n in self._model_nodes.get(key, ()) if n in index}
 
-    def model_mask(self, model_id: str) -> npt.NDArray[np.bool_]:
-        """True at the index of every node that already has the model."""
+    def model_mask(self, key: ModelKey) -> npt.NDArray[np.bool_]:
+        """True at the index of every node that already has a pod of that model revision."""
         mask = np.zeros(len(self.names), np.bool_)
-        for name in self._model_nodes.get(model_id, ()):
+        for name in self._model_nodes.get(key, ()):
             i = self.index.get(name)
             if i is not None:
                 mask[i] = True

@@ -3,7 +3,8 @@
 Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
 Node objects (as kubelets would register them), a real Triton on the CPU for the one node whose
 pods run for real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the binder
-replicas (`python -m binder`), the local node's kubelet and a hollow kubelet for the other
+replicas (`python -m binder`), the controller manager (`sim.controllers`: Deployments and
+ReplicaSets, in this process), the local node's kubelet and a hollow kubelet for the other
 nodes; with `webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered
 as the chart registers it: `sim.admission_webhook`) and a model store serving model archives
 over HTTPS (`sim.modelstore`), so pods written in the short form run end to end. Every process
@@ -37,6 +38,7 @@ import yaml
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
 from sim import admission_webhook
 from sim.apiserver import RunningApiServer, start_in_thread
+from sim.controllers.manager import ControllerManager
 from sim.modelstore import ModelStore
 from sim.node.kubelet import HollowKubelet, Kubelet
 from sim.processes import (
@@ -181,6 +183,7 @@ class SimCluster:
         self.webhook: admission_webhook.WebhookHandle | None = None
         self.model_store: ModelStore | None = None
         self.binders: list[BinderHandle] = []
+        self.controllers: ControllerManager | None = None
         self.kubelet: Kubelet | None = None
         self.hollow: HollowKubelet | None = None
         self._kubelet_clients: list[kubernetes.client.ApiClient] = []
@@ -234,7 +237,18 @@ class SimCluster:
         self._start_binders()
         if self.webhook is not None:
             self._register_webhook(self.webhook)
+        self._start_controllers()
         self._start_kubelets()
+
+    def _start_controllers(self) -> None:
+        assert self.apiserver is not None
+        api = self.apiserver.api_client()
+        self._kubelet_clients.append(api)
+        self.controllers = ControllerManager(api, clock=self.apiserver.clock.now)
+        self.controllers.start()
+        if not self.controllers.wait_synced(30):
+            raise ClusterError("the controller manager did not list the cluster within 30 s")
+        self.say("The controller manager rolls Deployments and keeps ReplicaSets' pods.")
 
     def _register(self, node: NodeSpec) -> None:
         body = {
@@ -497,6 +511,8 @@ class SimCluster:
     def stop_parts(self) -> None:
         """Stop the kubelets, binders, agents and Triton; the API server keeps serving (its
         audit log records their last calls, such as a leader releasing its lease)."""
+        if self.controllers is not None:
+            self.controllers.stop()
         if self.hollow is not None:
             self.hollow.stop()
         if self.kubelet is not None:

@@ -4,7 +4,9 @@ Stands in for the bucket or web server a team keeps its models in. `publish(name
 packs a model directory (config.pbtxt and version directories at the archive's root, the layout
 KServe's storage initializer unpacks into /mnt/models) as `<name>.tar.gz`, with the config's
 `name` set to `name`, as the team would upload it; `url(name)` is where a pod's
-`tritonshare.io/model-uri` points. It serves files and nothing else: no listing, no uploads.
+`tritonshare.io/model-uri` points. `publish(name, directory, release="v2")` puts another release
+of the same model (same name, other files) at `v2/<name>.tar.gz`, as a rollout to new model files
+points the pod template at it. It serves files and nothing else: no listing, no uploads.
 """
 
 from __future__ import annotations
@@ -49,12 +51,16 @@ class ModelStore:
     def base_url(self) -> str:
         return f"https://127.0.0.1:{self._server.server_address[1]}"
 
-    def url(self, name: str) -> str:
-        return f"{self.base_url}/triton/{name}.tar.gz"
+    def url(self, name: str, release: str = "") -> str:
+        folder = f"triton/{release}/" if release else "triton/"
+        return f"{self.base_url}/{folder}{name}.tar.gz"
 
-    def publish(self, name: str, model: Path) -> str:
-        """Pack the model directory `model` as `name`; its URL."""
-        target = self.directory / "triton" / f"{name}.tar.gz"
+    def publish(self, name: str, model: Path, release: str = "") -> str:
+        """Pack the model directory `model` as `name` (under `release/` when given); its URL."""
+        if release and not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", release):
+            raise ValueError(f"release {release!r}: use lower-case letters, digits, '.' and '-'")
+        folder = self.directory / "triton" / release if release else self.directory / "triton"
+        target = folder / f"{name}.tar.gz"
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".partial")
         with tarfile.open(partial, "w:gz") as archive:
@@ -71,7 +77,7 @@ class ModelStore:
                 else:
                     archive.add(path, relative)
         partial.replace(target)
-        return self.url(name)
+        return self.url(name, release)
 
     def start(self) -> None:
         self._thread.start()

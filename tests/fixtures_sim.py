@@ -109,6 +109,11 @@ def core_v1(api: kubernetes.client.ApiClient) -> Any:
     return kubernetes.client.CoreV1Api(api)
 
 
+def apps_v1(api: kubernetes.client.ApiClient) -> Any:
+    """AppsV1Api typed as Any (see core_v1)."""
+    return kubernetes.client.AppsV1Api(api)
+
+
 def coordination_v1(api: kubernetes.client.ApiClient) -> Any:
     """CoordinationV1Api typed as Any (see core_v1)."""
     return kubernetes.client.CoordinationV1Api(api)

@@ -64,13 +64,17 @@ def resource_list(group: str, version: str) -> JsonObject | None:
         resources.append(entry)
         for sub in sorted(resource.subresources):
             creates = sub in ("binding", "token", "eviction")
+            kinds = {
+                "binding": "Binding",
+                "token": "TokenRequest",
+                "eviction": "Eviction",
+                "scale": "Scale",
+            }
             sub_entry: JsonObject = {
                 "name": f"{resource.plural}/{sub}",
                 "singularName": "",
                 "namespaced": resource.namespaced,
-                "kind": {"binding": "Binding", "token": "TokenRequest", "eviction": "Eviction"}.get(
-                    sub, resource.kind
-                ),
+                "kind": kinds.get(sub, resource.kind),
                 "verbs": ["create"]
                 if creates
                 else (["get", "patch", "update"] if resource in STORED else []),
@@ -78,6 +82,10 @@ def resource_list(group: str, version: str) -> JsonObject | None:
             if sub == "eviction":
                 # As upstream: the Eviction kind is policy/v1's, served under core pods.
                 sub_entry["group"] = "policy"
+                sub_entry["version"] = "v1"
+            elif sub == "scale":
+                # As upstream: apps/v1 serves autoscaling/v1's Scale.
+                sub_entry["group"] = "autoscaling"
                 sub_entry["version"] = "v1"
             resources.append(sub_entry)
     return {

@@ -14,11 +14,12 @@ or after the write), in the same step as the write (upstream's controller does i
 later). Cost of one pod write: one pass over the namespace's budgets, plus one pass over the
 namespace's pods for each budget that selects the pod.
 
-The simulator serves no workload controllers, so where upstream reads a controller's
-`spec.replicas` (maxUnavailable, a percentage minAvailable) the scale of a controller is the number
-of its pods the store holds, terminating ones included (a real controller's replica count does not
-drop when one of its pods is evicted); a selected pod with no controller ownerReference fails the
-budget safe, as upstream: no disruption allowed, condition reason SyncFailed. No I/O.
+Where upstream reads a controller's `spec.replicas` (maxUnavailable, a percentage minAvailable),
+so does this: a pod's ReplicaSet's Deployment, else the ReplicaSet (apps/v1, served here). A
+controller the server does not serve (a StatefulSet, or a test playing one) counts its pods the
+store holds, terminating ones included (a real controller's replica count does not drop when one
+of its pods is evicted). A selected pod with no controller ownerReference fails the budget safe,
+as upstream: no disruption allowed, condition reason SyncFailed. No I/O.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from sim.apiserver.admission.matching import labels_of, selector_matches
 from sim.apiserver.clock import Clock, rfc3339
-from sim.apiserver.resources import POD_DISRUPTION_BUDGETS, PODS
+from sim.apiserver.resources import DEPLOYMENTS, POD_DISRUPTION_BUDGETS, PODS, REPLICA_SETS
 from sim.apiserver.store import DELETED, Event, Store, Stored
 
 JsonObject = dict[str, Any]
@@ -177,29 +178,50 @@ def _controller_uid(pod: JsonObject) -> str | None:
     return None
 
 
-def _expected_scale(selected: list[JsonObject], namespace_pods: list[JsonObject]) -> int:
-    controllers: set[str] = set()
+def _scale_of(
+    uid: str, workloads: dict[str, JsonObject], namespace_pods: list[JsonObject]
+) -> tuple[str, int]:
+    """(the scale's owner uid, its replicas) for a pod's controller, as upstream's finders: a
+    ReplicaSet's Deployment, else the ReplicaSet; a controller the server does not serve counts
+    its pods in the store."""
+    rs = workloads.get(uid)
+    if rs is None:
+        return uid, sum(1 for pod in namespace_pods if _controller_uid(pod) == uid)
+    owner = _controller_uid(rs)
+    deployment = workloads.get(owner) if owner is not None else None
+    chosen = deployment if deployment is not None else rs
+    return str(chosen["metadata"]["uid"]), int((chosen.get("spec") or {}).get("replicas") or 0)
+
+
+def _expected_scale(
+    selected: list[JsonObject], namespace_pods: list[JsonObject], workloads: dict[str, JsonObject]
+) -> int:
+    scales: dict[str, int] = {}
     for pod in selected:
         uid = _controller_uid(pod)
         if uid is None:
             raise SyncFailedError(f'found no controller ref for pod "{pod["metadata"]["name"]}"')
-        controllers.add(uid)
-    return sum(1 for pod in namespace_pods if _controller_uid(pod) in controllers)
+        owner, replicas = _scale_of(uid, workloads, namespace_pods)
+        scales[owner] = replicas
+    return sum(scales.values())
 
 
 def _expected_and_desired(
-    spec: JsonObject, selected: list[JsonObject], namespace_pods: list[JsonObject]
+    spec: JsonObject,
+    selected: list[JsonObject],
+    namespace_pods: list[JsonObject],
+    workloads: dict[str, JsonObject],
 ) -> tuple[int, int]:
     max_unavailable = spec.get("maxUnavailable")
     min_available = spec.get("minAvailable")
     if max_unavailable is not None:
-        expected = _expected_scale(selected, namespace_pods)
+        expected = _expected_scale(selected, namespace_pods, workloads)
         desired = max(0, expected - scaled(max_unavailable, expected, round_up=True))
         return expected, desired
     if isinstance(min_available, int):
         return len(selected), min_available
     if isinstance(min_available, str):
-        expected = _expected_scale(selected, namespace_pods)
+        expected = _expected_scale(selected, namespace_pods, workloads)
         return expected, scaled(min_available, expected, round_up=True)
     return 0, 0
 
@@ -243,12 +265,20 @@ def with_allowed_condition(status: JsonObject, now: float) -> JsonObject:
     return result
 
 
-def desired_status(pdb: JsonObject, namespace_pods: list[JsonObject], now: float) -> JsonObject:
-    """The status the disruption controller would write for `pdb` over its namespace's pods."""
+def desired_status(
+    pdb: JsonObject,
+    namespace_pods: list[JsonObject],
+    now: float,
+    workloads: dict[str, JsonObject] | None = None,
+) -> JsonObject:
+    """The status the disruption controller would write for `pdb` over its namespace's pods and
+    its Deployments and ReplicaSets (`workloads`, by uid)."""
     old: JsonObject = pdb.get("status") or {}
     selected = [p for p in namespace_pods if selects(pdb, labels_of(p))]
     try:
-        expected, desired = _expected_and_desired(pdb.get("spec") or {}, selected, namespace_pods)
+        expected, desired = _expected_and_desired(
+            pdb.get("spec") or {}, selected, namespace_pods, workloads or {}
+        )
     except SyncFailedError as e:
         failed = dict(old)
         failed["disruptionsAllowed"] = 0
@@ -323,6 +353,13 @@ class DisruptionController:
                     self._pending[(namespace, budget.name)] = None
         elif event.resource is POD_DISRUPTION_BUDGETS and event.type != DELETED:
             self._pending[(event.stored.namespace, event.stored.name)] = None
+        elif event.resource is DEPLOYMENTS or event.resource is REPLICA_SETS:
+            # A workload's scale is its budgets' expected pods: any of the namespace's may use it.
+            namespace = event.stored.namespace
+            if namespace not in self.store.namespaces_of(POD_DISRUPTION_BUDGETS):
+                return
+            for budget in self.store.objects(POD_DISRUPTION_BUDGETS, namespace):
+                self._pending[(namespace, budget.name)] = None
         else:
             return
         if self._running:
@@ -341,7 +378,12 @@ class DisruptionController:
         if current is None:
             return
         pods = [p.obj for p in self.store.objects(PODS, namespace)]
-        status = desired_status(current.obj, pods, self.clock.now())
+        workloads = {
+            str(w.obj["metadata"]["uid"]): w.obj
+            for kind in (DEPLOYMENTS, REPLICA_SETS)
+            for w in self.store.objects(kind, namespace)
+        }
+        status = desired_status(current.obj, pods, self.clock.now(), workloads)
         if status == current.obj.get("status"):
             return
         updated = current.copy()

@@ -206,6 +206,32 @@ POD_DISRUPTION_BUDGETS = Resource(
     status_subresource=True,
 )
 
+# apps/v1 workloads: the server stores them; the controllers that act on them are API clients
+# (sim.controllers), as kube-controller-manager is.
+DEPLOYMENTS = Resource(
+    group="apps",
+    version="v1",
+    plural="deployments",
+    kind="Deployment",
+    short_names=("deploy",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status", "scale"}),
+    status_subresource=True,
+)
+
+REPLICA_SETS = Resource(
+    group="apps",
+    version="v1",
+    plural="replicasets",
+    kind="ReplicaSet",
+    short_names=("rs",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META | {"status.replicas": _path("status", "replicas")},
+    subresources=frozenset({"status", "scale"}),
+    status_subresource=True,
+)
+
 STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
@@ -216,6 +242,8 @@ STORED: tuple[Resource, ...] = (
     VALIDATING_ADMISSION_POLICIES,
     VALIDATING_ADMISSION_POLICY_BINDINGS,
     POD_DISRUPTION_BUDGETS,
+    DEPLOYMENTS,
+    REPLICA_SETS,
 )
 
 # Served but never stored: the service-account token subresource and TokenReview.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sim.apiserver import patch as patches
-from sim.apiserver import validation
+from sim.apiserver import validation, workloads
 from sim.apiserver.clock import Clock, rfc3339
 from sim.apiserver.errors import (
     STALE_OBJECT,
@@ -32,11 +32,13 @@ from sim.apiserver.errors import (
     unsupported_media_type,
 )
 from sim.apiserver.resources import (
+    DEPLOYMENTS,
     LEASES,
     NAMESPACES,
     NODES,
     POD_DISRUPTION_BUDGETS,
     PODS,
+    REPLICA_SETS,
     STORED,
     VALIDATING_ADMISSION_POLICIES,
     Resource,
@@ -202,6 +204,8 @@ class Registry:
         for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(key, None)
         self._defaults(resource, obj)
+        if resource is DEPLOYMENTS or resource is REPLICA_SETS:
+            workloads.prepare_create(resource, obj)
         return obj, causes
 
     def commit_create(
@@ -256,6 +260,8 @@ class Registry:
                 "desiredHealthy": 0,
                 "expectedPods": 0,
             }
+        elif resource is DEPLOYMENTS or resource is REPLICA_SETS:
+            workloads.apply_defaults(resource, obj)
         elif resource is NAMESPACES:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
@@ -317,34 +323,36 @@ class Registry:
         admit: Admit = admit_all,
     ) -> Stored:
         current = self.get(resource, namespace, name)
-        media = content_type.split(";")[0].strip().lower()
-        if media not in (patches.JSON_PATCH, patches.MERGE_PATCH, patches.STRATEGIC_MERGE_PATCH):
-            if media == patches.APPLY_PATCH:
-                raise ApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    "server-side apply (application/apply-patch+yaml) is not implemented by the"
-                    " simulated API server; use a strategic merge, merge or JSON patch",
-                )
-            raise unsupported_media_type(content_type, patches.ACCEPTED)
-        try:
-            document = json.loads(raw)
-        except ValueError as e:
-            raise bad_request(f"error decoding patch: {e}") from e
-        target = current.copy()
-        if media == patches.JSON_PATCH:
-            result = patches.json_patch(target, document)
-        elif media == patches.MERGE_PATCH:
-            result = patches.json_merge_patch(target, document)
-        else:
-            result = patches.strategic_merge_patch(target, document)
-        if not isinstance(result, dict):
-            raise unprocessable("the patched document is not a JSON object")
+        result = apply_patch(current.copy(), content_type, raw)
         obj = self._check_body(resource, result)
         meta = obj["metadata"]
         if meta.get("name") != name or (resource.namespaced and meta.get("namespace") != namespace):
             raise bad_request("a patch may not change metadata.name or metadata.namespace")
         return self._commit_update(resource, current, obj, subresource, admit)
+
+    def scale(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        scale: Any,
+        admit: Admit = admit_all,
+    ) -> Stored:
+        """Write a Scale's `spec.replicas` into a Deployment or ReplicaSet (the scale
+        subresource); its `metadata.resourceVersion`, if given, is a precondition."""
+        current = self.get(resource, namespace, name)
+        try:
+            replicas = workloads.scale_replicas(scale)
+        except ValueError as e:
+            raise bad_request(
+                f'Scale in version "v1" cannot be handled as a Scale: json: {e}'
+            ) from e
+        given_rv = (scale.get("metadata") or {}).get("resourceVersion")
+        if given_rv and str(given_rv) != str(current.rv):
+            raise conflict(resource.group_resource, current.name, STALE_OBJECT)
+        obj = current.copy()
+        obj["spec"]["replicas"] = replicas
+        return self._commit_update(resource, current, obj, "scale", admit)
 
     def _commit_update(
         self,
@@ -394,6 +402,10 @@ class Registry:
             if subresource != "status" and obj.get("spec") != old.get("spec"):
                 generation += 1
             meta["generation"] = generation
+        if resource is DEPLOYMENTS or resource is REPLICA_SETS:
+            workloads.apply_defaults(resource, obj)
+            meta["generation"] = workloads.next_generation(old, obj, subresource)
+            causes += workloads.update_causes(old, obj)
         self._validate(resource, obj, causes)
         admit("UPDATE", resource, subresource, current.namespace, current.name, obj, old)
         if _finalized(obj):
@@ -462,6 +474,34 @@ class Registry:
                 self.store.remove(resource, namespace, stored.name)
 
     # binding
+
+
+def apply_patch(target: JsonObject, content_type: str, raw: bytes) -> JsonObject:
+    """The document `raw` (a JSON, merge or strategic merge patch, by `content_type`) applied to
+    `target`; 415 for another media type, 400 or 422 for a patch that does not apply."""
+    media = content_type.split(";")[0].strip().lower()
+    if media not in (patches.JSON_PATCH, patches.MERGE_PATCH, patches.STRATEGIC_MERGE_PATCH):
+        if media == patches.APPLY_PATCH:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "server-side apply (application/apply-patch+yaml) is not implemented by the"
+                " simulated API server; use a strategic merge, merge or JSON patch",
+            )
+        raise unsupported_media_type(content_type, patches.ACCEPTED)
+    try:
+        document = json.loads(raw)
+    except ValueError as e:
+        raise bad_request(f"error decoding patch: {e}") from e
+    if media == patches.JSON_PATCH:
+        result = patches.json_patch(target, document)
+    elif media == patches.MERGE_PATCH:
+        result = patches.json_merge_patch(target, document)
+    else:
+        result = patches.strategic_merge_patch(target, document)
+    if not isinstance(result, dict):
+        raise unprocessable("the patched document is not a JSON object")
+    return result
 
 
 def check_preconditions(resource: Resource, current: Stored, options: DeleteOptions) -> None:

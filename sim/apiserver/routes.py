@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim.apiserver import binding, discovery, eviction, listing
+from sim.apiserver import binding, discovery, eviction, listing, workloads
 from sim.apiserver import watch as watches
 from sim.apiserver.admission import webhooks
 from sim.apiserver.admission.policies import Policies
@@ -47,7 +47,7 @@ from sim.apiserver.resources import (
     TOKEN_REVIEWS,
     Resource,
 )
-from sim.apiserver.rest import Admit, DeleteOptions, Registry
+from sim.apiserver.rest import Admit, DeleteOptions, Registry, apply_patch
 from sim.apiserver.selectors import parse_field_selector, parse_label_selector
 from sim.apiserver.settings import ApiServerSettings
 from sim.apiserver.store import Store, Stored
@@ -410,6 +410,8 @@ class Handlers:
             options = eviction.check_body(namespace, info.name, body)
             self._admit(request)("CREATE", resource, sub, namespace, info.name, body, None)
             return self._evict(namespace, info.name, options)
+        if sub == "scale":
+            return await self._scale(request, info, resource, namespace)
         if info.verb == "get":
             return _object(self.core.registry.get(resource, namespace, info.name))
         if info.verb == "update":
@@ -434,6 +436,27 @@ class Handlers:
             )
             return _object(stored)
         raise method_not_allowed(info.verb, f"{resource.group_resource}/{sub}")
+
+    async def _scale(
+        self, request: web.Request, info: RequestInfo, resource: Resource, namespace: str
+    ) -> web.Response:
+        """The autoscaling/v1 Scale of a Deployment or ReplicaSet: read, or write its replicas."""
+        registry = self.core.registry
+        current = registry.get(resource, namespace, info.name)
+        if info.verb == "get":
+            return _json(workloads.scale_of(current.obj))
+        if info.verb == "update":
+            scale = await _body(request)
+        elif info.verb == "patch":
+            scale = apply_patch(
+                workloads.scale_of(current.obj),
+                request.headers.get("Content-Type", ""),
+                await request.read(),
+            )
+        else:
+            raise method_not_allowed(info.verb, f"{resource.group_resource}/scale")
+        stored = registry.scale(resource, namespace, info.name, scale, self._admit(request))
+        return _json(workloads.scale_of(stored.obj))
 
     def _bind(self, namespace: str, name: str, body: Any) -> web.Response:
         binding.bind(self.core.store, self.core.clock, namespace, name, body)

@@ -13,12 +13,14 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sim.apiserver import disruption
+from sim.apiserver import disruption, workloads
 from sim.apiserver.admission import registration
 from sim.apiserver.resources import (
+    DEPLOYMENTS,
     NAMESPACES,
     POD_DISRUPTION_BUDGETS,
     PODS,
+    REPLICA_SETS,
     VALIDATING_ADMISSION_POLICIES,
     VALIDATING_ADMISSION_POLICY_BINDINGS,
     Resource,
@@ -405,6 +407,21 @@ def kind_causes(resource: Resource, obj: JsonObject) -> Causes:
         causes += registration.spec_causes(resource, obj)
     elif resource is POD_DISRUPTION_BUDGETS:
         causes += disruption.spec_causes(obj)
+    elif resource is DEPLOYMENTS or resource is REPLICA_SETS:
+        causes += workloads.spec_causes(resource, obj) + _template_causes(obj)
+    return causes
+
+
+def _template_causes(obj: JsonObject) -> Causes:
+    """A workload's pod template is validated as the pods it makes will be, under its own path."""
+    template = (obj.get("spec") or {}).get("template")
+    if not isinstance(template, dict):
+        return []
+    pod = {"metadata": template.get("metadata") or {}, "spec": template.get("spec")}
+    causes = [
+        (f"spec.template.{where}", message)
+        for where, message in metadata_causes(pod) + pod_causes(pod)
+    ]
     return causes
 
 
@@ -437,6 +454,12 @@ _SPEC_TYPES = {
     "holderIdentity": _STRING,
     "leaseDurationSeconds": _INT,
     "finalizers": _LIST,
+    "replicas": _INT,
+    "minReadySeconds": _INT,
+    "revisionHistoryLimit": _INT,
+    "progressDeadlineSeconds": _INT,
+    "paused": _BOOL,
+    "strategy": _OBJECT,
 }
 _STATUS_TYPES = {
     "phase": _STRING,
@@ -544,6 +567,8 @@ def decoding_error(resource: Resource, obj: JsonObject) -> str | None:
                     problem = problem or _quantity_problem(container.get("resources"))
     if problem is None and resource is POD_DISRUPTION_BUDGETS:
         problem = disruption.decoding_problem(obj)
+    if problem is None and (resource is DEPLOYMENTS or resource is REPLICA_SETS):
+        problem = workloads.decoding_problem(resource, obj)
     if problem is None:
         return None
     # The decoder reports a bad quantity in its own words, a type mismatch as json's.

@@ -20,6 +20,7 @@ from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
 from sim.apiserver import AuditRecord
 from sim.cluster import SimCluster
+from sim.demo.rollout import RolloutResult
 from sim.demo.scenario import GREEDY_POD, LATE_POD, NAMESPACE, PODS
 from sim.processes import available
 
@@ -66,6 +67,8 @@ class DemoResult:
     """How each binder and agent process ended when stopped with SIGTERM."""
     explain: str = ""
     """What `tritonshare explain` printed for a pending pod."""
+    rollout: RolloutResult | None = None
+    """The rollout step: a Deployment rolled to new model files while a client sent steadily."""
     status_text: str = ""
     """What `tritonshare status` printed at the end (the closing table)."""
     status: dict[str, Any] = field(default_factory=dict)

@@ -4,7 +4,10 @@ Starts the cluster of `sim.demo.scenario` (four GPU nodes in three pools, one ta
 node; two binders; the local node's kubelet), creates the model pods, waits for the binder to
 place them, sends inferences through the proxies of the pods that run for real, and prints what a
 newcomer should see: nodes, GPUs and the models on each, the pending pods with the binder's
-reasons, and a metrics summary. Then it deletes the model pods (the proxies drain and unload their
+reasons, and a metrics summary. It rolls a model's Deployment to new model files while a client
+sends steadily, and says whether any request failed (`sim.demo.rollout`; it needs each pod's model
+under a private name in Triton, issue 25, and says so when the rollout cannot finish). Then it
+deletes the model pods (the proxies drain and unload their
 models), stops everything and exits 0. `run_demo` returns the facts for the end-to-end test.
 Whatever part of the product is missing from the tree is said plainly, never simulated.
 """
@@ -29,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from common.contract import Keys
 from common.quantity import format_bytes
 from sim.cluster import SimCluster
+from sim.demo import rollout
 from sim.demo.report import (
     ALL_PODS,
     INTRO,
@@ -447,6 +451,17 @@ def _retire_short_form(cluster: SimCluster, result: DemoResult, say: Say) -> Non
             cluster.core.delete_namespaced_pod(name, NAMESPACE, _preload_content=False)
 
 
+def _rollout(cluster: SimCluster, workdir: Path, result: DemoResult, say: Say) -> None:
+    """A Deployment rolled to new model files on its one node while a client sends steadily;
+    then deleted (its pods drain while the demo goes on)."""
+    say("")
+    say("A rollout to new model files, with Kubernetes' default strategy, on the model's one node:")
+    result.rollout = rollout.roll(
+        cluster, MODELS_DIR / "add_one", workdir / "rollout", NAMESPACE, say
+    )
+    rollout.retire(cluster, NAMESPACE)
+
+
 def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     """A model that occupies more GPU memory than its pod asked for: the agent measures it, warns
     (or evicts, with --gpu-mem-enforcement=evict), and the binder counts what it really uses."""
@@ -480,8 +495,16 @@ def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     def measured() -> int:
         node = json.loads(cluster.core.read_node(real.name, _preload_content=False).data)
         usage = json.loads(node["metadata"].get("annotations", {}).get(KEYS.gpu_usage, "{}"))
+        # The agent keys a model by its name in Triton: its model id, or under private names
+        # (issue 25) the model id, a dash and a digest of its pod.
         return max(
-            (g.get("models", {}).get(GREEDY_POD.model_id, 0) for g in usage.values()), default=0
+            (
+                size
+                for g in usage.values()
+                for name, size in (g.get("models") or {}).items()
+                if name == GREEDY_POD.model_id or name.startswith(f"{GREEDY_POD.model_id}-")
+            ),
+            default=0,
         )
 
     result.overuse_measured = wait_until("the measured memory on the node", measured, 60)
@@ -546,13 +569,19 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             _metrics(cluster, ports, result)
             _retire_short_form(cluster, result, say)
             _overuse(cluster, result, say)
+            _rollout(cluster, workdir, result, say)
         _fail_over(cluster, result, say)
         retired = [name for name in result.short_form if name in result.served]
         # The closing table shows the cluster as it is: a pod whose drain is still running holds
         # its GPU memory until it is gone, as it would for kube-scheduler.
         wait_until(
             f"{', '.join(retired) or 'the retired pods'} to be gone",
-            lambda: all(_pod(cluster, name) is None for name in retired),
+            lambda: (
+                all(_pod(cluster, name) is None for name in retired)
+                and not cluster.core.list_namespaced_pod(
+                    NAMESPACE, label_selector=rollout.SELECTOR
+                ).items
+            ),
             60,
         )
         print_tables(cluster, result, say)

@@ -13,7 +13,7 @@ import pytest
 from binder.cache import ClusterCache, Informer
 from binder.errors import GoneError
 from binder.kube import JsonObject, Kind, Kube
-from binder.model import PodInfo, pod_from_api
+from binder.model import ModelKey, PodInfo, pod_from_api
 from binder.proofs import Unproven
 from common.placement import Claim, KeyRing, Proof
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
@@ -244,7 +244,7 @@ def test_bound_pods_are_charged_only_with_a_proof_and_at_the_request_it_booked()
     plain = pod_obj("plain-pod", mem=None, model=None, node="n1", namespace="kube-system")
     cache.apply_pod("ADDED", plain)
     assert cache.state.gpu_free("n1") == [14 * GI]
-    assert cache.state.nodes_with_model("unsigned") == []
+    assert cache.state.nodes_with_model(ModelKey("team-b", "unsigned", "")) == []
     assert sorted(cache.unproven) == ["uid-team-b-elsewhere", "uid-team-b-unsigned"]
     # Reported only where the agent runs; a pod with nothing of tritonshare is nobody's concern.
     assert recorder.unproven == ["unsigned:NotPlacedByBinder"]
@@ -270,7 +270,7 @@ def test_a_proof_is_verified_once_and_again_only_when_what_it_covers_changes() -
     cache.apply_pod("MODIFIED", pod)
     assert CountingRing.verified == before + 2
     assert cache.state.gpu_free("n1") == [16 * GI]
-    assert cache.state.nodes_with_model("victim") == []
+    assert cache.state.nodes_with_model(ModelKey("models", "victim", "")) == []
     assert recorder.unproven == ["p:PlacementChanged"]
     assert recorder.changed == ["pod models/p no longer proves its place"]
     cache.apply_pod("DELETED", pod)

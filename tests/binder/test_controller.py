@@ -190,7 +190,9 @@ async def test_model_ids_stay_unique_per_node_and_node_rules_apply(
     assert {first, second} == {"a", "b"}
     add_pod(core, "r3", model="resnet", spec_extra={"tolerations": [{"operator": "Exists"}]})
     condition = await eventually(lambda: scheduled_condition(core, "r3"))
-    assert condition.message == "0/2 nodes are available: 2 node(s) already had model resnet."
+    assert (
+        condition.message == "0/2 nodes are available: 2 node(s) already had model default/resnet."
+    )
 
 
 async def test_bad_input_gets_a_clear_event_and_the_binder_keeps_going(

@@ -182,7 +182,7 @@ def test_the_model_id_is_unique_per_node() -> None:
     assert placed(state, pod_obj("resnet-2", model="resnet")).node == "n2"
     bind(state, "resnet-2", "n2", 0, model="resnet")
     result = refused(state, pod_obj("resnet-3", model="resnet"))
-    assert result.message == "0/2 nodes are available: 2 node(s) already had model resnet."
+    assert result.message == "0/2 nodes are available: 2 node(s) already had model models/resnet."
 
 
 def test_a_node_without_a_live_agent_is_skipped() -> None:
