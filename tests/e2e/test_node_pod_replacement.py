@@ -160,3 +160,21 @@ def test_a_replaced_node_pod_gets_every_model_back_within_30_s_without_recreatin
         assert _proxy_restarts(pod) == _proxy_restarts(before[name]), f"{name} restarted"
         assert after_gpus.get(model_id) == proven[name], (model_id, after_gpus, proven)
     print("\n" + "\n".join(figures))
+
+    # Nobody was left unaware: each pod got a Warning Event saying its model was missing, and its
+    # ModelLoaded condition is True again, both written by the new node pod's agent.
+    def loaded(name: str) -> Any:
+        pod = core.read_namespaced_pod(name, NAMESPACE)
+        conditions = {c.type: c for c in pod.status.conditions or []}
+        condition = conditions.get(KEYS.model_loaded)
+        return condition if condition is not None and condition.status == "True" else None
+
+    events = core.list_namespaced_event(NAMESPACE).items
+    for name, model_id, *_rest in MODELS:
+        condition = wait_until(f"{name}'s ModelLoaded=True", partial(loaded, name), 15)
+        assert condition.reason == "ModelReady" and proven[name] in condition.message
+        missing = [
+            e for e in events if e.involved_object.name == name and e.reason == "ModelNotServed"
+        ]
+        assert missing, f"no ModelNotServed event on {name}"
+        assert missing[0].type == "Warning" and f"model {model_id} is missing" in missing[0].message
