@@ -522,6 +522,15 @@ class SimCluster:
         self.say(f"Node {real.name}'s node pod was replaced; its repository starts empty.")
         return time.monotonic()
 
+    def kill_agent(self, node: str) -> None:
+        """Kill a node's agent for good (SIGKILL): its Lease is left to expire; Triton and the
+        gateway keep running."""
+        agent = self.agents[node]
+        assert agent.process.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.process.process.pid, signal.SIGKILL)
+        agent.process.process.wait(10)
+
     def crash_binder(self, identity: str) -> None:
         """Kill a binder abruptly (SIGKILL): its leader lease is left to expire."""
         binder = next(b for b in self.binders if b.identity == identity)

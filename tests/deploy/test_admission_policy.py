@@ -420,8 +420,6 @@ def test_the_agent_sets_conditions_only_on_pods_bound_to_its_own_node(cluster: C
     body = {"status": {"conditions": [condition]}}
     cluster.agent.patch_namespaced_pod_status("mine", TENANT_NAMESPACE, body)
     status = _refused(cluster.agent.patch_namespaced_pod_status, "theirs", TENANT_NAMESPACE, body)
-    assert status["message"] == _denied_by(
-        "tritonshare-agent-own-node", OWN_PODS, "pods", "theirs"
-    )
+    assert status["message"] == _denied_by("tritonshare-agent-own-node", OWN_PODS, "pods", "theirs")
     conditions = cluster.admin.read_namespaced_pod("theirs", TENANT_NAMESPACE).status.conditions
     assert not any(c.type == "tritonshare.io/ModelLoaded" for c in conditions or [])
