@@ -522,6 +522,27 @@ class SimCluster:
         self.say(f"Node {real.name}'s node pod was replaced; its repository starts empty.")
         return time.monotonic()
 
+    def restart_node_container(self, container: str) -> float:
+        """Restart one container of the real node's node pod in place, as the kubelet does after
+        an image change on the pod (`agent` or `gateway`): the others and every volume stay.
+        Returns the monotonic time at which it runs again."""
+        real = self.real_node
+        if real is None or self.gateway is None or real.name not in self.agents:
+            raise ClusterError("no node pod to restart a container of: no real node")
+        if container == "agent":
+            agent = self.agents[real.name]
+            port = int(agent.grpc.rpartition(":")[2])
+            self.exit_codes[agent.process.name] = agent.process.stop()
+            self._start_agent(real, f"127.0.0.1:{port}")
+            self._wait_agents([real.name])
+        elif container == "gateway":
+            ports = (self.gateway.http, self.gateway.grpc, self.gateway.metrics)
+            self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
+            self._start_gateway(ports)
+        else:
+            raise ValueError(f"the node pod has no container {container!r} to restart here")
+        return time.monotonic()
+
     def kill_agent(self, node: str) -> None:
         """Kill a node's agent for good (SIGKILL): its Lease is left to expire; Triton and the
         gateway keep running."""

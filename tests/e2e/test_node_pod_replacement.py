@@ -159,6 +159,7 @@ def test_a_replaced_node_pod_gets_every_model_back_within_30_s_without_recreatin
         assert pod.metadata.annotations[KEYS.gpu] == proven[name]
         assert _proxy_restarts(pod) == _proxy_restarts(before[name]), f"{name} restarted"
         assert after_gpus.get(model_id) == proven[name], (model_id, after_gpus, proven)
+        assert _proxy_log_mentions(cluster, name, "reinstalling it"), f"{name}'s proxy log"
     print("\n" + "\n".join(figures))
 
     # Nobody was left unaware: each pod got a Warning Event saying its model was missing, and its
@@ -178,3 +179,47 @@ def test_a_replaced_node_pod_gets_every_model_back_within_30_s_without_recreatin
         ]
         assert missing, f"no ModelNotServed event on {name}"
         assert missing[0].type == "Warning" and f"model {model_id} is missing" in missing[0].message
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+@pytest.mark.parametrize("container", ["agent", "gateway"])
+def test_an_in_place_restart_of_the_agent_or_gateway_keeps_triton_and_its_models(
+    cluster: SimCluster, container: str
+) -> None:
+    """What an upgrade of the agent or gateway alone costs when their container is restarted in
+    place (the pod's image changed, Triton and the volumes kept): no reinstall, the models stay
+    loaded; the gap is the gateway's own restart when it is the gateway."""
+    assert cluster.model_store is not None
+    core = cluster.core
+    name, model_id, source, tensor, gpu_mem = MODELS[0]
+    uri = cluster.model_store.publish(model_id, MODELS_DIR / source)
+    core.create_namespaced_pod(NAMESPACE, short_form(name, uri, gpu_mem))
+    pod = wait_until(f"pod {name} Ready", partial(_ready, core, name), 150)
+    probe = Probe(pod.status.pod_ip, model_id, *tensor)
+    stop = threading.Event()
+    thread = threading.Thread(target=probe.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until("the probe answered", lambda: probe.answered, 30)
+        back_at = cluster.restart_node_container(container)
+        wait_until("served after the restart", lambda: probe.first_answer_after(back_at), 30)
+        time.sleep(1.0)  # a few more probes after it, so a late gap would show
+    finally:
+        stop.set()
+        thread.join(10)
+    gap = probe.longest_gap()
+    print(f"\n{container} restarted in place: longest gap without answers {gap:.1f} s")
+    assert gap < (2.0 if container == "agent" else 15.0), gap
+    reinstalls = _proxy_log_mentions(cluster, name, "reinstalling it")
+    assert not reinstalls, "Triton kept the model: nothing to reinstall"
+
+
+def _proxy_log_mentions(cluster: SimCluster, pod: str, words: str) -> list[str]:
+    found = []
+    for log in (cluster.workdir / "kubelet").rglob("*.log"):
+        if pod in str(log) and "proxy" in log.name:
+            found += [
+                line for line in log.read_text(errors="replace").splitlines() if words in line
+            ]
+    return found
