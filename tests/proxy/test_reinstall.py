@@ -175,3 +175,24 @@ async def test_stopping_the_loader_ends_its_child(tmp_path: Path) -> None:
     await loader.stop(grace=5.0)
     outcome = await asyncio.wait_for(run, 10)
     assert outcome.exit_code == 143, outcome
+
+
+async def test_readyz_says_why_the_model_is_not_served() -> None:
+    from proxy.readiness import Readiness
+    from proxy.settings import parse_settings
+    from proxy.state import ProxyState
+
+    settings = parse_settings(
+        ["--model-id=add_one", "--triton-http-url=127.0.0.1:1", "--triton-grpc-url=127.0.0.1:1"],
+        {},
+    )
+    readiness = Readiness(settings, ProxyState())
+    await readiness.start()
+    try:
+        assert await readiness.not_ready() == ["model add_one is not ready in Triton"]
+        readiness.why_not_served = lambda: "model add_one is missing on the node: reinstalling it"
+        assert await readiness.not_ready() == [
+            "model add_one is missing on the node: reinstalling it"
+        ]
+    finally:
+        await readiness.stop()
