@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import random
+import resource
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +59,10 @@ class LoaderRun:
 
     exit_code: int
     message: str
+    peak_bytes: int = 0
+    """The largest resident memory of any loader this proxy has run so far (the kernel keeps
+    one figure for all waited-for children), in bytes: what the reinstall adds to the proxy's
+    container at most."""
 
 
 @dataclass(frozen=True)
@@ -143,9 +148,11 @@ class Reinstaller:
             self.reinstalls += 1
             self.reason = ""
             log.info(
-                "Model %s is reinstalled and READY after %.1f s: %s.",
+                "Model %s is reinstalled and READY after %.1f s (the loader's peak memory: "
+                "%.0f MiB): %s.",
                 self._model_id,
                 seconds,
+                outcome.peak_bytes / 2**20,
                 outcome.message,
             )
             return
@@ -229,7 +236,8 @@ class LoaderProcess:
             for fd in (read_end, write_end):
                 if fd >= 0:
                     os.close(fd)
-        return LoaderRun(exit_code, " ".join(message.split()) or "(no message)")
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
+        return LoaderRun(exit_code, " ".join(message.split()) or "(no message)", peak)
 
     async def stop(self, grace: float) -> None:
         """SIGTERM the running loader (it stops cleanly, exit 143), SIGKILL after `grace`."""

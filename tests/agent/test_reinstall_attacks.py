@@ -97,6 +97,7 @@ async def test_a_pod_cannot_have_another_teams_lost_model_reinstalled(
         await watcher.check_once(channel)
     assert [r.exit_code for r in runs] == [0], runs
     assert gpu in runs[0].message
+    print(f"\nthe reinstalling loader's peak memory: {runs[0].peak_bytes / 2**20:.0f} MiB")
     assert infer(triton, MODEL) == 2.0
 
     core: Any = kubernetes.client.CoreV1Api(kube_api)
