@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         cache = fold(listing, keys, scheduler_name, reserve, ring)
         now = time.time()
         if args.command == "status":
-            states = load_states(listing.pods)
+            states = load_states(listing.pods, keys.model_loaded)
             if output == "text":
                 status(cache, out, now)
                 write_unserved(cache, states, out)

@@ -61,14 +61,16 @@ def load_state(pod: JsonObject, model_loaded: str = Keys().model_loaded) -> tupl
     return "waiting", ""
 
 
-def load_states(pods: list[JsonObject]) -> dict[str, tuple[str, str]]:
+def load_states(
+    pods: list[JsonObject], model_loaded: str = Keys().model_loaded
+) -> dict[str, tuple[str, str]]:
     """`load_state` of every bound pod, by namespace/name."""
     states = {}
     for pod in pods:
         metadata = pod.get("metadata") or {}
         if (pod.get("spec") or {}).get("nodeName"):
             key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
-            states[key] = load_state(pod)
+            states[key] = load_state(pod, model_loaded)
     return states
 
 
