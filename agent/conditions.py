@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.errors import KubeError
+from agent.errors import AgentError, KubeError
 from agent.events import PodEvents
 from agent.models import ModelState, ModelStatus
 from agent.placement import Proven
@@ -165,6 +165,13 @@ class ModelConditions:
             )
         for proven, status in zip(judged, statuses, strict=True):
             pod = proven.pod
+            if isinstance(status, AgentError):
+                # The agent refuses this pod its model (another live pod owns the id): that is
+                # why it is not served, said without naming the owner.
+                refused = Verdict("False", status.event_reason or "ModelRefused", str(status))
+                if (refused.status, refused.reason) != pod.model_loaded:
+                    await self._write(proven, refused)
+                continue
             if isinstance(status, BaseException):
                 log.warning(
                     "Cannot tell whether pod %s's model %s is served (%s): its %s condition "

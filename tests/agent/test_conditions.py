@@ -145,3 +145,21 @@ async def test_installing_in_a_loop_writes_at_most_once_per_period() -> None:
     watcher.reinstalling(proven("a"))
     await watcher.close()
     assert len(writer.written) == 2
+
+
+async def test_a_pod_refused_its_model_id_is_told_why_without_the_owner() -> None:
+    from agent.errors import OwnedByAnotherPodError
+
+    writer, events = Writer(), Events()
+
+    async def status_of(p: Proven) -> ModelStatus:
+        raise OwnedByAnotherPodError(
+            "model id 'm' on this node belongs to another pod",
+            event_reason="ModelOwnedByAnotherPod",
+        )
+
+    watcher = ModelConditions(writer, events, CONDITION, status_of)  # type: ignore[arg-type]
+    await watcher.sync([proven("a")], triton_live=True)
+    await watcher.sync([proven("a", loaded=("False", "ModelOwnedByAnotherPod"))], triton_live=True)
+    assert writer.written == [("a", "False", "ModelOwnedByAnotherPod")]
+    assert events.warned == [("models/a", "ModelNotServed")]
