@@ -22,6 +22,7 @@ import grpc
 
 from agent import __version__
 from agent.auth import Authorizer
+from agent.conditions import ModelConditions
 from agent.errors import AgentError
 from agent.events import PodEvents
 from agent.gate import MAX_MESSAGE_BYTES, Gate
@@ -35,7 +36,7 @@ from agent.modelconfig import ModelPolicy
 from agent.models import Models
 from agent.node import NodePublisher
 from agent.ownership import OwnerRecord, OwnerStore
-from agent.placement import PlacementVerifier
+from agent.placement import PlacementVerifier, Proven
 from agent.pods import pod_from_dict
 from agent.reconcile import Reconciler
 from agent.repository import Repository, check_apart
@@ -159,6 +160,12 @@ class Agent:
             enforcement=settings.gpu_mem_enforcement,
             fail_pod=self.kube.fail_pod,
         )
+        self.conditions = ModelConditions(
+            self.kube,
+            self.events,
+            settings.keys.model_loaded,
+            lambda proven: self.models.status(proven.model_id, proven),
+        )
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
             self.callers = CallerPublisher(
@@ -176,6 +183,7 @@ class Agent:
             settings.node_name,
             self.events,
         )
+        self.service.on_reinstall = self.conditions.reinstalling
         self.gate = Gate(
             self.authorizer,
             self.metrics,
@@ -240,6 +248,7 @@ class Agent:
         self.owners.load()
         lifecycle.on_shutdown("the Kubernetes client", self.kube.close)
         lifecycle.on_shutdown("the pod events", self.events.close)
+        lifecycle.on_shutdown("the ModelLoaded writes", self.conditions.close)
         lifecycle.on_shutdown("the file workers", self.models.close)
         lifecycle.on_shutdown("the Triton client", self.triton.close)
         lifecycle.on_shutdown("the pod watch", self._stop_watch)
@@ -293,6 +302,15 @@ class Agent:
             lifecycle.spawn("the node publisher", self.node.run(stop)),
             lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop)),
             lifecycle.spawn("the reconciler", self.reconciler.run(stop)),
+            lifecycle.spawn(
+                "the ModelLoaded conditions",
+                self.conditions.run(
+                    stop,
+                    self._proven_pods,
+                    lambda: self.reconciler.triton_live,
+                    settings.triton_poll_seconds,
+                ),
+            ),
         ]
         if self.callers is not None:
             self._loops.append(
@@ -310,6 +328,13 @@ class Agent:
         )
         if settings.ports_file is not None:
             _write_ports(settings.ports_file, self.grpc_address, self.http_address)
+
+    def _proven_pods(self) -> list[Proven] | None:
+        """This node's live pods with a proven placement; None before the first pod list."""
+        if not self.reconciler.synced:
+            return None
+        pods = (self.reconciler.proven(pod) for pod in list(self.reconciler.pods.values()))
+        return [p for p in pods if p is not None]
 
     async def _stop_grpc(self) -> None:
         if self._grpc is not None:

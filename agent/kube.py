@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import urllib3
@@ -208,6 +208,33 @@ class KubeClient:
             name,
             namespace,
             body,
+        )
+
+    async def set_pod_condition(
+        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+    ) -> None:
+        """Set one condition on a pod's status (a strategic-merge patch: merged by type, the
+        pod's other conditions untouched), as the kubelet sets Ready."""
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": condition_type,
+                        "status": status,
+                        "reason": reason,
+                        "message": message[:1024],
+                        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    }
+                ]
+            }
+        }
+        await self._call(
+            f"set {condition_type}={status} on pod {namespace}/{name}",
+            self.core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
         )
 
     # Pods.

@@ -41,6 +41,8 @@ class PodInfo:
     """The in-flight limit the pod's proxy declares (`--container-concurrency`, as a flag or its
     variable; the webhook writes it from the concurrency annotation), 0 when none: the gateway's
     per-pod limit follows it. Tenant-written, so it only ever lowers the gateway's ceiling."""
+    model_loaded: tuple[str, str] = ("", "")
+    """The pod's ModelLoaded condition as it stands (status, reason); empty when it has none."""
 
     @property
     def key(self) -> str:
@@ -77,7 +79,15 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         host_ip=str(status.get("hostIP") or ""),
         host_network=bool(spec.get("hostNetwork")),
         concurrency=declared_concurrency(spec),
+        model_loaded=_condition(status, keys.model_loaded),
     )
+
+
+def _condition(status: Mapping[str, Any], condition_type: str) -> tuple[str, str]:
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == condition_type:
+            return str(condition.get("status") or ""), str(condition.get("reason") or "")
+    return ("", "")
 
 
 _FLAG = "--container-concurrency"

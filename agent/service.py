@@ -29,6 +29,7 @@ from agent.events import PodEvents
 from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
 from agent.models import Chunk, Models, ModelStatus
+from agent.placement import Proven
 from agent.repository import build_manifest
 from common.logs import subject
 from common.manifest import entries_from_proto
@@ -67,6 +68,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self.metrics = metrics
         self._gpus = gpus
         self.node_name = node_name
+        self.on_reinstall: Callable[[Proven], None] | None = None
+        """Called when a Running pod installs its model again (agent.conditions says so)."""
 
     def _fail(
         self,
@@ -114,6 +117,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             header = first.header
             manifest = build_manifest(header.model_id, entries_from_proto(header.manifest))
             pod = await self.authorizer.authorize_model(caller, header.model_id)
+            if pod.pod.running and self.on_reinstall is not None:
+                # Its loader is long done: its proxy reinstalls a model the node lost.
+                self.on_reinstall(pod)
             started = time.monotonic()
             result = await self.models.install(
                 header.model_id, manifest, _chunks(request_iterator), pod

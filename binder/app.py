@@ -13,6 +13,7 @@ import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+from binder.agentdown import AgentDown, Rules
 from binder.cache import ClusterCache, Informer
 from binder.controller import Controller
 from binder.errors import ConfigError, NotReadyError, http_status
@@ -100,6 +101,16 @@ class Binder:
                 not_ready_status=http_status(NotReadyError("caches not synced")),
             ),
             *settings.listen_http,
+        )
+        self.agent_down = AgentDown(
+            self.kube,
+            Rules(
+                settings.scheduler_name,
+                settings.keys.model_loaded,
+                settings.agent_down_grace_seconds,
+            ),
+            deletions_per_second=settings.agent_down_deletions_per_second,
+            identity=settings.identity,
         )
         self._stop = asyncio.Event()
         self._informers: list[Informer] = []
@@ -190,6 +201,19 @@ class Binder:
                 self.controller.run(self.elector.leading, self._stop),
                 consequence="stopping this replica",
                 on_failure=self._failed,
+            )
+        )
+
+        self._tasks.append(
+            spawn(
+                "The binder's watch on dead agents",
+                self.agent_down.run(
+                    lambda: self.cache.state.leases,
+                    self.elector.leading.is_set,
+                    self._stop,
+                    self._executor,
+                ),
+                consequence="pods of nodes whose agent died are no longer marked or replaced",
             )
         )
 

@@ -33,6 +33,7 @@ from binder.placement import Placement, explain, place
 from binder.proofs import Unproven
 from binder.report import (
     explain_document,
+    load_state,
     load_states,
     published_reserve,
     status_document,
@@ -423,7 +424,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         cache = fold(listing, keys, scheduler_name, reserve, ring)
         now = time.time()
         if args.command == "status":
-            states = load_states(listing.pods)
+            states = load_states(listing.pods, keys.model_loaded)
             if output == "text":
                 status(cache, out, now)
                 write_unserved(cache, states, out)
@@ -434,14 +435,22 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         namespace, _, name = args.pod.rpartition("/")
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
         try:
-            pod = pod_from_api(kube.read_pod(namespace, name), keys)
+            raw = kube.read_pod(namespace, name)
+            pod = pod_from_api(raw, keys)
         except NotFoundError:
             print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1
+        served = load_state(raw, keys.model_loaded) if pod.node_name else None
         if output == "text":
             explain_pod(cache, pod, out, now)
+            if served is not None:
+                state, why = served
+                out.write(f"Its model is {state}" + (f": {why}" if why else "") + ".\n")
         else:
-            write_document(explain_document(cache, pod, now), output, out)
+            document = explain_document(cache, pod, now)
+            if served is not None:
+                document["load"] = {"state": served[0], "reason": served[1] or None}
+            write_document(document, output, out)
         return 0
     except BinderError as e:
         print(f"{prog}: the cluster could not be read: {e}", file=sys.stderr)

@@ -614,6 +614,32 @@ class Kube:
             ),
         )
 
+    def pods_on_node(self, node: str) -> list[JsonObject]:
+        """Every pod bound to `node` (one attempt)."""
+        path = f"/api/v1/pods?fieldSelector={quote('spec.nodeName=' + node, safe='=')}"
+        items: list[JsonObject] = (
+            json.loads(self._request("GET", path, READ_TIMEOUT_SECONDS)).get("items") or []
+        )
+        return items
+
+    def set_pod_condition(self, namespace: str, name: str, condition: JsonObject) -> None:
+        """One condition on the pod's status, merged by type (the others untouched)."""
+        body = {"status": {"conditions": [condition]}}
+        self._write(
+            f"setting {condition.get('type')} on pod {namespace}/{name}",
+            lambda timeout: self._request(
+                "PATCH", _pod_path(namespace, name, "status"), timeout, body, _PATCH
+            ),
+        )
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod with this uid (a pod recreated under the name meanwhile is kept)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        self._write(
+            f"deleting pod {namespace}/{name}",
+            lambda timeout: self._request("DELETE", _pod_path(namespace, name), timeout, body),
+        )
+
     def record_event(
         self,
         namespace: str,

@@ -32,15 +32,21 @@ def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
     return None
 
 
-def load_state(pod: JsonObject) -> tuple[str, str]:
-    """Where a bound model pod's model stands, from the pod's status as the kubelet reports it:
-    (`serving`, ""), (`loading`, ""), (`failed`, the loader's termination message: the agent's
-    refusal, such as TenantCodeNotAllowed, or Triton's reason), (`starting`, "") once loaded and
-    waiting for the proxy, or (`waiting`, "") before the loader runs."""
+def load_state(pod: JsonObject, model_loaded: str = Keys().model_loaded) -> tuple[str, str]:
+    """Where a bound model pod's model stands, from the pod's status as the kubelet and the agent
+    report it: (`serving`, ""), (`not served`, the ModelLoaded condition's reason and message:
+    missing on the node and being reinstalled, failed, the node's agent down), (`loading`, ""),
+    (`failed`, the loader's termination message: the agent's refusal, such as
+    TenantCodeNotAllowed, or Triton's reason), (`starting`, "") once loaded and waiting for the
+    proxy, or (`waiting`, "") before the loader runs."""
     status = pod.get("status") or {}
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    if conditions.get("Ready") == "True":
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    if (conditions.get("Ready") or {}).get("status") == "True":
         return "serving", ""
+    loaded = conditions.get(model_loaded) or {}
+    if loaded and loaded.get("status") != "True":
+        why = f"{loaded.get('reason', '')}: {loaded.get('message', '')}".strip(": ")
+        return "not served", why[:300]
     inits = status.get("initContainerStatuses") or []
     for init in inits:
         for where in ("state", "lastState"):
@@ -55,14 +61,16 @@ def load_state(pod: JsonObject) -> tuple[str, str]:
     return "waiting", ""
 
 
-def load_states(pods: list[JsonObject]) -> dict[str, tuple[str, str]]:
+def load_states(
+    pods: list[JsonObject], model_loaded: str = Keys().model_loaded
+) -> dict[str, tuple[str, str]]:
     """`load_state` of every bound pod, by namespace/name."""
     states = {}
     for pod in pods:
         metadata = pod.get("metadata") or {}
         if (pod.get("spec") or {}).get("nodeName"):
             key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
-            states[key] = load_state(pod)
+            states[key] = load_state(pod, model_loaded)
     return states
 
 

@@ -86,6 +86,15 @@ class Settings:
     watch_failure_grace_seconds: float = 30.0
     """Seconds a cache's list or watch may keep failing (API server unreachable, 429, 5xx)
     before /readyz reports not ready; the cache keeps retrying either way. Default 30."""
+    agent_down_grace_seconds: float = 300.0
+    """Seconds a node's agent may stay down (its Lease expired) before the binder deletes the
+    node's controller-owned model pods so their controllers replace them elsewhere; 0 turns the
+    deletion off (the pods still get the condition and Event). Default 300, Kubernetes' own
+    grace for an unreachable node and the gateway's --table-stale-grace, so the gateway stops
+    serving the pods about when they are replaced."""
+    agent_down_deletions_per_second: float = 0.1
+    """Most model pods deleted per second for dead agents, cluster-wide (a token bucket of 1),
+    as kube-controller-manager's --node-eviction-rate. Default 0.1."""
     log_level: str = "INFO"
     """Log level name. Default INFO."""
     log_format: LogFormat = "text"
@@ -179,6 +188,20 @@ DECLARATION = Declaration(
             "(0: never evict)",
             whole(),
             "0",
+        ),
+        Setting(
+            "agent-down-grace",
+            "seconds a node's agent may be down before its model pods are deleted (0: never)",
+            seconds(),
+            "300",
+            "agent_down_grace_seconds",
+        ),
+        Setting(
+            "agent-down-deletions-per-second",
+            "most model pods deleted per second for dead agents",
+            seconds(positive=True),
+            "0.1",
+            "agent_down_deletions_per_second",
         ),
         Setting(
             "watch-failure-grace",

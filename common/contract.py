@@ -93,6 +93,12 @@ class Keys:
         return f"{self.prefix}gpus"
 
     @property
+    def model_loaded(self) -> str:
+        """Pod condition type: True when the node serves the pod's model; written by the pod's
+        agent, and by the binder (Unknown) while that agent is down."""
+        return f"{self.prefix}ModelLoaded"
+
+    @property
     def gpu_mem_reserve(self) -> str:
         """Leader Lease annotation written by the binder: the GPU memory reserve it places with,
         decimal bytes, so `tritonshare status` counts as the binder does."""

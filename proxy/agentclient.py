@@ -1,6 +1,8 @@
-"""The proxy's one call to the node agent: unload the pod's model when the pod terminates.
+"""The proxy's calls to the node agent: ask what the node has of the pod's model (so a model
+gone from the node is noticed and reinstalled, proxy.reinstall), and unload it when the pod
+terminates.
 
-The call carries `authorization: Bearer <token>`, the pod's projected service-account token read
+Every call carries `authorization: Bearer <token>`, the pod's projected service-account token read
 from its file at call time (the kubelet rotates it), so the agent can check with TokenReview that
 the caller is the pod owning the model. Failures are logged, never raised: the agent also unloads
 models of pods that are gone, so a missed call delays freeing memory but loses nothing.
@@ -9,6 +11,7 @@ models of pods that are gone, so a missed call delays freeing memory but loses n
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -19,13 +22,71 @@ from protos import agent_pb2, agent_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ModelOnNode:
+    """The agent's answer about the pod's model: its state name (`ABSENT`, `READY`, `FAILED`...,
+    agent.proto's ModelState without its prefix) and the agent's reason, if any."""
+
+    state: str
+    reason: str = ""
+
+
+class AgentUnavailableError(Exception):
+    """The agent could not be asked (no connection, no token, or it failed the call); the message
+    says which."""
+
+
 class AgentClient:
-    """Asks the agent at `address` to unload `model_id`, authenticated by `token_file`."""
+    """Asks the agent at `address` about `model_id`, or to unload it, authenticated by
+    `token_file`."""
 
     def __init__(self, address: str, token_file: Path, timeout: float) -> None:
         self._address = address
         self._token_file = token_file
         self._timeout = timeout
+
+    async def model_on_node(self, model_id: str, channel: grpc.aio.Channel) -> ModelOnNode:
+        """The agent's view of the pod's model (NOT_FOUND reads as ABSENT), asked on `channel`
+        (the caller's one channel, kept open between checks); AgentUnavailableError when it
+        cannot be had. A refusal (the pod may not act on the model) is an answer, not an
+        error: state `REFUSED` with the agent's reason."""
+        try:
+            token = self._token_file.read_text().strip()
+        except OSError as e:
+            raise AgentUnavailableError(
+                f"the pod's token file {self._token_file} cannot be read ({e.strerror})"
+            ) from e
+        stub = agent_pb2_grpc.AgentStub(channel)
+        try:
+            status = await stub.GetModel(
+                agent_pb2.GetModelRequest(model_id=model_id),
+                metadata=(("authorization", f"Bearer {token}"),),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.NOT_FOUND:
+                return ModelOnNode("ABSENT")
+            if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                return ModelOnNode("REFUSED", e.details() or code.name)
+            raise AgentUnavailableError(
+                f"the agent at {self._address} did not answer ({code.name}: {e.details()})"
+            ) from e
+        state = agent_pb2.ModelState.Name(status.state).removeprefix("MODEL_STATE_")
+        return ModelOnNode(state, status.reason)
+
+    def channel(self) -> grpc.aio.Channel:
+        """A channel to the agent for repeated calls; the caller closes it."""
+        return grpc.aio.insecure_channel(
+            self._address,
+            # gRPC's reconnect backoff grows to 120 s by default: a node pod that came back
+            # would go unnoticed that long. Stay within a few checks.
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 250),
+                ("grpc.min_reconnect_backoff_ms", 250),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+            ],
+        )
 
     async def unload(self, model_id: str) -> bool:
         """Ask for the unload and wait for the answer; True when the agent confirmed it."""

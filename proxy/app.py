@@ -1,7 +1,9 @@
 """Assembles the proxy and owns its shutdown order.
 
 Start: the concurrency limiter and metrics, then the metrics port, the REST port and the gRPC
-port. On SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
+port, then (with --model-dir) the watch that reinstalls the model when the node has lost it. On
+SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
+  0. stop the reinstall watch (and a loader it runs), so nothing installs after the unload;
   1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
   2. keep serving for the drain period, as requests routed before the endpoint update still come;
   3. stop listening and let in-flight requests finish, up to the finish timeout;
@@ -12,11 +14,12 @@ port. On SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
 from common.health import HttpServer, build_health_app
-from common.lifecycle import Lifecycle
+from common.lifecycle import Lifecycle, spawn
 from proxy.agentclient import AgentClient
 from proxy.grpc.grpcio import GrpcProxy
 from proxy.grpc.server import GrpcRelay
@@ -24,6 +27,7 @@ from proxy.http1.listener import RestRelay
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.readiness import Readiness
+from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_flags
 from proxy.settings import Settings
 from proxy.state import ProxyState
 
@@ -43,6 +47,11 @@ class Proxy:
     readiness: Readiness
     metrics_server: HttpServer
     """/metrics, /healthz and /readyz (common/health.py), on their own port."""
+    reinstaller: Reinstaller | None = None
+    """With --model-dir: reinstalls the model when the node has lost it (proxy/reinstall.py)."""
+    loader: LoaderProcess | None = None
+    watch_stopping: asyncio.Event | None = None
+    watch_task: asyncio.Task[None] | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Proxy:
@@ -57,6 +66,35 @@ class Proxy:
         metrics = ProxyMetrics(limiter, settings.model_id)
         readiness = Readiness(settings, state)
         host, port = settings.listen_metrics
+        reinstaller, loader = None, None
+        if (
+            settings.model_dir is not None
+            and settings.agent_address
+            and settings.token_file is not None
+        ):
+            loader = LoaderProcess(
+                loader_flags(
+                    settings.model_dir,
+                    settings.model_id,
+                    settings.agent_address,
+                    settings.token_file,
+                    log_level=settings.log_level,
+                    log_format=settings.log_format,
+                )
+            )
+            reinstaller = Reinstaller(
+                settings.model_id,
+                AgentClient(
+                    settings.agent_address, settings.token_file, settings.agent_timeout_seconds
+                ),
+                readiness.own_model_ready,
+                loader.run,
+                ReinstallTiming(
+                    settings.model_check_seconds, settings.reinstall_backoff_max_seconds
+                ),
+            )
+            watching = reinstaller
+            readiness.why_not_served = lambda: watching.reason
         return cls(
             settings=settings,
             state=state,
@@ -70,6 +108,8 @@ class Proxy:
             metrics_server=HttpServer(
                 build_health_app(metrics.registry, readiness.not_ready), host, port
             ),
+            reinstaller=reinstaller,
+            loader=loader,
         )
 
     async def start(self) -> None:
@@ -79,10 +119,35 @@ class Proxy:
         log.info("Serving metrics and health on port %d.", self.metrics_server.port)
         await self.rest.start()
         await self.grpc.start()
+        if self.reinstaller is not None:
+            self.watch_stopping = asyncio.Event()
+            self.watch_task = spawn(
+                "the model's reinstall watch",
+                self.reinstaller.watch(self.watch_stopping),
+                consequence="a model the node loses is no longer reinstalled by this pod",
+            )
+            log.info(
+                "Watching that the node serves model %s every %.1f s: reinstalled from %s if "
+                "the node loses it.",
+                self.settings.model_id,
+                self.settings.model_check_seconds,
+                self.settings.model_dir,
+            )
+
+    async def stop_watch(self) -> None:
+        """Step 0: no reinstall may start or go on once the pod is going away."""
+        if self.watch_stopping is not None:
+            self.watch_stopping.set()
+        if self.loader is not None:
+            await self.loader.stop(grace=5.0)
+        if self.watch_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watch_task
 
     async def drain_and_stop(self) -> None:
         """Steps 1 to 5 of the shutdown order in the module docstring."""
         settings = self.settings
+        await self.stop_watch()
         self.state.draining = True
         log.info(
             "Reporting model %s not ready and serving for %.1f s more while endpoints drain.",

@@ -2,9 +2,13 @@
 
 `Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton over one
 client session held for the process (closed at shutdown). It serves nothing and changes nothing.
+When the model is not ready, the reason is the reinstaller's when it knows one (the model is
+missing on the node and being reinstalled, the agent cannot be reached, the node refused it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import aiohttp
 
@@ -22,6 +26,8 @@ class Readiness:
         self._source = settings.source_address
         self._state = state
         self._session: aiohttp.ClientSession | None = None
+        self.why_not_served: Callable[[], str] = lambda: ""
+        """What is known of why the model is not served ('' when nothing is): proxy.reinstall."""
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -50,5 +56,6 @@ class Readiness:
         if self._state.draining:
             return ["draining: the pod is shutting down"]
         if not await self.own_model_ready():
-            return [f"model {self._model_id} is not ready in Triton"]
+            why = self.why_not_served()
+            return [why or f"model {self._model_id} is not ready in Triton"]
         return []

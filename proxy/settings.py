@@ -92,6 +92,17 @@ class Settings:
     """The pod's projected service-account token (audience tritonshare-agent), read per call."""
     agent_timeout_seconds: float = 30.0
     """Seconds to wait for the agent to unload the model on shutdown."""
+    model_dir: Path | None = None
+    """The pod's own copy of its model (the storage initializer's volume, mounted read-only);
+    with it, a model the node has lost is installed and loaded again from there
+    (proxy/reinstall.py). None: the proxy only reports it."""
+    model_check_seconds: float = 2.0
+    """Seconds between two looks at whether the node still serves the pod's model; default 2.
+    Each look is one readiness request through the node gateway; only an unready model costs an
+    agent call (GetModel)."""
+    reinstall_backoff_max_seconds: float = 60.0
+    """Longest wait after a failed reinstall before the next one, in seconds; default 60. The
+    wait doubles from --model-check-seconds, jittered."""
     grpc_mode: str = "relay"
     """`relay` (default): the HTTP/2 frame relay (`proxy/grpc/relay.py`); `grpcio`: grpc.aio."""
     log_level: str = "INFO"
@@ -239,6 +250,24 @@ DECLARATION = Declaration(
             "agent_timeout_seconds",
         ),
         Setting(
+            "model-dir",
+            "the pod's copy of its model, read-only (reinstalled from there when the node lost it)",
+            path,
+        ),
+        Setting(
+            "model-check-seconds",
+            "seconds between looks at whether the node still serves the model",
+            seconds(minimum=0.1),
+            "2",
+        ),
+        Setting(
+            "reinstall-backoff-max",
+            "longest wait in seconds between two failed reinstalls",
+            seconds(minimum=1.0),
+            "60",
+            "reinstall_backoff_max_seconds",
+        ),
+        Setting(
             "grpc-mode",
             "gRPC endpoint: relay (HTTP/2 frame relay) or grpcio",
             one_of("grpcio", "relay"),
@@ -265,5 +294,10 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         raise SettingsError(
             "--agent-address is set but --token-file is not; the agent accepts only calls "
             "carrying the pod's projected token: pass its path"
+        )
+    if settings.model_dir is not None and not settings.agent_address:
+        raise SettingsError(
+            "--model-dir is set but --agent-address is not; a model the node lost is "
+            "reinstalled through the node's agent: pass its host:port"
         )
     return settings

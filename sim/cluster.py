@@ -24,8 +24,10 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -278,45 +280,54 @@ class SimCluster:
             )
             return
         for node in self.nodes:
-            node_dir = self.workdir / "nodes" / node.name
-            node_dir.mkdir(parents=True, exist_ok=True)
-            ports_file = node_dir / "agent-ports.json"
-            if node.real and self.triton is not None:
-                repository, triton_url = self.triton.model_repository, self.triton.http_url
-            else:
-                # No Triton here: the agent publishes GPUs and liveness; nothing is loaded.
-                repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
-                repository.mkdir(parents=True, exist_ok=True)
-            argv = [
-                sys.executable, "-m", "sim.gpu.agent_node", "--gpus", node.gpus,
-                *(["--simulate-model-memory"] if node.real else []), "--",
-                "--node-name", node.name,
-                "--kubeconfig", str(self.kubeconfig),
-                "--model-repository", str(repository),
-                "--triton-http-url", triton_url,
-                "--triton-admin-header", TRITON_ADMIN_HEADER,
-                "--listen-grpc", "127.0.0.1:0",
-                "--listen-http", "127.0.0.1:0",
-                "--ports-file", str(ports_file),
-                "--placement-key-dir", str(self.placement_key_dir),
-                "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
-                # Measured GPU memory reaches the binder within seconds in the demo.
-                "--usage-publish-seconds", "2",
-                "--cpu-only",
-            ]  # fmt: skip
-            if node.real and self.gateway is not None:
-                argv += ["--gateway-table", str(self.gateway.caller_table)]
-            process = ManagedProcess(
-                f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
-            )
-            process.start(self.env)
-            self.agents[node.name] = AgentHandle(node.name, process)
-        for name, handle in self.agents.items():
+            self._start_agent(node)
+        self._wait_agents(list(self.agents))
+        self.say(f"{len(self.agents)} agents are publishing their GPUs and renewing their leases.")
+
+    def _start_agent(self, node: NodeSpec, listen_grpc: str = "127.0.0.1:0") -> None:
+        node_dir = self.workdir / "nodes" / node.name
+        node_dir.mkdir(parents=True, exist_ok=True)
+        ports_file = node_dir / "agent-ports.json"
+        ports_file.unlink(missing_ok=True)
+        if node.real and self.triton is not None:
+            repository, triton_url = self.triton.model_repository, self.triton.http_url
+        else:
+            # No Triton here: the agent publishes GPUs and liveness; nothing is loaded.
+            repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
+            repository.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable, "-m", "sim.gpu.agent_node", "--gpus", node.gpus,
+            *(["--simulate-model-memory"] if node.real else []), "--",
+            "--node-name", node.name,
+            "--kubeconfig", str(self.kubeconfig),
+            "--model-repository", str(repository),
+            "--triton-http-url", triton_url,
+            "--triton-admin-header", TRITON_ADMIN_HEADER,
+            "--listen-grpc", listen_grpc,
+            "--listen-http", "127.0.0.1:0",
+            "--ports-file", str(ports_file),
+            "--placement-key-dir", str(self.placement_key_dir),
+            "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
+            # Measured GPU memory reaches the binder within seconds in the demo.
+            "--usage-publish-seconds", "2",
+            "--cpu-only",
+        ]  # fmt: skip
+        if node.real and self.gateway is not None:
+            argv += ["--gateway-table", str(self.gateway.caller_table)]
+        process = ManagedProcess(
+            f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
+        )
+        process.start(self.env)
+        self.agents[node.name] = AgentHandle(node.name, process)
+
+    def _wait_agents(self, names: Sequence[str]) -> None:
+        for name in names:
+            handle = self.agents[name]
             ports_file = self.workdir / "nodes" / name / "agent-ports.json"
             wait_started(handle.process, f"the agent of node {name}", ports_file.exists)
             ports = json.loads(ports_file.read_text())
             handle.grpc, handle.http = ports["grpc"], ports["http"]
-        for name in self.agents:
+        for name in names:
             wait_until(
                 f"node {name}'s GPUs published by its agent",
                 partial(self._has_gpus, name),
@@ -326,9 +337,8 @@ class SimCluster:
             wait_until(
                 f"node {name}'s agent lease", partial(self._lease, agent_lease_name(name)), 60
             )
-        self.say(f"{len(self.agents)} agents are publishing their GPUs and renewing their leases.")
 
-    def _start_gateway(self) -> None:
+    def _start_gateway(self, ports: tuple[int, int, int] | None = None) -> None:
         """The real node's gateway, on the node's address (127.0.0.1) before its agent, which
         writes the caller table the gateway follows (until then the gateway refuses everyone)."""
         real = self.real_node
@@ -336,7 +346,7 @@ class SimCluster:
             return
         node_dir = self.workdir / "nodes" / real.name
         node_dir.mkdir(parents=True, exist_ok=True)
-        http, grpc, metrics = free_port(), free_port(), free_port()
+        http, grpc, metrics = ports or (free_port(), free_port(), free_port())
         caller_table = node_dir / "gateway" / "callers.json"
         argv = [
             sys.executable, "-m", "proxy.gateway",
@@ -494,6 +504,67 @@ class SimCluster:
             raise
         lease: dict[str, Any] = json.loads(response.data)
         return lease
+
+    def replace_node_pod(self) -> float:
+        """Replace the real node's node pod as a DaemonSet update does: the old pod's agent,
+        gateway and Triton get SIGTERM, and a new pod starts them again on the node's same host
+        ports (the agent's gRPC, the gateway's), with new, empty emptyDir volumes (the model
+        repository, the agent's owner records and staging, the gateway's caller table). Returns
+        the monotonic time at which the new pod's agent, gateway and Triton all run."""
+        real = self.real_node
+        agent = self.agents.get(real.name) if real is not None else None
+        if real is None or agent is None or self.gateway is None or self.triton is None:
+            raise ClusterError("no node pod to replace: the cluster runs no real node")
+        agent_port = int(agent.grpc.rpartition(":")[2])
+        gateway_ports = (self.gateway.http, self.gateway.grpc, self.gateway.metrics)
+        self.exit_codes[agent.process.name] = agent.process.stop()
+        self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
+        self.triton.stop()
+        self.triton = None
+        shutil.rmtree(self.workdir / "triton")
+        shutil.rmtree(self.workdir / "nodes" / real.name / "gateway", ignore_errors=True)
+        self.triton = TritonServer(
+            self.workdir / "triton" / "models",
+            restricted=True,
+            log_path=self.workdir / "logs" / "tritonserver-2.log",
+        )
+        self.triton.model_repository.mkdir(parents=True)
+        self.triton.start()
+        self._start_gateway(gateway_ports)
+        self._start_agent(real, f"127.0.0.1:{agent_port}")
+        self._wait_agents([real.name])
+        self.say(f"Node {real.name}'s node pod was replaced; its repository starts empty.")
+        return time.monotonic()
+
+    def restart_node_container(self, container: str) -> float:
+        """Restart one container of the real node's node pod in place, as the kubelet does after
+        an image change on the pod (`agent` or `gateway`): the others and every volume stay.
+        Returns the monotonic time at which it runs again."""
+        real = self.real_node
+        if real is None or self.gateway is None or real.name not in self.agents:
+            raise ClusterError("no node pod to restart a container of: no real node")
+        if container == "agent":
+            agent = self.agents[real.name]
+            port = int(agent.grpc.rpartition(":")[2])
+            self.exit_codes[agent.process.name] = agent.process.stop()
+            self._start_agent(real, f"127.0.0.1:{port}")
+            self._wait_agents([real.name])
+        elif container == "gateway":
+            ports = (self.gateway.http, self.gateway.grpc, self.gateway.metrics)
+            self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
+            self._start_gateway(ports)
+        else:
+            raise ValueError(f"the node pod has no container {container!r} to restart here")
+        return time.monotonic()
+
+    def kill_agent(self, node: str) -> None:
+        """Kill a node's agent for good (SIGKILL): its Lease is left to expire; Triton and the
+        gateway keep running."""
+        agent = self.agents[node]
+        assert agent.process.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.process.process.pid, signal.SIGKILL)
+        agent.process.process.wait(10)
 
     def crash_binder(self, identity: str) -> None:
         """Kill a binder abruptly (SIGKILL): its leader lease is left to expire."""

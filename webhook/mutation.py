@@ -230,6 +230,8 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
         "--listen-metrics=0.0.0.0:9002",
         f"--agent-address=$(HOST_IP):{settings.agent_port}",
         f"--token-file={TOKEN_DIR}/token",
+        # The pod's copy of its model: reinstalled from there if the node loses it.
+        f"--model-dir={MODEL_DIR}",
     ]
     if request.concurrency is not None:
         args.append(f"--container-concurrency={request.concurrency}")
@@ -249,8 +251,10 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
             "periodSeconds": 5,
             "failureThreshold": 2,
         },
+        # The proxy's own liveness, not Triton's: restarting the proxy cannot bring a lost node
+        # pod back, and would cut short the reinstall it runs.
         "livenessProbe": {
-            "httpGet": {"path": "/v2/health/live", "port": "http"},
+            "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
@@ -260,7 +264,10 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
             "limits": {"memory": "512Mi", settings.keys.gpu_mem: request.gpu_mem},
         },
         "securityContext": copy.deepcopy(_LOCKED_DOWN),
-        "volumeMounts": [{"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            {"name": "model", "mountPath": MODEL_DIR, "readOnly": True},
+        ],
     }
 
 

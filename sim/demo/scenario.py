@@ -275,6 +275,7 @@ def model_pod_manifest(
                     f"--listen-metrics=0.0.0.0:{ports.metrics}",
                     f"--agent-address=$(HOST_IP):{agent_port}",
                     f"--token-file={token_dir}/token",
+                    "--model-dir=/mnt/models",
                     "--drain-seconds=1",
                 ],
                 "env": downward,
@@ -289,7 +290,7 @@ def model_pod_manifest(
                     "failureThreshold": 2,
                 },
                 "livenessProbe": {
-                    "httpGet": {"path": "/v2/health/live", "port": "http"},
+                    "httpGet": {"path": "/healthz", "port": "metrics"},
                     "periodSeconds": 5,
                     "failureThreshold": 3,
                 },
@@ -298,7 +299,10 @@ def model_pod_manifest(
                     "requests": {"cpu": "250m", "memory": "128Mi"},
                     "limits": {"memory": "512Mi", KEYS.gpu_mem: pod.gpu_mem},
                 },
-                "volumeMounts": [{"name": "agent-token", "mountPath": token_dir, "readOnly": True}],
+                "volumeMounts": [
+                    {"name": "agent-token", "mountPath": token_dir, "readOnly": True},
+                    {"name": "model", "mountPath": "/mnt/models", "readOnly": True},
+                ],
             }
         ],
         "volumes": [

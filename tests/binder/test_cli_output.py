@@ -138,3 +138,26 @@ async def test_a_model_the_agent_refused_shows_why_and_keeps_its_allocation(
     _, text = run_cli(kubeconfig, "status")
     assert f"  default/custom on gpu-1: failed: loader: {refusal}" in text
     assert "default/fine on" not in text
+
+
+def test_a_pod_whose_model_is_not_served_says_why_in_its_load_state() -> None:
+    from binder.report import load_state
+
+    pod = {
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "False"},
+                {
+                    "type": "tritonshare.io/ModelLoaded",
+                    "status": "False",
+                    "reason": "ModelMissing",
+                    "message": "model m is missing on the node",
+                },
+            ],
+            "initContainerStatuses": [{"name": "loader", "state": {"terminated": {"exitCode": 0}}}],
+        }
+    }
+    assert load_state(pod) == ("not served", "ModelMissing: model m is missing on the node")
+    pod["status"]["conditions"][1]["status"] = "True"  # type: ignore[index]
+    assert load_state(pod) == ("starting", "")

@@ -404,3 +404,22 @@ def test_other_users_are_not_concerned_by_the_agent_policy(cluster: Cluster) -> 
     cluster.binder.patch_node("gpu-2", {"metadata": {"labels": {"pool": "premium"}}})
     cluster.admin.patch_node("gpu-2", {"spec": {"taints": []}})
     assert cluster.admin.read_node("gpu-2").metadata.labels["pool"] == "premium"
+
+
+OWN_PODS = "the tritonshare agent may change the status of pods bound to its own node only"
+
+
+def test_the_agent_sets_conditions_only_on_pods_bound_to_its_own_node(cluster: Cluster) -> None:
+    for name, node in (("mine", "gpu-1"), ("theirs", "gpu-2")):
+        cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, _model_pod(name))
+        binding = {"metadata": {"name": name}, "target": {"kind": "Node", "name": node}}
+        cluster.binder.create_namespaced_pod_binding(
+            name, TENANT_NAMESPACE, binding, _preload_content=False
+        )
+    condition = {"type": "tritonshare.io/ModelLoaded", "status": "False", "reason": "ModelMissing"}
+    body = {"status": {"conditions": [condition]}}
+    cluster.agent.patch_namespaced_pod_status("mine", TENANT_NAMESPACE, body)
+    status = _refused(cluster.agent.patch_namespaced_pod_status, "theirs", TENANT_NAMESPACE, body)
+    assert status["message"] == _denied_by("tritonshare-agent-own-node", OWN_PODS, "pods", "theirs")
+    conditions = cluster.admin.read_namespaced_pod("theirs", TENANT_NAMESPACE).status.conditions
+    assert not any(c.type == "tritonshare.io/ModelLoaded" for c in conditions or [])

@@ -27,6 +27,15 @@ from tests.deploy.rendering import render
 _UNNAMED_VERBS = frozenset({"create", "list", "watch", "deletecollection"})
 
 
+# Grants only a failure the demo does not stage uses, each with the test whose real process makes
+# that call through the simulated API server.
+FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
+    "tritonshare-binder": {
+        ("", "pods", "delete"): "tests/e2e/test_agent_down.py (a node's agent down past the grace)",
+    },
+}
+
+
 @dataclass(frozen=True)
 class Grant:
     """One (rule, verb, resource) of a role, where it applies."""
@@ -129,7 +138,12 @@ def test_rbac_covers_exactly_the_calls_each_part_makes(
 
     denied = sorted({describe(c) for c in calls if not any(g.allows(c) for g in grants)})
     assert not denied, f"{part} makes calls its RBAC does not allow: {denied}"
-    unused = [str(g) for g in grants if not any(g.allows(c) for c in calls)]
+    unused = [
+        str(g)
+        for g in grants
+        if not any(g.allows(c) for c in calls)
+        and (g.api_group, g.resource, g.verb) not in FAILURE_PATH_GRANTS.get(account, {})
+    ]
     assert not unused, f"{account} is granted what {part} never uses: {unused}"
 
 

@@ -1,0 +1,223 @@
+"""The `tritonshare.io/ModelLoaded` pod condition: whether the node serves each model pod's model.
+
+For every Running pod on this node whose placement is proven, each pass compares what the node
+has of its model (`Models.status`, as the pod itself would learn it) with the condition on the
+pod, and writes the condition only when its status or reason changes: `True` (ModelReady) when
+the model is READY; `False` when it is missing (ModelMissing: the node pod was replaced or the
+repository lost; the pod's proxy reinstalls it), installed but not loaded (ModelNotLoaded),
+failed (ModelFailed, with Triton's reason), or Triton is down (TritonUnavailable). A change to
+False also records a Warning Event (ModelNotServed), deduplicated per pod and reason by
+`agent.events`. LOADING and UNLOADING are passing states and change nothing.
+
+Pods still in their loader are not judged (their loader reports), nor pods being deleted. When
+the agent itself is down, nobody here writes: the binder's `agentdown` marks the pods instead
+(status Unknown), and this pass sets them back once the agent runs again.
+The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
+agent's admission policy narrows to pods bound to the agent's own node. Owns the decision and the
+pass; the API call is agent.kube's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent.errors import AgentError, KubeError
+from agent.events import PodEvents
+from agent.models import ModelState, ModelStatus
+from agent.placement import Proven
+from common.lifecycle import spawn
+from common.logs import subject
+
+log = logging.getLogger(__name__)
+
+NOT_SERVED_EVENT = "ModelNotServed"
+REINSTALL_WRITE_SECONDS = 10.0
+REMEMBERED = 10_000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the condition should say."""
+
+    status: str
+    reason: str
+    message: str
+
+
+class ConditionWriter(Protocol):
+    async def set_pod_condition(
+        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+    ) -> None: ...
+
+
+def missing(model_id: str) -> Verdict:
+    return Verdict(
+        "False",
+        "ModelMissing",
+        f"model {model_id} is missing on the node (its node pod was replaced or its "
+        f"repository lost): the pod's proxy installs it again from the pod's own files",
+    )
+
+
+def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Verdict | None:
+    """The condition for a model in `status` (None: Triton could not be asked); None when the
+    state is a passing one that should change nothing."""
+    if not triton_live or status is None:
+        return Verdict(
+            "False",
+            "TritonUnavailable",
+            f"model {model_id} is not served: the node's Triton is not reachable",
+        )
+    if status.state is ModelState.READY:
+        where = f"GPU {status.gpu_uuid}" if status.gpu_uuid else "the node"
+        return Verdict("True", "ModelReady", f"model {model_id} is READY on {where}")
+    if status.state is ModelState.ABSENT:
+        return missing(model_id)
+    if status.state is ModelState.INSTALLED:
+        return Verdict(
+            "False",
+            "ModelNotLoaded",
+            f"model {model_id}'s files are on the node but it is not loaded in Triton",
+        )
+    if status.state is ModelState.FAILED:
+        return Verdict(
+            "False",
+            "ModelFailed",
+            f"model {model_id} failed on the node: {status.reason or 'no reason given'}",
+        )
+    return None
+
+
+class ModelConditions:
+    """Keeps each proven, Running model pod's ModelLoaded condition in step with the node."""
+
+    def __init__(
+        self,
+        writer: ConditionWriter,
+        events: PodEvents,
+        condition_type: str,
+        status_of: Callable[[Proven], Awaitable[ModelStatus]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._writer = writer
+        self._events = events
+        self.condition_type = condition_type
+        self._status_of = status_of
+        self._clock = clock
+        self.writes = 0
+        self._reinstalls: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def reinstalling(self, proven: Proven) -> None:
+        """A Running pod (its loader long done) installs its model again: the node had lost it.
+        Said at once, not at the next pass, which a fast reinstall would beat. Returns at once;
+        at most one such write per pod per REINSTALL_WRITE_SECONDS, whatever a tenant calls."""
+        pod = proven.pod
+        now = self._clock()
+        last = self._reinstalls.get(pod.uid)
+        if last is not None and now - last < REINSTALL_WRITE_SECONDS:
+            return
+        if len(self._reinstalls) >= REMEMBERED:
+            self._reinstalls.clear()
+        self._reinstalls[pod.uid] = now
+        spawn(
+            f"Setting {self.condition_type} on pod {pod.key}",
+            self._write(proven, missing(pod.model_id)),
+            consequence="the pod does not show it",
+            keep=self._tasks,
+        )
+
+    async def close(self) -> None:
+        """Wait for the writes under way (at shutdown)."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+
+    async def run(
+        self,
+        stop: asyncio.Event,
+        pods: Callable[[], list[Proven] | None],
+        triton_live: Callable[[], bool],
+        period: float,
+    ) -> None:
+        """A pass every `period` seconds until `stop` is set (none before the pods are listed)."""
+        while not stop.is_set():
+            listed = pods()
+            if listed is not None:
+                await self.sync(listed, triton_live())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+
+    async def sync(self, pods: Iterable[Proven], triton_live: bool) -> None:
+        """One pass over the pods; a failed write is logged and tried again next pass."""
+        judged = [p for p in pods if p.pod.running and not p.pod.deleting]
+        statuses: list[ModelStatus | BaseException | None] = [None] * len(judged)
+        if triton_live:
+            # Together, so their reads of Triton's index are one request (agent.triton).
+            statuses = await asyncio.gather(
+                *(self._status_of(p) for p in judged), return_exceptions=True
+            )
+        for proven, status in zip(judged, statuses, strict=True):
+            pod = proven.pod
+            if isinstance(status, AgentError):
+                # The agent refuses this pod its model (another live pod owns the id): that is
+                # why it is not served, said without naming the owner.
+                refused = Verdict("False", status.event_reason or "ModelRefused", str(status))
+                if (refused.status, refused.reason) != pod.model_loaded:
+                    await self._write(proven, refused)
+                continue
+            if isinstance(status, BaseException):
+                log.warning(
+                    "Cannot tell whether pod %s's model %s is served (%s): its %s condition "
+                    "is left as it is.",
+                    pod.key,
+                    pod.model_id,
+                    status,
+                    self.condition_type,
+                    extra=subject(pod=pod.key, model=pod.model_id),
+                )
+                continue
+            wanted = verdict(pod.model_id, status, triton_live)
+            if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:
+                continue
+            await self._write(proven, wanted)
+
+    async def _write(self, proven: Proven, wanted: Verdict) -> None:
+        pod = proven.pod
+        try:
+            await self._writer.set_pod_condition(
+                pod.namespace,
+                pod.name,
+                self.condition_type,
+                wanted.status,
+                wanted.reason,
+                wanted.message,
+            )
+        except KubeError as e:
+            log.warning(
+                "Setting %s=%s on pod %s has failed (%s): trying again next pass.",
+                self.condition_type,
+                wanted.status,
+                pod.key,
+                e,
+                extra=subject(pod=pod.key, model=pod.model_id),
+            )
+            return
+        self.writes += 1
+        log.info(
+            "Pod %s: %s=%s (%s): %s.",
+            pod.key,
+            self.condition_type,
+            wanted.status,
+            wanted.reason,
+            wanted.message,
+            extra=subject(pod=pod.key, model=pod.model_id),
+        )
+        if wanted.status != "True":
+            self._events.warn(pod.key, pod.uid, NOT_SERVED_EVENT, wanted.message)

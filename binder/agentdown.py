@@ -1,0 +1,271 @@
+"""The binder's side of a dead agent, as Kubernetes' node lifecycle controller does for a dead
+kubelet: the model pods of a node whose agent's Lease has expired are told, then replaced.
+
+Placement already leaves such a node alone (a node without a live agent lease fits nothing).
+Here, every PERIOD_SECONDS while this replica leads, for each node whose agent Lease has expired
+(or was deleted), the tritonshare pods bound to it that are neither terminated nor being deleted:
+- get the `tritonshare.io/ModelLoaded` condition `Unknown` with reason `AgentUnreachable` (once;
+  the agent sets it back from what it knows when it runs again) and a Warning Event
+  `NodeAgentDown`. The model may still be served: the node gateway serves the pods of its last
+  caller table for its --table-stale-grace;
+- once the agent has been down for --agent-down-grace (default 300 s, the gateway's
+  --table-stale-grace and Kubernetes' unreachable-node grace, so the gateway stops serving them
+  about when they are replaced), pods owned by a controller are deleted (uid precondition) so the
+  controller creates replacements, which the binder places on a node with a live agent. At most
+  --agent-down-deletions-per-second (a token bucket of 1), like --node-eviction-rate. A pod that no
+  controller owns is never deleted: nothing would replace it.
+Down since: the Lease's own expiry (renewTime + leaseDurationSeconds), or, for a Lease that is
+gone, when this replica first saw it gone. Nodes whose Lease this replica never saw are left alone.
+Owns this decision (`judge`, pure) and its pass; the API calls are binder.kube's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from binder.kube import ApiError, JsonObject
+
+log = logging.getLogger(__name__)
+
+PERIOD_SECONDS = 5.0
+REASON = "AgentUnreachable"
+EVENT_REASON = "NodeAgentDown"
+_TERMINATED = frozenset({"Succeeded", "Failed"})
+
+Verdict = Literal["mark", "delete"]
+
+
+class AgentDownKube(Protocol):
+    def pods_on_node(self, node: str) -> list[JsonObject]: ...
+
+    def set_pod_condition(self, namespace: str, name: str, condition: JsonObject) -> None: ...
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def record_event(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        reason: str,
+        message: str,
+        reporting_instance: str,
+        event_type: str = ...,
+        component: str = ...,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the pass decides by."""
+
+    scheduler_name: str
+    condition_type: str
+    grace_seconds: float
+
+
+def judge(pod: Mapping[str, Any], down_for: float, rules: Rules) -> list[Verdict]:
+    """What to do about one pod bound to a node whose agent has been down `down_for` seconds."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if spec.get("schedulerName") != rules.scheduler_name or metadata.get("deletionTimestamp"):
+        return []
+    if status.get("phase") in _TERMINATED:
+        return []
+    verdicts: list[Verdict] = []
+    marked = any(
+        c.get("type") == rules.condition_type
+        and c.get("status") == "Unknown"
+        and c.get("reason") == REASON
+        for c in status.get("conditions") or []
+    )
+    if not marked:
+        verdicts.append("mark")
+    owned = any(ref.get("controller") for ref in metadata.get("ownerReferences") or [])
+    if rules.grace_seconds > 0 and down_for >= rules.grace_seconds and owned:
+        verdicts.append("delete")
+    return verdicts
+
+
+class TokenBucket:
+    """`rate` tokens a second, at most one held."""
+
+    def __init__(self, rate: float, clock: Callable[[], float]) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._tokens = 1.0
+        self._at = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(1.0, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+class AgentDown:
+    """Marks, then after the grace deletes, the model pods of nodes whose agent is down."""
+
+    def __init__(
+        self,
+        kube: AgentDownKube,
+        rules: Rules,
+        *,
+        deletions_per_second: float,
+        identity: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self.rules = rules
+        self._identity = identity
+        self._clock = clock
+        self._bucket = TokenBucket(deletions_per_second, clock)
+        self._gone_since: dict[str, float] = {}
+        self.deleted: list[str] = []
+        """Keys of the pods this replica deleted (for tests and the log)."""
+
+    def down_nodes(self, leases: Mapping[str, float], now: float) -> dict[str, float]:
+        """Node -> since when its agent is down, from the lease expiries (0: the Lease is gone)."""
+        down = {}
+        for node, expiry in leases.items():
+            if expiry > now:
+                self._gone_since.pop(node, None)
+                continue
+            if expiry <= 0:
+                expiry = self._gone_since.setdefault(node, now)
+            down[node] = expiry
+        for node in list(self._gone_since):
+            if node not in leases:
+                del self._gone_since[node]
+        return down
+
+    async def run(
+        self,
+        leases: Callable[[], Mapping[str, float]],
+        leading: Callable[[], bool],
+        stop: asyncio.Event,
+        executor: Executor,
+    ) -> None:
+        """A pass every PERIOD_SECONDS while this replica leads, until `stop` is set."""
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            if leading():
+                down = self.down_nodes(dict(leases()), self._clock())
+                if down:
+                    await loop.run_in_executor(executor, self.pass_once, down, leading)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PERIOD_SECONDS)
+
+    def pass_once(self, down: Mapping[str, float], leading: Callable[[], bool]) -> None:
+        """One pass over the nodes whose agent is down (blocking: run in the API executor)."""
+        for node, since in sorted(down.items()):
+            if not leading():
+                return
+            try:
+                pods = self._kube.pods_on_node(node)
+            except ApiError as e:
+                log.warning(
+                    "Cannot list the pods of node %s, whose agent is down (%s): trying again in "
+                    "%.0f s.",
+                    node,
+                    e,
+                    PERIOD_SECONDS,
+                )
+                continue
+            down_for = self._clock() - since
+            for pod in pods:
+                for verdict in judge(pod, down_for, self.rules):
+                    try:
+                        self._act(verdict, pod, node, since, down_for)
+                    except ApiError as e:
+                        log.warning(
+                            "Could not %s pod %s on node %s, whose agent is down (%s): trying "
+                            "again next pass.",
+                            verdict,
+                            _key(pod),
+                            node,
+                            e,
+                        )
+
+    def _act(
+        self, verdict: Verdict, pod: Mapping[str, Any], node: str, since: float, down_for: float
+    ) -> None:
+        metadata = pod.get("metadata") or {}
+        namespace, name, uid = metadata["namespace"], metadata["name"], metadata.get("uid", "")
+        grace = self.rules.grace_seconds
+        if verdict == "mark":
+            when = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            then = (
+                f"; it is deleted, for its controller to replace it elsewhere, if the agent is "
+                f"still down {grace:.0f} s after that"
+                if grace > 0
+                else ""
+            )
+            message = (
+                f"the tritonshare agent of node {node} has not renewed its Lease since {when}: "
+                f"nothing installs, reloads or reports this pod's model there (the node gateway "
+                f"may still serve it for its grace){then}"
+            )
+            self._kube.set_pod_condition(
+                namespace,
+                name,
+                {
+                    "type": self.rules.condition_type,
+                    "status": "Unknown",
+                    "reason": REASON,
+                    "message": message,
+                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                },
+            )
+            self._kube.record_event(
+                namespace,
+                name,
+                uid,
+                reason=EVENT_REASON,
+                message=message,
+                reporting_instance=self._identity,
+            )
+            log.warning("Pod %s/%s: %s.", namespace, name, message)
+            return
+        if not self._bucket.take():
+            return  # the next pass; --agent-down-deletions-per-second
+        self._kube.delete_pod(namespace, name, uid)
+        self.deleted.append(f"{namespace}/{name}")
+        self._kube.record_event(
+            namespace,
+            name,
+            uid,
+            reason=EVENT_REASON,
+            message=(
+                f"deleted: the tritonshare agent of node {node} has been down for "
+                f"{down_for:.0f} s (--agent-down-grace {grace:g}); its controller replaces it"
+            ),
+            reporting_instance=self._identity,
+        )
+        log.warning(
+            "Deleted pod %s/%s: the agent of node %s has been down for %.0f s (grace %g s); its "
+            "controller replaces it on a node with a live agent.",
+            namespace,
+            name,
+            node,
+            down_for,
+            grace,
+        )
+
+
+def _key(pod: Mapping[str, Any]) -> str:
+    metadata = pod.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"

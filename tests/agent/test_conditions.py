@@ -1,0 +1,165 @@
+"""The ModelLoaded condition (agent/conditions.py): what it says for each state of a model, that it
+is written only when its status or reason changes, with a Warning Event when the model is not
+served, and that a tenant installing in a loop gets at most one write per period."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from agent.conditions import REINSTALL_WRITE_SECONDS, ModelConditions, verdict
+from agent.errors import KubeError
+from agent.models import ModelState, ModelStatus
+from agent.placement import Proven
+from agent.pods import PodInfo
+
+CONDITION = "tritonshare.io/ModelLoaded"
+
+
+def proven(name: str = "a", phase: str = "Running", loaded: tuple[str, str] = ("", "")) -> Proven:
+    pod = PodInfo(
+        namespace="models",
+        name=name,
+        uid=f"uid-{name}",
+        node_name="gpu-1",
+        scheduler_name="tritonshare",
+        phase=phase,
+        model_id=f"model_{name}",
+        gpu_uuid="GPU-1",
+        model_loaded=loaded,
+    )
+    return Proven(pod, 1024)
+
+
+class Writer:
+    def __init__(self, fail: bool = False) -> None:
+        self.written: list[tuple[str, str, str]] = []
+        self.fail = fail
+
+    async def set_pod_condition(
+        self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
+    ) -> None:
+        if self.fail:
+            raise KubeError("the Kubernetes API is unreachable")
+        self.written.append((name, status, reason))
+
+
+class Events:
+    def __init__(self) -> None:
+        self.warned: list[tuple[str, str]] = []
+
+    def warn(self, pod_key: str, uid: str, reason: str, message: str) -> None:
+        self.warned.append((pod_key, reason))
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def conditions(
+    states: dict[str, ModelStatus], writer: Writer, events: Events, clock: Clock | None = None
+) -> ModelConditions:
+    async def status_of(p: Proven) -> ModelStatus:
+        return states[p.pod.name]
+
+    return ModelConditions(
+        writer,
+        events,  # type: ignore[arg-type]
+        CONDITION,
+        status_of,
+        clock=clock or Clock(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (ModelState.READY, ("True", "ModelReady")),
+        (ModelState.ABSENT, ("False", "ModelMissing")),
+        (ModelState.INSTALLED, ("False", "ModelNotLoaded")),
+        (ModelState.FAILED, ("False", "ModelFailed")),
+        (ModelState.LOADING, None),
+        (ModelState.UNLOADING, None),
+    ],
+)
+def test_each_state_reads_as_a_condition_or_changes_nothing(
+    state: ModelState, expected: tuple[str, str] | None
+) -> None:
+    said = verdict("m", ModelStatus("m", state, reason="bad config"), triton_live=True)
+    assert (said.status, said.reason) == expected if said else expected is None
+    down = verdict("m", None, triton_live=False)
+    assert down is not None and (down.status, down.reason) == ("False", "TritonUnavailable")
+
+
+async def test_a_missing_model_gets_the_condition_and_an_event_once_then_true_when_back() -> None:
+    writer, events = Writer(), Events()
+    states = {"a": ModelStatus("model_a", ModelState.ABSENT)}
+    watcher = conditions(states, writer, events)
+    await watcher.sync([proven("a")], triton_live=True)
+    assert writer.written == [("a", "False", "ModelMissing")]
+    assert events.warned == [("models/a", "ModelNotServed")]
+    # The watch shows the pod with the condition: nothing more is written.
+    await watcher.sync([proven("a", loaded=("False", "ModelMissing"))], triton_live=True)
+    assert len(writer.written) == 1
+    states["a"] = replace(states["a"], state=ModelState.READY, gpu_uuid="GPU-1")
+    await watcher.sync([proven("a", loaded=("False", "ModelMissing"))], triton_live=True)
+    assert writer.written[-1] == ("a", "True", "ModelReady")
+    assert events.warned == [("models/a", "ModelNotServed")]
+
+
+async def test_pods_in_their_loader_or_being_deleted_are_not_judged() -> None:
+    writer, events = Writer(), Events()
+    states = {"a": ModelStatus("model_a", ModelState.ABSENT)}
+    watcher = conditions(states, writer, events)
+    deleting = proven("a")
+    deleting = Proven(replace(deleting.pod, deleting=True), 1024)
+    await watcher.sync([proven("a", phase="Pending"), deleting], triton_live=True)
+    assert writer.written == [] and events.warned == []
+
+
+async def test_a_failed_write_is_tried_again_next_pass() -> None:
+    writer, events = Writer(fail=True), Events()
+    watcher = conditions({"a": ModelStatus("model_a", ModelState.ABSENT)}, writer, events)
+    await watcher.sync([proven("a")], triton_live=True)
+    assert writer.written == [] and events.warned == []
+    writer.fail = False
+    await watcher.sync([proven("a")], triton_live=True)
+    assert writer.written == [("a", "False", "ModelMissing")]
+
+
+async def test_installing_in_a_loop_writes_at_most_once_per_period() -> None:
+    writer, events, clock = Writer(), Events(), Clock()
+    watcher = conditions({}, writer, events, clock)
+    for _ in range(50):
+        watcher.reinstalling(proven("a"))
+        clock.now += 0.1
+    await asyncio.sleep(0)
+    await watcher.close()
+    assert writer.written == [("a", "False", "ModelMissing")]
+    clock.now += REINSTALL_WRITE_SECONDS
+    watcher.reinstalling(proven("a"))
+    await watcher.close()
+    assert len(writer.written) == 2
+
+
+async def test_a_pod_refused_its_model_id_is_told_why_without_the_owner() -> None:
+    from agent.errors import OwnedByAnotherPodError
+
+    writer, events = Writer(), Events()
+
+    async def status_of(p: Proven) -> ModelStatus:
+        raise OwnedByAnotherPodError(
+            "model id 'm' on this node belongs to another pod",
+            event_reason="ModelOwnedByAnotherPod",
+        )
+
+    watcher = ModelConditions(writer, events, CONDITION, status_of)  # type: ignore[arg-type]
+    await watcher.sync([proven("a")], triton_live=True)
+    await watcher.sync([proven("a", loaded=("False", "ModelOwnedByAnotherPod"))], triton_live=True)
+    assert writer.written == [("a", "False", "ModelOwnedByAnotherPod")]
+    assert events.warned == [("models/a", "ModelNotServed")]
