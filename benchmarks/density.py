@@ -224,7 +224,7 @@ def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None
     cls = state.constraint_class(pod.constraints)
     nodes = cls.nodes
     ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_id)[nodes]
+    ok &= ~state.model_mask(pod.model_key)[nodes]
     candidates = nodes[ok]
     if not candidates.size:
         return None

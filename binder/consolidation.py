@@ -139,7 +139,7 @@ def _eligible(state: ClusterState, pod: PodInfo, now: float) -> npt.NDArray[np.i
     nodes = state.constraint_class(pod.constraints).nodes
     ok = state.lease_expiry[nodes] > now
     if pod.model_id:
-        ok &= ~state.model_mask(pod.model_id)[nodes]
+        ok &= ~state.model_mask(pod.model_key)[nodes]
     return nodes[ok]
 
 
@@ -186,7 +186,7 @@ def _rehomed(
         nodes = state.constraint_class(other.constraints).nodes
         ok = state.lease_expiry[nodes] > now
         if other.model_id:
-            ok &= ~state.model_mask(other.model_id)[nodes] | (nodes == state.index[source])
+            ok &= ~state.model_mask(other.model_key)[nodes] | (nodes == state.index[source])
         nodes = nodes[ok]
         if not nodes.size:
             return False
