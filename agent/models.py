@@ -226,7 +226,9 @@ class Models:
         self.gpu_mem_reserve = gpu_mem_reserve
         self._gpu_locks: dict[str, asyncio.Lock] = {}
         self.clock = clock
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        """Name -> its lock and how many operations hold or await it: a lock lives only while
+        used, so names of pods long gone (every rollout brings new ones) cost nothing."""
         self._records: dict[str, _Record] = {}
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
 
@@ -239,12 +241,22 @@ class Models:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor or self._executor, fn, *args)
 
-    def lock(self, name: str) -> asyncio.Lock:
-        """The lock of the model named `name` in Triton."""
-        return self._locks.setdefault(name, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def lock(self, name: str) -> AsyncIterator[None]:
+        """Hold the lock of the model named `name` in Triton (operations on one model run one
+        after another)."""
+        lock, users = self._locks.setdefault(name, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[name]
 
     def is_busy(self, name: str) -> bool:
-        return self.lock(name).locked()
+        return name in self._locks
 
     def record(self, name: str) -> _Record:
         record = self._records.get(name)

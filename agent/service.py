@@ -47,6 +47,7 @@ def status_to_proto(status: ModelStatus) -> Any:
         gpu_uuid=status.gpu_uuid,
         gpu_index=status.gpu_index,
         pod=status.pod,
+        triton_name=status.triton_name,
     )
 
 

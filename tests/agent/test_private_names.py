@@ -57,6 +57,7 @@ def set_address(api: kubernetes.client.ApiClient, namespace: str, name: str, ip:
 async def serve(
     running: RunningAgent,
     apiserver: RunningApiServer,
+    api: kubernetes.client.ApiClient,
     source: Path,
     namespace: str,
     pod: str,
@@ -70,6 +71,9 @@ async def serve(
     )
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
     assert status.model_id == model_id
+    uid = uid_of(api, namespace, pod)
+    legacy = status.triton_name == model_id
+    assert legacy or status.triton_name == private_triton_name(namespace, model_id, uid)
     return status
 
 
@@ -101,10 +105,8 @@ async def test_a_model_id_equal_to_another_pods_private_name_gets_a_model_of_its
     gpu = running.mock.gpus[0].uuid
     make_pod(kube_api, "victim", MODEL, namespace="team-b", gpu_uuid=gpu)
     victim_name = private_triton_name("team-b", MODEL, uid_of(kube_api, "team-b", "victim"))
-    await serve(
-        running, apiserver, copy_model("add_one", tmp_path / "v", as_name=MODEL), "team-b",
-        "victim", MODEL,
-    )  # fmt: skip
+    source = copy_model("add_one", tmp_path / "v", as_name=MODEL)
+    await serve(running, apiserver, kube_api, source, "team-b", "victim", MODEL)
     assert infer(triton, victim_name) == 2.0
 
     # The attacker names its model after the victim's name in Triton.
@@ -112,10 +114,9 @@ async def test_a_model_id_equal_to_another_pods_private_name_gets_a_model_of_its
     attacker_name = private_triton_name(
         "team-a", victim_name, uid_of(kube_api, "team-a", "attacker")
     )
-    await serve(
-        running, apiserver, attacker_model(tmp_path, victim_name), "team-a", "attacker",
-        victim_name,
-    )  # fmt: skip
+    source = attacker_model(tmp_path, victim_name)
+    status = await serve(running, apiserver, kube_api, source, "team-a", "attacker", victim_name)
+    assert status.triton_name == attacker_name
     assert attacker_name != victim_name
     assert infer(triton, victim_name) == 2.0
     assert infer(triton, attacker_name) == 101.0
@@ -181,13 +182,14 @@ async def test_a_legacy_model_keeps_serving_and_a_tenant_naming_it_cannot_reach_
         metadata=bearer(apiserver.mint_token("team-b", "victim")),
     )
     assert status.state == agent_pb2.MODEL_STATE_READY and status.pod == "team-b/victim"
+    assert status.triton_name == MODEL
 
     # Another team deploys a model of the same id: it gets a model of its own.
     make_pod(kube_api, "attacker", MODEL, namespace="team-a", gpu_uuid=gpu)
     set_address(kube_api, "team-a", "attacker", "127.1.0.6")
     attacker_name = private_triton_name("team-a", MODEL, uid_of(kube_api, "team-a", "attacker"))
     status = await serve(
-        running, apiserver, attacker_model(tmp_path, MODEL), "team-a", "attacker", MODEL
+        running, apiserver, kube_api, attacker_model(tmp_path, MODEL), "team-a", "attacker", MODEL
     )
     assert status.pod == "team-a/attacker"
     assert infer(triton, MODEL) == 2.0
@@ -242,7 +244,7 @@ async def test_two_namespaces_and_two_revisions_run_one_model_id_side_by_side(
         source = copy_model("add_one", tmp_path / pod, as_name=MODEL)
         model_py = source / "1" / "model.py"
         model_py.write_text(model_py.read_text().replace("(data + 1)", f"(data + {10**i})"))
-        status = await serve(running, apiserver, source, namespace, pod, MODEL)
+        status = await serve(running, apiserver, kube_api, source, namespace, pod, MODEL)
         assert status.pod == f"{namespace}/{pod}"
     assert len(set(names.values())) == 3
     assert await ready_in_triton(running) == set(names.values())
@@ -277,12 +279,28 @@ async def test_two_namespaces_and_two_revisions_run_one_model_id_side_by_side(
         key=lambda i: i[0]["model_pod"],
     )
 
+    # The platform lists the three under their names in Triton, and asks for one by that name.
+    make_pod(
+        kube_api, "binder", "-", namespace="tritonshare-system",
+        service_account="tritonshare-binder", scheduler="default-scheduler",
+    )  # fmt: skip
+    platform = bearer(apiserver.mint_token("tritonshare-system", "binder"))
+    listed = await running.stub.ListModels(agent_pb2.ListModelsRequest(), metadata=platform)
+    assert sorted((m.triton_name, m.model_id, m.pod) for m in listed.models) == sorted(
+        (names[pod], MODEL, f"{ns}/{pod}") for ns, pod, _ in pods
+    )
+    one = await running.stub.GetModel(
+        agent_pb2.GetModelRequest(model_id=names["b"]), metadata=platform
+    )
+    assert (one.pod, one.model_id, one.state) == ("team-b/b", MODEL, agent_pb2.MODEL_STATE_READY)
+
     # Each owner sees and unloads only its own model.
     status = await running.stub.GetModel(
         agent_pb2.GetModelRequest(model_id=MODEL),
         metadata=bearer(apiserver.mint_token("team-a", "new")),
     )
     assert status.pod == "team-a/new" and status.state == agent_pb2.MODEL_STATE_READY
+    assert status.triton_name == names["new"]
     status = await unload(running, apiserver, "team-a", "old", MODEL)
     assert status.state == agent_pb2.MODEL_STATE_ABSENT
     assert await ready_in_triton(running) == {names["new"], names["b"]}
@@ -292,7 +310,11 @@ async def test_two_namespaces_and_two_revisions_run_one_model_id_side_by_side(
         agent_pb2.GetModelRequest(model_id=MODEL),
         metadata=bearer(apiserver.mint_token("team-a", "old")),
     )
-    assert status.state == agent_pb2.MODEL_STATE_ABSENT and status.pod == ""
+    assert status.state == agent_pb2.MODEL_STATE_ABSENT
+    assert (status.pod, status.triton_name, status.manifest_digest) == ("", "", "")
+    # No lock is kept for a model that is gone (every rollout brings new names).
+    assert names["old"] not in running.agent.models.known_records()
+    assert not running.agent.models.is_busy(names["old"])
     error = await refused(
         running.stub.ListModels(
             agent_pb2.ListModelsRequest(), metadata=bearer(apiserver.mint_token("team-b", "b"))
