@@ -31,8 +31,9 @@ def test_each_input_changes_the_name() -> None:
 
 def test_inputs_cannot_be_shifted_across_their_boundaries() -> None:
     # Without lengths, ("ab", "c", uid) and ("a", "bc", uid) would hash the same bytes.
-    assert private_triton_name("team-ab", "c", UID)[-DIGEST_HEX:] != (
-        private_triton_name("team-a", "bc", UID)[-DIGEST_HEX:]
+    assert (
+        private_triton_name("team-ab", "c", UID)[-DIGEST_HEX:]
+        != (private_triton_name("team-a", "bc", UID)[-DIGEST_HEX:])
     )
 
 
