@@ -280,10 +280,15 @@ class Models:
         """The name of `owner`'s model in Triton: its public id when the pod installed it before
         private names (a legacy owner record of this very pod under that id), else the pod's
         private name. Another pod's legacy record never lends its name: its uid differs."""
-        legacy = self.owners.get(owner.model_id)
-        if legacy is not None and legacy.uid == owner.uid and legacy.model_id == owner.model_id:
-            return owner.model_id
-        return private_triton_name(owner.namespace, owner.model_id, owner.uid)
+        try:
+            legacy = self.owners.get(owner.model_id)
+            if legacy is not None and legacy.uid == owner.uid and legacy.model_id == owner.model_id:
+                return owner.model_id
+            return private_triton_name(owner.namespace, owner.model_id, owner.uid)
+        except ValueError as e:  # ContractError too
+            raise InvalidRequestError(
+                f"pod {owner.key} names model {owner.model_id!r}, which cannot be served: {e}"
+            ) from e
 
     def public_id(self, name: str) -> str:
         """The public id of the model named `name` in Triton, as far as the agent knows."""

@@ -131,7 +131,7 @@ class Reconciler:
             if (
                 proven is not None
                 and proven.model_id == owner.model_id
-                and self.models.triton_name(proven) == name
+                and self.models.triton_name(proven) == name  # a recorded id is a valid one
             ):
                 wanted[name] = proven
         return wanted
@@ -145,7 +145,10 @@ class Reconciler:
             proven = self.proven(pod)
             if proven is None or proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
                 continue
-            name = self.models.triton_name(proven)
+            try:
+                name = self.models.triton_name(proven)
+            except AgentError:
+                name = ""  # no model of it can be loaded here: its request alone counts
             owner = owners.get(name)
             mine = owner is not None and owner.uid == proven.uid
             held.append(max(proven.request, ledger.measured(name) if mine else 0))
