@@ -164,8 +164,9 @@ class Agent:
             self.kube,
             self.events,
             settings.keys.model_loaded,
-            lambda proven: self.models.status(proven.model_id, proven),
+            self.models.status_for,
         )
+        self.metrics.watch_models(self.reconciler.callers)
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
             self.callers = CallerPublisher(
@@ -230,15 +231,15 @@ class Agent:
         snapshot = await self.node.refresh_gpus()
         return snapshot.by_uuid(uuid) if snapshot is not None else None
 
-    async def _owner_alive(self, owner: OwnerRecord, model_id: str) -> bool:
-        """Whether the recorded owner of `model_id` is still a live pod here, proven for it
-        (read fresh: the watch may lag a pod that was just deleted or replaced)."""
+    async def _owner_alive(self, owner: OwnerRecord) -> bool:
+        """Whether the recorded owner of a model is still a live pod here, proven for its model
+        id (read fresh: the watch may lag a pod that was just deleted or replaced)."""
         obj = await self.kube.get_pod(owner.namespace, owner.name)
         if obj is None:
             return False
         pod = pod_from_dict(obj, self.settings.keys)
         proven = self.reconciler.proven(pod) if pod.uid == owner.uid else None
-        return proven is not None and proven.model_id == model_id
+        return proven is not None and proven.model_id == owner.model_id
 
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings

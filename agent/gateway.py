@@ -1,7 +1,9 @@
 """Keeping the node gateway's caller table (`common.callers`) in step with this node's model pods.
 
 A caller is a pod the agent would act for: a live pod on this node whose placement it can prove,
-that owns its model id here (`Reconciler.wanted`), with an address of its own. A pod on the host
+that owns its model's name in Triton here (`Reconciler.wanted`), with an address of its own. Its
+entry carries that name (`tritonName`) when it is the pod's private one; a model installed before
+private names is served under its public id, and its entry carries none. A pod on the host
 network shares the node's address, as does anything else on the node, so it never qualifies; nor
 does an address two pods claim at once (both are left out: an address that names two pods names
 none). The table is rewritten as soon as the pods or the owners change (coalesced to one write per
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent.placement import Proven
@@ -25,17 +27,19 @@ from common.callers import Caller, CallerTable, write_table
 log = logging.getLogger(__name__)
 
 
-def callers_of(owners: Iterable[Proven]) -> tuple[list[Caller], list[str]]:
-    """The callers among the proven owners, and why the others are left out (for the log)."""
+def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
+    """The callers among the proven owners (by their models' names in Triton), and why the
+    others are left out (for the log)."""
     candidates: dict[str, list[Caller]] = {}
     left_out = []
-    for proven in owners:
+    for name, proven in sorted(owners.items()):
         pod = proven.pod
         if pod.host_network or not pod.pod_ip or pod.pod_ip == pod.host_ip:
             if pod.host_network or pod.pod_ip:
                 left_out.append(f"{pod.key} shares the node's address")
             continue
-        caller = Caller(pod.pod_ip, pod.model_id, pod.key, pod.uid, pod.concurrency)
+        private = "" if name == pod.model_id else name
+        caller = Caller(pod.pod_ip, pod.model_id, pod.key, pod.uid, pod.concurrency, private)
         candidates.setdefault(pod.pod_ip, []).append(caller)
     callers = []
     for address, claimants in sorted(candidates.items()):
@@ -54,7 +58,7 @@ class CallerPublisher:
         self,
         path: Path,
         node_name: str,
-        owners: Callable[[], Iterable[Proven] | None],
+        owners: Callable[[], Mapping[str, Proven] | None],
         *,
         refresh_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
@@ -107,7 +111,11 @@ class CallerPublisher:
         if current != self._last:
             log.info(
                 "Gateway callers: %s.",
-                ", ".join(f"{c.pod} ({c.address}) -> {c.model_id}" for c in current) or "none",
+                ", ".join(
+                    f"{c.pod} ({c.address}) -> {c.model_id} ({c.name_in_triton} in Triton)"
+                    for c in current
+                )
+                or "none",
             )
         self._last = current
 

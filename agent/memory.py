@@ -57,6 +57,8 @@ class Measured:
     """One loaded model on one GPU."""
 
     model_id: str
+    """The model's name in Triton (`agent.models`: its pod's private name, or a legacy id): two
+    pods of one public id are two entries."""
     gpu_uuid: str
     request: int
     bytes: int

@@ -8,11 +8,18 @@ A GPU is labelled as NVIDIA's dcgm-exporter labels it, `gpu` (its index) and `UU
 joins tritonshare's per-model figures with DCGM's per-GPU ones: `... * on(UUID) group_left
 DCGM_FI_DEV_GPU_UTIL`. (Triton's own per-GPU series call the UUID `gpu_uuid`:
 `label_replace(nv_gpu_memory_used_bytes, "UUID", "$1", "gpu_uuid", "(.*)")`.)
+
+A model is labelled `model` by its name in Triton, as Triton's own `nv_*` series label it: a
+pod's private name (`common.tritonname`), or a legacy model's public id. The info series
+`tritonshare_agent_model_info` (always 1) joins that name to the pod's namespace, name and model
+id, so a dashboard shows model ids: `nv_inference_request_success * on(node, model)
+group_left(model_namespace, model_pod, model_id) tritonshare_agent_model_info` (docs/agent.md).
+Its labels are not `namespace` and `pod`: scrapes add those for the node pod itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -20,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from agent.inventory import GpuSnapshot
 from agent.memory import MemoryLedger
+from agent.placement import Proven
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -107,6 +115,22 @@ class _ModelMemoryCollector(Collector):
         yield from (measured, requested, uncertain, unattributed)
 
 
+class _ModelInfoCollector(Collector):
+    def __init__(self, owners: Callable[[], Mapping[str, Proven] | None]) -> None:
+        self._owners = owners
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "tritonshare_agent_model_info",
+            "1 for each model the agent serves: its name in Triton (model, as Triton's nv_* "
+            "series label it) and its pod's namespace, name and model id",
+            labels=["model", "model_namespace", "model_pod", "model_id"],
+        )
+        for name, owner in sorted((self._owners() or {}).items()):
+            info.add_metric([name, owner.namespace, owner.pod.name, owner.model_id], 1)
+        yield info
+
+
 class AgentMetrics:
     """Every metric the agent exports."""
 
@@ -189,6 +213,11 @@ class AgentMetrics:
     ) -> None:
         """Export each loaded model's measured memory and each GPU's unattributed rest."""
         self.registry.register(_ModelMemoryCollector(ledger, snapshot))
+
+    def watch_models(self, owners: Callable[[], Mapping[str, Proven] | None]) -> None:
+        """Export the info series of each served model, read from `owners()` (by name in
+        Triton) at scrape time."""
+        self.registry.register(_ModelInfoCollector(owners))
 
     def watch_gpus(
         self, snapshot: Callable[[], GpuSnapshot | None], loaded: Callable[[], dict[str, int]]

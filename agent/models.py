@@ -6,9 +6,17 @@ while different models proceed in parallel. File work (writing, hashing, fsync, 
 the agent's own small thread pool so the event loop keeps answering health checks and other
 models.
 
-Ownership is decided here, under the model's lock: a model id belongs to one pod uid at a time
-(`agent.ownership`). A pod with a proven placement (`agent.placement`) claims a free id, or one
-whose previous owner is gone, and whatever that owner left (files, a loaded model) is removed
+Each pod's model has a name of its own in Triton, which is also its repository directory, its
+owner record's key, its lock and its memory figure's key: the pod's private name
+(`common.tritonname`, from its namespace, model id and uid), or, for a model installed before
+private names, its public id for as long as the pod that installed it lives (its owner record
+says so: `triton_name`). So two pods of one model id (two namespaces, or two revisions of a
+rollout) each have their own model, and a tenant's choice of model id never names another's.
+Callers name the model by its public id; the agent finds the name from the caller's pod.
+
+Ownership is decided here, under the name's lock: a name belongs to one pod uid at a time
+(`agent.ownership`). A pod with a proven placement (`agent.placement`) claims its free name, or
+one whose previous owner is gone, and whatever that owner left (files, a loaded model) is removed
 first; any other pod is refused without learning who the owner is. Installs are bounded: a size
 limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
 declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
@@ -63,6 +71,7 @@ from agent.repository import Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
 from common.manifest import Manifest
+from common.tritonname import private_triton_name
 from protos import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -86,12 +95,15 @@ class ModelStatus:
     """What the agent reports about one model."""
 
     model_id: str
+    """The public id, as the pod's clients name the model."""
     state: ModelState
     reason: str = ""
     manifest_digest: str = ""
     gpu_uuid: str = ""
     gpu_index: int = -1
     pod: str = ""
+    triton_name: str = ""
+    """The model's name in Triton (its pod's private name, or a legacy model's public id)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,8 @@ class InstallResult:
 class _Record:
     """What the agent remembers about a model beyond the disk and Triton."""
 
+    model_id: str = ""
+    """The public id, once an owner acted on the model (for status and logs)."""
     busy: ModelState | None = None  # LOADING or UNLOADING while an operation runs
     failure: str = ""
     failed_at: float = 0.0
@@ -119,9 +133,9 @@ class _Record:
 
 
 Chunk = tuple[str, int, bytes]
-OwnerCheck = Callable[[OwnerRecord, str], Awaitable[bool]]
-"""Whether the recorded owner of a model id (the record, the model id) is still a live pod on
-this node with a proven placement for it; raises KubeError when that cannot be told."""
+OwnerCheck = Callable[[OwnerRecord], Awaitable[bool]]
+"""Whether the recorded owner of a model is still a live pod on this node with a proven
+placement for the record's model id; raises KubeError when that cannot be told."""
 GpuRead = Callable[[str], Awaitable[GpuInfo | None]]
 """A fresh NVML reading of one GPU, by UUID (None when it is not on the node)."""
 Booked = Callable[[str, str], list[int]]
@@ -212,7 +226,9 @@ class Models:
         self.gpu_mem_reserve = gpu_mem_reserve
         self._gpu_locks: dict[str, asyncio.Lock] = {}
         self.clock = clock
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        """Name -> its lock and how many operations hold or await it: a lock lives only while
+        used, so names of pods long gone (every rollout brings new ones) cost nothing."""
         self._records: dict[str, _Record] = {}
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
 
@@ -225,74 +241,117 @@ class Models:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor or self._executor, fn, *args)
 
-    def lock(self, model_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(model_id, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def lock(self, name: str) -> AsyncIterator[None]:
+        """Hold the lock of the model named `name` in Triton (operations on one model run one
+        after another)."""
+        lock, users = self._locks.setdefault(name, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[name]
 
-    def is_busy(self, model_id: str) -> bool:
-        return self.lock(model_id).locked()
+    def is_busy(self, name: str) -> bool:
+        return name in self._locks
 
-    def record(self, model_id: str) -> _Record:
-        record = self._records.get(model_id)
+    def record(self, name: str) -> _Record:
+        record = self._records.get(name)
         if record is None:
-            record = self._records[model_id] = _Record(last_activity=self.clock())
+            record = self._records[name] = _Record(last_activity=self.clock())
         return record
 
     def known_records(self) -> dict[str, _Record]:
+        """What the agent remembers, by the model's name in Triton."""
         return dict(self._records)
 
-    def _touch(self, model_id: str) -> _Record:
-        record = self.record(model_id)
+    def _touch(self, name: str, owner: Proven | None = None) -> _Record:
+        record = self.record(name)
         record.last_activity = self.clock()
+        if owner is not None:
+            record.model_id = owner.model_id
         return record
 
-    # Ownership.
-    async def _claim_locked(self, model_id: str, owner: Proven) -> OwnerRecord:
-        """The owner record for `owner`, claiming the id if it is free or its owner is gone;
-        OwnedByAnotherPodError while another live pod owns it. Holds the model's lock."""
-        owned = self.owners.get(model_id)
+    # Names and ownership.
+    def triton_name(self, owner: Proven) -> str:
+        """The name of `owner`'s model in Triton: its public id when the pod installed it before
+        private names (a legacy owner record of this very pod under that id), else the pod's
+        private name. Another pod's legacy record never lends its name: its uid differs."""
+        try:
+            legacy = self.owners.get(owner.model_id)
+            if legacy is not None and legacy.uid == owner.uid and legacy.model_id == owner.model_id:
+                return owner.model_id
+            return private_triton_name(owner.namespace, owner.model_id, owner.uid)
+        except ValueError as e:  # ContractError too
+            raise InvalidRequestError(
+                f"pod {owner.key} names model {owner.model_id!r}, which cannot be served: {e}"
+            ) from e
+
+    def public_id(self, name: str) -> str:
+        """The public id of the model named `name` in Triton, as far as the agent knows."""
+        record = self._records.get(name)
+        owned = self.owners.get(name)
+        return (record.model_id if record else "") or (owned.model_id if owned else "") or name
+
+    @staticmethod
+    def _name_check(model_id: str, owner: Proven) -> None:
+        if model_id != owner.model_id:
+            # The authorizer allows a pod only its annotated model; this is a programming error.
+            raise InvalidRequestError(
+                f"pod {owner.key} acts for model {owner.model_id!r}, not {model_id!r}"
+            )
+
+    async def _claim_locked(self, name: str, owner: Proven) -> OwnerRecord:
+        """The owner record for `owner`, claiming its name if it is free or its owner is gone;
+        OwnedByAnotherPodError while another live pod owns it. Holds the name's lock."""
+        owned = self.owners.get(name)
         if owned is not None and owned.uid == owner.uid:
             return owned
-        if owned is not None and await self._owner_alive(owned, model_id):
-            raise self._owned_elsewhere(model_id)
-        if await self._holds_anything(model_id):
+        if owned is not None and await self._owner_alive(owned):
+            raise self._owned_elsewhere(owner.model_id)
+        if await self._holds_anything(name):
             # Nothing another pod left (or nobody installed) may serve the new owner.
             await self._unload_locked(
-                model_id,
-                f"its id is claimed by pod {owner.key}; "
+                name,
+                f"its name is claimed by pod {owner.key}; "
                 + ("its previous owner is gone" if owned else "no owner vouches for it"),
             )
-        claimed = OwnerRecord(owner.uid, owner.key)
-        self.owners.put(model_id, claimed)
+        claimed = OwnerRecord(owner.uid, owner.key, owner.model_id)
+        self.owners.put(name, claimed)
         log.info(
-            "Model id %s on this node now belongs to pod %s.",
-            model_id,
+            "Model %s of pod %s is named %s in Triton on this node.",
+            owner.model_id,
             owner.key,
-            extra=subject(pod=owner.key, model=model_id),
+            name,
+            extra=subject(pod=owner.key, model=owner.model_id),
         )
         return claimed
 
-    async def _check_owner(self, model_id: str, owner: Proven) -> bool:
-        """True when `owner` owns the id; False when nobody alive does (nothing of it is the
+    async def _check_owner(self, name: str, owner: Proven) -> bool:
+        """True when `owner` owns the name; False when nobody alive does (nothing of it is the
         caller's); OwnedByAnotherPodError when another live pod does."""
-        owned = self.owners.get(model_id)
+        owned = self.owners.get(name)
         if owned is not None and owned.uid == owner.uid:
             return True
-        if owned is not None and await self._owner_alive(owned, model_id):
-            raise self._owned_elsewhere(model_id)
+        if owned is not None and await self._owner_alive(owned):
+            raise self._owned_elsewhere(owner.model_id)
         return False
 
     @staticmethod
     def _owned_elsewhere(model_id: str) -> OwnedByAnotherPodError:
         return OwnedByAnotherPodError(
-            f"model id {model_id!r} on this node belongs to another pod; give the model another "
-            f"id, or run it when that pod is gone",
+            f"model {model_id!r}'s name in Triton on this node belongs to another pod; delete "
+            f"this pod so that it is created again, or run it when that pod is gone",
             event_reason="ModelOwnedByAnotherPod",
         )
 
-    async def _holds_anything(self, model_id: str) -> bool:
-        if self.repository.model_dir(model_id).exists():
+    async def _holds_anything(self, name: str) -> bool:
+        if self.repository.model_dir(name).exists():
             return True
-        entry = await self.triton.state(model_id)
+        entry = await self.triton.state(name)
         return entry is not None and entry.state in (READY, LOADING, UNLOADING)
 
     # Install.
@@ -302,8 +361,10 @@ class Models:
         """Write the streamed files to staging, verify, fsync and rename into the repository.
 
         A manifest identical to the one installed for the same owner returns at once
-        (`unchanged`), reading no chunk: a restarted pod does not resend gigabytes.
+        (`unchanged`), reading no chunk: a restarted pod does not resend gigabytes. The files go
+        under the owner's name in Triton (`triton_name`).
         """
+        self._name_check(model_id, owner)
         started = self.clock()
         if manifest.total_bytes > self.max_model_bytes:
             raise ResourceExhaustedError(
@@ -312,25 +373,32 @@ class Models:
                 f"ask the operator to raise the limit"
             )
         self.policy.check_files(model_id, [e.path for e in manifest.files], owner.namespace)
-        async with self.lock(model_id):
-            record = self._touch(model_id)
-            owned = await self._claim_locked(model_id, owner)
+        name = self.triton_name(owner)
+        async with self.lock(name):
+            record = self._touch(name, owner)
+            owned = await self._claim_locked(name, owner)
             record.pod = owner.key
-            installed = self.repository.installed_manifest(model_id)
+            installed = self.repository.installed_manifest(name)
             if (
                 installed is not None
                 and installed.digest == manifest.digest == owned.digest
-                and await self._in_thread(self.repository.is_intact, model_id, installed)
+                and await self._in_thread(self.repository.is_intact, name, installed)
             ):
-                log.info("Model %s is already installed with this manifest.", model_id)
+                log.info(
+                    "Model %s of pod %s is already installed with this manifest.",
+                    model_id,
+                    owner.key,
+                )
                 self.metrics.installs.labels("unchanged").inc()
                 return InstallResult(model_id, manifest.digest, True, 0)
             if installed is not None and installed.digest == owned.digest:
                 log.warning(
-                    "Model %s on disk no longer matches its manifest: reinstalling it.", model_id
+                    "Model %s of pod %s on disk no longer matches its manifest: reinstalling it.",
+                    model_id,
+                    owner.key,
                 )
-            if installed is not None or self.repository.model_dir(model_id).exists():
-                entry = await self.triton.state(model_id)
+            if installed is not None or self.repository.model_dir(name).exists():
+                entry = await self.triton.state(name)
                 if entry is not None and entry.state in (READY, LOADING):
                     raise ConflictError(
                         f"model {model_id!r} is loaded with other files (manifest "
@@ -340,28 +408,27 @@ class Models:
             # Its own thread: one tenant's slow disk writes never queue another's.
             writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-install")
             try:
-                result = await self._install_locked(
-                    model_id, manifest, chunks, owner, writer, started
-                )
+                result = await self._install_locked(name, manifest, chunks, owner, writer, started)
             finally:
                 # Every write was awaited, so the thread is idle: joining it takes a moment, and
                 # no install leaves a thread behind.
                 writer.shutdown(wait=True)
-            self.owners.put(model_id, owned.installed(manifest.digest))
+            self.owners.put(name, owned.installed(manifest.digest))
             record.failure = ""
             return result
 
     async def _install_locked(
         self,
-        model_id: str,
+        name: str,
         manifest: Manifest,
         chunks: AsyncIterator[Chunk],
         owner: Proven,
         writer: Executor,
         started: float,
     ) -> InstallResult:
+        model_id = owner.model_id
         staging = await self._in_thread(
-            self.repository.begin, model_id, manifest, owner.namespace, executor=writer
+            self.repository.begin, name, manifest, owner.namespace, model_id, executor=writer
         )
         try:
             try:
@@ -374,6 +441,8 @@ class Models:
                     f"kept, send it again on a faster link"
                 ) from e
             await self._in_thread(staging.finish, executor=writer)
+            # The config names the public id (or nothing); loads override it with the name in
+            # Triton, which Triton requires to be the directory's.
             config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
             config = parse_config(config_text, model_id)
             self.policy.check_config(config, model_id, owner.namespace)
@@ -471,46 +540,56 @@ class Models:
     async def load(self, model_id: str, owner: Proven) -> ModelStatus:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
         FAILED with Triton's reason."""
-        async with self.lock(model_id):
-            owned = await self._claim_locked(model_id, owner)
-            return await self._load_locked(model_id, owner, owned)
+        self._name_check(model_id, owner)
+        name = self.triton_name(owner)
+        async with self.lock(name):
+            owned = await self._claim_locked(name, owner)
+            return await self._load_locked(name, owner, owned)
 
-    async def _load_locked(self, model_id: str, owner: Proven, owned: OwnerRecord) -> ModelStatus:
-        record = self._touch(model_id)
+    async def _load_locked(self, name: str, owner: Proven, owned: OwnerRecord) -> ModelStatus:
+        model_id = owner.model_id
+        record = self._touch(name, owner)
         record.pod = owner.key
-        manifest = self.repository.installed_manifest(model_id)
+        manifest = self.repository.installed_manifest(name)
         if manifest is None or manifest.digest != owned.digest:
             raise NotFoundError(
                 f"model {model_id!r} is not installed on this node for pod {owner.key}; install "
                 f"it (InstallModel) before loading"
             )
         uuid, index = self._gpu_for(model_id, owner.gpu_uuid)
-        config_path = self.repository.model_dir(model_id) / "config.pbtxt"
+        config_path = self.repository.model_dir(name) / "config.pbtxt"
         config = parse_config(config_path.read_text(errors="replace"), model_id)
         self.policy.check_config(config, model_id, owner.namespace)
         pin = self._pin(index)
-        override = override_json(pinned_config(config, model_id, pin))
-        entry = await self.triton.state(model_id)
+        # Triton requires the config's name to be the directory's: the name in Triton.
+        override = override_json(pinned_config(config, name, pin))
+        entry = await self.triton.state(name)
         if (
             entry is not None
             and entry.state == READY
             and record.want_loaded
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
-            return self._status(model_id, entry, manifest)
+            return self._status(name, entry, manifest)
         record.busy = ModelState.LOADING
         record.gpu_uuid, record.gpu_index = uuid, index
         record.want_loaded = True
         started = self.clock()
         try:
-            await self._load_measured(model_id, override, owner, uuid, index)
+            await self._load_measured(name, override, owner, uuid, index)
         except TritonUnreachableError:
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise
         except TritonError as e:
             record.failure, record.failed_at = str(e), self.clock()
             self.metrics.load_failures.labels("triton_rejected").inc()
-            log.warning("Model %s failed to load: %s", model_id, e, extra=subject(model=model_id))
+            log.warning(
+                "Model %s of pod %s failed to load: %s",
+                model_id,
+                owner.key,
+                e,
+                extra=subject(pod=owner.key, model=model_id),
+            )
         except ResourceExhaustedError:
             record.want_loaded = False
             self.metrics.gpu_memory_refusals.inc()
@@ -520,23 +599,26 @@ class Models:
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
             log.info(
-                "Model %s is loaded in Triton on %s.",
+                "Model %s of pod %s is loaded in Triton as %s on %s.",
                 model_id,
+                owner.key,
+                name,
                 f"GPU {index} ({uuid})" if pin is not None else "the CPU",
             )
         finally:
             record.busy = None
-        return self._status(model_id, await self.triton.state(model_id), manifest)
+        return self._status(name, await self.triton.state(name), manifest)
 
     async def _load_measured(
-        self, model_id: str, override: str, owner: Proven, uuid: str, index: int
+        self, name: str, override: str, owner: Proven, uuid: str, index: int
     ) -> None:
         """Load, admitted and measured when the model's GPU can be read: one load or unload at
         a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
         since its last reading is observed first, so what grew before the load is not billed
         to it (`agent.memory` decides whose the window's growth is)."""
+        model_id = owner.model_id
         if self._read_gpu is None or not uuid or index < 0:
-            await self.triton.load(model_id, override)
+            await self.triton.load(name, override)
             return
         async with self._gpu_window(uuid) as before:
             if before is not None:
@@ -552,12 +634,12 @@ class Models:
                         f"the pod stays unloaded, delete it so the binder places it again",
                         event_reason="InsufficientGPUMemory",
                     )
-            await self.triton.load(model_id, override)
+            await self.triton.load(name, override)
             after = await self._read_gpu(uuid)
-            reported = await self.triton.gpu_memory(model_id, index)
+            reported = await self.triton.gpu_memory(name, index)
             if before is not None and after is not None:
                 entry, rest = self.ledger.record_load(
-                    model_id,
+                    name,
                     uuid,
                     owner.request,
                     before.memory_used,
@@ -565,8 +647,9 @@ class Models:
                     reported,
                 )
                 log.info(
-                    "Model %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
+                    "Model %s of pod %s uses %d bytes of GPU %d (%s) by %s; it asked for %d.",
                     model_id,
+                    owner.key,
                     entry.bytes,
                     index,
                     uuid,
@@ -599,87 +682,96 @@ class Models:
             self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
             log.warning("%s.", describe(growth))
 
-    async def _unload_measured(self, model_id: str) -> None:
+    async def _unload_measured(self, name: str) -> None:
         """Unload and wait until Triton has; on a measured GPU, one load or unload at a time,
         read before and after so that what it did not free stays unexplained."""
-        entry = self.ledger.models.get(model_id)
+        entry = self.ledger.models.get(name)
         if entry is None or self._read_gpu is None:
-            await self.triton.unload(model_id)
-            await self.triton.wait_unloaded(model_id, self.unload_timeout)
+            await self.triton.unload(name)
+            await self.triton.wait_unloaded(name, self.unload_timeout)
             return
         uuid = entry.gpu_uuid
         async with self._gpu_window(uuid) as before:
-            await self.triton.unload(model_id)
-            await self.triton.wait_unloaded(model_id, self.unload_timeout)
+            await self.triton.unload(name)
+            await self.triton.wait_unloaded(name, self.unload_timeout)
             after = await self._read_gpu(uuid)
             if before is not None and after is not None:
-                self.ledger.record_unload(model_id, before.memory_used, after.memory_used)
+                self.ledger.record_unload(name, before.memory_used, after.memory_used)
 
     def _pin(self, gpu_index: int) -> int | None:
         return None if self.cpu_only or gpu_index < 0 else gpu_index
 
     # Unload.
-    async def unload(
-        self, model_id: str, *, owner: Proven | None = None, reason: str = "requested"
-    ) -> ModelStatus:
-        """Unload from Triton, wait until UNAVAILABLE, remove the files and the owner record.
-        With `owner`, only the owner's model is unloaded: an id nobody alive owns is reported
-        ABSENT untouched (the reconciler removes what is left), another's is refused."""
-        async with self.lock(model_id):
-            if owner is not None and not await self._check_owner(model_id, owner):
-                return ModelStatus(model_id, ModelState.ABSENT)
-            return await self._unload_locked(model_id, reason)
+    async def unload_for(self, owner: Proven, *, reason: str) -> ModelStatus:
+        """Unload the owner's model (by its name in Triton) as `unload` does. A name nobody
+        alive owns is reported ABSENT untouched (the reconciler removes what is left); one
+        another live pod owns is refused."""
+        name = self.triton_name(owner)
+        async with self.lock(name):
+            if not await self._check_owner(name, owner):
+                return ModelStatus(owner.model_id, ModelState.ABSENT)
+            return await self._unload_locked(name, reason)
+
+    async def unload(self, name: str, *, reason: str) -> ModelStatus:
+        """Unload the model named `name` in Triton, wait until UNAVAILABLE, remove its files and
+        its owner record: the agent's own decision (an orphan, an eviction), never a pod's."""
+        async with self.lock(name):
+            return await self._unload_locked(name, reason)
 
     async def _unload_locked(
-        self, model_id: str, reason: str, *, keep_files: bool = False
+        self, name: str, reason: str, *, keep_files: bool = False
     ) -> ModelStatus:
-        record = self._touch(model_id)
+        model_id = self.public_id(name)
+        record = self._touch(name)
         record.want_loaded = False
         record.busy = ModelState.UNLOADING
         started = self.clock()
         try:
-            entry = await self.triton.state(model_id)
+            entry = await self.triton.state(name)
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
-                await self._unload_measured(model_id)
-            if not keep_files and self.repository.model_dir(model_id).exists():
-                await self._in_thread(self.repository.remove, model_id)
+                await self._unload_measured(name)
+            if not keep_files and self.repository.model_dir(name).exists():
+                await self._in_thread(self.repository.remove, name)
         except AgentError as e:
             self.metrics.unload_failures.labels(e.reason).inc()
             raise
         finally:
             record.busy = None
         self.metrics.unload_seconds.observe(self.clock() - started)
-        self.ledger.forget(model_id)
+        self.ledger.forget(name)
         if keep_files:
             log.info(
-                "Model %s is unloaded; its files stay (%s).",
+                "Model %s (%s in Triton) is unloaded; its files stay (%s).",
                 model_id,
+                name,
                 reason,
                 extra=subject(model=model_id),
             )
-            return ModelStatus(model_id, ModelState.INSTALLED)
+            return ModelStatus(model_id, ModelState.INSTALLED, triton_name=name)
         log.info(
-            "Model %s is unloaded and its files removed (%s).",
+            "Model %s (%s in Triton) is unloaded and its files removed (%s).",
             model_id,
+            name,
             reason,
             extra=subject(model=model_id),
         )
-        self._records.pop(model_id, None)
-        self.owners.drop(model_id)
+        self._records.pop(name, None)
+        self.owners.drop(name)
         return ModelStatus(model_id, ModelState.ABSENT)
 
     # Status.
     def _status(
-        self, model_id: str, entry: IndexEntry | None, manifest: Manifest | None
+        self, name: str, entry: IndexEntry | None, manifest: Manifest | None
     ) -> ModelStatus:
-        record = self._records.get(model_id) or _Record()
+        record = self._records.get(name) or _Record()
         base = ModelStatus(
-            model_id=model_id,
+            model_id=self.public_id(name),
             state=ModelState.ABSENT,
             manifest_digest=manifest.digest if manifest else "",
             gpu_uuid=record.gpu_uuid,
             gpu_index=record.gpu_index,
             pod=record.pod,
+            triton_name=name,
         )
         if record.busy is not None:
             return replace(base, state=record.busy)
@@ -696,15 +788,20 @@ class Models:
             return replace(base, state=ModelState.INSTALLED)
         return base
 
-    async def status(self, model_id: str, owner: Proven | None = None) -> ModelStatus:
-        """The model's status; with `owner`, only the owner learns anything of it."""
-        if owner is not None and not await self._check_owner(model_id, owner):
-            return ModelStatus(model_id, ModelState.ABSENT)
-        entry = await self.triton.state(model_id)
-        return self._status(model_id, entry, self.repository.installed_manifest(model_id))
+    async def status_for(self, owner: Proven) -> ModelStatus:
+        """The status of the owner's model; a pod that does not own its name learns nothing."""
+        name = self.triton_name(owner)
+        if not await self._check_owner(name, owner):
+            return ModelStatus(owner.model_id, ModelState.ABSENT)
+        return await self.status(name)
+
+    async def status(self, name: str) -> ModelStatus:
+        """The status of the model named `name` in Triton (the platform's view)."""
+        entry = await self.triton.state(name)
+        return self._status(name, entry, self.repository.installed_manifest(name))
 
     async def statuses(self) -> list[ModelStatus]:
-        """Every model on disk, in Triton, or remembered (a failure), sorted by id."""
+        """Every model on disk, in Triton, or remembered (a failure), sorted by name in Triton."""
         index = await self.triton.index()
         names = set(self.repository.installed_models()) | set(self._records)
         names |= {name for name, entry in index.items() if entry.state in (READY, LOADING)}
@@ -721,53 +818,53 @@ class Models:
                 counts[record.gpu_uuid] = counts.get(record.gpu_uuid, 0) + 1
         return counts
 
-    async def vouch(self, model_id: str, owner: Proven) -> str:
-        """Why the agent cannot vouch that what Triton runs as `model_id` is the owner's model
-        as it installed it, pinned to the owner's GPU; "" when it can."""
-        owned = self.owners.get(model_id)
-        if owned is None or owned.uid != owner.uid:
+    async def vouch(self, name: str, owner: Proven) -> str:
+        """Why the agent cannot vouch that what Triton runs as `name` is the owner's model as it
+        installed it, pinned to the owner's GPU; "" when it can."""
+        owned = self.owners.get(name)
+        if owned is None or owned.uid != owner.uid or name != self.triton_name(owner):
             return "the agent never installed it for this pod"
-        manifest = self.repository.installed_manifest(model_id)
+        manifest = self.repository.installed_manifest(name)
         if manifest is None or manifest.digest != owned.digest:
             return "the files on disk are not the ones the agent installed"
-        if not await self._in_thread(self.repository.is_intact, model_id, manifest):
+        if not await self._in_thread(self.repository.is_intact, name, manifest):
             return "the files on disk were changed after the agent installed them"
         try:
-            _, index = self._gpu_for(model_id, owner.gpu_uuid)
+            _, index = self._gpu_for(owner.model_id, owner.gpu_uuid)
         except AgentError as e:
             return str(e)
-        config = await self.triton.config(model_id)
+        config = await self.triton.config(name)
         if config is None or not pinned_as(config, self._pin(index)):
             return "Triton runs it with instances that are not pinned to the pod's GPU"
         return ""
 
-    def files_vouched(self, model_id: str, owner: Proven) -> bool:
+    def files_vouched(self, name: str, owner: Proven) -> bool:
         """True when the installed files are those the agent installed for `owner`."""
-        owned = self.owners.get(model_id)
-        manifest = self.repository.installed_manifest(model_id)
+        owned = self.owners.get(name)
+        manifest = self.repository.installed_manifest(name)
         return (
             owned is not None
             and owned.uid == owner.uid
             and manifest is not None
             and manifest.digest == owned.digest
-            and self.repository.is_intact(model_id, manifest)
+            and self.repository.is_intact(name, manifest)
         )
 
-    async def evict_unvouched(self, model_id: str, owner: Proven, why: str) -> None:
+    async def evict_unvouched(self, name: str, owner: Proven, why: str) -> None:
         """Take out of Triton what the agent cannot vouch for; keep the owner's files when they
         are the ones it installed (the reconciler then loads them again), else remove them."""
-        async with self.lock(model_id):
-            keep = self.files_vouched(model_id, owner)
-            record = self.record(model_id)
+        async with self.lock(name):
+            keep = self.files_vouched(name, owner)
+            record = self.record(name)
             record.want_loaded = keep
-            await self._unload_locked(model_id, f"Triton ran it unvouched: {why}", keep_files=keep)
-            if not keep and self.owners.get(model_id) is None:
-                # The owner keeps its id (its loader has finished): it must reinstall.
-                self.owners.put(model_id, OwnerRecord(owner.uid, owner.key))
+            await self._unload_locked(name, f"Triton ran it unvouched: {why}", keep_files=keep)
+            if not keep and self.owners.get(name) is None:
+                # The owner keeps its name (its loader has finished): it must reinstall.
+                self.owners.put(name, OwnerRecord(owner.uid, owner.key, owner.model_id))
 
-    def adopt(self, model_id: str, owner: Proven) -> None:
+    def adopt(self, name: str, owner: Proven) -> None:
         """Take over a model Triton already runs, vouched for, after an agent restart."""
-        record = self.record(model_id)
+        record = self._touch(name, owner)
         record.want_loaded = True
         record.vouched_at = self.clock()
         record.pod = owner.key
@@ -776,4 +873,4 @@ class Models:
         gpu = snapshot.by_uuid(owner.gpu_uuid) if snapshot and owner.gpu_uuid else None
         record.gpu_index = gpu.index if gpu else -1
         if gpu is not None:
-            self.ledger.adopt(model_id, gpu.uuid, owner.request)
+            self.ledger.adopt(name, gpu.uuid, owner.request)

@@ -1,7 +1,10 @@
 """Keeping Triton and the repository in line with the pods bound to this node.
 
 A model is wanted when its owner (`agent.ownership`) is a live pod on this node whose placement
-is proved (`agent.placement`); pods without a proof want nothing, whatever their annotations say.
+is proved (`agent.placement`) and whose model has that name in Triton (`Models.triton_name`: its
+private name, or a legacy model's public id); pods without a proof want nothing, whatever their
+annotations say. Models are keyed here by their names in Triton, never by public ids, which two
+pods may share.
 On every change of this node's pods (the watch) and every resync period:
 - a model no such pod wants (its pod crashed, was force-deleted, never called unload, lost its
   proof, or nobody ever installed it through the agent) is unloaded and its files and owner
@@ -107,9 +110,10 @@ class Reconciler:
         if self.on_pods is not None:
             self.on_pods()
 
-    def callers(self) -> list[Proven] | None:
-        """The proven owners, once the pods are listed (the gateway's caller table)."""
-        return list(self.wanted().values()) if self.synced else None
+    def callers(self) -> dict[str, Proven] | None:
+        """The proven owners by their models' names in Triton, once the pods are listed (the
+        gateway's caller table, the metrics' model info)."""
+        return self.wanted() if self.synced else None
 
     def proven(self, pod: PodInfo) -> Proven | None:
         """The pod with its proof, when it is a live tritonshare pod placed on this node."""
@@ -118,14 +122,18 @@ class Reconciler:
         return self.verifier.proven(pod)
 
     def wanted(self) -> dict[str, Proven]:
-        """Model id -> its owner, for every owner that is a live, proven pod wanting it."""
+        """Name in Triton -> its owner, for every owner that is a live, proven pod wanting it."""
         by_uid = {pod.uid: pod for pod in self.pods.values()}
         wanted = {}
-        for model, owner in self.models.owners.all().items():
+        for name, owner in self.models.owners.all().items():
             pod = by_uid.get(owner.uid)
             proven = self.proven(pod) if pod is not None else None
-            if proven is not None and proven.model_id == model:
-                wanted[model] = proven
+            if (
+                proven is not None
+                and proven.model_id == owner.model_id
+                and self.models.triton_name(proven) == name  # a recorded id is a valid one
+            ):
+                wanted[name] = proven
         return wanted
 
     def booked(self, gpu_uuid: str, except_uid: str) -> list[int]:
@@ -137,9 +145,13 @@ class Reconciler:
             proven = self.proven(pod)
             if proven is None or proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
                 continue
-            owner = owners.get(proven.model_id)
+            try:
+                name = self.models.triton_name(proven)
+            except AgentError:
+                name = ""  # no model of it can be loaded here: its request alone counts
+            owner = owners.get(name)
             mine = owner is not None and owner.uid == proven.uid
-            held.append(max(proven.request, ledger.measured(proven.model_id) if mine else 0))
+            held.append(max(proven.request, ledger.measured(name) if mine else 0))
         return held
 
     async def reconcile_once(self) -> None:
@@ -153,28 +165,28 @@ class Reconciler:
         running = {name for name, e in index.items() if e.state in (READY, LOADING)}
         owned = set(models.owners.all())
         now = self._clock()
-        # One action per model and pass: two (a recheck and an eviction, say) would race for it.
+        # One action per name and pass: two (a recheck and an eviction, say) would race for it.
         work: dict[str, Coroutine[Any, Any, None]] = {}
-        for model in sorted((on_disk | running | owned) - set(wanted)):
-            if models.is_busy(model):
+        for name in sorted((on_disk | running | owned) - set(wanted)):
+            if models.is_busy(name):
                 continue
-            if now - models.record(model).last_activity < self.orphan_grace_seconds:
+            if now - models.record(name).last_activity < self.orphan_grace_seconds:
                 continue
-            work[model] = self._remove_orphan(model)
+            work[name] = self._remove_orphan(name)
         records = models.known_records()
-        for model, pod in sorted(wanted.items()):
-            if models.is_busy(model):
+        for name, pod in sorted(wanted.items()):
+            if models.is_busy(name):
                 continue
-            entry = index.get(model)
-            record = records.get(model)
+            entry = index.get(name)
+            record = records.get(name)
             if entry is not None and entry.state == READY:
                 if record is None or not record.want_loaded:
-                    work[model] = self._adopt(model, pod)
+                    work[name] = self._adopt(name, pod)
                 elif now - record.vouched_at >= self.resync_seconds:
-                    work[model] = self._recheck(model, pod)
+                    work[name] = self._recheck(name, pod)
                 continue
             should_run = (record is not None and record.want_loaded) or pod.pod.running
-            if model not in on_disk or not should_run:
+            if name not in on_disk or not should_run:
                 continue
             if (
                 record is not None
@@ -182,71 +194,71 @@ class Reconciler:
                 and now - record.failed_at < self.resync_seconds
             ):
                 continue
-            work[model] = self._reload(model, pod)
+            work[name] = self._reload(name, pod)
         for over in self.models.ledger.over():
-            model = over.model.model_id
-            owner = wanted.get(model)
-            if owner is None or models.is_busy(model):
+            name = over.model.model_id
+            owner = wanted.get(name)
+            if owner is None or models.is_busy(name):
                 continue
-            rival = work.pop(model, None)
+            rival = work.pop(name, None)
             if rival is not None:
                 rival.close()  # never started; enforcing the limit comes first
-            work[model] = self._enforce(model, owner, over)
+            work[name] = self._enforce(name, owner, over)
         self._warned &= {e.model.model_id for e in self.models.ledger.over()}
         if work:
             await asyncio.gather(*work.values())
         self.passes += 1
 
-    async def _remove_orphan(self, model: str) -> None:
+    async def _remove_orphan(self, name: str) -> None:
         log.info(
             "Model %s is wanted by no pod on this node: unloading and removing it.",
-            model,
-            extra=subject(model=model),
+            name,
+            extra=subject(model=name),
         )
         try:
-            await self.models.unload(model, reason="no pod on this node wants it")
+            await self.models.unload(name, reason="no pod on this node wants it")
         except AgentError as e:
             log.warning(
                 "Removing orphan model %s failed (%s): retrying later.",
-                model,
+                name,
                 e,
-                extra=subject(model=model),
+                extra=subject(model=name),
             )
             return
         self.metrics.reconciles.labels("orphan_removed").inc()
 
-    async def _adopt(self, model: str, pod: Proven) -> None:
-        why = await self.models.vouch(model, pod)
+    async def _adopt(self, name: str, pod: Proven) -> None:
+        why = await self.models.vouch(name, pod)
         if not why:
-            self.models.adopt(model, pod)
+            self.models.adopt(name, pod)
             self.metrics.reconciles.labels("adopted").inc()
             log.info(
                 "Model %s is already loaded in Triton for pod %s: adopting it.",
-                model,
+                name,
                 pod.key,
-                extra=subject(pod=pod.key, model=model),
+                extra=subject(pod=pod.key, model=pod.model_id),
             )
             return
-        await self._evict(model, pod, why)
+        await self._evict(name, pod, why)
 
-    async def _enforce(self, model: str, pod: Proven, over: Excess) -> None:
+    async def _enforce(self, name: str, pod: Proven, over: Excess) -> None:
         message = (
-            f"model {model} uses {format_bytes(over.model.bytes)} of GPU memory on "
-            f"{pod.gpu_uuid}, more than the {format_bytes(pod.request)} its pod requested "
-            f"(tritonshare.io/gpu-mem) plus the tolerance"
+            f"model {pod.model_id} ({name} in Triton) uses {format_bytes(over.model.bytes)} of "
+            f"GPU memory on {pod.gpu_uuid}, more than the {format_bytes(pod.request)} its pod "
+            f"requested (tritonshare.io/gpu-mem) plus the tolerance"
         )
         # Never evict on a figure another tenant could have inflated: only a warning then.
         doubt = over.doubt() if not over.sure(self.models.ledger.allowed(pod.request)) else ""
         if self.enforcement != "evict" or self._fail_pod is None or doubt:
             if doubt:
                 message += f" ({doubt}; it is not evicted for them)"
-            if model not in self._warned:
-                self._warned.add(model)
+            if name not in self._warned:
+                self._warned.add(name)
                 self.metrics.gpu_memory_over.labels("warned").inc()
                 log.warning(
                     "%s: raise the pod's request, or the agent may evict it.",
                     message,
-                    extra=subject(pod=pod.key, model=model),
+                    extra=subject(pod=pod.key, model=pod.model_id),
                 )
             self.events.warn(
                 pod.key, pod.uid, "GPUMemoryOverRequest", f"{message}; raise the request"
@@ -255,10 +267,10 @@ class Reconciler:
         log.warning(
             "%s: evicting it (--gpu-mem-enforcement=evict).",
             message,
-            extra=subject(pod=pod.key, model=model),
+            extra=subject(pod=pod.key, model=pod.model_id),
         )
         try:
-            await self.models.unload(model, reason="it used more GPU memory than it requested")
+            await self.models.unload(name, reason="it used more GPU memory than it requested")
             await self._fail_pod(
                 pod.namespace,
                 pod.pod.name,
@@ -268,48 +280,49 @@ class Reconciler:
         except AgentError as e:
             log.warning(
                 "Evicting model %s failed (%s): retrying.",
-                model,
+                name,
                 e,
-                extra=subject(pod=pod.key, model=model),
+                extra=subject(pod=pod.key, model=pod.model_id),
             )
             return
         self.metrics.gpu_memory_over.labels("evicted").inc()
         self.events.warn(pod.key, pod.uid, "GPUMemoryExceeded", f"{message}; evicted")
 
-    async def _recheck(self, model: str, pod: Proven) -> None:
+    async def _recheck(self, name: str, pod: Proven) -> None:
         """Once per resync period: is what Triton runs still what the agent installed?"""
-        why = await self.models.vouch(model, pod)
+        why = await self.models.vouch(name, pod)
         if not why:
-            self.models.record(model).vouched_at = self._clock()
+            self.models.record(name).vouched_at = self._clock()
             return
-        await self._evict(model, pod, why)
+        await self._evict(name, pod, why)
 
-    async def _evict(self, model: str, pod: Proven, why: str) -> None:
+    async def _evict(self, name: str, pod: Proven, why: str) -> None:
         log.warning(
             "Triton runs model %s for pod %s, but the agent cannot vouch for it (%s): taking it "
             "out of Triton.",
-            model,
+            name,
             pod.key,
             why,
-            extra=subject(pod=pod.key, model=model),
+            extra=subject(pod=pod.key, model=pod.model_id),
         )
         try:
-            await self.models.evict_unvouched(model, pod, why)
+            await self.models.evict_unvouched(name, pod, why)
         except AgentError as e:
             log.warning(
                 "Taking unvouched model %s out of Triton failed (%s): retrying.",
-                model,
+                name,
                 e,
-                extra=subject(pod=pod.key, model=model),
+                extra=subject(pod=pod.key, model=pod.model_id),
             )
             return
         self.metrics.reconciles.labels("unvouched_removed").inc()
-        files = self.models.repository.installed_manifest(model) is not None
+        files = self.models.repository.installed_manifest(name) is not None
         self.events.warn(
             pod.key,
             pod.uid,
             "ModelNotVouched",
-            f"Triton ran model {model} in a way the tritonshare agent cannot vouch for ({why}); "
+            f"Triton ran model {pod.model_id} ({name}) in a way the tritonshare agent cannot "
+            f"vouch for ({why}); "
             + (
                 "it is loaded again from the files installed for this pod"
                 if files
@@ -318,30 +331,30 @@ class Reconciler:
         )
         self.trigger()
 
-    async def _reload(self, model: str, pod: Proven) -> None:
+    async def _reload(self, name: str, pod: Proven) -> None:
         log.warning(
             "Model %s of pod %s is not loaded in Triton (Triton restarted or lost it): "
             "loading it again.",
-            model,
+            name,
             pod.key,
-            extra=subject(pod=pod.key, model=model),
+            extra=subject(pod=pod.key, model=pod.model_id),
         )
         try:
-            status = await self.models.load(model, pod)
+            status = await self.models.load(pod.model_id, pod)
         except AgentError as e:
             log.warning(
                 "Reloading model %s failed (%s): retrying later.",
-                model,
+                name,
                 e,
-                extra=subject(pod=pod.key, model=model),
+                extra=subject(pod=pod.key, model=pod.model_id),
             )
             return
         self.metrics.reconciles.labels("reloaded").inc()
         log.info(
             "Model %s is %s again.",
-            model,
+            name,
             status.state.name,
-            extra=subject(pod=pod.key, model=model),
+            extra=subject(pod=pod.key, model=pod.model_id),
         )
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -2,7 +2,9 @@
 
 Triton lists every subdirectory of the repository root as a model (hidden ones too), so files are
 written into a staging directory OUTSIDE the root on the same filesystem, checked against the
-manifest (paths, sizes, sha256), fsynced, and only then renamed into `<root>/<model-id>`. The
+manifest (paths, sizes, sha256), fsynced, and only then renamed into `<root>/<name>`, where the
+name is the model's name in Triton (`agent.models` decides it: the pod's private name, or a legacy
+model's public id); messages to tenants name the public model id. The
 accepted manifest is stored inside the model directory (`.tritonshare-manifest.json`) so that it
 moves with the files in the same rename; Triton ignores files that are not version directories.
 
@@ -151,11 +153,15 @@ class Staging:
         manifest: Manifest,
         namespace: str = "",
         *,
+        name: str = "",
         admit: Callable[[Staging, int], None] = lambda _, __: None,
         on_done: Callable[[Staging], None] = lambda _: None,
     ) -> None:
         self.directory = directory
         self.model_id = model_id
+        """The public id, for messages."""
+        self.name = name or model_id
+        """The model's name in Triton: the directory it is committed to."""
         self.manifest = manifest
         self.namespace = namespace
         self.bytes_written = 0
@@ -355,9 +361,13 @@ class Repository:
             if p.is_dir() and not p.is_symlink() and is_valid_model_id(p.name)
         )
 
-    def begin(self, model_id: str, manifest: Manifest, namespace: str = "") -> Staging:
-        """Start an install into a fresh private staging directory. It holds no disk until its
+    def begin(
+        self, name: str, manifest: Manifest, namespace: str = "", model_id: str = ""
+    ) -> Staging:
+        """Start an install of the model named `name` in Triton (public id `model_id`, the same
+        when not given) into a fresh private staging directory. It holds no disk until its
         bytes arrive (`_admit`), so the only check here is one of settings, not of the disk."""
+        model_id = model_id or name
         if manifest.total_bytes > self.namespace_bytes:
             raise ResourceExhaustedError(
                 f"model {model_id!r} is {manifest.total_bytes} bytes, over the "
@@ -365,9 +375,15 @@ class Repository:
                 f"this node (--max-install-bytes-per-namespace); make it smaller or ask the "
                 f"operator to raise the limit"
             )
-        directory = Path(tempfile.mkdtemp(prefix=f"{model_id}.", dir=self.staging_root))
+        directory = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=self.staging_root))
         return Staging(
-            directory, model_id, manifest, namespace, admit=self._admit, on_done=self._release
+            directory,
+            model_id,
+            manifest,
+            namespace,
+            name=name,
+            admit=self._admit,
+            on_done=self._release,
         )
 
     def staged_bytes(self, namespace: str) -> int:
@@ -410,10 +426,10 @@ class Repository:
 
     def commit(self, staging: Staging) -> None:
         """Rename the finished staging directory into place, replacing an older install."""
-        target = self.model_dir(staging.model_id)
+        target = self.model_dir(staging.name)
         old: Path | None = None
         if target.exists() or target.is_symlink():
-            old = Path(tempfile.mkdtemp(prefix=f"{staging.model_id}.old.", dir=self.staging_root))
+            old = Path(tempfile.mkdtemp(prefix=f"{staging.name}.old.", dir=self.staging_root))
             target.rename(old / "model")
         staging.directory.rename(target)
         staging.done()

@@ -2,8 +2,9 @@
 
 `agent.gate` has authenticated the caller, taken its call slots and checked each message's size
 before a handler reads it. Each RPC takes the caller from the token cache, authorizes it for the
-model it names (a pod with a proven placement on this node; `agent.models` then checks it owns
-the model id) or as the platform for listings, converts the request to domain values, and
+model it names, by its public id (a pod with a proven placement on this node; `agent.models`
+then finds the name the pod's model has in Triton and checks the pod owns it), or as the
+platform for listings, which name models as Triton does; converts the request to domain values, and
 converts AgentErrors to gRPC statuses through `agent.errors.grpc_code` only. A refusal that the
 pod's owner should see also becomes a Warning Event on the pod. LoadModel answers FAILED with
 Triton's reason rather than an RPC error when Triton rejects the model, as the proto documents.
@@ -47,6 +48,7 @@ def status_to_proto(status: ModelStatus) -> Any:
         gpu_uuid=status.gpu_uuid,
         gpu_index=status.gpu_index,
         pod=status.pod,
+        triton_name=status.triton_name,
     )
 
 
@@ -169,9 +171,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     f"{request.model_id!r} stays loaded (a container restart must not unload "
                     f"it); delete the pod to unload it"
                 )
-            status = await self.models.unload(
-                request.model_id, owner=pod, reason=f"asked by pod {pod.key}"
-            )
+            status = await self.models.unload_for(pod, reason=f"asked by pod {pod.key}")
         except AgentError as e:
             return self._fail(context, "UnloadModel", e, caller)
         self._ok("UnloadModel")
@@ -181,10 +181,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         caller = None
         try:
             caller = await self._caller(context)
-            owner = None
-            if not self.authorizer.is_platform(caller):
+            if self.authorizer.is_platform(caller):
+                # The platform names a model as Triton does (ListModels lists those names).
+                status = await self.models.status(request.model_id)
+            else:
                 owner = await self.authorizer.authorize_model(caller, request.model_id)
-            status = await self.models.status(request.model_id, owner)
+                status = await self.models.status_for(owner)
         except AgentError as e:
             return self._fail(context, "GetModel", e, caller)
         self._ok("GetModel")

@@ -123,7 +123,7 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 def status(cache: ClusterCache, out: TextIO, now: float) -> None:
     state = cache.state
     header = ["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "USED"]
-    rows = [[*header, "MODELS (REQUEST, MEASURED)"]]
+    rows = [[*header, "PODS: MODEL (REQUEST, MEASURED)"]]
     total_capacity = total_allocated = 0
     for name in state.names:
         info = state.nodes[name]
@@ -136,9 +136,9 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
         free = state.gpu_free(name)
         models: dict[int, list[str]] = {}
         for pod, position in state.pods_on(name):
-            measured = info.measured.get(pod.model_id)
+            measured = info.measured_of(pod)
             uses = f", uses {format_bytes(measured)}" if measured is not None else ""
-            label = f"{pod.model_id or pod.key} (asks {format_bytes(pod.request)}{uses})"
+            label = f"{pod.key}: {pod.model_id or '-'} (asks {format_bytes(pod.request)}{uses})"
             models.setdefault(position, []).append(label)
         for position, gpu in enumerate(info.gpus):
             capacity = state.usable(gpu)
@@ -219,7 +219,7 @@ def unattributed(cache: ClusterCache) -> list[tuple[str, int, int]]:
         explained = [0] * len(info.gpus)
         for pod, position in state.pods_on(name):
             if 0 <= position < len(explained):
-                explained[position] += info.measured.get(pod.model_id, 0)
+                explained[position] += info.measured_of(pod) or 0
         for position, gpu in enumerate(info.gpus):
             if gpu.used is not None:
                 rows.append((name, gpu.index, max(0, gpu.used - explained[position])))
@@ -237,7 +237,12 @@ def explain_pod(cache: ClusterCache, pod: PodInfo, out: TextIO, now: float) -> N
         if explain_unproven(cache, pod, out):
             return
         node = cache.state.nodes.get(pod.node_name)
-        measured = node.measured.get(pod.model_id) if node is not None else None
+        if pod.triton_name:
+            out.write(
+                f"Its model's name in Triton (Triton's log and nv_* series) is {pod.triton_name}, "
+                f"or {pod.model_id} if its agent installed it before private names.\n"
+            )
+        measured = node.measured_of(pod) if node is not None else None
         if measured is not None:
             out.write(
                 f"Its model is measured to use {format_bytes(measured)} "

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from common.contract import Keys, is_valid_model_id, validate_model_id
 from common.quantity import QuantityError, parse_quantity
+from common.tritonname import private_triton_name
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -98,7 +99,19 @@ class NodeInfo:
     gpu_problem: str = ""
     """Why the agent's GPU annotation could not be read; empty when it was fine or absent."""
     measured: Mapping[str, int] = field(default_factory=dict, hash=False, compare=True)
-    """Model id -> GPU memory its loaded model is measured to use on this node (bytes)."""
+    """Name in Triton -> GPU memory that loaded model is measured to use on this node (bytes):
+    a pod's private name, or a legacy model's public id (the agent's gpu-usage annotation)."""
+
+    def measured_of(self, pod: PodInfo) -> int | None:
+        """What the pod's model is measured to use here: by its private name; else, for a model
+        installed before private names, by its model id (another pod's legacy model of the same
+        id can only make this pod look larger, never another pod smaller)."""
+        if not pod.model_id or not self.measured:
+            return None  # the common case costs no digest (about 3 us each)
+        name = pod.triton_name
+        if name and name in self.measured:
+            return self.measured[name]
+        return self.measured.get(pod.model_id)
 
 
 REVISION_LABELS = ("pod-template-hash", "controller-revision-hash")
@@ -165,6 +178,14 @@ class PodInfo:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def triton_name(self) -> str:
+        """The private name the node's agent gives the pod's model in Triton ("" without a valid
+        model id); a model installed before private names keeps its model id there instead."""
+        if not is_valid_model_id(self.model_id) or not self.namespace or not self.uid:
+            return ""
+        return private_triton_name(self.namespace, self.model_id, self.uid)
 
     @property
     def claims_share(self) -> bool:

@@ -116,8 +116,9 @@ def status_document(
                 {
                     "pod": pod.key,
                     "model": pod.model_id,
+                    "tritonName": pod.triton_name or None,
                     "request": pod.request,
-                    "measured": info.measured.get(pod.model_id),
+                    "measured": info.measured_of(pod),
                     "holds": state.held(pod, name),
                     "load": dict(
                         zip(("state", "message"), states.get(pod.key, ("waiting", "")), strict=True)
@@ -185,7 +186,8 @@ def explain_document(cache: ClusterCache, pod: PodInfo, now: float) -> dict[str,
         document["bound"] = {
             "node": pod.node_name,
             "gpu": pod.gpu_uuid or None,
-            "measured": node.measured.get(pod.model_id) if node is not None else None,
+            "tritonName": pod.triton_name or None,
+            "measured": node.measured_of(pod) if node is not None else None,
         }
         return document
     result = place(cache.state, pod, now=now)

@@ -297,7 +297,7 @@ class ClusterState:
     def held(self, pod: PodInfo, node: str) -> int:
         """What a pod holds on its GPU: its request, or more when its model is measured above."""
         info = self.nodes.get(node)
-        measured = info.measured.get(pod.model_id, 0) if info is not None and pod.model_id else 0
+        measured = (info.measured_of(pod) if info is not None else None) or 0
         return max(pod.request, measured)
 
     def _charge(self, account: _Account) -> None:

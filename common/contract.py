@@ -84,7 +84,8 @@ class Keys:
     @property
     def gpu_usage(self) -> str:
         """Node annotation written by the agent: JSON, per GPU UUID its NVML used bytes and its
-        loaded models' measured bytes (`agent.memory`); rate-limited."""
+        loaded models' measured bytes (`agent.memory`), by each model's name in Triton (its
+        pod's private name, `common.tritonname`, or a legacy model's id); rate-limited."""
         return f"{self.prefix}gpu-usage"
 
     @property

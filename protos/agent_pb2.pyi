@@ -79,7 +79,7 @@ class InstallModelResponse(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., unchanged: _Optional[bool] = ..., bytes_written: _Optional[int] = ...) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("model_id", "state", "reason", "manifest_digest", "gpu_uuid", "gpu_index", "pod")
+    __slots__ = ("model_id", "state", "reason", "manifest_digest", "gpu_uuid", "gpu_index", "pod", "triton_name")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class ModelStatus(_message.Message):
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
+    TRITON_NAME_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     state: ModelState
     reason: str
@@ -94,7 +95,8 @@ class ModelStatus(_message.Message):
     gpu_uuid: str
     gpu_index: int
     pod: str
-    def __init__(self, model_id: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., gpu_index: _Optional[int] = ..., pod: _Optional[str] = ...) -> None: ...
+    triton_name: str
+    def __init__(self, model_id: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., gpu_index: _Optional[int] = ..., pod: _Optional[str] = ..., triton_name: _Optional[str] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
     __slots__ = ("model_id",)

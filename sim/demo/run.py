@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from common.contract import Keys
 from common.quantity import format_bytes
+from common.tritonname import private_triton_name
 from sim.cluster import SimCluster
 from sim.demo import rollout
 from sim.demo.report import (
@@ -492,20 +493,16 @@ def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
 
     result.overuse = wait_until("the agent's warning about the greedy model", warned, 120)
 
+    pod = json.loads(
+        cluster.core.read_namespaced_pod(GREEDY_POD.name, NAMESPACE, _preload_content=False).data
+    )
+    # The node publishes each model's figure by its name in Triton, private to its pod.
+    name = private_triton_name(NAMESPACE, GREEDY_POD.model_id, pod["metadata"]["uid"])
+
     def measured() -> int:
         node = json.loads(cluster.core.read_node(real.name, _preload_content=False).data)
         usage = json.loads(node["metadata"].get("annotations", {}).get(KEYS.gpu_usage, "{}"))
-        # The agent keys a model by its name in Triton: its model id, or under private names
-        # (issue 25) the model id, a dash and a digest of its pod.
-        return max(
-            (
-                size
-                for g in usage.values()
-                for name, size in (g.get("models") or {}).items()
-                if name == GREEDY_POD.model_id or name.startswith(f"{GREEDY_POD.model_id}-")
-            ),
-            default=0,
-        )
+        return max((g.get("models", {}).get(name, 0) for g in usage.values()), default=0)
 
     result.overuse_measured = wait_until("the measured memory on the node", measured, 60)
     say(f"  the agent measured it (NVML, around its load) and warned: {result.overuse}.")

@@ -5,10 +5,12 @@ used memory rises while it loads, falls once its unload has finished and grows w
 Triton runs on the CPU here, so this module plays the GPU's part: a model LOADING, READY or
 UNLOADING in Triton occupies the bytes its `config.pbtxt` declares in the parameter
 `sim_gpu_memory` (a quantity such as `3Gi`; none: 0), plus `sim_gpu_memory_growth` (`2Gi@5`: 2Gi
-more from 5 seconds after it was first seen READY), on the GPU of the pod that owns the model id
-on this node (its `tritonshare.io/gpu` annotation). Tests make a loaded model allocate more at a
-moment of their choosing with `allocate(model, bytes)` (a tenant's model growing on its first
-large request, say); like the rest of its footprint, that is freed when its unload has finished.
+more from 5 seconds after it was first seen READY), on the GPU of the pod whose model has that name
+in Triton on this node (its private name, `common.tritonname`, or for a model installed before
+private names its model id), by the pod's `tritonshare.io/gpu` annotation. Tests make a loaded
+model allocate more at a moment of their choosing with `allocate(model, bytes)` (by its name in
+Triton; a tenant's model growing on its first large request, say); like the rest of its
+footprint, that is freed when its unload has finished.
 It reads Triton's repository index, the model's config file and the node's pods; it writes
 nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
 """
@@ -29,6 +31,7 @@ import kubernetes.client
 
 from common.contract import Keys
 from common.quantity import QuantityError, parse_quantity
+from common.tritonname import private_triton_name
 
 log = logging.getLogger(__name__)
 _HOLDING = ("LOADING", "READY", "UNLOADING")
@@ -109,10 +112,19 @@ class ModelFootprints:
         )
         found: dict[str, int] = {}
         for pod in json.loads(pods.data).get("items", []):
-            annotations = pod.get("metadata", {}).get("annotations") or {}
+            metadata = pod.get("metadata", {})
+            annotations = metadata.get("annotations") or {}
             model, gpu = annotations.get(self._keys.model_id), annotations.get(self._keys.gpu)
             if model and gpu in self._gpu_indexes:
-                found.setdefault(model, self._gpu_indexes[gpu])
+                index = self._gpu_indexes[gpu]
+                found.setdefault(model, index)
+                try:
+                    private = private_triton_name(
+                        str(metadata.get("namespace", "")), model, str(metadata.get("uid", ""))
+                    )
+                except ValueError:  # ContractError too: no private name for an invalid id
+                    continue
+                found[private] = index
         return found
 
     def _read(self, now: float) -> dict[int, int]:

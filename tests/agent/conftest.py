@@ -19,6 +19,7 @@ import pytest
 from agent.app import Agent
 from agent.settings import Settings
 from common.lifecycle import Lifecycle
+from common.tritonname import private_triton_name
 from protos import agent_pb2, agent_pb2_grpc
 from sim.gpu.nvml import MockNvml, parse_spec
 from sim.triton import TritonServer
@@ -74,6 +75,15 @@ def make_pod(
     read = core.read_namespaced_pod(name, namespace)
     pod: dict[str, Any] = api.sanitize_for_serialization(read)  # type: ignore[no-untyped-call]
     return pod
+
+
+def name_in_triton(
+    api: kubernetes.client.ApiClient, pod: str, model_id: str, namespace: str = "default"
+) -> str:
+    """The name the agent gives the model of `pod` in Triton: its private name."""
+    core: Any = kubernetes.client.CoreV1Api(api)
+    uid = core.read_namespaced_pod(pod, namespace).metadata.uid
+    return private_triton_name(namespace, model_id, uid)
 
 
 def manifest_of(directory: Path) -> list[tuple[str, int, str]]:

@@ -22,6 +22,7 @@ import pytest
 import tritonclient.http as triton_http
 
 from agent.repository import Staging
+from common.tritonname import private_triton_name
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
@@ -70,6 +71,13 @@ def unnamed_model(tmp_path: Path) -> Path:
     return source
 
 
+def victim_name(api: kubernetes.client.ApiClient) -> str:
+    """The name of the victim's model in Triton: its pod's private name."""
+    core: Any = kubernetes.client.CoreV1Api(api)
+    uid = core.read_namespaced_pod("victim", "team-b").metadata.uid
+    return private_triton_name("team-b", MODEL, uid)
+
+
 def entries(directory: Path) -> list[Path]:
     return list(directory.iterdir())
 
@@ -104,7 +112,7 @@ async def serve_victim(
         agent_pb2.LoadModelRequest(model_id=MODEL), metadata=bearer(token)
     )
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
-    assert infer(triton, MODEL) == 2.0
+    assert infer(triton, victim_name(api)) == 2.0
     return token, reply
 
 
@@ -144,7 +152,7 @@ async def test_a_pod_created_with_node_name_cannot_read_replace_or_unload_anothe
         details = error.details() or ""
         assert "not placed on this node by the tritonshare binder" in details
         assert "victim" not in details and victim.manifest_digest[:12] not in details
-    assert infer(triton, MODEL) == 2.0
+    assert infer(triton, victim_name(kube_api)) == 2.0
     reason = "PlacementChanged" if copied else "NotPlacedByBinder"
     await eventually(
         lambda: reason in {r for r, _ in events(kube_api, "team-a", "attacker")},
@@ -155,44 +163,39 @@ async def test_a_pod_created_with_node_name_cannot_read_replace_or_unload_anothe
     core.delete_namespaced_pod("attacker", "team-a", grace_period_seconds=0)
     passes = running.agent.reconciler.passes
     await eventually(lambda: running.agent.reconciler.passes >= passes + 2, what="two passes")
-    assert infer(triton, MODEL) == 2.0
+    assert infer(triton, victim_name(kube_api)) == 2.0
 
 
-async def test_a_second_proven_pod_cannot_take_a_model_id_its_owner_still_holds(
+async def test_a_second_proven_pod_of_the_model_id_gets_its_own_model_never_the_first(
     running: RunningAgent,
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     triton: TritonServer,
     tmp_path: Path,
 ) -> None:
-    """Two placements of one model id on a node (two binder leaders, a pod bound by hand with a
-    copied key): the first pod to install owns the id until it is gone."""
+    """Two placements of one model id on a node (another namespace's model of the same id, a
+    rollout's new revision): each pod's model has its own name in Triton, and the second pod's
+    calls never read, unload or replace the first's."""
     _, victim = await serve_victim(running, apiserver, kube_api, triton, tmp_path / "victim")
     make_pod(kube_api, "double", MODEL, namespace="team-a")
     token = apiserver.mint_token("team-a", "double")
-    source = attacker_model(tmp_path)
-    for error in await every_call_refused(running, token, source):
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error.details()
-        details = error.details() or ""
-        assert "belongs to another pod" in details and "victim" not in details
-        assert victim.manifest_digest[:12] not in details
-    assert infer(triton, MODEL) == 2.0
-    await eventually(
-        lambda: "ModelOwnedByAnotherPod" in {r for r, _ in events(kube_api, "team-a", "double")},
-        what="a ModelOwnedByAnotherPod event",
-    )
+    stub, metadata = running.stub, bearer(token)
+    seen = await stub.GetModel(agent_pb2.GetModelRequest(model_id=MODEL), metadata=metadata)
+    assert seen.state == agent_pb2.MODEL_STATE_ABSENT
+    assert (seen.pod, seen.manifest_digest) == ("", "")
+    gone = await stub.UnloadModel(agent_pb2.UnloadModelRequest(model_id=MODEL), metadata=metadata)
+    assert gone.state == agent_pb2.MODEL_STATE_ABSENT
+    assert infer(triton, victim_name(kube_api)) == 2.0
 
-    # When the owner is gone, the id is free: the new owner's own files replace the old ones.
-    core: Any = kubernetes.client.CoreV1Api(kube_api)
-    core.delete_namespaced_pod("victim", "team-b", grace_period_seconds=0)
-    reply = await install_dir(running.stub, token, source, MODEL)
-    assert not reply.unchanged
-    status = await running.stub.LoadModel(
-        agent_pb2.LoadModelRequest(model_id=MODEL), metadata=bearer(token)
-    )
+    reply = await install_dir(stub, token, attacker_model(tmp_path), MODEL)
+    assert not reply.unchanged and reply.manifest_digest != victim.manifest_digest
+    status = await stub.LoadModel(agent_pb2.LoadModelRequest(model_id=MODEL), metadata=metadata)
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
     assert status.pod == "team-a/double"
-    assert infer(triton, MODEL) == 101.0
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    uid = core.read_namespaced_pod("double", "team-a").metadata.uid
+    assert infer(triton, private_triton_name("team-a", MODEL, uid)) == 101.0
+    assert infer(triton, victim_name(kube_api)) == 2.0
 
 
 @pytest.mark.parametrize("edited", ["gpu", "model-id"])
@@ -205,6 +208,7 @@ async def test_annotations_edited_after_binding_prove_nothing(
     edited: str,
 ) -> None:
     token, _ = await serve_victim(running, apiserver, kube_api, triton, tmp_path / "victim")
+    name = victim_name(kube_api)
     core: Any = kubernetes.client.CoreV1Api(kube_api)
     value = running.mock.gpus[1].uuid if edited == "gpu" else MODEL
     if edited == "model-id":
@@ -230,7 +234,7 @@ async def test_annotations_edited_after_binding_prove_nothing(
 
     async def removed() -> bool:
         index = await running.agent.triton.index()
-        entry = index.get(MODEL)
+        entry = index.get(name)
         return entry is None or entry.state == "UNAVAILABLE"
 
     await eventually(removed, what="the unproven pod's model to be removed")
@@ -528,6 +532,7 @@ async def test_tenant_code_runs_in_triton_only_for_allowed_namespaces(
     )
 
 
+@pytest.mark.parametrize("under", ["public-id", "private-name"])
 async def test_what_triton_runs_behind_the_agents_back_is_not_adopted(
     running: RunningAgent,
     apiserver: RunningApiServer,
@@ -535,26 +540,27 @@ async def test_what_triton_runs_behind_the_agents_back_is_not_adopted(
     triton: TritonServer,
     model_repository: Path,
     tmp_path: Path,
+    under: str,
 ) -> None:
     """Tenant code inside Triton (or anyone with the repository API) drops a model into the
-    repository under a wanted id and loads it: the agent never installed it, so it goes."""
+    repository under a wanted pod's model id, or its private name, and loads it: the agent never
+    installed it, so it goes."""
     namespaces(kube_api, "team-a", "team-b")
     make_pod(kube_api, "victim", MODEL, namespace="team-b", phase="Running")
-    attacker_model(tmp_path)
-    copy_model_dir = tmp_path / "attacker" / MODEL
-    shutil.copytree(copy_model_dir, model_repository / MODEL)
+    name = MODEL if under == "public-id" else victim_name(kube_api)
+    shutil.copytree(attacker_model(tmp_path, name), model_repository / name)
     client = triton_http.InferenceServerClient(triton.http_url)
     try:
-        client.load_model(MODEL)
+        client.load_model(name)
     finally:
         client.close()
-    assert infer(triton, MODEL) == 101.0
+    assert infer(triton, name) == 101.0
 
     async def gone() -> bool:
         index = await running.agent.triton.index()
-        entry = index.get(MODEL)
+        entry = index.get(name)
         return (entry is None or entry.state == "UNAVAILABLE") and not (
-            model_repository / MODEL
+            model_repository / name
         ).exists()
 
     await eventually(gone, what="the unvouched model to be unloaded and removed")
@@ -573,19 +579,20 @@ async def test_files_swapped_under_a_loaded_model_are_not_vouched_for(
     core: Any = kubernetes.client.CoreV1Api(kube_api)
     core.patch_namespaced_pod_status("victim", "team-b", {"status": {"phase": "Running"}})
     # The attacker's files replace the victim's on disk, and Triton is told to reload.
-    shutil.rmtree(model_repository / MODEL)
-    shutil.copytree(attacker_model(tmp_path), model_repository / MODEL)
+    name = victim_name(kube_api)
+    shutil.rmtree(model_repository / name)
+    shutil.copytree(attacker_model(tmp_path, name), model_repository / name)
     client = triton_http.InferenceServerClient(triton.http_url)
     try:
-        client.load_model(MODEL)
+        client.load_model(name)
     finally:
         client.close()
 
     async def taken_out() -> bool:
         index = await running.agent.triton.index()
-        entry = index.get(MODEL)
+        entry = index.get(name)
         unloaded = entry is None or entry.state == "UNAVAILABLE"
-        return unloaded and not (model_repository / MODEL).exists()
+        return unloaded and not (model_repository / name).exists()
 
     await eventually(taken_out, what="the swapped model to be taken out and removed")
     await eventually(
@@ -637,7 +644,7 @@ async def test_an_onnx_model_cannot_make_onnxruntime_read_files_beyond_it(
     assert f"keeps tensor data in {location!r}, which is not a file of the model" in (
         error.details() or ""
     )
-    assert sorted(p.name for p in entries(model_repository)) == [MODEL]
+    assert sorted(p.name for p in entries(model_repository)) == [victim_name(kube_api)]
 
     (source / "1" / "model.onnx").write_bytes(onnx_naming("weights.bin"))
     (source / "1" / "weights.bin").write_bytes(b"\x00" * 16)

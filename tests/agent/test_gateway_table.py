@@ -42,17 +42,18 @@ def pod(name: str, ip: str, *, host_ip: str = "10.0.0.1", host_network: bool = F
 
 
 def test_callers_are_pods_with_an_address_of_their_own() -> None:
-    callers, left_out = callers_of(
-        [
-            pod("a", "10.1.0.5"),
-            pod("host", "10.0.0.1", host_network=True),
-            pod("same-as-node", "10.0.0.1"),
-            pod("no-ip-yet", ""),
-            pod("twin1", "10.1.0.9"),
-            pod("twin2", "10.1.0.9"),
-        ]
-    )
-    assert [(c.address, c.model_id, c.pod) for c in callers] == [("10.1.0.5", "a", "team/a")]
+    owners = [
+        pod("a", "10.1.0.5"),
+        pod("host", "10.0.0.1", host_network=True),
+        pod("same-as-node", "10.0.0.1"),
+        pod("no-ip-yet", ""),
+        pod("twin1", "10.1.0.9"),
+        pod("twin2", "10.1.0.9"),
+    ]
+    callers, left_out = callers_of({f"{p.model_id}-private": p for p in owners})
+    assert [(c.address, c.model_id, c.pod, c.triton_name) for c in callers] == [
+        ("10.1.0.5", "a", "team/a", "a-private")
+    ]
     assert any("team/host" in reason for reason in left_out)
     assert any("team/same-as-node" in reason for reason in left_out)
     assert any("10.1.0.9" in reason and "team/twin1" in reason for reason in left_out)
@@ -88,7 +89,8 @@ def test_the_proxys_declared_concurrency_reaches_the_caller_table(
     }  # fmt: skip
     info = pod_from_dict(document, Keys())
     assert info.concurrency == declared
-    callers, _ = callers_of([Proven(info, 1024**3)])
+    callers, _ = callers_of({"a": Proven(info, 1024**3)})
+    assert [c.triton_name for c in callers] == [""]  # a legacy model: served by its public id
     assert [c.concurrency for c in callers] == [declared]
 
 

@@ -27,6 +27,7 @@ from tests.agent.conftest import (
     eventually,
     install_dir,
     make_pod,
+    name_in_triton,
 )
 from tests.conftest import copy_model
 
@@ -123,6 +124,11 @@ async def memory_agent(
     return await start_custom_agent(usage_publish_seconds=0.2, **getattr(request, "param", {}))
 
 
+def tn(api: kubernetes.client.ApiClient, name: str, namespace: str = "default") -> str:
+    """The name in Triton of the model `serve` served for pod `name`."""
+    return name_in_triton(api, name, name, namespace)
+
+
 def node_usage(api: kubernetes.client.ApiClient) -> dict[str, Any]:
     core: Any = kubernetes.client.CoreV1Api(api)
     annotations = core.read_node(NODE).metadata.annotations or {}
@@ -155,21 +161,22 @@ async def test_measured_memory_is_published_and_an_unload_frees_it(
     gpu = running.mock.gpus[0].uuid
     status = await serve(running, apiserver, kube_api, tmp_path, "m1", request=2 * GI, uses="1Gi")
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
-    assert running.agent.ledger.measured("m1") == GI
+    m1 = tn(kube_api, "m1")
+    assert running.agent.ledger.measured(m1) == GI
     metrics = await scrape(running)
     assert (
-        f'tritonshare_agent_model_gpu_memory_bytes{{UUID="{gpu}",gpu="0",model="m1"}} '
+        f'tritonshare_agent_model_gpu_memory_bytes{{UUID="{gpu}",gpu="0",model="{m1}"}} '
         "1.073741824e+09" in metrics
     )
     assert (
-        f'tritonshare_agent_model_gpu_memory_request_bytes{{UUID="{gpu}",gpu="0",model="m1"}}'
+        f'tritonshare_agent_model_gpu_memory_request_bytes{{UUID="{gpu}",gpu="0",model="{m1}"}}'
         in metrics
     )
     assert f'tritonshare_agent_gpu_unattributed_memory_bytes{{UUID="{gpu}",gpu="0"}} 0.0' in metrics
 
     def published(model_bytes: int | None) -> bool:
         entry = node_usage(kube_api).get(gpu, {})
-        return bool(entry.get("models", {}).get("m1") == model_bytes)
+        return bool(entry.get("models", {}).get(m1) == model_bytes)
 
     await eventually(lambda: published(GI), what="m1's 1Gi on the node's gpu-usage annotation")
 
@@ -179,7 +186,7 @@ async def test_measured_memory_is_published_and_an_unload_frees_it(
     await running.stub.UnloadModel(
         agent_pb2.UnloadModelRequest(model_id="m1"), metadata=bearer(token)
     )
-    assert running.agent.ledger.measured("m1") == 0
+    assert running.agent.ledger.measured(m1) == 0
     await eventually(lambda: published(None), what="m1 gone from the gpu-usage annotation")
     await eventually(
         lambda: node_usage(kube_api)[gpu]["used"] == 0, what="the GPU's memory to be freed"
@@ -215,7 +222,8 @@ async def test_a_load_that_does_not_fit_is_refused_with_an_event(
     assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "NVML shows" in (full.value.details() or "")
     index = await running.agent.triton.index()
-    assert all(index.get(m) is None or index[m].state != "READY" for m in ("second", "third"))
+    names = [tn(kube_api, m) for m in ("second", "third")]
+    assert all(index.get(m) is None or index[m].state != "READY" for m in names)
 
 
 async def test_an_over_user_is_warned_and_its_neighbour_within_its_request_is_not(
@@ -230,8 +238,8 @@ async def test_an_over_user_is_warned_and_its_neighbour_within_its_request_is_no
     status = await serve(running, apiserver, kube_api, tmp_path, "greedy", request=GI, uses="3Gi")
     assert status.state == agent_pb2.MODEL_STATE_READY
     await serve(running, apiserver, kube_api, tmp_path, "modest", request=2 * GI, uses="1Gi")
-    assert running.agent.ledger.measured("greedy") == 3 * GI
-    assert running.agent.ledger.measured("modest") == GI
+    assert running.agent.ledger.measured(tn(kube_api, "greedy")) == 3 * GI
+    assert running.agent.ledger.measured(tn(kube_api, "modest")) == GI
     await eventually(
         lambda: "GPUMemoryOverRequest" in events(kube_api, "greedy"),
         what="the over-user's warning",
@@ -240,7 +248,7 @@ async def test_an_over_user_is_warned_and_its_neighbour_within_its_request_is_no
     metrics = await scrape(running)
     assert 'tritonshare_agent_gpu_memory_over_request_total{action="warned"} 1.0' in metrics
     index = await running.agent.triton.index()
-    assert index["greedy"].state == index["modest"].state == "READY"
+    assert index[tn(kube_api, "greedy")].state == index[tn(kube_api, "modest")].state == "READY"
 
 
 @pytest.mark.parametrize("memory_agent", [{"gpu_mem_enforcement": "evict"}], indirect=True)
@@ -266,8 +274,9 @@ async def test_evict_mode_unloads_a_model_that_grows_past_its_request_and_fails_
 
     await eventually(failed, what="the grower's pod to end Failed (GPUMemoryExceeded)")
     index = await running.agent.triton.index()
-    assert index.get("grower") is None or index["grower"].state == "UNAVAILABLE"
-    assert index["modest"].state == "READY"
+    grower = tn(kube_api, "grower")
+    assert index.get(grower) is None or index[grower].state == "UNAVAILABLE"
+    assert index[tn(kube_api, "modest")].state == "READY"
     # The Event is written after the pod's status, by a task of its own.
     await eventually(
         lambda: "GPUMemoryExceeded" in events(kube_api, "grower"), what="the eviction's Event"
@@ -324,17 +333,18 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
     )
     if victim_load.done():  # its install or load failed: say why
         pytest.fail(f"the victim's load ended before the attack: {victim_load.result()}")
-    footprints.allocate("attacker", 4 * GI)
+    footprints.allocate(tn(kube_api, "attacker", "team-a"), 4 * GI)
     victim = await victim_load
     assert victim.state == agent_pb2.MODEL_STATE_READY, victim.reason
 
     ledger = running.agent.ledger
-    assert ledger.measured("victim") <= 2 * GI, "the victim was billed the attacker's growth"
+    victim_name = tn(kube_api, "victim", "team-b")
+    assert ledger.measured(victim_name) <= 2 * GI, "the victim was billed the attacker's growth"
     await eventually(
-        lambda: node_usage(kube_api).get(gpu, {}).get("models", {}).get("victim") is not None,
+        lambda: node_usage(kube_api).get(gpu, {}).get("models", {}).get(victim_name) is not None,
         what="the victim's figure on the gpu-usage annotation",
     )
-    assert node_usage(kube_api)[gpu]["models"]["victim"] <= 2 * GI
+    assert node_usage(kube_api)[gpu]["models"][tn(kube_api, "victim", "team-b")] <= 2 * GI
     # The attacker's growth is not hidden: it stays on the GPU as unattributed memory.
     assert ledger.unattributed(gpu) >= 3 * GI
     metrics = await scrape(running)
@@ -347,8 +357,8 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
         in metrics
     )
     assert (
-        f'tritonshare_agent_model_gpu_memory_uncertainty_bytes{{UUID="{gpu}",gpu="0",model="victim"}}'
-        in (metrics)
+        "tritonshare_agent_model_gpu_memory_uncertainty_bytes"
+        f'{{UUID="{gpu}",gpu="0",model="{victim_name}"}}' in (metrics)
     )
     # Several reconciliation passes later, nothing has happened to the victim.
     passes = running.agent.reconciler.passes
@@ -359,7 +369,7 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
     assert "GPUMemoryOverRequest" not in victim_events, victim_events
     assert "GPUMemoryExceeded" not in victim_events, victim_events
     assert pod_phase(kube_api, "victim", "team-b") != ("Failed", "GPUMemoryExceeded")
-    assert (await running.agent.triton.state("victim")).state == "READY"  # type: ignore[union-attr]
+    assert (await running.agent.triton.state(tn(kube_api, "victim", "team-b"))).state == "READY"  # type: ignore[union-attr]
 
     # The victim leaves: alone on its GPU again, the attacker is measured at its 4.5Gi and
     # warned. Not evicted: what grew during the victim's load could, as far as NVML can tell,
@@ -374,7 +384,7 @@ async def test_a_neighbour_growing_during_a_load_is_not_billed_to_the_loading_mo
         lambda: "GPUMemoryOverRequest" in events(kube_api, "attacker", "team-a"),
         what="the attacker's warning once it is alone on its GPU",
     )
-    assert ledger.measured("attacker") >= 4 * GI
+    assert ledger.measured(tn(kube_api, "attacker", "team-a")) >= 4 * GI
     warning = events(kube_api, "attacker", "team-a")["GPUMemoryOverRequest"]
     assert "while other models shared it" in warning, warning
     assert pod_phase(kube_api, "attacker", "team-a") != ("Failed", "GPUMemoryExceeded")
@@ -405,13 +415,13 @@ async def test_a_neighbour_growing_between_polls_is_the_one_warned(
         request=GI, uses="512Mi", namespace="team-a",
     )  # fmt: skip
     assert attacker.state == agent_pb2.MODEL_STATE_READY, attacker.reason
-    footprints.allocate("attacker", 4 * GI)
+    footprints.allocate(tn(kube_api, "attacker", "team-a"), 4 * GI)
     victim = await serve(
         running, apiserver, kube_api, tmp_path, "victim",
         request=2 * GI, uses="1Gi", namespace="team-b",
     )  # fmt: skip
     assert victim.state == agent_pb2.MODEL_STATE_READY, victim.reason
-    assert running.agent.ledger.measured("victim") == GI
+    assert running.agent.ledger.measured(tn(kube_api, "victim", "team-b")) == GI
     evicting = running.agent.settings.gpu_mem_enforcement == "evict"
     reason = "GPUMemoryExceeded" if evicting else "GPUMemoryOverRequest"
     await eventually(
@@ -421,8 +431,8 @@ async def test_a_neighbour_growing_between_polls_is_the_one_warned(
     if evicting:
         assert pod_phase(kube_api, "attacker", "team-a") == ("Failed", "GPUMemoryExceeded")
     else:
-        assert running.agent.ledger.measured("attacker") >= 4 * GI
+        assert running.agent.ledger.measured(tn(kube_api, "attacker", "team-a")) >= 4 * GI
     victim_events = events(kube_api, "victim", "team-b")
     assert "GPUMemoryOverRequest" not in victim_events, victim_events
     assert "GPUMemoryExceeded" not in victim_events, victim_events
-    assert (await running.agent.triton.state("victim")).state == "READY"  # type: ignore[union-attr]
+    assert (await running.agent.triton.state(tn(kube_api, "victim", "team-b"))).state == "READY"  # type: ignore[union-attr]

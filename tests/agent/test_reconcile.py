@@ -25,6 +25,7 @@ from tests.agent.conftest import (
     install_requests,
     make_pod,
     manifest_of,
+    name_in_triton,
     start_agent,
 )
 from tests.conftest import copy_model
@@ -54,9 +55,14 @@ async def deploy(
     return token
 
 
-async def triton_state(running: RunningAgent, model_id: str) -> str:
-    entry = await running.agent.triton.state(model_id)
+async def triton_state(running: RunningAgent, name: str) -> str:
+    entry = await running.agent.triton.state(name)
     return entry.state if entry else ""
+
+
+def name_of(api: kubernetes.client.ApiClient, model_id: str) -> str:
+    """The name in Triton of the model `deploy` deployed."""
+    return name_in_triton(api, f"{model_id}-pod", model_id)
 
 
 async def test_a_force_deleted_pod_leaks_nothing(
@@ -68,19 +74,21 @@ async def test_a_force_deleted_pod_leaks_nothing(
 ) -> None:
     await deploy(running, apiserver, kube_api, tmp_path, "gone")
     await deploy(running, apiserver, kube_api, tmp_path, "kept")
+    gone, kept = name_of(kube_api, "gone"), name_of(kube_api, "kept")
+    assert await triton_state(running, gone) == READY
     kubernetes.client.CoreV1Api(kube_api).delete_namespaced_pod(
         "gone-pod", "default", grace_period_seconds=0
     )
 
     async def removed() -> bool:
-        return not (model_repository / "gone").exists() and await triton_state(running, "gone") in (
+        return not (model_repository / gone).exists() and await triton_state(running, gone) in (
             "",
             "UNAVAILABLE",
         )
 
     await eventually(removed, what="the orphan model to be unloaded and removed")
-    assert await triton_state(running, "kept") == READY
-    assert (model_repository / "kept").exists()
+    assert await triton_state(running, kept) == READY
+    assert (model_repository / kept).exists()
 
 
 async def test_an_agent_restart_adopts_loaded_models_and_a_triton_restart_reloads_them(
@@ -115,7 +123,7 @@ async def test_an_agent_restart_adopts_loaded_models_and_a_triton_restart_reload
         triton.start()
 
         async def ready_again() -> bool:
-            return await triton_state(second, "m") == READY
+            return await triton_state(second, name_of(kube_api, "m")) == READY
 
         await eventually(ready_again, what="the model READY again after Triton restarted")
         registry = second.agent.metrics.registry
@@ -135,7 +143,7 @@ async def test_one_model_waits_for_its_own_lock_only(
     token_a = await deploy(running, apiserver, kube_api, tmp_path, "a")
     token_b = await deploy(running, apiserver, kube_api, tmp_path, "b")
     models = running.agent.models
-    async with models.lock("a"):
+    async with models.lock(name_of(kube_api, "a")):
         # An operation on "a" is in progress: unloading "a" waits, "b" goes ahead.
         waiting = asyncio.ensure_future(
             running.stub.UnloadModel(
@@ -147,7 +155,7 @@ async def test_one_model_waits_for_its_own_lock_only(
         )
         assert other.state == agent_pb2.MODEL_STATE_ABSENT
         assert not waiting.done()
-        assert await triton_state(running, "a") == READY
+        assert await triton_state(running, name_of(kube_api, "a")) == READY
     unloaded = await waiting
     assert unloaded.state == agent_pb2.MODEL_STATE_ABSENT
 
@@ -301,12 +309,13 @@ async def test_after_agent_and_triton_both_restart_running_pods_get_their_models
     try:
 
         async def reloaded() -> bool:
-            return await triton_state(second, "m") == READY
+            return await triton_state(second, name_of(kube_api, "m")) == READY
 
         await eventually(reloaded, what="the Running pod's model loaded again")
         # A pod whose loader has not finished is left to its loader: installed, not loaded.
-        assert await triton_state(second, "pending") != READY
-        assert (model_repository / "pending").exists()
+        pending = name_of(kube_api, "pending")
+        assert await triton_state(second, pending) != READY
+        assert (model_repository / pending).exists()
     finally:
         await second.stop()
 
@@ -327,10 +336,11 @@ async def test_a_running_pod_unloads_only_once_it_is_being_deleted(
         await running.stub.UnloadModel(unload, metadata=bearer(token))
     assert restart.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "not being deleted" in (restart.value.details() or "")
-    assert await triton_state(running, "m") == READY
+    name = name_of(kube_api, "m")
+    assert await triton_state(running, name) == READY
 
     # A graceful delete: the pod stays (terminating) while its proxy drains, then unloads.
     core.delete_namespaced_pod("m-pod", "default", grace_period_seconds=30)
     status = await running.stub.UnloadModel(unload, metadata=bearer(token))
     assert status.state == agent_pb2.MODEL_STATE_ABSENT
-    assert not (model_repository / "m").exists()
+    assert not (model_repository / name).exists()

@@ -230,7 +230,7 @@ async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
     owners = OwnerStore(repository.root.parent / "state")
     owners.load()
 
-    async def nobody_else(owner: OwnerRecord, model_id: str) -> bool:
+    async def nobody_else(owner: OwnerRecord) -> bool:
         return False
 
     async def not_in_triton(name: str) -> None:

@@ -24,6 +24,7 @@ from tests.agent.conftest import (
     eventually,
     install_dir,
     make_pod,
+    name_in_triton,
     start_agent,
 )
 from tests.conftest import copy_model
@@ -56,12 +57,13 @@ async def test_install_load_infer_unload(
     gpu = running.mock.gpus[1].uuid
     make_pod(kube_api, "m1-pod", "m1", gpu_uuid=gpu)
     token = apiserver.mint_token("default", "m1-pod")
+    name = name_in_triton(kube_api, "m1-pod", "m1")
     source = copy_model("add_one", tmp_path / "src", as_name="m1")
 
     reply = await install_dir(running.stub, token, source, "m1")
     assert not reply.unchanged
     assert reply.bytes_written == sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
-    assert (model_repository / "m1" / "1" / "model.py").read_bytes() == (
+    assert (model_repository / name / "1" / "model.py").read_bytes() == (
         source / "1" / "model.py"
     ).read_bytes()
     staging = model_repository.parent / ".tritonshare-staging"
@@ -79,7 +81,7 @@ async def test_install_load_infer_unload(
     assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
     assert status.gpu_uuid == gpu
     assert status.pod == "default/m1-pod"
-    assert infer_add_one(triton, "m1") == [2.0, 3.5]
+    assert infer_add_one(triton, name) == [2.0, 3.5]
 
     # A restarted pod sends the same manifest: nothing is written.
     again = await install_dir(running.stub, token, source, "m1")
@@ -90,13 +92,13 @@ async def test_install_load_infer_unload(
         agent_pb2.UnloadModelRequest(model_id="m1"), metadata=bearer(token)
     )
     assert status.state == agent_pb2.MODEL_STATE_ABSENT
-    assert not (model_repository / "m1").exists()
+    assert not (model_repository / name).exists()
     index = triton_http.InferenceServerClient(triton.http_url)
     try:
         states = {m["name"]: m.get("state") for m in index.get_model_repository_index()}
     finally:
         index.close()
-    assert states.get("m1") in (None, "UNAVAILABLE")
+    assert states.get(name) in (None, "UNAVAILABLE")
 
 
 async def test_refused_callers(

@@ -19,6 +19,7 @@ from typing import Any
 import kubernetes.client
 
 from binder.cli import main as cli
+from common.tritonname import private_triton_name
 from sim.triton import free_port
 from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
@@ -47,15 +48,22 @@ async def test_status_lists_gpus_with_capacity_allocation_and_models(
     lines = text.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == [
         "NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "USED",
-        "MODELS (REQUEST, MEASURED)",
+        "PODS: MODEL (REQUEST, MEASURED)",
     ]  # fmt: skip
     gpu_rows = [re.split(r"\s{2,}", line) for line in lines if line.startswith("gpu-1")]
     # binpack put both models on one GPU, keeping the other whole.
-    assert sorted(row[9] for row in gpu_rows) == ["-", "bert (asks 6Gi), resnet (asks 4Gi)"]
+    assert sorted(row[9] for row in gpu_rows) == [
+        "-",
+        "default/bert: bert (asks 6Gi), default/resnet: resnet (asks 4Gi)",
+    ]
     full = next(row for row in gpu_rows if row[9] != "-")
     assert full[5:9] == ["16Gi", "10Gi", "6Gi", "-"]
-    # The agent's measurements show beside the requests, and the binder counts the larger.
-    usage = {full[3]: {"used": 9 * GI, "models": {"resnet": 7 * GI}}}
+    # The agent's measurements (by the model's private name in Triton) show beside the requests,
+    # and the binder counts the larger.
+    resnet = private_triton_name(
+        "default", "resnet", core.read_namespaced_pod("resnet", "default").metadata.uid
+    )
+    usage = {full[3]: {"used": 9 * GI, "models": {resnet: 7 * GI}}}
     core.patch_node("gpu-1", {"metadata": {"annotations": {KEYS.gpu_usage: json.dumps(usage)}}})
 
     def measured_row() -> list[str] | None:
@@ -66,13 +74,19 @@ async def test_status_lists_gpus_with_capacity_allocation_and_models(
         )
 
     row = await eventually(measured_row, what="the measured figure in the status")
-    assert row[6:10] == ["13Gi", "3Gi", "9Gi", "bert (asks 6Gi), resnet (asks 4Gi, uses 7Gi)"]
+    assert row[6:10] == [
+        "13Gi",
+        "3Gi",
+        "9Gi",
+        "default/bert: bert (asks 6Gi), default/resnet: resnet (asks 4Gi, uses 7Gi)",
+    ]
     assert any(line.startswith("cpu-only") and "no GPUs published" in line for line in lines)
     assert "GPU memory allocated 10Gi of 32Gi; 0 pods pending." in text
     _, explained = run_cli(kubeconfig, "explain", "default/resnet")
     assert "Its model is measured to use 7Gi (it asked for 4Gi); the binder counts 7Gi." in (
         explained
     )
+    assert f"Its model's name in Triton (Triton's log and nv_* series) is {resnet}" in explained
 
 
 async def test_explain_gives_each_node_its_reasons(

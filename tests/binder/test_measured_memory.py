@@ -9,6 +9,8 @@ from typing import Any
 
 import kubernetes.client
 
+from binder.model import NodeInfo, PodInfo
+from common.tritonname import private_triton_name
 from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import (
     MakeBinder,
@@ -56,3 +58,20 @@ async def test_a_gpu_never_offers_more_than_nvml_says_is_free(
     assert "largest free block 4Gi" in condition.message
     add_pod(core, "small", mem="3Gi", model="small")
     assert await eventually(lambda: node_of(core, "small"), what="a 3Gi pod to fit") == "gpu-1"
+
+
+def test_a_pods_measured_figure_is_found_by_its_private_name_and_never_lent_to_another() -> None:
+    """The agent publishes each model's figure by its name in Triton: two pods of one model id
+    (two namespaces, two revisions) each hold their own figure; a model installed before private
+    names is found by its id, and a pod whose own figure is there never takes that one."""
+    ours = PodInfo("uid-a", "team-a", "a", model_id="resnet50", request=GI)
+    theirs = PodInfo("uid-b", "team-b", "b", model_id="resnet50", request=GI)
+    legacy = PodInfo("uid-c", "team-c", "c", model_id="resnet50", request=GI)
+    node = NodeInfo(
+        "gpu-1", measured={ours.triton_name: 3 * GI, theirs.triton_name: 2 * GI, "resnet50": GI}
+    )
+    assert ours.triton_name != theirs.triton_name
+    assert ours.triton_name == private_triton_name("team-a", "resnet50", "uid-a")
+    assert [node.measured_of(p) for p in (ours, theirs, legacy)] == [3 * GI, 2 * GI, GI]
+    assert NodeInfo("gpu-1", measured={"resnet50": GI}).measured_of(ours) == GI
+    assert node.measured_of(PodInfo("uid-d", "team-d", "d")) is None

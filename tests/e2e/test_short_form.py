@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from common.contract import Keys
+from common.tritonname import private_triton_name
 from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
@@ -141,7 +142,12 @@ def test_a_model_pod_in_the_short_form_is_completed_placed_loaded_and_served(
     for name, ready in pods.items():
         assert ready.spec.node_name == NODE.name, name
         assert ready.metadata.annotations[KEYS.gpu].startswith("GPU-"), name
-    assert {"add_one", "echo"} <= _loaded(cluster)
+    # Each in Triton under its pod's private name (its clients still send the model id).
+    names = {
+        private_triton_name(NAMESPACE, model, pods[pod].metadata.uid)
+        for pod, model in (("add-one", "add_one"), ("echo", "echo"))
+    }
+    assert names <= _loaded(cluster)
 
     # Both proxies listen on port 9000, each on its own pod's address.
     address = pods["add-one"].status.pod_ip

@@ -33,6 +33,7 @@ from loader.errors import ExitCode
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer, free_port
+from tests.agent.conftest import name_in_triton
 from tests.conftest import copy_model
 from tests.fixtures_sim import core_v1, sign_placement, write_test_placement_key
 from tests.loader.loaderprocess import ROOT, LoaderRun, run_loader
@@ -182,15 +183,15 @@ def agent(node: Node) -> Iterator[AgentProcess]:
         running.stop()
 
 
-def infer_add_one(triton: TritonServer, rows: list[list[float]]) -> Any:
+def infer_add_one(triton: TritonServer, rows: list[list[float]], name: str) -> Any:
     """OUTPUT0 of add_one for `rows`, asked of Triton through tritonclient."""
     client = triton_http.InferenceServerClient(triton.http_url)
     try:
-        assert client.is_model_ready("add_one")
+        assert client.is_model_ready(name)
         data = np.array(rows, dtype=np.float32)
         infer_input = triton_http.InferInput("INPUT0", list(data.shape), "FP32")
         infer_input.set_data_from_numpy(data)
-        answer = client.infer("add_one", [infer_input]).as_numpy("OUTPUT0")
+        answer = client.infer(name, [infer_input]).as_numpy("OUTPUT0")
     finally:
         client.close()
     assert answer is not None
@@ -224,7 +225,9 @@ def test_a_good_model_ends_ready_and_restarts_reuse_or_replace_it(
     assert {r.get("model") for r in records} == {"add_one"}
     assert "model add_one is READY on the CPU" in first.termination_message
 
-    assert infer_add_one(node.triton, [[1.5, -2.0, 41.0]]) == [[2.5, -1.0, 42.0]]
+    # The agent serves it under the pod's private name in Triton.
+    name = name_in_triton(node.api, "add-one-0", "add_one", NAMESPACE)
+    assert infer_add_one(node.triton, [[1.5, -2.0, 41.0]], name) == [[2.5, -1.0, 42.0]]
 
     written = agent.metric("tritonshare_agent_install_written_bytes_total")
     installs = agent.metric("tritonshare_agent_installs_total")
@@ -247,7 +250,7 @@ def test_a_good_model_ends_ready_and_restarts_reuse_or_replace_it(
     assert replaced.returncode == ExitCode.OK, replaced.explain()
     assert final_record(replaced)["installed"] is True
     assert "unloading it to install this pod's files" in replaced.logs
-    assert infer_add_one(node.triton, [[1.0]]) == [[101.0]]
+    assert infer_add_one(node.triton, [[1.0]], name) == [[101.0]]
 
 
 def test_a_model_triton_rejects_exits_5_with_tritons_reason(
