@@ -17,7 +17,7 @@ from proxy.agentclient import AgentClient
 from proxy.reinstall import LoaderProcess, LoaderRun, Reinstaller, ReinstallTiming, loader_flags
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
-from tests.agent.conftest import RunningAgent, eventually, make_pod
+from tests.agent.conftest import RunningAgent, eventually, make_pod, name_in_triton
 from tests.agent.test_attacks import MODEL, attacker_model, infer, namespaces
 from tests.conftest import copy_model
 
@@ -86,7 +86,7 @@ async def test_a_pod_cannot_have_another_teams_lost_model_reinstalled(
         loader_flags(source, MODEL, address, attacker_token, log_level="INFO", log_format="text")
     ).run()
     assert outcome.exit_code == 4, outcome
-    assert not (running.agent.repository.root / MODEL).exists()
+    assert not any(running.agent.repository.root.glob(f"{MODEL}*"))
 
     # The victim's own proxy reinstalls it, on the GPU of its proof.
     victim_token = token_file(tmp_path / "v", apiserver.mint_token("team-b", "victim"))
@@ -98,7 +98,7 @@ async def test_a_pod_cannot_have_another_teams_lost_model_reinstalled(
     assert [r.exit_code for r in runs] == [0], runs
     assert gpu in runs[0].message
     print(f"\nthe reinstalling loader's peak memory: {runs[0].peak_bytes / 2**20:.0f} MiB")
-    assert infer(triton, MODEL) == 2.0
+    assert infer(triton, name_in_triton(kube_api, "victim", MODEL, "team-b")) == 2.0
 
     core: Any = kubernetes.client.CoreV1Api(kube_api)
 
