@@ -403,7 +403,12 @@ class StreamGate:
             self.relay_buffered(stream)
 
     def _inject(self, stream: Stream, response: bytes) -> None:
-        """Send the tenant an in-stream response of the relay's own (Triton never sees it)."""
+        """Send the tenant an in-stream response of the relay's own (Triton never sees it),
+        after the response head: Triton's may not have come yet (`Replies.triton_headers` then
+        sends none of its own)."""
+        if not stream.responded:
+            self.out.write(f.local_head(stream.sid))
+            stream.responded = True
         self.replies.to_tenant(stream, f.grpc_message(response), False)
 
     def whole_message(self, payload: bytes, stream: Stream) -> bool:

@@ -176,6 +176,8 @@ class Replies:
         if stream.sid not in self.streams:
             return  # answered by the relay already
         if not end_stream:
+            if stream.responded:  # the relay answered in the stream first, with its own head
+                return
             stream.responded = True
             block = self.encoder.encode(fields)
             self.out.write(f.headers_frames(stream.sid, block, False, self.max_frame))
