@@ -7,7 +7,8 @@ put back to the public id in its JSON (`policy.naming.rename_json`), and the len
 it (`Content-Length`, `Inference-Header-Content-Length` of the binary tensor extension, chunk
 sizes) set to match. A response up to `naming.HOLD` bytes is renamed whole; a larger one (a large
 inference answer) from its first bytes, where Triton writes the model's name, the rest passing as
-it comes; a chunked one (generate_stream's events) chunk by chunk.
+it comes; a chunked one (generate_stream's server-sent events) event by event, each
+re-chunked whole, however Triton cut it.
 
 What it must not do: hold more than HOLD of a response, or let a response it cannot rename reach
 the tenant with the private name (NamingError: the relay answers 502 instead). Pure, no I/O.
@@ -24,7 +25,7 @@ _HEAD: Final = 0  # reading the response head
 _WHOLE: Final = 1  # holding a body of known length up to HOLD
 _LARGE: Final = 2  # holding the start of a larger body until its name is seen
 _PASS: Final = 3  # passing the rest of a body as it comes
-_CHUNKS: Final = 4  # renaming a chunked body chunk by chunk
+_CHUNKS: Final = 4  # renaming a chunked body event by event
 _DONE: Final = 5  # the rest (a trailer, or a body that names nothing) passes as it comes
 
 _LENGTH: Final = b"content-length"
@@ -36,8 +37,8 @@ class AnswerNames:
     send on what it returns."""
 
     __slots__ = (
-        "_chunk",
         "_error",
+        "_events",
         "_head",
         "_head_only",
         "_held",
@@ -59,7 +60,7 @@ class AnswerNames:
         self._left = 0  # body bytes still due
         self._json = -1  # Inference-Header-Content-Length, -1 without
         self._error = False
-        self._chunk = -1  # chunk data bytes still due (with CRLF), -1 at a size line
+        self._events = b""  # a chunked answer's data not yet sent: the start of an event
         self._head = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -182,7 +183,9 @@ class AnswerNames:
         return -1
 
     def _chunks(self, data: bytes, pos: int, out: list[bytes]) -> int:
-        """Rename whole chunks from `pos`: the offset past the last one taken, -1 for none."""
+        """Take whole chunks from `pos`, and send on the whole events (server-sent events end
+        with a blank line) they complete, renamed, as one chunk: an event Triton split across
+        chunks is renamed whole. The offset past the last chunk taken, -1 for none."""
         end = len(data)
         taken = -1
         while pos < end:
@@ -190,17 +193,26 @@ class AnswerNames:
             if line_end < 0:
                 break
             size = int(data[pos:line_end].split(b";", 1)[0].strip(), 16)
-            if size == 0:  # the last chunk: it and the trailers pass as they are
+            if size == 0:  # the last chunk: what is left, then it and the trailers as they are
+                self._send_events(len(self._events), out)
                 self._state = _DONE
                 return pos
-            if size > HOLD:
-                raise NamingError("a chunk of Triton's answer is too large to rename")
             stop = line_end + 2 + size
             if stop + 2 > end:
                 break
-            chunk = data[line_end + 2 : stop]
-            error = self._error or b'"error":' in chunk  # an event reporting a failure
-            new = rename_json(chunk, -1, error, self._private, self._public)
-            out.append(b"%x\r\n" % len(new) + new + b"\r\n")
+            self._events += data[line_end + 2 : stop]
             pos = taken = stop + 2
+            self._send_events(self._events.rfind(b"\n\n") + 2, out)
+            if len(self._events) > HOLD:
+                raise NamingError("an event of Triton's answer is too large to rename")
         return taken
+
+    def _send_events(self, stop: int, out: list[bytes]) -> None:
+        """Send the first `stop` bytes of the events held, renamed, as one chunk."""
+        if stop <= 1:
+            return
+        events = self._events[:stop]
+        self._events = self._events[stop:]
+        error = self._error or b'"error":' in events  # an event reporting a failure
+        new = rename_json(events, -1, error, self._private, self._public)
+        out.append(b"%x\r\n" % len(new) + new + b"\r\n")

@@ -140,9 +140,10 @@ def rename_head(
 ) -> tuple[bytes, int, int] | None:
     """For a message too large to hold, of which `head` are the first bytes: (the bytes to send
     instead of `head[:consumed]`, consumed, how much longer the message gets), or None while
-    `head` ends before the name along `spec.chain` is whole. Fields before the chain's first are
-    `text` fields (renamed) or absent; a field after it first means the name is absent (nothing
-    to rename). Raises NamingError when `spec` has no chain or the message is malformed."""
+    `head` ends before the name along `spec.chain` is whole. Fields before the chain's first may
+    only be `text` fields (renamed). Raises NamingError when `spec` has no chain, when another
+    field comes first (the rest passes unread, so a name out of serializers' order could pass),
+    or when the message is malformed."""
     if not spec.chain:
         raise NamingError("only an inference answer may be too large to rename whole")
     try:
@@ -168,7 +169,8 @@ def _head(
             return None  # the key itself is cut: wait for more (a bad one is caught whole)
         number = key >> 3
         if number > want or key & 7 != LENGTH_DELIMITED:
-            return b"".join(out), pos, grew  # the name is absent: everything else as it came
+            # Absent, or later than serializers write it: what passes unread might name it.
+            raise NamingError(f"field {number} comes before the model's name in Triton's answer")
         try:
             length, value_at = _varint(data, after)
         except WireError:

@@ -38,6 +38,8 @@ NATIVE_TESTS = (
     "tests/proxy/http2",
     "tests/proxy/gateway/test_gateway.py",
     "tests/proxy/gateway/test_inflate_attacks.py",
+    "tests/proxy/gateway/test_private_names.py",
+    "tests/proxy/gateway/test_isolation_private.py",
     "tests/proxy/grpc/test_large_stream.py",
     "tests/proxy/grpc/test_pieces.py",
     "tests/proxy/policy/test_inflation.py",
