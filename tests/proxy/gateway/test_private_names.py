@@ -151,7 +151,8 @@ def infer_request(model: str, *, text: bytes | None = None, floats: int = 3) -> 
     else:
         request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
         request.raw_input_contents.append(len(text).to_bytes(4, "little") + text)
-    return request.SerializeToString()
+    data: bytes = request.SerializeToString()
+    return data
 
 
 def grpc_call(
