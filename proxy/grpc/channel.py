@@ -424,16 +424,19 @@ class RenamingChannel(TritonChannel):
 
     def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
         stream = self.streams.get(sid)
-        spec = None if stream is None else ANSWERS.get(stream.kind)
-        if stream is None or spec is None:  # an answer that names no model
+        if stream is None:
             super().on_data(body, flags, sid, length)
             return
+        names = stream.answers
+        if names is None:
+            spec = ANSWERS.get(stream.kind)
+            if spec is None:  # an answer that names no model
+                super().on_data(body, flags, sid, length)
+                return
+            names = stream.answers = AnswerNames(spec, self._private, self._public)
         self._got += length
         if len(body) < length:
             self.credit(stream, length - len(body))  # padding: never the tenant's
-        names = stream.answers
-        if names is None:
-            names = stream.answers = AnswerNames(spec, self._private, self._public)
         try:
             out = names.feed(body)
         except NamingError as e:

@@ -28,6 +28,8 @@ _PASS: Final = 3  # passing the rest of a body as it comes
 _CHUNKS: Final = 4  # renaming a chunked body event by event
 _DONE: Final = 5  # the rest (a trailer, or a body that names nothing) passes as it comes
 
+_KNOWN_HEAD: Final = 4096
+"""The largest response head kept as the last one."""
 _LENGTH: Final = b"content-length"
 _JSON_LENGTH: Final = b"inference-header-content-length"
 
@@ -39,29 +41,45 @@ class AnswerNames:
     __slots__ = (
         "_error",
         "_events",
+        "_grew",
         "_head",
         "_head_only",
         "_held",
         "_json",
+        "_known",
+        "_known_framing",
+        "_known_lines",
         "_left",
         "_lines",
         "_private",
         "_public",
+        "_renamed",
         "_state",
     )
 
     def __init__(self, private: bytes, public: bytes, head_only: bool) -> None:
         self._private = private
         self._public = public
+        # Triton repeats its response heads: the last one read, what it set, and its renamed
+        # form (for `_grew` bytes more), are kept across `reset`.
+        self._known = b""
+        self._known_framing = (0, 0, 0, False)
+        self._known_lines: list[bytes] = []
+        self._renamed = b""
+        self._grew = 0
+        self._lines: list[bytes] = []  # the response head's lines, while it is held
+        self._head = b""
+        self.reset(head_only)
+
+    def reset(self, head_only: bool) -> None:
+        """Follow a new response (of a HEAD request: `head_only`)."""
         self._head_only = head_only
         self._state = _HEAD
         self._held = b""
-        self._lines: list[bytes] = []
         self._left = 0  # body bytes still due
         self._json = -1  # Inference-Header-Content-Length, -1 without
         self._error = False
         self._events = b""  # a chunked answer's data not yet sent: the start of an event
-        self._head = b""
 
     def feed(self, data: bytes) -> bytes:
         """What the tenant gets for `data`, the next bytes of Triton's response."""
@@ -127,6 +145,14 @@ class AnswerNames:
         return b"".join(out)
 
     def _read_head(self, head: bytes, out: list[bytes]) -> None:
+        if head == self._known:  # the last head again: as then
+            state, self._left, self._json, self._error = self._known_framing
+            self._state = state
+            self._lines = self._known_lines
+            self._head = self._known  # the very object: its renamed form is kept with it
+            if state != _WHOLE and state != _LARGE:
+                out.append(head)
+            return
         lines = head[:-4].split(b"\r\n")
         status = int(lines[0][9:12]) if len(lines[0]) >= 12 else 0
         if 100 <= status < 200:
@@ -159,11 +185,18 @@ class AnswerNames:
             self._head = head
             self._left = length
             self._state = _WHOLE if length <= HOLD else _LARGE
+        if not self._head_only and len(head) <= _KNOWN_HEAD:
+            self._known = head
+            self._known_framing = (self._state, self._left, self._json, self._error)
+            self._known_lines = lines
+            self._renamed = b""
 
     def _renamed_head(self, grew: int) -> bytes:
         """The held response head with its lengths `grew` bytes longer."""
         if not grew:
             return self._head
+        if self._renamed and grew == self._grew and self._head is self._known:
+            return self._renamed
         lines = [self._lines[0]]
         for line in self._lines[1:]:
             name, _, value = line.partition(b":")
@@ -171,7 +204,11 @@ class AnswerNames:
             if key == _LENGTH or (key == _JSON_LENGTH and self._json >= 0):
                 line = name + b": " + str(int(value.strip()) + grew).encode()
             lines.append(line)
-        return b"\r\n".join(lines) + b"\r\n\r\n"
+        renamed = b"\r\n".join(lines) + b"\r\n\r\n"
+        if self._head is self._known:
+            self._renamed = renamed
+            self._grew = grew
+        return renamed
 
     def _large(self, start: bytes) -> int:
         """Where the part of a large body's start to rename ends (past its name), or -1."""

@@ -630,7 +630,7 @@ class RenamingConnection(ClientConnection):
     def _send(self, upstream: Upstream, buffer: bytes, start: int, verbatim: bool = False) -> None:
         head = self._head
         assert head is not None
-        self._names = AnswerNames(self._private, self._public, head.method == "HEAD")
+        self._names.reset(head.method == "HEAD")
         self._named = False
         super()._send(upstream, buffer, start, verbatim)
 

@@ -87,6 +87,16 @@ ANSWERS: Final[dict[str, Spec]] = {
 def rename_message(spec: Spec, message: bytes, private: bytes, public: bytes) -> bytes:
     """`message` with the private name put back to the public id where `spec` says; the very
     object when nothing changed. Raises NamingError for a malformed message."""
+    if spec.chain:
+        # An inference answer names the model once, first, as serializers write it: renamed
+        # there without walking the rest (an unusual one is walked whole below).
+        try:
+            head = _head(spec, spec.chain, message, private, public)
+        except (NamingError, WireError):
+            head = None
+        if head is not None:
+            sent, consumed, _grew = head
+            return message if sent == message[:consumed] else sent + message[consumed:]
     try:
         return _rename(spec, message, private, public)
     except (WireError, IndexError) as e:
@@ -211,18 +221,35 @@ def rename_json(body: bytes, json: int, error: bool, private: bytes, public: byt
     `"model_name"` and `"name"` whose value it is (or, for `"name"`, begins with it and `_`:
     an instance group's name Triton derived from it), and with `error` (an error body) every
     occurrence. The very object when nothing changed."""
-    head = body if json < 0 else body[:json]
-    if private not in head:
+    end = len(body) if json < 0 else json
+    at = body.find(private, 0, end)
+    if at < 0:
         return body
     if error:
-        new = head.replace(private, public)
-    else:
-        new = head
-        for key in (b'"model_name":"', b'"name":"'):
-            new = new.replace(key + private + b'"', key + public + b'"')
-        # An instance group's name Triton derived from the model's (`<name>_<n>`, config).
-        new = new.replace(b'"name":"' + private + b"_", b'"name":"' + public + b"_")
-    return new if json < 0 else new + body[json:]
+        new = body[:end].replace(private, public)
+        return new if json < 0 else new + body[json:]
+    # Each occurrence is renamed where it is a member's whole value (or an instance group's
+    # derived `<name>_<n>`): one search through the body, most often one occurrence.
+    out: list[bytes] = []
+    done = 0
+    size = len(private)
+    while at >= 0:
+        after = body[at + size : at + size + 1]
+        if (body.endswith(_MODEL_NAME, 0, at) and after == b'"') or (
+            body.endswith(_NAME, 0, at) and after in (b'"', b"_")
+        ):
+            out.append(body[done:at])
+            out.append(public)
+            done = at + size
+        at = body.find(private, at + size, end)
+    if not out:
+        return body
+    out.append(body[done:])
+    return b"".join(out)
+
+
+_MODEL_NAME: Final = b'"model_name":"'
+_NAME: Final = b'"name":"'
 
 
 class AnswerNames:

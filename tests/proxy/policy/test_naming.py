@@ -233,3 +233,20 @@ def test_rest_answers_cut_anywhere(cuts: list[int]) -> None:
             out += names.feed(sent[last:cut])
             last = cut
         assert out == expected
+
+
+def test_rest_answers_on_one_connection_reuse_their_head_only_when_it_is_the_same() -> None:
+    names = RestAnswerNames(PRIVATE, PUBLIC, head_only=False)
+    answers = []
+    for data in (b"[1]", b"[1]", b"[1,2]", b"[1]"):
+        body = b'{"model_name":"' + PRIVATE + b'","outputs":' + data + b"}"
+        head = ["HTTP/1.1 200 OK", f"Content-Length: {len(body)}"]
+        names.reset(head_only=False)
+        answers.append(names.feed(_response(head, body)))
+        renamed = body.replace(PRIVATE, PUBLIC)
+        assert answers[-1] == _response(
+            ["HTTP/1.1 200 OK", f"Content-Length: {len(renamed)}"], renamed
+        )
+    names.reset(head_only=True)  # a HEAD request's answer: its length is not its body's
+    head = _response(["HTTP/1.1 200 OK", "Content-Length: 77"], b"")
+    assert names.feed(head) == head
