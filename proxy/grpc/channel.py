@@ -459,11 +459,13 @@ class RenamingChannel(TritonChannel):
         if stream is None:
             return
         private = self._private
-        if any(name == b"grpc-message" and private in value for name, value in fields):
-            fields = tuple(
-                (name, value.replace(private, self._public) if name == b"grpc-message" else value)
-                for name, value in fields
-            )
+        for name, value in fields:
+            if name == b"grpc-message" and private in value:
+                fields = tuple(
+                    (n, v.replace(private, self._public) if n == b"grpc-message" else v)
+                    for n, v in fields
+                )
+                break
         self._ended_by_triton(stream)
         stream.replies.triton_headers(stream, fields, True)
 

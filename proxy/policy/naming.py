@@ -257,7 +257,16 @@ class AnswerNames:
     send on what it returns (b"" while it holds the start of a message). `owed` counts the
     bytes of Triton's taken since the last non-empty return, for the caller's flow control."""
 
-    __slots__ = ("_held", "_left", "_private", "_public", "_spec", "owed")
+    __slots__ = (
+        "_first",
+        "_held",
+        "_left",
+        "_private",
+        "_public",
+        "_renamed_first",
+        "_spec",
+        "owed",
+    )
 
     def __init__(self, spec: Spec, private: bytes, public: bytes) -> None:
         self._spec = spec
@@ -266,9 +275,26 @@ class AnswerNames:
         self._held = b""  # the start of a message, not yet renamed
         self._left = 0  # bytes of a large message still to pass as they come
         self.owed = 0
+        # A ModelInferResponse's first field, its name, before and after (the common case).
+        self._first = encode_string(1, private) if spec.chain == (1,) else b""
+        self._renamed_first = encode_string(1, public)
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to send the tenant for `data`, the next bytes of Triton's answer."""
+        first = self._first
+        if (
+            first
+            and not self._held
+            and not self._left
+            and len(data) > 5
+            and data[0] == 0
+            and int.from_bytes(data[1:5], "big") == len(data) - 5
+            and data.startswith(first, 5)
+        ):
+            # One whole inference answer, naming the model first: the common case, spliced.
+            named = self._renamed_first
+            size = len(data) - 5 + len(named) - len(first)
+            return b"\x00" + size.to_bytes(4, "big") + named + data[5 + len(first) :]
         out: list[bytes] = []
         if self._held:
             data = self._held + data

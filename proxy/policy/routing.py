@@ -231,10 +231,15 @@ class GrpcRouter:
         self.renames = self.triton_name != self._name
         """Triton knows the model by another name: messages, and Triton's answers, are mapped."""
         self._ready_request = wire.encode_string(1, self.triton_name)
+        self._public_field = wire.encode_string(1, self._name)
+        self._private_field = self._ready_request
 
     def renamed(self, request: bytes) -> bytes:
         """`request`, whose model name field (checked: exactly once) is the model id, naming the
         model's name in Triton instead; every other byte as it was."""
+        public = self._public_field
+        if request.startswith(public):  # first, as serializers write it
+            return self._private_field + request[len(public) :]
         return wire.with_string_value(request, 1, self.triton_name)
 
     def is_stream(self, kind: str) -> bool:

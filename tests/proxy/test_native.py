@@ -40,6 +40,8 @@ NATIVE_TESTS = (
     "tests/proxy/gateway/test_inflate_attacks.py",
     "tests/proxy/gateway/test_private_names.py",
     "tests/proxy/gateway/test_isolation_private.py",
+    "tests/proxy/grpc/test_renaming.py",
+    "tests/proxy/policy/test_naming.py",
     "tests/proxy/grpc/test_large_stream.py",
     "tests/proxy/grpc/test_pieces.py",
     "tests/proxy/policy/test_inflation.py",
