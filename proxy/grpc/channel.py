@@ -48,7 +48,7 @@ from proxy.http2.state import (
     WE_ENDED,
     StreamStateError,
 )
-from proxy.policy.naming import ANSWERS, AnswerNames, NamingError
+from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
 
@@ -421,6 +421,7 @@ class RenamingChannel(TritonChannel):
         super().__init__(relay)
         self._private = private
         self._public = public
+        self._first, self._renamed_first = name_fields(private, public)
 
     def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
         stream = self.streams.get(sid)
@@ -433,7 +434,9 @@ class RenamingChannel(TritonChannel):
             if spec is None:  # an answer that names no model
                 super().on_data(body, flags, sid, length)
                 return
-            names = stream.answers = AnswerNames(spec, self._private, self._public)
+            names = stream.answers = AnswerNames(
+                spec, self._private, self._public, self._first, self._renamed_first
+            )
         self._got += length
         if len(body) < length:
             self.credit(stream, length - len(body))  # padding: never the tenant's

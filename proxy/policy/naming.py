@@ -252,6 +252,12 @@ _MODEL_NAME: Final = b'"model_name":"'
 _NAME: Final = b'"name":"'
 
 
+def name_fields(private: bytes, public: bytes) -> tuple[bytes, bytes]:
+    """The name field (1) of the private name and of the public id, made once per relay for
+    `AnswerNames` (the common answer is spliced at that field)."""
+    return encode_string(1, private), encode_string(1, public)
+
+
 class AnswerNames:
     """Renames the answers of one gRPC call as Triton's DATA comes: `feed` each DATA payload,
     send on what it returns (b"" while it holds the start of a message). `owed` counts the
@@ -268,16 +274,18 @@ class AnswerNames:
         "owed",
     )
 
-    def __init__(self, spec: Spec, private: bytes, public: bytes) -> None:
+    def __init__(
+        self, spec: Spec, private: bytes, public: bytes, first: bytes = b"", renamed: bytes = b""
+    ) -> None:
         self._spec = spec
         self._private = private
         self._public = public
         self._held = b""  # the start of a message, not yet renamed
         self._left = 0  # bytes of a large message still to pass as they come
         self.owed = 0
-        # A ModelInferResponse's first field, its name, before and after (the common case).
-        self._first = encode_string(1, private) if spec.chain == (1,) else b""
-        self._renamed_first = encode_string(1, public)
+        # For a ModelInferResponse: its first field, the name, before and after (`name_fields`).
+        self._first = first if spec is _NAMED else b""
+        self._renamed_first = renamed
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to send the tenant for `data`, the next bytes of Triton's answer."""

@@ -250,3 +250,12 @@ def test_rest_answers_on_one_connection_reuse_their_head_only_when_it_is_the_sam
     names.reset(head_only=True)  # a HEAD request's answer: its length is not its body's
     head = _response(["HTTP/1.1 200 OK", "Content-Length: 77"], b"")
     assert names.feed(head) == head
+
+
+@pytest.mark.parametrize("payload", [0, 12, 70_000])
+def test_a_whole_inference_answer_spliced_at_its_name_is_the_same_as_renamed(payload: int) -> None:
+    first, renamed = naming.name_fields(PRIVATE, PUBLIC)
+    data = framed(infer_response(PRIVATE.decode(), payload).SerializeToString())
+    fast = AnswerNames(ANSWERS["ModelInfer"], PRIVATE, PUBLIC, first, renamed).feed(data)
+    assert fast == AnswerNames(ANSWERS["ModelInfer"], PRIVATE, PUBLIC).feed(data)
+    assert fast == framed(infer_response(PUBLIC.decode(), payload).SerializeToString())
