@@ -47,13 +47,20 @@ class AnswerNames:
         "_held",
         "_json",
         "_known",
+        "_known_error",
         "_known_framing",
+        "_known_json",
+        "_known_left",
         "_known_lines",
+        "_known_whole",
         "_left",
         "_lines",
+        "_opening",
         "_private",
         "_public",
         "_renamed",
+        "_renamed_opening",
+        "_shift",
         "_state",
     )
 
@@ -64,6 +71,16 @@ class AnswerNames:
         # form (for `_grew` bytes more), are kept across `reset`.
         self._known = b""
         self._known_framing = (0, 0, 0, False)
+        # ... and, for the common answer, whether it is held whole, its length, JSON header and
+        # error, as plain attributes (compiled, a tuple attribute is packed anew on each read).
+        self._known_whole = False
+        self._known_left = 0
+        self._known_json = -1
+        self._known_error = False
+        # An inference answer's opening and its renamed form, and by how much it shifts.
+        self._opening = b'{"model_name":"' + private + b'"'
+        self._renamed_opening = b'{"model_name":"' + public + b'"'
+        self._shift = len(public) - len(private)
         self._known_lines: list[bytes] = []
         self._renamed = b""
         self._grew = 0
@@ -88,16 +105,26 @@ class AnswerNames:
             self._state == _HEAD
             and not self._held
             and known
-            and self._known_framing[0] == _WHOLE
-            and len(data) == len(known) + self._known_framing[1]
+            and self._known_whole
+            and len(data) == len(known) + self._known_left
             and data.startswith(known)
         ):
             # The whole answer under the last head again: the common case, without the loop.
-            _state, _left, json, error = self._known_framing
-            body = data[len(known) :]
-            new = rename_json(body, json, error, self._private, self._public)
             self._head = known
             self._state = _DONE
+            start = len(known)
+            opening = self._opening
+            if (
+                data.startswith(opening, start)
+                and data.find(self._private, start + len(opening)) < 0
+            ):
+                # An inference answer that begins with its name, and names it nowhere else.
+                rest = data[start + len(opening) :]
+                return self._renamed_head(self._shift) + self._renamed_opening + rest
+            body = data[start:]
+            new = rename_json(
+                body, self._known_json, self._known_error, self._private, self._public
+            )
             return self._renamed_head(len(new) - len(body)) + new
         if self._held:
             data = self._held + data
@@ -143,13 +170,13 @@ class AnswerNames:
                 pos += want
                 self._state = _DONE
                 continue
-            start = data[pos : pos + min(want, HOLD)]
-            found = self._large(start)
+            beginning = data[pos : pos + min(want, HOLD)]
+            found = self._large(beginning)
             if found < 0:
-                if len(start) >= HOLD or len(start) == want:
+                if len(beginning) >= HOLD or len(beginning) == want:
                     raise NamingError("Triton's large answer does not name the model first")
                 break
-            new = rename_json(start[:found], -1, False, self._private, self._public)
+            new = rename_json(beginning[:found], -1, False, self._private, self._public)
             grew = len(new) - found
             out.append(self._renamed_head(grew))
             out.append(new)
@@ -204,6 +231,10 @@ class AnswerNames:
         if not self._head_only and len(head) <= _KNOWN_HEAD:
             self._known = head
             self._known_framing = (self._state, self._left, self._json, self._error)
+            self._known_whole = self._state == _WHOLE
+            self._known_left = self._left
+            self._known_json = self._json
+            self._known_error = self._error
             self._known_lines = lines
             self._renamed = b""
 

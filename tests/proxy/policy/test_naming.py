@@ -259,3 +259,15 @@ def test_a_whole_inference_answer_spliced_at_its_name_is_the_same_as_renamed(pay
     fast = AnswerNames(ANSWERS["ModelInfer"], PRIVATE, PUBLIC, first, renamed).feed(data)
     assert fast == AnswerNames(ANSWERS["ModelInfer"], PRIVATE, PUBLIC).feed(data)
     assert fast == framed(infer_response(PUBLIC.decode(), payload).SerializeToString())
+
+
+def test_rest_an_answer_quoting_its_private_name_in_its_data_keeps_it_there() -> None:
+    """The spliced common case must not skip an answer that holds the private name elsewhere."""
+    names = RestAnswerNames(PRIVATE, PUBLIC, head_only=False)
+    body = b'{"model_name":"' + PRIVATE + b'","outputs":[{"data":["' + PRIVATE + b'"]}]}'
+    head = ["HTTP/1.1 200 OK", f"Content-Length: {len(body)}"]
+    expected = body.replace(b'"model_name":"' + PRIVATE, b'"model_name":"' + PUBLIC)
+    for _ in range(2):  # the second under the last head: the spliced path's checks
+        names.reset(head_only=False)
+        out = names.feed(_response(head, body))
+        assert out == _response(["HTTP/1.1 200 OK", f"Content-Length: {len(expected)}"], expected)
