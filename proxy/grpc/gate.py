@@ -60,8 +60,8 @@ _INFERENCE: Final = frozenset({"ModelInfer", "ModelStreamInfer"})
 """The RPCs whose messages may be larger than `refusals.SMALL_REQUEST`."""
 _CUT: Final = "the call ended inside a message; send each message whole"
 _COMPRESSED_RENAME: Final = (
-    "a compressed message that inflates past 64 KiB cannot be passed to the model's name in "
-    "the node's Triton without inflating it whole; send it uncompressed"
+    "a compressed message that inflates past 64 KiB cannot be renamed to the model's private "
+    "name in the node's Triton without inflating it whole; send it uncompressed"
 )
 _NAME_FIRST: Final = (
     "a message over 16 KiB must carry the model name as its first field, as protobuf "
