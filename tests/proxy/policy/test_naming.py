@@ -248,8 +248,8 @@ def test_rest_answers_on_one_connection_reuse_their_head_only_when_it_is_the_sam
             ["HTTP/1.1 200 OK", f"Content-Length: {len(renamed)}"], renamed
         )
     names.reset(head_only=True)  # a HEAD request's answer: its length is not its body's
-    head = _response(["HTTP/1.1 200 OK", "Content-Length: 77"], b"")
-    assert names.feed(head) == head
+    bare = _response(["HTTP/1.1 200 OK", "Content-Length: 77"], b"")
+    assert names.feed(bare) == bare
 
 
 @pytest.mark.parametrize("payload", [0, 12, 70_000])
