@@ -50,7 +50,7 @@ run.
 
     .venv/bin/python -m benchmarks.proxy_hotpath [--requests 4000] [--warmup 300]
         [--proc-requests 10000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
-        [--native] [--gateway] [--pin]
+        [--native] [--gateway [--private-name NAME]] [--pin]
 
 About 5-7 minutes on a 2-core box with the defaults and a baseline tree (half of it the /proc
 rounds, most of the rest the hops' start under valgrind).
@@ -178,6 +178,9 @@ class Trees:
     """The gateway (behind a proxy of its tree, not measured) instead of the proxy."""
     work: Path
     """Where the gateway's caller table is written."""
+    private_name: str = ""
+    """The model's private name in Triton the gateways map to (issue 25); empty: none. A
+    baseline tree from before private names ignores it and reaches the model under its id."""
 
 
 @contextlib.contextmanager
@@ -191,7 +194,13 @@ def running_hops(
     def measured(name: str, root: Path) -> contextlib.AbstractContextManager[Hop]:
         if trees.gateway:
             return running_full_path(
-                upstream, relay_mode, trees.work, root, wrap(name), START_TIMEOUT
+                upstream,
+                relay_mode,
+                trees.work,
+                root,
+                wrap(name),
+                START_TIMEOUT,
+                trees.private_name,
             )
         return running_proxy(upstream, relay_mode, root, wrap(name), START_TIMEOUT)
 
@@ -379,6 +388,12 @@ def main() -> int:
         "--baseline-tree of build/native is brought up to date the same way",
     )
     parser.add_argument(
+        "--private-name",
+        default="",
+        help="with --gateway: the gateway maps the model id to this private name in Triton "
+        "(issue 25; a --baseline-tree from before ignores it); default: none",
+    )
+    parser.add_argument(
         "--gateway",
         action="store_true",
         help="measure the node gateway (behind a proxy, as in a node) instead of the proxy",
@@ -400,6 +415,8 @@ def main() -> int:
         parser.error("--pin needs two CPUs or more: one for the hop, the rest for the load")
     if min(args.requests, args.warmup, args.proc_requests) < 16:
         parser.error("every load needs at least 16 requests (one per connection at c=16)")
+    if args.private_name and not args.gateway:
+        parser.error("--private-name is the gateway's: add --gateway")
     baseline = args.baseline_tree
     if (
         baseline is not None
@@ -417,8 +434,8 @@ def main() -> int:
     what = "gateway" if args.gateway else "proxy"
     lines = []
     with tempfile.TemporaryDirectory(prefix="proxy-hotpath-") as tmp:
-        trees = Trees(main_tree, baseline, args.gateway, Path(tmp))
-        with running_triton(trees.work) as triton:
+        trees = Trees(main_tree, baseline, args.gateway, Path(tmp), args.private_name)
+        with running_triton(trees.work, args.private_name) as triton:
             upstream = (triton.http_url, triton.grpc_url)
             loads = Loads.write(trees.work, Hop(*upstream))
             if "callgrind" in parts:

@@ -128,16 +128,23 @@ def _wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 @contextmanager
-def running_triton(workdir: Path) -> Iterator[TritonServer]:
+def running_triton(workdir: Path, private_name: str = "") -> Iterator[TritonServer]:
+    """Triton serving MODEL, and the same model under `private_name` too when one is given (as
+    the agent loads a pod's model under its private name, issue 25)."""
     repository = workdir / "repository"
     repository.mkdir()
     shutil.copytree(ROOT / "tests" / "models" / MODEL, repository / MODEL)
+    if private_name:
+        shutil.copytree(ROOT / "tests" / "models" / MODEL, repository / private_name)
+        config = repository / private_name / "config.pbtxt"
+        config.write_text(config.read_text().replace(f'"{MODEL}"', f'"{private_name}"', 1))
     with TritonServer(repository) as server:
-        load = urllib.request.Request(
-            f"http://{server.http_url}/v2/repository/models/{MODEL}/load", method="POST"
-        )
-        with urllib.request.urlopen(load, timeout=60):
-            pass
+        for name in (MODEL, *([private_name] if private_name else [])):
+            load = urllib.request.Request(
+                f"http://{server.http_url}/v2/repository/models/{name}/load", method="POST"
+            )
+            with urllib.request.urlopen(load, timeout=60):
+                pass
         yield server
 
 
@@ -208,12 +215,13 @@ def running_gateway(
     root: Path = ROOT,
     wrapper: Sequence[str] = (),
     timeout: float = 30.0,
+    private_name: str = "",
 ) -> Iterator[Hop]:
     """The node gateway (`python -m proxy.gateway`) as in a node pod, with a caller table that
-    lets POD_ADDRESS reach MODEL and that stays fresh for the whole run; its command prefixed by
-    `wrapper`, ready within `timeout` seconds."""
+    lets POD_ADDRESS reach MODEL (in Triton `private_name`, if given) and that stays fresh for
+    the whole run; its command prefixed by `wrapper`, ready within `timeout` seconds."""
     table = work / "callers.json"
-    pod = Caller(POD_ADDRESS, MODEL, "bench/add-one", "bench-uid")
+    pod = Caller(POD_ADDRESS, MODEL, "bench/add-one", "bench-uid", triton_name=private_name)
     write_table(table, CallerTable("bench-node", time.time(), (pod,)))
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [*wrapper, sys.executable, "-m", "proxy.gateway", "--caller-table", str(table)]
@@ -237,12 +245,16 @@ def running_full_path(
     root: Path = ROOT,
     wrapper: Sequence[str] = (),
     timeout: float = 30.0,
+    private_name: str = "",
 ) -> Iterator[Hop]:
     """A model pod's full path: the gateway (its command prefixed by `wrapper`) in front of
-    `upstream`, and a proxy (flags `extra`) sending to it from POD_ADDRESS, both from `root`.
-    The hop's CPU figures are the gateway's, then the proxy's."""
+    `upstream`, and a proxy (flags `extra`) sending to it from POD_ADDRESS, both from `root`;
+    the gateway maps MODEL to `private_name` in Triton when one is given. The hop's CPU figures
+    are the gateway's, then the proxy's."""
     with contextlib.ExitStack() as stack:
-        gateway = stack.enter_context(running_gateway(upstream, work, root, wrapper, timeout))
+        gateway = stack.enter_context(
+            running_gateway(upstream, work, root, wrapper, timeout, private_name)
+        )
         proxy = stack.enter_context(
             running_proxy(
                 (gateway.rest, gateway.grpc),
@@ -792,6 +804,12 @@ def main() -> int:
         "build/native is brought up to date the same way",
     )
     parser.add_argument(
+        "--private-name",
+        default="",
+        help="the full path's gateway maps the model id to this private name in Triton, where "
+        "the model is loaded under it too (issue 25); default: none, as before",
+    )
+    parser.add_argument(
         "--report",
         type=Path,
         nargs="+",
@@ -817,7 +835,10 @@ def main() -> int:
     relay_mode = [*args.proxy_arg, "--grpc-mode", "relay"]
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
         loads = Loads(Path(tmp), args.seconds)
-        with running_triton(Path(tmp)) as triton, contextlib.ExitStack() as stack:
+        with (
+            running_triton(Path(tmp), args.private_name) as triton,
+            contextlib.ExitStack() as stack,
+        ):
             triton_urls = (triton.http_url, triton.grpc_url)
             hops: dict[str, Hop] = {"direct": Hop(*triton_urls)}
             if "floor" in paths:
@@ -828,7 +849,9 @@ def main() -> int:
                 hops["chain"] = stack.enter_context(running_chain(triton_urls, relay_mode, tree))
             if "full" in paths:
                 hops["full"] = stack.enter_context(
-                    running_full_path(triton_urls, relay_mode, Path(tmp), tree)
+                    running_full_path(
+                        triton_urls, relay_mode, Path(tmp), tree, private_name=args.private_name
+                    )
                 )
             if "grpcio" in paths:
                 grpcio = [*args.proxy_arg, "--grpc-mode", "grpcio"]

@@ -42,6 +42,7 @@ PACKAGES = ("proxy", "common", "protos")
 """What `python -m proxy` and `python -m proxy.gateway` import from this repository."""
 COMPILED = (
     "proxy/http1/__init__.py",
+    "proxy/http1/answers.py",
     "proxy/http1/framing.py",
     "proxy/http1/listener.py",
     "proxy/http1/relay.py",
@@ -64,6 +65,7 @@ COMPILED = (
     "proxy/policy/__init__.py",
     "proxy/policy/inflation.py",
     "proxy/policy/limiter.py",
+    "proxy/policy/naming.py",
     "proxy/policy/refusals.py",
     "proxy/policy/routing.py",
     "proxy/policy/wire.py",

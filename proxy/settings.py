@@ -50,6 +50,11 @@ class Settings:
     """host:port of the node's Triton HTTP endpoint (no scheme)."""
     triton_grpc_url: str
     """host:port of the node's Triton gRPC endpoint."""
+    triton_name: str = ""
+    """The model's private name in Triton when it differs from `model_id` (issue 25): requests
+    naming `model_id` reach Triton under this name, and Triton's answers name `model_id` again.
+    Empty: the same as `model_id`, and the relays rename nothing. The node gateway sets it for
+    each calling pod from the caller table; a pod's own proxy leaves it empty (the gateway maps)."""
     source_address: str = ""
     """The local address connections to Triton (the node gateway) leave from; empty: the
     kernel's choice, which in a pod is the pod's address. The simulated cluster, whose pods share
@@ -123,6 +128,11 @@ class Settings:
             return 10 * self.container_concurrency
         return self.queue_size
 
+    @property
+    def name_in_triton(self) -> str:
+        """The model's name in Triton: `triton_name`, or `model_id` when none."""
+        return self.triton_name or self.model_id
+
 
 class SettingsError(ValueError):
     """A flag or environment variable has a value the proxy cannot use."""
@@ -138,6 +148,11 @@ def ip_address(value: str) -> str:
                 "is not an IP address; write e.g. 10.0.0.7, or leave it empty"
             ) from e
     return value
+
+
+def private_name(value: str) -> str:
+    """A model's name in Triton (empty: the model id), by the model id's grammar."""
+    return model_id(value) if value else value
 
 
 # The relay's limits, declared once: the proxy and the node gateway (which runs the same relays
@@ -198,6 +213,11 @@ DECLARATION = Declaration(
             "host:port of the node's Triton gRPC endpoint",
             host_port,
             required="where Triton's gRPC endpoint is",
+        ),
+        Setting(
+            "triton-name",
+            "the model's private name in Triton when not the model id (the node gateway's)",
+            private_name,
         ),
         Setting(
             "source-address",
@@ -289,6 +309,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         raise SettingsError(
             "--source-address works with --grpc-mode relay only (grpc.aio cannot choose its "
             "source address)"
+        )
+    if settings.triton_name and settings.grpc_mode == "grpcio":
+        raise SettingsError(
+            "--triton-name works with --grpc-mode relay only (grpc.aio's proxy does not rename "
+            "Triton's answers)"
         )
     if settings.agent_address and settings.token_file is None:
         raise SettingsError(

@@ -2,8 +2,9 @@
 
 What one calling pod can make the gateway hold, whatever it sends, from the relays' own bounds:
 each connection holds at most `CONNECTION_BYTES` (a REST connection: its head, pipelined
-requests and one compressed read being counted; a gRPC connection: a partial message or prefix
-on each of its streams, a header block, a small message inflated inline), and each stream at
+requests, one compressed read being counted, and an answer being renamed; a gRPC connection:
+a partial message or prefix on each of its streams, a header block, a small message inflated
+inline), and each stream at
 Triton or waiting for a slot at most `STREAM_BYTES` (request bytes Triton's window holds back,
 a response the tenant does not read, and a large message's name, request id and inflated
 slice). The deploy manifests set the gateway's memory limit from `worst_case` (a test keeps
@@ -22,6 +23,7 @@ from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http1.framing import MAX_HEAD_BYTES
 from proxy.http1.relay import PIPELINE_LIMIT
 from proxy.policy.inflation import SLICE
+from proxy.policy.naming import HOLD
 from proxy.policy.refusals import SMALL_REQUEST
 from proxy.policy.wire import CAPTURE
 
@@ -29,7 +31,9 @@ BASE_BYTES: Final = 64 * 1024**2
 """The process with no caller: interpreter, compiled relays, metrics (measured ~50-60 MiB)."""
 _READ: Final = 256 * 1024
 """The most one socket read hands the relay (uvloop's read buffer)."""
-_REST_CONNECTION: Final = MAX_HEAD_BYTES + PIPELINE_LIMIT + _READ + SLICE
+_REST_CONNECTION: Final = MAX_HEAD_BYTES + PIPELINE_LIMIT + _READ + SLICE + MAX_HEAD_BYTES + HOLD
+"""... and, for a model with a private name in Triton, an answer's head and start held to be
+renamed (`http1.answers`)."""
 _GRPC_CONNECTION: Final = (
     MAX_STREAMS * (max(HOLD_LIMIT, PREFIX_HOLD, SMALL_REQUEST) + 5)
     + MAX_HEADER_BLOCK
@@ -37,8 +41,10 @@ _GRPC_CONNECTION: Final = (
 )
 CONNECTION_BYTES: Final = max(_REST_CONNECTION, _GRPC_CONNECTION)
 """The most one connection holds outside the streams at Triton or queued (~4.2 MiB)."""
-STREAM_BYTES: Final = RECEIVE_WINDOW + RESPONSE_WINDOW + 2 * CAPTURE + SLICE
-"""The most one inference stream at Triton or waiting for a slot holds (~1.6 MiB)."""
+STREAM_BYTES: Final = RECEIVE_WINDOW + RESPONSE_WINDOW + 2 * CAPTURE + SLICE + HOLD
+"""The most one inference stream at Triton or waiting for a slot holds (~1.7 MiB); an answer's
+start held to be renamed (`naming.AnswerNames`) is within Triton's window, its renamed copy is
+the HOLD."""
 
 
 def per_pod(settings: GatewaySettings, declared: int = 0) -> int:

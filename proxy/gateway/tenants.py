@@ -3,7 +3,9 @@
 A `Tenant` is what the gateway serves a caller with: the proxy's `RestRelay` and `GrpcRelay`
 (routing, the raw-path grammar, server-wide APIs refused, other models answered like unknown
 ones, every gRPC message checked), made for the caller's model and fed the connections the
-gateway accepted from the caller's address. Each tenant has its own connections to Triton, so one
+gateway accepted from the caller's address. Where Triton knows the caller's model by a private
+name (`Caller.name_in_triton`, issue 25), the relays map the public model id in each request to
+it and back in each answer. Each tenant has its own connections to Triton, so one
 pod's stalled stream or slow reader never holds another's. `Tenants` makes them on a pod's first
 connection and drops them, with every open connection, the moment the pod loses its place in the
 caller table. What it must not do: decide who a caller is (`gateway.callers`) or accept sockets.
@@ -16,6 +18,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 
 from common.callers import Caller
 from proxy.grpc.server import GrpcRelay
@@ -33,6 +36,8 @@ class Tenant:
 
     def __init__(self, caller: Caller, settings: Settings, state: ProxyState) -> None:
         self.caller = caller
+        # The pod's proxy names the public model id; the gateway alone knows the private name.
+        settings = replace(settings, triton_name=caller.triton_name)
         self.limiter = Limiter(
             settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
         )

@@ -48,6 +48,7 @@ from proxy.http2.state import (
     WE_ENDED,
     StreamStateError,
 )
+from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
 
@@ -405,3 +406,79 @@ class TritonChannel(asyncio.Protocol):
                 self.waiting.pop(stream, None)
                 stream.replies.triton_refused(stream)
         self._ended()
+
+
+class RenamingChannel(TritonChannel):
+    """A channel for a model Triton knows by a private name (issue 25): Triton's answers name it,
+    and the tenant gets them naming the public model id (`policy.naming`), byte for byte as if
+    Triton served the model under that id. A message's start is held until its name can be
+    read (at most `naming.HOLD` per stream, within the stream's window); the tenant is then
+    sent the renamed bytes, and Triton credited for the bytes it sent (`AnswerNames.owed`).
+    An answer that cannot be renamed (compressed, or malformed) fails the call: never the
+    private name passed on. A separate class so a channel that renames nothing costs nothing."""
+
+    def __init__(self, relay: ChannelOwner, private: bytes, public: bytes) -> None:
+        super().__init__(relay)
+        self._private = private
+        self._public = public
+        self._first, self._renamed_first = name_fields(private, public)
+
+    def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
+        stream = self.streams.get(sid)
+        if stream is None:
+            super().on_data(body, flags, sid, length)
+            return
+        names = stream.answers
+        if names is None:
+            spec = ANSWERS.get(stream.kind)
+            if spec is None:  # an answer that names no model
+                super().on_data(body, flags, sid, length)
+                return
+            names = stream.answers = AnswerNames(
+                spec, self._private, self._public, self._first, self._renamed_first
+            )
+        self._got += length
+        if len(body) < length:
+            self.credit(stream, length - len(body))  # padding: never the tenant's
+        try:
+            out = names.feed(body)
+        except NamingError as e:
+            self._unrenamable(stream, e)
+            return
+        names.owed += len(body)
+        if flags & f.END_STREAM:
+            self._ended_by_triton(stream)
+            stream.replies.triton_data(stream, out, True)
+        elif out:
+            stream.replies.to_tenant(stream, out, False, names.owed)
+            names.owed = 0
+
+    def on_headers(self, sid: int, flags: int, block: bytes) -> None:
+        if not flags & f.END_STREAM:
+            super().on_headers(sid, flags, block)
+            return
+        fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        private = self._private
+        for name, value in fields:
+            if name == b"grpc-message" and private in value:
+                fields = tuple(
+                    (n, v.replace(private, self._public) if n == b"grpc-message" else v)
+                    for n, v in fields
+                )
+                break
+        self._ended_by_triton(stream)
+        stream.replies.triton_headers(stream, fields, True)
+
+    def _unrenamable(self, stream: Stream, error: NamingError) -> None:
+        log.warning(
+            "An answer of Triton's for model %s cannot be renamed to its public id (%s): "
+            "failing the call.",
+            self._public.decode(),
+            error,
+        )
+        self.out.write(f.rst_stream(stream.up, f.CANCEL))
+        self._close_stream(stream)
+        stream.replies.triton_reset(stream, f.INTERNAL_ERROR)

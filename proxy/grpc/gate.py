@@ -59,6 +59,14 @@ FORWARDED: Final = frozenset(
 _INFERENCE: Final = frozenset({"ModelInfer", "ModelStreamInfer"})
 """The RPCs whose messages may be larger than `refusals.SMALL_REQUEST`."""
 _CUT: Final = "the call ended inside a message; send each message whole"
+_COMPRESSED_RENAME: Final = (
+    "a compressed message that inflates past 64 KiB cannot be renamed to the model's private "
+    "name in the node's Triton without inflating it whole; send it uncompressed"
+)
+_NAME_FIRST: Final = (
+    "a message over 16 KiB must carry the model name as its first field, as protobuf "
+    "serializers write it; send it serialized in field order"
+)
 _FLAG: Final = (
     "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
 )
@@ -257,8 +265,36 @@ class StreamGate:
             )
         stream.left = size
         buf = stream.buf
+        if self.context.router.renames:
+            return self._begin_renamed(stream, flag, size)
         self._up(stream, bytes(buf[:5]), False)
         del buf[:5]
+        return True
+
+    def _begin_renamed(self, stream: Stream, flag: int, size: int) -> bool:
+        """`_begin` where Triton knows the model by its private name: the message's first field
+        (its name, as serializers write it; its prefix named the model id) goes to Triton
+        renamed, under a length prefix that counts the new name; the reader sees what the tenant
+        sent. A compressed one cannot be renamed without inflating it whole: refused."""
+        buf = stream.buf
+        router = self.context.router
+        own = router.model_id.encode()
+        field = 2 + len(own)
+        if flag:
+            self.refuse_error(stream, refusals.MalformedRequestError(_COMPRESSED_RENAME))
+            return False
+        if len(buf) < 5 + field or bytes(buf[5 : 5 + field]) != wire.encode_string(1, own):
+            self.refuse_error(stream, refusals.MalformedRequestError(_NAME_FIRST))
+            return False
+        scan = stream.scan
+        assert scan is not None
+        scan.feed(bytes(buf[5 : 5 + field]))
+        named = wire.encode_string(1, router.triton_name)
+        head = b"\x00" + (size - field + len(named)).to_bytes(4, "big") + named
+        stream.left = size - field
+        del buf[: 5 + field]
+        self.replies.forwarded(stream, 5 + field - len(head))  # the channel credits `head`
+        self._up(stream, head, False)
         return True
 
     def _pass_on(self, stream: Stream) -> bool:
@@ -367,7 +403,12 @@ class StreamGate:
             self.relay_buffered(stream)
 
     def _inject(self, stream: Stream, response: bytes) -> None:
-        """Send the tenant an in-stream response of the relay's own (Triton never sees it)."""
+        """Send the tenant an in-stream response of the relay's own (Triton never sees it),
+        after the response head: Triton's may not have come yet (`Replies.triton_headers` then
+        sends none of its own)."""
+        if not stream.responded:
+            self.out.write(f.local_head(stream.sid))
+            stream.responded = True
         self.replies.to_tenant(stream, f.grpc_message(response), False)
 
     def whole_message(self, payload: bytes, stream: Stream) -> bool:
@@ -393,6 +434,10 @@ class StreamGate:
         if stream.streaming:
             refusal = router.decide_stream_message(message)
             if refusal is None:
+                if router.renames:  # Triton knows the model by its private name
+                    renamed = router.renamed(message)
+                    self.replies.forwarded(stream, total - len(renamed) - 5)
+                    message, framed = renamed, None
                 self._tail(stream, message, framed)
                 return True
             self.replies.forwarded(stream, total)
@@ -415,8 +460,9 @@ class StreamGate:
             stream.passed = False
             return False
         if decision.request is not message:
-            # Narrowed or rewritten (sent uncompressed, which gRPC allows per message): Triton
-            # counts the new message's bytes instead.
+            # Narrowed or renamed (sent uncompressed, which gRPC allows per message): the tenant
+            # is credited what it sent, the difference now and the new message's bytes as they
+            # go on (a longer one makes the difference negative: the sum is what it sent).
             self.replies.forwarded(stream, total - len(decision.request) - 5)
             message, framed = decision.request, None
         self._tail(stream, message, framed)

@@ -467,7 +467,13 @@ class H2Connection(asyncio.Protocol):
             sent = fields
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
-            streaming = self.relay.router.is_stream(kind)
+            router = self.relay.router
+            if router.renames:
+                # Triton's answers name the model's private name and are renamed on their way
+                # back, which compressed answers would hide: Triton may compress only for a
+                # client that accepts it, and this one does not.
+                sent = tuple((n, v) for n, v in sent if n != b"grpc-accept-encoding")
+            streaming = router.is_stream(kind)
             plan = (kind, streaming, sent, encoding, request_problem(fields))
             if len(self._plans) >= 64:
                 self._plans.clear()

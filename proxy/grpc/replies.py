@@ -152,6 +152,9 @@ class Replies:
                 self._give(stream, triton)
         if held or (stream.held_end and self.paused):
             return
+        if stream.held_up:  # Triton's bytes became fewer on the way (renamed answers)
+            stream.held_up, triton = 0, stream.held_up
+            self._give(stream, triton)
         if stream.held_end:  # an empty last DATA frame
             self.out.write(f.data_header(0, True, stream.sid))
             stream.held_end = False
@@ -173,6 +176,8 @@ class Replies:
         if stream.sid not in self.streams:
             return  # answered by the relay already
         if not end_stream:
+            if stream.responded:  # the relay answered in the stream first, with its own head
+                return
             stream.responded = True
             block = self.encoder.encode(fields)
             self.out.write(f.headers_frames(stream.sid, block, False, self.max_frame))

@@ -20,7 +20,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from common.lifecycle import spawn
-from proxy.grpc.channel import TritonChannel
+from proxy.grpc.channel import RenamingChannel, TritonChannel
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.relay import H2Connection
 from proxy.idle import IdleSweeper
@@ -41,7 +41,7 @@ class GrpcRelay:
         self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
     ) -> None:
         self.settings = settings
-        self.router = GrpcRouter(settings.model_id)
+        self.router = GrpcRouter(settings.model_id, settings.triton_name)
         self.limiter = limiter
         self.metrics = metrics
         self.state = state
@@ -98,7 +98,12 @@ class GrpcRelay:
         for channel in self.channels:
             if channel.accepts():
                 return channel
-        channel = TritonChannel(self)
+        router = self.router
+        channel = (
+            RenamingChannel(self, router.triton_name, router.model_id.encode())
+            if router.renames
+            else TritonChannel(self)
+        )
         self.channels.append(channel)
         self.mark(channel.out)
         self.spawn(channel.connect(), "A gRPC channel's connection to Triton")

@@ -19,6 +19,7 @@ from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
 from proxy.http2.state import IDLE, OPEN
 from proxy.policy.inflation import Inflation
+from proxy.policy.naming import AnswerNames
 from proxy.policy.wire import MessageScan
 
 RECEIVE_WINDOW: Final = 256 * 1024
@@ -38,6 +39,7 @@ class Stream:
     """One tenant stream that reached the gate, and its stream at Triton once opened there."""
 
     __slots__ = (
+        "answers",
         "buf",
         "channel",
         "encoding",
@@ -113,6 +115,8 @@ class Stream:
         self.up_held = bytearray()
         self.up_end = False
         self.given = 0
+        # Triton's answers renamed to the public model id (`channel.RenamingChannel`), if so.
+        self.answers: AnswerNames | None = None
 
 
 class Channel(Protocol):

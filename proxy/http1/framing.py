@@ -58,9 +58,12 @@ class RequestHead:
     encoding: int = 0
     """zlib window bits of the body's Content-Encoding (31 gzip, 15 deflate), 0 for none."""
 
-    def serialize(self, target: str) -> bytes:
-        """The head to send upstream, for `target`."""
-        lines = [f"{self.method} {target} ".encode() + self.version, *self.headers]
+    def serialize(self, target: str, drop: bytes = b"") -> bytes:
+        """The head to send upstream, for `target`; without the header `drop` (lowercase)."""
+        headers = self.headers
+        if drop:
+            headers = tuple(h for h in headers if h.split(b":", 1)[0].lower() != drop)
+        lines = [f"{self.method} {target} ".encode() + self.version, *headers]
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
 

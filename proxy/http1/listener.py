@@ -21,7 +21,7 @@ import time
 from typing import Final
 
 from proxy.http1.framing import parse_request_head
-from proxy.http1.relay import ClientConnection, Prepared
+from proxy.http1.relay import ClientConnection, Prepared, RenamingConnection
 from proxy.http1.upstream import UpstreamPool
 from proxy.idle import IdleSweeper
 from proxy.metrics import ProxyMetrics
@@ -37,6 +37,7 @@ _PREPARED_HEADS: Final = 256
 """Distinct request heads kept; past that the cache starts again (a client varying its heads)."""
 _PREPARED_HEAD_BYTES: Final = 4096
 """Larger heads are prepared every time, so the cache holds at most about 1 MiB."""
+_ACCEPT_ENCODING: Final = b"accept-encoding"
 
 
 class RestRelay:
@@ -46,7 +47,7 @@ class RestRelay:
         self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
     ) -> None:
         self.settings = settings
-        self.router = HttpRouter(settings.model_id)
+        self.router = HttpRouter(settings.model_id, settings.triton_name)
         self.limiter = limiter
         self.metrics = metrics
         self.state = state
@@ -70,7 +71,12 @@ class RestRelay:
         if prepared is None:
             head = parse_request_head(block)
             decision = self.router.decide(head.method, head.target)
-            upstream_head = head.serialize(decision.path) if isinstance(decision, Forward) else b""
+            upstream_head = b""
+            if isinstance(decision, Forward):
+                # Renamed answers must be readable: Triton may compress only for a client that
+                # accepts it, and this one does not.
+                drop = _ACCEPT_ENCODING if self.router.renames else b""
+                upstream_head = head.serialize(decision.path, drop)
             prepared = (head, decision, upstream_head)
             if len(block) <= _PREPARED_HEAD_BYTES:
                 if len(self._prepared) >= _PREPARED_HEADS:
@@ -84,9 +90,7 @@ class RestRelay:
         sock = bind(host, port)
         self.port = sock.getsockname()[1]
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ClientConnection(self), sock=sock, backlog=1024
-        )
+        self._server = await loop.create_server(self.connection, sock=sock, backlog=1024)
         log.info(
             "Serving KServe v2 REST for model %s on port %d.", self.settings.model_id, self.port
         )
@@ -97,7 +101,15 @@ class RestRelay:
         accepts for many pods and hands each connection to the relay of the pod it came from)."""
         self.idle.start()
         loop = asyncio.get_running_loop()
-        await loop.connect_accepted_socket(lambda: ClientConnection(self), sock)
+        await loop.connect_accepted_socket(self.connection, sock)
+
+    def connection(self) -> ClientConnection:
+        """A new tenant connection's protocol; one that renames Triton's answers when Triton
+        knows the model by a private name."""
+        router = self.router
+        if router.renames:
+            return RenamingConnection(self, router.triton_name.encode(), router.model_id.encode())
+        return ClientConnection(self)
 
     def abort_all(self) -> None:
         """Drop every tenant connection now, mid-request or not (the caller lost its right)."""

@@ -19,20 +19,25 @@ cancellation. What it must not do: decide isolation itself, or buffer whole bodi
 from __future__ import annotations
 
 import asyncio
+import logging
 from time import perf_counter
 from typing import Any, Final, Protocol
 
 from common.lifecycle import spawn
+from proxy.http1.answers import AnswerNames
 from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, answer_bytes
 from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
 from proxy.policy.limiter import Limiter
+from proxy.policy.naming import NamingError
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
+
+log = logging.getLogger(__name__)
 
 Prepared = tuple[RequestHead, Forward | Answer, bytes]
 """A parsed head, its routing decision, and the head to send Triton (b"" for a local answer)."""
@@ -606,3 +611,69 @@ class ClientConnection(asyncio.Protocol):
     def close_idle(self) -> None:
         """Idle for --idle-timeout: close, as an HTTP/1.1 server may between requests."""
         self._close()
+
+
+class RenamingConnection(ClientConnection):
+    """A tenant connection for a model Triton knows by a private name (issue 25): Triton's
+    answers name it, and the tenant gets them naming the public model id, with their lengths
+    to match (`answers.AnswerNames`, one per exchange). An answer that cannot be renamed is
+    answered 502 (or, once part of it went out, the connection is cut): the private name never
+    reaches the tenant. A separate class so a connection that renames nothing costs nothing."""
+
+    def __init__(self, relay: Listener, private: bytes, public: bytes) -> None:
+        super().__init__(relay)
+        self._private = private
+        self._public = public
+        self._names = AnswerNames(private, public, False)
+        self._named = False  # part of this exchange's answer went to the tenant
+
+    def _send(self, upstream: Upstream, buffer: bytes, start: int, verbatim: bool = False) -> None:
+        head = self._head
+        assert head is not None
+        self._names.reset(head.method == "HEAD")
+        self._named = False
+        super()._send(upstream, buffer, start, verbatim)
+
+    def relay_response(self, data: bytes) -> None:
+        try:
+            out = self._names.feed(data)
+        except NamingError as e:
+            upstream = self._upstream
+            if upstream is not None:
+                upstream.abort()
+            self._unrenamable(e)
+            return
+        if out:
+            self._named = True
+            super().relay_response(out)
+
+    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        try:
+            out = self._names.feed(data) if data else b""
+        except NamingError as e:
+            if upstream.transport is not None:
+                upstream.transport.abort()
+            self._unrenamable(e)
+            return
+        super().response_complete(upstream, out, reusable)
+
+    def _unrenamable(self, error: NamingError) -> None:
+        log.warning(
+            "An answer of Triton's for model %s cannot be renamed to its public id (%s): "
+            "answering 502.",
+            self._public.decode(),
+            error,
+        )
+        self._upstream = None
+        self._sink = None
+        if self._state == _CLOSED:
+            return
+        self._response_done = True
+        self._finish("502")
+        if self._named:  # the tenant must not mistake a cut answer for a whole one
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self._keep_alive = False
+        message = f"Triton's answer could not be passed on ({error}); retry, or report it"
+        self._write_answer(502, "application/json", error_body(message))

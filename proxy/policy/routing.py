@@ -106,13 +106,21 @@ def _other_model(method: str, name: str, kind: str) -> Answer:
     return Answer(route, 404, content_type, error_body(unknown_model_message(name)))
 
 
-class HttpRouter:
-    """Decides REST requests for one model."""
+MODELS: Final = "/v2/models/"
 
-    def __init__(self, model_id: str) -> None:
+
+class HttpRouter:
+    """Decides REST requests for one model, whose name in Triton is `triton_name` when that is
+    not empty (the model's private name: forwarded paths name it instead of `model_id`)."""
+
+    def __init__(self, model_id: str, triton_name: str = "") -> None:
         self.model_id = model_id
-        self._own_ready = f"/v2/models/{model_id}/ready"
-        self._own_stats = f"/v2/models/{model_id}/stats"
+        self.triton_name = triton_name or model_id
+        self.renames = self.triton_name != model_id
+        """Triton knows the model by another name: paths, and Triton's answers, are mapped."""
+        self._cut = len(MODELS) + len(model_id)
+        self._own_ready = f"{MODELS}{self.triton_name}/ready"
+        self._own_stats = f"{MODELS}{self.triton_name}/stats"
 
     def decide(self, method: str, raw_path: str) -> Forward | Answer:
         """The decision for `method` on `raw_path` (path and query exactly as received)."""
@@ -126,6 +134,8 @@ class HttpRouter:
                 return _refused("trace", "per-model trace settings")
             if name != self.model_id:
                 return _other_model(method, name, kind)
+            if self.renames:  # the path begins with MODELS and the model id, matched above
+                raw_path = MODELS + self.triton_name + raw_path[self._cut :]
             return Forward(kind or "metadata", raw_path, limited=kind in _INFERENCE_KINDS)
         if path == "/v2/health/ready":
             return Forward("server_ready", self._own_ready + suffix, readiness=True)
@@ -211,12 +221,26 @@ def grpc_kind(full_method: str) -> str:
 
 
 class GrpcRouter:
-    """Decides gRPC calls for one model."""
+    """Decides gRPC calls for one model, whose name in Triton is `triton_name` when that is not
+    empty (the model's private name: messages forwarded name it instead of `model_id`)."""
 
-    def __init__(self, model_id: str) -> None:
+    def __init__(self, model_id: str, triton_name: str = "") -> None:
         self.model_id = model_id
         self._name = model_id.encode()
-        self._ready_request = wire.encode_string(1, self._name)
+        self.triton_name = (triton_name or model_id).encode()
+        self.renames = self.triton_name != self._name
+        """Triton knows the model by another name: messages, and Triton's answers, are mapped."""
+        self._ready_request = wire.encode_string(1, self.triton_name)
+        self._public_field = wire.encode_string(1, self._name)
+        self._private_field = self._ready_request
+
+    def renamed(self, request: bytes) -> bytes:
+        """`request`, whose model name field (checked: exactly once) is the model id, naming the
+        model's name in Triton instead; every other byte as it was."""
+        public = self._public_field
+        if request.startswith(public):  # first, as serializers write it
+            return self._private_field + request[len(public) :]
+        return wire.with_string_value(request, 1, self.triton_name)
 
     def is_stream(self, kind: str) -> bool:
         """True for the bidirectional streaming RPC, checked message by message."""
@@ -224,6 +248,9 @@ class GrpcRouter:
 
     def decide(self, kind: str, request: bytes) -> GrpcForward | GrpcAnswer:
         """The decision for one unary call of `kind` with the raw `request` bytes."""
+        return self._decide(kind, request, self.renames)
+
+    def _decide(self, kind: str, request: bytes, rename: bool) -> GrpcForward | GrpcAnswer:
         if kind in _PER_MODEL:
             try:
                 name = wire.model_name(request)
@@ -231,6 +258,8 @@ class GrpcRouter:
                 return _malformed(kind, e)
             if name != self._name:
                 return _grpc_other_model(kind, name)
+            if rename:
+                request = self.renamed(request)
             return GrpcForward(kind, kind, request, kind == "ModelInfer")
         if kind in _PASS_THROUGH:
             return GrpcForward(kind, kind, request)
@@ -243,10 +272,11 @@ class GrpcRouter:
                 return _malformed(kind, e)
             if name == b"":
                 # Statistics of every model would reveal the node's other tenants: narrow to ours.
-                return GrpcForward(kind, kind, wire.with_string_field(request, 1, self._name))
+                narrowed = wire.with_string_field(request, 1, self.triton_name)
+                return GrpcForward(kind, kind, narrowed)
             if name != self._name:
                 return _grpc_other_model(kind, name)
-            return GrpcForward(kind, kind, request)
+            return GrpcForward(kind, kind, self.renamed(request) if rename else request)
         if kind in _REFUSED_RPCS:
             return GrpcAnswer(
                 kind,
@@ -273,14 +303,15 @@ class GrpcRouter:
 
     def decide_scanned(self, kind: str, scan: wire.MessageScan) -> GrpcForward | GrpcAnswer:
         """`decide` for a message too large to hold, read in pieces by `scan` (finished): the
-        same answer, except that a message `decide` would rewrite is refused (what reached
-        Triton of it cannot be rewritten). The forward's request is empty: the bytes went on."""
+        same answer, except that a message `decide` would narrow is refused (what reached
+        Triton of it cannot be rewritten). Its name was renamed for Triton as it went on, from
+        its first bytes (`grpc.gate`). The forward's request is empty: the bytes went on."""
         if kind in _PER_MODEL or kind == "ModelStatistics":
             try:
                 skeleton = wire.encode_string(1, scan.field(1))
             except wire.WireError as e:
                 return _malformed(kind, e)
-            decision = self.decide(kind, skeleton)
+            decision = self._decide(kind, skeleton, False)
             if isinstance(decision, GrpcForward) and decision.request is not skeleton:
                 return GrpcAnswer(
                     kind, "INVALID_ARGUMENT", "the request is too large to be narrowed"

@@ -208,6 +208,29 @@ def without_field(data: bytes, number: int) -> bytes:
     return bytes(out)
 
 
+def with_string_value(data: bytes, number: int, value: bytes) -> bytes:
+    """`data` with the value of its one top-level string field `number` (checked by
+    `model_name` or `string_fields`: present exactly once) replaced by `value`, in its place;
+    every other byte as it was."""
+    key = number << 3 | LENGTH_DELIMITED
+    if len(data) > 1 and data[0] == key and data[1] < 0x80:  # first, as serializers write it
+        return encode_string(number, value) + data[2 + data[1] :]
+    pos = 0
+    end = len(data)
+    while pos < end:
+        start = pos
+        field, pos = _varint(data, pos)
+        wire_type = field & 7
+        if wire_type == LENGTH_DELIMITED:
+            length, pos = _varint(data, pos)
+            pos += length
+            if field == key:
+                return data[:start] + encode_string(number, value) + data[pos:]
+        else:
+            pos = _skip_scalar(data, pos, field >> 3, wire_type)
+    return data + encode_string(number, value)
+
+
 def with_string_field(data: bytes, number: int, value: bytes) -> bytes:
     """`data` with field `number` set to `value` exactly once."""
     return without_field(data, number) + encode_string(number, value)

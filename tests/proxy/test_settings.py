@@ -50,6 +50,8 @@ def test_environment_and_flags() -> None:
         (["--log-format", "xml"], "neither 'text' nor 'json'"),
         (["--grpc-mode", "h2"], "neither 'grpcio' nor 'relay'"),
         (["--agent-address", "a:1"], "--token-file is not"),
+        (["--triton-name", "a/b"], "--triton-name"),
+        (["--triton-name", "p", "--grpc-mode", "grpcio"], "--grpc-mode relay only"),
     ],
 )
 def test_bad_values_say_what_is_wrong(extra: list[str], message: str) -> None:
@@ -69,3 +71,12 @@ def test_missing_required_settings() -> None:
 def test_main_exits_2_with_the_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["--model-id", "m"]) == 2
     assert "--triton-http-url is required" in capsys.readouterr().err
+
+
+def test_the_private_name_in_triton() -> None:
+    settings = parse_settings(REQUIRED, env={})
+    assert settings.triton_name == "" and settings.name_in_triton == "add_one"
+    env = {"TRITONSHARE_TRITON_NAME": "ns-a.add_one.5f0c"}
+    settings = parse_settings(REQUIRED, env=env)
+    assert settings.name_in_triton == "ns-a.add_one.5f0c"
+    assert parse_settings([*REQUIRED, "--triton-name", "p"], env).triton_name == "p"
