@@ -36,7 +36,6 @@ def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluste
 
 @pytest.mark.slow
 @pytest.mark.triton
-@pytest.mark.xfail(reason="needs private model names (issue 25, agent and relay)", strict=False)
 def test_a_deployment_rolls_to_new_model_files_with_no_failed_request(
     cluster: SimCluster, tmp_path: Path
 ) -> None:

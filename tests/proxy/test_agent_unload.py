@@ -20,6 +20,7 @@ from tests.agent.conftest import (  # noqa: F401 - fixtures used by name
     install_dir,
     make_pod,
     mock_nvml,
+    name_in_triton,
     node,
     running,
 )
@@ -49,6 +50,8 @@ async def test_stopping_the_proxy_unloads_its_model_through_the_agent(
     settings = proxy_settings(
         triton,
         model_id="m1",
+        # Straight to Triton (no gateway here): the proxy itself maps m1 to the pod's private name.
+        triton_name=name_in_triton(kube_api, "m1-pod", "m1"),
         agent_address=running.agent.grpc_address,
         token_file=token_file,
     )
