@@ -87,16 +87,20 @@ class Probe:
 
 
 def _model_gpus(cluster: SimCluster) -> dict[str, str]:
-    """The GPU UUID the agent has each loaded model on (its per-model request gauge)."""
+    """The GPU UUID the agent has each loaded model on, by model id: its per-model request gauge
+    names the model as Triton does (privately), joined to the model id by the info series."""
     agent = cluster.agents[NODE.name]
     with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
         text = answer.read().decode()
-    gpus: dict[str, str] = {}
+    by_name: dict[str, str] = {}
+    model_ids: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "tritonshare_agent_model_gpu_memory_request_bytes":
-                gpus[sample.labels["model"]] = sample.labels["UUID"]
-    return gpus
+                by_name[sample.labels["model"]] = sample.labels["UUID"]
+            elif sample.name == "tritonshare_agent_model_info":
+                model_ids[sample.labels["model"]] = sample.labels["model_id"]
+    return {model_ids.get(name, name): gpu for name, gpu in by_name.items()}
 
 
 def _proxy_restarts(pod: Any) -> int:
