@@ -57,8 +57,16 @@ def new_release(source: Path, directory: Path) -> Path:
     return directory
 
 
-def deployment_manifest(uri: str, replicas: int = 1) -> dict[str, Any]:
-    """The model as a team deploys it, with Kubernetes' default rollout strategy."""
+def deployment_manifest(uri: str, replicas: int = 1, node: str = "") -> dict[str, Any]:
+    """The model as a team deploys it, with Kubernetes' default rollout strategy; with `node`,
+    kept to that one node (the simulated cluster's node with a real Triton), so its replicas
+    equal the nodes that can take it, the case a surge pod must share a node in."""
+    pod_spec: dict[str, Any] = {
+        # A Deployment's template needs a container: the webhook fills this one in.
+        "containers": [{"name": "proxy", "image": "ghcr.io/tritonshare/tritonshare"}]
+    }
+    if node:
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -75,10 +83,7 @@ def deployment_manifest(uri: str, replicas: int = 1) -> dict[str, Any]:
                         KEYS.gpu_mem: "1Gi",
                     },
                 },
-                # A Deployment's template needs a container: the webhook fills this one in.
-                "spec": {
-                    "containers": [{"name": "proxy", "image": "ghcr.io/tritonshare/tritonshare"}]
-                },
+                "spec": pod_spec,
             },
         },
     }
@@ -192,7 +197,9 @@ def roll(
     core = cluster.core
     old_uri = cluster.model_store.publish(NAME, source)
     new_uri = cluster.model_store.publish(NAME, new_release(source, workdir / "v2"), release="v2")
-    apps.create_namespaced_deployment(namespace, deployment_manifest(old_uri))
+    # On the node with a real Triton: the others are simulated GPUs whose Triton is not there.
+    real = cluster.real_node.name if cluster.real_node is not None else ""
+    apps.create_namespaced_deployment(namespace, deployment_manifest(old_uri, node=real))
     say(
         f"Deployment {NAME}: 1 replica (as many as nodes that can take it), Kubernetes' default "
         "rollout strategy (maxSurge 25% rounds up to 1, maxUnavailable 25% down to 0)."
