@@ -38,10 +38,10 @@ import kubernetes.config
 
 from binder.errors import (
     ApiError,
-    ConfigError,
     ConflictError,
     GoneError,
     NotFoundError,
+    SettingsError,
     UnavailableError,
     api_error,
 )
@@ -131,7 +131,7 @@ def _transport(configuration: Any, keep: int, user_agent: str) -> Transport:
     urllib3 proxy manager the official client would use."""
     url = urlsplit(configuration.host)
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"the API server's URL {configuration.host!r} is not http(s)://host")
+        raise SettingsError(f"the API server's URL {configuration.host!r} is not http(s)://host")
     if configuration.proxy and not kubernetes.client.rest.should_bypass_proxies(
         configuration.host, configuration.no_proxy or ""
     ):
@@ -173,18 +173,18 @@ def _pod_path(namespace: str, name: str, subresource: str = "") -> str:
 
 def kubeconfig_namespace(kubeconfig: str, context: str | None = None) -> str | None:
     """The namespace the kubeconfig's `context` (default: its current context) names, as kubectl
-    reads it; None when it names none. Raises ConfigError for an unreadable kubeconfig or an
+    reads it; None when it names none. Raises SettingsError for an unreadable kubeconfig or an
     unknown context."""
     try:
         loader: Any = kubernetes.config
         contexts, current = loader.list_kube_config_contexts(config_file=kubeconfig)
     except (kubernetes.config.ConfigException, OSError, ValueError) as e:
-        raise ConfigError(f"cannot read kubeconfig {kubeconfig}: {e}") from e
+        raise SettingsError(f"cannot read kubeconfig {kubeconfig}: {e}") from e
     if context:
         chosen = next((c for c in contexts if c.get("name") == context), None)
         if chosen is None:
             names = ", ".join(sorted(str(c.get("name")) for c in contexts)) or "none"
-            raise ConfigError(
+            raise SettingsError(
                 f"context {context!r} is not in kubeconfig {kubeconfig} (it has: {names})"
             )
     else:
@@ -221,7 +221,7 @@ class Kube:
             where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
             if context:
                 where += f", context {context}"
-            raise ConfigError(
+            raise SettingsError(
                 f"cannot configure the Kubernetes client from {where}: {e}; pass --kubeconfig "
                 f"(or KUBECONFIG) outside a cluster"
             ) from e
@@ -230,7 +230,7 @@ class Kube:
         try:
             self._transport = _transport(configuration, pool_size, user_agent)
         except (OSError, ssl.SSLError) as e:
-            raise ConfigError(f"cannot set up TLS to the API server: {e}") from e
+            raise SettingsError(f"cannot set up TLS to the API server: {e}") from e
         self.retry = retry or RetryPolicy()
         self.retry_while: Callable[[], bool] = lambda: True
         """Writes are retried only while this holds (set to "this replica leads")."""
