@@ -3,7 +3,7 @@ through one `Transport`, chosen once at start-up by binder.kube:
 
 - `Direct`: a small HTTP/1.1 client on keep-alive connections (plain or TLS), one request at a
   time on each, answers framed by Content-Length, chunked encoding or the end of the connection;
-  a watch streams its answer line by line on a connection of its own.
+  a watch streams its answer line by line, keeping its connection until it ends.
 - `Proxied`: when a proxy is configured, urllib3's proxy manager (HTTP CONNECT, HTTPS and SOCKS
   proxies, `no_proxy`), as the official client builds it from the same configuration.
 
@@ -146,12 +146,15 @@ class Connections:
         connection.close()
 
     def stream(self, head: bytes, timeout: float, connect_timeout: float | None = None) -> Stream:
-        """Send `head` (a request without a body) on a connection of its own and read the answer's
-        status and headers; its body is read through the returned Stream, which owns the
-        connection from then on."""
-        connection = self._open(connect_timeout)
+        """Send `head` (a request without a body) and read the answer's status and headers; its
+        body is read through the returned Stream, which owns the connection from then on (it is
+        closed with the stream, never pooled again). An idle pooled connection is taken first, as
+        for any request and as the official client did: no new connection (and TLS handshake)
+        per watch."""
+        connection = self._take() or self._open(connect_timeout)
         try:
             connection.sock.settimeout(timeout)
+            connection.timeout = timeout
             connection.sock.sendall(head)
             status, reason, _, headers = _read_head(connection.reader)
             while 100 <= status < 200:
