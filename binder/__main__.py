@@ -8,7 +8,7 @@ import logging
 import sys
 
 from binder.app import Binder
-from binder.errors import BinderError, ConfigError
+from binder.errors import BinderError, SettingsError
 from binder.settings import Settings, parse_settings
 from common.lifecycle import Lifecycle
 from common.logs import configure_logging
@@ -47,7 +47,7 @@ async def _run(settings: Settings) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv)
-    except ConfigError as e:
+    except SettingsError as e:
         print(f"binder: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format, name="binder")

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from binder.agentdown import AgentDown, Rules
 from binder.cache import ClusterCache, Informer
 from binder.controller import Controller
-from binder.errors import ConfigError, NotReadyError, http_status
+from binder.errors import NotReadyError, SettingsError, http_status
 from binder.inbox import Inbox
 from binder.kube import Kube, RetryPolicy
 from binder.leader import LeaderElector
@@ -39,11 +39,11 @@ class Binder:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         if settings.placement_key_dir is None:
-            raise ConfigError("the binder needs --placement-key-dir to sign its placements")
+            raise SettingsError("the binder needs --placement-key-dir to sign its placements")
         try:
             self.placement_keys = KeyDirectory(settings.placement_key_dir)
         except PlacementKeyError as e:
-            raise ConfigError(str(e)) from e
+            raise SettingsError(str(e)) from e
         # A write retries no longer than the leader may go unrenewed (see Kube.retry_while).
         self.kube = Kube(
             settings.kubeconfig, retry=RetryPolicy(budget_seconds=settings.renew_deadline_seconds)

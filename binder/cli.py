@@ -26,7 +26,7 @@ from typing import TextIO
 import yaml
 
 from binder.cache import ClusterCache
-from binder.errors import BinderError, ConfigError, NotFoundError
+from binder.errors import BinderError, NotFoundError, SettingsError
 from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
@@ -332,7 +332,7 @@ FLAGS = Declaration(
             directory,
         ),
     ],
-    error=ConfigError,
+    error=SettingsError,
 )
 """Added to the top parser and to each command's, so `explain POD -n models` works; a flag given
 before the command is not reset by the command's parser (unset flags leave no attribute)."""
@@ -392,7 +392,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         flags = FLAGS.resolve(vars(args), os.environ)
-    except ConfigError as e:
+    except SettingsError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     keys: Keys = flags["keys"]

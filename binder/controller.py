@@ -13,11 +13,8 @@ Owns the decisions and the API writes they cause; reads the cluster only through
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from functools import partial
@@ -25,6 +22,7 @@ from typing import Any
 
 from binder.consolidation import Cooldowns, plan
 from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.handover import Handover, Outcome
 from binder.inbox import Inbox
 from binder.kube import Kube
 from binder.metrics import Metrics
@@ -41,9 +39,6 @@ from common.placement import Claim, KeyRing
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
-
-_Job = tuple[Callable[[], None], Callable[[Exception | None], None]]
-"""Work for a worker thread, and what the loop does with its error (None: it worked)."""
 
 YIELD_EVERY = 32
 """Pods decided in a row, without waiting, before the loop lets its other callbacks run."""
@@ -84,7 +79,6 @@ class Controller:
         self._policy = policy
         self.queue = queue
         self._metrics = metrics
-        self._executor = executor
         self._slots = asyncio.Semaphore(bind_workers * DECIDED_AHEAD)
         self._identity = identity
         self._placement_keys = placement_keys
@@ -107,20 +101,8 @@ class Controller:
         self._consolidate_moves = consolidate_moves
         self._cooldowns = Cooldowns()
         self.bound = 0
-        self.inbox: Inbox | None = None
-        """Where the writers hand outcomes back: the one the informers use, so the bind's answer
-        and the watch event it causes share a wake-up of the loop (or its own, made on first
-        use)."""
-        self._workers = bind_workers
-        self._lock = threading.Lock()
-        self._jobs: deque[_Job] = deque()
-        """API writes decided on the loop, waiting for a runner."""
-        self._runners = 0
-        self._outstanding = 0
-        self._idle = asyncio.Event()
-        """Set while no job is outstanding."""
-        self._idle.set()
-        self._abandoned = False
+        self._writes = Handover(executor, bind_workers)
+        """The API writes decided here, run on at most `bind_workers` threads."""
         self._calls: dict[str, Any] = {}
         self._scheduled = metrics.attempts.labels("scheduled")
 
@@ -319,63 +301,22 @@ class Controller:
             return True
         return last[0] != message and self._monotonic() - last[1] >= self._report_interval
 
-    # ---- API writes: on worker threads, handed over and back in batches -------------------------
-    #
-    # No task and no asyncio future per pod: a pod's writes are a job in a deque, run by at most
-    # `bind_workers` runners on the executor, and their outcomes come back to the loop in batches
-    # (one wake-up for all that finished meanwhile). The loop may decide up to DECIDED_AHEAD pods
-    # per worker, so a runner that finishes finds the next pod waiting instead of sleeping until
-    # woken: those hand-offs between threads cost more CPU than the writes themselves.
+    # ---- API writes: on worker threads (binder.handover), outcomes back on the loop -------------
 
-    def _hand_over(
-        self, work: Callable[[], None], outcome: Callable[[Exception | None], None]
-    ) -> None:
-        """Run `work` on a worker thread, then `outcome(its error or None)` on the loop."""
-        if self.inbox is None:
-            self.inbox = Inbox(asyncio.get_running_loop())
-        self._idle.clear()
-        self._outstanding += 1
-        with self._lock:
-            self._jobs.append((work, outcome))
-            if self._runners >= self._workers:
-                return
-            self._runners += 1
-        try:
-            self._executor.submit(self._run_jobs)
-        except BaseException:
-            with self._lock:
-                self._runners -= 1
-                self._jobs.remove((work, outcome))
-            self._outstanding -= 1
-            raise
+    @property
+    def inbox(self) -> Inbox | None:
+        """Where the writers hand outcomes back: the one the informers use, so the bind's answer
+        and the watch event it causes share a wake-up of the loop (or its own, made on first
+        use)."""
+        return self._writes.inbox
 
-    def _run_jobs(self) -> None:
-        """A runner, on a worker thread: jobs until none is waiting."""
-        while True:
-            with self._lock:
-                if not self._jobs:
-                    self._runners -= 1
-                    return
-                work, outcome = self._jobs.popleft()
-            error: Exception | None = None
-            try:
-                work()
-            except Exception as e:  # every outcome, even a bug's, is the loop's to judge
-                error = e
-            assert self.inbox is not None
-            self.inbox.post(self._take_outcome, outcome, error)
+    @inbox.setter
+    def inbox(self, inbox: Inbox) -> None:
+        self._writes.inbox = inbox
 
-    def _take_outcome(
-        self, outcome: Callable[[Exception | None], None], error: Exception | None
-    ) -> None:
-        if self._abandoned:
-            return
-        self._outstanding -= 1
-        try:
-            outcome(error)
-        finally:
-            if not self._outstanding:
-                self._idle.set()
+    def _hand_over(self, work: Callable[[], None], outcome: Outcome) -> None:
+        """Run `work` (API writes) on a worker thread, then `outcome(its error or None)` here."""
+        self._writes.submit(work, outcome)
 
     def _count(self, call: str) -> None:
         """Count one API write (from any thread); the labelled child is looked up once."""
@@ -527,13 +468,7 @@ class Controller:
     async def drain(self, grace_seconds: float) -> None:
         """Let in-flight API writes finish (bounded), then abandon what is left: a write already
         on a worker thread ends there, its outcome ignored; a waiting one is never sent."""
-        if self._outstanding:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace_seconds)
-        if self._outstanding:
-            self._abandoned = True
-            with self._lock:
-                self._jobs.clear()
+        await self._writes.drain(grace_seconds)
 
 
 async def _first(*aws: Coroutine[Any, Any, Any]) -> None:

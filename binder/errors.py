@@ -12,7 +12,7 @@ class BinderError(Exception):
     """Base class of every error the binder raises on purpose."""
 
 
-class ConfigError(BinderError):
+class SettingsError(BinderError):
     """A setting is missing or malformed; the message names the flag and the fix."""
 
 
@@ -68,7 +68,7 @@ def api_error(status: int, reason: str, message: str, retry_after: float | None 
 
 HTTP_STATUS: dict[type[BinderError], int] = {
     NotReadyError: 503,
-    ConfigError: 500,
+    SettingsError: 500,
     UnavailableError: 503,
     ApiError: 502,
     BinderError: 500,

@@ -2,8 +2,11 @@
 
 Blocking calls, meant to run on worker threads: list and watch raw API dicts (camelCase, no model
 deserialisation), patch a pod's annotations, post a Binding, record an Event, set the PodScheduled
-condition, and read/write the leader Lease. Every answer is read whole and its connection handed
-back to the pool, so calls reuse a few keep-alive connections instead of opening one each.
+condition, and read/write the leader Lease. Every request goes through `Kube._request` (a watch
+through `Kube._stream`) over the one transport of binder.wire chosen at start-up; the
+`kubernetes` package only reads the kubeconfig or the service account and refreshes the token.
+Every answer is read whole and its connection handed back to the pool, so calls reuse a few
+keep-alive connections instead of opening one each.
 
 Failures become binder.errors.ApiError subclasses carrying the status; an unreachable server
 (refused, reset, timed out) and 429/5xx answers are UnavailableError. Writes ride those out with
@@ -27,23 +30,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import kubernetes.client
+import kubernetes.client.rest
 import kubernetes.config
-import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from binder.errors import (
     ApiError,
-    ConfigError,
     ConflictError,
     GoneError,
     NotFoundError,
+    SettingsError,
     UnavailableError,
     api_error,
 )
-from binder.wire import Answer, Connections
+from binder.wire import Answer, Connections, Direct, Proxied, Stream, Transport
 from common.events import pod_event
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ JsonObject = dict[str, Any]
 VERSION = "0.1.0"
 USER_AGENT = f"tritonshare-binder/{VERSION}"
 WATCH_TIMEOUT_SECONDS = 300
+LIST_TIMEOUT_SECONDS = 60.0
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_TIMEOUT_SECONDS = 30.0
 """No call may hang a worker thread forever."""
@@ -73,11 +76,13 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Kind:
-    """A watched collection."""
+    """A watched collection: its name and the API path that lists it."""
 
     name: str
-    list_call: Callable[..., Any]
-    namespace: str | None = None
+    path: str
+
+
+_LEASES = "/apis/coordination.k8s.io/v1"
 
 
 def now_rfc3339() -> str:
@@ -88,31 +93,25 @@ def micro_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _retry_after(headers: Any) -> float | None:
-    try:
-        value = headers.get("Retry-After") if headers else None
-    except AttributeError:
-        return None
+def _retry_after(headers: dict[str, str]) -> float | None:
+    value = headers.get("retry-after")
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None  # an HTTP date: the server's own clock, not worth trusting; back off instead
 
 
-def _status_error(status: int, reason: str, body: str, headers: Any) -> ApiError:
+def _status_error(answer: Answer) -> ApiError:
     """The ApiError for an answer that is not a success, from its Status body."""
-    message = body or reason
+    body = answer.body.decode("utf-8", "replace")
+    reason, message = answer.reason, body or answer.reason
     try:
         status_body = json.loads(body) if body else {}
         reason = str(status_body.get("reason") or reason)
         message = str(status_body.get("message") or message)
     except (ValueError, AttributeError):
         pass
-    return api_error(status, reason, message, _retry_after(headers))
-
-
-def _error(e: ApiException) -> ApiError:
-    return _status_error(int(e.status or 0), str(e.reason or ""), str(e.body or ""), e.headers)
+    return api_error(answer.status, reason, message, _retry_after(answer.headers))
 
 
 def _unreachable(e: Exception) -> UnavailableError:
@@ -120,20 +119,29 @@ def _unreachable(e: Exception) -> UnavailableError:
     return UnavailableError(0, type(e).__name__, f"the API server could not be reached: {e}")
 
 
-_TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+_JSON = "application/json"
 _PATCH = "application/strategic-merge-patch+json"
 """What the generated client sends for a dict patch body; kept, so nothing changes server-side."""
 
 
-def _wire(configuration: Any, keep: int) -> tuple[Connections, str, str] | None:
-    """Connections for the writes, with the server's path prefix and Host header, from the
-    client's own configuration (same server, CA, client certificate, SNI); None when a proxy is
-    configured, which only the official client's urllib3 path knows how to cross."""
-    if configuration.proxy:
-        return None
+def _transport(configuration: Any, keep: int, user_agent: str) -> Transport:
+    """The one transport for every request, from the client configuration the kubeconfig (or the
+    service account) filled in: the same server, CA, client certificate, SNI and proxy settings.
+    Our own connections (binder.wire.Direct), unless a proxy applies to the server: then the
+    urllib3 proxy manager the official client would use."""
     url = urlsplit(configuration.host)
     if url.scheme not in ("http", "https") or not url.hostname:
-        return None
+        raise SettingsError(f"the API server's URL {configuration.host!r} is not http(s)://host")
+    if configuration.proxy and not kubernetes.client.rest.should_bypass_proxies(
+        configuration.host, configuration.no_proxy or ""
+    ):
+        pool = kubernetes.client.rest.RESTClientObject(configuration).pool_manager
+        log.info(
+            "Talking to the API server at %s through the proxy %s.",
+            configuration.host,
+            configuration.proxy,
+        )
+        return Proxied(pool, configuration.host, user_agent)
     tls = None
     if url.scheme == "https":
         if configuration.verify_ssl:
@@ -155,7 +163,7 @@ def _wire(configuration: Any, keep: int) -> tuple[Connections, str, str] | None:
         connect_timeout=CONNECT_TIMEOUT_SECONDS,
         keep=keep,
     )
-    return connections, url.path.rstrip("/"), url.netloc
+    return Direct(connections, url.path.rstrip("/"), url.netloc, user_agent)
 
 
 def _pod_path(namespace: str, name: str, subresource: str = "") -> str:
@@ -165,18 +173,18 @@ def _pod_path(namespace: str, name: str, subresource: str = "") -> str:
 
 def kubeconfig_namespace(kubeconfig: str, context: str | None = None) -> str | None:
     """The namespace the kubeconfig's `context` (default: its current context) names, as kubectl
-    reads it; None when it names none. Raises ConfigError for an unreadable kubeconfig or an
+    reads it; None when it names none. Raises SettingsError for an unreadable kubeconfig or an
     unknown context."""
     try:
         loader: Any = kubernetes.config
         contexts, current = loader.list_kube_config_contexts(config_file=kubeconfig)
     except (kubernetes.config.ConfigException, OSError, ValueError) as e:
-        raise ConfigError(f"cannot read kubeconfig {kubeconfig}: {e}") from e
+        raise SettingsError(f"cannot read kubeconfig {kubeconfig}: {e}") from e
     if context:
         chosen = next((c for c in contexts if c.get("name") == context), None)
         if chosen is None:
             names = ", ".join(sorted(str(c.get("name")) for c in contexts)) or "none"
-            raise ConfigError(
+            raise SettingsError(
                 f"context {context!r} is not in kubeconfig {kubeconfig} (it has: {names})"
             )
     else:
@@ -186,7 +194,8 @@ def kubeconfig_namespace(kubeconfig: str, context: str | None = None) -> str | N
 
 
 class Kube:
-    """One ApiClient per process, shared by every thread (urllib3's pool is thread-safe)."""
+    """One transport per process, shared by every thread; every request goes through `_request`
+    (or `_stream`, for a watch), which adds the credentials and maps failures to ApiErrors."""
 
     def __init__(
         self,
@@ -198,7 +207,6 @@ class Kube:
         retry: RetryPolicy | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        # The client's own annotations do not describe raw (`_preload_content=False`) calls.
         loader: Any = kubernetes.config
         configuration = kubernetes.client.Configuration()
         try:
@@ -213,147 +221,81 @@ class Kube:
             where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
             if context:
                 where += f", context {context}"
-            raise ConfigError(
+            raise SettingsError(
                 f"cannot configure the Kubernetes client from {where}: {e}; pass --kubeconfig "
                 f"(or KUBECONFIG) outside a cluster"
             ) from e
         configuration.connection_pool_maxsize = pool_size
-        # Connection failures are retried by `_write` and the informers, with backoff and a
-        # sentence in the log; urllib3's own three immediate retries would only add noise. One
-        # immediate retry of a read stays, for a pooled connection the server closed while idle.
-        configuration.retries = urllib3.Retry(total=1, connect=0, read=1, redirect=0, status=0)
-        self.client: Any = kubernetes.client.ApiClient(configuration)
-        self.client.user_agent = user_agent
         self._configuration: Any = configuration
         try:
-            self._wire = _wire(configuration, pool_size)
+            self._transport = _transport(configuration, pool_size, user_agent)
         except (OSError, ssl.SSLError) as e:
-            raise ConfigError(f"cannot set up TLS to the API server: {e}") from e
-        self.core: Any = kubernetes.client.CoreV1Api(self.client)
-        self.coordination: Any = kubernetes.client.CoordinationV1Api(self.client)
+            raise SettingsError(f"cannot set up TLS to the API server: {e}") from e
         self.retry = retry or RetryPolicy()
         self.retry_while: Callable[[], bool] = lambda: True
         """Writes are retried only while this holds (set to "this replica leads")."""
         self._monotonic = monotonic
-        self._watches: set[urllib3.HTTPResponse] = set()
+        self._watches: set[Stream] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._closing = threading.Event()
         self._unsure: set[tuple[str, str]] = set()
         """Pods whose Binding may have landed although its answer was lost."""
-        self._auth: list[str] = []
+        self._auth: list[tuple[str, str]] = []
         self._auth_until = -math.inf
 
     def close(self) -> None:
         self._closing.set()
         self.close_watches()
-        if self._wire is not None:
-            self._wire[0].close()
-        self.client.close()
+        self._transport.close()
 
     # ---- one request ---------------------------------------------------------------------------
-
-    def _send(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> bytes:
-        """One request; its answer read whole and its connection handed back to the pool (an
-        unread answer keeps its connection busy, so the next call would open a new one)."""
-        kwargs.setdefault("_request_timeout", (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS))
-        try:
-            response = call(*args, _preload_content=False, **kwargs)
-        except ApiException as e:
-            raise _error(e) from e
-        except _TRANSPORT_ERRORS as e:
-            raise _unreachable(e) from e
-        try:
-            data: bytes = response.data
-        except _TRANSPORT_ERRORS as e:
-            raise _unreachable(e) from e
-        finally:
-            response.release_conn()
-        return data
 
     def _request(
         self,
         method: str,
         path: str,
-        timeout: float,
+        timeout: float = READ_TIMEOUT_SECONDS,
         body: JsonObject | None = None,
-        content_type: str = "application/json",
+        content_type: str = _JSON,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
     ) -> bytes:
-        """One request for a body built here, through the official client's own request layer
-        (same configuration, credentials, TLS and connection pool), without the generated
-        methods' per-call argument validation: a third of a write's CPU, spent checking dicts
-        this module wrote. Answer read whole, connection handed back to the pool.
-
-        Without a proxy the request goes through binder.wire instead, on connections of its own
-        to the same server with the same TLS settings and credentials: a seventh of the CPU."""
-        if self._wire is not None:
-            return self._send_wire(method, path, timeout, body, content_type)
-        headers = {"Accept": "application/json"}
+        """One request (`path` with its query), its answer read whole; the body of a 2xx answer,
+        else the ApiError the answer's Status names. UnavailableError when no answer came."""
+        headers = [("Accept", _JSON), *self._auth_headers()]
+        payload = b""
         if body is not None:
-            headers["Content-Type"] = content_type
-        request = self.client.param_serialize(
-            method=method,
-            resource_path=path,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
+            payload = json.dumps(body, separators=(",", ":")).encode()
+            headers.append(("Content-Type", content_type))
         try:
-            response = self.client.call_api(
-                *request, _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout)
+            answer = self._transport.request(
+                method, path, headers, payload, timeout, min(connect_timeout, timeout)
             )
-        except ApiException as e:
-            raise _error(e) from e
-        except _TRANSPORT_ERRORS as e:
-            raise _unreachable(e) from e
-        try:
-            data: bytes = response.read()
-        except _TRANSPORT_ERRORS as e:
-            raise _unreachable(e) from e
-        finally:
-            response.response.release_conn()
-        if not 200 <= response.status <= 299:
-            text = data.decode("utf-8", "replace")
-            raise _status_error(response.status, str(response.reason or ""), text, response.headers)
-        return data
-
-    def _send_wire(
-        self,
-        method: str,
-        path: str,
-        timeout: float,
-        body: JsonObject | None,
-        content_type: str,
-    ) -> bytes:
-        assert self._wire is not None
-        connections, prefix, host = self._wire
-        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
-        lines = [
-            f"{method} {prefix}{path} HTTP/1.1",
-            f"Host: {host}",
-            f"User-Agent: {self.client.user_agent}",
-            "Accept: application/json",
-        ]
-        if body is not None:
-            lines.append(f"Content-Type: {content_type}")
-            lines.append(f"Content-Length: {len(payload)}")
-        lines.extend(self._auth_headers())
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        try:
-            answer: Answer = connections.request(head, payload, timeout)
         except OSError as e:
             raise _unreachable(e) from e
         if not 200 <= answer.status <= 299:
-            retry_after = answer.headers.get("retry-after")
-            raise _status_error(
-                answer.status,
-                answer.reason,
-                answer.body.decode("utf-8", "replace"),
-                {"Retry-After": retry_after} if retry_after is not None else {},
-            )
+            raise _status_error(answer)
         return answer.body
 
-    def _auth_headers(self) -> list[str]:
+    def _stream(self, path: str, timeout: float) -> Stream:
+        """A GET whose answer is read as it comes (a watch); ApiError as `_request`."""
+        headers = [("Accept", _JSON), *self._auth_headers()]
+        try:
+            stream = self._transport.stream("GET", path, headers, timeout, CONNECT_TIMEOUT_SECONDS)
+        except OSError as e:
+            raise _unreachable(e) from e
+        if not 200 <= stream.status <= 299:
+            try:
+                body = stream.read()
+            except OSError as e:
+                raise _unreachable(e) from e
+            finally:
+                stream.close()
+            raise _status_error(Answer(stream.status, stream.reason, stream.headers, body))
+        return stream
+
+    def _auth_headers(self) -> list[tuple[str, str]]:
         """The credential headers, read through the client's refresh hook at most once per
         AUTH_REFRESH_SECONDS. The hook re-reads an expired in-cluster token (the client itself
         does so once a minute), and re-applies the whole kubeconfig or in-cluster settings to the
@@ -364,7 +306,7 @@ class Kube:
             headers = []
             for auth in self._configuration.auth_settings().values():
                 if auth.get("in") == "header" and auth.get("value"):
-                    headers.append(f"{auth['key']}: {auth['value']}")
+                    headers.append((str(auth["key"]), str(auth["value"])))
             self._auth = headers
             self._auth_until = now + AUTH_REFRESH_SECONDS
         return self._auth
@@ -409,30 +351,25 @@ class Kube:
     # ---- list and watch ------------------------------------------------------------------------
 
     def nodes(self) -> Kind:
-        return Kind("nodes", self.core.list_node)
+        return Kind("nodes", "/api/v1/nodes")
 
     def pods(self) -> Kind:
-        return Kind("pods", self.core.list_pod_for_all_namespaces)
+        return Kind("pods", "/api/v1/pods")
 
     def leases(self, namespace: str) -> Kind:
-        return Kind("leases", self.coordination.list_namespaced_lease, namespace)
-
-    def _call(self, kind: Kind, **kwargs: Any) -> Any:
-        if kind.namespace is not None:
-            return kind.list_call(kind.namespace, _preload_content=False, **kwargs)
-        return kind.list_call(_preload_content=False, **kwargs)
+        return Kind("leases", f"{_LEASES}/namespaces/{quote(namespace, safe='')}/leases")
 
     def list_all(self, kind: Kind, page: int = 500) -> tuple[list[JsonObject], str]:
         """Every object of the kind (paginated) and the list's resourceVersion. One attempt:
         raises UnavailableError when the server cannot answer."""
         items: list[JsonObject] = []
         token = None
-        args = (kind.namespace,) if kind.namespace is not None else ()
         while True:
-            kwargs: dict[str, Any] = {"limit": page, "_request_timeout": (10, 60)}
+            query: dict[str, str | int] = {"limit": page}
             if token:
-                kwargs["_continue"] = token
-            body = json.loads(self._send(kind.list_call, *args, **kwargs))
+                query["continue"] = token
+            data = self._request("GET", f"{kind.path}?{urlencode(query)}", LIST_TIMEOUT_SECONDS)
+            body = json.loads(data)
             items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
             token = meta.get("continue")
@@ -449,27 +386,23 @@ class Kube:
         server closes the stream. `on_open` is called once the server has accepted the watch.
         Raises GoneError when the version is too old, UnavailableError when the server cannot be
         reached or the stream breaks."""
-        try:
-            response = self._call(
-                kind,
-                watch=True,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_TIMEOUT_SECONDS,
-                _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
-            )
-        except ApiException as e:
-            raise _error(e) from e
-        except _TRANSPORT_ERRORS as e:
-            raise _unreachable(e) from e
+        query = urlencode(
+            {
+                "watch": "true",
+                "resourceVersion": resource_version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": WATCH_TIMEOUT_SECONDS,
+            }
+        )
+        stream = self._stream(f"{kind.path}?{query}", WATCH_TIMEOUT_SECONDS + 30)
         with self._lock:
             if self._closed:
-                response.release_conn()
+                stream.close()
                 return
-            self._watches.add(response)
+            self._watches.add(stream)
         try:
             on_open()
-            for line in response:
+            for line in stream.lines():
                 if not line.strip():
                     continue
                 event = json.loads(line)
@@ -482,22 +415,22 @@ class Kube:
                         str(obj.get("message", "")),
                     )
                 yield kind_type, obj
-        except (*_TRANSPORT_ERRORS, ValueError) as e:
+        except (OSError, ValueError) as e:
             if not self._closed:
                 raise UnavailableError(0, "WatchBroken", f"the {kind.name} watch broke: {e}") from e
         finally:
             with self._lock:
-                self._watches.discard(response)
-            response.release_conn()
+                self._watches.discard(stream)
+            stream.close()
 
     def close_watches(self) -> None:
         """End every open watch now (from any thread), and refuse new ones."""
         with self._lock:
             self._closed = True
-            responses = list(self._watches)
-        for response in responses:
+            streams = list(self._watches)
+        for stream in streams:
             try:
-                response.shutdown()
+                stream.shutdown()
             except Exception:  # noqa: S112 - best effort during shutdown
                 continue
 
@@ -673,16 +606,15 @@ class Kube:
 
     # ---- leases (one attempt each: the elector retries every retry period) ----------------------
 
+    def _lease_path(self, namespace: str, name: str = "") -> str:
+        path = f"{_LEASES}/namespaces/{quote(namespace, safe='')}/leases"
+        return f"{path}/{quote(name, safe='')}" if name else path
+
     def get_lease(
         self, namespace: str, name: str, timeout: float = READ_TIMEOUT_SECONDS
     ) -> JsonObject | None:
         try:
-            data = self._send(
-                self.coordination.read_namespaced_lease,
-                name,
-                namespace,
-                _request_timeout=(min(CONNECT_TIMEOUT_SECONDS, timeout), timeout),
-            )
+            data = self._request("GET", self._lease_path(namespace, name), timeout)
         except NotFoundError:
             return None
         result: JsonObject = json.loads(data)
@@ -691,31 +623,22 @@ class Kube:
     def create_lease(
         self, namespace: str, body: JsonObject, timeout: float = READ_TIMEOUT_SECONDS
     ) -> JsonObject:
-        data = self._send(
-            self.coordination.create_namespaced_lease,
-            namespace,
-            body,
-            _request_timeout=(min(CONNECT_TIMEOUT_SECONDS, timeout), timeout),
+        result: JsonObject = json.loads(
+            self._request("POST", self._lease_path(namespace), timeout, body)
         )
-        result: JsonObject = json.loads(data)
         return result
 
     def replace_lease(
         self, namespace: str, name: str, body: JsonObject, timeout: float = READ_TIMEOUT_SECONDS
     ) -> JsonObject:
         """PUT with the body's resourceVersion: a 409 means someone else wrote it first."""
-        data = self._send(
-            self.coordination.replace_namespaced_lease,
-            name,
-            namespace,
-            body,
-            _request_timeout=(min(CONNECT_TIMEOUT_SECONDS, timeout), timeout),
+        result: JsonObject = json.loads(
+            self._request("PUT", self._lease_path(namespace, name), timeout, body)
         )
-        result: JsonObject = json.loads(data)
         return result
 
     def read_pod(self, namespace: str, name: str) -> JsonObject:
-        result: JsonObject = json.loads(self._send(self.core.read_namespaced_pod, name, namespace))
+        result: JsonObject = json.loads(self._request("GET", _pod_path(namespace, name)))
         return result
 
 

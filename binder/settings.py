@@ -1,7 +1,7 @@
 """The binder's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
 default, help) with common.settings; a flag wins over its variable. Parsed once in `__main__`.
 
-Every problem is a ConfigError saying which flag or variable to fix. Nothing here talks to the
+Every problem is a SettingsError saying which flag or variable to fix. Nothing here talks to the
 cluster or reads the kubeconfig: that happens when the binder starts.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from binder.errors import ConfigError
+from binder.errors import SettingsError
 from binder.placement import POLICIES, Policy
 from common.contract import (
     DEFAULT_BINDER_HTTP_PORT,
@@ -213,17 +213,17 @@ DECLARATION = Declaration(
         Setting("log-level", "DEBUG, INFO, WARNING or ERROR", log_level, "INFO"),
         Setting("log-format", "text or json", log_format, "text"),
     ],
-    error=ConfigError,
+    error=SettingsError,
 )
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
-    """Parse and check flags and environment; raise ConfigError saying what to fix."""
+    """Parse and check flags and environment; raise SettingsError saying what to fix."""
     settings = Settings(**DECLARATION.values(argv, os.environ if environ is None else environ))
     if not settings.retry_period_seconds < settings.renew_deadline_seconds:
-        raise ConfigError("--retry-period must be shorter than --renew-deadline")
+        raise SettingsError("--retry-period must be shorter than --renew-deadline")
     if not settings.renew_deadline_seconds < settings.lease_duration_seconds:
-        raise ConfigError(
+        raise SettingsError(
             "--renew-deadline must be shorter than --lease-duration, or two replicas could both "
             "believe they lead"
         )

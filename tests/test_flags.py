@@ -12,7 +12,7 @@ import pytest
 from agent.settings import SettingsError as AgentSettingsError
 from agent.settings import parse_settings as agent_settings
 from binder.cli import build_parser as cli_parser
-from binder.errors import ConfigError
+from binder.errors import SettingsError as BinderSettingsError
 from binder.settings import parse_settings as binder_settings
 from common.settings import env_name
 from loader.errors import SettingsError as LoaderSettingsError
@@ -50,7 +50,7 @@ def _cli(argv: list[str]) -> Any:
     [
         (_agent, [*AGENT, "--install-deadline-seconds", "3"], [*AGENT, "--install-dead", "3"],
          (AgentSettingsError, SystemExit)),
-        (_binder, ["--gpu-mem-reserve", "1Gi"], ["--gpu", "1Gi"], (ConfigError,)),
+        (_binder, ["--gpu-mem-reserve", "1Gi"], ["--gpu", "1Gi"], (BinderSettingsError,)),
         (_loader, ["--timeout", "30"], ["--time", "30"], (LoaderSettingsError, SystemExit)),
         (_proxy, ["--drain-seconds", "1"], ["--drain", "1"], (ProxySettingsError, SystemExit)),
         (_cli, ["--namespace", "x"], ["--names", "x"], (SystemExit,)),

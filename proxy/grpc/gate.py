@@ -26,11 +26,10 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol
 
-from proxy.grpc import messages
+from proxy.grpc import framing, messages
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.replies import Replies
 from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
-from proxy.http2 import frames as f
 from proxy.http2.state import ACTIVE
 from proxy.metrics import ProxyMetrics
 from proxy.policy import inflation, refusals, wire
@@ -407,9 +406,9 @@ class StreamGate:
         after the response head: Triton's may not have come yet (`Replies.triton_headers` then
         sends none of its own)."""
         if not stream.responded:
-            self.out.write(f.local_head(stream.sid))
+            self.out.write(framing.local_head(stream.sid))
             stream.responded = True
-        self.replies.to_tenant(stream, f.grpc_message(response), False)
+        self.replies.to_tenant(stream, framing.grpc_message(response), False)
 
     def whole_message(self, payload: bytes, stream: Stream) -> bool:
         """`payload` is exactly one uncompressed message within the limit, with nothing of the
@@ -455,7 +454,7 @@ class StreamGate:
             return False
         stream.passed = True
         if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
-            stream.buf[:0] = framed or f.grpc_message(message)  # checked again once admitted
+            stream.buf[:0] = framed or framing.grpc_message(message)  # checked again once admitted
             stream.route = stream.kind
             stream.passed = False
             return False
@@ -474,7 +473,7 @@ class StreamGate:
         if last:
             stream.ended = False  # END_STREAM rides on this frame, not on an empty one after
         if framed is None:
-            framed = f.grpc_message(message)
+            framed = framing.grpc_message(message)
         channel = stream.channel
         assert channel is not None
         if len(framed) <= channel.max_frame:  # `_up`'s common case, without the call
@@ -524,12 +523,12 @@ class StreamGate:
         head = not stream.responded
         if response is not None:
             if head:
-                self.out.write(f.local_head(stream.sid))
+                self.out.write(framing.local_head(stream.sid))
                 stream.responded = True
                 head = False
-            self.replies.to_tenant(stream, f.grpc_message(response), False)
+            self.replies.to_tenant(stream, framing.grpc_message(response), False)
         self.replies.end_to_tenant(
-            stream, f.local_trailers(stream.sid, answer.code, answer.details, head)
+            stream, framing.local_trailers(stream.sid, answer.code, answer.details, head)
         )
         if started is not None:
             self.context.metrics.observe("grpc", answer.route, answer.code, _clock() - started)

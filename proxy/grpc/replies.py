@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
+from proxy.grpc import framing
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.stream import CREDIT_STEP, Stream
 from proxy.http2 import frames as f
@@ -28,7 +29,7 @@ from proxy.http2.state import ACTIVE, CLOSED, NEXT, PEER_ENDED, RESET, SENT_END
 from proxy.policy.refusals import UpstreamError, grpc_code
 
 UNAVAILABLE: Final = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
-_STATUS: Final = {str(number).encode(): name for number, name in f.CODE_NAMES.items()}
+_STATUS: Final = {str(number).encode(): name for number, name in framing.CODE_NAMES.items()}
 
 
 class ReplyHooks(Protocol):

@@ -1,11 +1,11 @@
-"""HTTP/2 frame and header-block encoding for the gRPC relay (RFC 9113, RFC 7541, gRPC over h2).
+"""HTTP/2 frame and header-block encoding (RFC 9113, RFC 7541).
 
 Builds the frames the relay writes: HEADERS (their blocks come from `http2.headers`), DATA headers,
-SETTINGS, WINDOW_UPDATE, RST_STREAM and GOAWAY, and the answers it gives tenants on its own
-(Trailers-Only errors, small OK responses, in-stream error messages). The header blocks of those
-answers use only "literal without indexing" representations with literal names, so they never
-touch the tenant's HPACK dynamic table: they can go out at any moment, and the tenant's decoder
-stays where the relay's encoder for that tenant believes it is.
+SETTINGS, WINDOW_UPDATE, RST_STREAM and GOAWAY. The header blocks it encodes itself
+(`header_block`) use only "literal without indexing" representations with literal names, so they
+never touch the peer's HPACK dynamic table: they can go out at any moment, and the peer's decoder
+stays where the relay's encoder for that peer believes it is. The gRPC answers built on them live
+in `proxy.grpc.framing`.
 
 What it must not do: hold connection state, or decide anything about isolation.
 """
@@ -13,8 +13,6 @@ What it must not do: hold connection state, or decide anything about isolation.
 from __future__ import annotations
 
 from typing import Final
-
-import grpc
 
 DATA: Final = 0
 HEADERS: Final = 1
@@ -54,9 +52,6 @@ COMPRESSION_ERROR: Final = 9
 ENHANCE_YOUR_CALM: Final = 11
 
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-CODE_NAMES: Final = {code.value[0]: code.name for code in grpc.StatusCode}
-CODE_NUMBERS: Final = {code.name: code.value[0] for code in grpc.StatusCode}
 
 
 def _header(length: int, kind: int, flags: int, stream_id: int) -> bytes:
@@ -108,47 +103,6 @@ def headers_frames(
         pos += max_frame
         out.append(frame(CONTINUATION, END_HEADERS if pos >= len(block) else 0, stream_id, chunk))
     return b"".join(out)
-
-
-def grpc_message(message: bytes) -> bytes:
-    """A length-prefixed, uncompressed gRPC message."""
-    return b"\x00" + len(message).to_bytes(4, "big") + message
-
-
-def _percent_encode(text: str) -> bytes:
-    """grpc-message encoding: printable ASCII except '%' as is, every other byte as %XX."""
-    out = bytearray()
-    for byte in text.encode():
-        if 0x20 <= byte <= 0x7E and byte != 0x25:
-            out.append(byte)
-        else:
-            out += b"%%%02X" % byte
-    return bytes(out)
-
-
-_RESPONSE_HEAD: Final = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-
-
-def status_fields(code: str, details: str) -> list[tuple[bytes, bytes]]:
-    """The grpc-status and grpc-message trailer fields for status `code` (a StatusCode name)."""
-    fields = [(b"grpc-status", str(CODE_NUMBERS[code]).encode())]
-    if details:
-        fields.append((b"grpc-message", _percent_encode(details)))
-    return fields
-
-
-def local_head(stream_id: int) -> bytes:
-    """The response head of an answer the relay gives itself after all (it carries a message)."""
-    return headers_frames(stream_id, header_block(_RESPONSE_HEAD), end_stream=False)
-
-
-def local_trailers(stream_id: int, code: str, details: str, head: bool) -> bytes:
-    """The trailers of the relay's own answer; with `head` (nothing sent on the stream yet) the
-    one Trailers-Only block of a bare error."""
-    fields = status_fields(code, details)
-    return headers_frames(
-        stream_id, header_block(_RESPONSE_HEAD + fields if head else fields), True
-    )
 
 
 def settings(values: dict[int, int]) -> bytes:

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from binder.controller import Controller
-from binder.errors import ConfigError
+from binder.errors import SettingsError
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
 from binder.settings import parse_settings
@@ -207,12 +207,12 @@ def test_settings_defaults_and_environment() -> None:
     ],
 )
 def test_bad_settings_say_what_to_fix(argv: list[str], fragment: str) -> None:
-    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+    with pytest.raises(SettingsError, match=fragment.replace("(", r"\(")):
         parse_settings(argv, KEY_DIR_ENV)
 
 
 def test_the_binder_does_not_start_without_placement_keys() -> None:
-    with pytest.raises(ConfigError, match="--placement-key-dir is required"):
+    with pytest.raises(SettingsError, match="--placement-key-dir is required"):
         parse_settings([], {})
 
 

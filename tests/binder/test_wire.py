@@ -255,3 +255,75 @@ def test_kube_writes_read_a_refreshed_token_within_a_second_not_on_every_write(
     assert calls == 2, "the hook re-applies the whole kubeconfig: once a second, not per write"
     tokens = [r.split(b"authorization: ")[1].split(b"\r\n")[0] for r in server.requests]
     assert tokens == [b"Bearer token-1"] * 3 + [b"Bearer token-2"]
+
+
+def chunked(*chunks: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
+
+
+EVENTS = (
+    b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"7"}}}\n',
+    b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"8"}}}\n',
+)
+
+
+def test_kube_watches_stream_events_split_across_chunks_with_the_token_and_prefix(
+    serve: type[Server], tmp_path: Path
+) -> None:
+    first, second = EVENTS
+    # One event cut in three chunks, the next sharing a chunk with the end of the first.
+    server = serve([chunked(first[:10], first[10:30], first[30:] + second[:5], second[5:])])
+    url = f"http://127.0.0.1:{server.port}/prefix"
+    kube = Kube(str(kubeconfig(tmp_path / "kubeconfig", url, None)))
+    opened: list[bool] = []
+    events = list(kube.watch(kube.pods(), "6", lambda: opened.append(True)))
+    kube.close()
+    assert opened == [True]
+    assert [(kind, obj["metadata"]["resourceVersion"]) for kind, obj in events] == [
+        ("ADDED", "7"),
+        ("BOOKMARK", "8"),
+    ]
+    request = server.requests[0].decode()
+    assert request.startswith(
+        "GET /prefix/api/v1/pods?watch=true&resourceVersion=6&allowWatchBookmarks=true"
+        "&timeoutSeconds=300 HTTP/1.1\r\n"
+    )
+    assert "authorization: Bearer secret-token\r\n" in request
+
+
+def test_with_a_proxy_url_lists_writes_and_watches_all_go_through_the_proxy(
+    serve: type[Server], tmp_path: Path
+) -> None:
+    """The proxy here answers as the API server would: what it sees are absolute-form requests
+    for the API server, which is never reached directly (its name does not resolve)."""
+    listing = b'{"metadata":{"resourceVersion":"6"},"items":[{"metadata":{"name":"a"}}]}'
+    proxy = serve(
+        [
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(listing), listing),
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+            chunked(EVENTS[0]),
+        ]
+    )
+    server = "http://apiserver.invalid:6443/prefix"
+    path = kubeconfig(tmp_path / "kubeconfig", server, None)
+    path.write_text(
+        path.read_text().replace(
+            f"server: {server}", f"server: {server}, proxy-url: http://127.0.0.1:{proxy.port}"
+        )
+    )
+    kube = Kube(str(path))
+    items, version = kube.list_all(kube.pods())
+    kube.patch_pod_annotations("models", "p", {"a": "b"})
+    events = list(kube.watch(kube.pods(), version))
+    kube.close()
+    assert (items, version) == ([{"metadata": {"name": "a"}}], "6")
+    assert [kind for kind, _ in events] == ["ADDED"]
+    lines = [r.decode().split("\r\n", 1)[0] for r in proxy.requests]
+    assert lines == [
+        f"GET {server}/api/v1/pods?limit=500 HTTP/1.1",
+        f"PATCH {server}/api/v1/namespaces/models/pods/p HTTP/1.1",
+        f"GET {server}/api/v1/pods?watch=true&resourceVersion=6&allowWatchBookmarks=true"
+        "&timeoutSeconds=300 HTTP/1.1",
+    ]
+    assert all(b"authorization: Bearer secret-token\r\n" in r for r in proxy.requests)

@@ -63,10 +63,10 @@ PARTS = [
         "binder",
         binder.settings.DECLARATION,
         binder.settings.Settings,
-        binder.errors.ConfigError,
+        binder.errors.SettingsError,
         {"placement-key-dir": "/k"},
     ),
-    Part("cli", binder.cli.FLAGS, None, binder.errors.ConfigError, {}),
+    Part("cli", binder.cli.FLAGS, None, binder.errors.SettingsError, {}),
     Part(
         "loader",
         loader.settings.DECLARATION,

@@ -22,12 +22,13 @@ from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
+from proxy.grpc import framing
 from proxy.grpc.relay import H2Connection
 from proxy.http2 import frames as f
 from tests.proxy.grpc.rig import HEADERS, Frame, Recording, Rig, infer
 
 BLOCK = f.header_block(HEADERS)
-MESSAGE = f.grpc_message(infer())
+MESSAGE = framing.grpc_message(infer())
 PING = f.frame(f.PING, 0, 0, b"h2spec!!")
 
 
@@ -89,7 +90,7 @@ class Conversation:
         """Triton answers the call the relay opened at it as its stream `sid`: a response head,
         a message and trailers, which the relay passes on to the tenant."""
         channel, _ = self.rig.channel()
-        self.rig.respond(channel, sid, f.grpc_message(body), trailers=True)
+        self.rig.respond(channel, sid, framing.grpc_message(body), trailers=True)
         self.send(b"")
 
     def responses(self, sid: int) -> list[h2.events.Event]:

@@ -13,6 +13,7 @@ from typing import Any
 from hpack import Decoder, Encoder
 from tritonclient.grpc import service_pb2
 
+from proxy.grpc import framing
 from proxy.grpc.channel import TritonChannel
 from proxy.grpc.relay import H2Connection
 from proxy.grpc.server import GrpcRelay
@@ -115,7 +116,7 @@ class Rig:
 
     def call(self, tenant: H2Connection, sid: int, message: bytes, end: bool = True) -> None:
         frames = f.frame(f.HEADERS, f.END_HEADERS, sid, f.header_block(HEADERS))
-        frames += data_frames(sid, f.grpc_message(message), end)
+        frames += data_frames(sid, framing.grpc_message(message), end)
         tenant.data_received(frames)
         self.relay.flush()
 

@@ -14,6 +14,7 @@ import asyncio
 import pytest
 from hpack import Decoder
 
+from proxy.grpc import framing
 from proxy.grpc.channel import RESPONSE_WINDOW
 from proxy.grpc.gate import StreamGate
 from proxy.grpc.relay import _CLOSED_KEPT, _RESETS, MAX_HEADER_BLOCK, H2Connection
@@ -36,12 +37,12 @@ async def test_two_tenants_share_one_channel_under_their_own_stream_ids() -> Non
     opened = [sid for kind, _, sid, _ in sent if kind == f.HEADERS]
     assert opened == [1, 3]  # the channel's own ids, not the tenants' (both 1)
     assert sent[0][0] == f.SETTINGS  # the channel's SETTINGS, not a tenant's
-    rig.respond(channel, 3, f.grpc_message(b"for-b"), trailers=True)
-    rig.respond(channel, 1, f.grpc_message(b"for-a"), trailers=True)
+    rig.respond(channel, 3, framing.grpc_message(b"for-b"), trailers=True)
+    rig.respond(channel, 1, framing.grpc_message(b"for-a"), trailers=True)
     for out, body in ((a_out, b"for-a"), (b_out, b"for-b")):
         frames = out.take()
         assert kinds(frames) == [(f.HEADERS, 1), (f.DATA, 1), (f.HEADERS, 1)]
-        assert frames[1][3] == f.grpc_message(body)
+        assert frames[1][3] == framing.grpc_message(body)
         assert frames[2][1] & f.END_STREAM
     assert not a.streams and not b.streams and not channel.streams
 
@@ -57,7 +58,7 @@ async def test_request_data_waits_for_tritons_window_and_the_tenant_is_credited_
     rig.relay.flush()
     up.take()
     # A stream message bigger than the window, whole in one read: the relay may send 1000.
-    big = f.grpc_message(infer(70_000))
+    big = framing.grpc_message(infer(70_000))
     stream_sid = 3
     block = f.header_block(
         [(n, b"/inference.GRPCInferenceService/ModelStreamInfer" if n == b":path" else v)
@@ -85,7 +86,7 @@ async def test_response_data_waits_for_the_tenants_window_and_triton_is_credited
     rig.call(tenant, 1, infer())
     channel, up = rig.channel()
     up.take()
-    body = f.grpc_message(b"x" * (RESPONSE_WINDOW // 2))
+    body = framing.grpc_message(b"x" * (RESPONSE_WINDOW // 2))
     rig.respond(channel, 1, body, trailers=False)
     assert data_bytes(out.take(), 1) == 100  # the tenant's stream window
     assert not [frame for frame in up.take() if frame[0] == f.WINDOW_UPDATE and frame[2] == 1]
@@ -105,7 +106,7 @@ async def test_trailers_wait_behind_response_data_the_tenant_cannot_take_yet() -
     tenant, out = rig.tenant(window=10)
     rig.call(tenant, 1, infer())
     channel, _ = rig.channel()
-    rig.respond(channel, 1, f.grpc_message(b"y" * 50), trailers=True)
+    rig.respond(channel, 1, framing.grpc_message(b"y" * 50), trailers=True)
     frames = out.take()
     assert data_bytes(frames, 1) == 10
     assert not any(kind == f.HEADERS and flags & f.END_STREAM for kind, flags, _, _ in frames)
@@ -125,7 +126,7 @@ async def test_a_tenant_overrunning_its_window_loses_its_connection_and_no_other
     block = f.header_block(HEADERS)
     rude.data_received(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
     rig.relay.flush()
-    message = f.grpc_message(infer(RECEIVE_WINDOW + 100))
+    message = framing.grpc_message(infer(RECEIVE_WINDOW + 100))
     rude.data_received(data_frames(1, message[: RECEIVE_WINDOW + 50], False))
     rig.relay.flush()
     channel, _ = rig.channel()
@@ -134,7 +135,7 @@ async def test_a_tenant_overrunning_its_window_loses_its_connection_and_no_other
     assert goaway and int.from_bytes(goaway[0][4:8], "big") == f.FLOW_CONTROL_ERROR
     rude.connection_lost(None)
     assert not channel.closing and 1 in channel.streams  # the calm tenant's call goes on
-    rig.respond(channel, 1, f.grpc_message(b"ok"), trailers=True)
+    rig.respond(channel, 1, framing.grpc_message(b"ok"), trailers=True)
     assert kinds(calm_out.take())[-1] == (f.HEADERS, 1)
 
 
@@ -152,7 +153,7 @@ async def test_tritons_goaway_refuses_unprocessed_streams_and_opens_a_new_channe
     assert rig.relay.channels == []  # the old one only finishes stream 1
     rig.call(tenant, 5, infer())
     assert len(rig.relay.channels) == 1 and rig.relay.channels[0] is not channel
-    rig.respond(channel, 1, f.grpc_message(b"ok"), trailers=True)
+    rig.respond(channel, 1, framing.grpc_message(b"ok"), trailers=True)
     assert up.closed  # the last stream ended on a channel Triton is closing
 
 
@@ -177,7 +178,7 @@ async def test_a_lost_channel_answers_its_calls_unavailable() -> None:
     (kind, flags, sid, block), *_ = out.take()
     assert (kind, sid) == (f.HEADERS, 1) and flags & f.END_STREAM
     fields = dict(Decoder().decode(block, raw=True))
-    assert fields[b"grpc-status"] == str(f.CODE_NUMBERS["UNAVAILABLE"]).encode()
+    assert fields[b"grpc-status"] == str(framing.CODE_NUMBERS["UNAVAILABLE"]).encode()
     assert not tenant.streams and rig.relay.channels == []
 
 
@@ -237,7 +238,7 @@ async def test_completed_calls_earn_back_the_reset_allowance() -> None:
         tenant.data_received(f.rst_stream(sid, f.CANCEL))
         rig.call(tenant, sid + 2, infer())
         channel, _ = rig.channel()
-        rig.respond(channel, max(channel.streams), f.grpc_message(b"ok"), trailers=True)
+        rig.respond(channel, max(channel.streams), framing.grpc_message(b"ok"), trailers=True)
         sid += 4
     assert not out.closed
 
@@ -259,7 +260,7 @@ async def test_the_last_closed_streams_are_remembered_and_older_ones_forgotten(
     for n in range(calls):  # each closed by the tenant's END_STREAM and Triton's trailers
         rig.call(tenant, 2 * n + 1, infer())
         channel, _ = rig.channel()
-        rig.respond(channel, max(channel.streams), f.grpc_message(b"ok"), trailers=True)
+        rig.respond(channel, max(channel.streams), framing.grpc_message(b"ok"), trailers=True)
     rig.relay.flush()
     out.take()
     sid = 2 * (calls - 1 - closed_ago) + 1
@@ -291,7 +292,7 @@ async def test_a_held_last_message_ends_the_stream_at_triton_exactly_once() -> N
     sent = [frame for frame in up.take() if frame[0] == f.DATA and frame[2] == 3]
     ends = [frame for frame in sent if frame[1] & f.END_STREAM]
     assert len(ends) == 1 and sent[-1] is ends[0]
-    assert sum(len(frame[3]) for frame in sent) == len(f.grpc_message(infer(100)))
+    assert sum(len(frame[3]) for frame in sent) == len(framing.grpc_message(infer(100)))
 
 
 async def test_a_stream_triton_ends_first_is_closed_at_triton_too() -> None:
@@ -301,8 +302,8 @@ async def test_a_stream_triton_ends_first_is_closed_at_triton_too() -> None:
     rig.call(tenant, 3, infer())  # this one the tenant ended
     channel, up = rig.channel()
     up.take()
-    rig.respond(channel, 1, f.grpc_message(b"early"), trailers=True)
-    rig.respond(channel, 3, f.grpc_message(b"ok"), trailers=True)
+    rig.respond(channel, 1, framing.grpc_message(b"early"), trailers=True)
+    rig.respond(channel, 3, framing.grpc_message(b"ok"), trailers=True)
     rig.relay.flush()
     resets = [(sid, payload) for kind, _, sid, payload in up.take() if kind == f.RST_STREAM]
     assert resets == [(1, f.NO_ERROR.to_bytes(4, "big"))]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import h2.events
 import pytest
 
+from proxy.grpc import framing
 from proxy.grpc.relay import MAX_STREAMS, H2Connection
 from proxy.http2 import frames as f
 from tests.proxy.grpc.h2spec import (
@@ -351,13 +352,13 @@ async def test_a_whole_call_reads_as_valid_http2_to_the_h2_client() -> None:
     """The relay's side of a call, read by h2: response headers, a message, trailers."""
     talk = conversation("half-closed")
     channel, _ = talk.rig.channel()
-    talk.rig.respond(channel, 1, f.grpc_message(b"answer"), trailers=True)
+    talk.rig.respond(channel, 1, framing.grpc_message(b"answer"), trailers=True)
     talk.send(b"")
     kinds = [type(e) for e in talk.events]
     for event in (h2.events.ResponseReceived, h2.events.DataReceived, h2.events.TrailersReceived):
         assert event in kinds
     data = b"".join(e.data for e in talk.events if isinstance(e, h2.events.DataReceived))
-    assert data == f.grpc_message(b"answer")
+    assert data == framing.grpc_message(b"answer")
     assert_triton_saw_only_the_relay(talk.rig)
 
 

@@ -31,6 +31,7 @@ from hyperframe.frame import Frame as HyperFrame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.grpc import framing
 from proxy.http2 import frames as f
 from tests.proxy.grpc.h2spec import assert_triton_saw_only_the_relay
 from tests.proxy.grpc.rig import HEADERS, Frame, Rig, infer
@@ -44,13 +45,13 @@ BLOCK = f.header_block(HEADERS)
 BASE: list[Parts] = [
     (f.SETTINGS, 0, 0, b"\x00\x04\x00\x00\x03\xe8"),  # INITIAL_WINDOW_SIZE 1000
     (f.HEADERS, f.END_HEADERS, 1, BLOCK),
-    (f.DATA, f.END_STREAM, 1, f.grpc_message(infer())),
+    (f.DATA, f.END_STREAM, 1, framing.grpc_message(infer())),
     (f.PING, 0, 0, b"fuzzping"),
     (f.HEADERS, 0, 3, BLOCK[:7]),
     (f.CONTINUATION, f.END_HEADERS, 3, BLOCK[7:]),
     (f.WINDOW_UPDATE, 0, 0, (1000).to_bytes(4, "big")),
     (f.WINDOW_UPDATE, 0, 3, (500).to_bytes(4, "big")),
-    (f.DATA, f.PADDED, 3, b"\x02" + f.grpc_message(infer(8)) + b"\x00\x00"),
+    (f.DATA, f.PADDED, 3, b"\x02" + framing.grpc_message(infer(8)) + b"\x00\x00"),
     (f.PRIORITY, 0, 3, b"\x00\x00\x00\x01\x10"),
     (f.RST_STREAM, 0, 3, f.CANCEL.to_bytes(4, "big")),
     (f.HEADERS, f.END_HEADERS | f.END_STREAM, 5, f.header_block(READY)),
@@ -155,7 +156,7 @@ def _triton_acts(rig: Rig, action: int, headed: set[int]) -> None:
         if up not in headed:
             headed.add(up)
             frames += f.frame(f.HEADERS, f.END_HEADERS, up, encode(head))
-        frames += f.frame(f.DATA, 0, up, f.grpc_message(b"answer"))
+        frames += f.frame(f.DATA, 0, up, framing.grpc_message(b"answer"))
         if action == 1:
             trailers = encode([(b"grpc-status", b"0")])
             frames += f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, up, trailers)

@@ -8,6 +8,7 @@ import zlib
 
 from tritonclient.grpc import service_pb2
 
+from proxy.grpc import framing
 from proxy.grpc.gate import PREFIX_HOLD
 from proxy.http2 import frames as f
 from tests.proxy.conftest import data_frames
@@ -42,13 +43,13 @@ async def test_a_refused_message_read_whole_leaves_the_ones_behind_it() -> None:
     first gets the in-stream error, the other two reach Triton, in that read."""
     rig = Rig()
     tenant, out = rig.tenant()
-    payload = gzipped(ghost(1024 * 1024, "a")) + f.grpc_message(infer()) + gzipped(infer(8))
+    payload = gzipped(ghost(1024 * 1024, "a")) + framing.grpc_message(infer()) + gzipped(infer(8))
     frames = f.frame(f.HEADERS, f.END_HEADERS, 1, f.header_block(STREAM_HEADERS))
     tenant.data_received(frames + data_frames(1, payload, False))
     rig.relay.flush()
     _, up = rig.channel()
     at_triton = b"".join(p for kind, _, _, p in up.take() if kind == f.DATA)
-    assert at_triton == f.grpc_message(infer()) + gzipped(infer(8))
+    assert at_triton == framing.grpc_message(infer()) + gzipped(infer(8))
     answers = [p for kind, _, sid, p in out.take() if kind == f.DATA and sid == 1]
     response = service_pb2.ModelStreamInferResponse.FromString(b"".join(answers)[5:])
     assert response.error_message == "Request for unknown model: 'ghost' is not found"
@@ -64,7 +65,7 @@ async def test_a_large_message_is_relayed_as_it_comes_and_never_held_whole() -> 
     tenant, _ = rig.tenant()
     request = service_pb2.ModelInferRequest(model_name=MODEL)
     request.raw_input_contents.append(bytes(4 * 1024 * 1024))
-    framed = f.grpc_message(request.SerializeToString())
+    framed = framing.grpc_message(request.SerializeToString())
     head = f.frame(f.HEADERS, f.END_HEADERS, 1, f.header_block(STREAM_HEADERS[:-1]))
     tenant.data_received(head)
     channel, up = rig.channel()

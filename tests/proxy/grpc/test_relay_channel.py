@@ -30,6 +30,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2
 
+from proxy.grpc import framing
 from proxy.http2 import frames as f
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, data_frames, proxy_settings, running_proxy
@@ -141,7 +142,7 @@ class RawTenant:
     def call(self, method: str, message: bytes, within: float = 30) -> Seen:
         """A unary call on a new stream, read until the proxy ends the stream."""
         sid = self.open_stream(method)
-        self.send(data_frames(sid, f.grpc_message(message), end_stream=True))
+        self.send(data_frames(sid, framing.grpc_message(message), end_stream=True))
         seen = self.streams[sid]
         self.pump(
             lambda: seen.ended or seen.reset is not None, f"the answer on stream {sid}", within
@@ -399,7 +400,7 @@ def _bad_hpack(tenant: RawTenant) -> None:
 
 def _data_on_stream_zero(tenant: RawTenant) -> None:
     tenant.start()
-    tenant.send(f.frame(f.DATA, 0, 0, f.grpc_message(b"stream zero carries no DATA")))
+    tenant.send(f.frame(f.DATA, 0, 0, framing.grpc_message(b"stream zero carries no DATA")))
 
 
 def _window_overrun(tenant: RawTenant) -> None:
@@ -412,7 +413,9 @@ def _window_overrun(tenant: RawTenant) -> None:
     # the overrun is wrong.
     request = service_pb2.ModelInferRequest(model_name="text_stream", id="overrun")
     request.raw_input_contents.append(b"\x00" * (2 * stream_window))
-    message = f.grpc_message(request.SerializeToString())[: stream_window + 4 * f.DEFAULT_MAX_FRAME]
+    message = framing.grpc_message(request.SerializeToString())[
+        : stream_window + 4 * f.DEFAULT_MAX_FRAME
+    ]
     sid = tenant.open_stream("ModelStreamInfer", send=False)
     head = tenant.take_unsent()
     # Headers and DATA at once: no WINDOW_UPDATE for the stream can be read in between. The
@@ -539,7 +542,7 @@ def test_a_tenants_small_window_holds_the_response_back_until_it_grants_more(
         tenant = raw(raw_tenants, running.grpc_url)
         tenant.start({SETTINGS_INITIAL_WINDOW_SIZE: window})
         sid = tenant.open_stream("ModelInfer")
-        tenant.send(data_frames(sid, f.grpc_message(request.SerializeToString()), True))
+        tenant.send(data_frames(sid, framing.grpc_message(request.SerializeToString()), True))
         seen = tenant.streams[sid]
         deadline = time.monotonic() + 15
         while len(seen.data) < window and not seen.ended:
@@ -601,7 +604,7 @@ def test_a_stream_reset_mid_call_gives_its_slot_back(
         tenant = raw(raw_tenants, running.grpc_url)
         tenant.start()
         sid = tenant.open_stream("ModelInfer")
-        tenant.send(data_frames(sid, f.grpc_message(sleepy_request(1000)), True))
+        tenant.send(data_frames(sid, framing.grpc_message(sleepy_request(1000)), True))
         poll(lambda: running.proxy.limiter.in_flight == 1, "the sleepy call starting")
         tenant.send(f.rst_stream(sid, f.CANCEL))
         poll(lambda: running.proxy.limiter.in_flight == 0, "the reset call's slot being freed")

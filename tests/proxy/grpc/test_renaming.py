@@ -8,6 +8,7 @@ import gzip
 
 from tritonclient.grpc import service_pb2
 
+from proxy.grpc import framing
 from proxy.grpc.stream import CREDIT_STEP
 from proxy.http2 import frames as f
 from tests.proxy.conftest import data_frames
@@ -45,10 +46,10 @@ async def test_a_unary_message_reaches_triton_under_the_private_name() -> None:
     tenant, _ = rig.tenant()
     headers = [*HEADERS, (b"grpc-accept-encoding", b"identity,deflate,gzip")]
     frames = f.frame(f.HEADERS, f.END_HEADERS, 1, f.header_block(headers))
-    tenant.data_received(frames + data_frames(1, f.grpc_message(infer()), True))
+    tenant.data_received(frames + data_frames(1, framing.grpc_message(infer()), True))
     rig.relay.flush()
     fields, data = at_triton(rig)
-    assert data == f.grpc_message(renamed(infer()))
+    assert data == framing.grpc_message(renamed(infer()))
     # Triton may not compress its answers: the relay could not rename them.
     assert b"grpc-accept-encoding" not in dict(fields)
 
@@ -61,7 +62,7 @@ async def test_a_large_message_is_renamed_from_its_first_bytes_as_it_passes() ->
     _, data = at_triton(rig)
     # As far as Triton's window (64 KiB until its SETTINGS say more) lets it go.
     assert len(data) > 60_000
-    assert f.grpc_message(renamed(message)).startswith(data)
+    assert framing.grpc_message(renamed(message)).startswith(data)
 
 
 async def test_stream_messages_are_renamed_and_a_compressed_one_goes_uncompressed() -> None:
@@ -70,11 +71,11 @@ async def test_stream_messages_are_renamed_and_a_compressed_one_goes_uncompresse
     packed = gzip.compress(infer(8))
     headers = [*STREAM, (b"grpc-encoding", b"gzip")]
     frames = f.frame(f.HEADERS, f.END_HEADERS, 1, f.header_block(headers))
-    payload = f.grpc_message(infer()) + b"\x01" + len(packed).to_bytes(4, "big") + packed
+    payload = framing.grpc_message(infer()) + b"\x01" + len(packed).to_bytes(4, "big") + packed
     tenant.data_received(frames + data_frames(1, payload, False))
     rig.relay.flush()
     _, data = at_triton(rig)
-    assert data == f.grpc_message(renamed(infer())) + f.grpc_message(renamed(infer(8)))
+    assert data == framing.grpc_message(renamed(infer())) + framing.grpc_message(renamed(infer(8)))
 
 
 async def test_a_large_compressed_message_is_refused_saying_why() -> None:
@@ -98,7 +99,7 @@ async def test_answers_and_errors_name_the_model_id_and_triton_is_credited_every
     rig = Rig(triton_name=PRIVATE)
     tenant, out = rig.tenant(window=0)  # every answer waits for the tenant's window
     frames = f.frame(f.HEADERS, f.END_HEADERS, 1, f.header_block(STREAM))
-    tenant.data_received(frames + data_frames(1, f.grpc_message(infer()), False))
+    tenant.data_received(frames + data_frames(1, framing.grpc_message(infer()), False))
     rig.relay.flush()
     channel, up = rig.channel()
     up.take()
@@ -106,7 +107,7 @@ async def test_answers_and_errors_name_the_model_id_and_triton_is_credited_every
         infer_response=service_pb2.ModelInferResponse(model_name=PRIVATE, id="x")
     )
     answer.infer_response.raw_output_contents.append(b"\x02" * 1000)
-    framed = f.grpc_message(answer.SerializeToString())
+    framed = framing.grpc_message(answer.SerializeToString())
     count = 3 * CREDIT_STEP // len(framed)
     rig.respond(channel, 1, framed * count, trailers=False)
     rig.relay.flush()
@@ -118,7 +119,7 @@ async def test_answers_and_errors_name_the_model_id_and_triton_is_credited_every
     got = b"".join(p for kind, _, sid, p in answered if kind == f.DATA and sid == 1)
     expected = answer
     expected.infer_response.model_name = MODEL
-    assert got == f.grpc_message(expected.SerializeToString()) * count
+    assert got == framing.grpc_message(expected.SerializeToString()) * count
     # Triton's stream was credited every byte it sent (in steps), not the fewer renamed ones.
     credited = sum(
         int.from_bytes(p, "big")
