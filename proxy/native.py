@@ -66,6 +66,7 @@ COMPILED = (
     "proxy/policy/limiter.py",
     "proxy/policy/refusals.py",
     "proxy/policy/routing.py",
+    "proxy/policy/share.py",
     "proxy/policy/wire.py",
     "proxy/metrics.py",
 )
