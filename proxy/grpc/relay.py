@@ -241,14 +241,14 @@ class H2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         share = self._share
-        started = _clock() if share is not None else 0.0
+        started = share.cpu() if share is not None else 0.0
         self._hold()  # what this read makes (for Triton, and for this tenant) leaves at its end
         try:
             self._read(data)
         finally:
             self._flush()
             if share is not None:
-                share.charge(started, _clock())
+                share.charge(started, share.cpu())
 
     def _read(self, data: bytes) -> None:
         pos = 0

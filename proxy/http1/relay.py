@@ -216,11 +216,12 @@ class ClientConnection(asyncio.Protocol):
         if share is None:
             self._received(data)
             return
-        started = perf_counter()
+        cpu = share.cpu
+        started = cpu()
         try:
             self._received(data)
         finally:
-            share.charge(started, perf_counter())
+            share.charge(started, cpu())
 
     def _received(self, data: bytes) -> None:
         if self._state == _BODY:

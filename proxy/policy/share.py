@@ -4,11 +4,13 @@ The gateway reads every pod's sockets on one event loop. A pod that sends as fas
 answers, within its in-flight limit, would otherwise take as many of the loop's turns as it has
 ready sockets: every other pod's request then waits behind a whole turn of its work, and the
 node's CPUs run its flood. So the loop's time is dealt out in rounds of `ROUND` seconds, and each
-pod is charged the time the loop spends reading its sockets (`LoopShare.charge`, two clock reads
-around each read). While more than one pod is active (read from in the last `ACTIVE` seconds),
-a pod that has spent its budget for the round has its sockets' reading paused until the round
-ends: its next requests wait in its own kernel socket buffers, not in the loop, and it holds
-nothing more here. Its budget is the larger of
+pod is charged the CPU time the loop spends reading its sockets (`LoopShare.charge`, the loop
+thread's CPU clock read around each read: wall time would charge a pod for the moments the OS
+ran other processes, and make it owe rounds it never used). While more than one pod is active
+(read from in the last `ACTIVE` seconds), a pod that has spent its budget for the round has its
+sockets' reading paused until a round covers what it owes (one long read can take more than a
+round's budget): its next requests wait in its own kernel socket buffers, not in the loop, and it
+holds nothing more here. Its budget is the larger of
 
 - its fair share, `ROUND / N` with N pods active, and
 - what the others left of `busy_share x ROUND` in the last round (`busy_share x ROUND` minus
@@ -46,6 +48,7 @@ class LoopShare:
     __slots__ = (
         "_shares",
         "budget",
+        "cpu",
         "last",
         "on_pause",
         "on_resume",
@@ -60,6 +63,7 @@ class LoopShare:
         self, shares: LoopShares, on_pause: Callable[[], None], on_resume: Callable[[], None]
     ) -> None:
         self._shares = shares
+        self.cpu = shares.cpu  # the relays read it around each read
         self.on_pause = on_pause
         self.on_resume = on_resume
         self.spent = 0.0  # seconds of reading in this round (and what it still owes)
@@ -71,11 +75,12 @@ class LoopShare:
         self.seconds = 0.0  # reading charged in all, for the metrics
 
     def charge(self, started: float, ended: float) -> None:
-        """The loop read this pod's socket from `started` to `ended` (the share's clock)."""
+        """The loop read this pod's socket from CPU time `started` to `ended` (`LoopShares.cpu`)."""
         shares = self._shares
-        self.last = ended  # first: a pod that starts reading counts as active in a new round
-        if ended >= shares.round_end:
-            shares.begin_round(ended)
+        now = shares.clock()
+        self.last = now  # first: a pod that starts reading counts as active in a new round
+        if now >= shares.round_end:
+            shares.begin_round(now)
         spent = ended - started
         self.spent += spent
         self.seconds += spent
@@ -93,12 +98,16 @@ class LoopShares:
         *,
         round_seconds: float = ROUND,
         active_seconds: float = ACTIVE,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.thread_time,
     ) -> None:
         if not 0.0 < busy_share <= 1.0:
             raise ValueError(f"busy_share must be in (0, 1], not {busy_share}")
         self.busy_share = busy_share
         self.clock = clock
+        """Wall time: rounds, and when a pod was last active."""
+        self.cpu = cpu
+        """The loop thread's CPU time, read around each read of a pod's socket."""
         self._timer = timer
         self._round_seconds = round_seconds
         self._active_seconds = active_seconds

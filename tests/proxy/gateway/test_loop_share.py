@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import select
 import socket
 import statistics
 import threading
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hpack
 import psutil
 import pytest
 
@@ -137,6 +139,16 @@ def gateway(served_triton: TritonServer, tmp_path: Path) -> Iterator[str]:
         assert running.process.poll() is None
 
 
+@pytest.fixture
+def gateway_grpc(served_triton: TritonServer, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """As `gateway`, its REST and gRPC addresses."""
+    table = tmp_path / "callers.json"
+    publish(table, caller(VICTIM, "add_one", "b/victim"), caller(ATTACKER, "identity", "a/flood"))
+    with gateway_process(served_triton, table) as running:
+        yield running.http_url, running.grpc_url
+        assert running.process.poll() is None
+
+
 @pytest.mark.triton
 def test_a_pod_flooding_the_gateways_loop_does_not_stall_its_neighbour(gateway: str) -> None:
     with neighbour_running(gateway) as neighbour:
@@ -162,6 +174,75 @@ def test_a_pod_flooding_the_gateways_loop_does_not_stall_its_neighbour(gateway: 
         f"{1e3 * p90(alone):.1f} ms alone; the flooder got {answered} answers"
     )
     assert answered >= 10_000
+
+
+def refused_streams(first: int, count: int, authority: str) -> bytes:
+    """`count` gRPC calls to RepositoryIndex (refused by the gateway itself, PERMISSION_DENIED)
+    on streams `first`, `first + 2`, ...: a HEADERS and an empty message each, as raw frames."""
+    block = hpack.Encoder().encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/inference.GRPCInferenceService/RepositoryIndex"),
+            (":authority", authority),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+    )
+    frames = []
+    for sid in range(first, first + 2 * count, 2):
+        frames.append(len(block).to_bytes(3, "big") + b"\x01\x04" + sid.to_bytes(4, "big") + block)
+        frames.append(b"\x00\x00\x05\x00\x01" + sid.to_bytes(4, "big") + bytes(5))
+    return b"".join(frames)
+
+
+@pytest.mark.triton
+def test_a_pod_flooding_the_gateway_with_refused_grpc_calls_does_not_stall_its_neighbour(
+    gateway_grpc: tuple[str, str],
+) -> None:
+    """One HTTP/2 connection, thousands of calls the gateway refuses itself in each write: each
+    read of the flooder's holds the loop for as long as it takes to answer them all."""
+    http_url, grpc_url = gateway_grpc
+    host, port = grpc_url.split(":")
+    sock = socket.create_connection((host, int(port)), source_address=(ATTACKER, 0))
+    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00" + bytes(4))
+    stop = threading.Event()
+    sent = [0]
+
+    def drain() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while not stop.is_set():
+                if select.select([sock], [], [], 0.1)[0] and not sock.recv(1 << 20):
+                    return
+
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                sock.sendall(refused_streams(1 + 2 * sent[0], 2000, grpc_url))
+                sent[0] += 2000
+
+    threads = [threading.Thread(target=t, daemon=True) for t in (drain, flood)]
+    with neighbour_running(http_url) as neighbour:
+        alone = latencies(neighbour, SAMPLES)
+        try:
+            for thread in threads:
+                thread.start()
+            while sent[0] < 20_000 and threads[1].is_alive():
+                time.sleep(0.01)
+            flooded = latencies(neighbour, SAMPLES)
+        finally:
+            stop.set()
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a sender the gateway stopped reading
+            for thread in threads:
+                thread.join(10)
+            sock.close()
+    # Before: the neighbour got 2 answers in 30 s, 8.5 and 17 s each (each 2,000-call read held
+    # the loop for as long as answering them all took).
+    assert len(flooded) == SAMPLES, f"the neighbour got {len(flooded)} answers in 30 s"
+    assert p90(flooded) <= max(3 * p90(alone), p90(alone) + 0.015), (
+        f"neighbour p90 {1e3 * p90(flooded):.1f} ms under the flood, {1e3 * p90(alone):.1f} alone"
+    )
 
 
 @pytest.mark.triton
@@ -226,7 +307,7 @@ class Pod:
 
 def shares(busy: float = 0.5) -> tuple[LoopShares, Clock]:
     clock = Clock()
-    return LoopShares(busy, clock.later, clock=clock), clock
+    return LoopShares(busy, clock.later, clock=clock, cpu=clock), clock
 
 
 def pod(loop: LoopShares) -> tuple[Pod, LoopShare]:
