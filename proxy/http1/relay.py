@@ -115,6 +115,7 @@ class ClientConnection(asyncio.Protocol):
         # the pod is over it (`throttle`), whatever the exchange's own back-pressure wants.
         self._share = relay.limiter.share
         self._throttled = False
+        self._charging = False  # inside a read being charged to the share
         # The tenant does not read what is written to it: no request is taken until it does.
         self._write_blocked = False
         self._continuing = False  # a call to `_continue` is scheduled
@@ -213,17 +214,17 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         share = self._share
-        if share is None:
-            self._received(data)
+        if share is not None and not self._charging:
+            # In the gateway: this read, charged to the pod's share of the loop.
+            self._charging = True
+            cpu = share.cpu
+            started = cpu()
+            try:
+                self.data_received(data)
+            finally:
+                self._charging = False
+                share.charge(started, cpu())
             return
-        cpu = share.cpu
-        started = cpu()
-        try:
-            self._received(data)
-        finally:
-            share.charge(started, cpu())
-
-    def _received(self, data: bytes) -> None:
         if self._state == _BODY:
             if self._stash is not None:  # read before the pause took effect: counted in order
                 self._stash += data
@@ -233,7 +234,9 @@ class ClientConnection(asyncio.Protocol):
         self._buffer = self._buffer + data if self._buffer else data
         if self._state == _IDLE and not self._write_blocked:
             self._next_request()
-        if self._pipeline_full():
+            if self._buffer and self._pipeline_full():
+                self.pause_reading()
+        elif self._pipeline_full():
             self.pause_reading()
 
     def _pipeline_full(self) -> bool:
