@@ -11,6 +11,12 @@ request stream, so the gate, not grpc, decides when the first message is read: a
 taken a slot at the agent (`max_calls`), in its namespace and in its pod. Each message is then
 checked against its method's limit; grpc itself reads no message over MAX_MESSAGE_BYTES.
 
+The slots are shared out by namespace (`namespace_bound`): the last `reserve` of them (an eighth,
+at least one) are kept for namespaces with no call in progress, so a team calling for the first
+time is served however many calls others hold; and while several namespaces have calls, each
+takes a new one only below its even share of the rest, so the ones holding more give slots back
+to the others as their calls end.
+
 What it must not do: authorize a model (that needs the message; `agent.service` does it) or keep
 any state beyond the calls in progress.
 """
@@ -77,6 +83,27 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         """Calls "in progress" and calls "waiting for a TokenReview" now."""
         self._in_progress: dict[str, int] = {}
         """Calls in progress per pod uid and per "namespace/<name>"."""
+        self.reserve = max(1, max_calls // 8)
+        """Slots only a namespace with no call in progress may take."""
+
+    def namespace_bound(self, namespace: str) -> tuple[int, str]:
+        """How many calls `namespace` may have in progress for it to take one more now, and the
+        flag an operator would raise."""
+        if not self._in_progress.get(f"namespace/{namespace}"):
+            # A newcomer: any slot, the reserve included (the global bound still applies).
+            return self.max_calls_per_namespace, " (--max-calls-per-namespace)"
+        calling = sum(1 for key in self._in_progress if key.startswith("namespace/"))
+        total = self._counts.get("in progress", 0)  # this call's place is already counted
+        shared = self.max_calls - self.reserve
+        if total > shared:
+            return 0, (
+                f" (--max-calls: the last {self.reserve} of {self.max_calls} are kept for "
+                "namespaces with no call in progress)"
+            )
+        share = max(1, shared // calling)
+        if share < self.max_calls_per_namespace:
+            return share, f" (its share of --max-calls with {calling} namespaces calling)"
+        return self.max_calls_per_namespace, " (--max-calls-per-namespace)"
 
     async def intercept_service(
         self, continuation: Continuation, details: grpc.HandlerCallDetails
@@ -120,6 +147,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         # A pod over its own bound made its calls itself: RESOURCE_EXHAUSTED. A pod whose
         # namespace is busy may be an honest loader beside a noisy one: UNAVAILABLE, which
         # loaders retry.
+        namespace_bound, namespace_flag = self.namespace_bound(caller.namespace)
         bounds: tuple[tuple[str, int, str, str, type[AgentError]], ...] = (
             (
                 caller.pod_uid or caller.username,
@@ -130,19 +158,20 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             ),
             (
                 f"namespace/{caller.namespace}",
-                self.max_calls_per_namespace,
+                namespace_bound,
                 f"namespace {caller.namespace}",
-                " (--max-calls-per-namespace)",
+                namespace_flag,
                 AgentBusyError,
             ),
         )
         taken: list[str] = []
         try:
             for key, bound, who, flag, error in bounds:
-                if self._in_progress.get(key, 0) >= bound:
+                held = self._in_progress.get(key, 0)
+                if held >= bound:
                     raise error(
-                        f"{who} already has {bound} calls in progress at this agent{flag}; wait "
-                        f"for them to finish"
+                        f"{who} already has {held} calls in progress at this agent, as many as "
+                        f"it may have now{flag}; wait for them to finish"
                     )
                 self._in_progress[key] = self._in_progress.get(key, 0) + 1
                 taken.append(key)

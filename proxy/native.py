@@ -68,6 +68,7 @@ COMPILED = (
     "proxy/policy/naming.py",
     "proxy/policy/refusals.py",
     "proxy/policy/routing.py",
+    "proxy/policy/share.py",
     "proxy/policy/wire.py",
     "proxy/metrics.py",
 )

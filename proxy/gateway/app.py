@@ -21,6 +21,7 @@ import logging
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
@@ -28,6 +29,7 @@ from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
+from proxy.policy.share import LoopShares
 from proxy.sockets import bind
 from proxy.state import ProxyState
 
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 _REFUSAL_LOG_SECONDS = 60.0
 """A refused address is logged once per this period, so a scan cannot flood the log."""
 _REMEMBERED_REFUSALS = 4096
+
+
+def _call_later(delay: float, callback: Callable[[], None]) -> object:
+    return asyncio.get_running_loop().call_later(delay, callback)
 
 
 def caller_address(peer: object) -> str:
@@ -55,7 +61,9 @@ class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.state = ProxyState()
-        self.tenants = Tenants(self.state)
+        self.tenants = Tenants(
+            self.state, LoopShares(settings.loop_busy_percent / 100.0, _call_later)
+        )
         self.book = CallerBook(
             settings.caller_table,
             max_age=settings.table_max_age_seconds,

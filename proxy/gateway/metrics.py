@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.gateway.callers import CallerBook
@@ -29,8 +29,22 @@ class _TenantCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
+        read = CounterMetricFamily(
+            "tritonshare_gateway_loop_read_seconds",
+            "Seconds the gateway's event loop spent reading the pod's connections (its charge "
+            "against its share of the loop).",
+            labels=["pod", "model"],
+        )
+        pauses = CounterMetricFamily(
+            "tritonshare_gateway_loop_pauses",
+            "Times the pod's connections stopped reading until the end of an event-loop round, "
+            "for being past its share of the loop while other pods were active.",
+            labels=["pod", "model"],
+        )
         for tenant in self._tenants():
             extra = {"pod": tenant.caller.pod, "model": tenant.caller.model_id}
+            read.add_metric([tenant.caller.pod, tenant.caller.model_id], tenant.share.seconds)
+            pauses.add_metric([tenant.caller.pod, tenant.caller.model_id], tenant.share.pauses)
             for metric in tenant.metrics.registry.collect():
                 name = _GATEWAY + metric.name.removeprefix(_PROXY)
                 family = families.get(name)
@@ -45,6 +59,7 @@ class _TenantCollector(Collector):
                         sample.exemplar,
                     )
         yield from families.values()
+        yield from (read, pauses)
 
 
 class _BookCollector(Collector):

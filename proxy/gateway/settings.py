@@ -25,6 +25,7 @@ from common.settings import (
     host_port,
     log_format,
     log_level,
+    number,
     path,
     seconds,
     whole,
@@ -73,6 +74,12 @@ class GatewaySettings:
     that bypasses its proxy: a pod that declares its proxy's concurrency (`--container-concurrency`,
     in the caller table) gets that, up to this; a pod that declares none gets this; 0: no limit.
     As many more may wait (up to the relay's queue timeout); past that, 503 / RESOURCE_EXHAUSTED."""
+    loop_busy_percent: float = 50.0
+    """While more than one pod is active, the most of each round of the event loop (percent)
+    that reading the pods' sockets may take before a pod past its fair share (the round split
+    evenly among the active pods) stops being read until the round ends (`policy.share`); the
+    rest stays free for a neighbour's next request. A pod alone is never held back; 100: pods
+    take what their neighbours leave, and only the fair share is kept for each."""
     log_level: str = "INFO"
     log_format: str = "text"
 
@@ -164,6 +171,13 @@ DECLARATION = Declaration(
             "0 = no limit",
             whole(),
             "64",
+        ),
+        Setting(
+            "loop-busy-percent",
+            "while several pods are active, the percent of each event-loop round the pods' "
+            "reads may take before one past its fair share waits for the next round",
+            number(minimum=1.0, below=100.000001),
+            "50",
         ),
         Setting("log-level", "log level", log_level, "INFO"),
         Setting("log-format", "text or json", log_format, "text"),

@@ -5,10 +5,13 @@ A `Tenant` is what the gateway serves a caller with: the proxy's `RestRelay` and
 ones, every gRPC message checked), made for the caller's model and fed the connections the
 gateway accepted from the caller's address. Where Triton knows the caller's model by a private
 name (`Caller.name_in_triton`, issue 25), the relays map the public model id in each request to
-it and back in each answer. Each tenant has its own connections to Triton, so one
-pod's stalled stream or slow reader never holds another's. `Tenants` makes them on a pod's first
-connection and drops them, with every open connection, the moment the pod loses its place in the
-caller table. What it must not do: decide who a caller is (`gateway.callers`) or accept sockets.
+it and back in each answer. Each tenant has its own connections to Triton, so one pod's stalled
+stream or slow reader never holds another's; and each has its share of the one event loop
+(`policy.share`): while it is over it and other pods are active, its connections stop reading
+until the round ends, so its flood waits in its own socket buffers. `Tenants` makes them on a
+pod's first connection and drops them, with every open connection, the moment the pod loses its
+place in the caller table. What it must not do: decide who a caller is (`gateway.callers`) or
+accept sockets.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -25,22 +29,30 @@ from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
+from proxy.policy.share import LoopShares
 from proxy.settings import Settings
 from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
+_PAUSE_LOG_SECONDS = 60.0
+"""A pod held to its share of the loop is logged once per this period."""
+
 
 class Tenant:
     """The relays serving one calling pod."""
 
-    def __init__(self, caller: Caller, settings: Settings, state: ProxyState) -> None:
+    def __init__(
+        self, caller: Caller, settings: Settings, state: ProxyState, shares: LoopShares
+    ) -> None:
         self.caller = caller
         # The pod's proxy names the public model id; the gateway alone knows the private name.
         settings = replace(settings, triton_name=caller.triton_name)
         self.limiter = Limiter(
             settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
         )
+        self.share = self.limiter.share = shares.share(self._throttle, self._unthrottle)
+        self._logged_pause = -_PAUSE_LOG_SECONDS
         self.metrics = ProxyMetrics(self.limiter, caller.model_id)
         self.rest = RestRelay(settings, self.limiter, self.metrics, state)
         self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state)
@@ -48,6 +60,28 @@ class Tenant:
     @property
     def connections(self) -> int:
         return len(self.rest.connections) + len(self.grpc.connections)
+
+    def _throttle(self) -> None:
+        now = time.monotonic()
+        if now - self._logged_pause >= _PAUSE_LOG_SECONDS:
+            self._logged_pause = now
+            log.info(
+                "Pod %s (%s) took more than its share of the gateway's event loop while other "
+                "pods were active: its connections stop reading until each round ends "
+                "(logged once a minute; tritonshare_gateway_loop_pauses_total counts them all).",
+                self.caller.pod,
+                self.caller.address,
+            )
+        for connection in self.rest.connections:
+            connection.throttle()
+        for h2 in self.grpc.connections:
+            h2.throttle()
+
+    def _unthrottle(self) -> None:
+        for connection in self.rest.connections:
+            connection.unthrottle()
+        for h2 in self.grpc.connections:
+            h2.unthrottle()
 
     async def adopt(self, protocol: str, sock: socket.socket) -> None:
         """Serve an accepted connection of this pod on the `http` or `grpc` relay."""
@@ -66,8 +100,9 @@ class Tenant:
 class Tenants:
     """The tenants of the pods that have connected, by address."""
 
-    def __init__(self, state: ProxyState) -> None:
+    def __init__(self, state: ProxyState, shares: LoopShares) -> None:
         self.state = state
+        self.shares = shares
         self._by_address: dict[str, Tenant] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -80,7 +115,8 @@ class Tenants:
         if tenant is None or tenant.caller != caller:
             if tenant is not None:
                 self._drop(tenant)
-            tenant = self._by_address[caller.address] = Tenant(caller, settings, self.state)
+            tenant = Tenant(caller, settings, self.state, self.shares)
+            self._by_address[caller.address] = tenant
         return tenant
 
     def revoke(self, addresses: set[str]) -> None:
@@ -101,6 +137,7 @@ class Tenants:
                 tenant.connections,
             )
         self._by_address.pop(caller.address, None)
+        self.shares.remove(tenant.share)
         tenant.abort()
         task = asyncio.get_running_loop().create_task(
             tenant.stop(), name=f"gateway: closing the relays of {caller.pod}"

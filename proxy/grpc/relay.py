@@ -128,6 +128,10 @@ class H2Connection(asyncio.Protocol):
         # What the tenant may still send on the connection; credited as bytes arrive.
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
         self._initial_window = f.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
+        # The pod's share of the gateway's loop (None in the proxy); reading also stops while
+        # the pod is over it (`throttle`), whatever the replies' back-pressure wants.
+        self._share = relay.limiter.share
+        self._throttled = False
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -154,6 +158,8 @@ class H2Connection(asyncio.Protocol):
             )
             + f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW)
         )
+        if self._share is not None and self._share.paused:
+            self.throttle()
         self._preface_timer = asyncio.get_running_loop().call_later(
             self.relay.settings.head_timeout_seconds, self._no_preface
         )
@@ -180,14 +186,27 @@ class H2Connection(asyncio.Protocol):
         # The tenant does not read: response DATA waits (its windows hold Triton back), and the
         # tenant's own frames wait too, so nothing it asks for (PING, SETTINGS) piles up here.
         self.replies.paused = True
-        if self.transport is not None:
+        if self.transport is not None and not self._throttled:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.replies.paused = False
-        if self.transport is not None:
+        if self.transport is not None and not self._throttled:
             self.transport.resume_reading()
         self.replies.drain_all()
+
+    def throttle(self) -> None:
+        """The pod is over its share of the gateway's loop: read nothing until `unthrottle`."""
+        if not self._throttled and self.transport is not None:
+            self._throttled = True
+            if not self.replies.paused:
+                self.transport.pause_reading()
+
+    def unthrottle(self) -> None:
+        if self._throttled and self.transport is not None:
+            self._throttled = False
+            if not self.replies.paused:
+                self.transport.resume_reading()
 
     def go_away(self) -> None:
         """Take no new streams; those already open finish."""
@@ -221,11 +240,15 @@ class H2Connection(asyncio.Protocol):
     # -- the tenant's frames ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        share = self._share
+        started = share.cpu() if share is not None else 0.0
         self._hold()  # what this read makes (for Triton, and for this tenant) leaves at its end
         try:
             self._read(data)
         finally:
             self._flush()
+            if share is not None:
+                share.charge(started, share.cpu())
 
     def _read(self, data: bytes) -> None:
         pos = 0

@@ -62,6 +62,10 @@ class Listener(Protocol):
 
 
 PIPELINE_LIMIT: Final = 1024 * 1024
+LOCAL_ANSWERS_PER_TURN: Final = 16
+"""Pipelined requests a connection answers itself (refusals, errors) in one event-loop turn; the
+rest wait for the next turn, so a buffer of them (at most PIPELINE_LIMIT and one read) never holds
+the loop for long, and each turn is charged to the pod's share of the gateway's loop."""
 _KNOWN_HEAD_BYTES: Final = 4096
 """The largest request head a connection remembers as its last one (as the listener's cache)."""
 _NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
@@ -112,6 +116,14 @@ class ClientConnection(asyncio.Protocol):
         self._keep_alive = True
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
+        # The pod's share of the gateway's loop (None in the proxy); reading also stops while
+        # the pod is over it (`throttle`), whatever the exchange's own back-pressure wants.
+        self._share = relay.limiter.share
+        self._throttled = False
+        self._charging = False  # inside a read being charged to the share
+        # The tenant does not read what is written to it: no request is taken until it does.
+        self._write_blocked = False
+        self._continuing = False  # a call to `_continue` is scheduled
         self._head_timer: asyncio.TimerHandle | None = None
         # The last request head read on this connection, with its blank line, as prepared:
         # keep-alive clients send the same head again and again.
@@ -124,6 +136,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
         self._relay.connections.add(self)
+        if self._share is not None and self._share.paused:
+            self.throttle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay.connections.discard(self)
@@ -142,24 +156,61 @@ class ClientConnection(asyncio.Protocol):
         self._state = _CLOSED
 
     def pause_writing(self) -> None:
+        self._write_blocked = True
         upstream = self._upstream
         if upstream is not None and upstream.transport is not None:
             upstream.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self._write_blocked = False
         upstream = self._upstream
         if upstream is not None and upstream.transport is not None:
             upstream.transport.resume_reading()
+        if self._state == _IDLE and self._buffer:
+            self._later()
 
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
-            self.transport.pause_reading()
+            if not self._throttled:
+                self.transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self._reading_paused and self.transport is not None and self._stash is None:
             self._reading_paused = False
-            self.transport.resume_reading()
+            if not self._throttled:
+                self.transport.resume_reading()
+
+    def throttle(self) -> None:
+        """The pod is over its share of the gateway's loop: read nothing until `unthrottle`."""
+        if not self._throttled and self.transport is not None:
+            self._throttled = True
+            if not self._reading_paused:
+                self.transport.pause_reading()
+
+    def unthrottle(self) -> None:
+        if self._throttled and self.transport is not None:
+            self._throttled = False
+            if not self._reading_paused:
+                self.transport.resume_reading()
+            if self._state == _IDLE and self._buffer:
+                self._later()
+
+    def _later(self) -> None:
+        """Take the next buffered requests at the next event-loop turn."""
+        if not self._continuing:
+            self._continuing = True
+            asyncio.get_running_loop().call_soon(self._continue)
+
+    def _continue(self) -> None:
+        self._continuing = False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._state == _IDLE and self._buffer and not self._throttled:
+            if self._reading_paused and not self._pipeline_full():
+                self.resume_reading()
+            self.data_received(b"")  # as a read: charged to the pod's share
 
     @property
     def idle(self) -> bool:
@@ -167,6 +218,18 @@ class ClientConnection(asyncio.Protocol):
         return self._state == _IDLE and not self._buffer
 
     def data_received(self, data: bytes) -> None:
+        share = self._share
+        if share is not None and not self._charging:
+            # In the gateway: this read, charged to the pod's share of the loop.
+            self._charging = True
+            cpu = share.cpu
+            started = cpu()
+            try:
+                self.data_received(data)
+            finally:
+                self._charging = False
+                share.charge(started, cpu())
+            return
         if self._state == _BODY:
             if self._stash is not None:  # read before the pause took effect: counted in order
                 self._stash += data
@@ -174,16 +237,31 @@ class ClientConnection(asyncio.Protocol):
             self._relay_body(data, 0)
             return
         self._buffer = self._buffer + data if self._buffer else data
-        if self._state == _IDLE:
+        if self._state == _IDLE and not self._write_blocked:
             self._next_request()
-        elif len(self._buffer) > PIPELINE_LIMIT:
+            if self._buffer and self._pipeline_full():
+                self.pause_reading()
+        elif self._pipeline_full():
             self.pause_reading()
+
+    def _pipeline_full(self) -> bool:
+        """Enough is buffered to stop reading: between requests, a whole head's worth (there is
+        a request to take first; answering one copies what follows it, so less is kept); while
+        one is waiting or relayed, PIPELINE_LIMIT."""
+        return len(self._buffer) > (MAX_HEAD_BYTES if self._state == _IDLE else PIPELINE_LIMIT)
 
     # -- requests ---------------------------------------------------------------------------
 
     def _next_request(self) -> None:
         relay = self._relay
+        answered = 0
         while self._state == _IDLE and self._buffer:
+            if self._write_blocked or answered == LOCAL_ANSWERS_PER_TURN:
+                # The tenant reads no answers, or this turn answered enough: the rest waits
+                # (`resume_writing`, `_continue`), reading paused past PIPELINE_LIMIT of it.
+                if not self._write_blocked:
+                    self._later()
+                return
             buffer = self._buffer
             known = self._known
             if known and buffer.startswith(known):
@@ -238,6 +316,7 @@ class ClientConnection(asyncio.Protocol):
             if isinstance(decision, Answer):
                 self._buffer = buffer[body:]
                 self._answer_locally(decision.status, decision.content_type, decision.body)
+                answered += 1
                 continue
             if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
@@ -260,6 +339,7 @@ class ClientConnection(asyncio.Protocol):
                     "application/json",
                     error_body("the model proxy is shutting down: use another replica"),
                 )
+                answered += 1
                 continue
             if decision.limited:
                 if not self._limiter.try_acquire():
@@ -274,6 +354,8 @@ class ClientConnection(asyncio.Protocol):
                 return
             self._send(upstream, buffer, body, verbatim)
             return  # the request is on its way: the state is no longer _IDLE
+        if self._reading_paused and self._state == _IDLE and not self._write_blocked:
+            self.resume_reading()  # what was pipelined past PIPELINE_LIMIT has been answered
 
     def _wait(self, coro: Any) -> None:
         self._state = _PENDING

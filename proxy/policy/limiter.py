@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 
 from proxy.policy.refusals import OverloadedError, QueueTimeoutError
+from proxy.policy.share import LoopShare
 
 
 class Limiter:
@@ -43,6 +44,10 @@ class Limiter:
         self.queue_timeout = queue_timeout
         self.window = window
         self._clock = clock
+        self.share: LoopShare | None = None
+        """The pod's share of the event loop that serves it beside other pods (the node
+        gateway's, `policy.share`): its connections charge their reads to it and stop reading
+        while it is paused. None where the loop serves one pod (the proxy)."""
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         # Request-seconds up to now: _area + _ends - _starts + in_flight * now. _area holds what

@@ -431,6 +431,48 @@ async def test_one_namespace_cannot_take_every_call_the_agent_serves(
     assert (await get("b2")).model_id == "b2"
 
 
+async def test_two_namespaces_holding_every_call_they_may_cannot_keep_a_third_out(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+) -> None:
+    """With the default bounds (--max-calls 32, 16 per namespace, 8 per pod), team-a and team-b
+    each open as many installs as the agent lets them, from two pods each, and leave them
+    waiting: team-c, calling for the first time, is still served, and so is team-d after it.
+    On the code before, 16 + 16 calls took all 32 slots and every other team was told to retry
+    (UNAVAILABLE) until they ended."""
+    running = await start_custom_agent(install_first_chunk_seconds=30.0)
+    teams = {"a1": "team-a", "a2": "team-a", "b1": "team-b", "b2": "team-b"}
+    teams |= {"c1": "team-c", "d1": "team-d"}
+    namespaces(kube_api, *sorted(set(teams.values())))
+    for name, namespace in teams.items():
+        make_pod(kube_api, name, name, namespace=namespace)
+    token = {name: apiserver.mint_token(namespace, name) for name, namespace in teams.items()}
+    stalled = [
+        running.stub.InstallModel(header_only(name, MIB), metadata=bearer(token[name]))
+        for name in ("a1", "a2", "b1", "b2")
+        for _ in range(8)
+    ]
+    gate = running.agent.gate
+    await eventually(
+        lambda: gate._counts.get("in progress", 0) + sum(c.done() for c in stalled) == 32,
+        what="every install of team-a and team-b to be held or refused",
+    )
+    held = {n: gate._in_progress.get(f"namespace/{n}", 0) for n in ("team-a", "team-b")}
+    for name in ("c1", "d1"):
+        request = agent_pb2.GetModelRequest(model_id=name)
+        try:
+            answer = await running.stub.GetModel(request, metadata=bearer(token[name]))
+        except grpc.aio.AioRpcError as e:
+            pytest.fail(f"{teams[name]} was refused ({e.code().name}: {e.details()}); held: {held}")
+        assert answer.model_id == name
+    # Each of the two holds no more than its share of what the newcomers' reserve leaves.
+    assert max(held.values()) <= 16 and sum(held.values()) <= 32 - 4, held
+    for call in stalled:
+        call.cancel()
+    await eventually(lambda: not gate._in_progress, what="the calls to end")
+
+
 async def test_a_stream_that_sends_only_a_header_gives_its_slots_back_in_seconds(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
