@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Any, cast
 
-from kubernetes import client, watch
+from kubernetes import client
+
+from sim.watching import watch_events
 
 log = logging.getLogger(__name__)
 
@@ -84,25 +86,14 @@ class Endpoints:
                 for pod in listed.get("items", []):
                     self._apply("ADDED", pod)
                 version = listed["metadata"]["resourceVersion"]
-                while not self._stop.is_set():
-                    stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                        self.core.list_namespaced_pod,
-                        self.namespace,
-                        label_selector=self.selector,
-                        resource_version=version,
-                        allow_watch_bookmarks=True,
-                        timeout_seconds=2,
-                        _request_timeout=10,
-                    )
-                    for event in stream:
-                        raw = event["raw_object"]
-                        if event["type"] == "ERROR":
-                            raise RuntimeError(f"watch error {raw.get('code')}")
-                        version = raw["metadata"]["resourceVersion"]
-                        if event["type"] != "BOOKMARK":
-                            self._apply(event["type"], raw)
-                        if self._stop.is_set():
-                            return
+                for event_type, raw in watch_events(
+                    self.core.list_namespaced_pod,
+                    self._stop,
+                    version,
+                    self.namespace,
+                    label_selector=self.selector,
+                ):
+                    self._apply(event_type, raw)
             except Exception as e:
                 if self._stop.is_set():
                     return

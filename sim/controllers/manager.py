@@ -30,11 +30,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sim.controllers import deployment, replicaset
 from sim.controllers.podtemplate import controller_uid
+from sim.watching import watch_events
 
 log = logging.getLogger(__name__)
 
@@ -279,23 +280,7 @@ class ControllerManager:
                 self._stop.wait(0.5)
 
     def _watch(self, kind: str, resource_version: str) -> Iterator[tuple[str, JsonObject]]:
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                lambda **kw: self._list(kind, **kw),
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=2,
-                _request_timeout=10,
-            )
-            for event in stream:
-                if self._stop.is_set():
-                    return
-                raw = event["raw_object"]
-                if event["type"] == "ERROR":
-                    raise RuntimeError(f"watch error {raw.get('code')}: {raw.get('message')}")
-                resource_version = raw["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    yield event["type"], raw
+        return watch_events(lambda **kw: self._list(kind, **kw), self._stop, resource_version)
 
     def _changed(self, kind: str, event_type: str, obj: JsonObject) -> None:
         """What an event (or the worker's own write) makes due."""

@@ -22,13 +22,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sim.node.addresses import PodAddresses
 from sim.node.containers import now_rfc3339
 from sim.node.podspec import Obj
 from sim.node.podworker import NodeRuntime, PodWorker, pod_key, read_json
+from sim.watching import watch_events
 
 log = logging.getLogger(__name__)
 
@@ -79,24 +80,13 @@ class _PodWatcher:
                 self._stop.wait(0.5)
 
     def _watch(self, resource_version: str) -> None:
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                self.core.list_pod_for_all_namespaces,
-                field_selector=self._field_selector,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=2,
-                _request_timeout=10,
-            )
-            for event in stream:
-                if self._stop.is_set():
-                    return
-                raw = event["raw_object"]
-                if event["type"] == "ERROR":
-                    raise RuntimeError(f"watch error {raw.get('code')}: {raw.get('message')}")
-                resource_version = raw["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    self.handle(event["type"], raw)
+        for event_type, raw in watch_events(
+            self.core.list_pod_for_all_namespaces,
+            self._stop,
+            resource_version,
+            field_selector=self._field_selector,
+        ):
+            self.handle(event_type, raw)
 
 
 class Kubelet(_PodWatcher):
