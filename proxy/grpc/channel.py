@@ -34,7 +34,7 @@ from hpack import HPACKError
 
 from proxy.grpc.outbox import Outbox, Scheduler
 from proxy.grpc.stream import Stream
-from proxy.http2 import frames as f
+from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
 from proxy.http2.headers import BlockDecoder, BlockEncoder, Fields
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
@@ -86,9 +86,9 @@ class TritonChannel(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}  # by Triton-side stream id
         self.closing = False  # GOAWAY from Triton, ids used up, or the proxy stops
         self.max_streams = _LAST_ID  # Triton's SETTINGS_MAX_CONCURRENT_STREAMS
-        self.max_frame = f.DEFAULT_MAX_FRAME  # Triton's SETTINGS_MAX_FRAME_SIZE
-        self.initial_window = f.DEFAULT_WINDOW  # Triton's SETTINGS_INITIAL_WINDOW_SIZE
-        self.window = Window(f.DEFAULT_WINDOW)  # what Triton's connection window lets us send
+        self.max_frame = frames.DEFAULT_MAX_FRAME  # Triton's SETTINGS_MAX_FRAME_SIZE
+        self.initial_window = frames.DEFAULT_WINDOW  # Triton's SETTINGS_INITIAL_WINDOW_SIZE
+        self.window = Window(frames.DEFAULT_WINDOW)  # what Triton's connection window lets us send
         self.waiting: dict[Stream, None] = {}  # streams with DATA held for Triton's windows
         self._next_id = 1
         self._encoder = BlockEncoder()
@@ -98,11 +98,14 @@ class TritonChannel(asyncio.Protocol):
         # What Triton may still send on the connection, credited as bytes arrive (streams bound it).
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
         hello = [
-            f.PREFACE,
-            f.settings(
-                {f.SETTINGS_ENABLE_PUSH: 0, f.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW}
+            frames.PREFACE,
+            frames.settings(
+                {
+                    frames.SETTINGS_ENABLE_PUSH: 0,
+                    frames.SETTINGS_INITIAL_WINDOW_SIZE: RESPONSE_WINDOW,
+                }
             ),
-            f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW),
+            frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW),
         ]
         self.out = Outbox(relay, hello)  # leaves once connected; the listener marks it
         # The listener's hold and flush around each read, bound once (see relay.H2Connection).
@@ -185,7 +188,7 @@ class TritonChannel(asyncio.Protocol):
             stream.triton = NEXT[stream.triton, SENT_END]
         self.streams[up] = stream
         block = self._encoder.encode(fields)  # every block encoded is written, in order
-        self.out.write(f.headers_frames(up, block, end_stream, self.max_frame))
+        self.out.write(frames.headers_frames(up, block, end_stream, self.max_frame))
 
     def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Send request bytes of `stream` as DATA, now or as soon as Triton's windows allow."""
@@ -198,7 +201,7 @@ class TritonChannel(asyncio.Protocol):
         ):
             stream.up_window.size -= size
             self.window.size -= size
-            self.out.write_data(f.data_header(size, end_stream, stream.up), payload)
+            self.out.write_data(frames.data_header(size, end_stream, stream.up), payload)
             if end_stream:
                 stream.triton = NEXT[stream.triton, SENT_END]
             if size:
@@ -221,13 +224,13 @@ class TritonChannel(asyncio.Protocol):
             stream.up_window.size -= size
             self.window.size -= size
             end = stream.up_end and not held
-            self.out.write(f.data_header(size, end, stream.up) + chunk)
+            self.out.write(frames.data_header(size, end, stream.up) + chunk)
             if end:
                 stream.triton = NEXT[stream.triton, SENT_END]
                 stream.up_end = False
             stream.replies.forwarded(stream, size)
         if stream.up_end:
-            self.out.write(f.data_header(0, True, stream.up))  # ends an empty remainder
+            self.out.write(frames.data_header(0, True, stream.up))  # ends an empty remainder
             stream.triton = NEXT[stream.triton, SENT_END]
         stream.up_end = False
         self.waiting.pop(stream, None)
@@ -235,7 +238,7 @@ class TritonChannel(asyncio.Protocol):
     def reset(self, stream: Stream) -> None:
         """Cancel `stream` at Triton (the tenant left it, or the relay answered it)."""
         if self.streams.pop(stream.up, None) is not None:
-            self.out.write(f.rst_stream(stream.up, f.CANCEL))
+            self.out.write(frames.rst_stream(stream.up, frames.CANCEL))
         stream.triton = NEXT[stream.triton, RESET]
         stream.up_held.clear()
         self.waiting.pop(stream, None)
@@ -244,7 +247,7 @@ class TritonChannel(asyncio.Protocol):
     def credit(self, stream: Stream, size: int) -> None:
         """The tenant took `size` response bytes of `stream`: Triton may send that much more."""
         if stream.up in self.streams:
-            self.out.write(f.window_update(stream.up, size))
+            self.out.write(frames.window_update(stream.up, size))
 
     def _ended(self) -> None:
         if self.closing and not self.streams and self.transport is not None:
@@ -257,13 +260,13 @@ class TritonChannel(asyncio.Protocol):
         try:
             self._read(data)
         except (ConnectionBrokenError, FlowControlError, HPACKError) as e:
-            code = e.code if isinstance(e, ConnectionBrokenError) else f.PROTOCOL_ERROR
+            code = e.code if isinstance(e, ConnectionBrokenError) else frames.PROTOCOL_ERROR
             if isinstance(e, FlowControlError):
-                code = f.FLOW_CONTROL_ERROR
+                code = frames.FLOW_CONTROL_ERROR
             elif isinstance(e, HPACKError):
-                code = f.COMPRESSION_ERROR
+                code = frames.COMPRESSION_ERROR
             log.warning("Triton broke HTTP/2 (%s): closing the connection to it.", e)
-            self.out.write(f.goaway(0, code))
+            self.out.write(frames.goaway(0, code))
             self.out.flush()
             if self.transport is not None:
                 self.transport.abort()
@@ -282,7 +285,7 @@ class TritonChannel(asyncio.Protocol):
         if got:
             increment = self._received.take(got)  # more than the window: FlowControlError
             if increment:
-                self.out.write(f.window_update(0, increment))
+                self.out.write(frames.window_update(0, increment))
 
     # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
 
@@ -296,43 +299,43 @@ class TritonChannel(asyncio.Protocol):
             return
         if len(body) < length:
             self.credit(stream, length - len(body))
-        if flags & f.END_STREAM:
+        if flags & frames.END_STREAM:
             self._ended_by_triton(stream)
-        stream.replies.triton_data(stream, body, bool(flags & f.END_STREAM))
+        stream.replies.triton_data(stream, body, bool(flags & frames.END_STREAM))
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
-        if kind == f.WINDOW_UPDATE:
+        if kind == frames.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
-        elif kind == f.RST_STREAM:
+        elif kind == frames.RST_STREAM:
             stream = self.streams.get(sid)
             if stream is not None:
                 self._close_stream(stream)
                 stream.replies.triton_reset(stream, int.from_bytes(payload, "big"))
-        elif kind == f.SETTINGS:
-            if not flags & f.ACK:
-                self._settings(f.settings_values(payload))
-                self.out.write(f.frame(f.SETTINGS, f.ACK, 0))
-        elif kind == f.PING:
-            if not flags & f.ACK:
-                self.out.write(f.frame(f.PING, f.ACK, 0, payload))
-        elif kind == f.GOAWAY:
+        elif kind == frames.SETTINGS:
+            if not flags & frames.ACK:
+                self._settings(frames.settings_values(payload))
+                self.out.write(frames.frame(frames.SETTINGS, frames.ACK, 0))
+        elif kind == frames.PING:
+            if not flags & frames.ACK:
+                self.out.write(frames.frame(frames.PING, frames.ACK, 0, payload))
+        elif kind == frames.GOAWAY:
             self._goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, payload[4:8])
 
     def on_stream_error(self, sid: int, code: int, reason: str) -> None:
         """Triton broke a rule of stream `sid`: reset it there; the tenant's call fails."""
         log.warning("Triton broke HTTP/2 on stream %d (%s): resetting the call.", sid, reason)
-        self.out.write(f.rst_stream(sid, code))
+        self.out.write(frames.rst_stream(sid, code))
         stream = self.streams.get(sid)
         if stream is not None:
             self._close_stream(stream)
-            stream.replies.triton_reset(stream, f.INTERNAL_ERROR)
+            stream.replies.triton_reset(stream, frames.INTERNAL_ERROR)
 
     def on_headers(self, sid: int, flags: int, block: bytes) -> None:
         fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
         stream = self.streams.get(sid)
         if stream is None:
             return
-        end_stream = bool(flags & f.END_STREAM)
+        end_stream = bool(flags & frames.END_STREAM)
         if end_stream:
             self._ended_by_triton(stream)
         stream.replies.triton_headers(stream, fields, end_stream)
@@ -343,7 +346,7 @@ class TritonChannel(asyncio.Protocol):
         if stream.triton in WE_ENDED:
             stream.triton = NEXT[stream.triton, RECEIVED_END]
         else:
-            self.out.write(f.rst_stream(stream.up, f.NO_ERROR))
+            self.out.write(frames.rst_stream(stream.up, frames.NO_ERROR))
         self._close_stream(stream)
 
     def _close_stream(self, stream: Stream) -> None:
@@ -369,18 +372,18 @@ class TritonChannel(asyncio.Protocol):
             try:
                 stream.up_window.grow(increment)
             except FlowControlError as e:
-                self.on_stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+                self.on_stream_error(sid, frames.FLOW_CONTROL_ERROR, str(e))
                 return
             if stream in self.waiting:
                 self._release(stream)
 
     def _settings(self, values: dict[int, int]) -> None:
-        self.max_streams = values.get(f.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams)
-        self.max_frame = values.get(f.SETTINGS_MAX_FRAME_SIZE, self.max_frame)
-        table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+        self.max_streams = values.get(frames.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams)
+        self.max_frame = values.get(frames.SETTINGS_MAX_FRAME_SIZE, self.max_frame)
+        table = values.get(frames.SETTINGS_HEADER_TABLE_SIZE)
         if table is not None:
             self._encoder.limit_table(table)
-        window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
+        window = values.get(frames.SETTINGS_INITIAL_WINDOW_SIZE)
         if window is not None:
             delta = window - self.initial_window
             self.initial_window = window
@@ -446,7 +449,7 @@ class RenamingChannel(TritonChannel):
             self._unrenamable(stream, e)
             return
         names.owed += len(body)
-        if flags & f.END_STREAM:
+        if flags & frames.END_STREAM:
             self._ended_by_triton(stream)
             stream.replies.triton_data(stream, out, True)
         elif out:
@@ -454,7 +457,7 @@ class RenamingChannel(TritonChannel):
             names.owed = 0
 
     def on_headers(self, sid: int, flags: int, block: bytes) -> None:
-        if not flags & f.END_STREAM:
+        if not flags & frames.END_STREAM:
             super().on_headers(sid, flags, block)
             return
         fields = self._decoder.decode(block)  # every block: the decoder follows Triton's table
@@ -479,6 +482,6 @@ class RenamingChannel(TritonChannel):
             self._public.decode(),
             error,
         )
-        self.out.write(f.rst_stream(stream.up, f.CANCEL))
+        self.out.write(frames.rst_stream(stream.up, frames.CANCEL))
         self._close_stream(stream)
-        stream.replies.triton_reset(stream, f.INTERNAL_ERROR)
+        stream.replies.triton_reset(stream, frames.INTERNAL_ERROR)

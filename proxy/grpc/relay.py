@@ -35,7 +35,7 @@ from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED, GateContext, S
 from proxy.grpc.outbox import Outbox, Scheduler
 from proxy.grpc.replies import Replies
 from proxy.grpc.stream import RECEIVE_WINDOW, Channel, Stream
-from proxy.http2 import frames as f
+from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow
 from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
@@ -127,7 +127,7 @@ class H2Connection(asyncio.Protocol):
         self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
         # What the tenant may still send on the connection; credited as bytes arrive.
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
-        self._initial_window = f.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
+        self._initial_window = frames.DEFAULT_WINDOW  # the tenant's SETTINGS_INITIAL_WINDOW_SIZE
         # The pod's share of the gateway's loop (None in the proxy); reading also stops while
         # the pod is over it (`throttle`), whatever the replies' back-pressure wants.
         self._share = relay.limiter.share
@@ -150,13 +150,13 @@ class H2Connection(asyncio.Protocol):
         self.transport = nodelay(transport)
         self.relay.connections.add(self)
         self.out.write(
-            f.settings(
+            frames.settings(
                 {
-                    f.SETTINGS_MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-                    f.SETTINGS_INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
+                    frames.SETTINGS_MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+                    frames.SETTINGS_INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
                 }
             )
-            + f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+            + frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW)
         )
         if self._share is not None and self._share.paused:
             self.throttle()
@@ -167,7 +167,7 @@ class H2Connection(asyncio.Protocol):
     def _no_preface(self) -> None:
         """A connection that never says it speaks HTTP/2 only holds a socket: close it."""
         timeout = self.relay.settings.head_timeout_seconds
-        self._error(f.PROTOCOL_ERROR, f"no HTTP/2 connection preface within {timeout:g} s")
+        self._error(frames.PROTOCOL_ERROR, f"no HTTP/2 connection preface within {timeout:g} s")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.connections.discard(self)
@@ -212,7 +212,7 @@ class H2Connection(asyncio.Protocol):
         """Take no new streams; those already open finish."""
         if not self._goaway:
             self._goaway = True
-            self.out.write(f.goaway(self.last_sid))
+            self.out.write(frames.goaway(self.last_sid))
 
     def activity(self) -> object | None:
         """For the idle sweep: None while calls are open, else the last stream id."""
@@ -232,7 +232,7 @@ class H2Connection(asyncio.Protocol):
 
     def _close_with(self, code: int) -> None:
         """GOAWAY with `code`, then close: the connection ends."""
-        self.out.write(f.goaway(self.last_sid, code))
+        self.out.write(frames.goaway(self.last_sid, code))
         self.out.flush()
         if self.transport is not None:
             self.transport.close()
@@ -256,11 +256,11 @@ class H2Connection(asyncio.Protocol):
             if self._in:
                 data = self._in + data
                 self._in = b""
-            if len(data) < 24 and f.PREFACE.startswith(data):
+            if len(data) < 24 and frames.PREFACE.startswith(data):
                 self._in = data
                 return
-            if data[:24] != f.PREFACE:
-                self._error(f.PROTOCOL_ERROR, "no HTTP/2 connection preface")
+            if data[:24] != frames.PREFACE:
+                self._error(frames.PROTOCOL_ERROR, "no HTTP/2 connection preface")
                 return
             self._preface = True
             if self._preface_timer is not None:
@@ -272,29 +272,33 @@ class H2Connection(asyncio.Protocol):
         except ConnectionBrokenError as e:
             self._error(e.code, str(e))
         except FlowControlError as flow:  # a name per type: compiled (mypyc), `e` has one type
-            self._error(f.FLOW_CONTROL_ERROR, str(flow))
+            self._error(frames.FLOW_CONTROL_ERROR, str(flow))
         except HPACKError as hpack:
-            self._error(f.COMPRESSION_ERROR, f"an unreadable header block: {hpack}")
+            self._error(frames.COMPRESSION_ERROR, f"an unreadable header block: {hpack}")
         except StreamStateError:
             # A bug of the relay's, never the tenant's doing: this connection ends, not the proxy.
             log.exception("The gRPC relay lost track of a stream: closing the tenant's connection.")
-            self._close_with(f.INTERNAL_ERROR)
+            self._close_with(frames.INTERNAL_ERROR)
 
     # -- checked frames from the reader (`proxy.http2.reader.FrameSink`) ---------------------------
 
     def on_data(self, body: bytes, flags: int, sid: int, size: int) -> None:
         increment = self._received.take(size)  # the stream windows bound what the relay holds
         if increment:
-            self.out.write(f.window_update(0, increment))
+            self.out.write(frames.window_update(0, increment))
         stream = self.streams.get(sid)
         if stream is None:
             if sid > self.last_sid:
-                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
+                raise ConnectionBrokenError(
+                    frames.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened"
+                )
             if self._closed.get(sid):
-                self.on_stream_error(sid, f.STREAM_CLOSED, f"DATA on closed stream {sid}")
+                self.on_stream_error(sid, frames.STREAM_CLOSED, f"DATA on closed stream {sid}")
             return  # answered or reset by the relay: dropped (its bytes counted above)
         if stream.tenant in PEER_ENDED:
-            self.on_stream_error(sid, f.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM")
+            self.on_stream_error(
+                sid, frames.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM"
+            )
             return
         if stream.triton not in ACTIVE:
             return  # answered by the relay, kept only for its response: dropped
@@ -302,11 +306,11 @@ class H2Connection(asyncio.Protocol):
             stream.received.arrived(size)
         except FlowControlError:
             raise ConnectionBrokenError(
-                f.FLOW_CONTROL_ERROR, f"DATA over stream {sid}'s window"
+                frames.FLOW_CONTROL_ERROR, f"DATA over stream {sid}'s window"
             ) from None
         if len(body) < size:
             self.replies.forwarded(stream, size - len(body))  # padding: Triton never gets it
-        if flags & f.END_STREAM:
+        if flags & frames.END_STREAM:
             stream.tenant = NEXT[stream.tenant, RECEIVED_END]
             stream.ended = True
         if len(body) == size and self.gate.whole_message(body, stream):
@@ -318,19 +322,21 @@ class H2Connection(asyncio.Protocol):
         self.gate.relay_buffered(stream)
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
-        if kind == f.WINDOW_UPDATE:
+        if kind == frames.WINDOW_UPDATE:
             self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
-        elif kind == f.RST_STREAM:
+        elif kind == frames.RST_STREAM:
             if sid > self.last_sid:
-                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+                raise ConnectionBrokenError(
+                    frames.PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}"
+                )
             self._reset_by_tenant(sid)
             self.closed(sid, strict=True)  # RFC 9113 5.1: frames after its RST_STREAM are errors
-        elif kind == f.SETTINGS:
-            if not flags & f.ACK:
-                self._settings(f.settings_values(payload))
-                self.out.write(f.frame(f.SETTINGS, f.ACK, 0))
-        elif kind == f.PING and not flags & f.ACK:
-            self.out.write(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == frames.SETTINGS:
+            if not flags & frames.ACK:
+                self._settings(frames.settings_values(payload))
+                self.out.write(frames.frame(frames.SETTINGS, frames.ACK, 0))
+        elif kind == frames.PING and not flags & frames.ACK:
+            self.out.write(frames.frame(frames.PING, frames.ACK, 0, payload))
         # a PING ACK, GOAWAY (the tenant closes when it is done): nothing to do
 
     def _reset_by_tenant(self, sid: int) -> bool:
@@ -347,7 +353,7 @@ class H2Connection(asyncio.Protocol):
         self.gate.finish(stream, "CANCELLED")
         if self._resets < 0:
             raise ConnectionBrokenError(
-                f.ENHANCE_YOUR_CALM, f"over {_RESETS} more streams reset than completed"
+                frames.ENHANCE_YOUR_CALM, f"over {_RESETS} more streams reset than completed"
             )
         return True
 
@@ -359,7 +365,7 @@ class H2Connection(asyncio.Protocol):
             self._refused_sid = sid  # its HEADERS follow: decoded, then refused
         self._reset_by_tenant(sid)
         self.closed(sid, strict=False)  # frames the tenant sent before it saw the reset: ignored
-        self.out.write(f.rst_stream(sid, code))
+        self.out.write(frames.rst_stream(sid, code))
 
     def closed(self, sid: int, strict: bool) -> None:
         """Remember that stream `sid` closed: with `strict` (the tenant ended or reset it) a
@@ -374,17 +380,17 @@ class H2Connection(asyncio.Protocol):
         self._closed[sid] = strict
 
     def _settings(self, values: dict[int, int]) -> None:
-        window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
+        window = values.get(frames.SETTINGS_INITIAL_WINDOW_SIZE)
         if window is not None:
             delta = window - self._initial_window
             self._initial_window = window
             for stream in self.streams.values():
                 stream.window.shift(delta)
             self.replies.drain_all()
-        size = values.get(f.SETTINGS_MAX_FRAME_SIZE)
+        size = values.get(frames.SETTINGS_MAX_FRAME_SIZE)
         if size is not None:
             self.replies.max_frame = size
-        table = values.get(f.SETTINGS_HEADER_TABLE_SIZE)
+        table = values.get(frames.SETTINGS_HEADER_TABLE_SIZE)
         if table is not None:
             self.replies.encoder.limit_table(table)
 
@@ -398,27 +404,31 @@ class H2Connection(asyncio.Protocol):
         stream = self.streams.get(sid)
         if stream is None:
             if sid > self.last_sid:
-                raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+                raise ConnectionBrokenError(
+                    frames.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}"
+                )
             return  # closed here already: a WINDOW_UPDATE may still be on its way
         try:
             stream.window.grow(increment)
         except FlowControlError as e:
-            self.on_stream_error(sid, f.FLOW_CONTROL_ERROR, str(e))
+            self.on_stream_error(sid, frames.FLOW_CONTROL_ERROR, str(e))
             return
         if stream in self.replies.blocked:
             self.replies.drain(stream)
 
     def on_headers(self, sid: int, flags: int, block: bytes) -> None:
         fields = self._decoder.decode(block)  # every block: the decoder follows the tenant's table
-        end_stream = bool(flags & f.END_STREAM)
+        end_stream = bool(flags & frames.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the tenant end its side
             if stream.tenant in PEER_ENDED:
-                self.on_stream_error(sid, f.STREAM_CLOSED, f"HEADERS on stream {sid} after its end")
+                self.on_stream_error(
+                    sid, frames.STREAM_CLOSED, f"HEADERS on stream {sid} after its end"
+                )
             elif not end_stream:
-                self.on_stream_error(sid, f.PROTOCOL_ERROR, "trailers without END_STREAM")
+                self.on_stream_error(sid, frames.PROTOCOL_ERROR, "trailers without END_STREAM")
             elif (problem := trailers_problem(fields)) is not None:
-                self.on_stream_error(sid, f.PROTOCOL_ERROR, problem)
+                self.on_stream_error(sid, frames.PROTOCOL_ERROR, problem)
             else:
                 stream.tenant = NEXT[stream.tenant, RECEIVED_END]
                 if stream.triton in ACTIVE:
@@ -429,13 +439,16 @@ class H2Connection(asyncio.Protocol):
             strict = self._closed.get(sid)
             if strict is None:  # RFC 9113 5.1.1: stream ids only grow
                 raise ConnectionBrokenError(
-                    f.PROTOCOL_ERROR, f"HEADERS opening stream {sid} after stream {self.last_sid}"
+                    frames.PROTOCOL_ERROR,
+                    f"HEADERS opening stream {sid} after stream {self.last_sid}",
                 )
             if strict:
-                raise ConnectionBrokenError(f.STREAM_CLOSED, f"HEADERS on closed stream {sid}")
+                raise ConnectionBrokenError(frames.STREAM_CLOSED, f"HEADERS on closed stream {sid}")
             return  # the relay ended the stream first: trailers it no longer needs
         if sid % 2 == 0:
-            raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"stream {sid} is not a client stream")
+            raise ConnectionBrokenError(
+                frames.PROTOCOL_ERROR, f"stream {sid} is not a client stream"
+            )
         self.last_sid = sid
         if sid == self._refused_sid:
             self._refused_sid = 0
@@ -447,7 +460,7 @@ class H2Connection(asyncio.Protocol):
             self._last_fields, self._last_plan = fields, plan
         kind, streaming, sent, encoding, problem = plan
         if problem is not None:
-            self.on_stream_error(sid, f.PROTOCOL_ERROR, f"a malformed request: {problem}")
+            self.on_stream_error(sid, frames.PROTOCOL_ERROR, f"a malformed request: {problem}")
             return
         stream = Stream(self.replies, sid, kind, self._initial_window)
         stream.streaming = streaming
@@ -456,7 +469,7 @@ class H2Connection(asyncio.Protocol):
         stream.encoding = encoding
         started = _clock()
         if self._goaway or len(self.streams) >= MAX_STREAMS:
-            self.out.write(f.rst_stream(sid, f.REFUSED_STREAM))
+            self.out.write(frames.rst_stream(sid, frames.REFUSED_STREAM))
             return
         router = self.relay.router
         answer: GrpcAnswer | None = None

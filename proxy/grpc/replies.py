@@ -22,7 +22,7 @@ from typing import Final, Protocol
 from proxy.grpc import framing
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.stream import CREDIT_STEP, Stream
-from proxy.http2 import frames as f
+from proxy.http2 import frames
 from proxy.http2.flow import Window
 from proxy.http2.headers import BlockEncoder, Fields
 from proxy.http2.state import ACTIVE, CLOSED, NEXT, PEER_ENDED, RESET, SENT_END
@@ -75,8 +75,8 @@ class Replies:
         self._closed = hooks.closed
         self.blocked: dict[Stream, None] = {}  # streams with DATA waiting for the tenant
         self.paused = False  # the tenant's socket is full: response DATA waits
-        self.window = Window(f.DEFAULT_WINDOW)  # the tenant's connection window for our DATA
-        self.max_frame = f.DEFAULT_MAX_FRAME  # the tenant's SETTINGS_MAX_FRAME_SIZE
+        self.window = Window(frames.DEFAULT_WINDOW)  # the tenant's connection window for our DATA
+        self.max_frame = frames.DEFAULT_MAX_FRAME  # the tenant's SETTINGS_MAX_FRAME_SIZE
         self.encoder = BlockEncoder()  # bounded by the tenant's SETTINGS_HEADER_TABLE_SIZE
 
     def forwarded(self, stream: Stream, size: int) -> None:
@@ -84,7 +84,7 @@ class Replies:
         that much more on it."""
         increment = stream.received.release(size)
         if increment and stream.tenant not in PEER_ENDED:
-            self.out.write(f.window_update(stream.sid, increment))
+            self.out.write(frames.window_update(stream.sid, increment))
 
     def drain_all(self) -> None:
         """Send what waits on every stream, as far as the windows allow (they grew)."""
@@ -104,7 +104,7 @@ class Replies:
         ):
             stream.window.size -= size
             self.window.size -= size
-            self.out.write_data(f.data_header(size, end_stream, stream.sid), payload)
+            self.out.write_data(frames.data_header(size, end_stream, stream.sid), payload)
             if triton:
                 self._give(stream, triton)
             return
@@ -126,7 +126,7 @@ class Replies:
                 self.out.write(trailers)
         else:
             block = self.encoder.encode(trailers)
-            self.out.write(f.headers_frames(stream.sid, block, True, self.max_frame))
+            self.out.write(frames.headers_frames(stream.sid, block, True, self.max_frame))
         stream.tenant = NEXT[stream.tenant, SENT_END]
         if stream.triton not in ACTIVE:
             self.streams.pop(stream.sid, None)
@@ -144,7 +144,7 @@ class Replies:
             stream.window.size -= size
             self.window.size -= size
             end = stream.held_end and not held
-            self.out.write(f.data_header(size, end, stream.sid) + chunk)
+            self.out.write(frames.data_header(size, end, stream.sid) + chunk)
             if end:
                 stream.held_end = False
             triton = min(size, stream.held_up)
@@ -157,7 +157,7 @@ class Replies:
             stream.held_up, triton = 0, stream.held_up
             self._give(stream, triton)
         if stream.held_end:  # an empty last DATA frame
-            self.out.write(f.data_header(0, True, stream.sid))
+            self.out.write(frames.data_header(0, True, stream.sid))
             stream.held_end = False
         self.blocked.pop(stream, None)
         trailers, stream.trailers = stream.trailers, None
@@ -181,7 +181,7 @@ class Replies:
                 return
             stream.responded = True
             block = self.encoder.encode(fields)
-            self.out.write(f.headers_frames(stream.sid, block, False, self.max_frame))
+            self.out.write(frames.headers_frames(stream.sid, block, False, self.max_frame))
             return
         self._completed()
         code = "UNKNOWN"
@@ -204,7 +204,7 @@ class Replies:
             stream.tenant = NEXT[stream.tenant, RESET]
             self.hooks.closed(stream.sid, strict=False)
             self.blocked.pop(stream, None)
-            self.out.write(f.rst_stream(stream.sid, code))
+            self.out.write(frames.rst_stream(stream.sid, code))
             self.hooks.finish(stream, "CANCELLED")
 
     def triton_refused(self, stream: Stream) -> None:
@@ -213,7 +213,7 @@ class Replies:
             stream.tenant = NEXT[stream.tenant, RESET]
             self.hooks.closed(stream.sid, strict=False)
             self.blocked.pop(stream, None)
-            self.out.write(f.rst_stream(stream.sid, f.REFUSED_STREAM))
+            self.out.write(frames.rst_stream(stream.sid, frames.REFUSED_STREAM))
             self.hooks.finish(stream, "UNAVAILABLE")
 
     def triton_unavailable(self, stream: Stream) -> None:

@@ -13,7 +13,7 @@ types ask for.
 
 from __future__ import annotations
 
-from proxy.http2 import frames as f
+from proxy.http2 import frames
 
 
 class FlowControlError(Exception):
@@ -35,14 +35,14 @@ class Window:
     def grow(self, increment: int) -> None:
         """The peer's WINDOW_UPDATE (`increment` > 0: the frame layer refused 0)."""
         size = self.size + increment
-        if size > f.MAX_WINDOW:
+        if size > frames.MAX_WINDOW:
             raise FlowControlError(f"a WINDOW_UPDATE of {increment} takes the window over 2^31-1")
         self.size = size
 
     def shift(self, delta: int) -> None:
         """The peer changed SETTINGS_INITIAL_WINDOW_SIZE by `delta` (streams only)."""
         size = self.size + delta
-        if size > f.MAX_WINDOW:
+        if size > frames.MAX_WINDOW:
             raise FlowControlError("a new SETTINGS_INITIAL_WINDOW_SIZE takes a window over 2^31-1")
         self.size = size
 

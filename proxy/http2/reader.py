@@ -22,33 +22,45 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
-from proxy.http2 import frames as f
+from proxy.http2 import frames
 
 MAX_FRAME_LIMIT: Final = (1 << 24) - 1
-_FIXED_LENGTH: Final = {f.PRIORITY: 5, f.RST_STREAM: 4, f.PING: 8, f.WINDOW_UPDATE: 4}
-_STREAM_ZERO_ONLY: Final = frozenset((f.SETTINGS, f.PING, f.GOAWAY))
+_FIXED_LENGTH: Final = {
+    frames.PRIORITY: 5,
+    frames.RST_STREAM: 4,
+    frames.PING: 8,
+    frames.WINDOW_UPDATE: 4,
+}
+_STREAM_ZERO_ONLY: Final = frozenset((frames.SETTINGS, frames.PING, frames.GOAWAY))
 _ON_A_STREAM: Final = frozenset(
-    (f.DATA, f.HEADERS, f.PRIORITY, f.RST_STREAM, f.PUSH_PROMISE, f.CONTINUATION)
+    (
+        frames.DATA,
+        frames.HEADERS,
+        frames.PRIORITY,
+        frames.RST_STREAM,
+        frames.PUSH_PROMISE,
+        frames.CONTINUATION,
+    )
 )
 _NAMES: Final = {
-    f.DATA: "DATA",
-    f.HEADERS: "HEADERS",
-    f.PRIORITY: "PRIORITY",
-    f.RST_STREAM: "RST_STREAM",
-    f.SETTINGS: "SETTINGS",
-    f.PUSH_PROMISE: "PUSH_PROMISE",
-    f.PING: "PING",
-    f.GOAWAY: "GOAWAY",
-    f.WINDOW_UPDATE: "WINDOW_UPDATE",
-    f.CONTINUATION: "CONTINUATION",
+    frames.DATA: "DATA",
+    frames.HEADERS: "HEADERS",
+    frames.PRIORITY: "PRIORITY",
+    frames.RST_STREAM: "RST_STREAM",
+    frames.SETTINGS: "SETTINGS",
+    frames.PUSH_PROMISE: "PUSH_PROMISE",
+    frames.PING: "PING",
+    frames.GOAWAY: "GOAWAY",
+    frames.WINDOW_UPDATE: "WINDOW_UPDATE",
+    frames.CONTINUATION: "CONTINUATION",
 }
-_PLAIN_BLOCK: Final = f.END_HEADERS | f.PADDED | f.PRIORITY_FLAG
+_PLAIN_BLOCK: Final = frames.END_HEADERS | frames.PADDED | frames.PRIORITY_FLAG
 # Module constants for the loop in `feed`: each one `Final`, so compiled (mypyc) they are inlined
 # rather than looked up in the module's dict on every frame.
-_DATA: Final = f.DATA
-_HEADERS: Final = f.HEADERS
-_PADDED: Final = f.PADDED
-_END_HEADERS: Final = f.END_HEADERS
+_DATA: Final = frames.DATA
+_HEADERS: Final = frames.HEADERS
+_PADDED: Final = frames.PADDED
+_END_HEADERS: Final = frames.END_HEADERS
 
 
 class ConnectionBrokenError(Exception):
@@ -61,18 +73,18 @@ class ConnectionBrokenError(Exception):
 
 def check_settings(values: dict[int, int], from_server: bool) -> None:
     """Raise ConnectionBrokenError when a SETTINGS value is out of its range (RFC 9113 6.5.2)."""
-    push = values.get(f.SETTINGS_ENABLE_PUSH)
+    push = values.get(frames.SETTINGS_ENABLE_PUSH)
     if push is not None and (push > 1 or (from_server and push)):
-        raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {push}")
-    window = values.get(f.SETTINGS_INITIAL_WINDOW_SIZE)
-    if window is not None and window > f.MAX_WINDOW:
+        raise ConnectionBrokenError(frames.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {push}")
+    window = values.get(frames.SETTINGS_INITIAL_WINDOW_SIZE)
+    if window is not None and window > frames.MAX_WINDOW:
         raise ConnectionBrokenError(
-            f.FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {window}, over 2^31-1"
+            frames.FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {window}, over 2^31-1"
         )
-    size = values.get(f.SETTINGS_MAX_FRAME_SIZE)
-    if size is not None and not f.DEFAULT_MAX_FRAME <= size <= MAX_FRAME_LIMIT:
+    size = values.get(frames.SETTINGS_MAX_FRAME_SIZE)
+    if size is not None and not frames.DEFAULT_MAX_FRAME <= size <= MAX_FRAME_LIMIT:
         raise ConnectionBrokenError(
-            f.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {size}, outside 2^14 to 2^24-1"
+            frames.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {size}, outside 2^14 to 2^24-1"
         )
 
 
@@ -80,12 +92,12 @@ def _unpad(payload: bytes, kind: int) -> bytes:
     """The payload of a PADDED frame without its Pad Length field and padding."""
     if not payload:
         raise ConnectionBrokenError(
-            f.FRAME_SIZE_ERROR, f"a PADDED {_NAMES[kind]} frame without its Pad Length field"
+            frames.FRAME_SIZE_ERROR, f"a PADDED {_NAMES[kind]} frame without its Pad Length field"
         )
     pad = payload[0]
     if pad >= len(payload):
         raise ConnectionBrokenError(
-            f.PROTOCOL_ERROR,
+            frames.PROTOCOL_ERROR,
             f"{_NAMES[kind]} padding of {pad} bytes in a {len(payload)}-byte payload",
         )
     return payload[1 : len(payload) - pad]
@@ -133,7 +145,7 @@ class FrameReader:
         sink: FrameSink,
         from_server: bool,
         max_block: int,
-        max_frame: int = f.DEFAULT_MAX_FRAME,
+        max_frame: int = frames.DEFAULT_MAX_FRAME,
     ) -> None:
         self._sink = sink
         # The fast paths' callbacks, bound once rather than on every read.
@@ -174,7 +186,7 @@ class FrameReader:
             if length > max_frame:
                 name = _NAMES.get(kind, f"type-{kind}")
                 raise ConnectionBrokenError(
-                    f.FRAME_SIZE_ERROR, f"a {length}-byte {name} frame, over {max_frame}"
+                    frames.FRAME_SIZE_ERROR, f"a {length}-byte {name} frame, over {max_frame}"
                 )
             stop = pos + 9 + length
             if stop > end:
@@ -200,77 +212,87 @@ class FrameReader:
     def _checked(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         """The rules of every frame type but the fast paths'."""
         length = len(payload)
-        if kind > f.CONTINUATION:
+        if kind > frames.CONTINUATION:
             return  # an unknown type: ignored (RFC 9113 4.1, 5.5)
         name = _NAMES[kind]
         if sid == 0 and kind in _ON_A_STREAM:
-            raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"{name} on stream 0")
+            raise ConnectionBrokenError(frames.PROTOCOL_ERROR, f"{name} on stream 0")
         if sid and kind in _STREAM_ZERO_ONLY:
-            raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"{name} on stream {sid}, not 0")
+            raise ConnectionBrokenError(frames.PROTOCOL_ERROR, f"{name} on stream {sid}, not 0")
         fixed = _FIXED_LENGTH.get(kind)
         if fixed is not None and length != fixed:
-            if kind == f.PRIORITY:  # a stream error: PRIORITY changes no connection state
-                self._sink.on_stream_error(sid, f.FRAME_SIZE_ERROR, "a PRIORITY frame not 5 bytes")
+            if kind == frames.PRIORITY:  # a stream error: PRIORITY changes no connection state
+                self._sink.on_stream_error(
+                    sid, frames.FRAME_SIZE_ERROR, "a PRIORITY frame not 5 bytes"
+                )
                 return
             raise ConnectionBrokenError(
-                f.FRAME_SIZE_ERROR, f"a {length}-byte {name} frame, not {fixed} bytes"
+                frames.FRAME_SIZE_ERROR, f"a {length}-byte {name} frame, not {fixed} bytes"
             )
-        if kind == f.DATA:
+        if kind == frames.DATA:
             self._sink.on_data(_unpad(payload, kind), flags, sid, length)
-        elif kind == f.HEADERS:
+        elif kind == frames.HEADERS:
             self._headers(flags, sid, payload)
-        elif kind == f.PRIORITY:
+        elif kind == frames.PRIORITY:
             if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid:
-                self._sink.on_stream_error(sid, f.PROTOCOL_ERROR, "a stream depending on itself")
+                self._sink.on_stream_error(
+                    sid, frames.PROTOCOL_ERROR, "a stream depending on itself"
+                )
             # otherwise nothing to do: priorities are advice the relay does not take
-        elif kind == f.SETTINGS:
-            if flags & f.ACK:
+        elif kind == frames.SETTINGS:
+            if flags & frames.ACK:
                 if length:
-                    raise ConnectionBrokenError(f.FRAME_SIZE_ERROR, f"a {length}-byte SETTINGS ACK")
+                    raise ConnectionBrokenError(
+                        frames.FRAME_SIZE_ERROR, f"a {length}-byte SETTINGS ACK"
+                    )
             elif length % 6:
                 raise ConnectionBrokenError(
-                    f.FRAME_SIZE_ERROR, f"a {length}-byte SETTINGS frame, not a multiple of 6"
+                    frames.FRAME_SIZE_ERROR, f"a {length}-byte SETTINGS frame, not a multiple of 6"
                 )
             else:
-                check_settings(f.settings_values(payload), self.from_server)
+                check_settings(frames.settings_values(payload), self.from_server)
             self._on_frame(payload, kind, flags, sid)
-        elif kind == f.GOAWAY:
+        elif kind == frames.GOAWAY:
             if length < 8:
-                raise ConnectionBrokenError(f.FRAME_SIZE_ERROR, f"a {length}-byte GOAWAY frame")
+                raise ConnectionBrokenError(
+                    frames.FRAME_SIZE_ERROR, f"a {length}-byte GOAWAY frame"
+                )
             self._on_frame(payload, kind, flags, sid)
-        elif kind == f.WINDOW_UPDATE:
+        elif kind == frames.WINDOW_UPDATE:
             if int.from_bytes(payload, "big") & 0x7FFFFFFF == 0:
                 if sid == 0:
-                    raise ConnectionBrokenError(f.PROTOCOL_ERROR, "a connection WINDOW_UPDATE of 0")
-                self._sink.on_stream_error(sid, f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+                    raise ConnectionBrokenError(
+                        frames.PROTOCOL_ERROR, "a connection WINDOW_UPDATE of 0"
+                    )
+                self._sink.on_stream_error(sid, frames.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
                 return
             self._on_frame(payload, kind, flags, sid)
-        elif kind == f.PUSH_PROMISE:
+        elif kind == frames.PUSH_PROMISE:
             reason = "although push is disabled" if self.from_server else "from a client"
-            raise ConnectionBrokenError(f.PROTOCOL_ERROR, f"PUSH_PROMISE {reason}")
-        elif kind == f.CONTINUATION:
+            raise ConnectionBrokenError(frames.PROTOCOL_ERROR, f"PUSH_PROMISE {reason}")
+        elif kind == frames.CONTINUATION:
             raise ConnectionBrokenError(
-                f.PROTOCOL_ERROR, f"CONTINUATION on stream {sid} without an open header block"
+                frames.PROTOCOL_ERROR, f"CONTINUATION on stream {sid} without an open header block"
             )
         else:  # RST_STREAM, PING
             self._on_frame(payload, kind, flags, sid)
 
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
-        if flags & f.PADDED:
-            payload = _unpad(payload, f.HEADERS)
+        if flags & frames.PADDED:
+            payload = _unpad(payload, frames.HEADERS)
         self_dependent = False
-        if flags & f.PRIORITY_FLAG:
+        if flags & frames.PRIORITY_FLAG:
             if len(payload) < 5:
                 raise ConnectionBrokenError(
-                    f.FRAME_SIZE_ERROR, "a HEADERS frame too short for its priority fields"
+                    frames.FRAME_SIZE_ERROR, "a HEADERS frame too short for its priority fields"
                 )
             self_dependent = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid
             payload = payload[5:]
         if self_dependent:
             # The block is still decoded (the caller's HPACK table must follow it), after which
             # the stream is reset.
-            self._sink.on_stream_error(sid, f.PROTOCOL_ERROR, "a stream depending on itself")
-        if flags & f.END_HEADERS:
+            self._sink.on_stream_error(sid, frames.PROTOCOL_ERROR, "a stream depending on itself")
+        if flags & frames.END_HEADERS:
             self._sink.on_headers(sid, flags, payload)
             return
         self._block = (sid, flags, bytearray(payload))
@@ -278,17 +300,17 @@ class FrameReader:
     def _continuation(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         assert self._block is not None
         first_sid, first_flags, block = self._block
-        if kind != f.CONTINUATION or sid != first_sid:
+        if kind != frames.CONTINUATION or sid != first_sid:
             name = _NAMES.get(kind, f"a frame of type {kind}")
             raise ConnectionBrokenError(
-                f.PROTOCOL_ERROR,
+                frames.PROTOCOL_ERROR,
                 f"{name} on stream {sid} inside stream {first_sid}'s unfinished header block",
             )
         block += payload
         if len(block) > self._max_block:
             raise ConnectionBrokenError(
-                f.PROTOCOL_ERROR, f"a header block over {self._max_block} bytes"
+                frames.PROTOCOL_ERROR, f"a header block over {self._max_block} bytes"
             )
-        if flags & f.END_HEADERS:
+        if flags & frames.END_HEADERS:
             self._block = None
             self._sink.on_headers(sid, first_flags, bytes(block))
