@@ -6,7 +6,9 @@ is missing on a developer's machine, and fails when it is missing in CI (`CI=tru
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import shutil
 import threading
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import pytest_asyncio
 
 from sim.triton import TritonInstall, TritonServer, TritonUnavailableError
 
@@ -104,3 +107,46 @@ def _no_leaked_processes_or_threads() -> Iterator[None]:
         if t.ident not in threads_before and t.is_alive() and not t.daemon
     ]
     assert not threads, f"the test leaked non-daemon threads: {threads}"
+
+
+LEAK_REPORT = os.environ.get("TRITONSHARE_LEAK_REPORT", "")
+"""A file to append leaked tasks to instead of failing (one JSON line a test): for surveying the
+whole suite at once. Empty (the default, and always in CI): a leaked task fails its test."""
+
+
+def pending_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[object]]:
+    """The tasks still pending on `loop` once what was about to finish has had a few turns."""
+    for _ in range(3):  # tasks whose awaited thing just completed get to end on their own
+        loop.run_until_complete(asyncio.sleep(0))
+    return [task for task in asyncio.all_tasks(loop) if not task.done()]
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_asyncio_tasks(
+    request: pytest.FixtureRequest, _no_leaked_processes_or_threads: None
+) -> Iterator[None]:
+    """Fail an async test that leaves asyncio tasks pending once its own fixtures are torn down.
+
+    pytest-asyncio's runner cancels such tasks silently when it closes the loop, so a server or a
+    watch a test forgot to stop would go unnoticed (and in the product, a task nobody awaits is a
+    task nobody stops). Requesting the runner here makes it outlive this fixture: this teardown
+    runs after the test's async fixtures have stopped what they started, before the loop closes.
+    """
+    if not pytest_asyncio.is_async_test(request.node):
+        yield
+        return
+    runner = request.getfixturevalue("_function_scoped_runner")
+    yield
+    loop = runner.get_loop()
+    leaked = pending_tasks(loop)
+    if not leaked:
+        return
+    names = sorted(f"{task.get_name()}: {task.get_coro()!r}" for task in leaked)
+    for task in leaked:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*leaked, return_exceptions=True))
+    if LEAK_REPORT:
+        with Path(LEAK_REPORT).open("a", encoding="utf-8") as report:
+            report.write(json.dumps({"test": request.node.nodeid, "tasks": names}) + "\n")
+        return
+    pytest.fail(f"the test left asyncio tasks pending: {names}", pytrace=False)

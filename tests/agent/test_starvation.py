@@ -268,8 +268,18 @@ async def test_installs_refused_mid_stream_do_not_pile_up_in_memory(
     assert grown <= len(pods) * 5 * MAX_MESSAGE_BYTES, f"the agent grew by {grown / MIB:.0f} MiB"
 
 
-async def header_only(model_id: str, size: int) -> AsyncIterator[Any]:
-    """An install that declares `size` bytes and then sends nothing, ever."""
+@pytest.fixture
+async def ended() -> AsyncIterator[asyncio.Event]:
+    """Set as the test ends: the moment header-only installs stop waiting. grpc.aio keeps reading
+    a call's request iterator after the server has ended the call, so one that waited forever
+    would outlive the test."""
+    event = asyncio.Event()
+    yield event
+    event.set()
+
+
+async def header_only(model_id: str, size: int, until: asyncio.Event) -> AsyncIterator[Any]:
+    """An install that declares `size` bytes and then sends nothing until the test ends."""
     yield agent_pb2.InstallModelRequest(
         header=agent_pb2.InstallHeader(
             model_id=model_id,
@@ -281,7 +291,7 @@ async def header_only(model_id: str, size: int) -> AsyncIterator[Any]:
             ),
         )
     )
-    await asyncio.Event().wait()
+    await until.wait()
 
 
 async def test_installs_that_send_nothing_hold_no_disk_and_a_namespace_has_a_bound(
@@ -290,6 +300,7 @@ async def test_installs_that_send_nothing_hold_no_disk_and_a_namespace_has_a_bou
     model_repository: Path,
     tmp_path: Path,
     start_custom_agent: StartAgent,
+    ended: asyncio.Event,
 ) -> None:
     """Pods of team-a open installs that declare the per-model limit and send nothing, or send
     part of a model and stall: team-b's install still succeeds, team-a's staged bytes are what
@@ -314,7 +325,7 @@ async def test_installs_that_send_nothing_hold_no_disk_and_a_namespace_has_a_bou
 
     # Over the namespace's bound at the header: refused at once, naming the flag, not the disk.
     over = await refused(
-        running.stub.InstallModel(header_only("a1", 7 * MIB), metadata=bearer(token["a1"]))
+        running.stub.InstallModel(header_only("a1", 7 * MIB, ended), metadata=bearer(token["a1"]))
     )
     assert over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "--max-install-bytes-per-namespace" in (over.details() or "")
@@ -322,7 +333,7 @@ async def test_installs_that_send_nothing_hold_no_disk_and_a_namespace_has_a_bou
     # Headers that send nothing hold nothing: not the disk, not the namespace's bound (before,
     # these two reserved the whole disk and team-b's install below was refused "0 are free").
     stalled = [
-        running.stub.InstallModel(header_only(n, 6 * MIB), metadata=bearer(token[n]))
+        running.stub.InstallModel(header_only(n, 6 * MIB, ended), metadata=bearer(token[n]))
         for n in ("a1", "a2")
     ]
     await eventually(lambda: len(list(repository.staging_root.iterdir())) == 2, what="staging")
@@ -388,6 +399,7 @@ async def test_one_namespace_cannot_take_every_call_the_agent_serves(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     start_custom_agent: StartAgent,
+    ended: asyncio.Event,
 ) -> None:
     """Pods of team-a open installs and leave them waiting: past --max-calls-per-namespace their
     next call is refused while team-b is served; past --max-calls every caller is told to retry
@@ -411,7 +423,9 @@ async def test_one_namespace_cannot_take_every_call_the_agent_serves(
         return running.stub.GetModel(request, metadata=bearer(token[name]))
 
     def held(name: str) -> Any:
-        return running.stub.InstallModel(header_only(name, MIB), metadata=bearer(token[name]))
+        return running.stub.InstallModel(
+            header_only(name, MIB, ended), metadata=bearer(token[name])
+        )
 
     stalled = [held("a1"), held("a2")]
     await eventually(lambda: running.agent.gate._in_progress.get("namespace/team-a") == 2)
@@ -435,6 +449,7 @@ async def test_two_namespaces_holding_every_call_they_may_cannot_keep_a_third_ou
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     start_custom_agent: StartAgent,
+    ended: asyncio.Event,
 ) -> None:
     """With the default bounds (--max-calls 32, 16 per namespace, 8 per pod), team-a and team-b
     each open as many installs as the agent lets them, from two pods each, and leave them
@@ -449,7 +464,7 @@ async def test_two_namespaces_holding_every_call_they_may_cannot_keep_a_third_ou
         make_pod(kube_api, name, name, namespace=namespace)
     token = {name: apiserver.mint_token(namespace, name) for name, namespace in teams.items()}
     stalled = [
-        running.stub.InstallModel(header_only(name, MIB), metadata=bearer(token[name]))
+        running.stub.InstallModel(header_only(name, MIB, ended), metadata=bearer(token[name]))
         for name in ("a1", "a2", "b1", "b2")
         for _ in range(8)
     ]
@@ -477,11 +492,12 @@ async def test_a_stream_that_sends_only_a_header_gives_its_slots_back_in_seconds
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     start_custom_agent: StartAgent,
+    ended: asyncio.Event,
 ) -> None:
     running = await start_custom_agent(install_first_chunk_seconds=0.5)
     make_pod(kube_api, "quiet", "quiet")
     token = apiserver.mint_token("default", "quiet")
-    call = running.stub.InstallModel(header_only("quiet", MIB), metadata=bearer(token))
+    call = running.stub.InstallModel(header_only("quiet", MIB, ended), metadata=bearer(token))
     error = await refused(call)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "--install-first-chunk-seconds" in (error.details() or "")
