@@ -41,12 +41,12 @@ from agent.settings import (
     gpu_mem_tolerance_flag,
 )
 from agent.standin import StandIn, StandInError, TorchStandIn
-from common.contract import DEFAULT_PREFIX, Keys
+from common.contract import Keys
 from common.quantity import format_bytes
 from common.settings import (
     Declaration,
     declared,
-    key_prefix,
+    keys_flag,
     quantity,
     seconds,
     setting,
@@ -98,9 +98,7 @@ class CheckSettings:
     """NVML index of the GPU the stand-in runs on."""
     # The agent's own flags and variables, read as the agent reads them (tests/gpu checks it): the
     # GPU-memory ones are agent.settings' own declarations.
-    key_prefix: Keys = setting(
-        "key-prefix", "annotation and resource key prefix", key_prefix, default=DEFAULT_PREFIX
-    )
+    key_prefix: Keys = keys_flag("annotation and resource key prefix")
     """The agent's --key-prefix."""
     gpu_mem_reserve: int = gpu_mem_reserve_flag()
     """The agent's --gpu-mem-reserve, bytes."""

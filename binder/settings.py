@@ -17,7 +17,6 @@ from binder.errors import SettingsError
 from binder.placement import POLICIES, Policy
 from common.contract import (
     DEFAULT_BINDER_HTTP_PORT,
-    DEFAULT_PREFIX,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SYSTEM_NAMESPACE,
     Keys,
@@ -28,7 +27,7 @@ from common.settings import (
     address,
     boolean,
     declared,
-    key_prefix,
+    keys_flag,
     log_format_flag,
     log_level_flag,
     one_of,
@@ -63,9 +62,7 @@ class Settings:
         default=f"0.0.0.0:{DEFAULT_BINDER_HTTP_PORT}",
     )
     """Where /healthz, /readyz and /metrics listen, host and port. Default 0.0.0.0:9200."""
-    keys: Keys = setting(
-        "key-prefix", "prefix of the contract's keys", key_prefix, default=DEFAULT_PREFIX
-    )
+    keys: Keys = keys_flag()
     """The contract's keys, from --key-prefix. Default prefix tritonshare.io/."""
     system_namespace: str = setting(
         "system-namespace",
@@ -105,7 +102,7 @@ class Settings:
     identity: str = setting(
         "identity",
         "this replica's name in the leader lease (default hostname_pid)",
-        default_factory=lambda: default_identity(),
+        default_factory=default_identity,
     )
     """This replica's name in the leader lease. Default hostname_pid (the pod name in a pod)."""
     leader_elect: bool = setting(

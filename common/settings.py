@@ -1,9 +1,10 @@
 """How every part declares its settings: each once, and everything else follows from that.
 
 A part's Settings is a frozen dataclass marked `@declared`; each field is written once, as
-`name: type = setting(flag=..., help=..., kind=..., default=...)`, which is both the field (its
-type, its default) and its `Setting` (flag, variable, help, how its text is read). The field's
-default is its default text read by its kind, so the default --help shows is the default applied.
+`name: type = setting("flag", "help", kind, default="text")`, which is both the field (its type,
+its default) and its `Setting` (flag, variable, help, how its text is read). The field's default
+is its default text read by its kind when the class is defined (constants, never the
+environment), so the default --help shows is the default applied.
 `Declaration.of(Settings, ...)` collects the fields' settings, in field order, into the part's
 `Declaration`. From that one list come the command line (argparse, abbreviations refused), the
 environment fallback (`TRITONSHARE_<FLAG>`; a flag wins over its variable, the variable over the
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, dataclass_transform
 
-from common.contract import Keys, validate_model_id
+from common.contract import DEFAULT_PREFIX, Keys, validate_model_id
 from common.quantity import QuantityError, format_bytes, parse_quantity
 
 ENV_PREFIX = "TRITONSHARE_"
@@ -233,7 +234,8 @@ class Setting:
     """The default as one would write it (shown in --help and parsed like a given value). None:
     the field keeps the default of the part's Settings class."""
     field: str = ""
-    """The part's Settings field; default: the flag with underscores."""
+    """The part's Settings field: the name of the field a `@declared` class declares it on
+    (`Declaration.of` fills it in); default: the flag with underscores."""
     env: str | None = ""
     """The variable; "" means TRITONSHARE_<FLAG>, None means the flag has none."""
     also_env: tuple[str, ...] = ()
@@ -395,13 +397,14 @@ class Declaration:
             raise TypeError(f"{prog}: {settings_class.__name__} is not a @declared class")
         settings = []
         for f in dataclasses.fields(settings_class):
-            if DECLARED in f.metadata and f.metadata[DECLARED] is None:
-                continue  # unflagged(): set by code only
-            declared_setting = f.metadata.get(DECLARED)
+            declared_setting = f.metadata.get(DECLARED, dataclasses.MISSING)
+            if declared_setting is None:
+                continue  # unflagged(): only code sets it
             if not isinstance(declared_setting, Setting):
                 raise TypeError(
                     f"{prog}: {settings_class.__name__}.{f.name} is declared half: it has no "
-                    "flag; declare it with setting(flag=..., help=...)"
+                    "flag; declare it with setting(flag, help, kind, default=...), or with "
+                    "unflagged(default=...) if only code sets it"
                 )
             settings.append(dataclasses.replace(declared_setting, field=f.name))
         return cls(prog, description, settings, error=error)
@@ -433,25 +436,26 @@ def setting(
     `default_factory` are keywords, as `dataclasses.field`'s: that is how type checkers (the
     `dataclass_transform` below) see which fields have one.
     """
+    shown = default if isinstance(default, str) and default else None
     declared_setting = Setting(
         flag,
         help,
         kind,
-        default if isinstance(default, str) and default else None,
+        shown,
         env=env,
         also_env=also_env,
         required=required,
         switch=switch,
         aliases=aliases,
     )
-    if required and isinstance(default, str) and default:
+    if required and shown is not None:
         raise ValueError(f"--{flag} is declared required and with a default; choose one")
     metadata = {DECLARED: declared_setting}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
-    if isinstance(default, str) and default:
+    if shown is not None:
         try:
-            default = kind(default)
+            default = kind(shown)
         except ValueError as e:
             raise ValueError(f"--{flag}: its default {default!r} is refused: {e}") from e
     return dataclasses.field(default=default, metadata=metadata)
@@ -465,6 +469,11 @@ def log_level_flag(help: str = "log level") -> Any:
 def log_format_flag() -> Any:
     """The --log-format every part has: `text` for people, `json` for log pipelines."""
     return setting("log-format", "text or json", log_format, default="text")
+
+
+def keys_flag(help: str = "prefix of the contract's keys") -> Any:
+    """The --key-prefix of a part that reads it as the contract's `Keys`."""
+    return setting("key-prefix", help, key_prefix, default=DEFAULT_PREFIX)
 
 
 def unflagged(*, default: object) -> Any:

@@ -17,7 +17,6 @@ from common.contract import (
     DEFAULT_AGENT_GRPC_PORT,
     DEFAULT_GATEWAY_GRPC_PORT,
     DEFAULT_GATEWAY_HTTP_PORT,
-    DEFAULT_PREFIX,
     DEFAULT_SCHEDULER_NAME,
     Keys,
 )
@@ -26,7 +25,7 @@ from common.settings import (
     Declaration,
     address,
     declared,
-    key_prefix,
+    keys_flag,
     log_format_flag,
     path,
     port,
@@ -51,9 +50,7 @@ class Settings:
     """PEM certificate chain (cert-manager's tls.crt). Required to serve."""
     tls_key: Path | None = setting("tls-key", "PEM private key file (tls.key)", path, default=None)
     """PEM private key (tls.key). Required to serve."""
-    keys: Keys = setting(
-        "key-prefix", "prefix of the contract's keys", key_prefix, default=DEFAULT_PREFIX
-    )
+    keys: Keys = keys_flag()
     """The contract's keys (annotations, the GPU-memory resource), from --key-prefix."""
     scheduler_name: str = setting(
         "scheduler-name",

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
 from common.quantity import QuantityError, format_bytes, parse_quantity, quantity_decimal
 
@@ -87,8 +88,6 @@ THE_CLIENT_ACCEPTS_THE_API_SERVER_REFUSES = ["NaN", "inf", "1K", "1_000", "1e3Gi
 def test_ours_refuses_what_the_kubernetes_client_accepts_and_the_api_server_refuses(
     text: str,
 ) -> None:
-    from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
-
     client_parse_quantity(text)  # type: ignore[no-untyped-call]  # no error: why ours
     assert quantity_decimal(text) is None
     with pytest.raises(QuantityError):
