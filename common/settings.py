@@ -307,6 +307,34 @@ class Declaration:
         if len(set(flags)) != len(flags):
             raise ValueError(f"{prog}: a flag is declared twice in {flags}")
 
+    @classmethod
+    def of(
+        cls,
+        settings_class: type,
+        prog: str,
+        description: str,
+        *,
+        error: Callable[[str], Exception],
+    ) -> Declaration:
+        """The declaration of a `@declared` class: its fields' settings, in field order (the
+        order of --help). Every field must be declared with `setting()`, or with `unflagged()`
+        where only code sets it: a field with neither is declared half, and refused."""
+        if not dataclasses.is_dataclass(settings_class):
+            raise TypeError(f"{prog}: {settings_class.__name__} is not a @declared class")
+        settings = []
+        for f in dataclasses.fields(settings_class):
+            declared_setting = f.metadata.get(DECLARED, dataclasses.MISSING)
+            if declared_setting is None:
+                continue  # unflagged(): only code sets it
+            if not isinstance(declared_setting, Setting):
+                raise TypeError(
+                    f"{prog}: {settings_class.__name__}.{f.name} is declared half: it has no "
+                    "flag; declare it with setting(flag, help, kind, default=...), or with "
+                    "unflagged(default=...) if only code sets it"
+                )
+            settings.append(dataclasses.replace(declared_setting, field=f.name))
+        return cls(prog, description, settings, error=error)
+
     def parser(self) -> argparse.ArgumentParser:
         """The command line; `--help` prints every flag with its default and variable."""
         parser = _Parser(self.error, prog=self.prog, description=self.description)
@@ -380,34 +408,6 @@ class Declaration:
         if s.default not in (None, ""):
             return s.default, f"the default of {s.option}"
         return None, s.option
-
-    @classmethod
-    def of(
-        cls,
-        settings_class: type,
-        prog: str,
-        description: str,
-        *,
-        error: Callable[[str], Exception],
-    ) -> Declaration:
-        """The declaration of a `@declared` class: its fields' settings, in field order (the
-        order of --help). Every field must be declared with `setting()`, or with `unflagged()`
-        where only code sets it: a field with neither is declared half, and refused."""
-        if not dataclasses.is_dataclass(settings_class):
-            raise TypeError(f"{prog}: {settings_class.__name__} is not a @declared class")
-        settings = []
-        for f in dataclasses.fields(settings_class):
-            declared_setting = f.metadata.get(DECLARED, dataclasses.MISSING)
-            if declared_setting is None:
-                continue  # unflagged(): only code sets it
-            if not isinstance(declared_setting, Setting):
-                raise TypeError(
-                    f"{prog}: {settings_class.__name__}.{f.name} is declared half: it has no "
-                    "flag; declare it with setting(flag, help, kind, default=...), or with "
-                    "unflagged(default=...) if only code sets it"
-                )
-            settings.append(dataclasses.replace(declared_setting, field=f.name))
-        return cls(prog, description, settings, error=error)
 
 
 T = TypeVar("T")
