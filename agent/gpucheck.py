@@ -35,17 +35,21 @@ from agent.memory import (
     admission_problem,
     tolerance,
 )
+from agent.settings import (
+    gpu_mem_enforcement_flag,
+    gpu_mem_reserve_flag,
+    gpu_mem_tolerance_flag,
+)
 from agent.standin import StandIn, StandInError, TorchStandIn
-from common.contract import DEFAULT_PREFIX, Keys
+from common.contract import Keys
 from common.quantity import format_bytes
 from common.settings import (
     Declaration,
-    Setting,
-    key_prefix,
-    number,
-    one_of,
+    declared,
+    keys_flag,
     quantity,
     seconds,
+    setting,
     whole,
 )
 
@@ -70,89 +74,65 @@ class CheckSettingsError(ValueError):
     """A flag or variable the check cannot use; says which and what to write."""
 
 
-@dataclass(frozen=True)
+@declared
 class CheckSettings:
     """What the check can be told."""
 
-    measure: int = 0
+    measure: int = setting(
+        "measure",
+        "bytes a stand-in model (torch) allocates on --gpu, measured as a load (a quantity)",
+        quantity(minimum=1),
+        default=0,
+        env=None,
+    )
     """Bytes the stand-in model allocates (a quantity); 0: no measurement."""
-    request: int = 0
+    request: int = setting(
+        "request",
+        "the stand-in pod's GPU memory request (a quantity); default: the --measure amount",
+        quantity(minimum=1),
+        default=0,
+        env=None,
+    )
     """The stand-in pod's request (tritonshare.io/gpu-mem), bytes; 0: the measured amount."""
-    gpu: int = 0
+    gpu: int = setting("gpu", "NVML index of the GPU to measure on", whole(), default="0", env=None)
     """NVML index of the GPU the stand-in runs on."""
-    key_prefix: Keys = field(default_factory=Keys)
+    # The agent's own flags and variables, read as the agent reads them (tests/gpu checks it): the
+    # GPU-memory ones are agent.settings' own declarations.
+    key_prefix: Keys = keys_flag("annotation and resource key prefix")
     """The agent's --key-prefix."""
-    gpu_mem_reserve: int = 0
+    gpu_mem_reserve: int = gpu_mem_reserve_flag()
     """The agent's --gpu-mem-reserve, bytes."""
-    gpu_mem_tolerance: float = 0.05
+    gpu_mem_tolerance: float = gpu_mem_tolerance_flag()
     """The agent's --gpu-mem-tolerance, a fraction of the request (at least 256Mi)."""
-    gpu_mem_enforcement: str = "warn"
+    gpu_mem_enforcement: str = gpu_mem_enforcement_flag()
     """The agent's --gpu-mem-enforcement: warn or evict."""
-    settle_seconds: float = 1.0
+    settle_seconds: float = setting(
+        "settle-seconds",
+        "seconds before a second reading that shows whether NVML's figure still moved",
+        seconds(),
+        default="1",
+        env=None,
+    )
     """Seconds between the agent's measurement and a second reading that shows whether NVML's
     figure was still moving."""
-    step_timeout_seconds: float = 120.0
+    step_timeout_seconds: float = setting(
+        "step-timeout-seconds",
+        "seconds the stand-in may take to start, allocate or free",
+        seconds(positive=True),
+        default="120",
+        env=None,
+    )
     """Seconds the stand-in may take to start, allocate or free."""
-    json: bool = False
+    json: bool = setting("json", "print the report as JSON", default=False, switch=True, env=None)
     """Print the report as one JSON object instead of text."""
 
 
-DECLARATION = Declaration(
+DECLARATION = Declaration.of(
+    CheckSettings,
     "python -m agent.gpucheck",
     "Read this machine's GPUs with the tritonshare agent's NVML code, print what the agent would "
     "publish on its Node and, with --measure, measure a stand-in model as the agent measures a "
     "load.",
-    [
-        Setting(
-            "measure",
-            "bytes a stand-in model (torch) allocates on --gpu, measured as a load (a quantity)",
-            quantity(minimum=1),
-            env=None,
-        ),
-        Setting(
-            "request",
-            "the stand-in pod's GPU memory request (a quantity); default: the --measure amount",
-            quantity(minimum=1),
-            env=None,
-        ),
-        Setting("gpu", "NVML index of the GPU to measure on", whole(), "0", env=None),
-        # The agent's own flags and variables (agent.settings), kept in step by tests/gpu.
-        Setting("key-prefix", "annotation and resource key prefix", key_prefix, DEFAULT_PREFIX),
-        Setting(
-            "gpu-mem-reserve",
-            "bytes of every GPU kept for CUDA and Triton (a quantity)",
-            quantity(),
-            "0",
-        ),
-        Setting(
-            "gpu-mem-tolerance",
-            "fraction of the request a model may exceed it by (at least 256Mi)",
-            number(minimum=0, below=10),
-            "0.05",
-        ),
-        Setting(
-            "gpu-mem-enforcement",
-            "warn or evict a model using more GPU memory than it asked for (evict only where no "
-            "other model could have caused the excess; otherwise warn)",
-            one_of("warn", "evict"),
-            "warn",
-        ),
-        Setting(
-            "settle-seconds",
-            "seconds before a second reading that shows whether NVML's figure still moved",
-            seconds(),
-            "1",
-            env=None,
-        ),
-        Setting(
-            "step-timeout-seconds",
-            "seconds the stand-in may take to start, allocate or free",
-            seconds(positive=True),
-            "120",
-            env=None,
-        ),
-        Setting("json", "print the report as JSON", switch=True, env=None),
-    ],
     error=CheckSettingsError,
 )
 

@@ -1,5 +1,6 @@
-"""The agent's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
-default, help) with common.settings, parsed once in `agent.__main__`.
+"""The agent's settings: one frozen object whose fields each declare their flag, variable, default
+and help once with common.settings (`DECLARATION` is derived from them), parsed once in
+`agent.__main__`.
 
 Everything else receives the object. Nothing here reads files or talks to anything.
 """
@@ -9,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.modelconfig import DEFAULT_SAFE_BACKENDS
 from common.contract import (
@@ -25,16 +26,17 @@ from common.contract import (
 from common.settings import (
     BadValueError,
     Declaration,
-    Setting,
+    declared,
     host_port,
-    log_format,
-    log_level,
+    log_format_flag,
+    log_level_flag,
     names,
     number,
     one_of,
     path,
     quantity,
     seconds,
+    setting,
     text,
     whole,
 )
@@ -47,123 +49,6 @@ DEFAULT_PLATFORM_ACCOUNTS = (
 
 class SettingsError(ValueError):
     """A flag or variable with a value the agent cannot use; says which and what to write."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the agent can be told."""
-
-    node_name: str
-    """Name of the Node this agent serves (the Downward API's spec.nodeName). Required."""
-    model_repository: Path
-    """Triton's model repository directory, shared with the Triton container. Required."""
-    kubeconfig: str | None = None
-    """Path of a kubeconfig file; None: in-cluster config. Env KUBECONFIG."""
-    triton_http_url: str = "127.0.0.1:8000"
-    """Triton's HTTP endpoint, host:port."""
-    triton_admin_header: tuple[str, str] | None = None
-    """Header "Name:value" for Triton's restricted repository API; None when unrestricted."""
-    staging_dir: Path | None = None
-    """Where installs are staged; same filesystem, outside the repository. Default:
-    <repository>/../.tritonshare-staging."""
-    listen_grpc: str = f"0.0.0.0:{DEFAULT_AGENT_GRPC_PORT}"
-    """host:port of the agent gRPC API (port 0: any free port, logged and in --ports-file)."""
-    listen_http: str = f"0.0.0.0:{DEFAULT_AGENT_HTTP_PORT}"
-    """host:port of /healthz, /readyz and /metrics."""
-    ports_file: Path | None = None
-    """If set, the agent writes {"grpc": "host:port", "http": "host:port"} there once serving."""
-    cpu_only: bool = False
-    """Run model instances on the CPU (KIND_CPU) and accept a node without NVML."""
-    advertise_gpu_mem: bool = False
-    """Also advertise <prefix>gpu-mem as an extended resource in the Node's status capacity."""
-    key_prefix: str = DEFAULT_PREFIX
-    """Prefix of every annotation and resource key."""
-    system_namespace: str = DEFAULT_SYSTEM_NAMESPACE
-    """Namespace of the agent's Lease."""
-    scheduler_name: str = DEFAULT_SCHEDULER_NAME
-    """schedulerName of the pods this agent serves."""
-    audience: str = DEFAULT_AGENT_AUDIENCE
-    """Audience callers' projected tokens must carry."""
-    platform_accounts: tuple[str, ...] = DEFAULT_PLATFORM_ACCOUNTS
-    """Usernames (system:serviceaccount:NS:NAME) allowed to call ListModels, ListGpus, GetModel."""
-    gpu_poll_seconds: float = 10.0
-    """Seconds between NVML reads."""
-    lease_duration_seconds: int = 60
-    """leaseDurationSeconds written on the agent's Lease."""
-    lease_renew_seconds: float = 20.0
-    """Seconds between Lease renewals (one write each)."""
-    node_resync_seconds: float = 600.0
-    """Seconds between rereads of the Node to repair annotations someone else changed."""
-    resync_seconds: float = 60.0
-    """Seconds between full reconciliations of Triton with the pods (besides pod changes)."""
-    triton_poll_seconds: float = 2.0
-    """Seconds between Triton liveness checks (a restart triggers a reconciliation)."""
-    orphan_grace_seconds: float = 30.0
-    """Seconds a model without a pod is kept after its last install/load before removal."""
-    unload_timeout_seconds: float = 120.0
-    """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
-    load_timeout_seconds: float = 600.0
-    """Seconds a Triton load may take."""
-    token_cache_seconds: float = 30.0
-    """Seconds a TokenReview answer is reused for the same token (never past its expiry)."""
-    auth_failure_cache_seconds: float = 5.0
-    """Seconds a refused token is refused again without asking TokenReview."""
-    placement_key_dir: Path | None = None
-    """Directory of the placement-key Secret (files `current`, optionally `previous`) that
-    proves the binder's placements. Required."""
-    state_dir: Path | None = None
-    """Where the agent keeps who owns each model id (outside the repository). Default:
-    <repository>/../.tritonshare-state."""
-    gateway_table: Path | None = None
-    """Where the agent writes the node gateway's caller table (a volume shared with the gateway
-    only); None: no gateway on this node."""
-    gateway_table_refresh_seconds: float = 5.0
-    """Seconds between rewrites of the caller table when nothing changed (past its
-    --table-max-age the gateway serves only the last fresh table's callers, for its
-    --table-stale-grace, then none)."""
-    tenant_code_namespaces: tuple[str, ...] = ()
-    """Namespaces whose models may run their own code in the shared Triton (python and custom
-    backends, backend or op libraries shipped with the model). Default: none."""
-    safe_backends: tuple[str, ...] = DEFAULT_SAFE_BACKENDS
-    """Backends whose models cannot reach beyond themselves, allowed for every namespace (the
-    framework backends whose graphs read files, pytorch, tensorflow and openvino, are not)."""
-    max_model_bytes: int = 64 * 1024**3
-    """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
-    install_deadline_seconds: float = 1800.0
-    """Seconds one install stream may take in total."""
-    install_idle_seconds: float = 120.0
-    """Seconds an install stream may go without sending a chunk."""
-    install_first_chunk_seconds: float = 10.0
-    """Seconds an install stream may take from its header to its first chunk."""
-    max_calls_per_pod: int = 8
-    """Calls one pod may have in progress at once (more are refused: RESOURCE_EXHAUSTED)."""
-    max_calls_per_namespace: int = 16
-    """Calls the pods of one namespace may have in progress at the agent at once."""
-    max_calls: int = 32
-    """Calls the agent serves at once, authenticating ones included; more are refused UNAVAILABLE
-    before any message of theirs is read. Bounds the agent's memory, see docs/agent.md."""
-    max_install_bytes_per_namespace: int = 64 * 1024**3
-    """Bytes, what the installs in progress of one namespace may have written to the node's disk
-    (counted as they arrive, never as declared). Default 64Gi."""
-    gpu_mem_reserve: int = 0
-    """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
-    value as the binder's --gpu-mem-reserve."""
-    gpu_mem_enforcement: str = "warn"
-    """What happens to a model measured above its request plus the tolerance: `warn` (an Event
-    and a metric) or `evict` (also unloaded, and its pod marked Failed, when the excess is beyond
-    its figure's uncertainty: no other model can have caused it; otherwise it is warned)."""
-    gpu_mem_tolerance: float = 0.05
-    """Fraction of the request a model may use beyond it before it is over (at least 256Mi)."""
-    usage_publish_seconds: float = 60.0
-    """Shortest time between two writes of the node's gpu-usage annotation."""
-    log_level: str = "INFO"
-    """Log level."""
-    log_format: str = "text"
-    """Log format: text or json."""
-
-    @property
-    def keys(self) -> Keys:
-        return Keys(self.key_prefix)
 
 
 def _admin_header(value: str) -> tuple[str, str]:
@@ -179,195 +64,343 @@ def _prefix(value: str) -> str:
     return value
 
 
-def _seconds(flag: str, help_text: str, default: float, *, positive: bool = False) -> Setting:
-    return Setting(flag, help_text, seconds(positive=positive), f"{default:g}")
+# The GPU-memory flags the agent shares with its check (agent.gpucheck), which must read them as
+# the agent does.
 
 
-DECLARATION = Declaration(
+def gpu_mem_reserve_flag() -> Any:
+    return setting(
+        "gpu-mem-reserve",
+        "bytes of every GPU kept for CUDA and Triton (a quantity)",
+        quantity(),
+        default="0",
+    )
+
+
+def gpu_mem_enforcement_flag() -> Any:
+    return setting(
+        "gpu-mem-enforcement",
+        "warn or evict a model using more GPU memory than it asked for (evict only where no "
+        "other model could have caused the excess; otherwise warn)",
+        one_of("warn", "evict"),
+        default="warn",
+    )
+
+
+def gpu_mem_tolerance_flag() -> Any:
+    return setting(
+        "gpu-mem-tolerance",
+        "fraction of the request a model may exceed it by (at least 256Mi)",
+        number(minimum=0, below=10),
+        default="0.05",
+    )
+
+
+@declared
+class Settings:
+    """Everything the agent can be told."""
+
+    node_name: str = setting(
+        "node-name",
+        "this node's name",
+        also_env=("NODE_NAME",),
+        required="NODE_NAME comes from the Downward API's spec.nodeName",
+    )
+    """Name of the Node this agent serves (the Downward API's spec.nodeName). Required."""
+    model_repository: Path = setting(
+        "model-repository",
+        "Triton's model repository directory",
+        path,
+        required="Triton's model repository directory",
+    )
+    """Triton's model repository directory, shared with the Triton container. Required."""
+    kubeconfig: str | None = setting(
+        "kubeconfig",
+        "kubeconfig file; default: in-cluster config",
+        default=None,
+        also_env=("KUBECONFIG",),
+    )
+    """Path of a kubeconfig file; None: in-cluster config. Env KUBECONFIG."""
+    triton_http_url: str = setting(
+        "triton-http-url", "Triton HTTP host:port", host_port, default="127.0.0.1:8000"
+    )
+    """Triton's HTTP endpoint, host:port."""
+    triton_admin_header: tuple[str, str] | None = setting(
+        "triton-admin-header",
+        "Name:value header for Triton's restricted APIs",
+        _admin_header,
+        default=None,
+    )
+    """Header "Name:value" for Triton's restricted repository API; None when unrestricted."""
+    staging_dir: Path | None = setting(
+        "staging-dir",
+        "staging directory (same filesystem, outside the repository); default: "
+        "<repository>/../.tritonshare-staging",
+        path,
+        default=None,
+    )
+    """Where installs are staged; same filesystem, outside the repository. Default:
+    <repository>/../.tritonshare-staging."""
+    listen_grpc: str = setting(
+        "listen-grpc", "gRPC API host:port", host_port, default=f"0.0.0.0:{DEFAULT_AGENT_GRPC_PORT}"
+    )
+    """host:port of the agent gRPC API (port 0: any free port, logged and in --ports-file)."""
+    listen_http: str = setting(
+        "listen-http",
+        "health and metrics host:port",
+        host_port,
+        default=f"0.0.0.0:{DEFAULT_AGENT_HTTP_PORT}",
+    )
+    """host:port of /healthz, /readyz and /metrics."""
+    ports_file: Path | None = setting(
+        "ports-file", "write the bound ports there as JSON once serving", path, default=None
+    )
+    """If set, the agent writes {"grpc": "host:port", "http": "host:port"} there once serving."""
+    cpu_only: bool = setting(
+        "cpu-only", "run model instances on the CPU; NVML is optional", default=False, switch=True
+    )
+    """Run model instances on the CPU (KIND_CPU) and accept a node without NVML."""
+    advertise_gpu_mem: bool = setting(
+        "advertise-gpu-mem",
+        "advertise <prefix>gpu-mem in the Node's status capacity",
+        default=False,
+        switch=True,
+    )
+    """Also advertise <prefix>gpu-mem as an extended resource in the Node's status capacity."""
+    key_prefix: str = setting(
+        "key-prefix", "annotation and resource key prefix", _prefix, default=DEFAULT_PREFIX
+    )
+    """Prefix of every annotation and resource key."""
+    system_namespace: str = setting(
+        "system-namespace", "namespace of the agent Lease", text, default=DEFAULT_SYSTEM_NAMESPACE
+    )
+    """Namespace of the agent's Lease."""
+    scheduler_name: str = setting(
+        "scheduler-name", "schedulerName of the pods served", text, default=DEFAULT_SCHEDULER_NAME
+    )
+    """schedulerName of the pods this agent serves."""
+    audience: str = setting(
+        "audience", "audience of callers' tokens", text, default=DEFAULT_AGENT_AUDIENCE
+    )
+    """Audience callers' projected tokens must carry."""
+    platform_accounts: tuple[str, ...] = setting(
+        "platform-accounts",
+        "comma-separated usernames allowed to list models and GPUs",
+        names,
+        default=",".join(DEFAULT_PLATFORM_ACCOUNTS),
+    )
+    """Usernames (system:serviceaccount:NS:NAME) allowed to call ListModels, ListGpus, GetModel."""
+    gpu_poll_seconds: float = setting(
+        "gpu-poll-seconds", "seconds between NVML reads", seconds(positive=True), default="10"
+    )
+    """Seconds between NVML reads."""
+    lease_renew_seconds: float = setting(
+        "lease-renew-seconds",
+        "seconds between Lease renewals",
+        seconds(positive=True),
+        default="20",
+    )
+    """Seconds between Lease renewals (one write each)."""
+    node_resync_seconds: float = setting(
+        "node-resync-seconds", "seconds between rereads of the Node", seconds(), default="600"
+    )
+    """Seconds between rereads of the Node to repair annotations someone else changed."""
+    resync_seconds: float = setting(
+        "resync-seconds",
+        "seconds between full reconciliations of Triton",
+        seconds(positive=True),
+        default="60",
+    )
+    """Seconds between full reconciliations of Triton with the pods (besides pod changes)."""
+    triton_poll_seconds: float = setting(
+        "triton-poll-seconds",
+        "seconds between Triton liveness checks",
+        seconds(positive=True),
+        default="2",
+    )
+    """Seconds between Triton liveness checks (a restart triggers a reconciliation)."""
+    orphan_grace_seconds: float = setting(
+        "orphan-grace-seconds",
+        "seconds a model without a pod is kept after its last install or load",
+        seconds(),
+        default="30",
+    )
+    """Seconds a model without a pod is kept after its last install/load before removal."""
+    unload_timeout_seconds: float = setting(
+        "unload-timeout-seconds",
+        "seconds to wait for an unloaded model to become UNAVAILABLE",
+        seconds(),
+        default="120",
+    )
+    """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
+    load_timeout_seconds: float = setting(
+        "load-timeout-seconds", "seconds a Triton load may take", seconds(), default="600"
+    )
+    """Seconds a Triton load may take."""
+    token_cache_seconds: float = setting(
+        "token-cache-seconds",
+        "seconds a TokenReview answer is reused for the same token",
+        seconds(),
+        default="30",
+    )
+    """Seconds a TokenReview answer is reused for the same token (never past its expiry)."""
+    lease_duration_seconds: int = setting(
+        "lease-duration-seconds",
+        "leaseDurationSeconds of the Lease",
+        whole(minimum=1),
+        default="60",
+    )
+    """leaseDurationSeconds written on the agent's Lease."""
+    placement_key_dir: Path | None = setting(
+        "placement-key-dir",
+        "directory of the placement-key Secret (files current, previous)",
+        path,
+        default=None,
+        required="the agent acts only for pods whose placement the binder signed with the "
+        "placement-key Secret, see docs/security.md",
+    )
+    """Directory of the placement-key Secret (files `current`, optionally `previous`) that
+    proves the binder's placements. Required."""
+    state_dir: Path | None = setting(
+        "state-dir",
+        "where model ownership is kept (outside the repository); default: "
+        "<repository>/../.tritonshare-state",
+        path,
+        default=None,
+    )
+    """Where the agent keeps who owns each model id (outside the repository). Default:
+    <repository>/../.tritonshare-state."""
+    gateway_table: Path | None = setting(
+        "gateway-table",
+        "file the node gateway reads its callers from (shared with the gateway only); unset: "
+        "no gateway",
+        path,
+        default=None,
+    )
+    """Where the agent writes the node gateway's caller table (a volume shared with the gateway
+    only); None: no gateway on this node."""
+    gateway_table_refresh_seconds: float = setting(
+        "gateway-table-refresh-seconds",
+        "seconds between rewrites of an unchanged caller table",
+        seconds(positive=True),
+        default="5",
+    )
+    """Seconds between rewrites of the caller table when nothing changed (past its
+    --table-max-age the gateway serves only the last fresh table's callers, for its
+    --table-stale-grace, then none)."""
+    tenant_code_namespaces: tuple[str, ...] = setting(
+        "tenant-code-namespaces",
+        "comma-separated namespaces allowed to run their own code in Triton (python, custom "
+        "backends)",
+        names,
+        default=(),
+    )
+    """Namespaces whose models may run their own code in the shared Triton (python and custom
+    backends, backend or op libraries shipped with the model). Default: none."""
+    safe_backends: tuple[str, ...] = setting(
+        "safe-backends",
+        "comma-separated backends whose models cannot reach beyond themselves (see "
+        "docs/agent.md before adding one: pytorch, tensorflow and openvino graphs read files)",
+        names,
+        default=",".join(DEFAULT_SAFE_BACKENDS),
+    )
+    """Backends whose models cannot reach beyond themselves, allowed for every namespace (the
+    framework backends whose graphs read files, pytorch, tensorflow and openvino, are not)."""
+    max_model_bytes: int = setting(
+        "max-model-bytes",
+        "largest model one pod may install (a quantity)",
+        quantity(minimum=1),
+        default="64Gi",
+    )
+    """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
+    gpu_mem_reserve: int = gpu_mem_reserve_flag()
+    """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
+    value as the binder's --gpu-mem-reserve."""
+    gpu_mem_enforcement: str = gpu_mem_enforcement_flag()
+    """What happens to a model measured above its request plus the tolerance: `warn` (an Event
+    and a metric) or `evict` (also unloaded, and its pod marked Failed, when the excess is beyond
+    its figure's uncertainty: no other model can have caused it; otherwise it is warned)."""
+    gpu_mem_tolerance: float = gpu_mem_tolerance_flag()
+    """Fraction of the request a model may use beyond it before it is over (at least 256Mi)."""
+    usage_publish_seconds: float = setting(
+        "usage-publish-seconds",
+        "shortest time between two gpu-usage annotation writes",
+        seconds(),
+        default="60",
+    )
+    """Shortest time between two writes of the node's gpu-usage annotation."""
+    install_deadline_seconds: float = setting(
+        "install-deadline-seconds",
+        "seconds one install may take",
+        seconds(positive=True),
+        default="1800",
+    )
+    """Seconds one install stream may take in total."""
+    install_idle_seconds: float = setting(
+        "install-idle-seconds",
+        "seconds an install may send nothing",
+        seconds(positive=True),
+        default="120",
+    )
+    """Seconds an install stream may go without sending a chunk."""
+    install_first_chunk_seconds: float = setting(
+        "install-first-chunk-seconds",
+        "seconds an install may take from its header to its first chunk",
+        seconds(positive=True),
+        default="10",
+    )
+    """Seconds an install stream may take from its header to its first chunk."""
+    max_calls_per_pod: int = setting(
+        "max-calls-per-pod",
+        "calls one pod may have in progress at once",
+        whole(minimum=1),
+        default="8",
+    )
+    """Calls one pod may have in progress at once (more are refused: RESOURCE_EXHAUSTED)."""
+    max_calls_per_namespace: int = setting(
+        "max-calls-per-namespace",
+        "calls the pods of one namespace may have in progress at once",
+        whole(minimum=1),
+        default="16",
+    )
+    """Calls the pods of one namespace may have in progress at the agent at once."""
+    max_calls: int = setting(
+        "max-calls",
+        "calls the agent serves at once (its memory bound, see docs/agent.md)",
+        whole(minimum=1),
+        default="32",
+    )
+    """Calls the agent serves at once, authenticating ones included; more are refused UNAVAILABLE
+    before any message of theirs is read. Bounds the agent's memory, see docs/agent.md."""
+    max_install_bytes_per_namespace: int = setting(
+        "max-install-bytes-per-namespace",
+        "bytes the installs in progress of one namespace may have written (a quantity)",
+        quantity(minimum=1),
+        default="64Gi",
+    )
+    """Bytes, what the installs in progress of one namespace may have written to the node's disk
+    (counted as they arrive, never as declared). Default 64Gi."""
+    auth_failure_cache_seconds: float = setting(
+        "auth-failure-cache-seconds",
+        "seconds a refused token is refused without a new TokenReview",
+        seconds(),
+        default="5",
+    )
+    """Seconds a refused token is refused again without asking TokenReview."""
+    log_level: str = log_level_flag()
+    """Log level."""
+    log_format: str = log_format_flag()
+    """Log format: text or json."""
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.key_prefix)
+
+
+DECLARATION = Declaration.of(
+    Settings,
     "python -m agent",
     "tritonshare agent: GPUs on the Node, and the owner of Triton's repository.",
-    [
-        Setting(
-            "node-name",
-            "this node's name",
-            also_env=("NODE_NAME",),
-            required="NODE_NAME comes from the Downward API's spec.nodeName",
-        ),
-        Setting(
-            "model-repository",
-            "Triton's model repository directory",
-            path,
-            required="Triton's model repository directory",
-        ),
-        Setting(
-            "kubeconfig", "kubeconfig file; default: in-cluster config", also_env=("KUBECONFIG",)
-        ),
-        Setting("triton-http-url", "Triton HTTP host:port", host_port, "127.0.0.1:8000"),
-        Setting(
-            "triton-admin-header", "Name:value header for Triton's restricted APIs", _admin_header
-        ),
-        Setting(
-            "staging-dir",
-            "staging directory (same filesystem, outside the repository); default: "
-            "<repository>/../.tritonshare-staging",
-            path,
-        ),
-        Setting(
-            "listen-grpc", "gRPC API host:port", host_port, f"0.0.0.0:{DEFAULT_AGENT_GRPC_PORT}"
-        ),
-        Setting(
-            "listen-http",
-            "health and metrics host:port",
-            host_port,
-            f"0.0.0.0:{DEFAULT_AGENT_HTTP_PORT}",
-        ),
-        Setting("ports-file", "write the bound ports there as JSON once serving", path),
-        Setting("cpu-only", "run model instances on the CPU; NVML is optional", switch=True),
-        Setting(
-            "advertise-gpu-mem",
-            "advertise <prefix>gpu-mem in the Node's status capacity",
-            switch=True,
-        ),
-        Setting("key-prefix", "annotation and resource key prefix", _prefix, DEFAULT_PREFIX),
-        Setting("system-namespace", "namespace of the agent Lease", text, DEFAULT_SYSTEM_NAMESPACE),
-        Setting("scheduler-name", "schedulerName of the pods served", text, DEFAULT_SCHEDULER_NAME),
-        Setting("audience", "audience of callers' tokens", text, DEFAULT_AGENT_AUDIENCE),
-        Setting(
-            "platform-accounts",
-            "comma-separated usernames allowed to list models and GPUs",
-            names,
-            ",".join(DEFAULT_PLATFORM_ACCOUNTS),
-        ),
-        _seconds("gpu-poll-seconds", "seconds between NVML reads", 10, positive=True),
-        _seconds("lease-renew-seconds", "seconds between Lease renewals", 20, positive=True),
-        _seconds("node-resync-seconds", "seconds between rereads of the Node", 600),
-        _seconds(
-            "resync-seconds", "seconds between full reconciliations of Triton", 60, positive=True
-        ),
-        _seconds("triton-poll-seconds", "seconds between Triton liveness checks", 2, positive=True),
-        _seconds(
-            "orphan-grace-seconds",
-            "seconds a model without a pod is kept after its last install or load",
-            30,
-        ),
-        _seconds(
-            "unload-timeout-seconds",
-            "seconds to wait for an unloaded model to become UNAVAILABLE",
-            120,
-        ),
-        _seconds("load-timeout-seconds", "seconds a Triton load may take", 600),
-        _seconds(
-            "token-cache-seconds", "seconds a TokenReview answer is reused for the same token", 30
-        ),
-        Setting(
-            "lease-duration-seconds", "leaseDurationSeconds of the Lease", whole(minimum=1), "60"
-        ),
-        Setting(
-            "placement-key-dir",
-            "directory of the placement-key Secret (files current, previous)",
-            path,
-            required="the agent acts only for pods whose placement the binder signed with the "
-            "placement-key Secret, see docs/security.md",
-        ),
-        Setting(
-            "state-dir",
-            "where model ownership is kept (outside the repository); default: "
-            "<repository>/../.tritonshare-state",
-            path,
-        ),
-        Setting(
-            "gateway-table",
-            "file the node gateway reads its callers from (shared with the gateway only); unset: "
-            "no gateway",
-            path,
-        ),
-        _seconds(
-            "gateway-table-refresh-seconds",
-            "seconds between rewrites of an unchanged caller table",
-            5,
-            positive=True,
-        ),
-        Setting(
-            "tenant-code-namespaces",
-            "comma-separated namespaces allowed to run their own code in Triton (python, custom "
-            "backends)",
-            names,
-        ),
-        Setting(
-            "safe-backends",
-            "comma-separated backends whose models cannot reach beyond themselves (see "
-            "docs/agent.md before adding one: pytorch, tensorflow and openvino graphs read files)",
-            names,
-            ",".join(DEFAULT_SAFE_BACKENDS),
-        ),
-        Setting(
-            "max-model-bytes",
-            "largest model one pod may install (a quantity)",
-            quantity(minimum=1),
-            "64Gi",
-        ),
-        Setting(
-            "gpu-mem-reserve",
-            "bytes of every GPU kept for CUDA and Triton (a quantity)",
-            quantity(),
-            "0",
-        ),
-        Setting(
-            "gpu-mem-enforcement",
-            "warn or evict a model using more GPU memory than it asked for (evict only where no "
-            "other model could have caused the excess; otherwise warn)",
-            one_of("warn", "evict"),
-            "warn",
-        ),
-        Setting(
-            "gpu-mem-tolerance",
-            "fraction of the request a model may exceed it by (at least 256Mi)",
-            number(minimum=0, below=10),
-            "0.05",
-        ),
-        _seconds(
-            "usage-publish-seconds", "shortest time between two gpu-usage annotation writes", 60
-        ),
-        _seconds("install-deadline-seconds", "seconds one install may take", 1800, positive=True),
-        _seconds("install-idle-seconds", "seconds an install may send nothing", 120, positive=True),
-        _seconds(
-            "install-first-chunk-seconds",
-            "seconds an install may take from its header to its first chunk",
-            10,
-            positive=True,
-        ),
-        Setting(
-            "max-calls-per-pod",
-            "calls one pod may have in progress at once",
-            whole(minimum=1),
-            "8",
-        ),
-        Setting(
-            "max-calls-per-namespace",
-            "calls the pods of one namespace may have in progress at once",
-            whole(minimum=1),
-            "16",
-        ),
-        Setting(
-            "max-calls",
-            "calls the agent serves at once (its memory bound, see docs/agent.md)",
-            whole(minimum=1),
-            "32",
-        ),
-        Setting(
-            "max-install-bytes-per-namespace",
-            "bytes the installs in progress of one namespace may have written (a quantity)",
-            quantity(minimum=1),
-            "64Gi",
-        ),
-        _seconds(
-            "auth-failure-cache-seconds",
-            "seconds a refused token is refused without a new TokenReview",
-            5,
-        ),
-        Setting("log-level", "log level", log_level, "INFO"),
-        Setting("log-format", "text or json", log_format, "text"),
-    ],
     error=SettingsError,
 )
 

@@ -11,6 +11,23 @@ the lease can expire and a follower take over. A leader that stops cleanly relea
 a follower takes over at once.
 
 Owns the Lease and the `leading` flag; knows nothing about scheduling.
+
+Why not the kubernetes client's `kubernetes.leaderelection` (read at kubernetes 37.0.2, the venv's):
+- Transport: its locks (LeaseLock, ConfigMapLock) call the generated CoordinationV1Api on the
+  client's own ApiClient; the binder reaches the API server through one transport (binder.kube),
+  whose auth, TLS and proxy settings the lease would bypass.
+- Threading: `LeaderElection.run()` blocks its thread in `time.sleep` loops and starts
+  `onstarted_leading` on a daemon thread; it has no stop, so it cannot end with the binder's
+  asyncio lifecycle, and it never releases the Lease: a clean shutdown leaves followers waiting
+  a full lease duration, where this one releases it.
+- Clock: it judges the holder's expiry and its own renew deadline by the wall clock
+  (`time.time()`), which an NTP step moves; this one uses the monotonic clock.
+- Renew semantics: an attempt is a plain blocking request with no deadline, so a hung renewal
+  keeps a leader believing it leads past its renew deadline (and past the lease); this one cuts
+  each attempt at the time left before the deadline and steps down.
+- Settings: its Config calls `sys.exit` on a bad value and wants periods of at least one second
+  (tests here use fractions), and it writes no annotations, where the leader's Lease carries
+  what it decides with.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The binder's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
-default, help) with common.settings; a flag wins over its variable. Parsed once in `__main__`.
+"""The binder's settings: one frozen object whose fields each declare their flag, variable, default
+and help once with common.settings (`DECLARATION` is derived from them); a flag wins over its
+variable. Parsed once in `__main__`.
 
 Every problem is a SettingsError saying which flag or variable to fix. Nothing here talks to the
 cluster or reads the kubeconfig: that happens when the binder starts.
@@ -10,14 +11,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from binder.errors import SettingsError
 from binder.placement import POLICIES, Policy
 from common.contract import (
     DEFAULT_BINDER_HTTP_PORT,
-    DEFAULT_PREFIX,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SYSTEM_NAMESPACE,
     Keys,
@@ -25,194 +24,172 @@ from common.contract import (
 from common.logs import LogFormat
 from common.settings import (
     Declaration,
-    Setting,
     address,
     boolean,
-    key_prefix,
-    log_format,
-    log_level,
+    declared,
+    keys_flag,
+    log_format_flag,
+    log_level_flag,
     one_of,
     path,
     quantity,
     seconds,
+    setting,
     text,
     whole,
 )
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the binder needs to know, validated."""
-
-    kubeconfig: str | None = None
-    """Path of a kubeconfig file; None means the in-cluster service account. Default None."""
-    listen_http: tuple[str, int] = ("0.0.0.0", DEFAULT_BINDER_HTTP_PORT)
-    """Where /healthz, /readyz and /metrics listen, host and port. Default 0.0.0.0:9200."""
-    keys: Keys = field(default_factory=Keys)
-    """The contract's keys, from --key-prefix. Default prefix tritonshare.io/."""
-    system_namespace: str = DEFAULT_SYSTEM_NAMESPACE
-    """Namespace of the agent leases and the leader lease. Default tritonshare-system."""
-    scheduler_name: str = DEFAULT_SCHEDULER_NAME
-    """Pods with this spec.schedulerName are ours. Default tritonshare."""
-    policy: Policy = "binpack"
-    """`binpack` (a used GPU's tightest block before an empty GPU, the smallest empty one first,
-    the largest GPU kind last: fills GPUs, keeps the largest free for big models) or `spread`.
-    Default binpack."""
-    placement_key_dir: Path | None = None
-    """Directory holding the placement keys (`current`, optionally `previous`: the mounted
-    placement-key Secret) the binder signs each placement with. Required to run. Default none."""
-    gpu_mem_reserve: int = 0
-    """Bytes kept free on every GPU for the CUDA context and Triton (a quantity). Default 0."""
-    identity: str = field(default_factory=lambda: default_identity())
-    """This replica's name in the leader lease. Default hostname_pid (the pod name in a pod)."""
-    leader_elect: bool = True
-    """Take part in leader election; off means always act as leader (one replica). Default on."""
-    lease_duration_seconds: float = 15.0
-    """Seconds a leader lease stays valid without renewal; followers take over after. Default 15."""
-    renew_deadline_seconds: float = 10.0
-    """Seconds the leader keeps trying to renew before it steps down. Default 10."""
-    retry_period_seconds: float = 2.0
-    """Seconds between two leader election attempts or renewals. Default 2."""
-    backoff_initial_seconds: float = 1.0
-    """Seconds before the first retry of an unschedulable pod; doubles per failure. Default 1."""
-    backoff_max_seconds: float = 120.0
-    """Seconds, the longest wait between two retries of an unschedulable pod. Default 120."""
-    bind_workers: int = 8
-    """API calls for binding in flight at once. Default 8."""
-    consolidate_moves: int = 0
-    """Pods one plan may evict to make room for a pod that waits only because the free GPU
-    memory of its nodes is split across GPUs (binder.consolidation); 0 never evicts. Default 0:
-    an eviction stops another team's serving model for a reload elsewhere."""
-    watch_failure_grace_seconds: float = 30.0
-    """Seconds a cache's list or watch may keep failing (API server unreachable, 429, 5xx)
-    before /readyz reports not ready; the cache keeps retrying either way. Default 30."""
-    agent_down_grace_seconds: float = 300.0
-    """Seconds a node's agent may stay down (its Lease expired) before the binder deletes the
-    node's controller-owned model pods so their controllers replace them elsewhere; 0 turns the
-    deletion off (the pods still get the condition and Event). Default 300, Kubernetes' own
-    grace for an unreachable node and the gateway's --table-stale-grace, so the gateway stops
-    serving the pods about when they are replaced."""
-    agent_down_deletions_per_second: float = 0.1
-    """Most model pods deleted per second for dead agents, cluster-wide (a token bucket of 1),
-    as kube-controller-manager's --node-eviction-rate. Default 0.1."""
-    log_level: str = "INFO"
-    """Log level name. Default INFO."""
-    log_format: LogFormat = "text"
-    """`text` for people, `json` for log pipelines. Default text."""
 
 
 def default_identity() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
 
-DECLARATION = Declaration(
+@declared
+class Settings:
+    """Everything the binder needs to know, validated."""
+
+    kubeconfig: str | None = setting(
+        "kubeconfig",
+        "kubeconfig file; absent means in-cluster config",
+        default=None,
+        env="KUBECONFIG",
+    )
+    """Path of a kubeconfig file; None means the in-cluster service account. Default None."""
+    listen_http: tuple[str, int] = setting(
+        "listen-http",
+        "host:port of /healthz, /readyz, /metrics",
+        address,
+        default=f"0.0.0.0:{DEFAULT_BINDER_HTTP_PORT}",
+    )
+    """Where /healthz, /readyz and /metrics listen, host and port. Default 0.0.0.0:9200."""
+    keys: Keys = keys_flag()
+    """The contract's keys, from --key-prefix. Default prefix tritonshare.io/."""
+    system_namespace: str = setting(
+        "system-namespace",
+        "namespace of the agent and leader leases",
+        text,
+        default=DEFAULT_SYSTEM_NAMESPACE,
+    )
+    """Namespace of the agent leases and the leader lease. Default tritonshare-system."""
+    scheduler_name: str = setting(
+        "scheduler-name",
+        "spec.schedulerName of the pods to schedule",
+        text,
+        default=DEFAULT_SCHEDULER_NAME,
+    )
+    """Pods with this spec.schedulerName are ours. Default tritonshare."""
+    policy: Policy = setting("policy", "binpack or spread", one_of(*POLICIES), default="binpack")
+    """`binpack` (a used GPU's tightest block before an empty GPU, the smallest empty one first,
+    the largest GPU kind last: fills GPUs, keeps the largest free for big models) or `spread`.
+    Default binpack."""
+    placement_key_dir: Path | None = setting(
+        "placement-key-dir",
+        "directory of the placement-key Secret (files current and previous)",
+        path,
+        default=None,
+        required="the binder signs every placement with the placement-key Secret, and agents "
+        "refuse pods without that proof (docs/security.md)",
+    )
+    """Directory holding the placement keys (`current`, optionally `previous`: the mounted
+    placement-key Secret) the binder signs each placement with. Required to run. Default none."""
+    gpu_mem_reserve: int = setting(
+        "gpu-mem-reserve",
+        "bytes kept free on every GPU, a quantity such as 512Mi",
+        quantity(),
+        default="0",
+    )
+    """Bytes kept free on every GPU for the CUDA context and Triton (a quantity). Default 0."""
+    identity: str = setting(
+        "identity",
+        "this replica's name in the leader lease (default hostname_pid)",
+        default_factory=default_identity,
+    )
+    """This replica's name in the leader lease. Default hostname_pid (the pod name in a pod)."""
+    leader_elect: bool = setting(
+        "leader-elect", "true or false: take part in leader election", boolean, default="true"
+    )
+    """Take part in leader election; off means always act as leader (one replica). Default on."""
+    lease_duration_seconds: float = setting(
+        "lease-duration", "seconds a leader lease is valid", seconds(positive=True), default="15"
+    )
+    """Seconds a leader lease stays valid without renewal; followers take over after. Default 15."""
+    renew_deadline_seconds: float = setting(
+        "renew-deadline",
+        "seconds the leader tries to renew before stepping down",
+        seconds(positive=True),
+        default="10",
+    )
+    """Seconds the leader keeps trying to renew before it steps down. Default 10."""
+    retry_period_seconds: float = setting(
+        "retry-period",
+        "seconds between leader election attempts",
+        seconds(positive=True),
+        default="2",
+    )
+    """Seconds between two leader election attempts or renewals. Default 2."""
+    backoff_initial_seconds: float = setting(
+        "backoff-initial",
+        "seconds before the first retry of an unschedulable pod",
+        seconds(positive=True),
+        default="1",
+    )
+    """Seconds before the first retry of an unschedulable pod; doubles per failure. Default 1."""
+    backoff_max_seconds: float = setting(
+        "backoff-max", "largest retry delay in seconds", seconds(positive=True), default="120"
+    )
+    """Seconds, the longest wait between two retries of an unschedulable pod. Default 120."""
+    bind_workers: int = setting(
+        "bind-workers", "binding API calls in flight at once", whole(minimum=1), default="8"
+    )
+    """API calls for binding in flight at once. Default 8."""
+    consolidate_moves: int = setting(
+        "consolidate-moves",
+        "pods one plan may evict to give a pod waiting on split GPU memory one block "
+        "(0: never evict)",
+        whole(),
+        default="0",
+    )
+    """Pods one plan may evict to make room for a pod that waits only because the free GPU
+    memory of its nodes is split across GPUs (binder.consolidation); 0 never evicts. Default 0:
+    an eviction stops another team's serving model for a reload elsewhere."""
+    agent_down_grace_seconds: float = setting(
+        "agent-down-grace",
+        "seconds a node's agent may be down before its model pods are deleted (0: never)",
+        seconds(),
+        default="300",
+    )
+    """Seconds a node's agent may stay down (its Lease expired) before the binder deletes the
+    node's controller-owned model pods so their controllers replace them elsewhere; 0 turns the
+    deletion off (the pods still get the condition and Event). Default 300, Kubernetes' own
+    grace for an unreachable node and the gateway's --table-stale-grace, so the gateway stops
+    serving the pods about when they are replaced."""
+    agent_down_deletions_per_second: float = setting(
+        "agent-down-deletions-per-second",
+        "most model pods deleted per second for dead agents",
+        seconds(positive=True),
+        default="0.1",
+    )
+    """Most model pods deleted per second for dead agents, cluster-wide (a token bucket of 1),
+    as kube-controller-manager's --node-eviction-rate. Default 0.1."""
+    watch_failure_grace_seconds: float = setting(
+        "watch-failure-grace",
+        "seconds a cache's watch may keep failing before /readyz reports not ready",
+        seconds(positive=True),
+        default="30",
+    )
+    """Seconds a cache's list or watch may keep failing (API server unreachable, 429, 5xx)
+    before /readyz reports not ready; the cache keeps retrying either way. Default 30."""
+    log_level: str = log_level_flag("DEBUG, INFO, WARNING or ERROR")
+    """Log level name. Default INFO."""
+    log_format: LogFormat = log_format_flag()
+    """`text` for people, `json` for log pipelines. Default text."""
+
+
+DECLARATION = Declaration.of(
+    Settings,
     "python -m binder",
     "Schedule pods with schedulerName tritonshare onto a node and a GPU by GPU memory, with "
     "kube-scheduler's node rules.",
-    [
-        Setting("kubeconfig", "kubeconfig file; absent means in-cluster config", env="KUBECONFIG"),
-        Setting(
-            "listen-http",
-            "host:port of /healthz, /readyz, /metrics",
-            address,
-            f"0.0.0.0:{DEFAULT_BINDER_HTTP_PORT}",
-        ),
-        Setting("key-prefix", "prefix of the contract's keys", key_prefix, DEFAULT_PREFIX, "keys"),
-        Setting(
-            "system-namespace",
-            "namespace of the agent and leader leases",
-            text,
-            DEFAULT_SYSTEM_NAMESPACE,
-        ),
-        Setting(
-            "scheduler-name",
-            "spec.schedulerName of the pods to schedule",
-            text,
-            DEFAULT_SCHEDULER_NAME,
-        ),
-        Setting("policy", "binpack or spread", one_of(*POLICIES), "binpack"),
-        Setting(
-            "placement-key-dir",
-            "directory of the placement-key Secret (files current and previous)",
-            path,
-            required="the binder signs every placement with the placement-key Secret, and agents "
-            "refuse pods without that proof (docs/security.md)",
-        ),
-        Setting(
-            "gpu-mem-reserve",
-            "bytes kept free on every GPU, a quantity such as 512Mi",
-            quantity(),
-            "0",
-        ),
-        Setting("identity", "this replica's name in the leader lease (default hostname_pid)"),
-        Setting("leader-elect", "true or false: take part in leader election", boolean, "true"),
-        Setting(
-            "lease-duration",
-            "seconds a leader lease is valid",
-            seconds(positive=True),
-            "15",
-            "lease_duration_seconds",
-        ),
-        Setting(
-            "renew-deadline",
-            "seconds the leader tries to renew before stepping down",
-            seconds(positive=True),
-            "10",
-            "renew_deadline_seconds",
-        ),
-        Setting(
-            "retry-period",
-            "seconds between leader election attempts",
-            seconds(positive=True),
-            "2",
-            "retry_period_seconds",
-        ),
-        Setting(
-            "backoff-initial",
-            "seconds before the first retry of an unschedulable pod",
-            seconds(positive=True),
-            "1",
-            "backoff_initial_seconds",
-        ),
-        Setting(
-            "backoff-max",
-            "largest retry delay in seconds",
-            seconds(positive=True),
-            "120",
-            "backoff_max_seconds",
-        ),
-        Setting("bind-workers", "binding API calls in flight at once", whole(minimum=1), "8"),
-        Setting(
-            "consolidate-moves",
-            "pods one plan may evict to give a pod waiting on split GPU memory one block "
-            "(0: never evict)",
-            whole(),
-            "0",
-        ),
-        Setting(
-            "agent-down-grace",
-            "seconds a node's agent may be down before its model pods are deleted (0: never)",
-            seconds(),
-            "300",
-            "agent_down_grace_seconds",
-        ),
-        Setting(
-            "agent-down-deletions-per-second",
-            "most model pods deleted per second for dead agents",
-            seconds(positive=True),
-            "0.1",
-            "agent_down_deletions_per_second",
-        ),
-        Setting(
-            "watch-failure-grace",
-            "seconds a cache's watch may keep failing before /readyz reports not ready",
-            seconds(positive=True),
-            "30",
-            "watch_failure_grace_seconds",
-        ),
-        Setting("log-level", "DEBUG, INFO, WARNING or ERROR", log_level, "INFO"),
-        Setting("log-format", "text or json", log_format, "text"),
-    ],
     error=SettingsError,
 )
 

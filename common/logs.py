@@ -5,6 +5,15 @@ Logs are sentences that name the subject and the consequence; structured fields 
 `extra=subject(...)`, so a log pipeline selects by `pod`, `namespace`, `node` and `model` instead
 of parsing sentences; what is the same for a whole process (the agent's node, a proxy's model) is
 given once to `configure_logging(fields=...)`.
+
+Why not python-json-logger (pythonjsonlogger 4.x, not a dependency here): its JsonFormatter does
+what `JsonFormatter` and `_Fields` below do (extra fields as keys with the standard attributes
+left out, `static_fields` that a line's own `extra` overrides, the exception as text) and more,
+but this line's shape needs it configured and subclassed anyway: `levelname` renamed to `level`
+and lower-cased (no option lower-cases), `name` to `logger`, `exc_info` to `exception`, and the
+time under `time` in UTC to the millisecond (its `timestamp` is the record's UTC datetime, written
+to the microsecond). What would remain is a subclass about the size of this formatter, plus a
+dependency in every part's image; tests/common/test_logs.py pins the line.
 """
 
 from __future__ import annotations

@@ -1,18 +1,34 @@
 """Kubernetes resource quantities (`2Gi`, `1500Mi`, `1e9`, `500M`) as exact integers of bytes.
 
-Follows the grammar of k8s.io/apimachinery resource.Quantity: a signed decimal number, then either
-a binary suffix (Ki Mi Gi Ti Pi Ei), a decimal suffix (n u m k M G T P E), or a decimal exponent
-(`e3`, `E6`). Fractions of a byte round up, as Kubernetes rounds a request up to a whole unit.
+Follows the grammar of k8s.io/apimachinery resource.Quantity: a signed decimal number of ASCII
+digits, then either a binary suffix (Ki Mi Gi Ti Pi Ei), a decimal suffix (n u m k M G T P E), or
+a decimal exponent (`e3`, `E6`). `quantity_decimal` is that grammar's exact value, the one reading
+of the product, the simulated API server (sim/apiserver/validation.py) and, checked by a test, the
+chart's values.schema pattern. `parse_quantity` reads bytes: blanks around are dropped (a flag's
+value), negatives and exponents past 30 are refused, and fractions of a byte round up, as
+Kubernetes rounds a request up to a whole unit.
+
+Why not the kubernetes client's `kubernetes.utils.quantity.parse_quantity`: it is exact too
+(Decimal), but reads Python's Decimal syntax, not the API server's grammar, so it returns a value
+for what kube-apiserver refuses (`NaN`, `inf`, `1K`, `1_000`, `1e3Gi`, Arabic-Indic digits, a
+leading blank; tests/common/test_quantity.py), which the API server would refuse later in a pod
+(and `NaN` or `inf` is no count of bytes at all); its errors (`Invalid number format: 2GB`) name
+neither the field nor what to write; it accepts negatives and returns fractions, where memory
+wants whole, non-negative bytes; and it keeps no cache, where the binder reads the same few
+quantities in every pod event.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 _QUANTITY_RE = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
+    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?\Z",
+    # kube-apiserver reads 0-9 only (\d alone admits other scripts' digits) and nothing after
+    # the quantity (`$` alone admits a final newline).
+    re.ASCII,
 )
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -45,6 +61,25 @@ def parse_quantity(value: str | int, *, what: str = "quantity") -> int:
     return _parse(value, what)
 
 
+def quantity_decimal(text: str) -> Decimal | None:
+    """The exact value of `text` as kube-apiserver decodes a quantity (signed, fractions kept,
+    nothing around it), or None where the API server refuses it."""
+    match = _QUANTITY_RE.match(text)
+    return None if match is None else _value(match)
+
+
+def _value(match: re.Match[str]) -> Decimal:
+    number = Decimal(match["num"])
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        return number * Decimal(1024) ** _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number.scaleb(_DECIMAL[suffix])
+    if suffix:
+        return number.scaleb(int(suffix[1:]))
+    return number
+
+
 def _parse(value: str | int, what: str) -> int:
     if isinstance(value, bool):
         raise QuantityError(f"{what}: {value!r} is not a quantity; write bytes such as '2Gi'")
@@ -58,20 +93,11 @@ def _parse(value: str | int, what: str) -> int:
                 f"{what}: {value!r} is not a Kubernetes quantity; write a number with an optional "
                 f"suffix such as '2Gi', '1500Mi', '500M' or '1e9'"
             )
-        try:
-            number = Decimal(match["num"])
-        except InvalidOperation as e:  # pragma: no cover - the regex admits only decimals
-            raise QuantityError(f"{what}: {value!r} has an unreadable number") from e
         suffix = match["suffix"] or ""
-        if suffix in _BINARY:
-            number *= Decimal(1024) ** _BINARY[suffix]
-        elif suffix in _DECIMAL:
-            number = number.scaleb(_DECIMAL[suffix])
-        elif suffix:
-            exponent = int(suffix[1:])
-            if abs(exponent) > 30:
-                raise QuantityError(f"{what}: {value!r} has an exponent out of range")
-            number = number.scaleb(exponent)
+        exponent = suffix if suffix and suffix not in _BINARY and suffix not in _DECIMAL else ""
+        if exponent and abs(int(exponent[1:])) > 30:
+            raise QuantityError(f"{what}: {value!r} has an exponent out of range")
+        number = _value(match)
     if number < 0:
         raise QuantityError(f"{what}: {value!r} is negative; memory must be zero or more")
     return math.ceil(number)

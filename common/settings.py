@@ -1,11 +1,17 @@
 """How every part declares its settings: each once, and everything else follows from that.
 
-A part's settings module lists `Setting`s (flag, kind, default, help, variable) in a `Declaration`.
-From that one list come the command line (argparse, abbreviations refused), the environment
-fallback (`TRITONSHARE_<FLAG>`; a flag wins over its variable, the variable over the default),
-`--help` naming each flag's variable and default, and one wording for every bad value:
+A part's Settings is a frozen dataclass marked `@declared`; each field is written once, as
+`name: type = setting("flag", "help", kind, default="text")`, which is both the field (its type,
+its default) and its `Setting` (flag, variable, help, how its text is read). The field's default
+is its default text read by its kind when the class is defined (constants, never the
+environment), so the default --help shows is the default applied.
+`Declaration.of(Settings, ...)` collects the fields' settings, in field order, into the part's
+`Declaration`. From that one list come the command line (argparse, abbreviations refused), the
+environment fallback (`TRITONSHARE_<FLAG>`; a flag wins over its variable, the variable over the
+default), `--help` naming each flag's variable and default, and one wording for every bad value:
 `--max-body: '12q' is not a Kubernetes quantity; write e.g. 512Mi`. The result is a mapping of
-field names for the part's frozen Settings; checks across settings stay in the part.
+field names for the part's Settings; checks across settings stay in the part. Commands without a
+settings object (the binder's CLI, the simulated node's own flags) list `Setting`s directly.
 
 Pure: it reads only the argv and the environment mapping it is given, never `os.environ`.
 """
@@ -13,16 +19,19 @@ Pure: it reads only the argv and the environment mapping it is given, never `os.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar, dataclass_transform
 
-from common.contract import Keys, validate_model_id
+from common.contract import DEFAULT_PREFIX, Keys, validate_model_id
 from common.quantity import QuantityError, format_bytes, parse_quantity
 
 ENV_PREFIX = "TRITONSHARE_"
+DECLARED = "tritonshare.setting"
+"""The key of a field's `Setting` in its dataclass field's metadata."""
 TRUE_WORDS = ("1", "true", "yes")
 FALSE_WORDS = ("0", "false", "no")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -225,7 +234,8 @@ class Setting:
     """The default as one would write it (shown in --help and parsed like a given value). None:
     the field keeps the default of the part's Settings class."""
     field: str = ""
-    """The part's Settings field; default: the flag with underscores."""
+    """The part's Settings field: the name of the field a `@declared` class declares it on
+    (`Declaration.of` fills it in); default: the flag with underscores."""
     env: str | None = ""
     """The variable; "" means TRITONSHARE_<FLAG>, None means the flag has none."""
     also_env: tuple[str, ...] = ()
@@ -296,6 +306,34 @@ class Declaration:
         flags = [s.flag for s in self.settings]
         if len(set(flags)) != len(flags):
             raise ValueError(f"{prog}: a flag is declared twice in {flags}")
+
+    @classmethod
+    def of(
+        cls,
+        settings_class: type,
+        prog: str,
+        description: str,
+        *,
+        error: Callable[[str], Exception],
+    ) -> Declaration:
+        """The declaration of a `@declared` class: its fields' settings, in field order (the
+        order of --help). Every field must be declared with `setting()`, or with `unflagged()`
+        where only code sets it: a field with neither is declared half, and refused."""
+        if not dataclasses.is_dataclass(settings_class):
+            raise TypeError(f"{prog}: {settings_class.__name__} is not a @declared class")
+        settings = []
+        for f in dataclasses.fields(settings_class):
+            declared_setting = f.metadata.get(DECLARED, dataclasses.MISSING)
+            if declared_setting is None:
+                continue  # unflagged(): only code sets it
+            if not isinstance(declared_setting, Setting):
+                raise TypeError(
+                    f"{prog}: {settings_class.__name__}.{f.name} is declared half: it has no "
+                    "flag; declare it with setting(flag, help, kind, default=...), or with "
+                    "unflagged(default=...) if only code sets it"
+                )
+            settings.append(dataclasses.replace(declared_setting, field=f.name))
+        return cls(prog, description, settings, error=error)
 
     def parser(self) -> argparse.ArgumentParser:
         """The command line; `--help` prints every flag with its default and variable."""
@@ -370,3 +408,81 @@ class Declaration:
         if s.default not in (None, ""):
             return s.default, f"the default of {s.option}"
         return None, s.option
+
+
+T = TypeVar("T")
+
+
+def setting(
+    flag: str,
+    help: str,
+    kind: Kind = text,
+    *,
+    default: object = dataclasses.MISSING,
+    default_factory: Callable[[], object] | None = None,
+    env: str | None = "",
+    also_env: tuple[str, ...] = (),
+    required: str = "",
+    switch: bool = False,
+    aliases: tuple[str, ...] = (),
+) -> Any:
+    """A field of a `@declared` settings class and its setting, declared once.
+
+    `default` is either text, written as on the command line (`"30"`, `"1Gi"`), which --help
+    shows and `kind` reads into the field's default; or empty text or a value that is no text
+    (None, False, ()), kept as the field's default and shown nowhere (an empty value counts as
+    not given, as on the command line). No default and no `default_factory`: the field
+    must be given to the constructor. The other arguments are `Setting`'s. `default` and
+    `default_factory` are keywords, as `dataclasses.field`'s: that is how type checkers (the
+    `dataclass_transform` below) see which fields have one.
+    """
+    shown = default if isinstance(default, str) and default else None
+    declared_setting = Setting(
+        flag,
+        help,
+        kind,
+        shown,
+        env=env,
+        also_env=also_env,
+        required=required,
+        switch=switch,
+        aliases=aliases,
+    )
+    if required and shown is not None:
+        raise ValueError(f"--{flag} is declared required and with a default; choose one")
+    metadata = {DECLARED: declared_setting}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    if shown is not None:
+        try:
+            default = kind(shown)
+        except ValueError as e:
+            raise ValueError(f"--{flag}: its default {default!r} is refused: {e}") from e
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def log_level_flag(help: str = "log level") -> Any:
+    """The --log-level every part has, in the part's words."""
+    return setting("log-level", help, log_level, default="INFO")
+
+
+def log_format_flag() -> Any:
+    """The --log-format every part has: `text` for people, `json` for log pipelines."""
+    return setting("log-format", "text or json", log_format, default="text")
+
+
+def keys_flag(help: str = "prefix of the contract's keys") -> Any:
+    """The --key-prefix of a part that reads it as the contract's `Keys`."""
+    return setting("key-prefix", help, key_prefix, default=DEFAULT_PREFIX)
+
+
+def unflagged(*, default: object) -> Any:
+    """A field of a `@declared` class that no flag or variable sets: the part's code (or a test)
+    gives it, such as the simulated API server's audit size."""
+    return dataclasses.field(default=default, metadata={DECLARED: None})
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(setting, unflagged))
+def declared(cls: type[T]) -> type[T]:
+    """A part's settings: a frozen dataclass whose fields are each declared with `setting()`."""
+    return dataclasses.dataclass(frozen=True)(cls)

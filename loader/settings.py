@@ -1,5 +1,6 @@
-"""The loader's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
-default, help) with common.settings; a flag wins over its variable. Parsed once in `__main__`.
+"""The loader's settings: one frozen object whose fields each declare their flag, variable, default
+and help once with common.settings (`DECLARATION` is derived from them); a flag wins over its
+variable. Parsed once in `__main__`.
 
 Every problem is a SettingsError (exit code 2) that says which flag or variable to fix. Must not
 read the model directory or the token file: that happens per attempt, later.
@@ -9,67 +10,26 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from common.contract import DEFAULT_AGENT_GRPC_PORT
 from common.logs import LogFormat
 from common.settings import (
     Declaration,
-    Setting,
-    log_format,
-    log_level,
+    declared,
+    log_format_flag,
+    log_level_flag,
     model_id,
     path,
     quantity,
     seconds,
+    setting,
 )
 from loader.errors import SettingsError
 
 DEFAULT_MODEL_DIR = Path("/mnt/models")
 DEFAULT_TOKEN_FILE = Path("/var/run/secrets/tritonshare/token")
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the loader needs to know, validated."""
-
-    model_id: str
-    """The Triton model name (the pod's `tritonshare.io/model-id` annotation). Required."""
-    agent_address: str
-    """The node's agent as `host:port`; a bare host gets port 8100. Required."""
-    model_dir: Path = DEFAULT_MODEL_DIR
-    """The model directory to send (config.pbtxt and version directories). Default /mnt/models."""
-    token_file: Path = DEFAULT_TOKEN_FILE
-    """The projected service-account token, re-read on every attempt because the kubelet rotates
-    it. Default /var/run/secrets/tritonshare/token."""
-    timeout_seconds: float = 600.0
-    """Seconds, overall, from start until the model must be READY. Default 600."""
-    agent_unreachable_seconds: float = 30.0
-    """Seconds the loader goes on with no connection to the agent at all (refused, no route,
-    still connecting) before it exits 7: a pod bound to a node whose agent died is not left
-    waiting for `timeout_seconds`. An agent that answers, even "busy", resets it. Default 30,
-    several agent restarts' worth."""
-    attempt_timeout_seconds: float = 30.0
-    """Seconds one short agent call (GetModel) may take before it is retried. Default 30. Installs
-    and loads are bounded by the overall timeout only: a big model takes long to send or load."""
-    backoff_initial_seconds: float = 0.25
-    """Seconds, the first retry's largest delay; doubles per retry (full jitter). Default 0.25."""
-    backoff_max_seconds: float = 5.0
-    """Seconds, the cap of one retry's delay. Default 5."""
-    poll_seconds: float = 0.5
-    """Seconds between two looks at a model the agent reports as LOADING. Default 0.5."""
-    max_model_bytes: int = 32 * 1024**3
-    """Bytes, the largest model directory the loader will send (a quantity: 32Gi). Default 32Gi."""
-    chunk_bytes: int = 1024 * 1024
-    """Bytes per file chunk sent to the agent. Default 1Mi (gRPC's default limit is 4Mi)."""
-    termination_log: Path = DEFAULT_TERMINATION_LOG
-    """Where the one-line outcome goes, for `kubectl describe pod`. Default /dev/termination-log."""
-    log_level: str = "INFO"
-    """Log level name. Default INFO."""
-    log_format: LogFormat = "text"
-    """`text` for people, `json` for log pipelines. Default text."""
 
 
 def _agent_address(value: str) -> str:
@@ -79,78 +39,109 @@ def _agent_address(value: str) -> str:
         raise ValueError(str(e)) from None
 
 
-def _seconds(flag: str, help_text: str, default: str, field: str) -> Setting:
-    return Setting(flag, help_text, seconds(positive=True), default, field)
+@declared
+class Settings:
+    """Everything the loader needs to know, validated."""
+
+    model_id: str = setting(
+        "model-id",
+        "Triton model name",
+        model_id,
+        required="in a pod, the tritonshare.io/model-id annotation through the Downward API",
+    )
+    """The Triton model name (the pod's `tritonshare.io/model-id` annotation). Required."""
+    agent_address: str = setting(
+        "agent-address",
+        "the node's agent as host:port (port defaults to 8100)",
+        _agent_address,
+        required="the node's IP (status.hostIP through the Downward API) and the agent's "
+        "port, such as 10.0.0.5:8100",
+    )
+    """The node's agent as `host:port`; a bare host gets port 8100. Required."""
+    model_dir: Path = setting(
+        "model-dir", "model directory to send", path, default=str(DEFAULT_MODEL_DIR)
+    )
+    """The model directory to send (config.pbtxt and version directories). Default /mnt/models."""
+    token_file: Path = setting(
+        "token-file", "projected service-account token file", path, default=str(DEFAULT_TOKEN_FILE)
+    )
+    """The projected service-account token, re-read on every attempt because the kubelet rotates
+    it. Default /var/run/secrets/tritonshare/token."""
+    timeout_seconds: float = setting(
+        "timeout",
+        "overall seconds until the model must be READY",
+        seconds(positive=True),
+        default="600",
+    )
+    """Seconds, overall, from start until the model must be READY. Default 600."""
+    agent_unreachable_seconds: float = setting(
+        "agent-unreachable-seconds",
+        "seconds with no connection to the agent before giving up (exit 7)",
+        seconds(positive=True),
+        default="30",
+    )
+    """Seconds the loader goes on with no connection to the agent at all (refused, no route,
+    still connecting) before it exits 7: a pod bound to a node whose agent died is not left
+    waiting for `timeout_seconds`. An agent that answers, even "busy", resets it. Default 30,
+    several agent restarts' worth."""
+    attempt_timeout_seconds: float = setting(
+        "attempt-timeout",
+        "seconds one short agent call may take",
+        seconds(positive=True),
+        default="30",
+    )
+    """Seconds one short agent call (GetModel) may take before it is retried. Default 30. Installs
+    and loads are bounded by the overall timeout only: a big model takes long to send or load."""
+    backoff_initial_seconds: float = setting(
+        "backoff-initial",
+        "seconds, first retry delay cap (doubles per retry)",
+        seconds(positive=True),
+        default="0.25",
+    )
+    """Seconds, the first retry's largest delay; doubles per retry (full jitter). Default 0.25."""
+    backoff_max_seconds: float = setting(
+        "backoff-max", "seconds, largest retry delay", seconds(positive=True), default="5"
+    )
+    """Seconds, the cap of one retry's delay. Default 5."""
+    poll_seconds: float = setting(
+        "poll-interval",
+        "seconds between looks at a LOADING model",
+        seconds(positive=True),
+        default="0.5",
+    )
+    """Seconds between two looks at a model the agent reports as LOADING. Default 0.5."""
+    max_model_bytes: int = setting(
+        "max-model-bytes",
+        "largest model directory, a quantity such as 32Gi",
+        quantity(minimum=1),
+        default="32Gi",
+    )
+    """Bytes, the largest model directory the loader will send (a quantity: 32Gi). Default 32Gi."""
+    chunk_bytes: int = setting(
+        "chunk-bytes",
+        "bytes per file chunk, a quantity such as 1Mi",
+        quantity(minimum=1),
+        default="1Mi",
+    )
+    """Bytes per file chunk sent to the agent. Default 1Mi (gRPC's default limit is 4Mi)."""
+    termination_log: Path = setting(
+        "termination-log",
+        "file for the one-line outcome",
+        path,
+        default=str(DEFAULT_TERMINATION_LOG),
+    )
+    """Where the one-line outcome goes, for `kubectl describe pod`. Default /dev/termination-log."""
+    log_level: str = log_level_flag("DEBUG, INFO, WARNING or ERROR")
+    """Log level name. Default INFO."""
+    log_format: LogFormat = log_format_flag()
+    """`text` for people, `json` for log pipelines. Default text."""
 
 
-DECLARATION = Declaration(
+DECLARATION = Declaration.of(
+    Settings,
     "python -m loader",
     "Send a model directory to the node's tritonshare agent, load it into Triton, and wait until "
     "it is READY.",
-    [
-        Setting(
-            "model-id",
-            "Triton model name",
-            model_id,
-            required="in a pod, the tritonshare.io/model-id annotation through the Downward API",
-        ),
-        Setting(
-            "agent-address",
-            "the node's agent as host:port (port defaults to 8100)",
-            _agent_address,
-            required="the node's IP (status.hostIP through the Downward API) and the agent's "
-            "port, such as 10.0.0.5:8100",
-        ),
-        Setting("model-dir", "model directory to send", path, str(DEFAULT_MODEL_DIR)),
-        Setting(
-            "token-file", "projected service-account token file", path, str(DEFAULT_TOKEN_FILE)
-        ),
-        _seconds(
-            "timeout", "overall seconds until the model must be READY", "600", "timeout_seconds"
-        ),
-        _seconds(
-            "agent-unreachable-seconds",
-            "seconds with no connection to the agent before giving up (exit 7)",
-            "30",
-            "agent_unreachable_seconds",
-        ),
-        _seconds(
-            "attempt-timeout",
-            "seconds one short agent call may take",
-            "30",
-            "attempt_timeout_seconds",
-        ),
-        _seconds(
-            "backoff-initial",
-            "seconds, first retry delay cap (doubles per retry)",
-            "0.25",
-            "backoff_initial_seconds",
-        ),
-        _seconds("backoff-max", "seconds, largest retry delay", "5", "backoff_max_seconds"),
-        _seconds(
-            "poll-interval", "seconds between looks at a LOADING model", "0.5", "poll_seconds"
-        ),
-        Setting(
-            "max-model-bytes",
-            "largest model directory, a quantity such as 32Gi",
-            quantity(minimum=1),
-            "32Gi",
-        ),
-        Setting(
-            "chunk-bytes",
-            "bytes per file chunk, a quantity such as 1Mi",
-            quantity(minimum=1),
-            "1Mi",
-        ),
-        Setting(
-            "termination-log",
-            "file for the one-line outcome",
-            path,
-            str(DEFAULT_TERMINATION_LOG),
-        ),
-        Setting("log-level", "DEBUG, INFO, WARNING or ERROR", log_level, "INFO"),
-        Setting("log-format", "text or json", log_format, "text"),
-    ],
     error=SettingsError,
 )
 

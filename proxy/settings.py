@@ -1,5 +1,6 @@
-"""The proxy's settings: one frozen object, declared once in `DECLARATION` (flag, variable,
-default, help) with common.settings, parsed once in `__main__`.
+"""The proxy's settings: one frozen object whose fields each declare their flag, variable, default
+and help once with common.settings (`DECLARATION` is derived from them), parsed once in
+`__main__`.
 
 Every flag has an environment variable `TRITONSHARE_<FLAG_UPPER>` (dashes become underscores);
 a flag on the command line wins over the variable. Nothing here reads the environment at import.
@@ -10,8 +11,8 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common.contract import (
     DEFAULT_PREFIX,
@@ -23,115 +24,20 @@ from common.contract import (
 from common.settings import (
     BadValueError,
     Declaration,
-    Setting,
     address,
+    declared,
     host_port,
-    log_format,
-    log_level,
+    log_format_flag,
+    log_level_flag,
     model_id,
     one_of,
     path,
     quantity,
     seconds,
+    setting,
     text,
     whole,
 )
-
-ONE_GIB = 1024**3
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the proxy needs to run; see `DECLARATION` for the flag of each field."""
-
-    model_id: str
-    """The pod's own Triton model name; the only model the proxy lets requests reach."""
-    triton_http_url: str
-    """host:port of the node's Triton HTTP endpoint (no scheme)."""
-    triton_grpc_url: str
-    """host:port of the node's Triton gRPC endpoint."""
-    triton_name: str = ""
-    """The model's private name in Triton when it differs from `model_id` (issue 25): requests
-    naming `model_id` reach Triton under this name, and Triton's answers name `model_id` again.
-    Empty: the same as `model_id`, and the relays rename nothing. The node gateway sets it for
-    each calling pod from the caller table; a pod's own proxy leaves it empty (the gateway maps)."""
-    source_address: str = ""
-    """The local address connections to Triton (the node gateway) leave from; empty: the
-    kernel's choice, which in a pod is the pod's address. The simulated cluster, whose pods share
-    the host's network, sets each pod's own address here so the gateway can tell them apart."""
-    listen_http: tuple[str, int] = ("0.0.0.0", DEFAULT_PROXY_HTTP_PORT)
-    """host and port the tenant-facing KServe v2 REST endpoint listens on; default 0.0.0.0:9000."""
-    listen_grpc: tuple[str, int] = ("0.0.0.0", DEFAULT_PROXY_GRPC_PORT)
-    """host and port the tenant-facing gRPC endpoint listens on; default 0.0.0.0:9001."""
-    listen_metrics: tuple[str, int] = ("0.0.0.0", DEFAULT_PROXY_METRICS_PORT)
-    """host and port of /metrics, /healthz and /readyz, kept off the Service port; default 9002."""
-    max_body_bytes: int = ONE_GIB
-    """Largest REST body and gRPC message accepted and returned, in bytes; default 1 GiB."""
-    max_inflated_bytes: int = 64 * 1024**2
-    """Largest size a compressed REST body (Content-Encoding gzip or deflate) or gRPC message
-    (grpc-encoding gzip or deflate) may inflate to, in bytes; default 64 MiB. Counted as the
-    compressed bytes pass, in bounded slices; a body or message past it is refused (413 /
-    RESOURCE_EXHAUSTED) before its last byte reaches Triton, which would inflate it unbounded."""
-    container_concurrency: int = 0
-    """Hard limit on in-flight inference requests (streams count once); 0 means unlimited."""
-    queue_size: int | None = None
-    """Inference requests allowed to wait for a slot; None means 10x the concurrency limit."""
-    queue_timeout_seconds: float = 30.0
-    """Seconds a request may wait for a slot before it is refused with 503/RESOURCE_EXHAUSTED."""
-    drain_seconds: float = 5.0
-    """Seconds to keep serving after SIGTERM while reporting not ready (endpoints update)."""
-    finish_timeout_seconds: float = 20.0
-    """Seconds to wait for in-flight requests after the drain period before giving up on them."""
-    head_timeout_seconds: float = 30.0
-    """Seconds a REST client may take to send a request's head once it has begun (a slower one is
-    answered 408 and closed), and a gRPC client to send the HTTP/2 connection preface (else the
-    connection closes), so slow senders cannot hold connections open (slowloris)."""
-    idle_timeout_seconds: float = 300.0
-    """Seconds a tenant connection may stay open with no request or call in progress before it is
-    closed (gRPC with GOAWAY, so clients reconnect on their next call); 0 keeps it forever."""
-    concurrency_window_seconds: float = 60.0
-    """Window of the time-weighted average concurrency gauge, in seconds (Knative uses 60)."""
-    agent_address: str = ""
-    """host:port of the node's agent gRPC API; empty means do not ask for an unload on exit."""
-    token_file: Path | None = None
-    """The pod's projected service-account token (audience tritonshare-agent), read per call."""
-    agent_timeout_seconds: float = 30.0
-    """Seconds to wait for the agent to unload the model on shutdown."""
-    model_dir: Path | None = None
-    """The pod's own copy of its model (the storage initializer's volume, mounted read-only);
-    with it, a model the node has lost is installed and loaded again from there
-    (proxy/reinstall.py). None: the proxy only reports it."""
-    model_check_seconds: float = 2.0
-    """Seconds between two looks at whether the node still serves the pod's model; default 2.
-    Each look is one readiness request through the node gateway; only an unready model costs an
-    agent call (GetModel)."""
-    reinstall_backoff_max_seconds: float = 60.0
-    """Longest wait after a failed reinstall before the next one, in seconds; default 60. The
-    wait doubles from --model-check-seconds, jittered."""
-    grpc_mode: str = "relay"
-    """`relay` (default): the HTTP/2 frame relay (`proxy/grpc/relay.py`); `grpcio`: grpc.aio."""
-    log_level: str = "INFO"
-    """Root log level."""
-    log_format: str = "text"
-    """`text` for people, `json` for log pipelines."""
-    key_prefix: str = DEFAULT_PREFIX
-    """Contract key prefix (accepted for symmetry with the other parts; the proxy uses none)."""
-    system_namespace: str = DEFAULT_SYSTEM_NAMESPACE
-    """Namespace of the platform's components (accepted for symmetry with the other parts)."""
-
-    @property
-    def queue_limit(self) -> int:
-        """How many requests may wait; 0 when there is no concurrency limit (nothing waits)."""
-        if self.container_concurrency == 0:
-            return 0
-        if self.queue_size is None:
-            return 10 * self.container_concurrency
-        return self.queue_size
-
-    @property
-    def name_in_triton(self) -> str:
-        """The model's name in Triton: `triton_name`, or `model_id` when none."""
-        return self.triton_name or self.model_id
 
 
 class SettingsError(ValueError):
@@ -157,147 +63,225 @@ def private_name(value: str) -> str:
 
 # The relay's limits, declared once: the proxy and the node gateway (which runs the same relays
 # for each calling pod) take them with the same flags, variables and defaults.
-MAX_BODY = Setting(
-    "max-body",
-    "largest body or message, a quantity such as 1Gi",
-    quantity(minimum=1024),
-    "1Gi",
-    "max_body_bytes",
-)
-HEAD_TIMEOUT = Setting(
-    "head-timeout",
-    "seconds to send a REST request head or the gRPC preface",
-    seconds(),
-    "30",
-    "head_timeout_seconds",
-)
-IDLE_TIMEOUT = Setting(
-    "idle-timeout",
-    "seconds an idle tenant connection stays open, 0 = forever",
-    seconds(),
-    "300",
-    "idle_timeout_seconds",
-)
-FINISH_TIMEOUT = Setting(
-    "finish-timeout",
-    "seconds to wait for in-flight requests at shutdown",
-    seconds(),
-    "20",
-    "finish_timeout_seconds",
-)
-MAX_INFLATED = Setting(
-    "max-inflated",
-    "largest size a compressed body or message may inflate to, a quantity such as 64Mi",
-    quantity(minimum=1024),
-    "64Mi",
-    "max_inflated_bytes",
-)
-RELAY_LIMITS = (MAX_BODY, MAX_INFLATED, HEAD_TIMEOUT, IDLE_TIMEOUT, FINISH_TIMEOUT)
 
 
-DECLARATION = Declaration(
+def listen_flag(endpoint: str, port: int) -> Any:
+    """`--listen-<endpoint>` (http, grpc or metrics), on every address at `port` by default."""
+    what = {"http": "REST", "grpc": "gRPC", "metrics": "metrics/health"}[endpoint]
+    return setting(
+        f"listen-{endpoint}", f"{what} listen address", address, default=f"0.0.0.0:{port}"
+    )
+
+
+def max_body() -> Any:
+    return setting(
+        "max-body",
+        "largest body or message, a quantity such as 1Gi",
+        quantity(minimum=1024),
+        default="1Gi",
+    )
+
+
+def max_inflated() -> Any:
+    return setting(
+        "max-inflated",
+        "largest size a compressed body or message may inflate to, a quantity such as 64Mi",
+        quantity(minimum=1024),
+        default="64Mi",
+    )
+
+
+def head_timeout() -> Any:
+    return setting(
+        "head-timeout",
+        "seconds to send a REST request head or the gRPC preface",
+        seconds(),
+        default="30",
+    )
+
+
+def idle_timeout() -> Any:
+    return setting(
+        "idle-timeout",
+        "seconds an idle tenant connection stays open, 0 = forever",
+        seconds(),
+        default="300",
+    )
+
+
+def finish_timeout() -> Any:
+    return setting(
+        "finish-timeout",
+        "seconds to wait for in-flight requests at shutdown",
+        seconds(),
+        default="20",
+    )
+
+
+@declared
+class Settings:
+    """Everything the proxy needs to run; each field declared once with its flag."""
+
+    model_id: str = setting(
+        "model-id", "the pod's own Triton model name", model_id, required="the pod's model"
+    )
+    """The pod's own Triton model name; the only model the proxy lets requests reach."""
+    triton_http_url: str = setting(
+        "triton-http-url",
+        "host:port of the node's Triton HTTP endpoint",
+        host_port,
+        required="where Triton's HTTP endpoint is",
+    )
+    """host:port of the node's Triton HTTP endpoint (no scheme)."""
+    triton_grpc_url: str = setting(
+        "triton-grpc-url",
+        "host:port of the node's Triton gRPC endpoint",
+        host_port,
+        required="where Triton's gRPC endpoint is",
+    )
+    """host:port of the node's Triton gRPC endpoint."""
+    triton_name: str = setting(
+        "triton-name",
+        "the model's private name in Triton when not the model id (the node gateway's)",
+        private_name,
+        default="",
+    )
+    """The model's private name in Triton when it differs from `model_id` (issue 25): requests
+    naming `model_id` reach Triton under this name, and Triton's answers name `model_id` again.
+    Empty: the same as `model_id`, and the relays rename nothing. The node gateway sets it for
+    each calling pod from the caller table; a pod's own proxy leaves it empty (the gateway maps)."""
+    source_address: str = setting(
+        "source-address",
+        "local address of connections to Triton or the node gateway (empty: the pod's own)",
+        ip_address,
+        default="",
+    )
+    """The local address connections to Triton (the node gateway) leave from; empty: the
+    kernel's choice, which in a pod is the pod's address. The simulated cluster, whose pods share
+    the host's network, sets each pod's own address here so the gateway can tell them apart."""
+    listen_http: tuple[str, int] = listen_flag("http", DEFAULT_PROXY_HTTP_PORT)
+    """host and port the tenant-facing KServe v2 REST endpoint listens on; default 0.0.0.0:9000."""
+    listen_grpc: tuple[str, int] = listen_flag("grpc", DEFAULT_PROXY_GRPC_PORT)
+    """host and port the tenant-facing gRPC endpoint listens on; default 0.0.0.0:9001."""
+    listen_metrics: tuple[str, int] = listen_flag("metrics", DEFAULT_PROXY_METRICS_PORT)
+    """host and port of /metrics, /healthz and /readyz, kept off the Service port; default 9002."""
+    max_body_bytes: int = max_body()
+    """Largest REST body and gRPC message accepted and returned, in bytes; default 1 GiB."""
+    max_inflated_bytes: int = max_inflated()
+    """Largest size a compressed REST body (Content-Encoding gzip or deflate) or gRPC message
+    (grpc-encoding gzip or deflate) may inflate to, in bytes; default 64 MiB. Counted as the
+    compressed bytes pass, in bounded slices; a body or message past it is refused (413 /
+    RESOURCE_EXHAUSTED) before its last byte reaches Triton, which would inflate it unbounded."""
+    container_concurrency: int = setting(
+        "container-concurrency", "in-flight inference limit, 0 = unlimited", whole(), default="0"
+    )
+    """Hard limit on in-flight inference requests (streams count once); 0 means unlimited."""
+    queue_size: int | None = setting(
+        "queue-size", "waiting requests allowed (default 10x the limit)", whole(), default=None
+    )
+    """Inference requests allowed to wait for a slot; None means 10x the concurrency limit."""
+    queue_timeout_seconds: float = setting(
+        "queue-timeout", "seconds a request may wait for a slot", seconds(), default="30"
+    )
+    """Seconds a request may wait for a slot before it is refused with 503/RESOURCE_EXHAUSTED."""
+    drain_seconds: float = setting(
+        "drain-seconds", "seconds to keep serving after SIGTERM", seconds(), default="5"
+    )
+    """Seconds to keep serving after SIGTERM while reporting not ready (endpoints update)."""
+    finish_timeout_seconds: float = finish_timeout()
+    """Seconds to wait for in-flight requests after the drain period before giving up on them."""
+    head_timeout_seconds: float = head_timeout()
+    """Seconds a REST client may take to send a request's head once it has begun (a slower one is
+    answered 408 and closed), and a gRPC client to send the HTTP/2 connection preface (else the
+    connection closes), so slow senders cannot hold connections open (slowloris)."""
+    idle_timeout_seconds: float = idle_timeout()
+    """Seconds a tenant connection may stay open with no request or call in progress before it is
+    closed (gRPC with GOAWAY, so clients reconnect on their next call); 0 keeps it forever."""
+    concurrency_window_seconds: float = setting(
+        "concurrency-window",
+        "seconds of the average concurrency gauge",
+        seconds(minimum=1.0),
+        default="60",
+    )
+    """Window of the time-weighted average concurrency gauge, in seconds (Knative uses 60)."""
+    agent_address: str = setting(
+        "agent-address",
+        "host:port of the node agent (empty: no unload on exit)",
+        host_port,
+        default="",
+    )
+    """host:port of the node's agent gRPC API; empty means do not ask for an unload on exit."""
+    token_file: Path | None = setting(
+        "token-file", "the pod's projected service-account token file", path, default=None
+    )
+    """The pod's projected service-account token (audience tritonshare-agent), read per call."""
+    agent_timeout_seconds: float = setting(
+        "agent-timeout", "seconds to wait for the agent's unload", seconds(), default="30"
+    )
+    """Seconds to wait for the agent to unload the model on shutdown."""
+    model_dir: Path | None = setting(
+        "model-dir",
+        "the pod's copy of its model, read-only (reinstalled from there when the node lost it)",
+        path,
+        default=None,
+    )
+    """The pod's own copy of its model (the storage initializer's volume, mounted read-only);
+    with it, a model the node has lost is installed and loaded again from there
+    (proxy/reinstall.py). None: the proxy only reports it."""
+    model_check_seconds: float = setting(
+        "model-check-seconds",
+        "seconds between looks at whether the node still serves the model",
+        seconds(minimum=0.1),
+        default="2",
+    )
+    """Seconds between two looks at whether the node still serves the pod's model; default 2.
+    Each look is one readiness request through the node gateway; only an unready model costs an
+    agent call (GetModel)."""
+    reinstall_backoff_max_seconds: float = setting(
+        "reinstall-backoff-max",
+        "longest wait in seconds between two failed reinstalls",
+        seconds(minimum=1.0),
+        default="60",
+    )
+    """Longest wait after a failed reinstall before the next one, in seconds; default 60. The
+    wait doubles from --model-check-seconds, jittered."""
+    grpc_mode: str = setting(
+        "grpc-mode",
+        "gRPC endpoint: relay (HTTP/2 frame relay) or grpcio",
+        one_of("grpcio", "relay"),
+        default="relay",
+    )
+    """`relay` (default): the HTTP/2 frame relay (`proxy/grpc/relay.py`); `grpcio`: grpc.aio."""
+    log_level: str = log_level_flag()
+    """Root log level."""
+    log_format: str = log_format_flag()
+    """`text` for people, `json` for log pipelines."""
+    key_prefix: str = setting("key-prefix", "contract key prefix", text, default=DEFAULT_PREFIX)
+    """Contract key prefix (accepted for symmetry with the other parts; the proxy uses none)."""
+    system_namespace: str = setting(
+        "system-namespace", "the platform's namespace", text, default=DEFAULT_SYSTEM_NAMESPACE
+    )
+    """Namespace of the platform's components (accepted for symmetry with the other parts)."""
+
+    @property
+    def queue_limit(self) -> int:
+        """How many requests may wait; 0 when there is no concurrency limit (nothing waits)."""
+        if self.container_concurrency == 0:
+            return 0
+        if self.queue_size is None:
+            return 10 * self.container_concurrency
+        return self.queue_size
+
+    @property
+    def name_in_triton(self) -> str:
+        """The model's name in Triton: `triton_name`, or `model_id` when none."""
+        return self.triton_name or self.model_id
+
+
+DECLARATION = Declaration.of(
+    Settings,
     "python -m proxy",
     "Per-model KServe v2 REST and gRPC front door to the node's shared Triton.",
-    [
-        Setting(
-            "model-id", "the pod's own Triton model name", model_id, required="the pod's model"
-        ),
-        Setting(
-            "triton-http-url",
-            "host:port of the node's Triton HTTP endpoint",
-            host_port,
-            required="where Triton's HTTP endpoint is",
-        ),
-        Setting(
-            "triton-grpc-url",
-            "host:port of the node's Triton gRPC endpoint",
-            host_port,
-            required="where Triton's gRPC endpoint is",
-        ),
-        Setting(
-            "triton-name",
-            "the model's private name in Triton when not the model id (the node gateway's)",
-            private_name,
-        ),
-        Setting(
-            "source-address",
-            "local address of connections to Triton or the node gateway (empty: the pod's own)",
-            ip_address,
-        ),
-        Setting(
-            "listen-http", "REST listen address", address, f"0.0.0.0:{DEFAULT_PROXY_HTTP_PORT}"
-        ),
-        Setting(
-            "listen-grpc", "gRPC listen address", address, f"0.0.0.0:{DEFAULT_PROXY_GRPC_PORT}"
-        ),
-        Setting(
-            "listen-metrics",
-            "metrics/health listen address",
-            address,
-            f"0.0.0.0:{DEFAULT_PROXY_METRICS_PORT}",
-        ),
-        MAX_BODY,
-        MAX_INFLATED,
-        Setting("container-concurrency", "in-flight inference limit, 0 = unlimited", whole(), "0"),
-        Setting("queue-size", "waiting requests allowed (default 10x the limit)", whole()),
-        Setting(
-            "queue-timeout",
-            "seconds a request may wait for a slot",
-            seconds(),
-            "30",
-            "queue_timeout_seconds",
-        ),
-        Setting("drain-seconds", "seconds to keep serving after SIGTERM", seconds(), "5"),
-        FINISH_TIMEOUT,
-        HEAD_TIMEOUT,
-        IDLE_TIMEOUT,
-        Setting(
-            "concurrency-window",
-            "seconds of the average concurrency gauge",
-            seconds(minimum=1.0),
-            "60",
-            "concurrency_window_seconds",
-        ),
-        Setting(
-            "agent-address", "host:port of the node agent (empty: no unload on exit)", host_port
-        ),
-        Setting("token-file", "the pod's projected service-account token file", path),
-        Setting(
-            "agent-timeout",
-            "seconds to wait for the agent's unload",
-            seconds(),
-            "30",
-            "agent_timeout_seconds",
-        ),
-        Setting(
-            "model-dir",
-            "the pod's copy of its model, read-only (reinstalled from there when the node lost it)",
-            path,
-        ),
-        Setting(
-            "model-check-seconds",
-            "seconds between looks at whether the node still serves the model",
-            seconds(minimum=0.1),
-            "2",
-        ),
-        Setting(
-            "reinstall-backoff-max",
-            "longest wait in seconds between two failed reinstalls",
-            seconds(minimum=1.0),
-            "60",
-            "reinstall_backoff_max_seconds",
-        ),
-        Setting(
-            "grpc-mode",
-            "gRPC endpoint: relay (HTTP/2 frame relay) or grpcio",
-            one_of("grpcio", "relay"),
-            "relay",
-        ),
-        Setting("log-level", "log level", log_level, "INFO"),
-        Setting("log-format", "text or json", log_format, "text"),
-        Setting("key-prefix", "contract key prefix", text, DEFAULT_PREFIX),
-        Setting("system-namespace", "the platform's namespace", text, DEFAULT_SYSTEM_NAMESPACE),
-    ],
     error=SettingsError,
 )
 

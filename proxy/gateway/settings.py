@@ -1,5 +1,5 @@
-"""The gateway's settings: one frozen object, declared once in `DECLARATION` with
-common.settings, parsed once in `__main__`.
+"""The gateway's settings: one frozen object whose fields each declare their flag once with
+common.settings (`DECLARATION` is derived from them), parsed once in `__main__`.
 
 Every flag has an environment variable `TRITONSHARE_<FLAG_UPPER>`; a flag on the command line
 wins over the variable. The relay knobs (body limit, timeouts) mean what they mean for the proxy,
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from common.contract import (
@@ -20,68 +19,125 @@ from common.contract import (
 )
 from common.settings import (
     Declaration,
-    Setting,
-    address,
+    declared,
     host_port,
-    log_format,
-    log_level,
+    log_format_flag,
+    log_level_flag,
     number,
     path,
     seconds,
+    setting,
     whole,
 )
-from proxy.settings import RELAY_LIMITS, Settings, SettingsError
+from proxy.settings import (
+    Settings,
+    SettingsError,
+    finish_timeout,
+    head_timeout,
+    idle_timeout,
+    listen_flag,
+    max_body,
+    max_inflated,
+)
 
 
-@dataclass(frozen=True)
+@declared
 class GatewaySettings:
-    """Everything the gateway needs to run; see `parse_settings` for the flag of each field."""
+    """Everything the gateway needs to run; each field declared once with its flag."""
 
-    caller_table: Path
+    caller_table: Path = setting(
+        "caller-table",
+        "the agent's caller table file",
+        path,
+        required="the file the node's agent writes (its --gateway-table)",
+    )
     """The agent's caller table (`common.callers`): which pod address may reach which model."""
-    triton_http_url: str = "127.0.0.1:8000"
+    triton_http_url: str = setting(
+        "triton-http-url",
+        "host:port of Triton's HTTP endpoint",
+        host_port,
+        default="127.0.0.1:8000",
+    )
     """host:port of Triton's HTTP endpoint, on the node pod's loopback."""
-    triton_grpc_url: str = "127.0.0.1:8001"
+    triton_grpc_url: str = setting(
+        "triton-grpc-url",
+        "host:port of Triton's gRPC endpoint",
+        host_port,
+        default="127.0.0.1:8001",
+    )
     """host:port of Triton's gRPC endpoint, on the node pod's loopback."""
-    listen_http: tuple[str, int] = ("0.0.0.0", DEFAULT_GATEWAY_HTTP_PORT)
+    listen_http: tuple[str, int] = listen_flag("http", DEFAULT_GATEWAY_HTTP_PORT)
     """Where model pods' proxies send KServe v2 REST; default 0.0.0.0:8010."""
-    listen_grpc: tuple[str, int] = ("0.0.0.0", DEFAULT_GATEWAY_GRPC_PORT)
+    listen_grpc: tuple[str, int] = listen_flag("grpc", DEFAULT_GATEWAY_GRPC_PORT)
     """Where model pods' proxies send gRPC; default 0.0.0.0:8011."""
-    listen_metrics: tuple[str, int] = ("0.0.0.0", DEFAULT_GATEWAY_METRICS_PORT)
+    listen_metrics: tuple[str, int] = listen_flag("metrics", DEFAULT_GATEWAY_METRICS_PORT)
     """/metrics, /healthz and /readyz; default 0.0.0.0:8012."""
-    table_poll_seconds: float = 0.1
+    table_poll_seconds: float = setting(
+        "table-poll-seconds",
+        "seconds between checks of the caller table file",
+        seconds(positive=True),
+        default="0.1",
+    )
     """How often the caller table's file is checked for a change (a stat, nothing more)."""
-    table_max_age_seconds: float = 60.0
+    table_max_age_seconds: float = setting(
+        "table-max-age",
+        "seconds after which an unrefreshed caller table counts as empty",
+        seconds(positive=True),
+        default="60",
+    )
     """A table the agent has not rewritten for this long is treated as empty: every pod is
     refused until the agent writes again (it rewrites every few seconds), except those of
     `table_stale_grace_seconds`."""
-    table_stale_grace_seconds: float = 300.0
+    table_stale_grace_seconds: float = setting(
+        "table-stale-grace",
+        "seconds past --table-max-age during which the last fresh table's pods are still "
+        "served, and no other; 0 = none",
+        seconds(),
+        default="300",
+    )
     """Seconds past `table_max_age_seconds` during which a table this gateway saw fresh still
     serves the pods it had then, and admits no other: a lost agent does not cut off a running
     Triton's pods at once. The price is revocation: a pod deleted meanwhile keeps its access (and
     a pod given its address reaches its model only) until this ends. 300 s is Kubernetes' own
     grace for pods of an unreachable node, and the agent-down alert fires within it. 0: none."""
-    max_body_bytes: int = 1024**3
-    max_inflated_bytes: int = 64 * 1024**2
-    head_timeout_seconds: float = 30.0
-    idle_timeout_seconds: float = 300.0
-    finish_timeout_seconds: float = 20.0
-    max_connections_per_pod: int = 512
+    # The relay's limits, with the proxy's flags, variables and defaults.
+    max_body_bytes: int = max_body()
+    max_inflated_bytes: int = max_inflated()
+    head_timeout_seconds: float = head_timeout()
+    idle_timeout_seconds: float = idle_timeout()
+    finish_timeout_seconds: float = finish_timeout()
+    max_connections_per_pod: int = setting(
+        "max-connections-per-pod",
+        "connections one pod may hold open",
+        whole(minimum=1),
+        default="512",
+    )
     """Connections one pod may hold open to the gateway; more are reset at accept, so one pod
     cannot take the gateway's file descriptors from the others."""
-    max_in_flight_per_pod: int = 64
+    max_in_flight_per_pod: int = setting(
+        "max-in-flight-per-pod",
+        "requests one pod may have at Triton (its declared concurrency, up to this), 0 = no limit",
+        whole(),
+        default="64",
+    )
     """Inference requests one pod may have at Triton at once through the gateway, even a pod
     that bypasses its proxy: a pod that declares its proxy's concurrency (`--container-concurrency`,
     in the caller table) gets that, up to this; a pod that declares none gets this; 0: no limit.
     As many more may wait (up to the relay's queue timeout); past that, 503 / RESOURCE_EXHAUSTED."""
-    loop_busy_percent: float = 50.0
+    loop_busy_percent: float = setting(
+        "loop-busy-percent",
+        "while several pods are active, the percent of each event-loop round the pods' "
+        "reads may take before one past its fair share waits for the next round",
+        number(minimum=1.0, below=100.000001),
+        default="50",
+    )
     """While more than one pod is active, the most of each round of the event loop (percent)
     that reading the pods' sockets may take before a pod past its fair share (the round split
     evenly among the active pods) stops being read until the round ends (`policy.share`); the
     rest stays free for a neighbour's next request. A pod alone is never held back; 100: pods
     take what their neighbours leave, and only the fair share is kept for each."""
-    log_level: str = "INFO"
-    log_format: str = "text"
+    log_level: str = log_level_flag()
+    log_format: str = log_format_flag()
 
     def in_flight_limit(self, declared: int) -> int:
         """The in-flight limit of a pod whose proxy declares concurrency `declared` (0: none)."""
@@ -111,77 +167,11 @@ class GatewaySettings:
         )
 
 
-DECLARATION = Declaration(
+DECLARATION = Declaration.of(
+    GatewaySettings,
     "python -m proxy.gateway",
     "The node gateway: lets each model pod reach only its own model in the node's Triton, "
     "knowing the pod by its connection's source address.",
-    [
-        Setting(
-            "caller-table",
-            "the agent's caller table file",
-            path,
-            required="the file the node's agent writes (its --gateway-table)",
-        ),
-        Setting(
-            "triton-http-url", "host:port of Triton's HTTP endpoint", host_port, "127.0.0.1:8000"
-        ),
-        Setting(
-            "triton-grpc-url", "host:port of Triton's gRPC endpoint", host_port, "127.0.0.1:8001"
-        ),
-        Setting(
-            "listen-http", "REST listen address", address, f"0.0.0.0:{DEFAULT_GATEWAY_HTTP_PORT}"
-        ),
-        Setting(
-            "listen-grpc", "gRPC listen address", address, f"0.0.0.0:{DEFAULT_GATEWAY_GRPC_PORT}"
-        ),
-        Setting(
-            "listen-metrics",
-            "metrics/health listen address",
-            address,
-            f"0.0.0.0:{DEFAULT_GATEWAY_METRICS_PORT}",
-        ),
-        Setting(
-            "table-poll-seconds",
-            "seconds between checks of the caller table file",
-            seconds(positive=True),
-            "0.1",
-        ),
-        Setting(
-            "table-max-age",
-            "seconds after which an unrefreshed caller table counts as empty",
-            seconds(positive=True),
-            "60",
-            "table_max_age_seconds",
-        ),
-        Setting(
-            "table-stale-grace",
-            "seconds past --table-max-age during which the last fresh table's pods are still "
-            "served, and no other; 0 = none",
-            seconds(),
-            "300",
-            "table_stale_grace_seconds",
-        ),
-        *RELAY_LIMITS,
-        Setting(
-            "max-connections-per-pod", "connections one pod may hold open", whole(minimum=1), "512"
-        ),
-        Setting(
-            "max-in-flight-per-pod",
-            "requests one pod may have at Triton (its declared concurrency, up to this), "
-            "0 = no limit",
-            whole(),
-            "64",
-        ),
-        Setting(
-            "loop-busy-percent",
-            "while several pods are active, the percent of each event-loop round the pods' "
-            "reads may take before one past its fair share waits for the next round",
-            number(minimum=1.0, below=100.000001),
-            "50",
-        ),
-        Setting("log-level", "log level", log_level, "INFO"),
-        Setting("log-format", "text or json", log_format, "text"),
-    ],
     error=SettingsError,
 )
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from common.quantity import quantity_decimal
 from sim.apiserver import disruption, workloads
 from sim.apiserver.admission import registration
 from sim.apiserver.resources import (
@@ -147,33 +147,12 @@ def pod_causes(pod: JsonObject) -> Causes:
     return causes
 
 
-# What kube-apiserver's decoder accepts as a quantity; anything else fails the whole request.
+# What kube-apiserver's decoder accepts as a quantity; anything else fails the whole request. The
+# value of one it accepts is common.quantity's `quantity_decimal`: the parts' own grammar.
 QUANTITY_RE = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 QUANTITY_ERROR = (
     "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 )
-_BINARY_SUFFIXES = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15}
-_DECIMAL_SUFFIXES["E"] = 18
-
-
-def quantity_value(text: str) -> Decimal | None:
-    """The exact value of a quantity string, or None when kube-apiserver would not decode it."""
-    match = QUANTITY_RE.match(text)
-    if match is None:
-        return None
-    number, suffix = match.groups()
-    try:
-        value = Decimal(number)
-    except InvalidOperation:
-        return None
-    if suffix in _BINARY_SUFFIXES:
-        return value * Decimal(1024) ** _BINARY_SUFFIXES[suffix]
-    if suffix in _DECIMAL_SUFFIXES:
-        return value.scaleb(_DECIMAL_SUFFIXES[suffix])
-    if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+-").isdigit():
-        return value.scaleb(int(suffix[1:]))
-    return None
 
 
 def _is_extended(name: str) -> bool:
@@ -194,7 +173,7 @@ def _resource_causes(resources: Any, where: str) -> Causes:
     causes: Causes = []
     for part, values in (("limits", limits), ("requests", requests)):
         for name, raw in values.items():
-            value = quantity_value(str(raw))
+            value = quantity_decimal(str(raw))
             if value is None or not _is_extended(str(name)):
                 continue
             if value < 0:
@@ -218,7 +197,7 @@ def _resource_causes(resources: Any, where: str) -> Causes:
                  "resources")
             )  # fmt: skip
             continue
-        request, limit = quantity_value(str(raw)), quantity_value(str(limits[name]))
+        request, limit = quantity_decimal(str(raw)), quantity_decimal(str(limits[name]))
         if request is not None and limit is not None and request != limit:
             causes.append(
                 (f"{where}.requests", f"Invalid value: {_quoted(raw)}: must be equal to {name} "
@@ -531,7 +510,7 @@ def _quantity_problem(resources: Any) -> str | None:
         for raw in (values or {}).values() if isinstance(values, dict) else ():
             if not isinstance(raw, str | int) or isinstance(raw, bool):
                 return QUANTITY_ERROR
-            if quantity_value(str(raw)) is None:
+            if quantity_decimal(str(raw)) is None:
                 return QUANTITY_ERROR
     return None
 

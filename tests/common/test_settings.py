@@ -27,12 +27,15 @@ from common.settings import (
     BadValueError,
     Declaration,
     Setting,
+    declared,
     env_name,
     names,
     path,
     quantity,
     seconds,
+    setting,
     text,
+    unflagged,
     whole,
 )
 
@@ -145,20 +148,6 @@ def test_help_names_every_variable_and_default(
 
 
 @pytest.mark.parametrize(("part", "setting"), SETTINGS)
-def test_a_default_shown_is_the_default_applied(part: Part, setting: Setting) -> None:
-    if part.settings_class is None or setting.default is None:
-        return
-    (field,) = (f for f in dataclasses.fields(part.settings_class) if f.name == setting.name)
-    if field.default is not dataclasses.MISSING:
-        class_default: Any = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-        class_default = field.default_factory()
-    else:
-        pytest.fail(f"{part.name} --{setting.flag} has a default its Settings field lacks")
-    assert setting.kind(setting.default) == class_default
-
-
-@pytest.mark.parametrize(("part", "setting"), SETTINGS)
 def test_a_bad_value_names_the_flag_and_the_value(part: Part, setting: Setting) -> None:
     if setting.switch or setting.kind in ANY_TEXT:
         return
@@ -188,19 +177,63 @@ class RefusedError(ValueError):
     pass
 
 
-DEMO = Declaration(
-    "demo",
-    "A declaration for these tests.",
-    [
-        Setting("size", "bytes", quantity(), "1Ki", "size_bytes"),
-        Setting("wait", "seconds", seconds(positive=True)),
-        Setting("count", "how many", whole(minimum=1), required="how many to make"),
-        Setting("fast", "go fast", switch=True),
-        Setting("kubeconfig", "kubeconfig", env="KUBECONFIG"),
-        Setting("namespace", "namespace", env=None, aliases=("-n",)),
-    ],
-    error=RefusedError,
-)
+@declared
+class Demo:
+    """Settings for these tests."""
+
+    count: int = setting("count", "how many", whole(minimum=1), required="how many to make")
+    size_bytes: int = setting("size", "bytes", quantity(), default="1Ki")
+    wait: float | None = setting("wait", "seconds", seconds(positive=True), default=None)
+    fast: bool = setting("fast", "go fast", switch=True, default=False)
+    kubeconfig: str | None = setting("kubeconfig", "kubeconfig", env="KUBECONFIG", default=None)
+    namespace: str = setting("namespace", "namespace", env=None, aliases=("-n",), default="")
+    audit_size: int = unflagged(default=7)
+
+
+DEMO = Declaration.of(Demo, "demo", "A declaration for these tests.", error=RefusedError)
+
+
+def test_a_field_is_declared_once_with_its_flag() -> None:
+    assert [(s.flag, s.name) for s in DEMO.settings] == [
+        ("count", "count"),
+        ("size", "size_bytes"),
+        ("wait", "wait"),
+        ("fast", "fast"),
+        ("kubeconfig", "kubeconfig"),
+        ("namespace", "namespace"),
+    ]
+    # The default --help shows is the default the field gets, read by the setting's kind.
+    (size,) = (s for s in DEMO.settings if s.flag == "size")
+    assert size.describe() == "bytes (default 1Ki; env TRITONSHARE_SIZE)"
+    assert Demo(count=1).size_bytes == 1024
+    assert Demo(**DEMO.values(["--count", "1"], {})) == Demo(count=1)
+    assert Demo(**DEMO.values(["--count", "1", "--size", "2Ki"], {})).size_bytes == 2048
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Demo(count=1).count = 2  # type: ignore[misc]
+
+
+def test_a_setting_cannot_be_declared_twice_or_half() -> None:
+    @declared
+    class Twice:
+        a: int = setting("a", "a", whole(), default="1")
+        b: int = setting("a", "b", whole(), default="2")
+
+    with pytest.raises(ValueError, match=r"^x: a flag is declared twice"):
+        Declaration.of(Twice, "x", "", error=RefusedError)
+
+    @declared
+    class Half:
+        a: int = setting("a", "a", whole(), default="1")
+        b: int = 2
+
+    with pytest.raises(TypeError, match=r"^x: Half\.b is declared half: it has no flag"):
+        Declaration.of(Half, "x", "", error=RefusedError)
+    with pytest.raises(ValueError, match=r"^--a: its default '1q' is refused: is not a whole"):
+        setting("a", "a", whole(), default="1q")
+    with pytest.raises(ValueError, match=r"^--a is declared required and with a default"):
+        setting("a", "a", whole(), default="1", required="why")
+    with pytest.raises(TypeError, match=r"^x: Half is not a @declared class"):
+        Declaration.of(type("Half", (), {}), "x", "", error=RefusedError)
 
 
 def test_a_flag_wins_over_its_variable_which_wins_over_the_default() -> None:

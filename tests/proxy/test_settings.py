@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from proxy.__main__ import main
-from proxy.settings import ONE_GIB, SettingsError, parse_settings
+from proxy.settings import SettingsError, parse_settings
+
+ONE_GIB = 1024**3
 
 REQUIRED = ["--model-id", "add_one", "--triton-http-url", "t:8000", "--triton-grpc-url", "t:8001"]
 
