@@ -32,6 +32,12 @@ from /proc (the proxy's own cost, which the noise does not move much). h2load ag
 directly waits on its own small writes in a way a hop in between hides (direct is often slower
 than through the relay), so its c=1 figure is judged against the bare relay only.
 
+Two counters explain the figures rather than judge them: each hop's processes' CPU time per
+call over the python grpc client's calls at c=1 (a call waits for all of a hop's work on it, so a
+hop's added latency follows it, and it moves far less with the box's load than the latency does),
+and `others`, the share of the box's CPU that work outside the benchmark took during each round
+(/proc/stat less this benchmark's processes): the load that widens the intervals.
+
     .venv/bin/python benchmarks/proxy_latency.py [--rounds 5] [--seconds 2] [--hey]
         [--paths floor,relay,grpcio,chain,full] [--save FILE] [--report FILE ...]
         [--native] [--baseline-tree DIR]
@@ -69,6 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 from tritonclient.grpc import service_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -342,6 +349,22 @@ def cpu_seconds(pid: int) -> float:
     return nanoseconds / 1e9
 
 
+def box_cpu_seconds() -> tuple[float, float]:
+    """CPU seconds the whole box and this benchmark (this process, every process under it, and
+    those it has waited for: Triton, the hops, the load generators) have used so far: their
+    difference over a round is the load from outside the benchmark, other work on a shared box,
+    which is what widens the intervals (/proc/stat; steal time, the hypervisor's, is left out)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+    box = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    me = psutil.Process()
+    own = sum(me.cpu_times()[:4])  # user, system, and the children's it waited for
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+            own += sum(child.cpu_times()[:4])
+    return box, own
+
+
 def wrk(address: str, concurrency: int, seconds: float, script: Path) -> tuple[float, float]:
     """(median latency in ms, requests per second) of one wrk run."""
     out = subprocess.run(
@@ -441,19 +464,26 @@ def hey(address: str, seconds: float, body: Path) -> float:
     return 1000 / float(rate[1])
 
 
-def grpc_client_latency(address: str, request: bytes, seconds: float) -> float:
+def grpc_client_latency(
+    address: str, request: bytes, seconds: float, pids: Sequence[int] = ()
+) -> tuple[float, list[float]]:
     """Median latency in ms of back-to-back ModelInfer calls from one blocking grpc client: a
-    second view of gRPC at concurrency 1, since h2load times HTTP/2 streams, not gRPC calls."""
+    second view of gRPC at concurrency 1, since h2load times HTTP/2 streams, not gRPC calls.
+    With it, the CPU time per call in us of each process of `pids` over the same calls."""
     times = []
     with grpc.insecure_channel(address) as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", None, None)
         call(request, timeout=10)
+        before = [cpu_seconds(pid) for pid in pids]
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             started = time.perf_counter()
             call(request, timeout=10)
             times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+        spent = [
+            (cpu_seconds(pid) - b) / len(times) * 1e6 for pid, b in zip(pids, before, strict=True)
+        ]
+    return statistics.median(times) * 1000, spent
 
 
 def check_grpc(address: str, request: bytes) -> None:
@@ -513,7 +543,14 @@ class Loads:
         elif measure == "h2c1":
             record(measure, name, h2load(hop.grpc, 1, self.seconds, self.framed, self.log)[0])
         elif measure == "grpc1":
-            record(measure, name, grpc_client_latency(hop.grpc, self.message, self.seconds))
+            # With the CPU each of the hop's processes spent per call: at c=1 a call waits for
+            # every hop's work on it, so a hop's added latency is mostly this, and it does not
+            # move with the box's noise as the latency does (the explaining counter of issue 25).
+            pids = [pid for _, pid in hop.cpu]
+            latency, per_calls = grpc_client_latency(hop.grpc, self.message, self.seconds, pids)
+            record(measure, name, latency)
+            for index, ((process, _), per_call) in enumerate(zip(hop.cpu, per_calls, strict=True)):
+                record("grpc1cpu", name if index == 0 else f"{name}:{process}", per_call)
         else:
             before = [cpu_seconds(pid) for _, pid in hop.cpu]
             if measure == "rest16":
@@ -613,6 +650,13 @@ def report(results: Results, rounds: int, seconds: float) -> None:
         f"Triton directly and every hop back to back; medians over rounds of per-round figures; "
         f"cpus={os.cpu_count()}"
     )
+    if ("others", "box") in results:
+        others = results[("others", "box")]
+        print(
+            f"others: work outside this benchmark took {statistics.median(others):.0%} of the "
+            f"box's CPU during the rounds (rounds {min(others):.0%} .. {max(others):.0%}); "
+            "the more, the wider the intervals"
+        )
     for title, measure, names, added_target, kept_target, floor_target in _ROWS:
         if (measure, "direct") not in results:
             continue
@@ -662,7 +706,7 @@ def report(results: Results, rounds: int, seconds: float) -> None:
 
 
 def _report_cpu(results: Results) -> None:
-    print("\nCPU time per request at c=16 (the hop's own process, from /proc):")
+    print("\nCPU time per request (the hop's own process, from /proc), at c=16 unless said:")
     for measure in ("restcpu", "grpccpu"):
         names = ["floor", "relay", "grpcio", "baseline", "chain", "full", "chain:proxy"]
         names += ["full:proxy"]
@@ -685,6 +729,16 @@ def _report_cpu(results: Results) -> None:
         if (measure, "relay") in results and (measure, "baseline") in results:
             times = statistics.median(_paired(results, measure, "relay", True, "baseline"))
             print(f"    relay {times:.2f}x the --baseline-tree proxy's CPU (median of rounds)")
+    names = ["floor", "relay", "grpcio", "baseline", "chain", "full", "chain:proxy", "full:proxy"]
+    per_call = [
+        f"{n} {statistics.median(results[('grpc1cpu', n)]):.0f} us"
+        for n in names
+        if ("grpc1cpu", n) in results
+    ]
+    if per_call:
+        # At c=1 a call waits for each hop's work on it: a hop's latency over the bare relay's
+        # follows its CPU over the bare relay's (issue 25: the gateway's gRPC figure).
+        print(f"  gRPC c=1, per call (python grpc client): {', '.join(per_call)}")
     print(
         "  (chain: the bare relay behind the proxy; full: the gateway; chain:proxy, full:proxy: "
         "the proxy in front of them)"
@@ -727,6 +781,17 @@ def _report_gateway(results: Results) -> None:
         if (measure, "chain") in results and (measure, "relay") in results:
             hop = _paired(results, measure, "chain", not latency, "relay")
             print(f"  {'':30} (one bare relay hop behind the proxy: {_figure(hop, latency)})")
+    if ("grpc1cpu", "full") in results and ("grpc1cpu", "chain") in results:
+        # The explaining counter (issue 25): the gateway's CPU per call over the bare relay's in
+        # the same place, next to the latency the gateway adds over that relay.
+        cpu = _paired(results, "grpc1cpu", "full", False, "chain")
+        added = _paired(results, "grpc1", "full", False, "chain")
+        print(
+            f"  gRPC c=1, python grpc client: the gateway's CPU per call "
+            f"{statistics.median(results[('grpc1cpu', 'full')]):.0f} us, "
+            f"{statistics.median(cpu):+.0f} us over the bare relay's behind the proxy, which it "
+            f"adds {statistics.median(added) * 1000:+.0f} us of latency over"
+        )
     print("The gateway's CPU time per request at c=16 (from /proc), per-round ratios:")
     for measure, protocol in (("restcpu", "REST"), ("grpccpu", "gRPC")):
         if (measure, "full") not in results:
@@ -864,6 +929,8 @@ def main() -> int:
                 loads.warm_up(hop, rest=name != "grpcio", with_hey=args.hey)
             turn = 0
             for round_number in range(args.rounds):
+                box, own = box_cpu_seconds()
+                started = time.monotonic()
                 for measure in measures:
                     order = list(hops.items())
                     if turn % 2:
@@ -874,6 +941,10 @@ def main() -> int:
                         if rest and name == "grpcio":
                             continue  # its REST is the relay proxy's code
                         loads.measure(results, measure, name, hop)
+                box_after, own_after = box_cpu_seconds()
+                capacity = (time.monotonic() - started) * (os.cpu_count() or 1)
+                others = max(0.0, (box_after - box) - (own_after - own)) / capacity
+                results.setdefault(("others", "box"), []).append(others)
                 print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
     if args.save is not None:
         figures = {f"{measure} {hop}": values for (measure, hop), values in results.items()}
