@@ -79,7 +79,7 @@ def triton(triton_install: TritonInstall, model_repository: Path) -> Iterator[Tr
     try:
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 @pytest.fixture(autouse=True)

@@ -53,7 +53,7 @@ def served_triton(
                 assert response.status == 200, f"Triton did not load {name}"
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 class RunningProxy(ServedInThread[Proxy]):
