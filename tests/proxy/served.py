@@ -29,6 +29,10 @@ class ServedInThread(Generic[App]):
         try:
             self.loop.run_until_complete(self._serve())
         finally:
+            # Transports closed in the app's last moments end on a later turn (their
+            # connection_lost is scheduled, not called): give them those turns before closing.
+            for _ in range(3):
+                self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.run_until_complete(self.loop.shutdown_default_executor())
             self.loop.close()
