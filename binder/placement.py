@@ -6,19 +6,20 @@ one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAf
 and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus our GPU
 memory score (weight 1, 0..100).
 
-`binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use.
-A GPU's memory score is 100 when it already holds a pod, 2 to 99 when it is empty (the smaller
-the GPU, the higher), and 1 or 0 (used or empty) when it is of the cluster's largest kind
-(within a tenth of the largest GPU's size); a node scores as its best GPU that fits, and among
-equal scores the tightest such block wins, then the first node in name order. So a pod fills a
-used GPU, the tightest, before it opens an empty one; opens the smallest GPU it fits; and takes
-a GPU of the largest kind only when nothing smaller has room. The largest kind is kept whole
-because nothing else can hold the pods only it fits: a small model left beside a big one stays
-when the big one goes, and the next big model finds no block (measured in
-benchmarks/density.py: under churn, any rule that let small models fill the room beside big
-ones refused most big-model replicas). A node's fullness relative to its own size, which
-binpack scored before, made 8-GPU A100 nodes look fullest and fed them small models until no
-big model fitted.
+`binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use,
+on the fewest GPUs (`pack_score` gives the order): a used GPU, the tightest, before an empty one;
+while a GPU size has more than a quarter of its GPUs whole (nothing charged) it has GPUs to
+spare, and its empty GPUs open larger first (fewer GPUs in use); once a size is short, its
+empty GPUs open smaller first and a block that could hold a pod that needs that size is left to
+such pods. The cluster's largest kind (within a tenth of the largest GPU's size) is kept whole
+for the pods only it holds: it is taken last, except the remainder beside a big pod when that
+remainder is smaller than the next kind's GPUs (nothing only the largest kind holds fits there)
+and the largest kind has GPUs to spare. The largest kind is kept because a small model left
+beside a big one stays when the big one goes, and the next big model finds no block: measured
+in benchmarks/density.py, under churn every rule that filled that room whatever the A100s' state
+refused 210 to 485 of 490 big-model replicas on arrival (this rule: 26). A node's fullness
+relative to its own size, which binpack scored before issue 29, made 8-GPU A100 nodes look
+fullest and fed them small models until no big model fitted.
 
 `spread` favours the node with the most free memory relative to its size and its emptiest GPU;
 its ties go to a node chosen by a stable hash of the pod's uid.
@@ -38,18 +39,20 @@ from __future__ import annotations
 
 import math
 import zlib
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from binder.classes import ConstraintClass
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.model import Gpu, ModelKey, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
-from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState
+from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState, IntArray
 from common.contract import Keys
 from common.quantity import format_bytes
 
@@ -143,7 +146,9 @@ def _tie_break(uid: str, count: int) -> int:
     return zlib.crc32(uid.encode()) % count
 
 
-def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> Gpu | None:
+def choose_gpu(
+    state: ClusterState, node: str, request: int, policy: Policy, kinds: Kinds | None = None
+) -> Gpu | None:
     """binpack: the GPU with the best memory score (`pack_score`), then the tightest block;
     spread: the emptiest. Ties go to the lower GPU index."""
     state.arrays()
@@ -158,8 +163,10 @@ def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> 
     if not fitting:
         return None
     if policy == "binpack":
-        top = max(state.largest_usable(), 1)
-        return min(fitting, key=lambda item: (-pack_score(top, item[0], item[1]), *item[1:3]))[3]
+        kinds = kinds or gpu_kinds(state)
+        return min(
+            fitting, key=lambda item: (-pack_score(kinds, item[0], item[1], request), *item[1:3])
+        )[3]
     return min(fitting, key=lambda item: (-item[1], item[2]))[3]
 
 
@@ -289,7 +296,7 @@ def _pack_indexed(
         return None
     top_affinity = max(h[0] for h in heads)
     top_prefer = max(h[1] for h in heads)
-    top = max(state.largest_usable(), 1)
+    kinds = gpu_kinds(state)
     best, best_block, chosen = -math.inf, 0, 0
     for affinity, prefer, size, block, i in heads:
         affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else 0
@@ -297,29 +304,119 @@ def _pack_indexed(
             MAX_SCORE - (prefer * MAX_SCORE) // top_prefer if top_prefer > 0 else MAX_SCORE
         )
         base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
-        score = base + MEMORY_WEIGHT * pack_score(top, size, block)
+        score = base + MEMORY_WEIGHT * pack_score(kinds, size, block, request)
         # Equal scores: the tightest block, then node name order.
         if score > best or (score == best and (block, i) < (best_block, chosen)):
             best, best_block, chosen = score, block, i
-    return _on_node(state, state.names[chosen], request, "binpack", best)
+    return _on_node(state, state.names[chosen], request, "binpack", best, kinds)
 
 
-def pack_score(largest: int, size: int, free: int) -> float:
+WHOLE_SHARE = 4
+"""binpack: a GPU size has GPUs to spare while more than 1/WHOLE_SHARE of its GPUs in the cluster
+are whole (nothing charged). benchmarks/density.py measured shares from 0.15 to 0.5: the static
+fleet on 777 to 861 GPUs, under churn 0.08 to 0.12 % of requested memory unplaced and 5 to 24
+big-model replicas refused that a repack would place; a quarter sits in the middle."""
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """What binpack needs to know of the cluster's GPU sizes, per usable size (ascending)."""
+
+    largest: int
+    """The largest healthy GPU's usable bytes (at least 1)."""
+    sizes: tuple[int, ...]
+    below: tuple[int, ...]
+    """For each size, the largest size under nine tenths of it (0: none): a pod larger than that
+    needs a GPU of this size or more."""
+    spare: tuple[bool, ...]
+    """For each size, whether more than 1/WHOLE_SHARE of its GPUs are whole."""
+
+    def of(self, size: int) -> tuple[int, bool]:
+        """(below, spare) of a size; a size the cluster does not list has neither."""
+        at = bisect_left(self.sizes, size)
+        if at < len(self.sizes) and self.sizes[at] == size:
+            return self.below[at], self.spare[at]
+        return 0, False
+
+
+def gpu_kinds(state: ClusterState) -> Kinds:
+    listed = state.gpu_sizes()
+    below = []
+    for size in listed.sizes:
+        # The sizes ascend: the last one under nine tenths of this one (s * 10 < size * 9), as
+        # sizes within a tenth of each other are one kind.
+        under = bisect_left(listed.sizes, -(-size * 9 // 10))
+        below.append(listed.sizes[under - 1] if under else 0)
+    spare = tuple(
+        whole * WHOLE_SHARE > gpus for gpus, whole in zip(listed.gpus, listed.whole, strict=True)
+    )
+    return Kinds(max(state.largest_usable(), 1), listed.sizes, tuple(below), spare)
+
+
+def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
     """binpack's memory score of a GPU of `size` usable bytes with a `free` block that fits the
-    pod (`largest`: the cluster's largest GPU): 100 used; 2 to 99 empty, the smaller the
-    higher; 1 used or 0 empty for the largest kind. `_best` computes the same, vectorised, with
-    the same operations in the same order (the two paths compare scores for equality)."""
+    pod. A pod goes where it wastes the least of what only bigger pods could use, and opens
+    larger GPUs while their kind has GPUs to spare:
+
+    - 100: a used GPU (the tightest wins ties), unless the next rule keeps its block;
+    - 51 to 99: an empty GPU of a size with GPUs to spare (`Kinds.spare`), the larger the higher
+      (fewest GPUs in use);
+    - 26 to 50: a used GPU whose block is kept for the pods that need its kind: a pod that fits
+      a smaller kind, a block that could hold a pod that does not, a size with none to spare;
+      the smaller the GPU the higher;
+    - 2 to 25: an empty GPU of a size with none to spare, the smaller the higher;
+    - the largest kind (within a tenth of the largest GPU) is kept whole for the pods only it
+      holds: 1 used, 0 empty; except that a used one whose block is smaller than the next
+      kind's GPUs (so nothing only the largest kind holds fits there) scores 100 while its size
+      has GPUs to spare.
+
+    `_best` computes the same, vectorised, with the same operations in the same order (the two
+    paths compare scores for equality)."""
+    largest = kinds.largest
+    below, spare = kinds.of(size)
+    used = free < size
     if size * 10 >= largest * 9:
-        return 1.0 if free < size else 0.0
-    if free < size:
-        return 100.0
-    return 2 + 97 * (largest - size) / largest
+        if used and spare and free < below:
+            return 100.0
+        return 1.0 if used else 0.0
+    if used:
+        if spare or request > below or free < below:
+            return 100.0
+        return 26 + 24 * (largest - size) / largest
+    if spare:
+        return 51 + 48 * size / largest
+    return 2 + 23 * (largest - size) / largest
+
+
+def _pack_scores(
+    kinds: Kinds, size: IntArray, room: IntArray, request: int
+) -> npt.NDArray[np.float64]:
+    """`pack_score` of every GPU of the matrices (-1 where the pod does not fit)."""
+    largest = kinds.largest
+    listed = np.asarray(kinds.sizes or (0,), np.int64)
+    at = np.minimum(np.searchsorted(listed, size), listed.size - 1)
+    known = listed[at] == size
+    below = np.where(known, np.asarray(kinds.below or (0,), np.int64)[at], 0)
+    spare = known & np.asarray(kinds.spare or (False,), np.bool_)[at]
+    used = room < size
+    kept_small = 26 + 24 * (largest - size) / largest
+    score = np.where(spare, 51 + 48 * size / largest, 2 + 23 * (largest - size) / largest)
+    score = np.where(used & ~spare & (request <= below) & (room >= below), kept_small, score)
+    score = np.where(used & (spare | (request > below) | (room < below)), 100.0, score)
+    biggest = np.where(used, np.where(spare & (room < below), 100.0, 1.0), 0.0)
+    score = np.where(size * 10 >= largest * 9, biggest, score)
+    return np.where(room >= request, score, -1.0)
 
 
 def _on_node(
-    state: ClusterState, node: str, request: int, policy: Policy, score: float
+    state: ClusterState,
+    node: str,
+    request: int,
+    policy: Policy,
+    score: float,
+    kinds: Kinds | None = None,
 ) -> Placement:
-    gpu = choose_gpu(state, node, request, policy)
+    gpu = choose_gpu(state, node, request, policy, kinds)
     # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
     assert gpu is not None, f"node {node} was feasible but no GPU fits"
     return Placement(node, gpu, float(score))
@@ -348,29 +445,22 @@ def _best(
     request = pod.request
     base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
     if policy == "binpack":
-        # Each GPU ranked as `pack_score` orders them, in integers: 2L+2 used, L+2-size empty
-        # (L the largest GPU), 1 or 0 for the largest kind, -1 when the pod does not fit; a node
-        # scores as its best GPU, and its tightest block of that rank breaks ties.
+        # Each GPU scored as `pack_score` scores it; a node scores as its best GPU, and its
+        # tightest block of that score breaks ties.
         all_sizes, all_rooms = state.gpu_matrices()
         room = all_rooms[candidates]
-        size = all_sizes[candidates]
-        top = max(state.largest_usable(), 1)
-        used = room < size
-        rank = np.where(used, 2 * top + 2, top + 2 - size)
-        rank = np.where(size * 10 >= top * 9, used, rank)
-        rank = np.where(room >= request, rank, -1)
-        best_rank = rank.max(axis=1)
+        kinds = gpu_kinds(state)
+        gpu_scores = _pack_scores(kinds, all_sizes[candidates], room, request)
+        memory = gpu_scores.max(axis=1)
         unfit = np.iinfo(np.int64).max
-        tightest = np.where(rank == best_rank[:, None], room, unfit).min(axis=1)
-        # The same float operations as `pack_score`, per node.
-        memory = np.where(best_rank == 2 * top + 2, 100.0, 2 + 97 * (best_rank - 2) / top)
-        memory = np.where(best_rank <= 1, best_rank.astype(np.float64), memory)
+        tightest = np.where(gpu_scores == memory[:, None], room, unfit).min(axis=1)
         score = base + MEMORY_WEIGHT * memory
         top_score = score.max()
         # Equal scores: the tightest block, then node name order.
         tied = np.flatnonzero(score == top_score)
         chosen = int(tied[np.argmin(tightest[tied])])
-        return _on_node(state, state.names[int(candidates[chosen])], request, policy, top_score)
+        node = state.names[int(candidates[chosen])]
+        return _on_node(state, node, request, policy, top_score, kinds)
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
     free = state.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity

@@ -39,6 +39,17 @@ CHANGE_LOG_LIMIT = 1 << 16
 """Logged node changes kept for the free-memory indexes; past it they are rebuilt on next use."""
 
 
+@dataclass(frozen=True)
+class GpuSizes:
+    """The cluster's healthy GPUs grouped by usable size (ascending): for binpack's scoring."""
+
+    sizes: tuple[int, ...]
+    gpus: tuple[int, ...]
+    """GPUs of each size."""
+    whole: tuple[int, ...]
+    """Of those, the GPUs nothing is charged to (their free block is their whole size)."""
+
+
 @dataclass
 class _Account:
     """Where one pod's request is charged."""
@@ -85,6 +96,10 @@ class ClusterState:
         self._gpu_room: IntArray = np.full((0, 1), -1, np.int64)
         self._stale_rows: set[int] = set()
         """Rows of those matrices behind `gpu_blocks`: written only when `gpu_matrices` is read."""
+        self._gpus_of_size: Counter[int] = Counter()
+        self._whole_of_size: Counter[int] = Counter()
+        """Over `gpu_blocks`: healthy GPUs per usable size, and those of them with nothing taken
+        (free block = size), kept as blocks change so `gpu_sizes` costs no pass over the GPUs."""
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -359,9 +374,31 @@ class ClusterState:
         ):
             self.free_total[i] = free_total
             self.capacity[i] = capacity
+            if blocks != self.gpu_blocks[i]:
+                self._count_sizes(self.gpu_blocks[i], -1)
+                self._count_sizes(blocks, 1)
             self.gpu_blocks[i] = blocks
             self._stale_rows.add(i)
             self._changes.append(i)
+
+    def _count_sizes(self, blocks: Blocks, sign: int) -> None:
+        for size, free in blocks:
+            if size <= 0:
+                continue  # an unhealthy GPU offers nothing
+            self._gpus_of_size[size] += sign
+            self._whole_of_size[size] += sign * (free == size)
+            if not self._gpus_of_size[size]:
+                del self._gpus_of_size[size], self._whole_of_size[size]
+
+    def gpu_sizes(self) -> GpuSizes:
+        """The cluster's healthy GPUs by usable size: how many, and how many hold nothing."""
+        self.arrays()
+        sizes = sorted(self._gpus_of_size)
+        return GpuSizes(
+            tuple(sizes),
+            tuple(self._gpus_of_size[size] for size in sizes),
+            tuple(self._whole_of_size[size] for size in sizes),
+        )
 
     def gpu_matrices(self) -> tuple[IntArray, IntArray]:
         """`gpu_blocks` as two matrices, a row per node: each GPU's usable size (0 past the
@@ -399,6 +436,8 @@ class ClusterState:
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
         self.gpu_blocks = [()] * count
+        self._gpus_of_size.clear()
+        self._whole_of_size.clear()
         self._gpu_size = np.zeros((count, 1), np.int64)
         self._gpu_room = np.full((count, 1), -1, np.int64)
         self._stale_rows.clear()
@@ -445,6 +484,7 @@ class ClusterState:
         self.free_total = np.delete(self.free_total, position)
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
+        self._count_sizes(self.gpu_blocks[position], -1)
         del self.gpu_blocks[position]
         self._gpu_size = np.delete(self._gpu_size, position, axis=0)
         self._gpu_room = np.delete(self._gpu_room, position, axis=0)
