@@ -43,6 +43,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -52,7 +53,14 @@ from binder.classes import ConstraintClass
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.model import Gpu, ModelKey, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
-from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState, IntArray
+from binder.state import (
+    GPUS_NONE,
+    GPUS_OK,
+    GPUS_UNREADABLE,
+    ClusterState,
+    GpuSizes,
+    IntArray,
+)
 from common.contract import Keys
 from common.quantity import format_bytes
 
@@ -331,16 +339,14 @@ class Kinds:
     spare: tuple[bool, ...]
     """For each size, whether more than 1/WHOLE_SHARE of its GPUs are whole."""
 
-    def of(self, size: int) -> tuple[int, bool]:
-        """(below, spare) of a size; a size the cluster does not list has neither."""
-        at = bisect_left(self.sizes, size)
-        if at < len(self.sizes) and self.sizes[at] == size:
-            return self.below[at], self.spare[at]
-        return 0, False
-
 
 def gpu_kinds(state: ClusterState) -> Kinds:
-    listed = state.gpu_sizes()
+    return _kinds(state.gpu_sizes(), max(state.largest_usable(), 1))
+
+
+@lru_cache(maxsize=16)
+def _kinds(listed: GpuSizes, largest: int) -> Kinds:
+    """Kept while no GPU changes size or turns whole or used (most charges change neither)."""
     below = []
     for size in listed.sizes:
         # The sizes ascend: the last one under nine tenths of this one (s * 10 < size * 9), as
@@ -350,7 +356,7 @@ def gpu_kinds(state: ClusterState) -> Kinds:
     spare = tuple(
         whole * WHOLE_SHARE > gpus for gpus, whole in zip(listed.gpus, listed.whole, strict=True)
     )
-    return Kinds(max(state.largest_usable(), 1), listed.sizes, tuple(below), spare)
+    return Kinds(largest, listed.sizes, tuple(below), spare)
 
 
 def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
@@ -370,42 +376,41 @@ def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
       kind's GPUs (so nothing only the largest kind holds fits there) scores 100 while its size
       has GPUs to spare.
 
-    `_best` computes the same, vectorised, with the same operations in the same order (the two
-    paths compare scores for equality)."""
-    largest = kinds.largest
-    below, spare = kinds.of(size)
-    used = free < size
+    `_best` reads the same per-size scores (`_size_scores`) for every GPU at once."""
+    at = bisect_left(kinds.sizes, size)
+    if at == len(kinds.sizes) or kinds.sizes[at] != size:
+        return -1.0  # not a healthy GPU of the cluster: it fits nothing
+    empty, used_small, used_large = _size_scores(kinds, at, request)
+    if free == size:
+        return empty
+    return used_small if free < kinds.below[at] else used_large
+
+
+def _size_scores(kinds: Kinds, at: int, request: int) -> tuple[float, float, float]:
+    """`pack_score` of the `at`-th size's GPUs: (empty, used with a block smaller than the next
+    kind's GPUs, used with a larger block)."""
+    largest, size, below, spare = kinds.largest, kinds.sizes[at], kinds.below[at], kinds.spare[at]
     if size * 10 >= largest * 9:
-        if used and spare and free < below:
-            return 100.0
-        return 1.0 if used else 0.0
-    if used:
-        if spare or request > below or free < below:
-            return 100.0
-        return 26 + 24 * (largest - size) / largest
-    if spare:
-        return 51 + 48 * size / largest
-    return 2 + 23 * (largest - size) / largest
+        return 0.0, (100.0 if spare else 1.0), 1.0
+    empty = 51 + 48 * size / largest if spare else 2 + 23 * (largest - size) / largest
+    # A block that could hold a pod that needs this kind is left to such pods while the kind is
+    # short, unless this pod needs the kind itself.
+    kept = not spare and request <= below
+    return empty, 100.0, (26 + 24 * (largest - size) / largest if kept else 100.0)
 
 
 def _pack_scores(
     kinds: Kinds, size: IntArray, room: IntArray, request: int
 ) -> npt.NDArray[np.float64]:
     """`pack_score` of every GPU of the matrices (-1 where the pod does not fit)."""
-    largest = kinds.largest
-    listed = np.asarray(kinds.sizes or (0,), np.int64)
-    at = np.minimum(np.searchsorted(listed, size), listed.size - 1)
-    known = listed[at] == size
-    below = np.where(known, np.asarray(kinds.below or (0,), np.int64)[at], 0)
-    spare = known & np.asarray(kinds.spare or (False,), np.bool_)[at]
-    used = room < size
-    kept_small = 26 + 24 * (largest - size) / largest
-    score = np.where(spare, 51 + 48 * size / largest, 2 + 23 * (largest - size) / largest)
-    score = np.where(used & ~spare & (request <= below) & (room >= below), kept_small, score)
-    score = np.where(used & (spare | (request > below) | (room < below)), 100.0, score)
-    biggest = np.where(used, np.where(spare & (room < below), 100.0, 1.0), 0.0)
-    score = np.where(size * 10 >= largest * 9, biggest, score)
-    return np.where(room >= request, score, -1.0)
+    if not kinds.sizes:
+        return np.full(size.shape, -1.0)
+    table = np.array([_size_scores(kinds, at, request) for at in range(len(kinds.sizes))])
+    at = np.minimum(np.searchsorted(kinds.sizes, size), len(kinds.sizes) - 1)
+    below = np.asarray(kinds.below, np.int64)[at]
+    column = np.where(room >= size, 0, np.where(room < below, 1, 2))
+    scores = table[at, column]
+    return np.where(room >= request, scores, -1.0)
 
 
 def _on_node(

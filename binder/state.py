@@ -100,6 +100,7 @@ class ClusterState:
         self._whole_of_size: Counter[int] = Counter()
         """Over `gpu_blocks`: healthy GPUs per usable size, and those of them with nothing taken
         (free block = size), kept as blocks change so `gpu_sizes` costs no pass over the GPUs."""
+        self._sizes: GpuSizes | None = None
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -374,31 +375,38 @@ class ClusterState:
         ):
             self.free_total[i] = free_total
             self.capacity[i] = capacity
-            if blocks != self.gpu_blocks[i]:
-                self._count_sizes(self.gpu_blocks[i], -1)
-                self._count_sizes(blocks, 1)
+            self._recount(self.gpu_blocks[i], blocks)
             self.gpu_blocks[i] = blocks
             self._stale_rows.add(i)
             self._changes.append(i)
 
-    def _count_sizes(self, blocks: Blocks, sign: int) -> None:
-        for size, free in blocks:
-            if size <= 0:
-                continue  # an unhealthy GPU offers nothing
-            self._gpus_of_size[size] += sign
-            self._whole_of_size[size] += sign * (free == size)
-            if not self._gpus_of_size[size]:
-                del self._gpus_of_size[size], self._whole_of_size[size]
+    def _recount(self, old: Blocks, new: Blocks) -> None:
+        """Follow the per-size counts from a node's old blocks to its new ones. Most charges
+        leave every GPU as whole or as used as it was: then nothing changes, and the
+        `gpu_sizes` answer (and binpack's reading of it) is kept."""
+        before = [(size, free == size) for size, free in old if size > 0]
+        after = [(size, free == size) for size, free in new if size > 0]
+        if before == after:
+            return  # unhealthy GPUs (size 0) offer nothing and are not counted
+        for sign, gpus in ((-1, before), (1, after)):
+            for size, whole in gpus:
+                self._gpus_of_size[size] += sign
+                self._whole_of_size[size] += sign * whole
+                if not self._gpus_of_size[size]:
+                    del self._gpus_of_size[size], self._whole_of_size[size]
+        self._sizes = None
 
     def gpu_sizes(self) -> GpuSizes:
         """The cluster's healthy GPUs by usable size: how many, and how many hold nothing."""
         self.arrays()
-        sizes = sorted(self._gpus_of_size)
-        return GpuSizes(
-            tuple(sizes),
-            tuple(self._gpus_of_size[size] for size in sizes),
-            tuple(self._whole_of_size[size] for size in sizes),
-        )
+        if self._sizes is None:
+            sizes = sorted(self._gpus_of_size)
+            self._sizes = GpuSizes(
+                tuple(sizes),
+                tuple(self._gpus_of_size[size] for size in sizes),
+                tuple(self._whole_of_size[size] for size in sizes),
+            )
+        return self._sizes
 
     def gpu_matrices(self) -> tuple[IntArray, IntArray]:
         """`gpu_blocks` as two matrices, a row per node: each GPU's usable size (0 past the
@@ -438,6 +446,7 @@ class ClusterState:
         self.gpu_blocks = [()] * count
         self._gpus_of_size.clear()
         self._whole_of_size.clear()
+        self._sizes = None
         self._gpu_size = np.zeros((count, 1), np.int64)
         self._gpu_room = np.full((count, 1), -1, np.int64)
         self._stale_rows.clear()
@@ -484,7 +493,7 @@ class ClusterState:
         self.free_total = np.delete(self.free_total, position)
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
-        self._count_sizes(self.gpu_blocks[position], -1)
+        self._recount(self.gpu_blocks[position], ())
         del self.gpu_blocks[position]
         self._gpu_size = np.delete(self._gpu_size, position, axis=0)
         self._gpu_room = np.delete(self._gpu_room, position, axis=0)
