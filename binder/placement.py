@@ -7,19 +7,20 @@ and TaintToleration (weight 3), each normalised to 0..100 over the feasible node
 memory score (weight 1, 0..100).
 
 `binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use,
-on the fewest GPUs (`pack_score` gives the order): a used GPU, the tightest, before an empty one;
-while a GPU size has more than a quarter of its GPUs whole (nothing charged) it has GPUs to
-spare, and its empty GPUs open larger first (fewer GPUs in use); once a size is short, its
-empty GPUs open smaller first and a block that could hold a pod that needs that size is left to
-such pods. The cluster's largest kind (within a tenth of the largest GPU's size) is kept whole
-for the pods only it holds: it is taken last, except the remainder beside a big pod when that
-remainder is smaller than the next kind's GPUs (nothing only the largest kind holds fits there)
-and the largest kind has GPUs to spare. The largest kind is kept because a small model left
-beside a big one stays when the big one goes, and the next big model finds no block: measured
-in benchmarks/density.py, under churn every rule that filled that room whatever the A100s' state
-refused 210 to 485 of 490 big-model replicas on arrival (this rule: 26). A node's fullness
-relative to its own size, which binpack scored before issue 29, made 8-GPU A100 nodes look
-fullest and fed them small models until no big model fitted.
+on the fewest GPUs (`pack_score` gives the order): a used GPU, the tightest, before an empty one.
+A GPU size has GPUs to spare while more than two fifths of its GPUs in the cluster could take a
+pod that needs that size (`SPARE_SHARE`); then its empty GPUs open larger first (fewer GPUs in
+use). Once a size is short, its empty GPUs open smaller first, and a block that could hold a pod
+that needs that size is left to such pods. The cluster's largest kind (within a tenth of the
+largest GPU's size) is kept whole for the pods only it holds: it is taken last, except the
+remainder beside a big pod when that remainder is smaller than the next kind's GPUs (nothing
+only the largest kind holds fits there) while more than two fifths of the largest kind are
+whole. The largest kind is kept because a small model left beside a big one stays when the big
+one goes, and the next big model finds no block: measured in benchmarks/density.py, under churn
+every rule that filled that room whatever the A100s' state refused 210 to 485 of 490 big-model
+replicas on arrival (this rule: 30). A node's fullness relative to its own size, which binpack
+scored before issue 29, made 8-GPU A100 nodes look fullest and fed them small models until no
+big model fitted.
 
 `spread` favours the node with the most free memory relative to its size and its emptiest GPU;
 its ties go to a node chosen by a stable hash of the pod's uid.
@@ -43,7 +44,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
@@ -58,7 +59,6 @@ from binder.state import (
     GPUS_OK,
     GPUS_UNREADABLE,
     ClusterState,
-    GpuSizes,
     IntArray,
 )
 from common.contract import Keys
@@ -319,11 +319,13 @@ def _pack_indexed(
     return _on_node(state, state.names[chosen], request, "binpack", best, kinds)
 
 
-WHOLE_SHARE = 4
-"""binpack: a GPU size has GPUs to spare while more than 1/WHOLE_SHARE of its GPUs in the cluster
-are whole (nothing charged). benchmarks/density.py measured shares from 0.15 to 0.5: the static
-fleet on 777 to 861 GPUs, under churn 0.08 to 0.12 % of requested memory unplaced and 5 to 24
-big-model replicas refused that a repack would place; a quarter sits in the middle."""
+SPARE_SHARE = Fraction(2, 5)
+"""binpack: a GPU size has GPUs to spare while more than this share of its GPUs in the cluster
+could take a pod that needs that size: for the largest kind, whole GPUs (a big model needs a
+whole one); for the others, GPUs with a block at least the next kind's size. Measured in
+benchmarks/density.py (seeds 29 and 7, "Choosing the rule" in docs/binder.md): at 1/4 the static
+fleet packs onto 799 GPUs but churn refuses up to 77 big-model replicas; at 2/5, 834 GPUs and
+30 to 36 refused, as many as issue 29's second rule (23 to 36)."""
 
 
 @dataclass(frozen=True)
@@ -334,29 +336,21 @@ class Kinds:
     """The largest healthy GPU's usable bytes (at least 1)."""
     sizes: tuple[int, ...]
     below: tuple[int, ...]
-    """For each size, the largest size under nine tenths of it (0: none): a pod larger than that
-    needs a GPU of this size or more."""
+    """For each size, the next kind's (`GpuSizes.below`)."""
     spare: tuple[bool, ...]
-    """For each size, whether more than 1/WHOLE_SHARE of its GPUs are whole."""
+    """For each size, whether it has GPUs to spare (`SPARE_SHARE`)."""
 
 
 def gpu_kinds(state: ClusterState) -> Kinds:
-    return _kinds(state.gpu_sizes(), max(state.largest_usable(), 1))
-
-
-@lru_cache(maxsize=16)
-def _kinds(listed: GpuSizes, largest: int) -> Kinds:
-    """Kept while no GPU changes size or turns whole or used (most charges change neither)."""
-    below = []
-    for size in listed.sizes:
-        # The sizes ascend: the last one under nine tenths of this one (s * 10 < size * 9), as
-        # sizes within a tenth of each other are one kind.
-        under = bisect_left(listed.sizes, -(-size * 9 // 10))
-        below.append(listed.sizes[under - 1] if under else 0)
+    listed = state.gpu_sizes()
+    largest = max(state.largest_usable(), 1)
     spare = tuple(
-        whole * WHOLE_SHARE > gpus for gpus, whole in zip(listed.gpus, listed.whole, strict=True)
+        (whole if size * 10 >= largest * 9 else roomy) > gpus * SPARE_SHARE
+        for size, gpus, whole, roomy in zip(
+            listed.sizes, listed.gpus, listed.whole, listed.roomy, strict=True
+        )
     )
-    return Kinds(largest, listed.sizes, tuple(below), spare)
+    return Kinds(largest, listed.sizes, listed.below, spare)
 
 
 def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
@@ -368,8 +362,8 @@ def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
     - 51 to 99: an empty GPU of a size with GPUs to spare (`Kinds.spare`), the larger the higher
       (fewest GPUs in use);
     - 26 to 50: a used GPU whose block is kept for the pods that need its kind: a pod that fits
-      a smaller kind, a block that could hold a pod that does not, a size with none to spare;
-      the smaller the GPU the higher;
+      a smaller kind, a block at least the next kind's size, a size with none to spare; the
+      smaller the GPU the higher;
     - 2 to 25: an empty GPU of a size with none to spare, the smaller the higher;
     - the largest kind (within a tenth of the largest GPU) is kept whole for the pods only it
       holds: 1 used, 0 empty; except that a used one whose block is smaller than the next

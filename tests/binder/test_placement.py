@@ -280,7 +280,8 @@ def test_binpack_takes_the_smallest_gpu_kind_that_fits_when_no_kind_has_gpus_to_
     state = cluster(
         node_obj("a", [80 * GI] * 8), node_obj("b", [24 * GI] * 4), node_obj("c", [16 * GI] * 4)
     )
-    # A quarter of each kind whole (one GPU in four, one in eight): none to spare.
+    # One A100 in eight whole, one L4 in four with room for a model only an L4 holds: not more
+    # than two fifths, none to spare.
     for gpu in range(1, 8):  # the A100 node is the fullest node, but its free GPU the largest
         bind(state, f"llm-{gpu}", "a", gpu, "76Gi")
     for gpu in range(1, 4):
@@ -297,9 +298,10 @@ def test_binpack_takes_the_smallest_gpu_kind_that_fits_when_no_kind_has_gpus_to_
 
 def test_binpack_opens_the_larger_gpus_while_their_kind_has_gpus_to_spare() -> None:
     """Issue 29's second rule opened the smallest GPU first whatever was free: the static fleet of
-    benchmarks/density.py then used 742 T4s, four times as many GPUs as a first-fit-decreasing
-    repack. While more than a quarter of a kind's GPUs are whole, binpack opens the larger
-    ones (fewer GPUs in use); the A100s stay kept for the pods only they hold."""
+    benchmarks/density.py then used 742 T4s and 1,000 GPUs in all, where first-fit decreasing
+    used 576. While more than two fifths of a kind's GPUs have room for a model that needs the
+    kind, binpack opens the larger ones (fewer GPUs in use); the A100s stay kept for the pods
+    only they hold."""
     state = cluster(
         node_obj("a100-0", [80 * GI] * 8),
         node_obj("l4-0", [24 * GI] * 4),
@@ -307,7 +309,8 @@ def test_binpack_opens_the_larger_gpus_while_their_kind_has_gpus_to_spare() -> N
     )
     for budget in (None, 0):
         assert placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget).node == "l4-0"
-    # Three L4s of four used: one whole is not more than a quarter, the T4s open now.
+    # Three L4s of four hold 22Gi: one with room for an L4 model is not more than two fifths,
+    # the T4s open now.
     for gpu in range(3):
         bind(state, f"whisper-{gpu}", "l4-0", gpu, "22Gi")
     for budget in (None, 0):
@@ -335,9 +338,9 @@ def test_a_small_model_leaves_the_block_an_l4_model_needs_when_l4s_are_short() -
 def test_small_models_fill_the_room_beside_an_llm_only_while_a100s_are_to_spare() -> None:
     """Beside a 70Gi LLM, 10Gi is left: less than a T4, so nothing only an A100 holds fits
     there, and leaving it empty wasted 1,081 GiB of A100 memory on benchmarks/density.py's
-    static fleet. A small model takes it while more than a quarter of the A100s are whole, so
-    the next LLM still finds one; once they are short it does not, as what it leaves behind
-    when the LLM goes would split the block the next LLM needs."""
+    static fleet. A small model takes it while more than two fifths of the A100s are whole, so
+    the next LLM still finds one; once they are short (two fifths whole or fewer) it does not,
+    as what it leaves behind when the LLM goes would split the block the next LLM needs."""
     a100 = {"gpu": "a100"}
     state = cluster(
         node_obj("a100-0", [80 * GI] * 8, labels=a100), node_obj("t4-0", [16 * GI]), reserve=0
@@ -346,7 +349,7 @@ def test_small_models_fill_the_room_beside_an_llm_only_while_a100s_are_to_spare(
     for budget in (None, 0):
         choice = placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget)
         assert choice.gpu.uuid == "GPU-a100-0-0"
-    for gpu in range(1, 6):  # two A100s of eight whole: a quarter, none to spare
+    for gpu in range(1, 6):  # two A100s of eight whole: not more than two fifths
         bind(state, f"llm-{gpu}", "a100-0", gpu, "70Gi")
     for budget in (None, 0):
         assert placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget).node == "t4-0"

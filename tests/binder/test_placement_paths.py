@@ -134,6 +134,14 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
     assert counted.sizes == tuple(sorted({size for size, _ in healthy}))
     assert counted.gpus == tuple(sum(s == size for s, _ in healthy) for size in counted.sizes)
     assert counted.whole == tuple(sum(b == (size, size) for b in healthy) for size in counted.sizes)
+    below = [
+        max((s for s in counted.sizes if s * 10 < size * 9), default=0) for size in counted.sizes
+    ]
+    assert counted.below == tuple(below)
+    assert counted.roomy == tuple(
+        sum(s == size and free >= under for s, free in healthy)
+        for size, under in zip(counted.sizes, below, strict=True)
+    )
 
 
 def random_spec(rng: random.Random) -> dict[str, Any]:
