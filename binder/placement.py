@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import math
 import zlib
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -59,6 +58,7 @@ from binder.state import (
     GPUS_OK,
     GPUS_UNREADABLE,
     ClusterState,
+    GpuSizes,
     IntArray,
 )
 from common.contract import Keys
@@ -171,10 +171,8 @@ def choose_gpu(
     if not fitting:
         return None
     if policy == "binpack":
-        kinds = kinds or gpu_kinds(state)
-        return min(
-            fitting, key=lambda item: (-pack_score(kinds, item[0], item[1], request), *item[1:3])
-        )[3]
+        by_size = _scores_by_size(kinds or gpu_kinds(state), request)
+        return min(fitting, key=lambda item: (-_score_of(by_size, item[0], item[1]), *item[1:3]))[3]
     return min(fitting, key=lambda item: (-item[1], item[2]))[3]
 
 
@@ -305,6 +303,7 @@ def _pack_indexed(
     top_affinity = max(h[0] for h in heads)
     top_prefer = max(h[1] for h in heads)
     kinds = gpu_kinds(state)
+    by_size = _scores_by_size(kinds, request)
     best, best_block, chosen = -math.inf, 0, 0
     for affinity, prefer, size, block, i in heads:
         affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else 0
@@ -312,14 +311,14 @@ def _pack_indexed(
             MAX_SCORE - (prefer * MAX_SCORE) // top_prefer if top_prefer > 0 else MAX_SCORE
         )
         base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
-        score = base + MEMORY_WEIGHT * pack_score(kinds, size, block, request)
+        score = base + MEMORY_WEIGHT * _score_of(by_size, size, block)
         # Equal scores: the tightest block, then node name order.
         if score > best or (score == best and (block, i) < (best_block, chosen)):
             best, best_block, chosen = score, block, i
     return _on_node(state, state.names[chosen], request, "binpack", best, kinds)
 
 
-SPARE_SHARE = Fraction(2, 5)
+SPARE_SHARE = 0.4
 """binpack: a GPU size has GPUs to spare while more than this share of its GPUs in the cluster
 could take a pod that needs that size: for the largest kind, whole GPUs (a big model needs a
 whole one); for the others, GPUs with a block at least the next kind's size. Measured in
@@ -342,8 +341,12 @@ class Kinds:
 
 
 def gpu_kinds(state: ClusterState) -> Kinds:
-    listed = state.gpu_sizes()
-    largest = max(state.largest_usable(), 1)
+    return _kinds(state.gpu_sizes(), max(state.largest_usable(), 1))
+
+
+@lru_cache(maxsize=16)
+def _kinds(listed: GpuSizes, largest: int) -> Kinds:
+    """Kept while no GPU changes size, or turns whole, used or roomy (most charges do neither)."""
     spare = tuple(
         (whole if size * 10 >= largest * 9 else roomy) > gpus * SPARE_SHARE
         for size, gpus, whole, roomy in zip(
@@ -371,13 +374,29 @@ def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
       has GPUs to spare.
 
     `_best` reads the same per-size scores (`_size_scores`) for every GPU at once."""
-    at = bisect_left(kinds.sizes, size)
-    if at == len(kinds.sizes) or kinds.sizes[at] != size:
+    return _score_of(_scores_by_size(kinds, request), size, free)
+
+
+BySize = dict[int, tuple[int, float, float, float]]
+"""Per usable size: (the next kind's size, and `_size_scores`) for one pod."""
+
+
+def _scores_by_size(kinds: Kinds, request: int) -> BySize:
+    """Each size's scores for one pod, computed once per decision (a cluster has a few sizes)."""
+    return {
+        size: (kinds.below[at], *_size_scores(kinds, at, request))
+        for at, size in enumerate(kinds.sizes)
+    }
+
+
+def _score_of(by_size: BySize, size: int, free: int) -> float:
+    scores = by_size.get(size)
+    if scores is None:
         return -1.0  # not a healthy GPU of the cluster: it fits nothing
-    empty, used_small, used_large = _size_scores(kinds, at, request)
+    below, empty, used_small, used_large = scores
     if free == size:
         return empty
-    return used_small if free < kinds.below[at] else used_large
+    return used_small if free < below else used_large
 
 
 def _size_scores(kinds: Kinds, at: int, request: int) -> tuple[float, float, float]:

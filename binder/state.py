@@ -399,9 +399,20 @@ class ClusterState:
             self._changes.append(i)
 
     def _recount(self, old: Blocks, new: Blocks) -> None:
-        """Follow the per-size counts from a node's old blocks to its new ones (one charge: one
-        GPU's block)."""
+        """Follow the per-size counts from a node's old blocks to its new ones. A charge changes
+        one GPU's block and seldom turns it whole, used, or roomy: then the counts and the
+        `gpu_sizes` answer are kept as they are."""
         below = self._below
+        if below is not None and len(old) == len(new):
+            changed = [(was, now) for was, now in zip(old, new, strict=True) if was != now]
+            if all(
+                was[0] == now[0]
+                and was[0] in below
+                and (was[1] == was[0]) == (now[1] == now[0])
+                and (was[1] >= below[was[0]]) == (now[1] >= below[now[0]])
+                for was, now in changed
+            ):
+                return  # no GPU changed size, wholeness or room (unhealthy ones are size 0)
         for sign, blocks in ((-1, old), (1, new)):
             for size, free in blocks:
                 if size <= 0:
