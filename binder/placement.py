@@ -42,7 +42,7 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -327,6 +327,12 @@ fleet packs onto 799 GPUs but churn refuses up to 77 big-model replicas; at 2/5,
 30 to 36 refused, as many as issue 29's second rule (23 to 36)."""
 
 
+BySize = dict[int, tuple[int, float, float, float]]
+"""Per usable size: (the next kind's size, and `_size_scores`) for one pod."""
+BY_REQUEST_KEPT = 64
+"""Requests whose per-size scores `Kinds` keeps (then it starts again): bounds that cache."""
+
+
 @dataclass(frozen=True)
 class Kinds:
     """What binpack needs to know of the cluster's GPU sizes, per usable size (ascending)."""
@@ -338,6 +344,8 @@ class Kinds:
     """For each size, the next kind's (`GpuSizes.below`)."""
     spare: tuple[bool, ...]
     """For each size, whether it has GPUs to spare (`SPARE_SHARE`)."""
+    by_request: dict[int, BySize] = field(default_factory=dict, compare=False, repr=False)
+    """`_scores_by_size` of the requests decided while these kinds held (a few dozen at most)."""
 
 
 def gpu_kinds(state: ClusterState) -> Kinds:
@@ -377,16 +385,19 @@ def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
     return _score_of(_scores_by_size(kinds, request), size, free)
 
 
-BySize = dict[int, tuple[int, float, float, float]]
-"""Per usable size: (the next kind's size, and `_size_scores`) for one pod."""
-
-
 def _scores_by_size(kinds: Kinds, request: int) -> BySize:
-    """Each size's scores for one pod, computed once per decision (a cluster has a few sizes)."""
-    return {
-        size: (kinds.below[at], *_size_scores(kinds, at, request))
-        for at, size in enumerate(kinds.sizes)
-    }
+    """Each size's scores for a pod of this request (a cluster has a few sizes), kept with the
+    kinds: the pods of one Deployment ask alike, and the kinds change only when a GPU turns
+    whole, used or roomy."""
+    scores = kinds.by_request.get(request)
+    if scores is None:
+        if len(kinds.by_request) >= BY_REQUEST_KEPT:
+            kinds.by_request.clear()
+        scores = kinds.by_request[request] = {
+            size: (kinds.below[at], *_size_scores(kinds, at, request))
+            for at, size in enumerate(kinds.sizes)
+        }
+    return scores
 
 
 def _score_of(by_size: BySize, size: int, free: int) -> float:
