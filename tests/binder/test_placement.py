@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from binder.model import effective_request, lease_expiry, node_from_api, pod_from_api
-from binder.placement import Placement, Unschedulable, explain, place
+from binder.placement import (
+    BY_REQUEST_KEPT,
+    Placement,
+    Unschedulable,
+    explain,
+    gpu_kinds,
+    place,
+)
 from binder.state import ClusterState
 from common.contract import Keys
 from common.quantity import QuantityError
@@ -514,3 +521,13 @@ def test_the_proof_of_concepts_key_prefix_reads_its_own_names() -> None:
     annotations["seldon.io/trtis-gpus"] = annotations.pop(KEYS.gpus)
     assert len(node_from_api(node, poc).gpus) == 1
     assert node_from_api(node, KEYS).gpus == ()
+
+
+def test_pods_of_many_distinct_requests_keep_binpacks_per_request_scores_bounded() -> None:
+    """binpack keeps each request's per-size scores with the cluster's GPU kinds (the pods of one
+    Deployment ask alike); a tenant creating pods of thousands of distinct requests must not
+    grow that memory without bound."""
+    state = cluster(node_obj("a100-0", [80 * GI] * 8), node_obj("t4-0", [16 * GI] * 4))
+    for mib in range(1, 4 * BY_REQUEST_KEPT):
+        placed(state, pod_obj(f"p{mib}", mem=f"{mib}Mi"))
+        assert len(gpu_kinds(state).by_request) <= BY_REQUEST_KEPT
