@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from common.lifecycle import Lifecycle
 from proxy.app import Proxy
 from proxy.http2 import frames as f
 from proxy.settings import Settings
@@ -61,23 +62,30 @@ class RunningProxy(ServedInThread[Proxy]):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._stop = asyncio.Event()
+        self._lifecycle = Lifecycle(
+            cleanup_timeout=settings.drain_seconds
+            + settings.finish_timeout_seconds
+            + settings.agent_timeout_seconds
+            + 10.0
+        )
         super().__init__("proxy")
         self.proxy = self.app
 
     async def _serve(self) -> None:
-        proxy = Proxy.build(self.settings)
-        try:
-            await proxy.start()
-        except BaseException as e:
-            self._failed(e)
-            raise
-        self._ready(proxy)
-        await self._stop.wait()
-        await proxy.drain_and_stop()
+        proxy = Proxy(self.settings)
+
+        async def start(lifecycle: Lifecycle) -> None:
+            try:
+                await proxy.start(lifecycle)
+            except BaseException as e:
+                self._failed(e)
+                raise
+            self._ready(proxy)
+
+        await self._lifecycle.run(start)
 
     def _request_stop(self) -> None:
-        self._stop.set()
+        self._lifecycle.request_stop("test over")
 
     @property
     def http_url(self) -> str:
