@@ -155,12 +155,17 @@ class Proxy:
         await self.own_model.stop()
 
 
-async def run(settings: Settings) -> int:
-    """Run until SIGTERM/SIGINT, then drain and stop; the process exit code."""
-    return await serve(
-        Proxy(settings),
-        cleanup_timeout=settings.drain_seconds
+def shutdown_seconds(settings: Settings) -> float:
+    """How long stopping may take: the drain period, the in-flight requests' finish timeout and
+    the unload call, with 10 s to spare."""
+    return (
+        settings.drain_seconds
         + settings.finish_timeout_seconds
         + settings.agent_timeout_seconds
-        + 10.0,
+        + 10.0
     )
+
+
+async def run(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT, then drain and stop; the process exit code."""
+    return await serve(Proxy(settings), cleanup_timeout=shutdown_seconds(settings))

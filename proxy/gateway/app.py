@@ -199,6 +199,11 @@ class Gateway:
         await self.tenants.stop()
 
 
+def shutdown_seconds(settings: GatewaySettings) -> float:
+    """How long stopping may take: the in-flight requests' finish timeout, with 10 s to spare."""
+    return settings.finish_timeout_seconds + 10.0
+
+
 async def run(settings: GatewaySettings) -> int:
     """Run until SIGTERM/SIGINT, then stop; the process exit code."""
-    return await serve(Gateway(settings), cleanup_timeout=settings.finish_timeout_seconds + 10.0)
+    return await serve(Gateway(settings), cleanup_timeout=shutdown_seconds(settings))

@@ -16,13 +16,13 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from common.lifecycle import Lifecycle
-from proxy.app import Proxy
+from proxy.app import Proxy, shutdown_seconds
 from proxy.http2 import frames as f
 from proxy.settings import Settings
 from sim.triton import TritonInstall, TritonServer
@@ -62,30 +62,8 @@ class RunningProxy(ServedInThread[Proxy]):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._lifecycle = Lifecycle(
-            cleanup_timeout=settings.drain_seconds
-            + settings.finish_timeout_seconds
-            + settings.agent_timeout_seconds
-            + 10.0
-        )
-        super().__init__("proxy")
+        super().__init__("proxy", partial(Proxy, settings), shutdown_seconds(settings))
         self.proxy = self.app
-
-    async def _serve(self) -> None:
-        proxy = Proxy(self.settings)
-
-        async def start(lifecycle: Lifecycle) -> None:
-            try:
-                await proxy.start(lifecycle)
-            except BaseException as e:
-                self._failed(e)
-                raise
-            self._ready(proxy)
-
-        await self._lifecycle.run(start)
-
-    def _request_stop(self) -> None:
-        self._lifecycle.request_stop("test over")
 
     @property
     def http_url(self) -> str:
