@@ -9,8 +9,9 @@ pieces as it passes (`wire.MessageScan`, inflated in bounded slices under the in
 its last byte, which goes on only once the whole message passed: Triton cannot act on it, or
 inflate it, before. Such a message is never held whole: what the relay holds of it is what the
 stream's window lets the tenant send ahead. A unary call takes a concurrency
-slot once its message passed; on a ModelStreamInfer stream each request message takes one before
-it goes to Triton, and gives it back when Triton's answers end it (`policy.finals`): with none
+slot once its message passed; a ModelStreamInfer stream takes one when it opens, which its
+first request message in flight uses, and each further request message in flight takes one more
+before it goes to Triton, given back when Triton's answers end it (`policy.finals`): with none
 free, the stream's messages wait in its buffer, which its window bounds (the tenant is not
 credited, so it stops sending), for the queue's time. Answers the relay
 gives itself (another model, refused APIs, overload) go on the stream, through the same
@@ -131,25 +132,35 @@ class StreamGate:
         return False
 
     def _take(self, stream: Stream) -> bool:
-        """A slot for the next request message of a stream: the one its waiter got, or a free
-        one; else queue for one (False): the message waits in the stream's buffer."""
+        """A slot for the next request message of a stream: one it holds and no message uses
+        (the one it took when it opened, or one its waiter got), or a free one; else queue for
+        one (False): the message waits in the stream's buffer."""
+        tracker = stream.finals
+        assert tracker is not None
         if stream.limited == HOLDS_SLOT:
             stream.limited = NO_SLOT
-        elif not self._limiter.try_acquire():
-            self.admit(stream)  # queued: `_wait_slot` relays the buffer again with the slot
-            if stream.limited == WAITING:
-                return False
-            stream.limited = NO_SLOT
+            stream.slots += 1
+        if tracker.pending < stream.slots:
+            return True
+        if not self.admit(stream):
+            return False  # queued: `_wait_slot` relays the buffer again with the slot
+        stream.limited = NO_SLOT
         stream.slots += 1
         return True
 
     def answered(self, stream: Stream, requests: int) -> None:
-        """Triton's answers ended `requests` of the stream's request messages: their slots go
-        back (to the oldest waiter first)."""
-        requests = min(requests, stream.slots)
-        stream.slots -= requests
+        """Triton's answers ended `requests` of the stream's request messages: the slots past
+        those still in flight go back (to the oldest waiter first). A stream keeps one while it
+        is open, so a stream holding answers its tenant has not read counts, as it did when a
+        stream counted once: the pod's streams holding anything are at most its limit and
+        queue (`gateway.budget`)."""
+        tracker = stream.finals
+        if not requests or tracker is None:
+            return
+        keep = max(tracker.pending, 1)
         release = self._limiter.release
-        for _ in range(requests):
+        while stream.slots > keep:
+            stream.slots -= 1
             release()
 
     async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
@@ -606,8 +617,10 @@ class StreamGate:
         if stream.limited == HOLDS_SLOT:
             self._limiter.release()
         stream.limited = NO_SLOT
-        if stream.slots:
-            self.answered(stream, stream.slots)
+        release = self._limiter.release
+        while stream.slots:
+            stream.slots -= 1
+            release()
         self._metrics.observe("grpc", stream.route, code, _clock() - started)
 
 

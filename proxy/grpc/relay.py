@@ -488,10 +488,12 @@ class H2Connection(asyncio.Protocol):
             return
         stream.route = kind  # END_STREAM, if there, goes to Triton on the HEADERS frame
         if streaming:
-            stream.finals = Finals()  # each request message takes its own slot (`gate`)
+            stream.finals = Finals()  # each request message in flight holds a slot (`gate`)
         self.streams[sid] = stream
         stream.started = started
         self.relay.channel().open(stream, sent, end_stream)
+        if streaming:
+            self.gate.admit(stream)
 
     def _plan(self, fields: Fields) -> _Plan:
         """The RPC a tenant's request fields call, whether it streams, the fields Triton gets for

@@ -99,10 +99,11 @@ class Stream:
         self.ended = False  # the tenant's END_STREAM is still to be sent on to Triton
         self.passed = False  # a unary call's one message passed the check
         self.limited = NO_SLOT
-        """A unary call's slot; on a stream, a slot taken for the next message (`gate`)."""
+        """A unary call's slot; on a stream, one it took opening or its waiter got, not yet in
+        `slots` (`gate._take`)."""
         self.waiter: asyncio.Future[None] | None = None
-        # ModelStreamInfer: each request message holds a slot of its own from when it goes to
-        # Triton until its last answer (`policy.finals`); `slots` counts them.
+        # ModelStreamInfer: the slots the stream holds, one per request message in flight at
+        # Triton (`policy.finals`) and never fewer than one while it is open (`gate`).
         self.slots = 0
         self.finals: Finals | None = None
         self.responded = False  # the tenant has the response head
