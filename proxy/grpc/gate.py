@@ -301,6 +301,9 @@ class StreamGate:
                 return False
             if not self._take(stream):
                 return False
+            tracker = stream.finals
+            assert tracker is not None
+            tracker.pending += 1  # its slot is its own from its first byte at Triton
         stream.scan = wire.MessageScan(finals.ASK_KEY if stream.streaming else b"")
         if flag:
             stream.inflation = inflation.Inflation(
@@ -417,7 +420,7 @@ class StreamGate:
                 request_id = scan.field(3)
             except wire.WireError:
                 request_id = b""  # Triton refuses it, with one error answer
-            tracker.sent(request_id, scan.watched)
+            tracker.note(request_id, scan.watched)
             last += finals.ASK
         else:
             if stream.passed:  # a second message on a unary call

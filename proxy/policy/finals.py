@@ -104,6 +104,11 @@ class Finals:
     def sent(self, request_id: bytes, asked: bool) -> None:
         """A request message went to Triton; `asked`: its tenant asked for the empty final."""
         self.pending += 1
+        self.note(request_id, asked)
+
+    def note(self, request_id: bytes, asked: bool) -> None:
+        """What a request counted in `pending` before it was read whole (a large message, which
+        holds its slot from its first byte) turned out to be."""
         if asked:
             self._asked[request_id] = self._asked.get(request_id, 0) + 1
             self._asked_total += 1

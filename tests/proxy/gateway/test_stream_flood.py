@@ -47,8 +47,12 @@ FLOOD = 24
 DELAY_MS = 100
 
 
-def infer_message(delay_ms: int, request_id: str) -> bytes:
+def infer_message(delay_ms: int, request_id: str, padding: int = 0) -> bytes:
+    """A ModelStreamInfer request for sleepy; `padding` bytes in a parameter make it a large
+    message, which the relay sends on as it comes (its slot taken before its first byte)."""
     request = service_pb2.ModelInferRequest(model_name="sleepy", id=request_id)
+    if padding:
+        request.parameters["padding"].string_param = "x" * padding
     tensor = request.inputs.add()
     tensor.name = "DELAY_MS"
     tensor.datatype = "INT32"
@@ -83,12 +87,35 @@ class StreamFlood:
         )
         self.sock.sendall(self.h2.data_to_send())
         self._data = b""
+        self.rest = b""
+        # The relay's SETTINGS (its 256 KiB stream window) and connection WINDOW_UPDATE come
+        # first: read them, so the flood is sent in as few round trips as the windows allow.
+        settled = False
+        while not settled:
+            events = self.h2.receive_data(self.sock.recv(65536))
+            settled = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in events)
+        self.sock.sendall(self.h2.data_to_send())
 
     def send(self, messages: list[bytes]) -> None:
-        # Small messages: all of them fit in the stream's first window, so the client never
-        # has to read before it sent them all.
-        self.h2.send_data(self.sid, b"".join(messages))
+        """Send what the windows take now, the rest from a thread as they open (the thread
+        reads nothing: window updates are read when `answers` reads)."""
+        data = b"".join(messages)
+        window = min(self.h2.local_flow_control_window(self.sid), len(data))
+        for pos in range(0, window, self.h2.max_outbound_frame_size):
+            self.h2.send_data(
+                self.sid, data[pos : min(pos + self.h2.max_outbound_frame_size, window)]
+            )
         self.sock.sendall(self.h2.data_to_send())
+        self.rest = data[window:]
+
+    def send_rest(self) -> None:
+        """Send what the windows held back (while reading answers)."""
+        size = min(self.h2.local_flow_control_window(self.sid), len(self.rest))
+        for pos in range(0, size, self.h2.max_outbound_frame_size):
+            self.h2.send_data(
+                self.sid, self.rest[pos : min(pos + self.h2.max_outbound_frame_size, size)]
+            )
+        self.rest = self.rest[size:]
 
     def answers(
         self, count: int, within: float = 60.0
@@ -107,6 +134,8 @@ class StreamFlood:
                 assert not isinstance(event, h2.events.StreamEnded | h2.events.StreamReset), (
                     f"the stream ended after {len(out)} of {count} answers: {event}"
                 )
+            if self.rest:
+                self.send_rest()
             self.sock.sendall(self.h2.data_to_send())
             while len(self._data) >= 5:
                 size = int.from_bytes(self._data[1:5], "big")
@@ -141,8 +170,9 @@ def gateway(served_triton: TritonServer, tmp_path: Path) -> Iterator[RunningGate
         yield running
 
 
+@pytest.mark.parametrize("padding", [0, 20_000], ids=["small-messages", "large-messages"])
 def test_one_stream_cannot_queue_more_than_its_pods_share_at_triton(
-    gateway: RunningGateway, served_triton: TritonServer
+    gateway: RunningGateway, served_triton: TritonServer, padding: int
 ) -> None:
     """A pod sends FLOOD requests on one stream and reads nothing; a neighbour's request to the
     same Triton model comes right after. Before: all FLOOD went to Triton's queue at once, and
@@ -165,7 +195,7 @@ def test_one_stream_cannot_queue_more_than_its_pods_share_at_triton(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        flood.send([infer_message(DELAY_MS, f"flood-{i}") for i in range(FLOOD)])
+        flood.send([infer_message(DELAY_MS, f"flood-{i}", padding) for i in range(FLOOD)])
         wait_for(
             lambda: triton_successes(served_triton, "sleepy") > before, "the flood reaching Triton"
         )
