@@ -13,7 +13,8 @@ slot once its message passed; a ModelStreamInfer stream takes one when it opens,
 first request message in flight uses, and each further request message in flight takes one more
 before it goes to Triton, given back when Triton's answers end it (`policy.finals`): with none
 free, the stream's messages wait in its buffer, which its window bounds (the tenant is not
-credited, so it stops sending), for the queue's time. Answers the relay
+credited, so it stops sending), for the queue's time; a message refused for a full queue or
+its timeout gets an in-stream error and the stream goes on. Answers the relay
 gives itself (another model, refused APIs, overload) go on the stream, through the same
 windows as Triton's answers; bytes it drops are credited back to the tenant's stream at once.
 
@@ -36,7 +37,7 @@ from proxy.grpc.replies import Replies
 from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
 from proxy.http2.state import ACTIVE
 from proxy.metrics import ProxyMetrics
-from proxy.policy import finals, inflation, refusals, wire
+from proxy.policy import finals, inflation, refusals, routing, wire
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
 
@@ -162,6 +163,14 @@ class StreamGate:
         while stream.slots > keep:
             stream.slots -= 1
             release()
+        if stream.limited == WAITING and tracker.pending < stream.slots:
+            # Its next message queued for a slot while one it holds was still in use: it
+            # takes that one now rather than wait for another (with a limit of one, forever).
+            if stream.waiter is not None:
+                stream.waiter.cancel()
+                stream.waiter = None
+            stream.limited = NO_SLOT
+            self._later(stream)
 
     async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
         try:
@@ -170,6 +179,9 @@ class StreamGate:
             self.context.metrics.rejected(type(e).__name__)
             stream.waiter = None
             stream.limited = NO_SLOT
+            if stream.streaming and len(stream.buf) >= 5 and self.streams.get(stream.sid) is stream:
+                self._refuse_head(stream, e)  # that message only: the stream goes on
+                return
             self.refuse_error(stream, e)
             return
         stream.waiter = None
@@ -178,6 +190,21 @@ class StreamGate:
             stream.limited = NO_SLOT
             return
         stream.limited = HOLDS_SLOT
+        self.relay_buffered(stream)
+
+    def _refuse_head(self, stream: Stream, error: refusals.ProxyError) -> None:
+        """Refuse the stream message at the head of its buffer, which found no slot, with an
+        in-stream error naming why (as Triton refuses one message); drop it (what is still to
+        come of it too) and go on with the next."""
+        buf = stream.buf
+        total = 5 + int.from_bytes(buf[1:5], "big")
+        whole = len(buf) >= total and not buf[0]
+        request = bytes(buf[5:total]) if whole else b""
+        dropped = min(total, len(buf))
+        stream.skip = total - dropped
+        del buf[:dropped]
+        self.replies.forwarded(stream, dropped)
+        self._inject(stream, routing.stream_refusal(str(error), request))
         self.relay_buffered(stream)
 
     def relay_buffered(self, stream: Stream) -> None:

@@ -275,3 +275,55 @@ def test_a_decoupled_models_requests_each_hold_a_slot_until_their_last_answer(
     tenant = tenant_of(gateway, "127.0.0.1")
     assert tenant is not None
     wait_for(lambda: tenant.limiter.in_flight == 0, "every slot given back")
+
+
+def test_a_stream_message_finding_the_queue_full_is_refused_alone_and_the_stream_goes_on(
+    gateway: RunningGateway,
+) -> None:
+    """The pod's two slots are taken and its queue (two) is full of streams waiting to open:
+    its first stream's next two requests are each refused in the stream, saying why, while
+    the stream and its request at Triton go on."""
+    first = StreamFlood(gateway.grpc_url, FLOODER)
+    others = [StreamFlood(gateway.grpc_url, FLOODER) for _ in range(3)]
+    try:
+        first.send([infer_message(1500, "a0")])
+        others[0].send([infer_message(1500, "b0")])
+        wait_for(
+            lambda: (
+                (tenant := tenant_of(gateway, FLOODER)) is not None
+                and (tenant.limiter.in_flight, tenant.limiter.queued) == (LIMIT, LIMIT)
+            ),
+            f"{LIMIT} requests in flight and {LIMIT} streams waiting to open",
+        )
+        first.send([infer_message(1, "a1"), infer_message(1, "a2")])
+        answers = first.answers(3)
+    finally:
+        for flood in (first, *others):
+            flood.close()
+    refused = {a.infer_response.id: a.error_message for a in answers if a.error_message}
+    assert set(refused) == {"a1", "a2"}, answers
+    assert all("queue is full" in message for message in refused.values()), refused
+    served = [a for a in answers if not a.error_message]
+    assert [a.infer_response.id for a in served] == ["a0"]
+
+
+def test_with_a_limit_of_one_a_streams_requests_follow_each_other(
+    served_triton: TritonServer, tmp_path: Path
+) -> None:
+    """With one slot, a stream's second request finds its first still in flight and queues;
+    when the first ends, the slot the stream keeps is the second's (it would otherwise wait
+    for a slot nobody gives back, until the queue's timeout)."""
+    table = tmp_path / "callers.json"
+    publish(table, Caller(FLOODER, "sleepy", "team-a/flooder", "uid-a", 1))
+    with running_gateway(gateway_settings(served_triton, table)) as running:
+        flood = StreamFlood(running.grpc_url, FLOODER)
+        try:
+            flood.send([infer_message(50, f"r{i}") for i in range(4)])
+            started = time.monotonic()
+            answers = flood.answers(4, within=10)
+            took = time.monotonic() - started
+        finally:
+            flood.close()
+    assert [a.infer_response.id for a in answers] == ["r0", "r1", "r2", "r3"]
+    assert not any(a.error_message for a in answers)
+    assert took < 5, took
