@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from proxy.policy.limiter import Limiter
 
 
@@ -15,9 +17,7 @@ async def test_a_waiter_cancelled_as_a_slot_comes_back_neither_fails_nor_leaks_i
     assert limiter.queued == 1
     waiting.cancel()  # cancels the future it awaits, before the task runs again...
     limiter.release()  # ...and the slot comes back meanwhile: the cancelled waiter is skipped
-    try:
+    with pytest.raises(asyncio.CancelledError):
         await waiting
-    except asyncio.CancelledError:
-        pass
     assert (limiter.in_flight, limiter.queued) == (0, 0)
     assert limiter.try_acquire()  # the slot is free, not lost to the cancelled waiter
