@@ -44,7 +44,7 @@ FLOODER = "127.1.0.31"
 NEIGHBOUR = "127.1.0.32"
 LIMIT = 2
 FLOOD = 24
-DELAY_MS = 100
+DELAY_MS = 200
 
 
 def infer_message(delay_ms: int, request_id: str, padding: int = 0) -> bytes:
@@ -176,7 +176,7 @@ def test_one_stream_cannot_queue_more_than_its_pods_share_at_triton(
 ) -> None:
     """A pod sends FLOOD requests on one stream and reads nothing; a neighbour's request to the
     same Triton model comes right after. Before: all FLOOD went to Triton's queue at once, and
-    the neighbour's request ran after every one of them (about FLOOD x 100 ms). Now at most
+    the neighbour's request ran after every one of them (about FLOOD x 200 ms). Now at most
     LIMIT are at Triton, the rest wait in the gateway, and the neighbour's request runs after
     at most a few of them; the flooder still gets every answer."""
     before = triton_successes(served_triton, "sleepy")
@@ -204,10 +204,12 @@ def test_one_stream_cannot_queue_more_than_its_pods_share_at_triton(
         waited = time.monotonic() - started
         assert status == 200, body
         ahead = triton_successes(served_triton, "sleepy") - before - 1
-        # Before: ahead == FLOOD and waited over 2 s. Now the neighbour waits for what was at
-        # Triton when it came (at most LIMIT), and the one the flood's next slot went to.
-        assert ahead <= LIMIT + 2, f"{ahead} flood requests ran before the neighbour's"
-        assert waited < (LIMIT + 3) * DELAY_MS / 1000 + 1.0, waited
+        # Before: ahead == FLOOD and the neighbour waited for all of them (FLOOD x 200 ms). Now
+        # it waits for what was at Triton when it came (at most LIMIT); the flood goes on
+        # meanwhile, so a request or two more may end before the statistics are read. Bounds
+        # with room for a loaded box, each far from the flood's whole.
+        assert ahead <= LIMIT + 3, f"{ahead} flood requests ran before the neighbour's"
+        assert waited < FLOOD * DELAY_MS / 1000 / 2, waited
         answers = flood.answers(FLOOD)
     finally:
         done.set()
