@@ -73,8 +73,7 @@ class Settings:
     compressed bytes pass, in bounded slices; a body or message past it is refused (413 /
     RESOURCE_EXHAUSTED) before its last byte reaches Triton, which would inflate it unbounded."""
     container_concurrency: int = 0
-    """Hard limit on in-flight inference requests (each request in flight on a ModelStreamInfer
-    stream counts, an open stream at least one); 0 means unlimited."""
+    """Hard limit on in-flight inference requests (streams count once); 0 means unlimited."""
     queue_size: int | None = None
     """Inference requests allowed to wait for a slot; None means 10x the concurrency limit."""
     queue_timeout_seconds: float = 30.0
