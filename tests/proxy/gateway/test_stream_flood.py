@@ -11,6 +11,7 @@ Triton's queue is first come, first served), `text_stream` is decoupled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -30,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from common.callers import Caller
 from sim.triton import TritonServer
+from tests.proxy.conftest import proxy_settings, running_proxy
 from tests.proxy.gateway.conftest import (
     RunningGateway,
     gateway_settings,
@@ -250,17 +252,33 @@ def stream_texts(
     return results
 
 
+@pytest.mark.parametrize("hops", ["gateway", "proxy-and-gateway"])
 @pytest.mark.parametrize("ask", [False, True], ids=["client-asks-nothing", "client-asks-final"])
 def test_a_decoupled_models_requests_each_hold_a_slot_until_their_last_answer(
-    gateway: RunningGateway, ask: bool
+    gateway: RunningGateway, served_triton: TritonServer, ask: bool, hops: str
 ) -> None:
     """More requests than the limit on one stream of a decoupled model, each answered three
     times: every request is answered in full (their slots come back as their last answers end
-    them, marked because the gateway asks Triton for the empty final answer), and the client
-    sees exactly what Triton would have sent it: the empty final answers only if it asked."""
+    them, marked because the relays ask Triton for the empty final answer), and the client
+    sees exactly what Triton would have sent it: the empty final answers only if it asked.
+    Through the pod's own proxy too, which counts the same way for its own limit (it asks, the
+    gateway passes the empty final answers on to it, and it drops those its client did not
+    ask for)."""
     requests = 3 * LIMIT
-    with grpcclient.InferenceServerClient(gateway.grpc_url) as client:
-        results = stream_texts(client, requests, 3, ask=ask)
+    with contextlib.ExitStack() as hops_used:
+        url = gateway.grpc_url
+        if hops == "proxy-and-gateway":
+            settings = proxy_settings(
+                served_triton,
+                model_id="text_stream",
+                triton_http_url=gateway.http_url,
+                triton_grpc_url=gateway.grpc_url,
+                source_address="127.0.0.1",
+                container_concurrency=LIMIT,
+            )
+            url = hops_used.enter_context(running_proxy(settings)).grpc_url
+        with grpcclient.InferenceServerClient(url) as client:
+            results = stream_texts(client, requests, 3, ask=ask)
     finals = []
     texts: dict[str, list[bytes]] = {}
     for result in results:
