@@ -40,6 +40,7 @@ from proxy.http2.flow import FlowControlError, ReceiveWindow
 from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
 from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET, StreamStateError
+from proxy.policy.finals import Finals
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 from proxy.settings import Settings
 from proxy.sockets import nodelay
@@ -89,6 +90,7 @@ class H2Connection(asyncio.Protocol):
 
     finish: Callable[[Stream, str], None]
     refuse: Callable[[Stream, str, str, bytes | None], None]
+    answered: Callable[[Stream, int], None]
 
     def __init__(self, relay: Listener) -> None:
         self.relay = relay
@@ -99,6 +101,7 @@ class H2Connection(asyncio.Protocol):
         # The replies' hooks into the gate (`replies.ReplyHooks`), bound once: no call between.
         self.finish = self.gate.finish
         self.refuse = self.gate.refuse
+        self.answered = self.gate.answered
         # The listener's hold and flush around each read, bound once: compiled (mypyc), a call
         # through a Protocol looks the method up by name every time.
         self._hold = relay.hold
@@ -484,6 +487,8 @@ class H2Connection(asyncio.Protocol):
             self.gate.answer(stream, answer, started)
             return
         stream.route = kind  # END_STREAM, if there, goes to Triton on the HEADERS frame
+        if streaming:
+            stream.finals = Finals()  # each request message in flight holds a slot (`gate`)
         self.streams[sid] = stream
         stream.started = started
         self.relay.channel().open(stream, sent, end_stream)
@@ -504,12 +509,13 @@ class H2Connection(asyncio.Protocol):
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
             router = self.relay.router
-            if router.renames:
-                # Triton's answers name the model's private name and are renamed on their way
-                # back, which compressed answers would hide: Triton may compress only for a
-                # client that accepts it, and this one does not.
-                sent = tuple((n, v) for n, v in sent if n != b"grpc-accept-encoding")
             streaming = router.is_stream(kind)
+            if router.renames or streaming:
+                # Triton's answers name the model's private name and are renamed on their way
+                # back, and a stream's answers are read for the end of each request
+                # (`policy.finals`), which compressed answers would hide: Triton may compress
+                # only for a client that accepts it, and this one does not.
+                sent = tuple((n, v) for n, v in sent if n != b"grpc-accept-encoding")
             plan = (kind, streaming, sent, encoding, request_problem(fields))
             if len(self._plans) >= 64:
                 self._plans.clear()

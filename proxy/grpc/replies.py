@@ -47,6 +47,9 @@ class ReplyHooks(Protocol):
     def refuse(self, stream: Stream, code: str, details: str, response: bytes | None, /) -> None:
         """Answer `stream` with the relay's own error (and `response`), reset it at Triton."""
 
+    def answered(self, stream: Stream, requests: int, /) -> None:
+        """Triton's answers ended `requests` of a stream's request messages: free their slots."""
+
 
 class Replies:
     """The tenant-bound half of one tenant connection (see the module docstring)."""
@@ -172,6 +175,9 @@ class Replies:
             stream.given = 0
 
     # -- Triton's side of a stream (`stream.TenantSide`, called by `channel`) ----------------
+
+    def answered(self, stream: Stream, requests: int) -> None:
+        self.hooks.answered(stream, requests)
 
     def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
         if stream.sid not in self.streams:

@@ -45,6 +45,8 @@ NATIVE_TESTS = (
     "tests/proxy/grpc/test_large_stream.py",
     "tests/proxy/grpc/test_pieces.py",
     "tests/proxy/policy/test_inflation.py",
+    "tests/proxy/policy/test_finals.py",
+    "tests/proxy/gateway/test_stream_flood.py",
 )
 """Tests run a second time against the compiled proxy (none of them patch what they test)."""
 
