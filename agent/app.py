@@ -35,7 +35,7 @@ from agent.memory import MemoryLedger, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy
 from agent.models import ModelLimits, Models
-from agent.node import NodePublisher
+from agent.node import NodePublisher, NodeSettings
 from agent.nodepods import NodePods
 from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
@@ -75,6 +75,21 @@ def _model_limits(settings: Settings) -> ModelLimits:
         install_idle=settings.install_idle_seconds,
         install_first_chunk=settings.install_first_chunk_seconds,
         gpu_mem_reserve=settings.gpu_mem_reserve,
+    )
+
+
+def _node_settings(settings: Settings) -> NodeSettings:
+    return NodeSettings(
+        node_name=settings.node_name,
+        keys=settings.keys,
+        system_namespace=settings.system_namespace,
+        cpu_only=settings.cpu_only,
+        advertise_gpu_mem=settings.advertise_gpu_mem,
+        gpu_poll_seconds=settings.gpu_poll_seconds,
+        lease_renew_seconds=settings.lease_renew_seconds,
+        lease_duration_seconds=settings.lease_duration_seconds,
+        node_resync_seconds=settings.node_resync_seconds,
+        usage_publish_seconds=settings.usage_publish_seconds,
     )
 
 
@@ -121,19 +136,10 @@ class Agent:
             self.kube,
             self._gpu_reader,
             self.metrics,
-            node_name=settings.node_name,
-            keys=settings.keys,
-            system_namespace=settings.system_namespace,
-            cpu_only=settings.cpu_only,
-            advertise_gpu_mem=settings.advertise_gpu_mem,
-            gpu_poll_seconds=settings.gpu_poll_seconds,
-            lease_renew_seconds=settings.lease_renew_seconds,
-            lease_duration_seconds=settings.lease_duration_seconds,
-            node_resync_seconds=settings.node_resync_seconds,
+            _node_settings(settings),
             nvml_executor=self._nvml_thread,
             on_snapshot=self._observe_memory,
             usage=self.ledger.annotation,
-            usage_publish_seconds=settings.usage_publish_seconds,
         )
         self.verifier = PlacementVerifier(self.placement_keys.ring, settings.node_name)
         self.pods = NodePods(

@@ -3,7 +3,7 @@
 One loop reads the GPUs every poll period, patches the Node only when an annotation value changes
 (used memory is not published, so a busy GPU costs no writes), rereads the Node rarely to repair
 edits by others, and renews the Lease `tritonshare-agent-<node>`: on a quiet node the Lease
-renewal is the only write. Time comes from injected `clock`/`sleep`/`wall` so tests run an hour in
+renewal is the only write. Time comes from injected `Clocks` so tests run an hour in
 milliseconds. It must not touch models or Triton.
 """
 
@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -46,6 +47,41 @@ class NodeApi(Protocol):
     ) -> None: ...
 
 
+@dataclass(frozen=True)
+class NodeSettings:
+    """What the agent's settings say about publishing its node."""
+
+    node_name: str
+    keys: Keys
+    system_namespace: str
+    """Where the agent Lease lives."""
+    cpu_only: bool
+    """No GPUs on the node: a missing NVML publishes no GPUs instead of keeping it not ready."""
+    advertise_gpu_mem: bool = False
+    """Also patch the Node's capacity with the GPU memory extended resource."""
+    gpu_poll_seconds: float = 10.0
+    lease_renew_seconds: float = 20.0
+    lease_duration_seconds: int = 60
+    node_resync_seconds: float = 600.0
+    """How often the Node is reread, to repair edits by others."""
+    usage_publish_seconds: float = 60.0
+    """Shortest time between two writes of the measured memory annotation."""
+    holder: str = ""
+    """The Lease's holder identity; empty: tritonshare-agent@<node>."""
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """Where the publisher's time comes from; tests inject fakes to run an hour in milliseconds."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    """Seconds for periods and deadlines."""
+    sleep: Callable[[float], Awaitable[None]] | None = None
+    """How a pause is taken; None: wait on the stop event for that long."""
+    wall: Callable[[], datetime] = lambda: datetime.now(UTC)
+    """The date written on the Lease."""
+
+
 class NodePublisher:
     """Reads GPUs and keeps the Node's annotations and the agent Lease current."""
 
@@ -54,43 +90,25 @@ class NodePublisher:
         kube: NodeApi,
         reader: GpuReader | None,
         metrics: AgentMetrics,
+        settings: NodeSettings,
         *,
-        node_name: str,
-        keys: Keys,
-        system_namespace: str,
-        cpu_only: bool,
-        advertise_gpu_mem: bool = False,
-        gpu_poll_seconds: float = 10.0,
-        lease_renew_seconds: float = 20.0,
-        lease_duration_seconds: int = 60,
-        node_resync_seconds: float = 600.0,
-        holder: str = "",
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] | None = None,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clocks: Clocks = Clocks(),
         nvml_executor: Executor | None = None,
         on_snapshot: Callable[[GpuSnapshot], None] | None = None,
         usage: Callable[[GpuSnapshot | None], str] | None = None,
-        usage_publish_seconds: float = 60.0,
     ) -> None:
+        """`reader` None publishes no GPUs. NVML calls can block for seconds on a failing GPU:
+        with `nvml_executor` they run there, so health checks and the API keep answering.
+        `on_snapshot` sees each good reading (where NVML was read); `usage` gives the measured
+        memory annotation (None: not published)."""
         self._kube = kube
         self._reader = reader
         self._metrics = metrics
-        self.node_name = node_name
-        self.keys = keys
-        self.system_namespace = system_namespace
-        self.cpu_only = cpu_only
-        self.advertise_gpu_mem = advertise_gpu_mem
-        self.gpu_poll_seconds = gpu_poll_seconds
-        self.lease_renew_seconds = lease_renew_seconds
-        self.lease_duration_seconds = lease_duration_seconds
-        self.node_resync_seconds = node_resync_seconds
-        self.holder = holder or f"tritonshare-agent@{node_name}"
-        self._clock = clock
-        self._sleep = sleep
-        self._wall = wall
-        # NVML calls can block for seconds on a failing GPU: with an executor they run there,
-        # so health checks and the API keep answering.
+        self.settings = settings
+        self.holder = settings.holder or f"tritonshare-agent@{settings.node_name}"
+        self._clock = clocks.monotonic
+        self._sleep = clocks.sleep
+        self._wall = clocks.wall
         self._nvml_executor = nvml_executor
         self.snapshot: GpuSnapshot | None = None
         self.gpus_read = False
@@ -99,7 +117,6 @@ class NodePublisher:
         self._node_capacity: dict[str, str] = {}
         self._on_snapshot = on_snapshot
         self._usage = usage
-        self.usage_publish_seconds = usage_publish_seconds
         self._usage_written_at: float | None = None
 
     # GPUs.
@@ -111,7 +128,7 @@ class NodePublisher:
         try:
             snapshot = self._reader.read()
         except NvmlUnavailableError as e:
-            if self.cpu_only:
+            if self.settings.cpu_only:
                 if not self.gpus_read:
                     log.info("NVML is not available on this CPU-only node: it publishes no GPUs.")
                 self.snapshot, self.gpus_read = GpuSnapshot(), True
@@ -152,9 +169,11 @@ class NodePublisher:
     # The Node.
     async def sync_node(self) -> None:
         """Reread the Node's annotations and capacity (a read, no write)."""
-        node = await self._kube.get_node(self.node_name)
+        node = await self._kube.get_node(self.settings.node_name)
         if node is None:
-            raise AgentError(f"node {self.node_name} does not exist in the API; check --node-name")
+            raise AgentError(
+                f"node {self.settings.node_name} does not exist in the API; check --node-name"
+            )
         self._node_annotations = dict((node.get("metadata") or {}).get("annotations") or {})
         self._node_capacity = dict((node.get("status") or {}).get("capacity") or {})
 
@@ -166,33 +185,33 @@ class NodePublisher:
             await self.sync_node()
         assert self._node_annotations is not None
         writes = 0
-        wanted = node_annotations(self.snapshot, self.keys)
+        wanted = node_annotations(self.snapshot, self.settings.keys)
         now = self._clock()
         if self._usage is not None and (
             self._usage_written_at is None
-            or now - self._usage_written_at >= self.usage_publish_seconds
+            or now - self._usage_written_at >= self.settings.usage_publish_seconds
         ):
             # Measured memory changes often; it is published at most once per period.
-            wanted[self.keys.gpu_usage] = self._usage(self.snapshot)
+            wanted[self.settings.keys.gpu_usage] = self._usage(self.snapshot)
         changed = annotations_patch(self._node_annotations, wanted)
         if changed:
-            await self._kube.patch_node_annotations(self.node_name, changed)
+            await self._kube.patch_node_annotations(self.settings.node_name, changed)
             self._node_annotations.update(changed)
             self._metrics.kube_writes.labels("node").inc()
             writes += 1
-            if self.keys.gpu_usage in changed:
+            if self.settings.keys.gpu_usage in changed:
                 self._usage_written_at = now
-        if set(changed) - {self.keys.gpu_usage}:
+        if set(changed) - {self.settings.keys.gpu_usage}:
             log.info(
                 "Node %s now advertises %s bytes of healthy GPU memory on %d GPUs.",
-                self.node_name,
+                self.settings.node_name,
                 self.snapshot.healthy_memory_total,
                 sum(1 for g in self.snapshot.gpus if g.healthy),
             )
-        if self.advertise_gpu_mem:
-            capacity = capacity_patch(self.snapshot, self.keys, self._node_capacity)
+        if self.settings.advertise_gpu_mem:
+            capacity = capacity_patch(self.snapshot, self.settings.keys, self._node_capacity)
             if capacity is not None:
-                await self._kube.patch_node_capacity(self.node_name, capacity)
+                await self._kube.patch_node_capacity(self.settings.node_name, capacity)
                 self._node_capacity.update(capacity)
                 self._metrics.kube_writes.labels("node_status").inc()
                 writes += 1
@@ -200,10 +219,10 @@ class NodePublisher:
 
     async def renew_lease(self) -> None:
         await self._kube.renew_lease(
-            self.system_namespace,
-            agent_lease_name(self.node_name),
+            self.settings.system_namespace,
+            agent_lease_name(self.settings.node_name),
             self.holder,
-            self.lease_duration_seconds,
+            self.settings.lease_duration_seconds,
             self._wall(),
         )
         self._metrics.kube_writes.labels("lease").inc()
@@ -215,21 +234,21 @@ class NodePublisher:
         Each duty fails alone: a Node that cannot be patched must not stop the Lease renewals.
         """
         next_gpu = next_lease = self._clock()
-        next_node = self._clock() + self.node_resync_seconds
+        next_node = self._clock() + self.settings.node_resync_seconds
         while not stop.is_set():
             now = self._clock()
-            retry = now + min(self.gpu_poll_seconds, self.lease_renew_seconds / 4)
+            retry = now + min(self.settings.gpu_poll_seconds, self.settings.lease_renew_seconds / 4)
             if now >= next_node:
-                next_node = now + self.node_resync_seconds
+                next_node = now + self.settings.node_resync_seconds
                 if not await self._attempt("reread the node", self.sync_node()):
                     self._node_annotations = None  # publish() rereads it first
             if now >= next_gpu:
                 await self.refresh_gpus()
                 ok = await self._attempt("publish the GPUs on the node", self.publish())
-                next_gpu = now + self.gpu_poll_seconds if ok else retry
+                next_gpu = now + self.settings.gpu_poll_seconds if ok else retry
             if now >= next_lease:
                 ok = await self._attempt("renew the agent lease", self.renew_lease())
-                next_lease = now + self.lease_renew_seconds if ok else retry
+                next_lease = now + self.settings.lease_renew_seconds if ok else retry
             delay = max(min(next_gpu, next_lease, next_node) - self._clock(), 0.0)
             await self._wait(stop, delay)
 
@@ -237,7 +256,9 @@ class NodePublisher:
         try:
             await step
         except AgentError as e:
-            log.warning("Node %s could not %s (%s): retrying shortly.", self.node_name, what, e)
+            log.warning(
+                "Node %s could not %s (%s): retrying shortly.", self.settings.node_name, what, e
+            )
             return False
         return True
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from binder.agentdown import AgentDown, Rules
-from binder.cache import ClusterCache, Informer
+from binder.cache import ClusterCache, Informer, Ledger
 from binder.controller import Controller
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.inbox import Inbox
@@ -28,6 +28,7 @@ from binder.leader import LeaderElector
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
 from binder.settings import Settings
+from binder.state import ClusterState
 from common.contract import BINDER_LEADER_LEASE
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
@@ -42,6 +43,9 @@ class Binder:
     """One replica. `start(lifecycle)` returns once it schedules; the lifecycle stops it."""
 
     def __init__(self, settings: Settings) -> None:
+        """Built on the running loop, in dependency order: what several parts share (the
+        leadership flag, the cache's ledger, the inbox to the loop) is made first and handed to
+        each, so nothing is wired after construction."""
         self.settings = settings
         if settings.placement_key_dir is None:
             raise SettingsError("the binder needs --placement-key-dir to sign its placements")
@@ -49,11 +53,17 @@ class Binder:
             self.placement_keys = KeyDirectory(settings.placement_key_dir)
         except PlacementKeyError as e:
             raise SettingsError(str(e)) from e
-        # A write retries no longer than the leader may go unrenewed (see Kube.retry_while).
+        # Set by the elector while this replica leads; the writers and the scheduling loop read it.
+        leading = asyncio.Event()
+        # A write retries no longer than the leader may go unrenewed, and only while it leads.
         self.kube = Kube(
-            settings.kubeconfig, retry=RetryPolicy(budget_seconds=settings.renew_deadline_seconds)
+            settings.kubeconfig,
+            retry=RetryPolicy(budget_seconds=settings.renew_deadline_seconds),
+            retry_while=leading.is_set,
         )
-        self.metrics = Metrics(lambda: self.cache.state, self._unproven_reasons)
+        # Kept by the cache, read by the controller and the metrics.
+        self.ledger = Ledger(ClusterState(reserve=settings.gpu_mem_reserve))
+        self.metrics = Metrics(self.ledger.state, self.ledger.unproven_reasons)
         self.queue = SchedulingQueue(
             initial_seconds=settings.backoff_initial_seconds,
             max_seconds=settings.backoff_max_seconds,
@@ -61,8 +71,13 @@ class Binder:
         self._executor = ThreadPoolExecutor(
             max_workers=settings.bind_workers + 2, thread_name_prefix="binder-api"
         )
+        # One inbox for every thread that hands work to the loop (the watches, the writers): one
+        # wake-up per burst.
+        self._inbox = Inbox(asyncio.get_running_loop())
         self.controller = Controller(
             self.kube,
+            self.ledger,
+            leading=leading,
             keys=settings.keys,
             policy=settings.policy,
             queue=self.queue,
@@ -72,19 +87,18 @@ class Binder:
             identity=settings.identity,
             placement_keys=self.placement_keys.ring,
             consolidate_moves=settings.consolidate_moves,
+            inbox=self._inbox,
         )
         self.cache = ClusterCache(
             settings.keys,
+            self.ledger,
             scheduler_name=settings.scheduler_name,
-            reserve=settings.gpu_mem_reserve,
             listener=self.controller,
             placement_keys=self.placement_keys.ring,
         )
-        self.controller.state = self.cache.state
-        self.controller.pending = self.cache.pending
-        self.controller.unproven = self.cache.unproven
         self.elector = LeaderElector(
             self.kube,
+            leading,
             namespace=settings.system_namespace,
             name=BINDER_LEADER_LEASE,
             identity=settings.identity,
@@ -95,8 +109,6 @@ class Binder:
             on_change=self._leadership_changed,
             annotations={settings.keys.gpu_mem_reserve: str(settings.gpu_mem_reserve)},
         )
-        self.kube.retry_while = self.elector.leading.is_set
-        self.controller.leading = self.elector.leading.is_set
         self.http = HttpServer(
             build_health_app(
                 self.metrics.registry,
@@ -118,10 +130,6 @@ class Binder:
             identity=settings.identity,
         )
         self._informers: list[Informer] = []
-
-    def _unproven_reasons(self) -> list[str]:
-        cache = self.cache
-        return [v.reason for v in list(cache.unproven.values()) if cache.on_tritonshare_node(v.pod)]
 
     def role(self) -> str:
         return "leader" if self.elector.is_leader else "follower"
@@ -147,10 +155,11 @@ class Binder:
         if leading:
             # A new leader starts from what its warm caches say is pending, and reports the
             # unproven pods (the old leader's record of what it reported died with it).
-            for uid in self.cache.pending:
+            ledger = self.ledger
+            for uid in ledger.pending:
                 self.queue.add(uid)
-            for verdict in list(self.cache.unproven.values()):
-                if self.cache.on_tritonshare_node(verdict.pod):
+            for verdict in list(ledger.unproven.values()):
+                if ledger.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)
 
     async def start(self, lifecycle: Lifecycle) -> None:
@@ -177,13 +186,13 @@ class Binder:
             self._leadership_changed(True)
         lifecycle.spawn(
             "The binder's scheduling",
-            self.controller.run(self.elector.leading, stop),
+            self.controller.run(stop),
             consequence="stopping this replica",
         )
         lifecycle.spawn(
             "The binder's watch on dead agents",
             self.agent_down.run(
-                lambda: self.cache.state.leases, self.elector.leading.is_set, stop, self._executor
+                lambda: self.ledger.state.leases, self.elector.leading.is_set, stop, self._executor
             ),
             consequence="pods of nodes whose agent died are no longer marked or replaced",
             vital=False,
@@ -211,12 +220,9 @@ class Binder:
             ),
             (self.kube.pods(), cache.replace_pods, cache.apply_pod),
         ]
-        # One inbox for every thread that hands work to the loop: one wake-up per burst.
-        inbox = Inbox(loop)
-        self.controller.inbox = inbox
         for kind, on_list, on_event in kinds:
             informer = Informer(
-                self.kube, kind, loop, on_list=on_list, on_event=on_event, inbox=inbox
+                self.kube, kind, loop, on_list=on_list, on_event=on_event, inbox=self._inbox
             )
             self._informers.append(informer)
             informer.start()

@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from binder.errors import ApiError, GoneError, UnavailableError
@@ -64,15 +64,38 @@ def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
     return (pod.constraints, pod.request, pod.model_key, pod.problem, pod.scheduler_name)
 
 
+@dataclass(frozen=True)
+class Ledger:
+    """What the cache keeps and others read on the loop: made first, then given to the cache
+    (which alone changes it) and to the controller and the metrics (which read it), so that
+    none of them is wired to another after construction."""
+
+    state: ClusterState
+    pending: dict[str, PodInfo] = field(default_factory=dict)
+    """Pods with our scheduler name that are not bound yet, by uid."""
+    unproven: dict[str, Unproven] = field(default_factory=dict)
+    """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
+    does not verify: never charged. At most one entry per such pod in the cluster."""
+
+    def on_tritonshare_node(self, pod: PodInfo) -> bool:
+        """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
+        info = self.state.nodes.get(pod.node_name)
+        return info is not None and bool(info.gpus or info.gpu_problem)
+
+    def unproven_reasons(self) -> list[str]:
+        """Why each unproven pod on a tritonshare node is unproven (one entry per pod)."""
+        return [v.reason for v in list(self.unproven.values()) if self.on_tritonshare_node(v.pod)]
+
+
 class ClusterCache:
     """Applies API objects to the ClusterState and the pending pods, on the event loop thread."""
 
     def __init__(
         self,
         keys: Keys,
+        ledger: Ledger,
         *,
         scheduler_name: str,
-        reserve: int,
         listener: Listener,
         placement_keys: Callable[[], KeyRing] | None,
         clock: Callable[[], float] = time.time,
@@ -81,11 +104,11 @@ class ClusterCache:
         proofs for form only, for a CLI user who cannot read the key (`binder.proofs`)."""
         self.keys = keys
         self.scheduler_name = scheduler_name
-        self.state = ClusterState(reserve=reserve)
-        self.pending: dict[str, PodInfo] = {}
-        self.unproven: dict[str, Unproven] = {}
-        """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
-        does not verify: never charged. At most one entry per such pod in the cluster."""
+        self.ledger = ledger
+        # The ledger's parts under short names: read on every event, and never replaced.
+        self.state = ledger.state
+        self.pending = ledger.pending
+        self.unproven = ledger.unproven
         self._listener = listener
         self._clock = clock
         self._placement_keys = placement_keys
@@ -151,17 +174,12 @@ class ClusterCache:
         self.state.remove_pod(pod.uid)
         old = self.unproven.get(pod.uid)
         self.unproven[pod.uid] = verdict
-        if (old is None or old.reason != verdict.reason) and self.on_tritonshare_node(pod):
+        if (old is None or old.reason != verdict.reason) and self.ledger.on_tritonshare_node(pod):
             self._listener.unproven_seen(verdict)
 
     @property
     def proofs_checked_for_form_only(self) -> bool:
         return self._placement_keys is None
-
-    def on_tritonshare_node(self, pod: PodInfo) -> bool:
-        """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
-        info = self.state.nodes.get(pod.node_name)
-        return info is not None and bool(info.gpus or info.gpu_problem)
 
     def _follow_ring(self) -> None:
         """When the key ring changed (a rotation), judge every bound pod again: a pod signed

@@ -25,7 +25,7 @@ from typing import TextIO
 
 import yaml
 
-from binder.cache import ClusterCache
+from binder.cache import ClusterCache, Ledger
 from binder.errors import BinderError, NotFoundError, SettingsError
 from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
@@ -41,6 +41,7 @@ from binder.report import (
     write_reserve,
     write_unserved,
 )
+from binder.state import ClusterState
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE, Keys
 from common.placement import KeyRing, PlacementKeyError, load_key_ring
 from common.quantity import format_bytes
@@ -89,8 +90,8 @@ def fold(
     placement are verified with `ring`, or checked for form only without one."""
     cache = ClusterCache(
         keys,
+        Ledger(ClusterState(reserve=reserve)),
         scheduler_name=scheduler,
-        reserve=reserve,
         listener=_Quiet(),
         placement_keys=None if ring is None else lambda: ring,
     )
@@ -169,7 +170,7 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
 def unproven_status(cache: ClusterCache, out: TextIO) -> None:
     """The pods the binder does not charge, and the used memory nothing charged explains."""
     unproven = sorted(
-        (v for v in cache.unproven.values() if cache.on_tritonshare_node(v.pod)),
+        (v for v in cache.unproven.values() if cache.ledger.on_tritonshare_node(v.pod)),
         key=lambda v: (v.pod.node_name, v.pod.key),
     )
     if unproven:

@@ -20,6 +20,7 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
+from binder.cache import Ledger
 from binder.consolidation import Cooldowns, plan
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.handover import Handover, Outcome
@@ -31,7 +32,6 @@ from binder.moves import carry_out
 from binder.placement import Placement, Policy, place
 from binder.proofs import Unproven
 from binder.queue import SchedulingQueue
-from binder.state import ClusterState
 from common.contract import Keys
 from common.lifecycle import spawn
 from common.logs import subject
@@ -60,7 +60,9 @@ class Controller:
     def __init__(
         self,
         kube: Kube,
+        ledger: Ledger,
         *,
+        leading: asyncio.Event,
         keys: Keys,
         policy: Policy,
         queue: SchedulingQueue,
@@ -73,7 +75,12 @@ class Controller:
         report_interval: float = REPORT_INTERVAL_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
         consolidate_moves: int = 0,
+        inbox: Inbox | None = None,
     ) -> None:
+        """`ledger` is the cache's (read here, changed there); `leading` is set while this
+        replica leads (only the leader schedules and writes); `inbox` is where the writers hand
+        outcomes back: the one the informers use, so the bind's answer and the watch event it
+        causes share a wake-up of the loop (None: one of its own, made on first use)."""
         self._kube = kube
         self._keys = keys
         self._policy = policy
@@ -83,12 +90,12 @@ class Controller:
         self._identity = identity
         self._placement_keys = placement_keys
         self._clock = clock
-        self.state: ClusterState | None = None
-        self.pending: dict[str, PodInfo] = {}
-        self.unproven: dict[str, Unproven] = {}
+        # The ledger's parts under short names: read on every decision, and never replaced.
+        self.state = ledger.state
+        self.pending = ledger.pending
+        self.unproven = ledger.unproven
         """The cache's unproven pods (the same dict), to skip reports that went stale."""
-        self.leading: Callable[[], bool] = lambda: True
-        """Whether this replica leads: only the leader writes Events."""
+        self._leading = leading
         self._unproven_reported: set[tuple[str, str]] = set()
         self._unproven_waiting: dict[str, Unproven] = {}
         """Reports not yet written, oldest first; one is written at a time."""
@@ -101,7 +108,7 @@ class Controller:
         self._consolidate_moves = consolidate_moves
         self._cooldowns = Cooldowns()
         self.bound = 0
-        self._writes = Handover(executor, bind_workers)
+        self._writes = Handover(executor, bind_workers, inbox)
         """The API writes decided here, run on at most `bind_workers` threads."""
         self._calls: dict[str, Any] = {}
         self._scheduled = metrics.attempts.labels("scheduled")
@@ -130,7 +137,7 @@ class Controller:
         is written at a time, so however many pods a tenant creates, they hold at most one of
         the `bind_workers` writers; the others keep binding."""
         key = (verdict.pod.uid, verdict.reason)
-        if not self.leading() or key in self._unproven_reported:
+        if not self._leading.is_set() or key in self._unproven_reported:
             return
         self._unproven_waiting[verdict.pod.uid] = verdict
         self._write_unproven()
@@ -140,7 +147,7 @@ class Controller:
             uid = next(iter(self._unproven_waiting))
             verdict = self._unproven_waiting.pop(uid)
             current = self.unproven.get(uid)
-            if current is None or current.reason != verdict.reason or not self.leading():
+            if current is None or current.reason != verdict.reason or not self._leading.is_set():
                 continue  # gone, proven, changed reason (reported as such), or no longer ours
             if len(self._unproven_reported) >= UNPROVEN_REMEMBERED:
                 self._unproven_reported.clear()
@@ -173,8 +180,9 @@ class Controller:
 
     # ---- the loop --------------------------------------------------------------------------------
 
-    async def run(self, leading: asyncio.Event, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
         """Schedule while leading, until `stop`."""
+        leading = self._leading
         in_a_row = 0
         while not stop.is_set():
             if not leading.is_set():
@@ -209,7 +217,7 @@ class Controller:
         """Decide for one pod. Holds a bind slot, released when its API writes are done."""
         state = self.state
         pod = self.pending.get(uid)
-        if state is None or pod is None or state.is_accounted(uid) or uid in self._in_flight:
+        if pod is None or state.is_accounted(uid) or uid in self._in_flight:
             self._slots.release()
             return
         result = place(state, pod, now=self._clock(), policy=self._policy)
@@ -246,7 +254,7 @@ class Controller:
         state = self.state
         now = self._monotonic()
         recent = self._cooldowns.pods(now)
-        if state is None or not self.leading() or pod.uid in recent:
+        if not self._leading.is_set() or pod.uid in recent:
             return
         made = plan(
             state,
@@ -303,17 +311,6 @@ class Controller:
 
     # ---- API writes: on worker threads (binder.handover), outcomes back on the loop -------------
 
-    @property
-    def inbox(self) -> Inbox | None:
-        """Where the writers hand outcomes back: the one the informers use, so the bind's answer
-        and the watch event it causes share a wake-up of the loop (or its own, made on first
-        use)."""
-        return self._writes.inbox
-
-    @inbox.setter
-    def inbox(self, inbox: Inbox) -> None:
-        self._writes.inbox = inbox
-
     def _hand_over(self, work: Callable[[], None], outcome: Outcome) -> None:
         """Run `work` (API writes) on a worker thread, then `outcome(its error or None)` here."""
         self._writes.submit(work, outcome)
@@ -363,7 +360,6 @@ class Controller:
     def _bound(self, pod: PodInfo, placement: Placement, error: Exception | None) -> None:
         """The outcome of a pod's writes, on the loop."""
         state = self.state
-        assert state is not None
         try:
             if error is None:
                 self._bound_well(pod, placement)

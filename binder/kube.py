@@ -205,8 +205,11 @@ class Kube:
         user_agent: str = USER_AGENT,
         pool_size: int = 32,
         retry: RetryPolicy | None = None,
+        retry_while: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Writes are retried under `retry` only while `retry_while()` holds (the binder gives
+        "this replica leads")."""
         loader: Any = kubernetes.config
         configuration = kubernetes.client.Configuration()
         try:
@@ -232,8 +235,7 @@ class Kube:
         except (OSError, ssl.SSLError) as e:
             raise SettingsError(f"cannot set up TLS to the API server: {e}") from e
         self.retry = retry or RetryPolicy()
-        self.retry_while: Callable[[], bool] = lambda: True
-        """Writes are retried only while this holds (set to "this replica leads")."""
+        self.retry_while = retry_while
         self._monotonic = monotonic
         self._watches: set[Stream] = set()
         self._lock = threading.Lock()

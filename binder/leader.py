@@ -53,6 +53,7 @@ class LeaderElector:
     def __init__(
         self,
         kube: Kube,
+        leading: asyncio.Event,
         *,
         namespace: str,
         name: str,
@@ -79,7 +80,8 @@ class LeaderElector:
         self._on_change = on_change
         self._monotonic = monotonic
         self._wall = wall
-        self.leading = asyncio.Event()
+        self.leading = leading
+        """Set here while this replica leads; the writers and the scheduling loop read it."""
         self.release_on_stop = True
         """Release the Lease when `run` ends while leading (False mimics a crash)."""
         self._observed: tuple[Any, ...] | None = None

@@ -24,11 +24,11 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 class StateCollector(Collector):
     """Per-node and per-GPU capacity and allocated bytes, read from the state at scrape time."""
 
-    def __init__(self, state: Callable[[], ClusterState | None]) -> None:
+    def __init__(self, state: ClusterState | None) -> None:
         self._state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        state = self._state()
+        state = self._state
         gpu_capacity = GaugeMetricFamily(
             "tritonshare_binder_gpu_capacity_bytes",
             "GPU memory a GPU offers to pods (its memory minus the reserve; 0 when unhealthy).",
@@ -86,9 +86,11 @@ class Metrics:
 
     def __init__(
         self,
-        state: Callable[[], ClusterState | None] = lambda: None,
+        state: ClusterState | None = None,
         unproven: Callable[[], Iterable[str]] = tuple,
     ) -> None:
+        """`state` (the cache's, read at scrape time) and `unproven` (the reasons of the unproven
+        pods) feed the gauges of GPU memory and unproven pods; without them those are empty."""
         self.registry = CollectorRegistry()
         self.attempts = Counter(
             "tritonshare_binder_schedule_attempts",

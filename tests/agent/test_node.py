@@ -9,6 +9,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import kubernetes.client
 import pytest
@@ -18,7 +19,7 @@ from agent.gpus import GpuReader
 from agent.inventory import GpuSnapshot, annotations_patch, node_annotations
 from agent.kube import KubeClient
 from agent.metrics import AgentMetrics
-from agent.node import NodePublisher
+from agent.node import Clocks, NodePublisher, NodeSettings
 from common.contract import Keys
 from sim.apiserver import RunningApiServer
 from sim.gpu.nvml import Event, MockNvml, SpecError, load_events, parse_spec
@@ -49,19 +50,22 @@ class FakeTime:
 
 
 def publisher(
-    kube: KubeClient, mock: MockNvml, fake: FakeTime, **overrides: object
+    kube: KubeClient, mock: MockNvml, fake: FakeTime, *, sleep: Any = None, **settings: Any
 ) -> NodePublisher:
-    options: dict[str, object] = {
-        "node_name": NODE,
-        "keys": Keys(),
-        "system_namespace": "tritonshare-system",
-        "cpu_only": False,
-        "clock": fake.clock,
-        "sleep": fake.sleep,
-        "wall": fake.wall,
-    }
-    options.update(overrides)
-    return NodePublisher(kube, GpuReader(mock.as_module()), AgentMetrics(), **options)  # type: ignore[arg-type]
+    """A publisher on fake time; `settings` are NodeSettings fields, `sleep` replaces the fake's."""
+    return NodePublisher(
+        kube,
+        GpuReader(mock.as_module()),
+        AgentMetrics(),
+        NodeSettings(
+            node_name=NODE,
+            keys=Keys(),
+            system_namespace="tritonshare-system",
+            cpu_only=False,
+            **settings,
+        ),
+        clocks=Clocks(monotonic=fake.clock, sleep=sleep or fake.sleep, wall=fake.wall),
+    )
 
 
 def node_view(kube_api: kubernetes.client.ApiClient) -> dict[str, str]:

@@ -13,7 +13,7 @@ from agent.errors import TritonError, TritonUnreachableError
 from agent.gpus import GpuReader
 from agent.kube import KubeClient
 from agent.metrics import AgentMetrics
-from agent.node import NodePublisher
+from agent.node import NodePublisher, NodeSettings
 from agent.triton import READY, TritonClient
 from common.contract import Keys
 from sim.triton import TritonServer, free_port
@@ -73,10 +73,12 @@ async def test_a_node_without_nvml(cpu_only: bool, kubeconfig: Path) -> None:
             kube,
             GpuReader(),
             AgentMetrics(),
-            node_name="cpu-node",
-            keys=Keys(),
-            system_namespace="tritonshare-system",
-            cpu_only=cpu_only,
+            NodeSettings(
+                node_name="cpu-node",
+                keys=Keys(),
+                system_namespace="tritonshare-system",
+                cpu_only=cpu_only,
+            ),
         )
         snapshot = node.read_gpus()
     finally:

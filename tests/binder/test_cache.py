@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from binder.cache import ClusterCache, Informer
+from binder.cache import ClusterCache, Informer, Ledger
 from binder.errors import GoneError
 from binder.kube import JsonObject, Kind, Kube
 from binder.model import ModelKey, PodInfo, pod_from_api
 from binder.proofs import Unproven
+from binder.state import ClusterState
 from common.placement import Claim, KeyRing, Proof
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj, signed
@@ -49,8 +50,8 @@ def make_cache() -> tuple[ClusterCache, Recorder]:
     recorder = Recorder()
     cache = ClusterCache(
         KEYS,
+        Ledger(ClusterState(reserve=0)),
         scheduler_name="tritonshare",
-        reserve=0,
         listener=recorder,
         placement_keys=lambda: TEST_RING,
         clock=lambda: NOW,
@@ -221,8 +222,8 @@ def rotating_cache() -> tuple[ClusterCache, Recorder, list[KeyRing]]:
     rings: list[KeyRing] = [CountingRing(OLD_KEY)]
     cache = ClusterCache(
         KEYS,
+        Ledger(ClusterState(reserve=0)),
         scheduler_name="tritonshare",
-        reserve=0,
         listener=recorder,
         placement_keys=lambda: rings[-1],
         clock=lambda: NOW,
@@ -305,7 +306,11 @@ def test_without_a_key_ring_a_proofs_form_is_all_that_is_checked() -> None:
     """`tritonshare status` run by someone who cannot read the key: absent and malformed proofs
     are seen as such; a well-formed one is taken at its word (the binder verifies it)."""
     cache = ClusterCache(
-        KEYS, scheduler_name="tritonshare", reserve=0, listener=Recorder(), placement_keys=None
+        KEYS,
+        Ledger(ClusterState(reserve=0)),
+        scheduler_name="tritonshare",
+        listener=Recorder(),
+        placement_keys=None,
     )
     cache.apply_node("ADDED", node_obj("n1", [16 * GI]))
     cache.apply_pod("ADDED", signed(pod_obj("a", node="n1", gpu="GPU-n1-0"), TEST_RING))

@@ -10,11 +10,13 @@ from typing import Any, cast
 
 import pytest
 
+from binder.cache import Ledger
 from binder.controller import Controller
 from binder.errors import SettingsError
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
 from binder.settings import parse_settings
+from binder.state import ClusterState
 from common.contract import Keys
 from common.placement import KeyRing
 
@@ -220,6 +222,8 @@ def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_c
     clock = FakeClock()
     controller = Controller(
         cast(Any, None),
+        Ledger(ClusterState(reserve=0)),
+        leading=asyncio.Event(),
         keys=Keys(),
         policy="binpack",
         queue=SchedulingQueue(clock=clock),

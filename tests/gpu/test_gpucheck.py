@@ -23,7 +23,7 @@ from agent.gpus import GpuReader
 from agent.inventory import GpuInfo
 from agent.memory import TOLERANCE_MIN_BYTES, MemoryLedger, tolerance
 from agent.metrics import AgentMetrics
-from agent.node import NodePublisher
+from agent.node import NodePublisher, NodeSettings
 from agent.settings import DECLARATION as AGENT_DECLARATION
 from agent.settings import parse_settings as agent_settings
 from agent.standin import StandInError, TorchStandIn
@@ -157,10 +157,12 @@ def published_by_the_agent(gpus: Gpus, keys: Keys) -> dict[str, str]:
         node,
         GpuReader(gpus.module),
         AgentMetrics(),
-        node_name="gpu-node-1",
-        keys=keys,
-        system_namespace="tritonshare-system",
-        cpu_only=False,
+        NodeSettings(
+            node_name="gpu-node-1",
+            keys=keys,
+            system_namespace="tritonshare-system",
+            cpu_only=False,
+        ),
         usage=MemoryLedger().annotation,
     )
     publisher.read_gpus()
