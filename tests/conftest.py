@@ -126,10 +126,16 @@ LEAK_REPORT = os.environ.get("TRITONSHARE_LEAK_REPORT", "")
 whole suite at once. Empty (the default, and always in CI): a leaked task fails its test."""
 
 
+TASK_GRACE_SECONDS = 1.0
+"""How long tasks still running after a test's teardown may take to end on their own (a request
+iterator finishing its last sleep, a callback chain unwinding) before they count as leaked."""
+
+
 def pending_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[object]]:
-    """The tasks still pending on `loop` once what was about to finish has had a few turns."""
-    for _ in range(3):  # tasks whose awaited thing just completed get to end on their own
-        loop.run_until_complete(asyncio.sleep(0))
+    """The tasks still pending on `loop` after `TASK_GRACE_SECONDS` to end on their own."""
+    running = asyncio.all_tasks(loop)
+    if running:
+        loop.run_until_complete(asyncio.wait(running, timeout=TASK_GRACE_SECONDS))
     return [task for task in asyncio.all_tasks(loop) if not task.done()]
 
 
