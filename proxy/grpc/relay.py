@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Final, Protocol
 
 from hpack import HPACKError
 
 from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED, GateContext, StreamGate
 from proxy.grpc.outbox import Outbox, Scheduler
-from proxy.grpc.replies import Replies
+from proxy.grpc.replies import Replies, ReplyHooks
 from proxy.grpc.stream import RECEIVE_WINDOW, Channel, Stream
 from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow
@@ -73,22 +72,12 @@ class Listener(GateContext, Scheduler, Protocol):
     state: ProxyState
     connections: set[H2Connection]
 
-    def channel(self) -> TritonChannelLike:
+    def channel(self) -> Channel:
         """The connection to Triton a new stream goes on."""
 
 
-class TritonChannelLike(Channel, Protocol):
-    """A connection to Triton as a new stream sees it (`channel.TritonChannel`)."""
-
-    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
-        """Open `stream` at Triton with request header `fields`."""
-
-
-class H2Connection(asyncio.Protocol):
+class H2Connection(ReplyHooks, asyncio.Protocol):
     """One tenant connection (see the module docstring)."""
-
-    finish: Callable[[Stream, str], None]
-    refuse: Callable[[Stream, str, str, bytes | None], None]
 
     def __init__(self, relay: Listener) -> None:
         self.relay = relay
@@ -96,9 +85,6 @@ class H2Connection(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
         self.replies = Replies(self.out, self.streams, self)
         self.gate = StreamGate(relay, self.streams, self.out, self.replies)
-        # The replies' hooks into the gate (`replies.ReplyHooks`), bound once: no call between.
-        self.finish = self.gate.finish
-        self.refuse = self.gate.refuse
         # The listener's hold and flush around each read, bound once: compiled (mypyc), a call
         # through a Protocol looks the method up by name every time.
         self._hold = relay.hold
@@ -143,6 +129,12 @@ class H2Connection(asyncio.Protocol):
         self.out.transport = transport
 
     # -- the hooks of the gate and the replies (`replies.ReplyHooks`) -----------------------------
+
+    def finish(self, stream: Stream, code: str) -> None:
+        self.gate.finish(stream, code)
+
+    def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:
+        self.gate.refuse(stream, code, details, response)
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -323,7 +315,7 @@ class H2Connection(asyncio.Protocol):
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         if kind == frames.WINDOW_UPDATE:
-            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+            self._window_update(sid, frames.u31(payload))
         elif kind == frames.RST_STREAM:
             if sid > self.last_sid:
                 raise ConnectionBrokenError(
@@ -373,8 +365,8 @@ class H2Connection(asyncio.Protocol):
         ended it, and the tenant may have sent before it knew)."""
         slot = self._closed_next
         oldest = self._closed_order[slot]
-        if oldest:
-            self._closed.pop(oldest, None)  # gone already if it closed twice
+        if oldest in self._closed:  # gone already if it closed twice (0: an empty slot)
+            del self._closed[oldest]  # compiled (mypyc), `dict.pop` is a call by name
         self._closed_order[slot] = sid
         self._closed_next = (slot + 1) % _CLOSED_KEPT
         self._closed[sid] = strict

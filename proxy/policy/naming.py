@@ -296,10 +296,12 @@ class AnswerNames:
             and not self._left
             and len(data) > 5
             and data[0] == 0
-            and int.from_bytes(data[1:5], "big") == len(data) - 5
-            and data.startswith(first, 5)
+            and data[1] << 24 | data[2] << 16 | data[3] << 8 | data[4] == len(data) - 5
+            and data[5 : 5 + len(first)] == first
         ):
             # One whole inference answer, naming the model first: the common case, spliced.
+            # (Its prefix read by index and its name by a slice: compiled (mypyc),
+            # `int.from_bytes` and `startswith` with a start are calls by name.)
             named = self._renamed_first
             size = len(data) - 5 + len(named) - len(first)
             return b"\x00" + size.to_bytes(4, "big") + named + data[5 + len(first) :]
