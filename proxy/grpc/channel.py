@@ -48,7 +48,7 @@ from proxy.http2.state import (
     WE_ENDED,
     StreamStateError,
 )
-from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields
+from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields, spliced
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
 
@@ -440,6 +440,13 @@ class RenamingChannel(TritonChannel):
             spec = ANSWERS.get(stream.kind)
             if spec is None:  # an answer that names no model
                 super().on_data(body, flags, sid, length)
+                return
+            # The common answer, one whole message in one frame, spliced without an
+            # `AnswerNames` (what it would answer; the next frame, if any, starts a message).
+            out = None if flags else spliced(spec, body, self._first, self._renamed_first)
+            if out is not None:
+                self._got += length
+                stream.replies.to_tenant(stream, out, False, length)
                 return
             names = stream.answers = AnswerNames(
                 spec, self._private, self._public, self._first, self._renamed_first

@@ -85,10 +85,11 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
         self.replies = Replies(self.out, self.streams, self)
         self.gate = StreamGate(relay, self.streams, self.out, self.replies)
-        # The listener's hold and flush around each read, bound once: compiled (mypyc), a call
-        # through a Protocol looks the method up by name every time.
+        # The listener's hold and flush around each read, and its router, bound once: compiled
+        # (mypyc), a call or an attribute read through a Protocol is a lookup by name every time.
         self._hold = relay.hold
         self._flush = relay.flush
+        self._router = relay.router
         self.last_sid = 0
         self._in = b""
         self._preface = False
@@ -463,7 +464,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         if self._goaway or len(self.streams) >= MAX_STREAMS:
             self.out.write(frames.rst_stream(sid, frames.REFUSED_STREAM))
             return
-        router = self.relay.router
+        router = self._router
         answer: GrpcAnswer | None = None
         if not kind:
             answer = UNIMPLEMENTED
@@ -495,7 +496,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             sent = fields
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
-            router = self.relay.router
+            router = self._router
             if router.renames:
                 # Triton's answers name the model's private name and are renamed on their way
                 # back, which compressed answers would hide: Triton may compress only for a
