@@ -14,17 +14,15 @@ from collections.abc import Sequence
 from agent.app import Agent
 from agent.errors import AgentError
 from agent.settings import Settings, SettingsError, parse_settings
-from common.lifecycle import Lifecycle
+from common.lifecycle import serve
 from common.logs import configure_logging, subject
 
 log = logging.getLogger("agent")
 
 
 async def run(settings: Settings) -> int:
-    lifecycle = Lifecycle()
-    lifecycle.install_signal_handlers()
-    agent = Agent(settings)
-    return await lifecycle.run(agent.start)
+    # Built on the running loop, as every part is: nothing of it outlives this run.
+    return await serve(Agent(settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

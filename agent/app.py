@@ -1,11 +1,12 @@
 """Assembling the agent from its parts, starting it, and stopping it in a fixed order.
 
-`Agent(settings)` builds everything; `start(lifecycle)` binds the servers, logs
-"Agent for node N is serving gRPC on HOST:PORT", writes the ports file, spawns the long-lived tasks
-and registers the cleanups. Shutdown (reverse order of registration): stop accepting gRPC calls
-(in-flight ones get a grace period), stop HTTP, let the loops finish their current step, release
-NVML, stop the pod watch, then close the Triton, file and Kubernetes clients. Tests build an
-Agent in-process with a mock NVML module.
+The shape of every part (`common.lifecycle`): `Agent(settings)` builds everything, in the order
+the parts depend on each other, each from what is built before it; `start(lifecycle)` binds the
+servers, logs "Agent for node N is serving gRPC on HOST:PORT", writes the ports file, spawns the
+long-lived tasks and registers the cleanups. Shutdown (reverse order of registration): stop
+accepting gRPC calls (in-flight ones get a grace period), stop HTTP, let the loops finish their
+current step (then cut them off), release NVML, stop the pod watch, then close the Triton, file
+and Kubernetes clients. Tests build an Agent in-process with a mock NVML module.
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from agent.events import PodEvents
 from agent.gate import MAX_MESSAGE_BYTES, Gate
 from agent.gateway import CallerPublisher
 from agent.gpus import GpuReader
-from agent.inventory import GpuInfo, GpuSnapshot
+from agent.inventory import GpuSnapshot
 from agent.kube import KubeClient, PodWatch
 from agent.memory import MemoryLedger, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy
-from agent.models import Models
+from agent.models import ModelLimits, Models
 from agent.node import NodePublisher
-from agent.ownership import OwnerRecord, OwnerStore
+from agent.nodepods import NodePods
+from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
-from agent.pods import pod_from_dict
 from agent.reconcile import Reconciler
 from agent.repository import Repository, check_apart
 from agent.service import AgentService, add_to_server
@@ -61,38 +62,61 @@ def _split(host_port: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _model_limits(settings: Settings) -> ModelLimits:
+    return ModelLimits(
+        policy=ModelPolicy(
+            safe_backends=frozenset(settings.safe_backends),
+            tenant_code_namespaces=frozenset(settings.tenant_code_namespaces),
+        ),
+        cpu_only=settings.cpu_only,
+        unload_timeout=settings.unload_timeout_seconds,
+        max_model_bytes=settings.max_model_bytes,
+        install_deadline=settings.install_deadline_seconds,
+        install_idle=settings.install_idle_seconds,
+        install_first_chunk=settings.install_first_chunk_seconds,
+        gpu_mem_reserve=settings.gpu_mem_reserve,
+    )
+
+
 class Agent:
-    """Every part of one agent process."""
+    """Every part of one agent process, built in the order they depend on each other: the
+    clients of outside systems, the node's GPUs and pods, the models, then what drives and serves
+    them. Each takes only what is built before it."""
 
     def __init__(self, settings: Settings, *, nvml: types.ModuleType | None = None) -> None:
         self.settings = settings
-        self.metrics = AgentMetrics()
-        self.repository = Repository(
-            settings.model_repository,
-            settings.staging_dir,
-            namespace_bytes=settings.max_install_bytes_per_namespace,
-        )
         if settings.placement_key_dir is None:
             raise AgentError("the agent needs --placement-key-dir to check placements")
         try:
             self.placement_keys = KeyDirectory(settings.placement_key_dir)
         except PlacementKeyError as e:
             raise AgentError(str(e)) from e
-        self.verifier = PlacementVerifier(self.placement_keys.ring, settings.node_name)
-        self.owners = OwnerStore(
-            settings.state_dir or self.repository.root.parent / ".tritonshare-state"
-        )
+        self.metrics = AgentMetrics()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+        # Outside systems: the Kubernetes API, Triton, the model files, NVML.
         self.kube = KubeClient(settings.kubeconfig)
         self.events = PodEvents(self.kube, f"tritonshare-agent/{settings.node_name}")
-        self.ledger = MemoryLedger(tolerance_fraction=settings.gpu_mem_tolerance)
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.triton = TritonClient(
             settings.triton_http_url,
             admin_header=settings.triton_admin_header,
             load_timeout=settings.load_timeout_seconds,
         )
+        self.repository = Repository(
+            settings.model_repository,
+            settings.staging_dir,
+            namespace_bytes=settings.max_install_bytes_per_namespace,
+        )
+        self.owners = OwnerStore(
+            settings.state_dir or self.repository.root.parent / ".tritonshare-state"
+        )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
+
+        # The node: its GPUs (and the memory measured on them), its pods.
+        self.ledger = MemoryLedger(tolerance_fraction=settings.gpu_mem_tolerance)
+        self._reconcile_now = asyncio.Event()
+        """Set to ask the reconciler for a pass now (a model uses more memory than it may)."""
         self.node = NodePublisher(
             self.kube,
             self._gpu_reader,
@@ -111,30 +135,59 @@ class Agent:
             usage=self.ledger.annotation,
             usage_publish_seconds=settings.usage_publish_seconds,
         )
+        self.verifier = PlacementVerifier(self.placement_keys.ring, settings.node_name)
+        self.pods = NodePods(
+            self.verifier,
+            self.kube.get_pod,
+            scheduler_name=settings.scheduler_name,
+            keys=settings.keys,
+        )
+
+        # The models, and what keeps them in line with the pods.
         self.models = Models(
             self.repository,
             self.triton,
-            self.metrics,
-            lambda: self.node.snapshot,
-            owners=self.owners,
-            owner_alive=self._owner_alive,
-            policy=ModelPolicy(
-                safe_backends=frozenset(settings.safe_backends),
-                tenant_code_namespaces=frozenset(settings.tenant_code_namespaces),
-            ),
-            cpu_only=settings.cpu_only,
-            unload_timeout=settings.unload_timeout_seconds,
-            max_model_bytes=settings.max_model_bytes,
-            install_deadline=settings.install_deadline_seconds,
-            install_idle=settings.install_idle_seconds,
-            install_first_chunk=settings.install_first_chunk_seconds,
+            self.owners,
+            _model_limits(settings),
+            gpus=self.node,
+            pods=self.pods,
+            metrics=self.metrics,
             ledger=self.ledger,
-            read_gpu=self._read_gpu,
-            booked=lambda gpu, uid: self.reconciler.booked(gpu, uid),
-            gpu_mem_reserve=settings.gpu_mem_reserve,
         )
-        self.metrics.watch_memory(self.ledger, lambda: self.node.snapshot)
-        self.metrics.watch_gpus(lambda: self.node.snapshot, self.models.loaded_per_gpu)
+        self.reconciler = Reconciler(
+            self.models,
+            self.pods,
+            self.metrics,
+            self.events,
+            orphan_grace_seconds=settings.orphan_grace_seconds,
+            resync_seconds=settings.resync_seconds,
+            triton_poll_seconds=settings.triton_poll_seconds,
+            enforcement=settings.gpu_mem_enforcement,
+            fail_pod=self.kube.fail_pod,
+            wake=self._reconcile_now,
+        )
+        self.conditions = ModelConditions(
+            self.kube,
+            self.events,
+            settings.keys.model_loaded,
+            self.models.status_for,
+        )
+        self.callers: CallerPublisher | None = None
+        if settings.gateway_table is not None:
+            self.callers = CallerPublisher(
+                settings.gateway_table,
+                settings.node_name,
+                self.reconciler.callers,
+                refresh_seconds=settings.gateway_table_refresh_seconds,
+            )
+            # The one wiring after construction: the table is computed by the reconciler from
+            # the owners and the pods, and is rewritten when either changes.
+            self.reconciler.on_pods = self.owners.on_change = self.callers.changed
+        self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
+        self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
+        self.metrics.watch_models(self.reconciler.callers)
+
+        # Serving the pods: who may call, the service, the gate in front of it.
         self.authorizer = Authorizer(
             self.kube,
             self.verifier,
@@ -146,45 +199,15 @@ class Agent:
             cache_seconds=settings.token_cache_seconds,
             failure_cache_seconds=settings.auth_failure_cache_seconds,
         )
-        self.reconciler = Reconciler(
-            self.models,
-            self.metrics,
-            self.verifier,
-            self.events,
-            node_name=settings.node_name,
-            scheduler_name=settings.scheduler_name,
-            keys=settings.keys,
-            orphan_grace_seconds=settings.orphan_grace_seconds,
-            resync_seconds=settings.resync_seconds,
-            triton_poll_seconds=settings.triton_poll_seconds,
-            enforcement=settings.gpu_mem_enforcement,
-            fail_pod=self.kube.fail_pod,
-        )
-        self.conditions = ModelConditions(
-            self.kube,
-            self.events,
-            settings.keys.model_loaded,
-            self.models.status_for,
-        )
-        self.metrics.watch_models(self.reconciler.callers)
-        self.callers: CallerPublisher | None = None
-        if settings.gateway_table is not None:
-            self.callers = CallerPublisher(
-                settings.gateway_table,
-                settings.node_name,
-                self.reconciler.callers,
-                refresh_seconds=settings.gateway_table_refresh_seconds,
-            )
-            self.reconciler.on_pods = self.owners.on_change = self.callers.changed
         self.service = AgentService(
             self.models,
             self.authorizer,
             self.metrics,
-            lambda: self.node.snapshot,
+            self._gpu_snapshot,
             settings.node_name,
             self.events,
+            on_reinstall=self.conditions.reinstalling,
         )
-        self.service.on_reinstall = self.conditions.reinstalling
         self.gate = Gate(
             self.authorizer,
             self.metrics,
@@ -197,7 +220,9 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
-        self._loops: list[asyncio.Task[None]] = []
+
+    def _gpu_snapshot(self) -> GpuSnapshot | None:
+        return self.node.snapshot
 
     def not_ready(self) -> list[str]:
         """Why the agent is not ready; empty when it is."""
@@ -206,7 +231,7 @@ class Agent:
             reasons.append(self.node.nvml_error or "the GPUs have not been read yet")
         if not self.reconciler.triton_live:
             reasons.append(f"Triton at {self.triton.base} is not reachable")
-        if not self.reconciler.synced:
+        if not self.pods.synced:
             reasons.append("this node's pods have not been listed yet")
         return reasons
 
@@ -224,22 +249,7 @@ class Agent:
             self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
             log.warning("%s.", describe(growth))
         if self.ledger.over():
-            self.reconciler.trigger()
-
-    async def _read_gpu(self, uuid: str) -> GpuInfo | None:
-        """A fresh NVML reading of one GPU (on the NVML thread)."""
-        snapshot = await self.node.refresh_gpus()
-        return snapshot.by_uuid(uuid) if snapshot is not None else None
-
-    async def _owner_alive(self, owner: OwnerRecord) -> bool:
-        """Whether the recorded owner of a model is still a live pod here, proven for its model
-        id (read fresh: the watch may lag a pod that was just deleted or replaced)."""
-        obj = await self.kube.get_pod(owner.namespace, owner.name)
-        if obj is None:
-            return False
-        pod = pod_from_dict(obj, self.settings.keys)
-        proven = self.reconciler.proven(pod) if pod.uid == owner.uid else None
-        return proven is not None and proven.model_id == owner.model_id
+            self._reconcile_now.set()
 
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings
@@ -256,11 +266,19 @@ class Agent:
         lifecycle.on_shutdown("NVML", self._close_nvml)
         # Runs after the servers stop and before the clients close: the loops see the stop
         # event and finish their current step, so none of them is cut off mid-call.
-        lifecycle.on_shutdown("the agent's loops", self._finish_loops)
+        lifecycle.on_shutdown_finish_tasks("the agent's loops", LOOPS_GRACE_SECONDS)
 
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
 
+        # Both servers' stops are registered before either starts, so a stop that cancels the
+        # start (a signal) stops what did start; the gRPC server stops first.
+        http_host, http_port = _split(settings.listen_http)
+        self._http = HttpServer(
+            build_health_app(self.metrics.registry, self.not_ready), http_host, http_port
+        )
+        lifecycle.on_shutdown("the HTTP server", self._http.stop)
+        lifecycle.on_shutdown("the gRPC server", self._stop_grpc)
         self._grpc = grpc.aio.server(
             interceptors=[self.gate],
             options=[
@@ -288,35 +306,21 @@ class Agent:
             ) from cause
         await self._grpc.start()
         self.grpc_address = f"{host}:{port}"
-
-        http_host, http_port = _split(settings.listen_http)
-        self._http = HttpServer(
-            build_health_app(self.metrics.registry, self.not_ready), http_host, http_port
-        )
         await self._http.start()
         self.http_address = f"{http_host}:{self._http.port}"
-        lifecycle.on_shutdown("the HTTP server", self._http.stop)
-        lifecycle.on_shutdown("the gRPC server", self._stop_grpc)
 
         stop = lifecycle.stop_event
-        self._loops = [
-            lifecycle.spawn("the node publisher", self.node.run(stop)),
-            lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop)),
-            lifecycle.spawn("the reconciler", self.reconciler.run(stop)),
-            lifecycle.spawn(
-                "the ModelLoaded conditions",
-                self.conditions.run(
-                    stop,
-                    self._proven_pods,
-                    lambda: self.reconciler.triton_live,
-                    settings.triton_poll_seconds,
-                ),
+        lifecycle.spawn("the node publisher", self.node.run(stop))
+        lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop))
+        lifecycle.spawn("the reconciler", self.reconciler.run(stop))
+        lifecycle.spawn(
+            "the ModelLoaded conditions",
+            self.conditions.run(
+                stop, self._proven_pods, self._triton_live, settings.triton_poll_seconds
             ),
-        ]
+        )
         if self.callers is not None:
-            self._loops.append(
-                lifecycle.spawn("the gateway's caller table", self.callers.run(stop))
-            )
+            lifecycle.spawn("the gateway's caller table", self.callers.run(stop))
         self._watch = self.kube.watch_pods(
             settings.node_name, self.reconciler.on_list, self.reconciler.on_event
         )
@@ -330,21 +334,17 @@ class Agent:
         if settings.ports_file is not None:
             _write_ports(settings.ports_file, self.grpc_address, self.http_address)
 
+    def _triton_live(self) -> bool:
+        return self.reconciler.triton_live
+
     def _proven_pods(self) -> list[Proven] | None:
         """This node's live pods with a proven placement; None before the first pod list."""
-        if not self.reconciler.synced:
-            return None
-        pods = (self.reconciler.proven(pod) for pod in list(self.reconciler.pods.values()))
-        return [p for p in pods if p is not None]
+        return self.pods.all_proven() if self.pods.synced else None
 
     async def _stop_grpc(self) -> None:
         if self._grpc is not None:
             await self._grpc.stop(GRPC_GRACE_SECONDS)
             self._grpc = None
-
-    async def _finish_loops(self) -> None:
-        if self._loops:
-            await asyncio.wait(self._loops, timeout=LOOPS_GRACE_SECONDS)
 
     async def _close_nvml(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._nvml_thread, self._gpu_reader.close)

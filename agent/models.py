@@ -35,11 +35,11 @@ import logging
 import mmap
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from agent.errors import (
     AgentError,
@@ -133,13 +133,6 @@ class _Record:
 
 
 Chunk = tuple[str, int, bytes]
-OwnerCheck = Callable[[OwnerRecord], Awaitable[bool]]
-"""Whether the recorded owner of a model is still a live pod on this node with a proven
-placement for the record's model id; raises KubeError when that cannot be told."""
-GpuRead = Callable[[str], Awaitable[GpuInfo | None]]
-"""A fresh NVML reading of one GPU, by UUID (None when it is not on the node)."""
-Booked = Callable[[str, str], list[int]]
-"""The memory booked on a GPU (UUID) by every proven placement but one pod's (uid)."""
 
 GATHER_BYTES = 1024 * 1024
 """Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
@@ -182,6 +175,50 @@ def _onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
     )
 
 
+class Gpus(Protocol):
+    """The node's GPUs as model operations see them (`agent.node.NodePublisher`)."""
+
+    @property
+    def snapshot(self) -> GpuSnapshot | None:
+        """The latest reading of every GPU; None before the first."""
+
+    async def read_gpu(self, uuid: str) -> GpuInfo | None:
+        """A fresh reading of one GPU, by UUID; None when it is not on the node."""
+
+
+class Pods(Protocol):
+    """This node's pods as model operations see them (`agent.nodepods.NodePods`)."""
+
+    def all_proven(self) -> list[Proven]:
+        """Every live pod of the node with a proven placement."""
+
+    async def owner_alive(self, owner: OwnerRecord) -> bool:
+        """Whether the recorded owner of a model is still a live pod on this node with a proven
+        placement for the record's model id; raises KubeError when that cannot be told."""
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the agent's settings say about model operations."""
+
+    policy: ModelPolicy
+    """Which backends and configurations a namespace's models may use."""
+    cpu_only: bool
+    """No GPUs on the node: models load on the CPU and no GPU is checked or measured."""
+    unload_timeout: float = 120.0
+    """Seconds an unload may take in Triton."""
+    max_model_bytes: int = 64 * 1024**3
+    """The largest model an install may declare, in bytes."""
+    install_deadline: float = 1800.0
+    """Seconds a whole install may take."""
+    install_idle: float = 120.0
+    """Seconds an install may go without a chunk."""
+    install_first_chunk: float = 10.0
+    """Seconds an install may wait for its first chunk."""
+    gpu_mem_reserve: int = 0
+    """Bytes of each GPU no model may be admitted to use."""
+
+
 class Models:
     """Owns every model operation on the node."""
 
@@ -189,41 +226,23 @@ class Models:
         self,
         repository: Repository,
         triton: TritonClient,
-        metrics: AgentMetrics,
-        gpus: Callable[[], GpuSnapshot | None],
-        *,
         owners: OwnerStore,
-        owner_alive: OwnerCheck,
-        policy: ModelPolicy,
-        cpu_only: bool,
-        unload_timeout: float = 120.0,
-        max_model_bytes: int = 64 * 1024**3,
-        install_deadline: float = 1800.0,
-        install_idle: float = 120.0,
-        install_first_chunk: float = 10.0,
+        limits: ModelLimits,
+        *,
+        gpus: Gpus,
+        pods: Pods,
+        metrics: AgentMetrics,
         ledger: MemoryLedger | None = None,
-        read_gpu: GpuRead | None = None,
-        booked: Booked | None = None,
-        gpu_mem_reserve: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repository = repository
         self.triton = triton
-        self.metrics = metrics
-        self._gpus = gpus
         self.owners = owners
-        self._owner_alive = owner_alive
-        self.policy = policy
-        self.cpu_only = cpu_only
-        self.unload_timeout = unload_timeout
-        self.max_model_bytes = max_model_bytes
-        self.install_deadline = install_deadline
-        self.install_idle = install_idle
-        self.install_first_chunk = install_first_chunk
+        self.limits = limits
+        self._gpus = gpus
+        self._pods = pods
+        self.metrics = metrics
         self.ledger = ledger or MemoryLedger()
-        self._read_gpu = read_gpu
-        self._booked = booked or (lambda gpu, uid: [])
-        self.gpu_mem_reserve = gpu_mem_reserve
         self._gpu_locks: dict[str, asyncio.Lock] = {}
         self.clock = clock
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
@@ -290,6 +309,22 @@ class Models:
                 f"pod {owner.key} names model {owner.model_id!r}, which cannot be served: {e}"
             ) from e
 
+    def booked(self, gpu_uuid: str, except_uid: str) -> list[int]:
+        """What every proven placement on a GPU holds but one pod's: the larger of its request and
+        what its model is measured to use."""
+        held = []
+        for proven in self._pods.all_proven():
+            if proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
+                continue
+            try:
+                name = self.triton_name(proven)
+            except AgentError:
+                name = ""  # no model of it can be loaded here: its request alone counts
+            owner = self.owners.get(name)
+            mine = owner is not None and owner.uid == proven.uid
+            held.append(max(proven.request, self.ledger.measured(name) if mine else 0))
+        return held
+
     def public_id(self, name: str) -> str:
         """The public id of the model named `name` in Triton, as far as the agent knows."""
         record = self._records.get(name)
@@ -310,7 +345,7 @@ class Models:
         owned = self.owners.get(name)
         if owned is not None and owned.uid == owner.uid:
             return owned
-        if owned is not None and await self._owner_alive(owned):
+        if owned is not None and await self._pods.owner_alive(owned):
             raise self._owned_elsewhere(owner.model_id)
         if await self._holds_anything(name):
             # Nothing another pod left (or nobody installed) may serve the new owner.
@@ -336,7 +371,7 @@ class Models:
         owned = self.owners.get(name)
         if owned is not None and owned.uid == owner.uid:
             return True
-        if owned is not None and await self._owner_alive(owned):
+        if owned is not None and await self._pods.owner_alive(owned):
             raise self._owned_elsewhere(owner.model_id)
         return False
 
@@ -366,13 +401,13 @@ class Models:
         """
         self._name_check(model_id, owner)
         started = self.clock()
-        if manifest.total_bytes > self.max_model_bytes:
+        if manifest.total_bytes > self.limits.max_model_bytes:
             raise ResourceExhaustedError(
                 f"model {model_id!r} is {manifest.total_bytes} bytes, over this node's limit of "
-                f"{self.max_model_bytes} bytes per model (--max-model-bytes); make it smaller or "
-                f"ask the operator to raise the limit"
+                f"{self.limits.max_model_bytes} bytes per model (--max-model-bytes); make it "
+                f"smaller or ask the operator to raise the limit"
             )
-        self.policy.check_files(model_id, [e.path for e in manifest.files], owner.namespace)
+        self.limits.policy.check_files(model_id, [e.path for e in manifest.files], owner.namespace)
         name = self.triton_name(owner)
         async with self.lock(name):
             record = self._touch(name, owner)
@@ -432,20 +467,20 @@ class Models:
         )
         try:
             try:
-                async with asyncio.timeout(self.install_deadline):
+                async with asyncio.timeout(self.limits.install_deadline):
                     await self._receive(staging, chunks, writer)
             except TimeoutError as e:
                 raise DeadlineExceededError(
                     f"installing model {model_id!r} took longer than this node allows "
-                    f"({self.install_deadline:.0f} s, --install-deadline-seconds); nothing was "
-                    f"kept, send it again on a faster link"
+                    f"({self.limits.install_deadline:.0f} s, --install-deadline-seconds); nothing "
+                    f"was kept, send it again on a faster link"
                 ) from e
             await self._in_thread(staging.finish, executor=writer)
             # The config names the public id (or nothing); loads override it with the name in
             # Triton, which Triton requires to be the directory's.
             config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
             config = parse_config(config_text, model_id)
-            self.policy.check_config(config, model_id, owner.namespace)
+            self.limits.policy.check_config(config, model_id, owner.namespace)
             paths = [e.path for e in manifest.files]
             for path in onnx_files(config, paths):
                 # Off the event loop: a model file may be gigabytes (mapped, never copied).
@@ -489,7 +524,7 @@ class Models:
         iterator = aiter(chunks)
         # A loader streams its first chunk right behind the header; a stream that sends only a
         # header gives up its pod's and namespace's call slots within seconds.
-        limit, flag = self.install_first_chunk, "--install-first-chunk-seconds"
+        limit, flag = self.limits.install_first_chunk, "--install-first-chunk-seconds"
         while True:
             try:
                 chunk = await asyncio.wait_for(anext(iterator, None), limit)
@@ -498,7 +533,7 @@ class Models:
                     f"the install of model {staging.model_id!r} sent nothing for "
                     f"{limit:g} s ({flag}); nothing was kept, send it again"
                 ) from e
-            limit, flag = self.install_idle, "--install-idle-seconds"
+            limit, flag = self.limits.install_idle, "--install-idle-seconds"
             if chunk is None:
                 break
             if parts and (chunk[0] != path or chunk[1] != offset + size):
@@ -514,23 +549,23 @@ class Models:
     # Load.
     def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
         if not gpu_uuid:
-            if self.cpu_only:
+            if self.limits.cpu_only:
                 return "", -1
             raise InvalidRequestError(
                 f"the pod of model {model_id!r} has no GPU annotation; it must be scheduled by "
                 f"tritonshare (the binder writes the GPU before binding)"
             )
-        snapshot = self._gpus()
+        snapshot = self._gpus.snapshot
         gpu = snapshot.by_uuid(gpu_uuid) if snapshot is not None else None
         if gpu is None:
-            if self.cpu_only:
+            if self.limits.cpu_only:
                 # Without a GPU read (CPU machines) the assignment is kept for accounting only.
                 return gpu_uuid, -1
             raise ConflictError(
                 f"GPU {gpu_uuid} chosen for model {model_id!r} is not on this node; "
                 f"delete the pod so the binder places it again"
             )
-        if not gpu.healthy and not self.cpu_only:
+        if not gpu.healthy and not self.limits.cpu_only:
             raise ConflictError(
                 f"GPU {gpu.index} ({gpu_uuid}) chosen for model {model_id!r} is unhealthy "
                 f"({gpu.reason}); delete the pod so the binder places it on a healthy GPU"
@@ -559,7 +594,7 @@ class Models:
         uuid, index = self._gpu_for(model_id, owner.gpu_uuid)
         config_path = self.repository.model_dir(name) / "config.pbtxt"
         config = parse_config(config_path.read_text(errors="replace"), model_id)
-        self.policy.check_config(config, model_id, owner.namespace)
+        self.limits.policy.check_config(config, model_id, owner.namespace)
         pin = self._pin(index)
         # Triton requires the config's name to be the directory's: the name in Triton.
         override = override_json(pinned_config(config, name, pin))
@@ -617,7 +652,7 @@ class Models:
         since its last reading is observed first, so what grew before the load is not billed
         to it (`agent.memory` decides whose the window's growth is)."""
         model_id = owner.model_id
-        if self._read_gpu is None or not uuid or index < 0:
+        if not uuid or index < 0:
             await self.triton.load(name, override)
             return
         async with self._gpu_window(uuid) as before:
@@ -625,8 +660,8 @@ class Models:
                 problem = admission_problem(
                     before,
                     owner.request,
-                    self._booked(uuid, owner.uid),
-                    self.gpu_mem_reserve,
+                    self.booked(uuid, owner.uid),
+                    self.limits.gpu_mem_reserve,
                 )
                 if problem:
                     raise ResourceExhaustedError(
@@ -635,7 +670,7 @@ class Models:
                         event_reason="InsufficientGPUMemory",
                     )
             await self.triton.load(name, override)
-            after = await self._read_gpu(uuid)
+            after = await self._gpus.read_gpu(uuid)
             reported = await self.triton.gpu_memory(name, index)
             if before is not None and after is not None:
                 entry, rest = self.ledger.record_load(
@@ -666,9 +701,8 @@ class Models:
         """A measured window on one GPU: no other load or unload on it meanwhile, its change
         since the last poll observed first (so it is not billed to what the window does), and
         the GPU marked busy for the pollers; yields the reading before (None: unreadable)."""
-        assert self._read_gpu is not None
         async with self._gpu_lock(uuid):
-            before = await self._read_gpu(uuid)
+            before = await self._gpus.read_gpu(uuid)
             if before is not None:
                 self._unexplained(self.ledger.observe_gpu(before))
             self.ledger.loading.add(uuid)
@@ -686,20 +720,20 @@ class Models:
         """Unload and wait until Triton has; on a measured GPU, one load or unload at a time,
         read before and after so that what it did not free stays unexplained."""
         entry = self.ledger.models.get(name)
-        if entry is None or self._read_gpu is None:
+        if entry is None:
             await self.triton.unload(name)
-            await self.triton.wait_unloaded(name, self.unload_timeout)
+            await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             return
         uuid = entry.gpu_uuid
         async with self._gpu_window(uuid) as before:
             await self.triton.unload(name)
-            await self.triton.wait_unloaded(name, self.unload_timeout)
-            after = await self._read_gpu(uuid)
+            await self.triton.wait_unloaded(name, self.limits.unload_timeout)
+            after = await self._gpus.read_gpu(uuid)
             if before is not None and after is not None:
                 self.ledger.record_unload(name, before.memory_used, after.memory_used)
 
     def _pin(self, gpu_index: int) -> int | None:
-        return None if self.cpu_only or gpu_index < 0 else gpu_index
+        return None if self.limits.cpu_only or gpu_index < 0 else gpu_index
 
     # Unload.
     async def unload_for(self, owner: Proven, *, reason: str) -> ModelStatus:
@@ -869,7 +903,7 @@ class Models:
         record.vouched_at = self.clock()
         record.pod = owner.key
         record.gpu_uuid = owner.gpu_uuid
-        snapshot = self._gpus()
+        snapshot = self._gpus.snapshot
         gpu = snapshot.by_uuid(owner.gpu_uuid) if snapshot and owner.gpu_uuid else None
         record.gpu_index = gpu.index if gpu else -1
         if gpu is not None:

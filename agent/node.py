@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from agent.errors import AgentError, NvmlUnavailableError
 from agent.gpus import GpuReader
 from agent.inventory import (
+    GpuInfo,
     GpuSnapshot,
     annotations_patch,
     capacity_patch,
@@ -142,6 +143,11 @@ class NodePublisher:
             return self.read_gpus()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._nvml_executor, self.read_gpus)
+
+    async def read_gpu(self, uuid: str) -> GpuInfo | None:
+        """A fresh reading of one GPU (on the NVML executor); None when it is not on the node."""
+        snapshot = await self.refresh_gpus()
+        return snapshot.by_uuid(uuid) if snapshot is not None else None
 
     # The Node.
     async def sync_node(self) -> None:

@@ -35,10 +35,9 @@ from agent.events import PodEvents
 from agent.memory import Excess
 from agent.metrics import AgentMetrics
 from agent.models import Models
-from agent.placement import PlacementVerifier, Proven
-from agent.pods import PodInfo, pod_from_dict
+from agent.nodepods import NodePods
+from agent.placement import Proven
 from agent.triton import LOADING, READY
-from common.contract import Keys
 from common.lifecycle import spawn
 from common.logs import subject
 from common.quantity import format_bytes
@@ -47,32 +46,28 @@ log = logging.getLogger(__name__)
 
 
 class Reconciler:
-    """Holds this node's pods (from the watch) and converges models towards them."""
+    """Converges models towards this node's pods (`agent.nodepods`, fed by the watch here)."""
 
     def __init__(
         self,
         models: Models,
+        pods: NodePods,
         metrics: AgentMetrics,
-        verifier: PlacementVerifier,
         events: PodEvents,
         *,
-        node_name: str,
-        scheduler_name: str,
-        keys: Keys,
         enforcement: str = "warn",
         fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
         orphan_grace_seconds: float = 30.0,
         resync_seconds: float = 60.0,
         triton_poll_seconds: float = 2.0,
+        wake: asyncio.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`wake`, when given, is the event others set to ask for a pass now (as `trigger`)."""
         self.models = models
+        self.pods = pods
         self.metrics = metrics
-        self.verifier = verifier
         self.events = events
-        self.node_name = node_name
-        self.scheduler_name = scheduler_name
-        self.keys = keys
         self.enforcement = enforcement
         self._fail_pod = fail_pod
         self._warned: set[str] = set()
@@ -80,29 +75,19 @@ class Reconciler:
         self.resync_seconds = resync_seconds
         self.triton_poll_seconds = triton_poll_seconds
         self._clock = clock
-        self.pods: dict[str, PodInfo] = {}
-        self.synced = False
         self.triton_live = False
         self.passes = 0
-        self._wake = asyncio.Event()
+        self._wake = wake or asyncio.Event()
         self.on_pods: Callable[[], None] | None = None
         """Called when the pods may have changed (the gateway's caller table follows them)."""
 
     # Watch callbacks (run on the event loop).
     def on_list(self, items: list[dict[str, Any]]) -> None:
-        self.pods = {}
-        for obj in items:
-            pod = pod_from_dict(obj, self.keys)
-            self.pods[pod.key] = pod
-        self.synced = True
+        self.pods.replace(items)
         self.trigger()
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
-        pod = pod_from_dict(obj, self.keys)
-        if kind == "DELETED":
-            self.pods.pop(pod.key, None)
-        else:
-            self.pods[pod.key] = pod
+        self.pods.apply(kind, obj)
         self.trigger()
 
     def trigger(self) -> None:
@@ -113,21 +98,15 @@ class Reconciler:
     def callers(self) -> dict[str, Proven] | None:
         """The proven owners by their models' names in Triton, once the pods are listed (the
         gateway's caller table, the metrics' model info)."""
-        return self.wanted() if self.synced else None
-
-    def proven(self, pod: PodInfo) -> Proven | None:
-        """The pod with its proof, when it is a live tritonshare pod placed on this node."""
-        if pod.scheduler_name != self.scheduler_name or pod.terminated:
-            return None
-        return self.verifier.proven(pod)
+        return self.wanted() if self.pods.synced else None
 
     def wanted(self) -> dict[str, Proven]:
         """Name in Triton -> its owner, for every owner that is a live, proven pod wanting it."""
-        by_uid = {pod.uid: pod for pod in self.pods.values()}
+        by_uid = {pod.uid: pod for pod in self.pods.by_key.values()}
         wanted = {}
         for name, owner in self.models.owners.all().items():
             pod = by_uid.get(owner.uid)
-            proven = self.proven(pod) if pod is not None else None
+            proven = self.pods.proven(pod) if pod is not None else None
             if (
                 proven is not None
                 and proven.model_id == owner.model_id
@@ -136,27 +115,9 @@ class Reconciler:
                 wanted[name] = proven
         return wanted
 
-    def booked(self, gpu_uuid: str, except_uid: str) -> list[int]:
-        """What every proven placement on a GPU holds but one pod's: the larger of its request and
-        what its model is measured to use."""
-        ledger, owners = self.models.ledger, self.models.owners
-        held = []
-        for pod in self.pods.values():
-            proven = self.proven(pod)
-            if proven is None or proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
-                continue
-            try:
-                name = self.models.triton_name(proven)
-            except AgentError:
-                name = ""  # no model of it can be loaded here: its request alone counts
-            owner = owners.get(name)
-            mine = owner is not None and owner.uid == proven.uid
-            held.append(max(proven.request, ledger.measured(name) if mine else 0))
-        return held
-
     async def reconcile_once(self) -> None:
         """One pass; errors of single models are logged and retried on the next pass."""
-        if not self.synced:
+        if not self.pods.synced:
             return
         models = self.models
         wanted = self.wanted()

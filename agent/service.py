@@ -63,6 +63,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         gpus: Callable[[], GpuSnapshot | None],
         node_name: str,
         events: PodEvents,
+        *,
+        on_reinstall: Callable[[Proven], None] | None = None,
     ) -> None:
         self.models = models
         self.authorizer = authorizer
@@ -70,7 +72,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self.metrics = metrics
         self._gpus = gpus
         self.node_name = node_name
-        self.on_reinstall: Callable[[Proven], None] | None = None
+        self.on_reinstall = on_reinstall
         """Called when a Running pod installs its model again (agent.conditions says so)."""
 
     def _fail(

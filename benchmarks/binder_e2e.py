@@ -48,6 +48,7 @@ import kubernetes.client
 from binder.app import Binder
 from binder.settings import Settings
 from common.contract import Keys, agent_lease_name
+from common.lifecycle import Lifecycle
 from common.placement import Claim, KeyRing, load_key_ring
 from common.quantity import parse_quantity
 from sim.apiserver import RunningApiServer, start_in_thread
@@ -447,8 +448,9 @@ async def run_in_process(
             bind_workers=args.bind_workers,
         )
         binder = Binder(settings)
+        lifecycle = Lifecycle()
         t0 = time.perf_counter()
-        await binder.start()
+        await binder.start(lifecycle)
         warm = time.perf_counter() - t0
         server.audit.clear()
         t0 = time.perf_counter()
@@ -458,7 +460,8 @@ async def run_in_process(
                 break
         elapsed = time.perf_counter() - t0
         bound = binder.controller.bound
-        await binder.stop()
+        lifecycle.request_stop("the benchmark is over")
+        await lifecycle.shutdown()
     records = server.audit.snapshot()
     ours = [r for r in records if r.user_agent.startswith("tritonshare-binder/")]
     writes = Counter(

@@ -24,16 +24,21 @@ activations, workspace and, for LLMs, the KV cache):
   (about 35-40 GB of weights) or 8 bits (about 70 GB); pinned to A100 nodes by required node
   affinity.
 
-Four placements decide, each on its own state, the same pods in the same order:
+Five placements decide, each on its own state, the same pods in the same order:
 - "before": the binder's binpack before issue 29, re-implemented here: a node scores by how full
   it would be relative to its own capacity, then the fullest GPU that fits; ties by the pod uid's
   hash. (It matched `place()` decision for decision on the tree before the change.)
 - "kind first": issue 29's first rule, re-implemented here: the smallest GPU kind the pod fits,
   then the tightest block on a GPU of that kind, ties in node order. It fixed churn but opened an
   empty T4 while a used L4 had room.
-- "binder": `place(policy="binpack")` of this tree: a used GPU (the tightest) before an empty
-  one, the smallest empty one first, and a GPU of the largest kind only when nothing smaller has
-  room.
+- "used first": issue 29's second rule, re-implemented here (the same choice as `place()` before
+  the third rule in 11,796 of 11,796 churn decisions): a used GPU (the tightest) before an empty
+  one, the smallest empty one first, a GPU of the largest kind only when nothing smaller has
+  room. It left the room beside big models empty and opened T4s first.
+- "binder": `place(policy="binpack")` of this tree: the second rule, except that while a GPU size
+  has GPUs to spare its larger empty GPUs open first and, for the largest kind, the remainder
+  beside a big model too small for anything only that kind holds is filled; once a size is
+  short, its blocks that a model needing it could use are left to such models.
 - "tightest": for comparison, the tightest free block in bytes on any GPU, whatever its size.
 
 Churn runs one more column, "binder + moves": the binder's placement, and when a pod fits no GPU,
@@ -43,8 +48,10 @@ again (their controllers' new pods).
 
 Static packing places the whole fleet in a random order (pods arrive in whatever order their
 owners create them; the binder's queue keeps kube-scheduler's first-in-first-out order), and,
-on one more line, the binder's placement of the same fleet bound largest first, which is what a
-queue sorted by size would give a backlog. Churn runs deployments (drawn from the
+on two more lines, the binder's placement of the same fleet with each Deployment's replicas
+queued together (a ReplicaSet creates them at once), and bound largest first, which is what a
+queue sorted by size would give a backlog. Under each line: the GPUs in use per kind, and how
+full they are. Churn runs deployments (drawn from the
 same distribution) arriving as a Poisson process and living an exponential time, at a load where
 the requested bytes of the live deployments average `--load` of the cluster's usable memory; the
 binder retries pending pods when memory is freed, as the live binder retries on cluster changes.
@@ -65,6 +72,7 @@ import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -237,6 +245,29 @@ def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None
     return node, state.nodes[node].gpus[int(position)].uuid
 
 
+def used_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
+    """Issue 29's second rule, the binder's binpack before the kinds' spare GPUs counted: a used
+    GPU (the tightest) before an empty one, the smallest empty one first, a GPU of the largest
+    kind (within a tenth of the largest) last, used before empty; ties in node order."""
+    cls = state.constraint_class(pod.constraints)
+    nodes = cls.nodes
+    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    ok &= ~state.model_mask(pod.model_key)[nodes]
+    candidates = nodes[ok]
+    if not candidates.size:
+        return None
+    size, room = (matrix[candidates] for matrix in state.gpu_matrices())
+    top = max(state.largest_usable(), 1)
+    used = room < size
+    rank = np.where(used, 2 * top + 2, top + 2 - size)
+    rank = np.where(size * 10 >= top * 9, used, rank)
+    rank = np.where(room >= pod.request, rank, -1)
+    room = np.where(rank == rank.max(), room, np.iinfo(np.int64).max)
+    row, position = np.unravel_index(int(np.argmin(room)), room.shape)
+    node = state.names[int(candidates[row])]
+    return node, state.nodes[node].gpus[int(position)].uuid
+
+
 def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     """For comparison, the naive online rule: the tightest free block in bytes on any GPU of
     any kind (what the binder's binpack does within one GPU size), ties in node order."""
@@ -257,6 +288,7 @@ def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
 RULES: dict[str, Rule] = {
     "before": before_rule,
     "kind first": kind_first_rule,
+    "used first": used_first_rule,
     "binder": binder_rule,
     "tightest": tightest_rule,
 }
@@ -316,10 +348,19 @@ class FirstFit:
         return found if found >= 0 else self._first(2 * node + 1, mid, hi, start, end, request)
 
 
-def ffd(cluster: Cluster, pods: Iterable[PodInfo]) -> tuple[int, int, int]:
+class Packed(NamedTuple):
+    gpus: int
+    gib: int
+    """GiB of the GPUs that hold a pod."""
+    failed: int
+    """Pods it could not place."""
+    by_kind: Counter[str]
+    """GPUs that hold a pod, per kind."""
+
+
+def ffd(cluster: Cluster, pods: Iterable[PodInfo]) -> Packed:
     """First-fit-decreasing over the cluster's GPUs (largest kind first), with the same rules as
-    the binder (pinned pods on A100 nodes only, one replica of a model per node): (GPUs used, GiB
-    of the GPUs used, pods it could not place)."""
+    the binder (pinned pods on A100 nodes only, one replica of a model per node)."""
     fit = FirstFit(cluster)
     nodes_of: dict[str, set[str]] = defaultdict(set)
     failed = 0
@@ -338,7 +379,8 @@ def ffd(cluster: Cluster, pods: Iterable[PodInfo]) -> tuple[int, int, int]:
             nodes_of[pod.model_id].add(fit.owner[i])
             break
     used = [i for i, c in enumerate(fit.capacity) if fit.free(i) < c]
-    return len(used), sum(fit.capacity[i] + RESERVE for i in used) // GI, failed
+    gib = sum(fit.capacity[i] + RESERVE for i in used) // GI
+    return Packed(len(used), gib, failed, Counter(fit.kind[i] for i in used))
 
 
 def lower_bound(cluster: Cluster, requested: int) -> int:
@@ -419,7 +461,8 @@ def static(cluster: Cluster, models: int, seed: int) -> None:
         f"{len(pods)} replicas, {requested / GI:,.0f} GiB requested "
         f"({requested / cluster.usable():.0%} of the cluster's usable GPU memory)"
     )
-    used, used_gib, failed = ffd(cluster, pods)
+    packed = ffd(cluster, pods)
+    used, used_gib, failed = packed.gpus, packed.gib, packed.failed
     bound = lower_bound(cluster, requested)
     print(f"{'static packing':<36}{'GPUs':>8}{'GPU GiB in use':>16}{'full':>7}{'refused':>9}")
     whole_gib = sum(whole_gpu(p.request) for p in pods) // GI
@@ -427,9 +470,13 @@ def static(cluster: Cluster, models: int, seed: int) -> None:
     print(f"{'lower bound (largest GPUs first)':<36}{bound:>8}{requested / GI:>16,.0f}")
     full = requested / GI / used_gib
     print(f"{'FFD, largest GPUs first':<36}{used:>8}{used_gib:>16,}{full:>7.0%}{failed:>9}")
+    print(by_kind(packed.by_kind))
     runs = [(name, rule, pods) for name, rule in RULES.items()]
     largest_first = sorted(pods, key=lambda p: (-p.request, p.uid))
     runs.append(("binder, bound largest first", binder_rule, largest_first))
+    # A ReplicaSet creates its replicas together, so a real queue holds them next to each other.
+    together = [p for d in random.Random(seed + 3).sample(fleet, len(fleet)) for p in d.pods()]
+    runs.append(("binder, replicas queued together", binder_rule, together))
     for name, rule, order in runs:
         state = fresh_state(cluster)
         refused = 0
@@ -451,6 +498,18 @@ def static(cluster: Cluster, models: int, seed: int) -> None:
             f"{seen.used_gib / used_gib - 1:+.1%} GiB in use against FFD; "
             f"{1e3 * seconds / len(pods):.2f} ms/decision"
         )
+        print(by_kind(seen.used, seen.held))
+
+
+def by_kind(used: Counter[str], held: Counter[str] | None = None) -> str:
+    """GPUs in use per kind, and how full they are (of their usable memory)."""
+    cells = []
+    for kind, size in KINDS.items():
+        cell = f"{kind} {used[kind]}"
+        if held is not None and used[kind]:
+            cell += f" ({held[kind] / (used[kind] * (size - RESERVE)):.0%} full)"
+        cells.append(cell)
+    return f"{'':<4}GPUs in use by kind: {', '.join(cells)}"
 
 
 # ---- churn -------------------------------------------------------------------------------------
@@ -589,9 +648,9 @@ def churn(
         out.unplaced.append(sum(p.request for p in pending.values()) / max(live, 1))
         out.live_gib.append(live / GI)
         out.gpus_used.append(sum(picture(cluster, state).used.values()))
-        used, _, failed = ffd(cluster, [*placed.values(), *pending.values()])
-        out.ffd_used.append(used)
-        out.ffd_failed.append(failed)
+        packed = ffd(cluster, [*placed.values(), *pending.values()])
+        out.ffd_used.append(packed.gpus)
+        out.ffd_failed.append(packed.failed)
 
     def depart(deployment: Deployment) -> None:
         touched = set()
@@ -627,11 +686,9 @@ def churn(
             out.refused_gib[why] += pod.request // GI
             if deployment.band == "llm":
                 out.big_refused += 1
-                if check_big:
-                    _, _, failed = ffd(cluster, [*placed.values(), pod])
-                    if failed == 0:
-                        out.big_repackable += 1
-                        out.repackable_blocks.append(a100_blocks(cluster, state, pod.request))
+                if check_big and ffd(cluster, [*placed.values(), pod]).failed == 0:
+                    out.big_repackable += 1
+                    out.repackable_blocks.append(a100_blocks(cluster, state, pod.request))
         if measured and deployment.band == "llm":
             out.big_arrivals += deployment.replicas
     out.end = picture(cluster, state)

@@ -22,6 +22,8 @@ runs each attack in turn, the network ones from its own pod's address in a proce
   7 agent-messages    --agent-calls concurrent --agent-mib MiB messages to the agent, no token
   flood               --flood-concurrency keep-alive connections of back-to-back infers for the
                       attacker's own model, straight at the gateway (bypassing its own proxy)
+  stream-flood        one ModelStreamInfer stream of up to --stream-requests back-to-back requests
+                      for the attacker's own model, straight at the gateway, answers left unread
   slow-senders        --slow-senders connections trickling a request a byte every 0.5 s
   connections         --connections idle connections to the gateway's REST and gRPC ports
 
@@ -111,13 +113,13 @@ PARTS = ("gateway", "agent", "triton")
 PLACEMENT_ATTACKS = ("unproven-gpu-mem", "squat-model-id")
 ATTACKS = (
     "unproven-gpu-mem", "squat-model-id", "grpc-bomb", "rest-bomb", "install-streams",
-    "gpu-growth", "agent-messages", "flood", "slow-senders", "connections",
+    "gpu-growth", "agent-messages", "flood", "stream-flood", "slow-senders", "connections",
 )  # fmt: skip
 """The issue's seven attacks in its order (their numbers in the table), then the three more."""
 NUMBERS = {name: str(i + 1) for i, name in enumerate(ATTACKS[:7])}
 ORDER = (
     "unproven-gpu-mem", "squat-model-id", "install-streams", "gpu-growth", "flood",
-    "slow-senders", "connections", "grpc-bomb", "rest-bomb", "agent-messages",
+    "stream-flood", "slow-senders", "connections", "grpc-bomb", "rest-bomb", "agent-messages",
 )  # fmt: skip
 """The order they run in: those that may leave a process's memory grown (glibc keeps what it
 once held) last, so they do not colour the phases after them."""
@@ -843,6 +845,7 @@ def phases(bench: Bench, sampler: Sampler) -> list[Phase]:
         "flood": lambda: attack(
             bench, "flood", concurrency=args.flood_concurrency, max_count=1_000_000
         ),
+        "stream-flood": lambda: attack(bench, "stream-flood", max_count=args.stream_requests),
         "slow-senders": lambda: attack(bench, "slow-senders", connections=args.slow_senders),
         "connections": lambda: attack(bench, "connections", connections=args.connections),
     }  # fmt: skip
@@ -996,6 +999,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--flood-concurrency", type=int, default=64, help="connections of the request flood")
     add("--slow-senders", type=int, default=128, help="connections trickling bytes")
     add("--connections", type=int, default=1000, help="connections of the connection flood")
+    add(
+        "--stream-requests",
+        type=int,
+        default=200_000,
+        help="most requests the stream flood sends on its one stream",
+    )
     add("--sample-ms", type=float, default=20.0, help="RSS sampling period")
     add("--full-size", action="store_true",
         help="the issue's sizes: --bomb-mib 1024 --agent-mib 60 (3 GiB more, briefly)")  # fmt: skip

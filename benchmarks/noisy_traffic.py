@@ -660,6 +660,45 @@ def attack_flood(plan: AttackPlan, stop: threading.Event, result: AttackResult) 
     result.notes.append(f"{plan.concurrency} connections")
 
 
+def stream_message(model: str) -> bytes:
+    """One ModelStreamInfer request for `model` (add_one: INPUT0, FP32 [1, 4]), serialized."""
+    data = struct.pack("<4f", 1, 2, 3, 4)
+    tensor = (
+        _field(1, b"INPUT0")
+        + _field(2, b"FP32")
+        + _varint(3 << 3 | 2)
+        + _varint(2)
+        + bytes([1, 4])  # shape, packed
+    )
+    return grpc_frame(_field(1, model.encode()) + _field(5, tensor) + _field(7, data))
+
+
+def _field(number: int, value: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def attack_stream_flood(plan: AttackPlan, stop: threading.Event, result: AttackResult) -> None:
+    """One ModelStreamInfer stream straight at the gateway, `max_count` requests for the
+    attacker's own model sent as fast as its windows allow, its answers read only when the
+    window is shut (one call, counted once before issue 23's per-message count)."""
+    deadline = _until(plan)
+    call = GrpcCall(
+        plan.source, plan.gateway_grpc, "/inference.GRPCInferenceService/ModelStreamInfer"
+    )
+    message = stream_message(plan.model)
+    batch = message * 256
+    try:
+        while result.sent < plan.max_count and time.monotonic() < deadline and not stop.is_set():
+            call.send(batch, False, deadline)
+            if call.status:
+                break
+            result.sent += 256
+        result.answers[call.status or "stream open at the deadline"] += 1
+    finally:
+        call.close()
+    result.notes.append(f"{len(message)} B a request, one stream")
+
+
 def attack_slow_senders(plan: AttackPlan, stop: threading.Event, result: AttackResult) -> None:
     """`connections` connections that trickle a request a byte at a time: half its head, half
     (after a whole head) a body announced large; each held until the deadline."""
@@ -749,6 +788,7 @@ ATTACKS = {
     "agent-messages": attack_agent_messages,
     "install-streams": attack_install_streams,
     "flood": attack_flood,
+    "stream-flood": attack_stream_flood,
     "slow-senders": attack_slow_senders,
     "connections": attack_connections,
 }

@@ -1,5 +1,9 @@
 """`python -m binder`: parse the settings, configure logging, run one binder replica until a
-signal (SIGTERM/SIGINT), then stop it in the order binder.app documents."""
+signal (SIGTERM/SIGINT), then stop it in the order binder.app documents.
+
+Exit codes: 0 after a clean stop, 1 if a task failed or the replica cannot run (the log says
+why), 2 for bad settings.
+"""
 
 from __future__ import annotations
 
@@ -10,38 +14,15 @@ import sys
 from binder.app import Binder
 from binder.errors import BinderError, SettingsError
 from binder.settings import Settings, parse_settings
-from common.lifecycle import Lifecycle
+from common.lifecycle import serve
 from common.logs import configure_logging
 
 log = logging.getLogger("binder")
 
 
 async def _run(settings: Settings) -> int:
-    lifecycle = Lifecycle()
-    lifecycle.install_signal_handlers()
-    binder = Binder(settings)
-
-    async def serve() -> None:
-        await binder.start()
-        log.info(
-            "The binder %s serves on %s:%d and schedules pods with schedulerName %s (%s).",
-            settings.identity,
-            settings.listen_http[0],
-            binder.http.port,
-            settings.scheduler_name,
-            settings.policy,
-        )
-        await binder.stopped.wait()
-        if binder.failure is not None:
-            lifecycle.fail("the binder", binder.failure)  # logged where it failed; exit 1
-        lifecycle.request_stop("the binder stopped")
-
-    async def start(lc: Lifecycle) -> None:
-        lc.on_shutdown("binder", binder.stop)
-        # Started as a task, so a signal also stops a binder still waiting for its caches.
-        lc.spawn("binder", serve())
-
-    return await lifecycle.run(start)
+    # Built on the running loop, as every part is: nothing of it outlives this run.
+    return await serve(Binder(settings))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level, settings.log_format, name="binder")
     try:
         return asyncio.run(_run(settings))
-    except BinderError as e:
+    except (BinderError, OSError) as e:
         log.error("The binder cannot run: %s", e)
         return 1
 

@@ -1,17 +1,22 @@
 """Wiring of one binder replica: API client, caches, queue, controller, leader election, HTTP.
 
-Start order: the HTTP endpoints (so /healthz answers while caches fill), the informers (nodes,
-leases, pods), leader election, then the scheduling loop. Stop order is the reverse, fixed here:
-stop scheduling, let in-flight API writes finish, release the leader lease, end the watches,
-stop the HTTP endpoints, close the API client and its worker threads.
+`Binder(settings)` builds everything; `start(lifecycle)` (the shape of every part,
+`common.lifecycle`) starts, in order: the HTTP endpoints (so /healthz answers while caches fill),
+the informers (nodes, leases, pods), then, once the caches are warm, leader election, the
+scheduling loop and the watch on dead agents. Stop order is the reverse, fixed by the order the
+cleanups are registered: stop scheduling and release the leader lease (the tasks see the stop
+event), let in-flight API writes finish, end the watches, stop the HTTP endpoints, close the API
+client and its worker threads. The tasks get DRAIN_SECONDS (then are cancelled), the writes
+DRAIN_SECONDS, the watches 5 s: the stop takes at most 2 x 10 + 5 s before the HTTP endpoints
+close, within the 30 s Kubernetes gives a pod by default.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from binder.agentdown import AgentDown, Rules
 from binder.cache import ClusterCache, Informer
@@ -25,7 +30,7 @@ from binder.queue import SchedulingQueue
 from binder.settings import Settings
 from common.contract import BINDER_LEADER_LEASE
 from common.health import HttpServer, build_health_app
-from common.lifecycle import spawn
+from common.lifecycle import Lifecycle
 from common.placement import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
@@ -34,7 +39,7 @@ DRAIN_SECONDS = 10.0
 
 
 class Binder:
-    """One replica. `start()` returns once it serves; `stop()` undoes everything."""
+    """One replica. `start(lifecycle)` returns once it schedules; the lifecycle stops it."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -112,12 +117,7 @@ class Binder:
             deletions_per_second=settings.agent_down_deletions_per_second,
             identity=settings.identity,
         )
-        self._stop = asyncio.Event()
         self._informers: list[Informer] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        self.failure: BaseException | None = None
-        """What ended the replica, if one of its tasks failed (logged where it failed)."""
-        self._stopping = False
 
     def _unproven_reasons(self) -> list[str]:
         cache = self.cache
@@ -153,8 +153,53 @@ class Binder:
                 if self.cache.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)
 
-    async def start(self) -> None:
+    async def start(self, lifecycle: Lifecycle) -> None:
+        """Serve HTTP, fill the caches, then elect and schedule; each cleanup is registered
+        right before what it undoes starts."""
+        settings = self.settings
+        lifecycle.on_shutdown("the API client", self._close_api_client)
+        lifecycle.on_shutdown("the HTTP endpoints", self.http.stop)
         await self.http.start()
+        lifecycle.on_shutdown("the watches", self._stop_watches)
+        await self._fill_caches()
+        lifecycle.on_shutdown("the in-flight API writes", self._drain_writes)
+        # The tasks see the stop event: scheduling ends, and the elector releases the lease.
+        lifecycle.on_shutdown_finish_tasks("the binder's tasks", DRAIN_SECONDS)
+        stop = lifecycle.stop_event
+        if settings.leader_elect:
+            lifecycle.spawn(
+                "The binder's leader election",
+                self.elector.run(stop),
+                consequence="stopping this replica",
+            )
+        else:
+            self.elector.leading.set()
+            self._leadership_changed(True)
+        lifecycle.spawn(
+            "The binder's scheduling",
+            self.controller.run(self.elector.leading, stop),
+            consequence="stopping this replica",
+        )
+        lifecycle.spawn(
+            "The binder's watch on dead agents",
+            self.agent_down.run(
+                lambda: self.cache.state.leases, self.elector.leading.is_set, stop, self._executor
+            ),
+            consequence="pods of nodes whose agent died are no longer marked or replaced",
+            vital=False,
+        )
+        lifecycle.on_shutdown("the leadership", partial(self._end_leadership, lifecycle))
+        log.info(
+            "The binder %s serves on %s:%d and schedules pods with schedulerName %s (%s).",
+            settings.identity,
+            settings.listen_http[0],
+            self.http.port,
+            settings.scheduler_name,
+            settings.policy,
+        )
+
+    async def _fill_caches(self) -> None:
+        """Start the informers and wait until each has listed its kind."""
         loop = asyncio.get_running_loop()
         cache = self.cache
         kinds = [
@@ -183,73 +228,30 @@ class Binder:
             len(cache.state.account_uids()),
             len(cache.pending),
         )
-        if self.settings.leader_elect:
-            self._tasks.append(
-                spawn(
-                    "The binder's leader election",
-                    self._elect(),
-                    consequence="stopping this replica",
-                    on_failure=self._failed,
-                )
-            )
-        else:
-            self.elector.leading.set()
-            self._leadership_changed(True)
-        self._tasks.append(
-            spawn(
-                "The binder's scheduling",
-                self.controller.run(self.elector.leading, self._stop),
-                consequence="stopping this replica",
-                on_failure=self._failed,
-            )
-        )
 
-        self._tasks.append(
-            spawn(
-                "The binder's watch on dead agents",
-                self.agent_down.run(
-                    lambda: self.cache.state.leases,
-                    self.elector.leading.is_set,
-                    self._stop,
-                    self._executor,
-                ),
-                consequence="pods of nodes whose agent died are no longer marked or replaced",
-            )
-        )
-
-    async def _elect(self) -> None:
-        await self.elector.run(self._stop)
-
-    def _failed(self, error: BaseException) -> None:
-        if self.failure is None:
-            self.failure = error
-        self._stop.set()
-        self.elector.leading.clear()
-
-    @property
-    def stopped(self) -> asyncio.Event:
-        return self._stop
-
-    async def stop(self, *, release: bool = True) -> None:
-        """Stop in the documented order. release=False leaves the leader lease to expire, as a
-        crashed replica would."""
-        if self._stopping:
-            return
-        self._stopping = True
-        self.elector.release_on_stop = release
-        self._stop.set()
-        if not release:
+    async def _end_leadership(self, lifecycle: Lifecycle) -> None:
+        """A replica that does not release the lease (a task failed, or a crash is simulated with
+        `elector.release_on_stop = False`) stops leading at once, so no write is retried on
+        behalf of a leader that is going away."""
+        if lifecycle.failure is not None or not self.elector.release_on_stop:
             self.elector.leading.clear()
-        for task in self._tasks:
-            # A task that failed was logged when it failed (common.lifecycle.spawn).
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, timeout=DRAIN_SECONDS)
+
+    async def _drain_writes(self) -> None:
         await self.controller.drain(DRAIN_SECONDS)
+
+    async def _stop_watches(self) -> None:
         for informer in self._informers:
             informer.stop()
         self.kube.close_watches()
-        for informer in self._informers:
-            await asyncio.get_running_loop().run_in_executor(self._executor, informer.join, 5.0)
-        await self.http.stop()
+        # Joined side by side: 5 s at most for all of them, not 5 s each.
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(
+                loop.run_in_executor(self._executor, informer.join, 5.0)
+                for informer in self._informers
+            )
+        )
+
+    async def _close_api_client(self) -> None:
         self._executor.shutdown(wait=True)
         self.kube.close()

@@ -6,18 +6,20 @@ one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAf
 and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus our GPU
 memory score (weight 1, 0..100).
 
-`binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use.
-A GPU's memory score is 100 when it already holds a pod, 2 to 99 when it is empty (the smaller
-the GPU, the higher), and 1 or 0 (used or empty) when it is of the cluster's largest kind
-(within a tenth of the largest GPU's size); a node scores as its best GPU that fits, and among
-equal scores the tightest such block wins, then the first node in name order. So a pod fills a
-used GPU, the tightest, before it opens an empty one; opens the smallest GPU it fits; and takes
-a GPU of the largest kind only when nothing smaller has room. The largest kind is kept whole
-because nothing else can hold the pods only it fits: a small model left beside a big one stays
-when the big one goes, and the next big model finds no block (measured in
-benchmarks/density.py: under churn, any rule that let small models fill the room beside big
-ones refused most big-model replicas). A node's fullness relative to its own size, which
-binpack scored before, made 8-GPU A100 nodes look fullest and fed them small models until no
+`binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use,
+on the fewest GPUs (`pack_score` gives the order): a used GPU, the tightest, before an empty one.
+A GPU size has GPUs to spare while more than two fifths of its GPUs in the cluster could take a
+pod that needs that size (`SPARE_SHARE`); then its empty GPUs open larger first (fewer GPUs in
+use). Once a size is short, its empty GPUs open smaller first, and a block that could hold a pod
+that needs that size is left to such pods. The cluster's largest kind (within a tenth of the
+largest GPU's size) is kept whole for the pods only it holds: it is taken last, except the
+remainder beside a big pod when that remainder is smaller than the next kind's GPUs (nothing
+only the largest kind holds fits there) while more than two fifths of the largest kind are
+whole. The largest kind is kept because a small model left beside a big one stays when the big
+one goes, and the next big model finds no block: measured in benchmarks/density.py, under churn
+every rule that filled that room whatever the A100s' state refused 210 to 485 of 490 big-model
+replicas on arrival (this rule: 30). A node's fullness relative to its own size, which binpack
+scored before issue 29, made 8-GPU A100 nodes look fullest and fed them small models until no
 big model fitted.
 
 `spread` favours the node with the most free memory relative to its size and its emptiest GPU;
@@ -40,16 +42,25 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from binder.classes import ConstraintClass
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.model import Gpu, ModelKey, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
-from binder.state import GPUS_NONE, GPUS_OK, GPUS_UNREADABLE, ClusterState
+from binder.state import (
+    GPUS_NONE,
+    GPUS_OK,
+    GPUS_UNREADABLE,
+    ClusterState,
+    GpuSizes,
+    IntArray,
+)
 from common.contract import Keys
 from common.quantity import format_bytes
 
@@ -143,7 +154,9 @@ def _tie_break(uid: str, count: int) -> int:
     return zlib.crc32(uid.encode()) % count
 
 
-def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> Gpu | None:
+def choose_gpu(
+    state: ClusterState, node: str, request: int, policy: Policy, kinds: Kinds | None = None
+) -> Gpu | None:
     """binpack: the GPU with the best memory score (`pack_score`), then the tightest block;
     spread: the emptiest. Ties go to the lower GPU index."""
     state.arrays()
@@ -158,8 +171,8 @@ def choose_gpu(state: ClusterState, node: str, request: int, policy: Policy) -> 
     if not fitting:
         return None
     if policy == "binpack":
-        top = max(state.largest_usable(), 1)
-        return min(fitting, key=lambda item: (-pack_score(top, item[0], item[1]), *item[1:3]))[3]
+        by_size = _scores_by_size(kinds or gpu_kinds(state), request)
+        return min(fitting, key=lambda item: (-_score_of(by_size, item[0], item[1]), *item[1:3]))[3]
     return min(fitting, key=lambda item: (-item[1], item[2]))[3]
 
 
@@ -289,7 +302,8 @@ def _pack_indexed(
         return None
     top_affinity = max(h[0] for h in heads)
     top_prefer = max(h[1] for h in heads)
-    top = max(state.largest_usable(), 1)
+    kinds = gpu_kinds(state)
+    by_size = _scores_by_size(kinds, request)
     best, best_block, chosen = -math.inf, 0, 0
     for affinity, prefer, size, block, i in heads:
         affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else 0
@@ -297,29 +311,141 @@ def _pack_indexed(
             MAX_SCORE - (prefer * MAX_SCORE) // top_prefer if top_prefer > 0 else MAX_SCORE
         )
         base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
-        score = base + MEMORY_WEIGHT * pack_score(top, size, block)
+        score = base + MEMORY_WEIGHT * _score_of(by_size, size, block)
         # Equal scores: the tightest block, then node name order.
         if score > best or (score == best and (block, i) < (best_block, chosen)):
             best, best_block, chosen = score, block, i
-    return _on_node(state, state.names[chosen], request, "binpack", best)
+    return _on_node(state, state.names[chosen], request, "binpack", best, kinds)
 
 
-def pack_score(largest: int, size: int, free: int) -> float:
+SPARE_SHARE = 0.4
+"""binpack: a GPU size has GPUs to spare while more than this share of its GPUs in the cluster
+could take a pod that needs that size: for the largest kind, whole GPUs (a big model needs a
+whole one); for the others, GPUs with a block at least the next kind's size. Measured in
+benchmarks/density.py (seeds 29 and 7, "Choosing the rule" in docs/binder.md): at 1/4 the static
+fleet packs onto 799 GPUs but churn refuses up to 77 big-model replicas; at 2/5, 834 GPUs and
+30 to 36 refused, as many as issue 29's second rule (23 to 36)."""
+
+
+BySize = dict[int, tuple[int, float, float, float]]
+"""Per usable size: (the next kind's size, and `_size_scores`) for one pod."""
+BY_REQUEST_KEPT = 64
+"""Requests whose per-size scores `Kinds` keeps (then it starts again): bounds that cache."""
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """What binpack needs to know of the cluster's GPU sizes, per usable size (ascending)."""
+
+    largest: int
+    """The largest healthy GPU's usable bytes (at least 1)."""
+    sizes: tuple[int, ...]
+    below: tuple[int, ...]
+    """For each size, the next kind's (`GpuSizes.below`)."""
+    spare: tuple[bool, ...]
+    """For each size, whether it has GPUs to spare (`SPARE_SHARE`)."""
+    by_request: dict[int, BySize] = field(default_factory=dict, compare=False, repr=False)
+    """`_scores_by_size` of the requests decided while these kinds held (a few dozen at most)."""
+
+
+def gpu_kinds(state: ClusterState) -> Kinds:
+    return _kinds(state.gpu_sizes(), max(state.largest_usable(), 1))
+
+
+@lru_cache(maxsize=16)
+def _kinds(listed: GpuSizes, largest: int) -> Kinds:
+    """Kept while no GPU changes size, or turns whole, used or roomy (most charges do neither)."""
+    spare = tuple(
+        (whole if size * 10 >= largest * 9 else roomy) > gpus * SPARE_SHARE
+        for size, gpus, whole, roomy in zip(
+            listed.sizes, listed.gpus, listed.whole, listed.roomy, strict=True
+        )
+    )
+    return Kinds(largest, listed.sizes, listed.below, spare)
+
+
+def pack_score(kinds: Kinds, size: int, free: int, request: int) -> float:
     """binpack's memory score of a GPU of `size` usable bytes with a `free` block that fits the
-    pod (`largest`: the cluster's largest GPU): 100 used; 2 to 99 empty, the smaller the
-    higher; 1 used or 0 empty for the largest kind. `_best` computes the same, vectorised, with
-    the same operations in the same order (the two paths compare scores for equality)."""
+    pod. A pod goes where it wastes the least of what only bigger pods could use, and opens
+    larger GPUs while their kind has GPUs to spare:
+
+    - 100: a used GPU (the tightest wins ties), unless the next rule keeps its block;
+    - 51 to 99: an empty GPU of a size with GPUs to spare (`Kinds.spare`), the larger the higher
+      (fewest GPUs in use);
+    - 26 to 50: a used GPU whose block is kept for the pods that need its kind: a pod that fits
+      a smaller kind, a block at least the next kind's size, a size with none to spare; the
+      smaller the GPU the higher;
+    - 2 to 25: an empty GPU of a size with none to spare, the smaller the higher;
+    - the largest kind (within a tenth of the largest GPU) is kept whole for the pods only it
+      holds: 1 used, 0 empty; except that a used one whose block is smaller than the next
+      kind's GPUs (so nothing only the largest kind holds fits there) scores 100 while its size
+      has GPUs to spare.
+
+    `_best` reads the same per-size scores (`_size_scores`) for every GPU at once."""
+    return _score_of(_scores_by_size(kinds, request), size, free)
+
+
+def _scores_by_size(kinds: Kinds, request: int) -> BySize:
+    """Each size's scores for a pod of this request (a cluster has a few sizes), kept with the
+    kinds: the pods of one Deployment ask alike, and the kinds change only when a GPU turns
+    whole, used or roomy."""
+    scores = kinds.by_request.get(request)
+    if scores is None:
+        if len(kinds.by_request) >= BY_REQUEST_KEPT:
+            kinds.by_request.clear()
+        scores = kinds.by_request[request] = {
+            size: (kinds.below[at], *_size_scores(kinds, at, request))
+            for at, size in enumerate(kinds.sizes)
+        }
+    return scores
+
+
+def _score_of(by_size: BySize, size: int, free: int) -> float:
+    scores = by_size.get(size)
+    if scores is None:
+        return -1.0  # not a healthy GPU of the cluster: it fits nothing
+    below, empty, used_small, used_large = scores
+    if free == size:
+        return empty
+    return used_small if free < below else used_large
+
+
+def _size_scores(kinds: Kinds, at: int, request: int) -> tuple[float, float, float]:
+    """`pack_score` of the `at`-th size's GPUs: (empty, used with a block smaller than the next
+    kind's GPUs, used with a larger block)."""
+    largest, size, below, spare = kinds.largest, kinds.sizes[at], kinds.below[at], kinds.spare[at]
     if size * 10 >= largest * 9:
-        return 1.0 if free < size else 0.0
-    if free < size:
-        return 100.0
-    return 2 + 97 * (largest - size) / largest
+        return 0.0, (100.0 if spare else 1.0), 1.0
+    empty = 51 + 48 * size / largest if spare else 2 + 23 * (largest - size) / largest
+    # A block that could hold a pod that needs this kind is left to such pods while the kind is
+    # short, unless this pod needs the kind itself.
+    kept = not spare and request <= below
+    return empty, 100.0, (26 + 24 * (largest - size) / largest if kept else 100.0)
+
+
+def _pack_scores(
+    kinds: Kinds, size: IntArray, room: IntArray, request: int
+) -> npt.NDArray[np.float64]:
+    """`pack_score` of every GPU of the matrices (-1 where the pod does not fit)."""
+    if not kinds.sizes:
+        return np.full(size.shape, -1.0)
+    table = np.array([_size_scores(kinds, at, request) for at in range(len(kinds.sizes))])
+    at = np.minimum(np.searchsorted(kinds.sizes, size), len(kinds.sizes) - 1)
+    below = np.asarray(kinds.below, np.int64)[at]
+    column = np.where(room >= size, 0, np.where(room < below, 1, 2))
+    scores = table[at, column]
+    return np.where(room >= request, scores, -1.0)
 
 
 def _on_node(
-    state: ClusterState, node: str, request: int, policy: Policy, score: float
+    state: ClusterState,
+    node: str,
+    request: int,
+    policy: Policy,
+    score: float,
+    kinds: Kinds | None = None,
 ) -> Placement:
-    gpu = choose_gpu(state, node, request, policy)
+    gpu = choose_gpu(state, node, request, policy, kinds)
     # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
     assert gpu is not None, f"node {node} was feasible but no GPU fits"
     return Placement(node, gpu, float(score))
@@ -348,29 +474,22 @@ def _best(
     request = pod.request
     base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
     if policy == "binpack":
-        # Each GPU ranked as `pack_score` orders them, in integers: 2L+2 used, L+2-size empty
-        # (L the largest GPU), 1 or 0 for the largest kind, -1 when the pod does not fit; a node
-        # scores as its best GPU, and its tightest block of that rank breaks ties.
+        # Each GPU scored as `pack_score` scores it; a node scores as its best GPU, and its
+        # tightest block of that score breaks ties.
         all_sizes, all_rooms = state.gpu_matrices()
         room = all_rooms[candidates]
-        size = all_sizes[candidates]
-        top = max(state.largest_usable(), 1)
-        used = room < size
-        rank = np.where(used, 2 * top + 2, top + 2 - size)
-        rank = np.where(size * 10 >= top * 9, used, rank)
-        rank = np.where(room >= request, rank, -1)
-        best_rank = rank.max(axis=1)
+        kinds = gpu_kinds(state)
+        gpu_scores = _pack_scores(kinds, all_sizes[candidates], room, request)
+        memory = gpu_scores.max(axis=1)
         unfit = np.iinfo(np.int64).max
-        tightest = np.where(rank == best_rank[:, None], room, unfit).min(axis=1)
-        # The same float operations as `pack_score`, per node.
-        memory = np.where(best_rank == 2 * top + 2, 100.0, 2 + 97 * (best_rank - 2) / top)
-        memory = np.where(best_rank <= 1, best_rank.astype(np.float64), memory)
+        tightest = np.where(gpu_scores == memory[:, None], room, unfit).min(axis=1)
         score = base + MEMORY_WEIGHT * memory
         top_score = score.max()
         # Equal scores: the tightest block, then node name order.
         tied = np.flatnonzero(score == top_score)
         chosen = int(tied[np.argmin(tightest[tied])])
-        return _on_node(state, state.names[int(candidates[chosen])], request, policy, top_score)
+        node = state.names[int(candidates[chosen])]
+        return _on_node(state, node, request, policy, top_score, kinds)
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
     free = state.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity

@@ -39,6 +39,31 @@ CHANGE_LOG_LIMIT = 1 << 16
 """Logged node changes kept for the free-memory indexes; past it they are rebuilt on next use."""
 
 
+@dataclass(frozen=True)
+class GpuSizes:
+    """The cluster's healthy GPUs grouped by usable size (ascending): for binpack's scoring."""
+
+    sizes: tuple[int, ...]
+    below: tuple[int, ...]
+    """For each size, the next kind's: the largest size under nine tenths of it (sizes within a
+    tenth of each other are one kind), 0 for the smallest kind. A pod larger than that needs a
+    GPU of this size or more."""
+    gpus: tuple[int, ...]
+    """GPUs of each size."""
+    whole: tuple[int, ...]
+    """Of those, the GPUs nothing is charged to (their free block is their whole size)."""
+    roomy: tuple[int, ...]
+    """Of those, the GPUs with a free block a pod that needs this size could use (at least the
+    next kind's size, `below`)."""
+
+
+def next_kind_below(sizes: list[int], size: int) -> int:
+    """The largest of the ascending `sizes` under nine tenths of `size` (s * 10 < size * 9);
+    0 when none is."""
+    under = bisect_left(sizes, -(-size * 9 // 10))
+    return sizes[under - 1] if under else 0
+
+
 @dataclass
 class _Account:
     """Where one pod's request is charged."""
@@ -85,6 +110,15 @@ class ClusterState:
         self._gpu_room: IntArray = np.full((0, 1), -1, np.int64)
         self._stale_rows: set[int] = set()
         """Rows of those matrices behind `gpu_blocks`: written only when `gpu_matrices` is read."""
+        self._gpus_of_size: Counter[int] = Counter()
+        self._whole_of_size: Counter[int] = Counter()
+        self._roomy_of_size: Counter[int] = Counter()
+        self._below: dict[int, int] | None = None
+        """Each size's next kind (`GpuSizes.below`); None when a size came or went, and the
+        roomy counts with it are recounted at the next read."""
+        """Over `gpu_blocks`: healthy GPUs per usable size, and those of them with nothing taken
+        (free block = size), kept as blocks change so `gpu_sizes` costs no pass over the GPUs."""
+        self._sizes: GpuSizes | None = None
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -359,9 +393,67 @@ class ClusterState:
         ):
             self.free_total[i] = free_total
             self.capacity[i] = capacity
+            self._recount(self.gpu_blocks[i], blocks)
             self.gpu_blocks[i] = blocks
             self._stale_rows.add(i)
             self._changes.append(i)
+
+    def _recount(self, old: Blocks, new: Blocks) -> None:
+        """Follow the per-size counts from a node's old blocks to its new ones. A charge changes
+        one GPU's block and seldom turns it whole, used, or roomy: then the counts and the
+        `gpu_sizes` answer are kept as they are."""
+        below = self._below
+        if below is not None and len(old) == len(new):
+            changed = [(was, now) for was, now in zip(old, new, strict=True) if was != now]
+            if all(
+                was[0] == now[0]
+                and was[0] in below
+                and (was[1] == was[0]) == (now[1] == now[0])
+                and (was[1] >= below[was[0]]) == (now[1] >= below[now[0]])
+                for was, now in changed
+            ):
+                return  # no GPU changed size, wholeness or room (unhealthy ones are size 0)
+        for sign, blocks in ((-1, old), (1, new)):
+            for size, free in blocks:
+                if size <= 0:
+                    continue  # an unhealthy GPU offers nothing and is not counted
+                self._gpus_of_size[size] += sign
+                self._whole_of_size[size] += sign * (free == size)
+                if below is not None and size in below:
+                    self._roomy_of_size[size] += sign * (free >= below[size])
+                else:
+                    below = self._below = None  # a size new to the cluster: recount on read
+        for size in [size for size, count in self._gpus_of_size.items() if not count]:
+            del self._gpus_of_size[size], self._whole_of_size[size]
+            self._below = None
+        self._sizes = None
+
+    def gpu_sizes(self) -> GpuSizes:
+        """The cluster's healthy GPUs by usable size: how many, how many hold nothing, and how
+        many have a block for a pod that needs their size."""
+        self.arrays()
+        if self._below is None:
+            # A size came or went (rare: a node of a new GPU model): each size's next kind may
+            # have changed, so its roomy GPUs are counted again, once.
+            sizes = sorted(self._gpus_of_size)
+            below = {size: next_kind_below(sizes, size) for size in sizes}
+            self._roomy_of_size = Counter()
+            for blocks in self.gpu_blocks:
+                for size, free in blocks:
+                    if size > 0:
+                        self._roomy_of_size[size] += free >= below[size]
+            self._below = below
+            self._sizes = None
+        if self._sizes is None:
+            sizes = sorted(self._gpus_of_size)
+            self._sizes = GpuSizes(
+                tuple(sizes),
+                tuple(self._below[size] for size in sizes),
+                tuple(self._gpus_of_size[size] for size in sizes),
+                tuple(self._whole_of_size[size] for size in sizes),
+                tuple(self._roomy_of_size[size] for size in sizes),
+            )
+        return self._sizes
 
     def gpu_matrices(self) -> tuple[IntArray, IntArray]:
         """`gpu_blocks` as two matrices, a row per node: each GPU's usable size (0 past the
@@ -399,6 +491,10 @@ class ClusterState:
         self.capacity = np.zeros(count, np.int64)
         self.lease_expiry = np.array([self.leases.get(n, 0.0) for n in self.names], np.float64)
         self.gpu_blocks = [()] * count
+        self._gpus_of_size.clear()
+        self._whole_of_size.clear()
+        self._below = None
+        self._sizes = None
         self._gpu_size = np.zeros((count, 1), np.int64)
         self._gpu_room = np.full((count, 1), -1, np.int64)
         self._stale_rows.clear()
@@ -445,6 +541,7 @@ class ClusterState:
         self.free_total = np.delete(self.free_total, position)
         self.capacity = np.delete(self.capacity, position)
         self.lease_expiry = np.delete(self.lease_expiry, position)
+        self._recount(self.gpu_blocks[position], ())
         del self.gpu_blocks[position]
         self._gpu_size = np.delete(self._gpu_size, position, axis=0)
         self._gpu_room = np.delete(self._gpu_room, position, axis=0)

@@ -1,11 +1,19 @@
 """The async lifecycle every long-running part uses, and the one way any part starts a task.
 
+Every part (the agent, the binder, the proxy, the gateway) has the same shape, a `Part`:
+  1. build: its constructor takes the settings and builds every object; nothing listens yet;
+  2. start: `start(lifecycle)` listens, spawns the long-lived tasks with `Lifecycle.spawn` and
+     registers each cleanup with `Lifecycle.on_shutdown` right before starting what it undoes;
+  3. stop: on a signal or a failed task, `Lifecycle.shutdown` runs the cleanups in reverse order
+     of registration (last started, first stopped), each bounded by a timeout.
+`serve(part)` runs these steps for a process and returns its exit code; a stop requested while
+the part is still starting (a signal, a failed task) cancels the start, and the cleanups
+registered so far undo what it did.
+
 Every asyncio task in the parts is created by `spawn`: it has a name, and an exception in it is
 logged as "X has failed: <consequence>" with its traceback (and handed to `on_failure`) instead of
 vanishing with the task. `Lifecycle.spawn` starts a part's long-lived tasks with it: a crash there
-stops the process. Signals set a stop event. Shutdown runs the registered cleanups in reverse
-order of registration (last started, first stopped), each bounded by a timeout, so the order is
-fixed and documented by the code that registers them.
+stops the process unless the task is declared not vital.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, MutableSet
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +101,25 @@ class Lifecycle:
             self.stop_reason = reason
             self.stop_event.set()
 
-    def spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Start a named long-lived task; if it raises, log it and stop the process."""
+    def spawn(
+        self,
+        name: str,
+        coro: Coroutine[Any, Any, None],
+        *,
+        consequence: str = "stopping the process",
+        vital: bool = True,
+    ) -> asyncio.Task[None]:
+        """Start a named long-lived task, cancelled at the end of shutdown if still running. If it
+        raises, log "`name` has failed: `consequence`."; a vital task's failure stops the process
+        (exit code 1), another's leaves the process running without that task's work."""
         if name in self._tasks and not self._tasks[name].done():
             coro.close()
             raise RuntimeError(f"task {name!r} is already running")
         task = spawn(
             name,
             coro,
-            consequence="stopping the process",
-            on_failure=partial(self.fail, name),
+            consequence=consequence,
+            on_failure=partial(self.fail, name) if vital else None,
         )
         self._tasks[name] = task
         return task
@@ -116,6 +133,29 @@ class Lifecycle:
     def on_shutdown(self, name: str, cleanup: Cleanup) -> None:
         """Register a cleanup; cleanups run in reverse order of registration."""
         self._cleanups.append((name, cleanup))
+
+    def on_shutdown_finish_tasks(self, name: str, grace: float) -> None:
+        """Register a cleanup that gives the tasks spawned by then a grace period to see the stop
+        event and finish their current step, then cancels those still running (so none is cut
+        off mid-call by the cleanups registered before this one)."""
+
+        async def finish() -> None:
+            running = [task for task in self._tasks.values() if not task.done()]
+            if not running:
+                return
+            _, late = await asyncio.wait(running, timeout=grace)
+            for task in late:
+                log.warning(
+                    "%s did not finish within %g s of the stop: cancelling it.",
+                    task.get_name(),
+                    grace,
+                )
+                task.cancel()
+            for task in late:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+        self.on_shutdown(name, finish)
 
     async def wait(self) -> None:
         """Block until a stop is requested."""
@@ -147,8 +187,44 @@ class Lifecycle:
         Returns the process exit code: 0 for a clean stop, 1 if a task failed.
         """
         try:
-            await main(self)
+            await self._start(main)
             await self.wait()
         finally:
             await self.shutdown()
         return 1 if self.failure is not None else 0
+
+    async def _start(self, main: Callable[[Lifecycle], Awaitable[None]]) -> None:
+        """Run `main` unless a stop is requested first: then it is cancelled (a binder waiting
+        for its caches, say, stops on SIGTERM). An error of `main` is raised here."""
+        starting = asyncio.ensure_future(main(self))
+        stopping = asyncio.ensure_future(self.stop_event.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not starting.done():
+                starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+            try:
+                await starting
+            except asyncio.CancelledError:
+                if not self.stop_event.is_set():
+                    raise  # cancelled from outside, not by a stop
+
+
+class Part(Protocol):
+    """A long-running part: built by its constructor, started under a lifecycle (module
+    docstring)."""
+
+    async def start(self, lifecycle: Lifecycle) -> None:
+        """Listen, spawn the long-lived tasks and register their cleanups."""
+
+
+async def serve(part: Part, *, cleanup_timeout: float = 30.0) -> int:
+    """Run `part` as the process: SIGTERM and SIGINT stop it; the process's exit code (0 after a
+    clean stop, 1 after a vital task failed). An error while starting is raised, after the
+    cleanups registered so far have run."""
+    lifecycle = Lifecycle(cleanup_timeout=cleanup_timeout)
+    lifecycle.install_signal_handlers()
+    return await lifecycle.run(part.start)

@@ -43,7 +43,8 @@ class _ConcurrencyCollector(Collector):
         values = [self._model]
         in_flight = GaugeMetricFamily(
             "tritonshare_proxy_requests_in_flight",
-            "Inference requests being served now (a stream counts once).",
+            "Inference requests being served now (each request in flight on a stream counts; "
+            "an open stream at least one).",
             labels=labels,
         )
         in_flight.add_metric(values, limiter.in_flight)

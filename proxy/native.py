@@ -64,6 +64,7 @@ COMPILED = (
     "proxy/grpc/server.py",
     "proxy/grpc/stream.py",
     "proxy/policy/__init__.py",
+    "proxy/policy/finals.py",
     "proxy/policy/inflation.py",
     "proxy/policy/limiter.py",
     "proxy/policy/naming.py",

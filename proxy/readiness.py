@@ -1,9 +1,10 @@
 """Whether the pod is ready: its own model is ready in Triton and the proxy is not draining.
 
-`Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton over one
-client session held for the process (closed at shutdown). It serves nothing and changes nothing.
-When the model is not ready, the reason is the reinstaller's when it knows one (the model is
-missing on the node and being reinstalled, the agent cannot be reached, the node refused it).
+`Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton through
+`OwnModel`, over one client session held for the process (closed at shutdown). It serves nothing
+and changes nothing. When the model is not ready, the reason is the reinstaller's when it knows
+one (the model is missing on the node and being reinstalled, the agent cannot be reached, the node
+refused it).
 """
 
 from __future__ import annotations
@@ -17,17 +18,14 @@ from proxy.sockets import local_address
 from proxy.state import ProxyState
 
 
-class Readiness:
-    """Answers why the pod is not ready, asking Triton about the own model each time."""
+class OwnModel:
+    """Asks Triton whether the pod's model is ready, over one client session held for the
+    process (opened at start, closed at stop)."""
 
-    def __init__(self, settings: Settings, state: ProxyState) -> None:
+    def __init__(self, settings: Settings) -> None:
         self._url = f"http://{settings.triton_http_url}/v2/models/{settings.model_id}/ready"
-        self._model_id = settings.model_id
         self._source = settings.source_address
-        self._state = state
         self._session: aiohttp.ClientSession | None = None
-        self.why_not_served: Callable[[], str] = lambda: ""
-        """What is known of why the model is not served ('' when nothing is): proxy.reinstall."""
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -41,7 +39,7 @@ class Readiness:
             await self._session.close()
             self._session = None
 
-    async def own_model_ready(self) -> bool:
+    async def ready(self) -> bool:
         """True when Triton reports the pod's model ready."""
         if self._session is None:
             return False
@@ -51,11 +49,28 @@ class Readiness:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
+
+class Readiness:
+    """Answers why the pod is not ready, asking Triton about the own model each time."""
+
+    def __init__(
+        self,
+        model_id: str,
+        state: ProxyState,
+        own_model: OwnModel,
+        why_not_served: Callable[[], str] = lambda: "",
+    ) -> None:
+        self._model_id = model_id
+        self._state = state
+        self._own_model = own_model
+        self._why_not_served = why_not_served
+        """What is known of why the model is not served ('' when nothing is): proxy.reinstall."""
+
     async def not_ready(self) -> list[str]:
         """The reasons the pod is not ready; none when it is."""
         if self._state.draining:
             return ["draining: the pod is shutting down"]
-        if not await self.own_model_ready():
-            why = self.why_not_served()
+        if not await self._own_model.ready():
+            why = self._why_not_served()
             return [why or f"model {self._model_id} is not ready in Triton"]
         return []

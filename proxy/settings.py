@@ -175,7 +175,9 @@ class Settings:
     container_concurrency: int = setting(
         "container-concurrency", "in-flight inference limit, 0 = unlimited", whole(), default="0"
     )
-    """Hard limit on in-flight inference requests (streams count once); 0 means unlimited."""
+    """Hard limit on in-flight inference requests; 0 means unlimited. Each request in flight on a
+    ModelStreamInfer stream counts (an open stream at least one) in the relay mode; the grpcio
+    mode counts a stream once."""
     queue_size: int | None = setting(
         "queue-size", "waiting requests allowed (default 10x the limit)", whole(), default=None
     )

@@ -581,7 +581,9 @@ class SimCluster:
 
     def stop_parts(self) -> None:
         """Stop the kubelets, binders, agents and Triton; the API server keeps serving (its
-        audit log records their last calls, such as a leader releasing its lease)."""
+        audit log records their last calls, such as a leader releasing its lease). The end of a
+        simulation is a node switched off: pods' containers and Triton are killed, not drained
+        (replace_node_pod and deleting pods through the API show graceful termination)."""
         if self.controllers is not None:
             self.controllers.stop()
         if self.hollow is not None:
@@ -602,7 +604,7 @@ class SimCluster:
         if self.model_store is not None:
             self.model_store.stop()
         if self.triton is not None:
-            self.triton.stop()
+            self.triton.discard()
 
     def stop(self) -> None:
         """Stop everything, last started first. Safe to call on a half-started cluster, and

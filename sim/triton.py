@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -89,7 +90,8 @@ def free_port() -> int:
 
 @dataclass
 class TritonServer:
-    """One tritonserver process. Use as a context manager, or call start() and stop()."""
+    """One tritonserver process. Use as a context manager (which discards it at the end), or
+    call start() and then stop() (graceful, as a node pod's termination) or discard()."""
 
     model_repository: Path
     http_port: int = 0
@@ -101,6 +103,12 @@ class TritonServer:
     startup_timeout: float = 60.0
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _workdir: Path | None = field(default=None, init=False)
+    shm_prefix: str = field(
+        default_factory=lambda: f"tritonshare_{uuid.uuid4().hex[:16]}_", init=False
+    )
+    """The Python backend's shared-memory regions of this server are /dev/shm/<prefix>*: what
+    `discard` removes once it has killed the server (the backend removes them itself only on a
+    graceful stop)."""
 
     @property
     def http_url(self) -> str:
@@ -129,6 +137,7 @@ class TritonServer:
             "--exit-on-error=false",
             "--strict-readiness=true",
             "--log-verbose=0",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         if self.restricted:
             header = "tritonshare-admin-key=local"  # Triton 2.51 wants <api>:<header>=<value>
@@ -213,6 +222,20 @@ class TritonServer:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
 
+    def discard(self) -> None:
+        """Kill the server and its backend stubs at once and remove what they leave behind (the
+        work directory, the shared-memory regions): the end of a test or a simulation, where no
+        one is owed a graceful shutdown. stop() takes a second or two more whenever a model is
+        loaded (Triton checks once a second that its models have unloaded)."""
+        self.kill()
+        self.process = None
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):  # noqa: S108 (POSIX shm)
+            with contextlib.suppress(OSError):
+                region.unlink()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
     def kill(self) -> None:
         """Kill the server abruptly (as a crash would), keeping the ports for a restart."""
         if self.process is not None and self.process.poll() is None:
@@ -229,4 +252,4 @@ class TritonServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        self.discard()

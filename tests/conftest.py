@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 from sim.triton import TritonInstall, TritonServer, TritonUnavailableError
+from tests.native_build import building_processes, start_building, stop_building
 
 pytest_plugins = ["tests.fixtures_sim"]
 
@@ -42,6 +43,14 @@ def require_executable(name: str) -> str:
     require_tool(path is not None, f"{name} is not installed (apt-get install the package)")
     assert path is not None
     return path
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    start_building(session)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_building(session)
 
 
 @pytest.fixture(scope="session")
@@ -79,17 +88,20 @@ def triton(triton_install: TritonInstall, model_repository: Path) -> Iterator[Tr
     try:
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 @pytest.fixture(autouse=True)
-def _no_leaked_processes_or_threads() -> Iterator[None]:
-    """Fail a test that leaves child processes or non-daemon threads running."""
+def _no_leaked_processes_or_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves child processes or non-daemon threads running (the session's
+    background native build and what it runs are not the test's)."""
     me = psutil.Process()
     children_before = {p.pid for p in me.children(recursive=True)}
     threads_before = {t.ident for t in threading.enumerate()}
     yield
-    leaked = [p for p in me.children(recursive=True) if p.pid not in children_before]
+    new = [p for p in me.children(recursive=True) if p.pid not in children_before]
+    exempt = building_processes(request.session)  # after the listing: it has all they started
+    leaked = [p for p in new if p.pid not in exempt]
     alive = []
     for p in leaked:
         try:

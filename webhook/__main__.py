@@ -6,30 +6,16 @@ import asyncio
 import logging
 import sys
 
-from common.lifecycle import Lifecycle
+from common.lifecycle import serve
 from common.logs import configure_logging
-from webhook.server import tls_context, webhook_server
+from webhook.server import Webhook
 from webhook.settings import Settings, SettingsError, parse_settings
 
 log = logging.getLogger("webhook")
 
 
 async def _run(settings: Settings) -> int:
-    assert settings.tls_cert is not None and settings.tls_key is not None
-    server = webhook_server(settings, tls_context(settings.tls_cert, settings.tls_key))
-    lifecycle = Lifecycle()
-    lifecycle.install_signal_handlers()
-
-    async def start(lc: Lifecycle) -> None:
-        await server.start()
-        lc.on_shutdown("webhook server", server.stop)
-        log.info(
-            "The webhook completes model pods on https://%s:%d/mutate-pods.",
-            settings.listen[0],
-            server.port,
-        )
-
-    return await lifecycle.run(start)
+    return await serve(Webhook(settings))
 
 
 def main(argv: list[str] | None = None) -> int:

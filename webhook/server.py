@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.health import HttpServer, add_health_routes
+from common.lifecycle import Lifecycle
 from common.logs import subject
 from webhook.review import ReviewError, review
 from webhook.settings import Settings
@@ -76,3 +77,22 @@ def webhook_server(settings: Settings, context: ssl.SSLContext) -> HttpServer:
     """The HTTPS listener (not started); its `port` is the bound one once started."""
     host, port = settings.listen
     return HttpServer(make_app(settings), host, port, ssl_context=context)
+
+
+class Webhook:
+    """The webhook process, in the shape of every part (`common.lifecycle`): `Webhook(settings)`
+    reads the TLS files and builds the HTTPS listener; `start(lifecycle)` listens."""
+
+    def __init__(self, settings: Settings) -> None:
+        assert settings.tls_cert is not None and settings.tls_key is not None  # __main__ checks
+        self.settings = settings
+        self.server = webhook_server(settings, tls_context(settings.tls_cert, settings.tls_key))
+
+    async def start(self, lifecycle: Lifecycle) -> None:
+        lifecycle.on_shutdown("webhook server", self.server.stop)
+        await self.server.start()
+        log.info(
+            "The webhook completes model pods on https://%s:%d/mutate-pods.",
+            self.settings.listen[0],
+            self.server.port,
+        )

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from common.health import HttpServer, build_health_app
-from common.lifecycle import Lifecycle
+from common.lifecycle import Lifecycle, serve
 from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
@@ -199,13 +199,11 @@ class Gateway:
         await self.tenants.stop()
 
 
+def shutdown_seconds(settings: GatewaySettings) -> float:
+    """How long stopping may take: the in-flight requests' finish timeout, with 10 s to spare."""
+    return settings.finish_timeout_seconds + 10.0
+
+
 async def run(settings: GatewaySettings) -> int:
     """Run until SIGTERM/SIGINT, then stop; the process exit code."""
-    lifecycle = Lifecycle(cleanup_timeout=settings.finish_timeout_seconds + 10.0)
-    gateway = Gateway(settings)
-
-    async def main(lc: Lifecycle) -> None:
-        lc.install_signal_handlers()
-        await gateway.start(lc)
-
-    return await lifecycle.run(main)
+    return await serve(Gateway(settings), cleanup_timeout=shutdown_seconds(settings))

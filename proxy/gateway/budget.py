@@ -5,9 +5,10 @@ each connection holds at most `CONNECTION_BYTES` (a REST connection: its head, p
 requests, one compressed read being counted, and an answer being renamed; a gRPC connection:
 a partial message or prefix on each of its streams, a header block, a small message inflated
 inline), and each stream at
-Triton or waiting for a slot at most `STREAM_BYTES` (request bytes Triton's window holds back,
-a response the tenant does not read, and a large message's name, request id and inflated
-slice). The deploy manifests set the gateway's memory limit from `worst_case` (a test keeps
+Triton or waiting for a slot (a ModelStreamInfer stream holds one slot while it is open, and one
+per request in flight past the first) at most `STREAM_BYTES` (request bytes Triton's window
+holds back, a response the tenant does not read, and a large message's name, request id and
+inflated slice). The deploy manifests set the gateway's memory limit from `worst_case` (a test keeps
 them in step). What it must not do: measure anything; it only adds the relays' constants up.
 """
 
@@ -41,10 +42,12 @@ _GRPC_CONNECTION: Final = (
 )
 CONNECTION_BYTES: Final = max(_REST_CONNECTION, _GRPC_CONNECTION)
 """The most one connection holds outside the streams at Triton or queued (~4.2 MiB)."""
-STREAM_BYTES: Final = RECEIVE_WINDOW + RESPONSE_WINDOW + 2 * CAPTURE + SLICE + HOLD
-"""The most one inference stream at Triton or waiting for a slot holds (~1.7 MiB); an answer's
-start held to be renamed (`naming.AnswerNames`) is within Triton's window, its renamed copy is
-the HOLD."""
+STREAM_BYTES: Final = RECEIVE_WINDOW + RESPONSE_WINDOW + 3 * CAPTURE + SLICE + HOLD
+"""The most one inference stream at Triton or waiting for a slot holds (~1.8 MiB); an answer's
+start held to be renamed (`naming.AnswerNames`) or read for the end of a request
+(`finals.Finals`) is within Triton's window, its renamed copy is the HOLD; the third CAPTURE is
+the ids of a ModelStreamInfer stream's requests in flight that asked for their empty final
+answer (at most `L` per pod, one counted per stream)."""
 
 
 def per_pod(settings: GatewaySettings, declared: int = 0) -> int:

@@ -294,6 +294,11 @@ class TritonChannel(Channel, asyncio.Protocol):
         stream = self.streams.get(sid)
         if stream is None:
             return  # reset by the relay: its bytes still count on the connection
+        if stream.finals is not None:  # a stream's answers end its requests (`policy.finals`)
+            body = self._counted(stream, body, length)
+            length = len(body)
+            if not body and not flags:
+                return
         if not flags:  # the common shape first, without detours
             stream.replies.to_tenant(stream, body, False, length)
             return
@@ -302,6 +307,20 @@ class TritonChannel(Channel, asyncio.Protocol):
         if flags & frames.END_STREAM:
             self._ended_by_triton(stream)
         stream.replies.triton_data(stream, body, bool(flags & frames.END_STREAM))
+
+    def _counted(self, stream: Stream, body: bytes, length: int) -> bytes:
+        """What to pass on of `body` (`length` bytes of Triton's with padding), Triton's DATA
+        on a ModelStreamInfer stream, read for the requests its answers end (their slots go
+        back). Every byte passed on is one of Triton's, credited as it leaves; padding and the
+        answers dropped are credited now; an answer's start held is passed on later."""
+        finals = stream.finals
+        assert finals is not None
+        out, ended, dropped = finals.feed(body)
+        if ended:
+            stream.replies.answered(stream, ended)
+        if length - len(body) + dropped:
+            self.credit(stream, length - len(body) + dropped)
+        return out
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         if kind == frames.WINDOW_UPDATE:
@@ -452,7 +471,9 @@ class RenamingChannel(TritonChannel):
                 spec, self._private, self._public, self._first, self._renamed_first
             )
         self._got += length
-        if len(body) < length:
+        if stream.finals is not None:  # a stream's answers end its requests (`policy.finals`)
+            body = self._counted(stream, body, length)
+        elif len(body) < length:
             self.credit(stream, length - len(body))  # padding: never the tenant's
         try:
             out = names.feed(body)

@@ -9,7 +9,12 @@ pieces as it passes (`wire.MessageScan`, inflated in bounded slices under the in
 its last byte, which goes on only once the whole message passed: Triton cannot act on it, or
 inflate it, before. Such a message is never held whole: what the relay holds of it is what the
 stream's window lets the tenant send ahead. A unary call takes a concurrency
-slot once its message passed; ModelStreamInfer takes one when the stream opens. Answers the relay
+slot once its message passed; a ModelStreamInfer stream takes one when it opens, which its
+first request message in flight uses, and each further request message in flight takes one more
+before it goes to Triton, given back when Triton's answers end it (`policy.finals`): with none
+free, the stream's messages wait in its buffer, which its window bounds (the tenant is not
+credited, so it stops sending), for the queue's time; a message refused for a full queue or
+its timeout gets an in-stream error and the stream goes on. Answers the relay
 gives itself (another model, refused APIs, overload) go on the stream, through the same
 windows as Triton's answers; bytes it drops are credited back to the tenant's stream at once.
 
@@ -32,7 +37,7 @@ from proxy.grpc.replies import Replies
 from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
 from proxy.http2.state import ACTIVE
 from proxy.metrics import ProxyMetrics
-from proxy.policy import inflation, refusals, wire
+from proxy.policy import finals, inflation, refusals, routing, wire
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
 
@@ -65,6 +70,11 @@ _COMPRESSED_RENAME: Final = (
 _NAME_FIRST: Final = (
     "a message over 16 KiB must carry the model name as its first field, as protobuf "
     "serializers write it; send it serialized in field order"
+)
+_COMPRESSED_STREAM: Final = (
+    "a compressed ModelStreamInfer message that inflates past 64 KiB cannot carry the final-"
+    "response parameter the relay counts each request by without inflating it whole; send it "
+    "uncompressed"
 )
 _FLAG: Final = (
     "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
@@ -126,6 +136,46 @@ class StreamGate:
         stream.waiter = self.context.spawn(self._wait_slot(stream, limiter))
         return False
 
+    def _take(self, stream: Stream) -> bool:
+        """A slot for the next request message of a stream: one it holds and no message uses
+        (the one it took when it opened, or one its waiter got), or a free one; else queue for
+        one (False): the message waits in the stream's buffer."""
+        tracker = stream.finals
+        assert tracker is not None
+        if stream.limited == HOLDS_SLOT:
+            stream.limited = NO_SLOT
+            stream.slots += 1
+        if tracker.pending < stream.slots:
+            return True
+        if not self.admit(stream):
+            return False  # queued: `_wait_slot` relays the buffer again with the slot
+        stream.limited = NO_SLOT
+        stream.slots += 1
+        return True
+
+    def answered(self, stream: Stream, requests: int) -> None:
+        """Triton's answers ended `requests` of the stream's request messages: the slots past
+        those still in flight go back (to the oldest waiter first). A stream keeps one while it
+        is open, so a stream holding answers its tenant has not read counts, as it did when a
+        stream counted once: the pod's streams holding anything are at most its limit and
+        queue (`gateway.budget`)."""
+        tracker = stream.finals
+        if not requests or tracker is None:
+            return
+        keep = max(tracker.pending, 1)
+        release = self._limiter.release
+        while stream.slots > keep:
+            stream.slots -= 1
+            release()
+        if stream.limited == WAITING and tracker.pending < stream.slots:
+            # Its next message queued for a slot while one it holds was still in use: it
+            # takes that one now rather than wait for another (with a limit of one, forever).
+            if stream.waiter is not None:
+                stream.waiter.cancel()
+                stream.waiter = None
+            stream.limited = NO_SLOT
+            self._later(stream)
+
     async def _wait_slot(self, stream: Stream, limiter: Limiter) -> None:
         try:
             await limiter.acquire()
@@ -133,6 +183,9 @@ class StreamGate:
             self.context.metrics.rejected(type(e).__name__)
             stream.waiter = None
             stream.limited = NO_SLOT
+            if stream.streaming and len(stream.buf) >= 5 and self.streams.get(stream.sid) is stream:
+                self._refuse_head(stream, e)  # that message only: the stream goes on
+                return
             self.refuse_error(stream, e)
             return
         stream.waiter = None
@@ -141,6 +194,21 @@ class StreamGate:
             stream.limited = NO_SLOT
             return
         stream.limited = HOLDS_SLOT
+        self.relay_buffered(stream)
+
+    def _refuse_head(self, stream: Stream, error: refusals.ProxyError) -> None:
+        """Refuse the stream message at the head of its buffer, which found no slot, with an
+        in-stream error naming why (as Triton refuses one message); drop it (what is still to
+        come of it too) and go on with the next."""
+        buf = stream.buf
+        total = 5 + int.from_bytes(buf[1:5], "big")
+        whole = len(buf) >= total and not buf[0]
+        request = bytes(buf[5:total]) if whole else b""
+        dropped = min(total, len(buf))
+        stream.skip = total - dropped
+        del buf[:dropped]
+        self.replies.forwarded(stream, dropped)
+        self._inject(stream, routing.stream_refusal(str(error), request))
         self.relay_buffered(stream)
 
     def relay_buffered(self, stream: Stream) -> None:
@@ -258,7 +326,16 @@ class StreamGate:
         unary_infer = stream.kind == "ModelInfer" and not stream.passed
         if unary_infer and stream.limited == NO_SLOT and not self.admit(stream):
             return False
-        stream.scan = wire.MessageScan()
+        if stream.streaming:
+            if flag:
+                self.refuse_error(stream, refusals.MalformedRequestError(_COMPRESSED_STREAM))
+                return False
+            if not self._take(stream):
+                return False
+            tracker = stream.finals
+            assert tracker is not None
+            tracker.pending += 1  # its slot is its own from its first byte at Triton
+        stream.scan = wire.MessageScan(finals.ASK_KEY if stream.streaming else b"")
         if flag:
             stream.inflation = inflation.Inflation(
                 messages.wbits(stream.encoding),
@@ -270,7 +347,11 @@ class StreamGate:
         buf = stream.buf
         if self.context.router.renames:
             return self._begin_renamed(stream, flag, size)
-        self._up(stream, bytes(buf[:5]), False)
+        if stream.streaming:  # it goes on with `finals.ASK` after its last byte
+            self.replies.forwarded(stream, -len(finals.ASK))
+            self._up(stream, b"\x00" + (size + len(finals.ASK)).to_bytes(4, "big"), False)
+        else:
+            self._up(stream, bytes(buf[:5]), False)
         del buf[:5]
         return True
 
@@ -293,10 +374,11 @@ class StreamGate:
         assert scan is not None
         scan.feed(bytes(buf[5 : 5 + field]))
         named = wire.encode_string(1, router.triton_name)
-        head = b"\x00" + (size - field + len(named)).to_bytes(4, "big") + named
+        extra = len(finals.ASK) if stream.streaming else 0  # sent after its last byte
+        head = b"\x00" + (size - field + len(named) + extra).to_bytes(4, "big") + named
         stream.left = size - field
         del buf[: 5 + field]
-        self.replies.forwarded(stream, 5 + field - len(head))  # the channel credits `head`
+        self.replies.forwarded(stream, 5 + field - len(head) - extra)  # the channel credits `head`
         self._up(stream, head, False)
         return True
 
@@ -361,6 +443,16 @@ class StreamGate:
             if refusal is not None:
                 self.refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
                 return False
+            tracker = stream.finals
+            assert tracker is not None
+            # The field-3 check passed (`decide_stream_scanned`); the parameter is always sent
+            # (its length was announced before the tenant's own parameters were read).
+            try:
+                request_id = scan.field(3)
+            except wire.WireError:
+                request_id = b""  # Triton refuses it, with one error answer
+            tracker.note(request_id, scan.watched)
+            last += finals.ASK
         else:
             if stream.passed:  # a second message on a unary call
                 error = refusals.MalformedRequestError("a unary call carries exactly one message")
@@ -437,11 +529,20 @@ class StreamGate:
         if stream.streaming:
             refusal = router.decide_stream_message(message)
             if refusal is None:
-                if router.renames:  # Triton knows the model by its private name
-                    renamed = router.renamed(message)
-                    self.replies.forwarded(stream, total - len(renamed) - 5)
-                    message, framed = renamed, None
-                self._tail(stream, message, framed)
+                if not self._take(stream):
+                    stream.buf[:0] = framed or framing.grpc_message(message)  # checked again
+                    return False
+                request_id, asked = finals.request_facts(message)
+                sent = router.renamed(message) if router.renames else message
+                if not asked:
+                    sent += finals.ASK  # so that Triton marks the request's end
+                if sent is not message:
+                    self.replies.forwarded(stream, total - len(sent) - 5)
+                    framed = None
+                tracker = stream.finals
+                assert tracker is not None
+                tracker.sent(request_id, asked)
+                self._tail(stream, sent, framed)
                 return True
             self.replies.forwarded(stream, total)
             self._inject(stream, refusal)
@@ -550,6 +651,10 @@ class StreamGate:
         if stream.limited == HOLDS_SLOT:
             self._limiter.release()
         stream.limited = NO_SLOT
+        release = self._limiter.release
+        while stream.slots:
+            stream.slots -= 1
+            release()
         self._metrics.observe("grpc", stream.route, code, _clock() - started)
 
 

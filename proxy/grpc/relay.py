@@ -39,6 +39,7 @@ from proxy.http2.flow import FlowControlError, ReceiveWindow
 from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
 from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET, StreamStateError
+from proxy.policy.finals import Finals
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 from proxy.settings import Settings
 from proxy.sockets import nodelay
@@ -136,6 +137,9 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
 
     def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:
         self.gate.refuse(stream, code, details, response)
+
+    def answered(self, stream: Stream, requests: int) -> None:
+        self.gate.answered(stream, requests)
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -477,6 +481,8 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             self.gate.answer(stream, answer, started)
             return
         stream.route = kind  # END_STREAM, if there, goes to Triton on the HEADERS frame
+        if streaming:
+            stream.finals = Finals()  # each request message in flight holds a slot (`gate`)
         self.streams[sid] = stream
         stream.started = started
         self.relay.channel().open(stream, sent, end_stream)
@@ -497,12 +503,13 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
             router = self._router
-            if router.renames:
-                # Triton's answers name the model's private name and are renamed on their way
-                # back, which compressed answers would hide: Triton may compress only for a
-                # client that accepts it, and this one does not.
-                sent = tuple((n, v) for n, v in sent if n != b"grpc-accept-encoding")
             streaming = router.is_stream(kind)
+            if router.renames or streaming:
+                # Triton's answers name the model's private name and are renamed on their way
+                # back, and a stream's answers are read for the end of each request
+                # (`policy.finals`), which compressed answers would hide: Triton may compress
+                # only for a client that accepts it, and this one does not.
+                sent = tuple((n, v) for n, v in sent if n != b"grpc-accept-encoding")
             plan = (kind, streaming, sent, encoding, request_problem(fields))
             if len(self._plans) >= 64:
                 self._plans.clear()

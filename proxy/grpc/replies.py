@@ -54,6 +54,10 @@ class ReplyHooks:
         """Answer `stream` with the relay's own error (and `response`), reset it at Triton."""
         raise NotImplementedError
 
+    def answered(self, stream: Stream, requests: int) -> None:
+        """Triton's answers ended `requests` of a stream's request messages: free their slots."""
+        raise NotImplementedError
+
 
 class Replies(TenantSide):
     """The tenant-bound half of one tenant connection (see the module docstring)."""
@@ -173,6 +177,9 @@ class Replies(TenantSide):
             stream.given = 0
 
     # -- Triton's side of a stream (`stream.TenantSide`, called by `channel`) ----------------
+
+    def answered(self, stream: Stream, requests: int) -> None:
+        self.hooks.answered(stream, requests)
 
     def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
         if stream.sid not in self.streams:

@@ -21,6 +21,7 @@ from typing import Final
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
 from proxy.http2.state import IDLE, OPEN
+from proxy.policy.finals import Finals
 from proxy.policy.inflation import Inflation
 from proxy.policy.naming import AnswerNames
 from proxy.policy.wire import MessageScan
@@ -47,6 +48,7 @@ class Stream:
         "channel",
         "encoding",
         "ended",
+        "finals",
         "given",
         "held",
         "held_end",
@@ -64,6 +66,7 @@ class Stream:
         "scan",
         "sid",
         "skip",
+        "slots",
         "started",
         "streaming",
         "tenant",
@@ -99,7 +102,13 @@ class Stream:
         self.ended = False  # the tenant's END_STREAM is still to be sent on to Triton
         self.passed = False  # a unary call's one message passed the check
         self.limited = NO_SLOT
+        """A unary call's slot; on a stream, one it took opening or its waiter got, not yet in
+        `slots` (`gate._take`)."""
         self.waiter: asyncio.Future[None] | None = None
+        # ModelStreamInfer: the slots the stream holds, one per request message in flight at
+        # Triton (`policy.finals`) and never fewer than one while it is open (`gate`).
+        self.slots = 0
+        self.finals: Finals | None = None
         self.responded = False  # the tenant has the response head
         self.started = 0.0  # perf_counter() when relayed to Triton; 0 once finished
         # Tenant side (`grpc.relay`): what it may still send us, bytes to credit back to it, and
@@ -156,6 +165,10 @@ class TenantSide:
 
     def forwarded(self, stream: Stream, size: int) -> None:
         """`size` request bytes left the relay: the tenant may send that much more."""
+        raise NotImplementedError
+
+    def answered(self, stream: Stream, requests: int) -> None:
+        """Triton's answers ended `requests` of the stream's request messages."""
         raise NotImplementedError
 
     def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:

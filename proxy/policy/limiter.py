@@ -108,7 +108,7 @@ class Limiter:
             if waiter.done() and not waiter.cancelled():
                 # The slot was handed over just as we gave up: pass it on, do not leak it.
                 self.release()
-            else:
+            elif waiter in self._waiters:  # `release` drops a cancelled waiter it meets
                 waiter.cancel()
                 self._waiters.remove(waiter)
             if isinstance(e, TimeoutError):

@@ -359,6 +359,12 @@ def _grpc_other_model(kind: str, name: bytes) -> GrpcAnswer:
     return GrpcAnswer(kind, "NOT_FOUND", unknown_model_message(_text(name)))
 
 
+def stream_refusal(error: str, request: bytes) -> bytes:
+    """The in-stream response refusing one ModelStreamInfer message (`request`, or b"" when it
+    is not at hand) with `error`, as Triton refuses one: the stream goes on."""
+    return _stream_error(error, request)
+
+
 def _stream_error(message: str, request: bytes) -> bytes:
     """A ModelStreamInferResponse: error_message (1) and infer_response (2) with the request id."""
     try:

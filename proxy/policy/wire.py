@@ -236,6 +236,51 @@ def with_string_field(data: bytes, number: int, value: bytes) -> bytes:
     return without_field(data, number) + encode_string(number, value)
 
 
+def fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
+    """The top-level fields of `data` in order: (number, wire type, value: the bytes of a
+    length-delimited one, the varint of a varint one, 0 for a fixed one). A field cut by the
+    end of `data` ends the list (a prefix reads as far as it goes)."""
+    out: list[tuple[int, int, bytes | int]] = []
+    pos = 0
+    end = len(data)
+    try:
+        while pos < end:
+            key, pos = _varint(data, pos)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == LENGTH_DELIMITED:
+                length, pos = _varint(data, pos)
+                if pos + length > end:
+                    out.append((number, wire_type, data[pos:end]))  # cut: what there is
+                    return out
+                out.append((number, wire_type, data[pos : pos + length]))
+                pos += length
+            elif wire_type == VARINT:
+                value, pos = _varint(data, pos)
+                out.append((number, wire_type, value))
+            else:
+                pos = _skip_scalar(data, pos, number, wire_type)
+                out.append((number, wire_type, 0))
+    except WireError:
+        pass
+    return out
+
+
+def bool_parameter(entry: bytes, key: bytes) -> bool | None:
+    """The bool value of a `map<string, InferParameter>` entry if its key is `key`, else None."""
+    name = b""
+    value = False
+    for number, wire_type, content in fields(entry):
+        if number == 1 and wire_type == LENGTH_DELIMITED:
+            assert isinstance(content, bytes)
+            name = content
+        elif number == 2 and wire_type == LENGTH_DELIMITED:
+            assert isinstance(content, bytes)
+            value = any(
+                n == 1 and t == VARINT and bool(v) for n, t, v in fields(content)
+            )  # bool_param
+    return value if name == key else None
+
+
 # MessageScan states.
 _KEY: Final = 0  # reading a field's key (a varint)
 _LENGTH: Final = 1  # reading a length-delimited field's length
@@ -269,9 +314,11 @@ class MessageScan:
         "_value",
         "_values",
         "_varint",
+        "_watch",
+        "watched",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, watch: bytes = b"") -> None:
         self._state = _KEY
         self._varint = 0
         self._shift = 0
@@ -283,6 +330,10 @@ class MessageScan:
         self._errors: dict[int, str] = {}
         """The first error `string_fields` would raise looking for field 1, field 3; a message
         broken for both is keyed 0."""
+        self._watch = watch
+        self.watched = False
+        """With `watch`: the bool value of the last field-4 map entry (a ModelInferRequest's
+        `parameters`) keyed `watch`, as a parser keeps it (`bool_parameter`)."""
 
     def _fail(self, number: int, why: str) -> None:
         if number not in self._errors:
@@ -343,7 +394,7 @@ class MessageScan:
                 self._key(value)
             elif state == _LENGTH:
                 self._length = self._left = value
-                if self._field in (1, 3):
+                if self._field in (1, 3) or (self._field == 4 and self._watch):
                     self._value = bytearray()
                     self._state = _VALUE if value else _KEY
                     if not value:
@@ -376,7 +427,11 @@ class MessageScan:
 
     def _value_done(self) -> None:
         number = self._field
-        if number in self._values:
+        if number == 4:
+            value = bool_parameter(bytes(self._value), self._watch)
+            if value is not None:
+                self.watched = value
+        elif number in self._values:
             self._fail(number, f"field {number} occurs more than once")
         else:
             self._values[number] = bytes(self._value)

@@ -184,15 +184,20 @@ class Kubelet(_PodWatcher):
         )
         super().start()
 
-    def stop(self) -> None:
-        """Stop watching and stop every pod's processes (no API calls: the cluster may be gone)."""
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop watching and stop every pod's processes (no API calls: the cluster may be gone).
+
+        The simulation is ending, as if the node were switched off: by default containers get no
+        grace (a proxy's drain and unload would only delay the end of every test and demo run;
+        nothing outlives the simulation for them to hand over to). Graceful termination is what
+        deleting a pod through the API shows."""
         self.stop_watching()
         with self._lock:
             workers = list(self._workers.values())
         for worker in workers:
-            worker.abandon()
+            worker.abandon(grace)
         for worker in workers:
-            worker.join(self.runtime.abandon_grace + 15)
+            worker.join(grace + 15)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every pod worker has finished (its pod deleted); True if they all did."""

@@ -103,6 +103,7 @@ class PodWorker(threading.Thread):
         )
         self._deleting = threading.Event()
         self._abandon = threading.Event()
+        self._abandon_grace = node.abandon_grace
         self._published = ""
 
     def request_deletion(self, grace_seconds: float) -> None:
@@ -110,8 +111,12 @@ class PodWorker(threading.Thread):
         self._grace = min(self._grace, grace_seconds)
         self._deleting.set()
 
-    def abandon(self) -> None:
-        """Stop at once without API calls: the pod is gone, or the simulation is ending."""
+    def abandon(self, grace: float | None = None) -> None:
+        """Stop at once without API calls: the pod is gone, or the simulation is ending. Its
+        containers get SIGTERM and `grace` seconds (default: the node's abandon grace), then
+        SIGKILL."""
+        if grace is not None:
+            self._abandon_grace = grace
         self._abandon.set()
         self._deleting.set()
 
@@ -312,7 +317,7 @@ class PodWorker(threading.Thread):
     def _terminate(self) -> None:
         deadline = time.monotonic() + self._grace
         if self._abandon.is_set():
-            deadline = time.monotonic() + self.node.abandon_grace
+            deadline = time.monotonic() + self._abandon_grace
         else:
             hooks = [
                 threading.Thread(
@@ -326,20 +331,12 @@ class PodWorker(threading.Thread):
             for hook in hooks:
                 hook.join(max(0.0, deadline - time.monotonic()) + 1)
         running = [c for c in self.inits + self.mains if c.running()]
+        # Abandoned with no grace (the simulation ending: a node switched off): SIGKILL at once.
+        graceful = not (self._abandon.is_set() and self._abandon_grace <= 0)
         for container in running:
-            container.signal(signal.SIGTERM)
+            container.signal(signal.SIGTERM if graceful else signal.SIGKILL)
         for container in running:
-            assert container.process is not None
-            try:
-                code = container.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "Pod %s: container %s outlived its grace period: killing it.",
-                    self.key,
-                    container.name,
-                )
-                container.signal(signal.SIGKILL)
-                code = container.process.wait(10)
+            code = self._await_exit(container, deadline, graceful)
             # Whatever the container left behind dies with it, as in its cgroup.
             container.signal(signal.SIGKILL)
             self._exited(container, code)
@@ -348,6 +345,21 @@ class PodWorker(threading.Thread):
                 self._publish()
             self._delete()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _await_exit(self, container: ContainerRun, deadline: float, graceful: bool) -> int:
+        """The container's exit code, once it has exited; SIGKILL once `deadline` has passed."""
+        assert container.process is not None
+        try:
+            return container.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            if graceful:
+                log.warning(
+                    "Pod %s: container %s outlived its grace period: killing it.",
+                    self.key,
+                    container.name,
+                )
+            container.signal(signal.SIGKILL)
+            return container.process.wait(10)
 
     def _pre_stop(self, container: ContainerRun, deadline: float) -> None:
         hook = container.spec["lifecycle"]["preStop"]

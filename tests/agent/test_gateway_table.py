@@ -132,7 +132,7 @@ async def test_the_agent_writes_its_proven_owners_and_drops_a_deleted_pod(
     make_pod(kube_api, "owner", "add_one", gpu_uuid=gpu)
     set_address(kube_api, "owner", "127.1.0.5")
     # Proven but owning nothing yet: no caller until its loader installs the model.
-    await eventually(lambda: running.agent.reconciler.pods.get("default/owner") is not None)
+    await eventually(lambda: running.agent.pods.by_key.get("default/owner") is not None)
     assert addresses(table) == {}
     token = apiserver.mint_token("default", "owner")
     await install_dir(running.stub, token, copy_model("add_one", tmp_path / "m"), "add_one")
@@ -146,7 +146,7 @@ async def test_the_agent_writes_its_proven_owners_and_drops_a_deleted_pod(
     set_address(kube_api, "squatter", "127.1.0.6")
     make_pod(kube_api, "copycat", "add_one", gpu_uuid=gpu)
     set_address(kube_api, "copycat", "127.1.0.7")
-    await eventually(lambda: running.agent.reconciler.pods.get("default/copycat") is not None)
+    await eventually(lambda: running.agent.pods.by_key.get("default/copycat") is not None)
     assert addresses(table) == {"127.1.0.5": "add_one"}
 
     # The table is rewritten while nothing changes: the gateway can tell the agent is alive.

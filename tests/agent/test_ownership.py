@@ -13,7 +13,7 @@ import pytest
 from agent.errors import OwnedByAnotherPodError
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy
-from agent.models import Models
+from agent.models import ModelLimits, Models
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.pods import PodInfo
@@ -21,6 +21,7 @@ from agent.repository import Repository, build_manifest
 from agent.triton import TritonClient
 from common.manifest import ManifestEntry
 from common.tritonname import private_triton_name
+from tests.agent.nodeview import NoGpus, OwnersAlive
 
 CONFIG = b'backend: "python"\n'
 
@@ -57,18 +58,17 @@ async def owner_models(tmp_path: Path, alive: bool) -> Models:
     owners = OwnerStore(tmp_path / "state")
     owners.load()
 
-    async def owner_alive(owner: OwnerRecord) -> bool:
-        return alive
-
     models = Models(
         repository,
         TritonClient("127.0.0.1:1"),
-        AgentMetrics(),
-        lambda: None,
-        owners=owners,
-        owner_alive=owner_alive,
-        policy=ModelPolicy(tenant_code_namespaces=frozenset({"team-a", "team-b"})),
-        cpu_only=True,
+        owners,
+        ModelLimits(
+            policy=ModelPolicy(tenant_code_namespaces=frozenset({"team-a", "team-b"})),
+            cpu_only=True,
+        ),
+        gpus=NoGpus(),
+        pods=OwnersAlive(alive),
+        metrics=AgentMetrics(),
     )
 
     async def not_in_triton(name: str) -> None:

@@ -12,8 +12,8 @@ import pytest
 from agent.errors import DigestMismatchError, InvalidRequestError, ResourceExhaustedError
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy
-from agent.models import Models
-from agent.ownership import OwnerRecord, OwnerStore
+from agent.models import ModelLimits, Models
+from agent.ownership import OwnerStore
 from agent.placement import Proven
 from agent.pods import PodInfo
 from agent.repository import (
@@ -25,6 +25,7 @@ from agent.repository import (
 )
 from agent.triton import TritonClient
 from common.manifest import Manifest, ManifestEntry
+from tests.agent.nodeview import NoGpus, OwnersAlive
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
 MODEL = b"print('hello')\n"
@@ -230,21 +231,19 @@ async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
     owners = OwnerStore(repository.root.parent / "state")
     owners.load()
 
-    async def nobody_else(owner: OwnerRecord) -> bool:
-        return False
-
     async def not_in_triton(name: str) -> None:
         return None
 
     models = Models(
         repository,
         TritonClient("127.0.0.1:1"),
-        AgentMetrics(),
-        lambda: None,
-        owners=owners,
-        owner_alive=nobody_else,
-        policy=ModelPolicy(tenant_code_namespaces=frozenset({"default"})),
-        cpu_only=True,
+        owners,
+        ModelLimits(
+            policy=ModelPolicy(tenant_code_namespaces=frozenset({"default"})), cpu_only=True
+        ),
+        gpus=NoGpus(),
+        pods=OwnersAlive(False),  # nobody else
+        metrics=AgentMetrics(),
     )
     monkeypatch.setattr(models.triton, "state", not_in_triton)
     manifest = build_manifest("m", [entry("config.pbtxt", CONFIG)])

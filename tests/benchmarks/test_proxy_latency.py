@@ -32,9 +32,10 @@ def test_a_child_of_the_benchmark_counts_as_its_own_load_running_and_once_waited
         running_box, running_own = box_cpu_seconds()
         assert running_own - own >= 0.25  # the live child's CPU is the benchmark's own
     finally:
-        assert child.stdin is not None
+        assert child.stdin is not None and child.stdout is not None
         child.stdin.close()
         child.wait(10)
+        child.stdout.close()
     box_after, own_after = box_cpu_seconds()
     assert own_after - own >= 0.25  # still counted once it ended and was waited for
     # The box's busy time holds the benchmark's (to /proc/stat's 10 ms ticks per CPU).

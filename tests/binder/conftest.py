@@ -10,38 +10,27 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from binder.app import Binder
-from binder.settings import Settings
 from tests.binder.simcluster import MakeBinder
 from tests.fixtures_sim import PlacementKeys, core_v1
 
 
 @pytest.fixture
 async def make_binder(kubeconfig: Path, placement_keys: PlacementKeys) -> AsyncIterator[MakeBinder]:
-    started: list[Binder] = []
-
-    async def make(**overrides: Any) -> Binder:
-        values: dict[str, Any] = {
+    replicas = MakeBinder(
+        {
             "kubeconfig": str(kubeconfig),
             "placement_key_dir": placement_keys.directory,
             "listen_http": ("127.0.0.1", 0),
             "leader_elect": False,
             "backoff_initial_seconds": 0.2,
             "backoff_max_seconds": 0.8,
-            "identity": f"binder-{len(started)}",
             "lease_duration_seconds": 2.0,
             "renew_deadline_seconds": 1.5,
             "retry_period_seconds": 0.2,
         }
-        values.update(overrides)
-        binder = Binder(Settings(**values))
-        started.append(binder)
-        await binder.start()
-        return binder
-
-    yield make
-    for binder in started:
-        await binder.stop()
+    )
+    yield replicas
+    await replicas.stop_all()
 
 
 @pytest.fixture

@@ -6,19 +6,56 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes.client
 import pytest
 
 from binder.app import Binder
+from binder.settings import Settings
+from common.lifecycle import Lifecycle
 from sim.apiserver import RunningApiServer
 from tests.binder.objects import lease_obj, node_obj, pod_obj
 from tests.fixtures_sim import coordination_v1, core_v1
 
-MakeBinder = Callable[..., Awaitable[Binder]]
 SYSTEM = "tritonshare-system"
+
+
+class MakeBinder:
+    """Starts binder replicas in this process, each under a lifecycle of its own (as
+    `python -m binder` runs one), and stops them: `await make_binder(**settings)`."""
+
+    def __init__(self, defaults: dict[str, Any]) -> None:
+        self._defaults = defaults
+        self._lifecycles: dict[Binder, Lifecycle] = {}
+
+    async def __call__(self, **overrides: Any) -> Binder:
+        values = {**self._defaults, "identity": f"binder-{len(self._lifecycles)}", **overrides}
+        binder = Binder(Settings(**values))
+        lifecycle = Lifecycle()
+        self._lifecycles[binder] = lifecycle
+        try:
+            await binder.start(lifecycle)
+        except BaseException:
+            await self.stop(binder)
+            raise
+        return binder
+
+    def lifecycle(self, binder: Binder) -> Lifecycle:
+        return self._lifecycles[binder]
+
+    async def stop(self, binder: Binder, *, release: bool = True) -> None:
+        """Stop a replica in its documented order; release=False leaves the leader lease to
+        expire, as a crashed replica would."""
+        lifecycle = self._lifecycles[binder]
+        binder.elector.release_on_stop = release
+        lifecycle.request_stop("the test stops it")
+        await lifecycle.shutdown()
+
+    async def stop_all(self) -> None:
+        for binder in self._lifecycles:
+            await self.stop(binder)
 
 
 async def eventually(check: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:

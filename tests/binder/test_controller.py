@@ -365,6 +365,7 @@ async def test_a_failure_in_the_scheduling_loop_is_logged_and_stops_the_replica(
     monkeypatch.setattr(binder.controller, "schedule_one", broken)
     with caplog.at_level(logging.ERROR, logger="common.lifecycle"):
         add_pod(core, "resnet", mem="4Gi")
-        await eventually(binder.stopped.is_set, what="the replica to stop")
-    assert str(binder.failure) == "a bug in placement"
+        lifecycle = make_binder.lifecycle(binder)
+        await eventually(lifecycle.stop_event.is_set, what="the replica to stop")
+    assert str(lifecycle.failure) == "a bug in placement"
     assert "The binder's scheduling has failed: stopping this replica." in caplog.messages

@@ -55,7 +55,7 @@ async def test_a_follower_takes_over_within_the_lease_duration_after_a_crash(
     add_node(kube_api, "gpu-1", [16 * GI])
     leader, follower = await two_replicas(make_binder)
     crashed = time.monotonic()
-    await leader.stop(release=False)  # the lease is left to expire, as after a crash
+    await make_binder.stop(leader, release=False)  # the lease is left to expire, as after a crash
     add_pod(core, "after-crash", mem="2Gi")
     await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
     took = time.monotonic() - crashed
@@ -75,7 +75,7 @@ async def test_a_clean_stop_releases_the_lease_for_an_immediate_takeover(
     add_node(kube_api, "gpu-1", [16 * GI])
     leader, follower = await two_replicas(make_binder)
     stopped = time.monotonic()
-    await leader.stop()
+    await make_binder.stop(leader)
     await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
     # Released: the follower need not wait out the lease (1 s left after release, plus a retry).
     assert time.monotonic() - stopped < LEASE_SECONDS + 1.5

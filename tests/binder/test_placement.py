@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from binder.model import effective_request, lease_expiry, node_from_api, pod_from_api
-from binder.placement import Placement, Unschedulable, explain, place
+from binder.placement import (
+    BY_REQUEST_KEPT,
+    Placement,
+    Unschedulable,
+    explain,
+    gpu_kinds,
+    place,
+)
 from binder.state import ClusterState
 from common.contract import Keys
 from common.quantity import QuantityError
@@ -276,17 +283,83 @@ def test_a_small_model_leaves_the_last_a100_block_to_the_big_model_waiting_for_i
     assert llm.gpu.uuid == "GPU-a100-0-1"
 
 
-def test_binpack_takes_the_smallest_gpu_kind_that_fits() -> None:
+def test_binpack_takes_the_smallest_gpu_kind_that_fits_when_no_kind_has_gpus_to_spare() -> None:
     state = cluster(
-        node_obj("a", [80 * GI] * 8), node_obj("b", [24 * GI] * 2), node_obj("c", [16 * GI])
+        node_obj("a", [80 * GI] * 8), node_obj("b", [24 * GI] * 4), node_obj("c", [16 * GI] * 4)
     )
+    # One A100 in eight whole, one L4 in four with room for a model only an L4 holds: not more
+    # than two fifths, none to spare.
     for gpu in range(1, 8):  # the A100 node is the fullest node, but its free GPU the largest
         bind(state, f"llm-{gpu}", "a", gpu, "76Gi")
+    for gpu in range(1, 4):
+        bind(state, f"whisper-{gpu}", "b", gpu, "24Gi")
+        bind(state, f"t5-{gpu}", "c", gpu, "16Gi")
     for mem, node in (("4Gi", "c"), ("20Gi", "b"), ("30Gi", "a")):
-        assert placed(state, pod_obj(f"p-{mem}", mem=mem)).node == node, mem
-    # Once the T4 holds 13Gi, a 4Gi pod no longer fits it: the L4 is next, not the A100.
+        for budget in (None, 0):
+            assert placed(state, pod_obj(f"p-{mem}", mem=mem), scan_budget=budget).node == node
+    # Once the T4 holds 13Gi, a 4Gi pod no longer fits it: the L4 is next, not the A100's 4Gi
+    # remainders beside the LLMs.
     bind(state, "x", "c", 0, "13Gi")
     assert placed(state, pod_obj("q", mem="4Gi")).node == "b"
+
+
+def test_binpack_opens_the_larger_gpus_while_their_kind_has_gpus_to_spare() -> None:
+    """Issue 29's second rule opened the smallest GPU first whatever was free: the static fleet of
+    benchmarks/density.py then used 742 T4s and 1,000 GPUs in all, where first-fit decreasing
+    used 576. While more than two fifths of a kind's GPUs have room for a model that needs the
+    kind, binpack opens the larger ones (fewer GPUs in use); the A100s stay kept for the pods
+    only they hold."""
+    state = cluster(
+        node_obj("a100-0", [80 * GI] * 8),
+        node_obj("l4-0", [24 * GI] * 4),
+        node_obj("t4-0", [16 * GI] * 4),
+    )
+    for budget in (None, 0):
+        assert placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget).node == "l4-0"
+    # Three L4s of four hold 22Gi: one with room for an L4 model is not more than two fifths,
+    # the T4s open now.
+    for gpu in range(3):
+        bind(state, f"whisper-{gpu}", "l4-0", gpu, "22Gi")
+    for budget in (None, 0):
+        assert placed(state, pod_obj("t5", mem="6Gi"), scan_budget=budget).node == "t4-0"
+
+
+def test_a_small_model_leaves_the_block_an_l4_model_needs_when_l4s_are_short() -> None:
+    """A used L4's 22Gi block is the only room a 20Gi model has once the L4s are taken: a 3Gi
+    model opens a T4 rather than break it."""
+    state = cluster(
+        node_obj("a100-0", [80 * GI]), node_obj("l4-0", [24 * GI] * 4), node_obj("t4-0", [16 * GI])
+    )
+    for gpu in range(3):
+        bind(state, f"whisper-{gpu}", "l4-0", gpu, "24Gi")
+    bind(state, "resnet", "l4-0", 3, "2Gi")
+    for budget in (None, 0):
+        assert placed(state, pod_obj("bert", mem="3Gi"), scan_budget=budget).node == "t4-0"
+    # A block too small for anything an L4 alone holds is filled as any used GPU's.
+    bind(state, "t5", "l4-0", 3, "10Gi")
+    for budget in (None, 0):
+        choice = placed(state, pod_obj("bert", mem="3Gi"), scan_budget=budget)
+        assert choice.gpu.uuid == "GPU-l4-0-3"
+
+
+def test_small_models_fill_the_room_beside_an_llm_only_while_a100s_are_to_spare() -> None:
+    """Beside a 70Gi LLM, 10Gi is left: less than a T4, so nothing only an A100 holds fits
+    there, and leaving it empty wasted 1,081 GiB of A100 memory on benchmarks/density.py's
+    static fleet. A small model takes it while more than two fifths of the A100s are whole, so
+    the next LLM still finds one; once they are short (two fifths whole or fewer) it does not,
+    as what it leaves behind when the LLM goes would split the block the next LLM needs."""
+    a100 = {"gpu": "a100"}
+    state = cluster(
+        node_obj("a100-0", [80 * GI] * 8, labels=a100), node_obj("t4-0", [16 * GI]), reserve=0
+    )
+    bind(state, "llm-0", "a100-0", 0, "70Gi")
+    for budget in (None, 0):
+        choice = placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget)
+        assert choice.gpu.uuid == "GPU-a100-0-0"
+    for gpu in range(1, 6):  # two A100s of eight whole: not more than two fifths
+        bind(state, f"llm-{gpu}", "a100-0", gpu, "70Gi")
+    for budget in (None, 0):
+        assert placed(state, pod_obj("bert", mem="4Gi"), scan_budget=budget).node == "t4-0"
 
 
 def test_binpack_fills_a_used_gpu_before_opening_an_empty_one_of_the_same_kind() -> None:
@@ -448,3 +521,13 @@ def test_the_proof_of_concepts_key_prefix_reads_its_own_names() -> None:
     annotations["seldon.io/trtis-gpus"] = annotations.pop(KEYS.gpus)
     assert len(node_from_api(node, poc).gpus) == 1
     assert node_from_api(node, KEYS).gpus == ()
+
+
+def test_pods_of_many_distinct_requests_keep_binpacks_per_request_scores_bounded() -> None:
+    """binpack keeps each request's per-size scores with the cluster's GPU kinds (the pods of one
+    Deployment ask alike); a tenant creating pods of thousands of distinct requests must not
+    grow that memory without bound."""
+    state = cluster(node_obj("a100-0", [80 * GI] * 8), node_obj("t4-0", [16 * GI] * 4))
+    for mib in range(1, 4 * BY_REQUEST_KEPT):
+        placed(state, pod_obj(f"p{mib}", mem=f"{mib}Mi"))
+        assert len(gpu_kinds(state).by_request) <= BY_REQUEST_KEPT

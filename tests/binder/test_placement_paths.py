@@ -32,7 +32,9 @@ from tests.binder.objects import GI, KEYS, node_obj, pod_obj
 
 NOW = 1000.0
 ZONES = ["a", "b", "c"]
-KINDS = {"t4": 16 * GI, "a10": 24 * GI}
+KINDS = {"t4": 16 * GI, "a10": 24 * GI, "a100": 80 * GI}
+"""Three sizes, so binpack's every rule is met: the largest kind's small remainders, and blocks of
+the middle one kept for the pods that need it."""
 
 
 def random_node(rng: random.Random, name: str) -> dict[str, Any]:
@@ -126,6 +128,20 @@ def assert_rows_and_indexes_fresh(state: ClusterState) -> None:
         arrays = (state.capacity, state.free_total)
         assert kept.buckets(*arrays) == built.buckets(*arrays)
         assert kept.blocks(state.gpu_blocks) == built.blocks(state.gpu_blocks)
+    # The GPUs counted per size, kept as blocks change, are the ledger's.
+    healthy = [block for blocks in state.gpu_blocks for block in blocks if block[0] > 0]
+    counted = state.gpu_sizes()
+    assert counted.sizes == tuple(sorted({size for size, _ in healthy}))
+    assert counted.gpus == tuple(sum(s == size for s, _ in healthy) for size in counted.sizes)
+    assert counted.whole == tuple(sum(b == (size, size) for b in healthy) for size in counted.sizes)
+    below = [
+        max((s for s in counted.sizes if s * 10 < size * 9), default=0) for size in counted.sizes
+    ]
+    assert counted.below == tuple(below)
+    assert counted.roomy == tuple(
+        sum(s == size and free >= under for s, free in healthy)
+        for size, under in zip(counted.sizes, below, strict=True)
+    )
 
 
 def random_spec(rng: random.Random) -> dict[str, Any]:
@@ -169,7 +185,7 @@ def random_spec(rng: random.Random) -> dict[str, Any]:
 
 
 def random_pod(rng: random.Random, name: str) -> PodInfo:
-    mem = rng.choice(["512Mi", "1Gi", "2Gi", "4Gi", "8Gi", "15Gi"])
+    mem = rng.choice(["512Mi", "1Gi", "2Gi", "4Gi", "8Gi", "15Gi", "20Gi", "40Gi"])
     model = f"m{rng.randrange(12)}"
     return pod_from_api(pod_obj(name, mem=mem, model=model, spec_extra=random_spec(rng)), KEYS)
 

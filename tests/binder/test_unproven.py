@@ -345,7 +345,7 @@ async def test_only_the_leader_reports_and_a_new_leader_reports_what_it_finds(
     # The follower saw it too, and queued nothing: only the leader writes.
     assert not follower.controller._unproven_reported
     assert not follower.controller._unproven_waiting
-    await leader.stop()  # a clean stop releases the lease: the follower leads at once
+    await make_binder.stop(leader)  # a clean stop releases the lease: the follower leads at once
     await eventually(lambda: follower.elector.is_leader, what="the takeover")
     events = await eventually(
         lambda: (found := events_of(core, TENANT, "hog")) and len(found) == 2 and found,

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from common.lifecycle import Lifecycle, spawn
+from common.lifecycle import Lifecycle, serve, spawn
 from common.logs import JsonFormatter, configure_logging
 
 
@@ -141,6 +141,108 @@ async def test_spawning_a_running_name_twice_is_refused() -> None:
     with pytest.raises(RuntimeError, match="already running"):
         life.spawn("x", coro)  # type: ignore[arg-type]
     await life.shutdown()
+
+
+async def test_a_stop_while_starting_cancels_the_start_and_undoes_what_it_did() -> None:
+    undone: list[str] = []
+    cancelled = asyncio.Event()
+
+    async def start(life: Lifecycle) -> None:
+        async def close_listener() -> None:
+            undone.append("listener")
+
+        life.on_shutdown("the listener", close_listener)
+        life.request_stop("SIGTERM")  # as a signal would, while the caches still fill
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        undone.append("started after the stop")  # never reached
+
+    assert await asyncio.wait_for(Lifecycle().run(start), 10) == 0
+    assert cancelled.is_set()
+    assert undone == ["listener"]
+
+
+async def test_an_error_while_starting_is_raised_after_the_cleanups_so_far() -> None:
+    undone: list[str] = []
+
+    async def start(life: Lifecycle) -> None:
+        async def close_listener() -> None:
+            undone.append("listener")
+
+        life.on_shutdown("the listener", close_listener)
+        raise OSError("the port is taken")
+
+    with pytest.raises(OSError, match="the port is taken"):
+        await Lifecycle().run(start)
+    assert undone == ["listener"]
+
+
+async def test_a_failed_task_that_is_not_vital_leaves_the_process_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    life = Lifecycle()
+    with caplog.at_level(logging.ERROR, logger="common.lifecycle"):
+        task = life.spawn(
+            "The watch on dead agents", broken(), consequence="no pod is replaced", vital=False
+        )
+        with pytest.raises(RuntimeError):
+            await task
+        await asyncio.sleep(0)  # done-callbacks run on the next loop turn
+    assert caplog.messages == ["The watch on dead agents has failed: no pod is replaced."]
+    assert not life.stop_event.is_set() and life.failure is None
+    await life.shutdown()
+
+
+async def test_finishing_tasks_waits_for_those_that_see_the_stop_and_cancels_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    life = Lifecycle()
+    finished_step = asyncio.Event()
+    seen_by_later_cleanup: list[bool] = []
+
+    async def polite() -> None:
+        await life.stop_event.wait()
+        finished_step.set()
+
+    async def stuck() -> None:
+        await asyncio.Event().wait()
+
+    async def later_cleanup() -> None:  # registered first, so it runs after the tasks finish
+        seen_by_later_cleanup.append(finished_step.is_set() and stuck_task.cancelled())
+
+    life.on_shutdown("the clients", later_cleanup)
+    life.on_shutdown_finish_tasks("the loops", grace=0.2)
+    life.spawn("the polite loop", polite())
+    stuck_task = life.spawn("the stuck loop", stuck())
+    life.request_stop("test")
+    with caplog.at_level(logging.WARNING, logger="common.lifecycle"):
+        await asyncio.wait_for(life.shutdown(), 10)
+    assert seen_by_later_cleanup == [True]
+    assert caplog.messages == [
+        "the stuck loop did not finish within 0.2 s of the stop: cancelling it."
+    ]
+
+
+async def test_serve_runs_a_part_and_returns_its_exit_code() -> None:
+    class Failing:
+        async def start(self, lifecycle: Lifecycle) -> None:
+            lifecycle.spawn("the part's loop", self._loop())
+
+        async def _loop(self) -> None:
+            raise RuntimeError("boom")
+
+    try:
+        assert await asyncio.wait_for(serve(Failing()), 10) == 1
+    finally:
+        loop = asyncio.get_running_loop()
+        loop.remove_signal_handler(signal.SIGTERM)
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def test_json_logs_carry_message_and_extra_fields() -> None:

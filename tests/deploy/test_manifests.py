@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from binder.settings import parse_settings as parse_binder_settings
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
@@ -447,6 +448,28 @@ def test_the_binder_runs_two_replicas_with_a_disruption_budget(kubectl: str) -> 
     assert pdb["spec"]["selector"]["matchLabels"].items() <= (
         binder["spec"]["template"]["metadata"]["labels"].items()
     )
+
+
+def _binder_grants_and_moves(objects: tuple[Obj, ...]) -> tuple[bool, int]:
+    """Whether the binder's ClusterRole may create pods/eviction, and its --consolidate-moves."""
+    [role] = [o for o in objects if name_of(o) == "ClusterRole/-/tritonshare-binder"]
+    evicts = any(
+        "pods/eviction" in rule.get("resources", []) and "create" in rule.get("verbs", [])
+        for rule in role["rules"]
+    )
+    [deployment] = [
+        o for o in objects if name_of(o) == "Deployment/tritonshare-system/tritonshare-binder"
+    ]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return evicts, parse_binder_settings(container["args"], {}).consolidate_moves
+
+
+def test_the_binder_may_evict_only_where_consolidation_is_on(kubectl: str) -> None:
+    """Eviction restarts another team's model elsewhere: the base grants it to no one, and the
+    consolidation overlay grants it with the flag that uses it."""
+    assert _binder_grants_and_moves(render(kubectl, "base")) == (False, 0)
+    assert _binder_grants_and_moves(render(kubectl, "overlays/production")) == (False, 0)
+    assert _binder_grants_and_moves(render(kubectl, "overlays/consolidation")) == (True, 4)
 
 
 def test_the_example_model_follows_the_contract(kubectl: str) -> None:

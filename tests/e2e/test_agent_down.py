@@ -4,8 +4,9 @@ the agent's Lease expires, a pod placed there just after the death fails its loa
 the reason instead of waiting out its 600 s timeout, and after --agent-down-grace the binder
 deletes the controller-owned pods, whose replacements it places on a node with a live agent.
 
-Short settings so it runs in about a minute: agent Lease 8 s (renewed every 2 s), grace 40 s
-(above the loader's own 30 s --agent-unreachable-seconds, so its fast exit shows first).
+Short settings so it runs in about half a minute: agent Lease 8 s (renewed every 2 s), the
+loader's --agent-unreachable-seconds 10 s (30 s by default), grace 20 s (above the loader's
+budget, so its fast exit shows first).
 The figures are printed: pytest tests/e2e/test_agent_down.py -s -q
 """
 
@@ -31,7 +32,8 @@ from tests.e2e.test_short_form import NAMESPACE, _ready
 KEYS = Keys()
 REAL, OTHER = NODES[0], NODES[1]
 LEASE_SECONDS = 8
-GRACE_SECONDS = 40
+LOADER_UNREACHABLE_SECONDS = 10
+GRACE_SECONDS = 20
 CONTROLLER = {
     "apiVersion": "apps/v1",
     "kind": "ReplicaSet",
@@ -49,6 +51,8 @@ def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluste
             "TRITONSHARE_LEASE_DURATION_SECONDS": str(LEASE_SECONDS),
             "TRITONSHARE_LEASE_RENEW_SECONDS": "2",
             "TRITONSHARE_AGENT_DOWN_GRACE": str(GRACE_SECONDS),
+            # The pods' loaders read it from the environment the simulated kubelet gives them.
+            "TRITONSHARE_AGENT_UNREACHABLE_SECONDS": str(LOADER_UNREACHABLE_SECONDS),
             "TRITONSHARE_AGENT_DOWN_DELETIONS_PER_SECOND": "10",
         }
     )

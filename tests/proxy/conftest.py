@@ -16,12 +16,13 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proxy.app import Proxy
+from proxy.app import Proxy, shutdown_seconds
 from proxy.http2 import frames as f
 from proxy.settings import Settings
 from sim.triton import TritonInstall, TritonServer
@@ -53,7 +54,7 @@ def served_triton(
                 assert response.status == 200, f"Triton did not load {name}"
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 class RunningProxy(ServedInThread[Proxy]):
@@ -61,23 +62,8 @@ class RunningProxy(ServedInThread[Proxy]):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._stop = asyncio.Event()
-        super().__init__("proxy")
+        super().__init__("proxy", partial(Proxy, settings), shutdown_seconds(settings))
         self.proxy = self.app
-
-    async def _serve(self) -> None:
-        proxy = Proxy.build(self.settings)
-        try:
-            await proxy.start()
-        except BaseException as e:
-            self._failed(e)
-            raise
-        self._ready(proxy)
-        await self._stop.wait()
-        await proxy.drain_and_stop()
-
-    def _request_stop(self) -> None:
-        self._stop.set()
 
     @property
     def http_url(self) -> str:

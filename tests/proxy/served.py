@@ -1,23 +1,28 @@
-"""An asyncio app (a proxy, a gateway) serving from a background thread's own event loop, so
-synchronous and asyncio clients alike can use it, started by a test and stopped (its thread
-joined) after it."""
+"""A part (a proxy, a gateway: `common.lifecycle.Part`) serving from a background thread's own
+event loop, under a lifecycle of its own as its process would run it, so synchronous and asyncio
+clients alike can use it; started by a test and stopped (its thread joined) after it."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
-App = TypeVar("App")
+from common.lifecycle import Lifecycle, Part
+
+App = TypeVar("App", bound=Part)
 
 
 class ServedInThread(Generic[App]):
-    """The thread and loop; a subclass says how its app serves (`_serve`) and stops
-    (`_request_stop`, called on the loop)."""
+    """The thread and loop; `build` makes the part on that loop, `cleanup_timeout` bounds each
+    of its cleanups (as its `run` does)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, build: Callable[[], App], cleanup_timeout: float) -> None:
         self.name = name
+        self._build = build
+        self._lifecycle = Lifecycle(cleanup_timeout=cleanup_timeout)
         self.loop = asyncio.new_event_loop()
         self._started: Future[App] = Future()
         self._thread = threading.Thread(target=self._run, name=f"{name}-under-test")
@@ -29,23 +34,28 @@ class ServedInThread(Generic[App]):
         try:
             self.loop.run_until_complete(self._serve())
         finally:
+            # Transports closed in the app's last moments end on a later turn (their
+            # connection_lost is scheduled, not called): give them those turns before closing.
+            for _ in range(3):
+                self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.run_until_complete(self.loop.shutdown_default_executor())
             self.loop.close()
 
     async def _serve(self) -> None:
-        """Start the app, report it with `_ready` (or the failure with `_failed`), serve until
-        `_request_stop`, then stop it."""
-        raise NotImplementedError
+        """Start the part, hand it to the test (or the failure), serve until `stop`, then stop
+        it in its documented order."""
 
-    def _request_stop(self) -> None:
-        raise NotImplementedError
+        async def start(lifecycle: Lifecycle) -> None:
+            try:
+                part = self._build()
+                await part.start(lifecycle)
+            except BaseException as e:
+                self._started.set_exception(e)
+                raise
+            self._started.set_result(part)
 
-    def _ready(self, app: App) -> None:
-        self._started.set_result(app)
-
-    def _failed(self, error: BaseException) -> None:
-        self._started.set_exception(error)
+        await self._lifecycle.run(start)
 
     def call(self, coro: Any, timeout: float = 30) -> Any:
         """Run `coro` on the app's loop and return its result."""
@@ -53,6 +63,6 @@ class ServedInThread(Generic[App]):
 
     def stop(self) -> None:
         if self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self._request_stop)
+            self.loop.call_soon_threadsafe(self._lifecycle.request_stop, "the test is over")
             self._thread.join(60)
         assert not self._thread.is_alive(), f"the {self.name} did not stop within 60 s"

@@ -1,5 +1,6 @@
-"""The native build (`python -m proxy.native`): built once per session when the sources changed,
-then some of the proxy's end-to-end tests run again against it.
+"""The native build (`python -m proxy.native`): built once per session when the sources changed
+(started in the background as the session starts: tests/native_build.py), then some of the
+proxy's end-to-end tests run again against it.
 
 The rest of the suite runs the pure working tree in process. Here pytest runs a second time, in a
 subprocess whose `proxy` package is build/native's (PYTHONPATH first, `python -P` and
@@ -17,16 +18,15 @@ machine and fail in CI (`CI=true`), as for any tool.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 
 from proxy import native
 from tests.conftest import require_tool
+from tests.native_build import BUILD_IN_BACKGROUND, BuildFailedError, tools_problem
 
 NATIVE_TESTS = (
     "tests/proxy/test_forwarding.py",
@@ -45,6 +45,8 @@ NATIVE_TESTS = (
     "tests/proxy/grpc/test_large_stream.py",
     "tests/proxy/grpc/test_pieces.py",
     "tests/proxy/policy/test_inflation.py",
+    "tests/proxy/policy/test_finals.py",
+    "tests/proxy/gateway/test_stream_flood.py",
 )
 """Tests run a second time against the compiled proxy (none of them patch what they test)."""
 
@@ -52,16 +54,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="session")
-def native_build() -> Path:
+def native_build(pytestconfig: pytest.Config) -> Path:
     """build/native, brought up to date (a hash of the sources when nothing changed)."""
-    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "gcc"
-    require_tool(
-        shutil.which(compiler.split()[0]) is not None, f"no C compiler ({compiler}) for mypyc"
-    )
-    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    require_tool(headers.is_file(), f"no Python headers ({headers}): install python3-dev")
+    problem = tools_problem()
+    require_tool(not problem, problem)
+    building = pytestconfig.stash.get(BUILD_IN_BACKGROUND, None)
+    if building is not None:
+        try:
+            building.wait(timeout=600)
+        except BuildFailedError as e:
+            pytest.fail(f"the native build failed:\n{e}")
     try:
-        native.build()
+        native.build()  # up to date after the background build: only the hash is checked
     except subprocess.CalledProcessError as e:
         pytest.fail(f"the native build failed:\n{e.stdout}{e.stderr}")
     return native.DEFAULT_OUT

@@ -178,7 +178,7 @@ async def test_stopping_the_loader_ends_its_child(tmp_path: Path) -> None:
 
 
 async def test_readyz_says_why_the_model_is_not_served() -> None:
-    from proxy.readiness import Readiness
+    from proxy.readiness import OwnModel, Readiness
     from proxy.settings import parse_settings
     from proxy.state import ProxyState
 
@@ -186,13 +186,15 @@ async def test_readyz_says_why_the_model_is_not_served() -> None:
         ["--model-id=add_one", "--triton-http-url=127.0.0.1:1", "--triton-grpc-url=127.0.0.1:1"],
         {},
     )
-    readiness = Readiness(settings, ProxyState())
-    await readiness.start()
+    own_model = OwnModel(settings)
+    why = [""]
+    readiness = Readiness("add_one", ProxyState(), own_model, lambda: why[0])
+    await own_model.start()
     try:
         assert await readiness.not_ready() == ["model add_one is not ready in Triton"]
-        readiness.why_not_served = lambda: "model add_one is missing on the node: reinstalling it"
+        why[0] = "model add_one is missing on the node: reinstalling it"
         assert await readiness.not_ready() == [
             "model add_one is missing on the node: reinstalling it"
         ]
     finally:
-        await readiness.stop()
+        await own_model.stop()

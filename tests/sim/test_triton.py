@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
@@ -63,3 +64,25 @@ def test_stop_ends_the_process(triton_install: TritonInstall, model_repository: 
     assert process is not None and process.poll() is None
     server.stop()
     assert process.poll() is not None
+
+
+def test_discard_kills_the_server_and_its_stubs_and_removes_their_shared_memory(
+    triton_install: TritonInstall, model_repository: Path
+) -> None:
+    copy_model("add_one", model_repository)
+    server = TritonServer(model_repository).start()
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        client.load_model("add_one")  # a Python-backend model: a stub and its shm regions
+    finally:
+        client.close()
+    shm = Path("/dev/shm")
+    regions = list(shm.glob(f"{server.shm_prefix}*"))
+    assert regions, "the Python backend made no shared-memory region under the server's prefix"
+    assert server.process is not None
+    process = psutil.Process(server.process.pid)
+    group = [process, *process.children(recursive=True)]
+    assert any("stub" in " ".join(p.cmdline()) for p in group[1:]), "no backend stub running"
+    server.discard()
+    assert not [p for p in regions if p.exists()], "regions left in /dev/shm"
+    assert not [p.pid for p in group if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -11,14 +11,14 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common.callers import Caller, CallerTable, write_table
-from common.lifecycle import Lifecycle
-from proxy.gateway.app import Gateway
+from proxy.gateway.app import Gateway, shutdown_seconds
 from proxy.gateway.settings import GatewaySettings
 from sim.triton import TritonServer
 from tests.proxy.served import ServedInThread
@@ -40,25 +40,8 @@ class RunningGateway(ServedInThread[Gateway]):
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
-        self._lifecycle = Lifecycle(cleanup_timeout=30)
-        super().__init__("gateway")
+        super().__init__("gateway", partial(Gateway, settings), shutdown_seconds(settings))
         self.gateway = self.app
-
-    async def _serve(self) -> None:
-        gateway = Gateway(self.settings)
-
-        async def main(lc: Lifecycle) -> None:
-            try:
-                await gateway.start(lc)
-            except BaseException as e:
-                self._failed(e)
-                raise
-            self._ready(gateway)
-
-        await self._lifecycle.run(main)
-
-    def _request_stop(self) -> None:
-        self._lifecycle.request_stop("test over")
 
     @property
     def http_url(self) -> str:

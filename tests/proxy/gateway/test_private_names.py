@@ -100,7 +100,7 @@ def triton(
             _load(server, name)
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 @pytest.fixture(scope="module")

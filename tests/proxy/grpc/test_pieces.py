@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2
 from proxy.grpc import framing
 from proxy.grpc.gate import PREFIX_HOLD
 from proxy.http2 import frames as f
+from proxy.policy.finals import ASK
 from tests.proxy.conftest import data_frames
 from tests.proxy.grpc.rig import MODEL, Rig, infer
 
@@ -49,7 +50,8 @@ async def test_a_refused_message_read_whole_leaves_the_ones_behind_it() -> None:
     rig.relay.flush()
     _, up = rig.channel()
     at_triton = b"".join(p for kind, _, _, p in up.take() if kind == f.DATA)
-    assert at_triton == framing.grpc_message(infer()) + gzipped(infer(8))
+    # Each asks for its final answer (`policy.finals`): the compressed one goes uncompressed.
+    assert at_triton == framing.grpc_message(infer() + ASK) + framing.grpc_message(infer(8) + ASK)
     answers = [p for kind, _, sid, p in out.take() if kind == f.DATA and sid == 1]
     response = service_pb2.ModelStreamInferResponse.FromString(b"".join(answers)[5:])
     assert response.error_message == "Request for unknown model: 'ghost' is not found"
@@ -87,5 +89,5 @@ async def test_a_large_message_is_relayed_as_it_comes_and_never_held_whole() -> 
         if not end:
             assert sent >= pos + len(piece) - PREFIX_HOLD - 5  # relayed as it comes
             assert sent < len(framed)  # never the last byte before the message is whole
-    assert sent == len(framed)
+    assert sent == len(framed) + len(ASK)  # and the ask for its final answer after it
     assert held <= PREFIX_HOLD + step

@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2
 from proxy.grpc import framing
 from proxy.grpc.stream import CREDIT_STEP
 from proxy.http2 import frames as f
+from proxy.policy.finals import ASK
 from tests.proxy.conftest import data_frames
 from tests.proxy.grpc.rig import HEADERS, MODEL, Rig, infer
 
@@ -75,7 +76,9 @@ async def test_stream_messages_are_renamed_and_a_compressed_one_goes_uncompresse
     tenant.data_received(frames + data_frames(1, payload, False))
     rig.relay.flush()
     _, data = at_triton(rig)
-    assert data == framing.grpc_message(renamed(infer())) + framing.grpc_message(renamed(infer(8)))
+    assert data == framing.grpc_message(renamed(infer()) + ASK) + framing.grpc_message(
+        renamed(infer(8)) + ASK
+    )
 
 
 async def test_a_large_compressed_message_is_refused_saying_why() -> None:
