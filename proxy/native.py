@@ -55,6 +55,7 @@ COMPILED = (
     "proxy/http2/state.py",
     "proxy/grpc/__init__.py",
     "proxy/grpc/channel.py",
+    "proxy/grpc/framing.py",
     "proxy/grpc/gate.py",
     "proxy/grpc/messages.py",
     "proxy/grpc/outbox.py",

@@ -33,7 +33,7 @@ from typing import Final, Protocol
 from hpack import HPACKError
 
 from proxy.grpc.outbox import Outbox, Scheduler
-from proxy.grpc.stream import Stream
+from proxy.grpc.stream import Channel, Stream
 from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow, Window
 from proxy.http2.headers import BlockDecoder, BlockEncoder, Fields
@@ -48,7 +48,7 @@ from proxy.http2.state import (
     WE_ENDED,
     StreamStateError,
 )
-from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields
+from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields, spliced
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
 
@@ -78,7 +78,7 @@ class ChannelOwner(Scheduler, Protocol):
         """Triton accepted a connection."""
 
 
-class TritonChannel(asyncio.Protocol):
+class TritonChannel(Channel, asyncio.Protocol):
     """One HTTP/2 client connection to Triton carrying streams of many tenant connections."""
 
     def __init__(self, relay: ChannelOwner) -> None:
@@ -324,7 +324,7 @@ class TritonChannel(asyncio.Protocol):
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         if kind == frames.WINDOW_UPDATE:
-            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+            self._window_update(sid, frames.u31(payload))
         elif kind == frames.RST_STREAM:
             stream = self.streams.get(sid)
             if stream is not None:
@@ -374,8 +374,12 @@ class TritonChannel(asyncio.Protocol):
         del self.streams[stream.up]
         if stream.triton != CLOSED:
             stream.triton = NEXT[stream.triton, RESET]
-        stream.up_held.clear()
-        self.waiting.pop(stream, None)
+        # Tested before acted on: compiled (mypyc), `clear` and `dict.pop` are calls by name, and
+        # on every call there is nothing to clear.
+        if stream.up_held:
+            stream.up_held.clear()
+        if stream in self.waiting:
+            del self.waiting[stream]
         self._ended()
 
     def _window_update(self, sid: int, increment: int) -> None:
@@ -455,6 +459,13 @@ class RenamingChannel(TritonChannel):
             spec = ANSWERS.get(stream.kind)
             if spec is None:  # an answer that names no model
                 super().on_data(body, flags, sid, length)
+                return
+            # The common answer, one whole message in one frame, spliced without an
+            # `AnswerNames` (what it would answer; the next frame, if any, starts a message).
+            out = None if flags else spliced(spec, body, self._first, self._renamed_first)
+            if out is not None:
+                self._got += length
+                stream.replies.to_tenant(stream, out, False, length)
                 return
             names = stream.answers = AnswerNames(
                 spec, self._private, self._public, self._first, self._renamed_first

@@ -99,7 +99,9 @@ class StreamGate:
 
     __slots__ = (
         "_limiter",
+        "_max_message",
         "_metrics",
+        "_router",
         "_spent",
         "_turn",
         "context",
@@ -116,6 +118,8 @@ class StreamGate:
         # through the Protocol is a lookup by name every time.
         self._limiter = context.limiter
         self._metrics = context.metrics
+        self._router = context.router
+        self._max_message = context.max_message
         self.streams = streams  # the connection's open streams, shared with it and the replies
         self.out = out
         self.replies = replies
@@ -514,14 +518,14 @@ class StreamGate:
             and size >= 0
             and payload[0] == 0
             and payload[1] << 24 | payload[2] << 16 | payload[3] << 8 | payload[4] == size
-            and size <= self.context.max_message
+            and size <= self._max_message
         )
 
     def check(self, stream: Stream, message: bytes, total: int, framed: bytes | None) -> bool:
         """Check one whole message and relay it, or answer it; False when the stream ended.
         `framed` is the message as the tenant sent it (length-prefixed; compressed when `message`
         was inflated from it), when the relay may send those very bytes on."""
-        router = self.context.router
+        router = self._router
         if stream.streaming:
             refusal = router.decide_stream_message(message)
             if refusal is None:

@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Final, Protocol
 
 from hpack import HPACKError
 
 from proxy.grpc.gate import FORWARDED, READY_PATH, UNIMPLEMENTED, GateContext, StreamGate
 from proxy.grpc.outbox import Outbox, Scheduler
-from proxy.grpc.replies import Replies
+from proxy.grpc.replies import Replies, ReplyHooks
 from proxy.grpc.stream import RECEIVE_WINDOW, Channel, Stream
 from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow
@@ -74,23 +73,12 @@ class Listener(GateContext, Scheduler, Protocol):
     state: ProxyState
     connections: set[H2Connection]
 
-    def channel(self) -> TritonChannelLike:
+    def channel(self) -> Channel:
         """The connection to Triton a new stream goes on."""
 
 
-class TritonChannelLike(Channel, Protocol):
-    """A connection to Triton as a new stream sees it (`channel.TritonChannel`)."""
-
-    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
-        """Open `stream` at Triton with request header `fields`."""
-
-
-class H2Connection(asyncio.Protocol):
+class H2Connection(ReplyHooks, asyncio.Protocol):
     """One tenant connection (see the module docstring)."""
-
-    finish: Callable[[Stream, str], None]
-    refuse: Callable[[Stream, str, str, bytes | None], None]
-    answered: Callable[[Stream, int], None]
 
     def __init__(self, relay: Listener) -> None:
         self.relay = relay
@@ -98,14 +86,11 @@ class H2Connection(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
         self.replies = Replies(self.out, self.streams, self)
         self.gate = StreamGate(relay, self.streams, self.out, self.replies)
-        # The replies' hooks into the gate (`replies.ReplyHooks`), bound once: no call between.
-        self.finish = self.gate.finish
-        self.refuse = self.gate.refuse
-        self.answered = self.gate.answered
-        # The listener's hold and flush around each read, bound once: compiled (mypyc), a call
-        # through a Protocol looks the method up by name every time.
+        # The listener's hold and flush around each read, and its router, bound once: compiled
+        # (mypyc), a call or an attribute read through a Protocol is a lookup by name every time.
         self._hold = relay.hold
         self._flush = relay.flush
+        self._router = relay.router
         self.last_sid = 0
         self._in = b""
         self._preface = False
@@ -146,6 +131,15 @@ class H2Connection(asyncio.Protocol):
         self.out.transport = transport
 
     # -- the hooks of the gate and the replies (`replies.ReplyHooks`) -----------------------------
+
+    def finish(self, stream: Stream, code: str) -> None:
+        self.gate.finish(stream, code)
+
+    def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:
+        self.gate.refuse(stream, code, details, response)
+
+    def answered(self, stream: Stream, requests: int) -> None:
+        self.gate.answered(stream, requests)
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -326,7 +320,7 @@ class H2Connection(asyncio.Protocol):
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         if kind == frames.WINDOW_UPDATE:
-            self._window_update(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+            self._window_update(sid, frames.u31(payload))
         elif kind == frames.RST_STREAM:
             if sid > self.last_sid:
                 raise ConnectionBrokenError(
@@ -376,8 +370,8 @@ class H2Connection(asyncio.Protocol):
         ended it, and the tenant may have sent before it knew)."""
         slot = self._closed_next
         oldest = self._closed_order[slot]
-        if oldest:
-            self._closed.pop(oldest, None)  # gone already if it closed twice
+        if oldest in self._closed:  # gone already if it closed twice (0: an empty slot)
+            del self._closed[oldest]  # compiled (mypyc), `dict.pop` is a call by name
         self._closed_order[slot] = sid
         self._closed_next = (slot + 1) % _CLOSED_KEPT
         self._closed[sid] = strict
@@ -474,7 +468,7 @@ class H2Connection(asyncio.Protocol):
         if self._goaway or len(self.streams) >= MAX_STREAMS:
             self.out.write(frames.rst_stream(sid, frames.REFUSED_STREAM))
             return
-        router = self.relay.router
+        router = self._router
         answer: GrpcAnswer | None = None
         if not kind:
             answer = UNIMPLEMENTED
@@ -508,7 +502,7 @@ class H2Connection(asyncio.Protocol):
             sent = fields
             if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
-            router = self.relay.router
+            router = self._router
             streaming = router.is_stream(kind)
             if router.renames or streaming:
                 # Triton's answers name the model's private name and are renamed on their way

@@ -17,11 +17,11 @@ its windows allow, or encode a header block that is not then written.
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Final
 
 from proxy.grpc import framing
 from proxy.grpc.outbox import Outbox
-from proxy.grpc.stream import CREDIT_STEP, Stream
+from proxy.grpc.stream import CREDIT_STEP, Stream, TenantSide
 from proxy.http2 import frames
 from proxy.http2.flow import Window
 from proxy.http2.headers import BlockEncoder, Fields
@@ -32,31 +32,37 @@ UNAVAILABLE: Final = "Triton's gRPC endpoint is unreachable from the model proxy
 _STATUS: Final = {str(number).encode(): name for number, name in framing.CODE_NAMES.items()}
 
 
-class ReplyHooks(Protocol):
-    """What the replies need from the tenant connection (`relay.H2Connection`) and its gate."""
+class ReplyHooks:
+    """What the replies need from the tenant connection (`relay.H2Connection`, the one
+    implementation) and its gate. A base class rather than a Protocol: compiled (mypyc), a call
+    through a Protocol looks the method up by name, through a compiled base class it is a C call
+    (as `stream.Channel` and `stream.TenantSide`)."""
 
     def completed(self) -> None:
         """Triton completed one of the tenant's calls."""
+        raise NotImplementedError
 
     def closed(self, sid: int, strict: bool) -> None:
         """Stream `sid` closed (see `relay.H2Connection.closed`)."""
+        raise NotImplementedError
 
-    def finish(self, stream: Stream, code: str, /) -> None:
+    def finish(self, stream: Stream, code: str) -> None:
         """The call ended with `code`: free its slot, count it."""
+        raise NotImplementedError
 
-    def refuse(self, stream: Stream, code: str, details: str, response: bytes | None, /) -> None:
+    def refuse(self, stream: Stream, code: str, details: str, response: bytes | None) -> None:
         """Answer `stream` with the relay's own error (and `response`), reset it at Triton."""
+        raise NotImplementedError
 
-    def answered(self, stream: Stream, requests: int, /) -> None:
+    def answered(self, stream: Stream, requests: int) -> None:
         """Triton's answers ended `requests` of a stream's request messages: free their slots."""
+        raise NotImplementedError
 
 
-class Replies:
+class Replies(TenantSide):
     """The tenant-bound half of one tenant connection (see the module docstring)."""
 
     __slots__ = (
-        "_closed",
-        "_completed",
         "blocked",
         "encoder",
         "hooks",
@@ -71,11 +77,6 @@ class Replies:
         self.out = out
         self.streams = streams  # the connection's open streams, shared with it and the gate
         self.hooks = hooks
-        # Two hooks every call ends through, bound once: compiled (mypyc), a call through the
-        # Protocol looks the method up by name every time. (`finish` is bound by the connection
-        # after the replies exist: it is the gate's, and the gate is made with the replies.)
-        self._completed = hooks.completed
-        self._closed = hooks.closed
         self.blocked: dict[Stream, None] = {}  # streams with DATA waiting for the tenant
         self.paused = False  # the tenant's socket is full: response DATA waits
         self.window = Window(frames.DEFAULT_WINDOW)  # the tenant's connection window for our DATA
@@ -132,8 +133,9 @@ class Replies:
             self.out.write(frames.headers_frames(stream.sid, block, True, self.max_frame))
         stream.tenant = NEXT[stream.tenant, SENT_END]
         if stream.triton not in ACTIVE:
-            self.streams.pop(stream.sid, None)
-            self._closed(stream.sid, stream.tenant == CLOSED)
+            if stream.sid in self.streams:  # compiled (mypyc), `dict.pop` is a call by name
+                del self.streams[stream.sid]
+            self.hooks.closed(stream.sid, stream.tenant == CLOSED)
 
     def drain(self, stream: Stream) -> None:
         """Send what waits on `stream` as far as the tenant's windows allow."""
@@ -189,7 +191,7 @@ class Replies:
             block = self.encoder.encode(fields)
             self.out.write(frames.headers_frames(stream.sid, block, False, self.max_frame))
             return
-        self._completed()
+        self.hooks.completed()
         code = "UNKNOWN"
         for name, value in fields:
             if name == b"grpc-status":

@@ -3,17 +3,20 @@
 A `Stream` is created when a tenant's request headers arrive (`relay`) and holds everything about
 the call: the two stream states (`proxy.http2.state`), both sides' windows (`proxy.http2.flow`),
 the bytes held for either side, the limiter slot and the routing decision. The modules that act on
-it reach each other through the two Protocols here, never by importing each other: `Channel` is
-what the gate and the replies need from the connection to Triton (`channel.TritonChannel`), and
-`TenantSide` what the channel needs from the tenant's side (`replies.Replies`).
+it reach each other through the two base classes here, never by importing each other: `Channel`
+is what the relay, the gate and the replies need from the connection to Triton
+(`channel.TritonChannel` implements it), and `TenantSide` what the channel needs from the tenant's
+side (`replies.Replies`). Base classes rather than Protocols, each with its one implementation:
+compiled (mypyc), a call through a Protocol looks the method up by name (a few hundred
+instructions, about eight times per call), through a compiled base class it is a C call.
 
-What it must not do: act. It is a record, and the Protocols' contracts.
+What it must not do: act. It is a record, and the two sides' contracts.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Final, Protocol
+from typing import Final
 
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
@@ -128,44 +131,62 @@ class Stream:
         self.answers: AnswerNames | None = None
 
 
-class Channel(Protocol):
+class Channel:
     """The connection to Triton a stream is opened on (`channel.TritonChannel`)."""
 
     max_frame: int
+    """Triton's SETTINGS_MAX_FRAME_SIZE: no DATA frame sent is larger."""
+
+    def open(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
+        """Open `stream` at Triton with request header `fields`."""
+        raise NotImplementedError
 
     def send(self, stream: Stream, payload: bytes, end_stream: bool) -> None:
         """Send request bytes now, or as soon as Triton's windows allow."""
+        raise NotImplementedError
 
     def reset(self, stream: Stream) -> None:
         """Cancel the stream at Triton."""
+        raise NotImplementedError
 
     def credit(self, stream: Stream, size: int) -> None:
         """The tenant took `size` response bytes: Triton may send that much more."""
+        raise NotImplementedError
 
 
-class TenantSide(Protocol):
+class TenantSide:
     """Where the channel delivers Triton's side of a stream (`replies.Replies`)."""
+
+    __slots__ = ()
 
     def to_tenant(self, stream: Stream, payload: bytes, end_stream: bool, triton: int = 0) -> None:
         """DATA for the tenant; `triton` of its bytes came from Triton (credited as they leave)."""
+        raise NotImplementedError
 
     def forwarded(self, stream: Stream, size: int) -> None:
         """`size` request bytes left the relay: the tenant may send that much more."""
+        raise NotImplementedError
 
     def answered(self, stream: Stream, requests: int) -> None:
         """Triton's answers ended `requests` of the stream's request messages."""
+        raise NotImplementedError
 
     def triton_headers(self, stream: Stream, fields: Fields, end_stream: bool) -> None:
         """Triton's response headers, or its trailers with `end_stream`."""
+        raise NotImplementedError
 
     def triton_data(self, stream: Stream, body: bytes, end_stream: bool) -> None:
         """Triton's DATA that ends the stream, or that came padded."""
+        raise NotImplementedError
 
     def triton_reset(self, stream: Stream, code: int) -> None:
         """Triton reset the stream (or broke a rule on it)."""
+        raise NotImplementedError
 
     def triton_refused(self, stream: Stream) -> None:
         """Triton's GOAWAY left the stream unprocessed: the tenant may retry it."""
+        raise NotImplementedError
 
     def triton_unavailable(self, stream: Stream) -> None:
         """The connection to Triton failed under the stream."""
+        raise NotImplementedError

@@ -234,7 +234,7 @@ class FrameReader:
         elif kind == frames.HEADERS:
             self._headers(flags, sid, payload)
         elif kind == frames.PRIORITY:
-            if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid:
+            if frames.u31(payload) == sid:
                 self._sink.on_stream_error(
                     sid, frames.PROTOCOL_ERROR, "a stream depending on itself"
                 )
@@ -259,7 +259,7 @@ class FrameReader:
                 )
             self._on_frame(payload, kind, flags, sid)
         elif kind == frames.WINDOW_UPDATE:
-            if int.from_bytes(payload, "big") & 0x7FFFFFFF == 0:
+            if frames.u31(payload) == 0:
                 if sid == 0:
                     raise ConnectionBrokenError(
                         frames.PROTOCOL_ERROR, "a connection WINDOW_UPDATE of 0"
@@ -286,7 +286,7 @@ class FrameReader:
                 raise ConnectionBrokenError(
                     frames.FRAME_SIZE_ERROR, "a HEADERS frame too short for its priority fields"
                 )
-            self_dependent = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid
+            self_dependent = frames.u31(payload) == sid
             payload = payload[5:]
         if self_dependent:
             # The block is still decoded (the caller's HPACK table must follow it), after which

@@ -258,6 +258,26 @@ def name_fields(private: bytes, public: bytes) -> tuple[bytes, bytes]:
     return encode_string(1, private), encode_string(1, public)
 
 
+def spliced(spec: Spec, data: bytes, first: bytes, renamed: bytes) -> bytes | None:
+    """`data` renamed, when it is one whole uncompressed ModelInferResponse (`spec`) naming the
+    model first (`first`, the private name's field; `renamed`, the public id's: `name_fields`),
+    as Triton writes its inference answers; else None (`AnswerNames` reads it). What
+    `AnswerNames.feed` answers for such `data` at a message boundary, without the object: the
+    relay asks this first, so a unary call's one answer makes no `AnswerNames`."""
+    if (
+        spec is _NAMED
+        and len(data) > 5
+        and data[0] == 0
+        and data[1] << 24 | data[2] << 16 | data[3] << 8 | data[4] == len(data) - 5
+        and data[5 : 5 + len(first)] == first
+    ):
+        # (Its prefix read by index and its name by a slice: compiled (mypyc), `int.from_bytes`
+        # and `startswith` with a start are calls by name.)
+        size = len(data) - 5 + len(renamed) - len(first)
+        return b"\x00" + size.to_bytes(4, "big") + renamed + data[5 + len(first) :]
+    return None
+
+
 class AnswerNames:
     """Renames the answers of one gRPC call as Triton's DATA comes: `feed` each DATA payload,
     send on what it returns (b"" while it holds the start of a message). `owed` counts the
@@ -290,19 +310,11 @@ class AnswerNames:
     def feed(self, data: bytes) -> bytes:
         """The bytes to send the tenant for `data`, the next bytes of Triton's answer."""
         first = self._first
-        if (
-            first
-            and not self._held
-            and not self._left
-            and len(data) > 5
-            and data[0] == 0
-            and int.from_bytes(data[1:5], "big") == len(data) - 5
-            and data.startswith(first, 5)
-        ):
+        if first and not self._held and not self._left:
             # One whole inference answer, naming the model first: the common case, spliced.
-            named = self._renamed_first
-            size = len(data) - 5 + len(named) - len(first)
-            return b"\x00" + size.to_bytes(4, "big") + named + data[5 + len(first) :]
+            whole = spliced(self._spec, data, first, self._renamed_first)
+            if whole is not None:
+                return whole
         out: list[bytes] = []
         if self._held:
             data = self._held + data

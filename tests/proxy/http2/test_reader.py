@@ -86,6 +86,16 @@ CASES: dict[str, tuple[bytes, tuple[str, int]]] = {
         f.window_update(0, 0),
         ("connection", f.PROTOCOL_ERROR),
     ),
+    # The reserved bit is not part of the increment (RFC 9113 6.9): set alone, it is an increment
+    # of 0, not of 2^31 (the increment is read by index, `frames.u31`, not `int.from_bytes`).
+    "WINDOW_UPDATE of only the reserved bit on a stream": (
+        f.frame(f.WINDOW_UPDATE, 0, 1, b"\x80\x00\x00\x00"),
+        ("stream", f.PROTOCOL_ERROR),
+    ),
+    "WINDOW_UPDATE of only the reserved bit on the connection": (
+        f.frame(f.WINDOW_UPDATE, 0, 0, b"\x80\x00\x00\x00"),
+        ("connection", f.PROTOCOL_ERROR),
+    ),
     # -- lengths (RFC 9113 4.2 and each type's section) ------------------------------------------
     "a frame over SETTINGS_MAX_FRAME_SIZE": (
         f.frame(f.DATA, 0, 1, b"x" * (f.DEFAULT_MAX_FRAME + 1)),
@@ -150,6 +160,10 @@ CASES: dict[str, tuple[bytes, tuple[str, int]]] = {
     # -- priorities, push, header blocks, unknown types --------------------------------------------
     "PRIORITY depending on its own stream": (
         f.frame(f.PRIORITY, 0, 3, b"\x00\x00\x00\x03\x10"),
+        ("stream", f.PROTOCOL_ERROR),
+    ),
+    "PRIORITY depending on its own stream, exclusively (the E bit set)": (
+        f.frame(f.PRIORITY, 0, 3, b"\x80\x00\x00\x03\x10"),
         ("stream", f.PROTOCOL_ERROR),
     ),
     "HEADERS depending on their own stream": (
@@ -231,6 +245,12 @@ def test_frames_split_anywhere_across_reads_read_the_same() -> None:
         reader.feed(data[cut:])
         assert sink.frames == whole
         assert reader.buffered == 0
+
+
+@given(data=st.binary(min_size=4, max_size=12), pos=st.integers(0, 8))
+def test_u31_reads_four_bytes_without_the_reserved_bit(data: bytes, pos: int) -> None:
+    pos = min(pos, len(data) - 4)
+    assert f.u31(data, pos) == int.from_bytes(data[pos : pos + 4], "big") & 0x7FFFFFFF
 
 
 # -- hyperframe as an oracle --------------------------------------------------------------------
