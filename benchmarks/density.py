@@ -79,7 +79,7 @@ import numpy as np
 from binder.consolidation import Cooldowns, plan
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
-from binder.state import ClusterState
+from binder.state import ClusterState, IntArray
 
 GI = 1024**3
 RESERVE = GI // 2
@@ -198,6 +198,23 @@ def fresh_state(cluster: Cluster) -> ClusterState:
 # ---- the two placements ------------------------------------------------------------------------
 
 
+def eligible_nodes(state: ClusterState, pod: PodInfo) -> IntArray:
+    """The pod's class's nodes (numpy indices) with a block big enough, a live agent, and no
+    replica of its model revision."""
+    nodes = state.constraint_class(pod.constraints).nodes
+    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
+    ok &= ~state.model_mask(pod.model_key)[nodes]
+    return nodes[ok]
+
+
+def gpu_at_least(state: ClusterState, candidates: IntArray, cost: IntArray) -> tuple[str, str]:
+    """The node and GPU of the smallest `cost` (a candidates x GPUs matrix), first in node and
+    GPU order on ties."""
+    row, position = np.unravel_index(int(np.argmin(cost)), cost.shape)
+    node = state.names[int(candidates[row])]
+    return node, state.nodes[node].gpus[int(position)].uuid
+
+
 def binder_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     result = place(state, pod, now=NOW, policy="binpack")
     return (result.node, result.gpu.uuid) if isinstance(result, Placement) else None
@@ -208,11 +225,7 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     same float operations as the binder's scan then, so ties are the same), then the fullest
     GPU that fits. The fleet has no preferred terms and no PreferNoSchedule taints, so the other
     plugins score every node alike (NodeAffinity 0, TaintToleration 3 x 100)."""
-    cls = state.constraint_class(pod.constraints)
-    nodes = cls.nodes
-    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_key)[nodes]
-    candidates = nodes[ok]
+    candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
@@ -229,31 +242,21 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
 def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     """Issue 29's first rule: the smallest GPU size the pod fits, then the tightest block of that
     size, ties in node order (the first such GPU in node and GPU order)."""
-    cls = state.constraint_class(pod.constraints)
-    nodes = cls.nodes
-    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_key)[nodes]
-    candidates = nodes[ok]
+    candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
     size, room = (matrix[candidates] for matrix in state.gpu_matrices())
     fits = room >= pod.request
     smallest = np.where(fits, size, np.iinfo(np.int64).max).min()
     room = np.where(fits & (size == smallest), room, np.iinfo(np.int64).max)
-    row, position = np.unravel_index(int(np.argmin(room)), room.shape)
-    node = state.names[int(candidates[row])]
-    return node, state.nodes[node].gpus[int(position)].uuid
+    return gpu_at_least(state, candidates, room)
 
 
 def used_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     """Issue 29's second rule, the binder's binpack before the kinds' spare GPUs counted: a used
     GPU (the tightest) before an empty one, the smallest empty one first, a GPU of the largest
     kind (within a tenth of the largest) last, used before empty; ties in node order."""
-    cls = state.constraint_class(pod.constraints)
-    nodes = cls.nodes
-    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_key)[nodes]
-    candidates = nodes[ok]
+    candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
     size, room = (matrix[candidates] for matrix in state.gpu_matrices())
@@ -263,26 +266,18 @@ def used_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None
     rank = np.where(size * 10 >= top * 9, used, rank)
     rank = np.where(room >= pod.request, rank, -1)
     room = np.where(rank == rank.max(), room, np.iinfo(np.int64).max)
-    row, position = np.unravel_index(int(np.argmin(room)), room.shape)
-    node = state.names[int(candidates[row])]
-    return node, state.nodes[node].gpus[int(position)].uuid
+    return gpu_at_least(state, candidates, room)
 
 
 def tightest_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
     """For comparison, the naive online rule: the tightest free block in bytes on any GPU of
     any kind (what the binder's binpack does within one GPU size), ties in node order."""
-    cls = state.constraint_class(pod.constraints)
-    nodes = cls.nodes
-    ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_key)[nodes]
-    candidates = nodes[ok]
+    candidates = eligible_nodes(state, pod)
     if not candidates.size:
         return None
     room = state.gpu_matrices()[1][candidates]
     waste = np.where(room >= pod.request, room - pod.request, np.iinfo(np.int64).max)
-    row, position = np.unravel_index(int(np.argmin(waste)), waste.shape)
-    node = state.names[int(candidates[row])]
-    return node, state.nodes[node].gpus[int(position)].uuid
+    return gpu_at_least(state, candidates, waste)
 
 
 RULES: dict[str, Rule] = {
