@@ -5,8 +5,9 @@ proxy's end-to-end tests run again against it.
 The rest of the suite runs the pure working tree in process. Here pytest runs a second time, in a
 subprocess whose `proxy` package is build/native's (PYTHONPATH first, `python -P` and
 `--import-mode=append` so neither the working directory nor the rootdir comes before it), over
-`NATIVE_TESTS`: REST and gRPC through a real Triton, isolation, the gRPC relay's conformance and
-edges, HTTP/2's frames and HPACK, and the gateway. Not among them: tests that monkeypatch the
+`NATIVE_TESTS` (tests/native_build.py, which runs them in the background beside the suite): REST
+and gRPC through a real Triton, isolation, the gRPC relay's conformance and edges, HTTP/2's
+frames and HPACK, and the gateway. Not among them: tests that monkeypatch the
 relays' classes or functions (grpc/test_channel.py, grpc/test_compression.py: a compiled call does
 not look the name up again) and http1/test_prepared_heads.py, which checks a cache hit by the
 identity of the tuple it returns (compiled, a fixed-length tuple is packed anew on return).
@@ -17,7 +18,6 @@ machine and fail in CI (`CI=true`), as for any tool.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,29 +26,13 @@ import pytest
 
 from proxy import native
 from tests.conftest import require_tool
-from tests.native_build import BUILD_IN_BACKGROUND, BuildFailedError, tools_problem
-
-NATIVE_TESTS = (
-    "tests/proxy/test_forwarding.py",
-    "tests/proxy/test_isolation.py",
-    "tests/proxy/grpc/test_conformance.py",
-    "tests/proxy/grpc/test_edges.py",
-    "tests/proxy/grpc/test_relay_channel.py",
-    "tests/proxy/http1/test_relay.py",
-    "tests/proxy/http2",
-    "tests/proxy/gateway/test_gateway.py",
-    "tests/proxy/gateway/test_inflate_attacks.py",
-    "tests/proxy/gateway/test_private_names.py",
-    "tests/proxy/gateway/test_isolation_private.py",
-    "tests/proxy/grpc/test_renaming.py",
-    "tests/proxy/policy/test_naming.py",
-    "tests/proxy/grpc/test_large_stream.py",
-    "tests/proxy/grpc/test_pieces.py",
-    "tests/proxy/policy/test_inflation.py",
-    "tests/proxy/policy/test_finals.py",
-    "tests/proxy/gateway/test_stream_flood.py",
+from tests.native_build import (
+    BUILD_IN_BACKGROUND,
+    BuildFailedError,
+    native_env,
+    rerun_command,
+    tools_problem,
 )
-"""Tests run a second time against the compiled proxy (none of them patch what they test)."""
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -61,7 +45,7 @@ def native_build(pytestconfig: pytest.Config) -> Path:
     building = pytestconfig.stash.get(BUILD_IN_BACKGROUND, None)
     if building is not None:
         try:
-            building.wait(timeout=600)
+            building.wait(timeout=900)
         except BuildFailedError as e:
             pytest.fail(f"the native build failed:\n{e}")
     try:
@@ -82,16 +66,12 @@ def test_every_module_of_the_relays_is_compiled_or_left_out_on_purpose() -> None
             assert module in listed, f"{module} is neither in native.COMPILED nor in LEFT_OUT"
 
 
-def _env(build: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join((str(build), str(native.ROOT)))}
-
-
 def test_the_native_build_is_what_python_m_proxy_imports(native_build: Path) -> None:
     modules = [path.removesuffix(".py").replace("/", ".") for path in native.COMPILED]
     shown = "; ".join(f"print({m}.__file__)" for m in modules)
     found = subprocess.run(
         [sys.executable, "-P", "-c", f"import {', '.join(modules)}; {shown}"],
-        cwd=native.ROOT, env=_env(native_build), capture_output=True, text=True, check=True,
+        cwd=native.ROOT, env=native_env(native_build), capture_output=True, text=True, check=True,
         timeout=60,
     )  # fmt: skip
     files = found.stdout.split()
@@ -102,10 +82,16 @@ def test_the_native_build_is_what_python_m_proxy_imports(native_build: Path) -> 
     assert not list((native.ROOT / "proxy").rglob("*.so")), "a .so next to the sources"
 
 
-def test_the_end_to_end_tests_pass_against_the_native_build(native_build: Path) -> None:
+def test_the_end_to_end_tests_pass_against_the_native_build(
+    native_build: Path, pytestconfig: pytest.Config
+) -> None:
+    building = pytestconfig.stash.get(BUILD_IN_BACKGROUND, None)
+    if building is not None and building.rerun:
+        code, output = building.wait(timeout=900)  # ran in the background beside the suite
+        assert code == 0, f"against build/native:\n{output[-9000:]}"
+        return
     run = subprocess.run(
-        [sys.executable, "-P", "-m", "pytest", "--import-mode=append", "-p", "no:cacheprovider",
-         "-p", "no:randomly", "-q", "-x", *NATIVE_TESTS],
-        cwd=native.ROOT, env=_env(native_build), capture_output=True, text=True, timeout=840,
+        rerun_command(), cwd=native.ROOT, env=native_env(native_build), capture_output=True,
+        text=True, timeout=840,
     )  # fmt: skip
     assert run.returncode == 0, f"against build/native:\n{run.stdout[-6000:]}{run.stderr[-3000:]}"
