@@ -94,7 +94,7 @@ class Building:
             self.output.seek(0)
             self.result = (code, self.output.read().decode(errors="replace"))
             self.output.close()
-        if self.result[0] == BUILD_FAILED or self.result[0] not in (0, RERUN_FAILED):
+        if self.result[0] not in (0, RERUN_FAILED):  # BUILD_FAILED, or the job was killed
             raise BuildFailedError(self.result[1])
         return self.result
 
