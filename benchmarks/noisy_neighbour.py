@@ -100,6 +100,7 @@ from common.contract import DEFAULT_AGENT_AUDIENCE, Keys  # noqa: E402
 from common.quantity import parse_quantity  # noqa: E402
 from sim.cluster import TRITON_ADMIN_HEADER, NodeSpec, SimCluster  # noqa: E402
 from sim.demo.scenario import SERVICE_ACCOUNT, ModelPod, PodPorts, model_pod_manifest  # noqa: E402
+from sim.node.cpushares import millicpu  # noqa: E402
 from sim.triton import free_port  # noqa: E402
 
 KEYS = Keys()
@@ -223,6 +224,17 @@ class Bench:
         """The CPUs the attacker's processes run on (--pin-attacker), None: any."""
         cpus: set[int] | None = getattr(self.args, "attacker_cpus", None)
         return cpus
+
+    def weigh(self, role: str) -> Callable[[int], None] | None:
+        """With --kubelet-cpu, what puts a process of `role` ("attacker": a container of its
+        pod, requesting --attacker-cpu; "victim": its callers, off the node in a real cluster,
+        given --victim-client-cpu) in a CPU group of its own; None: nothing to do."""
+        cpu = self.cluster.cpu
+        if cpu is None:
+            return None
+        wanted = self.args.attacker_cpu if role == "attacker" else self.args.victim_client_cpu
+        group, request = f"{role}-client", millicpu(wanted)
+        return lambda pid: cpu.place(group, request, [pid])
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -570,7 +582,12 @@ class Tenant:
     on a plan, told to stop (SIGTERM), its result read back; never left running."""
 
     def __init__(
-        self, role: str, plan: VictimPlan | AttackPlan, workdir: Path, cpus: set[int] | None = None
+        self,
+        role: str,
+        plan: VictimPlan | AttackPlan,
+        workdir: Path,
+        cpus: set[int] | None = None,
+        place: Callable[[int], None] | None = None,
     ) -> None:
         self.result_file = Path(tempfile.mkstemp(prefix=f"{role}-", dir=workdir)[1])
         self.result_file.unlink()
@@ -582,6 +599,8 @@ class Tenant:
         )
         if cpus:
             os.sched_setaffinity(self.process.pid, cpus)
+        if place is not None:
+            place(self.process.pid)
 
     def result(self, timeout: float) -> Any:
         """Wait up to `timeout` seconds for it to end by itself; its result (None if none)."""
@@ -646,7 +665,9 @@ def attack(bench: Bench, kind: str, **fields: Any) -> str:
         model=ATTACKER_MODEL,
         **fields,
     )
-    process = Tenant("attack", plan, bench.cluster.workdir, bench.attacker_cpus)
+    process = Tenant(
+        "attack", plan, bench.cluster.workdir, bench.attacker_cpus, bench.weigh("attacker")
+    )
     summary = process.result(plan.seconds + 90)
     process.finish(10)
     return str(summary or "the attacker's process gave no result")
@@ -1014,6 +1035,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--pin-attacker", action="store_true",
         help="the attacker's client alone on the last CPU, everything else on the others (its "
         "pod's own CPU, as on a real cluster)")  # fmt: skip
+    add("--kubelet-cpu", action="store_true",
+        help="weight each pod's processes by its CPU requests in cgroups, as a kubelet does "
+        "(needs a writable cgroup CPU controller): the node pod by deploy/base's requests, the "
+        "model pods by theirs, the attacker's client as a container of its pod")  # fmt: skip
+    add("--attacker-cpu", default="1",
+        help="with --kubelet-cpu: the CPU request of the attacker's client container")  # fmt: skip
+    add("--victim-client-cpu", default="1",
+        help="with --kubelet-cpu: the CPU weight of the victim's callers (off the node in a "
+        "real cluster)")  # fmt: skip
     add("--workdir", type=Path, help="keep the logs of every process here (default: a temp dir)")
     args = parser.parse_args(argv)
     chosen = ATTACKS if args.attacks == "all" else tuple(a for a in args.attacks.split(",") if a)
@@ -1021,6 +1051,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown attacks {sorted(unknown)}; choose from {', '.join(ATTACKS)}")
     args.attacks = chosen
+    if args.kubelet_cpu and args.pin_attacker:
+        parser.error("choose one of --kubelet-cpu and --pin-attacker")
+    for flag in ("attacker_cpu", "victim_client_cpu"):
+        try:
+            millicpu(getattr(args, flag))
+        except ValueError as e:
+            parser.error(f"--{flag.replace('_', '-')}: {e}")
     if args.full_size:
         args.bomb_mib, args.agent_mib = 1024, 60
     return args
@@ -1048,6 +1085,7 @@ def run_benchmark(args: argparse.Namespace) -> Run:
         binders=1,
         tenant_code_namespaces=(VICTIM, ATTACKER),
         admission_policies=args.admission_policies,
+        cpu_shares=args.kubelet_cpu,
     )
     cluster.env["TRITONSHARE_GPU_MEM_ENFORCEMENT"] = args.gpu_mem_enforcement
     started = time.monotonic()
@@ -1078,7 +1116,7 @@ def run_benchmark(args: argparse.Namespace) -> Run:
                 args.rate,
                 max_seconds=1800,
             )
-            victim = Tenant("victim", plan, workdir)
+            victim = Tenant("victim", plan, workdir, place=bench.weigh("victim"))
             try:
                 time.sleep(2)  # the victim's first requests open its connections
                 done = phases(bench, sampler)
@@ -1117,6 +1155,13 @@ def main(argv: list[str] | None = None) -> int:
         + (
             f"; the attacker's client pinned to CPU {min(args.attacker_cpus)}, the rest elsewhere"
             if getattr(args, "attacker_cpus", None)
+            else ""
+        )
+        + (
+            f"; CPU weighted by requests as a kubelet does (the node pod's from deploy/base, "
+            f"the attacker's client {args.attacker_cpu}, the victim's callers "
+            f"{args.victim_client_cpu})"
+            if args.kubelet_cpu
             else ""
         )
     )

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +44,7 @@ from sim import admission_webhook
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
 from sim.modelstore import ModelStore
+from sim.node.cpushares import CpuGroups, CpuGroupsUnavailableError, millicpu, pod_millicpu
 from sim.node.kubelet import HollowKubelet, Kubelet
 from sim.processes import (
     ClusterError,
@@ -64,8 +67,29 @@ ADMISSION_POLICY_FILES = tuple(
     Path(__file__).resolve().parents[1] / "deploy" / "base" / name
     for name in ("agent-admission-policy.yaml", "model-pod-admission-policy.yaml")
 )
+NODE_DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node-daemonset.yaml"
 BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
 SERVICE_ACCOUNT_TOKEN_SECONDS = 7 * 24 * 3600
+
+
+NODE_POD_GROUP = "node-pod"
+"""The real node's node pod's CPU group (with `cpu_shares`)."""
+
+
+@functools.cache
+def node_pod_template() -> dict[str, Any]:
+    """The pod template of deploy/base's node DaemonSet: Triton, the agent and the gateway."""
+    daemonset = yaml.safe_load(NODE_DAEMONSET.read_text())
+    return cast(dict[str, Any], daemonset["spec"]["template"])
+
+
+def container_millicpu(pod: dict[str, Any], name: str) -> int:
+    """The CPU request, in millicpus, of the pod's container `name` (0: none)."""
+    for container in pod["spec"]["containers"]:
+        if container["name"] == name:
+            cpu = container.get("resources", {}).get("requests", {}).get("cpu")
+            return 0 if cpu is None else millicpu(str(cpu))
+    raise ValueError(f"the node pod has no container {name!r}")
 
 
 def install_admission_policies(api: kubernetes.client.ApiClient) -> list[str]:
@@ -150,6 +174,7 @@ class SimCluster:
         tenant_code_namespaces: Sequence[str] = ("models",),
         admission_policies: bool = False,
         webhook: bool = False,
+        cpu_shares: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if sum(1 for n in nodes if n.real) > 1:
@@ -171,6 +196,12 @@ class SimCluster:
         policy does not concern."""
         self.webhook_wanted = webhook
         """Run tritonshare's webhook and the model store (pods in the short form)."""
+        self.cpu_shares = cpu_shares
+        """Weight each pod's processes by its CPU requests, as a kubelet does: the model pods'
+        (the kubelet) and the real node's node pod's (its Triton, agent and gateway, with the
+        requests of deploy/base/node-daemonset.yaml), in cgroups of their own
+        (`sim.node.cpushares`). Off by default: it needs a writable cgroup CPU controller."""
+        self.cpu: CpuGroups | None = None
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -203,6 +234,12 @@ class SimCluster:
 
     def start(self) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.cpu_shares:
+            try:
+                self.cpu = CpuGroups("tritonshare-sim")
+            except CpuGroupsUnavailableError as e:
+                raise ClusterError(str(e)) from e
+            self.cpu.place(NODE_POD_GROUP, pod_millicpu(node_pod_template()))
         write_placement_keys(self.placement_key_dir)
         self.apiserver = start_in_thread()
         self.apiserver.write_kubeconfig(self.kubeconfig)
@@ -227,6 +264,7 @@ class SimCluster:
             except (TritonUnavailableError, RuntimeError, TimeoutError) as e:
                 self.triton = None
                 raise ClusterError(f"the real Triton did not start: {e}") from e
+            self._weigh("triton", self.triton.process)
             self.say(
                 f"A real Triton 2.51 is serving node {self.real_node.name} on the CPU "
                 f"(HTTP {self.triton.http_url}, gRPC {self.triton.grpc_url}; admin APIs "
@@ -241,6 +279,13 @@ class SimCluster:
             self._register_webhook(self.webhook)
         self._start_controllers()
         self._start_kubelets()
+
+    def _weigh(self, container: str, process: subprocess.Popen[bytes] | None) -> None:
+        """The node pod's `container`, just started, into its CPU group (with cpu_shares)."""
+        if self.cpu is None or process is None:
+            return
+        requested = container_millicpu(node_pod_template(), container)
+        self.cpu.place(f"{NODE_POD_GROUP}/{container}", requested, [process.pid])
 
     def _start_controllers(self) -> None:
         assert self.apiserver is not None
@@ -318,6 +363,8 @@ class SimCluster:
             f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
         )
         process.start(self.env)
+        if node.real:
+            self._weigh("agent", process.process)
         self.agents[node.name] = AgentHandle(node.name, process)
 
     def _wait_agents(self, names: Sequence[str]) -> None:
@@ -366,6 +413,7 @@ class SimCluster:
             caller_table,
         )
         handle.process.start(self.env)
+        self._weigh("gateway", handle.process.process)
         wait_started(
             handle.process,
             f"the gateway of node {real.name}",
@@ -469,6 +517,7 @@ class SimCluster:
                 base_env=env,
                 # The proxy's --source-address: the pod's connections leave from its own IP.
                 source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
+                cpu=self.cpu,
             )
             self.kubelet.start()
         hollow = [n.name for n in self.nodes if not n.real]
@@ -530,6 +579,7 @@ class SimCluster:
         )
         self.triton.model_repository.mkdir(parents=True)
         self.triton.start()
+        self._weigh("triton", self.triton.process)
         self._start_gateway(gateway_ports)
         self._start_agent(real, f"127.0.0.1:{agent_port}")
         self._wait_agents([real.name])
@@ -605,6 +655,9 @@ class SimCluster:
             self.model_store.stop()
         if self.triton is not None:
             self.triton.discard()
+        if self.cpu is not None:
+            self.cpu.close()
+            self.cpu = None
 
     def stop(self) -> None:
         """Stop everything, last started first. Safe to call on a half-started cluster, and

@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sim.node.addresses import PodAddresses
 from sim.node.containers import now_rfc3339
+from sim.node.cpushares import CpuGroups
 from sim.node.podspec import Obj
 from sim.node.podworker import NodeRuntime, PodWorker, pod_key, read_json
 from sim.watching import watch_events
@@ -95,7 +96,8 @@ class Kubelet(_PodWatcher):
 
     `source_address_variables` name the environment variables set to each pod's IP, the stand-in
     for a pod's own network namespace (`sim.node.podnetwork`): the caller knows which ones its
-    programs read; the kubelet does not."""
+    programs read; the kubelet does not. With `cpu`, each pod's processes run in a CPU cgroup
+    weighted by the pod's CPU requests, as a real kubelet runs them (`sim.node.cpushares`)."""
 
     def __init__(
         self,
@@ -110,6 +112,7 @@ class Kubelet(_PodWatcher):
         backoff_initial: float = 0.5,
         backoff_max: float = 5.0,
         abandon_grace: float = 10.0,
+        cpu: CpuGroups | None = None,
     ) -> None:
         api_client.user_agent = USER_AGENT
         super().__init__(api_client, f"spec.nodeName={node_name}", f"kubelet-{node_name}")
@@ -126,6 +129,7 @@ class Kubelet(_PodWatcher):
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             abandon_grace=abandon_grace,
+            cpu=cpu,
         )
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()

@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sim.node.addresses import PodAddresses
 from sim.node.containers import ContainerRun, http_get, now_rfc3339
+from sim.node.cpushares import CpuGroups, millicpu, pod_millicpu
 from sim.node.podnetwork import pod_network
 from sim.node.podspec import Obj, PodSpecError, plan
 from sim.node.podstatus import write_status
@@ -66,6 +67,9 @@ class NodeRuntime:
     """Seconds, the cap of the restart back-off."""
     abandon_grace: float
     """Seconds between SIGTERM and SIGKILL when the simulation itself stops."""
+    cpu: CpuGroups | None = None
+    """Where each pod's processes get the CPU weight of its requests (`sim.node.cpushares`);
+    None: every process shares the machine as one."""
 
 
 class PodWorker(threading.Thread):
@@ -223,7 +227,32 @@ class PodWorker(threading.Thread):
             scratch=self.dir / "scratch" / container.name,
         )
         container.start(launch, self.dir / "logs" / f"{container.name}.log", self.dir)
+        if self.node.cpu is not None and container.process is not None:
+            self._weigh(self.node.cpu, container)
         log.info("Pod %s: started container %s.", self.key, container.name)
+
+    def _weigh(self, cpu: CpuGroups, container: ContainerRun) -> None:
+        """The container's process into its group inside the pod's, weighted by their requests."""
+        assert container.process is not None
+        requested = container.spec.get("resources", {}).get("requests", {}).get("cpu")
+        try:
+            cpu.place(self._cpu_group, pod_millicpu(self.pod))
+            cpu.place(
+                f"{self._cpu_group}/{container.name}",
+                0 if requested is None else millicpu(str(requested)),
+                [container.process.pid],
+            )
+        except (OSError, ValueError) as e:
+            log.warning(
+                "Pod %s: container %s runs without its CPU weight (%s).",
+                self.key,
+                container.name,
+                e,
+            )
+
+    @property
+    def _cpu_group(self) -> str:
+        return f"pod-{self.uid}"
 
     def _exited(self, container: ContainerRun, code: int) -> None:
         container.exited(code)
@@ -345,6 +374,8 @@ class PodWorker(threading.Thread):
                 self._publish()
             self._delete()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.node.cpu is not None:
+            self.node.cpu.forget(self._cpu_group)
 
     def _await_exit(self, container: ContainerRun, deadline: float, graceful: bool) -> int:
         """The container's exit code, once it has exited; SIGKILL once `deadline` has passed."""
