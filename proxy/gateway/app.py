@@ -29,6 +29,7 @@ from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
+from proxy.policy.holdings import PERIOD, ByteBudget
 from proxy.policy.share import LoopShares
 from proxy.sockets import bind
 from proxy.state import ProxyState
@@ -61,8 +62,10 @@ class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.state = ProxyState()
-        self.tenants = Tenants(
-            self.state, LoopShares(settings.loop_busy_percent / 100.0, _call_later)
+        shares = LoopShares(settings.loop_busy_percent / 100.0, _call_later)
+        self.tenants = Tenants(self.state, shares)
+        self.budget = (
+            ByteBudget(settings.max_buffered_bytes, shares) if settings.max_buffered_bytes else None
         )
         self.book = CallerBook(
             settings.caller_table,
@@ -70,7 +73,7 @@ class Gateway:
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
         )
-        self.metrics = GatewayMetrics(self.book, lambda: self.tenants)
+        self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget)
         self.ports: dict[str, int] = {}
         self._sockets: dict[str, socket.socket] = {}
         self._health: HttpServer | None = None
@@ -112,6 +115,8 @@ class Gateway:
             "the caller table watch",
             self.book.run(lifecycle.stop_event, settings.table_poll_seconds),
         )
+        if self.budget is not None:
+            lifecycle.spawn("the byte budget's walk", self._account(self.budget))
         log.info(
             "Node gateway: REST on port %d, gRPC on port %d, metrics on port %d, to Triton at %s "
             "and %s; callers from %s (%s).",
@@ -184,6 +189,14 @@ class Gateway:
                 "(--max-connections-per-pod)"
             )
         log.warning("Refused a %s connection from %s: %s.", protocol, address, why)
+
+    async def _account(self, budget: ByteBudget) -> None:
+        """Measure every pod's holdings each PERIOD (or 20 walks' time, if a walk is slow: the
+        walk is linear in connections and streams, so walking takes at most 5 % of the loop)."""
+        while True:
+            started = time.perf_counter()
+            self.tenants.account(budget)
+            await asyncio.sleep(max(PERIOD, 20 * (time.perf_counter() - started)))
 
     async def _close_sockets(self) -> None:
         for task in self._accepting:
