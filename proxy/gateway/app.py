@@ -29,7 +29,7 @@ from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
-from proxy.policy.holdings import PERIOD, ByteBudget
+from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.share import LoopShares
 from proxy.sockets import bind
 from proxy.state import ProxyState
@@ -64,8 +64,11 @@ class Gateway:
         self.state = ProxyState()
         shares = LoopShares(settings.loop_busy_percent / 100.0, _call_later)
         self.tenants = Tenants(self.state, shares)
+        self._walk_now = asyncio.Event()
         self.budget = (
-            ByteBudget(settings.max_buffered_bytes, shares) if settings.max_buffered_bytes else None
+            ByteBudget(settings.max_buffered_bytes, shares, on_hold=self._walk_now.set)
+            if settings.max_buffered_bytes
+            else None
         )
         self.book = CallerBook(
             settings.caller_table,
@@ -191,12 +194,22 @@ class Gateway:
         log.warning("Refused a %s connection from %s: %s.", protocol, address, why)
 
     async def _account(self, budget: ByteBudget) -> None:
-        """Measure every pod's holdings each PERIOD (or 20 walks' time, if a walk is slow: the
-        walk is linear in connections and streams, so walking takes at most 5 % of the loop)."""
+        """Measure every pod's holdings each PERIOD while the budget is busy, else each
+        QUIET_PERIOD, or at once when a pod is stopped between walks; never sooner than 20 walks'
+        time (a walk is linear in connections and streams: walking takes at most 5 % of the
+        loop)."""
         while True:
             started = time.perf_counter()
             self.tenants.account(budget)
-            await asyncio.sleep(max(PERIOD, 20 * (time.perf_counter() - started)))
+            spent = time.perf_counter() - started
+            self._walk_now.clear()
+            if spent > 0.0005:
+                await asyncio.sleep(20 * spent)
+            if self._walk_now.is_set():
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PERIOD if budget.busy else QUIET_PERIOD):
+                    await self._walk_now.wait()
 
     async def _close_sockets(self) -> None:
         for task in self._accepting:

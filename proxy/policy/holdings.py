@@ -6,15 +6,16 @@ gateway's memory limit together, and the gateway is OOM-killed with every model 
 the gateway keeps the bytes it holds for all pods under `limit`, split fairly among the pods that
 hold anything or are active: a pod's fair share is `limit / N` with N such pods.
 
-How it is counted. Exactly, but not per call: the gateway walks every pod's connections every
-`PERIOD` seconds (`measured`: bytes received and not yet forwarded, answers held for the pod,
-bytes waiting in write buffers), and between walks each read from a pod's sockets counts against
-its allowance (`LoopShare.read`, one addition per read), so what a pod can add between walks is
-decided before it is read, not after. A pod that reads past its allowance asks `tripped`: while
-the node, counted pessimistically (each pod's last figure plus what it read since), is under
-`limit`, it gets a further slice of what is left; once it is over, a pod under its fair share may
-still read up to that share (a pod under its share is never held back by others), and a pod past
-it stops being read (`LoopShares.hold`, the same pause as the loop's share).
+How it is counted. Exactly, but not per call: the gateway walks every pod's connections (`measured`:
+bytes received and not yet forwarded, answers held for the pod, bytes waiting in write buffers)
+every `PERIOD` seconds, or `QUIET_PERIOD` while the node is far from its budget; between walks
+each read from a pod's sockets counts against its allowance (`LoopShare.read`, one addition per
+read), so what a pod can add between walks is decided before it is read, not after. A pod that
+reads past its allowance asks `tripped`. While the node, counted pessimistically (each pod's last
+figure plus what it read since, or was allowed to), is under `limit`, the pod gets a further slice
+of what is left. Once it is over, a pod under its fair share may still read up to that share (a
+pod under its share is never held back by others), and a pod past it stops being read
+(`LoopShares.hold`, the same pause as the loop's share) and asks for a walk at once.
 
 Pausing frees nothing, so a pod still over its share at a walk while the node is over `limit`,
 for longer than `GRACE`, is returned by `measured` with the bytes it must give up; the gateway
@@ -38,8 +39,12 @@ from typing import Final
 from proxy.policy.share import ACTIVE, UNLIMITED, LoopShare, LoopShares
 
 PERIOD: Final = 0.1
-"""Seconds between two walks of every pod's connections (longer while a walk is slow: the gateway
-waits 20 times a walk's duration, so walking takes at most 5 % of its loop)."""
+"""Seconds between two walks of every pod's connections while the budget is `busy` (longer while a
+walk is slow: the gateway waits 20 times a walk's duration, so walking takes at most 5 % of its
+loop); a pod stopped between walks asks for one at once (`on_hold`)."""
+QUIET_PERIOD: Final = 1.0
+"""Seconds between two walks while the node holds under half its budget and no pod is stopped:
+the reads' allowances guard it meanwhile, and the walk costs nothing per request."""
 GRACE: Final = 1.0
 """Seconds a pod may stay over its share, paused, while the node is over its budget before its
 largest connections are closed."""
@@ -58,6 +63,7 @@ class ByteBudget:
         *,
         grace: float = GRACE,
         clock: Callable[[], float] = time.monotonic,
+        on_hold: Callable[[], None] = lambda: None,
     ) -> None:
         if limit <= 0:
             raise ValueError(f"a byte budget must be positive, not {limit}")
@@ -65,6 +71,7 @@ class ByteBudget:
         self._shares = shares
         self._grace = grace
         self._clock = clock
+        self._on_hold = on_hold  # a pod stopped between walks: walk soon, it may hold less
         self._held: dict[LoopShare, int] = {}  # each pod's bytes at the last walk
         self._over: dict[LoopShare, float] = {}  # since when each pod has been shed-worthy
         self._pods = 1  # pods sharing the budget at the last walk
@@ -89,21 +96,25 @@ class ByteBudget:
     def tripped(self, share: LoopShare) -> None:
         """`share` read past its allowance: give it more, or stop its reading until a walk."""
         # Counted now, not at the last walk: pods that came since share the budget at once.
+        # What is left counts what the others were promised and have not read yet, so that
+        # slices given one after another never add up past the budget.
         since = self._clock() - ACTIVE
         last = self._held
-        total = self.total
+        committed = self.total + share.read
         pods = 0
         for each in self._shares.shares:
-            total += each.read
+            if each is not share:
+                allowance = each.allowance
+                committed += each.read if allowance == UNLIMITED else max(each.read, allowance)
             if each.read or last.get(each, 0) or each.last >= since:
                 pods += 1
         self._pods = pods = max(pods, 1)
         held = last.get(share, 0) + share.read
         fair = self.limit // pods
-        room = self.limit - total
-        more = fair - held  # over the budget, a pod under its share may still reach it
-        if room > 0:
-            more = max(room // pods, min(_SLICE_FLOOR, room), more)
+        room = self.limit - committed
+        # Under the budget, a slice of what is left, not all of it (a pod that comes before the
+        # next walk finds room too); over it, a pod under its share may still reach its share.
+        more = max(room // (pods + 1), min(_SLICE_FLOOR, room)) if room > 0 else fair - held
         if more > 0:
             share.allowance = share.read + more
             return
@@ -111,6 +122,13 @@ class ByteBudget:
         if not share.held:
             self.holds += 1
             self._shares.hold(share)
+            self._on_hold()
+
+    @property
+    def busy(self) -> bool:
+        """Whether walks should come every PERIOD: a pod is stopped, or the node held more than
+        half its budget at the last walk."""
+        return 2 * self.total > self.limit or any(s.held for s in self._shares.shares)
 
     def measured(self, held: Mapping[LoopShare, int]) -> list[tuple[LoopShare, int]]:
         """A walk's figures: bytes held for each pod now. Sets every pod's allowance, stops or
