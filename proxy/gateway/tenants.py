@@ -58,6 +58,7 @@ class Tenant:
         self.share = self.limiter.share = shares.share(self._throttle, self._unthrottle)
         self._logged_pause = -_PAUSE_LOG_SECONDS
         self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
+        self._answers_paused = False  # its channels to Triton stopped for the byte budget
         self.metrics = ProxyMetrics(self.limiter, caller.model_id)
         self.rest = RestRelay(settings, self.limiter, self.metrics, state)
         self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state)
@@ -82,12 +83,24 @@ class Tenant:
             connection.throttle()
         for h2 in self.grpc.connections:
             h2.throttle()
+        if self.share.held and not self._answers_paused:
+            # Stopping the pod's reading does not stop Triton answering what it sent already:
+            # its answers wait in Triton and the kernel, not here, until the budget lets it go.
+            self._answers_paused = True
+            for channel in self.grpc.channels:
+                if channel.transport is not None:
+                    channel.transport.pause_reading()
 
     def _unthrottle(self) -> None:
         for connection in self.rest.connections:
             connection.unthrottle()
         for h2 in self.grpc.connections:
             h2.unthrottle()
+        if self._answers_paused:
+            self._answers_paused = False
+            for channel in self.grpc.channels:
+                if channel.transport is not None:
+                    channel.transport.resume_reading()
 
     def held_bytes(self) -> int:
         """Bytes the gateway holds for this pod now (its connections', both relays)."""

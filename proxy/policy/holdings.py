@@ -18,13 +18,20 @@ pod under its share is never held back by others), and a pod past it stops being
 (`LoopShares.hold`, the same pause as the loop's share) and asks for a walk at once.
 
 Pausing frees nothing, so a pod still over its share at a walk while the node is over `limit`,
-for longer than `GRACE`, is returned by `measured` with the bytes it must give up; the gateway
-closes its largest connections with a clear error until it is back under its share.
+for longer than `GRACE` (at once while the node is over twice `limit`), is returned by
+`measured` with the bytes it must give up; the gateway closes its largest connections with a
+clear error until it is back under its share.
+
+What Triton sends for a pod counts too (`LoopShare.took`, from the pod's channels to Triton), but
+stopping the pod's reading does not stop answers to requests already at Triton: those are bounded
+per pod by its in-flight requests times Triton's window per stream. A stopped pod that is sent
+another fair share asks for a walk, which sheds the pods over their share at once if the node is
+past twice its budget.
 
 The bound. A pod over its share got there only while the node was under `limit` (plus the one
 read that tripped it), and the pods under their share may then grow to it: the bytes held stay
-under `2 x limit` (plus one read per pod and the answers Triton sends within one walk), and come
-back under `limit` within `GRACE` and a walk.
+under `2 x limit` (plus one read per pod, and the answers to requests already at Triton when a
+pod is stopped), and come back under `limit` within `GRACE` and a walk.
 
 Pure policy: the walk's figures, the clock, and what holding a pod means (its share's pause) are
 given to it; it reads no socket and closes nothing.
@@ -95,6 +102,12 @@ class ByteBudget:
 
     def tripped(self, share: LoopShare) -> None:
         """`share` read past its allowance: give it more, or stop its reading until a walk."""
+        if share.held:
+            # Stopped, yet Triton still answers what it sent before: each further share of
+            # answers asks for a walk, which sheds at once past twice the budget.
+            share.allowance = share.read + max(self.fair(), _SLICE_FLOOR)
+            self._on_hold()
+            return
         # Counted now, not at the last walk: pods that came since share the budget at once.
         # What is left counts what the others were promised and have not read yet, so that
         # slices given one after another never add up past the budget.
@@ -118,11 +131,10 @@ class ByteBudget:
         if more > 0:
             share.allowance = share.read + more
             return
-        share.allowance = UNLIMITED  # held: the next walk sets its allowance again
-        if not share.held:
-            self.holds += 1
-            self._shares.hold(share)
-            self._on_hold()
+        share.allowance = share.read + max(fair, _SLICE_FLOOR)  # see above: answers still come
+        self.holds += 1
+        self._shares.hold(share)
+        self._on_hold()
 
     @property
     def busy(self) -> bool:
@@ -157,9 +169,10 @@ class ByteBudget:
             if not share.held:
                 self.holds += 1
                 self._shares.hold(share)
-            share.allowance = UNLIMITED
+            share.allowance = max(fair, _SLICE_FLOOR)  # answers to what it sent still come
             began = self._over.setdefault(share, now)
-            if now - began >= self._grace:
+            # Past twice the budget (answers Triton sent before the pods were stopped): no grace.
+            if now - began >= self._grace or total > 2 * self.limit:
                 del self._over[share]
                 self.sheds += 1
                 shed.append((share, size - fair))

@@ -107,6 +107,13 @@ class LoopShare:
         if self.read > self.allowance:
             shares.tripped(self)
 
+    def took(self, size: int) -> None:
+        """Triton sent `size` bytes for this pod (answers the gateway may hold for it): counted
+        against its allowance of the node's byte budget, not against its share of the loop."""
+        self.read += size
+        if self.read > self.allowance:
+            self._shares.tripped(self)
+
 
 class LoopShares:
     """Every pod's share of one event loop (see the module docstring)."""
@@ -202,8 +209,7 @@ class LoopShares:
         """The node's byte budget stops `share`'s reading until `release`, whatever its rounds."""
         if not share.held:
             share.held = True
-            if not share.paused:
-                share.on_pause()
+            share.on_pause()  # even if its round paused it: the budget may stop more than that
 
     def release(self, share: LoopShare) -> None:
         """The byte budget lets `share` read again (unless its round still holds it)."""

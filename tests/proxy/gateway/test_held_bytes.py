@@ -22,12 +22,13 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import hpack
 import pytest
+from tritonclient.grpc import service_pb2
 
 from sim.triton import TritonServer
 from tests.proxy.gateway.conftest import caller, publish
@@ -89,6 +90,41 @@ def held_streams(authority: str) -> bytes:
     return b"".join(frames)
 
 
+ANSWER = 192 * 1024
+"""Bytes of each answer an answer-hoarding stream draws from `identity` (and never reads)."""
+HOARDED = 64
+"""Streams per answer-hoarding pod: its in-flight limit at the gateway's default."""
+
+
+def hoarded_answers(authority: str) -> bytes:
+    """The preface, SETTINGS with a stream window of 0 (the pod reads no answer byte), and
+    HOARDED whole ModelInfer calls to `identity` each drawing an ANSWER-byte answer."""
+    block = hpack.Encoder().encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            (":authority", authority),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+    )
+    request = service_pb2.ModelInferRequest(model_name="identity")
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = "INPUT_FP32", "FP32"
+    tensor.shape.append(ANSWER // 4)
+    request.raw_input_contents.append(bytes(ANSWER))
+    body = request.SerializeToString()
+    message = b"\x00" + len(body).to_bytes(4, "big") + body
+    frames = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", _frame(4, 0, 0, b"\x00\x04" + bytes(4))]
+    for sid in range(1, 2 * HOARDED, 2):
+        frames.append(_frame(1, 4, sid, block))
+        for start in range(0, len(message), 16384):
+            last = start + 16384 >= len(message)
+            frames.append(_frame(0, 1 if last else 0, sid, message[start : start + 16384]))
+    return b"".join(frames)
+
+
 @dataclass
 class HeldConnection:
     """One attacker connection: sends its held streams, then reads what the gateway answers."""
@@ -96,6 +132,7 @@ class HeldConnection:
     url: str
     source: str
     stop: threading.Event
+    attack: Callable[[str], bytes] = held_streams
     sent: bool = False
     statuses: list[tuple[str, str]] = field(default_factory=list)
     """(grpc-status, grpc-message) of each stream the gateway ended."""
@@ -115,7 +152,7 @@ class HeldConnection:
             return
         decoder = hpack.Decoder()
         try:
-            sock.sendall(held_streams(self.url))
+            sock.sendall(self.attack(self.url))
             self.sent = True
             sock.settimeout(0.1)
             data = b""
@@ -154,10 +191,14 @@ class HeldConnection:
 
 
 @contextlib.contextmanager
-def attacking(url: str) -> Iterator[list[HeldConnection]]:
+def attacking(
+    url: str, attack: Callable[[str], bytes] = held_streams, connections_per_pod: int = CONNECTIONS
+) -> Iterator[list[HeldConnection]]:
     stop = threading.Event()
     connections = [
-        HeldConnection(url, source, stop) for source in ATTACKERS for _ in range(CONNECTIONS)
+        HeldConnection(url, source, stop, attack)
+        for source in ATTACKERS
+        for _ in range(connections_per_pod)
     ]
     threads = [threading.Thread(target=c.run, daemon=True) for c in connections]
     for thread in threads:
@@ -217,3 +258,32 @@ def test_many_pods_holding_partial_messages_stay_within_the_nodes_byte_budget(
         assert status == "8", (status, message)  # RESOURCE_EXHAUSTED
         assert "--max-buffered-bytes" in message and "budget" in message, message
     assert not any(c.resets for c in connections), "streams were reset without an answer"
+
+
+def test_many_pods_drawing_answers_they_never_read_stay_within_the_nodes_byte_budget(
+    gateway: tuple[str, str, int],
+) -> None:
+    """The same with answers: each attacker pod has HOARDED calls at Triton drawing ANSWER bytes
+    each with a stream window of 0, so the gateway holds every answer (on the code before: the
+    whole ~48 MiB). Stopping a pod's reading does not stop Triton's answers to what it already
+    sent: what Triton sends counts as it arrives, and the pods over their share are shed."""
+    http_url, grpc_url, pid = gateway
+    with (
+        neighbour_running(http_url) as neighbour,
+        PeakRss(pid) as rss,
+        attacking(grpc_url, hoarded_answers, connections_per_pod=1) as connections,
+    ):
+        served = latencies(neighbour, NEIGHBOUR_ANSWERS, within=5.0)
+        deadline = time.monotonic() + 5
+        while not all(c.closed for c in connections) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not neighbour.errors, neighbour.errors
+    assert len(served) == NEIGHBOUR_ANSWERS
+    assert rss.growth < GROWTH, (
+        f"the gateway grew by {rss.growth / 2**20:.0f} MiB under the attack (budget "
+        f"{BUDGET / 2**20:.0f} MiB, answers {len(ATTACKERS) * HOARDED * ANSWER / 2**20:.0f} MiB)"
+    )
+    refused = [s for c in connections for s in c.statuses]
+    assert refused, "no attacker stream was answered: they hang"
+    for status, message in refused:
+        assert status == "8" and "--max-buffered-bytes" in message, (status, message)
