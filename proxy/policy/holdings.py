@@ -49,9 +49,11 @@ PERIOD: Final = 0.1
 """Seconds between two walks of every pod's connections while the budget is `busy` (longer while a
 walk is slow: the gateway waits 20 times a walk's duration, so walking takes at most 5 % of its
 loop); a pod stopped between walks asks for one at once (`on_hold`)."""
-QUIET_PERIOD: Final = 1.0
+QUIET_PERIOD: Final = 10.0
 """Seconds between two walks while the node holds under half its budget and no pod is stopped:
-the reads' allowances guard it meanwhile, and the walk costs nothing per request."""
+every byte from a pod or from Triton for it counts against the pod's allowance meanwhile, and a
+pod stopped for it asks for a walk at once, so this walk only refreshes the figures (and costs
+the requests nothing)."""
 GRACE: Final = 1.0
 """Seconds a pod may stay over its share, paused, while the node is over its budget before its
 largest connections are closed."""
