@@ -4,6 +4,12 @@ tests/proxy/gateway/test_held_bytes.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from proxy.gateway.callers import CallerBook
+from proxy.gateway.metrics import GatewayMetrics
 from proxy.policy.holdings import GRACE, ByteBudget
 from proxy.policy.share import UNLIMITED, LoopShare, LoopShares
 from tests.proxy.gateway.test_loop_share import Clock, pod
@@ -146,3 +152,18 @@ def test_without_a_budget_a_pod_reads_without_counting() -> None:
     read(share, 10 * LIMIT)
     assert state.reading()
     assert share.allowance == UNLIMITED
+
+
+def test_the_gateways_metrics_show_the_budget_node_wide(tmp_path: Path) -> None:
+    node, loop, _ = budget()
+    _, share = pod(loop)
+    read(share, 2 * LIMIT)  # stopped: one pause
+    _, other = pod(loop)
+    read(other, 1)
+    node.measured({share: 1_500_000, other: 0})
+    metrics = GatewayMetrics(CallerBook(tmp_path / "callers.json", max_age=60), list, node)
+    text = generate_latest(metrics.registry).decode()
+    assert "tritonshare_gateway_held_bytes 1.5e+06" in text
+    assert "tritonshare_gateway_budget_bytes 1e+06" in text
+    assert "tritonshare_gateway_budget_pauses_total 1.0" in text
+    assert "tritonshare_gateway_budget_sheds_total 0.0" in text
