@@ -13,7 +13,7 @@ unbounded, the victim's p50/p99 alone and under attack and its errors, and how m
 streams were answered RESOURCE_EXHAUSTED by the budget.
 
     .venv/bin/python -m benchmarks.held_bytes [--pods 8] [--connections 8] [--streams 128]
-        [--budget 32Mi] [--seconds 5]
+        [--budget 32Mi] [--seconds 5] [--tree DIR]
 
 About a minute on a 2-core box with the defaults.
 """
@@ -89,7 +89,7 @@ class Gateway:
 
 @contextlib.contextmanager
 def running_gateway(
-    work: Path, upstream: tuple[str, str], attackers: list[str], budget: int
+    work: Path, upstream: tuple[str, str], attackers: list[str], budget: int, tree: Path
 ) -> Iterator[Gateway]:
     table = work / f"callers-{budget}.json"
     callers = [Caller(VICTIM, MODEL, "bench/victim", "uid-victim")]
@@ -104,7 +104,7 @@ def running_gateway(
     command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
     command += ["--table-max-age", "100000", "--log-level", "ERROR"]
     command += ["--max-connections-per-pod", "64", "--max-buffered-bytes", str(budget)]
-    process = subprocess.Popen(command, cwd=ROOT)
+    process = subprocess.Popen(command, cwd=tree)  # `-m proxy.gateway` from under `tree`
     try:
         _wait_http(f"http://127.0.0.1:{metrics_port}/readyz", 60)
         yield Gateway(process, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
@@ -221,6 +221,12 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--budget", default="32Mi", help="the budgeted gateway's flag")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=ROOT,
+        help="the source tree whose gateway runs (build/native: the native build, as built)",
+    )
     args = parser.parse_args()
     budget = parse_quantity(args.budget)
     attackers = [f"127.2.1.{n}" for n in range(1, args.pods + 1)]
@@ -231,7 +237,7 @@ def main() -> int:
         with running_triton(work) as triton:
             upstream = (triton.http_url, triton.grpc_url)
             for flag in (0, budget):
-                with running_gateway(work, upstream, attackers, flag) as gateway:
+                with running_gateway(work, upstream, attackers, flag, args.tree) as gateway:
                     rows.append((flag, measure(gateway, args, attackers)))
     print(
         f"{args.pods} pods x {args.connections} connections x {args.streams} streams holding "
