@@ -19,6 +19,7 @@ what to do, never closed silently.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -287,3 +288,52 @@ def test_many_pods_drawing_answers_they_never_read_stay_within_the_nodes_byte_bu
     assert refused, "no attacker stream was answered: they hang"
     for status, message in refused:
         assert status == "8" and "--max-buffered-bytes" in message, (status, message)
+
+
+HEADS = 128
+"""REST connections per attacker pod, each holding a partial request head (all of them: ~30 MiB)."""
+HEAD = 60 * 1024
+"""Bytes of each partial head: under the relay's 64 KiB limit, so it waits for the rest."""
+
+
+def test_many_pods_holding_partial_rest_heads_are_answered_503_past_the_budget(
+    gateway: tuple[str, str, int],
+) -> None:
+    """REST: each attacker pod opens HEADS connections, each sending a request head HEAD bytes
+    long with no end (held by the relay until its head timeout, 30 s). The pods over their share
+    are answered 503 saying why, and the neighbour is served meanwhile."""
+    http_url, _, pid = gateway
+    host, port = http_url.split(":")
+    head = b"POST /v2/models/identity/infer HTTP/1.1\r\nX-Pad: " + b"a" * HEAD
+    sockets: list[socket.socket] = []
+    answers: list[bytes] = []
+    try:
+        with neighbour_running(http_url) as neighbour, PeakRss(pid) as rss:
+            for source in ATTACKERS:
+                for _ in range(HEADS):
+                    sock = socket.create_connection(
+                        (host, int(port)), timeout=10, source_address=(source, 0)
+                    )
+                    sock.sendall(head)  # within the socket buffers even while its pod is paused
+                    sockets.append(sock)
+            served = latencies(neighbour, NEIGHBOUR_ANSWERS, within=5.0)
+            # Answers come after the grace (1 s); done once none came for as long again.
+            deadline = time.monotonic() + 5
+            pending = list(sockets)
+            quiet_until = deadline
+            while pending and time.monotonic() < min(deadline, quiet_until):
+                ready, _, _ = select.select(pending, [], [], 0.1)
+                for sock in ready:
+                    answers.append(sock.recv(1 << 16))
+                    pending.remove(sock)
+                    quiet_until = time.monotonic() + 1.5
+            assert not neighbour.errors, neighbour.errors
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert len(served) == NEIGHBOUR_ANSWERS
+    assert rss.growth < GROWTH, f"the gateway grew by {rss.growth / 2**20:.0f} MiB"
+    assert answers, "no attacker connection was answered: they hang"
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+        assert b"--max-buffered-bytes" in answer and b"budget" in answer, answer[:400]
