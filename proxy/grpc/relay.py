@@ -542,8 +542,14 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             self.gate.refuse_error(stream, error)
         self.go_away()
         self.out.flush()
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is not None:
+            # A tenant that reads nothing would keep a closing connection, and what it holds,
+            # open for ever: it is dropped instead.
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
 
     def completed(self) -> None:
         """Triton completed one of this tenant's calls: it earns back one reset."""

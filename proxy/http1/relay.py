@@ -711,8 +711,9 @@ class ClientConnection(asyncio.Protocol):
                 self._task = None
             self._release_slot()  # one it got while its connection to Triton was being made
             self._refuse(error)
-        elif self.transport is not None:
-            self.transport.abort()
+        transport = self.transport
+        if transport is not None and (self._state != _CLOSED or transport.get_write_buffer_size()):
+            transport.abort()  # mid-exchange, or a tenant that does not read the refusal
 
     def close_if_idle(self) -> None:
         """Close between requests (used when the proxy stops)."""
