@@ -47,6 +47,7 @@ NATIVE_TESTS = (
     "tests/proxy/policy/test_inflation.py",
     "tests/proxy/policy/test_finals.py",
     "tests/proxy/gateway/test_stream_flood.py",
+    "tests/proxy/policy/test_holdings.py",
 )
 """Tests run a second time against the compiled proxy (none of them patch what they test)."""
 

@@ -29,6 +29,7 @@ from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
+from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.share import LoopShares
 from proxy.sockets import bind
 from proxy.state import ProxyState
@@ -61,8 +62,13 @@ class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.state = ProxyState()
-        self.tenants = Tenants(
-            self.state, LoopShares(settings.loop_busy_percent / 100.0, _call_later)
+        shares = LoopShares(settings.loop_busy_percent / 100.0, _call_later)
+        self.tenants = Tenants(self.state, shares)
+        self._walk_now = asyncio.Event()
+        self.budget = (
+            ByteBudget(settings.max_buffered_bytes, shares, on_hold=self._walk_now.set)
+            if settings.max_buffered_bytes
+            else None
         )
         self.book = CallerBook(
             settings.caller_table,
@@ -70,7 +76,7 @@ class Gateway:
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
         )
-        self.metrics = GatewayMetrics(self.book, lambda: self.tenants)
+        self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget)
         self.ports: dict[str, int] = {}
         self._sockets: dict[str, socket.socket] = {}
         self._health: HttpServer | None = None
@@ -112,6 +118,8 @@ class Gateway:
             "the caller table watch",
             self.book.run(lifecycle.stop_event, settings.table_poll_seconds),
         )
+        if self.budget is not None:
+            lifecycle.spawn("the byte budget's walk", self._account(self.budget))
         log.info(
             "Node gateway: REST on port %d, gRPC on port %d, metrics on port %d, to Triton at %s "
             "and %s; callers from %s (%s).",
@@ -184,6 +192,24 @@ class Gateway:
                 "(--max-connections-per-pod)"
             )
         log.warning("Refused a %s connection from %s: %s.", protocol, address, why)
+
+    async def _account(self, budget: ByteBudget) -> None:
+        """Measure every pod's holdings each PERIOD while the budget is busy, else each
+        QUIET_PERIOD, or at once when a pod is stopped between walks; never sooner than 20 walks'
+        time (a walk is linear in connections and streams: walking takes at most 5 % of the
+        loop)."""
+        while True:
+            started = time.perf_counter()
+            self.tenants.account(budget)
+            spent = time.perf_counter() - started
+            self._walk_now.clear()
+            if spent > 0.0005:
+                await asyncio.sleep(20 * spent)
+            if self._walk_now.is_set():
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PERIOD if budget.busy else QUIET_PERIOD):
+                    await self._walk_now.wait()
 
     async def _close_sockets(self) -> None:
         for task in self._accepting:

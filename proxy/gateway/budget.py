@@ -8,8 +8,11 @@ inline), and each stream at
 Triton or waiting for a slot (a ModelStreamInfer stream holds one slot while it is open, and one
 per request in flight past the first) at most `STREAM_BYTES` (request bytes Triton's window
 holds back, a response the tenant does not read, and a large message's name, request id and
-inflated slice). The deploy manifests set the gateway's memory limit from `worst_case` (a test keeps
-them in step). What it must not do: measure anything; it only adds the relays' constants up.
+inflated slice). Those bounds add up over pods; the node's byte budget (`--max-buffered-bytes`,
+`policy.holdings`) bounds them together: `worst_case` is the base, twice the budget and
+`HELD_SLACK`, whatever the number of pods. The deploy manifests set the gateway's memory limit
+from it (a test keeps them in step). What it must not do: measure anything; it only adds the
+relays' constants up.
 """
 
 from __future__ import annotations
@@ -59,6 +62,26 @@ def per_pod(settings: GatewaySettings, declared: int = 0) -> int:
     return settings.max_connections_per_pod * CONNECTION_BYTES + 2 * limit * STREAM_BYTES
 
 
-def worst_case(settings: GatewaySettings, pods_at_worst: int) -> int:
-    """The base plus `pods_at_worst` pods at their worst at once (the others at normal load)."""
-    return BASE_BYTES + pods_at_worst * per_pod(settings)
+HELD_SLACK: Final = 128 * 1024**2
+"""What the gateway may hold past its bound for the pods' bytes: the read that trips a pod's
+allowance (at most 256 KiB per pod being read), answers Triton sends in one walk (0.1 s) before
+the walk counts them, the inflate slices and decompressors of streams being read in pieces
+(`SLICE` each), and the allocator's own overhead."""
+
+
+def held_bound(settings: GatewaySettings) -> int:
+    """The most the gateway holds for every pod together under its byte budget: twice the
+    budget (a pod over its share got there while the node was under the budget, and the pods
+    under their share may reach it meanwhile), and once the grace passes, the budget."""
+    if settings.max_buffered_bytes == 0:
+        raise ValueError(
+            "with --max-buffered-bytes=0 the pods' holdings have no node-wide bound: only each "
+            "pod's own (per_pod), summed over every pod"
+        )
+    return 2 * settings.max_buffered_bytes
+
+
+def worst_case(settings: GatewaySettings) -> int:
+    """The most the gateway's process holds, whatever its pods send and however many there are:
+    its base, the pods' bytes under the byte budget, and the slack."""
+    return BASE_BYTES + held_bound(settings) + HELD_SLACK

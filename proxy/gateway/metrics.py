@@ -4,7 +4,9 @@ Each tenant's relays count into a `proxy.metrics.ProxyMetrics` of their own (the
 once per pod); at scrape time this collector renames their `tritonshare_proxy_*` series to
 `tritonshare_gateway_*` and labels them with the pod (they already carry the model), so one
 /metrics shows every caller. The gateway's own series: connections refused by reason, callers in
-the table, the table's age, whether a stale table is being served. Scrapes run on the event
+the table, the table's age, whether a stale table is being served, and the node's byte budget
+(what is held for all pods, the budget, how often pods were paused or shed for it: node totals,
+since bytes per pod would be a series per pod that changes every walk). Scrapes run on the event
 loop, like the relays.
 """
 
@@ -18,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from proxy.gateway.callers import CallerBook
 from proxy.gateway.tenants import Tenant
+from proxy.policy.holdings import ByteBudget
 
 _PROXY = "tritonshare_proxy_"
 _GATEWAY = "tritonshare_gateway_"
@@ -87,10 +90,46 @@ class _BookCollector(Collector):
         yield from (callers, age, stale)
 
 
+class _BudgetCollector(Collector):
+    def __init__(self, budget: ByteBudget) -> None:
+        self._budget = budget
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily(
+            "tritonshare_gateway_held_bytes",
+            "Bytes the gateway held for every pod together at its last walk (received and not "
+            "yet forwarded, answers not yet read, unsent writes).",
+        )
+        held.add_metric([], self._budget.total)
+        limit = GaugeMetricFamily(
+            "tritonshare_gateway_budget_bytes",
+            "The node's byte budget (--max-buffered-bytes).",
+        )
+        limit.add_metric([], self._budget.limit)
+        holds = CounterMetricFamily(
+            "tritonshare_gateway_budget_pauses",
+            "Times a pod's connections stopped reading for being past its share of the node's "
+            "byte budget while the gateway was over it.",
+        )
+        holds.add_metric([], self._budget.holds)
+        sheds = CounterMetricFamily(
+            "tritonshare_gateway_budget_sheds",
+            "Times a pod past its share of the node's byte budget for longer than the grace had "
+            "its largest connections answered (503 / RESOURCE_EXHAUSTED) and closed.",
+        )
+        sheds.add_metric([], self._budget.sheds)
+        yield from (held, limit, holds, sheds)
+
+
 class GatewayMetrics:
     """The registry /metrics serves, and the gateway's own counters."""
 
-    def __init__(self, book: CallerBook, tenants: Callable[[], Iterable[Tenant]]) -> None:
+    def __init__(
+        self,
+        book: CallerBook,
+        tenants: Callable[[], Iterable[Tenant]],
+        budget: ByteBudget | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._refused = Counter(
             "tritonshare_gateway_refused_connections",
@@ -102,6 +141,8 @@ class GatewayMetrics:
         )
         self.registry.register(_BookCollector(book))
         self.registry.register(_TenantCollector(tenants))
+        if budget is not None:
+            self.registry.register(_BudgetCollector(budget))
 
     def refused(self, protocol: str, reason: str) -> None:
         self._refused.labels(protocol, reason).inc()

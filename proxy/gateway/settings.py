@@ -25,6 +25,7 @@ from common.settings import (
     log_level_flag,
     number,
     path,
+    quantity,
     seconds,
     setting,
     whole,
@@ -124,6 +125,20 @@ class GatewaySettings:
     that bypasses its proxy: a pod that declares its proxy's concurrency (`--container-concurrency`,
     in the caller table) gets that, up to this; a pod that declares none gets this; 0: no limit.
     As many more may wait (up to the relay's queue timeout); past that, 503 / RESOURCE_EXHAUSTED."""
+    max_buffered_bytes: int = setting(
+        "max-buffered-bytes",
+        "bytes the gateway may hold for all pods together (received and not yet forwarded, "
+        "answers not yet read), a quantity such as 672Mi; 0 = no budget",
+        quantity(),
+        default="672Mi",
+    )
+    """The node's byte budget (`policy.holdings`): what the gateway may hold for every pod
+    together. Past it, a pod over its fair share (this divided among the pods holding anything or
+    active) stops being read, and after a second its largest connections are answered
+    (503 / RESOURCE_EXHAUSTED) and closed; a pod under its share is never held back. The gateway
+    then holds under twice this (and under this once the grace has passed), so the default is
+    the deploy limit less the base and headroom, halved: (1536Mi - 64Mi - 128Mi) / 2 = 672Mi
+    (`gateway.budget.worst_case`). 0: no budget, each pod bounded on its own only."""
     loop_busy_percent: float = setting(
         "loop-busy-percent",
         "while several pods are active, the percent of each event-loop round the pods' "

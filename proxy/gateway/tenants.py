@@ -25,10 +25,14 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from common.callers import Caller
+from proxy.grpc.relay import H2Connection
 from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
+from proxy.http1.relay import ClientConnection as RestConnection
 from proxy.metrics import ProxyMetrics
+from proxy.policy.holdings import GRACE, ByteBudget
 from proxy.policy.limiter import Limiter
+from proxy.policy.refusals import OverBudgetError, ProxyError
 from proxy.policy.share import LoopShares
 from proxy.settings import Settings
 from proxy.state import ProxyState
@@ -53,6 +57,8 @@ class Tenant:
         )
         self.share = self.limiter.share = shares.share(self._throttle, self._unthrottle)
         self._logged_pause = -_PAUSE_LOG_SECONDS
+        self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
+        self._answers_paused = False  # its channels to Triton stopped for the byte budget
         self.metrics = ProxyMetrics(self.limiter, caller.model_id)
         self.rest = RestRelay(settings, self.limiter, self.metrics, state)
         self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state)
@@ -63,7 +69,8 @@ class Tenant:
 
     def _throttle(self) -> None:
         now = time.monotonic()
-        if now - self._logged_pause >= _PAUSE_LOG_SECONDS:
+        # A pause for the node's byte budget is logged by `Tenants.account`.
+        if not self.share.held and now - self._logged_pause >= _PAUSE_LOG_SECONDS:
             self._logged_pause = now
             log.info(
                 "Pod %s (%s) took more than its share of the gateway's event loop while other "
@@ -76,12 +83,45 @@ class Tenant:
             connection.throttle()
         for h2 in self.grpc.connections:
             h2.throttle()
+        if self.share.held and not self._answers_paused:
+            # Stopping the pod's reading does not stop Triton answering what it sent already:
+            # its answers wait in Triton and the kernel, not here, until the budget lets it go.
+            self._answers_paused = True
+            for channel in self.grpc.channels:
+                if channel.transport is not None:
+                    channel.transport.pause_reading()
 
     def _unthrottle(self) -> None:
         for connection in self.rest.connections:
             connection.unthrottle()
         for h2 in self.grpc.connections:
             h2.unthrottle()
+        if self._answers_paused:
+            self._answers_paused = False
+            for channel in self.grpc.channels:
+                if channel.transport is not None:
+                    channel.transport.resume_reading()
+
+    def held_bytes(self) -> int:
+        """Bytes the gateway holds for this pod now (its connections', both relays)."""
+        return self.rest.held_bytes() + self.grpc.held_bytes()
+
+    def shed(self, excess: int, error: ProxyError) -> tuple[int, int]:
+        """Answer `error` on and close this pod's largest connections until they held `excess`
+        bytes or more; how many connections, and the bytes they held."""
+        connections: list[tuple[int, RestConnection | H2Connection]] = [
+            (c.held_bytes(), c) for c in self.rest.connections
+        ]
+        connections += [(c.held_bytes(), c) for c in self.grpc.connections]
+        connections.sort(key=lambda pair: pair[0], reverse=True)
+        closed = freed = 0
+        for held, connection in connections:
+            if freed >= excess or not held:
+                break
+            connection.shed(error)
+            closed += 1
+            freed += held
+        return closed, freed
 
     async def adopt(self, protocol: str, sock: socket.socket) -> None:
         """Serve an accepted connection of this pod on the `http` or `grpc` relay."""
@@ -108,6 +148,48 @@ class Tenants:
 
     def __iter__(self) -> Iterator[Tenant]:
         return iter(list(self._by_address.values()))
+
+    def account(self, budget: ByteBudget) -> None:
+        """Measure what the gateway holds for each pod and apply the node's byte budget: pods
+        past their share stop reading, and those past it for longer than the grace have their
+        largest connections answered and closed."""
+        tenants = {tenant.share: tenant for tenant in self._by_address.values()}
+        shed = budget.measured({share: t.held_bytes() for share, t in tenants.items()})
+        now = time.monotonic()
+        for tenant in tenants.values():
+            if tenant.share.held and now - tenant.logged_budget >= _PAUSE_LOG_SECONDS:
+                tenant.logged_budget = now
+                log.warning(
+                    "Pod %s (%s) holds %d bytes in the gateway, more than its share (%d) of the "
+                    "node's byte budget (--max-buffered-bytes=%d), which the gateway has passed: "
+                    "its connections stop reading, and past %g s their largest are closed "
+                    "(logged once a minute; tritonshare_gateway_budget_* count them).",
+                    tenant.caller.pod,
+                    tenant.caller.address,
+                    budget.held_of(tenant.share),
+                    budget.fair(),
+                    budget.limit,
+                    GRACE,
+                )
+        for share, excess in shed:
+            tenant = tenants[share]
+            error = OverBudgetError(
+                f"the node's gateway holds more than its byte budget "
+                f"(--max-buffered-bytes={budget.limit}) and this pod more than its share of it "
+                f"({budget.fair()} bytes): its largest connections are closed. Send each "
+                "message whole and promptly, read answers as they come, and hold fewer calls "
+                "open at once; the node's operator may raise --max-buffered-bytes"
+            )
+            closed, freed = tenant.shed(excess, error)
+            log.warning(
+                "Pod %s (%s) stayed over its share of the node's byte budget for %g s: closed %d "
+                "of its connections, which held %d bytes (logged once a minute).",
+                tenant.caller.pod,
+                tenant.caller.address,
+                GRACE,
+                closed,
+                freed,
+            )
 
     def get(self, caller: Caller, settings: Settings) -> Tenant:
         """The tenant for `caller`, made on its first connection."""

@@ -48,6 +48,7 @@ from proxy.http2.state import (
     WE_ENDED,
     StreamStateError,
 )
+from proxy.policy.limiter import Limiter
 from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields, spliced
 from proxy.settings import Settings
 from proxy.sockets import local_address, nodelay
@@ -67,6 +68,7 @@ class ChannelOwner(Scheduler, Protocol):
     """What a channel needs from the listener that opened it (`server.GrpcRelay`)."""
 
     settings: Settings
+    limiter: Limiter
 
     def forget(self, channel: TritonChannel) -> None:
         """`channel` takes no new streams."""
@@ -111,6 +113,9 @@ class TritonChannel(Channel, asyncio.Protocol):
         # The listener's hold and flush around each read, bound once (see relay.H2Connection).
         self._hold = relay.hold
         self._flush = relay.flush
+        # In the gateway, the pod's share: what Triton sends for it counts against the node's
+        # byte budget (`policy.holdings`) as it arrives, not only at the next walk.
+        self._share = relay.limiter.share
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -256,6 +261,9 @@ class TritonChannel(Channel, asyncio.Protocol):
     # -- reading ---------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        share = self._share
+        if share is not None:
+            share.took(len(data))
         self._hold()  # what this read makes for tenants leaves at its end, in one write each
         try:
             self._read(data)

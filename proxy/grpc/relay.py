@@ -40,6 +40,7 @@ from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
 from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET, StreamStateError
 from proxy.policy.finals import Finals
+from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 from proxy.settings import Settings
 from proxy.sockets import nodelay
@@ -155,8 +156,10 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             )
             + frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW)
         )
-        if self._share is not None and self._share.paused:
-            self.throttle()
+        if self._share is not None:
+            # uvloop starts reading an adopted socket after `connection_made` returns, undoing a
+            # pause made in it: a connection the pod opens while paused pauses a moment later.
+            asyncio.get_running_loop().call_soon(self._throttle_if_paused)
         self._preface_timer = asyncio.get_running_loop().call_later(
             self.relay.settings.head_timeout_seconds, self._no_preface
         )
@@ -198,6 +201,11 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             self._throttled = True
             if not self.replies.paused:
                 self.transport.pause_reading()
+
+    def _throttle_if_paused(self) -> None:
+        share = self._share
+        if share is not None and (share.paused or share.held):
+            self.throttle()
 
     def unthrottle(self) -> None:
         if self._throttled and self.transport is not None:
@@ -245,7 +253,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         finally:
             self._flush()
             if share is not None:
-                share.charge(started, share.cpu())
+                share.charge(started, share.cpu(), len(data))
 
     def _read(self, data: bytes) -> None:
         pos = 0
@@ -515,6 +523,33 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 self._plans.clear()
             self._plans[fields] = plan
         return plan
+
+    def held_bytes(self) -> int:
+        """What this connection holds for its pod now: a partial frame, each open stream's bytes
+        both ways, and its unsent writes (the gateway's byte budget reads it on a timer)."""
+        held = self._reader.buffered + len(self._in)
+        transport = self.transport
+        if transport is not None:
+            held += transport.get_write_buffer_size()
+        for stream in self.streams.values():
+            held += len(stream.buf) + len(stream.held) + len(stream.up_held)
+        return held
+
+    def shed(self, error: ProxyError) -> None:
+        """The pod holds more than its share of the node's byte budget: answer every open stream
+        with `error` and close the connection, so that what it holds is freed."""
+        for stream in list(self.streams.values()):
+            self.gate.refuse_error(stream, error)
+        self.go_away()
+        self.out.flush()
+        transport = self.transport
+        if transport is not None:
+            # A tenant that reads nothing would keep a closing connection, and what it holds,
+            # open for ever: it is dropped instead.
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
 
     def completed(self) -> None:
         """Triton completed one of this tenant's calls: it earns back one reset."""

@@ -148,6 +148,16 @@ class GrpcRelay:
         loop = asyncio.get_running_loop()
         await loop.connect_accepted_socket(lambda: H2Connection(self), sock)
 
+    def held_bytes(self) -> int:
+        """What this relay holds for its tenant: its connections', and what waits to be written
+        to Triton (the gateway's byte budget reads it on a timer, never per call)."""
+        held = sum(connection.held_bytes() for connection in self.connections)
+        for channel in self.channels:
+            transport = channel.transport
+            if transport is not None:
+                held += transport.get_write_buffer_size()
+        return held
+
     def abort_all(self) -> None:
         """Drop every tenant connection now, open streams or not (the caller lost its right)."""
         for connection in list(self.connections):

@@ -111,6 +111,11 @@ class RestRelay:
             return RenamingConnection(self, router.triton_name.encode(), router.model_id.encode())
         return ClientConnection(self)
 
+    def held_bytes(self) -> int:
+        """What this relay holds for its tenant (the gateway's byte budget reads it on a timer,
+        never per request)."""
+        return sum(connection.held_bytes() for connection in self.connections)
+
     def abort_all(self) -> None:
         """Drop every tenant connection now, mid-request or not (the caller lost its right)."""
         self.closing = True

@@ -136,8 +136,10 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = nodelay(transport)
         self._relay.connections.add(self)
-        if self._share is not None and self._share.paused:
-            self.throttle()
+        if self._share is not None:
+            # uvloop starts reading an adopted socket after `connection_made` returns, undoing a
+            # pause made in it: a connection the pod opens while paused pauses a moment later.
+            asyncio.get_running_loop().call_soon(self._throttle_if_paused)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay.connections.discard(self)
@@ -188,6 +190,11 @@ class ClientConnection(asyncio.Protocol):
             if not self._reading_paused:
                 self.transport.pause_reading()
 
+    def _throttle_if_paused(self) -> None:
+        share = self._share
+        if share is not None and (share.paused or share.held):
+            self.throttle()
+
     def unthrottle(self) -> None:
         if self._throttled and self.transport is not None:
             self._throttled = False
@@ -228,7 +235,7 @@ class ClientConnection(asyncio.Protocol):
                 self.data_received(data)
             finally:
                 self._charging = False
-                share.charge(started, cpu())
+                share.charge(started, cpu(), len(data))
             return
         if self._state == _BODY:
             if self._stash is not None:  # read before the pause took effect: counted in order
@@ -680,6 +687,33 @@ class ClientConnection(asyncio.Protocol):
         self._state = _CLOSED
         if self.transport is not None:
             self.transport.close()
+
+    def held_bytes(self) -> int:
+        """What this connection holds for its pod now: a request head or pipelined requests not
+        yet taken, a body read before a pause, and unsent writes both ways (the gateway's byte
+        budget reads it on a timer)."""
+        held = len(self._buffer)
+        if self._stash is not None:
+            held += len(self._stash)
+        if self.transport is not None:
+            held += self.transport.get_write_buffer_size()
+        upstream = self._upstream
+        if upstream is not None and upstream.transport is not None:
+            held += upstream.transport.get_write_buffer_size()
+        return held
+
+    def shed(self, error: refusals.ProxyError) -> None:
+        """The pod holds more than its share of the node's byte budget: answer with `error` and
+        close, or, mid-exchange at Triton (the answer may have begun), drop the connection."""
+        if self._state == _IDLE or self._state == _PENDING:
+            if self._task is not None:
+                self._task.cancel()
+                self._task = None
+            self._release_slot()  # one it got while its connection to Triton was being made
+            self._refuse(error)
+        transport = self.transport
+        if transport is not None and (self._state != _CLOSED or transport.get_write_buffer_size()):
+            transport.abort()  # mid-exchange, or a tenant that does not read the refusal
 
     def close_if_idle(self) -> None:
         """Close between requests (used when the proxy stops)."""

@@ -54,6 +54,11 @@ class UnsupportedEncodingError(ProxyError):
     are the ones it does), or with several."""
 
 
+class OverBudgetError(ProxyError):
+    """The node gateway holds more than its byte budget (--max-buffered-bytes), and this pod more
+    than its share of it: its largest connections are answered with this and closed."""
+
+
 class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
@@ -81,6 +86,7 @@ STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     MalformedRequestError: (400, grpc.StatusCode.INVALID_ARGUMENT),
     UnsupportedError: (501, grpc.StatusCode.UNIMPLEMENTED),
     UnsupportedEncodingError: (415, grpc.StatusCode.INVALID_ARGUMENT),
+    OverBudgetError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
     UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
 }
 """The one table: every refusal's (HTTP status, gRPC status code)."""

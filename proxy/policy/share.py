@@ -20,6 +20,10 @@ and a pod alone is never paused: its budget is unbounded (work-conserving when n
 wants the loop). `busy_share` below 1 keeps part of each round free while others are active, so
 a neighbour's request finds the loop between turns instead of behind one.
 
+The same pause serves the node's byte budget (`policy.holdings`): each read's size is counted
+against the pod's allowance, and past it the budget is asked, which may `hold` the pod's reading
+until it `release`s it; a pod held so stays paused across rounds.
+
 Pure policy: the clock and the timer that ends a paused round are injected; what pausing means
 (the relays' sockets stop reading) is the pod's `on_pause` / `on_resume`. In a proxy, which
 serves one pod, there is no share at all (`Limiter.share` is None).
@@ -38,6 +42,9 @@ waits behind one pod's turn."""
 ACTIVE: Final = 0.5
 """A pod read from within this many seconds counts as wanting the loop."""
 
+UNLIMITED: Final = 1 << 62
+"""The allowance of a pod when the gateway has no byte budget: never reached."""
+
 Timer = Callable[[float, Callable[[], None]], object]
 """Run the callback after this many seconds (the loop's `call_later`)."""
 
@@ -47,14 +54,17 @@ class LoopShare:
 
     __slots__ = (
         "_shares",
+        "allowance",
         "budget",
         "cpu",
+        "held",
         "last",
         "on_pause",
         "on_resume",
         "paused",
         "pauses",
         "previous",
+        "read",
         "seconds",
         "spent",
     )
@@ -73,9 +83,16 @@ class LoopShare:
         self.paused = False
         self.pauses = 0  # times paused, for the metrics
         self.seconds = 0.0  # reading charged in all, for the metrics
+        # The node's byte budget (`policy.holdings`): bytes read from the pod since its holdings
+        # were last measured, how many it may read before the budget is asked again, and whether
+        # the budget stopped its reading (apart from the loop's rounds).
+        self.read = 0
+        self.allowance = shares.allowance
+        self.held = False
 
-    def charge(self, started: float, ended: float) -> None:
-        """The loop read this pod's socket from CPU time `started` to `ended` (`LoopShares.cpu`)."""
+    def charge(self, started: float, ended: float, size: int = 0) -> None:
+        """The loop read `size` bytes of this pod's socket from CPU time `started` to `ended`
+        (`LoopShares.cpu`)."""
         shares = self._shares
         now = shares.clock()
         self.last = now  # first: a pod that starts reading counts as active in a new round
@@ -86,6 +103,16 @@ class LoopShare:
         self.seconds += spent
         if self.spent > self.budget and not self.paused:
             shares.pause(self)
+        self.read += size
+        if self.read > self.allowance:
+            shares.tripped(self)
+
+    def took(self, size: int) -> None:
+        """Triton sent `size` bytes for this pod (answers the gateway may hold for it): counted
+        against its allowance of the node's byte budget, not against its share of the loop."""
+        self.read += size
+        if self.read > self.allowance:
+            self._shares.tripped(self)
 
 
 class LoopShares:
@@ -116,6 +143,16 @@ class LoopShares:
         self._waking = False
         self.round = 0
         self.round_end = clock() + round_seconds
+        self.allowance = UNLIMITED
+        """What a new pod may read before the node's byte budget is asked."""
+        self.on_tripped: Callable[[LoopShare], None] | None = None
+        """The node's byte budget (`policy.holdings`), asked when a pod reads past its
+        allowance; None: no budget."""
+
+    @property
+    def shares(self) -> list[LoopShare]:
+        """Every pod's share."""
+        return self._shares
 
     def share(self, on_pause: Callable[[], None], on_resume: Callable[[], None]) -> LoopShare:
         """A new pod's share; `on_pause` stops reading its sockets, `on_resume` starts again."""
@@ -161,12 +198,33 @@ class LoopShares:
         for share in self._shares:
             share.budget = max(fair, busy - (total - share.previous))
 
+    def tripped(self, share: LoopShare) -> None:
+        """`share` read past its allowance of the node's byte budget: ask the budget."""
+        if self.on_tripped is None:
+            share.allowance = UNLIMITED
+        else:
+            self.on_tripped(share)
+
+    def hold(self, share: LoopShare) -> None:
+        """The node's byte budget stops `share`'s reading until `release`, whatever its rounds."""
+        if not share.held:
+            share.held = True
+            share.on_pause()  # even if its round paused it: the budget may stop more than that
+
+    def release(self, share: LoopShare) -> None:
+        """The byte budget lets `share` read again (unless its round still holds it)."""
+        if share.held:
+            share.held = False
+            if not share.paused:
+                share.on_resume()
+
     def pause(self, share: LoopShare) -> None:
         """`share` spent its budget: its reading waits for the end of the round."""
         share.paused = True
         share.pauses += 1
         self._paused.append(share)
-        share.on_pause()
+        if not share.held:
+            share.on_pause()
         if not self._waking:
             self._waking = True
             self._timer(max(self.round_end - self.clock(), 0.0), self._wake)
@@ -182,7 +240,8 @@ class LoopShares:
                 self._paused.append(share)
             else:
                 share.paused = False
-                share.on_resume()
+                if not share.held:
+                    share.on_resume()
         if self._paused:
             self._waking = True
             self._timer(max(self.round_end - self.clock(), 0.0), self._wake)

@@ -408,15 +408,23 @@ def test_the_node_daemonset_runs_a_restricted_explicit_triton_on_gpu_nodes(kubec
 
 
 def test_the_gateways_memory_limit_holds_its_worst_case_from_its_flags(kubectl: str) -> None:
-    """docs/proxy.md, "Worst-case memory": the limit holds the base and two pods at their worst
-    at once with the flags the manifest gives (the chart's defaults render the same)."""
+    """docs/proxy.md, "Worst-case memory": the limit holds the base, twice the node's byte budget
+    and the slack, however many pods call, with the flags the manifest gives (the chart's
+    defaults render the same)."""
     ds = _the(kubectl, "DaemonSet", "tritonshare-node")
     [gateway] = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "gateway"]
     settings = gateway_settings(gateway["args"], {})
     limit = parse_quantity(gateway["resources"]["limits"]["memory"])
-    assert budget.worst_case(settings, pods_at_worst=2) <= limit
-    # The limit is not arbitrary: without the manifest's connection bound one pod alone (at the
-    # flag's default) could take it.
+    assert budget.worst_case(settings) <= limit
+    # The budget is not arbitrary: four pods at their own worst would pass the limit without it,
+    # and the flag's default is what the manifest runs.
+    assert 4 * budget.per_pod(settings) > limit
+    assert (
+        settings.max_buffered_bytes
+        == gateway_settings(["--caller-table=/t"], {}).max_buffered_bytes
+    )
+    # The limit is not arbitrary either: without the manifest's connection bound one pod alone
+    # (at the flag's default) could take it.
     assert budget.per_pod(gateway_settings(["--caller-table=/t"], {})) > limit
 
 
