@@ -8,8 +8,9 @@ their error into the agent's. `ModelPolicy` decides what a tenant's config may a
 Triton: nothing that names host paths or devices beyond the placement, no ensembles or repository
 agents, ONNX external data outside the model, and tenant code (python and custom backends, the
 framework backends whose graphs read files, backend libraries shipped with the model, custom op
-libraries) only for the namespaces the operator allows. Pure: it reads the text it is
-given and returns strings; the files are `agent.repository`'s.
+libraries) only for the namespaces the operator allows, and nothing that makes Triton itself
+hold unbounded memory at load (instances, warmup samples: `load_problems`). Pure: it reads the
+text it is given and returns strings; the files are `agent.repository`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
@@ -117,6 +118,62 @@ _BACKEND_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BACKEND_LIBRARY_RE = re.compile(r"(^|/)libtriton_[^/]*$")
 
 
+DEFAULT_MAX_INSTANCES: Final = 16
+DEFAULT_MAX_WARMUP_BYTES: Final = 64 * 1024**2
+MAX_WARMUP_RUNS: Final = 64
+"""Warmup executions one load may ask of Triton (each sample's `count`, at least 1, summed): a
+load holds its GPU's queue of loads and unloads, and Triton's HTTP slows while it runs."""
+# Bytes per element Triton gives each data type in a warmup request; a string element is at least
+# its 4-byte length (zero_data strings are empty).
+_ELEMENT_BYTES: Final = {
+    model_config_pb2.TYPE_BOOL: 1,
+    model_config_pb2.TYPE_UINT8: 1,
+    model_config_pb2.TYPE_INT8: 1,
+    model_config_pb2.TYPE_UINT16: 2,
+    model_config_pb2.TYPE_INT16: 2,
+    model_config_pb2.TYPE_FP16: 2,
+    model_config_pb2.TYPE_BF16: 2,
+    model_config_pb2.TYPE_UINT32: 4,
+    model_config_pb2.TYPE_INT32: 4,
+    model_config_pb2.TYPE_FP32: 4,
+    model_config_pb2.TYPE_STRING: 4,
+    model_config_pb2.TYPE_UINT64: 8,
+    model_config_pb2.TYPE_INT64: 8,
+    model_config_pb2.TYPE_FP64: 8,
+}
+
+
+def instance_count(config: ModelConfig) -> int:
+    """The instances Triton creates for the model on its GPU (or the CPU) once pinned."""
+    return sum(max(group.count, 1) for group in config.instance_group) or 1
+
+
+def warmup_bytes(config: ModelConfig) -> int:
+    """What Triton allocates to warm the model up, at most: Triton generates every sample's data
+    before it runs the first (zero or random data, or a file's bytes, per request), and the
+    backend gathers each batch, so every input of every sample counts times its batch size."""
+    total = 0
+    for sample in config.model_warmup:
+        for data in sample.inputs.values():
+            elements = 1
+            for dim in data.dims:
+                elements *= max(dim, 1)  # a variable dimension: Triton refuses the sample
+            total += elements * _ELEMENT_BYTES.get(data.data_type, 8) * max(sample.batch_size, 1)
+    return total
+
+
+def warmup_files(config: ModelConfig) -> list[str]:
+    """The model's files Triton reads whole for its warmup samples (under `warmup/`)."""
+    return sorted(
+        {
+            f"warmup/{data.input_data_file}"
+            for sample in config.model_warmup
+            for data in sample.inputs.values()
+            if data.input_data_file
+        }
+    )
+
+
 @dataclass(frozen=True)
 class ModelPolicy:
     """What a tenant's model may ask of the shared Triton."""
@@ -125,6 +182,10 @@ class ModelPolicy:
     """Backends that run no tenant code; any other runs tenant code inside Triton."""
     tenant_code_namespaces: frozenset[str] = frozenset()
     """Namespaces whose models may run their own code in Triton (python, custom backends)."""
+    max_instances: int = DEFAULT_MAX_INSTANCES
+    """Instances one model may ask Triton for (`--max-model-instances`)."""
+    max_warmup_bytes: int = DEFAULT_MAX_WARMUP_BYTES
+    """Bytes one model's warmup samples may make Triton allocate (`--max-warmup-bytes`)."""
 
     def tenant_code_allowed(self, namespace: str) -> bool:
         return namespace in self.tenant_code_namespaces
@@ -154,6 +215,13 @@ class ModelPolicy:
                 f"one tenant: {'; '.join(problems)}; remove it (the agent pins the model to the "
                 f"GPU the binder chose)"
             )
+        problems = self.load_problems(config)
+        if problems:
+            raise InvalidRequestError(
+                f"config.pbtxt of model {model_id!r} asks the shared Triton for more than one "
+                f"model may hold: {'; '.join(problems)}; ask for less, or ask the operator to "
+                f"raise the limit"
+            )
         code = _tenant_code(config, self.safe_backends)
         if code and not self.tenant_code_allowed(namespace):
             raise TenantCodeNotAllowedError(
@@ -164,6 +232,40 @@ class ModelPolicy:
                 f"models export to ONNX), or ask the operator to allow the namespace",
                 event_reason="TenantCodeNotAllowed",
             )
+
+    def load_problems(self, config: ModelConfig) -> list[str]:
+        """What loading the config would make Triton hold beyond this node's bounds: every
+        instance is a session of the backend with its own copy of what it needs, and warmup
+        data is allocated inside Triton before the model serves, whatever its backend."""
+        problems = []
+        instances = instance_count(config)
+        if instances > self.max_instances:
+            problems.append(
+                f"{instances} instances, over this node's {self.max_instances} per model "
+                f"(--max-model-instances)"
+            )
+        warmup = warmup_bytes(config)
+        if warmup > self.max_warmup_bytes:
+            problems.append(
+                f"warmup samples of {warmup} bytes (every input times its batch size), over "
+                f"this node's {self.max_warmup_bytes} (--max-warmup-bytes)"
+            )
+        runs = sum(max(sample.count, 1) for sample in config.model_warmup)
+        if runs > MAX_WARMUP_RUNS:
+            problems.append(f"{runs} warmup runs, over {MAX_WARMUP_RUNS} per load")
+        return problems
+
+    def check_warmup_files(self, config: ModelConfig, model_id: str, sizes: dict[str, int]) -> None:
+        """Refuse warmup data files Triton would read whole past the warmup bound (`sizes`: the
+        manifest's size of each file)."""
+        for path in warmup_files(config):
+            size = sizes.get(path, 0)
+            if size > self.max_warmup_bytes:
+                raise InvalidRequestError(
+                    f"model {model_id!r} warms up with {path!r}, {size} bytes that Triton reads "
+                    f"whole, over this node's {self.max_warmup_bytes} (--max-warmup-bytes); use "
+                    f"a smaller sample or zero_data"
+                )
 
 
 def _is_host_path(value: str) -> bool:

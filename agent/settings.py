@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.modelconfig import DEFAULT_SAFE_BACKENDS
+from agent.modelconfig import DEFAULT_MAX_INSTANCES, DEFAULT_SAFE_BACKENDS
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
@@ -313,6 +313,22 @@ class Settings:
         default="64Gi",
     )
     """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
+    max_model_instances: int = setting(
+        "max-model-instances",
+        "most instances one model's config may ask Triton for (instance_group counts summed)",
+        whole(minimum=1),
+        default=str(DEFAULT_MAX_INSTANCES),
+    )
+    """Instances one model may ask Triton for, its instance groups' counts summed: each is a
+    session of the backend in the shared Triton, with its own threads and memory."""
+    max_warmup_bytes: int = setting(
+        "max-warmup-bytes",
+        "most bytes one model's warmup samples may make Triton allocate at load (a quantity)",
+        quantity(minimum=1),
+        default="64Mi",
+    )
+    """Bytes one model's warmup samples may make Triton allocate when it loads, every input of
+    every sample times its batch size, and the most of a warmup data file (a quantity)."""
     gpu_mem_reserve: int = gpu_mem_reserve_flag()
     """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
     value as the binder's --gpu-mem-reserve."""
