@@ -155,11 +155,25 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             )
             + frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW)
         )
+        loop = asyncio.get_running_loop()
         if self._share is not None and self._share.paused:
-            self.throttle()
-        self._preface_timer = asyncio.get_running_loop().call_later(
+            # Not here: uvloop starts reading after `connection_made` returns, undoing a
+            # `pause_reading()` made in it while `_throttled` says paused, and then neither the
+            # share nor the tenant's unread answers would ever stop this connection reading.
+            loop.call_soon(self._throttle_if_paused)
+        self._preface_timer = loop.call_later(
             self.relay.settings.head_timeout_seconds, self._no_preface
         )
+
+    def _throttle_if_paused(self) -> None:
+        transport = self.transport
+        if (
+            self._share is not None
+            and self._share.paused
+            and transport is not None
+            and not transport.is_closing()
+        ):
+            self.throttle()
 
     def _no_preface(self) -> None:
         """A connection that never says it speaks HTTP/2 only holds a socket: close it."""

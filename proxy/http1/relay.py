@@ -137,6 +137,19 @@ class ClientConnection(asyncio.Protocol):
         self.transport = nodelay(transport)
         self._relay.connections.add(self)
         if self._share is not None and self._share.paused:
+            # Not here: uvloop starts reading after `connection_made` returns, undoing a
+            # `pause_reading()` made in it while `_throttled` says paused, and then neither the
+            # share nor the tenant's unread answers would ever stop this connection reading.
+            asyncio.get_running_loop().call_soon(self._throttle_if_paused)
+
+    def _throttle_if_paused(self) -> None:
+        transport = self.transport
+        if (
+            self._share is not None
+            and self._share.paused
+            and transport is not None
+            and not transport.is_closing()
+        ):
             self.throttle()
 
     def connection_lost(self, exc: Exception | None) -> None:
