@@ -9,7 +9,8 @@ Triton: nothing that names host paths or devices beyond the placement, no ensemb
 agents, ONNX external data outside the model, and tenant code (python and custom backends, the
 framework backends whose graphs read files, backend libraries shipped with the model, custom op
 libraries) only for the namespaces the operator allows, and nothing that makes Triton itself
-hold unbounded memory at load (instances, warmup samples: `load_problems`). Pure: it reads the
+hold unbounded memory at load (instances, warmup samples, initial sequence states:
+`load_problems`). Pure: it reads the
 text it is given and returns strings; the files are `agent.repository`'s.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -119,7 +121,7 @@ _BACKEND_LIBRARY_RE = re.compile(r"(^|/)libtriton_[^/]*$")
 
 
 DEFAULT_MAX_INSTANCES: Final = 16
-DEFAULT_MAX_WARMUP_BYTES: Final = 64 * 1024**2
+DEFAULT_MAX_LOAD_DATA_BYTES: Final = 64 * 1024**2
 MAX_WARMUP_RUNS: Final = 64
 """Warmup executions one load may ask of Triton (each sample's `count`, at least 1, summed): a
 load holds its GPU's queue of loads and unloads, and Triton's HTTP slows while it runs."""
@@ -148,30 +150,44 @@ def instance_count(config: ModelConfig) -> int:
     return sum(max(group.count, 1) for group in config.instance_group) or 1
 
 
-def warmup_bytes(config: ModelConfig) -> int:
-    """What Triton allocates to warm the model up, at most: Triton generates every sample's data
-    before it runs the first (zero or random data, or a file's bytes, per request), and the
-    backend gathers each batch, so every input of every sample counts times its batch size."""
+def _data_bytes(data_type: int, dims: Iterable[int], batch: int = 1) -> int:
+    elements = 1
+    for dim in dims:
+        elements *= max(dim, 1)  # a variable dimension: Triton refuses it here
+    return elements * _ELEMENT_BYTES.get(data_type, 8) * max(batch, 1)
+
+
+def load_data_bytes(config: ModelConfig) -> int:
+    """What Triton allocates for the model's data when it loads it, at most: every warmup
+    sample's data (Triton generates them all before the first run, zero or random data or a
+    file's bytes, per request, and the backend gathers each batch, so every input counts times
+    its batch size) and every initial sequence state (held as long as the model is loaded)."""
     total = 0
     for sample in config.model_warmup:
         for data in sample.inputs.values():
-            elements = 1
-            for dim in data.dims:
-                elements *= max(dim, 1)  # a variable dimension: Triton refuses the sample
-            total += elements * _ELEMENT_BYTES.get(data.data_type, 8) * max(sample.batch_size, 1)
+            total += _data_bytes(data.data_type, data.dims, sample.batch_size)
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state:
+            total += _data_bytes(initial.data_type, initial.dims)
     return total
 
 
-def warmup_files(config: ModelConfig) -> list[str]:
-    """The model's files Triton reads whole for its warmup samples (under `warmup/`)."""
-    return sorted(
-        {
-            f"warmup/{data.input_data_file}"
-            for sample in config.model_warmup
-            for data in sample.inputs.values()
-            if data.input_data_file
-        }
+def load_data_files(config: ModelConfig) -> list[str]:
+    """The model's files Triton reads whole when it loads it: warmup samples' data (under
+    `warmup/`) and initial sequence states (under `initial_state/`)."""
+    files = {
+        f"warmup/{data.input_data_file}"
+        for sample in config.model_warmup
+        for data in sample.inputs.values()
+        if data.input_data_file
+    }
+    files.update(
+        f"initial_state/{initial.data_file}"
+        for state in config.sequence_batching.state
+        for initial in state.initial_state
+        if initial.data_file
     )
+    return sorted(files)
 
 
 @dataclass(frozen=True)
@@ -184,8 +200,9 @@ class ModelPolicy:
     """Namespaces whose models may run their own code in Triton (python, custom backends)."""
     max_instances: int = DEFAULT_MAX_INSTANCES
     """Instances one model may ask Triton for (`--max-model-instances`)."""
-    max_warmup_bytes: int = DEFAULT_MAX_WARMUP_BYTES
-    """Bytes one model's warmup samples may make Triton allocate (`--max-warmup-bytes`)."""
+    max_load_data_bytes: int = DEFAULT_MAX_LOAD_DATA_BYTES
+    """Bytes of data one model's config may make Triton allocate when it loads it: warmup
+    samples and initial sequence states (`--max-load-data-bytes`)."""
 
     def tenant_code_allowed(self, namespace: str) -> bool:
         return namespace in self.tenant_code_namespaces
@@ -244,26 +261,29 @@ class ModelPolicy:
                 f"{instances} instances, over this node's {self.max_instances} per model "
                 f"(--max-model-instances)"
             )
-        warmup = warmup_bytes(config)
-        if warmup > self.max_warmup_bytes:
+        data = load_data_bytes(config)
+        if data > self.max_load_data_bytes:
             problems.append(
-                f"warmup samples of {warmup} bytes (every input times its batch size), over "
-                f"this node's {self.max_warmup_bytes} (--max-warmup-bytes)"
+                f"{data} bytes of warmup samples (every input times its batch size) and initial "
+                f"sequence states, over this node's {self.max_load_data_bytes} "
+                f"(--max-load-data-bytes)"
             )
         runs = sum(max(sample.count, 1) for sample in config.model_warmup)
         if runs > MAX_WARMUP_RUNS:
             problems.append(f"{runs} warmup runs, over {MAX_WARMUP_RUNS} per load")
         return problems
 
-    def check_warmup_files(self, config: ModelConfig, model_id: str, sizes: dict[str, int]) -> None:
-        """Refuse warmup data files Triton would read whole past the warmup bound (`sizes`: the
-        manifest's size of each file)."""
-        for path in warmup_files(config):
+    def check_load_data_files(
+        self, config: ModelConfig, model_id: str, sizes: dict[str, int]
+    ) -> None:
+        """Refuse warmup and initial-state data files that Triton would read whole past the
+        load-data bound (`sizes`: the manifest's size of each file)."""
+        for path in load_data_files(config):
             size = sizes.get(path, 0)
-            if size > self.max_warmup_bytes:
+            if size > self.max_load_data_bytes:
                 raise InvalidRequestError(
-                    f"model {model_id!r} warms up with {path!r}, {size} bytes that Triton reads "
-                    f"whole, over this node's {self.max_warmup_bytes} (--max-warmup-bytes); use "
+                    f"model {model_id!r} loads {path!r}, {size} bytes that Triton reads whole, "
+                    f"over this node's {self.max_load_data_bytes} (--max-load-data-bytes); use "
                     f"a smaller sample or zero_data"
                 )
 

@@ -321,14 +321,16 @@ class Settings:
     )
     """Instances one model may ask Triton for, its instance groups' counts summed: each is a
     session of the backend in the shared Triton, with its own threads and memory."""
-    max_warmup_bytes: int = setting(
-        "max-warmup-bytes",
-        "most bytes one model's warmup samples may make Triton allocate at load (a quantity)",
+    max_load_data_bytes: int = setting(
+        "max-load-data-bytes",
+        "most bytes of data one model's config may make Triton allocate when it loads it: "
+        "warmup samples and initial sequence states (a quantity)",
         quantity(minimum=1),
         default="64Mi",
     )
-    """Bytes one model's warmup samples may make Triton allocate when it loads, every input of
-    every sample times its batch size, and the most of a warmup data file (a quantity)."""
+    """Bytes of data one model's config may make Triton allocate when it loads it: every
+    input of every warmup sample times its batch size, and every initial sequence state (held
+    while the model is loaded); also the most of any such data file (a quantity)."""
     gpu_mem_reserve: int = gpu_mem_reserve_flag()
     """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
     value as the binder's --gpu-mem-reserve."""
