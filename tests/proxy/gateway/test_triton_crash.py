@@ -103,3 +103,36 @@ def test_a_deeply_nested_json_body_cannot_crash_triton(
         assert answers[how].startswith(b"HTTP/1.1 400"), (how, answers[how][:300])
         assert b"nests deeper than" in answers[how], (how, answers[how][:300])
     assert answers["shallow"].startswith(b"HTTP/1.1 200"), answers["shallow"][:300]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Triton 2.51 allocates a REST input's JSON data by its declared shape before it reads "
+    "the data, and aborts (SIGABRT) when that fails; the relays do not read shapes "
+    "(docs/security.md, What remains open)",
+)
+def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
+    triton: TritonServer, model_repository: Path, tmp_path: Path
+) -> None:
+    """`shape: [1, 2**61]` with one value of JSON data, 90 bytes in all: Triton sizes the
+    tensor's buffer from the shape (8 EiB) and dies of the failed allocation (exit -6, measured
+    straight at Triton and through the gateway). The same input over gRPC is refused
+    INVALID_ARGUMENT (byte size mismatch)."""
+    copy_model("add_one", model_repository)
+    load = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/models/add_one/load", method="POST"
+    )
+    with urllib.request.urlopen(load, timeout=60) as answer:
+        assert answer.status == 200
+    table = tmp_path / "callers.json"
+    publish(table, caller(ATTACKER, "add_one", "a/crash"))
+    body = b'{"inputs":[{"name":"INPUT0","shape":[1,%d],"datatype":"FP32","data":[1]}]}' % 2**61
+    with gateway_process(triton, table) as gateway:
+        answer = post(gateway.http_url, body)
+        assert triton.process is not None
+        try:
+            code: int | None = triton.process.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+    assert code is None, f"Triton died (exit {code}); the tenant got {answer[:120]!r}"
+    assert answer.startswith(b"HTTP/1.1 4"), answer[:200]
