@@ -67,6 +67,8 @@ def _model_limits(settings: Settings) -> ModelLimits:
         policy=ModelPolicy(
             safe_backends=frozenset(settings.safe_backends),
             tenant_code_namespaces=frozenset(settings.tenant_code_namespaces),
+            max_instances=settings.max_model_instances,
+            max_load_data_bytes=settings.max_load_data_bytes,
         ),
         cpu_only=settings.cpu_only,
         unload_timeout=settings.unload_timeout_seconds,

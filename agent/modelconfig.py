@@ -8,16 +8,19 @@ their error into the agent's. `ModelPolicy` decides what a tenant's config may a
 Triton: nothing that names host paths or devices beyond the placement, no ensembles or repository
 agents, ONNX external data outside the model, and tenant code (python and custom backends, the
 framework backends whose graphs read files, backend libraries shipped with the model, custom op
-libraries) only for the namespaces the operator allows. Pure: it reads the text it is
-given and returns strings; the files are `agent.repository`'s.
+libraries) only for the namespaces the operator allows, and nothing that makes Triton itself
+hold unbounded memory at load (instances, warmup samples, initial sequence states:
+`load_problems`). Pure: it reads the
+text it is given and returns strings; the files are `agent.repository`'s.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
@@ -117,6 +120,76 @@ _BACKEND_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BACKEND_LIBRARY_RE = re.compile(r"(^|/)libtriton_[^/]*$")
 
 
+DEFAULT_MAX_INSTANCES: Final = 16
+DEFAULT_MAX_LOAD_DATA_BYTES: Final = 64 * 1024**2
+MAX_WARMUP_RUNS: Final = 64
+"""Warmup executions one load may ask of Triton (each sample's `count`, at least 1, summed): a
+load holds its GPU's queue of loads and unloads, and Triton's HTTP slows while it runs."""
+# Bytes per element Triton gives each data type in a warmup request; a string element is at least
+# its 4-byte length (zero_data strings are empty).
+_ELEMENT_BYTES: Final = {
+    model_config_pb2.TYPE_BOOL: 1,
+    model_config_pb2.TYPE_UINT8: 1,
+    model_config_pb2.TYPE_INT8: 1,
+    model_config_pb2.TYPE_UINT16: 2,
+    model_config_pb2.TYPE_INT16: 2,
+    model_config_pb2.TYPE_FP16: 2,
+    model_config_pb2.TYPE_BF16: 2,
+    model_config_pb2.TYPE_UINT32: 4,
+    model_config_pb2.TYPE_INT32: 4,
+    model_config_pb2.TYPE_FP32: 4,
+    model_config_pb2.TYPE_STRING: 4,
+    model_config_pb2.TYPE_UINT64: 8,
+    model_config_pb2.TYPE_INT64: 8,
+    model_config_pb2.TYPE_FP64: 8,
+}
+
+
+def instance_count(config: ModelConfig) -> int:
+    """The instances Triton creates for the model on its GPU (or the CPU) once pinned."""
+    return sum(max(group.count, 1) for group in config.instance_group) or 1
+
+
+def _data_bytes(data_type: int, dims: Iterable[int], batch: int = 1) -> int:
+    elements = 1
+    for dim in dims:
+        elements *= max(dim, 1)  # a variable dimension: Triton refuses it here
+    return elements * _ELEMENT_BYTES.get(data_type, 8) * max(batch, 1)
+
+
+def load_data_bytes(config: ModelConfig) -> int:
+    """What Triton allocates for the model's data when it loads it, at most: every warmup
+    sample's data (Triton generates them all before the first run, zero or random data or a
+    file's bytes, per request, and the backend gathers each batch, so every input counts times
+    its batch size) and every initial sequence state (held as long as the model is loaded)."""
+    total = 0
+    for sample in config.model_warmup:
+        for data in sample.inputs.values():
+            total += _data_bytes(data.data_type, data.dims, sample.batch_size)
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state:
+            total += _data_bytes(initial.data_type, initial.dims)
+    return total
+
+
+def load_data_files(config: ModelConfig) -> list[str]:
+    """The model's files Triton reads whole when it loads it: warmup samples' data (under
+    `warmup/`) and initial sequence states (under `initial_state/`)."""
+    files = {
+        f"warmup/{data.input_data_file}"
+        for sample in config.model_warmup
+        for data in sample.inputs.values()
+        if data.input_data_file
+    }
+    files.update(
+        f"initial_state/{initial.data_file}"
+        for state in config.sequence_batching.state
+        for initial in state.initial_state
+        if initial.data_file
+    )
+    return sorted(files)
+
+
 @dataclass(frozen=True)
 class ModelPolicy:
     """What a tenant's model may ask of the shared Triton."""
@@ -125,6 +198,11 @@ class ModelPolicy:
     """Backends that run no tenant code; any other runs tenant code inside Triton."""
     tenant_code_namespaces: frozenset[str] = frozenset()
     """Namespaces whose models may run their own code in Triton (python, custom backends)."""
+    max_instances: int = DEFAULT_MAX_INSTANCES
+    """Instances one model may ask Triton for (`--max-model-instances`)."""
+    max_load_data_bytes: int = DEFAULT_MAX_LOAD_DATA_BYTES
+    """Bytes of data one model's config may make Triton allocate when it loads it: warmup
+    samples and initial sequence states (`--max-load-data-bytes`)."""
 
     def tenant_code_allowed(self, namespace: str) -> bool:
         return namespace in self.tenant_code_namespaces
@@ -154,6 +232,13 @@ class ModelPolicy:
                 f"one tenant: {'; '.join(problems)}; remove it (the agent pins the model to the "
                 f"GPU the binder chose)"
             )
+        problems = self.load_problems(config)
+        if problems:
+            raise InvalidRequestError(
+                f"config.pbtxt of model {model_id!r} asks the shared Triton for more than one "
+                f"model may hold: {'; '.join(problems)}; ask for less, or ask the operator to "
+                f"raise the limit"
+            )
         code = _tenant_code(config, self.safe_backends)
         if code and not self.tenant_code_allowed(namespace):
             raise TenantCodeNotAllowedError(
@@ -164,6 +249,43 @@ class ModelPolicy:
                 f"models export to ONNX), or ask the operator to allow the namespace",
                 event_reason="TenantCodeNotAllowed",
             )
+
+    def load_problems(self, config: ModelConfig) -> list[str]:
+        """What loading the config would make Triton hold beyond this node's bounds: every
+        instance is a session of the backend with its own copy of what it needs, and warmup
+        data is allocated inside Triton before the model serves, whatever its backend."""
+        problems = []
+        instances = instance_count(config)
+        if instances > self.max_instances:
+            problems.append(
+                f"{instances} instances, over this node's {self.max_instances} per model "
+                f"(--max-model-instances)"
+            )
+        data = load_data_bytes(config)
+        if data > self.max_load_data_bytes:
+            problems.append(
+                f"{data} bytes of warmup samples (every input times its batch size) and initial "
+                f"sequence states, over this node's {self.max_load_data_bytes} "
+                f"(--max-load-data-bytes)"
+            )
+        runs = sum(max(sample.count, 1) for sample in config.model_warmup)
+        if runs > MAX_WARMUP_RUNS:
+            problems.append(f"{runs} warmup runs, over {MAX_WARMUP_RUNS} per load")
+        return problems
+
+    def check_load_data_files(
+        self, config: ModelConfig, model_id: str, sizes: dict[str, int]
+    ) -> None:
+        """Refuse warmup and initial-state data files that Triton would read whole past the
+        load-data bound (`sizes`: the manifest's size of each file)."""
+        for path in load_data_files(config):
+            size = sizes.get(path, 0)
+            if size > self.max_load_data_bytes:
+                raise InvalidRequestError(
+                    f"model {model_id!r} loads {path!r}, {size} bytes that Triton reads whole, "
+                    f"over this node's {self.max_load_data_bytes} (--max-load-data-bytes); use "
+                    f"a smaller sample or zero_data"
+                )
 
 
 def _is_host_path(value: str) -> bool:

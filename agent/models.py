@@ -481,6 +481,8 @@ class Models:
             config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
             config = parse_config(config_text, model_id)
             self.limits.policy.check_config(config, model_id, owner.namespace)
+            sizes = {e.path: e.size for e in manifest.files}
+            self.limits.policy.check_load_data_files(config, model_id, sizes)
             paths = [e.path for e in manifest.files]
             for path in onnx_files(config, paths):
                 # Off the event loop: a model file may be gigabytes (mapped, never copied).
@@ -595,6 +597,8 @@ class Models:
         config_path = self.repository.model_dir(name) / "config.pbtxt"
         config = parse_config(config_path.read_text(errors="replace"), model_id)
         self.limits.policy.check_config(config, model_id, owner.namespace)
+        sizes = {e.path: e.size for e in manifest.files}
+        self.limits.policy.check_load_data_files(config, model_id, sizes)
         pin = self._pin(index)
         # Triton requires the config's name to be the directory's: the name in Triton.
         override = override_json(pinned_config(config, name, pin))

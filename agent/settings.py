@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.modelconfig import DEFAULT_SAFE_BACKENDS
+from agent.modelconfig import DEFAULT_MAX_INSTANCES, DEFAULT_SAFE_BACKENDS
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
@@ -313,6 +313,24 @@ class Settings:
         default="64Gi",
     )
     """Largest model one pod may install, bytes (a quantity such as 64Gi)."""
+    max_model_instances: int = setting(
+        "max-model-instances",
+        "most instances one model's config may ask Triton for (instance_group counts summed)",
+        whole(minimum=1),
+        default=str(DEFAULT_MAX_INSTANCES),
+    )
+    """Instances one model may ask Triton for, its instance groups' counts summed: each is a
+    session of the backend in the shared Triton, with its own threads and memory."""
+    max_load_data_bytes: int = setting(
+        "max-load-data-bytes",
+        "most bytes of data one model's config may make Triton allocate when it loads it: "
+        "warmup samples and initial sequence states (a quantity)",
+        quantity(minimum=1),
+        default="64Mi",
+    )
+    """Bytes of data one model's config may make Triton allocate when it loads it: every
+    input of every warmup sample times its batch size, and every initial sequence state (held
+    while the model is loaded); also the most of any such data file (a quantity)."""
     gpu_mem_reserve: int = gpu_mem_reserve_flag()
     """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
     value as the binder's --gpu-mem-reserve."""

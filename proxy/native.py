@@ -68,6 +68,7 @@ COMPILED = (
     "proxy/policy/inflation.py",
     "proxy/policy/limiter.py",
     "proxy/policy/naming.py",
+    "proxy/policy/nesting.py",
     "proxy/policy/refusals.py",
     "proxy/policy/routing.py",
     "proxy/policy/share.py",

@@ -156,11 +156,13 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             )
             + frames.window_update(0, _CONNECTION_WINDOW - frames.DEFAULT_WINDOW)
         )
+        loop = asyncio.get_running_loop()
         if self._share is not None:
-            # uvloop starts reading an adopted socket after `connection_made` returns, undoing a
-            # pause made in it: a connection the pod opens while paused pauses a moment later.
-            asyncio.get_running_loop().call_soon(self._throttle_if_paused)
-        self._preface_timer = asyncio.get_running_loop().call_later(
+            # Not here: uvloop starts reading an adopted socket after `connection_made` returns,
+            # undoing a `pause_reading()` made in it while `_throttled` says paused, and then
+            # neither the share nor the tenant's unread answers would stop this connection again.
+            loop.call_soon(self._throttle_if_paused)
+        self._preface_timer = loop.call_later(
             self.relay.settings.head_timeout_seconds, self._no_preface
         )
 
@@ -203,8 +205,13 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 self.transport.pause_reading()
 
     def _throttle_if_paused(self) -> None:
-        share = self._share
-        if share is not None and (share.paused or share.held):
+        share, transport = self._share, self.transport
+        if (
+            share is not None
+            and (share.paused or share.held)
+            and transport is not None
+            and not transport.is_closing()
+        ):
             self.throttle()
 
     def unthrottle(self) -> None:

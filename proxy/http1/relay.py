@@ -32,6 +32,7 @@ from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import NamingError
+from proxy.policy.nesting import MAX_NESTING, Nesting
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
 from proxy.settings import Settings
 from proxy.sockets import nodelay
@@ -110,6 +111,7 @@ class ClientConnection(asyncio.Protocol):
         self._remaining = 0
         self._chunked: ChunkedFraming | None = None
         self._inflation: Inflation | None = None  # counting a compressed body
+        self._nesting: Nesting | None = None  # following a relayed body's JSON (Triton's parser)
         self._stash: bytes | None = None  # received bytes left for the next turn's counting
         self._request_done = False
         self._response_done = False
@@ -137,8 +139,9 @@ class ClientConnection(asyncio.Protocol):
         self.transport = nodelay(transport)
         self._relay.connections.add(self)
         if self._share is not None:
-            # uvloop starts reading an adopted socket after `connection_made` returns, undoing a
-            # pause made in it: a connection the pod opens while paused pauses a moment later.
+            # Not here: uvloop starts reading an adopted socket after `connection_made` returns,
+            # undoing a `pause_reading()` made in it while `_throttled` says paused, and then
+            # neither the share nor the tenant's unread answers would stop this connection again.
             asyncio.get_running_loop().call_soon(self._throttle_if_paused)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -191,8 +194,13 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     def _throttle_if_paused(self) -> None:
-        share = self._share
-        if share is not None and (share.paused or share.held):
+        share, transport = self._share, self.transport
+        if (
+            share is not None
+            and (share.paused or share.held)
+            and transport is not None
+            and not transport.is_closing()
+        ):
             self.throttle()
 
     def unthrottle(self) -> None:
@@ -423,6 +431,21 @@ class ClientConnection(asyncio.Protocol):
                 head.encoding, self._relay.max_inflated, "the request body", "--max-inflated"
             )
         if self._chunked is None and len(buffer) >= end and not head.encoding:
+            # Triton's JSON parser recurses and dies of deep enough nesting: a body's depth is
+            # at most its length and its openings, counted at C speed; only a body with more
+            # than the bound of both is followed.
+            if (
+                end - start > MAX_NESTING
+                and buffer.count(b"[", start, end) + buffer.count(b"{", start, end) > MAX_NESTING
+            ):
+                try:
+                    Nesting(_json_bytes(head)).feed(buffer, start, end)
+                except refusals.ProxyError as e:
+                    upstream.abort()
+                    self._upstream = None
+                    self._release_slot()
+                    self._refuse(e)
+                    return
             # The whole request is here: one write, one segment to Triton (`_body_done`, inline:
             # no response can have come yet).
             if verbatim:
@@ -441,6 +464,10 @@ class ClientConnection(asyncio.Protocol):
             upstream.begin(self, head.method == "HEAD", self._upstream_head)
             self._state = _BODY
             self._sink = upstream
+            # A body no longer than the bound cannot nest past it: only longer ones (or of a
+            # length not known yet: chunked, compressed) are followed as they pass.
+            nested = head.chunked or head.encoding or self._remaining > MAX_NESTING
+            self._nesting = Nesting(_json_bytes(head)) if nested else None
             self._relay_body(buffer, start)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
@@ -454,10 +481,16 @@ class ClientConnection(asyncio.Protocol):
                 step = min(self._remaining, len(data) - start)
                 self._remaining -= step
                 end = start + step if self._remaining == 0 else -1
+                if self._nesting is not None and self._sink is not None:
+                    self._nesting.feed(data, start, start + step)
             else:
                 end = self._chunked.feed(data, start)
                 if self._chunked.payload > self._relay.max_body:
                     raise refusals.BodyTooLargeError(too_large(self._relay.max_body))
+                if self._nesting is not None and self._sink is not None:
+                    # The chunks' framing (extensions may hold quotes) is not JSON: only their
+                    # openings are counted, which bounds the depth however they are framed.
+                    self._nesting.count(data, start, len(data) if end < 0 else end)
         except refusals.ProxyError as e:
             if self._upstream is not None:
                 self._upstream.abort()
@@ -480,7 +513,7 @@ class ClientConnection(asyncio.Protocol):
         step = min(self._remaining, len(data) - start)
         piece = data if start == 0 and step == len(data) else data[start : start + step]
         try:
-            taken = counting.feed(piece, BUDGET)
+            taken = counting.feed(piece, BUDGET, self._nesting)
             if taken == self._remaining:
                 counting.finish()
         except refusals.ProxyError as e:
@@ -793,3 +826,14 @@ class RenamingConnection(ClientConnection):
         self._keep_alive = False
         message = f"Triton's answer could not be passed on ({error}); retry, or report it"
         self._write_answer(502, "application/json", error_body(message))
+
+
+def _json_bytes(head: RequestHead) -> int:
+    """How much of the body is JSON: the binary tensor extension's
+    Inference-Header-Content-Length, or -1 (all of it; also when the header is unreadable)."""
+    for line in head.headers:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"inference-header-content-length":
+            value = value.strip()
+            return int(value) if value.isdigit() and len(value) <= 18 else -1
+    return -1

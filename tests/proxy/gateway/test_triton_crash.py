@@ -1,0 +1,138 @@
+"""One REST request that crashed the shared Triton (issue 23's independent attack suite, run by
+us first).
+
+Triton 2.51 parses a REST inference body's JSON recursively: nested past about 100,000 to 200,000
+levels it overflows its stack and the whole process dies with SIGSEGV, every tenant's model with
+it (measured straight at Triton: `{"inputs": {"a": {"a": ...}}}` 100,000 deep answered 400;
+200,000 deep, a 1 MB body, killed it; arrays, `[[[...]]]`, 100,000 deep answered and 5,000,000
+deep killed it). The gateway and the proxy forwarded inference bodies as they came, checking only
+their size (`--max-body`, 1 GiB), so a proven pod killed its node's Triton with one request a
+megabyte long, through the gateway (this test failed so: Triton exited -11). The REST relay now
+bounds the JSON nesting of what it forwards (`proxy.policy.nesting`), however the body comes:
+with Content-Length, compressed, chunked.
+
+The test runs its own Triton (a failure must not take the suite's shared one down) behind a real
+gateway process; the attacker is a proven pod calling from its own address.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import urllib.request
+import zlib
+from pathlib import Path
+
+import pytest
+
+from proxy.policy.nesting import MAX_NESTING
+from sim.triton import TritonServer
+from tests.conftest import copy_model
+from tests.proxy.gateway.conftest import caller, publish
+from tests.proxy.gateway.test_inflate_attacks import ATTACKER, gateway_process
+
+pytestmark = pytest.mark.triton
+
+DEPTH = 300_000
+"""Levels of nesting: past what Triton's parser survives (a 1.5 MB body)."""
+DEEP = b'{"inputs":' + b'{"a":' * DEPTH + b"1" + b"}" * DEPTH + b"}"
+
+
+def exchange(url: str, head: str, body: bytes) -> bytes:
+    host, port = url.split(":")
+    with socket.create_connection((host, int(port)), source_address=(ATTACKER, 0)) as sock:
+        sock.settimeout(30)
+        sock.sendall(head.encode() + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+        return answer
+
+
+def post(url: str, body: bytes, headers: str = "") -> bytes:
+    head = (
+        f"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: gateway\r\n"
+        f"Content-Type: application/json\r\n{headers}"
+    )
+    if "chunked" not in headers:
+        head += f"Content-Length: {len(body)}\r\n"
+    return exchange(url, head + "\r\n", body)
+
+
+def chunked(body: bytes, size: int = 4096) -> bytes:
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+def test_a_deeply_nested_json_body_cannot_crash_triton(
+    triton: TritonServer, model_repository: Path, tmp_path: Path
+) -> None:
+    copy_model("add_one", model_repository)
+    load = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/models/add_one/load", method="POST"
+    )
+    with urllib.request.urlopen(load, timeout=60) as answer:
+        assert answer.status == 200
+    table = tmp_path / "callers.json"
+    publish(table, caller(ATTACKER, "add_one", "a/crash"))
+    # A legitimate tensor with more brackets than the bound, but only three levels deep.
+    rows = b",".join(b"[%d.0]" % i for i in range(2 * MAX_NESTING))
+    shallow = b'{"inputs":[{"name":"INPUT0","shape":[1,%d],"datatype":"FP32","data":[%s]}]}' % (
+        2 * MAX_NESTING,
+        rows,
+    )
+    with gateway_process(triton, table) as gateway:
+        answers = {
+            "content-length": post(gateway.http_url, DEEP),
+            # Small enough to arrive whole (the relay's one-write path): 20,000 levels, 40 KB.
+            "whole": post(gateway.http_url, b'{"inputs":' + b"[" * 20_000 + b"]" * 20_000 + b"}"),
+            "gzip": post(gateway.http_url, zlib.compress(DEEP), "Content-Encoding: deflate\r\n"),
+            "chunked": post(gateway.http_url, chunked(DEEP), "Transfer-Encoding: chunked\r\n"),
+            "shallow": post(gateway.http_url, shallow),
+        }
+        assert triton.process is not None
+        try:  # a crash takes a moment to end the process
+            code: int | None = triton.process.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+    assert code is None, f"Triton died (exit {code}); the tenant got {answers}"
+    for how in ("content-length", "whole", "gzip", "chunked"):
+        assert answers[how].startswith(b"HTTP/1.1 400"), (how, answers[how][:300])
+        assert b"nests deeper than" in answers[how], (how, answers[how][:300])
+    assert answers["shallow"].startswith(b"HTTP/1.1 200"), answers["shallow"][:300]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Triton 2.51 allocates a REST input's JSON data by its declared shape before it reads "
+    "the data, and aborts (SIGABRT) when that fails; the relays do not read shapes "
+    "(docs/security.md, What remains open)",
+)
+def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
+    triton: TritonServer, model_repository: Path, tmp_path: Path
+) -> None:
+    """`shape: [1, 2**61]` with one value of JSON data, 90 bytes in all: Triton sizes the
+    tensor's buffer from the shape (8 EiB) and dies of the failed allocation (exit -6, measured
+    straight at Triton and through the gateway). The same input over gRPC is refused
+    INVALID_ARGUMENT (byte size mismatch)."""
+    copy_model("add_one", model_repository)
+    load = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/models/add_one/load", method="POST"
+    )
+    with urllib.request.urlopen(load, timeout=60) as answer:
+        assert answer.status == 200
+    table = tmp_path / "callers.json"
+    publish(table, caller(ATTACKER, "add_one", "a/crash"))
+    body = b'{"inputs":[{"name":"INPUT0","shape":[1,%d],"datatype":"FP32","data":[1]}]}' % 2**61
+    with gateway_process(triton, table) as gateway:
+        answer = post(gateway.http_url, body)
+        assert triton.process is not None
+        try:
+            code: int | None = triton.process.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+    assert code is None, f"Triton died (exit {code}); the tenant got {answer[:120]!r}"
+    assert answer.startswith(b"HTTP/1.1 4"), answer[:200]
