@@ -25,6 +25,7 @@ from proxy.grpc.stream import CREDIT_STEP, Stream, TenantSide
 from proxy.http2 import frames
 from proxy.http2.flow import Window
 from proxy.http2.headers import BlockEncoder, Fields
+from proxy.http2.reader import FrameSink
 from proxy.http2.state import CLOSED, NEXT, RESET, SENT_END, active, peer_ended
 from proxy.policy.refusals import UpstreamError, grpc_code
 
@@ -32,11 +33,12 @@ UNAVAILABLE: Final = "Triton's gRPC endpoint is unreachable from the model proxy
 _STATUS: Final = {str(number).encode(): name for number, name in framing.CODE_NAMES.items()}
 
 
-class ReplyHooks:
+class ReplyHooks(FrameSink):
     """What the replies need from the tenant connection (`relay.H2Connection`, the one
     implementation) and its gate. A base class rather than a Protocol: compiled (mypyc), a call
     through a Protocol looks the method up by name, through a compiled base class it is a C call
-    (as `stream.Channel` and `stream.TenantSide`)."""
+    (as `stream.Channel` and `stream.TenantSide`). The tenant connection reads the tenant's
+    frames, so this is its frame reader's sink too (mypyc has one base class per class)."""
 
     def completed(self) -> None:
         """Triton completed one of the tenant's calls."""
