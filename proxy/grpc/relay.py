@@ -95,8 +95,8 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.replies = Replies(self.out, self.streams, self)
         self.gate = StreamGate(relay, self.streams, self.out, self.replies)
         # The listener's hold and flush around each read, its router and its channel to Triton
-        # for a new stream, bound once: compiled
-        # (mypyc), a call or an attribute read through a Protocol is a lookup by name every time.
+        # for a new stream, bound once: compiled (mypyc), a call or an attribute read through a
+        # Protocol is a lookup by name every time.
         self._hold = relay.hold
         self._flush = relay.flush
         self._router = relay.router
