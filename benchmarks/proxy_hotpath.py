@@ -50,7 +50,10 @@ run.
 
     .venv/bin/python -m benchmarks.proxy_hotpath [--requests 4000] [--warmup 300]
         [--proc-requests 10000] [--rounds 5] [--baseline-tree DIR] [--parts callgrind,proc]
-        [--native] [--gateway [--private-name NAME]] [--pin]
+        [--native] [--gateway [--private-name NAME]] [--pin] [--keep-dumps DIR]
+
+`--keep-dumps DIR` keeps each callgrind dump (`callgrind.HOP.PROTOCOL.cN`) for
+`callgrind_annotate --inclusive=yes [--tree=calling]`: where a hop's instructions go.
 
 About 5-7 minutes on a 2-core box with the defaults and a baseline tree (half of it the /proc
 rounds, most of the rest the hops' start under valgrind).
@@ -224,14 +227,18 @@ Figures = dict[tuple[str, int, str], list[float]]
 """(protocol, concurrency, hop) -> one figure per round (callgrind: a single one)."""
 
 
-def _dumped_instructions(out: Path, pid: int) -> int:
-    """Dump `pid`'s counters and read their sum (callgrind numbers each dump `out.N`)."""
+def _dumped_instructions(out: Path, pid: int, keep: Path | None, label: str) -> int:
+    """Dump `pid`'s counters and read their sum (callgrind numbers each dump `out.N`); with
+    `keep`, the dump is copied there as `label` (for `callgrind_annotate`)."""
     dumps = set(out.parent.glob(out.name + ".*"))
     subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, check=True)
     new = set(out.parent.glob(out.name + ".*")) - dumps
     if len(new) != 1:
         raise RuntimeError(f"callgrind_control --dump {pid} wrote {sorted(new)}, not one file")
-    summary = re.search(r"^summary: (\d+)$", new.pop().read_text(errors="replace"), re.MULTILINE)
+    dump = new.pop()
+    if keep is not None:
+        shutil.copyfile(dump, keep / label)
+    summary = re.search(r"^summary: (\d+)$", dump.read_text(errors="replace"), re.MULTILINE)
     if summary is None:
         raise RuntimeError(f"no summary line in {out}'s dump")
     return int(summary[1])
@@ -260,7 +267,12 @@ def measure_instructions(
                     ["callgrind_control", "--zero", str(pid)], capture_output=True, check=True
                 )
                 loads.run(protocol, address, concurrency, args.requests)
-                spent = _dumped_instructions(trees.work / f"callgrind.{name}", pid)
+                spent = _dumped_instructions(
+                    trees.work / f"callgrind.{name}",
+                    pid,
+                    args.keep_dumps,
+                    f"callgrind.{name}.{protocol}.c{concurrency}",
+                )
                 figures[(protocol, concurrency, name)] = [spent / args.requests]
                 print(
                     f"callgrind: {protocol} c={concurrency} {name}: "
@@ -407,7 +419,15 @@ def main() -> int:
         help="/proc figures with each measured hop alone on the last CPU and Triton and h2load "
         "on the others (steadier rounds; see the module docstring)",
     )
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        help="a folder to keep each callgrind dump in (`callgrind.HOP.PROTOCOL.cN`), for "
+        "`callgrind_annotate --inclusive=yes`; default: none kept",
+    )
     args = parser.parse_args()
+    if args.keep_dumps is not None:
+        args.keep_dumps.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
     if not parts or parts - {"callgrind", "proc"}:
         parser.error(f"--parts {args.parts!r}: callgrind, proc or callgrind,proc")

@@ -45,8 +45,8 @@ from proxy.http2.state import (
     RECEIVED_END,
     RESET,
     SENT_END,
-    WE_ENDED,
     StreamStateError,
+    we_ended,
 )
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import ANSWERS, AnswerNames, NamingError, name_fields, spliced
@@ -370,7 +370,7 @@ class TritonChannel(Channel, asyncio.Protocol):
     def _ended_by_triton(self, stream: Stream) -> None:
         """Triton sent END_STREAM: if the tenant's side is still open, close it at Triton too
         (RST_STREAM NO_ERROR), or the stream would count against Triton's stream limit forever."""
-        if stream.triton in WE_ENDED:
+        if we_ended(stream.triton):
             stream.triton = NEXT[stream.triton, RECEIVED_END]
         else:
             self.out.write(frames.rst_stream(stream.up, frames.NO_ERROR))

@@ -35,7 +35,7 @@ from proxy.grpc import framing, messages
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.replies import Replies
 from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
-from proxy.http2.state import ACTIVE
+from proxy.http2.state import active
 from proxy.metrics import ProxyMetrics
 from proxy.policy import finals, inflation, refusals, routing, wire
 from proxy.policy.limiter import Limiter
@@ -272,7 +272,7 @@ class StreamGate:
             del buf[:total]
             if not self.check(stream, message, total, framed):
                 return
-        if stream.ended and not buf and stream.triton in ACTIVE:
+        if stream.ended and not buf and active(stream.triton):
             self._up(stream, b"", True)
             stream.ended = False  # sent on; the stream stays open until Triton's trailers
 
@@ -609,7 +609,7 @@ class StreamGate:
         self.streams.pop(stream.sid, None)
         stream.scan = None
         stream.inflation = None
-        if stream.triton in ACTIVE:
+        if active(stream.triton):
             assert stream.channel is not None
             stream.channel.reset(stream)
         stream.buf.clear()
@@ -651,10 +651,11 @@ class StreamGate:
         if stream.limited == HOLDS_SLOT:
             self._limiter.release()
         stream.limited = NO_SLOT
-        release = self._limiter.release
+        # A direct call in the loop: compiled (mypyc), binding `release` first made a bound
+        # method object on every call, though a unary call holds no stream slots.
         while stream.slots:
             stream.slots -= 1
-            release()
+            self._limiter.release()
         self._metrics.observe("grpc", stream.route, code, _clock() - started)
 
 

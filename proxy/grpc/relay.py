@@ -38,7 +38,14 @@ from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow
 from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
-from proxy.http2.state import ACTIVE, NEXT, PEER_ENDED, RECEIVED_END, RESET, StreamStateError
+from proxy.http2.state import (
+    NEXT,
+    RECEIVED_END,
+    RESET,
+    StreamStateError,
+    active,
+    peer_ended,
+)
 from proxy.policy.finals import Finals
 from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import GrpcAnswer, grpc_kind
@@ -62,7 +69,8 @@ connection ends (ENHANCE_YOUR_CALM), so a reset flood costs Triton and the share
 little ("rapid reset", CVE-2023-44487)."""
 _Plan = tuple[str, bool, Fields, bytes | None, str | None]
 _CLOSED_KEPT: Final = 256
-"""Closed streams remembered per connection, to tell a frame the tenant may still send on one
+"""Closed streams remembered per connection (the last this many a client opening its odd ids in
+turn closed; fewer where it skips ids), to tell a frame the tenant may still send on one
 (ignored) from one it may not (STREAM_CLOSED); on older ones DATA is ignored and HEADERS are a
 PROTOCOL_ERROR, as for a stream id never used."""
 
@@ -87,11 +95,13 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.streams: dict[int, Stream] = {}  # open towards the tenant, by its stream id
         self.replies = Replies(self.out, self.streams, self)
         self.gate = StreamGate(relay, self.streams, self.out, self.replies)
-        # The listener's hold and flush around each read, and its router, bound once: compiled
-        # (mypyc), a call or an attribute read through a Protocol is a lookup by name every time.
+        # The listener's hold and flush around each read, its router and its channel to Triton
+        # for a new stream, bound once: compiled (mypyc), a call or an attribute read through a
+        # Protocol is a lookup by name every time.
         self._hold = relay.hold
         self._flush = relay.flush
         self._router = relay.router
+        self._channel = relay.channel
         self.last_sid = 0
         self._in = b""
         self._preface = False
@@ -106,13 +116,11 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self._last_plan: _Plan = ("", False, (), None, None)
         self._reader = FrameReader(self, from_server=False, max_block=MAX_HEADER_BLOCK)
         self._refused_sid = 0  # a new stream whose HEADERS broke a stream rule: reset once decoded
-        # Recently closed streams (see `closed`): whether each was closed strictly, by id, and
-        # their ids in the order they closed, a ring whose next slot holds the oldest (a dict's
-        # first key is found past every slot deleted before it; compiled, an OrderedDict's
-        # methods are calls by name).
-        self._closed: dict[int, bool] = {}
-        self._closed_order = [0] * _CLOSED_KEPT
-        self._closed_next = 0
+        # Recently closed streams (see `closed`): a table indexed by the stream's number (a
+        # client's ids are odd, so `sid >> 1` counts its streams), each slot holding the last
+        # stream closed there as `sid << 1 | strict` (0: none). One list write per call where a
+        # dict of ids and a ring of their order took four dictionary operations on boxed ids.
+        self._closed = [0] * _CLOSED_KEPT
         self._resets = _RESETS  # streams the tenant may still reset beyond those it completes
         # What the tenant may still send on the connection; credited as bytes arrive.
         self._received = ReceiveWindow(_CONNECTION_WINDOW, _CONNECTION_WINDOW // 2)
@@ -178,7 +186,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.transport = None
         for stream in list(self.streams.values()):
             stream.tenant = NEXT[stream.tenant, RESET]
-            if stream.triton in ACTIVE and stream.channel is not None:
+            if active(stream.triton) and stream.channel is not None:
                 stream.channel.reset(stream)  # Triton stops working for nobody
             self.gate.finish(stream, "CANCELLED")
         self.streams.clear()
@@ -304,15 +312,15 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 raise ConnectionBrokenError(
                     frames.PROTOCOL_ERROR, f"DATA on stream {sid}, never opened"
                 )
-            if self._closed.get(sid):
+            if self._closed_strictly(sid):
                 self.on_stream_error(sid, frames.STREAM_CLOSED, f"DATA on closed stream {sid}")
             return  # answered or reset by the relay: dropped (its bytes counted above)
-        if stream.tenant in PEER_ENDED:
+        if peer_ended(stream.tenant):
             self.on_stream_error(
                 sid, frames.STREAM_CLOSED, f"DATA on stream {sid} after END_STREAM"
             )
             return
-        if stream.triton not in ACTIVE:
+        if not active(stream.triton):
             return  # answered by the relay, kept only for its response: dropped
         try:
             stream.received.arrived(size)
@@ -359,7 +367,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             return False
         stream.tenant = NEXT[stream.tenant, RESET]
         self.replies.blocked.pop(stream, None)
-        if stream.triton in ACTIVE and stream.channel is not None:
+        if active(stream.triton) and stream.channel is not None:
             stream.channel.reset(stream)
             self._resets -= 1
         self.gate.finish(stream, "CANCELLED")
@@ -383,13 +391,12 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         """Remember that stream `sid` closed: with `strict` (the tenant ended or reset it) a
         later frame on it is the tenant's error (STREAM_CLOSED), else it is ignored (the relay
         ended it, and the tenant may have sent before it knew)."""
-        slot = self._closed_next
-        oldest = self._closed_order[slot]
-        if oldest in self._closed:  # gone already if it closed twice (0: an empty slot)
-            del self._closed[oldest]  # compiled (mypyc), `dict.pop` is a call by name
-        self._closed_order[slot] = sid
-        self._closed_next = (slot + 1) % _CLOSED_KEPT
-        self._closed[sid] = strict
+        self._closed[(sid >> 1) % _CLOSED_KEPT] = sid << 1 | strict
+
+    def _closed_strictly(self, sid: int) -> bool | None:
+        """How stream `sid` closed (`closed`'s `strict`), or None when it is not remembered."""
+        entry = self._closed[(sid >> 1) % _CLOSED_KEPT]
+        return bool(entry & 1) if entry >> 1 == sid else None
 
     def _settings(self, values: dict[int, int]) -> None:
         window = values.get(frames.SETTINGS_INITIAL_WINDOW_SIZE)
@@ -433,7 +440,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         end_stream = bool(flags & frames.END_STREAM)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the tenant end its side
-            if stream.tenant in PEER_ENDED:
+            if peer_ended(stream.tenant):
                 self.on_stream_error(
                     sid, frames.STREAM_CLOSED, f"HEADERS on stream {sid} after its end"
                 )
@@ -443,12 +450,12 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 self.on_stream_error(sid, frames.PROTOCOL_ERROR, problem)
             else:
                 stream.tenant = NEXT[stream.tenant, RECEIVED_END]
-                if stream.triton in ACTIVE:
+                if active(stream.triton):
                     stream.ended = True
                     self.gate.relay_buffered(stream)
             return
         if sid <= self.last_sid:
-            strict = self._closed.get(sid)
+            strict = self._closed_strictly(sid)
             if strict is None:  # RFC 9113 5.1.1: stream ids only grow
                 raise ConnectionBrokenError(
                     frames.PROTOCOL_ERROR,
@@ -500,7 +507,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             stream.finals = Finals()  # each request message in flight holds a slot (`gate`)
         self.streams[sid] = stream
         stream.started = started
-        self.relay.channel().open(stream, sent, end_stream)
+        self._channel().open(stream, sent, end_stream)
         if streaming:
             self.gate.admit(stream)
 

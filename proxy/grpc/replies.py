@@ -25,18 +25,20 @@ from proxy.grpc.stream import CREDIT_STEP, Stream, TenantSide
 from proxy.http2 import frames
 from proxy.http2.flow import Window
 from proxy.http2.headers import BlockEncoder, Fields
-from proxy.http2.state import ACTIVE, CLOSED, NEXT, PEER_ENDED, RESET, SENT_END
+from proxy.http2.reader import FrameSink
+from proxy.http2.state import CLOSED, NEXT, RESET, SENT_END, active, peer_ended
 from proxy.policy.refusals import UpstreamError, grpc_code
 
 UNAVAILABLE: Final = "Triton's gRPC endpoint is unreachable from the model proxy; retry later"
 _STATUS: Final = {str(number).encode(): name for number, name in framing.CODE_NAMES.items()}
 
 
-class ReplyHooks:
+class ReplyHooks(FrameSink):
     """What the replies need from the tenant connection (`relay.H2Connection`, the one
     implementation) and its gate. A base class rather than a Protocol: compiled (mypyc), a call
     through a Protocol looks the method up by name, through a compiled base class it is a C call
-    (as `stream.Channel` and `stream.TenantSide`)."""
+    (as `stream.Channel` and `stream.TenantSide`). The tenant connection reads the tenant's
+    frames, so this is its frame reader's sink too (mypyc has one base class per class)."""
 
     def completed(self) -> None:
         """Triton completed one of the tenant's calls."""
@@ -87,7 +89,7 @@ class Replies(TenantSide):
         """`size` bytes of `stream` left the relay (to Triton, or dropped): the tenant may send
         that much more on it."""
         increment = stream.received.release(size)
-        if increment and stream.tenant not in PEER_ENDED:
+        if increment and not peer_ended(stream.tenant):
             self.out.write(frames.window_update(stream.sid, increment))
 
     def drain_all(self) -> None:
@@ -132,7 +134,7 @@ class Replies(TenantSide):
             block = self.encoder.encode(trailers)
             self.out.write(frames.headers_frames(stream.sid, block, True, self.max_frame))
         stream.tenant = NEXT[stream.tenant, SENT_END]
-        if stream.triton not in ACTIVE:
+        if not active(stream.triton):
             if stream.sid in self.streams:  # compiled (mypyc), `dict.pop` is a call by name
                 del self.streams[stream.sid]
             self.hooks.closed(stream.sid, stream.tenant == CLOSED)
@@ -172,7 +174,7 @@ class Replies(TenantSide):
     def _give(self, stream: Stream, size: int) -> None:
         """The tenant took `size` of Triton's bytes on `stream`: credit Triton in steps."""
         stream.given += size
-        if stream.given >= CREDIT_STEP and stream.triton in ACTIVE and stream.channel:
+        if stream.given >= CREDIT_STEP and active(stream.triton) and stream.channel:
             stream.channel.credit(stream, stream.given)
             stream.given = 0
 

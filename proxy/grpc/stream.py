@@ -20,6 +20,7 @@ from typing import Final
 
 from proxy.http2.flow import ReceiveWindow, Window
 from proxy.http2.headers import Fields
+from proxy.http2.reader import FrameSink
 from proxy.http2.state import IDLE, OPEN
 from proxy.policy.finals import Finals
 from proxy.policy.inflation import Inflation
@@ -131,8 +132,9 @@ class Stream:
         self.answers: AnswerNames | None = None
 
 
-class Channel:
-    """The connection to Triton a stream is opened on (`channel.TritonChannel`)."""
+class Channel(FrameSink):
+    """The connection to Triton a stream is opened on (`channel.TritonChannel`); it reads
+    Triton's frames, so it is its frame reader's sink too (mypyc has one base class per class)."""
 
     max_frame: int
     """Triton's SETTINGS_MAX_FRAME_SIZE: no DATA frame sent is larger."""

@@ -110,30 +110,40 @@ class BlockEncoder:
     Every block `encode` returns must be sent, in order: Triton's decoder follows this table.
     """
 
-    __slots__ = ("_encoder", "_kept", "_last", "_last_block")
+    __slots__ = ("_encoder", "_kept", "_last", "_last_block", "_previous", "_previous_block")
 
     def __init__(self) -> None:
         self._encoder = Encoder()
         self._kept: dict[Fields, bytes] = {}
-        # The last list found in `_kept`, by identity: a decoded list the peer repeats is the very
-        # object `BlockDecoder` kept, and hashing it (a tuple of tuples: CPython does not cache
-        # the hash) costs more than the rest of the lookup. Forgotten whenever `_kept` is.
+        # The last two lists found in `_kept`, by identity: a decoded list the peer repeats is the
+        # very object `BlockDecoder` kept, and hashing it (a tuple of tuples: CPython does not
+        # cache the hash) costs more than the rest of the lookup. Two, because a tenant's
+        # encoder takes a response head and trailers in turn on every call. Forgotten whenever
+        # `_kept` is.
         self._last: Fields | None = None
         self._last_block = b""
+        self._previous: Fields | None = None
+        self._previous_block = b""
 
     def limit_table(self, size: int) -> None:
         """Triton's SETTINGS_HEADER_TABLE_SIZE: never use a larger table than it allows."""
         if size < self._encoder.header_table_size:
             self._encoder.header_table_size = size  # the next block starts with a size update
-            self._kept.clear()
-            self._last = None
+            self._forget()
+
+    def _forget(self) -> None:
+        self._kept.clear()
+        self._last = self._previous = None
 
     def encode(self, fields: Fields) -> bytes:
         """The header block for `fields`, given the table Triton's decoder holds now."""
         if fields is self._last:
             return self._last_block
+        if fields is self._previous:
+            return self._previous_block
         block = self._kept.get(fields)
         if block is not None:
+            self._previous, self._previous_block = self._last, self._last_block
             self._last, self._last_block = fields, block
             return block
         table = self._encoder.header_table
@@ -141,8 +151,7 @@ class BlockEncoder:
         before = _state(table)
         block = self._encoder.encode(list(fields))
         if pending or _changed(table, before):
-            self._kept.clear()  # the table changed: kept blocks may point at other entries
-            self._last = None
+            self._forget()  # the table changed: kept blocks may point at other entries
         else:
             _keep(self._kept, fields, block, len(block))
         return block

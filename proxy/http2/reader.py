@@ -20,7 +20,7 @@ not checked reach the caller.
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Final
 
 from proxy.http2 import frames
 
@@ -103,20 +103,28 @@ def _unpad(payload: bytes, kind: int) -> bytes:
     return payload[1 : len(payload) - pad]
 
 
-class FrameSink(Protocol):
-    """Where a `FrameReader` delivers checked frames: the connection reading them."""
+class FrameSink:
+    """Where a `FrameReader` delivers checked frames: the connection reading them (the relay's
+    two, through their base classes `grpc.replies.ReplyHooks` and `grpc.stream.Channel`). A base
+    class rather than a Protocol: compiled (mypyc), the reader's call to a Protocol's method is
+    a Python call of a bound method, its ints boxed and its arguments parsed again (about 300
+    instructions a frame, five frames a gRPC call), where a compiled base class's is a C call."""
 
     def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
         """DATA: `body` without padding; `length` bytes (padding included) count on windows."""
+        raise NotImplementedError
 
     def on_headers(self, sid: int, flags: int, block: bytes) -> None:
         """A whole header block (CONTINUATIONs joined), with its HEADERS frame's flags."""
+        raise NotImplementedError
 
     def on_frame(self, payload: bytes, kind: int, flags: int, sid: int) -> None:
         """RST_STREAM, SETTINGS, PING, GOAWAY or WINDOW_UPDATE (a valid PRIORITY is dropped)."""
+        raise NotImplementedError
 
     def on_stream_error(self, sid: int, code: int, reason: str) -> None:
         """Stream `sid` broke a rule: reset it with `code`."""
+        raise NotImplementedError
 
 
 class FrameReader:
@@ -128,17 +136,7 @@ class FrameReader:
     connection).
     """
 
-    __slots__ = (
-        "_block",
-        "_in",
-        "_max_block",
-        "_on_data",
-        "_on_frame",
-        "_on_headers",
-        "_sink",
-        "from_server",
-        "max_frame",
-    )
+    __slots__ = ("_block", "_in", "_max_block", "_sink", "from_server", "max_frame")
 
     def __init__(
         self,
@@ -148,10 +146,6 @@ class FrameReader:
         max_frame: int = frames.DEFAULT_MAX_FRAME,
     ) -> None:
         self._sink = sink
-        # The fast paths' callbacks, bound once rather than on every read.
-        self._on_data = sink.on_data
-        self._on_headers = sink.on_headers
-        self._on_frame = sink.on_frame
         self.from_server = from_server
         self.max_frame = max_frame
         self._max_block = max_block
@@ -173,8 +167,7 @@ class FrameReader:
         pos = 0
         end = len(data)
         max_frame = self.max_frame
-        on_data = self._on_data
-        on_headers = self._on_headers
+        sink = self._sink
         in_block = self._block is not None  # only _headers and _continuation change it
         while end - pos >= 9:
             # The 9-byte header read byte by byte: compiled (mypyc), an index of bytes is a native
@@ -200,9 +193,9 @@ class FrameReader:
                 self._continuation(kind, flags, sid, payload)
                 in_block = self._block is not None
             elif kind == _DATA and sid and not flags & _PADDED:
-                on_data(payload, flags, sid, length)
+                sink.on_data(payload, flags, sid, length)
             elif kind == _HEADERS and sid and flags & _PLAIN_BLOCK == _END_HEADERS:
-                on_headers(sid, flags, payload)
+                sink.on_headers(sid, flags, payload)
             else:
                 self._checked(kind, flags, sid, payload)
                 in_block = self._block is not None
@@ -251,13 +244,13 @@ class FrameReader:
                 )
             else:
                 check_settings(frames.settings_values(payload), self.from_server)
-            self._on_frame(payload, kind, flags, sid)
+            self._sink.on_frame(payload, kind, flags, sid)
         elif kind == frames.GOAWAY:
             if length < 8:
                 raise ConnectionBrokenError(
                     frames.FRAME_SIZE_ERROR, f"a {length}-byte GOAWAY frame"
                 )
-            self._on_frame(payload, kind, flags, sid)
+            self._sink.on_frame(payload, kind, flags, sid)
         elif kind == frames.WINDOW_UPDATE:
             if frames.u31(payload) == 0:
                 if sid == 0:
@@ -266,7 +259,7 @@ class FrameReader:
                     )
                 self._sink.on_stream_error(sid, frames.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
                 return
-            self._on_frame(payload, kind, flags, sid)
+            self._sink.on_frame(payload, kind, flags, sid)
         elif kind == frames.PUSH_PROMISE:
             reason = "although push is disabled" if self.from_server else "from a client"
             raise ConnectionBrokenError(frames.PROTOCOL_ERROR, f"PUSH_PROMISE {reason}")
@@ -275,7 +268,7 @@ class FrameReader:
                 frames.PROTOCOL_ERROR, f"CONTINUATION on stream {sid} without an open header block"
             )
         else:  # RST_STREAM, PING
-            self._on_frame(payload, kind, flags, sid)
+            self._sink.on_frame(payload, kind, flags, sid)
 
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if flags & frames.PADDED:

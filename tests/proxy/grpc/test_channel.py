@@ -362,3 +362,35 @@ async def test_a_bug_that_loses_a_streams_state_ends_one_connection_not_the_prox
     rig.call(unlucky, 1, infer())
     assert out.closed and goaway_code(out.take()) == f.INTERNAL_ERROR
     assert not calm_out.closed
+
+
+async def test_a_closed_stream_is_remembered_by_its_own_id_only() -> None:
+    """Closed streams are kept in a table by stream number: a later stream whose number takes
+    the same slot replaces it, and neither is ever mistaken for the other."""
+    rig = Rig()
+    tenant, out = rig.tenant()
+    far = 1 + 2 * _CLOSED_KEPT  # the stream number _CLOSED_KEPT after stream 1's: its slot
+    for sid in (1, far):
+        rig.call(tenant, sid, infer())
+        channel, _ = rig.channel()
+        rig.respond(channel, max(channel.streams), framing.grpc_message(b"ok"), trailers=True)
+    rig.relay.flush()
+    out.take()
+    tenant.data_received(f.frame(f.HEADERS, f.END_HEADERS, 1, f.header_block(HEADERS)))
+    rig.relay.flush()
+    assert out.closed and goaway_code(out.take()) == f.PROTOCOL_ERROR  # forgotten, as too old
+
+
+async def test_a_stream_in_a_slot_is_still_known_as_closed() -> None:
+    rig = Rig()
+    tenant, out = rig.tenant()
+    far = 1 + 2 * _CLOSED_KEPT
+    for sid in (1, far):
+        rig.call(tenant, sid, infer())
+        channel, _ = rig.channel()
+        rig.respond(channel, max(channel.streams), framing.grpc_message(b"ok"), trailers=True)
+    rig.relay.flush()
+    out.take()
+    tenant.data_received(f.frame(f.HEADERS, f.END_HEADERS, far, f.header_block(HEADERS)))
+    rig.relay.flush()
+    assert out.closed and goaway_code(out.take()) == f.STREAM_CLOSED

@@ -180,3 +180,16 @@ def test_the_last_list_is_encoded_afresh_once_the_table_changed() -> None:
     for sent in (fields, fields, fields, other, fields, fields):
         block = ours.encode(sent)
         assert [(bytes(n), bytes(v)) for n, v in triton.decode(block, raw=True)] == list(sent)
+
+
+def test_two_lists_in_turn_are_encoded_afresh_once_the_table_changed() -> None:
+    """A tenant's encoder takes a response head and trailers in turn, and knows both by
+    identity; a third list's insertion shifts every index, so neither may get its old block."""
+    ours = BlockEncoder()
+    triton = Decoder()
+    head = tuple(_POOL[:2])
+    trailers = ((b"grpc-status", b"0"),)
+    other = ((b"x-tenant", b"a" * 40),)
+    for sent in (head, trailers) * 3 + (other, head, trailers, head, trailers):
+        block = ours.encode(sent)
+        assert [(bytes(n), bytes(v)) for n, v in triton.decode(block, raw=True)] == list(sent)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.http2 import frames as f
-from proxy.http2.reader import ConnectionBrokenError, FrameReader
+from proxy.http2.reader import ConnectionBrokenError, FrameReader, FrameSink
 
 STREAM_ERROR = -1
 Read = tuple[int, int, int, bytes, int]
@@ -25,7 +25,7 @@ Read = tuple[int, int, int, bytes, int]
 error as (STREAM_ERROR, code, stream id, reason, 0)."""
 
 
-class Collected:
+class Collected(FrameSink):
     """A `FrameSink` that keeps what it is handed, in order."""
 
     def __init__(self) -> None:

@@ -24,6 +24,9 @@ from proxy.http2.state import (
     SENT_END,
     WE_ENDED,
     StreamStateError,
+    active,
+    peer_ended,
+    we_ended,
 )
 
 
@@ -90,3 +93,10 @@ def test_the_state_sets_say_who_may_still_send() -> None:
     assert {OPEN, HALF_CLOSED_LOCAL, HALF_CLOSED_REMOTE} == ACTIVE
     assert {HALF_CLOSED_REMOTE, CLOSED} == PEER_ENDED
     assert {HALF_CLOSED_LOCAL, CLOSED} == WE_ENDED
+
+
+@pytest.mark.parametrize("state", range(-1, len(NAMES) + 1))  # and one past each end
+def test_the_state_tests_agree_with_the_sets(state: int) -> None:
+    assert active(state) == (state in ACTIVE)
+    assert peer_ended(state) == (state in PEER_ENDED)
+    assert we_ended(state) == (state in WE_ENDED)
