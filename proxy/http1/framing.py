@@ -14,6 +14,7 @@ what the proxy checked. `tests/proxy/http1/test_framing_h11.py` holds this parse
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -230,13 +231,18 @@ class ChunkedFraming:
             raise MalformedRequestError("a chunked body line does not end with CRLF")
         return line[:-1], end + 1
 
-    def feed(self, data: bytes, start: int = 0) -> int:
-        """Advance over `data[start:]`; see the class docstring."""
+    def feed(
+        self, data: bytes, start: int = 0, payload: Callable[[bytes, int, int], None] | None = None
+    ) -> int:
+        """Advance over `data[start:]`; see the class docstring. `payload`, if given, is called
+        with each run of the body's data bytes (`data`, start, end)."""
         pos = start
         end = len(data)
         while pos < end:
             if self._state == self._DATA:
                 step = min(self._remaining, end - pos)
+                if payload is not None and step:
+                    payload(data, pos, pos + step)
                 pos += step
                 self._remaining -= step
                 if self._remaining == 0:

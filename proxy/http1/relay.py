@@ -29,11 +29,12 @@ from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, ans
 from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
-from proxy.policy.inflation import BUDGET, Inflation
+from proxy.policy.inflation import BUDGET, Inflation, Sink
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import NamingError
 from proxy.policy.nesting import MAX_NESTING, Nesting
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
+from proxy.policy.shapes import Shapes, check_json
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
@@ -109,9 +110,12 @@ class ClientConnection(asyncio.Protocol):
         self._upstream: Upstream | None = None
         self._sink: Upstream | None = None
         self._remaining = 0
+        self._length = 0  # the body's Content-Length
         self._chunked: ChunkedFraming | None = None
         self._inflation: Inflation | None = None  # counting a compressed body
         self._nesting: Nesting | None = None  # following a relayed body's JSON (Triton's parser)
+        self._shapes: Shapes | None = None  # an inference body's JSON, kept to check its shapes
+        self._inflated: Sink | None = None  # where a compressed body's inflated bytes go
         self._stash: bytes | None = None  # received bytes left for the next turn's counting
         self._request_done = False
         self._response_done = False
@@ -323,7 +327,7 @@ class ClientConnection(asyncio.Protocol):
             self._head = head
             self._keep_alive = head.keep_alive and not relay.closing
             self._request_done = self._response_done = False
-            self._remaining = length = head.content_length or 0
+            self._remaining = self._length = length = head.content_length or 0
             self._chunked = ChunkedFraming() if head.chunked else None
             self._route = decision.route
             # Below, `self._buffer` keeps what follows the head whenever the request does not go
@@ -446,6 +450,18 @@ class ClientConnection(asyncio.Protocol):
                     self._release_slot()
                     self._refuse(e)
                     return
+            if self._route == "infer":
+                # Triton allocates each input by its declared shape before reading the data.
+                json_end = _json_bytes(head)
+                json_end = end if json_end < 0 else min(end, start + json_end)
+                try:
+                    check_json(memoryview(buffer)[start:json_end], end - start)
+                except refusals.ProxyError as e:
+                    upstream.abort()
+                    self._upstream = None
+                    self._release_slot()
+                    self._refuse(e)
+                    return
             # The whole request is here: one write, one segment to Triton (`_body_done`, inline:
             # no response can have come yet).
             if verbatim:
@@ -468,6 +484,10 @@ class ClientConnection(asyncio.Protocol):
             # length not known yet: chunked, compressed) are followed as they pass.
             nested = head.chunked or head.encoding or self._remaining > MAX_NESTING
             self._nesting = Nesting(_json_bytes(head)) if nested else None
+            self._shapes = Shapes(_json_bytes(head)) if self._route == "infer" else None
+            self._inflated = self._nesting
+            if self._shapes is not None and self._nesting is not None and head.encoding:
+                self._inflated = _Both(self._nesting, self._shapes)
             self._relay_body(buffer, start)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
@@ -483,15 +503,26 @@ class ClientConnection(asyncio.Protocol):
                 end = start + step if self._remaining == 0 else -1
                 if self._nesting is not None and self._sink is not None:
                     self._nesting.feed(data, start, start + step)
+                shapes = self._shapes
+                if shapes is not None and self._sink is not None:
+                    shapes.feed(data, start, start + step)
+                    if end >= 0:  # checked before the last piece goes: Triton has not begun
+                        self._shapes = None
+                        shapes.check(self._length)
             else:
-                end = self._chunked.feed(data, start)
+                shapes = self._shapes if self._sink is not None else None
+                end = self._chunked.feed(data, start, None if shapes is None else shapes.feed)
                 if self._chunked.payload > self._relay.max_body:
                     raise refusals.BodyTooLargeError(too_large(self._relay.max_body))
                 if self._nesting is not None and self._sink is not None:
                     # The chunks' framing (extensions may hold quotes) is not JSON: only their
                     # openings are counted, which bounds the depth however they are framed.
                     self._nesting.count(data, start, len(data) if end < 0 else end)
+                if shapes is not None and end >= 0:
+                    self._shapes = None
+                    shapes.check(self._chunked.payload)
         except refusals.ProxyError as e:
+            self._shapes = None
             if self._upstream is not None:
                 self._upstream.abort()
                 self._upstream = None
@@ -513,11 +544,16 @@ class ClientConnection(asyncio.Protocol):
         step = min(self._remaining, len(data) - start)
         piece = data if start == 0 and step == len(data) else data[start : start + step]
         try:
-            taken = counting.feed(piece, BUDGET, self._nesting)
+            taken = counting.feed(piece, BUDGET, self._inflated)
             if taken == self._remaining:
                 counting.finish()
+                shapes = self._shapes
+                if shapes is not None:  # checked before the last piece goes
+                    self._shapes = None
+                    shapes.check(counting.size)
         except refusals.ProxyError as e:
             self._inflation = None
+            self._shapes = None
             if self._upstream is not None:
                 self._upstream.abort()  # Triton never gets the rest: it inflates nothing
                 self._upstream = None
@@ -556,6 +592,7 @@ class ClientConnection(asyncio.Protocol):
     def _body_done(self, data: bytes, end: int) -> None:
         self._request_done = True
         self._sink = None
+        self._shapes = None
         rest = data[end:] if end < len(data) else b""
         if rest:
             self._buffer = rest + self._buffer if self._buffer else rest
@@ -728,6 +765,8 @@ class ClientConnection(asyncio.Protocol):
         held = len(self._buffer)
         if self._stash is not None:
             held += len(self._stash)
+        if self._shapes is not None:
+            held += self._shapes.held
         if self.transport is not None:
             held += self.transport.get_write_buffer_size()
         upstream = self._upstream
@@ -826,6 +865,20 @@ class RenamingConnection(ClientConnection):
         self._keep_alive = False
         message = f"Triton's answer could not be passed on ({error}); retry, or report it"
         self._write_answer(502, "application/json", error_body(message))
+
+
+class _Both:
+    """Passes a compressed inference body's inflated bytes to both of its checks."""
+
+    __slots__ = ("_first", "_second")
+
+    def __init__(self, first: Sink, second: Sink) -> None:
+        self._first = first
+        self._second = second
+
+    def feed(self, data: bytes) -> None:
+        self._first.feed(data)
+        self._second.feed(data)
 
 
 def _json_bytes(head: RequestHead) -> int:

@@ -1,0 +1,149 @@
+"""What the shapes of a REST inference request declare, checked against what its body can carry.
+
+Triton 2.51 sizes a REST input's buffer from its declared `shape` before it reads the JSON data,
+and aborts (SIGABRT) when the allocation fails: `"shape":[1,2305843009213693952]` with one value
+of data, 90 bytes, killed it, every tenant's model with it. Every input whose data is in the body
+needs at least a byte of it per element (JSON data: a digit or a quote at least; the binary tensor
+extension: `binary_data_size` bytes, one or more per element), and shared-memory inputs are not
+served to tenants (the relays refuse the region APIs). So the relays refuse an inference body
+whose inputs declare more elements, together, than the body has bytes; and any dimension that is
+not a JSON integer from 0 to 2**63-1 (no request's shape has one: Triton's own are int64, and a
+negative or fractional one is only a way to confuse its arithmetic).
+
+The JSON part (the whole body, or the binary extension's Inference-Header-Content-Length) is
+parsed once, whole, by the stdlib's JSON decoder, so keys are read as Triton reads them
+(`"sh\\u0061pe"` is `shape`) and strings and nesting cannot hide one; every `shape` of every
+object counts, duplicate keys included (Triton's parser takes the first, Python's the last). A
+JSON part over MAX_JSON_BYTES is refused: tensor data that large belongs in the binary extension
+(tritonclient's default), and parsing it would hold the event loop. Pure: it reads the bytes it is
+given.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from proxy.policy.refusals import BodyTooLargeError, MalformedRequestError
+
+MAX_JSON_BYTES: Final = 1024 * 1024
+"""The largest JSON part of an inference request the relays check and pass (about 4 ms to parse
+here); larger tensors go in the binary tensor extension."""
+MAX_DIMENSION: Final = 2**63 - 1
+"""The largest dimension Triton's shapes (int64) can hold."""
+
+_found: Final[list[Any]] = []
+"""The `shape` values of the body being decoded: one decoder, built once, collects into it; the
+event loop decodes one body at a time, and `check_json` empties it first."""
+
+
+def _keep_shapes(pairs: list[tuple[str, Any]]) -> None:
+    for key, value in pairs:
+        if key == "shape":
+            _found.append(value)
+    # Nothing of the object is kept: only its shapes matter.
+
+
+# Numbers with a fraction or an exponent become True (a singleton: data of a million floats
+# costs no float objects), which no dimension may be; JSON's true is True as well.
+_DECODER: Final = json.JSONDecoder(object_pairs_hook=_keep_shapes, parse_float=bool)
+
+
+def json_too_large(json_bytes: int) -> BodyTooLargeError:
+    return BodyTooLargeError(
+        f"the inference request's JSON is over {MAX_JSON_BYTES} bytes"
+        + (f" ({json_bytes})" if json_bytes > MAX_JSON_BYTES else "")
+        + "; send the tensor data with the binary tensor extension (tritonclient's binary_data, "
+        "its default), which keeps the JSON to names and shapes"
+    )
+
+
+def check_json(json_part: bytes | memoryview, body_bytes: int) -> None:
+    """Refuse (MalformedRequestError) an inference request whose JSON part `json_part` is not
+    JSON, or declares a dimension that is not an integer from 0 to MAX_DIMENSION, or more elements
+    in all its shapes than `body_bytes`, the length of the whole body."""
+    if len(json_part) > MAX_JSON_BYTES:
+        raise json_too_large(len(json_part))
+    _found.clear()
+    try:
+        _DECODER.decode(str(json_part, "utf-8"))
+    except RecursionError:
+        raise MalformedRequestError(
+            "the inference request's JSON nests too deep to be checked; send each tensor's data "
+            "flat (its shape gives the dimensions) or with the binary tensor extension"
+        ) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer too long
+        raise MalformedRequestError(
+            f"the inference request is not valid UTF-8 JSON ({e}); send the JSON of the KServe v2 "
+            f"protocol"
+        ) from None
+    finally:
+        shapes = list(_found)
+        _found.clear()
+    elements = 0
+    for shape in shapes:
+        if isinstance(shape, list):
+            elements += _elements(shape, body_bytes)
+            if elements > body_bytes:
+                raise MalformedRequestError(
+                    f"the inference request's inputs declare more elements in their shapes than "
+                    f"its body has bytes ({body_bytes}), and each element needs at least one; "
+                    f"declare each input's shape as the data it sends"
+                )
+
+
+def _elements(shape: list[Any], bound: int) -> int:
+    """The elements of `shape`, or more than `bound` as soon as it is known to be more (a product
+    of many huge dimensions is never computed whole)."""
+    product = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0 or dim > MAX_DIMENSION:
+            # Fractions, exponents and booleans were all decoded as True (`_DECODER`).
+            shown = "a fraction or a boolean" if type(dim) is bool else str(dim)[:40]
+            raise MalformedRequestError(
+                f"an input's shape has the dimension {shown}, which is not an integer from 0 to "
+                f"{MAX_DIMENSION}; declare each dimension as the count of its elements"
+            )
+    if 0 in shape:
+        return 0
+    for dim in shape:
+        product *= int(dim)
+        if product > bound:
+            return product
+    return product
+
+
+class Shapes:
+    """Collects one body's JSON part as it passes in pieces, for `check` once the body is whole.
+
+    `json_bytes` is how much of the body is JSON (the binary tensor extension's
+    Inference-Header-Content-Length), or -1 for all of it. `feed` raises BodyTooLargeError once
+    the JSON part is over MAX_JSON_BYTES, so a connection holds at most that many.
+    """
+
+    __slots__ = ("_left", "_pieces", "held")
+
+    def __init__(self, json_bytes: int = -1) -> None:
+        self._left = json_bytes
+        self._pieces: list[bytes] = []
+        self.held = 0
+
+    def feed(self, data: bytes, start: int = 0, end: int = -1) -> None:
+        """Take the JSON part's share of `data[start:end]` (`end` -1: to its end)."""
+        if end < 0:
+            end = len(data)
+        if self._left >= 0:
+            end = min(end, start + self._left)
+            self._left -= max(end - start, 0)
+        if end > start:
+            self.held += end - start
+            if self.held > MAX_JSON_BYTES:
+                raise json_too_large(self.held)
+            self._pieces.append(data if start == 0 and end == len(data) else data[start:end])
+
+    def check(self, body_bytes: int) -> None:
+        """The body (`body_bytes` long) has all passed but its last piece: `check_json`."""
+        json_part = b"".join(self._pieces)
+        self._pieces = []
+        self.held = 0
+        check_json(json_part, body_bytes)
