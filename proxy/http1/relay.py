@@ -34,7 +34,7 @@ from proxy.policy.limiter import Limiter
 from proxy.policy.naming import NamingError
 from proxy.policy.nesting import MAX_NESTING, Nesting
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
-from proxy.policy.shapes import Shapes, check_json
+from proxy.policy.shapes import MAX_JSON_BYTES, Shapes, check_json, json_too_large
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
@@ -340,6 +340,15 @@ class ClientConnection(asyncio.Protocol):
             if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
                 return
+            if length > MAX_JSON_BYTES and decision.route == "infer" and not head.encoding:
+                json_bytes = _json_bytes(head)
+                if json_bytes < 0 or json_bytes > MAX_JSON_BYTES:
+                    # Refused before it is read (then read and dropped): its JSON part cannot
+                    # be checked (`policy.shapes`).
+                    self._buffer = buffer[body:]
+                    self._answer_refusal(json_too_large(length if json_bytes < 0 else json_bytes))
+                    answered += 1
+                    continue
             if (length > refusals.SMALL_REQUEST or head.chunked) and not decision.limited:
                 chunked = " (chunked: of no stated size)" if head.chunked else ""
                 self._refuse(refusals.small_request(f"a {decision.route} request{chunked}"))
@@ -484,7 +493,8 @@ class ClientConnection(asyncio.Protocol):
             # length not known yet: chunked, compressed) are followed as they pass.
             nested = head.chunked or head.encoding or self._remaining > MAX_NESTING
             self._nesting = Nesting(_json_bytes(head)) if nested else None
-            self._shapes = Shapes(_json_bytes(head)) if self._route == "infer" else None
+            infer = self._route == "infer"
+            self._shapes = Shapes(_json_bytes(head), not head.encoding) if infer else None
             self._inflated = self._nesting
             if self._shapes is not None and self._nesting is not None and head.encoding:
                 self._inflated = _Both(self._nesting, self._shapes)

@@ -117,14 +117,18 @@ class Shapes:
     """Collects one body's JSON part as it passes in pieces, for `check` once the body is whole.
 
     `json_bytes` is how much of the body is JSON (the binary tensor extension's
-    Inference-Header-Content-Length), or -1 for all of it. `feed` raises BodyTooLargeError once
-    the JSON part is over MAX_JSON_BYTES, so a connection holds at most that many.
+    Inference-Header-Content-Length), or -1 for all of it. A connection holds at most
+    MAX_JSON_BYTES of it: past that, `feed` raises BodyTooLargeError, or, `early` False (a
+    compressed body, whose inflation cap is the refusal that names what to change), keeps
+    nothing more and leaves the refusal to `check`.
     """
 
-    __slots__ = ("_left", "_pieces", "held")
+    __slots__ = ("_early", "_left", "_over", "_pieces", "held")
 
-    def __init__(self, json_bytes: int = -1) -> None:
+    def __init__(self, json_bytes: int = -1, early: bool = True) -> None:
         self._left = json_bytes
+        self._early = early
+        self._over = 0  # the JSON part's length once it is over MAX_JSON_BYTES
         self._pieces: list[bytes] = []
         self.held = 0
 
@@ -136,13 +140,23 @@ class Shapes:
             end = min(end, start + self._left)
             self._left -= max(end - start, 0)
         if end > start:
+            if self._over:
+                self._over += end - start
+                return
             self.held += end - start
             if self.held > MAX_JSON_BYTES:
-                raise json_too_large(self.held)
+                if self._early:
+                    raise json_too_large(self.held)
+                self._over = self.held
+                self._pieces = []
+                self.held = 0
+                return
             self._pieces.append(data if start == 0 and end == len(data) else data[start:end])
 
     def check(self, body_bytes: int) -> None:
         """The body (`body_bytes` long) has all passed but its last piece: `check_json`."""
+        if self._over:
+            raise json_too_large(self._over)
         json_part = b"".join(self._pieces)
         self._pieces = []
         self.held = 0

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from proxy.policy.nesting import MAX_NESTING
+from proxy.policy.shapes import MAX_JSON_BYTES
 from sim.triton import TritonServer
 from tests.conftest import copy_model
 from tests.proxy.gateway.conftest import caller, publish
@@ -52,9 +53,9 @@ def exchange(url: str, head: str, body: bytes) -> bytes:
         return answer
 
 
-def post(url: str, body: bytes, headers: str = "") -> bytes:
+def post(url: str, body: bytes, headers: str = "", route: str = "infer") -> bytes:
     head = (
-        f"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: gateway\r\n"
+        f"POST /v2/models/add_one/{route} HTTP/1.1\r\nHost: gateway\r\n"
         f"Content-Type: application/json\r\n{headers}"
     )
     if "chunked" not in headers:
@@ -86,7 +87,8 @@ def test_a_deeply_nested_json_body_cannot_crash_triton(
     )
     with gateway_process(triton, table) as gateway:
         answers = {
-            "content-length": post(gateway.http_url, DEEP),
+            # To generate: an infer body with this much JSON is refused by its length alone.
+            "content-length": post(gateway.http_url, DEEP, route="generate"),
             # Small enough to arrive whole (the relay's one-write path): 20,000 levels, 40 KB.
             "whole": post(gateway.http_url, b'{"inputs":' + b"[" * 20_000 + b"]" * 20_000 + b"}"),
             "gzip": post(gateway.http_url, zlib.compress(DEEP), "Content-Encoding: deflate\r\n"),
@@ -108,7 +110,7 @@ def test_a_deeply_nested_json_body_cannot_crash_triton(
 def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
     triton: TritonServer, model_repository: Path, tmp_path: Path
 ) -> None:
-    """`shape: [1, 2**61]` with one value of JSON data, 90 bytes in all: Triton sizes the
+    """`shape: [1, 2**61]` with one value of JSON data, 91 bytes in all: Triton sizes the
     tensor's buffer from the shape (8 EiB) and dies of the failed allocation (exit -6, measured
     straight at Triton and through the gateway; this test failed so before the relays read
     shapes). The same input over gRPC is refused INVALID_ARGUMENT (byte size mismatch). Refused
@@ -143,6 +145,8 @@ def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
             "deflate": post(url, zlib.compress(bomb), "Content-Encoding: deflate\r\n"),
             "binary": post(url, header + b"\0" * 4, binary),
             "fits": post(url, fits),
+            # Too much JSON to check: refused before it is read, with what to do instead.
+            "too much JSON": post(url, fits + b" " * MAX_JSON_BYTES),
             "fits, binary": post(
                 url,
                 fits_header + b"\0" * 16,
@@ -158,6 +162,9 @@ def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
     for how, answer in answers.items():
         if how.startswith("fits"):
             assert answer.startswith(b"HTTP/1.1 200"), (how, answer[:300])
+        elif how == "too much JSON":
+            assert answer.startswith(b"HTTP/1.1 413"), (how, answer[:300])
+            assert b"binary tensor extension" in answer, answer[:300]
         else:
             assert answer.startswith(b"HTTP/1.1 400"), (how, answer[:300])
             assert b"more elements in their shapes than its body has bytes" in answer, how
