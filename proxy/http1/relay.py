@@ -340,7 +340,11 @@ class ClientConnection(asyncio.Protocol):
             if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
                 return
-            if length > MAX_JSON_BYTES and decision.route == "infer" and not head.encoding:
+            if (
+                length > MAX_JSON_BYTES
+                and _checks_shapes(decision.route, head)
+                and not head.encoding
+            ):
                 json_bytes = _json_bytes(head)
                 if json_bytes < 0 or json_bytes > MAX_JSON_BYTES:
                     # Refused before it is read (then read and dropped): its JSON part cannot
@@ -459,7 +463,7 @@ class ClientConnection(asyncio.Protocol):
                     self._release_slot()
                     self._refuse(e)
                     return
-            if self._route == "infer":
+            if _checks_shapes(self._route, head):
                 # Triton allocates each input by its declared shape before reading the data.
                 json_end = _json_bytes(head)
                 json_end = end if json_end < 0 else min(end, start + json_end)
@@ -493,8 +497,8 @@ class ClientConnection(asyncio.Protocol):
             # length not known yet: chunked, compressed) are followed as they pass.
             nested = head.chunked or head.encoding or self._remaining > MAX_NESTING
             self._nesting = Nesting(_json_bytes(head)) if nested else None
-            infer = self._route == "infer"
-            self._shapes = Shapes(_json_bytes(head), not head.encoding) if infer else None
+            checked = _checks_shapes(self._route, head)
+            self._shapes = Shapes(_json_bytes(head), not head.encoding) if checked else None
             self._inflated = self._nesting
             if self._shapes is not None and self._nesting is not None and head.encoding:
                 self._inflated = _Both(self._nesting, self._shapes)
@@ -889,6 +893,12 @@ class _Both:
     def feed(self, data: bytes) -> None:
         self._first.feed(data)
         self._second.feed(data)
+
+
+def _checks_shapes(route: str, head: RequestHead) -> bool:
+    """Whether the request is one whose JSON Triton reads for inputs' shapes (`policy.shapes`):
+    an inference request (Triton answers any other method on its path 405 unread)."""
+    return route == "infer" and head.method == "POST"
 
 
 def _json_bytes(head: RequestHead) -> int:
