@@ -58,6 +58,9 @@ class RequestHead:
     keep_alive: bool
     encoding: int = 0
     """zlib window bits of the body's Content-Encoding (31 gzip, 15 deflate), 0 for none."""
+    json_bytes: int = -1
+    """How much of the body is JSON: the binary tensor extension's Inference-Header-Content-Length,
+    or -1 (all of it; also when the value is not a plain decimal)."""
 
     def serialize(self, target: str, drop: bytes = b"") -> bytes:
         """The head to send upstream, for `target`; without the header `drop` (lowercase)."""
@@ -89,6 +92,7 @@ def parse_request_head(block: bytes) -> RequestHead:
     connection = b""
     hosts = 0
     encoding = -1
+    json_bytes = -2  # Inference-Header-Content-Length not seen
     for line in lines[1:]:
         header = _HEADER.fullmatch(line)
         if header is None:
@@ -118,6 +122,14 @@ def parse_request_head(block: bytes) -> RequestHead:
                 )
             encoding = _content_coding(header[2])
             headers.append(line)
+        elif name == b"inference-header-content-length":
+            if json_bytes != -2:
+                raise MalformedRequestError(
+                    "the request has Inference-Header-Content-Length more than once; send it once"
+                )
+            value = header[2].strip(b" \t")
+            json_bytes = int(value) if value.isdigit() and len(value) <= 18 else -1
+            headers.append(line)
         elif name not in _HOP_BY_HOP:
             headers.append(line)  # framing headers are re-added once, below
     if chunked and content_length is not None:
@@ -141,6 +153,7 @@ def parse_request_head(block: bytes) -> RequestHead:
         chunked,
         keep_alive,
         max(encoding, 0),
+        max(json_bytes, -1),
     )
 
 

@@ -115,6 +115,7 @@ class ClientConnection(asyncio.Protocol):
         self._inflation: Inflation | None = None  # counting a compressed body
         self._nesting: Nesting | None = None  # following a relayed body's JSON (Triton's parser)
         self._shapes: Shapes | None = None  # an inference body's JSON, kept to check its shapes
+        self._checks = False  # a Content-Length inference body's shapes are still to be checked
         self._inflated: Sink | None = None  # where a compressed body's inflated bytes go
         self._stash: bytes | None = None  # received bytes left for the next turn's counting
         self._request_done = False
@@ -345,7 +346,7 @@ class ClientConnection(asyncio.Protocol):
                 and _checks_shapes(decision.route, head)
                 and not head.encoding
             ):
-                json_bytes = _json_bytes(head)
+                json_bytes = head.json_bytes
                 if json_bytes < 0 or json_bytes > MAX_JSON_BYTES:
                     # Refused before it is read (then read and dropped): its JSON part cannot
                     # be checked (`policy.shapes`).
@@ -456,7 +457,7 @@ class ClientConnection(asyncio.Protocol):
                 and buffer.count(b"[", start, end) + buffer.count(b"{", start, end) > MAX_NESTING
             ):
                 try:
-                    Nesting(_json_bytes(head)).feed(buffer, start, end)
+                    Nesting(head.json_bytes).feed(buffer, start, end)
                 except refusals.ProxyError as e:
                     upstream.abort()
                     self._upstream = None
@@ -465,10 +466,10 @@ class ClientConnection(asyncio.Protocol):
                     return
             if _checks_shapes(self._route, head):
                 # Triton allocates each input by its declared shape before reading the data.
-                json_end = _json_bytes(head)
+                json_end = head.json_bytes
                 json_end = end if json_end < 0 else min(end, start + json_end)
                 try:
-                    check_json(memoryview(buffer)[start:json_end], end - start)
+                    check_json(buffer[start:json_end], end - start)
                 except refusals.ProxyError as e:
                     upstream.abort()
                     self._upstream = None
@@ -496,9 +497,12 @@ class ClientConnection(asyncio.Protocol):
             # A body no longer than the bound cannot nest past it: only longer ones (or of a
             # length not known yet: chunked, compressed) are followed as they pass.
             nested = head.chunked or head.encoding or self._remaining > MAX_NESTING
-            self._nesting = Nesting(_json_bytes(head)) if nested else None
+            self._nesting = Nesting(head.json_bytes) if nested else None
             checked = _checks_shapes(self._route, head)
-            self._shapes = Shapes(_json_bytes(head), not head.encoding) if checked else None
+            # A Content-Length body is collected only once it spans pieces (`_relay_body`).
+            self._checks = checked and self._chunked is None and not head.encoding
+            framed = checked and not self._checks
+            self._shapes = Shapes(head.json_bytes, not head.encoding) if framed else None
             self._inflated = self._nesting
             if self._shapes is not None and self._nesting is not None and head.encoding:
                 self._inflated = _Both(self._nesting, self._shapes)
@@ -517,12 +521,8 @@ class ClientConnection(asyncio.Protocol):
                 end = start + step if self._remaining == 0 else -1
                 if self._nesting is not None and self._sink is not None:
                     self._nesting.feed(data, start, start + step)
-                shapes = self._shapes
-                if shapes is not None and self._sink is not None:
-                    shapes.feed(data, start, start + step)
-                    if end >= 0:  # checked before the last piece goes: Triton has not begun
-                        self._shapes = None
-                        shapes.check(self._length)
+                if self._checks and step and self._sink is not None:
+                    self._check_shapes(data, start, step, end >= 0)
             else:
                 shapes = self._shapes if self._sink is not None else None
                 end = self._chunked.feed(data, start, None if shapes is None else shapes.feed)
@@ -548,6 +548,27 @@ class ClientConnection(asyncio.Protocol):
             self._sink.write(data if start == 0 and stop == len(data) else data[start:stop])
         if end >= 0:
             self._body_done(data, end)
+
+    def _check_shapes(self, data: bytes, start: int, step: int, last: bool) -> None:
+        """Collect `data[start:start + step]`, a piece of a Content-Length inference body, and
+        check the body's shapes before its `last` piece goes (Triton has not begun reading it)."""
+        shapes = self._shapes
+        head = self._head
+        assert head is not None
+        if shapes is None:
+            if last:  # the whole body in one piece: checked as it is, nothing kept
+                self._checks = False
+                json_end = start + step
+                if 0 <= head.json_bytes < step:
+                    json_end = start + head.json_bytes
+                check_json(data[start:json_end], self._length)
+                return
+            shapes = self._shapes = Shapes(head.json_bytes)
+        shapes.feed(data, start, start + step)
+        if last:
+            self._shapes = None
+            self._checks = False
+            shapes.check(self._length)
 
     def _relay_compressed(self, data: bytes, start: int) -> None:
         """`_relay_body` for a compressed body (Content-Length framed): each piece goes to Triton
@@ -607,6 +628,7 @@ class ClientConnection(asyncio.Protocol):
         self._request_done = True
         self._sink = None
         self._shapes = None
+        self._checks = False
         rest = data[end:] if end < len(data) else b""
         if rest:
             self._buffer = rest + self._buffer if self._buffer else rest
@@ -899,14 +921,3 @@ def _checks_shapes(route: str, head: RequestHead) -> bool:
     """Whether the request is one whose JSON Triton reads for inputs' shapes (`policy.shapes`):
     an inference request (Triton answers any other method on its path 405 unread)."""
     return route == "infer" and head.method == "POST"
-
-
-def _json_bytes(head: RequestHead) -> int:
-    """How much of the body is JSON: the binary tensor extension's
-    Inference-Header-Content-Length, or -1 (all of it; also when the header is unreadable)."""
-    for line in head.headers:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"inference-header-content-length":
-            value = value.strip()
-            return int(value) if value.isdigit() and len(value) <= 18 else -1
-    return -1

@@ -74,12 +74,28 @@ def test_zero_elements_pass_and_many_huge_dimensions_are_not_multiplied_whole() 
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"{", b'{"inputs":[]} x', b'{"inputs":[{"name":"\xff","shape":[1]}]}', b"[" * 5000],
-    ids=["empty", "cut", "trailing", "not-utf-8", "too-deep"],
+    [
+        b'{"sh\\u0061pe":[1]',
+        b'{"sh\\u0061pe":[1]} x',
+        b'{"n\\u0061me":"\xff","shape":[1]}',
+        b"[" * 5000 + b'"\\u0061"' + b"]" * 5000,
+        b'{"shape":[1.0]}',
+    ],
+    ids=["cut", "trailing", "not-utf-8", "too-deep", "not-plain"],
 )
-def test_what_cannot_be_checked_is_refused_with_why(body: bytes) -> None:
-    with pytest.raises(MalformedRequestError, match="the inference request"):
+def test_what_the_parser_cannot_read_is_refused_with_why(body: bytes) -> None:
+    """Bodies the plain reading leaves to the parser (an escape, a dimension not plain digits)."""
+    with pytest.raises(MalformedRequestError, match=r"the inference request|an input.s shape"):
         check(body)
+
+
+def test_json_that_is_not_valid_and_plainly_within_goes_to_triton() -> None:
+    """Triton refuses JSON that is not valid whole, before it reads a shape: without an escape,
+    the plain reading of its shapes is all that matters."""
+    for body in (b"", b'{"shape":[1]', b'{"inputs":[]} x', b'{"name":"\xff","shape":[1]}'):
+        check(body)
+    with pytest.raises(MalformedRequestError):  # not plainly within: to the parser
+        check(b'{"shape":[1,%d]' % 2**61)
 
 
 def test_a_json_part_over_the_bound_is_refused_whole_and_in_pieces() -> None:
