@@ -2,21 +2,24 @@
 
 Triton 2.51 sizes a REST input's buffer from its declared `shape` before it reads the JSON data,
 and aborts (SIGABRT) when the allocation fails: `"shape":[1,2305843009213693952]` with one value
-of data, 90 bytes, killed it, every tenant's model with it. Every input whose data is in the body
+of data, 91 bytes, killed it, every tenant's model with it. Every input whose data is in the body
 needs at least a byte of it per element (JSON data: a digit or a quote at least; the binary tensor
 extension: `binary_data_size` bytes, one or more per element), and shared-memory inputs are not
 served to tenants (the relays refuse the region APIs). So the relays refuse an inference body
-whose inputs declare more elements, together, than the body has bytes; and any dimension that is
-not a JSON integer from 0 to 2**63-1 (no request's shape has one: Triton's own are int64, and a
-negative or fractional one is only a way to confuse its arithmetic).
+whose inputs with JSON data declare more elements, together, than its JSON has bytes, or whose
+inputs with binary data declare more than their `binary_data_size`, or more of those in all than
+the body has after its JSON; and any dimension that is not a JSON integer from 0 to 2**63-1 (no
+request's shape has one: Triton's are int64; a negative or fractional one only confuses its
+arithmetic).
 
-The JSON part (the whole body, or the binary extension's Inference-Header-Content-Length) is
-parsed once, whole, by the stdlib's JSON decoder, so keys are read as Triton reads them
-(`"sh\\u0061pe"` is `shape`) and strings and nesting cannot hide one; every `shape` of every
-object counts, duplicate keys included (Triton's parser takes the first, Python's the last). A
-JSON part over MAX_JSON_BYTES is refused: tensor data that large belongs in the binary extension
-(tritonclient's default), and parsing it would hold the event loop. Pure: it reads the bytes it is
-given.
+A body that is all JSON, escape-free and with plain shapes (what tritonclient sends) is read
+without a parser (`_plainly_within`); any other JSON part is parsed once, whole, by the stdlib's
+JSON decoder, so keys are read as Triton reads them (`"sh\\u0061pe"` is `shape`) and strings and
+nesting cannot hide one; every `shape` of every object counts, duplicate keys included (Triton's
+parser takes the first, Python's the last), and what a short one declares is cached (a binary
+request's JSON repeats). A JSON part over MAX_JSON_BYTES is refused: tensor data that large
+belongs in the binary extension (tritonclient's default), and parsing it would hold the event
+loop. Pure: it reads the bytes it is given.
 """
 
 from __future__ import annotations
@@ -34,16 +37,61 @@ here); larger tensors go in the binary tensor extension."""
 MAX_DIMENSION: Final = 2**63 - 1
 """The largest dimension Triton's shapes (int64) can hold."""
 
-_found: Final[list[Any]] = []
-"""The `shape` values of the body being decoded: one decoder, built once, collects into it; the
-event loop decodes one body at a time, and `check_json` empties it first."""
+_found: Final[list[tuple[Any, int]]] = []
+"""Each `shape` value of the body being decoded, with its input's binary_data_size (-1: its data
+is JSON): one decoder, built once, collects into it; the event loop decodes one body at a time,
+and `_declared` empties it first."""
 
 
-def _keep_shapes(pairs: list[tuple[str, Any]]) -> None:
+class _Sizes:
+    """An object that had `binary_data_size` keys (a `parameters`), as its parent sees it."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: list[Any]) -> None:
+        self.values = values
+
+
+def _keep_shapes(pairs: list[tuple[str, Any]]) -> _Sizes | None:
+    shapes: list[Any] | None = None
+    parameters: list[Any] = []
+    sizes: list[Any] | None = None
     for key, value in pairs:
         if key == "shape":
-            _found.append(value)
-    # Nothing of the object is kept: only its shapes matter.
+            if shapes is None:
+                shapes = []
+            shapes.append(value)
+        elif key == "parameters":
+            parameters.append(value)
+        elif key == "binary_data_size":
+            if sizes is None:
+                sizes = []
+            sizes.append(value)
+    if shapes is not None:
+        size = _binary_size(parameters)
+        for shape in shapes:
+            _found.append((shape, size))
+    # Nothing else of an object is kept: only shapes and binary sizes matter.
+    return None if sizes is None else _Sizes(sizes)
+
+
+def _binary_size(parameters: list[Any]) -> int:
+    """The binary_data_size its `parameters` give an input, or -1: none, or not one plain size
+    (duplicates that differ): its data then counts as JSON, the stricter bound."""
+    sizes: list[Any] = []
+    for given in parameters:
+        if not isinstance(given, _Sizes):
+            return -1
+        sizes += given.values
+    if not sizes:
+        return -1
+    first = sizes[0]
+    if type(first) is not int or first < 0:
+        return -1
+    for size in sizes:
+        if type(size) is not int or size != first:
+            return -1
+    return int(first)
 
 
 # Numbers with a fraction or an exponent become True (a singleton: data of a million floats
@@ -109,14 +157,51 @@ def _plainly_within(json_part: bytes, body_bytes: int) -> bool:
     return elements <= body_bytes
 
 
+_DECLARED: Final[dict[bytes, tuple[int, int]]] = {}
+"""What the JSON parts parsed lately declare (`_declared`): a binary-extension request's JSON
+repeats from request to request (names, shapes, sizes; its data is in the binary part). At most
+_DECLARED_KEPT parts of at most _DECLARED_BYTES each."""
+_DECLARED_KEPT: Final = 256
+_DECLARED_BYTES: Final = 4096
+
+
 def check_json(json_part: bytes, body_bytes: int) -> None:
     """Refuse (MalformedRequestError) an inference request whose JSON part `json_part` is not
-    JSON, or declares a dimension that is not an integer from 0 to MAX_DIMENSION, or more elements
-    in all its shapes than `body_bytes`, the length of the whole body."""
-    if len(json_part) > MAX_JSON_BYTES:
-        raise json_too_large(len(json_part))
-    if _plainly_within(json_part, body_bytes):
+    JSON, or declares a dimension that is not an integer from 0 to MAX_DIMENSION, or inputs with
+    JSON data of more elements in all than the JSON part has bytes, or an input of more elements
+    than its binary_data_size, or binary_data_size in all more than the `body_bytes` of the whole
+    body hold after the JSON part."""
+    json_bytes = len(json_part)
+    if json_bytes > MAX_JSON_BYTES:
+        raise json_too_large(json_bytes)
+    if body_bytes == json_bytes and _plainly_within(json_part, body_bytes):
         return
+    declared = _DECLARED.get(json_part) if json_bytes <= _DECLARED_BYTES else None
+    if declared is None:
+        declared = _declared(json_part)
+        if json_bytes <= _DECLARED_BYTES:
+            if len(_DECLARED) >= _DECLARED_KEPT:
+                _DECLARED.clear()
+            _DECLARED[json_part] = declared
+    json_elements, binary_sizes = declared
+    if json_elements > json_bytes:
+        raise MalformedRequestError(
+            f"the inference request's inputs declare more elements in their shapes than its "
+            f"JSON has bytes ({json_bytes}), and each element of JSON data needs at least one; "
+            f"declare each input's shape as the data it sends"
+        )
+    if binary_sizes > body_bytes - json_bytes:
+        raise MalformedRequestError(
+            f"the inference request's inputs' binary_data_size add up to more than the "
+            f"{max(body_bytes - json_bytes, 0)} bytes its body has after its JSON; send each "
+            f"input's binary data whole, after the JSON"
+        )
+
+
+def _declared(json_part: bytes) -> tuple[int, int]:
+    """What `json_part` declares: the elements of its inputs with JSON data (more than
+    MAX_JSON_BYTES: MAX_JSON_BYTES + 1) and the sum of its inputs' binary_data_size; raises
+    MalformedRequestError for what is wrong whatever the body's length."""
     _found.clear()
     try:
         _DECODER.decode(str(json_part, "utf-8"))
@@ -133,16 +218,23 @@ def check_json(json_part: bytes, body_bytes: int) -> None:
     finally:
         shapes = list(_found)
         _found.clear()
-    elements = 0
-    for shape in shapes:
-        if isinstance(shape, list):
-            elements += _elements(shape, body_bytes)
-            if elements > body_bytes:
+    json_elements = 0
+    binary_sizes = 0
+    for shape, size in shapes:
+        if not isinstance(shape, list):
+            continue
+        if size < 0:
+            json_elements += _elements(shape, MAX_JSON_BYTES)
+            json_elements = min(json_elements, MAX_JSON_BYTES + 1)
+        else:
+            if _elements(shape, size) > size:
                 raise MalformedRequestError(
-                    f"the inference request's inputs declare more elements in their shapes than "
-                    f"its body has bytes ({body_bytes}), and each element needs at least one; "
-                    f"declare each input's shape as the data it sends"
+                    f"an input declares more elements in its shape than its binary_data_size "
+                    f"({size}) has bytes, and each element needs at least one; declare each "
+                    f"input's shape as the data it sends"
                 )
+            binary_sizes += size
+    return json_elements, binary_sizes
 
 
 def _elements(shape: list[Any], bound: int) -> int:

@@ -167,4 +167,4 @@ def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
             assert b"binary tensor extension" in answer, answer[:300]
         else:
             assert answer.startswith(b"HTTP/1.1 400"), (how, answer[:300])
-            assert b"more elements in their shapes than its body has bytes" in answer, how
+            assert b"more elements in" in answer, (how, answer[:300])

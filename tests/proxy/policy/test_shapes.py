@@ -14,7 +14,7 @@ from proxy.policy.refusals import BodyTooLargeError, MalformedRequestError
 from proxy.policy.shapes import MAX_DIMENSION, MAX_JSON_BYTES, Shapes, check_json
 
 BOMB = b'{"inputs":[{"name":"INPUT0","shape":[1,%d],"datatype":"FP32","data":[1]}]}' % 2**61
-TOO_MANY = "more elements in their shapes than its body has bytes"
+TOO_MANY = "more elements in their shapes than its JSON has bytes"
 
 
 def check(body: bytes) -> None:
@@ -123,11 +123,28 @@ def test_only_the_json_part_of_a_binary_body_is_kept() -> None:
         shapes.feed(body, at, min(at + 5, len(body)))
     assert shapes.held == len(header)
     shapes.check(len(body))
-    claims = header.replace(b"[1,6]", b"[1,1000]")  # 1,000 elements in about 100 bytes
+    claims = header.replace(b"[1,6]", b"[1,1000]")  # 1,000 elements in 24 bytes
     shapes = Shapes(len(claims))
     shapes.feed(claims + b"\0" * 24)
-    with pytest.raises(MalformedRequestError, match=TOO_MANY):
+    with pytest.raises(MalformedRequestError, match="more elements in its shape than its binary"):
         shapes.check(len(claims) + 24)
+
+
+def test_json_data_is_bounded_by_the_json_and_binary_data_by_its_part() -> None:
+    """A body padded with binary bytes does not let an input with JSON data declare more."""
+    padded = b'{"inputs":[{"shape":[1,1000],"data":[1]}]}'
+    with pytest.raises(MalformedRequestError, match=TOO_MANY):
+        check_json(padded, len(padded) + 2000)
+    two = b'{"inputs":[{"shape":[4],"parameters":{"binary_data_size":16}},'
+    two += b'{"shape":[4],"parameters":{"binary_data_size":16}}]}'
+    check_json(two, len(two) + 32)
+    with pytest.raises(MalformedRequestError, match="add up to more than the 31 bytes"):
+        check_json(two, len(two) + 31)
+    # Sizes that disagree (Triton reads the first, Python the last) count as JSON data.
+    unsure = b'{"inputs":[{"shape":[1000],"parameters":{"binary_data_size":4000},'
+    unsure += b'"parameters":{"binary_data_size":4}}]}'
+    with pytest.raises(MalformedRequestError, match=TOO_MANY):
+        check_json(unsure, len(unsure) + 4000)
 
 
 # -- against a reference: every `shape` of every object, read by json.loads on the whole body --
