@@ -301,12 +301,14 @@ def test_many_pods_holding_partial_rest_heads_are_answered_503_past_the_budget(
 ) -> None:
     """REST: each attacker pod opens HEADS connections, each sending a request head HEAD bytes
     long with no end (held by the relay until its head timeout, 30 s). The pods over their share
-    are answered 503 saying why, and the neighbour is served meanwhile."""
+    are answered 503 saying why, their connections opened once they were stopped are reset at
+    accept, and the neighbour is served meanwhile."""
     http_url, _, pid = gateway
     host, port = http_url.split(":")
     head = b"POST /v2/models/identity/infer HTTP/1.1\r\nX-Pad: " + b"a" * HEAD
     sockets: list[socket.socket] = []
     answers: list[bytes] = []
+    resets = 0
     try:
         with neighbour_running(http_url) as neighbour, PeakRss(pid) as rss:
             for source in ATTACKERS:
@@ -314,8 +316,11 @@ def test_many_pods_holding_partial_rest_heads_are_answered_503_past_the_budget(
                     sock = socket.create_connection(
                         (host, int(port)), timeout=10, source_address=(source, 0)
                     )
-                    sock.sendall(head)  # within the socket buffers even while its pod is paused
                     sockets.append(sock)
+                    try:
+                        sock.sendall(head)  # within the socket buffers while its pod is paused
+                    except (ConnectionResetError, BrokenPipeError):
+                        resets += 1  # refused at accept: its pod is stopped for the budget
             served = latencies(neighbour, NEIGHBOUR_ANSWERS, within=5.0)
             # Answers come after the grace (1 s); done once none came for as long again.
             deadline = time.monotonic() + 5
@@ -324,7 +329,10 @@ def test_many_pods_holding_partial_rest_heads_are_answered_503_past_the_budget(
             while pending and time.monotonic() < min(deadline, quiet_until):
                 ready, _, _ = select.select(pending, [], [], 0.1)
                 for sock in ready:
-                    answers.append(sock.recv(1 << 16))
+                    try:
+                        answers.append(sock.recv(1 << 16))
+                    except ConnectionResetError:
+                        resets += 1
                     pending.remove(sock)
                     quiet_until = time.monotonic() + 1.5
             assert not neighbour.errors, neighbour.errors
@@ -333,7 +341,8 @@ def test_many_pods_holding_partial_rest_heads_are_answered_503_past_the_budget(
             sock.close()
     assert len(served) == NEIGHBOUR_ANSWERS
     assert rss.growth < GROWTH, f"the gateway grew by {rss.growth / 2**20:.0f} MiB"
-    assert answers, "no attacker connection was answered: they hang"
-    for answer in answers:
+    answered = [answer for answer in answers if answer]  # b"": reset at accept, read as closed
+    assert answered, f"no attacker connection was answered ({resets} reset): they hang"
+    for answer in answered:
         assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
         assert b"--max-buffered-bytes" in answer and b"budget" in answer, answer[:400]
