@@ -47,6 +47,7 @@ from proxy.http2.state import (
     peer_ended,
 )
 from proxy.policy.finals import Finals
+from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 from proxy.settings import Settings
@@ -558,12 +559,16 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.out.flush()
         transport = self.transport
         if transport is not None:
-            # A tenant that reads nothing would keep a closing connection, and what it holds,
-            # open for ever: it is dropped instead.
-            if transport.get_write_buffer_size():
-                transport.abort()
-            else:
-                transport.close()
+            # The write side ends once the refusals are sent. Not close(): the pod's reading is
+            # paused, and closing a socket with bytes unread sends a reset, which would take the
+            # refusals from the tenant before it reads them. It is dropped a moment later, with
+            # whatever it holds, whether the tenant read them or not.
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(SHED_DRAIN_SECONDS, self._drop, transport)
+
+    def _drop(self, transport: asyncio.Transport) -> None:
+        if self.transport is transport:
+            transport.abort()
 
     def completed(self) -> None:
         """Triton completed one of this tenant's calls: it earns back one reset."""
