@@ -33,6 +33,7 @@ from tritonclient.grpc import service_pb2
 
 from sim.triton import TritonServer
 from tests.proxy.gateway.conftest import caller, publish
+from tests.proxy.gateway.test_h2_attacks import frame, infer_block
 from tests.proxy.gateway.test_inflate_attacks import (
     VICTIM,
     PeakRss,
@@ -60,23 +61,10 @@ twice the budget, and under the budget once the grace has passed)."""
 NEIGHBOUR_ANSWERS = 30
 
 
-def _frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + sid.to_bytes(4, "big") + payload
-
-
 def held_streams(authority: str) -> bytes:
     """The preface and STREAMS ModelInfer calls to `identity`, each a HEADERS and a DATA frame
     carrying all of a MESSAGE-byte message but its last SHORT bytes."""
-    block = hpack.Encoder().encode(
-        [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", "/inference.GRPCInferenceService/ModelInfer"),
-            (":authority", authority),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ]
-    )
+    block = infer_block(authority)
     body = MESSAGE - 5
     # field 1 (model_name) "identity", then field 7 (raw_input_contents) filling the message.
     name = b"\x0a\x08identity"
@@ -84,10 +72,10 @@ def held_streams(authority: str) -> bytes:
     message = name + b"\x3a" + bytes([fill & 0x7F | 0x80, fill >> 7]) + bytes(fill)
     assert len(message) == body
     sent = (b"\x00" + body.to_bytes(4, "big") + message)[: MESSAGE - SHORT]
-    frames = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", _frame(4, 0, 0, b"")]
+    frames = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", frame(4, 0, 0, b"")]
     for sid in range(1, 2 * STREAMS, 2):
-        frames.append(_frame(1, 4, sid, block))
-        frames.append(_frame(0, 0, sid, sent))
+        frames.append(frame(1, 4, sid, block))
+        frames.append(frame(0, 0, sid, sent))
     return b"".join(frames)
 
 
@@ -100,16 +88,7 @@ HOARDED = 64
 def hoarded_answers(authority: str) -> bytes:
     """The preface, SETTINGS with a stream window of 0 (the pod reads no answer byte), and
     HOARDED whole ModelInfer calls to `identity` each drawing an ANSWER-byte answer."""
-    block = hpack.Encoder().encode(
-        [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", "/inference.GRPCInferenceService/ModelInfer"),
-            (":authority", authority),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ]
-    )
+    block = infer_block(authority)
     request = service_pb2.ModelInferRequest(model_name="identity")
     tensor = request.inputs.add()
     tensor.name, tensor.datatype = "INPUT_FP32", "FP32"
@@ -117,12 +96,12 @@ def hoarded_answers(authority: str) -> bytes:
     request.raw_input_contents.append(bytes(ANSWER))
     body = request.SerializeToString()
     message = b"\x00" + len(body).to_bytes(4, "big") + body
-    frames = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", _frame(4, 0, 0, b"\x00\x04" + bytes(4))]
+    frames = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", frame(4, 0, 0, b"\x00\x04" + bytes(4))]
     for sid in range(1, 2 * HOARDED, 2):
-        frames.append(_frame(1, 4, sid, block))
+        frames.append(frame(1, 4, sid, block))
         for start in range(0, len(message), 16384):
             last = start + 16384 >= len(message)
-            frames.append(_frame(0, 1 if last else 0, sid, message[start : start + 16384]))
+            frames.append(frame(0, 1 if last else 0, sid, message[start : start + 16384]))
     return b"".join(frames)
 
 
