@@ -43,9 +43,9 @@ KEPT_ENTRIES: Final = 128
 """Distinct blocks (or header lists) one memory keeps; past that it starts again."""
 KEPT_BYTES: Final = 32 * 1024
 """What one memory may hold, counted as `fields_size` counts (a peer's repeated blocks are a few:
-a gRPC client's request heads, about 1.5 KiB each counted so); past that it starts again. A
-tenant connection has two (its decoder's and the relay's plans), which `gateway.budget`
-counts."""
+a grpcio request head counts about 2 KiB, so 16 distinct ones are kept); past that it starts
+again. A tenant connection has two (its decoder's and the relay's plans), which
+`gateway.budget` counts."""
 KEPT_ENTRY_BYTES: Final = 8 * 1024
 """Larger entries (many fields, long literal values) are decoded every time: they rarely repeat,
 and a 1 KiB block of one-byte indexed fields decodes to 1,024 fields (about 72 KiB)."""
