@@ -26,7 +26,7 @@ from proxy.grpc.relay import MAX_HEADER_BLOCK, MAX_STREAMS
 from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http1.framing import MAX_HEAD_BYTES
 from proxy.http1.relay import PIPELINE_LIMIT
-from proxy.http2.headers import KEPT_BYTES
+from proxy.http2.headers import KEPT_BYTES, KEPT_ENTRY_BYTES
 from proxy.policy.inflation import SLICE
 from proxy.policy.naming import HOLD
 from proxy.policy.refusals import SMALL_REQUEST
@@ -42,7 +42,10 @@ renamed (`http1.answers`)."""
 _GRPC_CONNECTION: Final = (
     MAX_STREAMS * (max(HOLD_LIMIT, PREFIX_HOLD, SMALL_REQUEST) + 5)
     + MAX_HEADER_BLOCK
-    + 2 * KEPT_BYTES  # the decoder's kept blocks and the relay's plans (`http2.headers`)
+    # The decoder's kept blocks and the relay's plans (`http2.headers`), and the last plan,
+    # remembered after its memory started again.
+    + 2 * KEPT_BYTES
+    + KEPT_ENTRY_BYTES
     + SMALL_INFLATE
 )
 CONNECTION_BYTES: Final = max(_REST_CONNECTION, _GRPC_CONNECTION)

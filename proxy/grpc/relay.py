@@ -38,6 +38,7 @@ from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow
 from proxy.http2.headers import (
     ENTRY_BYTES,
+    KEPT_ENTRY_BYTES,
     BlockDecoder,
     Fields,
     fields_size,
@@ -484,8 +485,12 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         if fields is self._last_fields:  # the client's previous call's headers, as decoded
             plan = self._last_plan
         else:
-            plan = self._plans.get(fields) or self._plan(fields)
-            self._last_fields, self._last_plan = fields, plan
+            found = self._plans.get(fields)
+            if found is None:
+                plan = self._plan(fields)  # the last plan from now on if it is kept
+            else:
+                plan = found
+                self._last_fields, self._last_plan = fields, plan
         kind, streaming, sent, encoding, problem = plan
         if problem is not None:
             self.on_stream_error(sid, frames.PROTOCOL_ERROR, f"a malformed request: {problem}")
@@ -548,6 +553,10 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             if sent is not fields:
                 size += fields_size(sent)
             self._plans_bytes = keep(self._plans, fields, plan, size, self._plans_bytes)
+            if size <= KEPT_ENTRY_BYTES:
+                # Only a plan kept is remembered as the last: a list of a thousand fields kept
+                # here would hold what `keep` refused, uncounted.
+                self._last_fields, self._last_plan = fields, plan
         return plan
 
     def held_bytes(self) -> int:
