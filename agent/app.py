@@ -296,6 +296,9 @@ class Agent:
                 # fills for calls the gate has not admitted; installs read their messages as they
                 # come, so the 64 KiB window grows per message instead (benchmarks/agent_install).
                 ("grpc.http2.bdp_probe", 0),
+                # grpc's server bounds no connection count; idle connections go, so holding one
+                # open costs a caller a call in progress, which the gate bounds.
+                ("grpc.max_connection_idle_ms", int(settings.idle_connection_seconds * 1000)),
             ],
         )
         add_to_server(self.service, self._grpc)

@@ -405,6 +405,16 @@ class Settings:
         default="5",
     )
     """Seconds a refused token is refused again without asking TokenReview."""
+    idle_connection_seconds: float = setting(
+        "idle-connection-seconds",
+        "seconds a gRPC connection with no call in progress is kept open",
+        seconds(),
+        default="120",
+    )
+    """Seconds a connection to the gRPC API may stay with no call in progress before the agent
+    ends it (GOAWAY): grpc's server has no bound on connections, and each idle one holds about
+    15 KiB for ever, so a tenant's source ports could otherwise pass the agent's memory limit.
+    Clients reconnect on their next call."""
     log_level: str = log_level_flag()
     """Log level."""
     log_format: str = log_format_flag()

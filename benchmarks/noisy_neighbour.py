@@ -50,12 +50,18 @@ to 2.1 GiB, Triton to 4.2 GiB, the agent to 1.5 GiB, one after the other). The a
 shares the machine's cores with everything else, as a pod on the same node shares its CPUs; with
 `--pin-attacker` it runs alone on the last CPU and everything else on the others, as a tenant whose
 client runs in a pod of its own under its own CPU limit (on 2 cores the unpinned flood measures as
-much the attacker's client taking a core from the node as the gateway serving it). Every
+much the attacker's client taking a core from the node as the gateway serving it). With
+`--kubelet-cpu` every process is weighted as a kubelet weights pods (`SimCluster(cpu_shares=True)`,
+sim/node/cpushares.py): the node pod by deploy/base's CPU requests, the model pods by theirs, the
+attacker's client as a container of its pod requesting `--attacker-cpu` and limited to
+`--attacker-cpu-limit` (a namespace's LimitRange default), the victim's callers, which stand for
+clients off the node, `--victim-client-cpu`. Every
 address used is in 127.0.0.0/8, and every part stops by itself (each loop is bounded in count and
 time) and is stopped at the end.
 
     .venv/bin/python -m benchmarks.noisy_neighbour [--attacks all] [--seconds 8] [--rate 50]
-        [--full-size] [--gpu-mem-enforcement evict] [--admission-policies] [--pin-attacker]
+        [--full-size] [--gpu-mem-enforcement evict] [--admission-policies]
+        [--pin-attacker | --kubelet-cpu [--attacker-cpu 1] [--attacker-cpu-limit 0]]
         [--workdir DIR]
 
 About 3 minutes with the defaults on a 2-core box (15 to 20 s of it starting the cluster).
@@ -232,9 +238,11 @@ class Bench:
         cpu = self.cluster.cpu
         if cpu is None:
             return None
-        wanted = self.args.attacker_cpu if role == "attacker" else self.args.victim_client_cpu
+        attacker = role == "attacker"
+        wanted = self.args.attacker_cpu if attacker else self.args.victim_client_cpu
         group, request = f"{role}-client", millicpu(wanted)
-        return lambda pid: cpu.place(group, request, [pid])
+        limit = millicpu(self.args.attacker_cpu_limit) if attacker else 0
+        return lambda pid: cpu.place(group, request, [pid], limit=limit)
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -1041,6 +1049,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "model pods by theirs, the attacker's client as a container of its pod")  # fmt: skip
     add("--attacker-cpu", default="1",
         help="with --kubelet-cpu: the CPU request of the attacker's client container")  # fmt: skip
+    add("--attacker-cpu-limit", default="0",
+        help="with --kubelet-cpu: the CPU limit of the attacker's client container (a "
+        "namespace's LimitRange default; 0: none)")  # fmt: skip
     add("--victim-client-cpu", default="1",
         help="with --kubelet-cpu: the CPU weight of the victim's callers (off the node in a "
         "real cluster)")  # fmt: skip
@@ -1053,7 +1064,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.attacks = chosen
     if args.kubelet_cpu and args.pin_attacker:
         parser.error("choose one of --kubelet-cpu and --pin-attacker")
-    for flag in ("attacker_cpu", "victim_client_cpu"):
+    for flag in ("attacker_cpu", "attacker_cpu_limit", "victim_client_cpu"):
         try:
             millicpu(getattr(args, flag))
         except ValueError as e:
@@ -1134,6 +1145,19 @@ def run_benchmark(args: argparse.Namespace) -> Run:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _kubelet_cpu(args: argparse.Namespace) -> str:
+    """How --kubelet-cpu weighted the processes, for the summary line ('' without it)."""
+    if not args.kubelet_cpu:
+        return ""
+    limit = millicpu(args.attacker_cpu_limit)
+    return (
+        "; CPU weighted by requests as a kubelet does (the node pod's from deploy/base, the "
+        f"attacker's client {args.attacker_cpu}"
+        + (f" limited to {args.attacker_cpu_limit}" if limit else "")
+        + f", the victim's callers {args.victim_client_cpu})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run, print the table and the verdict; exit 1 when the target is not met somewhere."""
     args = parse(argv)
@@ -1157,13 +1181,7 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, "attacker_cpus", None)
             else ""
         )
-        + (
-            f"; CPU weighted by requests as a kubelet does (the node pod's from deploy/base, "
-            f"the attacker's client {args.attacker_cpu}, the victim's callers "
-            f"{args.victim_client_cpu})"
-            if args.kubelet_cpu
-            else ""
-        )
+        + _kubelet_cpu(args)
     )
     return 1 if missed else 0
 

@@ -150,7 +150,13 @@ class Gateway:
                 caller, self.settings.relay_settings(caller.model_id, caller.concurrency)
             )
             if tenant.connections >= self.settings.max_connections_per_pod:
-                self._refuse(protocol, address, sock, too_many=True)
+                self._refuse(protocol, address, sock, why="too_many_connections")
+                continue
+            if tenant.share.held:
+                # A new connection reads once before it can be paused (uvloop starts reading
+                # after connection_made), so a pod the byte budget stopped opens none: each
+                # would bring another read past its share.
+                self._refuse(protocol, address, sock, why="over_budget")
                 continue
             try:
                 await tenant.adopt(protocol, sock)
@@ -158,18 +164,13 @@ class Gateway:
                 log.warning("Serving a connection of pod %s failed at once: %s", caller.pod, e)
                 sock.close()
 
-    def _refuse(
-        self, protocol: str, address: str, sock: socket.socket, *, too_many: bool = False
-    ) -> None:
+    def _refuse(self, protocol: str, address: str, sock: socket.socket, *, why: str = "") -> None:
         # SO_LINGER 0: the peer sees a reset at once rather than an orderly close it might
         # mistake for an answer.
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
-        if too_many:
-            reason = "too_many_connections"
-        else:
-            reason = "no_table" if self.book.problem else "not_a_caller"
+        reason = why or ("no_table" if self.book.problem else "not_a_caller")
         self.metrics.refused(protocol, reason)
         now = time.monotonic()
         last = self._refusals.get(address)
@@ -178,20 +179,26 @@ class Gateway:
         if len(self._refusals) >= _REMEMBERED_REFUSALS:
             self._refusals.clear()
         self._refusals[address] = now
-        why = self.book.problem or (
-            "it is not a model pod that this node's agent placed and that owns its model here"
-            + (
-                " (the caller table is stale: no pod is admitted until the agent writes again)"
-                if self.book.stale
-                else ""
-            )
-        )
-        if too_many:
-            why = (
+        if reason == "too_many_connections":
+            said = (
                 f"the pod already holds {self.settings.max_connections_per_pod} connections "
                 "(--max-connections-per-pod)"
             )
-        log.warning("Refused a %s connection from %s: %s.", protocol, address, why)
+        elif reason == "over_budget":
+            said = (
+                "the pod holds more than its share of the node's byte budget "
+                "(--max-buffered-bytes) and may open no connection until it holds less"
+            )
+        else:
+            said = self.book.problem or (
+                "it is not a model pod that this node's agent placed and that owns its model here"
+                + (
+                    " (the caller table is stale: no pod is admitted until the agent writes again)"
+                    if self.book.stale
+                    else ""
+                )
+            )
+        log.warning("Refused a %s connection from %s: %s.", protocol, address, said)
 
     async def _account(self, budget: ByteBudget) -> None:
         """Measure every pod's holdings each PERIOD while the budget is busy, else each

@@ -3,8 +3,8 @@
 What one calling pod can make the gateway hold, whatever it sends, from the relays' own bounds:
 each connection holds at most `CONNECTION_BYTES` (a REST connection: its head, pipelined
 requests, one compressed read being counted, and an answer being renamed; a gRPC connection:
-a partial message or prefix on each of its streams, a header block, a small message inflated
-inline), and each stream at
+a partial message or prefix on each of its streams, a header block, the header blocks its
+decoder keeps and the plans made from them, a small message inflated inline), and each stream at
 Triton or waiting for a slot (a ModelStreamInfer stream holds one slot while it is open, and one
 per request in flight past the first) at most `STREAM_BYTES` (request bytes Triton's window
 holds back, a response the tenant does not read, and a large message's name, request id and
@@ -26,6 +26,7 @@ from proxy.grpc.relay import MAX_HEADER_BLOCK, MAX_STREAMS
 from proxy.grpc.stream import RECEIVE_WINDOW
 from proxy.http1.framing import MAX_HEAD_BYTES
 from proxy.http1.relay import PIPELINE_LIMIT
+from proxy.http2.headers import KEPT_BYTES, KEPT_ENTRY_BYTES
 from proxy.policy.inflation import SLICE
 from proxy.policy.naming import HOLD
 from proxy.policy.refusals import SMALL_REQUEST
@@ -45,6 +46,10 @@ renamed (`http1.answers`), and an inference body's JSON part kept to check its s
 _GRPC_CONNECTION: Final = (
     MAX_STREAMS * (max(HOLD_LIMIT, PREFIX_HOLD, SMALL_REQUEST) + 5)
     + MAX_HEADER_BLOCK
+    # The decoder's kept blocks and the relay's plans (`http2.headers`), and the last plan,
+    # remembered after its memory started again.
+    + 2 * KEPT_BYTES
+    + KEPT_ENTRY_BYTES
     + SMALL_INFLATE
 )
 CONNECTION_BYTES: Final = max(_REST_CONNECTION, _GRPC_CONNECTION)

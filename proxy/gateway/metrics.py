@@ -134,8 +134,9 @@ class GatewayMetrics:
         self._refused = Counter(
             "tritonshare_gateway_refused_connections",
             "Connections closed at accept, by reason: not_a_caller (the address is no proven "
-            "model pod of this node), no_table (no fresh caller table) or too_many_connections "
-            "(the pod holds --max-connections-per-pod already).",
+            "model pod of this node), no_table (no fresh caller table), too_many_connections "
+            "(the pod holds --max-connections-per-pod already) or over_budget (the pod is stopped "
+            "for holding more than its share of --max-buffered-bytes).",
             ["protocol", "reason"],
             registry=self.registry,
         )

@@ -36,7 +36,16 @@ from proxy.grpc.replies import Replies, ReplyHooks
 from proxy.grpc.stream import RECEIVE_WINDOW, Channel, Stream
 from proxy.http2 import frames
 from proxy.http2.flow import FlowControlError, ReceiveWindow
-from proxy.http2.headers import BlockDecoder, Fields, request_problem, trailers_problem
+from proxy.http2.headers import (
+    ENTRY_BYTES,
+    KEPT_ENTRY_BYTES,
+    BlockDecoder,
+    Fields,
+    fields_size,
+    keep,
+    request_problem,
+    trailers_problem,
+)
 from proxy.http2.reader import ConnectionBrokenError, FrameReader
 from proxy.http2.state import (
     NEXT,
@@ -47,6 +56,7 @@ from proxy.http2.state import (
     peer_ended,
 )
 from proxy.policy.finals import Finals
+from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import GrpcAnswer, grpc_kind
 from proxy.settings import Settings
@@ -109,6 +119,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self._goaway = False
         self._decoder = BlockDecoder()
         self._plans: dict[Fields, _Plan] = {}  # see _plan
+        self._plans_bytes = 0  # what they hold, counted as `headers.fields_size` counts
         # The last plan and its fields: a client repeating its headers gets the very tuple the
         # decoder kept, recognised by identity without hashing it (CPython does not cache a
         # tuple's hash; this one is seven pairs).
@@ -475,8 +486,12 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         if fields is self._last_fields:  # the client's previous call's headers, as decoded
             plan = self._last_plan
         else:
-            plan = self._plans.get(fields) or self._plan(fields)
-            self._last_fields, self._last_plan = fields, plan
+            found = self._plans.get(fields)
+            if found is None:
+                plan = self._plan(fields)  # the last plan from now on if it is kept
+            else:
+                plan = found
+                self._last_fields, self._last_plan = fields, plan
         kind, streaming, sent, encoding, problem = plan
         if problem is not None:
             self.on_stream_error(sid, frames.PROTOCOL_ERROR, f"a malformed request: {problem}")
@@ -533,15 +548,23 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 # only for a client that accepts it, and this one does not.
                 sent = tuple((n, v) for n, v in sent if n != b"grpc-accept-encoding")
             plan = (kind, streaming, sent, encoding, request_problem(fields))
-            if len(self._plans) >= 64:
-                self._plans.clear()
-            self._plans[fields] = plan
+            # Counted by the fields it holds (the key, and `sent` when it is a copy), as the
+            # decoder counts its blocks: a block of a thousand one-byte fields is not kept.
+            size = ENTRY_BYTES + fields_size(fields)
+            if sent is not fields:
+                size += fields_size(sent)
+            self._plans_bytes = keep(self._plans, fields, plan, size, self._plans_bytes)
+            if size <= KEPT_ENTRY_BYTES:
+                # Only a plan kept is remembered as the last: a list of a thousand fields kept
+                # here would hold what `keep` refused, uncounted.
+                self._last_fields, self._last_plan = fields, plan
         return plan
 
     def held_bytes(self) -> int:
-        """What this connection holds for its pod now: a partial frame, each open stream's bytes
-        both ways, and its unsent writes (the gateway's byte budget reads it on a timer)."""
-        held = self._reader.buffered + len(self._in)
+        """What this connection holds for its pod now: a partial frame, the header blocks and
+        plans it keeps, each open stream's bytes both ways, and its unsent writes (the gateway's
+        byte budget reads it on a timer)."""
+        held = self._reader.buffered + len(self._in) + self._decoder.kept_bytes + self._plans_bytes
         transport = self.transport
         if transport is not None:
             held += transport.get_write_buffer_size()
@@ -558,12 +581,16 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.out.flush()
         transport = self.transport
         if transport is not None:
-            # A tenant that reads nothing would keep a closing connection, and what it holds,
-            # open for ever: it is dropped instead.
-            if transport.get_write_buffer_size():
-                transport.abort()
-            else:
-                transport.close()
+            # The write side ends once the refusals are sent. Not close(): the pod's reading is
+            # paused, and closing a socket with bytes unread sends a reset, which would take the
+            # refusals from the tenant before it reads them. It is dropped a moment later, with
+            # whatever it holds, whether the tenant read them or not.
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(SHED_DRAIN_SECONDS, self._drop, transport)
+
+    def _drop(self, transport: asyncio.Transport) -> None:
+        if self.transport is transport:
+            transport.abort()
 
     def completed(self) -> None:
         """Triton completed one of this tenant's calls: it earns back one reset."""

@@ -29,6 +29,7 @@ from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, ans
 from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
+from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.inflation import BUDGET, Inflation, Sink
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import NamingError
@@ -820,8 +821,17 @@ class ClientConnection(asyncio.Protocol):
             self._release_slot()  # one it got while its connection to Triton was being made
             self._refuse(error)
         transport = self.transport
-        if transport is not None and (self._state != _CLOSED or transport.get_write_buffer_size()):
-            transport.abort()  # mid-exchange, or a tenant that does not read the refusal
+        if transport is None:
+            return
+        if self._state != _CLOSED:
+            transport.abort()  # mid-exchange at Triton: the answer may have begun
+        elif transport.get_write_buffer_size():
+            # The refusal first; a tenant that does not read it is dropped a moment later.
+            asyncio.get_running_loop().call_later(SHED_DRAIN_SECONDS, self._drop, transport)
+
+    def _drop(self, transport: asyncio.Transport) -> None:
+        if self in self._relay.connections:  # not yet lost: its refusal is still unread
+            transport.abort()
 
     def close_if_idle(self) -> None:
         """Close between requests (used when the proxy stops)."""

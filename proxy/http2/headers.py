@@ -18,8 +18,12 @@ still goes through here, so the table never falls out of step with the peer's en
 repeated call costs Triton a few indexed bytes to decode instead of a few hundred bytes of
 literals, as when a client talks to Triton directly; the same reuse rule keeps it cheap for us.
 
-What it must not do: skip a block, reuse a result across a change of a table, or encode a block
-that is then not sent.
+What is kept is bounded by what it holds, not by the blocks' own bytes: a 1 KiB block of one-byte
+indexed fields decodes to 1,024 fields, so each entry is counted by its decoded fields
+(`fields_size`), and a memory keeps at most `KEPT_ENTRY_BYTES` an entry and `KEPT_BYTES` in all.
+
+What it must not do: skip a block, reuse a result across a change of a table, encode a block
+that is then not sent, or keep more than `KEPT_BYTES` for a peer, whatever it sends.
 """
 
 from __future__ import annotations
@@ -35,10 +39,31 @@ V = TypeVar("V")
 
 Fields = tuple[tuple[bytes, bytes], ...]
 
-_KEPT_BLOCKS: Final = 128
-"""Distinct blocks kept per connection; past that the memory starts again."""
-_KEPT_BLOCK_BYTES: Final = 1024
-"""Larger blocks (long literal values) are decoded every time: they rarely repeat."""
+KEPT_ENTRIES: Final = 128
+"""Distinct blocks (or header lists) one memory keeps; past that it starts again."""
+KEPT_BYTES: Final = 32 * 1024
+"""What one memory may hold, counted as `fields_size` counts (a peer's repeated blocks are a few:
+a grpcio request head counts about 2 KiB, so 16 distinct ones are kept); past that it starts
+again. A tenant connection has two (its decoder's and the relay's plans), which
+`gateway.budget` counts."""
+KEPT_ENTRY_BYTES: Final = 8 * 1024
+"""Larger entries (many fields, long literal values) are decoded every time: they rarely repeat,
+and a 1 KiB block of one-byte indexed fields decodes to 1,024 fields (about 72 KiB)."""
+FIELD_BYTES: Final = 168
+"""What one decoded field holds past its name's and value's lengths, at most: its tuple (72 bytes
+with its GC header), its name and value when they are literals (two bytes objects, 33 bytes and
+the allocator's rounding each), its place in the list (8). Indexed fields share the table's bytes,
+so this counts them high."""
+ENTRY_BYTES: Final = 160
+"""An entry's own cost: the list's tuple, the key's bytes object and its slot in the dict."""
+
+
+def fields_size(fields: Fields) -> int:
+    """What `fields` decoded hold in memory, at most (`FIELD_BYTES` each, and their bytes)."""
+    size = FIELD_BYTES * len(fields)
+    for name, value in fields:
+        size += len(name) + len(value)
+    return size
 
 
 def _changed(table: HeaderTable, before: tuple[object, int, int]) -> bool:
@@ -56,23 +81,30 @@ def _state(table: HeaderTable) -> tuple[object, int, int]:
     return (entries[0] if entries else None, len(entries), table.maxsize)
 
 
-def _keep(kept: dict[K, V], key: K, value: V, size: int) -> None:
-    """Remember `value` under `key` unless it is large; past the bound the memory starts again."""
-    if size <= _KEPT_BLOCK_BYTES:
-        if len(kept) >= _KEPT_BLOCKS:
-            kept.clear()
-        kept[key] = value
+def keep(kept: dict[K, V], key: K, value: V, size: int, held: int) -> int:
+    """Remember `value` under `key` unless its `size` (counted as `fields_size` counts) is over
+    `KEPT_ENTRY_BYTES`; past `KEPT_ENTRIES` or `KEPT_BYTES` the memory starts again. `held` is
+    what `kept` holds now, counted so; returns what it holds after."""
+    if size > KEPT_ENTRY_BYTES:
+        return held
+    if len(kept) >= KEPT_ENTRIES or held + size > KEPT_BYTES:
+        kept.clear()
+        held = 0
+    kept[key] = value
+    return held + size
 
 
 class BlockDecoder:
     """One peer's HPACK decoder (a connection direction) with a memory of repeated blocks."""
 
-    __slots__ = ("_decoder", "_kept", "_table")
+    __slots__ = ("_decoder", "_kept", "_table", "kept_bytes")
 
     def __init__(self) -> None:
         self._decoder = Decoder()
         self._table = self._decoder.header_table
         self._kept: dict[bytes, Fields] = {}
+        self.kept_bytes = 0
+        """What the kept blocks hold, counted as `fields_size` counts (at most `KEPT_BYTES`)."""
 
     @property
     def max_allowed_table_size(self) -> int:
@@ -82,7 +114,11 @@ class BlockDecoder:
     @max_allowed_table_size.setter
     def max_allowed_table_size(self, size: int) -> None:
         self._decoder.max_allowed_table_size = size
-        self._kept.clear()  # a block's validity may depend on the bound: decode afresh
+        self._forget()  # a block's validity may depend on the bound: decode afresh
+
+    def _forget(self) -> None:
+        self._kept.clear()
+        self.kept_bytes = 0
 
     def decode(self, block: bytes) -> Fields:
         """The (name, value) fields of `block`; raises `hpack.HPACKError` when it is malformed."""
@@ -95,12 +131,13 @@ class BlockDecoder:
             # the next hop (RFC 7541 6.2.3: an intermediary keeps that representation).
             fields = tuple(self._decoder.decode(block, raw=True))
         except Exception:
-            self._kept.clear()  # it may have changed the table before it failed
+            self._forget()  # it may have changed the table before it failed
             raise
         if _changed(self._table, before):
-            self._kept.clear()  # the table changed: indices in kept blocks may mean other fields
-        else:
-            _keep(self._kept, block, fields, len(block))
+            self._forget()  # the table changed: indices in kept blocks may mean other fields
+        elif len(block) <= KEPT_ENTRY_BYTES:  # by what it decodes to, not by its own few bytes
+            size = ENTRY_BYTES + len(block) + fields_size(fields)
+            self.kept_bytes = keep(self._kept, block, fields, size, self.kept_bytes)
         return fields
 
 
@@ -110,11 +147,20 @@ class BlockEncoder:
     Every block `encode` returns must be sent, in order: Triton's decoder follows this table.
     """
 
-    __slots__ = ("_encoder", "_kept", "_last", "_last_block", "_previous", "_previous_block")
+    __slots__ = (
+        "_encoder",
+        "_kept",
+        "_kept_bytes",
+        "_last",
+        "_last_block",
+        "_previous",
+        "_previous_block",
+    )
 
     def __init__(self) -> None:
         self._encoder = Encoder()
         self._kept: dict[Fields, bytes] = {}
+        self._kept_bytes = 0  # as `BlockDecoder.kept_bytes`: the lists are the keys here
         # The last two lists found in `_kept`, by identity: a decoded list the peer repeats is the
         # very object `BlockDecoder` kept, and hashing it (a tuple of tuples: CPython does not
         # cache the hash) costs more than the rest of the lookup. Two, because a tenant's
@@ -133,6 +179,7 @@ class BlockEncoder:
 
     def _forget(self) -> None:
         self._kept.clear()
+        self._kept_bytes = 0
         self._last = self._previous = None
 
     def encode(self, fields: Fields) -> bytes:
@@ -152,8 +199,9 @@ class BlockEncoder:
         block = self._encoder.encode(list(fields))
         if pending or _changed(table, before):
             self._forget()  # the table changed: kept blocks may point at other entries
-        else:
-            _keep(self._kept, fields, block, len(block))
+        elif len(block) <= KEPT_ENTRY_BYTES:
+            size = ENTRY_BYTES + len(block) + fields_size(fields)
+            self._kept_bytes = keep(self._kept, fields, block, size, self._kept_bytes)
         return block
 
 

@@ -57,6 +57,9 @@ the requests nothing)."""
 GRACE: Final = 1.0
 """Seconds a pod may stay over its share, paused, while the node is over its budget before its
 largest connections are closed."""
+SHED_DRAIN_SECONDS: Final = 1.0
+"""Seconds a connection closed for the budget has to take its refusals (a reading tenant learns
+why) before it is dropped with what it still holds (a tenant that reads nothing)."""
 _SLICE_FLOOR: Final = 64 * 1024
 """The least further allowance a pod is given while the node has room, so that a pod near the
 budget asks once per read at most, not once per byte."""

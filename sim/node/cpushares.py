@@ -7,9 +7,10 @@ whose processes all share one scheduler entity measures something no real node s
 flood taking a core from Triton and the gateway). `CpuGroups` gives the simulated node the same
 weights: a cgroup per pod under one directory of this simulation's own, `cpu.shares` (cgroup v1)
 or `cpu.weight` (cgroup v2) from the kubelet's arithmetic (`shares`), processes moved in by pid
-(their children inherit the group). It sets no CPU limit (no CFS quota): none of the parts'
-manifests sets one. Off unless asked for (`SimCluster(cpu_shares=True)`): it needs a writable cgroup
-CPU controller, which containers and CI machines often do not give, and tests do not need it.
+(their children inherit the group), and a container's CPU limit as a CFS quota, as the runtime
+sets it (none of the parts' manifests sets one). Off unless asked for
+(`SimCluster(cpu_shares=True)`): it needs a writable cgroup CPU controller, which containers and
+CI machines often do not give, and tests do not need it.
 
 What it must not do: decide which pod a process belongs to (the kubelet and the cluster say), or
 leave anything behind (`close` moves every process back and removes every group).
@@ -32,6 +33,8 @@ MIN_SHARES: Final = 2
 MAX_SHARES: Final = 262144
 """The kubelet's bounds on cpu.shares (pkg/kubelet/cm: MinShares, MaxShares)."""
 SHARES_PER_CPU: Final = 1024
+QUOTA_PERIOD_US: Final = 100_000
+"""The CFS period the kubelet uses for CPU limits (100 ms)."""
 
 _V1_ROOT: Final = Path("/sys/fs/cgroup/cpu")
 _V2_ROOT: Final = Path("/sys/fs/cgroup")
@@ -97,11 +100,15 @@ class CpuGroups:
                 "that mounts /sys/fs/cgroup read-write); run without it"
             ) from e
 
-    def place(self, group: str, millicpus: int, pids: Sequence[int] = ()) -> None:
+    def place(
+        self, group: str, millicpus: int, pids: Sequence[int] = (), *, limit: int = 0
+    ) -> None:
         """Put `pids` (and what they start from now on) in `group`, weighted for a CPU request of
-        `millicpus`; the group is made on first use and its weight follows the latest request.
-        `pod/container` nests a container's group in its pod's, as the kubelet and the runtime
-        do (the pod's group first; processes go in the innermost groups only)."""
+        `millicpus` and, with `limit` (millicpus), held to that much CPU time per period as a
+        container's CPU limit holds it (CFS quota); the group is made on first use and its
+        weight and limit follow the latest call. `pod/container` nests a container's group in
+        its pod's, as the kubelet and the runtime do (the pod's group first; processes go in the
+        innermost groups only)."""
         path = self._groups.get(group)
         if path is None:
             parent, _, _ = group.rpartition("/")
@@ -116,6 +123,12 @@ class CpuGroups:
             (path / "cpu.weight").write_text(str(weight(shares(millicpus))))
         else:
             (path / "cpu.shares").write_text(str(shares(millicpus)))
+        quota = limit * QUOTA_PERIOD_US // 1000 if limit > 0 else -1
+        if self._v2:
+            (path / "cpu.max").write_text(f"{quota if quota > 0 else 'max'} {QUOTA_PERIOD_US}")
+        else:
+            (path / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
+            (path / "cpu.cfs_quota_us").write_text(str(quota))
         for pid in pids:
             # A process that has already ended has nothing left to weight.
             with contextlib.suppress(ProcessLookupError):
@@ -125,6 +138,16 @@ class CpuGroups:
         """The weight the group has now (cpu.shares on v1, cpu.weight on v2)."""
         name = "cpu.weight" if self._v2 else "cpu.shares"
         return int((self._groups[group] / name).read_text())
+
+    def limit_of(self, group: str) -> int:
+        """The group's CPU limit in millicpus (0: none)."""
+        path = self._groups[group]
+        if self._v2:
+            quota, period = (path / "cpu.max").read_text().split()
+        else:
+            quota = (path / "cpu.cfs_quota_us").read_text().strip()
+            period = (path / "cpu.cfs_period_us").read_text().strip()
+        return 0 if quota in ("max", "-1") else int(quota) * 1000 // int(period)
 
     def pids(self, group: str) -> set[int]:
         """The processes in `group` now."""

@@ -232,15 +232,19 @@ class PodWorker(threading.Thread):
         log.info("Pod %s: started container %s.", self.key, container.name)
 
     def _weigh(self, cpu: CpuGroups, container: ContainerRun) -> None:
-        """The container's process into its group inside the pod's, weighted by their requests."""
+        """The container's process into its group inside the pod's, weighted by their requests and
+        held to its CPU limit if it has one."""
         assert container.process is not None
-        requested = container.spec.get("resources", {}).get("requests", {}).get("cpu")
+        resources = container.spec.get("resources", {})
+        requested = resources.get("requests", {}).get("cpu")
+        limited = resources.get("limits", {}).get("cpu")
         try:
             cpu.place(self._cpu_group, pod_millicpu(self.pod))
             cpu.place(
                 f"{self._cpu_group}/{container.name}",
                 0 if requested is None else millicpu(str(requested)),
                 [container.process.pid],
+                limit=0 if limited is None else millicpu(str(limited)),
             )
         except (OSError, ValueError) as e:
             log.warning(

@@ -9,6 +9,7 @@ process, where the test can shrink the disk the agent sees.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -503,3 +504,38 @@ async def test_a_stream_that_sends_only_a_header_gives_its_slots_back_in_seconds
     assert "--install-first-chunk-seconds" in (error.details() or "")
     assert not running.agent.gate._in_progress
     assert not list(running.agent.repository.staging_root.iterdir())
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+GOAWAY = 7
+
+
+async def test_an_idle_connection_is_ended_so_connections_cannot_pile_up(
+    start_custom_agent: StartAgent,
+) -> None:
+    """grpc's server bounds no connection count, and each connection that sent the preface was
+    kept for ever (about 15 KiB each: some 60,000 from a few pods' source ports pass the agent's
+    limit). One with no call in progress is now ended after --idle-connection-seconds."""
+    running = await start_custom_agent(idle_connection_seconds=1.0)
+    host, _, port = running.agent.grpc_address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(H2_PREFACE + EMPTY_SETTINGS)
+        await writer.drain()
+        kinds: list[int] = []
+
+        async def frames() -> None:
+            while GOAWAY not in kinds:
+                head = await reader.readexactly(9)
+                kinds.append(head[3])
+                await reader.readexactly(int.from_bytes(head[:3], "big"))
+
+        # Before: no GOAWAY came (grpc ends only connections that never send the preface, after
+        # 120 s); now one comes a second or so after the last call, with jitter.
+        await asyncio.wait_for(frames(), timeout=15)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    assert GOAWAY in kinds

@@ -7,8 +7,9 @@ and writes raw HTTP/2 frames from its own address; a neighbour pod calls its own
 same gateway. Each test asserts the bound docs/security.md and docs/proxy.md state for the
 gateway, per connection or per pod, or the neighbour's service:
 
-- header blocks the relay keeps decoded (a small block of indexed fields decodes to a thousand
-  fields): what a connection may make the gateway hold (`C x 4.1 MiB` per pod);
+- header blocks the relay keeps decoded, and its plans for them (a small block of indexed fields
+  decodes to a thousand fields): what a connection may make the gateway hold (`C x 4.2 MiB` per
+  pod, `budget.CONNECTION_BYTES` a connection);
 - a rapid-reset flood (HEADERS then RST_STREAM, CVE-2023-44487): the connection ends with
   ENHANCE_YOUR_CALM, the neighbour is served;
 - a CONTINUATION flood (a header block that never ends): the connection ends past 64 KiB;
@@ -32,6 +33,7 @@ import psutil
 import pytest
 from tritonclient.grpc import service_pb2
 
+from proxy.gateway.budget import CONNECTION_BYTES
 from sim.triton import TritonServer
 from tests.proxy.gateway.conftest import caller, publish
 from tests.proxy.gateway.test_inflate_attacks import (
@@ -51,8 +53,6 @@ DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6,
 END_STREAM, END_HEADERS = 0x1, 0x4
 CANCEL, ENHANCE_YOUR_CALM = 8, 11
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
-CONNECTION_SHARE = int(4.1 * 1024**2)
-"""What one tenant connection may make the gateway hold (docs/proxy.md, "Worst-case memory")."""
 
 
 def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
@@ -146,8 +146,6 @@ def goaway_code(seen: list[Frame]) -> int | None:
 
 # -- header blocks the relay keeps decoded -------------------------------------------------------
 
-KEPT_BLOCKS = 128
-"""Distinct header blocks each connection sends (the relay's decoder keeps up to 128)."""
 ATTACK_CONNECTIONS = 4
 
 
@@ -160,16 +158,24 @@ def fat_block(variant: int) -> bytes:
     return pattern + b"\x82" * (1024 - len(pattern))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proxy/http2/headers.py BlockDecoder keeps up to 128 decoded blocks of up to 1 KiB "
-    "each per connection, whatever they decode to: about 90 KiB of field objects per block, "
-    "about 9 MiB per connection beyond the documented 4.1 MiB (relaystate's area: the fix is to "
-    "bound what is kept by decoded fields, not block bytes)",
-)
+def long_block(variant: int) -> bytes:
+    """1,720 bytes that decode to 1,720 fields (`:path: /`, 38 bytes each, or `:path:
+    /index.html` in the pattern, just under the 64 KiB header-list bound): too long for the
+    decoder's memory before, but each distinct list got a plan kept in the relay's."""
+    pattern = bytes(0x84 | ((variant >> bit) & 1) for bit in range(7))
+    return pattern + b"\x84" * (1720 - len(pattern))
+
+
 def test_header_blocks_kept_decoded_hold_no_more_than_a_connections_share(
     gateway: GatewayProcess,
 ) -> None:
+    """Distinct small header blocks that decode to many fields, as many as the relay's memories
+    kept per connection before: 128 blocks of 1 KiB for its decoder (each block's 1,024 fields
+    kept decoded: 4 connections grew the gateway by 36 MiB against their 17 MiB share), then
+    64 of 1.7 KiB for its plans (each distinct list's plan kept: 30 MiB more). Both on the same
+    connections, held together: memory one part freed cannot hide the other's. Now each memory
+    holds at most `headers.KEPT_BYTES` (32 KiB), counted in `budget.CONNECTION_BYTES`."""
+    blocks = [fat_block(i) for i in range(128)] + [long_block(i) for i in range(64)]
     process = psutil.Process(gateway.process.pid)
     before = process.memory_info().rss
     with contextlib.ExitStack() as stack:
@@ -180,19 +186,19 @@ def test_header_blocks_kept_decoded_hold_no_more_than_a_connections_share(
         for sock in sockets:
             sock.sendall(
                 b"".join(
-                    frame(HEADERS, END_HEADERS | END_STREAM, 1 + 2 * i, fat_block(i))
-                    for i in range(KEPT_BLOCKS)
+                    frame(HEADERS, END_HEADERS | END_STREAM, 1 + 2 * i, block)
+                    for i, block in enumerate(blocks)
                 )
             )
-        last = 2 * KEPT_BLOCKS - 1
+        last = 2 * len(blocks) - 1
         for sock in sockets:  # every block decoded: the last stream's reset came back
             seen = frames_until(sock, lambda f: f[0] == RST_STREAM and f[1] == last, 20)
             assert seen and seen[-1][:2] == (RST_STREAM, last), f"no reset of {last}: {seen[-3:]}"
         grown = process.memory_info().rss - before
-    assert grown <= ATTACK_CONNECTIONS * CONNECTION_SHARE, (
-        f"{ATTACK_CONNECTIONS} connections of {KEPT_BLOCKS} 1 KiB header blocks each grew the "
+    assert grown <= ATTACK_CONNECTIONS * CONNECTION_BYTES, (
+        f"{ATTACK_CONNECTIONS} connections of {len(blocks)} distinct header blocks each grew the "
         f"gateway by {grown / 1024**2:.0f} MiB, over their "
-        f"{ATTACK_CONNECTIONS * CONNECTION_SHARE / 1024**2:.0f} MiB share"
+        f"{ATTACK_CONNECTIONS * CONNECTION_BYTES / 1024**2:.0f} MiB share"
     )
 
 

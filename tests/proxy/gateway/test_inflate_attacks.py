@@ -43,6 +43,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from proxy.grpc import relay
 from sim.triton import TritonServer, free_port
 from tests.proxy.gateway.conftest import caller, publish
 
@@ -127,12 +128,27 @@ def _ready(process: subprocess.Popen[bytes], metrics_port: int, what: str) -> No
         time.sleep(0.05)
 
 
+def python() -> list[str]:
+    """This interpreter as a child process that imports `proxy` from where this test does: with
+    `-P` when the tests run so (against the native build, `tests/native_build.py`), since
+    otherwise `python -m` puts the working directory, the source tree, first."""
+    return [sys.executable, "-P"] if sys.flags.safe_path else [sys.executable]
+
+
+def test_the_gateway_process_runs_the_proxy_these_tests_import() -> None:
+    shown = "import proxy.grpc.relay as m; print(m.__file__)"
+    child = subprocess.run(
+        [*python(), "-c", shown], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert Path(child.stdout.strip()) == Path(relay.__file__), "the child runs another build"
+
+
 @contextlib.contextmanager
 def serving(module: str, flags: list[str]) -> Iterator[GatewayProcess]:
     """`python -m <module>` (the gateway or the proxy) from this tree, listening on free ports,
     with the inflate cap CAP given by its variable."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", module, *flags]
+    command = [*python(), "-m", module, *flags]
     command += ["--listen-http", f"127.0.0.1:{http_port}", "--listen-grpc"]
     command += [f"127.0.0.1:{grpc_port}", "--listen-metrics", f"127.0.0.1:{metrics_port}"]
     command += ["--log-level", "WARNING"]

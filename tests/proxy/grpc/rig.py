@@ -64,6 +64,9 @@ class Recording:
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
 
+    def get_write_buffer_size(self) -> int:
+        return len(self.data)
+
     def take(self) -> list[Frame]:
         """The frames written since the last call (a leading connection preface skipped)."""
         data = bytes(self.data)

@@ -7,6 +7,8 @@ BlockDecoder and to a plain Decoder (the oracle), and the fields must agree ever
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from collections.abc import Callable, Iterable
 
 import pytest
@@ -14,7 +16,7 @@ from hpack import Decoder, Encoder, HPACKError, NeverIndexedHeaderTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.http2.headers import BlockDecoder, BlockEncoder
+from proxy.http2.headers import KEPT_BYTES, BlockDecoder, BlockEncoder, fields_size
 
 _POOL = [
     (b":method", b"POST"),
@@ -193,3 +195,89 @@ def test_two_lists_in_turn_are_encoded_afresh_once_the_table_changed() -> None:
     for sent in (head, trailers) * 3 + (other, head, trailers, head, trailers):
         block = ours.encode(sent)
         assert [(bytes(n), bytes(v)) for n, v in triton.decode(block, raw=True)] == list(sent)
+
+
+# -- what the memories of blocks may hold --------------------------------------------------------
+
+
+def _fat_block(variant: int) -> bytes:
+    """1,024 bytes that decode to 1,024 fields: each byte an indexed static-table field
+    (`:method: GET` or `POST`), the first 7 bytes telling 128 variants apart."""
+    pattern = bytes(0x82 | ((variant >> bit) & 1) for bit in range(7))
+    return pattern + b"\x82" * (1024 - len(pattern))
+
+
+def _literal_block(variant: int, count: int = 40) -> bytes:
+    """`count` literal fields without indexing with 2-byte names and values: each field a tuple
+    and two new bytes objects, the most a field holds for what `fields_size` counts."""
+    first = b"\x00\x02ab\x02" + variant.to_bytes(2, "big")
+    return first + b"\x00\x02cd\x02ef" * (count - 1)
+
+
+def _kept_after(feed: Callable[[], object]) -> int:
+    """What `feed` leaves allocated once it returned and its garbage is collected."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        feed()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+_SLACK = 8 * 1024
+"""What a memory's dict itself takes past its entries' slots (128 entries at most)."""
+
+
+@pytest.mark.parametrize("block", [_fat_block, _literal_block], ids=["indexed", "literal"])
+def test_what_the_decoder_keeps_is_bounded_by_what_the_blocks_decode_to(
+    block: Callable[[int], bytes],
+) -> None:
+    """A peer sending distinct small blocks that decode to many fields (a 1 KiB block to 1,024
+    fields, 72 KiB: 128 of them held 9 MiB before) cannot make the decoder keep more than
+    `KEPT_BYTES`; `kept_bytes` counts at least what is really held."""
+    ours = BlockDecoder()
+    ours.decode(block(0))  # hpack's own state, allocated once
+
+    def feed() -> None:
+        for variant in range(1, 128):
+            ours.decode(block(variant))
+
+    held = _kept_after(feed)
+    assert ours.kept_bytes <= KEPT_BYTES
+    assert held <= ours.kept_bytes + _SLACK, f"{held} bytes held, {ours.kept_bytes} counted"
+
+
+def test_blocks_of_a_few_fields_are_still_kept() -> None:
+    """The bound keeps the cache's use: blocks a client repeats, even of 40 literal fields,
+    are decoded once."""
+    ours = BlockDecoder()
+    blocks = [_literal_block(variant) for variant in range(4)]
+    first = [ours.decode(b) for b in blocks]
+    assert [ours.decode(b) for b in blocks] == first
+    assert all(again is kept for again, kept in zip(map(ours.decode, blocks), first, strict=True))
+    assert 4 * fields_size(first[0]) <= ours.kept_bytes <= KEPT_BYTES
+
+
+def test_a_block_that_decodes_to_many_fields_is_decoded_every_time() -> None:
+    ours = BlockDecoder()
+    first = ours.decode(_fat_block(1))
+    again = ours.decode(_fat_block(1))
+    assert again == first and again is not first  # decoded afresh, and the same fields
+    assert len(first) == 1024 and ours.kept_bytes == 0
+
+
+def test_what_the_encoder_keeps_is_bounded_by_the_lists_it_is_given() -> None:
+    """The encoder's keys are the header lists themselves (the fields of a tenant's request,
+    on the channel every tenant shares): a list of 1,000 fields it indexes in 1,000 bytes is not
+    kept alive."""
+    ours = BlockEncoder()
+    ours.encode(((b"x-a", b"1"),))  # `x-a: 1` is in the table from here on
+
+    def feed() -> None:
+        for count in range(500, 628):  # distinct lengths: distinct lists, all indexed
+            assert len(ours.encode(((b"x-a", b"1"),) * count)) == count
+
+    assert _kept_after(feed) <= KEPT_BYTES + _SLACK

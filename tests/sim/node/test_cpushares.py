@@ -126,6 +126,24 @@ def test_two_busy_processes_on_one_cpu_share_it_by_their_groups_weights(
     assert heavy > 3 * light, f"heavy {heavy:.2f} s, light {light:.2f} s of CPU"
 
 
+def test_a_group_with_a_cpu_limit_gets_no_more_than_it(groups: CpuGroups) -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+    try:
+        os.sched_setaffinity(spinner.pid, {min(os.sched_getaffinity(0))})
+        groups.place("limited", 100, [spinner.pid], limit=250)
+        assert groups.limit_of("limited") == 250
+        start, begun = _cpu_seconds(spinner.pid), time.monotonic()
+        time.sleep(1.0)  # the measure is a span of wall time: CPU used over one second
+        used = (_cpu_seconds(spinner.pid) - start) / (time.monotonic() - begun)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    # A quarter of a CPU per 100 ms period, against a whole CPU without the limit.
+    assert used < 0.4, f"a process limited to 250m used {used:.2f} of a CPU"
+    groups.place("limited", 100, limit=0)
+    assert groups.limit_of("limited") == 0
+
+
 def test_the_kubelet_puts_each_container_in_its_pods_group_with_the_pods_weight(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
@@ -146,7 +164,11 @@ def test_the_kubelet_puts_each_container_in_its_pods_group_with_the_pods_weight(
                 "weighted",
                 {
                     "containers": [
-                        {**sleeper, "name": "main", "resources": {"requests": {"cpu": "750m"}}},
+                        {
+                            **sleeper,
+                            "name": "main",
+                            "resources": {"requests": {"cpu": "750m"}, "limits": {"cpu": "1500m"}},
+                        },
                         {**sleeper, "name": "side", "resources": {"requests": {"cpu": "250m"}}},
                     ]
                 },
@@ -166,6 +188,8 @@ def test_the_kubelet_puts_each_container_in_its_pods_group_with_the_pods_weight(
         )
         assert groups.weight_of(group) in (shares(1000), weight(shares(1000)))
         assert groups.weight_of(f"{group}/main") in (shares(750), weight(shares(750)))
+        assert groups.limit_of(f"{group}/main") == 1500
+        assert groups.limit_of(f"{group}/side") == 0
     finally:
         node.stop()
         api.close()  # type: ignore[no-untyped-call]
