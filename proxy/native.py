@@ -71,6 +71,7 @@ COMPILED = (
     "proxy/policy/nesting.py",
     "proxy/policy/refusals.py",
     "proxy/policy/routing.py",
+    "proxy/policy/shapes.py",
     "proxy/policy/share.py",
     "proxy/policy/wire.py",
     "proxy/metrics.py",

@@ -30,15 +30,19 @@ from proxy.http2.headers import KEPT_BYTES, KEPT_ENTRY_BYTES
 from proxy.policy.inflation import SLICE
 from proxy.policy.naming import HOLD
 from proxy.policy.refusals import SMALL_REQUEST
+from proxy.policy.shapes import MAX_JSON_BYTES
 from proxy.policy.wire import CAPTURE
 
 BASE_BYTES: Final = 64 * 1024**2
 """The process with no caller: interpreter, compiled relays, metrics (measured ~50-60 MiB)."""
 _READ: Final = 256 * 1024
 """The most one socket read hands the relay (uvloop's read buffer)."""
-_REST_CONNECTION: Final = MAX_HEAD_BYTES + PIPELINE_LIMIT + _READ + SLICE + MAX_HEAD_BYTES + HOLD
+_REST_CONNECTION: Final = (
+    MAX_HEAD_BYTES + PIPELINE_LIMIT + _READ + SLICE + MAX_HEAD_BYTES + HOLD + MAX_JSON_BYTES
+)
 """... and, for a model with a private name in Triton, an answer's head and start held to be
-renamed (`http1.answers`)."""
+renamed (`http1.answers`), and an inference body's JSON part kept to check its shapes
+(`policy.shapes`)."""
 _GRPC_CONNECTION: Final = (
     MAX_STREAMS * (max(HOLD_LIMIT, PREFIX_HOLD, SMALL_REQUEST) + 5)
     + MAX_HEADER_BLOCK

@@ -14,6 +14,7 @@ what the proxy checked. `tests/proxy/http1/test_framing_h11.py` holds this parse
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -57,6 +58,9 @@ class RequestHead:
     keep_alive: bool
     encoding: int = 0
     """zlib window bits of the body's Content-Encoding (31 gzip, 15 deflate), 0 for none."""
+    json_bytes: int = -1
+    """How much of the body is JSON: the binary tensor extension's Inference-Header-Content-Length,
+    or -1 (all of it; also when the value is not a plain decimal)."""
 
     def serialize(self, target: str, drop: bytes = b"") -> bytes:
         """The head to send upstream, for `target`; without the header `drop` (lowercase)."""
@@ -88,6 +92,7 @@ def parse_request_head(block: bytes) -> RequestHead:
     connection = b""
     hosts = 0
     encoding = -1
+    json_bytes = -2  # Inference-Header-Content-Length not seen
     for line in lines[1:]:
         header = _HEADER.fullmatch(line)
         if header is None:
@@ -117,6 +122,14 @@ def parse_request_head(block: bytes) -> RequestHead:
                 )
             encoding = _content_coding(header[2])
             headers.append(line)
+        elif name == b"inference-header-content-length":
+            if json_bytes != -2:
+                raise MalformedRequestError(
+                    "the request has Inference-Header-Content-Length more than once; send it once"
+                )
+            value = header[2].strip(b" \t")
+            json_bytes = int(value) if value.isdigit() and len(value) <= 18 else -1
+            headers.append(line)
         elif name not in _HOP_BY_HOP:
             headers.append(line)  # framing headers are re-added once, below
     if chunked and content_length is not None:
@@ -140,6 +153,7 @@ def parse_request_head(block: bytes) -> RequestHead:
         chunked,
         keep_alive,
         max(encoding, 0),
+        max(json_bytes, -1),
     )
 
 
@@ -230,13 +244,18 @@ class ChunkedFraming:
             raise MalformedRequestError("a chunked body line does not end with CRLF")
         return line[:-1], end + 1
 
-    def feed(self, data: bytes, start: int = 0) -> int:
-        """Advance over `data[start:]`; see the class docstring."""
+    def feed(
+        self, data: bytes, start: int = 0, payload: Callable[[bytes, int, int], None] | None = None
+    ) -> int:
+        """Advance over `data[start:]`; see the class docstring. `payload`, if given, is called
+        with each run of the body's data bytes (`data`, start, end)."""
         pos = start
         end = len(data)
         while pos < end:
             if self._state == self._DATA:
                 step = min(self._remaining, end - pos)
+                if payload is not None and step:
+                    payload(data, pos, pos + step)
                 pos += step
                 self._remaining -= step
                 if self._remaining == 0:

@@ -30,11 +30,12 @@ from proxy.http1.upstream import Upstream, UpstreamPool
 from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.holdings import SHED_DRAIN_SECONDS
-from proxy.policy.inflation import BUDGET, Inflation
+from proxy.policy.inflation import BUDGET, Inflation, Sink
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import NamingError
 from proxy.policy.nesting import MAX_NESTING, Nesting
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
+from proxy.policy.shapes import MAX_JSON_BYTES, Shapes, check_json, json_too_large
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
@@ -110,9 +111,13 @@ class ClientConnection(asyncio.Protocol):
         self._upstream: Upstream | None = None
         self._sink: Upstream | None = None
         self._remaining = 0
+        self._length = 0  # the body's Content-Length
         self._chunked: ChunkedFraming | None = None
         self._inflation: Inflation | None = None  # counting a compressed body
         self._nesting: Nesting | None = None  # following a relayed body's JSON (Triton's parser)
+        self._shapes: Shapes | None = None  # an inference body's JSON, kept to check its shapes
+        self._checks = False  # a Content-Length inference body's shapes are still to be checked
+        self._inflated: Sink | None = None  # where a compressed body's inflated bytes go
         self._stash: bytes | None = None  # received bytes left for the next turn's counting
         self._request_done = False
         self._response_done = False
@@ -324,7 +329,7 @@ class ClientConnection(asyncio.Protocol):
             self._head = head
             self._keep_alive = head.keep_alive and not relay.closing
             self._request_done = self._response_done = False
-            self._remaining = length = head.content_length or 0
+            self._remaining = self._length = length = head.content_length or 0
             self._chunked = ChunkedFraming() if head.chunked else None
             self._route = decision.route
             # Below, `self._buffer` keeps what follows the head whenever the request does not go
@@ -337,6 +342,19 @@ class ClientConnection(asyncio.Protocol):
             if length > relay.max_body:
                 self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
                 return
+            if (
+                length > MAX_JSON_BYTES
+                and _checks_shapes(decision.route, head)
+                and not head.encoding
+            ):
+                json_bytes = head.json_bytes
+                if json_bytes < 0 or json_bytes > MAX_JSON_BYTES:
+                    # Refused before it is read (then read and dropped): its JSON part cannot
+                    # be checked (`policy.shapes`).
+                    self._buffer = buffer[body:]
+                    self._answer_refusal(json_too_large(length if json_bytes < 0 else json_bytes))
+                    answered += 1
+                    continue
             if (length > refusals.SMALL_REQUEST or head.chunked) and not decision.limited:
                 chunked = " (chunked: of no stated size)" if head.chunked else ""
                 self._refuse(refusals.small_request(f"a {decision.route} request{chunked}"))
@@ -440,7 +458,19 @@ class ClientConnection(asyncio.Protocol):
                 and buffer.count(b"[", start, end) + buffer.count(b"{", start, end) > MAX_NESTING
             ):
                 try:
-                    Nesting(_json_bytes(head)).feed(buffer, start, end)
+                    Nesting(head.json_bytes).feed(buffer, start, end)
+                except refusals.ProxyError as e:
+                    upstream.abort()
+                    self._upstream = None
+                    self._release_slot()
+                    self._refuse(e)
+                    return
+            if _checks_shapes(self._route, head):
+                # Triton allocates each input by its declared shape before reading the data.
+                json_end = head.json_bytes
+                json_end = end if json_end < 0 else min(end, start + json_end)
+                try:
+                    check_json(buffer[start:json_end], end - start)
                 except refusals.ProxyError as e:
                     upstream.abort()
                     self._upstream = None
@@ -468,7 +498,15 @@ class ClientConnection(asyncio.Protocol):
             # A body no longer than the bound cannot nest past it: only longer ones (or of a
             # length not known yet: chunked, compressed) are followed as they pass.
             nested = head.chunked or head.encoding or self._remaining > MAX_NESTING
-            self._nesting = Nesting(_json_bytes(head)) if nested else None
+            self._nesting = Nesting(head.json_bytes) if nested else None
+            checked = _checks_shapes(self._route, head)
+            # A Content-Length body is collected only once it spans pieces (`_relay_body`).
+            self._checks = checked and self._chunked is None and not head.encoding
+            framed = checked and not self._checks
+            self._shapes = Shapes(head.json_bytes, not head.encoding) if framed else None
+            self._inflated = self._nesting
+            if self._shapes is not None and self._nesting is not None and head.encoding:
+                self._inflated = _Both(self._nesting, self._shapes)
             self._relay_body(buffer, start)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
@@ -484,15 +522,22 @@ class ClientConnection(asyncio.Protocol):
                 end = start + step if self._remaining == 0 else -1
                 if self._nesting is not None and self._sink is not None:
                     self._nesting.feed(data, start, start + step)
+                if self._checks and step and self._sink is not None:
+                    self._check_shapes(data, start, step, end >= 0)
             else:
-                end = self._chunked.feed(data, start)
+                shapes = self._shapes if self._sink is not None else None
+                end = self._chunked.feed(data, start, None if shapes is None else shapes.feed)
                 if self._chunked.payload > self._relay.max_body:
                     raise refusals.BodyTooLargeError(too_large(self._relay.max_body))
                 if self._nesting is not None and self._sink is not None:
                     # The chunks' framing (extensions may hold quotes) is not JSON: only their
                     # openings are counted, which bounds the depth however they are framed.
                     self._nesting.count(data, start, len(data) if end < 0 else end)
+                if shapes is not None and end >= 0:
+                    self._shapes = None
+                    shapes.check(self._chunked.payload)
         except refusals.ProxyError as e:
+            self._shapes = None
             if self._upstream is not None:
                 self._upstream.abort()
                 self._upstream = None
@@ -505,6 +550,27 @@ class ClientConnection(asyncio.Protocol):
         if end >= 0:
             self._body_done(data, end)
 
+    def _check_shapes(self, data: bytes, start: int, step: int, last: bool) -> None:
+        """Collect `data[start:start + step]`, a piece of a Content-Length inference body, and
+        check the body's shapes before its `last` piece goes (Triton has not begun reading it)."""
+        shapes = self._shapes
+        head = self._head
+        assert head is not None
+        if shapes is None:
+            if last:  # the whole body in one piece: checked as it is, nothing kept
+                self._checks = False
+                json_end = start + step
+                if 0 <= head.json_bytes < step:
+                    json_end = start + head.json_bytes
+                check_json(data[start:json_end], self._length)
+                return
+            shapes = self._shapes = Shapes(head.json_bytes)
+        shapes.feed(data, start, start + step)
+        if last:
+            self._shapes = None
+            self._checks = False
+            shapes.check(self._length)
+
     def _relay_compressed(self, data: bytes, start: int) -> None:
         """`_relay_body` for a compressed body (Content-Length framed): each piece goes to Triton
         only once its inflated size is counted; past the budget, the rest waits for the next
@@ -514,11 +580,16 @@ class ClientConnection(asyncio.Protocol):
         step = min(self._remaining, len(data) - start)
         piece = data if start == 0 and step == len(data) else data[start : start + step]
         try:
-            taken = counting.feed(piece, BUDGET, self._nesting)
+            taken = counting.feed(piece, BUDGET, self._inflated)
             if taken == self._remaining:
                 counting.finish()
+                shapes = self._shapes
+                if shapes is not None:  # checked before the last piece goes
+                    self._shapes = None
+                    shapes.check(counting.size)
         except refusals.ProxyError as e:
             self._inflation = None
+            self._shapes = None
             if self._upstream is not None:
                 self._upstream.abort()  # Triton never gets the rest: it inflates nothing
                 self._upstream = None
@@ -557,6 +628,8 @@ class ClientConnection(asyncio.Protocol):
     def _body_done(self, data: bytes, end: int) -> None:
         self._request_done = True
         self._sink = None
+        self._shapes = None
+        self._checks = False
         rest = data[end:] if end < len(data) else b""
         if rest:
             self._buffer = rest + self._buffer if self._buffer else rest
@@ -729,6 +802,8 @@ class ClientConnection(asyncio.Protocol):
         held = len(self._buffer)
         if self._stash is not None:
             held += len(self._stash)
+        if self._shapes is not None:
+            held += self._shapes.held
         if self.transport is not None:
             held += self.transport.get_write_buffer_size()
         upstream = self._upstream
@@ -838,12 +913,21 @@ class RenamingConnection(ClientConnection):
         self._write_answer(502, "application/json", error_body(message))
 
 
-def _json_bytes(head: RequestHead) -> int:
-    """How much of the body is JSON: the binary tensor extension's
-    Inference-Header-Content-Length, or -1 (all of it; also when the header is unreadable)."""
-    for line in head.headers:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"inference-header-content-length":
-            value = value.strip()
-            return int(value) if value.isdigit() and len(value) <= 18 else -1
-    return -1
+class _Both:
+    """Passes a compressed inference body's inflated bytes to both of its checks."""
+
+    __slots__ = ("_first", "_second")
+
+    def __init__(self, first: Sink, second: Sink) -> None:
+        self._first = first
+        self._second = second
+
+    def feed(self, data: bytes) -> None:
+        self._first.feed(data)
+        self._second.feed(data)
+
+
+def _checks_shapes(route: str, head: RequestHead) -> bool:
+    """Whether the request is one whose JSON Triton reads for inputs' shapes (`policy.shapes`):
+    an inference request (Triton answers any other method on its path 405 unread)."""
+    return route == "infer" and head.method == "POST"

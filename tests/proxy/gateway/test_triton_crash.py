@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from proxy.policy.nesting import MAX_NESTING
+from proxy.policy.shapes import MAX_JSON_BYTES
 from sim.triton import TritonServer
 from tests.conftest import copy_model
 from tests.proxy.gateway.conftest import caller, publish
@@ -52,9 +53,9 @@ def exchange(url: str, head: str, body: bytes) -> bytes:
         return answer
 
 
-def post(url: str, body: bytes, headers: str = "") -> bytes:
+def post(url: str, body: bytes, headers: str = "", route: str = "infer") -> bytes:
     head = (
-        f"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: gateway\r\n"
+        f"POST /v2/models/add_one/{route} HTTP/1.1\r\nHost: gateway\r\n"
         f"Content-Type: application/json\r\n{headers}"
     )
     if "chunked" not in headers:
@@ -86,7 +87,8 @@ def test_a_deeply_nested_json_body_cannot_crash_triton(
     )
     with gateway_process(triton, table) as gateway:
         answers = {
-            "content-length": post(gateway.http_url, DEEP),
+            # To generate: an infer body with this much JSON is refused by its length alone.
+            "content-length": post(gateway.http_url, DEEP, route="generate"),
             # Small enough to arrive whole (the relay's one-write path): 20,000 levels, 40 KB.
             "whole": post(gateway.http_url, b'{"inputs":' + b"[" * 20_000 + b"]" * 20_000 + b"}"),
             "gzip": post(gateway.http_url, zlib.compress(DEEP), "Content-Encoding: deflate\r\n"),
@@ -105,19 +107,15 @@ def test_a_deeply_nested_json_body_cannot_crash_triton(
     assert answers["shallow"].startswith(b"HTTP/1.1 200"), answers["shallow"][:300]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Triton 2.51 allocates a REST input's JSON data by its declared shape before it reads "
-    "the data, and aborts (SIGABRT) when that fails; the relays do not read shapes "
-    "(docs/security.md, What remains open)",
-)
 def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
     triton: TritonServer, model_repository: Path, tmp_path: Path
 ) -> None:
-    """`shape: [1, 2**61]` with one value of JSON data, 90 bytes in all: Triton sizes the
+    """`shape: [1, 2**61]` with one value of JSON data, 91 bytes in all: Triton sizes the
     tensor's buffer from the shape (8 EiB) and dies of the failed allocation (exit -6, measured
-    straight at Triton and through the gateway). The same input over gRPC is refused
-    INVALID_ARGUMENT (byte size mismatch)."""
+    straight at Triton and through the gateway; this test failed so before the relays read
+    shapes). The same input over gRPC is refused INVALID_ARGUMENT (byte size mismatch). Refused
+    now however the body comes and however the key is spelled; a tensor as large as its body
+    passes, as JSON and with the binary tensor extension."""
     copy_model("add_one", model_repository)
     load = urllib.request.Request(
         f"http://{triton.http_url}/v2/repository/models/add_one/load", method="POST"
@@ -126,13 +124,47 @@ def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
         assert answer.status == 200
     table = tmp_path / "callers.json"
     publish(table, caller(ATTACKER, "add_one", "a/crash"))
-    body = b'{"inputs":[{"name":"INPUT0","shape":[1,%d],"datatype":"FP32","data":[1]}]}' % 2**61
+    bomb = b'{"inputs":[{"name":"INPUT0","shape":[1,%d],"datatype":"FP32","data":[1]}]}' % 2**61
+    escaped = bomb.replace(b'"shape"', b'"sh\\u0061pe"')
+    first = bomb.replace(b'"datatype"', b'"shape":[1,1],"datatype"')  # Python keeps the last
+    header = b'{"inputs":[{"name":"INPUT0","shape":[1,%d],"datatype":"FP32",' % 2**61
+    header += b'"parameters":{"binary_data_size":4}}]}'
+    binary = f"Inference-Header-Content-Length: {len(header)}\r\n"
+    # As large as its body allows: 4 values, JSON and binary (the bytes of 4 FP32 values).
+    fits = b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+    fits_header = header.replace(b"%d" % 2**61, b"4").replace(b":4}", b":16}")
     with gateway_process(triton, table) as gateway:
-        answer = post(gateway.http_url, body)
+        url = gateway.http_url
+        answers = {
+            "whole": post(url, bomb),
+            "escaped key": post(url, escaped),
+            "duplicate key": post(url, first),
+            # Past what arrives in one read: relayed in pieces, checked before the last.
+            "in pieces": post(url, bomb + b" " * 600_000),
+            "chunked": post(url, chunked(bomb, 7), "Transfer-Encoding: chunked\r\n"),
+            "deflate": post(url, zlib.compress(bomb), "Content-Encoding: deflate\r\n"),
+            "binary": post(url, header + b"\0" * 4, binary),
+            "fits": post(url, fits),
+            # Too much JSON to check: refused before it is read, with what to do instead.
+            "too much JSON": post(url, fits + b" " * MAX_JSON_BYTES),
+            "fits, binary": post(
+                url,
+                fits_header + b"\0" * 16,
+                f"Inference-Header-Content-Length: {len(fits_header)}\r\n",
+            ),
+        }
         assert triton.process is not None
         try:
             code: int | None = triton.process.wait(2)
         except subprocess.TimeoutExpired:
             code = None
-    assert code is None, f"Triton died (exit {code}); the tenant got {answer[:120]!r}"
-    assert answer.startswith(b"HTTP/1.1 4"), answer[:200]
+    assert code is None, f"Triton died (exit {code}); the tenant got {answers}"
+    for how, answer in answers.items():
+        if how.startswith("fits"):
+            assert answer.startswith(b"HTTP/1.1 200"), (how, answer[:300])
+        elif how == "too much JSON":
+            assert answer.startswith(b"HTTP/1.1 413"), (how, answer[:300])
+            assert b"binary tensor extension" in answer, answer[:300]
+        else:
+            assert answer.startswith(b"HTTP/1.1 400"), (how, answer[:300])
+            assert b"more elements in" in answer, (how, answer[:300])

@@ -25,6 +25,19 @@ def test_a_request_head_is_reserialized_without_hop_by_hop_headers() -> None:
     )
 
 
+def test_the_json_part_of_a_binary_body_is_read_with_the_head() -> None:
+    """Inference-Header-Content-Length says how much of the body is JSON (`policy.shapes` reads
+    that much); sent twice it is refused, as the relay cannot know which one Triton reads."""
+    base = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n"
+    assert parse_request_head(base + b"inference-header-content-length:  30 ").json_bytes == 30
+    assert parse_request_head(base + b"Inference-Header-Content-Length: x").json_bytes == -1
+    assert parse_request_head(base.rstrip()).json_bytes == -1
+    twice = base + b"Inference-Header-Content-Length: 3\r\nInference-Header-Content-Length: 30"
+    with pytest.raises(ProxyError, match="more than once") as refused:
+        parse_request_head(twice)
+    assert http_status(refused.value) == 400
+
+
 def test_keep_alive_follows_the_version_and_connection_header() -> None:
     assert not parse_request_head(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close").keep_alive
     assert not parse_request_head(b"GET / HTTP/1.0").keep_alive

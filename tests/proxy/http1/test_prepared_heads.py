@@ -144,7 +144,7 @@ def test_a_connection_repeating_its_head_is_decided_as_a_fresh_parse() -> None:
     """Each connection remembers its last head; a head that begins with the same bytes but is
     another head (longer, or one byte apart) is prepared on its own, and refused if malformed."""
     tenant, tenant_side, upstream, triton_side = _connection()
-    ours = _head("/v2/models/m/infer") + b"\r\n\r\nhi"
+    ours = _head("/v2/models/m/infer") + b"\r\n\r\n{}"
     for _ in range(2):  # the second time from the connection's memory of its last head
         tenant.data_received(ours)
         assert triton_side.data.endswith(ours)
@@ -152,14 +152,14 @@ def test_a_connection_repeating_its_head_is_decided_as_a_fresh_parse() -> None:
         assert tenant_side.data.endswith(_OK)
     # The same first bytes, then another digit: a 3-byte body, not a 2-byte one and a stray byte.
     tenant.data_received(_head("/v2/models/m/infer").replace(b": 2", b": 23") + b"\r\n\r\n")
-    tenant.data_received(b"x" * 23)
-    assert triton_side.data.endswith(b"Content-Length: 23\r\n\r\n" + b"x" * 23)
+    tenant.data_received(b"{" + b" " * 21 + b"}")  # inference bodies are JSON (`shapes`)
+    assert triton_side.data.endswith(b"Content-Length: 23\r\n\r\n{" + b" " * 21 + b"}")
     upstream.data_received(_OK)
     # The same head, then a second Host: refused, never forwarded.
     tenant.data_received(ours)
     upstream.data_received(_OK)
     sent = len(triton_side.data)
-    tenant.data_received(_head("/v2/models/m/infer") + b"\r\nHost: other\r\n\r\nhi")
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\nHost: other\r\n\r\n{}")
     assert len(triton_side.data) == sent
     assert tenant_side.data.startswith(b"HTTP/1.1 400", tenant_side.data.rfind(b"HTTP/1.1 "))
     assert tenant_side.closed
@@ -167,10 +167,10 @@ def test_a_connection_repeating_its_head_is_decided_as_a_fresh_parse() -> None:
 
 def test_a_connection_repeating_its_head_for_another_model_is_answered_locally() -> None:
     tenant, tenant_side, upstream, triton_side = _connection()
-    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\nhi")
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\n{}")
     upstream.data_received(_OK)
     sent = len(triton_side.data)
-    tenant.data_received(_head("/v2/models/mm/infer") + b"\r\n\r\nhi")
+    tenant.data_received(_head("/v2/models/mm/infer") + b"\r\n\r\n{}")
     assert len(triton_side.data) == sent
     assert tenant_side.data.endswith(b"Request for unknown model: 'mm' is not found\"}")
 
@@ -179,7 +179,7 @@ def test_an_upstream_repeating_its_response_head_is_read_as_a_fresh_parse() -> N
     """Each upstream connection remembers its last response head; one that begins with the same
     bytes but is another head is parsed on its own, and a malformed one fails the exchange."""
     tenant, tenant_side, upstream, _ = _connection()
-    request = _head("/v2/models/m/infer") + b"\r\n\r\nhi"
+    request = _head("/v2/models/m/infer") + b"\r\n\r\n{}"
     for response in (_OK, _OK, _OK.replace(b": 2\r\n\r\nok", b": 20\r\n\r\n" + b"y" * 20)):
         tenant.data_received(request)
         upstream.data_received(response)
@@ -194,13 +194,13 @@ def test_a_head_request_reads_no_body_under_a_remembered_head() -> None:
     """The remembered framing is that of a request with a body to come back: an answer to HEAD
     carries the same head and no body, and ends with its head."""
     tenant, tenant_side, upstream, _ = _connection()
-    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\nhi")
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\n{}")
     upstream.data_received(_OK)
     tenant.data_received(b"HEAD /v2/models/m HTTP/1.1\r\nHost: h\r\n\r\n")
     upstream.data_received(_OK[:-2])
     assert upstream.client is None
     assert tenant_side.data.endswith(_OK + _OK[:-2])
-    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\nhi")
+    tenant.data_received(_head("/v2/models/m/infer") + b"\r\n\r\n{}")
     upstream.data_received(_OK)  # the same connection again: the last exchange ended cleanly
     assert tenant_side.data.endswith(_OK[:-2] + _OK)
 
@@ -209,11 +209,11 @@ def test_triton_gets_the_checked_head_whether_or_not_it_is_sent_as_received() ->
     """A head whose re-serialization is its own bytes goes as received (without a copy); any
     other is sent re-serialized, every time, and a pipelined request waits for its turn."""
     tenant, _, upstream, triton_side = _connection()
-    checked = _head("/v2/models/m/infer") + b"\r\n\r\nhi"
+    checked = _head("/v2/models/m/infer") + b"\r\n\r\n{}"
     other = b"POST /v2/models/m/infer HTTP/1.1\r\ncontent-length: 2\r\nConnection: x\r\nHost: h"
     for _ in range(2):
-        tenant.data_received(other + b"\r\n\r\nhi")
-        assert triton_side.data.endswith(b"HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
+        tenant.data_received(other + b"\r\n\r\n{}")
+        assert triton_side.data.endswith(b"HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}")
         upstream.data_received(_OK)
     triton_side.data = b""
     tenant.data_received(checked + checked)
