@@ -44,7 +44,12 @@ from sim import admission_webhook
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
 from sim.modelstore import ModelStore
-from sim.node.cpushares import CpuGroups, CpuGroupsUnavailableError, millicpu, pod_millicpu
+from sim.node.cpushares import (
+    CpuGroups,
+    CpuGroupsUnavailableError,
+    container_millicpu,
+    pod_millicpu,
+)
 from sim.node.kubelet import HollowKubelet, Kubelet
 from sim.processes import (
     ClusterError,
@@ -83,12 +88,11 @@ def node_pod_template() -> dict[str, Any]:
     return cast(dict[str, Any], daemonset["spec"]["template"])
 
 
-def container_millicpu(pod: dict[str, Any], name: str) -> int:
+def node_container_millicpu(pod: dict[str, Any], name: str) -> int:
     """The CPU request, in millicpus, of the pod's container `name` (0: none)."""
     for container in pod["spec"]["containers"]:
         if container["name"] == name:
-            cpu = container.get("resources", {}).get("requests", {}).get("cpu")
-            return 0 if cpu is None else millicpu(str(cpu))
+            return container_millicpu(container)
     raise ValueError(f"the node pod has no container {name!r}")
 
 
@@ -284,7 +288,7 @@ class SimCluster:
         """The node pod's `container`, just started, into its CPU group (with cpu_shares)."""
         if self.cpu is None or process is None:
             return
-        requested = container_millicpu(node_pod_template(), container)
+        requested = node_container_millicpu(node_pod_template(), container)
         self.cpu.place(f"{NODE_POD_GROUP}/{container}", requested, [process.pid])
 
     def _start_controllers(self) -> None:

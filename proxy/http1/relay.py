@@ -450,33 +450,27 @@ class ClientConnection(asyncio.Protocol):
                 head.encoding, self._relay.max_inflated, "the request body", "--max-inflated"
             )
         if self._chunked is None and len(buffer) >= end and not head.encoding:
-            # Triton's JSON parser recurses and dies of deep enough nesting: a body's depth is
-            # at most its length and its openings, counted at C speed; only a body with more
-            # than the bound of both is followed.
-            if (
-                end - start > MAX_NESTING
-                and buffer.count(b"[", start, end) + buffer.count(b"{", start, end) > MAX_NESTING
-            ):
-                try:
+            try:
+                # Triton's JSON parser recurses and dies of deep enough nesting: a body's depth
+                # is at most its length and its openings, counted at C speed; only a body with
+                # more than the bound of both is followed.
+                if (
+                    end - start > MAX_NESTING
+                    and buffer.count(b"[", start, end) + buffer.count(b"{", start, end)
+                    > MAX_NESTING
+                ):
                     Nesting(head.json_bytes).feed(buffer, start, end)
-                except refusals.ProxyError as e:
-                    upstream.abort()
-                    self._upstream = None
-                    self._release_slot()
-                    self._refuse(e)
-                    return
-            if _checks_shapes(self._route, head):
-                # Triton allocates each input by its declared shape before reading the data.
-                json_end = head.json_bytes
-                json_end = end if json_end < 0 else min(end, start + json_end)
-                try:
+                if _checks_shapes(self._route, head):
+                    # Triton allocates each input by its declared shape before reading the data.
+                    json_end = head.json_bytes
+                    json_end = end if json_end < 0 else min(end, start + json_end)
                     check_json(buffer[start:json_end], end - start)
-                except refusals.ProxyError as e:
-                    upstream.abort()
-                    self._upstream = None
-                    self._release_slot()
-                    self._refuse(e)
-                    return
+            except refusals.ProxyError as e:
+                upstream.abort()
+                self._upstream = None
+                self._release_slot()
+                self._refuse(e)
+                return
             # The whole request is here: one write, one segment to Triton (`_body_done`, inline:
             # no response can have come yet).
             if verbatim:

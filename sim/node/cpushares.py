@@ -54,17 +54,18 @@ def millicpu(quantity: str) -> int:
     return int(thousandths.to_integral_value(rounding="ROUND_CEILING"))
 
 
+def container_millicpu(container: Mapping[str, Any], kind: str = "requests") -> int:
+    """The container's CPU `requests` (or `limits`) in millicpus; 0 where it states none."""
+    cpu = container.get("resources", {}).get(kind, {}).get("cpu")
+    return 0 if cpu is None else millicpu(str(cpu))
+
+
 def pod_millicpu(pod: Mapping[str, Any]) -> int:
     """The pod's effective CPU request: the sum over its containers, or the largest init
     container's if that is more (init containers run one at a time, before the others)."""
     spec = pod.get("spec", {})
-
-    def requested(container: Mapping[str, Any]) -> int:
-        cpu = container.get("resources", {}).get("requests", {}).get("cpu")
-        return 0 if cpu is None else millicpu(str(cpu))
-
-    main = sum(requested(c) for c in spec.get("containers", []))
-    inits = [requested(c) for c in spec.get("initContainers", [])]
+    main = sum(container_millicpu(c) for c in spec.get("containers", []))
+    inits = [container_millicpu(c) for c in spec.get("initContainers", [])]
     return max([main, *inits])
 
 

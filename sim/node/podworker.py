@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sim.node.addresses import PodAddresses
 from sim.node.containers import ContainerRun, http_get, now_rfc3339
-from sim.node.cpushares import CpuGroups, millicpu, pod_millicpu
+from sim.node.cpushares import CpuGroups, container_millicpu, pod_millicpu
 from sim.node.podnetwork import pod_network
 from sim.node.podspec import Obj, PodSpecError, plan
 from sim.node.podstatus import write_status
@@ -235,16 +235,13 @@ class PodWorker(threading.Thread):
         """The container's process into its group inside the pod's, weighted by their requests and
         held to its CPU limit if it has one."""
         assert container.process is not None
-        resources = container.spec.get("resources", {})
-        requested = resources.get("requests", {}).get("cpu")
-        limited = resources.get("limits", {}).get("cpu")
         try:
             cpu.place(self._cpu_group, pod_millicpu(self.pod))
             cpu.place(
                 f"{self._cpu_group}/{container.name}",
-                0 if requested is None else millicpu(str(requested)),
+                container_millicpu(container.spec),
                 [container.process.pid],
-                limit=0 if limited is None else millicpu(str(limited)),
+                limit=container_millicpu(container.spec, "limits"),
             )
         except (OSError, ValueError) as e:
             log.warning(

@@ -21,7 +21,7 @@ import kubernetes.client
 import pytest
 
 from sim.apiserver import RunningApiServer
-from sim.cluster import container_millicpu, node_pod_template
+from sim.cluster import node_container_millicpu, node_pod_template
 from sim.node.cpushares import (
     CpuGroups,
     CpuGroupsUnavailableError,
@@ -70,11 +70,12 @@ def test_a_pods_request_is_its_containers_sum_or_its_largest_init_container() ->
 
 def test_the_node_pods_weights_come_from_the_daemonset_it_deploys() -> None:
     template = node_pod_template()
-    parts = {name: container_millicpu(template, name) for name in ("triton", "agent", "gateway")}
+    names = ("triton", "agent", "gateway")
+    parts = {name: node_container_millicpu(template, name) for name in names}
     assert all(parts.values()), parts
     assert pod_millicpu(template) >= sum(parts.values())
     with pytest.raises(ValueError, match="no container 'nope'"):
-        container_millicpu(template, "nope")
+        node_container_millicpu(template, "nope")
 
 
 @pytest.fixture
