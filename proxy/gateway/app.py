@@ -30,6 +30,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
 from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
+from proxy.policy.inflight import InFlightShares
 from proxy.policy.share import LoopShares
 from proxy.sockets import bind
 from proxy.state import ProxyState
@@ -63,7 +64,12 @@ class Gateway:
         self.settings = settings
         self.state = ProxyState()
         shares = LoopShares(settings.loop_busy_percent / 100.0, _call_later)
-        self.tenants = Tenants(self.state, shares)
+        in_flight = (
+            InFlightShares(settings.max_in_flight_node, _call_later)
+            if settings.max_in_flight_node
+            else None
+        )
+        self.tenants = Tenants(self.state, shares, in_flight)
         self._walk_now = asyncio.Event()
         self.budget = (
             ByteBudget(settings.max_buffered_bytes, shares, on_hold=self._walk_now.set)

@@ -31,6 +31,7 @@ from proxy.http1.listener import RestRelay
 from proxy.http1.relay import ClientConnection as RestConnection
 from proxy.metrics import ProxyMetrics
 from proxy.policy.holdings import GRACE, ByteBudget
+from proxy.policy.inflight import InFlightShares
 from proxy.policy.limiter import Limiter
 from proxy.policy.refusals import OverBudgetError, ProxyError
 from proxy.policy.share import LoopShares
@@ -47,7 +48,12 @@ class Tenant:
     """The relays serving one calling pod."""
 
     def __init__(
-        self, caller: Caller, settings: Settings, state: ProxyState, shares: LoopShares
+        self,
+        caller: Caller,
+        settings: Settings,
+        state: ProxyState,
+        shares: LoopShares,
+        in_flight: InFlightShares | None = None,
     ) -> None:
         self.caller = caller
         # The pod's proxy names the public model id; the gateway alone knows the private name.
@@ -56,6 +62,8 @@ class Tenant:
             settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
         )
         self.share = self.limiter.share = shares.share(self._throttle, self._unthrottle)
+        if in_flight is not None:
+            in_flight.add(self.limiter)
         self._logged_pause = -_PAUSE_LOG_SECONDS
         self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
         self._answers_paused = False  # its channels to Triton stopped for the byte budget
@@ -140,9 +148,13 @@ class Tenant:
 class Tenants:
     """The tenants of the pods that have connected, by address."""
 
-    def __init__(self, state: ProxyState, shares: LoopShares) -> None:
+    def __init__(
+        self, state: ProxyState, shares: LoopShares, in_flight: InFlightShares | None = None
+    ) -> None:
         self.state = state
         self.shares = shares
+        self.in_flight = in_flight
+        """The node's in-flight budget split among the pods sending; None: none."""
         self._by_address: dict[str, Tenant] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -197,7 +209,7 @@ class Tenants:
         if tenant is None or tenant.caller != caller:
             if tenant is not None:
                 self._drop(tenant)
-            tenant = Tenant(caller, settings, self.state, self.shares)
+            tenant = Tenant(caller, settings, self.state, self.shares, self.in_flight)
             self._by_address[caller.address] = tenant
         return tenant
 
@@ -220,6 +232,8 @@ class Tenants:
             )
         self._by_address.pop(caller.address, None)
         self.shares.remove(tenant.share)
+        if self.in_flight is not None:
+            self.in_flight.remove(tenant.limiter)
         tenant.abort()
         task = asyncio.get_running_loop().create_task(
             tenant.stop(), name=f"gateway: closing the relays of {caller.pod}"

@@ -22,9 +22,13 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from proxy.policy.refusals import OverloadedError, QueueTimeoutError
 from proxy.policy.share import LoopShare
+
+if TYPE_CHECKING:
+    from proxy.policy.inflight import InFlightShares
 
 
 class Limiter:
@@ -40,6 +44,9 @@ class Limiter:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
+        """The limit now: `own_limit`, or less while the node's budget is split among several
+        sending pods (`policy.inflight`)."""
+        self.own_limit = limit
         self.queue_limit = queue_limit
         self.queue_timeout = queue_timeout
         self.window = window
@@ -48,6 +55,11 @@ class Limiter:
         """The pod's share of the event loop that serves it beside other pods (the node
         gateway's, `policy.share`): its connections charge their reads to it and stop reading
         while it is paused. None where the loop serves one pod (the proxy)."""
+        self.node: InFlightShares | None = None
+        """The node's in-flight budget this pod's limit is a share of (the gateway's); None in a
+        proxy, or where the gateway has no node budget."""
+        self.sending = False  # counted by `node` as sending
+        self.last = 0.0  # when it last took a slot at once
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         # Request-seconds up to now: _area + _ends - _starts + in_flight * now. _area holds what
@@ -81,8 +93,11 @@ class Limiter:
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody waits; never waits itself."""
+        if not self.sending and self.node is not None:
+            self.node.woke(self)  # may change the limit: first
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
             now = self._clock()
+            self.last = now
             self._starts += now
             self.in_flight += 1
             if now >= self._next_checkpoint:
@@ -119,8 +134,9 @@ class Limiter:
             raise
 
     def release(self) -> None:
-        """Give a slot back, handing it to the oldest waiter if there is one."""
-        while self._waiters:
+        """Give a slot back, handing it to the oldest waiter if there is one (and the limit,
+        which may have shrunk meanwhile, still has room for it)."""
+        while self._waiters and (self.limit == 0 or self.in_flight <= self.limit):
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
@@ -130,6 +146,18 @@ class Limiter:
         self.in_flight -= 1
         if now >= self._next_checkpoint:
             self._account(now)
+
+    def set_limit(self, limit: int) -> None:
+        """Change the limit (0: none); room it opens goes to the oldest waiters at once."""
+        self.limit = limit
+        while self._waiters and (limit == 0 or self.in_flight < limit):
+            waiter = self._waiters.popleft()
+            if waiter.done():
+                continue
+            now = self._clock()
+            self._starts += now
+            self.in_flight += 1
+            waiter.set_result(None)
 
     def concurrency_seconds(self) -> float:
         """In-flight requests integrated over time since start, in request-seconds."""

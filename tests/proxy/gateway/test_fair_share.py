@@ -145,3 +145,72 @@ def test_every_pod_has_a_limit_by_default(served_triton: TritonServer, tmp_path:
             if (tenant := tenant_of(gateway, address)) is not None
         }
     assert limits == {FLOODER: (64, 64), NEIGHBOUR: (4, 4), "127.1.0.23": (64, 64)}
+
+
+def test_beside_another_sending_pod_a_flooding_pod_gets_its_share_of_the_node_alone_all(
+    served_triton: TritonServer, tmp_path: Path
+) -> None:
+    """`--max-in-flight-node`: a pod sending alone keeps its own limit (3); while a neighbour
+    sends too, it has at most its share of the node's budget (2 // 2 = 1) at Triton, its other
+    requests waiting in its queue, none refused; when the neighbour stops, its limit is back."""
+    table = tmp_path / "callers.json"
+    publish(
+        table,
+        Caller(FLOODER, "sleepy", "team-a/flooder", "uid-a"),
+        Caller(NEIGHBOUR, "add_one", "team-b/neighbour", "uid-b"),
+    )
+    settings = gateway_settings(served_triton, table, max_in_flight_per_pod=3, max_in_flight_node=2)
+    path = "/v2/models/sleepy/infer"
+    results: list[int] = []
+
+    def slow(ms: int) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: results.append(post(gateway.http_url, FLOODER, path, sleepy(ms))[0]),
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    with running_gateway(settings) as gateway:
+        alone = [slow(1000) for _ in range(3)]
+        wait_for(
+            lambda: (t := tenant_of(gateway, FLOODER)) is not None and t.limiter.in_flight == 3,
+            "a pod alone with its own limit's 3 requests at Triton",
+        )
+        flooder = tenant_of(gateway, FLOODER)
+        assert flooder is not None
+        stop = threading.Event()
+        answered: list[int] = []
+
+        def neighbour() -> None:
+            while not stop.is_set():
+                answered.append(
+                    post(gateway.http_url, NEIGHBOUR, "/v2/models/add_one/infer", INFER)[0]
+                )
+
+        steady = threading.Thread(target=neighbour, daemon=True)
+        steady.start()
+        try:
+            wait_for(lambda: flooder.limiter.limit == 1, "the flooder held to its share, 1")
+            for thread in alone:
+                thread.join(30)
+            beside = [slow(300) for _ in range(3)]
+            most = 0
+            while any(thread.is_alive() for thread in beside):
+                most = max(most, flooder.limiter.in_flight)
+                time.sleep(0.005)
+            assert most == 1, f"{most} of the flooder's requests at Triton beside a neighbour"
+        finally:
+            stop.set()
+            steady.join(30)
+        assert answered and set(answered) == {200}
+        wait_for(
+            lambda: flooder.limiter.limit == 3,
+            "the flooder's own limit back a second after the neighbour stopped",
+            within=10.0,
+        )
+        again = [slow(1000) for _ in range(3)]
+        wait_for(lambda: flooder.limiter.in_flight == 3, "3 of the flooder's requests at Triton")
+        for thread in again:
+            thread.join(30)
+    assert results == [200] * 9  # waited, never refused

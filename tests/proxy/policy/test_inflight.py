@@ -1,0 +1,137 @@
+"""policy.inflight: the node's in-flight budget split among the pods sending, and the limiters'
+side of it (a shrunk limit holds waiters back, a grown one lets them go at once)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from proxy.policy.inflight import InFlightShares, share_of
+from proxy.policy.limiter import Limiter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.timers.append((self.now + delay, callback))
+
+    def advance(self, seconds: float) -> None:
+        """Move on, running the timers that fall due (and those they set) in order."""
+        end = self.now + seconds
+        while True:
+            due = sorted((t for t in self.timers if t[0] <= end), key=lambda t: t[0])
+            if not due:
+                break
+            self.timers.remove(due[0])
+            self.now = due[0][0]
+            due[0][1]()
+        self.now = end
+
+
+def node(budget: int, *owns: int) -> tuple[Clock, InFlightShares, list[Limiter]]:
+    clock = Clock()
+    shares = InFlightShares(budget, clock.later, active_seconds=1.0, clock=clock)
+    limiters = [Limiter(own, own or 8, 30.0, clock=clock) for own in owns]
+    for limiter in limiters:
+        shares.add(limiter)
+    return clock, shares, limiters
+
+
+@pytest.mark.parametrize(
+    ("own", "budget", "sending", "limit"),
+    [
+        (64, 8, 1, 64),  # alone: its own
+        (64, 8, 2, 4),
+        (64, 8, 3, 2),
+        (64, 8, 16, 1),  # never below one
+        (3, 8, 2, 3),  # never above its own
+        (0, 8, 2, 4),  # no limit of its own: the share
+        (0, 8, 1, 0),
+        (64, 0, 5, 64),  # no budget
+    ],
+)
+def test_the_share(own: int, budget: int, sending: int, limit: int) -> None:
+    assert share_of(own, budget, sending) == limit
+
+
+def test_a_pod_alone_keeps_its_own_limit_and_a_second_sender_halves_it() -> None:
+    clock, shares, (a, b) = node(8, 64, 64)
+    for _ in range(10):
+        assert a.try_acquire()
+    assert (shares.sending, a.limit) == (1, 64)
+    assert b.limit == 4  # not sending: what it would get as the second sender
+    assert b.try_acquire()
+    assert (shares.sending, a.limit, b.limit) == (2, 4, 4)
+    assert not a.try_acquire()  # 10 in flight against 4 now
+    # B stops: once it has had nothing in flight for a second, A has its own limit back.
+    b.release()
+    clock.advance(0.6)
+    assert a.limit == 4  # B took a slot 0.6 s ago: still sending
+    clock.advance(1.0)
+    assert (shares.sending, a.limit) == (1, 64)
+    assert a.try_acquire()
+
+
+async def test_a_shrunk_limit_holds_waiters_back_and_a_grown_one_lets_them_go_at_once() -> None:
+    clock, _, (a, b) = node(2, 4, 4)
+    for _ in range(4):
+        assert a.try_acquire()
+    assert b.try_acquire()  # two sending: 1 each
+    waiters = [asyncio.create_task(a.acquire()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert (a.in_flight, a.queued) == (4, 2)
+    for expected in (3, 2, 1):  # over its limit: a slot given back goes to nobody
+        a.release()
+        assert (a.in_flight, a.queued) == (expected, 2)
+    a.release()  # now under it: the oldest waiter takes the slot
+    await asyncio.sleep(0)
+    assert (a.in_flight, a.queued) == (1, 1)
+    assert waiters[0].done() and not waiters[1].done()
+    b.release()
+    clock.advance(2.0)  # B stopped sending: A's limit is 4 again, its waiter goes at once
+    await asyncio.sleep(0)
+    assert (a.limit, a.in_flight, a.queued) == (4, 2, 0)
+    assert waiters[1].done()
+    await asyncio.gather(*waiters)
+
+
+def test_a_pod_with_requests_in_flight_or_waiting_still_counts_as_sending() -> None:
+    clock, shares, (a, b) = node(8, 64, 64)
+    assert a.try_acquire() and b.try_acquire()
+    clock.advance(30.0)  # long requests: both still in flight
+    assert (shares.sending, a.limit) == (2, 4)
+    b.release()
+    clock.advance(1.0)
+    assert (shares.sending, a.limit) == (1, 64)
+
+
+def test_a_pod_that_goes_away_gives_its_share_back() -> None:
+    _, shares, (a, b, c) = node(9, 64, 64, 64)
+    assert a.try_acquire() and b.try_acquire() and c.try_acquire()
+    assert [x.limit for x in (a, b, c)] == [3, 3, 3]
+    shares.remove(c)
+    assert shares.sending == 2
+    assert [x.limit for x in (a, b)] == [4, 4]
+    assert c.node is None and c.try_acquire()  # on its own now, whatever its limit was
+
+
+def test_no_sweep_runs_while_nobody_sends() -> None:
+    clock, shares, (a,) = node(8, 64)
+    assert a.try_acquire()
+    a.release()
+    clock.advance(5.0)
+    assert shares.sending == 0
+    assert clock.timers == []  # the sweep stopped with the last sender
+
+
+def test_a_negative_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="0 or more"):
+        InFlightShares(-1, Clock().later)
