@@ -69,6 +69,7 @@ def _model_limits(settings: Settings) -> ModelLimits:
             tenant_code_namespaces=frozenset(settings.tenant_code_namespaces),
             max_instances=settings.max_model_instances,
             max_load_data_bytes=settings.max_load_data_bytes,
+            max_threads=settings.max_model_threads,
         ),
         cpu_only=settings.cpu_only,
         unload_timeout=settings.unload_timeout_seconds,

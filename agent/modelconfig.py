@@ -123,6 +123,11 @@ _BACKEND_LIBRARY_RE = re.compile(r"(^|/)libtriton_[^/]*$")
 DEFAULT_MAX_INSTANCES: Final = 16
 DEFAULT_MAX_LOAD_DATA_BYTES: Final = 64 * 1024**2
 MAX_WARMUP_RUNS: Final = 64
+DEFAULT_MAX_THREADS: Final = 64
+_THREADS_RE = re.compile(r"thread", re.IGNORECASE)
+"""A model parameter naming a thread count: onnxruntime's intra_op_thread_count and
+inter_op_thread_count, PyTorch's INTRA_OP_THREAD_COUNT and INTER_OP_THREAD_COUNT, OpenVINO's
+INFERENCE_NUM_THREADS and COMPILATION_NUM_THREADS. Each instance's session starts that many."""
 """Warmup executions one load may ask of Triton (each sample's `count`, at least 1, summed): a
 load holds its GPU's queue of loads and unloads, and Triton's HTTP slows while it runs."""
 # Bytes per element Triton gives each data type in a warmup request; a string element is at least
@@ -203,6 +208,9 @@ class ModelPolicy:
     max_load_data_bytes: int = DEFAULT_MAX_LOAD_DATA_BYTES
     """Bytes of data one model's config may make Triton allocate when it loads it: warmup
     samples and initial sequence states (`--max-load-data-bytes`)."""
+    max_threads: int = DEFAULT_MAX_THREADS
+    """Most threads any one thread-count parameter of a model may ask its backend for, per
+    instance (`--max-model-threads`; 0: no bound)."""
 
     def tenant_code_allowed(self, namespace: str) -> bool:
         return namespace in self.tenant_code_namespaces
@@ -271,6 +279,7 @@ class ModelPolicy:
         runs = sum(max(sample.count, 1) for sample in config.model_warmup)
         if runs > MAX_WARMUP_RUNS:
             problems.append(f"{runs} warmup runs, over {MAX_WARMUP_RUNS} per load")
+        problems += thread_problems(config, self.max_threads)
         return problems
 
     def check_load_data_files(
@@ -286,6 +295,24 @@ class ModelPolicy:
                     f"over this node's {self.max_load_data_bytes} (--max-load-data-bytes); use "
                     f"a smaller sample or zero_data"
                 )
+
+
+def thread_problems(config: ModelConfig, most: int) -> list[str]:
+    """Thread-count parameters past `most` (0: no bound) or that are not whole numbers: every
+    instance's session starts that many threads inside the shared Triton."""
+    problems = []
+    for key, value in sorted(config.parameters.items()):
+        if not _THREADS_RE.search(key):
+            continue
+        text = value.string_value.strip()
+        if not text.isdigit():
+            problems.append(f"parameters[{key!r}] {value.string_value!r} is not a thread count")
+        elif most and int(text) > most:
+            problems.append(
+                f"parameters[{key!r}] asks for {int(text)} threads per instance, over this "
+                f"node's {most} (--max-model-threads)"
+            )
+    return problems
 
 
 def _is_host_path(value: str) -> bool:

@@ -39,6 +39,7 @@ from common.settings import (
     setting,
     text,
     whole,
+    whole_or_cpus,
 )
 
 DEFAULT_PLATFORM_ACCOUNTS = (
@@ -331,6 +332,19 @@ class Settings:
     """Bytes of data one model's config may make Triton allocate when it loads it: every
     input of every warmup sample times its batch size, and every initial sequence state (held
     while the model is loaded); also the most of any such data file (a quantity)."""
+    max_model_threads: int = setting(
+        "max-model-threads",
+        "most threads one thread-count parameter of a model's config may ask its backend for "
+        "per instance (intra_op_thread_count and the like); auto = the node's CPUs, 0 = no bound",
+        whole_or_cpus,
+        default="auto",
+    )
+    """Most threads one thread-count parameter of a model's config (onnxruntime's
+    `intra_op_thread_count` and `inter_op_thread_count`, PyTorch's and OpenVINO's the like) may
+    ask its backend for, per instance: each instance's session starts that many threads in the
+    shared Triton, so a model could otherwise start `instances x any number` of them. `auto`:
+    the node's CPUs (more threads than cores only contend). A config past it, or with a
+    thread count that is not a whole number, is refused at install and load."""
     gpu_mem_reserve: int = gpu_mem_reserve_flag()
     """Bytes of every GPU kept for the CUDA contexts and Triton itself (a quantity); the same
     value as the binder's --gpu-mem-reserve."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,24 @@ def whole(*, minimum: int = 0) -> Kind:
         return parsed
 
     return kind
+
+
+def node_cpus() -> int:
+    """The CPUs this process may run on: the node's, unless its pod is pinned to some."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def whole_or_cpus(value: str) -> int:
+    """A whole number, or `auto`: the node's CPUs (`node_cpus`)."""
+    if value.strip().lower() == "auto":
+        return node_cpus()
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise BadValueError("is neither a whole number nor auto") from None
+    if parsed < 0:
+        raise BadValueError("is negative; use 0 or more, or auto")
+    return parsed
 
 
 def quantity(*, minimum: int = 0) -> Kind:

@@ -18,7 +18,6 @@ from common.contract import (
     DEFAULT_GATEWAY_METRICS_PORT,
 )
 from common.settings import (
-    BadValueError,
     Declaration,
     declared,
     host_port,
@@ -30,6 +29,7 @@ from common.settings import (
     seconds,
     setting,
     whole,
+    whole_or_cpus,
 )
 from proxy.settings import (
     Settings,
@@ -41,24 +41,6 @@ from proxy.settings import (
     max_body,
     max_inflated,
 )
-
-
-def node_cpus() -> int:
-    """The CPUs this process may run on: the node's, unless its pod is pinned to some."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def whole_or_cpus(value: str) -> int:
-    """A whole number, or `auto`: the node's CPUs (`node_cpus`)."""
-    if value.strip().lower() == "auto":
-        return node_cpus()
-    try:
-        parsed = int(value)
-    except ValueError:
-        raise BadValueError("is neither a whole number nor auto") from None
-    if parsed < 0:
-        raise BadValueError("is negative; use 0 or more, or auto")
-    return parsed
 
 
 @declared

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.triton
 
 ZEROS = 'model_warmup [ {{ name: "w" batch_size: {batch} count: {count} inputs {{ key: "INPUT0" '
 ZEROS += "value: {{ data_type: TYPE_FP32 dims: [ {elements} ] zero_data: true }} }} }} ]\n"
+_THREADS = 'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
 
 BOMBS = [
     # A thousand instances: a thousand sessions of the backend, each with its own threads and
@@ -56,6 +57,11 @@ BOMBS = [
         'dims: [ 17179869184 ] zero_data: true name: "zeros" } } ] }\n',
         "--max-load-data-bytes",
     ),
+    # A hundred thousand threads per instance (onnxruntime starts each session's intra-op pool
+    # at its intra_op_thread_count; the python backend ignores the key, but the agent cannot
+    # trust which backend reads it): with 16 instances, 1.6 million threads in Triton.
+    (_THREADS.format(key="intra_op_thread_count", value="100000"), "--max-model-threads"),
+    (_THREADS.format(key="INTER_OP_THREAD_COUNT", value="-1"), "is not a thread count"),
 ]
 
 
@@ -96,6 +102,7 @@ async def test_configs_that_would_make_triton_hold_unbounded_memory_at_load_are_
     token = apiserver.mint_token("team-a", "fine")
     extra = "instance_group [ { kind: KIND_CPU count: 2 } ]\n"
     extra += ZEROS.format(batch=2, count=3, elements=1024)
+    extra += _THREADS.format(key="intra_op_thread_count", value="1")
     await install_dir(running.stub, token, add_one_with(tmp_path, "fine", extra), "fine")
     status = await running.stub.LoadModel(
         agent_pb2.LoadModelRequest(model_id="fine"), metadata=bearer(token)
