@@ -118,6 +118,8 @@ VICTIM_MODEL, ATTACKER_MODEL = "victim_model", "attacker_model"
 DAEMONSET = ROOT / "deploy" / "base" / "node-daemonset.yaml"
 PARTS = ("gateway", "agent", "triton")
 PLACEMENT_ATTACKS = ("unproven-gpu-mem", "squat-model-id")
+PROBED = (*PLACEMENT_ATTACKS, "install-streams")
+"""The phases whose victim probe also runs in the control phase, the victim alone."""
 ATTACKS = (
     "unproven-gpu-mem", "squat-model-id", "grpc-bomb", "rest-bomb", "install-streams",
     "gpu-growth", "agent-messages", "flood", "stream-flood", "slow-senders", "connections",
@@ -917,6 +919,12 @@ class Row:
     """When each error's request was due, in seconds from the phase's start."""
     missed: list[str]
     """Empty: the target is met (for the phases that have one: every attack)."""
+    judged_against: str = "alone"
+    """What the target compares it with: "alone", or "control" for a phase whose victim probe
+    (its own replica placed, its own model installed and loaded) also ran in the control phase,
+    where the victim did the same alone and that was slower than alone."""
+    judged_ratio: float = float("nan")
+    """p99 over the p99 of `judged_against`."""
 
     @property
     def judged(self) -> bool:
@@ -926,7 +934,11 @@ class Row:
 def summarize(run: Run) -> list[Row]:
     """Each phase's victim latency and errors, and its verdict against the target. "Alone" is
     the better p99 of the victim alone before the attacks and after them: a stall of the shared
-    box during one of them must not make every attack look mild."""
+    box during one of them must not make every attack look mild. A phase where the victim also
+    acts (its new replica placed, its new model installed and loaded, the probes of the control
+    phase) is judged against the control phase, the victim doing the same with no attacker,
+    where that was slower than alone: loading its own model costs the victim latency on a 2-core
+    box whoever else is there, and that is not the attack's."""
 
     def window(phase: Phase) -> list[Record]:
         return [r for r in run.records if phase.start <= r[0] < phase.end]
@@ -937,6 +949,12 @@ def summarize(run: Run) -> list[Row]:
         if p.name in ("alone", "alone again")
     ]
     base_p99 = min((p for p in alone if p == p), default=float("nan"))  # NaN: no answer
+    control = [
+        percentile([r[1] for r in window(p) if not r[2]], 0.99)
+        for p in run.phases
+        if p.name == "control"
+    ]
+    control_p99 = control[0] if control and control[0] > base_p99 else float("nan")
     rows = []
     for phase in run.phases:
         rows_of_phase = window(phase)
@@ -945,9 +963,12 @@ def summarize(run: Run) -> list[Row]:
         error_times = [r[0] - phase.start for r in rows_of_phase if r[2]]
         p99 = percentile(ok, 0.99)
         ratio = p99 / base_p99 if base_p99 > 0 else float("nan")
+        against, judged = "alone", ratio
+        if phase.name in PROBED and control_p99 == control_p99:
+            against, judged = "control", p99 / control_p99
         missed = []
-        if not ratio <= 2.0:
-            missed.append(f"p99 {ratio:.1f}x alone")
+        if not judged <= 2.0:
+            missed.append(f"p99 {judged:.1f}x {against}")
         if errors:
             missed.append(f"{len(errors)} victim errors")
         for part in PARTS:
@@ -958,7 +979,16 @@ def summarize(run: Run) -> list[Row]:
         if phase.outcome is not None and phase.outcome.ok is not True:
             missed.append("victim outcome" if phase.outcome.ok is False else "not measured")
         row = Row(
-            phase, len(rows_of_phase), percentile(ok, 0.5), p99, ratio, errors, error_times, missed
+            phase,
+            len(rows_of_phase),
+            percentile(ok, 0.5),
+            p99,
+            ratio,
+            errors,
+            error_times,
+            missed,
+            against,
+            judged,
         )
         rows.append(replace(row, missed=[]) if not row.judged else row)
     return rows
@@ -978,6 +1008,8 @@ def report(run: Run, rows: list[Row]) -> None:
         verdict = (
             "-" if not row.judged else "NOT met: " + ", ".join(row.missed) if row.missed else "met"
         )
+        if row.judged and row.judged_against != "alone":
+            verdict += f" (judged against {row.judged_against}: {row.judged_ratio:.2f}x)"
         print(
             f"{NUMBERS.get(phase.name, ' ') + ' ' + phase.name:<20}"
             f"{phase.end - phase.start:>5.0f}{phase.others:>7.2f}{row.requests:>9}"

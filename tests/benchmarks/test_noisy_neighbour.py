@@ -133,3 +133,35 @@ def test_a_short_run_measures_every_figure(
     bench.report(run, rows)
     table = capsys.readouterr().out
     assert "deploy limit" in table and "3 grpc-bomb" in table
+
+
+def test_a_phase_where_the_victim_acts_is_judged_against_it_doing_the_same_alone() -> None:
+    """The victim's own model loading in install-streams costs it latency whoever else is there:
+    that phase is judged against the control phase (the same probe, no attacker) when that was
+    slower than alone; a phase whose probe the control did not run is not."""
+    limits = dict.fromkeys(bench.PARTS, 1000)
+    phases = [
+        _phase("alone", 0),
+        _phase("control", 10),
+        _phase("install-streams", 20),
+        _phase("flood", 30),
+    ]
+    records: list[tuple[float, float, str]] = [(i / 10, 0.010, "") for i in range(100)]
+    records += [(10 + i / 10, 0.018, "") for i in range(100)]  # its own load: 1.8x alone
+    records += [(20 + i / 10, 0.027, "") for i in range(100)]  # 2.7x alone, 1.5x control
+    records += [(30 + i / 10, 0.027, "") for i in range(100)]
+    rows = {
+        row.phase.name: row for row in bench.summarize(bench.Run(phases, records, limits, {}, 40))
+    }
+    install = rows["install-streams"]
+    assert install.ratio == pytest.approx(2.7)
+    assert install.judged_against == "control"
+    assert install.judged_ratio == pytest.approx(1.5)
+    assert install.missed == []
+    assert rows["flood"].judged_against == "alone"
+    assert rows["flood"].missed == ["p99 2.7x alone"]
+    records[100:200] = [(10 + i / 10, 0.008, "") for i in range(100)]  # control faster: alone
+    rows = {
+        row.phase.name: row for row in bench.summarize(bench.Run(phases, records, limits, {}, 40))
+    }
+    assert rows["install-streams"].missed == ["p99 2.7x alone"]
