@@ -117,6 +117,7 @@ class Agent:
         self.events = PodEvents(self.kube, f"tritonshare-agent/{settings.node_name}")
         self.triton = TritonClient(
             settings.triton_http_url,
+            settings.triton_grpc_url,
             admin_header=settings.triton_admin_header,
             load_timeout=settings.load_timeout_seconds,
         )

@@ -126,6 +126,15 @@ class Settings:
         "triton-http-url", "Triton HTTP host:port", host_port, default="127.0.0.1:8000"
     )
     """Triton's HTTP endpoint, host:port."""
+    triton_grpc_url: str = setting(
+        "triton-grpc-url",
+        "Triton gRPC host:port, for loads and unloads",
+        host_port,
+        default="127.0.0.1:8001",
+    )
+    """Triton's gRPC endpoint, host:port: the agent loads and unloads models over it, since a
+    load over HTTP holds every open HTTP connection to Triton, every tenant's REST inference
+    among them, for as long as the load runs (`agent.triton`)."""
     triton_admin_header: tuple[str, str] | None = setting(
         "triton-admin-header",
         "Name:value header for Triton's restricted APIs",

@@ -69,7 +69,8 @@ class _ConcurrencyCollector(Collector):
         average.add_metric(values, limiter.average_concurrency())
         limit = GaugeMetricFamily(
             "tritonshare_proxy_concurrency_limit",
-            "The hard limit on in-flight inference requests (0 = unlimited).",
+            "The limit on in-flight inference requests now (0 = unlimited); at the node gateway, "
+            "the pod's share of --max-in-flight-node while several pods send.",
             labels=labels,
         )
         limit.add_metric(values, limiter.limit)

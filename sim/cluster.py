@@ -340,9 +340,11 @@ class SimCluster:
         ports_file.unlink(missing_ok=True)
         if node.real and self.triton is not None:
             repository, triton_url = self.triton.model_repository, self.triton.http_url
+            triton_grpc_url = self.triton.grpc_url
         else:
             # No Triton here: the agent publishes GPUs and liveness; nothing is loaded.
             repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
+            triton_grpc_url = f"127.0.0.1:{free_port()}"
             repository.mkdir(parents=True, exist_ok=True)
         argv = [
             sys.executable, "-m", "sim.gpu.agent_node", "--gpus", node.gpus,
@@ -351,6 +353,7 @@ class SimCluster:
             "--kubeconfig", str(self.kubeconfig),
             "--model-repository", str(repository),
             "--triton-http-url", triton_url,
+            "--triton-grpc-url", triton_grpc_url,
             "--triton-admin-header", TRITON_ADMIN_HEADER,
             "--listen-grpc", listen_grpc,
             "--listen-http", "127.0.0.1:0",

@@ -82,7 +82,7 @@ class Gateway:
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
         )
-        self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget)
+        self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget, in_flight)
         self.ports: dict[str, int] = {}
         self._sockets: dict[str, socket.socket] = {}
         self._health: HttpServer | None = None

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from proxy.gateway.callers import CallerBook
 from proxy.gateway.tenants import Tenant
 from proxy.policy.holdings import ByteBudget
+from proxy.policy.inflight import InFlightShares
 
 _PROXY = "tritonshare_proxy_"
 _GATEWAY = "tritonshare_gateway_"
@@ -121,6 +122,27 @@ class _BudgetCollector(Collector):
         yield from (held, limit, holds, sheds)
 
 
+class _InFlightCollector(Collector):
+    def __init__(self, in_flight: InFlightShares) -> None:
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[Metric]:
+        sending = GaugeMetricFamily(
+            "tritonshare_gateway_pods_sending",
+            "Pods counted as sending now (a request in flight, waiting, or started in the last "
+            "second): while more than one is, each may have --max-in-flight-node over their "
+            "number at Triton (tritonshare_gateway_concurrency_limit, per pod).",
+        )
+        sending.add_metric([], self._in_flight.sending)
+        budget = GaugeMetricFamily(
+            "tritonshare_gateway_in_flight_budget",
+            "The node's in-flight budget at Triton split among the pods sending "
+            "(--max-in-flight-node).",
+        )
+        budget.add_metric([], self._in_flight.budget)
+        yield from (sending, budget)
+
+
 class GatewayMetrics:
     """The registry /metrics serves, and the gateway's own counters."""
 
@@ -129,6 +151,7 @@ class GatewayMetrics:
         book: CallerBook,
         tenants: Callable[[], Iterable[Tenant]],
         budget: ByteBudget | None = None,
+        in_flight: InFlightShares | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._refused = Counter(
@@ -144,6 +167,8 @@ class GatewayMetrics:
         self.registry.register(_TenantCollector(tenants))
         if budget is not None:
             self.registry.register(_BudgetCollector(budget))
+        if in_flight is not None:
+            self.registry.register(_InFlightCollector(in_flight))
 
     def refused(self, protocol: str, reason: str) -> None:
         self._refused.labels(protocol, reason).inc()

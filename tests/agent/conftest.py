@@ -172,6 +172,7 @@ def agent_settings(
         model_repository=repository,
         kubeconfig=str(kubeconfig),
         triton_http_url=triton.http_url,
+        triton_grpc_url=triton.grpc_url,
         listen_grpc="127.0.0.1:0",
         listen_http="127.0.0.1:0",
         cpu_only=True,

@@ -60,7 +60,7 @@ async def owner_models(tmp_path: Path, alive: bool) -> Models:
 
     models = Models(
         repository,
-        TritonClient("127.0.0.1:1"),
+        TritonClient("127.0.0.1:1", "127.0.0.1:1"),
         owners,
         ModelLimits(
             policy=ModelPolicy(tenant_code_namespaces=frozenset({"team-a", "team-b"})),

@@ -236,7 +236,7 @@ async def test_a_full_disk_mid_install_is_reported_and_leaves_nothing(
 
     models = Models(
         repository,
-        TritonClient("127.0.0.1:1"),
+        TritonClient("127.0.0.1:1", "127.0.0.1:1"),
         owners,
         ModelLimits(
             policy=ModelPolicy(tenant_code_namespaces=frozenset({"default"})), cpu_only=True

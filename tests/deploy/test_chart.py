@@ -228,6 +228,7 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     )
     assert agent.listen_grpc == "0.0.0.0:8200" and agent.listen_http == "0.0.0.0:8202"
     assert agent.triton_http_url == "127.0.0.1:8010"
+    assert agent.triton_grpc_url == "127.0.0.1:8011"
     assert agent.system_namespace == CUSTOM_NAMESPACE
     assert agent.key_prefix == "seldon.io/trtis-" and agent.scheduler_name == "shared-gpu"
     assert set(agent.tenant_code_namespaces) == {"models", "lab"}

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from common.callers import Caller
 from proxy.gateway.tenants import Tenant
@@ -192,6 +193,13 @@ def test_beside_another_sending_pod_a_flooding_pod_gets_its_share_of_the_node_al
         steady.start()
         try:
             wait_for(lambda: flooder.limiter.limit == 1, "the flooder held to its share, 1")
+            scraped = generate_latest(gateway.gateway.metrics.registry).decode()
+            assert "tritonshare_gateway_pods_sending 2.0" in scraped
+            assert "tritonshare_gateway_in_flight_budget 2.0" in scraped
+            assert (
+                'tritonshare_gateway_concurrency_limit{model="sleepy",pod="team-a/flooder"} 1.0'
+                in scraped
+            )
             for thread in alone:
                 thread.join(30)
             beside = [slow(300) for _ in range(3)]
