@@ -157,7 +157,8 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
         command = [
             sys.executable, "-m", "sim.gpu.agent_node", "--gpus", "2xT4", "--",
             "--node-name", NODE, "--kubeconfig", str(apiserver.write_kubeconfig(work / "kc")),
-            "--triton-http-url", triton.http_url, "--model-repository", str(repository),
+            "--triton-http-url", triton.http_url, "--triton-grpc-url", triton.grpc_url,
+            "--model-repository", str(repository),
             "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",
             "--ports-file", str(ports), "--cpu-only", "--log-level", "WARNING",
             "--placement-key-dir", str(key_dir), "--tenant-code-namespaces", "default",

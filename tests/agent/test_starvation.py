@@ -62,7 +62,8 @@ def agent_process(
     command = [
         sys.executable, "-m", "sim.gpu.agent_node", "--gpus", "2xT4", "--",
         "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-        "--triton-http-url", triton.http_url, "--model-repository", str(model_repository),
+        "--triton-http-url", triton.http_url, "--triton-grpc-url", triton.grpc_url,
+        "--model-repository", str(model_repository),
         "--listen-grpc", "127.0.0.1:0", "--listen-http", "127.0.0.1:0",
         "--ports-file", str(ports), "--cpu-only", "--tenant-code-namespaces", "default",
         "--placement-key-dir", str(write_test_placement_key(tmp_path / "key")),

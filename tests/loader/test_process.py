@@ -83,7 +83,8 @@ def start_agent(
     command = [
         sys.executable, "-m", "sim.gpu.agent_node", "--gpus", "2xT4", "--",
         "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-        "--triton-http-url", triton.http_url, "--model-repository", str(repository),
+        "--triton-http-url", triton.http_url, "--triton-grpc-url", triton.grpc_url,
+        "--model-repository", str(repository),
         "--listen-grpc", f"127.0.0.1:{grpc_port}", "--listen-http", "127.0.0.1:0",
         "--ports-file", str(ports), "--cpu-only",
         "--placement-key-dir", str(write_test_placement_key(tmp_path / "placement-key")),
