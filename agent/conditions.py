@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.errors import AgentError, KubeError
+from agent.errors import AgentError, KubeError, TritonUnreachableError
 from agent.events import PodEvents
 from agent.models import ModelState, ModelStatus
 from agent.placement import Proven
@@ -165,14 +165,12 @@ class ModelConditions:
             )
         for proven, status in zip(judged, statuses, strict=True):
             pod = proven.pod
-            if isinstance(status, AgentError):
-                # The agent refuses this pod its model (another live pod owns the id): that is
-                # why it is not served, said without naming the owner.
-                refused = Verdict("False", status.event_reason or "ModelRefused", str(status))
-                if (refused.status, refused.reason) != pod.model_loaded:
-                    await self._write(proven, refused)
-                continue
-            if isinstance(status, BaseException):
+            if isinstance(status, BaseException) and (
+                isinstance(status, TritonUnreachableError) or not isinstance(status, AgentError)
+            ):
+                # Not an answer about this pod's model: one call to Triton that timed out (a
+                # Triton that stays away is told by the liveness watch, `triton_live`, not as a
+                # refusal of every pod's model), or a failure of our own.
                 log.warning(
                     "Cannot tell whether pod %s's model %s is served (%s): its %s condition "
                     "is left as it is.",
@@ -182,6 +180,13 @@ class ModelConditions:
                     self.condition_type,
                     extra=subject(pod=pod.key, model=pod.model_id),
                 )
+                continue
+            if isinstance(status, AgentError):
+                # The agent refuses this pod its model (another live pod owns the id): that is
+                # why it is not served, said without naming the owner.
+                refused = Verdict("False", status.event_reason or "ModelRefused", str(status))
+                if (refused.status, refused.reason) != pod.model_loaded:
+                    await self._write(proven, refused)
                 continue
             wanted = verdict(pod.model_id, status, triton_live)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:

@@ -163,3 +163,20 @@ async def test_a_pod_refused_its_model_id_is_told_why_without_the_owner() -> Non
     await watcher.sync([proven("a", loaded=("False", "ModelOwnedByAnotherPod"))], triton_live=True)
     assert writer.written == [("a", "False", "ModelOwnedByAnotherPod")]
     assert events.warned == [("models/a", "ModelNotServed")]
+
+
+async def test_one_call_triton_did_not_answer_changes_no_pods_condition() -> None:
+    """A pass whose read of Triton's index timed out (a slow load over HTTP did that) says
+    nothing of any pod's model: before, every pod's condition turned False "ModelRefused" with a
+    Warning Event, and back True on the next pass. A Triton that stays away is the liveness
+    watch's to tell (`triton_live=False`)."""
+    from agent.errors import TritonUnreachableError
+
+    writer, events = Writer(), Events()
+
+    async def status_of(p: Proven) -> ModelStatus:
+        raise TritonUnreachableError("Triton at http://127.0.0.1:8000 does not answer")
+
+    watcher = ModelConditions(writer, events, CONDITION, status_of)  # type: ignore[arg-type]
+    await watcher.sync([proven("a", loaded=("True", "ModelReady")), proven("b")], triton_live=True)
+    assert writer.written == [] and events.warned == []
