@@ -156,8 +156,8 @@ class Binder:
             # A new leader starts from what its warm caches say is pending, and reports the
             # unproven pods (the old leader's record of what it reported died with it).
             ledger = self.ledger
-            for uid in ledger.pending:
-                self.queue.add(uid)
+            for uid, pod in ledger.pending.items():
+                self.queue.add(uid, pod.namespace)
             for verdict in list(ledger.unproven.values()):
                 if ledger.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)

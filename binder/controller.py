@@ -120,7 +120,7 @@ class Controller:
         if pod.uid in self._in_flight:
             return
         if relevant or pod.uid not in self.queue:
-            self.queue.add(pod.uid)
+            self.queue.add(pod.uid, pod.namespace)
 
     def pending_gone(self, uid: str) -> None:
         self.queue.remove(uid)

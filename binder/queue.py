@@ -4,7 +4,11 @@ A new or changed pending pod is active at once. A pod that did not fit waits: 1 
 failure, doubling per failure up to a cap (2 min by default), and is retried when its wait ends.
 A cluster change that could help (memory freed, a node added or changed, an agent alive) makes
 every waiting pod active at once, keeping its failure count so the next wait is still longer.
-Order is first in, first out, so no pod starves.
+
+Active pods are taken one namespace at a time, in turns: each namespace with active pods gives
+one (its oldest) per turn, so a namespace that creates thousands of pending pods (or whose
+thousands are made active at once by a cluster change) delays another namespace's pod by one of
+its own, not by thousands. Within a namespace, first in, first out; no pod starves.
 
 Owns no pods, only their uids; reads time from the clock it is given (fake in tests).
 """
@@ -19,7 +23,7 @@ from collections.abc import Callable
 
 
 class SchedulingQueue:
-    """Active uids (FIFO) plus uids waiting out a backoff."""
+    """Active uids (in turns by namespace, FIFO within one) plus uids waiting out a backoff."""
 
     def __init__(
         self,
@@ -31,7 +35,12 @@ class SchedulingQueue:
         self._initial = initial_seconds
         self._max = max_seconds
         self._clock = clock
-        self._active: deque[str] = deque()
+        self._active: dict[str, deque[str]] = {}
+        """Each namespace's active uids, oldest first; only namespaces with some."""
+        self._turns: deque[str] = deque()
+        """The namespaces with active uids, the one whose turn is next first."""
+        self._namespace: dict[str, str] = {}
+        """Each known uid's namespace, as `add` was last told."""
         self._queued: set[str] = set()
         self._waiting: dict[str, float] = {}
         self._due: list[tuple[float, str]] = []
@@ -50,12 +59,47 @@ class SchedulingQueue:
     def failures(self, uid: str) -> int:
         return self._failures.get(uid, 0)
 
-    def add(self, uid: str) -> None:
-        """Make a pod active now (new, or changed in a way that matters)."""
+    def _push(self, uid: str) -> None:
+        self._queued.add(uid)
+        namespace = self._namespace.get(uid, "")
+        active = self._active.get(namespace)
+        if active is None:
+            active = self._active[namespace] = deque()
+            self._turns.append(namespace)
+        active.append(uid)
+
+    def _drop(self, uid: str) -> None:
+        """Take an active uid out of its namespace's line."""
+        self._queued.discard(uid)
+        namespace = self._namespace.get(uid, "")
+        active = self._active[namespace]
+        active.remove(uid)
+        if not active:
+            del self._active[namespace]
+            self._turns.remove(namespace)
+
+    def _take(self) -> str:
+        """The next active uid: the oldest of the namespace whose turn it is."""
+        namespace = self._turns.popleft()
+        active = self._active[namespace]
+        uid = active.popleft()
+        if active:
+            self._turns.append(namespace)
+        else:
+            del self._active[namespace]
+        self._queued.discard(uid)
+        return uid
+
+    def add(self, uid: str, namespace: str | None = None) -> None:
+        """Make a pod active now (new, or changed in a way that matters); `namespace` is the
+        pod's (None: as it was last given)."""
+        if namespace is not None and namespace != self._namespace.get(uid):
+            if uid in self._queued:
+                self._drop(uid)
+            self._namespace[uid] = namespace
         self._waiting.pop(uid, None)
         if uid not in self._queued:
-            self._queued.add(uid)
-            self._active.append(uid)
+            self._push(uid)
             self._wakeup.set()
 
     def remove(self, uid: str) -> None:
@@ -63,8 +107,8 @@ class SchedulingQueue:
         self._waiting.pop(uid, None)
         self._failures.pop(uid, None)
         if uid in self._queued:
-            self._queued.discard(uid)
-            self._active.remove(uid)
+            self._drop(uid)
+        self._namespace.pop(uid, None)
 
     def backoff(self, uid: str) -> float:
         """The pod did not fit: wait before retrying. Returns the wait in seconds."""
@@ -72,8 +116,7 @@ class SchedulingQueue:
         self._failures[uid] = failures
         delay: float = min(self._initial * 2.0 ** (failures - 1), self._max)
         if uid in self._queued:
-            self._queued.discard(uid)
-            self._active.remove(uid)
+            self._drop(uid)
         due = self._clock() + delay
         self._waiting[uid] = due
         heapq.heappush(self._due, (due, uid))
@@ -88,8 +131,7 @@ class SchedulingQueue:
         moved = sorted(self._waiting, key=lambda uid: self._waiting[uid])
         for uid in moved:
             del self._waiting[uid]
-            self._queued.add(uid)
-            self._active.append(uid)
+            self._push(uid)
         self._due.clear()
         if moved:
             self._wakeup.set()
@@ -107,8 +149,7 @@ class SchedulingQueue:
             t, uid = heapq.heappop(heap)
             if waiting.get(uid) == t:
                 del waiting[uid]
-                self._queued.add(uid)
-                self._active.append(uid)
+                self._push(uid)
         while heap and waiting.get(heap[0][1]) != heap[0][0]:
             heapq.heappop(heap)
         if not heap:
@@ -118,21 +159,17 @@ class SchedulingQueue:
     def pop_ready(self) -> str | None:
         """The next active pod, or None (promoting pods whose wait is over first)."""
         self._promote_due()
-        if not self._active:
+        if not self._turns:
             return None
-        uid = self._active.popleft()
-        self._queued.discard(uid)
-        return uid
+        return self._take()
 
     async def pop(self) -> str:
         """Wait for the next pod to schedule."""
         while True:
             self._wakeup.clear()
             next_due = self._promote_due()
-            if self._active:
-                uid = self._active.popleft()
-                self._queued.discard(uid)
-                return uid
+            if self._turns:
+                return self._take()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=next_due)
             except TimeoutError:

@@ -244,3 +244,37 @@ def test_why_a_pod_is_pending_is_written_once_per_reason_and_throttled_when_it_c
     assert controller._should_report("p", "0/1 nodes: largest free block 1Gi")
     clock.now = 1000.0
     assert not controller._should_report("p", "0/1 nodes: largest free block 2Gi")
+
+
+def test_a_namespace_with_thousands_of_pending_pods_delays_anothers_by_one_of_its_own() -> None:
+    """Active pods are taken one namespace at a time: before, a namespace creating 2,000 pending
+    pods (or having them all made active again by a cluster change) put another namespace's pod
+    behind all of them; now behind at most one, and each namespace's own stay first in, first
+    out."""
+    clock = FakeClock()
+    queue = make_queue(clock)
+    for i in range(2000):
+        queue.add(f"flood-{i}", "greedy")
+    queue.add("victim-0", "team-b")
+    queue.add("victim-1", "team-b")
+    order = [queue.pop_ready() for _ in range(6)]
+    assert order == ["flood-0", "victim-0", "flood-1", "victim-1", "flood-2", "flood-3"]
+
+    # Every pod failed and waits; a helpful change makes them all active again at once.
+    for uid in ("victim-0", *(f"flood-{i}" for i in range(2000))):
+        queue.backoff(uid)
+    assert queue.move_all_to_active() == 2001
+    first = [queue.pop_ready() for _ in range(2)]
+    assert "victim-0" in first
+    # Re-added with no namespace (the controller giving back a pod it popped), it keeps its own.
+    queue.add("victim-0")
+    assert queue.pop_ready() != "victim-0"  # greedy's turn first, then team-b's
+    assert queue.pop_ready() == "victim-0"
+    queue.remove("flood-5")
+    assert "flood-5" not in queue
+    rest = []
+    while (uid := queue.pop_ready()) is not None:
+        rest.append(uid)
+    assert len(rest) == len(set(rest)) == 2001 - 4
+    flood = [int(uid.split("-")[1]) for uid in rest]
+    assert flood == sorted(flood)  # one namespace's own, in order
