@@ -261,8 +261,8 @@ def test_a_namespace_with_thousands_of_pending_pods_delays_anothers_by_one_of_it
     assert order == ["flood-0", "victim-0", "flood-1", "victim-1", "flood-2", "flood-3"]
 
     # Every pod failed and waits; a helpful change makes them all active again at once.
-    for uid in ("victim-0", *(f"flood-{i}" for i in range(2000))):
-        queue.backoff(uid)
+    for waiting in ("victim-0", *(f"flood-{i}" for i in range(2000))):
+        queue.backoff(waiting)
     assert queue.move_all_to_active() == 2001
     first = [queue.pop_ready() for _ in range(2)]
     assert "victim-0" in first
@@ -273,8 +273,8 @@ def test_a_namespace_with_thousands_of_pending_pods_delays_anothers_by_one_of_it
     queue.remove("flood-5")
     assert "flood-5" not in queue
     rest = []
-    while (uid := queue.pop_ready()) is not None:
-        rest.append(uid)
+    while (popped := queue.pop_ready()) is not None:
+        rest.append(popped)
     assert len(rest) == len(set(rest)) == 2001 - 4
     flood = [int(uid.split("-")[1]) for uid in rest]
     assert flood == sorted(flood)  # one namespace's own, in order
