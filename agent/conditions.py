@@ -165,9 +165,14 @@ class ModelConditions:
             )
         for proven, status in zip(judged, statuses, strict=True):
             pod = proven.pod
-            if isinstance(status, BaseException) and (
-                isinstance(status, TritonUnreachableError) or not isinstance(status, AgentError)
-            ):
+            if isinstance(status, AgentError) and not isinstance(status, TritonUnreachableError):
+                # The agent refuses this pod its model (another live pod owns the id): that is
+                # why it is not served, said without naming the owner.
+                refused = Verdict("False", status.event_reason or "ModelRefused", str(status))
+                if (refused.status, refused.reason) != pod.model_loaded:
+                    await self._write(proven, refused)
+                continue
+            if isinstance(status, BaseException):
                 # Not an answer about this pod's model: one call to Triton that timed out (a
                 # Triton that stays away is told by the liveness watch, `triton_live`, not as a
                 # refusal of every pod's model), or a failure of our own.
@@ -180,13 +185,6 @@ class ModelConditions:
                     self.condition_type,
                     extra=subject(pod=pod.key, model=pod.model_id),
                 )
-                continue
-            if isinstance(status, AgentError):
-                # The agent refuses this pod its model (another live pod owns the id): that is
-                # why it is not served, said without naming the owner.
-                refused = Verdict("False", status.event_reason or "ModelRefused", str(status))
-                if (refused.status, refused.reason) != pod.model_loaded:
-                    await self._write(proven, refused)
                 continue
             wanted = verdict(pod.model_id, status, triton_live)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:

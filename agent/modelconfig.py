@@ -123,13 +123,13 @@ _BACKEND_LIBRARY_RE = re.compile(r"(^|/)libtriton_[^/]*$")
 DEFAULT_MAX_INSTANCES: Final = 16
 DEFAULT_MAX_LOAD_DATA_BYTES: Final = 64 * 1024**2
 MAX_WARMUP_RUNS: Final = 64
+"""Warmup executions one load may ask of Triton (each sample's `count`, at least 1, summed): a
+load holds its GPU's queue of loads and unloads, and Triton's HTTP slows while it runs."""
 DEFAULT_MAX_THREADS: Final = 64
 _THREADS_RE = re.compile(r"thread", re.IGNORECASE)
 """A model parameter naming a thread count: onnxruntime's intra_op_thread_count and
 inter_op_thread_count, PyTorch's INTRA_OP_THREAD_COUNT and INTER_OP_THREAD_COUNT, OpenVINO's
 INFERENCE_NUM_THREADS and COMPILATION_NUM_THREADS. Each instance's session starts that many."""
-"""Warmup executions one load may ask of Triton (each sample's `count`, at least 1, summed): a
-load holds its GPU's queue of loads and unloads, and Triton's HTTP slows while it runs."""
 # Bytes per element Triton gives each data type in a warmup request; a string element is at least
 # its 4-byte length (zero_data strings are empty).
 _ELEMENT_BYTES: Final = {

@@ -33,7 +33,7 @@ import aiohttp
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from agent.errors import NotFoundError, TritonError, TritonUnreachableError
+from agent.errors import TritonError, TritonUnreachableError
 
 log = logging.getLogger(__name__)
 
@@ -115,18 +115,18 @@ class TritonClient:
     def _grpc_error(self, error: grpc.aio.AioRpcError, method: str, what: str) -> TritonError:
         """Triton's refusal of a repository call over gRPC, or that it did not answer."""
         details = error.details() or ""
-        if "restricted" in details and error.code() == grpc.StatusCode.UNAVAILABLE:
-            return TritonError(
-                f"Triton refused {what} because its repository API is restricted ({details}); "
-                f"give the agent the header Triton expects with --triton-admin-header"
-            )
-        if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        # A restricted protocol is refused UNAVAILABLE too, saying so.
+        restricted = "restricted" in details and error.code() == grpc.StatusCode.UNAVAILABLE
+        if not restricted and error.code() in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        ):
             return TritonUnreachableError(
                 f"Triton at {self.grpc_url} (gRPC) does not answer {method} "
                 f"({error.code().name}: {details}); check that the Triton container is running "
                 f"and --triton-grpc-url names its gRPC port"
             )
-        return TritonError(f"Triton refused {what}: {details}")
+        return self._refusal(what, details, restricted=restricted)
 
     async def _request(
         self, method: str, path: str, body: dict[str, Any] | None = None, *, time_limit: float
@@ -156,14 +156,18 @@ class TritonClient:
             return str(payload["error"])
         return json.dumps(payload)
 
-    def _refused(self, status: int, payload: Any, what: str) -> TritonError:
-        message = self._error_text(payload)
-        if status == 403:
+    @staticmethod
+    def _refusal(what: str, message: str, *, restricted: bool) -> TritonError:
+        """Triton's refusal of `what`, over either API."""
+        if restricted:
             return TritonError(
                 f"Triton refused {what} because its repository API is restricted ({message}); "
                 f"give the agent the header Triton expects with --triton-admin-header"
             )
         return TritonError(f"Triton refused {what}: {message}")
+
+    def _refused(self, status: int, payload: Any, what: str) -> TritonError:
+        return self._refusal(what, self._error_text(payload), restricted=status == 403)
 
     async def live(self) -> bool:
         """True when Triton answers /v2/health/live with 200."""
@@ -258,10 +262,9 @@ class TritonClient:
                 request, metadata=self._metadata, timeout=self._request_timeout
             )
         except grpc.aio.AioRpcError as e:
-            error = self._grpc_error(e, "RepositoryModelUnload", f"to unload model {name!r}")
-            if "not found" in str(error).lower():
-                raise NotFoundError(str(error)) from None
-            raise error from None
+            raise self._grpc_error(
+                e, "RepositoryModelUnload", f"to unload model {name!r}"
+            ) from None
 
     async def wait_unloaded(self, name: str, time_limit: float, poll: float = 0.1) -> None:
         """Poll the index until `name` is UNAVAILABLE or absent, or raise TritonError."""

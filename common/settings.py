@@ -166,15 +166,13 @@ def node_cpus() -> int:
 
 
 def whole_or_cpus(value: str) -> int:
-    """A whole number, or `auto`: the node's CPUs (`node_cpus`)."""
+    """A whole number of 0 or more, or `auto`: the node's CPUs (`node_cpus`)."""
     if value.strip().lower() == "auto":
         return node_cpus()
     try:
-        parsed = int(value)
-    except ValueError:
-        raise BadValueError("is neither a whole number nor auto") from None
-    if parsed < 0:
-        raise BadValueError("is negative; use 0 or more, or auto")
+        parsed: int = whole()(value)
+    except BadValueError as e:
+        raise BadValueError(f"{e} (or auto, the node's CPUs)") from None
     return parsed
 
 

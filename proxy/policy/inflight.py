@@ -67,10 +67,6 @@ class InFlightShares:
         """Pods counted as sending now."""
         self._sweeping = False
 
-    @property
-    def limiters(self) -> list[Limiter]:
-        return self._limiters
-
     def add(self, limiter: Limiter) -> None:
         """A new pod's limiter: its limit follows the split from now on."""
         limiter.node = self
