@@ -30,6 +30,7 @@ from common.settings import (
     declared,
     env_name,
     names,
+    node_cpus,
     path,
     quantity,
     seconds,
@@ -37,6 +38,7 @@ from common.settings import (
     text,
     unflagged,
     whole,
+    whole_or_cpus,
 )
 
 OUTSIDE_VARIABLES = {"KUBECONFIG", "NODE_NAME"}
@@ -295,3 +297,18 @@ def _reason(kind: Any, value: str) -> str:
     except BadValueError as e:
         return str(e)
     raise AssertionError(f"{value!r} was accepted")
+
+
+def test_a_count_that_may_be_auto_reads_the_nodes_cpus_or_a_whole_number() -> None:
+    """`--max-in-flight-node` and `--max-model-threads`: auto is the CPUs this process may run
+    on; anything else is a whole number of 0 or more, refused saying auto was possible too."""
+    assert whole_or_cpus("auto") == whole_or_cpus(" AUTO ") == node_cpus() >= 1
+    assert whole_or_cpus("0") == 0 and whole_or_cpus("12") == 12
+    with pytest.raises(BadValueError, match=r"is not a whole number \(or auto"):
+        whole_or_cpus("many")
+    with pytest.raises(BadValueError, match=r"is negative.*\(or auto"):
+        whole_or_cpus("-1")
+    required = ["--caller-table", "/run/callers.json"]
+    gateway = proxy.gateway.settings.parse_settings([*required, "--max-in-flight-node", "3"], {})
+    assert gateway.max_in_flight_node == 3
+    assert proxy.gateway.settings.parse_settings(required, {}).max_in_flight_node == node_cpus()
