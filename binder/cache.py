@@ -123,12 +123,14 @@ class ClusterCache:
         if event == "DELETED":
             self._drop_pending(pod.uid)
             self.unproven.pop(pod.uid, None)
+            self.state.untrack_pod(pod.uid)
             if self._accounted(pod.uid):
                 self.state.remove_pod(pod.uid)
                 self._listener.cluster_changed(f"pod {pod.key} was deleted")
             return
         if pod.node_name:
             self._drop_pending(pod.uid)
+            self.state.track_pod(pod)
             held = self._accounted(pod.uid)
             self._account(pod)
             if held and not self._accounted(pod.uid):
@@ -219,6 +221,8 @@ class ClusterCache:
                 self._drop_pending(uid)
         for uid in self.state.account_uids() - listed:
             self.state.remove_pod(uid)
+        for uid in self.state.pods.uids() - listed:
+            self.state.untrack_pod(uid)
         for uid in set(self.unproven) - listed:
             del self.unproven[uid]
         for obj in items:

@@ -15,7 +15,15 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from binder.podterms import (
+    NO_AFFINITY,
+    PodAffinity,
+    SpreadConstraint,
+    pod_affinity_from_spec,
+    spread_from_spec,
+)
 from common.contract import Keys, is_valid_model_id, validate_model_id
+from common.podresources import HostPort, host_ports, node_allocatable, pod_requests
 from common.quantity import QuantityError, parse_quantity
 from common.tritonname import private_triton_name
 
@@ -101,6 +109,10 @@ class NodeInfo:
     measured: Mapping[str, int] = field(default_factory=dict, hash=False, compare=True)
     """Name in Triton -> GPU memory that loaded model is measured to use on this node (bytes):
     a pod's private name, or a legacy model's public id (the agent's gpu-usage annotation)."""
+    allocatable: Mapping[str, int] | None = field(default=None, hash=False, compare=True)
+    """`status.allocatable` (cpu in millicores, the rest in whole units); None when the node
+    publishes none, and then NodeResourcesFit does not judge it (as for a node object made by
+    hand; a kubelet always publishes it)."""
 
     def measured_of(self, pod: PodInfo) -> int | None:
         """What the pod's model is measured to use here: by its private name; else, for a model
@@ -166,6 +178,18 @@ class PodInfo:
     controlled: bool = False
     """Whether an owner reference marks a controller (a ReplicaSet, a StatefulSet...) that
     recreates the pod when it is evicted."""
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False, compare=True)
+    resources: Mapping[str, int] = field(default_factory=dict, hash=False, compare=True)
+    """Effective requests per resource, as `common.podresources.pod_requests` reads them."""
+    host_ports: tuple[HostPort, ...] = ()
+    affinity: PodAffinity = NO_AFFINITY
+    spread: tuple[SpreadConstraint, ...] = ()
+    owner: str = ""
+    """The controlling owner as "Kind/uid" ("" without one): pods of one ReplicaSet or
+    StatefulSet, which kube-scheduler's default topology spread keeps apart."""
+    preemption_policy: str = "PreemptLowerPriority"
+    nominated_node: str = ""
+    """status.nominatedNodeName: where a preemption made room for the pod."""
     model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
     """The (namespace, model id, revision) of which a node takes at most one pod; made once
     here, as placement reads it for every decision."""
@@ -325,7 +349,15 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
     except QuantityError as e:
         request = 0
         problem = f"{e}; fix the pod's {keys.gpu_mem} limit"
+    try:
+        resources = pod_requests(spec)
+    except QuantityError as e:
+        resources = {}
+        problem = problem or f"{e}; fix the pod's resources"
+    labels = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
+    namespace = str(meta.get("namespace", ""))
     model_id = str(annotations.get(keys.model_id) or "")
+    owner = _controller(meta.get("ownerReferences"))
     if not problem:
         if request <= 0:
             problem = (
@@ -344,7 +376,7 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
                 problem = f"annotation {keys.model_id}: {e}"
     return PodInfo(
         uid=str(meta.get("uid", "")),
-        namespace=str(meta.get("namespace", "")),
+        namespace=namespace,
         name=str(meta.get("name", "")),
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
         node_name=str(spec.get("nodeName") or ""),
@@ -360,7 +392,15 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         created=parse_time(meta.get("creationTimestamp")) or 0.0,
         resource_version=str(meta.get("resourceVersion", "")),
         priority=_priority(spec.get("priority")),
-        controlled=_controlled(meta.get("ownerReferences")),
+        controlled=bool(owner),
+        labels=labels,
+        resources=resources,
+        host_ports=host_ports(spec),
+        affinity=pod_affinity_from_spec(spec, namespace, labels),
+        spread=spread_from_spec(spec, labels),
+        owner=owner,
+        preemption_policy=str(spec.get("preemptionPolicy") or "PreemptLowerPriority"),
+        nominated_node=str(status.get("nominatedNodeName") or ""),
     )
 
 
@@ -368,10 +408,12 @@ def _priority(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _controlled(references: object) -> bool:
-    if not isinstance(references, list):
-        return False
-    return any(isinstance(r, Mapping) and r.get("controller") is True for r in references)
+def _controller(references: object) -> str:
+    """The controlling owner reference as "Kind/uid", or ""."""
+    for ref in _sequence(references):
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return f"{ref.get('kind', '')}/{ref.get('uid', '')}"
+    return ""
 
 
 def _gpus(annotations: Mapping[str, Any], keys: Keys) -> tuple[tuple[Gpu, ...], str]:
@@ -445,6 +487,8 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
     annotations = _mapping(meta.get("annotations"))
     gpus, problem = _gpus(annotations, keys)
     gpus, measured = _usage(annotations, keys, gpus)
+    status = _mapping(obj.get("status"))
+    allocatable = node_allocatable(status) if "allocatable" in status else None
     return NodeInfo(
         name=str(meta.get("name", "")),
         labels=labels,
@@ -453,6 +497,7 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
         gpus=gpus,
         gpu_problem=problem,
         measured=measured,
+        allocatable=allocatable,
     )
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,9 @@ import numpy.typing as npt
 from binder.classes import ConstraintClass, evaluate, reevaluate, shifted, without
 from binder.index import Blocks, FreeIndex
 from binder.model import Constraints, Gpu, ModelKey, NodeInfo, PodInfo
+from binder.podindex import PodIndex
+from binder.podterms import Labels
+from binder.rules import first_untolerated_taint, matches_required_affinity
 
 IntArray = npt.NDArray[np.int64]
 GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
@@ -119,6 +122,16 @@ class ClusterState:
         """Over `gpu_blocks`: healthy GPUs per usable size, and those of them with nothing taken
         (free block = size), kept as blocks change so `gpu_sizes` costs no pass over the GPUs."""
         self._sizes: GpuSizes | None = None
+        self.pods = PodIndex()
+        """Every bound, non-terminated pod, whatever its scheduler (and the assumed ones)."""
+        self._assumed_only: set[str] = set()
+        """Pods in `pods` only by assumption: the watch has not shown them bound yet."""
+        self.namespace_labels: dict[str, Labels] = {}
+        """Each namespace's labels, for namespaceSelectors of pod affinity terms."""
+        self.nodes_version = 0
+        """Moves whenever a node joins, leaves, or changes labels, taints or cordon."""
+        self._domains: dict[str, tuple[int, IntArray, list[str]]] = {}
+        self._eligible: dict[tuple[Constraints, bool, bool], tuple[int, npt.NDArray[np.bool_]]] = {}
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -134,6 +147,7 @@ class ClusterState:
             self._insert_row(node.name)
         self._recharge_node(node.name)
         if old is None or (old.labels, old.taints, old.unschedulable) != rules:
+            self.nodes_version += 1
             self._reclassify(node.name)
         return True
 
@@ -142,6 +156,7 @@ class ClusterState:
         if old is None:
             return False
         self._follow_largest(old, None)
+        self.nodes_version += 1
         self._alloc.pop(name, None)
         for account in self._by_node.get(name, {}).values():
             account.gpu = -1
@@ -189,24 +204,32 @@ class ClusterState:
         """Charge a pod the binder is binding, before the watch shows it bound; `placement` is
         the proof it signed (so the watch's copy of the pod needs no second check)."""
         self.remove_pod(pod.uid)
-        bound = PodInfo(
-            uid=pod.uid,
-            namespace=pod.namespace,
-            name=pod.name,
-            scheduler_name=pod.scheduler_name,
+        bound = replace(
+            pod,
             node_name=node,
-            phase=pod.phase,
-            request=pod.request,
-            model_id=pod.model_id,
-            revision=pod.revision,
             gpu_uuid=gpu_uuid,
             placement=placement,
-            constraints=pod.constraints,
-            created=pod.created,
-            priority=pod.priority,
-            controlled=pod.controlled,
+            deleting=False,
+            problem="",
+            resource_version="",
         )
         self._charge(_Account(bound, node, -1, assumed=True))
+        if pod.uid not in self.pods:
+            self._assumed_only.add(pod.uid)
+        self.pods.set_pod(bound, node)
+
+    def track_pod(self, pod: PodInfo) -> None:
+        """Follow any pod as the watch shows it, whatever its scheduler: a bound, non-terminated
+        pod counts on its node for the filters that look at other pods; others do not."""
+        self._assumed_only.discard(pod.uid)
+        if pod.node_name and not pod.terminated:
+            self.pods.set_pod(pod, pod.node_name)
+        else:
+            self.pods.remove_pod(pod.uid)
+
+    def untrack_pod(self, uid: str) -> None:
+        self._assumed_only.discard(uid)
+        self.pods.remove_pod(uid)
 
     def is_accounted(self, uid: str) -> bool:
         """Whether the pod's request is charged to a node (seen bound, or assumed)."""
@@ -223,6 +246,9 @@ class ClusterState:
         """Drop the pod's assumption, but never an account the watch has confirmed meanwhile."""
         if self.is_assumed(uid):
             self.remove_pod(uid)
+        if uid in self._assumed_only:
+            self._assumed_only.discard(uid)
+            self.pods.remove_pod(uid)
 
     def remove_pod(self, uid: str) -> None:
         account = self._accounts.pop(uid, None)
@@ -607,6 +633,49 @@ class ClusterState:
                 self._changes, self.capacity, self.free_total, self.gpu_blocks, len(self._changes)
             )
         return index
+
+    def topology_domains(self, key: str) -> tuple[IntArray, list[str]]:
+        """Per node (in index order) the id of its value of label `key` (-1: the node lacks the
+        label), and the values by id; kept until a node joins, leaves or changes labels."""
+        self.arrays()
+        cached = self._domains.get(key)
+        if cached is not None and cached[0] == self.nodes_version:
+            return cached[1], cached[2]
+        ids: dict[str, int] = {}
+        column = np.full(len(self.names), -1, np.int64)
+        for i, name in enumerate(self.names):
+            value = self.nodes[name].labels.get(key)
+            if value is not None:
+                column[i] = ids.setdefault(value, len(ids))
+        values = list(ids)
+        if len(self._domains) > 64:
+            self._domains.clear()
+        self._domains[key] = (self.nodes_version, column, values)
+        return column, values
+
+    def eligible(
+        self, constraints: Constraints, honor_affinity: bool, honor_taints: bool
+    ) -> npt.NDArray[np.bool_]:
+        """Per node, whether PodTopologySpread counts it for a pod of these constraints: its
+        nodeSelector and required node affinity match (when `honor_affinity`) and its
+        NoSchedule/NoExecute taints are tolerated (when `honor_taints`)."""
+        self.arrays()
+        key = (constraints, honor_affinity, honor_taints)
+        cached = self._eligible.get(key)
+        if cached is not None and cached[0] == self.nodes_version:
+            return cached[1]
+        mask = np.ones(len(self.names), np.bool_)
+        if honor_affinity or honor_taints:
+            for i, name in enumerate(self.names):
+                node = self.nodes[name]
+                if honor_affinity and not matches_required_affinity(constraints, node):
+                    mask[i] = False
+                elif honor_taints and first_untolerated_taint(node, constraints.tolerations):
+                    mask[i] = False
+        if len(self._eligible) > 1024:
+            self._eligible.clear()
+        self._eligible[key] = (self.nodes_version, mask)
+        return mask
 
     def model_nodes(self, key: ModelKey) -> set[int]:
         """Indices of the nodes that already have a pod of that model revision."""

@@ -1,0 +1,152 @@
+"""What a pod asks of a node, as Kubernetes counts it: its effective resource requests and its
+host ports. One reading shared by the binder (NodeResourcesFit, NodePorts) and the simulated
+kubelet's admission, so a binding the binder makes is judged by the same sums the kubelet uses.
+
+A pod's request of a resource is the larger of (the sum over its app containers and its sidecars,
+the init containers with `restartPolicy: Always`) and, for each ordinary init container, its own
+request plus the sidecars started before it; then the pod overhead is added
+(k8s.io/component-helpers resource.PodRequests). A container's request of a resource is its
+request, else its limit: the API server defaults a missing request to the limit, and a pod read
+before defaulting means the same. CPU is counted in millicores, everything else in whole units
+(bytes for memory, ephemeral-storage and hugepages), fractions rounded up.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from common.quantity import QuantityError, quantity_decimal
+
+CPU, MEMORY, EPHEMERAL, PODS = "cpu", "memory", "ephemeral-storage", "pods"
+
+Resources = dict[str, int]
+"""Resource name -> amount: millicores for cpu, whole units for the others."""
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _sequence(value: object) -> Sequence[Any]:
+    return value if isinstance(value, list | tuple) else ()
+
+
+def amount(resource: str, raw: object, *, what: str = "") -> int:
+    """One quantity in the resource's unit (millicores for cpu), rounded up; QuantityError when
+    the API server would refuse it or it is negative."""
+    where = what or resource
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise QuantityError(f"{where}: {raw!r} is not a quantity")
+    value = quantity_decimal(str(raw).strip()) if not isinstance(raw, int) else Decimal(raw)
+    if value is None:
+        raise QuantityError(
+            f"{where}: {raw!r} is not a Kubernetes quantity; write a number with an optional "
+            f"suffix such as '500m', '2', '4Gi' or '1e9'"
+        )
+    if value < 0:
+        raise QuantityError(f"{where}: {raw!r} is negative")
+    if resource == CPU:
+        value *= 1000
+    return math.ceil(value)
+
+
+def container_requests(container: Mapping[str, Any]) -> Resources:
+    """A container's requests: each request, else its limit."""
+    resources = _mapping(container.get("resources"))
+    requests = _mapping(resources.get("requests"))
+    limits = _mapping(resources.get("limits"))
+    name = str(container.get("name", "?"))
+    out: Resources = {}
+    for resource in {*requests, *limits}:
+        raw = requests.get(resource, limits.get(resource))
+        if raw is None:
+            continue
+        out[str(resource)] = amount(
+            str(resource), raw, what=f"container {name!r}: {resource} request"
+        )
+    return out
+
+
+def _add(total: Resources, more: Mapping[str, int]) -> None:
+    for resource, value in more.items():
+        total[resource] = total.get(resource, 0) + value
+
+
+def _max(total: Resources, other: Mapping[str, int]) -> None:
+    for resource, value in other.items():
+        if value > total.get(resource, 0):
+            total[resource] = value
+
+
+def pod_requests(spec: Mapping[str, Any]) -> Resources:
+    """The pod's effective requests, per resource (resources it asks none of are absent).
+    Raises QuantityError naming the container and resource of an unreadable quantity."""
+    sidecars: Resources = {}
+    init_peak: Resources = {}
+    for container in map(_mapping, _sequence(spec.get("initContainers"))):
+        requests = container_requests(container)
+        if container.get("restartPolicy") == "Always":
+            _add(sidecars, requests)
+            _max(init_peak, sidecars)
+        else:
+            running = dict(sidecars)
+            _add(running, requests)
+            _max(init_peak, running)
+    total: Resources = {}
+    for container in map(_mapping, _sequence(spec.get("containers"))):
+        _add(total, container_requests(container))
+    _add(total, sidecars)
+    _max(total, init_peak)
+    for resource, raw in _mapping(spec.get("overhead")).items():
+        overhead = {str(resource): amount(str(resource), raw, what=f"pod overhead: {resource}")}
+        _add(total, overhead)
+    return {resource: value for resource, value in total.items() if value}
+
+
+def node_allocatable(status: Mapping[str, Any]) -> Resources:
+    """A node's `status.allocatable` in the same units (a quantity that does not parse counts as
+    0, as a node offering nothing of it)."""
+    out: Resources = {}
+    for resource, raw in _mapping(status.get("allocatable")).items():
+        try:
+            out[str(resource)] = amount(str(resource), raw)
+        except QuantityError:
+            out[str(resource)] = 0
+    return out
+
+
+HostPort = tuple[str, str, int]
+"""(host IP, protocol, host port); "0.0.0.0" stands for every address."""
+
+
+def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """The host ports the pod's containers (and init containers) ask for, as kube-scheduler's
+    NodePorts reads them: a port of 0 asks for none, an empty IP means every address, an empty
+    protocol means TCP."""
+    ports: list[HostPort] = []
+    for key in ("initContainers", "containers"):
+        for container in map(_mapping, _sequence(spec.get(key))):
+            for port in map(_mapping, _sequence(container.get("ports"))):
+                number = port.get("hostPort")
+                if not isinstance(number, int) or isinstance(number, bool) or number <= 0:
+                    continue
+                ip = str(port.get("hostIP") or "0.0.0.0")  # noqa: S104 (a port's wildcard)
+                protocol = str(port.get("protocol") or "TCP")
+                ports.append((ip, protocol, number))
+    return tuple(ports)
+
+
+def ports_conflict(wanted: HostPort, used: HostPort) -> bool:
+    """Whether two host ports collide: same protocol and port, and the same IP or either is the
+    wildcard."""
+    wildcard = "0.0.0.0"  # noqa: S104
+    return (
+        wanted[1] == used[1]
+        and wanted[2] == used[2]
+        and (wanted[0] == used[0] or wanted[0] == wildcard or used[0] == wildcard)
+    )
