@@ -53,6 +53,7 @@ def affinity_filter(state: ClusterState, pod: PodInfo) -> dict[int, str]:
     blocked = _existing_anti_affinity(state, pod)
     if not own.required and not own.required_anti and blocked is None:
         return {}
+    state.arrays()
     reasons: dict[int, str] = {}
     if blocked is not None:
         reasons.update(
