@@ -21,6 +21,12 @@ backlog of pending pods; pods per second until the watch shows every pod bound.
 In both, the proof of concept's algorithm then runs on the same server for `--poc-pods` pods: for
 each decision it lists the nodes and, for every node, that node's pods.
 
+Workloads (`--workloads plain,anti-affinity,spread`): plain model pods; replicas of a model
+(8 pods sharing a label) with a required pod anti-affinity on `kubernetes.io/hostname`; replicas
+with a zone and a hostname topology spread (DoNotSchedule, maxSkew 1). Every node offers
+allocatable CPU, memory and pods, partly used by the placed model pods and by `--others` pods of
+another scheduler, so NodeResourcesFit judges every node.
+
 Run: .venv/bin/python -m benchmarks.binder_e2e [--nodes 5000 --gpus 8 --placed 40000 --pods 10000]
 """
 
@@ -78,13 +84,43 @@ def node_body(i: int, gpus: int) -> dict[str, Any]:
         for g in range(gpus)
     ]
     taints = [{"key": "nvidia.com/gpu", "value": "", "effect": "NoSchedule"}] if i % 10 == 0 else []
+    zone = f"zone-{i % 4}"
     return {
         "metadata": {
             "name": name,
-            "labels": {"zone": f"zone-{i % 4}"},
+            "labels": {
+                "zone": zone,
+                "topology.kubernetes.io/zone": zone,
+                "kubernetes.io/hostname": name,
+            },
             "annotations": {KEYS.gpus: json.dumps(listing), KEYS.gpu_mem_total: str(memory * gpus)},
         },
         "spec": {"taints": taints},
+        "status": {"allocatable": NODE_ALLOCATABLE, "capacity": NODE_ALLOCATABLE},
+    }
+
+
+NODE_ALLOCATABLE = {"cpu": "64", "memory": "256Gi", "ephemeral-storage": "500Gi", "pods": "110"}
+MODEL_REQUESTS = {"cpu": "100m", "memory": "128Mi"}
+"""Every model pod's proxy asks this beside its GPU memory (so NodeResourcesFit has work)."""
+OTHER_REQUESTS = {"cpu": "8", "memory": "32Gi"}
+"""Each pod of another scheduler bound on a node (`--others`) asks this."""
+REPLICAS = 8
+"""Pods per model (one label set, as a Deployment's) in the affinity and spread workloads."""
+WORKLOADS = ("plain", "anti-affinity", "spread")
+
+
+def other_body(i: int, nodes: int) -> dict[str, Any]:
+    """A pod of the default scheduler, already bound, holding CPU and memory on its node."""
+    return {
+        "metadata": {"name": f"other-{i}", "labels": {"app": "web"}},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "nodeName": f"node-{i % nodes:04d}",
+            "containers": [
+                {"name": "web", "image": "web", "resources": {"requests": OTHER_REQUESTS}}
+            ],
+        },
     }
 
 
@@ -116,34 +152,65 @@ def placed_body(i: int, nodes: int, gpus: int, rng: random.Random) -> dict[str, 
                 {
                     "name": "proxy",
                     "image": "tritonshare/proxy",
-                    "resources": {"limits": {KEYS.gpu_mem: rng.choice(["1Gi", "2Gi", "3Gi"])}},
+                    "resources": {
+                        "limits": {KEYS.gpu_mem: rng.choice(["1Gi", "2Gi", "3Gi"])},
+                        "requests": MODEL_REQUESTS,
+                    },
                 }
             ],
         },
     }
 
 
-def pod_body(i: int, rng: random.Random, prefix: str = "pod", run: str = "") -> dict[str, Any]:
+def pod_body(
+    i: int, rng: random.Random, prefix: str = "pod", run: str = "", workload: str = "plain"
+) -> dict[str, Any]:
+    """A pending model pod. `anti-affinity`: replicas of a model (REPLICAS pods sharing a label)
+    must be on distinct nodes; `spread`: they spread over zones (maxSkew 1) and nodes (maxSkew
+    1), both DoNotSchedule."""
     spec: dict[str, Any] = {
         "schedulerName": "tritonshare",
         "containers": [
             {
                 "name": "proxy",
                 "image": "tritonshare/proxy",
-                "resources": {"limits": {KEYS.gpu_mem: rng.choice(["1Gi", "2Gi", "3Gi"])}},
+                "resources": {
+                    "limits": {KEYS.gpu_mem: rng.choice(["1Gi", "2Gi", "3Gi"])},
+                    "requests": MODEL_REQUESTS,
+                },
             }
         ],
     }
+    app = {"app": f"{run or prefix}-model-{i // REPLICAS}"}
+    if workload == "anti-affinity":
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": app}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        }
+    elif workload == "spread":
+        spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": key,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": app},
+            }
+            for key in ("topology.kubernetes.io/zone", "kubernetes.io/hostname")
+        ]
     if i % 3 == 0:
         spec["nodeSelector"] = {"zone": f"zone-{i % 4}"}
     if i % 5 == 0:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     metadata: dict[str, Any] = {
         "name": f"{prefix}-{i}",
-        "annotations": {KEYS.model_id: f"model-{i}"},
+        "annotations": {KEYS.model_id: f"model-{i // REPLICAS}"},
+        "labels": dict(app),
     }
     if run:
-        metadata["labels"] = {"benchmark-run": run}
+        metadata["labels"]["benchmark-run"] = run
     return {"metadata": metadata, "spec": spec}
 
 
@@ -236,8 +303,11 @@ def build_cluster(core: Any, args: argparse.Namespace, rng: random.Random, key_d
     create_all(core, [lease_body(n["metadata"]["name"]) for n in nodes], "lease")
     placed = [placed_body(i, args.nodes, args.gpus, rng) for i in range(args.placed)]
     create_placed(core, placed, load_key_ring(key_dir))
+    create_all(core, [other_body(i, args.nodes) for i in range(args.others)], "pod")
     print(
-        f"cluster: {args.nodes} nodes x {args.gpus} GPUs (16Gi each), {args.placed} placed pods;"
+        f"cluster: {args.nodes} nodes x {args.gpus} GPUs (16Gi each), allocatable"
+        f" {NODE_ALLOCATABLE}; {args.placed} placed model pods ({MODEL_REQUESTS} each),"
+        f" {args.others} pods of another scheduler ({OTHER_REQUESTS} each);"
         f" created in {time.perf_counter() - started:.1f} s"
     )
 
@@ -257,13 +327,14 @@ def run_process(
     root: Path,
     run: str,
     key_dir: Path,
+    workload: str = "plain",
 ) -> dict[str, float]:
     """The binder from `root` as a process; the pods (labelled with `run`) created at once while
     it is stopped, or live. Prints the figures and returns them."""
     import psutil
 
     rng = random.Random(args.seed + 1)  # the same pods for every run
-    bodies = [pod_body(i, rng, run=run) for i in range(args.pods)]
+    bodies = [pod_body(i, rng, run=run, workload=workload) for i in range(args.pods)]
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
         port = free_port()
@@ -382,18 +453,24 @@ def forget_run(core: Any, server: RunningApiServer, run: str, timeout: float) ->
 
 
 def run_trees(args: argparse.Namespace, server: RunningApiServer, core: Any, key_dir: Path) -> None:
-    """Each tree `--repeat` times, alternating, on the same cluster; then the comparison."""
+    """Per workload, each tree `--repeat` times, alternating, on the same cluster; then the
+    comparison."""
     trees = {f"baseline {args.baseline_root}": args.baseline_root} if args.baseline_root else {}
     trees[f"this {args.binder_root}"] = args.binder_root
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for repeat in range(args.repeat):
-        for number, (name, root) in enumerate(trees.items()):  # alternating: drift hits both
-            run = f"r{repeat}-{number}"
-            print(f"-- {name}, run {repeat + 1} of {args.repeat}")
-            runs[name].append(run_process(args, server, core, Path(root).resolve(), run, key_dir))
-            forget_run(core, server, run, args.timeout)
-    if len(trees) > 1 or args.repeat > 1:
-        compare(runs)
+    for workload in args.workloads.split(","):
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for repeat in range(args.repeat):
+            for number, (name, root) in enumerate(trees.items()):  # alternating: drift hits both
+                run = f"{workload}-r{repeat}-{number}"
+                print(f"-- {workload}: {name}, run {repeat + 1} of {args.repeat}")
+                figures = run_process(
+                    args, server, core, Path(root).resolve(), run, key_dir, workload
+                )
+                runs[name].append(figures)
+                forget_run(core, server, run, args.timeout)
+        if len(trees) > 1 or args.repeat > 1:
+            print(f"\nworkload {workload}:")
+            compare(runs)
 
 
 def compare(runs: dict[str, list[dict[str, float]]]) -> None:
@@ -509,6 +586,18 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--placed", type=int, default=40000, help="pods already bound")
     parser.add_argument("--pods", type=int, default=10000, help="pods to schedule")
+    parser.add_argument(
+        "--others",
+        type=int,
+        default=5000,
+        help="pods of another scheduler already bound, each holding CPU and memory",
+    )
+    parser.add_argument(
+        "--workloads",
+        default="plain",
+        help=f"comma-separated, of {', '.join(WORKLOADS)}: plain model pods, pods with a required "
+        "anti-affinity on hostname, pods with a zone and a hostname topology spread",
+    )
     parser.add_argument("--poc-pods", type=int, default=1)
     parser.add_argument("--binder-root", default=".", help="tree to run `python -m binder` from")
     parser.add_argument(

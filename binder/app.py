@@ -87,6 +87,7 @@ class Binder:
             identity=settings.identity,
             placement_keys=self.placement_keys.ring,
             consolidate_moves=settings.consolidate_moves,
+            preemption=settings.preemption,
             inbox=self._inbox,
         )
         self.cache = ClusterCache(
@@ -218,6 +219,8 @@ class Binder:
                 cache.replace_leases,
                 cache.apply_lease,
             ),
+            (self.kube.namespaces(), cache.replace_namespaces, cache.apply_namespace),
+            (self.kube.budgets(), cache.replace_budgets, cache.apply_budget),
             (self.kube.pods(), cache.replace_pods, cache.apply_pod),
         ]
         for kind, on_list, on_event in kinds:

@@ -31,6 +31,7 @@ from binder.errors import ApiError, GoneError, UnavailableError
 from binder.inbox import Inbox
 from binder.kube import JsonObject, Kind, Kube
 from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
+from binder.preemption import Budget, budget_from_api
 from binder.proofs import Unproven, proven, same_proof
 from binder.state import ClusterState
 from common.contract import AGENT_LEASE_PREFIX, Keys
@@ -73,6 +74,8 @@ class Ledger:
     state: ClusterState
     pending: dict[str, PodInfo] = field(default_factory=dict)
     """Pods with our scheduler name that are not bound yet, by uid."""
+    budgets: dict[str, Budget] = field(default_factory=dict)
+    """PodDisruptionBudgets by namespace/name."""
     unproven: dict[str, Unproven] = field(default_factory=dict)
     """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
     does not verify: never charged. At most one entry per such pod in the cluster."""
@@ -255,6 +258,45 @@ class ClusterCache:
             self.state.remove_node(name)
         for obj in items:
             self.apply_node("ADDED", obj)
+
+    # ---- namespaces ----------------------------------------------------------------------------
+
+    def apply_namespace(self, event: str, obj: JsonObject) -> None:
+        """A namespace's labels, for pod affinity terms' namespaceSelector."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        labels = meta.get("labels") or {}
+        known = self.state.namespace_labels
+        if event == "DELETED":
+            known.pop(name, None)
+            return
+        new = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+        if known.get(name) != new:
+            known[name] = new
+            self._listener.cluster_changed(f"namespace {name} was added or relabelled")
+
+    def replace_namespaces(self, items: list[JsonObject]) -> None:
+        listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
+        for name in set(self.state.namespace_labels) - listed:
+            del self.state.namespace_labels[name]
+        for obj in items:
+            self.apply_namespace("ADDED", obj)
+
+    # ---- PodDisruptionBudgets ------------------------------------------------------------------
+
+    def apply_budget(self, event: str, obj: JsonObject) -> None:
+        """A PodDisruptionBudget, for preemption to prefer victims whose budget allows it."""
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        if event == "DELETED":
+            self.ledger.budgets.pop(key, None)
+        else:
+            self.ledger.budgets[key] = budget_from_api(obj)
+
+    def replace_budgets(self, items: list[JsonObject]) -> None:
+        self.ledger.budgets.clear()
+        for obj in items:
+            self.apply_budget("ADDED", obj)
 
     # ---- leases --------------------------------------------------------------------------------
 

@@ -19,14 +19,14 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import yaml
 
 from binder.cache import ClusterCache, Ledger
-from binder.errors import BinderError, NotFoundError, SettingsError
+from binder.errors import ApiError, BinderError, NotFoundError, SettingsError
 from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
@@ -73,13 +73,20 @@ class Listing:
     leases: list[JsonObject]
     """The system namespace's: the agents' and the binder leader's."""
     pods: list[JsonObject]
+    namespaces: list[JsonObject] = field(default_factory=list)
+    """For pod affinity terms' namespaceSelector (empty when they cannot be listed)."""
 
 
 def list_cluster(kube: Kube, namespace: str) -> Listing:
+    try:
+        namespaces = kube.list_all(kube.namespaces())[0]
+    except ApiError:
+        namespaces = []  # a user who may not list namespaces still gets the rest
     return Listing(
         kube.list_all(kube.nodes())[0],
         kube.list_all(kube.leases(namespace))[0],
         kube.list_all(kube.pods())[0],
+        namespaces,
     )
 
 
@@ -96,6 +103,7 @@ def fold(
         placement_keys=None if ring is None else lambda: ring,
     )
     cache.replace_nodes(listing.nodes)
+    cache.replace_namespaces(listing.namespaces)
     cache.replace_leases(listing.leases)
     cache.replace_pods(listing.pods)
     cache.state.arrays()

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -28,8 +29,17 @@ from binder.inbox import Inbox
 from binder.kube import Kube
 from binder.metrics import Metrics
 from binder.model import PodInfo
-from binder.moves import carry_out
-from binder.placement import Placement, Policy, place
+from binder.moves import carry_out, carry_out_preemption
+from binder.placement import (
+    Placement,
+    Policy,
+    Unschedulable,
+    choose_gpu,
+    fit_message,
+    place,
+    resolvable_nodes,
+)
+from binder.preemption import NoPreemption, preempt
 from binder.proofs import Unproven
 from binder.queue import SchedulingQueue
 from common.contract import Keys
@@ -75,6 +85,7 @@ class Controller:
         report_interval: float = REPORT_INTERVAL_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
         consolidate_moves: int = 0,
+        preemption: bool = True,
         inbox: Inbox | None = None,
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
@@ -106,6 +117,10 @@ class Controller:
         self._report_interval = report_interval
         self._monotonic = monotonic
         self._consolidate_moves = consolidate_moves
+        self._preemption = preemption
+        self._budgets = ledger.budgets
+        self._nominations: dict[str, tuple[str, str]] = {}
+        """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
         self._cooldowns = Cooldowns()
         self.bound = 0
         self._writes = Handover(executor, bind_workers, inbox)
@@ -123,6 +138,8 @@ class Controller:
             self.queue.add(pod.uid, pod.namespace)
 
     def pending_gone(self, uid: str) -> None:
+        self._nominations.pop(uid, None)
+        self.state.release_nomination(uid)
         self.queue.remove(uid)
         self._reported.pop(uid, None)
         self._metrics.pending.set(len(self.pending))
@@ -217,15 +234,21 @@ class Controller:
         """Decide for one pod. Holds a bind slot, released when its API writes are done."""
         state = self.state
         pod = self.pending.get(uid)
+        state.release_nomination(uid)  # the pod's own held room is its to take
         if pod is None or state.is_accounted(uid) or uid in self._in_flight:
             self._slots.release()
             return
+        nominated = self._nominations.get(uid)
+        if nominated is not None and pod.nominated_node != nominated[0]:
+            pod = replace(pod, nominated_node=nominated[0])
         result = place(state, pod, now=self._clock(), policy=self._policy)
         if isinstance(result, Placement):
+            self._nominations.pop(uid, None)
             proof = self._sign(pod, result)
             state.assume(pod, result.node, result.gpu.uuid, proof)
             self._bind(pod, result, proof)
             return
+        result = self._preempt(pod, result)
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
         log.info(
@@ -246,6 +269,74 @@ class Controller:
             self._report(pod, result.message, result.condition_reason)
         else:
             self._slots.release()
+
+    def _preempt(self, pod: PodInfo, result: Unschedulable) -> Unschedulable:
+        """Have lower-priority tritonshare pods evicted where that lets the pod in, and hold the
+        room for it (binder.preemption); returns the result to report, with kube-scheduler's
+        `preemption: ...` counts when preemption cannot help."""
+        state = self.state
+        if (
+            not self._preemption
+            or result.condition_reason != "Unschedulable"
+            or not self._leading.is_set()
+            or not state.has_lower_priority(pod.priority)
+        ):
+            return result
+        now = self._clock()
+        held = self._nominations.get(pod.uid)
+        outcome = preempt(
+            state,
+            pod,
+            resolvable_nodes(state, pod, now),
+            now=now,
+            budgets=list(self._budgets.values()),
+        )
+        if isinstance(outcome, NoPreemption):
+            if outcome.waiting and held is not None and held[0] in state.nodes:
+                state.nominate(pod, *held)  # its victims are still leaving: keep the room
+                return result
+            self._nominations.pop(pod.uid, None)
+            if not outcome.reasons:
+                return result
+            counts = fit_message(len(state.names), outcome.reasons)
+            return replace(result, message=f"{result.message} preemption: {counts}")
+        victims = outcome.victims
+        with state.without([v.uid for v in victims]):
+            gpu = choose_gpu(state, outcome.node, pod.request, self._policy)
+        if gpu is None:  # fits_on said a GPU fits with the victims gone
+            return result
+        state.nominate(pod, outcome.node, gpu.uuid)
+        self._nominations[pod.uid] = (outcome.node, gpu.uuid)
+        log.info(
+            "Pod %s (priority %d) fits nowhere: preempting %d lower-priority pod(s) on node %s "
+            "(%s); GPU %s is held for it.",
+            pod.key,
+            pod.priority,
+            len(victims),
+            outcome.node,
+            ", ".join(v.key for v in victims),
+            gpu.uuid,
+            extra=subject(pod=pod.key, node=outcome.node, model=pod.model_id),
+        )
+
+        def work() -> None:
+            carry_out_preemption(self._kube, pod, outcome, self._identity, self._count)
+
+        self._hand_over(work, partial(self._preempted, pod))
+        return result
+
+    def _preempted(self, pod: PodInfo, error: Exception | None) -> None:
+        if error is None:
+            return
+        self._nominations.pop(pod.uid, None)
+        self.state.release_nomination(pod.uid)
+        log.warning(
+            "Preempting pods for pod %s has failed (%s): its held room is released; it is "
+            "retried with backoff.",
+            pod.key,
+            error,
+            extra=subject(pod=pod.key),
+        )
 
     def _make_room(self, pod: PodInfo) -> None:
         """Plan to move a few smaller pods when only split free memory keeps the pod out
@@ -401,6 +492,7 @@ class Controller:
 
     def _bound_well(self, pod: PodInfo, placement: Placement) -> None:
         self.bound += 1
+        self._nominations.pop(pod.uid, None)
         self._scheduled.inc()
         if pod.created:
             self._metrics.latency.observe(max(0.0, self._clock() - pod.created))

@@ -358,6 +358,12 @@ class Kube:
     def pods(self) -> Kind:
         return Kind("pods", "/api/v1/pods")
 
+    def namespaces(self) -> Kind:
+        return Kind("namespaces", "/api/v1/namespaces")
+
+    def budgets(self) -> Kind:
+        return Kind("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets")
+
     def leases(self, namespace: str) -> Kind:
         return Kind("leases", f"{_LEASES}/namespaces/{quote(namespace, safe='')}/leases")
 
@@ -544,6 +550,16 @@ class Kube:
         }
         self._write(
             f"setting PodScheduled=False on pod {namespace}/{name}",
+            lambda timeout: self._request(
+                "PATCH", _pod_path(namespace, name, "status"), timeout, body, _PATCH
+            ),
+        )
+
+    def set_nominated_node(self, namespace: str, name: str, node: str) -> None:
+        """status.nominatedNodeName: where a preemption made room for the pod."""
+        body = {"status": {"nominatedNodeName": node}}
+        self._write(
+            f"nominating node {node} for pod {namespace}/{name}",
             lambda timeout: self._request(
                 "PATCH", _pod_path(namespace, name, "status"), timeout, body, _PATCH
             ),

@@ -350,7 +350,8 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         request = 0
         problem = f"{e}; fix the pod's {keys.gpu_mem} limit"
     try:
-        resources = pod_requests(spec)
+        # GPU memory is the binder's own, accounted per GPU (binder.state): not NodeResourcesFit's.
+        resources = {k: v for k, v in pod_requests(spec).items() if k != keys.gpu_mem}
     except QuantityError as e:
         resources = {}
         problem = problem or f"{e}; fix the pod's resources"

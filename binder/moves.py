@@ -1,4 +1,5 @@
-"""Carrying out a consolidation plan: evict the planned pods through the Eviction API and say why.
+"""Carrying out a consolidation plan or a preemption: evict the pods through the Eviction API and
+say why.
 
 Each pod is evicted with its uid as a precondition, so a replacement of the same name is never
 hit. The API server applies the pod's PodDisruptionBudget: a 429 stops the plan there (the pods
@@ -13,12 +14,18 @@ import logging
 from collections.abc import Callable
 
 from binder.consolidation import Plan
-from binder.errors import NotFoundError, UnavailableError
+from binder.errors import BinderError, NotFoundError, UnavailableError
 from binder.kube import Kube
 from binder.model import PodInfo
+from binder.preemption import Preemption
 from common.logs import subject
 
 log = logging.getLogger(__name__)
+
+
+class PreemptionRefusedError(BinderError):
+    """A victim's eviction was refused: its PodDisruptionBudget forbids it."""
+
 
 REASON = "Consolidation"
 """The Events' reason, on the moved pods and on the pod they made room for."""
@@ -83,3 +90,55 @@ def carry_out(
         )
         count("event")
     return moved
+
+
+PREEMPTED = "Preempted"
+PREEMPTING = "Preempting"
+
+
+def carry_out_preemption(
+    kube: Kube, pod: PodInfo, preemption: Preemption, identity: str, count: Callable[[str], None]
+) -> None:
+    """Set the pod's nominatedNodeName, then evict the victims (those whose budget the
+    preemption breaks first: a refusal stops it before the others are evicted for nothing), each
+    with a `Preempted` Event as kube-scheduler writes it, and tell the pod which it preempted.
+    A refused eviction (429, its PodDisruptionBudget) raises PreemptionRefusedError."""
+    node = preemption.node
+    kube.set_nominated_node(pod.namespace, pod.name, node)
+    count("condition")
+    evicted = []
+    for victim in preemption.victims:
+        try:
+            kube.evict_pod(victim.namespace, victim.name, victim.uid)
+        except NotFoundError:
+            continue  # gone already: its room is free
+        except UnavailableError as e:
+            if e.status != 429:
+                raise
+            raise PreemptionRefusedError(
+                f"the eviction of pod {victim.key} was refused ({e}); it stays"
+            ) from e
+        count("eviction")
+        evicted.append(victim.key)
+        kube.record_event(
+            victim.namespace,
+            victim.name,
+            victim.uid,
+            reason=PREEMPTED,
+            message=f"Preempted by pod {pod.uid} on node {node}",
+            reporting_instance=identity,
+            event_type="Normal",
+        )
+        count("event")
+    if evicted:
+        kube.record_event(
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            reason=PREEMPTING,
+            message=f"Preempting {len(evicted)} lower-priority pod(s) on node {node}: "
+            + ", ".join(evicted),
+            reporting_instance=identity,
+            event_type="Normal",
+        )
+        count("event")

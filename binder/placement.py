@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
@@ -50,9 +50,12 @@ import numpy as np
 import numpy.typing as npt
 
 from binder.classes import ConstraintClass
+from binder.filters import PodFilters, pod_filters
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
-from binder.model import Gpu, ModelKey, PodInfo, constraints_from_spec, node_from_api
+from binder.interpod import REASON_AFFINITY as REASON_AFFINITY_RULES
+from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
 from binder.rules import kubernetes_reasons
+from binder.spread import REASON_MISSING_LABEL
 from binder.state import (
     GPUS_NONE,
     GPUS_OK,
@@ -79,12 +82,6 @@ same answer, this only bounds the index's worst case (a long infeasible head, a 
 REASON_NO_GPUS = "node(s) had no GPUs published by the tritonshare agent"
 REASON_BAD_GPUS = "node(s) had an unreadable tritonshare GPU annotation"
 REASON_AGENT_DOWN = "node(s) had no live tritonshare agent"
-
-
-def reason_model_present(key: ModelKey) -> str:
-    """A node already runs a pod of this namespace's model at this revision (one per node: a
-    rollout's new revision may join the old one, another namespace's model never collides)."""
-    return f"node(s) already had model {key}"
 
 
 def reason_memory(largest_free: int) -> str:
@@ -192,32 +189,54 @@ def place(
     if problem:
         return Unschedulable(fit_message(len(state.nodes), {}, problem), {})
     cls = state.constraint_class(pod.constraints)
-    if scan_budget != 0 and not cls.preferred_error:
+    filters = pod_filters(state, pod)
+    nodes = cls.nodes
+    if pod.nominated_node:
+        nominated = state.index.get(pod.nominated_node)
+        if nominated is not None and _feasible(state, pod, cls, filters, nominated, now):
+            # The node its preemption made room on, while it still fits (as kube-scheduler).
+            return _on_node(state, pod.nominated_node, pod.request, policy, 0.0)
+    # Whether the plugins that look at other pods tell any two nodes apart (if not over every
+    # node that passes the node rules, then not over the feasible ones either).
+    scored = nodes.size > 1 and filters.scores(nodes) is not None
+    if not scored and scan_budget != 0 and not cls.preferred_error:
+        # The common case: nothing but node rules and memory tells the nodes apart, so the
+        # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
         index = state.free_index(pod.constraints)
         if policy == "binpack":
-            found = _pack_indexed(state, pod, index, now, budget)
+            found = _pack_indexed(state, pod, index, now, budget, filters.passes)
         else:
-            found = _spread_indexed(state, pod, index, now, budget)
+            found = _spread_indexed(state, pod, index, now, budget, filters.passes)
         if found is not None:
             return found
-    nodes = cls.nodes
     if nodes.size:
         ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
+        ok &= filters.ok[nodes]
         if pod.model_id:
-            ok &= ~state.model_mask(pod.model_key)[nodes]
+            # Replicas of a model revision spread over nodes: a node without one first.
+            fresh = ok & ~state.model_mask(pod.model_key)[nodes]
+            if fresh.any():
+                ok = fresh
         candidates = nodes[ok]
         if candidates.size > 1 and cls.preferred_error:
             # kube-scheduler scores only when two or more nodes are feasible; PreScore fails.
             return Unschedulable(cls.preferred_error, {}, "SchedulerError")
         if candidates.size:
+            # Normalised over the feasible nodes, as kube-scheduler normalises them.
+            extra = filters.scores(candidates) if scored and candidates.size > 1 else None
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
-            return _best(state, pod, policy, candidates, affinity, prefer)
-    return _unschedulable(state, pod, now, cls)
+            return _best(state, pod, policy, candidates, affinity, prefer, extra)
+    return _unschedulable(state, pod, now, cls, filters)
 
 
 def _spread_indexed(
-    state: ClusterState, pod: PodInfo, index: FreeIndex, now: float, budget: float
+    state: ClusterState,
+    pod: PodInfo,
+    index: FreeIndex,
+    now: float,
+    budget: float,
+    fits: Callable[[int], bool],
 ) -> Placement | None:
     """spread from the index: the emptiest feasible node of each bucket, scored exactly as
     `_best` scores (same integer and float operations, in the same order), then the uid's pick
@@ -237,7 +256,7 @@ def _spread_indexed(
             if read > budget:
                 return None
             i = keys[position] & NODE_MASK
-            if max_free[i] >= request and lease[i] > now and i not in taken:
+            if max_free[i] >= request and lease[i] > now and i not in taken and fits(i):
                 heads.append((affinity, prefer, capacity, keys, position))
                 break
     if not heads:
@@ -268,7 +287,7 @@ def _spread_indexed(
             read += 1
             if read > budget:
                 return None
-            if max_free[i] >= request and lease[i] > now and i not in taken:
+            if max_free[i] >= request and lease[i] > now and i not in taken and fits(i):
                 ties.append(i)
             position -= 1
     ties.sort()
@@ -278,7 +297,12 @@ def _spread_indexed(
 
 
 def _pack_indexed(
-    state: ClusterState, pod: PodInfo, index: FreeIndex, now: float, budget: float
+    state: ClusterState,
+    pod: PodInfo,
+    index: FreeIndex,
+    now: float,
+    budget: float,
+    fits: Callable[[int], bool],
 ) -> Placement | None:
     """binpack from the index: in each bucket (one GPU size), the tightest block that fits on a
     feasible node (a bisection, then a walk past dead agents and nodes that have the model),
@@ -295,7 +319,7 @@ def _pack_indexed(
             if read > budget:
                 return None
             i = block_node(key)
-            if lease[i] > now and i not in taken:
+            if lease[i] > now and i not in taken and fits(i):
                 heads.append((affinity, prefer, size, key >> BLOCK_SHIFT, i))
                 break
     if not heads:
@@ -463,7 +487,10 @@ def _best(
     candidates: np.ndarray[Any, np.dtype[np.int64]],
     affinity: np.ndarray[Any, np.dtype[np.int64]],
     prefer: np.ndarray[Any, np.dtype[np.int64]],
+    extra: npt.NDArray[np.float64] | None = None,
 ) -> Placement:
+    """Score every candidate; `extra` is the weighted scores of the plugins that look at other
+    pods (`binder.filters`), None when they score every candidate alike."""
     top_affinity = int(affinity.max())
     affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else affinity * 0
     top_prefer = int(prefer.max())
@@ -484,6 +511,8 @@ def _best(
         unfit = np.iinfo(np.int64).max
         tightest = np.where(gpu_scores == memory[:, None], room, unfit).min(axis=1)
         score = base + MEMORY_WEIGHT * memory
+        if extra is not None:
+            score = score + extra
         top_score = score.max()
         # Equal scores: the tightest block, then node name order.
         tied = np.flatnonzero(score == top_score)
@@ -494,14 +523,58 @@ def _best(
     free = state.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity
     score = base + MEMORY_WEIGHT * memory
+    if extra is not None:
+        score = score + extra
     best = score.max()
     ties = np.flatnonzero(score == best)
     chosen = int(candidates[ties[_tie_break(pod.uid, ties.size)]])
     return _on_node(state, state.names[chosen], request, policy, best)
 
 
-def dynamic_reason(state: ClusterState, pod: PodInfo, node: str, now: float) -> str:
-    """The first of our own filters the node fails for the pod, or "" (Kubernetes rules aside)."""
+def _feasible(
+    state: ClusterState, pod: PodInfo, cls: ConstraintClass, filters: PodFilters, i: int, now: float
+) -> bool:
+    """Whether node `i` passes every filter for the pod."""
+    node = state.names[i]
+    if i in cls.rejected or _node_reason(state, node, now):
+        return False
+    return max(state.gpu_free(node), default=0) >= pod.request and filters.passes(i)
+
+
+def fits_on(state: ClusterState, pod: PodInfo, node: str, now: float) -> bool:
+    """Whether the pod passes every filter on this one node (for preemption's what-ifs)."""
+    i = state.index.get(node)
+    if i is None:
+        return False
+    cls = state.constraint_class(pod.constraints)
+    return _feasible(state, pod, cls, pod_filters(state, pod), i, now)
+
+
+UNRESOLVABLE = frozenset({REASON_MISSING_LABEL, REASON_AFFINITY_RULES})
+"""Pod filter reasons no other pod's leaving can cure (kube-scheduler's
+UnschedulableAndUnresolvable): preemption skips those nodes."""
+
+
+def resolvable_nodes(state: ClusterState, pod: PodInfo, now: float) -> list[str]:
+    """The nodes where evicting other pods could let the pod in: they pass Kubernetes' node
+    rules, publish GPUs, have a live agent, hold some charged pod of lower priority, and fail
+    no filter that other pods' leaving cannot cure."""
+    cls = state.constraint_class(pod.constraints)
+    filters = pod_filters(state, pod)
+    passing = set(cls.nodes.tolist())
+    out = []
+    for node in state.nodes_with_lower_priority(pod.priority):
+        i = state.index.get(node)
+        if i is None or i not in passing or _node_reason(state, node, now):
+            continue
+        if not UNRESOLVABLE.intersection(filters.reasons(i)):
+            out.append(node)
+    return sorted(out)
+
+
+def _node_reason(state: ClusterState, node: str, now: float) -> str:
+    """Our node filters that come before the pod filters: the node publishes readable GPUs and
+    its agent is alive; "" when it passes."""
     info = state.nodes[node]
     if info.gpu_problem:
         return REASON_BAD_GPUS
@@ -509,17 +582,15 @@ def dynamic_reason(state: ClusterState, pod: PodInfo, node: str, now: float) -> 
         return REASON_NO_GPUS
     if state.leases.get(node, 0.0) <= now:
         return REASON_AGENT_DOWN
-    if pod.model_id and state.has_model(node, pod.model_key):
-        return reason_model_present(pod.model_key)
-    if max(state.gpu_free(node), default=0) < pod.request:
-        return "memory"
     return ""
 
 
 def _unschedulable(
-    state: ClusterState, pod: PodInfo, now: float, cls: ConstraintClass
+    state: ClusterState, pod: PodInfo, now: float, cls: ConstraintClass, filters: PodFilters
 ) -> Unschedulable:
-    """Count, per reason, the nodes that failed; vectorised like the decision itself, because a
+    """Count, per reason, the nodes that failed, in filter order: Kubernetes' node rules, the
+    node's GPUs and agent, the filters that look at other pods (each of a node's reasons counts,
+    as kube-scheduler counts them), then GPU memory. Vectorised where it can be, because a
     helpful cluster change retries every waiting pod at once."""
     reasons: Counter[str] = Counter(cls.rejected_counts)
     nodes = cls.nodes
@@ -533,11 +604,10 @@ def _unschedulable(
     if down.any():
         reasons[REASON_AGENT_DOWN] += int(np.count_nonzero(down))
     rest &= ~down
-    if pod.model_id:
-        present = rest & state.model_mask(pod.model_key)[nodes]
-        if present.any():
-            reasons[reason_model_present(pod.model_key)] += int(np.count_nonzero(present))
-        rest &= ~present
+    failing = rest & ~filters.ok[nodes]
+    for i in nodes[failing]:
+        reasons.update(filters.reasons(int(i)))
+    rest &= ~failing
     if rest.any():
         largest = max(0, int(state.max_free[nodes[rest]].max()))
         reasons[reason_memory(largest)] += int(np.count_nonzero(rest))
@@ -554,20 +624,24 @@ class NodeVerdict:
 
 
 def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdict]:
-    """For every node, why the pod does or does not fit there (all reasons, not only the first)."""
+    """For every node, why the pod does or does not fit there: every Kubernetes node rule it
+    breaks, then the first of our node filters, the filters that look at other pods, and GPU
+    memory (each when the ones before it pass, as a decision reads them)."""
     state.arrays()
+    filters = pod_filters(state, pod)
     verdicts = []
-    for node in state.names:
-        info = state.nodes[node]
-        reasons = kubernetes_reasons(pod.constraints, info)
-        reason = dynamic_reason(state, pod, node, now)
-        if reason == "memory":
-            largest = max(state.gpu_free(node), default=0)
-            reason = (
-                f"Insufficient GPU memory: needs {format_bytes(pod.request)}, the largest free "
-                f"block is {format_bytes(largest)}"
-            )
+    for i, node in enumerate(state.names):
+        reasons = kubernetes_reasons(pod.constraints, state.nodes[node])
+        reason = _node_reason(state, node, now)
         if reason:
             reasons.append(reason)
+        else:
+            reasons += filters.reasons(i)
+            largest = max(state.gpu_free(node), default=0)
+            if largest < pod.request:
+                reasons.append(
+                    f"Insufficient GPU memory: needs {format_bytes(pod.request)}, the largest "
+                    f"free block is {format_bytes(largest)}"
+                )
         verdicts.append(NodeVerdict(node, tuple(reasons), tuple(state.gpu_free(node))))
     return verdicts

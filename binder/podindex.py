@@ -91,6 +91,10 @@ class PodIndex:
             return
         self.remove_pod(pod.uid)
         self._pods[pod.uid] = entry
+        self._count(entry, pod.labels)
+
+    def _count(self, entry: _Entry, labels: Labels) -> None:
+        node = entry.node
         self._counts[node] += 1
         if entry.requests:
             self._requested.setdefault(node, Counter()).update(entry.requests)
@@ -99,7 +103,7 @@ class PodIndex:
         groups = self._groups.setdefault(entry.namespace, {})
         group = groups.get(entry.labels_key)
         if group is None:
-            group = groups[entry.labels_key] = LabelGroup(dict(pod.labels), Counter(), Counter())
+            group = groups[entry.labels_key] = LabelGroup(dict(labels), Counter(), Counter())
         group.nodes[node] += 1
         if entry.deleting:
             group.deleting[node] += 1
@@ -107,7 +111,9 @@ class PodIndex:
             key = (entry.namespace, entry.affinity)
             held = self._affinity.get(key)
             if held is None:
-                held = self._affinity[key] = AffinityGroup(entry.namespace, entry.affinity, Counter())
+                held = self._affinity[key] = AffinityGroup(
+                    entry.namespace, entry.affinity, Counter()
+                )
             held.nodes[node] += 1
         self.changed_nodes.add(node)
 
@@ -148,6 +154,20 @@ class PodIndex:
                 del self._affinity[key]
         self.changed_nodes.add(node)
 
+    def take(self, uid: str) -> object | None:
+        """Remove a pod and return what was counted of it, for `put` to count again."""
+        entry = self._pods.get(uid)
+        self.remove_pod(uid)
+        return entry
+
+    def put(self, uid: str, taken: object | None) -> None:
+        """Count again what `take` returned."""
+        if not isinstance(taken, _Entry):
+            return
+        self.remove_pod(uid)
+        self._pods[uid] = taken
+        self._count(taken, dict(taken.labels_key))
+
     def uids(self) -> set[str]:
         return set(self._pods)
 
@@ -163,6 +183,10 @@ class PodIndex:
 
     def pod_count(self, node: str) -> int:
         return self._counts.get(node, 0)
+
+    def nodes_with_ports(self) -> list[str]:
+        """The nodes where some pod holds a host port."""
+        return list(self._ports)
 
     def ports(self, node: str) -> Iterator[HostPort]:
         """The host ports in use on the node."""

@@ -152,6 +152,15 @@ class Settings:
     """Pods one plan may evict to make room for a pod that waits only because the free GPU
     memory of its nodes is split across GPUs (binder.consolidation); 0 never evicts. Default 0:
     an eviction stops another team's serving model for a reload elsewhere."""
+    preemption: bool = setting(
+        "preemption",
+        "true or false: evict lower-priority tritonshare pods for a pod that fits nowhere",
+        boolean,
+        default="true",
+    )
+    """Let a pending pod of higher spec.priority that fits nowhere have lower-priority
+    tritonshare pods evicted (through the Eviction API) to make room, as kube-scheduler's
+    DefaultPreemption does. Default on."""
     agent_down_grace_seconds: float = setting(
         "agent-down-grace",
         "seconds a node's agent may be down before its model pods are deleted (0: never)",

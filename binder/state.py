@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -65,6 +67,21 @@ def next_kind_below(sizes: list[int], size: int) -> int:
     0 when none is."""
     under = bisect_left(sizes, -(-size * 9 // 10))
     return sizes[under - 1] if under else 0
+
+
+UNJUDGED = np.iinfo(np.int64).max // 4
+"""The room of a node that publishes no allocatable: NodeResourcesFit does not judge it."""
+ROOM_COLUMNS = ("cpu", "memory", "ephemeral-storage")
+
+
+@dataclass(frozen=True)
+class ResourceRoom:
+    """Per node (index order): allocatable minus the requests of its pods."""
+
+    room: IntArray
+    """A row per node, a column per `ROOM_COLUMNS` resource."""
+    pods: IntArray
+    """Pods the node may still take."""
 
 
 @dataclass
@@ -126,12 +143,20 @@ class ClusterState:
         """Every bound, non-terminated pod, whatever its scheduler (and the assumed ones)."""
         self._assumed_only: set[str] = set()
         """Pods in `pods` only by assumption: the watch has not shown them bound yet."""
+        self._priorities: Counter[int] = Counter()
+        """spec.priority of the charged pods: whether any pod could be preempted for another."""
+        self.nominated: dict[str, str] = {}
+        """Pods holding room freed by their preemption, and the node (see `nominate`)."""
         self.namespace_labels: dict[str, Labels] = {}
         """Each namespace's labels, for namespaceSelectors of pod affinity terms."""
         self.nodes_version = 0
         """Moves whenever a node joins, leaves, or changes labels, taints or cordon."""
         self._domains: dict[str, tuple[int, IntArray, list[str]]] = {}
         self._eligible: dict[tuple[Constraints, bool, bool], tuple[int, npt.NDArray[np.bool_]]] = {}
+        self._room: ResourceRoom | None = None
+        self._room_version = -1
+        """The `nodes_version` `_room` was built at (rebuilt when nodes join or leave)."""
+        self._room_stale: set[str] = set()
 
     # ---- nodes and leases -------------------------------------------------------------------
 
@@ -141,6 +166,8 @@ class ClusterState:
         if old == node:
             return False
         self.nodes[node.name] = node
+        if old is None or old.allocatable != node.allocatable:
+            self._room_stale.add(node.name)
         self._follow_largest(old, node)
         rules = (node.labels, node.taints, node.unschedulable)
         if old is None:
@@ -186,6 +213,7 @@ class ClusterState:
         if not self.counts(pod):
             self.remove_pod(pod.uid)
             return
+        self.track_pod(pod)
         existing = self._accounts.get(pod.uid)
         if (
             existing is not None
@@ -231,6 +259,34 @@ class ClusterState:
         self._assumed_only.discard(uid)
         self.pods.remove_pod(uid)
 
+    @contextmanager
+    def without(self, uids: Iterable[str]) -> Iterator[None]:
+        """The state as if these pods were gone (their GPU memory, requests, ports and place in
+        the pod index), put back as they were on leaving: for preemption's what-ifs."""
+        saved = []
+        for uid in uids:
+            account = self._accounts.get(uid)
+            if account is not None:
+                self.remove_pod(uid)
+            saved.append((uid, account, self.pods.take(uid)))
+        try:
+            yield
+        finally:
+            for uid, account, entry in reversed(saved):
+                if account is not None:
+                    self._charge(account)
+                self.pods.put(uid, entry)
+
+    def nominate(self, pod: PodInfo, node: str, gpu_uuid: str) -> None:
+        """Hold room on a node for a pod whose preemption freed it: charged as an assumption
+        until the pod is placed (`release_nomination` first) or gone."""
+        self.assume(pod, node, gpu_uuid)
+        self.nominated[pod.uid] = node
+
+    def release_nomination(self, uid: str) -> None:
+        if self.nominated.pop(uid, None) is not None:
+            self.forget_assumed(uid)
+
     def is_accounted(self, uid: str) -> bool:
         """Whether the pod's request is charged to a node (seen bound, or assumed)."""
         return uid in self._accounts
@@ -254,6 +310,9 @@ class ClusterState:
         account = self._accounts.pop(uid, None)
         if account is None:
             return
+        self._priorities[account.pod.priority] -= 1
+        if self._priorities[account.pod.priority] <= 0:
+            del self._priorities[account.pod.priority]
         self._by_node[account.node].pop(uid, None)
         if not self._by_node[account.node]:
             del self._by_node[account.node]
@@ -360,8 +419,21 @@ class ClusterState:
         measured = (info.measured_of(pod) if info is not None else None) or 0
         return max(pod.request, measured)
 
+    def nodes_with_lower_priority(self, priority: int) -> list[str]:
+        """The nodes with a charged pod of lower spec.priority that is not being deleted."""
+        return [
+            node
+            for node, accounts in self._by_node.items()
+            if any(a.pod.priority < priority and not a.pod.deleting for a in accounts.values())
+        ]
+
+    def has_lower_priority(self, priority: int) -> bool:
+        """Whether some charged pod has a lower spec.priority (a possible preemption victim)."""
+        return any(p < priority for p in self._priorities)
+
     def _charge(self, account: _Account) -> None:
         self._accounts[account.pod.uid] = account
+        self._priorities[account.pod.priority] += 1
         self._by_node.setdefault(account.node, {})[account.pod.uid] = account
         if account.pod.model_id:
             model = account.pod.model_key
@@ -634,6 +706,39 @@ class ClusterState:
             )
         return index
 
+    def resource_room(self) -> ResourceRoom:
+        """Each node's room for NodeResourcesFit, brought up to date with the pods and nodes
+        that changed since the last read."""
+        self.arrays()
+        stale = self._room_stale | self.pods.changed_nodes
+        self.pods.changed_nodes = set()
+        self._room_stale = set()
+        room = self._room
+        if room is None or self._room_version != self.nodes_version or self._dirty_room():
+            count = len(self.names)
+            room = self._room = ResourceRoom(
+                np.zeros((count, len(ROOM_COLUMNS)), np.int64), np.zeros(count, np.int64)
+            )
+            self._room_version = self.nodes_version
+            stale = set(self.names)
+        for name in stale:
+            i = self.index.get(name)
+            if i is None:
+                continue
+            allocatable = self.nodes[name].allocatable
+            if allocatable is None:
+                room.room[i] = UNJUDGED
+                room.pods[i] = UNJUDGED
+                continue
+            requested = self.pods.requested(name)
+            for column, resource in enumerate(ROOM_COLUMNS):
+                room.room[i, column] = allocatable.get(resource, 0) - requested.get(resource, 0)
+            room.pods[i] = allocatable.get("pods", 0) - self.pods.pod_count(name)
+        return room
+
+    def _dirty_room(self) -> bool:
+        return self._room is not None and len(self._room.pods) != len(self.names)
+
     def topology_domains(self, key: str) -> tuple[IntArray, list[str]]:
         """Per node (in index order) the id of its value of label `key` (-1: the node lacks the
         label), and the values by id; kept until a node joins, leaves or changes labels."""
@@ -666,12 +771,12 @@ class ClusterState:
             return cached[1]
         mask = np.ones(len(self.names), np.bool_)
         if honor_affinity or honor_taints:
+            tolerations = constraints.tolerations
             for i, name in enumerate(self.names):
                 node = self.nodes[name]
-                if honor_affinity and not matches_required_affinity(constraints, node):
-                    mask[i] = False
-                elif honor_taints and first_untolerated_taint(node, constraints.tolerations):
-                    mask[i] = False
+                affinity_ok = not honor_affinity or matches_required_affinity(constraints, node)
+                taints_ok = not honor_taints or first_untolerated_taint(node, tolerations) is None
+                mask[i] = affinity_ok and taints_ok
         if len(self._eligible) > 1024:
             self._eligible.clear()
         self._eligible[key] = (self.nodes_version, mask)

@@ -28,17 +28,44 @@ Resources = dict[str, int]
 """Resource name -> amount: millicores for cpu, whole units for the others."""
 
 
+_EMPTY: Mapping[str, Any] = {}
+
+
 def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    # JSON decodes to dicts: `type is` skips the abstract-class check, which costs more.
+    if type(value) is dict:
+        return value
+    return value if isinstance(value, Mapping) else _EMPTY
 
 
 def _sequence(value: object) -> Sequence[Any]:
     return value if isinstance(value, list | tuple) else ()
 
 
-def amount(resource: str, raw: object, *, what: str = "") -> int:
+_READ: dict[tuple[bool, str], int] = {}
+"""(is cpu, quantity) already read: a cluster repeats a few quantities in every pod, and the
+binder reads each pod at every watch event."""
+_READ_MAX = 4096
+
+
+def amount(resource: str, raw: object, *, what: str = "", container: object = None) -> int:
     """One quantity in the resource's unit (millicores for cpu), rounded up; QuantityError when
-    the API server would refuse it or it is negative."""
+    the API server would refuse it or it is negative, naming `what` (or the container's
+    request)."""
+    if type(raw) is str:
+        key = (resource == CPU, raw)
+        known = _READ.get(key)
+        if known is None:
+            known = _amount(resource, raw, what, container)
+            if len(_READ) < _READ_MAX:
+                _READ[key] = known
+        return known
+    return _amount(resource, raw, what, container)
+
+
+def _amount(resource: str, raw: object, what: str, container: object) -> int:
+    if container is not None:
+        what = f"container {container!r}: {resource} request"
     where = what or resource
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
         raise QuantityError(f"{where}: {raw!r} is not a quantity")
@@ -58,17 +85,16 @@ def amount(resource: str, raw: object, *, what: str = "") -> int:
 def container_requests(container: Mapping[str, Any]) -> Resources:
     """A container's requests: each request, else its limit."""
     resources = _mapping(container.get("resources"))
+    if not resources:
+        return {}
     requests = _mapping(resources.get("requests"))
     limits = _mapping(resources.get("limits"))
-    name = str(container.get("name", "?"))
     out: Resources = {}
-    for resource in {*requests, *limits}:
-        raw = requests.get(resource, limits.get(resource))
-        if raw is None:
-            continue
-        out[str(resource)] = amount(
-            str(resource), raw, what=f"container {name!r}: {resource} request"
-        )
+    for source in (limits, requests):  # a request wins over its limit
+        for resource, raw in source.items():
+            if raw is None:
+                continue
+            out[str(resource)] = amount(str(resource), raw, container=container.get("name"))
     return out
 
 
@@ -135,7 +161,7 @@ def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
                 number = port.get("hostPort")
                 if not isinstance(number, int) or isinstance(number, bool) or number <= 0:
                     continue
-                ip = str(port.get("hostIP") or "0.0.0.0")  # noqa: S104 (a port's wildcard)
+                ip = str(port.get("hostIP") or "0.0.0.0")
                 protocol = str(port.get("protocol") or "TCP")
                 ports.append((ip, protocol, number))
     return tuple(ports)
@@ -144,7 +170,7 @@ def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
 def ports_conflict(wanted: HostPort, used: HostPort) -> bool:
     """Whether two host ports collide: same protocol and port, and the same IP or either is the
     wildcard."""
-    wildcard = "0.0.0.0"  # noqa: S104
+    wildcard = "0.0.0.0"
     return (
         wanted[1] == used[1]
         and wanted[2] == used[2]

@@ -38,7 +38,9 @@ def node_obj(
     taints: list[dict[str, str]] | None = None,
     unschedulable: bool = False,
     healthy: list[bool] | None = None,
+    allocatable: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """`allocatable`: the node's status.allocatable (none: NodeResourcesFit does not judge it)."""
     annotations: dict[str, str] = {}
     if gpus is not None:
         annotations[KEYS.gpus] = gpus_annotation(gpus, name, healthy=healthy)
@@ -48,7 +50,7 @@ def node_obj(
         spec["taints"] = taints
     if unschedulable:
         spec["unschedulable"] = True
-    return {
+    obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
@@ -58,6 +60,9 @@ def node_obj(
         },
         "spec": spec,
     }
+    if allocatable is not None:
+        obj["status"] = {"allocatable": allocatable, "capacity": allocatable}
+    return obj
 
 
 def pod_obj(
@@ -72,6 +77,7 @@ def pod_obj(
     scheduler: str = "tritonshare",
     uid: str | None = None,
     spec_extra: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     annotations: dict[str, str] = {}
     if model is not None:  # "" means "named after the pod", None means no annotation
@@ -94,6 +100,7 @@ def pod_obj(
             "uid": uid or f"uid-{namespace}-{name}",
             "annotations": annotations,
             "creationTimestamp": "2026-01-01T00:00:00Z",
+            **({"labels": labels} if labels else {}),
         },
         "spec": spec,
         "status": {"phase": phase},

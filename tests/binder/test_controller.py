@@ -176,7 +176,7 @@ async def test_an_agent_coming_alive_requeues_at_once(
     assert await eventually(lambda: node_of(core, "m"), within=20) == "gpu-1"
 
 
-async def test_model_ids_stay_unique_per_node_and_node_rules_apply(
+async def test_replicas_spread_over_nodes_then_share_them_and_node_rules_apply(
     kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
 ) -> None:
     taint = {"key": "nvidia.com/gpu", "value": "", "effect": "NoSchedule"}
@@ -188,11 +188,9 @@ async def test_model_ids_stay_unique_per_node_and_node_rules_apply(
     first = await eventually(lambda: node_of(core, "r1"))
     second = await eventually(lambda: node_of(core, "r2"))
     assert {first, second} == {"a", "b"}
-    add_pod(core, "r3", model="resnet", spec_extra={"tolerations": [{"operator": "Exists"}]})
-    condition = await eventually(lambda: scheduled_condition(core, "r3"))
-    assert (
-        condition.message == "0/2 nodes are available: 2 node(s) already had model default/resnet."
-    )
+    # Past the nodes, a replica shares a node rather than waiting, where node rules allow.
+    add_pod(core, "r3", model="resnet")
+    assert await eventually(lambda: node_of(core, "r3")) == "a"
 
 
 async def test_bad_input_gets_a_clear_event_and_the_binder_keeps_going(
@@ -335,16 +333,12 @@ async def test_a_burst_never_overcommits_a_gpu_as_the_api_shows_it(
         what="every pod decided",
     )
     used: dict[str, int] = {}
-    models: set[tuple[str, str]] = set()
     for pod in core.list_namespaced_pod("default").items:
         if not pod.spec.node_name:
             continue
         gpu = pod.metadata.annotations[KEYS.gpu]
         limit = pod.spec.containers[0].resources.limits[KEYS.gpu_mem]
         used[gpu] = used.get(gpu, 0) + int(limit.removesuffix("Gi")) * GI
-        key = (pod.spec.node_name, pod.metadata.annotations[KEYS.model_id])
-        assert key not in models, f"model {key[1]} twice on node {key[0]}"
-        models.add(key)
     assert used and max(used.values()) <= 8 * GI, used
     assert sum(used.values()) >= 40 * GI, "the binder should pack most of the 48Gi"
 

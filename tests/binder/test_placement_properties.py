@@ -2,7 +2,7 @@
 against an oracle that recomputes everything from scratch:
 
 - no GPU ever holds more requested memory than it offers;
-- no model id is twice on a node;
+- a model's replicas share a node only when no node without one could take the pod;
 - every pending pod that fits somewhere (by the oracle) ends up bound.
 """
 
@@ -41,7 +41,7 @@ class World:
                 used[gpu] += pod_from_api(obj, KEYS).request
         return used
 
-    def oracle_fits(self, obj: dict[str, Any]) -> bool:
+    def oracle_fits(self, obj: dict[str, Any], *, without_replica: bool = False) -> bool:
         pod = pod_from_api(obj, KEYS)
         used = self.usage()
         for name, node in self.nodes.items():
@@ -50,7 +50,7 @@ class World:
             models = {
                 pod_from_api(o, KEYS).model_id for o, n, _ in self.bound.values() if n == name
             }
-            if pod.model_id in models:
+            if without_replica and pod.model_id in models:
                 continue
             for gpu in node_from_api(node, KEYS).gpus:
                 if gpu.healthy and gpu.memory - RESERVE - used[gpu.uuid] >= pod.request:
@@ -65,6 +65,16 @@ class World:
                 pod = pod_from_api(obj, KEYS)
                 result = place(self.state, pod, now=NOW)
                 if isinstance(result, Placement):
+                    beside = {
+                        pod_from_api(o, KEYS).model_id
+                        for o, n, _ in self.bound.values()
+                        if n == result.node
+                    }
+                    if pod.model_id in beside:
+                        assert not self.oracle_fits(obj, without_replica=True), (
+                            f"{pod.name} joined a replica on {result.node} while a node "
+                            f"without one fitted"
+                        )
                     self.state.assume(pod, result.node, result.gpu.uuid)
                     self.bound[uid] = (obj, result.node, result.gpu.uuid)
                     del self.pending[uid]
@@ -75,11 +85,6 @@ class World:
         for node in self.nodes.values():
             for gpu in node_from_api(node, KEYS).gpus:
                 assert used[gpu.uuid] <= gpu.memory - RESERVE, f"{gpu.uuid} is overcommitted"
-        seen: set[tuple[str, str]] = set()
-        for obj, node_name, _ in self.bound.values():
-            key = (node_name, pod_from_api(obj, KEYS).model_id)
-            assert key not in seen, f"model {key[1]} twice on {key[0]}"
-            seen.add(key)
         for obj in self.pending.values():
             assert not self.oracle_fits(obj), f"{obj['metadata']['name']} fits but stayed pending"
             result = place(self.state, pod_from_api(obj, KEYS), now=NOW)

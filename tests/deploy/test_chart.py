@@ -447,20 +447,26 @@ def test_toggles_leave_out_what_they_name() -> None:
     assert {"DaemonSet", "Deployment", "Secret", "ClusterRole"} <= kinds
 
 
-def test_the_binder_may_evict_only_with_consolidate_moves_set() -> None:
-    """binder.consolidateMoves above 0 passes --consolidate-moves and grants create on
-    pods/eviction; at 0 (the default) neither."""
-    for moves, granted in ((0, False), (3, True)):
-        objects = render_chart({"binder": {"consolidateMoves": moves}})
+def test_the_binder_may_evict_only_with_preemption_or_consolidate_moves_set() -> None:
+    """binder.preemption (on by default) and binder.consolidateMoves above 0 each grant create
+    on pods/eviction and pass their flag; with both off, no eviction is granted."""
+    for preemption, moves, granted in (
+        (True, 0, True),
+        (False, 0, False),
+        (False, 3, True),
+        (True, 3, True),
+    ):
+        objects = render_chart({"binder": {"consolidateMoves": moves, "preemption": preemption}})
         role = _the(objects, "ClusterRole", "tritonshare-binder")
         evicts = any(
             "pods/eviction" in rule.get("resources", []) and "create" in rule.get("verbs", [])
             for rule in role["rules"]
         )
-        assert evicts is granted, moves
+        assert evicts is granted, (preemption, moves)
         deployment = _the(objects, "Deployment", "tritonshare-binder")
         [container] = deployment["spec"]["template"]["spec"]["containers"]
-        assert parse_binder_settings(container["args"], {}).consolidate_moves == moves
+        settings = parse_binder_settings(container["args"], {})
+        assert (settings.preemption, settings.consolidate_moves) == (preemption, moves)
 
 
 def test_the_dashboard_is_the_one_in_deploy_monitoring() -> None:

@@ -472,11 +472,13 @@ def _binder_grants_and_moves(objects: tuple[Obj, ...]) -> tuple[bool, int]:
     return evicts, parse_binder_settings(container["args"], {}).consolidate_moves
 
 
-def test_the_binder_may_evict_only_where_consolidation_is_on(kubectl: str) -> None:
-    """Eviction restarts another team's model elsewhere: the base grants it to no one, and the
-    consolidation overlay grants it with the flag that uses it."""
-    assert _binder_grants_and_moves(render(kubectl, "base")) == (False, 0)
-    assert _binder_grants_and_moves(render(kubectl, "overlays/production")) == (False, 0)
+def test_the_binder_evicts_for_preemption_everywhere_and_consolidates_only_where_asked(
+    kubectl: str,
+) -> None:
+    """Preemption (on by default, as kube-scheduler's) needs eviction in every overlay; the
+    consolidation overlay adds only the flag that turns consolidation on."""
+    assert _binder_grants_and_moves(render(kubectl, "base")) == (True, 0)
+    assert _binder_grants_and_moves(render(kubectl, "overlays/production")) == (True, 0)
     assert _binder_grants_and_moves(render(kubectl, "overlays/consolidation")) == (True, 4)
 
 

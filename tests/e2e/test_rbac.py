@@ -33,6 +33,7 @@ _UNNAMED_VERBS = frozenset({"create", "list", "watch", "deletecollection"})
 FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
     "tritonshare-binder": {
         ("", "pods", "delete"): "tests/e2e/test_agent_down.py (a node's agent down past the grace)",
+        ("", "pods/eviction", "create"): "tests/binder/test_preemption_e2e.py (preemption)",
     },
 }
 
