@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from binder.model import Constraints, PodInfo
+from binder.podindex import LabelGroup
 from binder.podterms import (
     DO_NOT_SCHEDULE,
     HONOR,
@@ -213,15 +214,28 @@ Matched = tuple[IntArray, FloatArray] | None
 negative counts), or None when the selector matches no bound pod of the namespace."""
 
 
+def _selected_groups(
+    state: ClusterState, namespace: str, selector: LabelSelector
+) -> list[LabelGroup]:
+    """The namespace's label groups the selector matches. Groups are first narrowed by one
+    requirement read inline (a Deployment's namespace may hold thousands of label sets)."""
+    groups = state.pods.groups(namespace)
+    if selector.empty:
+        return list(groups)
+    probe = next((r for r in selector.requirements if r.operator == "In"), None)
+    if probe is not None:
+        key, values = probe.key, probe.values
+        groups = iter([g for g in groups if g.labels.get(key) in values])
+    return [g for g in groups if selector.matches(g.labels)]
+
+
 def _matched(state: ClusterState, namespace: str, selector: LabelSelector) -> Matched:
     if not selector.valid:
         return None
     index = state.index
     nodes: list[IntArray] = []
     counts: list[IntArray] = []
-    for group in state.pods.groups(namespace):
-        if not selector.matches(group.labels):
-            continue
+    for group in _selected_groups(state, namespace, selector):
         for counter, sign in ((group.nodes, 1), (group.deleting, -1)):
             if counter:
                 nodes.append(np.fromiter(map(index.get, counter, repeat(-1)), np.int64))
