@@ -24,7 +24,7 @@ from binder.podterms import (
 )
 from common.contract import Keys, is_valid_model_id, validate_model_id
 from common.podresources import HostPort, host_ports, node_allocatable, pod_requests
-from common.quantity import QuantityError, parse_quantity
+from common.quantity import QuantityError
 from common.tritonname import private_triton_name
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -203,6 +203,34 @@ class PodInfo:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    def bound(self, node: str, gpu_uuid: str, placement: str) -> PodInfo:
+        """The pod as the binder binds it: on `node`, its GPU and proof written (made field by
+        field: `dataclasses.replace` costs several times more, on every decision)."""
+        return PodInfo(
+            uid=self.uid,
+            namespace=self.namespace,
+            name=self.name,
+            scheduler_name=self.scheduler_name,
+            node_name=node,
+            phase=self.phase,
+            request=self.request,
+            model_id=self.model_id,
+            revision=self.revision,
+            gpu_uuid=gpu_uuid,
+            placement=placement,
+            constraints=self.constraints,
+            created=self.created,
+            priority=self.priority,
+            controlled=self.controlled,
+            labels=self.labels,
+            resources=self.resources,
+            host_ports=self.host_ports,
+            affinity=self.affinity,
+            spread=self.spread,
+            owner=self.owner,
+            preemption_policy=self.preemption_policy,
+        )
+
     @property
     def triton_name(self) -> str:
         """The private name the node's agent gives the pod's model in Triton ("" without a valid
@@ -291,42 +319,11 @@ def constraints_from_spec(spec: Mapping[str, Any]) -> Constraints:
     return Constraints(selector, required, tuple(preferred), tolerations)
 
 
-def _container_request(container: Mapping[str, Any], resource: str) -> int:
-    """A container's request of an extended resource: the request, else the limit (which implies
-    an equal request for extended resources)."""
-    resources = _mapping(container.get("resources"))
-    requests = _mapping(resources.get("requests"))
-    limits = _mapping(resources.get("limits"))
-    raw = requests.get(resource, limits.get(resource))
-    if raw is None:
-        return 0
-    name = str(container.get("name", "?"))
-    return parse_quantity(raw, what=f"container {name!r}: {resource}")
-
-
 def effective_request(spec: Mapping[str, Any], resource: str) -> int:
-    """The pod's effective request of `resource`, as Kubernetes computes it.
-
-    The larger of (the sum over app containers plus restartable init containers, the sidecars) and,
-    for each ordinary init container, its own request plus the sidecars started before it; then
-    the pod overhead is added. Raises QuantityError for an unreadable quantity.
-    """
-    sidecars = 0
-    init_peak = 0
-    for container in map(_mapping, _sequence(spec.get("initContainers"))):
-        request = _container_request(container, resource)
-        if container.get("restartPolicy") == "Always":
-            sidecars += request
-            init_peak = max(init_peak, sidecars)
-        else:
-            init_peak = max(init_peak, sidecars + request)
-    containers = map(_mapping, _sequence(spec.get("containers")))
-    app = sum(_container_request(c, resource) for c in containers)
-    total = max(app + sidecars, init_peak)
-    overhead = _mapping(spec.get("overhead")).get(resource)
-    if overhead is not None:
-        total += parse_quantity(overhead, what=f"pod overhead: {resource}")
-    return total
+    """The pod's effective request of `resource`, as Kubernetes computes it
+    (`common.podresources.pod_requests`: containers and sidecars summed, the largest init
+    container, the overhead). Raises QuantityError for an unreadable quantity."""
+    return pod_requests(spec).get(resource, 0)
 
 
 def _revision(labels: Mapping[str, Any]) -> str:
@@ -345,16 +342,13 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
     annotations = _mapping(meta.get("annotations"))
     problem = ""
     try:
-        request = effective_request(spec, keys.gpu_mem)
-    except QuantityError as e:
-        request = 0
-        problem = f"{e}; fix the pod's {keys.gpu_mem} limit"
-    try:
-        # GPU memory is the binder's own, accounted per GPU (binder.state): not NodeResourcesFit's.
-        resources = {k: v for k, v in pod_requests(spec).items() if k != keys.gpu_mem}
+        resources = pod_requests(spec)
     except QuantityError as e:
         resources = {}
-        problem = problem or f"{e}; fix the pod's resources"
+        fix = f"{keys.gpu_mem} limit" if keys.gpu_mem in str(e) else "resources"
+        problem = f"{e}; fix the pod's {fix}"
+    # GPU memory is the binder's own, accounted per GPU (binder.state): not NodeResourcesFit's.
+    request = resources.pop(keys.gpu_mem, 0)
     labels = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
     namespace = str(meta.get("namespace", ""))
     model_id = str(annotations.get(keys.model_id) or "")

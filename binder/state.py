@@ -24,7 +24,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -232,15 +232,7 @@ class ClusterState:
         """Charge a pod the binder is binding, before the watch shows it bound; `placement` is
         the proof it signed (so the watch's copy of the pod needs no second check)."""
         self.remove_pod(pod.uid)
-        bound = replace(
-            pod,
-            node_name=node,
-            gpu_uuid=gpu_uuid,
-            placement=placement,
-            deleting=False,
-            problem="",
-            resource_version="",
-        )
+        bound = pod.bound(node, gpu_uuid, placement)
         self._charge(_Account(bound, node, -1, assumed=True))
         if pod.uid not in self.pods:
             self._assumed_only.add(pod.uid)
