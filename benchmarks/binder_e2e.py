@@ -382,6 +382,7 @@ def run_process(
                 time.sleep(0.1)
             cpu1 = watched.cpu_times()
             loop1 = _thread_cpu(watched, process.pid)
+            rss = watched.memory_info().rss
         finally:
             process.terminate()
             process.wait(timeout=60)
@@ -415,6 +416,7 @@ def run_process(
         "to-bind p50 ms": 1e3 * percentile(latencies, 0.5),
         "to-bind p90 ms": 1e3 * percentile(latencies, 0.9),
         "to-bind p99 ms": 1e3 * percentile(latencies, 0.99),
+        "binder RSS MiB": rss / 2**20,
     }
     how = "while the binder was stopped, then released at once" if args.burst else "live"
     print(f"created {args.pods} pods in {created:.1f} s (8 client threads, {how})")
@@ -424,7 +426,8 @@ def run_process(
         f"binder CPU {cpu:.1f} s = {1e3 * cpu / count:.2f} ms per bound pod "
         f"({100 * cpu / span if span else 0:.0f}% of a core); of which the event loop thread "
         f"(placement, cache) {1e3 * (loop1 - loop0) / count:.2f} ms, the other threads (API "
-        f"calls, watch decoding) {1e3 * (cpu - (loop1 - loop0)) / count:.2f} ms"
+        f"calls, watch decoding) {1e3 * (cpu - (loop1 - loop0)) / count:.2f} ms; resident "
+        f"memory {rss / 2**20:.0f} MiB"
     )
     print(
         f"binder: API writes per bound pod {sum(writes.values()) / count:.2f} ({dict(writes)});"

@@ -206,6 +206,16 @@ POD_DISRUPTION_BUDGETS = Resource(
     status_subresource=True,
 )
 
+PRIORITY_CLASSES = Resource(
+    group="scheduling.k8s.io",
+    version="v1",
+    plural="priorityclasses",
+    kind="PriorityClass",
+    short_names=("pc",),
+    namespaced=False,
+    field_labels=_META,
+)
+
 # apps/v1 workloads: the server stores them; the controllers that act on them are API clients
 # (sim.controllers), as kube-controller-manager is.
 DEPLOYMENTS = Resource(
@@ -242,6 +252,7 @@ STORED: tuple[Resource, ...] = (
     VALIDATING_ADMISSION_POLICIES,
     VALIDATING_ADMISSION_POLICY_BINDINGS,
     POD_DISRUPTION_BUDGETS,
+    PRIORITY_CLASSES,
     DEPLOYMENTS,
     REPLICA_SETS,
 )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sim.apiserver import patch as patches
-from sim.apiserver import validation, workloads
+from sim.apiserver import priority, validation, workloads
 from sim.apiserver.clock import Clock, rfc3339
 from sim.apiserver.errors import (
     STALE_OBJECT,
@@ -38,6 +38,7 @@ from sim.apiserver.resources import (
     NODES,
     POD_DISRUPTION_BUDGETS,
     PODS,
+    PRIORITY_CLASSES,
     REPLICA_SETS,
     STORED,
     VALIDATING_ADMISSION_POLICIES,
@@ -113,6 +114,8 @@ class Registry:
     def __init__(self, store: Store, clock: Clock) -> None:
         self.store = store
         self.clock = clock
+        self._terminating: dict[tuple[str, str], tuple[str, float]] = {}
+        """Pods deleted gracefully: (namespace, name) -> (uid, when their grace period ends)."""
 
     # helpers
 
@@ -203,6 +206,8 @@ class Registry:
         meta["creationTimestamp"] = rfc3339(self.clock.now())
         for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(key, None)
+        if resource is PODS:
+            priority.admit_pod(self.store, obj)  # the Priority plugin runs before webhooks
         self._defaults(resource, obj)
         if resource is DEPLOYMENTS or resource is REPLICA_SETS:
             workloads.prepare_create(resource, obj)
@@ -220,6 +225,8 @@ class Registry:
         meta = obj["metadata"]
         name = str(meta.get("name", ""))
         self._validate(resource, obj, causes)
+        if resource is PRIORITY_CLASSES:
+            priority.validate_class(self.store, obj, None)
         admit("CREATE", resource, "", str(meta.get("namespace", "")), name, obj, None)
         if self.store.get(resource, meta.get("namespace", ""), name) is not None:
             raise already_exists(resource.group_resource, name)
@@ -407,6 +414,8 @@ class Registry:
             meta["generation"] = workloads.next_generation(old, obj, subresource)
             causes += workloads.update_causes(old, obj)
         self._validate(resource, obj, causes)
+        if resource is PRIORITY_CLASSES:
+            priority.validate_class(self.store, obj, old)
         admit("UPDATE", resource, subresource, current.namespace, current.name, obj, old)
         if _finalized(obj):
             return self.store.remove(resource, current.namespace, current.name)
@@ -449,7 +458,42 @@ class Registry:
         obj = current.copy()
         obj["metadata"]["deletionTimestamp"] = rfc3339(self.clock.now() + grace)
         obj["metadata"]["deletionGracePeriodSeconds"] = grace
+        if resource is PODS:
+            uid = str(meta.get("uid", ""))
+            self._terminating[(namespace, name)] = (uid, self.clock.now() + grace)
         return DeleteResult(self.store.replace(resource, obj), False)
+
+    def finish_overdue_deletions(self) -> int:
+        """Remove the gracefully deleted pods whose grace period is over and whose node no
+        kubelet reports for (a Node object without a Ready condition, or none at all): the
+        kubelet finishes the others, and here no one else would. On a real node the kubelet
+        stops the containers and removes the pod within the grace period; for a node that is
+        gone, the pod garbage collector does. Returns how many were removed."""
+        now = self.clock.now()
+        removed = 0
+        for key, (uid, deadline) in list(self._terminating.items()):
+            if deadline > now:
+                continue
+            del self._terminating[key]
+            stored = self.store.get(PODS, *key)
+            if stored is None or stored.obj["metadata"].get("uid") != uid:
+                continue
+            meta = stored.obj["metadata"]
+            if meta.get("finalizers") or not meta.get("deletionTimestamp"):
+                continue
+            if self._kubelet_reports(str(stored.obj.get("spec", {}).get("nodeName") or "")):
+                continue
+            self.store.remove(PODS, *key)
+            removed += 1
+        return removed
+
+    def _kubelet_reports(self, node: str) -> bool:
+        """Whether a kubelet reports for `node`: the Node exists with a Ready condition."""
+        stored = self.store.get(NODES, "", node)
+        if stored is None:
+            return False
+        conditions = stored.obj.get("status", {}).get("conditions") or []
+        return any(isinstance(c, dict) and c.get("type") == "Ready" for c in conditions)
 
     def _grace_period(self, resource: Resource, current: Stored, options: DeleteOptions) -> int:
         if resource is not PODS:

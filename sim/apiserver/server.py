@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,7 +28,8 @@ from common.contract import DEFAULT_SYSTEM_NAMESPACE
 from sim.apiserver.audit import AuditLog
 from sim.apiserver.clock import Clock
 from sim.apiserver.faults import Faults
-from sim.apiserver.resources import NAMESPACES, PODS
+from sim.apiserver.priority import built_in_classes
+from sim.apiserver.resources import NAMESPACES, PODS, PRIORITY_CLASSES
 from sim.apiserver.routes import ApiServerCore, build_app
 from sim.apiserver.settings import ApiServerSettings
 
@@ -41,8 +44,11 @@ T = TypeVar("T")
 
 
 def _create_initial_namespaces(core: ApiServerCore) -> None:
+    """The namespaces, and the built-in PriorityClasses, a new cluster has."""
     for name in INITIAL_NAMESPACES:
         core.registry.create(NAMESPACES, "", {"metadata": {"name": name}})
+    for priority_class in built_in_classes():
+        core.registry.create(PRIORITY_CLASSES, "", priority_class)
 
 
 def kubeconfig_document(url: str, token: str | None = None) -> dict[str, Any]:
@@ -66,6 +72,26 @@ def write_kubeconfig(url: str, path: Path, token: str | None = None) -> Path:
     return path
 
 
+POD_GC_SECONDS = 0.2
+"""How often gracefully deleted pods that no kubelet will finish are looked at."""
+
+
+async def _pod_gc(core: ApiServerCore, _: web.Application) -> AsyncIterator[None]:
+    """Finish the deletions no kubelet will (`Registry.finish_overdue_deletions`), while the
+    server serves."""
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(POD_GC_SECONDS)
+            core.registry.finish_overdue_deletions()
+
+    task = asyncio.create_task(sweep(), name="sim-apiserver pod gc")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 async def _start_site(core: ApiServerCore, host: str, port: int) -> tuple[web.AppRunner, int]:
     app = build_app(core)
 
@@ -73,6 +99,7 @@ async def _start_site(core: ApiServerCore, host: str, port: int) -> tuple[web.Ap
         core.store.close()
 
     app.on_shutdown.append(end_watches)
+    app.cleanup_ctx.append(partial(_pod_gc, core))
     runner = web.AppRunner(
         app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS, handle_signals=False
     )
