@@ -26,6 +26,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sim.node.addresses import PodAddresses
+from sim.node.admission import NodeAdmission, rejected_status
 from sim.node.containers import now_rfc3339
 from sim.node.cpushares import CpuGroups
 from sim.node.podspec import Obj
@@ -57,6 +58,53 @@ class _PodWatcher:
     def sync(self, pods: list[Obj]) -> None:
         """Called with every pod after each (re)list."""
         raise NotImplementedError
+
+    def admitted(self, admission: NodeAdmission, node: str, pod: Obj) -> bool:
+        """Judge a pod first seen on `node` as the kubelet's admission does (the Node read
+        again for its allocatable); a refused pod is marked Failed with the kubelet's reason
+        and a Warning Event, and is never run."""
+        try:
+            admission.set_node(read_json(self.core.read_node(node, _preload_content=False)))
+        except ApiException as e:
+            log.warning("Node %s could not be read for admission: %s.", node, e.reason)
+        refusal = admission.admit(pod)
+        if refusal is None:
+            return True
+        meta = pod["metadata"]
+        log.warning(
+            "The kubelet of node %s refuses pod %s: %s", node, pod_key(pod), refusal.message
+        )
+        stamp = now_rfc3339()
+        try:
+            body = {**pod, "status": rejected_status(pod, refusal, stamp)}
+            core = cast(Any, self.core)
+            core.replace_namespaced_pod_status(
+                meta["name"], meta["namespace"], body, _preload_content=False
+            )
+            core.create_namespaced_event(
+                meta["namespace"],
+                {
+                    "metadata": {"generateName": f"{meta['name']}."},
+                    "involvedObject": {
+                        "kind": "Pod",
+                        "namespace": meta["namespace"],
+                        "name": meta["name"],
+                        "uid": meta.get("uid", ""),
+                    },
+                    "reason": refusal.reason,
+                    "message": refusal.message,
+                    "type": "Warning",
+                    "source": {"component": "kubelet", "host": node},
+                    "firstTimestamp": stamp,
+                    "lastTimestamp": stamp,
+                    "count": 1,
+                },
+                _preload_content=False,
+            )
+        except ApiException as e:
+            if e.status not in (404, 409):
+                log.warning("The kubelet could not mark pod %s refused: %s", pod_key(pod), e.reason)
+        return False
 
     def handle(self, event_type: str, pod: Obj) -> None:
         """Called for each watch event."""
@@ -133,6 +181,7 @@ class Kubelet(_PodWatcher):
         )
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
+        self.admission = NodeAdmission()
 
     def sync(self, pods: list[Obj]) -> None:
         seen = set()
@@ -148,12 +197,14 @@ class Kubelet(_PodWatcher):
         uid = str(pod["metadata"].get("uid", ""))
         with self._lock:
             worker = self._workers.get(uid)
+            deleting = pod["metadata"].get("deletionTimestamp") is not None
+            terminal = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            if event_type == "DELETED" or terminal:
+                self.admission.forget(uid)
             if event_type == "DELETED":
                 if worker is not None:
                     worker.abandon()
                 return
-            deleting = pod["metadata"].get("deletionTimestamp") is not None
-            terminal = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
             external = worker is not None and worker.phase not in ("Succeeded", "Failed")
             if worker is not None and terminal and external and not deleting:
                 # Marked terminal by someone else (an eviction): stop its containers and leave
@@ -164,6 +215,8 @@ class Kubelet(_PodWatcher):
                 if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") or deleting:
                     if deleting:
                         self._force_delete(pod)
+                    return
+                if not self.admitted(self.admission, self.node_name, pod):
                     return
                 worker = PodWorker(self.runtime, pod)
                 self._workers[uid] = worker
@@ -238,15 +291,26 @@ class HollowKubelet(_PodWatcher):
         api_client.user_agent = USER_AGENT
         super().__init__(api_client, "", "hollow-kubelet")
         self.node_names = frozenset(node_names)
+        self.admission = {name: NodeAdmission() for name in self.node_names}
 
     def sync(self, pods: list[Obj]) -> None:
         for pod in pods:
             self.handle("MODIFIED", pod)
 
     def handle(self, event_type: str, pod: Obj) -> None:
-        if event_type == "DELETED" or pod["spec"].get("nodeName") not in self.node_names:
+        node = pod["spec"].get("nodeName")
+        if node not in self.node_names:
+            return
+        admission = self.admission[node]
+        uid = str(pod["metadata"].get("uid", ""))
+        phase = pod.get("status", {}).get("phase")
+        if event_type == "DELETED" or phase in ("Succeeded", "Failed"):
+            admission.forget(uid)
             return
         meta = pod["metadata"]
+        first_seen = meta.get("deletionTimestamp") is None and uid not in admission.admitted
+        if first_seen and not self.admitted(admission, node, pod):
+            return
         try:
             if meta.get("deletionTimestamp") is not None:
                 self.core.delete_namespaced_pod(
