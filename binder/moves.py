@@ -23,12 +23,27 @@ from common.logs import subject
 log = logging.getLogger(__name__)
 
 
-class PreemptionRefusedError(BinderError):
-    """A victim's eviction was refused: its PodDisruptionBudget forbids it."""
-
-
 REASON = "Consolidation"
 """The Events' reason, on the moved pods and on the pod they made room for."""
+
+
+def _evict(kube: Kube, pod: PodInfo) -> bool:
+    """Evict one pod (that uid only): True when evicted, False when it is gone already. A
+    refusal for its PodDisruptionBudget raises EvictionRefusedError; other failures raise as
+    they come."""
+    try:
+        kube.evict_pod(pod.namespace, pod.name, pod.uid)
+    except NotFoundError:
+        return False
+    except UnavailableError as e:
+        if e.status != 429:
+            raise
+        raise EvictionRefusedError(f"the eviction of pod {pod.key} was refused ({e})") from e
+    return True
+
+
+class EvictionRefusedError(BinderError):
+    """The API server refused an eviction (429): the pod's PodDisruptionBudget forbids it."""
 
 
 def carry_out(
@@ -38,12 +53,9 @@ def carry_out(
     moved = 0
     for other in plan.moves:
         try:
-            kube.evict_pod(other.namespace, other.name, other.uid)
-        except NotFoundError:
-            continue  # gone already: its memory is free
-        except UnavailableError as e:
-            if e.status != 429:
-                raise
+            if not _evict(kube, other):
+                continue  # gone already: its memory is free
+        except EvictionRefusedError as e:
             log.info(
                 "Pod %s was not moved to make room for pod %s: the API server refused its "
                 "eviction (%s). The plan stops here; %s waits.",
@@ -102,22 +114,14 @@ def carry_out_preemption(
     """Set the pod's nominatedNodeName, then evict the victims (those whose budget the
     preemption breaks first: a refusal stops it before the others are evicted for nothing), each
     with a `Preempted` Event as kube-scheduler writes it, and tell the pod which it preempted.
-    A refused eviction (429, its PodDisruptionBudget) raises PreemptionRefusedError."""
+    A refused eviction (429, its PodDisruptionBudget) raises EvictionRefusedError."""
     node = preemption.node
     kube.set_nominated_node(pod.namespace, pod.name, node)
     count("condition")
     evicted = []
     for victim in preemption.victims:
-        try:
-            kube.evict_pod(victim.namespace, victim.name, victim.uid)
-        except NotFoundError:
+        if not _evict(kube, victim):  # a refusal raises: the victim stays, the pod waits
             continue  # gone already: its room is free
-        except UnavailableError as e:
-            if e.status != 429:
-                raise
-            raise PreemptionRefusedError(
-                f"the eviction of pod {victim.key} was refused ({e}); it stays"
-            ) from e
         count("eviction")
         evicted.append(victim.key)
         kube.record_event(

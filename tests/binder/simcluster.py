@@ -108,3 +108,12 @@ def failed_events(core: Any, name: str) -> list[Any]:
         "default", field_selector=f"involvedObject.name={name}"
     ).items
     return [e for e in events if e.reason == "FailedScheduling"]
+
+
+def bound(core: Any, names: list[str]) -> dict[str, str]:
+    return {name: node for name in names if (node := node_of(core, name))}
+
+
+def failure(core: Any, name: str) -> str:
+    events = failed_events(core, name)
+    return str(events[-1].message) if events else ""

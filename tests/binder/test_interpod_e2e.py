@@ -13,8 +13,9 @@ from tests.binder.simcluster import (
     MakeBinder,
     add_node,
     add_pod,
+    bound,
     eventually,
-    failed_events,
+    failure,
     node_of,
 )
 
@@ -30,15 +31,6 @@ def keep_apart_from(app: str) -> dict[str, Any]:
 def keep_with(app: str) -> dict[str, Any]:
     term = {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": HOSTNAME}
     return {"affinity": {"podAffinity": {REQUIRED: [term]}}}
-
-
-def bound(core: Any, names: list[str]) -> dict[str, str]:
-    return {name: node for name in names if (node := node_of(core, name))}
-
-
-def failure(core: Any, name: str) -> str:
-    events = failed_events(core, name)
-    return str(events[-1].message) if events else ""
 
 
 async def test_replicas_with_anti_affinity_on_hostname_spread_and_the_extra_one_waits(

@@ -14,8 +14,9 @@ from tests.binder.simcluster import (
     MakeBinder,
     add_node,
     add_pod,
+    bound,
     eventually,
-    failed_events,
+    failure,
     node_of,
 )
 
@@ -31,15 +32,6 @@ def spread_over_zones(app: str) -> dict[str, Any]:
         "labelSelector": {"matchLabels": {"app": app}},
     }
     return {"topologySpreadConstraints": [constraint]}
-
-
-def bound(core: Any, names: list[str]) -> dict[str, str]:
-    return {name: node for name in names if (node := node_of(core, name))}
-
-
-def failure(core: Any, name: str) -> str:
-    events = failed_events(core, name)
-    return str(events[-1].message) if events else ""
 
 
 async def test_replicas_created_together_end_balanced_across_zones(
