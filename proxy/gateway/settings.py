@@ -143,9 +143,9 @@ class GatewaySettings:
     backends run on) from its neighbours. `auto`, the default, is the node's CPUs (the process's
     CPU affinity): on the 2-core node of the benchmark a flooding pod beside a steady one then has
     1 request at Triton, and the victim's p99 under a flood went from 14-34x its p99 alone to
-    1.3x (with 2 each 1.8-1.9x, with 4 each 8-15x; docs/security.md). On a GPU node, where the
-    GPU is what the pods share, set it to the requests the node's models can run at once. 0:
-    each pod bounded by its own limit only."""
+    1.3x (with 2 each 1.8-1.9x, with 4 each 8-15x; docs/results.md, "Security and isolation").
+    On a GPU node, where the GPU is what the pods share, set it to the requests the node's models
+    can run at once. 0: each pod bounded by its own limit only."""
     max_buffered_bytes: int = setting(
         "max-buffered-bytes",
         "bytes the gateway may hold for all pods together (received and not yet forwarded, "
