@@ -118,6 +118,11 @@ def main() -> int:
     )
     for failure in (result.failed + result.scale_down_failed)[:5]:
         print(f"  failed: {failure}")
+    for condition in result.hpa_status.get("conditions") or ():
+        print(
+            f"HPA {condition['type']}={condition['status']} ({condition['reason']}): "
+            f"{condition['message']}"
+        )
     print(result.line())
     return 0
 

@@ -424,6 +424,7 @@ def run(
     deadline: float = 300.0,
     request_seconds: float = 0.1,
     signal: str = "irate",
+    settle: float = 60.0,
     say: Callable[[str], None] = lambda _: None,
 ) -> AutoscaleResult:
     """Deploy `source` (the add_one model, made to take `request_seconds` per request) as
@@ -485,19 +486,21 @@ def run(
         light = Load(endpoints, watch, 1, interval=0.1)
         light.start()
         try:
+            # Replicas asked for late in the load become Ready after it: follow them for at
+            # least `settle` seconds from the load's start, then until the minimum is back.
             limit = time.monotonic() + deadline
             while time.monotonic() < limit:
                 now = _replicas(apps, namespace)
                 if now != last:
                     result.timeline.append((time.monotonic() - started, *now))
                     last = now
-                pods = [
-                    p
-                    for p in cast(Any, cluster.core)
-                    .list_namespaced_pod(namespace, label_selector=SELECTOR)
-                    .items
-                ]
-                if now[0] == 1 and len(pods) == 1 and now[1] == 1:
+                if now[1] >= max_replicas and result.ready_after is None:
+                    result.ready_after = time.monotonic() - started
+                pods = cast(Any, cluster.core).list_namespaced_pod(
+                    namespace, label_selector=SELECTOR
+                )
+                settled = time.monotonic() - started >= settle
+                if settled and now == (1, 1) and len(pods.items) == 1:
                     result.scaled_down_to = 1
                     break
                 time.sleep(0.25)
