@@ -43,11 +43,12 @@ def test_a_deployment_scales_out_under_load_and_back_with_no_failed_request(
         NAMESPACE,
         require_executable("prometheus"),
         clients=3,
-        duration=25.0,
+        duration=20.0,
         max_replicas=3,
         sync_period=2.0,
         scrape_interval="1s",
         scale_down_window=4,
+        settle=0.0,
     )
     assert result.peak_ready == 3, (result.timeline, result.cold_starts, result.hpa_status)
     assert result.failed == [], result.failed[:5]
