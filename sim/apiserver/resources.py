@@ -242,6 +242,32 @@ REPLICA_SETS = Resource(
     status_subresource=True,
 )
 
+# Autoscaling: the HPA controller and KEDA's operator are API clients too (sim.controllers.hpa).
+HORIZONTAL_POD_AUTOSCALERS = Resource(
+    group="autoscaling",
+    version="v2",
+    plural="horizontalpodautoscalers",
+    kind="HorizontalPodAutoscaler",
+    short_names=("hpa",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
+# KEDA's ScaledObject (keda.sh/v1alpha1), a custom resource the simulated KEDA operator reads.
+SCALED_OBJECTS = Resource(
+    group="keda.sh",
+    version="v1alpha1",
+    plural="scaledobjects",
+    kind="ScaledObject",
+    short_names=("so",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
 STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
@@ -255,6 +281,8 @@ STORED: tuple[Resource, ...] = (
     PRIORITY_CLASSES,
     DEPLOYMENTS,
     REPLICA_SETS,
+    HORIZONTAL_POD_AUTOSCALERS,
+    SCALED_OBJECTS,
 )
 
 # Served but never stored: the service-account token subresource and TokenReview.

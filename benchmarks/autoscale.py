@@ -1,0 +1,131 @@
+"""Autoscaling on concurrency, end to end: KServe's experiment on the simulated cluster.
+
+Target concurrency 1, `--clients` callers (5) sending back to back for `--duration` seconds (30)
+through the Service's ready endpoints, then idle: the simulated cluster with a real Triton on the
+CPU serves a model Deployment whose ScaledObject scales it on the proxies' concurrency integral,
+read by a real Prometheus (Debian's `prometheus`) and acted on by the simulated KEDA and HPA
+controller (`sim.controllers.hpa`), with the production intervals by default: Prometheus scrapes
+every 15 s, the HPA syncs every 15 s. Each request keeps its replica's model busy
+`--request-seconds` (0.1), as a model on a GPU would, so concurrency builds up at a replica under
+load. A light client keeps sending while the Deployment scales back to one replica.
+
+Printed: the replicas asked for and Ready over time, each new replica's cold start by phase
+(seconds after the pod's creation: bound, files in the pod, loaded, Ready, first answer), the
+requests' latency percentiles and failures during the load, the scale-down's failures, and one
+closing line:
+
+    autoscale: target 1, concurrency 5 -> R replicas Ready in T s; cold start p50/max A/B s ...
+
+Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-replicas 5
+     --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sim.cluster import SimCluster
+from sim.demo import autoscale
+from sim.demo.scenario import MODELS_DIR, NODES
+from sim.triton import TritonInstall
+
+NAMESPACE = "models"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.autoscale",
+        description="KServe's concurrency autoscaling experiment on the simulated cluster "
+        "(real Triton, real Prometheus, the simulated KEDA and HPA controller).",
+    )
+    parser.add_argument("--clients", type=int, default=5, help="callers in flight (5)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load (30)")
+    parser.add_argument("--max-replicas", type=int, default=5, help="maxReplicaCount (5)")
+    parser.add_argument(
+        "--sync-period", type=float, default=15.0, help="the HPA's sync period, seconds (15)"
+    )
+    parser.add_argument(
+        "--scrape-interval", default="15s", help="Prometheus's scrape interval (15s)"
+    )
+    parser.add_argument(
+        "--signal",
+        choices=("irate", "rate"),
+        default="irate",
+        help="irate or rate over 1m of the concurrency integral (irate)",
+    )
+    parser.add_argument(
+        "--scale-down-window",
+        type=int,
+        default=30,
+        help="the HPA's scale-down stabilization window, seconds (30)",
+    )
+    parser.add_argument(
+        "--request-seconds", type=float, default=0.1, help="model time per request (0.1)"
+    )
+    args = parser.parse_args()
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        print("prometheus is not installed: apt-get install prometheus", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    TritonInstall.find()  # fails early, with what to install, when nvidia-pytriton is missing
+    started = time.strftime("%Y-%m-%d")
+    with tempfile.TemporaryDirectory(prefix="tritonshare-autoscale-") as tmp:
+        work = Path(tmp)
+        with SimCluster(work / "cluster", [NODES[0]], binders=1, webhook=True) as cluster:
+            if cluster.missing:
+                print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
+                return 2
+            cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
+            result = autoscale.run(
+                cluster,
+                MODELS_DIR / "add_one",
+                work / "autoscale",
+                NAMESPACE,
+                prometheus,
+                clients=args.clients,
+                duration=args.duration,
+                max_replicas=args.max_replicas,
+                sync_period=args.sync_period,
+                scrape_interval=args.scrape_interval,
+                scale_down_window=args.scale_down_window,
+                request_seconds=args.request_seconds,
+                signal=args.signal,
+                say=print,
+            )
+    print(f"\n{started}, `{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`")
+    print("replicas over time (s since the load started: asked / Ready):")
+    for at, asked, ready in result.timeline:
+        print(f"  {at:6.1f} s  {asked} / {ready}")
+    print("cold start of each new replica (s after the pod was created):")
+    print("  " + "  ".join(f"{phase:>16}" for phase in autoscale.PHASES))
+    for phases in result.cold_starts:
+        cells = (f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in autoscale.PHASES)
+        print("  " + "  ".join(cells))
+    print(
+        f"requests under load: {result.requests}, failed {len(result.failed)}; latency "
+        f"p50 {result.percentile(0.5) * 1000:.0f} ms, p90 {result.percentile(0.9) * 1000:.0f} "
+        f"ms, p99 {result.percentile(0.99) * 1000:.0f} ms"
+    )
+    print(
+        f"scale-down: {result.scale_down_requests} requests, failed {len(result.scale_down_failed)}"
+    )
+    for failure in (result.failed + result.scale_down_failed)[:5]:
+        print(f"  failed: {failure}")
+    for condition in result.hpa_status.get("conditions") or ():
+        print(
+            f"HPA {condition['type']}={condition['status']} ({condition['reason']}): "
+            f"{condition['message']}"
+        )
+    print(result.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,537 @@
+"""The autoscaling step of `make demo`, of tests/e2e/test_autoscale.py and of
+`python -m benchmarks.autoscale`: KServe's concurrency experiment, run on tritonshare.
+
+A model Deployment (`scaler`, the short form tritonshare's webhook completes, on the node with the
+real Triton) has a KEDA ScaledObject as deploy/example ships one: target concurrency 1 (the
+trigger's threshold) on `sum(rate(tritonshare_proxy_concurrency_seconds_total[1m]))`, at most
+`max_replicas`. A real Prometheus scrapes every pod's proxy as the PodMonitor would (its targets
+follow the pods, through a file the step rewrites as pods come and go); the simulated KEDA and HPA
+controller (`sim.controllers.hpa`) read it every `sync_period`. Then `clients` callers send
+back-to-back requests through the Service's ready endpoints for `duration` seconds, and a light
+client (one request every 100 ms) keeps sending while the Deployment scales back to its minimum,
+so a pod that goes without draining shows as a failed request.
+
+A watch of the Deployment's pods times each new replica's cold start by phase: created, bound,
+its files fetched into the pod (the storage initializer done), its model loaded on the node (the
+agent's ModelLoaded condition), Ready, and its first answer to a client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+import numpy as np
+import tritonclient.http as httpclient
+from kubernetes.client.exceptions import ApiException
+
+from common.contract import DEFAULT_PROXY_HTTP_PORT, DEFAULT_PROXY_METRICS_PORT, Keys
+from sim.cluster import SimCluster
+from sim.controllers.hpa import Autoscalers, Prometheus
+from sim.processes import wait_until
+from sim.service import Endpoints
+from sim.triton import free_port
+from sim.watching import watch_events
+
+KEYS = Keys()
+NAME = "scaler"
+SELECTOR = f"app={NAME}"
+INPUT = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+PHASES = ("bound", "files in the pod", "loaded", "ready", "first answer")
+
+
+def slow_model(source: Path, directory: Path, seconds: float) -> Path:
+    """A copy of the add_one model directory `source` that takes `seconds` per request, as a
+    model whose inference keeps its GPU busy that long would: concurrency then builds up at a
+    replica under load, as in the experiment, instead of every request ending at once."""
+    shutil.copytree(source, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    code = directory / "1" / "model.py"
+    text = code.read_text()
+    text = text.replace(
+        "import triton_python_backend_utils", "import time\n\nimport triton_python_backend_utils"
+    )
+    text = text.replace(
+        "        for request in requests:\n",
+        f"        for request in requests:\n            time.sleep({seconds!r})\n",
+    )
+    if "time.sleep(" not in text:
+        raise ValueError(f"{code} is not the add_one model this step knows how to slow down")
+    code.write_text(text)
+    return directory
+
+
+def query(namespace: str, signal: str = "irate") -> str:
+    """The ScaledObject's PromQL on the proxies' concurrency integral: `irate` is the average
+    concurrency over the last scrape interval (it follows a burst within one scrape); `rate` over
+    1m is smoother and takes a minute to reach a new level."""
+    if signal not in ("irate", "rate"):
+        raise ValueError(f"signal must be irate or rate, not {signal!r}")
+    return (
+        f"sum({signal}(tritonshare_proxy_concurrency_seconds_total"
+        f'{{namespace="{namespace}", model="{NAME}"}}[1m]))'
+    )
+
+
+def deployment_manifest(uri: str, node: str) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {
+        "containers": [{"name": "proxy", "image": "ghcr.io/tritonshare/tritonshare"}]
+    }
+    if node:
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": NAME},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": NAME}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": NAME, "tritonshare.io/role": "model"},
+                    "annotations": {
+                        KEYS.prefix + "model-uri": uri,
+                        KEYS.model_id: NAME,
+                        KEYS.gpu_mem: "1Gi",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def scaled_object(
+    namespace: str, max_replicas: int, scale_down_window: int, signal: str
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": NAME, "namespace": namespace},
+        "spec": {
+            "scaleTargetRef": {"name": NAME},
+            "minReplicaCount": 1,
+            "maxReplicaCount": max_replicas,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {
+                        "scaleDown": {"stabilizationWindowSeconds": scale_down_window},
+                    }
+                }
+            },
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metadata": {
+                        "serverAddress": "http://prometheus-operated.monitoring.svc:9090",
+                        "query": query(namespace, signal),
+                        "threshold": "1",
+                    },
+                }
+            ],
+        },
+    }
+
+
+@dataclass
+class PodTimes:
+    """When the watch first saw each phase of one pod (time.monotonic())."""
+
+    name: str
+    created: float
+    phases: dict[str, float] = field(default_factory=dict)
+    address: str = ""
+
+    def since_created(self) -> dict[str, float]:
+        return {phase: at - self.created for phase, at in self.phases.items()}
+
+
+class PodWatch:
+    """Times every pod of the Deployment by phase, and keeps Prometheus's file of scrape targets
+    (every pod with an address that is not being deleted, as a PodMonitor selects them)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, targets: Path) -> None:
+        self.core = cast(Any, kubernetes.client.CoreV1Api(api))
+        self.namespace = namespace
+        self.targets = targets
+        self.pods: dict[str, PodTimes] = {}
+        self._scraped: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autoscale-pod-watch")
+        self._write_targets()
+
+    def _write_targets(self) -> None:
+        groups = [
+            {
+                "targets": [f"{address}:{DEFAULT_PROXY_METRICS_PORT}"],
+                "labels": {"namespace": self.namespace, "pod": name},
+            }
+            for name, address in sorted(self._scraped.items())
+        ]
+        partial = self.targets.with_suffix(".partial")
+        partial.write_text(json.dumps(groups))
+        partial.replace(self.targets)
+
+    def _seen(self, event_type: str, pod: dict[str, Any]) -> None:
+        now = time.monotonic()
+        meta, status = pod["metadata"], pod.get("status") or {}
+        name = meta["name"]
+        with self._lock:
+            times = self.pods.setdefault(name, PodTimes(name, now))
+            if pod.get("spec", {}).get("nodeName"):
+                times.phases.setdefault("bound", now)
+            for init in status.get("initContainerStatuses") or []:
+                ended = (init.get("state") or {}).get("terminated") or {}
+                if init.get("name") == "storage-initializer" and ended.get("exitCode") == 0:
+                    times.phases.setdefault("files in the pod", now)
+            for c in status.get("conditions") or []:
+                if c.get("status") != "True":
+                    continue
+                if c.get("type") == KEYS.prefix + "ModelLoaded":
+                    times.phases.setdefault("loaded", now)
+                elif c.get("type") == "Ready":
+                    times.phases.setdefault("ready", now)
+            address = status.get("podIP") or ""
+            times.address = times.address or address
+            scraped = dict(self._scraped)
+            if event_type == "DELETED" or meta.get("deletionTimestamp") or not address:
+                scraped.pop(name, None)
+            else:
+                scraped[name] = address
+            if scraped != self._scraped:
+                self._scraped = scraped
+                self._write_targets()
+
+    def answered(self, address: str, at: float) -> None:
+        with self._lock:
+            for times in self.pods.values():
+                if times.address == address:
+                    times.phases.setdefault("first answer", at)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                listed = json.loads(
+                    self.core.list_namespaced_pod(
+                        self.namespace, label_selector=SELECTOR, _preload_content=False
+                    ).data
+                )
+                for pod in listed.get("items", []):
+                    self._seen("ADDED", pod)
+                for event_type, raw in watch_events(
+                    self.core.list_namespaced_pod,
+                    self._stop,
+                    listed["metadata"]["resourceVersion"],
+                    self.namespace,
+                    label_selector=SELECTOR,
+                ):
+                    self._seen(event_type, raw)
+            except Exception:
+                if self._stop.wait(0.5):
+                    return
+
+    def __enter__(self) -> PodWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+@dataclass
+class Load:
+    """`clients` callers sending back to back (or every `interval` s) through the endpoints."""
+
+    endpoints: Endpoints
+    watch: PodWatch
+    clients: int
+    interval: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def _send(self) -> None:
+        connections: dict[str, httpclient.InferenceServerClient] = {}
+        tensor = httpclient.InferInput("INPUT0", list(INPUT.shape), "FP32")
+        tensor.set_data_from_numpy(INPUT)
+        try:
+            while not self._stop.wait(self.interval):
+                address = self.endpoints.pick()
+                if address is None:
+                    self.failures.append("no ready endpoint")
+                    self._stop.wait(0.05)
+                    continue
+                started = time.monotonic()
+                try:
+                    http = connections.get(address)
+                    if http is None:
+                        http = connections[address] = httpclient.InferenceServerClient(
+                            f"{address}:{DEFAULT_PROXY_HTTP_PORT}",
+                            connection_timeout=30,
+                            network_timeout=30,
+                        )
+                    http.infer(NAME, [tensor])
+                except Exception as e:
+                    self.failures.append(f"{address}: {type(e).__name__}: {e}")
+                    with contextlib.suppress(Exception):
+                        connections.pop(address).close()
+                    continue
+                done = time.monotonic()
+                self.latencies.append(done - started)
+                self.watch.answered(address, done)
+        finally:
+            for http in connections.values():
+                with contextlib.suppress(Exception):
+                    http.close()
+
+    def start(self) -> None:
+        for i in range(self.clients):
+            thread = threading.Thread(target=self._send, name=f"autoscale-client-{i}")
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+@dataclass
+class AutoscaleResult:
+    target: int = 1
+    clients: int = 5
+    peak_ready: int = 0
+    ready_after: float | None = None
+    """Seconds from the load's start until `max_replicas` pods were Ready, if they were."""
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    """(seconds since the load started, replicas asked, pods Ready) whenever either changed."""
+    cold_starts: list[dict[str, float]] = field(default_factory=list)
+    """Each new replica's phases, seconds after its creation."""
+    requests: int = 0
+    failed: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    scaled_down_to: int | None = None
+    scale_down_requests: int = 0
+    scale_down_failed: list[str] = field(default_factory=list)
+    hpa_status: dict[str, Any] = field(default_factory=dict)
+    """The HPA's last status, to tell why it did or did not scale."""
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    def cold_start(self, phase: str) -> tuple[float, float] | None:
+        values = [c[phase] for c in self.cold_starts if phase in c]
+        return (statistics.median(values), max(values)) if values else None
+
+    def line(self) -> str:
+        first = self.cold_start("first answer")
+        cold = f"{first[0]:.1f}/{first[1]:.1f} s" if first else "none measured"
+        ready = f"{self.ready_after:.0f} s" if self.ready_after is not None else "not reached"
+        return (
+            f"autoscale: target {self.target}, concurrency {self.clients} -> {self.peak_ready} "
+            f"replicas Ready in {ready}; cold start p50/max {cold} (files sent); "
+            f"requests {self.requests}, failed {len(self.failed)}, "
+            f"p99 {self.percentile(0.99) * 1000:.0f} ms; scale-down to "
+            f"{self.scaled_down_to if self.scaled_down_to is not None else '?'} replicas, "
+            f"failed {len(self.scale_down_failed)}"
+        )
+
+
+@contextlib.contextmanager
+def prometheus(binary: str, workdir: Path, targets: Path, interval: str) -> Iterator[str]:
+    """A real Prometheus scraping the proxies listed in `targets` every `interval`."""
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "global": {"scrape_interval": interval, "evaluation_interval": interval},
+                "scrape_configs": [
+                    {
+                        "job_name": "tritonshare-model-proxies",
+                        "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
+                    }
+                ],
+            }
+        )
+    )
+    listen = f"127.0.0.1:{free_port()}"
+    with (workdir / "prometheus.log").open("wb") as log:
+        server = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address={listen}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until("Prometheus answering", lambda: _ready(listen), 60)
+        yield listen
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _ready(listen: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{listen}/-/ready", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _replicas(apps: Any, namespace: str) -> tuple[int, int]:
+    d = apps.read_namespaced_deployment(NAME, namespace)
+    return int(d.spec.replicas or 0), int(d.status.ready_replicas or 0)
+
+
+def run(
+    cluster: SimCluster,
+    source: Path,
+    workdir: Path,
+    namespace: str,
+    prometheus_binary: str,
+    *,
+    clients: int = 5,
+    duration: float = 30.0,
+    max_replicas: int = 5,
+    sync_period: float = 15.0,
+    scrape_interval: str = "15s",
+    scale_down_window: int = 30,
+    deadline: float = 300.0,
+    request_seconds: float = 0.1,
+    signal: str = "irate",
+    settle: float = 60.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> AutoscaleResult:
+    """Deploy `source` (the add_one model, made to take `request_seconds` per request) as
+    `scaler` with its ScaledObject, load it, idle, and report."""
+    assert cluster.model_store is not None and cluster.kube is not None
+    assert cluster.apiserver is not None
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = AutoscaleResult(clients=clients)
+    apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+    uri = cluster.model_store.publish(NAME, slow_model(source, workdir / "model", request_seconds))
+    node = cluster.real_node.name if cluster.real_node is not None else ""
+    targets = workdir / "targets.json"
+    with (
+        PodWatch(cluster.kube, namespace, targets) as watch,
+        prometheus(prometheus_binary, workdir, targets, scrape_interval) as listen,
+        Autoscalers(
+            cluster.kube, Prometheus(listen), cluster.apiserver.clock.now, sync_period
+        ) as _autoscalers,
+        Endpoints(cluster.kube, namespace, SELECTOR) as endpoints,
+    ):
+        apps.create_namespaced_deployment(namespace, deployment_manifest(uri, node))
+        custom.create_namespaced_custom_object(
+            "keda.sh",
+            "v1alpha1",
+            namespace,
+            "scaledobjects",
+            scaled_object(namespace, max_replicas, scale_down_window, signal),
+        )
+        wait_until("the first replica Ready", lambda: _replicas(apps, namespace)[1] >= 1, 180)
+        first = set(watch.pods)
+        say(
+            f"Deployment {NAME}: 1 replica Ready; a ScaledObject asks for concurrency 1 per "
+            f"replica (at most {max_replicas}); Prometheus scrapes every {scrape_interval}, the "
+            f"HPA syncs every {sync_period:g} s."
+        )
+        load = Load(endpoints, watch, clients)
+        started = time.monotonic()
+        load.start()
+        last: tuple[int, int] = (-1, -1)
+        try:
+            while time.monotonic() - started < duration:
+                now = _replicas(apps, namespace)
+                if now != last:
+                    result.timeline.append((time.monotonic() - started, *now))
+                    last = now
+                if now[1] >= max_replicas and result.ready_after is None:
+                    result.ready_after = time.monotonic() - started
+                time.sleep(0.25)
+        finally:
+            load.stop()
+        result.requests = len(load.latencies) + len(load.failures)
+        result.failed = list(load.failures)
+        result.latencies = list(load.latencies)
+        say(
+            f"  {clients} clients sent for {duration:g} s: {result.requests} requests, "
+            f"{len(result.failed)} failed."
+        )
+        light = Load(endpoints, watch, 1, interval=0.1)
+        light.start()
+        try:
+            # Replicas asked for late in the load become Ready after it: follow them for at
+            # least `settle` seconds from the load's start, then until the minimum is back.
+            limit = time.monotonic() + deadline
+            while time.monotonic() < limit:
+                now = _replicas(apps, namespace)
+                if now != last:
+                    result.timeline.append((time.monotonic() - started, *now))
+                    last = now
+                if now[1] >= max_replicas and result.ready_after is None:
+                    result.ready_after = time.monotonic() - started
+                pods = cast(Any, cluster.core).list_namespaced_pod(
+                    namespace, label_selector=SELECTOR
+                )
+                settled = time.monotonic() - started >= settle
+                if settled and now == (1, 1) and len(pods.items) == 1:
+                    result.scaled_down_to = 1
+                    break
+                time.sleep(0.25)
+        finally:
+            light.stop()
+        result.scale_down_requests = len(light.latencies) + len(light.failures)
+        result.scale_down_failed = list(light.failures)
+        with contextlib.suppress(ApiException):
+            result.hpa_status = custom.get_namespaced_custom_object_status(
+                "autoscaling", "v2", namespace, "horizontalpodautoscalers", f"keda-hpa-{NAME}"
+            ).get("status", {})
+        result.peak_ready = max((ready for _, _, ready in result.timeline), default=0)
+        result.cold_starts = [
+            times.since_created() for name, times in watch.pods.items() if name not in first
+        ]
+    retire(cluster, namespace)
+    return result
+
+
+def retire(cluster: SimCluster, namespace: str) -> None:
+    """Delete the ScaledObject (its HPA with it) and the Deployment."""
+    assert cluster.kube is not None
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+    apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+    with contextlib.suppress(ApiException):
+        custom.delete_namespaced_custom_object(
+            "keda.sh", "v1alpha1", namespace, "scaledobjects", NAME
+        )
+    with contextlib.suppress(ApiException):
+        custom.delete_namespaced_custom_object(
+            "autoscaling", "v2", namespace, "horizontalpodautoscalers", f"keda-hpa-{NAME}"
+        )
+    with contextlib.suppress(ApiException):
+        apps.delete_namespaced_deployment(NAME, namespace)
