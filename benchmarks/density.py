@@ -76,6 +76,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from benchmarks import results as results_page
 from binder.consolidation import Cooldowns, plan
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
@@ -761,8 +762,15 @@ def main() -> None:
         action="store_true",
         help="skip the FFD repack run for each refused big-model replica",
     )
+    results_page.add_flag(parser)
     args = parser.parse_args()
+    with results_page.captured() as printed:
+        run(args)
+    if args.write_results is not None:
+        results_page.record("density", printed.getvalue(), page=args.write_results)
 
+
+def run(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     cluster = make_cluster(args.scale, args.seed)
     kinds = Counter(cluster.kind(n) for n in cluster.nodes for _ in n.gpus)

@@ -81,6 +81,7 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import results as results_page  # noqa: E402
 from common.callers import Caller, CallerTable, write_table  # noqa: E402
 from proxy import native  # noqa: E402
 from sim.triton import TritonServer, free_port  # noqa: E402
@@ -882,7 +883,16 @@ def main() -> int:
         help="measure nothing: print the report of figures written by --save, the rounds of "
         "several files (runs of the same code) pooled; only measures every file has count",
     )
+    results_page.add_flag(parser)
     args = parser.parse_args()
+    with results_page.captured() as printed:
+        code = run(parser, args)
+    if code == 0 and args.write_results is not None:
+        results_page.record("proxy_latency", printed.getvalue(), page=args.write_results)
+    return code
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.report:
         saved = load_results(args.report)
         report(saved, len(saved[("grpc1", "direct")]), args.seconds)
