@@ -1,6 +1,6 @@
 """Density: how many GPUs the binder's placement saves, packed once and under churn, against
 whole-GPU serving, a first-fit-decreasing repack and a lower bound, with the placement the binder
-used before issue 29 side by side on the same events.
+used by earlier rules side by side on the same events.
 
 Everything runs through the binder's own placement core, as `benchmarks/binder_placement.py`
 drives it: a `ClusterState`, `place()` for each decision, `assume()` to charge the pod,
@@ -25,13 +25,13 @@ activations, workspace and, for LLMs, the KV cache):
   affinity.
 
 Five placements decide, each on its own state, the same pods in the same order:
-- "before": the binder's binpack before issue 29, re-implemented here: a node scores by how full
+- "before": an earlier binpack of the binder, re-implemented here: a node scores by how full
   it would be relative to its own capacity, then the fullest GPU that fits; ties by the pod uid's
   hash. (It matched `place()` decision for decision on the tree before the change.)
-- "kind first": issue 29's first rule, re-implemented here: the smallest GPU kind the pod fits,
+- "kind first": an earlier rule, re-implemented here: the smallest GPU kind the pod fits,
   then the tightest block on a GPU of that kind, ties in node order. It fixed churn but opened an
   empty T4 while a used L4 had room.
-- "used first": issue 29's second rule, re-implemented here (the same choice as `place()` before
+- "used first": a later rule, re-implemented here (the same choice as `place()` before
   the third rule in 11,796 of 11,796 churn decisions): a used GPU (the tightest) before an empty
   one, the smallest empty one first, a GPU of the largest kind only when nothing smaller has
   room. It left the room beside big models empty and opened T4s first.
@@ -76,6 +76,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from benchmarks import results as results_page
 from binder.consolidation import Cooldowns, plan
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
@@ -221,7 +222,7 @@ def binder_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
 
 
 def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
-    """Binpack before issue 29: the node that would be fullest relative to its own capacity (the
+    """The earlier binpack: the node that would be fullest relative to its own capacity (the
     same float operations as the binder's scan then, so ties are the same), then the fullest
     GPU that fits. The fleet has no preferred terms and no PreferNoSchedule taints, so the other
     plugins score every node alike (NodeAffinity 0, TaintToleration 3 x 100)."""
@@ -240,7 +241,7 @@ def before_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
 
 
 def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
-    """Issue 29's first rule: the smallest GPU size the pod fits, then the tightest block of that
+    """The "kind first" rule: the smallest GPU size the pod fits, then the tightest block of that
     size, ties in node order (the first such GPU in node and GPU order)."""
     candidates = eligible_nodes(state, pod)
     if not candidates.size:
@@ -253,7 +254,7 @@ def kind_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None
 
 
 def used_first_rule(state: ClusterState, pod: PodInfo) -> tuple[str, str] | None:
-    """Issue 29's second rule, the binder's binpack before the kinds' spare GPUs counted: a used
+    """The "used first" rule, the binder's binpack before the kinds' spare GPUs counted: a used
     GPU (the tightest) before an empty one, the smallest empty one first, a GPU of the largest
     kind (within a tenth of the largest) last, used before empty; ties in node order."""
     candidates = eligible_nodes(state, pod)
@@ -761,8 +762,15 @@ def main() -> None:
         action="store_true",
         help="skip the FFD repack run for each refused big-model replica",
     )
+    results_page.add_flag(parser)
     args = parser.parse_args()
+    with results_page.captured() as printed:
+        run(args)
+    if args.write_results is not None:
+        results_page.record("density", printed.getvalue(), page=args.write_results)
 
+
+def run(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     cluster = make_cluster(args.scale, args.seed)
     kinds = Counter(cluster.kind(n) for n in cluster.nodes for _ in n.gpus)

@@ -38,6 +38,7 @@ from pathlib import Path
 import hpack
 import psutil
 
+from benchmarks import results as results_page
 from benchmarks.proxy_latency import ROOT, _stop, _wait_http, running_triton
 from common.callers import Caller, CallerTable, write_table
 from common.quantity import parse_quantity
@@ -227,7 +228,16 @@ def main() -> int:
         default=ROOT,
         help="the source tree whose gateway runs (build/native: the native build, as built)",
     )
+    results_page.add_flag(parser)
     args = parser.parse_args()
+    with results_page.captured() as printed:
+        code = run(args)
+    if code == 0 and args.write_results is not None:
+        results_page.record("held_bytes", printed.getvalue(), page=args.write_results)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
     budget = parse_quantity(args.budget)
     attackers = [f"127.2.1.{n}" for n in range(1, args.pods + 1)]
     attack = args.pods * args.connections * args.streams * (MESSAGE - SHORT)

@@ -8,7 +8,7 @@ h2load for gRPC (a framed ModelInfer request on HTTP/2), and a blocking python g
 grpc-core stack tritonclient uses) for gRPC at concurrency 1; with `--hey`, hey as a second REST
 client at concurrency 1 (its mean time per request, from its rate: hey prints latencies to 0.1 ms).
 
-Two more chains run in the same rounds (issue 14): the full path of a model pod, a relay-mode
+Two more chains run in the same rounds: the full path of a model pod, a relay-mode
 proxy sending from its own address (`--source-address 127.1.0.7`) to the node gateway (`python -m
 proxy.gateway`, its own process, with a caller table mapping that address to add_one), which
 relays to Triton; and the same proxy in front of a second bare relay in front of Triton, the
@@ -24,7 +24,7 @@ every other measure), and the figures are the medians over rounds of the per-rou
 (latency added at c=1) and ratios (throughput kept at c=16), next to the targets (<= 0.25 ms /
 0.2 ms added, >= 85% / 70% kept), each with a 95% bootstrap interval of that median, so a verdict
 the noise could flip shows as one. Each proxy line also says what the proxy costs beyond the bare
-relay of the same round (the part any Python hop pays is the floor's), judged against issue 16's
+relay of the same round (the part any Python hop pays is the floor's), judged against the proxy's
 targets: at c=1 at most +0.05 ms (REST) and +0.08 ms (gRPC, with the grpc client's framing and
 with h2load's, one stream at a time) over the bare relay; at c=16 at least 95% (REST) and 90%
 (gRPC) of its throughput, and at most 1.15x (REST) and 1.3x (gRPC) its CPU time per request, read
@@ -81,6 +81,7 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import results as results_page  # noqa: E402
 from common.callers import Caller, CallerTable, write_table  # noqa: E402
 from proxy import native  # noqa: E402
 from sim.triton import TritonServer, free_port  # noqa: E402
@@ -137,7 +138,7 @@ def _wait_http(url: str, timeout: float = 30.0) -> None:
 @contextmanager
 def running_triton(workdir: Path, private_name: str = "") -> Iterator[TritonServer]:
     """Triton serving MODEL, and the same model under `private_name` too when one is given (as
-    the agent loads a pod's model under its private name, issue 25)."""
+    the agent loads a pod's model under its private name)."""
     repository = workdir / "repository"
     repository.mkdir()
     shutil.copytree(ROOT / "tests" / "models" / MODEL, repository / MODEL)
@@ -545,7 +546,7 @@ class Loads:
         elif measure == "grpc1":
             # With the CPU each of the hop's processes spent per call: at c=1 a call waits for
             # every hop's work on it, so a hop's added latency is mostly this, and it does not
-            # move with the box's noise as the latency does (the explaining counter of issue 25).
+            # move with the box's noise as the latency does (an explaining counter).
             pids = [pid for _, pid in hop.cpu]
             latency, per_calls = grpc_client_latency(hop.grpc, self.message, self.seconds, pids)
             record(measure, name, latency)
@@ -605,7 +606,7 @@ _ROWS = [
     ("gRPC c=16 throughput, h2load", "grpc16", ["floor", "relay", "grpcio"], None, 0.70, 0.90),
 ]
 _CPU_TARGETS = {"restcpu": 1.15, "grpccpu": 1.3}
-"""The proxy's CPU per request at c=16 as a multiple of the bare relay's (issue 16)."""
+"""The proxy's CPU per request at c=16 as a multiple of the bare relay's."""
 
 # (title, measure, most ms the full path may add at c=1 over the proxy alone; None: throughput)
 _GATEWAY_ROWS = [
@@ -617,7 +618,7 @@ _GATEWAY_ROWS = [
     ("gRPC c=16, h2load", "grpc16", None),
 ]
 _GATEWAY_CPU_TARGET = 1.3
-"""The gateway's CPU per request at c=16 as a multiple of the bare relay's (issue 14)."""
+"""The gateway's CPU per request at c=16 as a multiple of the bare relay's."""
 
 
 def _label(measure: str, name: str) -> str:
@@ -737,7 +738,7 @@ def _report_cpu(results: Results) -> None:
     ]
     if per_call:
         # At c=1 a call waits for each hop's work on it: a hop's latency over the bare relay's
-        # follows its CPU over the bare relay's (issue 25: the gateway's gRPC figure).
+        # follows its CPU over the bare relay's (the gateway's gRPC figure).
         print(f"  gRPC c=1, per call (python grpc client): {', '.join(per_call)}")
     print(
         "  (chain: the bare relay behind the proxy; full: the gateway; chain:proxy, full:proxy: "
@@ -746,7 +747,7 @@ def _report_cpu(results: Results) -> None:
 
 
 def _report_gateway(results: Results) -> None:
-    """Issue 14: the full path against the proxy alone, the proxy + one bare relay, and the
+    """The full path against the proxy alone, the proxy + one bare relay, and the
     gateway's CPU against the bare relay's, all paired by round."""
     if ("grpc1", "full") not in results:
         return
@@ -782,7 +783,7 @@ def _report_gateway(results: Results) -> None:
             hop = _paired(results, measure, "chain", not latency, "relay")
             print(f"  {'':30} (one bare relay hop behind the proxy: {_figure(hop, latency)})")
     if ("grpc1cpu", "full") in results and ("grpc1cpu", "chain") in results:
-        # The explaining counter (issue 25): the gateway's CPU per call over the bare relay's in
+        # The explaining counter: the gateway's CPU per call over the bare relay's in
         # the same place, next to the latency the gateway adds over that relay.
         cpu = _paired(results, "grpc1cpu", "full", False, "chain")
         added = _paired(results, "grpc1", "full", False, "chain")
@@ -872,7 +873,7 @@ def main() -> int:
         "--private-name",
         default="",
         help="the full path's gateway maps the model id to this private name in Triton, where "
-        "the model is loaded under it too (issue 25); default: none, as before",
+        "the model is loaded under it too; default: none",
     )
     parser.add_argument(
         "--report",
@@ -882,7 +883,16 @@ def main() -> int:
         help="measure nothing: print the report of figures written by --save, the rounds of "
         "several files (runs of the same code) pooled; only measures every file has count",
     )
+    results_page.add_flag(parser)
     args = parser.parse_args()
+    with results_page.captured() as printed:
+        code = run(parser, args)
+    if code == 0 and args.write_results is not None:
+        results_page.record("proxy_latency", printed.getvalue(), page=args.write_results)
+    return code
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.report:
         saved = load_results(args.report)
         report(saved, len(saved[("grpc1", "direct")]), args.seconds)
