@@ -47,11 +47,11 @@ from binder.errors import (
 )
 from binder.wire import Answer, Connections, Direct, Proxied, Stream, Transport
 from common.events import pod_event
+from common.version import VERSION
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-VERSION = "0.1.0"
 USER_AGENT = f"tritonshare-binder/{VERSION}"
 WATCH_TIMEOUT_SECONDS = 300
 LIST_TIMEOUT_SECONDS = 60.0
@@ -245,6 +245,11 @@ class Kube:
         """Pods whose Binding may have landed although its answer was lost."""
         self._auth: list[tuple[str, str]] = []
         self._auth_until = -math.inf
+
+    @property
+    def server(self) -> str:
+        """The API server's URL, as the kubeconfig or the service account gave it."""
+        return str(self._configuration.host)
 
     def close(self) -> None:
         self._closing.set()

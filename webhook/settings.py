@@ -32,6 +32,7 @@ from common.settings import (
     setting,
     text,
 )
+from common.version import VERSION
 
 
 class SettingsError(ValueError):
@@ -63,7 +64,7 @@ class Settings:
         "image",
         "image of the loader and the proxy",
         text,
-        default="ghcr.io/tritonshare/tritonshare:0.1.0",
+        default=f"ghcr.io/tritonshare/tritonshare:{VERSION}",
     )
     """Image of the loader and the proxy."""
     storage_initializer_image: str = setting(
