@@ -26,6 +26,7 @@ from typing import TextIO
 
 import yaml
 
+from binder import uninstall
 from binder.cache import ClusterCache, Ledger
 from binder.errors import ApiError, BinderError, NotFoundError, SettingsError, UnavailableError
 from binder.kube import JsonObject, Kube, kubeconfig_namespace
@@ -377,7 +378,61 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     )
     why.add_argument("pod", help="POD or NAMESPACE/POD")
     FLAGS.add_to(why)
+    cleanup = commands.add_parser(
+        "uninstall-cleanup",
+        help="after uninstalling, remove the agents' node annotations and resources and the "
+        "Leases tritonshare left behind",
+        description="Remove what tritonshare wrote at run time and Helm or kustomize do not "
+        "delete: the agents' annotations and extended resource on every Node, and the agents' "
+        "and the binder leader's Leases in --system-namespace. Run it after the DaemonSet is "
+        "gone: it refuses while an agent's Lease is live. Needs patch on nodes and nodes/status, "
+        "list and delete on leases.",
+        allow_abbrev=False,
+    )
+    cleanup.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be removed and change nothing",
+    )
+    cleanup.add_argument(
+        "--force",
+        action="store_true",
+        help="clean up even while agents' Leases are live (they write their annotations back)",
+    )
+    FLAGS.add_to(cleanup)
     return parser
+
+
+def uninstall_cleanup(
+    kube: Kube, keys: Keys, system_namespace: str, args: argparse.Namespace, prog: str, out: TextIO
+) -> int:
+    """`uninstall-cleanup`: 0 when done (or nothing was left), 1 when agents still run."""
+    nodes = kube.list_all(kube.nodes())[0]
+    leases = kube.list_all(kube.leases(system_namespace))[0]
+    cleanup = uninstall.plan(nodes, leases, keys, time.time())
+    if cleanup.live_agents and not args.force:
+        print(
+            f"{prog}: the agents of {counted(len(cleanup.live_agents), 'node')} still run "
+            f"({', '.join(cleanup.live_agents)}) and would write their annotations back: "
+            f"uninstall tritonshare first (its DaemonSet), wait until their Leases run out, or "
+            f"pass --force if those nodes are gone",
+            file=sys.stderr,
+        )
+        return 1
+    if cleanup.empty:
+        out.write("Nothing to clean up: no node or Lease carries what tritonshare writes.\n")
+        return 0
+    for line in cleanup.describe():
+        out.write(("would " if args.dry_run else "") + line + "\n")
+    if args.dry_run:
+        return 0
+    uninstall.carry_out(kube, cleanup, system_namespace)
+    touched = len(set(cleanup.annotations) | set(cleanup.resources))
+    out.write(
+        f"Removed tritonshare's annotations and resources from {counted(touched, 'node')} and "
+        f"deleted {counted(len(cleanup.leases), 'Lease')} in {system_namespace}.\n"
+    )
+    return 0
 
 
 def kubeconfig_path(flag: str | None, environ: Mapping[str, str], home: Path) -> str | None:
@@ -465,6 +520,8 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
+        if args.command == "uninstall-cleanup":
+            return uninstall_cleanup(kube, keys, system_namespace, args, prog, out)
         listing = list_cluster(kube, system_namespace)
         published = published_reserve(listing.leases, keys)
         reserve = given_reserve if given_reserve is not None else published or 0
