@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 import kubernetes.client
 
+from benchmarks import command_line
 from common.contract import Keys
 from common.placement import Claim, load_key_ring
 from protos import agent_pb2, agent_pb2_grpc
@@ -239,7 +240,15 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(
+        "agent_install",
+        (
+            "Measures the agent's install throughput for a model directory of --size-mib MiB "
+            "sent in --chunk-kib KiB chunks, and the agent's load overhead over a direct "
+            "Triton load of the same model; medians of --runs runs, side by side, against "
+            "sim/'s API server and a real Triton."
+        ),
+    )
     parser.add_argument("--size-mib", type=int, default=1024, help="weights file size, MiB")
     parser.add_argument("--runs", type=int, default=5, help="runs of each measurement")
     parser.add_argument("--chunk-kib", type=int, default=1024, help="chunk size, KiB")

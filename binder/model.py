@@ -361,8 +361,8 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
             )
         elif not model_id:
             problem = (
-                f"pod has no {keys.model_id} annotation; set it to the Triton model name so the "
-                f"binder can keep one copy of each model revision per node"
+                f"pod has no {keys.model_id} annotation; set it to the model's name, the one its "
+                f"clients send, so the agent knows which model the pod serves"
             )
         elif not is_valid_model_id(model_id):
             try:

@@ -62,7 +62,8 @@ class Keys:
 
     @property
     def model_id(self) -> str:
-        """Pod annotation: the Triton model name, unique per node."""
+        """Pod annotation: the model's public id, the name its clients send (the agent installs
+        each pod's model under a private name in Triton, `common.tritonname`)."""
         return f"{self.prefix}model-id"
 
     @property
@@ -114,7 +115,9 @@ def agent_lease_name(node_name: str) -> str:
 def validate_model_id(model_id: str) -> str:
     """Return `model_id` if it is a valid model id, else raise ContractError saying why."""
     if not isinstance(model_id, str) or not model_id:
-        raise ContractError("model id is empty; set it to the Triton model name")
+        raise ContractError(
+            "model id is empty; set it to the model's name, the one its clients send"
+        )
     if len(model_id) > 128:
         raise ContractError(
             f"model id {model_id[:40]!r}... is {len(model_id)} characters; at most 128 are allowed"

@@ -141,7 +141,8 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
     except ContractError as e:
         where = f"annotation {id_key}" if id_key in annotations else f"the last segment of {uri}"
         raise AnnotationError(
-            f"{where} is not a usable model id ({e}); set {id_key} to the Triton model name"
+            f"{where} is not a usable model id ({e}); set {id_key} to the model's name, the one "
+            f"its clients send"
         ) from e
     concurrency: int | None = None
     if concurrency_key in annotations:

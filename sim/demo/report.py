@@ -211,7 +211,10 @@ def summarize_metrics(result: DemoResult, say: Say) -> None:
         return
     m = result.metrics
     say("")
-    say("Metrics (scraped from the leader binder, the real node's agent and the proxies):")
+    say(
+        "Metrics at this point, after the first inferences (scraped now from the leader binder, "
+        "the real node's agent and the proxies):"
+    )
     attempts = "tritonshare_binder_schedule_attempts_total"
     rows = [
         ("binder: pods scheduled", f"{attempts}{{result=scheduled}}"),

@@ -3,12 +3,13 @@
 Starts the cluster of `sim.demo.scenario` (four GPU nodes in three pools, one tainted; an agent per
 node; two binders; the local node's kubelet), creates the model pods, waits for the binder to
 place them, sends inferences through the proxies of the pods that run for real, and prints what a
-newcomer should see: nodes, GPUs and the models on each, the pending pods with the binder's
-reasons, and a metrics summary. It rolls a model's Deployment to new model files while a client
-sends steadily, and says whether any request failed (`sim.demo.rollout`; it needs each pod's model
-under a private name in Triton, issue 25, and says so when the rollout cannot finish). Then it
-deletes the model pods (the proxies drain and unload their
-models), stops everything and exits 0. `run_demo` returns the facts for the end-to-end test.
+newcomer should see: a metrics summary (printed where it is scraped, after the first
+inferences); nodes, GPUs and the models on each, and the pending pods with the binder's reasons.
+It rolls a model's Deployment to new model files while a client sends steadily, and says
+whether any request failed (`sim.demo.rollout`; it needs each pod's model under a private name in
+Triton, issue 25, and says so when the rollout cannot finish). Then it deletes the model pods (the
+proxies drain and unload their models), stops everything and exits 0. `run_demo` returns the
+facts for the end-to-end test.
 Whatever part of the product is missing from the tree is said plainly, never simulated.
 """
 
@@ -563,7 +564,11 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             _gateway(cluster, result, say)
             say("Inferences after the attempt: every model still answers as its owner's.")
             _infer(cluster, ports, result, say)
+            # Printed where it is scraped: counters of processes the demo goes on to crash or
+            # delete could not be scraped beside the closing table, and figures taken now would
+            # contradict a table drawn later.
             _metrics(cluster, ports, result)
+            summarize_metrics(result, say)
             _retire_short_form(cluster, result, say)
             _overuse(cluster, result, say)
             _rollout(cluster, workdir, result, say)
@@ -582,7 +587,6 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             60,
         )
         print_tables(cluster, result, say)
-        summarize_metrics(result, say)
         say("")
         say("Deleting the model pods: each proxy drains, asks its agent to unload, and exits.")
         addresses = {

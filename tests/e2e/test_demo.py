@@ -149,3 +149,28 @@ def test_the_demos_closing_table_is_the_clis_and_agrees_with_the_api(
         if pod["pod"] == f"models/{GREEDY_POD.name}"
     )
     assert greedy["measured"] == result.overuse_measured == 29 * 1024**3 // 2
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_the_demos_metrics_are_printed_where_they_are_scraped(
+    demo_run: tuple[DemoResult, str],
+) -> None:
+    """The metrics summary is taken after the first inferences, before the demo deletes, crashes
+    and creates pods: it is printed there, never beside the closing table it would contradict."""
+    result, transcript = demo_run
+    lines = transcript.splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith("Metrics at this point"))
+    table = next(i for i, line in enumerate(lines) if line.startswith("Nodes, GPUs and the models"))
+    crash = next(i for i, line in enumerate(lines) if line.startswith("Crashing the leader binder"))
+    assert heading < crash < table
+    summary: dict[str, str] = {}
+    for line in lines[heading + 1 :]:
+        if not line.startswith("  "):
+            break
+        label, _, value = line.strip().rpartition(" ")
+        summary[label.strip()] = value
+    # What the figures say holds at the moment they were scraped.
+    assert summary["binder: pods pending now"] == str(len(result.pending))
+    on_real = [pod for pod, (node, _) in result.placements.items() if node == "t4-node-0"]
+    assert summary["agent: models loaded"] == str(len(on_real))
