@@ -63,6 +63,7 @@ Run: .venv/bin/python -m benchmarks.density [--scale 1 --models 2000 --load 0.85
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import math
 import random

@@ -52,6 +52,7 @@ more rounds narrow the intervals, and `--report` pools the rounds of several sav
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
