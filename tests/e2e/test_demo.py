@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.demo import autoscale
 from sim.demo.report import DemoResult
 from sim.demo.scenario import GREEDY_POD, LATE_POD, NODES, PODS
 
@@ -101,7 +102,22 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     # Deleting the pods drained the proxies, which had the agent unload every model.
     assert result.loaded_after_shutdown == []
     assert "Triton has no model left loaded." in transcript
-    assert result.seconds < 120
+
+    # The model Deployment scaled out on concurrency and back, through a real Prometheus and the
+    # simulated KEDA and HPA: every new replica placed, loaded and answering, no request failed
+    # while it scaled up, nor while it scaled back to one (the removed pods drained).
+    scaled = result.autoscale
+    assert scaled is not None, "prometheus is installed in CI: the autoscaling step must run"
+    assert scaled.peak_ready == 3, (scaled.timeline, scaled.hpa_status)
+    assert scaled.failed == [], scaled.failed[:5]
+    assert scaled.scaled_down_to == 1, scaled.timeline
+    assert scaled.scale_down_failed == [], scaled.scale_down_failed[:5]
+    assert scaled.scale_down_requests > 0
+    assert len(scaled.cold_starts) >= 2
+    for phases in scaled.cold_starts:
+        assert set(phases) == set(autoscale.PHASES), phases
+        assert phases["bound"] <= phases["loaded"] <= phases["ready"] <= phases["first answer"]
+    assert "autoscale: target 1, concurrency 3 -> 3 replicas Ready" in transcript
 
 
 @pytest.mark.slow
