@@ -193,7 +193,6 @@ class LoopShares:
         self.round_end = now + self._round_seconds
         since = now - self._active_seconds
         active = 0
-        by_namespace: dict[str, int] = {}
         total = 0.0
         for share in self._shares:
             spent = share.previous = share.spent
@@ -203,11 +202,15 @@ class LoopShares:
             total += share.previous
             if share.last >= since:
                 active += 1
-                by_namespace[share.namespace] = by_namespace.get(share.namespace, 0) + 1
         if active <= 1:
             for share in self._shares:
                 share.budget = share.fair = math.inf
             return
+        # Counted only now: a pod reading alone, the common case, pays nothing for namespaces.
+        by_namespace: dict[str, int] = {}
+        for share in self._shares:
+            if share.last >= since:
+                by_namespace[share.namespace] = by_namespace.get(share.namespace, 0) + 1
         # A namespace's part, then its pods'. A pod not active is given what the active pods
         # of its namespace have, or a whole namespace's part: the next round counts it.
         part = self._round_seconds / len(by_namespace)
