@@ -22,13 +22,18 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from proxy.policy.refusals import OverloadedError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
-if TYPE_CHECKING:
-    from proxy.policy.inflight import InFlightShares
+
+class NodeBudget(Protocol):
+    """What a limiter needs of the budget its limit is a share of (`policy.inflight`, which
+    imports this module, not the other way round)."""
+
+    def woke(self, limiter: Limiter) -> None:
+        """`limiter`'s pod starts sending: its limit may change before it takes a slot."""
 
 
 class Limiter:
@@ -55,7 +60,7 @@ class Limiter:
         """The pod's share of the event loop that serves it beside other pods (the node
         gateway's, `policy.share`): its connections charge their reads to it and stop reading
         while it is paused. None where the loop serves one pod (the proxy)."""
-        self.node: InFlightShares | None = None
+        self.node: NodeBudget | None = None
         """The node's in-flight budget this pod's limit is a share of (the gateway's); None in a
         proxy, or where the gateway has no node budget."""
         self.sending = False  # counted by `node` as sending
