@@ -89,7 +89,7 @@ class Event(enum.Enum):
     CRASH_SUSPECTED = "crash suspected"  # (crash marker found after Triton's exit)
 
 
-_UNLOAD_CAUSES = (Event.UNLOAD_STARTED, Event.POD_GONE, Event.UNVOUCHED)
+_UNLOAD_CAUSES = (Event.UNLOAD_STARTED, Event.POD_GONE, Event.UNVOUCHED, Event.OVER_REQUEST)
 _RESTING = (Phase.INSTALLED, Phase.FAILED, Phase.LOST)
 
 
@@ -122,7 +122,6 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     unloadable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.IDLE_UNLOADED, Phase.QUARANTINED)
     add(unloadable, _UNLOAD_CAUSES, Phase.UNLOADING)
     add((Phase.CACHED,), (Event.UNLOAD_STARTED,), Phase.UNLOADING)
-    add((Phase.READY, Phase.LOST), (Event.OVER_REQUEST,), Phase.UNLOADING)
     add((Phase.UNLOADING,), (Event.UNLOADED, Event.UNLOAD_FAILED), Phase.INSTALLED)
     add((Phase.UNLOADING, Phase.CACHED), (Event.REMOVED,), Phase.ABSENT)
     # Later steps: files kept after the pod (LRU), idle unload and wake, crash quarantine.

@@ -21,8 +21,12 @@ first; any other pod is refused without learning who the owner is. Installs are 
 limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
 declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
 deadline and a deadline between chunks, and each install writing through its own thread
-with small chunks gathered, so one tenant's slow or chatty stream never holds another's. It
-decides nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
+with small chunks gathered, so one tenant's slow or chatty stream never holds another's.
+
+It orchestrates: which moves a model's life may make, and what the agent reports for it, are
+`agent.lifecycle`'s (each model's `Life` is stepped here, under its lock, around the I/O the step
+stands for); which load or unload uses a GPU's slot next is `agent.gpuqueue`'s. It decides
+nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
 """
 
 from __future__ import annotations

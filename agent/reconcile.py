@@ -17,6 +17,8 @@ On every change of this node's pods (the watch) and every resync period:
 - a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again;
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
   Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded).
+A pass first plans (`Reconciler.plan`: one event of `agent.lifecycle`, or a vouching check,
+per model), then carries the plan out through `agent.models`.
 It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
 Nothing happens before the first pod list: an empty cache must not read as "nothing is wanted".
 """
