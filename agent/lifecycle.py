@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from agent.errors import AgentError
+from agent.errors import ConflictError
 from protos import agent_pb2
 
 
@@ -140,13 +140,13 @@ HELD_LOADED = frozenset({Phase.LOADING, Phase.READY, Phase.LOST, Phase.FAILED, P
 """Phases in which the agent means the model to run (the next pass loads it if Triton lacks it)."""
 
 
-class RefusedTransitionError(AgentError):
+class RefusedTransitionError(ConflictError):
     """An event that may not happen in the model's phase."""
 
     def __init__(self, phase: Phase, event: Event) -> None:
         super().__init__(
-            f"a model {phase.value} cannot take the event {event.value!r}: the agent refuses "
-            f"to act on it; retry once the model's current operation has finished"
+            f"the model is {phase.value} on this node, where {event.value!r} cannot happen: "
+            f"the agent does not act on it; try again once its current operation has finished"
         )
         self.phase = phase
         self.event = event
