@@ -30,7 +30,7 @@ from typing import Protocol
 
 from agent.errors import AgentError, KubeError, TritonUnreachableError
 from agent.events import PodEvents
-from agent.lifecycle import CONDITIONS, ModelState
+from agent.lifecycle import CONDITIONS, PASSING, ModelState
 from agent.models import ModelStatus
 from agent.placement import Proven
 from common.lifecycle import spawn
@@ -39,7 +39,6 @@ from common.logs import subject
 log = logging.getLogger(__name__)
 
 NOT_SERVED_EVENT = "ModelNotServed"
-_MISSING = CONDITIONS[ModelState.ABSENT] or ("False", "ModelMissing")
 REINSTALL_WRITE_SECONDS = 10.0
 REMEMBERED = 10_000
 
@@ -61,7 +60,7 @@ class ConditionWriter(Protocol):
 
 def missing(model_id: str) -> Verdict:
     return Verdict(
-        *_MISSING,
+        *CONDITIONS[ModelState.ABSENT],
         f"model {model_id} is missing on the node (its node pod was replaced or its "
         f"repository lost): the pod's proxy installs it again from the pod's own files",
     )
@@ -76,8 +75,7 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
             "TritonUnavailable",
             f"model {model_id} is not served: the node's Triton is not reachable",
         )
-    said = CONDITIONS[status.state]
-    if said is None:
+    if status.state in PASSING:
         return None
     if status.state is ModelState.ABSENT:
         return missing(model_id)
@@ -91,7 +89,7 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
             f"model {model_id} failed on the node: {status.reason or 'no reason given'}"
         ),
     }
-    return Verdict(*said, messages[status.state])
+    return Verdict(*CONDITIONS[status.state], messages[status.state])
 
 
 class ModelConditions:

@@ -241,13 +241,13 @@ _TRITON_STATES = {
     "UNLOADING": ModelState.UNLOADING,
 }
 
-CONDITIONS: dict[ModelState, tuple[str, str] | None] = {
+CONDITIONS: dict[ModelState, tuple[str, str]] = {
     ModelState.READY: ("True", "ModelReady"),
     ModelState.ABSENT: ("False", "ModelMissing"),
     ModelState.INSTALLED: ("False", "ModelNotLoaded"),
     ModelState.FAILED: ("False", "ModelFailed"),
-    ModelState.LOADING: None,
-    ModelState.UNLOADING: None,
 }
-"""The pod's ModelLoaded condition (status, reason) for each reported state; None: a passing
-state that changes nothing."""
+"""The pod's ModelLoaded condition (status, reason) for each reported state but the passing ones."""
+
+PASSING = frozenset({ModelState.LOADING, ModelState.UNLOADING})
+"""Reported states that change nothing on the pod: they end on their own."""
