@@ -63,11 +63,17 @@ async def test_a_triton_restart_is_an_event_of_the_pass_and_the_model_walks_back
 
     await eventually(ready_again, what="the model READY again after Triton restarted")
     mine = [(event, phase) for n, event, phase in steps if n == name]
-    assert mine[:3] == [
-        (Event.TRITON_RESTARTED, Phase.LOST),
-        (Event.LOAD_STARTED, Phase.LOADING),
-        (Event.LOAD_OK, Phase.READY),
-    ], mine
+    # A load tried while Triton was still starting may go unanswered first: the next pass
+    # raises the event again and loads it.
+    reloaded = mine[: mine.index((Event.LOAD_OK, Phase.READY)) + 1]
+    assert reloaded[0] == (Event.TRITON_RESTARTED, Phase.LOST), mine
+    assert reloaded[-2] == (Event.LOAD_STARTED, Phase.LOADING), mine
+    assert {event for event, _ in reloaded} <= {
+        Event.TRITON_RESTARTED,
+        Event.LOAD_STARTED,
+        Event.LOAD_UNANSWERED,
+        Event.LOAD_OK,
+    }, mine
     status = await running.stub.GetModel(
         agent_pb2.GetModelRequest(model_id="m"), metadata=bearer(token)
     )
