@@ -116,8 +116,10 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     rows[Phase.LOADING, Event.LOAD_REFUSED] = Phase.INSTALLED
     rows[Phase.LOADING, Event.LOAD_UNANSWERED] = Phase.LOST
     add((Phase.WAKING,), (Event.LOAD_REFUSED, Event.LOAD_UNANSWERED), Phase.IDLE_UNLOADED)
-    # Taken over after an agent restart; a recheck that vouches again keeps READY.
-    add((Phase.ABSENT, Phase.INSTALLED, Phase.LOST, Phase.READY), (Event.ADOPTED,), Phase.READY)
+    # Taken over after an agent restart, or vouched for again by a recheck (Triton keeps serving
+    # the version it had when a later load of it failed).
+    adoptable = (Phase.ABSENT, *_RESTING, Phase.READY)
+    add(adoptable, (Event.ADOPTED,), Phase.READY)
     # Unloads, whatever their cause.
     unloadable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.IDLE_UNLOADED, Phase.QUARANTINED)
     add(unloadable, _UNLOAD_CAUSES, Phase.UNLOADING)
