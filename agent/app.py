@@ -70,6 +70,7 @@ def _model_limits(settings: Settings) -> ModelLimits:
             max_instances=settings.max_model_instances,
             max_load_data_bytes=settings.max_load_data_bytes,
             max_threads=settings.max_model_threads,
+            max_versions=settings.max_model_versions,
         ),
         cpu_only=settings.cpu_only,
         unload_timeout=settings.unload_timeout_seconds,
