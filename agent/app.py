@@ -279,6 +279,7 @@ class Agent:
         # event and finish their current step, so none of them is cut off mid-call.
         lifecycle.on_shutdown_finish_tasks("the agent's loops", LOOPS_GRACE_SECONDS)
 
+        await self.node.check_tenant_code(settings.tenant_code_namespaces)
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
 
