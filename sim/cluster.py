@@ -189,7 +189,8 @@ class SimCluster:
         self.tenant_code_namespaces = tuple(tenant_code_namespaces)
         """Namespaces the agents let run their own code in Triton: the scenario's tiny models
         use the Python backend, which a real operator allows only for namespaces it trusts.
-        Every node is then dedicated to them (labelled), and the binders place only them."""
+        Every node is then dedicated to them (labelled), and the binders place only their model
+        pods: a pod of another namespace waits with `node(s) are dedicated to tenant code`."""
         self.admission_policies = admission_policies
         """Run deploy/base's ValidatingAdmissionPolicies in the API server, and the binders with
         their service account's token (the model-pod policy lets only the binder write
