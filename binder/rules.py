@@ -260,7 +260,8 @@ def preferred_affinity_score(constraints: Constraints, node: NodeInfo) -> int:
 
 def kubernetes_reasons(constraints: Constraints, node: NodeInfo) -> list[str]:
     """Every Kubernetes rule the node breaks for these constraints, in kube-scheduler's filter
-    order (NodeUnschedulable, TaintToleration, NodeAffinity); empty when the node fits.
+    order (NodeUnschedulable, TaintToleration, NodeAffinity), then TenantCode's verdict; empty
+    when the node fits.
     kube-scheduler stops at the first failing plugin, so the first reason is the one it reports."""
     reasons = []
     if node.unschedulable and not tolerated(constraints.tolerations, UNSCHEDULABLE_TAINT):
@@ -277,7 +278,8 @@ def kubernetes_reasons(constraints: Constraints, node: NodeInfo) -> list[str]:
 
 
 def first_kubernetes_reason(constraints: Constraints, node: NodeInfo) -> str:
-    """The reason kube-scheduler would report for this node, or "" when the node fits."""
+    """The reason kube-scheduler would report for this node (TenantCode's after its own rules),
+    or "" when the node fits."""
     if node.unschedulable and not tolerated(constraints.tolerations, UNSCHEDULABLE_TAINT):
         return REASON_UNSCHEDULABLE
     taint = first_untolerated_taint(node, constraints.tolerations)
