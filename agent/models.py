@@ -68,6 +68,7 @@ from agent.modelconfig import (
     parse_config,
     pinned_as,
     pinned_config,
+    top_directories,
 )
 from agent.onnxmodel import OnnxFormatError, external_locations
 from agent.ownership import OwnerRecord, OwnerStore
@@ -130,6 +131,15 @@ Chunk = tuple[str, int, bytes]
 GATHER_BYTES = 1024 * 1024
 """Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
 costs one thread hop per MiB, not one per message (larger gathers measured slower: copies)."""
+
+
+def _subdirectories(directory: Path) -> list[str]:
+    """The names of the directory's subdirectories as Triton lists them (links followed)."""
+    try:
+        with os.scandir(directory) as entries:
+            return [entry.name for entry in entries if entry.is_dir()]
+    except OSError:
+        return []
 
 
 def _disk_error(model_id: str, error: OSError) -> AgentError:
@@ -497,10 +507,11 @@ class Models:
             # Triton, which Triton requires to be the directory's.
             config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
             config = parse_config(config_text, model_id)
-            self.limits.policy.check_config(config, model_id, owner.namespace)
+            paths = [e.path for e in manifest.files]
+            versions = self.limits.policy.versions(model_id, top_directories(paths))
+            self.limits.policy.check_config(config, model_id, owner.namespace, versions)
             sizes = {e.path: e.size for e in manifest.files}
             self.limits.policy.check_load_data_files(config, model_id, sizes)
-            paths = [e.path for e in manifest.files]
             for path in onnx_files(config, paths):
                 # Off the event loop: a model file may be gigabytes (mapped, never copied).
                 problem = await self._in_thread(
@@ -611,9 +622,12 @@ class Models:
                 f"it (InstallModel) before loading"
             )
         uuid, index = self._gpu_for(model_id, owner.gpu_uuid)
-        config_path = self.repository.model_dir(name) / "config.pbtxt"
-        config = parse_config(config_path.read_text(errors="replace"), model_id)
-        self.limits.policy.check_config(config, model_id, owner.namespace)
+        directory = self.repository.model_dir(name)
+        config = parse_config((directory / "config.pbtxt").read_text(errors="replace"), model_id)
+        # What Triton will find, not what was installed: the model's own code may have made
+        # directories beside its files since.
+        versions = self.limits.policy.versions(model_id, _subdirectories(directory))
+        self.limits.policy.check_config(config, model_id, owner.namespace, versions)
         sizes = {e.path: e.size for e in manifest.files}
         self.limits.policy.check_load_data_files(config, model_id, sizes)
         pin = self._pin(index)

@@ -34,7 +34,7 @@ import grpc
 import kubernetes.client
 
 from benchmarks import command_line
-from common.contract import Keys
+from common.contract import TENANT_CODE_NODE, Keys
 from common.placement import Claim, load_key_ring
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import start_in_thread
@@ -122,7 +122,8 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
     try:
         api = apiserver.api_client()
         core = kubernetes.client.CoreV1Api(api)
-        node: Any = {"metadata": {"name": NODE}}
+        # Dedicated to tenant code: the agent lets "default" run the Python backend.
+        node: Any = {"metadata": {"name": NODE, "labels": {Keys().tenant_code: TENANT_CODE_NODE}}}
         core.create_node(node)
         pod: Any = {
             "metadata": {

@@ -38,6 +38,7 @@ from binder.report import (
     load_state,
     load_states,
     published_reserve,
+    published_tenant_code,
     status_document,
     write_document,
     write_reserve,
@@ -97,13 +98,15 @@ def fold(
     listing: Listing, keys: Keys, scheduler: str, reserve: int, ring: KeyRing | None = None
 ) -> ClusterCache:
     """The listing folded into the binder's cache, as the binder folds its own lists. Proofs of
-    placement are verified with `ring`, or checked for form only without one."""
+    placement are verified with `ring`, or checked for form only without one; the namespaces
+    allowed tenant code are those the binder's leader publishes."""
     cache = ClusterCache(
         keys,
         Ledger(ClusterState(reserve=reserve)),
         scheduler_name=scheduler,
         listener=_Quiet(),
         placement_keys=None if ring is None else lambda: ring,
+        tenant_code=published_tenant_code(listing.leases, keys),
     )
     cache.replace_nodes(listing.nodes)
     cache.replace_namespaces(listing.namespaces)
@@ -540,7 +543,7 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
         try:
             raw = kube.read_pod(namespace, name)
-            pod = pod_from_api(raw, keys)
+            pod = pod_from_api(raw, keys, cache.tenant_code)
         except NotFoundError:
             print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1

@@ -16,6 +16,8 @@ DEFAULT_SYSTEM_NAMESPACE = "tritonshare-system"
 DEFAULT_AGENT_AUDIENCE = "tritonshare-agent"
 AGENT_LEASE_PREFIX = "tritonshare-agent-"
 BINDER_LEADER_LEASE = "tritonshare-binder"
+TENANT_CODE_NODE = "true"
+"""The value of the tenant-code node label (`Keys.tenant_code`) on a node dedicated to it."""
 
 # Default ports. Triton's own ports are never exposed to tenants. The agent's gRPC port is a
 # hostPort on every GPU node, so it stays clear of node daemons that run with hostNetwork
@@ -99,6 +101,19 @@ class Keys:
         """Pod condition type: True when the node serves the pod's model; written by the pod's
         agent, and by the binder (Unknown) while that agent is down."""
         return f"{self.prefix}ModelLoaded"
+
+    @property
+    def tenant_code(self) -> str:
+        """Node label set by the operator (value `TENANT_CODE_NODE`): the node is dedicated to
+        the model pods of namespaces allowed to run their own code in Triton, and to no other
+        model pod."""
+        return f"{self.prefix}tenant-code"
+
+    @property
+    def tenant_code_namespaces(self) -> str:
+        """Leader Lease annotation written by the binder: the namespaces it places as tenant
+        code, comma-separated, so `tritonshare explain` judges as the binder does."""
+        return f"{self.prefix}tenant-code-namespaces"
 
     @property
     def gpu_mem_reserve(self) -> str:

@@ -223,8 +223,10 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
             assert obj["metadata"]["namespace"] == CUSTOM_NAMESPACE, name_of(obj)
     # The parts parse their arguments into the values given.
     downward = {"NODE_NAME": "gpu-node-1"}
+    dedicated = _the(objects, "DaemonSet", "tritonshare-node-tenant-code")
     agent = parse_agent_settings(
-        [a.replace("$(NODE_NAME)", downward["NODE_NAME"]) for a in _args(objects, "agent")], {}
+        [a.replace("$(NODE_NAME)", downward["NODE_NAME"]) for a in _args((dedicated,), "agent")],
+        {},
     )
     assert agent.listen_grpc == "0.0.0.0:8200" and agent.listen_http == "0.0.0.0:8202"
     assert agent.triton_http_url == "127.0.0.1:8010"
@@ -237,6 +239,7 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     assert binder.listen_http == ("0.0.0.0", 9300)
     assert binder.keys.prefix == "seldon.io/trtis-" and binder.scheduler_name == "shared-gpu"
     assert binder.gpu_mem_reserve == 512 * 1024**2
+    assert set(binder.tenant_code_namespaces) == {"models", "lab"}
     ds = _the(objects, "DaemonSet", "tritonshare-node")
     by_name = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
     assert by_name["agent"]["image"] == "registry.example.com/ts:9.9.9"
@@ -266,6 +269,37 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     rule = _the(objects, "PrometheusRule", "tritonshare")
     exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert f'job="{CUSTOM_NAMESPACE}/tritonshare-node"' in exprs
+
+
+def test_tenant_code_namespaces_get_nodes_of_their_own() -> None:
+    """The agents that allow tenant code run only on the nodes labelled as dedicated to it (a
+    second DaemonSet), the others everywhere else, and the binder gets the same namespaces."""
+    label = "tritonshare.io/tenant-code"
+    objects = render_chart({"agent": {"tenantCodeNamespaces": ["lab"]}})
+    plain = _the(objects, "DaemonSet", "tritonshare-node")
+    dedicated = _the(objects, "DaemonSet", "tritonshare-node-tenant-code")
+    assert "--tenant-code-namespaces=lab" not in _args((plain,), "agent")
+    assert "--tenant-code-namespaces=lab" in _args((dedicated,), "agent")
+    assert "--tenant-code-namespaces=lab" in _args(objects, "binder")
+    terms = plain["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchExpressions": [{"key": label, "operator": "NotIn", "values": ["true"]}]}
+    ]
+    assert dedicated["spec"]["template"]["spec"]["nodeSelector"][label] == "true"
+    # Each DaemonSet owns only its own pods: the second's selector is the first's and the label.
+    assert dedicated["spec"]["selector"]["matchLabels"] == {
+        **plain["spec"]["selector"]["matchLabels"],
+        label: "true",
+    }
+    assert dedicated["spec"]["template"]["metadata"]["labels"][label] == "true"
+    # Without tenant code, one DaemonSet everywhere and a binder that places none.
+    objects = render_chart()
+    assert [name_of(o) for o in objects if o["kind"] == "DaemonSet"] == [name_of(plain)], (
+        "one DaemonSet"
+    )
+    assert not any("tenant-code" in a for a in _args(objects, "binder"))
 
 
 def test_the_example_model_is_deploy_example_and_follows_the_values() -> None:
