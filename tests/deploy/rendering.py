@@ -22,7 +22,14 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 CHART = REPO / "charts" / "tritonshare"
 RELEASE = "tritonshare"
-KUSTOMIZATIONS = ("base", "monitoring", "example", "overlays/production", "overlays/consolidation")
+KUSTOMIZATIONS = (
+    "base",
+    "monitoring",
+    "example",
+    "overlays/example-keda",
+    "overlays/production",
+    "overlays/consolidation",
+)
 
 Obj = dict[str, Any]
 

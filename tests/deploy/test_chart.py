@@ -98,6 +98,16 @@ def _the(objects: tuple[Obj, ...], kind: str, name: str) -> Obj:
     return found[0]
 
 
+def _binary_as_bytes(obj: Obj) -> Obj:
+    """`obj` with its binaryData decoded: kustomize wraps the base64 text at 70 columns, Helm's
+    b64enc does not, and the API server reads both as the same bytes."""
+    if "binaryData" not in obj:
+        return obj
+    decoded = copy.deepcopy(obj)
+    decoded["binaryData"] = {k: base64.b64decode(v) for k, v in obj["binaryData"].items()}
+    return decoded
+
+
 def _without_helm_labels(obj: Obj) -> Obj:
     stripped = copy.deepcopy(obj)
     labels = stripped["metadata"].get("labels", {})
@@ -212,10 +222,11 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
             "kind"
         ].startswith("ValidatingAdmissionPolicy"):
             assert "namespace" not in obj["metadata"], f"{name_of(obj)} is cluster-scoped"
-        elif obj["kind"] == "ConfigMap":
+        elif obj["kind"] == "ConfigMap" and obj["metadata"]["name"] != "add-one-model":
             assert obj["metadata"]["namespace"] == "observability"
         elif obj["kind"] == "Namespace" or obj["metadata"]["name"] in (
             "add-one",
+            "add-one-model",
             "tritonshare-model",
         ):
             assert obj["metadata"].get("namespace", "team-a") == "team-a", name_of(obj)
@@ -273,15 +284,26 @@ def test_the_example_model_is_deploy_example_and_follows_the_values() -> None:
     aside); its pods find the agent and Triton on the ports the node pod publishes, carry the
     prefix's keys, and its autoscaler asks the Prometheus of monitoring.namespace."""
     kubectl = require_executable("kubectl")
-    example = _by_name(render_chart({"example": {"enabled": True}}))
-    for name, obj in _by_name(render(kubectl, "example")).items():
-        assert name in example, f"the chart's example lacks {name}"
-        assert _without_helm_labels(example[name]) == obj, f"{name} differs from deploy/example"
-    without_keda = render_chart({"example": {"enabled": True, "keda": {"enabled": False}}})
-    assert "ScaledObject" not in {o["kind"] for o in without_keda}
+    for values, kustomization in (
+        ({"enabled": True}, "example"),
+        ({"enabled": True, "keda": {"enabled": True}}, "overlays/example-keda"),
+    ):
+        example = _by_name(render_chart({"example": values}))
+        rendered = _by_name(render(kubectl, kustomization))
+        assert {n for n in example if n in rendered or "models" in n} == set(rendered)
+        for name, obj in rendered.items():
+            assert _binary_as_bytes(_without_helm_labels(example[name])) == _binary_as_bytes(obj), (
+                f"{name} differs from deploy/{kustomization}"
+            )
     assert "Deployment/models/add-one" not in _by_name(render_chart())
 
-    objects = render_chart(CUSTOM, namespace=CUSTOM_NAMESPACE)
+    objects = render_chart(
+        {**CUSTOM, "example": {**CUSTOM["example"], "keda": {"enabled": True}}},
+        namespace=CUSTOM_NAMESPACE,
+    )
+    # The model's config names the model id the pods carry, as the loader requires.
+    config = _the(objects, "ConfigMap", "add-one-model")["data"]["config.pbtxt"]
+    assert config.startswith('name: "7"\n'), config
     template = _the(objects, "Deployment", "add-one")["spec"]["template"]
     assert template["metadata"]["annotations"] == {"seldon.io/trtis-model-id": "7"}
     assert template["spec"]["schedulerName"] == "shared-gpu"

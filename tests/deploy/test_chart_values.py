@@ -118,12 +118,13 @@ def test_triton_extra_args_follow_the_charts_and_cannot_undo_the_isolation() -> 
 def test_without_the_monitoring_and_keda_crds_their_objects_are_left_out() -> None:
     """A cluster without the Prometheus Operator or KEDA: `helm install` would fail on a
     PodMonitor, PrometheusRule or ScaledObject, so the chart renders none; the rest is whole."""
-    bare = render_chart({"example": {"enabled": True}}, api_versions=())
+    example = {"example": {"enabled": True, "keda": {"enabled": True}}}
+    bare = render_chart(example, api_versions=())
     kinds = {o["kind"] for o in bare}
     assert not {"PodMonitor", "PrometheusRule", "ScaledObject"} & kinds
     assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "NetworkPolicy"} <= kinds
     _validate(bare)
-    full = render_chart({"example": {"enabled": True}})
+    full = render_chart(example)
     assert {"PodMonitor", "PrometheusRule", "ScaledObject"} <= {o["kind"] for o in full}
     assert {name_of(o) for o in bare} == {
         name_of(o)

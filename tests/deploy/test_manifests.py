@@ -494,9 +494,10 @@ def test_the_example_model_follows_the_contract(kubectl: str) -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]
-    assert spec["nodeSelector"]
+    # Any cluster runs it: no label only some clouds' GPU nodes carry.
+    assert "nodeSelector" not in spec and "affinity" not in spec
     init_names = [c["name"] for c in spec["initContainers"]]
-    assert init_names == ["storage-initializer", "loader"], "the model must be fetched, then loaded"
+    assert init_names == ["model-files", "loader"], "the model must be fetched, then loaded"
     # The token the loader and proxy present to the agent: projected, with the agent's audience.
     [token_volume] = [v for v in spec["volumes"] if v["name"] == "agent-token"]
     [source] = token_volume["projected"]["sources"]
