@@ -571,3 +571,16 @@ def test_with_cert_manager_the_certificate_and_ca_come_from_it() -> None:
     )
     assert "Issuer/tritonshare-webhook" not in own
     assert own["Certificate/tritonshare-webhook"]["spec"]["issuerRef"]["name"] == "corp"
+
+
+def test_the_webhook_with_cert_manager_is_deploy_webhook() -> None:
+    """deploy/webhook (kustomize) is the chart's webhook.enabled with cert-manager TLS, field for
+    field (Helm labels aside): one webhook, two ways to install it."""
+    kubectl = require_executable("kubectl")
+    values = {"webhook": {"enabled": True, "tls": {"certManager": {"enabled": True}}}}
+    chart = _by_name(render_chart(values))
+    base = _by_name(render_chart())
+    rendered = _by_name(render(kubectl, "webhook"))
+    assert set(rendered) == set(chart) - set(base)
+    for name, obj in rendered.items():
+        assert _without_helm_labels(chart[name]) == obj, f"{name} differs from deploy/webhook"

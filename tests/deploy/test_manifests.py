@@ -263,10 +263,47 @@ _PROMETHEUS_RULE = {
         }
     },
 }
+# cert-manager's Issuer and Certificate, as far as deploy/webhook uses them (cert-manager.io/v1).
+_ISSUER = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {"selfSigned": {"type": "object"}, "ca": {"type": "object"}},
+        }
+    },
+}
+_CERTIFICATE = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["secretName", "issuerRef"],
+            "properties": {
+                "secretName": {"type": "string", "minLength": 1},
+                "dnsNames": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                "issuerRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                    },
+                },
+            },
+        }
+    },
+}
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "PodMonitor"): _POD_MONITOR,
     ("monitoring.coreos.com/v1", "PrometheusRule"): _PROMETHEUS_RULE,
     ("keda.sh/v1alpha1", "ScaledObject"): _SCALED_OBJECT,
+    ("cert-manager.io/v1", "Issuer"): _ISSUER,
+    ("cert-manager.io/v1", "Certificate"): _CERTIFICATE,
 }
 CUSTOM_API_VERSIONS = {api_version for api_version, _ in CRD_SCHEMAS}
 
@@ -283,7 +320,13 @@ def check_custom_resource(obj: Mapping[str, Any]) -> None:
 
 def test_custom_resources_have_the_shape_their_operators_expect(kubectl: str) -> None:
     custom = [o for o in everything(kubectl) if o["apiVersion"] in CUSTOM_API_VERSIONS]
-    assert {o["kind"] for o in custom} == {"PodMonitor", "PrometheusRule", "ScaledObject"}
+    assert {o["kind"] for o in custom} == {
+        "PodMonitor",
+        "PrometheusRule",
+        "ScaledObject",
+        "Issuer",
+        "Certificate",
+    }
     for obj in custom:
         check_custom_resource(obj)
     deployments = {o["metadata"]["name"] for o in everything(kubectl) if o["kind"] == "Deployment"}
@@ -572,7 +615,7 @@ def test_every_part_accepts_the_arguments_the_manifests_give_it(kubectl: str) ->
             checked.add(part)
     if missing:
         pytest.skip(f"parts without a settings module yet: {sorted(set(missing))}")
-    assert checked == {"agent", "binder", "loader", "proxy", "proxy.gateway"}
+    assert checked == {"agent", "binder", "loader", "proxy", "proxy.gateway", "webhook"}
 
 
 def _doc_block(starting: str) -> str:
