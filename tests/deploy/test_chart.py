@@ -24,6 +24,7 @@ import kubernetes.client
 import kubernetes_validate
 import pytest
 
+from agent.reserve import DEFAULT_RESERVE
 from agent.settings import parse_settings as parse_agent_settings
 from binder.settings import parse_settings as parse_binder_settings
 from loader.settings import parse_settings as parse_loader_settings
@@ -584,3 +585,15 @@ def test_the_webhook_with_cert_manager_is_deploy_webhook() -> None:
     assert set(rendered) == set(chart) - set(base)
     for name, obj in rendered.items():
         assert _without_helm_labels(chart[name]) == obj, f"{name} differs from deploy/webhook"
+
+
+def test_the_gpu_memory_reserve_defaults_to_the_recommended_figure() -> None:
+    """The chart and the manifests give the binder agent.reserve's DEFAULT_RESERVE (not 0, which
+    places models on memory Triton itself holds)."""
+    kubectl = require_executable("kubectl")
+    for objects in (render_chart(), render(kubectl, "overlays/production")):
+        [binder] = _the(objects, "Deployment", "tritonshare-binder")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        parsed = parse_binder_settings(list(binder["args"]), {})
+        assert parsed.gpu_mem_reserve == DEFAULT_RESERVE
