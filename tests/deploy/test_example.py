@@ -7,8 +7,10 @@ cloud's node label). deploy/overlays/example-keda adds the ScaledObject and noth
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,14 @@ from agent.errors import TenantCodeNotAllowedError
 from agent.modelconfig import ModelPolicy, parse_config
 from agent.onnxmodel import external_locations
 from loader.validate import validate_model_directory
+from sim.modelstore import ModelStore
+from sim.tls import self_signed
 from tests.conftest import require_executable
 from tests.deploy.example_model import MODEL_FILE, build
 from tests.deploy.rendering import DEPLOY, Obj, name_of, pod_spec, render
 from tests.deploy.test_manifests import KEYS
+from webhook.mutation import complete
+from webhook.settings import Settings
 
 MODEL_DIR = DEPLOY / "example" / "model"
 DEMO_MODEL = DEPLOY.parent / "tests" / "models" / "add_one"
@@ -135,6 +141,50 @@ def test_the_copy_makes_the_model_directory_the_loader_reads(kubectl: str, tmp_p
     checked = validate_model_directory(models, "add_one", 64 * 1024**2)
     assert {f.path for f in checked.files} == {"config.pbtxt", "1/model.onnx"}
     assert not any(p.is_symlink() for p in models.rglob("*"))
+    assert (models / "1" / "model.onnx").read_bytes() == MODEL_FILE.read_bytes()
+
+
+def test_the_model_served_from_a_web_server_reaches_the_loader(tmp_path: Path) -> None:
+    """docs/deploy.md's way to serve your own model, with the example's: its directory as a
+    .tar.gz on an HTTPS server (the simulated model store), a pod in the webhook's short form
+    naming it, and the storage initializer the webhook writes (the simulated kubelet's stand-in
+    for KServe's) fetching it; the loader accepts what arrives, byte for byte."""
+    cert, key = self_signed(tmp_path / "tls")
+    store = ModelStore(tmp_path / "store", cert, key)
+    store.start()
+    try:
+        url = store.publish("add_one", MODEL_DIR)
+        pod = {
+            "metadata": {
+                "name": "add-one",
+                "namespace": "models",
+                "labels": {"tritonshare.io/role": "model"},
+                "annotations": {"tritonshare.io/model-uri": url, "tritonshare.io/gpu-mem": "1Gi"},
+            },
+            "spec": {"containers": []},
+        }
+        done = complete(pod, Settings())
+        assert done["metadata"]["annotations"][KEYS.model_id] == "add_one"
+        [initializer] = [
+            c for c in done["spec"]["initContainers"] if c["name"] == "storage-initializer"
+        ]
+        source, target = initializer["args"]
+        models = tmp_path / target.lstrip("/")
+        base = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
+        fetched = subprocess.run(
+            [sys.executable, "-m", "sim.node.storage_initializer", source, str(models)],
+            env={**base, "SSL_CERT_FILE": str(cert)},
+            cwd=DEPLOY.parent,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        store.stop()
+    assert fetched.returncode == 0, fetched.stderr
+    checked = validate_model_directory(models, "add_one", 64 * 1024**2)
+    assert {f.path for f in checked.files} == {"config.pbtxt", "1/model.onnx"}
     assert (models / "1" / "model.onnx").read_bytes() == MODEL_FILE.read_bytes()
 
 
