@@ -255,3 +255,18 @@ def test_the_webhook_answers_only_on_its_port_and_sends_nothing() -> None:
     assert webhook["metadata"]["labels"]["app.kubernetes.io/name"] == "tritonshare-webhook"
     [container] = webhook["spec"]["containers"]
     assert container["ports"][0]["containerPort"] == 8443
+
+
+def test_the_example_fetches_from_a_storage_uri_when_given_one() -> None:
+    """example.storageUri: KServe's storage initializer fetches the URI in place of the shipped
+    ConfigMap, and nothing of the ConfigMap is left."""
+    objects = render_chart({"example": {"enabled": True, "storageUri": "s3://models/add_one"}})
+    _validate(objects)
+    assert "ConfigMap/models/add-one-model" not in {name_of(o) for o in objects}
+    spec = _the(objects, "Deployment", "add-one")["spec"]["template"]["spec"]
+    initializer, loader = spec["initContainers"]
+    assert initializer["name"] == "storage-initializer" and loader["name"] == "loader"
+    assert initializer["args"] == ["s3://models/add_one", "/mnt/models"]
+    assert {v["name"] for v in spec["volumes"]} == {"model", "tmp", "agent-token"}
+    with pytest.raises(helm_python.HelmError):
+        _render_chart({"example": {"enabled": True, "storageUri": "ftp://models/add_one"}})

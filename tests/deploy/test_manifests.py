@@ -657,3 +657,13 @@ def test_the_documented_overlay_moves_monitoring_to_another_namespace(
     assert rule["metadata"]["labels"]["release"] == "prometheus"
     images = {c["image"] for o in objects.values() if (s := pod_spec(o)) for c in containers(s)}
     assert "registry.example.com/tritonshare:0.1.0" in images
+
+
+def test_every_mount_names_a_volume_of_its_pod_and_every_volume_is_mounted(kubectl: str) -> None:
+    """The schema cannot see it: a mount of a missing volume fails only when the pod is created,
+    and a volume nothing mounts is left over from an edit."""
+    for obj, spec in workloads(kubectl):
+        volumes = {v["name"] for v in spec.get("volumes", [])}
+        mounted = {m["name"] for c in containers(spec) for m in c.get("volumeMounts", [])}
+        assert mounted <= volumes, f"{name_of(obj)} mounts {sorted(mounted - volumes)}, no volume"
+        assert volumes <= mounted, f"{name_of(obj)} mounts none of {sorted(volumes - mounted)}"
