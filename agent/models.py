@@ -697,12 +697,18 @@ class Models:
         return self._status(name, await self.triton.state(name), manifest)
 
     async def _abandon(self, name: str) -> None:
-        """Ask Triton to unload a load given up on mid-way; not waited for: Triton finishes the
-        load first, and the slot is the next turn's meanwhile."""
+        """Ask Triton to unload a load given up on mid-way. Triton answers once the load has
+        ended (it cannot stop one), or the call times out first; either way the GPU's slot is
+        the next turn's already."""
         try:
             await self.triton.unload(name)
         except AgentError as e:
-            log.warning("Unloading abandoned model %s failed (%s).", name, e)
+            log.warning(
+                "Triton has not confirmed the unload of abandoned model %s (%s): it unloads it "
+                "once the load it started has ended.",
+                name,
+                e,
+            )
 
     def _timed_out(self, size: int, bound: float) -> LoadTimedOutError:
         return LoadTimedOutError(
