@@ -90,10 +90,12 @@ async def test_one_namespace_s_queued_loads_delay_another_s_by_one_load(
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """team-a queues five loads of two seconds each on GPU 0; team-b's one load, asked while
-    at least three of them wait, is granted the slot after the one holding it. First come, first
-    served made it wait for all of them."""
+    at least three of them wait, is granted the slot right after the one holding it (no load of
+    team-a is granted between its ask and its grant). First come, first served made it wait for
+    every one of them."""
     running = await start_custom_agent()
     namespaces(kube_api, "team-a", "team-b")
     slow = SLEEPS.format(seconds=2)
@@ -105,24 +107,38 @@ async def test_one_namespace_s_queued_loads_delay_another_s_by_one_load(
     tokens["b0"] = await pod_with_model(
         running, apiserver, kube_api, model(tmp_path, "b0"), "b0", "team-b"
     )
-    done: list[str] = []
-
-    async def loaded(name: str) -> Any:
-        status = await load(running, name, tokens[name])
-        done.append(name)
-        return status
-
-    team_a = [asyncio.create_task(loaded(f"a{i}")) for i in range(5)]
     queue, gpu = running.agent.models.gpu_queue, running.mock.gpus[0].uuid
+    b0 = name_in_triton(kube_api, "b0", "b0", "team-b")
+    # What the queue did, in order: ("ask", name), ("grant", name).
+    log: list[tuple[str, str]] = []
+    real_ask, real_done = queue.ask, queue.done
+
+    def ask(*args: Any, **kwargs: Any) -> Any:
+        turn = real_ask(*args, **kwargs)
+        log.append(("ask", turn.name))
+        if queue.holder(turn.gpu) == turn:
+            log.append(("grant", turn.name))
+        return turn
+
+    def done(turn: Any, now: float) -> Any:
+        following = real_done(turn, now)
+        if following is not None:
+            log.append(("grant", following.name))
+        return following
+
+    monkeypatch.setattr(queue, "ask", ask)
+    monkeypatch.setattr(queue, "done", done)
+    team_a = [asyncio.create_task(load(running, f"a{i}", tokens[f"a{i}"])) for i in range(5)]
     await eventually(lambda: len(queue.waiting(gpu)) >= 3, what="team-a's loads to queue")
-    before = len(done)
-    status = await loaded("b0")
+    status = await load(running, "b0", tokens["b0"])
     assert status.state == READY, status.reason
     statuses = await asyncio.gather(*team_a)
     assert [s.state for s in statuses] == [READY] * 5, [s.reason for s in statuses]
-    ahead = done.index("b0") - before
-    assert ahead <= 1, f"team-b's load waited for {ahead} of team-a's: {done}"
-    assert len(done) - done.index("b0") - 1 >= 2, done
+    asked, granted = log.index(("ask", b0)), log.index(("grant", b0))
+    between = [name for event, name in log[asked:granted] if event == "grant"]
+    assert between == [], f"team-b's load waited for {between} after it asked: {log}"
+    after = [name for event, name in log[granted:] if event == "grant" and name != b0]
+    assert len(after) >= 2, log
 
 
 async def test_a_load_that_always_fails_is_backed_off_then_given_up(
