@@ -729,10 +729,13 @@ class Models:
         model_id = owner.model_id
         if not uuid or index < 0:
             bound = self._load_budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
+            timeout = asyncio.timeout(bound)
             try:
-                async with asyncio.timeout(bound):
+                async with timeout:
                     await self.triton.load(name, override)
             except TimeoutError as e:
+                if not timeout.expired():
+                    raise
                 raise self._timed_out(size, bound or 0.0) from e
             return
         window = self._gpu_window(uuid, Work.LOAD, name, owner.namespace, size)
@@ -797,10 +800,13 @@ class Models:
                 yield
             else:
                 bound = deadline - self.clock()
+                timeout = asyncio.timeout(bound)
                 try:
-                    async with asyncio.timeout(bound):
+                    async with timeout:
                         yield
                 except TimeoutError as e:
+                    if not timeout.expired():
+                        raise
                     raise self._timed_out(size, self._load_budget(turn) or 0.0) from e
         finally:
             self._pass_on(turn)
