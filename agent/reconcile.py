@@ -15,6 +15,8 @@ On every change of this node's pods (the watch) and every resync period:
   pinned to the owner's GPU); otherwise it is taken out of Triton, and loaded again from the
   owner's files when those are intact, with a Warning Event on the pod either way;
 - a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again;
+  one whose load failed waits a resync period, doubling per failure in a row up to a cap, and
+  after `max_load_attempts` failures is not loaded again (its pod is told, once);
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
   Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded).
 A pass first plans (`Reconciler.plan`: one event of `agent.lifecycle`, or a vouching check,
@@ -84,7 +86,7 @@ class Reconciler:
         orphan_grace_seconds: float = 30.0,
         resync_seconds: float = 60.0,
         load_backoff_max_seconds: float = 300.0,
-        max_load_attempts: int = 0,
+        max_load_attempts: int = 5,
         triton_poll_seconds: float = 2.0,
         wake: asyncio.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
