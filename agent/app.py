@@ -79,6 +79,10 @@ def _model_limits(settings: Settings) -> ModelLimits:
         install_idle=settings.install_idle_seconds,
         install_first_chunk=settings.install_first_chunk_seconds,
         gpu_mem_reserve=settings.gpu_mem_reserve,
+        load_timeout_base=settings.load_timeout_base_seconds,
+        load_timeout_per_gib=settings.load_timeout_per_gib_seconds,
+        load_timeout=settings.load_timeout_seconds,
+        max_load_attempts=settings.max_load_attempts,
     )
 
 
@@ -172,6 +176,8 @@ class Agent:
             self.events,
             orphan_grace_seconds=settings.orphan_grace_seconds,
             resync_seconds=settings.resync_seconds,
+            load_backoff_max_seconds=settings.load_backoff_max_seconds,
+            max_load_attempts=settings.max_load_attempts,
             triton_poll_seconds=settings.triton_poll_seconds,
             enforcement=settings.gpu_mem_enforcement,
             fail_pod=self.kube.fail_pod,

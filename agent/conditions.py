@@ -6,9 +6,10 @@ pod, and writes the condition only when its status or reason changes. The status
 each state are `agent.lifecycle.CONDITIONS`'; this module adds the message: `True` (ModelReady) when
 the model is READY; `False` when it is missing (ModelMissing: the node pod was replaced or the
 repository lost; the pod's proxy reinstalls it), installed but not loaded (ModelNotLoaded),
-failed (ModelFailed, with Triton's reason), or Triton is down (TritonUnavailable). A change to
-False also records a Warning Event (ModelNotServed), deduplicated per pod and reason by
-`agent.events`. LOADING and UNLOADING are passing states and change nothing.
+failed (ModelFailed, with Triton's reason; ModelLoadGivenUp once its loads are no longer tried),
+or Triton is down (TritonUnavailable). A change to False also records a Warning Event
+(ModelNotServed), deduplicated per pod and reason by `agent.events`. LOADING and UNLOADING are
+passing states and change nothing.
 
 Pods still in their loader are not judged (their loader reports), nor pods being deleted. When
 the agent itself is down, nobody here writes: the binder's `agentdown` marks the pods instead
@@ -39,6 +40,8 @@ from common.logs import subject
 log = logging.getLogger(__name__)
 
 NOT_SERVED_EVENT = "ModelNotServed"
+GIVEN_UP_REASON = "ModelLoadGivenUp"
+"""The reason of a FAILED model whose loads the agent no longer tries (--max-load-attempts)."""
 REINSTALL_WRITE_SECONDS = 10.0
 REMEMBERED = 10_000
 
@@ -89,6 +92,8 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
             f"model {model_id} failed on the node: {status.reason or 'no reason given'}"
         ),
     }
+    if status.given_up:
+        return Verdict("False", GIVEN_UP_REASON, messages[status.state])
     return Verdict(*CONDITIONS[status.state], messages[status.state])
 
 

@@ -78,6 +78,13 @@ class DeadlineExceededError(AgentError):
     reason = "deadline_exceeded"
 
 
+class LoadTimedOutError(DeadlineExceededError):
+    """A load held its GPU's slot past its bound (`agent.gpuqueue.load_budget`) and was
+    abandoned."""
+
+    reason = "load_timed_out"
+
+
 class ConflictError(AgentError):
     """The model is in a state that forbids the request (for example still loaded)."""
 

@@ -204,19 +204,30 @@ def step(life: Life, event: Event, now: float, reason: str = "", rules: Rules = 
     return replace(life, phase=to)
 
 
+def given_up(life: Life, attempts: int) -> bool:
+    """Whether the model's loads were refused `attempts` times in a row (0: never given up):
+    none is tried again until an install succeeds or its pod is recreated (a new name)."""
+    return attempts > 0 and bool(life.failure) and life.failures >= attempts
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """When a refused load may be tried again by the reconciler: `first` seconds after the
-    refusal, times `factor` per refusal in a row, at most `cap` seconds."""
+    refusal, times `factor` per refusal in a row, at most `cap` seconds; never after
+    `attempts` refusals in a row (0: no such bound)."""
 
     first: float
     factor: float = 1.0
     cap: float = float("inf")
+    attempts: int = 0
 
     def retry_at(self, life: Life) -> float:
-        """When the model's next load may start (0: at once, no refusal is remembered)."""
+        """When the model's next load may start (0: at once, no refusal is remembered;
+        infinity: given up)."""
         if not life.failure:
             return 0.0
+        if given_up(life, self.attempts):
+            return float("inf")
         delay = self.first * self.factor ** max(life.failures - 1, 0)
         return life.failed_at + min(delay, self.cap)
 

@@ -178,7 +178,7 @@ class AgentMetrics:
         )
         self.reconciles = Counter(
             "tritonshare_agent_reconcile_actions",
-            "Reconciliation actions (orphan_removed, adopted, reloaded)",
+            "Reconciliation actions (orphan_removed, adopted, reloaded, load_given_up)",
             ["action"],
             registry=r,
         )

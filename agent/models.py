@@ -49,15 +49,16 @@ from agent.errors import (
     ConflictError,
     DeadlineExceededError,
     InvalidRequestError,
+    LoadTimedOutError,
     NotFoundError,
     OwnedByAnotherPodError,
     ResourceExhaustedError,
     TritonError,
     TritonUnreachableError,
 )
-from agent.gpuqueue import GpuQueue, Turn, Work
+from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
 from agent.inventory import GpuInfo, GpuSnapshot
-from agent.lifecycle import Event, Life, ModelState, Phase, reported, step
+from agent.lifecycle import Event, Life, ModelState, Phase, given_up, reported, step
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import (
@@ -100,6 +101,8 @@ class ModelStatus:
     pod: str = ""
     triton_name: str = ""
     """The model's name in Triton (its pod's private name, or a legacy model's public id)."""
+    given_up: bool = False
+    """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,14 @@ class ModelLimits:
     """Seconds an install may wait for its first chunk."""
     gpu_mem_reserve: int = 0
     """Bytes of each GPU no model may be admitted to use."""
+    load_timeout_base: float = 30.0
+    """Seconds any load may hold its GPU's slot, plus `load_timeout_per_gib` per GiB of files."""
+    load_timeout_per_gib: float = 60.0
+    """Seconds a load may hold its GPU's slot per GiB of the model's files."""
+    load_timeout: float = 600.0
+    """The most seconds any load may take, whatever its size."""
+    max_load_attempts: int = 5
+    """Loads refused in a row after which none is tried until the model changes (0: no bound)."""
 
 
 class Models:
@@ -246,7 +257,10 @@ class Models:
         self._pods = pods
         self.metrics = metrics
         self.ledger = ledger or MemoryLedger()
-        self.gpu_queue = GpuQueue()
+        self._load_budget = load_budget(
+            limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
+        )
+        self.gpu_queue = GpuQueue(self._load_budget)
         self._granted: dict[int, asyncio.Future[None]] = {}
         """Turn number -> what its waiter awaits until the GPU queue grants it."""
         self.clock = clock
@@ -641,11 +655,27 @@ class Models:
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
             return self._status(name, entry, manifest)
+        if given_up(record.life, self.limits.max_load_attempts):
+            # Each try holds the GPU's slot: a model that never loads must not hold it forever.
+            return self._status(name, entry, manifest)
         self._step(name, record, Event.LOAD_STARTED)
         record.gpu_uuid, record.gpu_index = uuid, index
         started = self.clock()
         try:
-            await self._load_measured(name, override, owner, uuid, index)
+            await self._load_measured(name, override, owner, uuid, index, manifest.total_bytes)
+        except LoadTimedOutError as e:
+            self._step(name, record, Event.LOAD_FAILED, str(e))
+            self.metrics.load_failures.labels(e.reason).inc()
+            log.warning(
+                "Model %s of pod %s was abandoned: %s",
+                model_id,
+                owner.key,
+                e,
+                extra=subject(pod=owner.key, model=model_id),
+            )
+            await self._abandon(name)
+            # Triton may still be loading it: the answer is the agent's, the load is over.
+            return self._status(name, None, manifest)
         except TritonUnreachableError:
             self._step(name, record, Event.LOAD_UNANSWERED)
             self.metrics.load_failures.labels("triton_unreachable").inc()
@@ -680,8 +710,31 @@ class Models:
             )
         return self._status(name, await self.triton.state(name), manifest)
 
+    async def _abandon(self, name: str) -> None:
+        """Ask Triton to unload a load given up on mid-way. Triton answers once the load has
+        ended (it cannot stop one), or the call times out first; either way the GPU's slot is
+        the next turn's already."""
+        try:
+            await self.triton.unload(name)
+        except AgentError as e:
+            log.warning(
+                "Triton has not confirmed the unload of abandoned model %s (%s): it unloads it "
+                "once the load it started has ended.",
+                name,
+                e,
+            )
+
+    def _timed_out(self, size: int, bound: float) -> LoadTimedOutError:
+        return LoadTimedOutError(
+            f"its load took longer than the {bound:g} s this node allows a model of "
+            f"{size / GIB:.2f} GiB (--load-timeout-base-seconds plus "
+            f"--load-timeout-per-gib-seconds per GiB of files, at most --load-timeout-seconds); "
+            f"the agent abandoned and unloaded it: make the model load faster, or ask the "
+            f"operator to raise those flags"
+        )
+
     async def _load_measured(
-        self, name: str, override: str, owner: Proven, uuid: str, index: int
+        self, name: str, override: str, owner: Proven, uuid: str, index: int, size: int = 0
     ) -> None:
         """Load, admitted and measured when the model's GPU can be read: one load or unload at
         a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
@@ -689,9 +742,18 @@ class Models:
         to it (`agent.memory` decides whose the window's growth is)."""
         model_id = owner.model_id
         if not uuid or index < 0:
-            await self.triton.load(name, override)
+            bound = self._load_budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
+            timeout = asyncio.timeout(bound)
+            try:
+                async with timeout:
+                    await self.triton.load(name, override)
+            except TimeoutError as e:
+                if not timeout.expired():
+                    raise
+                raise self._timed_out(size, bound or 0.0) from e
             return
-        async with self._gpu_window(uuid, Work.LOAD, name, owner.namespace) as before:
+        window = self._gpu_window(uuid, Work.LOAD, name, owner.namespace, size)
+        async with window as before:
             if before is not None:
                 problem = admission_problem(
                     before,
@@ -731,11 +793,12 @@ class Models:
 
     @contextlib.asynccontextmanager
     async def _gpu_turn(
-        self, uuid: str, work: Work, name: str, namespace: str
+        self, uuid: str, work: Work, name: str, namespace: str, size: int = 0
     ) -> AsyncIterator[None]:
         """Hold the GPU's slot for one turn, waiting as long as the GPU queue
-        (`agent.gpuqueue`) says."""
-        turn = self.gpu_queue.ask(uuid, work, name, namespace, self.clock())
+        (`agent.gpuqueue`) says; a turn still at work past its budget is cut short
+        (LoadTimedOutError) and the slot passed on."""
+        turn = self.gpu_queue.ask(uuid, work, name, namespace, self.clock(), size)
         if self.gpu_queue.holder(uuid) != turn:
             granted = asyncio.get_running_loop().create_future()
             self._granted[turn.number] = granted
@@ -746,7 +809,19 @@ class Models:
                 self._pass_on(turn)
                 raise
         try:
-            yield
+            deadline = self.gpu_queue.deadline(uuid)
+            if deadline is None:
+                yield
+            else:
+                bound = deadline - self.clock()
+                timeout = asyncio.timeout(bound)
+                try:
+                    async with timeout:
+                        yield
+                except TimeoutError as e:
+                    if not timeout.expired():
+                        raise
+                    raise self._timed_out(size, self._load_budget(turn) or 0.0) from e
         finally:
             self._pass_on(turn)
 
@@ -760,12 +835,12 @@ class Models:
 
     @contextlib.asynccontextmanager
     async def _gpu_window(
-        self, uuid: str, work: Work, name: str, namespace: str = ""
+        self, uuid: str, work: Work, name: str, namespace: str = "", size: int = 0
     ) -> AsyncIterator[GpuInfo | None]:
         """A measured window on one GPU: no other load or unload on it meanwhile, its change
         since the last poll observed first (so it is not billed to what the window does), and
         the GPU marked busy for the pollers; yields the reading before (None: unreadable)."""
-        async with self._gpu_turn(uuid, work, name, namespace):
+        async with self._gpu_turn(uuid, work, name, namespace, size):
             before = await self._gpus.read_gpu(uuid)
             if before is not None:
                 self._unexplained(self.ledger.observe_gpu(before))
@@ -873,10 +948,20 @@ class Models:
     ) -> ModelStatus:
         record = self._records.get(name) or _Record()
         state = reported(record.life, entry.state if entry else "", manifest is not None)
+        reason = record.life.failure if state is ModelState.FAILED else ""
+        attempts = self.limits.max_load_attempts
+        stopped = state is ModelState.FAILED and given_up(record.life, attempts)
+        if stopped:
+            reason = (
+                f"its load failed {record.life.failures} times in a row (--max-load-attempts "
+                f"{attempts}); it is not tried again until its files are installed again or "
+                f"the pod is recreated. The last failure: {reason}"
+            )
         return ModelStatus(
             model_id=self.public_id(name),
             state=state,
-            reason=record.life.failure if state is ModelState.FAILED else "",
+            reason=reason,
+            given_up=stopped,
             manifest_digest=manifest.digest if manifest else "",
             gpu_uuid=record.gpu_uuid,
             gpu_index=record.gpu_index,

@@ -15,6 +15,8 @@ On every change of this node's pods (the watch) and every resync period:
   pinned to the owner's GPU); otherwise it is taken out of Triton, and loaded again from the
   owner's files when those are intact, with a Warning Event on the pod either way;
 - a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again;
+  one whose load failed waits a resync period, doubling per failure in a row up to a cap, and
+  after `max_load_attempts` failures is not loaded again (its pod is told, once);
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
   Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded).
 A pass first plans (`Reconciler.plan`: one event of `agent.lifecycle`, or a vouching check,
@@ -36,7 +38,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.events import PodEvents
-from agent.lifecycle import Event, RetryPolicy
+from agent.lifecycle import Event, Life, RetryPolicy
 from agent.memory import Excess
 from agent.metrics import AgentMetrics
 from agent.models import Models
@@ -83,6 +85,8 @@ class Reconciler:
         fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
         orphan_grace_seconds: float = 30.0,
         resync_seconds: float = 60.0,
+        load_backoff_max_seconds: float = 300.0,
+        max_load_attempts: int = 5,
         triton_poll_seconds: float = 2.0,
         wake: asyncio.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -99,8 +103,16 @@ class Reconciler:
         self.resync_seconds = resync_seconds
         self.triton_poll_seconds = triton_poll_seconds
         self._clock = clock
-        # A refused load is tried again once per resync period, however often it was refused.
-        self._retry = RetryPolicy(first=resync_seconds)
+        # A refused load is tried again after a resync period, twice as long after each refusal
+        # in a row, and not at all after `max_load_attempts`: each try holds its GPU's slot.
+        self._retry = RetryPolicy(
+            first=resync_seconds,
+            factor=2.0,
+            cap=load_backoff_max_seconds,
+            attempts=max_load_attempts,
+        )
+        self._given_up: set[str] = set()
+        """Names whose pods were told their loads are given up (told once per name)."""
         self.triton_live = False
         self.passes = 0
         self._wake = wake or asyncio.Event()
@@ -169,6 +181,7 @@ class Reconciler:
                 continue
             plan[name] = Action(name, Event.POD_GONE)
         records = models.known_records()
+        stopped: set[str] = set()
         for name, pod in sorted(wanted.items()):
             if models.is_busy(name):
                 continue
@@ -184,8 +197,12 @@ class Reconciler:
             if name not in on_disk or not should_run:
                 continue
             if record is not None and now < self._retry.retry_at(record.life):
+                if self._retry.retry_at(record.life) == float("inf"):
+                    stopped.add(name)
+                    self._announce_given_up(name, pod, record.life)
                 continue
             plan[name] = Action(name, Event.TRITON_RESTARTED, pod)
+        self._given_up &= stopped
         for over in self.models.ledger.over():
             name = over.model.model_id
             owner = wanted.get(name)
@@ -194,6 +211,22 @@ class Reconciler:
             # Enforcing the limit comes first.
             plan[name] = Action(name, Event.OVER_REQUEST, owner, over)
         return plan
+
+    def _announce_given_up(self, name: str, pod: Proven, life: Life) -> None:
+        """Tell the pod, once, that its model's loads are given up (its condition says so too,
+        from `Models.status`)."""
+        if name in self._given_up:
+            return
+        self._given_up.add(name)
+        self.metrics.reconciles.labels("load_given_up").inc()
+        message = (
+            f"model {pod.model_id} ({name} in Triton) failed to load {life.failures} times in a "
+            f"row (--max-load-attempts {self._retry.attempts}); the tritonshare agent does not "
+            f"try again until the model's files are installed again or the pod is recreated. "
+            f"The last failure: {life.failure}"
+        )
+        log.warning("%s.", message, extra=subject(pod=pod.key, model=pod.model_id))
+        self.events.warn(pod.key, pod.uid, "ModelLoadGivenUp", message)
 
     async def _act(self, action: Action) -> None:
         name, owner = action.name, action.owner

@@ -244,9 +244,44 @@ class Settings:
     )
     """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
     load_timeout_seconds: float = setting(
-        "load-timeout-seconds", "seconds a Triton load may take", seconds(), default="600"
+        "load-timeout-seconds",
+        "seconds any Triton load may take (the cap of the per-load bound)",
+        seconds(),
+        default="600",
     )
-    """Seconds a Triton load may take."""
+    """Seconds any Triton load may take: the cap of the bound that grows with the model's size."""
+    load_timeout_base_seconds: float = setting(
+        "load-timeout-base-seconds",
+        "seconds a load may hold its GPU, plus --load-timeout-per-gib-seconds per GiB of files",
+        seconds(positive=True),
+        default="30",
+    )
+    """Seconds a load may hold its GPU's slot whatever its size; past its bound it is abandoned
+    (unloaded, counted a failed load) and the slot passed on."""
+    load_timeout_per_gib_seconds: float = setting(
+        "load-timeout-per-gib-seconds",
+        "seconds a load may hold its GPU per GiB of the model's files",
+        seconds(),
+        default="60",
+    )
+    """Seconds a load may hold its GPU's slot per GiB of the model's files, on top of
+    --load-timeout-base-seconds, up to --load-timeout-seconds."""
+    max_load_attempts: int = setting(
+        "max-load-attempts",
+        "failed loads in a row after which a model is not tried again (0: no bound)",
+        whole(minimum=0),
+        default="5",
+    )
+    """Loads of one model refused (or abandoned) in a row after which the agent stops trying
+    until its files are installed again or its pod is recreated; 0: it never stops."""
+    load_backoff_max_seconds: float = setting(
+        "load-backoff-max-seconds",
+        "the longest wait before a failed load is tried again",
+        seconds(positive=True),
+        default="300",
+    )
+    """The wait before a failed load is tried again starts at --resync-seconds and doubles per
+    failure in a row, up to this many seconds."""
     token_cache_seconds: float = setting(
         "token-cache-seconds",
         "seconds a TokenReview answer is reused for the same token",

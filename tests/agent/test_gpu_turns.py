@@ -1,5 +1,6 @@
 """The agent's waits at a GPU's slot follow the GPU queue's grants: one turn at a time, in the
-order asked, and a waiter cancelled while it waits (or just as it is granted) passes its turn on."""
+order the queue grants, a waiter cancelled while it waits (or just as it is granted) passes its
+turn on, and a turn past its budget is cut short."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.gpuqueue import Turn, Work
+import pytest
+
+from agent.errors import LoadTimedOutError
+from agent.gpuqueue import GpuQueue, Turn, Work
 from agent.models import Models
 from tests.agent.test_ownership import owner_models
 
@@ -65,5 +69,32 @@ async def test_turns_are_taken_one_at_a_time_in_the_order_asked(tmp_path: Path) 
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         assert [tasks[n].cancelled() for n in "abcde"] == [False, True, False, True, False]
         assert asked(models) == [] and models._granted == {}
+    finally:
+        await models.close()
+
+
+async def test_a_turn_past_its_budget_is_cut_short_and_the_slot_passed_on(tmp_path: Path) -> None:
+    models = await owner_models(tmp_path, alive=True)
+    try:
+        models.gpu_queue = GpuQueue(lambda turn: 0.05 if turn.name == "slow" else None)
+        entered: list[str] = []
+        held_for_ever = asyncio.Event()
+        slow = asyncio.create_task(take_turn(models, "slow", entered, held_for_ever))
+        await until(lambda: entered == ["slow"], "slow holding the slot")
+        done = asyncio.Event()
+        done.set()
+        # Granted only once the slow turn is cut short at its budget.
+        await take_turn(models, "next", entered, done)
+        with pytest.raises(LoadTimedOutError) as cut:
+            await slow
+        assert "--load-timeout-base-seconds" in str(cut.value)
+        assert entered == ["slow", "next"] and asked(models) == []
+
+        # A TimeoutError of the turn's own work, within its budget, is not the budget's.
+        models.gpu_queue = GpuQueue(lambda turn: 60.0)
+        with pytest.raises(TimeoutError) as own:
+            async with models._gpu_turn("GPU-a", Work.LOAD, "m", "team-a"):
+                raise TimeoutError("the work's own")
+        assert not isinstance(own.value, LoadTimedOutError) and asked(models) == []
     finally:
         await models.close()

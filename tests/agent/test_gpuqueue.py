@@ -1,9 +1,9 @@
-"""Turns at each GPU's load slot, in fake time: first come first served per GPU, GPUs
+"""Turns at each GPU's load slot, in fake time: round the namespaces per GPU (FIFO within one), GPUs
 independent, a waiter that gives up keeps the others' order, and each turn's budget."""
 
 from __future__ import annotations
 
-from agent.gpuqueue import GpuQueue, Turn, Work
+from agent.gpuqueue import GpuQueue, Turn, Work, load_budget
 
 
 def test_turns_on_one_gpu_are_granted_first_come_first_served() -> None:
@@ -66,3 +66,52 @@ def test_without_a_budget_no_turn_is_ever_overdue() -> None:
     queue.ask("GPU-a", Work.LOAD, "m1", "ns", 0.0)
     assert queue.deadline("GPU-a") is None and queue.overdue(1e9) == []
     assert queue.deadline("GPU-b") is None
+
+
+def test_the_slot_goes_round_the_namespaces_waiting_fifo_within_each() -> None:
+    queue = GpuQueue()
+    a = [queue.ask("GPU-a", Work.LOAD, f"a{i}", "team-a", float(i)) for i in range(5)]
+    b = queue.ask("GPU-a", Work.LOAD, "b0", "team-b", 10.0)
+    c = [queue.ask("GPU-a", Work.WAKE, f"c{i}", "team-c", 11.0 + i) for i in range(2)]
+    granted = [queue.holder("GPU-a")]
+    now = 20.0
+    while (turn := granted[-1]) is not None:
+        granted.append(queue.done(turn, now))
+        now += 1
+    # team-b's one load waits for one of team-a's (the one holding the slot when it asked);
+    # team-c, not served yet, goes before team-a's second.
+    assert granted[:-1] == [a[0], b, c[0], a[1], c[1], a[2], a[3], a[4]]
+    assert queue.holder("GPU-a") is None and queue._slots == {}
+
+
+def test_a_namespace_that_comes_back_is_not_held_behind_one_that_never_left() -> None:
+    queue = GpuQueue()
+    a0 = queue.ask("GPU-a", Work.LOAD, "a0", "team-a", 0.0)
+    b0 = queue.ask("GPU-a", Work.LOAD, "b0", "team-b", 0.0)
+    a1 = queue.ask("GPU-a", Work.LOAD, "a1", "team-a", 0.0)
+    a2 = queue.ask("GPU-a", Work.LOAD, "a2", "team-a", 0.0)
+    assert queue.done(a0, 1.0) == b0
+    assert queue.done(b0, 2.0) == a1
+    # team-b asks again while team-a's second holds: it goes before team-a's third.
+    b1 = queue.ask("GPU-a", Work.LOAD, "b1", "team-b", 2.5)
+    assert queue.done(a1, 3.0) == b1
+    assert queue.done(b1, 4.0) == a2
+    # A waiter that gives up is skipped; the rotation goes on with the others.
+    c0 = queue.ask("GPU-a", Work.LOAD, "c0", "team-c", 4.5)
+    a3 = queue.ask("GPU-a", Work.LOAD, "a3", "team-a", 4.6)
+    assert queue.done(c0, 4.7) is None
+    assert queue.done(a2, 5.0) == a3
+
+
+def test_a_load_s_budget_grows_with_its_size_up_to_the_cap() -> None:
+    budget = load_budget(30.0, 60.0, 600.0)
+    gib = 1024**3
+    load = Turn(1, "GPU-a", Work.LOAD, "m", "ns", 0.0, size=0)
+    assert budget(load) == 30.0
+    assert budget(Turn(2, "GPU-a", Work.WAKE, "m", "ns", 0.0, size=gib // 2)) == 60.0
+    assert budget(Turn(3, "GPU-a", Work.LOAD, "m", "ns", 0.0, size=4 * gib)) == 270.0
+    assert budget(Turn(4, "GPU-a", Work.LOAD, "m", "ns", 0.0, size=40 * gib)) == 600.0
+    assert budget(Turn(5, "GPU-a", Work.UNLOAD, "m", "ns", 0.0, size=gib)) is None
+    queue = GpuQueue(budget)
+    queue.ask("GPU-a", Work.LOAD, "big", "ns", 100.0, size=2 * gib)
+    assert queue.deadline("GPU-a") == 100.0 + 150.0

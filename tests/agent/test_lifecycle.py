@@ -20,6 +20,7 @@ from agent.lifecycle import (
     RefusedTransitionError,
     RetryPolicy,
     Rules,
+    given_up,
     reported,
     step,
 )
@@ -168,3 +169,22 @@ def test_a_refused_load_waits_for_its_retry_time() -> None:
         for n in range(1, 6)
     ]
     assert delays == [10.0, 20.0, 40.0, 50.0, 50.0]
+
+
+def test_loads_refused_attempts_times_in_a_row_are_given_up_until_an_install() -> None:
+    policy = RetryPolicy(first=60.0, factor=2.0, cap=300.0, attempts=3)
+    life = Life(Phase.INSTALLED)
+    tries = []
+    now = 0.0
+    while policy.retry_at(life) != float("inf"):
+        now = max(now, policy.retry_at(life))
+        tries.append(now)
+        life = step(step(life, Event.LOAD_STARTED, now), Event.LOAD_FAILED, now + 1, "refused")
+        now += 1
+    # Three tries, each gap (from the refusal) twice the one before.
+    assert tries == [0.0, 61.0, 182.0]
+    assert given_up(life, 3) and not given_up(life, 4) and not given_up(life, 0)
+    assert RetryPolicy(first=60.0, attempts=0).retry_at(life) == 183.0 + 60.0
+    # A new install resets the count: the files changed.
+    life = step(step(life, Event.INSTALL_STARTED, now), Event.INSTALL_DONE, now)
+    assert not given_up(life, 3) and policy.retry_at(life) == 0.0
