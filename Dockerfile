@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # One image, five entry points: python -m agent | binder | loader | proxy | webhook (and the
 # `tritonshare` CLI). Build: docker build -t ghcr.io/tritonshare/tritonshare:0.1.0 .
-# (see docs/deploy.md)
+# (see docs/deploy.md). The tag and the version label are common/version.py's VERSION
+# (tests/deploy/test_version.py checks the label).
 #
 # Stage 1 installs the project and its dependencies into a virtual environment (every dependency
 # ships manylinux wheels) and compiles the proxy's hot modules with mypyc (`python -m
@@ -46,7 +47,8 @@ RUN /opt/tritonshare/bin/pip install "mypy==${MYPY_VERSION}" "setuptools>=68" \
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="tritonshare" \
       org.opencontainers.image.description="Share GPUs between many ML models on Kubernetes" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"
 COPY --from=build /opt/tritonshare /opt/tritonshare
 ENV PATH=/opt/tritonshare/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -1,3 +1,5 @@
 """tritonshare agent: one per GPU node, beside Triton (see docs/agent.md)."""
 
-__version__ = "0.1.0"
+from common.version import VERSION
+
+__version__ = VERSION

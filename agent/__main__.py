@@ -16,6 +16,7 @@ from agent.errors import AgentError
 from agent.settings import Settings, SettingsError, parse_settings
 from common.lifecycle import serve
 from common.logs import configure_logging, subject
+from common.version import VERSION
 
 log = logging.getLogger("agent")
 
@@ -36,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "json" if settings.log_format == "json" else "text",
         fields=subject(node=settings.node_name),
     )
+    log.info("The agent of tritonshare %s is starting on node %s.", VERSION, settings.node_name)
     try:
         return asyncio.run(run(settings))
     except (AgentError, OSError) as e:

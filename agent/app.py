@@ -70,6 +70,7 @@ def _model_limits(settings: Settings) -> ModelLimits:
             max_instances=settings.max_model_instances,
             max_load_data_bytes=settings.max_load_data_bytes,
             max_threads=settings.max_model_threads,
+            max_versions=settings.max_model_versions,
         ),
         cpu_only=settings.cpu_only,
         unload_timeout=settings.unload_timeout_seconds,
@@ -278,6 +279,7 @@ class Agent:
         # event and finish their current step, so none of them is cut off mid-call.
         lifecycle.on_shutdown_finish_tasks("the agent's loops", LOOPS_GRACE_SECONDS)
 
+        await self.node.check_tenant_code(settings.tenant_code_namespaces)
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
 

@@ -2,7 +2,8 @@
 
 For every Running pod on this node whose placement is proven, each pass compares what the node
 has of its model (`Models.status`, as the pod itself would learn it) with the condition on the
-pod, and writes the condition only when its status or reason changes: `True` (ModelReady) when
+pod, and writes the condition only when its status or reason changes. The status and reason for
+each state are `agent.lifecycle.CONDITIONS`'; this module adds the message: `True` (ModelReady) when
 the model is READY; `False` when it is missing (ModelMissing: the node pod was replaced or the
 repository lost; the pod's proxy reinstalls it), installed but not loaded (ModelNotLoaded),
 failed (ModelFailed, with Triton's reason), or Triton is down (TritonUnavailable). A change to
@@ -29,7 +30,8 @@ from typing import Protocol
 
 from agent.errors import AgentError, KubeError, TritonUnreachableError
 from agent.events import PodEvents
-from agent.models import ModelState, ModelStatus
+from agent.lifecycle import CONDITIONS, PASSING, ModelState
+from agent.models import ModelStatus
 from agent.placement import Proven
 from common.lifecycle import spawn
 from common.logs import subject
@@ -58,8 +60,7 @@ class ConditionWriter(Protocol):
 
 def missing(model_id: str) -> Verdict:
     return Verdict(
-        "False",
-        "ModelMissing",
+        *CONDITIONS[ModelState.ABSENT],
         f"model {model_id} is missing on the node (its node pod was replaced or its "
         f"repository lost): the pod's proxy installs it again from the pod's own files",
     )
@@ -74,24 +75,21 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
             "TritonUnavailable",
             f"model {model_id} is not served: the node's Triton is not reachable",
         )
-    if status.state is ModelState.READY:
-        where = f"GPU {status.gpu_uuid}" if status.gpu_uuid else "the node"
-        return Verdict("True", "ModelReady", f"model {model_id} is READY on {where}")
+    if status.state in PASSING:
+        return None
     if status.state is ModelState.ABSENT:
         return missing(model_id)
-    if status.state is ModelState.INSTALLED:
-        return Verdict(
-            "False",
-            "ModelNotLoaded",
-            f"model {model_id}'s files are on the node but it is not loaded in Triton",
-        )
-    if status.state is ModelState.FAILED:
-        return Verdict(
-            "False",
-            "ModelFailed",
-            f"model {model_id} failed on the node: {status.reason or 'no reason given'}",
-        )
-    return None
+    where = f"GPU {status.gpu_uuid}" if status.gpu_uuid else "the node"
+    messages = {
+        ModelState.READY: f"model {model_id} is READY on {where}",
+        ModelState.INSTALLED: (
+            f"model {model_id}'s files are on the node but it is not loaded in Triton"
+        ),
+        ModelState.FAILED: (
+            f"model {model_id} failed on the node: {status.reason or 'no reason given'}"
+        ),
+    }
+    return Verdict(*CONDITIONS[status.state], messages[status.state])
 
 
 class ModelConditions:

@@ -7,7 +7,9 @@ them (`agent.inventory.node_annotations`, `agent.memory.MemoryLedger.annotation`
 `--measure BYTES` a stand-in model process (`agent.standin`: torch allocating BYTES on the chosen
 GPU) is loaded as the agent loads a model: admitted by `admission_problem` on a fresh reading,
 measured as NVML growth across the load into a `MemoryLedger`, observed by a poll, unloaded; and
-the admission and enforcement decisions the agent would take on those figures are shown.
+the admission and enforcement decisions the agent would take on those figures are shown. With
+`--reserve` it reports what each GPU holds with no model loaded and the `--gpu-mem-reserve` that
+covers it (`agent.reserve`).
 
 It writes nothing (no API server, no Triton, no files) and needs only NVML, and torch with CUDA
 for --measure. Its flags shared with the agent (`--key-prefix`, `--gpu-mem-*`) read the agent's
@@ -35,6 +37,7 @@ from agent.memory import (
     admission_problem,
     tolerance,
 )
+from agent.reserve import BACKEND_ALLOWANCE, Baseline, suggested_reserve
 from agent.settings import (
     gpu_mem_enforcement_flag,
     gpu_mem_reserve_flag,
@@ -123,6 +126,15 @@ class CheckSettings:
         env=None,
     )
     """Seconds the stand-in may take to start, allocate or free."""
+    reserve: bool = setting(
+        "reserve",
+        "report what each GPU holds with no model loaded and the --gpu-mem-reserve to give the "
+        "binder (run it in the node pod's agent container while no model is loaded)",
+        default=False,
+        switch=True,
+        env=None,
+    )
+    """Report each GPU's idle use and the reserve that covers it (agent.reserve)."""
     json: bool = setting("json", "print the report as JSON", default=False, switch=True, env=None)
     """Print the report as one JSON object instead of text."""
 
@@ -193,6 +205,10 @@ class Report:
     annotations: dict[str, str] = field(default_factory=dict)
     capacity: dict[str, str] = field(default_factory=dict)
     measurement: Measurement | None = None
+    baselines: list[Baseline] = field(default_factory=list)
+    """With --reserve: each healthy GPU as read (with no model loaded, the user says)."""
+    suggested_reserve: int | None = None
+    """With --reserve: the --gpu-mem-reserve that covers the baselines."""
 
     def fail(self, outcome: Outcome, problem: str) -> None:
         if self.outcome == Outcome.OK:
@@ -252,6 +268,20 @@ def read_inventory(reader: GpuReader, settings: CheckSettings, report: Report) -
             "NVIDIA_VISIBLE_DEVICES=all); on a machine without GPUs run the agent with --cpu-only",
         )
     return snapshot
+
+
+def read_baselines(snapshot: GpuSnapshot, report: Report) -> None:
+    """Each healthy GPU's idle figures, from the readings the inventory just made, and the
+    reserve that covers them."""
+    details = {g["index"]: g for g in report.gpus}
+    for gpu in (g for g in snapshot.gpus if g.healthy):
+        held = [p["used"] for p in details[gpu.index]["processes"]]
+        known = None if any(h is None for h in held) else sum(held)
+        report.baselines.append(
+            Baseline(gpu.index, gpu.uuid, gpu.memory_total, gpu.memory_used, known)
+        )
+    if report.baselines:
+        report.suggested_reserve = suggested_reserve(report.baselines)
 
 
 def _used(reader: GpuReader, uuid: str) -> GpuInfo:
@@ -366,6 +396,8 @@ def run(
     report = Report()
     try:
         snapshot = read_inventory(reader, settings, report)
+        if settings.reserve:
+            read_baselines(snapshot, report)
         if not settings.measure or report.outcome == Outcome.NO_GPU:
             return report
         gpu = next((g for g in snapshot.gpus if g.index == settings.gpu), None)
@@ -423,6 +455,8 @@ def render(report: Report, settings: CheckSettings, out: TextIO) -> None:
             write(f"  {key}: {value}\n")
         for key, value in report.capacity.items():
             write(f"and with --advertise-gpu-mem, status.capacity {key}: {value}\n")
+    if report.suggested_reserve is not None:
+        _render_reserve(report, write)
     m = report.measurement
     if m is not None:
         _render_measurement(m, settings, write)
@@ -431,6 +465,23 @@ def render(report: Report, settings: CheckSettings, out: TextIO) -> None:
     for problem in report.problems:
         write(f"\nProblem: {problem}.\n")
     write(f"\nResult: {report.outcome.name.lower()} (exit code {int(report.outcome)}).\n")
+
+
+def _render_reserve(report: Report, write: Callable[[str], Any]) -> None:
+    write("\nGPU memory held with no model loaded (valid only if none is):\n")
+    for b in report.baselines:
+        held = "not said" if b.held_by_processes is None else f"{b.held_by_processes} bytes"
+        write(
+            f"  GPU {b.index} ({b.uuid}): {b.used} bytes ({format_bytes(b.used)}) of "
+            f"{format_bytes(b.total)}; by the processes NVML lists: {held}\n"
+        )
+    reserve = report.suggested_reserve or 0
+    write(
+        f"Suggested --gpu-mem-reserve: {reserve // 1024**2}Mi ({reserve} bytes): the most any "
+        f"GPU holds, plus {format_bytes(BACKEND_ALLOWANCE)} for the backend libraries a GPU's "
+        f"first model loads, rounded up to 256Mi. Give it to the binder (the chart's "
+        f"binder.gpuMemReserve) and keep the largest figure over your GPU nodes.\n"
+    )
 
 
 def _render_measurement(

@@ -10,7 +10,8 @@ agents, ONNX external data outside the model, and tenant code (python and custom
 framework backends whose graphs read files, backend libraries shipped with the model, custom op
 libraries) only for the namespaces the operator allows, and nothing that makes Triton itself
 hold unbounded memory at load (instances, warmup samples, initial sequence states:
-`load_problems`). Pure: it reads the
+`load_problems`), counted once for each version directory the config's version_policy selects,
+of at most `max_versions` directories. Pure: it reads the
 text it is given and returns strings; the files are `agent.repository`'s.
 """
 
@@ -126,6 +127,14 @@ MAX_WARMUP_RUNS: Final = 64
 """Warmup executions one load may ask of Triton (each sample's `count`, at least 1, summed): a
 load holds its GPU's queue of loads and unloads, and Triton's HTTP slows while it runs."""
 DEFAULT_MAX_THREADS: Final = 64
+DEFAULT_MAX_VERSIONS: Final = 4
+"""Version directories one model may have: Triton loads every version its version_policy
+selects, each with all of the config's instances and warmup runs."""
+# Triton reads a version directory's name with std::stoll: leading blanks, a sign and any
+# trailing text are accepted ("+1", " 1", "1b", "01" all read as version 1) and a number past
+# int64 throws. Only the plain spelling is accepted, so every name is one version, counted once.
+_NUMBER_LIKE_RE = re.compile(r"\s*[+-]?[0-9]")
+_VERSION_RE = re.compile(r"0|[1-9][0-9]{0,17}")
 _THREADS_RE = re.compile(r"thread", re.IGNORECASE)
 """A model parameter naming a thread count: onnxruntime's intra_op_thread_count and
 inter_op_thread_count, PyTorch's INTRA_OP_THREAD_COUNT and INTER_OP_THREAD_COUNT, OpenVINO's
@@ -153,6 +162,49 @@ _ELEMENT_BYTES: Final = {
 def instance_count(config: ModelConfig) -> int:
     """The instances Triton creates for the model on its GPU (or the CPU) once pinned."""
     return sum(max(group.count, 1) for group in config.instance_group) or 1
+
+
+def version_directories(names: Iterable[str], model_id: str, most: int) -> list[int]:
+    """The versions Triton finds among `names`, the model directory's subdirectories, ascending;
+    InvalidRequestError for a name Triton would read as a number other than plainly, or for more
+    than `most` of them (every version selected is loaded with all its instances)."""
+    versions = []
+    for name in sorted(set(names)):
+        if _VERSION_RE.fullmatch(name):
+            versions.append(int(name))
+        elif _NUMBER_LIKE_RE.match(name):
+            raise InvalidRequestError(
+                f"model {model_id!r} has a directory {name!r}, which Triton would read as a "
+                f"version number; name version directories plainly (1, 2, ...) and other "
+                f"directories with a name that does not start with a digit"
+            )
+    if len(versions) > most:
+        raise InvalidRequestError(
+            f"model {model_id!r} has {len(versions)} version directories, over this node's "
+            f"{most} per model (--max-model-versions); ship only the versions it serves"
+        )
+    return sorted(versions)
+
+
+def selected_versions(config: ModelConfig, versions: Iterable[int]) -> int:
+    """How many of the version directories present Triton loads under the config's
+    version_policy (latest 1 when it sets none); at least 1, as a load of none fails anyway."""
+    present = set(versions)
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        count = len(present)
+    elif which == "specific":
+        count = len(present & set(policy.specific.versions))
+    else:
+        wanted = policy.latest.num_versions if which == "latest" else 1
+        count = min(wanted, len(present))
+    return max(count, 1)
+
+
+def top_directories(paths: Iterable[str]) -> set[str]:
+    """The model directory's subdirectories that files under `paths` lie in."""
+    return {path.split("/", 1)[0] for path in paths if "/" in path}
 
 
 def _data_bytes(data_type: int, dims: Iterable[int], batch: int = 1) -> int:
@@ -211,13 +263,20 @@ class ModelPolicy:
     max_threads: int = DEFAULT_MAX_THREADS
     """Most threads any one thread-count parameter of a model may ask its backend for, per
     instance (`--max-model-threads`; 0: no bound)."""
+    max_versions: int = DEFAULT_MAX_VERSIONS
+    """Version directories one model may have (`--max-model-versions`)."""
 
     def tenant_code_allowed(self, namespace: str) -> bool:
         return namespace in self.tenant_code_namespaces
 
+    def versions(self, model_id: str, directories: Iterable[str]) -> list[int]:
+        """The model's versions among its subdirectories, within `max_versions`."""
+        return version_directories(directories, model_id, self.max_versions)
+
     def check_files(self, model_id: str, paths: list[str], namespace: str) -> None:
-        """Refuse a manifest that ships a Triton backend library, unless `namespace` may run
-        its own code."""
+        """Refuse a manifest with more version directories than the node allows, or that ships
+        a Triton backend library unless `namespace` may run its own code."""
+        self.versions(model_id, top_directories(paths))
         if self.tenant_code_allowed(namespace):
             return
         for path in paths:
@@ -229,10 +288,13 @@ class ModelPolicy:
                     event_reason="TenantCodeNotAllowed",
                 )
 
-    def check_config(self, config: ModelConfig, model_id: str, namespace: str) -> None:
-        """Refuse what the placement does not allow: devices, host paths, other models, and
-        tenant code from a namespace not allowed to run it. The instance kind and GPUs are not
-        checked: the agent replaces them with the placement's."""
+    def check_config(
+        self, config: ModelConfig, model_id: str, namespace: str, versions: Iterable[int]
+    ) -> None:
+        """Refuse what the placement does not allow: devices, host paths, other models, more
+        than the node's bounds for the `versions` present, and tenant code from a namespace not
+        allowed to run it. The instance kind and GPUs are not checked: the agent replaces them
+        with the placement's."""
         problems = _host_problems(config)
         if problems:
             raise InvalidRequestError(
@@ -240,7 +302,7 @@ class ModelPolicy:
                 f"one tenant: {'; '.join(problems)}; remove it (the agent pins the model to the "
                 f"GPU the binder chose)"
             )
-        problems = self.load_problems(config)
+        problems = self.load_problems(config, selected_versions(config, versions))
         if problems:
             raise InvalidRequestError(
                 f"config.pbtxt of model {model_id!r} asks the shared Triton for more than one "
@@ -258,27 +320,29 @@ class ModelPolicy:
                 event_reason="TenantCodeNotAllowed",
             )
 
-    def load_problems(self, config: ModelConfig) -> list[str]:
+    def load_problems(self, config: ModelConfig, versions: int = 1) -> list[str]:
         """What loading the config would make Triton hold beyond this node's bounds: every
         instance is a session of the backend with its own copy of what it needs, and warmup
-        data is allocated inside Triton before the model serves, whatever its backend."""
+        data is allocated inside Triton before the model serves, whatever its backend. Triton
+        does all of it once for each of the `versions` its version_policy selects."""
         problems = []
-        instances = instance_count(config)
+        times = f" ({versions} versions selected by version_policy)" if versions > 1 else ""
+        instances = instance_count(config) * versions
         if instances > self.max_instances:
             problems.append(
-                f"{instances} instances, over this node's {self.max_instances} per model "
+                f"{instances} instances{times}, over this node's {self.max_instances} per model "
                 f"(--max-model-instances)"
             )
-        data = load_data_bytes(config)
+        data = load_data_bytes(config) * versions
         if data > self.max_load_data_bytes:
             problems.append(
                 f"{data} bytes of warmup samples (every input times its batch size) and initial "
-                f"sequence states, over this node's {self.max_load_data_bytes} "
+                f"sequence states{times}, over this node's {self.max_load_data_bytes} "
                 f"(--max-load-data-bytes)"
             )
-        runs = sum(max(sample.count, 1) for sample in config.model_warmup)
+        runs = sum(max(sample.count, 1) for sample in config.model_warmup) * versions
         if runs > MAX_WARMUP_RUNS:
-            problems.append(f"{runs} warmup runs, over {MAX_WARMUP_RUNS} per load")
+            problems.append(f"{runs} warmup runs{times}, over {MAX_WARMUP_RUNS} per load")
         problems += thread_problems(config, self.max_threads)
         return problems
 

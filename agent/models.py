@@ -21,15 +21,18 @@ first; any other pod is refused without learning who the owner is. Installs are 
 limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
 declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
 deadline and a deadline between chunks, and each install writing through its own thread
-with small chunks gathered, so one tenant's slow or chatty stream never holds another's. It
-decides nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
+with small chunks gathered, so one tenant's slow or chatty stream never holds another's.
+
+It orchestrates: which moves a model's life may make, and what the agent reports for it, are
+`agent.lifecycle`'s (each model's `Life` is stepped here, under its lock, around the I/O the step
+stands for); which load or unload uses a GPU's slot next is `agent.gpuqueue`'s. It decides
+nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import errno
 import logging
 import mmap
@@ -37,7 +40,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -52,7 +55,9 @@ from agent.errors import (
     TritonError,
     TritonUnreachableError,
 )
+from agent.gpuqueue import GpuQueue, Turn, Work
 from agent.inventory import GpuInfo, GpuSnapshot
+from agent.lifecycle import Event, Life, ModelState, Phase, reported, step
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import (
@@ -63,6 +68,7 @@ from agent.modelconfig import (
     parse_config,
     pinned_as,
     pinned_config,
+    top_directories,
 )
 from agent.onnxmodel import OnnxFormatError, external_locations
 from agent.ownership import OwnerRecord, OwnerStore
@@ -72,22 +78,12 @@ from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
 from common.manifest import Manifest
 from common.tritonname import private_triton_name
-from protos import agent_pb2
+
+__all__ = ["InstallResult", "ModelLimits", "ModelState", "ModelStatus", "Models"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class ModelState(enum.Enum):
-    """agent.proto's ModelState: the proto is the one source of the names and numbers."""
-
-    ABSENT = agent_pb2.MODEL_STATE_ABSENT
-    INSTALLED = agent_pb2.MODEL_STATE_INSTALLED
-    LOADING = agent_pb2.MODEL_STATE_LOADING
-    READY = agent_pb2.MODEL_STATE_READY
-    UNLOADING = agent_pb2.MODEL_STATE_UNLOADING
-    FAILED = agent_pb2.MODEL_STATE_FAILED
 
 
 @dataclass(frozen=True)
@@ -120,13 +116,11 @@ class _Record:
 
     model_id: str = ""
     """The public id, once an owner acted on the model (for status and logs)."""
-    busy: ModelState | None = None  # LOADING or UNLOADING while an operation runs
-    failure: str = ""
-    failed_at: float = 0.0
+    life: Life = field(default_factory=Life)
+    """Its phase on the node (`agent.lifecycle`), stepped only through `Models._step`."""
     gpu_uuid: str = ""
     gpu_index: int = -1
     pod: str = ""
-    want_loaded: bool = False
     last_activity: float = 0.0
     vouched_at: float = 0.0
     """When the agent last checked that Triton runs what it installed (monotonic seconds)."""
@@ -137,6 +131,15 @@ Chunk = tuple[str, int, bytes]
 GATHER_BYTES = 1024 * 1024
 """Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
 costs one thread hop per MiB, not one per message (larger gathers measured slower: copies)."""
+
+
+def _subdirectories(directory: Path) -> list[str]:
+    """The names of the directory's subdirectories as Triton lists them (links followed)."""
+    try:
+        with os.scandir(directory) as entries:
+            return [entry.name for entry in entries if entry.is_dir()]
+    except OSError:
+        return []
 
 
 def _disk_error(model_id: str, error: OSError) -> AgentError:
@@ -243,7 +246,9 @@ class Models:
         self._pods = pods
         self.metrics = metrics
         self.ledger = ledger or MemoryLedger()
-        self._gpu_locks: dict[str, asyncio.Lock] = {}
+        self.gpu_queue = GpuQueue()
+        self._granted: dict[int, asyncio.Future[None]] = {}
+        """Turn number -> what its waiter awaits until the GPU queue grants it."""
         self.clock = clock
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         """Name -> its lock and how many operations hold or await it: a lock lives only while
@@ -280,8 +285,24 @@ class Models:
     def record(self, name: str) -> _Record:
         record = self._records.get(name)
         if record is None:
-            record = self._records[name] = _Record(last_activity=self.clock())
+            # Remembered from now on: files already on disk (an agent restart) are at rest.
+            phase = Phase.INSTALLED if self.repository.model_dir(name).exists() else Phase.ABSENT
+            record = self._records[name] = _Record(life=Life(phase), last_activity=self.clock())
         return record
+
+    def _step(self, name: str, record: _Record, event: Event, reason: str = "") -> None:
+        """Move the model's life by `event` (the only writer of `_Record.life`)."""
+        before = record.life.phase
+        record.life = step(record.life, event, self.clock(), reason)
+        if record.life.phase is not before:
+            log.debug(
+                "Model %s: %s -> %s (%s).", name, before.value, record.life.phase.value, event.value
+            )
+
+    def note(self, name: str, event: Event) -> None:
+        """An event the reconciler observed for a model no operation holds (Triton lost it,
+        or runs it vouched for again)."""
+        self._step(name, self.record(name), event)
 
     def known_records(self) -> dict[str, _Record]:
         """What the agent remembers, by the model's name in Triton."""
@@ -410,8 +431,10 @@ class Models:
         self.limits.policy.check_files(model_id, [e.path for e in manifest.files], owner.namespace)
         name = self.triton_name(owner)
         async with self.lock(name):
-            record = self._touch(name, owner)
+            self._touch(name, owner)
             owned = await self._claim_locked(name, owner)
+            # Fetched after the claim, which may have removed what a previous owner left.
+            record = self._touch(name, owner)
             record.pod = owner.key
             installed = self.repository.installed_manifest(name)
             if (
@@ -440,16 +463,20 @@ class Models:
                         f"{installed.digest[:12] if installed else 'unknown'}); unload it before "
                         f"installing a different version"
                     )
+            self._step(name, record, Event.INSTALL_STARTED)
             # Its own thread: one tenant's slow disk writes never queue another's.
             writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-install")
             try:
                 result = await self._install_locked(name, manifest, chunks, owner, writer, started)
+            except BaseException:
+                self._step(name, record, Event.INSTALL_FAILED)
+                raise
             finally:
                 # Every write was awaited, so the thread is idle: joining it takes a moment, and
                 # no install leaves a thread behind.
                 writer.shutdown(wait=True)
             self.owners.put(name, owned.installed(manifest.digest))
-            record.failure = ""
+            self._step(name, record, Event.INSTALL_DONE)
             return result
 
     async def _install_locked(
@@ -480,10 +507,11 @@ class Models:
             # Triton, which Triton requires to be the directory's.
             config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
             config = parse_config(config_text, model_id)
-            self.limits.policy.check_config(config, model_id, owner.namespace)
+            paths = [e.path for e in manifest.files]
+            versions = self.limits.policy.versions(model_id, top_directories(paths))
+            self.limits.policy.check_config(config, model_id, owner.namespace, versions)
             sizes = {e.path: e.size for e in manifest.files}
             self.limits.policy.check_load_data_files(config, model_id, sizes)
-            paths = [e.path for e in manifest.files]
             for path in onnx_files(config, paths):
                 # Off the event loop: a model file may be gigabytes (mapped, never copied).
                 problem = await self._in_thread(
@@ -594,9 +622,12 @@ class Models:
                 f"it (InstallModel) before loading"
             )
         uuid, index = self._gpu_for(model_id, owner.gpu_uuid)
-        config_path = self.repository.model_dir(name) / "config.pbtxt"
-        config = parse_config(config_path.read_text(errors="replace"), model_id)
-        self.limits.policy.check_config(config, model_id, owner.namespace)
+        directory = self.repository.model_dir(name)
+        config = parse_config((directory / "config.pbtxt").read_text(errors="replace"), model_id)
+        # What Triton will find, not what was installed: the model's own code may have made
+        # directories beside its files since.
+        versions = self.limits.policy.versions(model_id, _subdirectories(directory))
+        self.limits.policy.check_config(config, model_id, owner.namespace, versions)
         sizes = {e.path: e.size for e in manifest.files}
         self.limits.policy.check_load_data_files(config, model_id, sizes)
         pin = self._pin(index)
@@ -606,21 +637,21 @@ class Models:
         if (
             entry is not None
             and entry.state == READY
-            and record.want_loaded
+            and record.life.held_loaded
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
             return self._status(name, entry, manifest)
-        record.busy = ModelState.LOADING
+        self._step(name, record, Event.LOAD_STARTED)
         record.gpu_uuid, record.gpu_index = uuid, index
-        record.want_loaded = True
         started = self.clock()
         try:
             await self._load_measured(name, override, owner, uuid, index)
         except TritonUnreachableError:
+            self._step(name, record, Event.LOAD_UNANSWERED)
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise
         except TritonError as e:
-            record.failure, record.failed_at = str(e), self.clock()
+            self._step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels("triton_rejected").inc()
             log.warning(
                 "Model %s of pod %s failed to load: %s",
@@ -630,11 +661,14 @@ class Models:
                 extra=subject(pod=owner.key, model=model_id),
             )
         except ResourceExhaustedError:
-            record.want_loaded = False
+            self._step(name, record, Event.LOAD_REFUSED)
             self.metrics.gpu_memory_refusals.inc()
             raise
+        except BaseException:
+            self._step(name, record, Event.LOAD_UNANSWERED)
+            raise
         else:
-            record.failure = ""
+            self._step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
             log.info(
@@ -644,8 +678,6 @@ class Models:
                 name,
                 f"GPU {index} ({uuid})" if pin is not None else "the CPU",
             )
-        finally:
-            record.busy = None
         return self._status(name, await self.triton.state(name), manifest)
 
     async def _load_measured(
@@ -659,7 +691,7 @@ class Models:
         if not uuid or index < 0:
             await self.triton.load(name, override)
             return
-        async with self._gpu_window(uuid) as before:
+        async with self._gpu_window(uuid, Work.LOAD, name, owner.namespace) as before:
             if before is not None:
                 problem = admission_problem(
                     before,
@@ -697,15 +729,43 @@ class Models:
                 )
                 self._unexplained(rest)
 
-    def _gpu_lock(self, uuid: str) -> asyncio.Lock:
-        return self._gpu_locks.setdefault(uuid, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _gpu_turn(
+        self, uuid: str, work: Work, name: str, namespace: str
+    ) -> AsyncIterator[None]:
+        """Hold the GPU's slot for one turn, waiting as long as the GPU queue
+        (`agent.gpuqueue`) says."""
+        turn = self.gpu_queue.ask(uuid, work, name, namespace, self.clock())
+        if self.gpu_queue.holder(uuid) != turn:
+            granted = asyncio.get_running_loop().create_future()
+            self._granted[turn.number] = granted
+            try:
+                await granted
+            except BaseException:
+                self._granted.pop(turn.number, None)
+                self._pass_on(turn)
+                raise
+        try:
+            yield
+        finally:
+            self._pass_on(turn)
+
+    def _pass_on(self, turn: Turn) -> None:
+        following = self.gpu_queue.done(turn, self.clock())
+        if following is not None:
+            granted = self._granted.pop(following.number)
+            # A waiter cancelled meanwhile finds its turn granted and gives it back itself.
+            if not granted.done():
+                granted.set_result(None)
 
     @contextlib.asynccontextmanager
-    async def _gpu_window(self, uuid: str) -> AsyncIterator[GpuInfo | None]:
+    async def _gpu_window(
+        self, uuid: str, work: Work, name: str, namespace: str = ""
+    ) -> AsyncIterator[GpuInfo | None]:
         """A measured window on one GPU: no other load or unload on it meanwhile, its change
         since the last poll observed first (so it is not billed to what the window does), and
         the GPU marked busy for the pollers; yields the reading before (None: unreadable)."""
-        async with self._gpu_lock(uuid):
+        async with self._gpu_turn(uuid, work, name, namespace):
             before = await self._gpus.read_gpu(uuid)
             if before is not None:
                 self._unexplained(self.ledger.observe_gpu(before))
@@ -720,7 +780,7 @@ class Models:
             self.metrics.gpu_memory_unexplained.labels(growth.gpu_uuid).inc(growth.grown)
             log.warning("%s.", describe(growth))
 
-    async def _unload_measured(self, name: str) -> None:
+    async def _unload_measured(self, name: str, work: Work) -> None:
         """Unload and wait until Triton has; on a measured GPU, one load or unload at a time,
         read before and after so that what it did not free stays unexplained."""
         entry = self.ledger.models.get(name)
@@ -729,7 +789,7 @@ class Models:
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             return
         uuid = entry.gpu_uuid
-        async with self._gpu_window(uuid) as before:
+        async with self._gpu_window(uuid, work, name) as before:
             await self.triton.unload(name)
             await self.triton.wait_unloaded(name, self.limits.unload_timeout)
             after = await self._gpus.read_gpu(uuid)
@@ -750,34 +810,43 @@ class Models:
                 return ModelStatus(owner.model_id, ModelState.ABSENT)
             return await self._unload_locked(name, reason)
 
-    async def unload(self, name: str, *, reason: str) -> ModelStatus:
+    async def unload(
+        self, name: str, *, reason: str, cause: Event = Event.UNLOAD_STARTED
+    ) -> ModelStatus:
         """Unload the model named `name` in Triton, wait until UNAVAILABLE, remove its files and
-        its owner record: the agent's own decision (an orphan, an eviction), never a pod's."""
+        its owner record: the agent's own decision (`cause`: an orphan, an eviction), never a
+        pod's."""
         async with self.lock(name):
-            return await self._unload_locked(name, reason)
+            return await self._unload_locked(name, reason, cause=cause)
 
     async def _unload_locked(
-        self, name: str, reason: str, *, keep_files: bool = False
+        self,
+        name: str,
+        reason: str,
+        *,
+        keep_files: bool = False,
+        cause: Event = Event.UNLOAD_STARTED,
     ) -> ModelStatus:
         model_id = self.public_id(name)
         record = self._touch(name)
-        record.want_loaded = False
-        record.busy = ModelState.UNLOADING
+        self._step(name, record, cause)
         started = self.clock()
+        work = Work.UNLOAD if cause is Event.UNLOAD_STARTED else Work.EVICT
         try:
             entry = await self.triton.state(name)
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
-                await self._unload_measured(name)
+                await self._unload_measured(name, work)
             if not keep_files and self.repository.model_dir(name).exists():
                 await self._in_thread(self.repository.remove, name)
-        except AgentError as e:
-            self.metrics.unload_failures.labels(e.reason).inc()
+        except BaseException as e:
+            self._step(name, record, Event.UNLOAD_FAILED)
+            if isinstance(e, AgentError):
+                self.metrics.unload_failures.labels(e.reason).inc()
             raise
-        finally:
-            record.busy = None
         self.metrics.unload_seconds.observe(self.clock() - started)
         self.ledger.forget(name)
         if keep_files:
+            self._step(name, record, Event.UNLOADED)
             log.info(
                 "Model %s (%s in Triton) is unloaded; its files stay (%s).",
                 model_id,
@@ -793,6 +862,7 @@ class Models:
             reason,
             extra=subject(model=model_id),
         )
+        self._step(name, record, Event.REMOVED)
         self._records.pop(name, None)
         self.owners.drop(name)
         return ModelStatus(model_id, ModelState.ABSENT)
@@ -802,29 +872,17 @@ class Models:
         self, name: str, entry: IndexEntry | None, manifest: Manifest | None
     ) -> ModelStatus:
         record = self._records.get(name) or _Record()
-        base = ModelStatus(
+        state = reported(record.life, entry.state if entry else "", manifest is not None)
+        return ModelStatus(
             model_id=self.public_id(name),
-            state=ModelState.ABSENT,
+            state=state,
+            reason=record.life.failure if state is ModelState.FAILED else "",
             manifest_digest=manifest.digest if manifest else "",
             gpu_uuid=record.gpu_uuid,
             gpu_index=record.gpu_index,
             pod=record.pod,
             triton_name=name,
         )
-        if record.busy is not None:
-            return replace(base, state=record.busy)
-        triton_state = entry.state if entry else ""
-        if triton_state == READY:
-            return replace(base, state=ModelState.READY)
-        if triton_state == LOADING:
-            return replace(base, state=ModelState.LOADING)
-        if triton_state == UNLOADING:
-            return replace(base, state=ModelState.UNLOADING)
-        if record.failure:
-            return replace(base, state=ModelState.FAILED, reason=record.failure)
-        if manifest is not None:
-            return replace(base, state=ModelState.INSTALLED)
-        return base
 
     async def status_for(self, owner: Proven) -> ModelStatus:
         """The status of the owner's model; a pod that does not own its name learns nothing."""
@@ -852,7 +910,7 @@ class Models:
         """Models the agent holds loaded, by GPU UUID ("" for the CPU), for metrics."""
         counts: dict[str, int] = {}
         for record in self._records.values():
-            if record.want_loaded and not record.failure:
+            if record.life.counts_loaded:
                 counts[record.gpu_uuid] = counts.get(record.gpu_uuid, 0) + 1
         return counts
 
@@ -893,9 +951,9 @@ class Models:
         are the ones it installed (the reconciler then loads them again), else remove them."""
         async with self.lock(name):
             keep = self.files_vouched(name, owner)
-            record = self.record(name)
-            record.want_loaded = keep
-            await self._unload_locked(name, f"Triton ran it unvouched: {why}", keep_files=keep)
+            await self._unload_locked(
+                name, f"Triton ran it unvouched: {why}", keep_files=keep, cause=Event.UNVOUCHED
+            )
             if not keep and self.owners.get(name) is None:
                 # The owner keeps its name (its loader has finished): it must reinstall.
                 self.owners.put(name, OwnerRecord(owner.uid, owner.key, owner.model_id))
@@ -903,7 +961,7 @@ class Models:
     def adopt(self, name: str, owner: Proven) -> None:
         """Take over a model Triton already runs, vouched for, after an agent restart."""
         record = self._touch(name, owner)
-        record.want_loaded = True
+        self._step(name, record, Event.ADOPTED)
         record.vouched_at = self.clock()
         record.pod = owner.key
         record.gpu_uuid = owner.gpu_uuid

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,7 +30,7 @@ from agent.inventory import (
     node_annotations,
 )
 from agent.metrics import AgentMetrics
-from common.contract import Keys, agent_lease_name
+from common.contract import TENANT_CODE_NODE, Keys, agent_lease_name
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,27 @@ class NodePublisher:
             )
         self._node_annotations = dict((node.get("metadata") or {}).get("annotations") or {})
         self._node_capacity = dict((node.get("status") or {}).get("capacity") or {})
+
+    async def check_tenant_code(self, namespaces: Sequence[str]) -> None:
+        """Refuse to serve tenant code (`namespaces`, --tenant-code-namespaces) on a node not
+        labelled as dedicated to it: the binder places every other namespace's models on such
+        a node, where that code could call, read and unload them in the shared Triton."""
+        if not namespaces:
+            return
+        name, key = self.settings.node_name, self.settings.keys.tenant_code
+        node = await self._kube.get_node(name)
+        if node is None:
+            raise AgentError(f"node {name} does not exist in the API; check --node-name")
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if labels.get(key) != TENANT_CODE_NODE:
+            raise AgentError(
+                f"this agent lets namespaces {', '.join(namespaces)} run their own code in "
+                f"Triton (--tenant-code-namespaces), but node {name} is not dedicated to tenant "
+                f"code, so other teams' models would share its Triton; label the node "
+                f"(kubectl label node {name} {key}={TENANT_CODE_NODE}) and give the binder the "
+                f"same --tenant-code-namespaces, or run the agent on this node without "
+                f"--tenant-code-namespaces"
+            )
 
     async def publish(self) -> int:
         """Patch what changed; returns the number of writes made."""

@@ -17,6 +17,8 @@ On every change of this node's pods (the watch) and every resync period:
 - a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again;
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
   Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded).
+A pass first plans (`Reconciler.plan`: one event of `agent.lifecycle`, or a vouching check,
+per model), then carries the plan out through `agent.models`.
 It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
 Nothing happens before the first pod list: an empty cache must not read as "nothing is wanted".
 """
@@ -25,13 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import AgentError
 from agent.events import PodEvents
+from agent.lifecycle import Event, RetryPolicy
 from agent.memory import Excess
 from agent.metrics import AgentMetrics
 from agent.models import Models
@@ -43,6 +48,25 @@ from common.logs import subject
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
+
+
+class Check(enum.Enum):
+    """What a pass asks of the agent beyond the lifecycle's events: whether it vouches for what
+    Triton runs (raising ADOPTED or UNVOUCHED)."""
+
+    ADOPT = "adopt"
+    RECHECK = "recheck"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One model's part of a pass: the event (or check) raised for it, its owner and, for an
+    eviction, the excess measured."""
+
+    name: str
+    cause: Event | Check
+    owner: Proven | None = None
+    excess: Excess | None = None
 
 
 class Reconciler:
@@ -75,6 +99,8 @@ class Reconciler:
         self.resync_seconds = resync_seconds
         self.triton_poll_seconds = triton_poll_seconds
         self._clock = clock
+        # A refused load is tried again once per resync period, however often it was refused.
+        self._retry = RetryPolicy(first=resync_seconds)
         self.triton_live = False
         self.passes = 0
         self._wake = wake or asyncio.Event()
@@ -119,6 +145,15 @@ class Reconciler:
         """One pass; errors of single models are logged and retried on the next pass."""
         if not self.pods.synced:
             return
+        plan = await self.plan()
+        self._warned &= {e.model.model_id for e in self.models.ledger.over()}
+        if plan:
+            await asyncio.gather(*(self._act(action) for action in plan.values()))
+        self.passes += 1
+
+    async def plan(self) -> dict[str, Action]:
+        """What this pass raises, one action per name: two (a recheck and an eviction, say)
+        would race for it. Decides only; `_act` carries each out through `Models`."""
         models = self.models
         wanted = self.wanted()
         index = await models.triton.index()
@@ -126,14 +161,13 @@ class Reconciler:
         running = {name for name, e in index.items() if e.state in (READY, LOADING)}
         owned = set(models.owners.all())
         now = self._clock()
-        # One action per name and pass: two (a recheck and an eviction, say) would race for it.
-        work: dict[str, Coroutine[Any, Any, None]] = {}
+        plan: dict[str, Action] = {}
         for name in sorted((on_disk | running | owned) - set(wanted)):
             if models.is_busy(name):
                 continue
             if now - models.record(name).last_activity < self.orphan_grace_seconds:
                 continue
-            work[name] = self._remove_orphan(name)
+            plan[name] = Action(name, Event.POD_GONE)
         records = models.known_records()
         for name, pod in sorted(wanted.items()):
             if models.is_busy(name):
@@ -141,34 +175,41 @@ class Reconciler:
             entry = index.get(name)
             record = records.get(name)
             if entry is not None and entry.state == READY:
-                if record is None or not record.want_loaded:
-                    work[name] = self._adopt(name, pod)
+                if record is None or not record.life.held_loaded:
+                    plan[name] = Action(name, Check.ADOPT, pod)
                 elif now - record.vouched_at >= self.resync_seconds:
-                    work[name] = self._recheck(name, pod)
+                    plan[name] = Action(name, Check.RECHECK, pod)
                 continue
-            should_run = (record is not None and record.want_loaded) or pod.pod.running
+            should_run = (record is not None and record.life.held_loaded) or pod.pod.running
             if name not in on_disk or not should_run:
                 continue
-            if (
-                record is not None
-                and record.failure
-                and now - record.failed_at < self.resync_seconds
-            ):
+            if record is not None and now < self._retry.retry_at(record.life):
                 continue
-            work[name] = self._reload(name, pod)
+            plan[name] = Action(name, Event.TRITON_RESTARTED, pod)
         for over in self.models.ledger.over():
             name = over.model.model_id
             owner = wanted.get(name)
             if owner is None or models.is_busy(name):
                 continue
-            rival = work.pop(name, None)
-            if rival is not None:
-                rival.close()  # never started; enforcing the limit comes first
-            work[name] = self._enforce(name, owner, over)
-        self._warned &= {e.model.model_id for e in self.models.ledger.over()}
-        if work:
-            await asyncio.gather(*work.values())
-        self.passes += 1
+            # Enforcing the limit comes first.
+            plan[name] = Action(name, Event.OVER_REQUEST, owner, over)
+        return plan
+
+    async def _act(self, action: Action) -> None:
+        name, owner = action.name, action.owner
+        if action.cause is Event.POD_GONE:
+            await self._remove_orphan(name)
+        elif owner is None:
+            raise AssertionError(f"{action} names no owner")
+        elif action.cause is Check.ADOPT:
+            await self._adopt(name, owner)
+        elif action.cause is Check.RECHECK:
+            await self._recheck(name, owner)
+        elif action.cause is Event.TRITON_RESTARTED:
+            self.models.note(name, Event.TRITON_RESTARTED)
+            await self._reload(name, owner)
+        elif action.cause is Event.OVER_REQUEST and action.excess is not None:
+            await self._enforce(name, owner, action.excess)
 
     async def _remove_orphan(self, name: str) -> None:
         log.info(
@@ -177,7 +218,9 @@ class Reconciler:
             extra=subject(model=name),
         )
         try:
-            await self.models.unload(name, reason="no pod on this node wants it")
+            await self.models.unload(
+                name, reason="no pod on this node wants it", cause=Event.POD_GONE
+            )
         except AgentError as e:
             log.warning(
                 "Removing orphan model %s failed (%s): retrying later.",
@@ -231,7 +274,11 @@ class Reconciler:
             extra=subject(pod=pod.key, model=pod.model_id),
         )
         try:
-            await self.models.unload(name, reason="it used more GPU memory than it requested")
+            await self.models.unload(
+                name,
+                reason="it used more GPU memory than it requested",
+                cause=Event.OVER_REQUEST,
+            )
             await self._fail_pod(
                 pod.namespace,
                 pod.pod.name,
@@ -254,6 +301,7 @@ class Reconciler:
         why = await self.models.vouch(name, pod)
         if not why:
             self.models.record(name).vouched_at = self._clock()
+            self.models.note(name, Event.ADOPTED)
             return
         await self._evict(name, pod, why)
 

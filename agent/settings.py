@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.modelconfig import DEFAULT_MAX_INSTANCES, DEFAULT_SAFE_BACKENDS
+from agent.modelconfig import DEFAULT_MAX_INSTANCES, DEFAULT_MAX_VERSIONS, DEFAULT_SAFE_BACKENDS
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
@@ -331,6 +331,15 @@ class Settings:
     )
     """Instances one model may ask Triton for, its instance groups' counts summed: each is a
     session of the backend in the shared Triton, with its own threads and memory."""
+    max_model_versions: int = setting(
+        "max-model-versions",
+        "most version directories one model may have",
+        whole(minimum=1),
+        default=str(DEFAULT_MAX_VERSIONS),
+    )
+    """Version directories one model may have, refused at install and at load. Triton loads
+    each version its `version_policy` selects with all of the config's instances and warmup
+    runs, so those bounds count once per selected version."""
     max_load_data_bytes: int = setting(
         "max-load-data-bytes",
         "most bytes of data one model's config may make Triton allocate when it loads it: "

@@ -33,7 +33,8 @@ from typing import Any
 import grpc
 import kubernetes.client
 
-from common.contract import Keys
+from benchmarks import command_line
+from common.contract import TENANT_CODE_NODE, Keys
 from common.placement import Claim, load_key_ring
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import start_in_thread
@@ -121,7 +122,8 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
     try:
         api = apiserver.api_client()
         core = kubernetes.client.CoreV1Api(api)
-        node: Any = {"metadata": {"name": NODE}}
+        # Dedicated to tenant code: the agent lets "default" run the Python backend.
+        node: Any = {"metadata": {"name": NODE, "labels": {Keys().tenant_code: TENANT_CODE_NODE}}}
         core.create_node(node)
         pod: Any = {
             "metadata": {
@@ -239,7 +241,15 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line(
+        "agent_install",
+        (
+            "Measures the agent's install throughput for a model directory of --size-mib MiB "
+            "sent in --chunk-kib KiB chunks, and the agent's load overhead over a direct "
+            "Triton load of the same model; medians of --runs runs, side by side, against "
+            "sim/'s API server and a real Triton."
+        ),
+    )
     parser.add_argument("--size-mib", type=int, default=1024, help="weights file size, MiB")
     parser.add_argument("--runs", type=int, default=5, help="runs of each measurement")
     parser.add_argument("--chunk-kib", type=int, default=1024, help="chunk size, KiB")

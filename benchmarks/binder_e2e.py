@@ -51,6 +51,7 @@ from typing import Any
 
 import kubernetes.client
 
+from benchmarks import command_line
 from binder.app import Binder
 from binder.settings import Settings
 from common.contract import Keys, agent_lease_name
@@ -583,7 +584,16 @@ def run_poc(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(
+        "binder_e2e",
+        (
+            "Measures the binder end to end through sim/ (watch, decide, annotate, bind): "
+            "decisions per second, binder CPU and API writes per pod and release-to-bind "
+            "percentiles for --pods pods on --nodes nodes of --gpus GPUs with --placed pods "
+            "already bound; --workloads picks plain, anti-affinity or spread pods, "
+            "--binder-root and --baseline-root compare two trees."
+        ),
+    )
     parser.add_argument("--mode", choices=("process", "in-process"), default="process")
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--gpus", type=int, default=8)

@@ -20,7 +20,6 @@ Prints each round, then medians and ratios; all of it on one core (one thread).
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -28,6 +27,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from benchmarks import command_line
 from binder.model import PodInfo, node_from_api, pod_from_api
 from binder.placement import SCAN_BUDGET, Placement, Unschedulable, place
 from binder.state import ClusterState
@@ -225,7 +225,15 @@ def decide_all(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(
+        "binder_placement",
+        (
+            "Measures placement decisions per second: the binder's free-memory index, the "
+            "whole-class scan and the proof of concept's algorithm on the same snapshot of "
+            "--nodes nodes with --gpus GPUs and --pods placed pods; --decisions and "
+            "--poc-decisions per round, --rounds rounds."
+        ),
+    )
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--pods", type=int, default=40000, help="pods already placed")

@@ -76,6 +76,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from benchmarks import command_line
 from benchmarks import results as results_page
 from binder.consolidation import Cooldowns, plan
 from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
@@ -750,7 +751,15 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(
+        "density",
+        (
+            "Measures how many GPUs and how much GPU memory the binder's placement uses on a "
+            "mixed T4/L4/A100 cluster (--scale multiplies it) for --models models, packed "
+            "once and under churn at --load of the usable memory, against whole-GPU serving, "
+            "first-fit decreasing and a lower bound."
+        ),
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the node counts")
     parser.add_argument("--models", type=int, default=2000, help="models in the static fleet")
     parser.add_argument("--load", type=float, default=0.85, help="churn: requested / usable")

@@ -38,6 +38,7 @@ from pathlib import Path
 import hpack
 import psutil
 
+from benchmarks import command_line
 from benchmarks import results as results_page
 from benchmarks.proxy_latency import ROOT, _stop, _wait_http, running_triton
 from common.callers import Caller, CallerTable, write_table
@@ -216,7 +217,15 @@ def measure(gateway: Gateway, args: argparse.Namespace, attackers: list[str]) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = command_line(
+        "held_bytes",
+        (
+            "Measures the node gateway's memory while --pods attacker pods hold --connections "
+            "connections of --streams partial gRPC messages for --seconds, with no byte "
+            "budget and with --budget, and a victim pod's latency and errors beside it, "
+            "against a real Triton."
+        ),
+    )
     parser.add_argument("--pods", type=int, default=8)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--streams", type=int, default=128)

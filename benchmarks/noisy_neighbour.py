@@ -1035,7 +1035,10 @@ def report(run: Run, rows: list[Row]) -> None:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.noisy_neighbour",
-        description=__doc__.split("\n\n")[0] if __doc__ else "",
+        description="Measures whether one tenant can starve another on a shared node of sim/: "
+        "per attack (--attacks), the victim's p50/p99 and errors at --rate requests per second "
+        "beside it alone, its placement and install outcome, and the gateway's, agent's and "
+        "Triton's peak memory against their deploy limits; --full-size for the full sizes.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument

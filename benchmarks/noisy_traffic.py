@@ -797,7 +797,16 @@ ATTACKS = {
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmarks.noisy_traffic victim|attack PLAN_JSON RESULT_FILE`: run one tenant's
     side until its plan's deadline or SIGTERM, then write its result (JSON) to RESULT_FILE."""
-    role, plan_json, result_file = (sys.argv[1:] if argv is None else argv)[:3]
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] not in ("victim", "attack"):
+        print(
+            "usage: python -m benchmarks.noisy_traffic victim|attack PLAN_JSON RESULT_FILE\n\n"
+            "One tenant's side of benchmarks.noisy_neighbour, which starts it with its plan; run "
+            "`python -m benchmarks.noisy_neighbour --help` instead.",
+            file=sys.stderr,
+        )
+        return 2
+    role, plan_json, result_file = args
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     fields = json.loads(plan_json)

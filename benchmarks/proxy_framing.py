@@ -19,7 +19,6 @@ strace slows the traced processes many times over: the counts are what to read, 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import re
 import signal
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import grpc
 
+from benchmarks import command_line
 from benchmarks.proxy_latency import (
     POD_ADDRESS,
     grpc_request,
@@ -118,7 +118,15 @@ def per_call(trace: Path, connections: dict[str, str], calls: int) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = command_line(
+        "proxy_framing",
+        (
+            "Counts, by strace, the system calls and HTTP/2 frames the node gateway and a "
+            "proxy spend per gRPC call at concurrency 1 over --calls calls (--h2load: "
+            "h2load's framing; --native: the compiled build); the counts are what to read, "
+            "not the times."
+        ),
+    )
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--h2load", action="store_true", help="h2load's framing, not grpc's")
     parser.add_argument("--native", action="store_true", help="the native build, as proxy_latency")

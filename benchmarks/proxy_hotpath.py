@@ -78,6 +78,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks import command_line
 from benchmarks.proxy_latency import (
     MODEL,
     REST_BODY,
@@ -376,7 +377,15 @@ def table(figures: Figures, title: str, unit: Callable[[float], str], what: str)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = command_line(
+        "proxy_hotpath",
+        (
+            "Measures the proxy's own CPU per request (callgrind instructions and /proc CPU "
+            "time) through `python -m proxy` against a bare TCP relay, REST and gRPC, in "
+            "front of a real Triton; --baseline-tree compares two trees, --native the "
+            "compiled build, --gateway the node gateway."
+        ),
+    )
     parser.add_argument(
         "--requests", type=int, default=4000, help="requests per callgrind measure (default 4000)"
     )

@@ -81,6 +81,7 @@ from tritonclient.grpc import service_pb2
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import command_line  # noqa: E402
 from benchmarks import results as results_page  # noqa: E402
 from common.callers import Caller, CallerTable, write_table  # noqa: E402
 from proxy import native  # noqa: E402
@@ -841,7 +842,15 @@ and the full path through the gateway."""
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = command_line(
+        "proxy_latency",
+        (
+            "Measures what the proxy and the path through the node gateway add over Triton "
+            "directly: added median latency at concurrency 1 and kept throughput at 16, REST "
+            "and gRPC, in --rounds rounds of --seconds each beside a bare TCP relay; --paths "
+            "picks the paths, --baseline-tree and --native compare builds."
+        ),
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--seconds", type=int, default=2, help="whole seconds of each load run (wrk's unit)"

@@ -15,7 +15,6 @@ Run: .venv/bin/python -m benchmarks.sim_apiserver [--nodes 5000 --pods 50000]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import operator
@@ -32,6 +31,8 @@ import aiohttp
 import kubernetes.client
 import kubernetes.watch
 import psutil
+
+from benchmarks import command_line
 
 NAMESPACE = "default"
 
@@ -206,7 +207,14 @@ def watch_latency(api: kubernetes.client.ApiClient, samples: int, nodes: int) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = command_line(
+        "sim_apiserver",
+        (
+            "Measures the simulated API server at scale: list and watch times and its memory "
+            "with --nodes nodes and --pods pods, through the official kubernetes client, over "
+            "--rounds rounds."
+        ),
+    )
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=50000)
     parser.add_argument("--rounds", type=int, default=5)

@@ -16,6 +16,7 @@ from binder.errors import BinderError, SettingsError
 from binder.settings import Settings, parse_settings
 from common.lifecycle import serve
 from common.logs import configure_logging
+from common.version import VERSION
 
 log = logging.getLogger("binder")
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"binder: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format, name="binder")
+    log.info("The binder of tritonshare %s is starting.", VERSION)
     try:
         return asyncio.run(_run(settings))
     except (BinderError, OSError) as e:

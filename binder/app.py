@@ -96,6 +96,7 @@ class Binder:
             scheduler_name=settings.scheduler_name,
             listener=self.controller,
             placement_keys=self.placement_keys.ring,
+            tenant_code=settings.tenant_code_namespaces,
         )
         self.elector = LeaderElector(
             self.kube,
@@ -108,7 +109,10 @@ class Binder:
             retry_period=settings.retry_period_seconds,
             executor=self._executor,
             on_change=self._leadership_changed,
-            annotations={settings.keys.gpu_mem_reserve: str(settings.gpu_mem_reserve)},
+            annotations={
+                settings.keys.gpu_mem_reserve: str(settings.gpu_mem_reserve),
+                settings.keys.tenant_code_namespaces: ",".join(settings.tenant_code_namespaces),
+            },
         )
         self.http = HttpServer(
             build_health_app(

@@ -23,7 +23,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -101,11 +101,14 @@ class ClusterCache:
         scheduler_name: str,
         listener: Listener,
         placement_keys: Callable[[], KeyRing] | None,
+        tenant_code: Collection[str] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`placement_keys` gives the ring in force (reread as the Secret rotates); None checks
-        proofs for form only, for a CLI user who cannot read the key (`binder.proofs`)."""
+        proofs for form only, for a CLI user who cannot read the key (`binder.proofs`).
+        `tenant_code`: the namespaces allowed to run their own code in Triton."""
         self.keys = keys
+        self.tenant_code = frozenset(tenant_code)
         self.scheduler_name = scheduler_name
         self.ledger = ledger
         # The ledger's parts under short names: read on every event, and never replaced.
@@ -120,7 +123,7 @@ class ClusterCache:
     # ---- pods ----------------------------------------------------------------------------------
 
     def apply_pod(self, event: str, obj: JsonObject) -> None:
-        pod = pod_from_api(obj, self.keys)
+        pod = pod_from_api(obj, self.keys, self.tenant_code)
         if not pod.uid:
             return
         if event == "DELETED":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -25,8 +26,9 @@ from typing import TextIO
 
 import yaml
 
+from binder import uninstall
 from binder.cache import ClusterCache, Ledger
-from binder.errors import ApiError, BinderError, NotFoundError, SettingsError
+from binder.errors import ApiError, BinderError, NotFoundError, SettingsError, UnavailableError
 from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
@@ -36,6 +38,7 @@ from binder.report import (
     load_state,
     load_states,
     published_reserve,
+    published_tenant_code,
     status_document,
     write_document,
     write_reserve,
@@ -47,6 +50,7 @@ from common.placement import KeyRing, PlacementKeyError, load_key_ring
 from common.quantity import format_bytes
 from common.settings import Declaration, Setting, key_prefix, one_of, quantity, text
 from common.settings import path as directory
+from common.version import VERSION, version_line
 
 
 class _Quiet:
@@ -94,13 +98,15 @@ def fold(
     listing: Listing, keys: Keys, scheduler: str, reserve: int, ring: KeyRing | None = None
 ) -> ClusterCache:
     """The listing folded into the binder's cache, as the binder folds its own lists. Proofs of
-    placement are verified with `ring`, or checked for form only without one."""
+    placement are verified with `ring`, or checked for form only without one; the namespaces
+    allowed tenant code are those the binder's leader publishes."""
     cache = ClusterCache(
         keys,
         Ledger(ClusterState(reserve=reserve)),
         scheduler_name=scheduler,
         listener=_Quiet(),
         placement_keys=None if ring is None else lambda: ring,
+        tenant_code=published_tenant_code(listing.leases, keys),
     )
     cache.replace_nodes(listing.nodes)
     cache.replace_namespaces(listing.namespaces)
@@ -120,6 +126,11 @@ def load(
 ) -> ClusterCache:
     """One list of nodes, agent leases and pods, folded into the binder's cache."""
     return fold(list_cluster(kube, namespace), keys, scheduler, reserve, ring)
+
+
+def counted(number: int, noun: str) -> str:
+    """`1 node`, `3 nodes`."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
@@ -169,8 +180,9 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
             )
     _table(rows, out)
     out.write(
-        f"\n{len(state.names)} nodes; GPU memory allocated {format_bytes(total_allocated)} of "
-        f"{format_bytes(total_capacity)}; {len(cache.pending)} pods pending.\n"
+        f"\n{counted(len(state.names), 'node')}; GPU memory allocated "
+        f"{format_bytes(total_allocated)} of {format_bytes(total_capacity)}; "
+        f"{counted(len(cache.pending), 'pod')} pending.\n"
     )
     unproven_status(cache, out)
 
@@ -183,7 +195,8 @@ def unproven_status(cache: ClusterCache, out: TextIO) -> None:
     )
     if unproven:
         out.write(
-            f"\n{len(unproven)} pods on tritonshare nodes prove no placement by the binder: "
+            f"\n{counted(len(unproven), 'pod')} on tritonshare nodes "
+            f"{'proves' if len(unproven) == 1 else 'prove'} no placement by the binder: "
             f"not charged, not served.\n"
         )
         rows = [["POD", "NODE", "ASKS", "MODEL", "REASON"]]
@@ -351,6 +364,12 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         allow_abbrev=False, prog=prog, description=__doc__.splitlines()[0]
     )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_line(prog),
+        help="print the version of tritonshare and exit",
+    )
     FLAGS.add_to(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     status_parser = commands.add_parser(
@@ -362,7 +381,61 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     )
     why.add_argument("pod", help="POD or NAMESPACE/POD")
     FLAGS.add_to(why)
+    cleanup = commands.add_parser(
+        "uninstall-cleanup",
+        help="after uninstalling, remove the agents' node annotations and resources and the "
+        "Leases tritonshare left behind",
+        description="Remove what tritonshare wrote at run time and Helm or kustomize do not "
+        "delete: the agents' annotations and extended resource on every Node, and the agents' "
+        "and the binder leader's Leases in --system-namespace. Run it after the DaemonSet is "
+        "gone: it refuses while an agent's Lease is live. Needs patch on nodes and nodes/status, "
+        "list and delete on leases.",
+        allow_abbrev=False,
+    )
+    cleanup.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be removed and change nothing",
+    )
+    cleanup.add_argument(
+        "--force",
+        action="store_true",
+        help="clean up even while agents' Leases are live (they write their annotations back)",
+    )
+    FLAGS.add_to(cleanup)
     return parser
+
+
+def uninstall_cleanup(
+    kube: Kube, keys: Keys, system_namespace: str, args: argparse.Namespace, prog: str, out: TextIO
+) -> int:
+    """`uninstall-cleanup`: 0 when done (or nothing was left), 1 when agents still run."""
+    nodes = kube.list_all(kube.nodes())[0]
+    leases = kube.list_all(kube.leases(system_namespace))[0]
+    cleanup = uninstall.plan(nodes, leases, keys, time.time())
+    if cleanup.live_agents and not args.force:
+        print(
+            f"{prog}: the agents of {counted(len(cleanup.live_agents), 'node')} still run "
+            f"({', '.join(cleanup.live_agents)}) and would write their annotations back: "
+            f"uninstall tritonshare first (its DaemonSet), wait until their Leases run out, or "
+            f"pass --force if those nodes are gone",
+            file=sys.stderr,
+        )
+        return 1
+    if cleanup.empty:
+        out.write("Nothing to clean up: no node or Lease carries what tritonshare writes.\n")
+        return 0
+    for line in cleanup.describe():
+        out.write(("would " if args.dry_run else "") + line + "\n")
+    if args.dry_run:
+        return 0
+    uninstall.carry_out(kube, cleanup, system_namespace)
+    touched = len(set(cleanup.annotations) | set(cleanup.resources))
+    out.write(
+        f"Removed tritonshare's annotations and resources from {counted(touched, 'node')} and "
+        f"deleted {counted(len(cleanup.leases), 'Lease')} in {system_namespace}.\n"
+    )
+    return 0
 
 
 def kubeconfig_path(flag: str | None, environ: Mapping[str, str], home: Path) -> str | None:
@@ -396,7 +469,25 @@ def _prog(argv0: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run one command; returns the exit code: 0 done, 1 the cluster could not be read (or the
+    pod does not exist), 2 bad flags or kubeconfig, 141 the reader of the output went away."""
     out = out or sys.stdout
+    try:
+        code = _run(argv, out)
+        out.flush()
+    except BrokenPipeError:
+        # The reader went away (`tritonshare status | head`): there is no one left to tell, so
+        # no traceback. stdout now points at /dev/null, or Python's own flush at exit fails
+        # again. 141 is what a shell reports for a command that SIGPIPE ended.
+        if out is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return 128 + signal.SIGPIPE
+    return code
+
+
+def _run(argv: Sequence[str] | None, out: TextIO) -> int:
     prog = _prog(sys.argv[0])
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
@@ -427,11 +518,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 2
     try:
         context_namespace = kubeconfig_namespace(kubeconfig, context) if kubeconfig else None
-        kube = Kube(kubeconfig, context=context, user_agent="tritonshare-cli/0.1.0")
+        kube = Kube(kubeconfig, context=context, user_agent=f"tritonshare-cli/{VERSION}")
     except BinderError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
+        if args.command == "uninstall-cleanup":
+            return uninstall_cleanup(kube, keys, system_namespace, args, prog, out)
         listing = list_cluster(kube, system_namespace)
         published = published_reserve(listing.leases, keys)
         reserve = given_reserve if given_reserve is not None else published or 0
@@ -450,7 +543,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
         try:
             raw = kube.read_pod(namespace, name)
-            pod = pod_from_api(raw, keys)
+            pod = pod_from_api(raw, keys, cache.tenant_code)
         except NotFoundError:
             print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1
@@ -466,6 +559,22 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                 document["load"] = {"state": served[0], "reason": served[1] or None}
             write_document(document, output, out)
         return 0
+    except UnavailableError as e:
+        if e.status == 0:
+            print(
+                f"{prog}: the cluster could not be read: the API server {kube.server} cannot be "
+                f"reached ({e.message.removeprefix('the API server could not be reached: ')}); "
+                f"check --kubeconfig and --context (now {kubeconfig or 'in-cluster'}, "
+                f"{context or 'its current context'}) and that the cluster is up",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"{prog}: the cluster could not be read: the API server {kube.server} is "
+                f"unavailable ({e.status} {e.reason}: {e.message}); try again later",
+                file=sys.stderr,
+            )
+        return 1
     except BinderError as e:
         print(f"{prog}: the cluster could not be read: {e}", file=sys.stderr)
         return 1

@@ -47,11 +47,11 @@ from binder.errors import (
 )
 from binder.wire import Answer, Connections, Direct, Proxied, Stream, Transport
 from common.events import pod_event
+from common.version import VERSION
 
 log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
-VERSION = "0.1.0"
 USER_AGENT = f"tritonshare-binder/{VERSION}"
 WATCH_TIMEOUT_SECONDS = 300
 LIST_TIMEOUT_SECONDS = 60.0
@@ -122,6 +122,7 @@ def _unreachable(e: Exception) -> UnavailableError:
 _JSON = "application/json"
 _PATCH = "application/strategic-merge-patch+json"
 """What the generated client sends for a dict patch body; kept, so nothing changes server-side."""
+_MERGE_PATCH = "application/merge-patch+json"
 
 
 def _transport(configuration: Any, keep: int, user_agent: str) -> Transport:
@@ -245,6 +246,11 @@ class Kube:
         """Pods whose Binding may have landed although its answer was lost."""
         self._auth: list[tuple[str, str]] = []
         self._auth_until = -math.inf
+
+    @property
+    def server(self) -> str:
+        """The API server's URL, as the kubeconfig or the service account gave it."""
+        return str(self._configuration.host)
 
     def close(self) -> None:
         self._closing.set()
@@ -654,6 +660,21 @@ class Kube:
             self._request("PUT", self._lease_path(namespace, name), timeout, body)
         )
         return result
+
+    def delete_lease(self, namespace: str, name: str) -> bool:
+        """Delete a Lease; False when it was already gone."""
+        try:
+            self._request("DELETE", self._lease_path(namespace, name))
+        except NotFoundError:
+            return False
+        return True
+
+    # ---- nodes (`tritonshare uninstall-cleanup`; the binder itself never writes a Node) ---------
+
+    def merge_patch_node(self, name: str, body: JsonObject, subresource: str = "") -> None:
+        """A JSON merge patch (RFC 7386: `null` removes a key) of a Node or its `status`."""
+        path = f"/api/v1/nodes/{quote(name, safe='')}" + (f"/{subresource}" if subresource else "")
+        self._request("PATCH", path, READ_TIMEOUT_SECONDS, body, _MERGE_PATCH)
 
     def read_pod(self, namespace: str, name: str) -> JsonObject:
         result: JsonObject = json.loads(self._request("GET", _pod_path(namespace, name)))

@@ -9,7 +9,7 @@ controller turns into an event. This module does no I/O and reads no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
@@ -22,7 +22,7 @@ from binder.podterms import (
     pod_affinity_from_spec,
     spread_from_spec,
 )
-from common.contract import Keys, is_valid_model_id, validate_model_id
+from common.contract import TENANT_CODE_NODE, Keys, is_valid_model_id, validate_model_id
 from common.podresources import HostPort, host_ports, node_allocatable, pod_requests
 from common.quantity import QuantityError
 from common.tritonname import private_triton_name
@@ -80,6 +80,10 @@ class Constraints:
     required_terms: tuple[SelectorTerm, ...] | None = None
     preferred_terms: tuple[PreferredTerm, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    tenant_code: bool = False
+    """Whether the pod's namespace may run its own code in Triton (the binder's
+    --tenant-code-namespaces): such a pod goes only to nodes dedicated to tenant code, any
+    other only to nodes that are not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,8 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict, hash=False, compare=True)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
+    tenant_code: bool = False
+    """Labelled as dedicated to tenant code (`Keys.tenant_code`)."""
     gpus: tuple[Gpu, ...] = ()
     gpu_problem: str = ""
     """Why the agent's GPU annotation could not be read; empty when it was fine or absent."""
@@ -291,8 +297,9 @@ def _term(raw: object) -> SelectorTerm:
     )
 
 
-def constraints_from_spec(spec: Mapping[str, Any]) -> Constraints:
-    """Read nodeSelector, node affinity and tolerations from a pod spec (API-shaped)."""
+def constraints_from_spec(spec: Mapping[str, Any], tenant_code: bool = False) -> Constraints:
+    """Read nodeSelector, node affinity and tolerations from a pod spec (API-shaped), for a pod
+    whose namespace may (`tenant_code`) or may not run its own code in Triton."""
     raw_selector = _mapping(spec.get("nodeSelector")).items()
     selector = tuple(sorted((str(k), str(v)) for k, v in raw_selector))
     node_affinity = _mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
@@ -316,7 +323,7 @@ def constraints_from_spec(spec: Mapping[str, Any]) -> Constraints:
         )
         for t in map(_mapping, _sequence(spec.get("tolerations")))
     )
-    return Constraints(selector, required, tuple(preferred), tolerations)
+    return Constraints(selector, required, tuple(preferred), tolerations, tenant_code)
 
 
 def effective_request(spec: Mapping[str, Any], resource: str) -> int:
@@ -334,8 +341,9 @@ def _revision(labels: Mapping[str, Any]) -> str:
     return ""
 
 
-def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
-    """Convert an API pod; never raises on user input (problems land in `problem`)."""
+def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str] = ()) -> PodInfo:
+    """Convert an API pod; never raises on user input (problems land in `problem`).
+    `tenant_code`: the namespaces allowed to run their own code in Triton."""
     meta = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     status = _mapping(obj.get("status"))
@@ -361,8 +369,8 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
             )
         elif not model_id:
             problem = (
-                f"pod has no {keys.model_id} annotation; set it to the Triton model name so the "
-                f"binder can keep one copy of each model revision per node"
+                f"pod has no {keys.model_id} annotation; set it to the model's name, the one its "
+                f"clients send, so the agent knows which model the pod serves"
             )
         elif not is_valid_model_id(model_id):
             try:
@@ -382,7 +390,7 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         revision=_revision(_mapping(meta.get("labels"))),
         gpu_uuid=str(annotations.get(keys.gpu) or ""),
         placement=str(annotations.get(keys.placement) or ""),
-        constraints=constraints_from_spec(spec),
+        constraints=constraints_from_spec(spec, namespace in tenant_code),
         problem=problem,
         created=parse_time(meta.get("creationTimestamp")) or 0.0,
         resource_version=str(meta.get("resourceVersion", "")),
@@ -489,6 +497,7 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
         labels=labels,
         taints=taints,
         unschedulable=bool(spec.get("unschedulable")),
+        tenant_code=labels.get(keys.tenant_code) == TENANT_CODE_NODE,
         gpus=gpus,
         gpu_problem=problem,
         measured=measured,

@@ -112,13 +112,16 @@ class Unschedulable:
         return "unschedulable" if self.condition_reason == "Unschedulable" else "error"
 
 
-def node_fits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> list[str]:
-    """Kubernetes' node rules for an API-shaped pod and node: empty when the node fits, else every
-    rule it breaks, phrased as kube-scheduler phrases them, in its filter order (the first is the
+def node_fits(
+    pod: Mapping[str, Any], node: Mapping[str, Any], *, tenant_code: bool = False
+) -> list[str]:
+    """Kubernetes' node rules and the TenantCode filter for an API-shaped pod and node (whose
+    namespace may run tenant code when `tenant_code`): empty when the node fits, else every rule
+    it breaks, phrased as kube-scheduler phrases them, in its filter order (the first is the
     one kube-scheduler reports). GPU memory, agents and model ids need the whole cluster: see
     `explain`."""
     spec = pod.get("spec")
-    constraints = constraints_from_spec(spec if isinstance(spec, Mapping) else {})
+    constraints = constraints_from_spec(spec if isinstance(spec, Mapping) else {}, tenant_code)
     return kubernetes_reasons(constraints, node_from_api(node, Keys()))
 
 

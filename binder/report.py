@@ -18,6 +18,7 @@ from binder.model import PodInfo
 from binder.placement import Placement, explain, place
 from common.contract import BINDER_LEADER_LEASE, Keys
 from common.quantity import format_bytes
+from common.settings import names
 
 
 def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
@@ -30,6 +31,17 @@ def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
         value = str((metadata.get("annotations") or {}).get(keys.gpu_mem_reserve, ""))
         return int(value) if value.isdigit() else None
     return None
+
+
+def published_tenant_code(leases: list[JsonObject], keys: Keys) -> tuple[str, ...]:
+    """The namespaces the binder places as tenant code, as its leader publishes them on the
+    leader Lease (from its --tenant-code-namespaces); none when no binder has published any."""
+    for lease in leases:
+        metadata = lease.get("metadata") or {}
+        if metadata.get("name") == BINDER_LEADER_LEASE:
+            value = str((metadata.get("annotations") or {}).get(keys.tenant_code_namespaces, ""))
+            return names(value)
+    return ()
 
 
 def load_state(pod: JsonObject, model_loaded: str = Keys().model_loaded) -> tuple[str, str]:

@@ -1,5 +1,6 @@
 """Kubernetes' own node rules, as kube-scheduler applies them: NodeUnschedulable, TaintToleration
-and NodeAffinity (filter and score).
+and NodeAffinity (filter and score), then tritonshare's TenantCode filter (nodes dedicated to the
+namespaces allowed to run their own code in Triton).
 
 The semantics follow kube-scheduler's plugins and k8s.io/component-helpers, including the corners
 people trip on: a malformed node selector term matches nothing instead of failing the pod, an empty
@@ -20,6 +21,8 @@ from binder.model import Constraints, NodeInfo, Requirement, SelectorTerm, Taint
 
 REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+REASON_NOT_DEDICATED = "node(s) are not dedicated to tenant code"
+REASON_DEDICATED = "node(s) are dedicated to tenant code"
 UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
 FILTERING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -257,7 +260,8 @@ def preferred_affinity_score(constraints: Constraints, node: NodeInfo) -> int:
 
 def kubernetes_reasons(constraints: Constraints, node: NodeInfo) -> list[str]:
     """Every Kubernetes rule the node breaks for these constraints, in kube-scheduler's filter
-    order (NodeUnschedulable, TaintToleration, NodeAffinity); empty when the node fits.
+    order (NodeUnschedulable, TaintToleration, NodeAffinity), then TenantCode's verdict; empty
+    when the node fits.
     kube-scheduler stops at the first failing plugin, so the first reason is the one it reports."""
     reasons = []
     if node.unschedulable and not tolerated(constraints.tolerations, UNSCHEDULABLE_TAINT):
@@ -267,11 +271,15 @@ def kubernetes_reasons(constraints: Constraints, node: NodeInfo) -> list[str]:
         reasons.append(untolerated_reason(taint))
     if not matches_required_affinity(constraints, node):
         reasons.append(REASON_AFFINITY)
+    dedication = tenant_code_reason(constraints, node)
+    if dedication:
+        reasons.append(dedication)
     return reasons
 
 
 def first_kubernetes_reason(constraints: Constraints, node: NodeInfo) -> str:
-    """The reason kube-scheduler would report for this node, or "" when the node fits."""
+    """The reason kube-scheduler would report for this node (TenantCode's after its own rules),
+    or "" when the node fits."""
     if node.unschedulable and not tolerated(constraints.tolerations, UNSCHEDULABLE_TAINT):
         return REASON_UNSCHEDULABLE
     taint = first_untolerated_taint(node, constraints.tolerations)
@@ -279,4 +287,15 @@ def first_kubernetes_reason(constraints: Constraints, node: NodeInfo) -> str:
         return untolerated_reason(taint)
     if not matches_required_affinity(constraints, node):
         return REASON_AFFINITY
+    return tenant_code_reason(constraints, node)
+
+
+def tenant_code_reason(constraints: Constraints, node: NodeInfo) -> str:
+    """The TenantCode filter, after kube-scheduler's node rules: a pod whose namespace may run
+    its own code in the shared Triton goes only to a node dedicated to it, and any other pod
+    never does, so no other team's model shares a Triton with tenant code; "" when it passes."""
+    if constraints.tenant_code and not node.tenant_code:
+        return REASON_NOT_DEDICATED
+    if node.tenant_code and not constraints.tenant_code:
+        return REASON_DEDICATED
     return ""

@@ -30,6 +30,7 @@ from common.settings import (
     keys_flag,
     log_format_flag,
     log_level_flag,
+    names,
     one_of,
     path,
     quantity,
@@ -99,6 +100,17 @@ class Settings:
         default="0",
     )
     """Bytes kept free on every GPU for the CUDA context and Triton (a quantity). Default 0."""
+    tenant_code_namespaces: tuple[str, ...] = setting(
+        "tenant-code-namespaces",
+        "comma-separated namespaces allowed to run their own code in Triton: their model pods "
+        "go only to nodes labelled <prefix>tenant-code=true, every other pod never does",
+        names,
+        default=(),
+    )
+    """Namespaces allowed to run their own code in Triton, the same list as the agents'
+    --tenant-code-namespaces on the dedicated nodes: their model pods are placed only on nodes
+    labelled `<prefix>tenant-code: "true"`, and the model pods of every other namespace never
+    on such a node (docs/security.md, "Nodes dedicated to tenant code"). Default: none."""
     identity: str = setting(
         "identity",
         "this replica's name in the leader lease (default hostname_pid)",

@@ -49,6 +49,11 @@ class Caller:
     (models installed before private names, and tables of agents before the field)."""
 
     @property
+    def namespace(self) -> str:
+        """The pod's namespace: what the node's shared budgets are split by first."""
+        return self.pod.partition("/")[0]
+
+    @property
     def name_in_triton(self) -> str:
         """The model's name in Triton: `triton_name`, or the public `model_id` when none."""
         return self.triton_name or self.model_id

@@ -16,6 +16,8 @@ DEFAULT_SYSTEM_NAMESPACE = "tritonshare-system"
 DEFAULT_AGENT_AUDIENCE = "tritonshare-agent"
 AGENT_LEASE_PREFIX = "tritonshare-agent-"
 BINDER_LEADER_LEASE = "tritonshare-binder"
+TENANT_CODE_NODE = "true"
+"""The value of the tenant-code node label (`Keys.tenant_code`) on a node dedicated to it."""
 
 # Default ports. Triton's own ports are never exposed to tenants. The agent's gRPC port is a
 # hostPort on every GPU node, so it stays clear of node daemons that run with hostNetwork
@@ -62,7 +64,8 @@ class Keys:
 
     @property
     def model_id(self) -> str:
-        """Pod annotation: the Triton model name, unique per node."""
+        """Pod annotation: the model's public id, the name its clients send (the agent installs
+        each pod's model under a private name in Triton, `common.tritonname`)."""
         return f"{self.prefix}model-id"
 
     @property
@@ -100,6 +103,19 @@ class Keys:
         return f"{self.prefix}ModelLoaded"
 
     @property
+    def tenant_code(self) -> str:
+        """Node label set by the operator (value `TENANT_CODE_NODE`): the node is dedicated to
+        the model pods of namespaces allowed to run their own code in Triton, and to no other
+        model pod."""
+        return f"{self.prefix}tenant-code"
+
+    @property
+    def tenant_code_namespaces(self) -> str:
+        """Leader Lease annotation written by the binder: the namespaces it places as tenant
+        code, comma-separated, so `tritonshare explain` judges as the binder does."""
+        return f"{self.prefix}tenant-code-namespaces"
+
+    @property
     def gpu_mem_reserve(self) -> str:
         """Leader Lease annotation written by the binder: the GPU memory reserve it places with,
         decimal bytes, so `tritonshare status` counts as the binder does."""
@@ -114,7 +130,9 @@ def agent_lease_name(node_name: str) -> str:
 def validate_model_id(model_id: str) -> str:
     """Return `model_id` if it is a valid model id, else raise ContractError saying why."""
     if not isinstance(model_id, str) or not model_id:
-        raise ContractError("model id is empty; set it to the Triton model name")
+        raise ContractError(
+            "model id is empty; set it to the model's name, the one its clients send"
+        )
     if len(model_id) > 128:
         raise ContractError(
             f"model id {model_id[:40]!r}... is {len(model_id)} characters; at most 128 are allowed"

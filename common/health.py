@@ -19,10 +19,11 @@ import inspect
 import platform
 import ssl
 from collections.abc import Awaitable, Callable
-from importlib import metadata
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+from common.version import VERSION
 
 NotReady = Callable[[], list[str] | Awaitable[list[str]]]
 """Why the part is not ready (empty when it is), answered at once or awaited."""
@@ -33,18 +34,14 @@ def _ready() -> str:
 
 
 def build_info() -> CollectorRegistry:
-    """A registry with `tritonshare_build_info`: the installed tritonshare version and Python."""
-    try:
-        version = metadata.version("tritonshare")
-    except metadata.PackageNotFoundError:
-        version = "unknown"  # run from a source tree that was never installed
+    """A registry with `tritonshare_build_info`: the version (common.version) and Python's."""
     registry = CollectorRegistry()
     Gauge(
         "tritonshare_build_info",
         "Always 1; the labels say which tritonshare version and Python this process runs.",
         ["version", "python"],
         registry=registry,
-    ).labels(version, platform.python_version()).set(1)
+    ).labels(VERSION, platform.python_version()).set(1)
     return registry
 
 

@@ -29,6 +29,7 @@ from typing import Any, NoReturn, TypeVar, dataclass_transform
 
 from common.contract import DEFAULT_PREFIX, Keys, validate_model_id
 from common.quantity import QuantityError, format_bytes, parse_quantity
+from common.version import version_line
 
 ENV_PREFIX = "TRITONSHARE_"
 DECLARED = "tritonshare.setting"
@@ -353,8 +354,15 @@ class Declaration:
         return cls(prog, description, settings, error=error)
 
     def parser(self) -> argparse.ArgumentParser:
-        """The command line; `--help` prints every flag with its default and variable."""
+        """The command line; `--help` prints every flag with its default and variable, and
+        `--version` the version of tritonshare."""
         parser = _Parser(self.error, prog=self.prog, description=self.description)
+        parser.add_argument(
+            "--version",
+            action="version",
+            version=version_line(self.prog),
+            help="print the version of tritonshare and exit",
+        )
         self.add_to(parser)
         return parser
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.logs import configure_logging, subject
+from common.version import VERSION
 from loader.app import run_until_stopped
 from loader.errors import ExitCode, LoaderError
 from loader.settings import parse_settings, termination_log_from
@@ -59,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fields=subject(model=settings.model_id),
     )
     log.info(
-        "Loading model %s from %s through the agent at %s (timeout %.0f s).",
+        "The loader of tritonshare %s is loading model %s from %s through the agent at %s "
+        "(timeout %.0f s).",
+        VERSION,
         settings.model_id,
         settings.model_dir,
         settings.agent_address,

@@ -45,11 +45,13 @@ class Settings:
 
     model_id: str = setting(
         "model-id",
-        "Triton model name",
+        "the model's id, as its clients name it (the agent installs it under a private name in "
+        "Triton)",
         model_id,
         required="in a pod, the tritonshare.io/model-id annotation through the Downward API",
     )
-    """The Triton model name (the pod's `tritonshare.io/model-id` annotation). Required."""
+    """The model's public id (the pod's `tritonshare.io/model-id` annotation), the name its
+    clients send; the agent installs it under the pod's private name in Triton. Required."""
     agent_address: str = setting(
         "agent-address",
         "the node's agent as host:port (port defaults to 8100)",
@@ -100,7 +102,10 @@ class Settings:
     )
     """Seconds, the first retry's largest delay; doubles per retry (full jitter). Default 0.25."""
     backoff_max_seconds: float = setting(
-        "backoff-max", "seconds, largest retry delay", seconds(positive=True), default="5"
+        "backoff-max",
+        "seconds, largest retry delay (and longest wait between reconnects to the agent)",
+        seconds(positive=True),
+        default="5",
     )
     """Seconds, the cap of one retry's delay. Default 5."""
     poll_seconds: float = setting(
@@ -131,7 +136,7 @@ class Settings:
         default=str(DEFAULT_TERMINATION_LOG),
     )
     """Where the one-line outcome goes, for `kubectl describe pod`. Default /dev/termination-log."""
-    log_level: str = log_level_flag("DEBUG, INFO, WARNING or ERROR")
+    log_level: str = log_level_flag("DEBUG, INFO, WARNING, ERROR or CRITICAL")
     """Log level name. Default INFO."""
     log_format: LogFormat = log_format_flag()
     """`text` for people, `json` for log pipelines. Default text."""

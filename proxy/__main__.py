@@ -9,6 +9,7 @@ import logging
 import sys
 
 from common.logs import configure_logging, subject
+from common.version import VERSION
 from proxy.app import run
 from proxy.runner import event_loop_runner
 from proxy.settings import SettingsError, parse_settings
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         name="proxy",
         fields=subject(model=settings.model_id),
     )
+    log.info("The proxy of tritonshare %s is starting for model %s.", VERSION, settings.model_id)
     return event_loop_runner()(run(settings))
 
 

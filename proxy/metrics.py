@@ -56,14 +56,15 @@ class _ConcurrencyCollector(Collector):
         queued.add_metric(values, limiter.queued)
         area = CounterMetricFamily(
             "tritonshare_proxy_concurrency_seconds",
-            "In-flight inference requests integrated over time; rate() is the average concurrency.",
+            "Inference requests held (in flight or waiting for a slot) integrated over time; "
+            "rate() is the average concurrency.",
             labels=labels,
         )
         area.add_metric(values, limiter.concurrency_seconds())
         average = GaugeMetricFamily(
             "tritonshare_proxy_average_concurrency",
-            f"Time-weighted average of in-flight inference requests over the last "
-            f"{limiter.window:g} s.",
+            f"Time-weighted average of inference requests held (in flight or waiting) over the "
+            f"last {limiter.window:g} s.",
             labels=labels,
         )
         average.add_metric(values, limiter.average_concurrency())

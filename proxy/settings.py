@@ -123,23 +123,30 @@ class Settings:
     """Everything the proxy needs to run; each field declared once with its flag."""
 
     model_id: str = setting(
-        "model-id", "the pod's own Triton model name", model_id, required="the pod's model"
+        "model-id",
+        "the pod's model id, as its clients name it: the only model requests may reach",
+        model_id,
+        required="the pod's model",
     )
-    """The pod's own Triton model name; the only model the proxy lets requests reach."""
+    """The pod's model id (its `tritonshare.io/model-id` annotation), the name clients send; the
+    only model the proxy lets requests reach. Its name in Triton is private (`triton_name`)."""
     triton_http_url: str = setting(
         "triton-http-url",
-        "host:port of the node's Triton HTTP endpoint",
+        "host:port REST requests go to: the node gateway's REST side (the host IP and its "
+        "hostPort, 8010), the pods' only way to Triton",
         host_port,
         required="where Triton's HTTP endpoint is",
     )
-    """host:port of the node's Triton HTTP endpoint (no scheme)."""
+    """host:port REST requests go to (no scheme): in a model pod the node gateway's REST side,
+    which checks the caller and forwards to Triton on the node pod's loopback."""
     triton_grpc_url: str = setting(
         "triton-grpc-url",
-        "host:port of the node's Triton gRPC endpoint",
+        "host:port gRPC calls go to: the node gateway's gRPC side (the host IP and its hostPort, "
+        "8011)",
         host_port,
         required="where Triton's gRPC endpoint is",
     )
-    """host:port of the node's Triton gRPC endpoint."""
+    """host:port gRPC calls go to: in a model pod the node gateway's gRPC side."""
     triton_name: str = setting(
         "triton-name",
         "the model's private name in Triton when not the model id (the node gateway's)",
@@ -208,19 +215,24 @@ class Settings:
     """Window of the time-weighted average concurrency gauge, in seconds (Knative uses 60)."""
     agent_address: str = setting(
         "agent-address",
-        "host:port of the node agent (empty: no unload on exit)",
+        "host:port of the node agent (empty: no unload on exit and no reinstall)",
         host_port,
         default="",
     )
-    """host:port of the node's agent gRPC API; empty means do not ask for an unload on exit."""
+    """host:port of the node's agent gRPC API; empty means do not ask for an unload on exit, nor
+    for a reinstall of a model the node lost."""
     token_file: Path | None = setting(
         "token-file", "the pod's projected service-account token file", path, default=None
     )
     """The pod's projected service-account token (audience tritonshare-agent), read per call."""
     agent_timeout_seconds: float = setting(
-        "agent-timeout", "seconds to wait for the agent's unload", seconds(), default="30"
+        "agent-timeout",
+        "seconds one agent call may take (the unload at exit, a reinstall's checks)",
+        seconds(),
+        default="30",
     )
-    """Seconds to wait for the agent to unload the model on shutdown."""
+    """Seconds one agent call may take: the unload on shutdown, and the GetModel and install
+    calls of a reinstall."""
     model_dir: Path | None = setting(
         "model-dir",
         "the pod's copy of its model, read-only (reinstalled from there when the node lost it)",
@@ -258,10 +270,18 @@ class Settings:
     """Root log level."""
     log_format: str = log_format_flag()
     """`text` for people, `json` for log pipelines."""
-    key_prefix: str = setting("key-prefix", "contract key prefix", text, default=DEFAULT_PREFIX)
+    key_prefix: str = setting(
+        "key-prefix",
+        "contract key prefix (accepted as every part takes it; the proxy reads no key)",
+        text,
+        default=DEFAULT_PREFIX,
+    )
     """Contract key prefix (accepted for symmetry with the other parts; the proxy uses none)."""
     system_namespace: str = setting(
-        "system-namespace", "the platform's namespace", text, default=DEFAULT_SYSTEM_NAMESPACE
+        "system-namespace",
+        "the platform's namespace (accepted as every part takes it; the proxy reads none)",
+        text,
+        default=DEFAULT_SYSTEM_NAMESPACE,
     )
     """Namespace of the platform's components (accepted for symmetry with the other parts)."""
 

@@ -26,13 +26,14 @@ from typing import Any, cast
 import kubernetes.client
 
 from common.contract import DEFAULT_PREFIX, DEFAULT_SCHEDULER_NAME, DEFAULT_SYSTEM_NAMESPACE
+from common.version import VERSION
 from sim.processes import ManagedProcess, wait_started
 from sim.triton import free_port
 
 CONFIGURATION_NAME = "tritonshare-model-pods"
 WEBHOOK_NAME = "model-pods.tritonshare.io"
 PATH = "/mutate-pods"
-IMAGE = "ghcr.io/tritonshare/tritonshare:0.1.0"
+IMAGE = f"ghcr.io/tritonshare/tritonshare:{VERSION}"
 STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.14.1"
 # The chart's webhook.excludeNamespaces default, besides its own namespace.
 EXCLUDED_NAMESPACES = ("kube-system",)

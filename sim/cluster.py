@@ -39,7 +39,7 @@ from typing import Any, cast
 import kubernetes.client
 import yaml
 
-from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys, agent_lease_name
+from common.contract import DEFAULT_SYSTEM_NAMESPACE, TENANT_CODE_NODE, Keys, agent_lease_name
 from sim import admission_webhook
 from sim.apiserver import RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
@@ -188,7 +188,9 @@ class SimCluster:
         self.binder_count = binders
         self.tenant_code_namespaces = tuple(tenant_code_namespaces)
         """Namespaces the agents let run their own code in Triton: the scenario's tiny models
-        use the Python backend, which a real operator allows only for namespaces it trusts."""
+        use the Python backend, which a real operator allows only for namespaces it trusts.
+        Every node is then dedicated to them (labelled), and the binders place only their model
+        pods: a pod of another namespace waits with `node(s) are dedicated to tenant code`."""
         self.admission_policies = admission_policies
         """Run deploy/base's ValidatingAdmissionPolicies in the API server, and the binders with
         their service account's token (the model-pod policy lets only the binder write
@@ -302,12 +304,15 @@ class SimCluster:
         self.say("The controller manager rolls Deployments and keeps ReplicaSets' pods.")
 
     def _register(self, node: NodeSpec) -> None:
+        # Agents that allow tenant code start only on nodes dedicated to it; the binders place
+        # the same namespaces, and only them, there.
+        dedicated = {KEYS.tenant_code: TENANT_CODE_NODE} if self.tenant_code_namespaces else {}
         body = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
                 "name": node.name,
-                "labels": {"kubernetes.io/hostname": node.name, **node.labels},
+                "labels": {"kubernetes.io/hostname": node.name, **dedicated, **node.labels},
             },
             "spec": {"taints": [dict(t) for t in node.taints]} if node.taints else {},
         }
@@ -484,6 +489,7 @@ class SimCluster:
                 "--lease-duration", str(BINDER_LEASE_SECONDS),
                 "--renew-deadline", str(BINDER_LEASE_SECONDS * 2 // 3),
                 "--retry-period", "1",
+                "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
             ]  # fmt: skip
             process = ManagedProcess(identity, argv, self.workdir / "logs" / f"{identity}.log")
             process.start(self.env)

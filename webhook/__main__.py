@@ -8,6 +8,7 @@ import sys
 
 from common.lifecycle import serve
 from common.logs import configure_logging
+from common.version import VERSION
 from webhook.server import Webhook
 from webhook.settings import Settings, SettingsError, parse_settings
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--tls-cert and --tls-key are required: the API server calls webhooks over HTTPS"
             )
         configure_logging("INFO", settings.log_format, name="webhook")
+        log.info("The webhook of tritonshare %s is starting.", VERSION)
         return asyncio.run(_run(settings))
     except (SettingsError, ValueError) as e:
         print(f"webhook: {e}", file=sys.stderr)

@@ -7,6 +7,7 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
     tritonshare.io/model-id: add_one                       # optional: the URI's last segment
                                                            # (without .tar.gz, .tgz, .tar, .zip)
     tritonshare.io/concurrency: "4"                        # optional: the proxy's in-flight limit
+    tritonshare.io/storage-secret: s3-creds                # optional: webhook.storage
 
 and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
@@ -26,7 +27,9 @@ from urllib.parse import urlsplit
 
 from common.contract import ContractError, validate_model_id
 from common.quantity import QuantityError, parse_quantity
+from webhook import storage
 from webhook.settings import Settings
+from webhook.storage import StorageAccess, StorageAnnotationError, read_access
 
 ROLE_LABEL = "tritonshare.io/role"
 MODEL_DIR = "/mnt/models"
@@ -64,6 +67,8 @@ class ModelRequest:
     gpu_mem: str
     model_id: str
     concurrency: int | None
+    access: StorageAccess
+    """The storage initializer's credentials and S3 settings (webhook.storage)."""
 
 
 def wants_completion(pod: Pod, settings: Settings) -> bool:
@@ -141,7 +146,8 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
     except ContractError as e:
         where = f"annotation {id_key}" if id_key in annotations else f"the last segment of {uri}"
         raise AnnotationError(
-            f"{where} is not a usable model id ({e}); set {id_key} to the Triton model name"
+            f"{where} is not a usable model id ({e}); set {id_key} to the model's name, the one "
+            f"its clients send"
         ) from e
     concurrency: int | None = None
     if concurrency_key in annotations:
@@ -153,7 +159,11 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
                 f'("0" for no limit)'
             )
         concurrency = int(text)
-    return ModelRequest(uri, parts.scheme, str(annotations[mem_key]), model_id, concurrency)
+    try:
+        access = read_access(annotations, prefix, parts.scheme)
+    except StorageAnnotationError as e:
+        raise AnnotationError(str(e)) from e
+    return ModelRequest(uri, parts.scheme, str(annotations[mem_key]), model_id, concurrency, access)
 
 
 def _by_name(items: list[dict[str, Any]], name: str) -> bool:
@@ -182,7 +192,10 @@ def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str,
         parts = urlsplit(request.uri)
         source = PVC_DIR + (parts.path or "/")
         mounts.append({"name": "model-pvc", "mountPath": PVC_DIR, "readOnly": True})
-    return {
+    secret_mount = storage.mount(request.access)
+    if secret_mount is not None:
+        mounts.append(secret_mount)
+    container: dict[str, Any] = {
         "name": "storage-initializer",
         "image": settings.storage_initializer_image,
         "args": [source, MODEL_DIR],
@@ -193,6 +206,10 @@ def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str,
         "securityContext": copy.deepcopy(_LOCKED_DOWN),
         "volumeMounts": mounts,
     }
+    env = storage.environment(request.access)
+    if env:
+        container["env"] = env
+    return container
 
 
 def _loader(settings: Settings) -> dict[str, Any]:
@@ -338,6 +355,9 @@ def complete(pod: Pod, settings: Settings) -> Pod:
         wanted_volumes.append(
             {"name": "model-pvc", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         )
+    secret_volume = storage.volume(request.access)
+    if secret_volume is not None:
+        wanted_volumes.append(secret_volume)
     volumes += [v for v in wanted_volumes if not _by_name(volumes, v["name"])]
     spec["volumes"] = volumes
     init = list(spec.get("initContainers") or [])

@@ -32,6 +32,7 @@ from common.settings import (
     setting,
     text,
 )
+from common.version import VERSION
 
 
 class SettingsError(ValueError):
@@ -45,10 +46,15 @@ class Settings:
     listen: tuple[str, int] = setting("listen", "HTTPS host:port", address, default="0.0.0.0:9443")
     """Address of the HTTPS listener (the API server calls it)."""
     tls_cert: Path | None = setting(
-        "tls-cert", "PEM certificate file (tls.crt)", path, default=None
+        "tls-cert",
+        "PEM certificate file (tls.crt); required: the API server calls over HTTPS",
+        path,
+        default=None,
     )
     """PEM certificate chain (cert-manager's tls.crt). Required to serve."""
-    tls_key: Path | None = setting("tls-key", "PEM private key file (tls.key)", path, default=None)
+    tls_key: Path | None = setting(
+        "tls-key", "PEM private key file (tls.key); required with --tls-cert", path, default=None
+    )
     """PEM private key (tls.key). Required to serve."""
     keys: Keys = keys_flag()
     """The contract's keys (annotations, the GPU-memory resource), from --key-prefix."""
@@ -61,14 +67,14 @@ class Settings:
     """spec.schedulerName written into model pods."""
     image: str = setting(
         "image",
-        "image of the loader and the proxy",
+        "image of the loader and the proxy containers the webhook writes into model pods",
         text,
-        default="ghcr.io/tritonshare/tritonshare:0.1.0",
+        default=f"ghcr.io/tritonshare/tritonshare:{VERSION}",
     )
     """Image of the loader and the proxy."""
     storage_initializer_image: str = setting(
         "storage-initializer-image",
-        "image that fetches models",
+        "image of the init container that fetches a gs://, s3://, https:// or pvc:// model URI",
         text,
         default="kserve/storage-initializer:v0.14.1",
     )

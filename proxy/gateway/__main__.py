@@ -5,13 +5,17 @@ Runs on uvloop when it is installed (`proxy.runner`).
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from common.logs import configure_logging
+from common.version import VERSION
 from proxy.gateway.app import run
 from proxy.gateway.settings import parse_settings
 from proxy.runner import event_loop_runner
 from proxy.settings import SettingsError
+
+log = logging.getLogger("gateway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(
         settings.log_level, "json" if settings.log_format == "json" else "text", name="gateway"
     )
+    log.info("The node gateway of tritonshare %s is starting.", VERSION)
     return event_loop_runner()(run(settings))
 
 

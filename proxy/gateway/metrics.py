@@ -134,13 +134,28 @@ class _InFlightCollector(Collector):
             "number at Triton (tritonshare_gateway_concurrency_limit, per pod).",
         )
         sending.add_metric([], self._in_flight.sending)
+        namespaces = GaugeMetricFamily(
+            "tritonshare_gateway_namespaces_sending",
+            "Namespaces with a pod counted as sending now: the node's in-flight budget is split "
+            "among them first, then among each one's pods sending.",
+        )
+        namespaces.add_metric([], self._in_flight.namespaces)
+        # One series per namespace sending now: bounded by the namespaces of the node's pods.
+        by_namespace = GaugeMetricFamily(
+            "tritonshare_gateway_namespace_pods_sending",
+            "Pods of the namespace counted as sending now: they share the namespace's part of "
+            "the node's in-flight budget (only namespaces sending are listed).",
+            labels=["namespace"],
+        )
+        for namespace, pods in sorted(self._in_flight.by_namespace.items()):
+            by_namespace.add_metric([namespace], pods)
         budget = GaugeMetricFamily(
             "tritonshare_gateway_in_flight_budget",
-            "The node's in-flight budget at Triton split among the pods sending "
-            "(--max-in-flight-node).",
+            "The node's in-flight budget at Triton split among the namespaces sending, then "
+            "among their pods sending (--max-in-flight-node).",
         )
         budget.add_metric([], self._in_flight.budget)
-        yield from (sending, budget)
+        yield from (sending, namespaces, by_namespace, budget)
 
 
 class GatewayMetrics:

@@ -129,23 +129,24 @@ class GatewaySettings:
     max_in_flight_node: int = setting(
         "max-in-flight-node",
         "requests all pods together may have at Triton while more than one pod is sending: "
-        "each sending pod may have this divided by their number (at least 1, at most its own "
-        "limit); a pod sending alone keeps its own limit; auto = the node's CPUs, "
-        "0 = no node budget",
+        "split among the namespaces sending, then among each one's pods sending (at least 1, "
+        "at most a pod's own limit); a pod sending alone keeps its own limit; auto = the "
+        "node's CPUs, 0 = no node budget",
         whole_or_cpus,
         default="auto",
     )
-    """The node's in-flight budget (`policy.inflight`): while N pods are sending, each may have
-    `max(1, this // N)` inference requests at Triton (never more than its own limit, above), and
-    its next ones wait in its queue, which keeps its own length. A pod sending alone keeps its
-    own limit, so dynamic batching still gets a lone pod's concurrency. Without it a pod flooding
-    within its own limit takes Triton (and the node's cores, which Triton's request handling and
-    backends run on) from its neighbours. `auto`, the default, is the node's CPUs (the process's
-    CPU affinity): on the 2-core node of the benchmark a flooding pod beside a steady one then has
-    1 request at Triton, and the victim's p99 under a flood went from 14-34x its p99 alone to
-    1.3x (with 2 each 1.8-1.9x, with 4 each 8-15x; docs/results.md, "Security and isolation").
-    On a GPU node, where the GPU is what the pods share, set it to the requests the node's models
-    can run at once. 0: each pod bounded by its own limit only."""
+    """The node's in-flight budget (`policy.inflight`): while N namespaces are sending, n pods of a
+    pod's namespace among them, the pod may have `max(1, max(1, this // N) // n)` inference requests
+    at Triton (never more than its own limit, above), and its next ones wait in its queue, which
+    keeps its own length: a namespace gains nothing by running more pods. A pod sending alone keeps
+    its own limit, so dynamic batching still gets a lone pod's concurrency. Without it a pod
+    flooding within its own limit takes Triton (and the node's cores, which Triton's request
+    handling and backends run on) from its neighbours. `auto`, the default, is the node's CPUs (the
+    process's CPU affinity): on the 2-core node of the benchmark a flooding pod beside a steady one
+    then has 1 request at Triton, and the victim's p99 under a flood went from 14-34x its p99 alone
+    to 1.3x (with 2 each 1.8-1.9x, with 4 each 8-15x; docs/results.md, "Security and
+    isolation"). On a GPU node, where the GPU is what the pods share, set it to the requests the
+    node's models can run at once. 0: each pod bounded by its own limit only."""
     max_buffered_bytes: int = setting(
         "max-buffered-bytes",
         "bytes the gateway may hold for all pods together (received and not yet forwarded, "

@@ -61,9 +61,11 @@ class Tenant:
         self.limiter = Limiter(
             settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
         )
-        self.share = self.limiter.share = shares.share(self._throttle, self._unthrottle)
+        self.share = self.limiter.share = shares.share(
+            self._throttle, self._unthrottle, caller.namespace
+        )
         if in_flight is not None:
-            in_flight.add(self.limiter)
+            in_flight.add(self.limiter, caller.namespace)
         self._logged_pause = -_PAUSE_LOG_SECONDS
         self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
         self._answers_paused = False  # its channels to Triton stopped for the byte budget
@@ -154,7 +156,8 @@ class Tenants:
         self.state = state
         self.shares = shares
         self.in_flight = in_flight
-        """The node's in-flight budget split among the pods sending; None: none."""
+        """The node's in-flight budget split among the namespaces sending, then their pods;
+        None: none."""
         self._by_address: dict[str, Tenant] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -179,7 +182,7 @@ class Tenants:
                     tenant.caller.pod,
                     tenant.caller.address,
                     budget.held_of(tenant.share),
-                    budget.fair(),
+                    budget.fair_of(tenant.share),
                     budget.limit,
                     GRACE,
                 )
@@ -188,9 +191,10 @@ class Tenants:
             error = OverBudgetError(
                 f"the node's gateway holds more than its byte budget "
                 f"(--max-buffered-bytes={budget.limit}) and this pod more than its share of it "
-                f"({budget.fair()} bytes): its largest connections are closed. Send each "
-                "message whole and promptly, read answers as they come, and hold fewer calls "
-                "open at once; the node's operator may raise --max-buffered-bytes"
+                f"({budget.fair_of(tenant.share)} bytes, its namespace's part split among its "
+                "pods holding bytes): its largest connections are closed. Send each message "
+                "whole and promptly, read answers as they come, and hold fewer calls open at "
+                "once; the node's operator may raise --max-buffered-bytes"
             )
             closed, freed = tenant.shed(excess, error)
             log.warning(

@@ -4,7 +4,9 @@ Each pod's holdings in the gateway are bounded on their own (`gateway.budget`), 
 add up over pods: enough pods each holding partial messages within their own bound pass the
 gateway's memory limit together, and the gateway is OOM-killed with every model of the node. So
 the gateway keeps the bytes it holds for all pods under `limit`, split fairly among the pods that
-hold anything or are active: a pod's fair share is `limit / N` with N such pods.
+hold anything or are active, by namespace first: a pod's fair share is `limit / N / n` with N
+namespaces having such pods and n of them in its own namespace, so a namespace's many pods share
+what one pod of another namespace has, and the shares still add up to `limit`.
 
 How it is counted. Exactly, but not per call: the gateway walks every pod's connections (`measured`:
 bytes received and not yet forwarded, answers held for the pod, bytes waiting in write buffers)
@@ -86,7 +88,8 @@ class ByteBudget:
         self._on_hold = on_hold  # a pod stopped between walks: walk soon, it may hold less
         self._held: dict[LoopShare, int] = {}  # each pod's bytes at the last walk
         self._over: dict[LoopShare, float] = {}  # since when each pod has been shed-worthy
-        self._pods = 1  # pods sharing the budget at the last walk
+        self._pods = 1  # pods sharing the budget at the last count (a walk, or a trip)
+        self._sharing: dict[str, int] = {}  # and how many of them each namespace has
         self.total = 0
         """Bytes held for every pod at the last walk."""
         self.holds = 0
@@ -101,16 +104,22 @@ class ByteBudget:
         """What `share`'s pod held at the last walk."""
         return self._held.get(share, 0)
 
-    def fair(self) -> int:
-        """A pod's fair share of the budget now."""
-        return self.limit // self._pods
+    def fair_of(self, share: LoopShare) -> int:
+        """`share`'s pod's fair share of the budget, as of the last count: its namespace's part,
+        split among the namespace's pods."""
+        sharing = self._sharing
+        return self.limit // max(len(sharing), 1) // (sharing.get(share.namespace) or 1)
+
+    def _count(self, sharing: dict[str, int]) -> None:
+        self._sharing = sharing
+        self._pods = max(sum(sharing.values()), 1)
 
     def tripped(self, share: LoopShare) -> None:
         """`share` read past its allowance: give it more, or stop its reading until a walk."""
         if share.held:
             # Stopped, yet Triton still answers what it sent before: each further share of
             # answers asks for a walk, which sheds at once past twice the budget.
-            share.allowance = share.read + max(self.fair(), _SLICE_FLOOR)
+            share.allowance = share.read + max(self.fair_of(share), _SLICE_FLOOR)
             self._on_hold()
             return
         # Counted now, not at the last walk: pods that came since share the budget at once.
@@ -119,16 +128,17 @@ class ByteBudget:
         since = self._clock() - ACTIVE
         last = self._held
         committed = self.total + share.read
-        pods = 0
+        sharing: dict[str, int] = {}
         for each in self._shares.shares:
             if each is not share:
                 allowance = each.allowance
                 committed += each.read if allowance == UNLIMITED else max(each.read, allowance)
             if each.read or last.get(each, 0) or each.last >= since:
-                pods += 1
-        self._pods = pods = max(pods, 1)
+                sharing[each.namespace] = sharing.get(each.namespace, 0) + 1
+        self._count(sharing)
+        pods = self._pods
         held = last.get(share, 0) + share.read
-        fair = self.limit // pods
+        fair = self.fair_of(share)
         room = self.limit - committed
         # Under the budget, a slice of what is left, not all of it (a pod that comes before the
         # next walk finds room too); over it, a pod under its share may still reach its share.
@@ -154,16 +164,20 @@ class ByteBudget:
         now = self._clock()
         since = now - ACTIVE
         total = sum(held.values())
-        pods = sum(1 for share, size in held.items() if size > 0 or share.last >= since)
-        self._pods = pods = max(pods, 1)
+        sharing: dict[str, int] = {}
+        for share, size in held.items():
+            if size > 0 or share.last >= since:
+                sharing[share.namespace] = sharing.get(share.namespace, 0) + 1
+        self._count(sharing)
+        pods = self._pods
         self._held = dict(held)
         self.total = total
-        fair = self.limit // pods
         room = max(self.limit - total, 0)
         over_budget = total > self.limit
         shed: list[tuple[LoopShare, int]] = []
         for share, size in held.items():
             share.read = 0
+            fair = self.fair_of(share)
             over = over_budget and size > fair
             share.allowance = max(room // pods, fair - size, 0)
             if not over:

@@ -1,12 +1,19 @@
-"""The node's in-flight budget at Triton, split evenly among the pods sending (the gateway's).
+"""The node's in-flight budget at Triton, split by namespace, then among a namespace's pods
+sending (the gateway's).
 
 Each pod's `Limiter` bounds its own requests at Triton (its declared concurrency, or the gateway's
 `--max-in-flight-per-pod`). That bounds Triton's queue, not a pod's part of Triton's work: a pod
 flooding within its own limit of 64 keeps 64 requests at Triton, and every neighbour's request
 then shares Triton (and, on a CPU, the node's cores) with them. So while more than one pod is
-sending, the node's budget `B` (`--max-in-flight-node`) is split evenly: with N pods sending, each
-may have `max(1, B // N)` requests at Triton, never more than its own limit. A pod sending alone
+sending, the node's budget `B` (`--max-in-flight-node`) is split as Kubernetes' API Priority and
+Fairness splits a server's seats: first evenly among the namespaces sending, then evenly among a
+namespace's pods sending. With N namespaces sending, and n pods of a pod's namespace among them,
+the pod may have `max(1, max(1, B // N) // n)` requests at Triton, never more than its own limit.
+A namespace cannot take more of the node by creating pods: seven pods of one namespace beside
+one pod of another share half of `B`, and the lone pod has the other half. A pod sending alone
 keeps its own limit (dynamic batching needs its concurrency, and nobody else wants Triton then).
+Every pod sending keeps at least one request at Triton, so many namespaces or pods may together
+pass `B` by up to one request each.
 
 A pod counts as sending from its first request until it has had none in flight, none waiting and
 none started for `active_seconds`; a sweep every half of that notices pods that stopped. Each
@@ -23,10 +30,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    from proxy.policy.limiter import Limiter
+from proxy.policy.limiter import Limiter
 
 ACTIVE: Final = 1.0
 """A pod with nothing in flight or waiting and no request started within this many seconds no
@@ -36,12 +42,13 @@ Timer = Callable[[float, Callable[[], None]], object]
 """Run the callback after this many seconds (the loop's `call_later`)."""
 
 
-def share_of(own: int, budget: int, sending: int) -> int:
-    """The in-flight limit (0: none) of a pod whose own limit is `own` (0: none) while `sending`
-    pods send, under a node budget of `budget` (0: none)."""
-    if budget <= 0 or sending <= 1:
+def share_of(own: int, budget: int, namespaces: int, pods: int = 1) -> int:
+    """The in-flight limit (0: none) of a pod whose own limit is `own` (0: none) while
+    `namespaces` namespaces send, `pods` pods of its own among them (itself counted), under a
+    node budget of `budget` (0: none)."""
+    if budget <= 0 or (namespaces <= 1 and pods <= 1):
         return own
-    fair = max(1, budget // sending)
+    fair = max(1, max(1, budget // namespaces) // pods)
     return fair if own == 0 or fair < own else own
 
 
@@ -62,42 +69,61 @@ class InFlightShares:
         self._timer = timer
         self._active_seconds = active_seconds
         self.clock = clock
-        self._limiters: list[Limiter] = []
+        self._namespace_of: dict[Limiter, str] = {}
         self.sending = 0
         """Pods counted as sending now."""
+        self.by_namespace: dict[str, int] = {}
+        """Pods counted as sending now, by namespace (only namespaces with one or more)."""
         self._sweeping = False
 
-    def add(self, limiter: Limiter) -> None:
-        """A new pod's limiter: its limit follows the split from now on."""
+    @property
+    def namespaces(self) -> int:
+        """Namespaces with a pod counted as sending now."""
+        return len(self.by_namespace)
+
+    def add(self, limiter: Limiter, namespace: str = "") -> None:
+        """A new pod's limiter, of a pod of `namespace`: its limit follows the split from now
+        on."""
         limiter.node = self
-        self._limiters.append(limiter)
-        limiter.set_limit(share_of(limiter.own_limit, self.budget, self.sending + 1))
+        self._namespace_of[limiter] = namespace
+        limiter.set_limit(self._limit_of(limiter, namespace))
 
     def remove(self, limiter: Limiter) -> None:
         """The pod is gone: it counts no more."""
-        if limiter in self._limiters:
-            self._limiters.remove(limiter)
-            limiter.node = None
-            if limiter.sending:
-                limiter.sending = False
-                self.sending -= 1
-                self._split()
+        namespace = self._namespace_of.pop(limiter, None)
+        if namespace is None:
+            return
+        limiter.node = None
+        if limiter.sending:
+            limiter.sending = False
+            self._stopped(namespace)
+            self._split()
 
     def woke(self, limiter: Limiter) -> None:
         """`limiter`'s pod starts sending (its limiter calls this before taking a slot)."""
         limiter.sending = True
         limiter.last = self.clock()
+        namespace = self._namespace_of.get(limiter, "")
         self.sending += 1
+        self.by_namespace[namespace] = self.by_namespace.get(namespace, 0) + 1
         self._split()
         if not self._sweeping:
             self._sweeping = True
             self._timer(self._active_seconds / 2, self._sweep)
 
+    def _stopped(self, namespace: str) -> None:
+        self.sending -= 1
+        left = self.by_namespace[namespace] - 1
+        if left:
+            self.by_namespace[namespace] = left
+        else:
+            del self.by_namespace[namespace]
+
     def _sweep(self) -> None:
         self._sweeping = False
         since = self.clock() - self._active_seconds
-        stopped = 0
-        for limiter in self._limiters:
+        stopped = False
+        for limiter, namespace in self._namespace_of.items():
             if (
                 limiter.sending
                 and limiter.last < since
@@ -105,18 +131,26 @@ class InFlightShares:
                 and not limiter.queued
             ):
                 limiter.sending = False
-                stopped += 1
+                self._stopped(namespace)
+                stopped = True
         if stopped:
-            self.sending -= stopped
             self._split()
         if self.sending:
             self._sweeping = True
             self._timer(self._active_seconds / 2, self._sweep)
 
-    def _split(self) -> None:
-        """Set every pod's limit for the number sending now. A pod not sending gets what it
+    def _limit_of(self, limiter: Limiter, namespace: str) -> int:
+        """The limit of `limiter`'s pod for the pods sending now. A pod not sending gets what it
         would have as one more sender, so its first request finds its limit already set."""
-        budget, sending = self.budget, self.sending
-        for limiter in self._limiters:
-            count = sending if limiter.sending else sending + 1
-            limiter.set_limit(share_of(limiter.own_limit, budget, count))
+        pods = self.by_namespace.get(namespace, 0)
+        namespaces = len(self.by_namespace)
+        if not limiter.sending:
+            if not pods:
+                namespaces += 1
+            pods += 1
+        return share_of(limiter.own_limit, self.budget, namespaces, pods)
+
+    def _split(self) -> None:
+        """Set every pod's limit for the pods sending now."""
+        for limiter, namespace in self._namespace_of.items():
+            limiter.set_limit(self._limit_of(limiter, namespace))

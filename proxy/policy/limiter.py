@@ -6,8 +6,11 @@ most the queue timeout; a full queue or a timeout refuses it at once with a clea
 the transports answer as 503 / RESOURCE_EXHAUSTED. A freed slot is handed straight to the oldest
 waiter, so a newcomer can never overtake the queue.
 
-It also integrates in-flight requests over time (request-seconds): `rate()` of that counter in
-Prometheus is the time-weighted average concurrency, the metric KServe/Knative users scale on.
+It also integrates the requests it holds over time (request-seconds), each from its arrival to
+its end, whether in flight or waiting for a slot, as Knative's queue-proxy counts concurrency:
+`rate()` of that counter in Prometheus is the time-weighted average concurrency, the metric
+KServe/Knative users scale on. Requests that wait count, so a replica at its limit shows the
+demand beyond it and an autoscaler adds replicas for it.
 The clock is injected, so the accounting is tested without sleeping. No I/O here.
 
 Every relayed request passes here twice, with or without a limit (0: unlimited still counts), so
@@ -22,13 +25,18 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from proxy.policy.refusals import OverloadedError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
-if TYPE_CHECKING:
-    from proxy.policy.inflight import InFlightShares
+
+class NodeBudget(Protocol):
+    """What a limiter needs of the budget its limit is a share of (`policy.inflight`, which
+    imports this module, not the other way round)."""
+
+    def woke(self, limiter: Limiter) -> None:
+        """`limiter`'s pod starts sending: its limit may change before it takes a slot."""
 
 
 class Limiter:
@@ -55,16 +63,18 @@ class Limiter:
         """The pod's share of the event loop that serves it beside other pods (the node
         gateway's, `policy.share`): its connections charge their reads to it and stop reading
         while it is paused. None where the loop serves one pod (the proxy)."""
-        self.node: InFlightShares | None = None
+        self.node: NodeBudget | None = None
         """The node's in-flight budget this pod's limit is a share of (the gateway's); None in a
         proxy, or where the gateway has no node budget."""
         self.sending = False  # counted by `node` as sending
         self.last = 0.0  # when it last took a slot at once
         self.in_flight = 0
+        self.held = 0
+        """Requests here now: in flight or waiting for a slot (what the area integrates)."""
         self._waiters: deque[asyncio.Future[None]] = deque()
-        # Request-seconds up to now: _area + _ends - _starts + in_flight * now. _area holds what
-        # was folded in at self._since; since then, _starts sums the start times of requests
-        # taken (and self._since once per request then in flight), _ends their end times.
+        # Request-seconds up to now: _area + _ends - _starts + held * now. _area holds what was
+        # folded in at self._since; since then, _starts sums the arrival times of requests (and
+        # self._since once per request then held), _ends the times they left.
         self._area = 0.0
         self._since = clock()
         self._starts = 0.0
@@ -80,8 +90,8 @@ class Limiter:
 
     def _account(self, now: float) -> None:
         """Fold the sums into the area at `now`, and checkpoint when a second has passed."""
-        self._area += self._ends - self._starts + self.in_flight * now
-        self._starts = self.in_flight * now
+        self._area += self._ends - self._starts + self.held * now
+        self._starts = self.held * now
         self._ends = 0.0
         self._since = now
         if now - self._checkpoints[-1][0] >= 1.0:
@@ -100,6 +110,7 @@ class Limiter:
             self.last = now
             self._starts += now
             self.in_flight += 1
+            self.held += 1
             if now >= self._next_checkpoint:
                 self._account(now)
             return True
@@ -116,6 +127,8 @@ class Limiter:
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        self._starts += self._clock()  # a waiting request counts from its arrival
+        self.held += 1
         try:
             async with asyncio.timeout(self.queue_timeout):
                 await waiter
@@ -123,9 +136,11 @@ class Limiter:
             if waiter.done() and not waiter.cancelled():
                 # The slot was handed over just as we gave up: pass it on, do not leak it.
                 self.release()
-            elif waiter in self._waiters:  # `release` drops a cancelled waiter it meets
-                waiter.cancel()
-                self._waiters.remove(waiter)
+            else:
+                if waiter in self._waiters:  # `release` drops a cancelled waiter it meets
+                    waiter.cancel()
+                    self._waiters.remove(waiter)
+                self._left(self._clock())
             if isinstance(e, TimeoutError):
                 raise QueueTimeoutError(
                     f"the request waited {self.queue_timeout:g} s for one of the model's "
@@ -140,10 +155,15 @@ class Limiter:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
+                self._left(self._clock())
                 return
-        now = self._clock()
-        self._ends += now
         self.in_flight -= 1
+        self._left(self._clock())
+
+    def _left(self, now: float) -> None:
+        """One request is no longer held (answered, or gave up waiting)."""
+        self._ends += now
+        self.held -= 1
         if now >= self._next_checkpoint:
             self._account(now)
 
@@ -154,18 +174,17 @@ class Limiter:
             waiter = self._waiters.popleft()
             if waiter.done():
                 continue
-            now = self._clock()
-            self._starts += now
-            self.in_flight += 1
+            self.in_flight += 1  # held since it arrived: counted then
             waiter.set_result(None)
 
     def concurrency_seconds(self) -> float:
-        """In-flight requests integrated over time since start, in request-seconds."""
+        """Held requests (in flight or waiting) integrated over time since start, in
+        request-seconds."""
         self._account(self._clock())
         return self._area
 
     def average_concurrency(self) -> float:
-        """Time-weighted average of in-flight requests over about the last `window` seconds."""
+        """Time-weighted average of held requests over about the last `window` seconds."""
         now = self._clock()
         self._account(now)
         # The newest checkpoint at or before the window's start (pruning keeps one), else the
@@ -177,5 +196,5 @@ class Limiter:
             start_time, start_area = checkpoint
         span = now - start_time
         if span <= 0:
-            return float(self.in_flight)
+            return float(self.held)
         return (self._area - start_area) / span

@@ -12,7 +12,9 @@ sockets' reading paused until a round covers what it owes (one long read can tak
 round's budget): its next requests wait in its own kernel socket buffers, not in the loop, and it
 holds nothing more here. Its budget is the larger of
 
-- its fair share, `ROUND / N` with N pods active, and
+- its fair share, split by namespace first: `ROUND / N / n` with N namespaces active and n
+  pods of its namespace among them (so a namespace's many pods share what one pod of another
+  namespace has), and
 - what the others left of `busy_share x ROUND` in the last round (`busy_share x ROUND` minus
   their reading then), so a pod beside idle or light neighbours is not held to 1/N,
 
@@ -57,8 +59,10 @@ class LoopShare:
         "allowance",
         "budget",
         "cpu",
+        "fair",
         "held",
         "last",
+        "namespace",
         "on_pause",
         "on_resume",
         "paused",
@@ -70,15 +74,21 @@ class LoopShare:
     )
 
     def __init__(
-        self, shares: LoopShares, on_pause: Callable[[], None], on_resume: Callable[[], None]
+        self,
+        shares: LoopShares,
+        on_pause: Callable[[], None],
+        on_resume: Callable[[], None],
+        namespace: str = "",
     ) -> None:
         self._shares = shares
+        self.namespace = namespace
         self.cpu = shares.cpu  # the relays read it around each read
         self.on_pause = on_pause
         self.on_resume = on_resume
         self.spent = 0.0  # seconds of reading in this round (and what it still owes)
         self.previous = 0.0  # in the round before it
         self.budget = math.inf  # set when a round begins (a newcomer is unbounded until then)
+        self.fair = math.inf  # the part of the round it is sure of, whatever the others spend
         self.last = -math.inf  # when it was last read from
         self.paused = False
         self.pauses = 0  # times paused, for the metrics
@@ -154,9 +164,12 @@ class LoopShares:
         """Every pod's share."""
         return self._shares
 
-    def share(self, on_pause: Callable[[], None], on_resume: Callable[[], None]) -> LoopShare:
-        """A new pod's share; `on_pause` stops reading its sockets, `on_resume` starts again."""
-        share = LoopShare(self, on_pause, on_resume)
+    def share(
+        self, on_pause: Callable[[], None], on_resume: Callable[[], None], namespace: str = ""
+    ) -> LoopShare:
+        """A new share for a pod of `namespace`; `on_pause` stops reading its sockets,
+        `on_resume` starts again."""
+        share = LoopShare(self, on_pause, on_resume, namespace)
         self._shares.append(share)
         return share
 
@@ -191,11 +204,19 @@ class LoopShares:
                 active += 1
         if active <= 1:
             for share in self._shares:
-                share.budget = math.inf
+                share.budget = share.fair = math.inf
             return
-        fair = self._round_seconds / active
+        # Counted only now: a pod reading alone, the common case, pays nothing for namespaces.
+        by_namespace: dict[str, int] = {}
+        for share in self._shares:
+            if share.last >= since:
+                by_namespace[share.namespace] = by_namespace.get(share.namespace, 0) + 1
+        # A namespace's part, then its pods'. A pod not active is given what the active pods
+        # of its namespace have, or a whole namespace's part: the next round counts it.
+        part = self._round_seconds / len(by_namespace)
         busy = self.busy_share * self._round_seconds
         for share in self._shares:
+            fair = share.fair = part / (by_namespace.get(share.namespace) or 1)
             share.budget = max(fair, busy - (total - share.previous))
 
     def tripped(self, share: LoopShare) -> None:

@@ -20,6 +20,7 @@ from common.contract import Keys
 from common.quantity import format_bytes, parse_quantity
 from sim.apiserver import AuditRecord
 from sim.cluster import SimCluster
+from sim.demo.autoscale import AutoscaleResult
 from sim.demo.rollout import RolloutResult
 from sim.demo.scenario import GREEDY_POD, LATE_POD, NAMESPACE, PODS
 from sim.processes import available
@@ -69,6 +70,8 @@ class DemoResult:
     """What `tritonshare explain` printed for a pending pod."""
     rollout: RolloutResult | None = None
     """The rollout step: a Deployment rolled to new model files while a client sent steadily."""
+    autoscale: AutoscaleResult | None = None
+    """The autoscaling step, when Prometheus is installed."""
     status_text: str = ""
     """What `tritonshare status` printed at the end (the closing table)."""
     status: dict[str, Any] = field(default_factory=dict)
@@ -211,7 +214,10 @@ def summarize_metrics(result: DemoResult, say: Say) -> None:
         return
     m = result.metrics
     say("")
-    say("Metrics (scraped from the leader binder, the real node's agent and the proxies):")
+    say(
+        "Metrics at this point, after the first inferences (scraped now from the leader binder, "
+        "the real node's agent and the proxies):"
+    )
     attempts = "tritonshare_binder_schedule_attempts_total"
     rows = [
         ("binder: pods scheduled", f"{attempts}{{result=scheduled}}"),

@@ -3,12 +3,14 @@
 Starts the cluster of `sim.demo.scenario` (four GPU nodes in three pools, one tainted; an agent per
 node; two binders; the local node's kubelet), creates the model pods, waits for the binder to
 place them, sends inferences through the proxies of the pods that run for real, and prints what a
-newcomer should see: nodes, GPUs and the models on each, the pending pods with the binder's
-reasons, and a metrics summary. It rolls a model's Deployment to new model files while a client
-sends steadily, and says whether any request failed (`sim.demo.rollout`; it needs each pod's model
-under a private name in Triton, issue 25, and says so when the rollout cannot finish). Then it
-deletes the model pods (the proxies drain and unload their
-models), stops everything and exits 0. `run_demo` returns the facts for the end-to-end test.
+newcomer should see: a metrics summary (printed where it is scraped, after the first
+inferences); nodes, GPUs and the models on each, and the pending pods with the binder's reasons.
+It rolls a model's Deployment to new model files while a client sends steadily, and says
+whether any request failed (`sim.demo.rollout`), and scales a model Deployment out on
+concurrency and back (`sim.demo.autoscale`, with a real Prometheus when it is installed). Then
+it deletes the model pods (the proxies drain and unload their models), stops everything and
+exits 0. `run_demo` returns the
+facts for the end-to-end test.
 Whatever part of the product is missing from the tree is said plainly, never simulated.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import contextlib
 import json
 import logging
+import shutil
 import socket
 import sys
 import tempfile
@@ -33,7 +36,7 @@ from common.contract import Keys
 from common.quantity import format_bytes
 from common.tritonname import private_triton_name
 from sim.cluster import SimCluster
-from sim.demo import rollout
+from sim.demo import autoscale, rollout
 from sim.demo.report import (
     ALL_PODS,
     INTRO,
@@ -463,6 +466,36 @@ def _rollout(cluster: SimCluster, workdir: Path, result: DemoResult, say: Say) -
     rollout.retire(cluster, NAMESPACE)
 
 
+def _autoscale(cluster: SimCluster, workdir: Path, result: DemoResult, say: Say) -> None:
+    """KServe's concurrency experiment, short: a ScaledObject at target concurrency 1, three
+    clients for 20 s, a real Prometheus scraping every second and the HPA syncing every two."""
+    say("")
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        say("MISSING: prometheus (apt-get install prometheus); the autoscaling step is skipped.")
+        return
+    say("Autoscaling on concurrency (KEDA's ScaledObject, target 1 in flight per replica):")
+    result.autoscale = autoscale.run(
+        cluster,
+        MODELS_DIR / "add_one",
+        workdir / "autoscale",
+        NAMESPACE,
+        prometheus,
+        clients=3,
+        duration=20.0,
+        max_replicas=3,
+        sync_period=2.0,
+        scrape_interval="1s",
+        scale_down_window=5,
+        settle=0.0,
+        say=say,
+    )
+    scaled = result.autoscale
+    for at, asked, ready in scaled.timeline:
+        say(f"  {at:5.1f} s: {asked} replicas asked for, {ready} Ready")
+    say(f"  {scaled.line()}")
+
+
 def _overuse(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     """A model that occupies more GPU memory than its pod asked for: the agent measures it, warns
     (or evicts, with --gpu-mem-enforcement=evict), and the binder counts what it really uses."""
@@ -563,10 +596,15 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             _gateway(cluster, result, say)
             say("Inferences after the attempt: every model still answers as its owner's.")
             _infer(cluster, ports, result, say)
+            # Printed where it is scraped: counters of processes the demo goes on to crash or
+            # delete could not be scraped beside the closing table, and figures taken now would
+            # contradict a table drawn later.
             _metrics(cluster, ports, result)
+            summarize_metrics(result, say)
             _retire_short_form(cluster, result, say)
             _overuse(cluster, result, say)
             _rollout(cluster, workdir, result, say)
+            _autoscale(cluster, workdir, result, say)
         _fail_over(cluster, result, say)
         retired = [name for name in result.short_form if name in result.served]
         # The closing table shows the cluster as it is: a pod whose drain is still running holds
@@ -582,7 +620,6 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             60,
         )
         print_tables(cluster, result, say)
-        summarize_metrics(result, say)
         say("")
         say("Deleting the model pods: each proxy drains, asks its agent to unload, and exits.")
         addresses = {

@@ -18,6 +18,7 @@ import pytest
 
 from agent.app import Agent
 from agent.settings import Settings
+from common.contract import TENANT_CODE_NODE, Keys
 from common.lifecycle import Lifecycle
 from common.tritonname import private_triton_name
 from protos import agent_pb2, agent_pb2_grpc
@@ -30,8 +31,13 @@ SCHEDULER = "tritonshare"
 CHUNK = 256 * 1024
 
 
-def make_node(api: kubernetes.client.ApiClient, name: str = NODE) -> None:
-    body: Any = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+def make_node(
+    api: kubernetes.client.ApiClient, name: str = NODE, *, tenant_code: bool = True
+) -> None:
+    """A Node, labelled as dedicated to tenant code unless `tenant_code` is False: the tests'
+    agents let their namespaces run the Python backend, which only such a node may."""
+    labels = {Keys().tenant_code: TENANT_CODE_NODE} if tenant_code else {}
+    body: Any = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
     kubernetes.client.CoreV1Api(api).create_node(body)
 
 

@@ -16,6 +16,7 @@ server; the model that stays within the bounds is loaded by the real Triton.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import grpc
@@ -26,7 +27,7 @@ from agent.errors import InvalidRequestError
 from agent.modelconfig import ModelPolicy, parse_config
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
-from tests.agent.conftest import RunningAgent, bearer, install_dir, make_pod
+from tests.agent.conftest import RunningAgent, bearer, install_dir, make_pod, name_in_triton
 from tests.agent.test_attacks import entries, namespaces, refused
 from tests.conftest import copy_model
 
@@ -136,3 +137,94 @@ def test_a_data_file_triton_would_read_whole_at_load_is_bounded_like_generated_d
     with pytest.raises(InvalidRequestError, match="--max-load-data-bytes") as error:
         policy.check_load_data_files(parsed, "m", {path: 1025})
     assert f"{path!r}, 1025 bytes" in str(error.value)
+
+
+def with_versions(source: Path, *versions: int) -> Path:
+    """`source` with copies of its version 1 as the other `versions`."""
+    for version in versions:
+        shutil.copytree(source / "1", source / str(version))
+    return source
+
+
+async def test_a_version_policy_cannot_multiply_the_instances_a_model_may_ask_for(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    """Triton creates every instance group and runs every warmup once per version its
+    version_policy selects: nine instances are within the bound of sixteen, but `all` over two
+    version directories makes eighteen, and a latest policy over thousands of directories
+    would make thousands."""
+    namespaces(kube_api, "team-a")
+    nine = "instance_group [ { kind: KIND_CPU count: 9 } ]\n"
+    bombs = [
+        ("all", nine + "version_policy { all {} }\n", (2,), "18 instances"),
+        ("specific", nine + "version_policy { specific { versions: [1, 3] } }\n", (3,), "18"),
+        ("latest", nine + "version_policy { latest { num_versions: 2 } }\n", (2,), "18"),
+        (
+            "warmup",
+            ZEROS.format(batch=1, count=40, elements=4) + "version_policy { all {} }\n",
+            (2,),
+            "80 warmup runs",
+        ),
+        ("thousands", "version_policy { all {} }\n", range(2, 2001), "--max-model-versions"),
+    ]
+    for name, extra, versions, said in bombs:
+        make_pod(kube_api, name, name, namespace="team-a")
+        token = apiserver.mint_token("team-a", name)
+        source = with_versions(add_one_with(tmp_path, name, extra), *versions)
+        error = await refused(install_dir(running.stub, token, source, name))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error.details())
+        assert said in (error.details() or ""), (name, error.details())
+    assert entries(model_repository) == []
+
+    # Within the bounds once the versions are counted: two versions of one instance each load
+    # and serve (the policy selects only the directories present).
+    make_pod(kube_api, "two", "two", namespace="team-a")
+    token = apiserver.mint_token("team-a", "two")
+    extra = "version_policy { latest { num_versions: 3 } }\n"
+    source = with_versions(add_one_with(tmp_path, "two", extra), 2)
+    await install_dir(running.stub, token, source, "two")
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="two"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+
+
+async def test_version_directories_made_after_the_install_are_counted_at_load(
+    running: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    """A Python model's own code can make directories in its model directory; Triton loads
+    what it finds there, so the load counts the directories present, not those installed."""
+    namespaces(kube_api, "team-a")
+    make_pod(kube_api, "grows", "grows", namespace="team-a")
+    token = apiserver.mint_token("team-a", "grows")
+    extra = "instance_group [ { kind: KIND_CPU count: 9 } ]\nversion_policy { all {} }\n"
+    await install_dir(running.stub, token, add_one_with(tmp_path, "grows", extra), "grows")
+    directory = model_repository / name_in_triton(kube_api, "grows", "grows", "team-a")
+    shutil.copytree(directory / "1", directory / "2")
+    error = await refused(
+        running.stub.LoadModel(agent_pb2.LoadModelRequest(model_id="grows"), metadata=bearer(token))
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "18 instances" in (error.details() or ""), error.details()
+    for name in ("3", "4", "5", "6"):
+        (directory / name).mkdir()
+    error = await refused(
+        running.stub.LoadModel(agent_pb2.LoadModelRequest(model_id="grows"), metadata=bearer(token))
+    )
+    assert "--max-model-versions" in (error.details() or ""), error.details()
+
+
+@pytest.mark.parametrize("name", ["01", "+2", " 2", "2b", "99999999999999999999"])
+def test_a_directory_triton_would_read_as_a_version_must_be_spelled_plainly(name: str) -> None:
+    policy = ModelPolicy()
+    assert policy.versions("m", ["1", "2", "warmup", "initial_state"]) == [1, 2]
+    with pytest.raises(InvalidRequestError, match="would read as a version number"):
+        policy.versions("m", ["1", name])

@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,16 +15,18 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from agent.errors import NvmlUnavailableError
+from agent.errors import AgentError, NvmlUnavailableError
 from agent.gpus import GpuReader
 from agent.inventory import GpuSnapshot, annotations_patch, node_annotations
 from agent.kube import KubeClient
 from agent.metrics import AgentMetrics
 from agent.node import Clocks, NodePublisher, NodeSettings
+from agent.settings import Settings
 from common.contract import Keys
 from sim.apiserver import RunningApiServer
 from sim.gpu.nvml import Event, MockNvml, SpecError, load_events, parse_spec
-from tests.agent.conftest import NODE
+from tests.agent.conftest import NODE, make_node, start_agent
+from tests.fixtures_sim import write_test_placement_key
 
 T4 = 15360 * 1024 * 1024
 
@@ -270,3 +273,41 @@ def test_a_faults_file_and_bad_specs(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "neither a preset" in result.stderr and "T4" in result.stderr
+
+
+async def test_an_agent_allowing_tenant_code_starts_only_on_a_node_dedicated_to_it(
+    kube_api: kubernetes.client.ApiClient, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Tenant code can call, read and unload every model in its Triton: an agent that lets a
+    namespace run it refuses to start on a node the binder also gives other namespaces."""
+    make_node(kube_api, tenant_code=False)
+    mock = MockNvml(parse_spec("1xT4", seed=NODE))
+    settings = Settings(
+        node_name=NODE,
+        model_repository=tmp_path / "models",
+        kubeconfig=str(kubeconfig),
+        # Never reached: the agent stops before it talks to Triton.
+        triton_http_url="127.0.0.1:9",
+        triton_grpc_url="127.0.0.1:9",
+        listen_grpc="127.0.0.1:0",
+        listen_http="127.0.0.1:0",
+        cpu_only=True,
+        placement_key_dir=write_test_placement_key(tmp_path / "placement-key"),
+        tenant_code_namespaces=("lab",),
+    )
+    with pytest.raises(AgentError) as refused:
+        await start_agent(settings, mock)
+    message = str(refused.value)
+    assert "namespaces lab run their own code" in message, message
+    assert f"node {NODE} is not dedicated to tenant code" in message, message
+    assert f"kubectl label node {NODE} {Keys().tenant_code}=true" in message, message
+
+    # Without tenant code the node needs no label; labelled, the agent allowing it starts.
+    for tenant_code, label in (((), False), (("lab",), True)):
+        if label:
+            kubernetes.client.CoreV1Api(kube_api).patch_node(
+                NODE, {"metadata": {"labels": {Keys().tenant_code: "true"}}}
+            )
+        running = await start_agent(replace(settings, tenant_code_namespaces=tenant_code), mock)
+        assert running.agent.grpc_address
+        await running.stop()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
+from common.contract import TENANT_CODE_NODE, Keys
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.gpu.nvml import MockNvml
@@ -229,12 +230,15 @@ async def test_the_proof_of_concepts_key_prefix(
     node: str,
     mock_nvml: MockNvml,
 ) -> None:
+    core = kubernetes.client.CoreV1Api(kube_api)
+    # The node's dedication to tenant code is a key of the prefix too.
+    dedicated = {Keys("seldon.io/trtis-").tenant_code: TENANT_CODE_NODE}
+    core.patch_node(NODE, {"metadata": {"labels": dedicated}})
     settings = agent_settings(kubeconfig, triton, model_repository, key_prefix="seldon.io/trtis-")
     running = await start_agent(settings, mock_nvml)
     try:
         make_pod(kube_api, "poc", "m", prefix="seldon.io/trtis-")
         make_pod(kube_api, "new-keys", "m2")
-        core = kubernetes.client.CoreV1Api(kube_api)
 
         def annotated() -> bool:
             metadata = core.read_node(NODE).metadata

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import platform
 import re
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import kubernetes.client
 
 from binder.cli import main as cli
 from common.tritonname import private_triton_name
+from common.version import VERSION
 from sim.triton import free_port
 from tests.binder.objects import GI, KEYS
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
@@ -147,12 +149,17 @@ def test_python_m_binder_serves_schedules_and_stops_on_sigterm(
                 return False
 
         wait_for(ready, "/readyz to say leader")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        build = f'python="{platform.python_version()}",version="{VERSION}"'
+        assert f"tritonshare_build_info{{{build}}} 1.0" in metrics
         add_pod(core, "m", mem="1Gi")
         assert wait_for(lambda: node_of(core, "m"), "the pod to be bound") == "gpu-1"
         process.send_signal(signal.SIGTERM)
         _, errors = process.communicate(timeout=30)
         assert process.returncode == 0, errors
         assert "Released the leader lease" in errors
+        assert f"The binder of tritonshare {VERSION} is starting." in errors
     finally:
         if process.poll() is None:
             process.kill()

@@ -1,5 +1,6 @@
 """Kubernetes' node rules through the public `binder.placement.node_fits`, one rule at a time,
-with the upstream corner cases (kube-scheduler NodeAffinity, TaintToleration, NodeUnschedulable)."""
+with the upstream corner cases (kube-scheduler NodeAffinity, TaintToleration, NodeUnschedulable),
+and the TenantCode filter that follows them."""
 
 from __future__ import annotations
 
@@ -311,3 +312,24 @@ def test_garbage_shapes_do_not_raise() -> None:
     weird_node = {"metadata": {"name": "n"}, "spec": {"taints": None}}
     assert node_fits(weird_pod, weird_node) == []
     assert node_fits({}, {}) == []
+
+
+@pytest.mark.parametrize(
+    ("tenant_code", "labels", "reasons"),
+    [
+        (False, {}, []),
+        (True, {"tritonshare.io/tenant-code": "true"}, []),
+        (True, {}, ["node(s) are not dedicated to tenant code"]),
+        (True, {"tritonshare.io/tenant-code": "yes"}, ["node(s) are not dedicated to tenant code"]),
+        (False, {"tritonshare.io/tenant-code": "true"}, ["node(s) are dedicated to tenant code"]),
+    ],
+)
+def test_tenant_code_and_dedicated_nodes_go_together_both_ways(
+    tenant_code: bool, labels: dict[str, str], reasons: list[str]
+) -> None:
+    assert node_fits(pod(), node(labels=labels), tenant_code=tenant_code) == reasons
+
+
+def test_the_tenant_code_filter_comes_after_kubernetes_rules() -> None:
+    dedicated = node(labels={"tritonshare.io/tenant-code": "true"}, unschedulable=True)
+    assert node_fits(pod(), dedicated) == [UNSCHEDULABLE, "node(s) are dedicated to tenant code"]

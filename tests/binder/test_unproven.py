@@ -320,7 +320,7 @@ async def test_status_and_explain_show_unproven_pods_as_not_charged_and_unattrib
     # Without the key, a well-formed proof cannot be told from a real one, and the CLI says so.
     _, text = run_cli(kubeconfig, "status")
     rows = [re.split(r"\s{2,}", line) for line in text.splitlines()]
-    assert "1 pods on tritonshare nodes prove no placement" in text
+    assert "1 pod on tritonshare nodes proves no placement" in text
     assert not any(r[0] == "team-b/forged" for r in rows)
     assert "Proofs of placement were checked for form only (no --placement-key-dir)" in text
     _, text = run_cli(kubeconfig, "explain", f"{TENANT}/hog")

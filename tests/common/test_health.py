@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import platform
-from importlib import metadata
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.health import HttpServer, build_health_app
+from common.version import VERSION
 
 
 async def _get(port: int, path: str) -> tuple[int, str, str]:
@@ -49,7 +49,7 @@ async def test_the_endpoints_answer_from_the_part_s_callables() -> None:
         [info] = families["tritonshare_build_info"].samples
         assert info.value == 1.0
         assert info.labels == {
-            "version": metadata.version("tritonshare"),
+            "version": VERSION,
             "python": platform.python_version(),
         }
     finally:

@@ -1,8 +1,9 @@
 """Render deploy/'s kustomizations with `kubectl kustomize`, and charts/tritonshare with Helm's own
 engine (helm-python-sdk, no helm binary), and walk the objects they produce.
 
-Shared by the deploy tests. Rendering uses whatever `kubectl` is installed: Debian's 1.20 (kustomize
-v2.0) in CI and newer ones on developers' machines; the kustomizations are written for both.
+Shared by the deploy tests. Rendering uses whatever `kubectl` is installed; the kustomizations use
+`resources` directories and `patches`, which need kubectl 1.21 or newer (kustomize v4 and v5):
+Debian 12's kubernetes-client (1.20, kustomize v2.0) is too old, and the failure says so.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 CHART = REPO / "charts" / "tritonshare"
 RELEASE = "tritonshare"
-KUSTOMIZATIONS = ("base", "monitoring", "example", "overlays/production", "overlays/consolidation")
+KUSTOMIZATIONS = (
+    "base",
+    "monitoring",
+    "example",
+    "webhook",
+    "overlays/example-keda",
+    "overlays/production",
+    "overlays/consolidation",
+)
 
 Obj = dict[str, Any]
 
@@ -49,8 +58,14 @@ def render(kubectl: str, kustomization: str) -> tuple[Obj, ...]:
         timeout=120,
         check=False,
     )
+    too_old = "must be a file" in result.stderr or "patchesStrategicMerge" in result.stderr
+    hint = (
+        "\n(this kubectl's kustomize is older than v4: use kubectl 1.21 or newer)"
+        if too_old
+        else ""
+    )
     assert result.returncode == 0, (
-        f"kubectl kustomize deploy/{kustomization} failed:\n{result.stderr}"
+        f"kubectl kustomize deploy/{kustomization} failed:\n{result.stderr}{hint}"
     )
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 

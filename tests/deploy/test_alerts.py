@@ -10,18 +10,22 @@ checked against the collectors the agent, the binder and the proxy register.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from agent.memory import MemoryLedger
 from agent.metrics import AgentMetrics
 from binder.metrics import Metrics as BinderMetrics
 from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.metrics import ProxyMetrics
+from proxy.policy.holdings import ByteBudget
 from proxy.policy.limiter import Limiter
+from proxy.policy.share import LoopShares
 from tests.conftest import require_executable
 from tests.deploy.rendering import DEPLOY
 from tests.deploy.test_dashboard import METRIC
@@ -29,6 +33,12 @@ from tests.deploy.test_dashboard import METRIC
 RULE = DEPLOY / "monitoring" / "prometheus-rule.yaml"
 ALERTS = {
     "TritonshareAgentDown",
+    "TritonshareNodePodsMissing",
+    "TritonshareNodeDaemonSetUnavailable",
+    "TritonshareTritonDown",
+    "TritonshareModelNotServed",
+    "TritonshareModelOverGPUMemoryRequest",
+    "TritonshareGatewayShedding",
     "TritonshareGPUUnhealthy",
     "TritonsharePodsPendingLong",
     "TritonshareModelLoadFailures",
@@ -46,15 +56,25 @@ def rules() -> list[dict[str, Any]]:
     return [r for group in rule["spec"]["groups"] for r in group["rules"]]
 
 
+def _never(delay: float, callback: Callable[[], None]) -> None:
+    """A timer that never fires: the budget is built only to list its metrics."""
+
+
 def exported_families() -> set[str]:
     """Every metric family the parts register, by the name Prometheus scrapes (counters _total)."""
     agent = AgentMetrics()
     agent.watch_gpus(lambda: None, dict)
+    agent.watch_memory(MemoryLedger(), lambda: None)
+    agent.watch_models(dict)
     registries = [
         agent.registry,
         BinderMetrics().registry,
         ProxyMetrics(Limiter(0, 0, 0.0), "m").registry,
-        GatewayMetrics(CallerBook(Path("/nonexistent"), max_age=60), list).registry,
+        GatewayMetrics(
+            CallerBook(Path("/nonexistent"), max_age=60),
+            list,
+            ByteBudget(1024, LoopShares(1.0, _never)),
+        ).registry,
     ]
     names = set()
     for registry in registries:
@@ -122,6 +142,21 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
     )
     stale = 'tritonshare_gateway_caller_table_age_seconds{pod="node-a", container="gateway"}'
     fresh = 'tritonshare_gateway_caller_table_age_seconds{pod="node-b", container="gateway"}'
+    daemonset = (
+        'kube_daemonset_status_number_unavailable{namespace="tritonshare-system", '
+        'daemonset="tritonshare-node"}'
+    )
+    triton_b = 'up{job="tritonshare-system/tritonshare-node", container="triton", pod="node-b"}'
+    proxies = 'up{job="tritonshare-system/tritonshare-model-proxies", namespace="models", pod="%s"}'
+    ready = 'kube_pod_status_ready{namespace="models", pod="%s", condition="true"}'
+    where = 'gpu="0", UUID="GPU-a", pod="node-a"'
+    measured = 'tritonshare_agent_model_gpu_memory_bytes{model="%s", ' + where + "}"
+    requested = 'tritonshare_agent_model_gpu_memory_request_bytes{model="%s", ' + where + "}"
+    info = (
+        'tritonshare_agent_model_info{model="%s", model_namespace="models", model_pod="%s", '
+        'model_id="%s", pod="node-a"}'
+    )
+    sheds = 'tritonshare_gateway_budget_sheds_total{pod="node-a", container="gateway"}'
     return {
         "rule_files": [str(rule_file)],
         "evaluation_interval": "1m",
@@ -161,6 +196,30 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     # minute 20 they are there but the API server's calls to it fail.
                     {"series": webhook, "values": "2x3 0x8 2x30"},
                     {"series": calls, "values": "0x19 0+30x20"},
+                    # Every node pod's agent series ends at minute 23 (agent_up above): from
+                    # minute 28, past the 5 m lookback, none is scraped.
+                    # One node pod of the DaemonSet unavailable from minute 3.
+                    {"series": daemonset, "values": "0x2 1x30"},
+                    # Triton on node-b stops answering at minute 1.
+                    {"series": triton_b, "values": "1 0x30"},
+                    # add-one-1's proxy runs and its pod turns not ready at minute 3;
+                    # add-one-2 is not ready but its proxy never started (still in its
+                    # loader: the load-failure alert's case); add-one-3 is ready.
+                    {"series": proxies % "add-one-1", "values": "1x33"},
+                    {"series": ready % "add-one-1", "values": "1x2 0x30"},
+                    {"series": ready % "add-one-2", "values": "0x33"},
+                    {"series": proxies % "add-one-3", "values": "1x33"},
+                    {"series": ready % "add-one-3", "values": "1x33"},
+                    # models_a grows past its 1000-byte request at minute 4; models_b stays
+                    # under its own.
+                    {"series": measured % "models_a", "values": "500x3 1500x30"},
+                    {"series": requested % "models_a", "values": "1000x33"},
+                    {"series": info % ("models_a", "add-one-1", "add_one"), "values": "1x33"},
+                    {"series": measured % "models_b", "values": "900x33"},
+                    {"series": requested % "models_b", "values": "1000x33"},
+                    {"series": info % ("models_b", "add-one-3", "add_one"), "values": "1x33"},
+                    # The gateway sheds once at minute 6.
+                    {"series": sheds, "values": "0x5 1x30"},
                 ],
                 "alert_rule_test": [
                     # Down for 2 minutes: not yet (for: 5m); down for 6: firing.
@@ -282,6 +341,123 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                         "eval_time": "24m",
                         "alertname": "TritonshareWebhookUnavailable",
                         "exp_alerts": [{"exp_labels": {"severity": "critical"}}],
+                    },
+                    {
+                        "eval_time": "30m",
+                        "alertname": "TritonshareNodePodsMissing",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "40m",
+                        "alertname": "TritonshareNodePodsMissing",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "job": "tritonshare-system/tritonshare-node",
+                                    "container": "agent",
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "16m",
+                        "alertname": "TritonshareNodeDaemonSetUnavailable",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "19m",
+                        "alertname": "TritonshareNodeDaemonSetUnavailable",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "tritonshare-system",
+                                    "daemonset": "tritonshare-node",
+                                }
+                            }
+                        ],
+                    },
+                    {"eval_time": "5m", "alertname": "TritonshareTritonDown", "exp_alerts": []},
+                    {
+                        "eval_time": "7m",
+                        "alertname": "TritonshareTritonDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "job": "tritonshare-system/tritonshare-node",
+                                    "container": "triton",
+                                    "pod": "node-b",
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "12m",
+                        "alertname": "TritonshareModelNotServed",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "14m",
+                        "alertname": "TritonshareModelNotServed",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "models",
+                                    "pod": "add-one-1",
+                                    "condition": "true",
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "13m",
+                        "alertname": "TritonshareModelOverGPUMemoryRequest",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "15m",
+                        "alertname": "TritonshareModelOverGPUMemoryRequest",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "model": "models_a",
+                                    "gpu": "0",
+                                    "UUID": "GPU-a",
+                                    "pod": "node-a",
+                                    "model_namespace": "models",
+                                    "model_pod": "add-one-1",
+                                    "model_id": "add_one",
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "5m",
+                        "alertname": "TritonshareGatewayShedding",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "7m",
+                        "alertname": "TritonshareGatewayShedding",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "pod": "node-a",
+                                    "container": "gateway",
+                                }
+                            }
+                        ],
+                    },
+                    # Ten minutes after the one shed, it has left the window.
+                    {
+                        "eval_time": "20m",
+                        "alertname": "TritonshareGatewayShedding",
+                        "exp_alerts": [],
                     },
                     {"eval_time": "8m", "alertname": "TritonshareProxyRejecting", "exp_alerts": []},
                     {

@@ -24,6 +24,7 @@ import kubernetes.client
 import kubernetes_validate
 import pytest
 
+from agent.reserve import DEFAULT_RESERVE
 from agent.settings import parse_settings as parse_agent_settings
 from binder.settings import parse_settings as parse_binder_settings
 from loader.settings import parse_settings as parse_loader_settings
@@ -96,6 +97,16 @@ def _the(objects: tuple[Obj, ...], kind: str, name: str) -> Obj:
     found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
     return found[0]
+
+
+def _binary_as_bytes(obj: Obj) -> Obj:
+    """`obj` with its binaryData decoded: kustomize wraps the base64 text at 70 columns, Helm's
+    b64enc does not, and the API server reads both as the same bytes."""
+    if "binaryData" not in obj:
+        return obj
+    decoded = copy.deepcopy(obj)
+    decoded["binaryData"] = {k: base64.b64decode(v) for k, v in obj["binaryData"].items()}
+    return decoded
 
 
 def _without_helm_labels(obj: Obj) -> Obj:
@@ -212,10 +223,11 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
             "kind"
         ].startswith("ValidatingAdmissionPolicy"):
             assert "namespace" not in obj["metadata"], f"{name_of(obj)} is cluster-scoped"
-        elif obj["kind"] == "ConfigMap":
+        elif obj["kind"] == "ConfigMap" and obj["metadata"]["name"] != "add-one-model":
             assert obj["metadata"]["namespace"] == "observability"
         elif obj["kind"] == "Namespace" or obj["metadata"]["name"] in (
             "add-one",
+            "add-one-model",
             "tritonshare-model",
         ):
             assert obj["metadata"].get("namespace", "team-a") == "team-a", name_of(obj)
@@ -223,8 +235,10 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
             assert obj["metadata"]["namespace"] == CUSTOM_NAMESPACE, name_of(obj)
     # The parts parse their arguments into the values given.
     downward = {"NODE_NAME": "gpu-node-1"}
+    dedicated = _the(objects, "DaemonSet", "tritonshare-node-tenant-code")
     agent = parse_agent_settings(
-        [a.replace("$(NODE_NAME)", downward["NODE_NAME"]) for a in _args(objects, "agent")], {}
+        [a.replace("$(NODE_NAME)", downward["NODE_NAME"]) for a in _args((dedicated,), "agent")],
+        {},
     )
     assert agent.listen_grpc == "0.0.0.0:8200" and agent.listen_http == "0.0.0.0:8202"
     assert agent.triton_http_url == "127.0.0.1:8010"
@@ -237,6 +251,7 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     assert binder.listen_http == ("0.0.0.0", 9300)
     assert binder.keys.prefix == "seldon.io/trtis-" and binder.scheduler_name == "shared-gpu"
     assert binder.gpu_mem_reserve == 512 * 1024**2
+    assert set(binder.tenant_code_namespaces) == {"models", "lab"}
     ds = _the(objects, "DaemonSet", "tritonshare-node")
     by_name = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
     assert by_name["agent"]["image"] == "registry.example.com/ts:9.9.9"
@@ -268,20 +283,62 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     assert f'job="{CUSTOM_NAMESPACE}/tritonshare-node"' in exprs
 
 
+def test_tenant_code_namespaces_get_nodes_of_their_own() -> None:
+    """The agents that allow tenant code run only on the nodes labelled as dedicated to it (a
+    second DaemonSet), the others everywhere else, and the binder gets the same namespaces."""
+    label = "tritonshare.io/tenant-code"
+    objects = render_chart({"agent": {"tenantCodeNamespaces": ["lab"]}})
+    plain = _the(objects, "DaemonSet", "tritonshare-node")
+    dedicated = _the(objects, "DaemonSet", "tritonshare-node-tenant-code")
+    assert "--tenant-code-namespaces=lab" not in _args((plain,), "agent")
+    assert "--tenant-code-namespaces=lab" in _args((dedicated,), "agent")
+    assert "--tenant-code-namespaces=lab" in _args(objects, "binder")
+    terms = plain["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchExpressions": [{"key": label, "operator": "NotIn", "values": ["true"]}]}
+    ]
+    assert dedicated["spec"]["template"]["spec"]["nodeSelector"][label] == "true"
+    # Each DaemonSet owns only its own pods: the second's selector is the first's and the label.
+    assert dedicated["spec"]["selector"]["matchLabels"] == {
+        **plain["spec"]["selector"]["matchLabels"],
+        label: "true",
+    }
+    assert dedicated["spec"]["template"]["metadata"]["labels"][label] == "true"
+    # Without tenant code, one DaemonSet everywhere and a binder that places none.
+    objects = render_chart()
+    assert [name_of(o) for o in objects if o["kind"] == "DaemonSet"] == [name_of(plain)], (
+        "one DaemonSet"
+    )
+    assert not any("tenant-code" in a for a in _args(objects, "binder"))
+
+
 def test_the_example_model_is_deploy_example_and_follows_the_values() -> None:
     """With example.enabled the chart renders `kubectl kustomize deploy/example` (Helm labels
     aside); its pods find the agent and Triton on the ports the node pod publishes, carry the
     prefix's keys, and its autoscaler asks the Prometheus of monitoring.namespace."""
     kubectl = require_executable("kubectl")
-    example = _by_name(render_chart({"example": {"enabled": True}}))
-    for name, obj in _by_name(render(kubectl, "example")).items():
-        assert name in example, f"the chart's example lacks {name}"
-        assert _without_helm_labels(example[name]) == obj, f"{name} differs from deploy/example"
-    without_keda = render_chart({"example": {"enabled": True, "keda": {"enabled": False}}})
-    assert "ScaledObject" not in {o["kind"] for o in without_keda}
+    for values, kustomization in (
+        ({"enabled": True}, "example"),
+        ({"enabled": True, "keda": {"enabled": True}}, "overlays/example-keda"),
+    ):
+        example = _by_name(render_chart({"example": values}))
+        rendered = _by_name(render(kubectl, kustomization))
+        assert {n for n in example if n in rendered or "models" in n} == set(rendered)
+        for name, obj in rendered.items():
+            assert _binary_as_bytes(_without_helm_labels(example[name])) == _binary_as_bytes(obj), (
+                f"{name} differs from deploy/{kustomization}"
+            )
     assert "Deployment/models/add-one" not in _by_name(render_chart())
 
-    objects = render_chart(CUSTOM, namespace=CUSTOM_NAMESPACE)
+    objects = render_chart(
+        {**CUSTOM, "example": {**CUSTOM["example"], "keda": {"enabled": True}}},
+        namespace=CUSTOM_NAMESPACE,
+    )
+    # The model's config names the model id the pods carry, as the loader requires.
+    config = _the(objects, "ConfigMap", "add-one-model")["data"]["config.pbtxt"]
+    assert config.startswith('name: "7"\n'), config
     template = _the(objects, "Deployment", "add-one")["spec"]["template"]
     assert template["metadata"]["annotations"] == {"seldon.io/trtis-model-id": "7"}
     assert template["spec"]["schedulerName"] == "shared-gpu"
@@ -549,3 +606,28 @@ def test_with_cert_manager_the_certificate_and_ca_come_from_it() -> None:
     )
     assert "Issuer/tritonshare-webhook" not in own
     assert own["Certificate/tritonshare-webhook"]["spec"]["issuerRef"]["name"] == "corp"
+
+
+def test_the_webhook_with_cert_manager_is_deploy_webhook() -> None:
+    """deploy/webhook (kustomize) is the chart's webhook.enabled with cert-manager TLS, field for
+    field (Helm labels aside): one webhook, two ways to install it."""
+    kubectl = require_executable("kubectl")
+    values = {"webhook": {"enabled": True, "tls": {"certManager": {"enabled": True}}}}
+    chart = _by_name(render_chart(values))
+    base = _by_name(render_chart())
+    rendered = _by_name(render(kubectl, "webhook"))
+    assert set(rendered) == set(chart) - set(base)
+    for name, obj in rendered.items():
+        assert _without_helm_labels(chart[name]) == obj, f"{name} differs from deploy/webhook"
+
+
+def test_the_gpu_memory_reserve_defaults_to_the_recommended_figure() -> None:
+    """The chart and the manifests give the binder agent.reserve's DEFAULT_RESERVE (not 0, which
+    places models on memory Triton itself holds)."""
+    kubectl = require_executable("kubectl")
+    for objects in (render_chart(), render(kubectl, "overlays/production")):
+        [binder] = _the(objects, "Deployment", "tritonshare-binder")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        parsed = parse_binder_settings(list(binder["args"]), {})
+        assert parsed.gpu_mem_reserve == DEFAULT_RESERVE

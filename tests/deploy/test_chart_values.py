@@ -11,7 +11,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 
-from tests.deploy.rendering import Obj, name_of, render_templates
+from tests.deploy.rendering import Obj, name_of, pod_spec, render_templates
 from tests.deploy.rendering import render_chart as _render_chart
 from tests.deploy.test_chart import _the, render_chart
 from tests.deploy.test_manifests import CUSTOM_API_VERSIONS, KUBERNETES_VERSION
@@ -118,12 +118,13 @@ def test_triton_extra_args_follow_the_charts_and_cannot_undo_the_isolation() -> 
 def test_without_the_monitoring_and_keda_crds_their_objects_are_left_out() -> None:
     """A cluster without the Prometheus Operator or KEDA: `helm install` would fail on a
     PodMonitor, PrometheusRule or ScaledObject, so the chart renders none; the rest is whole."""
-    bare = render_chart({"example": {"enabled": True}}, api_versions=())
+    example = {"example": {"enabled": True, "keda": {"enabled": True}}}
+    bare = render_chart(example, api_versions=())
     kinds = {o["kind"] for o in bare}
     assert not {"PodMonitor", "PrometheusRule", "ScaledObject"} & kinds
     assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "NetworkPolicy"} <= kinds
     _validate(bare)
-    full = render_chart({"example": {"enabled": True}})
+    full = render_chart(example)
     assert {"PodMonitor", "PrometheusRule", "ScaledObject"} <= {o["kind"] for o in full}
     assert {name_of(o) for o in bare} == {
         name_of(o)
@@ -139,3 +140,133 @@ def test_the_install_notes_name_the_ports_model_pods_use() -> None:
     assert "$(HOST_IP):8110 (REST) and 8111 (gRPC)" in text
     assert "$(HOST_IP):8100" in text, "the agent's port"
     assert "8000" not in text and "8001" not in text, "Triton's own ports are loopback only"
+
+
+DIGEST = "sha256:" + "ab" * 32
+TRITON_DIGEST = "sha256:" + "cd" * 32
+
+
+def _containers(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in spec.get("initContainers", []) + spec["containers"]}
+
+
+def test_image_digests_replace_the_tags_everywhere() -> None:
+    """A digest pins every tritonshare container (and what the webhook writes into model pods)
+    and Triton's by content; no tag is left to drift."""
+    objects = render_chart(
+        {
+            "image": {"digest": DIGEST},
+            "triton": {"image": {"digest": TRITON_DIGEST}},
+            "webhook": {"enabled": True},
+            "example": {"enabled": True},
+        }
+    )
+    _validate(objects)
+    pinned = f"ghcr.io/tritonshare/tritonshare@{DIGEST}"
+    images = set()
+    for obj in objects:
+        spec = pod_spec(obj)
+        for container in _containers(dict(spec)).values() if spec else ():
+            images.add(container["image"])
+    assert images == {pinned, f"nvcr.io/nvidia/tritonserver@{TRITON_DIGEST}"}
+    [webhook] = _the(objects, "Deployment", "tritonshare-webhook")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert f"--image={pinned}" in webhook["args"]
+    with pytest.raises(helm_python.HelmError):
+        _render_chart({"image": {"digest": "latest"}})
+
+
+def test_priority_classes_and_update_strategies_reach_their_workloads() -> None:
+    rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    objects = render_chart(
+        {
+            "binder": {"priorityClassName": "system-cluster-critical"},
+            "webhook": {
+                "enabled": True,
+                "priorityClassName": "system-cluster-critical",
+                "updateStrategy": rolling,
+            },
+            "node": {"updateStrategy": rolling},
+        }
+    )
+    _validate(objects)
+    for name in ("tritonshare-binder", "tritonshare-webhook"):
+        spec = _the(objects, "Deployment", name)["spec"]
+        assert spec["template"]["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert _the(objects, "Deployment", "tritonshare-webhook")["spec"]["strategy"] == rolling
+    assert _the(objects, "DaemonSet", "tritonshare-node")["spec"]["updateStrategy"] == rolling
+    defaults = render_chart({"webhook": {"enabled": True}})
+    node = _the(defaults, "DaemonSet", "tritonshare-node")
+    assert node["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert (
+        "priorityClassName"
+        not in _the(defaults, "Deployment", "tritonshare-binder")["spec"]["template"]["spec"]
+    )
+    assert "strategy" not in _the(defaults, "Deployment", "tritonshare-webhook")["spec"]
+
+
+def test_extra_env_volumes_and_mounts_reach_their_containers() -> None:
+    env = [{"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"}]
+    volume = [{"name": "corp-ca", "configMap": {"name": "corp-ca"}}]
+    mount = [{"name": "corp-ca", "mountPath": "/etc/corp-ca", "readOnly": True}]
+    extra = {"extraEnv": env, "extraVolumeMounts": mount}
+    objects = render_chart(
+        {
+            "binder": {**extra, "extraVolumes": volume},
+            "webhook": {"enabled": True, **extra, "extraVolumes": volume},
+            "node": {"extraVolumes": volume},
+            "agent": extra,
+            "gateway": extra,
+            "triton": extra,
+        }
+    )
+    _validate(objects)
+    for kind, name, containers in (
+        ("Deployment", "tritonshare-binder", ("binder",)),
+        ("Deployment", "tritonshare-webhook", ("webhook",)),
+        ("DaemonSet", "tritonshare-node", ("triton", "agent", "gateway")),
+    ):
+        spec = _the(objects, kind, name)["spec"]["template"]["spec"]
+        assert volume[0] in spec["volumes"], name
+        for container in (_containers(spec)[c] for c in containers):
+            assert env[0] in container["env"], f"{name}/{container['name']}"
+            assert mount[0] in container["volumeMounts"], f"{name}/{container['name']}"
+    # Appended: the chart's own entries stay first and whole.
+    agent = _containers(_the(objects, "DaemonSet", "tritonshare-node")["spec"]["template"]["spec"])
+    assert agent["agent"]["env"][0]["name"] == "NODE_NAME"
+    assert agent["agent"]["env"][-1] == env[0]
+
+
+def test_the_webhook_answers_only_on_its_port_and_sends_nothing() -> None:
+    assert "NetworkPolicy/tritonshare-system/tritonshare-webhook" not in {
+        name_of(o) for o in render_chart()
+    }
+    objects = render_chart({"webhook": {"enabled": True, "port": 8443}})
+    _validate(objects)
+    policy = _the(objects, "NetworkPolicy", "tritonshare-webhook")["spec"]
+    assert policy["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "tritonshare-webhook"}
+    }
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
+    assert policy["egress"] == []
+    webhook = _the(objects, "Deployment", "tritonshare-webhook")["spec"]["template"]
+    assert webhook["metadata"]["labels"]["app.kubernetes.io/name"] == "tritonshare-webhook"
+    [container] = webhook["spec"]["containers"]
+    assert container["ports"][0]["containerPort"] == 8443
+
+
+def test_the_example_fetches_from_a_storage_uri_when_given_one() -> None:
+    """example.storageUri: KServe's storage initializer fetches the URI in place of the shipped
+    ConfigMap, and nothing of the ConfigMap is left."""
+    objects = render_chart({"example": {"enabled": True, "storageUri": "s3://models/add_one"}})
+    _validate(objects)
+    assert "ConfigMap/models/add-one-model" not in {name_of(o) for o in objects}
+    spec = _the(objects, "Deployment", "add-one")["spec"]["template"]["spec"]
+    initializer, loader = spec["initContainers"]
+    assert initializer["name"] == "storage-initializer" and loader["name"] == "loader"
+    assert initializer["args"] == ["s3://models/add_one", "/mnt/models"]
+    assert {v["name"] for v in spec["volumes"]} == {"model", "tmp", "agent-token"}
+    with pytest.raises(helm_python.HelmError):
+        _render_chart({"example": {"enabled": True, "storageUri": "ftp://models/add_one"}})

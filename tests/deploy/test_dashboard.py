@@ -16,7 +16,7 @@ from tests.conftest import require_executable
 from tests.deploy.rendering import DEPLOY
 
 DASHBOARD = DEPLOY / "monitoring" / "tritonshare-dashboard.json"
-SCALED_OBJECT = DEPLOY / "example" / "model-scaledobject.yaml"
+SCALED_OBJECT = DEPLOY / "overlays" / "example-keda" / "model-scaledobject.yaml"
 METRIC = re.compile(r"\btritonshare_[a-z_]+\b")
 TRITON_METRIC = re.compile(r"\bnv_[a-z_]+\b")
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from common.version import VERSION
 from tests.deploy.rendering import REPO
 
 PARTS = ("agent", "binder", "loader", "proxy", "webhook")
@@ -206,6 +207,13 @@ def test_the_build_stage_installs_a_package_whose_entry_points_run(tmp_path: Pat
     )  # fmt: skip
     assert plugin.returncode == 0, f"the kubectl plugin:\n{plugin.stderr}"
     assert plugin.stdout.startswith("usage: kubectl tritonshare")
+    # The installed package carries common/version.py's version, in its metadata and its CLI.
+    assert (installed / f"tritonshare-{VERSION}.dist-info").is_dir()
+    shown = subprocess.run(
+        [str(installed / "bin" / "tritonshare"), "--version"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shown.stdout == f"tritonshare {VERSION}\n", shown.stderr
 
 
 def test_each_entry_point_is_a_runnable_module() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.demo import autoscale
 from sim.demo.report import DemoResult
 from sim.demo.scenario import GREEDY_POD, LATE_POD, NODES, PODS
 
@@ -101,7 +102,22 @@ def test_the_demo_scenario_places_serves_explains_and_cleans_up(
     # Deleting the pods drained the proxies, which had the agent unload every model.
     assert result.loaded_after_shutdown == []
     assert "Triton has no model left loaded." in transcript
-    assert result.seconds < 120
+
+    # The model Deployment scaled out on concurrency and back, through a real Prometheus and the
+    # simulated KEDA and HPA: every new replica placed, loaded and answering, no request failed
+    # while it scaled up, nor while it scaled back to one (the removed pods drained).
+    scaled = result.autoscale
+    assert scaled is not None, "prometheus is installed in CI: the autoscaling step must run"
+    assert scaled.peak_ready == 3, (scaled.timeline, scaled.hpa_status)
+    assert scaled.failed == [], scaled.failed[:5]
+    assert scaled.scaled_down_to == 1, scaled.timeline
+    assert scaled.scale_down_failed == [], scaled.scale_down_failed[:5]
+    assert scaled.scale_down_requests > 0
+    assert len(scaled.cold_starts) >= 2
+    for phases in scaled.cold_starts:
+        assert set(phases) == set(autoscale.PHASES), phases
+        assert phases["bound"] <= phases["loaded"] <= phases["ready"] <= phases["first answer"]
+    assert "autoscale: target 1, concurrency 3 -> 3 replicas Ready" in transcript
 
 
 @pytest.mark.slow
@@ -149,3 +165,28 @@ def test_the_demos_closing_table_is_the_clis_and_agrees_with_the_api(
         if pod["pod"] == f"models/{GREEDY_POD.name}"
     )
     assert greedy["measured"] == result.overuse_measured == 29 * 1024**3 // 2
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_the_demos_metrics_are_printed_where_they_are_scraped(
+    demo_run: tuple[DemoResult, str],
+) -> None:
+    """The metrics summary is taken after the first inferences, before the demo deletes, crashes
+    and creates pods: it is printed there, never beside the closing table it would contradict."""
+    result, transcript = demo_run
+    lines = transcript.splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith("Metrics at this point"))
+    table = next(i for i, line in enumerate(lines) if line.startswith("Nodes, GPUs and the models"))
+    crash = next(i for i, line in enumerate(lines) if line.startswith("Crashing the leader binder"))
+    assert heading < crash < table
+    summary: dict[str, str] = {}
+    for line in lines[heading + 1 :]:
+        if not line.startswith("  "):
+            break
+        label, _, value = line.strip().rpartition(" ")
+        summary[label.strip()] = value
+    # What the figures say holds at the moment they were scraped.
+    assert summary["binder: pods pending now"] == str(len(result.pending))
+    on_real = [pod for pod, (node, _) in result.placements.items() if node == "t4-node-0"]
+    assert summary["agent: models loaded"] == str(len(on_real))

@@ -247,6 +247,44 @@ def test_mig_mode_and_the_processes_holding_memory_are_read() -> None:
     assert report["gpus"][1]["mig"] == "disabled, enabled after the next GPU reset"
 
 
+def test_the_reserve_covers_the_fullest_idle_gpu_and_the_backends_libraries() -> None:
+    """--reserve: each GPU's idle use as NVML reads it (Triton's context and pool on the node),
+    and a reserve of the largest plus the backends' allowance, rounded up to 256 MiB."""
+    gpus = Gpus()
+    triton = 4000
+    for index, held in ((0, 600 * MIB), (1, 900 * MIB)):
+        gpus.mock.set_used(index, held)
+        gpus.processes[index] = {triton: held}
+    code, report = check(gpus, "--reserve")
+    assert code == Outcome.OK
+    assert [(b["index"], b["used"], b["held_by_processes"]) for b in report["baselines"]] == [
+        (0, 600 * MIB, 600 * MIB),
+        (1, 900 * MIB, 900 * MIB),
+    ]
+    # 900 MiB + 256 MiB = 1156 MiB, rounded up to 1280 MiB.
+    assert report["suggested_reserve"] == 1280 * MIB
+    out = io.StringIO()
+    assert main(["--reserve"], {}, nvml=gpus.module, out=out) == Outcome.OK
+    text = out.getvalue()
+    assert "GPU 1 (" in text and "by the processes NVML lists: 943718400 bytes" in text
+    assert "Suggested --gpu-mem-reserve: 1280Mi (1342177280 bytes)" in text, text
+    # Without the flag nothing of it is read or printed.
+    _, plain = check(gpus)
+    assert plain["baselines"] == [] and plain["suggested_reserve"] is None
+
+
+def test_the_reserve_leaves_out_a_lost_gpu_and_says_when_the_driver_hides_processes() -> None:
+    gpus = Gpus()
+    gpus.mock.set_used(0, 700 * MIB)
+    gpus.processes[0] = {4000: None}  # type: ignore[dict-item]
+    gpus.mock.lose_gpu(1)
+    code, report = check(gpus, "--reserve")
+    assert code == Outcome.GPU_UNHEALTHY
+    [baseline] = report["baselines"]
+    assert baseline["index"] == 0 and baseline["held_by_processes"] is None
+    assert report["suggested_reserve"] == 1024 * MIB
+
+
 def test_nvml_that_cannot_load_says_to_check_the_driver() -> None:
     gpus = Gpus()
     gpus.mock.set_library_loaded(False)

@@ -21,7 +21,7 @@ from sim.apiserver import start_in_thread
 from sim.triton import TritonServer
 from tests.conftest import copy_model
 from tests.fixtures_sim import core_v1
-from tests.loader.test_process import NODE, Node, final_record, start_agent
+from tests.loader.test_process import DEDICATED, Node, final_record, start_agent
 
 
 def main() -> None:
@@ -39,9 +39,7 @@ def main() -> None:
         api = apiserver.api_client()
         agent = None
         try:
-            core_v1(api).create_node(
-                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-            )
+            core_v1(api).create_node({"apiVersion": "v1", "kind": "Node", "metadata": DEDICATED})
             kubeconfig = apiserver.write_kubeconfig(tmp / "kubeconfig")
             node = Node(tmp, apiserver, api, kubeconfig, triton, repository)
             agent = start_agent(tmp, kubeconfig, triton, repository)

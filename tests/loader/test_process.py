@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
+from common.contract import TENANT_CODE_NODE, Keys
 from loader.errors import ExitCode
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import RunningApiServer
@@ -42,6 +43,8 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 NODE = "gpu-node-1"
 NAMESPACE = "default"
+DEDICATED = {"name": NODE, "labels": {Keys().tenant_code: TENANT_CODE_NODE}}
+"""The node's metadata: dedicated to tenant code, as an agent allowing it requires."""
 
 
 @dataclass
@@ -171,7 +174,8 @@ def node(
     triton: TritonServer,
     model_repository: Path,
 ) -> Node:
-    core_v1(kube_api).create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    # Dedicated to tenant code: the agent lets NAMESPACE run the Python backend.
+    core_v1(kube_api).create_node({"apiVersion": "v1", "kind": "Node", "metadata": DEDICATED})
     return Node(tmp_path, apiserver, kube_api, kubeconfig, triton, model_repository)
 
 

@@ -88,6 +88,43 @@ async def test_time_weighted_average_concurrency() -> None:
     assert limiter.concurrency_seconds() == pytest.approx(16)
 
 
+async def test_waiting_requests_count_from_their_arrival_as_knative_counts_them() -> None:
+    """At its limit a replica shows the demand beyond it: a request waiting for a slot counts
+    in the integral from its arrival, so an autoscaler on it adds replicas for the queue."""
+    clock = FakeClock()
+    limiter = Limiter(1, 10, 30.0, window=10.0, clock=clock)
+    await limiter.acquire()  # one in flight
+    waiting = [asyncio.ensure_future(limiter.acquire()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert (limiter.in_flight, limiter.queued, limiter.held) == (1, 3, 4)
+    clock.now += 2  # 4 held for 2 s, whatever the limit
+    limiter.release()  # the first waiter takes the slot; one request left
+    await asyncio.sleep(0)
+    assert limiter.held == 3
+    clock.now += 1
+    waiting[2].cancel()  # a caller gives up waiting: it leaves the count
+    with pytest.raises(asyncio.CancelledError):
+        await waiting[2]
+    clock.now += 1
+    assert limiter.concurrency_seconds() == pytest.approx(4 * 2 + 3 * 1 + 2 * 1)
+    assert limiter.average_concurrency() == pytest.approx(13 / 4)
+    limiter.release()  # the last waiter takes the slot
+    await asyncio.sleep(0)
+    assert (limiter.in_flight, limiter.queued, limiter.held) == (1, 0, 1)
+    limiter.release()
+    assert limiter.held == 0
+    await asyncio.gather(*waiting[:2])
+
+
+async def test_a_waiter_timing_out_leaves_the_count_at_its_timeout() -> None:
+    clock = FakeClock()
+    limiter = Limiter(1, 10, 0.01, window=10.0, clock=clock)
+    await limiter.acquire()
+    with pytest.raises(QueueTimeoutError):
+        await limiter.acquire()
+    assert (limiter.held, limiter.queued) == (1, 0)
+
+
 def test_concurrency_seconds_match_a_step_by_step_integral() -> None:
     """The limiter keeps sums of start and end times instead of integrating every step: over
     random steps and pauses (checkpoints included) the area is the step-by-step integral."""
@@ -190,8 +227,8 @@ async def test_rest_and_grpc_share_the_limit_and_overflow_is_refused(
             (model, ("reason", "OverloadedError")),
         )
         assert samples[rejected] == 2
-        # Three requests of about 1.5 s each, with at most two at a time: about 4.5 s of
-        # request-seconds, whatever the machine's noise.
+        # Three requests of about 1.5 s each, with at most two at a time (the third waits its
+        # turn, and waiting counts): about 6 s of request-seconds, whatever the machine's noise.
         area = samples[("tritonshare_proxy_concurrency_seconds_total", (("model", "sleepy"),))]
         assert 4.0 < area < 15.0
         count = samples[

@@ -23,7 +23,11 @@ TENANT = "team-a"
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[SimCluster]:
     nodes = [NodeSpec("gpu-a", "1xT4")]
-    with SimCluster(tmp_path / "cluster", nodes, binders=1, admission_policies=True) as running:
+    # No tenant code (its pods load nothing): a cluster allowing some would dedicate its only
+    # node to those namespaces, and TENANT's pods would go nowhere.
+    with SimCluster(
+        tmp_path / "cluster", nodes, binders=1, admission_policies=True, tenant_code_namespaces=()
+    ) as running:
         assert running.missing == [], running.missing
         yield running
 

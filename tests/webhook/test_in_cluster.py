@@ -210,7 +210,7 @@ def test_a_kserve_predictor_pod_becomes_a_model_pod(configured: Any) -> None:
     assert [(p.name, p.container_port) for p in proxy.ports] == [
         ("http", 9000), ("grpc", 9001), ("metrics", 9002),
     ]  # fmt: skip
-    assert pod.spec.node_selector == {"k8s.amazonaws.com/accelerator": "nvidia-tesla-t4"}
+    assert pod.spec.node_selector == {"nvidia.com/gpu.present": "true"}
 
 
 def test_only_labelled_pods_outside_the_system_namespace_are_sent(configured: Any) -> None:

@@ -37,7 +37,11 @@ affinity:
 
 {{/* The tritonshare image, tag defaulting to the chart's appVersion. */}}
 {{- define "tritonshare.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* Pull policy and pull secrets of a pod spec's tritonshare containers, when set. */}}

@@ -310,7 +310,7 @@ def shares(busy: float = 0.5) -> tuple[LoopShares, Clock]:
     return LoopShares(busy, clock.later, clock=clock, cpu=clock), clock
 
 
-def pod(loop: LoopShares) -> tuple[Pod, LoopShare]:
+def pod(loop: LoopShares, namespace: str = "") -> tuple[Pod, LoopShare]:
     state = Pod()
 
     def pause() -> None:
@@ -319,7 +319,7 @@ def pod(loop: LoopShares) -> tuple[Pod, LoopShare]:
     def resume() -> None:
         state.resumed += 1
 
-    return state, loop.share(pause, resume)
+    return state, loop.share(pause, resume, namespace)
 
 
 def read(share: LoopShare, clock: Clock, seconds: float) -> None:
@@ -413,3 +413,22 @@ def test_a_pod_that_leaves_counts_no_more() -> None:
     for _ in range(10):
         read(flood, clock, 0.009)
     assert flooder.paused == 0
+
+
+def test_a_namespaces_many_pods_share_what_one_pod_of_another_namespace_has() -> None:
+    """Seven pods of team-a and one of team-b, all active and busy: team-b's pod may read half
+    of each round, each of team-a's a seventh of the other half."""
+    loop, clock = shares()
+    crowd = [pod(loop, "team-a") for _ in range(7)]
+    alone_state, alone = pod(loop, "team-b")
+    for _, share in crowd:
+        read(share, clock, 0.002)  # 14 ms in all: the others leave nothing of the busy share
+    read(alone, clock, 0.0001)
+    clock.advance(0.011)
+    read(alone, clock, 0.004)  # a new round: 4 ms, under its 5 ms
+    assert alone.budget == pytest.approx(0.005)
+    assert alone_state.reading()
+    assert alone.fair == pytest.approx(0.005)
+    assert all(share.fair == pytest.approx(0.005 / 7) for _, share in crowd)
+    read(alone, clock, 0.002)  # 6 ms: past its half
+    assert not alone_state.reading()

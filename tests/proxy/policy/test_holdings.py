@@ -172,3 +172,21 @@ def test_the_gateways_metrics_show_the_budget_node_wide(tmp_path: Path) -> None:
     assert "tritonshare_gateway_budget_bytes 1e+06" in text
     assert "tritonshare_gateway_budget_pauses_total 1.0" in text
     assert "tritonshare_gateway_budget_sheds_total 0.0" in text
+
+
+def test_a_namespaces_many_pods_share_what_one_pod_of_another_namespace_has() -> None:
+    """Over the budget, team-b's one pod keeps half of it beside team-a's three pods, which share
+    the other half: a pod of team-a past a sixth is held and, past the grace, shed."""
+    node, loop, clock = budget()
+    crowd = [pod(loop, "team-a") for _ in range(3)]
+    alone_state, alone = pod(loop, "team-b")
+    held = {share: 300_000 for _, share in crowd} | {alone: 450_000}
+    assert node.measured(held) == []
+    assert node.fair_of(alone) == LIMIT // 2
+    assert node.fair_of(crowd[0][1]) == LIMIT // 2 // 3
+    assert alone_state.reading()  # under its half
+    assert not any(state.reading() for state, _ in crowd)
+    clock.advance(GRACE)
+    shed = node.measured(held)
+    assert sorted(excess for _, excess in shed) == [300_000 - LIMIT // 6] * 3
+    assert alone not in dict(shed)

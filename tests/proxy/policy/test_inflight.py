@@ -59,7 +59,50 @@ def node(budget: int, *owns: int) -> tuple[Clock, InFlightShares, list[Limiter]]
     ],
 )
 def test_the_share(own: int, budget: int, sending: int, limit: int) -> None:
+    """Each pod sending in a namespace of its own."""
     assert share_of(own, budget, sending) == limit
+
+
+@pytest.mark.parametrize(
+    ("own", "budget", "namespaces", "pods", "limit"),
+    [
+        (64, 8, 1, 2, 4),  # one namespace: its pods share the whole budget
+        (64, 8, 2, 1, 4),  # alone in its namespace beside one other: half
+        (64, 8, 2, 7, 1),  # 4 // 7: never below one
+        (64, 16, 2, 3, 2),
+        (3, 16, 2, 1, 3),  # never above its own
+        (0, 16, 4, 2, 2),
+        (64, 2, 3, 1, 1),
+    ],
+)
+def test_the_share_by_namespace(
+    own: int, budget: int, namespaces: int, pods: int, limit: int
+) -> None:
+    assert share_of(own, budget, namespaces, pods) == limit
+
+
+def test_a_namespace_with_many_pods_shares_what_one_pod_of_another_has() -> None:
+    clock = Clock()
+    shares = InFlightShares(16, clock.later, active_seconds=1.0, clock=clock)
+    crowd = [Limiter(64, 64, 30.0, clock=clock) for _ in range(7)]
+    alone = Limiter(64, 64, 30.0, clock=clock)
+    for limiter in crowd:
+        shares.add(limiter, "team-a")
+    shares.add(alone, "team-b")
+    for limiter in crowd:
+        assert limiter.try_acquire()
+    assert [x.limit for x in crowd] == [2] * 7  # 16 // 7 while team-a alone sends
+    assert alone.limit == 8  # not sending: what it would have as team-b's first sender
+    assert alone.try_acquire()
+    assert (shares.namespaces, shares.by_namespace) == (2, {"team-a": 7, "team-b": 1})
+    assert [x.limit for x in crowd] == [1] * 7 and alone.limit == 8
+    # Team-a's pods stop: team-b's pod sends alone and has its own limit back.
+    for limiter in crowd:
+        limiter.release()
+    clock.advance(2.0)
+    assert (shares.namespaces, alone.limit) == (1, 64)
+    shares.remove(alone)
+    assert (shares.sending, shares.by_namespace) == (0, {})
 
 
 def test_a_pod_alone_keeps_its_own_limit_and_a_second_sender_halves_it() -> None:
