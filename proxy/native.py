@@ -73,6 +73,7 @@ COMPILED = (
     "proxy/policy/routing.py",
     "proxy/policy/shapes.py",
     "proxy/policy/share.py",
+    "proxy/policy/tensors.py",
     "proxy/policy/wire.py",
     "proxy/metrics.py",
 )
