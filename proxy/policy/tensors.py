@@ -1,10 +1,10 @@
 """What the inputs of a gRPC inference request declare, checked against the data it carries.
 
-Triton 2.51 checks a gRPC input's data against its shape as elements times the datatype's size
-in int64 arithmetic: `shape: [1, 2**62]` FP32 is 2**64 bytes, which wraps to 0, the size of an
-empty `raw_input_contents`, so the request reached the Python backend and killed the model's
-stub (every request to the model then failed). The relays therefore refuse a ModelInferRequest
-(a unary call's, and each ModelStreamInfer message) unless, for every input:
+Triton 2.51 checks a gRPC input's data against its shape as elements times the datatype's size in
+int64 arithmetic: `shape: [1, 2**62]` FP32 is 2**64 bytes, which wraps to 0, the size of an empty
+`raw_input_contents`, so the request reached the Python backend and killed the model's stub (Triton
+answered "Stub process 'add_one_0_0' is not healthy"). The relays therefore refuse a
+ModelInferRequest (a unary call's, and each ModelStreamInfer message) unless, for every input:
 
 - each dimension is an integer from 0 to 2**63-1 (an int64 varint past that is negative);
 - its datatype is one Triton knows;
@@ -25,6 +25,7 @@ Pure: it reads the bytes it is given. What it must not do: hold a tensor's data.
 
 from __future__ import annotations
 
+import struct
 from typing import Final
 
 from proxy.policy import wire
@@ -42,8 +43,16 @@ INPUTS_HELD: Final = 64 * 1024
 contents), which are held until the message is whole; tensors that large go in
 `raw_input_contents` (tritonclient's way), which is never held."""
 _INT64: Final = 1 << 64
-_HIGH: Final = bytes(range(0x80))
-"""Deleted from packed varints, what is left counts the bytes that do not end one."""
+_U32: Final = struct.Struct("<I").unpack_from
+"""A BYTES element's length prefix."""
+_INPUTS: Final = 5 << 3 | LENGTH_DELIMITED
+_RAW: Final = 7 << 3 | LENGTH_DELIMITED
+_AFTER_RAW: Final = (
+    "the inference request has an input after its raw_input_contents; send the inputs first, as "
+    "protobuf serializers write them"
+)
+_ENDING: Final = bytes(range(0x80))
+"""The bytes that end a varint: deleted from packed varints, what is left are the others."""
 _INPUTS_KEPT: Final = 256
 _INPUT_BYTES: Final = 4096
 _PARSED: Final[dict[bytes, Input]] = {}
@@ -149,7 +158,7 @@ def _typed(value: bytes, pos: int, end: int) -> int:
                     raise WireError(f"packed contents field {number} is not whole values")
                 count += length // size
             elif 1 <= number <= 5:  # packed varints: one per byte that ends one
-                count += length - len(value[pos:stop].translate(None, _HIGH))
+                count += length - len(value[pos:stop].translate(None, _ENDING))
             pos = stop
         elif kind == VARINT:
             pos = varint(value, pos)[1]
@@ -180,36 +189,50 @@ class StringWalk:
 
     def feed(self, data: bytes, pos: int, end: int) -> None:
         """The next bytes of the data, `data[pos:end]`."""
-        while pos < end:
-            left = self._left
+        if pos >= end:
+            return
+        left = self._left
+        if left:  # the rest of a string begun in an earlier piece
+            step = min(left, end - pos)
+            pos += step
+            self._left = left = left - step
             if left:
-                step = min(left, end - pos)
-                self._left = left - step
-                pos += step
-                continue
-            prefix = self._prefix
-            if prefix or pos + 4 > end:
-                prefix += data[pos : min(end, pos + 4 - len(prefix))]
-                pos += len(prefix) - len(self._prefix)
-                if len(prefix) < 4:
-                    self._prefix = prefix
-                    continue
-                self._prefix = b""
-                self._left = int.from_bytes(prefix, "little")
-            else:
-                self._left = int.from_bytes(data[pos : pos + 4], "little")
-                pos += 4
+                return
+        prefix = self._prefix
+        if prefix:  # the rest of a length cut by the end of an earlier piece
+            step = min(4 - len(prefix), end - pos)
+            prefix += data[pos : pos + step]
+            pos += step
+            if len(prefix) < 4:
+                self._prefix = prefix
+                return
+            self._prefix = b""
             self.count += 1
+            left = _U32(prefix, 0)[0]
+            step = min(left, end - pos)
+            pos += step
+            self._left = left = left - step
+            if left:
+                return
+        count = self.count
+        while pos + 4 <= end:
+            pos += 4 + _U32(data, pos)[0]
+            count += 1
+        self.count = count
+        if pos > end:
+            self._left = pos - end
+        elif pos < end:
+            self._prefix = data[pos:end]
 
     def finish(self) -> int:
         return -1 if self._left or self._prefix else self.count
 
 
 class InferScan(wire.MessageScan):
-    """A ModelInferRequest's inputs and raw contents, whole (`check_request`) or as a message
-    read in pieces passes (`wire.MessageScan` calls `tensor_input` and `raw_*`), for `check`:
-    the inputs' fields are held (at most `held` bytes of them), raw data never (BYTES data is
-    walked as it passes)."""
+    """A ModelInferRequest read in pieces (`wire.MessageScan` calls `tensor_input` and `raw_*`
+    as its fields pass), for `check` once it is whole: its inputs' fields are held (at most
+    `held` bytes of them), raw data never (BYTES data is walked as it passes). It answers as
+    `check_request` answers for the whole message."""
 
     __slots__ = ("_error", "_held", "_inputs", "_limit", "_raws", "_walk")
 
@@ -241,10 +264,7 @@ class InferScan(wire.MessageScan):
                 f"in raw_input_contents (tritonclient's way)"
             )
         elif self._raws:
-            self._refuse(
-                "the inference request has an input after its raw_input_contents; send the "
-                "inputs first, as protobuf serializers write them"
-            )
+            self._refuse(_AFTER_RAW)
         else:
             try:
                 self._inputs.append(_input(value))
@@ -272,97 +292,112 @@ class InferScan(wire.MessageScan):
         """Refuse (MalformedRequestError) what the module docstring lists."""
         if self._error:
             raise MalformedRequestError(self._error)
-        inputs = self._inputs
-        raws = self._raws
-        if raws and len(raws) != len(inputs):
-            raise MalformedRequestError(
-                f"the inference request's raw_input_contents number {len(raws)}, but it has "
-                f"{len(inputs)} inputs; send one for each input, in the inputs' order, or none"
+        _check(self._inputs, self._raws)
+
+
+def _check(inputs: list[Input], raws: list[tuple[int, int]]) -> None:
+    """The rules of the module docstring, for the `inputs` of a request and its `raws`: (bytes,
+    strings: -1 when they run past the end, -2 when not walked) of each raw_input_contents."""
+    if raws and len(raws) != len(inputs):
+        raise MalformedRequestError(
+            f"the inference request's raw_input_contents number {len(raws)}, but it has "
+            f"{len(inputs)} inputs; send one for each input, in the inputs' order, or none"
+        )
+    for index, tensor in enumerate(inputs):
+        size = DATATYPE_BYTES.get(tensor.datatype)
+        if size is None:
+            known = ", ".join(_text(datatype) for datatype in DATATYPE_BYTES)
+            raise _refusal(
+                tensor,
+                f"has the datatype '{_text(tensor.datatype)}', which Triton does not know",
+                f"send one of {known}",
             )
-        for index, tensor in enumerate(inputs):
-            size = DATATYPE_BYTES.get(tensor.datatype)
-            if size is None:
-                known = ", ".join(_text(datatype) for datatype in DATATYPE_BYTES)
+        if raws:
+            if tensor.contents:
                 raise _refusal(
                     tensor,
-                    f"has the datatype '{_text(tensor.datatype)}', which Triton does not know",
-                    f"send one of {known}",
+                    "has typed contents beside raw_input_contents",
+                    "send each input's data in one of them",
                 )
-            if raws:
-                if tensor.contents:
+            data, strings = raws[index]
+            if size:
+                elements = _elements(tensor, data // size)
+                if elements * size != data:
                     raise _refusal(
                         tensor,
-                        "has typed contents beside raw_input_contents",
-                        "send each input's data in one of them",
-                    )
-                data, strings = raws[index]
-                if size:
-                    elements = _elements(tensor, data // size)
-                    if elements * size != data:
-                        raise _refusal(
-                            tensor,
-                            f"declares {_shown(tensor, elements, data // size)} of {size} "
-                            f"bytes each, but its raw_input_contents has {data} bytes",
-                            "declare the shape of the data it sends",
-                        )
-                else:
-                    elements = _elements(tensor, data // 4)
-                    if elements != strings:
-                        raise _refusal(
-                            tensor,
-                            f"declares {_shown(tensor, elements, data // 4)}, but its "
-                            f"raw_input_contents of {data} bytes "
-                            + (
-                                "is not whole strings"
-                                if strings < 0
-                                else f"holds {strings} strings"
-                            ),
-                            "send each BYTES element as its 4-byte little-endian length and "
-                            "that many bytes",
-                        )
-            else:
-                elements = _elements(tensor, tensor.typed)
-                if elements != tensor.typed:
-                    raise _refusal(
-                        tensor,
-                        f"declares {_shown(tensor, elements, tensor.typed)}, but its contents "
-                        f"hold {tensor.typed}",
+                        f"declares {_shown(tensor, elements, data // size)} of {size} "
+                        f"bytes each, but its raw_input_contents has {data} bytes",
                         "declare the shape of the data it sends",
                     )
+            else:
+                elements = _elements(tensor, data // 4)
+                if elements != strings:
+                    raise _refusal(
+                        tensor,
+                        f"declares {_shown(tensor, elements, data // 4)}, but its "
+                        f"raw_input_contents of {data} bytes "
+                        + ("is not whole strings" if strings < 0 else f"holds {strings} strings"),
+                        "send each BYTES element as its 4-byte little-endian length and "
+                        "that many bytes",
+                    )
+        else:
+            elements = _elements(tensor, tensor.typed)
+            if elements != tensor.typed:
+                raise _refusal(
+                    tensor,
+                    f"declares {_shown(tensor, elements, tensor.typed)}, but its contents "
+                    f"hold {tensor.typed}",
+                    "declare the shape of the data it sends",
+                )
 
 
 def check_request(message: bytes) -> None:
     """Refuse (MalformedRequestError) the whole ModelInferRequest `message` for what the module
     docstring lists; `message` is well-formed at its top level (`routing` read its name)."""
-    scan = InferScan(held=len(message))
+    inputs: list[Input] = []
+    raws: list[tuple[int, int]] = []
     pos = 0
     end = len(message)
     try:
         while pos < end:
-            key, pos = varint(message, pos)
-            number = key >> 3
+            key = message[pos]
+            if key < 0x80:  # one-byte keys are the rule: no call for them
+                pos += 1
+            else:
+                key, pos = varint(message, pos)
             kind = key & 7
             if kind == LENGTH_DELIMITED:
-                length, pos = varint(message, pos)
+                length = message[pos] if pos < end else 0x80  # cut: the general reader's error
+                if length < 0x80:
+                    pos += 1
+                else:
+                    length, pos = varint(message, pos)
                 stop = pos + length
-                if number == 5:
-                    scan.tensor_input(message[pos:stop], length)
-                elif number == 7:
-                    scan.raw_begin(length)
-                    scan.raw_feed(message, pos, stop)
-                    scan.raw_end(length)
+                if key == _INPUTS:
+                    if raws:
+                        raise MalformedRequestError(_AFTER_RAW)
+                    inputs.append(_input(message[pos:stop]))
+                elif key == _RAW:
+                    strings = -2
+                    index = len(raws)
+                    if index < len(inputs) and inputs[index].datatype == b"BYTES":
+                        walk = StringWalk()
+                        walk.feed(message, pos, min(stop, end))
+                        strings = walk.finish()
+                    raws.append((length, strings))
                 pos = stop
             elif kind == VARINT:
                 pos = varint(message, pos)[1]
             elif kind in (FIXED64, FIXED32):
                 pos += 8 if kind == FIXED64 else 4
             else:
-                raise WireError(f"field {number} has the unsupported wire type {kind}")
+                raise WireError(f"field {key >> 3} has the unsupported wire type {kind}")
     except WireError as e:
         raise MalformedRequestError(
             f"the inference request cannot be read ({e}); send a serialized ModelInferRequest"
         ) from None
-    scan.check()
+    if inputs or raws:
+        _check(inputs, raws)
 
 
 def _elements(tensor: Input, bound: int) -> int:

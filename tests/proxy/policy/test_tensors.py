@@ -210,3 +210,23 @@ def test_the_router_refuses_unary_and_stream_messages_with_the_reason() -> None:
     scanned_answer = router.decide_scanned("ModelInfer", scan)
     assert isinstance(scanned_answer, GrpcAnswer)
     assert scanned_answer.details == answer.details
+
+
+@pytest.mark.parametrize(
+    ("data", "count"),
+    [
+        (strings(b"a", b"", b"xyz" * 40), 3),
+        (strings(), 0),
+        (strings(b"a") + b"\x05\x00\x00\x00ab", -1),  # the last string runs past the end
+        (strings(b"a") + b"\x05\x00", -1),  # a cut length
+    ],
+)
+def test_bytes_data_walked_in_any_pieces_counts_alike(data: bytes, count: int) -> None:
+    whole = tensors.StringWalk()
+    whole.feed(data, 0, len(data))
+    assert whole.finish() == count
+    for step in (1, 2, 3, 5):
+        walk = tensors.StringWalk()
+        for pos in range(0, len(data), step):
+            walk.feed(data, pos, min(pos + step, len(data)))
+        assert walk.finish() == count, step
