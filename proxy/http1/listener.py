@@ -21,7 +21,8 @@ import time
 from typing import Final
 
 from proxy.http1.framing import parse_request_head
-from proxy.http1.relay import ClientConnection, Prepared, RenamingConnection
+from proxy.http1.relay import ClientConnection, Prepared
+from proxy.http1.renaming import RenamingConnection
 from proxy.http1.upstream import UpstreamPool
 from proxy.idle import IdleSweeper
 from proxy.metrics import ProxyMetrics
