@@ -16,12 +16,18 @@ raised, and the connection answers them.
 
 from __future__ import annotations
 
+from typing import Final
+
 from proxy.http1.framing import RequestHead
 from proxy.policy import refusals
 from proxy.policy.inflation import Sink
 from proxy.policy.nesting import MAX_NESTING, Nesting
 from proxy.policy.routing import Forward
 from proxy.policy.shapes import MAX_JSON_BYTES, Shapes, check_json, json_too_large
+
+ADMITTED: Final = min(refusals.SMALL_REQUEST, MAX_JSON_BYTES)
+"""A body of at most this many bytes, not chunked and within --max-body, is never refused by
+`head_refusal`: the relay asks it only of the others."""
 
 
 def too_large(limit: int) -> str:
@@ -75,7 +81,7 @@ def check_whole(buffer: bytes, start: int, end: int, head: RequestHead, route: s
         and buffer.count(b"[", start, end) + buffer.count(b"{", start, end) > MAX_NESTING
     ):
         Nesting(head.json_bytes).feed(buffer, start, end)
-    if checks_shapes(route, head):
+    if route == "infer" and head.method == "POST":  # `checks_shapes`, inline: every request
         # Triton allocates each input by its declared shape before reading the data.
         json_end = head.json_bytes
         json_end = end if json_end < 0 else min(end, start + json_end)

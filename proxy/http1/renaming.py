@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 
 from proxy.http1.answers import AnswerNames
-from proxy.http1.relay import CLOSED, ClientConnection, Listener
+from proxy.http1.connection import CLOSED, Listener
+from proxy.http1.relay import ClientConnection
 from proxy.http1.upstream import Upstream
 from proxy.policy.naming import NamingError
 from proxy.policy.routing import error_body
