@@ -43,6 +43,8 @@ INPUTS_HELD: Final = 64 * 1024
 contents), which are held until the message is whole; tensors that large go in
 `raw_input_contents` (tritonclient's way), which is never held."""
 _INT64: Final = 1 << 64
+_ELEMENTS_BOUND: Final = 1 << 63
+"""More elements than any message can carry data for: counted no further."""
 _U32: Final = struct.Struct("<I").unpack_from
 """A BYTES element's length prefix."""
 _INPUTS: Final = 5 << 3 | LENGTH_DELIMITED
@@ -61,9 +63,12 @@ shapes. At most _INPUTS_KEPT inputs of at most _INPUT_BYTES each."""
 
 
 class Input:
-    """One InferInputTensor as Triton reads it: name, datatype, shape, count of typed elements."""
+    """One InferInputTensor as Triton reads it: name, datatype, shape, count of typed elements;
+    with what they give, read once (an input is kept, `_PARSED`): its element's size (-1: a
+    datatype Triton does not know) and its elements (-1: a dimension out of range; past
+    _ELEMENTS_BOUND, a number past it)."""
 
-    __slots__ = ("contents", "datatype", "dims", "name", "typed")
+    __slots__ = ("contents", "datatype", "dims", "elements", "name", "size", "typed")
 
     def __init__(
         self, name: bytes, datatype: bytes, dims: list[int], typed: int, contents: bool
@@ -73,6 +78,11 @@ class Input:
         self.dims = dims
         self.typed = typed
         self.contents = contents
+        self.size = DATATYPE_BYTES.get(datatype, -1)
+        try:
+            self.elements = element_count(dims, _ELEMENTS_BOUND)
+        except MalformedRequestError:
+            self.elements = -1
 
 
 def _input(value: bytes) -> Input:
@@ -304,8 +314,8 @@ def _check(inputs: list[Input], raws: list[tuple[int, int]]) -> None:
             f"{len(inputs)} inputs; send one for each input, in the inputs' order, or none"
         )
     for index, tensor in enumerate(inputs):
-        size = DATATYPE_BYTES.get(tensor.datatype)
-        if size is None:
+        size = tensor.size
+        if size < 0:
             known = ", ".join(_text(datatype) for datatype in DATATYPE_BYTES)
             raise _refusal(
                 tensor,
@@ -401,7 +411,10 @@ def check_request(message: bytes) -> None:
 
 
 def _elements(tensor: Input, bound: int) -> int:
-    """`element_count` of the input's shape, its refusal naming the input."""
+    """The input's elements (more than `bound` when they are), or `element_count`'s refusal of
+    its shape, naming the input."""
+    if tensor.elements >= 0:
+        return tensor.elements
     try:
         return element_count(tensor.dims, bound)
     except MalformedRequestError as e:
