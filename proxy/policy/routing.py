@@ -263,8 +263,9 @@ class GrpcRouter:
             if kind == "ModelInfer":
                 try:
                     tensors.check_request(request)
-                except MalformedRequestError as e:
-                    return GrpcAnswer(kind, "INVALID_ARGUMENT", str(e))
+                except MalformedRequestError as refused:
+                    # Its own name: compiled (mypyc), `e` is typed by the first `except` above.
+                    return GrpcAnswer(kind, "INVALID_ARGUMENT", str(refused))
             if rename:
                 request = self.renamed(request)
             return GrpcForward(kind, kind, request, kind == "ModelInfer")
@@ -308,8 +309,8 @@ class GrpcRouter:
             return _stream_error(unknown_model_message(_text(name)), request)
         try:
             tensors.check_request(request)
-        except MalformedRequestError as e:
-            return _stream_error(str(e), request)
+        except MalformedRequestError as refused:
+            return _stream_error(str(refused), request)
         return None
 
     def decide_scanned(self, kind: str, scan: wire.MessageScan) -> GrpcForward | GrpcAnswer:
@@ -330,8 +331,8 @@ class GrpcRouter:
             if isinstance(decision, GrpcForward) and isinstance(scan, tensors.InferScan):
                 try:
                     scan.check()
-                except MalformedRequestError as e:
-                    return GrpcAnswer(kind, "INVALID_ARGUMENT", str(e))
+                except MalformedRequestError as refused:
+                    return GrpcAnswer(kind, "INVALID_ARGUMENT", str(refused))
             return decision
         decision = self.decide(kind, b"")
         if isinstance(decision, GrpcForward) and decision.request != b"":
@@ -354,8 +355,8 @@ class GrpcRouter:
         if isinstance(scan, tensors.InferScan):
             try:
                 scan.check()
-            except MalformedRequestError as e:
-                return _stream_error(str(e), echo)
+            except MalformedRequestError as refused:
+                return _stream_error(str(refused), echo)
         return None
 
 
