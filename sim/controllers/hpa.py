@@ -172,7 +172,7 @@ class Autoscalers:
         clock: Callable[[], float],
         sync_period: float = SYNC_PERIOD_S,
     ) -> None:
-        self.api = api
+        self.api = api  # its own client: the user agent below is set on it
         self.api.user_agent = USER_AGENT
         self.prometheus = prometheus
         self.clock = clock

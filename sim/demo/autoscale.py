@@ -441,8 +441,9 @@ def run(
     with (
         PodWatch(cluster.kube, namespace, targets) as watch,
         prometheus(prometheus_binary, workdir, targets, scrape_interval) as listen,
+        contextlib.closing(cluster.apiserver.api_client()) as autoscaler_api,
         Autoscalers(
-            cluster.kube, Prometheus(listen), cluster.apiserver.clock.now, sync_period
+            autoscaler_api, Prometheus(listen), cluster.apiserver.clock.now, sync_period
         ) as _autoscalers,
         Endpoints(cluster.kube, namespace, SELECTOR) as endpoints,
     ):

@@ -18,6 +18,7 @@ import pytest
 from common.contract import DEFAULT_SYSTEM_NAMESPACE
 from sim.apiserver import AuditRecord
 from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
+from sim.controllers.hpa import USER_AGENT as AUTOSCALER_USER_AGENT
 from sim.controllers.manager import USER_AGENT as CONTROLLER_MANAGER_USER_AGENT
 from sim.demo.report import DemoResult
 from sim.node.kubelet import USER_AGENT as KUBELET_USER_AGENT
@@ -160,6 +161,7 @@ def test_model_pods_make_no_kubernetes_api_calls(demo_run: tuple[DemoResult, str
         KUBELET_USER_AGENT,
         CLUSTER_USER_AGENT,
         CONTROLLER_MANAGER_USER_AGENT,
+        AUTOSCALER_USER_AGENT,
     )
     strangers = sorted({r.user_agent for r in result.audit if not r.user_agent.startswith(known)})
     assert not strangers, f"unexpected API callers (loader or proxy?): {strangers}"
