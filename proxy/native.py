@@ -43,9 +43,12 @@ PACKAGES = ("proxy", "common", "protos")
 COMPILED = (
     "proxy/http1/__init__.py",
     "proxy/http1/answers.py",
+    "proxy/http1/connection.py",
     "proxy/http1/framing.py",
+    "proxy/http1/gate.py",
     "proxy/http1/listener.py",
     "proxy/http1/relay.py",
+    "proxy/http1/renaming.py",
     "proxy/http1/upstream.py",
     "proxy/http2/__init__.py",
     "proxy/http2/flow.py",
@@ -73,6 +76,7 @@ COMPILED = (
     "proxy/policy/routing.py",
     "proxy/policy/shapes.py",
     "proxy/policy/share.py",
+    "proxy/policy/tensors.py",
     "proxy/policy/wire.py",
     "proxy/metrics.py",
 )

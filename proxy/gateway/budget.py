@@ -24,8 +24,8 @@ from proxy.grpc.channel import RESPONSE_WINDOW
 from proxy.grpc.gate import HOLD_LIMIT, PREFIX_HOLD, SMALL_INFLATE
 from proxy.grpc.relay import MAX_HEADER_BLOCK, MAX_STREAMS
 from proxy.grpc.stream import RECEIVE_WINDOW
+from proxy.http1.connection import PIPELINE_LIMIT
 from proxy.http1.framing import MAX_HEAD_BYTES
-from proxy.http1.relay import PIPELINE_LIMIT
 from proxy.http2.headers import KEPT_BYTES, KEPT_ENTRY_BYTES
 from proxy.policy.inflation import SLICE
 from proxy.policy.naming import HOLD

@@ -27,8 +27,8 @@ from dataclasses import replace
 from common.callers import Caller
 from proxy.grpc.relay import H2Connection
 from proxy.grpc.server import GrpcRelay
+from proxy.http1.connection import Connection as RestConnection
 from proxy.http1.listener import RestRelay
-from proxy.http1.relay import ClientConnection as RestConnection
 from proxy.metrics import ProxyMetrics
 from proxy.policy.holdings import GRACE, ByteBudget
 from proxy.policy.inflight import InFlightShares

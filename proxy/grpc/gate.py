@@ -1,22 +1,22 @@
 """Per-stream gate of the gRPC relay: admission, message checks, and the relay's own answers.
 
 Every message a tenant sends on a relayed stream has its model-name field checked, whole, by
-`policy.routing`, exactly as the grpc.aio proxy checks it; a compressed one is read inflated and
-forwarded as sent. A message past HOLD_LIMIT bytes, or one that inflates past SMALL_INFLATE, is
-first decided from its prefix (another model: refused before Triton sees a byte), then read in
-pieces as it passes (`wire.MessageScan`, inflated in bounded slices under the inflate cap by
-`policy.inflation`, yielding to the event loop every BUDGET inflated bytes) and relayed all but
-its last byte, which goes on only once the whole message passed: Triton cannot act on it, or
-inflate it, before. Such a message is never held whole: what the relay holds of it is what the
-stream's window lets the tenant send ahead. A unary call takes a concurrency
-slot once its message passed; a ModelStreamInfer stream takes one when it opens, which its
-first request message in flight uses, and each further request message in flight takes one more
-before it goes to Triton, given back when Triton's answers end it (`policy.finals`): with none
-free, the stream's messages wait in its buffer, which its window bounds (the tenant is not
-credited, so it stops sending), for the queue's time; a message refused for a full queue or
-its timeout gets an in-stream error and the stream goes on. Answers the relay
-gives itself (another model, refused APIs, overload) go on the stream, through the same
-windows as Triton's answers; bytes it drops are credited back to the tenant's stream at once.
+`policy.routing`, exactly as the grpc.aio proxy checks it (an inference message also its inputs
+against its data, `policy.tensors`); a compressed one is read inflated and forwarded as sent. A
+message past HOLD_LIMIT bytes, or one that inflates past SMALL_INFLATE, is first decided from its
+prefix (another model: refused before Triton sees a byte), then read in pieces as it passes
+(`wire.MessageScan`, inflated in bounded slices under the inflate cap by `policy.inflation`,
+yielding to the event loop every BUDGET inflated bytes) and relayed all but its last byte, which
+goes on only once the whole message passed: Triton cannot act on it, or inflate it, before. Such a
+message is never held whole: what the relay holds of it is what the stream's window lets the tenant
+send ahead. A unary call takes a concurrency slot once its message passed; a ModelStreamInfer stream
+takes one when it opens, which its first request message in flight uses, and each further request
+message in flight takes one more before it goes to Triton, given back when Triton's answers end it
+(`policy.finals`): with none free, the stream's messages wait in its buffer, which its window bounds
+(the tenant is not credited, so it stops sending), for the queue's time; a message refused for a
+full queue or its timeout gets an in-stream error and the stream goes on. Answers the relay gives
+itself (another model, refused APIs, overload) go on the stream, through the same windows as
+Triton's answers; bytes it drops are credited back to the tenant's stream at once.
 
 One `StreamGate` per tenant connection, composed by `relay.H2Connection`: it writes through the
 connection's `outbox.Outbox`, answers through its `replies.Replies`, and reaches the listener's
@@ -37,7 +37,7 @@ from proxy.grpc.replies import Replies
 from proxy.grpc.stream import HOLDS_SLOT, NO_SLOT, WAITING, Stream
 from proxy.http2.state import active
 from proxy.metrics import ProxyMetrics
-from proxy.policy import finals, inflation, refusals, routing, wire
+from proxy.policy import finals, inflation, refusals, routing, tensors, wire
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
 
@@ -335,7 +335,10 @@ class StreamGate:
             tracker = stream.finals
             assert tracker is not None
             tracker.pending += 1  # its slot is its own from its first byte at Triton
-        stream.scan = wire.MessageScan(finals.ASK_KEY if stream.streaming else b"")
+        watch = finals.ASK_KEY if stream.streaming else b""
+        # Inference requests have their inputs checked against their data (`policy.tensors`).
+        inference = stream.kind in _INFERENCE
+        stream.scan = tensors.InferScan(watch) if inference else wire.MessageScan(watch)
         if flag:
             stream.inflation = inflation.Inflation(
                 messages.wbits(stream.encoding),

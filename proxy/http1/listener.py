@@ -20,8 +20,10 @@ import socket
 import time
 from typing import Final
 
+from proxy.http1.connection import Connection, Prepared
 from proxy.http1.framing import parse_request_head
-from proxy.http1.relay import ClientConnection, Prepared, RenamingConnection
+from proxy.http1.relay import ClientConnection
+from proxy.http1.renaming import RenamingConnection
 from proxy.http1.upstream import UpstreamPool
 from proxy.idle import IdleSweeper
 from proxy.metrics import ProxyMetrics
@@ -56,7 +58,7 @@ class RestRelay:
         self.upstream_address = settings.triton_http_url
         host, _, port = settings.triton_http_url.rpartition(":")
         self.pool = UpstreamPool(host, int(port), settings.source_address)
-        self.connections: set[ClientConnection] = set()
+        self.connections: set[Connection] = set()
         self.idle = IdleSweeper(settings.idle_timeout_seconds, self.connections)
         metrics.listener("http", self.idle)
         self._prepared: dict[bytes, Prepared] = {}

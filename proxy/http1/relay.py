@@ -1,16 +1,20 @@
-"""One tenant's HTTP/1.1 connection to the REST relay: requests in order, one exchange at a time.
+"""One tenant's HTTP/1.1 exchanges with the REST relay: requests in order, one at a time.
 
-Reads each request head (parsed strictly by `framing`, decided by `policy.routing`, both through
-the listener's cache of prepared heads; a connection also remembers its last head as prepared,
-since keep-alive clients repeat theirs), then either answers locally or relays the request to
-Triton over a pooled keep-alive connection (`upstream`): the head as re-serialized from what was
-checked (the received bytes themselves when they are the same), the body and the whole response
-passed through verbatim, chunk by chunk as they arrive, so server-sent events stream and a 1 GiB
-body is never held in memory; back-pressure pauses the sending side. A compressed body
+Built on the tenant's socket (`connection.Connection`: reading, refusals, what the gateway asks).
+
+Reads each request head (parsed strictly by `framing`, decided by `policy.routing`, both through the
+listener's cache of prepared heads; a connection also remembers its last head as prepared, since
+keep-alive clients repeat theirs; admitted by `gate`), then either answers locally or relays the
+request to Triton over a pooled keep-alive connection (`upstream`): the head as re-serialized from
+what was checked (the received bytes themselves when they are the same), the body and the whole
+response passed through verbatim, chunk by chunk as they arrive, so server-sent events stream and a
+1 GiB body is never held in memory; back-pressure pauses the sending side. A compressed body
 (Content-Encoding gzip or deflate, which Triton inflates whole and unbounded) is counted as it
 passes (`policy.inflation`: in slices, at most BUDGET inflated bytes per event-loop turn, reading
-paused meanwhile), and each piece goes on only once counted: one that inflates past
---max-inflated is refused (413) and its upstream connection aborted before Triton has it whole.
+paused meanwhile), and each piece goes on only once counted: one that inflates past --max-inflated
+is refused (413) and its upstream connection aborted before Triton has it whole. A body's JSON
+nesting and inputs' shapes are checked by `gate` (whole, or as it passes), its last piece going on
+only once they passed.
 
 A client that disconnects mid-request aborts its upstream connection, so Triton sees the
 cancellation. What it must not do: decide isolation itself, or buffer whole bodies.
@@ -21,50 +25,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from time import perf_counter
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from common.lifecycle import spawn
-from proxy.http1.answers import AnswerNames
-from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead, answer_bytes
-from proxy.http1.upstream import Upstream, UpstreamPool
-from proxy.metrics import ProxyMetrics
+from proxy.http1.connection import (
+    AWAIT,
+    BODY,
+    CLOSED,
+    IDLE,
+    PENDING,
+    Connection,
+    Listener,
+    Prepared,
+)
+from proxy.http1.framing import MAX_HEAD_BYTES, ChunkedFraming, RequestHead
+from proxy.http1.gate import ADMITTED, check_whole, head_refusal, too_large
+from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
-from proxy.policy.holdings import SHED_DRAIN_SECONDS
-from proxy.policy.inflation import BUDGET, Inflation, Sink
-from proxy.policy.limiter import Limiter
-from proxy.policy.naming import NamingError
-from proxy.policy.nesting import MAX_NESTING, Nesting
-from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
-from proxy.policy.shapes import MAX_JSON_BYTES, Shapes, check_json, json_too_large
-from proxy.settings import Settings
-from proxy.sockets import nodelay
-from proxy.state import ProxyState
+from proxy.policy.inflation import BUDGET, Inflation
+from proxy.policy.routing import NOT_FOUND, Answer, error_body
 
 log = logging.getLogger(__name__)
 
-Prepared = tuple[RequestHead, Forward | Answer, bytes]
-"""A parsed head, its routing decision, and the head to send Triton (b"" for a local answer)."""
-
-
-class Listener(Protocol):
-    """What a tenant connection needs from the REST listener (`listener.RestRelay`)."""
-
-    settings: Settings
-    limiter: Limiter
-    metrics: ProxyMetrics
-    state: ProxyState
-    pool: UpstreamPool
-    max_body: int
-    max_inflated: int
-    upstream_address: str
-    closing: bool
-    connections: set[ClientConnection]
-
-    def prepare(self, block: bytes) -> Prepared:
-        """The prepared form of request head `block` (parsed, decided, re-serialized)."""
-
-
-PIPELINE_LIMIT: Final = 1024 * 1024
 LOCAL_ANSWERS_PER_TURN: Final = 16
 """Pipelined requests a connection answers itself (refusals, errors) in one event-loop turn; the
 rest wait for the next turn, so a buffer of them (at most PIPELINE_LIMIT and one read) never holds
@@ -74,81 +56,26 @@ _KNOWN_HEAD_BYTES: Final = 4096
 _NOTHING_KNOWN: Final[Prepared] = (RequestHead("", "", b"", (), None, False, False), NOT_FOUND, b"")
 """Stands for the last head until there is one (never read: `_known` is empty until then)."""
 
-# Client connection states.
-_IDLE: Final = 0  # waiting for a request head
-_PENDING: Final = 1  # head read, waiting for a concurrency slot or an upstream connection
-_BODY: Final = 2  # relaying the request body
-_AWAIT: Final = 3  # request sent, response still coming
-_CLOSED: Final = 4
 
-
-def too_large(limit: int) -> str:
-    """Why a body over --max-body is refused, and what to do."""
-    return (
-        f"the request body is over the proxy's limit of {limit} bytes; send a smaller request "
-        f"or raise --max-body"
-    )
-
-
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(Connection):
     """One tenant connection: requests in order, one exchange at a time."""
 
     def __init__(self, relay: Listener) -> None:
-        self._relay = relay
-        # The listener's parts every request uses, read once: compiled (mypyc), reading an
-        # attribute through the Protocol is a lookup by name every time.
-        self._limiter = relay.limiter
-        self._metrics = relay.metrics
+        super().__init__(relay)
         self._pool = relay.pool
-        self.transport: asyncio.Transport | None = None
-        self._buffer = b""
-        self._state = _IDLE
         self._head: RequestHead | None = None
         self._upstream_head = b""
-        self._route = ""
-        self._holding = False
-        self._started = 0.0
-        self._upstream: Upstream | None = None
         self._sink: Upstream | None = None
         self._remaining = 0
-        self._length = 0  # the body's Content-Length
         self._chunked: ChunkedFraming | None = None
         self._inflation: Inflation | None = None  # counting a compressed body
-        self._nesting: Nesting | None = None  # following a relayed body's JSON (Triton's parser)
-        self._shapes: Shapes | None = None  # an inference body's JSON, kept to check its shapes
-        self._checks = False  # a Content-Length inference body's shapes are still to be checked
-        self._inflated: Sink | None = None  # where a compressed body's inflated bytes go
-        self._stash: bytes | None = None  # received bytes left for the next turn's counting
         self._request_done = False
         self._response_done = False
-        self._keep_alive = True
-        self._task: asyncio.Task[None] | None = None
-        self._reading_paused = False
-        # The pod's share of the gateway's loop (None in the proxy); reading also stops while
-        # the pod is over it (`throttle`), whatever the exchange's own back-pressure wants.
-        self._share = relay.limiter.share
-        self._throttled = False
-        self._charging = False  # inside a read being charged to the share
-        # The tenant does not read what is written to it: no request is taken until it does.
-        self._write_blocked = False
-        self._continuing = False  # a call to `_continue` is scheduled
-        self._head_timer: asyncio.TimerHandle | None = None
         # The last request head read on this connection, with its blank line, as prepared:
         # keep-alive clients send the same head again and again.
         self._known = b""
         self._known_prepared = _NOTHING_KNOWN
         self._known_verbatim = False
-
-    # -- connection events ------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = nodelay(transport)
-        self._relay.connections.add(self)
-        if self._share is not None:
-            # Not here: uvloop starts reading an adopted socket after `connection_made` returns,
-            # undoing a `pause_reading()` made in it while `_throttled` says paused, and then
-            # neither the share nor the tenant's unread answers would stop this connection again.
-            asyncio.get_running_loop().call_soon(self._throttle_if_paused)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay.connections.discard(self)
@@ -156,87 +83,15 @@ class ClientConnection(asyncio.Protocol):
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        if self._state == _PENDING:
+        if self._state == PENDING:
             self._finish("cancelled")
-        elif self._state in (_BODY, _AWAIT) and not self._response_done:
+        elif self._state in (BODY, AWAIT) and not self._response_done:
             # The tenant gave up: abort upstream so Triton stops working for nobody.
             if self._upstream is not None:
                 self._upstream.abort()
                 self._upstream = None
             self._finish("cancelled")
-        self._state = _CLOSED
-
-    def pause_writing(self) -> None:
-        self._write_blocked = True
-        upstream = self._upstream
-        if upstream is not None and upstream.transport is not None:
-            upstream.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self._write_blocked = False
-        upstream = self._upstream
-        if upstream is not None and upstream.transport is not None:
-            upstream.transport.resume_reading()
-        if self._state == _IDLE and self._buffer:
-            self._later()
-
-    def pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            if not self._throttled:
-                self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and self._stash is None:
-            self._reading_paused = False
-            if not self._throttled:
-                self.transport.resume_reading()
-
-    def throttle(self) -> None:
-        """The pod is over its share of the gateway's loop: read nothing until `unthrottle`."""
-        if not self._throttled and self.transport is not None:
-            self._throttled = True
-            if not self._reading_paused:
-                self.transport.pause_reading()
-
-    def _throttle_if_paused(self) -> None:
-        share, transport = self._share, self.transport
-        if (
-            share is not None
-            and (share.paused or share.held)
-            and transport is not None
-            and not transport.is_closing()
-        ):
-            self.throttle()
-
-    def unthrottle(self) -> None:
-        if self._throttled and self.transport is not None:
-            self._throttled = False
-            if not self._reading_paused:
-                self.transport.resume_reading()
-            if self._state == _IDLE and self._buffer:
-                self._later()
-
-    def _later(self) -> None:
-        """Take the next buffered requests at the next event-loop turn."""
-        if not self._continuing:
-            self._continuing = True
-            asyncio.get_running_loop().call_soon(self._continue)
-
-    def _continue(self) -> None:
-        self._continuing = False
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if self._state == _IDLE and self._buffer and not self._throttled:
-            if self._reading_paused and not self._pipeline_full():
-                self.resume_reading()
-            self.data_received(b"")  # as a read: charged to the pod's share
-
-    @property
-    def idle(self) -> bool:
-        """Between requests, with nothing buffered."""
-        return self._state == _IDLE and not self._buffer
+        self._state = CLOSED
 
     def data_received(self, data: bytes) -> None:
         share = self._share
@@ -251,32 +106,24 @@ class ClientConnection(asyncio.Protocol):
                 self._charging = False
                 share.charge(started, cpu(), len(data))
             return
-        if self._state == _BODY:
+        if self._state == BODY:
             if self._stash is not None:  # read before the pause took effect: counted in order
                 self._stash += data
                 return
             self._relay_body(data, 0)
             return
         self._buffer = self._buffer + data if self._buffer else data
-        if self._state == _IDLE and not self._write_blocked:
+        if self._state == IDLE and not self._write_blocked:
             self._next_request()
             if self._buffer and self._pipeline_full():
                 self.pause_reading()
         elif self._pipeline_full():
             self.pause_reading()
 
-    def _pipeline_full(self) -> bool:
-        """Enough is buffered to stop reading: between requests, a whole head's worth (there is
-        a request to take first; answering one copies what follows it, so less is kept); while
-        one is waiting or relayed, PIPELINE_LIMIT."""
-        return len(self._buffer) > (MAX_HEAD_BYTES if self._state == _IDLE else PIPELINE_LIMIT)
-
-    # -- requests ---------------------------------------------------------------------------
-
     def _next_request(self) -> None:
         relay = self._relay
         answered = 0
-        while self._state == _IDLE and self._buffer:
+        while self._state == IDLE and self._buffer:
             if self._write_blocked or answered == LOCAL_ANSWERS_PER_TURN:
                 # The tenant reads no answers, or this turn answered enough: the rest waits
                 # (`resume_writing`, `_continue`), reading paused past PIPELINE_LIMIT of it.
@@ -329,7 +176,7 @@ class ClientConnection(asyncio.Protocol):
             self._head = head
             self._keep_alive = head.keep_alive and not relay.closing
             self._request_done = self._response_done = False
-            self._remaining = self._length = length = head.content_length or 0
+            self._remaining = length = head.content_length or 0
             self._chunked = ChunkedFraming() if head.chunked else None
             self._route = decision.route
             # Below, `self._buffer` keeps what follows the head whenever the request does not go
@@ -339,33 +186,20 @@ class ClientConnection(asyncio.Protocol):
                 self._answer_locally(decision.status, decision.content_type, decision.body)
                 answered += 1
                 continue
-            if length > relay.max_body:
-                self._refuse(refusals.BodyTooLargeError(too_large(relay.max_body)))
-                return
-            if (
-                length > MAX_JSON_BYTES
-                and _checks_shapes(decision.route, head)
-                and not head.encoding
-            ):
-                json_bytes = head.json_bytes
-                if json_bytes < 0 or json_bytes > MAX_JSON_BYTES:
-                    # Refused before it is read (then read and dropped): its JSON part cannot
-                    # be checked (`policy.shapes`).
-                    self._buffer = buffer[body:]
-                    self._answer_refusal(json_too_large(length if json_bytes < 0 else json_bytes))
-                    answered += 1
-                    continue
-            if (length > refusals.SMALL_REQUEST or head.chunked) and not decision.limited:
-                chunked = " (chunked: of no stated size)" if head.chunked else ""
-                self._refuse(refusals.small_request(f"a {decision.route} request{chunked}"))
-                return
-            if head.encoding and head.chunked:
-                self._refuse(
-                    refusals.UnsupportedError(
-                        "a compressed request body must come with Content-Length, not chunked"
-                    )
-                )
-                return
+            if length > ADMITTED or length > relay.max_body or head.chunked:
+                refused = head_refusal(head, decision, relay.max_body)
+            else:
+                refused = None  # most requests: nothing `head_refusal` could refuse
+            if refused is not None:
+                error, close = refused
+                if close:
+                    self._refuse(error)
+                    return
+                # Answered before the body is read (then read and dropped).
+                self._buffer = buffer[body:]
+                self._answer_refusal(error)
+                answered += 1
+                continue
             if decision.readiness and relay.state.draining:
                 self._buffer = buffer[body:]
                 self._answer_locally(
@@ -387,12 +221,12 @@ class ClientConnection(asyncio.Protocol):
                 self._wait(self._connect_then_send())
                 return
             self._send(upstream, buffer, body, verbatim)
-            return  # the request is on its way: the state is no longer _IDLE
-        if self._reading_paused and self._state == _IDLE and not self._write_blocked:
+            return  # the request is on its way: the state is no longer IDLE
+        if self._reading_paused and self._state == IDLE and not self._write_blocked:
             self.resume_reading()  # what was pipelined past PIPELINE_LIMIT has been answered
 
     def _wait(self, coro: Any) -> None:
-        self._state = _PENDING
+        self._state = PENDING
         self.pause_reading()
         self._task = spawn("A REST request waiting for a slot or a connection to Triton", coro)
 
@@ -424,14 +258,14 @@ class ClientConnection(asyncio.Protocol):
             )
             self._resume()
             return
-        if self._state == _CLOSED:
+        if self._state == CLOSED:
             self._relay.pool.put(upstream)
             return
         self._send(upstream, self._buffer, 0)
 
     def _resume(self) -> None:
         self._task = None
-        if self._state == _IDLE:
+        if self._state == IDLE:
             self.resume_reading()
             self._next_request()
 
@@ -451,20 +285,7 @@ class ClientConnection(asyncio.Protocol):
             )
         if self._chunked is None and len(buffer) >= end and not head.encoding:
             try:
-                # Triton's JSON parser recurses and dies of deep enough nesting: a body's depth
-                # is at most its length and its openings, counted at C speed; only a body with
-                # more than the bound of both is followed.
-                if (
-                    end - start > MAX_NESTING
-                    and buffer.count(b"[", start, end) + buffer.count(b"{", start, end)
-                    > MAX_NESTING
-                ):
-                    Nesting(head.json_bytes).feed(buffer, start, end)
-                if _checks_shapes(self._route, head):
-                    # Triton allocates each input by its declared shape before reading the data.
-                    json_end = head.json_bytes
-                    json_end = end if json_end < 0 else min(end, start + json_end)
-                    check_json(buffer[start:json_end], end - start)
+                check_whole(buffer, start, end, head, self._route)
             except refusals.ProxyError as e:
                 upstream.abort()
                 self._upstream = None
@@ -484,23 +305,12 @@ class ClientConnection(asyncio.Protocol):
             self._request_done = True
             if end < len(buffer):
                 self._buffer = buffer[end:]
-            self._state = _AWAIT
+            self._state = AWAIT
         else:
             upstream.begin(self, head.method == "HEAD", self._upstream_head)
-            self._state = _BODY
+            self._state = BODY
             self._sink = upstream
-            # A body no longer than the bound cannot nest past it: only longer ones (or of a
-            # length not known yet: chunked, compressed) are followed as they pass.
-            nested = head.chunked or head.encoding or self._remaining > MAX_NESTING
-            self._nesting = Nesting(head.json_bytes) if nested else None
-            checked = _checks_shapes(self._route, head)
-            # A Content-Length body is collected only once it spans pieces (`_relay_body`).
-            self._checks = checked and self._chunked is None and not head.encoding
-            framed = checked and not self._checks
-            self._shapes = Shapes(head.json_bytes, not head.encoding) if framed else None
-            self._inflated = self._nesting
-            if self._shapes is not None and self._nesting is not None and head.encoding:
-                self._inflated = _Both(self._nesting, self._shapes)
+            self._checks.begin(head, self._route, self._remaining)
             self._relay_body(buffer, start)
         if self._reading_paused:  # paused while it waited for a slot or a connection
             self.resume_reading()
@@ -514,24 +324,23 @@ class ClientConnection(asyncio.Protocol):
                 step = min(self._remaining, len(data) - start)
                 self._remaining -= step
                 end = start + step if self._remaining == 0 else -1
-                if self._nesting is not None and self._sink is not None:
-                    self._nesting.feed(data, start, start + step)
-                if self._checks and step and self._sink is not None:
-                    self._check_shapes(data, start, step, end >= 0)
+                if self._sink is not None:
+                    self._checks.plain(data, start, step, end >= 0)
             else:
-                shapes = self._shapes if self._sink is not None else None
+                checks = self._checks
+                shapes = checks.shapes if self._sink is not None else None
                 end = self._chunked.feed(data, start, None if shapes is None else shapes.feed)
                 if self._chunked.payload > self._relay.max_body:
                     raise refusals.BodyTooLargeError(too_large(self._relay.max_body))
-                if self._nesting is not None and self._sink is not None:
+                if checks.nesting is not None and self._sink is not None:
                     # The chunks' framing (extensions may hold quotes) is not JSON: only their
                     # openings are counted, which bounds the depth however they are framed.
-                    self._nesting.count(data, start, len(data) if end < 0 else end)
+                    checks.nesting.count(data, start, len(data) if end < 0 else end)
                 if shapes is not None and end >= 0:
-                    self._shapes = None
+                    checks.shapes = None
                     shapes.check(self._chunked.payload)
         except refusals.ProxyError as e:
-            self._shapes = None
+            self._checks.shapes = None
             if self._upstream is not None:
                 self._upstream.abort()
                 self._upstream = None
@@ -544,27 +353,6 @@ class ClientConnection(asyncio.Protocol):
         if end >= 0:
             self._body_done(data, end)
 
-    def _check_shapes(self, data: bytes, start: int, step: int, last: bool) -> None:
-        """Collect `data[start:start + step]`, a piece of a Content-Length inference body, and
-        check the body's shapes before its `last` piece goes (Triton has not begun reading it)."""
-        shapes = self._shapes
-        head = self._head
-        assert head is not None
-        if shapes is None:
-            if last:  # the whole body in one piece: checked as it is, nothing kept
-                self._checks = False
-                json_end = start + step
-                if 0 <= head.json_bytes < step:
-                    json_end = start + head.json_bytes
-                check_json(data[start:json_end], self._length)
-                return
-            shapes = self._shapes = Shapes(head.json_bytes)
-        shapes.feed(data, start, start + step)
-        if last:
-            self._shapes = None
-            self._checks = False
-            shapes.check(self._length)
-
     def _relay_compressed(self, data: bytes, start: int) -> None:
         """`_relay_body` for a compressed body (Content-Length framed): each piece goes to Triton
         only once its inflated size is counted; past the budget, the rest waits for the next
@@ -574,16 +362,16 @@ class ClientConnection(asyncio.Protocol):
         step = min(self._remaining, len(data) - start)
         piece = data if start == 0 and step == len(data) else data[start : start + step]
         try:
-            taken = counting.feed(piece, BUDGET, self._inflated)
+            taken = counting.feed(piece, BUDGET, self._checks.inflated)
             if taken == self._remaining:
                 counting.finish()
-                shapes = self._shapes
+                shapes = self._checks.shapes
                 if shapes is not None:  # checked before the last piece goes
-                    self._shapes = None
+                    self._checks.shapes = None
                     shapes.check(counting.size)
         except refusals.ProxyError as e:
             self._inflation = None
-            self._shapes = None
+            self._checks.shapes = None
             if self._upstream is not None:
                 self._upstream.abort()  # Triton never gets the rest: it inflates nothing
                 self._upstream = None
@@ -613,7 +401,7 @@ class ClientConnection(asyncio.Protocol):
         """The next event-loop turn: go on counting what was left."""
         data = self._stash
         self._stash = None
-        if data is None or self._state != _BODY or self._inflation is None:
+        if data is None or self._state != BODY or self._inflation is None:
             return
         self._relay_body(data, 0)
         if self._stash is None:
@@ -622,27 +410,24 @@ class ClientConnection(asyncio.Protocol):
     def _body_done(self, data: bytes, end: int) -> None:
         self._request_done = True
         self._sink = None
-        self._shapes = None
-        self._checks = False
+        self._checks.end()
         rest = data[end:] if end < len(data) else b""
         if rest:
             self._buffer = rest + self._buffer if self._buffer else rest
         if self._response_done:
-            self._state = _IDLE
+            self._state = IDLE
             self._after_exchange()
         else:
-            self._state = _AWAIT
-
-    # -- responses --------------------------------------------------------------------------
+            self._state = AWAIT
 
     def relay_response(self, data: bytes) -> None:
         """Bytes of Triton's response, passed through as they come."""
-        if self.transport is not None and self._state != _CLOSED:
+        if self.transport is not None and self._state != CLOSED:
             self.transport.write(data)
 
     def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
         """Triton finished its response with `data`, passed through as it is."""
-        if self._state == _CLOSED:
+        if self._state == CLOSED:
             upstream_transport = upstream.transport
             if upstream_transport is not None:
                 upstream_transport.close()
@@ -670,7 +455,7 @@ class ClientConnection(asyncio.Protocol):
             self._pool.put(upstream)
         elif upstream.transport is not None:
             upstream.transport.close()
-        self._state = _IDLE
+        self._state = IDLE
         # `_after_exchange`, inline.
         if not self._keep_alive:
             self._close()
@@ -684,7 +469,7 @@ class ClientConnection(asyncio.Protocol):
         """The upstream connection broke before the response was complete."""
         self._upstream = None
         self._sink = None
-        if self._state == _CLOSED:
+        if self._state == CLOSED:
             return
         self._response_done = True
         if upstream.code:  # the response had begun
@@ -699,11 +484,6 @@ class ClientConnection(asyncio.Protocol):
         self._finish(str(status))
         self._keep_alive = False
         self._write_answer(status, "application/json", error_body(str(error)))
-
-    def _release_slot(self) -> None:
-        if self._holding:
-            self._holding = False
-            self._relay.limiter.release()
 
     def _finish(self, code: str) -> None:
         if self._holding:  # `_release_slot`, inline: this runs once per request
@@ -722,8 +502,6 @@ class ClientConnection(asyncio.Protocol):
         if self._buffer:
             self._next_request()
 
-    # -- local answers ----------------------------------------------------------------------
-
     def _answer_locally(self, status: int, content_type: str, body: bytes) -> None:
         """Answer without Triton, then skip the request's body (if any)."""
         self._relay.metrics.observe(
@@ -732,35 +510,24 @@ class ClientConnection(asyncio.Protocol):
         self._response_done = True
         self._sink = None
         self._write_answer(status, content_type, body)
-        if self._state == _CLOSED:
+        if self._state == CLOSED:
             return
         head = self._head
         if head is not None and (head.content_length or head.chunked):
-            self._state = _BODY
+            self._state = BODY
             buffer = self._buffer
             self._buffer = b""
             self._relay_body(buffer, 0)
-            if self._state == _BODY:
+            if self._state == BODY:
                 self.resume_reading()
         else:
-            self._state = _IDLE
+            self._state = IDLE
             if not self._keep_alive:
                 self._close()
 
-    def _write_answer(self, status: int, content_type: str, body: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(answer_bytes(status, content_type, body, not self._keep_alive))
-        if not self._keep_alive and self._state != _BODY:
-            self._close()
-
-    def _stop_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self._state == _IDLE and self._buffer:
+        if self._state == IDLE and self._buffer:
             timeout = self._relay.settings.head_timeout_seconds
             self._refuse(
                 refusals.HeadTimeoutError(f"the request head did not arrive within {timeout:g} s")
@@ -772,156 +539,3 @@ class ClientConnection(asyncio.Protocol):
         self._answer_locally(
             refusals.http_status(error), "application/json", error_body(str(error))
         )
-
-    def _refuse(self, error: refusals.ProxyError) -> None:
-        """Answer a request that cannot be read safely with `error`, and close the connection."""
-        status = refusals.http_status(error)
-        self._relay.metrics.observe("http", self._route or "unreadable", str(status), 0.0)
-        self._keep_alive = False
-        if self.transport is not None and self._state != _CLOSED:
-            self.transport.write(
-                answer_bytes(status, "application/json", error_body(str(error)), True)
-            )
-        self._close()
-
-    def _close(self) -> None:
-        self._state = _CLOSED
-        if self.transport is not None:
-            self.transport.close()
-
-    def held_bytes(self) -> int:
-        """What this connection holds for its pod now: a request head or pipelined requests not
-        yet taken, a body read before a pause, and unsent writes both ways (the gateway's byte
-        budget reads it on a timer)."""
-        held = len(self._buffer)
-        if self._stash is not None:
-            held += len(self._stash)
-        if self._shapes is not None:
-            held += self._shapes.held
-        if self.transport is not None:
-            held += self.transport.get_write_buffer_size()
-        upstream = self._upstream
-        if upstream is not None and upstream.transport is not None:
-            held += upstream.transport.get_write_buffer_size()
-        return held
-
-    def shed(self, error: refusals.ProxyError) -> None:
-        """The pod holds more than its share of the node's byte budget: answer with `error` and
-        close, or, mid-exchange at Triton (the answer may have begun), drop the connection."""
-        if self._state == _IDLE or self._state == _PENDING:
-            if self._task is not None:
-                self._task.cancel()
-                self._task = None
-            self._release_slot()  # one it got while its connection to Triton was being made
-            self._refuse(error)
-        transport = self.transport
-        if transport is None:
-            return
-        if self._state != _CLOSED:
-            transport.abort()  # mid-exchange at Triton: the answer may have begun
-        elif transport.get_write_buffer_size():
-            # The refusal first; a tenant that does not read it is dropped a moment later.
-            asyncio.get_running_loop().call_later(SHED_DRAIN_SECONDS, self._drop, transport)
-
-    def _drop(self, transport: asyncio.Transport) -> None:
-        if self in self._relay.connections:  # not yet lost: its refusal is still unread
-            transport.abort()
-
-    def close_if_idle(self) -> None:
-        """Close between requests (used when the proxy stops)."""
-        if self.idle:
-            self._close()
-
-    def activity(self) -> object | None:
-        """For the idle sweep: None during a request, else when the last one began."""
-        return self._started if self.idle else None
-
-    def close_idle(self) -> None:
-        """Idle for --idle-timeout: close, as an HTTP/1.1 server may between requests."""
-        self._close()
-
-
-class RenamingConnection(ClientConnection):
-    """A tenant connection for a model Triton knows by a private name (issue 25): Triton's
-    answers name it, and the tenant gets them naming the public model id, with their lengths
-    to match (`answers.AnswerNames`, one per exchange). An answer that cannot be renamed is
-    answered 502 (or, once part of it went out, the connection is cut): the private name never
-    reaches the tenant. A separate class so a connection that renames nothing costs nothing."""
-
-    def __init__(self, relay: Listener, private: bytes, public: bytes) -> None:
-        super().__init__(relay)
-        self._private = private
-        self._public = public
-        self._names = AnswerNames(private, public, False)
-        self._named = False  # part of this exchange's answer went to the tenant
-
-    def _send(self, upstream: Upstream, buffer: bytes, start: int, verbatim: bool = False) -> None:
-        head = self._head
-        assert head is not None
-        self._names.reset(head.method == "HEAD")
-        self._named = False
-        super()._send(upstream, buffer, start, verbatim)
-
-    def relay_response(self, data: bytes) -> None:
-        try:
-            out = self._names.feed(data)
-        except NamingError as e:
-            upstream = self._upstream
-            if upstream is not None:
-                upstream.abort()
-            self._unrenamable(e)
-            return
-        if out:
-            self._named = True
-            super().relay_response(out)
-
-    def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
-        try:
-            out = self._names.feed(data) if data else b""
-        except NamingError as e:
-            if upstream.transport is not None:
-                upstream.transport.abort()
-            self._unrenamable(e)
-            return
-        super().response_complete(upstream, out, reusable)
-
-    def _unrenamable(self, error: NamingError) -> None:
-        log.warning(
-            "An answer of Triton's for model %s cannot be renamed to its public id (%s): "
-            "answering 502.",
-            self._public.decode(),
-            error,
-        )
-        self._upstream = None
-        self._sink = None
-        if self._state == _CLOSED:
-            return
-        self._response_done = True
-        self._finish("502")
-        if self._named:  # the tenant must not mistake a cut answer for a whole one
-            if self.transport is not None:
-                self.transport.abort()
-            return
-        self._keep_alive = False
-        message = f"Triton's answer could not be passed on ({error}); retry, or report it"
-        self._write_answer(502, "application/json", error_body(message))
-
-
-class _Both:
-    """Passes a compressed inference body's inflated bytes to both of its checks."""
-
-    __slots__ = ("_first", "_second")
-
-    def __init__(self, first: Sink, second: Sink) -> None:
-        self._first = first
-        self._second = second
-
-    def feed(self, data: bytes) -> None:
-        self._first.feed(data)
-        self._second.feed(data)
-
-
-def _checks_shapes(route: str, head: RequestHead) -> bool:
-    """Whether the request is one whose JSON Triton reads for inputs' shapes (`policy.shapes`):
-    an inference request (Triton answers any other method on its path 405 unread)."""
-    return route == "infer" and head.method == "POST"

@@ -32,8 +32,8 @@ from proxy.policy.wire import (
     WireError,
     _encode_varint,
     _skip_scalar,
-    _varint,
     encode_string,
+    varint,
 )
 
 HOLD: Final = 64 * 1024
@@ -109,14 +109,14 @@ def _rename(spec: Spec, data: bytes, private: bytes, public: bytes) -> bytes:
     pos = 0
     end = len(data)
     while pos < end:
-        key, pos = _varint(data, pos)
+        key, pos = varint(data, pos)
         number = key >> 3
         wire_type = key & 7
         if wire_type != LENGTH_DELIMITED:
             pos = _skip_scalar(data, pos, number, wire_type)
             continue
         start = pos
-        length, pos = _varint(data, pos)
+        length, pos = varint(data, pos)
         stop = pos + length
         if stop > end:
             raise NamingError(f"field {number} runs past the answer's end")
@@ -174,7 +174,7 @@ def _head(
         if pos >= end:
             return None
         try:
-            key, after = _varint(data, pos)
+            key, after = varint(data, pos)
         except WireError:
             return None  # the key itself is cut: wait for more (a bad one is caught whole)
         number = key >> 3
@@ -182,7 +182,7 @@ def _head(
             # Absent, or later than serializers write it: what passes unread might name it.
             raise NamingError(f"field {number} comes before the model's name in Triton's answer")
         try:
-            length, value_at = _varint(data, after)
+            length, value_at = varint(data, after)
         except WireError:
             return None
         stop = value_at + length

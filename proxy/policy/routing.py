@@ -2,8 +2,9 @@
 
 REST: a method and the raw, undecoded request path (Triton matches the raw path with RE2 and never
 percent-decodes, so neither does this). gRPC: a method name and the raw request bytes, of which
-only the model-name field is read. The decision is one of: forward (possibly to a rewritten path
-or message), answer exactly as Triton answers for an unknown model (so tenants cannot probe which
+only the model-name field is read, and an inference request's inputs against the data it carries
+(`tensors`). The decision is one of: forward (possibly to a rewritten path or message), answer
+exactly as Triton answers for an unknown model (so tenants cannot probe which
 models exist), refuse a platform-only API, or answer as Triton does for an unknown route.
 
 No I/O, no clock, no aiohttp or grpc objects here; `docs/proxy.md` is the table of these rules.
@@ -16,7 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.policy import wire
+from proxy.policy import tensors, wire
+from proxy.policy.refusals import MalformedRequestError
 
 # Triton 2.51's own grammar for per-model routes (http_server.cc, `model_regex_`), matched whole.
 _MODEL_ROUTE: Final = re.compile(
@@ -258,6 +260,12 @@ class GrpcRouter:
                 return _malformed(kind, e)
             if name != self._name:
                 return _grpc_other_model(kind, name)
+            if kind == "ModelInfer":
+                try:
+                    tensors.check_request(request)
+                except MalformedRequestError as refused:
+                    # Its own name: compiled (mypyc), `e` is typed by the first `except` above.
+                    return GrpcAnswer(kind, "INVALID_ARGUMENT", str(refused))
             if rename:
                 request = self.renamed(request)
             return GrpcForward(kind, kind, request, kind == "ModelInfer")
@@ -297,9 +305,13 @@ class GrpcRouter:
         except wire.WireError as e:
             return _stream_error(_malformed_message(e), request)
         name = fields.get(1, b"")
-        if name == self._name:
-            return None
-        return _stream_error(unknown_model_message(_text(name)), request)
+        if name != self._name:
+            return _stream_error(unknown_model_message(_text(name)), request)
+        try:
+            tensors.check_request(request)
+        except MalformedRequestError as refused:
+            return _stream_error(str(refused), request)
+        return None
 
     def decide_scanned(self, kind: str, scan: wire.MessageScan) -> GrpcForward | GrpcAnswer:
         """`decide` for a message too large to hold, read in pieces by `scan` (finished): the
@@ -316,6 +328,11 @@ class GrpcRouter:
                 return GrpcAnswer(
                     kind, "INVALID_ARGUMENT", "the request is too large to be narrowed"
                 )
+            if isinstance(decision, GrpcForward) and isinstance(scan, tensors.InferScan):
+                try:
+                    scan.check()
+                except MalformedRequestError as refused:
+                    return GrpcAnswer(kind, "INVALID_ARGUMENT", str(refused))
             return decision
         decision = self.decide(kind, b"")
         if isinstance(decision, GrpcForward) and decision.request != b"":
@@ -333,9 +350,14 @@ class GrpcRouter:
             name = scan.field(1)
         except wire.WireError as e:
             return _stream_error(_malformed_message(e), echo)
-        if name == self._name:
-            return None
-        return _stream_error(unknown_model_message(_text(name)), echo)
+        if name != self._name:
+            return _stream_error(unknown_model_message(_text(name)), echo)
+        if isinstance(scan, tensors.InferScan):
+            try:
+                scan.check()
+            except MalformedRequestError as refused:
+                return _stream_error(str(refused), echo)
+        return None
 
 
 def _text(name: bytes) -> str:

@@ -224,10 +224,10 @@ def _declared(json_part: bytes) -> tuple[int, int]:
         if not isinstance(shape, list):
             continue
         if size < 0:
-            json_elements += _elements(shape, MAX_JSON_BYTES)
+            json_elements += element_count(shape, MAX_JSON_BYTES)
             json_elements = min(json_elements, MAX_JSON_BYTES + 1)
         else:
-            if _elements(shape, size) > size:
+            if element_count(shape, size) > size:
                 raise MalformedRequestError(
                     f"an input declares more elements in its shape than its binary_data_size "
                     f"({size}) has bytes, and each element needs at least one; declare each "
@@ -237,9 +237,11 @@ def _declared(json_part: bytes) -> tuple[int, int]:
     return json_elements, binary_sizes
 
 
-def _elements(shape: list[Any], bound: int) -> int:
+def element_count(shape: list[Any], bound: int) -> int:
     """The elements of `shape`, or more than `bound` as soon as it is known to be more (a product
-    of many huge dimensions is never computed whole)."""
+    of many huge dimensions is never computed whole); MalformedRequestError for a dimension that
+    is not an integer from 0 to MAX_DIMENSION. The one count of a shape's elements: the REST
+    check's and the gRPC check's (`policy.tensors`)."""
     product = 1
     for dim in shape:
         if type(dim) is not int or dim < 0 or dim > MAX_DIMENSION:

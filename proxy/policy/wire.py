@@ -27,7 +27,8 @@ class _TruncatedError(WireError):
     """The bytes end inside a varint: malformed for a whole message, "not yet" for a prefix."""
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `pos` of `data` and the offset past it; WireError when cut or too long."""
     result = 0
     shift = 0
     end = len(data)
@@ -47,7 +48,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 def _skip_scalar(data: bytes, pos: int, field: int, wire_type: int) -> int:
     """The offset past a varint or fixed-size value of `field` starting at `pos`."""
     if wire_type == VARINT:
-        return _varint(data, pos)[1]
+        return varint(data, pos)[1]
     if wire_type == FIXED64:
         return pos + 8
     if wire_type == FIXED32:
@@ -69,7 +70,7 @@ def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
         if key < 0x80:  # one-byte keys and lengths are the rule: no call for them
             pos += 1
         else:
-            key, pos = _varint(data, pos)
+            key, pos = varint(data, pos)
         number = key >> 3
         wire_type = key & 7
         if number == 0:
@@ -79,7 +80,7 @@ def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
                 length = data[pos]
                 pos += 1
             else:
-                length, pos = _varint(data, pos)
+                length, pos = varint(data, pos)
             stop = pos + length
             if stop > end:
                 raise WireError(f"field {number} claims {length} bytes past the message's end")
@@ -110,7 +111,7 @@ def prefix_string(data: bytes, number: int, *, ordered: bool = False) -> bytes |
     end = len(data)
     try:
         while pos < end:
-            key, pos = _varint(data, pos)
+            key, pos = varint(data, pos)
             field = key >> 3
             wire_type = key & 7
             if field == 0:
@@ -120,7 +121,7 @@ def prefix_string(data: bytes, number: int, *, ordered: bool = False) -> bytes |
             if ordered and field > number:
                 return b""
             if wire_type == LENGTH_DELIMITED:
-                length, pos = _varint(data, pos)
+                length, pos = varint(data, pos)
                 if field == number:
                     return data[pos : pos + length] if pos + length <= end else None
                 pos += length
@@ -149,7 +150,7 @@ def model_name(data: bytes, number: int = 1) -> bytes:
                 break  # a scalar, a long key or field number 0
             length = data[pos + 1]  # IndexError at the end: the general reader's error
             if length > 0x7F:
-                length, pos = _varint(data, pos + 1)
+                length, pos = varint(data, pos + 1)
             else:
                 pos += 2
             if key == wanted:
@@ -194,10 +195,10 @@ def without_field(data: bytes, number: int) -> bytes:
     end = len(data)
     while pos < end:
         start = pos
-        key, pos = _varint(data, pos)
+        key, pos = varint(data, pos)
         wire_type = key & 7
         if wire_type == LENGTH_DELIMITED:
-            length, pos = _varint(data, pos)
+            length, pos = varint(data, pos)
             pos += length
         else:
             pos = _skip_scalar(data, pos, key >> 3, wire_type)
@@ -219,10 +220,10 @@ def with_string_value(data: bytes, number: int, value: bytes) -> bytes:
     end = len(data)
     while pos < end:
         start = pos
-        field, pos = _varint(data, pos)
+        field, pos = varint(data, pos)
         wire_type = field & 7
         if wire_type == LENGTH_DELIMITED:
-            length, pos = _varint(data, pos)
+            length, pos = varint(data, pos)
             pos += length
             if field == key:
                 return data[:start] + encode_string(number, value) + data[pos:]
@@ -245,17 +246,17 @@ def fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
     end = len(data)
     try:
         while pos < end:
-            key, pos = _varint(data, pos)
+            key, pos = varint(data, pos)
             number, wire_type = key >> 3, key & 7
             if wire_type == LENGTH_DELIMITED:
-                length, pos = _varint(data, pos)
+                length, pos = varint(data, pos)
                 if pos + length > end:
                     out.append((number, wire_type, data[pos:end]))  # cut: what there is
                     return out
                 out.append((number, wire_type, data[pos : pos + length]))
                 pos += length
             elif wire_type == VARINT:
-                value, pos = _varint(data, pos)
+                value, pos = varint(data, pos)
                 out.append((number, wire_type, value))
             else:
                 pos = _skip_scalar(data, pos, number, wire_type)
@@ -288,6 +289,7 @@ _SCALAR: Final = 2  # skipping a varint value
 _SKIP: Final = 3  # skipping `_left` bytes (a fixed-size value, or a field nobody looks for)
 _VALUE: Final = 4  # keeping `_left` bytes of a field looked for (first CAPTURE of them)
 _BROKEN: Final = 5  # malformed: nothing after it can be read
+_RAW: Final = 6  # passing `_left` bytes of a raw_input_contents to `raw_feed`
 
 CAPTURE: Final = 64 * 1024
 """The most kept of one looked-for field's value. Model ids are at most 128 bytes, so a longer
@@ -302,6 +304,10 @@ class MessageScan:
     `feed` the message's bytes in order, then `finish`; `fields(number)` then answers what
     `string_fields(message, (number,))` would: the value (or b"" when absent), or raises its
     WireError.
+
+    With `tensors` set (by `policy.tensors.InferScan`, which overrides the hooks below), each
+    field 5 (a ModelInferRequest's `inputs`, kept up to CAPTURE bytes) goes to `tensor_input`
+    and each field 7 (`raw_input_contents`, never kept) to `raw_begin`, `raw_feed`, `raw_end`.
     """
 
     __slots__ = (
@@ -315,6 +321,7 @@ class MessageScan:
         "_values",
         "_varint",
         "_watch",
+        "tensors",
         "watched",
     )
 
@@ -331,6 +338,7 @@ class MessageScan:
         """The first error `string_fields` would raise looking for field 1, field 3; a message
         broken for both is keyed 0."""
         self._watch = watch
+        self.tensors = False
         self.watched = False
         """With `watch`: the bool value of the last field-4 map entry (a ModelInferRequest's
         `parameters`) keyed `watch`, as a parser keeps it (`bool_parameter`)."""
@@ -381,6 +389,15 @@ class MessageScan:
                 if not self._left:
                     self._value_done()
                 continue
+            if state == _RAW:
+                step = min(self._left, end - pos)
+                self.raw_feed(data, pos, pos + step)
+                self._left -= step
+                pos += step
+                if not self._left:
+                    self._state = _KEY
+                    self.raw_end(self._length)
+                continue
             if state == _BROKEN:
                 return
             pos = self._read_varint(data, pos, end)
@@ -394,11 +411,17 @@ class MessageScan:
                 self._key(value)
             elif state == _LENGTH:
                 self._length = self._left = value
-                if self._field in (1, 3) or (self._field == 4 and self._watch):
+                field = self._field
+                if field in (1, 3) or (field == 4 and self._watch) or (field == 5 and self.tensors):
                     self._value = bytearray()
                     self._state = _VALUE if value else _KEY
                     if not value:
                         self._value_done()
+                elif field == 7 and self.tensors:
+                    self.raw_begin(value)
+                    self._state = _RAW if value else _KEY
+                    if not value:
+                        self.raw_end(0)
                 else:
                     self._state = _SKIP if value else _KEY
             else:  # _SCALAR: a varint value skipped
@@ -431,6 +454,8 @@ class MessageScan:
             value = bool_parameter(bytes(self._value), self._watch)
             if value is not None:
                 self.watched = value
+        elif number == 5:
+            self.tensor_input(bytes(self._value), self._length)
         elif number in self._values:
             self._fail(number, f"field {number} occurs more than once")
         else:
@@ -443,10 +468,22 @@ class MessageScan:
         state = self._state
         if (state == _KEY and self._shift) or state in (_LENGTH, _SCALAR):
             self._break("the message ends inside a varint")
-        elif state == _VALUE or (state == _SKIP and self._length):
+        elif state in (_VALUE, _RAW) or (state == _SKIP and self._length):
             self._break(f"field {self._field} claims {self._length} bytes past the message's end")
         elif state == _SKIP:
             self._break(f"field {self._field} runs past the message's end")
+
+    def tensor_input(self, value: bytes, length: int) -> None:
+        """A whole field 5 `length` bytes long, of which `value` was kept (with `tensors`)."""
+
+    def raw_begin(self, length: int) -> None:
+        """A field 7 of `length` bytes begins (with `tensors`)."""
+
+    def raw_feed(self, data: bytes, pos: int, end: int) -> None:
+        """The next bytes of the field 7 begun, `data[pos:end]` (with `tensors`)."""
+
+    def raw_end(self, length: int) -> None:
+        """The field 7 begun, `length` bytes long, is whole (with `tensors`)."""
 
     def field(self, number: int) -> bytes:
         """Field 1's or 3's value (b"" when absent); raises WireError as `string_fields` would."""

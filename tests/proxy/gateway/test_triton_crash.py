@@ -23,14 +23,22 @@ import urllib.request
 import zlib
 from pathlib import Path
 
+import grpc
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from proxy.policy.nesting import MAX_NESTING
 from proxy.policy.shapes import MAX_JSON_BYTES
 from sim.triton import TritonServer
 from tests.conftest import copy_model
 from tests.proxy.gateway.conftest import caller, publish
-from tests.proxy.gateway.test_inflate_attacks import ATTACKER, gateway_process
+from tests.proxy.gateway.test_inflate_attacks import (
+    ATTACKER,
+    GatewayProcess,
+    gateway_process,
+    grpc_call,
+    serving,
+)
 
 pytestmark = pytest.mark.triton
 
@@ -168,3 +176,118 @@ def test_a_rest_input_declaring_an_impossible_shape_cannot_crash_triton(
         else:
             assert answer.startswith(b"HTTP/1.1 400"), (how, answer[:300])
             assert b"more elements in" in answer, (how, answer[:300])
+
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def infer_request(
+    shape: list[int], datatype: str = "FP32", raw: list[bytes] | None = None, pad: int = 0
+) -> service_pb2.ModelInferRequest:
+    """A ModelInferRequest to add_one with one input of `shape` and `datatype` and the given
+    raw_input_contents; `pad` bytes of a request parameter make it large (read in pieces)."""
+    request = service_pb2.ModelInferRequest(model_name="add_one", id="attack")
+    request.inputs.add(name="INPUT0", datatype=datatype, shape=shape)
+    request.raw_input_contents.extend(raw if raw is not None else [])
+    if pad:
+        request.parameters["pad"].string_param = "x" * pad
+    return request
+
+
+def test_a_grpc_input_declaring_an_impossible_shape_cannot_reach_triton(
+    triton: TritonServer, model_repository: Path, tmp_path: Path
+) -> None:
+    """`shape: [1, 2**62]` FP32 over zero bytes of raw_input_contents: 2**62 elements of 4 bytes
+    are 2**64 bytes, which Triton 2.51's int64 size check wraps to 0, the size of the data, so
+    the request reached the Python backend. The relays refuse it INVALID_ARGUMENT (in-stream
+    on ModelStreamInfer) before its last byte reaches Triton, however it comes: whole, read in
+    pieces, compressed, through the pod's proxy or straight at the gateway; so are raw lengths
+    that do not match the shape, BYTES whose length prefixes run past the data, typed contents
+    of another count, and raw contents for fewer inputs than the request has. A request whose
+    data matches its shape is answered by Triton."""
+    copy_model("add_one", model_repository)
+    load = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/models/add_one/load", method="POST"
+    )
+    with urllib.request.urlopen(load, timeout=60) as answer:
+        assert answer.status == 200
+    table = tmp_path / "callers.json"
+    publish(table, caller(ATTACKER, "add_one", "a/crash"))
+    bomb = infer_request([1, 2**62], raw=[b""])
+    typed = infer_request([1, 2**62])
+    typed.inputs[0].contents.fp32_contents.append(1.0)
+    strings = infer_request([2], "BYTES", [b"\x01\x00\x00\x00a\xff\xff\xff\x7fb"])
+    two_inputs = infer_request([1, 1], raw=[b"\x00" * 4])
+    two_inputs.inputs.add(name="INPUT1", datatype="FP32", shape=[1, 2**62])
+    refused = {
+        "[1, 2**62] over zero bytes": bomb,
+        "read in pieces": infer_request([1, 2**62], raw=[b""], pad=64 * 1024),
+        "no data at all": infer_request([1, 2**62]),
+        "negative dimension": infer_request([-1, -4], raw=[b"\x00" * 16]),
+        "raw shorter than the shape": infer_request([1, 4], raw=[b"\x00" * 12]),
+        "raw longer than the shape": infer_request([1, 4], raw=[b"\x00" * 20]),
+        "BYTES prefix past the data": strings,
+        "BYTES without prefixes": infer_request([4], "BYTES", [b"abcd"]),
+        "typed contents": typed,
+        "raw for one of two inputs": two_inputs,
+    }
+    fits = infer_request([1, 4], raw=[b"\x00" * 16])
+    fits_large = infer_request([1, 4], raw=[b"\x00" * 16], pad=64 * 1024)
+    with (
+        gateway_process(triton, table) as gateway,
+        serving("proxy", pod_flags(gateway)) as proxy,
+        grpc.insecure_channel(proxy.grpc_url) as channel,
+    ):
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers: dict[str, tuple[grpc.StatusCode, str]] = {}
+        for how, request in refused.items():
+            answers[how] = unary(stub, request)
+            # Straight at the gateway, as a tenant that bypasses its proxy would send it.
+            direct = grpc_call(
+                gateway.grpc_url, ATTACKER, INFER, request.SerializeToString(), "identity"
+            )
+            assert direct.get("grpc-status") == "3", (how, direct)  # INVALID_ARGUMENT
+        compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+        gzipped = compressor.compress(bomb.SerializeToString()) + compressor.flush()
+        compressed = grpc_call(gateway.grpc_url, ATTACKER, INFER, gzipped, "gzip")
+        in_stream = list(stub.ModelStreamInfer(iter([bomb, fits]), timeout=60))
+        fitting = {"whole": unary(stub, fits), "large": unary(stub, fits_large)}
+        assert triton.process is not None
+        try:
+            code: int | None = triton.process.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+    assert code is None, f"Triton died (exit {code}); the tenant got {answers}"
+    for how, (status, details) in answers.items():
+        assert status == grpc.StatusCode.INVALID_ARGUMENT, (how, status, details)
+        assert "the inference request's" in details, (how, details)
+    assert compressed.get("grpc-status") == "3", compressed
+    assert "the inference request's" in compressed.get("grpc-message", ""), compressed
+    assert [bool(r.error_message) for r in in_stream] == [True, False], in_stream
+    assert "the inference request's" in in_stream[0].error_message
+    assert in_stream[0].infer_response.id == "attack"
+    assert fitting == {"whole": (grpc.StatusCode.OK, ""), "large": (grpc.StatusCode.OK, "")}
+
+
+def pod_flags(gateway: GatewayProcess) -> list[str]:
+    """The pod's own proxy for add_one, sending to `gateway` from the attacker's address."""
+    upstream = ["--triton-http-url", gateway.http_url, "--triton-grpc-url", gateway.grpc_url]
+    return [
+        "--model-id",
+        "add_one",
+        "--source-address",
+        ATTACKER,
+        "--drain-seconds",
+        "0",
+        *upstream,
+    ]
+
+
+def unary(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, request: service_pb2.ModelInferRequest
+) -> tuple[grpc.StatusCode, str]:
+    try:
+        stub.ModelInfer(request, timeout=60)
+    except grpc.RpcError as e:
+        return e.code(), e.details() or ""
+    return grpc.StatusCode.OK, ""

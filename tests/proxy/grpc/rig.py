@@ -135,6 +135,7 @@ class Rig:
 
 def infer(payload: int = 4) -> bytes:
     request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="INPUT0", datatype="UINT8", shape=[payload])
     request.raw_input_contents.append(b"\x01" * payload)
     data: bytes = request.SerializeToString()
     return data

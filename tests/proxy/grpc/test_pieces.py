@@ -66,6 +66,7 @@ async def test_a_large_message_is_relayed_as_it_comes_and_never_held_whole() -> 
     rig = Rig()
     tenant, _ = rig.tenant()
     request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="INPUT0", datatype="UINT8", shape=[4 * 1024 * 1024])
     request.raw_input_contents.append(bytes(4 * 1024 * 1024))
     framed = framing.grpc_message(request.SerializeToString())
     head = f.frame(f.HEADERS, f.END_HEADERS, 1, f.header_block(STREAM_HEADERS[:-1]))
