@@ -53,7 +53,7 @@ def test_the_agent_accepts_the_model_by_default() -> None:
     config = parse_config((MODEL_DIR / "config.pbtxt").read_text(), "add_one")
     assert config.backend == "onnxruntime"
     policy = ModelPolicy()
-    policy.check_config(config, "add_one", "models")
+    policy.check_config(config, "add_one", "models", [1])
     policy.check_files("add_one", ["config.pbtxt", "1/model.onnx"], "models")
     assert list(external_locations(MODEL_FILE.read_bytes())) == []
 
@@ -63,7 +63,7 @@ def test_a_model_of_tenant_code_is_refused_by_default() -> None:
     default policy (that is why the example does not use it)."""
     config = parse_config((DEMO_MODEL / "config.pbtxt").read_text(), "add_one")
     with pytest.raises(TenantCodeNotAllowedError, match="its own code"):
-        ModelPolicy().check_config(config, "add_one", "models")
+        ModelPolicy().check_config(config, "add_one", "models", [1])
 
 
 def test_the_loader_accepts_the_model_directory() -> None:
