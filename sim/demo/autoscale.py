@@ -39,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from common.contract import DEFAULT_PROXY_HTTP_PORT, DEFAULT_PROXY_METRICS_PORT, Keys
 from sim.cluster import SimCluster
 from sim.controllers.hpa import Autoscalers, Prometheus
+from sim.demo import rollout
 from sim.processes import wait_until
 from sim.service import Endpoints
 from sim.triton import free_port
@@ -81,34 +82,6 @@ def query(namespace: str, signal: str = "irate") -> str:
         f"sum({signal}(tritonshare_proxy_concurrency_seconds_total"
         f'{{namespace="{namespace}", model="{NAME}"}}[1m]))'
     )
-
-
-def deployment_manifest(uri: str, node: str) -> dict[str, Any]:
-    pod_spec: dict[str, Any] = {
-        "containers": [{"name": "proxy", "image": "ghcr.io/tritonshare/tritonshare"}]
-    }
-    if node:
-        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": NAME},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": NAME}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": NAME, "tritonshare.io/role": "model"},
-                    "annotations": {
-                        KEYS.prefix + "model-uri": uri,
-                        KEYS.model_id: NAME,
-                        KEYS.gpu_mem: "1Gi",
-                    },
-                },
-                "spec": pod_spec,
-            },
-        },
-    }
 
 
 def scaled_object(
@@ -447,7 +420,9 @@ def run(
         ) as _autoscalers,
         Endpoints(cluster.kube, namespace, SELECTOR) as endpoints,
     ):
-        apps.create_namespaced_deployment(namespace, deployment_manifest(uri, node))
+        apps.create_namespaced_deployment(
+            namespace, rollout.deployment_manifest(uri, node=node, name=NAME)
+        )
         custom.create_namespaced_custom_object(
             "keda.sh",
             "v1alpha1",
@@ -464,16 +439,20 @@ def run(
         )
         load = Load(endpoints, watch, clients)
         started = time.monotonic()
+
+        def sample() -> tuple[int, int]:
+            """Note the replicas asked for and Ready when they change; return them."""
+            now = _replicas(apps, namespace)
+            if not result.timeline or result.timeline[-1][1:] != now:
+                result.timeline.append((time.monotonic() - started, *now))
+            if now[1] >= max_replicas and result.ready_after is None:
+                result.ready_after = time.monotonic() - started
+            return now
+
         load.start()
-        last: tuple[int, int] = (-1, -1)
         try:
             while time.monotonic() - started < duration:
-                now = _replicas(apps, namespace)
-                if now != last:
-                    result.timeline.append((time.monotonic() - started, *now))
-                    last = now
-                if now[1] >= max_replicas and result.ready_after is None:
-                    result.ready_after = time.monotonic() - started
+                sample()
                 time.sleep(0.25)
         finally:
             load.stop()
@@ -491,12 +470,7 @@ def run(
             # least `settle` seconds from the load's start, then until the minimum is back.
             limit = time.monotonic() + deadline
             while time.monotonic() < limit:
-                now = _replicas(apps, namespace)
-                if now != last:
-                    result.timeline.append((time.monotonic() - started, *now))
-                    last = now
-                if now[1] >= max_replicas and result.ready_after is None:
-                    result.ready_after = time.monotonic() - started
+                now = sample()
                 pods = cast(Any, cluster.core).list_namespaced_pod(
                     namespace, label_selector=SELECTOR
                 )

@@ -57,7 +57,9 @@ def new_release(source: Path, directory: Path) -> Path:
     return directory
 
 
-def deployment_manifest(uri: str, replicas: int = 1, node: str = "") -> dict[str, Any]:
+def deployment_manifest(
+    uri: str, replicas: int = 1, node: str = "", name: str = NAME
+) -> dict[str, Any]:
     """The model as a team deploys it, with Kubernetes' default rollout strategy; with `node`,
     kept to that one node (the simulated cluster's node with a real Triton), so its replicas
     equal the nodes that can take it, the case a surge pod must share a node in."""
@@ -70,16 +72,16 @@ def deployment_manifest(uri: str, replicas: int = 1, node: str = "") -> dict[str
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": NAME},
+        "metadata": {"name": name},
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": {"app": NAME}},
+            "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {
-                    "labels": {"app": NAME, "tritonshare.io/role": "model"},
+                    "labels": {"app": name, "tritonshare.io/role": "model"},
                     "annotations": {
                         MODEL_URI: uri,
-                        KEYS.model_id: NAME,
+                        KEYS.model_id: name,
                         KEYS.gpu_mem: "1Gi",
                     },
                 },

@@ -6,7 +6,6 @@ is moved forward past the scale-down window instead of waiting for it."""
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from sim.apiserver import RunningApiServer
 from sim.controllers.hpa import Autoscalers, Prometheus, hpa_for
 from sim.controllers.manager import ControllerManager
+from sim.demo import autoscale
 from sim.node.kubelet import HollowKubelet
 from sim.processes import wait_until
 from sim.triton import free_port
@@ -56,39 +56,10 @@ def exporter() -> Iterator[Exporter]:
 
 @pytest.fixture
 def prometheus(exporter: Exporter, tmp_path: Path) -> Iterator[str]:
-    binary = require_executable("prometheus")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        json.dumps(
-            {
-                "global": {"scrape_interval": "1s"},
-                "scrape_configs": [
-                    {
-                        "job_name": "proxies",
-                        "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
-                    }
-                ],
-            }
-        )
-    )
-    listen = f"127.0.0.1:{free_port()}"
-    with (tmp_path / "prometheus.log").open("wb") as log:
-        server = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address={listen}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield listen
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    targets = tmp_path / "targets.json"
+    targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{exporter.port}"]}]))
+    with autoscale.prometheus(require_executable("prometheus"), tmp_path, targets, "1s") as at:
+        yield at
 
 
 def _value(prometheus: str) -> float | None:
