@@ -2,7 +2,9 @@
 wait, and retry transient failures with backoff until the overall deadline.
 
 One pass: GetModel; if the node already has the same manifest digest (READY, INSTALLED, LOADING
-or FAILED), skip the install; otherwise stream the files (unloading other files first); then
+or FAILED), skip the install; otherwise ask the agent to install them from the files the node
+kept after an earlier pod of this namespace left (InstallKept), and stream them only when it keeps
+none (unloading other files first); then
 LoadModel (the agent answers at once for a model already READY where this pod was placed), and
 poll while it reports LOADING. A TransientError anywhere restarts the pass after a backoff delay,
 so an agent restarted mid-install is simply asked again. Permanent failures propagate at once.
@@ -55,6 +57,10 @@ class Agent(Protocol):
     async def install(
         self, model: ModelDirectory, manifest: Manifest, time_limit: float
     ) -> InstallResult: ...
+
+    async def install_kept(
+        self, model_id: str, manifest: Manifest, time_limit: float
+    ) -> InstallResult | None: ...
 
 
 @dataclass(frozen=True)
@@ -223,6 +229,18 @@ class Loading:
             self._manifest.digest[:12],
         )
         started = self._clock()
+        kept = await self._agent.install_kept(
+            model_id, self._manifest, deadline.bound(self._timing.attempt_seconds)
+        )
+        if kept is not None:
+            self._installed = True
+            log.info(
+                "The node kept model %s's files from an earlier pod of this namespace: "
+                "installed from its copy, nothing sent (%.1f s).",
+                model_id,
+                self._clock() - started,
+            )
+            return
         result = await self._agent.install(self._model, self._manifest, deadline.remaining())
         self._bytes_sent += result.bytes_sent
         self._installed = True
