@@ -20,7 +20,8 @@ closing line:
     (files on the node) C/D s (files sent); ...
 
 Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-replicas 5
-     --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30]
+     --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30 --once
+     --model-mib 0]
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from sim.demo.scenario import MODELS_DIR, NODES
 from sim.triton import TritonInstall
 
 NAMESPACE = "models"
+KEPT_LOG = "was installed from the node's kept copy"
+"""What the agent logs for an install from its kept copy (agent/service.py)."""
 
 
 def main() -> int:
@@ -77,6 +80,9 @@ def main() -> int:
         help="scale up once only (default: a second scale-up after the scale-down, whose "
         "replicas start on a node that kept the model's files)",
     )
+    parser.add_argument(
+        "--model-mib", type=int, default=0, help="MiB of weights added to the model (0)"
+    )
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
     if prometheus is None:
@@ -107,8 +113,11 @@ def main() -> int:
                 request_seconds=args.request_seconds,
                 signal=args.signal,
                 again=not args.once,
+                padding=args.model_mib * 1024 * 1024,
                 say=print,
             )
+            # The agents' own logs, wherever the simulated kubelet wrote them.
+            log = "".join(p.read_text(errors="replace") for p in (work / "cluster").rglob("*.log"))
     print(f"\n{started}, `{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`")
     print("replicas over time (s since the load started: asked / Ready):")
     for at, asked, ready in result.timeline:
@@ -140,6 +149,10 @@ def main() -> int:
             f"HPA {condition['type']}={condition['status']} ({condition['reason']}): "
             f"{condition['message']}"
         )
+    print(
+        f"installs on the node: {log.count('was received from pod')} sent, "
+        f"{log.count(KEPT_LOG)} from the node's kept copy"
+    )
     print(result.line())
     return 0
 

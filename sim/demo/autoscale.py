@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -51,7 +52,7 @@ INPUT = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 PHASES = ("bound", "files in the pod", "loaded", "ready", "first answer")
 
 
-def slow_model(source: Path, directory: Path, seconds: float) -> Path:
+def slow_model(source: Path, directory: Path, seconds: float, padding: int = 0) -> Path:
     """A copy of the add_one model directory `source` that takes `seconds` per request, as a
     model whose inference keeps its GPU busy that long would: concurrency then builds up at a
     replica under load, as in the experiment, instead of every request ending at once."""
@@ -68,6 +69,9 @@ def slow_model(source: Path, directory: Path, seconds: float) -> Path:
     if "time.sleep(" not in text:
         raise ValueError(f"{code} is not the add_one model this step knows how to slow down")
     code.write_text(text)
+    if padding:
+        # Weights the model does not read: bytes to fetch, send and install, as a real model's.
+        (directory / "1" / "weights.bin").write_bytes(os.urandom(padding))
     return directory
 
 
@@ -433,19 +437,22 @@ def run(
     signal: str = "irate",
     settle: float = 60.0,
     again: bool = False,
+    padding: int = 0,
     say: Callable[[str], None] = lambda _: None,
 ) -> AutoscaleResult:
     """Deploy `source` (the add_one model, made to take `request_seconds` per request) as
     `scaler` with its ScaledObject, load it, idle, and report; with `again`, once scaled back
     to one replica, load it as long once more and time the new replicas of that second scale-up
-    apart (`kept_starts`: their node kept the model's files when the first ones left)."""
+    apart (`kept_starts`: their node kept the model's files when the first ones left).
+    `padding`: bytes of weights added to the model."""
     assert cluster.model_store is not None and cluster.kube is not None
     assert cluster.apiserver is not None
     workdir.mkdir(parents=True, exist_ok=True)
     result = AutoscaleResult(clients=clients)
     apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
-    uri = cluster.model_store.publish(NAME, slow_model(source, workdir / "model", request_seconds))
+    model = slow_model(source, workdir / "model", request_seconds, padding)
+    uri = cluster.model_store.publish(NAME, model)
     node = cluster.real_node.name if cluster.real_node is not None else ""
     targets = workdir / "targets.json"
     with (
@@ -534,13 +541,19 @@ def run(
                 time.sleep(duration)
             finally:
                 load.stop()
-            # Replicas asked for late in the load: followed until their first answer.
-            late = time.monotonic() + settle
-            while time.monotonic() < late:
-                fresh = [t for name, t in watch.pods.items() if name not in seen]
-                if fresh and all("first answer" in t.phases for t in fresh):
-                    break
-                time.sleep(0.25)
+            # Replicas asked for late in the load: followed, under a light load, until their
+            # first answer.
+            light = Load(endpoints, watch, 1, interval=0.1)
+            light.start()
+            try:
+                late = time.monotonic() + settle
+                while time.monotonic() < late:
+                    fresh = [t for name, t in watch.pods.items() if name not in seen]
+                    if fresh and all("first answer" in t.phases for t in fresh):
+                        break
+                    time.sleep(0.25)
+            finally:
+                light.stop()
             result.kept_starts = [
                 times.since_created() for name, times in watch.pods.items() if name not in seen
             ]
