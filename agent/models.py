@@ -21,7 +21,10 @@ first; any other pod is refused without learning who the owner is. Installs are 
 limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
 declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
 deadline and a deadline between chunks, and each install writing through its own thread
-with small chunks gathered, so one tenant's slow or chatty stream never holds another's.
+with small chunks gathered, so one tenant's slow or chatty stream never holds another's. A
+model's files leaving the repository are kept for its namespace when the agent installed them
+(`agent.filecache`), and an install from that copy goes through the same install path; every
+install first fits its namespace's disk bound, evicting that namespace's kept copies first.
 
 It orchestrates: which moves a model's life may make, and what the agent reports for it, are
 `agent.lifecycle`'s (each model's `Life` is stepped here, under its lock, around the I/O the step
