@@ -224,3 +224,39 @@ def test_the_namespace_bound_names_only_the_namespaces_own_figures() -> None:
     assert "namespace team-a" in problem and "--max-installed-bytes-per-namespace" in problem
     assert re.findall(r"\d+", problem) == [str(5 * MIB), str(6 * MIB), str(10 * MIB)]
     assert NamespaceDisk(0).problem("team-a", "m", 10**15, 10**15) == ""
+
+
+@pytest.mark.triton
+async def test_kept_copies_make_way_for_an_install_the_disk_has_no_room_for(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """team-a's pod left its files on the node; the volume then has room for team-b's model only
+    without them: the kept copy is evicted and team-b's install succeeds."""
+    running = await start_custom_agent()
+    agent = running.agent
+    roots = (agent.repository.root, agent.repository.staging_root, agent.cache.root)
+
+    def used() -> int:
+        return sum(p.stat().st_size for r in roots for p in r.rglob("*") if p.is_file())
+
+    agent.repository.disk_free = lambda _: DISK_HEADROOM_BYTES + 5 * MIB - used()
+    namespaces(kube_api, "team-a", "team-b")
+    make_pod(kube_api, "a1", MODEL, namespace="team-a")
+    make_pod(kube_api, "b1", MODEL, namespace="team-b")
+    source = unnamed_model(tmp_path / "a")
+    (source / "1" / "weights.bin").write_bytes(b"\1" * (3 * MIB))
+    await install_dir(running.stub, apiserver.mint_token("team-a", "a1"), source, MODEL)
+    kubernetes.client.CoreV1Api(kube_api).delete_namespaced_pod(
+        "a1", "team-a", grace_period_seconds=0
+    )
+    digest = digest_of(source)
+    await eventually(lambda: agent.cache.holds("team-a", digest), what="a1's files kept")
+
+    other = unnamed_model(tmp_path / "b")
+    (other / "1" / "weights.bin").write_bytes(b"\2" * (3 * MIB))
+    reply = await install_dir(running.stub, apiserver.mint_token("team-b", "b1"), other, MODEL)
+    assert reply.bytes_written >= 3 * MIB
+    assert not agent.cache.holds("team-a", digest)
