@@ -273,6 +273,17 @@ class Agent:
         namespace disk bound, which defaults to half the repository's volume."""
         root = self.repository.root
         check_apart(root, self.cache.root, "kept-files directory", "--model-cache-dir")
+        kept = self.cache.root.resolve()
+        for other, flag in (
+            (self.repository.staging_root, "--staging-dir"),
+            (self.owners.directory.resolve(), "--state-dir"),
+        ):
+            if kept == other or other in kept.parents or kept in other.parents:
+                raise AgentError(
+                    f"the kept-files directory {kept} overlaps the directory of {flag} ({other}); "
+                    f"the agent empties each of them of what it does not know, set "
+                    f"--model-cache-dir to a directory of its own"
+                )
         self.cache.prepare()
         if self.cache.root.stat().st_dev != root.stat().st_dev:
             raise AgentError(
