@@ -86,10 +86,14 @@ class Outcome:
     installed: bool
     attempts: int
     seconds: float
+    kept: bool = False
+    """Installed from the files the node kept, nothing sent."""
 
     def summary(self) -> str:
         """One line: the model, where it runs, what was sent and how long it took."""
-        if self.installed:
+        if self.kept:
+            sent = f"its {self.files} files came from the node's kept copy, nothing sent"
+        elif self.installed:
             sent = f"sent {self.files} files ({_size(self.bytes_sent)})"
         else:
             sent = f"its {self.files} files were already on the node, nothing sent"
@@ -122,6 +126,7 @@ class Loading:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self._bytes_sent = 0
         self._installed = False
+        self._kept = False
         # Whether the agent ever answered: tells "timed out" (6) from "unreachable" (7).
         self._reached_agent = False
 
@@ -169,6 +174,7 @@ class Loading:
                 model_bytes=self._manifest.total_bytes,
                 bytes_sent=self._bytes_sent,
                 installed=self._installed,
+                kept=self._kept,
                 attempts=attempt,
                 seconds=deadline.elapsed(),
             )
@@ -233,7 +239,7 @@ class Loading:
             model_id, self._manifest, deadline.bound(self._timing.attempt_seconds)
         )
         if kept is not None:
-            self._installed = True
+            self._installed = self._kept = True
             log.info(
                 "The node kept model %s's files from an earlier pod of this namespace: "
                 "installed from its copy, nothing sent (%.1f s).",
@@ -243,7 +249,7 @@ class Loading:
             return
         result = await self._agent.install(self._model, self._manifest, deadline.remaining())
         self._bytes_sent += result.bytes_sent
-        self._installed = True
+        self._installed, self._kept = True, False
         if result.manifest_digest and result.manifest_digest != self._manifest.digest:
             raise AgentFailedError(
                 f"the agent installed model {model_id} with manifest digest "

@@ -164,8 +164,9 @@ async def test_files_the_node_kept_are_installed_from_its_copy_without_sending(
     agent.load_answers = [ready(manifest.digest)]
     outcome = await loading(agent, model, manifest).run()
     assert agent.calls == ["get", "install_kept", "load"]
-    assert outcome.installed
+    assert outcome.installed and outcome.kept
     assert outcome.bytes_sent == 0
+    assert "the node's kept copy, nothing sent" in outcome.summary()
     assert outcome.status.state is ModelState.READY
 
 
