@@ -26,6 +26,7 @@ from tests.agent.conftest import (
     install_dir,
     make_pod,
     manifest_of,
+    name_in_triton,
 )
 from tests.agent.test_attacks import events, namespaces, refused, unnamed_model
 
@@ -83,9 +84,11 @@ async def test_a_new_replica_installs_from_the_nodes_copy_which_no_other_namespa
     assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
 
     # The pod leaves: its files leave the repository and are kept for its namespace.
+    a1 = name_in_triton(kube_api, "a1", MODEL, "team-a")
+    assert (model_repository / a1).is_dir()
     core.delete_namespaced_pod("a1", "team-a", grace_period_seconds=0)
     await eventually(lambda: cache.holds("team-a", digest), what="a1's files to be kept")
-    assert not any((model_repository / name).exists() for name in running.agent.owners.all())
+    assert not (model_repository / a1).exists()
     assert cache.bytes_of("team-a") == sum(s for _, s, _ in manifest_of(source))
 
     # Another pod of the namespace with the same files: installed from the copy, and loaded.
