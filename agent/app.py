@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,7 @@ from agent.auth import Authorizer
 from agent.conditions import ModelConditions
 from agent.errors import AgentError
 from agent.events import PodEvents
+from agent.filecache import FileCache, NamespaceDisk
 from agent.gate import MAX_MESSAGE_BYTES, Gate
 from agent.gateway import CallerPublisher
 from agent.gpus import GpuReader
@@ -131,6 +133,10 @@ class Agent:
             settings.staging_dir,
             namespace_bytes=settings.max_install_bytes_per_namespace,
         )
+        self.cache = FileCache(
+            settings.model_cache_dir or self.repository.root.parent / ".tritonshare-kept",
+            settings.model_cache_bytes,
+        )
         self.owners = OwnerStore(
             settings.state_dir or self.repository.root.parent / ".tritonshare-state"
         )
@@ -168,6 +174,7 @@ class Agent:
             pods=self.pods,
             metrics=self.metrics,
             ledger=self.ledger,
+            cache=self.cache,
         )
         self.reconciler = Reconciler(
             self.models,
@@ -268,11 +275,37 @@ class Agent:
         if self.ledger.over():
             self._reconcile_now.set()
 
+    def _prepare_cache(self) -> None:
+        """Check where kept files live (a rename away from the repository) and set the
+        namespace disk bound, which defaults to half the repository's volume."""
+        root = self.repository.root
+        check_apart(root, self.cache.root, "kept-files directory", "--model-cache-dir")
+        kept = self.cache.root.resolve()
+        for other, flag in (
+            (self.repository.staging_root, "--staging-dir"),
+            (self.owners.directory.resolve(), "--state-dir"),
+        ):
+            if kept == other or other in kept.parents or kept in other.parents:
+                raise AgentError(
+                    f"the kept-files directory {kept} overlaps the directory of {flag} ({other}); "
+                    f"the agent empties each of them of what it does not know, set "
+                    f"--model-cache-dir to a directory of its own"
+                )
+        self.cache.prepare()
+        if self.cache.root.stat().st_dev != root.stat().st_dev:
+            raise AgentError(
+                f"the kept-files directory {self.cache.root} is on another filesystem than the "
+                f"model repository {root}; keeping files would copy them, put both on one"
+            )
+        limit = self.settings.max_installed_bytes_per_namespace
+        self.models.namespace_disk = NamespaceDisk(limit or shutil.disk_usage(root).total // 2)
+
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings
         self._loop = asyncio.get_running_loop()
         check_apart(self.repository.root, self.owners.directory, "state directory", "--state-dir")
         self.repository.prepare()
+        self._prepare_cache()
         self.owners.load()
         lifecycle.on_shutdown("the Kubernetes client", self.kube.close)
         lifecycle.on_shutdown("the pod events", self.events.close)

@@ -49,7 +49,8 @@ MAX_MESSAGE_BYTES = 4 * MIB
 chunks of at most 3Mi, their --chunk-bytes; the rest is room for the path and the framing)."""
 SMALL_MESSAGE_BYTES = 64 * KIB
 """The largest message of the calls that carry only a model id."""
-METHOD_MESSAGE_BYTES = {"InstallModel": MAX_MESSAGE_BYTES}
+# InstallKept's one message is an install's header, manifest and all.
+METHOD_MESSAGE_BYTES = {"InstallModel": MAX_MESSAGE_BYTES, "InstallKept": MAX_MESSAGE_BYTES}
 UNAUTHENTICATED_CALL_BYTES = 1 * MIB
 """The most memory one call without a valid token makes the agent hold: its call state and the
 HTTP/2 stream window (64 KiB; BDP probing, which grows windows, is off) that grpc fills before

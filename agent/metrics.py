@@ -143,6 +143,12 @@ class AgentMetrics:
             ["outcome"],
             registry=r,
         )
+        self.kept_installs = Counter(
+            "tritonshare_agent_kept_installs",
+            "Installs served from the files the node kept (hit) or not (miss)",
+            ["outcome"],
+            registry=r,
+        )
         self.install_bytes = Counter(
             "tritonshare_agent_install_written_bytes", "Model bytes written", registry=r
         )

@@ -21,7 +21,10 @@ first; any other pod is refused without learning who the owner is. Installs are 
 limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
 declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
 deadline and a deadline between chunks, and each install writing through its own thread
-with small chunks gathered, so one tenant's slow or chatty stream never holds another's.
+with small chunks gathered, so one tenant's slow or chatty stream never holds another's. A
+model's files leaving the repository are kept for its namespace when the agent installed them
+(`agent.filecache`), and an install from that copy goes through the same install path; every
+install first fits its namespace's disk bound, evicting that namespace's kept copies first.
 
 It orchestrates: which moves a model's life may make, and what the agent reports for it, are
 `agent.lifecycle`'s (each model's `Life` is stepped here, under its lock, around the I/O the step
@@ -37,6 +40,7 @@ import errno
 import logging
 import mmap
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -48,6 +52,7 @@ from agent.errors import (
     AgentError,
     ConflictError,
     DeadlineExceededError,
+    DigestMismatchError,
     InvalidRequestError,
     LoadTimedOutError,
     NotFoundError,
@@ -56,6 +61,7 @@ from agent.errors import (
     TritonError,
     TritonUnreachableError,
 )
+from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
 from agent.inventory import GpuInfo, GpuSnapshot
 from agent.lifecycle import Event, Life, ModelState, Phase, given_up, reported, step
@@ -74,7 +80,7 @@ from agent.modelconfig import (
 from agent.onnxmodel import OnnxFormatError, external_locations
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
-from agent.repository import Repository, Staging
+from agent.repository import DISK_HEADROOM_BYTES, Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
 from common.manifest import Manifest
@@ -247,9 +253,17 @@ class Models:
         pods: Pods,
         metrics: AgentMetrics,
         ledger: MemoryLedger | None = None,
+        cache: FileCache | None = None,
+        namespace_disk: NamespaceDisk | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repository = repository
+        self.cache = cache
+        """Files kept after their last pod left (`agent.filecache`); None keeps nothing."""
+        self.namespace_disk = namespace_disk or NamespaceDisk(0)
+        self._reserved: dict[str, int] = {}
+        """Namespace -> bytes its installs in progress may yet commit (admitted, not on disk)."""
+        self._disk_lock = threading.Lock()
         self.triton = triton
         self.owners = owners
         self.limits = limits
@@ -477,6 +491,7 @@ class Models:
                         f"{installed.digest[:12] if installed else 'unknown'}); unload it before "
                         f"installing a different version"
                     )
+            await self._in_thread(self._make_room, name, model_id, manifest, owner.namespace)
             self._step(name, record, Event.INSTALL_STARTED)
             # Its own thread: one tenant's slow disk writes never queue another's.
             writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-install")
@@ -486,12 +501,106 @@ class Models:
                 self._step(name, record, Event.INSTALL_FAILED)
                 raise
             finally:
+                self._unreserve(owner.namespace, manifest.total_bytes)
                 # Every write was awaited, so the thread is idle: joining it takes a moment, and
                 # no install leaves a thread behind.
                 writer.shutdown(wait=True)
             self.owners.put(name, owned.installed(manifest.digest))
             self._step(name, record, Event.INSTALL_DONE)
             return result
+
+    async def install_kept(self, model_id: str, manifest: Manifest, owner: Proven) -> InstallResult:
+        """Install the owner's model from the files this node kept for its namespace (a previous
+        pod's, same manifest digest), through the same checks as a streamed install, each file
+        hashed again on its way. NotFoundError when the node keeps no such copy for the namespace,
+        whether or not another namespace's copy has that digest; a copy that fails its check is
+        dropped and reads as a miss too."""
+        namespace = owner.namespace
+        if self.cache is None or not self.cache.holds(namespace, manifest.digest):
+            self.metrics.kept_installs.labels("miss").inc()
+            raise self._not_kept(model_id)
+        try:
+            result = await self.install(
+                model_id, manifest, self.cache.chunks(namespace, manifest), owner
+            )
+        except DigestMismatchError as e:
+            log.warning(
+                "The node's copy of model %s for pod %s failed its check (%s): dropping it.",
+                model_id,
+                owner.key,
+                e,
+            )
+            await self._in_thread(self.cache.drop, namespace, manifest.digest)
+            self.metrics.kept_installs.labels("miss").inc()
+            raise self._not_kept(model_id) from e
+        self.metrics.kept_installs.labels("hit").inc()
+        return result
+
+    @staticmethod
+    def _not_kept(model_id: str) -> NotFoundError:
+        return NotFoundError(
+            f"this node keeps no copy of model {model_id!r} with these files; send them "
+            f"(InstallModel)"
+        )
+
+    def _remove_or_keep(self, name: str) -> None:
+        """Move the files of a model leaving the repository into the cache when the agent
+        installed them for their owner and they are intact, else delete them. In a file thread."""
+        owned = self.owners.get(name)
+        manifest = self.repository.installed_manifest(name)
+        if (
+            self.cache is not None
+            and owned is not None
+            and manifest is not None
+            and manifest.digest == owned.digest
+            and self.repository.is_intact(name, manifest)
+            and self.cache.keep(owned.namespace, self.repository.model_dir(name), manifest)
+        ):
+            return
+        self.repository.remove(name)
+
+    def _namespace_bytes(self, namespace: str, except_name: str) -> int:
+        """Bytes the namespace holds on the disk: its installed models (but `except_name`, which
+        an install replaces), its kept copies, and what its installs in progress may commit."""
+        held = self._reserved.get(namespace, 0)
+        for name, owned in self.owners.all().items():
+            if owned.namespace == namespace and name != except_name:
+                manifest = self.repository.installed_manifest(name)
+                held += manifest.total_bytes if manifest else 0
+        return held + (self.cache.bytes_of(namespace) if self.cache else 0)
+
+    def _make_room(self, name: str, model_id: str, manifest: Manifest, namespace: str) -> None:
+        """Reserve the model's bytes in its namespace's disk bound, evicting that namespace's
+        kept copies first, and any namespace's when the disk itself is short; refuse with the
+        namespace's own figures only. In a file thread."""
+        with self._disk_lock:
+            self._make_room_locked(name, model_id, manifest, namespace)
+
+    def _make_room_locked(
+        self, name: str, model_id: str, manifest: Manifest, namespace: str
+    ) -> None:
+        needed = manifest.total_bytes
+        if self.cache is not None:
+            over = self._namespace_bytes(namespace, name) + needed - self.namespace_disk.limit
+            if self.namespace_disk.limit and over > 0:
+                self.cache.evict(namespace, over)
+            short = DISK_HEADROOM_BYTES + needed - self.repository.disk_free(self.repository.root)
+            if short > 0:
+                self.cache.evict(None, short)
+        problem = self.namespace_disk.problem(
+            namespace, model_id, self._namespace_bytes(namespace, name), needed
+        )
+        if problem:
+            raise ResourceExhaustedError(problem, event_reason="ModelInstallNoRoom")
+        self._reserved[namespace] = self._reserved.get(namespace, 0) + needed
+
+    def _unreserve(self, namespace: str, size: int) -> None:
+        with self._disk_lock:
+            left = self._reserved.get(namespace, 0) - size
+            if left > 0:
+                self._reserved[namespace] = left
+            else:
+                self._reserved.pop(namespace, None)
 
     async def _install_locked(
         self,
@@ -912,7 +1021,7 @@ class Models:
             if entry is not None and entry.state in (READY, LOADING, UNLOADING):
                 await self._unload_measured(name, work)
             if not keep_files and self.repository.model_dir(name).exists():
-                await self._in_thread(self.repository.remove, name)
+                await self._in_thread(self._remove_or_keep, name)
         except BaseException as e:
             self._step(name, record, Event.UNLOAD_FAILED)
             if isinstance(e, AgentError):

@@ -149,6 +149,35 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             bytes_written=result.bytes_written,
         )
 
+    async def InstallKept(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        method = "InstallKept"
+        caller = None
+        try:
+            caller = await self._caller(context)
+            manifest = build_manifest(request.model_id, entries_from_proto(request.manifest))
+            pod = await self.authorizer.authorize_model(caller, request.model_id)
+            if pod.pod.running and self.on_reinstall is not None:
+                self.on_reinstall(pod)
+            result = await self.models.install_kept(request.model_id, manifest, pod)
+        except AgentError as e:
+            return self._fail(context, method, e, caller)
+        self._ok(method)
+        if not result.unchanged:
+            log.info(
+                "Model %s of pod %s was installed from the node's kept copy: %d bytes.",
+                result.model_id,
+                pod.key,
+                result.bytes_written,
+                extra=subject(pod=pod.key, model=result.model_id),
+            )
+        return agent_pb2.InstallModelResponse(
+            model_id=result.model_id,
+            manifest_digest=result.manifest_digest,
+            unchanged=result.unchanged,
+            bytes_written=result.bytes_written,
+            kept=not result.unchanged,
+        )
+
     async def LoadModel(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         caller = None
         try:

@@ -465,6 +465,34 @@ class Settings:
     )
     """Bytes, what the installs in progress of one namespace may have written to the node's disk
     (counted as they arrive, never as declared). Default 64Gi."""
+    model_cache_bytes: int = setting(
+        "model-cache-bytes",
+        "bytes of model files the node keeps after their last pod leaves (a quantity; 0: none)",
+        quantity(),
+        default="16Gi",
+    )
+    """Bytes, the files of models whose last pod left that the node keeps for the next replica
+    of the same namespace and revision, over all namespaces, evicted least recently used; 0
+    keeps nothing. Default 16Gi."""
+    model_cache_dir: Path | None = setting(
+        "model-cache-dir",
+        "where kept model files live (same filesystem, outside the repository); default: "
+        "<repository>/../.tritonshare-kept",
+        path,
+        default=None,
+    )
+    """Where kept model files live; same filesystem as the repository, outside it. Default:
+    <repository>/../.tritonshare-kept."""
+    max_installed_bytes_per_namespace: int = setting(
+        "max-installed-bytes-per-namespace",
+        "bytes one namespace's models may hold on the node's disk, installed, kept and being "
+        "installed (a quantity; 0: half the repository volume)",
+        quantity(),
+        default="0",
+    )
+    """Bytes one namespace's models may hold on the node's disk: installed, kept and being
+    installed. 0 (the default) is half the size of the repository's volume, read at start, so
+    no namespace can fill the disk other namespaces install on."""
     auth_failure_cache_seconds: float = setting(
         "auth-failure-cache-seconds",
         "seconds a refused token is refused without a new TokenReview",

@@ -11,13 +11,17 @@ load. A light client keeps sending while the Deployment scales back to one repli
 
 Printed: the replicas asked for and Ready over time, each new replica's cold start by phase
 (seconds after the pod's creation: bound, files in the pod, loaded, Ready, first answer), the
+same for the replicas of a second scale-up after the scale-down, whose node kept the model's
+files (unless `--once`), the
 requests' latency percentiles and failures during the load, the scale-down's failures, and one
 closing line:
 
-    autoscale: target 1, concurrency 5 -> R replicas Ready in T s; cold start p50/max A/B s ...
+    autoscale: target 1, concurrency 5 -> R replicas Ready in T s; cold start p50/max A/B s
+    (files on the node) C/D s (files sent); ...
 
 Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-replicas 5
-     --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30]
+     --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30 --once
+     --model-mib 0]
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from sim.demo.scenario import MODELS_DIR, NODES
 from sim.triton import TritonInstall
 
 NAMESPACE = "models"
+KEPT_LOG = "was installed from the node's kept copy"
+"""What the agent logs for an install from its kept copy (agent/service.py)."""
 
 
 def main() -> int:
@@ -68,6 +74,15 @@ def main() -> int:
     parser.add_argument(
         "--request-seconds", type=float, default=0.1, help="model time per request (0.1)"
     )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="scale up once only (default: a second scale-up after the scale-down, whose "
+        "replicas start on a node that kept the model's files)",
+    )
+    parser.add_argument(
+        "--model-mib", type=int, default=0, help="MiB of weights added to the model (0)"
+    )
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
     if prometheus is None:
@@ -97,8 +112,12 @@ def main() -> int:
                 scale_down_window=args.scale_down_window,
                 request_seconds=args.request_seconds,
                 signal=args.signal,
+                again=not args.once,
+                padding=args.model_mib * 1024 * 1024,
                 say=print,
             )
+            # The agents' own logs, wherever the simulated kubelet wrote them.
+            log = "".join(p.read_text(errors="replace") for p in (work / "cluster").rglob("*.log"))
     print(f"\n{started}, `{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`")
     print("replicas over time (s since the load started: asked / Ready):")
     for at, asked, ready in result.timeline:
@@ -108,6 +127,13 @@ def main() -> int:
     for phases in result.cold_starts:
         cells = (f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in autoscale.PHASES)
         print("  " + "  ".join(cells))
+    if result.kept_starts:
+        print("cold start of each replica of the second scale-up (files on the node):")
+        for phases in result.kept_starts:
+            cells = (
+                f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in autoscale.PHASES
+            )
+            print("  " + "  ".join(cells))
     print(
         f"requests under load: {result.requests}, failed {len(result.failed)}; latency "
         f"p50 {result.percentile(0.5) * 1000:.0f} ms, p90 {result.percentile(0.9) * 1000:.0f} "
@@ -123,6 +149,10 @@ def main() -> int:
             f"HPA {condition['type']}={condition['status']} ({condition['reason']}): "
             f"{condition['message']}"
         )
+    print(
+        f"installs on the node: {log.count('was received from pod')} sent, "
+        f"{log.count(KEPT_LOG)} from the node's kept copy"
+    )
     print(result.line())
     return 0
 

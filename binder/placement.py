@@ -4,7 +4,8 @@ Filters, in kube-scheduler's order and then ours: Kubernetes' rules (binder.rule
 publishes GPUs, its agent is alive, the model is not already on the node, and the request fits in
 one healthy GPU's free memory. Scores add as kube-scheduler's plugins do: NodeAffinity (weight 2)
 and TaintToleration (weight 3), each normalised to 0..100 over the feasible nodes, plus our GPU
-memory score (weight 1, 0..100).
+memory score (weight 1, 0..100). Among the nodes Kubernetes' scores rate best, one a pod of the
+same revision (namespace, model id, revision) left comes first: its agent may have kept the files.
 
 `binpack` (the default) puts a pod where it wastes the least of what only bigger pods could use,
 on the fewest GPUs (`pack_score` gives the order): a used GPU, the tightest, before an empty one.
@@ -202,7 +203,10 @@ def place(
     # Whether the plugins that look at other pods tell any two nodes apart (if not over every
     # node that passes the node rules, then not over the feasible ones either).
     scored = nodes.size > 1 and filters.scores(nodes) is not None
-    if not scored and scan_budget != 0 and not cls.preferred_error:
+    # Nodes its revision's pods left may hold its files: a tie-break the index cannot see, so
+    # such a pod is scored over its whole class.
+    kept = state.left_nodes(pod.model_key) if pod.model_id else set()
+    if not scored and not kept and scan_budget != 0 and not cls.preferred_error:
         # The common case: nothing but node rules and memory tells the nodes apart, so the
         # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
@@ -229,7 +233,7 @@ def place(
             # Normalised over the feasible nodes, as kube-scheduler normalises them.
             extra = filters.scores(candidates) if scored and candidates.size > 1 else None
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
-            return _best(state, pod, policy, candidates, affinity, prefer, extra)
+            return _best(state, pod, policy, candidates, affinity, prefer, extra, kept)
     return _unschedulable(state, pod, now, cls, filters)
 
 
@@ -491,9 +495,12 @@ def _best(
     affinity: np.ndarray[Any, np.dtype[np.int64]],
     prefer: np.ndarray[Any, np.dtype[np.int64]],
     extra: npt.NDArray[np.float64] | None = None,
+    kept: set[int] | None = None,
 ) -> Placement:
     """Score every candidate; `extra` is the weighted scores of the plugins that look at other
-    pods (`binder.filters`), None when they score every candidate alike."""
+    pods (`binder.filters`), None when they score every candidate alike. Among the candidates
+    Kubernetes' scores rate best, those in `kept` (nodes the pod's revision left, which may hold
+    its files) come first, before the GPU memory score."""
     top_affinity = int(affinity.max())
     affinity_score = (affinity * MAX_SCORE) // top_affinity if top_affinity > 0 else affinity * 0
     top_prefer = int(prefer.max())
@@ -503,6 +510,12 @@ def _best(
         taint_score = np.full(prefer.shape, MAX_SCORE, np.int64)
     request = pod.request
     base = AFFINITY_WEIGHT * affinity_score + TAINT_WEIGHT * taint_score
+    only: npt.NDArray[np.bool_] | None = None
+    if kept:
+        kubernetes = base if extra is None else base + extra
+        only = np.isin(candidates, list(kept)) & (kubernetes == kubernetes.max())
+        if not only.any():
+            only = None
     if policy == "binpack":
         # Each GPU scored as `pack_score` scores it; a node scores as its best GPU, and its
         # tightest block of that score breaks ties.
@@ -516,6 +529,8 @@ def _best(
         score = base + MEMORY_WEIGHT * memory
         if extra is not None:
             score = score + extra
+        if only is not None:
+            score = np.where(only, score, -np.inf)
         top_score = score.max()
         # Equal scores: the tightest block, then node name order.
         tied = np.flatnonzero(score == top_score)
@@ -528,6 +543,8 @@ def _best(
     score = base + MEMORY_WEIGHT * memory
     if extra is not None:
         score = score + extra
+    if only is not None:
+        score = np.where(only, score, -np.inf)
     best = score.max()
     ties = np.flatnonzero(score == best)
     chosen = int(candidates[ties[_tie_break(pod.uid, ties.size)]])

@@ -21,7 +21,7 @@ judged against a time passed in by the caller.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +40,10 @@ IntArray = npt.NDArray[np.int64]
 GPUS_OK, GPUS_NONE, GPUS_UNREADABLE = 0, 1, 2
 FloatArray = npt.NDArray[np.float64]
 
+LEFT_KEYS = 10_000
+"""Model revisions whose pods' last nodes the state remembers (the least recently left go)."""
+LEFT_NODES = 8
+"""Nodes remembered per model revision, the most recently left."""
 CHANGE_LOG_LIMIT = 1 << 16
 """Logged node changes kept for the free-memory indexes; past it they are rebuilt on next use."""
 
@@ -110,6 +114,9 @@ class ClusterState:
         self._models: dict[str, Counter[ModelKey]] = {}
         self._model_nodes: dict[ModelKey, Counter[str]] = {}
         """Per node its pods' (namespace, model id, revision), and per such key its nodes."""
+        self._left: OrderedDict[ModelKey, dict[str, None]] = OrderedDict()
+        """Per model revision, the nodes its pods left, most recent last: their agents keep the
+        files a while (docs/agent.md), so a new replica there starts without the transfer."""
         self._classes: dict[Constraints, ConstraintClass] = {}
         self._indexes: dict[Constraints, FreeIndex] = {}
         self._changes: list[int] = []
@@ -318,6 +325,7 @@ class ClusterState:
                 del self._model_nodes[model][account.node]
                 if not self._model_nodes[model]:
                     del self._model_nodes[model]
+            self._note_left(model, account.node)
         if account.gpu >= 0 and account.node in self._alloc:
             self._alloc[account.node][account.gpu] -= account.held
             self._refresh(account.node)
@@ -778,6 +786,25 @@ class ClusterState:
         """Indices of the nodes that already have a pod of that model revision."""
         index = self.index
         return {index[n] for n in self._model_nodes.get(key, ()) if n in index}
+
+    def _note_left(self, key: ModelKey, node: str) -> None:
+        nodes = self._left.pop(key, {})
+        nodes.pop(node, None)
+        nodes[node] = None
+        while len(nodes) > LEFT_NODES:
+            del nodes[next(iter(nodes))]
+        self._left[key] = nodes
+        while len(self._left) > LEFT_KEYS:
+            self._left.popitem(last=False)
+
+    def left_nodes(self, key: ModelKey) -> set[int]:
+        """Indices of the nodes a pod of that model revision left (their agents may keep its
+        files); only the binder reads it, and only for pods of the same namespace's revision."""
+        nodes = self._left.get(key)
+        if not nodes:
+            return set()
+        index = self.index
+        return {index[n] for n in nodes if n in index}
 
     def model_mask(self, key: ModelKey) -> npt.NDArray[np.bool_]:
         """True at the index of every node that already has a pod of that model revision."""

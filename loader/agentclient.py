@@ -216,6 +216,27 @@ class AgentClient:
             bytes_sent=counter.sent,
         )
 
+    async def install_kept(
+        self, model_id: str, manifest: Manifest, time_limit: float
+    ) -> InstallResult | None:
+        """Ask the agent to install the model from files the node kept for this namespace;
+        None when it keeps none (or predates kept files): then the files are sent."""
+        header = agent_pb2.InstallHeader(model_id=model_id, manifest=manifest.to_proto())
+        try:
+            reply = await self._stub.InstallKept(
+                header, metadata=self._metadata(), timeout=time_limit
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
+                return None
+            raise self._failure(e, INSTALL) from e
+        return InstallResult(
+            manifest_digest=reply.manifest_digest,
+            unchanged=reply.unchanged,
+            bytes_written=reply.bytes_written,
+            bytes_sent=0,
+        )
+
     async def _install_requests(
         self,
         header: agent_pb2.InstallHeader,

@@ -2,7 +2,9 @@
 wait, and retry transient failures with backoff until the overall deadline.
 
 One pass: GetModel; if the node already has the same manifest digest (READY, INSTALLED, LOADING
-or FAILED), skip the install; otherwise stream the files (unloading other files first); then
+or FAILED), skip the install; otherwise ask the agent to install them from the files the node
+kept after an earlier pod of this namespace left (InstallKept), and stream them only when it keeps
+none (unloading other files first); then
 LoadModel (the agent answers at once for a model already READY where this pod was placed), and
 poll while it reports LOADING. A TransientError anywhere restarts the pass after a backoff delay,
 so an agent restarted mid-install is simply asked again. Permanent failures propagate at once.
@@ -56,6 +58,10 @@ class Agent(Protocol):
         self, model: ModelDirectory, manifest: Manifest, time_limit: float
     ) -> InstallResult: ...
 
+    async def install_kept(
+        self, model_id: str, manifest: Manifest, time_limit: float
+    ) -> InstallResult | None: ...
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -80,10 +86,14 @@ class Outcome:
     installed: bool
     attempts: int
     seconds: float
+    kept: bool = False
+    """Installed from the files the node kept, nothing sent."""
 
     def summary(self) -> str:
         """One line: the model, where it runs, what was sent and how long it took."""
-        if self.installed:
+        if self.kept:
+            sent = f"its {self.files} files came from the node's kept copy, nothing sent"
+        elif self.installed:
             sent = f"sent {self.files} files ({_size(self.bytes_sent)})"
         else:
             sent = f"its {self.files} files were already on the node, nothing sent"
@@ -116,6 +126,7 @@ class Loading:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self._bytes_sent = 0
         self._installed = False
+        self._kept = False
         # Whether the agent ever answered: tells "timed out" (6) from "unreachable" (7).
         self._reached_agent = False
 
@@ -163,6 +174,7 @@ class Loading:
                 model_bytes=self._manifest.total_bytes,
                 bytes_sent=self._bytes_sent,
                 installed=self._installed,
+                kept=self._kept,
                 attempts=attempt,
                 seconds=deadline.elapsed(),
             )
@@ -223,9 +235,21 @@ class Loading:
             self._manifest.digest[:12],
         )
         started = self._clock()
+        kept = await self._agent.install_kept(
+            model_id, self._manifest, deadline.bound(self._timing.attempt_seconds)
+        )
+        if kept is not None:
+            self._installed = self._kept = True
+            log.info(
+                "The node kept model %s's files from an earlier pod of this namespace: "
+                "installed from its copy, nothing sent (%.1f s).",
+                model_id,
+                self._clock() - started,
+            )
+            return
         result = await self._agent.install(self._model, self._manifest, deadline.remaining())
         self._bytes_sent += result.bytes_sent
-        self._installed = True
+        self._installed, self._kept = True, False
         if result.manifest_digest and result.manifest_digest != self._manifest.digest:
             raise AgentFailedError(
                 f"the agent installed model {model_id} with manifest digest "

@@ -67,16 +67,18 @@ class InstallModelRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[InstallHeader, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
 
 class InstallModelResponse(_message.Message):
-    __slots__ = ("model_id", "manifest_digest", "unchanged", "bytes_written")
+    __slots__ = ("model_id", "manifest_digest", "unchanged", "bytes_written", "kept")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     manifest_digest: str
     unchanged: bool
     bytes_written: int
-    def __init__(self, model_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., unchanged: _Optional[bool] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+    kept: bool
+    def __init__(self, model_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., unchanged: _Optional[bool] = ..., bytes_written: _Optional[int] = ..., kept: _Optional[bool] = ...) -> None: ...
 
 class ModelStatus(_message.Message):
     __slots__ = ("model_id", "state", "reason", "manifest_digest", "gpu_uuid", "gpu_index", "pod", "triton_name")

@@ -39,6 +39,11 @@ class AgentStub:
                 request_serializer=protos_dot_agent__pb2.InstallModelRequest.SerializeToString,
                 response_deserializer=protos_dot_agent__pb2.InstallModelResponse.FromString,
                 _registered_method=True)
+        self.InstallKept = channel.unary_unary(
+                '/tritonshare.agent.v1.Agent/InstallKept',
+                request_serializer=protos_dot_agent__pb2.InstallHeader.SerializeToString,
+                response_deserializer=protos_dot_agent__pb2.InstallModelResponse.FromString,
+                _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/tritonshare.agent.v1.Agent/LoadModel',
                 request_serializer=protos_dot_agent__pb2.LoadModelRequest.SerializeToString,
@@ -74,6 +79,16 @@ class AgentServicer:
         following messages are file chunks, each file's chunks in order of offset. The agent writes
         them into a staging directory, checks sizes and sha256 digests, fsyncs, and renames the
         directory into the repository. Installing the same manifest again is a no-op.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InstallKept(self, request, context):
+        """Install a model from the files this node kept after an earlier pod of the caller's namespace
+        left (same manifest digest), with every check of InstallModel, each file hashed again as it
+        is copied. NOT_FOUND when the node keeps no such copy for the namespace (the same answer
+        whether or not another namespace's copy has that digest): send the files with InstallModel.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,6 +137,11 @@ def add_AgentServicer_to_server(servicer, server):
             'InstallModel': grpc.stream_unary_rpc_method_handler(
                     servicer.InstallModel,
                     request_deserializer=protos_dot_agent__pb2.InstallModelRequest.FromString,
+                    response_serializer=protos_dot_agent__pb2.InstallModelResponse.SerializeToString,
+            ),
+            'InstallKept': grpc.unary_unary_rpc_method_handler(
+                    servicer.InstallKept,
+                    request_deserializer=protos_dot_agent__pb2.InstallHeader.FromString,
                     response_serializer=protos_dot_agent__pb2.InstallModelResponse.SerializeToString,
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
@@ -176,6 +196,33 @@ class Agent:
             target,
             '/tritonshare.agent.v1.Agent/InstallModel',
             protos_dot_agent__pb2.InstallModelRequest.SerializeToString,
+            protos_dot_agent__pb2.InstallModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InstallKept(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tritonshare.agent.v1.Agent/InstallKept',
+            protos_dot_agent__pb2.InstallHeader.SerializeToString,
             protos_dot_agent__pb2.InstallModelResponse.FromString,
             options,
             channel_credentials,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -52,7 +53,7 @@ INPUT = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 PHASES = ("bound", "files in the pod", "loaded", "ready", "first answer")
 
 
-def slow_model(source: Path, directory: Path, seconds: float) -> Path:
+def slow_model(source: Path, directory: Path, seconds: float, padding: int = 0) -> Path:
     """A copy of the add_one model directory `source` that takes `seconds` per request, as a
     model whose inference keeps its GPU busy that long would: concurrency then builds up at a
     replica under load, as in the experiment, instead of every request ending at once."""
@@ -69,6 +70,9 @@ def slow_model(source: Path, directory: Path, seconds: float) -> Path:
     if "time.sleep(" not in text:
         raise ValueError(f"{code} is not the add_one model this step knows how to slow down")
     code.write_text(text)
+    if padding:
+        # Weights the model does not read: bytes to fetch, send and install, as a real model's.
+        (directory / "1" / "weights.bin").write_bytes(os.urandom(padding))
     return directory
 
 
@@ -293,6 +297,9 @@ class AutoscaleResult:
     """(seconds since the load started, replicas asked, pods Ready) whenever either changed."""
     cold_starts: list[dict[str, float]] = field(default_factory=list)
     """Each new replica's phases, seconds after its creation."""
+    kept_starts: list[dict[str, float]] = field(default_factory=list)
+    """The same for the replicas of a second scale-up after the scale-down (`again`), started
+    on a node that kept their model's files."""
     requests: int = 0
     failed: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
@@ -308,13 +315,17 @@ class AutoscaleResult:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
-    def cold_start(self, phase: str) -> tuple[float, float] | None:
-        values = [c[phase] for c in self.cold_starts if phase in c]
+    def cold_start(self, phase: str, *, kept: bool = False) -> tuple[float, float] | None:
+        starts = self.kept_starts if kept else self.cold_starts
+        values = [c[phase] for c in starts if phase in c]
         return (statistics.median(values), max(values)) if values else None
 
     def line(self) -> str:
         first = self.cold_start("first answer")
         cold = f"{first[0]:.1f}/{first[1]:.1f} s" if first else "none measured"
+        again = self.cold_start("first answer", kept=True)
+        if again is not None:
+            cold = f"{again[0]:.1f}/{again[1]:.1f} s (files on the node) {cold}"
         ready = f"{self.ready_after:.0f} s" if self.ready_after is not None else "not reached"
         return (
             f"autoscale: target {self.target}, concurrency {self.clients} -> {self.peak_ready} "
@@ -398,17 +409,23 @@ def run(
     request_seconds: float = 0.1,
     signal: str = "irate",
     settle: float = 60.0,
+    again: bool = False,
+    padding: int = 0,
     say: Callable[[str], None] = lambda _: None,
 ) -> AutoscaleResult:
     """Deploy `source` (the add_one model, made to take `request_seconds` per request) as
-    `scaler` with its ScaledObject, load it, idle, and report."""
+    `scaler` with its ScaledObject, load it, idle, and report; with `again`, once scaled back
+    to one replica, load it as long once more and time the new replicas of that second scale-up
+    apart (`kept_starts`: their node kept the model's files when the first ones left).
+    `padding`: bytes of weights added to the model."""
     assert cluster.model_store is not None and cluster.kube is not None
     assert cluster.apiserver is not None
     workdir.mkdir(parents=True, exist_ok=True)
     result = AutoscaleResult(clients=clients)
     apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
-    uri = cluster.model_store.publish(NAME, slow_model(source, workdir / "model", request_seconds))
+    model = slow_model(source, workdir / "model", request_seconds, padding)
+    uri = cluster.model_store.publish(NAME, model)
     node = cluster.real_node.name if cluster.real_node is not None else ""
     targets = workdir / "targets.json"
     with (
@@ -491,6 +508,31 @@ def run(
         result.cold_starts = [
             times.since_created() for name, times in watch.pods.items() if name not in first
         ]
+        if again and result.scaled_down_to == 1:
+            seen = set(watch.pods)
+            load = Load(endpoints, watch, clients)
+            load.start()
+            try:
+                time.sleep(duration)
+            finally:
+                load.stop()
+            # Replicas asked for late in the load: followed, under a light load, until their
+            # first answer.
+            light = Load(endpoints, watch, 1, interval=0.1)
+            light.start()
+            try:
+                late = time.monotonic() + settle
+                while time.monotonic() < late:
+                    fresh = [t for name, t in watch.pods.items() if name not in seen]
+                    if fresh and all("first answer" in t.phases for t in fresh):
+                        break
+                    time.sleep(0.25)
+            finally:
+                light.stop()
+            result.kept_starts = [
+                times.since_created() for name, times in watch.pods.items() if name not in seen
+            ]
+            say(f"  a second scale-up started {len(result.kept_starts)} replicas.")
     retire(cluster, namespace)
     return result
 

@@ -175,3 +175,26 @@ def test_staging_and_repository_apart_or_the_agent_refuses_to_start_and_deletes_
     assert result.returncode == 2, result.stderr
     assert "--staging-dir" in result.stderr and "repository" in result.stderr
     assert (model / "model.onnx").read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("where", ["repository", "staging", "state"])
+def test_the_kept_files_directory_stays_apart_or_the_agent_refuses_to_start(
+    kubeconfig: Path, tmp_path: Path, where: str
+) -> None:
+    repository = tmp_path / "data" / "models"
+    model = repository / "victim" / "1"
+    model.mkdir(parents=True)
+    (model / "model.onnx").write_bytes(b"weights")
+    kept = {
+        "repository": repository / ".kept",
+        "staging": tmp_path / "data" / ".tritonshare-staging",
+        "state": tmp_path / "data" / ".tritonshare-state",
+    }[where]
+    result = _agent_start(
+        tmp_path, kubeconfig, "--model-repository", str(repository),
+        "--model-cache-dir", str(kept),
+        "--placement-key-dir", str(write_test_placement_key(tmp_path / "key")),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--model-cache-dir" in result.stderr
+    assert (model / "model.onnx").read_bytes() == b"weights"

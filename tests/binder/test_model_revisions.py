@@ -116,3 +116,51 @@ def test_the_proof_of_concepts_annotation_names_spread_replicas_too() -> None:
     nxt = place(state, poc_pod("next", "bbbb"), now=NOW)
     assert isinstance(nxt, Placement) and nxt.node == "n1"
     assert poc.model_id == "seldon.io/trtis-model-id"
+
+
+def test_a_node_a_revisions_pod_left_breaks_ties_for_that_revision_only() -> None:
+    """The node a replica left may still hold its files (the agent keeps them): among nodes
+    Kubernetes' scores rate equal it comes first, before GPU packing, for a new replica of the
+    same namespace's revision only; a Kubernetes preference still wins over it."""
+    for policy in ("binpack", "spread"):
+        state = cluster(node_obj("n1", [16 * GI]), node_obj("n2", [16 * GI], labels={"t": "x"}))
+        # Packing prefers n1 (a used GPU) to the empty n2.
+        bind(state, "other", "n1", 0, mem="4Gi", model="other")
+        new = placed(state, revision_pod("new", "5d4f8b", model="m"), policy=policy)
+        assert new.node == ("n1" if policy == "binpack" else "n2")
+        state.set_pod(pod_from_api(revision_pod("old", "5d4f8b", model="m", node="n2"), KEYS))
+        state.set_pod(pod_from_api(revision_pod("gone", "5d4f8b", model="m", node="n1"), KEYS))
+        state.remove_pod(pod_from_api(revision_pod("old", "5d4f8b", model="m"), KEYS).uid)
+        state.remove_pod(pod_from_api(revision_pod("gone", "5d4f8b", model="m"), KEYS).uid)
+        # n2 was left first, n1 last: both may hold the files; packing decides between them.
+        both = placed(state, revision_pod("r1", "5d4f8b", model="m"), policy=policy)
+        assert both.node == new.node
+        state = cluster(node_obj("n1", [16 * GI]), node_obj("n2", [16 * GI], labels={"t": "x"}))
+        bind(state, "other", "n1", 0, mem="4Gi", model="other")
+        state.set_pod(pod_from_api(revision_pod("old", "5d4f8b", model="m", node="n2"), KEYS))
+        state.remove_pod(pod_from_api(revision_pod("old", "5d4f8b", model="m"), KEYS).uid)
+        # Only n2 was left by the revision: it wins the tie whatever packing says.
+        assert placed(state, revision_pod("r2", "5d4f8b", model="m"), policy=policy).node == "n2"
+        # Another revision, and another namespace's same revision, are placed as before.
+        assert placed(state, revision_pod("r3", "7c9f2d", model="m"), policy=policy) == new
+        other = revision_pod("r4", "5d4f8b", model="m", namespace="team-b")
+        assert placed(state, other, policy=policy).node == new.node
+        # A Kubernetes preference for n1 outweighs the files on n2.
+        prefer = {
+            "affinity": {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 1,
+                            "preference": {
+                                "matchExpressions": [
+                                    {"key": "t", "operator": "DoesNotExist"},
+                                ]
+                            },
+                        }
+                    ]
+                }
+            }
+        }
+        wants_n1 = revision_pod("r5", "5d4f8b", model="m", spec_extra=prefer)
+        assert placed(state, wants_n1, policy=policy).node == "n1"

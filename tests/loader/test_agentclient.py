@@ -220,3 +220,69 @@ async def test_a_digest_mismatch_from_a_file_edited_after_hashing_is_not_retried
             await client.install(model, manifest, 30.0)
     finally:
         await client.close()
+
+
+@dataclass
+class KeepingAgent(RecordingAgent):
+    """Answers InstallKept: from `kept_answer`, or with `fail_with`."""
+
+    kept_answer: agent_pb2.InstallModelResponse | None = None
+
+    async def InstallKept(  # noqa: N802
+        self,
+        request: agent_pb2.InstallHeader,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> agent_pb2.InstallModelResponse:
+        await self._check(context)
+        self.headers.append(request)
+        if self.kept_answer is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "this node keeps no copy")
+        assert self.kept_answer is not None
+        return self.kept_answer
+
+
+async def test_asking_for_the_nodes_kept_copy_sends_only_the_header(
+    model: ModelDirectory, tmp_path: Path
+) -> None:
+    """A hit installs with nothing sent; a miss, or an agent without InstallKept, answers None
+    (the loader then sends the files); a refusal is the agent's refusal."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    manifest = build_manifest(model.files)
+    for servicer, expected in (
+        (RecordingAgent(), None),
+        (KeepingAgent(), None),
+        (
+            KeepingAgent(
+                kept_answer=agent_pb2.InstallModelResponse(
+                    model_id="add_one",
+                    manifest_digest=manifest.digest,
+                    bytes_written=manifest.total_bytes,
+                    kept=True,
+                )
+            ),
+            manifest.total_bytes,
+        ),
+        (KeepingAgent(fail_with=(grpc.StatusCode.PERMISSION_DENIED, "not yours")), RefusedError),
+    ):
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = AgentClient(f"127.0.0.1:{port}", token, chunk_bytes=1024, reconnect_max_seconds=1)
+        try:
+            if expected is RefusedError:
+                with pytest.raises(RefusedError, match="not yours"):
+                    await client.install_kept("add_one", manifest, 10.0)
+                continue
+            result = await client.install_kept("add_one", manifest, 10.0)
+            if expected is None:
+                assert result is None
+            else:
+                assert result is not None
+                assert (result.bytes_written, result.bytes_sent) == (expected, 0)
+                assert result.manifest_digest == manifest.digest
+            assert servicer.chunks == 0
+        finally:
+            await client.close()
+            await server.stop(None)

@@ -59,6 +59,7 @@ class ScriptedAgent:
     get: list[Step | Exception] = field(default_factory=list)
     load_answers: list[ModelStatus | Exception] = field(default_factory=list)
     install_answers: list[InstallResult | Exception] = field(default_factory=list)
+    kept_answers: list[InstallResult | Exception | None] = field(default_factory=lambda: [None])
     calls: list[str] = field(default_factory=list)
     address: str = "10.0.0.5:9100"
     call_seconds: float = 0.01
@@ -82,6 +83,11 @@ class ScriptedAgent:
         self, model: ModelDirectory, manifest: Manifest, time_limit: float
     ) -> InstallResult:
         return self._take(self.install_answers, "install")
+
+    async def install_kept(
+        self, model_id: str, manifest: Manifest, time_limit: float
+    ) -> InstallResult | None:
+        return self._take(self.kept_answers, "install_kept")
 
     async def unload(self, model_id: str, time_limit: float) -> ModelStatus:
         self.calls.append("unload")
@@ -142,11 +148,26 @@ async def test_an_absent_model_is_sent_then_loaded(
     agent.install_answers = [installed(manifest, manifest.total_bytes)]
     agent.load_answers = [ready(manifest.digest)]
     outcome = await loading(agent, model, manifest).run()
-    assert agent.calls == ["get", "install", "load"]
+    assert agent.calls == ["get", "install_kept", "install", "load"]
     assert outcome.installed
     assert outcome.bytes_sent == manifest.total_bytes
     assert outcome.status.state is ModelState.READY
     assert "sent 2 files" in outcome.summary()
+
+
+async def test_files_the_node_kept_are_installed_from_its_copy_without_sending(
+    model: ModelDirectory, manifest: Manifest
+) -> None:
+    agent = ScriptedAgent(FakeTime(), get=[status(ModelState.ABSENT)])
+    agent.kept_answers = [installed(manifest, manifest.total_bytes)]
+    agent.install_answers = [AssertionError("the files were sent")]
+    agent.load_answers = [ready(manifest.digest)]
+    outcome = await loading(agent, model, manifest).run()
+    assert agent.calls == ["get", "install_kept", "load"]
+    assert outcome.installed and outcome.kept
+    assert outcome.bytes_sent == 0
+    assert "the node's kept copy, nothing sent" in outcome.summary()
+    assert outcome.status.state is ModelState.READY
 
 
 async def test_a_ready_model_with_the_same_digest_is_only_confirmed(
@@ -178,7 +199,7 @@ async def test_a_ready_model_with_other_files_is_unloaded_replaced_and_reloaded(
     agent.install_answers = [installed(manifest, 10)]
     agent.load_answers = [ready(manifest.digest)]
     await loading(agent, model, manifest).run()
-    assert agent.calls == ["get", "unload", "install", "load"]
+    assert agent.calls == ["get", "unload", "install_kept", "install", "load"]
 
 
 async def test_installed_other_files_are_replaced_without_an_unload(
@@ -188,7 +209,7 @@ async def test_installed_other_files_are_replaced_without_an_unload(
     agent.install_answers = [installed(manifest, 10)]
     agent.load_answers = [ready(manifest.digest)]
     await loading(agent, model, manifest).run()
-    assert agent.calls == ["get", "install", "load"]
+    assert agent.calls == ["get", "install_kept", "install", "load"]
 
 
 async def test_an_agent_that_is_not_up_yet_is_waited_for_with_growing_delays(
@@ -220,7 +241,7 @@ async def test_a_model_still_loading_is_polled_until_ready(
         status(ModelState.READY, manifest.digest),
     ]
     outcome = await loading(agent, model, manifest).run()
-    assert agent.calls == ["get", "install", "load", "get", "get", "get"]
+    assert agent.calls == ["get", "install_kept", "install", "load", "get", "get", "get"]
     assert time.sleeps == [0.5, 0.5, 0.5]
     assert outcome.status.state is ModelState.READY
 
@@ -236,7 +257,7 @@ async def test_a_model_triton_rejects_fails_at_once_with_its_reason(
     with pytest.raises(ModelRejectedError, match="TYPE_FP99") as e:
         await loading(agent, model, manifest).run()
     assert e.value.exit_code == ExitCode.MODEL_REJECTED
-    assert agent.calls == ["get", "install", "load"]
+    assert agent.calls == ["get", "install_kept", "install", "load"]
 
 
 async def test_a_refused_token_is_not_retried(model: ModelDirectory, manifest: Manifest) -> None:
@@ -292,7 +313,8 @@ async def test_an_agent_restarted_mid_install_is_asked_again(
     ]
     agent.load_answers = [ready(manifest.digest)]
     outcome = await loading(agent, model, manifest).run()
-    assert agent.calls == ["get", "install", "get", "install", "load"]
+    attempt = ["install_kept", "install"]
+    assert agent.calls == ["get", *attempt, "get", *attempt, "load"]
     assert outcome.attempts == 2
 
 
