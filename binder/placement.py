@@ -54,6 +54,7 @@ from binder.filters import PodFilters, pod_filters
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.interpod import REASON_AFFINITY as REASON_AFFINITY_RULES
 from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
+from binder.residency import on_demand_free, wake_room
 from binder.rules import kubernetes_reasons
 from binder.spread import REASON_MISSING_LABEL
 from binder.state import (
@@ -63,6 +64,7 @@ from binder.state import (
     ClusterState,
     GpuSizes,
     IntArray,
+    MemoryView,
 )
 from common.contract import Keys
 from common.quantity import format_bytes
@@ -86,6 +88,40 @@ REASON_AGENT_DOWN = "node(s) had no live tritonshare agent"
 
 def reason_memory(largest_free: int) -> str:
     return f"Insufficient GPU memory (largest free block {format_bytes(largest_free)})"
+
+
+def reason_always_resident(largest: int) -> str:
+    """An on-demand pod's reason where the always-resident models leave too little to wake it."""
+    return (
+        f"Insufficient GPU memory for always-resident models (largest room to wake a model "
+        f"{format_bytes(largest)})"
+    )
+
+
+def reason_overcommit(largest_free: int) -> str:
+    """An on-demand pod's reason where the GPUs' over-commit budget is spent."""
+    return (
+        f"Insufficient over-committed GPU memory (largest free block {format_bytes(largest_free)})"
+    )
+
+
+def _on_demand_memory_reasons(state: ClusterState, pod: PodInfo, nodes: IntArray) -> Counter[str]:
+    """Why an on-demand pod fits none of these nodes by GPU memory: the always-resident models
+    leave too little to wake it, or the over-commit budget is spent."""
+    short_wake, spent = [], []
+    for i in nodes.tolist():
+        ledgers = [g for g in state.ledgers(state.names[i]) if g is not None]
+        wake = max((wake_room(g) for g in ledgers), default=0)
+        if wake < pod.request:
+            short_wake.append(wake)
+        else:
+            spent.append(max((on_demand_free(g) for g in ledgers), default=0))
+    reasons: Counter[str] = Counter()
+    if short_wake:
+        reasons[reason_always_resident(max(short_wake))] = len(short_wake)
+    if spent:
+        reasons[reason_overcommit(max(spent))] = len(spent)
+    return reasons
 
 
 @dataclass(frozen=True)
@@ -152,14 +188,22 @@ def _tie_break(uid: str, count: int) -> int:
 
 
 def choose_gpu(
-    state: ClusterState, node: str, request: int, policy: Policy, kinds: Kinds | None = None
+    state: ClusterState,
+    node: str,
+    request: int,
+    policy: Policy,
+    kinds: Kinds | None = None,
+    *,
+    on_demand: bool = False,
 ) -> Gpu | None:
     """binpack: the GPU with the best memory score (`pack_score`), then the tightest block;
-    spread: the emptiest. Ties go to the lower GPU index."""
+    spread: the emptiest. Ties go to the lower GPU index. `on_demand`: the pod's residency
+    class is `on-demand` (its blocks are `binder.residency.on_demand_free`)."""
+    view = state.view(on_demand)
     state.arrays()
     info = state.nodes[node]
     # The ledger's (usable size, free block) of each GPU, as the index reads them.
-    blocks = state.gpu_blocks[state.index[node]]
+    blocks = view.gpu_blocks[state.index[node]]
     fitting = [
         (size, free, g.index, g)
         for (size, free), g in zip(blocks, info.gpus, strict=True)
@@ -190,12 +234,13 @@ def place(
         return Unschedulable(fit_message(len(state.nodes), {}, problem), {})
     cls = state.constraint_class(pod.constraints)
     filters = pod_filters(state, pod)
+    view = state.view(pod.on_demand)
     nodes = cls.nodes
     if pod.nominated_node:
         nominated = state.index.get(pod.nominated_node)
         if nominated is not None and _feasible(state, pod, cls, filters, nominated, now):
             # The node its preemption made room on, while it still fits (as kube-scheduler).
-            return _on_node(state, pod.nominated_node, pod.request, policy, 0.0)
+            return _on_node(state, pod, pod.nominated_node, policy, 0.0)
     # Whether the plugins that look at other pods tell any two nodes apart (if not over every
     # node that passes the node rules, then not over the feasible ones either).
     scored = nodes.size > 1 and filters.scores(nodes) is not None
@@ -203,7 +248,7 @@ def place(
         # The common case: nothing but node rules and memory tells the nodes apart, so the
         # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
-        index = state.free_index(pod.constraints)
+        index = view.free_index(pod.constraints)
         if policy == "binpack":
             found = _pack_indexed(state, pod, index, now, budget, filters.passes)
         else:
@@ -211,7 +256,7 @@ def place(
         if found is not None:
             return found
     if nodes.size:
-        ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
+        ok = (view.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
         ok &= filters.ok[nodes]
         if pod.model_id:
             # Replicas of a model revision spread over nodes: a node without one first.
@@ -226,7 +271,7 @@ def place(
             # Normalised over the feasible nodes, as kube-scheduler normalises them.
             extra = filters.scores(candidates) if scored and candidates.size > 1 else None
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
-            return _best(state, pod, policy, candidates, affinity, prefer, extra)
+            return _best(state, view, pod, policy, candidates, affinity, prefer, extra)
     return _unschedulable(state, pod, now, cls, filters)
 
 
@@ -243,13 +288,14 @@ def _spread_indexed(
     among the equal best; None when the budget runs out or nothing is feasible (the caller then
     scores the whole class)."""
     request = pod.request
-    max_free = state.max_free
+    view = state.view(pod.on_demand)
+    max_free = view.max_free
     lease = state.lease_expiry
     taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, list[int], int]] = []
     for (affinity, prefer, capacity), keys in index.buckets(
-        state.capacity, state.free_total
+        state.capacity, view.free_total
     ).items():
         for position in range(len(keys) - 1, -1, -1):
             read += 1
@@ -291,9 +337,7 @@ def _spread_indexed(
                 ties.append(i)
             position -= 1
     ties.sort()
-    return _on_node(
-        state, state.names[ties[_tie_break(pod.uid, len(ties))]], request, "spread", best
-    )
+    return _on_node(state, pod, state.names[ties[_tie_break(pod.uid, len(ties))]], "spread", best)
 
 
 def _pack_indexed(
@@ -313,7 +357,9 @@ def _pack_indexed(
     taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, int, int]] = []
-    for (affinity, prefer, size), keys in index.blocks(state.gpu_blocks).items():
+    for (affinity, prefer, size), keys in index.blocks(
+        state.view(pod.on_demand).gpu_blocks
+    ).items():
         for key in keys.from_key(request << BLOCK_SHIFT):
             read += 1
             if read > budget:
@@ -339,7 +385,7 @@ def _pack_indexed(
         # Equal scores: the tightest block, then node name order.
         if score > best or (score == best and (block, i) < (best_block, chosen)):
             best, best_block, chosen = score, block, i
-    return _on_node(state, state.names[chosen], request, "binpack", best, kinds)
+    return _on_node(state, pod, state.names[chosen], "binpack", best, kinds)
 
 
 SPARE_SHARE = 0.4
@@ -463,13 +509,13 @@ def _pack_scores(
 
 def _on_node(
     state: ClusterState,
+    pod: PodInfo,
     node: str,
-    request: int,
     policy: Policy,
     score: float,
     kinds: Kinds | None = None,
 ) -> Placement:
-    gpu = choose_gpu(state, node, request, policy, kinds)
+    gpu = choose_gpu(state, node, pod.request, policy, kinds, on_demand=pod.on_demand)
     # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
     assert gpu is not None, f"node {node} was feasible but no GPU fits"
     return Placement(node, gpu, float(score))
@@ -482,6 +528,7 @@ def _memory_score(capacity: float, free: int, request: int) -> float:
 
 def _best(
     state: ClusterState,
+    view: MemoryView,
     pod: PodInfo,
     policy: Policy,
     candidates: np.ndarray[Any, np.dtype[np.int64]],
@@ -503,7 +550,7 @@ def _best(
     if policy == "binpack":
         # Each GPU scored as `pack_score` scores it; a node scores as its best GPU, and its
         # tightest block of that score breaks ties.
-        all_sizes, all_rooms = state.gpu_matrices()
+        all_sizes, all_rooms = view.gpu_matrices()
         room = all_rooms[candidates]
         kinds = gpu_kinds(state)
         gpu_scores = _pack_scores(kinds, all_sizes[candidates], room, request)
@@ -518,9 +565,9 @@ def _best(
         tied = np.flatnonzero(score == top_score)
         chosen = int(tied[np.argmin(tightest[tied])])
         node = state.names[int(candidates[chosen])]
-        return _on_node(state, node, request, policy, top_score, kinds)
+        return _on_node(state, pod, node, policy, top_score, kinds)
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
-    free = state.free_total[candidates].astype(np.float64)
+    free = view.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity
     score = base + MEMORY_WEIGHT * memory
     if extra is not None:
@@ -528,7 +575,7 @@ def _best(
     best = score.max()
     ties = np.flatnonzero(score == best)
     chosen = int(candidates[ties[_tie_break(pod.uid, ties.size)]])
-    return _on_node(state, state.names[chosen], request, policy, best)
+    return _on_node(state, pod, state.names[chosen], policy, best)
 
 
 def _feasible(
@@ -538,7 +585,8 @@ def _feasible(
     node = state.names[i]
     if i in cls.rejected or _node_reason(state, node, now):
         return False
-    return max(state.gpu_free(node), default=0) >= pod.request and filters.passes(i)
+    free = state.view(pod.on_demand).gpu_free(node)
+    return max(free, default=0) >= pod.request and filters.passes(i)
 
 
 def fits_on(state: ClusterState, pod: PodInfo, node: str, now: float) -> bool:
@@ -608,7 +656,9 @@ def _unschedulable(
     for i in nodes[failing]:
         reasons.update(filters.reasons(int(i)))
     rest &= ~failing
-    if rest.any():
+    if rest.any() and pod.on_demand:
+        reasons.update(_on_demand_memory_reasons(state, pod, nodes[rest]))
+    elif rest.any():
         largest = max(0, int(state.max_free[nodes[rest]].max()))
         reasons[reason_memory(largest)] += int(np.count_nonzero(rest))
     return Unschedulable(fit_message(len(state.names), reasons), dict(reasons))
@@ -629,6 +679,7 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
     memory (each when the ones before it pass, as a decision reads them)."""
     state.arrays()
     filters = pod_filters(state, pod)
+    view = state.view(pod.on_demand)
     verdicts = []
     for i, node in enumerate(state.names):
         reasons = kubernetes_reasons(pod.constraints, state.nodes[node])
@@ -637,11 +688,13 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
             reasons.append(reason)
         else:
             reasons += filters.reasons(i)
-            largest = max(state.gpu_free(node), default=0)
-            if largest < pod.request:
+            largest = max(view.gpu_free(node), default=0)
+            if largest < pod.request and pod.on_demand:
+                reasons += _on_demand_memory_reasons(state, pod, np.array([i], np.int64))
+            elif largest < pod.request:
                 reasons.append(
                     f"Insufficient GPU memory: needs {format_bytes(pod.request)}, the largest "
                     f"free block is {format_bytes(largest)}"
                 )
-        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(state.gpu_free(node))))
+        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(view.gpu_free(node))))
     return verdicts
