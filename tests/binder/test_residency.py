@@ -6,15 +6,21 @@ another namespace's always pods more than their largest one alone would."""
 from __future__ import annotations
 
 import json
+import random
+from dataclasses import replace
 from typing import Any
 
-from binder.model import node_from_api, pod_from_api
-from binder.placement import Placement, Unschedulable, explain, place
+import pytest
+
+from binder.index import FreeIndex
+from binder.model import PodInfo, node_from_api, pod_from_api
+from binder.placement import POLICIES, Placement, Policy, Unschedulable, explain, place
 from binder.state import ClusterState
 from common.contract import RESIDENCY_ON_DEMAND
 from common.tritonname import private_triton_name
 from tests.binder.objects import GI, KEYS, node_obj, pod_obj
 from tests.binder.test_placement import NOW, cluster
+from tests.binder.test_placement_paths import random_node, random_pod
 
 ON_DEMAND = {KEYS.residency: RESIDENCY_ON_DEMAND}
 
@@ -178,3 +184,89 @@ def test_the_on_demand_view_follows_nodes_joining_and_leaving() -> None:
     state.remove_pod("uid-models-m")
     assert state.gpu_free("gpu-b") == [16 * GI]
     assert state.gpu_free_on_demand("gpu-b") == [16 * GI]
+
+
+def assert_on_demand_view_fresh(state: ClusterState) -> None:
+    """The on-demand arrays and indexes, kept up to date charge by charge and node by node,
+    equal the ledger's own figures and indexes built afresh."""
+    view = state.view(on_demand=True)
+    size_matrix, room_matrix = view.gpu_matrices()
+    for i, name in enumerate(state.names):
+        free = state.gpu_free_on_demand(name)
+        assert view.free_total[i] == sum(free), name
+        assert view.max_free[i] == (max(free) if free else -1), name
+        sizes = [state.usable(g) for g in state.nodes[name].gpus]
+        assert view.gpu_blocks[i] == tuple(zip(sizes, free, strict=True)), name
+        pad = room_matrix.shape[1] - len(free)
+        assert room_matrix[i].tolist() == free + [-1] * pad, name
+        assert size_matrix[i].tolist() == sizes + [0] * pad, name
+    for constraints in list(state._od_indexes):
+        kept = view.free_index(constraints)
+        cls = state.constraint_class(constraints)
+        built = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, 0)
+        assert kept.buckets(state.capacity, view.free_total) == built.buckets(
+            state.capacity, view.free_total
+        )
+        assert kept.blocks(view.gpu_blocks) == built.blocks(view.gpu_blocks)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", range(8))
+def test_the_index_and_the_scan_agree_with_both_classes(seed: int, policy: Policy) -> None:
+    """As tests/binder/test_placement_paths.py, with over-committing nodes and on-demand pods:
+    the three ways to a decision agree, and on every GPU the always-resident holdings plus the
+    largest on-demand one stay within its memory whatever was placed."""
+    rng = random.Random(seed)
+    state = ClusterState(reserve=GI // 2)
+    nodes: dict[str, dict[str, Any]] = {}
+
+    def join(name: str) -> None:
+        obj = random_node(rng, name)
+        if rng.random() < 0.7:
+            obj["metadata"]["labels"][KEYS.gpu_mem_overcommit] = rng.choice(["1", "1.5", "3"])
+        nodes[name] = obj
+        state.set_node(node_from_api(obj, KEYS))
+        state.set_lease(name, NOW + 60)
+
+    for n in range(rng.choice([3, 12, 30])):
+        join(f"node-{n:03d}")
+    placed: list[PodInfo] = []
+    for step in range(80):
+        pod = random_pod(rng, f"pod-{step}")
+        if rng.random() < 0.6:
+            pod = replace(pod, on_demand=True)
+        result = decide_three_ways(state, pod, policy)
+        if isinstance(result, Placement):
+            state.assume(pod, result.node, result.gpu.uuid)
+            placed.append(pod)
+        roll = rng.random()
+        if roll < 0.1 and placed:
+            state.remove_pod(placed.pop(rng.randrange(len(placed))).uid)
+        elif roll < 0.14 and len(nodes) > 2:
+            name = rng.choice(list(nodes))
+            del nodes[name]
+            state.remove_node(name)
+        elif roll < 0.2:
+            join(f"{rng.choice(list(nodes))}-{step}")
+        elif roll < 0.24:  # the agent measures again (models load and unload)
+            name = rng.choice(list(nodes))
+            usage = random_node(rng, name)["metadata"]["annotations"].get(KEYS.gpu_usage)
+            annotations = nodes[name]["metadata"]["annotations"]
+            annotations.pop(KEYS.gpu_usage, None)
+            if usage is not None:
+                annotations[KEYS.gpu_usage] = usage
+            state.set_node(node_from_api(nodes[name], KEYS))
+        assert_on_demand_view_fresh(state)
+    for name in state.names:
+        for ledger in state.ledgers(name):
+            if ledger is not None and not state.nodes[name].measured:
+                always = ledger.held - ledger.on_demand
+                assert always + ledger.largest_on_demand <= ledger.usable, name
+    assert placed
+
+
+def decide_three_ways(state: ClusterState, pod: PodInfo, policy: Policy) -> object:
+    scanned = place(state, pod, now=NOW, policy=policy, scan_budget=0)
+    assert place(state, pod, now=NOW, policy=policy, scan_budget=None) == scanned, pod.key
+    assert place(state, pod, now=NOW, policy=policy, scan_budget=3) == scanned, pod.key
+    return scanned
