@@ -171,7 +171,7 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=2000)
     parser.add_argument("--top-share", type=float, default=0.95, help="of requests, top 20 %%")
     parser.add_argument("--always-share", type=float, default=0.2, help="models kept always")
-    parser.add_argument("--rate", type=float, default=200.0, help="mean requests/s, all models")
+    parser.add_argument("--rate", type=float, default=50.0, help="mean requests/s, all models")
     parser.add_argument("--swing", type=float, default=0.6, help="diurnal amplitude, 0..1")
     parser.add_argument("--hours", type=float, default=24.0, help="replayed, simulated")
     parser.add_argument("--busy", type=float, default=1.0, help="seconds a model stays busy")
@@ -196,6 +196,8 @@ def run(args: argparse.Namespace) -> None:
     print(f"{'configuration':<36}{'GPUs':>6}{'wakes/h':>10}{'requests that waited':>22}")
     print(f"{'all always (baseline)':<36}{base_gpus:>6}{0:>10}{'0.000 %':>22}")
     tail = fleet(args, on_demand_tail=True)
+    tail_share = sum(m.rate for m in tail if m.on_demand) / sum(m.rate for m in tail)
+    print(f"the on-demand tail takes {100 * tail_share:.2f} % of requests")
     summary = []
     for factor in (float(f) for f in args.factors.split(",")):
         where = pack(tail, factor)

@@ -560,8 +560,14 @@ class ClusterState:
         if self._dirty or name not in self.index:
             return
         i = self.index[name]
-        free = self.gpu_free(name)
         info = self.nodes[name]
+        own_view = self._od_active and (name in self._od_count or info.overcommit != 1.0)
+        # A node with on-demand pods or over-commit: both views from one pass over its ledgers.
+        ledgers = self.ledgers(name) if own_view and info.gpus else []
+        if ledgers:
+            free = [always_free(g) if g is not None else 0 for g in ledgers]
+        else:
+            free = self.gpu_free(name)
         self.max_free[i] = max(free) if free else -1
         if info.gpus:
             self.gpu_status[i] = GPUS_OK
@@ -584,8 +590,8 @@ class ClusterState:
             self._stale_rows.add(i)
             changed = True
         if self._od_active:
-            if name in self._od_count or info.overcommit != 1.0:
-                free = self.gpu_free_on_demand(name)
+            if ledgers:
+                free = [on_demand_free(g) if g is not None else 0 for g in ledgers]
                 blocks = tuple(zip(sizes, free, strict=True))
             if blocks != self.od_gpu_blocks[i]:
                 self.od_max_free[i] = max(free) if free else -1
