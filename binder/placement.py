@@ -54,7 +54,6 @@ from binder.filters import PodFilters, pod_filters
 from binder.index import BLOCK_SHIFT, NODE_MASK, SHIFT, FreeIndex, block_node
 from binder.interpod import REASON_AFFINITY as REASON_AFFINITY_RULES
 from binder.model import Gpu, PodInfo, constraints_from_spec, node_from_api
-from binder.residency import on_demand_free, wake_room
 from binder.rules import kubernetes_reasons
 from binder.spread import REASON_MISSING_LABEL
 from binder.state import (
@@ -108,19 +107,16 @@ def reason_overcommit(largest_free: int) -> str:
 def _on_demand_memory_reasons(state: ClusterState, pod: PodInfo, nodes: IntArray) -> Counter[str]:
     """Why an on-demand pod fits none of these nodes by GPU memory: the always-resident models
     leave too little to wake it, or the over-commit budget is spent."""
-    short_wake, spent = [], []
-    for i in nodes.tolist():
-        ledgers = [g for g in state.ledgers(state.names[i]) if g is not None]
-        wake = max((wake_room(g) for g in ledgers), default=0)
-        if wake < pod.request:
-            short_wake.append(wake)
-        else:
-            spent.append(max((on_demand_free(g) for g in ledgers), default=0))
+    view = state.view(on_demand=True)
+    # With nothing on-demand and no over-commit anywhere, the room to wake a model is the free.
+    wake = state.max_free[nodes] if view is state else state.od_wake[nodes]
+    short = wake < pod.request
     reasons: Counter[str] = Counter()
-    if short_wake:
-        reasons[reason_always_resident(max(short_wake))] = len(short_wake)
-    if spent:
-        reasons[reason_overcommit(max(spent))] = len(spent)
+    if short.any():
+        reasons[reason_always_resident(max(0, int(wake[short].max())))] = int(short.sum())
+    if not short.all():
+        spent = view.max_free[nodes[~short]]
+        reasons[reason_overcommit(max(0, int(spent.max())))] = int((~short).sum())
     return reasons
 
 

@@ -35,7 +35,7 @@ from binder.index import Blocks, FreeIndex
 from binder.model import Constraints, Gpu, ModelKey, NodeInfo, PodInfo
 from binder.podindex import PodIndex
 from binder.podterms import Labels
-from binder.residency import GpuLedger, always_free, on_demand_free
+from binder.residency import GpuLedger, always_free, on_demand_free, wake_room
 from binder.rules import first_untolerated_taint, matches_required_affinity
 
 IntArray = npt.NDArray[np.int64]
@@ -120,6 +120,9 @@ class ClusterState:
         """Whether any node over-commits or any pod is on-demand: until then the on-demand view
         equals the plain one, and costs nothing."""
         self.od_max_free: IntArray = np.zeros(0, np.int64)
+        self.od_wake: IntArray = np.zeros(0, np.int64)
+        """Per node, the most room any of its GPUs leaves to wake one on-demand model
+        (`binder.residency.wake_room`; -1 without GPUs): for the unschedulable reasons."""
         self.od_free_total: IntArray = np.zeros(0, np.int64)
         self.od_gpu_blocks: list[Blocks] = []
         """As `max_free`, `free_total` and `gpu_blocks`, for an on-demand pod."""
@@ -591,8 +594,12 @@ class ClusterState:
             changed = True
         if self._od_active:
             if ledgers:
+                wake = max((wake_room(g) for g in ledgers if g is not None), default=0)
                 free = [on_demand_free(g) if g is not None else 0 for g in ledgers]
                 blocks = tuple(zip(sizes, free, strict=True))
+            else:
+                wake = int(self.max_free[i])  # nothing on-demand, no over-commit: the same room
+            self.od_wake[i] = wake
             if blocks != self.od_gpu_blocks[i]:
                 self.od_max_free[i] = max(free) if free else -1
                 self.od_free_total[i] = sum(free)
@@ -616,6 +623,7 @@ class ClusterState:
 
     def _copy_plain_view(self) -> None:
         self.od_max_free = self.max_free.copy()
+        self.od_wake = self.max_free.copy()
         self.od_free_total = self.free_total.copy()
         self.od_gpu_blocks = list(self.gpu_blocks)
         self._od_gpu_size = np.zeros((len(self.names), 1), np.int64)
@@ -759,6 +767,7 @@ class ClusterState:
         if self._od_active:
             self.od_gpu_matrices()
             self.od_max_free = np.insert(self.od_max_free, position, -1)
+            self.od_wake = np.insert(self.od_wake, position, -1)
             self.od_free_total = np.insert(self.od_free_total, position, 0)
             self.od_gpu_blocks.insert(position, ())
             self._od_gpu_size = np.insert(self._od_gpu_size, position, 0, axis=0)
@@ -789,6 +798,7 @@ class ClusterState:
         if self._od_active:
             self.od_gpu_matrices()
             self.od_max_free = np.delete(self.od_max_free, position)
+            self.od_wake = np.delete(self.od_wake, position)
             self.od_free_total = np.delete(self.od_free_total, position)
             del self.od_gpu_blocks[position]
             self._od_gpu_size = np.delete(self._od_gpu_size, position, axis=0)

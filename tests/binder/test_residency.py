@@ -15,6 +15,7 @@ import pytest
 from binder.index import FreeIndex
 from binder.model import PodInfo, node_from_api, pod_from_api
 from binder.placement import POLICIES, Placement, Policy, Unschedulable, explain, place
+from binder.residency import wake_room
 from binder.state import ClusterState
 from common.contract import RESIDENCY_ON_DEMAND
 from common.tritonname import private_triton_name
@@ -197,6 +198,10 @@ def assert_on_demand_view_fresh(state: ClusterState) -> None:
         assert view.max_free[i] == (max(free) if free else -1), name
         sizes = [state.usable(g) for g in state.nodes[name].gpus]
         assert view.gpu_blocks[i] == tuple(zip(sizes, free, strict=True)), name
+        ledgers = [g for g in state.ledgers(name) if g is not None]
+        wake = max((wake_room(g) for g in ledgers), default=0) if sizes else -1
+        wakes = state.od_wake if view is not state else state.max_free  # inactive: the same
+        assert wakes[i] == wake, name
         pad = room_matrix.shape[1] - len(free)
         assert room_matrix[i].tolist() == free + [-1] * pad, name
         assert size_matrix[i].tolist() == sizes + [0] * pad, name
