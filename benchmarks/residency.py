@@ -191,13 +191,16 @@ def run(args: argparse.Namespace) -> None:
         f"{args.rate:g} requests/s (diurnal swing {args.swing:.0%}); 80 GiB GPUs; "
         f"{args.hours:g} h replayed; seed {args.seed}"
     )
+    tail = fleet(args, on_demand_tail=True)
+    tail_share = sum(m.rate for m in tail if m.on_demand) / sum(m.rate for m in tail)
+    print(
+        f"the on-demand tail (models outside the top {args.always_share:.0%} by rate) takes "
+        f"{100 * tail_share:.2f} % of requests"
+    )
     baseline = fleet(args, on_demand_tail=False)
     base_gpus = len(set(pack(baseline, 1.0).values()))
     print(f"{'configuration':<36}{'GPUs':>6}{'wakes/h':>10}{'requests that waited':>22}")
     print(f"{'all always (baseline)':<36}{base_gpus:>6}{0:>10}{'0.000 %':>22}")
-    tail = fleet(args, on_demand_tail=True)
-    tail_share = sum(m.rate for m in tail if m.on_demand) / sum(m.rate for m in tail)
-    print(f"the on-demand tail takes {100 * tail_share:.2f} % of requests")
     summary = []
     for factor in (float(f) for f in args.factors.split(",")):
         where = pack(tail, factor)
