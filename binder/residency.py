@@ -22,11 +22,10 @@ Pure arithmetic, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class GpuLedger:
+class GpuLedger(NamedTuple):
     """One healthy GPU's numbers, in bytes."""
 
     usable: int
@@ -71,3 +70,17 @@ def wake_room(gpu: GpuLedger) -> int:
     factor."""
     always = gpu.held - gpu.on_demand
     return max(0, min(gpu.usable - always, gpu.nvml_free + gpu.loaded_on_demand))
+
+
+def free_of_both(gpu: GpuLedger) -> tuple[int, int, int]:
+    """(`always_free`, `on_demand_free`, `wake_room`) in one pass: the state refreshes all three
+    on every charge to a node with on-demand pods."""
+    usable, nvml_free, held, on_demand, largest, loaded, overcommit = gpu
+    always = held - on_demand
+    room = nvml_free + loaded
+    wake = max(0, min(usable - always, room))
+    for_always = max(0, min(usable - always - largest, room - largest))
+    for_on_demand = max(0, min(int(usable * overcommit) - held, wake))
+    if for_on_demand >= usable and held > 0:
+        for_on_demand = usable - 1
+    return for_always, for_on_demand, wake

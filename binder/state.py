@@ -35,7 +35,7 @@ from binder.index import Blocks, FreeIndex
 from binder.model import Constraints, Gpu, ModelKey, NodeInfo, PodInfo
 from binder.podindex import PodIndex
 from binder.podterms import Labels
-from binder.residency import GpuLedger, always_free, on_demand_free, wake_room
+from binder.residency import GpuLedger, always_free, free_of_both, on_demand_free
 from binder.rules import first_untolerated_taint, matches_required_affinity
 
 IntArray = npt.NDArray[np.int64]
@@ -460,19 +460,23 @@ class ClusterState:
                 if account.pod.on_demand and 0 <= account.gpu < count:
                     largest[account.gpu] = max(largest[account.gpu], account.held)
         out: list[GpuLedger | None] = []
+        reserve, factor = self.reserve, info.overcommit
+        # `usable` and `_nvml_free` written out: this runs on every charge to such a node.
         for position, gpu in enumerate(info.gpus):
             if not gpu.healthy:
                 out.append(None)
                 continue
+            usable = max(0, gpu.memory - reserve)
+            nvml = usable if gpu.used is None else gpu.memory - gpu.used - reserve
             out.append(
                 GpuLedger(
-                    self.usable(gpu),
-                    self._nvml_free(gpu),
+                    usable,
+                    nvml,
                     alloc[position],
                     od[position],
                     largest[position],
                     loaded[position],
-                    info.overcommit,
+                    factor,
                 )
             )
         return out
@@ -567,10 +571,8 @@ class ClusterState:
         own_view = self._od_active and (name in self._od_count or info.overcommit != 1.0)
         # A node with on-demand pods or over-commit: both views from one pass over its ledgers.
         ledgers = self.ledgers(name) if own_view and info.gpus else []
-        if ledgers:
-            free = [always_free(g) if g is not None else 0 for g in ledgers]
-        else:
-            free = self.gpu_free(name)
+        both = [free_of_both(g) if g is not None else (0, 0, 0) for g in ledgers]
+        free = [b[0] for b in both] if both else self.gpu_free(name)
         self.max_free[i] = max(free) if free else -1
         if info.gpus:
             self.gpu_status[i] = GPUS_OK
@@ -593,9 +595,9 @@ class ClusterState:
             self._stale_rows.add(i)
             changed = True
         if self._od_active:
-            if ledgers:
-                wake = max((wake_room(g) for g in ledgers if g is not None), default=0)
-                free = [on_demand_free(g) if g is not None else 0 for g in ledgers]
+            if both:
+                wake = max(b[2] for b in both)
+                free = [b[1] for b in both]
                 blocks = tuple(zip(sizes, free, strict=True))
             else:
                 wake = int(self.max_free[i])  # nothing on-demand, no over-commit: the same room

@@ -15,7 +15,7 @@ import pytest
 from binder.index import FreeIndex
 from binder.model import PodInfo, node_from_api, pod_from_api
 from binder.placement import POLICIES, Placement, Policy, Unschedulable, explain, place
-from binder.residency import wake_room
+from binder.residency import GpuLedger, always_free, free_of_both, on_demand_free, wake_room
 from binder.state import ClusterState
 from common.contract import RESIDENCY_ON_DEMAND
 from common.tritonname import private_triton_name
@@ -275,3 +275,25 @@ def decide_three_ways(state: ClusterState, pod: PodInfo, policy: Policy) -> obje
     assert place(state, pod, now=NOW, policy=policy, scan_budget=None) == scanned, pod.key
     assert place(state, pod, now=NOW, policy=policy, scan_budget=3) == scanned, pod.key
     return scanned
+
+
+def test_the_fused_pass_gives_each_rule_its_own_answer() -> None:
+    rng = random.Random(5)
+    for _ in range(2000):
+        usable = rng.choice([0, 1, 16, 80]) * GI
+        held = rng.randrange(0, 3 * usable + 2)
+        on_demand = rng.randrange(0, held + 1)
+        ledger = GpuLedger(
+            usable,
+            rng.randrange(-GI, usable + 1),
+            held,
+            on_demand,
+            rng.randrange(0, on_demand + 1),
+            rng.randrange(0, on_demand + 1),
+            rng.choice([1.0, 1.5, 3.0]),
+        )
+        assert free_of_both(ledger) == (
+            always_free(ledger),
+            on_demand_free(ledger),
+            wake_room(ledger),
+        ), ledger
