@@ -33,6 +33,9 @@ fits (the reasons need every node) or when PreScore fails, every node of the cla
 once. The two agree on the node, the GPU and the score; tests/binder/test_placement_paths.py
 compares them on random clusters.
 
+An `on-demand` pod reads the state's on-demand view (`ClusterState.view`): the same filters,
+scores and index over its own free memory (`binder.residency`), and its own memory reasons.
+
 Pure: a function of the cluster state, the pod and the time passed in; no I/O, no clock.
 """
 

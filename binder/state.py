@@ -14,6 +14,10 @@ change), each with its free-memory index (binder.index), fed by a log of the nod
 memory changed. So a decision reads a few bucket heads, or at worst a few vector operations,
 instead of a scan of every pod of every node.
 
+Residency classes (`binder.residency`) give an on-demand pod its own view of the same ledger:
+per node its own free memory, GPU blocks and indexes (`view(on_demand=True)`), kept only once a
+node over-commits or a pod is on-demand; until then both classes read the plain arrays.
+
 It is fed by the cache (watch events) and read by placement. No I/O, no clock: lease liveness is
 judged against a time passed in by the caller.
 """
