@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks import command_line
 from benchmarks import results as results_page
 from binder.model import Gpu, NodeInfo, PodInfo
 from binder.placement import Placement, place
@@ -167,7 +168,15 @@ def replay(models: list[Model], where: dict[str, str], args: argparse.Namespace)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(
+        "residency",
+        (
+            "Measures the GPUs a fleet of --models models needs with every model always against "
+            "the tail on-demand at each of --factors, through the binder's placement core, and "
+            "replays --hours of traffic with an LRU eviction per GPU for the wake rate and the "
+            "share of requests that waited for a wake."
+        ),
+    )
     parser.add_argument("--models", type=int, default=2000)
     parser.add_argument("--top-share", type=float, default=0.95, help="of requests, top 20 %%")
     parser.add_argument("--always-share", type=float, default=0.2, help="models kept always")
@@ -175,7 +184,7 @@ def main() -> None:
     parser.add_argument("--swing", type=float, default=0.6, help="diurnal amplitude, 0..1")
     parser.add_argument("--hours", type=float, default=24.0, help="replayed, simulated")
     parser.add_argument("--busy", type=float, default=1.0, help="seconds a model stays busy")
-    parser.add_argument("--factors", default="2,3,4,6", help="over-commit factors to compare")
+    parser.add_argument("--factors", default="1,2,3,4,6", help="over-commit factors to compare")
     parser.add_argument("--seed", type=int, default=7)
     results_page.add_flag(parser)
     args = parser.parse_args()
