@@ -15,6 +15,8 @@ concept scanned every pod of every node for each decision; it runs on the same s
 
 Run: .venv/bin/python -m benchmarks.binder_placement [--nodes 5000 --gpus 8 --pods 40000]
 [--clock cpu] (CPU time instead of wall time, for a machine other work loads)
+[--on-demand 0.5 --overcommit 3] (that share of the placed and pending pods `on-demand`, every
+node labelled with that over-commit factor: the cost of the residency classes)
 Prints each round, then medians and ratios; all of it on one core (one thread).
 """
 
@@ -31,7 +33,7 @@ from benchmarks import command_line
 from binder.model import PodInfo, node_from_api, pod_from_api
 from binder.placement import SCAN_BUDGET, Placement, Unschedulable, place
 from binder.state import ClusterState
-from common.contract import Keys
+from common.contract import RESIDENCY_ON_DEMAND, Keys
 
 GI = 1024**3
 KEYS = Keys()
@@ -39,7 +41,7 @@ PRODUCTS = {"t4": 16 * GI, "a10": 24 * GI, "a100": 80 * GI}
 NOW = 1_000_000.0
 
 
-def make_node(i: int, gpus: int, rng: random.Random) -> dict[str, Any]:
+def make_node(i: int, gpus: int, rng: random.Random, overcommit: str = "") -> dict[str, Any]:
     kind = rng.choice(list(PRODUCTS))
     name = f"node-{i:05d}"
     taints = []
@@ -78,6 +80,7 @@ def make_node(i: int, gpus: int, rng: random.Random) -> dict[str, Any]:
                 "topology.kubernetes.io/zone": f"zone-{i % 4}",
                 "gpu": kind,
                 "pool": f"pool-{i % 10}",
+                **({KEYS.gpu_mem_overcommit: overcommit} if overcommit else {}),
             },
             "annotations": annotations,
         },
@@ -143,10 +146,17 @@ def templates() -> list[dict[str, Any]]:
 
 
 def make_pod(
-    i: int, rng: random.Random, spec_extra: dict[str, Any], node: str = "", gpu: str = ""
+    i: int,
+    rng: random.Random,
+    spec_extra: dict[str, Any],
+    node: str = "",
+    gpu: str = "",
+    on_demand: float = 0.0,
 ) -> dict[str, Any]:
     mem = rng.choice(["512Mi", "1Gi", "2Gi", "3Gi", "4Gi"])
     annotations = {KEYS.model_id: f"model-{rng.randrange(20000)}"}
+    if on_demand and rng.random() < on_demand:
+        annotations[KEYS.residency] = RESIDENCY_ON_DEMAND
     if gpu:
         annotations[KEYS.gpu] = gpu
     spec: dict[str, Any] = {
@@ -169,11 +179,11 @@ def make_pod(
 
 
 def build(
-    nodes: int, gpus: int, placed: int, seed: int
+    nodes: int, gpus: int, placed: int, seed: int, on_demand: float = 0.0, overcommit: str = ""
 ) -> tuple[ClusterState, list[dict[str, Any]], list[PodInfo]]:
     rng = random.Random(seed)
     state = ClusterState(reserve=GI // 2)
-    node_objs = [make_node(i, gpus, rng) for i in range(nodes)]
+    node_objs = [make_node(i, gpus, rng, overcommit) for i in range(nodes)]
     for obj in node_objs:
         state.set_node(node_from_api(obj, KEYS))
         dead = rng.random() < 0.01
@@ -182,7 +192,8 @@ def build(
     for i in range(placed):
         obj = node_objs[rng.randrange(nodes)]
         name = obj["metadata"]["name"]
-        pod = pod_from_api(make_pod(i, rng, {}, name, f"GPU-{name}-{rng.randrange(gpus)}"), KEYS)
+        gpu = f"GPU-{name}-{rng.randrange(gpus)}"
+        pod = pod_from_api(make_pod(i, rng, {}, name, gpu, on_demand), KEYS)
         state.set_pod(pod)
         bound.append(pod)
     return state, node_objs, bound
@@ -251,11 +262,17 @@ def main() -> None:
         help="time decisions by the wall clock, or by this process's CPU time (steadier on a"
         " machine other work loads: it leaves out the time the process waits for a core)",
     )
+    parser.add_argument(
+        "--on-demand", type=float, default=0.0, help="share of pods `on-demand` (0: none)"
+    )
+    parser.add_argument("--overcommit", default="", help="every node's over-commit label")
     args = parser.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
 
     started = time.perf_counter()
-    state, node_objs, bound = build(args.nodes, args.gpus, args.pods, args.seed)
+    state, node_objs, bound = build(
+        args.nodes, args.gpus, args.pods, args.seed, args.on_demand, args.overcommit
+    )
     print(
         f"snapshot: {args.nodes} nodes x {args.gpus} GPUs, {len(bound)} placed pods, "
         f"{len(templates())} pod templates; built in {time.perf_counter() - started:.1f} s"
@@ -274,7 +291,10 @@ def main() -> None:
         pending = []
         for _ in range(args.decisions):
             counter += 1
-            pending.append(pod_from_api(make_pod(counter, rng, rng.choice(shapes)), KEYS))
+            shape = rng.choice(shapes)
+            pending.append(
+                pod_from_api(make_pod(counter, rng, shape, on_demand=args.on_demand), KEYS)
+            )
         t0 = clock()
         indexed = decide_all(state, pending, scan_budget=None if args.unbounded else SCAN_BUDGET)
         ours.append(args.decisions / (clock() - t0))
@@ -317,7 +337,9 @@ def main() -> None:
     # retries them all.
     misfits = []
     for i in range(200):
-        obj = make_pod(counter + 1 + i, rng, {"nodeSelector": {"gpu": "t4"}})
+        obj = make_pod(
+            counter + 1 + i, rng, {"nodeSelector": {"gpu": "t4"}}, on_demand=args.on_demand
+        )
         obj["spec"]["containers"][0]["resources"]["limits"][KEYS.gpu_mem] = "79Gi"
         misfits.append(pod_from_api(obj, KEYS))
     t0 = clock()

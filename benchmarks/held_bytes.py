@@ -3,7 +3,7 @@ its byte budget (`--max-buffered-bytes`), in one run.
 
 Starts a real Triton serving add_one and, in turn, two gateway processes from this tree (`python -m
 proxy.gateway`, the manifests' `--max-connections-per-pod=64`): one with no budget
-(`--max-buffered-bytes=0`, as before issue 23's budget) and one with `--budget`. Against each, a
+(`--max-buffered-bytes=0`, as with no budget) and one with `--budget`. Against each, a
 victim pod (its own source address) calls add_one over REST one request after another, alone for
 a few seconds and then while `--pods` attacker pods (each its own 127.2.0.x address) each open
 `--connections` connections of `--streams` ModelInfer streams, every stream sending all of a

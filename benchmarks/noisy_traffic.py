@@ -680,7 +680,7 @@ def _field(number: int, value: bytes) -> bytes:
 def attack_stream_flood(plan: AttackPlan, stop: threading.Event, result: AttackResult) -> None:
     """One ModelStreamInfer stream straight at the gateway, `max_count` requests for the
     attacker's own model sent as fast as its windows allow, its answers read only when the
-    window is shut (one call, counted once before issue 23's per-message count)."""
+    window is shut (one call, counted once, where a per-message count counts each)."""
     deadline = _until(plan)
     call = GrpcCall(
         plan.source, plan.gateway_grpc, "/inference.GRPCInferenceService/ModelStreamInfer"

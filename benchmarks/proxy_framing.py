@@ -7,7 +7,7 @@ starts a real Triton serving add_one, the node gateway and a relay-mode proxy in
 python grpc client (`--h2load`: h2load's framing, one stream at a time on one connection), and
 prints per call, for each process: every system call's count, and for each of its connections
 (named by who is at the other end) the reads and writes that carried HTTP/2 frames and the frames
-they carried, by kind (`*`: END_STREAM, or ACK on SETTINGS and PING). Issue 25 used it to show
+they carried, by kind (`*`: END_STREAM, or ACK on SETTINGS and PING). It shows
 that the gateway reads and writes the same frames with either client, two reads and two writes a
 call, and that a call costs it the same system calls as the bare relay plus the share's clock.
 

@@ -183,7 +183,7 @@ class Trees:
     work: Path
     """Where the gateway's caller table is written."""
     private_name: str = ""
-    """The model's private name in Triton the gateways map to (issue 25); empty: none. A
+    """The model's private name in Triton the gateways map to; empty: none. A
     baseline tree from before private names ignores it and reaches the model under its id."""
 
 
@@ -412,7 +412,7 @@ def main() -> int:
         "--private-name",
         default="",
         help="with --gateway: the gateway maps the model id to this private name in Triton "
-        "(issue 25; a --baseline-tree from before ignores it); default: none",
+        "(a --baseline-tree from before ignores it); default: none",
     )
     parser.add_argument(
         "--gateway",

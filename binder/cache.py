@@ -246,6 +246,8 @@ class ClusterCache:
         if node.gpu_problem:
             log.warning("Node %s has GPUs the binder cannot read: %s.", name, node.gpu_problem)
         old = self.state.nodes.get(name)
+        if node.overcommit_problem and (old is None or old.labels != node.labels):
+            log.warning("Node %s: %s.", name, node.overcommit_problem)
         was_ours = old is not None and bool(old.gpus or old.gpu_problem)
         if self.state.set_node(node):
             self._listener.cluster_changed(f"node {name} was added or changed")

@@ -75,7 +75,11 @@ class Plan:
 
 
 def fragmented(state: ClusterState, pod: PodInfo, *, now: float) -> bool:
-    """Whether the pod fits no GPU while its eligible nodes have its request free in total."""
+    """Whether the pod fits no GPU while its eligible nodes have its request free in total.
+    Never for an on-demand pod: it is placed against promised memory, and running models are not
+    moved for a model that may sleep."""
+    if pod.on_demand:
+        return False
     nodes = _eligible(state, pod, now)
     if not nodes.size or int(state.max_free[nodes].max()) >= pod.request:
         return False

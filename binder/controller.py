@@ -302,7 +302,9 @@ class Controller:
             return replace(result, message=f"{result.message} preemption: {counts}")
         victims = outcome.victims
         with state.without([v.uid for v in victims]):
-            gpu = choose_gpu(state, outcome.node, pod.request, self._policy)
+            gpu = choose_gpu(
+                state, outcome.node, pod.request, self._policy, on_demand=pod.on_demand
+            )
         if gpu is None:  # fits_on said a GPU fits with the victims gone
             return result
         state.nominate(pod, outcome.node, gpu.uuid)

@@ -22,7 +22,16 @@ from binder.podterms import (
     pod_affinity_from_spec,
     spread_from_spec,
 )
-from common.contract import TENANT_CODE_NODE, Keys, is_valid_model_id, validate_model_id
+from common.contract import (
+    RESIDENCY_ON_DEMAND,
+    TENANT_CODE_NODE,
+    ContractError,
+    Keys,
+    is_valid_model_id,
+    parse_overcommit,
+    validate_model_id,
+    validate_residency,
+)
 from common.podresources import HostPort, host_ports, node_allocatable, pod_requests
 from common.quantity import QuantityError
 from common.tritonname import private_triton_name
@@ -119,6 +128,10 @@ class NodeInfo:
     """`status.allocatable` (cpu in millicores, the rest in whole units); None when the node
     publishes none, and then NodeResourcesFit does not judge it (as for a node object made by
     hand; a kubelet always publishes it)."""
+    overcommit: float = 1.0
+    """The over-commit factor of the node's GPUs for `on-demand` models (its label; 1: off)."""
+    overcommit_problem: str = ""
+    """Why the node's over-commit label could not be read (then the factor is 1); empty if fine."""
 
     def measured_of(self, pod: PodInfo) -> int | None:
         """What the pod's model is measured to use here: by its private name; else, for a model
@@ -196,6 +209,9 @@ class PodInfo:
     preemption_policy: str = "PreemptLowerPriority"
     nominated_node: str = ""
     """status.nominatedNodeName: where a preemption made room for the pod."""
+    on_demand: bool = False
+    """Residency `on-demand`: the model may be unloaded when idle (placed against the GPU's
+    over-committed memory); False for `always`, the default."""
     model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
     """The (namespace, model id, revision) of which a node takes at most one pod; made once
     here, as placement reads it for every decision."""
@@ -235,6 +251,7 @@ class PodInfo:
             spread=self.spread,
             owner=self.owner,
             preemption_policy=self.preemption_policy,
+            on_demand=self.on_demand,
         )
 
     @property
@@ -377,6 +394,12 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str
                 validate_model_id(model_id)
             except ValueError as e:
                 problem = f"annotation {keys.model_id}: {e}"
+    residency = annotations.get(keys.residency)
+    if residency is not None and not problem:
+        try:
+            validate_residency(str(residency), keys.residency)
+        except ContractError as e:
+            problem = str(e)
     return PodInfo(
         uid=str(meta.get("uid", "")),
         namespace=namespace,
@@ -404,6 +427,7 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str
         owner=owner,
         preemption_policy=str(spec.get("preemptionPolicy") or "PreemptLowerPriority"),
         nominated_node=str(status.get("nominatedNodeName") or ""),
+        on_demand=residency == RESIDENCY_ON_DEMAND,
     )
 
 
@@ -492,6 +516,13 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
     gpus, measured = _usage(annotations, keys, gpus)
     status = _mapping(obj.get("status"))
     allocatable = node_allocatable(status) if "allocatable" in status else None
+    overcommit, overcommit_problem = 1.0, ""
+    label = labels.get(keys.gpu_mem_overcommit)
+    if label is not None:
+        try:
+            overcommit = parse_overcommit(label, keys.gpu_mem_overcommit)
+        except ContractError as e:
+            overcommit_problem = f"{e}; the binder places this node's GPUs without over-commit"
     return NodeInfo(
         name=str(meta.get("name", "")),
         labels=labels,
@@ -502,6 +533,8 @@ def node_from_api(obj: Mapping[str, Any], keys: Keys) -> NodeInfo:
         gpu_problem=problem,
         measured=measured,
         allocatable=allocatable,
+        overcommit=overcommit,
+        overcommit_problem=overcommit_problem,
     )
 
 

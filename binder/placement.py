@@ -34,6 +34,9 @@ fits (the reasons need every node) or when PreScore fails, every node of the cla
 once. The two agree on the node, the GPU and the score; tests/binder/test_placement_paths.py
 compares them on random clusters.
 
+An `on-demand` pod reads the state's on-demand view (`ClusterState.view`): the same filters,
+scores and index over its own free memory (`binder.residency`), and its own memory reasons.
+
 Pure: a function of the cluster state, the pod and the time passed in; no I/O, no clock.
 """
 
@@ -64,6 +67,7 @@ from binder.state import (
     ClusterState,
     GpuSizes,
     IntArray,
+    MemoryView,
 )
 from common.contract import Keys
 from common.quantity import format_bytes
@@ -87,6 +91,37 @@ REASON_AGENT_DOWN = "node(s) had no live tritonshare agent"
 
 def reason_memory(largest_free: int) -> str:
     return f"Insufficient GPU memory (largest free block {format_bytes(largest_free)})"
+
+
+def reason_always_resident(largest: int) -> str:
+    """An on-demand pod's reason where the always-resident models leave too little to wake it."""
+    return (
+        f"Insufficient GPU memory for always-resident models (largest room to wake a model "
+        f"{format_bytes(largest)})"
+    )
+
+
+def reason_overcommit(largest_free: int) -> str:
+    """An on-demand pod's reason where the GPUs' over-commit budget is spent."""
+    return (
+        f"Insufficient over-committed GPU memory (largest free block {format_bytes(largest_free)})"
+    )
+
+
+def _on_demand_memory_reasons(state: ClusterState, pod: PodInfo, nodes: IntArray) -> Counter[str]:
+    """Why an on-demand pod fits none of these nodes by GPU memory: the always-resident models
+    leave too little to wake it, or the over-commit budget is spent."""
+    view = state.view(on_demand=True)
+    # With nothing on-demand and no over-commit anywhere, the room to wake a model is the free.
+    wake = state.max_free[nodes] if view is state else state.od_wake[nodes]
+    short = wake < pod.request
+    reasons: Counter[str] = Counter()
+    if short.any():
+        reasons[reason_always_resident(max(0, int(wake[short].max())))] = int(short.sum())
+    if not short.all():
+        spent = view.max_free[nodes[~short]]
+        reasons[reason_overcommit(max(0, int(spent.max())))] = int((~short).sum())
+    return reasons
 
 
 @dataclass(frozen=True)
@@ -156,14 +191,22 @@ def _tie_break(uid: str, count: int) -> int:
 
 
 def choose_gpu(
-    state: ClusterState, node: str, request: int, policy: Policy, kinds: Kinds | None = None
+    state: ClusterState,
+    node: str,
+    request: int,
+    policy: Policy,
+    kinds: Kinds | None = None,
+    *,
+    on_demand: bool = False,
 ) -> Gpu | None:
     """binpack: the GPU with the best memory score (`pack_score`), then the tightest block;
-    spread: the emptiest. Ties go to the lower GPU index."""
+    spread: the emptiest. Ties go to the lower GPU index. `on_demand`: the pod's residency
+    class is `on-demand` (its blocks are `binder.residency.on_demand_free`)."""
+    view = state.view(on_demand)
     state.arrays()
     info = state.nodes[node]
     # The ledger's (usable size, free block) of each GPU, as the index reads them.
-    blocks = state.gpu_blocks[state.index[node]]
+    blocks = view.gpu_blocks[state.index[node]]
     fitting = [
         (size, free, g.index, g)
         for (size, free), g in zip(blocks, info.gpus, strict=True)
@@ -194,12 +237,13 @@ def place(
         return Unschedulable(fit_message(len(state.nodes), {}, problem), {})
     cls = state.constraint_class(pod.constraints)
     filters = pod_filters(state, pod)
+    view = state.view(pod.on_demand)
     nodes = cls.nodes
     if pod.nominated_node:
         nominated = state.index.get(pod.nominated_node)
         if nominated is not None and _feasible(state, pod, cls, filters, nominated, now):
             # The node its preemption made room on, while it still fits (as kube-scheduler).
-            return _on_node(state, pod.nominated_node, pod.request, policy, 0.0)
+            return _on_node(state, pod, pod.nominated_node, policy, 0.0)
     # Whether the plugins that look at other pods tell any two nodes apart (if not over every
     # node that passes the node rules, then not over the feasible ones either).
     scored = nodes.size > 1 and filters.scores(nodes) is not None
@@ -210,7 +254,7 @@ def place(
         # The common case: nothing but node rules and memory tells the nodes apart, so the
         # free-memory index finds the best, reading a few nodes one at a time.
         budget = math.inf if scan_budget is None else scan_budget
-        index = state.free_index(pod.constraints)
+        index = view.free_index(pod.constraints)
         if policy == "binpack":
             found = _pack_indexed(state, pod, index, now, budget, filters.passes)
         else:
@@ -218,7 +262,7 @@ def place(
         if found is not None:
             return found
     if nodes.size:
-        ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
+        ok = (view.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > now)
         ok &= filters.ok[nodes]
         if pod.model_id:
             # Replicas of a model revision spread over nodes: a node without one first.
@@ -233,7 +277,7 @@ def place(
             # Normalised over the feasible nodes, as kube-scheduler normalises them.
             extra = filters.scores(candidates) if scored and candidates.size > 1 else None
             affinity, prefer = cls.affinity[ok], cls.prefer_no_schedule[ok]
-            return _best(state, pod, policy, candidates, affinity, prefer, extra, kept)
+            return _best(state, view, pod, policy, candidates, affinity, prefer, extra, kept)
     return _unschedulable(state, pod, now, cls, filters)
 
 
@@ -250,13 +294,14 @@ def _spread_indexed(
     among the equal best; None when the budget runs out or nothing is feasible (the caller then
     scores the whole class)."""
     request = pod.request
-    max_free = state.max_free
+    view = state.view(pod.on_demand)
+    max_free = view.max_free
     lease = state.lease_expiry
     taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, list[int], int]] = []
     for (affinity, prefer, capacity), keys in index.buckets(
-        state.capacity, state.free_total
+        state.capacity, view.free_total
     ).items():
         for position in range(len(keys) - 1, -1, -1):
             read += 1
@@ -298,9 +343,7 @@ def _spread_indexed(
                 ties.append(i)
             position -= 1
     ties.sort()
-    return _on_node(
-        state, state.names[ties[_tie_break(pod.uid, len(ties))]], request, "spread", best
-    )
+    return _on_node(state, pod, state.names[ties[_tie_break(pod.uid, len(ties))]], "spread", best)
 
 
 def _pack_indexed(
@@ -320,7 +363,9 @@ def _pack_indexed(
     taken = state.model_nodes(pod.model_key) if pod.model_id else set()
     read = 0
     heads: list[tuple[int, int, int, int, int]] = []
-    for (affinity, prefer, size), keys in index.blocks(state.gpu_blocks).items():
+    for (affinity, prefer, size), keys in index.blocks(
+        state.view(pod.on_demand).gpu_blocks
+    ).items():
         for key in keys.from_key(request << BLOCK_SHIFT):
             read += 1
             if read > budget:
@@ -346,7 +391,7 @@ def _pack_indexed(
         # Equal scores: the tightest block, then node name order.
         if score > best or (score == best and (block, i) < (best_block, chosen)):
             best, best_block, chosen = score, block, i
-    return _on_node(state, state.names[chosen], request, "binpack", best, kinds)
+    return _on_node(state, pod, state.names[chosen], "binpack", best, kinds)
 
 
 SPARE_SHARE = 0.4
@@ -470,13 +515,13 @@ def _pack_scores(
 
 def _on_node(
     state: ClusterState,
+    pod: PodInfo,
     node: str,
-    request: int,
     policy: Policy,
     score: float,
     kinds: Kinds | None = None,
 ) -> Placement:
-    gpu = choose_gpu(state, node, request, policy, kinds)
+    gpu = choose_gpu(state, node, pod.request, policy, kinds, on_demand=pod.on_demand)
     # max_free said a GPU fits, so there is one; keep the invariant loud if that ever breaks.
     assert gpu is not None, f"node {node} was feasible but no GPU fits"
     return Placement(node, gpu, float(score))
@@ -489,6 +534,7 @@ def _memory_score(capacity: float, free: int, request: int) -> float:
 
 def _best(
     state: ClusterState,
+    view: MemoryView,
     pod: PodInfo,
     policy: Policy,
     candidates: np.ndarray[Any, np.dtype[np.int64]],
@@ -519,7 +565,7 @@ def _best(
     if policy == "binpack":
         # Each GPU scored as `pack_score` scores it; a node scores as its best GPU, and its
         # tightest block of that score breaks ties.
-        all_sizes, all_rooms = state.gpu_matrices()
+        all_sizes, all_rooms = view.gpu_matrices()
         room = all_rooms[candidates]
         kinds = gpu_kinds(state)
         gpu_scores = _pack_scores(kinds, all_sizes[candidates], room, request)
@@ -536,9 +582,9 @@ def _best(
         tied = np.flatnonzero(score == top_score)
         chosen = int(tied[np.argmin(tightest[tied])])
         node = state.names[int(candidates[chosen])]
-        return _on_node(state, node, request, policy, top_score, kinds)
+        return _on_node(state, pod, node, policy, top_score, kinds)
     capacity = np.maximum(state.capacity[candidates], 1).astype(np.float64)
-    free = state.free_total[candidates].astype(np.float64)
+    free = view.free_total[candidates].astype(np.float64)
     memory = MAX_SCORE * (free - request) / capacity
     score = base + MEMORY_WEIGHT * memory
     if extra is not None:
@@ -548,7 +594,7 @@ def _best(
     best = score.max()
     ties = np.flatnonzero(score == best)
     chosen = int(candidates[ties[_tie_break(pod.uid, ties.size)]])
-    return _on_node(state, state.names[chosen], request, policy, best)
+    return _on_node(state, pod, state.names[chosen], policy, best)
 
 
 def _feasible(
@@ -558,7 +604,8 @@ def _feasible(
     node = state.names[i]
     if i in cls.rejected or _node_reason(state, node, now):
         return False
-    return max(state.gpu_free(node), default=0) >= pod.request and filters.passes(i)
+    free = state.view(pod.on_demand).gpu_free(node)
+    return max(free, default=0) >= pod.request and filters.passes(i)
 
 
 def fits_on(state: ClusterState, pod: PodInfo, node: str, now: float) -> bool:
@@ -628,7 +675,9 @@ def _unschedulable(
     for i in nodes[failing]:
         reasons.update(filters.reasons(int(i)))
     rest &= ~failing
-    if rest.any():
+    if rest.any() and pod.on_demand:
+        reasons.update(_on_demand_memory_reasons(state, pod, nodes[rest]))
+    elif rest.any():
         largest = max(0, int(state.max_free[nodes[rest]].max()))
         reasons[reason_memory(largest)] += int(np.count_nonzero(rest))
     return Unschedulable(fit_message(len(state.names), reasons), dict(reasons))
@@ -649,6 +698,7 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
     memory (each when the ones before it pass, as a decision reads them)."""
     state.arrays()
     filters = pod_filters(state, pod)
+    view = state.view(pod.on_demand)
     verdicts = []
     for i, node in enumerate(state.names):
         reasons = kubernetes_reasons(pod.constraints, state.nodes[node])
@@ -657,11 +707,13 @@ def explain(state: ClusterState, pod: PodInfo, *, now: float) -> list[NodeVerdic
             reasons.append(reason)
         else:
             reasons += filters.reasons(i)
-            largest = max(state.gpu_free(node), default=0)
-            if largest < pod.request:
+            largest = max(view.gpu_free(node), default=0)
+            if largest < pod.request and pod.on_demand:
+                reasons += _on_demand_memory_reasons(state, pod, np.array([i], np.int64))
+            elif largest < pod.request:
                 reasons.append(
                     f"Insufficient GPU memory: needs {format_bytes(pod.request)}, the largest "
                     f"free block is {format_bytes(largest)}"
                 )
-        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(state.gpu_free(node))))
+        verdicts.append(NodeVerdict(node, tuple(reasons), tuple(view.gpu_free(node))))
     return verdicts

@@ -14,6 +14,10 @@ change), each with its free-memory index (binder.index), fed by a log of the nod
 memory changed. So a decision reads a few bucket heads, or at worst a few vector operations,
 instead of a scan of every pod of every node.
 
+Residency classes (`binder.residency`) give an on-demand pod its own view of the same ledger:
+per node its own free memory, GPU blocks and indexes (`view(on_demand=True)`), kept only once a
+node over-commits or a pod is on-demand; until then both classes read the plain arrays.
+
 It is fed by the cache (watch events) and read by placement. No I/O, no clock: lease liveness is
 judged against a time passed in by the caller.
 """
@@ -25,6 +29,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +39,7 @@ from binder.index import Blocks, FreeIndex
 from binder.model import Constraints, Gpu, ModelKey, NodeInfo, PodInfo
 from binder.podindex import PodIndex
 from binder.podterms import Labels
+from binder.residency import GpuLedger, always_free, free_of_both, on_demand_free
 from binder.rules import first_untolerated_taint, matches_required_affinity
 
 IntArray = npt.NDArray[np.int64]
@@ -99,6 +105,8 @@ class _Account:
     assumed: bool
     held: int = 0
     """Bytes charged: the larger of the request and the model's measured memory."""
+    loaded: int = 0
+    """For an on-demand pod: its model's measured memory while loaded (0 while unloaded)."""
 
 
 class ClusterState:
@@ -111,6 +119,25 @@ class ClusterState:
         self._accounts: dict[str, _Account] = {}
         self._by_node: dict[str, dict[str, _Account]] = {}
         self._alloc: dict[str, list[int]] = {}
+        self._od_alloc: dict[str, list[int]] = {}
+        self._od_loaded: dict[str, list[int]] = {}
+        """Per node with on-demand pods, per GPU: bytes they hold, and their loaded models'
+        measured bytes (`binder.residency`); `_od_count` says how many such pods a node has."""
+        self._od_count: Counter[str] = Counter()
+        self._od_active = False
+        """Whether any node over-commits or any pod is on-demand: until then the on-demand view
+        equals the plain one, and costs nothing."""
+        self.od_max_free: IntArray = np.zeros(0, np.int64)
+        self.od_wake: IntArray = np.zeros(0, np.int64)
+        """Per node, the most room any of its GPUs leaves to wake one on-demand model
+        (`binder.residency.wake_room`; -1 without GPUs): for the unschedulable reasons."""
+        self.od_free_total: IntArray = np.zeros(0, np.int64)
+        self.od_gpu_blocks: list[Blocks] = []
+        """As `max_free`, `free_total` and `gpu_blocks`, for an on-demand pod."""
+        self._od_gpu_size: IntArray = np.zeros((0, 1), np.int64)
+        self._od_gpu_room: IntArray = np.full((0, 1), -1, np.int64)
+        self._od_stale_rows: set[int] = set()
+        self._od_indexes: dict[Constraints, FreeIndex] = {}
         self._models: dict[str, Counter[ModelKey]] = {}
         self._model_nodes: dict[ModelKey, Counter[str]] = {}
         """Per node its pods' (namespace, model id, revision), and per such key its nodes."""
@@ -173,6 +200,8 @@ class ClusterState:
         if old == node:
             return False
         self.nodes[node.name] = node
+        if node.overcommit != 1.0:
+            self._activate_on_demand()
         if old is None or old.allocatable != node.allocatable:
             self._room_stale.add(node.name)
         self._follow_largest(old, node)
@@ -192,6 +221,8 @@ class ClusterState:
         self._follow_largest(old, None)
         self.nodes_version += 1
         self._alloc.pop(name, None)
+        self._od_alloc.pop(name, None)
+        self._od_loaded.pop(name, None)
         for account in self._by_node.get(name, {}).values():
             account.gpu = -1
         self._delete_row(name)
@@ -227,6 +258,7 @@ class ClusterState:
             and existing.node == pod.node_name
             and existing.pod.request == pod.request
             and existing.pod.model_key == pod.model_key
+            and existing.pod.on_demand == pod.on_demand
             and (existing.pod.gpu_uuid == pod.gpu_uuid or not pod.gpu_uuid)
         ):
             existing.pod = pod if pod.gpu_uuid else existing.pod
@@ -326,9 +358,18 @@ class ClusterState:
                 if not self._model_nodes[model]:
                     del self._model_nodes[model]
             self._note_left(model, account.node)
+        if account.pod.on_demand:
+            self._od_count[account.node] -= 1
         if account.gpu >= 0 and account.node in self._alloc:
             self._alloc[account.node][account.gpu] -= account.held
+            if account.pod.on_demand and account.node in self._od_alloc:
+                self._od_alloc[account.node][account.gpu] -= account.held
+                self._od_loaded[account.node][account.gpu] -= account.loaded
             self._refresh(account.node)
+        if account.pod.on_demand and self._od_count[account.node] <= 0:
+            del self._od_count[account.node]
+            self._od_alloc.pop(account.node, None)
+            self._od_loaded.pop(account.node, None)
 
     def assigned_pods(self) -> list[PodInfo]:
         return [a.pod for a in self._accounts.values()]
@@ -394,6 +435,8 @@ class ClusterState:
         info = self.nodes.get(node)
         if info is None or not info.gpus:
             return []
+        if node in self._od_count:
+            return [always_free(g) if g is not None else 0 for g in self.ledgers(node)]
         alloc = self._alloc.get(node, [0] * len(info.gpus))
         # `usable` and `_nvml_free` written out: this runs on every charge, for every GPU.
         reserve = self.reserve
@@ -406,6 +449,49 @@ class ClusterState:
             cap = usable if g.used is None else g.memory - g.used - reserve
             free.append(max(0, min(usable - a, cap)))
         return free
+
+    def gpu_free_on_demand(self, node: str) -> list[int]:
+        """Free bytes per GPU for an on-demand pod (`binder.residency.on_demand_free`)."""
+        info = self.nodes.get(node)
+        if info is None or not info.gpus:
+            return []
+        if node not in self._od_count and info.overcommit == 1.0:
+            return self.gpu_free(node)  # the same numbers: nothing on-demand, no over-commit
+        return [on_demand_free(g) if g is not None else 0 for g in self.ledgers(node)]
+
+    def ledgers(self, node: str) -> list[GpuLedger | None]:
+        """Each GPU's ledger for the residency rules (None for an unhealthy GPU)."""
+        info = self.nodes[node]
+        count = len(info.gpus)
+        alloc = self._alloc.get(node) or [0] * count
+        od = self._od_alloc.get(node) or [0] * count
+        loaded = self._od_loaded.get(node) or [0] * count
+        largest = [0] * count
+        if node in self._od_count:
+            for account in self._by_node.get(node, {}).values():
+                if account.pod.on_demand and 0 <= account.gpu < count:
+                    largest[account.gpu] = max(largest[account.gpu], account.held)
+        out: list[GpuLedger | None] = []
+        reserve, factor = self.reserve, info.overcommit
+        # `usable` and `_nvml_free` written out: this runs on every charge to such a node.
+        for position, gpu in enumerate(info.gpus):
+            if not gpu.healthy:
+                out.append(None)
+                continue
+            usable = max(0, gpu.memory - reserve)
+            nvml = usable if gpu.used is None else gpu.memory - gpu.used - reserve
+            out.append(
+                GpuLedger(
+                    usable,
+                    nvml,
+                    alloc[position],
+                    od[position],
+                    largest[position],
+                    loaded[position],
+                    factor,
+                )
+            )
+        return out
 
     def _nvml_free(self, gpu: Gpu) -> int:
         """NVML's free memory minus the reserve, as the agent published it (no figure: no cap)."""
@@ -439,10 +525,15 @@ class ClusterState:
             model = account.pod.model_key
             self._models.setdefault(account.node, Counter())[model] += 1
             self._model_nodes.setdefault(model, Counter())[account.node] += 1
+        if account.pod.on_demand:
+            self._od_count[account.node] += 1
+            self._activate_on_demand()
         if account.node in self.nodes:
             account.gpu = self._attribute(account)
             account.held = self.held(account.pod, account.node)
             self._alloc[account.node][account.gpu] += account.held
+            if account.pod.on_demand:
+                self._add_on_demand(account)
             self._refresh(account.node)
 
     def _attribute(self, account: _Account) -> int:
@@ -460,21 +551,40 @@ class ClusterState:
         frees = [self.usable(g) - a for g, a in zip(info.gpus, alloc, strict=True)]
         return max(range(len(frees)), key=lambda i: (frees[i], -i))
 
+    def _add_on_demand(self, account: _Account) -> None:
+        """Charge an on-demand pod's holding and, while its model is loaded (the agent lists it
+        as measured), that measured memory to its GPU's on-demand columns."""
+        node = account.node
+        width = len(self._alloc[node])
+        od = self._od_alloc.setdefault(node, [0] * width)
+        loaded = self._od_loaded.setdefault(node, [0] * width)
+        account.loaded = self.nodes[node].measured_of(account.pod) or 0
+        od[account.gpu] += account.held
+        loaded[account.gpu] += account.loaded
+
     def _recharge_node(self, name: str) -> None:
         info = self.nodes[name]
         self._alloc[name] = [0] * max(1, len(info.gpus))
+        self._od_alloc.pop(name, None)
+        self._od_loaded.pop(name, None)
         for account in sorted(self._by_node.get(name, {}).values(), key=lambda a: a.pod.uid):
             account.gpu = self._attribute(account)
             account.held = self.held(account.pod, name)
             self._alloc[name][account.gpu] += account.held
+            if account.pod.on_demand:
+                self._add_on_demand(account)
         self._refresh(name)
 
     def _refresh(self, name: str) -> None:
         if self._dirty or name not in self.index:
             return
         i = self.index[name]
-        free = self.gpu_free(name)
         info = self.nodes[name]
+        own_view = self._od_active and (name in self._od_count or info.overcommit != 1.0)
+        # A node with on-demand pods or over-commit: both views from one pass over its ledgers.
+        ledgers = self.ledgers(name) if own_view and info.gpus else []
+        both = [free_of_both(g) if g is not None else (0, 0, 0) for g in ledgers]
+        free = [b[0] for b in both] if both else self.gpu_free(name)
         self.max_free[i] = max(free) if free else -1
         if info.gpus:
             self.gpu_status[i] = GPUS_OK
@@ -484,6 +594,7 @@ class ClusterState:
         sizes = [self.usable(g) for g in info.gpus]
         capacity = sum(sizes)
         blocks = tuple(zip(sizes, free, strict=True))
+        changed = False
         if (
             free_total != self.free_total[i]
             or capacity != self.capacity[i]
@@ -494,7 +605,45 @@ class ClusterState:
             self._recount(self.gpu_blocks[i], blocks)
             self.gpu_blocks[i] = blocks
             self._stale_rows.add(i)
+            changed = True
+        if self._od_active:
+            if both:
+                wake = max(b[2] for b in both)
+                free = [b[1] for b in both]
+                blocks = tuple(zip(sizes, free, strict=True))
+            else:
+                wake = int(self.max_free[i])  # nothing on-demand, no over-commit: the same room
+            self.od_wake[i] = wake
+            if blocks != self.od_gpu_blocks[i]:
+                self.od_max_free[i] = max(free) if free else -1
+                self.od_free_total[i] = sum(free)
+                self.od_gpu_blocks[i] = blocks
+                self._od_stale_rows.add(i)
+                changed = True
+        if changed:
             self._changes.append(i)
+
+    def _activate_on_demand(self) -> None:
+        """The first node that over-commits or the first on-demand pod: from now on the
+        on-demand view keeps its own numbers (a copy of the plain ones, then each node's own)."""
+        if self._od_active:
+            return
+        self._od_active = True
+        if self._dirty:
+            return  # `arrays` builds both views
+        self._copy_plain_view()
+        for name in list(self._od_count) + [n for n, i in self.nodes.items() if i.overcommit != 1]:
+            self._refresh(name)
+
+    def _copy_plain_view(self) -> None:
+        self.od_max_free = self.max_free.copy()
+        self.od_wake = self.max_free.copy()
+        self.od_free_total = self.free_total.copy()
+        self.od_gpu_blocks = list(self.gpu_blocks)
+        self._od_gpu_size = np.zeros((len(self.names), 1), np.int64)
+        self._od_gpu_room = np.full((len(self.names), 1), -1, np.int64)
+        self._od_stale_rows = set(range(len(self.names)))
+        self._od_indexes.clear()
 
     def _recount(self, old: Blocks, new: Blocks) -> None:
         """Follow the per-size counts from a node's old blocks to its new ones. A charge changes
@@ -558,20 +707,27 @@ class ClusterState:
         node's GPUs) and free block (-1 there), for binpack's vectorised scan. Kept up to date
         only when read: the common decision reads the index instead."""
         if self._stale_rows:
-            widest = max(len(self.gpu_blocks[i]) for i in self._stale_rows)
-            width = self._gpu_size.shape[1]
-            if widest > width:  # a node with more GPUs than any before: widen the matrices
-                extra = ((0, 0), (0, widest - width))
-                self._gpu_size = np.pad(self._gpu_size, extra, constant_values=0)
-                self._gpu_room = np.pad(self._gpu_room, extra, constant_values=-1)
-            for i in self._stale_rows:
-                blocks = self.gpu_blocks[i]
-                self._gpu_size[i] = 0
-                self._gpu_room[i] = -1
-                self._gpu_size[i, : len(blocks)] = [size for size, _ in blocks]
-                self._gpu_room[i, : len(blocks)] = [free for _, free in blocks]
-            self._stale_rows.clear()
+            self._gpu_size, self._gpu_room = _fill_rows(
+                self._gpu_size, self._gpu_room, self.gpu_blocks, self._stale_rows
+            )
         return self._gpu_size, self._gpu_room
+
+    def od_gpu_matrices(self) -> tuple[IntArray, IntArray]:
+        """`gpu_matrices` for an on-demand pod."""
+        if not self._od_active:
+            return self.gpu_matrices()
+        if self._od_stale_rows:
+            self._od_gpu_size, self._od_gpu_room = _fill_rows(
+                self._od_gpu_size, self._od_gpu_room, self.od_gpu_blocks, self._od_stale_rows
+            )
+        return self._od_gpu_size, self._od_gpu_room
+
+    def view(self, on_demand: bool) -> MemoryView:
+        """The GPU memory a pod of that residency class sees (`binder.residency`)."""
+        if on_demand and self._od_active:
+            self.arrays()
+            return OnDemandView(self)
+        return self
 
     # ---- vectorised views ---------------------------------------------------------------------
 
@@ -597,6 +753,8 @@ class ClusterState:
         self._gpu_room = np.full((count, 1), -1, np.int64)
         self._stale_rows.clear()
         self._dirty = False
+        if self._od_active:
+            self._copy_plain_view()
         for name in self.names:
             self._refresh(name)
         self._forget_classes()
@@ -620,9 +778,17 @@ class ClusterState:
         self.gpu_blocks.insert(position, ())
         self._gpu_size = np.insert(self._gpu_size, position, 0, axis=0)
         self._gpu_room = np.insert(self._gpu_room, position, -1, axis=0)
+        if self._od_active:
+            self.od_gpu_matrices()
+            self.od_max_free = np.insert(self.od_max_free, position, -1)
+            self.od_wake = np.insert(self.od_wake, position, -1)
+            self.od_free_total = np.insert(self.od_free_total, position, 0)
+            self.od_gpu_blocks.insert(position, ())
+            self._od_gpu_size = np.insert(self._od_gpu_size, position, 0, axis=0)
+            self._od_gpu_room = np.insert(self._od_gpu_room, position, -1, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(cls, position, 1)
-        for index in self._indexes.values():
+        for index in self._all_indexes():
             index.shift(position, 1)
 
     def _delete_row(self, name: str) -> None:
@@ -643,9 +809,17 @@ class ClusterState:
         del self.gpu_blocks[position]
         self._gpu_size = np.delete(self._gpu_size, position, axis=0)
         self._gpu_room = np.delete(self._gpu_room, position, axis=0)
+        if self._od_active:
+            self.od_gpu_matrices()
+            self.od_max_free = np.delete(self.od_max_free, position)
+            self.od_wake = np.delete(self.od_wake, position)
+            self.od_free_total = np.delete(self.od_free_total, position)
+            del self.od_gpu_blocks[position]
+            self._od_gpu_size = np.delete(self._od_gpu_size, position, axis=0)
+            self._od_gpu_room = np.delete(self._od_gpu_room, position, axis=0)
         for constraints, cls in self._classes.items():
             self._classes[constraints] = shifted(without(cls, position), position + 1, -1)
-        for index in self._indexes.values():
+        for index in self._all_indexes():
             index.refile(position, None, 0, 0, ())
             index.shift(position + 1, -1)
 
@@ -653,14 +827,29 @@ class ClusterState:
         """Bring every index up to the change log and empty it: its node indices are about to
         shift."""
         upto = len(self._changes)
-        for index in self._indexes.values():
-            index.catch_up(self._changes, self.capacity, self.free_total, self.gpu_blocks, upto)
-            index.cursor = 0
+        for on_demand in (False, True):
+            free, blocks = self._view_columns(on_demand)
+            for index in self._indexes_of(on_demand).values():
+                index.catch_up(self._changes, self.capacity, free, blocks, upto)
+                index.cursor = 0
         self._changes.clear()
+
+    def _indexes_of(self, on_demand: bool) -> dict[Constraints, FreeIndex]:
+        return self._od_indexes if on_demand else self._indexes
+
+    def _all_indexes(self) -> list[FreeIndex]:
+        return [*self._indexes.values(), *self._od_indexes.values()]
+
+    def _view_columns(self, on_demand: bool) -> tuple[IntArray, list[Blocks]]:
+        """Per node its free memory and its GPUs' blocks, as a pod of that class sees them."""
+        if on_demand and self._od_active:
+            return self.od_free_total, self.od_gpu_blocks
+        return self.free_total, self.gpu_blocks
 
     def _forget_classes(self) -> None:
         self._classes.clear()
         self._indexes.clear()
+        self._od_indexes.clear()
         self._changes.clear()
 
     def _reclassify(self, name: str) -> None:
@@ -673,10 +862,11 @@ class ClusterState:
         node = self.nodes[name]
         for constraints, cls in list(self._classes.items()):
             self._classes[constraints], scoring = reevaluate(cls, constraints, i, node)
-            index = self._indexes.get(constraints)
-            if index is not None:
-                capacity, free = int(self.capacity[i]), int(self.free_total[i])
-                index.refile(i, scoring, capacity, free, self.gpu_blocks[i])
+            for on_demand in (False, True):
+                index = self._indexes_of(on_demand).get(constraints)
+                if index is not None:
+                    free, blocks = self._view_columns(on_demand)
+                    index.refile(i, scoring, int(self.capacity[i]), int(free[i]), blocks[i])
 
     def constraint_class(self, constraints: Constraints) -> ConstraintClass:
         """Kubernetes' rules for these constraints over every node, cached until nodes change."""
@@ -690,20 +880,23 @@ class ClusterState:
         self._classes[constraints] = result
         return result
 
-    def free_index(self, constraints: Constraints) -> FreeIndex:
-        """The class's feasible-by-rules nodes by free memory, up to date with the ledger."""
+    def free_index(self, constraints: Constraints, on_demand: bool = False) -> FreeIndex:
+        """The class's feasible-by-rules nodes by free memory, up to date with the ledger, as a
+        pod of that residency class sees the memory."""
         cls = self.constraint_class(constraints)
         if len(self._changes) > CHANGE_LOG_LIMIT:
             self._indexes.clear()
+            self._od_indexes.clear()
             self._changes.clear()
-        index = self._indexes.get(constraints)
+        on_demand = on_demand and self._od_active
+        indexes = self._indexes_of(on_demand)
+        index = indexes.get(constraints)
         if index is None:
             index = FreeIndex(cls.nodes, cls.affinity, cls.prefer_no_schedule, len(self._changes))
-            self._indexes[constraints] = index
+            indexes[constraints] = index
         else:
-            index.catch_up(
-                self._changes, self.capacity, self.free_total, self.gpu_blocks, len(self._changes)
-            )
+            free, blocks = self._view_columns(on_demand)
+            index.catch_up(self._changes, self.capacity, free, blocks, len(self._changes))
         return index
 
     def resource_room(self) -> ResourceRoom:
@@ -814,3 +1007,75 @@ class ClusterState:
             if i is not None:
                 mask[i] = True
         return mask
+
+
+def _fill_rows(
+    size: IntArray, room: IntArray, blocks: list[Blocks], rows: set[int]
+) -> tuple[IntArray, IntArray]:
+    """Write the `rows` of the (size, free block) matrices from `blocks` and empty `rows`;
+    widened first when a node has more GPUs than any before."""
+    widest = max(len(blocks[i]) for i in rows)
+    width = size.shape[1]
+    if widest > width:
+        extra = ((0, 0), (0, widest - width))
+        size = np.pad(size, extra, constant_values=0)
+        room = np.pad(room, extra, constant_values=-1)
+    for i in rows:
+        row = blocks[i]
+        size[i] = 0
+        room[i] = -1
+        size[i, : len(row)] = [s for s, _ in row]
+        room[i, : len(row)] = [f for _, f in row]
+    rows.clear()
+    return size, room
+
+
+class MemoryView(Protocol):
+    """The GPU memory placement reads for one pod: the plain view (the state itself, for an
+    `always` pod) or the on-demand one. The same names as on the state, so placement reads
+    either alike."""
+
+    @property
+    def max_free(self) -> IntArray: ...
+
+    @property
+    def free_total(self) -> IntArray: ...
+
+    @property
+    def gpu_blocks(self) -> list[Blocks]: ...
+
+    def gpu_matrices(self) -> tuple[IntArray, IntArray]: ...
+
+    def gpu_free(self, node: str) -> list[int]: ...
+
+    def free_index(self, constraints: Constraints) -> FreeIndex: ...
+
+
+class OnDemandView:
+    """The state's GPU memory as an on-demand pod sees it (`binder.residency.on_demand_free`)."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    @property
+    def max_free(self) -> IntArray:
+        return self._state.od_max_free
+
+    @property
+    def free_total(self) -> IntArray:
+        return self._state.od_free_total
+
+    @property
+    def gpu_blocks(self) -> list[Blocks]:
+        return self._state.od_gpu_blocks
+
+    def gpu_matrices(self) -> tuple[IntArray, IntArray]:
+        return self._state.od_gpu_matrices()
+
+    def gpu_free(self, node: str) -> list[int]:
+        return self._state.gpu_free_on_demand(node)
+
+    def free_index(self, constraints: Constraints) -> FreeIndex:
+        return self._state.free_index(constraints, on_demand=True)

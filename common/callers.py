@@ -44,7 +44,7 @@ class Caller:
     """The in-flight limit the pod's proxy declares (`--container-concurrency`); 0: none. The
     gateway's per-pod limit follows it, up to the gateway's own ceiling."""
     triton_name: str = ""
-    """The name the pod's model has in Triton, private to the pod (issue 25): the gateway maps
+    """The name the pod's model has in Triton, private to the pod: the gateway maps
     `model_id` in each request to it and back in each answer. Empty: the same as `model_id`
     (models installed before private names, and tables of agents before the field)."""
 

@@ -6,6 +6,7 @@ concept's own name (`seldon.io/trtis-gpu-mem`, `seldon.io/trtis-model-id`, ...).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -37,6 +38,17 @@ _PREFIX_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9_.-]*$"
 )
 _MODEL_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+RESIDENCY_ALWAYS = "always"
+"""Residency class (the default): loaded while the pod lives, charged its request, never unloaded
+to make room for another model."""
+RESIDENCY_ON_DEMAND = "on-demand"
+"""Residency class: may be unloaded from the GPU when idle and is loaded again by its next
+request; placed against the GPU's memory times its pool's over-commit factor."""
+RESIDENCIES = (RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND)
+MAX_OVERCOMMIT = 100.0
+"""The largest over-commit factor a node label may set: beyond it a GPU would be promised to more
+models than its agent could ever cycle through."""
 
 
 class ContractError(ValueError):
@@ -116,6 +128,17 @@ class Keys:
         return f"{self.prefix}tenant-code-namespaces"
 
     @property
+    def residency(self) -> str:
+        """Pod annotation: the model's residency class, `always` (the default) or `on-demand`."""
+        return f"{self.prefix}residency"
+
+    @property
+    def gpu_mem_overcommit(self) -> str:
+        """Node label set by the operator: the over-commit factor of the node's GPUs for
+        `on-demand` models, a decimal number from 1 (off, the default) to `MAX_OVERCOMMIT`."""
+        return f"{self.prefix}gpu-mem-overcommit"
+
+    @property
     def gpu_mem_reserve(self) -> str:
         """Leader Lease annotation written by the binder: the GPU memory reserve it places with,
         decimal bytes, so `tritonshare status` counts as the binder does."""
@@ -147,6 +170,32 @@ def validate_model_id(model_id: str) -> str:
             f"model id {model_id!r} has characters outside [A-Za-z0-9_.-]; rename the model"
         )
     return model_id
+
+
+def validate_residency(value: str, key: str) -> str:
+    """Return the residency class `value` names, else raise ContractError saying what to write;
+    `key` is the annotation's name, for the message."""
+    if value in RESIDENCIES:
+        return value
+    raise ContractError(
+        f"annotation {key}={str(value)[:64]!r} is not a residency class; write "
+        f"{key}: {RESIDENCY_ALWAYS} (loaded while the pod lives, the default) or "
+        f"{key}: {RESIDENCY_ON_DEMAND} (unloaded when idle, loaded again by the next request)"
+    )
+
+
+def parse_overcommit(value: str, key: str) -> float:
+    """The over-commit factor a node label `key` sets, or ContractError saying what to write."""
+    try:
+        factor = float(value)
+    except ValueError:
+        factor = math.nan
+    if not 1.0 <= factor <= MAX_OVERCOMMIT:  # also refuses nan and inf
+        raise ContractError(
+            f"label {key}={value[:64]!r} is not an over-commit factor; write a number from 1 "
+            f'(no over-commit) to {MAX_OVERCOMMIT:g}, such as {key}: "3"'
+        )
+    return factor
 
 
 def is_valid_model_id(model_id: str) -> bool:

@@ -153,7 +153,7 @@ class Settings:
         private_name,
         default="",
     )
-    """The model's private name in Triton when it differs from `model_id` (issue 25): requests
+    """The model's private name in Triton when it differs from `model_id`: requests
     naming `model_id` reach Triton under this name, and Triton's answers name `model_id` again.
     Empty: the same as `model_id`, and the relays rename nothing. The node gateway sets it for
     each calling pod from the caller table; a pod's own proxy leaves it empty (the gateway maps)."""

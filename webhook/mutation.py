@@ -8,6 +8,7 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
                                                            # (without .tar.gz, .tgz, .tar, .zip)
     tritonshare.io/concurrency: "4"                        # optional: the proxy's in-flight limit
     tritonshare.io/storage-secret: s3-creds                # optional: webhook.storage
+    tritonshare.io/residency: on-demand                    # optional: `always` (the default)
 
 and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from common.contract import ContractError, validate_model_id
+from common.contract import ContractError, validate_model_id, validate_residency
 from common.quantity import QuantityError, parse_quantity
 from webhook import storage
 from webhook.settings import Settings
@@ -75,6 +76,18 @@ def wants_completion(pod: Pod, settings: Settings) -> bool:
     """True when the pod names a model URI: the webhook leaves every other pod alone."""
     annotations = pod.get("metadata", {}).get("annotations") or {}
     return settings.keys.prefix + "model-uri" in annotations
+
+
+def check_residency(pod: Pod, settings: Settings) -> None:
+    """AnnotationError for a residency annotation that names no class, on any pod (the short
+    form and a complete model pod alike): refused at admission, not left for the binder."""
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    key = settings.keys.residency
+    if key in annotations:
+        try:
+            validate_residency(str(annotations[key]), key)
+        except ContractError as e:
+            raise AnnotationError(str(e)) from e
 
 
 def check_unfinished(pod: Pod, settings: Settings) -> None:

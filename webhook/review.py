@@ -11,7 +11,14 @@ import base64
 import json
 from typing import Any
 
-from webhook.mutation import AnnotationError, check_unfinished, complete, patch, wants_completion
+from webhook.mutation import (
+    AnnotationError,
+    check_residency,
+    check_unfinished,
+    complete,
+    patch,
+    wants_completion,
+)
 from webhook.settings import Settings
 
 
@@ -31,6 +38,7 @@ def review(body: Any, settings: Settings) -> dict[str, Any]:
     kind = request.get("kind") or {}
     if isinstance(pod, dict) and kind.get("kind") == "Pod":
         try:
+            check_residency(pod, settings)
             if not wants_completion(pod, settings):
                 check_unfinished(pod, settings)
                 operations = []

@@ -443,7 +443,7 @@ class TritonChannel(Channel, asyncio.Protocol):
 
 
 class RenamingChannel(TritonChannel):
-    """A channel for a model Triton knows by a private name (issue 25): Triton's answers name it,
+    """A channel for a model Triton knows by a private name: Triton's answers name it,
     and the tenant gets them naming the public model id (`policy.naming`), byte for byte as if
     Triton served the model under that id. A message's start is held until its name can be
     read (at most `naming.HOLD` per stream, within the stream's window); the tenant is then

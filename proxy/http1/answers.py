@@ -1,7 +1,7 @@
 """Triton's REST answers for a model it knows by a private name, renamed to the public model id.
 
-Used by the REST relay only where the model's name in Triton is not its id (the node gateway,
-issue 25). `AnswerNames` follows one response as Triton's bytes come (the upstream connection
+Used by the REST relay only where the model's name in Triton is not its id (the node gateway).
+`AnswerNames` follows one response as Triton's bytes come (the upstream connection
 finds where it ends) and returns what the tenant gets: the same response with the private name
 put back to the public id in its JSON (`policy.naming.rename_json`), and the lengths that count
 it (`Content-Length`, `Inference-Header-Content-Length` of the binary tensor extension, chunk

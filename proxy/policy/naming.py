@@ -1,6 +1,6 @@
 """A model's private name in Triton, mapped back to its public id in Triton's answers.
 
-The agent loads each pod's model into the node's shared Triton under a private name (issue 25);
+The agent loads each pod's model into the node's shared Triton under a private name;
 clients name the public model id, and the relays map requests to the private name
 (`policy.routing`). Triton's answers name the private name: this module puts the public id back,
 byte for byte as a Triton serving the model under that id would have written them, so a client

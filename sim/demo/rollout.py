@@ -260,7 +260,7 @@ def roll(
             f"  NOT rolled: {result.stuck or 'no new pod served within the deadline'} "
             f"({len(hashes)} revisions' pods left; {result.requests} requests, "
             f"{len(result.failures)} failed). A rollout on one node needs each pod's model under "
-            "a private name in Triton (issue 25)."
+            "a private name in Triton."
         )
     return result
 

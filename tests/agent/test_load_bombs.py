@@ -1,5 +1,5 @@
-"""Configs that make the shared Triton hold unbounded memory when it loads a model (issue 23's
-independent attack suite, run by us first).
+"""Configs that make the shared Triton hold unbounded memory when it loads a model (an
+independent attack suite's cases, run here first).
 
 Triton creates every instance a config asks for, and generates every warmup sample's data and
 every initial sequence state inside its own process when it loads the model, whatever the

@@ -1,4 +1,4 @@
-"""Each pod's model has a private name in Triton (issue 25), through the real agent and a real
+"""Each pod's model has a private name in Triton, through the real agent and a real
 Triton: two namespaces run models of one id on one node, a rollout's two revisions too, and a
 model installed before private names keeps serving under its public name.
 

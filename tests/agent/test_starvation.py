@@ -1,6 +1,6 @@
 """A tenant tries to starve the other teams of the agent's memory and of the node's disk.
 
-Issue 23's attacks 5 and 7, through the agent's real gRPC API with real grpc clients, tokens
+Through the agent's real gRPC API with real grpc clients, tokens
 minted by sim/'s API server and a real Triton. The memory attack runs the agent as its own process
 (`python -m sim.gpu.agent_node`), so its RSS is the agent's alone; the disk attack runs it in
 process, where the test can shrink the disk the agent sees.

@@ -18,6 +18,7 @@ BENCHMARKS = (
     "proxy_framing",
     "proxy_hotpath",
     "proxy_latency",
+    "residency",
     "sim_apiserver",
 )
 

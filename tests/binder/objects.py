@@ -78,8 +78,9 @@ def pod_obj(
     uid: str | None = None,
     spec_extra: dict[str, Any] | None = None,
     labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    annotations: dict[str, str] = {}
+    annotations = dict(annotations or {})
     if model is not None:  # "" means "named after the pod", None means no annotation
         annotations[KEYS.model_id] = model or name
     if gpu:

@@ -4,6 +4,7 @@ change the state, the pending pods and the "helpful change" signal."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -355,3 +356,20 @@ def test_unproven_pods_are_reported_when_their_node_becomes_a_tritonshare_node()
     cache.apply_node("ADDED", node_obj("later", [16 * GI]))  # its agent starts
     cache.apply_node("MODIFIED", node_obj("later", [16 * GI], labels={"a": "b"}))
     assert recorder.unproven == ["early:NotPlacedByBinder"]
+
+
+def test_an_unreadable_overcommit_label_is_logged_once_and_counts_as_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache, _ = make_cache()
+    label = {KEYS.gpu_mem_overcommit: "three"}
+    with caplog.at_level(logging.WARNING, logger="binder.cache"):
+        cache.apply_node("ADDED", node_obj("n1", [8 * GI], labels=label))
+        cache.apply_node("MODIFIED", node_obj("n1", [8 * GI], labels=label))  # same labels
+    warnings = [r.getMessage() for r in caplog.records if "over-commit" in r.getMessage()]
+    assert warnings == [
+        f"Node n1: label {KEYS.gpu_mem_overcommit}='three' is not an over-commit factor; write a "
+        f'number from 1 (no over-commit) to 100, such as {KEYS.gpu_mem_overcommit}: "3"; the '
+        f"binder places this node's GPUs without over-commit."
+    ]
+    assert cache.state.nodes["n1"].overcommit == 1.0

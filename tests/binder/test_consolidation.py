@@ -167,3 +167,11 @@ def test_a_tenant_recreating_its_pod_cannot_make_the_binder_empty_the_same_gpu_a
     assert made.moves[0].uid in cooldowns.pods(61.0)
     assert "a100-0" not in cooldowns.nodes(61.0)
     assert made.moves[0].uid not in cooldowns.pods(601.0)
+
+
+def test_no_running_pod_moves_for_an_on_demand_pod() -> None:
+    state = split_a100s()
+    llm = pod("llm-c", "45Gi", annotations={KEYS.residency: "on-demand"})
+    assert isinstance(place(state, llm, now=NOW), Unschedulable)
+    assert not fragmented(state, llm, now=NOW)
+    assert plan(state, llm, now=NOW) is None

@@ -16,7 +16,9 @@ from tests.binder.simcluster import (
     MakeBinder,
     add_node,
     add_pod,
+    bound,
     eventually,
+    failure,
     node_of,
     scheduled_condition,
 )
@@ -75,3 +77,27 @@ def test_a_pods_measured_figure_is_found_by_its_private_name_and_never_lent_to_a
     assert [node.measured_of(p) for p in (ours, theirs, legacy)] == [3 * GI, 2 * GI, GI]
     assert NodeInfo("gpu-1", measured={"resnet50": GI}).measured_of(ours) == GI
     assert node.measured_of(PodInfo("uid-d", "team-d", "d")) is None
+
+
+async def test_residency_classes_through_the_api(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "gpu-1", [16 * GI], labels={KEYS.gpu_mem_overcommit: "3"})
+    await make_binder()
+    on_demand = {KEYS.residency: "on-demand"}
+    for n in range(6):  # 36Gi of on-demand models on a 16Gi GPU, placed against 48Gi
+        add_pod(core, f"idle-{n}", mem="6Gi", model=f"idle-{n}", annotations=on_demand)
+    await eventually(lambda: len(bound(core, [f"idle-{n}" for n in range(6)])) == 6, what="six")
+    # An always pod fits beside them: 16Gi minus the largest on-demand model, woken.
+    add_pod(core, "steady", mem="10Gi", model="steady")
+    assert await eventually(lambda: node_of(core, "steady"), what="steady") == "gpu-1"
+    # Now the always-resident models leave 6Gi to wake a model in: a 7Gi one fits nowhere.
+    add_pod(core, "large", mem="7Gi", model="large", annotations=on_demand)
+    condition = await eventually(lambda: scheduled_condition(core, "large"), what="large")
+    assert condition.reason == "Unschedulable"
+    assert "Insufficient GPU memory for always-resident models" in condition.message
+    # A residency that names no class is explained, as the binder's other refusals are.
+    add_pod(core, "typo", mem="1Gi", model="typo", annotations={KEYS.residency: "sometimes"})
+    condition = await eventually(lambda: scheduled_condition(core, "typo"), what="typo")
+    assert condition.status == "False" and "is not a residency class" in condition.message
+    assert "is not a residency class" in await eventually(lambda: failure(core, "typo"))

@@ -305,7 +305,7 @@ def test_binpack_takes_the_smallest_gpu_kind_that_fits_when_no_kind_has_gpus_to_
 
 
 def test_binpack_opens_the_larger_gpus_while_their_kind_has_gpus_to_spare() -> None:
-    """Issue 29's second rule opened the smallest GPU first whatever was free: the static fleet of
+    """An earlier rule opened the smallest GPU first whatever was free: the static fleet of
     benchmarks/density.py then used 742 T4s and 1,000 GPUs in all, where first-fit decreasing
     used 576. While more than two fifths of a kind's GPUs have room for a model that needs the
     kind, binpack opens the larger ones (fewer GPUs in use); the A100s stay kept for the pods
@@ -374,7 +374,7 @@ def test_binpack_fills_a_used_gpu_before_opening_an_empty_one_of_the_same_kind()
 
 
 def test_binpack_fills_a_used_gpu_of_a_bigger_kind_before_opening_an_empty_smaller_one() -> None:
-    """Issue 29's first rule took the smallest kind first and opened an empty T4 while a used L4
+    """An earlier rule took the smallest kind first and opened an empty T4 while a used L4
     had room: 3 % more GPU memory in use on benchmarks/density.py's static fleet."""
     state = cluster(
         node_obj("a100-0", [80 * GI]), node_obj("l4-0", [24 * GI]), node_obj("t4-0", [16 * GI])

@@ -1,5 +1,5 @@
 """Only proven placements count: a tenant's pods that the binder did not place cannot starve
-placement or squat a model id (issue 23, attacks 1 and 2).
+placement or squat a model id.
 
 A tenant with full rights in its namespace creates pods with `spec.nodeName` and
 `schedulerName: default-scheduler` (the admission policy is defence in depth and the simulated

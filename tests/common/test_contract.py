@@ -10,7 +10,9 @@ from common.contract import (
     Keys,
     agent_lease_name,
     is_valid_model_id,
+    parse_overcommit,
     validate_model_id,
+    validate_residency,
 )
 
 
@@ -21,6 +23,8 @@ def test_default_keys() -> None:
     assert keys.gpu == "tritonshare.io/gpu"
     assert keys.gpu_mem_total == "tritonshare.io/gpu-mem-total"
     assert keys.gpus == "tritonshare.io/gpus"
+    assert keys.residency == "tritonshare.io/residency"
+    assert keys.gpu_mem_overcommit == "tritonshare.io/gpu-mem-overcommit"
 
 
 def test_proof_of_concept_prefix_gives_its_exact_names() -> None:
@@ -62,3 +66,26 @@ def test_invalid_model_ids_say_why(model_id: str, why: str) -> None:
     with pytest.raises(ContractError, match=why):
         validate_model_id(model_id)
     assert not is_valid_model_id(model_id)
+
+
+def test_residency_classes_and_what_a_bad_one_is_told() -> None:
+    assert validate_residency("always", "k") == "always"
+    assert validate_residency("on-demand", "k") == "on-demand"
+    with pytest.raises(ContractError) as e:
+        validate_residency("OnDemand", "tritonshare.io/residency")
+    assert str(e.value) == (
+        "annotation tritonshare.io/residency='OnDemand' is not a residency class; write "
+        "tritonshare.io/residency: always (loaded while the pod lives, the default) or "
+        "tritonshare.io/residency: on-demand (unloaded when idle, loaded again by the next request)"
+    )
+
+
+@pytest.mark.parametrize(("value", "factor"), [("1", 1.0), ("2.5", 2.5), ("100", 100.0)])
+def test_overcommit_factors(value: str, factor: float) -> None:
+    assert parse_overcommit(value, "k") == factor
+
+
+@pytest.mark.parametrize("value", ["0", "0.99", "101", "nan", "inf", "-3", "three", ""])
+def test_a_bad_overcommit_factor_says_what_to_write(value: str) -> None:
+    with pytest.raises(ContractError, match=r"write a number from 1 \(no over-commit\) to 100"):
+        parse_overcommit(value, "tritonshare.io/gpu-mem-overcommit")

@@ -232,7 +232,7 @@ def _on_node(
 def test_no_pod_created_on_a_node_carries_tritonshare_resources_or_annotations(
     cluster: Cluster,
 ) -> None:
-    """Issue 23: a pod created with spec.nodeName and a big gpu-mem (or a victim's model id)
+    """A pod created with spec.nodeName and a big gpu-mem (or a victim's model id)
     under another schedulerName slipped past the policy. The binder does not charge such a pod
     any more; this refuses it where the tenant creates it, whatever its schedulerName."""
     attempts = [

@@ -1,4 +1,4 @@
-"""Two teams name their models the same (issue 25): `resnet50` in namespace team-a and another
+"""Two teams name their models the same: `resnet50` in namespace team-a and another
 `resnet50` in team-b, both written in the short form, are placed on the one node with a real
 Triton, each loaded under its own pod's private name, and each pod's clients get that pod's
 model's answers (REST, gRPC and a gRPC stream) naming only `resnet50`, never the private name.

@@ -249,3 +249,30 @@ def test_settings_follow_the_key_prefix_and_ports() -> None:
     assert "--agent-address=$(HOST_IP):8200" in done["spec"]["initContainers"][1]["args"]
     with pytest.raises(SettingsError, match="write a number from 1 to 65535"):
         parse_settings(["--agent-port", "http"], {})
+
+
+RESIDENCY = "tritonshare.io/residency"
+
+
+@pytest.mark.parametrize("value", ["always", "on-demand"])
+def test_both_forms_accept_a_residency_class_and_keep_it(value: str) -> None:
+    short = _review(pod(**GS, **{RESIDENCY: value}))["response"]
+    assert short["allowed"] is True
+    operations = json.loads(base64.b64decode(short["patch"]))
+    done = json_patch(pod(**GS, **{RESIDENCY: value}), operations)
+    assert done["metadata"]["annotations"][RESIDENCY] == value
+    full = complete(pod(**GS), SETTINGS)
+    full["metadata"]["annotations"][RESIDENCY] = value
+    assert _review(full)["response"] == {"uid": short["uid"], "allowed": True}
+
+
+@pytest.mark.parametrize("value", ["On-Demand", "ondemand", "", "never"])
+def test_a_bad_residency_is_refused_on_both_forms_saying_what_to_write(value: str) -> None:
+    full = complete(pod(**GS), SETTINGS)
+    full["metadata"]["annotations"][RESIDENCY] = value
+    for obj in (pod(**GS, **{RESIDENCY: value}), full):
+        refused = _review(obj)["response"]
+        assert refused["allowed"] is False and refused["status"]["code"] == 400
+        message = refused["status"]["message"]
+        assert f"annotation {RESIDENCY}={value!r} is not a residency class" in message
+        assert f"{RESIDENCY}: always" in message and f"{RESIDENCY}: on-demand" in message

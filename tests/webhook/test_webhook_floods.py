@@ -1,5 +1,5 @@
-"""The webhook's memory under a tenant's requests (issue 23's independent attack suite, run by us
-first).
+"""The webhook's memory under a tenant's requests (an independent attack suite's
+cases, run here first).
 
 The webhook serves HTTPS to whoever connects: nothing but the network stands between a tenant's
 pod and its port, and with `failurePolicy: Fail` (the chart's default) no model pod of any team

@@ -1,5 +1,5 @@
-"""HTTP/2 denial-of-service attacks on the node gateway, as a tenant would run them (issue 23's
-independent attack suite, run by us first).
+"""HTTP/2 denial-of-service attacks on the node gateway, as a tenant would run them (an
+independent attack suite's cases, run here first).
 
 One real `python -m proxy.gateway` process (module-scoped, as the node pod runs it) stands in front
 of the real Triton; the attacker is a proven pod (in the caller table) that bypasses its own proxy

@@ -1,5 +1,5 @@
-"""Many pods together holding partial messages in the node gateway (issue 23, "the bounds add up
-over pods"), through a real gateway process in front of the real Triton.
+"""Many pods together holding partial messages in the node gateway ("the bounds add up over
+pods"), through a real gateway process in front of the real Triton.
 
 Each pod's share of the gateway is bounded on its own, but the bounds add up: on the code before,
 eight pod addresses each holding 64 connections of 128 ModelInfer streams with a message 384

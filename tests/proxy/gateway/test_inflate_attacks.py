@@ -1,4 +1,4 @@
-"""Inflate bombs against the node gateway, through real processes (issue 23, attacks 3 and 4).
+"""Inflate bombs against the node gateway, through real processes.
 
 A real `python -m proxy.gateway` process stands in front of the real Triton; the attacker is a
 proven pod (it is in the caller table) that bypasses its own proxy and talks to the gateway from

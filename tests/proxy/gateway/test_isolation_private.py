@@ -1,5 +1,5 @@
 """The isolation table run against the gateway for a pod whose model Triton knows by a private
-name (issue 25): every row must hold exactly as for a model loaded under its own id.
+name: every row must hold exactly as for a model loaded under its own id.
 
 Triton has add_one twice: as `add_one`, and as a copy under PRIVATE (the agent's kind of name).
 The caller table gives 127.0.0.1 the model id add_one with PRIVATE as its name in Triton. The

@@ -1,4 +1,4 @@
-"""A pod's share of the node gateway's one event loop (issue 23: "a request flood takes the
+"""A pod's share of the node gateway's one event loop ("a request flood takes the
 gateway's turns"), through a real gateway process in front of the real Triton.
 
 The flooder is a proven pod (in the caller table) that bypasses its own proxy and pipelines, on a

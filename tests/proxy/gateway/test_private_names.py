@@ -1,4 +1,4 @@
-"""Private model names in Triton, through the node gateway and a real Triton (issue 25).
+"""Private model names in Triton, through the node gateway and a real Triton.
 
 Two pods in two namespaces both serve a model called `resnet50`; Triton has them under private
 names (A_PRIVATE: add_one, B_PRIVATE: the same model adding ten, a name shorter than the public

@@ -1,6 +1,6 @@
 """A connection a pod opens while it is held to its share of the gateway's loop starts paused, on
-the event loop the gateway runs on (uvloop), for both relays (issue 23's independent attack suite,
-run by us first).
+the event loop the gateway runs on (uvloop), for both relays (an independent attack
+suite's case, run here first).
 
 The attack: a pod floods the gateway's loop while a neighbour is served, so it is held to its
 share round after round, and opens new connections meanwhile on which it writes without reading

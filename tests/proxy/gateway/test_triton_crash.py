@@ -1,5 +1,5 @@
-"""One REST request that crashed the shared Triton (issue 23's independent attack suite, run by
-us first).
+"""One REST request that crashed the shared Triton (an independent attack suite's case, run
+here first).
 
 Triton 2.51 parses a REST inference body's JSON recursively: nested past about 100,000 to 200,000
 levels it overflows its stack and the whole process dies with SIGSEGV, every tenant's model with

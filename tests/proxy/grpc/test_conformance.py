@@ -11,7 +11,7 @@ and `test_conformance_hpack.py`. Left out, and why: 6.9.1/1 (a server's own send
 client's window: grpc/test_channel.py), 8.1.2.6 (content-length against DATA: gRPC requests
 carry none), and server push (the relay never pushes).
 
-The cases marked "gap" were answered wrongly before issue 16 (an uncaught IndexError, a short
+The cases marked "gap" were answered wrongly by an earlier relay (an uncaught IndexError, a short
 PING echoed, a short SETTINGS acknowledged, a WINDOW_UPDATE of 0 or past 2^31-1 ignored): each
 fails on the relay before the frame layer (`proxy.http2.reader`). Every answer is also fed to the
 `h2` library's client, which must find it valid HTTP/2 (and reads the GOAWAY and RST_STREAM codes

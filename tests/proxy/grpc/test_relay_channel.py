@@ -1,4 +1,4 @@
-"""Black-box tests of the gRPC endpoint's connection handling (issue 7), in both gRPC modes.
+"""Black-box tests of the gRPC endpoint's connection handling, in both gRPC modes.
 
 What the proxy must hold however it reaches Triton: every tenant connection of a proxy process
 shares ONE connection to Triton ("one pooled upstream session and channel per process"); a

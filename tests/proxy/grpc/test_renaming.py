@@ -1,4 +1,4 @@
-"""The gRPC relay for a model Triton knows by a private name (issue 25), driven frame by frame
+"""The gRPC relay for a model Triton knows by a private name, driven frame by frame
 (`rig.Rig` with --triton-name): what Triton receives names the private name, with lengths and
 flow control to match, and what the tenant receives names the model id."""
 

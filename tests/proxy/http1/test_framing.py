@@ -58,7 +58,7 @@ def test_keep_alive_follows_the_version_and_connection_header() -> None:
         (b"POST / HTTP/1.1\r\nX: a\nContent-Length: 5", 400),
         (b"POST / HTTP/1.1\r\nContent-Length : 5", 400),
         (b"POST / HTTP/1.1\r\nX: a\x00b", 400),
-        # Issue 16's gaps: every control byte but HTAB in a value (RFC 9110 5.5), and Host
+        # Gaps of an earlier parser: every control byte but HTAB in a value (RFC 9110 5.5), and Host
         # missing, twice, or not host[:port] in an HTTP/1.1 request (RFC 9112 3.2).
         (b"POST / HTTP/1.1\r\nHost: h\r\nX: a\x01b", 400),
         (b"POST / HTTP/1.1\r\nHost: h\r\nX: a\x7fb", 400),

@@ -3,7 +3,7 @@
 Each rule of RFC 9113 the reader checks is a case below with the error the RFC names for it, and
 a property test holds it to `hyperframe` (the frame parser of python-hyper's h2) as an oracle:
 whatever frame hyperframe refuses, the reader refuses too, and whatever both take, they read
-alike. The cases marked "a gap of issue 16" were answered wrongly before the reader existed (an
+alike. The cases marked "a gap" were answered wrongly before the reader existed (an
 uncaught IndexError, a short PING echoed, a short SETTINGS acknowledged, a WINDOW_UPDATE of 0
 ignored).
 """
@@ -68,7 +68,7 @@ def settings_payload(values: dict[int, int]) -> bytes:
 
 
 CASES: dict[str, tuple[bytes, tuple[str, int]]] = {
-    # -- the gaps of issue 16 --------------------------------------------------------------------
+    # -- the gaps an earlier relay had ------------------------------------------------------------
     "empty PADDED DATA (gap: was an IndexError)": (
         f.frame(f.DATA, f.PADDED, 1),
         ("connection", f.FRAME_SIZE_ERROR),

@@ -1,6 +1,6 @@
 """The one refusal table (`proxy.policy.refusals`): every refusal type has its row, and is used.
 
-Before issue 16 five of the seven refusal types were never raised while the relays picked their
+Once, five of the seven refusal types were never raised while the relays picked their
 own statuses and codes by hand; now each relay raises or hands on a type and asks the table.
 """
 
