@@ -142,10 +142,9 @@ class GatewaySettings:
     its own limit, so dynamic batching still gets a lone pod's concurrency. Without it a pod
     flooding within its own limit takes Triton (and the node's cores, which Triton's request
     handling and backends run on) from its neighbours. `auto`, the default, is the node's CPUs (the
-    process's CPU affinity): on the 2-core node of the benchmark a flooding pod beside a steady one
-    then has 1 request at Triton, and the victim's p99 under a flood went from 14-34x its p99 alone
-    to 1.3x (with 2 each 1.8-1.9x, with 4 each 8-15x; docs/results.md, "Security and
-    isolation"). On a GPU node, where the GPU is what the pods share, set it to the requests the
+    process's CPU affinity): on a small CPU node a flooding pod beside a steady one then has 1
+    request at Triton, which kept the victim's p99 within a few times its p99 alone
+    (docs/results.md, "Security and isolation"). On a GPU node, where the GPU is what the pods share, set it to the requests the
     node's models can run at once. 0: each pod bounded by its own limit only."""
     max_buffered_bytes: int = setting(
         "max-buffered-bytes",
