@@ -39,6 +39,7 @@ from agent.node import NodePublisher, NodeSettings
 from agent.nodepods import NodePods
 from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
+from agent.quarantine import CrashLedger
 from agent.reconcile import Reconciler
 from agent.repository import Repository, check_apart
 from agent.service import AgentService, add_to_server
@@ -129,6 +130,7 @@ class Agent:
         self.owners = OwnerStore(
             settings.state_dir or self.repository.root.parent / ".tritonshare-state"
         )
+        self.crashes = CrashLedger(self.owners.directory, settings.crash_quarantine_after)
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
 
@@ -163,6 +165,7 @@ class Agent:
             pods=self.pods,
             metrics=self.metrics,
             ledger=self.ledger,
+            crashes=self.crashes,
         )
         self.reconciler = Reconciler(
             self.models,
@@ -196,6 +199,7 @@ class Agent:
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
         self.metrics.watch_models(self.reconciler.callers)
+        self.metrics.watch_quarantine(self.crashes.records)
 
         # Serving the pods: who may call, the service, the gate in front of it.
         self.authorizer = Authorizer(
@@ -267,6 +271,7 @@ class Agent:
         check_apart(self.repository.root, self.owners.directory, "state directory", "--state-dir")
         self.repository.prepare()
         self.owners.load()
+        self.crashes.load()
         lifecycle.on_shutdown("the Kubernetes client", self.kube.close)
         lifecycle.on_shutdown("the pod events", self.events.close)
         lifecycle.on_shutdown("the ModelLoaded writes", self.conditions.close)

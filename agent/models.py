@@ -40,7 +40,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -57,7 +57,16 @@ from agent.errors import (
 )
 from agent.gpuqueue import GpuQueue, Turn, Work
 from agent.inventory import GpuInfo, GpuSnapshot
-from agent.lifecycle import Event, Life, ModelState, Phase, reported, step
+from agent.lifecycle import (
+    TRANSITIONS,
+    Event,
+    Life,
+    ModelState,
+    Phase,
+    Rules,
+    reported,
+    step,
+)
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import (
@@ -72,6 +81,7 @@ from agent.modelconfig import (
 from agent.onnxmodel import OnnxFormatError, external_locations
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
+from agent.quarantine import CrashLedger, CrashRecord, Marker
 from agent.repository import Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
@@ -99,6 +109,8 @@ class ModelStatus:
     pod: str = ""
     triton_name: str = ""
     """The model's name in Triton (its pod's private name, or a legacy model's public id)."""
+    quarantined: bool = False
+    """Its files coincided with too many of Triton's unexpected exits (`agent.quarantine`)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,20 @@ class _Record:
 
 
 Chunk = tuple[str, int, bytes]
+
+CRASHED_REASON = "ModelCrashedTriton"
+"""The reason of the pod's condition and Warning Event for a quarantined model."""
+
+
+def crash_message(record: CrashRecord) -> str:
+    return (
+        f"model {record.model_id} was being loaded when the node's Triton exited unexpectedly "
+        f"{record.crashes} times in a row (last for pod {record.pod}): it is quarantined on this "
+        f"node and not loaded here again, so that the node's other models stay served; fix the "
+        f"model (a new version of its files loads), or ask the operator to clear it "
+        f"(tritonshare quarantine clear <node> {record.namespace}/{record.model_id})"
+    )
+
 
 GATHER_BYTES = 1024 * 1024
 """Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
@@ -226,6 +252,7 @@ class Models:
         pods: Pods,
         metrics: AgentMetrics,
         ledger: MemoryLedger | None = None,
+        crashes: CrashLedger | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repository = repository
@@ -236,6 +263,8 @@ class Models:
         self._pods = pods
         self.metrics = metrics
         self.ledger = ledger or MemoryLedger()
+        self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
+        self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
         self.gpu_queue = GpuQueue()
         self._granted: dict[int, asyncio.Future[None]] = {}
         """Turn number -> what its waiter awaits until the GPU queue grants it."""
@@ -283,7 +312,7 @@ class Models:
     def _step(self, name: str, record: _Record, event: Event, reason: str = "") -> None:
         """Move the model's life by `event` (the only writer of `_Record.life`)."""
         before = record.life.phase
-        record.life = step(record.life, event, self.clock(), reason)
+        record.life = step(record.life, event, self.clock(), reason, self.rules)
         if record.life.phase is not before:
             log.debug(
                 "Model %s: %s -> %s (%s).", name, before.value, record.life.phase.value, event.value
@@ -627,9 +656,14 @@ class Models:
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
             return self._status(name, entry, manifest)
+        quarantined = self.crashes.quarantined(owned.digest)
+        if quarantined is not None:
+            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
         self._step(name, record, Event.LOAD_STARTED)
         record.gpu_uuid, record.gpu_index = uuid, index
         started = self.clock()
+        # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
+        await self._in_thread(self.crashes.loading, Marker(name, owned.digest, model_id, owner.key))
         try:
             await self._load_measured(name, override, owner, uuid, index)
         except TritonUnreachableError:
@@ -637,6 +671,7 @@ class Models:
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise
         except TritonError as e:
+            self.crashes.answered(name)
             self._step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels("triton_rejected").inc()
             log.warning(
@@ -647,6 +682,7 @@ class Models:
                 extra=subject(pod=owner.key, model=model_id),
             )
         except ResourceExhaustedError:
+            self.crashes.answered(name)
             self._step(name, record, Event.LOAD_REFUSED)
             self.metrics.gpu_memory_refusals.inc()
             raise
@@ -654,6 +690,8 @@ class Models:
             self._step(name, record, Event.LOAD_UNANSWERED)
             raise
         else:
+            self.crashes.answered(name)
+            self.crashes.loaded(owned.digest)
             self._step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
@@ -859,10 +897,15 @@ class Models:
     ) -> ModelStatus:
         record = self._records.get(name) or _Record()
         state = reported(record.life, entry.state if entry else "", manifest is not None)
+        reason = record.life.failure if state is ModelState.FAILED else ""
+        quarantined = self.quarantine_of(name)
+        if quarantined is not None and state is not ModelState.READY:
+            state, reason = ModelState.FAILED, crash_message(quarantined)
         return ModelStatus(
             model_id=self.public_id(name),
             state=state,
-            reason=record.life.failure if state is ModelState.FAILED else "",
+            reason=reason,
+            quarantined=quarantined is not None and state is ModelState.FAILED,
             manifest_digest=manifest.digest if manifest else "",
             gpu_uuid=record.gpu_uuid,
             gpu_index=record.gpu_index,
@@ -891,6 +934,21 @@ class Models:
             self._status(name, index.get(name), self.repository.installed_manifest(name))
             for name in sorted(names)
         ]
+
+    def quarantine_of(self, name: str) -> CrashRecord | None:
+        """The quarantine of the files installed as `name`, if they are quarantined."""
+        owned = self.owners.get(name)
+        return self.crashes.quarantined(owned.digest) if owned and owned.digest else None
+
+    def crash_suspected(self, marker: Marker) -> CrashRecord:
+        """Count a load Triton died under (`marker`, left over, its model not in Triton) against
+        its files; the model's life follows the count on disk, which survives restarts."""
+        counted = self.crashes.crashed(marker)
+        record = self.record(marker.name)
+        record.life = replace(record.life, crashes=counted.crashes - 1)
+        if (record.life.phase, Event.CRASH_SUSPECTED) in TRANSITIONS:
+            self._step(marker.name, record, Event.CRASH_SUSPECTED)
+        return counted
 
     def loaded_per_gpu(self) -> dict[str, int]:
         """Models the agent holds loaded, by GPU UUID ("" for the CPU), for metrics."""

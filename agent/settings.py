@@ -243,6 +243,14 @@ class Settings:
         default="120",
     )
     """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
+    crash_quarantine_after: int = setting(
+        "crash-quarantine-after",
+        "Triton exits in a row under a model's loads before it is quarantined on the node",
+        whole(minimum=1),
+        default="3",
+    )
+    """Unexpected Triton exits in a row, each while the model's files were loading, after which
+    the files are never loaded on this node again until an operator clears them."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds", "seconds a Triton load may take", seconds(), default="600"
     )

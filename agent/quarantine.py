@@ -1,0 +1,205 @@
+"""Which models coincided with Triton's unexpected exits on this node, kept on disk.
+
+A crash marker (`<name>.loading` in the state directory) is written, and synced, before a load
+reaches Triton and removed when Triton answers it (ready, refused, or no room). A marker left
+over whose model Triton does not hold, with no load of it under way, is a load that Triton died
+under: the reconciler counts it against the model's files (its manifest digest, so a replacement
+pod with the same files is refused too, and a fixed version is not). A load that Triton answers
+READY resets the count: the count is of crashes in a row. At `quarantine_after` crashes in a row
+the files are quarantined on the node: never loaded again there until an operator clears the
+record (`tritonshare quarantine clear NODE MODEL`, the Node annotation `clear_annotation` names).
+
+The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
+temporary file and renamed, so an agent restart and a node pod replacement (the state directory
+is the node's) keep them. This module only stores and counts; `agent.models` writes the markers
+around its loads, `agent.reconcile` decides when a marker is a crash and what the pod is told.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MARKER_SUFFIX = ".loading"
+COUNTS_FILE = "crashes.json"
+MAX_RECORDS = 10_000
+"""Counts kept at most (the oldest unquarantined go first): a tenant cannot fill the disk."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A load under way, as written before it reached Triton."""
+
+    name: str
+    """The model's name in Triton."""
+    digest: str
+    model_id: str
+    pod: str
+    """namespace/name of the pod it was loaded for."""
+
+
+@dataclass(frozen=True)
+class CrashRecord:
+    """The crashes in a row of one model's files on this node."""
+
+    digest: str
+    model_id: str
+    pod: str
+    """The pod of the last crash (namespace/name)."""
+    crashes: int
+    quarantined: bool = False
+
+    @property
+    def namespace(self) -> str:
+        return self.pod.partition("/")[0]
+
+    def matches(self, selector: str) -> bool:
+        """Whether an operator's `selector` names it: its model id, namespace/model id, pod
+        (namespace/name), or a digest prefix of at least 12 characters."""
+        return selector in (
+            self.model_id,
+            f"{self.namespace}/{self.model_id}",
+            self.pod,
+        ) or (len(selector) >= 12 and self.digest.startswith(selector))
+
+
+class CrashLedger:
+    """The node's crash markers and crash counts, in memory and in `directory`."""
+
+    def __init__(self, directory: Path, quarantine_after: int) -> None:
+        if quarantine_after < 1:
+            raise ValueError("quarantine_after must be at least 1")
+        self.directory = directory
+        self.quarantine_after = quarantine_after
+        self._records: dict[str, CrashRecord] = {}
+
+    def load(self) -> None:
+        """Read the counts; an unreadable file is kept aside and counting starts afresh."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.directory / COUNTS_FILE
+        self._records = {}
+        try:
+            document = json.loads(path.read_text())
+            for item in document["records"]:
+                record = CrashRecord(
+                    str(item["digest"]),
+                    str(item["model_id"]),
+                    str(item["pod"]),
+                    int(item["crashes"]),
+                    bool(item["quarantined"]),
+                )
+                self._records[record.digest] = record
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            aside = path.with_name(path.name + ".unreadable")
+            with contextlib.suppress(OSError):
+                path.replace(aside)
+            log.warning(
+                "The crash counts %s are unreadable (%s): kept as %s, counting starts afresh.",
+                path,
+                e,
+                aside,
+            )
+
+    # Markers.
+    def loading(self, marker: Marker) -> None:
+        """Write `marker` durably before its load reaches Triton."""
+        self._write(self.directory / f"{marker.name}{MARKER_SUFFIX}", asdict(marker))
+
+    def answered(self, name: str) -> None:
+        """Triton answered the load of `name`: it did not die under it."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / f"{name}{MARKER_SUFFIX}").unlink()
+
+    def markers(self) -> dict[str, Marker]:
+        """Every marker on disk, by name in Triton (unreadable ones are removed)."""
+        found = {}
+        for path in sorted(self.directory.glob(f"*{MARKER_SUFFIX}")):
+            try:
+                data = json.loads(path.read_text())
+                marker = Marker(
+                    str(data["name"]), str(data["digest"]), str(data["model_id"]), str(data["pod"])
+                )
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            found[marker.name] = marker
+        return found
+
+    # Counts.
+    def crashed(self, marker: Marker) -> CrashRecord:
+        """Count a crash against the marker's files and remove the marker."""
+        before = self._records.get(marker.digest)
+        crashes = (before.crashes if before else 0) + 1
+        record = CrashRecord(
+            marker.digest,
+            marker.model_id,
+            marker.pod,
+            crashes,
+            quarantined=crashes >= self.quarantine_after,
+        )
+        self._records[marker.digest] = record
+        self._trim()
+        self._save()
+        self.answered(marker.name)
+        return record
+
+    def loaded(self, digest: str) -> None:
+        """Triton answered a load of these files READY: their crashes in a row end."""
+        record = self._records.get(digest)
+        if record is not None and not record.quarantined:
+            del self._records[digest]
+            self._save()
+
+    def count(self, digest: str) -> int:
+        """The crashes in a row of these files (0: none, or cleared)."""
+        record = self._records.get(digest)
+        return record.crashes if record is not None else 0
+
+    def quarantined(self, digest: str) -> CrashRecord | None:
+        record = self._records.get(digest)
+        return record if record is not None and record.quarantined else None
+
+    def records(self) -> list[CrashRecord]:
+        return sorted(self._records.values(), key=lambda r: (r.pod, r.digest))
+
+    def clear(self, selectors: Iterable[str]) -> list[CrashRecord]:
+        """Forget the records any of `selectors` names (`CrashRecord.matches`); returns them."""
+        wanted = [s.strip() for s in selectors if s.strip()]
+        gone = [r for r in self._records.values() if any(r.matches(s) for s in wanted)]
+        for record in gone:
+            del self._records[record.digest]
+        if gone:
+            self._save()
+        return gone
+
+    def _trim(self) -> None:
+        if len(self._records) <= MAX_RECORDS:
+            return
+        for digest in [d for d, r in self._records.items() if not r.quarantined][
+            : len(self._records) - MAX_RECORDS
+        ]:
+            del self._records[digest]
+
+    def _save(self) -> None:
+        document = {"records": [asdict(r) for r in self._records.values()]}
+        self._write(self.directory / COUNTS_FILE, document)
+
+    @staticmethod
+    def _write(path: Path, document: object) -> None:
+        temporary = path.with_name(path.name + ".tmp")
+        with temporary.open("w") as f:
+            json.dump(document, f)
+            f.flush()
+            os.fsync(f.fileno())
+        temporary.replace(path)

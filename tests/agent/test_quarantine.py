@@ -1,0 +1,200 @@
+"""Crash quarantine through a real Triton: a model whose load kills Triton is counted, loaded
+again last and alone, and quarantined on the node after `--crash-quarantine-after` crashes in a
+row; the node's other model is served again; the pod, the Events and the metrics say so; the
+record survives an agent restart."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import kubernetes.client
+import pytest
+
+from agent.triton import READY
+from protos import agent_pb2
+from sim.apiserver import RunningApiServer
+from sim.triton import TritonServer
+from tests.agent.conftest import (
+    StartAgent,
+    bearer,
+    eventually,
+    install_dir,
+    make_pod,
+    name_in_triton,
+)
+from tests.conftest import copy_model
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+CONDITION = "tritonshare.io/ModelLoaded"
+QUARANTINED = "tritonshare_agent_quarantined_models"
+
+# Python-backend stubs are separate processes: a crash in one only fails the load. Killing the
+# stub's parent, tritonserver, takes the whole server down, as a crashing backend library does.
+KILLER = """import os
+import signal
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        os.kill(os.getppid(), signal.SIGKILL)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@contextlib.asynccontextmanager
+async def kubelet_restarts(triton: TritonServer) -> AsyncIterator[list[int]]:
+    """Restart Triton whenever it exits, as the kubelet restarts a crashed container; yields the
+    list of restarts (one entry each)."""
+    restarts: list[int] = []
+    stop = asyncio.Event()
+
+    async def supervise() -> None:
+        while not stop.is_set():
+            if triton.exited():
+                await asyncio.to_thread(triton.restart)
+                restarts.append(1)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+
+    task = asyncio.create_task(supervise())
+    try:
+        yield restarts
+    finally:
+        stop.set()
+        await task
+
+
+def killer_model(root: Path) -> Path:
+    source = copy_model("add_one", root, as_name="killer")
+    (source / "1" / "model.py").write_text(KILLER)
+    return source
+
+
+async def deploy(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    stub: Any,
+    gpu: str,
+    source: Path,
+    model_id: str,
+) -> str:
+    """A Running pod whose loader installed its model; returns its token."""
+    make_pod(kube_api, f"{model_id}-pod", model_id, gpu_uuid=gpu, phase="Running")
+    token = apiserver.mint_token("default", f"{model_id}-pod")
+    await install_dir(stub, token, source, model_id)
+    return token
+
+
+def pod_of(api: kubernetes.client.ApiClient, name: str) -> Any:
+    return kubernetes.client.CoreV1Api(api).read_namespaced_pod(name, "default")
+
+
+def events(api: kubernetes.client.ApiClient, pod: str) -> list[tuple[str, str]]:
+    core: Any = kubernetes.client.CoreV1Api(api)
+    found = core.list_namespaced_event("default", field_selector=f"involvedObject.name={pod}")
+    return [(e.reason, e.message) for e in found.items]
+
+
+def condition(api: kubernetes.client.ApiClient, pod: str) -> tuple[str, str, str]:
+    for c in pod_of(api, pod).status.conditions or []:
+        if c.type == CONDITION:
+            return c.status, c.reason, c.message
+    return "", "", ""
+
+
+async def test_a_model_whose_load_kills_triton_is_quarantined_and_the_other_is_served(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    running = await start_custom_agent(crash_quarantine_after=2)
+    gpu = running.mock.gpus[0].uuid
+    good_source = copy_model("add_one", tmp_path / "src", as_name="good")
+    good_token = await deploy(apiserver, kube_api, running.stub, gpu, good_source, "good")
+    loaded = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="good"), metadata=bearer(good_token)
+    )
+    assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
+    good, killer = name_in_triton(kube_api, "good-pod", "good"), ""
+
+    async def good_ready() -> bool:
+        entry = await running.agent.triton.state(good)
+        return entry is not None and entry.state == READY
+
+    async with kubelet_restarts(triton) as restarts:
+        killer_token = await deploy(
+            apiserver, kube_api, running.stub, gpu, killer_model(tmp_path / "src"), "killer"
+        )
+        killer = name_in_triton(kube_api, "killer-pod", "killer")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await running.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="killer"), metadata=bearer(killer_token)
+            )
+        registry = running.agent.metrics.registry
+        labels = {"model_namespace": "default", "model_id": "killer"}
+
+        owned = running.agent.owners.get(killer)
+        assert owned is not None
+        labels["digest"] = owned.digest
+
+        def quarantined() -> bool:
+            return registry.get_sample_value(QUARANTINED, labels) == 1
+
+        await eventually(quarantined, limit=90, what="the killer model quarantined")
+        assert len(restarts) == 2, "the second crash quarantines it (--crash-quarantine-after 2)"
+        await eventually(good_ready, limit=60, what="the other model served again")
+
+        # Quarantined: several passes later, it has not been loaded again.
+        passes = running.agent.reconciler.passes
+        await eventually(
+            lambda: running.agent.reconciler.passes >= passes + 3, what="three more passes"
+        )
+        assert len(restarts) == 2
+        assert await good_ready()
+        entry = await running.agent.triton.state(killer)
+        assert entry is None or entry.state != READY
+        await eventually(
+            lambda: condition(kube_api, "killer-pod")[:2] == ("False", "ModelCrashedTriton"),
+            what="the pod's ModelLoaded condition naming the crashes",
+        )
+        message = condition(kube_api, "killer-pod")[2]
+        assert "2 times in a row" in message and "quarantine" in message
+        warned = [m for r, m in events(kube_api, "killer-pod") if r == "ModelCrashedTriton"]
+        assert warned and "exited unexpectedly 2 times" in warned[0]
+        assert condition(kube_api, "good-pod")[:2] != ("False", "ModelCrashedTriton")
+
+        # The pod itself (its loader retrying, a restarted proxy) is refused, saying why.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await running.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="killer"), metadata=bearer(killer_token)
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "quarantined on this node" in (refused.value.details() or "")
+
+        # An agent restart (or a node pod replacement: the state directory is the node's)
+        # keeps the quarantine.
+        await running.stop()
+        second = await start_custom_agent(crash_quarantine_after=2)
+        registry = second.agent.metrics.registry
+        running = second
+        assert quarantined()
+        passes = second.agent.reconciler.passes
+        await eventually(lambda: second.agent.reconciler.passes >= passes + 3, what="passes")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await second.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="killer"), metadata=bearer(killer_token)
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert len(restarts) == 2, "never loaded again, whoever asks"
+        assert await good_ready()
