@@ -39,7 +39,7 @@ from agent.node import NodePublisher, NodeSettings
 from agent.nodepods import NodePods
 from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
-from agent.quarantine import CrashLedger
+from agent.quarantine import CrashLedger, CrashRecord, NodeQuarantine
 from agent.reconcile import Reconciler
 from agent.repository import Repository, check_apart
 from agent.service import AgentService, add_to_server
@@ -179,6 +179,14 @@ class Agent:
             fail_pod=self.kube.fail_pod,
             wake=self._reconcile_now,
         )
+        self.quarantine = NodeQuarantine(
+            self.crashes,
+            self.kube,
+            settings.node_name,
+            settings.keys,
+            self._quarantine_cleared,
+            period=settings.lease_renew_seconds,
+        )
         self.conditions = ModelConditions(
             self.kube,
             self.events,
@@ -234,6 +242,10 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
+
+    def _quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
+        self.models.quarantine_cleared(cleared)
+        self.reconciler.trigger()
 
     def _gpu_snapshot(self) -> GpuSnapshot | None:
         return self.node.snapshot
@@ -331,6 +343,7 @@ class Agent:
         lifecycle.spawn("the node publisher", self.node.run(stop))
         lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop))
         lifecycle.spawn("the reconciler", self.reconciler.run(stop))
+        lifecycle.spawn("the node's quarantine annotations", self.quarantine.run(stop))
         lifecycle.spawn(
             "the ModelLoaded conditions",
             self.conditions.run(

@@ -950,6 +950,14 @@ class Models:
             self._step(marker.name, record, Event.CRASH_SUSPECTED)
         return counted
 
+    def quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
+        """An operator lifted these quarantines: their models may load again."""
+        digests = {r.digest for r in cleared}
+        for name, owned in self.owners.all().items():
+            record = self._records.get(name)
+            if owned.digest in digests and record and record.life.phase is Phase.QUARANTINED:
+                self._step(name, record, Event.QUARANTINE_CLEARED)
+
     def loaded_per_gpu(self) -> dict[str, int]:
         """Models the agent holds loaded, by GPU UUID ("" for the CPU), for metrics."""
         counts: dict[str, int] = {}

@@ -11,19 +11,26 @@ record (`tritonshare quarantine clear NODE MODEL`, the Node annotation `clear_an
 
 The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
 temporary file and renamed, so an agent restart and a node pod replacement (the state directory
-is the node's) keep them. This module only stores and counts; `agent.models` writes the markers
-around its loads, `agent.reconcile` decides when a marker is a crash and what the pod is told.
+is the node's) keep them. `CrashLedger` stores and counts; `NodeQuarantine` shows the
+quarantined models on the Node (`Keys.quarantined`, read by `tritonshare status`) and lifts those
+an operator names there (`Keys.quarantine_clear`). `agent.models` writes the markers around its
+loads; `agent.reconcile` decides when a marker is a crash and what the pod is told.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Protocol
+
+from agent.errors import AgentError
+from common.contract import Keys
 
 log = logging.getLogger(__name__)
 
@@ -203,3 +210,104 @@ class CrashLedger:
             f.flush()
             os.fsync(f.fileno())
         temporary.replace(path)
+
+
+class NodeAnnotations(Protocol):
+    """The Node as `NodeQuarantine` reads and writes it (`agent.kube.KubeClient`)."""
+
+    async def get_node(self, name: str) -> dict[str, Any] | None: ...
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None: ...
+
+
+def annotation(records: Iterable[CrashRecord]) -> str:
+    """The `quarantined` Node annotation for `records` ("" when none is quarantined)."""
+    shown = [
+        {
+            "model": f"{r.namespace}/{r.model_id}",
+            "pod": r.pod,
+            "digest": r.digest,
+            "crashes": r.crashes,
+        }
+        for r in records
+        if r.quarantined
+    ]
+    return json.dumps(shown, sort_keys=True, separators=(",", ":")) if shown else ""
+
+
+class NodeQuarantine:
+    """Keeps the Node's `quarantined` annotation in step with the ledger and carries out the
+    operator's `quarantine-clear` annotation. Reads the Node once per `period` seconds, and only
+    while something is quarantined or shown as such: a node without quarantines costs no read."""
+
+    def __init__(
+        self,
+        ledger: CrashLedger,
+        kube: NodeAnnotations,
+        node_name: str,
+        keys: Keys,
+        on_cleared: Callable[[list[CrashRecord]], None],
+        *,
+        period: float,
+    ) -> None:
+        self._ledger = ledger
+        self._kube = kube
+        self._node = node_name
+        self._keys = keys
+        self._on_cleared = on_cleared
+        self.period = period
+        self._shown: str | None = None
+        """The annotation as last read or written (None: not read since start)."""
+
+    async def sync(self) -> None:
+        """Read the Node once; lift what the operator asked to clear, show what remains."""
+        node = await self._kube.get_node(self._node)
+        if node is None:
+            return
+        current = dict((node.get("metadata") or {}).get("annotations") or {})
+        patch: dict[str, str | None] = {}
+        asked = str(current.get(self._keys.quarantine_clear) or "")
+        if asked:
+            cleared = self._ledger.clear(asked.split(","))
+            for record in cleared:
+                log.warning(
+                    "The quarantine of model %s/%s (files %s) is cleared as the operator asked: "
+                    "it may be loaded on this node again.",
+                    record.namespace,
+                    record.model_id,
+                    record.digest[:12],
+                )
+            if not cleared:
+                log.warning(
+                    "The node's %s annotation (%r) names no quarantined model: nothing cleared.",
+                    self._keys.quarantine_clear,
+                    asked,
+                )
+            else:
+                self._on_cleared(cleared)
+            patch[self._keys.quarantine_clear] = None
+        wanted = annotation(self._ledger.records())
+        shown = str(current.get(self._keys.quarantined) or "")
+        if wanted != shown:
+            patch[self._keys.quarantined] = wanted or None
+        if patch:
+            await self._kube.patch_node_annotations(self._node, patch)
+        self._shown = wanted
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sync once at start, then each period while anything is quarantined or shown."""
+        while not stop.is_set():
+            if self._shown is None or self._shown or annotation(self._ledger.records()):
+                try:
+                    await self.sync()
+                except AgentError as e:
+                    log.warning(
+                        "Reading the node's quarantine annotations has failed (%s): trying "
+                        "again in %g s.",
+                        e,
+                        self.period,
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.period)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,12 @@ import kubernetes.client
 import pytest
 
 from agent.triton import READY
+from binder.cli import main as cli
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
 from tests.agent.conftest import (
+    NODE,
     StartAgent,
     bearer,
     eventually,
@@ -103,6 +107,19 @@ def events(api: kubernetes.client.ApiClient, pod: str) -> list[tuple[str, str]]:
     return [(e.reason, e.message) for e in found.items]
 
 
+def quarantine_shown(api: kubernetes.client.ApiClient) -> list[dict[str, Any]]:
+    """The node's `quarantined` annotation, as the agent writes it."""
+    node: Any = kubernetes.client.CoreV1Api(api).read_node(NODE)
+    shown = (node.metadata.annotations or {}).get("tritonshare.io/quarantined") or "[]"
+    return list(json.loads(shown))
+
+
+def run_cli(kubeconfig: Path, *args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = cli(["--kubeconfig", str(kubeconfig), *args], out=out)
+    return code, out.getvalue()
+
+
 def condition(api: kubernetes.client.ApiClient, pod: str) -> tuple[str, str, str]:
     for c in pod_of(api, pod).status.conditions or []:
         if c.type == CONDITION:
@@ -115,10 +132,11 @@ async def test_a_model_whose_load_kills_triton_is_quarantined_and_the_other_is_s
     apiserver: RunningApiServer,
     kube_api: kubernetes.client.ApiClient,
     triton: TritonServer,
-    model_repository: Path,
+    kubeconfig: Path,
     tmp_path: Path,
 ) -> None:
-    running = await start_custom_agent(crash_quarantine_after=2)
+    fast = {"crash_quarantine_after": 2, "lease_renew_seconds": 0.5}
+    running = await start_custom_agent(**fast)
     gpu = running.mock.gpus[0].uuid
     good_source = copy_model("add_one", tmp_path / "src", as_name="good")
     good_token = await deploy(apiserver, kube_api, running.stub, gpu, good_source, "good")
@@ -185,7 +203,7 @@ async def test_a_model_whose_load_kills_triton_is_quarantined_and_the_other_is_s
         # An agent restart (or a node pod replacement: the state directory is the node's)
         # keeps the quarantine.
         await running.stop()
-        second = await start_custom_agent(crash_quarantine_after=2)
+        second = await start_custom_agent(**fast)
         registry = second.agent.metrics.registry
         running = second
         assert quarantined()
@@ -198,3 +216,24 @@ async def test_a_model_whose_load_kills_triton_is_quarantined_and_the_other_is_s
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert len(restarts) == 2, "never loaded again, whoever asks"
         assert await good_ready()
+
+        # The operator sees it in `tritonshare status` and lifts it; the model's files are
+        # quarantined, not its pod: the pod gone, the quarantine stays until lifted.
+        kubernetes.client.CoreV1Api(kube_api).delete_namespaced_pod(
+            "killer-pod", "default", grace_period_seconds=0
+        )
+        await eventually(
+            lambda: [q["model"] for q in quarantine_shown(kube_api)] == ["default/killer"],
+            what="the node's quarantined annotation",
+        )
+        code, out = await asyncio.to_thread(run_cli, kubeconfig, "status")
+        assert code == 0 and f"default/killer on {NODE}: 2 crashes in a row" in out, out
+        code, out = await asyncio.to_thread(
+            run_cli, kubeconfig, "quarantine", "clear", NODE, "default/killer"
+        )
+        assert code == 0, out
+        await eventually(lambda: not quarantined(), what="the quarantine lifted")
+        await eventually(lambda: not quarantine_shown(kube_api), what="the annotation removed")
+        node: Any = kubernetes.client.CoreV1Api(kube_api).read_node(NODE)
+        assert "tritonshare.io/quarantine-clear" not in (node.metadata.annotations or {})
+        assert not second.agent.crashes.records()
