@@ -1,0 +1,129 @@
+"""The crash ledger (agent/quarantine.py): markers, crashes in a row, quarantine, what survives a
+restart, clearing, and the Node annotations an operator clears through."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.quarantine import COUNTS_FILE, CrashLedger, CrashRecord, Marker, NodeQuarantine
+from common.contract import Keys
+
+DIGEST = "ab" * 32
+OTHER = "cd" * 32
+
+
+def marker(name: str = "m-1", digest: str = DIGEST) -> Marker:
+    return Marker(name, digest, "resnet", "team-a/resnet-0")
+
+
+def test_a_marker_is_on_disk_until_its_load_is_answered(tmp_path: Path) -> None:
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    ledger.loading(marker())
+    assert CrashLedger(tmp_path, 2).markers() == {"m-1": marker()}, "durable, not in memory"
+    ledger.answered("m-1")
+    assert ledger.markers() == {}
+
+
+def test_crashes_in_a_row_quarantine_the_files_and_survive_a_restart(tmp_path: Path) -> None:
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    ledger.loading(marker())
+    first = ledger.crashed(marker())
+    assert (first.crashes, first.quarantined) == (1, False)
+    assert ledger.markers() == {}, "a counted marker is gone"
+    assert ledger.quarantined(DIGEST) is None
+    second = ledger.crashed(marker("m-2"))  # another pod of the same files
+    assert (second.crashes, second.quarantined, second.pod) == (2, True, "team-a/resnet-0")
+
+    restarted = CrashLedger(tmp_path, 2)
+    restarted.load()
+    assert restarted.quarantined(DIGEST) == second
+    assert restarted.quarantined(OTHER) is None
+    restarted.loaded(DIGEST)
+    assert restarted.quarantined(DIGEST) == second, "only an operator lifts a quarantine"
+
+
+def test_a_load_answered_ready_ends_the_count(tmp_path: Path) -> None:
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    ledger.crashed(marker())
+    ledger.loaded(DIGEST)
+    assert ledger.count(DIGEST) == 0
+    assert ledger.crashed(marker()).crashes == 1, "counted afresh: crashes in a row"
+
+
+@pytest.mark.parametrize(
+    "selector", ["resnet", "team-a/resnet", "team-a/resnet-0", DIGEST[:12], DIGEST]
+)
+def test_an_operator_clears_by_model_pod_or_digest(tmp_path: Path, selector: str) -> None:
+    ledger = CrashLedger(tmp_path, 1)
+    ledger.load()
+    ledger.crashed(marker())
+    ledger.crashed(Marker("x", OTHER, "bert", "team-b/bert-0"))
+    cleared = ledger.clear([selector])
+    assert [r.digest for r in cleared] == [DIGEST]
+    assert ledger.quarantined(DIGEST) is None
+    assert ledger.quarantined(OTHER) is not None
+    assert ledger.clear([DIGEST[:11], "team-b/resnet", ""]) == [], "too short, or not it"
+
+
+def test_unreadable_counts_are_kept_aside_and_counting_starts_afresh(tmp_path: Path) -> None:
+    (tmp_path / COUNTS_FILE).write_text("{not json")
+    (tmp_path / "m-1.loading").write_text("[]")
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    assert ledger.records() == []
+    assert (tmp_path / f"{COUNTS_FILE}.unreadable").exists()
+    assert ledger.markers() == {}, "an unreadable marker is removed"
+    assert not (tmp_path / "m-1.loading").exists()
+
+
+class FakeNode:
+    """The Node's annotations, as the API server would keep them under merge patches."""
+
+    def __init__(self, annotations: dict[str, str]) -> None:
+        self.annotations = annotations
+        self.reads = 0
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return {"metadata": {"name": name, "annotations": dict(self.annotations)}}
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        for key, value in annotations.items():
+            if value is None:
+                self.annotations.pop(key, None)
+            else:
+                self.annotations[key] = value
+
+
+async def test_the_node_shows_quarantines_and_an_operator_lifts_them(tmp_path: Path) -> None:
+    keys = Keys()
+    ledger = CrashLedger(tmp_path, 1)
+    ledger.load()
+    node = FakeNode({"other": "kept"})
+    lifted: list[list[CrashRecord]] = []
+    quarantine = NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0)
+
+    await quarantine.sync()
+    assert keys.quarantined not in node.annotations, "nothing quarantined, nothing shown"
+    record = ledger.crashed(marker())
+    await quarantine.sync()
+    shown = json.loads(node.annotations[keys.quarantined])
+    assert shown == [
+        {"model": "team-a/resnet", "pod": "team-a/resnet-0", "digest": DIGEST, "crashes": 1}
+    ]
+
+    node.annotations[keys.quarantine_clear] = "team-a/resnet"
+    await quarantine.sync()
+    assert lifted == [[record]]
+    assert ledger.records() == []
+    assert node.annotations == {"other": "kept"}, "the request and the listing are removed"
