@@ -1,16 +1,22 @@
 """The crash ledger (agent/quarantine.py): markers, crashes in a row, quarantine, what survives a
-restart, clearing, and the Node annotations an operator clears through."""
+restart, clearing, the Node annotations an operator clears through, and what the reconciler
+tells a quarantined model's pod."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
+from agent.metrics import AgentMetrics
+from agent.placement import Proven
+from agent.pods import pod_from_dict
 from agent.quarantine import COUNTS_FILE, CrashLedger, CrashRecord, Marker, NodeQuarantine
+from agent.reconcile import Reconciler
 from common.contract import Keys
 
 DIGEST = "ab" * 32
@@ -127,3 +133,63 @@ async def test_the_node_shows_quarantines_and_an_operator_lifts_them(tmp_path: P
     assert lifted == [[record]]
     assert ledger.records() == []
     assert node.annotations == {"other": "kept"}, "the request and the listing are removed"
+
+
+class Recorder:
+    """What the reconciler tells the pod: Warning Events and Failed marks."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.failed: list[tuple[str, str, str]] = []
+
+    def warn(self, pod: str, uid: str, reason: str, message: str) -> None:
+        self.events.append((pod, reason))
+
+    async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        self.failed.append((namespace, name, reason))
+
+
+def proven(owner_references: list[dict[str, Any]]) -> Proven:
+    obj = {
+        "metadata": {
+            "name": "resnet-0",
+            "namespace": "team-a",
+            "uid": "u1",
+            "annotations": {"tritonshare.io/model-id": "resnet"},
+            "ownerReferences": owner_references,
+        },
+        "spec": {"nodeName": "n1", "schedulerName": "tritonshare"},
+        "status": {"phase": "Running"},
+    }
+    return Proven(pod_from_dict(obj, Keys()), 1024)
+
+
+@pytest.mark.parametrize(
+    ("references", "failed"),
+    [
+        ([{"kind": "ReplicaSet", "name": "resnet", "uid": "r", "controller": True}], True),
+        ([{"kind": "ConfigMap", "name": "x", "uid": "c"}], False),
+        ([], False),
+    ],
+)
+async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_it(
+    tmp_path: Path, references: list[dict[str, Any]], failed: bool
+) -> None:
+    ledger = CrashLedger(tmp_path, 1)
+    ledger.load()
+    told = Recorder()
+    models: Any = SimpleNamespace(
+        crash_suspected=lambda marker: ledger.crashed(marker), crashes=ledger
+    )
+    reconciler = Reconciler(
+        models, cast(Any, None), AgentMetrics(), cast(Any, told), fail_pod=told.fail_pod
+    )
+    await reconciler._crashed(marker(), proven(references))
+    assert told.events == [("team-a/resnet-0", "ModelCrashedTriton")]
+    assert told.failed == ([("team-a", "resnet-0", "ModelCrashedTriton")] if failed else [])
+    assert (
+        reconciler.metrics.registry.get_sample_value(
+            "tritonshare_agent_triton_crashes_suspected_total"
+        )
+        == 1
+    )
