@@ -161,7 +161,7 @@ class Reconciler:
             await asyncio.gather(*(self._act(action) for action in plan.values()))
             if self._deferred:
                 # What the suspects waited for is done: the next of them may load now.
-                self.trigger()
+                self._wake.set()
         self.passes += 1
 
     async def plan(self) -> dict[str, Action]:
@@ -211,19 +211,18 @@ class Reconciler:
                 continue
             if record is not None and now < self._retry.retry_at(record.life):
                 continue
-            owner_record = models.owners.get(name)
             if models.quarantine_of(name) is not None:
                 continue
+            owner_record = models.owners.get(name)
             if owner_record is not None and models.crashes.count(owner_record.digest):
                 suspects.append(Action(name, Event.TRITON_RESTARTED, pod))
                 continue
             plan[name] = Action(name, Event.TRITON_RESTARTED, pod)
         if suspects:
             # Suspects last, and one at a time: nothing else loads beside the one trying.
-            if plan or loads_under_way:
-                self._deferred = True
-            else:
+            if not plan and not loads_under_way:
                 plan[suspects[0].name] = suspects[0]
+            self._deferred = len(suspects) > 1 or suspects[0].name not in plan
         for over in self.models.ledger.over():
             name = over.model.model_id
             owner = wanted.get(name)

@@ -176,8 +176,8 @@ async def run(quarantine_after: int, seconds: float) -> dict[str, Any]:
             if triton.exited():
                 crashed_at = crashed_at or time.monotonic()
                 ready_since = None
-                await asyncio.to_thread(triton.restart)
                 restarts += 1
+                await asyncio.to_thread(triton.restart)
             with contextlib.suppress(Exception):
                 entry = await agent.triton.state(victim)
                 if entry is not None and entry.state == READY:

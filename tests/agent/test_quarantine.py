@@ -56,15 +56,15 @@ class TritonPythonModel:
 @contextlib.asynccontextmanager
 async def kubelet_restarts(triton: TritonServer) -> AsyncIterator[list[int]]:
     """Restart Triton whenever it exits, as the kubelet restarts a crashed container; yields the
-    list of restarts (one entry each)."""
+    list of exits (one entry each, added as soon as one is seen)."""
     restarts: list[int] = []
     stop = asyncio.Event()
 
     async def supervise() -> None:
         while not stop.is_set():
             if triton.exited():
+                restarts.append(1)  # before the agent can count it: that needs Triton back
                 await asyncio.to_thread(triton.restart)
-                restarts.append(1)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
 
