@@ -193,3 +193,62 @@ async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_i
         )
         == 1
     )
+
+
+class PlanModels:
+    """What `Reconciler.plan` reads of `agent.models.Models`, for three wanted models after a
+    crash: "a" and "b" under suspicion (a crash each), "c" not; Triton holds none of them."""
+
+    def __init__(self, tmp_path: Path, busy: set[str]) -> None:
+        self.crashes = CrashLedger(tmp_path, 3)
+        self.crashes.load()
+        self.owners = SimpleNamespace(
+            all=lambda: {},
+            get=lambda name: SimpleNamespace(digest=f"{name}-files"),
+        )
+        self.triton = SimpleNamespace(index=self._index)
+        self.repository = SimpleNamespace(installed_models=lambda: ["a", "b", "c"])
+        self.ledger = SimpleNamespace(over=list)
+        self._busy = busy
+        for name in ("a", "b"):
+            self.crashes.crashed(Marker(name, f"{name}-files", name, f"ns/{name}-pod"))
+
+    async def _index(self) -> dict[str, Any]:
+        return {}
+
+    def is_busy(self, name: str) -> bool:
+        return name in self._busy
+
+    def known_records(self) -> dict[str, Any]:
+        return {}
+
+    def record(self, name: str) -> Any:
+        return SimpleNamespace(last_activity=0.0)
+
+    def quarantine_of(self, name: str) -> CrashRecord | None:
+        return None
+
+
+def planner(models: PlanModels) -> Reconciler:
+    reconciler = Reconciler(cast(Any, models), cast(Any, None), AgentMetrics(), cast(Any, None))
+    wanted = {name: proven([]) for name in ("a", "b", "c")}
+    reconciler.wanted = lambda: wanted  # type: ignore[method-assign]
+    return reconciler
+
+
+async def test_after_a_crash_suspects_load_last_and_one_at_a_time(tmp_path: Path) -> None:
+    models = PlanModels(tmp_path, busy=set())
+    reconciler = planner(models)
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["c"], "the model under no suspicion loads first, alone"
+    assert reconciler._deferred, "and a pass follows it for the suspects"
+
+    models.repository.installed_models = lambda: ["a", "b"]  # c is served again
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["a"], "then one suspect"
+    assert reconciler._deferred, "and a pass follows it for the next"
+
+    models._busy = {"c"}  # a load of another model under way (its pod's own)
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod"))
+    plan = await reconciler.plan()
+    assert plan == {}, "no suspect loads beside another load"
