@@ -424,15 +424,37 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
 
 def clear_quarantine(kube: Kube, keys: Keys, args: argparse.Namespace, out: TextIO) -> int:
     """`quarantine clear NODE MODEL`: write the node's `quarantine-clear` annotation, which its
-    agent carries out and removes."""
-    kube.merge_patch_node(
-        args.node, {"metadata": {"annotations": {keys.quarantine_clear: args.model}}}
-    )
+    agent carries out and removes; 1 when the node does not exist or quarantines no such model."""
+    prog = _prog(sys.argv[0])
+    nodes = [n for n in kube.list_all(kube.nodes())[0] if n["metadata"]["name"] == args.node]
+    if not nodes:
+        print(f"{prog}: node {args.node} does not exist", file=sys.stderr)
+        return 1
+    held = quarantined(nodes, keys)
+    wanted = str(args.model)
+    if not any(_names(row, wanted) for row in held):
+        there = ", ".join(sorted({str(row["model"]) for row in held})) or "none"
+        print(
+            f"{prog}: node {args.node} quarantines no model {wanted} (it quarantines: {there}); "
+            f"`tritonshare status` lists them",
+            file=sys.stderr,
+        )
+        return 1
+    kube.merge_patch_node(args.node, {"metadata": {"annotations": {keys.quarantine_clear: wanted}}})
     out.write(
-        f"Asked the agent of node {args.node} to lift the quarantine of {args.model}; "
+        f"Asked the agent of node {args.node} to lift the quarantine of {wanted}; "
         f"`tritonshare status` stops listing it once it has.\n"
     )
     return 0
+
+
+def _names(row: Mapping[str, object], selector: str) -> bool:
+    """Whether `selector` names a quarantined model as the agent matches it
+    (`agent.quarantine.CrashRecord.matches`)."""
+    model, digest = str(row["model"]), str(row["digest"])
+    return selector in (model, model.partition("/")[2], str(row["pod"])) or (
+        len(selector) >= 12 and digest.startswith(selector)
+    )
 
 
 def uninstall_cleanup(
