@@ -297,6 +297,16 @@ class Agent:
 
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
+        # So do the quarantines a replaced node pod left on the Node: no load may precede them.
+        try:
+            await self.quarantine.sync()
+        except AgentError as e:
+            log.warning(
+                "Reading the node's quarantines before serving has failed (%s): they are read "
+                "again every %g s.",
+                e,
+                self.quarantine.period,
+            )
 
         # Both servers' stops are registered before either starts, so a stop that cancels the
         # start (a signal) stops what did start; the gRPC server stops first.

@@ -7,14 +7,16 @@ under: the reconciler counts it against the model's files (its manifest digest, 
 pod with the same files is refused too, and a fixed version is not). A load that Triton answers
 READY resets the count: the count is of crashes in a row. At `quarantine_after` crashes in a row
 the files are quarantined on the node: never loaded again there until an operator clears the
-record (`tritonshare quarantine clear NODE MODEL`, the Node annotation `clear_annotation` names).
+record (`tritonshare quarantine clear NODE MODEL`, through the Node).
 
 The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
-temporary file and renamed, so an agent restart and a node pod replacement (the state directory
-is the node's) keep them. `CrashLedger` stores and counts; `NodeQuarantine` shows the
-quarantined models on the Node (`Keys.quarantined`, read by `tritonshare status`) and lifts those
-an operator names there (`Keys.quarantine_clear`). `agent.models` writes the markers around its
-loads; `agent.reconcile` decides when a marker is a crash and what the pod is told.
+temporary file and renamed, so an agent restart keeps them. A node pod replacement starts with an
+empty state directory; the quarantines themselves are also on the Node (`Keys.quarantined`,
+written by `NodeQuarantine`, read by `tritonshare status`), and the new agent takes them back
+from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
+the Node (`Keys.quarantine_clear`). `CrashLedger` stores and counts; `agent.models` writes the
+markers around its loads; `agent.reconcile` decides when a marker is a crash and what the pod
+is told.
 """
 
 from __future__ import annotations
@@ -180,6 +182,16 @@ class CrashLedger:
     def records(self) -> list[CrashRecord]:
         return sorted(self._records.values(), key=lambda r: (r.pod, r.digest))
 
+    def restore(self, records: Iterable[CrashRecord]) -> list[CrashRecord]:
+        """Take back quarantines this ledger lacks (its state directory was lost with the node
+        pod, the Node kept them); returns those taken."""
+        taken = [r for r in records if r.quarantined and r.digest not in self._records]
+        for record in taken:
+            self._records[record.digest] = record
+        if taken:
+            self._save()
+        return taken
+
     def clear(self, selectors: Iterable[str]) -> list[CrashRecord]:
         """Forget the records any of `selectors` names (`CrashRecord.matches`); returns them."""
         wanted = [s.strip() for s in selectors if s.strip()]
@@ -220,6 +232,24 @@ class NodeAnnotations(Protocol):
     async def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None]
     ) -> None: ...
+
+
+def from_annotation(value: str) -> list[CrashRecord]:
+    """The quarantines a `quarantined` Node annotation lists (unreadable entries are skipped)."""
+    try:
+        shown = json.loads(value) if value else []
+    except ValueError:
+        return []
+    records = []
+    for item in shown if isinstance(shown, list) else []:
+        with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+            namespace, _, model_id = str(item["model"]).partition("/")
+            pod = str(item["pod"])
+            if pod.partition("/")[0] == namespace and model_id:
+                records.append(
+                    CrashRecord(str(item["digest"]), model_id, pod, int(item["crashes"]), True)
+                )
+    return records
 
 
 def annotation(records: Iterable[CrashRecord]) -> str:
@@ -267,6 +297,17 @@ class NodeQuarantine:
         if node is None:
             return
         current = dict((node.get("metadata") or {}).get("annotations") or {})
+        if self._shown is None:
+            # A new node pod starts with an empty state directory: the Node kept its quarantines.
+            for record in self._ledger.restore(
+                from_annotation(str(current.get(self._keys.quarantined) or ""))
+            ):
+                log.warning(
+                    "Model %s/%s (files %s) stays quarantined on this node, as its Node says.",
+                    record.namespace,
+                    record.model_id,
+                    record.digest[:12],
+                )
         patch: dict[str, str | None] = {}
         asked = str(current.get(self._keys.quarantine_clear) or "")
         if asked:

@@ -217,6 +217,22 @@ async def test_a_model_whose_load_kills_triton_is_quarantined_and_the_other_is_s
         assert len(restarts) == 2, "never loaded again, whoever asks"
         assert await good_ready()
 
+        # A node pod replacement starts with an empty state directory: the quarantine comes
+        # back from the Node before the new agent serves.
+        await eventually(lambda: bool(quarantine_shown(kube_api)), what="the Node's annotation")
+        directory = second.agent.owners.directory
+        await second.stop()
+        (directory / "crashes.json").unlink()
+        third = await start_custom_agent(**fast)
+        registry = third.agent.metrics.registry
+        assert quarantined(), "taken back from the Node"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await third.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="killer"), metadata=bearer(killer_token)
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        second = running = third
+
         # The operator sees it in `tritonshare status` and lifts it; the model's files are
         # quarantined, not its pod: the pod gone, the quarantine stays until lifted.
         kubernetes.client.CoreV1Api(kube_api).delete_namespaced_pod(

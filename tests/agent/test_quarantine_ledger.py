@@ -252,3 +252,25 @@ async def test_after_a_crash_suspects_load_last_and_one_at_a_time(tmp_path: Path
     models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod"))
     plan = await reconciler.plan()
     assert plan == {}, "no suspect loads beside another load"
+
+
+async def test_a_new_node_pod_takes_the_quarantines_back_from_the_node(tmp_path: Path) -> None:
+    keys = Keys()
+    shown = [
+        {"model": "team-a/resnet", "pod": "team-a/resnet-0", "digest": DIGEST, "crashes": 2},
+        {"model": "team-a/bert", "pod": "team-b/bert-0", "digest": OTHER, "crashes": 2},
+        {"model": "team-a/x", "pod": "team-a/x-0", "digest": "ef" * 32, "crashes": "many"},
+        "not an entry",
+    ]
+    node = FakeNode({keys.quarantined: json.dumps(shown)})
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    lifted: list[list[CrashRecord]] = []
+    await NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0).sync()
+    assert lifted == []
+    restored = ledger.quarantined(DIGEST)
+    assert restored is not None and (restored.pod, restored.crashes) == ("team-a/resnet-0", 2)
+    assert [r.digest for r in ledger.records()] == [DIGEST], "entries that do not add up: none"
+    reread = CrashLedger(tmp_path, 2)
+    reread.load()
+    assert reread.quarantined(DIGEST) == restored, "written to the state directory"
