@@ -130,7 +130,11 @@ class Agent:
         self.owners = OwnerStore(
             settings.state_dir or self.repository.root.parent / ".tritonshare-state"
         )
-        self.crashes = CrashLedger(self.owners.directory, settings.crash_quarantine_after)
+        self.crashes = CrashLedger(
+            self.owners.directory,
+            settings.crash_quarantine_after,
+            settle_seconds=settings.crash_settle_seconds,
+        )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
 

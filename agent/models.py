@@ -663,7 +663,8 @@ class Models:
         record.gpu_uuid, record.gpu_index = uuid, index
         started = self.clock()
         # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
-        await self._in_thread(self.crashes.loading, Marker(name, owned.digest, model_id, owner.key))
+        marker = Marker(name, owned.digest, model_id, owner.key)
+        await self._in_thread(self.crashes.loading, marker)
         try:
             await self._load_measured(name, override, owner, uuid, index)
         except TritonUnreachableError:
@@ -690,8 +691,7 @@ class Models:
             self._step(name, record, Event.LOAD_UNANSWERED)
             raise
         else:
-            self.crashes.answered(name)
-            self.crashes.loaded(owned.digest)
+            self.crashes.finished(marker)
             self._step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
@@ -869,6 +869,7 @@ class Models:
             raise
         self.metrics.unload_seconds.observe(self.clock() - started)
         self.ledger.forget(name)
+        self.crashes.answered(name)  # out of Triton on purpose: no crash to tell
         if keep_files:
             self._step(name, record, Event.UNLOADED)
             log.info(

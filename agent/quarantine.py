@@ -1,13 +1,16 @@
 """Which models coincided with Triton's unexpected exits on this node, kept on disk.
 
 A crash marker (`<name>.loading` in the state directory) is written, and synced, before a load
-reaches Triton and removed when Triton answers it (ready, refused, or no room). A marker left
-over whose model Triton does not hold, with no load of it under way, is a load that Triton died
-under: the reconciler counts it against the model's files (its manifest digest, so a replacement
-pod with the same files is refused too, and a fixed version is not). A load that Triton answers
-READY resets the count: the count is of crashes in a row. At `quarantine_after` crashes in a row
-the files are quarantined on the node: never loaded again there until an operator clears the
-record (`tritonshare quarantine clear NODE MODEL`, through the Node).
+reaches Triton and removed when Triton refuses it (or there is no room); a load answered READY
+keeps its marker, marked finished, for `settle_seconds` more (a model may kill Triton just after
+its load: a thread its initialization started, its first warm-up). A marker left over whose
+model Triton does not hold, with no load of it under way, is a load Triton died under or just
+after: the reconciler counts it against the model's files (its manifest digest, so a
+replacement pod with the same files is refused too, and a fixed version is not). A load that
+stays READY through its settling window ends the count: the count is of crashes in a row. At
+`quarantine_after` crashes in a row the files are quarantined on the node: never loaded again
+there until an operator clears the record (`tritonshare quarantine clear NODE MODEL`, through
+the Node).
 
 The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
 temporary file and renamed, so an agent restart keeps them. A node pod replacement starts with an
@@ -26,8 +29,9 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,6 +56,8 @@ class Marker:
     model_id: str
     pod: str
     """namespace/name of the pod it was loaded for."""
+    finished_at: float = 0.0
+    """When Triton answered the load READY (Unix seconds); 0 while it is in flight."""
 
 
 @dataclass(frozen=True)
@@ -82,11 +88,20 @@ class CrashRecord:
 class CrashLedger:
     """The node's crash markers and crash counts, in memory and in `directory`."""
 
-    def __init__(self, directory: Path, quarantine_after: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        quarantine_after: int,
+        *,
+        settle_seconds: float = 0.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         if quarantine_after < 1:
             raise ValueError("quarantine_after must be at least 1")
         self.directory = directory
         self.quarantine_after = quarantine_after
+        self.settle_seconds = settle_seconds
+        self._wall = wall
         self._records: dict[str, CrashRecord] = {}
 
     def load(self) -> None:
@@ -124,9 +139,29 @@ class CrashLedger:
         self._write(self.directory / f"{marker.name}{MARKER_SUFFIX}", asdict(marker))
 
     def answered(self, name: str) -> None:
-        """Triton answered the load of `name`: it did not die under it."""
+        """Triton refused the load of `name` (it did not die under it), or the model is gone."""
         with contextlib.suppress(FileNotFoundError):
             (self.directory / f"{name}{MARKER_SUFFIX}").unlink()
+
+    def finished(self, marker: Marker) -> None:
+        """Triton answered the load READY: the marker stays, finished, until `settled`."""
+        if self.settle_seconds <= 0:
+            self.answered(marker.name)
+            self.loaded(marker.digest)
+            return
+        self._write(
+            self.directory / f"{marker.name}{MARKER_SUFFIX}",
+            asdict(replace(marker, finished_at=self._wall())),
+        )
+
+    def settled(self, marker: Marker) -> bool:
+        """For a finished marker whose model Triton still holds: once `settle_seconds` have
+        passed, the load is cleared of suspicion (its marker removed, its count ended)."""
+        if self._wall() < marker.finished_at + self.settle_seconds:
+            return False
+        self.answered(marker.name)
+        self.loaded(marker.digest)
+        return True
 
     def markers(self) -> dict[str, Marker]:
         """Every marker on disk, by name in Triton (unreadable ones are removed)."""
@@ -135,7 +170,11 @@ class CrashLedger:
             try:
                 data = json.loads(path.read_text())
                 marker = Marker(
-                    str(data["name"]), str(data["digest"]), str(data["model_id"]), str(data["pod"])
+                    str(data["name"]),
+                    str(data["digest"]),
+                    str(data["model_id"]),
+                    str(data["pod"]),
+                    float(data.get("finished_at", 0.0)),
                 )
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)

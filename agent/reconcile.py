@@ -112,6 +112,9 @@ class Reconciler:
         self.passes = 0
         self._deferred = False
         """Suspects of a crash were left for a later pass (`plan`)."""
+        self._settling = False
+        """A load answered READY is in its settling window (`agent.quarantine`)."""
+        self._settle_pass: asyncio.TimerHandle | None = None
         self._wake = wake or asyncio.Event()
         self.on_pods: Callable[[], None] | None = None
         """Called when the pods may have changed (the gateway's caller table follows them)."""
@@ -154,8 +157,12 @@ class Reconciler:
         """One pass; errors of single models are logged and retried on the next pass."""
         if not self.pods.synced:
             return
-        self._deferred = False
+        self._deferred = self._settling = False
         plan = await self.plan()
+        settle = self.models.crashes.settle_seconds
+        if self._settling and settle > 0 and self._settle_pass is None:
+            # Suspects wait for a settling window: the pass that lets them load comes then.
+            self._settle_pass = asyncio.get_running_loop().call_later(settle, self._settled)
         self._warned &= {e.model.model_id for e in self.models.ledger.over()}
         if plan:
             await asyncio.gather(*(self._act(action) for action in plan.values()))
@@ -184,14 +191,30 @@ class Reconciler:
         records = models.known_records()
         markers = models.crashes.markers()
         loads_under_way = False
+        died_loading: list[Marker] = []
+        died_after: list[Marker] = []
         for name, marker in markers.items():
             entry = index.get(name)
-            if models.is_busy(name) or (entry is not None and entry.state == LOADING):
+            if marker.finished_at and entry is not None and entry.state == READY:
+                # Settling: a suspect does not load beside it, so the next crash names one.
+                if not models.crashes.settled(marker):
+                    loads_under_way = True
+                    self._settling = True
+            elif marker.finished_at and models.is_busy(name):
+                continue  # an unload or a new load of it: decided when that ends
+            elif models.is_busy(name) or (entry is not None and entry.state == LOADING):
                 loads_under_way = True
             elif entry is not None and entry.state == READY:
                 models.crashes.answered(name)  # Triton finished it after the agent stopped
             else:
-                plan[name] = Action(name, Event.CRASH_SUSPECTED, wanted.get(name), marker=marker)
+                (died_after if marker.finished_at else died_loading).append(marker)
+        # A load in flight when Triton died is the suspect; loads that had finished (settling)
+        # only when none was in flight.
+        for marker in died_loading or died_after:
+            owner = wanted.get(marker.name)
+            plan[marker.name] = Action(marker.name, Event.CRASH_SUSPECTED, owner, marker=marker)
+        for marker in died_after if died_loading else []:
+            models.crashes.answered(marker.name)
         suspects: list[Action] = []
         for name, pod in sorted(wanted.items()):
             if name in plan:
@@ -249,6 +272,10 @@ class Reconciler:
             await self._reload(name, owner)
         elif action.cause is Event.OVER_REQUEST and action.excess is not None:
             await self._enforce(name, owner, action.excess)
+
+    def _settled(self) -> None:
+        self._settle_pass = None
+        self._wake.set()
 
     async def _crashed(self, marker: Marker, pod: Proven | None) -> None:
         """A load Triton died under: count it, and quarantine the model at the limit."""

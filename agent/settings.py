@@ -251,6 +251,14 @@ class Settings:
     )
     """Unexpected Triton exits in a row, each while the model's files were loading, after which
     the files are never loaded on this node again until an operator clears them."""
+    crash_settle_seconds: float = setting(
+        "crash-settle-seconds",
+        "seconds after a load's READY during which Triton's exit still counts against it",
+        seconds(),
+        default="10",
+    )
+    """Seconds after Triton answers a load READY during which an unexpected exit of Triton still
+    counts against that load (a model may kill Triton just after loading)."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds", "seconds a Triton load may take", seconds(), default="600"
     )

@@ -253,3 +253,56 @@ async def test_a_model_whose_load_kills_triton_is_quarantined_and_the_other_is_s
         node: Any = kubernetes.client.CoreV1Api(kube_api).read_node(NODE)
         assert "tritonshare.io/quarantine-clear" not in (node.metadata.annotations or {})
         assert not second.agent.crashes.records()
+
+
+LATE_KILLER = """import os
+import signal
+import threading
+import time
+
+
+def _kill_soon(parent):
+    time.sleep(0.5)
+    os.kill(parent, signal.SIGKILL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        threading.Thread(target=_kill_soon, args=(os.getppid(),), daemon=True).start()
+
+    def execute(self, requests):
+        return []
+"""
+
+
+async def test_a_model_that_kills_triton_just_after_its_load_is_quarantined_too(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """Its loads are answered READY; Triton dies half a second later, inside the settling
+    window (--crash-settle-seconds), so the crash is still its own."""
+    running = await start_custom_agent(crash_quarantine_after=2)
+    source = copy_model("add_one", tmp_path / "src", as_name="late")
+    (source / "1" / "model.py").write_text(LATE_KILLER)
+    gpu = running.mock.gpus[0].uuid
+    token = await deploy(apiserver, kube_api, running.stub, gpu, source, "late")
+    late = name_in_triton(kube_api, "late-pod", "late")
+    owned = running.agent.owners.get(late)
+    assert owned is not None
+    async with kubelet_restarts(triton) as restarts:
+        loaded = await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="late"), metadata=bearer(token)
+        )
+        assert loaded.state == agent_pb2.MODEL_STATE_READY, "its load succeeds"
+        await eventually(
+            lambda: running.agent.crashes.quarantined(owned.digest) is not None,
+            limit=90,
+            what="the model quarantined",
+        )
+        assert len(restarts) == 2
+        passes = running.agent.reconciler.passes
+        await eventually(lambda: running.agent.reconciler.passes >= passes + 3, what="passes")
+        assert len(restarts) == 2, "not loaded again"

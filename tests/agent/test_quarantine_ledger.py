@@ -274,3 +274,18 @@ async def test_a_new_node_pod_takes_the_quarantines_back_from_the_node(tmp_path:
     reread = CrashLedger(tmp_path, 2)
     reread.load()
     assert reread.quarantined(DIGEST) == restored, "written to the state directory"
+
+
+async def test_a_crash_names_the_loads_in_flight_before_those_settling(tmp_path: Path) -> None:
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.settle_seconds = 10.0
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod"))  # in flight
+    models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", finished_at=1.0))  # settling
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["c"]
+    assert "a" not in models.crashes.markers(), "the settling load is not counted"
+
+    models.crashes.answered("c")  # counted by the pass that carried the plan out
+    models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", finished_at=1.0))
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["a"], "alone, it is"
