@@ -1,9 +1,9 @@
 """Which models coincided with Triton's unexpected exits on this node, kept on disk.
 
 A crash marker (`<name>.loading` in the state directory) is written, and synced, before a load
-reaches Triton and removed when Triton refuses it (or there is no room); a load answered READY
-keeps its marker, marked finished, for `settle_seconds` more (a model may kill Triton just after
-its load: a thread its initialization started, its first warm-up). A marker left over whose
+reaches Triton and removed when Triton answers it; with `settle_seconds` above 0, a load
+answered READY keeps its marker, marked finished, that much longer (a model may kill Triton just
+after its load: a thread its initialization started, its first warm-up). A marker left over whose
 model Triton does not hold, with no load of it under way, is a load Triton died under or just
 after: the reconciler counts it against the model's files (its manifest digest, so a
 replacement pod with the same files is refused too, and a fixed version is not). A load that

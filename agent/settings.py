@@ -253,12 +253,13 @@ class Settings:
     the files are never loaded on this node again until an operator clears them."""
     crash_settle_seconds: float = setting(
         "crash-settle-seconds",
-        "seconds after a load's READY during which Triton's exit still counts against it",
+        "seconds after a load's READY during which Triton's exit still counts against it (0: off)",
         seconds(),
-        default="10",
+        default="0",
     )
-    """Seconds after Triton answers a load READY during which an unexpected exit of Triton still
-    counts against that load (a model may kill Triton just after loading)."""
+    """Seconds after Triton answers a load READY during which an exit of Triton still counts
+    against that load (a model may kill Triton just after loading); 0, the default, counts only
+    loads in flight. Any exit in the window counts, a restart by the operator's hand too."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds", "seconds a Triton load may take", seconds(), default="600"
     )

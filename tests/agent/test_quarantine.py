@@ -284,7 +284,7 @@ async def test_a_model_that_kills_triton_just_after_its_load_is_quarantined_too(
 ) -> None:
     """Its loads are answered READY; Triton dies half a second later, inside the settling
     window (--crash-settle-seconds), so the crash is still its own."""
-    running = await start_custom_agent(crash_quarantine_after=2)
+    running = await start_custom_agent(crash_quarantine_after=2, crash_settle_seconds=10.0)
     source = copy_model("add_one", tmp_path / "src", as_name="late")
     (source / "1" / "model.py").write_text(LATE_KILLER)
     gpu = running.mock.gpus[0].uuid
