@@ -41,6 +41,7 @@ from agent.node import NodePublisher, NodeSettings
 from agent.nodepods import NodePods
 from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
+from agent.quarantine import CrashLedger, CrashRecord, NodeQuarantine
 from agent.reconcile import Reconciler
 from agent.repository import Repository, check_apart
 from agent.service import AgentService, add_to_server
@@ -140,6 +141,11 @@ class Agent:
         self.owners = OwnerStore(
             settings.state_dir or self.repository.root.parent / ".tritonshare-state"
         )
+        self.crashes = CrashLedger(
+            self.owners.directory,
+            settings.crash_quarantine_after,
+            settle_seconds=settings.crash_settle_seconds,
+        )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
 
@@ -175,6 +181,7 @@ class Agent:
             metrics=self.metrics,
             ledger=self.ledger,
             cache=self.cache,
+            crashes=self.crashes,
         )
         self.reconciler = Reconciler(
             self.models,
@@ -189,6 +196,14 @@ class Agent:
             enforcement=settings.gpu_mem_enforcement,
             fail_pod=self.kube.fail_pod,
             wake=self._reconcile_now,
+        )
+        self.quarantine = NodeQuarantine(
+            self.crashes,
+            self.kube,
+            settings.node_name,
+            settings.keys,
+            self._quarantine_cleared,
+            period=settings.lease_renew_seconds,
         )
         self.conditions = ModelConditions(
             self.kube,
@@ -210,6 +225,7 @@ class Agent:
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
         self.metrics.watch_models(self.reconciler.callers)
+        self.metrics.watch_quarantine(self.crashes.records)
 
         # Serving the pods: who may call, the service, the gate in front of it.
         self.authorizer = Authorizer(
@@ -244,6 +260,10 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
+
+    def _quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
+        self.models.quarantine_cleared(cleared)
+        self.reconciler.trigger()
 
     def _gpu_snapshot(self) -> GpuSnapshot | None:
         return self.node.snapshot
@@ -307,6 +327,7 @@ class Agent:
         self.repository.prepare()
         self._prepare_cache()
         self.owners.load()
+        self.crashes.load()
         lifecycle.on_shutdown("the Kubernetes client", self.kube.close)
         lifecycle.on_shutdown("the pod events", self.events.close)
         lifecycle.on_shutdown("the ModelLoaded writes", self.conditions.close)
@@ -321,6 +342,16 @@ class Agent:
         await self.node.check_tenant_code(settings.tenant_code_namespaces)
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
+        # So do the quarantines a replaced node pod left on the Node: no load may precede them.
+        try:
+            await self.quarantine.sync()
+        except AgentError as e:
+            log.warning(
+                "Reading the node's quarantines before serving has failed (%s): they are read "
+                "again every %g s.",
+                e,
+                self.quarantine.period,
+            )
 
         # Both servers' stops are registered before either starts, so a stop that cancels the
         # start (a signal) stops what did start; the gRPC server stops first.
@@ -367,6 +398,7 @@ class Agent:
         lifecycle.spawn("the node publisher", self.node.run(stop))
         lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop))
         lifecycle.spawn("the reconciler", self.reconciler.run(stop))
+        lifecycle.spawn("the node's quarantine annotations", self.quarantine.run(stop))
         lifecycle.spawn(
             "the ModelLoaded conditions",
             self.conditions.run(

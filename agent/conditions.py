@@ -7,7 +7,8 @@ each state are `agent.lifecycle.CONDITIONS`'; this module adds the message: `Tru
 the model is READY; `False` when it is missing (ModelMissing: the node pod was replaced or the
 repository lost; the pod's proxy reinstalls it), installed but not loaded (ModelNotLoaded),
 failed (ModelFailed, with Triton's reason; ModelLoadGivenUp once its loads are no longer tried),
-or Triton is down (TritonUnavailable). A change to False also records a Warning Event
+quarantined after Triton exited under its loads (ModelCrashedTriton, `agent.quarantine`), or
+Triton is down (TritonUnavailable). A change to False also records a Warning Event
 (ModelNotServed), deduplicated per pod and reason by `agent.events`. LOADING and UNLOADING are
 passing states and change nothing.
 
@@ -32,7 +33,7 @@ from typing import Protocol
 from agent.errors import AgentError, KubeError, TritonUnreachableError
 from agent.events import PodEvents
 from agent.lifecycle import CONDITIONS, PASSING, ModelState
-from agent.models import ModelStatus
+from agent.models import CRASHED_REASON, ModelStatus
 from agent.placement import Proven
 from common.lifecycle import spawn
 from common.logs import subject
@@ -82,6 +83,8 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
         return None
     if status.state is ModelState.ABSENT:
         return missing(model_id)
+    if status.quarantined:
+        return Verdict("False", CRASHED_REASON, status.reason)
     where = f"GPU {status.gpu_uuid}" if status.gpu_uuid else "the node"
     messages = {
         ModelState.READY: f"model {model_id} is READY on {where}",

@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -117,7 +117,10 @@ class KubeClient:
         result: JsonObject | None = await self._call(f"read node {name}", self.core.read_node, name)
         return result
 
-    async def patch_node_annotations(self, name: str, annotations: dict[str, str]) -> None:
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Merge `annotations` into the Node's (None removes one)."""
         body = {"metadata": {"annotations": annotations}}
         await self._call(f"annotate node {name}", self.core.patch_node, name, body)
 

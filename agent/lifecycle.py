@@ -9,7 +9,7 @@ loaded for the metrics, and when a failed load may be tried again (`RetryPolicy`
 It is pure: time is passed in, nothing here reads a clock, the disk or Triton. `agent.models`
 holds one `Life` per model, steps it under the model's lock and does the I/O the step stands for;
 `agent.reconcile` decides which events a pass raises; `agent.conditions` and `agent.metrics` read
-the results. Phases no event reaches yet (CACHED, IDLE_UNLOADED, WAKING, QUARANTINED) are in the
+the results. Phases no event reaches yet (CACHED, IDLE_UNLOADED, WAKING) are in the
 table already, so that what reaches them is an event raised, not a new path.
 """
 
@@ -86,7 +86,8 @@ class Event(enum.Enum):
     FILES_KEPT = "files kept"  # (node-local copy after the pod leaves)
     IDLE = "idle"  # (idle unload of an on-demand model)
     REQUEST_ARRIVED = "request arrived"  # (wake on request)
-    CRASH_SUSPECTED = "crash suspected"  # (crash marker found after Triton's exit)
+    CRASH_SUSPECTED = "crash suspected"  # agent.reconcile: its load's crash marker left over
+    QUARANTINE_CLEARED = "quarantine cleared"  # agent.reconcile: an operator cleared it
 
 
 _UNLOAD_CAUSES = (Event.UNLOAD_STARTED, Event.POD_GONE, Event.UNVOUCHED, Event.OVER_REQUEST)
@@ -130,7 +131,11 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     rows[Phase.INSTALLED, Event.FILES_KEPT] = Phase.CACHED
     rows[Phase.INSTALLED, Event.IDLE] = Phase.IDLE_UNLOADED
     rows[Phase.IDLE_UNLOADED, Event.REQUEST_ARRIVED] = Phase.WAKING
-    add((Phase.LOADING, Phase.READY, Phase.WAKING), (Event.CRASH_SUSPECTED,), Phase.LOST)
+    # A crash is found after the fact: the load that died is unanswered (LOST) by then, or
+    # forgotten (INSTALLED) when the agent restarted meanwhile.
+    suspects = (Phase.INSTALLED, Phase.LOADING, Phase.READY, Phase.LOST, Phase.WAKING)
+    add(suspects, (Event.CRASH_SUSPECTED,), Phase.LOST)
+    rows[Phase.QUARANTINED, Event.QUARANTINE_CLEARED] = Phase.INSTALLED
     return rows
 
 
@@ -174,7 +179,8 @@ class Life:
     failures: int = 0
     """Loads refused in a row."""
     crashes: int = 0
-    """Triton exits this model was suspected of."""
+    """Triton exits in a row this model's loads were suspected of (`agent.quarantine` keeps
+    the count that survives restarts)."""
 
     @property
     def held_loaded(self) -> bool:
@@ -196,6 +202,8 @@ def step(life: Life, event: Event, now: float, reason: str = "", rules: Rules = 
         return replace(life, phase=to, failure=reason, failed_at=now, failures=life.failures + 1)
     if event in (Event.LOAD_OK, Event.INSTALL_DONE):
         return replace(life, phase=to, failure="", failures=0)
+    if event is Event.QUARANTINE_CLEARED:
+        return replace(life, phase=to, crashes=0)
     if event is Event.CRASH_SUSPECTED:
         crashes = life.crashes + 1
         if crashes >= rules.quarantine_after:

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from agent.inventory import GpuSnapshot
 from agent.memory import MemoryLedger
 from agent.placement import Proven
+from agent.quarantine import CrashRecord
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -131,6 +132,23 @@ class _ModelInfoCollector(Collector):
         yield info
 
 
+class _QuarantineCollector:
+    def __init__(self, records: Callable[[], list[CrashRecord]]) -> None:
+        self._records = records
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        quarantined = GaugeMetricFamily(
+            "tritonshare_agent_quarantined_models",
+            "Models quarantined on this node after Triton exited while loading them (1 each, "
+            "by the pod's namespace, model id and the digest of the model's files)",
+            labels=["model_namespace", "model_id", "digest"],
+        )
+        for record in self._records():
+            if record.quarantined:
+                quarantined.add_metric([record.namespace, record.model_id, record.digest], 1)
+        yield quarantined
+
+
 class AgentMetrics:
     """Every metric the agent exports."""
 
@@ -207,6 +225,11 @@ class AgentMetrics:
             "Loads refused because the GPU's memory would not hold them",
             registry=r,
         )
+        self.crashes_suspected = Counter(
+            "tritonshare_agent_triton_crashes_suspected",
+            "Loads Triton exited under (each counted against the model being loaded)",
+            registry=r,
+        )
         self.kube_writes = Counter(
             "tritonshare_agent_kube_writes",
             "Writes to the Kubernetes API by kind (node, node_status, lease)",
@@ -224,6 +247,10 @@ class AgentMetrics:
         """Export the info series of each served model, read from `owners()` (by name in
         Triton) at scrape time."""
         self.registry.register(_ModelInfoCollector(owners))
+
+    def watch_quarantine(self, records: Callable[[], list[CrashRecord]]) -> None:
+        """Export the quarantined models, read from `records()` at scrape time."""
+        self.registry.register(_QuarantineCollector(records))
 
     def watch_gpus(
         self, snapshot: Callable[[], GpuSnapshot | None], loaded: Callable[[], dict[str, int]]

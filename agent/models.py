@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -64,7 +64,17 @@ from agent.errors import (
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
 from agent.inventory import GpuInfo, GpuSnapshot
-from agent.lifecycle import Event, Life, ModelState, Phase, given_up, reported, step
+from agent.lifecycle import (
+    TRANSITIONS,
+    Event,
+    Life,
+    ModelState,
+    Phase,
+    Rules,
+    given_up,
+    reported,
+    step,
+)
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import (
@@ -80,6 +90,7 @@ from agent.modelconfig import (
 from agent.onnxmodel import OnnxFormatError, external_locations
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
+from agent.quarantine import CrashLedger, CrashRecord, Marker
 from agent.repository import DISK_HEADROOM_BYTES, Repository, Staging
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
@@ -109,6 +120,8 @@ class ModelStatus:
     """The model's name in Triton (its pod's private name, or a legacy model's public id)."""
     given_up: bool = False
     """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
+    quarantined: bool = False
+    """Its files coincided with too many of Triton's unexpected exits (`agent.quarantine`)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,20 @@ class _Record:
 
 
 Chunk = tuple[str, int, bytes]
+
+CRASHED_REASON = "ModelCrashedTriton"
+"""The reason of the pod's condition and Warning Event for a quarantined model."""
+
+
+def crash_message(record: CrashRecord) -> str:
+    return (
+        f"model {record.model_id} was being loaded when the node's Triton exited unexpectedly "
+        f"{record.crashes} times in a row (last for pod {record.pod}): it is quarantined on this "
+        f"node and not loaded here again, so that the node's other models stay served; fix the "
+        f"model (a new version of its files loads), or ask the operator to clear it "
+        f"(tritonshare quarantine clear <node> {record.namespace}/{record.model_id})"
+    )
+
 
 GATHER_BYTES = 1024 * 1024
 """Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
@@ -255,6 +282,7 @@ class Models:
         ledger: MemoryLedger | None = None,
         cache: FileCache | None = None,
         namespace_disk: NamespaceDisk | None = None,
+        crashes: CrashLedger | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repository = repository
@@ -271,6 +299,8 @@ class Models:
         self._pods = pods
         self.metrics = metrics
         self.ledger = ledger or MemoryLedger()
+        self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
+        self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )
@@ -321,7 +351,7 @@ class Models:
     def _step(self, name: str, record: _Record, event: Event, reason: str = "") -> None:
         """Move the model's life by `event` (the only writer of `_Record.life`)."""
         before = record.life.phase
-        record.life = step(record.life, event, self.clock(), reason)
+        record.life = step(record.life, event, self.clock(), reason, self.rules)
         if record.life.phase is not before:
             log.debug(
                 "Model %s: %s -> %s (%s).", name, before.value, record.life.phase.value, event.value
@@ -764,12 +794,18 @@ class Models:
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
             return self._status(name, entry, manifest)
+        quarantined = self.crashes.quarantined(owned.digest)
+        if quarantined is not None:
+            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
             return self._status(name, entry, manifest)
         self._step(name, record, Event.LOAD_STARTED)
         record.gpu_uuid, record.gpu_index = uuid, index
         started = self.clock()
+        # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
+        marker = Marker(name, owned.digest, model_id, owner.key)
+        await self._in_thread(self.crashes.loading, marker)
         try:
             await self._load_measured(name, override, owner, uuid, index, manifest.total_bytes)
         except LoadTimedOutError as e:
@@ -790,6 +826,7 @@ class Models:
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise
         except TritonError as e:
+            self.crashes.answered(name)
             self._step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels("triton_rejected").inc()
             log.warning(
@@ -800,6 +837,7 @@ class Models:
                 extra=subject(pod=owner.key, model=model_id),
             )
         except ResourceExhaustedError:
+            self.crashes.answered(name)
             self._step(name, record, Event.LOAD_REFUSED)
             self.metrics.gpu_memory_refusals.inc()
             raise
@@ -807,6 +845,7 @@ class Models:
             self._step(name, record, Event.LOAD_UNANSWERED)
             raise
         else:
+            self.crashes.finished(marker)
             self._step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
@@ -1029,6 +1068,7 @@ class Models:
             raise
         self.metrics.unload_seconds.observe(self.clock() - started)
         self.ledger.forget(name)
+        self.crashes.answered(name)  # out of Triton on purpose: no crash to tell
         if keep_files:
             self._step(name, record, Event.UNLOADED)
             log.info(
@@ -1066,11 +1106,15 @@ class Models:
                 f"{attempts}); it is not tried again until its files are installed again or "
                 f"the pod is recreated. The last failure: {reason}"
             )
+        quarantined = self.quarantine_of(name)
+        if quarantined is not None and state is not ModelState.READY:
+            state, reason = ModelState.FAILED, crash_message(quarantined)
         return ModelStatus(
             model_id=self.public_id(name),
             state=state,
             reason=reason,
             given_up=stopped,
+            quarantined=quarantined is not None and state is ModelState.FAILED,
             manifest_digest=manifest.digest if manifest else "",
             gpu_uuid=record.gpu_uuid,
             gpu_index=record.gpu_index,
@@ -1099,6 +1143,29 @@ class Models:
             self._status(name, index.get(name), self.repository.installed_manifest(name))
             for name in sorted(names)
         ]
+
+    def quarantine_of(self, name: str) -> CrashRecord | None:
+        """The quarantine of the files installed as `name`, if they are quarantined."""
+        owned = self.owners.get(name)
+        return self.crashes.quarantined(owned.digest) if owned and owned.digest else None
+
+    def crash_suspected(self, marker: Marker) -> CrashRecord:
+        """Count a load Triton died under (`marker`, left over, its model not in Triton) against
+        its files; the model's life follows the count on disk, which survives restarts."""
+        counted = self.crashes.crashed(marker)
+        record = self.record(marker.name)
+        record.life = replace(record.life, crashes=counted.crashes - 1)
+        if (record.life.phase, Event.CRASH_SUSPECTED) in TRANSITIONS:
+            self._step(marker.name, record, Event.CRASH_SUSPECTED)
+        return counted
+
+    def quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
+        """An operator lifted these quarantines: their models may load again."""
+        digests = {r.digest for r in cleared}
+        for name, owned in self.owners.all().items():
+            record = self._records.get(name)
+            if owned.digest in digests and record and record.life.phase is Phase.QUARANTINED:
+                self._step(name, record, Event.QUARANTINE_CLEARED)
 
     def loaded_per_gpu(self) -> dict[str, int]:
         """Models the agent holds loaded, by GPU UUID ("" for the CPU), for metrics."""

@@ -43,6 +43,8 @@ class PodInfo:
     per-pod limit follows it. Tenant-written, so it only ever lowers the gateway's ceiling."""
     model_loaded: tuple[str, str] = ("", "")
     """The pod's ModelLoaded condition as it stands (status, reason); empty when it has none."""
+    controlled: bool = False
+    """A controller (a ReplicaSet, a StatefulSet...) owns it and replaces it when it fails."""
 
     @property
     def key(self) -> str:
@@ -80,6 +82,10 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         host_network=bool(spec.get("hostNetwork")),
         concurrency=declared_concurrency(spec),
         model_loaded=_condition(status, keys.model_loaded),
+        controlled=any(
+            isinstance(ref, Mapping) and ref.get("controller") is True
+            for ref in metadata.get("ownerReferences") or []
+        ),
     )
 
 

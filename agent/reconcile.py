@@ -18,7 +18,12 @@ On every change of this node's pods (the watch) and every resync period:
   one whose load failed waits a resync period, doubling per failure in a row up to a cap, and
   after `max_load_attempts` failures is not loaded again (its pod is told, once);
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
-  Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded).
+  Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded);
+- a crash marker left over (`agent.quarantine`: a load Triton died under) is counted against its
+  model's files; at the node's limit the model is quarantined (never loaded again here, its pod
+  told by a Warning Event and, when a controller replaces it, marked Failed: ModelCrashedTriton).
+  After a crash, models under suspicion are loaded last and one at a time, so that the others
+  are served again first and an innocent model is not loaded beside the guilty one.
 A pass first plans (`Reconciler.plan`: one event of `agent.lifecycle`, or a vouching check,
 per model), then carries the plan out through `agent.models`.
 It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
@@ -41,9 +46,10 @@ from agent.events import PodEvents
 from agent.lifecycle import Event, Life, RetryPolicy
 from agent.memory import Excess
 from agent.metrics import AgentMetrics
-from agent.models import Models
+from agent.models import CRASHED_REASON, Models, crash_message
 from agent.nodepods import NodePods
 from agent.placement import Proven
+from agent.quarantine import Marker
 from agent.triton import LOADING, READY
 from common.lifecycle import spawn
 from common.logs import subject
@@ -69,6 +75,7 @@ class Action:
     cause: Event | Check
     owner: Proven | None = None
     excess: Excess | None = None
+    marker: Marker | None = None
 
 
 class Reconciler:
@@ -115,6 +122,11 @@ class Reconciler:
         """Names whose pods were told their loads are given up (told once per name)."""
         self.triton_live = False
         self.passes = 0
+        self._deferred = False
+        """Suspects of a crash were left for a later pass (`plan`)."""
+        self._settling = False
+        """A load answered READY is in its settling window (`agent.quarantine`)."""
+        self._settle_pass: asyncio.TimerHandle | None = None
         self._wake = wake or asyncio.Event()
         self.on_pods: Callable[[], None] | None = None
         """Called when the pods may have changed (the gateway's caller table follows them)."""
@@ -157,10 +169,18 @@ class Reconciler:
         """One pass; errors of single models are logged and retried on the next pass."""
         if not self.pods.synced:
             return
+        self._deferred = self._settling = False
         plan = await self.plan()
+        settle = self.models.crashes.settle_seconds
+        if self._settling and settle > 0 and self._settle_pass is None:
+            # Suspects wait for a settling window: the pass that lets them load comes then.
+            self._settle_pass = asyncio.get_running_loop().call_later(settle, self._settled)
         self._warned &= {e.model.model_id for e in self.models.ledger.over()}
         if plan:
             await asyncio.gather(*(self._act(action) for action in plan.values()))
+            if self._deferred:
+                # What the suspects waited for is done: the next of them may load now.
+                self._wake.set()
         self.passes += 1
 
     async def plan(self) -> dict[str, Action]:
@@ -182,7 +202,36 @@ class Reconciler:
             plan[name] = Action(name, Event.POD_GONE)
         records = models.known_records()
         stopped: set[str] = set()
+        markers = models.crashes.markers()
+        loads_under_way = False
+        died_loading: list[Marker] = []
+        died_after: list[Marker] = []
+        for name, marker in markers.items():
+            entry = index.get(name)
+            if marker.finished_at and entry is not None and entry.state == READY:
+                # Settling: a suspect does not load beside it, so the next crash names one.
+                if not models.crashes.settled(marker):
+                    loads_under_way = True
+                    self._settling = True
+            elif marker.finished_at and models.is_busy(name):
+                continue  # an unload or a new load of it: decided when that ends
+            elif models.is_busy(name) or (entry is not None and entry.state == LOADING):
+                loads_under_way = True
+            elif entry is not None and entry.state == READY:
+                models.crashes.answered(name)  # Triton finished it after the agent stopped
+            else:
+                (died_after if marker.finished_at else died_loading).append(marker)
+        # A load in flight when Triton died is the suspect; loads that had finished (settling)
+        # only when none was in flight.
+        for marker in died_loading or died_after:
+            owner = wanted.get(marker.name)
+            plan[marker.name] = Action(marker.name, Event.CRASH_SUSPECTED, owner, marker=marker)
+        for marker in died_after if died_loading else []:
+            models.crashes.answered(marker.name)
+        suspects: list[Action] = []
         for name, pod in sorted(wanted.items()):
+            if name in plan:
+                continue
             if models.is_busy(name):
                 continue
             entry = index.get(name)
@@ -201,8 +250,19 @@ class Reconciler:
                     stopped.add(name)
                     self._announce_given_up(name, pod, record.life)
                 continue
+            if models.quarantine_of(name) is not None:
+                continue
+            owner_record = models.owners.get(name)
+            if owner_record is not None and models.crashes.count(owner_record.digest):
+                suspects.append(Action(name, Event.TRITON_RESTARTED, pod))
+                continue
             plan[name] = Action(name, Event.TRITON_RESTARTED, pod)
         self._given_up &= stopped
+        if suspects:
+            # Suspects last, and one at a time: nothing else loads beside the one trying.
+            if not plan and not loads_under_way:
+                plan[suspects[0].name] = suspects[0]
+            self._deferred = len(suspects) > 1 or suspects[0].name not in plan
         for over in self.models.ledger.over():
             name = over.model.model_id
             owner = wanted.get(name)
@@ -232,6 +292,8 @@ class Reconciler:
         name, owner = action.name, action.owner
         if action.cause is Event.POD_GONE:
             await self._remove_orphan(name)
+        elif action.cause is Event.CRASH_SUSPECTED and action.marker is not None:
+            await self._crashed(action.marker, owner)
         elif owner is None:
             raise AssertionError(f"{action} names no owner")
         elif action.cause is Check.ADOPT:
@@ -243,6 +305,44 @@ class Reconciler:
             await self._reload(name, owner)
         elif action.cause is Event.OVER_REQUEST and action.excess is not None:
             await self._enforce(name, owner, action.excess)
+
+    def _settled(self) -> None:
+        self._settle_pass = None
+        self._wake.set()
+
+    async def _crashed(self, marker: Marker, pod: Proven | None) -> None:
+        """A load Triton died under: count it, and quarantine the model at the limit."""
+        counted = self.models.crash_suspected(marker)
+        self.metrics.crashes_suspected.inc()
+        limit = self.models.crashes.quarantine_after
+        where = subject(pod=marker.pod, model=marker.model_id)
+        if not counted.quarantined:
+            log.warning(
+                "Triton exited while loading model %s of pod %s (%d of %d crashes in a row "
+                "before quarantine): it loads again after the other models, alone.",
+                marker.model_id,
+                marker.pod,
+                counted.crashes,
+                limit,
+                extra=where,
+            )
+            return
+        message = crash_message(counted)
+        log.error("Quarantined: %s.", message, extra=where)
+        if pod is None:
+            return
+        self.events.warn(pod.key, pod.uid, CRASHED_REASON, message)
+        if pod.pod.controlled and self._fail_pod is not None:
+            # Its controller replaces it; the binder may place the replacement elsewhere.
+            try:
+                await self._fail_pod(pod.namespace, pod.pod.name, CRASHED_REASON, message)
+            except AgentError as e:
+                log.warning(
+                    "Marking pod %s Failed has failed (%s): its condition still says why.",
+                    pod.key,
+                    e,
+                    extra=where,
+                )
 
     async def _remove_orphan(self, name: str) -> None:
         log.info(

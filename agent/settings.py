@@ -243,6 +243,23 @@ class Settings:
         default="120",
     )
     """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
+    crash_quarantine_after: int = setting(
+        "crash-quarantine-after",
+        "Triton exits in a row under a model's loads before it is quarantined on the node",
+        whole(minimum=1),
+        default="3",
+    )
+    """Unexpected Triton exits in a row, each while the model's files were loading, after which
+    the files are never loaded on this node again until an operator clears them."""
+    crash_settle_seconds: float = setting(
+        "crash-settle-seconds",
+        "seconds after a load's READY during which Triton's exit still counts against it (0: off)",
+        seconds(),
+        default="0",
+    )
+    """Seconds after Triton answers a load READY during which an exit of Triton still counts
+    against that load (a model may kill Triton just after loading); 0, the default, counts only
+    loads in flight. Any exit in the window counts, a restart by the operator's hand too."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",

@@ -39,8 +39,10 @@ from binder.report import (
     load_states,
     published_reserve,
     published_tenant_code,
+    quarantined,
     status_document,
     write_document,
+    write_quarantined,
     write_reserve,
     write_unserved,
 )
@@ -403,7 +405,59 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
         help="clean up even while agents' Leases are live (they write their annotations back)",
     )
     FLAGS.add_to(cleanup)
+    quarantine = commands.add_parser(
+        "quarantine", help="models quarantined on a node after crashing its Triton"
+    )
+    actions = quarantine.add_subparsers(dest="action", required=True)
+    clear = actions.add_parser(
+        "clear",
+        help="let a node load a quarantined model again",
+        description="Ask NODE's agent to lift the quarantine of MODEL (NAMESPACE/MODEL-ID, a "
+        "model id, a pod as NAMESPACE/NAME, or 12+ characters of its files' digest, as "
+        "`tritonshare status` shows them). The agent lifts it within its Lease renewal period "
+        "and loads the model again if its pod still wants it. Needs patch on nodes.",
+        allow_abbrev=False,
+    )
+    clear.add_argument("node", help="the node the model is quarantined on")
+    clear.add_argument("model", help="NAMESPACE/MODEL-ID (or what `status` shows)")
+    FLAGS.add_to(clear)
+    FLAGS.add_to(quarantine)
     return parser
+
+
+def clear_quarantine(kube: Kube, keys: Keys, args: argparse.Namespace, out: TextIO) -> int:
+    """`quarantine clear NODE MODEL`: write the node's `quarantine-clear` annotation, which its
+    agent carries out and removes; 1 when the node does not exist or quarantines no such model."""
+    prog = _prog(sys.argv[0])
+    nodes = [n for n in kube.list_all(kube.nodes())[0] if n["metadata"]["name"] == args.node]
+    if not nodes:
+        print(f"{prog}: node {args.node} does not exist", file=sys.stderr)
+        return 1
+    held = quarantined(nodes, keys)
+    wanted = str(args.model)
+    if not any(_names(row, wanted) for row in held):
+        there = ", ".join(sorted({str(row["model"]) for row in held})) or "none"
+        print(
+            f"{prog}: node {args.node} quarantines no model {wanted} (it quarantines: {there}); "
+            f"`tritonshare status` lists them",
+            file=sys.stderr,
+        )
+        return 1
+    kube.merge_patch_node(args.node, {"metadata": {"annotations": {keys.quarantine_clear: wanted}}})
+    out.write(
+        f"Asked the agent of node {args.node} to lift the quarantine of {wanted}; "
+        f"`tritonshare status` stops listing it once it has.\n"
+    )
+    return 0
+
+
+def _names(row: Mapping[str, object], selector: str) -> bool:
+    """Whether `selector` names a quarantined model as the agent matches it
+    (`agent.quarantine.CrashRecord.matches`)."""
+    model, digest = str(row["model"]), str(row["digest"])
+    return selector in (model, model.partition("/")[2], str(row["pod"])) or (
+        len(selector) >= 12 and digest.startswith(selector)
+    )
 
 
 def uninstall_cleanup(
@@ -525,6 +579,8 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
     try:
         if args.command == "uninstall-cleanup":
             return uninstall_cleanup(kube, keys, system_namespace, args, prog, out)
+        if args.command == "quarantine":
+            return clear_quarantine(kube, keys, args, out)
         listing = list_cluster(kube, system_namespace)
         published = published_reserve(listing.leases, keys)
         reserve = given_reserve if given_reserve is not None else published or 0
@@ -532,12 +588,16 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         now = time.time()
         if args.command == "status":
             states = load_states(listing.pods, keys.model_loaded)
+            held = quarantined(listing.nodes, keys)
             if output == "text":
                 status(cache, out, now)
                 write_unserved(cache, states, out)
+                write_quarantined(held, out)
                 write_reserve(reserve, given_reserve, published, out)
             else:
-                write_document(status_document(cache, now, states), output, out)
+                document = status_document(cache, now, states)
+                document["quarantined"] = held
+                write_document(document, output, out)
             return 0
         namespace, _, name = args.pod.rpartition("/")
         namespace = namespace or flags.get("namespace") or context_namespace or "default"

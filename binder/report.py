@@ -103,6 +103,46 @@ def write_unserved(cache: ClusterCache, states: Mapping[str, tuple[str, str]], o
         out.write("\n".join(sorted(rows)) + "\n")
 
 
+def quarantined(nodes: list[JsonObject], keys: Keys) -> list[dict[str, Any]]:
+    """The models each node's agent quarantined (its `quarantined` annotation): Triton exited
+    while loading them too many times in a row, so the node never loads them again."""
+    rows = []
+    for node in nodes:
+        metadata = node.get("metadata") or {}
+        raw = (metadata.get("annotations") or {}).get(keys.quarantined) or ""
+        try:
+            shown = json.loads(raw) if raw else []
+        except ValueError:
+            shown = []
+        for item in shown if isinstance(shown, list) else []:
+            if isinstance(item, dict):
+                rows.append(
+                    {
+                        "node": str(metadata.get("name", "")),
+                        "model": str(item.get("model", "")),
+                        "pod": str(item.get("pod", "")),
+                        "crashes": int(item.get("crashes", 0) or 0),
+                        "digest": str(item.get("digest", "")),
+                    }
+                )
+    return sorted(rows, key=lambda r: (r["node"], r["model"], r["digest"]))
+
+
+def write_quarantined(rows: list[dict[str, Any]], out: TextIO) -> None:
+    """Below the table: the quarantined models, and how to lift a quarantine."""
+    if not rows:
+        return
+    out.write(
+        "\nModels quarantined on a node (Triton exited while loading them; lift with "
+        "`tritonshare quarantine clear NODE NAMESPACE/MODEL`):\n"
+    )
+    for row in rows:
+        out.write(
+            f"  {row['model']} on {row['node']}: {row['crashes']} crashes in a row, last for "
+            f"pod {row['pod']} (files {row['digest'][:12]})\n"
+        )
+
+
 def status_document(
     cache: ClusterCache, now: float, states: Mapping[str, tuple[str, str]] | None = None
 ) -> dict[str, Any]:

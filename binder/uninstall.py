@@ -3,8 +3,9 @@ outlive it, once the agents and the binder are gone.
 
 Helm and kustomize delete the objects they created. What the parts wrote while running stays:
 on every Node the agent's annotations (`<prefix>gpus`, `<prefix>gpu-mem-total`,
-`<prefix>gpu-usage`) and, with `--advertise-gpu-mem`, the extended resource `<prefix>gpu-mem` in
-its capacity and allocatable; in the system namespace, when it is kept, the agents' Leases
+`<prefix>gpu-usage`, `<prefix>quarantined`, and an operator's `<prefix>quarantine-clear`) and,
+with `--advertise-gpu-mem`, the extended resource `<prefix>gpu-mem` in its capacity and
+allocatable; in the system namespace, when it is kept, the agents' Leases
 (`tritonshare-agent-<node>`) and the binder leader's (`tritonshare-binder`). tritonshare writes no
 node labels. Model pods, their annotations and conditions belong to their owners and are left
 alone.
@@ -25,7 +26,7 @@ from common.contract import AGENT_LEASE_PREFIX, BINDER_LEADER_LEASE, Keys
 
 def written_node_annotations(keys: Keys) -> tuple[str, ...]:
     """The Node annotations the agent writes."""
-    return (keys.gpus, keys.gpu_mem_total, keys.gpu_usage)
+    return (keys.gpus, keys.gpu_mem_total, keys.gpu_usage, keys.quarantined, keys.quarantine_clear)
 
 
 @dataclass(frozen=True)

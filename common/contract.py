@@ -104,6 +104,18 @@ class Keys:
         return f"{self.prefix}gpu-usage"
 
     @property
+    def quarantined(self) -> str:
+        """Node annotation written by the agent: JSON list of the models quarantined on the node
+        after Triton exited while loading them (`agent.quarantine`); absent when none."""
+        return f"{self.prefix}quarantined"
+
+    @property
+    def quarantine_clear(self) -> str:
+        """Node annotation written by an operator (`tritonshare quarantine clear`): the
+        quarantines the node's agent lifts, comma-separated; the agent removes it once done."""
+        return f"{self.prefix}quarantine-clear"
+
+    @property
     def gpus(self) -> str:
         """Node annotation written by the agent: JSON list of the node's GPUs."""
         return f"{self.prefix}gpus"

@@ -243,6 +243,25 @@ class TritonServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(15)
 
+    def exited(self) -> bool:
+        """Whether the server process has exited on its own (a crash)."""
+        return self.process is not None and self.process.poll() is not None
+
+    def restart(self) -> TritonServer:
+        """Start it again on the same ports after it exited, as the kubelet restarts a crashed
+        container: what it left (backend stubs holding its sockets, shared memory, its work
+        directory) goes first, as a container's processes all go with it."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(15)
+        workdir = self._workdir
+        if workdir and self.log_path and self.log_path.is_relative_to(workdir):
+            self.log_path = None  # the new one logs into its own work directory
+        self.discard()
+        return self.start()
+
     def __enter__(self) -> TritonServer:
         return self.start()
 

@@ -42,6 +42,7 @@ ALERTS = {
     "TritonshareGPUUnhealthy",
     "TritonsharePodsPendingLong",
     "TritonshareModelLoadFailures",
+    "TritonshareModelQuarantined",
     "TritonshareProxyRejecting",
     "TritonshareGatewayWithoutCallers",
     "TritonshareNoBinderLeader",
@@ -66,6 +67,7 @@ def exported_families() -> set[str]:
     agent.watch_gpus(lambda: None, dict)
     agent.watch_memory(MemoryLedger(), lambda: None)
     agent.watch_models(dict)
+    agent.watch_quarantine(list)
     registries = [
         agent.registry,
         BinderMetrics().registry,
@@ -140,6 +142,10 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
         'tritonshare_proxy_rejected_requests_total{namespace="models", pod="add-one-2", '
         'model_id="add_one", reason="RouteRefusedError"}'
     )
+    quarantined = (
+        'tritonshare_agent_quarantined_models{namespace="tritonshare-system", pod="node-a", '
+        'model_namespace="team-a", model_id="crasher", digest="0123456789abcdef"}'
+    )
     stale = 'tritonshare_gateway_caller_table_age_seconds{pod="node-a", container="gateway"}'
     fresh = 'tritonshare_gateway_caller_table_age_seconds{pod="node-b", container="gateway"}'
     daemonset = (
@@ -181,6 +187,8 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     },
                     # One failed load at minute 4.
                     {"series": failures, "values": "0x3 1x26"},
+                    # A model is quarantined at minute 4 (the series appears then).
+                    {"series": quarantined, "values": "_x4 1x20"},
                     # One proxy refuses 60 requests a minute (1/s) from minute 0; another 1 a
                     # minute (1/60 s), under the threshold.
                     {"series": rejected, "values": "0+60x30"},
@@ -458,6 +466,26 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                         "eval_time": "20m",
                         "alertname": "TritonshareGatewayShedding",
                         "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "3m",
+                        "alertname": "TritonshareModelQuarantined",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "6m",
+                        "alertname": "TritonshareModelQuarantined",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "tritonshare-system",
+                                    "pod": "node-a",
+                                    "model_namespace": "team-a",
+                                    "model_id": "crasher",
+                                },
+                            }
+                        ],
                     },
                     {"eval_time": "8m", "alertname": "TritonshareProxyRejecting", "exp_alerts": []},
                     {

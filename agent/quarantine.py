@@ -1,0 +1,393 @@
+"""Which models coincided with Triton's unexpected exits on this node, kept on disk.
+
+A crash marker (`<name>.loading` in the state directory) is written, and synced, before a load
+reaches Triton and removed when Triton answers it; with `settle_seconds` above 0, a load
+answered READY keeps its marker, marked finished, that much longer (a model may kill Triton just
+after its load: a thread its initialization started, its first warm-up). A marker left over whose
+model Triton does not hold, with no load of it under way, is a load Triton died under or just
+after: the reconciler counts it against the model's files (its manifest digest, so a
+replacement pod with the same files is refused too, and a fixed version is not). A load that
+stays READY through its settling window ends the count: the count is of crashes in a row. At
+`quarantine_after` crashes in a row the files are quarantined on the node: never loaded again
+there until an operator clears the record (`tritonshare quarantine clear NODE MODEL`, through
+the Node).
+
+The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
+temporary file and renamed, so an agent restart keeps them. A node pod replacement starts with an
+empty state directory; the quarantines themselves are also on the Node (`Keys.quarantined`,
+written by `NodeQuarantine`, read by `tritonshare status`), and the new agent takes them back
+from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
+the Node (`Keys.quarantine_clear`). `CrashLedger` stores and counts; `agent.models` writes the
+markers around its loads; `agent.reconcile` decides when a marker is a crash and what the pod
+is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.errors import AgentError
+from common.contract import Keys
+
+log = logging.getLogger(__name__)
+
+MARKER_SUFFIX = ".loading"
+COUNTS_FILE = "crashes.json"
+MAX_RECORDS = 10_000
+"""Counts kept at most (the oldest unquarantined go first): a tenant cannot fill the disk."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A load under way, as written before it reached Triton."""
+
+    name: str
+    """The model's name in Triton."""
+    digest: str
+    model_id: str
+    pod: str
+    """namespace/name of the pod it was loaded for."""
+    finished_at: float = 0.0
+    """When Triton answered the load READY (Unix seconds); 0 while it is in flight."""
+
+
+@dataclass(frozen=True)
+class CrashRecord:
+    """The crashes in a row of one model's files on this node."""
+
+    digest: str
+    model_id: str
+    pod: str
+    """The pod of the last crash (namespace/name)."""
+    crashes: int
+    quarantined: bool = False
+
+    @property
+    def namespace(self) -> str:
+        return self.pod.partition("/")[0]
+
+    def matches(self, selector: str) -> bool:
+        """Whether an operator's `selector` names it: its model id, namespace/model id, pod
+        (namespace/name), or a digest prefix of at least 12 characters."""
+        return selector in (
+            self.model_id,
+            f"{self.namespace}/{self.model_id}",
+            self.pod,
+        ) or (len(selector) >= 12 and self.digest.startswith(selector))
+
+
+class CrashLedger:
+    """The node's crash markers and crash counts, in memory and in `directory`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        quarantine_after: int,
+        *,
+        settle_seconds: float = 0.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if quarantine_after < 1:
+            raise ValueError("quarantine_after must be at least 1")
+        self.directory = directory
+        self.quarantine_after = quarantine_after
+        self.settle_seconds = settle_seconds
+        self._wall = wall
+        self._records: dict[str, CrashRecord] = {}
+
+    def load(self) -> None:
+        """Read the counts; an unreadable file is kept aside and counting starts afresh."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.directory / COUNTS_FILE
+        self._records = {}
+        try:
+            document = json.loads(path.read_text())
+            for item in document["records"]:
+                record = CrashRecord(
+                    str(item["digest"]),
+                    str(item["model_id"]),
+                    str(item["pod"]),
+                    int(item["crashes"]),
+                    bool(item["quarantined"]),
+                )
+                self._records[record.digest] = record
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            aside = path.with_name(path.name + ".unreadable")
+            with contextlib.suppress(OSError):
+                path.replace(aside)
+            log.warning(
+                "The crash counts %s are unreadable (%s): kept as %s, counting starts afresh.",
+                path,
+                e,
+                aside,
+            )
+
+    # Markers.
+    def loading(self, marker: Marker) -> None:
+        """Write `marker` durably before its load reaches Triton."""
+        self._write(self.directory / f"{marker.name}{MARKER_SUFFIX}", asdict(marker))
+
+    def answered(self, name: str) -> None:
+        """Triton refused the load of `name` (it did not die under it), or the model is gone."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / f"{name}{MARKER_SUFFIX}").unlink()
+
+    def finished(self, marker: Marker) -> None:
+        """Triton answered the load READY: the marker stays, finished, until `settled`."""
+        if self.settle_seconds <= 0:
+            self.answered(marker.name)
+            self.loaded(marker.digest)
+            return
+        self._write(
+            self.directory / f"{marker.name}{MARKER_SUFFIX}",
+            asdict(replace(marker, finished_at=self._wall())),
+        )
+
+    def settled(self, marker: Marker) -> bool:
+        """For a finished marker whose model Triton still holds: once `settle_seconds` have
+        passed, the load is cleared of suspicion (its marker removed, its count ended)."""
+        if self._wall() < marker.finished_at + self.settle_seconds:
+            return False
+        self.answered(marker.name)
+        self.loaded(marker.digest)
+        return True
+
+    def markers(self) -> dict[str, Marker]:
+        """Every marker on disk, by name in Triton (unreadable ones are removed)."""
+        found = {}
+        for path in sorted(self.directory.glob(f"*{MARKER_SUFFIX}")):
+            try:
+                data = json.loads(path.read_text())
+                marker = Marker(
+                    str(data["name"]),
+                    str(data["digest"]),
+                    str(data["model_id"]),
+                    str(data["pod"]),
+                    float(data.get("finished_at", 0.0)),
+                )
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            found[marker.name] = marker
+        return found
+
+    # Counts.
+    def crashed(self, marker: Marker) -> CrashRecord:
+        """Count a crash against the marker's files and remove the marker."""
+        before = self._records.get(marker.digest)
+        crashes = (before.crashes if before else 0) + 1
+        record = CrashRecord(
+            marker.digest,
+            marker.model_id,
+            marker.pod,
+            crashes,
+            quarantined=crashes >= self.quarantine_after,
+        )
+        self._records[marker.digest] = record
+        self._trim()
+        self._save()
+        self.answered(marker.name)
+        return record
+
+    def loaded(self, digest: str) -> None:
+        """Triton answered a load of these files READY: their crashes in a row end."""
+        record = self._records.get(digest)
+        if record is not None and not record.quarantined:
+            del self._records[digest]
+            self._save()
+
+    def count(self, digest: str) -> int:
+        """The crashes in a row of these files (0: none, or cleared)."""
+        record = self._records.get(digest)
+        return record.crashes if record is not None else 0
+
+    def quarantined(self, digest: str) -> CrashRecord | None:
+        record = self._records.get(digest)
+        return record if record is not None and record.quarantined else None
+
+    def records(self) -> list[CrashRecord]:
+        return sorted(self._records.values(), key=lambda r: (r.pod, r.digest))
+
+    def restore(self, records: Iterable[CrashRecord]) -> list[CrashRecord]:
+        """Take back quarantines this ledger lacks (its state directory was lost with the node
+        pod, the Node kept them); returns those taken."""
+        taken = [r for r in records if r.quarantined and r.digest not in self._records]
+        for record in taken:
+            self._records[record.digest] = record
+        if taken:
+            self._save()
+        return taken
+
+    def clear(self, selectors: Iterable[str]) -> list[CrashRecord]:
+        """Forget the records any of `selectors` names (`CrashRecord.matches`); returns them."""
+        wanted = [s.strip() for s in selectors if s.strip()]
+        gone = [r for r in self._records.values() if any(r.matches(s) for s in wanted)]
+        for record in gone:
+            del self._records[record.digest]
+        if gone:
+            self._save()
+        return gone
+
+    def _trim(self) -> None:
+        if len(self._records) <= MAX_RECORDS:
+            return
+        for digest in [d for d, r in self._records.items() if not r.quarantined][
+            : len(self._records) - MAX_RECORDS
+        ]:
+            del self._records[digest]
+
+    def _save(self) -> None:
+        document = {"records": [asdict(r) for r in self._records.values()]}
+        self._write(self.directory / COUNTS_FILE, document)
+
+    @staticmethod
+    def _write(path: Path, document: object) -> None:
+        temporary = path.with_name(path.name + ".tmp")
+        with temporary.open("w") as f:
+            json.dump(document, f)
+            f.flush()
+            os.fsync(f.fileno())
+        temporary.replace(path)
+
+
+class NodeAnnotations(Protocol):
+    """The Node as `NodeQuarantine` reads and writes it (`agent.kube.KubeClient`)."""
+
+    async def get_node(self, name: str) -> dict[str, Any] | None: ...
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None: ...
+
+
+def from_annotation(value: str) -> list[CrashRecord]:
+    """The quarantines a `quarantined` Node annotation lists (unreadable entries are skipped)."""
+    try:
+        shown = json.loads(value) if value else []
+    except ValueError:
+        return []
+    records = []
+    for item in shown if isinstance(shown, list) else []:
+        with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+            namespace, _, model_id = str(item["model"]).partition("/")
+            pod = str(item["pod"])
+            if pod.partition("/")[0] == namespace and model_id:
+                records.append(
+                    CrashRecord(str(item["digest"]), model_id, pod, int(item["crashes"]), True)
+                )
+    return records
+
+
+def annotation(records: Iterable[CrashRecord]) -> str:
+    """The `quarantined` Node annotation for `records` ("" when none is quarantined)."""
+    shown = [
+        {
+            "model": f"{r.namespace}/{r.model_id}",
+            "pod": r.pod,
+            "digest": r.digest,
+            "crashes": r.crashes,
+        }
+        for r in records
+        if r.quarantined
+    ]
+    return json.dumps(shown, sort_keys=True, separators=(",", ":")) if shown else ""
+
+
+class NodeQuarantine:
+    """Keeps the Node's `quarantined` annotation in step with the ledger and carries out the
+    operator's `quarantine-clear` annotation. Reads the Node once per `period` seconds, and only
+    while something is quarantined or shown as such: a node without quarantines costs no read."""
+
+    def __init__(
+        self,
+        ledger: CrashLedger,
+        kube: NodeAnnotations,
+        node_name: str,
+        keys: Keys,
+        on_cleared: Callable[[list[CrashRecord]], None],
+        *,
+        period: float,
+    ) -> None:
+        self._ledger = ledger
+        self._kube = kube
+        self._node = node_name
+        self._keys = keys
+        self._on_cleared = on_cleared
+        self.period = period
+        self._shown: str | None = None
+        """The annotation as last read or written (None: not read since start)."""
+
+    async def sync(self) -> None:
+        """Read the Node once; lift what the operator asked to clear, show what remains."""
+        node = await self._kube.get_node(self._node)
+        if node is None:
+            return
+        current = dict((node.get("metadata") or {}).get("annotations") or {})
+        if self._shown is None:
+            # A new node pod starts with an empty state directory: the Node kept its quarantines.
+            for record in self._ledger.restore(
+                from_annotation(str(current.get(self._keys.quarantined) or ""))
+            ):
+                log.warning(
+                    "Model %s/%s (files %s) stays quarantined on this node, as its Node says.",
+                    record.namespace,
+                    record.model_id,
+                    record.digest[:12],
+                )
+        patch: dict[str, str | None] = {}
+        asked = str(current.get(self._keys.quarantine_clear) or "")
+        if asked:
+            cleared = self._ledger.clear(asked.split(","))
+            for record in cleared:
+                log.warning(
+                    "The quarantine of model %s/%s (files %s) is cleared as the operator asked: "
+                    "it may be loaded on this node again.",
+                    record.namespace,
+                    record.model_id,
+                    record.digest[:12],
+                )
+            if not cleared:
+                log.warning(
+                    "The node's %s annotation (%r) names no quarantined model: nothing cleared.",
+                    self._keys.quarantine_clear,
+                    asked,
+                )
+            else:
+                self._on_cleared(cleared)
+            patch[self._keys.quarantine_clear] = None
+        wanted = annotation(self._ledger.records())
+        shown = str(current.get(self._keys.quarantined) or "")
+        if wanted != shown:
+            patch[self._keys.quarantined] = wanted or None
+        if patch:
+            await self._kube.patch_node_annotations(self._node, patch)
+        self._shown = wanted
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sync once at start, then each period while anything is quarantined or shown."""
+        while not stop.is_set():
+            if self._shown is None or self._shown or annotation(self._ledger.records()):
+                try:
+                    await self.sync()
+                except AgentError as e:
+                    log.warning(
+                        "Reading the node's quarantine annotations has failed (%s): trying "
+                        "again in %g s.",
+                        e,
+                        self.period,
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.period)

@@ -1,0 +1,291 @@
+"""The crash ledger (agent/quarantine.py): markers, crashes in a row, quarantine, what survives a
+restart, clearing, the Node annotations an operator clears through, and what the reconciler
+tells a quarantined model's pod."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from agent.metrics import AgentMetrics
+from agent.placement import Proven
+from agent.pods import pod_from_dict
+from agent.quarantine import COUNTS_FILE, CrashLedger, CrashRecord, Marker, NodeQuarantine
+from agent.reconcile import Reconciler
+from common.contract import Keys
+
+DIGEST = "ab" * 32
+OTHER = "cd" * 32
+
+
+def marker(name: str = "m-1", digest: str = DIGEST) -> Marker:
+    return Marker(name, digest, "resnet", "team-a/resnet-0")
+
+
+def test_a_marker_is_on_disk_until_its_load_is_answered(tmp_path: Path) -> None:
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    ledger.loading(marker())
+    assert CrashLedger(tmp_path, 2).markers() == {"m-1": marker()}, "durable, not in memory"
+    ledger.answered("m-1")
+    assert ledger.markers() == {}
+
+
+def test_crashes_in_a_row_quarantine_the_files_and_survive_a_restart(tmp_path: Path) -> None:
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    ledger.loading(marker())
+    first = ledger.crashed(marker())
+    assert (first.crashes, first.quarantined) == (1, False)
+    assert ledger.markers() == {}, "a counted marker is gone"
+    assert ledger.quarantined(DIGEST) is None
+    second = ledger.crashed(marker("m-2"))  # another pod of the same files
+    assert (second.crashes, second.quarantined, second.pod) == (2, True, "team-a/resnet-0")
+
+    restarted = CrashLedger(tmp_path, 2)
+    restarted.load()
+    assert restarted.quarantined(DIGEST) == second
+    assert restarted.quarantined(OTHER) is None
+    restarted.loaded(DIGEST)
+    assert restarted.quarantined(DIGEST) == second, "only an operator lifts a quarantine"
+
+
+def test_a_load_answered_ready_ends_the_count(tmp_path: Path) -> None:
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    ledger.crashed(marker())
+    ledger.loaded(DIGEST)
+    assert ledger.count(DIGEST) == 0
+    assert ledger.crashed(marker()).crashes == 1, "counted afresh: crashes in a row"
+
+
+@pytest.mark.parametrize(
+    "selector", ["resnet", "team-a/resnet", "team-a/resnet-0", DIGEST[:12], DIGEST]
+)
+def test_an_operator_clears_by_model_pod_or_digest(tmp_path: Path, selector: str) -> None:
+    ledger = CrashLedger(tmp_path, 1)
+    ledger.load()
+    ledger.crashed(marker())
+    ledger.crashed(Marker("x", OTHER, "bert", "team-b/bert-0"))
+    cleared = ledger.clear([selector])
+    assert [r.digest for r in cleared] == [DIGEST]
+    assert ledger.quarantined(DIGEST) is None
+    assert ledger.quarantined(OTHER) is not None
+    assert ledger.clear([DIGEST[:11], "team-b/resnet", ""]) == [], "too short, or not it"
+
+
+def test_unreadable_counts_are_kept_aside_and_counting_starts_afresh(tmp_path: Path) -> None:
+    (tmp_path / COUNTS_FILE).write_text("{not json")
+    (tmp_path / "m-1.loading").write_text("[]")
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    assert ledger.records() == []
+    assert (tmp_path / f"{COUNTS_FILE}.unreadable").exists()
+    assert ledger.markers() == {}, "an unreadable marker is removed"
+    assert not (tmp_path / "m-1.loading").exists()
+
+
+class FakeNode:
+    """The Node's annotations, as the API server would keep them under merge patches."""
+
+    def __init__(self, annotations: dict[str, str]) -> None:
+        self.annotations = annotations
+        self.reads = 0
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return {"metadata": {"name": name, "annotations": dict(self.annotations)}}
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        for key, value in annotations.items():
+            if value is None:
+                self.annotations.pop(key, None)
+            else:
+                self.annotations[key] = value
+
+
+async def test_the_node_shows_quarantines_and_an_operator_lifts_them(tmp_path: Path) -> None:
+    keys = Keys()
+    ledger = CrashLedger(tmp_path, 1)
+    ledger.load()
+    node = FakeNode({"other": "kept"})
+    lifted: list[list[CrashRecord]] = []
+    quarantine = NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0)
+
+    await quarantine.sync()
+    assert keys.quarantined not in node.annotations, "nothing quarantined, nothing shown"
+    record = ledger.crashed(marker())
+    await quarantine.sync()
+    shown = json.loads(node.annotations[keys.quarantined])
+    assert shown == [
+        {"model": "team-a/resnet", "pod": "team-a/resnet-0", "digest": DIGEST, "crashes": 1}
+    ]
+
+    node.annotations[keys.quarantine_clear] = "team-a/resnet"
+    await quarantine.sync()
+    assert lifted == [[record]]
+    assert ledger.records() == []
+    assert node.annotations == {"other": "kept"}, "the request and the listing are removed"
+
+
+class Recorder:
+    """What the reconciler tells the pod: Warning Events and Failed marks."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.failed: list[tuple[str, str, str]] = []
+
+    def warn(self, pod: str, uid: str, reason: str, message: str) -> None:
+        self.events.append((pod, reason))
+
+    async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        self.failed.append((namespace, name, reason))
+
+
+def proven(owner_references: list[dict[str, Any]]) -> Proven:
+    obj = {
+        "metadata": {
+            "name": "resnet-0",
+            "namespace": "team-a",
+            "uid": "u1",
+            "annotations": {"tritonshare.io/model-id": "resnet"},
+            "ownerReferences": owner_references,
+        },
+        "spec": {"nodeName": "n1", "schedulerName": "tritonshare"},
+        "status": {"phase": "Running"},
+    }
+    return Proven(pod_from_dict(obj, Keys()), 1024)
+
+
+@pytest.mark.parametrize(
+    ("references", "failed"),
+    [
+        ([{"kind": "ReplicaSet", "name": "resnet", "uid": "r", "controller": True}], True),
+        ([{"kind": "ConfigMap", "name": "x", "uid": "c"}], False),
+        ([], False),
+    ],
+)
+async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_it(
+    tmp_path: Path, references: list[dict[str, Any]], failed: bool
+) -> None:
+    ledger = CrashLedger(tmp_path, 1)
+    ledger.load()
+    told = Recorder()
+    models: Any = SimpleNamespace(
+        crash_suspected=lambda marker: ledger.crashed(marker), crashes=ledger
+    )
+    reconciler = Reconciler(
+        models, cast(Any, None), AgentMetrics(), cast(Any, told), fail_pod=told.fail_pod
+    )
+    await reconciler._crashed(marker(), proven(references))
+    assert told.events == [("team-a/resnet-0", "ModelCrashedTriton")]
+    assert told.failed == ([("team-a", "resnet-0", "ModelCrashedTriton")] if failed else [])
+    assert (
+        reconciler.metrics.registry.get_sample_value(
+            "tritonshare_agent_triton_crashes_suspected_total"
+        )
+        == 1
+    )
+
+
+class PlanModels:
+    """What `Reconciler.plan` reads of `agent.models.Models`, for three wanted models after a
+    crash: "a" and "b" under suspicion (a crash each), "c" not; Triton holds none of them."""
+
+    def __init__(self, tmp_path: Path, busy: set[str]) -> None:
+        self.crashes = CrashLedger(tmp_path, 3)
+        self.crashes.load()
+        self.owners = SimpleNamespace(
+            all=lambda: {},
+            get=lambda name: SimpleNamespace(digest=f"{name}-files"),
+        )
+        self.triton = SimpleNamespace(index=self._index)
+        self.repository = SimpleNamespace(installed_models=lambda: ["a", "b", "c"])
+        self.ledger = SimpleNamespace(over=list)
+        self._busy = busy
+        for name in ("a", "b"):
+            self.crashes.crashed(Marker(name, f"{name}-files", name, f"ns/{name}-pod"))
+
+    async def _index(self) -> dict[str, Any]:
+        return {}
+
+    def is_busy(self, name: str) -> bool:
+        return name in self._busy
+
+    def known_records(self) -> dict[str, Any]:
+        return {}
+
+    def record(self, name: str) -> Any:
+        return SimpleNamespace(last_activity=0.0)
+
+    def quarantine_of(self, name: str) -> CrashRecord | None:
+        return None
+
+
+def planner(models: PlanModels) -> Reconciler:
+    reconciler = Reconciler(cast(Any, models), cast(Any, None), AgentMetrics(), cast(Any, None))
+    wanted = {name: proven([]) for name in ("a", "b", "c")}
+    reconciler.wanted = lambda: wanted  # type: ignore[method-assign]
+    return reconciler
+
+
+async def test_after_a_crash_suspects_load_last_and_one_at_a_time(tmp_path: Path) -> None:
+    models = PlanModels(tmp_path, busy=set())
+    reconciler = planner(models)
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["c"], "the model under no suspicion loads first, alone"
+    assert reconciler._deferred, "and a pass follows it for the suspects"
+
+    models.repository.installed_models = lambda: ["a", "b"]  # c is served again
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["a"], "then one suspect"
+    assert reconciler._deferred, "and a pass follows it for the next"
+
+    models._busy = {"c"}  # a load of another model under way (its pod's own)
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod"))
+    plan = await reconciler.plan()
+    assert plan == {}, "no suspect loads beside another load"
+
+
+async def test_a_new_node_pod_takes_the_quarantines_back_from_the_node(tmp_path: Path) -> None:
+    keys = Keys()
+    shown = [
+        {"model": "team-a/resnet", "pod": "team-a/resnet-0", "digest": DIGEST, "crashes": 2},
+        {"model": "team-a/bert", "pod": "team-b/bert-0", "digest": OTHER, "crashes": 2},
+        {"model": "team-a/x", "pod": "team-a/x-0", "digest": "ef" * 32, "crashes": "many"},
+        "not an entry",
+    ]
+    node = FakeNode({keys.quarantined: json.dumps(shown)})
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    lifted: list[list[CrashRecord]] = []
+    await NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0).sync()
+    assert lifted == []
+    restored = ledger.quarantined(DIGEST)
+    assert restored is not None and (restored.pod, restored.crashes) == ("team-a/resnet-0", 2)
+    assert [r.digest for r in ledger.records()] == [DIGEST], "entries that do not add up: none"
+    reread = CrashLedger(tmp_path, 2)
+    reread.load()
+    assert reread.quarantined(DIGEST) == restored, "written to the state directory"
+
+
+async def test_a_crash_names_the_loads_in_flight_before_those_settling(tmp_path: Path) -> None:
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.settle_seconds = 10.0
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod"))  # in flight
+    models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", finished_at=1.0))  # settling
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["c"]
+    assert "a" not in models.crashes.markers(), "the settling load is not counted"
+
+    models.crashes.answered("c")  # counted by the pass that carried the plan out
+    models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", finished_at=1.0))
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["a"], "alone, it is"
