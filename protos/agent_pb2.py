@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/agent.proto\x12\x14tritonshare.agent.v1\"7\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\":\n\x08Manifest\x12.\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1f.tritonshare.agent.v1.FileEntry\"S\n\rInstallHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x30\n\x08manifest\x18\x02 \x01(\x0b\x32\x1e.tritonshare.agent.v1.Manifest\"7\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x86\x01\n\x13InstallModelRequest\x12\x35\n\x06header\x18\x01 \x01(\x0b\x32#.tritonshare.agent.v1.InstallHeaderH\x00\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.tritonshare.agent.v1.FileChunkH\x00\x42\x06\n\x04part\"y\n\x14InstallModelResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x17\n\x0fmanifest_digest\x18\x02 \x01(\t\x12\x11\n\tunchanged\x18\x03 \x01(\x08\x12\x15\n\rbytes_written\x18\x04 \x01(\x04\x12\x0c\n\x04kept\x18\x05 \x01(\x08\"\xc0\x01\n\x0bModelStatus\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .tritonshare.agent.v1.ModelState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x17\n\x0fmanifest_digest\x18\x04 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x05 \x01(\t\x12\x11\n\tgpu_index\x18\x06 \x01(\x05\x12\x0b\n\x03pod\x18\x07 \x01(\t\x12\x13\n\x0btriton_name\x18\x08 \x01(\t\"$\n\x10LoadModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\"&\n\x12UnloadModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\"#\n\x0fGetModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\"\x13\n\x11ListModelsRequest\"G\n\x12ListModelsResponse\x12\x31\n\x06models\x18\x01 \x03(\x0b\x32!.tritonshare.agent.v1.ModelStatus\"\x11\n\x0fListGpusRequest\"\x8b\x01\n\x03Gpu\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07product\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\x12\x0e\n\x06reason\x18\x07 \x01(\t\"I\n\x10ListGpusResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\'\n\x04gpus\x18\x02 \x03(\x0b\x32\x19.tritonshare.agent.v1.Gpu*\xbf\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12MODEL_STATE_ABSENT\x10\x01\x12\x19\n\x15MODEL_STATE_INSTALLED\x10\x02\x12\x17\n\x13MODEL_STATE_LOADING\x10\x03\x12\x15\n\x11MODEL_STATE_READY\x10\x04\x12\x19\n\x15MODEL_STATE_UNLOADING\x10\x05\x12\x16\n\x12MODEL_STATE_FAILED\x10\x06\x32\x96\x05\n\x05\x41gent\x12g\n\x0cInstallModel\x12).tritonshare.agent.v1.InstallModelRequest\x1a*.tritonshare.agent.v1.InstallModelResponse(\x01\x12^\n\x0bInstallKept\x12#.tritonshare.agent.v1.InstallHeader\x1a*.tritonshare.agent.v1.InstallModelResponse\x12V\n\tLoadModel\x12&.tritonshare.agent.v1.LoadModelRequest\x1a!.tritonshare.agent.v1.ModelStatus\x12Z\n\x0bUnloadModel\x12(.tritonshare.agent.v1.UnloadModelRequest\x1a!.tritonshare.agent.v1.ModelStatus\x12T\n\x08GetModel\x12%.tritonshare.agent.v1.GetModelRequest\x1a!.tritonshare.agent.v1.ModelStatus\x12_\n\nListModels\x12\'.tritonshare.agent.v1.ListModelsRequest\x1a(.tritonshare.agent.v1.ListModelsResponse\x12Y\n\x08ListGpus\x12%.tritonshare.agent.v1.ListGpusRequest\x1a&.tritonshare.agent.v1.ListGpusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12protos/agent.proto\x12\x14tritonshare.agent.v1\"7\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\":\n\x08Manifest\x12.\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1f.tritonshare.agent.v1.FileEntry\"S\n\rInstallHeader\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x30\n\x08manifest\x18\x02 \x01(\x0b\x32\x1e.tritonshare.agent.v1.Manifest\"7\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x86\x01\n\x13InstallModelRequest\x12\x35\n\x06header\x18\x01 \x01(\x0b\x32#.tritonshare.agent.v1.InstallHeaderH\x00\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.tritonshare.agent.v1.FileChunkH\x00\x42\x06\n\x04part\"y\n\x14InstallModelResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x17\n\x0fmanifest_digest\x18\x02 \x01(\t\x12\x11\n\tunchanged\x18\x03 \x01(\x08\x12\x15\n\rbytes_written\x18\x04 \x01(\x04\x12\x0c\n\x04kept\x18\x05 \x01(\x08\"\xe5\x01\n\x0bModelStatus\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .tritonshare.agent.v1.ModelState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x17\n\x0fmanifest_digest\x18\x04 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x05 \x01(\t\x12\x11\n\tgpu_index\x18\x06 \x01(\x05\x12\x0b\n\x03pod\x18\x07 \x01(\t\x12\x13\n\x0btriton_name\x18\x08 \x01(\t\x12\x11\n\tresidency\x18\t \x01(\t\x12\x10\n\x08sleeping\x18\n \x01(\x08\"$\n\x10LoadModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\"4\n\x12UnloadModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0c\n\x04idle\x18\x02 \x01(\x08\"#\n\x0fGetModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\"\x13\n\x11ListModelsRequest\"G\n\x12ListModelsResponse\x12\x31\n\x06models\x18\x01 \x03(\x0b\x32!.tritonshare.agent.v1.ModelStatus\"\x11\n\x0fListGpusRequest\"\xb9\x01\n\x03Gpu\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07product\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x14\n\x0cloaded_bytes\x18\x08 \x01(\x04\x12\x16\n\x0esleeping_bytes\x18\t \x01(\x04\"I\n\x10ListGpusResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\'\n\x04gpus\x18\x02 \x03(\x0b\x32\x19.tritonshare.agent.v1.Gpu*\xbf\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12MODEL_STATE_ABSENT\x10\x01\x12\x19\n\x15MODEL_STATE_INSTALLED\x10\x02\x12\x17\n\x13MODEL_STATE_LOADING\x10\x03\x12\x15\n\x11MODEL_STATE_READY\x10\x04\x12\x19\n\x15MODEL_STATE_UNLOADING\x10\x05\x12\x16\n\x12MODEL_STATE_FAILED\x10\x06\x32\x96\x05\n\x05\x41gent\x12g\n\x0cInstallModel\x12).tritonshare.agent.v1.InstallModelRequest\x1a*.tritonshare.agent.v1.InstallModelResponse(\x01\x12^\n\x0bInstallKept\x12#.tritonshare.agent.v1.InstallHeader\x1a*.tritonshare.agent.v1.InstallModelResponse\x12V\n\tLoadModel\x12&.tritonshare.agent.v1.LoadModelRequest\x1a!.tritonshare.agent.v1.ModelStatus\x12Z\n\x0bUnloadModel\x12(.tritonshare.agent.v1.UnloadModelRequest\x1a!.tritonshare.agent.v1.ModelStatus\x12T\n\x08GetModel\x12%.tritonshare.agent.v1.GetModelRequest\x1a!.tritonshare.agent.v1.ModelStatus\x12_\n\nListModels\x12\'.tritonshare.agent.v1.ListModelsRequest\x1a(.tritonshare.agent.v1.ListModelsResponse\x12Y\n\x08ListGpus\x12%.tritonshare.agent.v1.ListGpusRequest\x1a&.tritonshare.agent.v1.ListGpusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSTATE']._serialized_start=1204
-  _globals['_MODELSTATE']._serialized_end=1395
+  _globals['_MODELSTATE']._serialized_start=1301
+  _globals['_MODELSTATE']._serialized_end=1492
   _globals['_FILEENTRY']._serialized_start=44
   _globals['_FILEENTRY']._serialized_end=99
   _globals['_MANIFEST']._serialized_start=101
@@ -46,23 +46,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INSTALLMODELRESPONSE']._serialized_start=440
   _globals['_INSTALLMODELRESPONSE']._serialized_end=561
   _globals['_MODELSTATUS']._serialized_start=564
-  _globals['_MODELSTATUS']._serialized_end=756
-  _globals['_LOADMODELREQUEST']._serialized_start=758
-  _globals['_LOADMODELREQUEST']._serialized_end=794
-  _globals['_UNLOADMODELREQUEST']._serialized_start=796
-  _globals['_UNLOADMODELREQUEST']._serialized_end=834
-  _globals['_GETMODELREQUEST']._serialized_start=836
-  _globals['_GETMODELREQUEST']._serialized_end=871
-  _globals['_LISTMODELSREQUEST']._serialized_start=873
-  _globals['_LISTMODELSREQUEST']._serialized_end=892
-  _globals['_LISTMODELSRESPONSE']._serialized_start=894
-  _globals['_LISTMODELSRESPONSE']._serialized_end=965
-  _globals['_LISTGPUSREQUEST']._serialized_start=967
-  _globals['_LISTGPUSREQUEST']._serialized_end=984
-  _globals['_GPU']._serialized_start=987
-  _globals['_GPU']._serialized_end=1126
-  _globals['_LISTGPUSRESPONSE']._serialized_start=1128
-  _globals['_LISTGPUSRESPONSE']._serialized_end=1201
-  _globals['_AGENT']._serialized_start=1398
-  _globals['_AGENT']._serialized_end=2060
+  _globals['_MODELSTATUS']._serialized_end=793
+  _globals['_LOADMODELREQUEST']._serialized_start=795
+  _globals['_LOADMODELREQUEST']._serialized_end=831
+  _globals['_UNLOADMODELREQUEST']._serialized_start=833
+  _globals['_UNLOADMODELREQUEST']._serialized_end=885
+  _globals['_GETMODELREQUEST']._serialized_start=887
+  _globals['_GETMODELREQUEST']._serialized_end=922
+  _globals['_LISTMODELSREQUEST']._serialized_start=924
+  _globals['_LISTMODELSREQUEST']._serialized_end=943
+  _globals['_LISTMODELSRESPONSE']._serialized_start=945
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1016
+  _globals['_LISTGPUSREQUEST']._serialized_start=1018
+  _globals['_LISTGPUSREQUEST']._serialized_end=1035
+  _globals['_GPU']._serialized_start=1038
+  _globals['_GPU']._serialized_end=1223
+  _globals['_LISTGPUSRESPONSE']._serialized_start=1225
+  _globals['_LISTGPUSRESPONSE']._serialized_end=1298
+  _globals['_AGENT']._serialized_start=1495
+  _globals['_AGENT']._serialized_end=2157
 # @@protoc_insertion_point(module_scope)

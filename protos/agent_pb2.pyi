@@ -81,7 +81,7 @@ class InstallModelResponse(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., unchanged: _Optional[bool] = ..., bytes_written: _Optional[int] = ..., kept: _Optional[bool] = ...) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("model_id", "state", "reason", "manifest_digest", "gpu_uuid", "gpu_index", "pod", "triton_name")
+    __slots__ = ("model_id", "state", "reason", "manifest_digest", "gpu_uuid", "gpu_index", "pod", "triton_name", "residency", "sleeping")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class ModelStatus(_message.Message):
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     TRITON_NAME_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     state: ModelState
     reason: str
@@ -98,7 +100,9 @@ class ModelStatus(_message.Message):
     gpu_index: int
     pod: str
     triton_name: str
-    def __init__(self, model_id: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., gpu_index: _Optional[int] = ..., pod: _Optional[str] = ..., triton_name: _Optional[str] = ...) -> None: ...
+    residency: str
+    sleeping: bool
+    def __init__(self, model_id: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., manifest_digest: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., gpu_index: _Optional[int] = ..., pod: _Optional[str] = ..., triton_name: _Optional[str] = ..., residency: _Optional[str] = ..., sleeping: _Optional[bool] = ...) -> None: ...
 
 class LoadModelRequest(_message.Message):
     __slots__ = ("model_id",)
@@ -107,10 +111,12 @@ class LoadModelRequest(_message.Message):
     def __init__(self, model_id: _Optional[str] = ...) -> None: ...
 
 class UnloadModelRequest(_message.Message):
-    __slots__ = ("model_id",)
+    __slots__ = ("model_id", "idle")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
-    def __init__(self, model_id: _Optional[str] = ...) -> None: ...
+    idle: bool
+    def __init__(self, model_id: _Optional[str] = ..., idle: _Optional[bool] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("model_id",)
@@ -133,7 +139,7 @@ class ListGpusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("uuid", "index", "product", "memory_total_bytes", "memory_used_bytes", "healthy", "reason")
+    __slots__ = ("uuid", "index", "product", "memory_total_bytes", "memory_used_bytes", "healthy", "reason", "loaded_bytes", "sleeping_bytes")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PRODUCT_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +147,8 @@ class Gpu(_message.Message):
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_BYTES_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     product: str
@@ -148,7 +156,9 @@ class Gpu(_message.Message):
     memory_used_bytes: int
     healthy: bool
     reason: str
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., product: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    loaded_bytes: int
+    sleeping_bytes: int
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., product: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ..., reason: _Optional[str] = ..., loaded_bytes: _Optional[int] = ..., sleeping_bytes: _Optional[int] = ...) -> None: ...
 
 class ListGpusResponse(_message.Message):
     __slots__ = ("node", "gpus")
