@@ -13,7 +13,8 @@ so a pod that goes without draining shows as a failed request.
 
 A watch of the Deployment's pods times each new replica's cold start by phase: created, bound,
 its files fetched into the pod (the storage initializer done), its model loaded on the node (the
-agent's ModelLoaded condition), Ready, and its first answer to a client.
+loader done, or the agent's ModelLoaded condition if it comes first), Ready, and its first
+answer to a client.
 """
 
 from __future__ import annotations
@@ -176,8 +177,11 @@ class PodWatch:
                 ended = (init.get("state") or {}).get("terminated") or {}
                 if init.get("name") == "storage-initializer" and ended.get("exitCode") == 0:
                     times.phases.setdefault("files in the pod", now)
-                if init.get("name") == "loader" and KEPT_MESSAGE in (ended.get("message") or ""):
-                    times.kept = True
+                if init.get("name") == "loader" and ended.get("exitCode") == 0:
+                    # The loader has seen the model READY (the agent's ModelLoaded condition
+                    # follows, a condition write later).
+                    times.phases.setdefault("loaded", now)
+                    times.kept = KEPT_MESSAGE in (ended.get("message") or "")
             for c in status.get("conditions") or []:
                 if c.get("status") != "True":
                     continue
