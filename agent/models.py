@@ -61,6 +61,8 @@ from agent.errors import (
     TritonError,
     TritonUnreachableError,
 )
+from agent.eviction import Gpu, Loaded
+from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
 from agent.inventory import GpuInfo, GpuSnapshot
@@ -232,18 +234,6 @@ class Gpus(Protocol):
         """A fresh reading of one GPU, by UUID; None when it is not on the node."""
 
 
-class RoomMaker(Protocol):
-    """Makes room on a GPU for a load by putting idle on-demand models to sleep
-    (`agent.evictor`)."""
-
-    async def make_room(
-        self, owner: Proven, name: str, before: GpuInfo, problem: str
-    ) -> tuple[GpuInfo | None, str]:
-        """Called inside the load's GPU turn, holding the lock of `name` (the model to load),
-        when admission found `problem` with reading `before`: the GPU's reading after whatever
-        it evicted, and what still stands in the way ("" when the load now fits)."""
-
-
 class Pods(Protocol):
     """This node's pods as model operations see them (`agent.nodepods.NodePods`)."""
 
@@ -302,7 +292,9 @@ class Models:
         cache: FileCache | None = None,
         namespace_disk: NamespaceDisk | None = None,
         crashes: CrashLedger | None = None,
+        evictor: Evictor | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.repository = repository
         self.cache = cache
@@ -319,8 +311,9 @@ class Models:
         self.metrics = metrics
         self.ledger = ledger or MemoryLedger()
         self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
-        self.evictor: RoomMaker | None = None
-        """Makes room for a load that does not fit (None: such a load is refused)."""
+        self.evictor = evictor
+        """Chooses idle on-demand models to put to sleep for a load that does not fit (None:
+        such a load is refused)."""
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
@@ -329,6 +322,7 @@ class Models:
         self._granted: dict[int, asyncio.Future[None]] = {}
         """Turn number -> what its waiter awaits until the GPU queue grants it."""
         self.clock = clock
+        self._wall = wall
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         """Name -> its lock and how many operations hold or await it: a lock lives only while
         used, so names of pods long gone (every rollout brings new ones) cost nothing."""
@@ -897,6 +891,99 @@ class Models:
             )
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
+    def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
+        """What every proven placement on a GPU holds but one pod's, as `booked` counts it, by
+        name in Triton, for the eviction rule."""
+        held = {}
+        now, wall = self.clock(), self._wall()
+        for proven in self._pods.all_proven():
+            if proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
+                continue
+            try:
+                name = self.triton_name(proven)
+            except AgentError:
+                continue
+            owner = self.owners.get(name)
+            mine = owner is not None and owner.uid == proven.uid
+            if proven.on_demand and not (mine and self._held_loaded(name)):
+                continue
+            record = self._records.get(name)
+            touched = record.last_activity if record else now
+            held[name] = (
+                Loaded(
+                    name,
+                    proven.namespace,
+                    proven.model_id,
+                    max(proven.request, self.ledger.measured(name) if mine else 0),
+                    proven.on_demand,
+                    busy=self.is_busy(name),
+                    last_used=wall - (now - touched),
+                ),
+                proven,
+            )
+        return held
+
+    async def _make_gpu_room(
+        self, owner: Proven, gpu: GpuInfo, waking: bool
+    ) -> tuple[GpuInfo | None, str]:
+        """Put idle on-demand models of the owner's GPU to sleep until its load fits, as
+        `agent.eviction` chooses; inside the load's GPU turn, holding the lock of the model to
+        load. The GPU's reading after, and what still stands in the way ("" when it fits)."""
+        assert self.evictor is not None
+        reserve = self.limits.gpu_mem_reserve
+        capacity = gpu.memory_total - reserve
+        booked = sum(self.booked(gpu.uuid, owner.uid))
+        needed = max(booked + owner.request - capacity, owner.request - (gpu.memory_free - reserve))
+        held = self._held_on(gpu.uuid, owner.uid)
+        label = f"GPU {gpu.index} ({gpu.uuid})"
+        choice = self.evictor.choose(
+            Gpu(label, capacity), [m for m, _ in held.values()], owner.namespace, needed
+        )
+        if choice.problem:
+            return gpu, choice.problem
+        why = f"a {'wake' if waking else 'load'} of another model needed it"
+        for victim in choice.victims:
+            if self.is_busy(victim.name):
+                continue  # taken by an operation meanwhile: the check below tells
+            try:
+                await self._evict(victim.name, gpu.uuid)
+            except AgentError as e:
+                log.warning("Putting idle model %s to sleep failed: %s", victim.name, e)
+                return await self._gpus.read_gpu(gpu.uuid), (
+                    f"an idle model on {label} could not be put to sleep to make room"
+                )
+            _, proven = held[victim.name]
+            self.evictor.evicted(victim, proven.key, proven.uid, why, waking)
+        after = await self._gpus.read_gpu(gpu.uuid)
+        if after is None:
+            return None, ""
+        self._unexplained(self.ledger.observe_gpu(after))
+        booked_after = self.booked(gpu.uuid, owner.uid)
+        return after, admission_problem(after, owner.request, booked_after, reserve)
+
+    async def _evict(self, name: str, uuid: str) -> None:
+        """Put the on-demand model `name` to sleep inside a turn already held on its GPU
+        (`uuid`), measured like any unload. Takes its lock, which nothing holds (checked)."""
+        async with self.lock(name):
+            record = self.record(name)
+            if not record.life.held_loaded:
+                return
+            self._step(name, record, Event.UNLOAD_STARTED)
+            try:
+                before = await self._gpus.read_gpu(uuid)
+                await self.triton.unload(name)
+                await self.triton.wait_unloaded(name, self.limits.unload_timeout)
+                after = await self._gpus.read_gpu(uuid)
+            except BaseException:
+                self._step(name, record, Event.UNLOAD_FAILED)
+                raise
+            if before is not None and after is not None:
+                self.ledger.record_unload(name, before.memory_used, after.memory_used)
+            self.ledger.forget(name)
+            self.crashes.answered(name)
+            self._step(name, record, Event.UNLOADED)
+            self._step(name, record, Event.IDLE)
+
     async def _abandon(self, name: str) -> None:
         """Ask Triton to unload a load given up on mid-way. Triton answers once the load has
         ended (it cannot stop one), or the call times out first; either way the GPU's slot is
@@ -960,7 +1047,7 @@ class Models:
                 if problem and self.evictor is not None:
                     # Idle on-demand models of the GPU make room (`agent.eviction`), inside
                     # this turn: what they free is measured before this load begins.
-                    before, problem = await self.evictor.make_room(owner, name, before, problem)
+                    before, problem = await self._make_gpu_room(owner, before, waking)
                 if problem and waking:
                     raise ResourceExhaustedError(
                         f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "
