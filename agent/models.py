@@ -909,6 +909,8 @@ class Models:
                 continue
             record = self._records.get(name)
             touched = record.last_activity if record else now
+            # A refused or lost load is booked but holds nothing to free: not a victim.
+            resting = proven.on_demand and not (record and record.life.phase is Phase.READY)
             held[name] = (
                 Loaded(
                     name,
@@ -916,7 +918,7 @@ class Models:
                     proven.model_id,
                     max(proven.request, self.ledger.measured(name) if mine else 0),
                     proven.on_demand,
-                    busy=self.is_busy(name),
+                    busy=self.is_busy(name) or resting,
                     last_used=wall - (now - touched),
                 ),
                 proven,
@@ -1391,7 +1393,7 @@ class Models:
             if record is None or not owner.gpu_uuid:
                 continue
             loaded, sleeping = figures.get(owner.gpu_uuid, (0, 0))
-            if record.life.held_loaded:
+            if record.life.counts_loaded:
                 loaded += max(owner.request, self.ledger.measured(name))
             elif record.life.phase is Phase.IDLE_UNLOADED:
                 sleeping += owner.request
