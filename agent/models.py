@@ -26,6 +26,10 @@ model's files leaving the repository are kept for its namespace when the agent i
 (`agent.filecache`), and an install from that copy goes through the same install path; every
 install first fits its namespace's disk bound, evicting that namespace's kept copies first.
 
+An `on-demand` model (by its pod's proof) may be put to sleep: unloaded, files and owner kept, its
+next load a wake. A load that does not fit on its GPU first puts idle on-demand models of that GPU
+to sleep, inside its own GPU turn; which ones is `agent.evictor`'s and `agent.eviction`'s.
+
 It orchestrates: which moves a model's life may make, and what the agent reports for it, are
 `agent.lifecycle`'s (each model's `Life` is stepped here, under its lock, around the I/O the step
 stands for); which load or unload uses a GPU's slot next is `agent.gpuqueue`'s. It decides
