@@ -8,11 +8,13 @@ idle `on-demand` models of that GPU to sleep until it fits. The rule, as `choose
   (`--evict-min-idle-seconds`);
 - the loading namespace's own idle models first (least recently used first): a namespace never
   evicts another's model while it has one of its own to give up;
-- then the models of namespaces over their fair share before those within it: a namespace's
-  share is the GPU's on-demand room (its memory for models less what `always` models hold)
-  divided among the namespaces with on-demand models on the GPU, the loading one included; a
-  namespace holding more than that is over it (recomputed after each victim). Least recently
-  used first within each group;
+- then the models of namespaces over their fair share: a namespace's share is the GPU's
+  on-demand room (its memory for models less what `always` models hold) divided among the
+  namespaces with on-demand models on the GPU, the loading one included; a namespace holding
+  more than that is over it (recomputed after each victim). Least recently used first;
+- a namespace within its share loses a model only to an `always` load or to a namespace that
+  stays within its own share with the load (`claim`: the on-demand bytes the load adds): one
+  namespace's wakes cannot push another below its share to grow past its own;
 - all or nothing: when the evictable models cannot free what the load needs, none is evicted
   and the reason says what holds the GPU in the loading namespace's own terms (byte figures, and
   model ids of its own namespace only).
@@ -87,11 +89,13 @@ def choose(
     now: float,
     min_idle: float,
     *,
+    claim: int = 0,
     activity_problem: str = "",
 ) -> Choice:
     """The idle models of `held` (the GPU's models but the one loading) to put to sleep so that
-    `needed` bytes are freed for a load of `namespace`; `activity_problem`, when set, says why
-    nobody's activity is known (then none is evictable: fail closed)."""
+    `needed` bytes are freed for a load of `namespace` that adds `claim` on-demand bytes to it
+    (0 for an `always` load); `activity_problem`, when set, says why nobody's activity is known
+    (then none is evictable: fail closed)."""
     if needed <= 0:
         return Choice()
     candidates = [] if activity_problem else [m for m in held if evictable(m, now, min_idle)]
@@ -108,7 +112,10 @@ def choose(
     while freed < needed and candidates:
         own = [m for m in candidates if m.namespace == namespace]
         over = [m for m in candidates if loaded[m.namespace] > share]
-        pool = own or over or candidates
+        fair = loaded.get(namespace, 0) + claim <= share
+        pool = own or over or (candidates if fair else [])
+        if not pool:
+            break
         victim = min(pool, key=lambda m: (m.last_used, m.name))
         candidates.remove(victim)
         victims.append(victim)
@@ -117,7 +124,20 @@ def choose(
     if freed >= needed:
         return Choice(tuple(victims))
     short = needed - freed
+    if candidates and not activity_problem:
+        return Choice(problem=_over_share(gpu, namespace, loaded.get(namespace, 0) + claim, share))
     return Choice(problem=_no_room(gpu, held, namespace, short, now, min_idle, activity_problem))
+
+
+def _over_share(gpu: Gpu, namespace: str, after: int, share: int) -> str:
+    """Why the idle models left belong to namespaces this load may not take from."""
+    return (
+        f"{gpu.label}'s room for on-demand models is shared among the namespaces using it: "
+        f"{format_bytes(share)} each; with this load namespace {namespace} would hold "
+        f"{format_bytes(after)}, and the idle models left belong to namespaces within their "
+        f"share. Let one of your own on-demand models on this GPU go idle, or place this pod "
+        f"as residency always"
+    )
 
 
 def _no_room(

@@ -61,7 +61,9 @@ class Evictor:
         problem = freshness_problem(table, now, self.max_age)
         return (None, problem) if problem else (table, "")
 
-    def choose(self, gpu: Gpu, held: Sequence[Loaded], namespace: str, needed: int) -> Choice:
+    def choose(
+        self, gpu: Gpu, held: Sequence[Loaded], namespace: str, needed: int, claim: int = 0
+    ) -> Choice:
         """The models of `held` to put to sleep (their `last_used` the agent's own: when it last
         loaded or touched them), or why none may be."""
         now = self._wall()
@@ -76,7 +78,9 @@ class Evictor:
                     last_used=max(model.last_used, activity.last_used),
                 )
             seen.append(model)
-        choice = choose(gpu, seen, namespace, needed, now, self.min_idle, activity_problem=problem)
+        choice = choose(
+            gpu, seen, namespace, needed, now, self.min_idle, claim=claim, activity_problem=problem
+        )
         if problem and needed > 0:
             log.warning("No model may be evicted on %s: %s.", gpu.label, problem)
         return choice

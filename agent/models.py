@@ -945,8 +945,9 @@ class Models:
         if not any(m.on_demand for m, _ in held.values()):
             return gpu, problem  # nothing on the GPU may ever make room
         label = f"GPU {gpu.index} ({gpu.uuid})"
+        claim = owner.request if owner.on_demand else 0
         choice = self.evictor.choose(
-            Gpu(label, capacity), [m for m, _ in held.values()], owner.namespace, needed
+            Gpu(label, capacity), [m for m, _ in held.values()], owner.namespace, needed, claim
         )
         if choice.problem:
             return gpu, f"{problem}, and no room can be made: {choice.problem}"

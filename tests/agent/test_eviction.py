@@ -85,3 +85,15 @@ def test_all_or_nothing() -> None:
     choice = choose(GPU, held, "x", 2 * GI, NOW, 2.0)
     assert choice.victims == () and choice.problem
     assert "id-a" not in choice.problem and "id-b" not in choice.problem
+
+
+def test_a_namespace_over_its_share_cannot_take_from_one_within_its_share() -> None:
+    # 16Gi of room, x and z: 8Gi each. x holds 6Gi, all serving; z holds 2Gi, idle for long.
+    held = [od("x1", "x", 6 * GI, in_flight=1), od("z1", "z", 2 * GI, idle=900)]
+    # An on-demand wake of 4Gi would take x to 10Gi, past its 8Gi: z's model stays.
+    choice = choose(GPU, held, "x", 2 * GI, NOW, 2.0, claim=4 * GI)
+    assert choice.victims == ()
+    assert "8Gi each" in choice.problem and "id-z1" not in choice.problem
+    # A wake that keeps x within its share may take z's idle model; so may an always load.
+    assert [v.name for v in choose(GPU, held, "x", GI, NOW, 2.0, claim=GI).victims] == ["z1"]
+    assert [v.name for v in choose(GPU, held, "x", 2 * GI, NOW, 2.0).victims] == ["z1"]
