@@ -213,13 +213,13 @@ class Agent:
         self.request_crashes: RequestCrashes | None = None
         if settings.gateway_table is not None:
             self.request_crashes = RequestCrashes(
+                settings.triton_http_url,
                 self.crashes,
                 path_beside(settings.gateway_table),
                 self.events,
                 self.metrics,
                 self._requests_quarantined,
             )
-            self.reconciler.on_exit = self.request_crashes.exited
         self.conditions = ModelConditions(
             self.kube,
             self.events,
@@ -432,6 +432,8 @@ class Agent:
         )
         if self.callers is not None:
             lifecycle.spawn("the gateway's caller table", self.callers.run(stop))
+        if self.request_crashes is not None:
+            lifecycle.spawn("the Triton exit watch", self.request_crashes.run(stop))
         self._watch = self.kube.watch_pods(
             settings.node_name, self.reconciler.on_list, self.reconciler.on_event
         )

@@ -1,9 +1,11 @@
 """Counting the pods whose requests were at Triton when it exited unexpectedly.
 
-The reconciler's liveness watch sees Triton go away (a poll that found it live, then one that did
-not) and, once Triton is back, hands the window between the two polls here. The node gateway has
-meanwhile written what it saw at that moment (`common.crashwitness`); the records inside the
-window, widened by `slack_seconds` for the two processes' clocks and writes, name the suspects,
+The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death
+closes it, and a new connection is refused until Triton is started again, which tells an exit of
+Triton apart from one dropped connection (the agent never restarts Triton itself, so every exit
+is unexpected to it). Once Triton is back, the node gateway has long written what it saw at that
+moment (`common.crashwitness`); the records between the sentinel's close and the refusal,
+widened by `slack_seconds` for the two processes' clocks, name the suspects,
 which the ledger counts (`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no
 record counts nothing: the gateway saw no death (it was down too, or Triton was only unreachable
 for the agent), and the agent blames no pod without a witness. A pod that reaches
@@ -15,7 +17,9 @@ its ModelLoaded condition says so too (`agent.conditions`). What it must not do:
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from agent.quarantine import CrashLedger
 from agent.suspects import REASON, CallerRecord, merged, message
 from common.crashwitness import WitnessError, read_witnesses
 from common.logs import subject
+from common.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ class RequestCrashes:
 
     def __init__(
         self,
+        triton_http: str,
         ledger: CrashLedger,
         witness_file: Path,
         events: PodEvents,
@@ -43,8 +49,13 @@ class RequestCrashes:
         on_quarantined: Callable[[], None],
         *,
         slack_seconds: float = SLACK_SECONDS,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
+        self._wall = wall
+        self.sentinel = Sentinel(triton_http, wall, self._gone, self._back)
+        self._away: tuple[float, float] | None = None
+        """Triton's sentinel closed at the first time, and it was refused at the second."""
         self.witness_file = witness_file
         self._events = events
         self._metrics = metrics
@@ -53,13 +64,26 @@ class RequestCrashes:
         self._counted_until = 0.0
         """The newest record counted: a record is counted once, whatever windows overlap."""
 
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch Triton's exits until `stop`."""
+        await self.sentinel.run(stop)
+
+    def _gone(self, lost_at: float) -> None:
+        log.warning("Triton exited: the node gateway's witnesses are counted once it is back.")
+        self._away = (lost_at, self._wall())
+
+    def _back(self) -> None:
+        if self._away is not None:
+            away, self._away = self._away, None
+            self.exited(*away)
+
     def quarantine_of(self, pod: str) -> str:
         """Why `pod`'s requests are refused (namespace/name); empty when they are not."""
         record = self.ledger.caller_quarantine(pod)
         return message(record) if record is not None else ""
 
     def exited(self, last_live: float, first_down: float) -> list[CallerRecord]:
-        """Triton was live at `last_live` and not at `first_down` (Unix seconds): count the
+        """Triton was there at `last_live` and gone at `first_down` (Unix seconds): count the
         gateway's records of that moment; returns the pods quarantined by it."""
         try:
             records = read_witnesses(self.witness_file)

@@ -1,11 +1,10 @@
 """Witnessing Triton's deaths for the agent: which pods had requests at Triton when it went away.
 
-The gateway holds one idle connection of its own to Triton's HTTP port, a sentinel. Triton's
-death closes every socket it had at once, the sentinel's too; the gateway then takes its
-snapshot of the pods with requests at Triton and tries a new connection. Refused, Triton is gone:
-the gateway appends a record (`common.crashwitness`) to the file beside the caller table, which
-the agent reads when it has seen Triton exit (`agent.quarantine`). Accepted, the sentinel was only
-closed (an idle close, a proxy in between): nothing is recorded. Nothing here runs per request;
+The gateway holds one idle connection of its own to Triton's HTTP port (`common.sentinel`).
+Triton's death closes it at once; the gateway then takes its snapshot of the pods with requests
+at Triton, and once a new connection is refused (Triton is gone, not just the connection) it
+appends a record (`common.crashwitness`) to the file beside the caller table, which the agent
+reads when it has seen Triton exit (`agent.requestcrash`). Nothing here runs per request;
 the snapshot reads what each pod's limiter already keeps.
 
 A pod is a suspect when it has requests in flight at Triton at the snapshot, when one of its
@@ -19,7 +18,6 @@ its answer). What it must not do: decide whether Triton's exit was unexpected, o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -27,6 +25,7 @@ from pathlib import Path
 
 from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, read_witnesses
 from common.crashwitness import write_witnesses as write_file
+from common.sentinel import Sentinel
 from proxy.gateway.tenants import Tenant
 
 log = logging.getLogger(__name__)
@@ -64,13 +63,8 @@ def _suspect(tenant: Tenant, in_flight: int) -> Suspect:
     return Suspect(caller.pod, caller.uid, caller.address, caller.model_id, in_flight)
 
 
-def _split(host_port: str) -> tuple[str, int]:
-    host, _, port = host_port.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 class CrashWitness:
-    """Watches the sentinel connection and writes a record each time Triton goes away."""
+    """Writes a record each time the sentinel (`common.sentinel`) sees Triton go away."""
 
     def __init__(
         self,
@@ -80,68 +74,27 @@ class CrashWitness:
         *,
         recent_seconds: float = RECENT_SECONDS,
         last_seconds: float = LAST_SECONDS,
-        retry_seconds: float = 0.5,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
-        self.host, self.port = _split(triton_http)
         self._tenants = tenants
         self.recent_seconds = recent_seconds
         self.last_seconds = last_seconds
-        self.retry_seconds = retry_seconds
         self._wall = wall
         self._clock = clock
+        self.sentinel = Sentinel(triton_http, self._snapshot, self._record)
         self.records = 0
         """Records written since start."""
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Hold the sentinel until `stop`; record each death of Triton it sees."""
-        connection = None
-        try:
-            while not stop.is_set():
-                if connection is None:
-                    connection = await self._connect()
-                    if connection is None:  # Triton not up yet: try again shortly
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), self.retry_seconds)
-                        continue
-                reader, writer = connection
-                lost = asyncio.ensure_future(reader.read(1))
-                stopping = asyncio.ensure_future(stop.wait())
-                await asyncio.wait({lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                stopping.cancel()
-                if not lost.done():
-                    lost.cancel()
-                    break
-                try:
-                    if lost.result():
-                        continue  # Triton said something on an idle connection: still there
-                except OSError:
-                    pass  # reset: as closed
-                witnessed = Witness(
-                    self._wall(),
-                    suspects_of(
-                        self._tenants(),
-                        self._clock(),
-                        recent=self.recent_seconds,
-                        last=self.last_seconds,
-                    ),
-                )
-                writer.close()
-                connection = await self._connect()
-                if connection is None:
-                    self._record(witnessed)
-                # Else only the sentinel was closed (an idle close): Triton is there.
-        finally:
-            if connection is not None:
-                connection[1].close()
+        await self.sentinel.run(stop)
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        try:
-            return await asyncio.open_connection(self.host, self.port)
-        except OSError:
-            return None
+    def _snapshot(self) -> Witness:
+        suspects = suspects_of(
+            self._tenants(), self._clock(), recent=self.recent_seconds, last=self.last_seconds
+        )
+        return Witness(self._wall(), suspects)
 
     def _record(self, witnessed: Witness) -> None:
         who = ", ".join(f"{s.pod} ({s.in_flight} in flight)" for s in witnessed.suspects)
