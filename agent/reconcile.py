@@ -130,9 +130,6 @@ class Reconciler:
         self._wake = wake or asyncio.Event()
         self.on_pods: Callable[[], None] | None = None
         """Called when the pods may have changed (the gateway's caller table follows them)."""
-        self.on_exit: Callable[[float, float], object] | None = None
-        """Called when Triton is back after it went away: with the time of the last poll that
-        found it live and of the first that did not (Unix seconds; `agent.requestcrash`)."""
 
     # Watch callbacks (run on the event loop).
     def on_list(self, items: list[dict[str, Any]]) -> None:
@@ -517,28 +514,17 @@ class Reconciler:
     async def watch_triton(self, stop: asyncio.Event) -> None:
         """Poll Triton's liveness; when it comes back after being down, reconcile at once."""
         was_live: bool | None = None
-        last_live = 0.0
-        went_away: tuple[float, float] | None = None
-        """Triton was live at the first time and not at the second: an exit the agent saw."""
         while not stop.is_set():
-            asked = time.time()
             live = await self.models.triton.live()
             self.triton_live = live
             if live and was_live is False:
                 log.warning("Triton is live again: checking which models must be loaded again.")
-                if went_away is not None and self.on_exit is not None:
-                    self.on_exit(*went_away)
-                went_away = None
                 self.trigger()
             elif not live and was_live is not False:
                 log.warning(
                     "Triton at %s does not answer: models cannot load until it is back.",
                     self.models.triton.base,
                 )
-                if was_live:
-                    went_away = (last_live, time.time())
-            if live:
-                last_live = asked
             was_live = live
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.triton_poll_seconds)

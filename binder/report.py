@@ -125,7 +125,8 @@ def quarantined(nodes: list[JsonObject], keys: Keys) -> list[dict[str, Any]]:
                         "pod": str(item.get("pod", "")),
                         "crashes": int(item.get("crashes", 0) or 0),
                         "digest": str(item.get("digest", "")),
-                        "cause": str(item.get("cause", "")),
+                        # A pod's requests ("requests"); absent for a model's files.
+                        **({"cause": str(item["cause"])} if item.get("cause") else {}),
                     }
                 )
     return sorted(rows, key=lambda r: (r["node"], r["model"], r["digest"]))
