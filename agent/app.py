@@ -215,7 +215,7 @@ class Agent:
             self.request_crashes = RequestCrashes(
                 settings.triton_http_url,
                 self.crashes,
-                path_beside(settings.gateway_table),
+                settings.crash_witness_file or path_beside(settings.gateway_table),
                 self.events,
                 self.metrics,
                 self._requests_quarantined,

@@ -85,7 +85,9 @@ class Gateway:
             on_revoke=self.tenants.revoke,
         )
         self.witness = CrashWitness(
-            path_beside(settings.caller_table), settings.triton_http_url, lambda: self.tenants
+            settings.crash_witness_file or path_beside(settings.caller_table),
+            settings.triton_http_url,
+            lambda: self.tenants,
         )
         self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget, in_flight)
         self.ports: dict[str, int] = {}

@@ -54,6 +54,15 @@ class GatewaySettings:
         required="the file the node's agent writes (its --gateway-table)",
     )
     """The agent's caller table (`common.callers`): which pod address may reach which model."""
+    crash_witness_file: Path | None = setting(
+        "crash-witness-file",
+        "file recording which pods had requests at Triton when it died (read by the agent); "
+        "default: crash-witness.json beside --caller-table",
+        path,
+        default=None,
+    )
+    """Where the gateway records Triton's deaths for the agent (`gateway.witness`), in a volume
+    the agent reads (its --crash-witness-file)."""
     triton_http_url: str = setting(
         "triton-http-url",
         "host:port of Triton's HTTP endpoint",
