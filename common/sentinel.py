@@ -36,15 +36,18 @@ class Sentinel(Generic[T]):
         on_gone: Callable[[T], None],
         on_back: Callable[[], None] | None = None,
         *,
+        on_up: Callable[[], None] | None = None,
         retry_seconds: float = 0.2,
     ) -> None:
         """`on_lost()` runs the moment the connection closes, before anything is known (what it
         returns is handed to `on_gone`); `on_gone(lost)` once a new connection is refused;
-        `on_back()` when a connection is accepted again after that."""
+        `on_back()` when a connection is accepted again after that; `on_up()` whenever one is
+        accepted (Triton is there)."""
         self.host, self.port = host_and_port(url)
         self._on_lost = on_lost
         self._on_gone = on_gone
         self._on_back = on_back
+        self._on_up = on_up
         self.retry_seconds = retry_seconds
         self.deaths = 0
         """Deaths seen since start."""
@@ -65,6 +68,8 @@ class Sentinel(Generic[T]):
                         gone = False
                         if self._on_back is not None:
                             self._on_back()
+                    if self._on_up is not None:
+                        self._on_up()
                 reader, writer = connection
                 read = asyncio.ensure_future(reader.read(1))
                 stopping = asyncio.ensure_future(stop.wait())
@@ -85,6 +90,8 @@ class Sentinel(Generic[T]):
                     gone = True
                     self.deaths += 1
                     self._on_gone(lost)
+                elif self._on_up is not None:
+                    self._on_up()
         finally:
             if connection is not None:
                 connection[1].close()

@@ -68,7 +68,6 @@ class Limiter:
         proxy, or where the gateway has no node budget."""
         self.sending = False  # counted by `node` as sending
         self.last = 0.0  # when it last took a slot at once
-        self.left_at = 0.0  # when a request last left (answered, failed or gave up waiting)
         self.refusal: ProxyError | None = None
         """Set: every request is refused with it, none takes a slot (a quarantined pod at the
         node gateway)."""
@@ -170,7 +169,6 @@ class Limiter:
 
     def _left(self, now: float) -> None:
         """One request is no longer held (answered, or gave up waiting)."""
-        self.left_at = now
         self._ends += now
         self.held -= 1
         if now >= self._next_checkpoint:

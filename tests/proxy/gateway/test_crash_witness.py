@@ -6,7 +6,6 @@ tests/agent/test_request_quarantine.py."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -19,36 +18,61 @@ from proxy.policy.limiter import Limiter
 from proxy.policy.refusals import QuarantinedError, grpc_code, http_status
 
 
-def tenant(pod: str, *, in_flight: int = 0, last: float = 0.0, left_at: float = 0.0) -> Tenant:
+class Answered:
+    """The pod's metrics as the witness reads them: answers by code."""
+
+    def __init__(self, **codes: int) -> None:
+        self.codes = {code.removeprefix("_"): n for code, n in codes.items()}
+
+    def answered_with(self, codes: frozenset[str]) -> int:
+        return sum(n for code, n in self.codes.items() if code in codes)
+
+
+class Pod:
+    """What the witness reads of a tenant (hashed by identity, as a `Tenant` is)."""
+
+    def __init__(self, limiter: Limiter, caller: Caller, metrics: Answered) -> None:
+        self.limiter, self.caller, self.metrics = limiter, caller, metrics
+
+
+def tenant(pod: str, *, in_flight: int = 0, last: float = 0.0, **codes: int) -> Tenant:
     limiter = Limiter(0, 0, 1.0)
-    limiter.in_flight, limiter.last, limiter.left_at = in_flight, last, left_at
+    limiter.in_flight, limiter.last = in_flight, last
     caller = Caller(f"10.0.0.{len(pod)}", pod.partition("/")[2], pod, f"uid-{pod}")
-    return cast(Tenant, SimpleNamespace(limiter=limiter, caller=caller))
+    return cast(Tenant, Pod(limiter, caller, Answered(**codes)))
 
 
-def pods(tenants: list[Tenant], now: float = 100.0) -> list[tuple[str, int]]:
-    return [(s.pod, s.in_flight) for s in suspects_of(tenants, now, recent=0.25, last=5.0)]
+def pods(tenants: list[Tenant], before: dict[Tenant, int] | None = None) -> list[tuple[str, int]]:
+    return [(s.pod, s.in_flight) for s in suspects_of(tenants, before or {}, 100.0, last=5.0)]
 
 
 def test_the_suspects_are_the_pods_with_requests_at_triton() -> None:
+    """In flight, or failed by the death (the relays may answer theirs before the sentinel's
+    turn); a neighbour answered normally a moment before is none."""
+    failed_rest = tenant("b/rest-failed", last=99.0, _502=3, _200=40)
+    failed_grpc = tenant("c/grpc-failed", last=99.0, UNAVAILABLE=1)
+    earlier = tenant("d/failed-before", last=99.0, _502=2)
     tenants = [
         tenant("a/flight", in_flight=2, last=90.0),
-        tenant("b/just-failed", left_at=99.9, last=99.0),  # answered by the same death
-        tenant("c/earlier", left_at=99.0, last=99.5),
-        tenant("d/idle"),
+        failed_rest,
+        failed_grpc,
+        earlier,
+        tenant("e/answered", last=99.99, _200=500),
+        tenant("f/idle"),
     ]
-    assert pods(tenants) == [("a/flight", 2), ("b/just-failed", 1)]
+    before = {failed_rest: 2, earlier: 2}
+    assert pods(tenants, before) == [("a/flight", 2), ("b/rest-failed", 1), ("c/grpc-failed", 1)]
 
 
 def test_with_none_in_flight_the_last_sender_is_the_suspect() -> None:
     """A request whose harm comes a moment after its answer."""
     tenants = [
-        tenant("a/first", left_at=97.0, last=96.0),
-        tenant("b/last", left_at=98.5, last=98.0),
-        tenant("c/long-ago", left_at=10.0, last=9.0),
+        tenant("a/first", last=96.0, _200=1),
+        tenant("b/last", last=98.0, _200=1),
+        tenant("c/long-ago", last=9.0, _200=1),
     ]
     assert pods(tenants) == [("b/last", 0)]
-    assert pods([tenant("c/long-ago", left_at=10.0, last=9.0)]) == [], "none within 5 s"
+    assert pods([tenant("c/long-ago", last=9.0)]) == [], "none within 5 s"
 
 
 async def test_a_quarantined_pods_requests_are_refused_before_they_take_a_slot() -> None:
