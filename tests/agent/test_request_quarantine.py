@@ -71,10 +71,14 @@ def infer(url: str, source: str, model_id: str, value: float) -> tuple[int, byte
     body = json.dumps(
         {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [value]}]}
     ).encode()
+    return exchange(url, source, f"POST /v2/models/{model_id}/infer", body)
+
+
+def exchange(url: str, source: str, request_line: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One REST request from `source`; (status, body), (0, b"") when the connection broke."""
     head = (
-        f"POST /v2/models/{model_id}/infer HTTP/1.1\r\nHost: gateway\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
-        "\r\n"
+        f"{request_line} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     host, port = url.split(":")
     try:
@@ -206,6 +210,9 @@ async def test_a_pod_whose_requests_kill_triton_is_refused_and_its_neighbour_is_
                 error = json.loads(body)["error"]
                 assert "quarantined" in error and "2 times in a row" in error, error
                 assert "tritonshare quarantine clear <node> team-a/killer-pod" in error, error
+            # Every request, its readiness too: the pod's proxy reports it not ready.
+            probe = await asyncio.to_thread(exchange, url, ATTACKER, "GET /v2/models/killer/ready")
+            assert probe[0] == 503 and b"quarantined" in probe[1], probe
             request = service_pb2.ModelInferRequest(model_name="killer")
             request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
             request.raw_input_contents.append(b"\x00\x00\x80\x3f")
