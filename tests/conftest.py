@@ -21,6 +21,7 @@ import pytest_asyncio
 
 from sim.triton import TritonInstall, TritonServer, TritonUnavailableError
 from tests.native_build import building_processes, start_building, stop_building
+from tests.process_tree import descendant_pids
 
 pytest_plugins = ["tests.fixtures_sim"]
 
@@ -95,13 +96,17 @@ def triton(triton_install: TritonInstall, model_repository: Path) -> Iterator[Tr
 def _no_leaked_processes_or_threads(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves child processes or non-daemon threads running (the session's
     background native build and what it runs are not the test's)."""
-    me = psutil.Process()
-    children_before = {p.pid for p in me.children(recursive=True)}
+    me = os.getpid()
+    children_before = descendant_pids(me)
     threads_before = {t.ident for t in threading.enumerate()}
     yield
-    new = [p for p in me.children(recursive=True) if p.pid not in children_before]
-    exempt = building_processes(request.session)  # after the listing: it has all they started
-    leaked = [p for p in new if p.pid not in exempt]
+    new = descendant_pids(me) - children_before
+    # After the listing, so that it has all they started; only when there is something to exempt.
+    exempt = building_processes(request.session) if new else set()
+    leaked = []
+    for pid in sorted(new - exempt):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leaked.append(psutil.Process(pid))
     alive = []
     for p in leaked:
         try:

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import psutil
 import pytest
 
 from proxy import native
+from tests.process_tree import descendant_pids
 
 MODULE = "tests/proxy/test_native.py"
 RERUN_TEST = f"{MODULE}::test_the_end_to_end_tests_pass_against_the_native_build"
@@ -132,11 +132,7 @@ def building_processes(session: pytest.Session) -> set[int]:
     building = session.config.stash.get(BUILD_IN_BACKGROUND, None)
     if building is None or building.process.poll() is not None:
         return set()
-    try:
-        root = psutil.Process(building.process.pid)
-        return {root.pid} | {p.pid for p in root.children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return set()
+    return {building.process.pid} | descendant_pids(building.process.pid)
 
 
 def stop_building(session: pytest.Session) -> None:

@@ -92,13 +92,13 @@ async def test_one_namespace_s_queued_loads_delay_another_s_by_one_load(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """team-a queues five loads of two seconds each on GPU 0; team-b's one load, asked while
+    """team-a queues five loads of a second each on GPU 0; team-b's one load, asked while
     at least three of them wait, is granted the slot right after the one holding it (no load of
     team-a is granted between its ask and its grant). First come, first served made it wait for
     every one of them."""
     running = await start_custom_agent()
     namespaces(kube_api, "team-a", "team-b")
-    slow = SLEEPS.format(seconds=2)
+    slow = SLEEPS.format(seconds=1)
     tokens = {}
     for i in range(5):
         name = f"a{i}"
@@ -211,7 +211,7 @@ async def test_a_load_past_its_bound_is_abandoned_and_the_next_turn_proceeds(
     kube_api: kubernetes.client.ApiClient,
     tmp_path: Path,
 ) -> None:
-    """A model of a few KiB whose load takes 10 s may hold its GPU 1 s (and 30 s per MiB of its
+    """A model of a few KiB whose load takes 4 s may hold its GPU 1 s (and 30 s per MiB of its
     files): its load is abandoned at its bound, the pod told which flags bound it, Triton told to
     unload it, and the next turn, a 1 MiB model allowed 31 s, loads. Before, every load could
     hold its GPU for 600 s."""
@@ -221,7 +221,7 @@ async def test_a_load_past_its_bound_is_abandoned_and_the_next_turn_proceeds(
         max_load_attempts=1,
     )
     slow_token = await pod_with_model(
-        running, apiserver, kube_api, model(tmp_path, "slow", SLEEPS.format(seconds=10)), "slow"
+        running, apiserver, kube_api, model(tmp_path, "slow", SLEEPS.format(seconds=4)), "slow"
     )
     quick_source = model(tmp_path, "quick", padding=1024**2)
     quick_token = await pod_with_model(running, apiserver, kube_api, quick_source, "quick")

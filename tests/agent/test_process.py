@@ -1,5 +1,7 @@
 """The agent as others start it: `python -m sim.gpu.agent_node --gpus 2xT4 -- <agent flags>` (which
-runs `python -m agent`'s main), found through its ports file, stopped by SIGTERM."""
+runs `python -m agent`'s main), found through its ports file, stopped by SIGTERM. Refusals to
+start exit 2 with the reason (shown of the process for a missing key and a taken port); the rules
+on where its directories may lie are checked by starting it in this process, with the same flags."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
+from agent.errors import AgentError
+from agent.settings import parse_settings
+from sim.gpu.nvml import MockNvml
 from sim.triton import TritonServer
-from tests.agent.conftest import NODE
+from tests.agent.conftest import NODE, start_agent
 from tests.fixtures_sim import write_test_placement_key
 
 pytestmark = pytest.mark.triton
@@ -154,9 +159,24 @@ def test_the_agent_does_not_start_without_placement_keys(kubeconfig: Path, tmp_p
     assert f"cannot read the placement key {empty / 'current'}" in result.stderr
 
 
+async def _refusal(kubeconfig: Path, mock_nvml: MockNvml, *flags: str) -> str:
+    """Why the agent refuses to start with `flags` (and `_agent_start`'s), found by starting it in
+    this process: the reason `python -m agent` logs before it exits 2, as the tests above show of
+    the process itself for a missing key and a taken port."""
+    settings = parse_settings(
+        [
+            "--node-name", NODE, "--kubeconfig", str(kubeconfig), "--listen-grpc", "127.0.0.1:0",
+            "--listen-http", "127.0.0.1:0", "--cpu-only", *flags,
+        ]
+    )  # fmt: skip
+    with pytest.raises(AgentError) as refused:
+        await start_agent(settings, mock_nvml)
+    return str(refused.value)
+
+
 @pytest.mark.parametrize("where", ["parent", "same", "inside"])
-def test_staging_and_repository_apart_or_the_agent_refuses_to_start_and_deletes_nothing(
-    kubeconfig: Path, tmp_path: Path, where: str
+async def test_staging_and_repository_apart_or_the_agent_refuses_to_start_and_deletes_nothing(
+    kubeconfig: Path, tmp_path: Path, mock_nvml: MockNvml, where: str
 ) -> None:
     repository = tmp_path / "data" / "models"
     model = repository / "victim" / "1"
@@ -167,19 +187,18 @@ def test_staging_and_repository_apart_or_the_agent_refuses_to_start_and_deletes_
         "same": repository,
         "inside": repository / ".staging",
     }[where]
-    result = _agent_start(
-        tmp_path, kubeconfig, "--model-repository", str(repository),
+    reason = await _refusal(
+        kubeconfig, mock_nvml, "--model-repository", str(repository),
         "--staging-dir", str(staging),
         "--placement-key-dir", str(write_test_placement_key(tmp_path / "key")),
     )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    assert "--staging-dir" in result.stderr and "repository" in result.stderr
+    assert "--staging-dir" in reason and "repository" in reason, reason
     assert (model / "model.onnx").read_bytes() == b"weights"
 
 
 @pytest.mark.parametrize("where", ["repository", "staging", "state"])
-def test_the_kept_files_directory_stays_apart_or_the_agent_refuses_to_start(
-    kubeconfig: Path, tmp_path: Path, where: str
+async def test_the_kept_files_directory_stays_apart_or_the_agent_refuses_to_start(
+    kubeconfig: Path, tmp_path: Path, mock_nvml: MockNvml, where: str
 ) -> None:
     repository = tmp_path / "data" / "models"
     model = repository / "victim" / "1"
@@ -190,11 +209,10 @@ def test_the_kept_files_directory_stays_apart_or_the_agent_refuses_to_start(
         "staging": tmp_path / "data" / ".tritonshare-staging",
         "state": tmp_path / "data" / ".tritonshare-state",
     }[where]
-    result = _agent_start(
-        tmp_path, kubeconfig, "--model-repository", str(repository),
+    reason = await _refusal(
+        kubeconfig, mock_nvml, "--model-repository", str(repository),
         "--model-cache-dir", str(kept),
         "--placement-key-dir", str(write_test_placement_key(tmp_path / "key")),
     )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    assert "--model-cache-dir" in result.stderr
+    assert "--model-cache-dir" in reason, reason
     assert (model / "model.onnx").read_bytes() == b"weights"

@@ -5,7 +5,7 @@ the reason instead of waiting out its 600 s timeout, and after --agent-down-grac
 deletes the controller-owned pods, whose replacements it places on a node with a live agent.
 
 Short settings so it runs in about half a minute: agent Lease 8 s (renewed every 2 s), the
-loader's --agent-unreachable-seconds 10 s (30 s by default), grace 20 s (above the loader's
+loader's --agent-unreachable-seconds 6 s (30 s by default), grace 14 s (above the loader's
 budget, so its fast exit shows first).
 The figures are printed: pytest tests/e2e/test_agent_down.py -s -q
 """
@@ -32,8 +32,8 @@ from tests.e2e.test_short_form import NAMESPACE, _ready
 KEYS = Keys()
 REAL, OTHER = NODES[0], NODES[1]
 LEASE_SECONDS = 8
-LOADER_UNREACHABLE_SECONDS = 10
-GRACE_SECONDS = 20
+LOADER_UNREACHABLE_SECONDS = 6
+GRACE_SECONDS = 14
 CONTROLLER = {
     "apiVersion": "apps/v1",
     "kind": "ReplicaSet",

@@ -330,6 +330,9 @@ def test_an_agent_that_starts_late_is_waited_for(node: Node) -> None:
         sys.executable, "-m", "loader", "--model-dir", str(model), "--model-id", "add_one",
         "--agent-address", f"127.0.0.1:{port}", "--token-file", str(token),
         "--termination-log", str(termination_log), "--timeout", "120",
+        # Reconnects at most a second apart (5 s by default): the agent is seen soon after it
+        # starts, and the default 30 s without one still bounds the wait.
+        "--backoff-max", "1",
     ]  # fmt: skip
     with log.open("w") as out:
         loader = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

@@ -39,10 +39,13 @@ def _chart_objects() -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def webhook_url(tmp_path: Path) -> Iterator[tuple[str, bytes]]:
-    """`python -m webhook` with the chart's arguments, on a free port; its URL and CA."""
-    cert, key = make_certificate(tmp_path)
+@pytest.fixture(scope="module")
+def webhook_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, bytes]]:
+    """`python -m webhook` with the chart's arguments, on a free port; its URL and CA. One for
+    the module: it keeps nothing between admission requests, and each test has an API server of
+    its own."""
+    directory = tmp_path_factory.mktemp("webhook")
+    cert, key = make_certificate(directory)
     [container] = _chart_objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
     port = free_port()
     args = []
@@ -54,9 +57,9 @@ def webhook_url(tmp_path: Path) -> Iterator[tuple[str, bytes]]:
             "--tls-key": f"--tls-key={key}",
         }
         args.append(replacement.get(flag, arg))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "webhook", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True
-    )
+    log_path = directory / "webhook.log"
+    with log_path.open("wb") as log:  # a file: a pipe nobody reads would fill up and block it
+        process = subprocess.Popen([sys.executable, "-m", "webhook", *args], cwd=ROOT, stderr=log)
     try:
         context = ssl.create_default_context(cafile=str(cert))
         deadline = time.monotonic() + 30
@@ -68,14 +71,14 @@ def webhook_url(tmp_path: Path) -> Iterator[tuple[str, bytes]]:
                     if answer.status == 200:
                         break
             except OSError:
-                assert process.poll() is None, process.communicate()[1]
+                assert process.poll() is None, log_path.read_text(errors="replace")
                 assert time.monotonic() < deadline, "the webhook did not start"
                 time.sleep(0.1)
         yield f"https://127.0.0.1:{port}/mutate-pods", cert.read_bytes()
     finally:
         process.terminate()
-        _, errors = process.communicate(timeout=30)
-        assert process.returncode == 0, errors
+        process.wait(timeout=30)
+        assert process.returncode == 0, log_path.read_text(errors="replace")
 
 
 @pytest.fixture
