@@ -5,7 +5,9 @@ files leave a model pod Running with nothing to serve. The pod still holds its m
 storage initializer's volume, mounted read-only into the proxy with --model-dir), so every
 --model-check-seconds the proxy asks Triton, through the node gateway, whether its own model is
 ready; only when it is not does it ask the agent (GetModel, with the pod's token) what the node
-has. Only the answer ABSENT (no files, no failure on record) starts a reinstall, and the
+has. A model the agent reports `sleeping` (an on-demand model unloaded while idle, files kept) is
+not lost: the residency is told, so the next request wakes it. Only the answer ABSENT (no files,
+no failure on record) starts a reinstall, and the
 reinstall is the loader itself (`python -m loader` with the init container's flags, as a child
 process): the same validation, hashing, install, load, retries and refusals, through the same
 agent RPCs and the same checks of the pod's token and proof of placement, on the GPU of its proof.
@@ -35,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc.aio
 
@@ -51,6 +54,16 @@ PERMANENT_EXIT_CODES = {
 }
 # States in which the node holds the model, or is busy with it: nothing to reinstall.
 _ON_NODE = frozenset({"INSTALLED", "LOADING", "READY", "UNLOADING"})
+
+
+class Sleeping(Protocol):
+    """What the watch tells an on-demand model's residency (proxy.residency) it saw."""
+
+    def found_asleep(self, why: str) -> None:
+        """The node holds the model asleep (unloaded while idle, files kept)."""
+
+    def found_loaded(self) -> None:
+        """Triton serves the model."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class Reinstaller:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        residency: Sleeping | None = None,
     ) -> None:
         self._model_id = model_id
         self._agent = agent
@@ -94,6 +108,7 @@ class Reinstaller:
         self._timing = timing
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+        self._residency = residency
         self._failures = 0
         self._next_attempt = 0.0
         self._given_up = ""
@@ -117,11 +132,22 @@ class Reinstaller:
                 log.info("Model %s is served again.", self._model_id)
             self.reason = ""
             self._failures = 0
+            if self._residency is not None:
+                self._residency.found_loaded()
             return
         try:
             seen = await self._agent.model_on_node(self._model_id, channel)
         except AgentUnavailableError as e:
             self._note(f"model {self._model_id} is not served, and {e}")
+            return
+        if seen.sleeping:
+            # Unloaded while idle, its files kept: not lost. The next request wakes it.
+            if self._residency is not None:
+                self._residency.found_asleep("the agent reports it asleep")
+            if self.reason:
+                log.info("Model %s is asleep on the node, not lost.", self._model_id)
+            self.reason = ""
+            self._failures = 0
             return
         if seen.state != "ABSENT":
             self._note(_why_not_served(self._model_id, seen))

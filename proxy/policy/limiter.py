@@ -39,6 +39,17 @@ class NodeBudget(Protocol):
         """`limiter`'s pod starts sending: its limit may change before it takes a slot."""
 
 
+class Sleeper(Protocol):
+    """What a limiter needs of an on-demand model's residency (`proxy.residency`, which
+    imports this module, not the other way round)."""
+
+    asleep: bool
+    """True while the model is not loaded: requests wake it before they take a slot."""
+
+    async def wake(self) -> None:
+        """Return once the model is loaded; raise a `refusals.WakeError` when it cannot be."""
+
+
 class Limiter:
     """In-flight limit (0 = unlimited), queue, and time-weighted concurrency."""
 
@@ -66,6 +77,9 @@ class Limiter:
         self.node: NodeBudget | None = None
         """The node's in-flight budget this pod's limit is a share of (the gateway's); None in a
         proxy, or where the gateway has no node budget."""
+        self.residency: Sleeper | None = None
+        """The on-demand model's residency (the proxy's, with --residency on-demand): a request
+        finding it asleep waits for its wake first. None: the model is always loaded."""
         self.sending = False  # counted by `node` as sending
         self.last = 0.0  # when it last took a slot at once
         self.in_flight = 0
@@ -77,6 +91,9 @@ class Limiter:
         # self._since once per request then held), _ends the times they left.
         self._area = 0.0
         self._since = clock()
+        self.last_left = self._since
+        """When a request last stopped being held (or the limiter began): with `held` at 0,
+        the model has been idle since then."""
         self._starts = 0.0
         self._ends = 0.0
         # (time, area) checkpoints, at most one a second, for the windowed average.
@@ -105,6 +122,9 @@ class Limiter:
         """Take a slot if one is free and nobody waits; never waits itself."""
         if not self.sending and self.node is not None:
             self.node.woke(self)  # may change the limit: first
+        residency = self.residency
+        if residency is not None and residency.asleep:
+            return False  # `acquire` wakes the model first
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
             now = self._clock()
             self.last = now
@@ -117,7 +137,16 @@ class Limiter:
         return False
 
     async def acquire(self) -> None:
-        """Take a slot, waiting in the queue if needed; raise when refused."""
+        """Take a slot, waiting in the queue if needed; raise when refused. A request for an
+        asleep model first waits for its wake, held (counted as concurrency) meanwhile."""
+        residency = self.residency
+        if residency is not None and residency.asleep:
+            self._starts += self._clock()
+            self.held += 1
+            try:
+                await residency.wake()
+            finally:
+                self._left(self._clock())
         if self.try_acquire():
             return
         if len(self._waiters) >= self.queue_limit:
@@ -164,6 +193,7 @@ class Limiter:
         """One request is no longer held (answered, or gave up waiting)."""
         self._ends += now
         self.held -= 1
+        self.last_left = now
         if now >= self._next_checkpoint:
             self._account(now)
 
