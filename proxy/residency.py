@@ -104,6 +104,9 @@ class Residency:
         self.failed_wakes = 0
         self._operation: asyncio.Task[None] | None = None
         """The one agent call in progress (a sleep or a wake): never two at once."""
+        self._since = clock()
+        """When the model was last loaded by this proxy's doing (start, a wake, a refused
+        sleep): idleness counts from here at the earliest."""
         self._failed: tuple[float, str] | None = None
         """The last failed wake: until when its answer stands, and its reason."""
 
@@ -119,7 +122,7 @@ class Residency:
         limiter = self._limiter
         if limiter.held:
             return 0.0
-        return max(0.0, self._clock() - limiter.last_left)
+        return max(0.0, self._clock() - max(limiter.left, self._since))
 
     async def check_idle(self) -> None:
         """Sleep the model when it is loaded, idle long enough and nothing else is under way."""
@@ -149,7 +152,7 @@ class Residency:
             )
             return
         self._set(LOADED)
-        self._limiter.last_left = self._clock()  # look again after a whole idle period
+        self._since = self._clock()  # look again after a whole idle period
         log.warning(
             "The agent did not put idle model %s to sleep (%s: %s): it stays loaded; trying "
             "again after another %.0f s idle.",
@@ -219,7 +222,7 @@ class Residency:
             self.wakes += 1
             self._on_wake(seconds)
             self._set(LOADED)
-            self._limiter.last_left = self._clock()
+            self._since = self._clock()
             log.info("Model %s is awake: loaded in %.2f s.", self.model_id, seconds)
             return
         self.failed_wakes += 1

@@ -77,23 +77,21 @@ class Limiter:
         self.node: NodeBudget | None = None
         """The node's in-flight budget this pod's limit is a share of (the gateway's); None in a
         proxy, or where the gateway has no node budget."""
-        self.residency: Sleeper | None = None
-        """The on-demand model's residency (the proxy's, with --residency on-demand): a request
-        finding it asleep waits for its wake first. None: the model is always loaded."""
         self.sending = False  # counted by `node` as sending
         self.last = 0.0  # when it last took a slot at once
+        self.left = 0.0  # when a request last left (answered, or gave up waiting)
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self.residency: Sleeper | None = None
+        """The on-demand model's residency (the proxy's, with --residency on-demand): a request
+        finding it asleep waits for its wake first. None: the model is always loaded."""
         # Request-seconds up to now: _area + _ends - _starts + held * now. _area holds what was
         # folded in at self._since; since then, _starts sums the arrival times of requests (and
         # self._since once per request then held), _ends the times they left.
         self._area = 0.0
         self._since = clock()
-        self.last_left = self._since
-        """When a request last stopped being held (or the limiter began): with `held` at 0,
-        the model has been idle since then."""
         self._starts = 0.0
         self._ends = 0.0
         # (time, area) checkpoints, at most one a second, for the windowed average.
@@ -191,9 +189,9 @@ class Limiter:
 
     def _left(self, now: float) -> None:
         """One request is no longer held (answered, or gave up waiting)."""
+        self.left = now
         self._ends += now
         self.held -= 1
-        self.last_left = now
         if now >= self._next_checkpoint:
             self._account(now)
 
