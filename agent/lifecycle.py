@@ -9,8 +9,8 @@ loaded for the metrics, and when a failed load may be tried again (`RetryPolicy`
 It is pure: time is passed in, nothing here reads a clock, the disk or Triton. `agent.models`
 holds one `Life` per model, steps it under the model's lock and does the I/O the step stands for;
 `agent.reconcile` decides which events a pass raises; `agent.conditions` and `agent.metrics` read
-the results. Phases no event reaches yet (CACHED, IDLE_UNLOADED, WAKING) are in the
-table already, so that what reaches them is an event raised, not a new path.
+the results. A phase no event reaches yet (CACHED) is in the table already, so that what
+reaches it is an event raised, not a new path.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ class Event(enum.Enum):
     POD_GONE = "pod gone"  # agent.reconcile: no live proven pod wants it
     OVER_REQUEST = "measured over request"  # agent.reconcile: evicted for its GPU memory
     FILES_KEPT = "files kept"  # (node-local copy after the pod leaves)
-    IDLE = "idle"  # (idle unload of an on-demand model)
-    REQUEST_ARRIVED = "request arrived"  # (wake on request)
+    IDLE = "idle"  # agent.models: an on-demand model's sleep or eviction unloaded it
+    REQUEST_ARRIVED = "request arrived"  # agent.models: a load of a sleeping model (a wake)
     CRASH_SUSPECTED = "crash suspected"  # agent.reconcile: its load's crash marker left over
     QUARANTINE_CLEARED = "quarantine cleared"  # agent.reconcile: an operator cleared it
 
@@ -107,7 +107,7 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     rows[Phase.READY, Event.TRITON_RESTARTED] = Phase.LOST
     # Installs: from anything at rest, and from READY (Triton may have lost it unnoticed; an
     # install over a model Triton runs is refused by agent.models before it starts).
-    installable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.CACHED)
+    installable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.CACHED, Phase.IDLE_UNLOADED)
     add(installable, (Event.INSTALL_STARTED,), Phase.INSTALLING)
     add((Phase.INSTALLING,), (Event.INSTALL_DONE, Event.INSTALL_FAILED), Phase.INSTALLED)
     # Loads.
@@ -119,7 +119,7 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     add((Phase.WAKING,), (Event.LOAD_REFUSED, Event.LOAD_UNANSWERED), Phase.IDLE_UNLOADED)
     # Taken over after an agent restart, or vouched for again by a recheck (Triton keeps serving
     # the version it had when a later load of it failed).
-    adoptable = (Phase.ABSENT, *_RESTING, Phase.READY)
+    adoptable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.IDLE_UNLOADED)
     add(adoptable, (Event.ADOPTED,), Phase.READY)
     # Unloads, whatever their cause.
     unloadable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.IDLE_UNLOADED, Phase.QUARANTINED)
@@ -127,8 +127,11 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     add((Phase.CACHED,), (Event.UNLOAD_STARTED,), Phase.UNLOADING)
     add((Phase.UNLOADING,), (Event.UNLOADED, Event.UNLOAD_FAILED), Phase.INSTALLED)
     add((Phase.UNLOADING, Phase.CACHED), (Event.REMOVED,), Phase.ABSENT)
-    # Later steps: files kept after the pod (LRU), idle unload and wake, crash quarantine.
+    # Files kept after the pod (LRU), crash quarantine.
     rows[Phase.INSTALLED, Event.FILES_KEPT] = Phase.CACHED
+    # Sleep: an on-demand model is unloaded (files kept) and then rests asleep; the reconciler
+    # also puts an on-demand model at rest to sleep (after an agent restart, a reinstall). Its
+    # next load is a wake.
     rows[Phase.INSTALLED, Event.IDLE] = Phase.IDLE_UNLOADED
     rows[Phase.IDLE_UNLOADED, Event.REQUEST_ARRIVED] = Phase.WAKING
     # A crash is found after the fact: the load that died is unanswered (LOST) by then, or
