@@ -169,10 +169,12 @@ class _ResidencyCollector(Collector):
             state.add_metric([model, name], 1.0 if residency.state == name else 0.0)
         sleeps = CounterMetricFamily(
             "tritonshare_proxy_model_sleeps",
-            "Times the agent unloaded the idle on-demand model at this proxy's request.",
-            labels=["model"],
+            "Idle unloads of the on-demand model this proxy asked the agent for, by outcome "
+            "(ok, refused).",
+            labels=["model", "outcome"],
         )
-        sleeps.add_metric([model], residency.sleeps)
+        sleeps.add_metric([model, "ok"], residency.sleeps)
+        sleeps.add_metric([model, "refused"], residency.refused_sleeps)
         wakes = CounterMetricFamily(
             "tritonshare_proxy_model_wakes",
             "Loads of the on-demand model after it slept, by outcome (ok, failed).",

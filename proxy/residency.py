@@ -41,6 +41,10 @@ WAKING = "waking"
 STATES = (LOADED, UNLOADING, ASLEEP, WAKING)
 """Every state, as the `state` label of tritonshare_proxy_model_state."""
 
+PERMANENT_REFUSALS = frozenset({"FAILED_PRECONDITION", "PERMISSION_DENIED"})
+"""The agent's answers to an idle unload that asking again cannot change (the pod is `always`
+by its proof of placement, or may not act on the model): the proxy stops asking."""
+
 RETRY_SECONDS = 5.0
 """After a failed wake: how long requests are refused with its reason before the next wake is
 tried (and the Retry-After they carry)."""
@@ -100,6 +104,7 @@ class Residency:
         """True in every state but LOADED: requests must go through `wake` first (the limiter
         reads this attribute on its fast path)."""
         self.sleeps = 0
+        self.refused_sleeps = 0
         self.wakes = 0
         self.failed_wakes = 0
         self._operation: asyncio.Task[None] | None = None
@@ -107,6 +112,8 @@ class Residency:
         self._since = clock()
         """When the model was last loaded by this proxy's doing (start, a wake, a refused
         sleep): idleness counts from here at the earliest."""
+        self.given_up = ""
+        """Why idle unloads are no longer asked for (a permanent refusal); '' while they are."""
         self._failed: tuple[float, str] | None = None
         """The last failed wake: until when its answer stands, and its reason."""
 
@@ -127,6 +134,8 @@ class Residency:
     async def check_idle(self) -> None:
         """Sleep the model when it is loaded, idle long enough and nothing else is under way."""
         if self.state != LOADED or self._operation is not None or self._proxy_state.draining:
+            return
+        if self.given_up:
             return
         if self.idle_seconds() < self.policy.idle_seconds:
             return
@@ -151,8 +160,18 @@ class Residency:
                 self.policy.idle_seconds,
             )
             return
+        self.refused_sleeps += 1
         self._set(LOADED)
         self._since = self._clock()  # look again after a whole idle period
+        if answer.code in PERMANENT_REFUSALS:
+            self.given_up = f"{answer.code}: {answer.reason}"
+            log.error(
+                "The agent refuses to put idle model %s to sleep (%s): it stays loaded, and "
+                "this proxy no longer asks; check the pod's residency annotation.",
+                self.model_id,
+                self.given_up,
+            )
+            return
         log.warning(
             "The agent did not put idle model %s to sleep (%s: %s): it stays loaded; trying "
             "again after another %.0f s idle.",

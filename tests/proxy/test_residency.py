@@ -101,15 +101,27 @@ async def test_no_sleep_while_draining_and_a_refused_sleep_waits_another_idle_pe
     await model.check_idle()
     assert agent.sleeps == 0
     state.draining = False
-    agent.sleep_answer = AgentAnswer(False, "FAILED_PRECONDITION", "the pod is always resident")
+    agent.sleep_answer = AgentAnswer(False, "UNAVAILABLE", "the agent is restarting")
     await model.check_idle()
     assert (agent.sleeps, model.state, state.model_asleep) == (1, LOADED, False)
+    assert model.refused_sleeps == 1
     clock.now += 30
     await model.check_idle()
     assert agent.sleeps == 1, "not asked again before another whole idle period"
     clock.now += 31
     await model.check_idle()
     assert agent.sleeps == 2
+
+
+async def test_a_permanent_refusal_of_the_sleep_stops_the_asking() -> None:
+    clock, agent = Clock(), FakeAgent()
+    model, _, _, _ = residency(clock, agent)
+    agent.sleep_answer = AgentAnswer(False, "FAILED_PRECONDITION", "the pod is always resident")
+    for _ in range(3):
+        clock.now += 61
+        await model.check_idle()
+    assert (agent.sleeps, model.state) == (1, LOADED)
+    assert "always resident" in model.given_up
 
 
 async def test_one_wake_serves_every_request_that_finds_the_model_asleep() -> None:
