@@ -924,23 +924,26 @@ class Models:
         return held
 
     async def _make_gpu_room(
-        self, owner: Proven, gpu: GpuInfo, waking: bool
+        self, owner: Proven, gpu: GpuInfo, problem: str, waking: bool
     ) -> tuple[GpuInfo | None, str]:
         """Put idle on-demand models of the owner's GPU to sleep until its load fits, as
         `agent.eviction` chooses; inside the load's GPU turn, holding the lock of the model to
-        load. The GPU's reading after, and what still stands in the way ("" when it fits)."""
+        load, after admission found `problem`. The GPU's reading after, and what still stands in
+        the way ("" when it fits)."""
         assert self.evictor is not None
         reserve = self.limits.gpu_mem_reserve
         capacity = gpu.memory_total - reserve
         booked = sum(self.booked(gpu.uuid, owner.uid))
         needed = max(booked + owner.request - capacity, owner.request - (gpu.memory_free - reserve))
         held = self._held_on(gpu.uuid, owner.uid)
+        if not any(m.on_demand for m, _ in held.values()):
+            return gpu, problem  # nothing on the GPU may ever make room
         label = f"GPU {gpu.index} ({gpu.uuid})"
         choice = self.evictor.choose(
             Gpu(label, capacity), [m for m, _ in held.values()], owner.namespace, needed
         )
         if choice.problem:
-            return gpu, choice.problem
+            return gpu, f"{problem}, and no room can be made: {choice.problem}"
         why = f"a {'wake' if waking else 'load'} of another model needed it"
         for victim in choice.victims:
             if self.is_busy(victim.name):
@@ -1047,7 +1050,7 @@ class Models:
                 if problem and self.evictor is not None:
                     # Idle on-demand models of the GPU make room (`agent.eviction`), inside
                     # this turn: what they free is measured before this load begins.
-                    before, problem = await self._make_gpu_room(owner, before, waking)
+                    before, problem = await self._make_gpu_room(owner, before, problem, waking)
                 if problem and waking:
                     raise ResourceExhaustedError(
                         f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "

@@ -178,8 +178,8 @@ class KeyRing:
         if not hmac.compare_digest(expected, proof.signature):
             raise ProofError(
                 "the pod's placement proof does not match the pod (it was copied from another "
-                "pod, or the pod's node, GPU, model id or residency class changed after the "
-                "binder placed it)"
+                "pod, or the pod's node, GPU or model id changed after the binder placed it, or "
+                "its residency class did)"
             )
         return proof
 
