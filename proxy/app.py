@@ -82,6 +82,7 @@ class Proxy:
             )
             self.limiter.residency = self.residency
             self.metrics.residency(self.residency)
+            self.metrics.on_not_usable = self.residency.suspect
         self.loader: LoaderProcess | None = None
         self.reinstaller: Reinstaller | None = None
         """With --model-dir: reinstalls the model when the node has lost it (proxy/reinstall.py)."""

@@ -10,7 +10,7 @@ event loop, so nothing here needs a lock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
@@ -191,6 +191,15 @@ def _bound_text(bound: float) -> str:
 
 _BOUNDS = (*_LATENCY_BUCKETS, float("inf"))
 
+_NOT_USABLE: frozenset[str] = frozenset(
+    {"400", "404", "503", "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE"}
+)
+"""Triton's answers for a model it does not have loaded (unknown, no ready version, unavailable),
+REST and gRPC; also those of a bad request, which cost one needless model check."""
+_INFERENCE_ROUTES: frozenset[str] = frozenset(
+    {"infer", "generate", "generate_stream", "ModelInfer", "ModelStreamInfer"}
+)
+
 
 class ProxyMetrics:
     """What the transports count, and the registry that exposes it."""
@@ -218,6 +227,9 @@ class ProxyMetrics:
         ).labels(model_id)
         self._connections = _ConnectionCollector()
         self.registry.register(self._connections)
+        self.on_not_usable: Callable[[], None] | None = None
+        """Told of an inference answered as if the model were not loaded (an on-demand model
+        evicted behind the proxy's back: `Residency.suspect`); None for an always model."""
 
     def residency(self, residency: Residency) -> None:
         """Report an on-demand model's state, sleeps and wakes."""
@@ -249,6 +261,9 @@ class ProxyMetrics:
             bucket += 1
         histogram[bucket] += 1
         histogram[-1] += seconds
+        told = self.on_not_usable
+        if told is not None and code in _NOT_USABLE and route in _INFERENCE_ROUTES:
+            told()
 
     def rejected(self, reason: str) -> None:
         """Count one request the proxy refused (for example `queue_full`)."""

@@ -65,6 +65,10 @@ class Sleeping(Protocol):
     def found_loaded(self) -> None:
         """Triton serves the model."""
 
+    @property
+    def look_now(self) -> asyncio.Event:
+        """Set when the model should be looked at before the next period."""
+
 
 @dataclass(frozen=True)
 class LoaderRun:
@@ -122,8 +126,24 @@ class Reinstaller:
         async with self._agent.channel() as channel:
             while not stopping.is_set():
                 await self.check_once(channel)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), self._timing.check_seconds)
+                await self._pause(stopping)
+
+    async def _pause(self, stopping: asyncio.Event) -> None:
+        """Until the next check: the period, or less when stopping or asked to look now."""
+        if self._residency is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self._timing.check_seconds)
+            return
+        look_now = self._residency.look_now
+        waits = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(look_now.wait())}
+        try:
+            await asyncio.wait(
+                waits, timeout=self._timing.check_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+            look_now.clear()
 
     async def check_once(self, channel: grpc.aio.Channel) -> None:
         """One look at the model, and a reinstall when the node has lost it."""

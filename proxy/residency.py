@@ -45,6 +45,10 @@ PERMANENT_REFUSALS = frozenset({"FAILED_PRECONDITION", "PERMISSION_DENIED"})
 """The agent's answers to an idle unload that asking again cannot change (the pod is `always`
 by its proof of placement, or may not act on the model): the proxy stops asking."""
 
+SUSPECT_SECONDS = 0.25
+"""The least time between two model checks asked for by answers that look like a missing model
+(`suspect`): a flood of bad requests costs the gateway at most four ready requests a second."""
+
 RETRY_SECONDS = 5.0
 """After a failed wake: how long requests are refused with its reason before the next wake is
 tried (and the Retry-After they carry)."""
@@ -114,6 +118,9 @@ class Residency:
         sleep): idleness counts from here at the earliest."""
         self.given_up = ""
         """Why idle unloads are no longer asked for (a permanent refusal); '' while they are."""
+        self.look_now = asyncio.Event()
+        """Set by `suspect`: the model check (proxy.reinstall) looks at once."""
+        self._suspected = -SUSPECT_SECONDS
         self._failed: tuple[float, str] | None = None
         """The last failed wake: until when its answer stands, and its reason."""
 
@@ -189,6 +196,16 @@ class Residency:
                 await asyncio.wait_for(stopping.wait(), self.policy.check_seconds)
 
     # The wake side.
+
+    def suspect(self) -> None:
+        """Triton answered an inference as if the model were not loaded: have the model check
+        look now rather than at its next period (at most every SUSPECT_SECONDS)."""
+        if self.state != LOADED or self.look_now.is_set():
+            return
+        now = self._clock()
+        if now - self._suspected >= SUSPECT_SECONDS:
+            self._suspected = now
+            self.look_now.set()
 
     def found_asleep(self, why: str) -> None:
         """The model is not loaded though this proxy did not sleep it (the agent evicted it for

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.agentclient import ModelOnNode
 from proxy.http1.framing import answer_bytes
+from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.limiter import Limiter
 from proxy.policy.refusals import WakeError
@@ -19,6 +20,7 @@ from proxy.residency import (
     ASLEEP,
     LOADED,
     RETRY_SECONDS,
+    SUSPECT_SECONDS,
     AgentAnswer,
     IdlePolicy,
     Residency,
@@ -248,3 +250,53 @@ def test_on_demand_needs_the_agent() -> None:
         [*base, "--residency=on-demand", "--agent-address=h:3", "--token-file=/t"], env={}
     )
     assert (settings.idle_seconds, settings.wake_timeout_seconds) == (300.0, 30.0)
+
+
+async def test_an_inference_answered_as_for_a_missing_model_has_the_check_look_at_once() -> None:
+    clock, agent = Clock(), FakeAgent()
+    model, limiter, _, _ = residency(clock, agent)
+    metrics = ProxyMetrics(limiter, "add_one")
+    metrics.on_not_usable = model.suspect
+    metrics.observe("http", "infer", "200", 0.001)
+    metrics.observe("http", "metadata", "400", 0.001)
+    assert not model.look_now.is_set(), "a served request, or no inference, says nothing"
+    metrics.observe("grpc", "ModelInfer", "NOT_FOUND", 0.001)
+    assert model.look_now.is_set()
+    model.look_now.clear()
+    metrics.observe("http", "infer", "400", 0.001)
+    assert not model.look_now.is_set(), "at most one look per SUSPECT_SECONDS"
+    clock.now += SUSPECT_SECONDS
+    metrics.observe("http", "infer", "503", 0.001)
+    assert model.look_now.is_set()
+
+    checks: list[float] = []
+
+    class Node:
+        async def model_on_node(self, model_id: str, channel: object) -> ModelOnNode:
+            return ModelOnNode("INSTALLED", sleeping=True)
+
+    async def own_model_ready() -> bool:
+        checks.append(clock.now)
+        return False
+
+    async def run_loader() -> LoaderRun:
+        raise AssertionError("a sleeping model is not reinstalled")
+
+    watch = Reinstaller(
+        "add_one",
+        Node(),  # type: ignore[arg-type]
+        own_model_ready,
+        run_loader,
+        ReinstallTiming(3600.0, 3600.0),
+        clock=clock,
+        residency=model,
+    )
+    model.look_now.clear()
+    stopping = asyncio.Event()
+    task = asyncio.create_task(watch._pause(stopping))
+    await asyncio.sleep(0)
+    model.look_now.set()
+    await asyncio.wait_for(task, 5)  # not the hour-long period
+    assert not model.look_now.is_set()
+    await watch.check_once(None)  # type: ignore[arg-type]
+    assert model.state == ASLEEP, "then the next request wakes it"
