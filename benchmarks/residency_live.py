@@ -45,6 +45,11 @@ class LiveResult:
     failed: list[str] = field(default_factory=list)
     triton_loads: list[float] = field(default_factory=list)
     """Triton's own time to load the on-demand models in the rounds, from its log."""
+    before_load: list[float] = field(default_factory=list)
+    """Seconds from a wake's request to Triton's starting the load (the proxy and the agent)."""
+    sent: list[tuple[str, float]] = field(default_factory=list)
+    """Each wake's model (its name in Triton begins with it) and when its request was sent,
+    in seconds since midnight UTC (as Triton's log writes times)."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -58,6 +63,31 @@ def percentile(values: list[float], q: float) -> float:
 _LOG_TIME = r"[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) +\d+ \S+\] "
 _LOADING = re.compile(_LOG_TIME + r'"loading: (lazy_[^:]+):\d+"')
 _LOADED = re.compile(_LOG_TIME + r'"successfully loaded \'(lazy_[^\']+)\'')
+
+
+def _clock_seconds(match: re.Match[str]) -> float:
+    hours, minutes, seconds = match.group(1), match.group(2), match.group(3)
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def load_starts(log: str) -> list[tuple[str, float]]:
+    """Each load Triton's log shows beginning: (name in Triton, seconds since midnight)."""
+    return [
+        (match.group(4), _clock_seconds(match))
+        for match in (_LOADING.search(line) for line in log.splitlines())
+        if match is not None
+    ]
+
+
+def before_load(sent: list[tuple[str, float]], starts: list[tuple[str, float]]) -> list[float]:
+    """For each wake sent, the time until Triton began loading that model (the first load of
+    it at or after the request)."""
+    delays = []
+    for model, at in sent:
+        later = [t for name, t in starts if name.startswith(model + "-") and t >= at - 0.001]
+        if later:
+            delays.append(min(later) - at)
+    return delays
 
 
 def triton_load_seconds(log: str) -> list[float]:
@@ -189,8 +219,10 @@ def run_live(
                 for name in names:
                     wait_until(f"{name} asleep", partial(_asleep, addresses[name]), 10 * idle + 30)
                 for name in names:
+                    model = name.replace("-", "_")
+                    result.sent.append((model, time.time() % 86400))
                     try:
-                        result.wakes.append(_infer(addresses[name], name.replace("-", "_")))
+                        result.wakes.append(_infer(addresses[name], model))
                     except OSError as e:
                         result.failed.append(f"{name} round {number}: {e}")
                 say(
@@ -199,7 +231,9 @@ def run_live(
                     + " s"
                 )
         log = cluster.workdir / "logs" / "tritonserver.log"
-        result.triton_loads = triton_load_seconds(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
+        result.triton_loads = triton_load_seconds(text)
+        result.before_load = before_load(result.sent, load_starts(text))
     return result
 
 
@@ -216,7 +250,9 @@ def report(result: LiveResult, say: Any = print) -> tuple[float, float, float]:
     say(
         f"  of which Triton's own load of the model (its log): {len(result.triton_loads)} loads, "
         f"p50 {percentile(result.triton_loads, 0.5):.2f} s, p99 "
-        f"{percentile(result.triton_loads, 0.99):.2f} s"
+        f"{percentile(result.triton_loads, 0.99):.2f} s; from the request to Triton's starting "
+        f"the load (the proxy and the agent): p50 {percentile(result.before_load, 0.5):.3f} s, "
+        f"p99 {percentile(result.before_load, 0.99):.3f} s"
     )
     say(
         f"always model: alone {len(result.alone)} requests p50 "
