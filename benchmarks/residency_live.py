@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import sys
 import threading
 import time
 import urllib.request
@@ -185,9 +186,12 @@ def run_live(
     rounds: int,
     idle: float,
     alone_seconds: float,
-    say: Any = print,
+    say: Any = None,
 ) -> LiveResult:
-    """Run the live measurement on a fresh simulated cluster under `work`."""
+    """Run the live measurement on a fresh simulated cluster under `work`; its progress goes to
+    `say` (default: standard error, as it is not figures)."""
+    if say is None:
+        say = partial(print, file=sys.stderr)
     result = LiveResult()
     with SimCluster(work / "cluster", [NODES[0]], binders=1, webhook=True) as cluster:
         if cluster.missing:
