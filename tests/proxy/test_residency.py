@@ -6,8 +6,11 @@ Retry-After, and a model the node reports asleep is not reinstalled."""
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 
 import pytest
+import tritonclient.grpc as grpcclient
 
 from proxy.agentclient import ModelOnNode
 from proxy.http1.framing import answer_bytes
@@ -27,6 +30,8 @@ from proxy.residency import (
 )
 from proxy.settings import SettingsError, parse_settings
 from proxy.state import ProxyState
+from sim.triton import TritonServer
+from tests.proxy.conftest import proxy_settings, running_proxy
 
 
 class Clock:
@@ -300,3 +305,35 @@ async def test_an_inference_answered_as_for_a_missing_model_has_the_check_look_a
     assert not model.look_now.is_set()
     await watch.check_once(None)  # type: ignore[arg-type]
     assert model.state == ASLEEP, "then the next request wakes it"
+
+
+@pytest.mark.triton
+def test_an_asleep_model_s_pod_answers_ready_on_every_readiness_path(
+    served_triton: TritonServer, grpc_mode: str
+) -> None:
+    # A model Triton does not have, as an asleep one is not loaded: ready only while asleep.
+    settings = proxy_settings(served_triton, "not_loaded", grpc_mode=grpc_mode)
+    with running_proxy(settings) as running:
+        ready_url = f"http://{running.http_url}/v2/health/ready"
+        readyz = running.metrics_url.replace("/metrics", "/readyz")
+
+        def answers() -> tuple[int, bool, int, str]:
+            try:
+                rest = urllib.request.urlopen(ready_url, timeout=5).status
+            except urllib.error.HTTPError as e:
+                rest = e.code
+            with grpcclient.InferenceServerClient(running.grpc_url) as client:
+                grpc_ready = client.is_server_ready()
+            try:
+                with urllib.request.urlopen(readyz, timeout=5) as answer:
+                    probe, text = answer.status, answer.read().decode()
+            except urllib.error.HTTPError as e:
+                probe, text = e.code, e.read().decode()
+            return rest, grpc_ready, probe, text
+
+        rest, grpc_ready, probe, _ = answers()
+        assert (rest != 200, grpc_ready, probe) == (True, False, 503)
+        running.proxy.state.model_asleep = True
+        rest, grpc_ready, probe, text = answers()
+        assert (rest, grpc_ready, probe) == (200, True, 200)
+        assert "model not_loaded is asleep" in text
