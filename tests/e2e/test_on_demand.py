@@ -1,5 +1,5 @@
 """An on-demand model pod sleeps when idle and wakes on its next request, end to end: written in
-the short form with `tritonshare.io/residency: on-demand` and a two-second idle time, completed
+the short form with `tritonshare.io/residency: on-demand` and a three-second idle time, completed
 by the webhook, loaded into the real Triton, then unloaded by the agent at its proxy's request
 (the agent reports it sleeping) while the pod stays Ready; concurrent REST and gRPC requests wake
 it with one load and all get their answers; a request that waits past the wake bound gets 503
@@ -187,9 +187,9 @@ def test_an_idle_on_demand_model_sleeps_stays_ready_and_wakes_for_its_requests(
     add_one = cluster.model_store.publish("add_one", MODELS_DIR / "add_one")
     slow = cluster.model_store.publish("slow_start", slow_files)
     echo = cluster.model_store.publish("echo", MODELS_DIR / "identity")
-    core.create_namespaced_pod(NAMESPACE, on_demand("lazy", add_one, "2"))
+    core.create_namespaced_pod(NAMESPACE, on_demand("lazy", add_one, "3"))
     core.create_namespaced_pod(
-        NAMESPACE, on_demand("slow", slow, "2", {"TRITONSHARE_WAKE_TIMEOUT_SECONDS": "1"})
+        NAMESPACE, on_demand("slow", slow, "3", {"TRITONSHARE_WAKE_TIMEOUT_SECONDS": "1"})
     )
     # The attack: a tenant's own pod whose proxy names another pod's model id (the webhook
     # keeps the placeholder's MODEL_ID), on-demand with a one-second idle time.
@@ -217,7 +217,7 @@ def test_an_idle_on_demand_model_sleeps_stays_ready_and_wakes_for_its_requests(
         )
         assert _count(intruder, "tritonshare_proxy_model_sleeps", "ok") == 0
 
-        # Idle for two seconds: asleep on the node, files kept, the pod Ready.
+        # Idle for three seconds: asleep on the node, files kept, the pod Ready.
         wait_until("lazy's model asleep", lambda: _state(lazy) == "idle-unloaded", 30)
         assert private not in _loaded(cluster)
         wait_until(
