@@ -84,7 +84,7 @@ class Event(enum.Enum):
     POD_GONE = "pod gone"  # agent.reconcile: no live proven pod wants it
     OVER_REQUEST = "measured over request"  # agent.reconcile: evicted for its GPU memory
     FILES_KEPT = "files kept"  # (node-local copy after the pod leaves)
-    IDLE = "idle"  # agent.models: an on-demand model's sleep or eviction unloaded it
+    IDLE = "idle"  # agent.models: slept or evicted; agent.reconcile: on-demand, found at rest
     REQUEST_ARRIVED = "request arrived"  # agent.models: a load of a sleeping model (a wake)
     CRASH_SUSPECTED = "crash suspected"  # agent.reconcile: its load's crash marker left over
     QUARANTINE_CLEARED = "quarantine cleared"  # agent.reconcile: an operator cleared it

@@ -26,6 +26,10 @@ model's files leaving the repository are kept for its namespace when the agent i
 (`agent.filecache`), and an install from that copy goes through the same install path; every
 install first fits its namespace's disk bound, evicting that namespace's kept copies first.
 
+An `on-demand` model (by its pod's proof) may be put to sleep: unloaded, files and owner kept, its
+next load a wake. A load that does not fit on its GPU first puts idle on-demand models of that GPU
+to sleep, inside its own GPU turn; which ones is `agent.evictor`'s and `agent.eviction`'s.
+
 It orchestrates: which moves a model's life may make, and what the agent reports for it, are
 `agent.lifecycle`'s (each model's `Life` is stepped here, under its lock, around the I/O the step
 stands for); which load or unload uses a GPU's slot next is `agent.gpuqueue`'s. It decides
@@ -909,6 +913,8 @@ class Models:
                 continue
             record = self._records.get(name)
             touched = record.last_activity if record else now
+            # A refused or lost load is booked but holds nothing to free: not a victim.
+            resting = proven.on_demand and not (record and record.life.phase is Phase.READY)
             held[name] = (
                 Loaded(
                     name,
@@ -916,7 +922,7 @@ class Models:
                     proven.model_id,
                     max(proven.request, self.ledger.measured(name) if mine else 0),
                     proven.on_demand,
-                    busy=self.is_busy(name),
+                    busy=self.is_busy(name) or resting,
                     last_used=wall - (now - touched),
                 ),
                 proven,
@@ -1391,7 +1397,7 @@ class Models:
             if record is None or not owner.gpu_uuid:
                 continue
             loaded, sleeping = figures.get(owner.gpu_uuid, (0, 0))
-            if record.life.held_loaded:
+            if record.life.counts_loaded:
                 loaded += max(owner.request, self.ledger.measured(name))
             elif record.life.phase is Phase.IDLE_UNLOADED:
                 sleeping += owner.request
