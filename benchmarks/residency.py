@@ -36,7 +36,6 @@ import argparse
 import math
 import random
 import tempfile
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,7 +223,7 @@ def main() -> None:
         if args.no_live:
             live_figures = ""
         else:
-            print(f"\n{time.strftime('%Y-%m-%d')}, live on the simulated cluster:")
+            print("live, on the simulated cluster:")
             with tempfile.TemporaryDirectory(prefix="tritonshare-residency-") as tmp:
                 result = residency_live.run_live(
                     Path(tmp),

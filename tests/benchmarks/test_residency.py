@@ -71,5 +71,5 @@ def test_the_live_report_sets_the_always_p99_beside_its_own_alone() -> None:
     lines: list[str] = []
     p50, p99, ratio = residency_live.report(result, lines.append)
     assert (p50, p99) == (1.2, 1.4) and ratio == pytest.approx(1.5)
-    assert "target p99 <= 1.5 s: met" in lines[0]
-    assert "1.50x (target <= 1.2x: NOT met)" in lines[2]
+    assert "(target p99 1.5 s: met)" in lines[0]
+    assert "1.50x (target 1.2x: NOT met)" in lines[1]
