@@ -15,6 +15,19 @@ request for an unloaded on-demand model evicts the least recently used idle on-d
 its GPU until the model fits beside the always-resident ones and those still loaded, then loads
 it (a wake: the request waits for the load). A model is idle when it had no request for
 `--busy` seconds. No API server, no clock: seconds are simulated.
+
+Then (unless `--no-live`) the live run, `benchmarks.residency_live`: small on-demand models
+sleeping and waking on the simulated cluster with a real Triton on the CPU, beside an always
+model, for the wake latency and the always model's p99 while others wake against its p99 alone.
+The closing line:
+
+    residency: GPUs all-always X, with the tail on-demand Y (R.Rx fewer); wake p50/p99 A/B s;
+    always p99 C.Cx alone
+
+`--quick` shrinks both halves (300 models, half an hour replayed; 2 on-demand models, 2 rounds).
+
+Run: .venv/bin/python -m benchmarks.residency [--quick] [--no-live] [--live-models 3
+     --rounds 10 --idle-seconds 2 --alone-seconds 10]
 """
 
 from __future__ import annotations
@@ -22,12 +35,14 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from benchmarks import command_line
+from benchmarks import command_line, residency_live
 from benchmarks import results as results_page
 from binder.model import Gpu, NodeInfo, PodInfo
 from binder.placement import Placement, place
@@ -186,15 +201,49 @@ def main() -> None:
     parser.add_argument("--busy", type=float, default=1.0, help="seconds a model stays busy")
     parser.add_argument("--factors", default="1,2,3,4,6", help="over-commit factors to compare")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-live", action="store_true", help="the placement simulation only")
+    parser.add_argument("--live-models", type=int, default=3, help="on-demand pods, live (3)")
+    parser.add_argument("--rounds", type=int, default=10, help="wakes of each, live (10)")
+    parser.add_argument("--idle-seconds", type=float, default=2.0, help="their idle time (2)")
+    parser.add_argument(
+        "--alone-seconds", type=float, default=10.0, help="the always model alone, live (10)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small: 300 models, 0.5 h, factors 1,3; live 2 models, 2 rounds, 1 s idle",
+    )
     results_page.add_flag(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.hours, args.factors, args.rate = 300, 0.5, "1,3", 20.0
+        args.live_models, args.rounds, args.idle_seconds, args.alone_seconds = 2, 2, 1.0, 3.0
     with results_page.captured() as printed:
-        run(args)
+        base_gpus, tail_gpus = run(args)
+        if args.no_live:
+            live_figures = ""
+        else:
+            print("live, on the simulated cluster:")
+            with tempfile.TemporaryDirectory(prefix="tritonshare-residency-") as tmp:
+                result = residency_live.run_live(
+                    Path(tmp),
+                    models=args.live_models,
+                    rounds=args.rounds,
+                    idle=args.idle_seconds,
+                    alone_seconds=args.alone_seconds,
+                )
+            p50, p99, ratio = residency_live.report(result)
+            live_figures = f"; wake p50/p99 {p50:.2f}/{p99:.2f} s; always p99 {ratio:.1f}x alone"
+        print(
+            f"residency: GPUs all-always {base_gpus}, with the tail on-demand {tail_gpus} "
+            f"({base_gpus / tail_gpus:.1f}x fewer){live_figures}"
+        )
     if args.write_results is not None:
         results_page.record("residency", printed.getvalue(), page=args.write_results)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> tuple[int, int]:
+    """The placement simulation; (GPUs all always, GPUs with the tail on-demand at best)."""
     print(
         f"{args.models} models, 0.5-16 GiB log-uniform, top 20 % take {args.top_share:.0%} of "
         f"{args.rate:g} requests/s (diurnal swing {args.swing:.0%}); 80 GiB GPUs; "
@@ -221,10 +270,11 @@ def run(args: argparse.Namespace) -> None:
         summary.append((factor, gpus, waited))
     best = min(summary, key=lambda item: (item[1], item[0]))
     print(
-        f"residency: GPUs all-always {base_gpus}, with the tail on-demand {best[1]} "
+        f"simulation: GPUs all-always {base_gpus}, with the tail on-demand {best[1]} "
         f"({base_gpus / best[1]:.1f}x fewer) at over-commit {best[0]:g}; "
         f"{best[2]:.3f} % of requests waited for a wake"
     )
+    return base_gpus, best[1]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The proxy's calls to the node agent: ask what the node has of the pod's model (so a model
-gone from the node is noticed and reinstalled, proxy.reinstall), and unload it when the pod
-terminates.
+gone from the node is noticed and reinstalled, proxy.reinstall), put an idle on-demand model to
+sleep and wake it (proxy.residency), and unload it when the pod terminates.
 
 Every call carries `authorization: Bearer <token>`, the pod's projected service-account token read
 from its file at call time (the kubelet rotates it), so the agent can check with TokenReview that
@@ -18,6 +18,7 @@ import grpc
 import grpc.aio
 
 from protos import agent_pb2, agent_pb2_grpc
+from proxy.residency import AgentAnswer
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ class ModelOnNode:
 
     state: str
     reason: str = ""
+    sleeping: bool = False
+    """An on-demand model unloaded while idle, its files kept: not lost, the next request wakes
+    it."""
 
 
 class AgentUnavailableError(Exception):
@@ -44,6 +48,11 @@ class AgentClient:
         self._address = address
         self._token_file = token_file
         self._timeout = timeout
+
+    @property
+    def token_file(self) -> Path:
+        """The pod's token file, read at each call (the kubelet rotates it)."""
+        return self._token_file
 
     async def model_on_node(self, model_id: str, channel: grpc.aio.Channel) -> ModelOnNode:
         """The agent's view of the pod's model (NOT_FOUND reads as ABSENT), asked on `channel`
@@ -73,7 +82,7 @@ class AgentClient:
                 f"the agent at {self._address} did not answer ({code.name}: {e.details()})"
             ) from e
         state = agent_pb2.ModelState.Name(status.state).removeprefix("MODEL_STATE_")
-        return ModelOnNode(state, status.reason)
+        return ModelOnNode(state, status.reason, status.sleeping)
 
     def channel(self) -> grpc.aio.Channel:
         """A channel to the agent for repeated calls; the caller closes it."""
@@ -126,3 +135,51 @@ class AgentClient:
             agent_pb2.ModelState.Name(status.state),
         )
         return True
+
+
+class ResidencyCalls:
+    """The agent calls of proxy.residency for the pod's own model (its `Agent`), over one
+    channel held from the first call to `close`."""
+
+    def __init__(self, client: AgentClient, model_id: str, timeout: float) -> None:
+        self._client = client
+        self._model_id = model_id
+        self._timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+
+    async def sleep(self) -> AgentAnswer:
+        request = agent_pb2.UnloadModelRequest(model_id=self._model_id, idle=True)
+        return await self._call("UnloadModel", request)
+
+    async def wake(self) -> AgentAnswer:
+        request = agent_pb2.LoadModelRequest(model_id=self._model_id)
+        return await self._call("LoadModel", request)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(None)
+            self._channel = None
+
+    async def _call(self, method: str, request: object) -> AgentAnswer:
+        client = self._client
+        try:
+            token = client.token_file.read_text().strip()
+        except OSError as e:
+            return AgentAnswer(
+                False, "UNAUTHENTICATED", f"the pod's token file cannot be read ({e.strerror})"
+            )
+        if self._channel is None:
+            self._channel = client.channel()
+        stub = agent_pb2_grpc.AgentStub(self._channel)
+        try:
+            status = await getattr(stub, method)(
+                request,
+                metadata=(("authorization", f"Bearer {token}"),),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as e:
+            return AgentAnswer(False, e.code().name, e.details() or "no reason given")
+        if method == "LoadModel" and status.state != agent_pb2.MODEL_STATE_READY:
+            state = agent_pb2.ModelState.Name(status.state).removeprefix("MODEL_STATE_")
+            return AgentAnswer(False, state, status.reason or "no reason given")
+        return AgentAnswer(True)

@@ -3,9 +3,11 @@
 The shape of every part (`common.lifecycle`): `Proxy(settings)` builds the concurrency limiter,
 the metrics, the relays and the readiness; `start(lifecycle)` opens the REST port, the gRPC
 port and then the metrics and health port (the startup probe's /healthz answers once the others
-listen), then (with --model-dir) the watch that reinstalls the model when the node
-has lost it. On SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
-  0. stop the reinstall watch (and a loader it runs), so nothing installs after the unload;
+listen), then (with --model-dir) the watch that reinstalls the model when the node has lost it,
+and (with --residency on-demand) the idle watch. On SIGTERM (Kubernetes starts terminating the
+pod) the order is fixed:
+  0. stop the reinstall watch (and a loader it runs) and the idle watch, so nothing installs or
+     sleeps after the unload;
   1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
   2. keep serving for the drain period, as requests routed before the endpoint update still come;
   3. stop listening and let in-flight requests finish, up to the finish timeout;
@@ -19,9 +21,10 @@ import asyncio
 import contextlib
 import logging
 
+from common.contract import RESIDENCY_ON_DEMAND
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
-from proxy.agentclient import AgentClient
+from proxy.agentclient import AgentClient, ResidencyCalls
 from proxy.grpc.grpcio import GrpcProxy
 from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
@@ -29,6 +32,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.readiness import OwnModel, Readiness
 from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_flags
+from proxy.residency import IdlePolicy, Residency
 from proxy.settings import Settings
 from proxy.state import ProxyState
 
@@ -53,6 +57,33 @@ class Proxy:
         self.rest = RestRelay(settings, self.limiter, self.metrics, self.state)
         relay = GrpcRelay if settings.grpc_mode == "relay" else GrpcProxy
         self.grpc: GrpcProxy | GrpcRelay = relay(settings, self.limiter, self.metrics, self.state)
+        self.residency: Residency | None = None
+        """With --residency on-demand: sleeps the idle model and wakes it (proxy/residency.py)."""
+        self._residency_calls: ResidencyCalls | None = None
+        if settings.residency == RESIDENCY_ON_DEMAND and settings.token_file is not None:
+            self._residency_calls = ResidencyCalls(
+                AgentClient(
+                    settings.agent_address, settings.token_file, settings.agent_timeout_seconds
+                ),
+                settings.model_id,
+                settings.agent_timeout_seconds,
+            )
+            self.residency = Residency(
+                settings.model_id,
+                self._residency_calls,
+                self.limiter,
+                self.state,
+                IdlePolicy(
+                    idle_seconds=settings.idle_seconds,
+                    # A sleep comes between 1 and 1.25 idle periods after the last request.
+                    check_seconds=settings.idle_seconds / 4,
+                    wake_timeout_seconds=settings.wake_timeout_seconds,
+                ),
+                on_wake=self.metrics.woke,
+            )
+            self.limiter.residency = self.residency
+            self.metrics.residency(self.residency)
+            self.metrics.on_not_usable = self.residency.suspect
         self.loader: LoaderProcess | None = None
         self.reinstaller: Reinstaller | None = None
         """With --model-dir: reinstalls the model when the node has lost it (proxy/reinstall.py)."""
@@ -81,6 +112,7 @@ class Proxy:
                 ReinstallTiming(
                     settings.model_check_seconds, settings.reinstall_backoff_max_seconds
                 ),
+                residency=self.residency,
             )
         reinstaller = self.reinstaller
         self.readiness = Readiness(
@@ -91,10 +123,15 @@ class Proxy:
         )
         host, port = settings.listen_metrics
         self.metrics_server = HttpServer(
-            build_health_app(self.metrics.registry, self.readiness.not_ready), host, port
+            build_health_app(
+                self.metrics.registry, self.readiness.not_ready, self.readiness.ready_text
+            ),
+            host,
+            port,
         )
         """/metrics, /healthz and /readyz (common/health.py), on their own port."""
         self._watch_task: asyncio.Task[None] | None = None
+        self._idle_task: asyncio.Task[None] | None = None
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""
@@ -107,6 +144,20 @@ class Proxy:
         # readiness period.
         await self.metrics_server.start()
         log.info("Serving metrics and health on port %d.", self.metrics_server.port)
+        if self.residency is not None:
+            self._idle_task = lifecycle.spawn(
+                "the model's idle watch",
+                self.residency.watch(lifecycle.stop_event),
+                consequence="the idle model is no longer unloaded",
+                vital=False,
+            )
+            log.info(
+                "Model %s is on-demand: unloaded after %.0f s with no request, loaded again by "
+                "the next one (which waits up to %.0f s).",
+                self.settings.model_id,
+                self.settings.idle_seconds,
+                self.settings.wake_timeout_seconds,
+            )
         if self.reinstaller is not None:
             self._watch_task = lifecycle.spawn(
                 "the model's reinstall watch",
@@ -127,9 +178,10 @@ class Proxy:
         seen the stop event)."""
         if self.loader is not None:
             await self.loader.stop(grace=5.0)
-        if self._watch_task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch_task  # a failure was logged where it failed
+        for task in (self._watch_task, self._idle_task):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task  # a failure was logged where it failed
 
     async def drain_and_stop(self) -> None:
         """Steps 1 to 5 of the shutdown order in the module docstring."""
@@ -148,6 +200,8 @@ class Proxy:
             self.limiter.in_flight,
         )
         await asyncio.gather(self.rest.stop(), self.grpc.stop())
+        if self._residency_calls is not None:
+            await self._residency_calls.close()
         if settings.agent_address and settings.token_file is not None:
             client = AgentClient(
                 settings.agent_address, settings.token_file, settings.agent_timeout_seconds

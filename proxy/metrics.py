@@ -10,9 +10,9 @@ event loop, so nothing here needs a lock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from proxy.idle import IdleSweeper
 from proxy.policy.limiter import Limiter
+from proxy.residency import STATES, Residency
 
 # A variable-length tuple, as written: compiled (mypyc 2.4.1), a fixed-length tuple of floats is
 # kept unboxed and boxed anew (15 floats and a tuple) each time it is handed to Python code; as
@@ -149,11 +150,55 @@ class _ConnectionCollector(Collector):
         yield from (open_now, closed)
 
 
+class _ResidencyCollector(Collector):
+    """An on-demand model's state, sleeps and wakes, read from its residency at scrape time."""
+
+    def __init__(self, residency: Residency) -> None:
+        self._residency = residency
+
+    def collect(self) -> Iterator[Metric]:
+        residency = self._residency
+        model = residency.model_id
+        state = GaugeMetricFamily(
+            "tritonshare_proxy_model_state",
+            "The on-demand model's state as its proxy sees it: 1 for the state it is in "
+            "(loaded, unloading, idle-unloaded, waking), 0 for the others.",
+            labels=["model", "state"],
+        )
+        for name in STATES:
+            state.add_metric([model, name], 1.0 if residency.state == name else 0.0)
+        sleeps = CounterMetricFamily(
+            "tritonshare_proxy_model_sleeps",
+            "Idle unloads of the on-demand model this proxy asked the agent for, by outcome "
+            "(ok, refused).",
+            labels=["model", "outcome"],
+        )
+        sleeps.add_metric([model, "ok"], residency.sleeps)
+        sleeps.add_metric([model, "refused"], residency.refused_sleeps)
+        wakes = CounterMetricFamily(
+            "tritonshare_proxy_model_wakes",
+            "Loads of the on-demand model after it slept, by outcome (ok, failed).",
+            labels=["model", "outcome"],
+        )
+        wakes.add_metric([model, "ok"], residency.wakes)
+        wakes.add_metric([model, "failed"], residency.failed_wakes)
+        yield from (state, sleeps, wakes)
+
+
 def _bound_text(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
 _BOUNDS = (*_LATENCY_BUCKETS, float("inf"))
+
+_NOT_USABLE: frozenset[str] = frozenset(
+    {"400", "404", "503", "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE"}
+)
+"""Triton's answers for a model it does not have loaded (unknown, no ready version, unavailable),
+REST and gRPC; also those of a bad request, which cost one needless model check."""
+_INFERENCE_ROUTES: frozenset[str] = frozenset(
+    {"infer", "generate", "generate_stream", "ModelInfer", "ModelStreamInfer"}
+)
 
 
 class ProxyMetrics:
@@ -172,8 +217,28 @@ class ProxyMetrics:
             registry=self.registry,
         )
         self.registry.register(_ConcurrencyCollector(limiter, model_id))
+        self._wake_seconds = Histogram(
+            "tritonshare_proxy_wake_seconds",
+            "Time to load the on-demand model again after it slept, from the first request "
+            "that found it unloaded to the agent's READY.",
+            ["model"],
+            buckets=(0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=self.registry,
+        ).labels(model_id)
         self._connections = _ConnectionCollector()
         self.registry.register(self._connections)
+        self.on_not_usable: Callable[[], None] | None = None
+        """Told of an inference answered as if the model were not loaded (an on-demand model
+        evicted behind the proxy's back: `Residency.suspect`); None for an always model."""
+
+    def residency(self, residency: Residency) -> None:
+        """Report an on-demand model's state, sleeps and wakes."""
+        self.registry.register(_ResidencyCollector(residency))
+
+    def woke(self, seconds: float) -> None:
+        """Count one wake of the on-demand model and how long its load took (a wake is rare:
+        the histogram child's lock costs nothing that matters here)."""
+        self._wake_seconds.observe(seconds)
 
     def listener(self, protocol: str, sweeper: IdleSweeper) -> None:
         """Report the connections of a listener (`http`, `grpc`) through its idle sweep."""
@@ -196,6 +261,9 @@ class ProxyMetrics:
             bucket += 1
         histogram[bucket] += 1
         histogram[-1] += seconds
+        told = self.on_not_usable
+        if told is not None and code in _NOT_USABLE and route in _INFERENCE_ROUTES:
+            told()
 
     def answered_with(self, codes: frozenset[str]) -> int:
         """Requests answered so far with one of `codes` (HTTP statuses, gRPC code names)."""

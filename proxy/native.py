@@ -93,7 +93,8 @@ LEFT_OUT = {
     "proxy/gateway/": "wiring, the caller table and its metrics: the gateway's requests run "
     "through the compiled relays",
     "proxy/__main__.py": "run once per process (also proxy/settings, state, sockets, runner, "
-    "idle, readiness, agentclient: startup, the idle sweep and the agent, not per request)",
+    "idle, readiness, agentclient, residency: startup, the idle sweep, the agent and an "
+    "on-demand model's sleep and wake, not per request)",
     "common/, protos/": "other parts' code; nothing per request",
 }
 """Modules left interpreted on purpose, with why."""

@@ -1,4 +1,5 @@
-"""Whether the pod is ready: its own model is ready in Triton and the proxy is not draining.
+"""Whether the pod is ready: its own model is ready in Triton (or asleep, an on-demand model
+unloaded while idle that its next request loads) and the proxy is not draining.
 
 `Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton through
 `OwnModel`, over one client session held for the process (closed at shutdown). It serves nothing
@@ -70,7 +71,18 @@ class Readiness:
         """The reasons the pod is not ready; none when it is."""
         if self._state.draining:
             return ["draining: the pod is shutting down"]
+        if self._state.model_asleep:
+            return []  # unloaded while idle: its next request loads it
         if not await self._own_model.ready():
             why = self._why_not_served()
             return [why or f"model {self._model_id} is not ready in Triton"]
         return []
+
+    def ready_text(self) -> str:
+        """The /readyz body when ready: says when the model is asleep."""
+        if self._state.model_asleep:
+            return (
+                f"ready: model {self._model_id} is asleep (unloaded while idle); its next "
+                f"request loads it"
+            )
+        return "ready"

@@ -5,7 +5,9 @@ files leave a model pod Running with nothing to serve. The pod still holds its m
 storage initializer's volume, mounted read-only into the proxy with --model-dir), so every
 --model-check-seconds the proxy asks Triton, through the node gateway, whether its own model is
 ready; only when it is not does it ask the agent (GetModel, with the pod's token) what the node
-has. Only the answer ABSENT (no files, no failure on record) starts a reinstall, and the
+has. A model the agent reports `sleeping` (an on-demand model unloaded while idle, files kept) is
+not lost: the residency is told, so the next request wakes it. Only the answer ABSENT (no files,
+no failure on record) starts a reinstall, and the
 reinstall is the loader itself (`python -m loader` with the init container's flags, as a child
 process): the same validation, hashing, install, load, retries and refusals, through the same
 agent RPCs and the same checks of the pod's token and proof of placement, on the GPU of its proof.
@@ -35,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc.aio
 
@@ -51,6 +54,20 @@ PERMANENT_EXIT_CODES = {
 }
 # States in which the node holds the model, or is busy with it: nothing to reinstall.
 _ON_NODE = frozenset({"INSTALLED", "LOADING", "READY", "UNLOADING"})
+
+
+class Sleeping(Protocol):
+    """What the watch tells an on-demand model's residency (proxy.residency) it saw."""
+
+    def found_asleep(self, why: str) -> None:
+        """The node holds the model asleep (unloaded while idle, files kept)."""
+
+    def found_loaded(self) -> None:
+        """Triton serves the model."""
+
+    @property
+    def look_now(self) -> asyncio.Event:
+        """Set when the model should be looked at before the next period."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,7 @@ class Reinstaller:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        residency: Sleeping | None = None,
     ) -> None:
         self._model_id = model_id
         self._agent = agent
@@ -94,6 +112,7 @@ class Reinstaller:
         self._timing = timing
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+        self._residency = residency
         self._failures = 0
         self._next_attempt = 0.0
         self._given_up = ""
@@ -107,8 +126,24 @@ class Reinstaller:
         async with self._agent.channel() as channel:
             while not stopping.is_set():
                 await self.check_once(channel)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), self._timing.check_seconds)
+                await self._pause(stopping)
+
+    async def _pause(self, stopping: asyncio.Event) -> None:
+        """Until the next check: the period, or less when stopping or asked to look now."""
+        if self._residency is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self._timing.check_seconds)
+            return
+        look_now = self._residency.look_now
+        waits = {asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(look_now.wait())}
+        try:
+            await asyncio.wait(
+                waits, timeout=self._timing.check_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+            look_now.clear()
 
     async def check_once(self, channel: grpc.aio.Channel) -> None:
         """One look at the model, and a reinstall when the node has lost it."""
@@ -117,11 +152,22 @@ class Reinstaller:
                 log.info("Model %s is served again.", self._model_id)
             self.reason = ""
             self._failures = 0
+            if self._residency is not None:
+                self._residency.found_loaded()
             return
         try:
             seen = await self._agent.model_on_node(self._model_id, channel)
         except AgentUnavailableError as e:
             self._note(f"model {self._model_id} is not served, and {e}")
+            return
+        if seen.sleeping:
+            # Unloaded while idle, its files kept: not lost. The next request wakes it.
+            if self._residency is not None:
+                self._residency.found_asleep("the agent reports it asleep")
+            if self.reason:
+                log.info("Model %s is asleep on the node, not lost.", self._model_id)
+            self.reason = ""
+            self._failures = 0
             return
         if seen.state != "ABSENT":
             self._note(_why_not_served(self._model_id, seen))

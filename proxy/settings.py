@@ -20,6 +20,8 @@ from common.contract import (
     DEFAULT_PROXY_HTTP_PORT,
     DEFAULT_PROXY_METRICS_PORT,
     DEFAULT_SYSTEM_NAMESPACE,
+    RESIDENCY_ALWAYS,
+    RESIDENCY_ON_DEMAND,
 )
 from common.settings import (
     BadValueError,
@@ -259,6 +261,34 @@ class Settings:
     )
     """Longest wait after a failed reinstall before the next one, in seconds; default 60. The
     wait doubles from --model-check-seconds, jittered."""
+    residency: str = setting(
+        "residency",
+        "the pod's residency class: always (kept loaded) or on-demand (unloaded when idle)",
+        one_of(RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND),
+        default=RESIDENCY_ALWAYS,
+    )
+    """`always` (default): the model stays loaded while the pod lives. `on-demand`: after
+    --idle-seconds with no inference request held, the proxy asks the agent to unload it (files
+    kept), and the next request loads it again while it waits (proxy/residency.py). The agent
+    refuses the idle unload of a pod its proof of placement says is `always`."""
+    idle_seconds: float = setting(
+        "idle-seconds",
+        "seconds with no inference request before an on-demand model is unloaded",
+        seconds(minimum=1.0),
+        default="300",
+    )
+    """Seconds with no inference request in flight or waiting before an on-demand model is
+    unloaded; default 300. Read only with --residency on-demand; the webhook writes it from the
+    pod's `tritonshare.io/idle-seconds`, no lower than its --min-idle-seconds."""
+    wake_timeout_seconds: float = setting(
+        "wake-timeout-seconds",
+        "seconds a request waits for its unloaded on-demand model to load (then 503)",
+        seconds(positive=True),
+        default="30",
+    )
+    """Seconds a request for an unloaded on-demand model waits for the model to load before it
+    is answered 503 with Retry-After (gRPC UNAVAILABLE); default 30. The load itself goes on,
+    up to --agent-timeout."""
     grpc_mode: str = setting(
         "grpc-mode",
         "gRPC endpoint: relay (HTTP/2 frame relay) or grpcio",
@@ -330,5 +360,10 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         raise SettingsError(
             "--model-dir is set but --agent-address is not; a model the node lost is "
             "reinstalled through the node's agent: pass its host:port"
+        )
+    if settings.residency == RESIDENCY_ON_DEMAND and not settings.agent_address:
+        raise SettingsError(
+            "--residency on-demand is set but --agent-address is not; an idle model is "
+            "unloaded and loaded again through the node's agent: pass its host:port"
         )
     return settings

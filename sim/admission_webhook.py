@@ -59,7 +59,8 @@ class WebhookHandle:
 
 
 def arguments(port: int, cert: Path, key: Path, ports: NodePorts) -> list[str]:
-    """`python -m webhook`'s arguments, as the chart's Deployment passes them."""
+    """`python -m webhook`'s arguments, as the chart's Deployment passes them (but the floor on
+    on-demand pods' idle time)."""
     return [
         f"--listen=127.0.0.1:{port}",
         f"--tls-cert={cert}",
@@ -71,6 +72,9 @@ def arguments(port: int, cert: Path, key: Path, ports: NodePorts) -> list[str]:
         f"--agent-port={ports.agent}",
         f"--triton-http-port={ports.gateway_http}",
         f"--triton-grpc-port={ports.gateway_grpc}",
+        "--default-idle-seconds=300",
+        # Tests, benchmarks and the demo ask for idle times of seconds, not minutes.
+        "--min-idle-seconds=1",
         "--log-format=text",
     ]
 

@@ -9,6 +9,7 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
     tritonshare.io/concurrency: "4"                        # optional: the proxy's in-flight limit
     tritonshare.io/storage-secret: s3-creds                # optional: webhook.storage
     tritonshare.io/residency: on-demand                    # optional: `always` (the default)
+    tritonshare.io/idle-seconds: "600"                     # optional, on-demand: idle time
 
 and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
@@ -21,12 +22,19 @@ completing a complete pod changes nothing; a container named `proxy`, or KServe'
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from common.contract import ContractError, validate_model_id, validate_residency
+from common.contract import (
+    RESIDENCY_ALWAYS,
+    RESIDENCY_ON_DEMAND,
+    ContractError,
+    validate_model_id,
+    validate_residency,
+)
 from common.quantity import QuantityError, parse_quantity
 from webhook import storage
 from webhook.settings import Settings
@@ -70,6 +78,9 @@ class ModelRequest:
     concurrency: int | None
     access: StorageAccess
     """The storage initializer's credentials and S3 settings (webhook.storage)."""
+    residency: str = RESIDENCY_ALWAYS
+    idle_seconds: float = 0.0
+    """With residency on-demand: the proxy's --idle-seconds, the floor applied."""
 
 
 def wants_completion(pod: Pod, settings: Settings) -> bool:
@@ -176,7 +187,37 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
         access = read_access(annotations, prefix, parts.scheme)
     except StorageAnnotationError as e:
         raise AnnotationError(str(e)) from e
-    return ModelRequest(uri, parts.scheme, str(annotations[mem_key]), model_id, concurrency, access)
+    residency = str(annotations.get(settings.keys.residency, RESIDENCY_ALWAYS))
+    return ModelRequest(
+        uri,
+        parts.scheme,
+        str(annotations[mem_key]),
+        model_id,
+        concurrency,
+        access,
+        residency,
+        read_idle_seconds(annotations, settings) if residency == RESIDENCY_ON_DEMAND else 0.0,
+    )
+
+
+def read_idle_seconds(annotations: dict[str, Any], settings: Settings) -> float:
+    """The pod's idle time (`<prefix>idle-seconds`), --default-idle-seconds without one, never
+    below --min-idle-seconds; AnnotationError for a value that is not a number of seconds."""
+    key = settings.keys.prefix + "idle-seconds"
+    if key not in annotations:
+        return max(settings.default_idle_seconds, settings.min_idle_seconds)
+    text = str(annotations[key]).strip()
+    try:
+        wanted = float(text)
+    except ValueError:
+        wanted = math.nan
+    if not math.isfinite(wanted) or wanted <= 0:
+        raise AnnotationError(
+            f"annotation {key}={text[:64]!r} is not a number of seconds; write how long the "
+            f'on-demand model may idle before it is unloaded, for example {key}: "600" '
+            f"(at least {settings.min_idle_seconds:g})"
+        )
+    return max(wanted, settings.min_idle_seconds)
 
 
 def _by_name(items: list[dict[str, Any]], name: str) -> bool:
@@ -265,6 +306,8 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
     ]
     if request.concurrency is not None:
         args.append(f"--container-concurrency={request.concurrency}")
+    if request.residency == RESIDENCY_ON_DEMAND:
+        args += [f"--residency={RESIDENCY_ON_DEMAND}", f"--idle-seconds={request.idle_seconds:g}"]
     return {
         "name": "proxy",
         "image": settings.image,

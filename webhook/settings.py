@@ -29,6 +29,7 @@ from common.settings import (
     log_format_flag,
     path,
     port,
+    seconds,
     setting,
     text,
 )
@@ -105,6 +106,22 @@ class Settings:
         default=DEFAULT_AGENT_AUDIENCE,
     )
     """Audience of the pod's projected token for the agent."""
+    default_idle_seconds: float = setting(
+        "default-idle-seconds",
+        "seconds an on-demand model idles before it is unloaded, when its pod does not say",
+        seconds(minimum=1.0),
+        default="300",
+    )
+    """Idle time of an on-demand pod without the `tritonshare.io/idle-seconds` annotation, in
+    seconds (the proxy's --idle-seconds); default 300. Raised to --min-idle-seconds if lower."""
+    min_idle_seconds: float = setting(
+        "min-idle-seconds",
+        "the shortest idle time an on-demand pod may ask for, in seconds",
+        seconds(minimum=1.0),
+        default="60",
+    )
+    """Floor on a pod's `tritonshare.io/idle-seconds`, in seconds; default 60. A shorter idle
+    time is raised to it: each sleep and wake is a load on the node's agent and Triton."""
     log_format: LogFormat = log_format_flag()
     """text or json."""
 

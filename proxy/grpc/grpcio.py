@@ -135,6 +135,8 @@ class GrpcProxy:
                 return decision.response
             if decision.readiness and self._state.draining:
                 return b""  # ServerReady: ready=false while the pod drains
+            if decision.readiness and self._state.model_asleep:
+                return b"\x08\x01"  # ServerReady: ready=true, the next call wakes the model
             call_metadata = _forwarded_metadata(context)
             timeout = context.time_remaining()
             if decision.limited:

@@ -63,6 +63,9 @@ from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
 
+SERVER_READY: Final = GrpcAnswer("ServerReady", "OK", response=b"\x08\x01")
+"""ServerReadyResponse(ready=true), answered without Triton while the own model sleeps."""
+
 log = logging.getLogger(__name__)
 
 MAX_STREAMS: Final = 128
@@ -511,6 +514,8 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             answer = UNIMPLEMENTED
         elif kind == "ServerReady" and self.relay.state.draining:
             answer = GrpcAnswer(kind, "OK")  # ready: false while the pod drains
+        elif kind == "ServerReady" and self.relay.state.model_asleep:
+            answer = SERVER_READY  # the on-demand model is unloaded; its next call wakes it
         elif kind not in FORWARDED:
             decision = router.decide(kind, b"")
             answer = decision if isinstance(decision, GrpcAnswer) else UNIMPLEMENTED

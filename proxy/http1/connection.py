@@ -183,9 +183,13 @@ class Connection(asyncio.Protocol):
             self._holding = False
             self._relay.limiter.release()
 
-    def _write_answer(self, status: int, content_type: str, body: bytes) -> None:
+    def _write_answer(
+        self, status: int, content_type: str, body: bytes, retry_after: int = 0
+    ) -> None:
         if self.transport is not None:
-            self.transport.write(answer_bytes(status, content_type, body, not self._keep_alive))
+            self.transport.write(
+                answer_bytes(status, content_type, body, not self._keep_alive, retry_after)
+            )
         if not self._keep_alive and self._state != BODY:
             self._close()
 

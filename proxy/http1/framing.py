@@ -300,12 +300,17 @@ _REASONS: Final = {
 }
 
 
-def answer_bytes(status: int, content_type: str, body: bytes, close: bool) -> bytes:
-    """A whole response the relay gives itself (Triton's answers pass through untouched)."""
+def answer_bytes(
+    status: int, content_type: str, body: bytes, close: bool, retry_after: int = 0
+) -> bytes:
+    """A whole response the relay gives itself (Triton's answers pass through untouched); with
+    `retry_after` (seconds, more than 0), a `Retry-After` header."""
     head = (
         f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
         f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
     )
+    if retry_after > 0:
+        head += f"Retry-After: {retry_after}\r\n"
     if close:
         head += "Connection: close\r\n"
     return head.encode() + b"\r\n" + body

@@ -216,6 +216,13 @@ class ClientConnection(Connection):
                 )
                 answered += 1
                 continue
+            if decision.readiness and relay.state.model_asleep:
+                # Triton no longer has the on-demand model loaded; its next request wakes it,
+                # so the pod stays ready for its Service.
+                self._buffer = buffer[body:]
+                self._answer_locally(200, "text/plain", b"")
+                answered += 1
+                continue
             if decision.limited:
                 if not self._limiter.try_acquire():
                     self._buffer = buffer[body:]
@@ -509,14 +516,16 @@ class ClientConnection(Connection):
         if self._buffer:
             self._next_request()
 
-    def _answer_locally(self, status: int, content_type: str, body: bytes) -> None:
+    def _answer_locally(
+        self, status: int, content_type: str, body: bytes, retry_after: int = 0
+    ) -> None:
         """Answer without Triton, then skip the request's body (if any)."""
         self._relay.metrics.observe(
             "http", self._route, str(status), perf_counter() - self._started
         )
         self._response_done = True
         self._sink = None
-        self._write_answer(status, content_type, body)
+        self._write_answer(status, content_type, body, retry_after)
         if self._state == CLOSED:
             return
         head = self._head
@@ -544,5 +553,8 @@ class ClientConnection(Connection):
         """Answer the request with `error` (its status from `policy.refusals`); the connection
         goes on."""
         self._answer_locally(
-            refusals.http_status(error), "application/json", error_body(str(error))
+            refusals.http_status(error),
+            "application/json",
+            error_body(str(error)),
+            refusals.retry_after(error),
         )

@@ -39,6 +39,17 @@ class NodeBudget(Protocol):
         """`limiter`'s pod starts sending: its limit may change before it takes a slot."""
 
 
+class Sleeper(Protocol):
+    """What a limiter needs of an on-demand model's residency (`proxy.residency`, which
+    imports this module, not the other way round)."""
+
+    asleep: bool
+    """True while the model is not loaded: requests wake it before they take a slot."""
+
+    async def wake(self) -> None:
+        """Return once the model is loaded; raise a `refusals.WakeError` when it cannot be."""
+
+
 class Limiter:
     """In-flight limit (0 = unlimited), queue, and time-weighted concurrency."""
 
@@ -76,6 +87,9 @@ class Limiter:
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self.residency: Sleeper | None = None
+        """The on-demand model's residency (the proxy's, with --residency on-demand): a request
+        finding it asleep waits for its wake first. None: the model is always loaded."""
         # Request-seconds up to now: _area + _ends - _starts + held * now. _area holds what was
         # folded in at self._since; since then, _starts sums the arrival times of requests (and
         # self._since once per request then held), _ends the times they left.
@@ -111,6 +125,9 @@ class Limiter:
             return False
         if not self.sending and self.node is not None:
             self.node.woke(self)  # may change the limit: first
+        residency = self.residency
+        if residency is not None and residency.asleep:
+            return False  # `acquire` wakes the model first
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
             now = self._clock()
             self.last = now
@@ -123,7 +140,16 @@ class Limiter:
         return False
 
     async def acquire(self) -> None:
-        """Take a slot, waiting in the queue if needed; raise when refused."""
+        """Take a slot, waiting in the queue if needed; raise when refused. A request for an
+        asleep model first waits for its wake, held (counted as concurrency) meanwhile."""
+        residency = self.residency
+        if residency is not None and residency.asleep:
+            self._starts += self._clock()
+            self.held += 1
+            try:
+                await residency.wake()
+            finally:
+                self._left(self._clock())
         if self.try_acquire():
             return
         if self.refusal is not None:

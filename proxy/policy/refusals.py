@@ -64,6 +64,17 @@ class QuarantinedError(ProxyError):
     exits, and the node gateway refuses every one until an operator clears it."""
 
 
+class WakeError(ProxyError):
+    """An on-demand model unloaded while idle could not be served: its load did not finish
+    within --wake-timeout-seconds, or the agent could not load it (no room on its GPU; the
+    message has the agent's reason). `retry_after` is the whole number of seconds the answer
+    asks the client to wait (REST `Retry-After`)."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
@@ -94,6 +105,7 @@ STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     OverBudgetError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
     QuarantinedError: (503, grpc.StatusCode.FAILED_PRECONDITION),
     UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
+    WakeError: (503, grpc.StatusCode.UNAVAILABLE),
 }
 """The one table: every refusal's (HTTP status, gRPC status code)."""
 
@@ -101,6 +113,11 @@ STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
 def http_status(error: ProxyError) -> int:
     """The HTTP status that answers `error`."""
     return STATUS.get(type(error), (500, grpc.StatusCode.INTERNAL))[0]
+
+
+def retry_after(error: ProxyError) -> int:
+    """Seconds a REST answer to `error` asks the client to wait (`Retry-After`); 0: none."""
+    return error.retry_after if isinstance(error, WakeError) else 0
 
 
 def grpc_code(error: ProxyError) -> grpc.StatusCode:

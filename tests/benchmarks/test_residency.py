@@ -1,5 +1,7 @@
 """The residency benchmark on a small fleet: the same placement core and the same pods for every
-configuration, a closing line with its figures, and fewer GPUs with the tail on-demand."""
+configuration, a closing line with its figures, and fewer GPUs with the tail on-demand; the live
+half's figures read from what it measured (its run on the simulated cluster is the benchmark's,
+`python -m benchmarks.residency --quick`; the path it measures is tests/e2e/test_on_demand.py's)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,13 @@ import re
 
 import pytest
 
-from benchmarks import residency
+from benchmarks import residency, residency_live
 
 
 def test_a_small_fleet_needs_fewer_gpus_with_its_tail_on_demand(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["residency", "--models", "300", "--hours", "0.5", "--factors", "1,3", "--rate", "20"]
+    argv = ["residency", "--quick", "--no-live"]
     monkeypatch.setattr("sys.argv", argv)
     residency.main()
     out = capsys.readouterr().out
@@ -24,12 +26,50 @@ def test_a_small_fleet_needs_fewer_gpus_with_its_tail_on_demand(
     always, factor_1, factor_3 = (int(rows[k]) for k in rows)
     # Without over-commit the tail still costs only its largest model beside the always ones.
     assert factor_3 < factor_1 <= always
-    closing = out.strip().splitlines()[-1]
+    simulation, closing = out.strip().splitlines()[-2:]
     match = re.fullmatch(
-        r"residency: GPUs all-always (\d+), with the tail on-demand (\d+) \((\d+\.\d)x fewer\) "
+        r"simulation: GPUs all-always (\d+), with the tail on-demand (\d+) \((\d+\.\d)x fewer\) "
         r"at over-commit 3; (\d+\.\d+) % of requests waited for a wake",
-        closing,
+        simulation,
     )
-    assert match is not None, closing
+    assert match is not None, simulation
     assert int(match[1]) == always and int(match[2]) == factor_3
     assert 0 < float(match[4]) <= 5.0  # only the tail's requests (5 %) can wait
+    assert closing == (
+        f"residency: GPUs all-always {always}, with the tail on-demand {factor_3} "
+        f"({always / factor_3:.1f}x fewer)"
+    )
+
+
+TRITON_LOG = """\
+I1125 10:00:21.633635 23948 model_lifecycle.cc:472] "loading: lazy_0-215b8cef:1"
+I1125 10:00:26.250265 23948 model_lifecycle.cc:839] "successfully loaded 'lazy_0-215b8cef'"
+I1125 10:00:39.274275 23948 model_lifecycle.cc:624] "successfully unloaded 'lazy_0-215b8cef' \
+version 1"
+I1125 10:00:44.500000 23948 model_lifecycle.cc:472] "loading: lazy_0-215b8cef:1"
+I1125 10:00:44.600000 23948 model_lifecycle.cc:472] "loading: steady-9a8b7c6d:1"
+I1125 10:00:45.750000 23948 model_lifecycle.cc:839] "successfully loaded 'lazy_0-215b8cef'"
+I1125 10:00:46.000000 23948 model_lifecycle.cc:839] "successfully loaded 'steady-9a8b7c6d'"
+"""
+
+
+def test_the_live_half_reads_triton_s_own_wake_loads_and_its_percentiles() -> None:
+    assert residency_live.triton_load_seconds(TRITON_LOG) == pytest.approx([1.25])
+    starts = residency_live.load_starts(TRITON_LOG)
+    assert [name for name, _ in starts] == ["lazy_0-215b8cef"] * 2, "the on-demand ones"
+    sent = [("lazy_0", 10 * 3600 + 44.3), ("lazy_0", 10 * 3600 + 50.0)]
+    delays = residency_live.before_load(sent, starts)
+    assert delays == [pytest.approx(0.2)], "a wake with no load after it is left out"
+    assert residency_live.percentile([0.5, 0.7, 0.9, 2.0], 0.5) == 0.7
+    assert residency_live.percentile([0.5, 0.7, 0.9, 2.0], 0.99) == 2.0
+
+
+def test_the_live_report_sets_the_always_p99_beside_its_own_alone() -> None:
+    result = residency_live.LiveResult(
+        wakes=[1.0, 1.2, 1.4], alone=[0.010] * 98 + [0.020] * 2, during=[0.010] * 98 + [0.030] * 2
+    )
+    lines: list[str] = []
+    p50, p99, ratio = residency_live.report(result, lines.append)
+    assert (p50, p99) == (1.2, 1.4) and ratio == pytest.approx(1.5)
+    assert "(target p99 1.5 s: met)" in lines[0]
+    assert "1.50x (target 1.2x: NOT met)" in lines[1]

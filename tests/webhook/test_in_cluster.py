@@ -232,8 +232,8 @@ def test_only_labelled_pods_outside_the_system_namespace_are_sent(configured: An
 
 def test_the_simulated_cluster_runs_the_webhook_as_the_chart_does(tmp_path: Path) -> None:
     """SimCluster(webhook=True) registers the chart's configuration and passes the chart's
-    arguments; only the address, the certificate, the node's ports and the log format are the
-    simulation's."""
+    arguments; only the address, the certificate, the node's ports, the idle floor and the log
+    format are the simulation's."""
     chart = _chart_objects()
     url, ca = "https://127.0.0.1:1/mutate-pods", b"CA"
     ours = admission_webhook.configuration(url, ca)
@@ -253,6 +253,8 @@ def test_the_simulated_cluster_runs_the_webhook_as_the_chart_does(tmp_path: Path
         "--agent-port": "31000",
         "--triton-http-port": "31001",
         "--triton-grpc-port": "31002",
+        # Idle times of seconds, for tests, benchmarks and the demo.
+        "--min-idle-seconds": "1",
         # Text, as every other part of the simulation logs, for people reading logs/.
         "--log-format": "text",
     }

@@ -290,3 +290,47 @@ def test_a_bad_residency_is_refused_on_both_forms_saying_what_to_write(value: st
         message = refused["status"]["message"]
         assert f"annotation {RESIDENCY}={value!r} is not a residency class" in message
         assert f"{RESIDENCY}: always" in message and f"{RESIDENCY}: on-demand" in message
+
+
+@pytest.mark.parametrize(
+    ("annotations", "flags", "idle"),
+    [
+        ({}, [], None),
+        ({"tritonshare.io/residency": "always", "tritonshare.io/idle-seconds": "600"}, [], None),
+        ({"tritonshare.io/residency": "on-demand"}, ["--idle-seconds=300"], 300.0),
+        (
+            {"tritonshare.io/residency": "on-demand", "tritonshare.io/idle-seconds": "900"},
+            ["--idle-seconds=900"],
+            900.0,
+        ),
+        (
+            {"tritonshare.io/residency": "on-demand", "tritonshare.io/idle-seconds": "5"},
+            ["--idle-seconds=60"],
+            60.0,
+        ),
+    ],
+)
+def test_an_on_demand_pod_s_proxy_gets_its_idle_time_never_below_the_floor(
+    annotations: dict[str, str], flags: list[str], idle: float | None
+) -> None:
+    [proxy] = complete(pod(**GS, **annotations), SETTINGS)["spec"]["containers"]
+    proxied = parse_proxy_settings(_args(proxy), {})
+    if idle is None:
+        assert proxied.residency == "always"
+        assert not any(a.startswith(("--residency", "--idle-seconds")) for a in proxy["args"])
+    else:
+        assert proxied.residency == "on-demand" and proxied.idle_seconds == idle
+        assert "--residency=on-demand" in proxy["args"] and flags[0] in proxy["args"]
+
+
+def test_the_idle_floor_and_default_are_the_operator_s() -> None:
+    settings = parse_settings(["--min-idle-seconds=120", "--default-idle-seconds=30"], {})
+    done = complete(pod(**GS, **{"tritonshare.io/residency": "on-demand"}), settings)
+    assert "--idle-seconds=120" in done["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan", "inf"])
+def test_an_idle_time_that_is_no_number_of_seconds_is_refused(value: str) -> None:
+    annotations = {"tritonshare.io/residency": "on-demand", "tritonshare.io/idle-seconds": value}
+    with pytest.raises(AnnotationError, match=r'tritonshare\.io/idle-seconds: "600"'):
+        complete(pod(**GS, **annotations), SETTINGS)
