@@ -4,7 +4,8 @@ namespace's pods: a namespace cannot take more of the node by creating more pods
 Team-a runs seven pods, team-b one. While both send, team-b's pod gets what a namespace with one
 pod gets, half of the node's in-flight budget, of its event loop's rounds and of its byte
 budget, as it would beside a single pod of team-a; team-a's seven pods share the other half
-(one request each at Triton at most, four together, taken in turn). Through a real gateway in front of the real Triton.
+(at Triton one request each at most, four together, taken in turn). Through a real gateway in
+front of the real Triton.
 """
 
 from __future__ import annotations
