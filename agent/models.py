@@ -59,6 +59,7 @@ from agent.errors import (
     OwnedByAnotherPodError,
     ResourceExhaustedError,
     TritonError,
+    TritonNotConnectedError,
     TritonUnreachableError,
 )
 from agent.filecache import FileCache, NamespaceDisk
@@ -821,7 +822,11 @@ class Models:
             await self._abandon(name)
             # Triton may still be loading it: the answer is the agent's, the load is over.
             return self._status(name, None, manifest)
-        except TritonUnreachableError:
+        except TritonUnreachableError as e:
+            if isinstance(e, TritonNotConnectedError):
+                # The load never reached Triton (down, or starting again after another
+                # model's crash): it cannot have crashed it, and must not be blamed.
+                self.crashes.answered(name)
             self._step(name, record, Event.LOAD_UNANSWERED)
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise

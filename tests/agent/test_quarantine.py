@@ -21,7 +21,7 @@ from agent.triton import READY
 from binder.cli import main as cli
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
-from sim.triton import TritonServer
+from sim.triton import TritonServer, free_port
 from tests.agent.conftest import (
     NODE,
     StartAgent,
@@ -306,3 +306,32 @@ async def test_a_model_that_kills_triton_just_after_its_load_is_quarantined_too(
         passes = running.agent.reconciler.passes
         await eventually(lambda: running.agent.reconciler.passes >= passes + 3, what="passes")
         assert len(restarts) == 2, "not loaded again"
+
+
+async def test_a_load_that_never_reached_triton_is_not_counted_as_a_crash(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """After another tenant's model took Triton down, the agent loads the node's models again
+    while Triton starts: its gRPC port may refuse them (or the agent's channel fail fast in its
+    reconnect backoff) while its HTTP index already answers. Such a load never reached Triton,
+    so nothing of it can have crashed Triton: counting it would quarantine the victim's own
+    model for the attacker's crash. Here Triton's gRPC port is one nobody listens on."""
+    running = await start_custom_agent(
+        crash_quarantine_after=2, triton_grpc_url=f"127.0.0.1:{free_port()}"
+    )
+    gpu = running.mock.gpus[0].uuid
+    source = copy_model("add_one", tmp_path / "src", as_name="victim")
+    token = await deploy(apiserver, kube_api, running.stub, gpu, source, "victim")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="victim"), metadata=bearer(token)
+        )
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    passes = running.agent.reconciler.passes
+    # Passes that find the model not loaded and no load in flight (and try it again).
+    await eventually(lambda: running.agent.reconciler.passes >= passes + 2, what="two passes")
+    assert running.agent.crashes.records() == []
+    assert condition(kube_api, "victim-pod")[1] != "ModelCrashedTriton"
