@@ -17,6 +17,7 @@ import grpc
 import kubernetes.client
 import pytest
 
+from agent.quarantine import Marker
 from agent.triton import READY
 from binder.cli import main as cli
 from protos import agent_pb2
@@ -335,3 +336,30 @@ async def test_a_load_that_never_reached_triton_is_not_counted_as_a_crash(
     await eventually(lambda: running.agent.reconciler.passes >= passes + 2, what="two passes")
     assert running.agent.crashes.records() == []
     assert condition(kube_api, "victim-pod")[1] != "ModelCrashedTriton"
+
+
+async def test_a_load_triton_died_under_counts_when_its_pod_asks_again_before_any_pass(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """A crashing pod's loader asks for its load again as soon as Triton is back, before any
+    reconcile pass finds Triton up with no load under way: the load Triton died under (its
+    marker left over) counts then, so the pod cannot take Triton down again and again without
+    ever being counted. Here the marker is left as a load Triton died under leaves it."""
+    running = await start_custom_agent(crash_quarantine_after=1, resync_seconds=3600)
+    gpu = running.mock.gpus[0].uuid
+    source = copy_model("add_one", tmp_path / "src", as_name="crashy")
+    token = await deploy(apiserver, kube_api, running.stub, gpu, source, "crashy")
+    name = name_in_triton(kube_api, "crashy-pod", "crashy")
+    owned = running.agent.owners.get(name)
+    assert owned is not None
+    running.agent.crashes.loading(Marker(name, owned.digest, "crashy", "default/crashy-pod"))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="crashy"), metadata=bearer(token)
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "quarantined" in (refused.value.details() or "")
+    assert [r.crashes for r in running.agent.crashes.records()] == [1]
