@@ -4,7 +4,9 @@ A request takes a slot (`acquire`) before it is forwarded and gives it back (`re
 answer is complete. With the limit reached, a request waits in a FIFO queue of bounded size for at
 most the queue timeout; a full queue or a timeout refuses it at once with a clear message, which
 the transports answer as 503 / RESOURCE_EXHAUSTED. A freed slot is handed straight to the oldest
-waiter, so a newcomer can never overtake the queue.
+waiter, so a newcomer can never overtake the queue. Under the gateway's node budget a slot also
+belongs to the pod's namespace (`policy.inflight`): a freed one goes back to it, and it hands it
+to its pods in turn (`grant`), a pod's oldest waiter first.
 
 It also integrates the requests it holds over time (request-seconds), each from its arrival to
 its end, whether in flight or waiting for a slot, as Knative's queue-proxy counts concurrency:
