@@ -116,6 +116,8 @@ class InFlightShares:
         self.clock = clock
         self._namespace_of: dict[Limiter, str] = {}
         self._pools: dict[str, _Pool] = {}
+        self._pool_of: dict[Limiter, _Pool] = {}
+        """Each limiter's namespace's pool: one look-up per request, not two."""
         self.sending = 0
         """Pods counted as sending now."""
         self.by_namespace: dict[str, int] = {}
@@ -132,7 +134,7 @@ class InFlightShares:
         on."""
         limiter.node = self
         self._namespace_of[limiter] = namespace
-        pool = self._pools.setdefault(namespace, _Pool())
+        pool = self._pool_of[limiter] = self._pools.setdefault(namespace, _Pool())
         pool.limiters += 1
         pool.in_flight += limiter.in_flight
         pool.cap = self._cap_of(namespace)
@@ -144,7 +146,7 @@ class InFlightShares:
         if namespace is None:
             return
         limiter.node = None
-        pool = self._pools[namespace]
+        pool = self._pool_of.pop(limiter)
         # Its requests in flight give their slots back to nobody now: free them here.
         pool.in_flight -= limiter.in_flight
         if limiter in pool.queue:
@@ -159,25 +161,30 @@ class InFlightShares:
 
     def take(self, limiter: Limiter) -> bool:
         """A slot of `limiter`'s namespace, if one is free and none of its pods waits."""
-        pool = self._pools[self._namespace_of[limiter]]
-        pool.deal()  # a pod that waits is served first: no overtaking its turn
-        if pool.queue or not pool.room():
+        pool = self._pool_of[limiter]
+        if pool.queue:
+            pool.deal()  # a pod that waits is served first: no overtaking its turn
+            if pool.queue:
+                return False
+        if pool.cap and pool.in_flight >= pool.cap:
             return False
         pool.in_flight += 1
         return True
 
     def waiting(self, limiter: Limiter) -> None:
         """`limiter` has a request queued: it joins its namespace's turns (once)."""
-        pool = self._pools[self._namespace_of[limiter]]
+        pool = self._pool_of[limiter]
         pool.enqueue(limiter)
         pool.deal()
 
     def released(self, limiter: Limiter) -> None:
         """A slot of `limiter`'s namespace is free: the next pod in turn takes it."""
-        pool = self._pools[self._namespace_of[limiter]]
+        pool = self._pool_of[limiter]
         pool.in_flight -= 1
-        pool.enqueue(limiter)
-        pool.deal()
+        if limiter.queued:
+            pool.enqueue(limiter)
+        if pool.queue:
+            pool.deal()
 
     def woke(self, limiter: Limiter) -> None:
         """`limiter`'s pod starts sending (its limiter calls this before taking a slot)."""
