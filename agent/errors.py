@@ -115,6 +115,11 @@ class TritonUnreachableError(TritonError):
     reason = "triton_unreachable"
 
 
+class TritonNotConnectedError(TritonUnreachableError):
+    """Triton did not take the connection: the call never reached it (it is down, starting
+    again after an exit, or the agent's channel is waiting to reconnect)."""
+
+
 class KubeError(AgentError):
     """The Kubernetes API failed or is unreachable."""
 

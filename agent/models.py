@@ -63,6 +63,7 @@ from agent.errors import (
     OwnedByAnotherPodError,
     ResourceExhaustedError,
     TritonError,
+    TritonNotConnectedError,
     TritonUnreachableError,
 )
 from agent.eviction import Gpu, Loaded
@@ -819,6 +820,26 @@ class Models:
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
             return self._status(name, entry, manifest, owner.residency)
+        left = self.crashes.markers().get(name)
+        if (
+            left is not None
+            and not left.finished_at
+            and (entry is None or entry.state not in (READY, LOADING))
+        ):
+            # A load of it Triton never answered, nor holds: Triton died under it (a load that
+            # never reached Triton leaves none). Counted here, not only by the next reconcile
+            # pass: a pod asking again at once would otherwise crash Triton before any pass
+            # finds it up with no load under way, again and again, never counted.
+            counted = self.crash_suspected(left)
+            log.warning(
+                "Triton exited while loading model %s of pod %s (%d of %d crashes in a row "
+                "before quarantine), found as it loads again.",
+                left.model_id,
+                left.pod,
+                counted.crashes,
+                self.crashes.quarantine_after,
+                extra=subject(pod=left.pod, model=left.model_id),
+            )
         quarantined = self.crashes.quarantined(owned.digest)
         if quarantined is not None:
             raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
@@ -851,7 +872,11 @@ class Models:
             await self._abandon(name)
             # Triton may still be loading it: the answer is the agent's, the load is over.
             return self._status(name, None, manifest, owner.residency)
-        except TritonUnreachableError:
+        except TritonUnreachableError as e:
+            if isinstance(e, TritonNotConnectedError):
+                # The load never reached Triton (down, or starting again after another
+                # model's crash): it cannot have crashed it, and must not be blamed.
+                self.crashes.answered(name)
             self._step(name, record, Event.LOAD_UNANSWERED)
             self.metrics.load_failures.labels("triton_unreachable").inc()
             raise

@@ -33,7 +33,7 @@ import aiohttp
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from agent.errors import TritonError, TritonUnreachableError
+from agent.errors import TritonError, TritonNotConnectedError, TritonUnreachableError
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,10 @@ class TritonClient:
             grpc.StatusCode.UNAVAILABLE,
             grpc.StatusCode.DEADLINE_EXCEEDED,
         ):
-            return TritonUnreachableError(
+            # gRPC says so when no connection was made for the call: it was never sent.
+            unsent = "failed to connect" in details.lower()
+            kind = TritonNotConnectedError if unsent else TritonUnreachableError
+            return kind(
                 f"Triton at {self.grpc_url} (gRPC) does not answer {method} "
                 f"({error.code().name}: {details}); check that the Triton container is running "
                 f"and --triton-grpc-url names its gRPC port"
@@ -145,7 +148,12 @@ class TritonClient:
                     payload = {"error": text}
                 return response.status, payload
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise TritonUnreachableError(
+            kind = (
+                TritonNotConnectedError
+                if isinstance(e, aiohttp.ClientConnectorError)
+                else TritonUnreachableError
+            )
+            raise kind(
                 f"Triton at {self.base} does not answer {method} {path} ({type(e).__name__}: "
                 f"{e}); check that the Triton container is running"
             ) from e

@@ -7,7 +7,9 @@ tree and one from `--baseline-tree` (e.g. `git archive <commit> | tar -x -C DIR`
 (team-b's one pod, its own source address) sends with `--concurrency` keep-alive connections,
 each one request after another, first alone and then while `--pods` pods of team-a (each its own
 127.3.0.x address) do the same. Printed per gateway: the victim's p50 / p99 and answers per
-second alone and beside the crowd, and its errors.
+second alone and beside the crowd, its errors, the crowd's answers per second, and the victim's
+share of Triton's answers beside the crowd (a split by namespace: half). The victim keeps
+Triton's one instance busy alone, so at its fair half its p50 beside is about twice alone's.
 
 A gateway that splits the node's in-flight budget among pods gives the victim one slot in
 `--pods + 1`; one that splits it by namespace first gives it half, so its p99 beside the crowd
@@ -92,6 +94,7 @@ class Sender:
     source: str
     connections: int
     body: bytes
+    model: str = MODEL
     stop: threading.Event = field(default_factory=threading.Event)
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
@@ -110,7 +113,7 @@ class Sender:
         while not self.stop.is_set():
             started = time.monotonic()
             try:
-                connection.request("POST", f"/v2/models/{MODEL}/infer", body=self.body)
+                connection.request("POST", f"/v2/models/{self.model}/infer", body=self.body)
                 response = connection.getresponse()
                 response.read()
                 if response.status != 200:
@@ -151,8 +154,9 @@ def measure(url: str, args: argparse.Namespace, crowd: list[str]) -> dict[str, f
             for sender in senders:
                 stack.enter_context(sender)
             window(victim, 2.0)  # every pod sending, the split settled
+            before = sum(len(s.latencies) for s in senders)
             beside, beside_errors = window(victim, args.seconds)
-            crowd_answers = sum(len(s.latencies) for s in senders)
+            crowd_answers = sum(len(s.latencies) for s in senders) - before
     return {
         "p50 alone ms": 1e3 * percentile(alone, 50),
         "p99 alone ms": 1e3 * percentile(alone, 99),
@@ -161,7 +165,10 @@ def measure(url: str, args: argparse.Namespace, crowd: list[str]) -> dict[str, f
         "p99 beside ms": 1e3 * percentile(beside, 99),
         "answers/s beside": len(beside) / args.seconds,
         "errors": alone_errors + beside_errors,
-        "crowd answers": crowd_answers,
+        "crowd answers/s": crowd_answers / args.seconds,
+        # Its fair share is half (one namespace of two); a closed loop that kept Triton busy
+        # alone then waits twice as long per answer, so its p50 beside is about 2x alone.
+        "victim share %": 100 * len(beside) / max(1, len(beside) + crowd_answers),
     }
 
 

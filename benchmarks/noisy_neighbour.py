@@ -26,22 +26,38 @@ runs each attack in turn, the network ones from its own pod's address in a proce
                       for the attacker's own model, straight at the gateway, answers left unread
   slow-senders        --slow-senders connections trickling a request a byte every 0.5 s
   connections         --connections idle connections to the gateway's REST and gRPC ports
+  many-pods           --crowd-pods model pods of the attacker's namespace (made and Ready
+                      before the phase), each flooding its own model straight at the gateway
+                      with --crowd-concurrency connections (`benchmarks.namespace_share`'s
+                      senders): a namespace's many pods against the victim's one
+  load-hog            --hog-loads attacker pods whose loads take --load-seconds each, queued
+                      at the GPU; victim outcome: is its new model installed, loaded and Ready?
+  disk-filler         --disk-pods attacker pods of --disk-model-mib of weights each, past the
+                      agent's --max-installed-bytes-per-namespace (--disk-per-namespace); the same
+  crash               an attacker pod whose model's load kills Triton (`benchmarks
+                      .crash_quarantine`'s); victim outcome: is the crasher quarantined?
 
-The phases run alone first, then "control" (the victim's probes of 1, 2 and 5 with no attacker:
-a replica placed, a new model installed and loaded), the attacks (those that can leave a process's
-memory grown last), and "alone again". For each it prints the victim's p50/p99 latency and error
-count, the p99 as a multiple of alone's (the better p99 of "alone" and "alone again", so a stall
-of a shared box while alone flatters no attack), the victim's outcome for 1, 2, 5 and 6 beside
-the same probe alone, what the attacker saw, and the peak RSS of the gateway, the agent and
-Triton (its whole process tree: the server and its Python backend stubs) against their container
-memory limits in deploy/base/node-daemonset.yaml. Peaks are psutil samples every --sample-ms,
-and for the gateway and the agent also the kernel's high-water mark (VmHWM, reset at each phase's
-start).
+The phases run alone first, then "control" (the victim's probes of 1, 2, 5, load-hog and
+disk-filler with no attacker: a replica placed, a new model installed and loaded), the attacks
+(those that can leave a process's memory grown late, the crash last), and "alone again". A keeper
+restarts Triton as soon as it exits, as the kubelet restarts a crashed container, and each phase
+counts its restarts. Each phase prints its restarts, peaks and outcomes as it ends; the table at
+the end has, per phase, the victim's p50/p99 latency and error count, the p99 as a multiple of
+alone's (the better p99 of "alone" and "alone again", so a stall of a shared box while alone
+flatters no attack), Triton's restarts, the victim's outcome beside the same probe alone, what
+the attacker saw, and the peak RSS of the gateway, the agent, Triton (its whole process tree: the
+server and its Python backend stubs) and the victim's proxy against their container memory
+limits (deploy/base/node-daemonset.yaml, and the proxy's in deploy/example/model-deployment.yaml).
+Peaks are psutil samples every --sample-ms, and for the single processes also the kernel's
+high-water mark (VmHWM, reset at each phase's start).
 Then, per phase after alone and control, the target: the victim's p99 within 2x of alone, no victim
-error, every process under its limit (a process still over it from an earlier phase is marked
-"already before"), and the victim's outcome as alone: "met" or "NOT met" with the reasons; the exit
-status is 1 when a phase missed it. The "others" column is the CPU (cores) that processes outside
-this benchmark used meanwhile: on a shared box, read a p99 beside it.
+error, no Triton restart, every process under its limit (a process still over it from an earlier
+phase is marked "already before"), and the victim's outcome as alone; for the crash, instead: at
+most --quarantine-after restarts, the crasher quarantined, and the victim served again (its first
+answer after which none of its requests failed) within --served-within seconds of Triton's last
+restart. "met" or "NOT met" with the reasons, and an overall line; the exit status is 1 when a
+phase missed it. The "others" column is the CPU (cores) that processes outside this benchmark
+used meanwhile: on a shared box, read a p99 beside it.
 
 Sizes: the issue's attacks inflate 1 GiB and send 8 x 60 MiB to the agent; the defaults here are
 smaller (--bomb-mib 256, --agent-mib 32) so a shared 2-core box can afford them, and still show the
@@ -61,10 +77,11 @@ time) and is stopped at the end.
 
     .venv/bin/python -m benchmarks.noisy_neighbour [--attacks all] [--seconds 8] [--rate 50]
         [--full-size] [--gpu-mem-enforcement evict] [--admission-policies]
+        [--crowd-pods 7] [--quarantine-after 2] [--disk-per-namespace 192Mi]
         [--pin-attacker | --kubelet-cpu [--attacker-cpu 1] [--attacker-cpu-limit 0]]
         [--workdir DIR]
 
-About 3 minutes with the defaults on a 2-core box (15 to 20 s of it starting the cluster).
+About 5 minutes with the defaults on a 2-core box (15 to 20 s of it starting the cluster).
 """
 
 from __future__ import annotations
@@ -96,6 +113,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from agent.models import CRASHED_REASON  # noqa: E402
+from benchmarks.crash_quarantine import model_dir as crashing_model  # noqa: E402
+from benchmarks.namespace_share import Sender  # noqa: E402
 from benchmarks.noisy_traffic import (  # noqa: E402
     AttackPlan,
     Record,
@@ -116,37 +136,52 @@ NODE, SPARE = "node-a", "node-b"
 VICTIM, ATTACKER = "victim", "attacker"
 VICTIM_MODEL, ATTACKER_MODEL = "victim_model", "attacker_model"
 DAEMONSET = ROOT / "deploy" / "base" / "node-daemonset.yaml"
-PARTS = ("gateway", "agent", "triton")
+MODEL_DEPLOYMENT = ROOT / "deploy" / "example" / "model-deployment.yaml"
+NODE_PARTS = ("gateway", "agent", "triton")
+PARTS = (*NODE_PARTS, "proxy")
+"""The processes whose memory is watched: the node pod's, and the victim's proxy."""
 PLACEMENT_ATTACKS = ("unproven-gpu-mem", "squat-model-id")
-PROBED = (*PLACEMENT_ATTACKS, "install-streams")
+INSTALL_PROBED = ("install-streams", "load-hog", "disk-filler")
+"""The phases whose victim probe is a new model of its own installed, loaded and Ready."""
+PROBED = (*PLACEMENT_ATTACKS, *INSTALL_PROBED)
 """The phases whose victim probe also runs in the control phase, the victim alone."""
 ATTACKS = (
     "unproven-gpu-mem", "squat-model-id", "grpc-bomb", "rest-bomb", "install-streams",
     "gpu-growth", "agent-messages", "flood", "stream-flood", "slow-senders", "connections",
+    "many-pods", "load-hog", "disk-filler", "crash",
 )  # fmt: skip
-"""The issue's seven attacks in its order (their numbers in the table), then the three more."""
+"""The issue's seven attacks in its order (their numbers in the table), then the others."""
 NUMBERS = {name: str(i + 1) for i, name in enumerate(ATTACKS[:7])}
 ORDER = (
-    "unproven-gpu-mem", "squat-model-id", "install-streams", "gpu-growth", "flood",
-    "stream-flood", "slow-senders", "connections", "grpc-bomb", "rest-bomb", "agent-messages",
+    "unproven-gpu-mem", "squat-model-id", "install-streams", "load-hog", "disk-filler",
+    "gpu-growth", "many-pods", "flood", "stream-flood", "slow-senders", "connections",
+    "grpc-bomb", "rest-bomb", "agent-messages", "crash",
 )  # fmt: skip
 """The order they run in: those that may leave a process's memory grown (glibc keeps what it
-once held) last, so they do not colour the phases after them."""
+once held) late, so they do not colour the phases after them, and the crash last (Triton
+restarts, every model is loaded again)."""
+ADD_ONE_BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+).encode()
+"""A REST infer request for add_one."""
 IDLE = "import time; time.sleep(600)"
 """What an attacker's placeholder container runs: nothing, for at most 10 minutes."""
 
 
-def deploy_limits(path: Path = DAEMONSET) -> dict[str, int]:
-    """Memory limit in bytes of the triton, agent and gateway containers of the node pod."""
-    for doc in yaml.safe_load_all(path.read_text()):
-        if doc and doc.get("kind") == "DaemonSet":
-            containers = doc["spec"]["template"]["spec"]["containers"]
-            return {
-                c["name"]: parse_quantity(c["resources"]["limits"]["memory"], what=c["name"])
-                for c in containers
-                if c["name"] in PARTS
-            }
-    raise ValueError(f"{path} has no DaemonSet")
+def deploy_limits(path: Path = DAEMONSET, model: Path = MODEL_DEPLOYMENT) -> dict[str, int]:
+    """Memory limit in bytes of the triton, agent and gateway containers of the node pod, and
+    of the proxy container of the example model Deployment."""
+    limits: dict[str, int] = {}
+    for source, kind, names in ((path, "DaemonSet", NODE_PARTS), (model, "Deployment", ("proxy",))):
+        docs = [d for d in yaml.safe_load_all(source.read_text()) if d and d.get("kind") == kind]
+        if not docs:
+            raise ValueError(f"{source} has no {kind}")
+        limits |= {
+            c["name"]: parse_quantity(c["resources"]["limits"]["memory"], what=c["name"])
+            for c in docs[0]["spec"]["template"]["spec"]["containers"]
+            if c["name"] in names
+        }
+    return limits
 
 
 # ---- models ----------------------------------------------------------------------------------
@@ -179,8 +214,10 @@ def _parameter(name: str, value: str) -> str:
 def write_models(directory: Path, args: argparse.Namespace) -> dict[str, Path]:
     """The benchmark's model sources: add_one; `grower`, which occupies 512Mi of GPU memory
     and `--growth` more from `--growth-after` seconds after it is READY; `slow`, which occupies
-    512Mi and takes `--load-seconds` to load. Each config's name is its directory's, which the
-    storage initializer renames to the pod's model id."""
+    512Mi and takes `--load-seconds` to load; `crasher`, whose load kills Triton
+    (`benchmarks.crash_quarantine`'s); `big`, add_one with `--disk-model-mib` of weights. Each
+    config's name is its directory's, which the storage initializer renames to the pod's model
+    id."""
     source = ROOT / "tests" / "models" / "add_one"
     made = {}
     for name in ("add_one", "grower", "slow"):
@@ -195,6 +232,14 @@ def write_models(directory: Path, args: argparse.Namespace) -> dict[str, Path]:
             (target / "1" / "model.py").write_text(_SLOW_MODEL.format(seconds=args.load_seconds))
         (target / "config.pbtxt").write_text(config)
         made[name] = target
+    made["crasher"] = crashing_model(directory, "crasher", killer=True)
+    made["big"] = target = directory / "big"
+    shutil.copytree(source, target)
+    config = (source / "config.pbtxt").read_text().replace('name: "add_one"', 'name: "big"')
+    (target / "config.pbtxt").write_text(config)
+    with (target / "1" / "weights.bin").open("wb") as weights:
+        for _ in range(args.disk_model_mib):
+            weights.write(os.urandom(MIB))  # incompressible, as weights are
     return made
 
 
@@ -222,6 +267,7 @@ class Bench:
     victim_ports: PodPorts = field(default_factory=lambda: PodPorts(0, 0, 0))
     controls: dict[str, Outcome] = field(default_factory=dict)
     """The victim's probes without an attacker ("placement", "install"), to read beside."""
+    keeper: Keeper | None = None
 
     @property
     def core(self) -> Any:
@@ -492,8 +538,26 @@ def install_victim(bench: Bench, model: str, name: str = "victim-new") -> Outcom
 # ---- memory of the node pod's processes ------------------------------------------------------
 
 
+SINGLE = ("gateway", "agent", "proxy")
+"""The parts that are one process (Triton is a tree: the server and its backend stubs)."""
+
+
+def listener(address: str, port: int) -> int:
+    """The process listening on `address:port` (a model pod's proxy, found by its socket)."""
+    for connection in psutil.net_connections("tcp"):
+        if (
+            connection.status == psutil.CONN_LISTEN
+            and connection.laddr
+            and (connection.laddr.ip, connection.laddr.port) == (address, port)
+            and connection.pid
+        ):
+            return int(connection.pid)
+    raise RuntimeError(f"no process listens on {address}:{port}")
+
+
 class Sampler:
-    """RSS of the gateway, the agent and Triton's process tree, sampled in a thread."""
+    """RSS of the gateway, the agent, Triton's process tree and the victim's proxy, sampled in
+    a thread."""
 
     def __init__(self, pids: dict[str, int], period: float) -> None:
         self.pids = pids
@@ -510,11 +574,14 @@ class Sampler:
         self._thread.join(10)
 
     def _run(self) -> None:
-        processes = {part: psutil.Process(pid) for part, pid in self.pids.items()}
+        processes: dict[str, psutil.Process] = {}
         while not self._stop.wait(self.period):
             sample = {}
-            for part, process in processes.items():
+            for part, pid in self.pids.items():
                 try:
+                    process = processes.get(part)
+                    if process is None or process.pid != pid:  # a restarted Triton: follow it
+                        process = processes[part] = psutil.Process(pid)
                     tree = (
                         [process, *process.children(recursive=True)]
                         if part == "triton"
@@ -534,13 +601,13 @@ class Sampler:
 
     def reset_high_water(self) -> None:
         """Reset the kernel's peak RSS of the single-process parts (proc(5) clear_refs 5)."""
-        for part in ("gateway", "agent"):
+        for part in SINGLE:
             with contextlib.suppress(OSError):
                 Path(f"/proc/{self.pids[part]}/clear_refs").write_text("5")
 
     def high_water(self) -> dict[str, int]:
         found = {}
-        for part in ("gateway", "agent"):
+        for part in SINGLE:
             with contextlib.suppress(OSError, ValueError):
                 for line in Path(f"/proc/{self.pids[part]}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
@@ -549,6 +616,37 @@ class Sampler:
 
     def alive(self) -> dict[str, bool]:
         return {part: psutil.pid_exists(pid) for part, pid in self.pids.items()}
+
+
+class Keeper:
+    """Restarts the node's Triton as soon as it exits, as the kubelet restarts a crashed
+    container, and remembers when (monotonic seconds, once it runs again); the sampler follows
+    the new process."""
+
+    def __init__(self, cluster: SimCluster, sampler: Sampler, period: float = 0.05) -> None:
+        self.cluster = cluster
+        self.sampler = sampler
+        self.period = period
+        self.restarts: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="triton-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            triton = self.cluster.triton
+            if triton is None or not triton.exited():
+                continue
+            triton.restart()
+            assert triton.process is not None
+            self.sampler.pids["triton"] = triton.process.pid
+            self.restarts.append(time.monotonic())
 
 
 # ---- phases ----------------------------------------------------------------------------------
@@ -568,6 +666,8 @@ class Phase:
     others: float = 0.0
     """CPU cores that processes outside this benchmark used meanwhile (other work on a shared
     box: read a bad p99 beside it)."""
+    restarts: list[float] = field(default_factory=list)
+    """When Triton ran again after each of its exits in the phase (monotonic seconds)."""
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -650,6 +750,7 @@ def run_phase(
     end = time.monotonic()
     busy_after, ours_after = cpu_seconds()
     others = max((busy_after - busy) - (ours_after - ours), 0.0) / (end - start)
+    restarts = [t for t in bench.keeper.restarts if start <= t < end] if bench.keeper else []
     peaks = sampler.peaks(start, end)
     for part, high in sampler.high_water().items():
         peaks[part] = max(peaks.get(part, 0), high)
@@ -659,7 +760,16 @@ def run_phase(
             outcome = item
         elif isinstance(item, str):
             attacker = item
-    return Phase(name, start, end, peaks, first, sampler.alive(), outcome, attacker, others)
+    print(
+        f"   {end - start:.0f} s; Triton restarts {len(restarts)}; peak MiB "
+        + ", ".join(f"{part} {peaks.get(part, 0) / MIB:.0f}" for part in PARTS)
+        + (f"; victim: {outcome.text}" if outcome else "")
+        + (f"; attacker: {attacker}" if attacker else ""),
+        flush=True,
+    )
+    return Phase(
+        name, start, end, peaks, first, sampler.alive(), outcome, attacker, others, restarts
+    )
 
 
 def attack(bench: Bench, kind: str, **fields: Any) -> str:
@@ -818,6 +928,145 @@ def _mib(value: int | None) -> str:
     return "nothing" if value is None else f"{value / MIB:.0f} MiB"
 
 
+def wait_ready(bench: Bench, namespace: str, names: list[str], timeout: float) -> dict[str, str]:
+    """Wait up to `timeout` seconds until each pod is Ready or its loader failed; per pod,
+    "ready" or why not."""
+    states: dict[str, str] = {}
+
+    def settled() -> bool:
+        for name in names:
+            pod = bench.pod(namespace, name)
+            if condition(pod, "Ready").get("status") == "True":
+                states[name] = "ready"
+            else:
+                states[name] = init_failure(pod) or "not Ready"
+        return all(state != "not Ready" for state in states.values())
+
+    poll(settled, timeout, 0.25)
+    return states
+
+
+@contextlib.contextmanager
+def crowd_pods(bench: Bench) -> Iterator[list[tuple[str, str]]]:
+    """--crowd-pods small model pods of the attacker's namespace on the shared node, Ready
+    (made before the phase: their loads are not the attack); (address, model id) of each."""
+    names = [f"crowd-{i}" for i in range(bench.args.crowd_pods)]
+    try:
+        for i, name in enumerate(names):
+            bench.model_pod(ATTACKER, name, f"crowd_{i}", "add_one", "256Mi", node=NODE)
+        states = wait_ready(bench, ATTACKER, names, 180)
+        pods = [(bench.pod(ATTACKER, n) or {}, f"crowd_{i}") for i, n in enumerate(names)]
+        yield [
+            (str(pod["status"]["podIP"]), model)
+            for (pod, model), name in zip(pods, names, strict=True)
+            if states.get(name) == "ready"
+        ]
+    finally:
+        bench.delete(ATTACKER, *names)
+
+
+def many_pods(bench: Bench, crowd: list[tuple[str, str]]) -> str:
+    """The crowd floods, each pod its own model straight at the gateway with
+    --crowd-concurrency connections of back-to-back requests (`benchmarks.namespace_share`'s
+    senders), for --seconds; the attacker's summary."""
+    if not crowd:
+        return "none of the crowd's pods was Ready: not measured"
+    assert bench.cluster.gateway is not None
+    url = f"127.0.0.1:{bench.cluster.gateway.http}"
+    senders = [
+        Sender(url, address, bench.args.crowd_concurrency, ADD_ONE_BODY, model=model)
+        for address, model in crowd
+    ]
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        for sender in senders:
+            stack.enter_context(sender)
+        time.sleep(bench.args.seconds)
+    took = time.monotonic() - started
+    answers = sum(len(sender.latencies) for sender in senders)
+    errors = sum(sender.errors for sender in senders)
+    return (
+        f"{len(crowd)} pods x {bench.args.crowd_concurrency} connections: {answers} answers "
+        f"({answers / took:.0f}/s), {errors} errors"
+    )
+
+
+def load_hog(bench: Bench) -> tuple[Outcome, str]:
+    """--hog-loads attacker pods whose models each take --load-seconds to load fill the GPU's
+    load queue; meanwhile the victim installs and loads a new model of its own."""
+    names = [f"slow-{i}" for i in range(bench.args.hog_loads)]
+    try:
+        for i, name in enumerate(names):
+            bench.model_pod(ATTACKER, name, f"slow_{i}", "slow", "512Mi", node=NODE)
+        time.sleep(1)  # the attacker's loads are queued first
+        outcome = install_victim(bench, "victim_new_2")
+        states = wait_ready(bench, ATTACKER, names, 0)
+        ready = sum(state == "ready" for state in states.values())
+        return outcome, (
+            f"{len(names)} pods whose loads take {bench.args.load_seconds:g} s each; {ready} "
+            "of them Ready when the victim's probe ended"
+        )
+    finally:
+        bench.delete(ATTACKER, *names)
+
+
+def disk_filler(bench: Bench) -> tuple[Outcome, str]:
+    """--disk-pods attacker pods, each installing --disk-model-mib of weights on the shared
+    node (past the agent's --max-installed-bytes-per-namespace), then the victim installs and
+    loads a new model of its own."""
+    args = bench.args
+    names = [f"big-{i}" for i in range(args.disk_pods)]
+    try:
+        for i, name in enumerate(names):
+            bench.model_pod(ATTACKER, name, f"big_{i}", "big", "256Mi", node=NODE)
+        states = wait_ready(bench, ATTACKER, names, args.outcome_timeout + 45)
+        outcome = install_victim(bench, "victim_new_3")
+        ready = sum(state == "ready" for state in states.values())
+        refused = [state for state in states.values() if state != "ready"]
+        return outcome, (
+            f"{ready} of {len(names)} pods of {args.disk_model_mib} MiB installed (the "
+            f"namespace's bound: {args.disk_per_namespace})"
+            + (f"; the others: {refused[0][:160]}" if refused else "")
+        )
+    finally:
+        bench.delete(ATTACKER, *names)
+
+
+def crash(bench: Bench) -> tuple[Outcome, str]:
+    """An attacker pod whose model's load kills Triton (`benchmarks.crash_quarantine`'s). Is
+    it quarantined after --quarantine-after crashes, and does the victim's model come back?
+    (How soon the victim is served again is read from its requests, in `summarize`.)"""
+    args = bench.args
+    first = len(bench.keeper.restarts) if bench.keeper else 0
+    bench.model_pod(ATTACKER, "crasher", "crasher", "crasher", "256Mi", node=NODE)
+    try:
+
+        def quarantined() -> bool:
+            return any(e.startswith(CRASHED_REASON) for e in bench.events(ATTACKER, "crasher"))
+
+        started = time.monotonic()
+        caught = poll(quarantined, args.crash_seconds, 0.25)
+        took = time.monotonic() - started
+
+        def victim_ready() -> bool:
+            return any(
+                VICTIM_MODEL in name and state == "READY"
+                for name, state in bench.triton_states().items()
+            )
+
+        poll(victim_ready, 30, 0.1)
+        time.sleep(3)  # the victim's requests after its model came back tell it stays served
+        crashes = len(bench.keeper.restarts) - first if bench.keeper else 0
+        text = (
+            f"the crasher quarantined after {crashes} Triton restarts ({took:.1f} s)"
+            if caught
+            else f"the crasher NOT quarantined in {took:.0f} s ({crashes} Triton restarts)"
+        )
+        return Outcome(bool(caught), text), f"a model whose load kills Triton, {crashes} times"
+    finally:
+        bench.delete(ATTACKER, "crasher")
+
+
 # ---- the run ---------------------------------------------------------------------------------
 
 
@@ -845,12 +1094,12 @@ def setup(bench: Bench) -> None:
 def phases(bench: Bench, sampler: Sampler) -> list[Phase]:
     args = bench.args
     done = [run_phase(bench, sampler, "alone", lambda: None, args.alone_seconds)]
-    if {"unproven-gpu-mem", "squat-model-id", "install-streams"} & set(args.attacks):
+    if set(PROBED) & set(args.attacks):
 
         def control() -> Outcome:
             if set(PLACEMENT_ATTACKS) & set(args.attacks):
                 bench.controls["placement"] = place_replica(bench)
-            if "install-streams" in args.attacks:
+            if set(INSTALL_PROBED) & set(args.attacks):
                 bench.controls["install"] = install_victim(bench, "victim_new_0")
             probes = list(bench.controls.values())
             return Outcome(all(p.ok for p in probes), "; ".join(p.text for p in probes))
@@ -879,9 +1128,15 @@ def phases(bench: Bench, sampler: Sampler) -> list[Phase]:
         "stream-flood": lambda: attack(bench, "stream-flood", max_count=args.stream_requests),
         "slow-senders": lambda: attack(bench, "slow-senders", connections=args.slow_senders),
         "connections": lambda: attack(bench, "connections", connections=args.connections),
+        "load-hog": lambda: load_hog(bench),
+        "disk-filler": lambda: disk_filler(bench),
+        "crash": lambda: crash(bench),
     }  # fmt: skip
     for name in ORDER:
-        if name in args.attacks:
+        if name == "many-pods" and name in args.attacks:
+            with crowd_pods(bench) as crowd:
+                done.append(run_phase(bench, sampler, name, partial(many_pods, bench, crowd)))
+        elif name in args.attacks:
             done.append(run_phase(bench, sampler, name, bodies[name]))
     time.sleep(3)  # what the last attack left (pods stopping, models unloading) settles first
     done.append(run_phase(bench, sampler, "alone again", lambda: None, args.alone_seconds))
@@ -902,6 +1157,10 @@ class Run:
     limits: dict[str, int]
     controls: dict[str, Outcome]
     seconds: float
+    quarantine_after: int = 2
+    """Triton's exits the crash phase may cost before its crasher is quarantined."""
+    served_within: float = 15.0
+    """Seconds after Triton's last restart within which the victim must be served again."""
 
 
 @dataclass(frozen=True)
@@ -925,10 +1184,22 @@ class Row:
     where the victim did the same alone and that was slower than alone."""
     judged_ratio: float = float("nan")
     """p99 over the p99 of `judged_against`."""
+    served_again: float | None = None
+    """Seconds from Triton's last restart in the phase until the victim's first answer after
+    which none of its requests in the phase failed; None: no restart, or never."""
 
     @property
     def judged(self) -> bool:
         return self.phase.name not in ("alone", "control")
+
+
+def served_again(records: list[Record], restart: float, end: float) -> float | None:
+    """Seconds from `restart` until the end of the victim's first successful request due after
+    it from which on none due before `end` failed (None: the last one failed)."""
+    after = sorted(r for r in records if restart <= r[0] < end)
+    last_error = max((i for i, r in enumerate(after) if r[2]), default=-1)
+    good = after[last_error + 1 :]
+    return good[0][0] + good[0][1] - restart if good else None
 
 
 def summarize(run: Run) -> list[Row]:
@@ -967,10 +1238,26 @@ def summarize(run: Run) -> list[Row]:
         if phase.name in PROBED and control_p99 == control_p99:
             against, judged = "control", p99 / control_p99
         missed = []
-        if not judged <= 2.0:
-            missed.append(f"p99 {judged:.1f}x {against}")
-        if errors:
-            missed.append(f"{len(errors)} victim errors")
+        back = None
+        if phase.name == "crash":
+            # Triton's exits cost every model its answers: the target is how few and how short.
+            if phase.restarts:
+                back = served_again(run.records, phase.restarts[-1], phase.end)
+            if len(phase.restarts) > run.quarantine_after:
+                missed.append(f"{len(phase.restarts)} Triton restarts")
+            if back is None or back > run.served_within:
+                missed.append(
+                    "victim not served again"
+                    if back is None
+                    else f"victim served again {back:.1f} s after Triton's restart"
+                )
+        else:
+            if not judged <= 2.0:
+                missed.append(f"p99 {judged:.1f}x {against}")
+            if errors:
+                missed.append(f"{len(errors)} victim errors")
+            if phase.restarts:
+                missed.append(f"{len(phase.restarts)} Triton restarts")
         for part in PARTS:
             if phase.peaks.get(part, 0) >= run.limits[part]:
                 before = phase.first.get(part, 0) >= run.limits[part]
@@ -989,6 +1276,7 @@ def summarize(run: Run) -> list[Row]:
             missed,
             against,
             judged,
+            back,
         )
         rows.append(replace(row, missed=[]) if not row.judged else row)
     return rows
@@ -996,13 +1284,16 @@ def summarize(run: Run) -> list[Row]:
 
 def report(run: Run, rows: list[Row]) -> None:
     """The table, with a line of details under a phase where there is more to say."""
-    probe = {name: "placement" for name in PLACEMENT_ATTACKS} | {"install-streams": "install"}
+    probe = {name: "placement" for name in PLACEMENT_ATTACKS}
+    probe |= {name: "install" for name in INSTALL_PROBED}
     print()
     print(
         f"{'phase':<20}{'s':>5}{'others':>7}{'requests':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99 x':>7}"
-        f"{'errors':>7}" + "".join(f"{part + ' MiB':>13}" for part in PARTS) + "  target"
+        f"{'errors':>7}{'restarts':>9}"
+        + "".join(f"{part + ' MiB':>13}" for part in PARTS)
+        + "  target"
     )
-    print(f"{'deploy limit':<73}" + "".join(f"{run.limits[p] / MIB:>13.0f}" for p in PARTS))
+    print(f"{'deploy limit':<82}" + "".join(f"{run.limits[p] / MIB:>13.0f}" for p in PARTS))
     for row in rows:
         phase = row.phase
         verdict = (
@@ -1014,6 +1305,7 @@ def report(run: Run, rows: list[Row]) -> None:
             f"{NUMBERS.get(phase.name, ' ') + ' ' + phase.name:<20}"
             f"{phase.end - phase.start:>5.0f}{phase.others:>7.2f}{row.requests:>9}"
             f"{1e3 * row.p50:>9.1f}{1e3 * row.p99:>9.1f}{row.ratio:>7.2f}{len(row.errors):>7}"
+            f"{len(phase.restarts):>9}"
             + "".join(f"{phase.peaks.get(p, 0) / MIB:>13.0f}" for p in PARTS)
             + f"  {verdict}"
         )
@@ -1024,6 +1316,12 @@ def report(run: Run, rows: list[Row]) -> None:
             print(line)
         if phase.attacker:
             print(f"{'':22}attacker: {phase.attacker}")
+        if phase.restarts:
+            back = "never" if row.served_again is None else f"{row.served_again:.1f} s"
+            print(
+                f"{'':22}Triton restarted {len(phase.restarts)} times; the victim served again "
+                f"{back} after the last restart (target {run.served_within:g} s)"
+            )
         if row.errors:
             when = ", ".join(f"{t:.1f}" for t in row.error_times[:6])
             print(
@@ -1069,6 +1367,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=200_000,
         help="most requests the stream flood sends on its one stream",
     )
+    add("--crowd-pods", type=int, default=7, help="the attacker's pods of many-pods")
+    add("--crowd-concurrency", type=int, default=4, help="connections of each crowd pod")
+    add("--hog-loads", type=int, default=3, help="attacker pods of --load-seconds loads (load-hog)")
+    add("--disk-pods", type=int, default=5, help="attacker pods of --disk-model-mib (disk-filler)")
+    add("--disk-model-mib", type=int, default=64, help="weights of each disk-filler model")
+    add("--disk-per-namespace", default="192Mi",
+        help="the agent's --max-installed-bytes-per-namespace")  # fmt: skip
+    add("--quarantine-after", type=int, default=2, help="the agent's --crash-quarantine-after")
+    add("--crash-seconds", type=float, default=60.0,
+        help="the longest the crash phase waits for the crasher's quarantine")  # fmt: skip
+    add(
+        "--served-within", type=float, default=15.0,
+        help="target: seconds from Triton's last restart until the victim is served again"
+    )  # fmt: skip
     add("--sample-ms", type=float, default=20.0, help="RSS sampling period")
     add("--full-size", action="store_true",
         help="the issue's sizes: --bomb-mib 1024 --agent-mib 60 (3 GiB more, briefly)")  # fmt: skip
@@ -1134,6 +1446,8 @@ def run_benchmark(args: argparse.Namespace) -> Run:
         cpu_shares=args.kubelet_cpu,
     )
     cluster.env["TRITONSHARE_GPU_MEM_ENFORCEMENT"] = args.gpu_mem_enforcement
+    cluster.env["TRITONSHARE_CRASH_QUARANTINE_AFTER"] = str(args.quarantine_after)
+    cluster.env["TRITONSHARE_MAX_INSTALLED_BYTES_PER_NAMESPACE"] = args.disk_per_namespace
     started = time.monotonic()
     try:
         with cluster:
@@ -1150,11 +1464,13 @@ def run_benchmark(args: argparse.Namespace) -> Run:
                 f"and gRPC in turn; attacker {ATTACKER}/{ATTACKER_MODEL} at {bench.attacker_ip}",
                 flush=True,
             )
-            sampler = Sampler(
-                {"gateway": gateway.pid, "agent": agent.pid, "triton": cluster.triton.process.pid},
-                args.sample_ms / 1e3,
-            )
+            pids = {"gateway": gateway.pid, "agent": agent.pid}
+            pids["triton"] = cluster.triton.process.pid
+            pids["proxy"] = listener(bench.victim_ip, bench.victim_ports.http)
+            sampler = Sampler(pids, args.sample_ms / 1e3)
             sampler.start()
+            bench.keeper = Keeper(cluster, sampler)
+            bench.keeper.start()
             plan = VictimPlan(
                 f"{bench.victim_ip}:{bench.victim_ports.http}",
                 f"{bench.victim_ip}:{bench.victim_ports.grpc}",
@@ -1168,8 +1484,17 @@ def run_benchmark(args: argparse.Namespace) -> Run:
                 done = phases(bench, sampler)
             finally:
                 records = [tuple(r) for r in victim.finish(60) or []]
+                bench.keeper.stop()
                 sampler.stop()
-            return Run(done, records, limits, bench.controls, time.monotonic() - started)
+            return Run(
+                done,
+                records,
+                limits,
+                bench.controls,
+                time.monotonic() - started,
+                args.quarantine_after,
+                args.served_within,
+            )
     except BaseException:
         if not keep:
             print(f"The run failed; every process's log is kept in {workdir / 'logs'}.")

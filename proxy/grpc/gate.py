@@ -155,7 +155,8 @@ class StreamGate:
 
     def answered(self, stream: Stream, requests: int) -> None:
         """Triton's answers ended `requests` of the stream's request messages: the slots past
-        those still in flight go back (to the oldest waiter first). A stream keeps one while it
+        those still in flight go back (to the oldest waiter first, or, under the node's budget,
+        to the namespace's pods in turn). A stream keeps one while it
         is open, so a stream holding answers its tenant has not read counts, as it did when a
         stream counted once: the pod's streams holding anything are at most its limit and
         queue (`gateway.budget`)."""

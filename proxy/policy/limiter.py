@@ -4,7 +4,9 @@ A request takes a slot (`acquire`) before it is forwarded and gives it back (`re
 answer is complete. With the limit reached, a request waits in a FIFO queue of bounded size for at
 most the queue timeout; a full queue or a timeout refuses it at once with a clear message, which
 the transports answer as 503 / RESOURCE_EXHAUSTED. A freed slot is handed straight to the oldest
-waiter, so a newcomer can never overtake the queue.
+waiter, so a newcomer can never overtake the queue. Under the gateway's node budget a slot also
+belongs to the pod's namespace (`policy.inflight`): a freed one goes back to it, and it hands it
+to its pods in turn (`grant`), a pod's oldest waiter first.
 
 It also integrates the requests it holds over time (request-seconds), each from its arrival to
 its end, whether in flight or waiting for a slot, as Knative's queue-proxy counts concurrency:
@@ -37,6 +39,16 @@ class NodeBudget(Protocol):
 
     def woke(self, limiter: Limiter) -> None:
         """`limiter`'s pod starts sending: its limit may change before it takes a slot."""
+
+    def take(self, limiter: Limiter) -> bool:
+        """One of the slots of `limiter`'s namespace, if one is free and none of its pods
+        waits for one (False: `limiter` must queue)."""
+
+    def waiting(self, limiter: Limiter) -> None:
+        """`limiter` has a request queued: it takes a turn at its namespace's next free slot."""
+
+    def released(self, limiter: Limiter) -> None:
+        """`limiter` gave a slot back: its namespace hands it to its pods in turn."""
 
 
 class Sleeper(Protocol):
@@ -129,6 +141,8 @@ class Limiter:
         if residency is not None and residency.asleep:
             return False  # `acquire` wakes the model first
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
+            if self.node is not None and not self.node.take(self):
+                return False
             now = self._clock()
             self.last = now
             self._starts += now
@@ -163,6 +177,8 @@ class Limiter:
         self._waiters.append(waiter)
         self._starts += self._clock()  # a waiting request counts from its arrival
         self.held += 1
+        if self.node is not None:
+            self.node.waiting(self)
         try:
             async with asyncio.timeout(self.queue_timeout):
                 await waiter
@@ -184,7 +200,13 @@ class Limiter:
 
     def release(self) -> None:
         """Give a slot back, handing it to the oldest waiter if there is one (and the limit,
-        which may have shrunk meanwhile, still has room for it)."""
+        which may have shrunk meanwhile, still has room for it). Under a node budget the slot
+        goes back to the pod's namespace instead, which hands it to its pods in turn."""
+        if self.node is not None:
+            self.in_flight -= 1
+            self._left(self._clock())
+            self.node.released(self)
+            return
         while self._waiters and (self.limit == 0 or self.in_flight <= self.limit):
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -202,9 +224,25 @@ class Limiter:
         if now >= self._next_checkpoint:
             self._account(now)
 
+    def grant(self) -> bool:
+        """Hand a slot of the namespace to the oldest live waiter, if the pod's own limit has
+        room for it (False: it took nothing)."""
+        if self.limit and self.in_flight >= self.limit:
+            return False
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.in_flight += 1  # held since it arrived: counted then
+                waiter.set_result(None)
+                return True
+        return False
+
     def set_limit(self, limit: int) -> None:
-        """Change the limit (0: none); room it opens goes to the oldest waiters at once."""
+        """Change the limit (0: none); room it opens goes to the oldest waiters at once (under
+        a node budget, when its namespace next deals its slots)."""
         self.limit = limit
+        if self.node is not None:
+            return
         while self._waiters and (limit == 0 or self.in_flight < limit):
             waiter = self._waiters.popleft()
             if waiter.done():

@@ -17,11 +17,12 @@ import grpc
 import kubernetes.client
 import pytest
 
+from agent.quarantine import Marker
 from agent.triton import READY
 from binder.cli import main as cli
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
-from sim.triton import TritonServer
+from sim.triton import TritonServer, free_port
 from tests.agent.conftest import (
     NODE,
     StartAgent,
@@ -306,3 +307,59 @@ async def test_a_model_that_kills_triton_just_after_its_load_is_quarantined_too(
         passes = running.agent.reconciler.passes
         await eventually(lambda: running.agent.reconciler.passes >= passes + 3, what="passes")
         assert len(restarts) == 2, "not loaded again"
+
+
+async def test_a_load_that_never_reached_triton_is_not_counted_as_a_crash(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """After another tenant's model took Triton down, the agent loads the node's models again
+    while Triton starts: its gRPC port may refuse them (or the agent's channel fail fast in its
+    reconnect backoff) while its HTTP index already answers. Such a load never reached Triton,
+    so nothing of it can have crashed Triton: counting it would quarantine the victim's own
+    model for the attacker's crash. Here Triton's gRPC port is one nobody listens on."""
+    running = await start_custom_agent(
+        crash_quarantine_after=2, triton_grpc_url=f"127.0.0.1:{free_port()}"
+    )
+    gpu = running.mock.gpus[0].uuid
+    source = copy_model("add_one", tmp_path / "src", as_name="victim")
+    token = await deploy(apiserver, kube_api, running.stub, gpu, source, "victim")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="victim"), metadata=bearer(token)
+        )
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    passes = running.agent.reconciler.passes
+    # Passes that find the model not loaded and no load in flight (and try it again).
+    await eventually(lambda: running.agent.reconciler.passes >= passes + 2, what="two passes")
+    assert running.agent.crashes.records() == []
+    assert condition(kube_api, "victim-pod")[1] != "ModelCrashedTriton"
+
+
+async def test_a_load_triton_died_under_counts_when_its_pod_asks_again_before_any_pass(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """A crashing pod's loader asks for its load again as soon as Triton is back, before any
+    reconcile pass finds Triton up with no load under way: the load Triton died under (its
+    marker left over) counts then, so the pod cannot take Triton down again and again without
+    ever being counted. Here the marker is left as a load Triton died under leaves it."""
+    running = await start_custom_agent(crash_quarantine_after=1, resync_seconds=3600)
+    gpu = running.mock.gpus[0].uuid
+    source = copy_model("add_one", tmp_path / "src", as_name="crashy")
+    token = await deploy(apiserver, kube_api, running.stub, gpu, source, "crashy")
+    name = name_in_triton(kube_api, "crashy-pod", "crashy")
+    owned = running.agent.owners.get(name)
+    assert owned is not None
+    running.agent.crashes.loading(Marker(name, owned.digest, "crashy", "default/crashy-pod"))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="crashy"), metadata=bearer(token)
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "quarantined" in (refused.value.details() or "")
+    assert [r.crashes for r in running.agent.crashes.records()] == [1]

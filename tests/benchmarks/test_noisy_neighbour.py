@@ -1,6 +1,7 @@
 """benchmarks/noisy_neighbour.py keeps running: its payloads are what they claim, it sends only
 to loopback, it judges phases against the victim alone, and one short run on the simulated
-cluster (one cheap attack, tiny sizes) measures every figure it prints and leaves nothing behind.
+cluster (two cheap attacks, tiny sizes) measures every figure it prints and leaves nothing
+behind; the crash phase's verdict is checked on recorded figures.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,7 @@ def test_nothing_is_sent_outside_loopback() -> None:
 
 def test_the_limits_are_read_from_the_manifest(tmp_path: Path) -> None:
     real = bench.deploy_limits()
-    assert set(real) == {"gateway", "agent", "triton"}
+    assert set(real) == {"gateway", "agent", "triton", "proxy"}
     docs = list(yaml.safe_load_all(bench.DAEMONSET.read_text()))
     for doc in docs:
         if doc and doc.get("kind") == "DaemonSet":
@@ -60,10 +62,13 @@ def test_the_limits_are_read_from_the_manifest(tmp_path: Path) -> None:
     assert bench.deploy_limits(edited)["gateway"] == real["gateway"]
 
 
-def _phase(name: str, start: float, peak: int = 0, first: int = 0) -> bench.Phase:
+def _phase(
+    name: str, start: float, peak: int = 0, first: int = 0, restarts: tuple[float, ...] = ()
+) -> bench.Phase:
     peaks = {part: peak for part in bench.PARTS}
     firsts = {part: first for part in bench.PARTS}
-    return bench.Phase(name, start, start + 10, peaks, firsts, dict.fromkeys(bench.PARTS, True))
+    alive = dict.fromkeys(bench.PARTS, True)
+    return bench.Phase(name, start, start + 10, peaks, firsts, alive, restarts=list(restarts))
 
 
 def test_each_attack_is_judged_against_the_victim_alone() -> None:
@@ -109,30 +114,34 @@ def test_a_short_run_measures_every_figure(
     triton_install: TritonInstall, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tiny = {
-        "--attacks": "grpc-bomb,connections",
+        "--attacks": "grpc-bomb,many-pods",
         "--seconds": "1",
         "--alone-seconds": "1.5",
         "--rate": "20",
         "--bomb-mib": "1",
         "--bombs": "1",
         "--bomb-count": "1",
-        "--connections": "8",
+        "--crowd-pods": "1",
+        "--crowd-concurrency": "1",
         "--sample-ms": "50",
     }
     args = bench.parse([part for flag in tiny.items() for part in flag])
     run = bench.run_benchmark(args)
     rows = bench.summarize(run)
-    assert [row.phase.name for row in rows] == ["alone", "connections", "grpc-bomb", "alone again"]
+    assert [row.phase.name for row in rows] == ["alone", "many-pods", "grpc-bomb", "alone again"]
     for row in rows:
         assert row.requests > 0, f"no victim request in phase {row.phase.name}"
         assert all(row.phase.peaks[part] > 0 for part in bench.PARTS), row.phase.peaks
         assert all(row.phase.alive.values())
+        assert row.phase.restarts == []
     attacks = {row.phase.name: row.phase.attacker for row in rows}
     assert attacks["grpc-bomb"].startswith("sent 1;"), attacks["grpc-bomb"]
-    assert attacks["connections"].startswith("sent 8;"), attacks["connections"]
+    crowd = attacks["many-pods"]
+    assert crowd.startswith("1 pods x 1 connections: ") and crowd.endswith(" 0 errors"), crowd
+    assert int(crowd.split(": ")[1].split()[0]) > 0, "the crowd's pod was not answered"
     bench.report(run, rows)
     table = capsys.readouterr().out
-    assert "deploy limit" in table and "3 grpc-bomb" in table
+    assert "deploy limit" in table and "3 grpc-bomb" in table and "restarts" in table
 
 
 def test_a_phase_where_the_victim_acts_is_judged_against_it_doing_the_same_alone() -> None:
@@ -165,3 +174,37 @@ def test_a_phase_where_the_victim_acts_is_judged_against_it_doing_the_same_alone
         row.phase.name: row for row in bench.summarize(bench.Run(phases, records, limits, {}, 40))
     }
     assert rows["install-streams"].missed == ["p99 2.7x alone"]
+
+
+def test_the_crash_is_judged_by_restarts_and_how_soon_the_victim_is_served_again() -> None:
+    """The crash phase's victim errors are the crash's cost, not a miss: it is judged by Triton's
+    restarts (at most --quarantine-after), the crasher's quarantine, and the time from the last
+    restart until the victim's first answer after which none of its requests failed. Any other
+    phase where Triton restarted misses its target."""
+    limits = dict.fromkeys(bench.PARTS, 1000)
+    quarantined = bench.Outcome(True, "the crasher quarantined after 2 Triton restarts")
+    crash = replace(_phase("crash", 10, restarts=(12.0, 15.0)), outcome=quarantined)
+    phases = [_phase("alone", 0), crash, _phase("flood", 20, restarts=(25.0,))]
+    records: list[tuple[float, float, str]] = [(i / 10, 0.010, "") for i in range(100)]
+    # Errors around each restart; after the last, the victim fails until 19.0 s, then is served.
+    records += [
+        (10 + i / 10, 0.010, "unavailable" if 11 <= 10 + i / 10 < 19 else "") for i in range(100)
+    ]
+    records += [(20 + i / 10, 0.010, "") for i in range(100)]
+    run = bench.Run(phases, records, limits, {}, 30, quarantine_after=2, served_within=15.0)
+    rows = {row.phase.name: row for row in bench.summarize(run)}
+    assert rows["crash"].served_again == pytest.approx(19.01 - 15.0)
+    assert rows["crash"].missed == []
+    assert rows["flood"].missed == ["1 Triton restarts"]
+    slow = bench.Run(phases, records, limits, {}, 30, quarantine_after=1, served_within=3.0)
+    rows = {row.phase.name: row for row in bench.summarize(slow)}
+    assert rows["crash"].missed == [
+        "2 Triton restarts",
+        "victim served again 4.0 s after Triton's restart",
+    ]
+    records[-150:-100] = [(r[0], r[1], "unavailable") for r in records[-150:-100]]
+    rows = {
+        row.phase.name: row for row in bench.summarize(bench.Run(phases, records, limits, {}, 30))
+    }
+    assert rows["crash"].served_again is None
+    assert "victim not served again" in rows["crash"].missed

@@ -4,7 +4,8 @@ namespace's pods: a namespace cannot take more of the node by creating more pods
 Team-a runs seven pods, team-b one. While both send, team-b's pod gets what a namespace with one
 pod gets, half of the node's in-flight budget, of its event loop's rounds and of its byte
 budget, as it would beside a single pod of team-a; team-a's seven pods share the other half
-(never below one request each at Triton). Through a real gateway in front of the real Triton.
+(at Triton one request each at most, four together, taken in turn). Through a real gateway in
+front of the real Triton.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_a_namespace_with_one_pod_gets_half_the_in_flight_budget_beside_seven_po
         alone = tenant_of(gateway, ALONE)
         assert alone is not None and alone.limiter.limit == 4
         crowd = [tenant_of(gateway, a) for a in CROWD]
-        # Team-a's half, 4, split among its seven pods: never below one each.
+        # Team-a's half, 4, split among its seven pods: one each at most, in turn.
         assert [t.limiter.limit for t in crowd if t is not None] == [1] * 7
         scraped = generate_latest(gateway.gateway.metrics.registry).decode()
         assert "tritonshare_gateway_namespaces_sending 2.0" in scraped

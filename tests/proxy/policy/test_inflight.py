@@ -37,12 +37,20 @@ class Clock:
 
 
 def node(budget: int, *owns: int) -> tuple[Clock, InFlightShares, list[Limiter]]:
+    """Pods each in a namespace of its own."""
     clock = Clock()
     shares = InFlightShares(budget, clock.later, active_seconds=1.0, clock=clock)
     limiters = [Limiter(own, own or 8, 30.0, clock=clock) for own in owns]
-    for limiter in limiters:
-        shares.add(limiter)
+    for i, limiter in enumerate(limiters):
+        shares.add(limiter, f"team-{i}")
     return clock, shares, limiters
+
+
+def wake(*limiters: Limiter) -> None:
+    """Each pod sends one request, answered: all count as sending (for a second)."""
+    for limiter in limiters:
+        assert limiter.try_acquire()
+        limiter.release()
 
 
 @pytest.mark.parametrize(
@@ -178,3 +186,59 @@ def test_no_sweep_runs_while_nobody_sends() -> None:
 def test_a_negative_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="0 or more"):
         InFlightShares(-1, Clock().later)
+
+
+async def test_seven_pods_of_a_namespace_hold_no_more_at_triton_than_one_pod_of_another() -> None:
+    """With more pods sending than its half of the budget has slots, a namespace's pods are
+    each held to one request, and together to its half: creating pods gains it nothing."""
+    clock = Clock()
+    shares = InFlightShares(8, clock.later, active_seconds=1.0, clock=clock)
+    crowd = [Limiter(64, 64, 30.0, clock=clock) for _ in range(7)]
+    victim = Limiter(64, 64, 30.0, clock=clock)
+    for limiter in crowd:
+        shares.add(limiter, "team-a")
+    shares.add(victim, "team-b")
+    wake(*crowd, victim)
+    assert victim.try_acquire()
+    waiting = [asyncio.create_task(x.acquire()) for x in crowd for _ in range(4)]
+    waiting += [asyncio.create_task(victim.acquire()) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert sum(x.in_flight for x in crowd) == 4
+    assert victim.in_flight == 4
+    for _ in range(20):  # answers come back: the split holds
+        for limiter in [*crowd, victim]:
+            if limiter.in_flight:
+                limiter.release()
+        await asyncio.sleep(0)
+        assert sum(x.in_flight for x in crowd) <= 4 and victim.in_flight <= 4
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_namespaces_pods_take_its_slots_in_turn() -> None:
+    """A slot one of the crowd's pods gives back goes to the pod of its namespace that has
+    waited longest, not to the giver's own next request: none of them is starved."""
+    clock = Clock()
+    shares = InFlightShares(4, clock.later, active_seconds=1.0, clock=clock)
+    crowd = [Limiter(64, 64, 30.0, clock=clock) for _ in range(5)]
+    other = Limiter(64, 64, 30.0, clock=clock)
+    for limiter in crowd:
+        shares.add(limiter, "team-a")
+    shares.add(other, "team-b")
+    wake(*crowd, other)
+    waiting = [asyncio.create_task(x.acquire()) for x in crowd for _ in range(3)]
+    await asyncio.sleep(0)
+    assert [x.in_flight for x in crowd] == [1, 1, 0, 0, 0]  # team-a's half of 4, in line
+    served, holding = [], {0, 1}
+    for giver in (0, 1, 2, 3, 4, 0, 1):
+        crowd[giver].release()  # its own next request waits: the slot goes on in turn
+        await asyncio.sleep(0)
+        now = {i for i, x in enumerate(crowd) if x.in_flight}
+        assert len(now) == 2 and giver not in now
+        served += sorted(now - holding)
+        holding = now
+    assert served == [2, 3, 4, 0, 1, 2, 3]
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
