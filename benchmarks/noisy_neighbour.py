@@ -114,6 +114,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.models import CRASHED_REASON  # noqa: E402
+from benchmarks.crash_quarantine import KILLER  # noqa: E402
 from benchmarks.crash_quarantine import model_dir as crashing_model  # noqa: E402
 from benchmarks.namespace_share import Sender  # noqa: E402
 from benchmarks.noisy_traffic import (  # noqa: E402
@@ -232,7 +233,7 @@ def write_models(directory: Path, args: argparse.Namespace) -> dict[str, Path]:
             (target / "1" / "model.py").write_text(_SLOW_MODEL.format(seconds=args.load_seconds))
         (target / "config.pbtxt").write_text(config)
         made[name] = target
-    made["crasher"] = crashing_model(directory, "crasher", killer=True)
+    made["crasher"] = crashing_model(directory, "crasher", killer=KILLER)
     made["big"] = target = directory / "big"
     shutil.copytree(source, target)
     config = (source / "config.pbtxt").read_text().replace('name: "add_one"', 'name: "big"')
