@@ -168,8 +168,9 @@ def test_a_pod_flooding_the_gateways_loop_does_not_stall_its_neighbour(gateway: 
     # Alone, a few milliseconds. On the code before, each of the flooder's reads (about 200 KiB,
     # 4,000 requests answered in one go) held the loop for tens of milliseconds, and the
     # neighbour waited behind every one of them (p90 about 20x alone). The flooder still gets
-    # what the neighbour leaves of the loop.
-    assert p90(flooded) <= max(3 * p90(alone), p90(alone) + 0.015), (
+    # what the neighbour leaves of the loop. The margin covers a busy 2-core machine's scheduling
+    # delays (the gateway, the flood and the neighbour share its cores), not a stalled loop.
+    assert p90(flooded) <= max(4 * p90(alone), p90(alone) + 0.025), (
         f"neighbour p90 {1e3 * p90(flooded):.1f} ms under the flood, "
         f"{1e3 * p90(alone):.1f} ms alone; the flooder got {answered} answers"
     )
