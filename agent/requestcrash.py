@@ -82,6 +82,10 @@ class RequestCrashes:
         record = self.ledger.caller_quarantine(pod)
         return message(record) if record is not None else ""
 
+    def on_probation(self, pod: str) -> bool:
+        """Whether the gateway serializes `pod`'s requests with other probationers'."""
+        return self.ledger.caller_probation(pod) is not None
+
     def exited(self, last_live: float, first_down: float) -> list[CallerRecord]:
         """Triton was there at `last_live` and gone at `first_down` (Unix seconds): count the
         gateway's records of that moment; returns the pods quarantined by it."""
@@ -104,7 +108,16 @@ class RequestCrashes:
         self._metrics.request_crashes.inc()
         quarantined = self.ledger.requests_crashed(suspects)
         limit = self.ledger.quarantine_after
-        for suspect in suspects:
+        if len(suspects) > 1:
+            log.warning(
+                "Triton exited unexpectedly with requests of several pods at it (%s): it counts "
+                "against none of them, and they are on probation for %g s (the gateway lets no "
+                "two of them be at Triton at once).",
+                ", ".join(s.pod for s in suspects),
+                self.ledger.probation_seconds,
+            )
+            self._on_quarantined()  # the caller table marks the probationers
+        for suspect in suspects if len(suspects) == 1 else ():
             if self.ledger.caller_quarantine(suspect.pod) is not None:
                 continue
             counted = next((r for r in self.ledger.callers() if r.pod == suspect.pod), None)

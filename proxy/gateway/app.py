@@ -85,6 +85,7 @@ class Gateway:
             max_age=settings.table_max_age_seconds,
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
+            on_probation=self.tenants.probation_changed,
         )
         self.activity = ActivityWriter(settings.activity_path, self.tenants)
         self.witness = CrashWitness(

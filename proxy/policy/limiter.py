@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from proxy.policy.probation import ProbationLane
 from proxy.policy.refusals import OverloadedError, ProxyError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
@@ -72,6 +73,9 @@ class Limiter:
         self.refusal: ProxyError | None = None
         """Set: every request is refused with it, none takes a slot (a quarantined pod at the
         node gateway)."""
+        self.probation: ProbationLane | None = None
+        """Set: the pod is on probation at the node gateway, and a request of it goes to Triton
+        only in the pod's turn in this lane (`policy.probation`)."""
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
@@ -111,7 +115,9 @@ class Limiter:
             return False
         if not self.sending and self.node is not None:
             self.node.woke(self)  # may change the limit: first
-        if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
+        if (self.limit == 0 or (self.in_flight < self.limit and not self._waiters)) and (
+            self.probation is None or self.probation.enters(self)
+        ):
             now = self._clock()
             self.last = now
             self._starts += now
@@ -137,6 +143,8 @@ class Limiter:
         self._waiters.append(waiter)
         self._starts += self._clock()  # a waiting request counts from its arrival
         self.held += 1
+        if self.probation is not None:
+            self.probation.wait(self)  # may hand it the lane, and the waiter a slot, at once
         try:
             async with asyncio.timeout(self.queue_timeout):
                 await waiter
@@ -159,7 +167,12 @@ class Limiter:
     def release(self) -> None:
         """Give a slot back, handing it to the oldest waiter if there is one (and the limit,
         which may have shrunk meanwhile, still has room for it)."""
-        while self._waiters and (self.limit == 0 or self.in_flight <= self.limit):
+        lane = self.probation
+        while (
+            self._waiters
+            and (self.limit == 0 or self.in_flight <= self.limit)
+            and (lane is None or not lane.others_wait(self))
+        ):
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
@@ -167,6 +180,8 @@ class Limiter:
                 return
         self.in_flight -= 1
         self._left(self._clock())
+        if lane is not None and not self.in_flight:
+            lane.freed(self)
 
     def _left(self, now: float) -> None:
         """One request is no longer held (answered, or gave up waiting)."""
@@ -179,12 +194,20 @@ class Limiter:
     def set_limit(self, limit: int) -> None:
         """Change the limit (0: none); room it opens goes to the oldest waiters at once."""
         self.limit = limit
-        while self._waiters and (limit == 0 or self.in_flight < limit):
+        while (
+            self._waiters
+            and (limit == 0 or self.in_flight < limit)
+            and (self.probation is None or self.probation.holder is self)
+        ):
             waiter = self._waiters.popleft()
             if waiter.done():
                 continue
             self.in_flight += 1  # held since it arrived: counted then
             waiter.set_result(None)
+
+    def lane_opened(self) -> None:
+        """The probation lane is this pod's turn: its oldest waiters take slots."""
+        self.set_limit(self.limit)
 
     def concurrency_seconds(self) -> float:
         """Held requests (in flight or waiting) integrated over time since start, in
