@@ -92,6 +92,7 @@ class Gateway:
             settings.crash_witness_file or path_beside(settings.caller_table),
             settings.triton_http_url,
             lambda: self.tenants,
+            lane=self.tenants.probation,
         )
         self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget, in_flight)
         self.ports: dict[str, int] = {}

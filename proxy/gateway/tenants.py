@@ -41,6 +41,9 @@ from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
 
+FAILED = frozenset({"502", "UNAVAILABLE"})
+"""How the relays answer a request Triton's connection failed under (REST, gRPC)."""
+
 _PAUSE_LOG_SECONDS = 60.0
 """A pod held to its share of the loop is logged once per this period."""
 
@@ -82,7 +85,7 @@ class Tenant:
         self.caller = caller
         if caller.probation and self.limiter.probation is None:
             self.limiter.probation = lane
-            lane.join(self.limiter)
+            lane.join(self.limiter, lambda: self.metrics.answered_with(FAILED))
         elif not caller.probation and self.limiter.probation is not None:
             self.limiter.probation = None
             lane.leave(self.limiter)

@@ -27,12 +27,11 @@ from pathlib import Path
 from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, read_witnesses
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
-from proxy.gateway.tenants import Tenant
+from proxy.gateway.tenants import FAILED, Tenant
+from proxy.policy.probation import ProbationLane
 
 log = logging.getLogger(__name__)
 
-FAILED = frozenset({"502", "UNAVAILABLE"})
-"""How the relays answer a request Triton's connection failed under (REST, gRPC)."""
 LAST_SECONDS = 5.0
 """With no request at Triton, the pod that sent the last one within this long is the suspect."""
 
@@ -80,12 +79,16 @@ class CrashWitness:
         tenants: Callable[[], Iterable[Tenant]],
         *,
         last_seconds: float = LAST_SECONDS,
+        lane: ProbationLane | None = None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
         self._tenants = tenants
         self.last_seconds = last_seconds
+        self._lane = lane
+        """The probation lane, closed by a turn Triton died under until this names who was
+        there."""
         self._wall = wall
         self._clock = clock
         self._failed_before: dict[Tenant, int] = {}
@@ -106,6 +109,8 @@ class CrashWitness:
         suspects = suspects_of(
             self._tenants(), self._failed_before, self._clock(), last=self.last_seconds
         )
+        if self._lane is not None:
+            self._lane.reopen()
         return Witness(self._wall(), suspects)
 
     def _record(self, witnessed: Witness) -> None:

@@ -107,3 +107,39 @@ async def test_leaving_probation_hands_the_lane_on_and_lets_the_pods_waiters_go(
     a.release()
     b.release()
     assert lane.holder is None
+
+
+async def test_a_turn_triton_died_under_closes_the_lane_until_the_witness_has_looked() -> None:
+    """The next probationer's request would fail at the dead Triton too and be named with the
+    pod that killed it: it waits until the witness reopens the lane (or the hold ends)."""
+    lane = ProbationLane(hold_seconds=30.0)
+    failed = {"a": 0}
+    a = Limiter(0, 8, 30.0)
+    a.probation = lane
+    lane.join(a, lambda: failed["a"])
+    b = probationer(lane)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    a.release()
+    failed["a"] += 1  # the relay counts the answer just after it frees the slot
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiting.done() and lane.closed, "b waits while Triton may be dead"
+    lane.reopen()  # the witness has taken its snapshot
+    await waiting
+    assert lane.holder is b
+
+
+async def test_a_turn_that_ended_well_passes_the_lane_on_at_once() -> None:
+    lane = ProbationLane(hold_seconds=30.0)
+    a = Limiter(0, 8, 30.0)
+    a.probation = lane
+    lane.join(a, lambda: 0)
+    b = probationer(lane)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    a.release()
+    await asyncio.wait_for(waiting, 5)
+    assert lane.holder is b and not lane.closed
