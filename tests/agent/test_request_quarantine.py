@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -378,6 +379,12 @@ async def test_a_busy_neighbour_at_every_crash_is_never_quarantined_with_the_att
             )
             assert not callers()[NEIGHBOUR].get("quarantined")
             assert callers()[NEIGHBOUR].get("probation")
+
+            def probation_pods() -> bool:
+                with urllib.request.urlopen(gateway.metrics_url, timeout=10) as response:
+                    return "tritonshare_gateway_probation_pods 1.0" in response.read().decode()
+
+            await eventually(probation_pods, what="the neighbour alone on probation, in metrics")
         finally:
             stop.set()
             for sender in senders:
