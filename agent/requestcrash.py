@@ -1,18 +1,18 @@
 """Counting the pods whose requests were at Triton when it exited unexpectedly.
 
-The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death
-closes it, and a new connection is refused until Triton is started again, which tells an exit of
-Triton apart from one dropped connection (the agent never restarts Triton itself, so every exit
-is unexpected to it). Once Triton is back, the node gateway has long written what it saw at that
-moment (`common.crashwitness`); the records between the sentinel's close and the refusal,
-widened by `slack_seconds` for the two processes' clocks, name the suspects,
-which the ledger counts (`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no
-record counts nothing: the gateway saw no death (it was down too, or Triton was only unreachable
-for the agent), and the agent blames no pod without a witness. A pod that reaches
-`--crash-quarantine-after` exits in a row gets a Warning Event (RequestsCrashedTriton), and the
-caller table the gateway follows says it is quarantined, so the gateway refuses its requests;
-its ModelLoaded condition says so too (`agent.conditions`). What it must not do: detect exits
-(`agent.reconcile`) or enforce the quarantine (the gateway does).
+The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death closes
+it, and a new connection is refused until Triton is started again, which tells an exit of Triton
+apart from one dropped connection (the agent never restarts Triton itself, so every exit is
+unexpected to it). Once Triton is back, the node gateway has long written what it saw at that moment
+(`common.crashwitness`); the records between the sentinel's close and the refusal, widened by
+`slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
+(`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no record counts nothing: the
+gateway saw no death (it was down too, or Triton was only unreachable for the agent), and the agent
+blames no pod without a witness. A pod that reaches `--crash-quarantine-after` exits in a row it was
+alone at (`agent.suspects`) gets a Warning Event (RequestsCrashedTriton), and the caller table the
+gateway follows says it is quarantined, so the gateway refuses its requests; its ModelLoaded
+condition says so too (`agent.conditions`). What it must not do: detect exits (`agent.reconcile`) or
+enforce the quarantine (the gateway does).
 """
 
 from __future__ import annotations

@@ -90,6 +90,8 @@ class ProbationLane:
             asyncio.get_running_loop().call_soon(self._judge, failures)
 
     def _judge(self, failures: Callable[[], int]) -> None:
+        if not self.closed or self._reopening is not None:
+            return  # the witness reopened it meanwhile, or a hold is already under way
         if failures() > self._failed_before:
             self._reopening = asyncio.get_running_loop().call_later(self.hold_seconds, self.reopen)
             return
