@@ -149,6 +149,7 @@ class Agent:
             self.owners.directory,
             settings.crash_quarantine_after,
             settle_seconds=settings.crash_settle_seconds,
+            probation_seconds=settings.crash_probation_seconds,
         )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
@@ -244,6 +245,7 @@ class Agent:
                 self.reconciler.callers,
                 refresh_seconds=settings.gateway_table_refresh_seconds,
                 quarantine=self.request_crashes.quarantine_of if self.request_crashes else None,
+                probation=self.request_crashes.on_probation if self.request_crashes else None,
             )
             # The one wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.

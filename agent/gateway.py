@@ -63,12 +63,16 @@ class CallerPublisher:
         *,
         refresh_seconds: float = 5.0,
         quarantine: Callable[[str], str] | None = None,
+        probation: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`quarantine(pod)` says why a pod's requests are refused (`agent.requestcrash`);
-        the entry of such a pod carries it, and the gateway refuses its requests with it."""
+        the entry of such a pod carries it, and the gateway refuses its requests with it.
+        `probation(pod)` says whether the gateway serializes its requests with other
+        probationers' (`agent.suspects`)."""
         self.path = path
         self._quarantine = quarantine
+        self._probation = probation
         self.node_name = node_name
         self._owners = owners
         self.refresh_seconds = refresh_seconds
@@ -98,6 +102,8 @@ class CallerPublisher:
         callers, left_out = callers_of(owners)
         if self._quarantine is not None:
             callers = [replace(c, quarantined=self._quarantine(c.pod)) for c in callers]
+        if self._probation is not None:
+            callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
         reported = frozenset(left_out)
         for reason in sorted(reported - self._reported):
             log.warning("Not a gateway caller: %s.", reason)

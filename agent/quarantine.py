@@ -98,6 +98,7 @@ class CrashLedger:
         quarantine_after: int,
         *,
         settle_seconds: float = 0.0,
+        probation_seconds: float = 600.0,
         wall: Callable[[], float] = time.time,
     ) -> None:
         if quarantine_after < 1:
@@ -105,6 +106,7 @@ class CrashLedger:
         self.directory = directory
         self.quarantine_after = quarantine_after
         self.settle_seconds = settle_seconds
+        self.probation_seconds = probation_seconds
         self._wall = wall
         self._records: dict[str, CrashRecord] = {}
         self._callers: dict[str, CallerRecord] = {}
@@ -124,6 +126,7 @@ class CrashLedger:
                     str(item["uid"]),
                     int(item["crashes"]),
                     bool(item["quarantined"]),
+                    float(item.get("probation_until", 0.0)),
                 )
                 self._callers[caller.pod] = caller
             for item in document["records"]:
@@ -241,7 +244,13 @@ class CrashLedger:
         """Count one unexpected exit of Triton whose witnesses name `suspects`
         (`agent.suspects.counted`); returns the pods it quarantines."""
         before = self._callers
-        self._callers = counted(before, suspects, self.quarantine_after)
+        self._callers = counted(
+            before,
+            suspects,
+            self.quarantine_after,
+            now=self._wall(),
+            probation_seconds=self.probation_seconds,
+        )
         while len(self._callers) > MAX_RECORDS:
             unquarantined = [p for p, r in self._callers.items() if not r.quarantined]
             if not unquarantined:
@@ -258,6 +267,12 @@ class CrashLedger:
         """The quarantine of `pod`'s requests (namespace/name), if it is quarantined."""
         record = self._callers.get(pod)
         return record if record is not None and record.quarantined else None
+
+    def caller_probation(self, pod: str) -> CallerRecord | None:
+        """The record of `pod` (namespace/name) while it is on probation
+        (`agent.suspects`): the gateway serializes its requests with other probationers'."""
+        record = self._callers.get(pod)
+        return record if record is not None and record.on_probation(self._wall()) else None
 
     def callers(self) -> list[CallerRecord]:
         return sorted(self._callers.values(), key=lambda r: r.pod)

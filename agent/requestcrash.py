@@ -1,18 +1,18 @@
 """Counting the pods whose requests were at Triton when it exited unexpectedly.
 
-The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death
-closes it, and a new connection is refused until Triton is started again, which tells an exit of
-Triton apart from one dropped connection (the agent never restarts Triton itself, so every exit
-is unexpected to it). Once Triton is back, the node gateway has long written what it saw at that
-moment (`common.crashwitness`); the records between the sentinel's close and the refusal,
-widened by `slack_seconds` for the two processes' clocks, name the suspects,
-which the ledger counts (`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no
-record counts nothing: the gateway saw no death (it was down too, or Triton was only unreachable
-for the agent), and the agent blames no pod without a witness. A pod that reaches
-`--crash-quarantine-after` exits in a row gets a Warning Event (RequestsCrashedTriton), and the
-caller table the gateway follows says it is quarantined, so the gateway refuses its requests;
-its ModelLoaded condition says so too (`agent.conditions`). What it must not do: detect exits
-(`agent.reconcile`) or enforce the quarantine (the gateway does).
+The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death closes
+it, and a new connection is refused until Triton is started again, which tells an exit of Triton
+apart from one dropped connection (the agent never restarts Triton itself, so every exit is
+unexpected to it). Once Triton is back, the node gateway has long written what it saw at that moment
+(`common.crashwitness`); the records between the sentinel's close and the refusal, widened by
+`slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
+(`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no record counts nothing: the
+gateway saw no death (it was down too, or Triton was only unreachable for the agent), and the agent
+blames no pod without a witness. A pod that reaches `--crash-quarantine-after` exits in a row it was
+alone at (`agent.suspects`) gets a Warning Event (RequestsCrashedTriton), and the caller table the
+gateway follows says it is quarantined, so the gateway refuses its requests; its ModelLoaded
+condition says so too (`agent.conditions`). What it must not do: detect exits (`agent.reconcile`) or
+enforce the quarantine (the gateway does).
 """
 
 from __future__ import annotations
@@ -82,6 +82,10 @@ class RequestCrashes:
         record = self.ledger.caller_quarantine(pod)
         return message(record) if record is not None else ""
 
+    def on_probation(self, pod: str) -> bool:
+        """Whether the gateway serializes `pod`'s requests with other probationers'."""
+        return self.ledger.caller_probation(pod) is not None
+
     def exited(self, last_live: float, first_down: float) -> list[CallerRecord]:
         """Triton was there at `last_live` and gone at `first_down` (Unix seconds): count the
         gateway's records of that moment; returns the pods quarantined by it."""
@@ -104,7 +108,16 @@ class RequestCrashes:
         self._metrics.request_crashes.inc()
         quarantined = self.ledger.requests_crashed(suspects)
         limit = self.ledger.quarantine_after
-        for suspect in suspects:
+        if len(suspects) > 1:
+            log.warning(
+                "Triton exited unexpectedly with requests of several pods at it (%s): it counts "
+                "against none of them, and they are on probation for %g s (the gateway lets no "
+                "two of them be at Triton at once).",
+                ", ".join(s.pod for s in suspects),
+                self.ledger.probation_seconds,
+            )
+            self._on_quarantined()  # the caller table marks the probationers
+        for suspect in suspects if len(suspects) == 1 else ():
             if self.ledger.caller_quarantine(suspect.pod) is not None:
                 continue
             counted = next((r for r in self.ledger.callers() if r.pod == suspect.pod), None)

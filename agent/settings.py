@@ -254,6 +254,15 @@ class Settings:
     the files are never loaded on this node again until an operator clears them; and each with a
     pod's requests at Triton (as the node gateway saw), after which the gateway refuses the pod's
     requests until an operator clears it."""
+    crash_probation_seconds: float = setting(
+        "crash-probation-seconds",
+        "seconds a pod present with others at an exit of Triton stays on probation",
+        seconds(),
+        default="600",
+    )
+    """Seconds a pod whose requests were at Triton with another pod's when it exited stays on
+    probation (renewed by each such exit): the exit counts against neither, and the gateway lets
+    no two probationers' requests be at Triton at once, so the next exit names one alone."""
     crash_settle_seconds: float = setting(
         "crash-settle-seconds",
         "seconds after a load's READY during which Triton's exit still counts against it (0: off)",

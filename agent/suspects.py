@@ -1,19 +1,21 @@
 """The rule that turns the gateway's witnesses of Triton's unexpected exits into quarantined pods.
 
 At each unexpected exit of the node's Triton the gateway names the pods whose requests were at
-Triton (`common.crashwitness`). A pod's count is of exits in a row at which it was a suspect: an
-exit it was not present at ends its run, so a pod is quarantined only when it was present at
-every one of the last `quarantine_after` exits. A neighbour that happened to have a request at
-Triton at one exit is counted once, and its count ends at the next exit it is absent from; a
-neighbour present at every exit of a run (a pod that is never idle) is counted as the pod that
-causes them, and is quarantined with it: nothing in a witness tells them apart. A quarantine
-stays until an operator clears it. Pure: no clock, no I/O.
+Triton (`common.crashwitness`). An exit at which exactly one pod was present counts against it:
+its run grows by one, and at `quarantine_after` exits in a row it is quarantined. An exit at
+which several pods were present is ambiguous and counts against none of them (their runs neither
+grow nor end); it puts each of them on probation for `probation_seconds` (renewed by each
+ambiguous exit it is present at), and the gateway lets no two probationers' requests be at
+Triton at once, so the next exit names one of them alone. An exit a pod is absent from ends its
+run, not its probation. So a busy neighbour present at every exit of an attacker's is never
+quarantined with it: once serialized, the attacker's exits find it alone. A quarantine stays
+until an operator clears it. Pure: the clock is an argument, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.crashwitness import Suspect
 
@@ -31,6 +33,12 @@ class CallerRecord:
     uid: str
     crashes: int
     quarantined: bool = False
+    probation_until: float = 0.0
+    """Unix seconds until which the gateway serializes its requests with other probationers'
+    (it was present at an ambiguous exit); 0: never on probation."""
+
+    def on_probation(self, now: float) -> bool:
+        return not self.quarantined and now < self.probation_until
 
     @property
     def namespace(self) -> str:
@@ -54,20 +62,38 @@ def message(record: CallerRecord) -> str:
 
 
 def counted(
-    records: Mapping[str, CallerRecord], suspects: Iterable[Suspect], quarantine_after: int
+    records: Mapping[str, CallerRecord],
+    suspects: Iterable[Suspect],
+    quarantine_after: int,
+    *,
+    now: float = 0.0,
+    probation_seconds: float = 0.0,
 ) -> dict[str, CallerRecord]:
-    """The records after one unexpected exit whose witnesses name `suspects`: each suspect's
-    run grows by one (quarantined at `quarantine_after`), every other run ends, quarantines
-    stay."""
+    """The records after one unexpected exit at `now` whose witnesses name `suspects`: a lone
+    suspect's run grows by one (quarantined at `quarantine_after`); several suspects' runs stay
+    as they are and each is on probation until `now + probation_seconds`; every absent pod's run
+    ends (its probation stays until it lapses); quarantines stay."""
     present = {s.pod: s for s in suspects}
-    after = {pod: r for pod, r in records.items() if r.quarantined}
+    alone = len(present) == 1
+    after: dict[str, CallerRecord] = {}
+    for pod, record in records.items():
+        if record.quarantined:
+            after[pod] = record
+        elif pod not in present and record.on_probation(now):
+            after[pod] = replace(record, crashes=0)
     for pod, suspect in sorted(present.items()):
-        if pod in after:
+        if pod in after and after[pod].quarantined:
             continue
         before = records.get(pod)
-        crashes = (before.crashes if before is not None else 0) + 1
+        crashes = before.crashes if before is not None else 0
+        until = before.probation_until if before is not None else 0.0
+        if alone:
+            crashes += 1
+        else:
+            until = max(until, now + probation_seconds)
+        quarantined = crashes >= quarantine_after
         after[pod] = CallerRecord(
-            pod, suspect.model_id, suspect.uid, crashes, crashes >= quarantine_after
+            pod, suspect.model_id, suspect.uid, crashes, quarantined, 0.0 if quarantined else until
         )
     return after
 

@@ -50,6 +50,9 @@ class Caller:
     quarantined: str = ""
     """Why the pod's requests are refused (its requests coincided with too many of Triton's
     unexpected exits, `agent.quarantine`), in words for the pod; empty: it is served."""
+    probation: bool = False
+    """Its requests were at Triton with another pod's when Triton exited (`agent.suspects`):
+    the gateway lets them reach Triton only while no other probationer's are there."""
 
     @property
     def namespace(self) -> str:
@@ -89,6 +92,7 @@ def encode(table: CallerTable) -> bytes:
                 "concurrency": c.concurrency,
                 **({"tritonName": c.triton_name} if c.triton_name else {}),
                 **({"quarantined": c.quarantined} if c.quarantined else {}),
+                **({"probation": True} if c.probation else {}),
             }
             for c in sorted(table.callers, key=lambda c: c.address)
         ],
@@ -133,6 +137,10 @@ def _caller(entry: Any) -> Caller:
     quarantined = entry.get("quarantined", "")
     if not isinstance(quarantined, str):
         raise CallerTableError(f"caller quarantined {quarantined!r} is not a string")
+    # Absent in tables of agents before probation: not on probation.
+    probation = entry.get("probation", False)
+    if not isinstance(probation, bool):
+        raise CallerTableError(f"caller probation {probation!r} is not true or false")
     return Caller(
         address,
         validate_model_id(str(entry["modelId"])),
@@ -141,6 +149,7 @@ def _caller(entry: Any) -> Caller:
         concurrency,
         triton_name,
         quarantined,
+        probation,
     )
 
 

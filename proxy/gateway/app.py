@@ -85,12 +85,14 @@ class Gateway:
             max_age=settings.table_max_age_seconds,
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
+            on_probation=self.tenants.probation_changed,
         )
         self.activity = ActivityWriter(settings.activity_path, self.tenants)
         self.witness = CrashWitness(
             settings.crash_witness_file or path_beside(settings.caller_table),
             settings.triton_http_url,
             lambda: self.tenants,
+            lane=self.tenants.probation,
         )
         self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget, in_flight)
         self.ports: dict[str, int] = {}

@@ -14,8 +14,9 @@ gets its address reaches that pod's model only, until the grace ends. A missing 
 grace at once, and a restarted gateway has no last fresh table, so it fails closed.
 
 Whenever a caller disappears or changes (the pod was deleted, its model moved, the grace ended),
-`on_revoke` gets its address, so the gateway can drop that pod's open connections at once. What it
-must not do: accept connections or relay bytes.
+`on_revoke` gets its address, so the gateway can drop that pod's open connections at once; a
+caller whose probation alone changed is not revoked, `on_probation` gets it. What it must not
+do: accept connections or relay bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,12 +44,14 @@ class CallerBook:
         max_age: float,
         stale_grace: float = 0.0,
         on_revoke: Callable[[set[str]], None] | None = None,
+        on_probation: Callable[[Caller], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
         self.max_age = max_age
         self.stale_grace = stale_grace
         self.on_revoke = on_revoke
+        self.on_probation = on_probation
         self._clock = clock
         self._table: CallerTable | None = None
         self._identity: tuple[int, int, int] | None = None
@@ -159,7 +163,19 @@ class CallerBook:
         if serving is self._serving:
             return
         before, self._serving = self._serving, serving
-        revoked = {a for a, c in before.items() if serving.get(a) != c}
+        revoked = set()
+        for address, caller in before.items():
+            now = serving.get(address)
+            if (
+                now is not None
+                and now.probation != caller.probation
+                and replace(now, probation=caller.probation) == caller
+            ):
+                if self.on_probation is not None:
+                    self.on_probation(now)
+                continue
+            if now != caller:
+                revoked.add(address)
         if revoked and self.on_revoke is not None:
             self.on_revoke(revoked)
 

@@ -88,7 +88,13 @@ class _BookCollector(Collector):
             "the pods of the last fresh table (within --table-stale-grace), else 0.",
         )
         stale.add_metric([], 1.0 if self._book.stale else 0.0)
-        yield from (callers, age, stale)
+        probation = GaugeMetricFamily(
+            "tritonshare_gateway_probation_pods",
+            "Pods on probation (present with another at an exit of Triton): their requests take "
+            "turns at Triton with the other probationers'.",
+        )
+        probation.add_metric([], sum(c.probation for c in self._book.callers.values()))
+        yield from (callers, age, stale, probation)
 
 
 class _BudgetCollector(Collector):

@@ -33,12 +33,16 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.holdings import GRACE, ByteBudget
 from proxy.policy.inflight import InFlightShares
 from proxy.policy.limiter import Limiter
+from proxy.policy.probation import ProbationLane
 from proxy.policy.refusals import OverBudgetError, ProxyError, QuarantinedError
 from proxy.policy.share import LoopShares
 from proxy.settings import Settings
 from proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
+
+FAILED = frozenset({"502", "UNAVAILABLE"})
+"""How the relays answer a request Triton's connection failed under (REST, gRPC)."""
 
 _PAUSE_LOG_SECONDS = 60.0
 """A pod held to its share of the loop is logged once per this period."""
@@ -74,6 +78,18 @@ class Tenant:
         self.metrics = ProxyMetrics(self.limiter, caller.model_id)
         self.rest = RestRelay(settings, self.limiter, self.metrics, state)
         self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state)
+
+    def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
+        """Follow `caller`'s probation (it is this tenant's caller in all else): its requests
+        take turns in `lane` with other probationers' while it is on probation."""
+        self.caller = caller
+        if caller.probation and self.limiter.probation is None:
+            self.limiter.probation = lane
+            lane.join(self.limiter, lambda: self.metrics.answered_with(FAILED))
+        elif not caller.probation and self.limiter.probation is not None:
+            self.limiter.probation = None
+            lane.leave(self.limiter)
+            self.limiter.lane_opened()  # what waited for the lane goes now
 
     @property
     def connections(self) -> int:
@@ -160,6 +176,7 @@ class Tenants:
         self.in_flight = in_flight
         """The node's in-flight budget split among the namespaces sending, then their pods;
         None: none."""
+        self.probation = ProbationLane()
         self._by_address: dict[str, Tenant] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -216,8 +233,16 @@ class Tenants:
             if tenant is not None:
                 self._drop(tenant)
             tenant = Tenant(caller, settings, self.state, self.shares, self.in_flight)
+            tenant.on_probation(caller, self.probation)
             self._by_address[caller.address] = tenant
         return tenant
+
+    def probation_changed(self, caller: Caller) -> None:
+        """`caller` went on probation or off it: its turns at Triton change, its connections
+        stay open."""
+        tenant = self._by_address.get(caller.address)
+        if tenant is not None:
+            tenant.on_probation(caller, self.probation)
 
     def revoke(self, addresses: set[str]) -> None:
         """These addresses lost their place: drop their tenants and every connection at once."""
@@ -240,6 +265,8 @@ class Tenants:
         self.shares.remove(tenant.share)
         if self.in_flight is not None:
             self.in_flight.remove(tenant.limiter)
+        tenant.limiter.probation = None
+        self.probation.leave(tenant.limiter)
         tenant.abort()
         task = asyncio.get_running_loop().create_task(
             tenant.stop(), name=f"gateway: closing the relays of {caller.pod}"

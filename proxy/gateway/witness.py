@@ -1,11 +1,11 @@
 """Witnessing Triton's deaths for the agent: which pods had requests at Triton when it went away.
 
-The gateway holds one idle connection of its own to Triton's HTTP port (`common.sentinel`).
-Triton's death closes it at once; the gateway then takes its snapshot of the pods with requests
-at Triton, and once a new connection is refused (Triton is gone, not just the connection) it
-appends a record (`common.crashwitness`) to `--crash-witness-file`, which the agent reads when
-it has seen Triton exit (`agent.requestcrash`). Nothing here runs per request; the snapshot
-reads what each pod's limiter and metrics already keep.
+The gateway holds one idle connection of its own to Triton's HTTP port (`common.sentinel`). Triton's
+death closes it at once; the gateway then takes its snapshot of the pods with requests at Triton,
+and once a new connection is refused (Triton is gone, not just the connection) it adds the pods
+whose requests failed meanwhile and appends a record (`common.crashwitness`) to
+`--crash-witness-file`, which the agent reads when it has seen Triton exit (`agent.requestcrash`).
+Nothing here runs per request; the snapshot reads what each pod's limiter and metrics already keep.
 
 A pod is a suspect when it has requests in flight at Triton at the snapshot, or when one of its
 requests failed with Triton gone (answered 502 or UNAVAILABLE) since the sentinel last found
@@ -27,12 +27,11 @@ from pathlib import Path
 from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, read_witnesses
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
-from proxy.gateway.tenants import Tenant
+from proxy.gateway.tenants import FAILED, Tenant
+from proxy.policy.probation import ProbationLane
 
 log = logging.getLogger(__name__)
 
-FAILED = frozenset({"502", "UNAVAILABLE"})
-"""How the relays answer a request Triton's connection failed under (REST, gRPC)."""
 LAST_SECONDS = 5.0
 """With no request at Triton, the pod that sent the last one within this long is the suspect."""
 
@@ -80,12 +79,16 @@ class CrashWitness:
         tenants: Callable[[], Iterable[Tenant]],
         *,
         last_seconds: float = LAST_SECONDS,
+        lane: ProbationLane | None = None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
         self._tenants = tenants
         self.last_seconds = last_seconds
+        self._lane = lane
+        """The probation lane, closed by a turn Triton died under until this has named who was
+        there."""
         self._wall = wall
         self._clock = clock
         self._failed_before: dict[Tenant, int] = {}
@@ -109,6 +112,18 @@ class CrashWitness:
         return Witness(self._wall(), suspects)
 
     def _record(self, witnessed: Witness) -> None:
+        # The sentinel's connection may have closed a moment before the death (for a reason of
+        # its own): a pod with a request that failed since was at Triton too.
+        named = {s.pod: s for s in witnessed.suspects}
+        later = suspects_of(self._tenants(), self._failed_before, self._clock(), last=0.0)
+        for suspect in later:
+            if suspect.in_flight > named.get(suspect.pod, suspect).in_flight or (
+                suspect.pod not in named and suspect.in_flight > 0
+            ):
+                named[suspect.pod] = suspect
+        witnessed = Witness(witnessed.at, tuple(named[pod] for pod in sorted(named)))
+        if self._lane is not None:
+            self._lane.reopen()
         who = ", ".join(f"{s.pod} ({s.in_flight} in flight)" for s in witnessed.suspects)
         log.warning(
             "Triton went away with requests of %s at it: recorded for the node's agent, which "

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from proxy.policy.probation import ProbationLane
 from proxy.policy.refusals import OverloadedError, ProxyError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
@@ -95,6 +96,9 @@ class Limiter:
         self.refusal: ProxyError | None = None
         """Set: every request is refused with it, none takes a slot (a quarantined pod at the
         node gateway)."""
+        self.probation: ProbationLane | None = None
+        """Set: the pod is on probation at the node gateway, and a request of it goes to Triton
+        only in the pod's turn in this lane (`policy.probation`)."""
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
@@ -141,7 +145,12 @@ class Limiter:
         if residency is not None and residency.asleep:
             return False  # `acquire` wakes the model first
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
+            lane = self.probation
+            if lane is not None and not lane.enters(self):
+                return False
             if self.node is not None and not self.node.take(self):
+                if lane is not None and lane.holder is self and not self.in_flight:
+                    lane.freed(self)  # no slot of its namespace: the turn passes on
                 return False
             now = self._clock()
             self.last = now
@@ -177,6 +186,8 @@ class Limiter:
         self._waiters.append(waiter)
         self._starts += self._clock()  # a waiting request counts from its arrival
         self.held += 1
+        if self.probation is not None:
+            self.probation.wait(self)  # may hand it the lane, and the waiter a slot, at once
         if self.node is not None:
             self.node.waiting(self)
         try:
@@ -202,12 +213,19 @@ class Limiter:
         """Give a slot back, handing it to the oldest waiter if there is one (and the limit,
         which may have shrunk meanwhile, still has room for it). Under a node budget the slot
         goes back to the pod's namespace instead, which hands it to its pods in turn."""
+        lane = self.probation
         if self.node is not None:
             self.in_flight -= 1
             self._left(self._clock())
             self.node.released(self)
+            if lane is not None and not self.in_flight:
+                lane.freed(self)
             return
-        while self._waiters and (self.limit == 0 or self.in_flight <= self.limit):
+        while (
+            self._waiters
+            and (self.limit == 0 or self.in_flight <= self.limit)
+            and (lane is None or not lane.others_wait(self))
+        ):
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
@@ -215,6 +233,8 @@ class Limiter:
                 return
         self.in_flight -= 1
         self._left(self._clock())
+        if lane is not None and not self.in_flight:
+            lane.freed(self)
 
     def _left(self, now: float) -> None:
         """One request is no longer held (answered, or gave up waiting)."""
@@ -229,6 +249,9 @@ class Limiter:
         room for it (False: it took nothing)."""
         if self.limit and self.in_flight >= self.limit:
             return False
+        lane = self.probation
+        if lane is not None and not lane.enters(self):
+            return False  # not its turn at Triton: the lane re-queues it when it is
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -243,12 +266,24 @@ class Limiter:
         self.limit = limit
         if self.node is not None:
             return
-        while self._waiters and (limit == 0 or self.in_flight < limit):
+        while (
+            self._waiters
+            and (limit == 0 or self.in_flight < limit)
+            and (self.probation is None or self.probation.holder is self)
+        ):
             waiter = self._waiters.popleft()
             if waiter.done():
                 continue
             self.in_flight += 1  # held since it arrived: counted then
             waiter.set_result(None)
+
+    def lane_opened(self) -> None:
+        """The probation lane is this pod's turn: its oldest waiters take slots (under a node
+        budget, as its namespace deals them)."""
+        if self.node is not None:
+            self.node.waiting(self)
+        else:
+            self.set_limit(self.limit)
 
     def concurrency_seconds(self) -> float:
         """Held requests (in flight or waiting) integrated over time since start, in

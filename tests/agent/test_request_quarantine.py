@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +257,135 @@ async def test_a_pod_whose_requests_kill_triton_is_refused_and_its_neighbour_is_
 
             await eventually(attacker_served, what="the attacker served again")
             assert registry.get_sample_value("tritonshare_agent_quarantined_pods", labels) is None
+
+
+SLOW = """import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.5)  # a busy model: its requests are at Triton most of the time
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+
+
+async def test_a_busy_neighbour_at_every_crash_is_never_quarantined_with_the_attacker(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """Another namespace's never idle model has requests at Triton at the first crash of the
+    attacker's: that exit counts against neither and puts both on probation; the gateway then
+    lets the attacker's requests reach Triton only between the neighbour's, so its next crashes
+    find it alone and it is quarantined after 2 of them; the neighbour is served again after
+    every restart and never quarantined. Before probation the neighbour was quarantined with it
+    at the second crash."""
+    table = tmp_path / "gateway" / "callers.json"
+    running = await start_custom_agent(
+        crash_quarantine_after=2,
+        lease_renew_seconds=0.5,
+        gateway_table=table,
+        gateway_table_refresh_seconds=0.5,
+    )
+    gpu = running.mock.gpus[0].uuid
+    killer_source = copy_model("add_one", tmp_path / "src", as_name="killer")
+    (killer_source / "1" / "model.py").write_text(KILLER)
+    busy_source = copy_model("add_one", tmp_path / "src", as_name="busy")
+    (busy_source / "1" / "model.py").write_text(SLOW)
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    for namespace, model_id, address, source in (
+        ("team-a", "killer", ATTACKER, killer_source),
+        ("team-b", "busy", NEIGHBOUR, busy_source),
+    ):
+        core.create_namespace({"metadata": {"name": namespace}})
+        pod = f"{model_id}-pod"
+        make_pod(kube_api, pod, model_id, gpu_uuid=gpu, phase="Running", namespace=namespace)
+        set_address(kube_api, pod, namespace, address)
+        token = apiserver.mint_token(namespace, pod)
+        await install_dir(running.stub, token, source, model_id)
+        loaded = await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id=model_id), metadata=bearer(token)
+        )
+        assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
+    names = {
+        "killer": name_in_triton(kube_api, "killer-pod", "killer", "team-a"),
+        "busy": name_in_triton(kube_api, "busy-pod", "busy", "team-b"),
+    }
+
+    async def ready(model: str) -> bool:
+        entry = await running.agent.triton.state(names[model])
+        return entry is not None and entry.state == READY
+
+    def callers() -> dict[str, dict[str, Any]]:
+        try:
+            return {c["address"]: c for c in json.loads(table.read_text())["callers"]}
+        except (OSError, ValueError):
+            return {}
+
+    await eventually(lambda: set(callers()) == {ATTACKER, NEIGHBOUR}, what="both pods callers")
+    served: list[float] = []  # when each of the neighbour's requests was answered 200
+    stop = threading.Event()
+
+    def neighbour_sends() -> None:
+        while not stop.is_set():
+            if infer(url, NEIGHBOUR, "busy", 1.0)[0] == 200:
+                served.append(time.monotonic())
+
+    with running_gateway(gateway_settings(triton, table)) as gateway:
+        url = gateway.http_url
+        tenants = gateway.gateway.tenants
+
+        def neighbour_at_triton() -> bool:
+            return any(t.caller.address == NEIGHBOUR and t.limiter.in_flight for t in tenants)
+
+        senders = [threading.Thread(target=neighbour_sends, daemon=True)]
+        for sender in senders:
+            sender.start()
+        try:
+            async with kubelet_restarts(triton) as restarts:
+                # The first crash finds both at Triton; the next ones find the attacker alone,
+                # but for a rare exit the gateway's witness finds ambiguous: one more then.
+                crash = 0
+                while not callers()[ATTACKER].get("quarantined"):
+                    crash += 1
+                    assert crash <= 4, "the attacker was not quarantined"
+                    await eventually(lambda: ready("killer"), limit=60, what="killer loaded")
+                    await eventually(neighbour_at_triton, what="the neighbour at Triton")
+                    status, _ = await asyncio.to_thread(infer, url, ATTACKER, "killer", MAGIC)
+                    assert status in (0, 502), status  # Triton died under it
+                    await eventually(lambda n=crash: len(restarts) == n, what=f"crash {crash}")
+                    await eventually(running.agent.triton.live, limit=60, what="Triton back")
+                    back = time.monotonic()
+                    await eventually(lambda: ready("busy"), limit=60, what="busy reloaded")
+                    assert not callers()[NEIGHBOUR].get("quarantined"), f"crash {crash}"
+                    await eventually(
+                        lambda b=back: bool(served) and served[-1] > b,
+                        what=f"the neighbour served after restart {crash}",
+                    )
+                    if crash == 1:
+                        assert not callers()[ATTACKER].get("quarantined"), "ambiguous"
+            await eventually(
+                lambda: bool(callers()[ATTACKER].get("quarantined")),
+                what="the attacker quarantined in the table",
+            )
+            assert not callers()[NEIGHBOUR].get("quarantined")
+            assert callers()[NEIGHBOUR].get("probation")
+
+            def probation_pods() -> bool:
+                with urllib.request.urlopen(gateway.metrics_url, timeout=10) as response:
+                    return "tritonshare_gateway_probation_pods 1.0" in response.read().decode()
+
+            await eventually(probation_pods, what="the neighbour alone on probation, in metrics")
+        finally:
+            stop.set()
+            for sender in senders:
+                await asyncio.to_thread(sender.join, 30)

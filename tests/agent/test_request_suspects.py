@@ -28,40 +28,62 @@ NEIGHBOUR = Suspect("team-b/good", "uid-good", "10.1.0.6", "good", 1)
 BUSY = Suspect("team-c/busy", "uid-busy", "10.1.0.7", "busy", 8)
 
 
-def run(crashes: list[list[Suspect]], after: int = 3) -> dict[str, CallerRecord]:
+def run(
+    crashes: list[list[Suspect]], after: int = 3, probation: float = 600.0
+) -> dict[str, CallerRecord]:
+    """The records after `crashes`, one exit a minute."""
     records: dict[str, CallerRecord] = {}
-    for suspects in crashes:
-        records = counted(records, suspects, after)
+    for minute, suspects in enumerate(crashes):
+        records = counted(records, suspects, after, now=60.0 * minute, probation_seconds=probation)
     return records
 
 
-def test_a_pod_present_at_k_exits_in_a_row_is_quarantined() -> None:
+def test_a_pod_alone_at_k_exits_in_a_row_is_quarantined() -> None:
     records = run([[ATTACKER], [ATTACKER]])
     assert (records[ATTACKER.pod].crashes, records[ATTACKER.pod].quarantined) == (2, False)
     records = counted(records, [ATTACKER], 3)
     assert (records[ATTACKER.pod].crashes, records[ATTACKER.pod].quarantined) == (3, True)
 
 
-def test_a_neighbour_present_by_coincidence_is_not_quarantined() -> None:
-    """In flight at one exit of the attacker's, or at every other one: its run ends at each exit
-    it is absent from."""
-    records = run([[ATTACKER, NEIGHBOUR], [ATTACKER], [ATTACKER, NEIGHBOUR]])
-    assert records[ATTACKER.pod].quarantined
-    assert (records[NEIGHBOUR.pod].crashes, records[NEIGHBOUR.pod].quarantined) == (1, False)
-    records = run([[ATTACKER, NEIGHBOUR], [ATTACKER, NEIGHBOUR], [ATTACKER]])
-    assert NEIGHBOUR.pod not in records, "absent at the last exit: its run ended"
+def test_an_exit_with_several_pods_counts_against_none_and_puts_them_on_probation() -> None:
+    records = run([[ATTACKER], [ATTACKER, NEIGHBOUR]])
+    assert records[ATTACKER.pod].crashes == 1, "an ambiguous exit neither grows nor ends a run"
+    assert records[NEIGHBOUR.pod].crashes == 0
+    assert records[ATTACKER.pod].on_probation(60.0) and records[NEIGHBOUR.pod].on_probation(60.0)
+    assert records[NEIGHBOUR.pod].probation_until == 60.0 + 600.0
+    assert not records[NEIGHBOUR.pod].on_probation(660.0), "it lapses"
+
+
+def test_probation_is_renewed_by_an_ambiguous_exit_and_not_ended_by_an_absent_one() -> None:
+    records = run([[ATTACKER, NEIGHBOUR], [ATTACKER], [ATTACKER, NEIGHBOUR]], after=5)
+    assert records[NEIGHBOUR.pod].probation_until == 120.0 + 600.0
+    records = run([[ATTACKER, NEIGHBOUR], [ATTACKER]], after=5)
+    assert records[NEIGHBOUR.pod].on_probation(60.0), "absent from the second exit: still on"
+    records = run([[ATTACKER, NEIGHBOUR], [ATTACKER]], after=5, probation=30.0)
+    assert NEIGHBOUR.pod not in records, "its probation lapsed and it has no run: forgotten"
 
 
 def test_an_exit_without_the_pod_ends_its_run() -> None:
     records = run([[ATTACKER], [ATTACKER], [], [ATTACKER], [ATTACKER]])
     assert (records[ATTACKER.pod].crashes, records[ATTACKER.pod].quarantined) == (2, False)
+    records = run([[NEIGHBOUR], [ATTACKER], [ATTACKER]])
+    assert NEIGHBOUR.pod not in records
 
 
-def test_a_busy_neighbour_at_every_exit_is_quarantined_with_the_attacker() -> None:
-    """What the witnesses cannot tell apart (docs/security.md says so): both are quarantined,
-    and an operator clears the neighbour."""
-    records = run([[ATTACKER, BUSY]] * 3)
-    assert records[ATTACKER.pod].quarantined and records[BUSY.pod].quarantined
+def test_a_busy_neighbour_at_every_exit_is_never_quarantined() -> None:
+    """However many exits an attacker causes with a never idle neighbour beside it, none counts
+    against the neighbour: it is present with the attacker at each."""
+    records = run([[ATTACKER, BUSY]] * 20)
+    assert not records[ATTACKER.pod].quarantined and not records[BUSY.pod].quarantined
+    assert records[BUSY.pod].crashes == 0
+
+
+def test_the_attacker_is_quarantined_after_k_exits_it_was_alone_at() -> None:
+    """Once the gateway serializes the probationers, the attacker's exits find it alone."""
+    records = run([[ATTACKER, BUSY], [ATTACKER], [ATTACKER, BUSY], [ATTACKER], [ATTACKER]])
+    assert (records[ATTACKER.pod].crashes, records[ATTACKER.pod].quarantined) == (3, True)
+    assert records[ATTACKER.pod].probation_until == 0.0, "quarantined: no longer on probation"
+    assert not records[BUSY.pod].quarantined and records[BUSY.pod].on_probation(240.0)
 
 
 def test_a_quarantine_stays_whatever_follows() -> None:
@@ -77,18 +99,24 @@ def test_several_records_of_one_exit_count_each_pod_once() -> None:
 def test_the_ledger_keeps_quarantined_pods_across_restarts_and_on_the_node(
     tmp_path: Path,
 ) -> None:
-    ledger = CrashLedger(tmp_path, 2)
+    now = [1000.0]
+    ledger = CrashLedger(tmp_path, 2, probation_seconds=600.0, wall=lambda: now[0])
     ledger.load()
     assert ledger.requests_crashed([ATTACKER, NEIGHBOUR]) == []
+    assert ledger.requests_crashed([ATTACKER]) == []
     quarantined = ledger.requests_crashed([ATTACKER])
     assert [r.pod for r in quarantined] == [ATTACKER.pod]
     assert ledger.requests_crashed([ATTACKER]) == [], "reported once, when it is quarantined"
 
-    restarted = CrashLedger(tmp_path, 2)
+    restarted = CrashLedger(tmp_path, 2, wall=lambda: now[0])
     restarted.load()
     record = restarted.caller_quarantine(ATTACKER.pod)
     assert record is not None and record.crashes == 2
     assert restarted.caller_quarantine(NEIGHBOUR.pod) is None
+    assert restarted.caller_probation(NEIGHBOUR.pod) is not None, "probation survives a restart"
+    assert restarted.caller_probation(ATTACKER.pod) is None, "quarantined, not on probation"
+    now[0] += 600.0
+    assert restarted.caller_probation(NEIGHBOUR.pod) is None, "it lapsed"
 
     # A node pod replacement: the Node's annotation brings it back beside a model quarantine.
     model = CrashRecord("ab" * 32, "m", "team-x/m-0", 3, True)
@@ -163,22 +191,29 @@ async def test_the_agent_counts_the_witnesses_of_each_exit_once(tmp_path: Path) 
         lambda: told.append(1),
         slack_seconds=1.0,
     )
-    write_witnesses(path, [Witness(100.0, (ATTACKER, NEIGHBOUR))])
+    write_witnesses(path, [Witness(100.0, (ATTACKER, BUSY))])
     assert crashes.exited(50.0, 80.0) == [], "no record near this exit: nobody is counted"
     assert ledger.callers() == []
     assert crashes.exited(99.5, 100.2) == []
-    assert {r.pod: r.crashes for r in ledger.callers()} == {ATTACKER.pod: 1, NEIGHBOUR.pod: 1}
+    assert {r.pod: r.crashes for r in ledger.callers()} == {ATTACKER.pod: 0, BUSY.pod: 0}
+    assert crashes.on_probation(ATTACKER.pod) and crashes.on_probation(BUSY.pod)
+    assert not crashes.on_probation(NEIGHBOUR.pod)
+    assert told == [1], "the caller table is rewritten: the gateway serializes the two"
     assert crashes.exited(99.5, 100.2) == [], "a record is counted once"
-    assert {r.pod: r.crashes for r in ledger.callers()} == {ATTACKER.pod: 1, NEIGHBOUR.pod: 1}
-    write_witnesses(path, [Witness(100.0, (ATTACKER, NEIGHBOUR)), Witness(200.0, (ATTACKER,))])
-    quarantined = crashes.exited(199.9, 200.5)
+    assert {r.pod: r.crashes for r in ledger.callers()} == {ATTACKER.pod: 0, BUSY.pod: 0}
+    # Serialized, the attacker's next exits find it alone.
+    witnesses = [Witness(100.0, (ATTACKER, BUSY)), Witness(200.0, (ATTACKER,))]
+    write_witnesses(path, witnesses)
+    assert crashes.exited(199.9, 200.5) == []
+    write_witnesses(path, [*witnesses, Witness(300.0, (ATTACKER,))])
+    quarantined = crashes.exited(299.9, 300.5)
     assert [r.pod for r in quarantined] == [ATTACKER.pod]
-    assert told == [1], "the caller table is rewritten"
+    assert told == [1, 1], "the caller table is rewritten"
     assert "2 times in a row" in crashes.quarantine_of(ATTACKER.pod)
-    assert crashes.quarantine_of(NEIGHBOUR.pod) == ""
+    assert crashes.quarantine_of(BUSY.pod) == "" and crashes.on_probation(BUSY.pod)
     await events.close()
     assert [(pod, reason) for pod, reason, _ in recorded.events] == [
         (ATTACKER.pod, "RequestsCrashedTriton")
     ]
     path.write_text(json.dumps({"format": "nonsense"}))
-    assert crashes.exited(299.0, 300.0) == [], "an unreadable file counts nothing"
+    assert crashes.exited(399.0, 400.0) == [], "an unreadable file counts nothing"

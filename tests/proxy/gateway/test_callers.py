@@ -218,3 +218,38 @@ def test_a_table_stale_at_start_gets_no_grace(tmp_path: Path) -> None:
     book.check()
     assert book.lookup(A.address) is None and not book.stale
     assert "never saw it fresh" in book.problem
+
+
+def test_probation_survives_the_round_trip_and_changes_no_connection(tmp_path: Path) -> None:
+    """A pod going on probation or off it keeps its connections: the book tells the gateway,
+    it does not revoke the pod; old tables (no field) mean no probation; a non-boolean is
+    refused."""
+    on = Caller(A.address, A.model_id, A.pod, A.uid, probation=True)
+    assert decode(encode(CallerTable("n", 1.0, (on, B)))).callers == (on, B)
+    assert b'"probation"' not in encode(CallerTable("n", 1.0, (A,)))
+    entry = {"address": "10.0.0.1", "modelId": "m", "pod": "p", "uid": "u", "probation": "yes"}
+    document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1}
+    with pytest.raises(CallerTableError, match="probation 'yes' is not true or false"):
+        decode(json.dumps({**document, "callers": [entry]}).encode())
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    changed: list[Caller] = []
+    book = CallerBook(
+        path, max_age=60, on_revoke=revoked.append, on_probation=changed.append, clock=clock
+    )
+    write_table(path, CallerTable("n", clock.now, (A, B)))
+    book.check()
+    clock.now += 1
+    write_table(path, CallerTable("n", clock.now, (on, B)))
+    book.check()
+    assert (revoked, changed, book.lookup(A.address)) == ([], [on], on)
+    clock.now += 1
+    write_table(path, CallerTable("n", clock.now, (A, B)))
+    book.check()
+    assert (revoked, changed) == ([], [on, A])
+    # Probation with another change is a revocation like any other.
+    clock.now += 1
+    moved = Caller(A.address, "x", A.pod, "uid-2", probation=True)
+    write_table(path, CallerTable("n", clock.now, (moved, B)))
+    book.check()
+    assert revoked == [{A.address}] and changed == [on, A]

@@ -6,15 +6,18 @@ tests/agent/test_request_quarantine.py."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from common.callers import Caller
+from common.crashwitness import Suspect, Witness, read_witnesses
 from common.sentinel import Sentinel, host_and_port
 from proxy.gateway.tenants import Tenant
-from proxy.gateway.witness import suspects_of
+from proxy.gateway.witness import CrashWitness, suspects_of
 from proxy.policy.limiter import Limiter
+from proxy.policy.probation import ProbationLane
 from proxy.policy.refusals import QuarantinedError, grpc_code, http_status
 
 
@@ -73,6 +76,25 @@ def test_with_none_in_flight_the_last_sender_is_the_suspect() -> None:
     ]
     assert pods(tenants) == [("b/last", 0)]
     assert pods([tenant("c/long-ago", last=9.0)]) == [], "none within 5 s"
+
+
+async def test_a_record_adds_the_pods_whose_requests_failed_after_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    """The sentinel's connection closed a moment before the death: the pod whose request Triton
+    died under failed after the snapshot, and is named too; a pod answered normally is not, and
+    the probation lane closed by the failed turn reopens."""
+    attacker = tenant("a/attacker", last=99.0)
+    tenants = [tenant("b/busy", in_flight=1, last=99.0), attacker, tenant("c/ok", last=99.9)]
+    lane = ProbationLane()
+    lane.closed = True
+    witness = CrashWitness(tmp_path / "w.json", "127.0.0.1:1", lambda: tenants, lane=lane)
+    snapshot = Witness(50.0, (Suspect("b/busy", "uid-b/busy", "10.0.0.6", "busy", 1),))
+    cast(Pod, attacker).metrics.codes["502"] = 1
+    witness._record(snapshot)
+    (recorded,) = read_witnesses(tmp_path / "w.json")
+    assert [(s.pod, s.in_flight) for s in recorded.suspects] == [("a/attacker", 1), ("b/busy", 1)]
+    assert recorded.at == 50.0 and not lane.closed
 
 
 async def test_a_quarantined_pods_requests_are_refused_before_they_take_a_slot() -> None:

@@ -1,0 +1,145 @@
+"""policy.probation with policy.limiter: two probationers' requests never overlap at Triton,
+they take turns by pod, a waiter past its bound is refused, and other pods never wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.policy.limiter import Limiter
+from proxy.policy.probation import ProbationLane
+from proxy.policy.refusals import OverloadedError, QueueTimeoutError
+
+
+def probationer(
+    lane: ProbationLane, limit: int = 0, queue: int = 8, timeout: float = 30.0
+) -> Limiter:
+    limiter = Limiter(limit, queue, timeout)
+    limiter.probation = lane
+    lane.join(limiter)
+    return limiter
+
+
+async def test_a_second_probationer_waits_until_the_first_has_nothing_in_flight() -> None:
+    lane = ProbationLane()
+    a, b = probationer(lane), probationer(lane)
+    assert a.try_acquire() and a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    assert (b.in_flight, b.queued, lane.holder) == (0, 1, a)
+    assert not a.try_acquire(), "another probationer waits: the holder admits no new request"
+    a.release()
+    await asyncio.sleep(0)
+    assert not waiting.done(), "one of a's requests is still at Triton"
+    a.release()
+    await waiting
+    assert (a.in_flight, b.in_flight, lane.holder) == (0, 1, b)
+
+
+async def test_a_probationer_that_always_has_requests_waiting_cannot_starve_another() -> None:
+    """Pod a keeps more requests than its limit at all times; pod b's one request gets its turn
+    as soon as a's in-flight ones drain, and never beside them."""
+    lane = ProbationLane()
+    a, b = probationer(lane, limit=2), probationer(lane, limit=2)
+    done = 0
+
+    async def a_sends() -> None:
+        nonlocal done
+        for _ in range(50):
+            await a.acquire()
+            assert b.in_flight == 0, "a request of a was at Triton beside b's"
+            await asyncio.sleep(0)
+            done += 1
+            a.release()
+
+    senders = [asyncio.get_running_loop().create_task(a_sends()) for _ in range(4)]
+    await asyncio.sleep(0)
+    assert lane.holder is a and a.queued == 2
+    await b.acquire()
+    served_after = done
+    assert a.in_flight == 0
+    await asyncio.sleep(0)
+    b.release()
+    await asyncio.gather(*senders)
+    assert done == 200
+    assert served_after <= 4, f"b waited for {served_after} of a's requests, not one turn"
+
+
+async def test_a_waiting_probationer_is_bound_by_its_queue_and_timeout() -> None:
+    lane = ProbationLane()
+    a, b = probationer(lane), probationer(lane, queue=1, timeout=0.05)
+    assert a.try_acquire()
+    with pytest.raises(QueueTimeoutError):
+        await b.acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    with pytest.raises(OverloadedError):
+        await b.acquire()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    a.release()
+    assert lane.holder is None, "nothing waits any more: the lane is free"
+    assert b.try_acquire() and lane.holder is b
+
+
+async def test_pods_not_on_probation_never_wait_for_the_lane() -> None:
+    lane = ProbationLane()
+    a, other = probationer(lane), Limiter(0, 8, 30.0)
+    assert a.try_acquire()
+    assert other.try_acquire() and other.try_acquire()
+    assert lane.holder is a
+
+
+async def test_leaving_probation_hands_the_lane_on_and_lets_the_pods_waiters_go() -> None:
+    lane = ProbationLane()
+    a, b = probationer(lane), probationer(lane)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    a.probation = None
+    lane.leave(a)
+    await waiting
+    assert lane.holder is b and b.in_flight == 1
+    b.probation = None
+    lane.leave(b)
+    a.release()
+    b.release()
+    assert lane.holder is None
+
+
+async def test_a_turn_triton_died_under_closes_the_lane_until_the_witness_has_looked() -> None:
+    """The next probationer's request would fail at the dead Triton too and be named with the
+    pod that killed it: it waits until the witness reopens the lane (or the hold ends)."""
+    lane = ProbationLane(hold_seconds=30.0)
+    failed = {"a": 0}
+    a = Limiter(0, 8, 30.0)
+    a.probation = lane
+    lane.join(a, lambda: failed["a"])
+    b = probationer(lane)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    a.release()
+    failed["a"] += 1  # the relay counts the answer just after it frees the slot
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiting.done() and lane.closed, "b waits while Triton may be dead"
+    lane.reopen()  # the witness has taken its snapshot
+    await waiting
+    assert lane.holder is b
+
+
+async def test_a_turn_that_ended_well_passes_the_lane_on_at_once() -> None:
+    lane = ProbationLane(hold_seconds=30.0)
+    a = Limiter(0, 8, 30.0)
+    a.probation = lane
+    lane.join(a, lambda: 0)
+    b = probationer(lane)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    a.release()
+    await asyncio.wait_for(waiting, 5)
+    assert lane.holder is b and not lane.closed
