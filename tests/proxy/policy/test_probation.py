@@ -143,3 +143,36 @@ async def test_a_turn_that_ended_well_passes_the_lane_on_at_once() -> None:
     a.release()
     await asyncio.wait_for(waiting, 5)
     assert lane.holder is b and not lane.closed
+
+
+@pytest.mark.parametrize("namespaces", [("x", "y"), ("x", "x")])
+async def test_under_the_node_budget_probationers_never_overlap_and_both_are_served(
+    namespaces: tuple[str, str],
+) -> None:
+    """At the node gateway the slots come from the namespaces' pools (`policy.inflight`): the
+    lane still keeps two probationers apart, and neither waits for ever."""
+    from proxy.policy.inflight import InFlightShares
+
+    loop = asyncio.get_running_loop()
+    shares = InFlightShares(8, loop.call_later)
+    lane = ProbationLane()
+    a, b = probationer(lane), probationer(lane)
+    shares.add(a, namespaces[0])
+    shares.add(b, namespaces[1])
+    overlaps = 0
+    served = {id(a): 0, id(b): 0}
+
+    async def sends(me: Limiter, other: Limiter) -> None:
+        nonlocal overlaps
+        for _ in range(30):
+            await me.acquire()
+            overlaps += other.in_flight > 0
+            await asyncio.sleep(0)
+            served[id(me)] += 1
+            me.release()
+
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(sends(a, b) for _ in range(3)), *(sends(b, a) for _ in range(3)))
+    assert overlaps == 0
+    assert served == {id(a): 90, id(b): 90}
+    assert (a.in_flight, b.in_flight, lane.holder) == (0, 0, None)
