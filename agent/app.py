@@ -318,7 +318,9 @@ class Agent:
                 f"model repository {root}; keeping files would copy them, put both on one"
             )
         limit = self.settings.max_installed_bytes_per_namespace
-        self.models.namespace_disk = NamespaceDisk(limit or shutil.disk_usage(root).total // 2)
+        self.models.installer.namespace_disk = NamespaceDisk(
+            limit or shutil.disk_usage(root).total // 2
+        )
 
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings
