@@ -41,7 +41,7 @@ from agent.errors import (
 )
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
-from agent.install import Chunk, Installer, InstallResult, not_kept
+from agent.install import Installer, InstallResult, not_kept
 from agent.inventory import GpuInfo, GpuSnapshot, gpu_for
 from agent.lifecycle import (
     TRANSITIONS,
@@ -58,7 +58,7 @@ from agent.limits import ModelLimits
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import override_json, parse_config, pinned_as, pinned_config
-from agent.owners import Owners, Pods
+from agent.owners import Owners
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.quarantine import CrashLedger, CrashRecord, Marker
@@ -118,6 +118,8 @@ class _Record:
     """When the agent last checked that Triton runs what it installed (monotonic seconds)."""
 
 
+Chunk = tuple[str, int, bytes]
+
 CRASHED_REASON = "ModelCrashedTriton"
 """The reason of the pod's condition and Warning Event for a quarantined model."""
 
@@ -152,6 +154,17 @@ class Gpus(Protocol):
         """A fresh reading of one GPU, by UUID; None when it is not on the node."""
 
 
+class Pods(Protocol):
+    """This node's pods as model operations see them (`agent.nodepods.NodePods`)."""
+
+    def all_proven(self) -> list[Proven]:
+        """Every live pod of the node with a proven placement."""
+
+    async def owner_alive(self, owner: OwnerRecord) -> bool:
+        """Whether the recorded owner of a model is still a live pod on this node with a proven
+        placement for the record's model id; raises KubeError when that cannot be told."""
+
+
 class Models:
     """Owns every model operation on the node."""
 
@@ -176,7 +189,7 @@ class Models:
         """Files kept after their last pod left (`agent.filecache`); None keeps nothing."""
         self.triton = triton
         self.owners = owners
-        self.ownership = Owners(owners, pods)
+        self.ownership = Owners(owners, pods.owner_alive)
         self.limits = limits
         self._gpus = gpus
         self._pods = pods

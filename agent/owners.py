@@ -18,7 +18,7 @@ owner left before it writes the claim.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from agent.errors import InvalidRequestError, OwnedByAnotherPodError
 from agent.ownership import OwnerRecord, OwnerStore
@@ -29,23 +29,17 @@ from common.tritonname import private_triton_name
 log = logging.getLogger(__name__)
 
 
-class Pods(Protocol):
-    """This node's pods as model operations see them (`agent.nodepods.NodePods`)."""
-
-    def all_proven(self) -> list[Proven]:
-        """Every live pod of the node with a proven placement."""
-
-    async def owner_alive(self, owner: OwnerRecord) -> bool:
-        """Whether the recorded owner of a model is still a live pod on this node with a proven
-        placement for the record's model id; raises KubeError when that cannot be told."""
-
-
 class Owners:
     """The ownership rules over one node's owner records."""
 
-    def __init__(self, store: OwnerStore, pods: Pods) -> None:
+    def __init__(
+        self, store: OwnerStore, owner_alive: Callable[[OwnerRecord], Awaitable[bool]]
+    ) -> None:
         self.store = store
-        self.pods = pods
+        self._owner_alive = owner_alive
+        """Whether a recorded owner is still a live pod on this node proven for the record's
+        model id (`agent.nodepods.NodePods.owner_alive`); raises KubeError when that cannot be
+        told."""
 
     def triton_name(self, owner: Proven) -> str:
         """The name of `owner`'s model in Triton: its public id when the pod installed it before
@@ -76,7 +70,7 @@ class Owners:
         owned = self.store.get(name)
         if owned is not None and owned.uid == owner.uid:
             return owned
-        if owned is not None and await self.pods.owner_alive(owned):
+        if owned is not None and await self._owner_alive(owned):
             raise owned_elsewhere(owner.model_id)
         return None
 

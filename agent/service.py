@@ -27,10 +27,9 @@ from agent.errors import (
     grpc_code,
 )
 from agent.events import PodEvents
-from agent.install import Chunk
 from agent.inventory import GpuSnapshot
 from agent.metrics import AgentMetrics
-from agent.models import Models, ModelStatus
+from agent.models import Chunk, Models, ModelStatus
 from agent.placement import Proven
 from agent.repository import build_manifest
 from common.logs import subject
