@@ -223,6 +223,7 @@ class Agent:
             # the owners and the pods, and is rewritten when either changes.
             self.reconciler.on_pods = self.owners.on_change = self.callers.changed
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
+        self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
         self.metrics.watch_models(self.reconciler.callers)
         self.metrics.watch_quarantine(self.crashes.records)

@@ -148,6 +148,19 @@ class Installer:
             )
         self.limits.policy.check_files(model_id, [e.path for e in manifest.files], namespace)
 
+    def files_problem(self, name: str, uid: str) -> str:
+        """Why the files installed as `name` are not those the agent installed for the pod with
+        this uid, intact ("" when they are). Reads every file: in a file thread."""
+        owned = self.owners.get(name)
+        if owned is None or owned.uid != uid:
+            return "the agent never installed it for this pod"
+        manifest = self.repository.installed_manifest(name)
+        if manifest is None or manifest.digest != owned.digest:
+            return "the files on disk are not the ones the agent installed"
+        if not self.repository.is_intact(name, manifest):
+            return "the files on disk were changed after the agent installed them"
+        return ""
+
     # Disk room per namespace.
     def remove_or_keep(self, name: str) -> bool:
         """Move the files of a model leaving the repository into the cache when the agent
@@ -159,8 +172,7 @@ class Installer:
             self.cache is not None
             and owned is not None
             and manifest is not None
-            and manifest.digest == owned.digest
-            and self.repository.is_intact(name, manifest)
+            and not self.files_problem(name, owned.uid)
             and self.cache.keep(owned.namespace, self.repository.model_dir(name), manifest)
         ):
             return True

@@ -25,7 +25,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent.filecache import KeptCopy
 from agent.inventory import GpuSnapshot
+from agent.lifecycle import Phase
 from agent.memory import MemoryLedger
 from agent.placement import Proven
 from agent.quarantine import CrashRecord
@@ -70,6 +72,33 @@ class _GpuCollector(Collector):
         for uuid, count in sorted(self._loaded().items()):
             loaded.add_metric([index.get(uuid, ""), uuid], count)
         yield from (total, used, free, healthy, loaded)
+
+
+class _KeptCollector(Collector):
+    def __init__(self, kept: Callable[[], list[KeptCopy]]) -> None:
+        self._kept = kept
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        copies = GaugeMetricFamily(
+            "tritonshare_agent_kept_copies",
+            "Model revisions whose files the node keeps after their last pod left (phase "
+            "cached), by namespace",
+            labels=["namespace"],
+        )
+        size = GaugeMetricFamily(
+            "tritonshare_agent_kept_bytes",
+            "Bytes of the files the node keeps after their last pod left, by namespace",
+            labels=["namespace"],
+        )
+        by_namespace: dict[str, tuple[int, int]] = {}
+        for copy in self._kept():
+            if copy.phase is Phase.CACHED:
+                count, held = by_namespace.get(copy.namespace, (0, 0))
+                by_namespace[copy.namespace] = (count + 1, held + copy.bytes)
+        for namespace, (count, held) in sorted(by_namespace.items()):
+            copies.add_metric([namespace], count)
+            size.add_metric([namespace], held)
+        yield from (copies, size)
 
 
 def _indexes(snapshot: GpuSnapshot | None) -> dict[str, str]:
@@ -242,6 +271,10 @@ class AgentMetrics:
     ) -> None:
         """Export each loaded model's measured memory and each GPU's unattributed rest."""
         self.registry.register(_ModelMemoryCollector(ledger, snapshot))
+
+    def watch_kept(self, kept: Callable[[], list[KeptCopy]]) -> None:
+        """Export the kept copies, read from `kept()` at scrape time."""
+        self.registry.register(_KeptCollector(kept))
 
     def watch_models(self, owners: Callable[[], Mapping[str, Proven] | None]) -> None:
         """Export the info series of each served model, read from `owners()` (by name in

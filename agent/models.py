@@ -848,14 +848,11 @@ class Models:
     async def vouch(self, name: str, owner: Proven) -> str:
         """Why the agent cannot vouch that what Triton runs as `name` is the owner's model as it
         installed it, pinned to the owner's GPU; "" when it can."""
-        owned = self.owners.get(name)
-        if owned is None or owned.uid != owner.uid or name != self.triton_name(owner):
+        if name != self.triton_name(owner):
             return "the agent never installed it for this pod"
-        manifest = self.repository.installed_manifest(name)
-        if manifest is None or manifest.digest != owned.digest:
-            return "the files on disk are not the ones the agent installed"
-        if not await self._in_thread(self.repository.is_intact, name, manifest):
-            return "the files on disk were changed after the agent installed them"
+        problem = await self._in_thread(self.installer.files_problem, name, owner.uid)
+        if problem:
+            return problem
         try:
             _, index = self._gpu_for(owner.model_id, owner.gpu_uuid)
         except AgentError as e:
@@ -867,15 +864,7 @@ class Models:
 
     def files_vouched(self, name: str, owner: Proven) -> bool:
         """True when the installed files are those the agent installed for `owner`."""
-        owned = self.owners.get(name)
-        manifest = self.repository.installed_manifest(name)
-        return (
-            owned is not None
-            and owned.uid == owner.uid
-            and manifest is not None
-            and manifest.digest == owned.digest
-            and self.repository.is_intact(name, manifest)
-        )
+        return not self.installer.files_problem(name, owner.uid)
 
     async def evict_unvouched(self, name: str, owner: Proven, why: str) -> None:
         """Take out of Triton what the agent cannot vouch for; keep the owner's files when they
