@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -111,31 +111,21 @@ async def _in(writer: Executor, fn: Callable[..., T], *args: object) -> T:
     return await asyncio.get_running_loop().run_in_executor(writer, fn, *args)
 
 
+@dataclass
 class Installer:
     """Receives, checks and commits model files, within the disk bounds of one node."""
 
-    def __init__(
-        self,
-        repository: Repository,
-        owners: OwnerStore,
-        limits: ModelLimits,
-        metrics: AgentMetrics,
-        *,
-        cache: FileCache | None,
-        namespace_disk: NamespaceDisk,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.repository = repository
-        self.owners = owners
-        self.limits = limits
-        self.metrics = metrics
-        self.cache = cache
-        """Files kept after their last pod left (`agent.filecache`); None keeps nothing."""
-        self.namespace_disk = namespace_disk
-        self.clock = clock
-        self._reserved: dict[str, int] = {}
-        """Namespace -> bytes its installs in progress may yet commit (admitted, not on disk)."""
-        self._disk_lock = threading.Lock()
+    repository: Repository
+    owners: OwnerStore
+    limits: ModelLimits
+    metrics: AgentMetrics
+    cache: FileCache | None
+    """Files kept after their last pod left (`agent.filecache`); None keeps nothing."""
+    namespace_disk: NamespaceDisk
+    clock: Callable[[], float] = time.monotonic
+    _reserved: dict[str, int] = field(default_factory=dict, init=False)
+    """Namespace -> bytes its installs in progress may yet commit (admitted, not on disk)."""
+    _disk_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def admit(self, model_id: str, manifest: Manifest, namespace: str) -> None:
         """Refuse, before anything is read, a manifest over the size limit or naming files the

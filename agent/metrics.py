@@ -74,31 +74,35 @@ class _GpuCollector(Collector):
         yield from (total, used, free, healthy, loaded)
 
 
+_KEPT_SERIES = (
+    (
+        "tritonshare_agent_kept_copies",
+        "Model revisions whose files the node keeps after their last pod left (phase cached), "
+        "by namespace",
+    ),
+    (
+        "tritonshare_agent_kept_bytes",
+        "Bytes of the files the node keeps after their last pod left, by namespace",
+    ),
+)
+
+
 class _KeptCollector(Collector):
     def __init__(self, kept: Callable[[], list[KeptCopy]]) -> None:
         self._kept = kept
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        copies = GaugeMetricFamily(
-            "tritonshare_agent_kept_copies",
-            "Model revisions whose files the node keeps after their last pod left (phase "
-            "cached), by namespace",
-            labels=["namespace"],
-        )
-        size = GaugeMetricFamily(
-            "tritonshare_agent_kept_bytes",
-            "Bytes of the files the node keeps after their last pod left, by namespace",
-            labels=["namespace"],
-        )
-        by_namespace: dict[str, tuple[int, int]] = {}
+        figures: dict[str, list[int]] = {}
         for copy in self._kept():
             if copy.phase is Phase.CACHED:
-                count, held = by_namespace.get(copy.namespace, (0, 0))
-                by_namespace[copy.namespace] = (count + 1, held + copy.bytes)
-        for namespace, (count, held) in sorted(by_namespace.items()):
-            copies.add_metric([namespace], count)
-            size.add_metric([namespace], held)
-        yield from (copies, size)
+                counted = figures.setdefault(copy.namespace, [0, 0])
+                counted[0] += 1
+                counted[1] += copy.bytes
+        for column, (name, documentation) in enumerate(_KEPT_SERIES):
+            gauge = GaugeMetricFamily(name, documentation, labels=["namespace"])
+            for namespace, counted in sorted(figures.items()):
+                gauge.add_metric([namespace], counted[column])
+            yield gauge
 
 
 def _indexes(snapshot: GpuSnapshot | None) -> dict[str, str]:

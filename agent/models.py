@@ -194,15 +194,8 @@ class Models:
         self._gpus = gpus
         self._pods = pods
         self.metrics = metrics
-        self.installer = Installer(
-            repository,
-            owners,
-            limits,
-            metrics,
-            cache=cache,
-            namespace_disk=namespace_disk or NamespaceDisk(0),
-            clock=clock,
-        )
+        disk = namespace_disk or NamespaceDisk(0)
+        self.installer = Installer(repository, owners, limits, metrics, cache, disk, clock)
         self.ledger = ledger or MemoryLedger()
         self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
