@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import mmap
 import os
 import threading
@@ -42,10 +43,12 @@ from agent.limits import ModelLimits
 from agent.metrics import AgentMetrics
 from agent.modelconfig import external_data_problem, onnx_files, parse_config, top_directories
 from agent.onnxmodel import OnnxFormatError, external_locations
-from agent.ownership import OwnerStore
+from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.repository import DISK_HEADROOM_BYTES, Repository, Staging
 from common.manifest import Manifest
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -137,6 +140,27 @@ class Installer:
                 f"smaller or ask the operator to raise the limit"
             )
         self.limits.policy.check_files(model_id, [e.path for e in manifest.files], namespace)
+
+    def unchanged(self, name: str, manifest: Manifest, owned: OwnerRecord) -> bool:
+        """Whether the files installed as `name` are intact and those of `manifest`, which the
+        agent installed for their owner `owned` (nothing to write then). In a file thread."""
+        installed = self.repository.installed_manifest(name)
+        if installed is None or installed.digest != owned.digest:
+            return False
+        if installed.digest == manifest.digest and self.repository.is_intact(name, installed):
+            log.info(
+                "Model %s of pod %s is already installed with this manifest.",
+                owned.model_id,
+                owned.pod,
+            )
+            self.metrics.installs.labels("unchanged").inc()
+            return True
+        log.warning(
+            "Model %s of pod %s on disk no longer matches its manifest: reinstalling it.",
+            owned.model_id,
+            owned.pod,
+        )
+        return False
 
     def files_problem(self, name: str, uid: str) -> str:
         """Why the files installed as `name` are not those the agent installed for the pod with

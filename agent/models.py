@@ -345,25 +345,9 @@ class Models:
             # Fetched after the claim, which may have removed what a previous owner left.
             record = self._touch(name, owner)
             record.pod = owner.key
-            installed = self.repository.installed_manifest(name)
-            if (
-                installed is not None
-                and installed.digest == manifest.digest == owned.digest
-                and await self._in_thread(self.repository.is_intact, name, installed)
-            ):
-                log.info(
-                    "Model %s of pod %s is already installed with this manifest.",
-                    model_id,
-                    owner.key,
-                )
-                self.metrics.installs.labels("unchanged").inc()
+            if await self._in_thread(self.installer.unchanged, name, manifest, owned):
                 return InstallResult(model_id, manifest.digest, True, 0)
-            if installed is not None and installed.digest == owned.digest:
-                log.warning(
-                    "Model %s of pod %s on disk no longer matches its manifest: reinstalling it.",
-                    model_id,
-                    owner.key,
-                )
+            installed = self.repository.installed_manifest(name)
             if installed is not None or self.repository.model_dir(name).exists():
                 entry = await self.triton.state(name)
                 if entry is not None and entry.state in (READY, LOADING):
