@@ -71,14 +71,26 @@ def walk(
         end = len(data)
     try:
         while pos < end:
-            key, pos = varint(data, pos)
+            key = data[pos]
+            if key < 0x80:  # one-byte keys, lengths and small varints are the rule: no call
+                pos += 1
+            else:
+                key, pos = varint(data, pos)
             number = key >> 3
             kind = key & 7
             if kind == LENGTH_DELIMITED:
-                length, start = varint(data, pos)
-                pos = start + length
+                if pos < end and data[pos] < 0x80:
+                    start = pos + 1
+                    pos = start + data[pos]
+                else:
+                    length, start = varint(data, pos)
+                    pos = start + length
             elif kind == VARINT:
-                start, pos = varint(data, pos)
+                if pos < end and data[pos] < 0x80:
+                    start = data[pos]
+                    pos += 1
+                else:
+                    start, pos = varint(data, pos)
             elif kind in (FIXED64, FIXED32):
                 start = pos
                 pos += 8 if kind == FIXED64 else 4
