@@ -72,12 +72,10 @@ def walk(
     try:
         while pos < end:
             key = data[pos]
-            if key < 0x80:  # one-byte keys, lengths and small varints are the rule: no call
-                pos += 1
-            else:
-                key, pos = varint(data, pos)
-            number = key >> 3
-            kind = key & 7
+            pos += 1
+            if key > 0x7F:  # one-byte keys and lengths are the rule: no call for them
+                key, pos = varint(data, pos - 1)
+            number, kind = key >> 3, key & 7
             if kind == LENGTH_DELIMITED:
                 if pos < end and data[pos] < 0x80:
                     start = pos + 1
@@ -86,11 +84,7 @@ def walk(
                     length, start = varint(data, pos)
                     pos = start + length
             elif kind == VARINT:
-                if pos < end and data[pos] < 0x80:
-                    start = data[pos]
-                    pos += 1
-                else:
-                    start, pos = varint(data, pos)
+                start, pos = varint(data, pos)
             elif kind in (FIXED64, FIXED32):
                 start = pos
                 pos += 8 if kind == FIXED64 else 4
