@@ -27,6 +27,7 @@ from agent.auth import Authorizer
 from agent.conditions import ModelConditions
 from agent.errors import AgentError
 from agent.events import PodEvents
+from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gate import MAX_MESSAGE_BYTES, Gate
 from agent.gateway import CallerPublisher
@@ -171,6 +172,13 @@ class Agent:
         )
 
         # The models, and what keeps them in line with the pods.
+        self.evictor = Evictor(
+            settings.activity_path,
+            max_age=settings.activity_max_age_seconds,
+            min_idle=settings.evict_min_idle_seconds,
+            events=self.events,
+            metrics=self.metrics,
+        )
         self.models = Models(
             self.repository,
             self.triton,
@@ -182,6 +190,7 @@ class Agent:
             ledger=self.ledger,
             cache=self.cache,
             crashes=self.crashes,
+            evictor=self.evictor,
         )
         self.reconciler = Reconciler(
             self.models,
@@ -227,6 +236,7 @@ class Agent:
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
         self.metrics.watch_models(self.reconciler.callers)
         self.metrics.watch_quarantine(self.crashes.records)
+        self.metrics.watch_residency(self.models.residency_states)
 
         # Serving the pods: who may call, the service, the gate in front of it.
         self.authorizer = Authorizer(

@@ -7,6 +7,8 @@ each state are `agent.lifecycle.CONDITIONS`'; this module adds the message: `Tru
 the model is READY; `False` when it is missing (ModelMissing: the node pod was replaced or the
 repository lost; the pod's proxy reinstalls it), installed but not loaded (ModelNotLoaded),
 failed (ModelFailed, with Triton's reason; ModelLoadGivenUp once its loads are no longer tried),
+asleep (ModelSleeping: an on-demand model unloaded while idle; no Event, and the pod's readiness,
+the proxy's, stays True),
 quarantined after Triton exited under its loads (ModelCrashedTriton, `agent.quarantine`), or
 Triton is down (TritonUnavailable). A change to False also records a Warning Event
 (ModelNotServed), deduplicated per pod and reason by `agent.events`. LOADING and UNLOADING are
@@ -41,6 +43,8 @@ from common.logs import subject
 log = logging.getLogger(__name__)
 
 NOT_SERVED_EVENT = "ModelNotServed"
+SLEEPING_REASON = "ModelSleeping"
+"""The reason of an on-demand model unloaded while idle: not served, and no failure either."""
 GIVEN_UP_REASON = "ModelLoadGivenUp"
 """The reason of a FAILED model whose loads the agent no longer tries (--max-load-attempts)."""
 REINSTALL_WRITE_SECONDS = 10.0
@@ -85,6 +89,13 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
         return missing(model_id)
     if status.quarantined:
         return Verdict("False", CRASHED_REASON, status.reason)
+    if status.sleeping:
+        return Verdict(
+            "False",
+            SLEEPING_REASON,
+            f"model {model_id} is asleep: on-demand, it was unloaded from Triton after an idle "
+            f"unload (or to make room), its files kept; its next request loads it again",
+        )
     where = f"GPU {status.gpu_uuid}" if status.gpu_uuid else "the node"
     messages = {
         ModelState.READY: f"model {model_id} is READY on {where}",
@@ -228,5 +239,5 @@ class ModelConditions:
             wanted.message,
             extra=subject(pod=pod.key, model=pod.model_id),
         )
-        if wanted.status != "True":
+        if wanted.status != "True" and wanted.reason != SLEEPING_REASON:
             self._events.warn(pod.key, pod.uid, NOT_SERVED_EVENT, wanted.message)

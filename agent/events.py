@@ -1,7 +1,8 @@
-"""Warning Events on model pods, so a refused or evicted pod says why in `kubectl describe pod`.
+"""Events on model pods, so a refused or evicted pod says why in `kubectl describe pod`.
 
-The agent records an Event when it refuses a pod (not placed by the binder, model id owned by
-another pod, tenant code not allowed) or takes a model out of Triton that it cannot vouch for. A
+The agent records a Warning Event when it refuses a pod (not placed by the binder, model id owned
+by another pod, tenant code not allowed) or takes a model out of Triton that it cannot vouch for,
+and a Normal one when it puts an idle on-demand model to sleep to make room for another. A
 tenant can call the agent in a loop, so each (pod, reason) is written at most once per period,
 the remembered set is bounded, and writing never delays the answer: it runs as its own task,
 and a failed write is logged, not retried.
@@ -27,12 +28,20 @@ REMEMBERED = 10_000
 
 class EventWriter(Protocol):
     async def record_pod_event(
-        self, namespace: str, name: str, uid: str, *, reason: str, message: str, component: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        reason: str,
+        message: str,
+        component: str,
+        event_type: str = "Warning",
     ) -> None: ...
 
 
 class PodEvents:
-    """Records Warning Events on pods, deduplicated per pod and reason."""
+    """Records Events on pods, deduplicated per pod and reason."""
 
     def __init__(
         self,
@@ -51,6 +60,13 @@ class PodEvents:
 
     def warn(self, pod_key: str, uid: str, reason: str, message: str) -> None:
         """Record the Event unless this pod got it within the period; returns at once."""
+        self._record(pod_key, uid, reason, message, "Warning")
+
+    def normal(self, pod_key: str, uid: str, reason: str, message: str) -> None:
+        """A Normal Event (something the agent did, not a fault), deduplicated as `warn`."""
+        self._record(pod_key, uid, reason, message, "Normal")
+
+    def _record(self, pod_key: str, uid: str, reason: str, message: str, event_type: str) -> None:
         now = self._clock()
         last = self._written.get((uid, reason))
         if last is not None and now - last < self._repeat:
@@ -61,15 +77,23 @@ class PodEvents:
         namespace, _, name = pod_key.partition("/")
         spawn(
             f"Recording event {reason} on pod {pod_key}",
-            self._write(namespace, name, uid, reason, message),
+            self._write(namespace, name, uid, reason, message, event_type),
             consequence="the pod does not show it",
             keep=self._tasks,
         )
 
-    async def _write(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+    async def _write(
+        self, namespace: str, name: str, uid: str, reason: str, message: str, event_type: str
+    ) -> None:
         try:
             await self._kube.record_pod_event(
-                namespace, name, uid, reason=reason, message=message, component=self.component
+                namespace,
+                name,
+                uid,
+                reason=reason,
+                message=message,
+                component=self.component,
+                event_type=event_type,
             )
         except KubeError as e:
             log.warning(

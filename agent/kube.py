@@ -182,9 +182,18 @@ class KubeClient:
 
     # Events.
     async def record_pod_event(
-        self, namespace: str, name: str, uid: str, *, reason: str, message: str, component: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        reason: str,
+        message: str,
+        component: str,
+        event_type: str = "Warning",
     ) -> None:
-        """A Warning Event on a pod, as the kubelet records one (`kubectl describe pod`)."""
+        """An Event on a pod (Warning by default), as the kubelet records one (`kubectl
+        describe pod`)."""
         body = pod_event(
             namespace,
             name,
@@ -194,6 +203,7 @@ class KubeClient:
             component=component,
             instance=component,
             action="Serving",
+            event_type=event_type,
         )
         await self._call(
             f"record an event on pod {namespace}/{name}",

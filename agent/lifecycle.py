@@ -10,8 +10,7 @@ It is pure: time is passed in, nothing here reads a clock, the disk or Triton. `
 holds one `Life` per model, steps it under the model's lock and does the I/O the step stands for;
 `agent.reconcile` decides which events a pass raises; `agent.conditions` and `agent.metrics` read
 the results; `agent.filecache` steps the life of each copy of files kept after its last pod
-left (CACHED). Phases no event reaches yet (IDLE_UNLOADED, WAKING) are in the table already,
-so that what reaches them is an event raised, not a new path.
+left (CACHED).
 """
 
 from __future__ import annotations
@@ -85,8 +84,8 @@ class Event(enum.Enum):
     POD_GONE = "pod gone"  # agent.reconcile: no live proven pod wants it
     OVER_REQUEST = "measured over request"  # agent.reconcile: evicted for its GPU memory
     FILES_KEPT = "files kept"  # agent.filecache: a leaving pod's files kept on the node
-    IDLE = "idle"  # (idle unload of an on-demand model)
-    REQUEST_ARRIVED = "request arrived"  # (wake on request)
+    IDLE = "idle"  # agent.models: slept or evicted; agent.reconcile: on-demand, found at rest
+    REQUEST_ARRIVED = "request arrived"  # agent.models: a load of a sleeping model (a wake)
     CRASH_SUSPECTED = "crash suspected"  # agent.reconcile: its load's crash marker left over
     QUARANTINE_CLEARED = "quarantine cleared"  # agent.reconcile: an operator cleared it
 
@@ -108,7 +107,7 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     rows[Phase.READY, Event.TRITON_RESTARTED] = Phase.LOST
     # Installs: from anything at rest, and from READY (Triton may have lost it unnoticed; an
     # install over a model Triton runs is refused by agent.models before it starts).
-    installable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.CACHED)
+    installable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.CACHED, Phase.IDLE_UNLOADED)
     add(installable, (Event.INSTALL_STARTED,), Phase.INSTALLING)
     add((Phase.INSTALLING,), (Event.INSTALL_DONE, Event.INSTALL_FAILED), Phase.INSTALLED)
     # Loads.
@@ -120,7 +119,7 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     add((Phase.WAKING,), (Event.LOAD_REFUSED, Event.LOAD_UNANSWERED), Phase.IDLE_UNLOADED)
     # Taken over after an agent restart, or vouched for again by a recheck (Triton keeps serving
     # the version it had when a later load of it failed).
-    adoptable = (Phase.ABSENT, *_RESTING, Phase.READY)
+    adoptable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.IDLE_UNLOADED)
     add(adoptable, (Event.ADOPTED,), Phase.READY)
     # Unloads, whatever their cause.
     unloadable = (Phase.ABSENT, *_RESTING, Phase.READY, Phase.IDLE_UNLOADED, Phase.QUARANTINED)
@@ -128,8 +127,11 @@ def _rows() -> dict[tuple[Phase, Event], Phase]:
     add((Phase.CACHED,), (Event.UNLOAD_STARTED,), Phase.UNLOADING)
     add((Phase.UNLOADING,), (Event.UNLOADED, Event.UNLOAD_FAILED), Phase.INSTALLED)
     add((Phase.UNLOADING, Phase.CACHED), (Event.REMOVED,), Phase.ABSENT)
-    # Later steps: files kept after the pod (LRU), idle unload and wake, crash quarantine.
+    # Files kept after the pod (LRU), crash quarantine.
     rows[Phase.INSTALLED, Event.FILES_KEPT] = Phase.CACHED
+    # Sleep: an on-demand model is unloaded (files kept) and then rests asleep; the reconciler
+    # also puts an on-demand model at rest to sleep (after an agent restart, a reinstall). Its
+    # next load is a wake.
     rows[Phase.INSTALLED, Event.IDLE] = Phase.IDLE_UNLOADED
     rows[Phase.IDLE_UNLOADED, Event.REQUEST_ARRIVED] = Phase.WAKING
     # A crash is found after the fact: the load that died is unanswered (LOST) by then, or

@@ -165,6 +165,22 @@ class _ModelInfoCollector(Collector):
         yield info
 
 
+class _ResidencyCollector(Collector):
+    def __init__(self, states: Callable[[], Mapping[str, str]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "tritonshare_agent_model_residency_state",
+            "1 for the state each on-demand model is in (loaded, sleeping, waking), by its name "
+            "in Triton",
+            labels=["model", "state"],
+        )
+        for name, state in sorted(self._states().items()):
+            gauge.add_metric([name, state], 1)
+        yield gauge
+
+
 class _QuarantineCollector:
     def __init__(self, records: Callable[[], list[CrashRecord]]) -> None:
         self._records = records
@@ -263,6 +279,31 @@ class AgentMetrics:
             "Loads Triton exited under (each counted against the model being loaded)",
             registry=r,
         )
+        self.sleeps = Counter(
+            "tritonshare_agent_model_sleeps",
+            "On-demand models put to sleep (unloaded, files kept), by reason (idle: asked by "
+            "the pod's proxy; evicted: to make room for another load; rested: found at rest)",
+            ["reason"],
+            registry=r,
+        )
+        self.wakes = Counter(
+            "tritonshare_agent_model_wakes",
+            "Loads of sleeping models, by outcome (woken, no_room, failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.wake_seconds = Histogram(
+            "tritonshare_agent_wake_duration_seconds",
+            "Time from a wake's start until Triton answered its load READY (eviction included)",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "tritonshare_agent_evictions",
+            "Idle on-demand models unloaded to make room, by what they made room for (wake, load)",
+            ["reason"],
+            registry=r,
+        )
         self.kube_writes = Counter(
             "tritonshare_agent_kube_writes",
             "Writes to the Kubernetes API by kind (node, node_status, lease)",
@@ -284,6 +325,11 @@ class AgentMetrics:
         """Export the info series of each served model, read from `owners()` (by name in
         Triton) at scrape time."""
         self.registry.register(_ModelInfoCollector(owners))
+
+    def watch_residency(self, states: Callable[[], Mapping[str, str]]) -> None:
+        """Export each on-demand model's state, read from `states()` (name in Triton -> loaded,
+        sleeping or waking) at scrape time."""
+        self.registry.register(_ResidencyCollector(states))
 
     def watch_quarantine(self, records: Callable[[], list[CrashRecord]]) -> None:
         """Export the quarantined models, read from `records()` at scrape time."""

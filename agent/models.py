@@ -14,6 +14,10 @@ here, under its lock, around the I/O the step stands for); which load or unload 
 next (`agent.gpuqueue`); whether a load fits its GPU (`agent.memory`); which GPU a pod was placed
 on (`agent.inventory`). It decides nothing about who may call (`agent.auth`) or which models are
 wanted (`agent.reconcile`).
+
+An `on-demand` model (by its pod's proof) may be put to sleep: unloaded, files and owner kept, its
+next load a wake. A load that does not fit on its GPU first puts idle on-demand models of that GPU
+to sleep, inside its own GPU turn; which ones is `agent.evictor`'s and `agent.eviction`'s.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from agent.errors import (
     TritonError,
     TritonUnreachableError,
 )
+from agent.eviction import Gpu, Loaded
+from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
 from agent.install import Installer, InstallResult, not_kept
@@ -100,6 +106,10 @@ class ModelStatus:
     """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
     quarantined: bool = False
     """Its files coincided with too many of Triton's unexpected exits (`agent.quarantine`)."""
+    residency: str = ""
+    """Its pod's residency class from the proof of placement ("" when no live pod owns it)."""
+    sleeping: bool = False
+    """An on-demand model unloaded while idle, its files kept: its next load wakes it."""
 
 
 @dataclass
@@ -119,6 +129,9 @@ class _Record:
 
 
 Chunk = tuple[str, int, bytes]
+
+WAKE_FAILED_REASON = "ModelWakeFailed"
+"""The reason of the Warning Event on a pod whose sleeping model could not be woken."""
 
 CRASHED_REASON = "ModelCrashedTriton"
 """The reason of the pod's condition and Warning Event for a quarantined model."""
@@ -182,7 +195,9 @@ class Models:
         cache: FileCache | None = None,
         namespace_disk: NamespaceDisk | None = None,
         crashes: CrashLedger | None = None,
+        evictor: Evictor | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.repository = repository
         self.cache = cache
@@ -198,6 +213,9 @@ class Models:
         self.installer = Installer(repository, owners, limits, metrics, cache, disk, clock)
         self.ledger = ledger or MemoryLedger()
         self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
+        self.evictor = evictor
+        """Chooses idle on-demand models to put to sleep for a load that does not fit (None:
+        such a load is refused)."""
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
@@ -206,6 +224,7 @@ class Models:
         self._granted: dict[int, asyncio.Future[None]] = {}
         """Turn number -> what its waiter awaits until the GPU queue grants it."""
         self.clock = clock
+        self._wall = wall
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         """Name -> its lock and how many operations hold or await it: a lock lives only while
         used, so names of pods long gone (every rollout brings new ones) cost nothing."""
@@ -289,8 +308,14 @@ class Models:
                 name = ""  # no model of it can be loaded here: its request alone counts
             owner = self.owners.get(name)
             mine = owner is not None and owner.uid == proven.uid
+            if proven.on_demand and not (mine and self._held_loaded(name)):
+                continue  # asleep, or not loaded yet: it takes room only once loaded
             held.append(max(proven.request, self.ledger.measured(name) if mine else 0))
         return held
+
+    def _held_loaded(self, name: str) -> bool:
+        record = self._records.get(name)
+        return record is not None and record.life.held_loaded
 
     def public_id(self, name: str) -> str:
         """The public id of the model named `name` in Triton, as far as the agent knows."""
@@ -440,24 +465,29 @@ class Models:
             and record.life.held_loaded
             and (record.gpu_uuid, record.gpu_index) == (uuid, index)
         ):
-            return self._status(name, entry, manifest)
+            return self._status(name, entry, manifest, owner.residency)
         quarantined = self.crashes.quarantined(owned.digest)
         if quarantined is not None:
             raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
-            return self._status(name, entry, manifest)
-        self._step(name, record, Event.LOAD_STARTED)
+            return self._status(name, entry, manifest, owner.residency)
+        waking = record.life.phase is Phase.IDLE_UNLOADED
+        self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
         record.gpu_uuid, record.gpu_index = uuid, index
         started = self.clock()
         # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
         marker = Marker(name, owned.digest, model_id, owner.key)
         await self._in_thread(self.crashes.loading, marker)
         try:
-            await self._load_measured(name, override, owner, uuid, index, manifest.total_bytes)
+            await self._load_measured(
+                name, override, owner, uuid, index, manifest.total_bytes, waking=waking
+            )
         except LoadTimedOutError as e:
             self._step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels(e.reason).inc()
+            if waking:
+                self.metrics.wakes.labels("failed").inc()
             log.warning(
                 "Model %s of pod %s was abandoned: %s",
                 model_id,
@@ -467,7 +497,7 @@ class Models:
             )
             await self._abandon(name)
             # Triton may still be loading it: the answer is the agent's, the load is over.
-            return self._status(name, None, manifest)
+            return self._status(name, None, manifest, owner.residency)
         except TritonUnreachableError:
             self._step(name, record, Event.LOAD_UNANSWERED)
             self.metrics.load_failures.labels("triton_unreachable").inc()
@@ -476,6 +506,8 @@ class Models:
             self.crashes.answered(name)
             self._step(name, record, Event.LOAD_FAILED, str(e))
             self.metrics.load_failures.labels("triton_rejected").inc()
+            if waking:
+                self.metrics.wakes.labels("failed").inc()
             log.warning(
                 "Model %s of pod %s failed to load: %s",
                 model_id,
@@ -487,6 +519,8 @@ class Models:
             self.crashes.answered(name)
             self._step(name, record, Event.LOAD_REFUSED)
             self.metrics.gpu_memory_refusals.inc()
+            if waking:
+                self.metrics.wakes.labels("no_room").inc()
             raise
         except BaseException:
             self._step(name, record, Event.LOAD_UNANSWERED)
@@ -496,6 +530,9 @@ class Models:
             self._step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
+            if waking:
+                self.metrics.wakes.labels("woken").inc()
+                self.metrics.wake_seconds.observe(self.clock() - started)
             log.info(
                 "Model %s of pod %s is loaded in Triton as %s on %s.",
                 model_id,
@@ -503,7 +540,106 @@ class Models:
                 name,
                 f"GPU {index} ({uuid})" if pin is not None else "the CPU",
             )
-        return self._status(name, await self.triton.state(name), manifest)
+        return self._status(name, await self.triton.state(name), manifest, owner.residency)
+
+    def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
+        """What every proven placement on a GPU holds but one pod's, as `booked` counts it, by
+        name in Triton, for the eviction rule."""
+        held = {}
+        now, wall = self.clock(), self._wall()
+        for proven in self._pods.all_proven():
+            if proven.gpu_uuid != gpu_uuid or proven.uid == except_uid:
+                continue
+            try:
+                name = self.triton_name(proven)
+            except AgentError:
+                continue
+            owner = self.owners.get(name)
+            mine = owner is not None and owner.uid == proven.uid
+            if proven.on_demand and not (mine and self._held_loaded(name)):
+                continue
+            record = self._records.get(name)
+            touched = record.last_activity if record else now
+            # A refused or lost load is booked but holds nothing to free: not a victim.
+            resting = proven.on_demand and not (record and record.life.phase is Phase.READY)
+            held[name] = (
+                Loaded(
+                    name,
+                    proven.namespace,
+                    proven.model_id,
+                    max(proven.request, self.ledger.measured(name) if mine else 0),
+                    proven.on_demand,
+                    busy=self.is_busy(name) or resting,
+                    last_used=wall - (now - touched),
+                ),
+                proven,
+            )
+        return held
+
+    async def _make_gpu_room(
+        self, owner: Proven, gpu: GpuInfo, problem: str, waking: bool
+    ) -> tuple[GpuInfo | None, str]:
+        """Put idle on-demand models of the owner's GPU to sleep until its load fits, as
+        `agent.eviction` chooses; inside the load's GPU turn, holding the lock of the model to
+        load, after admission found `problem`. The GPU's reading after, and what still stands in
+        the way ("" when it fits)."""
+        assert self.evictor is not None
+        reserve = self.limits.gpu_mem_reserve
+        capacity = gpu.memory_total - reserve
+        booked = sum(self.booked(gpu.uuid, owner.uid))
+        needed = max(booked + owner.request - capacity, owner.request - (gpu.memory_free - reserve))
+        held = self._held_on(gpu.uuid, owner.uid)
+        if not any(m.on_demand for m, _ in held.values()):
+            return gpu, problem  # nothing on the GPU may ever make room
+        label = f"GPU {gpu.index} ({gpu.uuid})"
+        claim = owner.request if owner.on_demand else 0
+        choice = self.evictor.choose(
+            Gpu(label, capacity), [m for m, _ in held.values()], owner.namespace, needed, claim
+        )
+        if choice.problem:
+            return gpu, f"{problem}, and no room can be made: {choice.problem}"
+        why = f"a {'wake' if waking else 'load'} of another model needed it"
+        for victim in choice.victims:
+            if self.is_busy(victim.name):
+                continue  # taken by an operation meanwhile: the check below tells
+            try:
+                await self._evict(victim.name, gpu.uuid)
+            except AgentError as e:
+                log.warning("Putting idle model %s to sleep failed: %s", victim.name, e)
+                return await self._gpus.read_gpu(gpu.uuid), (
+                    f"an idle model on {label} could not be put to sleep to make room"
+                )
+            _, proven = held[victim.name]
+            self.evictor.evicted(victim, proven.key, proven.uid, why, waking)
+        after = await self._gpus.read_gpu(gpu.uuid)
+        if after is None:
+            return None, ""
+        self._unexplained(self.ledger.observe_gpu(after))
+        booked_after = self.booked(gpu.uuid, owner.uid)
+        return after, admission_problem(after, owner.request, booked_after, reserve)
+
+    async def _evict(self, name: str, uuid: str) -> None:
+        """Put the on-demand model `name` to sleep inside a turn already held on its GPU
+        (`uuid`), measured like any unload. Takes its lock, which nothing holds (checked)."""
+        async with self.lock(name):
+            record = self.record(name)
+            if not record.life.held_loaded:
+                return
+            self._step(name, record, Event.UNLOAD_STARTED)
+            try:
+                before = await self._gpus.read_gpu(uuid)
+                await self.triton.unload(name)
+                await self.triton.wait_unloaded(name, self.limits.unload_timeout)
+                after = await self._gpus.read_gpu(uuid)
+            except BaseException:
+                self._step(name, record, Event.UNLOAD_FAILED)
+                raise
+            if before is not None and after is not None:
+                self.ledger.record_unload(name, before.memory_used, after.memory_used)
+            self.ledger.forget(name)
+            self.crashes.answered(name)
+            self._step(name, record, Event.UNLOADED)
+            self._step(name, record, Event.IDLE)
 
     async def _abandon(self, name: str) -> None:
         """Ask Triton to unload a load given up on mid-way. Triton answers once the load has
@@ -529,7 +665,15 @@ class Models:
         )
 
     async def _load_measured(
-        self, name: str, override: str, owner: Proven, uuid: str, index: int, size: int = 0
+        self,
+        name: str,
+        override: str,
+        owner: Proven,
+        uuid: str,
+        index: int,
+        size: int = 0,
+        *,
+        waking: bool = False,
     ) -> None:
         """Load, admitted and measured when the model's GPU can be read: one load or unload at
         a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
@@ -547,7 +691,8 @@ class Models:
                     raise
                 raise self._timed_out(size, bound or 0.0) from e
             return
-        window = self._gpu_window(uuid, Work.LOAD, name, owner.namespace, size)
+        work = Work.WAKE if waking else Work.LOAD
+        window = self._gpu_window(uuid, work, name, owner.namespace, size)
         async with window as before:
             if before is not None:
                 problem = admission_problem(
@@ -556,6 +701,16 @@ class Models:
                     self.booked(uuid, owner.uid),
                     self.limits.gpu_mem_reserve,
                 )
+                if problem and self.evictor is not None:
+                    # Idle on-demand models of the GPU make room (`agent.eviction`), inside
+                    # this turn: what they free is measured before this load begins.
+                    before, problem = await self._make_gpu_room(owner, before, problem, waking)
+                if problem and waking:
+                    raise ResourceExhaustedError(
+                        f"model {model_id!r} of pod {owner.key} cannot wake: {problem}; it "
+                        f"stays asleep and its next request tries again",
+                        event_reason=WAKE_FAILED_REASON,
+                    )
                 if problem:
                     raise ResourceExhaustedError(
                         f"model {model_id!r} of pod {owner.key} does not fit: {problem}; "
@@ -680,6 +835,37 @@ class Models:
                 return ModelStatus(owner.model_id, ModelState.ABSENT)
             return await self._unload_locked(name, reason)
 
+    async def sleep_for(self, owner: Proven) -> ModelStatus:
+        """Put the owner's on-demand model to sleep: out of Triton (through its GPU's queue),
+        its files and owner record kept, so that its next load wakes it. ConflictError for a pod
+        whose proof of placement says `always`; a model already asleep is answered as it is."""
+        name = self.triton_name(owner)
+        if not owner.on_demand:
+            raise ConflictError(
+                f"model {owner.model_id!r} of pod {owner.key} is placed as residency "
+                f"{owner.residency!r}: it stays loaded while its pod lives and is never put to "
+                f"sleep; only a pod placed with the annotation tritonshare.io/residency: "
+                f"on-demand may be (recreate the pod with it)"
+            )
+        async with self.lock(name):
+            if not await self._check_owner(name, owner):
+                return ModelStatus(owner.model_id, ModelState.ABSENT, residency=owner.residency)
+            record = self._touch(name, owner)
+            if record.life.phase is not Phase.IDLE_UNLOADED:
+                await self._sleep_locked(name, record, "idle, asked by its pod's proxy")
+                self.metrics.sleeps.labels("idle").inc()
+            return await self._status_locked(name, owner.residency)
+
+    async def _sleep_locked(self, name: str, record: _Record, reason: str) -> None:
+        """Unload the model keeping its files, then rest it asleep. Holds the name's lock."""
+        if record.life.phase is not Phase.INSTALLED:
+            await self._unload_locked(name, reason, keep_files=True)
+        self._step(name, record, Event.IDLE)
+
+    async def _status_locked(self, name: str, residency: str) -> ModelStatus:
+        entry = await self.triton.state(name)
+        return self._status(name, entry, self.repository.installed_manifest(name), residency)
+
     async def unload(
         self, name: str, *, reason: str, cause: Event = Event.UNLOAD_STARTED
     ) -> ModelStatus:
@@ -740,10 +926,11 @@ class Models:
 
     # Status.
     def _status(
-        self, name: str, entry: IndexEntry | None, manifest: Manifest | None
+        self, name: str, entry: IndexEntry | None, manifest: Manifest | None, residency: str = ""
     ) -> ModelStatus:
         record = self._records.get(name) or _Record()
         state = reported(record.life, entry.state if entry else "", manifest is not None)
+        sleeping = record.life.phase is Phase.IDLE_UNLOADED and state is ModelState.INSTALLED
         reason = record.life.failure if state is ModelState.FAILED else ""
         attempts = self.limits.max_load_attempts
         stopped = state is ModelState.FAILED and given_up(record.life, attempts)
@@ -767,27 +954,45 @@ class Models:
             gpu_index=record.gpu_index,
             pod=record.pod,
             triton_name=name,
+            residency=residency,
+            sleeping=sleeping,
         )
 
     async def status_for(self, owner: Proven) -> ModelStatus:
         """The status of the owner's model; a pod that does not own its name learns nothing."""
         name = self.triton_name(owner)
         if not await self._check_owner(name, owner):
-            return ModelStatus(owner.model_id, ModelState.ABSENT)
-        return await self.status(name)
+            return ModelStatus(owner.model_id, ModelState.ABSENT, residency=owner.residency)
+        return await self._status_locked(name, owner.residency)
+
+    def residencies(self) -> dict[str, Proven]:
+        """Name in Triton -> its owner, for every name a live proven pod owns."""
+        by_uid = {proven.uid: proven for proven in self._pods.all_proven()}
+        owned = {}
+        for name, owner in self.owners.all().items():
+            proven = by_uid.get(owner.uid)
+            if proven is not None:
+                owned[name] = proven
+        return owned
 
     async def status(self, name: str) -> ModelStatus:
         """The status of the model named `name` in Triton (the platform's view)."""
-        entry = await self.triton.state(name)
-        return self._status(name, entry, self.repository.installed_manifest(name))
+        owner = self.residencies().get(name)
+        return await self._status_locked(name, owner.residency if owner else "")
 
     async def statuses(self) -> list[ModelStatus]:
         """Every model on disk, in Triton, or remembered (a failure), sorted by name in Triton."""
         index = await self.triton.index()
         names = set(self.repository.installed_models()) | set(self._records)
         names |= {name for name, entry in index.items() if entry.state in (READY, LOADING)}
+        owners = self.residencies()
         return [
-            self._status(name, index.get(name), self.repository.installed_manifest(name))
+            self._status(
+                name,
+                index.get(name),
+                self.repository.installed_manifest(name),
+                owners[name].residency if name in owners else "",
+            )
             for name in sorted(names)
         ]
 
@@ -813,6 +1018,39 @@ class Models:
             record = self._records.get(name)
             if owned.digest in digests and record and record.life.phase is Phase.QUARANTINED:
                 self._step(name, record, Event.QUARANTINE_CLEARED)
+
+    def residency_states(self) -> dict[str, str]:
+        """Name in Triton -> `loaded`, `sleeping` or `waking`, for every on-demand model a live
+        proven pod owns (for the metrics)."""
+        states = {}
+        for name, owner in self.residencies().items():
+            record = self._records.get(name)
+            if not owner.on_demand or record is None:
+                continue
+            phase = record.life.phase
+            if phase is Phase.WAKING:
+                states[name] = "waking"
+            elif phase is Phase.IDLE_UNLOADED:
+                states[name] = "sleeping"
+            elif record.life.counts_loaded:
+                states[name] = "loaded"
+        return states
+
+    def gpu_bytes(self) -> dict[str, tuple[int, int]]:
+        """GPU UUID -> (bytes charged to the models held loaded on it, the larger of request
+        and measured each; bytes its sleeping on-demand models request), for ListGpus."""
+        figures: dict[str, tuple[int, int]] = {}
+        for name, owner in self.residencies().items():
+            record = self._records.get(name)
+            if record is None or not owner.gpu_uuid:
+                continue
+            loaded, sleeping = figures.get(owner.gpu_uuid, (0, 0))
+            if record.life.counts_loaded:
+                loaded += max(owner.request, self.ledger.measured(name))
+            elif record.life.phase is Phase.IDLE_UNLOADED:
+                sleeping += owner.request
+            figures[owner.gpu_uuid] = (loaded, sleeping)
+        return figures
 
     def loaded_per_gpu(self) -> dict[str, int]:
         """Models the agent holds loaded, by GPU UUID ("" for the CPU), for metrics."""

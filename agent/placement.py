@@ -1,11 +1,12 @@
 """Which pods the agent acts for: those whose placement on this node it can prove the binder made.
 
 A pod's annotations, labels and `spec.nodeName` are the tenant's to write, so none of them alone
-says anything. The binder signs each placement (`common.placement`); this module rebuilds the
-claim from the pod as it is now (uid, namespace, name, node, GPU annotation, model-id annotation)
-and checks the signature with the keys in force. A pod created with `spec.nodeName`, a proof
-copied from another pod, or a GPU or model id edited after binding fails here, and the agent
-neither serves it nor counts it as wanting a model. Pure but for reading the key ring it is given.
+says anything. The binder signs each placement (`common.placement`); this module rebuilds the claim
+from the pod as it is now (uid, namespace, name, node, GPU annotation, model-id and residency
+annotations) and checks the signature with the keys in force. A pod created with `spec.nodeName`, a
+proof copied from another pod, or a GPU, model id or residency class edited after binding fails
+here, and the agent neither serves it nor counts it as wanting a model. Pure but for reading the key
+ring it is given.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from agent.errors import NotPlacedError
 from agent.pods import PodInfo
+from common.contract import RESIDENCY_ON_DEMAND
 from common.placement import Claim, KeyRing, ProofError
 
 
@@ -46,6 +48,15 @@ class Proven:
     def namespace(self) -> str:
         return self.pod.namespace
 
+    @property
+    def residency(self) -> str:
+        """The residency class the binder decided (the proof binds the annotation)."""
+        return self.pod.residency
+
+    @property
+    def on_demand(self) -> bool:
+        return self.pod.residency == RESIDENCY_ON_DEMAND
+
 
 class PlacementVerifier:
     """Proves pods against the binder's keys, for one node."""
@@ -63,7 +74,14 @@ class PlacementVerifier:
                 event_reason="NotPlacedByBinder",
             )
         claim = Claim(
-            pod.uid, pod.namespace, pod.name, pod.node_name, pod.gpu_uuid, pod.model_id, 0
+            pod.uid,
+            pod.namespace,
+            pod.name,
+            pod.node_name,
+            pod.gpu_uuid,
+            pod.model_id,
+            0,
+            pod.residency,
         )
         try:
             proof = self._keys().verify(claim, pod.placement)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.contract import Keys
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -45,6 +45,9 @@ class PodInfo:
     """The pod's ModelLoaded condition as it stands (status, reason); empty when it has none."""
     controlled: bool = False
     """A controller (a ReplicaSet, a StatefulSet...) owns it and replaces it when it fails."""
+    residency: str = RESIDENCY_ALWAYS
+    """The residency annotation as a class (`on-demand`, else `always`), unverified: the proof
+    of placement binds it (`agent.placement`)."""
 
     @property
     def key(self) -> str:
@@ -74,6 +77,11 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
         phase=str(status.get("phase") or "Pending"),
         model_id=str(annotations.get(keys.model_id, "")),
+        residency=(
+            RESIDENCY_ON_DEMAND
+            if annotations.get(keys.residency) == RESIDENCY_ON_DEMAND
+            else RESIDENCY_ALWAYS
+        ),
         gpu_uuid=str(annotations.get(keys.gpu, "")),
         deleting=bool(metadata.get("deletionTimestamp")),
         placement=str(annotations.get(keys.placement, "")),

@@ -15,6 +15,8 @@ On every change of this node's pods (the watch) and every resync period:
   pinned to the owner's GPU); otherwise it is taken out of Triton, and loaded again from the
   owner's files when those are intact, with a Warning Event on the pod either way;
 - a wanted model that should run but is not READY (Triton restarted, or lost it) is loaded again;
+  an `on-demand` model asleep is not (its next request wakes it), and one at rest whose pod runs
+  is put to sleep (after an agent restart, or a reinstall);
   one whose load failed waits a resync period, doubling per failure in a row up to a cap, and
   after `max_load_attempts` failures is not loaded again (its pod is told, once);
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
@@ -43,7 +45,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.events import PodEvents
-from agent.lifecycle import Event, Life, RetryPolicy
+from agent.lifecycle import Event, Life, Phase, RetryPolicy
 from agent.memory import Excess
 from agent.metrics import AgentMetrics
 from agent.models import CRASHED_REASON, Models, crash_message
@@ -242,7 +244,15 @@ class Reconciler:
                 elif now - record.vouched_at >= self.resync_seconds:
                     plan[name] = Action(name, Check.RECHECK, pod)
                 continue
-            should_run = (record is not None and record.life.held_loaded) or pod.pod.running
+            held = record is not None and record.life.held_loaded
+            if pod.on_demand and not held:
+                # Wanted but asleep: only its own next request loads it. One at rest (the agent
+                # restarted, or its files came back) is put to sleep, so it says so.
+                at_rest = record is None or record.life.phase is Phase.INSTALLED
+                if name in on_disk and pod.pod.running and at_rest:
+                    plan[name] = Action(name, Event.IDLE, pod)
+                continue
+            should_run = held or pod.pod.running
             if name not in on_disk or not should_run:
                 continue
             if record is not None and now < self._retry.retry_at(record.life):
@@ -300,6 +310,9 @@ class Reconciler:
             await self._adopt(name, owner)
         elif action.cause is Check.RECHECK:
             await self._recheck(name, owner)
+        elif action.cause is Event.IDLE:
+            self.models.note(name, Event.IDLE)
+            self.metrics.sleeps.labels("rested").inc()
         elif action.cause is Event.TRITON_RESTARTED:
             self.models.note(name, Event.TRITON_RESTARTED)
             await self._reload(name, owner)

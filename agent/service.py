@@ -49,6 +49,8 @@ def status_to_proto(status: ModelStatus) -> Any:
         gpu_index=status.gpu_index,
         pod=status.pod,
         triton_name=status.triton_name,
+        residency=status.residency,
+        sleeping=status.sleeping,
     )
 
 
@@ -194,6 +196,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         try:
             caller = await self._caller(context)
             pod = await self.authorizer.authorize_model(caller, request.model_id)
+            if request.idle:
+                # The pod's proxy found its model idle: asleep, not gone (`Models.sleep_for`).
+                status = await self.models.sleep_for(pod)
+                self._ok("UnloadModel")
+                return status_to_proto(status)
             if pod.pod.running and not pod.pod.deleting:
                 # A proxy restarted by its liveness probe also exits through SIGTERM; the
                 # loader does not run again then, so unloading would leave the pod modelless.
@@ -241,6 +248,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             return self._fail(context, "ListGpus", e)
         self._ok("ListGpus")
         snapshot = self._gpus()
+        held = self.models.gpu_bytes()
         return agent_pb2.ListGpusResponse(
             node=self.node_name,
             gpus=[
@@ -252,6 +260,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     memory_used_bytes=g.memory_used,
                     healthy=g.healthy,
                     reason=g.reason,
+                    loaded_bytes=held.get(g.uuid, (0, 0))[0],
+                    sleeping_bytes=held.get(g.uuid, (0, 0))[1],
                 )
                 for g in (snapshot.gpus if snapshot else ())
             ],

@@ -350,6 +350,31 @@ class Settings:
     """Seconds between rewrites of the caller table when nothing changed (past its
     --table-max-age the gateway serves only the last fresh table's callers, for its
     --table-stale-grace, then none)."""
+    activity_table: Path | None = setting(
+        "activity-table",
+        "file the node gateway writes its models' activity to; default: activity.json beside "
+        "--gateway-table",
+        path,
+        default=None,
+    )
+    """Where the node gateway writes which models are serving (`common.activity`), read when
+    idle on-demand models are put to sleep to make room. Default: `activity.json` in the
+    directory of `gateway_table`; without either, no model is ever evicted."""
+    activity_max_age_seconds: float = setting(
+        "activity-max-age-seconds",
+        "seconds after which the gateway's activity table is stale and nothing is evicted",
+        seconds(positive=True),
+        default="5",
+    )
+    """An activity table older than this says nothing: no model is evicted (fail closed)."""
+    evict_min_idle_seconds: float = setting(
+        "evict-min-idle-seconds",
+        "seconds an on-demand model must have been idle before it may be evicted",
+        seconds(),
+        default="2",
+    )
+    """An on-demand model that began or ended a request (or loaded) within this many seconds is
+    never put to sleep to make room for another."""
     tenant_code_namespaces: tuple[str, ...] = setting(
         "tenant-code-namespaces",
         "comma-separated namespaces allowed to run their own code in Triton (python, custom "
@@ -535,6 +560,13 @@ class Settings:
     @property
     def keys(self) -> Keys:
         return Keys(self.key_prefix)
+
+    @property
+    def activity_path(self) -> Path | None:
+        """The activity table's file: `activity_table`, else beside the caller table."""
+        if self.activity_table is not None:
+            return self.activity_table
+        return self.gateway_table.parent / "activity.json" if self.gateway_table else None
 
 
 DECLARATION = Declaration.of(

@@ -19,9 +19,16 @@ closing line:
     autoscale: target 1, concurrency 5 -> R replicas Ready in T s; cold start p50/max A/B s
     (files on the node) C/D s (files sent); ...
 
+With `--cold-start-only`, no autoscaler and no Prometheus: the Deployment is scaled from one
+replica to 1 + `--new-replicas` (files sent), back to one, and up again (the node kept the
+files), under two back-to-back callers, and each new replica's phases are printed, then:
+
+    cold start: N at once, p50/max A/B s (files on the node, K from the kept copy) C/D s
+    (files sent); requests R, failed F
+
 Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-replicas 5
      --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30 --once
-     --model-mib 0]
+     --model-mib 0] | [--cold-start-only --new-replicas 1]
 """
 
 from __future__ import annotations
@@ -83,12 +90,28 @@ def main() -> int:
     parser.add_argument(
         "--model-mib", type=int, default=0, help="MiB of weights added to the model (0)"
     )
+    parser.add_argument(
+        "--cold-start-only",
+        action="store_true",
+        help="no autoscaler: scale the Deployment from 1 to 1 + --new-replicas (files sent), "
+        "back to 1, and up again (files on the node), and print each new replica's phases",
+    )
+    parser.add_argument(
+        "--new-replicas",
+        type=int,
+        default=1,
+        help="replicas each scale-up of --cold-start-only adds at once (1)",
+    )
     args = parser.parse_args()
+    if args.new_replicas < 1:
+        parser.error(f"--new-replicas must be at least 1, not {args.new_replicas}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.cold_start_only:
+        return cold_start_only(args.new_replicas, args.request_seconds)
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         print("prometheus is not installed: apt-get install prometheus", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     TritonInstall.find()  # fails early, with what to install, when nvidia-pytriton is missing
     started = time.strftime("%Y-%m-%d")
     with tempfile.TemporaryDirectory(prefix="tritonshare-autoscale-") as tmp:
@@ -122,18 +145,14 @@ def main() -> int:
     print("replicas over time (s since the load started: asked / Ready):")
     for at, asked, ready in result.timeline:
         print(f"  {at:6.1f} s  {asked} / {ready}")
-    print("cold start of each new replica (s after the pod was created):")
-    print("  " + "  ".join(f"{phase:>16}" for phase in autoscale.PHASES))
-    for phases in result.cold_starts:
-        cells = (f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in autoscale.PHASES)
-        print("  " + "  ".join(cells))
+    print_phases(
+        "cold start of each new replica (s after the pod was created):", result.cold_starts
+    )
     if result.kept_starts:
-        print("cold start of each replica of the second scale-up (files on the node):")
-        for phases in result.kept_starts:
-            cells = (
-                f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in autoscale.PHASES
-            )
-            print("  " + "  ".join(cells))
+        print_phases(
+            "cold start of each replica of the second scale-up (files on the node):",
+            result.kept_starts,
+        )
     print(
         f"requests under load: {result.requests}, failed {len(result.failed)}; latency "
         f"p50 {result.percentile(0.5) * 1000:.0f} ms, p90 {result.percentile(0.9) * 1000:.0f} "
@@ -153,6 +172,44 @@ def main() -> int:
         f"installs on the node: {log.count('was received from pod')} sent, "
         f"{log.count(KEPT_LOG)} from the node's kept copy"
     )
+    print(result.line())
+    return 0
+
+
+def print_phases(title: str, starts: list[dict[str, float]]) -> None:
+    print(title)
+    print("  " + "  ".join(f"{phase:>16}" for phase in autoscale.PHASES))
+    for phases in starts:
+        cells = (f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in autoscale.PHASES)
+        print("  " + "  ".join(cells))
+
+
+def cold_start_only(new_replicas: int, request_seconds: float) -> int:
+    """Scale 1 -> 1 + `new_replicas` -> 1 -> 1 + `new_replicas` and print the new replicas'
+    phases: the cold start alone, without Prometheus and the HPA's periods around it."""
+    TritonInstall.find()
+    started = time.strftime("%Y-%m-%d")
+    with tempfile.TemporaryDirectory(prefix="tritonshare-coldstart-") as tmp:
+        work = Path(tmp)
+        with SimCluster(work / "cluster", [NODES[0]], binders=1, webhook=True) as cluster:
+            if cluster.missing:
+                print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
+                return 2
+            cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
+            result = autoscale.cold_starts(
+                cluster,
+                MODELS_DIR / "add_one",
+                work / "coldstart",
+                NAMESPACE,
+                replicas=new_replicas,
+                request_seconds=request_seconds,
+                say=print,
+            )
+    print(f"\n{started}, `{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`")
+    print_phases("files sent (s after the pod was created):", result.sent)
+    print_phases("files on the node (s after the pod was created):", result.kept)
+    for failure in result.failed[:5]:
+        print(f"  failed: {failure}")
     print(result.line())
     return 0
 

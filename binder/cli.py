@@ -4,12 +4,12 @@ Installed twice: as `tritonshare`, and as `kubectl-tritonshare` so that kubectl 
 plugin (`kubectl tritonshare status`). Either way it finds the cluster as kubectl does:
 --kubeconfig, $KUBECONFIG or ~/.kube/config, --context, and -n/--namespace (else the context's).
 
-`status` prints every node and GPU with capacity, allocated and free GPU memory and the models on
-it (as `kubectl inspect gpushare` does for GPU sharing). `explain` prints, for every node, why a
-pod does or does not fit there, and what the binder would decide now. Both list the cluster once
-and run the binder's own placement code on it, with the GPU memory reserve the binder leader
-publishes on its Lease unless --gpu-mem-reserve is given; they change nothing. `-o json|yaml`
-prints the same as data (`binder.report`).
+`status` prints every node and GPU with capacity, allocated (placed), loaded (measured), sleeping
+(on-demand pods not loaded) and free GPU memory and the models on it (as `kubectl inspect gpushare`
+does for GPU sharing). `explain` prints, for every node, why a pod does or does not fit there, and
+what the binder would decide now. Both list the cluster once and run the binder's own placement code
+on it, with the GPU memory reserve the binder leader publishes on its Lease unless --gpu-mem-reserve
+is given; they change nothing. `-o json|yaml` prints the same as data (`binder.report`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from binder.report import (
     published_reserve,
     published_tenant_code,
     quarantined,
+    residency_figures,
     status_document,
     write_document,
     write_quarantined,
@@ -144,7 +145,8 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 
 def status(cache: ClusterCache, out: TextIO, now: float) -> None:
     state = cache.state
-    header = ["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "USED"]
+    header = ["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "LOADED"]
+    header += ["SLEEPING", "FREE", "USED"]
     rows = [[*header, "PODS: MODEL (REQUEST, MEASURED)"]]
     total_capacity = total_allocated = 0
     for name in state.names:
@@ -152,20 +154,25 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
         agent = "alive" if state.leases.get(name, 0.0) > now else "down"
         if not info.gpus:
             why = "unreadable GPU annotation" if info.gpu_problem else "no GPUs published"
-            rows.append([name, agent, "-", why, "", "", "", "", "", ""])
+            rows.append([name, agent, "-", why, "", "", "", "", "", "", "", ""])
             continue
         allocated = state.allocated(name)
         free = state.gpu_free(name)
         models: dict[int, list[str]] = {}
+        placed: dict[int, list[PodInfo]] = {}
         for pod, position in state.pods_on(name):
             measured = info.measured_of(pod)
             uses = f", uses {format_bytes(measured)}" if measured is not None else ""
+            if pod.on_demand:
+                uses += ", on-demand" + (", asleep" if measured is None else "")
             label = f"{pod.key}: {pod.model_id or '-'} (asks {format_bytes(pod.request)}{uses})"
             models.setdefault(position, []).append(label)
+            placed.setdefault(position, []).append(pod)
         for position, gpu in enumerate(info.gpus):
             capacity = state.usable(gpu)
             total_capacity += capacity
             total_allocated += allocated[position]
+            loaded, sleeping = residency_figures(info, placed.get(position, []))
             rows.append(
                 [
                     name,
@@ -175,6 +182,8 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
                     gpu.product + ("" if gpu.healthy else " (unhealthy)"),
                     format_bytes(capacity),
                     format_bytes(allocated[position]),
+                    format_bytes(loaded),
+                    format_bytes(sleeping),
                     format_bytes(free[position]),
                     format_bytes(gpu.used) if gpu.used is not None else "-",
                     ", ".join(sorted(models.get(position, []))) or "-",

@@ -42,7 +42,7 @@ from binder.placement import (
 from binder.preemption import NoPreemption, preempt
 from binder.proofs import Unproven
 from binder.queue import SchedulingQueue
-from common.contract import Keys
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.lifecycle import spawn
 from common.logs import subject
 from common.placement import Claim, KeyRing
@@ -425,6 +425,7 @@ class Controller:
             placement.gpu.uuid,
             pod.model_id,
             pod.request,
+            RESIDENCY_ON_DEMAND if pod.on_demand else RESIDENCY_ALWAYS,
         )
         return self._placement_keys().sign(claim)
 

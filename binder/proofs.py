@@ -1,12 +1,12 @@
 """Which bound pods the binder charges: those whose proof of placement verifies.
 
-A tenant can create a pod with `spec.nodeName` (skipping the binder), copy a proof from another
-pod, or edit its own pod's annotations after binding. Charging such a pod's GPU memory, or
-counting its model id as present on its node, would let any tenant starve placement or keep a
-victim's model off every node. So a bound pod counts only if the binder's key ring (`current` or
-`previous`) verifies its proof against the pod as it is now (uid, namespace, name, node, GPU and
-model id), and it is then charged at the request the proof names: what the binder booked. Pods
-the binder assumed (bound itself, not yet seen back) are charged by `ClusterState.assume`.
+A tenant can create a pod with `spec.nodeName` (skipping the binder), copy a proof from another pod,
+or edit its own pod's annotations after binding. Charging such a pod's GPU memory, or counting its
+model id as present on its node, would let any tenant starve placement or keep a victim's model off
+every node. So a bound pod counts only if the binder's key ring (`current` or `previous`) verifies
+its proof against the pod as it is now (uid, namespace, name, node, GPU, model id and residency
+class), and it is then charged at the request the proof names: what the binder booked. Pods the
+binder assumed (bound itself, not yet seen back) are charged by `ClusterState.assume`.
 
 Everything else is `Unproven`: never charged, reported (an Event, and `tritonshare status` and
 `explain`) when it sits on a tritonshare node. The verdict is a function of the pod and the ring
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from binder.model import PodInfo
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND
 from common.placement import Claim, KeyRing, ProofError, parse_proof
 
 NOT_PLACED = "NotPlacedByBinder"
@@ -91,7 +92,14 @@ def proven(pod: PodInfo, ring: KeyRing | None) -> PodInfo | Unproven:
             proof = parse_proof(pod.placement)
         else:
             claim = Claim(
-                pod.uid, pod.namespace, pod.name, pod.node_name, pod.gpu_uuid, pod.model_id, 0
+                pod.uid,
+                pod.namespace,
+                pod.name,
+                pod.node_name,
+                pod.gpu_uuid,
+                pod.model_id,
+                0,
+                RESIDENCY_ON_DEMAND if pod.on_demand else RESIDENCY_ALWAYS,
             )
             proof = ring.verify(claim, pod.placement)
     except ProofError as e:
@@ -111,6 +119,7 @@ def same_proof(charged: PodInfo, pod: PodInfo) -> bool:
         and charged.node_name == pod.node_name
         and charged.gpu_uuid == pod.gpu_uuid
         and charged.model_id == pod.model_id
+        and charged.on_demand == pod.on_demand
         and charged.name == pod.name
         and charged.namespace == pod.namespace
         and bool(pod.placement)

@@ -7,18 +7,32 @@ API objects the CLI listed, and writes only to the stream it is given.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 import yaml
 
 from binder.cache import ClusterCache
 from binder.kube import JsonObject
-from binder.model import PodInfo
+from binder.model import NodeInfo, PodInfo
 from binder.placement import Placement, explain, place
 from common.contract import BINDER_LEADER_LEASE, Keys
 from common.quantity import format_bytes
 from common.settings import names
+
+
+def residency_figures(info: NodeInfo, pods: Iterable[PodInfo]) -> tuple[int, int]:
+    """What a GPU's pods hold now, by the node's published figures: (bytes measured for the
+    models the node reports loaded; bytes requested by `on-demand` pods whose model it does not
+    report loaded: asleep, or not loaded yet)."""
+    loaded = sleeping = 0
+    for pod in pods:
+        measured = info.measured_of(pod)
+        if measured is not None:
+            loaded += measured
+        elif pod.on_demand:
+            sleeping += pod.request
+    return loaded, sleeping
 
 
 def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
@@ -163,13 +177,16 @@ def status_document(
         nodes.append(node)
         allocated, free = state.allocated(name), state.gpu_free(name)
         charged: dict[int, list[dict[str, Any]]] = {}
+        placed: dict[int, list[PodInfo]] = {}
         for pod, position in state.pods_on(name):
+            placed.setdefault(position, []).append(pod)
             charged.setdefault(position, []).append(
                 {
                     "pod": pod.key,
                     "model": pod.model_id,
                     "tritonName": pod.triton_name or None,
                     "request": pod.request,
+                    "residency": "on-demand" if pod.on_demand else "always",
                     "measured": info.measured_of(pod),
                     "holds": state.held(pod, name),
                     "load": dict(
@@ -178,6 +195,7 @@ def status_document(
                 }
             )
         for position, gpu in enumerate(info.gpus):
+            loaded, sleeping = residency_figures(info, placed.get(position, []))
             node["gpus"].append(
                 {
                     "index": gpu.index,
@@ -186,6 +204,8 @@ def status_document(
                     "healthy": gpu.healthy,
                     "capacity": state.usable(gpu),
                     "allocated": allocated[position] if position < len(allocated) else 0,
+                    "loaded": loaded,
+                    "sleeping": sleeping,
                     "free": free[position] if position < len(free) else 0,
                     "used": gpu.used,
                     "pods": sorted(charged.get(position, []), key=lambda p: str(p["pod"])),

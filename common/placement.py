@@ -1,18 +1,18 @@
 """The proof of placement: what the binder signs when it places a pod, and what agents verify.
 
-A tenant with full rights in its namespace can write any label, annotation or `spec.nodeName` on
-its pods, so nothing on a pod proves that the binder placed it. The binder therefore signs the
-placement (pod uid, namespace, name, node, GPU UUID, model id and GPU-memory request, bound
-together) with HMAC-SHA256 under a key only the binder and the agents can read (a Secret in the
-system namespace, mounted as files), and writes the result into the `<prefix>placement`
-annotation in the same patch as the GPU, so binding still costs two API writes. An agent rebuilds
-the claim from the pod as it is now and checks the signature: a proof copied onto another pod
-(another uid), a pod created with `spec.nodeName` (no proof), or an annotation edited after
-binding (another GPU or model id) does not verify.
+A tenant with full rights in its namespace can write any label, annotation or `spec.nodeName` on its
+pods, so nothing on a pod proves that the binder placed it. The binder therefore signs the placement
+(pod uid, namespace, name, node, GPU UUID, model id, GPU-memory request and, for an `on-demand` pod,
+its residency class, bound together) with HMAC-SHA256 under a key only the binder and the agents can
+read (a Secret in the system namespace, mounted as files), and writes the result into the
+`<prefix>placement` annotation in the same patch as the GPU, so binding still costs two API writes.
+An agent rebuilds the claim from the pod as it is now and checks the signature: a proof copied onto
+another pod (another uid), a pod created with `spec.nodeName` (no proof), or an annotation edited
+after binding (another GPU, model id or residency class) does not verify.
 
-The annotation is `v1.<key id>.<request bytes>.<signature>`: the key id names which key signed
-(so keys rotate: agents accept the current and the previous one), the request is carried because
-it is part of what was decided, and the signature is unpadded base64url.
+The annotation is `v1.<key id>.<request bytes>.<signature>`: the key id names which key signed (so
+keys rotate: agents accept the current and the previous one), the request is carried because it is
+part of what was decided, and the signature is unpadded base64url.
 
 This module is pure but for `KeyDirectory`, which reads the key files and rereads them when they
 change (kubelet updates a mounted Secret in place). It knows nothing of pods as API objects: the
@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND
 
 PROOF_VERSION = "v1"
 CURRENT_KEY_FILE = "current"
@@ -65,10 +67,14 @@ class Claim:
     model_id: str
     request: int
     """The pod's effective GPU-memory request, in bytes."""
+    residency: str = RESIDENCY_ALWAYS
+    """The pod's residency class: `always` or `on-demand` (`common.contract`)."""
 
     def message(self) -> bytes:
-        """The signed bytes: every field length-prefixed, so no two claims share an encoding."""
-        fields = (
+        """The signed bytes: every field length-prefixed, so no two claims share an encoding.
+        The residency class is signed only when it is `on-demand`: proofs made before it was
+        signed are proofs of `always` pods, and verify as such."""
+        fields: tuple[str, ...] = (
             PROOF_VERSION,
             self.pod_uid,
             self.namespace,
@@ -78,6 +84,8 @@ class Claim:
             self.model_id,
             str(self.request),
         )
+        if self.residency == RESIDENCY_ON_DEMAND:
+            fields += (self.residency,)
         parts = [_DOMAIN]
         for value in fields:
             data = value.encode()
@@ -164,12 +172,14 @@ class KeyRing:
             claim.gpu_uuid,
             claim.model_id,
             proof.request,
+            claim.residency,
         )
         expected = hmac.new(key, signed.message(), hashlib.sha256).digest()
         if not hmac.compare_digest(expected, proof.signature):
             raise ProofError(
                 "the pod's placement proof does not match the pod (it was copied from another "
-                "pod, or the pod's node, GPU or model id changed after the binder placed it)"
+                "pod, or the pod's node, GPU or model id changed after the binder placed it, or "
+                "its residency class did)"
             )
         return proof
 

@@ -1,8 +1,9 @@
 """Assembles the proxy and owns its shutdown order.
 
 The shape of every part (`common.lifecycle`): `Proxy(settings)` builds the concurrency limiter,
-the metrics, the relays and the readiness; `start(lifecycle)` opens the metrics port, the REST
-port and the gRPC port, then (with --model-dir) the watch that reinstalls the model when the node
+the metrics, the relays and the readiness; `start(lifecycle)` opens the REST port, the gRPC
+port and then the metrics and health port (the startup probe's /healthz answers once the others
+listen), then (with --model-dir) the watch that reinstalls the model when the node
 has lost it. On SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
   0. stop the reinstall watch (and a loader it runs), so nothing installs after the unload;
   1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
@@ -99,10 +100,13 @@ class Proxy:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""
         lifecycle.on_shutdown("the model proxy", self.drain_and_stop)
         await self.own_model.start()
-        await self.metrics_server.start()
-        log.info("Serving metrics and health on port %d.", self.metrics_server.port)
         await self.rest.start()
         await self.grpc.start()
+        # Last: /healthz is the startup probe's, and the kubelet probes readiness (on the REST
+        # port) as soon as it passes; a REST port not yet listening then would cost a whole
+        # readiness period.
+        await self.metrics_server.start()
+        log.info("Serving metrics and health on port %d.", self.metrics_server.port)
         if self.reinstaller is not None:
             self._watch_task = lifecycle.spawn(
                 "the model's reinstall watch",

@@ -56,6 +56,7 @@ def sign_placement(
         annotations.get(f"{prefix}gpu", ""),
         annotations.get(f"{prefix}model-id", ""),
         request,
+        annotations.get(f"{prefix}residency", "always"),
     )
     proof = ring.sign(claim)
     core.patch_namespaced_pod(

@@ -8,7 +8,8 @@ is no caller is closed before a byte is read; one from a caller is handed to tha
 (`gateway.tenants`), which are the proxy's own, bound to the pod's model. When a pod leaves the
 table its connections are dropped at once.
 
-Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table. Stop
+Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table, and
+write the activity table (`gateway.activity`) the agent's evictions read. Stop
 (SIGTERM): stop accepting, let in-flight requests finish up to the finish timeout, close.
 """
 
@@ -25,6 +26,7 @@ from collections.abc import Callable
 
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
+from proxy.gateway.activity import ActivityWriter
 from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
@@ -82,6 +84,7 @@ class Gateway:
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
         )
+        self.activity = ActivityWriter(settings.activity_path, self.tenants)
         self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget, in_flight)
         self.ports: dict[str, int] = {}
         self._sockets: dict[str, socket.socket] = {}
@@ -126,6 +129,7 @@ class Gateway:
         )
         if self.budget is not None:
             lifecycle.spawn("the byte budget's walk", self._account(self.budget))
+        lifecycle.spawn("the activity table", self.activity.run(lifecycle.stop_event))
         log.info(
             "Node gateway: REST on port %d, gRPC on port %d, metrics on port %d, to Triton at %s "
             "and %s; callers from %s (%s).",

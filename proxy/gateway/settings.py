@@ -54,6 +54,16 @@ class GatewaySettings:
         required="the file the node's agent writes (its --gateway-table)",
     )
     """The agent's caller table (`common.callers`): which pod address may reach which model."""
+    activity_table: Path | None = setting(
+        "activity-table",
+        "file the gateway writes its models' activity to, for the agent; default: "
+        "activity.json beside --caller-table",
+        path,
+        default=None,
+    )
+    """Where the gateway writes which models are serving (`common.activity`), for the agent's
+    evictions. Default: `activity.json` in the directory of `caller_table` (the volume shared
+    with the agent)."""
     triton_http_url: str = setting(
         "triton-http-url",
         "host:port of Triton's HTTP endpoint",
@@ -175,6 +185,11 @@ class GatewaySettings:
     take what their neighbours leave, and only the fair share is kept for each."""
     log_level: str = log_level_flag()
     log_format: str = log_format_flag()
+
+    @property
+    def activity_path(self) -> Path:
+        """The activity table's file: `activity_table`, else beside the caller table."""
+        return self.activity_table or self.caller_table.parent / "activity.json"
 
     def in_flight_limit(self, declared: int) -> int:
         """The in-flight limit of a pod whose proxy declares concurrency `declared` (0: none)."""

@@ -68,6 +68,7 @@ class Limiter:
         proxy, or where the gateway has no node budget."""
         self.sending = False  # counted by `node` as sending
         self.last = 0.0  # when it last took a slot at once
+        self.left = 0.0  # when a request last left (answered, or gave up waiting)
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
@@ -162,6 +163,7 @@ class Limiter:
 
     def _left(self, now: float) -> None:
         """One request is no longer held (answered, or gave up waiting)."""
+        self.left = now
         self._ends += now
         self.held -= 1
         if now >= self._next_checkpoint:

@@ -13,7 +13,8 @@ so a pod that goes without draining shows as a failed request.
 
 A watch of the Deployment's pods times each new replica's cold start by phase: created, bound,
 its files fetched into the pod (the storage initializer done), its model loaded on the node (the
-agent's ModelLoaded condition), Ready, and its first answer to a client.
+loader done, or the agent's ModelLoaded condition if it comes first), Ready, and its first
+answer to a client.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ NAME = "scaler"
 SELECTOR = f"app={NAME}"
 INPUT = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 PHASES = ("bound", "files in the pod", "loaded", "ready", "first answer")
+KEPT_MESSAGE = "came from the node's kept copy"
+"""What the loader's termination message says of an install from the node's kept copy."""
 
 
 def slow_model(source: Path, directory: Path, seconds: float, padding: int = 0) -> Path:
@@ -128,6 +131,8 @@ class PodTimes:
     created: float
     phases: dict[str, float] = field(default_factory=dict)
     address: str = ""
+    kept: bool = False
+    """Its loader installed the model from the node's kept copy (nothing sent)."""
 
     def since_created(self) -> dict[str, float]:
         return {phase: at - self.created for phase, at in self.phases.items()}
@@ -172,6 +177,11 @@ class PodWatch:
                 ended = (init.get("state") or {}).get("terminated") or {}
                 if init.get("name") == "storage-initializer" and ended.get("exitCode") == 0:
                     times.phases.setdefault("files in the pod", now)
+                if init.get("name") == "loader" and ended.get("exitCode") == 0:
+                    # The loader has seen the model READY (the agent's ModelLoaded condition
+                    # follows, a condition write later).
+                    times.phases.setdefault("loaded", now)
+                    times.kept = KEPT_MESSAGE in (ended.get("message") or "")
             for c in status.get("conditions") or []:
                 if c.get("status") != "True":
                     continue
@@ -533,6 +543,99 @@ def run(
                 times.since_created() for name, times in watch.pods.items() if name not in seen
             ]
             say(f"  a second scale-up started {len(result.kept_starts)} replicas.")
+    retire(cluster, namespace)
+    return result
+
+
+@dataclass
+class ColdStartResult:
+    """The phases of each replica of two scale-ups from one replica, without the autoscaler."""
+
+    sent: list[dict[str, float]] = field(default_factory=list)
+    """The first scale-up's new replicas: the model's files sent from the pod."""
+    kept: list[dict[str, float]] = field(default_factory=list)
+    """The second's, after the first's left: their node kept the model's files."""
+    kept_installs: int = 0
+    """Replicas of the second scale-up whose loader installed from the node's kept copy."""
+    requests: int = 0
+    failed: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        def cold(starts: list[dict[str, float]]) -> str:
+            values = [c["first answer"] for c in starts if "first answer" in c]
+            if not values:
+                return "none measured"
+            return f"{statistics.median(values):.1f}/{max(values):.1f} s"
+
+        return (
+            f"cold start: {len(self.kept)} at once, p50/max {cold(self.kept)} (files on the "
+            f"node, {self.kept_installs} from the kept copy) {cold(self.sent)} (files sent); "
+            f"requests {self.requests}, failed {len(self.failed)}"
+        )
+
+
+def cold_starts(
+    cluster: SimCluster,
+    source: Path,
+    workdir: Path,
+    namespace: str,
+    *,
+    replicas: int = 1,
+    clients: int = 2,
+    request_seconds: float = 0.1,
+    deadline: float = 120.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> ColdStartResult:
+    """Time single cold starts apart from the autoscaler: deploy `source` as `scaler` with one
+    replica, then scale it to 1 + `replicas` (files sent), back to 1, and to 1 + `replicas` again
+    (the node kept the files the first scale-up's replicas installed), while `clients` callers
+    send back to back through the Service's ready endpoints."""
+    assert cluster.model_store is not None and cluster.kube is not None
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = ColdStartResult()
+    apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+    core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+    uri = cluster.model_store.publish(NAME, slow_model(source, workdir / "model", request_seconds))
+    node = cluster.real_node.name if cluster.real_node is not None else ""
+
+    def scale(count: int) -> None:
+        apps.patch_namespaced_deployment_scale(NAME, namespace, {"spec": {"replicas": count}})
+
+    def pods() -> int:
+        return len(core.list_namespaced_pod(namespace, label_selector=SELECTOR).items)
+
+    with (
+        PodWatch(cluster.kube, namespace, workdir / "targets.json") as watch,
+        Endpoints(cluster.kube, namespace, SELECTOR) as endpoints,
+    ):
+        apps.create_namespaced_deployment(
+            namespace, rollout.deployment_manifest(uri, node=node, name=NAME)
+        )
+        wait_until("the first replica Ready", lambda: _replicas(apps, namespace)[1] >= 1, 180)
+        load = Load(endpoints, watch, clients)
+        load.start()
+        try:
+            for starts in (result.sent, result.kept):
+                seen = set(watch.pods)
+                scale(1 + replicas)
+
+                def answered(seen: set[str] = seen) -> bool:
+                    fresh = [t for name, t in watch.pods.items() if name not in seen]
+                    return len(fresh) == replicas and all("first answer" in t.phases for t in fresh)
+
+                wait_until(f"{replicas} new replicas answering", answered, deadline)
+                fresh = [t for name, t in watch.pods.items() if name not in seen]
+                starts.extend(t.since_created() for t in fresh)
+                if starts is result.kept:
+                    result.kept_installs = sum(t.kept for t in fresh)
+                    break
+                scale(1)
+                wait_until("the scale-down to one replica", lambda: pods() == 1, deadline)
+                say(f"  {replicas} replica(s) started with the files sent, and left.")
+        finally:
+            load.stop()
+        result.requests = len(load.latencies) + len(load.failures)
+        result.failed = list(load.failures)
     retire(cluster, namespace)
     return result
 

@@ -55,10 +55,14 @@ def make_pod(
     prefix: str = "tritonshare.io/",
     proven: bool = True,
     request: int = 1024**3,
+    residency: str = "",
 ) -> dict[str, Any]:
     """A pod bound to `node`; `proven` also writes the binder's placement proof (signed with the
-    tests' key, as the binder signs with the cluster's)."""
+    tests' key, as the binder signs with the cluster's); `residency`, when given, is its
+    residency annotation."""
     annotations = {f"{prefix}model-id": model_id}
+    if residency:
+        annotations[f"{prefix}residency"] = residency
     if gpu_uuid:
         annotations[f"{prefix}gpu"] = gpu_uuid
     core = kubernetes.client.CoreV1Api(api)

@@ -114,6 +114,25 @@ def test_a_load_without_room_rests_and_an_unanswered_one_is_loaded_again() -> No
     assert Phase.INSTALLED not in HELD_LOADED
 
 
+def test_a_sleep_keeps_the_files_and_a_wake_loads_again_or_sleeps_on() -> None:
+    unloading = step(Life(Phase.READY), Event.UNLOAD_STARTED, 0.0)
+    asleep = step(step(unloading, Event.UNLOADED, 1.0), Event.IDLE, 1.0)
+    assert asleep.phase is Phase.IDLE_UNLOADED and not asleep.held_loaded
+    # Asleep is wanted but not held loaded: a restart of Triton or a pass does not load it.
+    assert step(asleep, Event.TRITON_RESTARTED, 2.0).phase is Phase.IDLE_UNLOADED
+    with pytest.raises(RefusedTransitionError):
+        step(asleep, Event.LOAD_STARTED, 2.0)
+    waking = step(asleep, Event.REQUEST_ARRIVED, 3.0)
+    assert waking.phase is Phase.WAKING and reported(waking, "", True) is ModelState.LOADING
+    assert step(waking, Event.LOAD_OK, 4.0).phase is Phase.READY
+    # No room (nothing could be evicted) or no answer: asleep again, the next request retries.
+    assert step(waking, Event.LOAD_REFUSED, 4.0).phase is Phase.IDLE_UNLOADED
+    assert step(waking, Event.LOAD_UNANSWERED, 4.0).phase is Phase.IDLE_UNLOADED
+    assert step(waking, Event.LOAD_FAILED, 4.0, reason="bad").failure == "bad"
+    assert reported(asleep, "", installed=True) is ModelState.INSTALLED
+    assert step(asleep, Event.POD_GONE, 5.0).phase is Phase.UNLOADING
+
+
 def test_crashes_quarantine_after_the_rule_s_count() -> None:
     rules = Rules(quarantine_after=2)
     life = step(Life(Phase.READY), Event.CRASH_SUSPECTED, 0.0, rules=rules)

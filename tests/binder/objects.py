@@ -120,6 +120,7 @@ def signed(obj: dict[str, Any], ring: KeyRing) -> dict[str, Any]:
         annotations.get(KEYS.gpu, ""),
         annotations.get(KEYS.model_id, ""),
         parse_quantity(limit),
+        annotations.get(KEYS.residency, "always"),
     )
     annotations[KEYS.placement] = ring.sign(claim)
     return obj

@@ -49,17 +49,17 @@ async def test_status_lists_gpus_with_capacity_allocation_and_models(
     assert code == 0
     lines = text.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == [
-        "NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "FREE", "USED",
-        "PODS: MODEL (REQUEST, MEASURED)",
+        "NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "LOADED", "SLEEPING",
+        "FREE", "USED", "PODS: MODEL (REQUEST, MEASURED)",
     ]  # fmt: skip
     gpu_rows = [re.split(r"\s{2,}", line) for line in lines if line.startswith("gpu-1")]
     # binpack put both models on one GPU, keeping the other whole.
-    assert sorted(row[9] for row in gpu_rows) == [
+    assert sorted(row[11] for row in gpu_rows) == [
         "-",
         "default/bert: bert (asks 6Gi), default/resnet: resnet (asks 4Gi)",
     ]
-    full = next(row for row in gpu_rows if row[9] != "-")
-    assert full[5:9] == ["16Gi", "10Gi", "6Gi", "-"]
+    full = next(row for row in gpu_rows if row[11] != "-")
+    assert full[5:11] == ["16Gi", "10Gi", "0", "0", "6Gi", "-"]
     # The agent's measurements (by the model's private name in Triton) show beside the requests,
     # and the binder counts the larger.
     resnet = private_triton_name(
@@ -72,12 +72,14 @@ async def test_status_lists_gpus_with_capacity_allocation_and_models(
         _, text = run_cli(kubeconfig, "status")
         rows = [re.split(r"\s{2,}", line) for line in text.splitlines()]
         return next(
-            (r for r in rows if r[0] == "gpu-1" and r[3] == full[3] and "uses" in r[9]), None
+            (r for r in rows if r[0] == "gpu-1" and r[3] == full[3] and "uses" in r[11]), None
         )
 
     row = await eventually(measured_row, what="the measured figure in the status")
-    assert row[6:10] == [
+    assert row[6:12] == [
         "13Gi",
+        "7Gi",
+        "0",
         "3Gi",
         "9Gi",
         "default/bert: bert (asks 6Gi), default/resnet: resnet (asks 4Gi, uses 7Gi)",

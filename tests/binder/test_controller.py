@@ -88,9 +88,20 @@ async def test_the_gpu_patch_carries_a_proof_of_placement_bound_to_this_pod(
         replace(claim, gpu_uuid="GPU-elsewhere"),
         replace(claim, model_id="victim"),
         replace(claim, node="gpu-2"),
+        replace(claim, residency="on-demand"),
     ):
         with pytest.raises(ProofError):
             placement_keys.ring.verify(forged, annotations[KEYS.placement])
+
+    # An on-demand pod's proof binds its class: the agent acts on what the binder decided.
+    add_pod(core, "lazy", mem="2Gi", annotations={KEYS.residency: "on-demand"})
+    await eventually(lambda: node_of(core, "lazy"), what="the on-demand pod to be bound")
+    lazy = core.read_namespaced_pod("lazy", "default")
+    signed = lazy.metadata.annotations
+    claim = Claim(lazy.metadata.uid, "default", "lazy", "gpu-1", signed[KEYS.gpu], "lazy", 0)
+    assert placement_keys.ring.verify(replace(claim, residency="on-demand"), signed[KEYS.placement])
+    with pytest.raises(ProofError):
+        placement_keys.ring.verify(claim, signed[KEYS.placement])
 
 
 async def test_unschedulable_pod_gets_one_event_and_condition_then_backs_off_quietly(

@@ -547,6 +547,7 @@ def test_the_example_model_follows_the_contract(kubectl: str) -> None:
     assert source["serviceAccountToken"]["audience"] == DEFAULT_AGENT_AUDIENCE
     proxy = next(c for c in spec["containers"] if c["name"] == "proxy")
     assert proxy["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert proxy["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert "preStop" in proxy["lifecycle"]
     assert spec["terminationGracePeriodSeconds"] >= 30
     for c in spec["containers"] + spec["initContainers"][1:]:

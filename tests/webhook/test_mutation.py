@@ -76,6 +76,20 @@ def test_a_few_annotations_become_a_complete_model_pod() -> None:
     assert proxied.model_id == "add_one" and proxied.container_concurrency == 4
 
 
+def test_the_proxy_is_probed_every_second_only_while_it_starts() -> None:
+    """A new replica's readiness is probed as soon as its proxy has started (the kubelet runs
+    the readiness probe when the startup probe passes), not a readiness period later; once
+    started, the proxy is probed at the steady periods, and liveness waits for the start."""
+    [proxy] = complete(pod(**GS), SETTINGS)["spec"]["containers"]
+    startup = proxy["startupProbe"]
+    # The proxy's own health, not its model's: a slow model must not restart the proxy.
+    assert startup["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert startup["periodSeconds"] == 1
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30
+    assert proxy["readinessProbe"]["periodSeconds"] > startup["periodSeconds"]
+    assert proxy["livenessProbe"]["httpGet"]["port"] == "metrics"
+
+
 def test_completion_is_idempotent_and_the_patch_gets_there() -> None:
     original = pod(**GS)
     done = complete(original, SETTINGS)

@@ -1,0 +1,91 @@
+"""Writing the node's activity table (`common.activity`) from what the gateway's relays count.
+
+Each calling pod's relays already count its requests in their `Limiter` (in flight or queued,
+and when one last began or left), so the hot path does nothing more. A timer reads every tenant
+once per `period` (1 s) and writes the table when it changed, or when the last write is
+`HEARTBEAT_SECONDS` old (so the agent can tell a quiet gateway from a dead one). Models are keyed
+by their names in Triton (`Caller.name_in_triton`). The limiters' monotonic times are written as
+Unix seconds. What it must not do: decide anything about evictions (the agent's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from common.activity import HEARTBEAT_SECONDS, Activity, ActivityTable, write_table
+from proxy.gateway.tenants import Tenant
+
+log = logging.getLogger(__name__)
+
+
+def activity_of(
+    tenants: Iterable[Tenant], monotonic_now: float, wall_now: float
+) -> dict[str, Activity]:
+    """Each tenant's model's activity, its times as Unix seconds."""
+    models = {}
+    for tenant in tenants:
+        limiter = tenant.limiter
+        latest = max(limiter.last, limiter.left)
+        models[tenant.caller.name_in_triton] = Activity(
+            limiter.held, wall_now - (monotonic_now - latest) if latest else 0.0
+        )
+    return models
+
+
+class ActivityWriter:
+    """Writes the activity table at `path` from `tenants` (iterated afresh each time) every
+    `period` seconds."""
+
+    def __init__(
+        self,
+        path: Path,
+        tenants: Iterable[Tenant],
+        *,
+        period: float = 1.0,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self._tenants = tenants
+        self.period = period
+        self.heartbeat = heartbeat
+        self._clock = clock
+        self._wall = wall
+        self._last: dict[str, Activity] | None = None
+        self._written_at = -float("inf")
+        self._failing = False
+
+    def write(self) -> bool:
+        """Write the table if it changed or the heartbeat is due; True when written."""
+        now = self._clock()
+        models = activity_of(self._tenants, now, self._wall())
+        if models == self._last and now - self._written_at < self.heartbeat:
+            return False
+        try:
+            write_table(self.path, ActivityTable(self._wall(), models))
+        except OSError as e:
+            if not self._failing:
+                log.error(
+                    "Cannot write the activity table %s (%s): the agent evicts no idle model "
+                    "to make room until it can read a fresh one; check the volume.",
+                    self.path,
+                    e.strerror,
+                )
+            self._failing = True
+            return False
+        self._failing = False
+        self._last, self._written_at = models, now
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Write every `period` until `stop`."""
+        while not stop.is_set():
+            self.write()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.period)
