@@ -45,9 +45,12 @@ from agent.placement import PlacementVerifier, Proven
 from agent.quarantine import CrashLedger, CrashRecord, NodeQuarantine
 from agent.reconcile import Reconciler
 from agent.repository import Repository, check_apart
+from agent.requestcrash import RequestCrashes
 from agent.service import AgentService, add_to_server
 from agent.settings import Settings
+from agent.suspects import CallerRecord
 from agent.triton import TritonClient
+from common.crashwitness import path_beside
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
 from common.placement import KeyDirectory, PlacementKeyError
@@ -213,12 +216,25 @@ class Agent:
             settings.keys,
             self._quarantine_cleared,
             period=settings.lease_renew_seconds,
+            on_callers_cleared=self._callers_cleared,
         )
+        # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
+        self.request_crashes: RequestCrashes | None = None
+        if settings.gateway_table is not None:
+            self.request_crashes = RequestCrashes(
+                settings.triton_http_url,
+                self.crashes,
+                settings.crash_witness_file or path_beside(settings.gateway_table),
+                self.events,
+                self.metrics,
+                self._requests_quarantined,
+            )
         self.conditions = ModelConditions(
             self.kube,
             self.events,
             settings.keys.model_loaded,
             self.models.status_for,
+            refused=self.request_crashes.quarantine_of if self.request_crashes else None,
         )
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
@@ -227,6 +243,7 @@ class Agent:
                 settings.node_name,
                 self.reconciler.callers,
                 refresh_seconds=settings.gateway_table_refresh_seconds,
+                quarantine=self.request_crashes.quarantine_of if self.request_crashes else None,
             )
             # The one wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.
@@ -235,7 +252,7 @@ class Agent:
         self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
         self.metrics.watch_models(self.reconciler.callers)
-        self.metrics.watch_quarantine(self.crashes.records)
+        self.metrics.watch_quarantine(self.crashes.records, self.crashes.callers)
         self.metrics.watch_residency(self.models.residency_states)
 
         # Serving the pods: who may call, the service, the gate in front of it.
@@ -272,9 +289,17 @@ class Agent:
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
 
+    def _requests_quarantined(self) -> None:
+        if self.callers is not None:
+            self.callers.changed()  # the gateway refuses the quarantined pods from now on
+
     def _quarantine_cleared(self, cleared: list[CrashRecord]) -> None:
         self.models.quarantine_cleared(cleared)
         self.reconciler.trigger()
+
+    def _callers_cleared(self, cleared: list[CallerRecord]) -> None:
+        if self.callers is not None:
+            self.callers.changed()  # the gateway serves the cleared pods again
 
     def _gpu_snapshot(self) -> GpuSnapshot | None:
         return self.node.snapshot
@@ -420,6 +445,8 @@ class Agent:
         )
         if self.callers is not None:
             lifecycle.spawn("the gateway's caller table", self.callers.run(stop))
+        if self.request_crashes is not None:
+            lifecycle.spawn("the Triton exit watch", self.request_crashes.run(stop))
         self._watch = self.kube.watch_pods(
             settings.node_name, self.reconciler.on_list, self.reconciler.on_event
         )

@@ -9,8 +9,10 @@ repository lost; the pod's proxy reinstalls it), installed but not loaded (Model
 failed (ModelFailed, with Triton's reason; ModelLoadGivenUp once its loads are no longer tried),
 asleep (ModelSleeping: an on-demand model unloaded while idle; no Event, and the pod's readiness,
 the proxy's, stays True),
-quarantined after Triton exited under its loads (ModelCrashedTriton, `agent.quarantine`), or
-Triton is down (TritonUnavailable). A change to False also records a Warning Event
+quarantined after Triton exited under its loads (ModelCrashedTriton, `agent.quarantine`), the
+pod's requests quarantined after Triton exited with them at it (RequestsCrashedTriton,
+`agent.requestcrash`: the model stays loaded, the gateway refuses the pod), or Triton is down
+(TritonUnavailable). A change to False also records a Warning Event
 (ModelNotServed), deduplicated per pod and reason by `agent.events`. LOADING and UNLOADING are
 passing states and change nothing.
 
@@ -37,6 +39,7 @@ from agent.events import PodEvents
 from agent.lifecycle import CONDITIONS, PASSING, ModelState
 from agent.models import CRASHED_REASON, ModelStatus
 from agent.placement import Proven
+from agent.suspects import REASON as REQUESTS_CRASHED_REASON
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -121,9 +124,13 @@ class ModelConditions:
         condition_type: str,
         status_of: Callable[[Proven], Awaitable[ModelStatus]],
         *,
+        refused: Callable[[str], str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`refused(pod)`: why the node gateway refuses the pod's requests (empty: it does
+        not)."""
         self._writer = writer
+        self._refused = refused
         self._events = events
         self.condition_type = condition_type
         self._status_of = status_of
@@ -182,6 +189,12 @@ class ModelConditions:
             )
         for proven, status in zip(judged, statuses, strict=True):
             pod = proven.pod
+            why = self._refused(pod.key) if self._refused is not None else ""
+            if why:
+                quarantined = Verdict("False", REQUESTS_CRASHED_REASON, why)
+                if (quarantined.status, quarantined.reason) != pod.model_loaded:
+                    await self._write(proven, quarantined)
+                continue
             if isinstance(status, AgentError) and not isinstance(status, TritonUnreachableError):
                 # The agent refuses this pod its model (another live pod owns the id): that is
                 # why it is not served, said without naming the owner.

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from agent.placement import Proven
@@ -61,9 +62,13 @@ class CallerPublisher:
         owners: Callable[[], Mapping[str, Proven] | None],
         *,
         refresh_seconds: float = 5.0,
+        quarantine: Callable[[str], str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`quarantine(pod)` says why a pod's requests are refused (`agent.requestcrash`);
+        the entry of such a pod carries it, and the gateway refuses its requests with it."""
         self.path = path
+        self._quarantine = quarantine
         self.node_name = node_name
         self._owners = owners
         self.refresh_seconds = refresh_seconds
@@ -91,6 +96,8 @@ class CallerPublisher:
         if owners is None:
             return  # the pods are not listed yet: the table on disk stays as it is
         callers, left_out = callers_of(owners)
+        if self._quarantine is not None:
+            callers = [replace(c, quarantined=self._quarantine(c.pod)) for c in callers]
         reported = frozenset(left_out)
         for reason in sorted(reported - self._reported):
             log.warning("Not a gateway caller: %s.", reason)

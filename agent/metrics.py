@@ -31,6 +31,7 @@ from agent.lifecycle import Phase
 from agent.memory import MemoryLedger
 from agent.placement import Proven
 from agent.quarantine import CrashRecord
+from agent.suspects import CallerRecord
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -182,8 +183,13 @@ class _ResidencyCollector(Collector):
 
 
 class _QuarantineCollector:
-    def __init__(self, records: Callable[[], list[CrashRecord]]) -> None:
+    def __init__(
+        self,
+        records: Callable[[], list[CrashRecord]],
+        callers: Callable[[], list[CallerRecord]],
+    ) -> None:
         self._records = records
+        self._callers = callers
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         quarantined = GaugeMetricFamily(
@@ -196,6 +202,18 @@ class _QuarantineCollector:
             if record.quarantined:
                 quarantined.add_metric([record.namespace, record.model_id, record.digest], 1)
         yield quarantined
+        pods = GaugeMetricFamily(
+            "tritonshare_agent_quarantined_pods",
+            "Pods whose requests the node gateway refuses after Triton exited with their "
+            "requests at it (1 each, by the pod's namespace, name and model id)",
+            labels=["model_namespace", "pod", "model_id"],
+        )
+        for caller in self._callers():
+            if caller.quarantined:
+                pods.add_metric(
+                    [caller.namespace, caller.pod.partition("/")[2], caller.model_id], 1
+                )
+        yield pods
 
 
 class AgentMetrics:
@@ -304,6 +322,12 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.request_crashes = Counter(
+            "tritonshare_agent_triton_exits_witnessed",
+            "Unexpected exits of Triton the node gateway saw requests at (each counted against "
+            "the pods whose requests were at Triton)",
+            registry=r,
+        )
         self.kube_writes = Counter(
             "tritonshare_agent_kube_writes",
             "Writes to the Kubernetes API by kind (node, node_status, lease)",
@@ -331,9 +355,14 @@ class AgentMetrics:
         sleeping or waking) at scrape time."""
         self.registry.register(_ResidencyCollector(states))
 
-    def watch_quarantine(self, records: Callable[[], list[CrashRecord]]) -> None:
-        """Export the quarantined models, read from `records()` at scrape time."""
-        self.registry.register(_QuarantineCollector(records))
+    def watch_quarantine(
+        self,
+        records: Callable[[], list[CrashRecord]],
+        callers: Callable[[], list[CallerRecord]] = list,
+    ) -> None:
+        """Export the quarantined models and pods, read from `records()` and `callers()` at
+        scrape time."""
+        self.registry.register(_QuarantineCollector(records, callers))
 
     def watch_gpus(
         self, snapshot: Callable[[], GpuSnapshot | None], loaded: Callable[[], dict[str, int]]

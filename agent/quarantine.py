@@ -17,9 +17,11 @@ temporary file and renamed, so an agent restart keeps them. A node pod replaceme
 empty state directory; the quarantines themselves are also on the Node (`Keys.quarantined`,
 written by `NodeQuarantine`, read by `tritonshare status`), and the new agent takes them back
 from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
-the Node (`Keys.quarantine_clear`). `CrashLedger` stores and counts; `agent.models` writes the
-markers around its loads; `agent.reconcile` decides when a marker is a crash and what the pod
-is told.
+the Node (`Keys.quarantine_clear`). The ledger also keeps the pods whose requests were at Triton
+when it exited (`agent.suspects`, counted from the gateway's witnesses by `agent.requestcrash`),
+quarantined, shown and cleared the same way. `CrashLedger` stores and counts; `agent.models`
+writes the markers around its loads; `agent.reconcile` decides when a marker is a crash and what
+the pod is told.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.errors import AgentError
+from agent.suspects import CallerRecord, counted
 from common.contract import Keys
+from common.crashwitness import Suspect
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +107,25 @@ class CrashLedger:
         self.settle_seconds = settle_seconds
         self._wall = wall
         self._records: dict[str, CrashRecord] = {}
+        self._callers: dict[str, CallerRecord] = {}
 
     def load(self) -> None:
         """Read the counts; an unreadable file is kept aside and counting starts afresh."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.directory / COUNTS_FILE
         self._records = {}
+        self._callers = {}
         try:
             document = json.loads(path.read_text())
+            for item in document.get("callers", []):
+                caller = CallerRecord(
+                    str(item["pod"]),
+                    str(item["model_id"]),
+                    str(item["uid"]),
+                    int(item["crashes"]),
+                    bool(item["quarantined"]),
+                )
+                self._callers[caller.pod] = caller
             for item in document["records"]:
                 record = CrashRecord(
                     str(item["digest"]),
@@ -221,12 +236,46 @@ class CrashLedger:
     def records(self) -> list[CrashRecord]:
         return sorted(self._records.values(), key=lambda r: (r.pod, r.digest))
 
-    def restore(self, records: Iterable[CrashRecord]) -> list[CrashRecord]:
+    # Pods whose requests were at Triton when it exited.
+    def requests_crashed(self, suspects: Iterable[Suspect]) -> list[CallerRecord]:
+        """Count one unexpected exit of Triton whose witnesses name `suspects`
+        (`agent.suspects.counted`); returns the pods it quarantines."""
+        before = self._callers
+        self._callers = counted(before, suspects, self.quarantine_after)
+        while len(self._callers) > MAX_RECORDS:
+            unquarantined = [p for p, r in self._callers.items() if not r.quarantined]
+            if not unquarantined:
+                break
+            del self._callers[unquarantined[0]]
+        self._save()
+        return [
+            r
+            for pod, r in self._callers.items()
+            if r.quarantined and not (pod in before and before[pod].quarantined)
+        ]
+
+    def caller_quarantine(self, pod: str) -> CallerRecord | None:
+        """The quarantine of `pod`'s requests (namespace/name), if it is quarantined."""
+        record = self._callers.get(pod)
+        return record if record is not None and record.quarantined else None
+
+    def callers(self) -> list[CallerRecord]:
+        return sorted(self._callers.values(), key=lambda r: r.pod)
+
+    def restore(
+        self, records: Iterable[CrashRecord], callers: Iterable[CallerRecord] = ()
+    ) -> list[CrashRecord | CallerRecord]:
         """Take back quarantines this ledger lacks (its state directory was lost with the node
         pod, the Node kept them); returns those taken."""
-        taken = [r for r in records if r.quarantined and r.digest not in self._records]
-        for record in taken:
-            self._records[record.digest] = record
+        taken: list[CrashRecord | CallerRecord] = []
+        for record in records:
+            if record.quarantined and record.digest not in self._records:
+                self._records[record.digest] = record
+                taken.append(record)
+        for caller in callers:
+            if caller.quarantined and caller.pod not in self._callers:
+                self._callers[caller.pod] = caller
+                taken.append(caller)
         if taken:
             self._save()
         return taken
@@ -241,6 +290,16 @@ class CrashLedger:
             self._save()
         return gone
 
+    def clear_callers(self, selectors: Iterable[str]) -> list[CallerRecord]:
+        """Forget the pods any of `selectors` names (`CallerRecord.matches`); returns them."""
+        wanted = [s.strip() for s in selectors if s.strip()]
+        gone = [r for r in self._callers.values() if any(r.matches(s) for s in wanted)]
+        for record in gone:
+            del self._callers[record.pod]
+        if gone:
+            self._save()
+        return gone
+
     def _trim(self) -> None:
         if len(self._records) <= MAX_RECORDS:
             return
@@ -250,7 +309,10 @@ class CrashLedger:
             del self._records[digest]
 
     def _save(self) -> None:
-        document = {"records": [asdict(r) for r in self._records.values()]}
+        document = {
+            "records": [asdict(r) for r in self._records.values()],
+            "callers": [asdict(r) for r in self._callers.values()],
+        }
         self._write(self.directory / COUNTS_FILE, document)
 
     @staticmethod
@@ -273,27 +335,36 @@ class NodeAnnotations(Protocol):
     ) -> None: ...
 
 
-def from_annotation(value: str) -> list[CrashRecord]:
-    """The quarantines a `quarantined` Node annotation lists (unreadable entries are skipped)."""
+REQUESTS = "requests"
+"""The `cause` of a quarantined pod's entry in the annotation (a model's files have none)."""
+
+
+def from_annotation(value: str) -> tuple[list[CrashRecord], list[CallerRecord]]:
+    """The quarantines a `quarantined` Node annotation lists, of models' files and of pods'
+    requests (unreadable entries are skipped)."""
     try:
         shown = json.loads(value) if value else []
     except ValueError:
-        return []
-    records = []
+        return [], []
+    records, callers = [], []
     for item in shown if isinstance(shown, list) else []:
         with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
             namespace, _, model_id = str(item["model"]).partition("/")
             pod = str(item["pod"])
-            if pod.partition("/")[0] == namespace and model_id:
-                records.append(
-                    CrashRecord(str(item["digest"]), model_id, pod, int(item["crashes"]), True)
-                )
-    return records
+            if pod.partition("/")[0] != namespace or not model_id:
+                continue
+            crashes = int(item["crashes"])
+            if item.get("cause") == REQUESTS:
+                callers.append(CallerRecord(pod, model_id, str(item["uid"]), crashes, True))
+            else:
+                records.append(CrashRecord(str(item["digest"]), model_id, pod, crashes, True))
+    return records, callers
 
 
-def annotation(records: Iterable[CrashRecord]) -> str:
-    """The `quarantined` Node annotation for `records` ("" when none is quarantined)."""
-    shown = [
+def annotation(records: Iterable[CrashRecord], callers: Iterable[CallerRecord] = ()) -> str:
+    """The `quarantined` Node annotation for `records` and `callers` ("" when none is
+    quarantined)."""
+    shown: list[dict[str, object]] = [
         {
             "model": f"{r.namespace}/{r.model_id}",
             "pod": r.pod,
@@ -302,6 +373,18 @@ def annotation(records: Iterable[CrashRecord]) -> str:
         }
         for r in records
         if r.quarantined
+    ]
+    shown += [
+        {
+            "model": f"{c.namespace}/{c.model_id}",
+            "pod": c.pod,
+            "uid": c.uid,
+            "digest": "",
+            "crashes": c.crashes,
+            "cause": REQUESTS,
+        }
+        for c in callers
+        if c.quarantined
     ]
     return json.dumps(shown, sort_keys=True, separators=(",", ":")) if shown else ""
 
@@ -320,12 +403,14 @@ class NodeQuarantine:
         on_cleared: Callable[[list[CrashRecord]], None],
         *,
         period: float,
+        on_callers_cleared: Callable[[list[CallerRecord]], None] | None = None,
     ) -> None:
         self._ledger = ledger
         self._kube = kube
         self._node = node_name
         self._keys = keys
         self._on_cleared = on_cleared
+        self._on_callers_cleared = on_callers_cleared
         self.period = period
         self._shown: str | None = None
         """The annotation as last read or written (None: not read since start)."""
@@ -339,36 +424,37 @@ class NodeQuarantine:
         if self._shown is None:
             # A new node pod starts with an empty state directory: the Node kept its quarantines.
             for record in self._ledger.restore(
-                from_annotation(str(current.get(self._keys.quarantined) or ""))
+                *from_annotation(str(current.get(self._keys.quarantined) or ""))
             ):
                 log.warning(
-                    "Model %s/%s (files %s) stays quarantined on this node, as its Node says.",
-                    record.namespace,
-                    record.model_id,
-                    record.digest[:12],
+                    "%s stays quarantined on this node, as its Node says.", _described(record)
                 )
         patch: dict[str, str | None] = {}
         asked = str(current.get(self._keys.quarantine_clear) or "")
         if asked:
             cleared = self._ledger.clear(asked.split(","))
-            for record in cleared:
+            callers = self._ledger.clear_callers(asked.split(","))
+            lifted: list[CrashRecord | CallerRecord] = [*cleared, *callers]
+            for gone in lifted:
                 log.warning(
-                    "The quarantine of model %s/%s (files %s) is cleared as the operator asked: "
-                    "it may be loaded on this node again.",
-                    record.namespace,
-                    record.model_id,
-                    record.digest[:12],
+                    "The quarantine of %s is cleared as the operator asked: %s.",
+                    _described(gone),
+                    "its requests are served again"
+                    if isinstance(gone, CallerRecord)
+                    else "it may be loaded on this node again",
                 )
-            if not cleared:
+            if not cleared and not callers:
                 log.warning(
                     "The node's %s annotation (%r) names no quarantined model: nothing cleared.",
                     self._keys.quarantine_clear,
                     asked,
                 )
-            else:
+            if cleared:
                 self._on_cleared(cleared)
+            if callers and self._on_callers_cleared is not None:
+                self._on_callers_cleared(callers)
             patch[self._keys.quarantine_clear] = None
-        wanted = annotation(self._ledger.records())
+        wanted = annotation(self._ledger.records(), self._ledger.callers())
         shown = str(current.get(self._keys.quarantined) or "")
         if wanted != shown:
             patch[self._keys.quarantined] = wanted or None
@@ -379,7 +465,11 @@ class NodeQuarantine:
     async def run(self, stop: asyncio.Event) -> None:
         """Sync once at start, then each period while anything is quarantined or shown."""
         while not stop.is_set():
-            if self._shown is None or self._shown or annotation(self._ledger.records()):
+            if (
+                self._shown is None
+                or self._shown
+                or annotation(self._ledger.records(), self._ledger.callers())
+            ):
                 try:
                     await self.sync()
                 except AgentError as e:
@@ -391,3 +481,9 @@ class NodeQuarantine:
                     )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.period)
+
+
+def _described(record: CrashRecord | CallerRecord) -> str:
+    if isinstance(record, CallerRecord):
+        return f"Pod {record.pod} (its requests to model {record.model_id})"
+    return f"Model {record.namespace}/{record.model_id} (files {record.digest[:12]})"

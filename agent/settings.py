@@ -245,12 +245,15 @@ class Settings:
     """Seconds to wait for Triton to report an unloaded model UNAVAILABLE."""
     crash_quarantine_after: int = setting(
         "crash-quarantine-after",
-        "Triton exits in a row under a model's loads before it is quarantined on the node",
+        "Triton exits in a row under a model's loads, or with a pod's requests at it, before "
+        "the model or the pod is quarantined on the node",
         whole(minimum=1),
         default="3",
     )
     """Unexpected Triton exits in a row, each while the model's files were loading, after which
-    the files are never loaded on this node again until an operator clears them."""
+    the files are never loaded on this node again until an operator clears them; and each with a
+    pod's requests at Triton (as the node gateway saw), after which the gateway refuses the pod's
+    requests until an operator clears it."""
     crash_settle_seconds: float = setting(
         "crash-settle-seconds",
         "seconds after a load's READY during which Triton's exit still counts against it (0: off)",
@@ -341,6 +344,15 @@ class Settings:
     )
     """Where the agent writes the node gateway's caller table (a volume shared with the gateway
     only); None: no gateway on this node."""
+    crash_witness_file: Path | None = setting(
+        "crash-witness-file",
+        "file the node gateway records Triton's deaths in (read here); default: "
+        "crash-witness.json beside --gateway-table",
+        path,
+        default=None,
+    )
+    """Where the node gateway records which pods had requests at Triton when it died
+    (`common.crashwitness`, its --crash-witness-file); read only with --gateway-table."""
     gateway_table_refresh_seconds: float = setting(
         "gateway-table-refresh-seconds",
         "seconds between rewrites of an unchanged caller table",

@@ -1,14 +1,19 @@
-"""Benchmark: how often can one model's load take the node's Triton down? (crash quarantine)
+"""Benchmark: how often can one model's load, or one pod's requests, take the node's Triton down?
+(crash quarantine)
 
 One node: the simulated API server, a real Triton on the CPU (restarted as the kubelet restarts a
 crashed container, as soon as it exits) and the agent in-process over a mock NVML. A victim model
 (`add_one`) is loaded and served; then a second pod's model, whose Python `initialize` kills
 `tritonserver`, is loaded. For `--seconds` the script counts Triton's restarts and times, from
 the first crash, how long until the victim's model is READY again and stays READY through the
-end of the window, and whether the crasher ends quarantined.
+end of the window, and whether the crasher ends quarantined. With `--by requests` the crasher's
+model loads fine but its `execute` kills `tritonserver` on a magic input, which the crasher pod
+sends through a node gateway (in-process) again and again, each time Triton is back; the victim
+then counts as served when its own request through the gateway is answered 200.
 
   python -m benchmarks.crash_quarantine --quarantine-after 2 --seconds 60
   python -m benchmarks.crash_quarantine --quarantine-after 1000 --seconds 60   # no quarantine
+  python -m benchmarks.crash_quarantine --by requests --quarantine-after 2 --seconds 60
 
 Prints one line per run; figures go in docs/results.md with the command and the date.
 """
@@ -19,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import shutil
 import sys
@@ -33,9 +39,12 @@ import kubernetes.client
 from agent.app import Agent
 from agent.settings import Settings
 from agent.triton import READY
+from common.contract import TENANT_CODE_NODE, Keys
 from common.lifecycle import Lifecycle
 from common.placement import Claim, KeyRing
 from protos import agent_pb2, agent_pb2_grpc
+from proxy.gateway.app import Gateway
+from proxy.gateway.settings import GatewaySettings
 from sim.apiserver import start_in_thread
 from sim.gpu.nvml import MockNvml, parse_spec
 from sim.triton import TritonServer
@@ -54,16 +63,58 @@ class TritonPythonModel:
     def execute(self, requests):
         return []
 """
+REQUEST_KILLER = """import os
+import signal
+
+import triton_python_backend_utils as pb_utils
 
 
-def model_dir(root: Path, name: str, killer: bool) -> Path:
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if data.max() >= 1000:
+                os.kill(os.getppid(), signal.SIGKILL)
+            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+ADDRESSES = {"victim": "127.1.0.6", "crasher": "127.1.0.5"}
+"""Each pod's address, the source of its requests to the gateway (any of 127.0.0.0/8 is local)."""
+
+
+def model_dir(root: Path, name: str, killer: str) -> Path:
     target = root / name
     shutil.copytree(MODELS / "add_one", target)
     config = target / "config.pbtxt"
     config.write_text(config.read_text().replace('name: "add_one"', f'name: "{name}"', 1))
     if killer:
-        (target / "1" / "model.py").write_text(KILLER)
+        (target / "1" / "model.py").write_text(killer)
     return target
+
+
+async def infer(gateway: Gateway, source: str, model_id: str, value: float) -> int:
+    """One REST inference through the gateway from `source`: its status, 0 when the connection
+    broke (Triton died under it, or is down)."""
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [value]}]}
+    ).encode()
+    head = (
+        f"POST /v2/models/{model_id}/infer HTTP/1.1\r\nHost: gateway\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    try:
+        async with asyncio.timeout(30):
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", gateway.ports["http"], local_addr=(source, 0)
+            )
+            writer.write(head + body)
+            answer = await reader.read()
+            writer.close()
+    except (OSError, TimeoutError):
+        return 0
+    return int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else 0
 
 
 def make_pod(api: kubernetes.client.ApiClient, name: str, gpu: str) -> None:
@@ -86,7 +137,9 @@ def make_pod(api: kubernetes.client.ApiClient, name: str, gpu: str) -> None:
     core.patch_namespaced_pod(
         f"{name}-pod", "default", {"metadata": {"annotations": {"tritonshare.io/placement": proof}}}
     )
-    core.patch_namespaced_pod_status(f"{name}-pod", "default", {"status": {"phase": "Running"}})
+    ip = ADDRESSES[name]
+    status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1"}
+    core.patch_namespaced_pod_status(f"{name}-pod", "default", {"status": status})
 
 
 def read_files(directory: Path) -> list[tuple[str, bytes]]:
@@ -115,7 +168,7 @@ async def install(stub: Any, token: str, directory: Path, model_id: str) -> None
     await stub.InstallModel(requests(), metadata=(("authorization", f"Bearer {token}"),))
 
 
-async def run(quarantine_after: int, seconds: float) -> dict[str, Any]:
+async def run(quarantine_after: int, seconds: float, by: str = "load") -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="crash-quarantine-"))
     apiserver = start_in_thread()
     api = apiserver.api_client()
@@ -126,7 +179,9 @@ async def run(quarantine_after: int, seconds: float) -> dict[str, Any]:
     channel: grpc.aio.Channel | None = None
     try:
         core: Any = kubernetes.client.CoreV1Api(api)
-        core.create_node({"metadata": {"name": NODE}})
+        # The crasher runs its own Python code in Triton: only a node dedicated to it may.
+        labels = {Keys().tenant_code: TENANT_CODE_NODE}
+        core.create_node({"metadata": {"name": NODE, "labels": labels}})
         (work / "keys").mkdir()
         (work / "keys" / "current").write_bytes(KEY)
         mock = MockNvml(parse_spec("2xT4", seed=NODE))
@@ -144,9 +199,23 @@ async def run(quarantine_after: int, seconds: float) -> dict[str, Any]:
             placement_key_dir=work / "keys",
             tenant_code_namespaces=("default",),
             crash_quarantine_after=quarantine_after,
+            gateway_table=work / "gateway" / "callers.json",
+            gateway_table_refresh_seconds=0.5,
         )
         agent = Agent(settings, nvml=mock.as_module())
         await agent.start(lifecycle)
+        gateway = Gateway(
+            GatewaySettings(
+                caller_table=work / "gateway" / "callers.json",
+                triton_http_url=triton.http_url,
+                triton_grpc_url=triton.grpc_url,
+                listen_http=("127.0.0.1", 0),
+                listen_grpc=("127.0.0.1", 0),
+                listen_metrics=("127.0.0.1", 0),
+                table_poll_seconds=0.05,
+            )
+        )
+        await gateway.start(lifecycle)
         deadline = time.monotonic() + 60
         while agent.not_ready() and time.monotonic() < deadline:  # noqa: ASYNC110 (a poll)
             await asyncio.sleep(0.05)
@@ -157,19 +226,26 @@ async def run(quarantine_after: int, seconds: float) -> dict[str, Any]:
         for name in ("victim", "crasher"):
             make_pod(api, name, gpu)
             tokens[name] = apiserver.mint_token("default", f"{name}-pod")
-            await install(
-                stub, tokens[name], model_dir(work / "src", name, name == "crasher"), name
-            )
+            killer = "" if name == "victim" else KILLER if by == "load" else REQUEST_KILLER
+            await install(stub, tokens[name], model_dir(work / "src", name, killer), name)
         auth = (("authorization", f"Bearer {tokens['victim']}"),)
         await stub.LoadModel(agent_pb2.LoadModelRequest(model_id="victim"), metadata=auth)
         victim = next(n for n, o in agent.owners.all().items() if o.model_id == "victim")
+        crasher = ""
+        if by == "requests":
+            auth = (("authorization", f"Bearer {tokens['crasher']}"),)
+            await stub.LoadModel(agent_pb2.LoadModelRequest(model_id="crasher"), metadata=auth)
+            crasher = next(n for n, o in agent.owners.all().items() if o.model_id == "crasher")
 
         restarts = 0
         crashed_at: float | None = None
         ready_since: float | None = None
+        refused = 0
         auth = (("authorization", f"Bearer {tokens['crasher']}"),)
         load = asyncio.ensure_future(
             stub.LoadModel(agent_pb2.LoadModelRequest(model_id="crasher"), metadata=auth)
+            if by == "load"
+            else asyncio.sleep(0)
         )
         started = time.monotonic()
         while time.monotonic() - started < seconds:
@@ -180,22 +256,32 @@ async def run(quarantine_after: int, seconds: float) -> dict[str, Any]:
                 await asyncio.to_thread(triton.restart)
             with contextlib.suppress(Exception):
                 entry = await agent.triton.state(victim)
-                if entry is not None and entry.state == READY:
-                    ready_since = ready_since or time.monotonic()
-                else:
-                    ready_since = None
+                served = entry is not None and entry.state == READY
+                if by == "requests" and served:
+                    served = await infer(gateway, ADDRESSES["victim"], "victim", 1.0) == 200
+                    mine = await agent.triton.state(crasher)
+                    if mine is not None and mine.state == READY:  # its model is back: again
+                        attack = await infer(gateway, ADDRESSES["crasher"], "crasher", 1000.0)
+                        refused += attack == 503
+                ready_since = (ready_since or time.monotonic()) if served else None
             await asyncio.sleep(0.05)
         with contextlib.suppress(grpc.aio.AioRpcError):
             await load
+        quarantined = (
+            any(r.quarantined for r in agent.crashes.records())
+            if by == "load"
+            else any(r.quarantined for r in agent.crashes.callers())
+        )
         return {
+            "by": by,
             "quarantine_after": quarantine_after,
             "seconds": seconds,
             "triton_restarts": restarts,
             "victim_served_again_after_s": (
                 round(ready_since - crashed_at, 1) if ready_since and crashed_at else None
             ),
-            "crasher_quarantined": bool(agent.crashes.records())
-            and any(r.quarantined for r in agent.crashes.records()),
+            "crasher_quarantined": quarantined,
+            **({"crasher_requests_refused": refused} if by == "requests" else {}),
         }
     finally:
         if channel is not None:
@@ -212,11 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quarantine-after", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--by", choices=("load", "requests"), default="load", help="what kills Triton"
+    )
     parser.add_argument("--verbose", action="store_true", help="log the agent at INFO")
     args = parser.parse_args(argv)
     level = logging.INFO if args.verbose else logging.ERROR
     logging.basicConfig(level=level, format="%(relativeCreated)6.0f %(name)s %(message)s")
-    result = asyncio.run(run(args.quarantine_after, args.seconds))
+    result = asyncio.run(run(args.quarantine_after, args.seconds, args.by))
     print(" ".join(f"{k}={v}" for k, v in result.items()))
     return 0
 

@@ -415,16 +415,17 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     )
     FLAGS.add_to(cleanup)
     quarantine = commands.add_parser(
-        "quarantine", help="models quarantined on a node after crashing its Triton"
+        "quarantine", help="models and pods quarantined on a node after crashing its Triton"
     )
     actions = quarantine.add_subparsers(dest="action", required=True)
     clear = actions.add_parser(
         "clear",
-        help="let a node load a quarantined model again",
+        help="let a node load a quarantined model, or serve a quarantined pod, again",
         description="Ask NODE's agent to lift the quarantine of MODEL (NAMESPACE/MODEL-ID, a "
         "model id, a pod as NAMESPACE/NAME, or 12+ characters of its files' digest, as "
-        "`tritonshare status` shows them). The agent lifts it within its Lease renewal period "
-        "and loads the model again if its pod still wants it. Needs patch on nodes.",
+        "`tritonshare status` shows them). The agent lifts it within its Lease renewal period: "
+        "it loads the model again if its pod still wants it, and the node gateway serves a pod "
+        "whose requests were quarantined again. Needs patch on nodes.",
         allow_abbrev=False,
     )
     clear.add_argument("node", help="the node the model is quarantined on")

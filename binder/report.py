@@ -119,7 +119,9 @@ def write_unserved(cache: ClusterCache, states: Mapping[str, tuple[str, str]], o
 
 def quarantined(nodes: list[JsonObject], keys: Keys) -> list[dict[str, Any]]:
     """The models each node's agent quarantined (its `quarantined` annotation): Triton exited
-    while loading them too many times in a row, so the node never loads them again."""
+    while loading them too many times in a row, so the node never loads them again; and the
+    pods whose requests were at Triton at too many of its exits in a row (`cause` "requests"),
+    which the node's gateway refuses."""
     rows = []
     for node in nodes:
         metadata = node.get("metadata") or {}
@@ -137,6 +139,8 @@ def quarantined(nodes: list[JsonObject], keys: Keys) -> list[dict[str, Any]]:
                         "pod": str(item.get("pod", "")),
                         "crashes": int(item.get("crashes", 0) or 0),
                         "digest": str(item.get("digest", "")),
+                        # A pod's requests ("requests"); absent for a model's files.
+                        **({"cause": str(item["cause"])} if item.get("cause") else {}),
                     }
                 )
     return sorted(rows, key=lambda r: (r["node"], r["model"], r["digest"]))
@@ -151,6 +155,13 @@ def write_quarantined(rows: list[dict[str, Any]], out: TextIO) -> None:
         "`tritonshare quarantine clear NODE NAMESPACE/MODEL`):\n"
     )
     for row in rows:
+        if row.get("cause") == "requests":
+            out.write(
+                f"  pod {row['pod']} ({row['model']}) on {row['node']}: its requests were at "
+                f"Triton at {row['crashes']} exits in a row; the gateway refuses them (lift with "
+                f"`tritonshare quarantine clear {row['node']} {row['pod']}`)\n"
+            )
+            continue
         out.write(
             f"  {row['model']} on {row['node']}: {row['crashes']} crashes in a row, last for "
             f"pod {row['pod']} (files {row['digest'][:12]})\n"

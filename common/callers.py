@@ -47,6 +47,9 @@ class Caller:
     """The name the pod's model has in Triton, private to the pod: the gateway maps
     `model_id` in each request to it and back in each answer. Empty: the same as `model_id`
     (models installed before private names, and tables of agents before the field)."""
+    quarantined: str = ""
+    """Why the pod's requests are refused (its requests coincided with too many of Triton's
+    unexpected exits, `agent.quarantine`), in words for the pod; empty: it is served."""
 
     @property
     def namespace(self) -> str:
@@ -85,6 +88,7 @@ def encode(table: CallerTable) -> bytes:
                 "uid": c.uid,
                 "concurrency": c.concurrency,
                 **({"tritonName": c.triton_name} if c.triton_name else {}),
+                **({"quarantined": c.quarantined} if c.quarantined else {}),
             }
             for c in sorted(table.callers, key=lambda c: c.address)
         ],
@@ -126,6 +130,9 @@ def _caller(entry: Any) -> Caller:
         raise CallerTableError(f"caller tritonName {triton_name!r} is not a string")
     if triton_name:
         validate_model_id(triton_name)
+    quarantined = entry.get("quarantined", "")
+    if not isinstance(quarantined, str):
+        raise CallerTableError(f"caller quarantined {quarantined!r} is not a string")
     return Caller(
         address,
         validate_model_id(str(entry["modelId"])),
@@ -133,6 +140,7 @@ def _caller(entry: Any) -> Caller:
         str(entry["uid"]),
         concurrency,
         triton_name,
+        quarantined,
     )
 
 

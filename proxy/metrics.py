@@ -197,6 +197,10 @@ class ProxyMetrics:
         histogram[bucket] += 1
         histogram[-1] += seconds
 
+    def answered_with(self, codes: frozenset[str]) -> int:
+        """Requests answered so far with one of `codes` (HTTP statuses, gRPC code names)."""
+        return sum(count[0] for (_, _, code), (count, _) in self._series.items() if code in codes)
+
     def rejected(self, reason: str) -> None:
         """Count one request the proxy refused (for example `queue_full`)."""
         self._rejected.labels(self._model, reason).inc()

@@ -24,6 +24,7 @@ import struct
 import time
 from collections.abc import Callable
 
+from common.crashwitness import path_beside
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
 from proxy.gateway.activity import ActivityWriter
@@ -31,6 +32,7 @@ from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
+from proxy.gateway.witness import CrashWitness
 from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.inflight import InFlightShares
 from proxy.policy.share import LoopShares
@@ -85,6 +87,11 @@ class Gateway:
             on_revoke=self.tenants.revoke,
         )
         self.activity = ActivityWriter(settings.activity_path, self.tenants)
+        self.witness = CrashWitness(
+            settings.crash_witness_file or path_beside(settings.caller_table),
+            settings.triton_http_url,
+            lambda: self.tenants,
+        )
         self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget, in_flight)
         self.ports: dict[str, int] = {}
         self._sockets: dict[str, socket.socket] = {}
@@ -127,6 +134,7 @@ class Gateway:
             "the caller table watch",
             self.book.run(lifecycle.stop_event, settings.table_poll_seconds),
         )
+        lifecycle.spawn("the crash witness", self.witness.run(lifecycle.stop_event))
         if self.budget is not None:
             lifecycle.spawn("the byte budget's walk", self._account(self.budget))
         lifecycle.spawn("the activity table", self.activity.run(lifecycle.stop_event))

@@ -64,6 +64,15 @@ class GatewaySettings:
     """Where the gateway writes which models are serving (`common.activity`), for the agent's
     evictions. Default: `activity.json` in the directory of `caller_table` (the volume shared
     with the agent)."""
+    crash_witness_file: Path | None = setting(
+        "crash-witness-file",
+        "file recording which pods had requests at Triton when it died (read by the agent); "
+        "default: crash-witness.json beside --caller-table",
+        path,
+        default=None,
+    )
+    """Where the gateway records Triton's deaths for the agent (`gateway.witness`), in a volume
+    the agent reads (its --crash-witness-file)."""
     triton_http_url: str = setting(
         "triton-http-url",
         "host:port of Triton's HTTP endpoint",

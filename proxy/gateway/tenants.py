@@ -33,7 +33,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.holdings import GRACE, ByteBudget
 from proxy.policy.inflight import InFlightShares
 from proxy.policy.limiter import Limiter
-from proxy.policy.refusals import OverBudgetError, ProxyError
+from proxy.policy.refusals import OverBudgetError, ProxyError, QuarantinedError
 from proxy.policy.share import LoopShares
 from proxy.settings import Settings
 from proxy.state import ProxyState
@@ -64,6 +64,8 @@ class Tenant:
         self.share = self.limiter.share = shares.share(
             self._throttle, self._unthrottle, caller.namespace
         )
+        if caller.quarantined:
+            self.limiter.refusal = QuarantinedError(caller.quarantined)
         if in_flight is not None:
             in_flight.add(self.limiter, caller.namespace)
         self._logged_pause = -_PAUSE_LOG_SECONDS

@@ -560,6 +560,9 @@ class StreamGate:
             ok = decision.code == "OK"
             self.refuse(stream, decision.code, decision.details, decision.response if ok else None)
             return False
+        if self._limiter.refusal is not None:  # a pod the node quarantined: every call
+            self.refuse_error(stream, self._limiter.refusal)
+            return False
         stream.passed = True
         if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or framing.grpc_message(message)  # checked again once admitted

@@ -200,6 +200,13 @@ class ClientConnection(Connection):
                 self._answer_refusal(error)
                 answered += 1
                 continue
+            if self._limiter.refusal is not None:
+                # A pod the node quarantined: every request, its readiness too, so that its
+                # pod is not ready and its Service sends elsewhere.
+                self._buffer = buffer[body:]
+                self._answer_refusal(self._limiter.refusal)
+                answered += 1
+                continue
             if decision.readiness and relay.state.draining:
                 self._buffer = buffer[body:]
                 self._answer_locally(

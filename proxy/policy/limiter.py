@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.policy.refusals import OverloadedError, QueueTimeoutError
+from proxy.policy.refusals import OverloadedError, ProxyError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
 
@@ -69,6 +69,9 @@ class Limiter:
         self.sending = False  # counted by `node` as sending
         self.last = 0.0  # when it last took a slot at once
         self.left = 0.0  # when a request last left (answered, or gave up waiting)
+        self.refusal: ProxyError | None = None
+        """Set: every request is refused with it, none takes a slot (a quarantined pod at the
+        node gateway)."""
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
@@ -104,6 +107,8 @@ class Limiter:
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody waits; never waits itself."""
+        if self.refusal is not None:
+            return False
         if not self.sending and self.node is not None:
             self.node.woke(self)  # may change the limit: first
         if self.limit == 0 or (self.in_flight < self.limit and not self._waiters):
@@ -121,6 +126,8 @@ class Limiter:
         """Take a slot, waiting in the queue if needed; raise when refused."""
         if self.try_acquire():
             return
+        if self.refusal is not None:
+            raise self.refusal
         if len(self._waiters) >= self.queue_limit:
             raise OverloadedError(
                 f"the model is at its concurrency limit ({self.limit} in flight) and its queue "

@@ -59,6 +59,11 @@ class OverBudgetError(ProxyError):
     than its share of it: its largest connections are answered with this and closed."""
 
 
+class QuarantinedError(ProxyError):
+    """The node quarantined the pod: its requests coincided with too many of Triton's unexpected
+    exits, and the node gateway refuses every one until an operator clears it."""
+
+
 class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
@@ -87,6 +92,7 @@ STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     UnsupportedError: (501, grpc.StatusCode.UNIMPLEMENTED),
     UnsupportedEncodingError: (415, grpc.StatusCode.INVALID_ARGUMENT),
     OverBudgetError: (503, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    QuarantinedError: (503, grpc.StatusCode.FAILED_PRECONDITION),
     UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
 }
 """The one table: every refusal's (HTTP status, gRPC status code)."""

@@ -1,0 +1,130 @@
+"""Counting the pods whose requests were at Triton when it exited unexpectedly.
+
+The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death
+closes it, and a new connection is refused until Triton is started again, which tells an exit of
+Triton apart from one dropped connection (the agent never restarts Triton itself, so every exit
+is unexpected to it). Once Triton is back, the node gateway has long written what it saw at that
+moment (`common.crashwitness`); the records between the sentinel's close and the refusal,
+widened by `slack_seconds` for the two processes' clocks, name the suspects,
+which the ledger counts (`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no
+record counts nothing: the gateway saw no death (it was down too, or Triton was only unreachable
+for the agent), and the agent blames no pod without a witness. A pod that reaches
+`--crash-quarantine-after` exits in a row gets a Warning Event (RequestsCrashedTriton), and the
+caller table the gateway follows says it is quarantined, so the gateway refuses its requests;
+its ModelLoaded condition says so too (`agent.conditions`). What it must not do: detect exits
+(`agent.reconcile`) or enforce the quarantine (the gateway does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.events import PodEvents
+from agent.metrics import AgentMetrics
+from agent.quarantine import CrashLedger
+from agent.suspects import REASON, CallerRecord, merged, message
+from common.crashwitness import WitnessError, read_witnesses
+from common.logs import subject
+from common.sentinel import Sentinel
+
+log = logging.getLogger(__name__)
+
+SLACK_SECONDS = 1.0
+
+
+class RequestCrashes:
+    """Reads the gateway's witnesses of each exit the liveness watch saw, and counts them."""
+
+    def __init__(
+        self,
+        triton_http: str,
+        ledger: CrashLedger,
+        witness_file: Path,
+        events: PodEvents,
+        metrics: AgentMetrics,
+        on_quarantined: Callable[[], None],
+        *,
+        slack_seconds: float = SLACK_SECONDS,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        self._wall = wall
+        self.sentinel = Sentinel(triton_http, wall, self._gone, self._back)
+        self._away: tuple[float, float] | None = None
+        """Triton's sentinel closed at the first time, and it was refused at the second."""
+        self.witness_file = witness_file
+        self._events = events
+        self._metrics = metrics
+        self._on_quarantined = on_quarantined
+        self.slack_seconds = slack_seconds
+        self._counted_until = 0.0
+        """The newest record counted: a record is counted once, whatever windows overlap."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch Triton's exits until `stop`."""
+        await self.sentinel.run(stop)
+
+    def _gone(self, lost_at: float) -> None:
+        log.warning("Triton exited: the node gateway's witnesses are counted once it is back.")
+        self._away = (lost_at, self._wall())
+
+    def _back(self) -> None:
+        if self._away is not None:
+            away, self._away = self._away, None
+            self.exited(*away)
+
+    def quarantine_of(self, pod: str) -> str:
+        """Why `pod`'s requests are refused (namespace/name); empty when they are not."""
+        record = self.ledger.caller_quarantine(pod)
+        return message(record) if record is not None else ""
+
+    def exited(self, last_live: float, first_down: float) -> list[CallerRecord]:
+        """Triton was there at `last_live` and gone at `first_down` (Unix seconds): count the
+        gateway's records of that moment; returns the pods quarantined by it."""
+        try:
+            records = read_witnesses(self.witness_file)
+        except WitnessError as e:
+            log.warning("Triton exited unexpectedly, but %s: no pod is counted for it.", e)
+            return []
+        start = max(last_live - self.slack_seconds, self._counted_until)
+        inside = [w for w in records if start < w.at <= first_down + self.slack_seconds]
+        if not inside:
+            log.warning(
+                "Triton exited unexpectedly, and the node gateway recorded no request at it "
+                "then (%s): no pod is counted for it.",
+                self.witness_file,
+            )
+            return []
+        self._counted_until = max(w.at for w in inside)
+        suspects = merged(w.suspects for w in inside)
+        self._metrics.request_crashes.inc()
+        quarantined = self.ledger.requests_crashed(suspects)
+        limit = self.ledger.quarantine_after
+        for suspect in suspects:
+            if self.ledger.caller_quarantine(suspect.pod) is not None:
+                continue
+            counted = next((r for r in self.ledger.callers() if r.pod == suspect.pod), None)
+            log.warning(
+                "Triton exited unexpectedly with requests of pod %s (model %s) at it: %d of %d "
+                "exits in a row before its requests are quarantined.",
+                suspect.pod,
+                suspect.model_id,
+                counted.crashes if counted is not None else 0,
+                limit,
+                extra=subject(pod=suspect.pod, model=suspect.model_id),
+            )
+        if not suspects:
+            log.warning("Triton exited unexpectedly with no request at it: no pod is counted.")
+        for record in quarantined:
+            said = message(record)
+            log.error(
+                "Quarantined: %s.", said, extra=subject(pod=record.pod, model=record.model_id)
+            )
+            self._events.warn(record.pod, record.uid, REASON, said)
+        if quarantined:
+            self._on_quarantined()
+        return quarantined

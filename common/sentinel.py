@@ -1,0 +1,103 @@
+"""Knowing the moment Triton's process goes away: an idle connection of our own to its port.
+
+A process's death closes every socket it had at once, its listening sockets too, so the sentinel
+connection is closed the moment Triton dies, and a new connection is refused until Triton is
+started again. A closed sentinel with a new connection accepted is no death (an idle close, a
+proxy in between): the sentinel is simply held again. Polling Triton's liveness can miss a
+death when Triton is started again between two polls; the sentinel cannot. Both the node
+gateway (`gateway.witness`) and the agent (`agent.requestcrash`) hold one. What it must not do:
+decide what a death means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def host_and_port(url: str) -> tuple[str, int]:
+    """The host and port of `url` ("host:port", or a URL with a scheme)."""
+    _, _, rest = url.rpartition("://")
+    host, _, port = rest.split("/", 1)[0].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Sentinel(Generic[T]):
+    """Holds the connection to `url` and calls back when Triton goes away and comes back."""
+
+    def __init__(
+        self,
+        url: str,
+        on_lost: Callable[[], T],
+        on_gone: Callable[[T], None],
+        on_back: Callable[[], None] | None = None,
+        *,
+        on_up: Callable[[], None] | None = None,
+        retry_seconds: float = 0.2,
+    ) -> None:
+        """`on_lost()` runs the moment the connection closes, before anything is known (what it
+        returns is handed to `on_gone`); `on_gone(lost)` once a new connection is refused;
+        `on_back()` when a connection is accepted again after that; `on_up()` whenever one is
+        accepted (Triton is there)."""
+        self.host, self.port = host_and_port(url)
+        self._on_lost = on_lost
+        self._on_gone = on_gone
+        self._on_back = on_back
+        self._on_up = on_up
+        self.retry_seconds = retry_seconds
+        self.deaths = 0
+        """Deaths seen since start."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Hold the sentinel until `stop`."""
+        connection = None
+        gone = False
+        try:
+            while not stop.is_set():
+                if connection is None:
+                    connection = await self._connect()
+                    if connection is None:  # Triton is not up (yet, or again)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), self.retry_seconds)
+                        continue
+                    if gone:
+                        gone = False
+                        if self._on_back is not None:
+                            self._on_back()
+                    if self._on_up is not None:
+                        self._on_up()
+                reader, writer = connection
+                read = asyncio.ensure_future(reader.read(1))
+                stopping = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if not read.done():
+                    read.cancel()
+                    break
+                try:
+                    if read.result():
+                        continue  # Triton said something on an idle connection: still there
+                except OSError:
+                    pass  # reset: as closed
+                lost = self._on_lost()
+                writer.close()
+                connection = await self._connect()
+                if connection is None:
+                    gone = True
+                    self.deaths += 1
+                    self._on_gone(lost)
+                elif self._on_up is not None:
+                    self._on_up()
+        finally:
+            if connection is not None:
+                connection[1].close()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        try:
+            return await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            return None

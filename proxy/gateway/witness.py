@@ -1,0 +1,133 @@
+"""Witnessing Triton's deaths for the agent: which pods had requests at Triton when it went away.
+
+The gateway holds one idle connection of its own to Triton's HTTP port (`common.sentinel`).
+Triton's death closes it at once; the gateway then takes its snapshot of the pods with requests
+at Triton, and once a new connection is refused (Triton is gone, not just the connection) it
+appends a record (`common.crashwitness`) to `--crash-witness-file`, which the agent reads when
+it has seen Triton exit (`agent.requestcrash`). Nothing here runs per request; the snapshot
+reads what each pod's limiter and metrics already keep.
+
+A pod is a suspect when it has requests in flight at Triton at the snapshot, or when one of its
+requests failed with Triton gone (answered 502 or UNAVAILABLE) since the sentinel last found
+Triton there: the relays see the death on their own connections and may answer theirs before the
+sentinel's turn on the event loop. With neither, the pod that sent the last request to reach
+Triton within `last_seconds` is the suspect (a request whose harm comes a moment after its
+answer). A neighbour whose request was answered normally just before is none of these. What it
+must not do: decide whether Triton's exit was unexpected, or count crashes (the agent does both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, read_witnesses
+from common.crashwitness import write_witnesses as write_file
+from common.sentinel import Sentinel
+from proxy.gateway.tenants import Tenant
+
+log = logging.getLogger(__name__)
+
+FAILED = frozenset({"502", "UNAVAILABLE"})
+"""How the relays answer a request Triton's connection failed under (REST, gRPC)."""
+LAST_SECONDS = 5.0
+"""With no request at Triton, the pod that sent the last one within this long is the suspect."""
+
+
+def failures(tenant: Tenant) -> int:
+    """The pod's requests answered as failed by Triton's connection so far."""
+    return tenant.metrics.answered_with(FAILED)
+
+
+def suspects_of(
+    tenants: Iterable[Tenant], failed_before: Mapping[Tenant, int], now: float, *, last: float
+) -> tuple[Suspect, ...]:
+    """The pods with requests at Triton when it died, seen at `now` (monotonic seconds), by the
+    rule above; `failed_before` holds each pod's `failures` when Triton was last there."""
+    found = []
+    latest: tuple[float, Tenant] | None = None
+    for tenant in tenants:
+        limiter = tenant.limiter
+        failed = failures(tenant) - failed_before.get(tenant, 0)
+        if limiter.in_flight > 0 or failed > 0:
+            found.append(_suspect(tenant, limiter.in_flight + max(failed, 0)))
+        elif (
+            limiter.last
+            and now - limiter.last <= last
+            and (latest is None or limiter.last > latest[0])
+        ):
+            latest = (limiter.last, tenant)
+    if not found and latest is not None:
+        found.append(_suspect(latest[1], 0))
+    return tuple(sorted(found, key=lambda s: s.pod))
+
+
+def _suspect(tenant: Tenant, in_flight: int) -> Suspect:
+    caller = tenant.caller
+    return Suspect(caller.pod, caller.uid, caller.address, caller.model_id, in_flight)
+
+
+class CrashWitness:
+    """Writes a record each time the sentinel (`common.sentinel`) sees Triton go away."""
+
+    def __init__(
+        self,
+        path: Path,
+        triton_http: str,
+        tenants: Callable[[], Iterable[Tenant]],
+        *,
+        last_seconds: float = LAST_SECONDS,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self._tenants = tenants
+        self.last_seconds = last_seconds
+        self._wall = wall
+        self._clock = clock
+        self._failed_before: dict[Tenant, int] = {}
+        self.sentinel = Sentinel(
+            triton_http, self._snapshot, self._record, on_up=self._triton_there
+        )
+        self.records = 0
+        """Records written since start."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.sentinel.run(stop)
+
+    def _triton_there(self) -> None:
+        # Failures from now on are Triton's next death's (or a dropped connection's).
+        self._failed_before = {tenant: failures(tenant) for tenant in self._tenants()}
+
+    def _snapshot(self) -> Witness:
+        suspects = suspects_of(
+            self._tenants(), self._failed_before, self._clock(), last=self.last_seconds
+        )
+        return Witness(self._wall(), suspects)
+
+    def _record(self, witnessed: Witness) -> None:
+        who = ", ".join(f"{s.pod} ({s.in_flight} in flight)" for s in witnessed.suspects)
+        log.warning(
+            "Triton went away with requests of %s at it: recorded for the node's agent, which "
+            "counts them if Triton exited unexpectedly.",
+            who or "no pod",
+        )
+        try:
+            kept = read_witnesses(self.path)
+        except WitnessError as e:
+            log.warning("%s: starting it afresh.", e)
+            kept = []
+        try:
+            write_file(self.path, [*kept[-(MAX_RECORDS - 1) :], witnessed])
+        except OSError as e:
+            log.error(
+                "Cannot write the crash witness file %s (%s): the node's agent cannot tell "
+                "which pod's requests crashed Triton; check the volume shared with it.",
+                self.path,
+                e.strerror,
+            )
+            return
+        self.records += 1

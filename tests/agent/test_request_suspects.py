@@ -1,0 +1,184 @@
+"""The request crash quarantine's rules on their own: counting the gateway's suspects in a row
+(`agent.suspects`), keeping them in the crash ledger across restarts and on the Node, clearing
+them, and reading the witnesses of one exit (`agent.requestcrash`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from agent.events import PodEvents
+from agent.metrics import AgentMetrics
+from agent.quarantine import CrashLedger, CrashRecord, annotation, from_annotation
+from agent.requestcrash import RequestCrashes
+from agent.suspects import CallerRecord, counted, merged, message
+from common.crashwitness import (
+    MAX_RECORDS,
+    Suspect,
+    Witness,
+    WitnessError,
+    decode,
+    read_witnesses,
+    write_witnesses,
+)
+
+ATTACKER = Suspect("team-a/bad", "uid-bad", "10.1.0.5", "bad", 1)
+NEIGHBOUR = Suspect("team-b/good", "uid-good", "10.1.0.6", "good", 1)
+BUSY = Suspect("team-c/busy", "uid-busy", "10.1.0.7", "busy", 8)
+
+
+def run(crashes: list[list[Suspect]], after: int = 3) -> dict[str, CallerRecord]:
+    records: dict[str, CallerRecord] = {}
+    for suspects in crashes:
+        records = counted(records, suspects, after)
+    return records
+
+
+def test_a_pod_present_at_k_exits_in_a_row_is_quarantined() -> None:
+    records = run([[ATTACKER], [ATTACKER]])
+    assert (records[ATTACKER.pod].crashes, records[ATTACKER.pod].quarantined) == (2, False)
+    records = counted(records, [ATTACKER], 3)
+    assert (records[ATTACKER.pod].crashes, records[ATTACKER.pod].quarantined) == (3, True)
+
+
+def test_a_neighbour_present_by_coincidence_is_not_quarantined() -> None:
+    """In flight at one exit of the attacker's, or at every other one: its run ends at each exit
+    it is absent from."""
+    records = run([[ATTACKER, NEIGHBOUR], [ATTACKER], [ATTACKER, NEIGHBOUR]])
+    assert records[ATTACKER.pod].quarantined
+    assert (records[NEIGHBOUR.pod].crashes, records[NEIGHBOUR.pod].quarantined) == (1, False)
+    records = run([[ATTACKER, NEIGHBOUR], [ATTACKER, NEIGHBOUR], [ATTACKER]])
+    assert NEIGHBOUR.pod not in records, "absent at the last exit: its run ended"
+
+
+def test_an_exit_without_the_pod_ends_its_run() -> None:
+    records = run([[ATTACKER], [ATTACKER], [], [ATTACKER], [ATTACKER]])
+    assert (records[ATTACKER.pod].crashes, records[ATTACKER.pod].quarantined) == (2, False)
+
+
+def test_a_busy_neighbour_at_every_exit_is_quarantined_with_the_attacker() -> None:
+    """What the witnesses cannot tell apart (docs/security.md says so): both are quarantined,
+    and an operator clears the neighbour."""
+    records = run([[ATTACKER, BUSY]] * 3)
+    assert records[ATTACKER.pod].quarantined and records[BUSY.pod].quarantined
+
+
+def test_a_quarantine_stays_whatever_follows() -> None:
+    records = run([[ATTACKER]] * 3 + [[], [NEIGHBOUR]])
+    assert records[ATTACKER.pod].quarantined and records[ATTACKER.pod].crashes == 3
+
+
+def test_several_records_of_one_exit_count_each_pod_once() -> None:
+    busier = replace(ATTACKER, in_flight=3)
+    assert merged([[ATTACKER, NEIGHBOUR], [busier], [ATTACKER]]) == [busier, NEIGHBOUR]
+
+
+def test_the_ledger_keeps_quarantined_pods_across_restarts_and_on_the_node(
+    tmp_path: Path,
+) -> None:
+    ledger = CrashLedger(tmp_path, 2)
+    ledger.load()
+    assert ledger.requests_crashed([ATTACKER, NEIGHBOUR]) == []
+    quarantined = ledger.requests_crashed([ATTACKER])
+    assert [r.pod for r in quarantined] == [ATTACKER.pod]
+    assert ledger.requests_crashed([ATTACKER]) == [], "reported once, when it is quarantined"
+
+    restarted = CrashLedger(tmp_path, 2)
+    restarted.load()
+    record = restarted.caller_quarantine(ATTACKER.pod)
+    assert record is not None and record.crashes == 2
+    assert restarted.caller_quarantine(NEIGHBOUR.pod) is None
+
+    # A node pod replacement: the Node's annotation brings it back beside a model quarantine.
+    model = CrashRecord("ab" * 32, "m", "team-x/m-0", 3, True)
+    shown = annotation([model], restarted.callers())
+    assert from_annotation(shown) == ([model], [record])
+    fresh = CrashLedger(tmp_path / "new", 2)
+    fresh.load()
+    fresh.restore(*from_annotation(shown))
+    assert fresh.caller_quarantine(ATTACKER.pod) == record
+
+    # Cleared by its pod, or by namespace/model id.
+    assert fresh.clear_callers(["team-a/other"]) == []
+    assert fresh.clear_callers([" team-a/bad "]) == [record]
+    assert fresh.caller_quarantine(ATTACKER.pod) is None
+    assert fresh.clear(["team-a/bad"]) == [], "model quarantines are another matter"
+
+
+def test_the_message_says_what_happened_and_how_it_is_cleared() -> None:
+    said = message(CallerRecord("team-a/bad", "bad", "uid", 3, True))
+    assert "3 times in a row" in said
+    assert "tritonshare quarantine clear <node> team-a/bad" in said
+
+
+def test_the_witness_file_keeps_the_newest_records_and_says_when_it_is_unreadable(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "crash-witness.json"
+    assert read_witnesses(path) == []
+    records = [Witness(float(i), (ATTACKER,)) for i in range(MAX_RECORDS + 5)]
+    write_witnesses(path, records)
+    assert read_witnesses(path) == records[-MAX_RECORDS:]
+    for bad in (b"[]", b'{"format": "other"}', b'{"format": "tritonshare.io/crash-witness/v1"}'):
+        try:
+            decode(bad)
+        except WitnessError as e:
+            assert "witness" in str(e)
+        else:
+            raise AssertionError(f"{bad!r} was read")
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    async def record_pod_event(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        reason: str,
+        message: str,
+        component: str,
+        event_type: str = "Warning",
+    ) -> None:
+        self.events.append((f"{namespace}/{name}", reason, message))
+
+
+async def test_the_agent_counts_the_witnesses_of_each_exit_once(tmp_path: Path) -> None:
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 2)
+    ledger.load()
+    recorded = Recorded()
+    events = PodEvents(recorded, "tritonshare-agent/node")
+    told: list[int] = []
+    crashes = RequestCrashes(
+        "127.0.0.1:1",
+        ledger,
+        path,
+        events,
+        AgentMetrics(),
+        lambda: told.append(1),
+        slack_seconds=1.0,
+    )
+    write_witnesses(path, [Witness(100.0, (ATTACKER, NEIGHBOUR))])
+    assert crashes.exited(50.0, 80.0) == [], "no record near this exit: nobody is counted"
+    assert ledger.callers() == []
+    assert crashes.exited(99.5, 100.2) == []
+    assert {r.pod: r.crashes for r in ledger.callers()} == {ATTACKER.pod: 1, NEIGHBOUR.pod: 1}
+    assert crashes.exited(99.5, 100.2) == [], "a record is counted once"
+    assert {r.pod: r.crashes for r in ledger.callers()} == {ATTACKER.pod: 1, NEIGHBOUR.pod: 1}
+    write_witnesses(path, [Witness(100.0, (ATTACKER, NEIGHBOUR)), Witness(200.0, (ATTACKER,))])
+    quarantined = crashes.exited(199.9, 200.5)
+    assert [r.pod for r in quarantined] == [ATTACKER.pod]
+    assert told == [1], "the caller table is rewritten"
+    assert "2 times in a row" in crashes.quarantine_of(ATTACKER.pod)
+    assert crashes.quarantine_of(NEIGHBOUR.pod) == ""
+    await events.close()
+    assert [(pod, reason) for pod, reason, _ in recorded.events] == [
+        (ATTACKER.pod, "RequestsCrashedTriton")
+    ]
+    path.write_text(json.dumps({"format": "nonsense"}))
+    assert crashes.exited(299.0, 300.0) == [], "an unreadable file counts nothing"

@@ -1,0 +1,145 @@
+"""What the gateway witnesses when Triton goes away (`gateway.witness`, `common.sentinel`), and
+how it refuses a quarantined pod (`policy.limiter`'s refusal): on their own, with a real
+listening socket standing in for Triton's port. The whole path, with a real Triton, is
+tests/agent/test_request_quarantine.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+
+from common.callers import Caller
+from common.sentinel import Sentinel, host_and_port
+from proxy.gateway.tenants import Tenant
+from proxy.gateway.witness import suspects_of
+from proxy.policy.limiter import Limiter
+from proxy.policy.refusals import QuarantinedError, grpc_code, http_status
+
+
+class Answered:
+    """The pod's metrics as the witness reads them: answers by code."""
+
+    def __init__(self, **codes: int) -> None:
+        self.codes = {code.removeprefix("_"): n for code, n in codes.items()}
+
+    def answered_with(self, codes: frozenset[str]) -> int:
+        return sum(n for code, n in self.codes.items() if code in codes)
+
+
+class Pod:
+    """What the witness reads of a tenant (hashed by identity, as a `Tenant` is)."""
+
+    def __init__(self, limiter: Limiter, caller: Caller, metrics: Answered) -> None:
+        self.limiter, self.caller, self.metrics = limiter, caller, metrics
+
+
+def tenant(pod: str, *, in_flight: int = 0, last: float = 0.0, **codes: int) -> Tenant:
+    limiter = Limiter(0, 0, 1.0)
+    limiter.in_flight, limiter.last = in_flight, last
+    caller = Caller(f"10.0.0.{len(pod)}", pod.partition("/")[2], pod, f"uid-{pod}")
+    return cast(Tenant, Pod(limiter, caller, Answered(**codes)))
+
+
+def pods(tenants: list[Tenant], before: dict[Tenant, int] | None = None) -> list[tuple[str, int]]:
+    return [(s.pod, s.in_flight) for s in suspects_of(tenants, before or {}, 100.0, last=5.0)]
+
+
+def test_the_suspects_are_the_pods_with_requests_at_triton() -> None:
+    """In flight, or failed by the death (the relays may answer theirs before the sentinel's
+    turn); a neighbour answered normally a moment before is none."""
+    failed_rest = tenant("b/rest-failed", last=99.0, _502=3, _200=40)
+    failed_grpc = tenant("c/grpc-failed", last=99.0, UNAVAILABLE=1)
+    earlier = tenant("d/failed-before", last=99.0, _502=2)
+    tenants = [
+        tenant("a/flight", in_flight=2, last=90.0),
+        failed_rest,
+        failed_grpc,
+        earlier,
+        tenant("e/answered", last=99.99, _200=500),
+        tenant("f/idle"),
+    ]
+    before = {failed_rest: 2, earlier: 2}
+    assert pods(tenants, before) == [("a/flight", 2), ("b/rest-failed", 1), ("c/grpc-failed", 1)]
+
+
+def test_with_none_in_flight_the_last_sender_is_the_suspect() -> None:
+    """A request whose harm comes a moment after its answer."""
+    tenants = [
+        tenant("a/first", last=96.0, _200=1),
+        tenant("b/last", last=98.0, _200=1),
+        tenant("c/long-ago", last=9.0, _200=1),
+    ]
+    assert pods(tenants) == [("b/last", 0)]
+    assert pods([tenant("c/long-ago", last=9.0)]) == [], "none within 5 s"
+
+
+async def test_a_quarantined_pods_requests_are_refused_before_they_take_a_slot() -> None:
+    limiter = Limiter(4, 4, 1.0)
+    limiter.refusal = QuarantinedError("quarantined: ask the operator")
+    assert not limiter.try_acquire()
+    with pytest.raises(QuarantinedError, match="quarantined"):
+        await limiter.acquire()
+    assert (limiter.in_flight, limiter.held, limiter.queued) == (0, 0, 0)
+    assert http_status(QuarantinedError("x")) == 503
+    assert grpc_code(QuarantinedError("x")).name == "FAILED_PRECONDITION"
+
+
+def test_the_sentinel_reads_hosts_and_ports_as_the_flags_give_them() -> None:
+    assert host_and_port("127.0.0.1:8000") == ("127.0.0.1", 8000)
+    assert host_and_port("http://triton:8000") == ("triton", 8000)
+    assert host_and_port("[::1]:8000") == ("::1", 8000)
+
+
+async def test_the_sentinel_tells_a_death_from_a_dropped_connection() -> None:
+    """An idle close with the port still listening is no death; a close with the port refused
+    is one, and the port listening again is Triton back."""
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        accepted.put_nowait(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    seen: list[Any] = []
+    back = asyncio.Event()
+    gone = asyncio.Event()
+
+    def on_gone(lost: int) -> None:
+        seen.append(("gone", lost))
+        gone.set()
+
+    def on_back() -> None:
+        seen.append("back")
+        back.set()
+
+    sentinel = Sentinel(
+        f"127.0.0.1:{port}", lambda: len(seen), on_gone, on_back, retry_seconds=0.02
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(sentinel.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            (await accepted.get()).close()  # an idle close: the port still listens
+            second = await accepted.get()
+        assert seen == [] and sentinel.deaths == 0
+        server.close()  # the process dies: its port and connections go at once
+        second.transport.abort()
+        await server.wait_closed()
+        async with asyncio.timeout(10):
+            await gone.wait()
+        assert seen == [("gone", 0)] and sentinel.deaths == 1
+        server = await asyncio.start_server(accept, "127.0.0.1", port)
+        async with asyncio.timeout(10):
+            await back.wait()
+        assert seen == [("gone", 0), "back"]
+    finally:
+        stop.set()
+        await task
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
