@@ -251,6 +251,7 @@ class Agent:
             # the owners and the pods, and is rewritten when either changes.
             self.reconciler.on_pods = self.owners.on_change = self.callers.changed
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
+        self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
         self.metrics.watch_models(self.reconciler.callers)
         self.metrics.watch_quarantine(self.crashes.records, self.crashes.callers)
@@ -355,7 +356,9 @@ class Agent:
                 f"model repository {root}; keeping files would copy them, put both on one"
             )
         limit = self.settings.max_installed_bytes_per_namespace
-        self.models.namespace_disk = NamespaceDisk(limit or shutil.disk_usage(root).total // 2)
+        self.models.installer.namespace_disk = NamespaceDisk(
+            limit or shutil.disk_usage(root).total // 2
+        )
 
     async def start(self, lifecycle: Lifecycle) -> None:
         settings = self.settings

@@ -14,6 +14,12 @@ Kept copies are bounded by `capacity` bytes over all namespaces and evicted leas
 (last kept or handed out). They count in their namespace's disk bound (`NamespaceDisk`), which
 evicts that namespace's copies first when an install needs room.
 
+Each copy has a life in `agent.lifecycle`'s table, stepped here under the cache's lock: files
+at rest (INSTALLED) that are kept raise FILES_KEPT (CACHED); handing them to a new pod reads
+them, so the copy stays CACHED (the new pod's model walks its own install); evicting or dropping
+the copy raises REMOVED (ABSENT) and forgets it. What the agent reports of kept copies
+(`kept`, the metrics) reads those lives.
+
 This module never talks to Triton or Kubernetes.
 """
 
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import DigestMismatchError
+from agent.lifecycle import Event, Life, Phase, step
 from agent.repository import MANIFEST_FILE, manifest_from_json
 from common.manifest import Manifest
 
@@ -45,6 +52,17 @@ READ_BYTES = 1024 * 1024
 class _Kept:
     bytes: int
     last_used: float
+    life: Life
+
+
+@dataclass(frozen=True)
+class KeptCopy:
+    """One kept copy as the agent reports it."""
+
+    namespace: str
+    digest: str
+    bytes: int
+    phase: Phase
 
 
 class FileCache:
@@ -78,9 +96,13 @@ class FileCache:
                     _drop_path(copy)
                     continue
                 self._kept[(namespace_dir.name, copy.name)] = _Kept(
-                    manifest.total_bytes, copy.stat().st_mtime
+                    manifest.total_bytes, copy.stat().st_mtime, self._kept_life()
                 )
         self._evict_over(self.capacity)
+
+    def _kept_life(self) -> Life:
+        """The life of files at rest that the node keeps from now on."""
+        return step(Life(Phase.INSTALLED), Event.FILES_KEPT, self._clock())
 
     def _path(self, namespace: str, digest: str) -> Path:
         return self.root / namespace / digest
@@ -98,6 +120,14 @@ class FileCache:
         with self._lock:
             return sum(k.bytes for k in self._kept.values())
 
+    def kept(self) -> list[KeptCopy]:
+        """Every kept copy with its phase, sorted by namespace and digest."""
+        with self._lock:
+            return [
+                KeptCopy(namespace, digest, k.bytes, k.life.phase)
+                for (namespace, digest), k in sorted(self._kept.items())
+            ]
+
     def keep(self, namespace: str, directory: Path, manifest: Manifest) -> bool:
         """Move a model directory the agent installed and verified into the cache; False (the
         directory untouched, the caller removes it) when the cache keeps nothing this large or
@@ -113,7 +143,7 @@ class FileCache:
             target = self._path(*key)
             target.parent.mkdir(parents=True, exist_ok=True)
             directory.rename(target)
-            self._kept[key] = _Kept(manifest.total_bytes, self._clock())
+            self._kept[key] = _Kept(manifest.total_bytes, self._clock(), self._kept_life())
         log.info(
             "The files of a model of namespace %s (digest %s, %d bytes) are kept on the node "
             "for its next replica.",
@@ -154,11 +184,15 @@ class FileCache:
             finally:
                 os.close(fd)
 
-    def drop(self, namespace: str, digest: str) -> None:
-        """Forget and delete one kept copy (it failed its check, or makes room)."""
+    def drop(self, namespace: str, digest: str) -> Life | None:
+        """Forget and delete one kept copy (it failed its check, or makes room); its life after
+        REMOVED, None when it was not kept."""
         with self._lock:
-            self._kept.pop((namespace, digest), None)
+            kept = self._kept.pop((namespace, digest), None)
+            if kept is not None:
+                kept.life = step(kept.life, Event.REMOVED, self._clock())
         _drop_path(self._path(namespace, digest))
+        return kept.life if kept is not None else None
 
     def evict(self, namespace: str | None, needed: int) -> int:
         """Delete kept copies, least recently used first, of `namespace` (None: of any) until

@@ -1,4 +1,5 @@
-"""The node's GPUs as values: a snapshot, the Node annotations it implies, and what changed.
+"""The node's GPUs as values: a snapshot, the Node annotations it implies, what changed, and
+whether the GPU a pod was placed on is one of them (`gpu_for`).
 
 Pure: no I/O, no clock. `agent.gpus` builds snapshots from NVML; `agent.node` writes what this
 module computes. The annotation format is DESIGN.md's contract; keep it byte-stable (sorted keys,
@@ -11,6 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agent.errors import ConflictError, InvalidRequestError
 from common.contract import Keys
 
 
@@ -46,6 +48,36 @@ class GpuSnapshot:
             if gpu.uuid == uuid:
                 return gpu
         return None
+
+
+def gpu_for(
+    snapshot: GpuSnapshot | None, model_id: str, gpu_uuid: str, cpu_only: bool
+) -> tuple[str, int]:
+    """The UUID and index of the GPU a model's pod was placed on (the binder's annotation),
+    checked against the snapshot; index -1 loads on the CPU. ConflictError when that GPU is not
+    on the node or unhealthy, InvalidRequestError when the pod names none on a GPU node."""
+    if not gpu_uuid:
+        if cpu_only:
+            return "", -1
+        raise InvalidRequestError(
+            f"the pod of model {model_id!r} has no GPU annotation; it must be scheduled by "
+            f"tritonshare (the binder writes the GPU before binding)"
+        )
+    gpu = snapshot.by_uuid(gpu_uuid) if snapshot is not None else None
+    if gpu is None:
+        if cpu_only:
+            # Without a GPU read (CPU machines) the assignment is kept for accounting only.
+            return gpu_uuid, -1
+        raise ConflictError(
+            f"GPU {gpu_uuid} chosen for model {model_id!r} is not on this node; "
+            f"delete the pod so the binder places it again"
+        )
+    if not gpu.healthy and not cpu_only:
+        raise ConflictError(
+            f"GPU {gpu.index} ({gpu_uuid}) chosen for model {model_id!r} is unhealthy "
+            f"({gpu.reason}); delete the pod so the binder places it on a healthy GPU"
+        )
+    return gpu.uuid, gpu.index
 
 
 def node_annotations(snapshot: GpuSnapshot, keys: Keys) -> dict[str, str]:

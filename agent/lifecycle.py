@@ -9,8 +9,8 @@ loaded for the metrics, and when a failed load may be tried again (`RetryPolicy`
 It is pure: time is passed in, nothing here reads a clock, the disk or Triton. `agent.models`
 holds one `Life` per model, steps it under the model's lock and does the I/O the step stands for;
 `agent.reconcile` decides which events a pass raises; `agent.conditions` and `agent.metrics` read
-the results. A phase no event reaches yet (CACHED) is in the table already, so that what
-reaches it is an event raised, not a new path.
+the results; `agent.filecache` steps the life of each copy of files kept after its last pod
+left (CACHED).
 """
 
 from __future__ import annotations
@@ -76,14 +76,14 @@ class Event(enum.Enum):
     LOAD_UNANSWERED = "load unanswered"  # agent.models: Triton unreachable, or another error
     UNLOAD_STARTED = "unload started"  # agent.models: a pod or the platform asked
     UNLOADED = "unloaded"  # agent.models: out of Triton, files kept
-    REMOVED = "removed"  # agent.models: out of Triton, files and owner record removed
+    REMOVED = "removed"  # agent.models: files, owner record gone; agent.filecache: copy evicted
     UNLOAD_FAILED = "unload failed"  # agent.models: the unload raised
     ADOPTED = "adopted"  # agent.reconcile: Triton runs it and the agent vouches for it
     UNVOUCHED = "unvouched"  # agent.reconcile: Triton runs it in a way nobody vouches for
     TRITON_RESTARTED = "Triton restarted"  # agent.reconcile: held loaded, not in Triton
     POD_GONE = "pod gone"  # agent.reconcile: no live proven pod wants it
     OVER_REQUEST = "measured over request"  # agent.reconcile: evicted for its GPU memory
-    FILES_KEPT = "files kept"  # (node-local copy after the pod leaves)
+    FILES_KEPT = "files kept"  # agent.filecache: a leaving pod's files kept on the node
     IDLE = "idle"  # agent.models: slept or evicted; agent.reconcile: on-demand, found at rest
     REQUEST_ARRIVED = "request arrived"  # agent.models: a load of a sleeping model (a wake)
     CRASH_SUSPECTED = "crash suspected"  # agent.reconcile: its load's crash marker left over

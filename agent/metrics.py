@@ -25,7 +25,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent.filecache import KeptCopy
 from agent.inventory import GpuSnapshot
+from agent.lifecycle import Phase
 from agent.memory import MemoryLedger
 from agent.placement import Proven
 from agent.quarantine import CrashRecord
@@ -71,6 +73,37 @@ class _GpuCollector(Collector):
         for uuid, count in sorted(self._loaded().items()):
             loaded.add_metric([index.get(uuid, ""), uuid], count)
         yield from (total, used, free, healthy, loaded)
+
+
+_KEPT_SERIES = (
+    (
+        "tritonshare_agent_kept_copies",
+        "Model revisions whose files the node keeps after their last pod left (phase cached), "
+        "by namespace",
+    ),
+    (
+        "tritonshare_agent_kept_bytes",
+        "Bytes of the files the node keeps after their last pod left, by namespace",
+    ),
+)
+
+
+class _KeptCollector(Collector):
+    def __init__(self, kept: Callable[[], list[KeptCopy]]) -> None:
+        self._kept = kept
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        figures: dict[str, list[int]] = {}
+        for copy in self._kept():
+            if copy.phase is Phase.CACHED:
+                counted = figures.setdefault(copy.namespace, [0, 0])
+                counted[0] += 1
+                counted[1] += copy.bytes
+        for column, (name, documentation) in enumerate(_KEPT_SERIES):
+            gauge = GaugeMetricFamily(name, documentation, labels=["namespace"])
+            for namespace, counted in sorted(figures.items()):
+                gauge.add_metric([namespace], counted[column])
+            yield gauge
 
 
 def _indexes(snapshot: GpuSnapshot | None) -> dict[str, str]:
@@ -307,6 +340,10 @@ class AgentMetrics:
     ) -> None:
         """Export each loaded model's measured memory and each GPU's unattributed rest."""
         self.registry.register(_ModelMemoryCollector(ledger, snapshot))
+
+    def watch_kept(self, kept: Callable[[], list[KeptCopy]]) -> None:
+        """Export the kept copies, read from `kept()` at scrape time."""
+        self.registry.register(_KeptCollector(kept))
 
     def watch_models(self, owners: Callable[[], Mapping[str, Proven] | None]) -> None:
         """Export the info series of each served model, read from `owners()` (by name in

@@ -1,50 +1,31 @@
 """The models on this node: install, load, unload and status, serialized per model.
 
-This is where the repository (files) and Triton (loaded instances) meet. Every operation on one
-model holds that model's lock, so concurrent requests for the same model run one after another
-while different models proceed in parallel. File work (writing, hashing, fsync, rename) runs on
-the agent's own small thread pool so the event loop keeps answering health checks and other
-models.
+This is where the repository (files) and Triton (loaded instances) meet, and it only
+orchestrates: every operation on one model holds that model's lock (by its name in Triton,
+`agent.owners`), so concurrent requests for the same model run one after another while different
+models proceed in parallel; file work runs on the agent's own small thread pool so the event
+loop keeps answering health checks and other models. Callers name a model by its public id; the
+agent finds its name in Triton from the caller's pod.
 
-Each pod's model has a name of its own in Triton, which is also its repository directory, its
-owner record's key, its lock and its memory figure's key: the pod's private name
-(`common.tritonname`, from its namespace, model id and uid), or, for a model installed before
-private names, its public id for as long as the pod that installed it lives (its owner record
-says so: `triton_name`). So two pods of one model id (two namespaces, or two revisions of a
-rollout) each have their own model, and a tenant's choice of model id never names another's.
-Callers name the model by its public id; the agent finds the name from the caller's pod.
-
-Ownership is decided here, under the name's lock: a name belongs to one pod uid at a time
-(`agent.ownership`). A pod with a proven placement (`agent.placement`) claims its free name, or
-one whose previous owner is gone, and whatever that owner left (files, a loaded model) is removed
-first; any other pod is refused without learning who the owner is. Installs are bounded: a size
-limit per model, disk admitted per write as the bytes arrive (`agent.repository`: a stream that
-declares much and sends nothing holds nothing, and one namespace's installs have a bound), a total
-deadline and a deadline between chunks, and each install writing through its own thread
-with small chunks gathered, so one tenant's slow or chatty stream never holds another's. A
-model's files leaving the repository are kept for its namespace when the agent installed them
-(`agent.filecache`), and an install from that copy goes through the same install path; every
-install first fits its namespace's disk bound, evicting that namespace's kept copies first.
+The rules are other modules': which pod owns a name (`agent.owners`); receiving, checking and
+committing files and the disk each namespace holds (`agent.install`); which moves a model's life
+may make and what the agent reports for it (`agent.lifecycle`: each model's `Life` is stepped
+here, under its lock, around the I/O the step stands for); which load or unload uses a GPU's slot
+next (`agent.gpuqueue`); whether a load fits its GPU (`agent.memory`); which GPU a pod was placed
+on (`agent.inventory`). It decides nothing about who may call (`agent.auth`) or which models are
+wanted (`agent.reconcile`).
 
 An `on-demand` model (by its pod's proof) may be put to sleep: unloaded, files and owner kept, its
 next load a wake. A load that does not fit on its GPU first puts idle on-demand models of that GPU
 to sleep, inside its own GPU turn; which ones is `agent.evictor`'s and `agent.eviction`'s.
-
-It orchestrates: which moves a model's life may make, and what the agent reports for it, are
-`agent.lifecycle`'s (each model's `Life` is stepped here, under its lock, around the I/O the step
-stands for); which load or unload uses a GPU's slot next is `agent.gpuqueue`'s. It decides
-nothing about who may call (`agent.auth`) or which models are wanted (`agent.reconcile`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import mmap
 import os
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -55,12 +36,9 @@ from typing import Protocol, TypeVar
 from agent.errors import (
     AgentError,
     ConflictError,
-    DeadlineExceededError,
     DigestMismatchError,
-    InvalidRequestError,
     LoadTimedOutError,
     NotFoundError,
-    OwnedByAnotherPodError,
     ResourceExhaustedError,
     TritonError,
     TritonNotConnectedError,
@@ -70,7 +48,8 @@ from agent.eviction import Gpu, Loaded
 from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
-from agent.inventory import GpuInfo, GpuSnapshot
+from agent.install import Installer, InstallResult, not_kept
+from agent.inventory import GpuInfo, GpuSnapshot, gpu_for
 from agent.lifecycle import (
     TRANSITIONS,
     Event,
@@ -82,29 +61,28 @@ from agent.lifecycle import (
     reported,
     step,
 )
+from agent.limits import ModelLimits
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
-from agent.modelconfig import (
-    ModelPolicy,
-    external_data_problem,
-    onnx_files,
-    override_json,
-    parse_config,
-    pinned_as,
-    pinned_config,
-    top_directories,
-)
-from agent.onnxmodel import OnnxFormatError, external_locations
+from agent.modelconfig import override_json, parse_config, pinned_as, pinned_config
+from agent.owners import Owners
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
 from agent.quarantine import CrashLedger, CrashRecord, Marker
-from agent.repository import DISK_HEADROOM_BYTES, Repository, Staging
+from agent.repository import Repository
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
 from common.manifest import Manifest
-from common.tritonname import private_triton_name
 
-__all__ = ["InstallResult", "ModelLimits", "ModelState", "ModelStatus", "Models"]
+__all__ = [
+    "Chunk",
+    "InstallResult",
+    "ModelLimits",
+    "ModelState",
+    "ModelStatus",
+    "Models",
+    "Pods",
+]
 
 log = logging.getLogger(__name__)
 
@@ -133,14 +111,6 @@ class ModelStatus:
     """Its pod's residency class from the proof of placement ("" when no live pod owns it)."""
     sleeping: bool = False
     """An on-demand model unloaded while idle, its files kept: its next load wakes it."""
-
-
-@dataclass(frozen=True)
-class InstallResult:
-    model_id: str
-    manifest_digest: str
-    unchanged: bool
-    bytes_written: int
 
 
 @dataclass
@@ -178,11 +148,6 @@ def crash_message(record: CrashRecord) -> str:
     )
 
 
-GATHER_BYTES = 1024 * 1024
-"""Consecutive chunks of one file are written together up to this size: a stream of tiny chunks
-costs one thread hop per MiB, not one per message (larger gathers measured slower: copies)."""
-
-
 def _subdirectories(directory: Path) -> list[str]:
     """The names of the directory's subdirectories as Triton lists them (links followed)."""
     try:
@@ -190,42 +155,6 @@ def _subdirectories(directory: Path) -> list[str]:
             return [entry.name for entry in entries if entry.is_dir()]
     except OSError:
         return []
-
-
-def _disk_error(model_id: str, error: OSError) -> AgentError:
-    """A file error while installing, as an AgentError the caller can act on."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ResourceExhaustedError(
-            f"the node's disk filled up while installing model {model_id!r} ({error}); "
-            f"nothing was kept, free space on the repository volume"
-        )
-    return AgentError(f"writing model {model_id!r} failed on the node ({error}); nothing was kept")
-
-
-def _onnx_problem(model_id: str, path: Path, name: str, files: set[str]) -> str:
-    """Why the ONNX file `name` of the model (at `path`) may not be installed ("" when it may):
-    a tensor of it names external data that is not a file of the model, or it is no ONNX model.
-    Read through a read-only mapping, one location at a time."""
-    with path.open("rb") as file:
-        if os.fstat(file.fileno()).st_size == 0:
-            return ""
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            locations = external_locations(mapped)
-            try:
-                for location in locations:
-                    problem = external_data_problem(model_id, name, location, files)
-                    if problem:
-                        return problem
-            except OnnxFormatError as e:
-                why = str(e)  # returned below: the traceback must not pin the mapping open
-            else:
-                return ""
-            finally:
-                locations.close()
-    return (
-        f"{name} of model {model_id!r} is not an ONNX model ({why}); install the file "
-        f"onnxruntime loads"
-    )
 
 
 class Gpus(Protocol):
@@ -248,36 +177,6 @@ class Pods(Protocol):
     async def owner_alive(self, owner: OwnerRecord) -> bool:
         """Whether the recorded owner of a model is still a live pod on this node with a proven
         placement for the record's model id; raises KubeError when that cannot be told."""
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What the agent's settings say about model operations."""
-
-    policy: ModelPolicy
-    """Which backends and configurations a namespace's models may use."""
-    cpu_only: bool
-    """No GPUs on the node: models load on the CPU and no GPU is checked or measured."""
-    unload_timeout: float = 120.0
-    """Seconds an unload may take in Triton."""
-    max_model_bytes: int = 64 * 1024**3
-    """The largest model an install may declare, in bytes."""
-    install_deadline: float = 1800.0
-    """Seconds a whole install may take."""
-    install_idle: float = 120.0
-    """Seconds an install may go without a chunk."""
-    install_first_chunk: float = 10.0
-    """Seconds an install may wait for its first chunk."""
-    gpu_mem_reserve: int = 0
-    """Bytes of each GPU no model may be admitted to use."""
-    load_timeout_base: float = 30.0
-    """Seconds any load may hold its GPU's slot, plus `load_timeout_per_gib` per GiB of files."""
-    load_timeout_per_gib: float = 60.0
-    """Seconds a load may hold its GPU's slot per GiB of the model's files."""
-    load_timeout: float = 600.0
-    """The most seconds any load may take, whatever its size."""
-    max_load_attempts: int = 5
-    """Loads refused in a row after which none is tried until the model changes (0: no bound)."""
 
 
 class Models:
@@ -304,16 +203,15 @@ class Models:
         self.repository = repository
         self.cache = cache
         """Files kept after their last pod left (`agent.filecache`); None keeps nothing."""
-        self.namespace_disk = namespace_disk or NamespaceDisk(0)
-        self._reserved: dict[str, int] = {}
-        """Namespace -> bytes its installs in progress may yet commit (admitted, not on disk)."""
-        self._disk_lock = threading.Lock()
         self.triton = triton
         self.owners = owners
+        self.ownership = Owners(owners, pods.owner_alive)
         self.limits = limits
         self._gpus = gpus
         self._pods = pods
         self.metrics = metrics
+        disk = namespace_disk or NamespaceDisk(0)
+        self.installer = Installer(repository, owners, limits, metrics, cache, disk, clock)
         self.ledger = ledger or MemoryLedger()
         self.crashes = crashes or CrashLedger(owners.directory, Rules().quarantine_after)
         self.evictor = evictor
@@ -393,20 +291,10 @@ class Models:
             record.model_id = owner.model_id
         return record
 
-    # Names and ownership.
+    # Names and ownership (the rules are `agent.owners`').
     def triton_name(self, owner: Proven) -> str:
-        """The name of `owner`'s model in Triton: its public id when the pod installed it before
-        private names (a legacy owner record of this very pod under that id), else the pod's
-        private name. Another pod's legacy record never lends its name: its uid differs."""
-        try:
-            legacy = self.owners.get(owner.model_id)
-            if legacy is not None and legacy.uid == owner.uid and legacy.model_id == owner.model_id:
-                return owner.model_id
-            return private_triton_name(owner.namespace, owner.model_id, owner.uid)
-        except ValueError as e:  # ContractError too
-            raise InvalidRequestError(
-                f"pod {owner.key} names model {owner.model_id!r}, which cannot be served: {e}"
-            ) from e
+        """The name of `owner`'s model in Triton (`agent.owners.Owners.triton_name`)."""
+        return self.ownership.triton_name(owner)
 
     def booked(self, gpu_uuid: str, except_uid: str) -> list[int]:
         """What every proven placement on a GPU holds but one pod's: the larger of its request and
@@ -438,55 +326,24 @@ class Models:
 
     @staticmethod
     def _name_check(model_id: str, owner: Proven) -> None:
-        if model_id != owner.model_id:
-            # The authorizer allows a pod only its annotated model; this is a programming error.
-            raise InvalidRequestError(
-                f"pod {owner.key} acts for model {owner.model_id!r}, not {model_id!r}"
-            )
+        Owners.check_model_id(model_id, owner)
 
     async def _claim_locked(self, name: str, owner: Proven) -> OwnerRecord:
         """The owner record for `owner`, claiming its name if it is free or its owner is gone;
         OwnedByAnotherPodError while another live pod owns it. Holds the name's lock."""
-        owned = self.owners.get(name)
-        if owned is not None and owned.uid == owner.uid:
+        owned = await self.ownership.claimable(name, owner)
+        if owned is not None:
             return owned
-        if owned is not None and await self._pods.owner_alive(owned):
-            raise self._owned_elsewhere(owner.model_id)
         if await self._holds_anything(name):
-            # Nothing another pod left (or nobody installed) may serve the new owner.
-            await self._unload_locked(
-                name,
-                f"its name is claimed by pod {owner.key}; "
-                + ("its previous owner is gone" if owned else "no owner vouches for it"),
+            gone = (
+                "its previous owner is gone" if self.owners.get(name) else "no owner vouches for it"
             )
-        claimed = OwnerRecord(owner.uid, owner.key, owner.model_id)
-        self.owners.put(name, claimed)
-        log.info(
-            "Model %s of pod %s is named %s in Triton on this node.",
-            owner.model_id,
-            owner.key,
-            name,
-            extra=subject(pod=owner.key, model=owner.model_id),
-        )
-        return claimed
+            # Nothing another pod left (or nobody installed) may serve the new owner.
+            await self._unload_locked(name, f"its name is claimed by pod {owner.key}; {gone}")
+        return self.ownership.claim(name, owner)
 
     async def _check_owner(self, name: str, owner: Proven) -> bool:
-        """True when `owner` owns the name; False when nobody alive does (nothing of it is the
-        caller's); OwnedByAnotherPodError when another live pod does."""
-        owned = self.owners.get(name)
-        if owned is not None and owned.uid == owner.uid:
-            return True
-        if owned is not None and await self._pods.owner_alive(owned):
-            raise self._owned_elsewhere(owner.model_id)
-        return False
-
-    @staticmethod
-    def _owned_elsewhere(model_id: str) -> OwnedByAnotherPodError:
-        return OwnedByAnotherPodError(
-            f"model {model_id!r}'s name in Triton on this node belongs to another pod; delete "
-            f"this pod so that it is created again, or run it when that pod is gone",
-            event_reason="ModelOwnedByAnotherPod",
-        )
+        return await self.ownership.owns(name, owner)
 
     async def _holds_anything(self, name: str) -> bool:
         if self.repository.model_dir(name).exists():
@@ -494,7 +351,7 @@ class Models:
         entry = await self.triton.state(name)
         return entry is not None and entry.state in (READY, LOADING, UNLOADING)
 
-    # Install.
+    # Install (receiving, checks and disk room are `agent.install`'s).
     async def install(
         self, model_id: str, manifest: Manifest, chunks: AsyncIterator[Chunk], owner: Proven
     ) -> InstallResult:
@@ -506,13 +363,7 @@ class Models:
         """
         self._name_check(model_id, owner)
         started = self.clock()
-        if manifest.total_bytes > self.limits.max_model_bytes:
-            raise ResourceExhaustedError(
-                f"model {model_id!r} is {manifest.total_bytes} bytes, over this node's limit of "
-                f"{self.limits.max_model_bytes} bytes per model (--max-model-bytes); make it "
-                f"smaller or ask the operator to raise the limit"
-            )
-        self.limits.policy.check_files(model_id, [e.path for e in manifest.files], owner.namespace)
+        self.installer.admit(model_id, manifest, owner.namespace)
         name = self.triton_name(owner)
         async with self.lock(name):
             self._touch(name, owner)
@@ -520,25 +371,9 @@ class Models:
             # Fetched after the claim, which may have removed what a previous owner left.
             record = self._touch(name, owner)
             record.pod = owner.key
-            installed = self.repository.installed_manifest(name)
-            if (
-                installed is not None
-                and installed.digest == manifest.digest == owned.digest
-                and await self._in_thread(self.repository.is_intact, name, installed)
-            ):
-                log.info(
-                    "Model %s of pod %s is already installed with this manifest.",
-                    model_id,
-                    owner.key,
-                )
-                self.metrics.installs.labels("unchanged").inc()
+            if await self._in_thread(self.installer.unchanged, name, manifest, owned):
                 return InstallResult(model_id, manifest.digest, True, 0)
-            if installed is not None and installed.digest == owned.digest:
-                log.warning(
-                    "Model %s of pod %s on disk no longer matches its manifest: reinstalling it.",
-                    model_id,
-                    owner.key,
-                )
+            installed = self.repository.installed_manifest(name)
             if installed is not None or self.repository.model_dir(name).exists():
                 entry = await self.triton.state(name)
                 if entry is not None and entry.state in (READY, LOADING):
@@ -547,20 +382,14 @@ class Models:
                         f"{installed.digest[:12] if installed else 'unknown'}); unload it before "
                         f"installing a different version"
                     )
-            await self._in_thread(self._make_room, name, model_id, manifest, owner.namespace)
+            room = (name, model_id, manifest, owner.namespace)
+            await self._in_thread(self.installer.make_room, *room)
             self._step(name, record, Event.INSTALL_STARTED)
-            # Its own thread: one tenant's slow disk writes never queue another's.
-            writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-install")
             try:
-                result = await self._install_locked(name, manifest, chunks, owner, writer, started)
+                result = await self.installer.write(name, manifest, chunks, owner, started)
             except BaseException:
                 self._step(name, record, Event.INSTALL_FAILED)
                 raise
-            finally:
-                self._unreserve(owner.namespace, manifest.total_bytes)
-                # Every write was awaited, so the thread is idle: joining it takes a moment, and
-                # no install leaves a thread behind.
-                writer.shutdown(wait=True)
             self.owners.put(name, owned.installed(manifest.digest))
             self._step(name, record, Event.INSTALL_DONE)
             return result
@@ -574,7 +403,7 @@ class Models:
         namespace = owner.namespace
         if self.cache is None or not self.cache.holds(namespace, manifest.digest):
             self.metrics.kept_installs.labels("miss").inc()
-            raise self._not_kept(model_id)
+            raise not_kept(model_id)
         try:
             result = await self.install(
                 model_id, manifest, self.cache.chunks(namespace, manifest), owner
@@ -588,198 +417,16 @@ class Models:
             )
             await self._in_thread(self.cache.drop, namespace, manifest.digest)
             self.metrics.kept_installs.labels("miss").inc()
-            raise self._not_kept(model_id) from e
+            raise not_kept(model_id) from e
         self.metrics.kept_installs.labels("hit").inc()
         return result
 
-    @staticmethod
-    def _not_kept(model_id: str) -> NotFoundError:
-        return NotFoundError(
-            f"this node keeps no copy of model {model_id!r} with these files; send them "
-            f"(InstallModel)"
-        )
-
     def _remove_or_keep(self, name: str) -> None:
-        """Move the files of a model leaving the repository into the cache when the agent
-        installed them for their owner and they are intact, else delete them. In a file thread."""
-        owned = self.owners.get(name)
-        manifest = self.repository.installed_manifest(name)
-        if (
-            self.cache is not None
-            and owned is not None
-            and manifest is not None
-            and manifest.digest == owned.digest
-            and self.repository.is_intact(name, manifest)
-            and self.cache.keep(owned.namespace, self.repository.model_dir(name), manifest)
-        ):
-            return
-        self.repository.remove(name)
-
-    def _namespace_bytes(self, namespace: str, except_name: str) -> int:
-        """Bytes the namespace holds on the disk: its installed models (but `except_name`, which
-        an install replaces), its kept copies, and what its installs in progress may commit."""
-        held = self._reserved.get(namespace, 0)
-        for name, owned in self.owners.all().items():
-            if owned.namespace == namespace and name != except_name:
-                manifest = self.repository.installed_manifest(name)
-                held += manifest.total_bytes if manifest else 0
-        return held + (self.cache.bytes_of(namespace) if self.cache else 0)
-
-    def _make_room(self, name: str, model_id: str, manifest: Manifest, namespace: str) -> None:
-        """Reserve the model's bytes in its namespace's disk bound, evicting that namespace's
-        kept copies first, and any namespace's when the disk itself is short; refuse with the
-        namespace's own figures only. In a file thread."""
-        with self._disk_lock:
-            self._make_room_locked(name, model_id, manifest, namespace)
-
-    def _make_room_locked(
-        self, name: str, model_id: str, manifest: Manifest, namespace: str
-    ) -> None:
-        needed = manifest.total_bytes
-        if self.cache is not None:
-            over = self._namespace_bytes(namespace, name) + needed - self.namespace_disk.limit
-            if self.namespace_disk.limit and over > 0:
-                self.cache.evict(namespace, over)
-            short = DISK_HEADROOM_BYTES + needed - self.repository.disk_free(self.repository.root)
-            if short > 0:
-                self.cache.evict(None, short)
-        problem = self.namespace_disk.problem(
-            namespace, model_id, self._namespace_bytes(namespace, name), needed
-        )
-        if problem:
-            raise ResourceExhaustedError(problem, event_reason="ModelInstallNoRoom")
-        self._reserved[namespace] = self._reserved.get(namespace, 0) + needed
-
-    def _unreserve(self, namespace: str, size: int) -> None:
-        with self._disk_lock:
-            left = self._reserved.get(namespace, 0) - size
-            if left > 0:
-                self._reserved[namespace] = left
-            else:
-                self._reserved.pop(namespace, None)
-
-    async def _install_locked(
-        self,
-        name: str,
-        manifest: Manifest,
-        chunks: AsyncIterator[Chunk],
-        owner: Proven,
-        writer: Executor,
-        started: float,
-    ) -> InstallResult:
-        model_id = owner.model_id
-        staging = await self._in_thread(
-            self.repository.begin, name, manifest, owner.namespace, model_id, executor=writer
-        )
-        try:
-            try:
-                async with asyncio.timeout(self.limits.install_deadline):
-                    await self._receive(staging, chunks, writer)
-            except TimeoutError as e:
-                raise DeadlineExceededError(
-                    f"installing model {model_id!r} took longer than this node allows "
-                    f"({self.limits.install_deadline:.0f} s, --install-deadline-seconds); nothing "
-                    f"was kept, send it again on a faster link"
-                ) from e
-            await self._in_thread(staging.finish, executor=writer)
-            # The config names the public id (or nothing); loads override it with the name in
-            # Triton, which Triton requires to be the directory's.
-            config_text = (staging.directory / "config.pbtxt").read_text(errors="replace")
-            config = parse_config(config_text, model_id)
-            paths = [e.path for e in manifest.files]
-            versions = self.limits.policy.versions(model_id, top_directories(paths))
-            self.limits.policy.check_config(config, model_id, owner.namespace, versions)
-            sizes = {e.path: e.size for e in manifest.files}
-            self.limits.policy.check_load_data_files(config, model_id, sizes)
-            for path in onnx_files(config, paths):
-                # Off the event loop: a model file may be gigabytes (mapped, never copied).
-                problem = await self._in_thread(
-                    _onnx_problem,
-                    model_id,
-                    staging.directory / path,
-                    path,
-                    set(paths),
-                    executor=writer,
-                )
-                if problem:
-                    raise InvalidRequestError(problem)
-            await self._in_thread(self.repository.commit, staging, executor=writer)
-        except BaseException as e:
-            await self._in_thread(staging.abort, executor=writer)
-            self.metrics.installs.labels("failed").inc()
-            if isinstance(e, OSError) and not isinstance(e, TimeoutError):
-                raise _disk_error(model_id, e) from e
-            raise
-        self.metrics.installs.labels("installed").inc()
-        self.metrics.install_bytes.inc(staging.bytes_written)
-        self.metrics.install_seconds.observe(self.clock() - started)
-        return InstallResult(model_id, manifest.digest, False, staging.bytes_written)
-
-    async def _receive(
-        self, staging: Staging, chunks: AsyncIterator[Chunk], writer: Executor
-    ) -> None:
-        """Write the chunks in order, gathering consecutive ones of a file; a gap longer than
-        the idle limit between two chunks ends the install."""
-        parts: list[bytes] = []
-        path, offset, size = "", 0, 0
-
-        async def flush() -> None:
-            nonlocal parts, offset, size
-            if parts:
-                data = parts[0] if len(parts) == 1 else b"".join(parts)
-                await self._in_thread(staging.write, path, offset, data, executor=writer)
-                parts, offset, size = [], offset + size, 0
-
-        iterator = aiter(chunks)
-        # A loader streams its first chunk right behind the header; a stream that sends only a
-        # header gives up its pod's and namespace's call slots within seconds.
-        limit, flag = self.limits.install_first_chunk, "--install-first-chunk-seconds"
-        while True:
-            try:
-                chunk = await asyncio.wait_for(anext(iterator, None), limit)
-            except TimeoutError as e:
-                raise DeadlineExceededError(
-                    f"the install of model {staging.model_id!r} sent nothing for "
-                    f"{limit:g} s ({flag}); nothing was kept, send it again"
-                ) from e
-            limit, flag = self.limits.install_idle, "--install-idle-seconds"
-            if chunk is None:
-                break
-            if parts and (chunk[0] != path or chunk[1] != offset + size):
-                await flush()
-            if not parts:
-                path, offset = chunk[0], chunk[1]
-            parts.append(chunk[2])
-            size += len(chunk[2])
-            if size >= GATHER_BYTES:
-                await flush()
-        await flush()
+        self.installer.remove_or_keep(name)
 
     # Load.
     def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
-        if not gpu_uuid:
-            if self.limits.cpu_only:
-                return "", -1
-            raise InvalidRequestError(
-                f"the pod of model {model_id!r} has no GPU annotation; it must be scheduled by "
-                f"tritonshare (the binder writes the GPU before binding)"
-            )
-        snapshot = self._gpus.snapshot
-        gpu = snapshot.by_uuid(gpu_uuid) if snapshot is not None else None
-        if gpu is None:
-            if self.limits.cpu_only:
-                # Without a GPU read (CPU machines) the assignment is kept for accounting only.
-                return gpu_uuid, -1
-            raise ConflictError(
-                f"GPU {gpu_uuid} chosen for model {model_id!r} is not on this node; "
-                f"delete the pod so the binder places it again"
-            )
-        if not gpu.healthy and not self.limits.cpu_only:
-            raise ConflictError(
-                f"GPU {gpu.index} ({gpu_uuid}) chosen for model {model_id!r} is unhealthy "
-                f"({gpu.reason}); delete the pod so the binder places it on a healthy GPU"
-            )
-        return gpu.uuid, gpu.index
+        return gpu_for(self._gpus.snapshot, model_id, gpu_uuid, self.limits.cpu_only)
 
     async def load(self, model_id: str, owner: Proven) -> ModelStatus:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
@@ -1441,14 +1088,11 @@ class Models:
     async def vouch(self, name: str, owner: Proven) -> str:
         """Why the agent cannot vouch that what Triton runs as `name` is the owner's model as it
         installed it, pinned to the owner's GPU; "" when it can."""
-        owned = self.owners.get(name)
-        if owned is None or owned.uid != owner.uid or name != self.triton_name(owner):
+        if name != self.triton_name(owner):
             return "the agent never installed it for this pod"
-        manifest = self.repository.installed_manifest(name)
-        if manifest is None or manifest.digest != owned.digest:
-            return "the files on disk are not the ones the agent installed"
-        if not await self._in_thread(self.repository.is_intact, name, manifest):
-            return "the files on disk were changed after the agent installed them"
+        problem = await self._in_thread(self.installer.files_problem, name, owner.uid)
+        if problem:
+            return problem
         try:
             _, index = self._gpu_for(owner.model_id, owner.gpu_uuid)
         except AgentError as e:
@@ -1460,15 +1104,7 @@ class Models:
 
     def files_vouched(self, name: str, owner: Proven) -> bool:
         """True when the installed files are those the agent installed for `owner`."""
-        owned = self.owners.get(name)
-        manifest = self.repository.installed_manifest(name)
-        return (
-            owned is not None
-            and owned.uid == owner.uid
-            and manifest is not None
-            and manifest.digest == owned.digest
-            and self.repository.is_intact(name, manifest)
-        )
+        return not self.installer.files_problem(name, owner.uid)
 
     async def evict_unvouched(self, name: str, owner: Proven, why: str) -> None:
         """Take out of Triton what the agent cannot vouch for; keep the owner's files when they

@@ -7,8 +7,9 @@ Runs the real pieces: sim/'s API server, a real Triton (nvidia-pytriton) on the 
 as a process (`python -m sim.gpu.agent_node --gpus 2xT4 -- ... --cpu-only`). The client streams the
 files over gRPC as the loader does, with a projected token minted for the model's pod. Each
 install run writes everything anew (the model is unloaded and removed between runs); the load
-comparison alternates a direct `POST /v2/repository/models/<m>/load` with the agent's LoadModel
-(which parses config.pbtxt, pins the instances, and loads with the config override).
+comparison alternates a direct `POST /v2/repository/models/<name>/load` of the pod's model (its
+private name in Triton, with the config override the agent sends) with the agent's LoadModel
+(which also parses config.pbtxt, checks it, pins the instances and measures the GPU).
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from typing import Any
 import grpc
 import kubernetes.client
 
+from agent.modelconfig import override_json, parse_config, pinned_config
 from benchmarks import command_line
 from common.contract import TENANT_CODE_NODE, Keys
 from common.placement import Claim, load_key_ring
+from common.tritonname import private_triton_name
 from protos import agent_pb2, agent_pb2_grpc
 from sim.apiserver import start_in_thread
 from sim.cluster import write_placement_keys
@@ -90,22 +93,30 @@ async def requests(
                 offset += len(data)
 
 
-def direct(triton: TritonServer, verb: str) -> None:
+def direct(triton: TritonServer, name: str, verb: str, body: bytes = b"{}") -> None:
     request = urllib.request.Request(
-        f"http://{triton.http_url}/v2/repository/models/{MODEL}/{verb}", data=b"{}", method="POST"
+        f"http://{triton.http_url}/v2/repository/models/{name}/{verb}", data=body, method="POST"
     )
     with urllib.request.urlopen(request, timeout=600) as response:
         response.read()
 
 
-def wait_unloaded(triton: TritonServer) -> None:
+def load_body(source: Path, name: str) -> bytes:
+    """The load the agent asks of Triton for the pod's model (named `name` in Triton): its
+    config with that name and its instances on the CPU, as the load's `config` parameter."""
+    config = parse_config((source / "config.pbtxt").read_text(), MODEL)
+    override = override_json(pinned_config(config, name, None))
+    return json.dumps({"parameters": {"config": override}}).encode()
+
+
+def wait_unloaded(triton: TritonServer, name: str) -> None:
     while True:
         request = urllib.request.Request(
             f"http://{triton.http_url}/v2/repository/index", data=b"{}", method="POST"
         )
         with urllib.request.urlopen(request, timeout=60) as response:
             index = json.loads(response.read())
-        states = [m.get("state") for m in index if m["name"] == MODEL]
+        states = [m.get("state") for m in index if m["name"] == name]
         if all(s in (None, "UNAVAILABLE") for s in states):
             return
         time.sleep(0.02)
@@ -196,21 +207,24 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
             unchanged = time.perf_counter() - started
             assert reply.unchanged
 
+            # The agent installs the pod's model under the pod's private name in Triton.
+            name = private_triton_name("default", MODEL, created.metadata.uid)
+            body = load_body(source, name)
             direct_loads, agent_loads = [], []
             for _ in range(args.runs):
                 started = time.perf_counter()
-                direct(triton, "load")
+                direct(triton, name, "load", body)
                 direct_loads.append(time.perf_counter() - started)
-                direct(triton, "unload")
-                wait_unloaded(triton)
+                direct(triton, name, "unload")
+                wait_unloaded(triton, name)
                 started = time.perf_counter()
                 status = await stub.LoadModel(
                     agent_pb2.LoadModelRequest(model_id=MODEL), metadata=metadata
                 )
                 agent_loads.append(time.perf_counter() - started)
                 assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
-                direct(triton, "unload")
-                wait_unloaded(triton)
+                direct(triton, name, "unload")
+                wait_unloaded(triton, name)
 
         install = statistics.median(installs)
         load_direct = statistics.median(direct_loads)

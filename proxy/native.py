@@ -77,6 +77,7 @@ COMPILED = (
     "proxy/policy/shapes.py",
     "proxy/policy/share.py",
     "proxy/policy/tensors.py",
+    "proxy/policy/throttle.py",
     "proxy/policy/wire.py",
     "proxy/metrics.py",
 )

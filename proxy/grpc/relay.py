@@ -59,6 +59,7 @@ from proxy.policy.finals import Finals
 from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import GrpcAnswer, grpc_kind
+from proxy.policy.throttle import Throttle
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
@@ -142,7 +143,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         # The pod's share of the gateway's loop (None in the proxy); reading also stops while
         # the pod is over it (`throttle`), whatever the replies' back-pressure wants.
         self._share = relay.limiter.share
-        self._throttled = False
+        self._throttle = Throttle()
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -181,7 +182,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         loop = asyncio.get_running_loop()
         if self._share is not None:
             # Not here: uvloop starts reading an adopted socket after `connection_made` returns,
-            # undoing a `pause_reading()` made in it while `_throttled` says paused, and then
+            # undoing a `pause_reading()` made in it while `_throttle` says paused, and then
             # neither the share nor the tenant's unread answers would stop this connection again.
             loop.call_soon(self._throttle_if_paused)
         self._preface_timer = loop.call_later(
@@ -210,37 +211,24 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         # The tenant does not read: response DATA waits (its windows hold Triton back), and the
         # tenant's own frames wait too, so nothing it asks for (PING, SETTINGS) piles up here.
         self.replies.paused = True
-        if self.transport is not None and not self._throttled:
+        if self.transport is not None and not self._throttle.on:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.replies.paused = False
-        if self.transport is not None and not self._throttled:
+        if self.transport is not None and not self._throttle.on:
             self.transport.resume_reading()
         self.replies.drain_all()
 
     def throttle(self) -> None:
         """The pod is over its share of the gateway's loop: read nothing until `unthrottle`."""
-        if not self._throttled and self.transport is not None:
-            self._throttled = True
-            if not self.replies.paused:
-                self.transport.pause_reading()
+        self._throttle.engage(self.transport, self.replies.paused)
 
     def _throttle_if_paused(self) -> None:
-        share, transport = self._share, self.transport
-        if (
-            share is not None
-            and (share.paused or share.held)
-            and transport is not None
-            and not transport.is_closing()
-        ):
-            self.throttle()
+        self._throttle.engage_if_stopped(self._share, self.transport, self.replies.paused)
 
     def unthrottle(self) -> None:
-        if self._throttled and self.transport is not None:
-            self._throttled = False
-            if not self.replies.paused:
-                self.transport.resume_reading()
+        self._throttle.release(self.transport, self.replies.paused)
 
     def go_away(self) -> None:
         """Take no new streams; those already open finish."""

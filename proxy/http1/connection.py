@@ -24,6 +24,7 @@ from proxy.policy import refusals
 from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import Answer, Forward, error_body
+from proxy.policy.throttle import Throttle
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
@@ -84,7 +85,7 @@ class Connection(asyncio.Protocol):
         # The pod's share of the gateway's loop (None in the proxy); reading also stops while
         # the pod is over it (`throttle`), whatever the exchange's own back-pressure wants.
         self._share = relay.limiter.share
-        self._throttled = False
+        self._throttle = Throttle()
         self._charging = False  # inside a read being charged to the share
         # The tenant does not read what is written to it: no request is taken until it does.
         self._write_blocked = False
@@ -96,7 +97,7 @@ class Connection(asyncio.Protocol):
         self._relay.connections.add(self)
         if self._share is not None:
             # Not here: uvloop starts reading an adopted socket after `connection_made` returns,
-            # undoing a `pause_reading()` made in it while `_throttled` says paused, and then
+            # undoing a `pause_reading()` made in it while `_throttle` says paused, and then
             # neither the share nor the tenant's unread answers would stop this connection again.
             asyncio.get_running_loop().call_soon(self._throttle_if_paused)
 
@@ -117,39 +118,26 @@ class Connection(asyncio.Protocol):
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
-            if not self._throttled:
+            if not self._throttle.on:
                 self.transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self._reading_paused and self.transport is not None and self._stash is None:
             self._reading_paused = False
-            if not self._throttled:
+            if not self._throttle.on:
                 self.transport.resume_reading()
 
     def throttle(self) -> None:
         """The pod is over its share of the gateway's loop: read nothing until `unthrottle`."""
-        if not self._throttled and self.transport is not None:
-            self._throttled = True
-            if not self._reading_paused:
-                self.transport.pause_reading()
+        self._throttle.engage(self.transport, self._reading_paused)
 
     def _throttle_if_paused(self) -> None:
-        share, transport = self._share, self.transport
-        if (
-            share is not None
-            and (share.paused or share.held)
-            and transport is not None
-            and not transport.is_closing()
-        ):
-            self.throttle()
+        self._throttle.engage_if_stopped(self._share, self.transport, self._reading_paused)
 
     def unthrottle(self) -> None:
-        if self._throttled and self.transport is not None:
-            self._throttled = False
-            if not self._reading_paused:
-                self.transport.resume_reading()
-            if self._state == IDLE and self._buffer:
-                self._later()
+        throttled = self._throttle.release(self.transport, self._reading_paused)
+        if throttled and self._state == IDLE and self._buffer:
+            self._later()
 
     def _later(self) -> None:
         """Take the next buffered requests at the next event-loop turn."""
@@ -162,7 +150,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if self._state == IDLE and self._buffer and not self._throttled:
+        if self._state == IDLE and self._buffer and not self._throttle.on:
             if self._reading_paused and not self._pipeline_full():
                 self.resume_reading()
             self.data_received(b"")  # as a read: charged to the pod's share

@@ -31,7 +31,7 @@ from typing import Final
 from proxy.policy import wire
 from proxy.policy.refusals import MalformedRequestError
 from proxy.policy.shapes import element_count
-from proxy.policy.wire import FIXED32, FIXED64, LENGTH_DELIMITED, VARINT, WireError, varint
+from proxy.policy.wire import FIXED32, FIXED64, LENGTH_DELIMITED, VARINT, WireError, varint, walk
 
 DATATYPE_BYTES: Final = {
     b"BOOL": 1, b"UINT8": 1, b"INT8": 1, b"UINT16": 2, b"INT16": 2, b"FP16": 2, b"BF16": 2,
@@ -95,42 +95,24 @@ def _input(value: bytes) -> Input:
     dims: list[int] = []
     typed = 0
     contents = False
-    pos = 0
-    end = len(value)
     try:
-        while pos < end:
-            key, pos = varint(value, pos)
-            number = key >> 3
-            kind = key & 7
+        for number, kind, start, stop in walk(value):
             if kind == LENGTH_DELIMITED:
-                length, pos = varint(value, pos)
-                stop = pos + length
-                if stop > end:
-                    raise WireError(f"field {number} claims {length} bytes past its end")
                 if number == 1:
-                    name = value[pos:stop]
+                    name = value[start:stop]
                 elif number == 2:
-                    datatype = value[pos:stop]
+                    datatype = value[start:stop]
                 elif number == 3:  # packed int64 dimensions
-                    while pos < stop:
-                        dim, pos = varint(value, pos)
+                    while start < stop:
+                        dim, start = varint(value, start)
                         dims.append(dim)
-                    if pos != stop:
+                    if start != stop:
                         raise WireError("the packed shape ends inside a dimension")
                 elif number == 5:
                     contents = True
-                    typed += _typed(value, pos, stop)
-                pos = stop
-            elif kind == VARINT:
-                dim, pos = varint(value, pos)
-                if number == 3:
-                    dims.append(dim)
-            elif kind in (FIXED64, FIXED32):
-                pos += 8 if kind == FIXED64 else 4
-            else:
-                raise WireError(f"field {number} has the unsupported wire type {kind}")
-        if pos > end:
-            raise WireError("the last field runs past its end")
+                    typed += _typed(value, start, stop)
+            elif kind == VARINT and number == 3:
+                dims.append(start)
     except WireError as e:
         raise MalformedRequestError(
             f"the inference request has an input that cannot be read ({e}); send inputs as "
@@ -141,7 +123,7 @@ def _input(value: bytes) -> Input:
         dim &= _INT64 - 1
         dims[at] = dim - _INT64 if dim >> 63 else dim
     parsed = Input(name, datatype, dims, typed, contents)
-    if end <= _INPUT_BYTES:
+    if len(value) <= _INPUT_BYTES:
         if len(_PARSED) >= _INPUTS_KEPT:
             _PARSED.clear()
         _PARSED[value] = parsed
@@ -151,15 +133,9 @@ def _input(value: bytes) -> Input:
 def _typed(value: bytes, pos: int, end: int) -> int:
     """The elements an InferTensorContents (`value[pos:end]`) holds, in all its fields."""
     count = 0
-    while pos < end:
-        key, pos = varint(value, pos)
-        number = key >> 3
-        kind = key & 7
+    for number, kind, start, stop in walk(value, pos, end):
         if kind == LENGTH_DELIMITED:
-            length, pos = varint(value, pos)
-            stop = pos + length
-            if stop > end:
-                raise WireError(f"contents field {number} claims {length} bytes past its end")
+            length = stop - start
             if number == 8:  # bytes_contents: one element each
                 count += 1
             elif number == 6 or number == 7:  # packed fp32, fp64
@@ -168,21 +144,13 @@ def _typed(value: bytes, pos: int, end: int) -> int:
                     raise WireError(f"packed contents field {number} is not whole values")
                 count += length // size
             elif 1 <= number <= 5:  # packed varints: one per byte that ends one
-                count += length - len(value[pos:stop].translate(None, _ENDING))
-            pos = stop
+                count += length - len(value[start:stop].translate(None, _ENDING))
         elif kind == VARINT:
-            pos = varint(value, pos)[1]
             count += 1 <= number <= 5
         elif kind == FIXED32:
-            pos += 4
             count += number == 6
-        elif kind == FIXED64:
-            pos += 8
-            count += number == 7
         else:
-            raise WireError(f"contents field {number} has the unsupported wire type {kind}")
-    if pos > end:
-        raise WireError("the contents' last field runs past their end")
+            count += number == 7
     return count
 
 

@@ -11,6 +11,7 @@ refuses any message where the field occurs more than once, even with equal value
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Final
 
 VARINT: Final = 0
@@ -54,6 +55,50 @@ def _skip_scalar(data: bytes, pos: int, field: int, wire_type: int) -> int:
     if wire_type == FIXED32:
         return pos + 4
     raise WireError(f"field {field} has the unsupported wire type {wire_type}")
+
+
+def walk(
+    data: bytes, pos: int = 0, end: int = -1, *, prefix: bool = False
+) -> Iterator[tuple[int, int, int, int]]:
+    """The fields of `data[pos:end]` (`end` -1: the whole of `data`) in order, as a protobuf
+    parser reads them: (number, wire type, start, stop) each, its value `data[start:stop]` but
+    a varint's, which is decoded (`start` is the value itself); the next field begins at `stop`.
+
+    WireError when a field runs past `end` or the bytes are not a message. With `prefix` (the
+    first bytes of a message, the rest not arrived), a field cut by `end` ends the walk instead:
+    given last (its `stop` past `end`) when its key and length were read, else not at all."""
+    if end < 0:
+        end = len(data)
+    try:
+        while pos < end:
+            key = data[pos]
+            pos += 1
+            if key > 0x7F:  # one-byte keys and lengths are the rule: no call for them
+                key, pos = varint(data, pos - 1)
+            number, kind = key >> 3, key & 7
+            if kind == LENGTH_DELIMITED:
+                if pos < end and data[pos] < 0x80:
+                    start = pos + 1
+                    pos = start + data[pos]
+                else:
+                    length, start = varint(data, pos)
+                    pos = start + length
+            elif kind == VARINT:
+                start, pos = varint(data, pos)
+            elif kind in (FIXED64, FIXED32):
+                start = pos
+                pos += 8 if kind == FIXED64 else 4
+            else:
+                raise WireError(f"field {number} has the unsupported wire type {kind}")
+            if pos > end:
+                if prefix:
+                    yield number, kind, start, pos
+                    return
+                raise WireError(f"field {number} runs past its end")
+            yield number, kind, start, pos
+    except _TruncatedError:
+        if not prefix:
+            raise
 
 
 def string_fields(data: bytes, numbers: tuple[int, ...]) -> dict[int, bytes]:
@@ -107,28 +152,15 @@ def prefix_string(data: bytes, number: int, *, ordered: bool = False) -> bytes |
     costs nothing. Raises WireError when the prefix is malformed or `number` has another wire type.
     Later occurrences (a duplicate) can only be seen in the whole message, by `string_fields`.
     """
-    pos = 0
-    end = len(data)
-    try:
-        while pos < end:
-            key, pos = varint(data, pos)
-            field = key >> 3
-            wire_type = key & 7
-            if field == 0:
-                raise WireError("the message has a field number 0")
-            if field == number and wire_type != LENGTH_DELIMITED:
-                raise WireError(f"field {number} has wire type {wire_type}, not a string")
-            if ordered and field > number:
-                return b""
-            if wire_type == LENGTH_DELIMITED:
-                length, pos = varint(data, pos)
-                if field == number:
-                    return data[pos : pos + length] if pos + length <= end else None
-                pos += length
-            else:
-                pos = _skip_scalar(data, pos, field, wire_type)
-    except _TruncatedError:
-        pass
+    for field, wire_type, start, stop in walk(data, prefix=True):
+        if field == 0:
+            raise WireError("the message has a field number 0")
+        if field == number and wire_type != LENGTH_DELIMITED:
+            raise WireError(f"field {number} has wire type {wire_type}, not a string")
+        if ordered and field > number:
+            return b""
+        if field == number:
+            return data[start:stop] if stop <= len(data) else None
     return None
 
 
@@ -191,21 +223,11 @@ def encode_bool(number: int, value: bool) -> bytes:
 def without_field(data: bytes, number: int) -> bytes:
     """`data` with every top-level occurrence of field `number` removed (other bytes untouched)."""
     out = bytearray()
-    pos = 0
-    end = len(data)
-    while pos < end:
-        start = pos
-        key, pos = varint(data, pos)
-        wire_type = key & 7
-        if wire_type == LENGTH_DELIMITED:
-            length, pos = varint(data, pos)
-            pos += length
-        else:
-            pos = _skip_scalar(data, pos, key >> 3, wire_type)
-        if pos > end:
-            raise WireError(f"field {key >> 3} runs past the message's end")
-        if key >> 3 != number:
-            out += data[start:pos]
+    begin = 0
+    for field, _, _, stop in walk(data):
+        if field != number:
+            out += data[begin:stop]
+        begin = stop
     return bytes(out)
 
 
@@ -216,19 +238,11 @@ def with_string_value(data: bytes, number: int, value: bytes) -> bytes:
     key = number << 3 | LENGTH_DELIMITED
     if len(data) > 1 and data[0] == key and data[1] < 0x80:  # first, as serializers write it
         return encode_string(number, value) + data[2 + data[1] :]
-    pos = 0
-    end = len(data)
-    while pos < end:
-        start = pos
-        field, pos = varint(data, pos)
-        wire_type = field & 7
-        if wire_type == LENGTH_DELIMITED:
-            length, pos = varint(data, pos)
-            pos += length
-            if field == key:
-                return data[:start] + encode_string(number, value) + data[pos:]
-        else:
-            pos = _skip_scalar(data, pos, field >> 3, wire_type)
+    begin = 0
+    for field, kind, _, stop in walk(data):
+        if field == number and kind == LENGTH_DELIMITED:
+            return data[:begin] + encode_string(number, value) + data[stop:]
+        begin = stop
     return data + encode_string(number, value)
 
 
@@ -242,25 +256,12 @@ def fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
     length-delimited one, the varint of a varint one, 0 for a fixed one). A field cut by the
     end of `data` ends the list (a prefix reads as far as it goes)."""
     out: list[tuple[int, int, bytes | int]] = []
-    pos = 0
-    end = len(data)
     try:
-        while pos < end:
-            key, pos = varint(data, pos)
-            number, wire_type = key >> 3, key & 7
-            if wire_type == LENGTH_DELIMITED:
-                length, pos = varint(data, pos)
-                if pos + length > end:
-                    out.append((number, wire_type, data[pos:end]))  # cut: what there is
-                    return out
-                out.append((number, wire_type, data[pos : pos + length]))
-                pos += length
-            elif wire_type == VARINT:
-                value, pos = varint(data, pos)
-                out.append((number, wire_type, value))
+        for number, kind, start, stop in walk(data, prefix=True):
+            if kind == LENGTH_DELIMITED:
+                out.append((number, kind, data[start:stop]))  # cut: what there is
             else:
-                pos = _skip_scalar(data, pos, number, wire_type)
-                out.append((number, wire_type, 0))
+                out.append((number, kind, start if kind == VARINT else 0))
     except WireError:
         pass
     return out

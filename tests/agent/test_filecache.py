@@ -13,7 +13,9 @@ import grpc
 import kubernetes.client
 import pytest
 
-from agent.filecache import FileCache, NamespaceDisk
+from agent import lifecycle
+from agent.filecache import FileCache, KeptCopy, NamespaceDisk
+from agent.lifecycle import Event, Phase, RefusedTransitionError
 from agent.repository import DISK_HEADROOM_BYTES, MANIFEST_FILE, manifest_to_json
 from common.manifest import Manifest, ManifestEntry
 from protos import agent_pb2
@@ -32,6 +34,7 @@ from tests.agent.test_attacks import events, namespaces, refused, unnamed_model
 
 MIB = 1024 * 1024
 MODEL = "m"
+KEPT = "tritonshare_agent_kept_copies"
 
 
 def header(directory: Path, model_id: str = MODEL) -> agent_pb2.InstallHeader:
@@ -90,6 +93,8 @@ async def test_a_new_replica_installs_from_the_nodes_copy_which_no_other_namespa
     await eventually(lambda: cache.holds("team-a", digest), what="a1's files to be kept")
     assert not (model_repository / a1).exists()
     assert cache.bytes_of("team-a") == sum(s for _, s, _ in manifest_of(source))
+    registry = running.agent.metrics.registry
+    assert registry.get_sample_value(KEPT, {"namespace": "team-a"}) == 1
 
     # Another pod of the namespace with the same files: installed from the copy, and loaded.
     reply = await running.stub.InstallKept(header(source), metadata=bearer(tokens["a2"]))
@@ -100,6 +105,9 @@ async def test_a_new_replica_installs_from_the_nodes_copy_which_no_other_namespa
         agent_pb2.LoadModelRequest(model_id=MODEL), metadata=bearer(tokens["a2"])
     )
     assert loaded.state == agent_pb2.MODEL_STATE_READY, loaded.reason
+    # The copy was read, not moved: it stays kept for the next replica.
+    assert [c.phase for c in cache.kept()] == [Phase.CACHED]
+    assert registry.get_sample_value(KEPT, {"namespace": "team-a"}) == 1
 
     # Another namespace with the very same files gets the answer a miss gets, word for word.
     other = await refused(running.stub.InstallKept(header(source), metadata=bearer(tokens["b1"])))
@@ -121,6 +129,7 @@ async def test_a_new_replica_installs_from_the_nodes_copy_which_no_other_namespa
     assert tampered.code() == grpc.StatusCode.NOT_FOUND
     assert not cache.holds("team-a", digest)
     assert not (cache.root / "team-a" / digest).exists()
+    assert cache.kept() == [] and registry.get_sample_value(KEPT, {"namespace": "team-a"}) is None
     status = await running.stub.GetModel(
         agent_pb2.GetModelRequest(model_id=MODEL), metadata=bearer(tokens["a3"])
     )
@@ -218,6 +227,33 @@ def test_kept_copies_are_bounded_evicted_least_recently_used_and_survive_a_resta
     assert again.holds("team-a", kept[2]) and again.total_bytes() == 100
     assert not (cache.root / "Not-A-Namespace").exists()
     assert not (cache.root / "team-a" / ("0" * 64)).exists()
+
+
+async def test_a_kept_copy_is_cached_while_kept_and_read_and_its_eviction_is_a_removal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = FileCache(tmp_path / "kept", 1000)
+    cache.prepare()
+    directory, manifest = _kept_dir(tmp_path, "x", 100)
+    assert cache.keep("team-a", directory, manifest)
+    assert cache.kept() == [KeptCopy("team-a", manifest.digest, 100, Phase.CACHED)]
+    # A new pod's install reads the copy; the copy itself stays kept.
+    read = [data async for _, _, data in cache.chunks("team-a", manifest)]
+    assert b"".join(read) == b"x" * 100
+    assert [c.phase for c in cache.kept()] == [Phase.CACHED]
+    # Taken up again by a restarted agent: kept files at rest, so CACHED.
+    again = FileCache(tmp_path / "kept", 1000)
+    again.prepare()
+    assert [c.phase for c in again.kept()] == [Phase.CACHED]
+    # Evicting walks the table's row (CACHED, REMOVED): without it the eviction is refused.
+    life = cache.drop("team-a", manifest.digest)
+    assert life is not None and life.phase is Phase.ABSENT
+    assert cache.kept() == [] and cache.drop("team-a", manifest.digest) is None
+    monkeypatch.delitem(lifecycle.TRANSITIONS, (Phase.CACHED, Event.REMOVED))
+    other, kept = _kept_dir(tmp_path, "y", 100)
+    assert again.keep("team-b", other, kept)
+    with pytest.raises(RefusedTransitionError):
+        again.evict("team-b", 1)
 
 
 def test_the_namespace_bound_names_only_the_namespaces_own_figures() -> None:
