@@ -87,8 +87,10 @@ calls."""
 LEFT_OUT = {
     "proxy/grpc/grpcio.py": "the --grpc-mode grpcio path: its cost is grpc.aio's, not its own",
     "proxy/app.py": "wiring and the lifecycle, run once per process",
-    "proxy/policy/inflight.py": "the node's in-flight budget: asked when a pod starts or "
-    "stops sending, never per request",
+    "proxy/policy/inflight.py": "the node's in-flight pools: only the gateway calls it, "
+    "where each call is a few dictionary look-ups beside a whole relayed request",
+    "proxy/policy/probation.py": "the gateway's probation lane: only pods on probation, after "
+    "an unexpected exit of Triton, touch it",
     "proxy/policy/holdings.py": "the node's byte budget: asked by a pod's read only past its "
     "allowance, and by the gateway's walk every 0.1 s, never per request",
     "proxy/gateway/": "wiring, the caller table and its metrics: the gateway's requests run "

@@ -310,8 +310,16 @@ async def test_status_and_explain_show_unproven_pods_as_not_charged_and_unattrib
     code, text = run_cli(kubeconfig, "status", "--placement-key-dir", key_dir)
     assert code == 0, text
     rows = [re.split(r"\s{2,}", line) for line in text.splitlines()]
-    [gpu] = [r for r in rows if r[0] == "gpu-1" and len(r) == 10]
-    assert gpu[6:10] == ["5Gi", "2Gi", "14Gi", "default/resnet: resnet (asks 4Gi, uses 5Gi)"]
+    [gpu] = [r for r in rows if r[0] == "gpu-1" and len(r) == 12]
+    # ALLOCATED, LOADED, SLEEPING, FREE, USED, PODS
+    assert gpu[6:12] == [
+        "5Gi",
+        "5Gi",
+        "0",
+        "2Gi",
+        "14Gi",
+        "default/resnet: resnet (asks 4Gi, uses 5Gi)",
+    ], gpu
     assert "2 pods on tritonshare nodes prove no placement by the binder: not charged, not " in text
     assert ["team-b/forged", "gpu-1", "1", "gpt", "PlacementKeyUnknown"] in rows
     assert ["team-b/hog", "gpu-1", "16Gi", "bert", "NotPlacedByBinder"] in rows
