@@ -15,11 +15,11 @@ to and from disk.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from common.atomicfile import replace_file
 
 FORMAT = "tritonshare.io/activity/v1"
 HEARTBEAT_SECONDS = 2.0
@@ -81,16 +81,7 @@ def decode(data: bytes) -> ActivityTable:
 
 def write_table(path: Path, table: ActivityTable) -> None:
     """Replace the file at `path` with `table` in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".activity-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(table))
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_file(path, encode(table), ".activity-")
 
 
 def read_table(path: Path) -> ActivityTable:

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.atomicfile import replace_file
 from common.contract import ContractError, validate_model_id
 
 FORMAT = "tritonshare.io/callers/v1"
@@ -155,16 +154,7 @@ def _caller(entry: Any) -> Caller:
 
 def write_table(path: Path, table: CallerTable) -> None:
     """Replace the file at `path` with `table` in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".callers-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(table))
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_file(path, encode(table), ".callers-")
 
 
 def read_table(path: Path) -> CallerTable:

@@ -1,0 +1,23 @@
+"""Replacing a small file that other processes read, so that a reader never sees it half written."""
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def replace_file(path: Path, data: bytes, prefix: str) -> None:
+    """Write `data` to a temporary file named `prefix`… beside `path`, then rename it over `path`.
+
+    The temporary file lives in the same directory so the rename stays on one filesystem and is
+    atomic; it is removed when anything fails, so a crash leaves no stray file for the reader.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=prefix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        Path(temporary).chmod(0o644)
+        Path(temporary).replace(path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
