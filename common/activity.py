@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.atomicfile import replace_file
+from common.atomicfile import read_file, replace_file
 
 FORMAT = "tritonshare.io/activity/v1"
 HEARTBEAT_SECONDS = 2.0
@@ -86,15 +86,12 @@ def write_table(path: Path, table: ActivityTable) -> None:
 
 def read_table(path: Path) -> ActivityTable:
     """The table at `path`; ActivityTableError when it is missing or unreadable."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as e:
-        raise ActivityTableError(
-            f"no activity table at {path}: the node gateway writes it (its --activity-table); "
-            f"is the gateway running and is the volume shared with the agent?"
-        ) from e
-    except OSError as e:
-        raise ActivityTableError(f"cannot read the activity table {path}: {e.strerror}") from e
+    hint = (
+        "the node gateway writes it (its --activity-table); is the gateway running and is the "
+        "volume shared with the agent?"
+    )
+    data = read_file(path, "activity table", ActivityTableError, hint)
+    assert data is not None  # a missing file raised
     return decode(data)
 
 

@@ -21,3 +21,17 @@ def replace_file(path: Path, data: bytes, prefix: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def read_file(path: Path, what: str, error: type[ValueError], missing: str | None) -> bytes | None:
+    """The bytes at `path`, or `error` naming `what` when they cannot be read. A missing file is
+    `error` with the `missing` hint (who writes it, what to check), or None when `missing` is
+    None because no file yet is a valid state."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as e:
+        if missing is None:
+            return None
+        raise error(f"no {what} at {path}: {missing}") from e
+    except OSError as e:
+        raise error(f"cannot read the {what} {path}: {e.strerror}") from e

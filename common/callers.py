@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.atomicfile import replace_file
+from common.atomicfile import read_file, replace_file
 from common.contract import ContractError, validate_model_id
 
 FORMAT = "tritonshare.io/callers/v1"
@@ -159,13 +159,10 @@ def write_table(path: Path, table: CallerTable) -> None:
 
 def read_table(path: Path) -> CallerTable:
     """The table at `path`; raises CallerTableError when it is missing or unreadable."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as e:
-        raise CallerTableError(
-            f"no caller table at {path}: the node's agent writes it (--gateway-table); is the "
-            "agent running and is the volume shared with the gateway?"
-        ) from e
-    except OSError as e:
-        raise CallerTableError(f"cannot read the caller table {path}: {e.strerror}") from e
+    hint = (
+        "the node's agent writes it (--gateway-table); is the agent running and is the volume "
+        "shared with the gateway?"
+    )
+    data = read_file(path, "caller table", CallerTableError, hint)
+    assert data is not None  # a missing file raised
     return decode(data)

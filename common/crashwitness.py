@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.atomicfile import replace_file
+from common.atomicfile import read_file, replace_file
 
 FORMAT = "tritonshare.io/crash-witness/v1"
 FILE_NAME = "crash-witness.json"
@@ -117,10 +117,5 @@ def write_witnesses(path: Path, records: list[Witness]) -> None:
 
 def read_witnesses(path: Path) -> list[Witness]:
     """The records at `path`, oldest first ([] when there is no file yet)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise WitnessError(f"cannot read the crash witness file {path}: {e.strerror}") from e
-    return decode(data)
+    data = read_file(path, "crash witness file", WitnessError, None)
+    return [] if data is None else decode(data)
