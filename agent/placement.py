@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from agent.errors import NotPlacedError
 from agent.pods import PodInfo
 from common.contract import RESIDENCY_ON_DEMAND
-from common.placement import Claim, KeyRing, ProofError
+from common.placement import KeyRing, ProofError, pod_claim
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,13 @@ class PlacementVerifier:
                 f"{self.node_name}",
                 event_reason="NotPlacedByBinder",
             )
-        claim = Claim(
+        claim = pod_claim(
             pod.uid,
             pod.namespace,
             pod.name,
             pod.node_name,
             pod.gpu_uuid,
             pod.model_id,
-            0,
             pod.residency,
         )
         try:

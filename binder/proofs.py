@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from binder.model import PodInfo
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND
-from common.placement import Claim, KeyRing, ProofError, parse_proof
+from common.placement import KeyRing, ProofError, parse_proof, pod_claim
 
 NOT_PLACED = "NotPlacedByBinder"
 """Event reason: no proof, or one the binder never wrote (malformed)."""
@@ -91,15 +91,15 @@ def proven(pod: PodInfo, ring: KeyRing | None) -> PodInfo | Unproven:
         if ring is None:
             proof = parse_proof(pod.placement)
         else:
-            claim = Claim(
+            residency = RESIDENCY_ON_DEMAND if pod.on_demand else RESIDENCY_ALWAYS
+            claim = pod_claim(
                 pod.uid,
                 pod.namespace,
                 pod.name,
                 pod.node_name,
                 pod.gpu_uuid,
                 pod.model_id,
-                0,
-                RESIDENCY_ON_DEMAND if pod.on_demand else RESIDENCY_ALWAYS,
+                residency,
             )
             proof = ring.verify(claim, pod.placement)
     except ProofError as e:

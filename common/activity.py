@@ -15,11 +15,11 @@ to and from disk.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from common.atomicfile import read_file, replace_file
 
 FORMAT = "tritonshare.io/activity/v1"
 HEARTBEAT_SECONDS = 2.0
@@ -81,29 +81,17 @@ def decode(data: bytes) -> ActivityTable:
 
 def write_table(path: Path, table: ActivityTable) -> None:
     """Replace the file at `path` with `table` in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".activity-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(table))
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_file(path, encode(table), ".activity-")
 
 
 def read_table(path: Path) -> ActivityTable:
     """The table at `path`; ActivityTableError when it is missing or unreadable."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as e:
-        raise ActivityTableError(
-            f"no activity table at {path}: the node gateway writes it (its --activity-table); "
-            f"is the gateway running and is the volume shared with the agent?"
-        ) from e
-    except OSError as e:
-        raise ActivityTableError(f"cannot read the activity table {path}: {e.strerror}") from e
+    hint = (
+        "the node gateway writes it (its --activity-table); is the gateway running and is the "
+        "volume shared with the agent?"
+    )
+    data = read_file(path, "activity table", ActivityTableError, hint)
+    assert data is not None  # a missing file raised
     return decode(data)
 
 

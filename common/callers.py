@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.atomicfile import read_file, replace_file
 from common.contract import ContractError, validate_model_id
 
 FORMAT = "tritonshare.io/callers/v1"
@@ -155,27 +154,15 @@ def _caller(entry: Any) -> Caller:
 
 def write_table(path: Path, table: CallerTable) -> None:
     """Replace the file at `path` with `table` in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".callers-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(table))
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_file(path, encode(table), ".callers-")
 
 
 def read_table(path: Path) -> CallerTable:
     """The table at `path`; raises CallerTableError when it is missing or unreadable."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as e:
-        raise CallerTableError(
-            f"no caller table at {path}: the node's agent writes it (--gateway-table); is the "
-            "agent running and is the volume shared with the gateway?"
-        ) from e
-    except OSError as e:
-        raise CallerTableError(f"cannot read the caller table {path}: {e.strerror}") from e
+    hint = (
+        "the node's agent writes it (--gateway-table); is the agent running and is the volume "
+        "shared with the gateway?"
+    )
+    data = read_file(path, "caller table", CallerTableError, hint)
+    assert data is not None  # a missing file raised
     return decode(data)

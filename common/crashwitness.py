@@ -15,11 +15,11 @@ says what a record is and moves records to and from disk.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from common.atomicfile import read_file, replace_file
 
 FORMAT = "tritonshare.io/crash-witness/v1"
 FILE_NAME = "crash-witness.json"
@@ -112,24 +112,10 @@ def decode(data: bytes) -> list[Witness]:
 
 def write_witnesses(path: Path, records: list[Witness]) -> None:
     """Replace the file at `path` with the newest `MAX_RECORDS` of `records` in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".witness-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(records))
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_file(path, encode(records), ".witness-")
 
 
 def read_witnesses(path: Path) -> list[Witness]:
     """The records at `path`, oldest first ([] when there is no file yet)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise WitnessError(f"cannot read the crash witness file {path}: {e.strerror}") from e
-    return decode(data)
+    data = read_file(path, "crash witness file", WitnessError, None)
+    return [] if data is None else decode(data)

@@ -93,6 +93,14 @@ class Claim:
         return b"".join(parts)
 
 
+def pod_claim(
+    pod_uid: str, namespace: str, name: str, node: str, gpu_uuid: str, model_id: str, residency: str
+) -> Claim:
+    """The claim a bound pod makes as it is now, to verify against its proof: the request is
+    left 0 because `KeyRing.verify` takes it from the proof."""
+    return Claim(pod_uid, namespace, name, node, gpu_uuid, model_id, 0, residency)
+
+
 @dataclass(frozen=True, slots=True)
 class Proof:
     """A parsed `<prefix>placement` annotation."""
