@@ -34,11 +34,13 @@ Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from sim.cluster import SimCluster
@@ -114,33 +116,30 @@ def main() -> int:
         return 2
     TritonInstall.find()  # fails early, with what to install, when nvidia-pytriton is missing
     started = time.strftime("%Y-%m-%d")
-    with tempfile.TemporaryDirectory(prefix="tritonshare-autoscale-") as tmp:
-        work = Path(tmp)
-        with SimCluster(work / "cluster", [NODES[0]], binders=1, webhook=True) as cluster:
-            if cluster.missing:
-                print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
-                return 2
-            cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
-            result = autoscale.run(
-                cluster,
-                MODELS_DIR / "add_one",
-                work / "autoscale",
-                NAMESPACE,
-                prometheus,
-                clients=args.clients,
-                duration=args.duration,
-                max_replicas=args.max_replicas,
-                sync_period=args.sync_period,
-                scrape_interval=args.scrape_interval,
-                scale_down_window=args.scale_down_window,
-                request_seconds=args.request_seconds,
-                signal=args.signal,
-                again=not args.once,
-                padding=args.model_mib * 1024 * 1024,
-                say=print,
-            )
-            # The agents' own logs, wherever the simulated kubelet wrote them.
-            log = "".join(p.read_text(errors="replace") for p in (work / "cluster").rglob("*.log"))
+    with one_node_cluster("tritonshare-autoscale-") as made:
+        if made is None:
+            return 2
+        cluster, work = made
+        result = autoscale.run(
+            cluster,
+            MODELS_DIR / "add_one",
+            work / "autoscale",
+            NAMESPACE,
+            prometheus,
+            clients=args.clients,
+            duration=args.duration,
+            max_replicas=args.max_replicas,
+            sync_period=args.sync_period,
+            scrape_interval=args.scrape_interval,
+            scale_down_window=args.scale_down_window,
+            request_seconds=args.request_seconds,
+            signal=args.signal,
+            again=not args.once,
+            padding=args.model_mib * 1024 * 1024,
+            say=print,
+        )
+        # The agents' own logs, wherever the simulated kubelet wrote them.
+        log = "".join(p.read_text(errors="replace") for p in (work / "cluster").rglob("*.log"))
     print(f"\n{started}, `{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`")
     print("replicas over time (s since the load started: asked / Ready):")
     for at, asked, ready in result.timeline:
@@ -176,6 +175,21 @@ def main() -> int:
     return 0
 
 
+@contextlib.contextmanager
+def one_node_cluster(prefix: str) -> Iterator[tuple[SimCluster, Path] | None]:
+    """The simulated cluster both runs use (one node, the webhook, the models' namespace) in a
+    temporary directory, with that directory; None, said on stderr, when it misses a part."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        with SimCluster(work / "cluster", [NODES[0]], binders=1, webhook=True) as cluster:
+            if cluster.missing:
+                print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
+                yield None
+                return
+            cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
+            yield cluster, work
+
+
 def print_phases(title: str, starts: list[dict[str, float]]) -> None:
     print(title)
     print("  " + "  ".join(f"{phase:>16}" for phase in autoscale.PHASES))
@@ -189,22 +203,19 @@ def cold_start_only(new_replicas: int, request_seconds: float) -> int:
     phases: the cold start alone, without Prometheus and the HPA's periods around it."""
     TritonInstall.find()
     started = time.strftime("%Y-%m-%d")
-    with tempfile.TemporaryDirectory(prefix="tritonshare-coldstart-") as tmp:
-        work = Path(tmp)
-        with SimCluster(work / "cluster", [NODES[0]], binders=1, webhook=True) as cluster:
-            if cluster.missing:
-                print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
-                return 2
-            cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
-            result = autoscale.cold_starts(
-                cluster,
-                MODELS_DIR / "add_one",
-                work / "coldstart",
-                NAMESPACE,
-                replicas=new_replicas,
-                request_seconds=request_seconds,
-                say=print,
-            )
+    with one_node_cluster("tritonshare-coldstart-") as made:
+        if made is None:
+            return 2
+        cluster, work = made
+        result = autoscale.cold_starts(
+            cluster,
+            MODELS_DIR / "add_one",
+            work / "coldstart",
+            NAMESPACE,
+            replicas=new_replicas,
+            request_seconds=request_seconds,
+            say=print,
+        )
     print(f"\n{started}, `{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`")
     print_phases("files sent (s after the pod was created):", result.sent)
     print_phases("files on the node (s after the pod was created):", result.kept)
