@@ -10,6 +10,10 @@ counts as 0 offered, and every insufficient resource is named (`Insufficient cpu
 (`binder.state` accounts it per GPU) and is left out of the pod's requests where pods enter. A
 node that publishes no allocatable at all (a Node object written by hand) is not judged.
 
+A TritonModel replica (`PodInfo.host`) is judged as the pod its namespace's model host would
+grow by: on a node where the namespace has a host, only the replica's own share; elsewhere
+that share plus the host's requests and one pod slot (`needs`).
+
 NodePorts: a host port conflicts with one in use on the node for the same protocol and port
 when the addresses are equal or either is 0.0.0.0.
 
@@ -41,6 +45,21 @@ def insufficient(resource: str) -> str:
     return f"Insufficient {resource}"
 
 
+def needs(state: ClusterState, pod: PodInfo, node: str) -> tuple[int, Mapping[str, int]]:
+    """The pod slots and requests the pod takes on the node: a pod one slot and its requests; a
+    replica its own share, plus a slot and its host's requests where its namespace has no host
+    on the node yet."""
+    host = pod.host
+    if host is None:
+        return 1, pod.resources
+    if state.pods.has_host(pod.namespace, node):
+        return 0, pod.resources
+    total = dict(host)
+    for resource, amount in pod.resources.items():
+        total[resource] = total.get(resource, 0) + amount
+    return 1, total
+
+
 def node_fit_reasons(state: ClusterState, pod: PodInfo, node: str) -> list[str]:
     """NodePorts' reason, else every NodeResourcesFit reason for one node (kube-scheduler stops
     at the first failing plugin, so ports come alone)."""
@@ -52,10 +71,11 @@ def node_fit_reasons(state: ClusterState, pod: PodInfo, node: str) -> list[str]:
     if allocatable is None:
         return []
     reasons = []
-    if state.pods.pod_count(node) + 1 > allocatable.get("pods", 0):
+    slots, resources = needs(state, pod, node)
+    if slots and state.pods.pod_count(node) + slots > allocatable.get("pods", 0):
         reasons.append(REASON_TOO_MANY_PODS)
     requested = state.pods.requested(node)
-    for resource, amount in _ordered(pod.resources):
+    for resource, amount in _ordered(resources):
         if amount > allocatable.get(resource, 0) - requested.get(resource, 0):
             reasons.append(insufficient(resource))
     return reasons
@@ -72,14 +92,15 @@ def fits_node(state: ClusterState, pod: PodInfo, i: int) -> bool:
     """Whether NodePorts and NodeResourcesFit pass on node `i`, read from scalars: the common
     decision checks a few nodes, and a vector operation over every node would let the watch
     threads take the GIL from the event loop (numpy releases it above 500 elements)."""
-    if pod.host_ports or not COLUMNS_ONLY.issuperset(pod.resources):
+    slots, resources = needs(state, pod, state.names[i])
+    if pod.host_ports or not COLUMNS_ONLY.issuperset(resources):
         return not node_fit_reasons(state, pod, state.names[i])
     free = state.resource_room()
-    if free.pods[i] < 1:
+    if free.pods[i] < slots:
         return False
     room = free.room[i]
     for column, resource in enumerate(COLUMNS):
-        amount = pod.resources.get(resource, 0)
+        amount = resources.get(resource, 0)
         if amount > 0 and room[column] < amount:
             return False
     return True
@@ -88,12 +109,19 @@ def fits_node(state: ClusterState, pod: PodInfo, i: int) -> bool:
 def fit_mask(state: ClusterState, pod: PodInfo) -> BoolArray:
     """Per node (index order), whether NodePorts and NodeResourcesFit pass."""
     free = state.resource_room()
-    ok = free.pods >= 1
+    host = pod.host
+    hosted = _hosted(state, pod) if host is not None else None
+    ok = free.pods >= 1 if hosted is None else hosted | (free.pods >= 1)
     for column, resource in enumerate(COLUMNS):
         amount = pod.resources.get(resource, 0)
-        if amount > 0:
+        extra = host.get(resource, 0) if host is not None else 0
+        if hosted is not None and extra > 0:
+            need = np.where(hosted, amount, amount + extra)
+            ok &= (free.room[:, column] >= need) | (need <= 0)
+        elif amount > 0:
             ok &= free.room[:, column] >= amount
-    others = [r for r in pod.resources if r not in COLUMNS and pod.resources[r] > 0]
+    asked = {**(host or {}), **pod.resources}
+    others = [r for r in asked if r not in COLUMNS and asked[r] > 0]
     if others:
         for i in np.flatnonzero(ok):
             name = state.names[i]
@@ -101,7 +129,11 @@ def fit_mask(state: ClusterState, pod: PodInfo) -> BoolArray:
             if allocatable is None:
                 continue
             requested = state.pods.requested(name)
-            if any(pod.resources[r] > allocatable.get(r, 0) - requested.get(r, 0) for r in others):
+            resources = needs(state, pod, name)[1]
+            if any(
+                0 < resources.get(r, 0) > allocatable.get(r, 0) - requested.get(r, 0)
+                for r in others
+            ):
                 ok[i] = False
     if pod.host_ports:
         for name in state.pods.nodes_with_ports():
@@ -109,3 +141,13 @@ def fit_mask(state: ClusterState, pod: PodInfo) -> BoolArray:
             if i is not None and ok[i] and node_fit_reasons(state, pod, name) == [REASON_PORTS]:
                 ok[i] = False
     return ok
+
+
+def _hosted(state: ClusterState, pod: PodInfo) -> BoolArray:
+    """Per node (index order), whether the pod's namespace has a model host there."""
+    mask = np.zeros(len(state.names), np.bool_)
+    for name in state.pods.host_nodes(pod.namespace):
+        i = state.index.get(name)
+        if i is not None:
+            mask[i] = True
+    return mask

@@ -32,7 +32,14 @@ from common.contract import (
     validate_model_id,
     validate_residency,
 )
-from common.podresources import HostPort, host_ports, node_allocatable, pod_requests
+from common.podresources import (
+    MODEL_HOST_BASE,
+    MODEL_HOST_PER_MODEL,
+    HostPort,
+    host_ports,
+    node_allocatable,
+    pod_requests,
+)
 from common.quantity import QuantityError
 from common.tritonname import private_triton_name
 
@@ -212,6 +219,11 @@ class PodInfo:
     on_demand: bool = False
     """Residency `on-demand`: the model may be unloaded when idle (placed against the GPU's
     over-committed memory); False for `always`, the default."""
+    host: Mapping[str, int] | None = field(default=None, hash=False, compare=True)
+    """For a TritonModel replica (`as_replica`): the requests of the model host that serves it,
+    charged with one pod slot on a node only while its namespace has no replica there yet
+    (`binder.podindex`); `resources` is then the replica's own share. None for a pod, which
+    takes its own slot and its requests."""
     model_key: ModelKey = field(init=False, repr=False, compare=False, hash=False)
     """The (namespace, model id, revision) of which a node takes at most one pod; made once
     here, as placement reads it for every decision."""
@@ -252,6 +264,7 @@ class PodInfo:
             owner=self.owner,
             preemption_policy=self.preemption_policy,
             on_demand=self.on_demand,
+            host=self.host,
         )
 
     @property
@@ -272,6 +285,15 @@ class PodInfo:
     def terminated(self) -> bool:
         """Succeeded and Failed pods hold no GPU memory; a deleting pod still does until gone."""
         return self.phase in TERMINATED_PHASES
+
+
+def as_replica(pod: PodInfo) -> PodInfo:
+    """The pod as a TritonModel replica: placed by every rule a pod is (its GPU memory,
+    residency, node rules, labels for pod (anti-)affinity and topology spread, priority), but
+    holding no pod of its own: it asks its node for its share of its namespace's model host
+    (`MODEL_HOST_PER_MODEL`), and the host's own requests and pod slot (`MODEL_HOST_BASE`) are
+    charged once per (namespace, node). A replica has no host ports."""
+    return replace(pod, resources=dict(MODEL_HOST_PER_MODEL), host=MODEL_HOST_BASE, host_ports=())
 
 
 def parse_time(value: object) -> float | None:

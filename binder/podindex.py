@@ -4,6 +4,10 @@ at other pods read them.
 - Per node: the sum of its pods' requests, its pod count and its host ports (NodeResourcesFit,
   NodePorts): a node's room is its allocatable minus what every pod on it asks for, pods of
   other schedulers included.
+- TritonModel replicas (`PodInfo.host` set) count like pods everywhere below, each on its own,
+  but take no pod slot: per (namespace, node) their model host does, one slot and the host's
+  requests, charged with the namespace's first replica on the node and freed with its last;
+  each replica adds only its own share of requests.
 - Per namespace: its pods grouped by label set, each group with how many of its pods run on each
   node (InterPodAffinity, PodTopologySpread). Pods of one template share a label set, so a
   selector is matched against a namespace's few groups, not its many pods.
@@ -56,6 +60,7 @@ class _Entry:
     ports: tuple[HostPort, ...]
     affinity: PodAffinity
     deleting: bool
+    host: Mapping[str, int] | None
 
 
 class PodIndex:
@@ -66,6 +71,11 @@ class PodIndex:
         self._ports: dict[str, Counter[HostPort]] = {}
         self._groups: dict[str, dict[LabelsKey, LabelGroup]] = {}
         self._affinity: dict[tuple[str, PodAffinity], AffinityGroup] = {}
+        self._hosts: dict[str, Counter[str]] = {}
+        """Per namespace, its replicas on each node: a node listed has the namespace's host."""
+        self._host_charged: dict[tuple[str, str], Mapping[str, int]] = {}
+        """Per (namespace, node) with a host, the host requests charged to the node (freed
+        as charged, whatever a later replica says)."""
         self.changed_nodes: set[str] = set()
         """Nodes whose requests or pod count changed since the owner last read this (it
         refreshes its per-node arrays from them and clears it)."""
@@ -86,6 +96,7 @@ class PodIndex:
             pod.host_ports,
             pod.affinity,
             pod.deleting,
+            pod.host,
         )
         if self._pods.get(pod.uid) == entry:
             return
@@ -95,7 +106,16 @@ class PodIndex:
 
     def _count(self, entry: _Entry, labels: Labels) -> None:
         node = entry.node
-        self._counts[node] += 1
+        if entry.host is None:
+            self._counts[node] += 1
+        else:
+            replicas = self._hosts.setdefault(entry.namespace, Counter())
+            if not replicas[node]:
+                self._counts[node] += 1
+                self._host_charged[(entry.namespace, node)] = entry.host
+                if entry.host:
+                    self._requested.setdefault(node, Counter()).update(entry.host)
+            replicas[node] += 1
         if entry.requests:
             self._requested.setdefault(node, Counter()).update(entry.requests)
         if entry.ports:
@@ -122,14 +142,17 @@ class PodIndex:
         if entry is None:
             return
         node = entry.node
-        _decrement(self._counts, node)
-        if entry.requests:
-            requested = self._requested[node]
-            requested.subtract(entry.requests)
-            for resource in [r for r, v in requested.items() if v <= 0]:
-                del requested[resource]
-            if not requested:
-                del self._requested[node]
+        if entry.host is None:
+            _decrement(self._counts, node)
+        else:
+            replicas = self._hosts[entry.namespace]
+            _decrement(replicas, node)
+            if not replicas[node]:
+                _decrement(self._counts, node)
+                self._release(node, self._host_charged.pop((entry.namespace, node)))
+                if not replicas:
+                    del self._hosts[entry.namespace]
+        self._release(node, entry.requests)
         if entry.ports:
             ports = self._ports[node]
             ports.subtract(entry.ports)
@@ -153,6 +176,16 @@ class PodIndex:
             if not held.nodes:
                 del self._affinity[key]
         self.changed_nodes.add(node)
+
+    def _release(self, node: str, requests: Mapping[str, int]) -> None:
+        if not requests:
+            return
+        requested = self._requested[node]
+        requested.subtract(requests)
+        for resource in [r for r, v in requested.items() if v <= 0]:
+            del requested[resource]
+        if not requested:
+            del self._requested[node]
 
     def take(self, uid: str) -> object | None:
         """Remove a pod and return what was counted of it, for `put` to count again."""
@@ -182,7 +215,23 @@ class PodIndex:
         return self._requested.get(node, {})
 
     def pod_count(self, node: str) -> int:
+        """The pods on the node, a model host counted once however many replicas it serves."""
         return self._counts.get(node, 0)
+
+    # ---- model hosts ---------------------------------------------------------------------------
+
+    def has_host(self, namespace: str, node: str) -> bool:
+        """Whether the namespace has a model host on the node (a replica placed there)."""
+        replicas = self._hosts.get(namespace)
+        return replicas is not None and node in replicas
+
+    def host_nodes(self, namespace: str) -> Iterator[str]:
+        """The nodes where the namespace has a model host."""
+        return iter(self._hosts.get(namespace, ()))
+
+    def host_count(self) -> int:
+        """Model hosts in the cluster: (namespace, node) pairs with a replica."""
+        return len(self._host_charged)
 
     def nodes_with_ports(self) -> list[str]:
         """The nodes where some pod holds a host port."""

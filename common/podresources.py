@@ -2,6 +2,10 @@
 host ports. One reading shared by the binder (NodeResourcesFit, NodePorts) and the simulated
 kubelet's admission, so a binding the binder makes is judged by the same sums the kubelet uses.
 
+It also defines what a model host costs its node (`MODEL_HOST_BASE`, `MODEL_HOST_PER_MODEL`):
+one pod per (namespace, node) that serves every TritonModel replica of its namespace placed
+there, so the replicas take no pod slot of their own.
+
 A pod's request of a resource is the larger of (the sum over its app containers and its sidecars,
 the init containers with `restartPolicy: Always`) and, for each ordinary init container, its own
 request plus the sidecars started before it; then the pod overhead is added
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any
 
 from common.quantity import QuantityError, quantity_decimal
@@ -26,6 +31,17 @@ CPU, MEMORY, EPHEMERAL, PODS = "cpu", "memory", "ephemeral-storage", "pods"
 
 Resources = dict[str, int]
 """Resource name -> amount: millicores for cpu, whole units for the others."""
+
+MODEL_HOST_BASE: Mapping[str, int] = MappingProxyType({CPU: 250, MEMORY: 128 << 20})
+"""What a model host asks of its node before any model (250m CPU, 128Mi), besides its one pod
+slot: the requests of the one proxy it runs, the same as a model pod's proxy container."""
+MODEL_HOST_PER_MODEL: Mapping[str, int] = MappingProxyType({CPU: 5, MEMORY: 4 << 20})
+"""What each replica on a host adds to the host's requests (5m CPU, 4Mi). An idle model costs
+its host a concurrency limit, a queue, metrics series and a residency timer: well under 1 MiB
+of the proxy's memory and no CPU to speak of (a host of 100 idle models is meant to stay under
+150 MiB), so 4Mi leaves headroom for its in-flight requests' buffers, and 5m per model gives
+100 models half a core for health checks, scrapes and wakes. A model's traffic is scaled by
+its replicas, not by these requests."""
 
 
 _EMPTY: Mapping[str, Any] = {}
