@@ -2,10 +2,16 @@
 against the tail `on-demand` at a few over-commit factors, and what the tail pays in wakes.
 
 Placement runs through the binder's own placement core, as `benchmarks/density.py` drives it: a
-`ClusterState`, `place()` for each pod, its charge kept on the state; a one-GPU node (80 GiB, an
-A100's size, 0.5 GiB reserve) is added whenever a pod fits nowhere, so the GPUs a configuration
-opens are the GPUs it needs. All configurations place the same pods in the same (shuffled)
-order. The models outside the top `--always-share` by request rate are `on-demand`.
+`ClusterState`, `place()` for each model, its charge kept on the state; a node of `--node-shape`
+(`benchmarks.shapes`: GPUs, allocatable CPUs, memory and pods; 0.5 GiB reserve per GPU) is added
+whenever a model fits nowhere, so the GPUs of the nodes a configuration opens are the GPUs it
+needs, and the binder's reasons for the model that fitted no node say which resource ran out
+first (GPU memory, pods, CPU). `--as pods`: each model is a pod with the requests the webhook
+writes; `--as tritonmodels`: each is a TritonModel replica, with no pod of its own, charged its
+share of its namespace's model host, and the host one pod slot and a proxy's requests per
+(namespace, node) (`binder.model.as_replica`). The models belong to `--namespaces` namespaces.
+All configurations place the same models in the same (shuffled) order. The models outside the
+top `--always-share` by request rate are `on-demand`.
 
 Traffic (seeded): each model's rate follows a Zipf law whose exponent is chosen so the top 20 %
 of models take `--top-share` of requests; the total rate swings over a day (a sine, peak
@@ -21,13 +27,14 @@ sleeping and waking on the simulated cluster with a real Triton on the CPU, besi
 model, for the wake latency and the always model's p99 while others wake against its p99 alone.
 The closing line:
 
-    residency: GPUs all-always X, with the tail on-demand Y (R.Rx fewer); wake p50/p99 A/B s;
-    always p99 C.Cx alone
+    residency: GPUs all-always X, with the tail on-demand Y (R.Rx fewer); SHAPE nodes as pods,
+    bound by B (all-always) and T (tail); wake p50/p99 A/B s; always p99 C.Cx alone
 
 `--quick` shrinks both halves (300 models, half an hour replayed; 2 on-demand models, 2 rounds).
 
-Run: .venv/bin/python -m benchmarks.residency [--quick] [--no-live] [--live-models 3
-     --rounds 10 --idle-seconds 2 --alone-seconds 10]
+Run: .venv/bin/python -m benchmarks.residency [--quick] [--no-live] [--node-shape
+     8xA100-80GB:96:110] [--as pods|tritonmodels] [--live-models 3 --rounds 10
+     --idle-seconds 2 --alone-seconds 10]
 """
 
 from __future__ import annotations
@@ -36,28 +43,31 @@ import argparse
 import math
 import random
 import tempfile
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import command_line, residency_live
+from benchmarks import command_line, residency_live, shapes
 from benchmarks import results as results_page
-from binder.model import Gpu, NodeInfo, PodInfo
+from binder.model import PodInfo, as_replica
 from binder.placement import Placement, place
 from binder.state import ClusterState
 
 GI = 1 << 30
-GPU_MEMORY = 80 * GI
 RESERVE = GI // 2
 NOW = 1_000_000.0
 DAY = 86_400.0
+DEFAULT_SHAPE = "8xA100-80GB:96:110"
+AS = ("pods", "tritonmodels")
 
 
 @dataclass(frozen=True)
 class Model:
     name: str
+    namespace: str
     size: int
     rate: float
     """Mean requests per second."""
@@ -90,43 +100,64 @@ def fleet(args: argparse.Namespace, on_demand_tail: bool) -> list[Model]:
         # 0.5 to 16 GiB, log-uniform: the sizes of most served models (density.py's first bands).
         size = int(GI * math.exp(rng.uniform(math.log(0.5), math.log(16))))
         rate = args.rate * weights[rank] / total
-        models.append(Model(f"m{rank:05d}", size, rate, on_demand_tail and rank >= always))
+        namespace = f"team-{rank % args.namespaces:02d}"
+        on_demand = on_demand_tail and rank >= always
+        models.append(Model(f"m{rank:05d}", namespace, size, rate, on_demand))
     rng.shuffle(models)
     return models
 
 
-def pack(models: list[Model], factor: float) -> dict[str, str]:
-    """Each model's GPU (one-GPU nodes, added while a pod fits nowhere)."""
+@dataclass(frozen=True)
+class Packed:
+    where: dict[str, str]
+    """Each model's GPU (its UUID)."""
+    gpus: int
+    """GPUs of the nodes opened."""
+    used: int
+    """Of those, the GPUs that hold a model."""
+    hosts: int
+    """Model hosts (for `--as tritonmodels`; 0 for pods)."""
+    refused: Counter[str]
+    """For the models that fitted no node opened before them: how many each resource refused
+    (a model refused by several resources counts for each)."""
+
+
+def pack(models: list[Model], factor: float, shape: shapes.NodeShape, as_: str) -> Packed:
+    """Each model's GPU, on nodes of `shape` added while a model fits nowhere."""
     state = ClusterState(reserve=RESERVE)
     where: dict[str, str] = {}
+    refused: Counter[str] = Counter()
+    requests = shapes.model_pod_requests()
 
     def add_node() -> None:
         name = f"node-{len(state.nodes):05d}"
-        gpu = Gpu(f"GPU-{name}", 0, "A100-80GB", GPU_MEMORY, True)
-        state.set_node(
-            NodeInfo(name, {"kubernetes.io/hostname": name}, gpus=(gpu,), overcommit=factor)
-        )
+        state.set_node(shape.node(name, overcommit=factor))
         state.set_lease(name, NOW + DAY)
 
     add_node()
     for model in models:
         pod = PodInfo(
             uid=f"uid-{model.name}",
-            namespace="models",
+            namespace=model.namespace,
             name=model.name,
             scheduler_name="tritonshare",
             request=model.size,
             model_id=model.name,
+            resources=requests,
             on_demand=model.on_demand,
         )
+        if as_ == "tritonmodels":
+            pod = as_replica(pod)
         decision = place(state, pod, now=NOW)
         if not isinstance(decision, Placement):
+            refused.update(shapes.resources_refused(decision.reasons))
             add_node()
             decision = place(state, pod, now=NOW)
         assert isinstance(decision, Placement), decision
-        state.set_pod(pod.bound(decision.node, decision.gpu.uuid, ""))
-        where[model.name] = decision.node
-    return where
+        state.assume(pod, decision.node, decision.gpu.uuid)
+        where[model.name] = decision.gpu.uuid
+    gpus = len(state.nodes) * shape.gpus
+    return Packed(where, gpus, len(set(where.values())), state.pods.host_count(), refused)
 
 
 @dataclass(frozen=True)
@@ -149,7 +180,7 @@ def replay(models: list[Model], where: dict[str, str], args: argparse.Namespace)
     times = np.sort(times[keep])
     probabilities = np.array([m.rate for m in models]) / mean
     chosen = rng.choice(len(models), size=times.size, p=probabilities)
-    usable = GPU_MEMORY - RESERVE
+    usable = args.node_shape.gpu_memory - RESERVE
     always_held: dict[str, int] = {}
     for model in models:
         if not model.on_demand:
@@ -187,9 +218,11 @@ def main() -> None:
         "residency",
         (
             "Measures the GPUs a fleet of --models models needs with every model always against "
-            "the tail on-demand at each of --factors, through the binder's placement core, and "
-            "replays --hours of traffic with an LRU eviction per GPU for the wake rate and the "
-            "share of requests that waited for a wake."
+            "the tail on-demand at each of --factors, through the binder's placement core on "
+            "nodes of --node-shape, the models placed --as pods or TritonModel replicas, and "
+            "which resource bound the placement; and replays --hours of traffic with an LRU "
+            "eviction per GPU for the wake rate and the share of requests that waited for a "
+            "wake."
         ),
     )
     parser.add_argument("--models", type=int, default=2000)
@@ -201,6 +234,21 @@ def main() -> None:
     parser.add_argument("--busy", type=float, default=1.0, help="seconds a model stays busy")
     parser.add_argument("--factors", default="1,2,3,4,6", help="over-commit factors to compare")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--node-shape",
+        type=_shape,
+        default=shapes.parse_shape(DEFAULT_SHAPE),
+        metavar="GPUSxMODEL:CPUS:PODS",
+        help=f"the nodes added ({DEFAULT_SHAPE}; also {', '.join(shapes.NAMED_SHAPES[1:])})",
+    )
+    parser.add_argument(
+        "--as",
+        dest="as_",
+        choices=AS,
+        default="pods",
+        help="each model a pod, or a TritonModel replica on its namespace's host (pods)",
+    )
+    parser.add_argument("--namespaces", type=int, default=50, help="the models' namespaces")
     parser.add_argument("--no-live", action="store_true", help="the placement simulation only")
     parser.add_argument("--live-models", type=int, default=3, help="on-demand pods, live (3)")
     parser.add_argument("--rounds", type=int, default=10, help="wakes of each, live (10)")
@@ -218,8 +266,10 @@ def main() -> None:
     if args.quick:
         args.models, args.hours, args.factors, args.rate = 300, 0.5, "1,3", 20.0
         args.live_models, args.rounds, args.idle_seconds, args.alone_seconds = 2, 2, 1.0, 3.0
+    if args.namespaces < 1:
+        parser.error(f"--namespaces {args.namespaces}: give at least 1")
     with results_page.captured() as printed:
-        base_gpus, tail_gpus = run(args)
+        base_gpus, tail_gpus, bound = run(args)
         if args.no_live:
             live_figures = ""
         else:
@@ -236,45 +286,80 @@ def main() -> None:
             live_figures = f"; wake p50/p99 {p50:.2f}/{p99:.2f} s; always p99 {ratio:.1f}x alone"
         print(
             f"residency: GPUs all-always {base_gpus}, with the tail on-demand {tail_gpus} "
-            f"({base_gpus / tail_gpus:.1f}x fewer){live_figures}"
+            f"({base_gpus / tail_gpus:.1f}x fewer); {args.node_shape} nodes as {args.as_}, "
+            f"bound by {bound}{live_figures}"
         )
     if args.write_results is not None:
         results_page.record("residency", printed.getvalue(), page=args.write_results)
 
 
-def run(args: argparse.Namespace) -> tuple[int, int]:
-    """The placement simulation; (GPUs all always, GPUs with the tail on-demand at best)."""
+def _shape(text: str) -> shapes.NodeShape:
+    try:
+        return shapes.parse_shape(text)
+    except shapes.ShapeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def run(args: argparse.Namespace) -> tuple[int, int, str]:
+    """The placement simulation; (GPUs all always, GPUs with the tail on-demand at best, what
+    bound each)."""
+    shape: shapes.NodeShape = args.node_shape
     print(
-        f"{args.models} models, 0.5-16 GiB log-uniform, top 20 % take {args.top_share:.0%} of "
-        f"{args.rate:g} requests/s (diurnal swing {args.swing:.0%}); 80 GiB GPUs; "
-        f"{args.hours:g} h replayed; seed {args.seed}"
+        f"{args.models} models in {args.namespaces} namespaces, 0.5-16 GiB log-uniform, top 20 % "
+        f"take {args.top_share:.0%} of {args.rate:g} requests/s (diurnal swing "
+        f"{args.swing:.0%}); {args.hours:g} h replayed; seed {args.seed}"
     )
-    tail = fleet(args, on_demand_tail=True)
+    each = (
+        "a pod with the webhook's requests, " + _requests(shapes.model_pod_requests())
+        if args.as_ == "pods"
+        else "a TritonModel replica on its namespace's model host"
+    )
+    print(f"nodes {shape}: {shape.describe()}; each model {each}")
+    usable = shape.gpu_memory - RESERVE
+    tail = [m for m in fleet(args, on_demand_tail=True) if m.size <= usable]
+    if len(tail) < args.models:
+        print(f"{args.models - len(tail)} models larger than one GPU left out")
     tail_share = sum(m.rate for m in tail if m.on_demand) / sum(m.rate for m in tail)
     print(
         f"the on-demand tail (models outside the top {args.always_share:.0%} by rate) takes "
         f"{100 * tail_share:.2f} % of requests"
     )
-    baseline = fleet(args, on_demand_tail=False)
-    base_gpus = len(set(pack(baseline, 1.0).values()))
-    print(f"{'configuration':<36}{'GPUs':>6}{'wakes/h':>10}{'requests that waited':>22}")
-    print(f"{'all always (baseline)':<36}{base_gpus:>6}{0:>10}{'0.000 %':>22}")
+    always = [m for m in fleet(args, on_demand_tail=False) if m.size <= usable]
+    baseline = pack(always, 1.0, shape, args.as_)
+    print(
+        f"{'configuration':<36}{'GPUs':>6}{'in use':>8}{'hosts':>7}{'wakes/h':>10}"
+        f"{'requests that waited':>22}  bound by (models that fitted no node)"
+    )
+    _row("all always (baseline)", baseline, 0.0, 0.0)
     summary = []
     for factor in (float(f) for f in args.factors.split(",")):
-        where = pack(tail, factor)
-        gpus = len(set(where.values()))
-        played = replay(tail, where, args)
+        packed = pack(tail, factor, shape, args.as_)
+        played = replay(tail, packed.where, args)
         waited = 100 * played.wakes / max(played.requests, 1)
-        label = f"tail on-demand, over-commit {factor:g}"
-        print(f"{label:<36}{gpus:>6}{played.wakes / played.hours:>10.0f}{waited:>20.3f} %")
-        summary.append((factor, gpus, waited))
-    best = min(summary, key=lambda item: (item[1], item[0]))
+        _row(f"tail on-demand, over-commit {factor:g}", packed, played.wakes / played.hours, waited)
+        summary.append((factor, packed, waited))
+    factor, best, waited = min(summary, key=lambda item: (item[1].gpus, item[0]))
+    base_gpus = baseline.gpus
     print(
-        f"simulation: GPUs all-always {base_gpus}, with the tail on-demand {best[1]} "
-        f"({base_gpus / best[1]:.1f}x fewer) at over-commit {best[0]:g}; "
-        f"{best[2]:.3f} % of requests waited for a wake"
+        f"simulation: GPUs all-always {base_gpus}, with the tail on-demand {best.gpus} "
+        f"({base_gpus / best.gpus:.1f}x fewer) at over-commit {factor:g}; "
+        f"{waited:.3f} % of requests waited for a wake"
     )
-    return base_gpus, best[1]
+    bound = f"{shapes.binding(baseline.refused)} (all-always) and {shapes.binding(best.refused)}"
+    return base_gpus, best.gpus, f"{bound} (tail)"
+
+
+def _row(label: str, packed: Packed, wakes: float, waited: float) -> None:
+    refused = ", ".join(f"{r} {n}" for r, n in sorted(packed.refused.items())) or "-"
+    print(
+        f"{label:<36}{packed.gpus:>6}{packed.used:>8}{packed.hosts:>7}{wakes:>10.0f}"
+        f"{waited:>20.3f} %  {shapes.binding(packed.refused)} ({refused})"
+    )
+
+
+def _requests(resources: Mapping[str, int]) -> str:
+    cpu, memory = resources.get("cpu", 0), resources.get("memory", 0)
+    return f"{cpu}m CPU, {memory >> 20}Mi"
 
 
 if __name__ == "__main__":

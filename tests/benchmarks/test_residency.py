@@ -6,6 +6,7 @@ half's figures read from what it measured (its run on the simulated cluster is t
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from benchmarks import residency, residency_live
 def test_a_small_fleet_needs_fewer_gpus_with_its_tail_on_demand(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["residency", "--quick", "--no-live"]
+    argv = ["residency", "--quick", "--no-live", "--node-shape", "1xA100-80GB:96:110"]
     monkeypatch.setattr("sys.argv", argv)
     residency.main()
     out = capsys.readouterr().out
@@ -37,8 +38,68 @@ def test_a_small_fleet_needs_fewer_gpus_with_its_tail_on_demand(
     assert 0 < float(match[4]) <= 5.0  # only the tail's requests (5 %) can wait
     assert closing == (
         f"residency: GPUs all-always {always}, with the tail on-demand {factor_3} "
-        f"({always / factor_3:.1f}x fewer)"
+        f"({always / factor_3:.1f}x fewer); 1xA100-80GB:96:110 nodes as pods, bound by GPU "
+        f"memory (all-always) and GPU memory (tail)"
     )
+
+
+def _residency(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: Any) -> str:
+    """The simulation of a small fleet (120 models in 5 namespaces, 6 minutes replayed)."""
+    small = ["--models", "120", "--namespaces", "5", "--hours", "0.1", "--factors", "3"]
+    monkeypatch.setattr("sys.argv", ["residency", "--no-live", *small, *argv])
+    residency.main()
+    out: str = capsys.readouterr().out
+    return out.strip().splitlines()[-1]
+
+
+CLOSING = re.compile(
+    r"residency: GPUs all-always (\d+), with the tail on-demand (\d+) \(\d+\.\dx fewer\); "
+    r"(\S+) nodes as (pods|tritonmodels), bound by (.+) \(all-always\) and (.+) \(tail\)"
+)
+
+
+def test_pods_bind_before_gpu_memory_where_the_node_has_few_slots_and_replicas_do_not(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shape = ["--node-shape", "8xA100-80GB:96:20"]
+    as_pods = CLOSING.fullmatch(_residency(shape, monkeypatch, capsys))
+    assert as_pods is not None
+    assert as_pods.groups()[2:] == ("8xA100-80GB:96:20", "pods", "pods", "pods")
+    assert int(as_pods[1]) == int(as_pods[2]) == 6 * 8, "120 pods need 6 nodes of 20 slots"
+    argv = [*shape, "--as", "tritonmodels"]
+    as_replicas = CLOSING.fullmatch(_residency(argv, monkeypatch, capsys))
+    assert as_replicas is not None, "5 namespaces: at most 5 hosts a node"
+    assert as_replicas.groups()[3:] == ("tritonmodels", "nothing", "nothing")
+    assert int(as_replicas[1]) == int(as_replicas[2]) == 8, "one node holds them all"
+
+
+def test_cpu_binds_where_the_node_has_few_cpus_for_the_webhook_s_requests(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--node-shape", "8xA100-80GB:2:110"]
+    closing = CLOSING.fullmatch(_residency(argv, monkeypatch, capsys))
+    assert closing is not None and closing.groups()[4:] == ("CPU", "CPU")
+    assert int(closing[1]) == 15 * 8, "250m each: 8 pods a node"
+
+
+@pytest.mark.parametrize(
+    ("shape", "says"),
+    [
+        ("8xA100:96", "is not GPUSxMODEL:CPUS:PODS; write GPUSxMODEL:CPUS:PODS, such as"),
+        ("8xB200-192GB:96:110", "unknown GPU model 'B200-192GB'; use one of A100-80GB"),
+        ("0xT4:4:29", "GPUs, CPUs and pods must each be at least 1"),
+        ("1xT4:1:400", "leave no memory after kubelet's reservations for 400 pods"),
+    ],
+)
+def test_a_bad_node_shape_is_refused_saying_what_to_write(
+    shape: str, says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["residency", "--no-live", "--node-shape", shape])
+    with pytest.raises(SystemExit) as exited:
+        residency.main()
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"argument --node-shape: node shape {shape!r}" in error and says in error
 
 
 TRITON_LOG = """\
