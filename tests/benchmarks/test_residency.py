@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import residency, residency_live
+from benchmarks import model_hosts, residency, residency_live
 
 
 def test_a_small_fleet_needs_fewer_gpus_with_its_tail_on_demand(
@@ -134,3 +134,19 @@ def test_the_live_report_sets_the_always_p99_beside_its_own_alone() -> None:
     assert (p50, p99) == (1.2, 1.4) and ratio == pytest.approx(1.5)
     assert "(target p99 1.5 s: met)" in lines[0]
     assert "1.50x (target 1.2x: NOT met)" in lines[1]
+
+
+def test_model_hosts_places_every_replica_with_one_host_per_namespace_and_node(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["model_hosts", "--models", "40", "--namespaces", "3", "--nodes", "4"]
+    monkeypatch.setattr("sys.argv", [*argv, "--node-shape", "8xL4:32:4"])
+    model_hosts.main()
+    out = capsys.readouterr().out
+    placed = re.search(r"^placed (\d+), refused (\d+); on (\d+) nodes: (\d+) hosts", out, re.M)
+    assert placed is not None, out
+    assert (int(placed[1]), int(placed[2])) == (80, 0)
+    nodes, hosts = int(placed[3]), int(placed[4])
+    # 80 replicas of 0.5-16 GiB fill more than one node of 8 L4s; a host per namespace on each.
+    assert 1 < nodes <= 4 and hosts == 3 * nodes
+    assert re.search(r"^model_hosts: [\d,]+ replicas/s, \d+\.\d{3} ms of binder CPU", out, re.M)

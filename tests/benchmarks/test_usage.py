@@ -14,6 +14,7 @@ BENCHMARKS = (
     "binder_placement",
     "density",
     "held_bytes",
+    "model_hosts",
     "noisy_neighbour",
     "proxy_framing",
     "proxy_hotpath",
