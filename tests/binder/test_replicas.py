@@ -5,7 +5,10 @@ its share. Pod (anti-)affinity and topology spread count each replica."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
+
+import pytest
 
 from binder.model import PodInfo, as_replica, pod_from_api
 from binder.placement import Placement, Unschedulable, place
@@ -192,3 +195,26 @@ def test_the_host_s_base_is_the_proxy_s_requests_the_webhook_writes() -> None:
     [proxy] = [c for c in containers if c["name"] == "proxy"]
     requests = pod_from_api({"spec": {"containers": [proxy]}}, KEYS).resources
     assert requests == dict(MODEL_HOST_BASE)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_index_and_the_whole_class_scan_judge_replicas_alike(seed: int) -> None:
+    # Tight slots and CPU: hosts run out on some nodes first, shares on others.
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(8):
+        cpu = HOST_CPU + rng.randint(0, 4) * SHARE_CPU + rng.choice([0, HOST_CPU])
+        allocatable = {"cpu": f"{cpu}m", "memory": "64Gi", "pods": str(rng.randint(1, 3))}
+        nodes.append(node_obj(f"n{i}", [24 * GI, 24 * GI], allocatable=allocatable))
+    state = cluster(*nodes)
+    outcomes = set()
+    for i in range(60):
+        pod = replica(f"r{i}", namespace=f"ns{rng.randint(0, 3)}", mem=f"{rng.randint(1, 8)}Gi")
+        decisions = [place(state, pod, now=NOW, scan_budget=b) for b in (0, None, 256)]
+        assert decisions[0] == decisions[1] == decisions[2], pod.name
+        if isinstance(decisions[0], Placement):
+            state.assume(pod, decisions[0].node, decisions[0].gpu.uuid)
+            outcomes.add("placed")
+        else:
+            outcomes.update(decisions[0].reasons)
+    assert {"placed", "Too many pods", "Insufficient cpu"} <= outcomes
