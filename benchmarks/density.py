@@ -8,7 +8,13 @@ drives it: a `ClusterState`, `place()` for each decision, `assume()` to charge t
 
 The cluster (seeded; `--scale` multiplies the node counts): T4 nodes (16 GiB GPUs) and L4 nodes
 (24 GiB) with 1 to 4 GPUs each, A100 nodes (80 GiB) with 8; a 0.5 GiB reserve per GPU, as the
-other binder benchmarks use.
+other binder benchmarks use. Each node has the allocatable CPUs, memory and pods of its node
+shape (`benchmarks.shapes`): a one-GPU node 4 CPUs (g4dn.xlarge, g6.xlarge), a T4 one 29 pods
+(EKS's VPC CNI on g4dn.xlarge); a node of 2 to 4 T4s or L4s 12 CPUs a GPU (g4dn.12xlarge,
+g2-standard-48); the A100 nodes 8xA100-80GB:96:110; 110 pods where not said. Each replica asks
+what the webhook writes (`benchmarks.shapes.model_pod_requests`) beside its GPU memory, and the
+models belong to 50 namespaces. Every rule below filters by the binder's NodeResourcesFit
+(`binder.fit`); the first-fit-decreasing repack and the lower bound count GPU memory only.
 
 The fleet (seeded; each model gets 1 to 3 replicas, uniformly), sizes drawn log-uniformly in each
 band. The bands stand for public models' sizes (parameters times bytes per parameter, plus
@@ -70,16 +76,17 @@ import random
 import time
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
 
-from benchmarks import command_line
+from benchmarks import command_line, shapes
 from benchmarks import results as results_page
 from binder.consolidation import Cooldowns, plan
-from binder.model import Constraints, Gpu, NodeInfo, PodInfo, constraints_from_spec
+from binder.fit import fit_mask
+from binder.model import Constraints, NodeInfo, PodInfo, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
 from binder.state import ClusterState, IntArray
 
@@ -89,6 +96,19 @@ NOW = 1_000_000.0
 KINDS = {"t4": 16 * GI, "l4": 24 * GI, "a100": 80 * GI}
 NODES = {"t4": 320, "l4": 200, "a100": 20}
 """Nodes of each kind at scale 1 (T4 and L4: 1-4 GPUs each, A100: 8)."""
+NAMESPACES = 50
+
+
+def node_shape(kind: str, gpus: int) -> shapes.NodeShape:
+    """The node shape of a node of `gpus` GPUs of `kind` (the module's docstring says why)."""
+    if kind == "a100":
+        return shapes.parse_shape(f"{gpus}xA100-80GB:{12 * gpus}:110")
+    model = {"t4": "T4", "l4": "L4"}[kind]
+    if gpus == 1:
+        return shapes.parse_shape(f"1x{model}:4:{29 if kind == 't4' else 110}")
+    return shapes.parse_shape(f"{gpus}x{model}:{12 * gpus}:110")
+
+
 BANDS = (
     ("small", 0.70, 0.5, 4.0, False),
     ("medium", 0.20, 4.0, 12.0, False),
@@ -139,8 +159,7 @@ def make_cluster(scale: float, seed: int) -> Cluster:
         for i in range(max(1, round(count * scale))):
             name = f"{kind}-{i:04d}"
             gpus = 8 if kind == "a100" else rng.randint(1, 4)
-            listing = tuple(Gpu(f"GPU-{name}-{g}", g, kind, KINDS[kind], True) for g in range(gpus))
-            nodes.append(NodeInfo(name, labels={"gpu": kind}, gpus=listing))
+            nodes.append(node_shape(kind, gpus).node(name, labels={"gpu": kind}))
     return Cluster(tuple(nodes))
 
 
@@ -153,16 +172,18 @@ class Deployment:
 
     def pods(self) -> list[PodInfo]:
         constraints = PINNED if self.band == "llm" else Constraints()
+        namespace = f"team-{zlib.crc32(self.model.encode()) % NAMESPACES:02d}"
         return [
             PodInfo(
                 uid=f"{self.model}-{r}",
-                namespace="models",
+                namespace=namespace,
                 name=f"{self.model}-{r}",
                 scheduler_name="tritonshare",
                 request=self.request,
                 model_id=self.model,
                 constraints=constraints,
                 controlled=True,
+                resources=shapes.model_pod_requests(),
             )
             for r in range(self.replicas)
         ]
@@ -201,11 +222,11 @@ def fresh_state(cluster: Cluster) -> ClusterState:
 
 
 def eligible_nodes(state: ClusterState, pod: PodInfo) -> IntArray:
-    """The pod's class's nodes (numpy indices) with a block big enough, a live agent, and no
-    replica of its model revision."""
+    """The pod's class's nodes (numpy indices) with a block big enough, a live agent, room for
+    the pod's requests and slot (NodeResourcesFit), and no replica of its model revision."""
     nodes = state.constraint_class(pod.constraints).nodes
     ok = (state.max_free[nodes] >= pod.request) & (state.lease_expiry[nodes] > NOW)
-    ok &= ~state.model_mask(pod.model_key)[nodes]
+    ok &= ~state.model_mask(pod.model_key)[nodes] & fit_mask(state, pod)[nodes]
     return nodes[ok]
 
 
@@ -568,18 +589,24 @@ class Churned:
 
 
 def cause(state: ClusterState, pod: PodInfo) -> str:
-    """Why a pod fits nowhere: no single GPU block only because of one-replica-per-node, no block
-    although the eligible nodes have the memory in total (fragmentation), or no room."""
+    """Why a pod fits nowhere: a GPU block only on nodes without room for its requests or slot
+    (node resources), only on nodes with a replica of its model (one replica per node), no
+    block although the eligible nodes have the memory in total (fragmentation), or no room."""
     cls = state.constraint_class(pod.constraints)
     has_model = state.model_mask(pod.model_key)
+    fits = fit_mask(state, pod)
     total = 0
-    blocked_by_model = False
+    blocked_by_model = blocked_by_resources = False
     for i in cls.nodes.tolist():
         frees = state.gpu_free(state.names[i])
-        if has_model[i]:
+        if not fits[i]:
+            blocked_by_resources |= max(frees, default=0) >= pod.request
+        elif has_model[i]:
             blocked_by_model |= max(frees, default=0) >= pod.request
         else:
             total += sum(frees)
+    if blocked_by_resources:
+        return "node resources"
     if blocked_by_model:
         return "one replica per node"
     return "fragmentation" if total >= pod.request else "no room"
@@ -715,6 +742,7 @@ def report_churn(cluster: Cluster, results: dict[str, Churned]) -> None:
             lambda r: f"{r.refusals['fragmentation']} ({r.refused_gib['fragmentation']} GiB)",
         ),
         ("  for one replica per node", lambda r: f"{r.refusals['one replica per node']}"),
+        ("  for node resources (pods, CPU)", lambda r: f"{r.refusals['node resources']}"),
         ("big-model replicas arrived", lambda r: f"{r.big_arrivals}"),
         ("  refused", lambda r: f"{r.big_refused}"),
         ("  refused, FFD repack would place", lambda r: f"{r.big_repackable}"),
@@ -788,6 +816,12 @@ def run(args: argparse.Namespace) -> None:
         f"({', '.join(f'{kinds[k]} {k}' for k in KINDS)}), "
         f"{cluster.usable() / GI:,.0f} GiB usable (0.5 GiB reserve per GPU)"
     )
+    counted = Counter(str(node_shape(cluster.kind(n), len(n.gpus))) for n in cluster.nodes)
+    print(
+        f"node shapes: {', '.join(f'{count} {shape}' for shape, count in sorted(counted.items()))}"
+        f"; each replica {_requests(shapes.model_pod_requests())} (the webhook's), "
+        f"in {NAMESPACES} namespaces"
+    )
     static(cluster, args.models, args.seed)
     events = make_events(cluster, args.load, args.lifetime, args.lifetimes, args.seed + 2)
     print(
@@ -802,6 +836,10 @@ def run(args: argparse.Namespace) -> None:
     )
     report_churn(cluster, results)
     print(f"\nran in {time.perf_counter() - started:.0f} s")
+
+
+def _requests(resources: Mapping[str, int]) -> str:
+    return f"{resources.get('cpu', 0)}m CPU, {resources.get('memory', 0) >> 20}Mi"
 
 
 if __name__ == "__main__":

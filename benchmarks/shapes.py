@@ -89,13 +89,15 @@ class NodeShape:
             f"{self.memory / GI:.0f} GiB, {self.pods} pods allocatable"
         )
 
-    def node(self, name: str, *, overcommit: float = 1.0) -> NodeInfo:
+    def node(
+        self, name: str, *, overcommit: float = 1.0, labels: Mapping[str, str] | None = None
+    ) -> NodeInfo:
         gpus = tuple(
             Gpu(f"GPU-{name}-{i}", i, self.model, self.gpu_memory, True) for i in range(self.gpus)
         )
-        labels = {"kubernetes.io/hostname": name}
+        labelled = {"kubernetes.io/hostname": name, **(labels or {})}
         return NodeInfo(
-            name, labels, gpus=gpus, allocatable=self.allocatable, overcommit=overcommit
+            name, labelled, gpus=gpus, allocatable=self.allocatable, overcommit=overcommit
         )
 
 
