@@ -13,8 +13,10 @@ shape (`benchmarks.shapes`): a one-GPU node 4 CPUs (g4dn.xlarge, g6.xlarge), a T
 (EKS's VPC CNI on g4dn.xlarge); a node of 2 to 4 T4s or L4s 12 CPUs a GPU (g4dn.12xlarge,
 g2-standard-48); the A100 nodes 8xA100-80GB:96:110; 110 pods where not said. Each replica asks
 what the webhook writes (`benchmarks.shapes.model_pod_requests`) beside its GPU memory, and the
-models belong to 50 namespaces. Every rule below filters by the binder's NodeResourcesFit
-(`binder.fit`); the first-fit-decreasing repack and the lower bound count GPU memory only.
+models belong to 50 namespaces; `--as tritonmodels` makes each replica a TritonModel replica
+on its namespace's model host instead (`binder.model.as_replica`). Every rule below filters by
+the binder's NodeResourcesFit (`binder.fit`); the first-fit-decreasing repack and the lower
+bound count GPU memory only.
 
 The fleet (seeded; each model gets 1 to 3 replicas, uniformly), sizes drawn log-uniformly in each
 band. The bands stand for public models' sizes (parameters times bytes per parameter, plus
@@ -86,7 +88,7 @@ from benchmarks import command_line, shapes
 from benchmarks import results as results_page
 from binder.consolidation import Cooldowns, plan
 from binder.fit import fit_mask
-from binder.model import Constraints, NodeInfo, PodInfo, constraints_from_spec
+from binder.model import Constraints, NodeInfo, PodInfo, as_replica, constraints_from_spec
 from binder.placement import MAX_SCORE, Placement, place
 from binder.state import ClusterState, IntArray
 
@@ -169,11 +171,13 @@ class Deployment:
     band: str
     request: int
     replicas: int
+    hosted: bool = False
+    """TritonModel replicas on their namespace's model hosts (`--as tritonmodels`), not pods."""
 
     def pods(self) -> list[PodInfo]:
         constraints = PINNED if self.band == "llm" else Constraints()
         namespace = f"team-{zlib.crc32(self.model.encode()) % NAMESPACES:02d}"
-        return [
+        pods = [
             PodInfo(
                 uid=f"{self.model}-{r}",
                 namespace=namespace,
@@ -187,9 +191,10 @@ class Deployment:
             )
             for r in range(self.replicas)
         ]
+        return [as_replica(pod) for pod in pods] if self.hosted else pods
 
 
-def make_deployment(rng: random.Random, model: str) -> Deployment:
+def make_deployment(rng: random.Random, model: str, hosted: bool = False) -> Deployment:
     roll, band = rng.random(), BANDS[-1]
     for candidate in BANDS:
         if roll < candidate[1]:
@@ -198,7 +203,7 @@ def make_deployment(rng: random.Random, model: str) -> Deployment:
         roll -= candidate[1]
     name, _, low, high, _ = band
     size = math.exp(rng.uniform(math.log(low), math.log(high)))
-    return Deployment(model, name, int(size * 4) * GI // 4, rng.randint(1, 3))
+    return Deployment(model, name, int(size * 4) * GI // 4, rng.randint(1, 3), hosted)
 
 
 def mean_bytes(rng: random.Random, samples: int = 20000) -> float:
@@ -467,9 +472,9 @@ def whole_gpu(request: int) -> int:
     return min(size for size in KINDS.values() if size - RESERVE >= request)
 
 
-def static(cluster: Cluster, models: int, seed: int) -> None:
+def static(cluster: Cluster, models: int, seed: int, hosted: bool) -> None:
     rng = random.Random(seed)
-    fleet = [make_deployment(rng, f"m{i:05d}") for i in range(models)]
+    fleet = [make_deployment(rng, f"m{i:05d}", hosted) for i in range(models)]
     pods = [p for d in fleet for p in d.pods()]
     rng.shuffle(pods)
     requested = sum(p.request for p in pods)
@@ -545,7 +550,7 @@ class Events:
 
 
 def make_events(
-    cluster: Cluster, load: float, lifetime: float, lifetimes: float, seed: int
+    cluster: Cluster, load: float, lifetime: float, lifetimes: float, seed: int, hosted: bool
 ) -> Events:
     rng = random.Random(seed)
     rate = load * cluster.usable() / (lifetime * mean_bytes(random.Random(seed + 1)))
@@ -556,7 +561,7 @@ def make_events(
         t += rng.expovariate(rate)
         if t >= end:
             break
-        d = make_deployment(rng, f"c{i:06d}")
+        d = make_deployment(rng, f"c{i:06d}", hosted)
         arrivals.append((t, t + rng.expovariate(1 / lifetime), d))
         i += 1
     samples = [lifetime + lifetime * lifetimes * (k + 1) / 20 for k in range(20)]
@@ -795,6 +800,13 @@ def main() -> None:
     parser.add_argument("--lifetimes", type=float, default=4.0, help="measured, after warm-up")
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument(
+        "--as",
+        dest="as_",
+        choices=("pods", "tritonmodels"),
+        default="pods",
+        help="each replica a pod, or a TritonModel replica on its namespace's host (pods)",
+    )
+    parser.add_argument(
         "--no-repack-check",
         action="store_true",
         help="skip the FFD repack run for each refused big-model replica",
@@ -817,13 +829,18 @@ def run(args: argparse.Namespace) -> None:
         f"{cluster.usable() / GI:,.0f} GiB usable (0.5 GiB reserve per GPU)"
     )
     counted = Counter(str(node_shape(cluster.kind(n), len(n.gpus))) for n in cluster.nodes)
+    each = (
+        f"a pod of {_requests(shapes.model_pod_requests())} (the webhook's)"
+        if args.as_ == "pods"
+        else "a TritonModel replica on its namespace's model host"
+    )
     print(
         f"node shapes: {', '.join(f'{count} {shape}' for shape, count in sorted(counted.items()))}"
-        f"; each replica {_requests(shapes.model_pod_requests())} (the webhook's), "
-        f"in {NAMESPACES} namespaces"
+        f"; each replica {each}, in {NAMESPACES} namespaces"
     )
-    static(cluster, args.models, args.seed)
-    events = make_events(cluster, args.load, args.lifetime, args.lifetimes, args.seed + 2)
+    hosted = args.as_ == "tritonmodels"
+    static(cluster, args.models, args.seed, hosted)
+    events = make_events(cluster, args.load, args.lifetime, args.lifetimes, args.seed + 2, hosted)
     print(
         f"\nchurn: {len(events.arrivals)} deployments arriving over {1 + args.lifetimes:g} mean "
         f"lifetimes at {args.load:.0%} load, the first lifetime unmeasured; 20 samples"

@@ -30,3 +30,18 @@ def test_a_pod_refused_for_cpu_while_its_gpu_has_room_is_refused_for_node_resour
         state.assume(pod, *chosen)
     assert density.binder_rule(state, pods[16]) is None
     assert density.cause(state, pods[16]) == "node resources"
+
+
+def test_as_tritonmodels_a_node_s_replicas_of_one_namespace_share_one_pod_slot() -> None:
+    node = density.node_shape("t4", 1).node("t4-0", labels={"gpu": "t4"})
+    state = density.fresh_state(density.Cluster((node,)))
+    every = (
+        density.Deployment(f"m{i:05d}", "small", density.GI // 2, 1, True) for i in range(9999)
+    )
+    deployments = [d for d in every if d.pods()[0].namespace == "team-07"][:29]
+    for deployment in deployments:
+        [replica] = deployment.pods()
+        chosen = density.binder_rule(state, replica)
+        assert chosen is not None, "as pods the 17th finds no CPU; hosts share theirs"
+        state.assume(replica, *chosen)
+    assert state.pods.pod_count("t4-0") == state.pods.host_count() == 1
