@@ -382,6 +382,7 @@ class Agent:
         await self.node.check_tenant_code(settings.tenant_code_namespaces)
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
+        await self.node.check_gpu_count()
         # So do the quarantines a replaced node pod left on the Node: no load may precede them.
         try:
             await self.quarantine.sync()

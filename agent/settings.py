@@ -208,9 +208,10 @@ class Settings:
         "lease-renew-seconds",
         "seconds between Lease renewals",
         seconds(positive=True),
-        default="20",
+        default="5",
     )
-    """Seconds between Lease renewals (one write each)."""
+    """Seconds between Lease renewals (one write each). Default 5: three renewals per Lease
+    duration, so one slow write does not let a live agent's Lease run out."""
     node_resync_seconds: float = setting(
         "node-resync-seconds", "seconds between rereads of the Node", seconds(), default="600"
     )
@@ -322,9 +323,11 @@ class Settings:
         "lease-duration-seconds",
         "leaseDurationSeconds of the Lease",
         whole(minimum=1),
-        default="60",
+        default="15",
     )
-    """leaseDurationSeconds written on the agent's Lease."""
+    """leaseDurationSeconds written on the agent's Lease. Default 15: the binder places nothing
+    on a node whose agent has been dead that long, and fails the pods it had placed there that
+    were never served."""
     placement_key_dir: Path | None = setting(
         "placement-key-dir",
         "directory of the placement-key Secret (files current, previous)",
