@@ -462,7 +462,12 @@ class Agent:
 
         stop = lifecycle.stop_event
         lifecycle.spawn("the node publisher", self.node.run(stop))
-        lifecycle.spawn("the foreign GPU process check", self.foreign.run(stop, self._gpu_snapshot))
+        lifecycle.spawn(
+            "the foreign GPU process check",
+            self.foreign.run(stop, self._gpu_snapshot),
+            consequence="GPU processes are no longer checked",
+            vital=False,
+        )
         lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop))
         lifecycle.spawn("the reconciler", self.reconciler.run(stop))
         lifecycle.spawn("the node's quarantine annotations", self.quarantine.run(stop))
