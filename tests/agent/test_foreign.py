@@ -19,7 +19,8 @@ from agent.kube import KubeClient
 from agent.metrics import AgentMetrics
 from agent.processes import TritonProcesses
 from sim.gpu.nvml import MockNvml, parse_spec
-from tests.agent.conftest import NODE
+from sim.triton import TritonServer
+from tests.agent.conftest import NODE, StartAgent, eventually
 
 
 def node_events(api: kubernetes.client.ApiClient) -> list[str]:
@@ -116,3 +117,23 @@ async def test_a_process_that_is_not_triton_s_is_counted_and_reported_once(
         await kube.close()
         os.killpg(triton.pid, signal.SIGKILL)
         await triton.wait()
+
+
+async def test_the_agent_checks_its_gpus_every_poll_and_exports_the_count(
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    kube_api: kubernetes.client.ApiClient,
+    mock_nvml: MockNvml,
+    tmp_path: Path,
+) -> None:
+    assert triton.process is not None
+    pid_file = tmp_path / "triton.pid"
+    pid_file.write_text(str(triton.process.pid))
+    running = await start_custom_agent(triton_pid_file=pid_file)
+    mock_nvml.add_process(0, triton.process.pid, 500 << 20)
+    mock_nvml.add_process(0, os.getpid(), 1 << 30)
+    await eventually(lambda: len(node_events(kube_api)) == 1, what="the ForeignGPUProcess event")
+    assert f"process {os.getpid()} holds" in node_events(kube_api)[0]
+    sample = running.agent.metrics.registry.get_sample_value
+    uuid = mock_nvml.gpus[0].uuid
+    assert sample("tritonshare_agent_gpu_foreign_processes", {"gpu": "0", "UUID": uuid}) == 1
