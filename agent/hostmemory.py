@@ -6,7 +6,7 @@ container), else the `memory.max` of Triton's cgroup where the agent can read it
 the resident memory of its process tree (`agent.processes`), read before and after each load; the
 growth is that model's figure, kept per manifest digest, so every later load of the same files is
 admitted on it. A load fits when Triton's use now, the loads admitted and still under way, and
-this load's figure (until measured: the larger of its files and `--triton-memory-per-load`) stay
+this load's figure (until measured `--triton-memory-per-load`; never less than its files) stay
 under the limit minus `--triton-memory-reserve` (requests in flight, Triton's own growth).
 Otherwise it is refused with `HostMemoryExhaustedError` before Triton sees it: a load that would
 take the container past its limit gets the OOM killer, which ends every tenant's model at once.
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 EVENT_REASON = "InsufficientHostMemory"
+REMEMBERED = 10_000
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class HostMemory:
         tree = self._processes.tree()
         if tree is None:
             return None
-        need = self.by_digest.get(digest) or max(files, self.rules.per_load)
+        need = max(self.by_digest.get(digest, self.rules.per_load), files)
         with self._lock:
             self.used = tree.rss
             pending = sum(v for k, v in self._in_flight.items() if k != name)
@@ -90,7 +91,7 @@ class HostMemory:
                 measured = (
                     "measured at an earlier load"
                     if digest in self.by_digest
-                    else ("not measured yet: the larger of its files and --triton-memory-per-load")
+                    else "not measured yet: --triton-memory-per-load"
                 )
                 raise HostMemoryExhaustedError(
                     f"model {model_id!r} of pod {pod} does not fit in Triton's host memory: it "
@@ -118,7 +119,9 @@ class HostMemory:
             self.used = after.rss
             grown = max(after.rss - admitted.before.rss, 0)
             self.by_model[admitted.name] = grown
-            self.by_digest[admitted.digest] = max(grown, 1)
+            if len(self.by_digest) >= REMEMBERED:
+                self.by_digest.clear()  # figures are measured again at the next loads
+            self.by_digest[admitted.digest] = grown
         log.info(
             "Model %s took %d bytes of host memory to load (Triton now holds %d).",
             admitted.name,

@@ -13,7 +13,9 @@ import grpc
 import kubernetes.client
 import pytest
 
-from agent.processes import TritonProcesses
+from agent.errors import HostMemoryExhaustedError
+from agent.hostmemory import HostMemory, HostMemoryRules
+from agent.processes import TritonProcesses, TritonTree
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.gpu.nvml import MockNvml
@@ -121,3 +123,38 @@ async def test_a_load_past_triton_s_memory_limit_is_refused_and_a_load_is_measur
     assert not _ready_in_triton(triton, name_in_triton(kube_api, "tight", "add_one"))
     assert _ready_in_triton(triton, first)
     assert triton.process.poll() is None
+
+
+class Readings(TritonProcesses):
+    """Triton's tree as a test sets it."""
+
+    def __init__(self, rss: int) -> None:
+        super().__init__(Path("/nonexistent"))
+        self.rss = rss
+
+    def tree(self) -> TritonTree | None:
+        return TritonTree(frozenset({1}), self.rss)
+
+
+def test_loads_under_way_count_and_a_measured_figure_admits_the_same_files() -> None:
+    readings = Readings(1000 * MIB)
+    host = HostMemory(readings, HostMemoryRules(limit=3000 * MIB, reserve=500 * MIB))
+    # Unmeasured: 512Mi each. Two fit beside each other (1000 + 512 + 512 <= 2500), not three.
+    first = host.admit("a", "digest-a", 10, "a", "ns/a")
+    second = host.admit("b", "digest-b", 10, "b", "ns/b")
+    with pytest.raises(HostMemoryExhaustedError, match="loads under way 1024 MiB"):
+        host.admit("c", "digest-c", 10, "c", "ns/c")
+    # b fails: its share is free again; a loads and is measured at 100 MiB.
+    host.finished(second, False)
+    readings.rss = 1100 * MIB
+    host.finished(first, True)
+    assert host.models() == {"a": 100 * MIB}
+    # The same files again: admitted on 100 MiB (but never below their size) where 512 would not.
+    readings.rss = 2300 * MIB
+    with pytest.raises(HostMemoryExhaustedError, match="not measured yet"):
+        host.admit("c", "digest-c", 10, "c", "ns/c")
+    assert host.admit("a2", "digest-a", 10, "a", "ns/a2") is not None
+    with pytest.raises(HostMemoryExhaustedError, match="measured at an earlier load"):
+        host.admit("a3", "digest-a", 300 * MIB, "a", "ns/a3")
+    # No limit known: nothing is admitted here.
+    assert HostMemory(Readings(0), HostMemoryRules(limit=0)).admit("x", "d", 1, "x", "p") is None
