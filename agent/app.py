@@ -29,9 +29,11 @@ from agent.errors import AgentError
 from agent.events import PodEvents
 from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
+from agent.foreign import ForeignWatch
 from agent.gate import MAX_MESSAGE_BYTES, Gate
 from agent.gateway import CallerPublisher
 from agent.gpus import GpuReader
+from agent.hostmemory import HostMemory, HostMemoryRules
 from agent.inventory import GpuSnapshot
 from agent.kube import KubeClient, PodWatch
 from agent.memory import MemoryLedger, describe
@@ -42,6 +44,7 @@ from agent.node import NodePublisher, NodeSettings
 from agent.nodepods import NodePods
 from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
+from agent.processes import TritonProcesses
 from agent.quarantine import CrashLedger, CrashRecord, NodeQuarantine
 from agent.reconcile import Reconciler
 from agent.repository import Repository, check_apart
@@ -153,6 +156,7 @@ class Agent:
         )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
+        self.triton_processes = TritonProcesses(settings.triton_pid_file)
 
         # The node: its GPUs (and the memory measured on them), its pods.
         self.ledger = MemoryLedger(tolerance_fraction=settings.gpu_mem_tolerance)
@@ -166,6 +170,22 @@ class Agent:
             nvml_executor=self._nvml_thread,
             on_snapshot=self._observe_memory,
             usage=self.ledger.annotation,
+        )
+        self.foreign = ForeignWatch(
+            self._gpu_reader,
+            self.triton_processes,
+            self.kube,
+            settings.node_name,
+            period=settings.gpu_poll_seconds,
+            executor=self._nvml_thread,
+        )
+        self.host_memory = HostMemory(
+            self.triton_processes,
+            HostMemoryRules(
+                limit=settings.triton_memory_limit,
+                reserve=settings.triton_memory_reserve,
+                per_load=settings.triton_memory_per_load,
+            ),
         )
         self.verifier = PlacementVerifier(self.placement_keys.ring, settings.node_name)
         self.pods = NodePods(
@@ -195,6 +215,7 @@ class Agent:
             cache=self.cache,
             crashes=self.crashes,
             evictor=self.evictor,
+            host=self.host_memory,
         )
         self.reconciler = Reconciler(
             self.models,
@@ -253,6 +274,10 @@ class Agent:
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
+        self.metrics.watch_foreign(self.foreign.counts)
+        self.metrics.watch_host_memory(
+            self.host_memory.used_bytes, self.host_memory.limit, self.host_memory.models
+        )
         self.metrics.watch_models(self.reconciler.callers)
         self.metrics.watch_quarantine(self.crashes.records, self.crashes.callers)
         self.metrics.watch_residency(self.models.residency_states)
@@ -382,6 +407,7 @@ class Agent:
         await self.node.check_tenant_code(settings.tenant_code_namespaces)
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
+        await self.node.check_gpu_count()
         # So do the quarantines a replaced node pod left on the Node: no load may precede them.
         try:
             await self.quarantine.sync()
@@ -436,6 +462,12 @@ class Agent:
 
         stop = lifecycle.stop_event
         lifecycle.spawn("the node publisher", self.node.run(stop))
+        lifecycle.spawn(
+            "the foreign GPU process check",
+            self.foreign.run(stop, self._gpu_snapshot),
+            consequence="GPU processes are no longer checked",
+            vital=False,
+        )
         lifecycle.spawn("the Triton watch", self.reconciler.watch_triton(stop))
         lifecycle.spawn("the reconciler", self.reconciler.run(stop))
         lifecycle.spawn("the node's quarantine annotations", self.quarantine.run(stop))

@@ -97,6 +97,12 @@ class ResourceExhaustedError(AgentError):
     reason = "no_space"
 
 
+class HostMemoryExhaustedError(ResourceExhaustedError):
+    """The load would take Triton's container past its memory limit."""
+
+    reason = "no_host_memory"
+
+
 class AgentBusyError(AgentError):
     """The agent already serves as many calls as it allows: not the caller's fault, retry."""
 

@@ -150,18 +150,36 @@ class GpuReader:
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             mig = self._mig_mode(handle)
-            processes = tuple(
-                GpuProcess(
-                    pid=int(p.pid),
-                    used=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
-                )
-                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            )
+            processes = self._running(handle, graphics=False)
         except nvml.NVMLError as e:
             if e.value in _LIBRARY_ERRORS:
                 raise self._unavailable(e) from e
             return GpuDetails(index=index, mig="unknown", reason=f"{type(e).__name__}: {e}")
         return GpuDetails(index=index, mig=mig, processes=processes)
+
+    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+        """The compute and graphics processes on GPU `index`, one entry per PID; raises
+        NvmlUnavailableError when NVML itself fails, and returns none for a GPU that does not
+        answer (its health is `read`'s to report)."""
+        self._init()
+        nvml = self._nvml
+        try:
+            return self._running(nvml.nvmlDeviceGetHandleByIndex(index), graphics=True)
+        except nvml.NVMLError as e:
+            if e.value in _LIBRARY_ERRORS:
+                raise self._unavailable(e) from e
+            return ()
+
+    def _running(self, handle: Any, *, graphics: bool) -> tuple[GpuProcess, ...]:
+        nvml = self._nvml
+        listed = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        if graphics:
+            listed += nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+        seen: dict[int, GpuProcess] = {}
+        for p in listed:
+            used = None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+            seen.setdefault(int(p.pid), GpuProcess(pid=int(p.pid), used=used))
+        return tuple(seen.values())
 
     def _mig_mode(self, handle: Any) -> str:
         nvml = self._nvml

@@ -50,6 +50,27 @@ class GpuSnapshot:
         return None
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource NVIDIA's device plugin advertises on a node, one per GPU."""
+
+
+def advertised_gpus(node: Mapping[str, object]) -> int | None:
+    """How many GPUs the node's device plugin advertises (`status.allocatable`, else
+    `status.capacity`, `nvidia.com/gpu`); None where no device plugin advertises them (DRA, or
+    the environment-variable mode) or the value is not a whole number."""
+    status = node.get("status")
+    if not isinstance(status, Mapping):
+        return None
+    for field in ("allocatable", "capacity"):
+        resources = status.get(field)
+        if isinstance(resources, Mapping) and GPU_RESOURCE in resources:
+            try:
+                return int(str(resources[GPU_RESOURCE]))
+            except ValueError:
+                return None
+    return None
+
+
 def gpu_for(
     snapshot: GpuSnapshot | None, model_id: str, gpu_uuid: str, cpu_only: bool
 ) -> tuple[str, int]:

@@ -26,7 +26,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from agent import __version__
 from agent.errors import KubeError
-from common.events import pod_event
+from common.events import node_event, pod_event
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,26 @@ class KubeClient:
             f"record an event on pod {namespace}/{name}",
             self.core.create_namespaced_event,
             namespace,
+            body,
+        )
+
+    async def record_node_event(
+        self, name: str, *, reason: str, message: str, component: str, event_type: str = "Warning"
+    ) -> None:
+        """An Event on a Node, as the kubelet records one (`kubectl describe node`)."""
+        body = node_event(
+            name,
+            reason=reason,
+            message=message,
+            component=component,
+            instance=component,
+            action="Checking",
+            event_type=event_type,
+        )
+        await self._call(
+            f"record an event on node {name}",
+            self.core.create_namespaced_event,
+            body["metadata"]["namespace"],
             body,
         )
 

@@ -75,6 +75,53 @@ class _GpuCollector(Collector):
         yield from (total, used, free, healthy, loaded)
 
 
+class _HostMemoryCollector(Collector):
+    def __init__(
+        self,
+        used: Callable[[], int],
+        limit: Callable[[], int | None],
+        models: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self._used = used
+        self._limit = limit
+        self._models = models
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        used = GaugeMetricFamily(
+            "tritonshare_agent_triton_host_memory_bytes",
+            "Resident memory of Triton's processes at the last load",
+            value=self._used(),
+        )
+        limit = GaugeMetricFamily(
+            "tritonshare_agent_triton_host_memory_limit_bytes",
+            "Triton's container memory limit loads are admitted against (0: none known)",
+            value=self._limit() or 0,
+        )
+        models = GaugeMetricFamily(
+            "tritonshare_agent_model_host_memory_bytes",
+            "Host memory a model's load was measured to take",
+            labels=["model"],
+        )
+        for name, grown in sorted(self._models().items()):
+            models.add_metric([name], grown)
+        yield from (used, limit, models)
+
+
+class _ForeignCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "tritonshare_agent_gpu_foreign_processes",
+            "Processes on the GPU that are not the node's Triton (NVML), at the last check",
+            labels=["gpu", "UUID"],
+        )
+        for (index, uuid), count in sorted(self._counts().items()):
+            family.add_metric([index, uuid], count)
+        yield family
+
+
 _KEPT_SERIES = (
     (
         "tritonshare_agent_kept_copies",
@@ -292,6 +339,11 @@ class AgentMetrics:
             "Loads refused because the GPU's memory would not hold them",
             registry=r,
         )
+        self.host_memory_refusals = Counter(
+            "tritonshare_agent_host_memory_refusals",
+            "Loads refused because Triton's container memory limit would not hold them",
+            registry=r,
+        )
         self.crashes_suspected = Counter(
             "tritonshare_agent_triton_crashes_suspected",
             "Loads Triton exited under (each counted against the model being loaded)",
@@ -363,6 +415,19 @@ class AgentMetrics:
         """Export the quarantined models and pods, read from `records()` and `callers()` at
         scrape time."""
         self.registry.register(_QuarantineCollector(records, callers))
+
+    def watch_host_memory(
+        self,
+        used: Callable[[], int],
+        limit: Callable[[], int | None],
+        models: Callable[[], Mapping[str, int]],
+    ) -> None:
+        """Export Triton's host memory, its limit and each model's measured share."""
+        self.registry.register(_HostMemoryCollector(used, limit, models))
+
+    def watch_foreign(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """Export each GPU's count of processes that are not Triton's (`agent.foreign`)."""
+        self.registry.register(_ForeignCollector(counts))
 
     def watch_gpus(
         self, snapshot: Callable[[], GpuSnapshot | None], loaded: Callable[[], dict[str, int]]

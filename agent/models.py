@@ -37,6 +37,7 @@ from agent.errors import (
     AgentError,
     ConflictError,
     DigestMismatchError,
+    HostMemoryExhaustedError,
     LoadTimedOutError,
     NotFoundError,
     ResourceExhaustedError,
@@ -48,6 +49,7 @@ from agent.eviction import Gpu, Loaded
 from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
+from agent.hostmemory import Admitted, HostMemory
 from agent.install import Installer, InstallResult, not_kept
 from agent.inventory import GpuInfo, GpuSnapshot, gpu_for
 from agent.lifecycle import (
@@ -197,6 +199,7 @@ class Models:
         namespace_disk: NamespaceDisk | None = None,
         crashes: CrashLedger | None = None,
         evictor: Evictor | None = None,
+        host: HostMemory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -217,6 +220,8 @@ class Models:
         self.evictor = evictor
         """Chooses idle on-demand models to put to sleep for a load that does not fit (None:
         such a load is refused)."""
+        self.host = host
+        """Admits loads on Triton's host memory (`agent.hostmemory`); None: not admitted."""
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
@@ -500,7 +505,17 @@ class Models:
         # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
         marker = Marker(name, owned.digest, model_id, owner.key)
         await self._in_thread(self.crashes.loading, marker)
+        admitted: Admitted | None = None
         try:
+            if self.host is not None:
+                admitted = await self._in_thread(
+                    self.host.admit,
+                    name,
+                    manifest.digest,
+                    manifest.total_bytes,
+                    model_id,
+                    owner.key,
+                )
             await self._load_measured(
                 name, override, owner, uuid, index, manifest.total_bytes, waking=waking
             )
@@ -540,10 +555,13 @@ class Models:
                 e,
                 extra=subject(pod=owner.key, model=model_id),
             )
-        except ResourceExhaustedError:
+        except ResourceExhaustedError as e:
             self.crashes.answered(name)
             self._step(name, record, Event.LOAD_REFUSED)
-            self.metrics.gpu_memory_refusals.inc()
+            if isinstance(e, HostMemoryExhaustedError):
+                self.metrics.host_memory_refusals.inc()
+            else:
+                self.metrics.gpu_memory_refusals.inc()
             if waking:
                 self.metrics.wakes.labels("no_room").inc()
             raise
@@ -552,6 +570,9 @@ class Models:
             raise
         else:
             self.crashes.finished(marker)
+            if self.host is not None:
+                await self._in_thread(self.host.finished, admitted, True)
+                admitted = None
             self._step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)
@@ -565,6 +586,9 @@ class Models:
                 name,
                 f"GPU {index} ({uuid})" if pin is not None else "the CPU",
             )
+        finally:
+            if admitted is not None and self.host is not None:
+                self.host.finished(admitted, False)  # refused or failed: nothing to measure
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
@@ -662,6 +686,8 @@ class Models:
             if before is not None and after is not None:
                 self.ledger.record_unload(name, before.memory_used, after.memory_used)
             self.ledger.forget(name)
+        if self.host is not None:
+            self.host.forget(name)
             self.crashes.answered(name)
             self._step(name, record, Event.UNLOADED)
             self._step(name, record, Event.IDLE)
@@ -926,6 +952,8 @@ class Models:
             raise
         self.metrics.unload_seconds.observe(self.clock() - started)
         self.ledger.forget(name)
+        if self.host is not None:
+            self.host.forget(name)
         self.crashes.answered(name)  # out of Triton on purpose: no crash to tell
         if keep_files:
             self._step(name, record, Event.UNLOADED)

@@ -22,8 +22,10 @@ from typing import Any, Protocol
 from agent.errors import AgentError, NvmlUnavailableError
 from agent.gpus import GpuReader
 from agent.inventory import (
+    GPU_RESOURCE,
     GpuInfo,
     GpuSnapshot,
+    advertised_gpus,
     annotations_patch,
     capacity_patch,
     health_changes,
@@ -41,6 +43,10 @@ class NodeApi(Protocol):
     async def patch_node_annotations(self, name: str, annotations: dict[str, str]) -> None: ...
 
     async def patch_node_capacity(self, name: str, resources: dict[str, str]) -> None: ...
+
+    async def record_node_event(
+        self, name: str, *, reason: str, message: str, component: str, event_type: str = ...
+    ) -> None: ...
 
     async def renew_lease(
         self, namespace: str, name: str, holder: str, duration: int, now: datetime
@@ -60,8 +66,8 @@ class NodeSettings:
     advertise_gpu_mem: bool = False
     """Also patch the Node's capacity with the GPU memory extended resource."""
     gpu_poll_seconds: float = 10.0
-    lease_renew_seconds: float = 20.0
-    lease_duration_seconds: int = 60
+    lease_renew_seconds: float = 5.0
+    lease_duration_seconds: int = 15
     node_resync_seconds: float = 600.0
     """How often the Node is reread, to repair edits by others."""
     usage_publish_seconds: float = 60.0
@@ -197,6 +203,47 @@ class NodePublisher:
                 f"same --tenant-code-namespaces, or run the agent on this node without "
                 f"--tenant-code-namespaces"
             )
+
+    async def check_gpu_count(self) -> None:
+        """Refuse to start (AgentError, and a Warning Event `GpusMissing` on the Node) when NVML
+        shows fewer GPUs than the node's device plugin advertises: the node pod was not given
+        them all, and the binder would place models on GPUs this Triton cannot reach. Nothing
+        is compared where the node advertises no `nvidia.com/gpu` (DRA, the environment-variable
+        mode) or on a CPU-only node."""
+        if self.settings.cpu_only or self._reader is None:
+            return
+        name = self.settings.node_name
+        node = await self._kube.get_node(name)
+        if node is None:
+            raise AgentError(f"node {name} does not exist in the API; check --node-name")
+        advertised = advertised_gpus(node)
+        if advertised is None:
+            return
+        seen = len(self.snapshot.gpus) if self.snapshot is not None else 0
+        if seen >= advertised:
+            return
+        how = (
+            f"NVML is not usable ({self.nvml_error})"
+            if self.snapshot is None and self.nvml_error
+            else f"NVML shows {seen}"
+        )
+        message = (
+            f"node {name} advertises {advertised} GPUs ({GPU_RESOURCE}) but {how} to the agent: "
+            f"the node pod must be given every GPU of its node; request {GPU_RESOURCE}: "
+            f"{advertised} for it (the chart's GPU pool of this node), or, with the "
+            f"environment-variable mode, enable the NVIDIA container runtime's "
+            f"accept-nvidia-visible-devices-envvar-when-unprivileged"
+        )
+        try:
+            await self._kube.record_node_event(
+                name,
+                reason="GpusMissing",
+                message=f"{message}; the agent does not start until it sees them all",
+                component="tritonshare-agent",
+            )
+        except AgentError as e:
+            log.warning("Recording the GpusMissing event on node %s has failed: %s", name, e)
+        raise AgentError(message)
 
     async def publish(self) -> int:
         """Patch what changed; returns the number of writes made."""

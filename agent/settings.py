@@ -142,6 +142,43 @@ class Settings:
         default=None,
     )
     """Header "Name:value" for Triton's restricted repository API; None when unrestricted."""
+    triton_pid_file: Path | None = setting(
+        "triton-pid-file",
+        "file holding Triton's PID, in a PID namespace shared with the agent; unset: Triton's "
+        "processes are not known",
+        path,
+        default=None,
+    )
+    """File holding Triton's main PID (Triton's container writes it; the node pod shares its PID
+    namespace). Needed to measure Triton's host memory and to tell its GPU processes from
+    others; None: neither is done."""
+    triton_memory_limit: int = setting(
+        "triton-memory-limit",
+        "bytes Triton's container may use (its limits.memory, from the downward API); 0: its "
+        "cgroup's memory.max where readable",
+        quantity(),
+        default="0",
+    )
+    """Bytes Triton's container may use, a quantity (set from the downward API's
+    `limits.memory` of the triton container). 0: the `memory.max` of Triton's cgroup where the
+    agent can read it, else loads are not admitted on host memory."""
+    triton_memory_reserve: int = setting(
+        "triton-memory-reserve",
+        "bytes of Triton's memory limit kept free of models (requests in flight)",
+        quantity(),
+        default="1Gi",
+    )
+    """Bytes of Triton's memory limit no load may take: requests in flight and Triton's own
+    growth. Default 1Gi."""
+    triton_memory_per_load: int = setting(
+        "triton-memory-per-load",
+        "host bytes a load is assumed to take until the same files were measured",
+        quantity(),
+        default="512Mi",
+    )
+    """Host memory a load of files not measured yet is assumed to take (at least their size): a
+    backend's libraries and a Python backend's stub process come with the first load. Default
+    512Mi."""
     staging_dir: Path | None = setting(
         "staging-dir",
         "staging directory (same filesystem, outside the repository); default: "
@@ -208,9 +245,10 @@ class Settings:
         "lease-renew-seconds",
         "seconds between Lease renewals",
         seconds(positive=True),
-        default="20",
+        default="5",
     )
-    """Seconds between Lease renewals (one write each)."""
+    """Seconds between Lease renewals (one write each). Default 5: three renewals per Lease
+    duration, so one slow write does not let a live agent's Lease run out."""
     node_resync_seconds: float = setting(
         "node-resync-seconds", "seconds between rereads of the Node", seconds(), default="600"
     )
@@ -322,9 +360,11 @@ class Settings:
         "lease-duration-seconds",
         "leaseDurationSeconds of the Lease",
         whole(minimum=1),
-        default="60",
+        default="15",
     )
-    """leaseDurationSeconds written on the agent's Lease."""
+    """leaseDurationSeconds written on the agent's Lease. Default 15: the binder places nothing
+    on a node whose agent has been dead that long, and fails the pods it had placed there that
+    were never served."""
     placement_key_dir: Path | None = setting(
         "placement-key-dir",
         "directory of the placement-key Secret (files current, previous)",

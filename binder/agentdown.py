@@ -4,10 +4,16 @@ kubelet: the model pods of a node whose agent's Lease has expired are told, then
 Placement already leaves such a node alone (a node without a live agent lease fits nothing).
 Here, every PERIOD_SECONDS while this replica leads, for each node whose agent Lease has expired
 (or was deleted), the tritonshare pods bound to it that are neither terminated nor being deleted:
-- get the `tritonshare.io/ModelLoaded` condition `Unknown` with reason `AgentUnreachable` (once;
-  the agent sets it back from what it knows when it runs again) and a Warning Event
-  `NodeAgentDown`. The model may still be served: the node gateway serves the pods of its last
-  caller table for its --table-stale-grace;
+- those still Pending (their loader has not finished, so nothing of theirs is served) and owned by
+  a controller are failed at once: phase `Failed` with reason `AgentUnreachable`, the condition
+  `False` with the same reason, and a Warning Event `NodeAgentDown` quoting the loader's last
+  termination message, so their controller creates replacements, which the binder places on a
+  node with a live agent. As Kubernetes' pod garbage collector marks a pod on a gone node Failed,
+  the node's kubelet then stops it. Not rate limited: nothing is served by such a pod;
+- the others get the `tritonshare.io/ModelLoaded` condition `Unknown` with reason
+  `AgentUnreachable` (once; the agent sets it back from what it knows when it runs again) and a
+  Warning Event `NodeAgentDown`. The model may still be served: the node gateway serves the pods
+  of its last caller table for its --table-stale-grace;
 - once the agent has been down for --agent-down-grace (default 300 s, the gateway's
   --table-stale-grace and Kubernetes' unreachable-node grace, so the gateway stops serving them
   about when they are replaced), pods owned by a controller are deleted (uid precondition) so the
@@ -40,7 +46,7 @@ REASON = "AgentUnreachable"
 EVENT_REASON = "NodeAgentDown"
 _TERMINATED = frozenset({"Succeeded", "Failed"})
 
-Verdict = Literal["mark", "delete"]
+Verdict = Literal["mark", "delete", "fail"]
 
 
 class AgentDownKube(Protocol):
@@ -49,6 +55,10 @@ class AgentDownKube(Protocol):
     def set_pod_condition(self, namespace: str, name: str, condition: JsonObject) -> None: ...
 
     def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def fail_pod(
+        self, namespace: str, name: str, reason: str, message: str, condition: JsonObject
+    ) -> None: ...
 
     def record_event(
         self,
@@ -82,6 +92,9 @@ def judge(pod: Mapping[str, Any], down_for: float, rules: Rules) -> list[Verdict
         return []
     if status.get("phase") in _TERMINATED:
         return []
+    owned = any(ref.get("controller") for ref in metadata.get("ownerReferences") or [])
+    if owned and status.get("phase", "Pending") == "Pending":
+        return ["fail"]
     verdicts: list[Verdict] = []
     marked = any(
         c.get("type") == rules.condition_type
@@ -91,7 +104,6 @@ def judge(pod: Mapping[str, Any], down_for: float, rules: Rules) -> list[Verdict
     )
     if not marked:
         verdicts.append("mark")
-    owned = any(ref.get("controller") for ref in metadata.get("ownerReferences") or [])
     if rules.grace_seconds > 0 and down_for >= rules.grace_seconds and owned:
         verdicts.append("delete")
     return verdicts
@@ -136,6 +148,8 @@ class AgentDown:
         self._gone_since: dict[str, float] = {}
         self.deleted: list[str] = []
         """Keys of the pods this replica deleted (for tests and the log)."""
+        self.failed: list[str] = []
+        """Keys of the pods this replica failed."""
 
     def down_nodes(self, leases: Mapping[str, float], now: float) -> dict[str, float]:
         """Node -> since when its agent is down, from the lease expiries (0: the Lease is gone)."""
@@ -206,6 +220,9 @@ class AgentDown:
         metadata = pod.get("metadata") or {}
         namespace, name, uid = metadata["namespace"], metadata["name"], metadata.get("uid", "")
         grace = self.rules.grace_seconds
+        if verdict == "fail":
+            self._fail(pod, node, since)
+            return
         if verdict == "mark":
             when = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             then = (
@@ -264,6 +281,47 @@ class AgentDown:
             down_for,
             grace,
         )
+
+    def _fail(self, pod: Mapping[str, Any], node: str, since: float) -> None:
+        metadata = pod.get("metadata") or {}
+        namespace, name, uid = metadata["namespace"], metadata["name"], metadata.get("uid", "")
+        when = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        said = loader_message(pod)
+        message = (
+            f"the tritonshare agent of node {node} has not renewed its Lease since {when}, so "
+            f"nothing there can load this pod's model; the pod is failed for its controller to "
+            f"replace it on a node with a live agent" + (f" (its loader: {said})" if said else "")
+        )
+        condition = {
+            "type": self.rules.condition_type,
+            "status": "False",
+            "reason": REASON,
+            "message": message,
+            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        self._kube.fail_pod(namespace, name, REASON, message, condition)
+        self.failed.append(f"{namespace}/{name}")
+        self._kube.record_event(
+            namespace,
+            name,
+            uid,
+            reason=EVENT_REASON,
+            message=message,
+            reporting_instance=self._identity,
+        )
+        log.warning("Failed pod %s/%s: %s.", namespace, name, message)
+
+
+def loader_message(pod: Mapping[str, Any]) -> str:
+    """The termination message of the pod's last failed init container (the loader says why it
+    gave up there), or ''."""
+    status = pod.get("status") or {}
+    for container in status.get("initContainerStatuses") or []:
+        for state in ("state", "lastState"):
+            ended = ((container.get(state) or {}).get("terminated")) or {}
+            if ended.get("exitCode") and ended.get("message"):
+                return " ".join(str(ended["message"]).split())[:300]
+    return ""
 
 
 def _key(pod: Mapping[str, Any]) -> str:

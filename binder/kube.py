@@ -589,6 +589,26 @@ class Kube:
             ),
         )
 
+    def fail_pod(
+        self, namespace: str, name: str, reason: str, message: str, condition: JsonObject
+    ) -> None:
+        """Mark the pod Failed with a reason and one condition (merged by type), as the pod
+        garbage collector marks a pod whose node is gone; its kubelet then stops it."""
+        body = {
+            "status": {
+                "phase": "Failed",
+                "reason": reason,
+                "message": message[:1024],
+                "conditions": [condition],
+            }
+        }
+        self._write(
+            f"failing pod {namespace}/{name}",
+            lambda timeout: self._request(
+                "PATCH", _pod_path(namespace, name, "status"), timeout, body, _PATCH
+            ),
+        )
+
     def delete_pod(self, namespace: str, name: str, uid: str) -> None:
         """Delete the pod with this uid (a pod recreated under the name meanwhile is kept)."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}

@@ -80,12 +80,13 @@ class Settings:
         "agent-unreachable-seconds",
         "seconds with no connection to the agent before giving up (exit 7)",
         seconds(positive=True),
-        default="30",
+        default="15",
     )
     """Seconds the loader goes on with no connection to the agent at all (refused, no route,
     still connecting) before it exits 7: a pod bound to a node whose agent died is not left
-    waiting for `timeout_seconds`. An agent that answers, even "busy", resets it. Default 30,
-    several agent restarts' worth."""
+    waiting for `timeout_seconds`. An agent that answers, even "busy", resets it. Default 15,
+    the agent's Lease duration: an agent gone that long is dead to the binder too, which fails
+    the pod with this exit's message for its controller to replace."""
     attempt_timeout_seconds: float = setting(
         "attempt-timeout",
         "seconds one short agent call may take",

@@ -371,6 +371,12 @@ class SimCluster:
         ]  # fmt: skip
         if node.real and self.gateway is not None:
             argv += ["--gateway-table", str(self.gateway.caller_table)]
+        if node.real and self.triton is not None and self.triton.process is not None:
+            # As the node pod's Triton container writes it: the agent tells Triton's processes
+            # from others on the GPUs and measures Triton's host memory.
+            pid_file = node_dir / "triton.pid"
+            pid_file.write_text(f"{self.triton.process.pid}\n")
+            argv += ["--triton-pid-file", str(pid_file)]
         process = ManagedProcess(
             f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
         )

@@ -21,7 +21,11 @@ A spec is a preset (`8xA100-80GB`, `2xT4`, `1xH100-80GB`, or `N x` any preset pr
       - {at: 40, fault: nvml_loaded}
 
 A file given only for `events` (the `--faults` file of `sim.gpu.agent_node`) has the same `events`
-list. Tests drive it directly too: `set_used`, `lose_gpu`, `recover_gpu`, `set_library_loaded`.
+list. Tests drive it directly too: `set_used`, `lose_gpu`, `recover_gpu`, `set_library_loaded`,
+and `add_process` / `remove_process` for a process holding memory on a GPU, listed by
+`nvmlDeviceGetComputeRunningProcesses` (or `...GraphicsRunningProcesses`) as pynvml lists one
+(`pid`, `usedGpuMemory`, `gpuInstanceId`, `computeInstanceId`) and counted in the GPU's used
+memory.
 `set_workload(fn)` adds what processes on the GPUs allocate: `fn()` returns extra used bytes by
 GPU index, read on every memory query (`sim.gpu.load` models Triton's loaded models this way).
 """
@@ -167,6 +171,21 @@ class MemoryInfo:
     used: int
 
 
+NVML_VALUE_NOT_AVAILABLE_uint = 0xFFFFFFFF
+"""What NVML reports as a process's GPU and compute instance outside MIG."""
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One entry of nvmlDeviceGetComputeRunningProcesses, with pynvml's attribute names
+    (nvmlProcessInfo_v3_t); `usedGpuMemory` is None where the driver does not say."""
+
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815
+    gpuInstanceId: int = NVML_VALUE_NOT_AVAILABLE_uint  # noqa: N815
+    computeInstanceId: int = NVML_VALUE_NOT_AVAILABLE_uint  # noqa: N815
+
+
 @dataclass(frozen=True)
 class Handle:
     """An opaque device handle, as pynvml's is."""
@@ -187,6 +206,20 @@ class MockNvml:
         self._init_count = 0
         self.calls = 0
         self._workload: Callable[[], Mapping[int, int]] | None = None
+        self._processes: dict[tuple[int, str], dict[int, ProcessInfo]] = {}
+
+    def add_process(self, index: int, pid: int, used: int | None, *, kind: str = "compute") -> None:
+        """A process (`kind` compute or graphics) holding `used` bytes on GPU `index` (None: the
+        driver does not say); its memory counts in the GPU's used memory."""
+        with self._lock:
+            self._processes.setdefault((index, kind), {})[pid] = ProcessInfo(pid, used)
+
+    def remove_process(self, index: int, pid: int) -> None:
+        """The process is gone from GPU `index`."""
+        with self._lock:
+            for (gpu, _), listed in self._processes.items():
+                if gpu == index:
+                    listed.pop(pid, None)
 
     # Test controls.
     def set_used(self, index: int, used: int) -> None:
@@ -312,8 +345,27 @@ class MockNvml:
             workload = self._workload
         # Outside the lock: the workload may take a moment (sim.gpu.load asks Triton).
         extra = workload().get(handle.index, 0) if workload is not None else 0
+        with self._lock:
+            extra += sum(
+                p.usedGpuMemory or 0
+                for (gpu_index, _), listed in self._processes.items()
+                if gpu_index == handle.index
+                for p in listed.values()
+            )
         used = min(gpu.used + extra, gpu.memory)
         return MemoryInfo(total=gpu.memory, free=gpu.memory - used, used=used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[ProcessInfo]:  # noqa: N802
+        return self._running(handle, "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[ProcessInfo]:  # noqa: N802
+        return self._running(handle, "graphics")
+
+    def _running(self, handle: Handle, kind: str) -> list[ProcessInfo]:
+        with self._lock:
+            self._enter()
+            self._device(handle)
+            return list(self._processes.get((handle.index, kind), {}).values())
 
     def nvmlErrorString(self, code: int) -> str:  # noqa: N802
         return _ERROR_STRINGS.get(code, f"NVML Error with code {code}")

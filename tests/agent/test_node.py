@@ -174,14 +174,14 @@ async def test_a_quiet_node_costs_about_one_write_per_lease_renewal(
     per_hour = len(writes) * 3600.0 / fake.now
     print(f"quiet node: {len(writes)} API writes in {fake.now:.0f} simulated s = {per_hour:.0f}/h")
     assert len(node_writes) == 1, "the annotations are written once and never again"
-    # One renewal every 20 s (a failed patch and a create the first time).
-    assert 180 <= len(lease_writes) <= 183
+    # One renewal every 5 s (a failed patch and a create the first time).
+    assert 720 <= len(lease_writes) <= 723
     lease = kubernetes.client.CoordinationV1Api(kube_api).read_namespaced_lease(
         f"tritonshare-agent-{NODE}", "tritonshare-system"
     )
-    assert lease.spec is not None and lease.spec.lease_duration_seconds == 60
+    assert lease.spec is not None and lease.spec.lease_duration_seconds == 15
     assert lease.spec.renew_time is not None
-    assert abs(lease.spec.renew_time.timestamp() - fake.wall().timestamp()) <= 21
+    assert abs(lease.spec.renew_time.timestamp() - fake.wall().timestamp()) <= 6
     assert node_view(kube_api)["tritonshare.io/gpu-mem-total"] == str(2 * T4)
 
 
@@ -311,3 +311,48 @@ async def test_an_agent_allowing_tenant_code_starts_only_on_a_node_dedicated_to_
         running = await start_agent(replace(settings, tenant_code_namespaces=tenant_code), mock)
         assert running.agent.grpc_address
         await running.stop()
+
+
+async def test_an_agent_that_sees_fewer_gpus_than_its_node_advertises_refuses_to_start(
+    kube_api: kubernetes.client.ApiClient, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The device plugin advertises 2 GPUs but the node pod was given (or sees) one: models
+    placed on the other would never load, so the agent says why, on its Node too, and stops."""
+    make_node(kube_api, tenant_code=False)
+    core = kubernetes.client.CoreV1Api(kube_api)
+    core.patch_node_status(
+        NODE,
+        {"status": {"capacity": {"nvidia.com/gpu": "2"}, "allocatable": {"nvidia.com/gpu": "2"}}},
+    )
+    settings = Settings(
+        node_name=NODE,
+        model_repository=tmp_path / "models",
+        kubeconfig=str(kubeconfig),
+        # Never reached: the agent stops before it talks to Triton.
+        triton_http_url="127.0.0.1:9",
+        triton_grpc_url="127.0.0.1:9",
+        listen_grpc="127.0.0.1:0",
+        listen_http="127.0.0.1:0",
+        placement_key_dir=write_test_placement_key(tmp_path / "placement-key"),
+    )
+    with pytest.raises(AgentError) as refused:
+        await start_agent(settings, MockNvml(parse_spec("1xT4", seed=NODE)))
+    message = str(refused.value)
+    assert f"node {NODE} advertises 2 GPUs (nvidia.com/gpu) but NVML shows 1" in message, message
+    assert "request nvidia.com/gpu: 2" in message, message
+    events = [
+        e
+        for e in core.list_namespaced_event("default").items
+        if e.involved_object.kind == "Node" and e.involved_object.name == NODE
+    ]
+    assert [e.reason for e in events] == ["GpusMissing"], events
+    assert events[0].type == "Warning" and "does not start" in (events[0].message or "")
+
+    # NVML that cannot be loaded sees none; every advertised GPU seen, the agent starts.
+    unloaded = MockNvml(parse_spec("2xT4", seed=NODE))
+    unloaded.set_library_loaded(False)
+    with pytest.raises(AgentError, match=r"advertises 2 GPUs .* but NVML is not usable"):
+        await start_agent(settings, unloaded)
+    running = await start_agent(settings, MockNvml(parse_spec("2xT4", seed=NODE)))
+    assert running.agent.grpc_address
+    await running.stop()

@@ -34,7 +34,8 @@ def test_flags_then_environment_then_defaults() -> None:
     assert settings.cpu_only and settings.advertise_gpu_mem
     assert settings.kubeconfig == "/kc"
     assert settings.resync_seconds == 5.0
-    assert settings.lease_duration_seconds == 60
+    assert settings.lease_duration_seconds == 15
+    assert settings.lease_renew_seconds == 5.0
     assert settings.keys.gpu_mem_total == "tritonshare.io/gpu-mem-total"
 
 
@@ -46,7 +47,7 @@ def test_flags_then_environment_then_defaults() -> None:
         (["--node-name", "n", "--model-repository", "/m", "--listen-grpc", "9100"], "host:port"),
         (["--node-name", "n", "--model-repository", "/m", "--key-prefix", "Bad Prefix"], "prefix"),
         (
-            ["--node-name", "n", "--model-repository", "/m", "--lease-renew-seconds", "90"],
+            ["--node-name", "n", "--model-repository", "/m", "--lease-renew-seconds", "15"],
             "shorter than --lease-duration-seconds",
         ),
         (

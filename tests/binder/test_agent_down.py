@@ -61,6 +61,7 @@ class Kube:
         self.conditions: list[tuple[str, dict[str, Any]]] = []
         self.deleted: list[tuple[str, str]] = []
         self.events: list[tuple[str, str]] = []
+        self.failed: list[tuple[str, str, str, dict[str, Any]]] = []
 
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         return self.pods.get(node, [])
@@ -74,6 +75,11 @@ class Kube:
             for obj in pods:
                 if obj["metadata"]["uid"] == uid:
                     obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+
+    def fail_pod(
+        self, namespace: str, name: str, reason: str, message: str, condition: dict[str, Any]
+    ) -> None:
+        self.failed.append((name, reason, message, condition))
 
     def record_event(
         self, namespace: str, name: str, uid: str, *, reason: str, message: str, **_: Any
@@ -129,4 +135,40 @@ def test_marking_writes_the_condition_and_an_event_and_a_follower_does_nothing()
     ]
     assert "has not renewed its Lease" in kube.conditions[0][1]["message"]
     assert kube.events == [("a", EVENT_REASON), ("b", EVENT_REASON)]
+    assert kube.deleted == []
+
+
+def test_a_pending_pod_a_controller_owns_is_failed_at_once_with_its_loader_s_reason() -> None:
+    """Still in its loader, nothing of it is served: it is failed for its controller to replace
+    it elsewhere, without waiting for the grace or a deletion token."""
+    waiting = pod("w", phase="Pending")
+    waiting["status"]["initContainerStatuses"] = [
+        {
+            "name": "loader",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {
+                "terminated": {
+                    "exitCode": 7,
+                    "message": "the node's agent at 10.0.0.1:8100 is unreachable",
+                }
+            },
+        }
+    ]
+    assert judge(waiting, 0.0, RULES) == ["fail"]
+    # Not started yet at all: the same; no controller: only marked, nothing would replace it.
+    assert judge(pod("new", phase="Pending"), 0.0, RULES) == ["fail"]
+    assert judge(pod("bare", phase="Pending", owned=False), 0.0, RULES) == ["mark"]
+
+    clock = Clock()
+    kube = Kube({"gpu-1": [waiting, pod("new", phase="Pending"), pod("r")]})
+    watcher = AgentDown(kube, RULES, deletions_per_second=0.1, identity="b", clock=clock)
+    watcher.pass_once({"gpu-1": clock.now - 1}, lambda: True)
+    failed = kube.failed
+    assert [(n, r) for n, r, _, _ in failed] == [("w", REASON), ("new", REASON)]
+    message = failed[0][2]
+    assert "node gpu-1 has not renewed its Lease" in message
+    assert "its loader: the node's agent at 10.0.0.1:8100 is unreachable" in message
+    assert failed[0][3]["type"] == CONDITION and failed[0][3]["status"] == "False"
+    assert watcher.failed == ["models/w", "models/new"]
+    assert kube.events == [("w", EVENT_REASON), ("new", EVENT_REASON), ("r", EVENT_REASON)]
     assert kube.deleted == []

@@ -40,6 +40,7 @@ ALERTS = {
     "TritonshareModelOverGPUMemoryRequest",
     "TritonshareGatewayShedding",
     "TritonshareGPUUnhealthy",
+    "TritonshareForeignGPUProcess",
     "TritonsharePodsPendingLong",
     "TritonshareModelLoadFailures",
     "TritonshareModelQuarantined",
@@ -65,6 +66,7 @@ def exported_families() -> set[str]:
     """Every metric family the parts register, by the name Prometheus scrapes (counters _total)."""
     agent = AgentMetrics()
     agent.watch_gpus(lambda: None, dict)
+    agent.watch_foreign(dict)
     agent.watch_memory(MemoryLedger(), lambda: None)
     agent.watch_models(dict)
     agent.watch_quarantine(list)
@@ -163,6 +165,8 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
         'model_id="%s", pod="node-a"}'
     )
     sheds = 'tritonshare_gateway_budget_sheds_total{pod="node-a", container="gateway"}'
+    foreign = 'tritonshare_agent_gpu_foreign_processes{gpu="0", UUID="GPU-a", pod="node-a"}'
+    no_foreign = 'tritonshare_agent_gpu_foreign_processes{gpu="1", UUID="GPU-b", pod="node-a"}'
     return {
         "rule_files": [str(rule_file)],
         "evaluation_interval": "1m",
@@ -228,6 +232,9 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     {"series": info % ("models_b", "add-one-3", "add_one"), "values": "1x33"},
                     # The gateway sheds once at minute 6.
                     {"series": sheds, "values": "0x5 1x30"},
+                    # A process that is not Triton's appears on GPU 0 at minute 3; GPU 1 has none.
+                    {"series": foreign, "values": "0x2 1x30"},
+                    {"series": no_foreign, "values": "0x33"},
                 ],
                 "alert_rule_test": [
                     # Down for 2 minutes: not yet (for: 5m); down for 6: firing.
@@ -247,6 +254,26 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                         ],
                     },
                     {"eval_time": "6m", "alertname": "TritonshareGPUUnhealthy", "exp_alerts": []},
+                    # Seen from minute 3: not yet at 4 (for: 2m), firing at 6, for GPU 0 only.
+                    {
+                        "eval_time": "4m",
+                        "alertname": "TritonshareForeignGPUProcess",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "6m",
+                        "alertname": "TritonshareForeignGPUProcess",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "gpu": "0",
+                                    "UUID": "GPU-a",
+                                    "pod": "node-a",
+                                },
+                            }
+                        ],
+                    },
                     {
                         "eval_time": "8m",
                         "alertname": "TritonshareGPUUnhealthy",
