@@ -150,6 +150,11 @@ class RecordingNode:
     async def renew_lease(self, *args: object) -> None:
         raise AssertionError("not renewed here")
 
+    async def record_node_event(
+        self, name: str, *, reason: str, message: str, component: str, event_type: str = "Warning"
+    ) -> None:
+        raise AssertionError(f"no Event expected here: {reason}: {message}")
+
 
 def published_by_the_agent(gpus: Gpus, keys: Keys) -> dict[str, str]:
     node = RecordingNode()
