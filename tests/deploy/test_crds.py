@@ -1,0 +1,43 @@
+"""The TritonModel CRD: one manifest, served by both the chart and deploy/base, and valid."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+
+from tests.conftest import require_executable
+from tests.deploy.rendering import CHART, DEPLOY, chart_crds, render
+from tests.deploy.test_manifests import KUBERNETES_VERSION
+
+CRD_NAME = "tritonmodels.tritonshare.io"
+
+
+def test_the_chart_and_deploy_base_serve_the_same_crd() -> None:
+    chart_file = CHART / "crds" / f"{CRD_NAME}.yaml"
+    base_file = DEPLOY / "base" / "tritonmodel-crd.yaml"
+    assert chart_file.read_bytes() == base_file.read_bytes()
+    (crd,) = chart_crds()
+    base = render(require_executable("kubectl"), "base")
+    rendered = [o for o in base if o["kind"] == crd["kind"]]
+    assert rendered == [crd]
+
+
+def test_the_crd_is_valid_and_shaped_like_a_workload_api() -> None:
+    (crd,) = chart_crds()
+    for version in (KUBERNETES_VERSION, kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(crd, version, strict=True)
+    assert crd["metadata"]["name"] == CRD_NAME
+    (served,) = crd["spec"]["versions"]
+    assert served["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = [c["name"] for c in served["additionalPrinterColumns"]]
+    assert columns == ["Ready", "Replicas", "GPU-Mem", "Residency", "Age"]
+    spec = served["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["storageUri", "gpuMemory"]
+    assert spec["properties"]["residency"]["default"] == "always"
+    assert spec["properties"]["replicas"] == spec["properties"]["replicas"] | {
+        "default": 1,
+        "minimum": 0,
+    }
