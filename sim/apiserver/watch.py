@@ -77,7 +77,9 @@ def _with_version(stored: Stored, rv: int) -> bytes:
 
 def translate(watch: WatchRequest, event: Event) -> bytes | None:
     """The line this watcher sees for `event`, or None if the event is not for it."""
-    if event.resource is not watch.resource:
+    if event.resource is not watch.resource and (
+        event.resource.group_resource != watch.resource.group_resource
+    ):
         return None
     if event.type == ADDED:
         return _line(ADDED, event.stored.full()) if watch.matches(event.stored) else None
@@ -111,8 +113,8 @@ async def stream(
 ) -> web.StreamResponse:
     """Serve one watch until its timeout, the client leaving, or the server stopping."""
     trigger = (
-        watch.fields.equality(TRIGGER_FIELDS[watch.resource.plural])
-        if (watch.resource.plural in TRIGGER_FIELDS)
+        watch.fields.equality(TRIGGER_FIELDS[watch.resource.group_resource])
+        if (watch.resource.group_resource in TRIGGER_FIELDS)
         else None
     )
     # Registered before anything is read, so no write can fall between the start and the inbox.
