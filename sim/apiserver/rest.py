@@ -223,6 +223,8 @@ class Registry:
             workloads.prepare_create(resource, obj)
         elif resource.custom is not None:
             meta["generation"] = 1
+            if resource.status_subresource:
+                obj.pop("status", None)  # as upstream: the status is written through /status
         elif resource is CUSTOM_RESOURCE_DEFINITIONS:
             meta["generation"] = 1
             obj["status"] = customresources.crd_status(obj, rfc3339(self.clock.now()))
