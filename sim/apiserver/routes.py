@@ -551,9 +551,18 @@ class Handlers:
         metadata: JsonObject,
     ) -> web.Response:
         """The Table form kubectl asks for (`as=Table` in Accept)."""
+        return _json(self._table_body(request, resource, objects, metadata))
+
+    def _table_body(
+        self,
+        request: web.Request,
+        resource: Resource,
+        objects: list[JsonObject],
+        metadata: JsonObject,
+    ) -> JsonObject:
         version = self._table_version(request)
         assert version is not None
-        answer = tables.table(
+        return tables.table(
             resource,
             objects,
             version=version,
@@ -561,7 +570,6 @@ class Handlers:
             metadata=metadata,
             include_object=request.query.get("includeObject", ""),
         )
-        return _json(answer)
 
     async def _watch(
         self, request: web.Request, resource: Resource, info: RequestInfo
@@ -590,6 +598,12 @@ class Handlers:
             bookmarks=parse_bool("allowWatchBookmarks", query.get("allowWatchBookmarks")),
             send_initial_events=parse_bool("sendInitialEvents", query.get("sendInitialEvents")),
         )
+        if self._table_version(request):
+
+            def as_table(obj: JsonObject) -> JsonObject:
+                return self._table_body(request, resource, [obj], {})
+
+            spec = dataclasses.replace(spec, as_table=as_table)
         if spec.send_initial_events:
             # A streaming list starts from the current state whatever version was asked for.
             spec = dataclasses.replace(spec, start_rv=None)

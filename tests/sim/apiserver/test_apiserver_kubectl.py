@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,3 +147,35 @@ def test_kubectl_finds_every_advertised_group_without_warnings(kubeconfig: Path)
     names = {row[0] for row in rows[1:]}
     assert {"tritonmodels", "pods", "events", "customresourcedefinitions"} <= names
     _kubectl(kubeconfig, "get", "nodes,namespaces,deployments,crds")
+
+
+def test_kubectl_scales_a_tritonmodel_and_watches_it_change(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text(
+        "apiVersion: tritonshare.io/v1alpha1\nkind: TritonModel\nmetadata:\n  name: watched\n"
+        "spec:\n  storageUri: s3://models/watched\n  gpuMemory: 512Mi\n  residency: on-demand\n"
+    )
+    _kubectl(kubeconfig, "create", "--validate=false", "-f", str(manifest))
+    watching = subprocess.Popen(
+        [require_executable("kubectl"), "get", "tm", "watched", "--watch"],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    guard = threading.Timer(60, watching.kill)  # a hung watch fails the test, never blocks it
+    guard.start()
+    try:
+        assert watching.stdout is not None
+        header, first = watching.stdout.readline().split(), watching.stdout.readline().split()
+        assert header[:5] == ["NAME", "READY", "REPLICAS", "GPU-MEM", "RESIDENCY"]
+        assert first[:4] == ["watched", "1", "512Mi", "on-demand"]
+        (said,) = _kubectl(kubeconfig, "scale", "tm", "watched", "--replicas=4")
+        assert said == ["tritonmodel.tritonshare.io/watched", "scaled"]
+        assert watching.stdout.readline().split()[:4] == ["watched", "4", "512Mi", "on-demand"]
+    finally:
+        guard.cancel()
+        watching.kill()
+        watching.communicate()
