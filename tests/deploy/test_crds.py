@@ -41,3 +41,26 @@ def test_the_crd_is_valid_and_shaped_like_a_workload_api() -> None:
         "default": 1,
         "minimum": 0,
     }
+
+
+def test_namespace_users_manage_tritonmodels_but_never_their_status() -> None:
+    """The roles aggregated into Kubernetes' admin, edit and view: a namespace's users create,
+    scale and read TritonModels; writing `tritonmodels/status` (tritonshare's alone) is in none."""
+    base = render(require_executable("kubectl"), "base")
+    aggregated = {
+        label.removeprefix("rbac.authorization.k8s.io/aggregate-to-"): obj
+        for obj in base
+        if obj["kind"] == "ClusterRole"
+        for label in obj["metadata"].get("labels", {})
+        if label.startswith("rbac.authorization.k8s.io/aggregate-to-")
+    }
+    assert set(aggregated) == {"admin", "edit", "view"}
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    for role, obj in aggregated.items():
+        for rule in obj["rules"]:
+            assert rule["apiGroups"] == ["tritonshare.io"]
+            if "tritonmodels/status" in rule["resources"]:
+                assert not writes & set(rule["verbs"]), f"{role} may write a TritonModel's status"
+    (edit_rule,) = aggregated["edit"]["rules"]
+    assert {"tritonmodels", "tritonmodels/scale"} == set(edit_rule["resources"])
+    assert writes <= set(edit_rule["verbs"])
