@@ -27,6 +27,7 @@ from aiohttp import web
 from common.contract import DEFAULT_SYSTEM_NAMESPACE
 from sim.apiserver.audit import AuditLog
 from sim.apiserver.clock import Clock
+from sim.apiserver.errors import ApiError
 from sim.apiserver.faults import Faults
 from sim.apiserver.priority import built_in_classes
 from sim.apiserver.resources import CUSTOM_RESOURCE_DEFINITIONS, NAMESPACES, PODS, PRIORITY_CLASSES
@@ -51,7 +52,10 @@ def _create_initial_namespaces(core: ApiServerCore) -> None:
     for priority_class in built_in_classes():
         core.registry.create(PRIORITY_CLASSES, "", priority_class)
     for crd in crd_manifests(core.settings.crds):
-        core.registry.create(CUSTOM_RESOURCE_DEFINITIONS, "", crd)
+        try:
+            core.registry.create(CUSTOM_RESOURCE_DEFINITIONS, "", crd)
+        except ApiError as e:
+            raise ValueError(f"the CRD manifests given are refused: {e.message}") from e
 
 
 def crd_manifests(paths: tuple[Path, ...]) -> list[dict[str, Any]]:
