@@ -378,6 +378,9 @@ for _resource in ALL:
     )
 
 
+_BUILT_IN_GROUP_RESOURCES = frozenset(r.group_resource for r in ALL)
+
+
 class Catalog:
     """The resources one API server serves: the built-in kinds and its custom resources.
 
@@ -407,12 +410,12 @@ class Catalog:
 
     def add(self, crd_name: str, versions: tuple[Resource, ...]) -> tuple[Resource, ...]:
         """Serve `versions` for the CRD (replacing what it served); returns those served: a
-        version whose group/version/plural a built-in kind already has is left out."""
+        resource a built-in kind (or another CRD) already serves is left out."""
         self.remove(crd_name)
         served = tuple(
             r
             for r in versions
-            if r.plural not in BY_GROUP_VERSION.get((r.group, r.version), {})
+            if r.group_resource not in _BUILT_IN_GROUP_RESOURCES
             and r.plural not in self.by_group_version.get((r.group, r.version), {})
         )
         for resource in served:
