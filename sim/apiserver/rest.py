@@ -351,6 +351,12 @@ class Registry:
         admit: Admit = admit_all,
     ) -> Stored:
         current = self.get(resource, namespace, name)
+        media = content_type.split(";")[0].strip().lower()
+        if resource.custom is not None and media == patches.STRATEGIC_MERGE_PATCH:
+            # As upstream: a custom object has no patch strategy to merge by.
+            raise unsupported_media_type(
+                content_type, [patches.JSON_PATCH, patches.MERGE_PATCH, patches.APPLY_PATCH]
+            )
         result = apply_patch(current.copy(), content_type, raw)
         obj = self._check_body(resource, result)
         meta = obj["metadata"]

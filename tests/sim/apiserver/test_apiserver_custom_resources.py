@@ -190,6 +190,17 @@ def test_updates_conflict_and_patch_as_for_built_in_kinds(custom: Any) -> None:
         _content_type="application/json-patch+json",
     )
     assert json_patched["spec"]["gpuMemory"] == "4Gi"
+    with pytest.raises(ApiException) as strategic:
+        custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            "default",
+            PLURAL,
+            name,
+            {"spec": {"gpuMemory": "8Gi"}},
+            _content_type="application/strategic-merge-patch+json",
+        )
+    assert strategic.value.status == 415, "a custom object has no strategy to merge by"
     with pytest.raises(ApiException) as conflict:
         custom.replace_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name, created)
     assert conflict.value.status == 409
