@@ -2,7 +2,7 @@
 
 `kubectl get` asks for it and prints the server's columns: the same as kube-apiserver's printers
 for pods (`-o wide`: IP, node, nominated node, readiness gates), events, nodes, namespaces,
-deployments, replica sets, services, config maps and leases; a custom resource's
+deployments, replica sets, services, config maps, leases, HPAs and budgets; a custom resource's
 `additionalPrinterColumns`; Name and Created At for the rest. Cells are always the wide set, as
 upstream's, and kubectl leaves out the columns of priority 1 unless asked for `-o wide`. Each row
 carries its object's metadata (or the object, or nothing, by `includeObject`). Pure functions.
@@ -436,6 +436,76 @@ _LEASE: Printer = (
     ],
 )
 
+
+def _hpa_targets(spec: JsonObject, status: JsonObject) -> str:
+    """TARGETS as kubectl shows them: `current/target` per metric, `(avg)` for averages."""
+    readings = status.get("currentMetrics") or []
+    shown = []
+    for index, metric in enumerate(spec.get("metrics") or []):
+        kind = str(metric.get("type", ""))
+        key = kind[:1].lower() + kind[1:]  # External -> external, Pods -> pods
+        target = (metric.get(key) or {}).get("target") or {}
+        reading = readings[index] if index < len(readings) else {}
+        now = (reading.get(key) or {}).get("current") or {}
+        if target.get("type") == "AverageValue":
+            shown.append(
+                f"{now.get('averageValue', '<unknown>')}/{target.get('averageValue')} (avg)"
+            )
+        elif target.get("type") == "Utilization":
+            value = now.get("averageUtilization")
+            current = "<unknown>" if value is None else f"{value}%"
+            shown.append(f"{current}/{target.get('averageUtilization')}%")
+        else:
+            shown.append(f"{now.get('value', '<unknown>')}/{target.get('value')}")
+    if len(shown) > 3:
+        shown = [*shown[:3], f"+ {len(shown) - 3} more..."]
+    return ", ".join(shown) or NONE
+
+
+def _hpa_cells(obj: JsonObject, now: float) -> Cells:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    target = spec.get("scaleTargetRef") or {}
+    return [
+        obj["metadata"]["name"],
+        f"{target.get('kind', '')}/{target.get('name', '')}",
+        _hpa_targets(spec, status),
+        spec.get("minReplicas") or 1,
+        spec.get("maxReplicas") or 0,
+        int(status.get("currentReplicas") or 0),
+        _since(obj["metadata"].get("creationTimestamp"), now),
+    ]
+
+
+_HPA: Printer = (
+    [
+        _column("Name", fmt="name"),
+        _column("Reference"),
+        _column("Targets"),
+        _column("MinPods", "integer"),
+        _column("MaxPods", "integer"),
+        _column("Replicas", "integer"),
+        _column("Age"),
+    ],
+    _hpa_cells,
+)
+
+_PDB: Printer = (
+    [
+        _column("Name", fmt="name"),
+        _column("Min Available"),
+        _column("Max Unavailable"),
+        _column("Allowed Disruptions", "integer"),
+        _column("Age"),
+    ],
+    lambda obj, now: [
+        obj["metadata"]["name"],
+        str((obj.get("spec") or {}).get("minAvailable", "N/A")),
+        str((obj.get("spec") or {}).get("maxUnavailable", "N/A")),
+        int((obj.get("status") or {}).get("disruptionsAllowed") or 0),
+        _since(obj["metadata"].get("creationTimestamp"), now),
+    ],
+)
+
 _DEFAULT: Printer = (
     [_column("Name", fmt="name"), _column("Created At", "date")],
     lambda obj, now: [obj["metadata"]["name"], obj["metadata"].get("creationTimestamp")],
@@ -451,6 +521,8 @@ PRINTERS: Mapping[str, Printer] = {
     "services": _SERVICE,
     "configmaps": _CONFIG_MAP,
     "leases.coordination.k8s.io": _LEASE,
+    "horizontalpodautoscalers.autoscaling": _HPA,
+    "poddisruptionbudgets.policy": _PDB,
 }
 """The printers by group_resource (a kind this server does not serve simply never matches)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.apiserver import schema, tables
-from sim.apiserver.resources import DEPLOYMENTS, NODES, Resource
+from sim.apiserver.resources import DEPLOYMENTS, HORIZONTAL_POD_AUTOSCALERS, NODES, Resource
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -180,3 +180,36 @@ def test_human_durations_read_as_kubectls() -> None:
         "3h1m",
         "9d",
     ]
+
+
+def test_an_hpa_prints_its_target_and_readings() -> None:
+    hpa = {
+        "metadata": {"name": "keda-hpa-resnet", "creationTimestamp": "1970-01-01T00:00:00Z"},
+        "spec": {
+            "scaleTargetRef": {"kind": "TritonModel", "name": "resnet"},
+            "minReplicas": 1,
+            "maxReplicas": 5,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {"target": {"type": "AverageValue", "averageValue": "1"}},
+                },
+                {"type": "External", "external": {"target": {"type": "Value", "value": "10"}}},
+            ],
+        },
+        "status": {
+            "currentReplicas": 3,
+            "currentMetrics": [
+                {"type": "External", "external": {"current": {"averageValue": "3"}}},
+            ],
+        },
+    }
+    assert _cells(HORIZONTAL_POD_AUTOSCALERS, hpa) == {
+        "Name": "keda-hpa-resnet",
+        "Reference": "TritonModel/resnet",
+        "Targets": "3/1 (avg), <unknown>/10",
+        "MinPods": 1,
+        "MaxPods": 5,
+        "Replicas": 3,
+        "Age": "100s",
+    }
