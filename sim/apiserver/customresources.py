@@ -221,7 +221,6 @@ def resources_of(crd: Mapping[str, Any]) -> tuple[Resource, ...]:
             if scale is not None
             else None,
             columns=columns or (DEFAULT_AGE_COLUMN,),
-            categories=tuple(names.get("categories") or ()),
             singular=str(names.get("singular") or str(names["kind"]).lower()),
         )
         served.append(
@@ -235,6 +234,7 @@ def resources_of(crd: Mapping[str, Any]) -> tuple[Resource, ...]:
                 subresources=frozenset(k for k in ("status", "scale") if k in subresources),
                 status_subresource="status" in subresources,
                 short_names=tuple(names.get("shortNames") or ()),
+                categories=tuple(names.get("categories") or ()),
                 custom=shape,
             )
         )

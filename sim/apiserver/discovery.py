@@ -75,8 +75,8 @@ def resource_list(catalog: Catalog, group: str, version: str) -> JsonObject | No
         }
         if resource.short_names:
             entry["shortNames"] = list(resource.short_names)
-        if custom and custom.categories:
-            entry["categories"] = list(custom.categories)
+        if resource.categories:
+            entry["categories"] = list(resource.categories)
         resources.append(entry)
         for sub in sorted(resource.subresources):
             creates = sub in ("binding", "token", "eviction")

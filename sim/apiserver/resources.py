@@ -76,7 +76,6 @@ class CustomShape:
     """The version's `openAPIV3Schema` (structural)."""
     scale: ScalePaths | None
     columns: tuple[PrinterColumn, ...]
-    categories: tuple[str, ...] = ()
     singular: str = ""
 
 
@@ -99,6 +98,8 @@ class Resource:
     """PUT without metadata.resourceVersion is accepted (leases require one)."""
     short_names: tuple[str, ...] = ()
     """Discovery short names (`kubectl get ns`)."""
+    categories: tuple[str, ...] = ()
+    """Discovery categories (`kubectl get all` lists the kinds in `all`)."""
     verbs: frozenset[str] = field(
         default=frozenset(
             {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
@@ -153,6 +154,7 @@ PODS = Resource(
     kind="Pod",
     short_names=("po",),
     namespaced=True,
+    categories=("all",),
     field_labels=_NAMESPACED_META
     | {
         "spec.nodeName": _path("spec", "nodeName"),
@@ -266,6 +268,7 @@ DEPLOYMENTS = Resource(
     kind="Deployment",
     short_names=("deploy",),
     namespaced=True,
+    categories=("all",),
     field_labels=_NAMESPACED_META,
     subresources=frozenset({"status", "scale"}),
     status_subresource=True,
@@ -278,6 +281,7 @@ REPLICA_SETS = Resource(
     kind="ReplicaSet",
     short_names=("rs",),
     namespaced=True,
+    categories=("all",),
     field_labels=_NAMESPACED_META | {"status.replicas": _path("status", "replicas")},
     subresources=frozenset({"status", "scale"}),
     status_subresource=True,
@@ -291,6 +295,7 @@ HORIZONTAL_POD_AUTOSCALERS = Resource(
     kind="HorizontalPodAutoscaler",
     short_names=("hpa",),
     namespaced=True,
+    categories=("all",),
     field_labels=_NAMESPACED_META,
     subresources=frozenset({"status"}),
     status_subresource=True,

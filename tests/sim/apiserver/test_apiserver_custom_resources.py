@@ -328,3 +328,18 @@ def test_a_crd_created_through_the_api_is_served_until_deleted(
         )
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def test_a_deleted_namespace_takes_its_custom_objects(
+    custom: Any, server: RunningApiServer
+) -> None:
+    api = server.api_client()
+    try:
+        core: Any = kubernetes.client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": "team-gone"}})
+        _create(custom, _model("doomed"), "team-gone")
+        core.delete_namespace("team-gone")
+        listed = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        assert "team-gone" not in {o["metadata"]["namespace"] for o in listed["items"]}
+    finally:
+        api.close()  # type: ignore[no-untyped-call]

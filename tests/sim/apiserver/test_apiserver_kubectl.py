@@ -147,6 +147,11 @@ def test_kubectl_finds_every_advertised_group_without_warnings(kubeconfig: Path)
     names = {row[0] for row in rows[1:]}
     assert {"tritonmodels", "pods", "events", "customresourcedefinitions"} <= names
     _kubectl(kubeconfig, "get", "nodes,namespaces,deployments,crds")
+    everything = _kubectl(kubeconfig, "get", "all")
+    assert everything[1][:4] == ["pod/model-0", "1/1", "Running", "2"]
+    assert _kubectl(kubeconfig, "get", "tritonshare", "-o", "name")[0] == [
+        "tritonmodel.tritonshare.io/resnet"
+    ]
 
 
 def test_kubectl_scales_a_tritonmodel_and_watches_it_change(
