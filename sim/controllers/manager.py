@@ -15,8 +15,8 @@ The garbage collector deletes, in the background (as `propagationPolicy: Backgro
 dependents of a deleted owner: any Deployment, ReplicaSet, pod or custom object (every kind a
 CustomResourceDefinition serves, watched from the moment the CRD appears) whose ownerReferences
 name owners it saw and that the API no longer has (a live read confirms each, as upstream's
-collector does). An object with several owners goes only once all of them are gone; one whose
-owner it never saw is left alone.
+collector does). An object with several owners goes only once all of them are gone (its
+references to those gone are removed meanwhile); one whose owner it never saw is left alone.
 
 Threads: one list-and-watch per kind and one worker; `stop` ends them all. A write that fails
 (conflict, refusal) requeues its object with back-off, from 0.5 s doubling to 30 s.
@@ -591,7 +591,7 @@ class ControllerManager:
 
     def _collect(self, kind: str, key: Key) -> None:
         """Delete a dependent once every owner it names (each seen by this manager) is gone
-        from the API."""
+        from the API; while some remain, drop its references to those gone, as upstream."""
         with self._lock:
             cache = self._caches.get(kind)
             dependent = cache.objects.get(key) if cache is not None else None
@@ -600,12 +600,55 @@ class ControllerManager:
         owners = _owner_uids(dependent)
         if not owners:
             return
+        gone = set()
         for owner_uid in owners:
             seen = self._owners_seen.get(owner_uid)
-            if seen is None or self._still_there(seen, owner_uid):
-                return
-        log.info("The owners of %s %s/%s are gone: deleting it.", kind, *key)
-        self._delete(kind, *key)
+            if seen is not None and not self._still_there(seen, owner_uid):
+                gone.add(owner_uid)
+        if gone == owners:
+            log.info("The owners of %s %s/%s are gone: deleting it.", kind, *key)
+            self._delete(kind, *key)
+        elif gone:
+            self._drop_references(kind, dependent, gone)
+
+    def _drop_references(self, kind: str, dependent: JsonObject, gone: set[str]) -> None:
+        """Remove the ownerReferences to `gone` owners (a JSON patch that fails, 409 or 422,
+        if the object changed meanwhile; its next event brings it back here)."""
+        meta = dependent["metadata"]
+        references = meta.get("ownerReferences") or []
+        kept = [r for r in references if str(r.get("uid")) not in gone]
+        patch = [
+            {"op": "test", "path": "/metadata/ownerReferences", "value": references},
+            {"op": "replace", "path": "/metadata/ownerReferences", "value": kept},
+        ]
+        namespace, name = str(meta.get("namespace", "")), str(meta["name"])
+        log.info(
+            "Some owners of %s %s/%s are gone: removing its references to them.",
+            kind,
+            namespace,
+            name,
+        )
+        options = {"_content_type": "application/json-patch+json", "_preload_content": False}
+        if kind == PODS:
+            answer = self.core.patch_namespaced_pod(name, namespace, patch, **options)
+        elif kind == REPLICA_SETS:
+            answer = self.apps.patch_namespaced_replica_set(name, namespace, patch, **options)
+        elif kind == DEPLOYMENTS:
+            answer = self.apps.patch_namespaced_deployment(name, namespace, patch, **options)
+        elif kind in self._custom_kinds:
+            group, version, plural, namespaced = self._custom_kinds[kind]
+            answer = (
+                self.custom.patch_namespaced_custom_object(
+                    group, version, namespace, plural, name, patch, **options
+                )
+                if namespaced
+                else self.custom.patch_cluster_custom_object(
+                    group, version, plural, name, patch, **options
+                )
+            )
+        else:
+            return
+        self._remember(kind, _json(answer))
 
     def _still_there(self, seen: tuple[str, Key], uid: str) -> bool:
         """Whether the API still has the owner with this uid (a live read)."""

@@ -517,8 +517,8 @@ def test_objects_owned_by_custom_resources_go_once_all_their_owners_are_gone(
     kube_api: kubernetes.client.ApiClient, manager: ControllerManager
 ) -> None:
     """The collector watches every kind a CRD serves from the moment the CRD appears: a pod
-    owned by one TritonModel goes with it, a pod owned by two goes with the second, and a custom
-    object owned by a pod goes with the pod."""
+    owned by one TritonModel goes with it, a pod owned by two loses its reference to the first
+    and goes with the second, and a custom object owned by a pod goes with the pod."""
     (crd,) = chart_crds()
     cast(Any, kubernetes.client.ApiextensionsV1Api(kube_api)).create_custom_resource_definition(crd)
     custom = cast(Any, kubernetes.client.CustomObjectsApi(kube_api))
@@ -578,6 +578,12 @@ def test_objects_owned_by_custom_resources_go_once_all_their_owners_are_gone(
     custom.delete_namespaced_custom_object(*model, "a")
     wait_until("the pod of a collected", lambda: pods() == {"of-both"}, 15)
     assert models() == {"b", "of-the-pod"}, "a pod with an owner left stays, and what it owns"
+
+    def owners_of_shared() -> list[str]:
+        references = core.read_namespaced_pod("of-both", NS).metadata.owner_references or []
+        return [r.uid for r in references]
+
+    wait_until("its reference to a dropped", lambda: owners_of_shared() == [ref_b["uid"]], 15)
     custom.delete_namespaced_custom_object(*model, "b")
     wait_until(
         "the shared pod and its model collected", lambda: not pods() and models() == set(), 15
