@@ -150,6 +150,7 @@ class Agent:
             settings.crash_quarantine_after,
             settle_seconds=settings.crash_settle_seconds,
             probation_seconds=settings.crash_probation_seconds,
+            namespace_quarantine_after=settings.crash_namespace_quarantine_after,
         )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")

@@ -48,6 +48,7 @@ from agent.eviction import Gpu, Loaded
 from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
+from agent.heldloads import HeldLoads
 from agent.install import Installer, InstallResult, not_kept
 from agent.inventory import GpuInfo, GpuSnapshot, gpu_for
 from agent.lifecycle import (
@@ -68,7 +69,7 @@ from agent.modelconfig import override_json, parse_config, pinned_as, pinned_con
 from agent.owners import Owners
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
-from agent.quarantine import CrashLedger, CrashRecord, Marker
+from agent.quarantine import CrashLedger, CrashRecord, Marker, NamespaceRecord
 from agent.repository import Repository
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
@@ -107,6 +108,8 @@ class ModelStatus:
     """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
     quarantined: bool = False
     """Its files coincided with too many of Triton's unexpected exits (`agent.quarantine`)."""
+    quarantine_reason: str = ""
+    """The condition's reason when it is not the files' own quarantine (its namespace's)."""
     residency: str = ""
     """Its pod's residency class from the proof of placement ("" when no live pod owns it)."""
     sleeping: bool = False
@@ -136,6 +139,27 @@ WAKE_FAILED_REASON = "ModelWakeFailed"
 
 CRASHED_REASON = "ModelCrashedTriton"
 """The reason of the pod's condition and Warning Event for a quarantined model."""
+
+
+NAMESPACE_CRASHED_REASON = "NamespaceCrashedTriton"
+"""The reason of the pod's condition and Warning Event when its namespace's new loads are
+quarantined on the node."""
+
+
+def namespace_message(record: NamespaceRecord) -> str:
+    return (
+        f"after files of namespace {record.namespace} were quarantined on this node, Triton "
+        f"exited under the namespace's loads {record.crashes} more times (last for pod "
+        f"{record.pod}): the node loads no new model of namespace {record.namespace}, so that "
+        f"its other models stay served; the binder may place the pod elsewhere, or ask the "
+        f"operator to clear it (tritonshare quarantine clear <node> {record.namespace}/*)"
+    )
+
+
+def quarantine_message(record: CrashRecord | NamespaceRecord) -> str:
+    if isinstance(record, NamespaceRecord):
+        return namespace_message(record)
+    return crash_message(record)
 
 
 def crash_message(record: CrashRecord) -> str:
@@ -218,6 +242,7 @@ class Models:
         """Chooses idle on-demand models to put to sleep for a load that does not fit (None:
         such a load is refused)."""
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
+        self.held_loads = HeldLoads()
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )
@@ -490,81 +515,94 @@ class Models:
         quarantined = self.crashes.quarantined(owned.digest)
         if quarantined is not None:
             raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
+        namespace_held = self.crashes.namespace_quarantine(owner.namespace)
+        if namespace_held is not None:
+            raise ConflictError(
+                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
+            )
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
             return self._status(name, entry, manifest, owner.residency)
-        waking = record.life.phase is Phase.IDLE_UNLOADED
-        self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
-        record.gpu_uuid, record.gpu_index = uuid, index
-        started = self.clock()
-        # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
-        marker = Marker(name, owned.digest, model_id, owner.key)
-        await self._in_thread(self.crashes.loading, marker)
+        # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
+        held = self.crashes.held(owner.namespace)
+        await self.held_loads.begin(held)
+        loaded = False
         try:
-            await self._load_measured(
-                name, override, owner, uuid, index, manifest.total_bytes, waking=waking
-            )
-        except LoadTimedOutError as e:
-            self._step(name, record, Event.LOAD_FAILED, str(e))
-            self.metrics.load_failures.labels(e.reason).inc()
-            if waking:
-                self.metrics.wakes.labels("failed").inc()
-            log.warning(
-                "Model %s of pod %s was abandoned: %s",
-                model_id,
-                owner.key,
-                e,
-                extra=subject(pod=owner.key, model=model_id),
-            )
-            await self._abandon(name)
-            # Triton may still be loading it: the answer is the agent's, the load is over.
-            return self._status(name, None, manifest, owner.residency)
-        except TritonUnreachableError as e:
-            if isinstance(e, TritonNotConnectedError):
-                # The load never reached Triton (down, or starting again after another
-                # model's crash): it cannot have crashed it, and must not be blamed.
+            waking = record.life.phase is Phase.IDLE_UNLOADED
+            self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
+            record.gpu_uuid, record.gpu_index = uuid, index
+            started = self.clock()
+            # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
+            marker = Marker(name, owned.digest, model_id, owner.key)
+            await self._in_thread(self.crashes.loading, marker)
+            try:
+                await self._load_measured(
+                    name, override, owner, uuid, index, manifest.total_bytes, waking=waking
+                )
+            except LoadTimedOutError as e:
+                self._step(name, record, Event.LOAD_FAILED, str(e))
+                self.metrics.load_failures.labels(e.reason).inc()
+                if waking:
+                    self.metrics.wakes.labels("failed").inc()
+                log.warning(
+                    "Model %s of pod %s was abandoned: %s",
+                    model_id,
+                    owner.key,
+                    e,
+                    extra=subject(pod=owner.key, model=model_id),
+                )
+                await self._abandon(name)
+                # Triton may still be loading it: the answer is the agent's, the load is over.
+                return self._status(name, None, manifest, owner.residency)
+            except TritonUnreachableError as e:
+                if isinstance(e, TritonNotConnectedError):
+                    # The load never reached Triton (down, or starting again after another
+                    # model's crash): it cannot have crashed it, and must not be blamed.
+                    self.crashes.answered(name)
+                self._step(name, record, Event.LOAD_UNANSWERED)
+                self.metrics.load_failures.labels("triton_unreachable").inc()
+                raise
+            except TritonError as e:
                 self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_UNANSWERED)
-            self.metrics.load_failures.labels("triton_unreachable").inc()
-            raise
-        except TritonError as e:
-            self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_FAILED, str(e))
-            self.metrics.load_failures.labels("triton_rejected").inc()
-            if waking:
-                self.metrics.wakes.labels("failed").inc()
-            log.warning(
-                "Model %s of pod %s failed to load: %s",
-                model_id,
-                owner.key,
-                e,
-                extra=subject(pod=owner.key, model=model_id),
-            )
-        except ResourceExhaustedError:
-            self.crashes.answered(name)
-            self._step(name, record, Event.LOAD_REFUSED)
-            self.metrics.gpu_memory_refusals.inc()
-            if waking:
-                self.metrics.wakes.labels("no_room").inc()
-            raise
-        except BaseException:
-            self._step(name, record, Event.LOAD_UNANSWERED)
-            raise
-        else:
-            self.crashes.finished(marker)
-            self._step(name, record, Event.LOAD_OK)
-            record.vouched_at = self.clock()
-            self.metrics.load_seconds.observe(self.clock() - started)
-            if waking:
-                self.metrics.wakes.labels("woken").inc()
-                self.metrics.wake_seconds.observe(self.clock() - started)
-            log.info(
-                "Model %s of pod %s is loaded in Triton as %s on %s.",
-                model_id,
-                owner.key,
-                name,
-                f"GPU {index} ({uuid})" if pin is not None else "the CPU",
-            )
+                self._step(name, record, Event.LOAD_FAILED, str(e))
+                self.metrics.load_failures.labels("triton_rejected").inc()
+                if waking:
+                    self.metrics.wakes.labels("failed").inc()
+                log.warning(
+                    "Model %s of pod %s failed to load: %s",
+                    model_id,
+                    owner.key,
+                    e,
+                    extra=subject(pod=owner.key, model=model_id),
+                )
+            except ResourceExhaustedError:
+                self.crashes.answered(name)
+                self._step(name, record, Event.LOAD_REFUSED)
+                self.metrics.gpu_memory_refusals.inc()
+                if waking:
+                    self.metrics.wakes.labels("no_room").inc()
+                raise
+            except BaseException:
+                self._step(name, record, Event.LOAD_UNANSWERED)
+                raise
+            else:
+                loaded = True
+                self.crashes.finished(marker)
+                self._step(name, record, Event.LOAD_OK)
+                record.vouched_at = self.clock()
+                self.metrics.load_seconds.observe(self.clock() - started)
+                if waking:
+                    self.metrics.wakes.labels("woken").inc()
+                    self.metrics.wake_seconds.observe(self.clock() - started)
+                log.info(
+                    "Model %s of pod %s is loaded in Triton as %s on %s.",
+                    model_id,
+                    owner.key,
+                    name,
+                    f"GPU {index} ({uuid})" if pin is not None else "the CPU",
+                )
+        finally:
+            self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
@@ -967,13 +1005,16 @@ class Models:
             )
         quarantined = self.quarantine_of(name)
         if quarantined is not None and state is not ModelState.READY:
-            state, reason = ModelState.FAILED, crash_message(quarantined)
+            state, reason = ModelState.FAILED, quarantine_message(quarantined)
         return ModelStatus(
             model_id=self.public_id(name),
             state=state,
             reason=reason,
             given_up=stopped,
             quarantined=quarantined is not None and state is ModelState.FAILED,
+            quarantine_reason=(
+                NAMESPACE_CRASHED_REASON if isinstance(quarantined, NamespaceRecord) else ""
+            ),
             manifest_digest=manifest.digest if manifest else "",
             gpu_uuid=record.gpu_uuid,
             gpu_index=record.gpu_index,
@@ -1021,10 +1062,14 @@ class Models:
             for name in sorted(names)
         ]
 
-    def quarantine_of(self, name: str) -> CrashRecord | None:
-        """The quarantine of the files installed as `name`, if they are quarantined."""
+    def quarantine_of(self, name: str) -> CrashRecord | NamespaceRecord | None:
+        """The quarantine of the files installed as `name`, or of their namespace's new loads,
+        if they are quarantined."""
         owned = self.owners.get(name)
-        return self.crashes.quarantined(owned.digest) if owned and owned.digest else None
+        if owned is None:
+            return None
+        files = self.crashes.quarantined(owned.digest) if owned.digest else None
+        return files or self.crashes.namespace_quarantine(owned.namespace)
 
     def crash_suspected(self, marker: Marker) -> CrashRecord:
         """Count a load Triton died under (`marker`, left over, its model not in Triton) against
