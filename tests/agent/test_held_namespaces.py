@@ -80,6 +80,12 @@ async def test_a_held_load_goes_alone_and_keeps_the_node_quiet() -> None:
     turns.end(held=True, quiet=0.2)
     await asyncio.sleep(0)
     assert not other.done(), "nor in its quiet period"
+    second_held = loop.create_task(turns.begin(held=True))
     await asyncio.wait_for(other, 5)
     assert loop.time() - ended >= 0.2 - 0.01
-    assert turns.loads == 1 and not turns.alone
+    assert turns.loads == 1
+    await asyncio.sleep(0)
+    assert not second_held.done(), "the next held load waits for the others first"
+    turns.end(held=False, quiet=0.0)
+    await asyncio.wait_for(second_held, 5)
+    assert turns.alone
