@@ -642,10 +642,10 @@ class Models:
     async def _make_gpu_room(
         self, owner: Proven, gpu: GpuInfo, problem: str, waking: bool
     ) -> tuple[GpuInfo | None, str]:
-        """Put idle on-demand models of the owner's GPU to sleep until its load fits, as
-        `agent.eviction` chooses; inside the load's GPU turn, holding the lock of the model to
-        load, after admission found `problem`. The GPU's reading after, and what still stands in
-        the way ("" when it fits)."""
+        """Put on-demand models of the owner's GPU to sleep until its load fits (idle ones,
+        or those past their namespace's share), as `agent.eviction` chooses; inside the load's
+        GPU turn, holding the lock of the model to load, after admission found `problem`. The
+        GPU's reading after, and what still stands in the way ("" when it fits)."""
         assert self.evictor is not None
         reserve = self.limits.gpu_mem_reserve
         capacity = gpu.memory_total - reserve
@@ -673,7 +673,14 @@ class Models:
                     f"an idle model on {label} could not be put to sleep to make room"
                 )
             _, proven = held[victim.name]
-            self.evictor.evicted(victim, proven.key, proven.uid, why, waking)
+            self.evictor.evicted(
+                victim,
+                proven.key,
+                proven.uid,
+                why,
+                waking,
+                reclaimed=victim.name in choice.reclaimed,
+            )
         after = await self._gpus.read_gpu(gpu.uuid)
         if after is None:
             return None, ""
