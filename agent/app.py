@@ -255,7 +255,9 @@ class Agent:
         self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
         self.metrics.watch_models(self.reconciler.callers)
-        self.metrics.watch_quarantine(self.crashes.records, self.crashes.callers)
+        self.metrics.watch_quarantine(
+            self.crashes.records, self.crashes.callers, self.crashes.namespaces
+        )
         self.metrics.watch_residency(self.models.residency_states)
 
         # Serving the pods: who may call, the service, the gate in front of it.

@@ -137,6 +137,8 @@ class CrashLedger:
             raise ValueError("quarantine_after and namespace_quarantine_after must be at least 1")
         self.namespace_quarantine_after = namespace_quarantine_after
         self._namespaces: dict[str, NamespaceRecord] = {}
+        self._held: set[str] | None = None
+        """Namespaces with quarantined files (None: to be worked out again)."""
         self.directory = directory
         self.quarantine_after = quarantine_after
         self.settle_seconds = settle_seconds
@@ -152,6 +154,7 @@ class CrashLedger:
         self._records = {}
         self._callers = {}
         self._namespaces = {}
+        self._held = None
         try:
             document = json.loads(path.read_text())
             for item in document.get("namespaces", []):
@@ -293,9 +296,9 @@ class CrashLedger:
     def held(self, namespace: str) -> bool:
         """Whether `namespace`'s models load as suspects: one of its files is quarantined
         here, or its loads are counted."""
-        return namespace in self._namespaces or any(
-            r.quarantined and r.namespace == namespace for r in self._records.values()
-        )
+        if self._held is None:
+            self._held = {r.namespace for r in self._records.values() if r.quarantined}
+        return namespace in self._namespaces or namespace in self._held
 
     def namespace_quarantine(self, namespace: str) -> NamespaceRecord | None:
         """The quarantine of `namespace`'s new loads on this node, if it is quarantined."""
@@ -424,6 +427,7 @@ class CrashLedger:
             del self._records[digest]
 
     def _save(self) -> None:
+        self._held = None  # every change of the records is saved
         document = {
             "records": [asdict(r) for r in self._records.values()],
             "callers": [asdict(r) for r in self._callers.values()],

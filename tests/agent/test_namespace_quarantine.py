@@ -97,6 +97,9 @@ async def test_new_files_of_a_namespace_whose_files_were_quarantined_are_held_an
             lambda: any(q.get("cause") == "namespace" for q in quarantine_shown(kube_api)),
             what="the Node's quarantined annotation naming the namespace",
         )
+        sample = running.agent.metrics.registry.get_sample_value
+        held = {"model_namespace": "default"}
+        assert sample("tritonshare_agent_quarantined_namespaces", held) == 1
         code, out = await asyncio.to_thread(run_cli, kubeconfig, "status")
         assert code == 0 and f"namespace default on {NODE}" in out, out
 
