@@ -166,10 +166,12 @@ class ProbationLane:
             # The relay counts the answer of the request that freed it just after: judge the
             # turn once it has.
             self.closed = True
-            asyncio.get_running_loop().call_soon(self._judge, pod, member, self._admitted)
+            asyncio.get_running_loop().call_soon(
+                self._judge, pod, member, self._admitted, self._failed_before
+            )
 
-    def _judge(self, pod: LaneUser, member: _Member, admitted: int) -> None:
-        failed = member.failures is not None and member.failures() > self._failed_before
+    def _judge(self, pod: LaneUser, member: _Member, admitted: int, failed_before: int) -> None:
+        failed = member.failures is not None and member.failures() > failed_before
         if failed:
             member.clean = 0
         elif admitted and self._members.get(pod) is member:
