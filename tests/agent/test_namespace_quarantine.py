@@ -3,8 +3,9 @@ files were quarantined on the node, the same model with one byte more (a new dig
 get `--crash-quarantine-after` more crashes. The namespace's new models load as suspects (last,
 alone, then a quiet period), and after `--crash-namespace-quarantine-after` more crashes every
 new load of the namespace is refused on the node, its pod told why, the Node and `tritonshare
-status` showing it; another namespace's model still loads. Before the namespace count, each new
-version of the files crashed Triton `--crash-quarantine-after` more times."""
+status` showing it, and `quarantine clear NODE NAMESPACE/*` lifting it; another namespace's
+model still loads. Before the namespace count, each new version of the files crashed Triton
+`--crash-quarantine-after` more times."""
 
 from __future__ import annotations
 
@@ -103,8 +104,21 @@ async def test_new_files_of_a_namespace_whose_files_were_quarantined_are_held_an
         code, out = await asyncio.to_thread(run_cli, kubeconfig, "status")
         assert code == 0 and f"namespace default on {NODE}" in out, out
 
-        # Another namespace's model still loads on the node.
+        # The operator lifts it by NAMESPACE/* (the pod that wanted the third version gone: with
+        # it there, the node would load it again); the namespace's files stay quarantined.
         core: Any = kubernetes.client.CoreV1Api(kube_api)
+        core.delete_namespaced_pod("killer-2", "default", grace_period_seconds=0)
+        code, out = await asyncio.to_thread(
+            run_cli, kubeconfig, "quarantine", "clear", NODE, "default/*"
+        )
+        assert code == 0, out
+        await eventually(
+            lambda: running.agent.crashes.namespace_quarantine("default") is None,
+            what="the namespace's quarantine lifted",
+        )
+        assert running.agent.crashes.held("default"), "its files' quarantines still hold it"
+
+        # Another namespace's model still loads on the node.
         core.create_namespace({"metadata": {"name": "team-b"}})
         good = copy_model("add_one", tmp_path / "good", as_name="killer")
         loaded = await load(await deploy(0, "team-b", good))
