@@ -151,8 +151,8 @@ def namespace_message(record: NamespaceRecord) -> str:
         f"after files of namespace {record.namespace} were quarantined on this node, Triton "
         f"exited under the namespace's loads {record.crashes} more times (last for pod "
         f"{record.pod}): the node loads no new model of namespace {record.namespace}, so that "
-        f"its other models stay served; the binder may place the pod elsewhere, or ask the "
-        f"operator to clear it (tritonshare quarantine clear <node> {record.namespace}/*)"
+        f"its other models stay served; fix the models, or ask the operator to clear it "
+        f"(tritonshare quarantine clear <node> {record.namespace}/*)"
     )
 
 
@@ -535,72 +535,75 @@ class Models:
             # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
             marker = Marker(name, owned.digest, model_id, owner.key)
             await self._in_thread(self.crashes.loading, marker)
-            try:
-                await self._load_measured(
-                    name, override, owner, uuid, index, manifest.total_bytes, waking=waking
-                )
-            except LoadTimedOutError as e:
-                self._step(name, record, Event.LOAD_FAILED, str(e))
-                self.metrics.load_failures.labels(e.reason).inc()
-                if waking:
-                    self.metrics.wakes.labels("failed").inc()
-                log.warning(
-                    "Model %s of pod %s was abandoned: %s",
-                    model_id,
-                    owner.key,
-                    e,
-                    extra=subject(pod=owner.key, model=model_id),
-                )
-                await self._abandon(name)
-                # Triton may still be loading it: the answer is the agent's, the load is over.
-                return self._status(name, None, manifest, owner.residency)
-            except TritonUnreachableError as e:
-                if isinstance(e, TritonNotConnectedError):
-                    # The load never reached Triton (down, or starting again after another
-                    # model's crash): it cannot have crashed it, and must not be blamed.
-                    self.crashes.answered(name)
-                self._step(name, record, Event.LOAD_UNANSWERED)
-                self.metrics.load_failures.labels("triton_unreachable").inc()
-                raise
-            except TritonError as e:
+        except BaseException:
+            self.held_loads.end(held, 0.0)
+            raise
+        try:
+            await self._load_measured(
+                name, override, owner, uuid, index, manifest.total_bytes, waking=waking
+            )
+        except LoadTimedOutError as e:
+            self._step(name, record, Event.LOAD_FAILED, str(e))
+            self.metrics.load_failures.labels(e.reason).inc()
+            if waking:
+                self.metrics.wakes.labels("failed").inc()
+            log.warning(
+                "Model %s of pod %s was abandoned: %s",
+                model_id,
+                owner.key,
+                e,
+                extra=subject(pod=owner.key, model=model_id),
+            )
+            await self._abandon(name)
+            # Triton may still be loading it: the answer is the agent's, the load is over.
+            return self._status(name, None, manifest, owner.residency)
+        except TritonUnreachableError as e:
+            if isinstance(e, TritonNotConnectedError):
+                # The load never reached Triton (down, or starting again after another
+                # model's crash): it cannot have crashed it, and must not be blamed.
                 self.crashes.answered(name)
-                self._step(name, record, Event.LOAD_FAILED, str(e))
-                self.metrics.load_failures.labels("triton_rejected").inc()
-                if waking:
-                    self.metrics.wakes.labels("failed").inc()
-                log.warning(
-                    "Model %s of pod %s failed to load: %s",
-                    model_id,
-                    owner.key,
-                    e,
-                    extra=subject(pod=owner.key, model=model_id),
-                )
-            except ResourceExhaustedError:
-                self.crashes.answered(name)
-                self._step(name, record, Event.LOAD_REFUSED)
-                self.metrics.gpu_memory_refusals.inc()
-                if waking:
-                    self.metrics.wakes.labels("no_room").inc()
-                raise
-            except BaseException:
-                self._step(name, record, Event.LOAD_UNANSWERED)
-                raise
-            else:
-                loaded = True
-                self.crashes.finished(marker)
-                self._step(name, record, Event.LOAD_OK)
-                record.vouched_at = self.clock()
-                self.metrics.load_seconds.observe(self.clock() - started)
-                if waking:
-                    self.metrics.wakes.labels("woken").inc()
-                    self.metrics.wake_seconds.observe(self.clock() - started)
-                log.info(
-                    "Model %s of pod %s is loaded in Triton as %s on %s.",
-                    model_id,
-                    owner.key,
-                    name,
-                    f"GPU {index} ({uuid})" if pin is not None else "the CPU",
-                )
+            self._step(name, record, Event.LOAD_UNANSWERED)
+            self.metrics.load_failures.labels("triton_unreachable").inc()
+            raise
+        except TritonError as e:
+            self.crashes.answered(name)
+            self._step(name, record, Event.LOAD_FAILED, str(e))
+            self.metrics.load_failures.labels("triton_rejected").inc()
+            if waking:
+                self.metrics.wakes.labels("failed").inc()
+            log.warning(
+                "Model %s of pod %s failed to load: %s",
+                model_id,
+                owner.key,
+                e,
+                extra=subject(pod=owner.key, model=model_id),
+            )
+        except ResourceExhaustedError:
+            self.crashes.answered(name)
+            self._step(name, record, Event.LOAD_REFUSED)
+            self.metrics.gpu_memory_refusals.inc()
+            if waking:
+                self.metrics.wakes.labels("no_room").inc()
+            raise
+        except BaseException:
+            self._step(name, record, Event.LOAD_UNANSWERED)
+            raise
+        else:
+            loaded = True
+            self.crashes.finished(marker)
+            self._step(name, record, Event.LOAD_OK)
+            record.vouched_at = self.clock()
+            self.metrics.load_seconds.observe(self.clock() - started)
+            if waking:
+                self.metrics.wakes.labels("woken").inc()
+                self.metrics.wake_seconds.observe(self.clock() - started)
+            log.info(
+                "Model %s of pod %s is loaded in Triton as %s on %s.",
+                model_id,
+                owner.key,
+                name,
+                f"GPU {index} ({uuid})" if pin is not None else "the CPU",
+            )
         finally:
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
