@@ -153,6 +153,7 @@ class Agent:
             settings.crash_quarantine_after,
             settle_seconds=settings.crash_settle_seconds,
             probation_seconds=settings.crash_probation_seconds,
+            namespace_quarantine_after=settings.crash_namespace_quarantine_after,
         )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
@@ -279,7 +280,9 @@ class Agent:
             self.host_memory.used_bytes, self.host_memory.limit, self.host_memory.models
         )
         self.metrics.watch_models(self.reconciler.callers)
-        self.metrics.watch_quarantine(self.crashes.records, self.crashes.callers)
+        self.metrics.watch_quarantine(
+            self.crashes.records, self.crashes.callers, self.crashes.namespaces
+        )
         self.metrics.watch_residency(self.models.residency_states)
 
         # Serving the pods: who may call, the service, the gate in front of it.

@@ -91,7 +91,7 @@ def verdict(model_id: str, status: ModelStatus | None, triton_live: bool) -> Ver
     if status.state is ModelState.ABSENT:
         return missing(model_id)
     if status.quarantined:
-        return Verdict("False", CRASHED_REASON, status.reason)
+        return Verdict("False", status.quarantine_reason or CRASHED_REASON, status.reason)
     if status.sleeping:
         return Verdict(
             "False",

@@ -15,6 +15,12 @@ idle `on-demand` models of that GPU to sleep until it fits. The rule, as `choose
 - a namespace within its share loses a model only to an `always` load or to a namespace that
   stays within its own share with the load (`claim`: the on-demand bytes the load adds): one
   namespace's wakes cannot push another below its share to grow past its own;
+- such a load (an `always` one, or one that stays within its share) also takes back the room a
+  namespace holds past its share when no idle model frees enough: that namespace's models are
+  then put to sleep even if used within the floor or serving (`reclaimed`; Triton answers the
+  requests in flight before it unloads a model, and refuses new ones), least recently used
+  first, until the namespace is within its share. A trickle of requests keeps no model past its
+  namespace's share from a namespace within its own;
 - all or nothing: when the evictable models cannot free what the load needs, none is evicted
   and the reason says what holds the GPU in the loading namespace's own terms (byte figures, and
   model ids of its own namespace only).
@@ -56,6 +62,9 @@ class Choice:
     victims: tuple[Loaded, ...] = ()
     problem: str = ""
     """Empty when the victims free what is needed."""
+    reclaimed: frozenset[str] = frozenset()
+    """The victims taken though used within the floor or serving (their namespace was over
+    its share), by name."""
 
     @property
     def freed(self) -> int:
@@ -81,6 +90,12 @@ def evictable(model: Loaded, now: float, min_idle: float) -> bool:
     )
 
 
+def reclaimable(model: Loaded, namespace: str) -> bool:
+    """Whether `model` may be put to sleep, though used, for a load of `namespace` within its
+    share while its own namespace is over its share."""
+    return model.on_demand and not model.busy and model.namespace != namespace
+
+
 def choose(
     gpu: Gpu,
     held: Sequence[Loaded],
@@ -99,6 +114,8 @@ def choose(
     if needed <= 0:
         return Choice()
     candidates = [] if activity_problem else [m for m in held if evictable(m, now, min_idle)]
+    in_use = [] if activity_problem else [m for m in held if reclaimable(m, namespace)]
+    in_use = [m for m in in_use if m not in candidates]
     always = sum(m.bytes for m in held if not m.on_demand)
     room = max(gpu.capacity - always, 0)
     holders = {m.namespace for m in held if m.on_demand} | {namespace}
@@ -108,21 +125,27 @@ def choose(
         if m.on_demand:
             loaded[m.namespace] = loaded.get(m.namespace, 0) + m.bytes
     victims: list[Loaded] = []
+    reclaimed: set[str] = set()
     freed = 0
-    while freed < needed and candidates:
+    while freed < needed and (candidates or in_use):
         own = [m for m in candidates if m.namespace == namespace]
         over = [m for m in candidates if loaded[m.namespace] > share]
         fair = loaded.get(namespace, 0) + claim <= share
-        pool = own or over or (candidates if fair else [])
+        back = [m for m in in_use if fair and loaded[m.namespace] > share]
+        pool = own or over or back or (candidates if fair else [])
         if not pool:
             break
         victim = min(pool, key=lambda m: (m.last_used, m.name))
-        candidates.remove(victim)
+        if pool is back:
+            in_use.remove(victim)
+            reclaimed.add(victim.name)
+        else:
+            candidates.remove(victim)
         victims.append(victim)
         loaded[victim.namespace] -= victim.bytes
         freed += victim.bytes
     if freed >= needed:
-        return Choice(tuple(victims))
+        return Choice(tuple(victims), reclaimed=frozenset(reclaimed))
     short = needed - freed
     if candidates and not activity_problem:
         return Choice(problem=_over_share(gpu, namespace, loaded.get(namespace, 0) + claim, share))

@@ -85,12 +85,28 @@ class Evictor:
             log.warning("No model may be evicted on %s: %s.", gpu.label, problem)
         return choice
 
-    def evicted(self, victim: Loaded, pod_key: str, uid: str, why: str, waking: bool) -> None:
-        """`victim` was put to sleep to make room: count it and tell its pod (a Normal Event)."""
+    def evicted(
+        self,
+        victim: Loaded,
+        pod_key: str,
+        uid: str,
+        why: str,
+        waking: bool,
+        *,
+        reclaimed: bool = False,
+    ) -> None:
+        """`victim` was put to sleep to make room: count it and tell its pod (a Normal Event).
+        `reclaimed`: though in use, its namespace held more than its share of the GPU."""
         self._metrics.evictions.labels("wake" if waking else "load").inc()
         self._metrics.sleeps.labels("evicted").inc()
+        how = (
+            "while in use, its namespace holding more than its share of the GPU's room for "
+            "on-demand models,"
+            if reclaimed
+            else "while idle"
+        )
         message = (
-            f"model {victim.model_id} was unloaded while idle to make room on its GPU ({why}); "
+            f"model {victim.model_id} was unloaded {how} to make room on its GPU ({why}); "
             f"its files stay on the node and its next request loads it again"
         )
         log.info("%s.", message, extra=subject(pod=pod_key, model=victim.model_id))

@@ -30,7 +30,7 @@ from agent.inventory import GpuSnapshot
 from agent.lifecycle import Phase
 from agent.memory import MemoryLedger
 from agent.placement import Proven
-from agent.quarantine import CrashRecord
+from agent.quarantine import CrashRecord, NamespaceRecord
 from agent.suspects import CallerRecord
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -234,9 +234,11 @@ class _QuarantineCollector:
         self,
         records: Callable[[], list[CrashRecord]],
         callers: Callable[[], list[CallerRecord]],
+        namespaces: Callable[[], list[NamespaceRecord]],
     ) -> None:
         self._records = records
         self._callers = callers
+        self._namespaces = namespaces
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         quarantined = GaugeMetricFamily(
@@ -261,6 +263,16 @@ class _QuarantineCollector:
                     [caller.namespace, caller.pod.partition("/")[2], caller.model_id], 1
                 )
         yield pods
+        held = GaugeMetricFamily(
+            "tritonshare_agent_quarantined_namespaces",
+            "Namespaces whose new loads this node refuses after Triton exited under them past "
+            "the quarantine of their files (1 each)",
+            labels=["model_namespace"],
+        )
+        for namespace in self._namespaces():
+            if namespace.quarantined:
+                held.add_metric([namespace.namespace], 1)
+        yield held
 
 
 class AgentMetrics:
@@ -411,10 +423,11 @@ class AgentMetrics:
         self,
         records: Callable[[], list[CrashRecord]],
         callers: Callable[[], list[CallerRecord]] = list,
+        namespaces: Callable[[], list[NamespaceRecord]] = list,
     ) -> None:
-        """Export the quarantined models and pods, read from `records()` and `callers()` at
-        scrape time."""
-        self.registry.register(_QuarantineCollector(records, callers))
+        """Export the quarantined models, pods and namespaces, read from `records()`,
+        `callers()` and `namespaces()` at scrape time."""
+        self.registry.register(_QuarantineCollector(records, callers, namespaces))
 
     def watch_host_memory(
         self,

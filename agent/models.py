@@ -49,6 +49,7 @@ from agent.eviction import Gpu, Loaded
 from agent.evictor import Evictor
 from agent.filecache import FileCache, NamespaceDisk
 from agent.gpuqueue import GIB, GpuQueue, Turn, Work, load_budget
+from agent.heldloads import HeldLoads
 from agent.hostmemory import Admitted, HostMemory
 from agent.install import Installer, InstallResult, not_kept
 from agent.inventory import GpuInfo, GpuSnapshot, gpu_for
@@ -70,7 +71,7 @@ from agent.modelconfig import override_json, parse_config, pinned_as, pinned_con
 from agent.owners import Owners
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
-from agent.quarantine import CrashLedger, CrashRecord, Marker
+from agent.quarantine import CrashLedger, CrashRecord, Marker, NamespaceRecord
 from agent.repository import Repository
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
 from common.logs import subject
@@ -109,6 +110,8 @@ class ModelStatus:
     """Its loads failed --max-load-attempts times in a row: none is tried until it changes."""
     quarantined: bool = False
     """Its files coincided with too many of Triton's unexpected exits (`agent.quarantine`)."""
+    quarantine_reason: str = ""
+    """The condition's reason when it is not the files' own quarantine (its namespace's)."""
     residency: str = ""
     """Its pod's residency class from the proof of placement ("" when no live pod owns it)."""
     sleeping: bool = False
@@ -138,6 +141,27 @@ WAKE_FAILED_REASON = "ModelWakeFailed"
 
 CRASHED_REASON = "ModelCrashedTriton"
 """The reason of the pod's condition and Warning Event for a quarantined model."""
+
+
+NAMESPACE_CRASHED_REASON = "NamespaceCrashedTriton"
+"""The reason of the pod's condition and Warning Event when its namespace's new loads are
+quarantined on the node."""
+
+
+def namespace_message(record: NamespaceRecord) -> str:
+    return (
+        f"after files of namespace {record.namespace} were quarantined on this node, Triton "
+        f"exited under the namespace's loads {record.crashes} more times (last for pod "
+        f"{record.pod}): the node loads no new model of namespace {record.namespace}, so that "
+        f"its other models stay served; fix the models, or ask the operator to clear it "
+        f"(tritonshare quarantine clear <node> {record.namespace}/*)"
+    )
+
+
+def quarantine_message(record: CrashRecord | NamespaceRecord) -> str:
+    if isinstance(record, NamespaceRecord):
+        return namespace_message(record)
+    return crash_message(record)
 
 
 def crash_message(record: CrashRecord) -> str:
@@ -223,6 +247,7 @@ class Models:
         self.host = host
         """Admits loads on Triton's host memory (`agent.hostmemory`); None: not admitted."""
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
+        self.held_loads = HeldLoads()
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )
@@ -495,17 +520,30 @@ class Models:
         quarantined = self.crashes.quarantined(owned.digest)
         if quarantined is not None:
             raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
+        namespace_held = self.crashes.namespace_quarantine(owner.namespace)
+        if namespace_held is not None:
+            raise ConflictError(
+                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
+            )
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
             return self._status(name, entry, manifest, owner.residency)
-        waking = record.life.phase is Phase.IDLE_UNLOADED
-        self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
-        record.gpu_uuid, record.gpu_index = uuid, index
-        started = self.clock()
-        # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
-        marker = Marker(name, owned.digest, model_id, owner.key)
-        await self._in_thread(self.crashes.loading, marker)
         admitted: Admitted | None = None
+        # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
+        held = self.crashes.held(owner.namespace)
+        await self.held_loads.begin(held)
+        loaded = False
+        try:
+            waking = record.life.phase is Phase.IDLE_UNLOADED
+            self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
+            record.gpu_uuid, record.gpu_index = uuid, index
+            started = self.clock()
+            # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
+            marker = Marker(name, owned.digest, model_id, owner.key)
+            await self._in_thread(self.crashes.loading, marker)
+        except BaseException:
+            self.held_loads.end(held, 0.0)
+            raise
         try:
             if self.host is not None:
                 admitted = await self._in_thread(
@@ -569,6 +607,7 @@ class Models:
             self._step(name, record, Event.LOAD_UNANSWERED)
             raise
         else:
+            loaded = True
             self.crashes.finished(marker)
             if self.host is not None:
                 await self._in_thread(self.host.finished, admitted, True)
@@ -589,6 +628,7 @@ class Models:
         finally:
             if admitted is not None and self.host is not None:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
+            self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
@@ -628,10 +668,10 @@ class Models:
     async def _make_gpu_room(
         self, owner: Proven, gpu: GpuInfo, problem: str, waking: bool
     ) -> tuple[GpuInfo | None, str]:
-        """Put idle on-demand models of the owner's GPU to sleep until its load fits, as
-        `agent.eviction` chooses; inside the load's GPU turn, holding the lock of the model to
-        load, after admission found `problem`. The GPU's reading after, and what still stands in
-        the way ("" when it fits)."""
+        """Put on-demand models of the owner's GPU to sleep until its load fits (idle ones,
+        or those past their namespace's share), as `agent.eviction` chooses; inside the load's
+        GPU turn, holding the lock of the model to load, after admission found `problem`. The
+        GPU's reading after, and what still stands in the way ("" when it fits)."""
         assert self.evictor is not None
         reserve = self.limits.gpu_mem_reserve
         capacity = gpu.memory_total - reserve
@@ -659,7 +699,14 @@ class Models:
                     f"an idle model on {label} could not be put to sleep to make room"
                 )
             _, proven = held[victim.name]
-            self.evictor.evicted(victim, proven.key, proven.uid, why, waking)
+            self.evictor.evicted(
+                victim,
+                proven.key,
+                proven.uid,
+                why,
+                waking,
+                reclaimed=victim.name in choice.reclaimed,
+            )
         after = await self._gpus.read_gpu(gpu.uuid)
         if after is None:
             return None, ""
@@ -995,13 +1042,16 @@ class Models:
             )
         quarantined = self.quarantine_of(name)
         if quarantined is not None and state is not ModelState.READY:
-            state, reason = ModelState.FAILED, crash_message(quarantined)
+            state, reason = ModelState.FAILED, quarantine_message(quarantined)
         return ModelStatus(
             model_id=self.public_id(name),
             state=state,
             reason=reason,
             given_up=stopped,
             quarantined=quarantined is not None and state is ModelState.FAILED,
+            quarantine_reason=(
+                NAMESPACE_CRASHED_REASON if isinstance(quarantined, NamespaceRecord) else ""
+            ),
             manifest_digest=manifest.digest if manifest else "",
             gpu_uuid=record.gpu_uuid,
             gpu_index=record.gpu_index,
@@ -1049,10 +1099,14 @@ class Models:
             for name in sorted(names)
         ]
 
-    def quarantine_of(self, name: str) -> CrashRecord | None:
-        """The quarantine of the files installed as `name`, if they are quarantined."""
+    def quarantine_of(self, name: str) -> CrashRecord | NamespaceRecord | None:
+        """The quarantine of the files installed as `name`, or of their namespace's new loads,
+        if they are quarantined."""
         owned = self.owners.get(name)
-        return self.crashes.quarantined(owned.digest) if owned and owned.digest else None
+        if owned is None:
+            return None
+        files = self.crashes.quarantined(owned.digest) if owned.digest else None
+        return files or self.crashes.namespace_quarantine(owned.namespace)
 
     def crash_suspected(self, marker: Marker) -> CrashRecord:
         """Count a load Triton died under (`marker`, left over, its model not in Triton) against

@@ -19,7 +19,15 @@ written by `NodeQuarantine`, read by `tritonshare status`), and the new agent ta
 from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
 the Node (`Keys.quarantine_clear`). The ledger also keeps the pods whose requests were at Triton
 when it exited (`agent.suspects`, counted from the gateway's witnesses by `agent.requestcrash`),
-quarantined, shown and cleared the same way. `CrashLedger` stores and counts; `agent.models`
+quarantined, shown and cleared the same way.
+
+Quarantine by digest alone is escaped by new files (the same model with one byte more), so the
+ledger also counts by namespace (`NamespaceRecord`): once one of a namespace's files is
+quarantined on the node, the namespace is held (its models load as suspects: last, alone, each
+with a quiet period of `quiet_seconds` whose exit still counts against it), and every further
+crash of its loads counts against the namespace too; at `namespace_quarantine_after` the node
+loads none of the namespace's models it does not hold already, until an operator clears
+`NAMESPACE/*`. `CrashLedger` stores and counts; `agent.models`
 writes the markers around its loads; `agent.reconcile` decides when a marker is a crash and what
 the pod is told.
 """
@@ -48,6 +56,13 @@ MARKER_SUFFIX = ".loading"
 COUNTS_FILE = "crashes.json"
 MAX_RECORDS = 10_000
 """Counts kept at most (the oldest unquarantined go first): a tenant cannot fill the disk."""
+
+SUSPECT_QUIET_SECONDS = 5.0
+"""The least quiet period after a held namespace's load (`--crash-settle-seconds` when longer):
+nothing else loads meanwhile, and an exit of Triton counts against that load."""
+
+NAMESPACE = "namespace"
+"""The `cause` of a quarantined namespace's entry in the annotation."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,22 @@ class CrashRecord:
         ) or (len(selector) >= 12 and self.digest.startswith(selector))
 
 
+@dataclass(frozen=True)
+class NamespaceRecord:
+    """The crashes of one namespace's loads on this node since one of its files was
+    quarantined here."""
+
+    namespace: str
+    pod: str
+    """The pod of the last crash (namespace/name)."""
+    crashes: int
+    quarantined: bool = False
+
+    def matches(self, selector: str) -> bool:
+        """Whether an operator's `selector` names it: `NAMESPACE/*`."""
+        return selector == f"{self.namespace}/*"
+
+
 class CrashLedger:
     """The node's crash markers and crash counts, in memory and in `directory`."""
 
@@ -99,10 +130,15 @@ class CrashLedger:
         *,
         settle_seconds: float = 0.0,
         probation_seconds: float = 600.0,
+        namespace_quarantine_after: int = 2,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if quarantine_after < 1:
-            raise ValueError("quarantine_after must be at least 1")
+        if quarantine_after < 1 or namespace_quarantine_after < 1:
+            raise ValueError("quarantine_after and namespace_quarantine_after must be at least 1")
+        self.namespace_quarantine_after = namespace_quarantine_after
+        self._namespaces: dict[str, NamespaceRecord] = {}
+        self._held: set[str] | None = None
+        """Namespaces with quarantined files (None: to be worked out again)."""
         self.directory = directory
         self.quarantine_after = quarantine_after
         self.settle_seconds = settle_seconds
@@ -117,8 +153,18 @@ class CrashLedger:
         path = self.directory / COUNTS_FILE
         self._records = {}
         self._callers = {}
+        self._namespaces = {}
+        self._held = None
         try:
             document = json.loads(path.read_text())
+            for item in document.get("namespaces", []):
+                held = NamespaceRecord(
+                    str(item["namespace"]),
+                    str(item["pod"]),
+                    int(item["crashes"]),
+                    bool(item["quarantined"]),
+                )
+                self._namespaces[held.namespace] = held
             for item in document.get("callers", []):
                 caller = CallerRecord(
                     str(item["pod"]),
@@ -163,7 +209,7 @@ class CrashLedger:
 
     def finished(self, marker: Marker) -> None:
         """Triton answered the load READY: the marker stays, finished, until `settled`."""
-        if self.settle_seconds <= 0:
+        if self._settle_of(marker) <= 0:
             self.answered(marker.name)
             self.loaded(marker.digest)
             return
@@ -175,7 +221,7 @@ class CrashLedger:
     def settled(self, marker: Marker) -> bool:
         """For a finished marker whose model Triton still holds: once `settle_seconds` have
         passed, the load is cleared of suspicion (its marker removed, its count ended)."""
-        if self._wall() < marker.finished_at + self.settle_seconds:
+        if self._wall() < marker.finished_at + self._settle_of(marker):
             return False
         self.answered(marker.name)
         self.loaded(marker.digest)
@@ -204,7 +250,9 @@ class CrashLedger:
 
     # Counts.
     def crashed(self, marker: Marker) -> CrashRecord:
-        """Count a crash against the marker's files and remove the marker."""
+        """Count a crash against the marker's files (and its namespace, when held) and remove
+        the marker."""
+        self._count_namespace(marker)
         before = self._records.get(marker.digest)
         crashes = (before.crashes if before else 0) + 1
         record = CrashRecord(
@@ -238,6 +286,61 @@ class CrashLedger:
 
     def records(self) -> list[CrashRecord]:
         return sorted(self._records.values(), key=lambda r: (r.pod, r.digest))
+
+    # Namespaces whose files were quarantined here.
+    @property
+    def quiet_seconds(self) -> float:
+        """The quiet period after a held namespace's load."""
+        return max(self.settle_seconds, SUSPECT_QUIET_SECONDS)
+
+    def held(self, namespace: str) -> bool:
+        """Whether `namespace`'s models load as suspects: one of its files is quarantined
+        here, or its loads are counted."""
+        if self._held is None:
+            self._held = {r.namespace for r in self._records.values() if r.quarantined}
+        return namespace in self._namespaces or namespace in self._held
+
+    def namespace_quarantine(self, namespace: str) -> NamespaceRecord | None:
+        """The quarantine of `namespace`'s new loads on this node, if it is quarantined."""
+        record = self._namespaces.get(namespace)
+        return record if record is not None and record.quarantined else None
+
+    def namespaces(self) -> list[NamespaceRecord]:
+        return sorted(self._namespaces.values(), key=lambda r: r.namespace)
+
+    def clear_namespaces(self, selectors: Iterable[str]) -> list[NamespaceRecord]:
+        """Forget the namespaces any of `selectors` names (`NAMESPACE/*`); returns them."""
+        wanted = [s.strip() for s in selectors if s.strip()]
+        gone = [r for r in self._namespaces.values() if any(r.matches(s) for s in wanted)]
+        for record in gone:
+            del self._namespaces[record.namespace]
+        if gone:
+            self._save()
+        return gone
+
+    def restore_namespaces(self, records: Iterable[NamespaceRecord]) -> list[NamespaceRecord]:
+        """Take back namespace quarantines this ledger lacks (from the Node)."""
+        taken = [r for r in records if r.quarantined and r.namespace not in self._namespaces]
+        for record in taken:
+            self._namespaces[record.namespace] = record
+        if taken:
+            self._save()
+        return taken
+
+    def _count_namespace(self, marker: Marker) -> None:
+        namespace = marker.pod.partition("/")[0]
+        if not self.held(namespace):
+            return
+        before = self._namespaces.get(namespace)
+        crashes = (before.crashes if before else 0) + 1
+        self._namespaces[namespace] = NamespaceRecord(
+            namespace, marker.pod, crashes, crashes >= self.namespace_quarantine_after
+        )
+
+    def _settle_of(self, marker: Marker) -> float:
+        if self.held(marker.pod.partition("/")[0]):
+            return self.quiet_seconds
+        return self.settle_seconds
 
     # Pods whose requests were at Triton when it exited.
     def requests_crashed(self, suspects: Iterable[Suspect]) -> list[CallerRecord]:
@@ -324,9 +427,11 @@ class CrashLedger:
             del self._records[digest]
 
     def _save(self) -> None:
+        self._held = None  # every change of the records is saved
         document = {
             "records": [asdict(r) for r in self._records.values()],
             "callers": [asdict(r) for r in self._callers.values()],
+            "namespaces": [asdict(r) for r in self._namespaces.values()],
         }
         self._write(self.directory / COUNTS_FILE, document)
 
@@ -369,6 +474,8 @@ def from_annotation(value: str) -> tuple[list[CrashRecord], list[CallerRecord]]:
             if pod.partition("/")[0] != namespace or not model_id:
                 continue
             crashes = int(item["crashes"])
+            if item.get("cause") == NAMESPACE:
+                continue  # `namespaces_from_annotation`
             if item.get("cause") == REQUESTS:
                 callers.append(CallerRecord(pod, model_id, str(item["uid"]), crashes, True))
             else:
@@ -376,9 +483,30 @@ def from_annotation(value: str) -> tuple[list[CrashRecord], list[CallerRecord]]:
     return records, callers
 
 
-def annotation(records: Iterable[CrashRecord], callers: Iterable[CallerRecord] = ()) -> str:
-    """The `quarantined` Node annotation for `records` and `callers` ("" when none is
-    quarantined)."""
+def namespaces_from_annotation(value: str) -> list[NamespaceRecord]:
+    """The namespace quarantines a `quarantined` Node annotation lists."""
+    try:
+        shown = json.loads(value) if value else []
+    except ValueError:
+        return []
+    found = []
+    for item in shown if isinstance(shown, list) else []:
+        with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+            if item.get("cause") == NAMESPACE and str(item["model"]).endswith("/*"):
+                namespace = str(item["model"])[:-2]
+                found.append(
+                    NamespaceRecord(namespace, str(item["pod"]), int(item["crashes"]), True)
+                )
+    return found
+
+
+def annotation(
+    records: Iterable[CrashRecord],
+    callers: Iterable[CallerRecord] = (),
+    namespaces: Iterable[NamespaceRecord] = (),
+) -> str:
+    """The `quarantined` Node annotation for `records`, `callers` and `namespaces` ("" when
+    none is quarantined)."""
     shown: list[dict[str, object]] = [
         {
             "model": f"{r.namespace}/{r.model_id}",
@@ -400,6 +528,17 @@ def annotation(records: Iterable[CrashRecord], callers: Iterable[CallerRecord] =
         }
         for c in callers
         if c.quarantined
+    ]
+    shown += [
+        {
+            "model": f"{n.namespace}/*",
+            "pod": n.pod,
+            "digest": "",
+            "crashes": n.crashes,
+            "cause": NAMESPACE,
+        }
+        for n in namespaces
+        if n.quarantined
     ]
     return json.dumps(shown, sort_keys=True, separators=(",", ":")) if shown else ""
 
@@ -438,17 +577,28 @@ class NodeQuarantine:
         current = dict((node.get("metadata") or {}).get("annotations") or {})
         if self._shown is None:
             # A new node pod starts with an empty state directory: the Node kept its quarantines.
-            for record in self._ledger.restore(
-                *from_annotation(str(current.get(self._keys.quarantined) or ""))
-            ):
+            shown_before = str(current.get(self._keys.quarantined) or "")
+            for record in self._ledger.restore(*from_annotation(shown_before)):
                 log.warning(
                     "%s stays quarantined on this node, as its Node says.", _described(record)
+                )
+            for held in self._ledger.restore_namespaces(namespaces_from_annotation(shown_before)):
+                log.warning(
+                    "Namespace %s's new loads stay quarantined on this node, as its Node says.",
+                    held.namespace,
                 )
         patch: dict[str, str | None] = {}
         asked = str(current.get(self._keys.quarantine_clear) or "")
         if asked:
             cleared = self._ledger.clear(asked.split(","))
             callers = self._ledger.clear_callers(asked.split(","))
+            namespaces = self._ledger.clear_namespaces(asked.split(","))
+            for held in namespaces:
+                log.warning(
+                    "The quarantine of namespace %s's new loads is cleared as the operator "
+                    "asked: its models may be loaded on this node again.",
+                    held.namespace,
+                )
             lifted: list[CrashRecord | CallerRecord] = [*cleared, *callers]
             for gone in lifted:
                 log.warning(
@@ -458,7 +608,7 @@ class NodeQuarantine:
                     if isinstance(gone, CallerRecord)
                     else "it may be loaded on this node again",
                 )
-            if not cleared and not callers:
+            if not cleared and not callers and not namespaces:
                 log.warning(
                     "The node's %s annotation (%r) names no quarantined model: nothing cleared.",
                     self._keys.quarantine_clear,
@@ -469,7 +619,9 @@ class NodeQuarantine:
             if callers and self._on_callers_cleared is not None:
                 self._on_callers_cleared(callers)
             patch[self._keys.quarantine_clear] = None
-        wanted = annotation(self._ledger.records(), self._ledger.callers())
+        wanted = annotation(
+            self._ledger.records(), self._ledger.callers(), self._ledger.namespaces()
+        )
         shown = str(current.get(self._keys.quarantined) or "")
         if wanted != shown:
             patch[self._keys.quarantined] = wanted or None
@@ -483,7 +635,9 @@ class NodeQuarantine:
             if (
                 self._shown is None
                 or self._shown
-                or annotation(self._ledger.records(), self._ledger.callers())
+                or annotation(
+                    self._ledger.records(), self._ledger.callers(), self._ledger.namespaces()
+                )
             ):
                 try:
                     await self.sync()

@@ -48,7 +48,13 @@ from agent.events import PodEvents
 from agent.lifecycle import Event, Life, Phase, RetryPolicy
 from agent.memory import Excess
 from agent.metrics import AgentMetrics
-from agent.models import CRASHED_REASON, Models, crash_message
+from agent.models import (
+    CRASHED_REASON,
+    NAMESPACE_CRASHED_REASON,
+    Models,
+    crash_message,
+    namespace_message,
+)
 from agent.nodepods import NodePods
 from agent.placement import Proven
 from agent.quarantine import Marker
@@ -173,7 +179,7 @@ class Reconciler:
             return
         self._deferred = self._settling = False
         plan = await self.plan()
-        settle = self.models.crashes.settle_seconds
+        settle = self.models.crashes.quiet_seconds  # a held namespace's load settles longer
         if self._settling and settle > 0 and self._settle_pass is None:
             # Suspects wait for a settling window: the pass that lets them load comes then.
             self._settle_pass = asyncio.get_running_loop().call_later(settle, self._settled)
@@ -263,7 +269,9 @@ class Reconciler:
             if models.quarantine_of(name) is not None:
                 continue
             owner_record = models.owners.get(name)
-            if owner_record is not None and models.crashes.count(owner_record.digest):
+            if owner_record is not None and (
+                models.crashes.count(owner_record.digest) or models.crashes.held(pod.namespace)
+            ):
                 suspects.append(Action(name, Event.TRITON_RESTARTED, pod))
                 continue
             plan[name] = Action(name, Event.TRITON_RESTARTED, pod)
@@ -325,7 +333,20 @@ class Reconciler:
 
     async def _crashed(self, marker: Marker, pod: Proven | None) -> None:
         """A load Triton died under: count it, and quarantine the model at the limit."""
+        namespace = marker.pod.partition("/")[0]
+        was_held = self.models.crashes.namespace_quarantine(namespace)
         counted = self.models.crash_suspected(marker)
+        held = self.models.crashes.namespace_quarantine(namespace)
+        if held is not None and was_held is None:
+            log.error(
+                "Quarantined: %s.",
+                namespace_message(held),
+                extra=subject(pod=marker.pod, model=marker.model_id),
+            )
+            if pod is not None:
+                self.events.warn(
+                    pod.key, pod.uid, NAMESPACE_CRASHED_REASON, namespace_message(held)
+                )
         self.metrics.crashes_suspected.inc()
         limit = self.models.crashes.quarantine_after
         where = subject(pod=marker.pod, model=marker.model_id)

@@ -292,6 +292,17 @@ class Settings:
     the files are never loaded on this node again until an operator clears them; and each with a
     pod's requests at Triton (as the node gateway saw), after which the gateway refuses the pod's
     requests until an operator clears it."""
+    crash_namespace_quarantine_after: int = setting(
+        "crash-namespace-quarantine-after",
+        "Triton exits under a namespace's loads, after one of its files was quarantined on the "
+        "node, before the node loads no new model of the namespace",
+        whole(minimum=1),
+        default="2",
+    )
+    """Once one of a namespace's files is quarantined on this node, its models load as
+    suspects (last, alone, with a quiet period), and each further exit of Triton under one of
+    its loads counts against the namespace; at this count the node loads none of its models it
+    does not hold already until an operator clears `NAMESPACE/*`."""
     crash_probation_seconds: float = setting(
         "crash-probation-seconds",
         "seconds a pod present with others at an exit of Triton stays on probation",

@@ -155,6 +155,14 @@ def write_quarantined(rows: list[dict[str, Any]], out: TextIO) -> None:
         "`tritonshare quarantine clear NODE NAMESPACE/MODEL`):\n"
     )
     for row in rows:
+        if row.get("cause") == "namespace":
+            out.write(
+                f"  namespace {row['model'].removesuffix('/*')} on {row['node']}: Triton exited "
+                f"{row['crashes']} more times under its loads after its files were quarantined, "
+                f"last for pod {row['pod']}; the node loads none of its new models (lift with "
+                f"`tritonshare quarantine clear {row['node']} {row['model']}`)\n"
+            )
+            continue
         if row.get("cause") == "requests":
             out.write(
                 f"  pod {row['pod']} ({row['model']}) on {row['node']}: its requests were at "

@@ -35,6 +35,7 @@ from proxy.gateway.tenants import Tenants
 from proxy.gateway.witness import CrashWitness
 from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.inflight import InFlightShares
+from proxy.policy.probation import ProbationLane
 from proxy.policy.share import LoopShares
 from proxy.sockets import bind
 from proxy.state import ProxyState
@@ -73,7 +74,12 @@ class Gateway:
             if settings.max_in_flight_node
             else None
         )
-        self.tenants = Tenants(self.state, shares, in_flight)
+        self.tenants = Tenants(
+            self.state,
+            shares,
+            in_flight,
+            ProbationLane(clean_turns=settings.probation_clean_turns),
+        )
         self._walk_now = asyncio.Event()
         self.budget = (
             ByteBudget(settings.max_buffered_bytes, shares, on_hold=self._walk_now.set)

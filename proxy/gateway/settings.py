@@ -192,6 +192,17 @@ class GatewaySettings:
     evenly among the active pods) stops being read until the round ends (`policy.share`); the
     rest stays free for a neighbour's next request. A pod alone is never held back; 100: pods
     take what their neighbours leave, and only the fair share is kept for each."""
+    probation_clean_turns: int = setting(
+        "probation-clean-turns",
+        "clean turns in a row after which a pod on probation stops taking turns at Triton "
+        "with other probationers; 0 = never before its probation ends",
+        whole(),
+        default="10",
+    )
+    """A pod on probation whose last this many turns in the probation lane each had requests
+    answered with Triton alive leaves the lane early (`policy.probation`); named at another
+    exit of Triton, it takes turns again until its probation ends. 0: it takes turns until its
+    probation ends."""
     log_level: str = log_level_flag()
     log_format: str = log_format_flag()
 

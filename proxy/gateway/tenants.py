@@ -75,21 +75,61 @@ class Tenant:
         self._logged_pause = -_PAUSE_LOG_SECONDS
         self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
         self._answers_paused = False  # its channels to Triton stopped for the byte budget
+        self._cleared = False
+        """On probation, it left the lane after its clean turns."""
+        self._may_clear = True
+        """It may leave the lane early (not once named at an exit after it did)."""
         self.metrics = ProxyMetrics(self.limiter, caller.model_id)
         self.rest = RestRelay(settings, self.limiter, self.metrics, state)
         self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state)
 
     def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
         """Follow `caller`'s probation (it is this tenant's caller in all else): its requests
-        take turns in `lane` with other probationers' while it is on probation."""
+        take turns in `lane` with other probationers' while it is on probation, unless it left
+        the lane after its clean turns."""
         self.caller = caller
-        if caller.probation and self.limiter.probation is None:
-            self.limiter.probation = lane
-            lane.join(self.limiter, lambda: self.metrics.answered_with(FAILED))
+        if not caller.probation:
+            self._cleared = False
+            self._may_clear = True
+        if caller.probation and self.limiter.probation is None and not self._cleared:
+            self._join(lane)
         elif not caller.probation and self.limiter.probation is not None:
-            self.limiter.probation = None
-            lane.leave(self.limiter)
-            self.limiter.lane_opened()  # what waited for the lane goes now
+            self._leave(lane)
+
+    def present_at_exit(self, lane: ProbationLane) -> None:
+        """The gateway's witness named this pod at Triton's death: its clean turns start
+        over; if it had left the lane after them, it takes turns again, and leaves no more
+        before its probation ends."""
+        if self.limiter.probation is not None:
+            lane.present(self.limiter)
+        elif self.caller.probation and self._cleared:
+            self._cleared = self._may_clear = False
+            self._join(lane)
+
+    def _join(self, lane: ProbationLane) -> None:
+        self.limiter.probation = lane
+        lane.join(
+            self.limiter,
+            lambda: self.metrics.answered_with(FAILED),
+            namespace=self.caller.namespace,
+            on_clear=(lambda: self._clear(lane)) if self._may_clear and lane.clean_turns else None,
+        )
+
+    def _clear(self, lane: ProbationLane) -> None:
+        log.info(
+            "Pod %s (%s) had %d clean turns alone at Triton on probation: its requests no "
+            "longer take turns with other probationers' unless it is at another exit.",
+            self.caller.pod,
+            self.caller.address,
+            lane.clean_turns,
+        )
+        self._cleared = True
+        self._leave(lane)
+
+    def _leave(self, lane: ProbationLane) -> None:
+        self.limiter.probation = None
+        lane.leave(self.limiter)
+        self.limiter.lane_opened()  # what waited for the lane goes now
 
     @property
     def connections(self) -> int:
@@ -169,14 +209,18 @@ class Tenants:
     """The tenants of the pods that have connected, by address."""
 
     def __init__(
-        self, state: ProxyState, shares: LoopShares, in_flight: InFlightShares | None = None
+        self,
+        state: ProxyState,
+        shares: LoopShares,
+        in_flight: InFlightShares | None = None,
+        probation: ProbationLane | None = None,
     ) -> None:
         self.state = state
         self.shares = shares
         self.in_flight = in_flight
         """The node's in-flight budget split among the namespaces sending, then their pods;
         None: none."""
-        self.probation = ProbationLane()
+        self.probation = probation or ProbationLane()
         self._by_address: dict[str, Tenant] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 

@@ -123,6 +123,9 @@ class CrashWitness:
                 named[suspect.pod] = suspect
         witnessed = Witness(witnessed.at, tuple(named[pod] for pod in sorted(named)))
         if self._lane is not None:
+            for tenant in self._tenants():
+                if tenant.caller.pod in named:
+                    tenant.present_at_exit(self._lane)
             self._lane.reopen()
         who = ", ".join(f"{s.pod} ({s.in_flight} in flight)" for s in witnessed.suspects)
         log.warning(

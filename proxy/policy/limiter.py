@@ -202,6 +202,9 @@ class Limiter:
                     waiter.cancel()
                     self._waiters.remove(waiter)
                 self._left(self._clock())
+                lane = self.probation
+                if lane is not None and not self.in_flight and not self._waiters:
+                    lane.freed(self)  # a turn with nothing left to send passes on
             if isinstance(e, TimeoutError):
                 raise QueueTimeoutError(
                     f"the request waited {self.queue_timeout:g} s for one of the model's "
@@ -224,7 +227,7 @@ class Limiter:
         while (
             self._waiters
             and (self.limit == 0 or self.in_flight <= self.limit)
-            and (lane is None or not lane.others_wait(self))
+            and (lane is None or lane.enters(self))
         ):
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -269,7 +272,7 @@ class Limiter:
         while (
             self._waiters
             and (limit == 0 or self.in_flight < limit)
-            and (self.probation is None or self.probation.holder is self)
+            and (self.probation is None or self.probation.enters(self))
         ):
             waiter = self._waiters.popleft()
             if waiter.done():

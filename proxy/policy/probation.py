@@ -3,24 +3,43 @@
 A pod is on probation when its requests were at Triton with another pod's at an unexpected exit
 (`agent.suspects`): nothing in that exit tells them apart, so until the probation lapses their
 requests take turns, and the next exit finds one of them alone. The lane is held by one
-probationer while it has requests in flight; another probationer's requests wait in their pod's
-own queue (`policy.limiter`, with its bound and timeout). Turns go by pod, oldest waiting first:
-once another probationer waits, the holder admits no new request and hands no freed slot on, so
-its requests drain and the lane passes; neither can starve the other. Pods not on probation never
-touch it. A turn whose requests failed with Triton gone (Triton died under it) closes the lane
-until the gateway's witness of that death has named who was at Triton (`reopen`), or
-`hold_seconds` when no death follows: a request let in behind it would fail too and be named with
-it. What it must not do: decide who is on probation (the agent's caller table does).
+probationer for a turn; another probationer's requests wait in their pod's own queue
+(`policy.limiter`, with its bound and timeout). A turn is bounded: once another probationer waits,
+the holder admits no new request past `turn_requests` in its turn or past `turn_seconds` since
+the turn began, and hands no freed slot on, so its requests drain and the lane passes. Turns go
+by namespace first, then by pod within it, each in the order it began waiting: a namespace gains
+no turns by putting more pods on probation, and none can hold the lane however it keeps requests
+overlapping. Pods not on probation never touch it.
+
+A turn whose requests failed with Triton gone (Triton died under it) closes the lane until the
+gateway's witness of that death has named who was at Triton (`reopen`), or `hold_seconds` when
+no death follows: a request let in behind it would fail too and be named with it. A pod whose
+last `clean_turns` turns each had requests answered with Triton alive leaves the lane early (its
+`on_clear`), since alone at Triton that often it did not take Triton down; a pod named at an
+exit afterwards takes turns again until its probation ends (`Tenant.present_at_exit`). What it
+must not do: decide who is on probation (the agent's caller table does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 HOLD_SECONDS = 2.0
 """How long a lane closed by a failed turn stays closed when no witness reopens it."""
+
+TURN_REQUESTS = 8
+"""The most requests a probationer's turn admits once another probationer waits."""
+
+TURN_SECONDS = 0.5
+"""How long, from its start, a probationer's turn admits new requests once another waits; its
+requests in flight then finish before the next turn begins."""
+
+CLEAN_TURNS = 10
+"""Turns in a row with requests answered and none failed with Triton gone, after which a pod
+leaves the lane for the rest of its probation (unless named at another exit)."""
 
 
 class LaneUser(Protocol):
@@ -36,42 +55,102 @@ class LaneUser(Protocol):
         """The lane is this pod's now: admit its waiting requests (as its limit allows)."""
 
 
+class _Member:
+    """What the lane keeps of one probationer."""
+
+    __slots__ = ("clean", "failures", "namespace", "on_clear")
+
+    def __init__(
+        self,
+        namespace: str,
+        failures: Callable[[], int] | None,
+        on_clear: Callable[[], None] | None,
+    ) -> None:
+        self.namespace = namespace
+        self.failures = failures
+        """Its requests failed with Triton gone, so far (None: not judged)."""
+        self.on_clear = on_clear
+        """Called when it leaves the lane early after its clean turns (None: it never does)."""
+        self.clean = 0
+        """Its clean turns in a row."""
+
+
 class ProbationLane:
     """The one probationer whose requests may be at Triton now, and the others waiting."""
 
-    def __init__(self, *, hold_seconds: float = HOLD_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        hold_seconds: float = HOLD_SECONDS,
+        turn_requests: int = TURN_REQUESTS,
+        turn_seconds: float = TURN_SECONDS,
+        clean_turns: int = CLEAN_TURNS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.holder: LaneUser | None = None
-        self._waiting: dict[LaneUser, None] = {}
-        """Probationers with requests waiting for the lane, oldest first (an ordered set)."""
+        self._waiting: dict[str, dict[LaneUser, None]] = {}
+        """Probationers with requests waiting for the lane, by namespace in turn order, each
+        namespace's pods oldest first (ordered sets)."""
         self.hold_seconds = hold_seconds
+        self.turn_requests = turn_requests
+        self.turn_seconds = turn_seconds
+        self.clean_turns = clean_turns
+        self._clock = clock
         self.closed = False
         """A turn ended and is not judged yet, or its requests failed: nobody enters."""
-        self._failures: dict[LaneUser, Callable[[], int]] = {}
+        self._members: dict[LaneUser, _Member] = {}
+        self._admitted = 0
+        """Requests the holder's turn has admitted."""
+        self._turn_ends = 0.0
+        """When the holder's turn stops admitting new requests while another waits."""
         self._failed_before = 0
         """The holder's failures with Triton gone when its turn began."""
         self._reopening: asyncio.TimerHandle | None = None
+        self._namespace = ""
+        """The namespace of the last turn's pod."""
+        self.turns = 0
+        """Turns begun since start."""
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return sum(len(pods) for pods in self._waiting.values())
 
     def enters(self, pod: LaneUser) -> bool:
-        """Whether a new request of `pod` may go to Triton now; takes the lane when it is free."""
+        """Whether a new request of `pod` may go to Triton now; takes the lane when it is free.
+        A holder whose turn is spent while another waits gets False, and with nothing in flight
+        passes the lane on."""
         if self.holder is None and not self._waiting and not self.closed:
             self._begin(pod)
-            return True
-        return self.holder is pod and not self.others_wait(pod)
+        elif self.holder is not pod:
+            return False
+        elif self.others_wait(pod) and (
+            self._admitted >= self.turn_requests or self._clock() >= self._turn_ends
+        ):
+            if not pod.in_flight:
+                self.freed(pod)
+            return False
+        self._admitted += 1
+        return True
 
     def others_wait(self, pod: LaneUser) -> bool:
-        """Whether a probationer other than `pod` waits for the lane (`pod` must not keep it)."""
-        return any(waiting is not pod for waiting in self._waiting)
+        """Whether a probationer other than `pod` waits for the lane."""
+        return any(waiting is not pod for pods in self._waiting.values() for waiting in pods)
 
     def wait(self, pod: LaneUser) -> None:
-        """A request of `pod` waits: unless `pod` holds the lane, it gets a turn after the pods
-        already waiting."""
+        """A request of `pod` waits: unless `pod` holds the lane, it gets a turn after its
+        namespace's turn comes, after the pods of its namespace already waiting."""
         if self.holder is not pod:
-            self._waiting.setdefault(pod, None)
+            self._queue(pod)
             self._pass_on()
+
+    def _queue(self, pod: LaneUser) -> None:
+        member = self._members.get(pod)
+        self._waiting.setdefault(member.namespace if member else "", {}).setdefault(pod, None)
+
+    def _unqueue(self, pod: LaneUser) -> None:
+        for namespace, pods in list(self._waiting.items()):
+            if pods.pop(pod, False) is None and not pods:
+                del self._waiting[namespace]
 
     def freed(self, pod: LaneUser) -> None:
         """`pod` has no request in flight any more: the lane passes on (back to `pod` after the
@@ -79,20 +158,29 @@ class ProbationLane:
         if self.holder is pod:
             self.holder = None
             if pod.queued:
-                self._waiting.setdefault(pod, None)
-            failures = self._failures.get(pod)
-            if failures is None:
+                self._queue(pod)
+            member = self._members.get(pod)
+            if member is None or member.failures is None:
                 self._pass_on()
                 return
             # The relay counts the answer of the request that freed it just after: judge the
             # turn once it has.
             self.closed = True
-            asyncio.get_running_loop().call_soon(self._judge, failures)
+            asyncio.get_running_loop().call_soon(
+                self._judge, pod, member, self._admitted, self._failed_before
+            )
 
-    def _judge(self, failures: Callable[[], int]) -> None:
+    def _judge(self, pod: LaneUser, member: _Member, admitted: int, failed_before: int) -> None:
+        failed = member.failures is not None and member.failures() > failed_before
+        if failed:
+            member.clean = 0
+        elif admitted and self._members.get(pod) is member:
+            member.clean += 1
+            if member.on_clear is not None and member.clean >= self.clean_turns:
+                member.on_clear()  # it leaves the lane
         if not self.closed or self._reopening is not None:
             return  # the witness reopened it meanwhile, or a hold is already under way
-        if failures() > self._failed_before:
+        if failed:
             self._reopening = asyncio.get_running_loop().call_later(self.hold_seconds, self.reopen)
             return
         self.reopen()
@@ -107,34 +195,59 @@ class ProbationLane:
             self.closed = False
             self._pass_on()
 
-    def join(self, pod: LaneUser, failures: Callable[[], int] | None = None) -> None:
-        """`pod` goes on probation: requests it has in flight already hold the lane if it is
-        free (if it is not, they finish beside the holder's; its next ones wait their turn).
-        `failures()` counts its requests failed with Triton gone."""
-        if failures is not None:
-            self._failures[pod] = failures
+    def join(
+        self,
+        pod: LaneUser,
+        failures: Callable[[], int] | None = None,
+        *,
+        namespace: str = "",
+        on_clear: Callable[[], None] | None = None,
+    ) -> None:
+        """`pod`, of `namespace`, goes on probation: requests it has in flight already hold the
+        lane if it is free (if it is not, they finish beside the holder's; its next ones wait
+        their turn). `failures()` counts its requests failed with Triton gone; `on_clear` is
+        called after `clean_turns` clean turns in a row, to take it off the lane (`leave`);
+        None: it stays."""
+        self._members[pod] = _Member(namespace, failures, on_clear)
         if self.holder is None and pod.in_flight and not self.closed:
             self._begin(pod)
 
+    def present(self, pod: LaneUser) -> None:
+        """`pod` was at Triton at an exit: its clean turns start over."""
+        member = self._members.get(pod)
+        if member is not None:
+            member.clean = 0
+
     def leave(self, pod: LaneUser) -> None:
         """`pod` is off probation, or gone: it holds and waits for nothing here any more."""
-        self._waiting.pop(pod, None)
-        self._failures.pop(pod, None)
+        self._unqueue(pod)
+        self._members.pop(pod, None)
         if self.holder is pod:
             self.holder = None
             self._pass_on()
 
     def _begin(self, pod: LaneUser) -> None:
         self.holder = pod
-        failures = self._failures.get(pod)
+        self.turns += 1
+        self._admitted = 0
+        self._turn_ends = self._clock() + self.turn_seconds
+        member = self._members.get(pod)
+        self._namespace = member.namespace if member is not None else ""
+        failures = member.failures if member is not None else None
         self._failed_before = failures() if failures is not None else 0
 
     def _pass_on(self) -> None:
-        """The free lane goes to the oldest waiting pod that still has a request waiting."""
+        """The free lane goes to the first waiting pod of the namespace whose turn it is."""
         while self.holder is None and self._waiting and not self.closed:
-            following = next(iter(self._waiting))
-            del self._waiting[following]
+            namespace, pods = next(iter(self._waiting.items()))
+            if namespace == self._namespace and len(self._waiting) > 1:
+                # The namespace whose turn just ended goes after the others.
+                del self._waiting[namespace]
+                self._waiting[namespace] = pods
+                pods = next(iter(self._waiting.values()))
+            following = next(iter(pods))
+            self._unqueue(following)
             self._begin(following)
             following.lane_opened()
-            if not following.in_flight:
+            if not following.in_flight and not following.queued:
                 self.holder = None  # every request it had waiting gave up meanwhile

@@ -1,5 +1,6 @@
 """The eviction rule (agent/eviction.py): which idle on-demand models a GPU gives up for a load,
-in which order, and what the loading namespace is told when none may be."""
+in which order, which used ones a namespace past its share gives back, and what the loading
+namespace is told when none may be."""
 
 from __future__ import annotations
 
@@ -97,3 +98,29 @@ def test_a_namespace_over_its_share_cannot_take_from_one_within_its_share() -> N
     # A wake that keeps x within its share may take z's idle model; so may an always load.
     assert [v.name for v in choose(GPU, held, "x", GI, NOW, 2.0, claim=GI).victims] == ["z1"]
     assert [v.name for v in choose(GPU, held, "x", 2 * GI, NOW, 2.0).victims] == ["z1"]
+
+
+def test_a_trickle_keeps_no_model_past_its_namespaces_share_from_one_within_its_own() -> None:
+    """y keeps both its models used (one request each every half second, one a slow request in
+    flight) and holds 12 GiB of the GPU's 16; x, within its share with its wake, takes back what
+    y holds past its share, least recently used first, and no more."""
+    held = [
+        od("y1", "y", 6 * GI, idle=0.4, in_flight=1),
+        od("y2", "y", 6 * GI, idle=0.2),
+        od("x-busy", "x", 2 * GI, busy=True),
+    ]
+    choice = choose(GPU, held, "x", 4 * GI, NOW, 30.0, claim=4 * GI)
+    assert [v.name for v in choice.victims] == ["y1"] and not choice.problem
+    assert choice.reclaimed == {"y1"}
+    # y within its share after one (6 of 8 GiB): its other model stays, the load fails.
+    short = choose(GPU, held, "x", 8 * GI, NOW, 30.0, claim=4 * GI)
+    assert short.victims == () and short.problem
+
+
+def test_a_namespace_past_its_share_takes_nothing_back_and_busy_models_stay() -> None:
+    held = [od("x1", "x", 6 * GI, idle=0.2), od("y-busy", "y", 6 * GI, busy=True)]
+    over = choose(GPU, held, "y", 6 * GI, NOW, 30.0, claim=6 * GI)
+    assert over.victims == (), "y would pass its share: x's used model is not taken"
+    assert over.problem
+    held = [od("y1", "y", 12 * GI, busy=True)]
+    assert choose(GPU, held, "x", 4 * GI, NOW, 30.0, claim=4 * GI).victims == ()

@@ -48,6 +48,20 @@ async def memory_agent(
     start_custom_agent: StartAgent,
 ) -> RunningAgent:
     """An agent whose simulated GPUs hold what Triton's loaded models declare."""
+    return await start_memory_agent(
+        kube_api, triton, model_repository, mock_nvml, start_custom_agent
+    )
+
+
+async def start_memory_agent(
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    model_repository: Path,
+    mock_nvml: MockNvml,
+    start_custom_agent: StartAgent,
+    min_idle: float = 0.0,
+) -> RunningAgent:
+    """`memory_agent`, with `min_idle` as --evict-min-idle-seconds."""
     indexes = {g.uuid: i for i, g in enumerate(mock_nvml.gpus)}
     mock_nvml.set_workload(
         ModelFootprints(
@@ -57,7 +71,7 @@ async def memory_agent(
     return await start_custom_agent(
         usage_publish_seconds=0.2,
         activity_table=model_repository.parent / "gateway" / "activity.json",
-        evict_min_idle_seconds=0.0,
+        evict_min_idle_seconds=min_idle,
     )
 
 
@@ -365,3 +379,74 @@ async def test_a_tenant_cannot_put_another_pods_model_to_sleep(
         await sleep(running, attacker, "victim")
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert await triton_state(running, name_in_triton(kube_api, "victim", "victim")) == "READY"
+
+
+async def test_a_trickle_keeps_no_model_past_its_share_from_a_namespace_within_its_own(
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    model_repository: Path,
+    mock_nvml: MockNvml,
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    tmp_path: Path,
+) -> None:
+    """team-b's on-demand model (within its share) sleeps; team-a's two on-demand models hold
+    12 of the GPU's 15 GiB (over its share) and are kept used, one request each every half
+    second (the gateway's activity table says so), so --evict-min-idle-seconds never lets them
+    go. team-b's wake takes back what team-a holds past its share; team-a's wake of its model
+    put to sleep fails, team-b's staying. Before, team-b's wakes failed every time."""
+    running = await start_memory_agent(
+        kube_api, triton, model_repository, mock_nvml, start_custom_agent, min_idle=30.0
+    )
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    for namespace in ("team-a", "team-b"):
+        core.create_namespace({"metadata": {"name": namespace}})
+    report_activity(running)
+    neighbour = await serve(
+        running,
+        apiserver,
+        kube_api,
+        tmp_path,
+        "nb",
+        namespace="team-b",
+        request=6 * GI,
+        uses="6Gi",
+    )
+    asleep = await sleep(running, neighbour, "nb")
+    assert asleep.sleeping, asleep
+    tokens = {
+        pod: await serve(
+            running,
+            apiserver,
+            kube_api,
+            tmp_path,
+            pod,
+            namespace="team-a",
+            request=6 * GI,
+            uses="6Gi",
+        )
+        for pod in ("a1", "a2")
+    }
+    names = {pod: name_in_triton(kube_api, pod, pod, "team-a") for pod in tokens}
+    names["nb"] = name_in_triton(kube_api, "nb", "nb", "team-b")
+
+    # The trickle: both used just now, a1 with a slow request in flight.
+    report_activity(running, **{names["a1"]: 1, names["a2"]: 0})
+    woken = await load(running, neighbour, "nb")
+    assert woken.state == agent_pb2.MODEL_STATE_READY, woken.reason
+    states = {pod: await triton_state(running, names[pod]) for pod in ("a1", "a2")}
+    assert sorted(states.values()) in (["", "READY"], ["READY", "UNAVAILABLE"]), states
+    evicted = next(pod for pod, state in states.items() if state != "READY")
+    await eventually(
+        lambda: (
+            "more than its share" in events(kube_api, evicted, "team-a").get("ModelEvicted", "")
+        ),
+        what="the evicted pod told why",
+    )
+
+    # team-a, past its share, cannot take the room back from team-b.
+    report_activity(running, **{names["nb"]: 0, names["a1"]: 0, names["a2"]: 0})
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await load(running, tokens[evicted], evicted)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert await triton_state(running, names["nb"]) == "READY"

@@ -36,6 +36,10 @@ class Pod:
 
     def __init__(self, limiter: Limiter, caller: Caller, metrics: Answered) -> None:
         self.limiter, self.caller, self.metrics = limiter, caller, metrics
+        self.at_exits = 0
+
+    def present_at_exit(self, lane: ProbationLane) -> None:
+        self.at_exits += 1
 
 
 def tenant(pod: str, *, in_flight: int = 0, last: float = 0.0, **codes: int) -> Tenant:
@@ -82,8 +86,9 @@ async def test_a_record_adds_the_pods_whose_requests_failed_after_the_snapshot(
     tmp_path: Path,
 ) -> None:
     """The sentinel's connection closed a moment before the death: the pod whose request Triton
-    died under failed after the snapshot, and is named too; a pod answered normally is not, and
-    the probation lane closed by the failed turn reopens."""
+    died under failed after the snapshot, and is named too; a pod answered normally is not, the
+    probation lane closed by the failed turn reopens, and the pods named start their clean turns
+    over."""
     attacker = tenant("a/attacker", last=99.0)
     tenants = [tenant("b/busy", in_flight=1, last=99.0), attacker, tenant("c/ok", last=99.9)]
     lane = ProbationLane()
@@ -95,6 +100,7 @@ async def test_a_record_adds_the_pods_whose_requests_failed_after_the_snapshot(
     (recorded,) = read_witnesses(tmp_path / "w.json")
     assert [(s.pod, s.in_flight) for s in recorded.suspects] == [("a/attacker", 1), ("b/busy", 1)]
     assert recorded.at == 50.0 and not lane.closed
+    assert [cast(Pod, t).at_exits for t in tenants] == [1, 1, 0], "the lane hears who was there"
 
 
 async def test_a_quarantined_pods_requests_are_refused_before_they_take_a_slot() -> None:

@@ -1,5 +1,6 @@
 """policy.probation with policy.limiter: two probationers' requests never overlap at Triton,
-they take turns by pod, a waiter past its bound is refused, and other pods never wait."""
+they take turns bounded in requests and time, by namespace then by pod, a waiter past its bound
+is refused, other pods never wait, and a pod leaves the lane after its clean turns."""
 
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ def probationer(
 
 
 async def test_a_second_probationer_waits_until_the_first_has_nothing_in_flight() -> None:
-    lane = ProbationLane()
+    lane = ProbationLane(turn_requests=3)
     a, b = probationer(lane), probationer(lane)
     assert a.try_acquire() and a.try_acquire()
     waiting = asyncio.get_running_loop().create_task(b.acquire())
     await asyncio.sleep(0)
     assert (b.in_flight, b.queued, lane.holder) == (0, 1, a)
-    assert not a.try_acquire(), "another probationer waits: the holder admits no new request"
+    assert a.try_acquire(), "its turn has room for a third request"
+    assert not a.try_acquire(), "another probationer waits: a spent turn admits no new request"
+    a.release()
     a.release()
     await asyncio.sleep(0)
     assert not waiting.done(), "one of a's requests is still at Triton"
@@ -40,7 +43,7 @@ async def test_a_second_probationer_waits_until_the_first_has_nothing_in_flight(
 async def test_a_probationer_that_always_has_requests_waiting_cannot_starve_another() -> None:
     """Pod a keeps more requests than its limit at all times; pod b's one request gets its turn
     as soon as a's in-flight ones drain, and never beside them."""
-    lane = ProbationLane()
+    lane = ProbationLane(turn_requests=2)
     a, b = probationer(lane, limit=2), probationer(lane, limit=2)
     done = 0
 
@@ -176,3 +179,97 @@ async def test_under_the_node_budget_probationers_never_overlap_and_both_are_ser
     assert overlaps == 0
     assert served == {id(a): 90, id(b): 90}
     assert (a.in_flight, b.in_flight, lane.holder) == (0, 0, None)
+
+
+async def test_a_turn_is_bounded_in_time_once_another_waits() -> None:
+    now = [0.0]
+    lane = ProbationLane(turn_requests=100, turn_seconds=0.5, clock=lambda: now[0])
+    a, b = probationer(lane), probationer(lane)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    assert a.try_acquire(), "within its turn's time"
+    now[0] = 0.6
+    assert not a.try_acquire(), "past its turn's time, with b waiting"
+    a.release()
+    a.release()
+    await waiting
+    assert lane.holder is b
+    assert b.try_acquire(), "b's new turn has its own time"
+
+
+async def test_a_holder_whose_spent_turn_has_nothing_in_flight_passes_the_lane_on() -> None:
+    """At the gateway a turn may begin with no slot free for it: once spent, it does not keep
+    the lane while it waits for one."""
+    now = [0.0]
+    lane = ProbationLane(turn_seconds=0.5, clock=lambda: now[0])
+    a, b = probationer(lane), probationer(lane)
+    lane.holder = a  # its turn began, its namespace has no slot for it yet
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    now[0] = 1.0
+    assert not a.try_acquire()
+    await waiting
+    assert lane.holder is b
+
+
+async def test_turns_go_by_namespace_then_by_pod() -> None:
+    """Namespace x puts three pods on probation, y one: y's pod gets every other turn."""
+    lane = ProbationLane(turn_requests=1)
+    x = [Limiter(0, 8, 30.0) for _ in range(3)]
+    y = Limiter(0, 8, 30.0)
+    for pod, namespace in [(x[0], "x"), (x[1], "x"), (x[2], "x"), (y, "y")]:
+        pod.probation = lane
+        lane.join(pod, namespace=namespace)
+    assert x[0].try_acquire()
+    loop = asyncio.get_running_loop()
+    order: list[Limiter] = []
+
+    async def one(pod: Limiter) -> None:
+        await pod.acquire()
+        order.append(pod)
+        await asyncio.sleep(0)
+        pod.release()
+
+    tasks = [loop.create_task(one(pod)) for pod in (x[1], x[2], y, y)]
+    await asyncio.sleep(0)
+    x[0].release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert order == [y, x[1], y, x[2]]
+
+
+async def test_a_pod_leaves_the_lane_after_its_clean_turns_and_not_after_a_failed_one() -> None:
+    lane = ProbationLane(clean_turns=3)
+    failed = [0]
+    cleared: list[str] = []
+    a = Limiter(0, 8, 30.0)
+    a.probation = lane
+
+    def clear() -> None:
+        cleared.append("a")
+        a.probation = None
+        lane.leave(a)
+
+    lane.join(a, lambda: failed[0], namespace="x", on_clear=clear)
+
+    async def turn(fail: bool = False) -> None:
+        assert a.try_acquire() and lane.holder is a
+        a.release()
+        failed[0] += fail
+        for _ in range(3):
+            await asyncio.sleep(0)
+        lane.reopen()  # the witness, after a failed turn
+
+    await turn()
+    await turn()
+    await turn(fail=True)
+    await turn()
+    await turn()
+    assert cleared == [], "a failed turn starts the count over"
+    lane.present(a)  # named at an exit
+    await turn()
+    await turn()
+    assert cleared == []
+    await turn()
+    assert cleared == ["a"] and lane.holder is None and lane.waiting == 0
+    assert a.try_acquire() and lane.holder is None, "off the lane: it no longer takes turns"

@@ -1,0 +1,100 @@
+"""The probation lane through a real gateway in front of the real Triton: two pods on probation
+(the agent's caller table says so, as after an exit of Triton they were both at) take turns at
+Triton. A pod that keeps two fast requests overlapping at all times cannot hold the lane: its
+neighbour is answered within a turn's bound (before the bound, it got no answer in 30 s). With
+clean turns counted, a pod alone at Triton turn after turn leaves the lane, and goes back on it
+when it is at another exit."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.callers import Caller
+from sim.triton import TritonServer
+from tests.proxy.gateway.conftest import RunningGateway, gateway_settings, publish, running_gateway
+from tests.proxy.gateway.test_fair_share import INFER, post, tenant_of, wait_for
+
+pytestmark = pytest.mark.triton
+
+ATTACKER = "127.1.0.51"
+NEIGHBOUR = "127.1.0.52"
+PATH = "/v2/models/add_one/infer"
+
+
+@pytest.fixture
+def on_probation(served_triton: TritonServer, tmp_path: Path) -> Iterator[RunningGateway]:
+    """A gateway whose caller table has both pods on probation, as after an ambiguous exit;
+    no pod leaves the lane early, so the turns alone are tested."""
+    table = tmp_path / "callers.json"
+    publish(
+        table,
+        Caller(ATTACKER, "add_one", "team-a/attacker", "uid-a", probation=True),
+        Caller(NEIGHBOUR, "add_one", "team-b/neighbour", "uid-b", probation=True),
+    )
+    settings = gateway_settings(served_triton, table, probation_clean_turns=0)
+    with running_gateway(settings) as gateway:
+        yield gateway
+
+
+def test_a_pod_keeping_requests_overlapping_cannot_hold_the_lane(
+    on_probation: RunningGateway,
+) -> None:
+    gateway = on_probation
+    stop = threading.Event()
+    sent = [0]
+
+    def overlapping() -> None:
+        """One of the attacker's two keep-alive connections, sending as fast as it is answered."""
+        host, port = gateway.http_url.split(":")
+        connection = http.client.HTTPConnection(
+            host, int(port), timeout=30, source_address=(ATTACKER, 0)
+        )
+        try:
+            while not stop.is_set():
+                connection.request("POST", PATH, body=INFER)
+                connection.getresponse().read()
+                sent[0] += 1
+        finally:
+            connection.close()
+
+    attackers = [threading.Thread(target=overlapping, daemon=True) for _ in range(2)]
+    for thread in attackers:
+        thread.start()
+    try:
+        wait_for(lambda: sent[0] > 200, "the attacker's requests flowing")
+        attacker = tenant_of(gateway, ATTACKER)
+        assert attacker is not None and attacker.limiter.probation is not None
+        waits = []
+        for _ in range(5):
+            started = time.monotonic()
+            status, body = post(gateway.http_url, NEIGHBOUR, PATH, INFER)
+            waits.append(time.monotonic() - started)
+            assert status == 200, body
+        assert max(waits) < 10.0, f"the neighbour waited {max(waits):.1f} s for a turn"
+        assert attacker.limiter.probation is not None, "still on probation: the turns held"
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(30)
+
+
+def test_a_pod_alone_at_triton_for_its_clean_turns_leaves_the_lane(
+    served_triton: TritonServer, tmp_path: Path
+) -> None:
+    table = tmp_path / "callers.json"
+    publish(table, Caller(NEIGHBOUR, "add_one", "team-b/neighbour", "uid-b", probation=True))
+    settings = gateway_settings(served_triton, table, probation_clean_turns=3)
+    with running_gateway(settings) as gateway:
+        assert post(gateway.http_url, NEIGHBOUR, PATH, INFER)[0] == 200
+        neighbour = tenant_of(gateway, NEIGHBOUR)
+        assert neighbour is not None and neighbour.limiter.probation is not None
+        for _ in range(3):
+            assert post(gateway.http_url, NEIGHBOUR, PATH, INFER)[0] == 200
+        wait_for(lambda: neighbour.limiter.probation is None, "the pod leaving the lane")
+        assert neighbour.caller.probation, "the agent's probation stands; only its turns end"
