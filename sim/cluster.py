@@ -70,7 +70,11 @@ USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
 ADMISSION_POLICY_FILES = tuple(
     Path(__file__).resolve().parents[1] / "deploy" / "base" / name
-    for name in ("agent-admission-policy.yaml", "model-pod-admission-policy.yaml")
+    for name in (
+        "agent-admission-policy.yaml",
+        "model-pod-admission-policy.yaml",
+        "gpu-node-admission-policy.yaml",
+    )
 )
 NODE_DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node-daemonset.yaml"
 BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
