@@ -13,9 +13,10 @@ import helm_python
 import kubernetes_validate
 import pytest
 
-from tests.deploy.rendering import Obj, name_of
+from tests.conftest import require_executable
+from tests.deploy.rendering import Obj, name_of, render
 from tests.deploy.rendering import render_chart as _render_chart
-from tests.deploy.test_chart import render_chart
+from tests.deploy.test_chart import _without_helm_labels, render_chart
 from tests.deploy.test_manifests import CUSTOM_API_VERSIONS, KUBERNETES_VERSION
 
 DRA_VERSION = "1.34.0"
@@ -134,6 +135,18 @@ def test_dra_claims_every_gpu_of_the_node_for_triton_and_the_agent() -> None:
     assert "claims" not in containers["gateway"]["resources"]
     # The default (device plugin) renders no claim template.
     assert not [o for o in render_chart() if o["kind"] == "ResourceClaimTemplate"]
+
+
+def test_the_dra_overlay_is_the_charts_dra_mode() -> None:
+    """deploy/overlays/dra makes the chart's node.gpuAccess=dra objects, field for field."""
+    overlay = {name_of(o): o for o in render(require_executable("kubectl"), "overlays/dra")}
+    chart = {name_of(o): o for o in render_chart({"node": {"gpuAccess": "dra"}})}
+    for name in (
+        "DaemonSet/tritonshare-system/tritonshare-node",
+        "ResourceClaimTemplate/tritonshare-system/tritonshare-node-gpus",
+    ):
+        assert _without_helm_labels(chart[name]) == overlay[name], name
+    _validate(tuple(overlay.values()), DRA_VERSION)
 
 
 def test_the_environment_variable_mode_is_an_explicit_opt_in() -> None:

@@ -23,6 +23,8 @@ from tests.deploy.rendering import DEPLOY
 from tests.deploy.test_admission_policy import SYSTEM, TENANT_NAMESPACE, Cluster
 from tests.deploy.test_admission_policy import cluster as cluster
 from tests.fixtures_sim import status_of
+from webhook.mutation import complete
+from webhook.settings import Settings
 
 POLICY = "tritonshare-gpu-nodes"
 TOLERATION = Keys().gpu_node_toleration()
@@ -223,3 +225,31 @@ def test_the_model_pod_the_binder_places_and_the_node_pod_are_accepted(cluster: 
     del elsewhere["spec"]["tolerations"]
     elsewhere["spec"]["schedulerName"] = "default-scheduler"
     cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, elsewhere)
+
+
+def test_the_example_and_the_webhooks_model_pods_are_accepted(cluster: Cluster) -> None:
+    """What tenants create in practice tolerates the taint and passes: deploy/example's model pod
+    and a pod the webhook completes from its annotations."""
+    [deployment] = [
+        d
+        for d in yaml.safe_load_all((DEPLOY / "example" / "model-deployment.yaml").read_text())
+        if d and d["kind"] == "Deployment"
+    ]
+    template = deployment["spec"]["template"]
+    example = {"metadata": {**template["metadata"], "name": "example"}, "spec": template["spec"]}
+    assert TOLERATION in example["spec"]["tolerations"]
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, example)
+    short_form = {
+        "metadata": {
+            "name": "completed",
+            "labels": {"tritonshare.io/role": "model"},
+            "annotations": {
+                "tritonshare.io/model-uri": "gs://models/add_one",
+                "tritonshare.io/gpu-mem": "1Gi",
+            },
+        },
+        "spec": {"containers": []},
+    }
+    completed = complete(short_form, Settings())
+    assert TOLERATION in completed["spec"]["tolerations"]
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, completed)

@@ -1,6 +1,7 @@
 """The simulated kubelet refuses what a real kubelet refuses: a pod whose requests do not fit the
 node's allocatable beside the pods it admitted before (`OutOfcpu`, `OutOfmemory`, `OutOfpods`,
-`OutOf<extended resource>`), or whose host port is taken (`NodePorts`). The refused pod is
+`OutOf<extended resource>`), whose host port is taken (`NodePorts`), or that does not tolerate
+a NoExecute taint of the node (`TaintToleration`). The refused pod is
 Failed with the kubelet's reason and message, gets a Warning Event, and never runs; an extended
 resource the node does not list is ignored, as the kubelet ignores it; terminated pods free what
 they held."""
@@ -73,6 +74,32 @@ def test_a_taken_host_port_refuses_the_pod() -> None:
     assert judge.admit(pod("a", ports=port)) is None
     refusal = judge.admit(pod("b", ports=port))
     assert refusal is not None and refusal.reason == "NodePorts"
+
+
+def test_a_pod_that_does_not_tolerate_a_no_execute_taint_is_refused() -> None:
+    """A pod created with spec.nodeName skips the scheduler: the kubelet still checks NoExecute
+    taints (and only those)."""
+    judge = NodeAdmission()
+    taints = [
+        {"key": "tritonshare.io/gpu-node", "value": "true", "effect": "NoExecute"},
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+    ]
+    judge.set_node({**NODE, "spec": {"taints": taints}})
+    refusal = judge.admit(pod("plain"))
+    assert refusal is not None and refusal.reason == "TaintToleration"
+    assert refusal.message == "Pod was rejected: Predicate TaintToleration failed"
+    wrong_value = pod("wrong")
+    toleration = {"key": "tritonshare.io/gpu-node", "operator": "Equal", "value": "false"}
+    wrong_value["spec"]["tolerations"] = [toleration]
+    assert judge.admit(wrong_value) is not None
+    for toleration in (
+        {"key": "tritonshare.io/gpu-node", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "tritonshare.io/gpu-node", "value": "true"},
+        {"operator": "Exists"},
+    ):
+        tolerating = pod(f"tolerating-{len(judge.admitted)}")
+        tolerating["spec"]["tolerations"] = [toleration]
+        assert judge.admit(tolerating) is None, toleration
 
 
 def test_a_node_publishing_no_allocatable_refuses_nothing() -> None:
