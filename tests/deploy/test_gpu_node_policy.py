@@ -164,11 +164,32 @@ def test_dynamic_resource_allocation_claims_are_refused(cluster: Cluster) -> Non
     assert message.startswith(f"{ON_GPU_NODE} claim devices through Dynamic Resource"), message
 
 
-def test_cdi_device_annotations_are_refused(cluster: Cluster) -> None:
+@pytest.mark.parametrize("key", ["cdi.k8s.io/gpu", "nvidia.cdi.k8s.io/gpu"])
+def test_cdi_device_annotations_are_refused(cluster: Cluster, key: str) -> None:
     pod = _model_pod()
-    pod["metadata"]["annotations"]["cdi.k8s.io/gpu"] = "nvidia.com/gpu=all"
+    pod["metadata"]["annotations"][key] = "nvidia.com/gpu=all"
     message = _refusal(cluster, pod)
     assert message.startswith(f"{ON_GPU_NODE} carry CDI device annotations"), message
+
+
+@pytest.mark.parametrize("capability", ["SYS_ADMIN", "SYS_PTRACE", "CAP_SYS_RAWIO", "ALL"])
+def test_capabilities_beyond_the_baseline_are_refused(cluster: Cluster, capability: str) -> None:
+    context = {"capabilities": {"add": ["NET_BIND_SERVICE", capability]}}
+    message = _refusal(cluster, _with("containers.0.securityContext", context))
+    assert message.startswith(
+        "a pod that can run on a tritonshare GPU node may add only the capabilities"
+    ), message
+    baseline = _with(
+        "containers.0.securityContext", {"capabilities": {"add": ["NET_BIND_SERVICE"]}}, "ok"
+    )
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, baseline)
+    cluster.admin.delete_namespaced_pod("ok", TENANT_NAMESPACE, grace_period_seconds=0)
+
+
+@pytest.mark.parametrize("namespace", ["hostPID", "hostIPC", "hostNetwork"])
+def test_the_nodes_namespaces_are_refused(cluster: Cluster, namespace: str) -> None:
+    message = _refusal(cluster, _with(namespace, True))
+    assert message.startswith(f"{ON_GPU_NODE} share the node's process, IPC or network"), message
 
 
 def test_only_model_pods_placed_by_the_binder_tolerate_the_taint(cluster: Cluster) -> None:
