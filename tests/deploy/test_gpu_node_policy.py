@@ -99,9 +99,8 @@ ENV = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
         ("containers.0.env", ENV),
         ("containers.0.env", [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute"}]),
         ("initContainers.0.env", ENV),
-        ("ephemeralContainers", [{"name": "debug", "image": "cuda", "env": ENV}]),
     ],
-    ids=["visible-devices", "driver-capabilities", "init-container", "ephemeral-container"],
+    ids=["visible-devices", "driver-capabilities", "init-container"],
 )
 def test_nvidia_variables_are_refused_in_any_container(
     cluster: Cluster, where: str, env: list[dict[str, Any]]
@@ -109,6 +108,24 @@ def test_nvidia_variables_are_refused_in_any_container(
     message = _refusal(cluster, _with(where, env))
     assert message.startswith(f"{ON_GPU_NODE} set NVIDIA_ environment variables"), message
     assert "NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES" in message
+
+
+def test_an_ephemeral_container_cannot_add_them_later(cluster: Cluster) -> None:
+    """`kubectl debug` on a placed model pod: the pods/ephemeralcontainers subresource."""
+    cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, _model_pod())
+    debug = {"name": "debug", "image": "cuda", "env": ENV}
+    with pytest.raises(kubernetes.client.ApiException) as raised:
+        cluster.tenant.patch_namespaced_pod_ephemeralcontainers(
+            "m", TENANT_NAMESPACE, {"spec": {"ephemeralContainers": [debug]}}
+        )
+    message = str(status_of(raised.value)["message"])
+    assert f"denied request: {ON_GPU_NODE} set NVIDIA_ environment variables" in message
+    pod = cluster.admin.read_namespaced_pod("m", TENANT_NAMESPACE)
+    assert not pod.spec.ephemeral_containers
+    del debug["env"]
+    cluster.tenant.patch_namespaced_pod_ephemeralcontainers(
+        "m", TENANT_NAMESPACE, {"spec": {"ephemeralContainers": [debug]}}
+    )
 
 
 def test_env_from_that_could_name_an_nvidia_variable_is_refused(cluster: Cluster) -> None:
