@@ -28,7 +28,7 @@ GPU_NODE_TOLERATION = {
 }
 L4_TOLERATION = {"key": "pool", "operator": "Equal", "value": "l4", "effect": "NoSchedule"}
 POOLS = [
-    {"name": "default", "gpus": 8, "nodeSelector": {"nvidia.com/gpu.count": "8"}},
+    {"name": "default", "gpus": 8},
     {
         "name": "l4",
         "gpus": 1,
@@ -80,8 +80,15 @@ def test_the_device_plugin_gives_each_pools_node_pod_its_gpu_count() -> None:
         assert "resourceClaims" not in template["spec"]
         assert GPU_NODE_TOLERATION in template["spec"]["tolerations"]
     default, l4 = daemonsets["tritonshare-node"], daemonsets["tritonshare-node-l4"]
-    assert default["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.count": "8"}
-    assert l4["spec"]["template"]["spec"]["nodeSelector"] == POOLS[1]["nodeSelector"]
+    # Each pool's pod runs only where its request is every GPU of the node.
+    assert default["spec"]["template"]["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.count": "8",
+    }
+    assert l4["spec"]["template"]["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-L4",
+        "nvidia.com/gpu.count": "1",
+    }
     assert L4_TOLERATION in l4["spec"]["template"]["spec"]["tolerations"]
     assert L4_TOLERATION not in default["spec"]["template"]["spec"]["tolerations"]
     # Each DaemonSet's selector matches its own pods only by the pool's label.
@@ -133,6 +140,7 @@ def test_dra_claims_every_gpu_of_the_node_for_triton_and_the_agent() -> None:
         assert "nvidia.com/gpu" not in containers[name]["resources"].get("limits", {})
         assert "NVIDIA_VISIBLE_DEVICES" not in _env(containers[name])
     assert "claims" not in containers["gateway"]["resources"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}, "any GPU count"
     # The default (device plugin) renders no claim template.
     assert not [o for o in render_chart() if o["kind"] == "ResourceClaimTemplate"]
 
