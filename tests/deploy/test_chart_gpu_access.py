@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 
 from tests.conftest import require_executable
-from tests.deploy.rendering import Obj, name_of, render
+from tests.deploy.rendering import CHART, Obj, name_of, render
 from tests.deploy.rendering import render_chart as _render_chart
 from tests.deploy.test_chart import _without_helm_labels, render_chart
 from tests.deploy.test_manifests import CUSTOM_API_VERSIONS, KUBERNETES_VERSION
@@ -61,6 +61,17 @@ def _containers(daemonset: Obj) -> dict[str, Any]:
 
 def _env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def test_every_variant_lints_clean() -> None:
+    for values in (
+        {"node": {"pools": POOLS}},
+        {"node": {"gpuAccess": "dra"}},
+        {"node": {"gpuAccess": "env"}},
+    ):
+        report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{DRA_VERSION}")
+        problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+        assert not problems, f"helm lint with {values}: {problems}"
 
 
 def test_the_device_plugin_gives_each_pools_node_pod_its_gpu_count() -> None:
