@@ -140,6 +140,41 @@ def test_the_hollow_kubelet_fails_a_pod_the_node_cannot_hold_and_never_runs_it(
         api.close()  # type: ignore[no-untyped-call]
 
 
+def test_the_hollow_kubelet_fails_a_pod_put_on_a_gpu_node_without_its_toleration(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> None:
+    """A tenant's pod created with spec.nodeName on a GPU node (tritonshare.io/gpu-node, NoExecute)
+    never runs there, and says why."""
+    api = apiserver.api_client()
+    taint = {"key": "tritonshare.io/gpu-node", "value": "true", "effect": "NoExecute"}
+    core(kube_api).create_node({"metadata": {"name": "gpu"}, "spec": {"taints": [taint]}})
+    core(kube_api).patch_node_status("gpu", NODE)
+    hollow = HollowKubelet(api, ["gpu"])
+    hollow.start()
+    try:
+        for name, tolerations in (
+            ("squat", []),
+            ("model", [{"key": taint["key"], "operator": "Exists"}]),
+        ):
+            manifest = pod(name, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+            del manifest["metadata"]["uid"]
+            manifest["metadata"]["namespace"] = "default"
+            manifest["spec"]["nodeName"] = "gpu"
+            manifest["spec"]["tolerations"] = tolerations
+            create(kube_api, manifest)
+        wait_for("the squatter to fail", lambda: _phase(kube_api, "squat") == "Failed")
+        wait_for("the tolerating pod to run", lambda: _phase(kube_api, "model") == "Running")
+        refused = read(kube_api, "squat")
+        assert refused is not None and refused["status"]["reason"] == "TaintToleration"
+        events = core(kube_api).list_namespaced_event(
+            "default", field_selector="involvedObject.name=squat"
+        )
+        assert [e.reason for e in events.items] == ["TaintToleration"]
+    finally:
+        hollow.stop()
+        api.close()  # type: ignore[no-untyped-call]
+
+
 def _phase(api: kubernetes.client.ApiClient, name: str) -> str | None:
     found = read(api, name)
     return None if found is None else found.get("status", {}).get("phase")
