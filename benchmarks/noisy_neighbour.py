@@ -345,6 +345,9 @@ class Bench:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
         else:
             spec["nodeName"] = node
+        # The attack as the simulated cluster can run it (no admission policies): the kubelet
+        # admits a pod on a GPU node only with the GPU-node taint's toleration.
+        spec["tolerations"] = [KEYS.gpu_node_toleration()]
         manifest = {
             "apiVersion": "v1",
             "kind": "Pod",

@@ -19,6 +19,10 @@ AGENT_LEASE_PREFIX = "tritonshare-agent-"
 BINDER_LEADER_LEASE = "tritonshare-binder"
 TENANT_CODE_NODE = "true"
 """The value of the tenant-code node label (`Keys.tenant_code`) on a node dedicated to it."""
+GPU_NODE_TAINT_VALUE = "true"
+GPU_NODE_TAINT_EFFECT = "NoExecute"
+"""The GPU-node taint's effect: NoExecute, because the kubelet refuses a pod created with
+spec.nodeName that does not tolerate it, where it admits one past a NoSchedule taint."""
 
 # Default ports. Triton's own ports are never exposed to tenants. The agent's gRPC port is a
 # hostPort on every GPU node, so it stays clear of node daemons that run with hostNetwork
@@ -132,6 +136,17 @@ class Keys:
         the model pods of namespaces allowed to run their own code in Triton, and to no other
         model pod."""
         return f"{self.prefix}tenant-code"
+
+    @property
+    def gpu_node(self) -> str:
+        """Node taint set by the operator on every GPU node tritonshare serves (value
+        `GPU_NODE_TAINT_VALUE`, effect `GPU_NODE_TAINT_EFFECT`): only the node pod and model pods
+        tolerate it, and an admission policy refuses it to every other pod."""
+        return f"{self.prefix}gpu-node"
+
+    def gpu_node_toleration(self) -> dict[str, str]:
+        """The toleration of the GPU-node taint a model pod carries."""
+        return {"key": self.gpu_node, "operator": "Exists", "effect": GPU_NODE_TAINT_EFFECT}
 
     @property
     def tenant_code_namespaces(self) -> str:

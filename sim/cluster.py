@@ -39,7 +39,14 @@ from typing import Any, cast
 import kubernetes.client
 import yaml
 
-from common.contract import DEFAULT_SYSTEM_NAMESPACE, TENANT_CODE_NODE, Keys, agent_lease_name
+from common.contract import (
+    DEFAULT_SYSTEM_NAMESPACE,
+    GPU_NODE_TAINT_EFFECT,
+    GPU_NODE_TAINT_VALUE,
+    TENANT_CODE_NODE,
+    Keys,
+    agent_lease_name,
+)
 from sim import admission_webhook
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
@@ -70,13 +77,22 @@ USER_AGENT = "tritonshare-sim-cluster"
 BINDER_LEASE_SECONDS = 6
 ADMISSION_POLICY_FILES = tuple(
     Path(__file__).resolve().parents[1] / "deploy" / "base" / name
-    for name in ("agent-admission-policy.yaml", "model-pod-admission-policy.yaml")
+    for name in (
+        "agent-admission-policy.yaml",
+        "model-pod-admission-policy.yaml",
+        "gpu-node-admission-policy.yaml",
+    )
 )
 NODE_DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node-daemonset.yaml"
 CHART_CRDS = Path(__file__).resolve().parents[1] / "charts" / "tritonshare" / "crds"
 """The CRDs the cluster serves from the start: the chart's own (TritonModel)."""
 BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
 SERVICE_ACCOUNT_TOKEN_SECONDS = 7 * 24 * 3600
+GPU_NODE_TAINT = {
+    "key": KEYS.gpu_node,
+    "value": GPU_NODE_TAINT_VALUE,
+    "effect": GPU_NODE_TAINT_EFFECT,
+}
 
 
 NODE_POD_GROUP = "node-pod"
@@ -316,7 +332,9 @@ class SimCluster:
                 "name": node.name,
                 "labels": {"kubernetes.io/hostname": node.name, **dedicated, **node.labels},
             },
-            "spec": {"taints": [dict(t) for t in node.taints]} if node.taints else {},
+            # Every node is a tritonshare GPU node: the taint only model pods and the node pod
+            # tolerate (deploy/base/gpu-node-admission-policy.yaml), then the node's own.
+            "spec": {"taints": [GPU_NODE_TAINT, *(dict(t) for t in node.taints)]},
         }
         self.core.create_node(body, _preload_content=False)
         status = {

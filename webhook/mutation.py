@@ -13,10 +13,11 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
 
 and `complete()` adds what deploy/example writes by hand: the scheduler name, the storage
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
-the agent, the GPU toleration and a restricted securityContext. What the pod already has is kept
-(a container, volume or toleration of the same name, the pod's own securityContext), so
-completing a complete pod changes nothing; a container named `proxy`, or KServe's
-`kserve-container`, is the proxy's placeholder. `patch()` turns the difference into a JSON patch.
+the agent, the tolerations of GPU nodes (`nvidia.com/gpu` and tritonshare's GPU-node taint) and
+a restricted securityContext. What the pod already has is kept (a container, volume or toleration
+of the same name, the pod's own securityContext), so completing a complete pod changes nothing; a
+container named `proxy`, or KServe's `kserve-container`, is the proxy's placeholder. `patch()`
+turns the difference into a JSON patch.
 """
 
 from __future__ import annotations
@@ -393,9 +394,11 @@ def complete(pod: Pod, settings: Settings) -> Pod:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     )
-    tolerations = spec.get("tolerations") or []
-    if not any(t.get("key") == GPU_TOLERATION["key"] for t in tolerations):
-        spec["tolerations"] = [*tolerations, dict(GPU_TOLERATION)]
+    # The GPU-node taint is tolerated by the node pod and model pods alone (the GPU-node policy).
+    for toleration in (GPU_TOLERATION, settings.keys.gpu_node_toleration()):
+        tolerations = spec.get("tolerations") or []
+        if not any(t.get("key") == toleration["key"] for t in tolerations):
+            spec["tolerations"] = [*tolerations, dict(toleration)]
     volumes = list(spec.get("volumes") or [])
     wanted_volumes: list[dict[str, Any]] = [
         {"name": "model", "emptyDir": {"sizeLimit": "10Gi"}},

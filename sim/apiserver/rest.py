@@ -1,7 +1,8 @@
 """What each verb does to stored objects: the registry strategies of the real API server.
 
 create (defaults, generateName, uid, creationTimestamp, validation, 409 AlreadyExists), update
-(resourceVersion precondition, 409 Conflict, status subresource split, pod spec immutability,
+(resourceVersion precondition, 409 Conflict, status subresource split, pod spec immutability and
+ephemeral containers added only through their subresource,
 create-on-update for leases and events), patch (the three kinds, then the update rules) and delete
 (pod graceful deletion, finalizers, preconditions, namespace cascade). Binding lives in `binding`.
 Each write a client makes passes its `Admit` (validating admission) once the object is valid and
@@ -217,6 +218,8 @@ class Registry:
         for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(key, None)
         if resource is PODS:
+            if isinstance(obj.get("spec"), dict) and obj["spec"].get("ephemeralContainers"):
+                causes.append(("spec.ephemeralContainers", "Forbidden: cannot be set on create"))
             priority.admit_pod(self.store, obj)  # the Priority plugin runs before webhooks
         self._defaults(resource, obj)
         if resource is DEPLOYMENTS or resource is REPLICA_SETS:
@@ -433,6 +436,14 @@ class Registry:
                     meta["ownerReferences"] = old_meta["ownerReferences"]
                 else:
                     meta.pop("ownerReferences", None)
+        elif subresource == "ephemeralcontainers":
+            # As upstream: the subresource changes spec.ephemeralContainers and nothing else.
+            ephemeral = (obj.get("spec") or {}).get("ephemeralContainers") or []
+            for key, value in old.items():
+                obj[key] = json.loads(json.dumps(value))
+            meta = obj["metadata"]
+            obj["spec"]["ephemeralContainers"] = ephemeral
+            causes += validation.ephemeral_update_causes(old, obj)
         elif resource.status_subresource:
             if "status" in old:
                 obj["status"] = old["status"]

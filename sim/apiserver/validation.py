@@ -378,6 +378,39 @@ def pod_update_causes(old: JsonObject, new: JsonObject) -> Causes:
     return []
 
 
+def ephemeral_update_causes(old: JsonObject, new: JsonObject) -> Causes:
+    """The pods/ephemeralcontainers subresource adds ephemeral containers (each named, with an
+    image, its name unused by the pod's other containers) and changes none it had."""
+    before = (old.get("spec") or {}).get("ephemeralContainers") or []
+    after = (new.get("spec") or {}).get("ephemeralContainers") or []
+    if after[: len(before)] != before:
+        return [
+            (
+                "spec.ephemeralContainers",
+                "Forbidden: existing ephemeral containers may not be changed",
+            )
+        ]
+    spec = old.get("spec") or {}
+    names = {
+        c.get("name")
+        for list_name in ("initContainers", "containers")
+        for c in spec.get(list_name) or []
+        if isinstance(c, dict)
+    } | {c.get("name") for c in before if isinstance(c, dict)}
+    causes: Causes = []
+    for index, container in enumerate(after[len(before) :], start=len(before)):
+        where = f"spec.ephemeralContainers[{index}]"
+        if not isinstance(container, dict) or not container.get("name"):
+            causes.append((f"{where}.name", "Required value"))
+            continue
+        if container["name"] in names:
+            causes.append((f"{where}.name", f"Duplicate value: {_quoted(container['name'])}"))
+        names.add(container["name"])
+        if not container.get("image"):
+            causes.append((f"{where}.image", "Required value"))
+    return causes
+
+
 def kind_causes(resource: Resource, obj: JsonObject) -> Causes:
     causes = metadata_causes(obj)
     if resource is PODS:

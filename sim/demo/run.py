@@ -392,6 +392,10 @@ def _gateway(cluster: SimCluster, result: DemoResult, say: Say) -> None:
         },
         "spec": {
             "nodeName": real.name,
+            # Without it the kubelet refuses the pod; with it, on a cluster running the admission
+            # policies, the API server does (it is no model pod). The demo runs without them, to
+            # show that the gateway stops such a pod as well.
+            "tolerations": [KEYS.gpu_node_toleration()],
             "restartPolicy": "Never",
             "containers": [
                 {

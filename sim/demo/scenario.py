@@ -324,6 +324,8 @@ def model_pod_manifest(
         ],
     }
     spec.update(placement_fields(pod))
+    # As deploy/example writes it: model pods tolerate tritonshare's GPU-node taint.
+    spec["tolerations"] = [*spec.get("tolerations", []), KEYS.gpu_node_toleration()]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -1,11 +1,13 @@
 """The kubelet's admission of a pod bound to its node, as a real kubelet's predicate admit handler
-judges it: the pod's effective requests, plus those of every pod it admitted before that has not
-terminated, within the node's `status.allocatable` (one more pod within `pods`), and no host port
-in use. A refused pod is never run: it is marked Failed with kubelet's reason (`OutOfcpu`,
-`OutOfmemory`, `OutOfephemeral-storage`, `OutOfpods`, `OutOf<resource>`, or `NodePorts`) and
-message. As the kubelet does, an extended resource the node does not list in allocatable is left
-out of the pod's requests (a scheduler extender manages it), so the GPU-memory resource of a
-node that does not advertise it never refuses a pod.
+judges it: no NoExecute taint of the node left untolerated (the only taints a kubelet checks, so
+a pod created with spec.nodeName skips the others), the pod's effective requests, plus those of
+every pod it admitted before that has not terminated, within the node's `status.allocatable`
+(one more pod within `pods`), and no host port in use. A refused pod is never run: it is marked
+Failed with kubelet's reason (`TaintToleration`, `OutOfcpu`, `OutOfmemory`,
+`OutOfephemeral-storage`, `OutOfpods`, `OutOf<resource>`, or `NodePorts`) and message. As the
+kubelet does, an extended resource the node does not list in allocatable is left out of the
+pod's requests (a scheduler extender manages it), so the GPU-memory resource of a node that does
+not advertise it never refuses a pod.
 
 Pure bookkeeping, one instance per node; the kubelets read the Node and write the status.
 """
@@ -55,10 +57,14 @@ class NodeAdmission:
     """None while the node publishes no allocatable (a Node object a test wrote by hand): then
     nothing is refused."""
     admitted: dict[str, tuple[Resources, tuple[HostPort, ...]]] = field(default_factory=dict)
+    no_execute: tuple[Mapping[str, Any], ...] = ()
+    """The node's NoExecute taints."""
 
     def set_node(self, node: Mapping[str, Any]) -> None:
         status = node.get("status") or {}
         self.allocatable = node_allocatable(status) if status.get("allocatable") else None
+        taints = (node.get("spec") or {}).get("taints") or []
+        self.no_execute = tuple(t for t in taints if t.get("effect") == "NoExecute")
 
     def forget(self, uid: str) -> None:
         """The pod terminated or is gone: its requests and ports are free again."""
@@ -70,6 +76,9 @@ class NodeAdmission:
         if uid in self.admitted:
             return None
         spec = pod.get("spec") or {}
+        tolerations = spec.get("tolerations") or []
+        if any(not any(_tolerates(t, taint) for t in tolerations) for taint in self.no_execute):
+            return Refusal("TaintToleration", "Pod was rejected: Predicate TaintToleration failed")
         try:
             wanted = pod_requests(spec)
         except QuantityError as e:
@@ -105,6 +114,17 @@ class NodeAdmission:
             if any(ports_conflict(p, t) for p in ports for t in taken):
                 return Refusal("NodePorts", "Pod was rejected: Predicate NodePorts failed")
         return None
+
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """core/v1 Toleration.ToleratesTaint: an empty effect or key matches any."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration["key"] != taint.get("key"):
+        return False
+    if toleration.get("operator", "Equal") == "Equal":
+        return bool(toleration.get("value", "") == taint.get("value", ""))
+    return bool(toleration.get("operator") == "Exists")
 
 
 def _insufficient(resource: str, requested: int, used: int, capacity: int) -> Refusal:

@@ -123,7 +123,7 @@ def cluster(
     apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
 ) -> Iterator[Cluster]:
     installed = install_policies(kube_api, render(require_executable("kubectl"), "base"))
-    assert len(installed) == 4, installed
+    assert len(installed) == 6, installed
     admin = core_v1(kube_api)
     admin.create_namespace({"metadata": {"name": TENANT_NAMESPACE}})
     for name in ("gpu-1", "gpu-2"):

@@ -262,7 +262,11 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     by_name = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
     assert by_name["agent"]["image"] == "registry.example.com/ts:9.9.9"
     assert by_name["triton"]["image"] == "nvcr.io/nvidia/tritonserver:24.12-py3"
-    assert by_name["triton"]["resources"] == CUSTOM["triton"]["resources"]
+    custom_resources = CUSTOM["triton"]["resources"]
+    assert by_name["triton"]["resources"] == {
+        **custom_resources,
+        "limits": {**custom_resources["limits"], "nvidia.com/gpu": "1"},
+    }
     assert {"--http-port=8010", "--grpc-port=8011", "--metrics-port=8012"} <= set(
         by_name["triton"]["args"]
     )
@@ -383,9 +387,10 @@ def test_the_admission_policies_follow_the_namespace_and_the_key_prefix(
 ) -> None:
     """The chart's policies, run by the simulated API server: the binder of the custom namespace
     may write the custom prefix's binder annotations, a tenant may not; the agent of the custom
-    namespace may annotate its own node under the custom prefix, and not under the default one."""
+    namespace may annotate its own node under the custom prefix, and not under the default one;
+    only the custom scheduler's pods tolerate the custom prefix's GPU-node taint."""
     objects = render_chart(CUSTOM, namespace=CUSTOM_NAMESPACE)
-    assert len(install_policies(kube_api, objects)) == 4
+    assert len(install_policies(kube_api, objects)) == 6
     admin = core_v1(kube_api)
     for namespace in (CUSTOM_NAMESPACE, "models"):
         admin.create_namespace({"metadata": {"name": namespace}})
@@ -430,6 +435,21 @@ def test_the_admission_policies_follow_the_namespace_and_the_key_prefix(
         placed = {"metadata": {"annotations": {"seldon.io/trtis-gpu": "GPU-1"}}}
         assert "seldon.io/trtis-gpu" in refused(tenant.patch_namespaced_pod, "m", "models", placed)
         binder.patch_namespaced_pod("m", "models", placed)
+
+        tolerating = pod("t", "default-scheduler")
+        tolerating["spec"]["tolerations"] = [
+            {"key": "seldon.io/trtis-gpu-node", "operator": "Exists"}
+        ]
+        message = refused(tenant.create_namespaced_pod, "models", tolerating)
+        assert "may tolerate the seldon.io/trtis-gpu-node taint" in message
+        assert "with schedulerName shared-gpu" in message
+        tolerating["spec"]["schedulerName"] = "shared-gpu"
+        tenant.create_namespaced_pod("models", tolerating)
+        other_prefix = pod("o", "default-scheduler")
+        other_prefix["spec"]["tolerations"] = [
+            {"key": "tritonshare.io/gpu-node", "operator": "Exists"}
+        ]
+        tenant.create_namespaced_pod("models", other_prefix)
 
         agent.patch_node("gpu-1", {"metadata": {"annotations": {"seldon.io/trtis-gpus": "[]"}}})
         theirs = {"metadata": {"annotations": {"tritonshare.io/gpus": "[]"}}}

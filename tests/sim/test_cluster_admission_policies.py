@@ -1,7 +1,8 @@
 """A simulated cluster started with `admission_policies=True` runs the project's policies and
 still places pods: the binder, calling with its service account's token, writes the GPU and the
-proof of placement and binds, while a tenant's pod created with spec.nodeName is refused at the
-API server."""
+proof of placement and binds a model pod that tolerates the GPU-node taint every simulated node
+carries, while a tenant's pod created with spec.nodeName is refused at the API server and a model
+pod without the toleration is not placed, with the reason."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
+from common.contract import Keys
 from sim.cluster import NodeSpec, SimCluster
 from sim.processes import wait_until
 from tests.fixtures_sim import core_v1, status_of
@@ -37,6 +39,7 @@ def _model_pod(name: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name, "annotations": {"tritonshare.io/model-id": name}},
         "spec": {
             "schedulerName": "tritonshare",
+            "tolerations": [Keys().gpu_node_toleration()],
             "containers": [
                 {
                     "name": "proxy",
@@ -74,6 +77,20 @@ def test_the_binder_places_pods_under_the_policies_and_tenants_cannot(cluster: S
         return pod if bound else None
 
     wait_until("the binder placing m1 under the admission policies", placed, 60)
+    # A model pod that does not tolerate the GPU-node taint goes nowhere, and says why.
+    bare = _model_pod("bare")
+    del bare["spec"]["tolerations"]
+    cluster.core.create_namespaced_pod(TENANT, bare, _preload_content=False)
+
+    def unschedulable() -> str | None:
+        conditions = cluster.core.read_namespaced_pod("bare", TENANT).status.conditions or []
+        for condition in conditions:
+            if condition.type == "PodScheduled" and condition.status == "False":
+                return str(condition.message)
+        return None
+
+    message = wait_until("the binder reporting why bare is not placed", unschedulable, 60)
+    assert "untolerated taint {tritonshare.io/gpu-node: true}" in message, message
     binder = "system:serviceaccount:tritonshare-system:tritonshare-binder"
     writes = {
         (r.verb, r.subresource, r.code)

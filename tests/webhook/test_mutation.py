@@ -13,6 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from common.contract import Keys
 from loader.settings import parse_settings as parse_loader_settings
 from proxy.settings import parse_settings as parse_proxy_settings
 from sim.apiserver.patch import json_patch
@@ -63,8 +64,9 @@ def test_a_few_annotations_become_a_complete_model_pod() -> None:
     assert proxy["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
-        "tolerations"
+    assert spec["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "tritonshare.io/gpu-node", "operator": "Exists", "effect": "NoExecute"},
     ]
     [token] = [v for v in spec["volumes"] if v["name"] == "agent-token"]
     assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == (
@@ -109,7 +111,7 @@ def test_what_the_pod_already_has_is_kept() -> None:
     spec["volumes"] = [{"name": "model", "emptyDir": {"sizeLimit": "100Gi"}}]
     done = complete(mine, SETTINGS)["spec"]
     assert done["securityContext"] == {"runAsNonRoot": True, "runAsUser": 2000}
-    assert done["tolerations"] == spec["tolerations"]
+    assert done["tolerations"] == [*spec["tolerations"], Keys().gpu_node_toleration()]
     assert done["containers"][1:] == spec["containers"], "other containers are kept as they are"
     assert [v for v in done["volumes"] if v["name"] == "model"] == spec["volumes"]
     assert complete(mine, SETTINGS)["metadata"]["annotations"]["tritonshare.io/model-id"] == (

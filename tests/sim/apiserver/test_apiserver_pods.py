@@ -210,3 +210,37 @@ def test_delete_collection_deletes_each_selected_pod_as_a_single_delete_would(
     # The bound pod is terminating gracefully; the unbound one is gone; the other app untouched.
     assert set(left) == {"b", "c"}
     assert left["b"] is not None and left["c"] is None
+
+
+def test_ephemeral_containers_come_only_through_their_subresource(
+    kube_api: client.ApiClient,
+) -> None:
+    """As kubectl debug adds them: not on create, not by a pod update, only added (never changed)
+    through pods/ephemeralcontainers, which changes nothing else of the pod."""
+    v1 = core_v1(kube_api)
+    debug = {"name": "debug", "image": "busybox"}
+    with pytest.raises(client.ApiException) as raised:
+        v1.create_namespaced_pod("default", _pod("p", ephemeralContainers=[debug]))
+    assert raised.value.status == 422
+    assert "spec.ephemeralContainers: Forbidden: cannot be set on create" in str(
+        status_of(raised.value)["message"]
+    )
+    v1.create_namespaced_pod("default", _pod("p"))
+    added = {"metadata": {"labels": {"x": "y"}}, "spec": {"ephemeralContainers": [debug]}}
+    v1.patch_namespaced_pod_ephemeralcontainers("p", "default", added)
+    pod = v1.read_namespaced_pod("p", "default")
+    assert [c.name for c in pod.spec.ephemeral_containers] == ["debug"]
+    assert not pod.metadata.labels, "the subresource changes the ephemeral containers only"
+    changed = {"spec": {"ephemeralContainers": [{**debug, "image": "alpine"}]}}
+    with pytest.raises(client.ApiException) as raised:
+        v1.patch_namespaced_pod_ephemeralcontainers("p", "default", changed)
+    assert "existing ephemeral containers may not be changed" in status_of(raised.value)["message"]
+    clash = {"spec": {"ephemeralContainers": [debug, {"name": "main", "image": "busybox"}]}}
+    with pytest.raises(client.ApiException) as raised:
+        v1.patch_namespaced_pod_ephemeralcontainers("p", "default", clash)
+    assert 'spec.ephemeralContainers[1].name: Duplicate value: "main"' in str(
+        status_of(raised.value)["message"]
+    )
+    more = {"spec": {"ephemeralContainers": [debug, {"name": "more", "image": "busybox"}]}}
+    with pytest.raises(client.ApiException):
+        v1.patch_namespaced_pod("p", "default", more)

@@ -1,6 +1,7 @@
 """The simulated kubelet refuses what a real kubelet refuses: a pod whose requests do not fit the
 node's allocatable beside the pods it admitted before (`OutOfcpu`, `OutOfmemory`, `OutOfpods`,
-`OutOf<extended resource>`), or whose host port is taken (`NodePorts`). The refused pod is
+`OutOf<extended resource>`), whose host port is taken (`NodePorts`), or that does not tolerate
+a NoExecute taint of the node (`TaintToleration`). The refused pod is
 Failed with the kubelet's reason and message, gets a Warning Event, and never runs; an extended
 resource the node does not list is ignored, as the kubelet ignores it; terminated pods free what
 they held."""
@@ -75,6 +76,32 @@ def test_a_taken_host_port_refuses_the_pod() -> None:
     assert refusal is not None and refusal.reason == "NodePorts"
 
 
+def test_a_pod_that_does_not_tolerate_a_no_execute_taint_is_refused() -> None:
+    """A pod created with spec.nodeName skips the scheduler: the kubelet still checks NoExecute
+    taints (and only those)."""
+    judge = NodeAdmission()
+    taints = [
+        {"key": "tritonshare.io/gpu-node", "value": "true", "effect": "NoExecute"},
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+    ]
+    judge.set_node({**NODE, "spec": {"taints": taints}})
+    refusal = judge.admit(pod("plain"))
+    assert refusal is not None and refusal.reason == "TaintToleration"
+    assert refusal.message == "Pod was rejected: Predicate TaintToleration failed"
+    wrong_value = pod("wrong")
+    toleration = {"key": "tritonshare.io/gpu-node", "operator": "Equal", "value": "false"}
+    wrong_value["spec"]["tolerations"] = [toleration]
+    assert judge.admit(wrong_value) is not None
+    for toleration in (
+        {"key": "tritonshare.io/gpu-node", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "tritonshare.io/gpu-node", "value": "true"},
+        {"operator": "Exists"},
+    ):
+        tolerating = pod(f"tolerating-{len(judge.admitted)}")
+        tolerating["spec"]["tolerations"] = [toleration]
+        assert judge.admit(tolerating) is None, toleration
+
+
 def test_a_node_publishing_no_allocatable_refuses_nothing() -> None:
     judge = NodeAdmission()
     judge.set_node({"status": {}})
@@ -108,6 +135,41 @@ def test_the_hollow_kubelet_fails_a_pod_the_node_cannot_hold_and_never_runs_it(
             "default", field_selector="involvedObject.name=too-big"
         )
         assert [e.reason for e in events.items] == ["OutOfcpu"]
+    finally:
+        hollow.stop()
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def test_the_hollow_kubelet_fails_a_pod_put_on_a_gpu_node_without_its_toleration(
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient
+) -> None:
+    """A tenant's pod created with spec.nodeName on a GPU node (tritonshare.io/gpu-node, NoExecute)
+    never runs there, and says why."""
+    api = apiserver.api_client()
+    taint = {"key": "tritonshare.io/gpu-node", "value": "true", "effect": "NoExecute"}
+    core(kube_api).create_node({"metadata": {"name": "gpu"}, "spec": {"taints": [taint]}})
+    core(kube_api).patch_node_status("gpu", NODE)
+    hollow = HollowKubelet(api, ["gpu"])
+    hollow.start()
+    try:
+        for name, tolerations in (
+            ("squat", []),
+            ("model", [{"key": taint["key"], "operator": "Exists"}]),
+        ):
+            manifest = pod(name, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+            del manifest["metadata"]["uid"]
+            manifest["metadata"]["namespace"] = "default"
+            manifest["spec"]["nodeName"] = "gpu"
+            manifest["spec"]["tolerations"] = tolerations
+            create(kube_api, manifest)
+        wait_for("the squatter to fail", lambda: _phase(kube_api, "squat") == "Failed")
+        wait_for("the tolerating pod to run", lambda: _phase(kube_api, "model") == "Running")
+        refused = read(kube_api, "squat")
+        assert refused is not None and refused["status"]["reason"] == "TaintToleration"
+        events = core(kube_api).list_namespaced_event(
+            "default", field_selector="involvedObject.name=squat"
+        )
+        assert [e.reason for e in events.items] == ["TaintToleration"]
     finally:
         hollow.stop()
         api.close()  # type: ignore[no-untyped-call]
