@@ -36,6 +36,7 @@ KUBE_PROXY_MIN_SYNC_SECONDS = 1.0
 """kube-proxy's default `--iptables-min-sync-period`."""
 KUBE_PROXY_BURST_SYNCS = 2
 """The syncs kube-proxy may run back to back before its minimum period applies."""
+NO_ENDPOINT_WAIT_SECONDS = 5.0
 
 
 class RuleSyncs:
@@ -192,8 +193,10 @@ class ServiceProxy:
     selector and a loopback cluster IP (`sim.apiserver.services` allocates them) listens on
     that address, and each connection is relayed to one of the Service's ready endpoints
     (`Endpoints`, in turn), on the target port (a number, or a container port's name looked up
-    in the endpoint's pod). Services are listed every `period` seconds; a connection with no
-    ready endpoint is closed at once, as kube-proxy rejects it. start() and stop()."""
+    in the endpoint's pod). Services are listed every `period` seconds. A connection made while the
+    Service has no ready endpoint waits up to `NO_ENDPOINT_WAIT_SECONDS` for one, then is
+    closed (kube-proxy rejects it at once: the wait spares a script run right after `kubectl
+    rollout status` the endpoint sync's second). start() and stop()."""
 
     def __init__(self, api_client: client.ApiClient, period: float = 1.0) -> None:
         self.api_client = api_client
@@ -316,6 +319,10 @@ class _Listener:
     def _relay(self, conn: socket.socket) -> None:
         with conn:
             address = self.endpoints.pick()
+            waited = time.monotonic() + NO_ENDPOINT_WAIT_SECONDS
+            while address is None and time.monotonic() < waited and not self._closed.is_set():
+                time.sleep(0.1)
+                address = self.endpoints.pick()
             port = self._target_port(address) if address else None
             if address is None or port is None:
                 return
