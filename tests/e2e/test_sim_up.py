@@ -179,6 +179,7 @@ def test_status_shows_both_pods_on_the_node(sim_up: SimUp) -> None:
     assert "gpu-node-0" in status
     assert "models/add-one-" in status
     assert "team-a/add-one-" in status
+    assert "may be that old" in status  # the residency columns say how old they can be
 
 
 def test_sim_down_stops_every_process_and_removes_its_files(sim_up: SimUp) -> None:
