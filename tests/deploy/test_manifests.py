@@ -630,17 +630,18 @@ def _doc_block(starting: str) -> str:
 def test_the_documented_overlay_moves_monitoring_to_another_namespace(
     kubectl: str, tmp_path: Path
 ) -> None:
-    """docs/deploy.md's own commands (your overlay, then the monitoring patches) render with the
-    installed kubectl, and move what names the monitoring namespace and release."""
+    """docs/deploy.md's own commands (your overlay, then the monitoring patches), pasted in order
+    into one shell with `kubectl apply -k` as `kubectl kustomize`, render with the installed
+    kubectl, and move what names the monitoring namespace and release."""
     shutil.copytree(DEPLOY, tmp_path / "deploy")
-    for starting in ("mkdir -p my-cluster", "cd my-cluster\ncat >> kustomization.yaml"):
-        subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", _doc_block(starting)],
-            cwd=tmp_path, check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+    patches = _doc_block("cat >> my-cluster/kustomization.yaml")
+    assert "kubectl apply -k my-cluster" in patches
+    script = _doc_block("mkdir -p my-cluster\n") + patches.replace(
+        "kubectl apply -k", f"{kubectl} kustomize"
+    )
     rendered = subprocess.run(
-        [kubectl, "kustomize", str(tmp_path / "my-cluster")],
-        capture_output=True, text=True, timeout=120, check=False,
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     objects = {name_of(o): o for o in yaml.safe_load_all(rendered.stdout) if o}
@@ -654,8 +655,10 @@ def test_the_documented_overlay_moves_monitoring_to_another_namespace(
             if "matchLabels" in peer.get("namespaceSelector", {})
         }
         assert named == {"observability"}, f"{name} admits {named}"
-    rule = objects["PrometheusRule/tritonshare-system/tritonshare"]
-    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    selected = [o for o in objects.values() if o["kind"] in ("PodMonitor", "PrometheusRule")]
+    assert len(selected) == 4
+    for obj in selected:  # the three PodMonitors and the rule: what Prometheus selects
+        assert obj["metadata"]["labels"]["release"] == "prometheus", name_of(obj)
     images = {c["image"] for o in objects.values() if (s := pod_spec(o)) for c in containers(s)}
     assert "registry.example.com/tritonshare:0.1.0" in images
 
