@@ -232,7 +232,7 @@ def test_each_documented_helm_value_exists_in_the_chart() -> None:
 
 # The docs bar: what a reader is handed stays short enough to read, and says nothing of how the
 # project is run.
-DOCS_BUDGET_BYTES = 150 * 1024
+DOCS_BUDGET_BYTES = 150_000
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 _SECTION_REFERENCE = re.compile(r"docs/([a-z]+\.md)(?:,? \"([^\"]+)\"|#([a-z0-9-]+))")
 _ISSUE_NUMBER = re.compile(r"\bissues? #?\d+|\(#\d+\)|\bPR #?\d+", re.I)
@@ -257,6 +257,21 @@ def _anchors(path: Path) -> frozenset[str]:
         seen[slug] = count + 1
         anchors.add(slug if count == 0 else f"{slug}-{count}")
     return frozenset(anchors)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="README.md and docs/ are about 164.6 KB while the pages are being trimmed: when this "
+    "passes (strict: it then fails as XPASS), remove this mark",
+)
+def test_readme_and_docs_stay_under_their_budget() -> None:
+    sizes = {str(doc.relative_to(ROOT)): len(doc.read_bytes()) for doc in DOCS}
+    total = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
+    assert total <= DOCS_BUDGET_BYTES, (
+        f"README.md and docs/ are {total} bytes, over {DOCS_BUDGET_BYTES}: trim repetition "
+        f"(largest: {largest})"
+    )
 
 
 def test_docs_and_sources_name_no_internal_issue_numbers() -> None:
