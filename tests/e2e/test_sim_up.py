@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -172,6 +173,43 @@ def test_the_short_form_is_completed_by_the_webhook_and_served(sim_up: SimUp) ->
     assert pod["spec"]["schedulerName"] == "tritonshare"
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["storage-initializer", "loader"]
     assert _infer(f"{pod['status']['podIP']}:9000") == [2.0, 3.0, 4.0]
+
+
+def test_the_concepts_residency_walkthrough_runs_as_written(sim_up: SimUp) -> None:
+    """docs/concepts.md's on-demand step: placed with the over-commit label, asleep once idle,
+    woken by a request. Its `sleep 10` is a poll here, so a loaded machine does not fail it."""
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    section = text.split("\n## Residency classes\n", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("\n```", 1)[0]
+    assert "sleep 10; tritonshare status" in block
+    poll = "for i in $(seq 240); do tritonshare status | grep -q 'on-demand, asleep' && break; "
+    poll += "sleep 0.5; done; "
+    block = block.replace("sleep 10; ", poll)
+    uri = next(x for x in sim_up.output.splitlines() if x.startswith("export MODEL_URI="))
+    output = sim_up.run("bash", "-c", "\n".join(["set -e", uri, block]))
+    assert "team-b/add-one-" in output and "on-demand, asleep" in output, output
+    node = sim_up.get("node", "gpu-node-0")
+    assert node["metadata"]["labels"]["tritonshare.io/gpu-mem-overcommit"] == "3"
+    pod = _ready_pod(sim_up, "team-b", "app=add-one")
+    assert _infer(f"{pod['status']['podIP']}:9000") == [2.0, 3.0, 4.0]  # the wake
+
+
+def test_prometheus_scrapes_the_model_pods_where_installed(sim_up: SimUp) -> None:
+    line = next((x for x in sim_up.output.splitlines() if "Prometheus scrapes" in x), None)
+    if shutil.which("prometheus") is None:
+        assert line is None
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    assert line is not None, sim_up.output
+    url = line.rsplit(" ", 1)[1] + "/api/v1/targets"
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            targets = json.loads(response.read())["data"]["activeTargets"]
+        up = {t["labels"].get("namespace") for t in targets if t["health"] == "up"}
+        if "models" in up:
+            break
+        assert time.monotonic() < deadline, targets
+        time.sleep(1)
 
 
 def test_status_shows_both_pods_on_the_node(sim_up: SimUp) -> None:
