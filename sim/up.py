@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +31,13 @@ from typing import Any, cast
 
 import kubernetes.client
 
-from sim.cluster import NodeSpec, SimCluster
+from sim.cluster import (
+    NODE_AGENT_PORT,
+    NODE_GATEWAY_GRPC_PORT,
+    NODE_GATEWAY_HTTP_PORT,
+    NodeSpec,
+    SimCluster,
+)
 from sim.processes import ClusterError
 from sim.service import ServiceProxy
 from sim.watching import watch_events
@@ -205,6 +212,17 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
             f"a simulated cluster already runs from {workdir} (pid {pid_file.read_text()}); "
             "stop it first with `make sim-down`"
         )
+    for port in (NODE_AGENT_PORT, NODE_GATEWAY_HTTP_PORT, NODE_GATEWAY_GRPC_PORT):
+        with socket.socket() as probe:
+            # As the servers bind: a port left in TIME_WAIT by a cluster just stopped is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise SimUpError(
+                    f"port {port} on 127.0.0.1, one of the node's host ports, is taken ({e}): "
+                    "another `make sim-up` (`make sim-down` in its tree) or another program"
+                ) from e
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "logs").mkdir(parents=True)
     log_path = workdir / "logs" / "sim-up.log"
@@ -224,8 +242,8 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
     deadline = time.monotonic() + timeout
     while not ready_file.exists():
         if daemon.poll() is not None or time.monotonic() > deadline:
-            stop(workdir)
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+            stop(workdir)
             raise SimUpError(f"the simulated cluster did not start; the end of its log:\n{tail}")
         time.sleep(0.2)
     ready = json.loads(ready_file.read_text())
@@ -246,13 +264,14 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` is a running `python -m sim.up run` (a stale pid file may name another
+    process by now, which must not be signalled)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return b"sim.up" in cmdline and b"run" in cmdline and state != "Z"
 
 
 def stop(workdir: Path, grace: float = 60.0) -> int:

@@ -227,4 +227,12 @@ def test_sim_down_stops_every_process_and_removes_its_files(sim_up: SimUp) -> No
     stopped = _sim_up("stop", "--dir", str(sim_up.directory), env=sim_up.env)
     assert stopped.returncode == 0, stopped.stderr
     assert not sim_up.directory.exists()
-    assert not [pid for pid in tree if psutil.pid_exists(pid)]
+    assert not [pid for pid in tree if _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    """Not gone, nor an exited process its new parent has yet to reap."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
