@@ -78,6 +78,7 @@ BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
 NODE_AGENT_PORT = 8100
 NODE_GATEWAY_HTTP_PORT = 8010
 NODE_GATEWAY_GRPC_PORT = 8011
+NODE_GATEWAY_METRICS_PORT = 8012
 SERVICE_ACCOUNT_TOKEN_SECONDS = 7 * 24 * 3600
 
 
@@ -214,11 +215,11 @@ class SimCluster:
         (`sim.node.cpushares`). Off by default: it needs a writable cgroup CPU controller."""
         self.cpu: CpuGroups | None = None
         self.node_ports = node_ports
-        """Run the real node's agent and gateway on deploy/base's host ports (agent gRPC 8100,
-        gateway REST 8010 and gRPC 8011), so that model pods written as deploy/example writes
-        them reach them at `$(HOST_IP)`, and its Triton with the ONNX Runtime stand-in
-        (`sim.triton.TritonServer.onnx_standin`) so that the example's ONNX model is served.
-        Off by default: fixed ports let one such cluster run on a machine at a time."""
+        """Run the real node's agent and gateway on deploy/base's ports (agent gRPC 8100, gateway
+        REST 8010, gRPC 8011 and metrics 8012), so that model pods written as deploy/example
+        writes them reach them at `$(HOST_IP)`, and its Triton with the ONNX Runtime stand-in
+        (`sim.triton.TritonServer.onnx_standin`) so that the example's ONNX model is served. Off
+        by default: fixed ports let one such cluster run on a machine at a time."""
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -289,7 +290,7 @@ class SimCluster:
                 "restricted)."
             )
         self._start_gateway(
-            (NODE_GATEWAY_HTTP_PORT, NODE_GATEWAY_GRPC_PORT, free_port())
+            (NODE_GATEWAY_HTTP_PORT, NODE_GATEWAY_GRPC_PORT, NODE_GATEWAY_METRICS_PORT)
             if self.node_ports
             else None
         )

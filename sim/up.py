@@ -35,6 +35,7 @@ from sim.cluster import (
     NODE_AGENT_PORT,
     NODE_GATEWAY_GRPC_PORT,
     NODE_GATEWAY_HTTP_PORT,
+    NODE_GATEWAY_METRICS_PORT,
     NodeSpec,
     SimCluster,
 )
@@ -212,7 +213,8 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
             f"a simulated cluster already runs from {workdir} (pid {pid_file.read_text()}); "
             "stop it first with `make sim-down`"
         )
-    for port in (NODE_AGENT_PORT, NODE_GATEWAY_HTTP_PORT, NODE_GATEWAY_GRPC_PORT):
+    node_ports = (NODE_AGENT_PORT, NODE_GATEWAY_HTTP_PORT, NODE_GATEWAY_GRPC_PORT)
+    for port in (*node_ports, NODE_GATEWAY_METRICS_PORT):
         with socket.socket() as probe:
             # As the servers bind: a port left in TIME_WAIT by a cluster just stopped is free.
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

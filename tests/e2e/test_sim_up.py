@@ -218,6 +218,9 @@ def test_status_shows_both_pods_on_the_node(sim_up: SimUp) -> None:
     assert "models/add-one-" in status
     assert "team-a/add-one-" in status
     assert "may be that old" in status  # the residency columns say how old they can be
+    # concepts.md reads the node gateway's split from its metrics port, as deploy/base has it.
+    with urllib.request.urlopen("http://127.0.0.1:8012/metrics", timeout=10) as response:
+        assert b"tritonshare_gateway_namespaces_sending" in response.read()
 
 
 def test_sim_down_stops_every_process_and_removes_its_files(sim_up: SimUp) -> None:
