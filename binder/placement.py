@@ -398,9 +398,9 @@ SPARE_SHARE = 0.4
 """binpack: a GPU size has GPUs to spare while more than this share of its GPUs in the cluster
 could take a pod that needs that size: for the largest kind, whole GPUs (a big model needs a
 whole one); for the others, GPUs with a block at least the next kind's size. Measured in
-benchmarks/density.py (seeds 29 and 7, docs/results.md, "Packing density"): at 1/4 the static
-fleet packs onto 799 GPUs but churn refuses up to 77 big-model replicas; at 2/5, 834 GPUs and
-30 to 36 refused, as many as requiring a quarter of the largest kind whole (23 to 36)."""
+benchmarks/density.py (seeds 29 and 7): at 1/4 the static fleet packs onto 799 GPUs but churn
+refuses up to 77 big-model replicas; at 2/5, 834 GPUs and 30 to 36 refused, as many as requiring
+a quarter of the largest kind whole (23 to 36)."""
 
 
 BySize = dict[int, tuple[int, float, float, float]]
