@@ -30,7 +30,7 @@ COPY webhook ./webhook
 # Not sim/ (the simulated cluster for tests and the demo), tests/ or benchmarks/: the product
 # never imports them (import-linter), and an image should not carry a fake API server.
 # A regular (not editable) install: the final stage must not depend on /src.
-RUN /opt/tritonshare/bin/pip install .
+RUN /opt/tritonshare/bin/pip install '.[server]'
 # The native build, from the same sources, then its extensions next to the installed modules
 # (an extension module is found before the .py beside it). mypy and setuptools leave with pip.
 RUN /opt/tritonshare/bin/pip install "mypy==${MYPY_VERSION}" "setuptools>=68" \

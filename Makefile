@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint types imports unit proto proto-check native clean venv
+.PHONY: demo sim-up sim-down test lint types imports unit proto proto-check native clean venv
 
 # Said before it is done: the first install takes about a minute, and pip is kept quiet.
 $(STAMP): pyproject.toml
@@ -22,6 +22,14 @@ venv: $(STAMP)
 ## make demo: the product end to end on the simulated cluster, with a real Triton on the CPU.
 demo: $(STAMP)
 	$(PY) -m sim.demo
+
+## make sim-up: the simulated cluster left running in the background for kubectl and tritonshare;
+## its last line is the `export KUBECONFIG=...` to run. make sim-down stops it and removes .sim.
+sim-up: $(STAMP)
+	@$(PY) -m sim.up start
+
+sim-down:
+	@$(PY) -m sim.up stop
 
 ## make test: lint, format, types, import boundaries, then the whole pytest suite.
 test: $(STAMP) lint types imports unit

@@ -1,4 +1,4 @@
-"""Benchmark: can one tenant starve another on a shared node? (issue 23)
+"""Benchmark: can one tenant starve another on a shared node?
 
 Two tenants' models on one node of the simulated cluster (`sim.cluster.SimCluster`: API server,
 binder, agent over a mock NVML, the node gateway, a real Triton on the CPU, the kubelet running

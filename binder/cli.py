@@ -195,6 +195,12 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
         f"{format_bytes(total_allocated)} of {format_bytes(total_capacity)}; "
         f"{counted(len(cache.pending), 'pod')} pending.\n"
     )
+    if any(state.nodes[name].gpus for name in state.names):
+        out.write(
+            "LOADED, SLEEPING, USED, `uses` and `asleep` are what each agent last published: it "
+            "rewrites them at most every --usage-publish-seconds (60 s by default), so they may "
+            "be that old.\n"
+        )
     unproven_status(cache, out)
 
 

@@ -19,9 +19,9 @@ only the largest kind holds fits there) while more than two fifths of the larges
 whole. The largest kind is kept because a small model left beside a big one stays when the big
 one goes, and the next big model finds no block: measured in benchmarks/density.py, under churn
 every rule that filled that room whatever the A100s' state refused 210 to 485 of 490 big-model
-replicas on arrival (this rule: 30). A node's fullness relative to its own size, which binpack
-scored before issue 29, made 8-GPU A100 nodes look fullest and fed them small models until no
-big model fitted.
+replicas on arrival (this rule: 30). Scoring a node's fullness relative to its own size instead
+makes 8-GPU A100 nodes look fullest and feeds them small models until
+no big model fits.
 
 `spread` favours the node with the most free memory relative to its size and its emptiest GPU;
 its ties go to a node chosen by a stable hash of the pod's uid.
@@ -398,9 +398,9 @@ SPARE_SHARE = 0.4
 """binpack: a GPU size has GPUs to spare while more than this share of its GPUs in the cluster
 could take a pod that needs that size: for the largest kind, whole GPUs (a big model needs a
 whole one); for the others, GPUs with a block at least the next kind's size. Measured in
-benchmarks/density.py (seeds 29 and 7, docs/results.md, "Packing density"): at 1/4 the static
-fleet packs onto 799 GPUs but churn refuses up to 77 big-model replicas; at 2/5, 834 GPUs and
-30 to 36 refused, as many as issue 29's second rule (23 to 36)."""
+benchmarks/density.py (seeds 29 and 7): at 1/4 the static fleet packs onto 799 GPUs but churn
+refuses up to 77 big-model replicas; at 2/5, 834 GPUs and 30 to 36 refused, as many as requiring
+a quarter of the largest kind whole (23 to 36)."""
 
 
 BySize = dict[int, tuple[int, float, float, float]]

@@ -87,6 +87,11 @@ NODE_DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node
 CHART_CRDS = Path(__file__).resolve().parents[1] / "charts" / "tritonshare" / "crds"
 """The CRDs the cluster serves from the start: the chart's own (TritonModel)."""
 BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
+# deploy/base/node-daemonset.yaml's host ports (with SimCluster's node_ports).
+NODE_AGENT_PORT = 8100
+NODE_GATEWAY_HTTP_PORT = 8010
+NODE_GATEWAY_GRPC_PORT = 8011
+NODE_GATEWAY_METRICS_PORT = 8012
 SERVICE_ACCOUNT_TOKEN_SECONDS = 7 * 24 * 3600
 GPU_NODE_TAINT = {
     "key": KEYS.gpu_node,
@@ -197,6 +202,7 @@ class SimCluster:
         admission_policies: bool = False,
         webhook: bool = False,
         cpu_shares: bool = False,
+        node_ports: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if sum(1 for n in nodes if n.real) > 1:
@@ -226,6 +232,12 @@ class SimCluster:
         requests of deploy/base/node-daemonset.yaml), in cgroups of their own
         (`sim.node.cpushares`). Off by default: it needs a writable cgroup CPU controller."""
         self.cpu: CpuGroups | None = None
+        self.node_ports = node_ports
+        """Run the real node's agent and gateway on deploy/base's ports (agent gRPC 8100, gateway
+        REST 8010, gRPC 8011 and metrics 8012), so that model pods written as deploy/example
+        writes them reach them at `$(HOST_IP)`, and its Triton with the ONNX Runtime stand-in
+        (`sim.triton.TritonServer.onnx_standin`) so that the example's ONNX model is served. Off
+        by default: fixed ports let one such cluster run on a machine at a time."""
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -281,6 +293,7 @@ class SimCluster:
                 self.workdir / "triton" / "models",
                 restricted=True,
                 log_path=self.workdir / "logs" / "tritonserver.log",
+                onnx_standin=self.node_ports,
             )
             self.triton.model_repository.mkdir(parents=True, exist_ok=True)
             try:
@@ -294,7 +307,11 @@ class SimCluster:
                 f"(HTTP {self.triton.http_url}, gRPC {self.triton.grpc_url}; admin APIs "
                 "restricted)."
             )
-        self._start_gateway()
+        self._start_gateway(
+            (NODE_GATEWAY_HTTP_PORT, NODE_GATEWAY_GRPC_PORT, NODE_GATEWAY_METRICS_PORT)
+            if self.node_ports
+            else None
+        )
         self._start_agents()
         if self.webhook_wanted:
             self._start_webhook()
@@ -354,7 +371,10 @@ class SimCluster:
             )
             return
         for node in self.nodes:
-            self._start_agent(node)
+            if node.real and self.node_ports:
+                self._start_agent(node, f"127.0.0.1:{NODE_AGENT_PORT}")
+            else:
+                self._start_agent(node)
         self._wait_agents(list(self.agents))
         self.say(f"{len(self.agents)} agents are publishing their GPUs and renewing their leases.")
 
@@ -615,6 +635,7 @@ class SimCluster:
             self.workdir / "triton" / "models",
             restricted=True,
             log_path=self.workdir / "logs" / "tritonserver-2.log",
+            onnx_standin=self.node_ports,
         )
         self.triton.model_repository.mkdir(parents=True)
         self.triton.start()

@@ -9,14 +9,17 @@ the set kube-proxy last synced: kube-proxy rewrites its rules on a change at mos
 minimum sync period allows (`--iptables-min-sync-period`, 1 s, with bursts of 2), so a new
 replica is not routed to sooner than on a real node (`RuleSyncs`). What it cannot show: the
 time a real node takes to write its rules, and the fallback to terminating endpoints when no
-ready one is left.
+ready one is left. `ServiceProxy` puts them behind each ClusterIP Service's address, as
+kube-proxy does, for `make sim-up`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
+import socket
 import threading
 import time
 from typing import Any, cast
@@ -33,6 +36,7 @@ KUBE_PROXY_MIN_SYNC_SECONDS = 1.0
 """kube-proxy's default `--iptables-min-sync-period`."""
 KUBE_PROXY_BURST_SYNCS = 2
 """The syncs kube-proxy may run back to back before its minimum period applies."""
+NO_ENDPOINT_WAIT_SECONDS = 5.0
 
 
 class RuleSyncs:
@@ -182,3 +186,164 @@ class Endpoints:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ServiceProxy:
+    """kube-proxy for the cluster's ClusterIP Services: every TCP port of every Service with a
+    selector and a loopback cluster IP (`sim.apiserver.services` allocates them) listens on
+    that address, and each connection is relayed to one of the Service's ready endpoints
+    (`Endpoints`, in turn), on the target port (a number, or a container port's name looked up
+    in the endpoint's pod). Services are listed every `period` seconds. A connection made while the
+    Service has no ready endpoint waits up to `NO_ENDPOINT_WAIT_SECONDS` for one, then is
+    closed (kube-proxy rejects it at once: the wait spares a script run right after `kubectl
+    rollout status` the endpoint sync's second). start() and stop()."""
+
+    def __init__(self, api_client: client.ApiClient, period: float = 1.0) -> None:
+        self.api_client = api_client
+        self.core = cast(Any, client.CoreV1Api(api_client))
+        self.period = period
+        self._stop = threading.Event()
+        self._listeners: dict[tuple[str, str, int], _Listener] = {}
+        self._endpoints: dict[tuple[str, str], Endpoints] = {}
+        self._thread = threading.Thread(target=self._run, name="service-proxy")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(15)
+        for listener in self._listeners.values():
+            listener.close()
+        for endpoints in self._endpoints.values():
+            endpoints.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync()
+            except Exception as e:
+                log.warning("Listing Services failed: %s; trying again.", e)
+            self._stop.wait(self.period)
+
+    def _sync(self) -> None:
+        listed = json.loads(self.core.list_service_for_all_namespaces(_preload_content=False).data)
+        wanted: dict[tuple[str, str, int], tuple[JsonObject, JsonObject]] = {}
+        for service in listed.get("items", []):
+            spec = service.get("spec") or {}
+            address = str(spec.get("clusterIP") or "")
+            if not spec.get("selector") or not address.startswith("127."):
+                continue
+            for port in spec.get("ports") or []:
+                if port.get("protocol", "TCP") == "TCP":
+                    wanted[(service["metadata"]["namespace"], address, int(port["port"]))] = (
+                        service,
+                        port,
+                    )
+        for key in set(self._listeners) - set(wanted):
+            self._listeners.pop(key).close()
+        for key, (service, port) in wanted.items():
+            if key in self._listeners:
+                continue
+            namespace, address, number = key
+            selector = ",".join(f"{k}={v}" for k, v in sorted(service["spec"]["selector"].items()))
+            endpoints = self._endpoints.get((namespace, selector))
+            if endpoints is None:
+                endpoints = Endpoints(self.api_client, namespace, selector)
+                endpoints.start()
+                self._endpoints[(namespace, selector)] = endpoints
+            try:
+                self._listeners[key] = _Listener(
+                    address, number, endpoints, port.get("targetPort", number), self.core
+                )
+            except OSError as e:
+                log.warning(
+                    "Service %s/%s: cannot listen on %s:%d (%s); it is not reachable here.",
+                    namespace,
+                    service["metadata"]["name"],
+                    address,
+                    number,
+                    e,
+                )
+
+
+class _Listener:
+    """One Service port: accepts on the cluster IP and relays each connection to an endpoint."""
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        endpoints: Endpoints,
+        target: int | str,
+        core: Any,
+    ) -> None:
+        self.endpoints = endpoints
+        self.target = target
+        self.core = core
+        self.sock = socket.create_server((address, port))
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name=f"service-{address}:{port}", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.sock.close()
+
+    def _target_port(self, address: str) -> int | None:
+        if isinstance(self.target, int) or str(self.target).isdigit():
+            return int(self.target)
+        pods = json.loads(
+            self.core.list_namespaced_pod(
+                self.endpoints.namespace,
+                label_selector=self.endpoints.selector,
+                field_selector=f"status.podIP={address}",
+                _preload_content=False,
+            ).data
+        )
+        for pod in pods.get("items", []):
+            for container in pod["spec"].get("containers", []):
+                for port in container.get("ports") or []:
+                    if port.get("name") == self.target:
+                        return int(port["containerPort"])
+        return None
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        with conn:
+            address = self.endpoints.pick()
+            waited = time.monotonic() + NO_ENDPOINT_WAIT_SECONDS
+            while address is None and time.monotonic() < waited and not self._closed.is_set():
+                time.sleep(0.1)
+                address = self.endpoints.pick()
+            port = self._target_port(address) if address else None
+            if address is None or port is None:
+                return
+            try:
+                upstream = socket.create_connection((address, port), timeout=10)
+            except OSError:
+                return
+            with upstream:
+                upstream.settimeout(None)
+                back = threading.Thread(target=_pump, args=(upstream, conn), daemon=True)
+                back.start()
+                _pump(conn, upstream)
+                back.join()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy until `source` ends, then end `sink`'s writing side."""
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+STANDIN_BACKENDS = Path(__file__).resolve().parent / "tritonbackends"
+
 
 class TritonUnavailableError(RuntimeError):
     """nvidia-pytriton (and so the tritonserver binary) is not installed."""
@@ -101,6 +103,10 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     startup_timeout: float = 60.0
+    onnx_standin: bool = False
+    """Also run models of the `onnxruntime` backend, with the stand-in of
+    `sim/tritonbackends/onnxruntime` (element-wise FP32 graphs only): the simulated cluster's
+    node, so that deploy/example's ONNX model is served as shipped."""
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _workdir: Path | None = field(default=None, init=False)
     shm_prefix: str = field(
@@ -152,6 +158,8 @@ class TritonServer:
         install = TritonInstall.find()
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonshare-triton-"))
         backend_dir = install.make_backend_dir(self._workdir / "backends")
+        if self.onnx_standin:
+            shutil.copytree(STANDIN_BACKENDS / "onnxruntime", backend_dir / "onnxruntime")
         for name in ("http_port", "grpc_port", "metrics_port"):
             if getattr(self, name) == 0:
                 setattr(self, name, free_port())

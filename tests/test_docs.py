@@ -5,17 +5,15 @@ runs a part (`python -m agent|binder|loader|proxy|proxy.gateway|webhook`, `trito
 `kubectl tritonshare`) is parsed by that part's own settings, required flags included, so a
 renamed flag or a newly required one fails here before a reader copies it. Other `python -m`
 commands (the simulator, benchmarks) have each flag checked against their `--help`, and each
-`helm ... --set KEY=...` against the chart's values.yaml. README's "Running one part" block, the
-one that runs on the simulated cluster, is run as written.
+`helm ... --set KEY=...` against the chart's values.yaml; the quickstart's `make sim-up` block
+runs as written in tests/e2e/test_sim_up.py. Then the docs bar: their size, no internal issue
+numbers, and every link and every section a manifest or comment names.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,8 +32,6 @@ from binder.settings import parse_settings as binder_settings
 from loader.settings import parse_settings as loader_settings
 from proxy.gateway.settings import parse_settings as gateway_settings
 from proxy.settings import parse_settings as proxy_settings
-from sim.triton import free_port
-from tests.conftest import require_executable
 from webhook.settings import parse_settings as webhook_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,52 +230,95 @@ def test_each_documented_helm_value_exists_in_the_chart() -> None:
     assert not missing, f"values the chart does not have: {missing}"
 
 
-def _readme_block(heading: str) -> str:
-    """The first shell block under README's `heading`."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"\n## {heading}\n", 1)[1]
-    match = _FENCE.search(section)
-    assert match is not None and match.group(1) == "sh", f"README's {heading} has no sh block"
-    return match.group(2)
+# The docs bar: what a reader is handed stays short enough to read, and says nothing of how the
+# project is run.
+DOCS_BUDGET_BYTES = 150_000
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+_SECTION_REFERENCE = re.compile(r"docs/([a-z]+\.md)(?:,? \"([^\"]+)\"|#([a-z0-9-]+))")
+_ISSUE_NUMBER = re.compile(r"\bissues? #?\d+|\(#\d+\)|\bPR #?\d+", re.I)
+SOURCE_FOLDERS = ("agent", "binder", "loader", "proxy", "webhook", "common", "sim", "benchmarks")
 
 
-@pytest.mark.slow
-def test_readmes_running_one_part_runs_on_the_simulated_cluster(tmp_path: Path) -> None:
-    """The block as a reader pastes it, after `make venv` (this interpreter's environment), with
-    its /tmp paths in a temporary directory and its ports free ones: every command succeeds,
-    `status` shows the node's two GPUs and a live agent, and `explain` says the example pod is
-    not there yet."""
-    require_executable("kubectl")
-    require_executable("openssl")
-    script = _readme_block("Running one part")
-    first, _, rest = script.partition("\n")
-    assert first.startswith("make venv && . .venv/bin/activate && ")
-    script = first.removeprefix("make venv && . .venv/bin/activate && ") + "\n" + rest
-    script = script.replace("/tmp/", f"{tmp_path}/")
-    for port in ("6443", "9200", "8000"):
-        script = script.replace(f":{port}", f":{free_port()}").replace(
-            f"--port {port}", f"--port {free_port()}"
-        )
-    bin_dir = Path(sys.executable).parent
-    environ = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    # The example pod is the reader's to make: its `explain` exits 1 saying so, checked below.
-    explain = "explain default/my-model-pod"
-    script = "set -e\n" + script.replace(explain, f"{explain} || true")
-    process = subprocess.Popen(
-        ["bash", "-c", script],
-        cwd=tmp_path, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=120)
-    finally:
-        # Whatever the block left behind if it failed before its own `kill`.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-    assert process.returncode == 0, output
-    rows = [line.split() for line in output.splitlines() if line.startswith("node-1 ")]
-    assert [(r[1], r[2], r[4:6]) for r in rows] == [
-        ("alive", "0", ["Tesla", "T4"]),
-        ("alive", "1", ["Tesla", "T4"]),
-    ], output
-    assert "pod default/my-model-pod does not exist" in output
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces as
+    dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+@cache
+def _anchors(path: Path) -> frozenset[str]:
+    text = _FENCE.sub("", path.read_text())
+    seen: dict[str, int] = {}
+    anchors = set()
+    for match in re.finditer(r"^#{1,6} +(.+?) *$", text, re.M):
+        slug = _slug(match.group(1))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return frozenset(anchors)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="README.md and docs/ are about 164 KB while the pages are being trimmed: when this "
+    "passes (strict: it then fails as XPASS), remove this mark",
+)
+def test_readme_and_docs_stay_under_their_budget() -> None:
+    sizes = {str(doc.relative_to(ROOT)): len(doc.read_bytes()) for doc in DOCS}
+    total = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
+    assert total <= DOCS_BUDGET_BYTES, (
+        f"README.md and docs/ are {total} bytes, over {DOCS_BUDGET_BYTES}: trim repetition "
+        f"(largest: {largest})"
+    )
+
+
+def test_docs_and_sources_name_no_internal_issue_numbers() -> None:
+    """A reader has no access to the project's issue tracker: say what and why instead."""
+    files = [*DOCS, ROOT / "charts" / "tritonshare" / "README.md"]
+    files += [p for folder in SOURCE_FOLDERS for p in (ROOT / folder).rglob("*.py")]
+    files += [p for folder in ("deploy", "charts") for p in (ROOT / folder).rglob("*.yaml")]
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group(0)!r}"
+        for path in files
+        if "_pb2" not in path.name
+        for match in _ISSUE_NUMBER.finditer(path.read_text())
+    ]
+    assert not found, found
+
+
+def test_every_link_between_the_docs_resolves() -> None:
+    """Each relative link of README.md, docs/ and the chart's README names a file that exists
+    and, with `#anchor`, a heading of that file."""
+    broken = []
+    for doc in [*DOCS, ROOT / "charts" / "tritonshare" / "README.md", ROOT / "CHANGELOG.md"]:
+        for target in _LINK.findall(_FENCE.sub("", doc.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (doc.parent / path).resolve() if path else doc
+            if not resolved.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_every_docs_section_named_by_a_manifest_or_the_code_exists() -> None:
+    """`docs/deploy.md, "The example"` or `docs/runbooks.md#anchor` in a manifest, the chart or
+    a source comment names a heading that is there (a section moved leaves its readers lost)."""
+    files = [p for folder in ("deploy", "charts") for p in (ROOT / folder).rglob("*.yaml")]
+    files += [ROOT / "Dockerfile", *(ROOT / "charts" / "tritonshare").glob("*.md")]
+    files += [p for folder in SOURCE_FOLDERS for p in (ROOT / folder).rglob("*.py")]
+    missing = []
+    for path in files:
+        for name, heading, anchor in _SECTION_REFERENCE.findall(path.read_text()):
+            doc = ROOT / "docs" / name
+            heading = re.sub(r"\s*\n\s*#?\s*", " ", heading)  # a comment wrapped over lines
+            wanted = anchor or _slug(heading)
+            # A heading may be named by its start: "Worst-case memory" for "Worst-case memory,
+            # as a formula of the flags".
+            if not doc.exists() or not any(a.startswith(wanted) for a in _anchors(doc)):
+                missing.append(f"{path.relative_to(ROOT)}: docs/{name} {heading or anchor!r}")
+    assert not missing, missing

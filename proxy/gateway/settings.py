@@ -163,7 +163,7 @@ class GatewaySettings:
     handling and backends run on) from its neighbours. `auto`, the default, is the node's CPUs (the
     process's CPU affinity): on a small CPU node a flooding pod beside a steady one then has 1
     request at Triton, which kept the victim's p99 within a few times its p99 alone
-    (docs/results.md, "Security and isolation"). On a GPU node, where the GPU is what the pods
+    (docs/results.md, "Current figures"). On a GPU node, where the GPU is what the pods
     share, set it to the requests the node's models can run at once. 0: each pod bounded by its
     own limit only."""
     max_buffered_bytes: int = setting(

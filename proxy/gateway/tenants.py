@@ -4,7 +4,7 @@ A `Tenant` is what the gateway serves a caller with: the proxy's `RestRelay` and
 (routing, the raw-path grammar, server-wide APIs refused, other models answered like unknown
 ones, every gRPC message checked), made for the caller's model and fed the connections the
 gateway accepted from the caller's address. Where Triton knows the caller's model by a private
-name (`Caller.name_in_triton`, issue 25), the relays map the public model id in each request to
+name (`Caller.name_in_triton`), the relays map the public model id in each request to
 it and back in each answer. Each tenant has its own connections to Triton, so one pod's stalled
 stream or slow reader never holds another's; and each has its share of the one event loop
 (`policy.share`): while it is over it and other pods are active, its connections stop reading

@@ -326,6 +326,53 @@ CUSTOM_RESOURCE_DEFINITIONS = Resource(
     status_subresource=True,
 )
 
+# What `kubectl apply -k deploy/example` creates beside the workload: stored as written (and a
+# Service's clusterIP allocated, sim.apiserver.services); sim.service and the kubelet read them.
+CONFIG_MAPS = Resource(
+    group="",
+    version="v1",
+    plural="configmaps",
+    kind="ConfigMap",
+    short_names=("cm",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+)
+
+SERVICES = Resource(
+    group="",
+    version="v1",
+    plural="services",
+    kind="Service",
+    short_names=("svc",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
+NETWORK_POLICIES = Resource(
+    group="networking.k8s.io",
+    version="v1",
+    plural="networkpolicies",
+    kind="NetworkPolicy",
+    short_names=("netpol",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+)
+
+# Stored as written; TokenRequest (the `token` subresource) still accepts any account name, as
+# the sim's parts ask for tokens of accounts nobody created.
+SERVICE_ACCOUNTS = Resource(
+    group="",
+    version="v1",
+    plural="serviceaccounts",
+    kind="ServiceAccount",
+    short_names=("sa",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"token"}),
+)
+
 STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
@@ -342,19 +389,13 @@ STORED: tuple[Resource, ...] = (
     HORIZONTAL_POD_AUTOSCALERS,
     SCALED_OBJECTS,
     CUSTOM_RESOURCE_DEFINITIONS,
+    CONFIG_MAPS,
+    SERVICES,
+    NETWORK_POLICIES,
+    SERVICE_ACCOUNTS,
 )
 
-# Served but never stored: the service-account token subresource and TokenReview.
-SERVICE_ACCOUNTS = Resource(
-    group="",
-    version="v1",
-    plural="serviceaccounts",
-    kind="ServiceAccount",
-    namespaced=True,
-    field_labels=_NAMESPACED_META,
-    subresources=frozenset({"token"}),
-    verbs=frozenset(),
-)
+# Served but never stored: TokenReview and Binding.
 TOKEN_REVIEWS = Resource(
     group="authentication.k8s.io",
     version="v1",
@@ -374,7 +415,7 @@ BINDINGS = Resource(
     verbs=frozenset({"create"}),
 )
 
-ALL: tuple[Resource, ...] = (*STORED, SERVICE_ACCOUNTS, TOKEN_REVIEWS, BINDINGS)
+ALL: tuple[Resource, ...] = (*STORED, TOKEN_REVIEWS, BINDINGS)
 
 BY_GROUP_VERSION: dict[tuple[str, str], dict[str, Resource]] = {}
 for _resource in ALL:

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sim.apiserver import customresources, priority, validation, workloads
+from sim.apiserver import customresources, priority, services, validation, workloads
 from sim.apiserver import patch as patches
 from sim.apiserver.clock import Clock, rfc3339
 from sim.apiserver.errors import (
@@ -42,6 +42,8 @@ from sim.apiserver.resources import (
     PODS,
     PRIORITY_CLASSES,
     REPLICA_SETS,
+    SERVICES,
+    STORED,
     VALIDATING_ADMISSION_POLICIES,
     Catalog,
     Resource,
@@ -293,6 +295,8 @@ class Registry:
             }
         elif resource is DEPLOYMENTS or resource is REPLICA_SETS:
             workloads.apply_defaults(resource, obj)
+        elif resource is SERVICES:
+            services.apply_defaults(self.store, obj)
         elif resource is NAMESPACES:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}

@@ -202,8 +202,9 @@ def reading(cluster: SimCluster, status: dict[str, Any]) -> list[str]:
         )
     real = cluster.real_node
     lines.append(
-        "  - A model id runs at most once per node. The binder wrote the chosen GPU's UUID on "
-        "every pod it placed"
+        "  - Replicas of one model may share a node (each pod's model has its own name in "
+        "Triton); the binder spreads them over nodes unless they say otherwise. It wrote the "
+        "chosen GPU's UUID on every pod it placed"
         + (f"; on {real.name} the agent loaded each model pinned to that GPU." if real else ".")
     )
     return lines

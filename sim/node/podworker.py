@@ -1,16 +1,17 @@
 """One pod's life on the simulated kubelet, from volume setup to deletion.
 
-Owns the order a kubelet follows: volumes (emptyDir and hostPath as local directories; projected
-service-account tokens from the TokenRequest API, rotated at 80% of their life), init containers
-one by one (restarted with back-off unless restartPolicy is Never), then the main containers
-(startup, liveness and readiness httpGet probes; restarted as the policy says), and on deletion
-preStop hooks, SIGTERM, the grace period, SIGKILL and the final delete with gracePeriodSeconds=0.
-It reports all of this in the pod's status (`sim.node.podstatus`). It must not watch the API:
-`sim.node.kubelet` does and hands it the pod.
+Owns the order a kubelet follows: volumes (emptyDir and hostPath as local directories, a ConfigMap's
+keys as files; projected service-account tokens from the TokenRequest API, rotated at 80% of their
+life), init containers one by one (restarted with back-off unless restartPolicy is Never), then the
+main containers (startup, liveness and readiness httpGet probes; restarted as the policy says), and
+on deletion preStop hooks, SIGTERM, the grace period, SIGKILL and the final delete with
+gracePeriodSeconds=0. It reports all of this in the pod's status (`sim.node.podstatus`). It must not
+watch the API: `sim.node.kubelet` does and hands it the pod.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -156,15 +157,53 @@ class PodWorker(threading.Thread):
             self.mounts[name] = local
             if "emptyDir" in volume or "hostPath" in volume:
                 continue
+            if "configMap" in volume:
+                self._project_config_map(name, local, volume["configMap"])
+                continue
             if "projected" not in volume:
                 kinds = ", ".join(k for k in volume if k != "name")
-                raise PodSpecError(f"volume {name!r} is a {kinds} volume; use emptyDir or hostPath")
+                raise PodSpecError(
+                    f"volume {name!r} is a {kinds} volume; use emptyDir, hostPath, configMap or "
+                    "projected"
+                )
             for source in volume["projected"].get("sources", []):
                 if "serviceAccountToken" not in source:
                     raise PodSpecError(
                         f"volume {name!r}: only serviceAccountToken projections are simulated"
                     )
                 self._project_token(local / source["serviceAccountToken"]["path"], source)
+
+    def _project_config_map(self, volume: str, local: Path, source: Obj) -> None:
+        """The ConfigMap's keys as files (`items` picks keys and paths), written once: a real
+        kubelet also refreshes them when the ConfigMap changes, this one does not."""
+        name = source.get("name", "")
+        try:
+            config_map = read_json(
+                self.node.core.read_namespaced_config_map(
+                    name, self.namespace, _preload_content=False
+                )
+            )
+        except ApiException as e:
+            if e.status == 404 and source.get("optional"):
+                return
+            raise PodSpecError(
+                f"volume {volume!r}: ConfigMap {self.namespace}/{name} cannot be read "
+                f"({e.status} {e.reason}); create it, then recreate the pod"
+            ) from e
+        files = {k: str(v).encode() for k, v in (config_map.get("data") or {}).items()}
+        files |= {k: base64.b64decode(v) for k, v in (config_map.get("binaryData") or {}).items()}
+        items = source.get("items") or [{"key": key, "path": key} for key in files]
+        for item in items:
+            if item["key"] not in files:
+                raise PodSpecError(
+                    f"volume {volume!r}: ConfigMap {self.namespace}/{name} has no key "
+                    f"{item['key']!r}"
+                )
+            target = local / item["path"]
+            if not target.resolve().is_relative_to(local.resolve()):
+                raise PodSpecError(f"volume {volume!r}: path {item['path']!r} leaves the volume")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(files[item["key"]])
 
     def _project_token(self, target: Path, source: Obj) -> None:
         token = source["serviceAccountToken"]

@@ -193,3 +193,15 @@ def test_the_keda_overlay_adds_only_the_scaled_object(kubectl: str) -> None:
     scaled = render(kubectl, "overlays/example-keda")
     assert {name_of(o) for o in scaled} - plain == {"ScaledObject/models/add-one"}
     assert _the(scaled, "ScaledObject", "add-one")["spec"]["scaleTargetRef"]["name"] == "add-one"
+
+
+def test_the_kserve_example_is_a_kustomization(kubectl: str) -> None:
+    """`kubectl apply -k deploy/example/kserve` applies the runtime and the InferenceService in
+    the example's namespace, with the release's image."""
+    objects = render(kubectl, "example/kserve")
+    assert sorted(o["kind"] for o in objects) == ["InferenceService", "ServingRuntime"]
+    assert {o["metadata"]["namespace"] for o in objects} == {"models"}
+    [runtime] = [o for o in objects if o["kind"] == "ServingRuntime"]
+    assert [c["image"] for c in runtime["spec"]["containers"]] == [
+        "ghcr.io/tritonshare/tritonshare:0.1.0"
+    ]

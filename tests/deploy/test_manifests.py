@@ -630,17 +630,18 @@ def _doc_block(starting: str) -> str:
 def test_the_documented_overlay_moves_monitoring_to_another_namespace(
     kubectl: str, tmp_path: Path
 ) -> None:
-    """docs/deploy.md's own commands (your overlay, then the monitoring patches) render with the
-    installed kubectl, and move what names the monitoring namespace and release."""
+    """docs/deploy.md's own commands (your overlay, then the monitoring patches), pasted in order
+    into one shell with `kubectl apply -k` as `kubectl kustomize`, render with the installed
+    kubectl, and move what names the monitoring namespace and release."""
     shutil.copytree(DEPLOY, tmp_path / "deploy")
-    for starting in ("mkdir -p my-cluster", "cd my-cluster\ncat >> kustomization.yaml"):
-        subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", _doc_block(starting)],
-            cwd=tmp_path, check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+    patches = _doc_block("cat >> my-cluster/kustomization.yaml")
+    assert "kubectl apply -k my-cluster" in patches
+    script = _doc_block("mkdir -p my-cluster\n") + patches.replace(
+        "kubectl apply -k", f"{kubectl} kustomize"
+    )
     rendered = subprocess.run(
-        [kubectl, "kustomize", str(tmp_path / "my-cluster")],
-        capture_output=True, text=True, timeout=120, check=False,
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     objects = {name_of(o): o for o in yaml.safe_load_all(rendered.stdout) if o}
@@ -654,8 +655,10 @@ def test_the_documented_overlay_moves_monitoring_to_another_namespace(
             if "matchLabels" in peer.get("namespaceSelector", {})
         }
         assert named == {"observability"}, f"{name} admits {named}"
-    rule = objects["PrometheusRule/tritonshare-system/tritonshare"]
-    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    selected = [o for o in objects.values() if o["kind"] in ("PodMonitor", "PrometheusRule")]
+    assert len(selected) == 4
+    for obj in selected:  # the three PodMonitors and the rule: what Prometheus selects
+        assert obj["metadata"]["labels"]["release"] == "prometheus", name_of(obj)
     images = {c["image"] for o in objects.values() if (s := pod_spec(o)) for c in containers(s)}
     assert "registry.example.com/tritonshare:0.1.0" in images
 
@@ -668,3 +671,41 @@ def test_every_mount_names_a_volume_of_its_pod_and_every_volume_is_mounted(kubec
         mounted = {m["name"] for c in containers(spec) for m in c.get("volumeMounts", [])}
         assert mounted <= volumes, f"{name_of(obj)} mounts {sorted(mounted - volumes)}, no volume"
         assert volumes <= mounted, f"{name_of(obj)} mounts none of {sorted(volumes - mounted)}"
+
+
+def test_the_documented_replacement_gives_the_webhook_the_overlays_image(
+    kubectl: str, tmp_path: Path
+) -> None:
+    """deploy.md's `replacements` for the webhook, added to the documented overlay with
+    deploy/webhook: the image the webhook writes into model pods is the overlay's image, which
+    `images:` alone leaves at the release's."""
+    text = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    [snippet] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "replacements" in b]
+    (tmp_path / "deploy").symlink_to(DEPLOY)
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", _doc_block("mkdir -p my-cluster\n")],
+        cwd=tmp_path, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    overlay = tmp_path / "my-cluster" / "kustomization.yaml"
+
+    def webhook_image_argument() -> str:
+        rendered = subprocess.run(
+            [kubectl, "kustomize", str(overlay.parent)],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        [webhook] = [
+            o
+            for o in yaml.safe_load_all(rendered.stdout)
+            if o and o["kind"] == "Deployment" and o["metadata"]["name"] == "tritonshare-webhook"
+        ]
+        [container] = webhook["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == "registry.example.com/tritonshare:0.1.0"
+        [argument] = [a for a in container["args"] if a.startswith("--image=")]
+        return str(argument)
+
+    overlay.write_text(
+        overlay.read_text().replace("resources:\n", "resources:\n- ../deploy/webhook\n")
+    )
+    assert webhook_image_argument() == "--image=ghcr.io/tritonshare/tritonshare:0.1.0"
+    overlay.write_text(overlay.read_text() + snippet)
+    assert webhook_image_argument() == "--image=registry.example.com/tritonshare:0.1.0"

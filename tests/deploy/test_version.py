@@ -21,6 +21,8 @@ from proxy.settings import parse_settings as proxy_settings
 from tests.deploy.rendering import CHART, DEPLOY, KUSTOMIZATIONS, REPO
 from webhook.settings import parse_settings as webhook_settings
 
+CHANGELOG = REPO / "CHANGELOG.md"
+
 
 def test_the_version_is_semantic_and_pyproject_reads_it_from_common_version() -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", VERSION), VERSION
@@ -78,3 +80,15 @@ def test_every_part_prints_the_version_without_its_required_flags(
     assert exited.value.code == 0
     expected = f"{prog} {VERSION}" if prog == "tritonshare" else f"{prog} (tritonshare) {VERSION}"
     assert capsys.readouterr().out == expected + "\n"
+
+
+def test_the_changelog_has_a_release_entry_for_the_version() -> None:
+    """Tag-ready: `## [Unreleased]` on top, then this version's entry with its date, so
+    `git tag vVERSION` names a release the changelog describes."""
+    headings = re.findall(
+        r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", CHANGELOG.read_text(), re.M
+    )
+    assert headings[0] == ("Unreleased", ""), headings
+    assert headings[1][0] == VERSION and headings[1][1], (
+        f"CHANGELOG.md's first release is {headings[1]}, not common/version.py's {VERSION}"
+    )

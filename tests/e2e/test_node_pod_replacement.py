@@ -4,8 +4,8 @@ it installed and loaded again from the pod's own files, on the GPU of its proof,
 being recreated or its containers restarted.
 
 Probes send an inference through each pod's proxy every 0.2 s for the whole scenario; the figures
-(printed, and quoted in docs/deploy.md "Upgrading the node pod") are, per model, the seconds from
-the new node pod running to the first answer, and the whole gap without answers.
+(printed) are, per model, the seconds from the new node pod running to the first answer, and the
+whole gap without answers.
 Run: pytest tests/e2e/test_node_pod_replacement.py -s -q
 """
 

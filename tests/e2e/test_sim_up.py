@@ -1,0 +1,241 @@
+"""`make sim-up` as a new user meets it: `python -m sim.up start` returns once the simulated
+cluster is ready with `export KUBECONFIG=...` last; plain `kubectl apply -k deploy/example` gets
+a Ready model pod answering through its Service's address; a Deployment in the short form is
+completed by the webhook and served; `tritonshare status` shows both; `python -m sim.up stop`
+ends every process and removes the directory. One cluster for the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sim.triton import TritonInstall
+from tests.conftest import require_executable
+
+ROOT = Path(__file__).resolve().parents[2]
+INFER = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+SHORT_FORM = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: add-one, namespace: team-a}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: add-one}}}}
+  template:
+    metadata:
+      labels: {{app: add-one, tritonshare.io/role: model}}
+      annotations:
+        tritonshare.io/model-uri: {uri}
+        tritonshare.io/gpu-mem: 1Gi
+    spec:
+      containers:
+      - name: proxy
+        image: ghcr.io/tritonshare/tritonshare:0.1.0
+"""
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton]
+
+
+@dataclass
+class SimUp:
+    directory: Path
+    output: str
+    env: dict[str, str]
+    kubectl: str
+
+    def run(self, *argv: str, stdin: str | None = None) -> str:
+        done = subprocess.run(
+            argv, env=self.env, input=stdin, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, f"{argv}: {done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def get(self, *argv: str) -> Any:
+        return json.loads(self.run(self.kubectl, "get", *argv, "-o", "json"))
+
+
+def _sim_up(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sim.up", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
+
+
+@pytest.fixture(scope="module")
+def sim_up(
+    tmp_path_factory: pytest.TempPathFactory, triton_install: TritonInstall
+) -> Iterator[SimUp]:
+    kubectl = require_executable("kubectl")
+    directory = tmp_path_factory.mktemp("sim-up") / "cluster"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    started = _sim_up("start", "--dir", str(directory), env=env)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        last = started.stdout.strip().splitlines()[-1]
+        assert last == f"export KUBECONFIG={directory / 'kubeconfig'}", started.stdout
+        bin_dir = str(Path(sys.executable).parent)
+        yield SimUp(
+            directory,
+            started.stdout,
+            {
+                **env,
+                "KUBECONFIG": str(directory / "kubeconfig"),
+                "PATH": f"{bin_dir}:{env['PATH']}",
+            },
+            kubectl,
+        )
+    finally:
+        _sim_up("stop", "--dir", str(directory), env=env)
+
+
+def _ready_pod(sim: SimUp, namespace: str, selector: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while True:
+        pods = sim.get("pods", "-n", namespace, "-l", selector)["items"]
+        ready = [
+            p
+            for p in pods
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p["status"].get("conditions") or []
+            )
+        ]
+        if ready:
+            return dict(ready[0])
+        assert time.monotonic() < deadline, f"no Ready pod in {namespace}: {json.dumps(pods)}"
+        time.sleep(0.5)
+
+
+def _infer(address: str) -> list[float]:
+    request = urllib.request.Request(
+        f"http://{address}/v2/models/add_one/infer", data=json.dumps(INFER).encode()
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = json.loads(response.read())
+    return [float(x) for x in answer["outputs"][0]["data"]]
+
+
+def _quickstart_block() -> list[str]:
+    """docs/quickstart.md's `make sim-up` block, line by line."""
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    section = text.split("\n## On your machine\n", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return block.replace("\\\n", "").splitlines()
+
+
+def test_the_quickstarts_steps_run_as_written(sim_up: SimUp) -> None:
+    """Between `make sim-up` (the fixture) and `make sim-down` (the last test), the block runs
+    as written with the variables sim-up exports: the example applied, rolled out, shown by
+    status and answering through its Service's address."""
+    lines = _quickstart_block()
+    assert lines[0].startswith('eval "$(make -s sim-up')
+    assert lines[-1].startswith("make sim-down")
+    uri = next(x for x in sim_up.output.splitlines() if x.startswith("export MODEL_URI="))
+    script = "\n".join(["set -e", uri, *(x for x in lines[1:-1] if not x.startswith(". "))])
+    output = sim_up.run("bash", "-c", script)
+    assert "deployment.apps/add-one created" in output
+    assert "successfully rolled out" in output
+    assert "models/add-one-" in output  # tritonshare status
+    assert '"data":[2.0,3.0,4.0]' in output
+    pod = _ready_pod(sim_up, "models", "app.kubernetes.io/name=add-one")
+    assert pod["spec"]["nodeName"] == "gpu-node-0"
+    # kustomize's `images:` rewrote the image the example names.
+    assert pod["spec"]["containers"][0]["image"] == "ghcr.io/tritonshare/tritonshare:0.1.0"
+    service = sim_up.get("service", "add-one", "-n", "models")
+    assert service["spec"]["clusterIP"].startswith("127.2.")
+
+
+def test_the_short_form_is_completed_by_the_webhook_and_served(sim_up: SimUp) -> None:
+    uri = next(
+        line.split("=", 1)[1]
+        for line in sim_up.output.splitlines()
+        if line.startswith("export MODEL_URI=")
+    )
+    sim_up.run(sim_up.kubectl, "create", "namespace", "team-a")
+    sim_up.run(sim_up.kubectl, "apply", "-f", "-", stdin=SHORT_FORM.format(uri=uri))
+    pod = _ready_pod(sim_up, "team-a", "app=add-one")
+    assert pod["spec"]["schedulerName"] == "tritonshare"
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["storage-initializer", "loader"]
+    assert _infer(f"{pod['status']['podIP']}:9000") == [2.0, 3.0, 4.0]
+
+
+def test_the_concepts_residency_walkthrough_runs_as_written(sim_up: SimUp) -> None:
+    """docs/concepts.md's on-demand step: placed with the over-commit label, asleep once idle,
+    woken by a request. Its `sleep 10` is a poll here, so a loaded machine does not fail it."""
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    section = text.split("\n## Residency classes\n", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("\n```", 1)[0]
+    assert "sleep 10; tritonshare status" in block
+    poll = "for i in $(seq 240); do tritonshare status | grep -q 'on-demand, asleep' && break; "
+    poll += "sleep 0.5; done; "
+    block = block.replace("sleep 10; ", poll)
+    uri = next(x for x in sim_up.output.splitlines() if x.startswith("export MODEL_URI="))
+    output = sim_up.run("bash", "-c", "\n".join(["set -e", uri, block]))
+    assert "team-b/add-one-" in output and "on-demand, asleep" in output, output
+    node = sim_up.get("node", "gpu-node-0")
+    assert node["metadata"]["labels"]["tritonshare.io/gpu-mem-overcommit"] == "3"
+    pod = _ready_pod(sim_up, "team-b", "app=add-one")
+    assert _infer(f"{pod['status']['podIP']}:9000") == [2.0, 3.0, 4.0]  # the wake
+
+
+def test_prometheus_scrapes_the_model_pods_where_installed(sim_up: SimUp) -> None:
+    line = next((x for x in sim_up.output.splitlines() if "Prometheus scrapes" in x), None)
+    if shutil.which("prometheus") is None:
+        assert line is None
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    assert line is not None, sim_up.output
+    url = line.rsplit(" ", 1)[1] + "/api/v1/targets"
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            targets = json.loads(response.read())["data"]["activeTargets"]
+        up = {t["labels"].get("namespace") for t in targets if t["health"] == "up"}
+        if "models" in up:
+            break
+        assert time.monotonic() < deadline, targets
+        time.sleep(1)
+
+
+def test_status_shows_both_pods_on_the_node(sim_up: SimUp) -> None:
+    status = sim_up.run(str(Path(sys.executable).parent / "tritonshare"), "status")
+    assert "gpu-node-0" in status
+    assert "models/add-one-" in status
+    assert "team-a/add-one-" in status
+    assert "may be that old" in status  # the residency columns say how old they can be
+    # concepts.md reads the node gateway's split from its metrics port, as deploy/base has it.
+    with urllib.request.urlopen("http://127.0.0.1:8012/metrics", timeout=10) as response:
+        assert b"tritonshare_gateway_namespaces_sending" in response.read()
+
+
+def test_sim_down_stops_every_process_and_removes_its_files(sim_up: SimUp) -> None:
+    daemon = int((sim_up.directory / "sim-up.pid").read_text())
+    tree = [daemon, *(p.pid for p in psutil.Process(daemon).children(recursive=True))]
+    assert len(tree) > 5  # Triton, agent, gateway, binders, webhook, pods
+    stopped = _sim_up("stop", "--dir", str(sim_up.directory), env=sim_up.env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not sim_up.directory.exists()
+    assert not [pid for pid in tree if _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    """Not gone, nor an exited process its new parent has yet to reap."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

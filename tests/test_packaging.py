@@ -1,0 +1,53 @@
+"""`pip install tritonshare` is the CLI: its dependencies are what `tritonshare` imports, and
+the parts' own (gRPC, Triton's client, NVML, aiohttp, ...) come with the `server` extra, which
+the image and the test environment install."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+SERVER_ONLY = (
+    *("grpc", "google.protobuf", "prometheus_client", "aiohttp"),
+    *("tritonclient", "uvloop", "hpack", "pynvml"),
+)
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {r.split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip() for r in requirements}
+
+
+def test_the_cli_needs_only_the_base_dependencies() -> None:
+    """The CLI runs (`--help` of each command) with every server-only library hidden."""
+    hide = f"""
+import importlib.abc, sys
+class Hidden(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if any(name == h or name.startswith(h + ".") for h in {SERVER_ONLY!r}):
+            raise ImportError(f"{{name}} is not installed with the CLI")
+sys.meta_path.insert(0, Hidden())
+from binder.cli import main
+for argv in (["--help"], ["status", "--help"], ["explain", "--help"], ["quarantine", "--help"]):
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert e.code == 0, (argv, e.code)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "status" in done.stdout
+
+
+def test_the_parts_dependencies_are_the_server_extra() -> None:
+    base = _names(PROJECT["dependencies"])
+    assert base == {"kubernetes", "pyyaml", "numpy"}
+    server = _names(PROJECT["optional-dependencies"]["server"])
+    assert {"grpcio", "protobuf", "aiohttp", "tritonclient", "nvidia-ml-py"} <= server
+    assert "tritonshare[server]" in PROJECT["optional-dependencies"]["test"]
+    assert "pip install '.[server]'" in (ROOT / "Dockerfile").read_text()
