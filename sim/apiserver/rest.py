@@ -43,7 +43,6 @@ from sim.apiserver.resources import (
     PRIORITY_CLASSES,
     REPLICA_SETS,
     SERVICES,
-    STORED,
     VALIDATING_ADMISSION_POLICIES,
     Catalog,
     Resource,
