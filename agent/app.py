@@ -236,6 +236,8 @@ class Agent:
             settings.keys.model_loaded,
             self.models.status_for,
             refused=self.request_crashes.quarantine_of if self.request_crashes else None,
+            quarantine=self.models.quarantine_for,
+            fail_pod=self.kube.fail_pod,
         )
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
