@@ -218,6 +218,7 @@ class Agent:
             self._quarantine_cleared,
             period=settings.lease_renew_seconds,
             on_callers_cleared=self._callers_cleared,
+            wanting=self.models.wanting,
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
         self.request_crashes: RequestCrashes | None = None

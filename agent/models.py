@@ -1064,6 +1064,20 @@ class Models:
         record = self.crashes.quarantined(refused) if refused else None
         return PodQuarantine(record, installed=False) if record is not None else None
 
+    def wanting(self, digest: str) -> list[str]:
+        """The live pods of this node (namespace/name) that want the files `digest`: their
+        install holds them, or was refused for them."""
+        found = []
+        for proven in self._pods.all_proven():
+            try:
+                owned = self.owners.get(self.triton_name(proven))
+            except AgentError:
+                owned = None
+            holds = owned is not None and owned.uid == proven.uid and owned.digest == digest
+            if holds or self._refused.get(proven.uid) == digest:
+                found.append(proven.key)
+        return sorted(found)
+
     def crash_suspected(self, marker: Marker) -> CrashRecord:
         """Count a load Triton died under (`marker`, left over, its model not in Triton) against
         its files; the model's life follows the count on disk, which survives restarts."""

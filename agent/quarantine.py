@@ -376,9 +376,36 @@ def from_annotation(value: str) -> tuple[list[CrashRecord], list[CallerRecord]]:
     return records, callers
 
 
-def annotation(records: Iterable[CrashRecord], callers: Iterable[CallerRecord] = ()) -> str:
+def entry_key(item: Mapping[str, object]) -> str:
+    """What names one entry of the annotation across rewrites: its files' digest, or its pod."""
+    return str(item.get("digest") or "") or f"pod:{item.get('pod', '')}"
+
+
+def shown_since(value: str) -> dict[str, str]:
+    """When each entry of a `quarantined` annotation was first shown (`entry_key` -> RFC 3339)."""
+    try:
+        shown = json.loads(value) if value else []
+    except ValueError:
+        return {}
+    return {
+        entry_key(item): str(item["since"])
+        for item in (shown if isinstance(shown, list) else [])
+        if isinstance(item, dict) and item.get("since")
+    }
+
+
+def annotation(
+    records: Iterable[CrashRecord],
+    callers: Iterable[CallerRecord] = (),
+    *,
+    since: Mapping[str, str] | None = None,
+    now: str = "",
+    wanting: Callable[[str], list[str]] | None = None,
+) -> str:
     """The `quarantined` Node annotation for `records` and `callers` ("" when none is
-    quarantined)."""
+    quarantined). With `now`, each entry says `since` when (kept from `since`, else `now`);
+    with `wanting`, a files entry lists the node's pods that still want those files
+    (`wanted_by`), which `tritonshare quarantine clear` refuses to clear under."""
     shown: list[dict[str, object]] = [
         {
             "model": f"{r.namespace}/{r.model_id}",
@@ -401,6 +428,12 @@ def annotation(records: Iterable[CrashRecord], callers: Iterable[CallerRecord] =
         for c in callers
         if c.quarantined
     ]
+    for item in shown:
+        if now:
+            item["since"] = (since or {}).get(entry_key(item), now)
+        pods = wanting(str(item["digest"])) if wanting is not None and item["digest"] else []
+        if pods:
+            item["wanted_by"] = sorted(pods)
     return json.dumps(shown, sort_keys=True, separators=(",", ":")) if shown else ""
 
 
@@ -419,8 +452,13 @@ class NodeQuarantine:
         *,
         period: float,
         on_callers_cleared: Callable[[list[CallerRecord]], None] | None = None,
+        wanting: Callable[[str], list[str]] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """`wanting(digest)`: the pods of the node that still want those files (shown)."""
         self._ledger = ledger
+        self._wanting = wanting
+        self._wall = wall
         self._kube = kube
         self._node = node_name
         self._keys = keys
@@ -469,8 +507,14 @@ class NodeQuarantine:
             if callers and self._on_callers_cleared is not None:
                 self._on_callers_cleared(callers)
             patch[self._keys.quarantine_clear] = None
-        wanted = annotation(self._ledger.records(), self._ledger.callers())
         shown = str(current.get(self._keys.quarantined) or "")
+        wanted = annotation(
+            self._ledger.records(),
+            self._ledger.callers(),
+            since=shown_since(shown),
+            now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall())),
+            wanting=self._wanting,
+        )
         if wanted != shown:
             patch[self._keys.quarantined] = wanted or None
         if patch:

@@ -2,7 +2,8 @@
 first-load crasher still in its loader gets the condition and the Event; a ReplicaSet's pod is
 then marked Failed, and the binder no longer charges its GPU memory; its replacement, with the
 same files, is refused at install with the quarantine's reason (the loader shows it) and never
-reaches Triton."""
+reaches Triton. The operator lists the quarantine, and clearing it is refused while the replacement
+still wants the same files, unless forced."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from tests.agent.test_quarantine import (
     killer_model,
     kubelet_restarts,
     pod_of,
+    quarantine_shown,
     run_cli,
 )
 from tests.conftest import copy_model
@@ -110,8 +112,9 @@ async def test_a_replicasets_first_load_crasher_is_marked_failed_and_its_replace
     triton: TritonServer,
     kubeconfig: Path,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    running = await start_custom_agent(crash_quarantine_after=2)
+    running = await start_custom_agent(crash_quarantine_after=2, lease_renew_seconds=0.5)
     gpu = running.mock.gpus[0].uuid
     source = killer_model(tmp_path / "src")
     replica(kube_api, "killer-0", "killer", gpu)
@@ -177,6 +180,24 @@ async def test_a_replicasets_first_load_crasher_is_marked_failed_and_its_replace
         # Refused, not failed: a Failed replacement would be replaced again, and again.
         assert pod_of(kube_api, "killer-1").status.phase == "Pending"
         assert charged(kubeconfig)["default/killer-1"] == GIB
+
+    # The operator: the quarantine listed, its clearing refused while the replacement wants
+    # the same files (it would crash Triton again), done when forced.
+    await eventually(
+        lambda: [q.get("wanted_by") for q in quarantine_shown(kube_api)] == [["default/killer-1"]],
+        what="the Node's annotation naming the replacement",
+    )
+    code, out = await asyncio.to_thread(run_cli, kubeconfig, "quarantine", "list")
+    assert code == 0 and out.splitlines()[1].split()[:3] == [NODE, "files", "default"], out
+    assert "2 times in a row; still wanted by default/killer-1" in out
+    clear = ("quarantine", "clear", NODE, "default/killer-0")
+    code, _ = await asyncio.to_thread(run_cli, kubeconfig, *clear)
+    assert code == 1
+    assert "pod default/killer-1 on node" in capsys.readouterr().err
+    assert running.agent.crashes.records(), "nothing cleared"
+    code, out = await asyncio.to_thread(run_cli, kubeconfig, *clear, "--force")
+    assert code == 0, out
+    await eventually(lambda: not running.agent.crashes.records(), what="the quarantine lifted")
 
 
 async def test_a_pod_in_its_loader_says_its_files_are_quarantined(
