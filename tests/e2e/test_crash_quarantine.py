@@ -77,7 +77,7 @@ def test_a_deployments_first_load_crasher_is_failed_and_its_replacement_refused(
     source = copy_model("add_one", tmp_path / "src", as_name="killer")
     (source / "1" / "model.py").write_text(KILLER)
     uri = cluster.model_store.publish("killer", source)
-    stop, exits = threading.Event(), []
+    stop, exits = threading.Event(), list[int]()
     supervisor = threading.Thread(target=supervise, args=(cluster, stop, exits), daemon=True)
     supervisor.start()
     try:
