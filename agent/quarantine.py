@@ -15,7 +15,8 @@ the Node).
 The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
 temporary file and renamed, so an agent restart keeps them. A node pod replacement starts with an
 empty state directory; the quarantines themselves are also on the Node (`Keys.quarantined`,
-written by `NodeQuarantine`, read by `tritonshare status`), and the new agent takes them back
+written by `NodeQuarantine` with when each began and the node's pods still wanting quarantined
+files, read by `tritonshare quarantine list` and `status`), and the new agent takes them back
 from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
 the Node (`Keys.quarantine_clear`). The ledger also keeps the pods whose requests were at Triton
 when it exited (`agent.suspects`, counted from the gateway's witnesses by `agent.requestcrash`),

@@ -429,7 +429,9 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
         "model id, a pod as NAMESPACE/NAME, or 12+ characters of its files' digest, as "
         "`tritonshare status` shows them). The agent lifts it within its Lease renewal period: "
         "it loads the model again if its pod still wants it, and the node gateway serves a pod "
-        "whose requests were quarantined again. Needs patch on nodes.",
+        "whose requests were quarantined again. Refuses while a pod on NODE still wants the "
+        "quarantined files (the agent lists them on the Node), unless --force. Needs get on pods "
+        "and patch on nodes.",
         allow_abbrev=False,
     )
     clear.add_argument("node", help="the node the model is quarantined on")
