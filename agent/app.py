@@ -207,7 +207,7 @@ class Agent:
             max_load_attempts=settings.max_load_attempts,
             triton_poll_seconds=settings.triton_poll_seconds,
             enforcement=settings.gpu_mem_enforcement,
-            fail_pod=self.kube.fail_pod,
+            fail_pod=self._fail_pod,
             wake=self._reconcile_now,
         )
         self.quarantine = NodeQuarantine(
@@ -293,6 +293,13 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
+
+    async def _fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
+        says so whatever its phase (a pod in its loader has no condition yet)."""
+        condition = self.settings.keys.model_loaded
+        await self.kube.set_pod_condition(namespace, name, condition, "False", reason, message)
+        await self.kube.fail_pod(namespace, name, reason, message)
 
     def _requests_quarantined(self) -> None:
         if self.callers is not None:

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import kubernetes.client
 import pytest
+from kubernetes import watch
 
 from binder.cli import main as cli
 from sim.cluster import SimCluster
@@ -49,6 +50,17 @@ def supervise(cluster: SimCluster, stop: threading.Event, exits: list[int]) -> N
             triton.restart()
 
 
+def watch_failed(core: Any, stop: threading.Event, seen: list[Any]) -> None:
+    """Keep the first pod seen Failed, as the watch showed it (the pod may go soon after)."""
+    while not stop.is_set() and not seen:
+        watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        for event in watcher.stream(core.list_namespaced_pod, NAMESPACE, timeout_seconds=2):
+            if event["object"].status.phase == "Failed":
+                seen.append(event["object"])
+            if seen or stop.is_set():
+                watcher.stop()
+
+
 def condition(pod: Any) -> tuple[str, str, str]:
     for c in pod.status.conditions or []:
         if c.type == CONDITION:
@@ -77,9 +89,11 @@ def test_a_deployments_first_load_crasher_is_failed_and_its_replacement_refused(
     source = copy_model("add_one", tmp_path / "src", as_name="killer")
     (source / "1" / "model.py").write_text(KILLER)
     uri = cluster.model_store.publish("killer", source)
-    stop, exits = threading.Event(), list[int]()
+    stop, exits, seen = threading.Event(), list[int](), list[Any]()
     supervisor = threading.Thread(target=supervise, args=(cluster, stop, exits), daemon=True)
     supervisor.start()
+    watcher = threading.Thread(target=watch_failed, args=(core, stop, seen), daemon=True)
+    watcher.start()
     try:
         apps.create_namespaced_deployment(
             NAMESPACE, deployment_manifest(uri, node=NODE.name, name="killer")
@@ -88,10 +102,7 @@ def test_a_deployments_first_load_crasher_is_failed_and_its_replacement_refused(
         def pods() -> list[Any]:
             return list(core.list_namespaced_pod(NAMESPACE).items)
 
-        def failed() -> Any:
-            return next((p for p in pods() if p.status.phase == "Failed"), None)
-
-        first = wait_until("the crasher's pod marked Failed", failed, 240)
+        first = wait_until("the crasher's pod marked Failed", lambda: seen and seen[0], 240)
         assert first.status.reason == "ModelCrashedTriton"
         assert "quarantined on this node" in first.status.message
         assert len(exits) == 3, "--crash-quarantine-after 3"
@@ -138,3 +149,4 @@ def test_a_deployments_first_load_crasher_is_failed_and_its_replacement_refused(
     finally:
         stop.set()
         supervisor.join()
+        watcher.join()
