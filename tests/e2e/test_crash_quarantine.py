@@ -144,6 +144,8 @@ def test_a_deployments_first_load_crasher_is_failed_and_its_replacement_refused(
             for gpu in node["gpus"]
             for p in gpu["pods"]
         }
+        kept = core.read_namespaced_pod(first.metadata.name, NAMESPACE)
+        assert kept.status.phase == "Failed", "kept, as the kubelet keeps a Failed pod"
         assert f"{NAMESPACE}/{first.metadata.name}" not in charged, "Failed: no GPU memory"
         assert f"{NAMESPACE}/{replacement.metadata.name}" in charged
     finally:
