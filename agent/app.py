@@ -229,7 +229,7 @@ class Agent:
             max_load_attempts=settings.max_load_attempts,
             triton_poll_seconds=settings.triton_poll_seconds,
             enforcement=settings.gpu_mem_enforcement,
-            fail_pod=self.kube.fail_pod,
+            fail_pod=self._fail_pod,
             wake=self._reconcile_now,
         )
         self.quarantine = NodeQuarantine(
@@ -240,6 +240,7 @@ class Agent:
             self._quarantine_cleared,
             period=settings.lease_renew_seconds,
             on_callers_cleared=self._callers_cleared,
+            wanting=self.models.wanting,
         )
         # Pods whose requests were at Triton when it exited, as the node's gateway witnessed.
         self.request_crashes: RequestCrashes | None = None
@@ -258,6 +259,8 @@ class Agent:
             settings.keys.model_loaded,
             self.models.status_for,
             refused=self.request_crashes.quarantine_of if self.request_crashes else None,
+            quarantine=self.models.quarantine_for,
+            fail_pod=self.kube.fail_pod,
         )
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
@@ -318,6 +321,13 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
+
+    async def _fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
+        """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
+        says so whatever its phase (a pod in its loader has no condition yet)."""
+        condition = self.settings.keys.model_loaded
+        await self.kube.set_pod_condition(namespace, name, condition, "False", reason, message)
+        await self.kube.fail_pod(namespace, name, reason, message)
 
     def _requests_quarantined(self) -> None:
         if self.callers is not None:

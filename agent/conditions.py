@@ -16,7 +16,13 @@ pod's requests quarantined after Triton exited with them at it (RequestsCrashedT
 (ModelNotServed), deduplicated per pod and reason by `agent.events`. LOADING and UNLOADING are
 passing states and change nothing.
 
-Pods still in their loader are not judged (their loader reports), nor pods being deleted. When
+Pods still in their loader are judged only on quarantine (their loader reports the rest), pods
+being deleted not at all: a pod whose files are quarantined (`Models.quarantine_for`: its own
+install, or the one refused for the same files) or whose requests are gets the condition and the
+Event whatever its phase. A pod a controller owns whose own files are quarantined is then marked
+Failed (ModelCrashedTriton, pods/status as the kubelet writes it), so that its controller
+replaces it and the binder stops charging it; a pod refused at install is not (its replacement
+would be refused again: it stays in its loader, saying why). When
 the agent itself is down, nobody here writes: the binder's `agentdown` marks the pods instead
 (status Unknown), and this pass sets them back once the agent runs again.
 The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
@@ -37,7 +43,7 @@ from typing import Protocol
 from agent.errors import AgentError, KubeError, TritonUnreachableError
 from agent.events import PodEvents
 from agent.lifecycle import CONDITIONS, PASSING, ModelState
-from agent.models import CRASHED_REASON, ModelStatus
+from agent.models import CRASHED_REASON, ModelStatus, PodQuarantine, crash_message
 from agent.placement import Proven
 from agent.suspects import REASON as REQUESTS_CRASHED_REASON
 from common.lifecycle import spawn
@@ -125,12 +131,19 @@ class ModelConditions:
         status_of: Callable[[Proven], Awaitable[ModelStatus]],
         *,
         refused: Callable[[str], str] | None = None,
+        quarantine: Callable[[Proven], PodQuarantine | None] | None = None,
+        fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`refused(pod)`: why the node gateway refuses the pod's requests (empty: it does
-        not)."""
+        not); `quarantine(pod)`: whether the pod's model files are quarantined on the node;
+        `fail_pod(namespace, name, reason, message)` marks a pod Failed."""
         self._writer = writer
         self._refused = refused
+        self._quarantine = quarantine
+        self._fail_pod = fail_pod
+        self._failed: set[str] = set()
+        """Uids of the pods marked Failed (until the watch shows them terminated)."""
         self._events = events
         self.condition_type = condition_type
         self._status_of = status_of
@@ -180,7 +193,9 @@ class ModelConditions:
 
     async def sync(self, pods: Iterable[Proven], triton_live: bool) -> None:
         """One pass over the pods; a failed write is logged and tried again next pass."""
-        judged = [p for p in pods if p.pod.running and not p.pod.deleting]
+        live = [p for p in pods if not p.pod.deleting]
+        judged = [p for p in live if p.pod.running]
+        crashed = [p for p in live if not p.pod.running and await self._judge_in_init(p)]
         statuses: list[ModelStatus | BaseException | None] = [None] * len(judged)
         if triton_live:
             # Together, so their reads of Triton's index are one request (agent.triton).
@@ -217,9 +232,66 @@ class ModelConditions:
                 )
                 continue
             wanted = verdict(pod.model_id, status, triton_live)
+            if wanted is not None and wanted.reason == CRASHED_REASON:
+                crashed.append(proven)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:
                 continue
             await self._write(proven, wanted)
+        for proven in crashed:
+            await self._fail(proven)
+
+    async def _judge_in_init(self, proven: Proven) -> bool:
+        """Set the condition of a pod in its loader whose requests or files are quarantined;
+        True when its own files are (it may be marked Failed)."""
+        pod = proven.pod
+        why = self._refused(pod.key) if self._refused is not None else ""
+        held = self._quarantine(proven) if self._quarantine is not None else None
+        if why:
+            wanted = Verdict("False", REQUESTS_CRASHED_REASON, why)
+        elif held is not None:
+            wanted = Verdict("False", CRASHED_REASON, crash_message(held.record))
+        else:
+            return False
+        if (wanted.status, wanted.reason) != pod.model_loaded:
+            await self._write(proven, wanted)
+        return held is not None and held.installed
+
+    async def _fail(self, proven: Proven) -> None:
+        """Mark a controlled pod whose own files are quarantined Failed, once."""
+        pod = proven.pod
+        if self._quarantine is None or self._fail_pod is None:
+            return
+        if not pod.controlled or pod.uid in self._failed:
+            return
+        held = self._quarantine(proven)
+        if held is None or not held.installed:
+            return
+        message = (
+            f"{crash_message(held.record)}; the pod is marked Failed so that its controller "
+            f"replaces it"
+        )
+        try:
+            await self._fail_pod(pod.namespace, pod.name, CRASHED_REASON, message)
+        except KubeError as e:
+            log.warning(
+                "Marking pod %s Failed has failed (%s): trying again next pass; its %s "
+                "condition says why it is not served.",
+                pod.key,
+                e,
+                self.condition_type,
+                extra=subject(pod=pod.key, model=pod.model_id),
+            )
+            return
+        if len(self._failed) >= REMEMBERED:
+            self._failed.clear()
+        self._failed.add(pod.uid)
+        log.warning(
+            "Pod %s is marked Failed (%s): its model's files are quarantined on this node; its "
+            "controller replaces it.",
+            pod.key,
+            CRASHED_REASON,
+            extra=subject(pod=pod.key, model=pod.model_id),
+        )
 
     async def _write(self, proven: Proven, wanted: Verdict) -> None:
         pod = proven.pod

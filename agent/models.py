@@ -164,6 +164,19 @@ def quarantine_message(record: CrashRecord | NamespaceRecord) -> str:
     return crash_message(record)
 
 
+@dataclass(frozen=True)
+class PodQuarantine:
+    """A pod's model files are quarantined on this node (`Models.quarantine_for`)."""
+
+    record: CrashRecord
+    installed: bool
+    """Its own install holds them (its loads crashed Triton); False: its install was refused."""
+
+
+REFUSED_REMEMBERED = 10_000
+"""Pods remembered as refused at install for quarantined files (forgotten all at once beyond)."""
+
+
 def crash_message(record: CrashRecord) -> str:
     return (
         f"model {record.model_id} was being loaded when the node's Triton exited unexpectedly "
@@ -260,6 +273,8 @@ class Models:
         """Name -> its lock and how many operations hold or await it: a lock lives only while
         used, so names of pods long gone (every rollout brings new ones) cost nothing."""
         self._records: dict[str, _Record] = {}
+        self._refused: dict[str, str] = {}
+        """Pod uid -> the digest of the quarantined files its install was refused for."""
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-files")
 
     async def close(self) -> None:
@@ -392,6 +407,14 @@ class Models:
         under the owner's name in Triton (`triton_name`).
         """
         self._name_check(model_id, owner)
+        quarantined = self.crashes.quarantined(manifest.digest)
+        if quarantined is not None:
+            # Refused before a byte is written: these files crashed this node's Triton, whichever
+            # pod sends them (a controller's replacement of the quarantined pod, typically).
+            if len(self._refused) >= REFUSED_REMEMBERED:
+                self._refused.clear()
+            self._refused[owner.uid] = manifest.digest
+            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
         started = self.clock()
         self.installer.admit(model_id, manifest, owner.namespace)
         name = self.triton_name(owner)
@@ -1107,6 +1130,35 @@ class Models:
             return None
         files = self.crashes.quarantined(owned.digest) if owned.digest else None
         return files or self.crashes.namespace_quarantine(owned.namespace)
+
+    def quarantine_for(self, owner: Proven) -> PodQuarantine | None:
+        """Whether `owner`'s model files are quarantined here: the files it installed, or those
+        it was refused at install for."""
+        try:
+            owned = self.owners.get(self.triton_name(owner))
+        except AgentError:  # a model id that cannot be served: nothing installed for it
+            owned = None
+        if owned is not None and owned.uid == owner.uid and owned.digest:
+            record = self.crashes.quarantined(owned.digest)
+            if record is not None:
+                return PodQuarantine(record, installed=True)
+        refused = self._refused.get(owner.uid)
+        record = self.crashes.quarantined(refused) if refused else None
+        return PodQuarantine(record, installed=False) if record is not None else None
+
+    def wanting(self, digest: str) -> list[str]:
+        """The live pods of this node (namespace/name) that want the files `digest`: their
+        install holds them, or was refused for them."""
+        found = []
+        for proven in self._pods.all_proven():
+            try:
+                owned = self.owners.get(self.triton_name(proven))
+            except AgentError:
+                owned = None
+            holds = owned is not None and owned.uid == proven.uid and owned.digest == digest
+            if holds or self._refused.get(proven.uid) == digest:
+                found.append(proven.key)
+        return sorted(found)
 
     def crash_suspected(self, marker: Marker) -> CrashRecord:
         """Count a load Triton died under (`marker`, left over, its model not in Triton) against

@@ -15,7 +15,8 @@ the Node).
 The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
 temporary file and renamed, so an agent restart keeps them. A node pod replacement starts with an
 empty state directory; the quarantines themselves are also on the Node (`Keys.quarantined`,
-written by `NodeQuarantine`, read by `tritonshare status`), and the new agent takes them back
+written by `NodeQuarantine` with when each began and the node's pods still wanting quarantined
+files, read by `tritonshare quarantine list` and `status`), and the new agent takes them back
 from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
 the Node (`Keys.quarantine_clear`). The ledger also keeps the pods whose requests were at Triton
 when it exited (`agent.suspects`, counted from the gateway's witnesses by `agent.requestcrash`),
@@ -500,13 +501,39 @@ def namespaces_from_annotation(value: str) -> list[NamespaceRecord]:
     return found
 
 
+def entry_key(item: Mapping[str, object]) -> str:
+    """What names one entry of the annotation across rewrites: its files' digest, or its pod."""
+    if item.get("cause") == NAMESPACE:
+        return f"namespace:{item.get('model', '')}"
+    return str(item.get("digest") or "") or f"pod:{item.get('pod', '')}"
+
+
+def shown_since(value: str) -> dict[str, str]:
+    """When each entry of a `quarantined` annotation was first shown (`entry_key` -> RFC 3339)."""
+    try:
+        shown = json.loads(value) if value else []
+    except ValueError:
+        return {}
+    return {
+        entry_key(item): str(item["since"])
+        for item in (shown if isinstance(shown, list) else [])
+        if isinstance(item, dict) and item.get("since")
+    }
+
+
 def annotation(
     records: Iterable[CrashRecord],
     callers: Iterable[CallerRecord] = (),
     namespaces: Iterable[NamespaceRecord] = (),
+    *,
+    since: Mapping[str, str] | None = None,
+    now: str = "",
+    wanting: Callable[[str], list[str]] | None = None,
 ) -> str:
-    """The `quarantined` Node annotation for `records`, `callers` and `namespaces` ("" when
-    none is quarantined)."""
+    """The `quarantined` Node annotation for `records`, `callers` and `namespaces` ("" when none
+    is quarantined). With `now`, each entry says `since` when (kept from `since`, else `now`);
+    with `wanting`, a files entry lists the node's pods that still want those files
+    (`wanted_by`), which `tritonshare quarantine clear` refuses to clear under."""
     shown: list[dict[str, object]] = [
         {
             "model": f"{r.namespace}/{r.model_id}",
@@ -540,6 +567,12 @@ def annotation(
         for n in namespaces
         if n.quarantined
     ]
+    for item in shown:
+        if now:
+            item["since"] = (since or {}).get(entry_key(item), now)
+        pods = wanting(str(item["digest"])) if wanting is not None and item["digest"] else []
+        if pods:
+            item["wanted_by"] = sorted(pods)
     return json.dumps(shown, sort_keys=True, separators=(",", ":")) if shown else ""
 
 
@@ -558,8 +591,13 @@ class NodeQuarantine:
         *,
         period: float,
         on_callers_cleared: Callable[[list[CallerRecord]], None] | None = None,
+        wanting: Callable[[str], list[str]] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """`wanting(digest)`: the pods of the node that still want those files (shown)."""
         self._ledger = ledger
+        self._wanting = wanting
+        self._wall = wall
         self._kube = kube
         self._node = node_name
         self._keys = keys
@@ -619,10 +657,15 @@ class NodeQuarantine:
             if callers and self._on_callers_cleared is not None:
                 self._on_callers_cleared(callers)
             patch[self._keys.quarantine_clear] = None
-        wanted = annotation(
-            self._ledger.records(), self._ledger.callers(), self._ledger.namespaces()
-        )
         shown = str(current.get(self._keys.quarantined) or "")
+        wanted = annotation(
+            self._ledger.records(),
+            self._ledger.callers(),
+            self._ledger.namespaces(),
+            since=shown_since(shown),
+            now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall())),
+            wanting=self._wanting,
+        )
         if wanted != shown:
             patch[self._keys.quarantined] = wanted or None
         if patch:

@@ -10,6 +10,9 @@ does for GPU sharing). `explain` prints, for every node, why a pod does or does 
 what the binder would decide now. Both list the cluster once and run the binder's own placement code
 on it, with the GPU memory reserve the binder leader publishes on its Lease unless --gpu-mem-reserve
 is given; they change nothing. `-o json|yaml` prints the same as data (`binder.report`).
+`quarantine list` prints what the nodes' agents quarantined (from their Nodes' annotations, the
+one reader `binder.report.quarantined`); `quarantine clear` asks an agent to lift one, and
+refuses while a pod on the node still wants the quarantined files unless --force.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from binder import uninstall
 from binder.cache import ClusterCache, Ledger
 from binder.errors import ApiError, BinderError, NotFoundError, SettingsError, UnavailableError
 from binder.kube import JsonObject, Kube, kubeconfig_namespace
-from binder.model import PodInfo, pod_from_api
+from binder.model import TERMINATED_PHASES, PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
 from binder.proofs import Unproven
 from binder.report import (
@@ -43,6 +46,7 @@ from binder.report import (
     residency_figures,
     status_document,
     write_document,
+    write_quarantine_list,
     write_quarantined,
     write_reserve,
     write_unserved,
@@ -431,14 +435,50 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
         "model id, a pod as NAMESPACE/NAME, or 12+ characters of its files' digest, as "
         "`tritonshare status` shows them). The agent lifts it within its Lease renewal period: "
         "it loads the model again if its pod still wants it, and the node gateway serves a pod "
-        "whose requests were quarantined again. Needs patch on nodes.",
+        "whose requests were quarantined again. Refuses while a pod on NODE still wants the "
+        "quarantined files (the agent lists them on the Node), unless --force. Needs get on pods "
+        "and patch on nodes.",
         allow_abbrev=False,
     )
     clear.add_argument("node", help="the node the model is quarantined on")
     clear.add_argument("model", help="NAMESPACE/MODEL-ID (or what `status` shows)")
+    clear.add_argument(
+        "--force",
+        action="store_true",
+        help="clear even while a pod on the node still wants the quarantined files (the node "
+        "loads them again: they crashed its Triton before)",
+    )
     FLAGS.add_to(clear)
+    listing = actions.add_parser(
+        "list",
+        help="what is quarantined, on every node or on NODE",
+        description="Print each quarantine (node, kind: files, pod or namespace, namespace, "
+        "pod or files' digest, since, crashes in a row, reason) as the nodes' agents publish "
+        "them on their Nodes. Needs get and list on nodes.",
+        allow_abbrev=False,
+    )
+    listing.add_argument("node", nargs="?", help="only this node")
+    FLAGS.add_to(listing)
     FLAGS.add_to(quarantine)
     return parser
+
+
+def list_quarantines(
+    kube: Kube, keys: Keys, args: argparse.Namespace, output: str, out: TextIO
+) -> int:
+    """`quarantine list [NODE]`: 1 when NODE does not exist."""
+    nodes = kube.list_all(kube.nodes())[0]
+    if args.node:
+        nodes = [n for n in nodes if n["metadata"]["name"] == args.node]
+        if not nodes:
+            print(f"{_prog(sys.argv[0])}: node {args.node} does not exist", file=sys.stderr)
+            return 1
+    rows = quarantined(nodes, keys)
+    if output == "text":
+        write_quarantine_list(rows, out)
+    else:
+        write_document({"quarantined": rows}, output, out)
+    return 0
 
 
 def clear_quarantine(kube: Kube, keys: Keys, args: argparse.Namespace, out: TextIO) -> int:
@@ -451,20 +491,49 @@ def clear_quarantine(kube: Kube, keys: Keys, args: argparse.Namespace, out: Text
         return 1
     held = quarantined(nodes, keys)
     wanted = str(args.model)
-    if not any(_names(row, wanted) for row in held):
+    named = [row for row in held if _names(row, wanted)]
+    if not named:
         there = ", ".join(sorted({str(row["model"]) for row in held})) or "none"
         print(
             f"{prog}: node {args.node} quarantines no model {wanted} (it quarantines: {there}); "
-            f"`tritonshare status` lists them",
+            f"`tritonshare quarantine list` lists them",
             file=sys.stderr,
         )
         return 1
+    for row in named if not args.force else []:
+        pods = _still_wanting(kube, row)
+        if pods:
+            print(
+                f"{prog}: pod {', '.join(pods)} on node {args.node} still wants the files of "
+                f"{row['model']} (digest {row['digest'][:12]}), which crashed its Triton "
+                f"{row['crashes']} times in a row: cleared now, the node loads them again and "
+                f"every model on it goes down with Triton each time. Delete the pod or give it "
+                f"fixed files first, or pass --force",
+                file=sys.stderr,
+            )
+            return 1
     kube.merge_patch_node(args.node, {"metadata": {"annotations": {keys.quarantine_clear: wanted}}})
     out.write(
         f"Asked the agent of node {args.node} to lift the quarantine of {wanted}; "
         f"`tritonshare status` stops listing it once it has.\n"
     )
     return 0
+
+
+def _still_wanting(kube: Kube, row: Mapping[str, object]) -> list[str]:
+    """The pods the node's agent shows wanting a quarantined entry's files that still exist
+    and have not finished (the agent's annotation may be a renewal period old)."""
+    found = []
+    wanted_by = row.get("wanted_by")
+    for key in wanted_by if isinstance(wanted_by, list) else []:
+        namespace, _, name = str(key).partition("/")
+        try:
+            pod = kube.read_pod(namespace, name)
+        except NotFoundError:
+            continue
+        if (pod.get("status") or {}).get("phase") not in TERMINATED_PHASES:
+            found.append(str(key))
+    return found
 
 
 def _names(row: Mapping[str, object], selector: str) -> bool:
@@ -595,6 +664,8 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
     try:
         if args.command == "uninstall-cleanup":
             return uninstall_cleanup(kube, keys, system_namespace, args, prog, out)
+        if args.command == "quarantine" and args.action == "list":
+            return list_quarantines(kube, keys, args, output, out)
         if args.command == "quarantine":
             return clear_quarantine(kube, keys, args, out)
         listing = list_cluster(kube, system_namespace)

@@ -132,18 +132,67 @@ def quarantined(nodes: list[JsonObject], keys: Keys) -> list[dict[str, Any]]:
             shown = []
         for item in shown if isinstance(shown, list) else []:
             if isinstance(item, dict):
+                model = str(item.get("model", ""))
+                crashes = int(item.get("crashes", 0) or 0)
+                kind = KINDS.get(str(item.get("cause") or ""), str(item.get("cause") or ""))
                 rows.append(
                     {
                         "node": str(metadata.get("name", "")),
-                        "model": str(item.get("model", "")),
+                        "kind": kind,
+                        "namespace": model.partition("/")[0],
+                        "model": model,
                         "pod": str(item.get("pod", "")),
-                        "crashes": int(item.get("crashes", 0) or 0),
+                        "crashes": crashes,
                         "digest": str(item.get("digest", "")),
+                        "since": str(item.get("since") or ""),
+                        "reason": str(item.get("reason") or "") or _reason(kind, crashes),
+                        # The node's pods that still want the quarantined files.
+                        "wanted_by": [str(p) for p in item.get("wanted_by") or []],
                         # A pod's requests ("requests"); absent for a model's files.
                         **({"cause": str(item["cause"])} if item.get("cause") else {}),
                     }
                 )
     return sorted(rows, key=lambda r: (r["node"], r["model"], r["digest"]))
+
+
+KINDS = {"": "files", "requests": "pod"}
+"""The `cause` of an entry of the `quarantined` annotation -> what is quarantined."""
+
+
+def _reason(kind: str, crashes: int) -> str:
+    if kind == "files":
+        return f"Triton exited while loading these files {crashes} times in a row"
+    if kind == "pod":
+        return f"its requests were at Triton at {crashes} of its exits in a row"
+    return f"{crashes} of Triton's exits in a row"
+
+
+def write_quarantine_list(rows: list[dict[str, Any]], out: TextIO) -> None:
+    """`quarantine list`: one line per quarantine, as `kubectl get` prints a table."""
+    if not rows:
+        out.write("Nothing is quarantined.\n")
+        return
+    table = [["NODE", "KIND", "NAMESPACE", "POD/DIGEST", "SINCE", "CRASHES", "REASON"]]
+    for row in rows:
+        named = row["pod"] if row["kind"] != "files" else row["digest"][:12]
+        if row["kind"] == "files":
+            named += f" ({row['model'].partition('/')[2]})"
+        table.append(
+            [
+                row["node"],
+                row["kind"],
+                row["namespace"],
+                named,
+                row["since"] or "-",
+                str(row["crashes"]),
+                row["reason"]
+                + (f"; still wanted by {', '.join(row['wanted_by'])}" if row["wanted_by"] else ""),
+            ]
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
+    for line in table:
+        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+        out.write("   ".join([*cells, line[-1]]).rstrip() + "\n")
 
 
 def write_quarantined(rows: list[dict[str, Any]], out: TextIO) -> None:

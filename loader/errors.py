@@ -130,9 +130,11 @@ _PERMANENT: dict[tuple[str, grpc.StatusCode], tuple[type[LoaderError], str]] = {
         ModelRejectedError,
         "the agent cannot install the model: {details}",
     ),
+    # The agent's own refusal (the node quarantined these files, another pod owns the id...):
+    # its message says what is wrong and what to do.
     (LOAD, grpc.StatusCode.FAILED_PRECONDITION): (
         ModelRejectedError,
-        "Triton rejected the model: {details}; fix config.pbtxt or the model files",
+        "the agent refused to load the model: {details}",
     ),
     (LOAD, grpc.StatusCode.RESOURCE_EXHAUSTED): (
         ModelRejectedError,

@@ -2,8 +2,9 @@
 
 Owns the merge rules: the kubelet's own conditions (Initialized, ContainersReady, Ready) keep
 their lastTransitionTime while their status is unchanged, and conditions others own (PodScheduled,
-written by the scheduler) are kept as they are. It must not decide what the status says; the pod
-worker (`sim.node.podworker`) does.
+written by the scheduler) are kept as they are; a pod another writer marked Succeeded or Failed
+keeps that phase. It must not decide what the status says; the pod worker (`sim.node.podworker`)
+does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sim.node.containers import now_rfc3339
 log = logging.getLogger(__name__)
 
 KUBELET_CONDITIONS = frozenset({"Initialized", "ContainersReady", "Ready"})
+TERMINAL = frozenset({"Succeeded", "Failed"})
 _ATTEMPTS = 10
 
 
@@ -38,6 +40,10 @@ def write_status(
         current: dict[str, Any] = json.loads(cast(Any, response).data)
         if current["metadata"].get("uid") != uid:
             return None
+        if current.get("status", {}).get("phase") in TERMINAL and status["phase"] not in TERMINAL:
+            # As the kubelet's status manager: a pod never leaves a terminal phase that another
+            # writer (an eviction, a node agent) gave it while this status was being made.
+            return current
         old = {c["type"]: c for c in current.get("status", {}).get("conditions", [])}
         stamp = now_rfc3339()
         conditions = []

@@ -412,7 +412,7 @@ class PodWorker(threading.Thread):
         if not self._abandon.is_set():
             with contextlib.suppress(ApiException):
                 self._publish()
-            self._delete()
+            self._remove_from_api()
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.node.cpu is not None:
             self.node.cpu.forget(self._cpu_group)
@@ -450,7 +450,9 @@ class PodWorker(threading.Thread):
                     capture_output=True,
                 )
 
-    def _delete(self) -> None:
+    def _remove_from_api(self) -> None:
+        # Not `_delete`: threading.Thread calls its own `_delete` as every thread ends, which
+        # would remove from the API every pod whose worker stops (one marked Failed included).
         try:
             self.node.core.delete_namespaced_pod(
                 self.pod_name,

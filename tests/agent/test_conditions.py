@@ -1,6 +1,7 @@
 """The ModelLoaded condition (agent/conditions.py): what it says for each state of a model, that it
 is written only when its status or reason changes, with a Warning Event when the model is not
-served, and that a tenant installing in a loop gets at most one write per period."""
+served, and that a tenant installing in a loop gets at most one write per period; a quarantined
+pod is told whatever its phase, and a controller's is marked Failed."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 
 from agent.conditions import REINSTALL_WRITE_SECONDS, ModelConditions, verdict
 from agent.errors import KubeError
-from agent.models import ModelState, ModelStatus
+from agent.models import ModelState, ModelStatus, PodQuarantine
 from agent.placement import Proven
 from agent.pods import PodInfo
+from agent.quarantine import CrashRecord
 
 CONDITION = "tritonshare.io/ModelLoaded"
 
@@ -180,3 +182,56 @@ async def test_one_call_triton_did_not_answer_changes_no_pods_condition() -> Non
     watcher = ModelConditions(writer, events, CONDITION, status_of)  # type: ignore[arg-type]
     await watcher.sync([proven("a", loaded=("True", "ModelReady")), proven("b")], triton_live=True)
     assert writer.written == [] and events.warned == []
+
+
+async def test_a_quarantined_pod_is_told_in_its_loader_and_failed_once_when_controlled() -> None:
+    """Files quarantined: the pod in its loader gets the condition and the Event; a controller's
+    pod whose own install holds them is marked Failed once (again after a failed write); a pod
+    refused at install for them is told, never failed; a pod's own requests quarantined: told."""
+    writer, events = Writer(), Events()
+    record = CrashRecord("ab" * 32, "model_a", "models/a", 3, quarantined=True)
+    held = {
+        "a": PodQuarantine(record, installed=True),
+        "b": PodQuarantine(record, installed=False),
+    }
+    failed: list[str] = []
+    down = [True]
+
+    async def fail_pod(namespace: str, name: str, reason: str, message: str) -> None:
+        if down[0]:
+            down[0] = False
+            raise KubeError("the Kubernetes API is unreachable")
+        assert reason == "ModelCrashedTriton" and "quarantined on this node" in message
+        failed.append(name)
+
+    async def status_of(p: Proven) -> ModelStatus:
+        raise AssertionError("a pod in its loader is not asked about")
+
+    watcher = ModelConditions(
+        writer,
+        events,  # type: ignore[arg-type]
+        CONDITION,
+        status_of,
+        refused=lambda key: "its requests crashed Triton" if key == "models/c" else "",
+        quarantine=lambda p: held.get(p.pod.name),
+        fail_pod=fail_pod,
+    )
+
+    def owned(p: Proven) -> Proven:
+        return Proven(replace(p.pod, controlled=True), p.request)
+
+    pods = [owned(proven(n, phase="Pending")) for n in ("a", "b", "c", "d")]
+    await watcher.sync(pods, triton_live=True)
+    assert writer.written == [
+        ("a", "False", "ModelCrashedTriton"),
+        ("b", "False", "ModelCrashedTriton"),
+        ("c", "False", "RequestsCrashedTriton"),
+    ]
+    assert events.warned == [(f"models/{n}", "ModelNotServed") for n in "abc"]
+    assert failed == [], "the write failed: tried again next pass"
+    await watcher.sync(pods, triton_live=True)
+    await watcher.sync(pods, triton_live=True)
+    assert failed == ["a"]
+    # Without a controller: told, not failed.
+    await watcher.sync([proven("a", phase="Pending")], triton_live=True)
+    assert failed == ["a"]

@@ -117,7 +117,18 @@ async def test_the_node_shows_quarantines_and_an_operator_lifts_them(tmp_path: P
     ledger.load()
     node = FakeNode({"other": "kept"})
     lifted: list[list[CrashRecord]] = []
-    quarantine = NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0)
+    wanting = {DIGEST: ["team-a/resnet-1"]}
+    now = [1.0]
+    quarantine = NodeQuarantine(
+        ledger,
+        node,
+        "n1",
+        keys,
+        lifted.append,
+        period=1.0,
+        wanting=lambda digest: wanting.get(digest, []),
+        wall=lambda: now[0],
+    )
 
     await quarantine.sync()
     assert keys.quarantined not in node.annotations, "nothing quarantined, nothing shown"
@@ -125,7 +136,21 @@ async def test_the_node_shows_quarantines_and_an_operator_lifts_them(tmp_path: P
     await quarantine.sync()
     shown = json.loads(node.annotations[keys.quarantined])
     assert shown == [
-        {"model": "team-a/resnet", "pod": "team-a/resnet-0", "digest": DIGEST, "crashes": 1}
+        {
+            "model": "team-a/resnet",
+            "pod": "team-a/resnet-0",
+            "digest": DIGEST,
+            "crashes": 1,
+            "since": "1970-01-01T00:00:01Z",
+            "wanted_by": ["team-a/resnet-1"],
+        }
+    ]
+    # Later syncs keep when it began; the pods wanting the files follow the node's pods.
+    wanting.clear()
+    now[0] = 7200.0
+    await quarantine.sync()
+    assert json.loads(node.annotations[keys.quarantined]) == [
+        {k: v for k, v in shown[0].items() if k != "wanted_by"}
     ]
 
     node.annotations[keys.quarantine_clear] = "team-a/resnet"

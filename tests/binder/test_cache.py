@@ -101,6 +101,20 @@ def test_memory_freed_on_a_node_is_a_helpful_change_and_a_new_bound_pod_is_not()
     assert recorder.changed[-1] == "pod models/b was deleted"
 
 
+def test_a_pod_in_its_loader_the_agent_marks_failed_frees_its_gpu_memory() -> None:
+    """A quarantined model's pod, still Pending in its loader, marked Failed through pods/status
+    (the agent's ModelCrashedTriton): terminated, it holds nothing, as kube-scheduler counts it."""
+    cache, recorder = make_cache()
+    cache.apply_node("ADDED", node_obj("n1", [8 * GI]))
+    pod = signed(pod_obj("crasher", node="n1", gpu="GPU-n1-0", phase="Pending"), TEST_RING)
+    cache.apply_pod("ADDED", pod)
+    assert cache.state.gpu_free("n1") == [7 * GI]
+    pod["status"].update(phase="Failed", reason="ModelCrashedTriton", message="quarantined")
+    cache.apply_pod("MODIFIED", pod)
+    assert recorder.changed[-1] == "pod models/crasher finished (Failed)"
+    assert cache.state.gpu_free("n1") == [8 * GI]
+
+
 def test_node_changes_count_only_when_placement_inputs_change() -> None:
     cache, recorder = make_cache()
     cache.apply_node("ADDED", node_obj("n1", [8 * GI]))

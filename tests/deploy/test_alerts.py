@@ -29,6 +29,7 @@ from proxy.policy.share import LoopShares
 from tests.conftest import require_executable
 from tests.deploy.rendering import DEPLOY
 from tests.deploy.test_dashboard import METRIC
+from tests.proxy.test_residency import Clock, FakeAgent, residency
 
 RULE = DEPLOY / "monitoring" / "prometheus-rule.yaml"
 ALERTS = {
@@ -44,6 +45,8 @@ ALERTS = {
     "TritonsharePodsPendingLong",
     "TritonshareModelLoadFailures",
     "TritonshareModelQuarantined",
+    "TritonsharePodRequestsQuarantined",
+    "TritonshareModelWakesFailing",
     "TritonshareProxyRejecting",
     "TritonshareGatewayWithoutCallers",
     "TritonshareNoBinderLeader",
@@ -70,10 +73,12 @@ def exported_families() -> set[str]:
     agent.watch_memory(MemoryLedger(), lambda: None)
     agent.watch_models(dict)
     agent.watch_quarantine(list)
+    proxy = ProxyMetrics(Limiter(0, 0, 0.0), "m")
+    proxy.residency(residency(Clock(), FakeAgent())[0])  # an on-demand model's families
     registries = [
         agent.registry,
         BinderMetrics().registry,
-        ProxyMetrics(Limiter(0, 0, 0.0), "m").registry,
+        proxy.registry,
         GatewayMetrics(
             CallerBook(Path("/nonexistent"), max_age=60),
             list,
@@ -148,6 +153,14 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
         'tritonshare_agent_quarantined_models{namespace="tritonshare-system", pod="node-a", '
         'model_namespace="team-a", model_id="crasher", digest="0123456789abcdef"}'
     )
+    # As Prometheus stores it: the metric's own `pod` (the model pod) became exported_pod.
+    requests_quarantined = (
+        'tritonshare_agent_quarantined_pods{namespace="tritonshare-system", pod="node-a", '
+        'model_namespace="team-b", exported_pod="attacker-0", model_id="echo"}'
+    )
+    wakes = (
+        'tritonshare_proxy_model_wakes_total{namespace="models", pod="%s", model="m", outcome="%s"}'
+    )
     stale = 'tritonshare_gateway_caller_table_age_seconds{pod="node-a", container="gateway"}'
     fresh = 'tritonshare_gateway_caller_table_age_seconds{pod="node-b", container="gateway"}'
     daemonset = (
@@ -193,6 +206,13 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                     {"series": failures, "values": "0x3 1x26"},
                     # A model is quarantined at minute 4 (the series appears then).
                     {"series": quarantined, "values": "_x4 1x20"},
+                    # A pod's requests are quarantined at minute 5.
+                    {"series": requests_quarantined, "values": "_x5 1x20"},
+                    # sleepy-1's wakes fail once a minute from minute 3, sleepy-2's once in
+                    # all (and its wakes succeed).
+                    {"series": wakes % ("sleepy-1", "failed"), "values": "0x3 1+1x20"},
+                    {"series": wakes % ("sleepy-2", "failed"), "values": "0x3 1x20"},
+                    {"series": wakes % ("sleepy-2", "ok"), "values": "0+1x24"},
                     # One proxy refuses 60 requests a minute (1/s) from minute 0; another 1 a
                     # minute (1/60 s), under the threshold.
                     {"series": rejected, "values": "0+60x30"},
@@ -510,6 +530,48 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                                     "pod": "node-a",
                                     "model_namespace": "team-a",
                                     "model_id": "crasher",
+                                },
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "4m",
+                        "alertname": "TritonsharePodRequestsQuarantined",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "6m",
+                        "alertname": "TritonsharePodRequestsQuarantined",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "tritonshare-system",
+                                    "pod": "node-a",
+                                    "model_namespace": "team-b",
+                                    "exported_pod": "attacker-0",
+                                    "model_id": "echo",
+                                },
+                            }
+                        ],
+                    },
+                    # Two failed wakes by minute 5: not yet; five by minute 8: firing, for
+                    # sleepy-1 only.
+                    {
+                        "eval_time": "5m",
+                        "alertname": "TritonshareModelWakesFailing",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "8m",
+                        "alertname": "TritonshareModelWakesFailing",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "models",
+                                    "pod": "sleepy-1",
+                                    "model": "m",
                                 },
                             }
                         ],
