@@ -41,7 +41,7 @@ import yaml
 
 from common.contract import DEFAULT_SYSTEM_NAMESPACE, TENANT_CODE_NODE, Keys, agent_lease_name
 from sim import admission_webhook
-from sim.apiserver import RunningApiServer, start_in_thread
+from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
 from sim.modelstore import ModelStore
 from sim.node.cpushares import (
@@ -73,6 +73,8 @@ ADMISSION_POLICY_FILES = tuple(
     for name in ("agent-admission-policy.yaml", "model-pod-admission-policy.yaml")
 )
 NODE_DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node-daemonset.yaml"
+CHART_CRDS = Path(__file__).resolve().parents[1] / "charts" / "tritonshare" / "crds"
+"""The CRDs the cluster serves from the start: the chart's own (TritonModel)."""
 BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
 SERVICE_ACCOUNT_TOKEN_SECONDS = 7 * 24 * 3600
 
@@ -247,7 +249,7 @@ class SimCluster:
                 raise ClusterError(str(e)) from e
             self.cpu.place(NODE_POD_GROUP, pod_millicpu(node_pod_template()))
         write_placement_keys(self.placement_key_dir)
-        self.apiserver = start_in_thread()
+        self.apiserver = start_in_thread(settings=ApiServerSettings(crds=(CHART_CRDS,)))
         self.apiserver.write_kubeconfig(self.kubeconfig)
         self.kube = self.apiserver.api_client()
         self.kube.user_agent = USER_AGENT

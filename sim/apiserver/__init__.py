@@ -1,9 +1,10 @@
 """An in-memory Kubernetes API server that the official `kubernetes` client talks to unchanged.
 
 Serves Namespaces, Nodes (+status), Pods (+status, +binding), Events, Leases, TokenRequest and
-TokenReview, MutatingWebhookConfigurations and ValidatingAdmissionPolicies (+bindings) with the
-real server's resourceVersion, watch, conflict, selector, patch, graceful deletion and admission
-semantics; see docs/sim.md for exactly what is and is not implemented. Start it in a test
+TokenReview, MutatingWebhookConfigurations and ValidatingAdmissionPolicies (+bindings),
+CustomResourceDefinitions and their custom resources, with the real server's resourceVersion,
+watch, conflict, selector, patch, graceful deletion and admission semantics, and kubectl's tables;
+see docs/sim.md for exactly what is and is not implemented. Start it in a test
 with `start_in_thread()`, or as a process with `python -m sim.apiserver --port P`.
 """
 

@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "The simulated API server cannot listen on %s:%d: %s.", settings.host, settings.port, e
         )
         return 1
+    except ValueError as e:  # --crds names something that is not a valid CRD
+        log.error("The simulated API server cannot start: %s", e)
+        return 2
     return 0
 
 

@@ -90,8 +90,11 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
-def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
-    """422 Invalid: `causes` are (field, message) pairs, as field validation reports them."""
+def invalid(
+    kind: str, group: str, name: str, causes: list[tuple[str, str]], *, qualified: bool = False
+) -> ApiError:
+    """422 Invalid: `causes` are (field, message) pairs, as field validation reports them;
+    `qualified` names the kind with its group (`TritonModel.tritonshare.io "x" is invalid`)."""
     summary = ", ".join(f"{field}: {message}" for field, message in causes)
     if len(causes) > 1:
         summary = f"[{summary}]"
@@ -103,7 +106,8 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> 
         {"reason": _cause_reason(message), "message": message, "field": field}
         for field, message in causes
     ]
-    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {summary}', details)
+    shown = f"{kind}.{group}" if qualified and group else kind
+    return ApiError(422, "Invalid", f'{shown} "{name}" is invalid: {summary}', details)
 
 
 def _cause_reason(message: str) -> str:
@@ -113,6 +117,8 @@ def _cause_reason(message: str) -> str:
         ("Forbidden", "FieldValueForbidden"),
         ("Unsupported value", "FieldValueNotSupported"),
         ("Duplicate value", "FieldValueDuplicate"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
     ):
         if message.startswith(prefix):
             return reason

@@ -6,6 +6,7 @@ Routing and the audit log both use it. Pure: parses strings, touches no state.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.apiserver.errors import bad_request
@@ -41,7 +42,14 @@ class RequestInfo:
     is_resource_request: bool
 
 
-def parse_request(method: str, path: str, watch_param: str | None) -> RequestInfo:
+def parse_request(
+    method: str,
+    path: str,
+    watch_param: str | None,
+    served_by_group_version: Mapping[tuple[str, str], Mapping[str, Resource]] = BY_GROUP_VERSION,
+) -> RequestInfo:
+    """The request's target among `served_by_group_version` (a `Catalog`'s, custom resources
+    included; the built-in kinds by default)."""
     parts = [p for p in path.split("/") if p]
     group = version = ""
     rest: list[str] = []
@@ -54,7 +62,7 @@ def parse_request(method: str, path: str, watch_param: str | None) -> RequestInf
     legacy_watch = bool(rest) and rest[0] == "watch"
     if legacy_watch:
         rest = rest[1:]
-    served = BY_GROUP_VERSION.get((group, version), {})
+    served = served_by_group_version.get((group, version), {})
     namespace = resource_name = name = subresource = ""
     if len(rest) >= 2 and rest[0] == "namespaces" and (len(rest) == 2 or rest[2] not in served):
         # /namespaces/{name}[/{subresource}]: the namespace object itself.

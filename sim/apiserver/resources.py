@@ -3,12 +3,14 @@
 For every resource: its group/version, plural and kind, whether it is namespaced, its
 subresources, the field labels a `fieldSelector` may use (exactly upstream's list for that kind),
 and the strategy flags that change verb behaviour (status reset on update, create on update).
+A `Catalog` is one server's served set: the built-in kinds below plus the custom resources its
+CustomResourceDefinitions define (`CustomShape`: schema, scale paths, printer columns).
 Nothing here touches stored objects or the network.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,43 @@ def _pod_ips(obj: JsonObject) -> str:
 
 _META = {"metadata.name": _path("metadata", "name")}
 _NAMESPACED_META = _META | {"metadata.namespace": _path("metadata", "namespace")}
+META_FIELDS: Mapping[str, FieldGetter] = _META
+"""The field labels every cluster-scoped kind has (custom resources have only these)."""
+NAMESPACED_META_FIELDS: Mapping[str, FieldGetter] = _NAMESPACED_META
+
+
+@dataclass(frozen=True)
+class PrinterColumn:
+    """One `additionalPrinterColumns` entry of a CRD version."""
+
+    name: str
+    type: str
+    json_path: str
+    description: str = ""
+    priority: int = 0
+    format: str = ""
+
+
+@dataclass(frozen=True)
+class ScalePaths:
+    """The `scale` subresource of a CRD version: where Scale's fields live in the object."""
+
+    spec_replicas: str
+    status_replicas: str
+    label_selector: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class CustomShape:
+    """What a CustomResourceDefinition says about one served version beyond the REST basics."""
+
+    crd_name: str
+    schema: Mapping[str, Any]
+    """The version's `openAPIV3Schema` (structural)."""
+    scale: ScalePaths | None
+    columns: tuple[PrinterColumn, ...]
+    categories: tuple[str, ...] = ()
+    singular: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +104,8 @@ class Resource:
             {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
         )
     )
+    custom: CustomShape | None = field(default=None, compare=False)
+    """Set for a custom resource: its schema, scale paths and printer columns."""
 
     @property
     def api_version(self) -> str:
@@ -268,6 +309,18 @@ SCALED_OBJECTS = Resource(
     status_subresource=True,
 )
 
+CUSTOM_RESOURCE_DEFINITIONS = Resource(
+    group="apiextensions.k8s.io",
+    version="v1",
+    plural="customresourcedefinitions",
+    kind="CustomResourceDefinition",
+    short_names=("crd", "crds"),
+    namespaced=False,
+    field_labels=_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
 STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
@@ -283,6 +336,7 @@ STORED: tuple[Resource, ...] = (
     REPLICA_SETS,
     HORIZONTAL_POD_AUTOSCALERS,
     SCALED_OBJECTS,
+    CUSTOM_RESOURCE_DEFINITIONS,
 )
 
 # Served but never stored: the service-account token subresource and TokenReview.
@@ -322,3 +376,64 @@ for _resource in ALL:
     BY_GROUP_VERSION.setdefault((_resource.group, _resource.version), {})[_resource.plural] = (
         _resource
     )
+
+
+_BUILT_IN_GROUP_RESOURCES = frozenset(r.group_resource for r in ALL)
+
+
+class Catalog:
+    """The resources one API server serves: the built-in kinds and its custom resources.
+
+    `by_group_version` is what request parsing and discovery read; custom resources come and go
+    with their CRDs (`add`, `remove`), never shadowing a built-in kind.
+    """
+
+    def __init__(self) -> None:
+        self.by_group_version: dict[tuple[str, str], dict[str, Resource]] = {
+            key: dict(served) for key, served in BY_GROUP_VERSION.items()
+        }
+        self._custom: dict[str, tuple[Resource, ...]] = {}
+
+    def served(self) -> Iterator[Resource]:
+        for served in self.by_group_version.values():
+            yield from served.values()
+
+    def stored(self) -> Iterator[Resource]:
+        """Every stored resource, built-in and custom (one entry per custom resource)."""
+        yield from STORED
+        for versions in self._custom.values():
+            yield versions[0]
+
+    def custom(self, crd_name: str) -> tuple[Resource, ...]:
+        """The served versions of a CRD (empty if it serves none)."""
+        return self._custom.get(crd_name, ())
+
+    def add(self, crd_name: str, versions: tuple[Resource, ...]) -> tuple[Resource, ...]:
+        """Serve `versions` for the CRD (replacing what it served); returns those served: a
+        resource a built-in kind (or another CRD) already serves is left out."""
+        self.remove(crd_name)
+        served = tuple(
+            r
+            for r in versions
+            if r.group_resource not in _BUILT_IN_GROUP_RESOURCES
+            and r.plural not in self.by_group_version.get((r.group, r.version), {})
+        )
+        for resource in served:
+            self.by_group_version.setdefault((resource.group, resource.version), {})[
+                resource.plural
+            ] = resource
+        if served:
+            self._custom[crd_name] = served
+        return served
+
+    def remove(self, crd_name: str) -> tuple[Resource, ...]:
+        """Stop serving a CRD's versions; returns them."""
+        removed = self._custom.pop(crd_name, ())
+        for resource in removed:
+            key = (resource.group, resource.version)
+            served = self.by_group_version.get(key, {})
+            if served.get(resource.plural) is resource:
+                del served[resource.plural]
+            if not served:
+                self.by_group_version.pop(key, None)
+        return removed

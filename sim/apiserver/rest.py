@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sim.apiserver import customresources, priority, validation, workloads
 from sim.apiserver import patch as patches
-from sim.apiserver import priority, validation, workloads
 from sim.apiserver.clock import Clock, rfc3339
 from sim.apiserver.errors import (
     STALE_OBJECT,
@@ -32,6 +32,7 @@ from sim.apiserver.errors import (
     unsupported_media_type,
 )
 from sim.apiserver.resources import (
+    CUSTOM_RESOURCE_DEFINITIONS,
     DEPLOYMENTS,
     LEASES,
     NAMESPACES,
@@ -40,8 +41,8 @@ from sim.apiserver.resources import (
     PODS,
     PRIORITY_CLASSES,
     REPLICA_SETS,
-    STORED,
     VALIDATING_ADMISSION_POLICIES,
+    Catalog,
     Resource,
 )
 from sim.apiserver.store import Store, Stored
@@ -111,9 +112,10 @@ def _meta(obj: JsonObject) -> JsonObject:
 class Registry:
     """The verbs over a `Store`, with upstream's rules per kind."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: Store, clock: Clock, catalog: Catalog | None = None) -> None:
         self.store = store
         self.clock = clock
+        self.catalog = catalog or Catalog()
         self._terminating: dict[tuple[str, str], tuple[str, float]] = {}
         """Pods deleted gracefully: (namespace, name) -> (uid, when their grace period ends)."""
 
@@ -135,7 +137,8 @@ class Registry:
             )
         body["kind"] = resource.kind
         body["apiVersion"] = resource.api_version
-        problem = validation.decoding_error(resource, body)
+        # A custom object's fields are its schema's to check (`_validate`).
+        problem = None if resource.custom else validation.decoding_error(resource, body)
         if problem is not None:
             raise bad_request(problem)
         _meta(body)
@@ -161,9 +164,16 @@ class Registry:
 
     def _validate(self, resource: Resource, obj: JsonObject, causes: list[tuple[str, str]]) -> None:
         causes = causes + validation.kind_causes(resource, obj)
+        if resource.custom is not None:
+            causes += customresources.object_causes(resource, obj)
+        elif resource is CUSTOM_RESOURCE_DEFINITIONS:
+            causes += customresources.crd_causes(obj)
         if causes:
             kind, group = _kind_group(resource)
-            raise invalid(kind, group, str(obj["metadata"].get("name", "")), causes)
+            name = str(obj["metadata"].get("name", ""))
+            # Upstream names a kind of a group by its group too (built-in kinds kept as they are).
+            qualified = bool(resource.custom) or resource is CUSTOM_RESOURCE_DEFINITIONS
+            raise invalid(kind, group, name, causes, qualified=qualified)
 
     def get(self, resource: Resource, namespace: str, name: str) -> Stored:
         stored = self.store.get(resource, namespace, name)
@@ -211,6 +221,13 @@ class Registry:
         self._defaults(resource, obj)
         if resource is DEPLOYMENTS or resource is REPLICA_SETS:
             workloads.prepare_create(resource, obj)
+        elif resource.custom is not None:
+            meta["generation"] = 1
+            if resource.status_subresource:
+                obj.pop("status", None)  # as upstream: the status is written through /status
+        elif resource is CUSTOM_RESOURCE_DEFINITIONS:
+            meta["generation"] = 1
+            obj["status"] = customresources.crd_status(obj, rfc3339(self.clock.now()))
         return obj, causes
 
     def commit_create(
@@ -233,7 +250,11 @@ class Registry:
         return self.store.insert(resource, obj)
 
     def _defaults(self, resource: Resource, obj: JsonObject) -> None:
-        if resource is PODS:
+        if resource.custom is not None:
+            customresources.prepare(resource, obj)
+        elif resource is CUSTOM_RESOURCE_DEFINITIONS:
+            customresources.crd_defaults(obj)
+        elif resource is PODS:
             spec = obj.setdefault("spec", {})
             if isinstance(spec, dict):
                 spec.setdefault("schedulerName", "default-scheduler")
@@ -345,8 +366,8 @@ class Registry:
         scale: Any,
         admit: Admit = admit_all,
     ) -> Stored:
-        """Write a Scale's `spec.replicas` into a Deployment or ReplicaSet (the scale
-        subresource); its `metadata.resourceVersion`, if given, is a precondition."""
+        """Write a Scale's `spec.replicas` into a Deployment, a ReplicaSet or a custom object
+        (the scale subresource); its `metadata.resourceVersion`, if given, is a precondition."""
         current = self.get(resource, namespace, name)
         try:
             replicas = workloads.scale_replicas(scale)
@@ -358,8 +379,17 @@ class Registry:
         if given_rv and str(given_rv) != str(current.rv):
             raise conflict(resource.group_resource, current.name, STALE_OBJECT)
         obj = current.copy()
-        obj["spec"]["replicas"] = replicas
+        if resource.custom is not None:
+            customresources.set_replicas(resource, obj, replicas)
+        else:
+            obj["spec"]["replicas"] = replicas
         return self._commit_update(resource, current, obj, "scale", admit)
+
+    def scale_view(self, resource: Resource, stored: Stored) -> JsonObject:
+        """The autoscaling/v1 Scale of a stored object that has the scale subresource."""
+        if resource.custom is not None:
+            return customresources.scale_of(resource, stored.obj)
+        return workloads.scale_of(stored.obj)
 
     def _commit_update(
         self,
@@ -389,6 +419,9 @@ class Registry:
             for key, value in old.items():
                 if key not in ("metadata", "status", "kind", "apiVersion"):
                     obj[key] = value
+            if resource.custom is not None:
+                # As upstream's custom resource status strategy: only the status changes.
+                meta = obj["metadata"] = json.loads(json.dumps(old_meta))
             if resource is PODS:
                 if "ownerReferences" in old_meta:
                     meta["ownerReferences"] = old_meta["ownerReferences"]
@@ -413,6 +446,14 @@ class Registry:
             workloads.apply_defaults(resource, obj)
             meta["generation"] = workloads.next_generation(old, obj, subresource)
             causes += workloads.update_causes(old, obj)
+        if resource.custom is not None:
+            if subresource != "status":
+                customresources.prepare(resource, obj)
+            meta["generation"] = customresources.next_generation(resource, old, obj)
+        if resource is CUSTOM_RESOURCE_DEFINITIONS:
+            customresources.crd_defaults(obj)
+            meta["generation"] = customresources.next_generation(resource, old, obj)
+            causes += _immutable_crd_causes(old, obj)
         self._validate(resource, obj, causes)
         if resource is PRIORITY_CLASSES:
             priority.validate_class(self.store, obj, old)
@@ -511,7 +552,7 @@ class Registry:
 
     def _empty_namespace(self, namespace: str) -> None:
         """The namespace controller's job, done at once: every object in it goes first."""
-        for resource in STORED:
+        for resource in list(self.catalog.stored()):
             if not resource.namespaced:
                 continue
             for stored in list(self.store.objects(resource, namespace)):
@@ -565,6 +606,16 @@ def check_preconditions(resource: Resource, current: Stored, options: DeleteOpti
             f"Precondition failed: ResourceVersion in precondition:"
             f" {options.resource_version}, ResourceVersion in object meta: {current.rv}",
         )
+
+
+def _immutable_crd_causes(old: JsonObject, new: JsonObject) -> list[tuple[str, str]]:
+    """The parts of a CRD that cannot change once it is served (the simulator's subset)."""
+    causes = []
+    for field in ("group", "scope"):
+        before, after = (old.get("spec") or {}).get(field), (new.get("spec") or {}).get(field)
+        if before != after:
+            causes.append((f"spec.{field}", f'Invalid value: "{after}": field is immutable'))
+    return causes
 
 
 def _finalized(obj: JsonObject) -> bool:

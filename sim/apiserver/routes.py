@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim.apiserver import binding, discovery, eviction, listing, workloads
+from sim.apiserver import binding, customresources, discovery, eviction, listing, tables
 from sim.apiserver import watch as watches
 from sim.apiserver.admission import webhooks
 from sim.apiserver.admission.policies import Policies
@@ -45,6 +45,7 @@ from sim.apiserver.resources import (
     PODS,
     SERVICE_ACCOUNTS,
     TOKEN_REVIEWS,
+    Catalog,
     Resource,
 )
 from sim.apiserver.rest import Admit, DeleteOptions, Registry, apply_patch
@@ -70,6 +71,7 @@ class ApiServerCore:
     settings: ApiServerSettings
     clock: Clock = field(default_factory=Clock)
     store: Store = field(init=False)
+    catalog: Catalog = field(init=False)
     registry: Registry = field(init=False)
     authority: TokenAuthority = field(init=False)
     audit: AuditLog = field(init=False)
@@ -79,7 +81,9 @@ class ApiServerCore:
 
     def __post_init__(self) -> None:
         self.store = Store(self.settings.history_size)
-        self.registry = Registry(self.store, self.clock)
+        self.catalog = Catalog()
+        self.store.observe(customresources.Definitions(self.catalog, self.store))
+        self.registry = Registry(self.store, self.clock, self.catalog)
         self.disruption = DisruptionController(self.store, self.clock)
         self.authority = TokenAuthority(self.store, self.clock)
         self.policies = Policies(self.store)
@@ -173,7 +177,12 @@ class Handlers:
         arrived = self.core.clock.now()
         request[ARRIVED_KEY] = arrived
         try:
-            info = parse_request(request.method, request.path, request.query.get("watch"))
+            info = parse_request(
+                request.method,
+                request.path,
+                request.query.get("watch"),
+                self.core.catalog.by_group_version,
+            )
         except ApiError as e:
             return _json(e.status(), e.code)
         request[INFO_KEY] = info
@@ -316,7 +325,11 @@ class Handlers:
             return await self._subresource(request, info, resource)
         namespace = info.namespace if resource.namespaced else ""
         if verb == "get":
-            return _object(self.core.registry.get(resource, namespace, info.name))
+            stored = self.core.registry.get(resource, namespace, info.name)
+            if self._table_version(request):
+                metadata = {"resourceVersion": str(stored.rv)}
+                return self._table(request, resource, [stored.obj], metadata)
+            return _object(stored)
         if verb == "list":
             return self._list(request, resource, info)
         if verb == "watch":
@@ -352,7 +365,8 @@ class Handlers:
                 await self._delete_options(request),
                 self._admit(request),
             )
-            if resource is PODS or resource is NAMESPACES or not result.removed:
+            if resource is PODS or resource is NAMESPACES or resource.custom or not result.removed:
+                # Custom objects, as pods, answer with the deleted object itself.
                 return _object(result.stored)
             return _success(resource, result.stored)
         if verb == "deletecollection":
@@ -440,23 +454,24 @@ class Handlers:
     async def _scale(
         self, request: web.Request, info: RequestInfo, resource: Resource, namespace: str
     ) -> web.Response:
-        """The autoscaling/v1 Scale of a Deployment or ReplicaSet: read, or write its replicas."""
+        """The autoscaling/v1 Scale of a Deployment, ReplicaSet or custom object: read, or
+        write its replicas."""
         registry = self.core.registry
         current = registry.get(resource, namespace, info.name)
         if info.verb == "get":
-            return _json(workloads.scale_of(current.obj))
+            return _json(registry.scale_view(resource, current))
         if info.verb == "update":
             scale = await _body(request)
         elif info.verb == "patch":
             scale = apply_patch(
-                workloads.scale_of(current.obj),
+                registry.scale_view(resource, current),
                 request.headers.get("Content-Type", ""),
                 await request.read(),
             )
         else:
             raise method_not_allowed(info.verb, f"{resource.group_resource}/scale")
         stored = registry.scale(resource, namespace, info.name, scale, self._admit(request))
-        return _json(workloads.scale_of(stored.obj))
+        return _json(registry.scale_view(resource, stored))
 
     def _bind(self, namespace: str, name: str, body: Any) -> web.Response:
         binding.bind(self.core.store, self.core.clock, namespace, name, body)
@@ -519,7 +534,42 @@ class Handlers:
         body = listing.list_body(
             self.core.store, resource, namespace, labels, fields, request.query
         )
+        if self._table_version(request):
+            listed = json.loads(body)
+            return self._table(request, resource, listed["items"], listed["metadata"])
         return web.Response(body=body, content_type="application/json")
+
+    @staticmethod
+    def _table_version(request: web.Request) -> str | None:
+        return tables.wanted_version(request.headers.get("Accept", ""))
+
+    def _table(
+        self,
+        request: web.Request,
+        resource: Resource,
+        objects: list[JsonObject],
+        metadata: JsonObject,
+    ) -> web.Response:
+        """The Table form kubectl asks for (`as=Table` in Accept)."""
+        return _json(self._table_body(request, resource, objects, metadata))
+
+    def _table_body(
+        self,
+        request: web.Request,
+        resource: Resource,
+        objects: list[JsonObject],
+        metadata: JsonObject,
+    ) -> JsonObject:
+        version = self._table_version(request)
+        assert version is not None
+        return tables.table(
+            resource,
+            objects,
+            version=version,
+            now=self.core.clock.now(),
+            metadata=metadata,
+            include_object=request.query.get("includeObject", ""),
+        )
 
     async def _watch(
         self, request: web.Request, resource: Resource, info: RequestInfo
@@ -548,6 +598,12 @@ class Handlers:
             bookmarks=parse_bool("allowWatchBookmarks", query.get("allowWatchBookmarks")),
             send_initial_events=parse_bool("sendInitialEvents", query.get("sendInitialEvents")),
         )
+        if self._table_version(request):
+
+            def as_table(obj: JsonObject) -> JsonObject:
+                return self._table_body(request, resource, [obj], {})
+
+            spec = dataclasses.replace(spec, as_table=as_table)
         if spec.send_initial_events:
             # A streaming list starts from the current state whatever version was asked for.
             spec = dataclasses.replace(spec, start_rv=None)
@@ -561,7 +617,7 @@ class Handlers:
     # discovery and health
 
     def _discovery(self, info: RequestInfo) -> web.Response:
-        document = discovery.resource_list(info.api_group, info.api_version)
+        document = discovery.resource_list(self.core.catalog, info.api_group, info.api_version)
         if not info.api_version or document is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
         return _json(document)
@@ -570,7 +626,7 @@ class Handlers:
         return _json(discovery.api_versions())
 
     async def root_apis(self, request: web.Request) -> web.Response:
-        return _json(discovery.api_groups())
+        return _json(discovery.api_groups(self.core.catalog))
 
     async def version(self, request: web.Request) -> web.Response:
         return _json(discovery.SERVER_VERSION)

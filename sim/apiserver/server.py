@@ -27,9 +27,10 @@ from aiohttp import web
 from common.contract import DEFAULT_SYSTEM_NAMESPACE
 from sim.apiserver.audit import AuditLog
 from sim.apiserver.clock import Clock
+from sim.apiserver.errors import ApiError
 from sim.apiserver.faults import Faults
 from sim.apiserver.priority import built_in_classes
-from sim.apiserver.resources import NAMESPACES, PODS, PRIORITY_CLASSES
+from sim.apiserver.resources import CUSTOM_RESOURCE_DEFINITIONS, NAMESPACES, PODS, PRIORITY_CLASSES
 from sim.apiserver.routes import ApiServerCore, build_app
 from sim.apiserver.settings import ApiServerSettings
 
@@ -44,11 +45,38 @@ T = TypeVar("T")
 
 
 def _create_initial_namespaces(core: ApiServerCore) -> None:
-    """The namespaces, and the built-in PriorityClasses, a new cluster has."""
+    """The namespaces, and the built-in PriorityClasses, a new cluster has; then the CRDs of
+    `settings.crds`."""
     for name in INITIAL_NAMESPACES:
         core.registry.create(NAMESPACES, "", {"metadata": {"name": name}})
     for priority_class in built_in_classes():
         core.registry.create(PRIORITY_CLASSES, "", priority_class)
+    for crd in crd_manifests(core.settings.crds):
+        try:
+            core.registry.create(CUSTOM_RESOURCE_DEFINITIONS, "", crd)
+        except ApiError as e:
+            raise ValueError(f"the CRD manifests given are refused: {e.message}") from e
+
+
+def crd_manifests(paths: tuple[Path, ...]) -> list[dict[str, Any]]:
+    """The CustomResourceDefinitions in these files (or folders' `.yaml` files), in order; a
+    missing file or another kind in one is a ValueError that names it."""
+    found: list[dict[str, Any]] = []
+    for given in paths:
+        files = sorted(given.glob("*.yaml")) if given.is_dir() else [given]
+        for file in files:
+            try:
+                documents = [d for d in yaml.safe_load_all(file.read_text()) if d]
+            except (OSError, yaml.YAMLError) as e:
+                raise ValueError(f"cannot read the CRD manifest {file}: {e}") from e
+            for document in documents:
+                if document.get("kind") != CUSTOM_RESOURCE_DEFINITIONS.kind:
+                    raise ValueError(
+                        f"{file} holds a {document.get('kind')}, not a CustomResourceDefinition:"
+                        " pass only CRD manifests to --crds"
+                    )
+                found.append(document)
+    return found
 
 
 def kubeconfig_document(url: str, token: str | None = None) -> dict[str, Any]:

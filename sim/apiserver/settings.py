@@ -19,6 +19,7 @@ from common.settings import (
     declared,
     log_format_flag,
     log_level_flag,
+    names,
     path,
     port,
     seconds,
@@ -31,6 +32,10 @@ from common.settings import (
 
 class SettingsError(ValueError):
     """A flag or variable the simulated API server cannot use; says which and what to write."""
+
+
+def _paths(value: str) -> tuple[Path, ...]:
+    return tuple(Path(name) for name in names(value))
 
 
 @declared
@@ -65,6 +70,15 @@ class ApiServerSettings:
         default="1800",
     )
     """Watch length when the client sets no timeoutSeconds. Default 1800 s (upstream's minimum)."""
+    crds: tuple[Path, ...] = setting(
+        "crds",
+        "comma-separated CustomResourceDefinition manifests (files, or folders of .yaml files)"
+        " served from the start",
+        _paths,
+        default=(),
+    )
+    """CRD manifests (files, or folders of `.yaml` files) created at start, so their custom
+    resources are served at once. Default: none (CRDs can still be created through the API)."""
     log_level: str = log_level_flag()
     """Log level name. Default INFO."""
     log_format: LogFormat = log_format_flag()

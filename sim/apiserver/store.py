@@ -92,7 +92,7 @@ class Event:
         self.prev = prev
 
 
-TRIGGER_FIELDS = {PODS.plural: "spec.nodeName"}
+TRIGGER_FIELDS = {PODS.group_resource: "spec.nodeName"}
 """The field whose equality selector indexes a kind's watchers (upstream: pods by node)."""
 
 
@@ -150,30 +150,38 @@ class Store:
         self.history_size = history_size
         self._ring: list[Event | None] = [None] * history_size
         self._first_event_rv = 1
-        self._objects: dict[str, dict[str, dict[str, Stored]]] = {r.plural: {} for r in STORED}
+        # Keyed by group_resource: a custom resource's bucket appears with its first write.
+        self._objects: dict[str, dict[str, dict[str, Stored]]] = {
+            r.group_resource: {} for r in STORED
+        }
         self._sorted: dict[tuple[str, str], list[str]] = {}
         self._pods_by_node: dict[str, dict[Key, Stored]] = {}
-        self._unindexed: dict[str, set[Watcher]] = {r.plural: set() for r in STORED}
-        self._by_trigger: dict[str, dict[str, set[Watcher]]] = {r.plural: {} for r in STORED}
+        self._unindexed: dict[str, set[Watcher]] = {r.group_resource: set() for r in STORED}
+        self._by_trigger: dict[str, dict[str, set[Watcher]]] = {
+            r.group_resource: {} for r in STORED
+        }
         self._observers: list[Callable[[Event], None]] = []
         self.closed = False
 
     # reads
 
+    def _bucket(self, resource: Resource) -> dict[str, dict[str, Stored]]:
+        return self._objects.setdefault(resource.group_resource, {})
+
     def get(self, resource: Resource, namespace: str, name: str) -> Stored | None:
-        return self._objects[resource.plural].get(namespace, {}).get(name)
+        return self._objects.get(resource.group_resource, {}).get(namespace, {}).get(name)
 
     def count(self, resource: Resource) -> int:
-        return sum(len(names) for names in self._objects[resource.plural].values())
+        return sum(len(names) for names in self._objects.get(resource.group_resource, {}).values())
 
     def namespaces_of(self, resource: Resource) -> Iterable[str]:
-        return self._objects[resource.plural].keys()
+        return self._objects.get(resource.group_resource, {}).keys()
 
     def objects(
         self, resource: Resource, namespace: str | None, after: Key | None = None
     ) -> Iterator[Stored]:
         """Objects sorted by namespace then name (etcd's key order), those after `after` only."""
-        spaces = self._objects[resource.plural]
+        spaces = self._objects.get(resource.group_resource, {})
         chosen = [namespace] if namespace is not None else sorted(spaces)
         for space in chosen:
             if after is not None and space < after[0]:
@@ -181,10 +189,10 @@ class Store:
             names = spaces.get(space)
             if not names:
                 continue
-            order = self._sorted.get((resource.plural, space))
+            order = self._sorted.get((resource.group_resource, space))
             if order is None:
                 order = sorted(names)
-                self._sorted[(resource.plural, space)] = order
+                self._sorted[(resource.group_resource, space)] = order
             start = bisect.bisect_right(order, after[1]) if after and space == after[0] else 0
             for name in order[start:]:
                 yield names[name]
@@ -204,16 +212,16 @@ class Store:
 
     def insert(self, resource: Resource, obj: JsonObject) -> Stored:
         stored = self._commit(resource, obj)
-        names = self._objects[resource.plural].setdefault(stored.namespace, {})
+        names = self._bucket(resource).setdefault(stored.namespace, {})
         names[stored.name] = stored
-        self._sorted.pop((resource.plural, stored.namespace), None)
+        self._sorted.pop((resource.group_resource, stored.namespace), None)
         self._index(resource, None, stored)
         self._record(Event(ADDED, resource, stored, None))
         return stored
 
     def replace(self, resource: Resource, obj: JsonObject) -> Stored:
         stored = self._commit(resource, obj)
-        names = self._objects[resource.plural][stored.namespace]
+        names = self._bucket(resource)[stored.namespace]
         prev = names[stored.name]
         names[stored.name] = stored
         self._index(resource, prev, stored)
@@ -222,11 +230,11 @@ class Store:
 
     def remove(self, resource: Resource, namespace: str, name: str) -> Stored:
         """Delete the object; the DELETED event (and the result) is its last state at a new rv."""
-        names = self._objects[resource.plural][namespace]
+        names = self._bucket(resource)[namespace]
         prev = names.pop(name)
         if not names:
-            del self._objects[resource.plural][namespace]
-        self._sorted.pop((resource.plural, namespace), None)
+            del self._bucket(resource)[namespace]
+        self._sorted.pop((resource.group_resource, namespace), None)
         last = dict(prev.obj)
         last["metadata"] = dict(prev.obj["metadata"])
         stored = self._commit(resource, last)
@@ -255,10 +263,10 @@ class Store:
 
     def _record(self, event: Event) -> None:
         self._ring[event.rv % self.history_size] = event
-        plural = event.resource.plural
-        for watcher in self._unindexed[plural]:
+        key = event.resource.group_resource
+        for watcher in self._unindexed.get(key, ()):
             watcher.offer(event)
-        triggers = self._by_trigger[plural]
+        triggers = self._by_trigger.get(key)
         if triggers:
             values = {trigger_value(event.resource, event.stored)}
             if event.prev is not None:
@@ -301,7 +309,7 @@ class Store:
         for version in range(self.rv, rv, -1):
             event = self._ring[version % self.history_size]
             assert event is not None
-            if event.resource is not resource:
+            if event.resource.group_resource != resource.group_resource:
                 continue
             key = (event.stored.namespace, event.stored.name)
             if namespace is not None and key[0] != namespace:
@@ -324,21 +332,23 @@ class Store:
         after) has that trigger value (a pod's `spec.nodeName`), as upstream's indexed triggers
         do, so a write does not wake every node's watch."""
         watcher = Watcher(resource, trigger, self.history_size, concerns)
-        if trigger is None or resource.plural not in TRIGGER_FIELDS:
-            self._unindexed[resource.plural].add(watcher)
+        key = resource.group_resource
+        if trigger is None or key not in TRIGGER_FIELDS:
+            self._unindexed.setdefault(key, set()).add(watcher)
         else:
-            self._by_trigger[resource.plural].setdefault(trigger, set()).add(watcher)
+            self._by_trigger.setdefault(key, {}).setdefault(trigger, set()).add(watcher)
         return watcher
 
     def remove_watcher(self, watcher: Watcher) -> None:
-        plural = watcher.resource.plural
-        self._unindexed[plural].discard(watcher)
+        key = watcher.resource.group_resource
+        self._unindexed.get(key, set()).discard(watcher)
         if watcher.trigger is not None:
-            bucket = self._by_trigger[plural].get(watcher.trigger)
+            triggers = self._by_trigger.get(key, {})
+            bucket = triggers.get(watcher.trigger)
             if bucket is not None:
                 bucket.discard(watcher)
                 if not bucket:
-                    del self._by_trigger[plural][watcher.trigger]
+                    del triggers[watcher.trigger]
 
     @property
     def watcher_count(self) -> int:

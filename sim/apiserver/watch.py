@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -54,6 +56,9 @@ class WatchRequest:
     timeout_seconds: float
     bookmarks: bool
     send_initial_events: bool
+    as_table: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """Set when the client asked for the Table form (`kubectl get -w`): each event's object
+    becomes the Table of that object."""
 
     def matches(self, stored: Stored) -> bool:
         if self.namespace is not None and stored.namespace != self.namespace:
@@ -77,7 +82,9 @@ def _with_version(stored: Stored, rv: int) -> bytes:
 
 def translate(watch: WatchRequest, event: Event) -> bytes | None:
     """The line this watcher sees for `event`, or None if the event is not for it."""
-    if event.resource is not watch.resource:
+    if event.resource is not watch.resource and (
+        event.resource.group_resource != watch.resource.group_resource
+    ):
         return None
     if event.type == ADDED:
         return _line(ADDED, event.stored.full()) if watch.matches(event.stored) else None
@@ -111,8 +118,8 @@ async def stream(
 ) -> web.StreamResponse:
     """Serve one watch until its timeout, the client leaving, or the server stopping."""
     trigger = (
-        watch.fields.equality(TRIGGER_FIELDS[watch.resource.plural])
-        if (watch.resource.plural in TRIGGER_FIELDS)
+        watch.fields.equality(TRIGGER_FIELDS[watch.resource.group_resource])
+        if (watch.resource.group_resource in TRIGGER_FIELDS)
         else None
     )
     # Registered before anything is read, so no write can fall between the start and the inbox.
@@ -152,7 +159,7 @@ async def _serve(
         ]
         if watch.send_initial_events and watch.bookmarks:
             initial.append(bookmark(watch.resource, position, initial_events_end=True))
-        await _write_batches(response, initial)
+        await _write_batches(response, initial, watch)
     else:
         position = watch.start_rv
         watcher.behind = True  # replay the history first, then switch to the inbox
@@ -203,9 +210,20 @@ async def _serve(
                 await asyncio.wait_for(watcher.wake.wait(), timeout=max(0.0, wake - now))
             continue
         if lines:
-            await _write_batches(response, lines)
+            await _write_batches(response, lines, watch)
 
 
-async def _write_batches(response: web.StreamResponse, lines: list[bytes]) -> None:
+def _tabled(line: bytes, as_table: Callable[[dict[str, Any]], dict[str, Any]]) -> bytes:
+    event = json.loads(line)
+    if event["type"] in (ADDED, MODIFIED, DELETED):
+        event["object"] = as_table(event["object"])
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+async def _write_batches(
+    response: web.StreamResponse, lines: list[bytes], watch: WatchRequest
+) -> None:
+    if watch.as_table is not None:
+        lines = [_tabled(line, watch.as_table) for line in lines]
     for start in range(0, len(lines), 500):
         await response.write(b"".join(lines[start : start + 500]))

@@ -14,7 +14,8 @@ loop that runs every `sync_period` (upstream's --horizontal-pod-autoscaler-sync-
   value, no series gives 0 (`ignoreNullValues`, KEDA's default), several are an error. The
   trigger's `serverAddress` names an in-cluster Service that does not exist here; the loop queries
   the Prometheus it is given instead.
-- **The HPA controller**: each HPA's target is read through its `/scale` subresource, the decision
+- **The HPA controller**: each HPA's target (any kind whose discovery lists a `scale`
+  subresource: a Deployment, a TritonModel) is read through its `/scale` subresource, the decision
   is `sim.controllers.autoscaling`'s, a change is written to `/scale` with a `SuccessfulRescale`
   Event, and the HPA's status (current and desired replicas, metrics, conditions, last scale
   time) through `/status`.
@@ -271,19 +272,18 @@ class Autoscalers:
         meta = hpa["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         target = hpa["spec"].get("scaleTargetRef") or {}
-        apps = client.AppsV1Api(self.api)
         try:
             spec = parse_spec(hpa["spec"])
         except SpecError as e:
             self._event(hpa, "Warning", "FailedComputeMetricsReplicas", str(e))
             return
-        if target.get("kind") != "Deployment":
-            self._event(
-                hpa, "Warning", "FailedGetScale", "only Deployments are scaled in the simulator"
-            )
+        found = self._scale_target(target)
+        if isinstance(found, str):
+            self._event(hpa, "Warning", "FailedGetScale", found)
             return
-        scale = _json(
-            apps.read_namespaced_deployment_scale(target["name"], namespace, _preload_content=False)
+        group, version, plural = found
+        scale = self.custom.get_namespaced_custom_object_scale(
+            group, version, namespace, plural, target["name"]
         )
         current = int(scale["spec"]["replicas"])
         ready = self._ready_pods(namespace, scale["status"].get("selector") or "")
@@ -292,8 +292,13 @@ class Autoscalers:
         now = self.clock()
         decision = memory.decide(spec, current, ready, readings, now)
         if decision.desired != current:
-            apps.patch_namespaced_deployment_scale(
-                target["name"], namespace, {"spec": {"replicas": decision.desired}}
+            self.custom.patch_namespaced_custom_object_scale(
+                group,
+                version,
+                namespace,
+                plural,
+                target["name"],
+                {"spec": {"replicas": decision.desired}},
             )
             self._event(
                 hpa,
@@ -311,6 +316,43 @@ class Autoscalers:
                 decision.reason,
             )
         self._write_status(hpa, int(scale["status"]["replicas"]), decision, now)
+
+    def _scale_target(self, target: JsonObject) -> tuple[str, str, str] | str:
+        """(group, version, plural) of a scaleTargetRef that has a scale subresource, found
+        through discovery as upstream's REST mapper finds it; or why there is none."""
+        api_version, kind = str(target.get("apiVersion") or ""), str(target.get("kind") or "")
+        group, _, version = api_version.rpartition("/")
+        cannot = "the HPA controller was unable to get the target's current scale"
+        if not group or not target.get("name"):
+            return f"{cannot}: {kind} {api_version!r}: only targets of an API group are scaled here"
+        resources = self._discover(api_version)
+        plural = next(
+            (
+                str(r["name"])
+                for r in resources
+                if r.get("kind") == kind and "/" not in str(r.get("name"))
+            ),
+            None,
+        )
+        if plural is None:
+            return f'{cannot}: no matches for kind "{kind}" in group "{group}"'
+        if not any(r.get("name") == f"{plural}/scale" for r in resources):
+            return f"{cannot}: {plural}.{group} has no scale subresource"
+        return group, version, plural
+
+    def _discover(self, api_version: str) -> list[JsonObject]:
+        """The APIResourceList entries of a group/version (empty if it is not served)."""
+        method, url, headers, _, _ = self.api.param_serialize(
+            "GET",
+            f"/apis/{api_version}",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response: Any = self.api.call_api(method, url, headers)
+        data = response.read()
+        if response.status != 200 or not data:
+            return []
+        return list(json.loads(data).get("resources") or [])
 
     def _ready_pods(self, namespace: str, selector: str) -> int:
         pods = self.core.list_namespaced_pod(namespace, label_selector=selector)

@@ -12,9 +12,11 @@ deadline) is queued for its time on `clock`, the API server's clock in tests, so
 forward instead of sleeping (then calls `resync`).
 
 The garbage collector deletes, in the background (as `propagationPolicy: Background`), the
-ReplicaSets of a deleted Deployment and the pods of a deleted ReplicaSet: the dependents whose
-controller ownerReference names an owner it saw and that the API no longer has (a live read
-confirms it, as upstream's collector does). Objects whose owner it never saw are left alone.
+dependents of a deleted owner: any Deployment, ReplicaSet, pod or custom object (every kind a
+CustomResourceDefinition serves, watched from the moment the CRD appears) whose ownerReferences
+name owners it saw and that the API no longer has (a live read confirms each, as upstream's
+collector does). An object with several owners goes only once all of them are gone; one whose
+owner it never saw is left alone.
 
 Threads: one list-and-watch per kind and one worker; `stop` ends them all. A write that fails
 (conflict, refusal) requeues its object with back-off, from 0.5 s doubling to 30 s.
@@ -43,6 +45,7 @@ USER_AGENT = "tritonshare-sim-controller-manager"
 JsonObject = dict[str, Any]
 Key = tuple[str, str]
 DEPLOYMENTS, REPLICA_SETS, PODS = "deployments", "replicasets", "pods"
+CRDS = "customresourcedefinitions"
 BACKOFF_INITIAL, BACKOFF_MAX = 0.5, 30.0
 TOMBSTONES_KEPT = 10_000
 
@@ -59,6 +62,14 @@ def _rv(obj: JsonObject) -> int:
     return int(obj["metadata"].get("resourceVersion") or 0)
 
 
+def _owner_uids(obj: JsonObject) -> set[str]:
+    return {
+        str(ref.get("uid"))
+        for ref in obj["metadata"].get("ownerReferences") or []
+        if isinstance(ref, dict) and ref.get("uid")
+    }
+
+
 class _Cache:
     """Objects of one kind by (namespace, name), and by their controller's uid. A version older
     than the one held (or than a deletion seen) is ignored, so a slow watch and the worker's own
@@ -67,6 +78,8 @@ class _Cache:
     def __init__(self) -> None:
         self.objects: dict[Key, JsonObject] = {}
         self.by_owner: dict[str, set[Key]] = {}
+        self.by_any_owner: dict[str, set[Key]] = {}
+        """Every ownerReference's uid, controller or not: the garbage collector's index."""
         self._deleted: dict[Key, int] = {}
 
     def put(self, obj: JsonObject) -> bool:
@@ -80,6 +93,8 @@ class _Cache:
         owner = controller_uid(obj)
         if owner:
             self.by_owner.setdefault(owner, set()).add(key)
+        for uid in _owner_uids(obj):
+            self.by_any_owner.setdefault(uid, set()).add(key)
         return True
 
     def remove(self, obj: JsonObject) -> None:
@@ -97,10 +112,17 @@ class _Cache:
             self.by_owner[owner].discard(key)
             if not self.by_owner[owner]:
                 del self.by_owner[owner]
+        for uid in _owner_uids(obj):
+            keys = self.by_any_owner.get(uid)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.by_any_owner[uid]
 
     def replace_all(self, objects: list[JsonObject]) -> None:
         self.objects.clear()
         self.by_owner.clear()
+        self.by_any_owner.clear()
         for obj in objects:
             self.put(obj)
 
@@ -117,10 +139,18 @@ class ControllerManager:
         api_client.user_agent = USER_AGENT
         self.apps = cast(Any, client.AppsV1Api(api_client))
         self.core = cast(Any, client.CoreV1Api(api_client))
+        self.extensions = cast(Any, client.ApiextensionsV1Api(api_client))
+        self.custom = cast(Any, client.CustomObjectsApi(api_client))
         self.clock = clock
-        self._caches = {DEPLOYMENTS: _Cache(), REPLICA_SETS: _Cache(), PODS: _Cache()}
+        kinds = (DEPLOYMENTS, REPLICA_SETS, PODS, CRDS)
+        self._caches = {kind: _Cache() for kind in kinds}
+        self._custom_kinds: dict[str, tuple[str, str, str, bool]] = {}
+        """plural.group -> (group, version, plural, namespaced) of each CRD's served kind."""
         self._owners_seen: dict[str, tuple[str, Key]] = {}
-        """uid -> (kind, key) of every Deployment and ReplicaSet seen: the collector's owners."""
+        """uid -> (kind, key) of every object seen: the collector's owners."""
+        self._owners_gone: dict[str, None] = {}
+        """uids of owners seen deleted (the latest TOMBSTONES_KEPT), for dependents whose event
+        arrives after their owner's deletion."""
         self._lock = threading.Condition()
         self._queue: list[tuple[float, str, Key]] = []
         self._due: dict[tuple[str, Key], float] = {}
@@ -130,21 +160,26 @@ class ControllerManager:
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._informer, args=(kind,), name=f"informer-{kind}")
-            for kind in (DEPLOYMENTS, REPLICA_SETS, PODS)
+            for kind in kinds
         ] + [threading.Thread(target=self._work, name="controller-manager")]
-        self._synced = {DEPLOYMENTS: False, REPLICA_SETS: False, PODS: False}
+        self._synced = dict.fromkeys(kinds, False)
+        self._started = False
 
     # lifecycle
 
     def start(self) -> None:
-        for thread in self._threads:
+        with self._lock:
+            self._started = True
+            threads = list(self._threads)
+        for thread in threads:
             thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         with self._lock:
             self._lock.notify_all()
-        for thread in self._threads:
+            threads = list(self._threads)
+        for thread in threads:
             if thread.is_alive():
                 thread.join(30)
 
@@ -165,6 +200,11 @@ class ControllerManager:
                     return False
                 self._lock.wait(left)
         return True
+
+    def synced_kinds(self) -> set[str]:
+        """The kinds listed at least once (a CRD's kind named `plural.group`)."""
+        with self._lock:
+            return {kind for kind, synced in self._synced.items() if synced}
 
     def resync(self) -> None:
         """Sync every Deployment and ReplicaSet now (after a test moved the clock forward)."""
@@ -253,19 +293,26 @@ class ControllerManager:
             return self.apps.list_deployment_for_all_namespaces(**kwargs)
         if kind == REPLICA_SETS:
             return self.apps.list_replica_set_for_all_namespaces(**kwargs)
-        return self.core.list_pod_for_all_namespaces(**kwargs)
+        if kind == PODS:
+            return self.core.list_pod_for_all_namespaces(**kwargs)
+        if kind == CRDS:
+            return self.extensions.list_custom_resource_definition(**kwargs)
+        group, version, plural, _ = self._custom_kinds[kind]
+        return self.custom.list_cluster_custom_object(group, version, plural, **kwargs)
 
     def _informer(self, kind: str) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and kind in self._caches:
             try:
                 listed = _json(self._list(kind, _preload_content=False))
                 items = listed.get("items", [])
                 with self._lock:
                     self._caches[kind].replace_all(items)
-                    self._synced[kind] = True
-                    self._lock.notify_all()
                 for obj in items:
                     self._changed(kind, "ADDED", obj)
+                with self._lock:
+                    # After the ADDED calls: a CRD's kinds are known before it counts as synced.
+                    self._synced[kind] = True
+                    self._lock.notify_all()
                 for event_type, obj in self._watch(kind, listed["metadata"]["resourceVersion"]):
                     with self._lock:
                         if event_type == "DELETED":
@@ -274,10 +321,41 @@ class ControllerManager:
                             continue
                     self._changed(kind, event_type, obj)
             except Exception as e:
-                if self._stop.is_set():
+                if self._stop.is_set() or kind not in self._caches:
                     return
                 log.warning("The %s watch failed: %s; listing again.", kind, e)
                 self._stop.wait(0.5)
+
+    def _served_kind(self, event_type: str, crd: JsonObject) -> None:
+        """Watch the kind a CRD serves (its storage version) from now on, or stop with it."""
+        spec = crd.get("spec") or {}
+        names = spec.get("names") or {}
+        kind = f"{names.get('plural')}.{spec.get('group')}"
+        if event_type == "DELETED":
+            with self._lock:
+                self._custom_kinds.pop(kind, None)
+                self._caches.pop(kind, None)
+                self._synced.pop(kind, None)
+            return
+        version = next(
+            (v.get("name") for v in spec.get("versions") or [] if v.get("storage")), None
+        )
+        if version is None or kind in self._custom_kinds:
+            return
+        thread = threading.Thread(target=self._informer, args=(kind,), name=f"informer-{kind}")
+        with self._lock:
+            self._custom_kinds[kind] = (
+                str(spec.get("group")),
+                str(version),
+                str(names.get("plural")),
+                spec.get("scope") == "Namespaced",
+            )
+            self._caches[kind] = _Cache()
+            self._synced[kind] = False
+            self._threads.append(thread)
+            started = self._started and not self._stop.is_set()
+        if started:
+            thread.start()
 
     def _watch(self, kind: str, resource_version: str) -> Iterator[tuple[str, JsonObject]]:
         return watch_events(lambda **kw: self._list(kind, **kw), self._stop, resource_version)
@@ -286,20 +364,28 @@ class ControllerManager:
         """What an event (or the worker's own write) makes due."""
         key = _key(obj)
         uid = str(obj["metadata"].get("uid", ""))
+        if kind == CRDS:
+            self._served_kind(event_type, obj)
+            return
+        self._owners_seen[uid] = (kind, key)
+        if event_type == "DELETED":
+            with self._lock:
+                self._owners_gone[uid] = None
+                if len(self._owners_gone) > TOMBSTONES_KEPT:
+                    self._owners_gone.pop(next(iter(self._owners_gone)))
+            self._collect_dependents(uid)
+        elif any(owner in self._owners_gone for owner in _owner_uids(obj)):
+            self._enqueue(f"gc-{kind}", key)
         if kind == DEPLOYMENTS:
-            self._owners_seen[uid] = (DEPLOYMENTS, key)
             self._enqueue(DEPLOYMENTS, key)
-            if event_type == "DELETED":
-                self._collect_dependents(REPLICA_SETS, uid)
+            return
+        if kind not in (REPLICA_SETS, PODS):
             return
         owner = self._owner(obj, "Deployment" if kind == REPLICA_SETS else "ReplicaSet")
         if kind == REPLICA_SETS:
-            self._owners_seen[uid] = (REPLICA_SETS, key)
             self._enqueue(REPLICA_SETS, key)
             if owner is not None:
                 self._enqueue(DEPLOYMENTS, owner)
-            if event_type == "DELETED":
-                self._collect_dependents(PODS, uid)
             return
         if owner is not None:
             self._enqueue(REPLICA_SETS, owner)
@@ -465,8 +551,18 @@ class ControllerManager:
                 else:
                     with self._lock:  # removed at once (an unbound pod)
                         self._caches[PODS].remove(answer)
-            else:
+            elif kind == REPLICA_SETS:
                 self.apps.delete_namespaced_replica_set(name, namespace, _preload_content=False)
+            elif kind == DEPLOYMENTS:
+                self.apps.delete_namespaced_deployment(name, namespace, _preload_content=False)
+            elif kind in self._custom_kinds:
+                group, version, plural, namespaced = self._custom_kinds[kind]
+                if namespaced:
+                    self.custom.delete_namespaced_custom_object(
+                        group, version, namespace, plural, name
+                    )
+                else:
+                    self.custom.delete_cluster_custom_object(group, version, plural, name)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -482,38 +578,67 @@ class ControllerManager:
 
     # the garbage collector
 
-    def _collect_dependents(self, kind: str, owner_uid: str) -> None:
+    def _collect_dependents(self, owner_uid: str) -> None:
+        """Look at every cached object that names `owner_uid` among its owners."""
         with self._lock:
-            keys = [_key(o) for o in self._caches[kind].owned_by(owner_uid)]
-        for key in keys:
+            due = [
+                (kind, key)
+                for kind, cache in self._caches.items()
+                for key in sorted(cache.by_any_owner.get(owner_uid, ()))
+            ]
+        for kind, key in due:
             self._enqueue(f"gc-{kind}", key)
 
     def _collect(self, kind: str, key: Key) -> None:
-        """Delete a dependent whose owner (seen by this manager) the API no longer has."""
-        dependent_kind = kind
+        """Delete a dependent once every owner it names (each seen by this manager) is gone
+        from the API."""
         with self._lock:
-            dependent = self._caches[dependent_kind].objects.get(key)
+            cache = self._caches.get(kind)
+            dependent = cache.objects.get(key) if cache is not None else None
         if dependent is None or dependent["metadata"].get("deletionTimestamp"):
             return
-        owner_uid = controller_uid(dependent)
-        seen = self._owners_seen.get(owner_uid or "")
-        if seen is None:
+        owners = _owner_uids(dependent)
+        if not owners:
             return
-        owner_kind, owner_key = seen
-        read = (
-            self.apps.read_namespaced_deployment
-            if owner_kind == DEPLOYMENTS
-            else self.apps.read_namespaced_replica_set
-        )
-        try:
-            owner = _json(read(owner_key[1], owner_key[0], _preload_content=False))
-            if owner["metadata"].get("uid") == owner_uid:
+        for owner_uid in owners:
+            seen = self._owners_seen.get(owner_uid)
+            if seen is None or self._still_there(seen, owner_uid):
                 return
+        log.info("The owners of %s %s/%s are gone: deleting it.", kind, *key)
+        self._delete(kind, *key)
+
+    def _still_there(self, seen: tuple[str, Key], uid: str) -> bool:
+        """Whether the API still has the owner with this uid (a live read)."""
+        kind, (namespace, name) = seen
+        try:
+            if kind == DEPLOYMENTS:
+                owner = self.apps.read_namespaced_deployment(
+                    name, namespace, _preload_content=False
+                )
+            elif kind == REPLICA_SETS:
+                owner = self.apps.read_namespaced_replica_set(
+                    name, namespace, _preload_content=False
+                )
+            elif kind == PODS:
+                owner = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            elif kind in self._custom_kinds:
+                group, version, plural, namespaced = self._custom_kinds[kind]
+                owner = (
+                    self.custom.get_namespaced_custom_object(
+                        group, version, namespace, plural, name, _preload_content=False
+                    )
+                    if namespaced
+                    else self.custom.get_cluster_custom_object(
+                        group, version, plural, name, _preload_content=False
+                    )
+                )
+            else:
+                return False  # its CRD is gone, and every object of it
         except ApiException as e:
             if e.status != 404:
                 raise
-        log.info("The owner of %s %s/%s is gone: deleting it.", dependent_kind.rstrip("s"), *key)
-        self._delete(dependent_kind, *key)
+            return False
+        return bool(_json(owner)["metadata"].get("uid") == uid)
 
 
 def _status_message(e: ApiException) -> str:

@@ -109,17 +109,27 @@ def render_chart(
     release: str = RELEASE,
     chart: Path = CHART,
     api_versions: Sequence[str] = OPTIONAL_API_VERSIONS,
+    include_crds: bool = False,
 ) -> tuple[Obj, ...]:
     """The objects `render_templates` renders, template by template in file name order
-    (NOTES.txt left out)."""
+    (NOTES.txt left out); with `include_crds`, the chart's crds/ first, as `helm template
+    --include-crds` prints them (Helm installs them as they are, untemplated)."""
     manifests = render_templates(
         values, namespace=namespace, release=release, chart=chart, api_versions=api_versions
     )
-    objects: list[Obj] = []
+    objects: list[Obj] = list(chart_crds(chart)) if include_crds else []
     for template in sorted(manifests):
         if template.endswith("NOTES.txt"):
             continue
         objects.extend(doc for doc in yaml.safe_load_all(manifests[template]) if doc)
+    return tuple(objects)
+
+
+def chart_crds(chart: Path = CHART) -> tuple[Obj, ...]:
+    """The CustomResourceDefinitions in the chart's crds/ folder, in file name order."""
+    objects: list[Obj] = []
+    for path in sorted((chart / "crds").glob("*.yaml")):
+        objects.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     return tuple(objects)
 
 

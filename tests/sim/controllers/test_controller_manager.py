@@ -18,6 +18,7 @@ from sim.controllers.manager import ControllerManager
 from sim.controllers.podtemplate import HASH_LABEL, rfc3339
 from sim.node.kubelet import HollowKubelet
 from sim.processes import wait_until
+from tests.deploy.rendering import chart_crds
 from tests.fixtures_sim import apps_v1, core_v1, status_of
 
 NS = "default"
@@ -510,3 +511,74 @@ def test_a_budget_on_a_deployments_pods_expects_the_deployments_replicas(
     wait_until("6 expected, 3 desired", lambda: budget() == (6, 3), 10)
     [rs] = apps.list_namespaced_replica_set(NS).items
     assert rs.spec.replicas == 2 and len(pods_of(core, "web")) == 2
+
+
+def test_objects_owned_by_custom_resources_go_once_all_their_owners_are_gone(
+    kube_api: kubernetes.client.ApiClient, manager: ControllerManager
+) -> None:
+    """The collector watches every kind a CRD serves from the moment the CRD appears: a pod
+    owned by one TritonModel goes with it, a pod owned by two goes with the second, and a custom
+    object owned by a pod goes with the pod."""
+    (crd,) = chart_crds()
+    cast(Any, kubernetes.client.ApiextensionsV1Api(kube_api)).create_custom_resource_definition(crd)
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(kube_api))
+    core = core_v1(kube_api)
+    model = ("tritonshare.io", "v1alpha1", NS, "tritonmodels")
+
+    def create_model(name: str, owners: list[Obj]) -> Obj:
+        body = {
+            "apiVersion": "tritonshare.io/v1alpha1",
+            "kind": "TritonModel",
+            "metadata": {"name": name, "ownerReferences": owners},
+            "spec": {"storageUri": "s3://models/m", "gpuMemory": "1Gi"},
+        }
+        created: Obj = custom.create_namespaced_custom_object(*model, body)
+        return created
+
+    def reference(obj: Obj, kind: str, api_version: str) -> Obj:
+        meta = obj["metadata"]
+        return {"apiVersion": api_version, "kind": kind, "name": meta["name"], "uid": meta["uid"]}
+
+    a = create_model("a", [])
+    b = create_model("b", [])
+
+    def pod(name: str, owners: list[Obj]) -> Obj:
+        body = {
+            "metadata": {"name": name, "ownerReferences": owners},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
+        created: Obj = core.create_namespaced_pod(NS, body).to_dict()
+        return created
+
+    ref_a = reference(a, "TritonModel", "tritonshare.io/v1alpha1")
+    ref_b = reference(b, "TritonModel", "tritonshare.io/v1alpha1")
+    pod("of-a", [ref_a])
+    shared = core.create_namespaced_pod(
+        NS,
+        {
+            "metadata": {"name": "of-both", "ownerReferences": [ref_a, ref_b]},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    owned_by_pod = reference(
+        {"metadata": {"name": "of-both", "uid": shared.metadata.uid}}, "Pod", "v1"
+    )
+    create_model("of-the-pod", [owned_by_pod])
+
+    def pods() -> set[str]:
+        return {p.metadata.name for p in core.list_namespaced_pod(NS).items}
+
+    def models() -> set[str]:
+        return {
+            m["metadata"]["name"] for m in custom.list_namespaced_custom_object(*model)["items"]
+        }
+
+    kind = "tritonmodels.tritonshare.io"
+    wait_until("the models' kind watched", lambda: kind in manager.synced_kinds(), 10)
+    custom.delete_namespaced_custom_object(*model, "a")
+    wait_until("the pod of a collected", lambda: pods() == {"of-both"}, 15)
+    assert models() == {"b", "of-the-pod"}, "a pod with an owner left stays, and what it owns"
+    custom.delete_namespaced_custom_object(*model, "b")
+    wait_until(
+        "the shared pod and its model collected", lambda: not pods() and models() == set(), 15
+    )

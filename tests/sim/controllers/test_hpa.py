@@ -24,6 +24,7 @@ from sim.node.kubelet import HollowKubelet
 from sim.processes import wait_until
 from sim.triton import free_port
 from tests.conftest import require_executable
+from tests.deploy.rendering import chart_crds
 from tests.fixtures_sim import apps_v1, core_v1
 
 NS = "default"
@@ -227,3 +228,52 @@ def test_kedas_hpa_keeps_the_behavior_and_at_least_one_replica() -> None:
     obj["spec"]["triggers"] = [{"type": "cpu", "metadata": {}}]
     with pytest.raises(ValueError, match="only prometheus triggers"):
         hpa_for(obj)
+
+
+@pytest.mark.slow
+def test_keda_scales_a_tritonmodel_through_its_scale_subresource(
+    apiserver: RunningApiServer, exporter: Exporter, prometheus: str
+) -> None:
+    """Any target with a scale subresource is scaled: the chart's TritonModel, found through
+    discovery, read and written through /scale (its spec.replicas by the CRD's paths)."""
+    api = apiserver.api_client()
+    try:
+        extensions: Any = kubernetes.client.ApiextensionsV1Api(api)
+        (crd,) = chart_crds()
+        extensions.create_custom_resource_definition(crd)
+        custom: Any = kubernetes.client.CustomObjectsApi(api)
+        model = ("tritonshare.io", "v1alpha1", NS, "tritonmodels", "resnet")
+        custom.create_namespaced_custom_object(
+            *model[:4],
+            {
+                "apiVersion": "tritonshare.io/v1alpha1",
+                "kind": "TritonModel",
+                "metadata": {"name": "resnet"},
+                "spec": {"storageUri": "s3://models/resnet", "gpuMemory": "1Gi"},
+            },
+        )
+        target = {"apiVersion": "tritonshare.io/v1alpha1", "kind": "TritonModel", "name": "resnet"}
+        so = scaled_object("resnet")
+        so["spec"]["scaleTargetRef"] = target
+        custom.create_namespaced_custom_object("keda.sh", "v1alpha1", NS, "scaledobjects", so)
+        autoscalers = Autoscalers(api, Prometheus(prometheus), apiserver.clock.now)
+        exporter.gauge.set(3)
+        seen(prometheus, 3.0)
+        autoscalers.sync_once()
+        assert custom.get_namespaced_custom_object(*model)["spec"]["replicas"] == 3
+        assert custom.get_namespaced_custom_object_scale(*model)["spec"]["replicas"] == 3
+        assert events(api, "keda-hpa-resnet") == [
+            "SuccessfulRescale: New size: 3; reason: external metric s0-prometheus above target"
+        ]
+        # A kind without a scale subresource is refused with the reason, and nothing scales.
+        so = scaled_object("no-scale")
+        so["spec"]["scaleTargetRef"] = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject"}
+        so["spec"]["scaleTargetRef"]["name"] = "resnet"
+        custom.create_namespaced_custom_object("keda.sh", "v1alpha1", NS, "scaledobjects", so)
+        autoscalers.sync_once()
+        assert events(api, "keda-hpa-no-scale") == [
+            "FailedGetScale: the HPA controller was unable to get the target's current scale:"
+            " scaledobjects.keda.sh has no scale subresource"
+        ]
+    finally:
+        api.close()  # type: ignore[no-untyped-call]

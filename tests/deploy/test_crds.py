@@ -1,0 +1,66 @@
+"""The TritonModel CRD: one manifest, served by both the chart and deploy/base, and valid."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+
+from tests.conftest import require_executable
+from tests.deploy.rendering import CHART, DEPLOY, chart_crds, render
+from tests.deploy.test_manifests import KUBERNETES_VERSION
+
+CRD_NAME = "tritonmodels.tritonshare.io"
+
+
+def test_the_chart_and_deploy_base_serve_the_same_crd() -> None:
+    chart_file = CHART / "crds" / f"{CRD_NAME}.yaml"
+    base_file = DEPLOY / "base" / "tritonmodel-crd.yaml"
+    assert chart_file.read_bytes() == base_file.read_bytes()
+    (crd,) = chart_crds()
+    base = render(require_executable("kubectl"), "base")
+    rendered = [o for o in base if o["kind"] == crd["kind"]]
+    assert rendered == [crd]
+
+
+def test_the_crd_is_valid_and_shaped_like_a_workload_api() -> None:
+    (crd,) = chart_crds()
+    for version in (KUBERNETES_VERSION, kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(crd, version, strict=True)
+    assert crd["metadata"]["name"] == CRD_NAME
+    (served,) = crd["spec"]["versions"]
+    assert served["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = [c["name"] for c in served["additionalPrinterColumns"]]
+    assert columns == ["Ready", "Replicas", "GPU-Mem", "Residency", "Age"]
+    spec = served["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["storageUri", "gpuMemory"]
+    assert spec["properties"]["residency"]["default"] == "always"
+    assert spec["properties"]["replicas"] == spec["properties"]["replicas"] | {
+        "default": 1,
+        "minimum": 0,
+    }
+
+
+def test_namespace_users_manage_tritonmodels_but_never_their_status() -> None:
+    """The roles aggregated into Kubernetes' admin, edit and view: a namespace's users create,
+    scale and read TritonModels; writing `tritonmodels/status` (tritonshare's alone) is in none."""
+    base = render(require_executable("kubectl"), "base")
+    aggregated = {
+        label.removeprefix("rbac.authorization.k8s.io/aggregate-to-"): obj
+        for obj in base
+        if obj["kind"] == "ClusterRole"
+        for label in obj["metadata"].get("labels", {})
+        if label.startswith("rbac.authorization.k8s.io/aggregate-to-")
+    }
+    assert set(aggregated) == {"admin", "edit", "view"}
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    for role, obj in aggregated.items():
+        for rule in obj["rules"]:
+            assert rule["apiGroups"] == ["tritonshare.io"]
+            if "tritonmodels/status" in rule["resources"]:
+                assert not writes & set(rule["verbs"]), f"{role} may write a TritonModel's status"
+    (edit_rule,) = aggregated["edit"]["rules"]
+    assert {"tritonmodels", "tritonmodels/scale"} == set(edit_rule["resources"])
+    assert writes <= set(edit_rule["verbs"])

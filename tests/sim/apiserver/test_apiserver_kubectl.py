@@ -1,0 +1,196 @@
+"""`kubectl get` against the simulated API server prints the real server's columns, quietly.
+
+The real kubectl binary asks for the Table form: TritonModels print their CRD's printer columns,
+pods their status and (`-o wide`) IP, node, nominated node and readiness gates, events their
+last-seen, type, reason, object and message. Discovery advertises only what is served, so no
+call warns about an API group it cannot read.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+
+from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
+from tests.conftest import require_executable
+from tests.deploy.rendering import CHART
+from tests.fixtures_sim import core_v1
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    server: RunningApiServer = start_in_thread(settings=ApiServerSettings(crds=(CHART / "crds",)))
+    api = server.api_client()
+    try:
+        _populate(api)
+        yield server.write_kubeconfig(tmp_path_factory.mktemp("kubectl") / "kubeconfig")
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+        server.stop()
+
+
+def _populate(api: kubernetes.client.ApiClient) -> None:
+    custom = kubernetes.client.CustomObjectsApi(api)
+    model = {
+        "apiVersion": "tritonshare.io/v1alpha1",
+        "kind": "TritonModel",
+        "metadata": {"name": "resnet"},
+        "spec": {"storageUri": "s3://models/resnet", "gpuMemory": "2Gi", "replicas": 3},
+    }
+    custom.create_namespaced_custom_object(
+        "tritonshare.io", "v1alpha1", "default", "tritonmodels", model
+    )
+    custom.patch_namespaced_custom_object_status(
+        "tritonshare.io",
+        "v1alpha1",
+        "default",
+        "tritonmodels",
+        "resnet",
+        {"status": {"replicas": 3, "readyReplicas": 2}},
+    )
+    core = core_v1(api)
+    pod = {
+        "metadata": {"name": "model-0"},
+        "spec": {
+            "nodeName": "gpu-1",
+            "containers": [{"name": "proxy", "image": "tritonshare"}],
+            "readinessGates": [{"conditionType": "tritonshare.io/model-loaded"}],
+        },
+    }
+    core.create_namespaced_pod("default", pod)
+    core.patch_namespaced_pod_status(
+        "model-0",
+        "default",
+        {
+            "status": {
+                "phase": "Running",
+                "podIP": "10.0.0.7",
+                "conditions": [{"type": "tritonshare.io/model-loaded", "status": "True"}],
+                "containerStatuses": [
+                    {
+                        "name": "proxy",
+                        "ready": True,
+                        "restartCount": 2,
+                        "image": "tritonshare",
+                        "imageID": "",
+                        "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}},
+                    }
+                ],
+            }
+        },
+    )
+    core.create_namespaced_event(
+        "default",
+        {
+            "metadata": {"name": "model-0.1"},
+            "involvedObject": {"kind": "Pod", "name": "model-0", "namespace": "default"},
+            "type": "Warning",
+            "reason": "ModelNotLoaded",
+            "message": "the model's files are missing on gpu-1",
+            "source": {"component": "tritonshare-agent"},
+            "count": 1,
+        },
+    )
+
+
+def _kubectl(kubeconfig: Path, *args: str) -> list[list[str]]:
+    result = subprocess.run(
+        [require_executable("kubectl"), *args],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", f"kubectl {' '.join(args)} warned: {result.stderr}"
+    return [line.split() for line in result.stdout.splitlines()]
+
+
+def test_kubectl_get_tritonmodels_prints_the_crd_columns(kubeconfig: Path) -> None:
+    for name in ("tritonmodels", "tm"):
+        header, row = _kubectl(kubeconfig, "get", name)
+        assert header == ["NAME", "READY", "REPLICAS", "GPU-MEM", "RESIDENCY", "AGE"]
+        assert row[:5] == ["resnet", "2", "3", "2Gi", "always"]
+
+
+def test_kubectl_get_pods_wide_prints_the_pod_columns(kubeconfig: Path) -> None:
+    header, row = _kubectl(kubeconfig, "get", "pods", "-o", "wide")
+    assert " ".join(header) == (
+        "NAME READY STATUS RESTARTS AGE IP NODE NOMINATED NODE READINESS GATES"
+    )
+    assert row[:4] == ["model-0", "1/1", "Running", "2"]
+    assert row[5:] == ["10.0.0.7", "gpu-1", "<none>", "1/1"]
+    header, _ = _kubectl(kubeconfig, "get", "pods")
+    assert header == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+
+
+def test_kubectl_get_events_prints_the_event_columns(kubeconfig: Path) -> None:
+    header, row = _kubectl(kubeconfig, "get", "events")
+    assert " ".join(header) == "LAST SEEN TYPE REASON OBJECT MESSAGE"
+    assert row[1:] == [
+        "Warning",
+        "ModelNotLoaded",
+        "pod/model-0",
+        *["the", "model's", "files", "are", "missing", "on", "gpu-1"],
+    ]
+
+
+def test_kubectl_finds_every_advertised_group_without_warnings(kubeconfig: Path) -> None:
+    rows = _kubectl(kubeconfig, "api-resources")
+    names = {row[0] for row in rows[1:]}
+    assert {"tritonmodels", "pods", "events", "customresourcedefinitions"} <= names
+    _kubectl(kubeconfig, "get", "nodes,namespaces,deployments,crds")
+
+
+def test_kubectl_scales_a_tritonmodel_and_watches_it_change(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text(
+        "apiVersion: tritonshare.io/v1alpha1\nkind: TritonModel\nmetadata:\n  name: watched\n"
+        "spec:\n  storageUri: s3://models/watched\n  gpuMemory: 512Mi\n  residency: on-demand\n"
+    )
+    # kubectl 1.20 validates against /openapi/v2, which the simulator does not serve.
+    (said,) = _kubectl(kubeconfig, "apply", "--validate=false", "-f", str(manifest))
+    assert said == ["tritonmodel.tritonshare.io/watched", "created"]
+    watching = subprocess.Popen(
+        [require_executable("kubectl"), "get", "tm", "watched", "--watch"],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    guard = threading.Timer(60, watching.kill)  # a hung watch fails the test, never blocks it
+    guard.start()
+    try:
+        assert watching.stdout is not None
+        header, first = watching.stdout.readline().split(), watching.stdout.readline().split()
+        assert header[:5] == ["NAME", "READY", "REPLICAS", "GPU-MEM", "RESIDENCY"]
+        assert first[:4] == ["watched", "1", "512Mi", "on-demand"]
+        (said,) = _kubectl(kubeconfig, "scale", "tm", "watched", "--replicas=4")
+        assert said == ["tritonmodel.tritonshare.io/watched", "scaled"]
+        assert watching.stdout.readline().split()[:4] == ["watched", "4", "512Mi", "on-demand"]
+    finally:
+        guard.cancel()
+        watching.kill()
+        watching.communicate()
+    manifest.write_text(manifest.read_text().replace("on-demand", "sometimes"))
+    refused = subprocess.run(
+        [require_executable("kubectl"), "apply", "--validate=false", "-f", str(manifest)],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode == 1
+    assert 'spec.residency: Unsupported value: "sometimes": supported values: "always",' in (
+        refused.stderr
+    )
