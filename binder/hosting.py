@@ -185,7 +185,9 @@ class ModelController:
         await self._reconcile_hosts(model.namespace)
         if uid not in self._services:
             try:
-                await self._call(self._kube.apply_service, model.namespace, self._service(model))
+                await self._call(self._kube.create_service, model.namespace, self._service(model))
+            except ConflictError:
+                pass  # there already: the binder's own, or a name the namespace chose to reuse
             except ApiError as e:
                 if e.status == 0 or e.status >= 500 or e.status == 429:
                     raise

@@ -664,22 +664,13 @@ class Kube:
             ),
         )
 
-    def apply_service(self, namespace: str, body: JsonObject) -> None:
-        """Create the Service, or merge its selector, ports and owners into the one there."""
-        base = f"/api/v1/namespaces/{quote(namespace, safe='')}/services"
-        name = str(body["metadata"]["name"])
-        try:
-            self._write(
-                f"creating Service {namespace}/{name}",
-                lambda timeout: self._request("POST", base, timeout, body),
-            )
-        except ConflictError:
-            self._write(
-                f"updating Service {namespace}/{name}",
-                lambda timeout: self._request(
-                    "PATCH", f"{base}/{quote(name, safe='')}", timeout, body, _MERGE_PATCH
-                ),
-            )
+    def create_service(self, namespace: str, body: JsonObject) -> None:
+        """Create the Service (ConflictError when one of that name is there)."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services"
+        self._write(
+            f"creating Service {namespace}/{body['metadata']['name']}",
+            lambda timeout: self._request("POST", path, timeout, body),
+        )
 
     def record_object_event(
         self, involved: JsonObject, *, reason: str, message: str, reporting_instance: str

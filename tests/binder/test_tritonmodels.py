@@ -20,7 +20,9 @@ from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
 from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, eventually
-from tests.deploy.rendering import CHART
+from tests.conftest import require_executable
+from tests.deploy.rendering import CHART, render
+from tests.e2e.test_rbac import describe, grants_for
 from tests.fixtures_sim import PlacementKeys
 
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
@@ -177,7 +179,7 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
 
 
 async def test_scaling_through_scale_moves_the_replicas_and_deleting_removes_everything(
-    binder: Binder, custom: Any, core: Any, gc: ControllerManager
+    binder: Binder, custom: Any, core: Any, gc: ControllerManager, apiserver: RunningApiServer
 ) -> None:
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 3))
     obj = await eventually(lambda: placed(custom, "resnet", 3), what="3 replicas placed")
@@ -215,6 +217,19 @@ async def test_scaling_through_scale_moves_the_replicas_and_deleting_removes_eve
     await eventually(
         lambda: not [u for u in state.account_uids() if u.startswith(uid)], what="freed replicas"
     )
+    # Every call the binder made here is one deploy/'s RBAC grants it.
+    grants = grants_for("tritonshare-binder", render(require_executable("kubectl"), "base"))
+    calls = [r for r in apiserver.audit if r.user_agent.startswith("tritonshare-binder/")]
+    denied = sorted({describe(c) for c in calls if not any(g.allows(c) for g in grants)})
+    assert not denied
+    made = {(c.api_group, c.resource, c.subresource, c.verb) for c in calls}
+    assert {
+        ("tritonshare.io", "tritonmodels", "", "list"),
+        ("tritonshare.io", "tritonmodels", "status", "patch"),
+        ("", "pods", "", "create"),
+        ("", "pods", "", "delete"),
+        ("", "services", "", "create"),
+    } <= made
 
 
 async def test_a_replica_that_fits_nowhere_gets_the_condition_and_the_event(
