@@ -181,6 +181,9 @@ class Binder:
             for verdict in list(ledger.unproven.values()):
                 if ledger.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)
+            # And reconciles every TritonModel: what the old leader left half done.
+            for uid in list(ledger.models):
+                self.models.changed(uid)
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Serve HTTP, fill the caches, then elect and schedule; each cleanup is registered
