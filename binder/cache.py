@@ -358,6 +358,13 @@ class ClusterCache:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self.state.remove_node(name)
+            # TritonModel replicas placed there are placed again (a pod there is deleted with
+            # its node, and its controller replaces it).
+            for pod, _ in self.state.pods_on(name):
+                if is_replica(pod.uid):
+                    self.state.remove_pod(pod.uid)
+                    self.state.untrack_pod(pod.uid)
+                    self._on_model(pod.uid.partition("/")[0])
             return
         node = node_from_api(obj, self.keys)
         if node.gpu_problem:

@@ -79,6 +79,17 @@ def _owner(model: ModelInfo, controller: bool) -> JsonObject:
     }
 
 
+def _involved(model: ModelInfo) -> JsonObject:
+    """The model as an Event's involvedObject."""
+    return {
+        "apiVersion": TRITONMODEL_API_VERSION,
+        "kind": TRITONMODEL_KIND,
+        "namespace": model.namespace,
+        "name": model.name,
+        "uid": model.uid,
+    }
+
+
 class ModelController:
     """Reconciles TritonModels one at a time, on the loop, while this replica leads."""
 
@@ -145,7 +156,10 @@ class ModelController:
                     await self._reconcile(uid)
                 except ApiError as e:
                     log.warning("Reconciling TritonModel %s has failed (%s): retrying.", uid, e)
-                    self._dirty.add(uid)
+                    self._refused.setdefault(uid, "")
+                except Exception:  # one model's failure must not stop the others'
+                    log.exception("Reconciling TritonModel %s has failed: retrying.", uid)
+                    self._refused.setdefault(uid, "")
 
     # ---- one model -----------------------------------------------------------------------------
 
@@ -169,11 +183,9 @@ class ModelController:
             except (NotFoundError, ConflictError):
                 return  # deleted or recreated: its DELETED event frees what was assumed
         if refusal and self._refused.get(uid) != refusal:
-            involved = {**_owner(model, False), "namespace": model.namespace}
-            del involved["controller"]
             await self._call(
                 self._kube.record_object_event,
-                involved,
+                _involved(model),
                 reason="FailedScheduling",
                 message=refusal,
                 reporting_instance=self._identity,
@@ -191,7 +203,13 @@ class ModelController:
             except ApiError as e:
                 if e.status == 0 or e.status >= 500 or e.status == 429:
                     raise
-                log.warning("TritonModel %s gets no Service: %s", model.key, e)
+                await self._call(
+                    self._kube.record_object_event,
+                    _involved(model),
+                    reason="FailedCreateService",
+                    message=f"the binder cannot create Service {model.name}: {e}",
+                    reporting_instance=self._identity,
+                )
             self._services.add(uid)
 
     def _place(self, model: ModelInfo) -> tuple[dict[int, PodInfo], str]:

@@ -232,6 +232,24 @@ async def test_scaling_through_scale_moves_the_replicas_and_deleting_removes_eve
     } <= made
 
 
+async def test_a_replica_on_a_deleted_node_is_placed_again(
+    binder: Binder, custom: Any, core: Any
+) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    obj = await eventually(lambda: placed(custom, "resnet", 2), what="2 replicas placed")
+    gone, kept = obj["status"]["placements"]
+    core.delete_node(gone["node"])
+
+    def moved() -> dict[str, Any] | None:
+        now = placed(custom, "resnet", 2)
+        entries = now["status"]["placements"] if now else []
+        return now if entries and entries[0]["node"] not in (gone["node"], kept["node"]) else None
+
+    obj = await eventually(moved, what="replica 0 placed again")
+    assert obj["status"]["placements"][1] == kept
+    await eventually(lambda: gone["node"] not in hosts(core), what="the old host deleted")
+
+
 async def test_a_replica_that_fits_nowhere_gets_the_condition_and_the_event(
     binder: Binder, custom: Any, core: Any
 ) -> None:
