@@ -91,8 +91,21 @@ class Ledger:
     does not verify: never charged. At most one entry per such pod in the cluster."""
     models: dict[str, ModelInfo] = field(default_factory=dict)
     """TritonModels by uid; their placed replicas are charged in `state` (uid "<model>/<n>")."""
-    hosts: dict[tuple[str, str], JsonObject] = field(default_factory=dict)
-    """The model host pods there are, by (namespace, node), as the API shows them."""
+    hosts: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
+    """The model host pods there are, by namespace and node, as the API shows them."""
+    spans: dict[str, int] = field(default_factory=dict)
+    """Model uid -> one past the highest ordinal of it that may be charged (what was ever in its
+    spec or status), so its replicas are found without scanning every charge."""
+    by_namespace: dict[str, set[str]] = field(default_factory=dict)
+    """Namespace -> the uids of its TritonModels."""
+
+    def replica_uids(self, model_uid: str) -> list[str]:
+        """The model's charged replicas (uids "<model uid>/<ordinal>")."""
+        return [
+            uid
+            for ordinal in range(self.spans.get(model_uid, 0))
+            if self.state.is_accounted(uid := f"{model_uid}/{ordinal}")
+        ]
 
     def on_tritonshare_node(self, pod: PodInfo) -> bool:
         """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
@@ -191,12 +204,15 @@ class ClusterCache:
 
     def _apply_host(self, event: str, pod: PodInfo, obj: JsonObject) -> None:
         key = (pod.namespace, pod.node_name)
+        hosts = self.ledger.hosts.setdefault(pod.namespace, {})
         if event == "DELETED":
-            if (self.ledger.hosts.get(key) or {}).get("metadata", {}).get("uid") == pod.uid:
-                del self.ledger.hosts[key]
+            if (hosts.get(pod.node_name) or {}).get("metadata", {}).get("uid") == pod.uid:
+                del hosts[pod.node_name]
+                if not hosts:
+                    del self.ledger.hosts[pod.namespace]
             self.state.untrack_pod(pod.uid)
         else:
-            self.ledger.hosts[key] = obj
+            hosts[pod.node_name] = obj
             if self.state.pods.has_host(*key):
                 self.state.untrack_pod(pod.uid)
             else:
@@ -213,14 +229,22 @@ class ClusterCache:
         model = model_from_api(obj, self.keys, self.scheduler_name, self.tenant_code)
         if not model.uid:
             return
+        ledger = self.ledger
         if event == "DELETED":
-            self.ledger.models.pop(model.uid, None)
+            old = ledger.models.pop(model.uid, None)
             if self._free_replicas(model.uid, keep=set(), assumed_too=True):
                 self._listener.cluster_changed(f"TritonModel {model.key} was deleted")
+            ledger.spans.pop(model.uid, None)
+            if old is not None:
+                ledger.by_namespace.get(old.namespace, set()).discard(model.uid)
             self._on_model(model.uid)
             return
         self._follow_ring()
-        self.ledger.models[model.uid] = model
+        ledger.models[model.uid] = model
+        ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
+        ledger.spans[model.uid] = max(
+            ledger.spans.get(model.uid, 0), model.replicas, max(model.placed, default=-1) + 1
+        )
         shown = set()
         for ordinal, (node, gpu, proof) in model.placed.items():
             replica = model.replica(ordinal, node, gpu, proof)
@@ -243,9 +267,8 @@ class ClusterCache:
             self.state.untrack_pod(replica.uid)
 
     def _free_replicas(self, model_uid: str, keep: set[str], assumed_too: bool) -> bool:
-        prefix = f"{model_uid}/"
         freed = False
-        for uid in [u for u in self.state.account_uids() if u.startswith(prefix)]:
+        for uid in self.ledger.replica_uids(model_uid):
             if uid in keep or (self.state.is_assumed(uid) and not assumed_too):
                 continue
             self.state.remove_pod(uid)
@@ -337,6 +360,7 @@ class ClusterCache:
     def replace_pods(self, items: list[JsonObject]) -> None:
         """A full list: forget pods that are gone, then apply every listed pod."""
         listed = {str((o.get("metadata") or {}).get("uid", "")) for o in items}
+        self.ledger.hosts.clear()  # refilled from the list below
         for uid in list(self.pending):
             if uid not in listed:
                 self._drop_pending(uid)

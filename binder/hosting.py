@@ -140,9 +140,8 @@ class ModelController:
             except TimeoutError:
                 self._dirty.update(self._refused)
                 waiting, self._waiting = self._waiting, set()
-                self._dirty.update(
-                    uid for uid, m in self._ledger.models.items() if m.namespace in waiting
-                )
+                for namespace in waiting:
+                    self._dirty.update(self._ledger.by_namespace.get(namespace, ()))
             self._wake.clear()
             if not self._leading.is_set():
                 continue
@@ -217,7 +216,7 @@ class ModelController:
         missing ones, and the refusal of the first that fits nowhere ("" when all fit)."""
         state = self._ledger.state
         prefix = f"{model.uid}/"
-        for rid in [u for u in state.account_uids() if u.startswith(prefix)]:
+        for rid in self._ledger.replica_uids(model.uid):
             if int(rid.rpartition("/")[2]) >= model.replicas:
                 state.remove_pod(rid)
                 state.untrack_pod(rid)
@@ -290,9 +289,8 @@ class ModelController:
         """Node -> the replicas of the namespace charged there (model, ordinal, replica)."""
         state = self._ledger.state
         nodes: dict[str, list[tuple[ModelInfo, int, PodInfo]]] = {}
-        for model in self._ledger.models.values():
-            if model.namespace != namespace:
-                continue
+        for uid in self._ledger.by_namespace.get(namespace, ()):
+            model = self._ledger.models[uid]
             for ordinal in range(model.replicas):
                 replica = state.charged_pod(f"{model.uid}/{ordinal}")
                 if replica is not None:
@@ -302,9 +300,10 @@ class ModelController:
     async def _reconcile_hosts(self, namespace: str) -> None:
         wanted = self._hosted(namespace)
         label = host_label(self._keys)
+        there_now = self._ledger.hosts.get(namespace, {})
         for node, replicas in sorted(wanted.items()):
             body = self._host(namespace, node, replicas)
-            there = self._ledger.hosts.get((namespace, node))
+            there = there_now.get(node)
             if there is not None and (there.get("metadata") or {}).get("deletionTimestamp"):
                 # The last one is going away: a new host once it is gone.
                 self._waiting.add(namespace)
@@ -335,9 +334,9 @@ class ModelController:
                     }
                 }
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
-        for (ns, node), there in list(self._ledger.hosts.items()):
+        for node, there in list(there_now.items()):
             meta = there.get("metadata") or {}
-            if ns != namespace or node in wanted or meta.get("deletionTimestamp"):
+            if node in wanted or meta.get("deletionTimestamp"):
                 continue
             if (meta.get("labels") or {}).get(label) != "true":
                 continue

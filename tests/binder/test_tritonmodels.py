@@ -155,7 +155,7 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
         ]  # fmt: skip
     # The host's slot is charged once: as the namespace's host, not also as a pod.
     pods = binder.ledger.state.pods
-    await eventually(lambda: all(h in binder.ledger.hosts for h in [("default", n) for n in NODES]))
+    await eventually(lambda: set(binder.ledger.hosts.get("default", {})) == set(NODES))
     assert [pods.pod_count(n) for n in NODES] == [1, 1, 1]
 
     service = core.read_namespaced_service("resnet", "default")
