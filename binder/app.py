@@ -112,6 +112,7 @@ class Binder:
             placement_keys=self.placement_keys.ring,
             tenant_code=settings.tenant_code_namespaces,
             on_model=self.models.changed,
+            on_host_gone=self.models.hosts_changed,
         )
         self.elector = LeaderElector(
             self.kube,

@@ -131,11 +131,12 @@ class ClusterCache:
         tenant_code: Collection[str] = (),
         clock: Callable[[], float] = time.time,
         on_model: Callable[[str], None] = lambda uid: None,
+        on_host_gone: Callable[[str], None] = lambda namespace: None,
     ) -> None:
         """`on_model(uid)`: a TritonModel or its placed replicas changed (the binder's model
-        controller reconciles it). `placement_keys` gives the ring in force (reread as the
-        Secret rotates); None checks proofs for form only, for a CLI user who cannot read the
-        key (`binder.proofs`).
+        controller reconciles it); `on_host_gone(namespace)`: a model host pod was deleted.
+        `placement_keys` gives the ring in force (reread as the Secret rotates); None checks
+        proofs for form only, for a CLI user who cannot read the key (`binder.proofs`).
         `tenant_code`: the namespaces allowed to run their own code in Triton."""
         self.keys = keys
         self.tenant_code = frozenset(tenant_code)
@@ -147,6 +148,7 @@ class ClusterCache:
         self.unproven = ledger.unproven
         self._listener = listener
         self._on_model = on_model
+        self._on_host_gone = on_host_gone
         self._host_label = host_label(keys)
         self._clock = clock
         self._placement_keys = placement_keys
@@ -210,6 +212,7 @@ class ClusterCache:
                 del hosts[pod.node_name]
                 if not hosts:
                     del self.ledger.hosts[pod.namespace]
+                self._on_host_gone(pod.namespace)
             self.state.untrack_pod(pod.uid)
         else:
             hosts[pod.node_name] = obj

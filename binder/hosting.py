@@ -125,8 +125,20 @@ class ModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
+        self._hosts_for: dict[str, frozenset[tuple[int, str]]] = {}
+        """Model uid -> its (ordinal, node) the hosts were last made to serve."""
+        self._stale: set[str] = set()
+        """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating."""
+
+    def hosts_changed(self, namespace: str) -> None:
+        """A host of the namespace went away, or waits to: its hosts are all checked again."""
+        models = self._ledger.by_namespace.get(namespace)
+        if models:
+            self._stale.add(namespace)
+            self._dirty.add(next(iter(models)))
+            self._wake.set()
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
@@ -141,7 +153,7 @@ class ModelController:
                 self._dirty.update(self._refused)
                 waiting, self._waiting = self._waiting, set()
                 for namespace in waiting:
-                    self._dirty.update(self._ledger.by_namespace.get(namespace, ()))
+                    self.hosts_changed(namespace)
             self._wake.clear()
             if not self._leading.is_set():
                 continue
@@ -169,7 +181,9 @@ class ModelController:
             self._services.discard(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
-                await self._reconcile_hosts(namespace)
+                before = self._hosts_for.get(uid, frozenset())
+                await self._reconcile_hosts(namespace, {node for _, node in before})
+            self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
         placed, refusal = self._place(model)
@@ -193,7 +207,15 @@ class ModelController:
             self._refused[uid] = refusal
         else:
             self._refused.pop(uid, None)
-        await self._reconcile_hosts(model.namespace)
+        hosted = frozenset((o, r.node_name) for o, r in placed.items())
+        last = self._hosts_for.get(uid)
+        if model.namespace in self._stale:
+            self._stale.discard(model.namespace)
+            await self._reconcile_hosts(model.namespace, None)
+        elif hosted != last:
+            nodes = {node for _, node in hosted | (last or frozenset())}
+            await self._reconcile_hosts(model.namespace, nodes)
+        self._hosts_for[uid] = hosted
         if uid not in self._services:
             try:
                 await self._call(self._kube.create_service, model.namespace, self._service(model))
@@ -297,11 +319,15 @@ class ModelController:
                     nodes.setdefault(replica.node_name, []).append((model, ordinal, replica))
         return nodes
 
-    async def _reconcile_hosts(self, namespace: str) -> None:
+    async def _reconcile_hosts(self, namespace: str, nodes: set[str] | None) -> None:
+        """Create, update or delete the namespace's hosts on `nodes` (None: every node) to
+        serve the replicas charged there."""
         wanted = self._hosted(namespace)
         label = host_label(self._keys)
         there_now = self._ledger.hosts.get(namespace, {})
         for node, replicas in sorted(wanted.items()):
+            if nodes is not None and node not in nodes:
+                continue
             body = self._host(namespace, node, replicas)
             there = there_now.get(node)
             if there is not None and (there.get("metadata") or {}).get("deletionTimestamp"):
@@ -336,7 +362,7 @@ class ModelController:
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
         for node, there in list(there_now.items()):
             meta = there.get("metadata") or {}
-            if node in wanted or meta.get("deletionTimestamp"):
+            if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
                 continue
             if (meta.get("labels") or {}).get(label) != "true":
                 continue
