@@ -250,6 +250,21 @@ async def test_a_replica_on_a_deleted_node_is_placed_again(
     await eventually(lambda: gone["node"] not in hosts(core), what="the old host deleted")
 
 
+async def test_a_host_deleted_under_its_replicas_is_made_again(
+    binder: Binder, custom: Any, core: Any
+) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 1))
+    [old] = (await eventually(lambda: hosts(core), what="the host")).values()
+    core.delete_namespaced_pod(old.metadata.name, "default", grace_period_seconds=0)
+
+    def again() -> Any:
+        return next((h for h in hosts(core).values() if h.metadata.uid != old.metadata.uid), None)
+
+    new = await eventually(again, what="a new host")
+    assert (new.metadata.name, new.spec.node_name) == (old.metadata.name, old.spec.node_name)
+    assert new.metadata.labels[SERVES] == "true"
+
+
 async def test_a_replica_that_fits_nowhere_gets_the_condition_and_the_event(
     binder: Binder, custom: Any, core: Any
 ) -> None:
