@@ -15,8 +15,9 @@ node does not verify). Then, off the loop:
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`), owned by every
   TritonModel with a replica there (garbage collection removes it with the last), labelled
-  `<prefix>serves-<model>` for each, and naming its replicas in `<prefix>hosted-models`; deleted
-  when its last replica leaves;
+  `<prefix>serves-<model>` for each, and naming its replicas in `<prefix>hosted-models` (with
+  what their proofs' claims need: model, model uid, ordinal, GPU, residency); deleted when its
+  last replica leaves;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`.
 
@@ -51,7 +52,7 @@ from binder.model import (
 )
 from binder.placement import Placement, Policy, place
 from binder.proofs import sign
-from common.contract import Keys
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.placement import KeyRing
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
@@ -384,8 +385,10 @@ class ModelController:
             hosted.append(
                 {
                     "model": model.name,
+                    "uid": model.uid,
                     "replica": ordinal,
                     "gpu": replica.gpu_uuid,
+                    "residency": RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
                     "proof": replica.placement,
                 }
             )

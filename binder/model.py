@@ -595,7 +595,9 @@ def host_label(keys: Keys) -> str:
 
 
 def hosted_models_annotation(keys: Keys) -> str:
-    """Host pod annotation: JSON list of {model, replica, gpu, proof}, the replicas it serves."""
+    """Host pod annotation: JSON list of {model, uid, replica, gpu, residency, proof}, the
+    replicas it serves (the model's uid and the ordinal make the claim's uid "<uid>/<replica>"
+    and name "<model>/<replica>")."""
     return f"{keys.prefix}hosted-models"
 
 

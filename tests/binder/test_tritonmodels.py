@@ -150,8 +150,8 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
         assert [(o.kind, o.uid) for o in host.metadata.owner_references] == [("TritonModel", uid)]
         hosted = json.loads(host.metadata.annotations["tritonshare.io/hosted-models"])
         assert hosted == [
-            {"model": "resnet", "replica": entry["replica"], "gpu": entry["gpu"],
-             "proof": entry["proof"]}
+            {"model": "resnet", "uid": uid, "replica": entry["replica"], "gpu": entry["gpu"],
+             "residency": "always", "proof": entry["proof"]}
         ]  # fmt: skip
     # The host's slot is charged once: as the namespace's host, not also as a pod.
     pods = binder.ledger.state.pods
