@@ -2,12 +2,13 @@
 
 `Binder(settings)` builds everything; `start(lifecycle)` (the shape of every part,
 `common.lifecycle`) starts, in order: the HTTP endpoints (so /healthz answers while caches fill),
-the informers (nodes, leases, pods), then, once the caches are warm, leader election, the
-scheduling loop and the watch on dead agents. Stop order is the reverse, fixed by the order the
-cleanups are registered: stop scheduling and release the leader lease (the tasks see the stop
-event), let in-flight API writes finish, end the watches, stop the HTTP endpoints, close the API
-client and its worker threads. The tasks get DRAIN_SECONDS (then are cancelled), the writes
-DRAIN_SECONDS, the watches 5 s: the stop takes at most 2 x 10 + 5 s before the HTTP endpoints
+the informers (nodes, leases, pods, TritonModels), then, once the caches are warm, leader
+election, the scheduling loop, the TritonModel controller and the watch on dead agents. Stop
+order is the reverse, fixed by the order the cleanups are registered: stop scheduling and release
+the leader lease (the tasks see the stop event), let in-flight API writes finish, end the
+watches, stop the HTTP endpoints, close the API client and its worker threads. The tasks get
+DRAIN_SECONDS (then are cancelled), the writes DRAIN_SECONDS, the watches 5 s: the stop takes at
+most 2 x 10 + 5 s before the HTTP endpoints
 close, within the 30 s Kubernetes gives a pod by default.
 """
 
@@ -22,6 +23,7 @@ from binder.agentdown import AgentDown, Rules
 from binder.cache import ClusterCache, Informer, Ledger
 from binder.controller import Controller
 from binder.errors import NotReadyError, SettingsError, http_status
+from binder.hosting import ModelController
 from binder.inbox import Inbox
 from binder.kube import Kube, RetryPolicy
 from binder.leader import LeaderElector
@@ -90,6 +92,18 @@ class Binder:
             preemption=settings.preemption,
             inbox=self._inbox,
         )
+        self.models = ModelController(
+            self.kube,
+            self.ledger,
+            leading=leading,
+            keys=settings.keys,
+            policy=settings.policy,
+            placement_keys=self.placement_keys.ring,
+            executor=self._executor,
+            identity=settings.identity,
+            scheduler_name=settings.scheduler_name,
+            host_image=settings.host_image,
+        )
         self.cache = ClusterCache(
             settings.keys,
             self.ledger,
@@ -97,6 +111,8 @@ class Binder:
             listener=self.controller,
             placement_keys=self.placement_keys.ring,
             tenant_code=settings.tenant_code_namespaces,
+            on_model=self.models.changed,
+            on_host_gone=self.models.hosts_changed,
         )
         self.elector = LeaderElector(
             self.kube,
@@ -166,6 +182,9 @@ class Binder:
             for verdict in list(ledger.unproven.values()):
                 if ledger.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)
+            # And reconciles every TritonModel: what the old leader left half done.
+            for uid in list(ledger.models):
+                self.models.changed(uid)
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Serve HTTP, fill the caches, then elect and schedule; each cleanup is registered
@@ -193,6 +212,11 @@ class Binder:
             "The binder's scheduling",
             self.controller.run(stop),
             consequence="stopping this replica",
+        )
+        lifecycle.spawn(
+            "The binder's TritonModel controller",
+            self.models.run(stop),
+            consequence="TritonModels are no longer placed",
         )
         lifecycle.spawn(
             "The binder's watch on dead agents",
@@ -226,10 +250,17 @@ class Binder:
             (self.kube.namespaces(), cache.replace_namespaces, cache.apply_namespace),
             (self.kube.budgets(), cache.replace_budgets, cache.apply_budget),
             (self.kube.pods(), cache.replace_pods, cache.apply_pod),
+            (self.kube.tritonmodels(), cache.replace_models, cache.apply_model),
         ]
         for kind, on_list, on_event in kinds:
             informer = Informer(
-                self.kube, kind, loop, on_list=on_list, on_event=on_event, inbox=self._inbox
+                self.kube,
+                kind,
+                loop,
+                on_list=on_list,
+                on_event=on_event,
+                inbox=self._inbox,
+                optional=kind.name == "tritonmodels",
             )
             self._informers.append(informer)
             informer.start()

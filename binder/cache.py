@@ -27,10 +27,20 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from binder.errors import ApiError, GoneError, UnavailableError
+from binder.errors import ApiError, GoneError, NotFoundError, UnavailableError
 from binder.inbox import Inbox
 from binder.kube import JsonObject, Kind, Kube
-from binder.model import PodInfo, lease_expiry, node_from_api, pod_from_api
+from binder.model import (
+    ModelInfo,
+    PodInfo,
+    host_label,
+    host_name,
+    is_replica,
+    lease_expiry,
+    model_from_api,
+    node_from_api,
+    pod_from_api,
+)
 from binder.preemption import Budget, budget_from_api
 from binder.proofs import Unproven, proven, same_proof
 from binder.state import ClusterState
@@ -79,6 +89,23 @@ class Ledger:
     unproven: dict[str, Unproven] = field(default_factory=dict)
     """Bound, non-terminated pods carrying tritonshare resources or annotations whose proof
     does not verify: never charged. At most one entry per such pod in the cluster."""
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    """TritonModels by uid; their placed replicas are charged in `state` (uid "<model>/<n>")."""
+    hosts: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
+    """The model host pods there are, by namespace and node, as the API shows them."""
+    spans: dict[str, int] = field(default_factory=dict)
+    """Model uid -> one past the highest ordinal of it that may be charged (what was ever in its
+    spec or status), so its replicas are found without scanning every charge."""
+    by_namespace: dict[str, set[str]] = field(default_factory=dict)
+    """Namespace -> the uids of its TritonModels."""
+
+    def replica_uids(self, model_uid: str) -> list[str]:
+        """The model's charged replicas (uids "<model uid>/<ordinal>")."""
+        return [
+            uid
+            for ordinal in range(self.spans.get(model_uid, 0))
+            if self.state.is_accounted(uid := f"{model_uid}/{ordinal}")
+        ]
 
     def on_tritonshare_node(self, pod: PodInfo) -> bool:
         """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
@@ -103,8 +130,12 @@ class ClusterCache:
         placement_keys: Callable[[], KeyRing] | None,
         tenant_code: Collection[str] = (),
         clock: Callable[[], float] = time.time,
+        on_model: Callable[[str], None] = lambda uid: None,
+        on_host_gone: Callable[[str], None] = lambda namespace: None,
     ) -> None:
-        """`placement_keys` gives the ring in force (reread as the Secret rotates); None checks
+        """`on_model(uid)`: a TritonModel or its placed replicas changed (the binder's model
+        controller reconciles it); `on_host_gone(namespace)`: a model host pod was deleted.
+        `placement_keys` gives the ring in force (reread as the Secret rotates); None checks
         proofs for form only, for a CLI user who cannot read the key (`binder.proofs`).
         `tenant_code`: the namespaces allowed to run their own code in Triton."""
         self.keys = keys
@@ -116,6 +147,9 @@ class ClusterCache:
         self.pending = ledger.pending
         self.unproven = ledger.unproven
         self._listener = listener
+        self._on_model = on_model
+        self._on_host_gone = on_host_gone
+        self._host_label = host_label(keys)
         self._clock = clock
         self._placement_keys = placement_keys
         self._ring = placement_keys() if placement_keys is not None else None
@@ -125,6 +159,9 @@ class ClusterCache:
     def apply_pod(self, event: str, obj: JsonObject) -> None:
         pod = pod_from_api(obj, self.keys, self.tenant_code)
         if not pod.uid:
+            return
+        if self._is_host(pod):
+            self._apply_host(event, pod, obj)
             return
         if event == "DELETED":
             self._drop_pending(pod.uid)
@@ -150,6 +187,105 @@ class ClusterCache:
         self.pending[pod.uid] = pod
         relevant = old is None or _placement_inputs(old) != _placement_inputs(pod)
         self._listener.pending_changed(pod, relevant)
+
+    def _is_host(self, pod: PodInfo) -> bool:
+        """A model host the binder made: its label, on a node, under the name the binder gives
+        the host there. Its pod slot and requests are charged as its namespace's host while the
+        namespace has a replica on the node (`binder.podindex`), so it is not also counted as a
+        pod then. A tenant can write the label and name on a pod of its own: where its namespace
+        has no replica on the node the pod counts as any pod (`_apply_host`); where it has one,
+        the name is the binder's host's (created with the first replica there), so the slot is
+        charged once either way (a pod made first under that name would stand in for the host
+        and serve none of the namespace's replicas: a loss to that namespace alone).
+        """
+        return (
+            pod.labels.get(self._host_label) == "true"
+            and bool(pod.node_name)
+            and pod.name == host_name(pod.node_name)
+        )
+
+    def _apply_host(self, event: str, pod: PodInfo, obj: JsonObject) -> None:
+        key = (pod.namespace, pod.node_name)
+        hosts = self.ledger.hosts.setdefault(pod.namespace, {})
+        if event == "DELETED":
+            if (hosts.get(pod.node_name) or {}).get("metadata", {}).get("uid") == pod.uid:
+                del hosts[pod.node_name]
+                if not hosts:
+                    del self.ledger.hosts[pod.namespace]
+                self._on_host_gone(pod.namespace)
+            self.state.untrack_pod(pod.uid)
+        else:
+            hosts[pod.node_name] = obj
+            if self.state.pods.has_host(*key):
+                self.state.untrack_pod(pod.uid)
+            else:
+                self.state.track_pod(pod)
+        self._listener.cluster_changed(f"model host {pod.key} changed")
+
+    # ---- TritonModels --------------------------------------------------------------------------
+
+    def apply_model(self, event: str, obj: JsonObject) -> None:
+        """A TritonModel: its replicas placed in its status are charged when their proofs
+        verify (a forged or copied one is not: the model controller places that replica again);
+        a replica gone from the status is freed, unless the binder has just placed it and its
+        status write is on the way (assumed)."""
+        model = model_from_api(obj, self.keys, self.scheduler_name, self.tenant_code)
+        if not model.uid:
+            return
+        ledger = self.ledger
+        if event == "DELETED":
+            old = ledger.models.pop(model.uid, None)
+            if self._free_replicas(model.uid, keep=set(), assumed_too=True):
+                self._listener.cluster_changed(f"TritonModel {model.key} was deleted")
+            ledger.spans.pop(model.uid, None)
+            if old is not None:
+                ledger.by_namespace.get(old.namespace, set()).discard(model.uid)
+            self._on_model(model.uid)
+            return
+        self._follow_ring()
+        ledger.models[model.uid] = model
+        ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
+        ledger.spans[model.uid] = max(
+            ledger.spans.get(model.uid, 0), model.replicas, max(model.placed, default=-1) + 1
+        )
+        shown = set()
+        for ordinal, (node, gpu, proof) in model.placed.items():
+            replica = model.replica(ordinal, node, gpu, proof)
+            shown.add(replica.uid)
+            self._account_replica(replica)
+        if self._free_replicas(model.uid, keep=shown, assumed_too=False):
+            self._listener.cluster_changed(f"replicas of TritonModel {model.key} were freed")
+        self._on_model(model.uid)
+
+    def _account_replica(self, replica: PodInfo) -> None:
+        charged = self.state.charged_pod(replica.uid)
+        if charged is not None and same_proof(charged, replica):
+            self.state.set_pod(replace(replica, request=charged.request))
+            return
+        verdict = proven(replica, self._ring) if replica.node_name else None
+        if isinstance(verdict, PodInfo):
+            self.state.set_pod(verdict)
+        elif charged is None or not self.state.is_assumed(replica.uid):
+            self.state.remove_pod(replica.uid)
+            self.state.untrack_pod(replica.uid)
+
+    def _free_replicas(self, model_uid: str, keep: set[str], assumed_too: bool) -> bool:
+        freed = False
+        for uid in self.ledger.replica_uids(model_uid):
+            if uid in keep or (self.state.is_assumed(uid) and not assumed_too):
+                continue
+            self.state.remove_pod(uid)
+            self.state.untrack_pod(uid)
+            freed = True
+        return freed
+
+    def replace_models(self, items: list[JsonObject]) -> None:
+        listed = {str((o.get("metadata") or {}).get("uid", "")) for o in items}
+        for uid in list(self.ledger.models):
+            if uid not in listed:
+                self.apply_model("DELETED", {"metadata": {"uid": uid}})
+        for obj in items:
+            self.apply_model("ADDED", obj)
 
     def _accounted(self, uid: str) -> bool:
         return self.state.is_accounted(uid)
@@ -202,7 +338,12 @@ class ClusterCache:
         for pod in self.state.bound_pods():
             verdict = proven(pod, ring)
             if isinstance(verdict, Unproven):
-                self._set_unproven(verdict)
+                if is_replica(pod.uid):  # placed again by the model controller
+                    self.state.remove_pod(pod.uid)
+                    self.state.untrack_pod(pod.uid)
+                    self._on_model(pod.uid.partition("/")[0])
+                else:
+                    self._set_unproven(verdict)
                 freed = True
         for verdict in list(self.unproven.values()):
             again = proven(verdict.pod, ring)
@@ -222,13 +363,16 @@ class ClusterCache:
     def replace_pods(self, items: list[JsonObject]) -> None:
         """A full list: forget pods that are gone, then apply every listed pod."""
         listed = {str((o.get("metadata") or {}).get("uid", "")) for o in items}
+        self.ledger.hosts.clear()  # refilled from the list below
         for uid in list(self.pending):
             if uid not in listed:
                 self._drop_pending(uid)
         for uid in self.state.account_uids() - listed:
-            self.state.remove_pod(uid)
+            if not is_replica(uid):
+                self.state.remove_pod(uid)
         for uid in self.state.pods.uids() - listed:
-            self.state.untrack_pod(uid)
+            if not is_replica(uid):
+                self.state.untrack_pod(uid)
         for uid in set(self.unproven) - listed:
             del self.unproven[uid]
         for obj in items:
@@ -241,6 +385,13 @@ class ClusterCache:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self.state.remove_node(name)
+            # TritonModel replicas placed there are placed again (a pod there is deleted with
+            # its node, and its controller replaces it).
+            for pod, _ in self.state.pods_on(name):
+                if is_replica(pod.uid):
+                    self.state.remove_pod(pod.uid)
+                    self.state.untrack_pod(pod.uid)
+                    self._on_model(pod.uid.partition("/")[0])
             return
         node = node_from_api(obj, self.keys)
         if node.gpu_problem:
@@ -339,8 +490,14 @@ class Informer:
         on_event: Callable[[str, JsonObject], None],
         monotonic: Callable[[], float] = time.monotonic,
         inbox: Inbox | None = None,
+        optional: bool = False,
     ) -> None:
+        """`optional`: a kind the cluster may not serve (a CRD not installed): while the list
+        answers 404 the cache holds none of it, counts as filled, and asks again every
+        RETRY_MAX_SECONDS."""
         self._kube = kube
+        self._optional = optional
+        self._absent = False
         self._kind = kind.name
         self.kind = kind.name
         self._source = kind
@@ -387,6 +544,11 @@ class Informer:
         self._on_list(items)
         self.synced.set()
 
+    @property
+    def absent(self) -> bool:
+        """An optional kind the API server does not serve (its last list answered 404)."""
+        return self._absent
+
     def failing_for(self) -> float:
         """Seconds since the list or watch last failed without a success since; 0 when it works."""
         since = self._failing_since
@@ -423,6 +585,7 @@ class Informer:
                     self.relists += 1
                     self._working()
                     self._deliver(self._listed, items)
+                self._absent = False
                 for event, obj in self._kube.watch(self._source, version, self._working):
                     if self._stop.is_set():
                         return
@@ -436,6 +599,14 @@ class Informer:
             except Exception as e:  # the thread must outlive every failure, even a bug
                 if self._stop.is_set():
                     return
+                if self._optional and isinstance(e, NotFoundError):
+                    if not self._absent:
+                        self._absent = True
+                        log.info("The API server serves no %s: none are placed.", self._kind)
+                        self._deliver(self._listed, [])
+                    version = ""
+                    self._stop.wait(RETRY_MAX_SECONDS)
+                    continue
                 self.failures += 1
                 if self._failing_since is None:
                     self._failing_since = self._monotonic()

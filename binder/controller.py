@@ -40,12 +40,12 @@ from binder.placement import (
     resolvable_nodes,
 )
 from binder.preemption import NoPreemption, preempt
-from binder.proofs import Unproven
+from binder.proofs import Unproven, sign
 from binder.queue import SchedulingQueue
-from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
+from common.contract import Keys
 from common.lifecycle import spawn
 from common.logs import subject
-from common.placement import Claim, KeyRing
+from common.placement import KeyRing
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
@@ -417,17 +417,7 @@ class Controller:
 
     def _sign(self, pod: PodInfo, placement: Placement) -> str:
         """The proof of this placement, signed with the current key."""
-        claim = Claim(
-            pod.uid,
-            pod.namespace,
-            pod.name,
-            placement.node,
-            placement.gpu.uuid,
-            pod.model_id,
-            pod.request,
-            RESIDENCY_ON_DEMAND if pod.on_demand else RESIDENCY_ALWAYS,
-        )
-        return self._placement_keys().sign(claim)
+        return sign(self._placement_keys(), pod, placement.node, placement.gpu.uuid)
 
     def _bind(self, pod: PodInfo, placement: Placement, proof: str = "") -> None:
         """Patch the pod's GPU annotation and post its Binding, off the loop. The caller holds a

@@ -83,6 +83,11 @@ class Kind:
 
 
 _LEASES = "/apis/coordination.k8s.io/v1"
+_TRITONMODELS = "/apis/tritonshare.io/v1alpha1/tritonmodels"
+
+
+def _models_path(namespace: str) -> str:
+    return f"/apis/tritonshare.io/v1alpha1/namespaces/{quote(namespace, safe='')}/tritonmodels"
 
 
 def now_rfc3339() -> str:
@@ -643,6 +648,69 @@ class Kube:
         )
         self._write(
             f"recording a {reason} event for pod {namespace}/{name}",
+            lambda timeout: self._request(
+                "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", timeout, body
+            ),
+        )
+
+    # ---- TritonModels, their hosts and Services ------------------------------------------------
+
+    def tritonmodels(self) -> Kind:
+        return Kind("tritonmodels", _TRITONMODELS)
+
+    def patch_model_status(self, namespace: str, name: str, uid: str, status: JsonObject) -> None:
+        """A merge patch of a TritonModel's `status` subresource, only while it is the object
+        with this uid (a model recreated under the name meanwhile is left alone: 409)."""
+        body = {"metadata": {"uid": uid}, "status": status}
+        path = f"{_models_path(namespace)}/{quote(name, safe='')}/status"
+        self._write(
+            f"writing the status of TritonModel {namespace}/{name}",
+            lambda timeout: self._request("PATCH", path, timeout, body, _MERGE_PATCH),
+        )
+
+    def create_pod(self, namespace: str, body: JsonObject) -> None:
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
+        self._write(
+            f"creating pod {namespace}/{body['metadata']['name']}",
+            lambda timeout: self._request("POST", path, timeout, body),
+        )
+
+    def merge_patch_pod(self, namespace: str, name: str, body: JsonObject) -> None:
+        """A JSON merge patch of a pod (`null` removes a key)."""
+        self._write(
+            f"patching pod {namespace}/{name}",
+            lambda timeout: self._request(
+                "PATCH", _pod_path(namespace, name), timeout, body, _MERGE_PATCH
+            ),
+        )
+
+    def create_service(self, namespace: str, body: JsonObject) -> None:
+        """Create the Service (ConflictError when one of that name is there)."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services"
+        self._write(
+            f"creating Service {namespace}/{body['metadata']['name']}",
+            lambda timeout: self._request("POST", path, timeout, body),
+        )
+
+    def record_object_event(
+        self, involved: JsonObject, *, reason: str, message: str, reporting_instance: str
+    ) -> None:
+        """A Warning Event about any object (`involved`: apiVersion, kind, namespace, name,
+        uid), as kube-scheduler records one."""
+        namespace, name = str(involved["namespace"]), str(involved["name"])
+        body = pod_event(
+            namespace,
+            name,
+            str(involved["uid"]),
+            reason=reason,
+            message=message,
+            component="tritonshare",
+            instance=reporting_instance,
+            action="Scheduling",
+        )
+        body["involvedObject"] = dict(involved)
+        self._write(
+            f"recording a {reason} event for {involved['kind']} {namespace}/{name}",
             lambda timeout: self._request(
                 "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", timeout, body
             ),

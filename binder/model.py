@@ -8,6 +8,7 @@ controller turns into an event. This module does no I/O and reads no clock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -568,3 +569,139 @@ def lease_expiry(obj: Mapping[str, Any]) -> float:
     if renewed is None or not isinstance(duration, int):
         return 0.0
     return renewed + duration
+
+
+# ---- TritonModels ------------------------------------------------------------------------------
+
+TRITONMODEL_KIND = "TritonModel"
+TRITONMODEL_API_VERSION = "tritonshare.io/v1alpha1"
+HOST_PREFIX = "tritonshare-host-"
+"""Name of a namespace's model host on a node: this prefix and a hash of the node's name."""
+
+
+def is_replica(uid: str) -> bool:
+    """Whether a uid in the ledger is a TritonModel replica's ("<model uid>/<ordinal>")."""
+    return "/" in uid
+
+
+def host_name(node: str) -> str:
+    """The model host's pod name on `node` (the same in every namespace: one per namespace)."""
+    return HOST_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:16]
+
+
+def host_label(keys: Keys) -> str:
+    """Label on every model host pod the binder creates (value "true")."""
+    return f"{keys.prefix}model-host"
+
+
+def hosted_models_annotation(keys: Keys) -> str:
+    """Host pod annotation: JSON list of {model, uid, replica, gpu, residency, proof}, the
+    replicas it serves (the model's uid and the ordinal make the claim's uid "<uid>/<replica>"
+    and name "<model>/<replica>")."""
+    return f"{keys.prefix}hosted-models"
+
+
+def serves_label(keys: Keys, model: str) -> str:
+    """The host label that puts the host behind the model's Service. A label's name part has
+    at most 63 characters: a longer model name keeps its first 40 and a hash of the whole."""
+    name = f"serves-{model}"
+    if len(name) > 63:
+        digest = hashlib.sha256(model.encode()).hexdigest()[:15]
+        name = f"serves-{model[:40].rstrip('.-_')}-{digest}"
+    return f"{keys.prefix}{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """A TritonModel as the binder places it: each replica is `replica(ordinal)`, a PodInfo
+    judged by every rule a pod is (`as_replica`)."""
+
+    uid: str
+    namespace: str
+    name: str
+    generation: int
+    replicas: int
+    """spec.replicas: ordinals 0..replicas-1 are wanted."""
+    template: PodInfo
+    """Replica 0 unplaced; the others differ only in uid and name."""
+    placed: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
+    """status.placements as written: ordinal -> (node, GPU uuid, proof)."""
+    status: Mapping[str, Any] = field(default_factory=dict)
+    """status as written, to write only what changes."""
+    resource_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def replica(self, ordinal: int, node: str = "", gpu: str = "", proof: str = "") -> PodInfo:
+        """Replica `ordinal`: uid "<model uid>/<ordinal>" and name "<model>/<ordinal>", which no
+        pod can have (a slash), so a replica's proof never verifies for a pod nor one replica's
+        for another, or for a model recreated under the same name (another uid)."""
+        t = self.template
+        return replace(
+            t,
+            uid=f"{self.uid}/{ordinal}",
+            name=f"{self.name}/{ordinal}",
+            node_name=node,
+            gpu_uuid=gpu,
+            placement=proof,
+            phase="Running" if node else "Pending",
+        )
+
+
+def model_from_api(
+    obj: Mapping[str, Any], keys: Keys, scheduler_name: str, tenant_code: Collection[str] = ()
+) -> ModelInfo:
+    """Convert an API TritonModel; never raises on user input (problems land in the template's
+    `problem`). Its replicas are read as the pod a model pod of the same spec would be, so
+    every rule reads them alike."""
+    meta = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
+    name = str(meta.get("name", ""))
+    labels = {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()}
+    pod_spec: dict[str, Any] = {
+        key: spec[key]
+        for key in ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints")
+        if key in spec
+    }
+    pod_spec["schedulerName"] = scheduler_name
+    pod_spec["containers"] = [
+        {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}
+    ]
+    annotations = {keys.model_id: name, keys.residency: str(spec.get("residency") or "always")}
+    pod = {
+        "metadata": {
+            "uid": str(meta.get("uid", "")),
+            "namespace": meta.get("namespace", ""),
+            "name": name,
+            "labels": labels,
+            "annotations": annotations,
+            "creationTimestamp": meta.get("creationTimestamp"),
+        },
+        "spec": pod_spec,
+    }
+    template = as_replica(pod_from_api(pod, keys, tenant_code))
+    placed: dict[int, tuple[str, str, str]] = {}
+    for entry in map(_mapping, _sequence(status.get("placements"))):
+        ordinal = entry.get("replica")
+        if isinstance(ordinal, int) and not isinstance(ordinal, bool) and ordinal >= 0:
+            placed[ordinal] = (
+                str(entry.get("node") or ""),
+                str(entry.get("gpu") or ""),
+                str(entry.get("proof") or ""),
+            )
+    replicas = spec.get("replicas", 1)
+    generation = meta.get("generation", 0)
+    return ModelInfo(
+        uid=template.uid,
+        namespace=template.namespace,
+        name=name,
+        generation=generation if isinstance(generation, int) else 0,
+        replicas=replicas if isinstance(replicas, int) and replicas >= 0 else 0,
+        template=template,
+        placed=placed,
+        status=status,
+        resource_version=str(meta.get("resourceVersion", "")),
+    )

@@ -116,7 +116,10 @@ def _victims_on(
     lower = [
         other
         for other, _ in state.pods_on(node)
-        if other.priority < pod.priority and not other.deleting and other.uid != pod.uid
+        if other.priority < pod.priority
+        and not other.deleting
+        and other.uid != pod.uid
+        and other.host is None  # a TritonModel replica is no pod to evict
     ]
     if not lower:
         return None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from binder.model import PodInfo
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND
-from common.placement import KeyRing, ProofError, parse_proof, pod_claim
+from common.placement import Claim, KeyRing, ProofError, parse_proof, pod_claim
 
 NOT_PLACED = "NotPlacedByBinder"
 """Event reason: no proof, or one the binder never wrote (malformed)."""
@@ -79,6 +79,16 @@ class Unproven:
             f"model id, and the node's agent does not serve it. To run it on tritonshare, "
             f"{_FIX[self.reason]}."
         )
+
+
+def sign(ring: KeyRing, pod: PodInfo, node: str, gpu_uuid: str) -> str:
+    """The proof of placing `pod` (a pod, or a TritonModel replica: `ModelInfo.replica`) on
+    that node's GPU, signed with the current key."""
+    residency = RESIDENCY_ON_DEMAND if pod.on_demand else RESIDENCY_ALWAYS
+    claim = Claim(
+        pod.uid, pod.namespace, pod.name, node, gpu_uuid, pod.model_id, pod.request, residency
+    )
+    return ring.sign(claim)
 
 
 def proven(pod: PodInfo, ring: KeyRing | None) -> PodInfo | Unproven:

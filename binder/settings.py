@@ -39,6 +39,7 @@ from common.settings import (
     text,
     whole,
 )
+from common.version import VERSION
 
 
 def default_identity() -> str:
@@ -111,6 +112,13 @@ class Settings:
     --tenant-code-namespaces on the dedicated nodes: their model pods are placed only on nodes
     labelled `<prefix>tenant-code: "true"`, and the model pods of every other namespace never
     on such a node (docs/security.md, "Nodes dedicated to tenant code"). Default: none."""
+    host_image: str = setting(
+        "host-image",
+        "image of the proxy in the model host pods the binder creates for TritonModels",
+        text,
+        default=f"ghcr.io/tritonshare/tritonshare:{VERSION}",
+    )
+    """Image of a model host's proxy (the webhook's --image). Default the release's image."""
     identity: str = setting(
         "identity",
         "this replica's name in the leader lease (default hostname_pid)",

@@ -173,6 +173,18 @@ PODS = Resource(
     status_subresource=True,
 )
 
+SERVICES = Resource(
+    group="",
+    version="v1",
+    plural="services",
+    kind="Service",
+    short_names=("svc",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
 EVENTS = Resource(
     group="",
     version="v1",
@@ -377,6 +389,7 @@ STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
     PODS,
+    SERVICES,
     EVENTS,
     LEASES,
     MUTATING_WEBHOOK_CONFIGURATIONS,

@@ -45,6 +45,7 @@ USER_AGENT = "tritonshare-sim-controller-manager"
 JsonObject = dict[str, Any]
 Key = tuple[str, str]
 DEPLOYMENTS, REPLICA_SETS, PODS = "deployments", "replicasets", "pods"
+SERVICES = "services"
 CRDS = "customresourcedefinitions"
 BACKOFF_INITIAL, BACKOFF_MAX = 0.5, 30.0
 TOMBSTONES_KEPT = 10_000
@@ -142,7 +143,7 @@ class ControllerManager:
         self.extensions = cast(Any, client.ApiextensionsV1Api(api_client))
         self.custom = cast(Any, client.CustomObjectsApi(api_client))
         self.clock = clock
-        kinds = (DEPLOYMENTS, REPLICA_SETS, PODS, CRDS)
+        kinds = (DEPLOYMENTS, REPLICA_SETS, PODS, SERVICES, CRDS)
         self._caches = {kind: _Cache() for kind in kinds}
         self._custom_kinds: dict[str, tuple[str, str, str, bool]] = {}
         """plural.group -> (group, version, plural, namespaced) of each CRD's served kind."""
@@ -295,6 +296,8 @@ class ControllerManager:
             return self.apps.list_replica_set_for_all_namespaces(**kwargs)
         if kind == PODS:
             return self.core.list_pod_for_all_namespaces(**kwargs)
+        if kind == SERVICES:
+            return self.core.list_service_for_all_namespaces(**kwargs)
         if kind == CRDS:
             return self.extensions.list_custom_resource_definition(**kwargs)
         group, version, plural, _ = self._custom_kinds[kind]
@@ -551,6 +554,8 @@ class ControllerManager:
                 else:
                     with self._lock:  # removed at once (an unbound pod)
                         self._caches[PODS].remove(answer)
+            elif kind == SERVICES:
+                self.core.delete_namespaced_service(name, namespace, _preload_content=False)
             elif kind == REPLICA_SETS:
                 self.apps.delete_namespaced_replica_set(name, namespace, _preload_content=False)
             elif kind == DEPLOYMENTS:

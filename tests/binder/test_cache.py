@@ -14,8 +14,8 @@ import pytest
 from binder.cache import ClusterCache, Informer, Ledger
 from binder.errors import GoneError
 from binder.kube import JsonObject, Kind, Kube
-from binder.model import ModelKey, PodInfo, pod_from_api
-from binder.proofs import Unproven
+from binder.model import ModelKey, PodInfo, host_label, host_name, model_from_api, pod_from_api
+from binder.proofs import Unproven, sign
 from binder.state import ClusterState
 from common.placement import Claim, KeyRing, Proof
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
@@ -387,3 +387,48 @@ def test_an_unreadable_overcommit_label_is_logged_once_and_counts_as_one(
         f"binder places this node's GPUs without over-commit."
     ]
     assert cache.state.nodes["n1"].overcommit == 1.0
+
+
+def _tritonmodel(name: str, replicas: int, placed: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "models", "uid": f"uid-{name}", "generation": 1},
+        "spec": {"gpuMemory": "1Gi", "replicas": replicas, "storageUri": "s3://b/m"},
+        "status": {"placements": placed},
+    }
+
+
+def test_a_replica_is_charged_only_with_the_proof_the_binder_signed_for_it() -> None:
+    cache, _ = make_cache()
+    cache.apply_node("ADDED", node_obj("n1", [16 * GI]))
+    model = model_from_api(_tritonmodel("m", 2, []), KEYS, "tritonshare")
+    proof = sign(TEST_RING, model.replica(0), "n1", "GPU-n1-0")
+    entry = {"replica": 0, "node": "n1", "gpu": "GPU-n1-0", "proof": proof}
+    # Replica 1 carries replica 0's proof; a second model carries it too.
+    cache.apply_model("ADDED", _tritonmodel("m", 2, [entry, {**entry, "replica": 1}]))
+    cache.apply_model("ADDED", _tritonmodel("other", 1, [entry]))
+    state = cache.state
+    assert state.is_accounted("uid-m/0")
+    assert not state.is_accounted("uid-m/1") and not state.is_accounted("uid-other/0")
+    assert state.allocated("n1") == [GI]
+    assert state.pods.pod_count("n1") == 1, "one host for the namespace's one replica"
+    cache.apply_model("DELETED", _tritonmodel("m", 2, [entry]))
+    assert state.account_uids() == set() and state.pods.pod_count("n1") == 0
+
+
+def test_a_pod_dressed_as_a_model_host_counts_as_a_pod_unless_its_namespace_has_a_host() -> None:
+    cache, _ = make_cache()
+    cache.apply_node("ADDED", node_obj("n1", [16 * GI]))
+    fake = pod_obj(host_name("n1"), mem=None, model=None, node="n1", scheduler="default-scheduler")
+    fake["metadata"]["labels"] = {host_label(KEYS): "true"}
+    cache.apply_pod("ADDED", fake)
+    assert cache.state.pods.pod_count("n1") == 1, "no replica of its namespace there: a pod"
+    model = model_from_api(_tritonmodel("m", 1, []), KEYS, "tritonshare")
+    proof = sign(TEST_RING, model.replica(0), "n1", "GPU-n1-0")
+    entry = {"replica": 0, "node": "n1", "gpu": "GPU-n1-0", "proof": proof}
+    cache.apply_model("ADDED", _tritonmodel("m", 1, [entry]))
+    cache.apply_pod("MODIFIED", fake)
+    assert cache.state.pods.pod_count("n1") == 1, "the host's slot, charged once"
+    other = pod_obj(host_name("n2"), mem=None, model=None, node="n1", scheduler="x")
+    other["metadata"]["labels"] = {host_label(KEYS): "true"}
+    cache.apply_pod("ADDED", other)
+    assert cache.state.pods.pod_count("n1") == 2, "another node's host name: a pod"
