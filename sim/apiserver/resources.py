@@ -173,18 +173,6 @@ PODS = Resource(
     status_subresource=True,
 )
 
-SERVICES = Resource(
-    group="",
-    version="v1",
-    plural="services",
-    kind="Service",
-    short_names=("svc",),
-    namespaced=True,
-    field_labels=_NAMESPACED_META,
-    subresources=frozenset({"status"}),
-    status_subresource=True,
-)
-
 EVENTS = Resource(
     group="",
     version="v1",
@@ -389,7 +377,6 @@ STORED: tuple[Resource, ...] = (
     NAMESPACES,
     NODES,
     PODS,
-    SERVICES,
     EVENTS,
     LEASES,
     MUTATING_WEBHOOK_CONFIGURATIONS,
