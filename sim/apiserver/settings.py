@@ -15,6 +15,7 @@ from pathlib import Path
 
 from common.logs import LogFormat
 from common.settings import (
+    BadValueError,
     Declaration,
     declared,
     log_format_flag,
@@ -35,7 +36,14 @@ class SettingsError(ValueError):
 
 
 def _paths(value: str) -> tuple[Path, ...]:
-    return tuple(Path(name) for name in names(value))
+    paths = tuple(Path(name) for name in names(value))
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise BadValueError(
+            f"names no file or folder ({', '.join(missing)}): give CRD manifests or folders of"
+            " .yaml files, comma-separated"
+        )
+    return paths
 
 
 @declared
