@@ -182,10 +182,28 @@ class ClientConnection(Connection):
             # Below, `self._buffer` keeps what follows the head whenever the request does not go
             # to Triton at once: `_send` takes the buffer as it is.
             if isinstance(decision, Answer):
+                self._metrics = relay.metrics
                 self._buffer = buffer[body:]
                 self._answer_locally(decision.status, decision.content_type, decision.body)
                 answered += 1
                 continue
+            # The model's own limiter and metrics: one look-up, whatever the table's size.
+            served = relay.models.get(decision.model) if decision.model else None
+            if served is not None:
+                self._limiter = served.limiter
+                self._metrics = served.metrics
+            elif decision.model:
+                # Its model left the table since this head was prepared: as for any other name.
+                gone = relay.router.decide(head.method, head.target)
+                if isinstance(gone, Answer):
+                    self._metrics = relay.metrics
+                    self._buffer = buffer[body:]
+                    self._answer_locally(gone.status, gone.content_type, gone.body)
+                    answered += 1
+                    continue
+            else:
+                self._limiter = relay.limiter
+                self._metrics = relay.metrics
             if length > ADMITTED or length > relay.max_body or head.chunked:
                 refused = head_refusal(head, decision, relay.max_body)
             else:
@@ -246,9 +264,9 @@ class ClientConnection(Connection):
 
     async def _acquire_then_send(self) -> None:
         try:
-            await self._relay.limiter.acquire()
+            await self._limiter.acquire()
         except refusals.ProxyError as e:
-            self._relay.metrics.rejected(type(e).__name__)
+            self._metrics.rejected(type(e).__name__)
             self._answer_refusal(e)
             self._resume()
             return
@@ -393,7 +411,7 @@ class ClientConnection(Connection):
             # Answered now, the rest of the body read and dropped, then the connection closed:
             # closing on unread bytes would reset it, and the client might never read why.
             status = refusals.http_status(e)
-            self._relay.metrics.observe("http", self._route, str(status), 0.0)
+            self._metrics.observe("http", self._route, str(status), 0.0)
             self._keep_alive = False
             self._response_done = True
             self._sink = None
@@ -520,9 +538,7 @@ class ClientConnection(Connection):
         self, status: int, content_type: str, body: bytes, retry_after: int = 0
     ) -> None:
         """Answer without Triton, then skip the request's body (if any)."""
-        self._relay.metrics.observe(
-            "http", self._route, str(status), perf_counter() - self._started
-        )
+        self._metrics.observe("http", self._route, str(status), perf_counter() - self._started)
         self._response_done = True
         self._sink = None
         self._write_answer(status, content_type, body, retry_after)
