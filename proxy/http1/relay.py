@@ -43,7 +43,7 @@ from proxy.http1.gate import ADMITTED, check_whole, head_refusal, too_large
 from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
-from proxy.policy.routing import NOT_FOUND, Answer, error_body
+from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,9 @@ class ClientConnection(Connection):
                     self._refuse(e)
                     return
                 verbatim = False
-                if head_end <= _KNOWN_HEAD_BYTES:
+                # Only a forward: an answer (a model not in the table) may change as the host's
+                # table does, and a forward whose model leaves it is decided again below.
+                if head_end <= _KNOWN_HEAD_BYTES and isinstance(prepared[1], Forward):
                     self._known = buffer[: head_end + 4]
                     self._known_prepared = prepared
                     # Re-serializing gave the same bytes (as with clients that send the framing

@@ -6,6 +6,8 @@ followed as its file changes (a model removed drains, one added is served)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -169,26 +171,35 @@ async def test_a_removed_model_drains_and_an_added_one_is_served(
         assert table is not None
         base = f"http://{running.http_url}/v2/models"
         body = json.dumps(
-            {"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "INT32", "data": [1500]}]}
+            {"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "INT32", "data": [3000]}]}
         )
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"{base}/identity/ready") as response:
-                assert response.status == 400  # not in the table: Triton's "not ready"
-            in_flight = asyncio.create_task(session.post(f"{base}/sleepy/infer", data=body))
-            await wait_until(
-                lambda: table.models["sleepy"].limiter.in_flight == 1, "sleepy in flight"
-            )
-            write_table(path, ("add_one", "identity"))
-            await wait_until(lambda: "identity" in table.names, "identity joining the table")
-            assert "sleepy" not in table.names and "sleepy" in table.models  # draining
-            async with session.post(f"{base}/sleepy/infer", data=body) as response:
-                assert response.status == 404
-                assert "unknown model: 'sleepy'" in await response.text()
-            async with session.get(f"{base}/identity/ready") as response:
+        kept = http.client.HTTPConnection(running.http_url, timeout=10)  # one connection
+
+        def identity_ready() -> int:
+            kept.request("GET", "/v2/models/identity/ready")
+            response = kept.getresponse()
+            response.read()
+            return response.status
+
+        with contextlib.closing(kept):
+            async with aiohttp.ClientSession() as session:
+                # Not in the table: Triton's "not ready".
+                assert await asyncio.to_thread(identity_ready) == 400
+                in_flight = asyncio.create_task(session.post(f"{base}/sleepy/infer", data=body))
+                await wait_until(
+                    lambda: table.models["sleepy"].limiter.in_flight == 1, "sleepy in flight"
+                )
+                write_table(path, ("add_one", "identity"))
+                await wait_until(lambda: "identity" in table.names, "identity joining the table")
+                assert "sleepy" not in table.names and "sleepy" in table.models  # draining
+                async with session.post(f"{base}/sleepy/infer", data=body) as response:
+                    assert response.status == 404
+                    assert "unknown model: 'sleepy'" in await response.text()
+                # On the same connection, the same request now finds the model.
+                assert await asyncio.to_thread(identity_ready) == 200
+                response = await in_flight  # sent before the model left: it finishes
                 assert response.status == 200
-            response = await in_flight  # sent before the model left: it finishes
-            assert response.status == 200
-            response.release()
+                response.release()
         await wait_until(lambda: "sleepy" not in table.models, "sleepy removed once drained")
         assert not any(dict(labels).get("model") == "sleepy" for _, labels in _scrape(running))
         await asyncio.to_thread(_infer_add_one_and_identity, running)
