@@ -130,6 +130,12 @@ class StreamGate:
         self._spent = 0  # bytes inflated on this connection in this event-loop turn
         self._turn = False  # a callback resets `_spent` at the next turn
 
+    def _serve(self, stream: Stream, model: bytes) -> None:
+        """`stream` counts against `model`'s limiter and metrics from now, unless it holds or
+        waits for a slot already (whose limiter must get it back)."""
+        if stream.limited == NO_SLOT and not stream.slots:
+            stream.served = self._served.get(model)
+
     def admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
         served = stream.served
@@ -301,9 +307,8 @@ class StreamGate:
             return True  # malformed: refused by the full check once whole
         if name is None:
             return not held
-        served = self._served.get(name)
-        if served is not None and name in router.names:
-            stream.served = served  # its slot and metrics are its model's
+        if name in router.names:
+            self._serve(stream, name)
             return True
         if request_id is None and held:
             return False  # an in-stream error echoes the request's id: wait for it
@@ -544,7 +549,7 @@ class StreamGate:
             if refusal is None:
                 if stream.served is None:
                     # A stream's requests count against the model its first one names.
-                    stream.served = self._served.get(wire.string_fields(message, (1,)).get(1, b""))
+                    self._serve(stream, wire.string_fields(message, (1,)).get(1, b""))
                 if not self._take(stream):
                     stream.buf[:0] = framed or framing.grpc_message(message)  # checked again
                     return False
@@ -577,7 +582,7 @@ class StreamGate:
             self.refuse_error(stream, self._limiter.refusal)
             return False
         if decision.model:  # the model's own limiter and metrics: one look-up
-            stream.served = self._served.get(decision.model)
+            self._serve(stream, decision.model)
         stream.passed = True
         if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or framing.grpc_message(message)  # checked again once admitted

@@ -516,7 +516,9 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.streams[sid] = stream
         stream.started = started
         self._channel().open(stream, sent, end_stream)
-        if streaming:
+        if streaming and router.model_id:
+            # An open stream holds a slot of its model's; a host's streams from their first
+            # request, once it names the model.
             self.gate.admit(stream)
 
     def _plan(self, fields: Fields) -> _Plan:

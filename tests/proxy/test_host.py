@@ -9,9 +9,11 @@ import asyncio
 import contextlib
 import http.client
 import json
+import queue
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -203,6 +205,49 @@ async def test_a_removed_model_drains_and_an_added_one_is_served(
         await wait_until(lambda: "sleepy" not in table.models, "sleepy removed once drained")
         assert not any(dict(labels).get("model") == "sleepy" for _, labels in _scrape(running))
         await asyncio.to_thread(_infer_add_one_and_identity, running)
+
+
+def test_a_stream_counts_against_the_model_it_names(
+    served_triton: TritonServer, tmp_path: Path
+) -> None:
+    """ModelStreamInfer on a host: each request counts against its model's limiter (not the
+    host's), every slot goes back when the stream ends, and another model is refused in-stream."""
+    path = tmp_path / "hosted-models"
+    write_table(path, ("add_one", "text_stream"))
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    settings = proxy_settings(served_triton, model_id="", models_file=path)
+    with running_proxy(settings) as running:
+        table = running.proxy.table
+        assert table is not None
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        try:
+            client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            text = grpcclient.InferInput("text_input", [1], "BYTES")
+            text.set_data_from_numpy(np.array([b"hi"], dtype=object))
+            repeat = grpcclient.InferInput("repeat", [1], "INT32")
+            repeat.set_data_from_numpy(np.array([2], dtype=np.int32))
+            client.async_stream_infer("text_stream", [text, repeat], request_id="mine")
+            client.async_stream_infer("sleepy", [text, repeat], request_id="other")
+            seen: list[str] = []
+            errors: list[str] = []
+            while len(seen) < 2 or not errors:
+                result, error = answers.get(timeout=30)
+                if error is not None:
+                    errors.append(str(error))
+                else:
+                    seen.append(result.as_numpy("text_output")[0].decode())
+            assert seen == ["hi 0", "hi 1"]
+            assert errors == ["Request for unknown model: 'sleepy' is not found"]
+            assert table.models["text_stream"].limiter.in_flight == 1  # the open stream's
+        finally:
+            client.stop_stream()
+            client.close()
+        limiters = [table.models["text_stream"].limiter, running.proxy.limiter]
+        stream_limiter = limiters[0]
+        asyncio.run(
+            wait_until(lambda: stream_limiter.in_flight == 0, "the stream's slot given back")
+        )
+        assert [limiter.in_flight for limiter in limiters] == [0, 0]
 
 
 def test_the_models_file_says_what_is_wrong(tmp_path: Path) -> None:
