@@ -1,17 +1,19 @@
 """Assembles the proxy and owns its shutdown order.
 
 The shape of every part (`common.lifecycle`): `Proxy(settings)` builds the concurrency limiter,
-the metrics, the relays and the readiness; `start(lifecycle)` opens the REST port, the gRPC
-port and then the metrics and health port (the startup probe's /healthz answers once the others
-listen), then (with --model-dir) the watch that reinstalls the model when the node has lost it,
-and (with --residency on-demand) the idle watch. On SIGTERM (Kubernetes starts terminating the
+the metrics, the relays and the readiness (for a model host, --models-file, the table of models
+whose entries each get their own limiter and metrics: proxy/table.py); `start(lifecycle)` reads
+the table and follows its file, then opens the REST port, the gRPC port and then the metrics and
+health port (the startup probe's /healthz answers once the others listen), then (with
+--model-dir) the watch that reinstalls the model when the node has lost it, and (with
+--residency on-demand) the idle watch. On SIGTERM (Kubernetes starts terminating the
 pod) the order is fixed:
-  0. stop the reinstall watch (and a loader it runs) and the idle watch, so nothing installs or
-     sleeps after the unload;
+  0. stop the reinstall watch (and a loader it runs), the idle watch and the models file's watch,
+     so nothing installs, sleeps or joins the table after the unload;
   1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
   2. keep serving for the drain period, as requests routed before the endpoint update still come;
   3. stop listening and let in-flight requests finish, up to the finish timeout;
-  4. ask the agent to unload the model, authenticated as the pod;
+  4. ask the agent to unload the model (a host: each model of its table), authenticated as the pod;
   5. stop the metrics port and exit.
 """
 
