@@ -726,7 +726,7 @@ def report(results: Results, rounds: int, seconds: float) -> None:
 def _report_cpu(results: Results) -> None:
     print("\nCPU time per request (the hop's own process, from /proc), at c=16 unless said:")
     for measure in ("restcpu", "grpccpu"):
-        names = ["floor", "relay", "grpcio", "baseline", "chain", "full", "chain:proxy"]
+        names = ["floor", "relay", "host", "grpcio", "baseline", "chain", "full", "chain:proxy"]
         names += ["full:proxy"]
         per_hop = [
             f"{n} {statistics.median(results[(measure, n)]):.0f} us"
@@ -747,7 +747,11 @@ def _report_cpu(results: Results) -> None:
         if (measure, "relay") in results and (measure, "baseline") in results:
             times = statistics.median(_paired(results, measure, "relay", True, "baseline"))
             print(f"    relay {times:.2f}x the --baseline-tree proxy's CPU (median of rounds)")
-    names = ["floor", "relay", "grpcio", "baseline", "chain", "full", "chain:proxy", "full:proxy"]
+        if (measure, "relay") in results and (measure, "host") in results:
+            times = statistics.median(_paired(results, measure, "host", True, "relay"))
+            print(f"    host {times:.2f}x the one-model proxy's CPU (median of rounds)")
+    names = ["floor", "relay", "host", "grpcio", "baseline", "chain", "full", "chain:proxy"]
+    names += ["full:proxy"]
     per_call = [
         f"{n} {statistics.median(results[('grpc1cpu', n)]):.0f} us"
         for n in names
