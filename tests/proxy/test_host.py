@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from proxy.settings import SettingsError, parse_settings
 from proxy.table import TableError, read_models
 from sim.triton import TritonServer
 from tests.proxy.conftest import RunningProxy, proxy_settings, running_proxy, wait_until
@@ -265,3 +266,21 @@ def test_the_models_file_says_what_is_wrong(tmp_path: Path) -> None:
             read_models(path)
     path.write_text('[{"model": "a"}, {"model": "b"}, {"model": "a"}]')
     assert read_models(path) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "--model-id is required .* or --models-file"),
+        (["--model-id", "m", "--models-file", "/t"], "both set"),
+        (["--models-file", "/t", "--residency", "on-demand"], "--residency on-demand works with"),
+        (["--models-file", "/t", "--model-dir", "/m"], "--model-dir works with"),
+        (["--models-file", "/t", "--grpc-mode", "grpcio"], "--grpc-mode grpcio works with"),
+    ],
+)
+def test_a_host_s_flags_say_what_is_wrong(flags: list[str], message: str) -> None:
+    urls = ["--triton-http-url", "t:1", "--triton-grpc-url", "t:2"]
+    agent = ["--agent-address", "a:1", "--token-file", "/token"]
+    with pytest.raises(SettingsError, match=message):
+        parse_settings([*urls, *agent, *flags], env={})
+    assert parse_settings([*urls, "--models-file", "/t"], env={}).model_id == ""
