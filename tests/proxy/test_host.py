@@ -125,7 +125,7 @@ async def test_each_model_has_its_own_limit_and_metrics(host: RunningProxy) -> N
     sleepy = table.models["sleepy"].limiter
     url = f"http://{host.http_url}/v2/models/sleepy/infer"
     body = json.dumps(
-        {"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "INT32", "data": [1500]}]}
+        {"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "INT32", "data": [4000]}]}
     )
     async with aiohttp.ClientSession() as session:
         slow = asyncio.create_task(session.post(url, data=body))
