@@ -40,11 +40,13 @@ and `others`, the share of the box's CPU that work outside the benchmark took du
 
     .venv/bin/python benchmarks/proxy_latency.py [--rounds 5] [--seconds 2] [--hey]
         [--paths floor,relay,grpcio,chain,full] [--save FILE] [--report FILE ...]
-        [--native] [--baseline-tree DIR]
+        [--native] [--baseline-tree DIR] [--models N]
 
 `--native` runs the proxy and the gateway compiled (`python -m proxy.native`, built first when
 stale); `--baseline-tree build/native` instead adds the compiled proxy as one more hop beside the
-pure one, for a pure/compiled comparison in the same rounds.
+pure one, for a pure/compiled comparison in the same rounds. `--models N` adds a model host's
+proxy whose table holds add_one and N-1 idle models (a request's cost must not grow with them),
+and prints the resident memory of the one-model proxy and of the host after warm-up.
 
 A round of every hop takes about 65 s on a 2-core box (5 rounds, the default, about 6 minutes);
 more rounds narrow the intervals, and `--report` pools the rounds of several saved runs.
@@ -164,17 +166,19 @@ def running_proxy(
     root: Path = ROOT,
     wrapper: Sequence[str] = (),
     timeout: float = 30.0,
+    models_file: Path | None = None,
 ) -> Iterator[Hop]:
     """`python -m proxy` from the source tree `root`, its command prefixed by `wrapper` (such as
-    valgrind, which keeps the process id), ready within `timeout` seconds."""
+    valgrind, which keeps the process id), ready within `timeout` seconds; a model host's proxy
+    serving the table of `models_file` when given, else a model pod's for add_one."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    model = ["--model-id", MODEL] if models_file is None else ["--models-file", str(models_file)]
     command = [
         *wrapper,
         sys.executable,
         "-m",
         "proxy",
-        "--model-id",
-        MODEL,
+        *model,
         "--triton-http-url",
         upstream[0],
         "--triton-grpc-url",
@@ -334,6 +338,14 @@ def _wait_port(port: int, timeout: float = 30.0) -> None:
 
 
 _SCHEDSTAT = Path("/proc/self/schedstat").exists()
+
+
+def resident_mib(pid: int) -> float:
+    """The resident memory of process `pid` (VmRSS), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -623,6 +635,8 @@ _GATEWAY_CPU_TARGET = 1.3
 
 
 def _label(measure: str, name: str) -> str:
+    if name == "host":
+        return "proxy, host of --models"
     if name == "floor":
         return "bare TCP relay (floor)"
     if name == "baseline":
@@ -662,7 +676,9 @@ def report(results: Results, rounds: int, seconds: float) -> None:
     for title, measure, names, added_target, kept_target, floor_target in _ROWS:
         if (measure, "direct") not in results:
             continue
-        names = [n for n in [*names, "chain", "full", "baseline"] if (measure, n) in results]
+        names = [
+            n for n in [*names, "host", "chain", "full", "baseline"] if (measure, n) in results
+        ]
         has_floor = (measure, "floor") in results
         direct = statistics.median(results[(measure, "direct")])
         latency = added_target is not None or measure.endswith("1")
@@ -710,7 +726,7 @@ def report(results: Results, rounds: int, seconds: float) -> None:
 def _report_cpu(results: Results) -> None:
     print("\nCPU time per request (the hop's own process, from /proc), at c=16 unless said:")
     for measure in ("restcpu", "grpccpu"):
-        names = ["floor", "relay", "grpcio", "baseline", "chain", "full", "chain:proxy"]
+        names = ["floor", "relay", "host", "grpcio", "baseline", "chain", "full", "chain:proxy"]
         names += ["full:proxy"]
         per_hop = [
             f"{n} {statistics.median(results[(measure, n)]):.0f} us"
@@ -731,7 +747,11 @@ def _report_cpu(results: Results) -> None:
         if (measure, "relay") in results and (measure, "baseline") in results:
             times = statistics.median(_paired(results, measure, "relay", True, "baseline"))
             print(f"    relay {times:.2f}x the --baseline-tree proxy's CPU (median of rounds)")
-    names = ["floor", "relay", "grpcio", "baseline", "chain", "full", "chain:proxy", "full:proxy"]
+        if (measure, "relay") in results and (measure, "host") in results:
+            times = statistics.median(_paired(results, measure, "host", True, "relay"))
+            print(f"    host {times:.2f}x the one-model proxy's CPU (median of rounds)")
+    names = ["floor", "relay", "host", "grpcio", "baseline", "chain", "full", "chain:proxy"]
+    names += ["full:proxy"]
     per_call = [
         f"{n} {statistics.median(results[('grpc1cpu', n)]):.0f} us"
         for n in names
@@ -885,6 +905,13 @@ def main() -> int:
         "the model is loaded under it too; default: none",
     )
     parser.add_argument(
+        "--models",
+        type=int,
+        default=0,
+        help="also measure a model host's proxy (relay mode) whose table holds add_one and "
+        "N-1 idle models, and print both proxies' resident memory; default: none",
+    )
+    parser.add_argument(
         "--report",
         type=Path,
         nargs="+",
@@ -944,8 +971,20 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 hops["baseline"] = stack.enter_context(
                     running_proxy(triton_urls, relay_mode, baseline)
                 )
+            if args.models > 0:
+                table = Path(tmp) / "hosted-models"
+                idle = [f"idle-{n}" for n in range(1, args.models)]
+                table.write_text(json.dumps([{"model": m} for m in [MODEL, *idle]]))
+                hops["host"] = stack.enter_context(
+                    running_proxy(triton_urls, relay_mode, tree, models_file=table)
+                )
             for name, hop in hops.items():
                 loads.warm_up(hop, rest=name != "grpcio", with_hey=args.hey)
+            for name in ("relay", "host"):
+                if name in hops and args.models > 0:
+                    models = 1 if name == "relay" else args.models
+                    rss = resident_mib(hops[name].cpu[0][1])
+                    print(f"{name}: {models} models, RSS {rss:.1f} MiB after warm-up")
             turn = 0
             for round_number in range(args.rounds):
                 box, own = box_cpu_seconds()

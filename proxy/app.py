@@ -1,17 +1,19 @@
 """Assembles the proxy and owns its shutdown order.
 
 The shape of every part (`common.lifecycle`): `Proxy(settings)` builds the concurrency limiter,
-the metrics, the relays and the readiness; `start(lifecycle)` opens the REST port, the gRPC
-port and then the metrics and health port (the startup probe's /healthz answers once the others
-listen), then (with --model-dir) the watch that reinstalls the model when the node has lost it,
-and (with --residency on-demand) the idle watch. On SIGTERM (Kubernetes starts terminating the
+the metrics, the relays and the readiness (for a model host, --models-file, the table of models
+whose entries each get their own limiter and metrics: proxy/table.py); `start(lifecycle)` reads
+the table and follows its file, then opens the REST port, the gRPC port and then the metrics and
+health port (the startup probe's /healthz answers once the others listen), then (with
+--model-dir) the watch that reinstalls the model when the node has lost it, and (with
+--residency on-demand) the idle watch. On SIGTERM (Kubernetes starts terminating the
 pod) the order is fixed:
-  0. stop the reinstall watch (and a loader it runs) and the idle watch, so nothing installs or
-     sleeps after the unload;
+  0. stop the reinstall watch (and a loader it runs), the idle watch and the models file's watch,
+     so nothing installs, sleeps or joins the table after the unload;
   1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
   2. keep serving for the drain period, as requests routed before the endpoint update still come;
   3. stop listening and let in-flight requests finish, up to the finish timeout;
-  4. ask the agent to unload the model, authenticated as the pod;
+  4. ask the agent to unload the model (a host: each model of its table), authenticated as the pod;
   5. stop the metrics port and exit.
 """
 
@@ -35,6 +37,7 @@ from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_
 from proxy.residency import IdlePolicy, Residency
 from proxy.settings import Settings
 from proxy.state import ProxyState
+from proxy.table import ModelTable, Served
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +56,20 @@ class Proxy:
             window=settings.concurrency_window_seconds,
         )
         self.metrics = ProxyMetrics(self.limiter, settings.model_id)
+        """A model pod's model's metrics; in a host, those of requests naming no model."""
+        self.table: ModelTable | None = None
+        """With --models-file: the host's models, each with its own limiter and metrics."""
+        if settings.models_file is not None:
+            self.table = ModelTable(self.served, drain_seconds=settings.finish_timeout_seconds)
         self.own_model = OwnModel(settings)
-        self.rest = RestRelay(settings, self.limiter, self.metrics, self.state)
-        relay = GrpcRelay if settings.grpc_mode == "relay" else GrpcProxy
-        self.grpc: GrpcProxy | GrpcRelay = relay(settings, self.limiter, self.metrics, self.state)
+        self.rest = RestRelay(settings, self.limiter, self.metrics, self.state, self.table)
+        self.grpc: GrpcProxy | GrpcRelay
+        if settings.grpc_mode == "relay":
+            self.grpc = GrpcRelay(settings, self.limiter, self.metrics, self.state, self.table)
+        else:
+            self.grpc = GrpcProxy(settings, self.limiter, self.metrics, self.state)
+        if self.table is not None:
+            self.table.on_change = self.rest.forget_heads
         self.residency: Residency | None = None
         """With --residency on-demand: sleeps the idle model and wakes it (proxy/residency.py)."""
         self._residency_calls: ResidencyCalls | None = None
@@ -120,6 +133,7 @@ class Proxy:
             self.state,
             self.own_model,
             (lambda: reinstaller.reason) if reinstaller is not None else lambda: "",
+            None if self.table is None else self.table.names,
         )
         host, port = settings.listen_metrics
         self.metrics_server = HttpServer(
@@ -132,10 +146,35 @@ class Proxy:
         """/metrics, /healthz and /readyz (common/health.py), on their own port."""
         self._watch_task: asyncio.Task[None] | None = None
         self._idle_task: asyncio.Task[None] | None = None
+        self._table_task: asyncio.Task[None] | None = None
+
+    def served(self, model_id: str) -> Served:
+        """A new entry of the host's table: the model's own limiter and metrics."""
+        settings = self.settings
+        limiter = Limiter(
+            settings.container_concurrency,
+            settings.queue_limit,
+            settings.queue_timeout_seconds,
+            window=settings.concurrency_window_seconds,
+        )
+        return Served(model_id, limiter, ProxyMetrics(limiter, model_id, shared=self.metrics))
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""
         lifecycle.on_shutdown("the model proxy", self.drain_and_stop)
+        if self.table is not None and self.settings.models_file is not None:
+            # Read before listening, so the first requests find their models.
+            self.table.reread(self.settings.models_file)
+            self._table_task = lifecycle.spawn(
+                "the models file's watch",
+                self.table.follow(
+                    self.settings.models_file,
+                    self.settings.models_check_seconds,
+                    lifecycle.stop_event,
+                ),
+                consequence="models added to or removed from the host are no longer followed",
+                vital=False,
+            )
         await self.own_model.start()
         await self.rest.start()
         await self.grpc.start()
@@ -173,12 +212,16 @@ class Proxy:
                 self.settings.model_dir,
             )
 
+    def model_ids(self) -> list[str]:
+        """The models this proxy serves: the pod's, or the host's table's."""
+        return [self.settings.model_id] if self.table is None else sorted(self.table.names)
+
     async def stop_watch(self) -> None:
         """Step 0: no reinstall may start or go on once the pod is going away (the watch has
         seen the stop event)."""
         if self.loader is not None:
             await self.loader.stop(grace=5.0)
-        for task in (self._watch_task, self._idle_task):
+        for task in (self._watch_task, self._idle_task, self._table_task):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task  # a failure was logged where it failed
@@ -206,9 +249,13 @@ class Proxy:
             client = AgentClient(
                 settings.agent_address, settings.token_file, settings.agent_timeout_seconds
             )
-            await client.unload(settings.model_id)
+            for model_id in self.model_ids():
+                await client.unload(model_id)
         else:
-            log.info("No agent address is set: leaving model %s loaded.", settings.model_id)
+            log.info(
+                "No agent address is set: leaving model %s loaded.",
+                ", ".join(self.model_ids()) or "(none)",
+            )
         await self.metrics_server.stop()
         await self.own_model.stop()
 

@@ -34,52 +34,53 @@ _LATENCY_BUCKETS: tuple[float, ...] = (
 
 
 class _ConcurrencyCollector(Collector):
-    def __init__(self, limiter: Limiter, model_id: str) -> None:
-        self._limiter = limiter
-        self._model = model_id
+    """The limiter's numbers of each model of the table, by `model`."""
+
+    def __init__(self) -> None:
+        self.limiters: dict[str, Limiter] = {}
 
     def collect(self) -> Iterator[Metric]:
-        limiter = self._limiter
         labels = ["model"]
-        values = [self._model]
         in_flight = GaugeMetricFamily(
             "tritonshare_proxy_requests_in_flight",
             "Inference requests being served now (each request in flight on a stream counts; "
             "an open stream at least one).",
             labels=labels,
         )
-        in_flight.add_metric(values, limiter.in_flight)
         queued = GaugeMetricFamily(
             "tritonshare_proxy_requests_queued",
             "Inference requests waiting for a concurrency slot.",
             labels=labels,
         )
-        queued.add_metric(values, limiter.queued)
         area = CounterMetricFamily(
             "tritonshare_proxy_concurrency_seconds",
             "Inference requests held (in flight or waiting for a slot) integrated over time; "
             "rate() is the average concurrency.",
             labels=labels,
         )
-        area.add_metric(values, limiter.concurrency_seconds())
         average = GaugeMetricFamily(
             "tritonshare_proxy_average_concurrency",
-            f"Time-weighted average of inference requests held (in flight or waiting) over the "
-            f"last {limiter.window:g} s.",
+            "Time-weighted average of inference requests held (in flight or waiting) over the "
+            "window (--concurrency-window).",
             labels=labels,
         )
-        average.add_metric(values, limiter.average_concurrency())
         limit = GaugeMetricFamily(
             "tritonshare_proxy_concurrency_limit",
             "The limit on in-flight inference requests now (0 = unlimited); at the node gateway, "
             "the pod's share of --max-in-flight-node while several pods send.",
             labels=labels,
         )
-        limit.add_metric(values, limiter.limit)
+        for model, limiter in list(self.limiters.items()):
+            values = [model]
+            in_flight.add_metric(values, limiter.in_flight)
+            queued.add_metric(values, limiter.queued)
+            area.add_metric(values, limiter.concurrency_seconds())
+            average.add_metric(values, limiter.average_concurrency())
+            limit.add_metric(values, limiter.limit)
         yield from (in_flight, queued, area, average, limit)
 
 
-class _RequestCollector(Collector):
+class _RequestCollector:
     """Answered requests by (protocol, route, code) and their latency by (protocol, route), each
     labelled with the pod's model id (series join the agent's and Triton's by `model`)."""
 
@@ -104,25 +105,37 @@ class _RequestCollector(Collector):
         series = self.series[protocol, route, code] = ([0], histogram)
         return series
 
-    def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(
-            "tritonshare_proxy_requests",
-            "Requests answered, by protocol, route and status (HTTP status or gRPC code).",
-            labels=["model", "protocol", "route", "code"],
-        )
+    def add_to(self, requests: CounterMetricFamily, latency: HistogramMetricFamily) -> None:
+        """Add this model's series to the families being collected."""
         for labels, count in self.counts.items():
             requests.add_metric([self._model, *labels], count)
-        latency = HistogramMetricFamily(
-            "tritonshare_proxy_request_duration_seconds",
-            "Time from receiving a request to finishing its answer, by protocol and route.",
-            labels=["model", "protocol", "route"],
-        )
         for route, counts in list(self.latency.items()):
             cumulative, buckets = 0.0, []
             for bound, in_bucket in zip(_BOUNDS, counts[:-1], strict=True):
                 cumulative += in_bucket
                 buckets.append((_bound_text(bound), cumulative))
             latency.add_metric([self._model, *route], buckets, counts[-1])
+
+
+class _RequestsCollector(Collector):
+    """The answered requests and latencies of every model of the table."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, _RequestCollector] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "tritonshare_proxy_requests",
+            "Requests answered, by protocol, route and status (HTTP status or gRPC code).",
+            labels=["model", "protocol", "route", "code"],
+        )
+        latency = HistogramMetricFamily(
+            "tritonshare_proxy_request_duration_seconds",
+            "Time from receiving a request to finishing its answer, by protocol and route.",
+            labels=["model", "protocol", "route"],
+        )
+        for model in list(self.models.values()):
+            model.add_to(requests, latency)
         yield from (requests, latency)
 
 
@@ -202,34 +215,60 @@ _INFERENCE_ROUTES: frozenset[str] = frozenset(
 
 
 class ProxyMetrics:
-    """What the transports count, and the registry that exposes it."""
+    """What the transports count for one model, and the registry that exposes it: a process's
+    first `ProxyMetrics` makes the registry; those of the other models of its table pass it as
+    `shared` and add their series (`model` label) to the same metrics."""
 
-    def __init__(self, limiter: Limiter, model_id: str) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    def __init__(self, limiter: Limiter, model_id: str, shared: ProxyMetrics | None = None) -> None:
         self._requests = _RequestCollector(model_id)
         self._series = self._requests.series
         self._model = model_id
-        self.registry.register(self._requests)
-        self._rejected = Counter(
-            "tritonshare_proxy_rejected_requests",
-            "Requests refused by the proxy itself, by reason.",
-            ["model", "reason"],
-            registry=self.registry,
-        )
-        self.registry.register(_ConcurrencyCollector(limiter, model_id))
-        self._wake_seconds = Histogram(
-            "tritonshare_proxy_wake_seconds",
-            "Time to load the on-demand model again after it slept, from the first request "
-            "that found it unloaded to the agent's READY.",
-            ["model"],
-            buckets=(0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
-            registry=self.registry,
-        ).labels(model_id)
-        self._connections = _ConnectionCollector()
-        self.registry.register(self._connections)
+        self._reasons: set[str] = set()
+        if shared is None:
+            self.registry = CollectorRegistry(auto_describe=True)
+            self._all_requests = _RequestsCollector()
+            self.registry.register(self._all_requests)
+            self._rejected_counter = Counter(
+                "tritonshare_proxy_rejected_requests",
+                "Requests refused by the proxy itself, by reason.",
+                ["model", "reason"],
+                registry=self.registry,
+            )
+            self._concurrency = _ConcurrencyCollector()
+            self.registry.register(self._concurrency)
+            self._wake_histogram = Histogram(
+                "tritonshare_proxy_wake_seconds",
+                "Time to load the on-demand model again after it slept, from the first request "
+                "that found it unloaded to the agent's READY.",
+                ["model"],
+                buckets=(0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+                registry=self.registry,
+            )
+            self._connections = _ConnectionCollector()
+            self.registry.register(self._connections)
+        else:
+            self.registry = shared.registry
+            self._all_requests = shared._all_requests
+            self._rejected_counter = shared._rejected_counter
+            self._concurrency = shared._concurrency
+            self._wake_histogram = shared._wake_histogram
+            self._connections = shared._connections
+        if model_id:  # a host's server-wide requests count under no model
+            self._concurrency.limiters[model_id] = limiter
+        self._all_requests.models[model_id] = self._requests
+        self._wake_seconds = self._wake_histogram.labels(model_id) if model_id else None
         self.on_not_usable: Callable[[], None] | None = None
         """Told of an inference answered as if the model were not loaded (an on-demand model
         evicted behind the proxy's back: `Residency.suspect`); None for an always model."""
+
+    def forget(self) -> None:
+        """Drop this model's series (it left the table)."""
+        self._concurrency.limiters.pop(self._model, None)
+        self._all_requests.models.pop(self._model, None)
+        for reason in self._reasons:
+            self._rejected_counter.remove(self._model, reason)
+        if self._wake_seconds is not None:
+            self._wake_histogram.remove(self._model)
 
     def residency(self, residency: Residency) -> None:
         """Report an on-demand model's state, sleeps and wakes."""
@@ -238,7 +277,8 @@ class ProxyMetrics:
     def woke(self, seconds: float) -> None:
         """Count one wake of the on-demand model and how long its load took (a wake is rare:
         the histogram child's lock costs nothing that matters here)."""
-        self._wake_seconds.observe(seconds)
+        if self._wake_seconds is not None:
+            self._wake_seconds.observe(seconds)
 
     def listener(self, protocol: str, sweeper: IdleSweeper) -> None:
         """Report the connections of a listener (`http`, `grpc`) through its idle sweep."""
@@ -271,4 +311,5 @@ class ProxyMetrics:
 
     def rejected(self, reason: str) -> None:
         """Count one request the proxy refused (for example `queue_full`)."""
-        self._rejected.labels(self._model, reason).inc()
+        self._reasons.add(reason)
+        self._rejected_counter.labels(self._model, reason).inc()

@@ -1,5 +1,6 @@
 """Whether the pod is ready: its own model is ready in Triton (or asleep, an on-demand model
-unloaded while idle that its next request loads) and the proxy is not draining.
+unloaded while idle that its next request loads), or in a model host every model of its table,
+and the proxy is not draining.
 
 `Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton through
 `OwnModel`, over one client session held for the process (closed at shutdown). It serves nothing
@@ -10,7 +11,8 @@ refused it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Collection
 
 import aiohttp
 
@@ -24,7 +26,8 @@ class OwnModel:
     process (opened at start, closed at stop)."""
 
     def __init__(self, settings: Settings) -> None:
-        self._url = f"http://{settings.triton_http_url}/v2/models/{settings.model_id}/ready"
+        self._models = f"http://{settings.triton_http_url}/v2/models/"
+        self._model_id = settings.model_id
         self._source = settings.source_address
         self._session: aiohttp.ClientSession | None = None
 
@@ -42,10 +45,14 @@ class OwnModel:
 
     async def ready(self) -> bool:
         """True when Triton reports the pod's model ready."""
+        return await self.is_ready(self._model_id)
+
+    async def is_ready(self, model_id: str) -> bool:
+        """True when Triton reports `model_id` ready."""
         if self._session is None:
             return False
         try:
-            async with self._session.get(self._url) as response:
+            async with self._session.get(f"{self._models}{model_id}/ready") as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
@@ -60,17 +67,30 @@ class Readiness:
         state: ProxyState,
         own_model: OwnModel,
         why_not_served: Callable[[], str] = lambda: "",
+        table: Collection[str] | None = None,
     ) -> None:
         self._model_id = model_id
         self._state = state
         self._own_model = own_model
         self._why_not_served = why_not_served
         """What is known of why the model is not served ('' when nothing is): proxy.reinstall."""
+        self._table = table
+        """A host's model ids (the table's live set), asked about instead of the pod's model."""
 
     async def not_ready(self) -> list[str]:
         """The reasons the pod is not ready; none when it is."""
         if self._state.draining:
             return ["draining: the pod is shutting down"]
+        if self._table is not None:
+            models = sorted(self._table)
+            if not models:
+                return ["the models file lists no model yet"]
+            answers = await asyncio.gather(*(self._own_model.is_ready(m) for m in models))
+            return [
+                f"model {model} is not ready in Triton"
+                for model, ready in zip(models, answers, strict=True)
+                if not ready
+            ]
         if self._state.model_asleep:
             return []  # unloaded while idle: its next request loads it
         if not await self._own_model.ready():

@@ -124,14 +124,6 @@ def finish_timeout() -> Any:
 class Settings:
     """Everything the proxy needs to run; each field declared once with its flag."""
 
-    model_id: str = setting(
-        "model-id",
-        "the pod's model id, as its clients name it: the only model requests may reach",
-        model_id,
-        required="the pod's model",
-    )
-    """The pod's model id (its `tritonshare.io/model-id` annotation), the name clients send; the
-    only model the proxy lets requests reach. Its name in Triton is private (`triton_name`)."""
     triton_http_url: str = setting(
         "triton-http-url",
         "host:port REST requests go to: the node gateway's REST side (the host IP and its "
@@ -149,6 +141,35 @@ class Settings:
         required="where Triton's gRPC endpoint is",
     )
     """host:port gRPC calls go to: in a model pod the node gateway's gRPC side."""
+    model_id: str = setting(
+        "model-id",
+        "the pod's model id, as its clients name it: the only model requests may reach (a "
+        "model pod; a model host passes --models-file instead)",
+        private_name,
+        default="",
+    )
+    """The pod's model id (its `tritonshare.io/model-id` annotation), the name clients send; the
+    only model the proxy lets requests reach: a table of one. Its name in Triton is private
+    (`triton_name`). Empty in a model host, whose models are in `models_file`."""
+    models_file: Path | None = setting(
+        "models-file",
+        "a model host's table of models: a JSON list of objects with `model` (the host pod's "
+        "hosted-models annotation, projected by the downward API), followed as it changes",
+        path,
+        default=None,
+    )
+    """A model host's table: a JSON list of objects each with `model` (a public model id; other
+    keys are ignored), as the downward API projects the host pod's
+    `tritonshare.io/hosted-models` annotation. Reread every --models-check-seconds when it
+    changed: a model added is served, a model removed is drained (its new requests refused, those
+    in flight finish within --finish-timeout) and then removed (proxy/table.py)."""
+    models_check_seconds: float = setting(
+        "models-check-seconds",
+        "seconds between looks at whether --models-file changed",
+        seconds(minimum=0.1),
+        default="1",
+    )
+    """Seconds between two looks (a stat) at --models-file; default 1."""
     triton_name: str = setting(
         "triton-name",
         "the model's private name in Triton when not the model id (the node gateway's)",
@@ -341,6 +362,28 @@ DECLARATION = Declaration.of(
 def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
     """Read the flags (and `TRITONSHARE_*` variables) into Settings, or raise SettingsError."""
     settings = Settings(**DECLARATION.values(argv, os.environ if env is None else env))
+    if not settings.model_id and settings.models_file is None:
+        raise SettingsError(
+            "--model-id is required (a model pod's model), or --models-file (a model host's "
+            "table of models)"
+        )
+    if settings.model_id and settings.models_file is not None:
+        raise SettingsError(
+            "--model-id and --models-file are both set; a model pod passes --model-id, a model "
+            "host --models-file: pass one"
+        )
+    if settings.models_file is not None:
+        for flag, given in (
+            ("--triton-name", settings.triton_name),
+            ("--model-dir", settings.model_dir is not None),
+            ("--residency on-demand", settings.residency == RESIDENCY_ON_DEMAND),
+            ("--grpc-mode grpcio", settings.grpc_mode == "grpcio"),
+        ):
+            if given:
+                raise SettingsError(
+                    f"{flag} works with --model-id only, not with --models-file (a model "
+                    "host's models are always resident, served by the gRPC relay): drop it"
+                )
     if settings.source_address and settings.grpc_mode == "grpcio":
         raise SettingsError(
             "--source-address works with --grpc-mode relay only (grpc.aio cannot choose its "

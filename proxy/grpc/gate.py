@@ -40,6 +40,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy import finals, inflation, refusals, routing, tensors, wire
 from proxy.policy.limiter import Limiter
 from proxy.policy.routing import GRPC_SERVICE, GrpcAnswer, GrpcRouter
+from proxy.table import Served
 
 HOLD_LIMIT: Final = 16 * 1024
 """Messages up to this size are held whole before the check; larger ones stream minus a byte."""
@@ -87,6 +88,7 @@ class GateContext(Protocol):
     router: GrpcRouter
     limiter: Limiter
     metrics: ProxyMetrics
+    served: dict[bytes, Served]
     max_message: int
     max_inflated: int
 
@@ -102,6 +104,7 @@ class StreamGate:
         "_max_message",
         "_metrics",
         "_router",
+        "_served",
         "_spent",
         "_turn",
         "context",
@@ -119,6 +122,7 @@ class StreamGate:
         self._limiter = context.limiter
         self._metrics = context.metrics
         self._router = context.router
+        self._served = context.served
         self._max_message = context.max_message
         self.streams = streams  # the connection's open streams, shared with it and the replies
         self.out = out
@@ -126,9 +130,16 @@ class StreamGate:
         self._spent = 0  # bytes inflated on this connection in this event-loop turn
         self._turn = False  # a callback resets `_spent` at the next turn
 
+    def _serve(self, stream: Stream, model: bytes) -> None:
+        """`stream` counts against `model`'s limiter and metrics from now, unless it holds or
+        waits for a slot already (whose limiter must get it back)."""
+        if stream.limited == NO_SLOT and not stream.slots:
+            stream.served = self._served.get(model)
+
     def admit(self, stream: Stream) -> bool:
         """Take a slot for `stream` now, or queue for one on a task; False while it waits."""
-        limiter = self._limiter
+        served = stream.served
+        limiter = self._limiter if served is None else served.limiter
         if limiter.try_acquire():
             stream.limited = HOLDS_SLOT
             return True
@@ -164,7 +175,8 @@ class StreamGate:
         if not requests or tracker is None:
             return
         keep = max(tracker.pending, 1)
-        release = self._limiter.release
+        served = stream.served
+        release = (self._limiter if served is None else served.limiter).release
         while stream.slots > keep:
             stream.slots -= 1
             release()
@@ -181,7 +193,8 @@ class StreamGate:
         try:
             await limiter.acquire()
         except refusals.ProxyError as e:
-            self.context.metrics.rejected(type(e).__name__)
+            served = stream.served
+            (self._metrics if served is None else served.metrics).rejected(type(e).__name__)
             stream.waiter = None
             stream.limited = NO_SLOT
             if stream.streaming and len(stream.buf) >= 5 and self.streams.get(stream.sid) is stream:
@@ -294,7 +307,8 @@ class StreamGate:
             return True  # malformed: refused by the full check once whole
         if name is None:
             return not held
-        if name == router.model_id.encode():
+        if name in router.names:
+            self._serve(stream, name)
             return True
         if request_id is None and held:
             return False  # an in-stream error echoes the request's id: wait for it
@@ -533,6 +547,9 @@ class StreamGate:
         if stream.streaming:
             refusal = router.decide_stream_message(message)
             if refusal is None:
+                if stream.served is None:
+                    # A stream's requests count against the model its first one names.
+                    self._serve(stream, wire.string_fields(message, (1,)).get(1, b""))
                 if not self._take(stream):
                     stream.buf[:0] = framed or framing.grpc_message(message)  # checked again
                     return False
@@ -564,6 +581,8 @@ class StreamGate:
         if self._limiter.refusal is not None:  # a pod the node quarantined: every call
             self.refuse_error(stream, self._limiter.refusal)
             return False
+        if decision.model:  # the model's own limiter and metrics: one look-up
+            self._serve(stream, decision.model)
         stream.passed = True
         if decision.limited and stream.limited == NO_SLOT and not self.admit(stream):
             stream.buf[:0] = framed or framing.grpc_message(message)  # checked again once admitted
@@ -643,7 +662,9 @@ class StreamGate:
             stream, framing.local_trailers(stream.sid, answer.code, answer.details, head)
         )
         if started is not None:
-            self.context.metrics.observe("grpc", answer.route, answer.code, _clock() - started)
+            served = stream.served
+            metrics = self._metrics if served is None else served.metrics
+            metrics.observe("grpc", answer.route, answer.code, _clock() - started)
         else:
             self.finish(stream, answer.code)
 
@@ -655,15 +676,19 @@ class StreamGate:
         if stream.waiter is not None:
             stream.waiter.cancel()
             stream.waiter = None
+        served = stream.served
+        limiter = self._limiter if served is None else served.limiter
         if stream.limited == HOLDS_SLOT:
-            self._limiter.release()
+            limiter.release()
         stream.limited = NO_SLOT
         # A direct call in the loop: compiled (mypyc), binding `release` first made a bound
         # method object on every call, though a unary call holds no stream slots.
         while stream.slots:
             stream.slots -= 1
-            self._limiter.release()
-        self._metrics.observe("grpc", stream.route, code, _clock() - started)
+            limiter.release()
+        (self._metrics if served is None else served.metrics).observe(
+            "grpc", stream.route, code, _clock() - started
+        )
 
 
 def _text(refusal: bytes) -> str:

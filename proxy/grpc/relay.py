@@ -516,7 +516,9 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         self.streams[sid] = stream
         stream.started = started
         self._channel().open(stream, sent, end_stream)
-        if streaming:
+        if streaming and router.model_id:
+            # An open stream holds a slot of its model's; a host's streams from their first
+            # request, once it names the model.
             self.gate.admit(stream)
 
     def _plan(self, fields: Fields) -> _Plan:
@@ -530,7 +532,8 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
             encoding = next((value for name, value in fields if name == b"grpc-encoding"), None)
             kind = grpc_kind(path.decode("latin-1"))
             sent = fields
-            if kind == "ServerReady":  # the pod's readiness is its model's: ask ModelReady
+            if kind == "ServerReady" and self._router.model_id:
+                # The pod's readiness is its model's: ask ModelReady (a host asks Triton's own).
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
             router = self._router
             streaming = router.is_stream(kind)

@@ -30,6 +30,7 @@ from proxy.policy.routing import GrpcRouter
 from proxy.settings import Settings
 from proxy.sockets import bind
 from proxy.state import ProxyState
+from proxy.table import ModelTable, Served
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,27 @@ class GrpcRelay:
     """Listens on the gRPC port; owns the tenant connections and the channels to Triton."""
 
     def __init__(
-        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
+        self,
+        settings: Settings,
+        limiter: Limiter,
+        metrics: ProxyMetrics,
+        state: ProxyState,
+        table: ModelTable | None = None,
     ) -> None:
         self.settings = settings
-        self.router = GrpcRouter(settings.model_id, settings.triton_name)
+        self.router = GrpcRouter(
+            settings.model_id, settings.triton_name, None if table is None else table.encoded
+        )
         self.limiter = limiter
+        """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
         self.metrics = metrics
+        """Where calls naming no model of the table count; a model pod's model's."""
+        self.served: dict[bytes, Served] = (
+            {settings.model_id.encode(): Served(settings.model_id, limiter, metrics)}
+            if table is None
+            else table.served
+        )
+        """Each model's limiter and metrics by encoded model id (the table's, as it changes)."""
         self.state = state
         self.max_message = settings.max_body_bytes
         self.max_inflated = settings.max_inflated_bytes
@@ -138,7 +154,11 @@ class GrpcRelay:
         self.port = sock.getsockname()[1]
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: H2Connection(self), sock=sock, backlog=1024)
-        log.info("Relaying Triton gRPC for model %s on port %d.", self.settings.model_id, self.port)
+        log.info(
+            "Relaying Triton gRPC for model %s on port %d.",
+            self.settings.model_id or ", ".join(sorted(self.router.model_names())) or "(none yet)",
+            self.port,
+        )
         self.idle.start()
 
     async def adopt(self, sock: socket.socket) -> None:

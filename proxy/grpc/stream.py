@@ -26,6 +26,7 @@ from proxy.policy.finals import Finals
 from proxy.policy.inflation import Inflation
 from proxy.policy.naming import AnswerNames
 from proxy.policy.wire import MessageScan
+from proxy.table import Served
 
 RECEIVE_WINDOW: Final = 256 * 1024
 """The per-stream window the relay grants tenants (SETTINGS_INITIAL_WINDOW_SIZE): the most it holds
@@ -65,6 +66,7 @@ class Stream:
         "resuming",
         "route",
         "scan",
+        "served",
         "sid",
         "skip",
         "slots",
@@ -102,6 +104,9 @@ class Stream:
         self.triton = IDLE
         self.ended = False  # the tenant's END_STREAM is still to be sent on to Triton
         self.passed = False  # a unary call's one message passed the check
+        self.served: Served | None = None
+        """The model of the table the call names, once read (its limiter and metrics); None:
+        the listener's own (a server-wide call, or one not read yet)."""
         self.limited = NO_SLOT
         """A unary call's slot; on a stream, one it took opening or its waiter got, not yet in
         `slots` (`gate._take`)."""

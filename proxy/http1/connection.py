@@ -23,11 +23,12 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy import refusals
 from proxy.policy.holdings import SHED_DRAIN_SECONDS
 from proxy.policy.limiter import Limiter
-from proxy.policy.routing import Answer, Forward, error_body
+from proxy.policy.routing import Answer, Forward, HttpRouter, error_body
 from proxy.policy.throttle import Throttle
 from proxy.settings import Settings
 from proxy.sockets import nodelay
 from proxy.state import ProxyState
+from proxy.table import Served
 
 Prepared = tuple[RequestHead, Forward | Answer, bytes]
 """A parsed head, its routing decision, and the head to send Triton (b"" for a local answer)."""
@@ -40,6 +41,8 @@ class Listener(Protocol):
     limiter: Limiter
     metrics: ProxyMetrics
     state: ProxyState
+    models: dict[str, Served]
+    router: HttpRouter
     pool: UpstreamPool
     max_body: int
     max_inflated: int
@@ -169,7 +172,7 @@ class Connection(asyncio.Protocol):
     def _release_slot(self) -> None:
         if self._holding:
             self._holding = False
-            self._relay.limiter.release()
+            self._limiter.release()
 
     def _write_answer(
         self, status: int, content_type: str, body: bytes, retry_after: int = 0

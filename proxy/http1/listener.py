@@ -32,6 +32,7 @@ from proxy.policy.routing import Forward, HttpRouter
 from proxy.settings import Settings
 from proxy.sockets import bind
 from proxy.state import ProxyState
+from proxy.table import ModelTable, Served
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,27 @@ class RestRelay:
     """Listens on the REST port and owns the upstream pool and the tenant connections."""
 
     def __init__(
-        self, settings: Settings, limiter: Limiter, metrics: ProxyMetrics, state: ProxyState
+        self,
+        settings: Settings,
+        limiter: Limiter,
+        metrics: ProxyMetrics,
+        state: ProxyState,
+        table: ModelTable | None = None,
     ) -> None:
         self.settings = settings
-        self.router = HttpRouter(settings.model_id, settings.triton_name)
+        self.router = HttpRouter(
+            settings.model_id, settings.triton_name, None if table is None else table.names
+        )
         self.limiter = limiter
+        """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
         self.metrics = metrics
+        """Where requests naming no model of the table count; a model pod's model's."""
+        self.models: dict[str, Served] = (
+            {settings.model_id: Served(settings.model_id, limiter, metrics)}
+            if table is None
+            else table.models
+        )
+        """Each model's limiter and metrics by model id (the table's, followed as it changes)."""
         self.state = state
         self.max_body = settings.max_body_bytes
         self.max_inflated = settings.max_inflated_bytes
@@ -86,6 +102,10 @@ class RestRelay:
                 self._prepared[block] = prepared
         return prepared
 
+    def forget_heads(self) -> None:
+        """Prepare every head again (the table changed: a model a kept head names may be gone)."""
+        self._prepared.clear()
+
     async def start(self) -> None:
         """Start listening."""
         host, port = self.settings.listen_http
@@ -94,7 +114,9 @@ class RestRelay:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.connection, sock=sock, backlog=1024)
         log.info(
-            "Serving KServe v2 REST for model %s on port %d.", self.settings.model_id, self.port
+            "Serving KServe v2 REST for model %s on port %d.",
+            self.settings.model_id or ", ".join(sorted(self.router.names)) or "(none yet)",
+            self.port,
         )
         self.idle.start()
 

@@ -43,7 +43,7 @@ from proxy.http1.gate import ADMITTED, check_whole, head_refusal, too_large
 from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
-from proxy.policy.routing import NOT_FOUND, Answer, error_body
+from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,9 @@ class ClientConnection(Connection):
                     self._refuse(e)
                     return
                 verbatim = False
-                if head_end <= _KNOWN_HEAD_BYTES:
+                # Only a forward: an answer (a model not in the table) may change as the host's
+                # table does, and a forward whose model leaves it is decided again below.
+                if head_end <= _KNOWN_HEAD_BYTES and isinstance(prepared[1], Forward):
                     self._known = buffer[: head_end + 4]
                     self._known_prepared = prepared
                     # Re-serializing gave the same bytes (as with clients that send the framing
@@ -182,10 +184,28 @@ class ClientConnection(Connection):
             # Below, `self._buffer` keeps what follows the head whenever the request does not go
             # to Triton at once: `_send` takes the buffer as it is.
             if isinstance(decision, Answer):
+                self._metrics = relay.metrics
                 self._buffer = buffer[body:]
                 self._answer_locally(decision.status, decision.content_type, decision.body)
                 answered += 1
                 continue
+            # The model's own limiter and metrics: one look-up, whatever the table's size.
+            served = relay.models.get(decision.model) if decision.model else None
+            if served is not None:
+                self._limiter = served.limiter
+                self._metrics = served.metrics
+            elif decision.model:
+                # Its model left the table since this head was prepared: as for any other name.
+                gone = relay.router.decide(head.method, head.target)
+                if isinstance(gone, Answer):
+                    self._metrics = relay.metrics
+                    self._buffer = buffer[body:]
+                    self._answer_locally(gone.status, gone.content_type, gone.body)
+                    answered += 1
+                    continue
+            else:
+                self._limiter = relay.limiter
+                self._metrics = relay.metrics
             if length > ADMITTED or length > relay.max_body or head.chunked:
                 refused = head_refusal(head, decision, relay.max_body)
             else:
@@ -246,9 +266,9 @@ class ClientConnection(Connection):
 
     async def _acquire_then_send(self) -> None:
         try:
-            await self._relay.limiter.acquire()
+            await self._limiter.acquire()
         except refusals.ProxyError as e:
-            self._relay.metrics.rejected(type(e).__name__)
+            self._metrics.rejected(type(e).__name__)
             self._answer_refusal(e)
             self._resume()
             return
@@ -393,7 +413,7 @@ class ClientConnection(Connection):
             # Answered now, the rest of the body read and dropped, then the connection closed:
             # closing on unread bytes would reset it, and the client might never read why.
             status = refusals.http_status(e)
-            self._relay.metrics.observe("http", self._route, str(status), 0.0)
+            self._metrics.observe("http", self._route, str(status), 0.0)
             self._keep_alive = False
             self._response_done = True
             self._sink = None
@@ -520,9 +540,7 @@ class ClientConnection(Connection):
         self, status: int, content_type: str, body: bytes, retry_after: int = 0
     ) -> None:
         """Answer without Triton, then skip the request's body (if any)."""
-        self._relay.metrics.observe(
-            "http", self._route, str(status), perf_counter() - self._started
-        )
+        self._metrics.observe("http", self._route, str(status), perf_counter() - self._started)
         self._response_done = True
         self._sink = None
         self._write_answer(status, content_type, body, retry_after)

@@ -50,6 +50,8 @@ class Forward:
     """Counts against the concurrency limit (inference only, never health or metadata)."""
     readiness: bool = False
     """Answers the pod's readiness: the proxy reports not ready while draining."""
+    model: str = ""
+    """The model of the table the request names; empty for a server-wide route."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +113,27 @@ def _other_model(method: str, name: str, kind: str) -> Answer:
 MODELS: Final = "/v2/models/"
 
 
+def _table_stats() -> Answer:
+    return Answer(
+        "stats",
+        400,
+        JSON,
+        error_body(
+            "statistics of every model are not available from a host of several models: "
+            "name one, GET /v2/models/<model>/stats"
+        ),
+    )
+
+
 class HttpRouter:
     """Decides REST requests for one model, whose name in Triton is `triton_name` when that is
-    not empty (the model's private name: forwarded paths name it instead of `model_id`)."""
+    not empty (the model's private name: forwarded paths name it instead of `model_id`), or for
+    the models of a host's table: `model_id` empty and `names` the table's model ids (the
+    table's own set, read on every decision, so the router follows it as it changes)."""
 
-    def __init__(self, model_id: str, triton_name: str = "") -> None:
+    def __init__(self, model_id: str, triton_name: str = "", names: set[str] | None = None) -> None:
         self.model_id = model_id
+        self.names: set[str] = {model_id} if names is None else names
         self.triton_name = triton_name or model_id
         self.renames = self.triton_name != model_id
         """Triton knows the model by another name: paths, and Triton's answers, are mapped."""
@@ -134,12 +151,16 @@ class HttpRouter:
             kind = kind or ""
             if kind == "trace/setting":
                 return _refused("trace", "per-model trace settings")
-            if name != self.model_id:
+            if name not in self.names:
                 return _other_model(method, name, kind)
             if self.renames:  # the path begins with MODELS and the model id, matched above
                 raw_path = MODELS + self.triton_name + raw_path[self._cut :]
-            return Forward(kind or "metadata", raw_path, limited=kind in _INFERENCE_KINDS)
+            return Forward(
+                kind or "metadata", raw_path, limited=kind in _INFERENCE_KINDS, model=name
+            )
         if path == "/v2/health/ready":
+            if not self.model_id:  # a host: Triton's own readiness, not one model's
+                return Forward("server_ready", raw_path, readiness=True)
             return Forward("server_ready", self._own_ready + suffix, readiness=True)
         if path == "/v2/health/live":
             return Forward("server_live", raw_path)
@@ -147,6 +168,8 @@ class HttpRouter:
             return Forward("server_metadata", raw_path)
         if path == "/v2/models/stats":
             # Statistics of every model would reveal the node's other tenants: narrow to ours.
+            if not self.model_id:
+                return _table_stats()
             return Forward("stats", self._own_stats + suffix)
         for prefix in _REFUSED_PREFIXES:
             if path.startswith(prefix):
@@ -183,7 +206,7 @@ class GrpcForward:
     the type checker (mypy refuses any assignment to a field, and CI runs it on every module);
     compiled (mypyc), it is built in 25 ns, against 115 ns for the named tuple it was."""
 
-    __slots__ = ("limited", "method", "readiness", "request", "route")
+    __slots__ = ("limited", "method", "model", "readiness", "request", "route")
 
     def __init__(
         self,
@@ -192,12 +215,15 @@ class GrpcForward:
         request: bytes,
         limited: bool = False,
         readiness: bool = False,
+        model: bytes = b"",
     ) -> None:
         self.route: Final = route
         self.method: Final = method
         self.request: Final = request
         self.limited: Final = limited
         self.readiness: Final = readiness
+        self.model: Final = model
+        """The model of the table the call names; empty for a server-wide call."""
 
     def __repr__(self) -> str:
         return (
@@ -224,17 +250,26 @@ def grpc_kind(full_method: str) -> str:
 
 class GrpcRouter:
     """Decides gRPC calls for one model, whose name in Triton is `triton_name` when that is not
-    empty (the model's private name: messages forwarded name it instead of `model_id`)."""
+    empty (the model's private name: messages forwarded name it instead of `model_id`), or for
+    the models of a host's table (`model_id` empty, `names` the table's live set of encoded
+    model ids, as `HttpRouter`'s)."""
 
-    def __init__(self, model_id: str, triton_name: str = "") -> None:
+    def __init__(
+        self, model_id: str, triton_name: str = "", names: set[bytes] | None = None
+    ) -> None:
         self.model_id = model_id
         self._name = model_id.encode()
+        self.names: set[bytes] = {self._name} if names is None else names
         self.triton_name = (triton_name or model_id).encode()
         self.renames = self.triton_name != self._name
         """Triton knows the model by another name: messages, and Triton's answers, are mapped."""
         self._ready_request = wire.encode_string(1, self.triton_name)
         self._public_field = wire.encode_string(1, self._name)
         self._private_field = self._ready_request
+
+    def model_names(self) -> list[str]:
+        """The model ids calls may name, as text."""
+        return [name.decode() for name in self.names]
 
     def renamed(self, request: bytes) -> bytes:
         """`request`, whose model name field (checked: exactly once) is the model id, naming the
@@ -258,7 +293,7 @@ class GrpcRouter:
                 name = wire.model_name(request)
             except wire.WireError as e:
                 return _malformed(kind, e)
-            if name != self._name:
+            if name not in self.names:
                 return _grpc_other_model(kind, name)
             if kind == "ModelInfer":
                 try:
@@ -268,10 +303,12 @@ class GrpcRouter:
                     return GrpcAnswer(kind, "INVALID_ARGUMENT", str(refused))
             if rename:
                 request = self.renamed(request)
-            return GrpcForward(kind, kind, request, kind == "ModelInfer")
+            return GrpcForward(kind, kind, request, kind == "ModelInfer", model=name)
         if kind in _PASS_THROUGH:
             return GrpcForward(kind, kind, request)
         if kind == "ServerReady":
+            if not self.model_id:  # a host: Triton's own readiness, not one model's
+                return GrpcForward(kind, kind, request, readiness=True)
             return GrpcForward(kind, "ModelReady", self._ready_request, readiness=True)
         if kind == "ModelStatistics":
             try:
@@ -279,12 +316,19 @@ class GrpcRouter:
             except wire.WireError as e:
                 return _malformed(kind, e)
             if name == b"":
+                if not self.model_id:
+                    return GrpcAnswer(
+                        kind,
+                        "INVALID_ARGUMENT",
+                        "statistics of every model are not available from a host of several "
+                        "models: name one",
+                    )
                 # Statistics of every model would reveal the node's other tenants: narrow to ours.
                 narrowed = wire.with_string_field(request, 1, self.triton_name)
                 return GrpcForward(kind, kind, narrowed)
-            if name != self._name:
+            if name not in self.names:
                 return _grpc_other_model(kind, name)
-            return GrpcForward(kind, kind, self.renamed(request) if rename else request)
+            return GrpcForward(kind, kind, self.renamed(request) if rename else request, model=name)
         if kind in _REFUSED_RPCS:
             return GrpcAnswer(
                 kind,
@@ -305,7 +349,7 @@ class GrpcRouter:
         except wire.WireError as e:
             return _stream_error(_malformed_message(e), request)
         name = fields.get(1, b"")
-        if name != self._name:
+        if name not in self.names:
             return _stream_error(unknown_model_message(_text(name)), request)
         try:
             tensors.check_request(request)
@@ -350,7 +394,7 @@ class GrpcRouter:
             name = scan.field(1)
         except wire.WireError as e:
             return _stream_error(_malformed_message(e), echo)
-        if name != self._name:
+        if name not in self.names:
             return _stream_error(unknown_model_message(_text(name)), echo)
         if isinstance(scan, tensors.InferScan):
             try:

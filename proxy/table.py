@@ -1,0 +1,181 @@
+"""The models a proxy serves: its table, one entry per public model id.
+
+A model pod's proxy serves a table of one, built from --model-id; a model host's proxy reads its
+table from --models-file (the host pod's `tritonshare.io/hosted-models` annotation, projected by
+the downward API: a JSON list of objects, each with at least `model`, the public model id) and
+follows it as the kubelet rewrites the file. Each entry has its own concurrency limit and queue
+(`policy.limiter`) and its own metrics (`metrics.ProxyMetrics`, labelled with its model id); the
+relays find a request's entry with one dict lookup (`served`), whatever the table's size.
+
+A model that leaves the table is drained: the routers stop naming it at once (its new requests
+are answered as Triton answers for a model it does not have), the requests it has in flight
+finish, and after them (or after the drain bound) its entry and its metrics go. The table is no
+authorization: the node gateway and the agent check each replica's proof; this only narrows what
+the proxy forwards. What it must not do: talk to Triton or the agent, or relay bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from common.atomicfile import read_file
+from common.contract import ContractError, validate_model_id
+from proxy.metrics import ProxyMetrics
+from proxy.policy.limiter import Limiter
+
+log = logging.getLogger(__name__)
+
+
+class TableError(ValueError):
+    """The models file cannot be read or does not hold a list of models."""
+
+
+class Served:
+    """One model of the table: its limiter and its metrics."""
+
+    __slots__ = ("draining_since", "limiter", "metrics", "model_id")
+
+    def __init__(self, model_id: str, limiter: Limiter, metrics: ProxyMetrics) -> None:
+        self.model_id = model_id
+        self.limiter = limiter
+        self.metrics = metrics
+        self.draining_since: float | None = None
+        """When the model left the table (monotonic seconds); None while it is in it."""
+
+
+def read_models(path: Path) -> list[str]:
+    """The model ids of the models file at `path`, in its order, each once."""
+    data = read_file(
+        path,
+        "models file",
+        TableError,
+        "check that the host pod projects its hosted-models annotation there (downward API)",
+    )
+    assert data is not None
+    try:
+        entries = json.loads(data) if data.strip() else []
+    except ValueError as e:
+        raise TableError(f"the models file {path} is not JSON ({e}); write a JSON list") from e
+    if not isinstance(entries, list):
+        raise TableError(f"the models file {path} holds no JSON list of models")
+    models: list[str] = []
+    for number, entry in enumerate(entries, 1):
+        name = entry.get("model") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise TableError(
+                f"entry {number} of the models file {path} has no `model` (the public model id)"
+            )
+        try:
+            validate_model_id(name)
+        except ContractError as e:
+            raise TableError(f"entry {number} of the models file {path}: {e}") from e
+        if name not in models:
+            models.append(name)
+    return models
+
+
+class ModelTable:
+    """The served models by model id, and the names the routers accept (the same ids, as text
+    for REST and as bytes for gRPC: sets the routers hold and read on every decision)."""
+
+    def __init__(
+        self,
+        make: Callable[[str], Served],
+        *,
+        drain_seconds: float,
+        on_change: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._make = make
+        self.drain_seconds = drain_seconds
+        self.on_change = on_change
+        """Told after models join or leave (the REST relay forgets its prepared heads)."""
+        self._clock = clock
+        self.models: dict[str, Served] = {}
+        """Every entry with requests to serve or finish, draining ones too: the relays' look-up."""
+        self.names: set[str] = set()
+        """The model ids requests may name now (not the draining ones)."""
+        self.encoded: set[bytes] = set()
+        self.served: dict[bytes, Served] = {}
+        """`models` by encoded model id (the gRPC relay's look-up)."""
+        self._identity: tuple[int, int, int] | None = None
+
+    def set_models(self, wanted: list[str]) -> None:
+        """Serve exactly `wanted`: new ones join, the others start draining."""
+        changed = False
+        for name in wanted:
+            served = self.models.get(name)
+            if served is None:
+                self.models[name] = self.served[name.encode()] = self._make(name)
+                log.info("Serving model %s.", name)
+            elif served.draining_since is not None:
+                served.draining_since = None
+                log.info("Model %s is back in the table: serving it again.", name)
+            else:
+                continue
+            self.names.add(name)
+            self.encoded.add(name.encode())
+            changed = True
+        for name, served in self.models.items():
+            if name not in wanted and served.draining_since is None:
+                served.draining_since = self._clock()
+                self.names.discard(name)
+                self.encoded.discard(name.encode())
+                changed = True
+                log.info(
+                    "Model %s left the table: refusing its new requests, removing it once its "
+                    "%d in flight finish (at most %.1f s).",
+                    name,
+                    served.limiter.held,
+                    self.drain_seconds,
+                )
+        self.sweep()
+        if changed and self.on_change is not None:
+            self.on_change()
+
+    def sweep(self) -> None:
+        """Remove the draining entries with nothing in flight, or past the drain bound."""
+        now = self._clock()
+        for name, served in list(self.models.items()):
+            since = served.draining_since
+            if since is None:
+                continue
+            if served.limiter.held == 0 or now - since >= self.drain_seconds:
+                del self.models[name]
+                del self.served[name.encode()]
+                served.metrics.forget()
+                log.info("Model %s is drained: removed from the table.", name)
+
+    def reread(self, path: Path) -> None:
+        """Follow the models file: read it again when its identity changed (inode, size,
+        mtime); a file that cannot be read keeps the table as it is, and says why."""
+        try:
+            stat = path.stat()
+        except OSError as e:
+            log.error("Cannot read the models file %s (%s): keeping the table.", path, e.strerror)
+            self.sweep()
+            return
+        identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if identity != self._identity:
+            try:
+                wanted = read_models(path)
+            except TableError as e:
+                log.error("%s: keeping the table.", e)
+            else:
+                self._identity = identity
+                self.set_models(wanted)
+                return
+        self.sweep()
+
+    async def follow(self, path: Path, period: float, stop: asyncio.Event) -> None:
+        """Reread `path` every `period` seconds until `stop` is set."""
+        while not stop.is_set():
+            self.reread(path)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
