@@ -428,16 +428,19 @@ class Models:
     def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
         return gpu_for(self._gpus.snapshot, model_id, gpu_uuid, self.limits.cpu_only)
 
-    async def load(self, model_id: str, owner: Proven) -> ModelStatus:
+    async def load(self, model_id: str, owner: Proven, *, settle: bool = True) -> ModelStatus:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
-        FAILED with Triton's reason."""
+        FAILED with Triton's reason. Without `settle` (a reload of what Triton held before it
+        restarted), Triton's exits after READY do not count against it (`agent.quarantine`)."""
         self._name_check(model_id, owner)
         name = self.triton_name(owner)
         async with self.lock(name):
             owned = await self._claim_locked(name, owner)
-            return await self._load_locked(name, owner, owned)
+            return await self._load_locked(name, owner, owned, settle=settle)
 
-    async def _load_locked(self, name: str, owner: Proven, owned: OwnerRecord) -> ModelStatus:
+    async def _load_locked(
+        self, name: str, owner: Proven, owned: OwnerRecord, *, settle: bool = True
+    ) -> ModelStatus:
         model_id = owner.model_id
         record = self._touch(name, owner)
         record.pod = owner.key
@@ -472,6 +475,7 @@ class Models:
             left is not None
             and not left.finished_at
             and (entry is None or entry.state not in (READY, LOADING))
+            and not self.crashes.explained(left)
         ):
             # A load of it Triton never answered, nor holds: Triton died under it (a load that
             # never reached Triton leaves none). Counted here, not only by the next reconcile
@@ -498,7 +502,9 @@ class Models:
         record.gpu_uuid, record.gpu_index = uuid, index
         started = self.clock()
         # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
-        marker = Marker(name, owned.digest, model_id, owner.key)
+        marker = Marker(
+            name, owned.digest, model_id, owner.key, started_at=self._wall(), restore=not settle
+        )
         await self._in_thread(self.crashes.loading, marker)
         try:
             await self._load_measured(
@@ -551,7 +557,7 @@ class Models:
             self._step(name, record, Event.LOAD_UNANSWERED)
             raise
         else:
-            self.crashes.finished(marker)
+            self.crashes.finished(marker, settle=settle)
             self._step(name, record, Event.LOAD_OK)
             record.vouched_at = self.clock()
             self.metrics.load_seconds.observe(self.clock() - started)

@@ -3,9 +3,11 @@
 A crash marker (`<name>.loading` in the state directory) is written, and synced, before a load
 reaches Triton and removed when Triton answers it; with `settle_seconds` above 0, a load
 answered READY keeps its marker, marked finished, that much longer (a model may kill Triton just
-after its load: a thread its initialization started, its first warm-up). A marker left over whose
-model Triton does not hold, with no load of it under way, is a load Triton died under or just
-after: the reconciler counts it against the model's files (its manifest digest, so a
+after its load: a thread its initialization started, its first warm-up, a timer), unless the load
+only gave back what Triton held before it restarted (`finished(settle=False)`). A marker left
+over whose model Triton does not hold, with no load of it under way, is a load Triton died under
+or just after: unless another pod's requests were at Triton then (`explained`), the reconciler
+counts it against the model's files (its manifest digest, so a
 replacement pod with the same files is refused too, and a fixed version is not). A load that
 stays READY through its settling window ends the count: the count is of crashes in a row. At
 `quarantine_after` crashes in a row the files are quarantined on the node: never loaded again
@@ -48,6 +50,8 @@ MARKER_SUFFIX = ".loading"
 COUNTS_FILE = "crashes.json"
 MAX_RECORDS = 10_000
 """Counts kept at most (the oldest unquarantined go first): a tenant cannot fill the disk."""
+DECIDED_KEPT = 64
+"""Markers counted or dismissed remembered (`CrashLedger.loads_at`)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,18 @@ class Marker:
     """namespace/name of the pod it was loaded for."""
     finished_at: float = 0.0
     """When Triton answered the load READY (Unix seconds); 0 while it is in flight."""
+    started_at: float = 0.0
+    """When the load was sent to Triton (Unix seconds); 0: not known (an older marker)."""
+    restore: bool = False
+    """A reload of what Triton held before it restarted: no change, so no evidence against
+    another party at an exit (`loads_at`), and counted only when nothing else explains it."""
+
+    def at_exit(self, first_down: float, settle_seconds: float, slack: float) -> bool:
+        """Whether this load was in flight, or settling, when Triton was found gone at
+        `first_down` (Unix seconds, `slack` for the clocks and the sentinel's delay)."""
+        if self.started_at > first_down + slack:
+            return False  # sent to the Triton that came back
+        return not self.finished_at or first_down <= self.finished_at + settle_seconds + slack
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,12 @@ class CrashLedger:
         self._wall = wall
         self._records: dict[str, CrashRecord] = {}
         self._callers: dict[str, CallerRecord] = {}
+        self._decided: list[tuple[Marker, float]] = []
+        """Markers counted or dismissed lately, with when (Unix seconds): an exit's evidence
+        for `loads_at` after the reconciler has taken them off the disk."""
+        self.witnessed: Callable[[Marker], list[str]] | None = None
+        """The pods whose requests the node gateway saw at Triton when it died since the load
+        of a marker began (`agent.requestcrash`); None: no gateway witnesses."""
 
     def load(self) -> None:
         """Read the counts; an unreadable file is kept aside and counting starts afresh."""
@@ -161,9 +183,10 @@ class CrashLedger:
         with contextlib.suppress(FileNotFoundError):
             (self.directory / f"{name}{MARKER_SUFFIX}").unlink()
 
-    def finished(self, marker: Marker) -> None:
-        """Triton answered the load READY: the marker stays, finished, until `settled`."""
-        if self.settle_seconds <= 0:
+    def finished(self, marker: Marker, *, settle: bool = True) -> None:
+        """Triton answered the load READY: the marker stays, finished, until `settled` (not at
+        all without `settle`: a model Triton held before it restarted, loaded again)."""
+        if self.settle_seconds <= 0 or not settle:
             self.answered(marker.name)
             self.loaded(marker.digest)
             return
@@ -193,6 +216,8 @@ class CrashLedger:
                     str(data["model_id"]),
                     str(data["pod"]),
                     float(data.get("finished_at", 0.0)),
+                    float(data.get("started_at", 0.0)),
+                    bool(data.get("restore", False)),
                 )
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)
@@ -202,9 +227,47 @@ class CrashLedger:
             found[marker.name] = marker
         return found
 
+    def explained(self, marker: Marker) -> list[str]:
+        """The pods whose requests were at Triton when it died under (or just after) the load
+        of `marker` (left over): an exit they explain is not counted against the load (its own
+        pod's requests are counted against the pod, `agent.suspects`), and the marker is
+        removed."""
+        pods = self.witnessed(marker) if self.witnessed is not None else []
+        if pods:
+            self._decide(marker)
+            self.answered(marker.name)
+            log.warning(
+                "Triton exited while model %s of pod %s loaded or settled, with requests of %s "
+                "at it: the exit is not counted against the model's files.",
+                marker.model_id,
+                marker.pod,
+                ", ".join(pods),
+            )
+        return pods
+
+    def loads_at(self, first_down: float, slack: float) -> list[Marker]:
+        """The loads in flight or settling when Triton was found gone at `first_down` (Unix
+        seconds), whether their markers are still on disk or already counted or dismissed;
+        reloads of what Triton held before are no change, and left out."""
+        found = {
+            m.name: m
+            for m, decided in self._decided
+            if decided >= first_down - slack
+            and not m.restore
+            and m.at_exit(first_down, self.settle_seconds, slack)
+        }
+        for name, marker in self.markers().items():
+            if not marker.restore and marker.at_exit(first_down, self.settle_seconds, slack):
+                found.setdefault(name, marker)
+        return [found[name] for name in sorted(found)]
+
+    def _decide(self, marker: Marker) -> None:
+        self._decided = [*self._decided[-(DECIDED_KEPT - 1) :], (marker, self._wall())]
+
     # Counts.
     def crashed(self, marker: Marker) -> CrashRecord:
         """Count a crash against the marker's files and remove the marker."""
+        self._decide(marker)
         before = self._records.get(marker.digest)
         crashes = (before.crashes if before else 0) + 1
         record = CrashRecord(
@@ -240,7 +303,9 @@ class CrashLedger:
         return sorted(self._records.values(), key=lambda r: (r.pod, r.digest))
 
     # Pods whose requests were at Triton when it exited.
-    def requests_crashed(self, suspects: Iterable[Suspect]) -> list[CallerRecord]:
+    def requests_crashed(
+        self, suspects: Iterable[Suspect], *, ambiguous: bool = False
+    ) -> list[CallerRecord]:
         """Count one unexpected exit of Triton whose witnesses name `suspects`
         (`agent.suspects.counted`); returns the pods it quarantines."""
         before = self._callers
@@ -250,6 +315,7 @@ class CrashLedger:
             self.quarantine_after,
             now=self._wall(),
             probation_seconds=self.probation_seconds,
+            ambiguous=ambiguous,
         )
         while len(self._callers) > MAX_RECORDS:
             unquarantined = [p for p, r in self._callers.items() if not r.quarantined]

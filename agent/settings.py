@@ -267,11 +267,14 @@ class Settings:
         "crash-settle-seconds",
         "seconds after a load's READY during which Triton's exit still counts against it (0: off)",
         seconds(),
-        default="0",
+        default="60",
     )
-    """Seconds after Triton answers a load READY during which an exit of Triton still counts
-    against that load (a model may kill Triton just after loading); 0, the default, counts only
-    loads in flight. Any exit in the window counts, a restart by the operator's hand too."""
+    """Seconds after Triton answers a load or a wake READY during which an exit of Triton with
+    no load in flight and no request at Triton counts against that load (a model may kill
+    Triton after loading: a timer, a thread, a leak); models under suspicion load again one at a
+    time, each after the previous one's window. A reload of what Triton held before it
+    restarted is not watched. 0 counts only loads in flight. Any exit in the window counts, a
+    restart by the operator's hand too."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -289,3 +290,46 @@ async def test_a_crash_names_the_loads_in_flight_before_those_settling(tmp_path:
     models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", finished_at=1.0))
     plan = await planner(models).plan()
     assert [n for n, a in plan.items() if a.marker is not None] == ["a"], "alone, it is"
+
+
+def test_an_exit_names_the_loads_in_flight_or_settling_then(tmp_path: Path) -> None:
+    """Still on disk, or already counted or dismissed by the reconciler (the agent's two
+    watchers of an exit run in either order); not a load sent to the Triton that came back, nor
+    one settled before, nor a reload of what Triton held before it restarted."""
+    now = [100.0]
+    ledger = CrashLedger(tmp_path, 3, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    flying = Marker("a", "a-files", "a", "ns/a-pod", started_at=99.0)
+    settling = Marker("b", "b-files", "b", "ns/b-pod", started_at=20.0, finished_at=50.0)
+    settled = Marker("c", "c-files", "c", "ns/c-pod", started_at=10.0, finished_at=20.0)
+    later = Marker("d", "d-files", "d", "ns/d-pod", started_at=105.0)
+    restoring = Marker("r", "r-files", "r", "ns/r-pod", started_at=99.0, restore=True)
+    for m in (flying, settling, settled, later, restoring):
+        ledger.loading(m)
+    assert ledger.loads_at(100.0, 1.0) == [flying, settling]
+    now[0] = 106.0
+    ledger.crashed(flying)
+    ledger.witnessed = lambda m: ["ns/x-pod"]
+    assert ledger.explained(settling) == ["ns/x-pod"]
+    assert "b" not in ledger.markers() and ledger.count("b-files") == 0, "not counted"
+    assert ledger.loads_at(100.0, 1.0) == [flying, settling], "remembered once decided"
+    assert ledger.loads_at(200.0, 1.0) == [later], "decided before that exit, but this one"
+    ledger.answered("r")
+    reload = Marker("e", "e-files", "e", "ns/e-pod", started_at=150.0)
+    ledger.loading(reload)
+    ledger.finished(reload, settle=False)
+    assert "e" not in ledger.markers()
+    ledger.finished(replace(reload, name="f"))
+    assert ledger.markers()["f"].finished_at == 106.0, "a new load settles"
+
+
+async def test_a_load_whose_exit_requests_explain_is_not_counted(tmp_path: Path) -> None:
+    """Another pod's requests were at Triton when it died under the load: the exit is theirs
+    to explain, so the load's files are not counted (an attacker cannot time its crash to a
+    neighbour's load to quarantine the neighbour's files)."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.witnessed = lambda m: ["team-x/attacker"] if m.name == "c" else []
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod", started_at=1.0))
+    plan = await planner(models).plan()
+    assert all(a.marker is None for a in plan.values())
+    assert "c" not in models.crashes.markers() and models.crashes.count("c-files") == 0
