@@ -333,3 +333,23 @@ async def test_a_load_whose_exit_requests_explain_is_not_counted(tmp_path: Path)
     plan = await planner(models).plan()
     assert all(a.marker is None for a in plan.values())
     assert "c" not in models.crashes.markers() and models.crashes.count("c-files") == 0
+
+
+async def test_a_reload_of_what_triton_held_is_counted_only_when_nothing_else_explains_the_exit(
+    tmp_path: Path,
+) -> None:
+    """After a restart the models Triton held load again; one such reload in flight when Triton
+    dies again is no change, so a load that finished within its window is counted instead."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.settle_seconds = 60.0
+    restoring = Marker("c", "c-files", "c", "ns/c-pod", started_at=5.0, restore=True)
+    models.crashes.loading(restoring)
+    models.crashes.loading(Marker("d", "d-files", "d", "ns/d-pod", finished_at=4.0, started_at=1.0))
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["d"]
+    assert "c" not in models.crashes.markers(), "the reload is not counted"
+
+    models.crashes.answered("d")  # counted by the pass that carried the plan out
+    models.crashes.loading(restoring)
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["c"], "alone, it is"
