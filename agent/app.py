@@ -150,6 +150,7 @@ class Agent:
             settings.crash_quarantine_after,
             settle_seconds=settings.crash_settle_seconds,
             probation_seconds=settings.crash_probation_seconds,
+            expiry_seconds=settings.crash_quarantine_expiry_seconds,
         )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")

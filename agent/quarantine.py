@@ -14,16 +14,17 @@ stays READY through its settling window ends the count: the count is of crashes 
 there until an operator clears the record (`tritonshare quarantine clear NODE MODEL`, through
 the Node).
 
-The counts live in one JSON file (`crashes.json`) beside the owner records, written to a
-temporary file and renamed, so an agent restart keeps them. A node pod replacement starts with an
-empty state directory; the quarantines themselves are also on the Node (`Keys.quarantined`,
-written by `NodeQuarantine`, read by `tritonshare status`), and the new agent takes them back
-from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
-the Node (`Keys.quarantine_clear`). The ledger also keeps the pods whose requests were at Triton
-when it exited (`agent.suspects`, counted from the gateway's witnesses by `agent.requestcrash`),
-quarantined, shown and cleared the same way. `CrashLedger` stores and counts; `agent.models`
-writes the markers around its loads; `agent.reconcile` decides when a marker is a crash and what
-the pod is told.
+The counts live in one JSON file (`crashes.json`) beside the owner records, written to a temporary
+file and renamed, so an agent restart keeps them. A node pod replacement starts with an empty state
+directory; the quarantines themselves are also on the Node (`Keys.quarantined`, written by
+`NodeQuarantine`, read by `tritonshare status`), and the new agent takes them back from there before
+it serves. `NodeQuarantine` also lifts the quarantines an operator names on the Node
+(`Keys.quarantine_clear`). The ledger also keeps the pods whose requests were at Triton when it
+exited (`agent.suspects`, counted from the gateway's witnesses by `agent.requestcrash`),
+quarantined, shown and cleared the same way. A quarantine of files lapses after `expiry_seconds`
+(`CrashLedger.expire`, carried out by `NodeQuarantine`): it rests on one node's evidence.
+`CrashLedger` stores and counts; `agent.models` writes the markers around its loads;
+`agent.reconcile` decides when a marker is a crash and what the pod is told.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class CrashRecord:
     """The pod of the last crash (namespace/name)."""
     crashes: int
     quarantined: bool = False
+    quarantined_at: float = 0.0
+    """When it was quarantined (Unix seconds; for `CrashLedger.expire`)."""
 
     @property
     def namespace(self) -> str:
@@ -115,6 +118,7 @@ class CrashLedger:
         *,
         settle_seconds: float = 0.0,
         probation_seconds: float = 600.0,
+        expiry_seconds: float = 0.0,
         wall: Callable[[], float] = time.time,
     ) -> None:
         if quarantine_after < 1:
@@ -123,6 +127,8 @@ class CrashLedger:
         self.quarantine_after = quarantine_after
         self.settle_seconds = settle_seconds
         self.probation_seconds = probation_seconds
+        self.expiry_seconds = expiry_seconds
+        """A quarantine of files lapses this long after it began (`expire`); 0: never."""
         self._wall = wall
         self._records: dict[str, CrashRecord] = {}
         self._callers: dict[str, CallerRecord] = {}
@@ -158,6 +164,8 @@ class CrashLedger:
                     str(item["pod"]),
                     int(item["crashes"]),
                     bool(item["quarantined"]),
+                    float(item.get("quarantined_at", 0.0))
+                    or (self._wall() if item["quarantined"] else 0.0),
                 )
                 self._records[record.digest] = record
         except FileNotFoundError:
@@ -276,6 +284,7 @@ class CrashLedger:
             marker.pod,
             crashes,
             quarantined=crashes >= self.quarantine_after,
+            quarantined_at=self._wall() if crashes >= self.quarantine_after else 0.0,
         )
         self._records[marker.digest] = record
         self._trim()
@@ -351,6 +360,7 @@ class CrashLedger:
         taken: list[CrashRecord | CallerRecord] = []
         for record in records:
             if record.quarantined and record.digest not in self._records:
+                record = replace(record, quarantined_at=record.quarantined_at or self._wall())
                 self._records[record.digest] = record
                 taken.append(record)
         for caller in callers:
@@ -360,6 +370,26 @@ class CrashLedger:
         if taken:
             self._save()
         return taken
+
+    def expire(self) -> list[CrashRecord]:
+        """Lift the quarantines of files older than `expiry_seconds`: one node's evidence holds
+        for so long. Their counts stay one short of the limit, so one more crash in a row
+        quarantines them again; returns those lifted."""
+        if self.expiry_seconds <= 0:
+            return []
+        now = self._wall()
+        lapsed = [
+            r
+            for r in self._records.values()
+            if r.quarantined and now >= r.quarantined_at + self.expiry_seconds
+        ]
+        for record in lapsed:
+            self._records[record.digest] = replace(
+                record, crashes=self.quarantine_after - 1, quarantined=False, quarantined_at=0.0
+            )
+        if lapsed:
+            self._save()
+        return lapsed
 
     def clear(self, selectors: Iterable[str]) -> list[CrashRecord]:
         """Forget the records any of `selectors` names (`CrashRecord.matches`); returns them."""
@@ -511,6 +541,15 @@ class NodeQuarantine:
                     "%s stays quarantined on this node, as its Node says.", _described(record)
                 )
         patch: dict[str, str | None] = {}
+        expired = self._ledger.expire()
+        for lapsed in expired:
+            log.warning(
+                "The quarantine of %s lapses after --crash-quarantine-expiry-seconds: it may be "
+                "loaded on this node again, and one more crash quarantines it again.",
+                _described(lapsed),
+            )
+        if expired:
+            self._on_cleared(expired)
         asked = str(current.get(self._keys.quarantine_clear) or "")
         if asked:
             cleared = self._ledger.clear(asked.split(","))

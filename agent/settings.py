@@ -254,6 +254,15 @@ class Settings:
     the files are never loaded on this node again until an operator clears them; and each with a
     pod's requests at Triton (as the node gateway saw), after which the gateway refuses the pod's
     requests until an operator clears it."""
+    crash_quarantine_expiry_seconds: float = setting(
+        "crash-quarantine-expiry-seconds",
+        "seconds after which a quarantine of a model's files on the node lapses (0: never)",
+        seconds(),
+        default="86400",
+    )
+    """Seconds after which a quarantine of a model's files lapses: it rests on this node's
+    evidence alone. The files may load again, and one more crash in a row quarantines them
+    again. 0 keeps it until an operator clears it. Quarantined pods' requests do not lapse."""
     crash_probation_seconds: float = setting(
         "crash-probation-seconds",
         "seconds a pod present with others at an exit of Triton stays on probation",

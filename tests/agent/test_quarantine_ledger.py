@@ -353,3 +353,36 @@ async def test_a_reload_of_what_triton_held_is_counted_only_when_nothing_else_ex
     models.crashes.loading(restoring)
     plan = await planner(models).plan()
     assert [n for n, a in plan.items() if a.marker is not None] == ["c"], "alone, it is"
+
+
+async def test_a_quarantine_of_files_lapses_after_the_expiry_and_one_more_crash_renews_it(
+    tmp_path: Path,
+) -> None:
+    """It rests on one node's evidence (an attacker may have timed its crashes to the model's
+    loads): after `--crash-quarantine-expiry-seconds` the files may load again, one crash short
+    of the limit; the Node stops showing it and the models are told."""
+    now = [1000.0]
+    ledger = CrashLedger(tmp_path, 2, expiry_seconds=3600.0, wall=lambda: now[0])
+    ledger.load()
+    ledger.crashed(marker())
+    assert ledger.crashed(marker()).quarantined
+    keys = Keys()
+    node = FakeNode({})
+    lifted: list[list[CrashRecord]] = []
+    quarantine = NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0)
+    await quarantine.sync()
+    assert keys.quarantined in node.annotations and lifted == []
+    now[0] += 3599.0
+    await quarantine.sync()
+    assert ledger.quarantined(DIGEST) is not None, "not yet"
+    now[0] += 1.0
+    await quarantine.sync()
+    assert [r.digest for r in lifted[0]] == [DIGEST]
+    assert ledger.quarantined(DIGEST) is None and ledger.count(DIGEST) == 1
+    assert keys.quarantined not in node.annotations
+    reread = CrashLedger(tmp_path, 2, expiry_seconds=3600.0, wall=lambda: now[0])
+    reread.load()
+    assert reread.quarantined(DIGEST) is None, "lapsed on disk too"
+    again = ledger.crashed(marker())
+    assert again.quarantined and again.quarantined_at == now[0], "one more crash renews it"
+    assert CrashLedger(tmp_path, 2).expire() == [], "0: never lapses"
