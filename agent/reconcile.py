@@ -234,14 +234,13 @@ class Reconciler:
                 (died_restoring if marker.restore else died_loading).append(marker)
         # A load in flight when Triton died is the suspect; loads that had finished (settling)
         # only when none was in flight; reloads of what Triton held before, only when neither.
-        for marker in died_loading or died_after or died_restoring:
-            if models.crashes.explained(marker):
-                continue
-            owner = wanted.get(marker.name)
-            plan[marker.name] = Action(marker.name, Event.CRASH_SUSPECTED, owner, marker=marker)
-        for marker in [*(died_after if died_loading else []), *died_restoring]:
-            if died_loading or died_after:
+        blamed = died_loading or died_after or died_restoring
+        for marker in [*died_loading, *died_after, *died_restoring]:
+            if marker not in blamed:
                 models.crashes.answered(marker.name)
+            elif not models.crashes.explained(marker):
+                owner = wanted.get(marker.name)
+                plan[marker.name] = Action(marker.name, Event.CRASH_SUSPECTED, owner, marker=marker)
         suspects: list[Action] = []
         for name, pod in sorted(wanted.items()):
             if name in plan:
