@@ -1032,10 +1032,11 @@ class Models:
         owned = self.owners.get(name)
         return self.crashes.quarantined(owned.digest) if owned and owned.digest else None
 
-    def crash_suspected(self, marker: Marker) -> CrashRecord:
+    def crash_suspected(self, marker: Marker, *, alone: bool = True) -> CrashRecord:
         """Count a load Triton died under (`marker`, left over, its model not in Triton) against
-        its files; the model's life follows the count on disk, which survives restarts."""
-        counted = self.crashes.crashed(marker)
+        its files (only suspect them, not `alone`: `CrashLedger.crashed`); the model's life
+        follows the count on disk, which survives restarts."""
+        counted = self.crashes.crashed(marker, alone=alone)
         record = self.record(marker.name)
         record.life = replace(record.life, crashes=counted.crashes - 1)
         if (record.life.phase, Event.CRASH_SUSPECTED) in TRANSITIONS:

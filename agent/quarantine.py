@@ -273,11 +273,13 @@ class CrashLedger:
         self._decided = [*self._decided[-(DECIDED_KEPT - 1) :], (marker, self._wall())]
 
     # Counts.
-    def crashed(self, marker: Marker) -> CrashRecord:
-        """Count a crash against the marker's files and remove the marker."""
+    def crashed(self, marker: Marker, *, alone: bool = True) -> CrashRecord:
+        """Count a crash against the marker's files and remove the marker; not `alone` (another
+        load, more recent, was there too), the files are only suspected: their run stays as it
+        is, and they load again alone (`suspected`)."""
         self._decide(marker)
         before = self._records.get(marker.digest)
-        crashes = (before.crashes if before else 0) + 1
+        crashes = (before.crashes if before else 0) + (1 if alone else 0)
         record = CrashRecord(
             marker.digest,
             marker.model_id,
@@ -298,6 +300,12 @@ class CrashLedger:
         if record is not None and not record.quarantined:
             del self._records[digest]
             self._save()
+
+    def suspected(self, digest: str) -> bool:
+        """Whether these files coincided with an exit since they last stayed READY through
+        their settling window, and are not quarantined: they load again last, alone."""
+        record = self._records.get(digest)
+        return record is not None and not record.quarantined
 
     def count(self, digest: str) -> int:
         """The crashes in a row of these files (0: none, or cleared)."""

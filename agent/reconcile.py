@@ -81,6 +81,8 @@ class Action:
     owner: Proven | None = None
     excess: Excess | None = None
     marker: Marker | None = None
+    alone: bool = True
+    """For a crash: the marker's files were the most recent load there (else only suspected)."""
     restore: bool = False
     """A reload of a model Triton held before it restarted, under no suspicion: no change, so
     its READY is not watched (`agent.quarantine`)."""
@@ -234,13 +236,22 @@ class Reconciler:
                 (died_restoring if marker.restore else died_loading).append(marker)
         # A load in flight when Triton died is the suspect; loads that had finished (settling)
         # only when none was in flight; reloads of what Triton held before, only when neither.
+        # Several files there: the most recent load counts, the others are only suspected; each
+        # loads again alone.
         blamed = died_loading or died_after or died_restoring
+        unexplained = []
         for marker in [*died_loading, *died_after, *died_restoring]:
             if marker not in blamed:
                 models.crashes.answered(marker.name)
             elif not models.crashes.explained(marker):
-                owner = wanted.get(marker.name)
-                plan[marker.name] = Action(marker.name, Event.CRASH_SUSPECTED, owner, marker=marker)
+                unexplained.append(marker)
+        latest = max(unexplained, key=lambda m: m.finished_at or m.started_at, default=None)
+        for marker in unexplained:
+            owner = wanted.get(marker.name)
+            alone = latest is not None and marker.digest == latest.digest
+            plan[marker.name] = Action(
+                marker.name, Event.CRASH_SUSPECTED, owner, marker=marker, alone=alone
+            )
         suspects: list[Action] = []
         for name, pod in sorted(wanted.items()):
             if name in plan:
@@ -274,7 +285,7 @@ class Reconciler:
             if models.quarantine_of(name) is not None:
                 continue
             owner_record = models.owners.get(name)
-            if owner_record is not None and models.crashes.count(owner_record.digest):
+            if owner_record is not None and models.crashes.suspected(owner_record.digest):
                 suspects.append(Action(name, Event.TRITON_RESTARTED, pod))
                 continue
             plan[name] = Action(name, Event.TRITON_RESTARTED, pod, restore=held)
@@ -314,7 +325,7 @@ class Reconciler:
         if action.cause is Event.POD_GONE:
             await self._remove_orphan(name)
         elif action.cause is Event.CRASH_SUSPECTED and action.marker is not None:
-            await self._crashed(action.marker, owner)
+            await self._crashed(action.marker, owner, alone=action.alone)
         elif owner is None:
             raise AssertionError(f"{action} names no owner")
         elif action.cause is Check.ADOPT:
@@ -334,12 +345,24 @@ class Reconciler:
         self._settle_pass = None
         self._wake.set()
 
-    async def _crashed(self, marker: Marker, pod: Proven | None) -> None:
+    async def _crashed(self, marker: Marker, pod: Proven | None, *, alone: bool = True) -> None:
         """A load Triton died under: count it, and quarantine the model at the limit."""
-        counted = self.models.crash_suspected(marker)
+        counted = self.models.crash_suspected(marker, alone=alone)
         self.metrics.crashes_suspected.inc()
         limit = self.models.crashes.quarantine_after
         where = subject(pod=marker.pod, model=marker.model_id)
+        if not alone:
+            log.warning(
+                "Triton exited while model %s of pod %s loaded or settled, and a model loaded "
+                "after it: the exit counts against that one; this one is a suspect too and loads "
+                "again after the other models, alone (%d of %d crashes in a row so far).",
+                marker.model_id,
+                marker.pod,
+                counted.crashes,
+                limit,
+                extra=where,
+            )
+            return
         if not counted.quarantined:
             log.warning(
                 "Triton exited while loading model %s of pod %s (%d of %d crashes in a row "

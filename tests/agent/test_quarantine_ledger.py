@@ -180,7 +180,8 @@ async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_i
     ledger.load()
     told = Recorder()
     models: Any = SimpleNamespace(
-        crash_suspected=lambda marker: ledger.crashed(marker), crashes=ledger
+        crash_suspected=lambda marker, alone=True: ledger.crashed(marker, alone=alone),
+        crashes=ledger,
     )
     reconciler = Reconciler(
         models, cast(Any, None), AgentMetrics(), cast(Any, told), fail_pod=told.fail_pod
@@ -386,3 +387,32 @@ async def test_a_quarantine_of_files_lapses_after_the_expiry_and_one_more_crash_
     again = ledger.crashed(marker())
     assert again.quarantined and again.quarantined_at == now[0], "one more crash renews it"
     assert CrashLedger(tmp_path, 2).expire() == [], "0: never lapses"
+
+
+async def test_an_exit_shared_by_several_files_counts_the_latest_and_each_loads_alone(
+    tmp_path: Path,
+) -> None:
+    """Two models loaded within the window when Triton died with nothing else there: the one
+    loaded last is counted, the other only suspected; each loads again alone, and counts once
+    alone at an exit."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes = CrashLedger(tmp_path / "fresh", 2, settle_seconds=60.0)
+    models.crashes.load()
+    models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", 1.0, 1.0))
+    models.crashes.loading(Marker("b", "b-files", "b", "ns/b-pod", 2.0, 2.0))
+    reconciler = planner(models)
+    plan = await reconciler.plan()
+    crashes = {n: a for n, a in plan.items() if a.marker is not None}
+    assert {n: a.alone for n, a in crashes.items()} == {"a": False, "b": True}
+    for action in crashes.values():
+        assert action.marker is not None
+        models.crashes.crashed(action.marker, alone=action.alone)
+    assert (models.crashes.count("a-files"), models.crashes.count("b-files")) == (0, 1)
+    assert models.crashes.suspected("a-files") and models.crashes.suspected("b-files")
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["c"], "the model under no suspicion first"
+    models.repository.installed_models = lambda: ["a", "b"]
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["a"], "then one suspect, alone"
+    alone = models.crashes.crashed(Marker("a", "a-files", "a", "ns/a-pod", 1.0, 1.0))
+    assert alone.crashes == 1, "alone at an exit, it counts"
