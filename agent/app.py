@@ -231,6 +231,8 @@ class Agent:
                 self.metrics,
                 self._requests_quarantined,
             )
+            # An exit the witnessed requests explain is not counted against a load.
+            self.crashes.witnessed = self.request_crashes.requests_at
         self.conditions = ModelConditions(
             self.kube,
             self.events,

@@ -255,17 +255,15 @@ class CrashLedger:
 
     def loads_at(self, first_down: float, slack: float) -> list[Marker]:
         """The loads in flight or settling when Triton was found gone at `first_down` (Unix
-        seconds), whether their markers are still on disk or already counted or dismissed;
-        reloads of what Triton held before are no change, and left out."""
+        seconds), whether their markers are still on disk or already counted or dismissed
+        (reloads of what Triton held before among them: `Marker.restore`)."""
         found = {
             m.name: m
             for m, decided in self._decided
-            if decided >= first_down - slack
-            and not m.restore
-            and m.at_exit(first_down, self.settle_seconds, slack)
+            if decided >= first_down - slack and m.at_exit(first_down, self.settle_seconds, slack)
         }
         for name, marker in self.markers().items():
-            if not marker.restore and marker.at_exit(first_down, self.settle_seconds, slack):
+            if marker.at_exit(first_down, self.settle_seconds, slack):
                 found.setdefault(name, marker)
         return [found[name] for name in sorted(found)]
 

@@ -66,7 +66,6 @@ class RequestCrashes:
         self.slack_seconds = slack_seconds
         self._counted_until = 0.0
         """The newest record counted: a record is counted once, whatever windows overlap."""
-        ledger.witnessed = self.requests_at
 
     def requests_at(self, marker: Marker) -> list[str]:
         """The pods whose requests the gateway saw at Triton when it died since the load of
@@ -122,9 +121,13 @@ class RequestCrashes:
         self._counted_until = max(w.at for w in inside)
         witnessed = merged(w.suspects for w in inside)
         loads = self.ledger.loads_at(first_down, self.slack_seconds)
-        loading = [m for m in loads if not m.finished_at or m.finished_at > first_down]
+        changes = [m for m in loads if not m.restore]
+        loading = [m for m in changes if not m.finished_at or m.finished_at > first_down]
         suspects, ambiguous = at_exit(
-            witnessed, loading=bool(loading), settling=len(loading) < len(loads)
+            witnessed,
+            loading=bool(loading),
+            settling=len(loading) < len(changes),
+            restoring=len(changes) < len(loads),
         )
         self._metrics.request_crashes.inc()
         quarantined = self.ledger.requests_crashed(suspects, ambiguous=ambiguous)

@@ -69,16 +69,17 @@ def message(record: CallerRecord) -> str:
 
 
 def at_exit(
-    suspects: Iterable[Suspect], *, loading: bool, settling: bool
+    suspects: Iterable[Suspect], *, loading: bool, settling: bool, restoring: bool = False
 ) -> tuple[list[Suspect], bool]:
     """The pods one exit counts for, of the gateway's `suspects`, and whether it is ambiguous,
-    given whether a load was in flight (`loading`) or had finished READY within its settling
-    window (`settling`) when Triton died."""
+    given whether a load was in flight (`loading`), had finished READY within its settling
+    window (`settling`), or a reload of what Triton held before was in flight (`restoring`: no
+    change, but no answered sender counts beside it) when Triton died."""
     named = list(suspects)
     at_triton = [s for s in named if s.in_flight > 0]
     if loading:
         return at_triton, bool(at_triton)
-    if settling and not at_triton:
+    if (settling or restoring) and not at_triton:
         return [], False
     return named, len(named) > 1
 

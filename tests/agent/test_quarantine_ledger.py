@@ -307,15 +307,15 @@ def test_an_exit_names_the_loads_in_flight_or_settling_then(tmp_path: Path) -> N
     restoring = Marker("r", "r-files", "r", "ns/r-pod", started_at=99.0, restore=True)
     for m in (flying, settling, settled, later, restoring):
         ledger.loading(m)
-    assert ledger.loads_at(100.0, 1.0) == [flying, settling]
+    assert ledger.loads_at(100.0, 1.0) == [flying, settling, restoring]
     now[0] = 106.0
     ledger.crashed(flying)
     ledger.witnessed = lambda m: ["ns/x-pod"]
     assert ledger.explained(settling) == ["ns/x-pod"]
     assert "b" not in ledger.markers() and ledger.count("b-files") == 0, "not counted"
-    assert ledger.loads_at(100.0, 1.0) == [flying, settling], "remembered once decided"
-    assert ledger.loads_at(200.0, 1.0) == [later], "decided before that exit, but this one"
+    assert ledger.loads_at(100.0, 1.0) == [flying, settling, restoring], "remembered"
     ledger.answered("r")
+    assert ledger.loads_at(200.0, 1.0) == [later], "decided before that exit, but this one"
     reload = Marker("e", "e-files", "e", "ns/e-pod", started_at=150.0)
     ledger.loading(reload)
     ledger.finished(reload, settle=False)

@@ -231,6 +231,10 @@ def test_a_load_in_flight_comes_before_the_pods_that_sent() -> None:
     assert at_exit([SENDER], loading=False, settling=True) == ([], False), "what changed"
     assert at_exit([ATTACKER], loading=False, settling=True) == ([ATTACKER], False)
     assert at_exit([SENDER], loading=False, settling=False) == ([SENDER], False)
+    restoring = at_exit([SENDER], loading=False, settling=False, restoring=True)
+    assert restoring == ([], False), "beside a reload, an answered sender is no evidence either"
+    restoring = at_exit([ATTACKER], loading=False, settling=False, restoring=True)
+    assert restoring == ([ATTACKER], False), "but a reload shares no exit with requests"
     assert at_exit([ATTACKER, BUSY], loading=False, settling=False) == ([ATTACKER, BUSY], True)
     after = counted({}, [ATTACKER], 1, now=0.0, probation_seconds=600.0, ambiguous=True)
     assert after[ATTACKER.pod].crashes == 0 and after[ATTACKER.pod].on_probation(1.0)
@@ -245,6 +249,7 @@ async def test_an_exit_under_a_load_counts_no_request(tmp_path: Path) -> None:
     crashes = RequestCrashes(
         "127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: told.append(1)
     )
+    ledger.witnessed = crashes.requests_at  # as the agent wires them
     loading = Marker("m-1", "d" * 64, "crasher", "team-c/crasher", started_at=99.0)
     ledger.loading(loading)
     write_witnesses(path, [Witness(100.0, (SENDER,))])
@@ -254,7 +259,7 @@ async def test_an_exit_under_a_load_counts_no_request(tmp_path: Path) -> None:
     write_witnesses(path, [Witness(100.0, (SENDER,)), Witness(100.4, (ATTACKER,))])
     assert crashes.requests_at(loading) == [ATTACKER.pod]
     assert ledger.explained(loading) == [ATTACKER.pod], "its requests explain the exit"
-    assert ledger.markers() == {} and ledger.records() == [], "the load is not counted"
+    assert ledger.markers() == {} and ledger.count(loading.digest) == 0, "the load not counted"
     assert crashes.exited(100.3, 100.45) == [], "nor are the requests: the load shared it"
     assert crashes.on_probation(ATTACKER.pod) and told == [1]
     # A load sent to the Triton that came back was not there.
