@@ -69,12 +69,13 @@ class RequestCrashes:
 
     def requests_at(self, marker: Marker) -> list[str]:
         """The pods whose requests the gateway saw at Triton when it died since the load of
-        `marker` began."""
+        `marker` began (a record is taken after the death, so no slack: a record of the exit
+        before, late on a busy node, must not explain this one)."""
         try:
             records = read_witnesses(self.witness_file)
         except WitnessError:
             return []
-        since = (marker.started_at or marker.finished_at) - self.slack_seconds
+        since = marker.started_at or marker.finished_at
         return sorted(
             {s.pod for w in records if w.at >= since for s in w.suspects if s.in_flight > 0}
         )

@@ -204,7 +204,8 @@ async def a_load_that_kills_triton_is_counted_and_the_neighbour_is_not(
                 limit=150,
                 what="the crasher's files quarantined",
             )
-            assert len(restarts) <= 3, "at most one exit more than the limit"
+            # An exit with the neighbour's request in flight too counts against neither.
+            assert len(restarts) <= 4, "at most two exits more than the limit"
             assert not node.callers()[NEIGHBOUR].get("quarantined")
             assert all(r.crashes == 0 for r in ledger.callers()), ledger.callers()
             await eventually(node.running.agent.triton.live, limit=60, what="Triton back")
