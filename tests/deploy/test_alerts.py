@@ -143,11 +143,11 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
     )
     rejected = (
         'tritonshare_proxy_rejected_requests_total{namespace="models", pod="add-one-1", '
-        'model_id="add_one", reason="QueueFullError"}'
+        'model="add_one", reason="QueueFullError"}'
     )
     quiet = (
         'tritonshare_proxy_rejected_requests_total{namespace="models", pod="add-one-2", '
-        'model_id="add_one", reason="RouteRefusedError"}'
+        'model="add_one", reason="RouteRefusedError"}'
     )
     quarantined = (
         'tritonshare_agent_quarantined_models{namespace="tritonshare-system", pod="node-a", '
@@ -586,7 +586,7 @@ def _alerts_test(rule_file: Path) -> dict[str, Any]:
                                     "severity": "warning",
                                     "namespace": "models",
                                     "pod": "add-one-1",
-                                    "model_id": "add_one",
+                                    "model": "add_one",
                                     "reason": "QueueFullError",
                                 },
                             }
