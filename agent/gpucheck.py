@@ -144,7 +144,12 @@ DECLARATION = Declaration.of(
     "python -m agent.gpucheck",
     "Read this machine's GPUs with the tritonshare agent's NVML code, print what the agent would "
     "publish on its Node and, with --measure, measure a stand-in model as the agent measures a "
-    "load.",
+    "load. Exit codes: 0 read (and measured) without a problem; 2 a bad flag, or --gpu names no "
+    "healthy GPU; 3 NVML unusable (run nvidia-smi; install the driver or use the NVIDIA runtime); "
+    "4 NVML lists no GPU (give the container a GPU); 5 a GPU does not answer (check nvidia-smi -q "
+    "and the kernel log for Xid); 6 no torch or CUDA for the stand-in, or a step timed out; 7 the "
+    "agent would refuse the load; 8 the figure is off by more than the tolerance (enforcement "
+    "would be wrong here).",
     error=CheckSettingsError,
 )
 

@@ -265,6 +265,23 @@ def test_the_model_pod_the_binder_places_and_the_node_pod_are_accepted(cluster: 
     cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, elsewhere)
 
 
+def test_only_the_binder_creates_a_tolerating_pod_on_its_node(cluster: Cluster) -> None:
+    # A model host: the binder creates it on its node (the tenant's own copy is refused above).
+    host = _with("nodeName", "gpu-1", name="tritonshare-host-0123")
+    assert _refusal(cluster, copy.deepcopy(host)) == NODE_NAME
+    cluster.binder.create_namespaced_pod(TENANT_NAMESPACE, host, _preload_content=False)
+    stored = cluster.admin.read_namespaced_pod("tritonshare-host-0123", TENANT_NAMESPACE)
+    assert stored.spec.node_name == "gpu-1"
+    # The binder gets no pass on the ways to a GPU.
+    with pytest.raises(kubernetes.client.ApiException) as raised:
+        cluster.binder.create_namespaced_pod(
+            TENANT_NAMESPACE,
+            _with("containers.0.env", ENV, name="tritonshare-host-4567"),
+            _preload_content=False,
+        )
+    assert "NVIDIA_" in str(status_of(raised.value)["message"])
+
+
 def test_the_example_and_the_webhooks_model_pods_are_accepted(cluster: Cluster) -> None:
     """What tenants create in practice tolerates the taint and passes: deploy/example's model pod
     and a pod the webhook completes from its annotations."""
