@@ -259,11 +259,6 @@ def _anchors(path: Path) -> frozenset[str]:
     return frozenset(anchors)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README.md and docs/ are about 164 KB while the pages are being trimmed: when this "
-    "passes (strict: it then fails as XPASS), remove this mark",
-)
 def test_readme_and_docs_stay_under_their_budget() -> None:
     sizes = {str(doc.relative_to(ROOT)): len(doc.read_bytes()) for doc in DOCS}
     total = sum(sizes.values())
