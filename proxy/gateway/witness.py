@@ -8,10 +8,9 @@ whose requests failed meanwhile and appends a record (`common.crashwitness`) to
 Nothing here runs per request; the snapshot reads what each pod's limiter and metrics already keep.
 
 A pod is a suspect when it has requests in flight at Triton at the snapshot, or when one of its
-inference requests failed with Triton gone (answered 502 or UNAVAILABLE) since the sentinel last
-found Triton there: the relays see the death on their own connections and may answer theirs
-before the sentinel's turn on the event loop (a readiness check failed on a stale connection is
-no presence). With neither, the pod that sent the last request to reach
+requests failed with Triton gone (answered 502 or UNAVAILABLE) since the sentinel last found
+Triton there: the relays see the death on their own connections and may answer theirs before the
+sentinel's turn on the event loop. With neither, the pod that sent the last request to reach
 Triton within `last_seconds` is the suspect (a request whose harm comes a moment after its
 answer). A neighbour whose request was answered normally just before is none of these. What it
 must not do: decide whether Triton's exit was unexpected, or count crashes (the agent does both).
@@ -29,7 +28,6 @@ from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, rea
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
 from proxy.gateway.tenants import FAILED, Tenant
-from proxy.metrics import INFERENCE_ROUTES
 from proxy.policy.probation import ProbationLane
 
 log = logging.getLogger(__name__)
@@ -39,10 +37,8 @@ LAST_SECONDS = 5.0
 
 
 def failures(tenant: Tenant) -> int:
-    """The pod's inference requests answered as failed by Triton's connection so far (a
-    readiness or metadata check failed on a connection Triton's restart left stale is not a
-    request at Triton)."""
-    return tenant.metrics.answered_with(FAILED, INFERENCE_ROUTES)
+    """The pod's requests answered as failed by Triton's connection so far."""
+    return tenant.metrics.answered_with(FAILED)
 
 
 def suspects_of(
