@@ -236,25 +236,8 @@ class AgentDown:
                 f"nothing installs, reloads or reports this pod's model there (the node gateway "
                 f"may still serve it for its grace){then}"
             )
-            self._kube.set_pod_condition(
-                namespace,
-                name,
-                {
-                    "type": self.rules.condition_type,
-                    "status": "Unknown",
-                    "reason": REASON,
-                    "message": message,
-                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                },
-            )
-            self._kube.record_event(
-                namespace,
-                name,
-                uid,
-                reason=EVENT_REASON,
-                message=message,
-                reporting_instance=self._identity,
-            )
+            self._kube.set_pod_condition(namespace, name, self._condition("Unknown", message))
+            self._tell(namespace, name, uid, message)
             log.warning("Pod %s/%s: %s.", namespace, name, message)
             return
         if not self._bucket.take():
@@ -292,15 +275,23 @@ class AgentDown:
             f"nothing there can load this pod's model; the pod is failed for its controller to "
             f"replace it on a node with a live agent" + (f" (its loader: {said})" if said else "")
         )
-        condition = {
+        self._kube.fail_pod(namespace, name, REASON, message, self._condition("False", message))
+        self.failed.append(f"{namespace}/{name}")
+        self._tell(namespace, name, uid, message)
+        log.warning("Failed pod %s/%s: %s.", namespace, name, message)
+
+    def _condition(self, status: str, message: str) -> dict[str, str]:
+        """The pod's model condition saying its node's agent is gone."""
+        return {
             "type": self.rules.condition_type,
-            "status": "False",
+            "status": status,
             "reason": REASON,
             "message": message,
             "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
-        self._kube.fail_pod(namespace, name, REASON, message, condition)
-        self.failed.append(f"{namespace}/{name}")
+
+    def _tell(self, namespace: str, name: str, uid: str, message: str) -> None:
+        """The pod's Warning Event `EVENT_REASON` with `message`."""
         self._kube.record_event(
             namespace,
             name,
@@ -309,7 +300,6 @@ class AgentDown:
             message=message,
             reporting_instance=self._identity,
         )
-        log.warning("Failed pod %s/%s: %s.", namespace, name, message)
 
 
 def loader_message(pod: Mapping[str, Any]) -> str:
