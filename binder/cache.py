@@ -33,8 +33,6 @@ from binder.kube import JsonObject, Kind, Kube
 from binder.model import (
     ModelInfo,
     PodInfo,
-    host_label,
-    host_name,
     is_replica,
     lease_expiry,
     model_from_api,
@@ -45,6 +43,7 @@ from binder.preemption import Budget, budget_from_api
 from binder.proofs import Unproven, proven, same_proof
 from binder.state import ClusterState
 from common.contract import AGENT_LEASE_PREFIX, Keys
+from common.hosted import host_label, host_name
 from common.placement import KeyRing
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -45,14 +44,18 @@ from binder.model import (
     TRITONMODEL_KIND,
     ModelInfo,
     PodInfo,
+)
+from binder.placement import Placement, Policy, place
+from binder.proofs import sign
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
+from common.hosted import (
+    HostedReplica,
+    encode_hosted,
     host_label,
     host_name,
     hosted_models_annotation,
     serves_label,
 )
-from binder.placement import Placement, Policy, place
-from binder.proofs import sign
-from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.placement import KeyRing
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
@@ -383,14 +386,17 @@ class ModelController:
             labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
             hosted.append(
-                {
-                    "model": model.name,
-                    "uid": model.uid,
-                    "replica": ordinal,
-                    "gpu": replica.gpu_uuid,
-                    "residency": RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
-                    "proof": replica.placement,
-                }
+                HostedReplica(
+                    model=model.name,
+                    uid=model.uid,
+                    replica=ordinal,
+                    gpu=replica.gpu_uuid,
+                    residency=RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
+                    proof=replica.placement,
+                    storage_uri=model.storage_uri,
+                    concurrency=model.concurrency,
+                    idle_seconds=model.idle_seconds,
+                )
             )
         cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * len(replicas)
         memory = MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY] * len(replicas)
@@ -401,9 +407,7 @@ class ModelController:
                 "name": host_name(node),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {
-                    hosted_models_annotation(self._keys): json.dumps(hosted, separators=(",", ":"))
-                },
+                "annotations": {hosted_models_annotation(self._keys): encode_hosted(hosted)},
                 "ownerReferences": list(owners.values()),
             },
             "spec": {

@@ -8,7 +8,6 @@ controller turns into an event. This module does no I/O and reads no clock.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,10 @@ from common.contract import (
     parse_overcommit,
     validate_model_id,
     validate_residency,
+)
+from common.hosted import (
+    replica_name,
+    replica_uid,
 )
 from common.podresources import (
     MODEL_HOST_BASE,
@@ -575,40 +578,11 @@ def lease_expiry(obj: Mapping[str, Any]) -> float:
 
 TRITONMODEL_KIND = "TritonModel"
 TRITONMODEL_API_VERSION = "tritonshare.io/v1alpha1"
-HOST_PREFIX = "tritonshare-host-"
-"""Name of a namespace's model host on a node: this prefix and a hash of the node's name."""
 
 
 def is_replica(uid: str) -> bool:
     """Whether a uid in the ledger is a TritonModel replica's ("<model uid>/<ordinal>")."""
     return "/" in uid
-
-
-def host_name(node: str) -> str:
-    """The model host's pod name on `node` (the same in every namespace: one per namespace)."""
-    return HOST_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:16]
-
-
-def host_label(keys: Keys) -> str:
-    """Label on every model host pod the binder creates (value "true")."""
-    return f"{keys.prefix}model-host"
-
-
-def hosted_models_annotation(keys: Keys) -> str:
-    """Host pod annotation: JSON list of {model, uid, replica, gpu, residency, proof}, the
-    replicas it serves (the model's uid and the ordinal make the claim's uid "<uid>/<replica>"
-    and name "<model>/<replica>")."""
-    return f"{keys.prefix}hosted-models"
-
-
-def serves_label(keys: Keys, model: str) -> str:
-    """The host label that puts the host behind the model's Service. A label's name part has
-    at most 63 characters: a longer model name keeps its first 40 and a hash of the whole."""
-    name = f"serves-{model}"
-    if len(name) > 63:
-        digest = hashlib.sha256(model.encode()).hexdigest()[:15]
-        name = f"serves-{model[:40].rstrip('.-_')}-{digest}"
-    return f"{keys.prefix}{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,6 +603,12 @@ class ModelInfo:
     status: Mapping[str, Any] = field(default_factory=dict)
     """status as written, to write only what changes."""
     resource_version: str = ""
+    storage_uri: str = ""
+    """spec.storageUri: where the host's loader fetches the files."""
+    concurrency: int = 0
+    """spec.maxConcurrency (0: none given)."""
+    idle_seconds: int = 0
+    """spec.idleSeconds (0: none given)."""
 
     @property
     def key(self) -> str:
@@ -641,8 +621,8 @@ class ModelInfo:
         t = self.template
         return replace(
             t,
-            uid=f"{self.uid}/{ordinal}",
-            name=f"{self.name}/{ordinal}",
+            uid=replica_uid(self.uid, ordinal),
+            name=replica_name(self.name, ordinal),
             node_name=node,
             gpu_uuid=gpu,
             placement=proof,
@@ -704,4 +684,12 @@ def model_from_api(
         placed=placed,
         status=status,
         resource_version=str(meta.get("resourceVersion", "")),
+        storage_uri=str(spec.get("storageUri") or ""),
+        concurrency=_whole(spec.get("maxConcurrency")),
+        idle_seconds=_whole(spec.get("idleSeconds")),
     )
+
+
+def _whole(value: object) -> int:
+    """A positive whole number of the spec, else 0 (the schema already refuses the others)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

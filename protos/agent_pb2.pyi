@@ -167,3 +167,35 @@ class ListGpusResponse(_message.Message):
     node: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ...) -> None: ...
+
+class ListHostedRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HostedReplica(_message.Message):
+    __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_URI_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    replica: int
+    storage_uri: str
+    residency: str
+    draining: bool
+    max_concurrency: int
+    idle_seconds: int
+    status: ModelStatus
+    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ...) -> None: ...
+
+class ListHostedResponse(_message.Message):
+    __slots__ = ("replicas", "refused")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[HostedReplica]
+    refused: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[HostedReplica, _Mapping]]] = ..., refused: _Optional[_Iterable[str]] = ...) -> None: ...

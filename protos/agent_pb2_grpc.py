@@ -69,6 +69,11 @@ class AgentStub:
                 request_serializer=protos_dot_agent__pb2.ListGpusRequest.SerializeToString,
                 response_deserializer=protos_dot_agent__pb2.ListGpusResponse.FromString,
                 _registered_method=True)
+        self.ListHosted = channel.unary_unary(
+                '/tritonshare.agent.v1.Agent/ListHosted',
+                request_serializer=protos_dot_agent__pb2.ListHostedRequest.SerializeToString,
+                response_deserializer=protos_dot_agent__pb2.ListHostedResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -131,6 +136,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHosted(self, request, context):
+        """The replicas the calling model host serves, as the agent sees its pod now: each replica
+        whose proof verifies, with its state. A model pod's token gets PERMISSION_DENIED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +181,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ListGpus,
                     request_deserializer=protos_dot_agent__pb2.ListGpusRequest.FromString,
                     response_serializer=protos_dot_agent__pb2.ListGpusResponse.SerializeToString,
+            ),
+            'ListHosted': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHosted,
+                    request_deserializer=protos_dot_agent__pb2.ListHostedRequest.FromString,
+                    response_serializer=protos_dot_agent__pb2.ListHostedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -359,6 +377,33 @@ class Agent:
             '/tritonshare.agent.v1.Agent/ListGpus',
             protos_dot_agent__pb2.ListGpusRequest.SerializeToString,
             protos_dot_agent__pb2.ListGpusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHosted(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tritonshare.agent.v1.Agent/ListHosted',
+            protos_dot_agent__pb2.ListHostedRequest.SerializeToString,
+            protos_dot_agent__pb2.ListHostedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,9 +14,10 @@ import pytest
 from binder.cache import ClusterCache, Informer, Ledger
 from binder.errors import GoneError
 from binder.kube import JsonObject, Kind, Kube
-from binder.model import ModelKey, PodInfo, host_label, host_name, model_from_api, pod_from_api
+from binder.model import ModelKey, PodInfo, model_from_api, pod_from_api
 from binder.proofs import Unproven, sign
 from binder.state import ClusterState
+from common.hosted import host_label, host_name
 from common.placement import Claim, KeyRing, Proof
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj, pod_obj, signed

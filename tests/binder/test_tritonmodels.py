@@ -14,7 +14,7 @@ import kubernetes.client
 import pytest
 
 from binder.app import Binder
-from binder.model import host_name
+from common.hosted import host_name
 from common.placement import ProofError, pod_claim
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
@@ -151,7 +151,7 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
         hosted = json.loads(host.metadata.annotations["tritonshare.io/hosted-models"])
         assert hosted == [
             {"model": "resnet", "uid": uid, "replica": entry["replica"], "gpu": entry["gpu"],
-             "residency": "always", "proof": entry["proof"]}
+             "residency": "always", "proof": entry["proof"], "storageUri": "s3://models/x"}
         ]  # fmt: skip
     # The host's slot is charged once: as the namespace's host, not also as a pod.
     pods = binder.ledger.state.pods

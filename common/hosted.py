@@ -1,0 +1,203 @@
+"""The model-host contract: how a host pod names the TritonModel replicas it serves.
+
+The binder creates one host pod per (namespace, node) with a replica placed there (`binder.hosting`)
+and is the only writer of what this module names on it:
+
+- label `<prefix>model-host: "true"`;
+- annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
+  host's node (at most one replica of a model per node);
+- label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
+  Service selects), read from the agent's condition below.
+
+The agent reads the annotation, proves each replica's proof as it proves a pod's (the claim of a
+pod of uid `<model uid>/<replica>`, name `<model>/<replica>`, in the host's namespace, on the
+host's node) and writes, on the host pod, the condition `<prefix>loaded-<model>` per replica: True
+when Triton serves it there. None of it is proof of anything by itself: a tenant can edit its own
+namespace's pods, so only the signed proof decides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, ContractError, Keys
+
+HOST_PREFIX = "tritonshare-host-"
+"""Name of a namespace's model host on a node: this prefix and a hash of the node's name."""
+HOST_CONTAINERS = ("loader", "proxy")
+"""The containers of a host pod: the loader follows the host's replicas, the proxy serves them."""
+
+
+class HostedError(ContractError):
+    """A hosted-models annotation that cannot be read; the message says what is wrong."""
+
+
+def host_name(node: str) -> str:
+    """The model host's pod name on `node` (the same in every namespace: one per namespace)."""
+    return HOST_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:16]
+
+
+def host_label(keys: Keys) -> str:
+    """Label on every model host pod the binder creates (value "true")."""
+    return f"{keys.prefix}model-host"
+
+
+def hosted_models_annotation(keys: Keys) -> str:
+    """Host pod annotation: the JSON list of the replicas it serves (`HostedReplica`)."""
+    return f"{keys.prefix}hosted-models"
+
+
+def _qualified(keys: Keys, word: str, model: str) -> str:
+    """`<prefix><word>-<model>`; a label or condition name part has at most 63 characters, so a
+    longer one keeps the model's first 40 and a hash of the whole."""
+    name = f"{word}-{model}"
+    if len(name) > 63:
+        digest = hashlib.sha256(model.encode()).hexdigest()[:15]
+        name = f"{word}-{model[:40].rstrip('.-_')}-{digest}"
+    return f"{keys.prefix}{name}"
+
+
+def serves_label(keys: Keys, model: str) -> str:
+    """The host label that puts the host behind model `model`'s Service (value "true"): set by
+    the binder while the replica is loaded and ready on the host, removed before it leaves."""
+    return _qualified(keys, "serves", model)
+
+
+def loaded_condition(keys: Keys, model: str) -> str:
+    """The host pod condition the agent writes for its replica of `model`: True when Triton
+    serves it there (as a model pod's `<prefix>ModelLoaded`)."""
+    return _qualified(keys, "loaded", model)
+
+
+def replica_uid(model_uid: str, replica: int) -> str:
+    """A replica's uid in proofs and ledgers: no pod's uid has a slash."""
+    return f"{model_uid}/{replica}"
+
+
+def replica_name(model: str, replica: int) -> str:
+    """A replica's name in proofs: no pod's name has a slash."""
+    return f"{model}/{replica}"
+
+
+@dataclass(frozen=True, slots=True)
+class HostedReplica:
+    """One replica a host serves, as the binder placed it."""
+
+    model: str
+    """The TritonModel's name: the model id its clients send."""
+    uid: str
+    """The TritonModel's uid."""
+    replica: int
+    """The ordinal (0 to spec.replicas - 1)."""
+    gpu: str
+    """The UUID of the GPU it is placed on."""
+    residency: str
+    """`always` or `on-demand`, as placed (the proof binds it)."""
+    proof: str
+    """The binder's proof of placement (`common.placement`) for the replica's claim."""
+    storage_uri: str = ""
+    """Where its files are (the TritonModel's spec.storageUri)."""
+    concurrency: int = 0
+    """The TritonModel's spec.maxConcurrency: requests in flight per replica (0: the proxy's
+    default); more wait in the model's queue."""
+    idle_seconds: int = 0
+    """The TritonModel's spec.idleSeconds (on-demand): idle time before it may be unloaded (0:
+    the proxy's default)."""
+    draining: bool = False
+    """Leaving the host: no new request is sent to it; unloaded once in-flight ones finish."""
+
+    @property
+    def replica_uid(self) -> str:
+        return replica_uid(self.uid, self.replica)
+
+    @property
+    def replica_name(self) -> str:
+        return replica_name(self.model, self.replica)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "model": self.model,
+            "uid": self.uid,
+            "replica": self.replica,
+            "gpu": self.gpu,
+            "residency": self.residency,
+            "proof": self.proof,
+        }
+        if self.storage_uri:
+            out["storageUri"] = self.storage_uri
+        if self.concurrency:
+            out["maxConcurrency"] = self.concurrency
+        if self.idle_seconds:
+            out["idleSeconds"] = self.idle_seconds
+        if self.draining:
+            out["draining"] = True
+        return out
+
+
+def encode_hosted(replicas: Iterable[HostedReplica]) -> str:
+    """The annotation's value for `replicas`, in a stable order (model, replica)."""
+    ordered = sorted(replicas, key=lambda r: (r.model, r.replica))
+    return json.dumps([r.to_json() for r in ordered], separators=(",", ":"))
+
+
+def decode_hosted(value: str) -> list[HostedReplica]:
+    """The replicas of an annotation's value; HostedError saying what is wrong when it is not a
+    list of replicas (an empty or missing value is an empty list)."""
+    if not value.strip():
+        return []
+    try:
+        data = json.loads(value)
+    except ValueError as e:
+        raise HostedError(f"the hosted-models annotation is not JSON ({e})") from e
+    if not isinstance(data, list):
+        raise HostedError("the hosted-models annotation is not a JSON list")
+    replicas = []
+    for number, entry in enumerate(data, 1):
+        if not isinstance(entry, dict):
+            raise HostedError(f"entry {number} of the hosted-models annotation is not an object")
+        try:
+            replicas.append(_replica(entry))
+        except (KeyError, TypeError, ValueError) as e:
+            raise HostedError(
+                f"entry {number} of the hosted-models annotation is malformed: {e}"
+            ) from e
+    return replicas
+
+
+def _replica(entry: dict[str, object]) -> HostedReplica:
+    def text(key: str, default: str | None = None) -> str:
+        value = entry.get(key, default)
+        if not isinstance(value, str):
+            raise TypeError(f"`{key}` is not a string")
+        return value
+
+    ordinal = entry.get("replica")
+    if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
+        raise ValueError("`replica` is not a whole number of 0 or more")
+    residency = text("residency", RESIDENCY_ALWAYS)
+    if residency not in (RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND):
+        raise ValueError(f"`residency` {residency!r} is neither always nor on-demand")
+    numbers = {}
+    for key in ("maxConcurrency", "idleSeconds"):
+        value = entry.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{key}` is not a whole number of 0 or more")
+        numbers[key] = value
+    draining = entry.get("draining", False)
+    if not isinstance(draining, bool):
+        raise TypeError("`draining` is not true or false")
+    return HostedReplica(
+        model=text("model"),
+        uid=text("uid"),
+        replica=ordinal,
+        gpu=text("gpu", ""),
+        residency=residency,
+        proof=text("proof", ""),
+        storage_uri=text("storageUri", ""),
+        concurrency=numbers["maxConcurrency"],
+        idle_seconds=numbers["idleSeconds"],
+        draining=draining,
+    )
