@@ -1,0 +1,112 @@
+"""The node pod shares one process namespace so the agent knows Triton's processes: Triton's
+container writes its PID where the agent reads it (`--triton-pid-file`), and every container runs
+as its own user, so none can signal, trace or read another's files. Checked on the kustomize base
+and on the chart, and the Triton container's command is run as the kubelet would run it (its
+`$(VAR)` expansion, a stand-in `tritonserver` on PATH): the PID written is the one that serves."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sim.node.podspec import expand, rewrite_paths
+from sim.processes import wait_until
+from tests.deploy.rendering import Obj, render
+from tests.deploy.test_chart import render_chart
+from tests.deploy.test_manifests import kubectl as kubectl
+
+
+def _node_pods(kubectl: str) -> dict[str, Mapping[str, Any]]:
+    """The node DaemonSets' pod specs of the base and of the chart (default values)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for where, objects in (("base", render(kubectl, "base")), ("chart", render_chart())):
+        for obj in objects:
+            if obj["kind"] == "DaemonSet" and "agent" in _containers(obj):
+                found[f"{where}/{obj['metadata']['name']}"] = obj["spec"]["template"]["spec"]
+    assert found
+    return found
+
+
+def _containers(obj: Obj) -> dict[str, Mapping[str, Any]]:
+    spec = obj["spec"]["template"]["spec"] if "template" in obj.get("spec", {}) else obj
+    return {c["name"]: c for c in spec["containers"]}
+
+
+def _mount(container: Mapping[str, Any], volume: str) -> Mapping[str, Any]:
+    [mount] = [m for m in container.get("volumeMounts", []) if m["name"] == volume]
+    return mount
+
+
+def _pid_file(agent: Mapping[str, Any]) -> str:
+    [flag] = [a for a in agent["args"] if a.startswith("--triton-pid-file=")]
+    return flag.partition("=")[2]
+
+
+def test_the_agent_reads_the_pid_tritons_container_writes(kubectl: str) -> None:
+    for where, spec in _node_pods(kubectl).items():
+        assert spec.get("shareProcessNamespace") is True, where
+        containers = _containers(spec)
+        triton, agent = containers["triton"], containers["agent"]
+        pid_file = _pid_file(agent)
+        written = _mount(triton, "triton-pid")
+        read = _mount(agent, "triton-pid")
+        assert read.get("readOnly") is True, where
+        assert Path(pid_file).parent == Path(read["mountPath"]) == Path(written["mountPath"])
+        assert written["mountPath"] in " ".join(triton["command"]), where
+        [volume] = [v for v in spec["volumes"] if v["name"] == "triton-pid"]
+        assert "emptyDir" in volume, where
+        # No two containers share a user: a shared process namespace lets a process signal or
+        # trace the others of its user.
+        users = {
+            name: (c.get("securityContext") or {}).get("runAsUser")
+            or spec["securityContext"]["runAsUser"]
+            for name, c in containers.items()
+        }
+        assert len(set(users.values())) == len(users), (where, users)
+
+
+def test_tritons_command_writes_the_pid_of_the_server_it_starts(
+    kubectl: str, tmp_path: Path
+) -> None:
+    spec = next(iter(_node_pods(kubectl).values()))
+    triton = _containers(spec)["triton"]
+    directory = _mount(triton, "triton-pid")["mountPath"]
+    local = tmp_path / "pid"
+    local.mkdir()
+    variables = {"TRITON_ADMIN_KEY": "k"}
+
+    def as_run(word: str) -> str:
+        return rewrite_paths(expand(word, variables), [(directory, local)])
+
+    command = [as_run(w) for w in triton["command"]]
+    args = [as_run(w) for w in triton["args"]]
+    # A stand-in server: records its arguments, then serves (sleeps) as the same process.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "args"
+    server = bin_dir / "tritonserver"
+    server.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {shlex.quote(str(seen))}\n'
+        f"exec {shlex.quote(sys.executable)} -c 'import time; time.sleep(60)'\n"
+    )
+    server.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    process = subprocess.Popen([*command, *args], env=env)
+    try:
+        wait_until("the server's arguments", lambda: seen.exists() and seen.read_text(), 30)
+        pid_file = local / Path(_pid_file(_containers(spec)["agent"])).name
+        assert int(pid_file.read_text().split()[0]) == process.pid
+        assert seen.read_text().splitlines() == args
+        wait_until(
+            "the server replacing the shell",
+            lambda: "time.sleep" in Path(f"/proc/{process.pid}/cmdline").read_text(),
+            30,
+        )
+    finally:
+        process.kill()
+        process.wait(10)
