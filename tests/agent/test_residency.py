@@ -321,6 +321,15 @@ async def test_a_namespace_waking_in_a_loop_evicts_only_its_own_idle_models(
             ("a2", "team-a"),
         )
     }
+    # a2's pod runs with its model at rest: asleep once the agent has seen it Running (its watch
+    # may lag the status write on a busy machine), so its first load is a wake.
+    async def a2_asleep() -> bool:
+        status = await running.stub.GetModel(
+            agent_pb2.GetModelRequest(model_id="a2"), metadata=bearer(tokens["a2"])
+        )
+        return bool(status.sleeping)
+
+    await eventually(a2_asleep, what="a2 asleep")
     # The GPU is full (7 + 4 + 4 of 15 GiB): a2's first load evicts a1, then each wakes in turn.
     for waking, evicted in (("a2", "a1"), ("a1", "a2")):
         report_activity(running)
