@@ -45,6 +45,10 @@ class InvalidModelError(LoaderError):
     exit_code = ExitCode.INVALID_MODEL
 
 
+class FetchError(InvalidModelError):
+    """A model host cannot fetch a replica's files from its storage URI (loader/fetch.py)."""
+
+
 class RefusedError(LoaderError):
     """The agent refused the caller: the token is invalid, or the pod may not load this model."""
 
