@@ -107,6 +107,7 @@ INSTALL = "InstallModel"
 LOAD = "LoadModel"
 QUERY = "GetModel"
 UNLOAD = "UnloadModel"
+LIST = "ListHosted"
 
 # Codes that mean "try again": the agent or Triton is starting or restarting, the connection broke,
 # one attempt ran out of time, or a concurrent request for the same model won a race.
