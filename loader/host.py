@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from common.atomicfile import replace_file
+from common.contract import ContractError, validate_model_id
 from loader.agentclient import Hosted, HostedList, ModelState
 from loader.errors import LoaderError, TransientError
 from loader.fetch import check_uri, fetch
@@ -176,7 +177,7 @@ class Host:
 
     def decide(self, replicas: tuple[Hosted, ...]) -> None:
         """Start what the replicas call for, and list the ready models."""
-        wanted = {r.model_id: r for r in replicas if not r.draining}
+        wanted = {r.model_id: r for r in replicas if not r.draining and self._named(r.model_id)}
         now = self._clock()
         for model, tracked in list(self._tracked.items()):
             replica = wanted.get(model)
@@ -198,6 +199,15 @@ class Host:
                 )
                 self._start_load(tracked, replica)
         self._publish()
+
+    def _named(self, model: str) -> bool:
+        """Whether `model` is a model id, safe as a name under ROOT (the agent checks it too)."""
+        try:
+            validate_model_id(model)
+        except ContractError as e:
+            self._say_once(f"name:{model}", "The agent lists a replica this host ignores: %s.", e)
+            return False
+        return True
 
     def _leave(self, tracked: _Tracked, why: str) -> None:
         if tracked.leaving:

@@ -244,8 +244,10 @@ async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_lim
     agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
 ) -> None:
     servicer, address = agent
+    # Listed first, fetched first (one at a time): done before add_one is listed.
+    servicer.host("../escaped", models.url("add_one"))
     servicer.host("add_one", models.url("add_one"), max_concurrency=3, idle_seconds=60)
-    async with following(address, tmp_path) as host:
+    async with following(address, tmp_path, parallel=1) as host:
         await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
         assert listed(tmp_path) == [{"model": "add_one", "maxConcurrency": 3, "idleSeconds": 60}]
         assert host.ready_models() == ["add_one"]
@@ -255,6 +257,7 @@ async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_lim
             ("LoadModel", "add_one"),
         ]
         assert servicer.models["add_one"][0] == agent_pb2.MODEL_STATE_READY
+        assert not (tmp_path / "escaped").exists(), "no model id names a path outside ROOT"
         assert (tmp_path / "models" / "add_one" / "1" / "model.py").is_file()
         # A limit changed on the TritonModel reaches the proxy's table with no reload.
         servicer.replicas["add_one"].max_concurrency = 5
