@@ -237,6 +237,11 @@ class Host:
         async def guarded() -> None:
             try:
                 await work
+            except Exception:
+                # A bug, not a model's failure (those are handled where they happen): say it;
+                # the next poll starts over for this model.
+                log.exception("The work on model %s has failed.", tracked.model)
+                tracked.leaving = tracked.ready = tracked.published = False
             finally:
                 tracked.job = None
 
