@@ -5,8 +5,12 @@ with the reason, as are the storage schemes a host cannot fetch yet."""
 
 from __future__ import annotations
 
+import http.server
 import io
+import re
+import ssl
 import tarfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,3 +176,59 @@ def test_what_cannot_be_downloaded_says_why(trusted: ModelStore, tmp_path: Path)
         fetch(trusted.url("absent"), tmp_path / "a", max_bytes=1 << 20)
     with pytest.raises(FetchError, match="names no file"):
         fetch(f"{trusted.base_url}/triton/", tmp_path / "b", max_bytes=1 << 20)
+
+
+class _Redirects(http.server.BaseHTTPRequestHandler):
+    """Answers every path with a redirect to the `Location` the path names after /to/."""
+
+    def do_GET(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", self.path.removeprefix("/to/"))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def redirector(store: tuple[ModelStore, Path]) -> Iterator[tuple[str, str]]:
+    """(http://, https://) base URLs of servers that redirect where the path says; the HTTPS one
+    has the model store's certificate."""
+    cert = store[1]
+    key = cert.with_name("tls.key")
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirects) for _ in range(2)]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    servers[1].socket = context.wrap_socket(servers[1].socket, server_side=True)
+    threads = [
+        threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}) for s in servers
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        ports = [s.server_address[1] for s in servers]
+        yield f"http://127.0.0.1:{ports[0]}/to/", f"https://127.0.0.1:{ports[1]}/to/"
+    finally:
+        for server, thread in zip(servers, threads, strict=True):
+            server.shutdown()
+            thread.join(10)
+            server.server_close()
+
+
+def test_a_redirect_may_not_leave_https_nor_http(
+    trusted: ModelStore, redirector: tuple[str, str], tmp_path: Path
+) -> None:
+    plain, secure = redirector
+    url = trusted.publish("add_one", MODELS / "add_one")
+    fetch(plain + url, tmp_path / "a", max_bytes=1 << 20)
+    assert (tmp_path / "a" / "config.pbtxt").is_file(), "http:// to https:// is followed"
+    with pytest.raises(
+        FetchError, match=re.escape("redirects to ftp://h/m.tar.gz, which the loader does")
+    ):
+        fetch(plain + "ftp://h/m.tar.gz", tmp_path / "b", max_bytes=1 << 20)
+    downgrade = "http://127.0.0.1:1/m.tar.gz"
+    with pytest.raises(
+        FetchError, match=re.escape(f"redirects to {downgrade}, which the loader does not")
+    ):
+        fetch(secure + downgrade, tmp_path / "c", max_bytes=1 << 20)
