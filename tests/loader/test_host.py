@@ -49,6 +49,8 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     """model id -> (state, manifest digest)."""
     rejects: set[str] = field(default_factory=set)
     """Models Triton refuses to load."""
+    strict: bool = False
+    """Refuse calls about a model the host no longer lists, as the real agent does."""
     calls: list[tuple[str, str, float]] = field(default_factory=list)
     """(rpc, model id, wall-clock time): every call but ListHosted."""
 
@@ -132,6 +134,8 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self, request: agent_pb2.UnloadModelRequest, context: Context
     ) -> agent_pb2.ModelStatus:
         self._note("UnloadModel", request.model_id)
+        if self.strict and request.model_id not in self.replicas:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not this host's replica")
         if self.models.pop(request.model_id, None) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
         return self._status(request.model_id)
@@ -350,6 +354,37 @@ async def test_new_files_replace_the_old_after_a_drain(
         assert servicer.count("UnloadModel", "add_one") == 1
         assert (tmp_path / "models" / ".sources" / "add_one").read_text() == v2
     assert servicer.models["add_one"][1] == first, "the same files: the same digest"
+
+
+async def test_a_model_the_node_lost_is_loaded_again_and_stays_listed(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    fetcher = Counted()
+    async with following(address, tmp_path, fetcher=fetcher):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        del servicer.models["add_one"]  # the node lost it (its disk was wiped)
+        await until(lambda: servicer.count("InstallModel", "add_one") == 2, "sent again")
+        ready = agent_pb2.MODEL_STATE_READY
+        await until(lambda: servicer.models.get("add_one", (0,))[0] == ready, "READY again")
+        assert names(tmp_path) == ["add_one"]
+        assert fetcher.calls == [models.url("add_one")], "from the files kept under ROOT"
+
+
+async def test_a_replica_the_agent_forgot_is_deleted_even_if_it_cannot_be_unloaded(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.strict = True
+    servicer.host("add_one", models.url("add_one"))
+    async with following(address, tmp_path):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        del servicer.replicas["add_one"]
+        await until(lambda: servicer.count("UnloadModel", "add_one") == 1, "unload asked")
+        await until(lambda: not (tmp_path / "models" / "add_one").exists(), "files deleted")
+        assert not (tmp_path / "models" / ".sources" / "add_one").exists()
+        assert names(tmp_path) == []
 
 
 async def test_sigterm_stops_the_host_loader_with_exit_0(
