@@ -2,7 +2,8 @@
 
 Exits with the code of the failure (loader.errors.ExitCode) and writes a one-line reason to the
 termination log, so `kubectl describe pod` shows why the init container failed. SIGTERM or SIGINT
-stop it cleanly (exit 143). Owns the command line and the outcome only: the assembly and its
+stop it cleanly (exit 143). With --host it follows a model host's replicas until SIGTERM or
+SIGINT, then exits 0. Owns the command line and the outcome only: the assembly and its
 order live in app.py, the decisions in loading.py.
 """
 
@@ -17,9 +18,9 @@ from pathlib import Path
 
 from common.logs import configure_logging, subject
 from common.version import VERSION
-from loader.app import run_until_stopped
+from loader.app import run_host, run_until_stopped
 from loader.errors import ExitCode, LoaderError
-from loader.settings import parse_settings, termination_log_from
+from loader.settings import Settings, parse_settings, termination_log_from
 
 log = logging.getLogger("loader")
 
@@ -53,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("The loader cannot start: %s.", e)
         write_termination_log(termination_log_from(args, os.environ), f"loader: {e}")
         return int(e.exit_code)
+    if settings.host:
+        return _run_host(settings)
     configure_logging(
         settings.log_level,
         settings.log_format,
@@ -99,6 +102,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     )
     write_termination_log(settings.termination_log, summary)
+    return int(ExitCode.OK)
+
+
+def _run_host(settings: Settings) -> int:
+    configure_logging(settings.log_level, settings.log_format, name="loader")
+    log.info(
+        "The loader of tritonshare %s follows this model host's replicas through the agent at "
+        "%s: files under %s, the ready models listed in %s.",
+        VERSION,
+        settings.agent_address,
+        settings.model_root,
+        settings.models_file,
+    )
+    try:
+        asyncio.run(run_host(settings))
+    except Exception as e:
+        log.exception("The host's loader failed unexpectedly.")
+        write_termination_log(settings.termination_log, f"the loader failed unexpectedly: {e!r}")
+        return int(ExitCode.AGENT_FAILED)
+    log.info("The host's loader stopped.")
     return int(ExitCode.OK)
 
 

@@ -1,4 +1,4 @@
-"""The loader's one adapter to the node's agent: a grpc.aio channel and the three calls it needs.
+"""The loader's one adapter to the node's agent: a grpc.aio channel and the calls it needs.
 
 Every call carries `authorization: Bearer <token>`, with the token re-read from its file for each
 call because the kubelet rotates projected tokens. Agent answers are converted to the dataclasses
@@ -21,6 +21,7 @@ import grpc.aio
 from common.manifest import Manifest
 from loader.errors import (
     INSTALL,
+    LIST,
     LOAD,
     QUERY,
     UNLOAD,
@@ -91,6 +92,52 @@ class InstallResult:
     unchanged: bool
     bytes_written: int
     bytes_sent: int
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """One replica the calling model host serves, as the agent sees it now."""
+
+    model_id: str
+    replica: int
+    storage_uri: str
+    residency: str
+    draining: bool
+    max_concurrency: int
+    """Requests in flight for the host's proxy; 0: its default."""
+    idle_seconds: int
+    """On-demand idle time for the host's proxy; 0: its default."""
+    status: ModelStatus
+
+    @classmethod
+    def from_proto(cls, replica: agent_pb2.HostedReplica) -> Hosted:
+        status = ModelStatus.from_proto(replica.status)
+        return cls(
+            model_id=replica.model_id,
+            replica=replica.replica,
+            storage_uri=replica.storage_uri,
+            residency=replica.residency,
+            draining=replica.draining,
+            max_concurrency=replica.max_concurrency,
+            idle_seconds=replica.idle_seconds,
+            status=ModelStatus(
+                model_id=status.model_id or replica.model_id,
+                state=status.state,
+                reason=status.reason,
+                manifest_digest=status.manifest_digest,
+                gpu_uuid=status.gpu_uuid,
+                gpu_index=status.gpu_index,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class HostedList:
+    """The agent's answer to ListHosted: the replicas it serves for the host, and the entries of
+    the host's annotation it refused, each "model/replica: why"."""
+
+    replicas: tuple[Hosted, ...]
+    refused: tuple[str, ...]
 
 
 class AgentClient:
@@ -174,6 +221,19 @@ class AgentClient:
         except grpc.aio.AioRpcError as e:
             raise self._failure(e, UNLOAD) from e
         return ModelStatus.from_proto(reply)
+
+    async def list_hosted(self, time_limit: float) -> HostedList:
+        """The replicas of the calling model host (its token says which host calls)."""
+        try:
+            reply = await self._stub.ListHosted(
+                agent_pb2.ListHostedRequest(), metadata=self._metadata(), timeout=time_limit
+            )
+        except grpc.aio.AioRpcError as e:
+            raise self._failure(e, LIST) from e
+        return HostedList(
+            replicas=tuple(Hosted.from_proto(r) for r in reply.replicas),
+            refused=tuple(reply.refused),
+        )
 
     async def install(
         self, model: ModelDirectory, manifest: Manifest, time_limit: float

@@ -1,4 +1,5 @@
-"""Assembles the loader and owns its order: check and hash the model, then drive the agent.
+"""Assembles the loader and owns its order: check and hash the model, then drive the agent; or,
+with --host, follow a model host's replicas (host.py) until SIGTERM.
 
 The order is fixed: validate the model directory, hash it (off the event loop), open one agent
 client, run the load (loading.py decides), and close the client whatever happened. SIGTERM or
@@ -15,6 +16,7 @@ import time
 
 from loader.agentclient import AgentClient
 from loader.errors import StoppedError
+from loader.host import Host, HostTiming
 from loader.loading import Loading, Outcome, Timing
 from loader.manifest import build_manifest
 from loader.retry import Backoff
@@ -89,3 +91,49 @@ async def run_until_stopped(settings: Settings) -> Outcome:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def run_host(settings: Settings) -> None:
+    """Follow the host's replicas until SIGTERM or SIGINT; one agent client for the whole run.
+    Stopping leaves the models file as it is: the host's proxy unloads its models as it drains."""
+    assert settings.models_file is not None and settings.model_root is not None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def stopping(sig: signal.Signals) -> None:
+        log.info("Received %s: stopping, leaving the loaded models to the host's proxy.", sig.name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping, sig)
+    client = AgentClient(
+        settings.agent_address,
+        settings.token_file,
+        chunk_bytes=settings.chunk_bytes,
+        reconnect_max_seconds=settings.backoff_max_seconds,
+    )
+    host = Host(
+        client,
+        settings.model_root,
+        settings.models_file,
+        HostTiming(
+            poll_seconds=settings.host_poll_seconds,
+            drain_seconds=settings.drain_seconds,
+            call_seconds=settings.attempt_timeout_seconds,
+            load=Timing(
+                total_seconds=settings.timeout_seconds,
+                attempt_seconds=settings.attempt_timeout_seconds,
+                poll_seconds=settings.poll_seconds,
+                backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_max_seconds),
+                unreachable_seconds=settings.agent_unreachable_seconds,
+            ),
+        ),
+        parallel=settings.host_parallel,
+        max_bytes=settings.max_model_bytes,
+    )
+    try:
+        await host.run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await client.close()

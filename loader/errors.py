@@ -45,6 +45,10 @@ class InvalidModelError(LoaderError):
     exit_code = ExitCode.INVALID_MODEL
 
 
+class FetchError(InvalidModelError):
+    """A model host cannot fetch a replica's files from its storage URI (loader/fetch.py)."""
+
+
 class RefusedError(LoaderError):
     """The agent refused the caller: the token is invalid, or the pod may not load this model."""
 
@@ -103,6 +107,7 @@ INSTALL = "InstallModel"
 LOAD = "LoadModel"
 QUERY = "GetModel"
 UNLOAD = "UnloadModel"
+LIST = "ListHosted"
 
 # Codes that mean "try again": the agent or Triton is starting or restarting, the connection broke,
 # one attempt ran out of time, or a concurrent request for the same model won a race.

@@ -24,6 +24,7 @@ from common.settings import (
     quantity,
     seconds,
     setting,
+    whole,
 )
 from loader.errors import SettingsError
 
@@ -43,15 +44,6 @@ def _agent_address(value: str) -> str:
 class Settings:
     """Everything the loader needs to know, validated."""
 
-    model_id: str = setting(
-        "model-id",
-        "the model's id, as its clients name it (the agent installs it under a private name in "
-        "Triton)",
-        model_id,
-        required="in a pod, the tritonshare.io/model-id annotation through the Downward API",
-    )
-    """The model's public id (the pod's `tritonshare.io/model-id` annotation), the name its
-    clients send; the agent installs it under the pod's private name in Triton. Required."""
     agent_address: str = setting(
         "agent-address",
         "the node's agent as host:port (port defaults to 8100)",
@@ -60,6 +52,16 @@ class Settings:
         "port, such as 10.0.0.5:8100",
     )
     """The node's agent as `host:port`; a bare host gets port 8100. Required."""
+    model_id: str = setting(
+        "model-id",
+        "the model's id, as its clients name it (the agent installs it under a private name in "
+        "Triton)",
+        model_id,
+        default="",
+    )
+    """The model's public id (the pod's `tritonshare.io/model-id` annotation), the name its
+    clients send; the agent installs it under the pod's private name in Triton. Required, but
+    with --host (a host's models come from the agent)."""
     model_dir: Path = setting(
         "model-dir", "model directory to send", path, default=str(DEFAULT_MODEL_DIR)
     )
@@ -137,6 +139,54 @@ class Settings:
         default=str(DEFAULT_TERMINATION_LOG),
     )
     """Where the one-line outcome goes, for `kubectl describe pod`. Default /dev/termination-log."""
+    host: bool = setting(
+        "host",
+        "run as a model host's loader: follow the host's replicas until stopped",
+        switch=True,
+        default=False,
+    )
+    """Run as a model host's long-lived loader (loader/host.py): poll the agent's ListHosted,
+    fetch, install and load each replica, and list the ready ones in --models-file. Off: load
+    --model-dir once and exit (a model pod's init container)."""
+    models_file: Path | None = setting(
+        "models-file",
+        "with --host: the file listing the ready models for the host's proxy",
+        path,
+        default=None,
+    )
+    """With --host, required: where the ready replicas are listed (a JSON list of `model`,
+    `maxConcurrency`, `idleSeconds`), replaced whole; the host's proxy reads its table there."""
+    model_root: Path | None = setting(
+        "model-root",
+        "with --host: the directory each replica's files are fetched into (ROOT/<model>)",
+        path,
+        default=None,
+    )
+    """With --host, required: each replica's files are fetched from its storage URI into
+    ROOT/<model> (an emptyDir), then sent to the agent."""
+    host_poll_seconds: float = setting(
+        "host-poll-seconds",
+        "with --host: seconds between two looks at the host's replicas",
+        seconds(positive=True),
+        default="0.5",
+    )
+    """With --host: seconds between two ListHosted calls. Default 0.5."""
+    drain_seconds: float = setting(
+        "drain-seconds",
+        "with --host: seconds a leaving replica stays loaded after it left the models file",
+        seconds(),
+        default="30",
+    )
+    """With --host: seconds between removing a leaving replica from the models file and
+    unloading it, for the proxy to finish its requests (its --finish-timeout, 20 s by default,
+    plus its reread period). Default 30."""
+    host_parallel: int = setting(
+        "host-parallel",
+        "with --host: replicas fetched and loaded at once",
+        whole(minimum=1),
+        default="2",
+    )
+    """With --host: how many replicas are fetched and loaded at the same time. Default 2."""
     log_level: str = log_level_flag("DEBUG, INFO, WARNING, ERROR or CRITICAL")
     """Log level name. Default INFO."""
     log_format: LogFormat = log_format_flag()
@@ -155,6 +205,14 @@ DECLARATION = Declaration.of(
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Parse and check the flags and environment; raise SettingsError saying what to fix."""
     settings = Settings(**DECLARATION.values(argv, environ))
+    if settings.host:
+        _check_host(settings)
+    elif not settings.model_id:
+        raise SettingsError(
+            "--model-id is required (in a pod, the tritonshare.io/model-id annotation through "
+            "the Downward API; a model host's loader runs with --host instead): set the flag or "
+            "TRITONSHARE_MODEL_ID"
+        )
     if not settings.chunk_bytes <= 3 * 1024 * 1024:
         raise SettingsError(
             f"--chunk-bytes {settings.chunk_bytes} must be at most 3Mi, below gRPC's 4Mi message "
@@ -163,6 +221,23 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     if settings.backoff_max_seconds < settings.backoff_initial_seconds:
         raise SettingsError("--backoff-max must be at least --backoff-initial")
     return settings
+
+
+def _check_host(settings: Settings) -> None:
+    if settings.model_id:
+        raise SettingsError(
+            "--model-id names a model pod's one model; with --host the models come from the "
+            "agent (the host's replicas): drop --model-id"
+        )
+    for flag, value in (
+        ("--models-file", settings.models_file),
+        ("--model-root", settings.model_root),
+    ):
+        if value is None:
+            raise SettingsError(
+                f"{flag} is required with --host: set it to a path in the emptyDir the host's "
+                f"loader and proxy share"
+            )
 
 
 def termination_log_from(argv: Sequence[str], environ: Mapping[str, str]) -> Path:

@@ -37,7 +37,7 @@ from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_
 from proxy.residency import IdlePolicy, Residency
 from proxy.settings import Settings
 from proxy.state import ProxyState
-from proxy.table import ModelTable, Served
+from proxy.table import Entry, ModelTable, Served
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,9 @@ class Proxy:
         self.table: ModelTable | None = None
         """With --models-file: the host's models, each with its own limiter and metrics."""
         if settings.models_file is not None:
-            self.table = ModelTable(self.served, drain_seconds=settings.finish_timeout_seconds)
+            self.table = ModelTable(
+                self.served, drain_seconds=settings.finish_timeout_seconds, limits=self.limits
+            )
         self.own_model = OwnModel(settings)
         self.rest = RestRelay(settings, self.limiter, self.metrics, self.state, self.table)
         self.grpc: GrpcProxy | GrpcRelay
@@ -148,16 +150,28 @@ class Proxy:
         self._idle_task: asyncio.Task[None] | None = None
         self._table_task: asyncio.Task[None] | None = None
 
-    def served(self, model_id: str) -> Served:
+    def limits(self, entry: Entry) -> tuple[int, int]:
+        """A host model's (concurrency limit, queue limit): its `maxConcurrency`, else
+        --container-concurrency; its queue as --queue-size says for that limit."""
+        settings = self.settings
+        if not entry.max_concurrency:
+            return settings.container_concurrency, settings.queue_limit
+        queue = settings.queue_size
+        return entry.max_concurrency, 10 * entry.max_concurrency if queue is None else queue
+
+    def served(self, entry: Entry) -> Served:
         """A new entry of the host's table: the model's own limiter and metrics."""
         settings = self.settings
+        limit, queue_limit = self.limits(entry)
         limiter = Limiter(
-            settings.container_concurrency,
-            settings.queue_limit,
+            limit,
+            queue_limit,
             settings.queue_timeout_seconds,
             window=settings.concurrency_window_seconds,
         )
-        return Served(model_id, limiter, ProxyMetrics(limiter, model_id, shared=self.metrics))
+        model_id = entry.model
+        metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
+        return Served(model_id, limiter, metrics, entry)
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""

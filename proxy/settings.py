@@ -153,16 +153,17 @@ class Settings:
     (`triton_name`). Empty in a model host, whose models are in `models_file`."""
     models_file: Path | None = setting(
         "models-file",
-        "a model host's table of models: a JSON list of objects with `model` (the host pod's "
-        "hosted-models annotation, projected by the downward API), followed as it changes",
+        "a model host's table of models: a JSON list of objects with `model` and optionally "
+        "`maxConcurrency` and `idleSeconds` (written by the host's loader), followed as it changes",
         path,
         default=None,
     )
-    """A model host's table: a JSON list of objects each with `model` (a public model id; other
-    keys are ignored), as the downward API projects the host pod's
-    `tritonshare.io/hosted-models` annotation. Reread every --models-check-seconds when it
-    changed: a model added is served, a model removed is drained (its new requests refused, those
-    in flight finish within --finish-timeout) and then removed (proxy/table.py)."""
+    """A model host's table: a JSON list of objects each with `model` (a public model id) and
+    optionally `maxConcurrency` (its own limit; absent or 0: --container-concurrency) and
+    `idleSeconds` (kept for its residency); other keys are ignored. The host's loader writes it
+    (`python -m loader --host`). Reread every --models-check-seconds when it changed: a model
+    added is served, a model removed is drained (its new requests refused, those in flight
+    finish within --finish-timeout) and then removed (proxy/table.py)."""
     models_check_seconds: float = setting(
         "models-check-seconds",
         "seconds between looks at whether --models-file changed",

@@ -1,11 +1,13 @@
 """The models a proxy serves: its table, one entry per public model id.
 
 A model pod's proxy serves a table of one, built from --model-id; a model host's proxy reads its
-table from --models-file (the host pod's `tritonshare.io/hosted-models` annotation, projected by
-the downward API: a JSON list of objects, each with at least `model`, the public model id) and
-follows it as the kubelet rewrites the file. Each entry has its own concurrency limit and queue
-(`policy.limiter`) and its own metrics (`metrics.ProxyMetrics`, labelled with its model id); the
-relays find a request's entry with one dict lookup (`served`), whatever the table's size.
+table from --models-file (written by the host's loader: a JSON list of objects, each with `model`,
+the public model id, and optionally `maxConcurrency` and `idleSeconds`) and follows it as the file
+is replaced. Each entry has its own concurrency limit (its `maxConcurrency`, else the proxy's
+--container-concurrency) and queue (`policy.limiter`) and its own metrics
+(`metrics.ProxyMetrics`, labelled with its model id); the relays find a request's entry with one
+dict lookup (`served`), whatever the table's size. `idleSeconds` is kept on the entry for the
+model's residency.
 
 A model that leaves the table is drained: the routers stop naming it at once (its new requests
 are answered as Triton answers for a model it does not have), the requests it has in flight
@@ -22,6 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.atomicfile import read_file
@@ -36,21 +39,37 @@ class TableError(ValueError):
     """The models file cannot be read or does not hold a list of models."""
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One line of the models file."""
+
+    model: str
+    """The public model id."""
+    max_concurrency: int = 0
+    """Its requests in flight; 0: the proxy's --container-concurrency."""
+    idle_seconds: int = 0
+    """Its on-demand idle time (seconds); 0: the proxy's default."""
+
+
 class Served:
     """One model of the table: its limiter and its metrics."""
 
-    __slots__ = ("draining_since", "limiter", "metrics", "model_id")
+    __slots__ = ("draining_since", "entry", "limiter", "metrics", "model_id")
 
-    def __init__(self, model_id: str, limiter: Limiter, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, model_id: str, limiter: Limiter, metrics: ProxyMetrics, entry: Entry | None = None
+    ) -> None:
         self.model_id = model_id
         self.limiter = limiter
         self.metrics = metrics
+        self.entry = entry or Entry(model_id)
+        """Its line of the models file: its own limit, and its idle time for residency."""
         self.draining_since: float | None = None
         """When the model left the table (monotonic seconds); None while it is in it."""
 
 
-def read_models(path: Path) -> list[str]:
-    """The model ids of the models file at `path`, in its order, each once."""
+def read_models(path: Path) -> list[Entry]:
+    """The entries of the models file at `path`, in its order, each model once (the first)."""
     data = read_file(
         path,
         "models file",
@@ -64,7 +83,7 @@ def read_models(path: Path) -> list[str]:
         raise TableError(f"the models file {path} is not JSON ({e}); write a JSON list") from e
     if not isinstance(entries, list):
         raise TableError(f"the models file {path} holds no JSON list of models")
-    models: list[str] = []
+    models: dict[str, Entry] = {}
     for number, entry in enumerate(entries, 1):
         name = entry.get("model") if isinstance(entry, dict) else None
         if not isinstance(name, str):
@@ -75,9 +94,18 @@ def read_models(path: Path) -> list[str]:
             validate_model_id(name)
         except ContractError as e:
             raise TableError(f"entry {number} of the models file {path}: {e}") from e
+        numbers = {}
+        for key in ("maxConcurrency", "idleSeconds"):
+            value = entry.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TableError(
+                    f"entry {number} of the models file {path}: `{key}` {value!r} is not a whole "
+                    f"number of 0 or more"
+                )
+            numbers[key] = value
         if name not in models:
-            models.append(name)
-    return models
+            models[name] = Entry(name, numbers["maxConcurrency"], numbers["idleSeconds"])
+    return list(models.values())
 
 
 class ModelTable:
@@ -86,13 +114,16 @@ class ModelTable:
 
     def __init__(
         self,
-        make: Callable[[str], Served],
+        make: Callable[[Entry], Served],
         *,
         drain_seconds: float,
+        limits: Callable[[Entry], tuple[int, int]] | None = None,
         on_change: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._make = make
+        self._limits = limits
+        """An entry's (concurrency limit, queue limit), applied when its line changes."""
         self.drain_seconds = drain_seconds
         self.on_change = on_change
         """Told after models join or leave (the REST relay forgets its prepared heads)."""
@@ -106,13 +137,17 @@ class ModelTable:
         """`models` by encoded model id (the gRPC relay's look-up)."""
         self._identity: tuple[int, int, int] | None = None
 
-    def set_models(self, wanted: list[str]) -> None:
-        """Serve exactly `wanted`: new ones join, the others start draining."""
+    def set_models(self, wanted: list[Entry]) -> None:
+        """Serve exactly `wanted`: new ones join, the others start draining; an entry whose limit
+        changed keeps its queue and metrics and takes the new limit."""
         changed = False
-        for name in wanted:
+        for entry in wanted:
+            name = entry.model
             served = self.models.get(name)
+            if served is not None and served.entry != entry:
+                self._change(served, entry)
             if served is None:
-                self.models[name] = self.served[name.encode()] = self._make(name)
+                self.models[name] = self.served[name.encode()] = self._make(entry)
                 log.info("Serving model %s.", name)
             elif served.draining_since is not None:
                 served.draining_since = None
@@ -122,8 +157,9 @@ class ModelTable:
             self.names.add(name)
             self.encoded.add(name.encode())
             changed = True
+        names = {entry.model for entry in wanted}
         for name, served in self.models.items():
-            if name not in wanted and served.draining_since is None:
+            if name not in names and served.draining_since is None:
                 served.draining_since = self._clock()
                 self.names.discard(name)
                 self.encoded.discard(name.encode())
@@ -138,6 +174,17 @@ class ModelTable:
         self.sweep()
         if changed and self.on_change is not None:
             self.on_change()
+
+    def _change(self, served: Served, entry: Entry) -> None:
+        served.entry = entry
+        if self._limits is None:
+            return
+        limit, queue_limit = self._limits(entry)
+        limiter = served.limiter
+        if (limit, queue_limit) != (limiter.own_limit, limiter.queue_limit):
+            log.info("Model %s's concurrency limit is now %s.", entry.model, limit or "none")
+            limiter.own_limit, limiter.queue_limit = limit, queue_limit
+            limiter.set_limit(limit)
 
     def sweep(self) -> None:
         """Remove the draining entries with nothing in flight, or past the drain bound."""

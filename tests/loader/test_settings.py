@@ -104,3 +104,22 @@ def test_the_termination_log_is_found_even_when_other_settings_are_bad() -> None
     env = {"TRITONSHARE_TERMINATION_LOG": "/t/env"}
     assert termination_log_from(["--bogus"], env) == Path("/t/env")
     assert termination_log_from([], {}) == DEFAULT_TERMINATION_LOG
+
+
+def test_a_host_s_loader_takes_its_models_from_the_agent() -> None:
+    host = ["--host", "--agent-address", "10.0.0.5", "--models-file", "/ready/models.json"]
+    settings = parse_settings([*host, "--model-root", "/models"], {})
+    assert settings.host and settings.model_id == ""
+    assert settings.models_file == Path("/ready/models.json")
+    assert settings.model_root == Path("/models")
+    assert (settings.host_poll_seconds, settings.drain_seconds, settings.host_parallel) == (
+        0.5,
+        30.0,
+        2,
+    )
+    with pytest.raises(SettingsError, match="--model-root is required with --host"):
+        parse_settings(host, {})
+    with pytest.raises(SettingsError, match="with --host the models come from the agent"):
+        parse_settings([*host, "--model-root", "/m", "--model-id", "m"], {})
+    with pytest.raises(SettingsError, match="--host-parallel: '0'"):
+        parse_settings([*host, "--model-root", "/m", "--host-parallel", "0"], {})

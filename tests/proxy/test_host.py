@@ -265,7 +265,7 @@ def test_the_models_file_says_what_is_wrong(tmp_path: Path) -> None:
         with pytest.raises(TableError, match=message):
             read_models(path)
     path.write_text('[{"model": "a"}, {"model": "b"}, {"model": "a"}]')
-    assert read_models(path) == ["a", "b"]
+    assert [entry.model for entry in read_models(path)] == ["a", "b"]
 
 
 @pytest.mark.parametrize(

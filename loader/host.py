@@ -1,0 +1,390 @@
+"""A model host's loader: follows the host's replicas, as the agent lists them, until stopped.
+
+Every poll asks the agent for the host's replicas (ListHosted) and, per model:
+
+- a replica new here (or that failed, once its backoff is over): its files are fetched from its
+  storage URI into ROOT/<model> (loader/fetch.py; kept while the URI stays the same, so a
+  restarted loader fetches nothing again), then the SAME flow a model pod's loader runs
+  (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
+  the replica's model; at most `parallel` at once. A failure is logged with its reason and retried
+  with backoff; it never stops the others.
+- ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "idleSeconds"}`,
+  replaced whole), which the host's proxy serves.
+- draining, gone, or given another storage URI: removed from the models file first; after
+  `drain_seconds` (the proxy finishes its requests meanwhile) unloaded through the agent, then
+  its files deleted. Another URI is then loaded as a new replica.
+
+A restarted loader starts from the models file it wrote: those models stay listed while the same
+flow confirms them (the node still has their digest: nothing is sent again). Owns these decisions
+and the files under ROOT; it must not parse settings (app.py) or touch gRPC (agentclient.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import shutil
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from common.atomicfile import replace_file
+from common.contract import ContractError, validate_model_id
+from loader.agentclient import Hosted, HostedList, ModelState
+from loader.errors import LoaderError, TransientError
+from loader.fetch import check_uri, fetch
+from loader.loading import Agent, Loading, Outcome, Timing
+from loader.manifest import build_manifest
+from loader.retry import Backoff
+from loader.validate import validate_model_directory
+
+log = logging.getLogger(__name__)
+
+SOURCES = ".sources"
+"""ROOT/.sources/<model> holds the storage URI ROOT/<model> was fetched from (no model id starts
+with a dot)."""
+_FETCHING = ".fetching"
+# A replica that keeps failing is tried again at most this far apart.
+_RETRY_MAX_SECONDS = 60.0
+
+
+class HostAgent(Agent, Protocol):
+    """The agent calls a host's loader needs: a model pod's, and ListHosted."""
+
+    async def list_hosted(self, time_limit: float) -> HostedList: ...
+
+
+Fetch = Callable[[str, Path, int, threading.Event], Awaitable[str]]
+
+
+async def fetch_off_loop(uri: str, directory: Path, max_bytes: int, stop: threading.Event) -> str:
+    """loader.fetch.fetch in a thread, so the other replicas go on meanwhile."""
+    return await asyncio.to_thread(fetch, uri, directory, max_bytes=max_bytes, stop=stop)
+
+
+@dataclass(frozen=True)
+class HostTiming:
+    """How often to look, how long a leaving replica stays loaded, and a replica's load."""
+
+    poll_seconds: float
+    drain_seconds: float
+    call_seconds: float
+    """One ListHosted or UnloadModel call."""
+    load: Timing
+    """A replica's load (loading.py), each attempt."""
+
+
+@dataclass
+class _Tracked:
+    """What this loader knows and does about one model."""
+
+    model: str
+    uri: str | None
+    """The storage URI its files come from; None: listed by an earlier run, not yet confirmed."""
+    entry: dict[str, object]
+    """Its line in the models file."""
+    ready: bool = False
+    published: bool = False
+    leaving: bool = False
+    job: asyncio.Task[None] | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+    reason: str = ""
+
+
+class Host:
+    """The replicas of one model host, followed until `run`'s stop event is set."""
+
+    def __init__(
+        self,
+        agent: HostAgent,
+        root: Path,
+        models_file: Path,
+        timing: HostTiming,
+        *,
+        parallel: int,
+        max_bytes: int,
+        fetcher: Fetch = fetch_off_loop,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._agent = agent
+        self._root = root
+        self._models_file = models_file
+        self._timing = timing
+        self._slots = asyncio.Semaphore(parallel)
+        self._max_bytes = max_bytes
+        self._fetch = fetcher
+        self._clock = clock
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+        self._retry = Backoff(timing.load.backoff.initial, _RETRY_MAX_SECONDS)
+        self._tracked: dict[str, _Tracked] = {}
+        self._written: bytes | None = None
+        self._stop_fetching = threading.Event()
+        self._said: set[str] = set()
+        self._agent_problem = ""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll and act until `stop` is set; then cancel what is under way and return."""
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._adopt_published()
+        try:
+            while not stop.is_set():
+                await self.poll()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self._timing.poll_seconds)
+        finally:
+            self._stop_fetching.set()
+            jobs = [t.job for t in self._tracked.values() if t.job is not None]
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+
+    def ready_models(self) -> list[str]:
+        """The models listed in the models file now."""
+        return sorted(t.model for t in self._tracked.values() if t.published)
+
+    async def poll(self) -> None:
+        """One look at the host's replicas, and what follows from it."""
+        try:
+            listing = await self._agent.list_hosted(self._timing.call_seconds)
+        except (LoaderError, TransientError) as e:
+            if str(e) != self._agent_problem:
+                log.warning(
+                    "Cannot list the host's replicas (%s): keeping the models as they are and "
+                    "asking again every %.1f s.",
+                    e,
+                    self._timing.poll_seconds,
+                )
+            self._agent_problem = str(e)
+            return
+        if self._agent_problem:
+            log.info("The agent lists the host's replicas again.")
+            self._agent_problem = ""
+        for refused in listing.refused:
+            self._say_once(
+                f"refused:{refused}",
+                "The agent does not serve this host's replica %s: it is not loaded here.",
+                refused,
+            )
+        self.decide(listing.replicas)
+
+    def decide(self, replicas: tuple[Hosted, ...]) -> None:
+        """Start what the replicas call for, and list the ready models."""
+        wanted = {r.model_id: r for r in replicas if not r.draining and self._named(r.model_id)}
+        now = self._clock()
+        for model, tracked in list(self._tracked.items()):
+            replica = wanted.get(model)
+            if replica is not None:
+                tracked.entry = _entry(replica)
+            moved = replica is not None and tracked.uri not in (None, replica.storage_uri)
+            if replica is None or moved:
+                self._leave(tracked, "it moved to new files" if moved else "it left the host")
+            elif tracked.job is None and not tracked.leaving:
+                lost = tracked.ready and replica.status.state is ModelState.ABSENT
+                if lost or tracked.uri is None or (not tracked.ready and now >= tracked.retry_at):
+                    if lost:
+                        log.warning("The node lost model %s: loading it again.", model)
+                    self._start_load(tracked, replica)
+        for model, replica in wanted.items():
+            if model not in self._tracked:
+                tracked = self._tracked[model] = _Tracked(
+                    model, replica.storage_uri, _entry(replica)
+                )
+                self._start_load(tracked, replica)
+        self._publish()
+
+    def _named(self, model: str) -> bool:
+        """Whether `model` is a model id, safe as a name under ROOT (the agent checks it too)."""
+        try:
+            validate_model_id(model)
+        except ContractError as e:
+            self._say_once(f"name:{model}", "The agent lists a replica this host ignores: %s.", e)
+            return False
+        return True
+
+    def _leave(self, tracked: _Tracked, why: str) -> None:
+        if tracked.leaving:
+            return
+        if tracked.job is not None:
+            if not tracked.job.done():
+                tracked.job.cancel()
+            return  # its end brings it back here
+        tracked.leaving = True
+        was_published = tracked.published
+        tracked.published = tracked.ready = False
+        log.info(
+            "Model %s is leaving this host (%s): %s.",
+            tracked.model,
+            why,
+            f"removed from the models file, unloaded in {self._timing.drain_seconds:.0f} s"
+            if was_published
+            else "unloading it",
+        )
+        self._run(tracked, self._drain(tracked, was_published))
+
+    def _start_load(self, tracked: _Tracked, replica: Hosted) -> None:
+        tracked.uri = replica.storage_uri
+        self._run(tracked, self._bring_up(tracked, replica.storage_uri))
+
+    def _run(self, tracked: _Tracked, work: Awaitable[None]) -> None:
+        async def guarded() -> None:
+            try:
+                await work
+            except Exception:
+                # A bug, not a model's failure (those are handled where they happen): say it;
+                # the next poll starts over for this model.
+                log.exception("The work on model %s has failed.", tracked.model)
+                tracked.leaving = tracked.ready = tracked.published = False
+            finally:
+                tracked.job = None
+
+        tracked.job = asyncio.create_task(guarded(), name=f"model {tracked.model}")
+
+    async def _bring_up(self, tracked: _Tracked, uri: str) -> None:
+        model = tracked.model
+        try:
+            async with self._slots:
+                outcome = await self._load(model, uri)
+        except asyncio.CancelledError:
+            if self._stop_fetching.is_set():
+                raise
+            tracked.ready = False
+            log.info("Stopped loading model %s: it is no longer wanted as it was.", model)
+            return
+        except (LoaderError, TransientError) as e:
+            self._failed(tracked, str(e))
+            return
+        except Exception as e:
+            log.exception("Loading model %s failed unexpectedly.", model)
+            self._failed(tracked, f"an unexpected error: {e!r}")
+            return
+        first = not tracked.ready
+        tracked.ready = tracked.published = True
+        tracked.failures, tracked.reason = 0, ""
+        if first:
+            summary = outcome.summary()
+            log.info("%s%s; the host's proxy serves it.", summary[:1].upper(), summary[1:])
+        self._publish()
+
+    async def _load(self, model: str, uri: str) -> Outcome:
+        directory = self._root / model
+        if not self._fetched(model, uri):
+            check_uri(uri)
+            staging = self._root / _FETCHING / model
+            shutil.rmtree(staging, ignore_errors=True)
+            log.info("Fetching model %s from %s.", model, uri)
+            said = await self._fetch(uri, staging, self._max_bytes, self._stop_fetching)
+            (self._root / SOURCES / model).unlink(missing_ok=True)
+            shutil.rmtree(directory, ignore_errors=True)
+            staging.rename(directory)
+            (self._root / SOURCES).mkdir(exist_ok=True)
+            (self._root / SOURCES / model).write_text(uri, encoding="utf-8")
+            log.info("Model %s: %s.", model, said)
+        checked = await asyncio.to_thread(
+            validate_model_directory, directory, model, self._max_bytes
+        )
+        manifest = await asyncio.to_thread(build_manifest, checked.files)
+        loading = Loading(self._agent, checked, manifest, self._timing.load, clock=self._clock)
+        return await loading.run()
+
+    def _fetched(self, model: str, uri: str) -> bool:
+        source = self._root / SOURCES / model
+        try:
+            return (self._root / model).is_dir() and source.read_text(encoding="utf-8") == uri
+        except OSError:
+            return False
+
+    def _failed(self, tracked: _Tracked, reason: str) -> None:
+        tracked.failures += 1
+        delay = self._retry.delay(tracked.failures, self._rng)
+        tracked.retry_at = self._clock() + delay
+        tracked.ready = tracked.published = False
+        tracked.reason = reason
+        log.error(
+            "Model %s is not served by this host: %s. Trying again in %.1f s (failure %d).",
+            tracked.model,
+            reason,
+            delay,
+            tracked.failures,
+        )
+        self._publish()
+
+    async def _drain(self, tracked: _Tracked, was_published: bool) -> None:
+        model = tracked.model
+        if was_published:
+            await asyncio.sleep(self._timing.drain_seconds)
+        try:
+            await self._agent.unload(model, self._timing.call_seconds)
+        except TransientError as e:
+            try:
+                status = await self._agent.get_model(model, self._timing.call_seconds)
+            except (LoaderError, TransientError):
+                status = None
+            if status is None or status.state is not ModelState.ABSENT:
+                tracked.leaving = False  # the next poll tries again
+                tracked.failures += 1
+                log.warning("Cannot unload model %s yet (%s): trying again.", model, e)
+                return
+        except LoaderError as e:
+            # The agent no longer lets this host act on a replica that left it; it unloads such
+            # replicas itself.
+            log.info("The agent did not unload model %s for this host (%s).", model, e)
+        else:
+            log.info("Unloaded model %s: it left this host.", model)
+        shutil.rmtree(self._root / model, ignore_errors=True)
+        (self._root / SOURCES / model).unlink(missing_ok=True)
+        del self._tracked[model]
+
+    def _adopt_published(self) -> None:
+        """Keep listing what an earlier run of this loader listed, until confirmed or gone."""
+        try:
+            data = self._models_file.read_bytes()
+            entries = json.loads(data)
+        except (OSError, ValueError):
+            entries = []
+        else:
+            self._written = data  # rewritten only once it changes
+        for entry in entries if isinstance(entries, list) else []:
+            model = entry.get("model") if isinstance(entry, dict) else None
+            if isinstance(model, str) and model not in self._tracked:
+                self._tracked[model] = _Tracked(
+                    model, None, dict(entry), ready=True, published=True
+                )
+        if self._tracked:
+            log.info(
+                "Still listing %s from before this loader started, until the agent confirms them.",
+                ", ".join(sorted(self._tracked)),
+            )
+        self._publish()
+
+    def _publish(self) -> None:
+        listed = [t.entry for _, t in sorted(self._tracked.items()) if t.published]
+        data = json.dumps(listed, separators=(",", ":")).encode() + b"\n"
+        if data == self._written:
+            return
+        replace_file(self._models_file, data, ".models-")
+        self._written = data
+        log.info(
+            "The models file lists %s.", ", ".join(str(e["model"]) for e in listed) or "no model"
+        )
+
+    def _say_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning(message, *args)
+
+
+def _entry(replica: Hosted) -> dict[str, object]:
+    entry: dict[str, object] = {"model": replica.model_id}
+    if replica.max_concurrency:
+        entry["maxConcurrency"] = replica.max_concurrency
+    if replica.idle_seconds:
+        entry["idleSeconds"] = replica.idle_seconds
+    return entry

@@ -1,0 +1,415 @@
+"""A model host's loader against a stand-in agent: a grpc.aio servicer of the real agent API that
+lists the host's replicas (ListHosted) and keeps models by manifest digest as the agent does. The
+files come over real HTTPS from the simulated model store; the real agent and Triton are the
+end-to-end suite's.
+
+The loop's decisions: a new replica is fetched, installed, loaded and listed in the models file
+with its own limit; a draining or removed one leaves the file first and is unloaded only after
+the drain; a failing replica does not hold up another; a restarted loader confirms what the
+agent already has READY without sending its files again; SIGTERM ends the process with 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from common.manifest import entries_from_proto, manifest_digest
+from loader.agentclient import AgentClient
+from loader.host import Fetch, Host, HostTiming, fetch_off_loop
+from loader.loading import Timing
+from loader.retry import Backoff
+from protos import agent_pb2, agent_pb2_grpc
+from sim.modelstore import ModelStore
+from sim.tls import self_signed
+from tests.conftest import MODELS_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+Context = grpc.aio.ServicerContext[object, object]
+
+
+@dataclass
+class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
+    """The agent's answers to a model host: its replicas, and the node's models by digest."""
+
+    replicas: dict[str, agent_pb2.HostedReplica] = field(default_factory=dict)
+    models: dict[str, tuple[agent_pb2.ModelState, str]] = field(default_factory=dict)
+    """model id -> (state, manifest digest)."""
+    rejects: set[str] = field(default_factory=set)
+    """Models Triton refuses to load."""
+    strict: bool = False
+    """Refuse calls about a model the host no longer lists, as the real agent does."""
+    calls: list[tuple[str, str, float]] = field(default_factory=list)
+    """(rpc, model id, wall-clock time): every call but ListHosted."""
+
+    def host(
+        self, model: str, uri: str, *, max_concurrency: int = 0, idle_seconds: int = 0
+    ) -> None:
+        self.replicas[model] = agent_pb2.HostedReplica(
+            model_id=model,
+            replica=0,
+            storage_uri=uri,
+            residency="always",
+            max_concurrency=max_concurrency,
+            idle_seconds=idle_seconds,
+        )
+
+    def count(self, rpc: str, model: str) -> int:
+        return sum(1 for c in self.calls if c[:2] == (rpc, model))
+
+    def when(self, rpc: str, model: str) -> float:
+        return next(c[2] for c in self.calls if c[:2] == (rpc, model))
+
+    def _status(self, model: str) -> agent_pb2.ModelStatus:
+        state, digest = self.models.get(model, (agent_pb2.MODEL_STATE_ABSENT, ""))
+        reason = "Triton refused it" if state == agent_pb2.MODEL_STATE_FAILED else ""
+        return agent_pb2.ModelStatus(
+            model_id=model, state=state, manifest_digest=digest, reason=reason, gpu_index=-1
+        )
+
+    def _note(self, rpc: str, model: str) -> None:
+        self.calls.append((rpc, model, time.time()))
+
+    async def ListHosted(  # noqa: N802 - the generated servicer's name
+        self, request: agent_pb2.ListHostedRequest, context: Context
+    ) -> agent_pb2.ListHostedResponse:
+        listed = []
+        for replica in self.replicas.values():
+            copy = agent_pb2.HostedReplica()
+            copy.CopyFrom(replica)
+            copy.status.CopyFrom(self._status(replica.model_id))
+            listed.append(copy)
+        return agent_pb2.ListHostedResponse(replicas=listed, refused=["other/0: no proof"])
+
+    async def GetModel(  # noqa: N802
+        self, request: agent_pb2.GetModelRequest, context: Context
+    ) -> agent_pb2.ModelStatus:
+        self._note("GetModel", request.model_id)
+        if request.model_id not in self.models:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
+        return self._status(request.model_id)
+
+    async def InstallKept(  # noqa: N802
+        self, request: agent_pb2.InstallHeader, context: Context
+    ) -> agent_pb2.InstallModelResponse:
+        await context.abort(grpc.StatusCode.NOT_FOUND, "no kept files")
+        raise AssertionError("abort raises")
+
+    async def InstallModel(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.InstallModelRequest], context: Context
+    ) -> agent_pb2.InstallModelResponse:
+        header = None
+        async for request in request_iterator:
+            if request.HasField("header"):
+                header = request.header
+        assert header is not None
+        self._note("InstallModel", header.model_id)
+        digest = manifest_digest(entries_from_proto(header.manifest))
+        self.models[header.model_id] = (agent_pb2.MODEL_STATE_INSTALLED, digest)
+        return agent_pb2.InstallModelResponse(model_id=header.model_id, manifest_digest=digest)
+
+    async def LoadModel(  # noqa: N802
+        self, request: agent_pb2.LoadModelRequest, context: Context
+    ) -> agent_pb2.ModelStatus:
+        self._note("LoadModel", request.model_id)
+        _, digest = self.models[request.model_id]
+        rejected = request.model_id in self.rejects
+        state = agent_pb2.MODEL_STATE_FAILED if rejected else agent_pb2.MODEL_STATE_READY
+        self.models[request.model_id] = (state, digest)
+        return self._status(request.model_id)
+
+    async def UnloadModel(  # noqa: N802
+        self, request: agent_pb2.UnloadModelRequest, context: Context
+    ) -> agent_pb2.ModelStatus:
+        self._note("UnloadModel", request.model_id)
+        if self.strict and request.model_id not in self.replicas:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not this host's replica")
+        if self.models.pop(request.model_id, None) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
+        return self._status(request.model_id)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModelStore, Path]]:
+    base = tmp_path_factory.mktemp("store")
+    cert, key = self_signed(base / "tls")
+    running = ModelStore(base / "files", cert, key)
+    running.start()
+    running.publish("add_one", MODELS_DIR / "add_one")
+    running.publish("identity", MODELS_DIR / "identity")
+    try:
+        yield running, cert
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def models(store: tuple[ModelStore, Path], monkeypatch: pytest.MonkeyPatch) -> ModelStore:
+    """The model store, its CA trusted as the host pod's SSL_CERT_FILE makes it."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(store[1]))
+    return store[0]
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[tuple[StandInAgent, str]]:
+    servicer = StandInAgent()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    (tmp_path / "token").write_text("host-token")
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+class Counted:
+    """The real fetcher, counting its calls by URI (or refusing to be called)."""
+
+    def __init__(self, allowed: bool = True) -> None:
+        self.calls: list[str] = []
+        self.allowed = allowed
+
+    async def __call__(self, uri: str, directory: Path, size: int, stop: threading.Event) -> str:
+        self.calls.append(uri)
+        assert self.allowed, f"{uri} was fetched again"
+        return await fetch_off_loop(uri, directory, size, stop)
+
+
+@contextlib.asynccontextmanager
+async def following(
+    address: str,
+    tmp_path: Path,
+    *,
+    root: str = "models",
+    drain_seconds: float = 0.0,
+    fetcher: Fetch = fetch_off_loop,
+    parallel: int = 2,
+) -> AsyncIterator[Host]:
+    client = AgentClient(
+        address, tmp_path / "token", chunk_bytes=1 << 20, reconnect_max_seconds=1.0
+    )
+    backoff = Backoff(0.05, 0.2)
+    timing = HostTiming(
+        poll_seconds=0.05,
+        drain_seconds=drain_seconds,
+        call_seconds=10.0,
+        load=Timing(total_seconds=30.0, attempt_seconds=10.0, poll_seconds=0.05, backoff=backoff),
+    )
+    host = Host(
+        client,
+        tmp_path / root,
+        tmp_path / "ready" / "models.json",
+        timing,
+        parallel=parallel,
+        max_bytes=1 << 30,
+        fetcher=fetcher,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(host.run(stop))
+    try:
+        yield host
+    finally:
+        stop.set()
+        await task
+        await client.close()
+
+
+def listed(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "ready" / "models.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+async def until(condition: Callable[[], object], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        await asyncio.sleep(0.02)
+
+
+def names(tmp_path: Path) -> list[object]:
+    return [e["model"] for e in listed(tmp_path)]
+
+
+async def test_a_new_replica_is_fetched_installed_loaded_and_listed_with_its_limits(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    # Listed first, fetched first (one at a time): done before add_one is listed.
+    servicer.host("../escaped", models.url("add_one"))
+    servicer.host("add_one", models.url("add_one"), max_concurrency=3, idle_seconds=60)
+    async with following(address, tmp_path, parallel=1) as host:
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        assert listed(tmp_path) == [{"model": "add_one", "maxConcurrency": 3, "idleSeconds": 60}]
+        assert host.ready_models() == ["add_one"]
+        assert [c[:2] for c in servicer.calls] == [
+            ("GetModel", "add_one"),
+            ("InstallModel", "add_one"),
+            ("LoadModel", "add_one"),
+        ]
+        assert servicer.models["add_one"][0] == agent_pb2.MODEL_STATE_READY
+        assert not (tmp_path / "escaped").exists(), "no model id names a path outside ROOT"
+        assert (tmp_path / "models" / "add_one" / "1" / "model.py").is_file()
+        # A limit changed on the TritonModel reaches the proxy's table with no reload.
+        servicer.replicas["add_one"].max_concurrency = 5
+        await until(lambda: listed(tmp_path)[0].get("maxConcurrency") == 5, "the new limit")
+        assert servicer.count("LoadModel", "add_one") == 1
+
+
+async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the_drain(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    servicer.host("identity", models.url("identity"))
+    drain = 0.5
+    async with following(address, tmp_path, drain_seconds=drain):
+        await until(lambda: names(tmp_path) == ["add_one", "identity"], "both listed")
+        servicer.replicas["add_one"].draining = True
+        del servicer.replicas["identity"]
+        await until(lambda: names(tmp_path) == [], "both removed from the file")
+        removed = (tmp_path / "ready" / "models.json").stat().st_mtime
+        assert servicer.count("UnloadModel", "add_one") == 0, "not before the drain"
+        await until(lambda: not servicer.models, "both unloaded")
+        for model in ("add_one", "identity"):
+            # The file's time has the filesystem's granularity: a few ms at most.
+            assert servicer.when("UnloadModel", model) >= removed + drain - 0.05
+        await until(lambda: not any((tmp_path / "models").glob("[!.]*")), "their files deleted")
+        assert servicer.count("LoadModel", "add_one") == 1, "a draining replica stays down"
+
+
+async def test_a_failing_replica_does_not_hold_up_another(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("absent", models.url("absent"))
+    servicer.host("identity", models.url("identity"))
+    servicer.rejects.add("identity")
+    servicer.host("add_one", models.url("add_one"))
+    fetcher = Counted()
+    async with following(address, tmp_path, fetcher=fetcher, parallel=1):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        await until(lambda: fetcher.calls.count(models.url("absent")) >= 2, "404 retried")
+        await until(lambda: servicer.count("LoadModel", "identity") >= 2, "rejection retried")
+        assert names(tmp_path) == ["add_one"]
+        assert fetcher.calls.count(models.url("identity")) == 1, "fetched files are kept"
+        # Fixed upstream: the next attempt serves it.
+        servicer.rejects.clear()
+        await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
+
+
+async def test_a_restarted_loader_confirms_what_the_agent_has_without_sending_it(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    async with following(address, tmp_path):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+    assert names(tmp_path) == ["add_one"], "stopping leaves the file to the proxy"
+    servicer.calls.clear()
+    written = (tmp_path / "ready" / "models.json").stat().st_ino
+    # The container restarts: the emptyDir keeps the files, so nothing is fetched or sent.
+    async with following(address, tmp_path, fetcher=Counted(allowed=False)) as host:
+        await until(lambda: servicer.count("LoadModel", "add_one") == 1, "confirmed")
+        await until(lambda: host.ready_models() == ["add_one"], "ready")
+    assert servicer.count("InstallModel", "add_one") == 0
+    assert (tmp_path / "ready" / "models.json").stat().st_ino == written, (
+        "listed all along: the file was never rewritten"
+    )
+    # The pod is new (no files): fetched again, but the node's digest matches, nothing is sent.
+    fetcher = Counted()
+    async with following(address, tmp_path, root="fresh", fetcher=fetcher) as host:
+        await until(lambda: servicer.count("LoadModel", "add_one") == 2, "confirmed again")
+        await until(lambda: host.ready_models() == ["add_one"], "ready again")
+    assert fetcher.calls == [models.url("add_one")]
+    assert servicer.count("InstallModel", "add_one") == 0
+
+
+async def test_new_files_replace_the_old_after_a_drain(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    async with following(address, tmp_path, drain_seconds=0.2):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        first = servicer.models["add_one"][1]
+        v2 = models.publish("add_one", MODELS_DIR / "add_one", release="v2")
+        servicer.replicas["add_one"].storage_uri = v2
+        await until(lambda: names(tmp_path) == [], "removed while it changes")
+        await until(lambda: servicer.count("LoadModel", "add_one") == 2, "loaded again")
+        await until(lambda: names(tmp_path) == ["add_one"], "listed again")
+        assert servicer.count("UnloadModel", "add_one") == 1
+        assert (tmp_path / "models" / ".sources" / "add_one").read_text() == v2
+    assert servicer.models["add_one"][1] == first, "the same files: the same digest"
+
+
+async def test_a_model_the_node_lost_is_loaded_again_and_stays_listed(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    fetcher = Counted()
+    async with following(address, tmp_path, fetcher=fetcher):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        del servicer.models["add_one"]  # the node lost it (its disk was wiped)
+        await until(lambda: servicer.count("InstallModel", "add_one") == 2, "sent again")
+        ready = agent_pb2.MODEL_STATE_READY
+        await until(lambda: servicer.models.get("add_one", (0,))[0] == ready, "READY again")
+        assert names(tmp_path) == ["add_one"]
+        assert fetcher.calls == [models.url("add_one")], "from the files kept under ROOT"
+
+
+async def test_a_replica_the_agent_forgot_is_deleted_even_if_it_cannot_be_unloaded(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.strict = True
+    servicer.host("add_one", models.url("add_one"))
+    async with following(address, tmp_path):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        del servicer.replicas["add_one"]
+        await until(lambda: servicer.count("UnloadModel", "add_one") == 1, "unload asked")
+        await until(lambda: not (tmp_path / "models" / "add_one").exists(), "files deleted")
+        assert not (tmp_path / "models" / ".sources" / "add_one").exists()
+        assert names(tmp_path) == []
+
+
+async def test_sigterm_stops_the_host_loader_with_exit_0(
+    agent: tuple[StandInAgent, str], models: ModelStore, store: tuple[ModelStore, Path],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    models_file = tmp_path / "ready" / "models.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loader", "--host", "--agent-address", address,
+        "--token-file", str(tmp_path / "token"), "--model-root", str(tmp_path / "models"),
+        "--models-file", str(models_file), "--host-poll-seconds", "0.1",
+        "--termination-log", str(tmp_path / "termination-log"),
+        cwd=ROOT, env={**os.environ, "SSL_CERT_FILE": str(store[1])},
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed", 60.0)
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, err.decode()[-2000:]
+    assert b"Received SIGTERM: stopping" in err
+    assert servicer.count("UnloadModel", "add_one") == 0, "the proxy unloads as it drains"

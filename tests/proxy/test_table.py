@@ -1,0 +1,80 @@
+"""A model host's proxy takes each model's own limit from the models file the host's loader
+writes: `maxConcurrency` is that model's limiter's limit (absent: --container-concurrency),
+`idleSeconds` is kept for its residency, and a changed line retunes the model in place (its
+queue and metrics stay). No Triton is needed: the table is read, nothing listens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proxy.app import Proxy
+from proxy.settings import parse_settings
+from proxy.table import Entry, TableError, read_models
+
+
+def _write(path: Path, entries: list[dict[str, object]]) -> None:
+    partial = path.with_suffix(".new")
+    partial.write_text(json.dumps(entries))
+    partial.replace(path)
+
+
+def _proxy(table: Path, *flags: str) -> Proxy:
+    urls = ["--triton-http-url", "t:1", "--triton-grpc-url", "t:2"]
+    return Proxy(parse_settings([*urls, "--models-file", str(table), *flags], env={}))
+
+
+async def test_each_model_takes_its_own_limit_from_the_models_file(tmp_path: Path) -> None:
+    table = tmp_path / "models.json"
+    _write(
+        table,
+        [
+            {"model": "small", "maxConcurrency": 3},
+            {"model": "plain"},
+            {"model": "sleepy", "maxConcurrency": 0, "idleSeconds": 60},
+        ],
+    )
+    proxy = _proxy(table, "--container-concurrency", "2")
+    assert proxy.table is not None
+    proxy.table.reread(table)
+    models = proxy.table.models
+    limits = {name: (s.limiter.limit, s.limiter.queue_limit) for name, s in models.items()}
+    assert limits == {"small": (3, 30), "plain": (2, 20), "sleepy": (2, 20)}
+    assert models["sleepy"].entry == Entry("sleepy", 0, 60)
+    small = models["small"]
+    _write(table, [{"model": "small", "maxConcurrency": 5}, {"model": "plain"}])
+    proxy.table.reread(table)
+    assert proxy.table.models["small"] is small, "the same queue and metrics, retuned"
+    assert (small.limiter.limit, small.limiter.queue_limit) == (5, 50)
+    assert proxy.table.names == {"small", "plain"}
+    # The model pod's own limiter is untouched by the table.
+    assert proxy.limiter.limit == 2
+
+
+async def test_an_explicit_queue_size_holds_for_every_model(tmp_path: Path) -> None:
+    table = tmp_path / "models.json"
+    _write(table, [{"model": "small", "maxConcurrency": 3}])
+    proxy = _proxy(table, "--queue-size", "4")
+    assert proxy.table is not None
+    proxy.table.reread(table)
+    limiter = proxy.table.models["small"].limiter
+    assert (limiter.limit, limiter.queue_limit) == (3, 4)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"model": "a", "maxConcurrency": -1}, "`maxConcurrency` -1 is not a whole number"),
+        ({"model": "a", "maxConcurrency": "4"}, "`maxConcurrency` '4' is not a whole number"),
+        ({"model": "a", "idleSeconds": True}, "`idleSeconds` True is not a whole number"),
+    ],
+)
+def test_a_bad_limit_says_which_entry(
+    tmp_path: Path, entry: dict[str, object], message: str
+) -> None:
+    table = tmp_path / "models.json"
+    _write(table, [{"model": "b"}, entry])
+    with pytest.raises(TableError, match=f"entry 2 of the models file .*: {message}"):
+        read_models(table)
