@@ -321,6 +321,7 @@ async def test_a_namespace_waking_in_a_loop_evicts_only_its_own_idle_models(
             ("a2", "team-a"),
         )
     }
+
     # a2's pod runs with its model at rest: asleep once the agent has seen it Running (its watch
     # may lag the status write on a busy machine), so its first load is a wake.
     async def a2_asleep() -> bool:
