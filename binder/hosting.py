@@ -47,6 +47,7 @@ from binder.model import (
 )
 from binder.placement import Placement, Policy, place
 from binder.proofs import sign
+from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     HostedReplica,
@@ -54,6 +55,7 @@ from common.hosted import (
     host_label,
     host_name,
     hosted_models_annotation,
+    replica_uid,
     serves_label,
 )
 from common.placement import KeyRing
@@ -190,8 +192,10 @@ class ModelController:
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
-        placed, refusal = self._place(model)
-        status = self._status(model, placed, refusal)
+        quota = await self._quota(model)
+        placed, refusal = self._place(model, quota)
+        reason = EXCEEDED_QUOTA if quota is not None and quota.refused else "Unschedulable"
+        status = self._status(model, placed, refusal, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
                 await self._call(
@@ -237,9 +241,22 @@ class ModelController:
                 )
             self._services.add(uid)
 
-    def _place(self, model: ModelInfo) -> tuple[dict[int, PodInfo], str]:
+    async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
+        """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
+        state = self._ledger.state
+        if all(state.is_accounted(replica_uid(model.uid, o)) for o in range(model.replicas)):
+            return None
+        loop = asyncio.get_running_loop()
+        quotas = await loop.run_in_executor(self._executor, self._kube.list_quotas, model.namespace)
+        limits = limits_from_api(quotas, self._keys)
+        return QuotaCheck(limits, charged_in(self._ledger, model.namespace)) if limits else None
+
+    def _place(
+        self, model: ModelInfo, quota: QuotaCheck | None = None
+    ) -> tuple[dict[int, PodInfo], str]:
         """The model's charged replicas after freeing those past spec.replicas and placing the
-        missing ones, and the refusal of the first that fits nowhere ("" when all fit)."""
+        missing ones that `quota` allows, and the refusal of the first refused or that fits
+        nowhere ("" when all fit)."""
         state = self._ledger.state
         prefix = f"{model.uid}/"
         for rid in self._ledger.replica_uids(model.uid):
@@ -257,21 +274,33 @@ class ModelController:
             if refusal:
                 continue
             replica = model.replica(ordinal)
+            exceeded = quota.refusal(replica.request) if quota is not None else ""
+            if exceeded:
+                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
+                continue
             decision = place(state, replica, now=now, policy=self._policy)
             if isinstance(decision, Placement):
                 proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
                 state.assume(replica, decision.node, decision.gpu.uuid, proof)
+                if quota is not None:
+                    quota.charge(replica.request)
                 placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
             else:
                 refusal = f"replica {ordinal}: {decision.message}"
         return placed, refusal
 
-    def _status(self, model: ModelInfo, placed: dict[int, PodInfo], refusal: str) -> JsonObject:
+    def _status(
+        self,
+        model: ModelInfo,
+        placed: dict[int, PodInfo],
+        refusal: str,
+        reason: str = "Unschedulable",
+    ) -> JsonObject:
         if refusal:
             condition: dict[str, Any] = {
                 "type": PLACED,
                 "status": "False",
-                "reason": "Unschedulable",
+                "reason": reason,
             }
             condition["message"] = refusal
         else:
