@@ -3,7 +3,8 @@ namespace's model hosts and its Service.
 
 While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
 loop: replicas past `spec.replicas` (the highest ordinals) are freed; each wanted replica not yet
-charged is placed by the binder's own `place` (every rule a pod is placed by, `as_replica`),
+charged is placed, while the namespace's ResourceQuotas allow it (`binder.quota`), by the
+binder's own `place` (every rule a pod is placed by, `as_replica`),
 charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the
 model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model or
 node does not verify). Then, off the loop:
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -65,6 +67,9 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
 """How often a model with a replica that fits nowhere is tried again."""
+QUOTA_READ_SECONDS = 1.0
+"""How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
+models of a namespace created together read them once); their pods' use is that much late."""
 PLACED = "Placed"
 """The condition type: every wanted replica is placed."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -137,6 +142,8 @@ class ModelController:
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating."""
+        self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
+        """Namespace -> when its ResourceQuotas were last read, and what they were."""
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -246,8 +253,13 @@ class ModelController:
         state = self._ledger.state
         if all(state.is_accounted(replica_uid(model.uid, o)) for o in range(model.replicas)):
             return None
-        loop = asyncio.get_running_loop()
-        quotas = await loop.run_in_executor(self._executor, self._kube.list_quotas, model.namespace)
+        read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
+        if time.monotonic() - read_at > QUOTA_READ_SECONDS:
+            loop = asyncio.get_running_loop()
+            quotas = await loop.run_in_executor(
+                self._executor, self._kube.list_quotas, model.namespace
+            )
+            self._quotas[model.namespace] = (time.monotonic(), quotas)
         limits = limits_from_api(quotas, self._keys)
         return QuotaCheck(limits, charged_in(self._ledger, model.namespace)) if limits else None
 
