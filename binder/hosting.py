@@ -144,6 +144,8 @@ class ModelController:
         """Namespaces with a replica on a node whose old host is still terminating."""
         self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
         """Namespace -> when its ResourceQuotas were last read, and what they were."""
+        self._host_refusals: dict[str, str] = {}
+        """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -191,6 +193,7 @@ class ModelController:
         model = self._ledger.models.get(uid)
         if model is None:
             self._refused.pop(uid, None)
+            self._host_refusals.pop(uid, None)
             self._services.discard(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
@@ -380,9 +383,14 @@ class ModelController:
                 self._waiting.add(namespace)
                 continue
             if there is None:
-                # A 409: made already, and its watch event is on the way.
-                with contextlib.suppress(ConflictError):
-                    await self._call(self._kube.create_pod, namespace, body)
+                try:
+                    # A 409: made already, and its watch event is on the way.
+                    with contextlib.suppress(ConflictError):
+                        await self._call(self._kube.create_pod, namespace, body)
+                except ApiError as e:
+                    if e.status != 403:
+                        raise
+                    await self._host_refused(namespace, node, replicas, e)
                 continue
             meta = there.get("metadata") or {}
             labels = meta.get("labels") or {}
@@ -415,6 +423,31 @@ class ModelController:
                 await self._call(
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
+
+    async def _host_refused(
+        self,
+        namespace: str,
+        node: str,
+        replicas: list[tuple[ModelInfo, int, PodInfo]],
+        error: ApiError,
+    ) -> None:
+        """The API server forbids the host (a ResourceQuota on pods, CPU or memory; a policy):
+        each model placed there gets a Warning Event with its words, once per message, and the
+        namespace's hosts are tried again every RETRY_SECONDS."""
+        self._waiting.add(namespace)
+        message = f"the binder cannot create model host {host_name(node)} on node {node}: "
+        message += error.message
+        for model in {model.uid: model for model, _, _ in replicas}.values():
+            if self._host_refusals.get(model.uid) == message:
+                continue
+            self._host_refusals[model.uid] = message
+            await self._call(
+                self._kube.record_object_event,
+                _involved(model),
+                reason="FailedCreate",
+                message=message,
+                reporting_instance=self._identity,
+            )
 
     def _host(
         self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]

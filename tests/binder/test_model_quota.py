@@ -9,6 +9,7 @@ from typing import Any
 from binder.app import Binder
 from binder.quota import QuotaCheck, limits_from_api
 from common.contract import Keys
+from common.hosted import host_name
 from sim.apiserver import RunningApiServer
 from tests.binder.simcluster import eventually
 from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
@@ -18,6 +19,7 @@ from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
     apiserver,
     binder,
     custom,
+    hosts,
     model,
     placed,
     read,
@@ -120,3 +122,35 @@ async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
     assert not sorted({describe(c) for c in calls if not any(g.allows(c) for g in grants)})
     lists = [c for c in calls if (c.resource, c.verb) == ("resourcequotas", "list")]
     assert lists and all(c.namespace == "default" for c in lists)
+
+
+async def test_a_host_past_a_pod_quota_is_reported_to_its_models_until_it_fits(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+) -> None:
+    core.create_namespaced_resource_quota("default", _quota("count", {"pods": "1"}))
+    core.create_namespaced_pod(
+        "default",
+        {"metadata": {"name": "other"}, "spec": {"containers": [{"name": "m", "image": "x"}]}},
+    )
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 1))
+    obj = await eventually(lambda: placed(custom, "resnet", 1), what="the replica placed")
+    node = obj["status"]["placements"][0]["node"]
+
+    def events() -> list[Any]:
+        found = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
+        return [e for e in found.items if e.reason == "FailedCreate"]
+
+    [event] = await eventually(events, what="the FailedCreate event")
+    name = host_name(node)
+    assert (event.type, event.message) == (
+        "Warning",
+        f'the binder cannot create model host {name} on node {node}: pods "{name}" is'
+        " forbidden: exceeded quota: count, requested: pods=1, used: pods=1, limited: pods=1",
+    )
+    assert not hosts(core)
+
+    core.patch_namespaced_resource_quota("count", "default", {"spec": {"hard": {"pods": "2"}}})
+    await eventually(lambda: node in hosts(core), what="the host once the quota allows it")
+    assert len(events()) == 1, "one Event per refusal, not one per retry"
