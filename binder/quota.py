@@ -58,12 +58,30 @@ def _bytes(raw: Any) -> int | None:
         return None
 
 
+_NEVER_A_REPLICA = frozenset({"Terminating", "BestEffort"})
+"""Quota scopes no replica is in: it has no activeDeadlineSeconds, and it requests memory."""
+
+
+def _applies(quota: Mapping[str, Any]) -> bool:
+    """Whether the quota's scopes can select a replica: not when one is Terminating or
+    BestEffort; a PriorityClass or CrossNamespacePodAffinity scope is taken to select it (the
+    binder does not read a model's priority class: fail closed)."""
+    spec = quota.get("spec") or {}
+    scopes = set(spec.get("scopes") or [])
+    for expression in (spec.get("scopeSelector") or {}).get("matchExpressions") or []:
+        scopes.add(str((expression or {}).get("scopeName", "")))
+    return not scopes & _NEVER_A_REPLICA
+
+
 def limits_from_api(quotas: Iterable[Mapping[str, Any]], keys: Keys) -> list[Limit]:
-    """The GPU memory limits of the namespace's quotas (API dicts), by quota name then key; a
-    hard limit that does not parse binds as zero (fail closed)."""
+    """The GPU memory limits of the namespace's quotas (API dicts) whose scopes can select a
+    replica, by quota name then key; a hard limit that does not parse binds as zero (fail
+    closed)."""
     names = (f"requests.{keys.gpu_mem}", keys.gpu_mem)
     found: list[Limit] = []
     for quota in quotas:
+        if not _applies(quota):
+            continue
         status = quota.get("status") or {}
         hard, used = status.get("hard") or {}, status.get("used") or {}
         name = str((quota.get("metadata") or {}).get("name", ""))

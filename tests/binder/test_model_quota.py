@@ -73,6 +73,24 @@ def test_a_quota_not_yet_counted_refuses_and_another_prefix_is_not_ours() -> Non
     assert other == []
 
 
+def test_a_quota_scoped_to_what_no_replica_is_does_not_bind_it() -> None:
+    hard, used = {KEY: "0"}, {KEY: "0"}
+    scoped = [
+        {**_quota("jobs", hard, used), "spec": {"hard": hard, "scopes": ["Terminating"]}},
+        {
+            **_quota("idle", hard, used),
+            "spec": {
+                "hard": hard,
+                "scopeSelector": {
+                    "matchExpressions": [{"scopeName": "BestEffort", "operator": "Exists"}]
+                },
+            },
+        },
+        {**_quota("long", hard, used), "spec": {"hard": hard, "scopes": ["NotTerminating"]}},
+    ]
+    assert [limit.quota for limit in limits_from_api(scoped, Keys())] == ["long"]
+
+
 async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
     binder: Binder,  # noqa: F811 (the fixtures imported above)
     custom: Any,  # noqa: F811
