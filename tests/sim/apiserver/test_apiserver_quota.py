@@ -3,7 +3,9 @@ through the official client, in the API server's words."""
 
 from __future__ import annotations
 
+import subprocess
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from kubernetes import client
 from common.quantity import BINARY_SI, DECIMAL_EXPONENT, DECIMAL_SI, format_quantity
 from sim.apiserver import RunningApiServer
 from sim.apiserver.quota import pod_usage
+from tests.conftest import require_executable
 from tests.fixtures_sim import core_v1, new_watch, status_of
 
 GPU_MEM = "tritonshare.io/gpu-mem"
@@ -141,6 +144,29 @@ def test_a_quota_on_cpu_requires_each_container_to_set_it(kube_api: client.ApiCl
         'pods "r" is forbidden: exceeded quota: compute, requested: limits.cpu=1600m,'
         " used: limits.cpu=500m, limited: limits.cpu=2"
     )
+
+
+def test_kubectl_prints_use_against_the_limits(
+    kube_api: client.ApiClient, apiserver: RunningApiServer, tmp_path: Path
+) -> None:
+    kubectl = require_executable("kubectl")
+    v1 = core_v1(kube_api)
+    hard = {f"requests.{GPU_MEM}": "4Gi", "pods": "5", "limits.memory": "1Gi"}
+    v1.create_namespaced_resource_quota("default", _quota("gpu", **hard))
+    v1.create_namespaced_pod(
+        "default", _pod("a", _container("m", {GPU_MEM: "1Gi", "memory": "64Mi"}))
+    )
+    config = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    printed = subprocess.run(
+        [kubectl, "--kubeconfig", str(config), "get", "quota", "--no-headers"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert printed.startswith("gpu ")
+    assert f" pods: 1/5, requests.{GPU_MEM}: 1Gi/4Gi " in printed
+    assert printed.rstrip().endswith(" limits.memory: 64Mi/1Gi")
 
 
 def test_a_malformed_or_scoped_quota_is_refused_with_what_to_do(
