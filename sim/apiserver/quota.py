@@ -17,9 +17,10 @@ usage would take any tracked resource past the hard limit, in the API server's w
 
 `QuotaController` keeps each quota's status (`hard` = spec.hard, `used` = the namespace's pods'
 usage of each tracked resource) current in the same step as every pod or quota write, as
-upstream's controller does a moment later. Not simulated: scopes and scope selectors (a quota
-with either is refused at create), object counts of kinds other than pods, and the expiry of a
-terminating pod's charge while nothing in its namespace is written. No I/O.
+upstream's controller does a moment later (cost of a pod write in a namespace with quotas: one
+pass over its pods per quota). Not simulated: scopes and scope selectors (a quota with either
+is refused at create), object counts of kinds other than pods, and the end of the charge of a pod
+stuck terminating past twice its grace period (charged here until it is gone). No I/O.
 """
 
 from __future__ import annotations
