@@ -98,6 +98,15 @@ async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
     apiserver: RunningApiServer,  # noqa: F811
 ) -> None:
     core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "4Gi"}))
+    # Another namespace's replicas use none of this namespace's quota.
+    core.create_namespace({"metadata": {"name": "team-b"}})
+    custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, model("big", 2))
+
+    def other_placed() -> bool:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, "big")
+        return bool((obj.get("status") or {}).get("replicas") == 2)
+
+    await eventually(other_placed, what="team-b's replicas placed")
     limits = {"tritonshare.io/gpu-mem": "1Gi"}
     core.create_namespaced_pod(
         "default",
@@ -139,7 +148,7 @@ async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
     calls = [r for r in apiserver.audit if r.user_agent.startswith("tritonshare-binder/")]
     assert not sorted({describe(c) for c in calls if not any(g.allows(c) for g in grants)})
     lists = [c for c in calls if (c.resource, c.verb) == ("resourcequotas", "list")]
-    assert lists and all(c.namespace == "default" for c in lists)
+    assert {c.namespace for c in lists} == {"default", "team-b"}, "one namespace at a time"
 
 
 async def test_a_host_past_a_pod_quota_is_reported_to_its_models_until_it_fits(
