@@ -3,7 +3,8 @@ namespace's model hosts and its Service.
 
 While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
 loop: replicas past `spec.replicas` (the highest ordinals) are freed; each wanted replica not yet
-charged is placed by the binder's own `place` (every rule a pod is placed by, `as_replica`),
+charged is placed, while the namespace's ResourceQuotas allow it (`binder.quota`), by the
+binder's own `place` (every rule a pod is placed by, `as_replica`),
 charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the
 model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model or
 node does not verify). Then, off the loop:
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -47,6 +49,7 @@ from binder.model import (
 )
 from binder.placement import Placement, Policy, place
 from binder.proofs import sign
+from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     HostedReplica,
@@ -54,6 +57,7 @@ from common.hosted import (
     host_label,
     host_name,
     hosted_models_annotation,
+    replica_uid,
     serves_label,
 )
 from common.placement import KeyRing
@@ -63,6 +67,9 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
 """How often a model with a replica that fits nowhere is tried again."""
+QUOTA_READ_SECONDS = 1.0
+"""How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
+models of a namespace created together read them once); their pods' use is that much late."""
 PLACED = "Placed"
 """The condition type: every wanted replica is placed."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -135,6 +142,10 @@ class ModelController:
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating."""
+        self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
+        """Namespace -> when its ResourceQuotas were last read, and what they were."""
+        self._host_refusals: dict[str, str] = {}
+        """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -182,6 +193,7 @@ class ModelController:
         model = self._ledger.models.get(uid)
         if model is None:
             self._refused.pop(uid, None)
+            self._host_refusals.pop(uid, None)
             self._services.discard(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
@@ -190,8 +202,10 @@ class ModelController:
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
-        placed, refusal = self._place(model)
-        status = self._status(model, placed, refusal)
+        quota = await self._quota(model)
+        placed, refusal = self._place(model, quota)
+        reason = EXCEEDED_QUOTA if quota is not None and quota.refused else "Unschedulable"
+        status = self._status(model, placed, refusal, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
                 await self._call(
@@ -237,9 +251,27 @@ class ModelController:
                 )
             self._services.add(uid)
 
-    def _place(self, model: ModelInfo) -> tuple[dict[int, PodInfo], str]:
+    async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
+        """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
+        state = self._ledger.state
+        if all(state.is_accounted(replica_uid(model.uid, o)) for o in range(model.replicas)):
+            return None
+        read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
+        if time.monotonic() - read_at > QUOTA_READ_SECONDS:
+            loop = asyncio.get_running_loop()
+            quotas = await loop.run_in_executor(
+                self._executor, self._kube.list_quotas, model.namespace
+            )
+            self._quotas[model.namespace] = (time.monotonic(), quotas)
+        limits = limits_from_api(quotas, self._keys)
+        return QuotaCheck(limits, charged_in(self._ledger, model.namespace)) if limits else None
+
+    def _place(
+        self, model: ModelInfo, quota: QuotaCheck | None = None
+    ) -> tuple[dict[int, PodInfo], str]:
         """The model's charged replicas after freeing those past spec.replicas and placing the
-        missing ones, and the refusal of the first that fits nowhere ("" when all fit)."""
+        missing ones that `quota` allows, and the refusal of the first refused or that fits
+        nowhere ("" when all fit)."""
         state = self._ledger.state
         prefix = f"{model.uid}/"
         for rid in self._ledger.replica_uids(model.uid):
@@ -257,21 +289,33 @@ class ModelController:
             if refusal:
                 continue
             replica = model.replica(ordinal)
+            exceeded = quota.refusal(replica.request) if quota is not None else ""
+            if exceeded:
+                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
+                continue
             decision = place(state, replica, now=now, policy=self._policy)
             if isinstance(decision, Placement):
                 proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
                 state.assume(replica, decision.node, decision.gpu.uuid, proof)
+                if quota is not None:
+                    quota.charge(replica.request)
                 placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
             else:
                 refusal = f"replica {ordinal}: {decision.message}"
         return placed, refusal
 
-    def _status(self, model: ModelInfo, placed: dict[int, PodInfo], refusal: str) -> JsonObject:
+    def _status(
+        self,
+        model: ModelInfo,
+        placed: dict[int, PodInfo],
+        refusal: str,
+        reason: str = "Unschedulable",
+    ) -> JsonObject:
         if refusal:
             condition: dict[str, Any] = {
                 "type": PLACED,
                 "status": "False",
-                "reason": "Unschedulable",
+                "reason": reason,
             }
             condition["message"] = refusal
         else:
@@ -339,9 +383,14 @@ class ModelController:
                 self._waiting.add(namespace)
                 continue
             if there is None:
-                # A 409: made already, and its watch event is on the way.
-                with contextlib.suppress(ConflictError):
-                    await self._call(self._kube.create_pod, namespace, body)
+                try:
+                    # A 409: made already, and its watch event is on the way.
+                    with contextlib.suppress(ConflictError):
+                        await self._call(self._kube.create_pod, namespace, body)
+                except ApiError as e:
+                    if e.status != 403:
+                        raise
+                    await self._host_refused(namespace, node, replicas, e)
                 continue
             meta = there.get("metadata") or {}
             labels = meta.get("labels") or {}
@@ -374,6 +423,31 @@ class ModelController:
                 await self._call(
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
+
+    async def _host_refused(
+        self,
+        namespace: str,
+        node: str,
+        replicas: list[tuple[ModelInfo, int, PodInfo]],
+        error: ApiError,
+    ) -> None:
+        """The API server forbids the host (a ResourceQuota on pods, CPU or memory; a policy):
+        each model placed there gets a Warning Event with its words, once per message, and the
+        namespace's hosts are tried again every RETRY_SECONDS."""
+        self._waiting.add(namespace)
+        message = f"the binder cannot create model host {host_name(node)} on node {node}: "
+        message += error.message
+        for model in {model.uid: model for model, _, _ in replicas}.values():
+            if self._host_refusals.get(model.uid) == message:
+                continue
+            self._host_refusals[model.uid] = message
+            await self._call(
+                self._kube.record_object_event,
+                _involved(model),
+                reason="FailedCreate",
+                message=message,
+                reporting_instance=self._identity,
+            )
 
     def _host(
         self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]

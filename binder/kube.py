@@ -668,6 +668,14 @@ class Kube:
             lambda timeout: self._request("PATCH", path, timeout, body, _MERGE_PATCH),
         )
 
+    def list_quotas(self, namespace: str) -> list[JsonObject]:
+        """The namespace's ResourceQuotas (one attempt)."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/resourcequotas"
+        items: list[JsonObject] = (
+            json.loads(self._request("GET", path, READ_TIMEOUT_SECONDS)).get("items") or []
+        )
+        return items
+
     def create_pod(self, namespace: str, body: JsonObject) -> None:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
         self._write(

@@ -20,7 +20,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
@@ -125,13 +125,36 @@ def _max(total: Resources, other: Mapping[str, int]) -> None:
             total[resource] = value
 
 
+def container_limits(container: Mapping[str, Any]) -> Resources:
+    """A container's limits (a request is no limit)."""
+    limits = _mapping(_mapping(container.get("resources")).get("limits"))
+    name = container.get("name")
+    return {
+        str(resource): amount(str(resource), raw, container=name)
+        for resource, raw in limits.items()
+        if raw is not None
+    }
+
+
 def pod_requests(spec: Mapping[str, Any]) -> Resources:
     """The pod's effective requests, per resource (resources it asks none of are absent).
     Raises QuantityError naming the container and resource of an unreadable quantity."""
+    return _pod_total(spec, container_requests)
+
+
+def pod_limits(spec: Mapping[str, Any]) -> Resources:
+    """The pod's effective limits, summed as its requests are (k8s.io/component-helpers
+    resource.PodLimits; the overhead counts only for a resource some container limits)."""
+    return _pod_total(spec, container_limits)
+
+
+def _pod_total(
+    spec: Mapping[str, Any], of_container: Callable[[Mapping[str, Any]], Resources]
+) -> Resources:
     sidecars: Resources = {}
     init_peak: Resources = {}
     for container in map(_mapping, _sequence(spec.get("initContainers"))):
-        requests = container_requests(container)
+        requests = of_container(container)
         if container.get("restartPolicy") == "Always":
             _add(sidecars, requests)
             _max(init_peak, sidecars)
@@ -141,10 +164,12 @@ def pod_requests(spec: Mapping[str, Any]) -> Resources:
             _max(init_peak, running)
     total: Resources = {}
     for container in map(_mapping, _sequence(spec.get("containers"))):
-        _add(total, container_requests(container))
+        _add(total, of_container(container))
     _add(total, sidecars)
     _max(total, init_peak)
     for resource, raw in _mapping(spec.get("overhead")).items():
+        if of_container is container_limits and str(resource) not in total:
+            continue
         overhead = {str(resource): amount(str(resource), raw, what=f"pod overhead: {resource}")}
         _add(total, overhead)
     return {resource: value for resource, value in total.items() if value}

@@ -114,3 +114,45 @@ def format_bytes(value: int) -> str:
             text = f"{scaled:.1f}".rstrip("0").rstrip(".")
             return f"{text}{suffix}"
     return str(value)
+
+
+BINARY_SI, DECIMAL_SI, DECIMAL_EXPONENT = "BinarySI", "DecimalSI", "DecimalExponent"
+"""The three formats a Kubernetes quantity keeps from the text it was read from."""
+_DECIMAL_SUFFIXES = {exponent: suffix for suffix, exponent in _DECIMAL.items()} | {0: ""}
+
+
+def quantity_format(text: str) -> str:
+    """The format Kubernetes keeps for a quantity read from `text`: BinarySI for `Ki`..`Ei`,
+    DecimalExponent for `e3`, else DecimalSI (an unreadable text counts as DecimalSI)."""
+    match = _QUANTITY_RE.match(text.strip())
+    suffix = (match["suffix"] or "") if match else ""
+    if suffix in _BINARY:
+        return BINARY_SI
+    if suffix and suffix not in _DECIMAL:
+        return DECIMAL_EXPONENT
+    return DECIMAL_SI
+
+
+def format_quantity(value: Decimal | int, form: str = BINARY_SI) -> str:
+    """`value` as Kubernetes writes a quantity of that format (resource.Quantity.String):
+    BinarySI as a whole multiple of the largest power of 1024 (`3Gi`, `1536Mi`; under 1024 or a
+    fraction falls back to DecimalSI), DecimalSI with the largest SI suffix that keeps an integer
+    (`2G`, `500m`, `1500M`), DecimalExponent as `e3`, `e6`; zero is `0`."""
+    value = Decimal(value)
+    if value == 0:
+        return "0"
+    if value < 0:
+        return "-" + format_quantity(-value, form)
+    if form == BINARY_SI and value >= 1024 and value == value.to_integral_value():
+        number, power = int(value), 0
+        while number % 1024 == 0 and power < len(_BINARY):
+            number, power = number // 1024, power + 1
+        return f"{number}{next((s for s, p in _BINARY.items() if p == power), '')}"
+    _, digits, exponent = value.normalize().as_tuple()
+    number, exponent = int("".join(map(str, digits))), int(exponent)
+    shift = exponent % 3
+    number, exponent = number * 10**shift, exponent - shift
+    if form == DECIMAL_EXPONENT:
+        return f"{number}e{exponent}" if exponent else str(number)
+    suffix = _DECIMAL_SUFFIXES.get(exponent)
+    return f"{number}{suffix}" if suffix is not None else f"{number}e{exponent}"

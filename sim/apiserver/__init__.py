@@ -1,6 +1,7 @@
 """An in-memory Kubernetes API server that the official `kubernetes` client talks to unchanged.
 
-Serves Namespaces, Nodes (+status), Pods (+status, +binding), Events, Leases, TokenRequest and
+Serves Namespaces, Nodes (+status), Pods (+status, +binding), Events, Leases, ResourceQuotas
+(+status, with the quota admission of pods), TokenRequest and
 TokenReview, MutatingWebhookConfigurations and ValidatingAdmissionPolicies (+bindings),
 CustomResourceDefinitions and their custom resources, with the real server's resourceVersion,
 watch, conflict, selector, patch, graceful deletion and admission semantics, and kubectl's tables;

@@ -360,6 +360,19 @@ NETWORK_POLICIES = Resource(
     field_labels=_NAMESPACED_META,
 )
 
+# Pod creates are admitted against them and their status kept by sim.apiserver.quota.
+RESOURCE_QUOTAS = Resource(
+    group="",
+    version="v1",
+    plural="resourcequotas",
+    kind="ResourceQuota",
+    short_names=("quota",),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+    subresources=frozenset({"status"}),
+    status_subresource=True,
+)
+
 # Stored as written; TokenRequest (the `token` subresource) still accepts any account name, as
 # the sim's parts ask for tokens of accounts nobody created.
 SERVICE_ACCOUNTS = Resource(
@@ -393,6 +406,7 @@ STORED: tuple[Resource, ...] = (
     SERVICES,
     NETWORK_POLICIES,
     SERVICE_ACCOUNTS,
+    RESOURCE_QUOTAS,
 )
 
 # Served but never stored: TokenReview and Binding.

@@ -42,6 +42,7 @@ from sim.apiserver.resources import (
     PODS,
     PRIORITY_CLASSES,
     REPLICA_SETS,
+    RESOURCE_QUOTAS,
     SERVICES,
     VALIDATING_ADMISSION_POLICIES,
     Catalog,
@@ -232,6 +233,8 @@ class Registry:
         elif resource is CUSTOM_RESOURCE_DEFINITIONS:
             meta["generation"] = 1
             obj["status"] = customresources.crd_status(obj, rfc3339(self.clock.now()))
+        elif resource is RESOURCE_QUOTAS:
+            obj.pop("status", None)  # as upstream: the quota controller writes it
         return obj, causes
 
     def commit_create(

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim.apiserver import binding, customresources, discovery, eviction, listing, tables
+from sim.apiserver import binding, customresources, discovery, eviction, listing, quota, tables
 from sim.apiserver import watch as watches
 from sim.apiserver.admission import webhooks
 from sim.apiserver.admission.policies import Policies
@@ -78,6 +78,7 @@ class ApiServerCore:
     faults: Faults = field(default_factory=Faults)
     policies: Policies = field(init=False)
     disruption: DisruptionController = field(init=False)
+    quotas: quota.QuotaController = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = Store(self.settings.history_size)
@@ -85,6 +86,7 @@ class ApiServerCore:
         self.store.observe(customresources.Definitions(self.catalog, self.store))
         self.registry = Registry(self.store, self.clock, self.catalog)
         self.disruption = DisruptionController(self.store, self.clock)
+        self.quotas = quota.QuotaController(self.store)
         self.authority = TokenAuthority(self.store, self.clock)
         self.policies = Policies(self.store)
         self.audit = AuditLog(self.settings.audit_size)
@@ -262,6 +264,8 @@ class Handlers:
                 operation, resource, subresource, namespace, name, obj, old, user
             )
             warnings.extend(self.core.policies.validate(attributes))
+            if resource is PODS and operation == "CREATE" and not subresource and obj is not None:
+                quota.admit_pod(self.core.store, namespace, obj)  # the last admission plugin
 
         return admit
 

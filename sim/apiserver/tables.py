@@ -506,6 +506,28 @@ _PDB: Printer = (
     ],
 )
 
+
+def _quota_cells(obj: JsonObject, now: float) -> Cells:
+    """Each hard resource as `name: used/hard`, the `limits.` ones in their own column."""
+    status = obj.get("status") or {}
+    used, hard = status.get("used") or {}, status.get("hard") or {}
+    columns: dict[bool, list[str]] = {False: [], True: []}
+    for name in sorted((obj.get("spec") or {}).get("hard") or {}):
+        text = f"{name}: {used.get(name, '0')}/{hard.get(name, '0')}"
+        columns[name.split(".")[0] == "limits" and "." in name].append(text)
+    return [
+        obj["metadata"]["name"],
+        _since(obj["metadata"].get("creationTimestamp"), now),
+        ", ".join(columns[False]),
+        ", ".join(columns[True]),
+    ]
+
+
+_QUOTA: Printer = (
+    [_column("Name", fmt="name"), _column("Age"), _column("Request"), _column("Limit")],
+    _quota_cells,
+)
+
 _DEFAULT: Printer = (
     [_column("Name", fmt="name"), _column("Created At", "date")],
     lambda obj, now: [obj["metadata"]["name"], obj["metadata"].get("creationTimestamp")],
@@ -523,6 +545,7 @@ PRINTERS: Mapping[str, Printer] = {
     "leases.coordination.k8s.io": _LEASE,
     "horizontalpodautoscalers.autoscaling": _HPA,
     "poddisruptionbudgets.policy": _PDB,
+    "resourcequotas": _QUOTA,
 }
 """The printers by group_resource (a kind this server does not serve simply never matches)."""
 

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from common.quantity import quantity_decimal
-from sim.apiserver import disruption, workloads
+from sim.apiserver import disruption, quota, workloads
 from sim.apiserver.admission import registration
 from sim.apiserver.resources import (
     DEPLOYMENTS,
@@ -21,6 +21,7 @@ from sim.apiserver.resources import (
     POD_DISRUPTION_BUDGETS,
     PODS,
     REPLICA_SETS,
+    RESOURCE_QUOTAS,
     VALIDATING_ADMISSION_POLICIES,
     VALIDATING_ADMISSION_POLICY_BINDINGS,
     Resource,
@@ -419,6 +420,8 @@ def kind_causes(resource: Resource, obj: JsonObject) -> Causes:
         causes += registration.spec_causes(resource, obj)
     elif resource is POD_DISRUPTION_BUDGETS:
         causes += disruption.spec_causes(obj)
+    elif resource is RESOURCE_QUOTAS:
+        causes += quota.spec_causes(obj)
     elif resource is DEPLOYMENTS or resource is REPLICA_SETS:
         causes += workloads.spec_causes(resource, obj) + _template_causes(obj)
     return causes
@@ -579,6 +582,8 @@ def decoding_error(resource: Resource, obj: JsonObject) -> str | None:
                     problem = problem or _quantity_problem(container.get("resources"))
     if problem is None and resource is POD_DISRUPTION_BUDGETS:
         problem = disruption.decoding_problem(obj)
+    if problem is None and resource is RESOURCE_QUOTAS and isinstance(obj.get("spec"), dict):
+        problem = _quantity_problem({"requests": obj["spec"].get("hard")})
     if problem is None and (resource is DEPLOYMENTS or resource is REPLICA_SETS):
         problem = workloads.decoding_problem(resource, obj)
     if problem is None:

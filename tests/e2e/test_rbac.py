@@ -40,6 +40,7 @@ FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
         ("tritonshare.io", "tritonmodels/status", "patch"): _MODELS,
         ("", "pods", "create"): _MODELS,
         ("", "services", "create"): _MODELS,
+        ("", "resourcequotas", "list"): _MODELS,
     },
 }
 

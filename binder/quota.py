@@ -1,0 +1,167 @@
+"""ResourceQuotas on GPU memory, as they bind a namespace's TritonModel replicas.
+
+A replica is no pod, so the API server's quota admission never sees it; the binder applies the
+same rule before it places one. A quota binds replicas through `requests.<prefix>gpu-mem` in its
+`status.hard` (what the API server's admission reads), and through `<prefix>gpu-mem` alone, which
+binds replicas as requests (the API server charges pods to the `requests.` key only). The
+namespace's use is the quota's `status.used` of that key (its pods, as the quota controller
+counts them) plus the GPU memory of every replica the binder has charged in the namespace. A
+replica that would take it past a hard limit is refused in the API server's words
+(`exceeded quota: NAME, requested: ..., used: ..., limited: ...`); a quota whose status does not
+yet count a key it limits refuses too (`status unknown for quota`), as admission does for pods.
+A replica already charged is never taken back: lowering a quota only stops new placements.
+
+Pure: the quotas come from binder.kube, the charges from the cache's ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from binder.cache import Ledger
+from common.contract import Keys
+from common.hosted import replica_uid
+from common.quantity import (
+    BINARY_SI,
+    DECIMAL_SI,
+    QuantityError,
+    format_quantity,
+    parse_quantity,
+    quantity_format,
+)
+
+EXCEEDED_QUOTA = "ExceededQuota"
+"""The reason of a model's `Placed` condition when a quota refuses a replica."""
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One key of one quota that binds replicas: its hard limit and its pods' use, in bytes
+    (`used` None while the quota controller has not counted it), and how the API writes each."""
+
+    quota: str
+    key: str
+    hard: int
+    hard_text: str
+    used: int | None
+    used_form: str
+
+
+def _bytes(raw: Any) -> int | None:
+    try:
+        return parse_quantity(raw if isinstance(raw, int) else str(raw))
+    except QuantityError:
+        return None
+
+
+_NEVER_A_REPLICA = frozenset({"Terminating", "BestEffort"})
+"""Quota scopes no replica is in: it has no activeDeadlineSeconds, and it requests memory."""
+
+
+def _applies(quota: Mapping[str, Any]) -> bool:
+    """Whether the quota's scopes can select a replica: not when one is Terminating or
+    BestEffort; a PriorityClass or CrossNamespacePodAffinity scope is taken to select it (the
+    binder does not read a model's priority class: fail closed)."""
+    spec = quota.get("spec") or {}
+    scopes = set(spec.get("scopes") or [])
+    for expression in (spec.get("scopeSelector") or {}).get("matchExpressions") or []:
+        scopes.add(str((expression or {}).get("scopeName", "")))
+    return not scopes & _NEVER_A_REPLICA
+
+
+def limits_from_api(quotas: Iterable[Mapping[str, Any]], keys: Keys) -> list[Limit]:
+    """The GPU memory limits of the namespace's quotas (API dicts) whose scopes can select a
+    replica, by quota name then key; a hard limit that does not parse binds as zero (fail
+    closed)."""
+    names = (f"requests.{keys.gpu_mem}", keys.gpu_mem)
+    found: list[Limit] = []
+    for quota in quotas:
+        if not _applies(quota):
+            continue
+        status = quota.get("status") or {}
+        hard, used = status.get("hard") or {}, status.get("used") or {}
+        name = str((quota.get("metadata") or {}).get("name", ""))
+        for key in names:
+            if key not in hard:
+                continue
+            counted = key in used or key == keys.gpu_mem  # no pod is charged to the bare key
+            raw_used = used.get(key, "0")
+            found.append(
+                Limit(
+                    quota=name,
+                    key=key,
+                    hard=_bytes(hard[key]) or 0,
+                    hard_text=str(hard[key]),
+                    used=(_bytes(raw_used) or 0) if counted else None,
+                    used_form=quantity_format(str(raw_used)),
+                )
+            )
+    return sorted(found, key=lambda limit: (limit.quota, limit.key))
+
+
+def _form(value: int) -> str:
+    """How a byte count the binder adds is written: binary when it is a whole number of KiB."""
+    return BINARY_SI if value >= 1024 and value % 1024 == 0 else DECIMAL_SI
+
+
+def charged_in(ledger: Ledger, namespace: str) -> int:
+    """The GPU memory of the namespace's wanted replicas the binder has charged, in bytes."""
+    total = 0
+    for uid in ledger.by_namespace.get(namespace, ()):
+        model = ledger.models[uid]
+        for ordinal in range(model.replicas):
+            replica = ledger.state.charged_pod(replica_uid(uid, ordinal))
+            if replica is not None:
+                total += replica.request
+    return total
+
+
+@dataclass
+class QuotaCheck:
+    """The namespace's GPU memory limits during one reconcile: `refusal` before placing a
+    replica, `charge` once it is placed."""
+
+    limits: list[Limit]
+    charged: int
+    """Bytes of the namespace's replicas charged so far."""
+    refused: bool = field(default=False)
+    """Whether a replica was refused (the condition's reason is then EXCEEDED_QUOTA)."""
+
+    def refusal(self, request: int) -> str:
+        """Why a replica asking `request` bytes may not be placed ("" when every quota allows
+        it), in the API server's words: the first quota (by name) it would exceed, with each of
+        that quota's keys it would exceed."""
+        by_quota: dict[str, list[Limit]] = {}
+        for limit in self.limits:
+            by_quota.setdefault(limit.quota, []).append(limit)
+        for name, limits in by_quota.items():
+            unknown = [limit.key for limit in limits if limit.used is None]
+            if unknown:
+                self.refused = True
+                return f"status unknown for quota: {name}, resources: {','.join(unknown)}"
+            exceeded = [
+                limit for limit in limits if (limit.used or 0) + self.charged + request > limit.hard
+            ]
+            if not exceeded:
+                continue
+            self.refused = True
+            requested, used, limited = [], [], []
+            for limit in exceeded:
+                total = (limit.used or 0) + self.charged
+                form = limit.used_form if limit.used else _form(total)
+                requested.append(f"{limit.key}={format_quantity(request, _form(request))}")
+                used.append(f"{limit.key}={format_quantity(total, form)}")
+                hard = format_quantity(limit.hard, quantity_format(limit.hard_text))
+                limited.append(f"{limit.key}={hard}")
+            return (
+                f"exceeded quota: {name}, requested: {','.join(requested)},"
+                f" used: {','.join(used)}, limited: {','.join(limited)}"
+            )
+        return ""
+
+    def charge(self, request: int) -> None:
+        self.charged += request

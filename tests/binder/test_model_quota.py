@@ -1,0 +1,183 @@
+"""ResourceQuotas bind TritonModel replicas as the API server binds pods: the rule
+(binder.quota) and the model controller refusing, then placing, replicas against the simulated
+API server's quota (its status counting the namespace's pods), through the official client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from binder.app import Binder
+from binder.quota import QuotaCheck, limits_from_api
+from common.contract import Keys
+from common.hosted import host_name
+from sim.apiserver import RunningApiServer
+from tests.binder.simcluster import eventually
+from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
+    GROUP,
+    PLURAL,
+    VERSION,
+    apiserver,
+    binder,
+    custom,
+    hosts,
+    model,
+    placed,
+    read,
+)
+from tests.conftest import require_executable
+from tests.deploy.rendering import render
+from tests.e2e.test_rbac import describe, grants_for
+
+KEY = "requests.tritonshare.io/gpu-mem"
+GI = 1 << 30
+
+
+def _quota(name: str, hard: dict[str, str], used: dict[str, str] | None = None) -> Any:
+    status: dict[str, Any] = {"hard": hard}
+    if used is not None:
+        status["used"] = used
+    return {"metadata": {"name": name}, "spec": {"hard": hard}, "status": status}
+
+
+def test_a_replica_past_a_quota_is_refused_in_the_api_servers_words() -> None:
+    limits = limits_from_api([_quota("gpu", {KEY: "4Gi"}, {KEY: "1Gi"})], Keys())
+    check = QuotaCheck(limits, charged=2 * GI)
+    assert check.refusal(GI) == "" and not check.refused
+    check.charge(GI)
+    assert check.refusal(GI) == (
+        f"exceeded quota: gpu, requested: {KEY}=1Gi, used: {KEY}=4Gi, limited: {KEY}=4Gi"
+    )
+    assert check.refused
+
+
+def test_every_quota_binds_and_the_first_by_name_is_named() -> None:
+    quotas = [
+        _quota("wide", {KEY: "100Gi"}, {KEY: "0"}),
+        # The bare key binds replicas too; the API server charges no pod to it.
+        _quota("narrow", {"tritonshare.io/gpu-mem": "3G", KEY: "2Gi"}, {KEY: "0"}),
+    ]
+    check = QuotaCheck(limits_from_api(quotas, Keys()), charged=0)
+    assert check.refusal(3_100_000_000) == (
+        "exceeded quota: narrow, requested:"
+        f" {KEY}=3100M,tritonshare.io/gpu-mem=3100M,"
+        f" used: {KEY}=0,tritonshare.io/gpu-mem=0,"
+        f" limited: {KEY}=2Gi,tritonshare.io/gpu-mem=3G"
+    )
+    assert check.refusal(1536 << 20) == ""
+
+
+def test_a_quota_not_yet_counted_refuses_and_another_prefix_is_not_ours() -> None:
+    unknown = QuotaCheck(limits_from_api([_quota("new", {KEY: "4Gi"})], Keys()), charged=0)
+    assert unknown.refusal(GI) == f"status unknown for quota: new, resources: {KEY}"
+    other = limits_from_api([_quota("q", {KEY: "1Gi"}, {KEY: "0"})], Keys("seldon.io/trtis-"))
+    assert other == []
+
+
+def test_a_quota_scoped_to_what_no_replica_is_does_not_bind_it() -> None:
+    hard, used = {KEY: "0"}, {KEY: "0"}
+    scoped = [
+        {**_quota("jobs", hard, used), "spec": {"hard": hard, "scopes": ["Terminating"]}},
+        {
+            **_quota("idle", hard, used),
+            "spec": {
+                "hard": hard,
+                "scopeSelector": {
+                    "matchExpressions": [{"scopeName": "BestEffort", "operator": "Exists"}]
+                },
+            },
+        },
+        {**_quota("long", hard, used), "spec": {"hard": hard, "scopes": ["NotTerminating"]}},
+    ]
+    assert [limit.quota for limit in limits_from_api(scoped, Keys())] == ["long"]
+
+
+async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+    apiserver: RunningApiServer,  # noqa: F811
+) -> None:
+    core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "4Gi"}))
+    # Another namespace's replicas use none of this namespace's quota.
+    core.create_namespace({"metadata": {"name": "team-b"}})
+    custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, model("big", 2))
+
+    def other_placed() -> bool:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, "big")
+        return bool((obj.get("status") or {}).get("replicas") == 2)
+
+    await eventually(other_placed, what="team-b's replicas placed")
+    limits = {"tritonshare.io/gpu-mem": "1Gi"}
+    core.create_namespaced_pod(
+        "default",
+        {
+            "metadata": {"name": "model-pod"},
+            "spec": {"containers": [{"name": "m", "image": "x", "resources": {"limits": limits}}]},
+        },
+    )
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 3))
+
+    def refused() -> dict[str, Any] | None:
+        status = read(custom, "resnet").get("status") or {}
+        conditions = [c for c in status.get("conditions") or [] if c["type"] == "Placed"]
+        return conditions[0] if conditions and conditions[0]["status"] == "False" else None
+
+    condition = await eventually(refused, what="Placed=False")
+    assert condition["reason"] == "ExceededQuota"
+    assert condition["message"] == (
+        f'tritonmodel "resnet" replica 1: exceeded quota: gpu, requested: {KEY}=2Gi,'
+        f" used: {KEY}=3Gi, limited: {KEY}=4Gi"
+    )
+    status = read(custom, "resnet")["status"]
+    assert [p["replica"] for p in status["placements"]] == [0]
+
+    def events() -> list[Any]:
+        found = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
+        return [e for e in found.items if e.reason == "FailedScheduling"]
+
+    [event] = await eventually(events, what="the FailedScheduling event")
+    assert (event.type, event.message) == ("Warning", condition["message"])
+
+    core.patch_namespaced_resource_quota("gpu", "default", {"spec": {"hard": {KEY: "7Gi"}}})
+    obj = await eventually(lambda: placed(custom, "resnet", 3), what="3 replicas placed")
+    [condition] = obj["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("True", "AllReplicasPlaced")
+
+    # Every call the binder made here is one deploy/'s RBAC grants it, the quota's list too.
+    grants = grants_for("tritonshare-binder", render(require_executable("kubectl"), "base"))
+    calls = [r for r in apiserver.audit if r.user_agent.startswith("tritonshare-binder/")]
+    assert not sorted({describe(c) for c in calls if not any(g.allows(c) for g in grants)})
+    lists = [c for c in calls if (c.resource, c.verb) == ("resourcequotas", "list")]
+    assert {c.namespace for c in lists} == {"default", "team-b"}, "one namespace at a time"
+
+
+async def test_a_host_past_a_pod_quota_is_reported_to_its_models_until_it_fits(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+) -> None:
+    core.create_namespaced_resource_quota("default", _quota("count", {"pods": "1"}))
+    core.create_namespaced_pod(
+        "default",
+        {"metadata": {"name": "other"}, "spec": {"containers": [{"name": "m", "image": "x"}]}},
+    )
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 1))
+    obj = await eventually(lambda: placed(custom, "resnet", 1), what="the replica placed")
+    node = obj["status"]["placements"][0]["node"]
+
+    def events() -> list[Any]:
+        found = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
+        return [e for e in found.items if e.reason == "FailedCreate"]
+
+    [event] = await eventually(events, what="the FailedCreate event")
+    name = host_name(node)
+    assert (event.type, event.message) == (
+        "Warning",
+        f'the binder cannot create model host {name} on node {node}: pods "{name}" is'
+        " forbidden: exceeded quota: count, requested: pods=1, used: pods=1, limited: pods=1",
+    )
+    assert not hosts(core)
+
+    core.patch_namespaced_resource_quota("count", "default", {"spec": {"hard": {"pods": "2"}}})
+    await eventually(lambda: node in hosts(core), what="the host once the quota allows it")
+    assert len(events()) == 1, "one Event per refusal, not one per retry"
