@@ -5,7 +5,8 @@ by another pod, tenant code not allowed) or takes a model out of Triton that it 
 and a Normal one when it puts an idle on-demand model to sleep to make room for another. A
 tenant can call the agent in a loop, so each (pod, reason) is written at most once per period,
 the remembered set is bounded, and writing never delays the answer: it runs as its own task,
-and a failed write is logged, not retried.
+and a failed write is logged, not retried. A model host's replica's Events go on the host pod,
+naming the replica (`<model>/<ordinal>`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from agent.errors import KubeError
+from agent.pods import PodInfo
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -50,8 +52,12 @@ class PodEvents:
         *,
         repeat_seconds: float = REPEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[str], PodInfo | None] | None = None,
     ) -> None:
+        """`replicas(uid)`: the model host's replica of that uid (`NodePods.replica`), whose
+        Events go on its host."""
         self._kube = kube
+        self._replicas = replicas
         self.component = component
         self._repeat = repeat_seconds
         self._clock = clock
@@ -75,9 +81,17 @@ class PodEvents:
             self._written.clear()
         self._written[(uid, reason)] = now
         namespace, _, name = pod_key.partition("/")
+        on = uid
+        replica = self._replicas(uid) if self._replicas is not None else None
+        if replica is not None:
+            namespace, name, on = replica.namespace, replica.object_name, replica.object_uid
+            message = f"replica {replica.name}: {message}"
+        elif "/" in name:
+            log.info("No Event %s for replica %s, gone from its host: %s", reason, pod_key, message)
+            return
         spawn(
-            f"Recording event {reason} on pod {pod_key}",
-            self._write(namespace, name, uid, reason, message, event_type),
+            f"Recording event {reason} on pod {namespace}/{name}",
+            self._write(namespace, name, on, reason, message, event_type),
             consequence="the pod does not show it",
             keep=self._tasks,
         )

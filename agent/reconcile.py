@@ -57,6 +57,7 @@ from agent.models import (
 )
 from agent.nodepods import NodePods
 from agent.placement import Proven
+from agent.pods import PodInfo
 from agent.quarantine import Marker
 from agent.triton import LOADING, READY
 from common.lifecycle import spawn
@@ -64,6 +65,9 @@ from common.logs import subject
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
+
+HOSTED_MODELS_INVALID = "HostedModelsInvalid"
+"""Event reason: a model host whose hosted-models annotation cannot be read serves nothing."""
 
 
 class Check(enum.Enum):
@@ -141,12 +145,18 @@ class Reconciler:
 
     # Watch callbacks (run on the event loop).
     def on_list(self, items: list[dict[str, Any]]) -> None:
-        self.pods.replace(items)
+        self._hosts_refused(self.pods.replace(items))
         self.trigger()
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
-        self.pods.apply(kind, obj)
+        self._hosts_refused(self.pods.apply(kind, obj))
         self.trigger()
+
+    def _hosts_refused(self, problems: list[tuple[PodInfo, str]]) -> None:
+        """Model hosts that stand for no replica say why (an Event, deduplicated)."""
+        for host, problem in problems:
+            log.warning("%s.", problem, extra=subject(pod=host.key))
+            self.events.warn(host.key, host.uid, HOSTED_MODELS_INVALID, problem)
 
     def trigger(self) -> None:
         self._wake.set()
