@@ -265,6 +265,8 @@ class Agent:
             refused=self.request_crashes.quarantine_of if self.request_crashes else None,
             quarantine=self.models.quarantine_for,
             fail_pod=self.kube.fail_pod,
+            hosts=self.pods,
+            remove=self.kube.remove_pod_condition,
         )
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
