@@ -188,3 +188,49 @@ async def test_a_model_pods_token_cannot_list_hosted_replicas(
         )
     assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "is not a model host" in (error.value.details() or "")
+
+
+async def test_replicas_of_one_model_name_in_two_namespaces_and_a_pod_never_collide(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """Two namespaces' hosts serve a model each calls `same`, beside a model pod of that id:
+    three models in Triton, each answering as its own files say; neither host acts on a model
+    its annotation does not name."""
+    running = await start_custom_agent()
+    gpu = running.mock.gpus[0].uuid
+    served = {}
+    for namespace, add in (("team-a", 10), ("team-b", 20)):
+        core_v1(kube_api).create_namespace({"metadata": {"name": namespace}})
+        entry = replica(namespace, "same", gpu)
+        make_host(kube_api, namespace, [entry])
+        source = copy_model("add_one", tmp_path / namespace, as_name="same")
+        model_py = source / "1" / "model.py"
+        model_py.write_text(model_py.read_text().replace("(data + 1)", f"(data + {add})"))
+        token = apiserver.mint_token(namespace, HOST)
+        await install_dir(running.stub, token, source, "same")
+        status = await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="same"), metadata=bearer(token)
+        )
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        served[namespace] = status.triton_name
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await running.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="other"), metadata=bearer(token)
+            )
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "serves no replica of model 'other'" in (error.value.details() or "")
+    make_pod(kube_api, "same", "same", gpu_uuid=gpu)
+    token = apiserver.mint_token("default", "same")
+    await install_dir(running.stub, token, copy_model("add_one", tmp_path, as_name="same"), "same")
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="same"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    served["pod"] = status.triton_name
+    assert len(set(served.values())) == 3
+    answers = {where: infer(triton, name) for where, name in served.items()}
+    assert answers == {"team-a": 11.0, "team-b": 21.0, "pod": 2.0}
