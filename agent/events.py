@@ -52,10 +52,10 @@ class PodEvents:
         *,
         repeat_seconds: float = REPEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
-        replicas: Callable[[str], PodInfo | None] | None = None,
+        replicas: Callable[[str, str], PodInfo | None] | None = None,
     ) -> None:
-        """`replicas(uid)`: the model host's replica of that uid (`NodePods.replica`), whose
-        Events go on its host."""
+        """`replicas(key, uid)`: the model host's replica of that uid, by its key or its host's
+        (`NodePods.replica`), whose Events go on its host."""
         self._kube = kube
         self._replicas = replicas
         self.component = component
@@ -82,7 +82,7 @@ class PodEvents:
         self._written[(uid, reason)] = now
         namespace, _, name = pod_key.partition("/")
         on = uid
-        replica = self._replicas(uid) if self._replicas is not None else None
+        replica = self._replicas(pod_key, uid) if self._replicas is not None else None
         if replica is not None:
             namespace, name, on = replica.namespace, replica.object_name, replica.object_uid
             message = f"replica {replica.name}: {message}"

@@ -100,11 +100,17 @@ class NodePods:
         serve, and those conditions."""
         return [(h, types) for h, types in self._hosts.values() if types and self._ours(h)]
 
-    def replica(self, uid: str) -> PodInfo | None:
-        """The replica of a model host of this node with this uid, as the watch last saw it."""
+    def replica(self, key: str, uid: str) -> PodInfo | None:
+        """The replica of a model host of this node with this uid, by its own key or its
+        host's, as the watch last saw it. Never another namespace's: a replica's uid is its
+        TritonModel's, which a tenant can copy into its own host's annotation."""
         if "/" not in uid:
             return None
-        return next((p for p in self.by_key.values() if p.host and p.uid == uid), None)
+        pod = self.by_key.get(key)
+        if pod is not None and pod.host and pod.uid == uid:
+            return pod
+        found = (p for p in self.by_key.values() if p.host and p.object_key == key)
+        return next((p for p in found if p.uid == uid), None)
 
     def proven(self, pod: PodInfo) -> Proven | None:
         """The pod with its proof, when it is a live tritonshare pod placed on this node."""

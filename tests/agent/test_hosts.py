@@ -66,6 +66,8 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     one = replica("team-a", "one", gpus[0], storage_uri="s3://models/one", concurrency=3)
     two = replica("team-a", "two", gpus[1], ordinal=1)
     stolen = replica("team-b", "three", gpus[0])  # another namespace's entry, copied
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-b"}})
+    make_host(kube_api, "team-b", [stolen], pod_ip="10.1.0.9")
     make_host(kube_api, "team-a", [one, two, stolen], pod_ip=ADDRESS)
     token = apiserver.mint_token("team-a", HOST)
     stub = running.stub
@@ -79,9 +81,12 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
         ),
         what="replica two pending on the host",
     )
-    assert conditions(kube_api, "team-a")[loaded_condition(keys, "three")] == (
-        "False",
-        "PlacementChanged",
+    await eventually(
+        lambda: (
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "three"))
+            == ("False", "PlacementChanged")
+        ),
+        what="the copied entry refused on the host",
     )
 
     for entry in (one, two):
@@ -134,6 +139,12 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
             for reason, message in host_events(kube_api, "team-a")
         ),
         what="an Event on the host naming the refused replica",
+    )
+    # Nothing of the copy reaches the namespace it was copied from.
+    assert not any("team-a" in message for _, message in host_events(kube_api, "team-b"))
+    assert conditions(kube_api, "team-b")[loaded_condition(keys, "three")] == (
+        "False",
+        "ModelPending",
     )
 
     # A replica stays loaded until the binder marks it draining; then its loader may unload it.
