@@ -61,7 +61,9 @@ class PodEvents:
         self.component = component
         self._repeat = repeat_seconds
         self._clock = clock
-        self._written: dict[tuple[str, str], float] = {}
+        self._written: dict[tuple[str, str, str], float] = {}
+        """(pod key, uid, reason) -> when written: a replica's uid alone is not its own (a
+        tenant can copy it into its host's annotation), so its Events are told apart by key."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def warn(self, pod_key: str, uid: str, reason: str, message: str) -> None:
@@ -74,12 +76,12 @@ class PodEvents:
 
     def _record(self, pod_key: str, uid: str, reason: str, message: str, event_type: str) -> None:
         now = self._clock()
-        last = self._written.get((uid, reason))
+        last = self._written.get((pod_key, uid, reason))
         if last is not None and now - last < self._repeat:
             return
         if len(self._written) >= REMEMBERED:
             self._written.clear()
-        self._written[(uid, reason)] = now
+        self._written[(pod_key, uid, reason)] = now
         namespace, _, name = pod_key.partition("/")
         on = uid
         replica = self._replicas(pod_key, uid) if self._replicas is not None else None

@@ -170,11 +170,12 @@ class Reconciler:
 
     def wanted(self) -> dict[str, Proven]:
         """Name in Triton -> its owner, for every owner that is a live, proven pod wanting it."""
-        by_uid = {pod.uid: pod for pod in self.pods.by_key.values()}
+        # Proven pods only: a replica's uid is its TritonModel's, which a tenant can copy into
+        # its own host's annotation; only the replica the binder placed proves it.
+        by_uid = {proven.uid: proven for proven in self.pods.all_proven()}
         wanted = {}
         for name, owner in self.models.owners.all().items():
-            pod = by_uid.get(owner.uid)
-            proven = self.pods.proven(pod) if pod is not None else None
+            proven = by_uid.get(owner.uid)
             if (
                 proven is not None
                 and proven.model_id == owner.model_id

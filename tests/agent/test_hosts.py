@@ -7,6 +7,7 @@ annotation is unloaded and its condition removed."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -245,3 +246,37 @@ async def test_replicas_of_one_model_name_in_two_namespaces_and_a_pod_never_coll
     assert len(set(served.values())) == 3
     answers = {where: infer(triton, name) for where, name in served.items()}
     assert answers == {"team-a": 11.0, "team-b": 21.0, "pod": 2.0}
+
+
+async def test_an_entry_copied_into_another_namespaces_host_leaves_the_victim_served(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """A replica's uid is its TritonModel's, which a tenant can copy into its own host: the
+    agent must still find the victim's replica wanting its model, and never unload it."""
+    running = await start_custom_agent()
+    victim = replica("team-b", "victim", running.mock.gpus[0].uuid)
+    for namespace in ("team-b", "team-a"):
+        core_v1(kube_api).create_namespace({"metadata": {"name": namespace}})
+    make_host(kube_api, "team-b", [victim])
+    token = apiserver.mint_token("team-b", HOST)
+    await install_dir(running.stub, token, copy_model("add_one", tmp_path, "victim"), "victim")
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="victim"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    make_host(kube_api, "team-a", [victim])  # the attacker's host, listed after the victim's
+    await eventually(
+        lambda: len(running.agent.pods.by_key) == 2, what="the agent to see both hosts"
+    )
+    reconciler = running.agent.reconciler
+    passes = reconciler.passes
+    grace = running.agent.settings.orphan_grace_seconds
+    await asyncio.sleep(grace)  # an orphan is removed only once idle for the grace period
+    await eventually(lambda: reconciler.passes >= passes + 3, what="three reconcile passes")
+    assert infer(triton, status.triton_name) == 2.0
+    entry = await running.agent.triton.state(status.triton_name)
+    assert entry is not None and entry.state == READY
