@@ -21,6 +21,10 @@ from agent.pods import PodInfo, is_host, pod_from_dict, pods_from_dict, stale_co
 from common.contract import Keys
 from common.hosted import host_name
 
+REFUSED_PER_HOST = 8
+"""Refused replicas of one model host that the agent says why on the host (ListHosted lists
+them all)."""
+
 ReadPod = Callable[[str, str], Awaitable[dict[str, Any] | None]]
 """Read one pod (namespace, name) from the API server; None when it does not exist."""
 
@@ -84,15 +88,21 @@ class NodePods:
         return pod.scheduler_name == self._scheduler_name and not pod.terminated
 
     def unproven(self) -> list[tuple[PodInfo, NotPlacedError]]:
-        """The replicas of this node's live model hosts whose proofs do not verify, and why."""
+        """The replicas of this node's live model hosts whose proofs do not verify, and why: at
+        most REFUSED_PER_HOST a host (each costs the agent a condition and an Event on it, and a
+        tenant writes its own host's annotation)."""
         refused = []
+        per_host: dict[str, int] = {}
         for pod in list(self.by_key.values()):
             if not pod.host or not self._ours(pod):
+                continue
+            if per_host.get(pod.object_key, 0) >= REFUSED_PER_HOST:
                 continue
             try:
                 self._verifier.prove(pod)
             except NotPlacedError as e:
                 refused.append((pod, e))
+                per_host[pod.object_key] = per_host.get(pod.object_key, 0) + 1
         return refused
 
     def stale(self) -> list[tuple[PodInfo, list[str]]]:

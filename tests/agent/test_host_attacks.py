@@ -16,7 +16,7 @@ import pytest
 from agent.auth import Authorizer, Caller
 from agent.errors import NotPlacedError, PermissionDeniedError
 from agent.kube import KubeClient
-from agent.nodepods import NodePods
+from agent.nodepods import REFUSED_PER_HOST, NodePods
 from agent.placement import PlacementVerifier
 from common.contract import RESIDENCY_ON_DEMAND, Keys
 from common.hosted import encode_hosted, host_name
@@ -215,3 +215,15 @@ async def test_a_model_pod_cannot_list_hosted_replicas_and_a_malformed_host_serv
     host = await caller(auth, apiserver, "team-b", host_name(NODE))
     with pytest.raises(PermissionDeniedError, match="serves no replica: the hosted-models"):
         await auth.authorize_model(host, "resnet")
+
+
+async def test_a_host_full_of_forged_entries_costs_the_agent_a_bounded_number_of_writes(
+    kube_api: kubernetes.client.ApiClient, kube: KubeClient
+) -> None:
+    forged = [replace(replica("team-a", f"m{i}", GPU), proof="v1.forged") for i in range(20)]
+    make_host(kube_api, "team-a", forged)
+    pods = node_pods(kube)
+    pods.replace(listed(kube_api))
+    refused = pods.unproven()
+    assert len(refused) == REFUSED_PER_HOST
+    assert all(error.event_reason == "PlacementChanged" for _, error in refused)
