@@ -27,7 +27,8 @@ the agent itself is down, nobody here writes: the binder's `agentdown` marks the
 (status Unknown), and this pass sets them back once the agent runs again.
 A model host's replica (`agent.pods`) is a pod here: its condition is the host's
 `<prefix>loaded-<model>`, judged once the host runs; until the host's loader first makes it READY
-a missing or unloaded model reads ModelPending (no Event). A replica whose proof fails reads False
+a missing or unloaded model reads ModelPending, and once a draining replica is not served it
+reads ModelDrained (no Event for either). A replica whose proof fails reads False
 with the prover's reason (NotPlacedByBinder, PlacementChanged); the condition of a replica that
 left the host is taken off.
 The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
@@ -63,6 +64,10 @@ SLEEPING_REASON = "ModelSleeping"
 GIVEN_UP_REASON = "ModelLoadGivenUp"
 """The reason of a FAILED model whose loads the agent no longer tries (--max-load-attempts)."""
 NOT_PLACED_REASON = "NotPlacedByBinder"
+DRAINED_REASON = "ModelDrained"
+"""The reason of a draining replica once its model is no longer served: it may leave its host."""
+QUIET_REASONS = frozenset({SLEEPING_REASON, PENDING_REASON, DRAINED_REASON})
+"""Reasons of a False condition that are no fault: no Event."""
 REINSTALL_WRITE_SECONDS = 10.0
 REMEMBERED = 10_000
 
@@ -228,7 +233,9 @@ class ModelConditions:
 
     async def sync(self, pods: Iterable[Proven], triton_live: bool) -> None:
         """One pass over the pods; a failed write is logged and tried again next pass."""
-        live = [p for p in pods if not p.pod.deleting]
+        # A draining replica is judged too: its condition turning False tells the binder that
+        # its loader has unloaded it, and that it may leave the host.
+        live = [p for p in pods if not p.pod.deleting or p.pod.draining]
         # A replica is judged once its host runs: its loader is the host's, which never ends.
         judged = [p for p in live if p.pod.running or (p.pod.host and p.pod.host_running)]
         crashed = [p for p in live if p not in judged and await self._judge_in_init(p)]
@@ -268,7 +275,14 @@ class ModelConditions:
                 )
                 continue
             wanted = verdict(pod.model_id, status, triton_live)
-            if wanted is not None and pod.host and not pod.running and wanted.status == "False":
+            if wanted is not None and pod.draining and wanted.status == "False":
+                wanted = Verdict(
+                    "False",
+                    DRAINED_REASON,
+                    f"model {pod.model_id} is not served here: replica {pod.name} is leaving the "
+                    f"model host (draining)",
+                )
+            elif wanted is not None and pod.host and not pod.running and wanted.status == "False":
                 wanted = pending(pod, wanted)
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
@@ -400,5 +414,5 @@ class ModelConditions:
             wanted.message,
             extra=subject(pod=pod.key, model=pod.model_id),
         )
-        if wanted.status != "True" and wanted.reason not in (SLEEPING_REASON, PENDING_REASON):
+        if wanted.status != "True" and wanted.reason not in QUIET_REASONS:
             self._events.warn(pod.key, pod.uid, NOT_SERVED_EVENT, wanted.message)

@@ -67,6 +67,8 @@ class PodInfo:
     """For a replica of a model host: the host pod's name ("" for a model pod)."""
     host_uid: str = ""
     """For a replica: the host pod's uid."""
+    draining: bool = False
+    """For a replica: the binder marked it leaving the host (it is also `deleting`)."""
     condition_type: str = ""
     """The condition that says whether its model is served, on the pod (`object_name`): the
     host's `<prefix>loaded-<model>` for a replica; "" for the agent's ModelLoaded."""
@@ -169,6 +171,7 @@ def hosted_from_dict(
             placement=entry.proof,
             concurrency=entry.concurrency,
             deleting=host.deleting or entry.draining,
+            draining=entry.draining,
             model_loaded=_condition(status, condition),
             host=host.name,
             host_uid=host.uid,

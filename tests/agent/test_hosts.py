@@ -158,6 +158,15 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
         agent_pb2.UnloadModelRequest(model_id="two"), metadata=bearer(token)
     )
     assert status.state == agent_pb2.MODEL_STATE_ABSENT, status
+    # Its condition tells the binder it is unloaded and may leave the host.
+    await eventually(
+        lambda: (
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "two"))
+            == ("False", "ModelDrained")
+        ),
+        what="the drained replica's condition",
+    )
+    assert conditions(kube_api, "team-a")[loaded_condition(keys, "one")] == ("True", "ModelReady")
 
     # The binder takes replica two off the host: unloaded, its files and condition gone.
     set_hosted(kube_api, "team-a", [one])
