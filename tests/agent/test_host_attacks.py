@@ -17,6 +17,7 @@ from agent.auth import Authorizer, Caller
 from agent.errors import NotPlacedError, PermissionDeniedError
 from agent.kube import KubeClient
 from agent.nodepods import REFUSED_PER_HOST, NodePods
+from agent.ownership import OwnerRecord
 from agent.placement import PlacementVerifier
 from common.contract import RESIDENCY_ON_DEMAND, Keys
 from common.hosted import encode_hosted, host_name
@@ -227,3 +228,19 @@ async def test_a_host_full_of_forged_entries_costs_the_agent_a_bounded_number_of
     refused = pods.unproven()
     assert len(refused) == REFUSED_PER_HOST
     assert all(error.event_reason == "PlacementChanged" for _, error in refused)
+
+
+async def test_a_replicas_owner_record_lives_while_its_host_names_it_with_a_valid_proof(
+    kube_api: kubernetes.client.ApiClient, kube: KubeClient
+) -> None:
+    entry = replica("team-a", "resnet", GPU)
+    make_host(kube_api, "team-a", [entry])
+    pods = node_pods(kube)
+    record = OwnerRecord(entry.replica_uid, f"team-a/{entry.replica_name}", "resnet")
+    assert await pods.owner_alive(record)
+    make_host(kube_api, "team-b", [entry])  # the entry copied into another namespace's host
+    copied = OwnerRecord(entry.replica_uid, f"team-b/{entry.replica_name}", "resnet")
+    assert not await pods.owner_alive(copied), "another namespace's host does not stand for it"
+    body = {"metadata": {"annotations": {"tritonshare.io/hosted-models": encode_hosted([])}}}
+    core_v1(kube_api).patch_namespaced_pod(host_name(NODE), "team-a", body)
+    assert not await pods.owner_alive(record)
