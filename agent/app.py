@@ -55,6 +55,7 @@ from agent.suspects import CallerRecord
 from agent.triton import TritonClient
 from common.crashwitness import path_beside
 from common.health import HttpServer, build_health_app
+from common.hosted import host_name, loaded_condition
 from common.lifecycle import Lifecycle
 from common.placement import KeyDirectory, PlacementKeyError
 
@@ -127,9 +128,19 @@ class Agent:
         self.metrics = AgentMetrics()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-        # Outside systems: the Kubernetes API, Triton, the model files, NVML.
+        # Outside systems: the Kubernetes API (with this node's pods, which the Events of a
+        # model host's replicas are written on), Triton, the model files, NVML.
         self.kube = KubeClient(settings.kubeconfig)
-        self.events = PodEvents(self.kube, f"tritonshare-agent/{settings.node_name}")
+        self.verifier = PlacementVerifier(self.placement_keys.ring, settings.node_name)
+        self.pods = NodePods(
+            self.verifier,
+            self.kube.get_pod,
+            scheduler_name=settings.scheduler_name,
+            keys=settings.keys,
+        )
+        self.events = PodEvents(
+            self.kube, f"tritonshare-agent/{settings.node_name}", replicas=self.pods.replica
+        )
         self.triton = TritonClient(
             settings.triton_http_url,
             settings.triton_grpc_url,
@@ -187,13 +198,6 @@ class Agent:
                 reserve=settings.triton_memory_reserve,
                 per_load=settings.triton_memory_per_load,
             ),
-        )
-        self.verifier = PlacementVerifier(self.placement_keys.ring, settings.node_name)
-        self.pods = NodePods(
-            self.verifier,
-            self.kube.get_pod,
-            scheduler_name=settings.scheduler_name,
-            keys=settings.keys,
         )
 
         # The models, and what keeps them in line with the pods.
@@ -261,6 +265,8 @@ class Agent:
             refused=self.request_crashes.quarantine_of if self.request_crashes else None,
             quarantine=self.models.quarantine_for,
             fail_pod=self.kube.fail_pod,
+            hosts=self.pods,
+            remove=self.kube.remove_pod_condition,
         )
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
@@ -324,7 +330,14 @@ class Agent:
 
     async def _fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
         """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails
-        says so whatever its phase (a pod in its loader has no condition yet)."""
+        says so whatever its phase (a pod in its loader has no condition yet). A model host's
+        replica (`<model>/<ordinal>`) only says so: its host serves the others."""
+        model, replica, _ = name.rpartition("/")
+        if replica:
+            host = host_name(self.settings.node_name)
+            condition = loaded_condition(self.settings.keys, model)
+            await self.kube.set_pod_condition(namespace, host, condition, "False", reason, message)
+            return
         condition = self.settings.keys.model_loaded
         await self.kube.set_pod_condition(namespace, name, condition, "False", reason, message)
         await self.kube.fail_pod(namespace, name, reason, message)

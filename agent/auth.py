@@ -11,9 +11,11 @@ sent at once (the other callers wait, holding no message: `agent.gate` authentic
 Authorization of a model call: the token's pod, read fresh, must still be the pod the token was
 bound to (same uid), bound to THIS node, scheduled by tritonshare, not terminated, name the model
 in its model-id annotation, and carry a placement proof that verifies for exactly that pod, node,
-GPU and model (`agent.placement`). Ownership of the model id among proven pods is decided by
-`agent.models`. Refusals say which check failed: UNAUTHENTICATED for a missing or rejected token,
-PERMISSION_DENIED for a valid token that may not do this.
+GPU and model (`agent.placement`). A model host's token (the model-host label) may act on model X
+only as the host's replica of X: the host's annotation names it and its proof verifies here,
+as the binder signed it for the host's namespace and node. Ownership of the model id among proven
+pods is decided by `agent.models`. Refusals say which check failed: UNAUTHENTICATED for a missing
+or rejected token, PERMISSION_DENIED for a valid token that may not do this.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.errors import PermissionDeniedError, UnauthenticatedError
+from agent.errors import NotPlacedError, PermissionDeniedError, UnauthenticatedError
 from agent.kube import JsonObject, TokenReviewResult
 from agent.placement import PlacementVerifier, Proven
-from agent.pods import pod_from_dict
+from agent.pods import PodInfo, hosted_from_dict, is_host, pod_from_dict, replicas_from_dict
 from common.contract import Keys
+from common.hosted import HostedReplica, host_label, hosted_models_annotation
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
@@ -193,8 +196,34 @@ class Authorizer:
             )
 
     async def authorize_model(self, caller: Caller, model_id: str) -> Proven:
-        """The caller's pod with its proven placement, if it may act on `model_id` on this
-        node; else PermissionDeniedError (a NotPlacedError when the proof is what fails)."""
+        """The caller's pod (or, for a model host, its replica of `model_id`) with its proven
+        placement, if it may act on `model_id` on this node; else PermissionDeniedError (a
+        NotPlacedError when the proof is what fails)."""
+        obj, pod = await self._own_pod(caller)
+        if is_host(obj, self.keys):
+            return self._replica(obj, pod.key, model_id)
+        if pod.model_id != model_id:
+            raise PermissionDeniedError(
+                f"pod {pod.key} is annotated {self.keys.model_id}={pod.model_id!r}; it may act "
+                f"only on that model, not on {model_id!r}"
+            )
+        return self._verifier.prove(pod)
+
+    async def host_of(self, caller: Caller) -> JsonObject:
+        """The caller's pod, read fresh, when it is a model host of this node (checked as
+        `authorize_model` checks a pod); else PermissionDeniedError."""
+        obj, pod = await self._own_pod(caller)
+        if not is_host(obj, self.keys):
+            raise PermissionDeniedError(
+                f"pod {pod.key} is not a model host (no {host_label(self.keys)}=true label): "
+                f"only a host lists its replicas; a model pod asks for its own model with "
+                f"GetModel"
+            )
+        return obj
+
+    async def _own_pod(self, caller: Caller) -> tuple[JsonObject, PodInfo]:
+        """The token's pod read fresh, when it is still that pod, bound to this node, scheduled
+        by tritonshare and not terminated; else PermissionDeniedError."""
         obj = await self._kube.get_pod(caller.namespace, caller.pod_name)
         if obj is None:
             raise PermissionDeniedError(f"pod {caller.pod_key} of the token no longer exists")
@@ -216,12 +245,41 @@ class Authorizer:
             )
         if pod.terminated:
             raise PermissionDeniedError(f"pod {pod.key} has terminated ({pod.phase})")
-        if pod.model_id != model_id:
+        return obj, pod
+
+    def _replica(self, obj: JsonObject, key: str, model_id: str) -> Proven:
+        """The model host's replica of `model_id`, proven; else PermissionDeniedError."""
+        replicas, problem = replicas_from_dict(obj, self.keys)
+        if problem:
+            raise PermissionDeniedError(problem)
+        mine = [r for r in replicas if r.model_id == model_id]
+        if not mine:
             raise PermissionDeniedError(
-                f"pod {pod.key} is annotated {self.keys.model_id}={pod.model_id!r}; it may act "
-                f"only on that model, not on {model_id!r}"
+                f"model host {key} serves no replica of model {model_id!r} on this node (its "
+                f"annotation {hosted_models_annotation(self.keys)} names none); it may act only "
+                f"on the replicas the binder placed on it"
             )
-        return self._verifier.prove(pod)
+        if len(mine) > 1:
+            raise PermissionDeniedError(
+                f"model host {key} names {len(mine)} replicas of model {model_id!r}; a host "
+                f"serves at most one replica of a model"
+            )
+        return self._verifier.prove(mine[0])
+
+    def hosted(self, obj: JsonObject) -> tuple[list[tuple[HostedReplica, Proven]], list[str]]:
+        """A model host's replicas whose proofs verify here, each beside its entry, and why
+        each other is refused ("model/replica: why"); the caller has checked the host
+        (`host_of`)."""
+        hosted, problem = hosted_from_dict(obj, self.keys)
+        if problem:
+            return [], [problem]
+        proven, refused = [], []
+        for entry, replica in hosted:
+            try:
+                proven.append((entry, self._verifier.prove(replica)))
+            except NotPlacedError as e:
+                refused.append(f"{replica.name}: {e}")
+        return proven, refused
 
 
 def _bounded(cache: dict[str, Any]) -> dict[str, Any]:

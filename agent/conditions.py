@@ -25,6 +25,12 @@ replaces it and the binder stops charging it; a pod refused at install is not (i
 would be refused again: it stays in its loader, saying why). When
 the agent itself is down, nobody here writes: the binder's `agentdown` marks the pods instead
 (status Unknown), and this pass sets them back once the agent runs again.
+A model host's replica (`agent.pods`) is a pod here: its condition is the host's
+`<prefix>loaded-<model>`, judged once the host runs; until the host's loader first makes it READY
+a missing or unloaded model reads ModelPending, and once a draining replica is not served it
+reads ModelDrained (no Event for either). A replica whose proof fails reads False
+with the prover's reason (NotPlacedByBinder, PlacementChanged); the condition of a replica that
+left the host is taken off.
 The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
 agent's admission policy narrows to pods bound to the agent's own node. Owns the decision and the
 pass; the API call is agent.kube's.
@@ -40,11 +46,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.errors import AgentError, KubeError, TritonUnreachableError
+from agent.errors import AgentError, KubeError, NotPlacedError, TritonUnreachableError
 from agent.events import PodEvents
 from agent.lifecycle import CONDITIONS, PASSING, ModelState
 from agent.models import CRASHED_REASON, ModelStatus, PodQuarantine, crash_message
 from agent.placement import Proven
+from agent.pods import PENDING_REASON, PodInfo
 from agent.suspects import REASON as REQUESTS_CRASHED_REASON
 from common.lifecycle import spawn
 from common.logs import subject
@@ -56,6 +63,11 @@ SLEEPING_REASON = "ModelSleeping"
 """The reason of an on-demand model unloaded while idle: not served, and no failure either."""
 GIVEN_UP_REASON = "ModelLoadGivenUp"
 """The reason of a FAILED model whose loads the agent no longer tries (--max-load-attempts)."""
+NOT_PLACED_REASON = "NotPlacedByBinder"
+DRAINED_REASON = "ModelDrained"
+"""The reason of a draining replica once its model is no longer served: it may leave its host."""
+QUIET_REASONS = frozenset({SLEEPING_REASON, PENDING_REASON, DRAINED_REASON})
+"""Reasons of a False condition that are no fault: no Event."""
 REINSTALL_WRITE_SECONDS = 10.0
 REMEMBERED = 10_000
 
@@ -69,6 +81,14 @@ class Verdict:
     message: str
 
 
+class Hosts(Protocol):
+    """This node's model hosts as the conditions see them (`agent.nodepods.NodePods`)."""
+
+    def unproven(self) -> list[tuple[PodInfo, NotPlacedError]]: ...
+
+    def stale(self) -> list[tuple[PodInfo, list[str]]]: ...
+
+
 class ConditionWriter(Protocol):
     async def set_pod_condition(
         self, namespace: str, name: str, condition_type: str, status: str, reason: str, message: str
@@ -80,6 +100,19 @@ def missing(model_id: str) -> Verdict:
         *CONDITIONS[ModelState.ABSENT],
         f"model {model_id} is missing on the node (its node pod was replaced or its "
         f"repository lost): the pod's proxy installs it again from the pod's own files",
+    )
+
+
+def pending(pod: PodInfo, wanted: Verdict) -> Verdict:
+    """What a replica's condition says before its host's loader first makes it READY: a
+    missing or unloaded model is on its way (no Event); a failure or refusal says so."""
+    if wanted.reason not in (CONDITIONS[ModelState.ABSENT][1], CONDITIONS[ModelState.INSTALLED][1]):
+        return wanted
+    return Verdict(
+        "False",
+        PENDING_REASON,
+        f"model {pod.model_id} is not loaded yet: the model host's loader installs and loads "
+        f"replica {pod.name}",
     )
 
 
@@ -133,12 +166,18 @@ class ModelConditions:
         refused: Callable[[str], str] | None = None,
         quarantine: Callable[[Proven], PodQuarantine | None] | None = None,
         fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
+        hosts: Hosts | None = None,
+        remove: Callable[[str, str, str], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`refused(pod)`: why the node gateway refuses the pod's requests (empty: it does
         not); `quarantine(pod)`: whether the pod's model files are quarantined on the node;
-        `fail_pod(namespace, name, reason, message)` marks a pod Failed."""
+        `fail_pod(namespace, name, reason, message)` marks a pod Failed; `hosts`: the model
+        hosts' replicas that are not proven, and their conditions left behind, which
+        `remove(namespace, name, condition type)` takes off."""
         self._writer = writer
+        self._hosts = hosts
+        self._remove = remove
         self._refused = refused
         self._quarantine = quarantine
         self._fail_pod = fail_pod
@@ -188,14 +227,18 @@ class ModelConditions:
             listed = pods()
             if listed is not None:
                 await self.sync(listed, triton_live())
+                await self.sync_hosts()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period)
 
     async def sync(self, pods: Iterable[Proven], triton_live: bool) -> None:
         """One pass over the pods; a failed write is logged and tried again next pass."""
-        live = [p for p in pods if not p.pod.deleting]
-        judged = [p for p in live if p.pod.running]
-        crashed = [p for p in live if not p.pod.running and await self._judge_in_init(p)]
+        # A draining replica is judged too: its condition turning False tells the binder that
+        # its loader has unloaded it, and that it may leave the host.
+        live = [p for p in pods if not p.pod.deleting or p.pod.draining]
+        # A replica is judged once its host runs: its loader is the host's, which never ends.
+        judged = [p for p in live if p.pod.running or (p.pod.host and p.pod.host_running)]
+        crashed = [p for p in live if p not in judged and await self._judge_in_init(p)]
         statuses: list[ModelStatus | BaseException | None] = [None] * len(judged)
         if triton_live:
             # Together, so their reads of Triton's index are one request (agent.triton).
@@ -204,7 +247,7 @@ class ModelConditions:
             )
         for proven, status in zip(judged, statuses, strict=True):
             pod = proven.pod
-            why = self._refused(pod.key) if self._refused is not None else ""
+            why = self._refused(pod.object_key) if self._refused is not None else ""
             if why:
                 quarantined = Verdict("False", REQUESTS_CRASHED_REASON, why)
                 if (quarantined.status, quarantined.reason) != pod.model_loaded:
@@ -232,6 +275,15 @@ class ModelConditions:
                 )
                 continue
             wanted = verdict(pod.model_id, status, triton_live)
+            if wanted is not None and pod.draining and wanted.status == "False":
+                wanted = Verdict(
+                    "False",
+                    DRAINED_REASON,
+                    f"model {pod.model_id} is not served here: replica {pod.name} is leaving the "
+                    f"model host (draining)",
+                )
+            elif wanted is not None and pod.host and not pod.running and wanted.status == "False":
+                wanted = pending(pod, wanted)
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:
@@ -240,11 +292,44 @@ class ModelConditions:
         for proven in crashed:
             await self._fail(proven)
 
+    async def sync_hosts(self) -> None:
+        """The model hosts' replicas whose proofs fail say why (their loaded condition False,
+        with the prover's reason, and an Event); a host's loaded condition of a replica it no
+        longer serves is taken off."""
+        if self._hosts is None:
+            return
+        for replica, error in self._hosts.unproven():
+            refused = Verdict("False", error.event_reason or NOT_PLACED_REASON, str(error))
+            if (refused.status, refused.reason) != replica.model_loaded:
+                await self._write_on(replica, refused)
+        if self._remove is None:
+            return
+        for host, types in self._hosts.stale():
+            for condition_type in types:
+                try:
+                    await self._remove(host.namespace, host.name, condition_type)
+                except KubeError as e:
+                    log.warning(
+                        "Removing %s from model host %s has failed (%s): trying again next pass.",
+                        condition_type,
+                        host.key,
+                        e,
+                        extra=subject(pod=host.key),
+                    )
+                    continue
+                self.writes += 1
+                log.info(
+                    "Model host %s: %s removed (its replica left the host).",
+                    host.key,
+                    condition_type,
+                    extra=subject(pod=host.key),
+                )
+
     async def _judge_in_init(self, proven: Proven) -> bool:
         """Set the condition of a pod in its loader whose requests or files are quarantined;
         True when its own files are (it may be marked Failed)."""
         pod = proven.pod
-        why = self._refused(pod.key) if self._refused is not None else ""
+        why = self._refused(pod.object_key) if self._refused is not None else ""
         held = self._quarantine(proven) if self._quarantine is not None else None
         if why:
             wanted = Verdict("False", REQUESTS_CRASHED_REASON, why)
@@ -294,12 +379,17 @@ class ModelConditions:
         )
 
     async def _write(self, proven: Proven, wanted: Verdict) -> None:
-        pod = proven.pod
+        await self._write_on(proven.pod, wanted)
+
+    async def _write_on(self, pod: PodInfo, wanted: Verdict) -> None:
+        """Set the pod's condition (a replica's on its host), and an Event when it says the
+        model is not served for a fault."""
+        condition_type = pod.condition_type or self.condition_type
         try:
             await self._writer.set_pod_condition(
                 pod.namespace,
-                pod.name,
-                self.condition_type,
+                pod.object_name,
+                condition_type,
                 wanted.status,
                 wanted.reason,
                 wanted.message,
@@ -307,9 +397,9 @@ class ModelConditions:
         except KubeError as e:
             log.warning(
                 "Setting %s=%s on pod %s has failed (%s): trying again next pass.",
-                self.condition_type,
+                condition_type,
                 wanted.status,
-                pod.key,
+                pod.object_key,
                 e,
                 extra=subject(pod=pod.key, model=pod.model_id),
             )
@@ -317,12 +407,12 @@ class ModelConditions:
         self.writes += 1
         log.info(
             "Pod %s: %s=%s (%s): %s.",
-            pod.key,
-            self.condition_type,
+            pod.object_key,
+            condition_type,
             wanted.status,
             wanted.reason,
             wanted.message,
             extra=subject(pod=pod.key, model=pod.model_id),
         )
-        if wanted.status != "True" and wanted.reason != SLEEPING_REASON:
+        if wanted.status != "True" and wanted.reason not in QUIET_REASONS:
             self._events.warn(pod.key, pod.uid, NOT_SERVED_EVENT, wanted.message)

@@ -5,7 +5,8 @@ by another pod, tenant code not allowed) or takes a model out of Triton that it 
 and a Normal one when it puts an idle on-demand model to sleep to make room for another. A
 tenant can call the agent in a loop, so each (pod, reason) is written at most once per period,
 the remembered set is bounded, and writing never delays the answer: it runs as its own task,
-and a failed write is logged, not retried.
+and a failed write is logged, not retried. A model host's replica's Events go on the host pod,
+naming the replica (`<model>/<ordinal>`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from agent.errors import KubeError
+from agent.pods import PodInfo
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -50,12 +52,18 @@ class PodEvents:
         *,
         repeat_seconds: float = REPEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[str, str], PodInfo | None] | None = None,
     ) -> None:
+        """`replicas(key, uid)`: the model host's replica of that uid, by its key or its host's
+        (`NodePods.replica`), whose Events go on its host."""
         self._kube = kube
+        self._replicas = replicas
         self.component = component
         self._repeat = repeat_seconds
         self._clock = clock
-        self._written: dict[tuple[str, str], float] = {}
+        self._written: dict[tuple[str, str, str], float] = {}
+        """(pod key, uid, reason) -> when written: a replica's uid alone is not its own (a
+        tenant can copy it into its host's annotation), so its Events are told apart by key."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def warn(self, pod_key: str, uid: str, reason: str, message: str) -> None:
@@ -68,16 +76,24 @@ class PodEvents:
 
     def _record(self, pod_key: str, uid: str, reason: str, message: str, event_type: str) -> None:
         now = self._clock()
-        last = self._written.get((uid, reason))
+        last = self._written.get((pod_key, uid, reason))
         if last is not None and now - last < self._repeat:
             return
         if len(self._written) >= REMEMBERED:
             self._written.clear()
-        self._written[(uid, reason)] = now
+        self._written[(pod_key, uid, reason)] = now
         namespace, _, name = pod_key.partition("/")
+        on = uid
+        replica = self._replicas(pod_key, uid) if self._replicas is not None else None
+        if replica is not None:
+            namespace, name, on = replica.namespace, replica.object_name, replica.object_uid
+            message = f"replica {replica.name}: {message}"
+        elif "/" in name:
+            log.info("No Event %s for replica %s, gone from its host: %s", reason, pod_key, message)
+            return
         spawn(
-            f"Recording event {reason} on pod {pod_key}",
-            self._write(namespace, name, uid, reason, message, event_type),
+            f"Recording event {reason} on pod {namespace}/{name}",
+            self._write(namespace, name, on, reason, message, event_type),
             consequence="the pod does not show it",
             keep=self._tasks,
         )

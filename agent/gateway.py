@@ -6,10 +6,12 @@ entry carries that name (`tritonName`) when it is the pod's private one; a model
 private names is served under its public id, and its entry carries none. A pod on the host
 network shares the node's address, as does anything else on the node, so it never qualifies; nor
 does an address two pods claim at once (both are left out: an address that names two pods names
-none). The table is rewritten as soon as the pods or the owners change (coalesced to one write per
-event-loop turn) and at least every `refresh_seconds`, which is how the gateway knows the agent is
-alive. Until the agent has listed the node's pods it writes nothing, so after an agent restart the
-gateway goes on with the table it has. What it must not do: decide proofs or ownership (the
+none). A model host is one caller per replica it serves (`agent.pods`): one row per (address,
+model), each with the host as its pod and the replica's uid and private name. The table is
+rewritten as soon as the pods or the owners change (coalesced to one write per event-loop turn)
+and at least every `refresh_seconds`, which is how the gateway knows the agent is alive. Until
+the agent has listed the node's pods it writes nothing, so after an agent restart the gateway
+goes on with the table it has. What it must not do: decide proofs or ownership (the
 reconciler and `agent.models` do).
 """
 
@@ -31,24 +33,28 @@ log = logging.getLogger(__name__)
 def callers_of(owners: Mapping[str, Proven]) -> tuple[list[Caller], list[str]]:
     """The callers among the proven owners (by their models' names in Triton), and why the
     others are left out (for the log)."""
-    candidates: dict[str, list[Caller]] = {}
+    candidates: dict[str, list[tuple[str, Caller]]] = {}
     left_out = []
     for name, proven in sorted(owners.items()):
         pod = proven.pod
         if pod.host_network or not pod.pod_ip or pod.pod_ip == pod.host_ip:
             if pod.host_network or pod.pod_ip:
-                left_out.append(f"{pod.key} shares the node's address")
+                left_out.append(f"{pod.object_key} shares the node's address")
             continue
         private = "" if name == pod.model_id else name
-        caller = Caller(pod.pod_ip, pod.model_id, pod.key, pod.uid, pod.concurrency, private)
-        candidates.setdefault(pod.pod_ip, []).append(caller)
-    callers = []
+        caller = Caller(pod.pod_ip, pod.model_id, pod.object_key, pod.uid, pod.concurrency, private)
+        candidates.setdefault(pod.pod_ip, []).append((pod.object_uid, caller))
+    callers: list[Caller] = []
     for address, claimants in sorted(candidates.items()):
-        if len(claimants) == 1:
-            callers.append(claimants[0])
+        pods = {uid for uid, _ in claimants}
+        models = {c.model_id for _, c in claimants}
+        if len(pods) == 1 and len(models) == len(claimants):
+            callers.extend(c for _, c in claimants)
+        elif len(pods) == 1:
+            left_out.append(f"{claimants[0][1].pod} names a model twice at address {address}")
         else:
-            pods = ", ".join(c.pod for c in claimants)
-            left_out.append(f"address {address} is claimed by several pods ({pods})")
+            names = ", ".join(sorted({c.pod for _, c in claimants}))
+            left_out.append(f"address {address} is claimed by several pods ({names})")
     return callers, left_out
 
 

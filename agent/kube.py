@@ -270,6 +270,18 @@ class KubeClient:
             _content_type="application/strategic-merge-patch+json",
         )
 
+    async def remove_pod_condition(self, namespace: str, name: str, condition_type: str) -> None:
+        """Take one condition off a pod's status (a strategic-merge patch deleting it by type)."""
+        body = {"status": {"conditions": [{"type": condition_type, "$patch": "delete"}]}}
+        await self._call(
+            f"remove {condition_type} from pod {namespace}/{name}",
+            self.core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
     # Pods.
     async def get_pod(self, namespace: str, name: str) -> JsonObject | None:
         result: JsonObject | None = await self._call(

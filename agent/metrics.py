@@ -205,11 +205,12 @@ class _ModelInfoCollector(Collector):
         info = GaugeMetricFamily(
             "tritonshare_agent_model_info",
             "1 for each model the agent serves: its name in Triton (model, as Triton's nv_* "
-            "series label it) and its pod's namespace, name and model id",
+            "series label it) and its pod's (a model host's, for a replica) namespace, name "
+            "and model id",
             labels=["model", "model_namespace", "model_pod", "model_id"],
         )
         for name, owner in sorted((self._owners() or {}).items()):
-            info.add_metric([name, owner.namespace, owner.pod.name, owner.model_id], 1)
+            info.add_metric([name, owner.namespace, owner.pod.object_name, owner.model_id], 1)
         yield info
 
 

@@ -5,8 +5,10 @@ says anything. The binder signs each placement (`common.placement`); this module
 from the pod as it is now (uid, namespace, name, node, GPU annotation, model-id and residency
 annotations) and checks the signature with the keys in force. A pod created with `spec.nodeName`, a
 proof copied from another pod, or a GPU, model id or residency class edited after binding fails
-here, and the agent neither serves it nor counts it as wanting a model. Pure but for reading the key
-ring it is given.
+here, and the agent neither serves it nor counts it as wanting a model. A model host's replica is
+proved alike, from its entry in the host's annotation and the host's namespace and node
+(`agent.pods`): the binder signed it as a pod named `<model>/<ordinal>` of uid
+`<model uid>/<ordinal>`, which no pod can be. Pure but for reading the key ring it is given.
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ class PlacementVerifier:
             proof = self._keys().verify(claim, pod.placement)
         except ProofError as e:
             reason = "PlacementChanged" if pod.placement else "NotPlacedByBinder"
+            if pod.host:
+                raise NotPlacedError(
+                    f"replica {pod.name} of model host {pod.object_key} was not placed on this "
+                    f"node by the tritonshare binder: {e}; only the binder writes a host's "
+                    f"hosted-models annotation (an entry copied from another host or edited "
+                    f"does not verify)",
+                    event_reason=reason,
+                ) from e
             raise NotPlacedError(
                 f"pod {pod.key} was not placed on this node by the tritonshare binder: {e}; "
                 f"create it without spec.nodeName and let the binder place it, and do not edit "

@@ -3,15 +3,30 @@
 Pure: takes the JSON dicts `agent.kube` returns, gives frozen values. Nothing read here is proof
 of anything (`agent.placement` decides which pods the binder placed). A pod being deleted still
 wants its model: its proxy drains first, then asks to unload.
+
+A model host (`common.hosted`: the model-host label, named as its node's host) stands for one
+`PodInfo` per entry of its hosted-models annotation: a replica, handled exactly as a model pod
+(its name and uid are the replica's, as the binder signed them; namespace, node, phase and
+address are the host's; `host` names the host pod). A draining entry is a replica being deleted;
+an entry gone from the annotation is a pod gone. A model pod is a host of one model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
+from common.hosted import (
+    HostedError,
+    HostedReplica,
+    decode_hosted,
+    host_label,
+    host_name,
+    hosted_models_annotation,
+    loaded_condition,
+)
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -48,10 +63,33 @@ class PodInfo:
     residency: str = RESIDENCY_ALWAYS
     """The residency annotation as a class (`on-demand`, else `always`), unverified: the proof
     of placement binds it (`agent.placement`)."""
+    host: str = ""
+    """For a replica of a model host: the host pod's name ("" for a model pod)."""
+    host_uid: str = ""
+    """For a replica: the host pod's uid."""
+    draining: bool = False
+    """For a replica: the binder marked it leaving the host (it is also `deleting`)."""
+    condition_type: str = ""
+    """The condition that says whether its model is served, on the pod (`object_name`): the
+    host's `<prefix>loaded-<model>` for a replica; "" for the agent's ModelLoaded."""
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def object_name(self) -> str:
+        """The pod that stands for it in the API: the host for a replica, else itself."""
+        return self.host or self.name
+
+    @property
+    def object_uid(self) -> str:
+        return self.host_uid or self.uid
+
+    @property
+    def object_key(self) -> str:
+        """namespace/name of `object_name`: where its Events and its condition go."""
+        return f"{self.namespace}/{self.object_name}"
 
     @property
     def terminated(self) -> bool:
@@ -59,12 +97,107 @@ class PodInfo:
 
     @property
     def running(self) -> bool:
-        """Running means every init container, the loader included, has succeeded."""
+        """Running means its loader is done with its model: for a model pod, every init
+        container, the loader included, has succeeded; for a replica, the host runs and the
+        agent has said how its model stands (`host_running` before that)."""
+        if self.host:
+            return self.host_running and self.model_loaded[0] != "" and not self.pending
         return self.phase == "Running"
+
+    @property
+    def host_running(self) -> bool:
+        """The pod (a replica's host) runs: its loader may be installing the model."""
+        return self.phase == "Running"
+
+    @property
+    def pending(self) -> bool:
+        """A replica whose model the host's loader has not yet made READY once."""
+        return self.model_loaded[1] == PENDING_REASON
+
+
+PENDING_REASON = "ModelPending"
+"""A replica's condition reason until its host's loader first makes it READY (no Event)."""
+
+
+def is_host(obj: Mapping[str, Any], keys: Keys) -> bool:
+    """Whether the pod carries the model-host label (which proves nothing by itself)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(host_label(keys)) == "true")
+
+
+def pods_from_dict(obj: Mapping[str, Any], keys: Keys) -> tuple[list[PodInfo], str]:
+    """What a Pod stands for: itself, or a host's replicas; and, for a host whose replicas
+    cannot be read, what is wrong (it then stands for none)."""
+    if not is_host(obj, keys):
+        return [pod_from_dict(obj, keys)], ""
+    return replicas_from_dict(obj, keys)
+
+
+def replicas_from_dict(obj: Mapping[str, Any], keys: Keys) -> tuple[list[PodInfo], str]:
+    """A model host's replicas, one PodInfo each, unverified; and what is wrong when the host
+    stands for none (not named as its node's host, or a malformed annotation)."""
+    hosted, problem = hosted_from_dict(obj, keys)
+    return [replica for _, replica in hosted], problem
+
+
+def hosted_from_dict(
+    obj: Mapping[str, Any], keys: Keys
+) -> tuple[list[tuple[HostedReplica, PodInfo]], str]:
+    """As `replicas_from_dict`, each replica beside its entry in the annotation."""
+    host = pod_from_dict(obj, keys)
+    metadata = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    annotation = hosted_models_annotation(keys)
+    value = (metadata.get("annotations") or {}).get(annotation, "")
+    if host.name != host_name(host.node_name):
+        return [], (
+            f"pod {host.key} carries the label {host_label(keys)}=true but is not its node's "
+            f"model host ({host_name(host.node_name)}); only the binder creates hosts"
+        )
+    try:
+        entries = decode_hosted(str(value))
+    except HostedError as e:
+        return [], f"model host {host.key} serves no replica: {e}"
+    hosted = []
+    for entry in entries:
+        condition = loaded_condition(keys, entry.model)
+        replica = replace(
+            host,
+            name=entry.replica_name,
+            uid=entry.replica_uid,
+            model_id=entry.model,
+            gpu_uuid=entry.gpu,
+            residency=entry.residency,
+            placement=entry.proof,
+            concurrency=entry.concurrency,
+            deleting=host.deleting or entry.draining,
+            draining=entry.draining,
+            model_loaded=_condition(status, condition),
+            host=host.name,
+            host_uid=host.uid,
+            condition_type=condition,
+            controlled=False,  # a host serves other replicas: never marked Failed for one
+        )
+        hosted.append((entry, replica))
+    return hosted, ""
+
+
+def stale_conditions(obj: Mapping[str, Any], keys: Keys, replicas: list[PodInfo]) -> list[str]:
+    """The loaded conditions on a model host whose replica is no longer in its annotation."""
+    status = obj.get("status") or {}
+    prefix = loaded_condition(keys, "")
+    wanted = {replica.condition_type for replica in replicas}
+    return sorted(
+        str(c.get("type"))
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping)
+        and str(c.get("type") or "").startswith(prefix)
+        and c.get("type") not in wanted
+    )
 
 
 def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
-    """A PodInfo from a Pod as the API returns it (JSON)."""
+    """A PodInfo from a Pod as the API returns it (JSON), as a model pod."""
     metadata = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}

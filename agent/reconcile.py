@@ -57,6 +57,7 @@ from agent.models import (
 )
 from agent.nodepods import NodePods
 from agent.placement import Proven
+from agent.pods import PodInfo
 from agent.quarantine import Marker
 from agent.triton import LOADING, READY
 from common.lifecycle import spawn
@@ -64,6 +65,9 @@ from common.logs import subject
 from common.quantity import format_bytes
 
 log = logging.getLogger(__name__)
+
+HOSTED_MODELS_INVALID = "HostedModelsInvalid"
+"""Event reason: a model host whose hosted-models annotation cannot be read serves nothing."""
 
 
 class Check(enum.Enum):
@@ -141,12 +145,18 @@ class Reconciler:
 
     # Watch callbacks (run on the event loop).
     def on_list(self, items: list[dict[str, Any]]) -> None:
-        self.pods.replace(items)
+        self._hosts_refused(self.pods.replace(items))
         self.trigger()
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
-        self.pods.apply(kind, obj)
+        self._hosts_refused(self.pods.apply(kind, obj))
         self.trigger()
+
+    def _hosts_refused(self, problems: list[tuple[PodInfo, str]]) -> None:
+        """Model hosts that stand for no replica say why (an Event, deduplicated)."""
+        for host, problem in problems:
+            log.warning("%s.", problem, extra=subject(pod=host.key))
+            self.events.warn(host.key, host.uid, HOSTED_MODELS_INVALID, problem)
 
     def trigger(self) -> None:
         self._wake.set()
@@ -160,11 +170,12 @@ class Reconciler:
 
     def wanted(self) -> dict[str, Proven]:
         """Name in Triton -> its owner, for every owner that is a live, proven pod wanting it."""
-        by_uid = {pod.uid: pod for pod in self.pods.by_key.values()}
+        # Proven pods only: a replica's uid is its TritonModel's, which a tenant can copy into
+        # its own host's annotation; only the replica the binder placed proves it.
+        by_uid = {proven.uid: proven for proven in self.pods.all_proven()}
         wanted = {}
         for name, owner in self.models.owners.all().items():
-            pod = by_uid.get(owner.uid)
-            proven = self.pods.proven(pod) if pod is not None else None
+            proven = by_uid.get(owner.uid)
             if (
                 proven is not None
                 and proven.model_id == owner.model_id

@@ -4,7 +4,8 @@
 before a handler reads it. Each RPC takes the caller from the token cache, authorizes it for the
 model it names, by its public id (a pod with a proven placement on this node; `agent.models`
 then finds the name the pod's model has in Triton and checks the pod owns it), or as the
-platform for listings, which name models as Triton does; converts the request to domain values, and
+platform for listings, which name models as Triton does, or as a model host for ListHosted (its
+replicas whose proofs verify, each with its status); converts the request to domain values, and
 converts AgentErrors to gRPC statuses through `agent.errors.grpc_code` only. A refusal that the
 pod's owner should see also becomes a Warning Event on the pod. LoadModel answers FAILED with
 Triton's reason rather than an RPC error when Triton rejects the model, as the proto documents.
@@ -12,6 +13,7 @@ Triton's reason rather than an RPC error when Triton rejects the model, as the p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -201,6 +203,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 status = await self.models.sleep_for(pod)
                 self._ok("UnloadModel")
                 return status_to_proto(status)
+            if pod.pod.running and not pod.pod.deleting and pod.pod.host:
+                raise ConflictError(
+                    f"replica {pod.pod.name} of model host {pod.pod.object_key} is not "
+                    f"draining: model {request.model_id!r} stays loaded until the binder marks "
+                    f"it draining or takes it off the host"
+                )
             if pod.pod.running and not pod.pod.deleting:
                 # A proxy restarted by its liveness probe also exits through SIGTERM; the
                 # loader does not run again then, so unloading would leave the pod modelless.
@@ -239,6 +247,41 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             return self._fail(context, "ListModels", e)
         self._ok("ListModels")
         return agent_pb2.ListModelsResponse(models=[status_to_proto(s) for s in statuses])
+
+    async def ListHosted(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
+        caller = None
+        try:
+            caller = await self._caller(context)
+            host = await self.authorizer.host_of(caller)
+            hosted, refused = self.authorizer.hosted(host)
+            statuses = await asyncio.gather(
+                *(self.models.status_for(proven) for _, proven in hosted),
+                return_exceptions=True,
+            )
+        except AgentError as e:
+            return self._fail(context, "ListHosted", e, caller)
+        replicas = []
+        for (entry, _), status in zip(hosted, statuses, strict=True):
+            if isinstance(status, AgentError):
+                # Another live pod owns the name (said without naming it), or the id is invalid.
+                refused.append(f"{entry.replica_name}: {status}")
+                continue
+            if isinstance(status, BaseException):
+                raise status
+            replicas.append(
+                agent_pb2.HostedReplica(
+                    model_id=entry.model,
+                    replica=entry.replica,
+                    storage_uri=entry.storage_uri,
+                    residency=entry.residency,
+                    draining=entry.draining,
+                    max_concurrency=entry.concurrency,
+                    idle_seconds=entry.idle_seconds,
+                    status=status_to_proto(status),
+                )
+            )
+        self._ok("ListHosted")
+        return agent_pb2.ListHostedResponse(replicas=replicas, refused=refused)
 
     async def ListGpus(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         try:

@@ -59,6 +59,31 @@ def test_callers_are_pods_with_an_address_of_their_own() -> None:
     assert any("10.1.0.9" in reason and "team/twin1" in reason for reason in left_out)
 
 
+def replica(model: str, host: str, ip: str, namespace: str = "team") -> Proven:
+    info = PodInfo(
+        namespace, f"{model}/0", f"uid-{model}/0", NODE, "tritonshare", "Running", model, "GPU-1",
+        pod_ip=ip, host_ip="10.0.0.1", host=host, host_uid=f"uid-{host}",
+    )  # fmt: skip
+    return Proven(info, 1024**3)
+
+
+def test_a_hosts_replicas_are_one_row_each_at_its_address() -> None:
+    """A model host is a caller per replica, all at its address; an address a host shares
+    with another pod, or another host, stays refused."""
+    owners = [
+        replica("resnet", "tritonshare-host-1", "10.1.0.7"),
+        replica("bert", "tritonshare-host-1", "10.1.0.7"),
+        replica("vgg", "tritonshare-host-1", "10.1.0.8", namespace="other"),
+        pod("squatter", "10.1.0.8"),
+    ]
+    callers, left_out = callers_of({f"{p.model_id}-private": p for p in owners})
+    assert [(c.address, c.model_id, c.pod, c.uid, c.triton_name) for c in callers] == [
+        ("10.1.0.7", "bert", "team/tritonshare-host-1", "uid-bert/0", "bert-private"),
+        ("10.1.0.7", "resnet", "team/tritonshare-host-1", "uid-resnet/0", "resnet-private"),
+    ]
+    assert any("10.1.0.8" in r and "other/tritonshare-host-1" in r for r in left_out)
+
+
 @pytest.mark.parametrize(
     ("container", "declared"),
     [

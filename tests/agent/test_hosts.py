@@ -1,0 +1,291 @@
+"""The agent serves a model host's replicas as it serves model pods: through its real gRPC API,
+its pod watch on sim/'s API server and a real Triton. The host's token installs and loads each
+replica it serves under a private name of its own; ListHosted lists them with their states and
+says why an entry is refused; each replica's loaded condition appears on the host pod; the
+caller table has one row per replica at the host's address; an entry the binder takes off the
+annotation is unloaded and its condition removed."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import kubernetes.client
+import pytest
+
+from agent.triton import LOADING, READY
+from common.callers import read_table
+from common.contract import Keys
+from common.hosted import host_name, loaded_condition
+from protos import agent_pb2
+from sim.apiserver import RunningApiServer
+from sim.triton import TritonServer
+from tests.agent.conftest import (
+    NODE,
+    StartAgent,
+    bearer,
+    eventually,
+    install_dir,
+    make_pod,
+)
+from tests.agent.hosts import make_host, replica, replica_triton_name, set_hosted
+from tests.agent.test_attacks import infer
+from tests.conftest import copy_model
+from tests.fixtures_sim import core_v1
+
+pytestmark = pytest.mark.triton
+
+HOST = host_name(NODE)
+ADDRESS = "10.1.0.7"
+
+
+def conditions(api: kubernetes.client.ApiClient, namespace: str) -> dict[str, tuple[str, str]]:
+    pod = core_v1(api).read_namespaced_pod(HOST, namespace)
+    return {c.type: (c.status, c.reason) for c in pod.status.conditions or []}
+
+
+def host_events(api: kubernetes.client.ApiClient, namespace: str) -> list[tuple[str, str]]:
+    found = core_v1(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={HOST}"
+    )
+    return [(e.reason, e.message) for e in found.items]
+
+
+async def test_a_host_serves_its_replicas_each_under_its_own_name(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    table = tmp_path / "callers.json"
+    running = await start_custom_agent(gateway_table=table, gateway_table_refresh_seconds=0.2)
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
+    gpus = [g.uuid for g in running.mock.gpus]
+    one = replica("team-a", "one", gpus[0], storage_uri="s3://models/one", concurrency=3)
+    two = replica("team-a", "two", gpus[1], ordinal=1)
+    stolen = replica("team-b", "three", gpus[0])  # another namespace's entry, copied
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-b"}})
+    make_host(kube_api, "team-b", [stolen], pod_ip="10.1.0.9")
+    make_host(kube_api, "team-a", [one, two, stolen], pod_ip=ADDRESS)
+    token = apiserver.mint_token("team-a", HOST)
+    stub = running.stub
+
+    # Before its loader acts, each proven replica is pending (no Event); the copied one says why.
+    keys = Keys()
+    await eventually(
+        lambda: (
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "two"))
+            == ("False", "ModelPending")
+        ),
+        what="replica two pending on the host",
+    )
+    await eventually(
+        lambda: (
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "three"))
+            == ("False", "PlacementChanged")
+        ),
+        what="the copied entry refused on the host",
+    )
+
+    for entry in (one, two):
+        source = copy_model("add_one", tmp_path / entry.model, as_name=entry.model)
+        await install_dir(stub, token, source, entry.model)
+        status = await stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id=entry.model), metadata=bearer(token)
+        )
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        assert status.triton_name == replica_triton_name(entry, "team-a")
+        assert status.pod == f"team-a/{entry.replica_name}"
+        assert infer(triton, status.triton_name) == 2.0
+    assert replica_triton_name(one, "team-a") != replica_triton_name(two, "team-a")
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.LoadModel(agent_pb2.LoadModelRequest(model_id="three"), metadata=bearer(token))
+    assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    listed = await stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+    assert [(r.model_id, r.replica, r.status.state) for r in listed.replicas] == [
+        ("one", 0, agent_pb2.MODEL_STATE_READY),
+        ("two", 1, agent_pb2.MODEL_STATE_READY),
+    ]
+    assert listed.replicas[0].storage_uri == "s3://models/one"
+    assert listed.replicas[0].max_concurrency == 3
+    assert [r.split(":")[0] for r in listed.refused] == ["three/0"]
+
+    # The conditions on the host pod, and the gateway's rows: one per replica, the host's address.
+    def loaded() -> bool:
+        found = conditions(kube_api, "team-a")
+        return all(
+            found.get(loaded_condition(keys, m)) == ("True", "ModelReady") for m in ["one", "two"]
+        )
+
+    await eventually(loaded, what="both replicas' loaded conditions True on the host")
+
+    def rows() -> list[tuple[str, str, str, str]]:
+        if not table.exists():
+            return []
+        return sorted(
+            (c.address, c.model_id, c.pod, c.name_in_triton) for c in read_table(table).callers
+        )
+
+    expected = sorted(
+        (ADDRESS, e.model, f"team-a/{HOST}", replica_triton_name(e, "team-a")) for e in (one, two)
+    )
+    await eventually(lambda: rows() == expected, what="one caller row per replica")
+    await eventually(
+        lambda: any(
+            reason == "ModelNotServed" and message.startswith("replica three/0: ")
+            for reason, message in host_events(kube_api, "team-a")
+        ),
+        what="an Event on the host naming the refused replica",
+    )
+    # Nothing of the copy reaches the namespace it was copied from.
+    assert not any("team-a" in message for _, message in host_events(kube_api, "team-b"))
+    assert conditions(kube_api, "team-b")[loaded_condition(keys, "three")] == (
+        "False",
+        "ModelPending",
+    )
+
+    # A replica stays loaded until the binder marks it draining; then its loader may unload it.
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.UnloadModel(agent_pb2.UnloadModelRequest(model_id="two"), metadata=bearer(token))
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "is not draining" in (error.value.details() or "")
+    set_hosted(kube_api, "team-a", [one, replace(two, draining=True)])
+    status = await stub.UnloadModel(
+        agent_pb2.UnloadModelRequest(model_id="two"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_ABSENT, status
+    # Its condition tells the binder it is unloaded and may leave the host.
+    await eventually(
+        lambda: (
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "two"))
+            == ("False", "ModelDrained")
+        ),
+        what="the drained replica's condition",
+    )
+    assert conditions(kube_api, "team-a")[loaded_condition(keys, "one")] == ("True", "ModelReady")
+
+    # The binder takes replica two off the host: unloaded, its files and condition gone.
+    set_hosted(kube_api, "team-a", [one])
+    name_two = replica_triton_name(two, "team-a")
+
+    async def two_gone() -> bool:
+        entry = await running.agent.triton.state(name_two)
+        return entry is None or entry.state not in (READY, LOADING)
+
+    await eventually(two_gone, what="replica two unloaded")
+    await eventually(
+        lambda: not (running.agent.repository.model_dir(name_two)).exists(),
+        what="replica two's files removed",
+    )
+    await eventually(
+        lambda: (
+            loaded_condition(keys, "two") not in conditions(kube_api, "team-a")
+            and loaded_condition(keys, "three") not in conditions(kube_api, "team-a")
+        ),
+        what="the conditions of the replicas that left removed",
+    )
+    await eventually(lambda: [r[1] for r in rows()] == ["one"], what="replica two's row gone")
+    assert infer(triton, replica_triton_name(one, "team-a")) == 2.0
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.GetModel(agent_pb2.GetModelRequest(model_id="two"), metadata=bearer(token))
+    assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_model_pods_token_cannot_list_hosted_replicas(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+) -> None:
+    running = await start_custom_agent()
+    make_pod(kube_api, "plain", "m", gpu_uuid=running.mock.gpus[0].uuid)
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await running.stub.ListHosted(
+            agent_pb2.ListHostedRequest(),
+            metadata=bearer(apiserver.mint_token("default", "plain")),
+        )
+    assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "is not a model host" in (error.value.details() or "")
+
+
+async def test_replicas_of_one_model_name_in_two_namespaces_and_a_pod_never_collide(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """Two namespaces' hosts serve a model each calls `same`, beside a model pod of that id:
+    three models in Triton, each answering as its own files say; neither host acts on a model
+    its annotation does not name."""
+    running = await start_custom_agent()
+    gpu = running.mock.gpus[0].uuid
+    served = {}
+    for namespace, add in (("team-a", 10), ("team-b", 20)):
+        core_v1(kube_api).create_namespace({"metadata": {"name": namespace}})
+        entry = replica(namespace, "same", gpu)
+        make_host(kube_api, namespace, [entry])
+        source = copy_model("add_one", tmp_path / namespace, as_name="same")
+        model_py = source / "1" / "model.py"
+        model_py.write_text(model_py.read_text().replace("(data + 1)", f"(data + {add})"))
+        token = apiserver.mint_token(namespace, HOST)
+        await install_dir(running.stub, token, source, "same")
+        status = await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="same"), metadata=bearer(token)
+        )
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+        served[namespace] = status.triton_name
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await running.stub.LoadModel(
+                agent_pb2.LoadModelRequest(model_id="other"), metadata=bearer(token)
+            )
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "serves no replica of model 'other'" in (error.value.details() or "")
+    make_pod(kube_api, "same", "same", gpu_uuid=gpu)
+    token = apiserver.mint_token("default", "same")
+    await install_dir(running.stub, token, copy_model("add_one", tmp_path, as_name="same"), "same")
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="same"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    served["pod"] = status.triton_name
+    assert len(set(served.values())) == 3
+    answers = {where: infer(triton, name) for where, name in served.items()}
+    assert answers == {"team-a": 11.0, "team-b": 21.0, "pod": 2.0}
+
+
+async def test_an_entry_copied_into_another_namespaces_host_leaves_the_victim_served(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    start_custom_agent: StartAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """A replica's uid is its TritonModel's, which a tenant can copy into its own host: the
+    agent must still find the victim's replica wanting its model, and never unload it."""
+    running = await start_custom_agent()
+    victim = replica("team-b", "victim", running.mock.gpus[0].uuid)
+    for namespace in ("team-b", "team-a"):
+        core_v1(kube_api).create_namespace({"metadata": {"name": namespace}})
+    make_host(kube_api, "team-b", [victim])
+    token = apiserver.mint_token("team-b", HOST)
+    await install_dir(running.stub, token, copy_model("add_one", tmp_path, "victim"), "victim")
+    status = await running.stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="victim"), metadata=bearer(token)
+    )
+    assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+    make_host(kube_api, "team-a", [victim])  # the attacker's host, listed after the victim's
+    await eventually(
+        lambda: len(running.agent.pods.by_key) == 2, what="the agent to see both hosts"
+    )
+    reconciler = running.agent.reconciler
+    passes = reconciler.passes
+    grace = running.agent.settings.orphan_grace_seconds
+    await asyncio.sleep(grace)  # an orphan is removed only once idle for the grace period
+    await eventually(lambda: reconciler.passes >= passes + 3, what="three reconcile passes")
+    assert infer(triton, status.triton_name) == 2.0
+    entry = await running.agent.triton.state(status.triton_name)
+    assert entry is not None and entry.state == READY
