@@ -461,16 +461,23 @@ class Handlers:
         """The autoscaling/v1 Scale of a Deployment, ReplicaSet or custom object: read, or
         write its replicas."""
         registry = self.core.registry
-        current = registry.get(resource, namespace, info.name)
         if info.verb == "get":
-            return _json(registry.scale_view(resource, current))
+            return _json(
+                registry.scale_view(resource, registry.get(resource, namespace, info.name))
+            )
         if info.verb == "update":
             scale = await _body(request)
         elif info.verb == "patch":
+            # The body is read before the object, with no wait between reading the object and
+            # writing it: a patch that names no resourceVersion applies to the latest object, as
+            # kube-apiserver retries its own conflicts, rather than to one a controller has
+            # changed meanwhile (a 409 the client never caused).
+            raw = await request.read()
+            current = registry.get(resource, namespace, info.name)
             scale = apply_patch(
                 registry.scale_view(resource, current),
                 request.headers.get("Content-Type", ""),
-                await request.read(),
+                raw,
             )
         else:
             raise method_not_allowed(info.verb, f"{resource.group_resource}/scale")

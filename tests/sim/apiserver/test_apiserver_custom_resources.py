@@ -10,6 +10,8 @@ API is served at once (discovery included) and takes its objects with it when de
 from __future__ import annotations
 
 import json
+import socket
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -175,6 +177,36 @@ def test_the_scale_subresource_maps_through_the_crd_paths(custom: Any) -> None:
             GROUP, VERSION, "default", PLURAL, name, {"spec": {"replicas": -1}}
         )
     assert negative.value.status == 422
+
+
+def test_a_scale_patch_applies_to_the_object_as_it_is_when_the_patch_arrives(
+    custom: Any, server: RunningApiServer
+) -> None:
+    """A patch naming no resourceVersion is applied to the latest object: a status write that
+    lands while the patch's body is still on its way is no conflict (as an HPA's scale patch
+    beside the controller writing the object's status)."""
+    name = "raced"
+    _create(custom, _model(name, replicas=1))
+    body = json.dumps({"spec": {"replicas": 4}}).encode()
+    address = urllib.parse.urlsplit(server.url)
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{name}/scale"
+    with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
+        sock.sendall(
+            f"PATCH {path} HTTP/1.1\r\nHost: {address.netloc}\r\n"
+            f"Content-Type: application/merge-patch+json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        # The headers are in; the body is not: another writer changes the object meanwhile.
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, "default", PLURAL, name, {"status": {"replicas": 1}}
+        )
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    model = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+    assert model["spec"]["replicas"] == 4 and model["status"]["replicas"] == 1
 
 
 def test_updates_conflict_and_patch_as_for_built_in_kinds(custom: Any) -> None:
