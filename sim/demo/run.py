@@ -612,14 +612,16 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         _fail_over(cluster, result, say)
         retired = [name for name in result.short_form if name in result.served]
         # The closing table shows the cluster as it is: a pod whose drain is still running holds
-        # its GPU memory until it is gone, as it would for kube-scheduler.
+        # its GPU memory until it is gone, as it would for kube-scheduler (the rolled and the
+        # scaled Deployments' pods included, removed with their Deployments).
         wait_until(
             f"{', '.join(retired) or 'the retired pods'} to be gone",
             lambda: (
                 all(_pod(cluster, name) is None for name in retired)
-                and not cluster.core.list_namespaced_pod(
-                    NAMESPACE, label_selector=rollout.SELECTOR
-                ).items
+                and not any(
+                    cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+                    for selector in (rollout.SELECTOR, autoscale.SELECTOR)
+                )
             ),
             60,
         )
