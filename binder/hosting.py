@@ -2,34 +2,44 @@
 namespace's model hosts and its Service.
 
 While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
-loop: replicas past `spec.replicas` (the highest ordinals) are freed; each wanted replica not yet
-charged is placed by the binder's own `place` (every rule a pod is placed by, `as_replica`),
-charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the
-model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model or
-node does not verify). Then, off the loop:
+loop: replicas past `spec.replicas` (the highest ordinals) leave (`_drain`); each wanted replica
+not yet charged is placed by the binder's own `place` (every rule a pod is placed by,
+`as_replica`, and one replica of a model per node), charged at once (assume) and signed
+(`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU memory and
+residency, so a proof copied to another replica, model or node does not verify). Then, off the
+loop:
 
-- `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host}),
-  `replicas`, `selector`, `observedGeneration` and the `Placed` condition (False with
-  kube-scheduler's refusal when a replica fits nowhere, and a Warning Event `FailedScheduling`
-  on the model, written only when the refusal changes);
+- `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
+  ready, message}), `replicas`, `readyReplicas`, `selector`, `observedGeneration` and the
+  `Placed` condition (False with kube-scheduler's refusal when a replica fits nowhere, and a
+  Warning Event `FailedScheduling` on the model, written only when the refusal changes);
 - the namespace's model hosts: one pod per node with a replica placed there, named
-  `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`), owned by every
-  TritonModel with a replica there (garbage collection removes it with the last), labelled
-  `<prefix>serves-<model>` for each, and naming its replicas in `<prefix>hosted-models` (with
-  what their proofs' claims need: model, model uid, ordinal, GPU, residency); deleted when its
-  last replica leaves;
+  `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
+  that serves many models (`host_spec`), owned by every TritonModel with a replica there
+  (garbage collection removes it with the last), naming its replicas in
+  `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
+  residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
+  agent's, on the host: `host_changed`) is True and that is not draining; deleted when its last
+  replica leaves;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
-  the hosts labelled `<prefix>serves-<model>`.
+  the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
+  is loaded.
+
+A replica that leaves while loaded is first marked `draining` with its label removed (one
+write), and stays charged until its host's loaded condition is no longer True, or for
+--host-drain-seconds at most; the host's loader and proxy drain and unload it meanwhile.
 
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
-charges the replicas whose proofs in status verify, and places the others again.
+charges the replicas whose proofs in status verify, and places the others again (a drain under
+way ends with the binder that began it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -38,15 +48,18 @@ from typing import Any
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.filters import REASON_REPLICA_THERE
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
     TRITONMODEL_API_VERSION,
     TRITONMODEL_KIND,
     ModelInfo,
     PodInfo,
+    is_replica,
 )
 from binder.placement import Placement, Policy, place
 from binder.proofs import sign
+from common import modelpod
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     HostedReplica,
@@ -54,8 +67,10 @@ from common.hosted import (
     host_label,
     host_name,
     hosted_models_annotation,
+    loaded_condition,
     serves_label,
 )
+from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, NodeAccess
 from common.placement import KeyRing
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
@@ -65,7 +80,11 @@ RETRY_SECONDS = 1.0
 """How often a model with a replica that fits nowhere is tried again."""
 PLACED = "Placed"
 """The condition type: every wanted replica is placed."""
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+HOST_LOADER_SHARE = {CPU: 50, MEMORY: 32 << 20}
+"""The part of a host's requests (`MODEL_HOST_BASE` and `MODEL_HOST_PER_MODEL` per replica, what
+the binder charges its node) that its loader asks for; the proxy asks for the rest."""
+HOST_PROXY_LIMIT_EXTRA = 384 << 20
+"""A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 SERVICE_PORTS = [
     {"name": "http", "port": 9000, "targetPort": "http", "appProtocol": "http"},
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
@@ -110,6 +129,9 @@ class ModelController:
         identity: str,
         scheduler_name: str,
         host_image: str,
+        access: NodeAccess,
+        drain_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
         self._ledger = ledger
@@ -121,6 +143,9 @@ class ModelController:
         self._identity = identity
         self._scheduler_name = scheduler_name
         self._host_image = host_image
+        self._access = access
+        self._drain_seconds = drain_seconds
+        self._clock = clock
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}
@@ -129,12 +154,18 @@ class ModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str]]] = {}
-        """Model uid -> its (ordinal, node) the hosts were last made to serve."""
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool]]] = {}
+        """Model uid -> its (ordinal, node, draining) the hosts were last made to serve."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating."""
+        self._hosts_seen: set[tuple[str, str]] = set()
+        """(namespace, node) of hosts whose labels, annotation or conditions changed."""
+        self._draining: dict[str, float] = {}
+        """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
+        of its Service, still listed (draining) and charged until its host no longer has it
+        loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -143,6 +174,16 @@ class ModelController:
             self._stale.add(namespace)
             self._dirty.add(next(iter(models)))
             self._wake.set()
+
+    def host_changed(self, namespace: str, node: str) -> None:
+        """A host's labels, annotation or loaded conditions changed (from the cache, on the
+        loop): its labels follow its loaded conditions, and the models it serves see their
+        ready replicas and drains again. Nothing is placed again."""
+        self._hosts_seen.add((namespace, node))
+        for pod, _ in self._ledger.state.pods_on(node):
+            if pod.namespace == namespace and is_replica(pod.uid):
+                self._dirty.add(pod.uid.rpartition("/")[0])
+        self._wake.set()
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
@@ -155,12 +196,29 @@ class ModelController:
                 await asyncio.wait_for(self._wake.wait(), RETRY_SECONDS)
             except TimeoutError:
                 self._dirty.update(self._refused)
+                # A drain's bound passes on its own.
+                self._dirty.update(uid.rpartition("/")[0] for uid in self._draining)
                 waiting, self._waiting = self._waiting, set()
                 for namespace in waiting:
                     self.hosts_changed(namespace)
             self._wake.clear()
             if not self._leading.is_set():
                 continue
+            seen, self._hosts_seen = self._hosts_seen, set()
+            for namespace, node in sorted(seen):
+                if stop.is_set() or not self._leading.is_set():
+                    break
+                try:
+                    await self._reconcile_hosts(namespace, {node})
+                except ApiError as e:
+                    log.warning(
+                        "Updating the model host of namespace %s on node %s has failed (%s): "
+                        "retrying.",
+                        namespace,
+                        node,
+                        e,
+                    )
+                    self.hosts_changed(namespace)
             if not self._dirty:
                 continue
             dirty, self._dirty = self._dirty, set()
@@ -183,10 +241,12 @@ class ModelController:
         if model is None:
             self._refused.pop(uid, None)
             self._services.discard(uid)
+            for rid in [r for r in self._draining if r.rpartition("/")[0] == uid]:
+                self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
-                await self._reconcile_hosts(namespace, {node for _, node in before})
+                await self._reconcile_hosts(namespace, {node for _, node, _ in before})
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
@@ -211,13 +271,18 @@ class ModelController:
             self._refused[uid] = refusal
         else:
             self._refused.pop(uid, None)
-        hosted = frozenset((o, r.node_name) for o, r in placed.items())
+        state = self._ledger.state
+        hosted = frozenset(
+            (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
+            for rid in self._ledger.replica_uids(uid)
+            if (charged := state.charged_pod(rid)) is not None
+        )
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
             self._stale.discard(model.namespace)
             await self._reconcile_hosts(model.namespace, None)
         elif hosted != last:
-            nodes = {node for _, node in hosted | (last or frozenset())}
+            nodes = {node for _, node, _ in hosted | (last or frozenset())}
             await self._reconcile_hosts(model.namespace, nodes)
         self._hosts_for[uid] = hosted
         if uid not in self._services:
@@ -238,14 +303,12 @@ class ModelController:
             self._services.add(uid)
 
     def _place(self, model: ModelInfo) -> tuple[dict[int, PodInfo], str]:
-        """The model's charged replicas after freeing those past spec.replicas and placing the
-        missing ones, and the refusal of the first that fits nowhere ("" when all fit)."""
+        """The model's charged replicas after draining or freeing those past spec.replicas and
+        placing the missing ones, and the refusal of the first that fits nowhere ("" when all
+        fit)."""
         state = self._ledger.state
         prefix = f"{model.uid}/"
-        for rid in self._ledger.replica_uids(model.uid):
-            if int(rid.rpartition("/")[2]) >= model.replicas:
-                state.remove_pod(rid)
-                state.untrack_pod(rid)
+        self._drain(model)
         placed: dict[int, PodInfo] = {}
         refusal = ""
         now = time.time()
@@ -262,9 +325,69 @@ class ModelController:
                 proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
                 state.assume(replica, decision.node, decision.gpu.uuid, proof)
                 placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
+            elif REASON_REPLICA_THERE in decision.reasons:
+                refusal = f"replica {ordinal}: 1 replica per node: {decision.message}"
             else:
                 refusal = f"replica {ordinal}: {decision.message}"
         return placed, refusal
+
+    def _drain(self, model: ModelInfo) -> None:
+        """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
+        Service, listed as draining) until its host no longer has it loaded or the drain's
+        bound passes; the others are freed at once. A draining replica wanted again (scaled
+        back up) stays."""
+        state = self._ledger.state
+        now = self._clock()
+        for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
+            if not state.is_accounted(rid):
+                self._undrain(rid)  # freed meanwhile (its node went away)
+        for rid in self._ledger.replica_uids(model.uid):
+            if int(rid.rpartition("/")[2]) < model.replicas:
+                self._undrain(rid)
+                continue
+            charged = state.charged_pod(rid)
+            loaded = charged is not None and self._loaded(model, charged.node_name)[0]
+            deadline = self._draining.get(rid)
+            if loaded and deadline is None:
+                self._draining[rid] = now + self._drain_seconds
+                self._ledger.draining.add(rid)
+                continue
+            if loaded and deadline is not None and now < deadline:
+                continue
+            if loaded:
+                log.warning(
+                    "Replica %s of TritonModel %s is still loaded on node %s after the "
+                    "%g s drain bound: removing it from its host.",
+                    rid.rpartition("/")[2],
+                    model.key,
+                    charged.node_name if charged else "?",
+                    self._drain_seconds,
+                )
+            self._undrain(rid)
+            state.remove_pod(rid)
+            state.untrack_pod(rid)
+
+    def _undrain(self, rid: str) -> None:
+        self._draining.pop(rid, None)
+        self._ledger.draining.discard(rid)
+
+    def _loaded(self, model: ModelInfo, node: str) -> tuple[bool, str]:
+        """Whether the namespace's host on `node` has the agent's loaded condition of `model`
+        True, and the condition's reason and message when not."""
+        host = self._ledger.hosts.get(model.namespace, {}).get(node)
+        if host is None:
+            return False, "its model host is not created yet"
+        if (host.get("metadata") or {}).get("deletionTimestamp"):
+            return False, "its model host is being deleted"
+        wanted = loaded_condition(self._keys, model.name)
+        for condition in (host.get("status") or {}).get("conditions") or []:
+            if isinstance(condition, dict) and condition.get("type") == wanted:
+                if condition.get("status") == "True":
+                    return True, ""
+                reason = str(condition.get("reason") or "NotLoaded")
+                message = str(condition.get("message") or "")
+                return False, f"{reason}: {message}" if message else reason
+        return False, "not loaded on its model host yet"
 
     def _status(self, model: ModelInfo, placed: dict[int, PodInfo], refusal: str) -> JsonObject:
         if refusal:
@@ -292,34 +415,42 @@ class ModelController:
         if same and all(old.get(k) == condition[k] for k in ("reason", "message")):
             condition = dict(old)
         condition["observedGeneration"] = model.generation
+        placements = []
+        for ordinal, replica in sorted(placed.items()):
+            ready, why = self._loaded(model, replica.node_name)
+            entry: dict[str, Any] = {
+                "replica": ordinal,
+                "node": replica.node_name,
+                "gpu": replica.gpu_uuid,
+                "proof": replica.placement,
+                "host": host_name(replica.node_name),
+                "ready": ready,
+            }
+            if why:
+                entry["message"] = why
+            placements.append(entry)
         return {
             "observedGeneration": model.generation,
             "replicas": len(placed),
+            "readyReplicas": sum(1 for p in placements if p["ready"]),
             "selector": f"{serves_label(self._keys, model.name)}=true",
-            "placements": [
-                {
-                    "replica": ordinal,
-                    "node": replica.node_name,
-                    "gpu": replica.gpu_uuid,
-                    "proof": replica.placement,
-                    "host": host_name(replica.node_name),
-                }
-                for ordinal, replica in sorted(placed.items())
-            ],
+            "placements": placements,
             "conditions": [condition],
         }
 
     # ---- hosts and Services --------------------------------------------------------------------
 
     def _hosted(self, namespace: str) -> dict[str, list[tuple[ModelInfo, int, PodInfo]]]:
-        """Node -> the replicas of the namespace charged there (model, ordinal, replica)."""
+        """Node -> the replicas of the namespace charged there (model, ordinal, replica),
+        draining ones too."""
         state = self._ledger.state
         nodes: dict[str, list[tuple[ModelInfo, int, PodInfo]]] = {}
         for uid in self._ledger.by_namespace.get(namespace, ()):
             model = self._ledger.models[uid]
-            for ordinal in range(model.replicas):
-                replica = state.charged_pod(f"{model.uid}/{ordinal}")
+            for rid in self._ledger.replica_uids(uid):
+                replica = state.charged_pod(rid)
                 if replica is not None:
+                    ordinal = int(rid.rpartition("/")[2])
                     nodes.setdefault(replica.node_name, []).append((model, ordinal, replica))
         return nodes
 
@@ -356,6 +487,7 @@ class ModelController:
                 != body["metadata"]["annotations"][annotation]
                 or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
             ):
+                # One write: a replica leaves its Service as it is marked draining.
                 patch = {
                     "metadata": {
                         "labels": patch_labels,
@@ -378,12 +510,16 @@ class ModelController:
     def _host(
         self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
     ) -> JsonObject:
-        """The host pod of `namespace` on `node` serving `replicas`."""
+        """The host pod of `namespace` on `node` serving `replicas`: labelled to serve each
+        model whose replica there is loaded (the agent's condition on the host) and not
+        draining."""
         labels = {host_label(self._keys): "true"}
         owners: dict[str, JsonObject] = {}
         hosted = []
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
-            labels[serves_label(self._keys, model.name)] = "true"
+            draining = replica.uid in self._draining
+            if not draining and self._loaded(model, node)[0]:
+                labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
             hosted.append(
                 HostedReplica(
@@ -396,10 +532,9 @@ class ModelController:
                     storage_uri=model.storage_uri,
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
+                    draining=draining,
                 )
             )
-        cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * len(replicas)
-        memory = MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY] * len(replicas)
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -410,24 +545,14 @@ class ModelController:
                 "annotations": {hosted_models_annotation(self._keys): encode_hosted(hosted)},
                 "ownerReferences": list(owners.values()),
             },
-            "spec": {
-                "nodeName": node,
-                "schedulerName": self._scheduler_name,
-                "automountServiceAccountToken": False,
-                "tolerations": [dict(GPU_TOLERATION)],
-                "containers": [
-                    {
-                        "name": "proxy",
-                        "image": self._host_image,
-                        "ports": [
-                            {"name": "http", "containerPort": 9000},
-                            {"name": "grpc", "containerPort": 9001},
-                            {"name": "metrics", "containerPort": 9002},
-                        ],
-                        "resources": {"requests": {"cpu": f"{cpu}m", "memory": str(memory)}},
-                    }
-                ],
-            },
+            "spec": host_spec(
+                node,
+                self._scheduler_name,
+                self._host_image,
+                self._access,
+                self._keys,
+                len(replicas),
+            ),
         }
 
     def _service(self, model: ModelInfo) -> JsonObject:
@@ -448,3 +573,62 @@ class ModelController:
     async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+
+def host_spec(
+    node: str, scheduler_name: str, image: str, access: NodeAccess, keys: Keys, replicas: int
+) -> JsonObject:
+    """A model host's pod spec: a model pod that serves many models (`common.modelpod`). Its
+    `loader` follows the host's replicas through the agent (each replica's files fetched into
+    /mnt/models, installed and loaded, the ready ones written to the shared ready file) and its
+    `proxy` serves the models of that file. Its requests are what the binder charges its node
+    for it: `MODEL_HOST_BASE` plus `MODEL_HOST_PER_MODEL` per replica at creation."""
+    cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * replicas
+    memory = MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY] * replicas
+    proxy_cpu, proxy_memory = cpu - HOST_LOADER_SHARE[CPU], memory - HOST_LOADER_SHARE[MEMORY]
+    env = [modelpod.host_ip_env()]
+    host_mount = {"name": "host", "mountPath": HOST_DIR}
+    loader = modelpod.loader(
+        image,
+        [
+            "--host",
+            f"--models-file={READY_FILE}",
+            f"--model-root={MODEL_DIR}",
+            *modelpod.agent_args(access),
+        ],
+        env=env,
+        mounts=[
+            {"name": "model", "mountPath": MODEL_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  (the pod's own emptyDir)
+            host_mount,
+            modelpod.token_mount(),
+        ],
+        requests={"cpu": f"{HOST_LOADER_SHARE[CPU]}m", "memory": str(HOST_LOADER_SHARE[MEMORY])},
+        limits=modelpod.LOADER_LIMITS,
+    )
+    proxy = modelpod.proxy(
+        image,
+        [
+            f"--models-file={READY_FILE}",
+            *modelpod.gateway_args(access),
+            *modelpod.agent_args(access),
+        ],
+        env=env,
+        mounts=[{**host_mount, "readOnly": True}, modelpod.token_mount()],
+        requests={"cpu": f"{proxy_cpu}m", "memory": str(proxy_memory)},
+        limits={"memory": str(memory + HOST_PROXY_LIMIT_EXTRA)},
+    )
+    return {
+        "nodeName": node,
+        "schedulerName": scheduler_name,
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(modelpod.POD_SECURITY),
+        "tolerations": modelpod.gpu_tolerations(keys),
+        "volumes": [
+            {"name": "model", "emptyDir": {"sizeLimit": modelpod.MODEL_DIR_SIZE}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "host", "emptyDir": {"sizeLimit": "16Mi"}},
+            modelpod.token_volume(access.audience),
+        ],
+        "containers": [loader, proxy],
+    }

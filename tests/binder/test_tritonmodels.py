@@ -28,6 +28,7 @@ from tests.fixtures_sim import PlacementKeys
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
 NODES = ("n1", "n2", "n3")
 SERVES = "tritonshare.io/serves-resnet"
+HOSTED = "tritonshare.io/hosted-models"
 
 
 @pytest.fixture
@@ -146,9 +147,9 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
     for entry in entries:
         host = by_node[entry["node"]]
         assert host.metadata.name == host_name(entry["node"])
-        assert host.metadata.labels[SERVES] == "true"
+        assert SERVES not in host.metadata.labels, "behind the Service once loaded there"
         assert [(o.kind, o.uid) for o in host.metadata.owner_references] == [("TritonModel", uid)]
-        hosted = json.loads(host.metadata.annotations["tritonshare.io/hosted-models"])
+        hosted = json.loads(host.metadata.annotations[HOSTED])
         assert hosted == [
             {"model": "resnet", "uid": uid, "replica": entry["replica"], "gpu": entry["gpu"],
              "residency": "always", "proof": entry["proof"], "storageUri": "s3://models/x"}
@@ -170,9 +171,9 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
 
     def joined() -> bool:
         host = hosts(core).get(node)
-        return host is not None and "tritonshare.io/serves-bert" in host.metadata.labels
+        return host is not None and '"model":"bert"' in host.metadata.annotations[HOSTED]
 
-    await eventually(joined, what="bert's label on its host")
+    await eventually(joined, what="bert on its host")
     host = hosts(core)[node]
     assert {o.name for o in host.metadata.owner_references} == {"resnet", "bert"}
     assert len(hosts(core)) == 3, "no second host in the namespace on a node"
@@ -262,7 +263,7 @@ async def test_a_host_deleted_under_its_replicas_is_made_again(
 
     new = await eventually(again, what="a new host")
     assert (new.metadata.name, new.spec.node_name) == (old.metadata.name, old.spec.node_name)
-    assert new.metadata.labels[SERVES] == "true"
+    assert new.metadata.annotations[HOSTED] == old.metadata.annotations[HOSTED]
 
 
 async def test_a_replica_that_fits_nowhere_gets_the_condition_and_the_event(

@@ -1,0 +1,300 @@
+"""The model hosts the binder builds for TritonModels, against the simulated API server through the
+official client: a host is a model pod that serves many models (the loader and the proxy the
+webhook writes into a model pod, with the host's arguments); its `serves-<model>` label and the
+model's readyReplicas follow the agent's loaded condition on it (written here as the agent writes
+it, a strategic-merge patch of pods/status); a replica scaled away drains (out of the Service in
+the same write that marks it draining) and leaves once no longer loaded, or after the drain's
+bound; a model has at most one replica per node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from common.contract import Keys
+from common.hosted import host_name, loaded_condition
+from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL, pod_requests
+from proxy.settings import parse_settings as parse_proxy_settings
+from tests.binder import test_tritonmodels
+from tests.binder.objects import GI
+from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.test_tritonmodels import (
+    GROUP,
+    HOSTED,
+    PLURAL,
+    SERVES,
+    VERSION,
+    hosts,
+    model,
+    placed,
+    read,
+)
+from tests.fixtures_sim import new_watch
+from webhook.mutation import complete
+from webhook.settings import Settings as WebhookSettings
+
+KEYS = Keys()
+NODES = ("n1", "n2", "n3")
+LOADED = loaded_condition(KEYS, "resnet")
+READY_FILE = "/var/run/tritonshare/host/ready.json"
+
+# The simulated API server serving the chart's CRDs, and the custom objects client.
+apiserver = test_tritonmodels.apiserver
+custom = test_tritonmodels.custom
+
+
+@pytest.fixture
+def nodes(kube_api: kubernetes.client.ApiClient) -> tuple[str, ...]:
+    for node in NODES:
+        add_node(kube_api, node, [16 * GI])
+    return NODES
+
+
+def set_loaded(
+    core: Any, node: str, status: str, reason: str = "ModelReady", message: str = ""
+) -> None:
+    """What the agent writes on the host for its replica of resnet."""
+    condition = {"type": LOADED, "status": status, "reason": reason, "message": message}
+    core.patch_namespaced_pod_status(
+        host_name(node),
+        "default",
+        {"status": {"conditions": [condition]}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+
+
+def hosted(host: Any) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = json.loads(host.metadata.annotations[HOSTED])
+    return entries
+
+
+def status(custom: Any) -> dict[str, Any]:
+    found: dict[str, Any] = read(custom, "resnet").get("status") or {}
+    return found
+
+
+def scale(custom: Any, replicas: int) -> None:
+    custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, "default", PLURAL, "resnet", {"spec": {"replicas": replicas}}
+    )
+
+
+async def all_loaded(custom: Any, core: Any, replicas: int) -> dict[str, Any]:
+    """resnet placed with `replicas`, each loaded on its host and behind the Service."""
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, model("resnet", replicas)
+    )
+    obj: dict[str, Any] = await eventually(
+        lambda: placed(custom, "resnet", replicas), what="placed"
+    )
+    await eventually(lambda: len(hosts(core)) == replicas, what="the hosts")
+    for entry in obj["status"]["placements"]:
+        set_loaded(core, entry["node"], "True")
+    await eventually(
+        lambda: status(custom).get("readyReplicas") == replicas, what="every replica ready"
+    )
+    return obj
+
+
+async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder(agent_port=18100, triton_http_port=18010, audience="agents.example")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 1))
+    [host] = (await eventually(lambda: hosts(core), what="the host")).values()
+    pod = core.api_client.sanitize_for_serialization(host)
+    spec = pod["spec"]
+    loader, proxy = spec["containers"]
+    agent = ["--agent-address=$(HOST_IP):18100", "--token-file=/var/run/secrets/tritonshare/token"]
+    assert (loader["name"], loader["command"]) == ("loader", ["python", "-m", "loader"])
+    assert loader["args"] == [
+        "--host", f"--models-file={READY_FILE}", "--model-root=/mnt/models", *agent
+    ]  # fmt: skip
+    assert (proxy["name"], proxy["command"]) == ("proxy", ["python", "-m", "proxy"])
+    assert proxy["args"] == [
+        f"--models-file={READY_FILE}",
+        "--triton-http-url=$(HOST_IP):18010",
+        "--triton-grpc-url=$(HOST_IP):8011",
+        "--listen-http=0.0.0.0:9000",
+        "--listen-grpc=0.0.0.0:9001",
+        "--listen-metrics=0.0.0.0:9002",
+        *agent,
+    ]
+    # The proxy takes them as a model host's (no model id of its own).
+    node_ip = [a.replace("$(HOST_IP)", "10.0.0.1") for a in proxy["args"]]
+    settings = parse_proxy_settings(node_ip, {})
+    assert (settings.model_id, str(settings.models_file)) == ("", READY_FILE)
+    host_ip = {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}
+    assert loader["env"] == proxy["env"] == [host_ip]
+    mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in (loader, proxy)}
+    assert mounts["loader"]["model"] == {"name": "model", "mountPath": "/mnt/models"}
+    assert mounts["loader"]["host"] == {"name": "host", "mountPath": "/var/run/tritonshare/host"}
+    assert mounts["proxy"]["host"]["readOnly"] is True
+    assert "model" not in mounts["proxy"], "the proxy never reads model files"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert set(volumes) == {"model", "tmp", "host", "agent-token"}
+    assert "emptyDir" in volumes["model"] and "emptyDir" in volumes["host"]
+    [source] = volumes["agent-token"]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "agents.example"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    taint = KEYS.gpu_node_toleration()["key"]
+    assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", taint}
+    for container in (loader, proxy):
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+    # What the binder charges its node for the host, as the kubelet counts the pod.
+    assert pod_requests(spec) == {
+        CPU: MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU],
+        MEMORY: MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY],
+    }
+
+    # One code path: the model pod the webhook completes runs the same proxy, token and pod
+    # settings.
+    annotations = {"tritonshare.io/model-uri": "gs://b/add_one", KEYS.gpu_mem: "1Gi"}
+    model_pod = complete(
+        {"metadata": {"name": "m", "annotations": annotations}, "spec": {"containers": []}},
+        WebhookSettings(audience="agents.example"),
+    )["spec"]
+    [model_proxy] = model_pod["containers"]
+    same = ("image", "command", "ports", "startupProbe", "readinessProbe", "livenessProbe",
+            "lifecycle", "securityContext")  # fmt: skip
+    assert {k: proxy[k] for k in same} == {k: model_proxy[k] for k in same}
+    assert volumes["agent-token"] in model_pod["volumes"]
+    assert spec["securityContext"] == model_pod["securityContext"]
+    assert spec["tolerations"] == model_pod["tolerations"]
+
+
+async def test_the_serves_label_and_ready_replicas_follow_the_loaded_condition(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    obj = await eventually(lambda: placed(custom, "resnet", 2), what="placed")
+    first, second = (e["node"] for e in obj["status"]["placements"])
+    await eventually(lambda: len(hosts(core)) == 2, what="the hosts")
+    assert status(custom)["readyReplicas"] == 0
+    assert [p["ready"] for p in status(custom)["placements"]] == [False, False]
+
+    set_loaded(core, first, "True")
+
+    def serving() -> set[str]:
+        return {n for n, h in hosts(core).items() if h.metadata.labels.get(SERVES) == "true"}
+
+    await eventually(lambda: serving() == {first}, what="the loaded replica's host serves")
+    await eventually(lambda: status(custom).get("readyReplicas") == 1, what="1 ready")
+    entries = status(custom)["placements"]
+    assert [p["ready"] for p in entries] == [True, False]
+    assert entries[1]["message"] == "not loaded on its model host yet"
+    assert [p["proof"] for p in entries] == [p["proof"] for p in obj["status"]["placements"]]
+
+    # A tenant's own label on the host of a replica not loaded is taken off again.
+    core.patch_namespaced_pod(
+        host_name(second), "default", {"metadata": {"labels": {SERVES: "true"}}}
+    )
+    await eventually(lambda: SERVES not in hosts(core)[second].metadata.labels, what="undone")
+
+    set_loaded(core, first, "False", "ModelFailed", "the backend refused the model")
+    await eventually(lambda: not serving(), what="out of the Service")
+    await eventually(lambda: status(custom).get("readyReplicas") == 0, what="0 ready")
+    assert status(custom)["placements"][0]["message"] == (
+        "ModelFailed: the backend refused the model"
+    )
+    final = read(custom, "resnet")
+    assert [p["proof"] for p in final["status"]["placements"]] == [
+        p["proof"] for p in obj["status"]["placements"]
+    ], "nothing placed again"
+
+
+def host_versions(core: Any, since: str) -> list[Any]:
+    """Every version of the default namespace's pods written since resourceVersion `since`."""
+    stream = new_watch().stream(
+        core.list_namespaced_pod, "default", resource_version=since, timeout_seconds=1
+    )
+    return [e["object"] for e in stream if e["type"] == "MODIFIED"]
+
+
+async def test_a_replica_scaled_away_drains_out_of_the_service_then_leaves(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    binder = await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    kept, leaving = (e["node"] for e in obj["status"]["placements"])
+    leaving_uid = f"{obj['metadata']['uid']}/1"
+    since = core.list_namespaced_pod("default").metadata.resource_version
+
+    scale(custom, 1)
+
+    def draining() -> Any:
+        host = hosts(core).get(leaving)
+        return host if host is not None and hosted(host)[0].get("draining") else None
+
+    host = await eventually(draining, what="the replica marked draining")
+    assert SERVES not in host.metadata.labels
+    assert binder.ledger.state.is_accounted(leaving_uid), "charged while it drains"
+    await eventually(lambda: placed(custom, "resnet", 1), what="status says 1")
+    assert status(custom)["readyReplicas"] == 1
+    # Never listed as draining while still behind the Service: both in one write.
+    for version in await asyncio.to_thread(host_versions, core, since):
+        if version.metadata.name == host_name(leaving) and '"draining":true' in (
+            version.metadata.annotations.get(HOSTED, "")
+        ):
+            assert SERVES not in (version.metadata.labels or {})
+    assert SERVES in hosts(core)[kept].metadata.labels
+
+    # Scaled back up while it drains: it stays where it was, and serves again.
+    scale(custom, 2)
+    await eventually(lambda: status(custom).get("readyReplicas") == 2, what="2 ready again")
+    assert [e["proof"] for e in status(custom)["placements"]] == [
+        e["proof"] for e in obj["status"]["placements"]
+    ]
+    await eventually(lambda: SERVES in hosts(core)[leaving].metadata.labels, what="serving")
+    assert not hosted(hosts(core)[leaving])[0].get("draining")
+
+    scale(custom, 1)
+    await eventually(draining, what="draining again")
+    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
+    await eventually(lambda: set(hosts(core)) == {kept}, what="the emptied host deleted")
+    await eventually(lambda: not binder.ledger.state.is_accounted(leaving_uid), what="freed")
+    assert not binder.ledger.draining
+
+
+async def test_a_drain_ends_at_its_bound(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    binder = await make_binder(host_drain_seconds=1.0)
+    obj = await all_loaded(custom, core, 2)
+    leaving = obj["status"]["placements"][1]["node"]
+    scale(custom, 1)
+    # Still loaded (no loader unloads it here), it leaves after the bound all the same.
+    await eventually(lambda: leaving not in hosts(core), what="removed after the bound")
+    assert not binder.ledger.state.is_accounted(f"{obj['metadata']['uid']}/1")
+    assert status(custom)["readyReplicas"] == 1
+
+
+async def test_a_model_has_at_most_one_replica_per_node(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 4))
+
+    def refused() -> str:
+        for condition in status(custom).get("conditions") or []:
+            if condition["type"] == "Placed" and condition["status"] == "False":
+                return str(condition["message"])
+        return ""
+
+    message = await eventually(refused, what="replica 3 refused")
+    assert message == (
+        "replica 3: 1 replica per node: 0/3 nodes are available: "
+        "3 node(s) already hold a replica of the model."
+    )
+    assert status(custom)["replicas"] == 3
+    assert len(hosts(core)) == 3
