@@ -191,12 +191,14 @@ class ModelController:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        tick = self._clock() + RETRY_SECONDS
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(self._wake.wait(), RETRY_SECONDS)
-            except TimeoutError:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, tick - self._clock()))
+            if self._clock() >= tick:
+                # Every RETRY_SECONDS, however busy: a drain's bound passes on its own.
+                tick = self._clock() + RETRY_SECONDS
                 self._dirty.update(self._refused)
-                # A drain's bound passes on its own.
                 self._dirty.update(uid.rpartition("/")[0] for uid in self._draining)
                 waiting, self._waiting = self._waiting, set()
                 for namespace in waiting:

@@ -192,7 +192,12 @@ async def test_the_serves_label_and_ready_replicas_follow_the_loaded_condition(
     await eventually(lambda: status(custom).get("readyReplicas") == 1, what="1 ready")
     entries = status(custom)["placements"]
     assert [p["ready"] for p in entries] == [True, False]
-    assert entries[1]["message"] == "not loaded on its model host yet"
+    await eventually(
+        lambda: (
+            status(custom)["placements"][1].get("message") == "not loaded on its model host yet"
+        ),
+        what="why replica 1 is not ready",
+    )
     assert [p["proof"] for p in entries] == [p["proof"] for p in obj["status"]["placements"]]
 
     # A tenant's own label on the host of a replica not loaded is taken off again.
