@@ -158,7 +158,7 @@ class ClusterCache:
         """`on_model(uid)`: a TritonModel or its placed replicas changed (the binder's model
         controller reconciles it); `on_host_gone(namespace)`: a model host pod was deleted;
         `on_host(namespace, node)`: a model host's labels, hosted-models annotation or loaded
-        conditions changed.
+        conditions changed, or it was deleted.
         `placement_keys` gives the ring in force (reread as the Secret rotates); None checks
         proofs for form only, for a CLI user who cannot read the key (`binder.proofs`).
         `tenant_code`: the namespaces allowed to run their own code in Triton."""
@@ -238,6 +238,7 @@ class ClusterCache:
                 if not hosts:
                     del self.ledger.hosts[pod.namespace]
                 self._on_host_gone(pod.namespace)
+                self._on_host(pod.namespace, pod.node_name)
             self.state.untrack_pod(pod.uid)
         else:
             before = hosts.get(pod.node_name)

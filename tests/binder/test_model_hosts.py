@@ -303,3 +303,35 @@ async def test_a_model_has_at_most_one_replica_per_node(
     )
     assert status(custom)["replicas"] == 3
     assert len(hosts(core)) == 3
+
+
+async def test_a_host_deleted_takes_every_model_on_it_out_of_ready(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    for name in ("bert", "resnet"):
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model(name, 1))
+    [host] = (await eventually(lambda: hosts(core), what="the host")).values()
+    await eventually(lambda: len(hosted(hosts(core)["n1"])) == 2, what="both on the host")
+    for name in ("bert", "resnet"):
+        condition = {"type": loaded_condition(KEYS, name), "status": "True", "reason": "ModelReady"}
+        core.patch_namespaced_pod_status(
+            host.metadata.name,
+            "default",
+            {"status": {"conditions": [condition]}},
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    def ready() -> list[int]:
+        return [
+            (read(custom, n).get("status") or {}).get("readyReplicas", 0)
+            for n in ("bert", "resnet")
+        ]
+
+    await eventually(lambda: ready() == [1, 1], what="both ready")
+    core.delete_namespaced_pod(host.metadata.name, "default", grace_period_seconds=0)
+    await eventually(lambda: ready() == [0, 0], what="neither ready")
+    again = await eventually(lambda: hosts(core), what="a new host")
+    assert again["n1"].metadata.uid != host.metadata.uid
+    assert not {k for k in again["n1"].metadata.labels if "serves-" in k}, "none loaded there yet"
