@@ -10,9 +10,10 @@ residency, so a proof copied to another replica, model or node does not verify).
 loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
-  ready, message}), `replicas`, `readyReplicas`, `selector`, `observedGeneration` and the
+  ready, message}), `replicas`, `readyReplicas`, `selector`, `observedGeneration`, the
   `Placed` condition (False with kube-scheduler's refusal when a replica fits nowhere, and a
-  Warning Event `FailedScheduling` on the model, written only when the refusal changes);
+  Warning Event `FailedScheduling` on the model, written only when the refusal changes) and
+  the `Ready` condition (False naming the replicas not served and why);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
   that serves many models (`host_spec`), owned by every TritonModel with a replica there
@@ -80,6 +81,10 @@ RETRY_SECONDS = 1.0
 """How often a model with a replica that fits nowhere is tried again."""
 PLACED = "Placed"
 """The condition type: every wanted replica is placed."""
+READY = "Ready"
+"""The condition type: every wanted replica is loaded and served by its host."""
+READY_REASONS_SHOWN = 3
+"""Not-ready replicas the Ready condition's message names (then how many more)."""
 HOST_LOADER_SHARE = {CPU: 50, MEMORY: 32 << 20}
 """The part of a host's requests (`MODEL_HOST_BASE` and `MODEL_HOST_PER_MODEL` per replica, what
 the binder charges its node) that its loader asks for; the proxy asks for the rest."""
@@ -393,31 +398,12 @@ class ModelController:
 
     def _status(self, model: ModelInfo, placed: dict[int, PodInfo], refusal: str) -> JsonObject:
         if refusal:
-            condition: dict[str, Any] = {
-                "type": PLACED,
-                "status": "False",
-                "reason": "Unschedulable",
-            }
-            condition["message"] = refusal
+            condition = self._condition(model, PLACED, "False", "Unschedulable", refusal)
         else:
-            condition = {"type": PLACED, "status": "True", "reason": "AllReplicasPlaced"}
-            condition["message"] = f"{len(placed)} of {model.replicas} replicas placed"
-        old = next(
-            (
-                c
-                for c in model.status.get("conditions") or []
-                if isinstance(c, dict) and c.get("type") == PLACED
-            ),
-            {},
-        )
-        same = old.get("status") == condition["status"]
-        condition["lastTransitionTime"] = (
-            old.get("lastTransitionTime") if same else None
-        ) or now_rfc3339()
-        if same and all(old.get(k) == condition[k] for k in ("reason", "message")):
-            condition = dict(old)
-        condition["observedGeneration"] = model.generation
+            message = f"{len(placed)} of {model.replicas} replicas placed"
+            condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
         placements = []
+        why_not: list[str] = []
         for ordinal, replica in sorted(placed.items()):
             ready, why = self._loaded(model, replica.node_name)
             entry: dict[str, Any] = {
@@ -430,15 +416,57 @@ class ModelController:
             }
             if why:
                 entry["message"] = why
+                why_not.append(f"replica {ordinal} on {replica.node_name}: {why}")
             placements.append(entry)
+        ready_count = len(placements) - len(why_not)
+        message = f"{ready_count} of {model.replicas} replicas ready"
+        if len(placed) < model.replicas:
+            why_not.append(f"{model.replicas - len(placed)} not placed (see {PLACED})")
+        if why_not:
+            shown = why_not[:READY_REASONS_SHOWN]
+            if len(why_not) > len(shown):
+                shown.append(f"{len(why_not) - len(shown)} more")
+            ready_condition = self._condition(
+                model, READY, "False", "ReplicasNotReady", f"{message}; {'; '.join(shown)}"
+            )
+        else:
+            ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
         return {
             "observedGeneration": model.generation,
             "replicas": len(placed),
-            "readyReplicas": sum(1 for p in placements if p["ready"]),
+            "readyReplicas": ready_count,
             "selector": f"{serves_label(self._keys, model.name)}=true",
             "placements": placements,
-            "conditions": [condition],
+            "conditions": [condition, ready_condition],
         }
+
+    def _condition(
+        self, model: ModelInfo, kind: str, status: str, reason: str, message: str
+    ) -> dict[str, Any]:
+        """A condition of the model's status, its lastTransitionTime kept while its status
+        stays, and kept whole while nothing of it changes."""
+        condition: dict[str, Any] = {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+        }
+        old = next(
+            (
+                c
+                for c in model.status.get("conditions") or []
+                if isinstance(c, dict) and c.get("type") == kind
+            ),
+            {},
+        )
+        same = old.get("status") == status
+        condition["lastTransitionTime"] = (
+            old.get("lastTransitionTime") if same else None
+        ) or now_rfc3339()
+        if same and all(old.get(k) == condition[k] for k in ("reason", "message")):
+            condition = dict(old)
+        condition["observedGeneration"] = model.generation
+        return condition
 
     # ---- hosts and Services --------------------------------------------------------------------
 

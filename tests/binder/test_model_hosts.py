@@ -97,6 +97,11 @@ async def all_loaded(custom: Any, core: Any, replicas: int) -> dict[str, Any]:
     await eventually(
         lambda: status(custom).get("readyReplicas") == replicas, what="every replica ready"
     )
+    ready = {c["type"]: c for c in status(custom)["conditions"]}["Ready"]
+    assert (ready["status"], ready["message"]) == (
+        "True",
+        f"{replicas} of {replicas} replicas ready",
+    )
     return obj
 
 
@@ -211,6 +216,12 @@ async def test_the_serves_label_and_ready_replicas_follow_the_loaded_condition(
     await eventually(lambda: status(custom).get("readyReplicas") == 0, what="0 ready")
     assert status(custom)["placements"][0]["message"] == (
         "ModelFailed: the backend refused the model"
+    )
+    ready = {c["type"]: c for c in status(custom)["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ReplicasNotReady")
+    assert ready["message"] == (
+        f"0 of 2 replicas ready; replica 0 on {first}: ModelFailed: the backend refused the "
+        f"model; replica 1 on {second}: not loaded on its model host yet"
     )
     final = read(custom, "resnet")
     assert [p["proof"] for p in final["status"]["placements"]] == [
