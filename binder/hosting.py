@@ -16,7 +16,7 @@ loop:
   the `Ready` condition (False naming the replicas not served and why);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
-  that serves many models (`host_spec`), owned by every TritonModel with a replica there
+  that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
   (garbage collection removes it with the last), naming its replicas in
   `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
   residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from typing import Any
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.filters import REASON_REPLICA_THERE
+from binder.hostpod import host_spec
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
     TRITONMODEL_API_VERSION,
@@ -60,7 +60,6 @@ from binder.model import (
 )
 from binder.placement import Placement, Policy, place
 from binder.proofs import sign
-from common import modelpod
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     HostedReplica,
@@ -71,9 +70,8 @@ from common.hosted import (
     loaded_condition,
     serves_label,
 )
-from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, NodeAccess
+from common.modelpod import NodeAccess
 from common.placement import KeyRing
-from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +83,6 @@ READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
-HOST_LOADER_SHARE = {CPU: 50, MEMORY: 32 << 20}
-"""The part of a host's requests (`MODEL_HOST_BASE` and `MODEL_HOST_PER_MODEL` per replica, what
-the binder charges its node) that its loader asks for; the proxy asks for the rest."""
-HOST_PROXY_LIMIT_EXTRA = 384 << 20
-"""A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 SERVICE_PORTS = [
     {"name": "http", "port": 9000, "targetPort": "http", "appProtocol": "http"},
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
@@ -603,62 +596,3 @@ class ModelController:
     async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
-
-
-def host_spec(
-    node: str, scheduler_name: str, image: str, access: NodeAccess, keys: Keys, replicas: int
-) -> JsonObject:
-    """A model host's pod spec: a model pod that serves many models (`common.modelpod`). Its
-    `loader` follows the host's replicas through the agent (each replica's files fetched into
-    /mnt/models, installed and loaded, the ready ones written to the shared ready file) and its
-    `proxy` serves the models of that file. Its requests are what the binder charges its node
-    for it: `MODEL_HOST_BASE` plus `MODEL_HOST_PER_MODEL` per replica at creation."""
-    cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * replicas
-    memory = MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY] * replicas
-    proxy_cpu, proxy_memory = cpu - HOST_LOADER_SHARE[CPU], memory - HOST_LOADER_SHARE[MEMORY]
-    env = [modelpod.host_ip_env()]
-    host_mount = {"name": "host", "mountPath": HOST_DIR}
-    loader = modelpod.loader(
-        image,
-        [
-            "--host",
-            f"--models-file={READY_FILE}",
-            f"--model-root={MODEL_DIR}",
-            *modelpod.agent_args(access),
-        ],
-        env=env,
-        mounts=[
-            {"name": "model", "mountPath": MODEL_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  (the pod's own emptyDir)
-            host_mount,
-            modelpod.token_mount(),
-        ],
-        requests={"cpu": f"{HOST_LOADER_SHARE[CPU]}m", "memory": str(HOST_LOADER_SHARE[MEMORY])},
-        limits=modelpod.LOADER_LIMITS,
-    )
-    proxy = modelpod.proxy(
-        image,
-        [
-            f"--models-file={READY_FILE}",
-            *modelpod.gateway_args(access),
-            *modelpod.agent_args(access),
-        ],
-        env=env,
-        mounts=[{**host_mount, "readOnly": True}, modelpod.token_mount()],
-        requests={"cpu": f"{proxy_cpu}m", "memory": str(proxy_memory)},
-        limits={"memory": str(memory + HOST_PROXY_LIMIT_EXTRA)},
-    )
-    return {
-        "nodeName": node,
-        "schedulerName": scheduler_name,
-        "automountServiceAccountToken": False,
-        "securityContext": copy.deepcopy(modelpod.POD_SECURITY),
-        "tolerations": modelpod.gpu_tolerations(keys),
-        "volumes": [
-            {"name": "model", "emptyDir": {"sizeLimit": modelpod.MODEL_DIR_SIZE}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-            {"name": "host", "emptyDir": {"sizeLimit": "16Mi"}},
-            modelpod.token_volume(access.audience),
-        ],
-        "containers": [loader, proxy],
-    }
