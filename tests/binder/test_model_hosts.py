@@ -263,7 +263,7 @@ async def test_a_replica_scaled_away_drains_out_of_the_service_then_leaves(
             version.metadata.annotations.get(HOSTED, "")
         ):
             assert SERVES not in (version.metadata.labels or {})
-    assert SERVES in hosts(core)[kept].metadata.labels
+    await eventually(lambda: SERVES in hosts(core)[kept].metadata.labels, what="kept serves")
 
     # Scaled back up while it drains: it stays where it was, and serves again.
     scale(custom, 2)
@@ -313,7 +313,8 @@ async def test_a_model_has_at_most_one_replica_per_node(
         "3 node(s) already hold a replica of the model."
     )
     assert status(custom)["replicas"] == 3
-    assert len(hosts(core)) == 3
+    by_node = await eventually(lambda: len(hosts(core)) == 3 and hosts(core), what="3 hosts")
+    assert [len(hosted(h)) for h in by_node.values()] == [1, 1, 1]
 
 
 async def test_a_host_deleted_takes_every_model_on_it_out_of_ready(
