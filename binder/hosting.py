@@ -10,10 +10,11 @@ residency, so a proof copied to another replica, model or node does not verify).
 loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
-  ready, message}), `replicas`, `readyReplicas`, `selector`, `observedGeneration`, the
-  `Placed` condition (False with kube-scheduler's refusal when a replica fits nowhere, and a
-  Warning Event `FailedScheduling` on the model, written only when the refusal changes) and
-  the `Ready` condition (False naming the replicas not served and why);
+  ready, message}), `replicas`, `readyReplicas` (and `availableReplicas`), `selector`,
+  `observedGeneration`, the `Placed` condition (False with kube-scheduler's refusal when a
+  replica fits nowhere, and a Warning Event `FailedScheduling` on the model, written only when
+  the refusal changes) and the `Ready` condition (False naming the replicas not served and why,
+  and a Warning Event `ReplicaNotServed` per replica and reason the agent gives);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
   that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
@@ -44,7 +45,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, NamedTuple
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
@@ -81,6 +82,8 @@ PLACED = "Placed"
 """The condition type: every wanted replica is placed."""
 READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
+NOT_SERVED_EVENT = "ReplicaNotServed"
+"""The Warning Event's reason when the agent reports a replica not loaded on its host."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -88,6 +91,16 @@ SERVICE_PORTS = [
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
 ]
 """As a model pod's Service (deploy/example/model-service.yaml)."""
+
+
+class Loaded(NamedTuple):
+    """A replica's state on its host, from the agent's loaded condition there."""
+
+    ready: bool
+    why: str
+    """Why it is not served ("" when it is)."""
+    reason: str = ""
+    """The agent's reason, when it reports the replica not loaded."""
 
 
 def _owner(model: ModelInfo, controller: bool) -> JsonObject:
@@ -160,6 +173,8 @@ class ModelController:
         """Namespaces with a replica on a node whose old host is still terminating."""
         self._hosts_seen: set[tuple[str, str]] = set()
         """(namespace, node) of hosts whose labels, annotation or conditions changed."""
+        self._reported: dict[str, str] = {}
+        """Replica uid -> the agent's reason for not serving it last reported in an Event."""
         self._draining: dict[str, float] = {}
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
@@ -243,6 +258,8 @@ class ModelController:
             self._services.discard(uid)
             for rid in [r for r in self._draining if r.rpartition("/")[0] == uid]:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
+            for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
+                del self._reported[rid]
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
@@ -271,6 +288,7 @@ class ModelController:
             self._refused[uid] = refusal
         else:
             self._refused.pop(uid, None)
+        await self._report_not_served(model, placed)
         state = self._ledger.state
         hosted = frozenset(
             (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
@@ -346,7 +364,7 @@ class ModelController:
                 self._undrain(rid)
                 continue
             charged = state.charged_pod(rid)
-            loaded = charged is not None and self._loaded(model, charged.node_name)[0]
+            loaded = charged is not None and self._loaded(model, charged.node_name).ready
             deadline = self._draining.get(rid)
             if loaded and deadline is None:
                 self._draining[rid] = now + self._drain_seconds
@@ -371,23 +389,42 @@ class ModelController:
         self._draining.pop(rid, None)
         self._ledger.draining.discard(rid)
 
-    def _loaded(self, model: ModelInfo, node: str) -> tuple[bool, str]:
+    def _loaded(self, model: ModelInfo, node: str) -> Loaded:
         """Whether the namespace's host on `node` has the agent's loaded condition of `model`
-        True, and the condition's reason and message when not."""
+        True, and why not."""
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
         if host is None:
-            return False, "its model host is not created yet"
+            return Loaded(False, "its model host is not created yet")
         if (host.get("metadata") or {}).get("deletionTimestamp"):
-            return False, "its model host is being deleted"
+            return Loaded(False, "its model host is being deleted")
         wanted = loaded_condition(self._keys, model.name)
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == wanted:
                 if condition.get("status") == "True":
-                    return True, ""
+                    return Loaded(True, "")
                 reason = str(condition.get("reason") or "NotLoaded")
                 message = str(condition.get("message") or "")
-                return False, f"{reason}: {message}" if message else reason
-        return False, "not loaded on its model host yet"
+                return Loaded(False, f"{reason}: {message}" if message else reason, reason)
+        return Loaded(False, "not loaded on its model host yet")
+
+    async def _report_not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
+        """A Warning Event on the model per replica and reason the agent gives for not serving
+        it (once each, as the agent reports a model pod's)."""
+        for ordinal, replica in sorted(placed.items()):
+            loaded = self._loaded(model, replica.node_name)
+            if not loaded.reason:
+                self._reported.pop(replica.uid, None)
+                continue
+            if self._reported.get(replica.uid) == loaded.reason:
+                continue
+            await self._call(
+                self._kube.record_object_event,
+                _involved(model),
+                reason=NOT_SERVED_EVENT,
+                message=f"replica {ordinal} on node {replica.node_name}: {loaded.why}",
+                reporting_instance=self._identity,
+            )
+            self._reported[replica.uid] = loaded.reason
 
     def _status(self, model: ModelInfo, placed: dict[int, PodInfo], refusal: str) -> JsonObject:
         if refusal:
@@ -398,7 +435,7 @@ class ModelController:
         placements = []
         why_not: list[str] = []
         for ordinal, replica in sorted(placed.items()):
-            ready, why = self._loaded(model, replica.node_name)
+            ready, why, _ = self._loaded(model, replica.node_name)
             entry: dict[str, Any] = {
                 "replica": ordinal,
                 "node": replica.node_name,
@@ -428,6 +465,7 @@ class ModelController:
             "observedGeneration": model.generation,
             "replicas": len(placed),
             "readyReplicas": ready_count,
+            "availableReplicas": ready_count,
             "selector": f"{serves_label(self._keys, model.name)}=true",
             "placements": placements,
             "conditions": [condition, ready_condition],
@@ -541,7 +579,7 @@ class ModelController:
         hosted = []
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
-            if not draining and self._loaded(model, node)[0]:
+            if not draining and self._loaded(model, node).ready:
                 labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
             hosted.append(

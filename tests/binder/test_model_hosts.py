@@ -67,6 +67,11 @@ def set_loaded(
     )
 
 
+def not_served(core: Any) -> list[Any]:
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
+    return [e for e in events.items if e.reason == "ReplicaNotServed"]
+
+
 def hosted(host: Any) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = json.loads(host.metadata.annotations[HOSTED])
     return entries
@@ -102,6 +107,7 @@ async def all_loaded(custom: Any, core: Any, replicas: int) -> dict[str, Any]:
         "True",
         f"{replicas} of {replicas} replicas ready",
     )
+    assert status(custom)["availableReplicas"] == replicas
     return obj
 
 
@@ -219,6 +225,15 @@ async def test_the_serves_label_and_ready_replicas_follow_the_loaded_condition(
     )
     ready = {c["type"]: c for c in status(custom)["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "ReplicasNotReady")
+    [event] = await eventually(lambda: not_served(core), what="the ReplicaNotServed event")
+    assert event.type == "Warning" and event.involved_object.kind == "TritonModel"
+    assert event.message == f"replica 0 on node {first}: ModelFailed: the backend refused the model"
+    # The same reason again says nothing new.
+    set_loaded(core, first, "False", "ModelFailed", "the backend refused the model again")
+    await eventually(
+        lambda: status(custom)["placements"][0]["message"].endswith("again"), what="the message"
+    )
+    assert len(not_served(core)) == 1
     assert ready["message"] == (
         f"0 of 2 replicas ready; replica 0 on {first}: ModelFailed: the backend refused the "
         f"model; replica 1 on {second}: not loaded on its model host yet"
