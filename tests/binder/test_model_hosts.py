@@ -1,8 +1,9 @@
 """The model hosts the binder builds for TritonModels, against the simulated API server through the
 official client: a host is a model pod that serves many models (the loader and the proxy the
-webhook writes into a model pod, with the host's arguments); its `serves-<model>` label and the
-model's readyReplicas follow the agent's loaded condition on it (written here as the agent writes
-it, a strategic-merge patch of pods/status); a replica scaled away drains (out of the Service in
+webhook writes into a model pod, with the host's arguments); its `serves-<model>` label, the
+model's readyReplicas, Ready condition and ReplicaNotServed Events follow the agent's loaded
+condition on it (written here as the agent writes it, a strategic-merge patch of pods/status),
+without placing anything again; a replica scaled away drains (out of the Service in
 the same write that marks it draining) and leaves once no longer loaded, or after the drain's
 bound; a model has at most one replica per node."""
 
