@@ -29,7 +29,9 @@ loop:
 
 A replica that leaves while loaded is first marked `draining` with its label removed (one
 write), and stays charged until its host's loaded condition is no longer True, or for
---host-drain-seconds at most; the host's loader and proxy drain and unload it meanwhile.
+--host-drain-seconds at most; the host's loader and proxy drain and unload it meanwhile. A drain
+is never taken back: a replica wanted again meanwhile (scaled back up) waits for it (`Placed`
+False, ReplicaDraining) and is then placed as any new replica.
 
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
@@ -267,8 +269,8 @@ class ModelController:
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
-        placed, refusal = self._place(model)
-        status = self._status(model, placed, refusal)
+        placed, refusal, waiting = self._place(model)
+        status = self._status(model, placed, refusal, waiting)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
                 await self._call(
@@ -320,18 +322,27 @@ class ModelController:
                 )
             self._services.add(uid)
 
-    def _place(self, model: ModelInfo) -> tuple[dict[int, PodInfo], str]:
+    def _place(self, model: ModelInfo) -> tuple[dict[int, PodInfo], str, str]:
         """The model's charged replicas after draining or freeing those past spec.replicas and
-        placing the missing ones, and the refusal of the first that fits nowhere ("" when all
-        fit)."""
+        placing the missing ones; the refusal of the first that fits nowhere ("" when all
+        fit); and which wanted replica waits for its previous placement to drain ("" when
+        none)."""
         state = self._ledger.state
         prefix = f"{model.uid}/"
         self._drain(model)
         placed: dict[int, PodInfo] = {}
-        refusal = ""
+        refusal = waiting = ""
         now = time.time()
         for ordinal in range(model.replicas):
             charged = state.charged_pod(f"{prefix}{ordinal}")
+            if charged is not None and charged.uid in self._draining:
+                # Scaled back up during its drain: placed again, as any new replica, once the
+                # old placement has left (a drain under way is never taken back).
+                waiting = waiting or (
+                    f"replica {ordinal} is placed again once its previous placement on node "
+                    f"{charged.node_name} has drained"
+                )
+                continue
             if charged is not None:
                 placed[ordinal] = charged
                 continue
@@ -347,21 +358,20 @@ class ModelController:
                 refusal = f"replica {ordinal}: 1 replica per node: {decision.message}"
             else:
                 refusal = f"replica {ordinal}: {decision.message}"
-        return placed, refusal
+        return placed, refusal, waiting
 
     def _drain(self, model: ModelInfo) -> None:
         """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
         Service, listed as draining) until its host no longer has it loaded or the drain's
-        bound passes; the others are freed at once. A draining replica wanted again (scaled
-        back up) stays."""
+        bound passes; the others are freed at once. A drain, once begun, runs to its end even
+        when the replica is wanted again."""
         state = self._ledger.state
         now = self._clock()
         for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
             if not state.is_accounted(rid):
                 self._undrain(rid)  # freed meanwhile (its node went away)
         for rid in self._ledger.replica_uids(model.uid):
-            if int(rid.rpartition("/")[2]) < model.replicas:
-                self._undrain(rid)
+            if int(rid.rpartition("/")[2]) < model.replicas and rid not in self._draining:
                 continue
             charged = state.charged_pod(rid)
             loaded = charged is not None and self._loaded(model, charged.node_name).ready
@@ -426,9 +436,13 @@ class ModelController:
             )
             self._reported[replica.uid] = loaded.reason
 
-    def _status(self, model: ModelInfo, placed: dict[int, PodInfo], refusal: str) -> JsonObject:
+    def _status(
+        self, model: ModelInfo, placed: dict[int, PodInfo], refusal: str, waiting: str
+    ) -> JsonObject:
         if refusal:
             condition = self._condition(model, PLACED, "False", "Unschedulable", refusal)
+        elif waiting:
+            condition = self._condition(model, PLACED, "False", "ReplicaDraining", waiting)
         else:
             message = f"{len(placed)} of {model.replicas} replicas placed"
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)

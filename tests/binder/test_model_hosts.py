@@ -281,18 +281,46 @@ async def test_a_replica_scaled_away_drains_out_of_the_service_then_leaves(
             assert SERVES not in (version.metadata.labels or {})
     await eventually(lambda: SERVES in hosts(core)[kept].metadata.labels, what="kept serves")
 
-    # Scaled back up while it drains: it stays where it was, and serves again.
+    # Scaled back up during the drain: the drain runs on, and the replica is placed again, as
+    # a new one, once it has left.
     scale(custom, 2)
+
+    def placed_condition() -> dict[str, Any]:
+        found: dict[str, Any] = {c["type"]: c for c in status(custom)["conditions"]}["Placed"]
+        return found
+
+    await eventually(lambda: placed_condition()["status"] == "False", what="Placed=False")
+    assert (placed_condition()["reason"], placed_condition()["message"]) == (
+        "ReplicaDraining",
+        f"replica 1 is placed again once its previous placement on node {leaving} has drained",
+    )
+    assert status(custom)["replicas"] == 1
+    host = hosts(core)[leaving]
+    assert hosted(host)[0]["draining"] and SERVES not in host.metadata.labels
+    assert not [e for e in core.list_namespaced_event("default").items if "Failed" in e.reason]
+
+    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
+    again = await eventually(lambda: placed(custom, "resnet", 2), what="replica 1 placed again")
+    entry = again["status"]["placements"][1]
+    assert placed_condition()["status"] == "True"
+    assert not binder.ledger.draining
+
+    def listed() -> bool:
+        new_host = hosts(core).get(entry["node"])
+        return new_host is not None and any(
+            e["replica"] == 1 and not e.get("draining") for e in hosted(new_host)
+        )
+
+    await eventually(listed, what="replica 1 on its host, not draining")
+    set_loaded(core, entry["node"], "True")
     await eventually(lambda: status(custom).get("readyReplicas") == 2, what="2 ready again")
-    assert [e["proof"] for e in status(custom)["placements"]] == [
-        e["proof"] for e in obj["status"]["placements"]
-    ]
-    await eventually(lambda: SERVES in hosts(core)[leaving].metadata.labels, what="serving")
-    assert not hosted(hosts(core)[leaving])[0].get("draining")
 
     scale(custom, 1)
-    await eventually(draining, what="draining again")
-    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
+    await eventually(
+        lambda: any(e.get("draining") for e in hosted(hosts(core)[entry["node"]])),
+        what="draining again",
+    )
+    set_loaded(core, entry["node"], "False", "ModelNotLoaded", "unloaded")
     await eventually(lambda: set(hosts(core)) == {kept}, what="the emptied host deleted")
     await eventually(lambda: not binder.ledger.state.is_accounted(leaving_uid), what="freed")
     assert not binder.ledger.draining
