@@ -191,7 +191,9 @@ class Binder:
             for verdict in list(ledger.unproven.values()):
                 if ledger.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)
-            # And reconciles every TritonModel: what the old leader left half done.
+            # And reconciles every TritonModel: what the old leader left half done, the drains
+            # it began included.
+            self.models.recover_drains()
             for uid in list(ledger.models):
                 self.models.changed(uid)
 

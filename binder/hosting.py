@@ -35,8 +35,9 @@ False, ReplicaDraining) and is then placed as any new replica.
 
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
-charges the replicas whose proofs in status verify, and places the others again (a drain under
-way ends with the binder that began it).
+charges the replicas whose proofs in status verify, and places the others again; a new leader
+charges the draining replicas the hosts list whose proofs verify, and drains them on
+(`recover_drains`).
 """
 
 from __future__ import annotations
@@ -62,10 +63,12 @@ from binder.model import (
     is_replica,
 )
 from binder.placement import Placement, Policy, place
-from binder.proofs import sign
+from binder.proofs import proven, sign
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    HostedError,
     HostedReplica,
+    decode_hosted,
     encode_hosted,
     host_label,
     host_name,
@@ -189,6 +192,42 @@ class ModelController:
             self._stale.add(namespace)
             self._dirty.add(next(iter(models)))
             self._wake.set()
+
+    def recover_drains(self) -> None:
+        """On taking the lead: the replicas the hosts list as draining, which the binder that
+        led before began to drain (no status lists them), are charged again (their proofs
+        checked as the cache checks a status's) and drain on, from now, to their end."""
+        state = self._ledger.state
+        now = self._clock()
+        for namespace, hosts in self._ledger.hosts.items():
+            for node, host in hosts.items():
+                annotation = hosted_models_annotation(self._keys)
+                value = ((host.get("metadata") or {}).get("annotations") or {}).get(annotation)
+                try:
+                    entries = decode_hosted(str(value or ""))
+                except HostedError:
+                    continue  # not the binder's writing: rewritten at the next reconcile
+                for entry in entries:
+                    model = self._ledger.models.get(entry.uid)
+                    rid = entry.replica_uid
+                    if (
+                        not entry.draining
+                        or model is None
+                        or model.namespace != namespace
+                        or model.name != entry.model
+                        or state.is_accounted(rid)
+                    ):
+                        continue
+                    replica = model.replica(entry.replica, node, entry.gpu, entry.proof)
+                    verdict = proven(replica, self._ring())
+                    if not isinstance(verdict, PodInfo):
+                        continue
+                    state.set_pod(verdict)
+                    spans = self._ledger.spans
+                    spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
+                    self._draining[rid] = now + self._drain_seconds
+                    self._ledger.draining.add(rid)
+                    self.changed(model.uid)
 
     def host_changed(self, namespace: str, node: str) -> None:
         """A host's labels, annotation or loaded conditions changed (from the cache, on the

@@ -391,3 +391,34 @@ async def test_a_host_deleted_takes_every_model_on_it_out_of_ready(
     again = await eventually(lambda: hosts(core), what="a new host")
     assert again["n1"].metadata.uid != host.metadata.uid
     assert not {k for k in again["n1"].metadata.labels if "serves-" in k}, "none loaded there yet"
+
+
+async def test_a_new_leader_drains_on_what_the_old_one_began(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    old = await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    kept, leaving = (e["node"] for e in obj["status"]["placements"])
+    leaving_uid = f"{obj['metadata']['uid']}/1"
+    scale(custom, 1)
+    await eventually(lambda: hosted(hosts(core)[leaving])[0].get("draining"), what="draining")
+    await make_binder.stop(old)
+    # The tenant lists a draining replica of its own making on the other host: not charged.
+    entries = hosted(hosts(core)[kept])
+    forged = {**entries[0], "replica": 5, "draining": True}
+    value = json.dumps([*entries, forged])
+    core.patch_namespaced_pod(
+        host_name(kept), "default", {"metadata": {"annotations": {HOSTED: value}}}
+    )
+
+    new = await make_binder()
+    assert new.ledger.state.is_accounted(leaving_uid) and leaving_uid in new.ledger.draining
+    assert not new.ledger.state.is_accounted(f"{obj['metadata']['uid']}/5")
+    # Once the new leader has reconciled the model (its readiness written), the drain is still on.
+    set_loaded(core, kept, "False", "ModelFailed", "gone")
+    await eventually(lambda: status(custom).get("readyReplicas") == 0, what="the new leader's")
+    assert hosted(hosts(core)[leaving])[0]["draining"] is True
+    await eventually(lambda: len(hosted(hosts(core)[kept])) == 1, what="the forged entry gone")
+    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
+    await eventually(lambda: leaving not in hosts(core), what="the drained host deleted")
+    await eventually(lambda: not new.ledger.state.is_accounted(leaving_uid), what="freed")
