@@ -34,6 +34,7 @@ from binder.state import ClusterState
 from common.contract import BINDER_LEADER_LEASE
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
+from common.modelpod import NodeAccess
 from common.placement import KeyDirectory, PlacementKeyError
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,13 @@ class Binder:
             identity=settings.identity,
             scheduler_name=settings.scheduler_name,
             host_image=settings.host_image,
+            access=NodeAccess(
+                settings.agent_port,
+                settings.triton_http_port,
+                settings.triton_grpc_port,
+                settings.audience,
+            ),
+            drain_seconds=settings.host_drain_seconds,
         )
         self.cache = ClusterCache(
             settings.keys,
@@ -113,6 +121,7 @@ class Binder:
             tenant_code=settings.tenant_code_namespaces,
             on_model=self.models.changed,
             on_host_gone=self.models.hosts_changed,
+            on_host=self.models.host_changed,
         )
         self.elector = LeaderElector(
             self.kube,
@@ -182,7 +191,9 @@ class Binder:
             for verdict in list(ledger.unproven.values()):
                 if ledger.on_tritonshare_node(verdict.pod):
                     self.controller.unproven_seen(verdict)
-            # And reconciles every TritonModel: what the old leader left half done.
+            # And reconciles every TritonModel: what the old leader left half done, the drains
+            # it began included.
+            self.models.recover_drains()
             for uid in list(ledger.models):
                 self.models.changed(uid)
 

@@ -43,7 +43,7 @@ from binder.preemption import Budget, budget_from_api
 from binder.proofs import Unproven, proven, same_proof
 from binder.state import ClusterState
 from common.contract import AGENT_LEASE_PREFIX, Keys
-from common.hosted import host_label, host_name
+from common.hosted import host_label, host_name, hosted_models_annotation
 from common.placement import KeyRing
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,24 @@ def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
     return (pod.constraints, pod.request, pod.model_key, pod.problem, pod.scheduler_name)
 
 
+def _host_view(obj: JsonObject, keys: Keys) -> tuple[Any, ...]:
+    """What of a model host its controller acts on: its labels, its hosted-models annotation,
+    its loaded conditions (`common.hosted.loaded_condition`) and whether it is going away."""
+    meta = obj.get("metadata") or {}
+    loaded = f"{keys.prefix}loaded-"
+    conditions = sorted(
+        (str(c.get("type")), str(c.get("status")), str(c.get("message") or ""))
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict) and str(c.get("type", "")).startswith(loaded)
+    )
+    return (
+        meta.get("labels"),
+        (meta.get("annotations") or {}).get(hosted_models_annotation(keys)),
+        conditions,
+        meta.get("deletionTimestamp"),
+    )
+
+
 @dataclass(frozen=True)
 class Ledger:
     """What the cache keeps and others read on the loop: made first, then given to the cache
@@ -97,6 +115,10 @@ class Ledger:
     spec or status), so its replicas are found without scanning every charge."""
     by_namespace: dict[str, set[str]] = field(default_factory=dict)
     """Namespace -> the uids of its TritonModels."""
+    draining: set[str] = field(default_factory=set)
+    """Replicas past their model's spec.replicas still charged while they drain from their
+    host: the model controller (`binder.hosting`) alone adds and removes them; a status that no
+    longer lists them does not free them."""
 
     def replica_uids(self, model_uid: str) -> list[str]:
         """The model's charged replicas (uids "<model uid>/<ordinal>")."""
@@ -131,9 +153,12 @@ class ClusterCache:
         clock: Callable[[], float] = time.time,
         on_model: Callable[[str], None] = lambda uid: None,
         on_host_gone: Callable[[str], None] = lambda namespace: None,
+        on_host: Callable[[str, str], None] = lambda namespace, node: None,
     ) -> None:
         """`on_model(uid)`: a TritonModel or its placed replicas changed (the binder's model
-        controller reconciles it); `on_host_gone(namespace)`: a model host pod was deleted.
+        controller reconciles it); `on_host_gone(namespace)`: a model host pod was deleted;
+        `on_host(namespace, node)`: a model host's labels, hosted-models annotation or loaded
+        conditions changed, or it was deleted.
         `placement_keys` gives the ring in force (reread as the Secret rotates); None checks
         proofs for form only, for a CLI user who cannot read the key (`binder.proofs`).
         `tenant_code`: the namespaces allowed to run their own code in Triton."""
@@ -148,6 +173,7 @@ class ClusterCache:
         self._listener = listener
         self._on_model = on_model
         self._on_host_gone = on_host_gone
+        self._on_host = on_host
         self._host_label = host_label(keys)
         self._clock = clock
         self._placement_keys = placement_keys
@@ -212,9 +238,13 @@ class ClusterCache:
                 if not hosts:
                     del self.ledger.hosts[pod.namespace]
                 self._on_host_gone(pod.namespace)
+                self._on_host(pod.namespace, pod.node_name)
             self.state.untrack_pod(pod.uid)
         else:
+            before = hosts.get(pod.node_name)
             hosts[pod.node_name] = obj
+            if before is None or _host_view(before, self.keys) != _host_view(obj, self.keys):
+                self._on_host(pod.namespace, pod.node_name)
             if self.state.pods.has_host(*key):
                 self.state.untrack_pod(pod.uid)
             else:
@@ -270,8 +300,9 @@ class ClusterCache:
 
     def _free_replicas(self, model_uid: str, keep: set[str], assumed_too: bool) -> bool:
         freed = False
+        draining = self.ledger.draining
         for uid in self.ledger.replica_uids(model_uid):
-            if uid in keep or (self.state.is_assumed(uid) and not assumed_too):
+            if uid in keep or (not assumed_too and (uid in draining or self.state.is_assumed(uid))):
                 continue
             self.state.remove_pod(uid)
             self.state.untrack_pod(uid)

@@ -2,29 +2,43 @@
 namespace's model hosts and its Service.
 
 While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
-loop: replicas past `spec.replicas` (the highest ordinals) are freed; each wanted replica not yet
-charged is placed, while the namespace's ResourceQuotas allow it (`binder.quota`), by the
-binder's own `place` (every rule a pod is placed by, `as_replica`),
-charged at once (assume) and signed (`binder.proofs.sign`: namespace, model, ordinal and the
-model's uid, node, GPU, GPU memory and residency, so a proof copied to another replica, model or
-node does not verify). Then, off the loop:
+loop: replicas past `spec.replicas` (the highest ordinals) leave (`_drain`); each wanted replica
+not yet charged is placed, while the namespace's ResourceQuotas allow it (`binder.quota`),
+by the binder's own `place` (every rule a pod is placed by,
+`as_replica`, and one replica of a model per node), charged at once (assume) and signed
+(`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU memory and
+residency, so a proof copied to another replica, model or node does not verify). Then, off the
+loop:
 
-- `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host}),
-  `replicas`, `selector`, `observedGeneration` and the `Placed` condition (False with
-  kube-scheduler's refusal when a replica fits nowhere, and a Warning Event `FailedScheduling`
-  on the model, written only when the refusal changes);
+- `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
+  ready, message}), `replicas`, `readyReplicas` (and `availableReplicas`), `selector`,
+  `observedGeneration`, the `Placed` condition (False with kube-scheduler's refusal when a
+  replica fits nowhere, and a Warning Event `FailedScheduling` on the model, written only when
+  the refusal changes) and the `Ready` condition (False naming the replicas not served and why,
+  and a Warning Event `ReplicaNotServed` per replica and reason the agent gives);
 - the namespace's model hosts: one pod per node with a replica placed there, named
-  `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`), owned by every
-  TritonModel with a replica there (garbage collection removes it with the last), labelled
-  `<prefix>serves-<model>` for each, and naming its replicas in `<prefix>hosted-models` (with
-  what their proofs' claims need: model, model uid, ordinal, GPU, residency); deleted when its
-  last replica leaves;
+  `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
+  that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
+  (garbage collection removes it with the last), naming its replicas in
+  `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
+  residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
+  agent's, on the host: `host_changed`) is True and that is not draining; deleted when its last
+  replica leaves;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
-  the hosts labelled `<prefix>serves-<model>`.
+  the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
+  is loaded.
+
+A replica that leaves while loaded is first marked `draining` with its label removed (one
+write), and stays charged until its host's loaded condition is no longer True, or for
+--host-drain-seconds at most; the host's loader and proxy drain and unload it meanwhile. A drain
+is never taken back: a replica wanted again meanwhile (scaled back up) waits for it (`Placed`
+False, ReplicaDraining) and is then placed as any new replica.
 
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
-charges the replicas whose proofs in status verify, and places the others again.
+charges the replicas whose proofs in status verify, and places the others again; a new leader
+charges the draining replicas the hosts list whose proofs verify, and drains them on
+(`recover_drains`).
 """
 
 from __future__ import annotations
@@ -36,32 +50,38 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, NamedTuple
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
+from binder.filters import REASON_REPLICA_THERE
+from binder.hostpod import host_spec
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
     TRITONMODEL_API_VERSION,
     TRITONMODEL_KIND,
     ModelInfo,
     PodInfo,
+    is_replica,
 )
 from binder.placement import Placement, Policy, place
-from binder.proofs import sign
+from binder.proofs import proven, sign
 from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    HostedError,
     HostedReplica,
+    decode_hosted,
     encode_hosted,
     host_label,
     host_name,
     hosted_models_annotation,
+    loaded_condition,
     replica_uid,
     serves_label,
 )
+from common.modelpod import NodeAccess
 from common.placement import KeyRing
-from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +92,27 @@ QUOTA_READ_SECONDS = 1.0
 models of a namespace created together read them once); their pods' use is that much late."""
 PLACED = "Placed"
 """The condition type: every wanted replica is placed."""
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+READY = "Ready"
+"""The condition type: every wanted replica is loaded and served by its host."""
+NOT_SERVED_EVENT = "ReplicaNotServed"
+"""The Warning Event's reason when the agent reports a replica not loaded on its host."""
+READY_REASONS_SHOWN = 3
+"""Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
     {"name": "http", "port": 9000, "targetPort": "http", "appProtocol": "http"},
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
 ]
 """As a model pod's Service (deploy/example/model-service.yaml)."""
+
+
+class Loaded(NamedTuple):
+    """A replica's state on its host, from the agent's loaded condition there."""
+
+    ready: bool
+    why: str
+    """Why it is not served ("" when it is)."""
+    reason: str = ""
+    """The agent's reason, when it reports the replica not loaded."""
 
 
 def _owner(model: ModelInfo, controller: bool) -> JsonObject:
@@ -117,6 +152,9 @@ class ModelController:
         identity: str,
         scheduler_name: str,
         host_image: str,
+        access: NodeAccess,
+        drain_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
         self._ledger = ledger
@@ -128,6 +166,9 @@ class ModelController:
         self._identity = identity
         self._scheduler_name = scheduler_name
         self._host_image = host_image
+        self._access = access
+        self._drain_seconds = drain_seconds
+        self._clock = clock
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}
@@ -136,8 +177,8 @@ class ModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str]]] = {}
-        """Model uid -> its (ordinal, node) the hosts were last made to serve."""
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool]]] = {}
+        """Model uid -> its (ordinal, node, draining) the hosts were last made to serve."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
@@ -146,6 +187,14 @@ class ModelController:
         """Namespace -> when its ResourceQuotas were last read, and what they were."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
+        self._hosts_seen: set[tuple[str, str]] = set()
+        """(namespace, node) of hosts whose labels, annotation or conditions changed."""
+        self._reported: dict[str, str] = {}
+        """Replica uid -> the agent's reason for not serving it last reported in an Event."""
+        self._draining: dict[str, float] = {}
+        """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
+        of its Service, still listed (draining) and charged until its host no longer has it
+        loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -155,23 +204,88 @@ class ModelController:
             self._dirty.add(next(iter(models)))
             self._wake.set()
 
+    def recover_drains(self) -> None:
+        """On taking the lead: the replicas the hosts list as draining, which the binder that
+        led before began to drain (no status lists them), are charged again (their proofs
+        checked as the cache checks a status's) and drain on, from now, to their end."""
+        state = self._ledger.state
+        now = self._clock()
+        for namespace, hosts in self._ledger.hosts.items():
+            for node, host in hosts.items():
+                annotation = hosted_models_annotation(self._keys)
+                value = ((host.get("metadata") or {}).get("annotations") or {}).get(annotation)
+                try:
+                    entries = decode_hosted(str(value or ""))
+                except HostedError:
+                    continue  # not the binder's writing: rewritten at the next reconcile
+                for entry in entries:
+                    model = self._ledger.models.get(entry.uid)
+                    rid = entry.replica_uid
+                    if (
+                        not entry.draining
+                        or model is None
+                        or model.namespace != namespace
+                        or model.name != entry.model
+                        or state.is_accounted(rid)
+                    ):
+                        continue
+                    replica = model.replica(entry.replica, node, entry.gpu, entry.proof)
+                    verdict = proven(replica, self._ring())
+                    if not isinstance(verdict, PodInfo):
+                        continue
+                    state.set_pod(verdict)
+                    spans = self._ledger.spans
+                    spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
+                    self._draining[rid] = now + self._drain_seconds
+                    self._ledger.draining.add(rid)
+                    self.changed(model.uid)
+
+    def host_changed(self, namespace: str, node: str) -> None:
+        """A host's labels, annotation or loaded conditions changed (from the cache, on the
+        loop): its labels follow its loaded conditions, and the models it serves see their
+        ready replicas and drains again. Nothing is placed again."""
+        self._hosts_seen.add((namespace, node))
+        for pod, _ in self._ledger.state.pods_on(node):
+            if pod.namespace == namespace and is_replica(pod.uid):
+                self._dirty.add(pod.uid.rpartition("/")[0])
+        self._wake.set()
+
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
         self._dirty.add(uid)
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        tick = self._clock() + RETRY_SECONDS
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(self._wake.wait(), RETRY_SECONDS)
-            except TimeoutError:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, tick - self._clock()))
+            if self._clock() >= tick:
+                # Every RETRY_SECONDS, however busy: a drain's bound passes on its own.
+                tick = self._clock() + RETRY_SECONDS
                 self._dirty.update(self._refused)
+                self._dirty.update(uid.rpartition("/")[0] for uid in self._draining)
                 waiting, self._waiting = self._waiting, set()
                 for namespace in waiting:
                     self.hosts_changed(namespace)
             self._wake.clear()
             if not self._leading.is_set():
                 continue
+            seen, self._hosts_seen = self._hosts_seen, set()
+            for namespace, node in sorted(seen):
+                if stop.is_set() or not self._leading.is_set():
+                    break
+                try:
+                    await self._reconcile_hosts(namespace, {node})
+                except ApiError as e:
+                    log.warning(
+                        "Updating the model host of namespace %s on node %s has failed (%s): "
+                        "retrying.",
+                        namespace,
+                        node,
+                        e,
+                    )
+                    self.hosts_changed(namespace)
             if not self._dirty:
                 continue
             dirty, self._dirty = self._dirty, set()
@@ -195,17 +309,21 @@ class ModelController:
             self._refused.pop(uid, None)
             self._host_refusals.pop(uid, None)
             self._services.discard(uid)
+            for rid in [r for r in self._draining if r.rpartition("/")[0] == uid]:
+                self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
+            for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
+                del self._reported[rid]
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
-                await self._reconcile_hosts(namespace, {node for _, node in before})
+                await self._reconcile_hosts(namespace, {node for _, node, _ in before})
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
-        placed, refusal = self._place(model, quota)
+        placed, refusal, waiting = self._place(model, quota)
         reason = EXCEEDED_QUOTA if quota is not None and quota.refused else "Unschedulable"
-        status = self._status(model, placed, refusal, reason)
+        status = self._status(model, placed, refusal, waiting, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
                 await self._call(
@@ -225,13 +343,19 @@ class ModelController:
             self._refused[uid] = refusal
         else:
             self._refused.pop(uid, None)
-        hosted = frozenset((o, r.node_name) for o, r in placed.items())
+        await self._report_not_served(model, placed)
+        state = self._ledger.state
+        hosted = frozenset(
+            (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
+            for rid in self._ledger.replica_uids(uid)
+            if (charged := state.charged_pod(rid)) is not None
+        )
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
             self._stale.discard(model.namespace)
             await self._reconcile_hosts(model.namespace, None)
         elif hosted != last:
-            nodes = {node for _, node in hosted | (last or frozenset())}
+            nodes = {node for _, node, _ in hosted | (last or frozenset())}
             await self._reconcile_hosts(model.namespace, nodes)
         self._hosts_for[uid] = hosted
         if uid not in self._services:
@@ -268,21 +392,27 @@ class ModelController:
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
-    ) -> tuple[dict[int, PodInfo], str]:
-        """The model's charged replicas after freeing those past spec.replicas and placing the
-        missing ones that `quota` allows, and the refusal of the first refused or that fits
-        nowhere ("" when all fit)."""
+    ) -> tuple[dict[int, PodInfo], str, str]:
+        """The model's charged replicas after draining or freeing those past spec.replicas and
+        placing the missing ones that `quota` allows; the refusal of the first refused or that
+        fits nowhere ("" when all fit); and which wanted replica waits for its previous
+        placement to drain ("" when none)."""
         state = self._ledger.state
         prefix = f"{model.uid}/"
-        for rid in self._ledger.replica_uids(model.uid):
-            if int(rid.rpartition("/")[2]) >= model.replicas:
-                state.remove_pod(rid)
-                state.untrack_pod(rid)
+        self._drain(model)
         placed: dict[int, PodInfo] = {}
-        refusal = ""
+        refusal = waiting = ""
         now = time.time()
         for ordinal in range(model.replicas):
             charged = state.charged_pod(f"{prefix}{ordinal}")
+            if charged is not None and charged.uid in self._draining:
+                # Scaled back up during its drain: placed again, as any new replica, once the
+                # old placement has left (a drain under way is never taken back).
+                waiting = waiting or (
+                    f"replica {ordinal} is placed again once its previous placement on node "
+                    f"{charged.node_name} has drained"
+                )
+                continue
             if charged is not None:
                 placed[ordinal] = charged
                 continue
@@ -300,70 +430,183 @@ class ModelController:
                 if quota is not None:
                     quota.charge(replica.request)
                 placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
+            elif REASON_REPLICA_THERE in decision.reasons:
+                refusal = f"replica {ordinal}: 1 replica per node: {decision.message}"
             else:
                 refusal = f"replica {ordinal}: {decision.message}"
-        return placed, refusal
+        return placed, refusal, waiting
+
+    def _drain(self, model: ModelInfo) -> None:
+        """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
+        Service, listed as draining) until its host no longer has it loaded or the drain's
+        bound passes; the others are freed at once. A drain, once begun, runs to its end even
+        when the replica is wanted again."""
+        state = self._ledger.state
+        now = self._clock()
+        for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
+            if not state.is_accounted(rid):
+                self._undrain(rid)  # freed meanwhile (its node went away)
+        for rid in self._ledger.replica_uids(model.uid):
+            if int(rid.rpartition("/")[2]) < model.replicas and rid not in self._draining:
+                continue
+            charged = state.charged_pod(rid)
+            loaded = charged is not None and self._loaded(model, charged.node_name).ready
+            deadline = self._draining.get(rid)
+            if loaded and deadline is None:
+                self._draining[rid] = now + self._drain_seconds
+                self._ledger.draining.add(rid)
+                continue
+            if loaded and deadline is not None and now < deadline:
+                continue
+            if loaded:
+                log.warning(
+                    "Replica %s of TritonModel %s is still loaded on node %s after the "
+                    "%g s drain bound: removing it from its host.",
+                    rid.rpartition("/")[2],
+                    model.key,
+                    charged.node_name if charged else "?",
+                    self._drain_seconds,
+                )
+            self._undrain(rid)
+            state.remove_pod(rid)
+            state.untrack_pod(rid)
+
+    def _undrain(self, rid: str) -> None:
+        self._draining.pop(rid, None)
+        self._ledger.draining.discard(rid)
+
+    def _loaded(self, model: ModelInfo, node: str) -> Loaded:
+        """Whether the namespace's host on `node` has the agent's loaded condition of `model`
+        True, and why not."""
+        host = self._ledger.hosts.get(model.namespace, {}).get(node)
+        if host is None:
+            return Loaded(False, "its model host is not created yet")
+        if (host.get("metadata") or {}).get("deletionTimestamp"):
+            return Loaded(False, "its model host is being deleted")
+        wanted = loaded_condition(self._keys, model.name)
+        for condition in (host.get("status") or {}).get("conditions") or []:
+            if isinstance(condition, dict) and condition.get("type") == wanted:
+                if condition.get("status") == "True":
+                    return Loaded(True, "")
+                reason = str(condition.get("reason") or "NotLoaded")
+                message = str(condition.get("message") or "")
+                return Loaded(False, f"{reason}: {message}" if message else reason, reason)
+        return Loaded(False, "not loaded on its model host yet")
+
+    async def _report_not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
+        """A Warning Event on the model per replica and reason the agent gives for not serving
+        it (once each, as the agent reports a model pod's)."""
+        for ordinal, replica in sorted(placed.items()):
+            loaded = self._loaded(model, replica.node_name)
+            if not loaded.reason:
+                self._reported.pop(replica.uid, None)
+                continue
+            if self._reported.get(replica.uid) == loaded.reason:
+                continue
+            await self._call(
+                self._kube.record_object_event,
+                _involved(model),
+                reason=NOT_SERVED_EVENT,
+                message=f"replica {ordinal} on node {replica.node_name}: {loaded.why}",
+                reporting_instance=self._identity,
+            )
+            self._reported[replica.uid] = loaded.reason
 
     def _status(
         self,
         model: ModelInfo,
         placed: dict[int, PodInfo],
         refusal: str,
+        waiting: str,
         reason: str = "Unschedulable",
     ) -> JsonObject:
         if refusal:
-            condition: dict[str, Any] = {
-                "type": PLACED,
-                "status": "False",
-                "reason": reason,
-            }
-            condition["message"] = refusal
+            condition = self._condition(model, PLACED, "False", reason, refusal)
+        elif waiting:
+            condition = self._condition(model, PLACED, "False", "ReplicaDraining", waiting)
         else:
-            condition = {"type": PLACED, "status": "True", "reason": "AllReplicasPlaced"}
-            condition["message"] = f"{len(placed)} of {model.replicas} replicas placed"
+            message = f"{len(placed)} of {model.replicas} replicas placed"
+            condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
+        placements = []
+        why_not: list[str] = []
+        for ordinal, replica in sorted(placed.items()):
+            ready, why, _ = self._loaded(model, replica.node_name)
+            entry: dict[str, Any] = {
+                "replica": ordinal,
+                "node": replica.node_name,
+                "gpu": replica.gpu_uuid,
+                "proof": replica.placement,
+                "host": host_name(replica.node_name),
+                "ready": ready,
+            }
+            if why:
+                entry["message"] = why
+                why_not.append(f"replica {ordinal} on {replica.node_name}: {why}")
+            placements.append(entry)
+        ready_count = len(placements) - len(why_not)
+        message = f"{ready_count} of {model.replicas} replicas ready"
+        if len(placed) < model.replicas:
+            why_not.append(f"{model.replicas - len(placed)} not placed (see {PLACED})")
+        if why_not:
+            shown = why_not[:READY_REASONS_SHOWN]
+            if len(why_not) > len(shown):
+                shown.append(f"{len(why_not) - len(shown)} more")
+            ready_condition = self._condition(
+                model, READY, "False", "ReplicasNotReady", f"{message}; {'; '.join(shown)}"
+            )
+        else:
+            ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
+        return {
+            "observedGeneration": model.generation,
+            "replicas": len(placed),
+            "readyReplicas": ready_count,
+            "availableReplicas": ready_count,
+            "selector": f"{serves_label(self._keys, model.name)}=true",
+            "placements": placements,
+            "conditions": [condition, ready_condition],
+        }
+
+    def _condition(
+        self, model: ModelInfo, kind: str, status: str, reason: str, message: str
+    ) -> dict[str, Any]:
+        """A condition of the model's status, its lastTransitionTime kept while its status
+        stays, and kept whole while nothing of it changes."""
+        condition: dict[str, Any] = {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+        }
         old = next(
             (
                 c
                 for c in model.status.get("conditions") or []
-                if isinstance(c, dict) and c.get("type") == PLACED
+                if isinstance(c, dict) and c.get("type") == kind
             ),
             {},
         )
-        same = old.get("status") == condition["status"]
+        same = old.get("status") == status
         condition["lastTransitionTime"] = (
             old.get("lastTransitionTime") if same else None
         ) or now_rfc3339()
         if same and all(old.get(k) == condition[k] for k in ("reason", "message")):
             condition = dict(old)
         condition["observedGeneration"] = model.generation
-        return {
-            "observedGeneration": model.generation,
-            "replicas": len(placed),
-            "selector": f"{serves_label(self._keys, model.name)}=true",
-            "placements": [
-                {
-                    "replica": ordinal,
-                    "node": replica.node_name,
-                    "gpu": replica.gpu_uuid,
-                    "proof": replica.placement,
-                    "host": host_name(replica.node_name),
-                }
-                for ordinal, replica in sorted(placed.items())
-            ],
-            "conditions": [condition],
-        }
+        return condition
 
     # ---- hosts and Services --------------------------------------------------------------------
 
     def _hosted(self, namespace: str) -> dict[str, list[tuple[ModelInfo, int, PodInfo]]]:
-        """Node -> the replicas of the namespace charged there (model, ordinal, replica)."""
+        """Node -> the replicas of the namespace charged there (model, ordinal, replica),
+        draining ones too."""
         state = self._ledger.state
         nodes: dict[str, list[tuple[ModelInfo, int, PodInfo]]] = {}
         for uid in self._ledger.by_namespace.get(namespace, ()):
             model = self._ledger.models[uid]
-            for ordinal in range(model.replicas):
-                replica = state.charged_pod(f"{model.uid}/{ordinal}")
+            for rid in self._ledger.replica_uids(uid):
+                replica = state.charged_pod(rid)
                 if replica is not None:
+                    ordinal = int(rid.rpartition("/")[2])
                     nodes.setdefault(replica.node_name, []).append((model, ordinal, replica))
         return nodes
 
@@ -405,6 +648,7 @@ class ModelController:
                 != body["metadata"]["annotations"][annotation]
                 or meta.get("ownerReferences") != body["metadata"]["ownerReferences"]
             ):
+                # One write: a replica leaves its Service as it is marked draining.
                 patch = {
                     "metadata": {
                         "labels": patch_labels,
@@ -452,12 +696,16 @@ class ModelController:
     def _host(
         self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
     ) -> JsonObject:
-        """The host pod of `namespace` on `node` serving `replicas`."""
+        """The host pod of `namespace` on `node` serving `replicas`: labelled to serve each
+        model whose replica there is loaded (the agent's condition on the host) and not
+        draining."""
         labels = {host_label(self._keys): "true"}
         owners: dict[str, JsonObject] = {}
         hosted = []
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
-            labels[serves_label(self._keys, model.name)] = "true"
+            draining = replica.uid in self._draining
+            if not draining and self._loaded(model, node).ready:
+                labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
             hosted.append(
                 HostedReplica(
@@ -470,10 +718,9 @@ class ModelController:
                     storage_uri=model.storage_uri,
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
+                    draining=draining,
                 )
             )
-        cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * len(replicas)
-        memory = MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY] * len(replicas)
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -484,24 +731,14 @@ class ModelController:
                 "annotations": {hosted_models_annotation(self._keys): encode_hosted(hosted)},
                 "ownerReferences": list(owners.values()),
             },
-            "spec": {
-                "nodeName": node,
-                "schedulerName": self._scheduler_name,
-                "automountServiceAccountToken": False,
-                "tolerations": [dict(GPU_TOLERATION)],
-                "containers": [
-                    {
-                        "name": "proxy",
-                        "image": self._host_image,
-                        "ports": [
-                            {"name": "http", "containerPort": 9000},
-                            {"name": "grpc", "containerPort": 9001},
-                            {"name": "metrics", "containerPort": 9002},
-                        ],
-                        "resources": {"requests": {"cpu": f"{cpu}m", "memory": str(memory)}},
-                    }
-                ],
-            },
+            "spec": host_spec(
+                node,
+                self._scheduler_name,
+                self._host_image,
+                self._access,
+                self._keys,
+                len(replicas),
+            ),
         }
 
     def _service(self, model: ModelInfo) -> JsonObject:

@@ -16,7 +16,11 @@ from pathlib import Path
 from binder.errors import SettingsError
 from binder.placement import POLICIES, Policy
 from common.contract import (
+    DEFAULT_AGENT_AUDIENCE,
+    DEFAULT_AGENT_GRPC_PORT,
     DEFAULT_BINDER_HTTP_PORT,
+    DEFAULT_GATEWAY_GRPC_PORT,
+    DEFAULT_GATEWAY_HTTP_PORT,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SYSTEM_NAMESPACE,
     Keys,
@@ -33,6 +37,7 @@ from common.settings import (
     names,
     one_of,
     path,
+    port,
     quantity,
     seconds,
     setting,
@@ -114,11 +119,52 @@ class Settings:
     on such a node (docs/security.md, "Nodes dedicated to tenant code"). Default: none."""
     host_image: str = setting(
         "host-image",
-        "image of the proxy in the model host pods the binder creates for TritonModels",
+        "image of the loader and the proxy in the model host pods the binder creates for "
+        "TritonModels",
         text,
         default=f"ghcr.io/tritonshare/tritonshare:{VERSION}",
     )
-    """Image of a model host's proxy (the webhook's --image). Default the release's image."""
+    """Image of a model host's loader and proxy (the webhook's --image). Default the release's
+    image."""
+    agent_port: int = setting(
+        "agent-port",
+        "the agent's gRPC hostPort, written into model hosts",
+        port(),
+        default=str(DEFAULT_AGENT_GRPC_PORT),
+    )
+    """The agent's gRPC hostPort on every GPU node (the webhook's --agent-port). Default 8100."""
+    triton_http_port: int = setting(
+        "triton-http-port",
+        "hostPort of the node gateway's REST side, written into model hosts",
+        port(),
+        default=str(DEFAULT_GATEWAY_HTTP_PORT),
+    )
+    """The node gateway's REST hostPort, a host proxy's way to Triton (the webhook's
+    --triton-http-port). Default 8010."""
+    triton_grpc_port: int = setting(
+        "triton-grpc-port",
+        "hostPort of the node gateway's gRPC side, written into model hosts",
+        port(),
+        default=str(DEFAULT_GATEWAY_GRPC_PORT),
+    )
+    """The node gateway's gRPC hostPort (the webhook's --triton-grpc-port). Default 8011."""
+    audience: str = setting(
+        "audience",
+        "audience of a model host's projected token for the agent",
+        text,
+        default=DEFAULT_AGENT_AUDIENCE,
+    )
+    """Audience of a model host's projected token for the agent (the webhook's --audience).
+    Default tritonshare-agent."""
+    host_drain_seconds: float = setting(
+        "host-drain-seconds",
+        "seconds a replica leaving its model host may stay while it drains",
+        seconds(),
+        default="60",
+    )
+    """The longest a replica leaving a model host (scaled down) stays listed there as draining
+    after the binder takes it out of its Service: it is removed, and its GPU memory freed, once
+    the agent reports it no longer loaded there, or after this many seconds. Default 60."""
     identity: str = setting(
         "identity",
         "this replica's name in the leader lease (default hostname_pid)",

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from common import modelpod
 from common.contract import (
     RESIDENCY_ALWAYS,
     RESIDENCY_ON_DEMAND,
@@ -36,16 +37,14 @@ from common.contract import (
     validate_model_id,
     validate_residency,
 )
+from common.modelpod import LOCKED_DOWN, MODEL_DIR, NodeAccess
 from common.quantity import QuantityError, parse_quantity
 from webhook import storage
 from webhook.settings import Settings
 from webhook.storage import StorageAccess, StorageAnnotationError, read_access
 
 ROLE_LABEL = "tritonshare.io/role"
-MODEL_DIR = "/mnt/models"
 PVC_DIR = "/mnt/pvc"
-TOKEN_DIR = "/var/run/secrets/tritonshare"  # noqa: S105  (a directory, not a secret)
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 _SCHEMES = ("s3", "gs", "https", "pvc")
 # An https:// URI names one file, so a model directory comes as an archive, which KServe's storage
 # initializer unpacks: the model id is the archive's name without its extension.
@@ -55,11 +54,6 @@ _ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
 # requests to it.
 PROXY_PLACEHOLDERS = ("proxy", "kserve-container")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_LOCKED_DOWN = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
 
 Pod = dict[str, Any]
 
@@ -226,15 +220,13 @@ def _by_name(items: list[dict[str, Any]], name: str) -> bool:
 
 
 def _downward_env(settings: Settings) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": "MODEL_ID",
-            "valueFrom": {
-                "fieldRef": {"fieldPath": f"metadata.annotations['{settings.keys.model_id}']"}
-            },
-        },
-        {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-    ]
+    return [modelpod.model_id_env(settings.keys), modelpod.host_ip_env()]
+
+
+def _access(settings: Settings) -> NodeAccess:
+    return NodeAccess(
+        settings.agent_port, settings.triton_http_port, settings.triton_grpc_port, settings.audience
+    )
 
 
 def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str, Any]:
@@ -258,7 +250,7 @@ def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str,
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},
         },
-        "securityContext": copy.deepcopy(_LOCKED_DOWN),
+        "securityContext": copy.deepcopy(LOCKED_DOWN),
         "volumeMounts": mounts,
     }
     env = storage.environment(request.access)
@@ -268,40 +260,29 @@ def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str,
 
 
 def _loader(settings: Settings) -> dict[str, Any]:
-    return {
-        "name": "loader",
-        "image": settings.image,
-        "command": ["python", "-m", "loader"],
-        "args": [
+    return modelpod.loader(
+        settings.image,
+        [
             f"--model-dir={MODEL_DIR}",
             "--model-id=$(MODEL_ID)",
-            f"--agent-address=$(HOST_IP):{settings.agent_port}",
-            f"--token-file={TOKEN_DIR}/token",
+            *modelpod.agent_args(_access(settings)),
         ],
-        "env": _downward_env(settings),
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": "512Mi"},
-        },
-        "securityContext": copy.deepcopy(_LOCKED_DOWN),
-        "volumeMounts": [
+        env=_downward_env(settings),
+        mounts=[
             {"name": "model", "mountPath": MODEL_DIR, "readOnly": True},
-            {"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            modelpod.token_mount(),
         ],
-    }
+        requests=modelpod.LOADER_REQUESTS,
+        limits=modelpod.LOADER_LIMITS,
+    )
 
 
 def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
+    access = _access(settings)
     args = [
         "--model-id=$(MODEL_ID)",
-        f"--triton-http-url=$(HOST_IP):{settings.triton_http_port}",
-        f"--triton-grpc-url=$(HOST_IP):{settings.triton_grpc_port}",
-        "--listen-http=0.0.0.0:9000",
-        "--listen-grpc=0.0.0.0:9001",
-        "--listen-metrics=0.0.0.0:9002",
-        f"--agent-address=$(HOST_IP):{settings.agent_port}",
-        f"--token-file={TOKEN_DIR}/token",
+        *modelpod.gateway_args(access),
+        *modelpod.agent_args(access),
         # The pod's copy of its model: reinstalled from there if the node loses it.
         f"--model-dir={MODEL_DIR}",
     ]
@@ -309,49 +290,17 @@ def _proxy(request: ModelRequest, settings: Settings) -> dict[str, Any]:
         args.append(f"--container-concurrency={request.concurrency}")
     if request.residency == RESIDENCY_ON_DEMAND:
         args += [f"--residency={RESIDENCY_ON_DEMAND}", f"--idle-seconds={request.idle_seconds:g}"]
-    return {
-        "name": "proxy",
-        "image": settings.image,
-        "command": ["python", "-m", "proxy"],
-        "args": args,
-        "env": _downward_env(settings),
-        "ports": [
-            {"name": "http", "containerPort": 9000},
-            {"name": "grpc", "containerPort": 9001},
-            {"name": "metrics", "containerPort": 9002},
-        ],
-        # Every second only while the proxy starts (its /healthz answers once all its ports
-        # listen): the kubelet runs the readiness probe as soon as this one passes, so a new
-        # replica is Ready within about a second of its proxy listening, not a readiness period
-        # later. 30 failures: a proxy that takes 30 s to start is restarted.
-        "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
-            "periodSeconds": 1,
-            "failureThreshold": 30,
-        },
-        "readinessProbe": {
-            "httpGet": {"path": "/v2/health/ready", "port": "http"},
-            "periodSeconds": 5,
-            "failureThreshold": 2,
-        },
-        # The proxy's own liveness, not Triton's: restarting the proxy cannot bring a lost node
-        # pod back, and would cut short the reinstall it runs.
-        "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
-            "periodSeconds": 10,
-            "failureThreshold": 3,
-        },
-        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
-        "resources": {
-            "requests": {"cpu": "250m", "memory": "128Mi"},
-            "limits": {"memory": "512Mi", settings.keys.gpu_mem: request.gpu_mem},
-        },
-        "securityContext": copy.deepcopy(_LOCKED_DOWN),
-        "volumeMounts": [
-            {"name": "agent-token", "mountPath": TOKEN_DIR, "readOnly": True},
+    return modelpod.proxy(
+        settings.image,
+        args,
+        env=_downward_env(settings),
+        mounts=[
+            modelpod.token_mount(),
             {"name": "model", "mountPath": MODEL_DIR, "readOnly": True},
         ],
-    }
+        requests={"cpu": "250m", "memory": "128Mi"},
+        limits={"memory": "512Mi", settings.keys.gpu_mem: request.gpu_mem},
+    )
 
 
 def _fill(mine: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
@@ -384,39 +333,17 @@ def complete(pod: Pod, settings: Settings) -> Pod:
     # The API server has already defaulted schedulerName to default-scheduler: overwrite it.
     spec["schedulerName"] = settings.scheduler_name
     spec.setdefault("automountServiceAccountToken", False)
-    spec.setdefault(
-        "securityContext",
-        {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "fsGroup": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    )
+    spec.setdefault("securityContext", copy.deepcopy(modelpod.POD_SECURITY))
     # The GPU-node taint is tolerated by the node pod and model pods alone (the GPU-node policy).
-    for toleration in (GPU_TOLERATION, settings.keys.gpu_node_toleration()):
+    for toleration in modelpod.gpu_tolerations(settings.keys):
         tolerations = spec.get("tolerations") or []
         if not any(t.get("key") == toleration["key"] for t in tolerations):
             spec["tolerations"] = [*tolerations, dict(toleration)]
     volumes = list(spec.get("volumes") or [])
     wanted_volumes: list[dict[str, Any]] = [
-        {"name": "model", "emptyDir": {"sizeLimit": "10Gi"}},
+        {"name": "model", "emptyDir": {"sizeLimit": modelpod.MODEL_DIR_SIZE}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-        {
-            "name": "agent-token",
-            "projected": {
-                "sources": [
-                    {
-                        "serviceAccountToken": {
-                            "audience": settings.audience,
-                            "expirationSeconds": 3600,
-                            "path": "token",
-                        }
-                    }
-                ]
-            },
-        },
+        modelpod.token_volume(settings.audience),
     ]
     if request.scheme == "pvc":
         claim = urlsplit(request.uri).netloc

@@ -140,7 +140,7 @@ async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
 
     core.patch_namespaced_resource_quota("gpu", "default", {"spec": {"hard": {KEY: "7Gi"}}})
     obj = await eventually(lambda: placed(custom, "resnet", 3), what="3 replicas placed")
-    [condition] = obj["status"]["conditions"]
+    [condition] = [c for c in obj["status"]["conditions"] if c["type"] == "Placed"]
     assert (condition["status"], condition["reason"]) == ("True", "AllReplicasPlaced")
 
     # Every call the binder made here is one deploy/'s RBAC grants it, the quota's list too.

@@ -218,3 +218,15 @@ def test_the_index_and_the_whole_class_scan_judge_replicas_alike(seed: int) -> N
         else:
             outcomes.update(decisions[0].reasons)
     assert {"placed", "Too many pods", "Insufficient cpu"} <= outcomes
+
+
+def test_a_model_has_one_replica_per_node_where_its_pods_may_share_one() -> None:
+    state = cluster(node("n1"), node("n2"))
+    assert {on(state, replica(f"r{i}", model="m")) for i in range(2)} == {"n1", "n2"}
+    refused = put(state, replica("r2", model="m"))
+    assert isinstance(refused, Unschedulable)
+    assert refused.reasons == {"node(s) already hold a replica of the model": 2}
+    assert on(state, replica("r2", model="other")) in ("n1", "n2"), "another model fits"
+    # Model pods of the same model id only prefer another node.
+    pod = pod_from_api(pod_obj("p", namespace="a", model="m"), KEYS)
+    assert isinstance(place(state, pod, now=NOW), Placement)

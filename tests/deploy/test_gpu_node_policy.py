@@ -18,7 +18,9 @@ import kubernetes.client
 import pytest
 import yaml
 
+from binder.hostpod import host_spec
 from common.contract import Keys
+from common.modelpod import NodeAccess
 from tests.deploy.rendering import DEPLOY
 from tests.deploy.test_admission_policy import SYSTEM, TENANT_NAMESPACE, Cluster
 from tests.deploy.test_admission_policy import cluster as cluster
@@ -266,8 +268,11 @@ def test_the_model_pod_the_binder_places_and_the_node_pod_are_accepted(cluster: 
 
 
 def test_only_the_binder_creates_a_tolerating_pod_on_its_node(cluster: Cluster) -> None:
-    # A model host: the binder creates it on its node (the tenant's own copy is refused above).
-    host = _with("nodeName", "gpu-1", name="tritonshare-host-0123")
+    # A model host as the binder builds it, on its node (the tenant's own copy is refused).
+    access = NodeAccess(8100, 8010, 8011, "tritonshare-agent")
+    spec = host_spec("gpu-1", "tritonshare", "tritonshare:test", access, Keys(), 2)
+    host = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tritonshare-host-0123"}}
+    host["spec"] = spec
     assert _refusal(cluster, copy.deepcopy(host)) == NODE_NAME
     cluster.binder.create_namespaced_pod(TENANT_NAMESPACE, host, _preload_content=False)
     stored = cluster.admin.read_namespaced_pod("tritonshare-host-0123", TENANT_NAMESPACE)

@@ -1,0 +1,82 @@
+"""The model host's pod spec: a model pod that serves many models.
+
+The binder creates one per (namespace, node) with TritonModel replicas placed there
+(`binder.hosting`), from the pieces the webhook builds model pods from (`common.modelpod`): the
+same image, loader and proxy, token for the agent, probes, securityContext and tolerations. Its
+`loader` (`--host`) follows the host's replicas through the agent: each replica's files fetched
+under /mnt/models, installed and loaded, the ready ones written to the shared ready file; its
+`proxy` serves the models of that file (`--models-file`). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from binder.kube import JsonObject
+from common import modelpod
+from common.contract import Keys
+from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, NodeAccess
+from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
+
+HOST_LOADER_SHARE = {CPU: 50, MEMORY: 32 << 20}
+"""The part of a host's requests (`MODEL_HOST_BASE` and `MODEL_HOST_PER_MODEL` per replica, what
+the binder charges its node) that its loader asks for; the proxy asks for the rest."""
+HOST_PROXY_LIMIT_EXTRA = 384 << 20
+"""A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
+
+
+def host_spec(
+    node: str, scheduler_name: str, image: str, access: NodeAccess, keys: Keys, replicas: int
+) -> JsonObject:
+    """The spec of the host on `node` serving `replicas` at creation. Its requests are what the
+    binder charges the node for it: `MODEL_HOST_BASE` plus `MODEL_HOST_PER_MODEL` per replica
+    (a pod's requests cannot change: later replicas add to the charge alone)."""
+    cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * replicas
+    memory = MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY] * replicas
+    proxy_cpu, proxy_memory = cpu - HOST_LOADER_SHARE[CPU], memory - HOST_LOADER_SHARE[MEMORY]
+    env = [modelpod.host_ip_env()]
+    host_mount = {"name": "host", "mountPath": HOST_DIR}
+    loader = modelpod.loader(
+        image,
+        [
+            "--host",
+            f"--models-file={READY_FILE}",
+            f"--model-root={MODEL_DIR}",
+            *modelpod.agent_args(access),
+        ],
+        env=env,
+        mounts=[
+            {"name": "model", "mountPath": MODEL_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  (the pod's own emptyDir)
+            host_mount,
+            modelpod.token_mount(),
+        ],
+        requests={"cpu": f"{HOST_LOADER_SHARE[CPU]}m", "memory": str(HOST_LOADER_SHARE[MEMORY])},
+        limits=modelpod.LOADER_LIMITS,
+    )
+    proxy = modelpod.proxy(
+        image,
+        [
+            f"--models-file={READY_FILE}",
+            *modelpod.gateway_args(access),
+            *modelpod.agent_args(access),
+        ],
+        env=env,
+        mounts=[{**host_mount, "readOnly": True}, modelpod.token_mount()],
+        requests={"cpu": f"{proxy_cpu}m", "memory": str(proxy_memory)},
+        limits={"memory": str(memory + HOST_PROXY_LIMIT_EXTRA)},
+    )
+    return {
+        "nodeName": node,
+        "schedulerName": scheduler_name,
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(modelpod.POD_SECURITY),
+        "tolerations": modelpod.gpu_tolerations(keys),
+        "volumes": [
+            {"name": "model", "emptyDir": {"sizeLimit": modelpod.MODEL_DIR_SIZE}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "host", "emptyDir": {"sizeLimit": "16Mi"}},
+            modelpod.token_volume(access.audience),
+        ],
+        "containers": [loader, proxy],
+    }

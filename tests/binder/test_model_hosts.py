@@ -1,0 +1,424 @@
+"""The model hosts the binder builds for TritonModels, against the simulated API server through the
+official client: a host is a model pod that serves many models (the loader and the proxy the
+webhook writes into a model pod, with the host's arguments); its `serves-<model>` label, the
+model's readyReplicas, Ready condition and ReplicaNotServed Events follow the agent's loaded
+condition on it (written here as the agent writes it, a strategic-merge patch of pods/status),
+without placing anything again; a replica scaled away drains (out of the Service in
+the same write that marks it draining) and leaves once no longer loaded, or after the drain's
+bound; a model has at most one replica per node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from common.contract import Keys
+from common.hosted import host_name, loaded_condition
+from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL, pod_requests
+from proxy.settings import parse_settings as parse_proxy_settings
+from tests.binder import test_tritonmodels
+from tests.binder.objects import GI
+from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.test_tritonmodels import (
+    GROUP,
+    HOSTED,
+    PLURAL,
+    SERVES,
+    VERSION,
+    hosts,
+    model,
+    placed,
+    read,
+)
+from tests.fixtures_sim import new_watch
+from webhook.mutation import complete
+from webhook.settings import Settings as WebhookSettings
+
+KEYS = Keys()
+NODES = ("n1", "n2", "n3")
+LOADED = loaded_condition(KEYS, "resnet")
+READY_FILE = "/var/run/tritonshare/host/ready.json"
+
+# The simulated API server serving the chart's CRDs, and the custom objects client.
+apiserver = test_tritonmodels.apiserver
+custom = test_tritonmodels.custom
+
+
+@pytest.fixture
+def nodes(kube_api: kubernetes.client.ApiClient) -> tuple[str, ...]:
+    for node in NODES:
+        add_node(kube_api, node, [16 * GI])
+    return NODES
+
+
+def set_loaded(
+    core: Any, node: str, status: str, reason: str = "ModelReady", message: str = ""
+) -> None:
+    """What the agent writes on the host for its replica of resnet."""
+    condition = {"type": LOADED, "status": status, "reason": reason, "message": message}
+    core.patch_namespaced_pod_status(
+        host_name(node),
+        "default",
+        {"status": {"conditions": [condition]}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+
+
+def not_served(core: Any) -> list[Any]:
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
+    return [e for e in events.items if e.reason == "ReplicaNotServed"]
+
+
+def hosted(host: Any) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = json.loads(host.metadata.annotations[HOSTED])
+    return entries
+
+
+def status(custom: Any) -> dict[str, Any]:
+    found: dict[str, Any] = read(custom, "resnet").get("status") or {}
+    return found
+
+
+def scale(custom: Any, replicas: int) -> None:
+    custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, "default", PLURAL, "resnet", {"spec": {"replicas": replicas}}
+    )
+
+
+async def all_loaded(custom: Any, core: Any, replicas: int) -> dict[str, Any]:
+    """resnet placed with `replicas`, each loaded on its host and behind the Service."""
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, model("resnet", replicas)
+    )
+    obj: dict[str, Any] = await eventually(
+        lambda: placed(custom, "resnet", replicas), what="placed"
+    )
+    await eventually(lambda: len(hosts(core)) == replicas, what="the hosts")
+    for entry in obj["status"]["placements"]:
+        set_loaded(core, entry["node"], "True")
+    await eventually(
+        lambda: status(custom).get("readyReplicas") == replicas, what="every replica ready"
+    )
+    ready = {c["type"]: c for c in status(custom)["conditions"]}["Ready"]
+    assert (ready["status"], ready["message"]) == (
+        "True",
+        f"{replicas} of {replicas} replicas ready",
+    )
+    assert status(custom)["availableReplicas"] == replicas
+    return obj
+
+
+async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder(agent_port=18100, triton_http_port=18010, audience="agents.example")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 1))
+    [host] = (await eventually(lambda: hosts(core), what="the host")).values()
+    pod = core.api_client.sanitize_for_serialization(host)
+    spec = pod["spec"]
+    loader, proxy = spec["containers"]
+    agent = ["--agent-address=$(HOST_IP):18100", "--token-file=/var/run/secrets/tritonshare/token"]
+    assert (loader["name"], loader["command"]) == ("loader", ["python", "-m", "loader"])
+    assert loader["args"] == [
+        "--host", f"--models-file={READY_FILE}", "--model-root=/mnt/models", *agent
+    ]  # fmt: skip
+    assert (proxy["name"], proxy["command"]) == ("proxy", ["python", "-m", "proxy"])
+    assert proxy["args"] == [
+        f"--models-file={READY_FILE}",
+        "--triton-http-url=$(HOST_IP):18010",
+        "--triton-grpc-url=$(HOST_IP):8011",
+        "--listen-http=0.0.0.0:9000",
+        "--listen-grpc=0.0.0.0:9001",
+        "--listen-metrics=0.0.0.0:9002",
+        *agent,
+    ]
+    # The proxy takes them as a model host's (no model id of its own).
+    node_ip = [a.replace("$(HOST_IP)", "10.0.0.1") for a in proxy["args"]]
+    settings = parse_proxy_settings(node_ip, {})
+    assert (settings.model_id, str(settings.models_file)) == ("", READY_FILE)
+    host_ip = {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}
+    assert loader["env"] == proxy["env"] == [host_ip]
+    mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in (loader, proxy)}
+    assert mounts["loader"]["model"] == {"name": "model", "mountPath": "/mnt/models"}
+    assert mounts["loader"]["host"] == {"name": "host", "mountPath": "/var/run/tritonshare/host"}
+    assert mounts["proxy"]["host"]["readOnly"] is True
+    assert "model" not in mounts["proxy"], "the proxy never reads model files"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert set(volumes) == {"model", "tmp", "host", "agent-token"}
+    assert "emptyDir" in volumes["model"] and "emptyDir" in volumes["host"]
+    [source] = volumes["agent-token"]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "agents.example"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    taint = KEYS.gpu_node_toleration()["key"]
+    assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", taint}
+    for container in (loader, proxy):
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+    # What the binder charges its node for the host, as the kubelet counts the pod.
+    assert pod_requests(spec) == {
+        CPU: MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU],
+        MEMORY: MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY],
+    }
+
+    # One code path: the model pod the webhook completes runs the same proxy, token and pod
+    # settings.
+    annotations = {"tritonshare.io/model-uri": "gs://b/add_one", KEYS.gpu_mem: "1Gi"}
+    model_pod = complete(
+        {"metadata": {"name": "m", "annotations": annotations}, "spec": {"containers": []}},
+        WebhookSettings(audience="agents.example"),
+    )["spec"]
+    [model_proxy] = model_pod["containers"]
+    same = ("image", "command", "ports", "startupProbe", "readinessProbe", "livenessProbe",
+            "lifecycle", "securityContext")  # fmt: skip
+    assert {k: proxy[k] for k in same} == {k: model_proxy[k] for k in same}
+    assert volumes["agent-token"] in model_pod["volumes"]
+    assert spec["securityContext"] == model_pod["securityContext"]
+    assert spec["tolerations"] == model_pod["tolerations"]
+
+
+async def test_the_serves_label_and_ready_replicas_follow_the_loaded_condition(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    obj = await eventually(lambda: placed(custom, "resnet", 2), what="placed")
+    first, second = (e["node"] for e in obj["status"]["placements"])
+    await eventually(lambda: len(hosts(core)) == 2, what="the hosts")
+    assert status(custom)["readyReplicas"] == 0
+    assert [p["ready"] for p in status(custom)["placements"]] == [False, False]
+
+    set_loaded(core, first, "True")
+
+    def serving() -> set[str]:
+        return {n for n, h in hosts(core).items() if h.metadata.labels.get(SERVES) == "true"}
+
+    await eventually(lambda: serving() == {first}, what="the loaded replica's host serves")
+    await eventually(lambda: status(custom).get("readyReplicas") == 1, what="1 ready")
+    entries = status(custom)["placements"]
+    assert [p["ready"] for p in entries] == [True, False]
+    await eventually(
+        lambda: (
+            status(custom)["placements"][1].get("message") == "not loaded on its model host yet"
+        ),
+        what="why replica 1 is not ready",
+    )
+    assert [p["proof"] for p in entries] == [p["proof"] for p in obj["status"]["placements"]]
+
+    # A tenant's own label on the host of a replica not loaded is taken off again.
+    core.patch_namespaced_pod(
+        host_name(second), "default", {"metadata": {"labels": {SERVES: "true"}}}
+    )
+    await eventually(lambda: SERVES not in hosts(core)[second].metadata.labels, what="undone")
+
+    set_loaded(core, first, "False", "ModelFailed", "the backend refused the model")
+    await eventually(lambda: not serving(), what="out of the Service")
+    await eventually(lambda: status(custom).get("readyReplicas") == 0, what="0 ready")
+    assert status(custom)["placements"][0]["message"] == (
+        "ModelFailed: the backend refused the model"
+    )
+    ready = {c["type"]: c for c in status(custom)["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ReplicasNotReady")
+    [event] = await eventually(lambda: not_served(core), what="the ReplicaNotServed event")
+    assert event.type == "Warning" and event.involved_object.kind == "TritonModel"
+    assert event.message == f"replica 0 on node {first}: ModelFailed: the backend refused the model"
+    # The same reason again says nothing new.
+    set_loaded(core, first, "False", "ModelFailed", "the backend refused the model again")
+    await eventually(
+        lambda: status(custom)["placements"][0]["message"].endswith("again"), what="the message"
+    )
+    assert len(not_served(core)) == 1
+    assert ready["message"] == (
+        f"0 of 2 replicas ready; replica 0 on {first}: ModelFailed: the backend refused the "
+        f"model; replica 1 on {second}: not loaded on its model host yet"
+    )
+    final = read(custom, "resnet")
+    assert [p["proof"] for p in final["status"]["placements"]] == [
+        p["proof"] for p in obj["status"]["placements"]
+    ], "nothing placed again"
+
+
+def host_versions(core: Any, since: str) -> list[Any]:
+    """Every version of the default namespace's pods written since resourceVersion `since`."""
+    stream = new_watch().stream(
+        core.list_namespaced_pod, "default", resource_version=since, timeout_seconds=1
+    )
+    return [e["object"] for e in stream if e["type"] == "MODIFIED"]
+
+
+async def test_a_replica_scaled_away_drains_out_of_the_service_then_leaves(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    binder = await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    kept, leaving = (e["node"] for e in obj["status"]["placements"])
+    leaving_uid = f"{obj['metadata']['uid']}/1"
+    since = core.list_namespaced_pod("default").metadata.resource_version
+
+    scale(custom, 1)
+
+    def draining() -> Any:
+        host = hosts(core).get(leaving)
+        return host if host is not None and hosted(host)[0].get("draining") else None
+
+    host = await eventually(draining, what="the replica marked draining")
+    assert SERVES not in host.metadata.labels
+    assert binder.ledger.state.is_accounted(leaving_uid), "charged while it drains"
+    await eventually(lambda: placed(custom, "resnet", 1), what="status says 1")
+    assert status(custom)["readyReplicas"] == 1
+    # Never listed as draining while still behind the Service: both in one write.
+    for version in await asyncio.to_thread(host_versions, core, since):
+        if version.metadata.name == host_name(leaving) and '"draining":true' in (
+            version.metadata.annotations.get(HOSTED, "")
+        ):
+            assert SERVES not in (version.metadata.labels or {})
+    await eventually(lambda: SERVES in hosts(core)[kept].metadata.labels, what="kept serves")
+
+    # Scaled back up during the drain: the drain runs on, and the replica is placed again, as
+    # a new one, once it has left.
+    scale(custom, 2)
+
+    def placed_condition() -> dict[str, Any]:
+        found: dict[str, Any] = {c["type"]: c for c in status(custom)["conditions"]}["Placed"]
+        return found
+
+    await eventually(lambda: placed_condition()["status"] == "False", what="Placed=False")
+    assert (placed_condition()["reason"], placed_condition()["message"]) == (
+        "ReplicaDraining",
+        f"replica 1 is placed again once its previous placement on node {leaving} has drained",
+    )
+    assert status(custom)["replicas"] == 1
+    host = hosts(core)[leaving]
+    assert hosted(host)[0]["draining"] and SERVES not in host.metadata.labels
+    assert not [e for e in core.list_namespaced_event("default").items if "Failed" in e.reason]
+
+    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
+    again = await eventually(lambda: placed(custom, "resnet", 2), what="replica 1 placed again")
+    entry = again["status"]["placements"][1]
+    assert placed_condition()["status"] == "True"
+    assert not binder.ledger.draining
+
+    def listed() -> bool:
+        new_host = hosts(core).get(entry["node"])
+        return new_host is not None and any(
+            e["replica"] == 1 and not e.get("draining") for e in hosted(new_host)
+        )
+
+    await eventually(listed, what="replica 1 on its host, not draining")
+    set_loaded(core, entry["node"], "True")
+    await eventually(lambda: status(custom).get("readyReplicas") == 2, what="2 ready again")
+
+    scale(custom, 1)
+    await eventually(
+        lambda: any(e.get("draining") for e in hosted(hosts(core)[entry["node"]])),
+        what="draining again",
+    )
+    set_loaded(core, entry["node"], "False", "ModelNotLoaded", "unloaded")
+    await eventually(lambda: set(hosts(core)) == {kept}, what="the emptied host deleted")
+    await eventually(lambda: not binder.ledger.state.is_accounted(leaving_uid), what="freed")
+    assert not binder.ledger.draining
+
+
+async def test_a_drain_ends_at_its_bound(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    binder = await make_binder(host_drain_seconds=1.0)
+    obj = await all_loaded(custom, core, 2)
+    leaving = obj["status"]["placements"][1]["node"]
+    scale(custom, 1)
+    # Still loaded (no loader unloads it here), it leaves after the bound all the same.
+    await eventually(lambda: leaving not in hosts(core), what="removed after the bound")
+    assert not binder.ledger.state.is_accounted(f"{obj['metadata']['uid']}/1")
+    assert status(custom)["readyReplicas"] == 1
+
+
+async def test_a_model_has_at_most_one_replica_per_node(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 4))
+
+    def refused() -> str:
+        for condition in status(custom).get("conditions") or []:
+            if condition["type"] == "Placed" and condition["status"] == "False":
+                return str(condition["message"])
+        return ""
+
+    message = await eventually(refused, what="replica 3 refused")
+    assert message == (
+        "replica 3: 1 replica per node: 0/3 nodes are available: "
+        "3 node(s) already hold a replica of the model."
+    )
+    assert status(custom)["replicas"] == 3
+    by_node = await eventually(lambda: len(hosts(core)) == 3 and hosts(core), what="3 hosts")
+    assert [len(hosted(h)) for h in by_node.values()] == [1, 1, 1]
+
+
+async def test_a_host_deleted_takes_every_model_on_it_out_of_ready(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    for name in ("bert", "resnet"):
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model(name, 1))
+    [host] = (await eventually(lambda: hosts(core), what="the host")).values()
+    await eventually(lambda: len(hosted(hosts(core)["n1"])) == 2, what="both on the host")
+    for name in ("bert", "resnet"):
+        condition = {"type": loaded_condition(KEYS, name), "status": "True", "reason": "ModelReady"}
+        core.patch_namespaced_pod_status(
+            host.metadata.name,
+            "default",
+            {"status": {"conditions": [condition]}},
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    def ready() -> list[int]:
+        return [
+            (read(custom, n).get("status") or {}).get("readyReplicas", 0)
+            for n in ("bert", "resnet")
+        ]
+
+    await eventually(lambda: ready() == [1, 1], what="both ready")
+    core.delete_namespaced_pod(host.metadata.name, "default", grace_period_seconds=0)
+    await eventually(lambda: ready() == [0, 0], what="neither ready")
+    again = await eventually(lambda: hosts(core), what="a new host")
+    assert again["n1"].metadata.uid != host.metadata.uid
+    assert not {k for k in again["n1"].metadata.labels if "serves-" in k}, "none loaded there yet"
+
+
+async def test_a_new_leader_drains_on_what_the_old_one_began(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    old = await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    kept, leaving = (e["node"] for e in obj["status"]["placements"])
+    leaving_uid = f"{obj['metadata']['uid']}/1"
+    scale(custom, 1)
+    await eventually(lambda: hosted(hosts(core)[leaving])[0].get("draining"), what="draining")
+    await make_binder.stop(old)
+    # The tenant lists a draining replica of its own making on the other host: not charged.
+    entries = hosted(hosts(core)[kept])
+    forged = {**entries[0], "replica": 5, "draining": True}
+    value = json.dumps([*entries, forged])
+    core.patch_namespaced_pod(
+        host_name(kept), "default", {"metadata": {"annotations": {HOSTED: value}}}
+    )
+
+    new = await make_binder()
+    assert new.ledger.state.is_accounted(leaving_uid) and leaving_uid in new.ledger.draining
+    assert not new.ledger.state.is_accounted(f"{obj['metadata']['uid']}/5")
+    # Once the new leader has reconciled the model (its readiness written), the drain is still on.
+    set_loaded(core, kept, "False", "ModelFailed", "gone")
+    await eventually(lambda: status(custom).get("readyReplicas") == 0, what="the new leader's")
+    assert hosted(hosts(core)[leaving])[0]["draining"] is True
+    await eventually(lambda: len(hosted(hosts(core)[kept])) == 1, what="the forged entry gone")
+    set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
+    await eventually(lambda: leaving not in hosts(core), what="the drained host deleted")
+    await eventually(lambda: not new.ledger.state.is_accounted(leaving_uid), what="freed")
