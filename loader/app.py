@@ -119,6 +119,7 @@ async def run_host(settings: Settings) -> None:
         HostTiming(
             poll_seconds=settings.host_poll_seconds,
             drain_seconds=settings.drain_seconds,
+            unroute_seconds=settings.unroute_seconds,
             call_seconds=settings.attempt_timeout_seconds,
             load=Timing(
                 total_seconds=settings.timeout_seconds,

@@ -10,9 +10,11 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per model:
   with backoff; it never stops the others.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "idleSeconds"}`,
   replaced whole), which the host's proxy serves.
-- draining, gone, or given another storage URI: removed from the models file first; after
-  `drain_seconds` (the proxy finishes its requests meanwhile) unloaded through the agent, then
-  its files deleted. Another URI is then loaded as a new replica.
+- draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
+  has taken the host out of its Service; requests routed before the endpoints caught up are
+  answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
+  requests meanwhile) unloaded through the agent, then its files deleted. Another URI is then
+  loaded as a new replica.
 
 A restarted loader starts from the models file it wrote: those models stay listed while the same
 flow confirms them (the node still has their digest: nothing is sent again). Owns these decisions
@@ -78,6 +80,9 @@ class HostTiming:
     """One ListHosted or UnloadModel call."""
     load: Timing
     """A replica's load (loading.py), each attempt."""
+    unroute_seconds: float = 0.0
+    """A leaving replica stays listed (served) this long first: its Service stops sending here
+    meanwhile."""
 
 
 @dataclass
@@ -218,12 +223,13 @@ class Host:
             return  # its end brings it back here
         tracked.leaving = True
         was_published = tracked.published
-        tracked.published = tracked.ready = False
+        tracked.ready = False
         log.info(
             "Model %s is leaving this host (%s): %s.",
             tracked.model,
             why,
-            f"removed from the models file, unloaded in {self._timing.drain_seconds:.0f} s"
+            f"served {self._timing.unroute_seconds:g} s more, then removed from the models "
+            f"file and unloaded {self._timing.drain_seconds:g} s later"
             if was_published
             else "unloading it",
         )
@@ -319,6 +325,9 @@ class Host:
     async def _drain(self, tracked: _Tracked, was_published: bool) -> None:
         model = tracked.model
         if was_published:
+            await asyncio.sleep(self._timing.unroute_seconds)
+            tracked.published = False
+            self._publish()
             await asyncio.sleep(self._timing.drain_seconds)
         try:
             await self._agent.unload(model, self._timing.call_seconds)

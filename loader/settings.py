@@ -180,6 +180,16 @@ class Settings:
     """With --host: seconds between removing a leaving replica from the models file and
     unloading it, for the proxy to finish its requests (its --finish-timeout, 20 s by default,
     plus its reread period). Default 30."""
+    unroute_seconds: float = setting(
+        "unroute-seconds",
+        "with --host: seconds a leaving replica stays in the models file, served, while its "
+        "Service stops sending to this host",
+        seconds(),
+        default="5",
+    )
+    """With --host: seconds a leaving (draining) replica is still served after the binder took
+    the host out of its Service, so requests routed before the endpoints caught up are answered
+    (as a model pod's preStop pause). Default 5."""
     host_parallel: int = setting(
         "host-parallel",
         "with --host: replicas fetched and loaded at once",

@@ -74,7 +74,7 @@ def read_models(path: Path) -> list[Entry]:
         path,
         "models file",
         TableError,
-        "check that the host pod projects its hosted-models annotation there (downward API)",
+        "the host's loader writes it (--models-file) as its models become ready",
     )
     assert data is not None
     try:
@@ -136,6 +136,7 @@ class ModelTable:
         self.served: dict[bytes, Served] = {}
         """`models` by encoded model id (the gRPC relay's look-up)."""
         self._identity: tuple[int, int, int] | None = None
+        self._waiting_said = False
 
     def set_models(self, wanted: list[Entry]) -> None:
         """Serve exactly `wanted`: new ones join, the others start draining; an entry whose limit
@@ -204,6 +205,14 @@ class ModelTable:
         mtime); a file that cannot be read keeps the table as it is, and says why."""
         try:
             stat = path.stat()
+        except FileNotFoundError:
+            # A host starts before its loader has made any model ready: no table yet.
+            if self._identity is not None or not self._waiting_said:
+                log.info("No models file %s yet: serving no model until it is written.", path)
+                self._waiting_said = True
+            self._identity = None
+            self.set_models([])
+            return
         except OSError as e:
             log.error("Cannot read the models file %s (%s): keeping the table.", path, e.strerror)
             self.sweep()

@@ -196,6 +196,7 @@ async def following(
     *,
     root: str = "models",
     drain_seconds: float = 0.0,
+    unroute_seconds: float = 0.0,
     fetcher: Fetch = fetch_off_loop,
     parallel: int = 2,
 ) -> AsyncIterator[Host]:
@@ -208,6 +209,7 @@ async def following(
         drain_seconds=drain_seconds,
         call_seconds=10.0,
         load=Timing(total_seconds=30.0, attempt_seconds=10.0, poll_seconds=0.05, backoff=backoff),
+        unroute_seconds=unroute_seconds,
     )
     host = Host(
         client,
@@ -275,13 +277,16 @@ async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the
     servicer, address = agent
     servicer.host("add_one", models.url("add_one"))
     servicer.host("identity", models.url("identity"))
-    drain = 0.5
-    async with following(address, tmp_path, drain_seconds=drain):
+    drain, unroute = 0.5, 0.4
+    async with following(address, tmp_path, drain_seconds=drain, unroute_seconds=unroute):
         await until(lambda: names(tmp_path) == ["add_one", "identity"], "both listed")
+        left = time.time()
         servicer.replicas["add_one"].draining = True
         del servicer.replicas["identity"]
         await until(lambda: names(tmp_path) == [], "both removed from the file")
         removed = (tmp_path / "ready" / "models.json").stat().st_mtime
+        # Still served while the Service stops sending here.
+        assert removed >= left + unroute - 0.05
         assert servicer.count("UnloadModel", "add_one") == 0, "not before the drain"
         await until(lambda: not servicer.models, "both unloaded")
         for model in ("add_one", "identity"):

@@ -78,3 +78,20 @@ def test_a_bad_limit_says_which_entry(
     _write(table, [{"model": "b"}, entry])
     with pytest.raises(TableError, match=f"entry 2 of the models file .*: {message}"):
         read_models(table)
+
+
+async def test_a_host_starts_with_no_models_file_and_serves_it_once_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The host's proxy may start before its loader has made any model ready."""
+    table = tmp_path / "models.json"
+    proxy = _proxy(table)
+    assert proxy.table is not None
+    with caplog.at_level("INFO", logger="proxy.table"):
+        proxy.table.reread(table)
+        proxy.table.reread(table)
+    assert proxy.table.names == set()
+    assert [r.levelname for r in caplog.records if "No models file" in r.message] == ["INFO"]
+    _write(table, [{"model": "small"}])
+    proxy.table.reread(table)
+    assert proxy.table.names == {"small"}
