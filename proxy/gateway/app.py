@@ -92,6 +92,7 @@ class Gateway:
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
             on_probation=self.tenants.probation_changed,
+            on_rows=self.tenants.rows_changed,
         )
         self.activity = ActivityWriter(settings.activity_path, self.tenants)
         self.witness = CrashWitness(
@@ -168,13 +169,12 @@ class Gateway:
                 await asyncio.sleep(0.1)
                 continue
             address = caller_address(peer)
-            caller = self.book.lookup(address)
-            if caller is None or self.state.draining:
+            rows = self.book.lookup(address)
+            if rows is None or self.state.draining:
                 self._refuse(protocol, address, sock)
                 continue
-            tenant = self.tenants.get(
-                caller, self.settings.relay_settings(caller.model_id, caller.concurrency)
-            )
+            tenant = self.tenants.get(rows, self.settings.relay_settings)
+            caller = tenant.caller
             if tenant.connections >= self.settings.max_connections_per_pod:
                 self._refuse(protocol, address, sock, why="too_many_connections")
                 continue
