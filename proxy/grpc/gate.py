@@ -480,6 +480,15 @@ class StreamGate:
         router = self.context.router
         if stream.streaming:
             refusal = router.decide_stream_scanned(scan)
+            served = stream.served
+            if refusal is None and router.per_model and served is not None:
+                try:
+                    other = scan.field(1) != served.public
+                except wire.WireError:
+                    other = True
+                if other:
+                    words = _OTHER_MODEL.format(served.model_id)
+                    refusal = routing.stream_refusal(words, b"")
             if refusal is not None:
                 self.refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
                 return False
