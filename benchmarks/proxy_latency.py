@@ -806,7 +806,8 @@ def _report_gateway(results: Results) -> None:
                 f"vs proxy + bare relay {_figure(figures, latency)} (at most one bare relay hop "
                 f"more: {verdict})"
             )
-        print(f"  {title:30} " + "; ".join(parts))
+        if parts:
+            print(f"  {title:30} " + "; ".join(parts))
         if (measure, "chain") in results and (measure, "relay") in results:
             hop = _paired(results, measure, "chain", not latency, "relay")
             print(f"  {'':30} (one bare relay hop behind the proxy: {_figure(hop, latency)})")

@@ -2,15 +2,15 @@
 
 Triton binds the node pod's loopback, so nothing outside the node pod reaches it; the gateway, in
 the node pod too, listens for the model pods' proxies. It knows which pod is calling by the
-connection's source address: the agent's caller table (`gateway.callers`) maps each proven model
-pod of this node that owns its model to that model. At accept, a connection from an address that
-is no caller is closed before a byte is read; one from a caller is handed to that pod's relays
-(`gateway.tenants`), which are the proxy's own, bound to the pod's model. When a pod leaves the
-table its connections are dropped at once.
+connection's source address: the agent's caller table (`gateway.callers`) maps each proven model pod
+of this node that owns its model to that model, and each model host to its replicas' models. At
+accept, a connection from an address that is no caller is closed before a byte is read; one from a
+caller is handed to that pod's relays (`gateway.tenants`), which are the proxy's own, bound to the
+pod's model. When a pod leaves the table its connections are dropped at once.
 
 Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table, and
-write the activity table (`gateway.activity`) the agent's evictions read. Stop
-(SIGTERM): stop accepting, let in-flight requests finish up to the finish timeout, close.
+write the activity table (`gateway.activity`) the agent's evictions read. Stop (SIGTERM): stop
+accepting, let in-flight requests finish up to the finish timeout, close.
 """
 
 from __future__ import annotations

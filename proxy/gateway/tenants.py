@@ -1,17 +1,19 @@
-"""One relay per calling pod: the proxy's own REST and gRPC relays, bound to that pod's model.
+"""One relay per calling pod: the proxy's own REST and gRPC relays, bound to that pod's models.
 
 A `Tenant` is what the gateway serves a caller with: the proxy's `RestRelay` and `GrpcRelay`
-(routing, the raw-path grammar, server-wide APIs refused, other models answered like unknown
-ones, every gRPC message checked), made for the caller's model and fed the connections the
-gateway accepted from the caller's address. Where Triton knows the caller's model by a private
-name (`Caller.name_in_triton`), the relays map the public model id in each request to
-it and back in each answer. Each tenant has its own connections to Triton, so one pod's stalled
+(routing, the raw-path grammar, server-wide APIs refused, other models answered like unknown ones,
+every gRPC message checked), made for the caller's model and fed the connections the gateway
+accepted from the caller's address. Where Triton knows the caller's model by a private name
+(`Caller.name_in_triton`), the relays map the public model id in each request to it and back in each
+answer. A model host's tenant serves its rows as the proxy serves a table (`proxy.table`): each row
+a `Member` with its own limiter (limit, quarantine, probation) and metrics, each mapped to its own
+private name, per request. Each tenant has its own connections to Triton, so one pod's stalled
 stream or slow reader never holds another's; and each has its share of the one event loop
-(`policy.share`): while it is over it and other pods are active, its connections stop reading
-until the round ends, so its flood waits in its own socket buffers. `Tenants` makes them on a
-pod's first connection and drops them, with every open connection, the moment the pod loses its
-place in the caller table. What it must not do: decide who a caller is (`gateway.callers`) or
-accept sockets.
+(`policy.share`): while it is over it and other pods are active, its connections stop reading until
+the round ends, so its flood waits in its own socket buffers. `Tenants` makes them on a pod's first
+connection and drops them, with every open connection, the moment the pod loses its place in the
+caller table (a host, its last row). What it must not do: decide who a caller is (`gateway.callers`)
+or accept sockets.
 """
 
 from __future__ import annotations
