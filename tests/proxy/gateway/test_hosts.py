@@ -18,6 +18,7 @@ import contextlib
 import http.client
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +26,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from common.activity import ActivityTableError
+from common.activity import read_table as read_activity
 from common.callers import Caller
+from proxy.gateway.tenants import members
+from proxy.gateway.witness import suspects_of
 from sim.triton import TritonInstall, TritonServer
 from tests.conftest import copy_model
 from tests.proxy.gateway.conftest import (
@@ -399,3 +404,34 @@ def test_a_replica_leaving_keeps_the_hosts_other_models_and_the_last_drops_it(
     finally:
         connection.close()
     assert fetch(gateway.http_url, "GET", "/v2/models/c/ready", None, OTHER)[0] == 200
+
+
+# -- what the node reads of a host's models: metrics, activity, the crash witness ----------------
+
+
+def test_a_hosts_models_are_counted_each_under_its_own_row(gateway: RunningGateway) -> None:
+    for model in ("a", "b"):
+        assert fetch(gateway.http_url, "POST", f"/v2/models/{model}/infer", INFER, HOST)[0] == 200
+    with urllib.request.urlopen(gateway.metrics_url, timeout=30) as response:
+        exposition = response.read().decode()
+    for model in ("a", "b"):
+        labelled = [
+            line
+            for line in exposition.splitlines()
+            if f'model="{model}"' in line and f'pod="{HOST_POD}"' in line
+        ]
+        assert labelled, f"no series of {model} under the host's pod"
+
+    # The agent's evictions read each replica's activity by its name in Triton.
+    def named() -> set[str]:
+        try:
+            return set(read_activity(gateway.settings.activity_path).models)
+        except ActivityTableError:
+            return set()  # not written yet
+
+    poll(lambda: {A_PRIVATE, B_PRIVATE} <= named(), "the activity table naming both replicas")
+    # The crash witness names the replica, by its uid, not the host as a whole.
+    rows = [m for m in members(gateway.gateway.tenants) if m.caller.address == HOST]
+    assert sorted(m.caller.uid for m in rows) == ["uid-a/0", "uid-b/0"]
+    suspects = suspects_of(rows, {}, time.monotonic(), last=60.0)
+    assert [(s.pod, s.uid, s.model_id) for s in suspects] == [(HOST_POD, "uid-b/0", "b")]
