@@ -46,7 +46,9 @@ pytestmark = pytest.mark.triton
 A_PRIVATE = "team-h.a.0a0a0a0a"
 B_PRIVATE = "team-h.b.0b0b0b0b"
 C_PRIVATE = "team-o.c.0c0c0c0c"
-PRIVATE_NAMES = (A_PRIVATE, B_PRIVATE, C_PRIVATE)
+M_PRIVATE = "team-h.m.0d0d0d0d"
+"""The private name of a replica the host serves but Triton does not have (lost, or loading)."""
+PRIVATE_NAMES = (A_PRIVATE, B_PRIVATE, C_PRIVATE, M_PRIVATE)
 HOST, OTHER = "127.1.3.1", "127.1.3.2"
 HOST_POD = "team-h/tritonshare-host-0123456789abcdef"
 INFER = json.dumps(
@@ -59,11 +61,9 @@ def row(model: str, private: str, *, quarantined: str = "", concurrency: int = 0
     return Caller(HOST, model, HOST_POD, f"uid-{model}/0", concurrency, private, quarantined)
 
 
-ROWS = (
-    row("a", A_PRIVATE, concurrency=2),
-    row("b", B_PRIVATE),
-    Caller(OTHER, "c", "team-o/tritonshare-host-0123456789abcdef", "uid-c/0", 0, C_PRIVATE),
-)
+OTHER_ROW = Caller(OTHER, "c", "team-o/tritonshare-host-0123456789abcdef", "uid-c/0", 0, C_PRIVATE)
+"""Team-o's host's replica of `c`."""
+ROWS = (row("a", A_PRIVATE, concurrency=2), row("b", B_PRIVATE), row("m", M_PRIVATE), OTHER_ROW)
 
 
 def _adding(triton_repository: Path, name: str, amount: int) -> None:
@@ -309,7 +309,7 @@ def test_a_large_stream_message_naming_another_model_last_never_reaches_triton(
     # stream may not pass a message for `b` to Triton under b's public id (another's model there)
     # by hiding the name past the part of the message the gateway decides from.
     gateway, table = changing
-    publish(table, row("a", ""), row("b", B_PRIVATE), ROWS[2])
+    publish(table, row("a", ""), row("b", B_PRIVATE), OTHER_ROW)
 
     def legacy() -> bool:  # the host's `a` is Triton's `a` now
         answer = fetch(gateway.http_url, "POST", "/v2/models/a/infer", INFER, HOST)
@@ -329,6 +329,26 @@ def test_a_large_stream_message_naming_another_model_last_never_reaches_triton(
     assert outputs == [[100.0, 101.0, 102.0]], "a's answer only: Triton never ran b's message"
     assert fields.get("grpc-status") == "3", fields
     assert "this stream serves model a" in fields.get("grpc-message", "")
+
+
+def test_tritons_errors_for_a_replica_name_its_public_id(gateway: RunningGateway) -> None:
+    # Triton lacks m's replica: its own errors quote the private name, the host gets the id.
+    for method, path in PER_MODEL:
+        body = INFER if method == "POST" else None
+        ghost = fetch(gateway.http_url, method, path.format(m="ghost"), body, HOST)
+        answer = fetch(gateway.http_url, method, path.format(m="m"), body, HOST)
+        assert no_private_name(answer[2]) and answer[0] >= 400, (path, answer)
+        if path.endswith("infer") or path == "/v2/models/{m}":
+            assert b"'m'" in answer[2] and answer[0] == ghost[0], (path, answer)
+    fields, answers = grpc_call(gateway.grpc_url, HOST, "ModelInfer", [infer_request("m")])
+    assert fields.get("grpc-status") != "0" and answers == []
+    assert "'m'" in fields.get("grpc-message", "") and M_PRIVATE not in str(fields)
+    fields, answers = grpc_call(
+        gateway.grpc_url, HOST, "ModelStreamInfer", [infer_request("m"), infer_request("a")]
+    )
+    assert all(no_private_name(a) for a in answers) and M_PRIVATE not in str(fields)
+    errors = [service_pb2.ModelStreamInferResponse.FromString(a).error_message for a in answers]
+    assert any("'m'" in e for e in errors), errors
 
 
 def test_another_namespaces_host_reaches_its_own_model_only(gateway: RunningGateway) -> None:
@@ -390,12 +410,12 @@ def test_a_replica_leaving_keeps_the_hosts_other_models_and_the_last_drops_it(
 
     try:
         assert ready("a") == 200 and ready("b") == 200
-        publish(table, ROWS[0], ROWS[2])  # b's replica left the host
+        publish(table, ROWS[0], OTHER_ROW)  # b's replica left the host
         poll(lambda: ready("b") == 400, "b refused")
         assert ready("a") == 200, "the host's connection stays for its other model"
-        publish(table, row("b", B_PRIVATE), ROWS[0], ROWS[2])  # and came back
+        publish(table, row("b", B_PRIVATE), ROWS[0], OTHER_ROW)  # and came back
         poll(lambda: ready("b") == 200, "b served again")
-        publish(table, ROWS[2])  # the host lost every replica: its connections are dropped
+        publish(table, OTHER_ROW)  # the host lost every replica: its connections are dropped
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
@@ -432,6 +452,6 @@ def test_a_hosts_models_are_counted_each_under_its_own_row(gateway: RunningGatew
     poll(lambda: {A_PRIVATE, B_PRIVATE} <= named(), "the activity table naming both replicas")
     # The crash witness names the replica, by its uid, not the host as a whole.
     rows = [m for m in members(gateway.gateway.tenants) if m.caller.address == HOST]
-    assert sorted(m.caller.uid for m in rows) == ["uid-a/0", "uid-b/0"]
+    assert sorted(m.caller.uid for m in rows) == ["uid-a/0", "uid-b/0", "uid-m/0"]
     suspects = suspects_of(rows, {}, time.monotonic(), last=60.0)
     assert [(s.pod, s.uid, s.model_id) for s in suspects] == [(HOST_POD, "uid-b/0", "b")]
