@@ -44,9 +44,12 @@ and `others`, the share of the box's CPU that work outside the benchmark took du
 
 `--native` runs the proxy and the gateway compiled (`python -m proxy.native`, built first when
 stale); `--baseline-tree build/native` instead adds the compiled proxy as one more hop beside the
-pure one, for a pure/compiled comparison in the same rounds. `--models N` adds a model host's
-proxy whose table holds add_one and N-1 idle models (a request's cost must not grow with them),
-and prints the resident memory of the one-model proxy and of the host after warm-up.
+pure one, for a pure/compiled comparison in the same rounds; with the full path measured, a
+`--baseline-tree` (another checkout, such as the code before a change) also adds its full path
+(`fullbase`), so a gateway change is set against the gateway before it in the same rounds.
+`--models N` adds a model host's proxy whose table holds add_one and N-1 idle models (a request's
+cost must not grow with them), and prints the resident memory of the one-model proxy and of the
+host after warm-up.
 
 A round of every hop takes about 65 s on a 2-core box (5 rounds, the default, about 6 minutes);
 more rounds narrow the intervals, and `--report` pools the rounds of several saved runs.
@@ -645,6 +648,8 @@ def _label(measure: str, name: str) -> str:
         return "proxy + bare relay"
     if name == "full":
         return "proxy + gateway (full path)"
+    if name == "fullbase":
+        return "full path, --baseline-tree"
     return (
         "proxy" if measure.startswith("rest") or measure == "hey1" else f"proxy, --grpc-mode {name}"
     )
@@ -677,7 +682,9 @@ def report(results: Results, rounds: int, seconds: float) -> None:
         if (measure, "direct") not in results:
             continue
         names = [
-            n for n in [*names, "host", "chain", "full", "baseline"] if (measure, n) in results
+            n
+            for n in [*names, "host", "chain", "full", "fullbase", "baseline"]
+            if (measure, n) in results
         ]
         has_floor = (measure, "floor") in results
         direct = statistics.median(results[(measure, "direct")])
@@ -727,7 +734,7 @@ def _report_cpu(results: Results) -> None:
     print("\nCPU time per request (the hop's own process, from /proc), at c=16 unless said:")
     for measure in ("restcpu", "grpccpu"):
         names = ["floor", "relay", "host", "grpcio", "baseline", "chain", "full", "chain:proxy"]
-        names += ["full:proxy"]
+        names += ["full:proxy", "fullbase"]
         per_hop = [
             f"{n} {statistics.median(results[(measure, n)]):.0f} us"
             for n in names
@@ -751,7 +758,7 @@ def _report_cpu(results: Results) -> None:
             times = statistics.median(_paired(results, measure, "host", True, "relay"))
             print(f"    host {times:.2f}x the one-model proxy's CPU (median of rounds)")
     names = ["floor", "relay", "host", "grpcio", "baseline", "chain", "full", "chain:proxy"]
-    names += ["full:proxy"]
+    names += ["full:proxy", "fullbase"]
     per_call = [
         f"{n} {statistics.median(results[('grpc1cpu', n)]):.0f} us"
         for n in names
@@ -799,7 +806,8 @@ def _report_gateway(results: Results) -> None:
                 f"vs proxy + bare relay {_figure(figures, latency)} (at most one bare relay hop "
                 f"more: {verdict})"
             )
-        print(f"  {title:30} " + "; ".join(parts))
+        if parts:
+            print(f"  {title:30} " + "; ".join(parts))
         if (measure, "chain") in results and (measure, "relay") in results:
             hop = _paired(results, measure, "chain", not latency, "relay")
             print(f"  {'':30} (one bare relay hop behind the proxy: {_figure(hop, latency)})")
@@ -842,7 +850,17 @@ def _report_gateway(results: Results) -> None:
         if (measure, "full:proxy") in results and (measure, "relay") in results:
             ratios = _paired(results, measure, "full:proxy", True, "relay")
             line += f"; the proxy in front of it {statistics.median(ratios):.2f}x the proxy alone"
+        if (measure, "fullbase") in results:
+            ratios = _paired(results, measure, "full", True, "fullbase")
+            value = statistics.median(ratios)
+            low, high = median_interval(ratios)
+            line += f"; {value:.2f}x ({low:.2f} .. {high:.2f}) the --baseline-tree gateway's"
         print(line)
+    for title, measure, most in _GATEWAY_ROWS:
+        if (measure, "fullbase") in results and (measure, "full") in results:
+            latency = most is not None
+            figures = _paired(results, measure, "full", not latency, "fullbase")
+            print(f"  {title:30} vs the --baseline-tree full path {_figure(figures, latency)}")
 
 
 def load_results(saved: list[Path]) -> Results:
@@ -970,6 +988,18 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             if baseline is not None:
                 hops["baseline"] = stack.enter_context(
                     running_proxy(triton_urls, relay_mode, baseline)
+                )
+            if baseline is not None and "full" in paths:
+                base_work = Path(tmp) / "fullbase"
+                base_work.mkdir()
+                hops["fullbase"] = stack.enter_context(
+                    running_full_path(
+                        triton_urls,
+                        relay_mode,
+                        base_work,
+                        baseline,
+                        private_name=args.private_name,
+                    )
                 )
             if args.models > 0:
                 table = Path(tmp) / "hosted-models"

@@ -36,6 +36,7 @@ from common.hosted import (
     replica_name,
     replica_uid,
 )
+from common.modelpod import gpu_tolerations
 from common.podresources import (
     MODEL_HOST_BASE,
     MODEL_HOST_PER_MODEL,
@@ -646,6 +647,12 @@ def model_from_api(
         for key in ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints")
         if key in spec
     }
+    # The replica runs in its namespace's model host, which tolerates the GPU nodes' taints as a
+    # model pod does (the webhook adds the same tolerations to model pods).
+    pod_spec["tolerations"] = [
+        *_sequence(spec.get("tolerations")),
+        *(t for t in gpu_tolerations(keys) if t not in _sequence(spec.get("tolerations"))),
+    ]
     pod_spec["schedulerName"] = scheduler_name
     pod_spec["containers"] = [
         {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}

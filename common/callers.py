@@ -7,8 +7,11 @@ nothing a tenant writes reaches it. The file is JSON, replaced whole by a rename
 old table or the new one), and rewritten at least every few seconds even when nothing changed, so
 its `written_at` tells the gateway the agent is alive: past the gateway's bound the table is stale,
 and the gateway serves only the callers of the last table it saw fresh, for a bounded grace, then
-none (fail closed). What it must not do: decide who is a caller (that is
-`agent.gateway`); this module only says what a table is and moves it to and from disk.
+none (fail closed). A model host (`common.hosted`) serves several TritonModel replicas from one
+address: it has one row per replica, all with its address and `pod`, each with its own model, uid
+(`<model uid>/<ordinal>`) and private name; a model pod has one. What it must not do: decide who
+is a caller (that is `agent.gateway`); this module only says what a table is and moves it to and
+from disk.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ class Caller:
         """The model's name in Triton: `triton_name`, or the public `model_id` when none."""
         return self.triton_name or self.model_id
 
+    @property
+    def replica(self) -> bool:
+        """A TritonModel replica served by a model host (its uid, `<model uid>/<ordinal>`, has
+        a slash, which no pod's uid has), rather than a model pod's own model."""
+        return "/" in self.uid
+
 
 @dataclass(frozen=True, slots=True)
 class CallerTable:
@@ -72,8 +81,12 @@ class CallerTable:
     written_at: float
     callers: tuple[Caller, ...]
 
-    def by_address(self) -> dict[str, Caller]:
-        return {c.address: c for c in self.callers}
+    def by_address(self) -> dict[str, dict[str, Caller]]:
+        """Per address, the caller's rows by model id (a model pod's one, a host's several)."""
+        rows: dict[str, dict[str, Caller]] = {}
+        for c in self.callers:
+            rows.setdefault(c.address, {})[c.model_id] = c
+        return rows
 
 
 def encode(table: CallerTable) -> bytes:
@@ -93,7 +106,7 @@ def encode(table: CallerTable) -> bytes:
                 **({"quarantined": c.quarantined} if c.quarantined else {}),
                 **({"probation": True} if c.probation else {}),
             }
-            for c in sorted(table.callers, key=lambda c: c.address)
+            for c in sorted(table.callers, key=lambda c: (c.address, c.model_id))
         ],
     }
     return json.dumps(document, indent=1).encode()
@@ -106,6 +119,7 @@ def decode(data: bytes) -> CallerTable:
         if not isinstance(document, dict) or document.get("format") != FORMAT:
             raise CallerTableError(f"not a caller table (format is not {FORMAT!r})")
         callers = tuple(_caller(entry) for entry in document["callers"])
+        _check_rows(callers)
         return CallerTable(str(document["node"]), float(document["writtenAt"]), callers)
     except (ValueError, KeyError, TypeError, ContractError) as e:
         if isinstance(e, CallerTableError):
@@ -150,6 +164,25 @@ def _caller(entry: Any) -> Caller:
         quarantined,
         probation,
     )
+
+
+def _check_rows(callers: tuple[Caller, ...]) -> None:
+    """An address has several rows only as a model host does: one pod, one row per model."""
+    seen: dict[str, Caller] = {}
+    models: set[tuple[str, str]] = set()
+    for c in callers:
+        first = seen.setdefault(c.address, c)
+        if first.pod != c.pod:
+            raise CallerTableError(
+                f"address {c.address} is given to two pods ({first.pod} and {c.pod}); an "
+                "address names one pod: the agent leaves out an address several pods claim"
+            )
+        if (c.address, c.model_id) in models:
+            raise CallerTableError(
+                f"address {c.address} has two rows for model {c.model_id}; a pod has one row "
+                "per model it serves"
+            )
+        models.add((c.address, c.model_id))
 
 
 def write_table(path: Path, table: CallerTable) -> None:

@@ -9,6 +9,10 @@ is replaced. Each entry has its own concurrency limit (its `maxConcurrency`, els
 dict lookup (`served`), whatever the table's size. `idleSeconds` is kept on the entry for the
 model's residency.
 
+In the node gateway a model host's table names private names: each entry has the name Triton
+knows its replica by (`triton_name`), and the relays map the public id in a request, and in
+Triton's answers, to and from that entry's private name (`private`, `private_encoded`).
+
 A model that leaves the table is drained: the routers stop naming it at once (its new requests
 are answered as Triton answers for a model it does not have), the requests it has in flight
 finish, and after them (or after the drain bound) its entry and its metrics go. The table is no
@@ -31,6 +35,7 @@ from common.atomicfile import read_file
 from common.contract import ContractError, validate_model_id
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
+from proxy.policy.naming import name_fields
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +59,39 @@ class Entry:
 class Served:
     """One model of the table: its limiter and its metrics."""
 
-    __slots__ = ("draining_since", "entry", "limiter", "metrics", "model_id")
+    __slots__ = (
+        "draining_since",
+        "entry",
+        "limiter",
+        "metrics",
+        "model_id",
+        "names",
+        "private",
+        "public",
+    )
 
     def __init__(
-        self, model_id: str, limiter: Limiter, metrics: ProxyMetrics, entry: Entry | None = None
+        self,
+        model_id: str,
+        limiter: Limiter,
+        metrics: ProxyMetrics,
+        entry: Entry | None = None,
+        triton_name: str = "",
     ) -> None:
         self.model_id = model_id
         self.limiter = limiter
         self.metrics = metrics
         self.entry = entry or Entry(model_id)
         """Its line of the models file: its own limit, and its idle time for residency."""
+        self.public = model_id.encode()
+        self.private = triton_name.encode() if triton_name and triton_name != model_id else b""
+        """The model's private name in Triton, encoded; empty: Triton knows it by its id."""
+        self.names: tuple[bytes, bytes, bytes, bytes] | None = (
+            (self.private, self.public, *name_fields(self.private, self.public))
+            if self.private
+            else None
+        )
+        """What renaming Triton's gRPC answers needs (`grpc.channel`); None: nothing to do."""
         self.draining_since: float | None = None
         """When the model left the table (monotonic seconds); None while it is in it."""
 
@@ -119,11 +147,17 @@ class ModelTable:
         drain_seconds: float,
         limits: Callable[[Entry], tuple[int, int]] | None = None,
         on_change: Callable[[], None] | None = None,
+        on_remove: Callable[[Served], None] | None = None,
+        renames: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._make = make
         self._limits = limits
         """An entry's (concurrency limit, queue limit), applied when its line changes."""
+        self.renames = renames
+        """Its entries may have private names (the node gateway's): the relays map them."""
+        self.on_remove = on_remove
+        """Told of each entry once it is removed (drained)."""
         self.drain_seconds = drain_seconds
         self.on_change = on_change
         """Told after models join or leave (the REST relay forgets its prepared heads)."""
@@ -135,6 +169,10 @@ class ModelTable:
         self.encoded: set[bytes] = set()
         self.served: dict[bytes, Served] = {}
         """`models` by encoded model id (the gRPC relay's look-up)."""
+        self.private: dict[str, str] = {}
+        """The private name in Triton of each model that has one (REST paths)."""
+        self.private_encoded: dict[bytes, bytes] = {}
+        """`private`, encoded (gRPC messages)."""
         self._identity: tuple[int, int, int] | None = None
         self._waiting_said = False
 
@@ -148,7 +186,10 @@ class ModelTable:
             if served is not None and served.entry != entry:
                 self._change(served, entry)
             if served is None:
-                self.models[name] = self.served[name.encode()] = self._make(entry)
+                served = self.models[name] = self.served[name.encode()] = self._make(entry)
+                if served.private:
+                    self.private[name] = served.private.decode()
+                    self.private_encoded[served.public] = served.private
                 log.info("Serving model %s.", name)
             elif served.draining_since is not None:
                 served.draining_since = None
@@ -197,7 +238,11 @@ class ModelTable:
             if served.limiter.held == 0 or now - since >= self.drain_seconds:
                 del self.models[name]
                 del self.served[name.encode()]
+                self.private.pop(name, None)
+                self.private_encoded.pop(served.public, None)
                 served.metrics.forget()
+                if self.on_remove is not None:
+                    self.on_remove(served)
                 log.info("Model %s is drained: removed from the table.", name)
 
     def reread(self, path: Path) -> None:

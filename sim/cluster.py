@@ -537,6 +537,15 @@ class SimCluster:
                 "--retry-period", "1",
                 "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
             ]  # fmt: skip
+            real = self.real_node
+            if real is not None and real.name in self.agents and self.gateway is not None:
+                # The model hosts it creates reach the real node's agent and gateway where the
+                # simulation runs them, as the webhook's model pods do.
+                argv += [
+                    "--agent-port", self.agents[real.name].grpc.rpartition(":")[2],
+                    "--triton-http-port", str(self.gateway.http),
+                    "--triton-grpc-port", str(self.gateway.grpc),
+                ]  # fmt: skip
             process = ManagedProcess(identity, argv, self.workdir / "logs" / f"{identity}.log")
             process.start(self.env)
             self.binders.append(BinderHandle(identity, process, http))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from common.activity import HEARTBEAT_SECONDS, Activity, ActivityTable, write_table
-from proxy.gateway.tenants import Tenant
+from proxy.gateway.tenants import Tenant, members
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +26,12 @@ log = logging.getLogger(__name__)
 def activity_of(
     tenants: Iterable[Tenant], monotonic_now: float, wall_now: float
 ) -> dict[str, Activity]:
-    """Each tenant's model's activity, its times as Unix seconds."""
+    """Each tenant's models' activity (a host's each replica), its times as Unix seconds."""
     models = {}
-    for tenant in tenants:
-        limiter = tenant.limiter
+    for model in members(tenants):
+        limiter = model.limiter
         latest = max(limiter.last, limiter.left)
-        models[tenant.caller.name_in_triton] = Activity(
+        models[model.caller.name_in_triton] = Activity(
             limiter.held, wall_now - (monotonic_now - latest) if latest else 0.0
         )
     return models

@@ -2,15 +2,15 @@
 
 Triton binds the node pod's loopback, so nothing outside the node pod reaches it; the gateway, in
 the node pod too, listens for the model pods' proxies. It knows which pod is calling by the
-connection's source address: the agent's caller table (`gateway.callers`) maps each proven model
-pod of this node that owns its model to that model. At accept, a connection from an address that
-is no caller is closed before a byte is read; one from a caller is handed to that pod's relays
-(`gateway.tenants`), which are the proxy's own, bound to the pod's model. When a pod leaves the
-table its connections are dropped at once.
+connection's source address: the agent's caller table (`gateway.callers`) maps each proven model pod
+of this node that owns its model to that model, and each model host to its replicas' models. At
+accept, a connection from an address that is no caller is closed before a byte is read; one from a
+caller is handed to that pod's relays (`gateway.tenants`), which are the proxy's own, bound to the
+pod's model. When a pod leaves the table its connections are dropped at once.
 
 Start: read the caller table, listen on the metrics, REST and gRPC ports, follow the table, and
-write the activity table (`gateway.activity`) the agent's evictions read. Stop
-(SIGTERM): stop accepting, let in-flight requests finish up to the finish timeout, close.
+write the activity table (`gateway.activity`) the agent's evictions read. Stop (SIGTERM): stop
+accepting, let in-flight requests finish up to the finish timeout, close.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class Gateway:
             stale_grace=settings.table_stale_grace_seconds,
             on_revoke=self.tenants.revoke,
             on_probation=self.tenants.probation_changed,
+            on_rows=self.tenants.rows_changed,
         )
         self.activity = ActivityWriter(settings.activity_path, self.tenants)
         self.witness = CrashWitness(
@@ -168,13 +169,12 @@ class Gateway:
                 await asyncio.sleep(0.1)
                 continue
             address = caller_address(peer)
-            caller = self.book.lookup(address)
-            if caller is None or self.state.draining:
+            rows = self.book.lookup(address)
+            if rows is None or self.state.draining:
                 self._refuse(protocol, address, sock)
                 continue
-            tenant = self.tenants.get(
-                caller, self.settings.relay_settings(caller.model_id, caller.concurrency)
-            )
+            tenant = self.tenants.get(rows, self.settings.relay_settings)
+            caller = tenant.caller
             if tenant.connections >= self.settings.max_connections_per_pod:
                 self._refuse(protocol, address, sock, why="too_many_connections")
                 continue

@@ -13,10 +13,14 @@ again. The risk it bounds is revocation: a pod deleted meanwhile keeps its acces
 gets its address reaches that pod's model only, until the grace ends. A missing file ends the
 grace at once, and a restarted gateway has no last fresh table, so it fails closed.
 
-Whenever a caller disappears or changes (the pod was deleted, its model moved, the grace ended),
-`on_revoke` gets its address, so the gateway can drop that pod's open connections at once; a
-caller whose probation alone changed is not revoked, `on_probation` gets it. What it must not
-do: accept connections or relay bytes.
+An address has one row per model its pod serves (a model pod one, a model host one per replica:
+`common.callers`). Whenever every row of an address goes or changes (the pod was deleted, its
+model moved, the grace ended), or a row's private name changes, `on_revoke` gets the address, so
+the gateway can drop that pod's open connections at once; when some rows stay as they were and
+others come, go or change (a replica placed on or removed from a host, one quarantined),
+`on_rows` gets the address and its rows now, and the connections stay; a row whose probation
+alone changed is neither, `on_probation` gets it. What it must not do: accept connections or
+relay bytes.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +36,9 @@ from pathlib import Path
 from common.callers import Caller, CallerTable, CallerTableError, read_table
 
 log = logging.getLogger(__name__)
+
+Rows = Mapping[str, Caller]
+"""One address's rows by model id."""
 
 
 class CallerBook:
@@ -45,6 +52,7 @@ class CallerBook:
         stale_grace: float = 0.0,
         on_revoke: Callable[[set[str]], None] | None = None,
         on_probation: Callable[[Caller], None] | None = None,
+        on_rows: Callable[[str, Rows], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
@@ -52,13 +60,14 @@ class CallerBook:
         self.stale_grace = stale_grace
         self.on_revoke = on_revoke
         self.on_probation = on_probation
+        self.on_rows = on_rows
         self._clock = clock
         self._table: CallerTable | None = None
         self._identity: tuple[int, int, int] | None = None
-        self._fresh: dict[str, Caller] = {}
+        self._fresh: dict[str, dict[str, Caller]] = {}
         """The callers of the last table this book saw fresh: all a stale table may serve."""
         self._fresh_table: CallerTable | None = None
-        self._serving: dict[str, Caller] = {}
+        self._serving: dict[str, dict[str, Caller]] = {}
         self._stale_table: CallerTable | None = None
         """The stale table `_serving` was last narrowed by."""
         """Who may call now; empty whenever `problem` is set."""
@@ -67,13 +76,14 @@ class CallerBook:
         self.stale = ""
         """Why the callers served are the last fresh table's (empty unless within the grace)."""
 
-    def lookup(self, address: str) -> Caller | None:
-        """The caller at `address`, or None: not a proven model pod of this node, or no fresh
-        table (nor a stale one within its grace)."""
+    def lookup(self, address: str) -> Rows | None:
+        """The rows of the caller at `address` by model id, or None: not a proven model pod or
+        host of this node, or no fresh table (nor a stale one within its grace)."""
         return self._serving.get(address)
 
     @property
-    def callers(self) -> dict[str, Caller]:
+    def callers(self) -> dict[str, Rows]:
+        """Every address served now, with its rows."""
         return dict(self._serving)
 
     def age(self) -> float | None:
@@ -124,7 +134,12 @@ class CallerBook:
             if table is not self._stale_table or not self.stale:
                 # Once per table read, not per poll: a stale table stays in hand for minutes.
                 current = table.by_address()
-                serving = {a: c for a, c in self._fresh.items() if current.get(a) == c}
+                serving = {}
+                for address, rows in self._fresh.items():
+                    rows_now = current.get(address, {})
+                    kept = {m: c for m, c in rows.items() if rows_now.get(m) == c}
+                    if kept:
+                        serving[address] = kept
                 self._stale_table = table
             if not self.stale:
                 self.stale = (
@@ -159,23 +174,25 @@ class CallerBook:
         self.stale = ""
         self._serve({})
 
-    def _serve(self, serving: dict[str, Caller]) -> None:
+    def _serve(self, serving: dict[str, dict[str, Caller]]) -> None:
         if serving is self._serving:
             return
         before, self._serving = self._serving, serving
         revoked = set()
-        for address, caller in before.items():
+        for address, rows in before.items():
             now = serving.get(address)
-            if (
-                now is not None
-                and now.probation != caller.probation
-                and replace(now, probation=caller.probation) == caller
-            ):
-                if self.on_probation is not None:
-                    self.on_probation(now)
+            if now == rows:
                 continue
-            if now != caller:
+            verdict = _compare(rows, now or {})
+            if verdict is None:
                 revoked.add(address)
+                continue
+            probation, changed = verdict
+            if changed and self.on_rows is not None and now is not None:
+                self.on_rows(address, now)
+            if self.on_probation is not None:
+                for caller in probation:
+                    self.on_probation(caller)
         if revoked and self.on_revoke is not None:
             self.on_revoke(revoked)
 
@@ -187,6 +204,32 @@ class CallerBook:
                 await asyncio.wait_for(stop.wait(), poll_seconds)
             except TimeoutError:
                 continue
+
+
+def _compare(before: Rows, now: Rows) -> tuple[list[Caller], bool] | None:
+    """How an address's rows changed: None when the address is revoked (no row stays as it
+    was, its pod changed, or a row's private name did); else the rows whose probation alone
+    changed, and whether any other row came, went or changed."""
+    probation = []
+    stayed = changed = False
+    for model, caller in before.items():
+        row = now.get(model)
+        if row is None:
+            changed = True
+        elif row.pod != caller.pod or row.name_in_triton != caller.name_in_triton:
+            return None
+        elif row == caller:
+            stayed = True
+        elif replace(row, probation=caller.probation) == caller:
+            probation.append(row)
+            stayed = True
+        else:
+            changed = True
+    if not stayed:
+        return None
+    if any(model not in before for model in now):
+        changed = True
+    return probation, changed
 
 
 def _when(unix_seconds: float) -> str:

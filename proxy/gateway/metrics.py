@@ -46,9 +46,15 @@ class _TenantCollector(Collector):
             labels=["pod", "model"],
         )
         for tenant in self._tenants():
-            extra = {"pod": tenant.caller.pod, "model": tenant.caller.model_id}
-            read.add_metric([tenant.caller.pod, tenant.caller.model_id], tenant.share.seconds)
-            pauses.add_metric([tenant.caller.pod, tenant.caller.model_id], tenant.share.pauses)
+            # A host's series carry each model's own label; its loop share is the pod's.
+            model = "" if tenant.host else tenant.caller.model_id
+            extra = (
+                {"pod": tenant.caller.pod}
+                if tenant.host
+                else {"pod": tenant.caller.pod, "model": model}
+            )
+            read.add_metric([tenant.caller.pod, model], tenant.share.seconds)
+            pauses.add_metric([tenant.caller.pod, model], tenant.share.pauses)
             for metric in tenant.metrics.registry.collect():
                 name = _GATEWAY + metric.name.removeprefix(_PROXY)
                 family = families.get(name)
@@ -93,7 +99,9 @@ class _BookCollector(Collector):
             "Pods on probation (present with another at an exit of Triton): their requests take "
             "turns at Triton with the other probationers'.",
         )
-        probation.add_metric([], sum(c.probation for c in self._book.callers.values()))
+        probation.add_metric(
+            [], sum(c.probation for rows in self._book.callers.values() for c in rows.values())
+        )
         yield from (callers, age, stale, probation)
 
 

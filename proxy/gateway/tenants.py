@@ -1,17 +1,19 @@
-"""One relay per calling pod: the proxy's own REST and gRPC relays, bound to that pod's model.
+"""One relay per calling pod: the proxy's own REST and gRPC relays, bound to that pod's models.
 
 A `Tenant` is what the gateway serves a caller with: the proxy's `RestRelay` and `GrpcRelay`
-(routing, the raw-path grammar, server-wide APIs refused, other models answered like unknown
-ones, every gRPC message checked), made for the caller's model and fed the connections the
-gateway accepted from the caller's address. Where Triton knows the caller's model by a private
-name (`Caller.name_in_triton`), the relays map the public model id in each request to
-it and back in each answer. Each tenant has its own connections to Triton, so one pod's stalled
+(routing, the raw-path grammar, server-wide APIs refused, other models answered like unknown ones,
+every gRPC message checked), made for the caller's model and fed the connections the gateway
+accepted from the caller's address. Where Triton knows the caller's model by a private name
+(`Caller.name_in_triton`), the relays map the public model id in each request to it and back in each
+answer. A model host's tenant serves its rows as the proxy serves a table (`proxy.table`): each row
+a `Member` with its own limiter (limit, quarantine, probation) and metrics, each mapped to its own
+private name, per request. Each tenant has its own connections to Triton, so one pod's stalled
 stream or slow reader never holds another's; and each has its share of the one event loop
-(`policy.share`): while it is over it and other pods are active, its connections stop reading
-until the round ends, so its flood waits in its own socket buffers. `Tenants` makes them on a
-pod's first connection and drops them, with every open connection, the moment the pod loses its
-place in the caller table. What it must not do: decide who a caller is (`gateway.callers`) or
-accept sockets.
+(`policy.share`): while it is over it and other pods are active, its connections stop reading until
+the round ends, so its flood waits in its own socket buffers. `Tenants` makes them on a pod's first
+connection and drops them, with every open connection, the moment the pod loses its place in the
+caller table (a host, its last row). What it must not do: decide who a caller is (`gateway.callers`)
+or accept sockets.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 
 from common.callers import Caller
@@ -38,6 +40,7 @@ from proxy.policy.refusals import OverBudgetError, ProxyError, QuarantinedError
 from proxy.policy.share import LoopShares
 from proxy.settings import Settings
 from proxy.state import ProxyState
+from proxy.table import Entry, ModelTable, Served
 
 log = logging.getLogger(__name__)
 
@@ -48,45 +51,24 @@ _PAUSE_LOG_SECONDS = 60.0
 """A pod held to its share of the loop is logged once per this period."""
 
 
-class Tenant:
-    """The relays serving one calling pod."""
+class Member:
+    """One model a calling pod may reach (a row of the caller table): its own limiter (limit,
+    queue, quarantine, turns on probation) and metrics. A model pod has one; a model host one
+    per replica."""
 
-    def __init__(
-        self,
-        caller: Caller,
-        settings: Settings,
-        state: ProxyState,
-        shares: LoopShares,
-        in_flight: InFlightShares | None = None,
-    ) -> None:
+    def __init__(self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics) -> None:
         self.caller = caller
-        # The pod's proxy names the public model id; the gateway alone knows the private name.
-        settings = replace(settings, triton_name=caller.triton_name)
-        self.limiter = Limiter(
-            settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
-        )
-        self.share = self.limiter.share = shares.share(
-            self._throttle, self._unthrottle, caller.namespace
-        )
-        if caller.quarantined:
-            self.limiter.refusal = QuarantinedError(caller.quarantined)
-        if in_flight is not None:
-            in_flight.add(self.limiter, caller.namespace)
-        self._logged_pause = -_PAUSE_LOG_SECONDS
-        self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
-        self._answers_paused = False  # its channels to Triton stopped for the byte budget
+        self.limiter = limiter
+        self.metrics = metrics
         self._cleared = False
         """On probation, it left the lane after its clean turns."""
         self._may_clear = True
         """It may leave the lane early (not once named at an exit after it did)."""
-        self.metrics = ProxyMetrics(self.limiter, caller.model_id)
-        self.rest = RestRelay(settings, self.limiter, self.metrics, state)
-        self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state)
 
     def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
-        """Follow `caller`'s probation (it is this tenant's caller in all else): its requests
-        take turns in `lane` with other probationers' while it is on probation, unless it left
-        the lane after its clean turns."""
+        """Follow `caller`'s probation (it is this member's row in all else): its requests take
+        turns in `lane` with other probationers' while it is on probation, unless it left the
+        lane after its clean turns."""
         self.caller = caller
         if not caller.probation:
             self._cleared = False
@@ -117,11 +99,13 @@ class Tenant:
 
     def _clear(self, lane: ProbationLane) -> None:
         log.info(
-            "Pod %s (%s) had %d clean turns alone at Triton on probation: its requests no "
-            "longer take turns with other probationers' unless it is at another exit.",
+            "Pod %s (%s) had %d clean turns alone at Triton on probation for model %s: its "
+            "requests no longer take turns with other probationers' unless it is at another "
+            "exit.",
             self.caller.pod,
             self.caller.address,
             lane.clean_turns,
+            self.caller.model_id,
         )
         self._cleared = True
         self._leave(lane)
@@ -130,6 +114,150 @@ class Tenant:
         self.limiter.probation = None
         lane.leave(self.limiter)
         self.limiter.lane_opened()  # what waited for the lane goes now
+
+    def leave(self, lane: ProbationLane, in_flight: InFlightShares | None) -> None:
+        """This model may no longer be reached: out of the node's budgets and the lane."""
+        if in_flight is not None:
+            in_flight.remove(self.limiter)
+        self.limiter.probation = None
+        lane.leave(self.limiter)
+
+
+RelaySettings = Callable[[str, int], Settings]
+"""The relay settings for a model id and the concurrency its row declares
+(`GatewaySettings.relay_settings`)."""
+
+
+class Tenant:
+    """The relays serving one calling pod: a model pod's, bound to its model as its own proxy
+    is, or a model host's, serving the table of its rows (`table.ModelTable`, each entry mapped
+    to its row's private name)."""
+
+    def __init__(
+        self,
+        rows: Mapping[str, Caller],
+        settings_for: RelaySettings,
+        state: ProxyState,
+        shares: LoopShares,
+        in_flight: InFlightShares | None = None,
+        lane: ProbationLane | None = None,
+    ) -> None:
+        first = next(iter(rows.values()))
+        self.rows = dict(rows)
+        self.host = len(rows) > 1 or first.replica
+        """A model host: its rows are served as a table, even while it has one."""
+        self._settings_for = settings_for
+        self._in_flight = in_flight
+        self._lane = lane or ProbationLane()
+        self.members: dict[str, Member] = {}
+        """Each model the pod may reach, by model id."""
+        self.table: ModelTable | None = None
+        if self.host:
+            # The host's own requests naming no model (Triton's health, its metadata).
+            settings = settings_for("", 0)
+        else:
+            # The pod's proxy names the public model id; the gateway alone knows the private
+            # name.
+            settings = replace(
+                settings_for(first.model_id, first.concurrency), triton_name=first.triton_name
+            )
+        self.limiter = Limiter(
+            settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
+        )
+        """A model pod's model's limiter; a host's for requests naming no model."""
+        self.share = self.limiter.share = shares.share(
+            self._throttle, self._unthrottle, first.namespace
+        )
+        self._logged_pause = -_PAUSE_LOG_SECONDS
+        self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
+        self._answers_paused = False  # its channels to Triton stopped for the byte budget
+        self.metrics = ProxyMetrics(self.limiter, first.model_id if not self.host else "")
+        if self.host:
+            self.table = ModelTable(
+                self._served, drain_seconds=0.0, on_remove=self._removed, renames=True
+            )
+        else:
+            self._admit(first, self.limiter, self.metrics)
+        self.rest = RestRelay(settings, self.limiter, self.metrics, state, self.table)
+        self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state, self.table)
+        if self.table is not None:
+            self.table.on_change = self.rest.forget_heads
+            self.table.set_models([Entry(model) for model in sorted(rows)])
+
+    @property
+    def caller(self) -> Caller:
+        """The calling pod (a row of it: every row names the same pod and address)."""
+        for member in self.members.values():
+            return member.caller
+        return next(iter(self.rows.values()))
+
+    def _admit(self, caller: Caller, limiter: Limiter, metrics: ProxyMetrics) -> Member:
+        if caller.quarantined:
+            limiter.refusal = QuarantinedError(caller.quarantined)
+        if self._in_flight is not None:
+            self._in_flight.add(limiter, caller.namespace)
+        member = self.members[caller.model_id] = Member(caller, limiter, metrics)
+        member.on_probation(caller, self._lane)
+        return member
+
+    def _served(self, entry: Entry) -> Served:
+        """A new entry of a host's table: its row's own limiter and metrics."""
+        model_id = entry.model
+        row = self.rows[model_id]
+        settings = self._settings_for(model_id, row.concurrency)
+        limiter = Limiter(
+            settings.container_concurrency, settings.queue_limit, settings.queue_timeout_seconds
+        )
+        metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
+        self._admit(row, limiter, metrics)
+        return Served(model_id, limiter, metrics, entry, row.triton_name)
+
+    def _removed(self, served: Served) -> None:
+        member = self.members.get(served.model_id)
+        if member is not None and member.limiter is served.limiter:
+            del self.members[served.model_id]
+            member.leave(self._lane, self._in_flight)
+
+    def update(self, rows: Mapping[str, Caller]) -> None:
+        """Serve `rows` now (a host's replicas came, went or changed; the caller book revokes
+        the pod instead when none stayed as it was): a row gone or changed is no longer served
+        (its requests in flight finish), a new or changed one is served from now on."""
+        table = self.table
+        if table is None:
+            return
+        kept = {
+            model
+            for model, row in rows.items()
+            if (member := self.members.get(model)) is not None
+            and replace(member.caller, probation=row.probation) == row
+        }
+        for model in sorted(set(self.members) - set(rows)):
+            log.info(
+                "Pod %s (%s) may no longer reach model %s: refusing its new requests.",
+                self.caller.pod,
+                self.caller.address,
+                model,
+            )
+        table.set_models([Entry(model) for model in sorted(kept)])
+        self.rows = dict(rows)
+        table.set_models([Entry(model) for model in sorted(rows)])
+        for model, row in rows.items():
+            member = self.members.get(model)
+            if member is not None and member.caller != row:
+                member.on_probation(row, self._lane)
+
+    def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
+        """Follow `caller`'s probation (it is the row of one of this pod's models in all
+        else)."""
+        member = self.members.get(caller.model_id)
+        if member is not None:
+            member.on_probation(caller, lane)
+        self.rows[caller.model_id] = caller
+
+    def present_at_exit(self, lane: ProbationLane) -> None:
+        """The gateway's witness named this pod at Triton's death (`Member.present_at_exit`)."""
+        for member in list(self.members.values()):
+            member.present_at_exit(lane)
 
     @property
     def connections(self) -> int:
@@ -205,6 +333,12 @@ class Tenant:
         await asyncio.gather(self.rest.stop(), self.grpc.stop())
 
 
+def members(tenants: Iterable[Tenant]) -> list[Member | Tenant]:
+    """Every model of every calling pod: a host's `Member`s; a model pod's tenant, whose
+    limiter, metrics and caller are its one model's."""
+    return [m for t in tenants for m in (t.members.values() if t.host else (t,))]
+
+
 class Tenants:
     """The tenants of the pods that have connected, by address."""
 
@@ -270,15 +404,18 @@ class Tenants:
                 freed,
             )
 
-    def get(self, caller: Caller, settings: Settings) -> Tenant:
-        """The tenant for `caller`, made on its first connection."""
-        tenant = self._by_address.get(caller.address)
-        if tenant is None or tenant.caller != caller:
+    def get(self, rows: Mapping[str, Caller], settings_for: RelaySettings) -> Tenant:
+        """The tenant for the pod of `rows` (its rows by model id), made on its first
+        connection."""
+        address = next(iter(rows.values())).address
+        tenant = self._by_address.get(address)
+        if tenant is None or tenant.rows != rows:
             if tenant is not None:
                 self._drop(tenant)
-            tenant = Tenant(caller, settings, self.state, self.shares, self.in_flight)
-            tenant.on_probation(caller, self.probation)
-            self._by_address[caller.address] = tenant
+            tenant = Tenant(
+                rows, settings_for, self.state, self.shares, self.in_flight, self.probation
+            )
+            self._by_address[address] = tenant
         return tenant
 
     def probation_changed(self, caller: Caller) -> None:
@@ -287,6 +424,15 @@ class Tenants:
         tenant = self._by_address.get(caller.address)
         if tenant is not None:
             tenant.on_probation(caller, self.probation)
+
+    def rows_changed(self, address: str, rows: Mapping[str, Caller]) -> None:
+        """The pod at `address` (a model host) serves `rows` now: its connections stay open."""
+        tenant = self._by_address.get(address)
+        if tenant is not None:
+            if tenant.host:
+                tenant.update(rows)
+            else:
+                self._drop(tenant)
 
     def revoke(self, addresses: set[str]) -> None:
         """These addresses lost their place: drop their tenants and every connection at once."""
@@ -302,15 +448,14 @@ class Tenants:
                 "Pod %s (%s) may no longer reach model %s: closing its %d connections.",
                 caller.pod,
                 caller.address,
-                caller.model_id,
+                ", ".join(sorted(tenant.rows)),
                 tenant.connections,
             )
-        self._by_address.pop(caller.address, None)
+        if self._by_address.get(caller.address) is tenant:
+            del self._by_address[caller.address]
         self.shares.remove(tenant.share)
-        if self.in_flight is not None:
-            self.in_flight.remove(tenant.limiter)
-        tenant.limiter.probation = None
-        self.probation.leave(tenant.limiter)
+        for member in list(tenant.members.values()):
+            member.leave(self.probation, self.in_flight)
         tenant.abort()
         task = asyncio.get_running_loop().create_task(
             tenant.stop(), name=f"gateway: closing the relays of {caller.pod}"

@@ -7,8 +7,9 @@ whose requests failed meanwhile and appends a record (`common.crashwitness`) to
 `--crash-witness-file`, which the agent reads when it has seen Triton exit (`agent.requestcrash`).
 Nothing here runs per request; the snapshot reads what each pod's limiter and metrics already keep.
 
-A pod is a suspect when it has requests in flight at Triton at the snapshot, or when one of its
-requests failed with Triton gone (answered 502 or UNAVAILABLE) since the sentinel last found
+A pod's model (each row of the caller table: a model host's replica) is a suspect when it has
+requests in flight at Triton at the snapshot, or when one of its requests failed with Triton gone
+(answered 502 or UNAVAILABLE) since the sentinel last found
 Triton there: the relays see the death on their own connections and may answer theirs before the
 sentinel's turn on the event loop. With neither, the pod that sent the last request to reach
 Triton within `last_seconds` is the suspect (a request whose harm comes a moment after its
@@ -23,11 +24,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, read_witnesses
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
-from proxy.gateway.tenants import FAILED, Tenant
+from proxy.gateway.tenants import FAILED, Member, Tenant, members
 from proxy.policy.probation import ProbationLane
 
 log = logging.getLogger(__name__)
@@ -36,18 +38,26 @@ LAST_SECONDS = 5.0
 """With no request at Triton, the pod that sent the last one within this long is the suspect."""
 
 
-def failures(tenant: Tenant) -> int:
+Witnessed = TypeVar("Witnessed", bound=Member | Tenant)
+"""A pod's model as the witness reads it: a host's `Member`, or a model pod's `Tenant`."""
+
+
+def failures(tenant: Member | Tenant) -> int:
     """The pod's requests answered as failed by Triton's connection so far."""
     return tenant.metrics.answered_with(FAILED)
 
 
 def suspects_of(
-    tenants: Iterable[Tenant], failed_before: Mapping[Tenant, int], now: float, *, last: float
+    tenants: Iterable[Witnessed],
+    failed_before: Mapping[Witnessed, int],
+    now: float,
+    *,
+    last: float,
 ) -> tuple[Suspect, ...]:
     """The pods with requests at Triton when it died, seen at `now` (monotonic seconds), by the
     rule above; `failed_before` holds each pod's `failures` when Triton was last there."""
     found = []
-    latest: tuple[float, Tenant] | None = None
+    latest: tuple[float, Witnessed] | None = None
     for tenant in tenants:
         limiter = tenant.limiter
         failed = failures(tenant) - failed_before.get(tenant, 0)
@@ -61,10 +71,10 @@ def suspects_of(
             latest = (limiter.last, tenant)
     if not found and latest is not None:
         found.append(_suspect(latest[1], 0))
-    return tuple(sorted(found, key=lambda s: s.pod))
+    return tuple(sorted(found, key=lambda s: (s.pod, s.model_id)))
 
 
-def _suspect(tenant: Tenant, in_flight: int) -> Suspect:
+def _suspect(tenant: Member | Tenant, in_flight: int) -> Suspect:
     caller = tenant.caller
     return Suspect(caller.pod, caller.uid, caller.address, caller.model_id, in_flight)
 
@@ -91,7 +101,7 @@ class CrashWitness:
         there."""
         self._wall = wall
         self._clock = clock
-        self._failed_before: dict[Tenant, int] = {}
+        self._failed_before: dict[Member | Tenant, int] = {}
         self.sentinel = Sentinel(
             triton_http, self._snapshot, self._record, on_up=self._triton_there
         )
@@ -103,29 +113,30 @@ class CrashWitness:
 
     def _triton_there(self) -> None:
         # Failures from now on are Triton's next death's (or a dropped connection's).
-        self._failed_before = {tenant: failures(tenant) for tenant in self._tenants()}
+        self._failed_before = {m: failures(m) for m in members(self._tenants())}
 
     def _snapshot(self) -> Witness:
         suspects = suspects_of(
-            self._tenants(), self._failed_before, self._clock(), last=self.last_seconds
+            members(self._tenants()), self._failed_before, self._clock(), last=self.last_seconds
         )
         return Witness(self._wall(), suspects)
 
     def _record(self, witnessed: Witness) -> None:
         # The sentinel's connection may have closed a moment before the death (for a reason of
         # its own): a pod with a request that failed since was at Triton too.
-        named = {s.pod: s for s in witnessed.suspects}
-        later = suspects_of(self._tenants(), self._failed_before, self._clock(), last=0.0)
+        named = {s.uid: s for s in witnessed.suspects}
+        later = suspects_of(members(self._tenants()), self._failed_before, self._clock(), last=0.0)
         for suspect in later:
-            if suspect.in_flight > named.get(suspect.pod, suspect).in_flight or (
-                suspect.pod not in named and suspect.in_flight > 0
+            if suspect.in_flight > named.get(suspect.uid, suspect).in_flight or (
+                suspect.uid not in named and suspect.in_flight > 0
             ):
-                named[suspect.pod] = suspect
-        witnessed = Witness(witnessed.at, tuple(named[pod] for pod in sorted(named)))
+                named[suspect.uid] = suspect
+        ordered = sorted(named.values(), key=lambda s: (s.pod, s.model_id))
+        witnessed = Witness(witnessed.at, tuple(ordered))
         if self._lane is not None:
-            for tenant in self._tenants():
-                if tenant.caller.pod in named:
-                    tenant.present_at_exit(self._lane)
+            for present in members(self._tenants()):
+                if present.caller.uid in named:
+                    present.present_at_exit(self._lane)
             self._lane.reopen()
         who = ", ".join(f"{s.pod} ({s.in_flight} in flight)" for s in witnessed.suspects)
         log.warning(

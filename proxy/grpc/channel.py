@@ -453,48 +453,54 @@ class RenamingChannel(TritonChannel):
 
     def __init__(self, relay: ChannelOwner, private: bytes, public: bytes) -> None:
         super().__init__(relay)
-        self._private = private
-        self._public = public
-        self._first, self._renamed_first = name_fields(private, public)
+        self._names: tuple[bytes, bytes, bytes, bytes] | None = (
+            private,
+            public,
+            *name_fields(private, public),
+        )
+
+    def names(self, stream: Stream) -> tuple[bytes, bytes, bytes, bytes] | None:
+        """The stream's private name, public id and their name fields; None: nothing to map."""
+        return self._names
 
     def on_data(self, body: bytes, flags: int, sid: int, length: int) -> None:
         stream = self.streams.get(sid)
         if stream is None:
             super().on_data(body, flags, sid, length)
             return
-        names = stream.answers
-        if names is None:
+        answers = stream.answers
+        if answers is None:
             spec = ANSWERS.get(stream.kind)
-            if spec is None:  # an answer that names no model
+            names = self.names(stream)
+            if spec is None or names is None:  # an answer that names no model
                 super().on_data(body, flags, sid, length)
                 return
+            private, public, first, renamed_first = names
             # The common answer, one whole message in one frame, spliced without an
             # `AnswerNames` (what it would answer; the next frame, if any, starts a message).
-            out = None if flags else spliced(spec, body, self._first, self._renamed_first)
+            out = None if flags else spliced(spec, body, first, renamed_first)
             if out is not None:
                 self._got += length
                 stream.replies.to_tenant(stream, out, False, length)
                 return
-            names = stream.answers = AnswerNames(
-                spec, self._private, self._public, self._first, self._renamed_first
-            )
+            answers = stream.answers = AnswerNames(spec, private, public, first, renamed_first)
         self._got += length
         if stream.finals is not None:  # a stream's answers end its requests (`policy.finals`)
             body = self._counted(stream, body, length)
         elif len(body) < length:
             self.credit(stream, length - len(body))  # padding: never the tenant's
         try:
-            out = names.feed(body)
+            out = answers.feed(body)
         except NamingError as e:
             self._unrenamable(stream, e)
             return
-        names.owed += len(body)
+        answers.owed += len(body)
         if flags & frames.END_STREAM:
             self._ended_by_triton(stream)
             stream.replies.triton_data(stream, out, True)
         elif out:
-            stream.replies.to_tenant(stream, out, False, names.owed)
-            names.owed = 0
+            stream.replies.to_tenant(stream, out, False, answers.owed)
+            answers.owed = 0
 
     def on_headers(self, sid: int, flags: int, block: bytes) -> None:
         if not flags & frames.END_STREAM:
@@ -504,24 +510,42 @@ class RenamingChannel(TritonChannel):
         stream = self.streams.get(sid)
         if stream is None:
             return
-        private = self._private
-        for name, value in fields:
-            if name == b"grpc-message" and private in value:
-                fields = tuple(
-                    (n, v.replace(private, self._public) if n == b"grpc-message" else v)
-                    for n, v in fields
-                )
-                break
+        names = self.names(stream)
+        if names is not None:
+            private, public = names[0], names[1]
+            for name, value in fields:
+                if name == b"grpc-message" and private in value:
+                    fields = tuple(
+                        (n, v.replace(private, public) if n == b"grpc-message" else v)
+                        for n, v in fields
+                    )
+                    break
         self._ended_by_triton(stream)
         stream.replies.triton_headers(stream, fields, True)
 
     def _unrenamable(self, stream: Stream, error: NamingError) -> None:
+        names = self.names(stream)
         log.warning(
             "An answer of Triton's for model %s cannot be renamed to its public id (%s): "
             "failing the call.",
-            self._public.decode(),
+            "?" if names is None else names[1].decode(),
             error,
         )
         self.out.write(frames.rst_stream(stream.up, frames.CANCEL))
         self._close_stream(stream)
         stream.replies.triton_reset(stream, frames.INTERNAL_ERROR)
+
+
+class PerModelRenamingChannel(RenamingChannel):
+    """A `RenamingChannel` of the node gateway's relays for a model host, whose models each
+    have their own private name: each stream's answers are renamed from the private name of
+    the model the stream serves (`Stream.served`, the one model it names), and a stream of no
+    model, or of one Triton knows by its id, passes as it is."""
+
+    def __init__(self, relay: ChannelOwner) -> None:
+        TritonChannel.__init__(self, relay)
+        self._names = None
+
+    def names(self, stream: Stream) -> tuple[bytes, bytes, bytes, bytes] | None:
+        served = stream.served
+        return None if served is None else served.names

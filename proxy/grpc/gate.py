@@ -77,6 +77,9 @@ _COMPRESSED_STREAM: Final = (
     "response parameter the relay counts each request by without inflating it whole; send it "
     "uncompressed"
 )
+_OTHER_MODEL: Final = (
+    "this stream serves model {}, which its first message named; open a stream per model"
+)
 _FLAG: Final = (
     "a gRPC message's compressed flag is {}, but only 0 and 1 exist; send a valid gRPC message"
 )
@@ -307,7 +310,11 @@ class StreamGate:
             return True  # malformed: refused by the full check once whole
         if name is None:
             return not held
-        if name in router.names:
+        served = stream.served
+        other = (
+            stream.streaming and router.per_model and served is not None and name != served.public
+        )
+        if name in router.names and not other:
             self._serve(stream, name)
             return True
         if request_id is None and held:
@@ -315,7 +322,12 @@ class StreamGate:
         named = wire.encode_string(1, name)
         if stream.streaming:
             echo = wire.encode_string(3, request_id) if request_id else b""
-            refusal = router.decide_stream_message(named + echo)
+            if other:
+                assert served is not None
+                error = _OTHER_MODEL.format(served.model_id)
+                refusal: bytes | None = routing.stream_refusal(error, named + echo)
+            else:
+                refusal = router.decide_stream_message(named + echo)
             if refusal is None:  # cannot happen for another name; relay and check when whole
                 return True
             # Dropped, and what is still to come of it (a whole message: the next ones stay).
@@ -363,8 +375,18 @@ class StreamGate:
             )
         stream.left = size
         buf = stream.buf
-        if self.context.router.renames:
-            return self._begin_renamed(stream, flag, size)
+        router = self.context.router
+        if router.renames:
+            return self._begin_renamed(
+                stream, flag, size, router.model_id.encode(), router.triton_name
+            )
+        if router.per_model:
+            served = stream.served
+            if served is None:  # its name was not read first: it cannot be renamed as it goes
+                self.refuse_error(stream, refusals.MalformedRequestError(_NAME_FIRST))
+                return False
+            if served.private:
+                return self._begin_renamed(stream, flag, size, served.public, served.private)
         if stream.streaming:  # it goes on with `finals.ASK` after its last byte
             self.replies.forwarded(stream, -len(finals.ASK))
             self._up(stream, b"\x00" + (size + len(finals.ASK)).to_bytes(4, "big"), False)
@@ -373,14 +395,14 @@ class StreamGate:
         del buf[:5]
         return True
 
-    def _begin_renamed(self, stream: Stream, flag: int, size: int) -> bool:
-        """`_begin` where Triton knows the model by its private name: the message's first field
-        (its name, as serializers write it; its prefix named the model id) goes to Triton
-        renamed, under a length prefix that counts the new name; the reader sees what the tenant
-        sent. A compressed one cannot be renamed without inflating it whole: refused."""
+    def _begin_renamed(
+        self, stream: Stream, flag: int, size: int, own: bytes, private: bytes
+    ) -> bool:
+        """`_begin` where Triton knows the model `own` by its `private` name: the message's
+        first field (its name, as serializers write it; its prefix named the model id) goes to
+        Triton renamed, under a length prefix that counts the new name; the reader sees what the
+        tenant sent. A compressed one cannot be renamed without inflating it whole: refused."""
         buf = stream.buf
-        router = self.context.router
-        own = router.model_id.encode()
         field = 2 + len(own)
         if flag:
             self.refuse_error(stream, refusals.MalformedRequestError(_COMPRESSED_RENAME))
@@ -391,7 +413,7 @@ class StreamGate:
         scan = stream.scan
         assert scan is not None
         scan.feed(bytes(buf[5 : 5 + field]))
-        named = wire.encode_string(1, router.triton_name)
+        named = wire.encode_string(1, private)
         extra = len(finals.ASK) if stream.streaming else 0  # sent after its last byte
         head = b"\x00" + (size - field + len(named) + extra).to_bytes(4, "big") + named
         stream.left = size - field
@@ -458,6 +480,15 @@ class StreamGate:
         router = self.context.router
         if stream.streaming:
             refusal = router.decide_stream_scanned(scan)
+            served = stream.served
+            if refusal is None and router.per_model and served is not None:
+                try:
+                    other = scan.field(1) != served.public
+                except wire.WireError:
+                    other = True
+                if other:
+                    words = _OTHER_MODEL.format(served.model_id)
+                    refusal = routing.stream_refusal(words, b"")
             if refusal is not None:
                 self.refuse(stream, "INVALID_ARGUMENT", _text(refusal) + _ENDED, refusal)
                 return False
@@ -546,6 +577,8 @@ class StreamGate:
         router = self._router
         if stream.streaming:
             refusal = router.decide_stream_message(message)
+            if refusal is None and router.per_model:
+                refusal = self._other_than_served(stream, message)
             if refusal is None:
                 if stream.served is None:
                     # A stream's requests count against the model its first one names.
@@ -554,7 +587,12 @@ class StreamGate:
                     stream.buf[:0] = framed or framing.grpc_message(message)  # checked again
                     return False
                 request_id, asked = finals.request_facts(message)
-                sent = router.renamed(message) if router.renames else message
+                if router.renames:
+                    sent = router.renamed(message)
+                elif router.per_model and stream.served is not None:
+                    sent = router.renamed_as(message, stream.served.public)
+                else:
+                    sent = message
                 if not asked:
                     sent += finals.ASK  # so that Triton marks the request's end
                 if sent is not message:
@@ -597,6 +635,18 @@ class StreamGate:
             message, framed = decision.request, None
         self._tail(stream, message, framed)
         return True
+
+    def _other_than_served(self, stream: Stream, message: bytes) -> bytes | None:
+        """With per-model names (a model host at the node gateway), a stream serves the one
+        model its first message names, whose private name its answers are renamed from: the
+        in-stream refusal of a message naming another, or None."""
+        served = stream.served
+        if served is None:
+            return None
+        name = wire.string_fields(message, (1,)).get(1, b"")
+        if name == served.public:
+            return None
+        return routing.stream_refusal(_OTHER_MODEL.format(served.model_id), message)
 
     def _tail(self, stream: Stream, message: bytes, framed: bytes | None) -> None:
         """Send the message on, ending the stream if it is the last."""

@@ -537,7 +537,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
                 sent = tuple((n, READY_PATH if n == b":path" else v) for n, v in fields)
             router = self._router
             streaming = router.is_stream(kind)
-            if router.renames or streaming:
+            if router.renames or router.per_model or streaming:
                 # Triton's answers name the model's private name and are renamed on their way
                 # back, and a stream's answers are read for the end of each request
                 # (`policy.finals`), which compressed answers would hide: Triton may compress

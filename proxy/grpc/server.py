@@ -20,7 +20,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from common.lifecycle import spawn
-from proxy.grpc.channel import RenamingChannel, TritonChannel
+from proxy.grpc.channel import PerModelRenamingChannel, RenamingChannel, TritonChannel
 from proxy.grpc.outbox import Outbox
 from proxy.grpc.relay import H2Connection
 from proxy.idle import IdleSweeper
@@ -48,7 +48,10 @@ class GrpcRelay:
     ) -> None:
         self.settings = settings
         self.router = GrpcRouter(
-            settings.model_id, settings.triton_name, None if table is None else table.encoded
+            settings.model_id,
+            settings.triton_name,
+            None if table is None else table.encoded,
+            table.private_encoded if table is not None and table.renames else None,
         )
         self.limiter = limiter
         """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
@@ -115,15 +118,17 @@ class GrpcRelay:
             if channel.accepts():
                 return channel
         router = self.router
-        channel = (
-            RenamingChannel(self, router.triton_name, router.model_id.encode())
-            if router.renames
-            else TritonChannel(self)
-        )
-        self.channels.append(channel)
-        self.mark(channel.out)
-        self.spawn(channel.connect(), "A gRPC channel's connection to Triton")
-        return channel
+        opened: TritonChannel
+        if router.renames:
+            opened = RenamingChannel(self, router.triton_name, router.model_id.encode())
+        elif router.per_model:
+            opened = PerModelRenamingChannel(self)
+        else:
+            opened = TritonChannel(self)
+        self.channels.append(opened)
+        self.mark(opened.out)
+        self.spawn(opened.connect(), "A gRPC channel's connection to Triton")
+        return opened
 
     def forget(self, channel: TritonChannel) -> None:
         """`channel` takes no new streams."""

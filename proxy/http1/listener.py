@@ -56,7 +56,10 @@ class RestRelay:
     ) -> None:
         self.settings = settings
         self.router = HttpRouter(
-            settings.model_id, settings.triton_name, None if table is None else table.names
+            settings.model_id,
+            settings.triton_name,
+            None if table is None else table.names,
+            table.private if table is not None and table.renames else None,
         )
         self.limiter = limiter
         """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
@@ -93,7 +96,8 @@ class RestRelay:
             if isinstance(decision, Forward):
                 # Renamed answers must be readable: Triton may compress only for a client that
                 # accepts it, and this one does not.
-                drop = _ACCEPT_ENCODING if self.router.renames else b""
+                renames = self.router.renames or self.router.per_model
+                drop = _ACCEPT_ENCODING if renames else b""
                 upstream_head = head.serialize(decision.path, drop)
             prepared = (head, decision, upstream_head)
             if len(block) <= _PREPARED_HEAD_BYTES:
@@ -133,6 +137,8 @@ class RestRelay:
         router = self.router
         if router.renames:
             return RenamingConnection(self, router.triton_name.encode(), router.model_id.encode())
+        if router.per_model:
+            return RenamingConnection(self, b"", b"", per_model=True)
         return ClientConnection(self)
 
     def held_bytes(self) -> int:

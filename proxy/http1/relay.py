@@ -44,6 +44,7 @@ from proxy.http1.upstream import Upstream
 from proxy.policy import refusals
 from proxy.policy.inflation import BUDGET, Inflation
 from proxy.policy.routing import NOT_FOUND, Answer, Forward, error_body
+from proxy.table import Served
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class ClientConnection(Connection):
         self._known = b""
         self._known_prepared = _NOTHING_KNOWN
         self._known_verbatim = False
+        self._served: Served | None = None
+        """The table's entry of the model the exchange names; None: a server-wide route."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._relay.connections.discard(self)
@@ -191,7 +194,8 @@ class ClientConnection(Connection):
                 continue
             # The model's own limiter and metrics: one look-up, whatever the table's size.
             served = relay.models.get(decision.model) if decision.model else None
-            if served is not None:
+            self._served = served
+            if served is not None and served.draining_since is None:
                 self._limiter = served.limiter
                 self._metrics = served.metrics
             elif decision.model:

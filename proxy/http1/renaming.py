@@ -19,28 +19,48 @@ from proxy.http1.relay import ClientConnection
 from proxy.http1.upstream import Upstream
 from proxy.policy.naming import NamingError
 from proxy.policy.routing import error_body
+from proxy.table import Served
 
 log = logging.getLogger(__name__)
 
 
 class RenamingConnection(ClientConnection):
-    """One tenant connection whose answers are renamed (see the module docstring)."""
+    """One tenant connection whose answers are renamed (see the module docstring): from
+    `private` to `public`, or, with `per_model` (the node gateway's table of a model host), from
+    the private name of the model each exchange names (`table.Served`) to its id; an exchange
+    naming no model, or one Triton knows by its id, passes as it is."""
 
-    def __init__(self, relay: Listener, private: bytes, public: bytes) -> None:
+    def __init__(
+        self, relay: Listener, private: bytes, public: bytes, *, per_model: bool = False
+    ) -> None:
         super().__init__(relay)
         self._private = private
         self._public = public
-        self._names = AnswerNames(private, public, False)
+        self._per_model = per_model
+        self._names = None if per_model else AnswerNames(private, public, False)
+        self._names_of: Served | None = None  # whose names `_names` maps, with `per_model`
         self._named = False  # part of this exchange's answer went to the tenant
 
     def _send(self, upstream: Upstream, buffer: bytes, start: int, verbatim: bool = False) -> None:
         head = self._head
         assert head is not None
-        self._names.reset(head.method == "HEAD")
+        if self._per_model:
+            served = self._served
+            if served is None or not served.private:
+                self._names = None
+            elif served is not self._names_of or self._names is None:
+                self._private, self._public = served.private, served.public
+                self._names = AnswerNames(served.private, served.public, False)
+                self._names_of = served
+        if self._names is not None:
+            self._names.reset(head.method == "HEAD")
         self._named = False
         super()._send(upstream, buffer, start, verbatim)
 
     def relay_response(self, data: bytes) -> None:
+        if self._names is None:
+            super().relay_response(data)
+            return
         try:
             out = self._names.feed(data)
         except NamingError as e:
@@ -54,6 +74,9 @@ class RenamingConnection(ClientConnection):
             super().relay_response(out)
 
     def response_complete(self, upstream: Upstream, data: bytes, reusable: bool) -> None:
+        if self._names is None:
+            super().response_complete(upstream, data, reusable)
+            return
         try:
             out = self._names.feed(data) if data else b""
         except NamingError as e:

@@ -129,14 +129,24 @@ class HttpRouter:
     """Decides REST requests for one model, whose name in Triton is `triton_name` when that is
     not empty (the model's private name: forwarded paths name it instead of `model_id`), or for
     the models of a host's table: `model_id` empty and `names` the table's model ids (the
-    table's own set, read on every decision, so the router follows it as it changes)."""
+    table's own set, read on every decision, so the router follows it as it changes); in the
+    node gateway, `private` is the table's map of each model's private name (paths name it)."""
 
-    def __init__(self, model_id: str, triton_name: str = "", names: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        triton_name: str = "",
+        names: set[str] | None = None,
+        private: dict[str, str] | None = None,
+    ) -> None:
         self.model_id = model_id
         self.names: set[str] = {model_id} if names is None else names
         self.triton_name = triton_name or model_id
         self.renames = self.triton_name != model_id
         """Triton knows the model by another name: paths, and Triton's answers, are mapped."""
+        self.private = private
+        self.per_model = private is not None
+        """Each model of the table may have a private name of its own: mapped per request."""
         self._cut = len(MODELS) + len(model_id)
         self._own_ready = f"{MODELS}{self.triton_name}/ready"
         self._own_stats = f"{MODELS}{self.triton_name}/stats"
@@ -155,6 +165,10 @@ class HttpRouter:
                 return _other_model(method, name, kind)
             if self.renames:  # the path begins with MODELS and the model id, matched above
                 raw_path = MODELS + self.triton_name + raw_path[self._cut :]
+            elif self.private is not None:
+                private = self.private.get(name)
+                if private is not None:
+                    raw_path = MODELS + private + raw_path[len(MODELS) + len(name) :]
             return Forward(
                 kind or "metadata", raw_path, limited=kind in _INFERENCE_KINDS, model=name
             )
@@ -255,7 +269,11 @@ class GrpcRouter:
     model ids, as `HttpRouter`'s)."""
 
     def __init__(
-        self, model_id: str, triton_name: str = "", names: set[bytes] | None = None
+        self,
+        model_id: str,
+        triton_name: str = "",
+        names: set[bytes] | None = None,
+        private: dict[bytes, bytes] | None = None,
     ) -> None:
         self.model_id = model_id
         self._name = model_id.encode()
@@ -263,6 +281,10 @@ class GrpcRouter:
         self.triton_name = (triton_name or model_id).encode()
         self.renames = self.triton_name != self._name
         """Triton knows the model by another name: messages, and Triton's answers, are mapped."""
+        self.private = private
+        self.per_model = private is not None
+        """Each model of the table may have a private name of its own (the node gateway's
+        table of a model host): mapped per call, and a stream serves the model it first names."""
         self._ready_request = wire.encode_string(1, self.triton_name)
         self._public_field = wire.encode_string(1, self._name)
         self._private_field = self._ready_request
@@ -279,13 +301,26 @@ class GrpcRouter:
             return self._private_field + request[len(public) :]
         return wire.with_string_value(request, 1, self.triton_name)
 
+    def renamed_as(self, request: bytes, name: bytes) -> bytes:
+        """`request`, whose model name field (checked: exactly once) is `name`, naming that
+        model's private name instead when the table gives it one."""
+        if self.private is None:
+            return self.renamed(request) if self.renames else request
+        private = self.private.get(name)
+        if private is None:
+            return request
+        public = wire.encode_string(1, name)
+        if request.startswith(public):
+            return wire.encode_string(1, private) + request[len(public) :]
+        return wire.with_string_value(request, 1, private)
+
     def is_stream(self, kind: str) -> bool:
         """True for the bidirectional streaming RPC, checked message by message."""
         return kind == "ModelStreamInfer"
 
     def decide(self, kind: str, request: bytes) -> GrpcForward | GrpcAnswer:
         """The decision for one unary call of `kind` with the raw `request` bytes."""
-        return self._decide(kind, request, self.renames)
+        return self._decide(kind, request, self.renames or self.per_model)
 
     def _decide(self, kind: str, request: bytes, rename: bool) -> GrpcForward | GrpcAnswer:
         if kind in _PER_MODEL:
@@ -302,7 +337,11 @@ class GrpcRouter:
                     # Its own name: compiled (mypyc), `e` is typed by the first `except` above.
                     return GrpcAnswer(kind, "INVALID_ARGUMENT", str(refused))
             if rename:
-                request = self.renamed(request)
+                request = (
+                    self.renamed(request)
+                    if self.private is None
+                    else self.renamed_as(request, name)
+                )
             return GrpcForward(kind, kind, request, kind == "ModelInfer", model=name)
         if kind in _PASS_THROUGH:
             return GrpcForward(kind, kind, request)
@@ -328,7 +367,8 @@ class GrpcRouter:
                 return GrpcForward(kind, kind, narrowed)
             if name not in self.names:
                 return _grpc_other_model(kind, name)
-            return GrpcForward(kind, kind, self.renamed(request) if rename else request, model=name)
+            renamed = self.renamed_as(request, name) if rename else request
+            return GrpcForward(kind, kind, renamed, model=name)
         if kind in _REFUSED_RPCS:
             return GrpcAnswer(
                 kind,

@@ -36,7 +36,7 @@ class Clock:
 
 def tenant(address: str, triton_name: str, clock: Clock) -> Any:
     caller = Caller(address, "model", "team/pod", "uid", 0, triton_name)
-    return SimpleNamespace(caller=caller, limiter=Limiter(0, 10, 1.0, clock=clock))
+    return SimpleNamespace(caller=caller, limiter=Limiter(0, 10, 1.0, clock=clock), host=False)
 
 
 def test_the_table_counts_requests_held_and_is_written_on_change_or_heartbeat(

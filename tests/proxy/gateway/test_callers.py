@@ -105,7 +105,7 @@ def test_callers_changes_and_revocations(tmp_path: Path) -> None:
     book = CallerBook(path, max_age=60, on_revoke=revoked.append, clock=clock)
     write_table(path, CallerTable("n", clock.now, (A, B)))
     book.check()
-    assert book.lookup(A.address) == A and book.lookup(B.address) == B
+    assert book.lookup(A.address) == {A.model_id: A} and book.lookup(B.address) == {B.model_id: B}
     assert book.lookup("10.1.0.7") is None
     assert revoked == []
     # B's pod is deleted; A's address now belongs to another pod with another model.
@@ -113,7 +113,7 @@ def test_callers_changes_and_revocations(tmp_path: Path) -> None:
     write_table(path, CallerTable("n", clock.now, (moved,)))
     book.check()
     assert revoked == [{A.address, B.address}]
-    assert book.lookup(A.address) == moved and book.lookup(B.address) is None
+    assert book.lookup(A.address) == {moved.model_id: moved} and book.lookup(B.address) is None
 
 
 def test_a_later_unreadable_table_keeps_the_last_good_one_while_it_is_fresh(
@@ -127,7 +127,7 @@ def test_a_later_unreadable_table_keeps_the_last_good_one_while_it_is_fresh(
     path.write_text("{ not json")
     os.utime(path, ns=(1, 1))
     book.check()
-    assert book.lookup(A.address) == A
+    assert book.lookup(A.address) == {A.model_id: A}
     clock.now += 61
     book.check()
     assert book.lookup(A.address) is None and revoked == [{A.address}]
@@ -141,14 +141,14 @@ def test_a_stale_table_refuses_everyone_until_the_agent_writes_again(tmp_path: P
     book.check()
     clock.now += 59
     book.check()
-    assert book.lookup(A.address) == A
+    assert book.lookup(A.address) == {A.model_id: A}
     clock.now += 2
     book.check()
     assert book.lookup(A.address) is None and "not refreshing" in book.problem
     assert revoked == [{A.address, B.address}]
     write_table(path, CallerTable("n", clock.now, (A, B)))
     book.check()
-    assert book.lookup(A.address) == A and not book.problem
+    assert book.lookup(A.address) == {A.model_id: A} and not book.problem
 
 
 def test_a_table_already_stale_when_read_lets_no_one_in(tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_a_stale_table_serves_only_the_last_fresh_callers_until_the_grace_ends(
     book.check()
     clock.now += 61
     book.check()
-    assert book.lookup(A.address) == A and book.lookup(B.address) == B
+    assert book.lookup(A.address) == {A.model_id: A} and book.lookup(B.address) == {B.model_id: B}
     assert not book.problem and "serving only the pods of the last fresh table" in book.stale
     assert revoked == []
     # A table read while stale (here an old one put back) may take callers away, never add.
@@ -179,10 +179,10 @@ def test_a_stale_table_serves_only_the_last_fresh_callers_until_the_grace_ends(
     write_table(path, CallerTable("n", written, (A, newcomer)))
     book.check()
     assert book.lookup(newcomer.address) is None and book.lookup(B.address) is None
-    assert book.lookup(A.address) == A and revoked == [{B.address}]
+    assert book.lookup(A.address) == {A.model_id: A} and revoked == [{B.address}]
     clock.now = written + 60 + 300
     book.check()
-    assert book.lookup(A.address) == A
+    assert book.lookup(A.address) == {A.model_id: A}
     clock.now += 1
     book.check()
     assert book.lookup(A.address) is None and "--table-stale-grace (300 s)" in book.problem
@@ -190,7 +190,7 @@ def test_a_stale_table_serves_only_the_last_fresh_callers_until_the_grace_ends(
     # The agent is back: its fresh table serves, and a later loss has a grace again.
     write_table(path, CallerTable("n", clock.now, (A,)))
     book.check()
-    assert book.lookup(A.address) == A and not book.problem and not book.stale
+    assert book.lookup(A.address) == {A.model_id: A} and not book.problem and not book.stale
 
 
 def test_a_missing_table_ends_the_grace_at_once_for_good(tmp_path: Path) -> None:
@@ -200,7 +200,7 @@ def test_a_missing_table_ends_the_grace_at_once_for_good(tmp_path: Path) -> None
     book.check()
     clock.now += 61
     book.check()
-    assert book.lookup(A.address) == A
+    assert book.lookup(A.address) == {A.model_id: A}
     table = path.read_bytes()
     path.unlink()
     book.check()
@@ -242,7 +242,7 @@ def test_probation_survives_the_round_trip_and_changes_no_connection(tmp_path: P
     clock.now += 1
     write_table(path, CallerTable("n", clock.now, (on, B)))
     book.check()
-    assert (revoked, changed, book.lookup(A.address)) == ([], [on], on)
+    assert (revoked, changed, book.lookup(A.address)) == ([], [on], {on.model_id: on})
     clock.now += 1
     write_table(path, CallerTable("n", clock.now, (A, B)))
     book.check()
@@ -253,3 +253,86 @@ def test_probation_survives_the_round_trip_and_changes_no_connection(tmp_path: P
     write_table(path, CallerTable("n", clock.now, (moved, B)))
     book.check()
     assert revoked == [{A.address}] and changed == [on, A]
+
+
+# -- a model host: one address, one row per replica ------------------------------------------------
+
+HOST_POD = "team-h/tritonshare-host-0123456789abcdef"
+HA = Caller("10.1.0.9", "a", HOST_POD, "uid-a/0", 2, "team-h.a.0a0a")
+HB = Caller("10.1.0.9", "b", HOST_POD, "uid-b/1", 0, "team-h.b.0b0b")
+
+
+def test_a_hosts_rows_share_its_address_and_are_read_by_model() -> None:
+    decoded = decode(encode(CallerTable("n", 1.0, (HB, A, HA))))
+    assert set(decoded.callers) == {A, HA, HB}
+    assert decoded.by_address() == {A.address: {A.model_id: A}, HA.address: {"a": HA, "b": HB}}
+    assert HA.replica and not A.replica
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ((HA, Caller(HA.address, "c", "team-x/other", "uid-x")), "given to two pods"),
+        ((HA, Caller(HA.address, "a", HOST_POD, "uid-a/1")), "two rows for model a"),
+    ],
+    ids=["two-pods", "two-rows-of-a-model"],
+)
+def test_an_address_of_two_pods_or_a_model_twice_is_refused(
+    rows: tuple[Caller, ...], words: str
+) -> None:
+    with pytest.raises(CallerTableError, match=words):
+        decode(encode(CallerTable("n", 1.0, rows)))
+
+
+def test_a_host_losing_a_row_keeps_its_place_and_losing_all_is_revoked(tmp_path: Path) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    rows: list[tuple[str, dict[str, Caller]]] = []
+    book = CallerBook(
+        path,
+        max_age=60,
+        on_revoke=revoked.append,
+        on_rows=lambda address, now: rows.append((address, dict(now))),
+        clock=clock,
+    )
+    write_table(path, CallerTable("n", clock.now, (HA, HB, A)))
+    book.check()
+    assert book.lookup(HA.address) == {"a": HA, "b": HB}
+    clock.now += 1
+    write_table(path, CallerTable("n", clock.now, (HA, A)))  # b's replica left the host
+    book.check()
+    assert (revoked, rows) == ([], [(HA.address, {"a": HA})])
+    clock.now += 1
+    quarantined = Caller(HA.address, "b", HOST_POD, "uid-b/1", 0, "team-h.b.0b0b", "why")
+    write_table(path, CallerTable("n", clock.now, (HA, quarantined, A)))  # back, quarantined
+    book.check()
+    assert revoked == [] and rows[-1] == (HA.address, {"a": HA, "b": quarantined})
+    clock.now += 1
+    write_table(path, CallerTable("n", clock.now, (A,)))  # the host lost every replica
+    book.check()
+    assert revoked == [{HA.address}] and book.lookup(HA.address) is None
+
+
+def test_a_rows_private_name_changing_revokes_the_host(tmp_path: Path) -> None:
+    # Connections already prepared requests for the old private name: dropped, not updated.
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    book = CallerBook(path, max_age=60, on_revoke=revoked.append, clock=clock)
+    write_table(path, CallerTable("n", clock.now, (HA, HB)))
+    book.check()
+    clock.now += 1
+    renamed = Caller(HA.address, "a", HOST_POD, "uid-a/0", 2, "team-h.a.ffff")
+    write_table(path, CallerTable("n", clock.now, (renamed, HB)))
+    book.check()
+    assert revoked == [{HA.address}] and book.lookup(HA.address) == {"a": renamed, "b": HB}
+
+
+def test_a_stale_table_keeps_only_the_rows_it_still_has(tmp_path: Path) -> None:
+    path, clock = tmp_path / "callers.json", Clock()
+    book = CallerBook(path, max_age=60, stale_grace=300, clock=clock)
+    write_table(path, CallerTable("n", clock.now, (HA, HB)))
+    book.check()
+    clock.now += 100  # stale: an older table put back may take rows away, never add
+    write_table(path, CallerTable("n", clock.now - 200, (HA,)))
+    book.check()
+    assert book.stale and book.lookup(HA.address) == {"a": HA}

@@ -34,6 +34,8 @@ class Answered:
 class Pod:
     """What the witness reads of a tenant (hashed by identity, as a `Tenant` is)."""
 
+    host = False  # a model pod: its one model's limiter and metrics are the tenant's
+
     def __init__(self, limiter: Limiter, caller: Caller, metrics: Answered) -> None:
         self.limiter, self.caller, self.metrics = limiter, caller, metrics
         self.at_exits = 0

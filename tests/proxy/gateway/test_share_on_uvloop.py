@@ -60,7 +60,7 @@ async def held_connection_reads(protocol: str, tmp_path: Path) -> tuple[bool, bo
         triton_grpc_url="127.0.0.1:9",
     )
     tenants = Tenants(ProxyState(), shares)
-    tenant = tenants.get(caller("127.0.0.1", "identity"), settings.relay_settings("identity"))
+    tenant = tenants.get({"identity": caller("127.0.0.1", "identity")}, settings.relay_settings)
     shares.pause(tenant.share)  # the pod took more than its share: held until the round ends
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())
