@@ -1,0 +1,135 @@
+"""TritonModels end to end on the simulated cluster with the real processes: two teams each apply a
+TritonModel named `add-one` (different files); the binder places each replica and creates each
+namespace's model host on the node; the host's loader fetches the files over HTTPS and loads them
+through the agent under the replica's private name; the agent marks the replica loaded on the host
+and the binder puts the host behind the model's Service. Each team's clients, through the
+Service's endpoints, get that team's answers (REST and gRPC) naming only `add-one`. Scaling to 0
+through the `scale` subresource drains and unloads the replica and removes the host."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from common.contract import Keys
+from common.hosted import decode_hosted, host_name, hosted_models_annotation, serves_label
+from common.tritonname import private_triton_name
+from sim.cluster import SimCluster
+from sim.demo.rollout import new_release
+from sim.demo.scenario import MODELS_DIR, NODES
+from sim.processes import wait_until
+from sim.service import Endpoints
+from sim.triton import TritonInstall
+from tests.e2e.test_short_form import _loaded
+
+NODE = NODES[0]
+MODEL = "add-one"
+TEAMS = {"team-a": [[2.0, 3.0, 4.0]], "team-b": [[101.0, 102.0, 103.0]]}
+"""Each team's answer to [1, 2, 3]: team-a's model adds 1, team-b's other files add 100."""
+DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+KEYS = Keys()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluster]:
+    # The test's model is Python (tenant code): both teams are let run it.
+    with SimCluster(
+        tmp_path / "cluster", [NODE], binders=1, webhook=True, tenant_code_namespaces=tuple(TEAMS)
+    ) as running:
+        assert running.missing == [], running.missing
+        for namespace in TEAMS:
+            running.core.create_namespace({"metadata": {"name": namespace}}, _preload_content=False)
+        yield running
+
+
+def _model(uri: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TritonModel",
+        "metadata": {"name": MODEL},
+        "spec": {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1, "maxConcurrency": 4},
+    }
+
+
+def _ready_replicas(custom: Any, namespace: str) -> int:
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, MODEL)
+    return int((obj.get("status") or {}).get("readyReplicas") or 0)
+
+
+def _host(core: Any, namespace: str) -> Any:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{KEYS.prefix}model-host=true")
+    return pods.items[0] if pods.items else None
+
+
+def _answers(address: str) -> tuple[list[list[float]], list[list[float]]]:
+    """[1, 2, 3] through the host at `address`: the REST and the gRPC answer, each checked to
+    name the public model id."""
+    with httpclient.InferenceServerClient(f"{address}:9000") as http:
+        tensor = httpclient.InferInput("INPUT0", list(DATA.shape), "FP32")
+        tensor.set_data_from_numpy(DATA)
+        result = http.infer(MODEL, [tensor])
+        assert result.get_response()["model_name"] == MODEL
+        assert http.get_model_metadata(MODEL)["name"] == MODEL
+        rest = result.as_numpy("OUTPUT0").tolist()
+    with grpcclient.InferenceServerClient(f"{address}:9001") as grpc:
+        tensor = grpcclient.InferInput("INPUT0", list(DATA.shape), "FP32")
+        tensor.set_data_from_numpy(DATA)
+        answer = grpc.infer(MODEL, [tensor])
+        assert answer.get_response().model_name == MODEL
+        return rest, answer.as_numpy("OUTPUT0").tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_services(
+    cluster: SimCluster, tmp_path: Path
+) -> None:
+    assert cluster.model_store is not None
+    core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+    sources = {
+        "team-a": MODELS_DIR / "add_one",
+        "team-b": new_release(MODELS_DIR / "add_one", tmp_path / "team-b-files"),
+    }
+    for namespace, source in sources.items():
+        uri = cluster.model_store.publish(MODEL, source, release=namespace)
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _model(uri))
+
+    for namespace in TEAMS:
+        wait_until(f"{namespace}'s replica ready", partial(_ready_replicas, custom, namespace), 150)
+    hosts = {namespace: _host(core, namespace) for namespace in TEAMS}
+    names = set()
+    for namespace, host in hosts.items():
+        assert host.metadata.name == host_name(NODE.name)
+        assert host.spec.node_name == NODE.name
+        assert host.metadata.labels[serves_label(KEYS, MODEL)] == "true"
+        [replica] = decode_hosted(host.metadata.annotations[hosted_models_annotation(KEYS)])
+        names.add(private_triton_name(namespace, MODEL, replica.replica_uid))
+    assert len(names) == 2 and names <= _loaded(cluster), (names, _loaded(cluster))
+    assert MODEL not in _loaded(cluster), "no model has the public name in Triton"
+
+    for namespace, expected in TEAMS.items():
+        # The model's Service: the hosts labelled as serving it, as its EndpointSlice holds them.
+        with Endpoints(cluster.kube, namespace, f"{serves_label(KEYS, MODEL)}=true") as service:
+            address = wait_until(f"{namespace}'s Service endpoint", service.pick, 30)
+        assert address == hosts[namespace].status.pod_ip
+        assert _answers(address) == (expected, expected), namespace
+
+    # Scale to 0 through the scale subresource, as an HPA does: unloaded, the host removed.
+    custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, "team-a", PLURAL, MODEL, {"spec": {"replicas": 0}}
+    )
+    wait_until("team-a's host removed", lambda: _host(core, "team-a") is None, 90)
+    wait_until("team-a's replica unloaded", lambda: len(names & _loaded(cluster)) == 1, 60)
+    # team-b's replica is untouched.
+    address = hosts["team-b"].status.pod_ip
+    assert _answers(address) == (TEAMS["team-b"], TEAMS["team-b"])
