@@ -72,6 +72,12 @@ class DemoResult:
     """The rollout step: a Deployment rolled to new model files while a client sent steadily."""
     autoscale: AutoscaleResult | None = None
     """The autoscaling step, when Prometheus is installed."""
+    hosted: dict[str, list[float]] = field(default_factory=dict)
+    """TritonModel -> its answer to [1, 2, 3] through its namespace's model host."""
+    host: str = ""
+    """The model host's pod that served them."""
+    host_pods_on_node: int = 0
+    """Model hosts of the demo's namespace on the real node while they were served."""
     status_text: str = ""
     """What `tritonshare status` printed at the end (the closing table)."""
     status: dict[str, Any] = field(default_factory=dict)

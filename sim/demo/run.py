@@ -28,7 +28,7 @@ import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kubernetes.client.exceptions import ApiException
 
@@ -442,6 +442,103 @@ def _gateway(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     )
 
 
+TRITONMODELS = {"tm-add-one": "add_one", "tm-add-two": "add_one", "tm-identity": "identity"}
+"""The demo's TritonModels and the shipped model each serves."""
+
+
+def _tritonmodels(cluster: SimCluster, result: DemoResult, say: Say) -> None:
+    """Three models of the namespace as TritonModels on the real node: one model host serves
+    them all (one pod slot), beside the namespace's model pods (a slot each)."""
+    import numpy as np
+    import tritonclient.http as httpclient
+    from kubernetes import client
+
+    real = cluster.real_node
+    if cluster.model_store is None or real is None or not cluster.binders:
+        say("No model store or binder: the TritonModels step is skipped.")
+        return
+    custom = cast(Any, client.CustomObjectsApi(cluster.kube))
+    say("")
+    say(
+        f"Three models as TritonModels, no pod of their own: {', '.join(TRITONMODELS)} "
+        f"(each 512Mi, pinned to {real.name} with a nodeSelector)."
+    )
+    for name, source in TRITONMODELS.items():
+        uri = cluster.model_store.publish(name, MODELS_DIR / source, release="tritonmodels")
+        body = {
+            "apiVersion": "tritonshare.io/v1alpha1",
+            "kind": "TritonModel",
+            "metadata": {"name": name},
+            "spec": {
+                "storageUri": uri,
+                "gpuMemory": "512Mi",
+                "nodeSelector": {"kubernetes.io/hostname": real.name},
+            },
+        }
+        custom.create_namespaced_custom_object(
+            "tritonshare.io", "v1alpha1", NAMESPACE, "tritonmodels", body
+        )
+
+    def ready() -> bool:
+        models = custom.list_namespaced_custom_object(
+            "tritonshare.io", "v1alpha1", NAMESPACE, "tritonmodels"
+        )["items"]
+        return sum((m.get("status") or {}).get("readyReplicas") or 0 for m in models) == len(
+            TRITONMODELS
+        )
+
+    wait_until("the TritonModels served by their model host", ready, 120)
+    hosts = cluster.core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
+    ).items
+    on_node = [h for h in hosts if h.spec.node_name == real.name]
+    result.host_pods_on_node = len(on_node)
+    host = on_node[0]
+    result.host = host.metadata.name
+    model_pods = [
+        p
+        for p in cluster.core.list_namespaced_pod(NAMESPACE).items
+        if p.spec.node_name == real.name and p.metadata.name not in {h.metadata.name for h in hosts}
+    ]
+    say(
+        f"  the binder placed each replica and created one model host, {result.host}, on "
+        f"{real.name} (beside {len(model_pods)} model pods there); its loader fetched and loaded "
+        "all three through the agent, and each model's Service reaches it once loaded."
+    )
+    data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+    with httpclient.InferenceServerClient(f"{host.status.pod_ip}:9000") as http:
+        for name, source in TRITONMODELS.items():
+            if source == "add_one":
+                tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+                tensor.set_data_from_numpy(data)
+                answer = http.infer(name, [tensor]).as_numpy("OUTPUT0")
+            else:
+                flat = data[0]
+                tensor = httpclient.InferInput("INPUT_FP32", list(flat.shape), "FP32")
+                tensor.set_data_from_numpy(flat)
+                answer = http.infer(name, [tensor]).as_numpy("OUTPUT_FP32")
+            result.hosted[name] = [float(x) for x in answer.reshape(-1)]
+            say(f"  REST {name} through {result.host}: {name}([1, 2, 3]) = {result.hosted[name]}")
+    say(
+        "  Three models cost one pod slot and one proxy here; as model pods they would take "
+        "three of each."
+    )
+    for name in TRITONMODELS:
+        custom.delete_namespaced_custom_object(
+            "tritonshare.io", "v1alpha1", NAMESPACE, "tritonmodels", name
+        )
+    wait_until(
+        "the model host removed with its TritonModels",
+        lambda: (
+            not cluster.core.list_namespaced_pod(
+                NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
+            ).items
+        ),
+        90,
+    )
+    say("  Deleted: the host drained, unloaded them and was removed with its last TritonModel.")
+
+
 def _retire_short_form(cluster: SimCluster, result: DemoResult, say: Say) -> None:
     """Delete the short-form pods now that the demo is done with them: their proxies keep the
     webhook's production defaults (preStop 5 s, then a 5 s drain), so their graceful exit runs
@@ -606,6 +703,7 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
             _metrics(cluster, ports, result)
             summarize_metrics(result, say)
             _retire_short_form(cluster, result, say)
+            _tritonmodels(cluster, result, say)
             _overuse(cluster, result, say)
             _rollout(cluster, workdir, result, say)
             _autoscale(cluster, workdir, result, say)

@@ -190,3 +190,21 @@ def test_the_demos_metrics_are_printed_where_they_are_scraped(
     assert summary["binder: pods pending now"] == str(len(result.pending))
     on_real = [pod for pod, (node, _) in result.placements.items() if node == "t4-node-0"]
     assert summary["agent: models loaded"] == str(len(on_real))
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_the_demos_tritonmodels_are_served_by_one_model_host(
+    demo_run: tuple[DemoResult, str],
+) -> None:
+    """Three TritonModels of the demo's namespace on the real node: one host serves them all,
+    each with its own files (add_one adds 1; identity echoes), then leaves with them."""
+    result, transcript = demo_run
+    assert result.host_pods_on_node == 1, transcript
+    assert result.host.startswith("tritonshare-host-")
+    assert result.hosted == {
+        "tm-add-one": [2.0, 3.0, 4.0],
+        "tm-add-two": [2.0, 3.0, 4.0],
+        "tm-identity": [1.0, 2.0, 3.0],
+    }, transcript
+    assert "was removed with its last TritonModel" in transcript
