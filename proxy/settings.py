@@ -168,9 +168,10 @@ class Settings:
         "models-check-seconds",
         "seconds between looks at whether --models-file changed",
         seconds(minimum=0.1),
-        default="1",
+        default="0.2",
     )
-    """Seconds between two looks (a stat) at --models-file; default 1."""
+    """Seconds between two looks (a stat) at --models-file; default 0.2: a replica the loader
+    has made ready is served within it."""
     triton_name: str = setting(
         "triton-name",
         "the model's private name in Triton when not the model id (the node gateway's)",

@@ -1,0 +1,184 @@
+"""Benchmark: how soon a new replica answers, as a TritonModel on a running host or as a pod.
+
+On the simulated cluster with the real processes and a real Triton on the CPU (one node), a
+TritonModel `warm` makes the namespace's model host run first. Then, `--rounds` times, in turn:
+
+- a new TritonModel (add_one, its files on the sim's HTTPS model store) is created and requests
+  are sent to the host's address every 20 ms until one is answered: the time from the create to
+  that answer, beside Triton's own load of the model in that time (the agent's
+  `tritonshare_agent_load_duration_seconds`, read from its metrics before and after);
+- a model pod of the same model in the short form (the webhook completes it; its storage
+  initializer fetches the same archive) is created and asked the same way through its own
+  address: the baseline, a pod start.
+
+Each is deleted before the next round. Prints each round and the medians: the TritonModel's
+first answer, Triton's load within it and what tritonshare adds (target: at most 0.3 s over
+Triton's load), and the pod's first answer.
+
+Run: .venv/bin/python -m benchmarks.host_first_answer [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, cast
+
+import kubernetes.client
+import numpy as np
+import tritonclient.http as httpclient
+
+from benchmarks import command_line
+from common.contract import Keys
+from sim.cluster import SimCluster
+from sim.demo.scenario import MODELS_DIR, NODES
+from sim.processes import wait_until
+
+KEYS = Keys()
+NAMESPACE = "models"
+GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+LOAD_METRIC = "tritonshare_agent_load_duration_seconds_sum"
+
+
+def _model(name: str, uri: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TritonModel",
+        "metadata": {"name": name},
+        "spec": {
+            "storageUri": uri,
+            "gpuMemory": "512Mi",
+            "nodeSelector": {"kubernetes.io/hostname": node},
+        },
+    }
+
+
+def _pod(name: str, uri: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"tritonshare.io/role": "model"},
+            "annotations": {
+                f"{KEYS.prefix}model-uri": uri,
+                f"{KEYS.prefix}gpu-mem": "512Mi",
+                f"{KEYS.prefix}model-id": name,
+            },
+        },
+        "spec": {"containers": [{"name": "proxy", "image": "tritonshare"}]},
+    }
+
+
+def _answers(address: str, model: str) -> bool:
+    try:
+        with httpclient.InferenceServerClient(f"{address}:9000", network_timeout=5) as http:
+            tensor = httpclient.InferInput("INPUT0", list(DATA.shape), "FP32")
+            tensor.set_data_from_numpy(DATA)
+            answer = http.infer(model, [tensor]).as_numpy("OUTPUT0")
+    except Exception:
+        return False
+    return bool(answer.reshape(-1).tolist() == [2.0, 3.0, 4.0])
+
+
+def _first_answer(address: Any, model: str, limit: float) -> float:
+    """Seconds until `model` answers at `address()` (None while it has none yet)."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        where = address()
+        if where and _answers(where, model):
+            return time.monotonic() - started
+        time.sleep(0.02)
+    raise TimeoutError(f"{model} did not answer within {limit:.0f} s")
+
+
+def _load_seconds(cluster: SimCluster) -> float:
+    agent = cluster.agents[NODES[0].name]
+    with urllib.request.urlopen(f"http://{agent.http}/metrics", timeout=5) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith(LOAD_METRIC):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def run(rounds: int) -> None:
+    node = NODES[0]
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        SimCluster(Path(workdir), [node], binders=1, webhook=True) as cluster,
+    ):
+        assert cluster.model_store is not None
+        core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+        custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+        core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
+        store = cluster.model_store
+        warm = store.publish("warm", MODELS_DIR / "add_one", release="bench")
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, _model("warm", warm, node.name)
+        )
+
+        def host_address() -> str | None:
+            hosts = core.list_namespaced_pod(
+                NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
+            ).items
+            return hosts[0].status.pod_ip if hosts and hosts[0].status.pod_ip else None
+
+        host = wait_until("the model host", host_address, 120)
+        _first_answer(lambda: host, "warm", 120)
+        hosted, loads, pods = [], [], []
+        for i in range(rounds):
+            name = f"tm-{i}"
+            uri = store.publish(name, MODELS_DIR / "add_one", release="bench")
+            before = _load_seconds(cluster)
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, _model(name, uri, node.name)
+            )
+            hosted.append(_first_answer(lambda: host, name, 120))
+            loads.append(_load_seconds(cluster) - before)
+            custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+
+            pod = f"pod-{i}"
+            uri = store.publish(pod, MODELS_DIR / "add_one", release="bench")
+            core.create_namespaced_pod(NAMESPACE, _pod(pod, uri))
+
+            def pod_address(pod: str = pod) -> str | None:
+                read = core.read_namespaced_pod(pod, NAMESPACE)
+                return str(read.status.pod_ip) if read.status.pod_ip else None
+
+            pods.append(_first_answer(pod_address, pod, 180))
+            core.delete_namespaced_pod(pod, NAMESPACE)
+            print(
+                f"round {i + 1}: TritonModel on its host {hosted[-1]:.2f} s (Triton's load "
+                f"{loads[-1]:.2f} s, tritonshare {hosted[-1] - loads[-1]:.2f} s); model pod "
+                f"{pods[-1]:.2f} s",
+                flush=True,
+            )
+        h, load, p = (statistics.median(v) for v in (hosted, loads, pods))
+        verdict = "met" if h - load <= 0.3 else "NOT met"
+        print(
+            f"first answer of a new replica, median of {rounds}: TritonModel on a running host "
+            f"{h:.2f} s = Triton's load {load:.2f} s + {h - load:.2f} s (target +0.3 s: "
+            f"{verdict}); as a model pod {p:.2f} s"
+        )
+
+
+def main() -> None:
+    parser = command_line(
+        "host_first_answer",
+        (
+            "Measures how soon a new replica answers: a TritonModel placed where its namespace's "
+            "model host runs (against Triton's own load of the model), and a model pod of the "
+            "same model (the baseline), --rounds of each, in turn."
+        ),
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="replicas of each kind (3)")
+    args = parser.parse_args()
+    run(args.rounds)
+
+
+if __name__ == "__main__":
+    main()
