@@ -75,6 +75,7 @@ from common.hosted import (
     encode_hosted,
     host_label,
     host_name,
+    host_storage_problem,
     hosted_models_annotation,
     loaded_condition,
     replica_uid,
@@ -90,6 +91,8 @@ RETRY_SECONDS = 1.0
 QUOTA_READ_SECONDS = 1.0
 """How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
 models of a namespace created together read them once); their pods' use is that much late."""
+UNSUPPORTED_STORAGE = "UnsupportedStorage"
+"""The Placed condition's reason for a model whose files no model host can fetch."""
 PLACED = "Placed"
 """The condition type: every wanted replica is placed."""
 READY = "Ready"
@@ -322,7 +325,13 @@ class ModelController:
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
         placed, refusal, waiting = self._place(model, quota)
-        reason = EXCEEDED_QUOTA if quota is not None and quota.refused else "Unschedulable"
+        reason = (
+            UNSUPPORTED_STORAGE
+            if refusal and host_storage_problem(model.storage_uri)
+            else EXCEEDED_QUOTA
+            if quota is not None and quota.refused
+            else "Unschedulable"
+        )
         status = self._status(model, placed, refusal, waiting, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
@@ -419,6 +428,10 @@ class ModelController:
             if refusal:
                 continue
             replica = model.replica(ordinal)
+            unfetchable = host_storage_problem(model.storage_uri)
+            if unfetchable:
+                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+                continue
             exceeded = quota.refusal(replica.request) if quota is not None else ""
             if exceeded:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'

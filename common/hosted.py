@@ -35,6 +35,23 @@ class HostedError(ContractError):
     """A hosted-models annotation that cannot be read; the message says what is wrong."""
 
 
+HOST_STORAGE_SCHEMES = ("https", "http")
+"""The storage URIs a host's loader fetches itself (`loader.fetch`); a model pod's storage
+initializer also reads s3://, gs:// and pvc:// (with their credentials and mounts)."""
+
+
+def host_storage_problem(uri: str) -> str:
+    """Why a model host cannot fetch `uri` ("" when it can), in words for the model's owner."""
+    scheme = uri.partition("://")[0].lower() if "://" in uri else ""
+    if scheme in HOST_STORAGE_SCHEMES:
+        return ""
+    return (
+        f"storageUri {uri!r}: model hosts fetch https:// and http:// archives only; publish the "
+        f"model over https, or serve it as a model pod (whose storage initializer reads s3://, "
+        f"gs:// and pvc://)"
+    )
+
+
 def host_name(node: str) -> str:
     """The model host's pod name on `node` (the same in every namespace: one per namespace)."""
     return HOST_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:16]

@@ -72,7 +72,11 @@ def model(name: str, replicas: int, gpu_memory: str = "2Gi") -> dict[str, Any]:
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TritonModel",
         "metadata": {"name": name},
-        "spec": {"storageUri": "s3://models/x", "gpuMemory": gpu_memory, "replicas": replicas},
+        "spec": {
+            "storageUri": "https://models.example.com/x.tar.gz",
+            "gpuMemory": gpu_memory,
+            "replicas": replicas,
+        },
     }
 
 
@@ -160,7 +164,7 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
         hosted = json.loads(host.metadata.annotations[HOSTED])
         assert hosted == [
             {"model": "resnet", "uid": uid, "replica": entry["replica"], "gpu": entry["gpu"],
-             "residency": "always", "proof": entry["proof"], "storageUri": "s3://models/x"}
+             "residency": "always", "proof": entry["proof"], "storageUri": "https://models.example.com/x.tar.gz"}
         ]  # fmt: skip
     # The host's slot is charged once: as the namespace's host, not also as a pod.
     pods = binder.ledger.state.pods
@@ -303,6 +307,30 @@ async def test_a_replica_that_fits_nowhere_gets_the_condition_and_the_event(
     assert (event.type, event.involved_object.kind) == ("Warning", "TritonModel")
     assert event.message == condition["message"]
     assert not hosts(core), "no host for a replica not placed"
+
+
+async def test_a_model_whose_files_no_host_can_fetch_is_not_placed_and_says_why(
+    binder: Binder, custom: Any, core: Any
+) -> None:
+    body = model("in-s3", 1)
+    body["spec"]["storageUri"] = "s3://models/in-s3"
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+    def refused() -> dict[str, Any] | None:
+        status = read(custom, "in-s3").get("status") or {}
+        for condition in status.get("conditions") or []:
+            if condition["type"] == "Placed" and condition["status"] == "False":
+                return dict(condition)
+        return None
+
+    condition = await eventually(refused, what="Placed=False")
+    assert condition["reason"] == "UnsupportedStorage"
+    assert condition["message"] == (
+        "tritonmodel \"in-s3\" replica 0: storageUri 's3://models/in-s3': model hosts fetch "
+        "https:// and http:// archives only; publish the model over https, or serve it as a "
+        "model pod (whose storage initializer reads s3://, gs:// and pvc://)"
+    )
+    assert not hosts(core), "no host for a model no host can fetch"
 
 
 async def test_a_proof_the_binder_did_not_sign_for_the_replica_is_not_charged(

@@ -16,7 +16,7 @@ from typing import Any
 
 from sim.node.podspec import expand, rewrite_paths
 from sim.processes import wait_until
-from tests.deploy.rendering import Obj, render
+from tests.deploy.rendering import render
 from tests.deploy.test_chart import render_chart
 from tests.deploy.test_manifests import kubectl as kubectl
 
@@ -32,19 +32,20 @@ def _node_pods(kubectl: str) -> dict[str, Mapping[str, Any]]:
     return found
 
 
-def _containers(obj: Obj) -> dict[str, Mapping[str, Any]]:
+def _containers(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     spec = obj["spec"]["template"]["spec"] if "template" in obj.get("spec", {}) else obj
     return {c["name"]: c for c in spec["containers"]}
 
 
 def _mount(container: Mapping[str, Any], volume: str) -> Mapping[str, Any]:
-    [mount] = [m for m in container.get("volumeMounts", []) if m["name"] == volume]
+    mounts: list[Mapping[str, Any]] = list(container.get("volumeMounts", []))
+    [mount] = [m for m in mounts if m["name"] == volume]
     return mount
 
 
 def _pid_file(agent: Mapping[str, Any]) -> str:
     [flag] = [a for a in agent["args"] if a.startswith("--triton-pid-file=")]
-    return flag.partition("=")[2]
+    return str(flag).partition("=")[2]
 
 
 def test_the_agent_reads_the_pid_tritons_container_writes(kubectl: str) -> None:

@@ -117,6 +117,7 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     assert len(names) == 2 and names <= _loaded(cluster), (names, _loaded(cluster))
     assert MODEL not in _loaded(cluster), "no model has the public name in Triton"
 
+    assert cluster.kube is not None
     for namespace, expected in TEAMS.items():
         # The model's Service: the hosts labelled as serving it, as its EndpointSlice holds them.
         with Endpoints(cluster.kube, namespace, f"{serves_label(KEYS, MODEL)}=true") as service:

@@ -253,7 +253,7 @@ def test_a_stream_counts_against_the_model_it_names(
 
 def test_the_models_file_says_what_is_wrong(tmp_path: Path) -> None:
     path = tmp_path / "hosted-models"
-    with pytest.raises(TableError, match="the host.s loader writes it"):
+    with pytest.raises(TableError, match=r"the host.s loader writes it"):
         read_models(path)
     for text, message in (
         ("{", "is not JSON"),
