@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from common.contract import RESIDENCY_ON_DEMAND
@@ -65,6 +66,7 @@ class Proxy:
                 drain_seconds=settings.finish_timeout_seconds,
                 limits=self.limits,
                 on_remove=self.removed,
+                on_retune=self.retuned,
             )
         self.own_model = OwnModel(settings)
         self.rest = RestRelay(settings, self.limiter, self.metrics, self.state, self.table)
@@ -211,6 +213,17 @@ class Proxy:
                 idle_seconds,
             )
         return residency
+
+    def retuned(self, served: Served) -> None:
+        """A host model's line changed: an on-demand one takes its new idle time."""
+        residency = self.residencies.models.get(served.model_id)
+        idle_seconds = served.entry.idle_seconds or self.settings.idle_seconds
+        if residency is None or residency.policy.idle_seconds == idle_seconds:
+            return
+        residency.policy = dataclasses.replace(
+            residency.policy, idle_seconds=idle_seconds, check_seconds=idle_seconds / 4
+        )
+        log.info("Model %s is now unloaded after %.0f s idle.", served.model_id, idle_seconds)
 
     def removed(self, served: Served) -> None:
         """A model left the host's table: no more sleeps or wakes of it from here."""

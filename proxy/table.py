@@ -156,6 +156,7 @@ class ModelTable:
         limits: Callable[[Entry], tuple[int, int]] | None = None,
         on_change: Callable[[], None] | None = None,
         on_remove: Callable[[Served], None] | None = None,
+        on_retune: Callable[[Served], None] | None = None,
         renames: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -166,6 +167,8 @@ class ModelTable:
         """Its entries may have private names (the node gateway's): the relays map them."""
         self.on_remove = on_remove
         """Told of each entry once it is removed (drained)."""
+        self._on_retune = on_retune
+        """Told of each entry whose line changed (its idle time, for its residency)."""
         self.drain_seconds = drain_seconds
         self.on_change = on_change
         """Told after models join or leave (the REST relay forgets its prepared heads)."""
@@ -227,6 +230,8 @@ class ModelTable:
 
     def _change(self, served: Served, entry: Entry) -> None:
         served.entry = entry
+        if self._on_retune is not None:
+            self._on_retune(served)
         if self._limits is None:
             return
         limit, queue_limit = self._limits(entry)

@@ -83,6 +83,11 @@ async def test_each_on_demand_model_has_its_own_residency_until_it_leaves(tmp_pa
     assert b'model_state{model="lazy",state="idle-unloaded"} 1.0' in generate_latest(
         proxy.metrics.registry
     )
+    lazy = residencies["lazy"]
+    _write(table, [{"model": "lazy", "residency": "on-demand"}, {"model": "plain"}])
+    proxy.table.reread(table)
+    assert proxy.residencies.models["lazy"] is lazy, "the same residency, its idle time retuned"
+    assert (lazy.policy.idle_seconds, lazy.policy.check_seconds) == (60, 15)
     _write(table, [{"model": "plain"}])
     proxy.table.reread(table)  # nothing in flight: removed at once
     assert proxy.residencies.models == {}
