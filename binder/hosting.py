@@ -22,7 +22,8 @@ loop:
   (garbage collection removes it with the last), naming its replicas in
   `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
   residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
-  agent's, on the host: `host_changed`) is True and that is not draining; deleted when its last
+  agent's, on the host: `host_changed`) is True, or False only as asleep (ModelSleeping: the
+  host's proxy wakes it on the next request), and that is not draining; deleted when its last
   replica leaves;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
