@@ -304,7 +304,11 @@ class Residencies:
             if self._look is None or not residency.look_now.is_set():
                 continue
             residency.look_now.clear()
-            asleep = await self._look(residency.model_id)
+            try:
+                asleep = await self._look(residency.model_id)
+            except Exception:
+                log.exception("Asking the agent whether %s is asleep failed.", residency.model_id)
+                asleep = None
             if asleep:
                 residency.found_asleep("the agent reports it asleep")
             elif asleep is False:
