@@ -2,11 +2,12 @@
 
 The shape of every part (`common.lifecycle`): `Proxy(settings)` builds the concurrency limiter,
 the metrics, the relays and the readiness (for a model host, --models-file, the table of models
-whose entries each get their own limiter and metrics: proxy/table.py); `start(lifecycle)` reads
-the table and follows its file, then opens the REST port, the gRPC port and then the metrics and
-health port (the startup probe's /healthz answers once the others listen), then (with
---model-dir) the watch that reinstalls the model when the node has lost it, and (with
---residency on-demand) the idle watch. On SIGTERM (Kubernetes starts terminating the
+whose entries each get their own limiter, metrics and, when on-demand, residency: proxy/table.py);
+`start(lifecycle)` reads the table and follows its file, then opens the REST port, the gRPC port
+and then the metrics and health port (the startup probe's /healthz answers once the others
+listen), the idle watch of the on-demand models (--residency on-demand, or a host's on-demand
+entries), and (with --model-dir) the watch that reinstalls the model when the node has lost it.
+On SIGTERM (Kubernetes starts terminating the
 pod) the order is fixed:
   0. stop the reinstall watch (and a loader it runs), the idle watch and the models file's watch,
      so nothing installs, sleeps or joins the table after the unload;
