@@ -7,8 +7,7 @@ whose entries each get their own limiter, metrics and, when on-demand, residency
 and then the metrics and health port (the startup probe's /healthz answers once the others
 listen), the idle watch of the on-demand models (--residency on-demand, or a host's on-demand
 entries), and (with --model-dir) the watch that reinstalls the model when the node has lost it.
-On SIGTERM (Kubernetes starts terminating the
-pod) the order is fixed:
+On SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
   0. stop the reinstall watch (and a loader it runs), the idle watch and the models file's watch,
      so nothing installs, sleeps or joins the table after the unload;
   1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
