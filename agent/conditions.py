@@ -53,14 +53,13 @@ from agent.models import CRASHED_REASON, ModelStatus, PodQuarantine, crash_messa
 from agent.placement import Proven
 from agent.pods import PENDING_REASON, PodInfo
 from agent.suspects import REASON as REQUESTS_CRASHED_REASON
+from common.hosted import SLEEPING_REASON
 from common.lifecycle import spawn
 from common.logs import subject
 
 log = logging.getLogger(__name__)
 
 NOT_SERVED_EVENT = "ModelNotServed"
-SLEEPING_REASON = "ModelSleeping"
-"""The reason of an on-demand model unloaded while idle: not served, and no failure either."""
 GIVEN_UP_REASON = "ModelLoadGivenUp"
 """The reason of a FAILED model whose loads the agent no longer tries (--max-load-attempts)."""
 NOT_PLACED_REASON = "NotPlacedByBinder"

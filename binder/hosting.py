@@ -22,7 +22,8 @@ loop:
   (garbage collection removes it with the last), naming its replicas in
   `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
   residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
-  agent's, on the host: `host_changed`) is True and that is not draining; deleted when its last
+  agent's, on the host: `host_changed`) is True, or False only as asleep (ModelSleeping: the
+  host's proxy wakes it on the next request), and that is not draining; deleted when its last
   replica leaves;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
@@ -69,6 +70,7 @@ from binder.proofs import proven, sign
 from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    SLEEPING_REASON,
     HostedError,
     HostedReplica,
     decode_hosted,
@@ -489,8 +491,9 @@ class ModelController:
         self._ledger.draining.discard(rid)
 
     def _loaded(self, model: ModelInfo, node: str) -> Loaded:
-        """Whether the namespace's host on `node` has the agent's loaded condition of `model`
-        True, and why not."""
+        """Whether the namespace's host on `node` serves `model` (the agent's loaded condition
+        True, or False only because the on-demand replica is asleep: the host's proxy wakes it
+        on the next request), and why not."""
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
         if host is None:
             return Loaded(False, "its model host is not created yet")
@@ -499,9 +502,9 @@ class ModelController:
         wanted = loaded_condition(self._keys, model.name)
         for condition in (host.get("status") or {}).get("conditions") or []:
             if isinstance(condition, dict) and condition.get("type") == wanted:
-                if condition.get("status") == "True":
-                    return Loaded(True, "")
                 reason = str(condition.get("reason") or "NotLoaded")
+                if condition.get("status") == "True" or reason == SLEEPING_REASON:
+                    return Loaded(True, "")
                 message = str(condition.get("message") or "")
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")

@@ -89,6 +89,11 @@ def loaded_condition(keys: Keys, model: str) -> str:
     return _qualified(keys, "loaded", model)
 
 
+SLEEPING_REASON = "ModelSleeping"
+"""The reason of a loaded condition False for an on-demand model unloaded while idle (files kept):
+its pod or host stays routed, as its proxy wakes it on the next request."""
+
+
 def replica_uid(model_uid: str, replica: int) -> str:
     """A replica's uid in proofs and ledgers: no pod's uid has a slash."""
     return f"{model_uid}/{replica}"

@@ -60,6 +60,9 @@ class ModelStatus:
     manifest_digest: str = ""
     gpu_uuid: str = ""
     gpu_index: int = -1
+    sleeping: bool = False
+    """An on-demand model unloaded while idle, its files kept (state INSTALLED): its proxy
+    wakes it on the next request."""
 
     @classmethod
     def from_proto(cls, status: agent_pb2.ModelStatus) -> ModelStatus:
@@ -75,6 +78,7 @@ class ModelStatus:
             manifest_digest=status.manifest_digest,
             gpu_uuid=status.gpu_uuid,
             gpu_index=status.gpu_index,
+            sleeping=status.sleeping,
         )
 
     def describe_placement(self) -> str:
@@ -127,6 +131,7 @@ class Hosted:
                 manifest_digest=status.manifest_digest,
                 gpu_uuid=status.gpu_uuid,
                 gpu_index=status.gpu_index,
+                sleeping=status.sleeping,
             ),
         )
 

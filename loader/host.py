@@ -8,8 +8,10 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per model:
   (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
   the replica's model; at most `parallel` at once. A failure is logged with its reason and retried
   with backoff; it never stops the others.
-- ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "idleSeconds"}`,
-  replaced whole), which the host's proxy serves.
+- ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
+  "idleSeconds"}`, replaced whole), which the host's proxy serves. An on-demand replica the
+  proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
+  loaded here: its proxy wakes it on its next request.
 - draining, gone, or given another storage URI: still listed for `unroute_seconds` (the binder
   has taken the host out of its Service; requests routed before the endpoints caught up are
   answered), then removed from the models file; after `drain_seconds` (the proxy finishes its
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Protocol
 
 from common.atomicfile import replace_file
-from common.contract import ContractError, validate_model_id
+from common.contract import RESIDENCY_ON_DEMAND, ContractError, validate_model_id
 from loader.agentclient import Hosted, HostedList, ModelState
 from loader.errors import LoaderError, TransientError
 from loader.fetch import check_uri, fetch
@@ -192,6 +194,12 @@ class Host:
             if replica is None or moved:
                 self._leave(tracked, "it moved to new files" if moved else "it left the host")
             elif tracked.job is None and not tracked.leaving:
+                if tracked.uri is None and tracked.ready and replica.status.sleeping:
+                    # Listed by an earlier run and asleep on the node since: loading it would
+                    # undo its proxy's sleep. Confirmed as it is; its next request wakes it.
+                    tracked.uri = replica.storage_uri
+                    log.info("Model %s is asleep on the node: still listed.", model)
+                    continue
                 lost = tracked.ready and replica.status.state is ModelState.ABSENT
                 if lost or tracked.uri is None or (not tracked.ready and now >= tracked.retry_at):
                     if lost:
@@ -394,6 +402,8 @@ def _entry(replica: Hosted) -> dict[str, object]:
     entry: dict[str, object] = {"model": replica.model_id}
     if replica.max_concurrency:
         entry["maxConcurrency"] = replica.max_concurrency
+    if replica.residency == RESIDENCY_ON_DEMAND:
+        entry["residency"] = RESIDENCY_ON_DEMAND
     if replica.idle_seconds:
         entry["idleSeconds"] = replica.idle_seconds
     return entry

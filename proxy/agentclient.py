@@ -1,6 +1,7 @@
 """The proxy's calls to the node agent: ask what the node has of the pod's model (so a model
-gone from the node is noticed and reinstalled, proxy.reinstall), put an idle on-demand model to
-sleep and wake it (proxy.residency), and unload it when the pod terminates.
+gone from the node is noticed and reinstalled, proxy.reinstall), put an idle on-demand model (a
+model pod's, or each of a host's) to sleep and wake it (proxy.residency), and unload it when the
+pod terminates.
 
 Every call carries `authorization: Bearer <token>`, the pod's projected service-account token read
 from its file at call time (the kubelet rotates it), so the agent can check with TokenReview that
@@ -137,23 +138,40 @@ class AgentClient:
         return True
 
 
-class ResidencyCalls:
-    """The agent calls of proxy.residency for the pod's own model (its `Agent`), over one
-    channel held from the first call to `close`."""
+class AgentCalls:
+    """The agent calls of proxy.residency for every model of the proxy (a model pod's one, a
+    host's table), over one channel held from the first call to `close`."""
 
-    def __init__(self, client: AgentClient, model_id: str, timeout: float) -> None:
+    def __init__(self, client: AgentClient, timeout: float) -> None:
         self._client = client
-        self._model_id = model_id
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None
 
-    async def sleep(self) -> AgentAnswer:
-        request = agent_pb2.UnloadModelRequest(model_id=self._model_id, idle=True)
+    def of(self, model_id: str) -> ResidencyCalls:
+        """The calls for `model_id`: its residency's `Agent`."""
+        return ResidencyCalls(self, model_id)
+
+    async def sleep(self, model_id: str) -> AgentAnswer:
+        request = agent_pb2.UnloadModelRequest(model_id=model_id, idle=True)
         return await self._call("UnloadModel", request)
 
-    async def wake(self) -> AgentAnswer:
-        request = agent_pb2.LoadModelRequest(model_id=self._model_id)
+    async def wake(self, model_id: str) -> AgentAnswer:
+        request = agent_pb2.LoadModelRequest(model_id=model_id)
         return await self._call("LoadModel", request)
+
+    async def asleep(self, model_id: str) -> bool | None:
+        """Whether the node holds `model_id` asleep (True) or READY (False); None when the
+        agent cannot tell now or says something else (the next look asks again)."""
+        if self._channel is None:
+            self._channel = self._client.channel()
+        try:
+            seen = await self._client.model_on_node(model_id, self._channel)
+        except AgentUnavailableError as e:
+            log.warning("Cannot ask whether model %s is asleep: %s.", model_id, e)
+            return None
+        if seen.sleeping:
+            return True
+        return False if seen.state == "READY" else None
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -183,3 +201,17 @@ class ResidencyCalls:
             state = agent_pb2.ModelState.Name(status.state).removeprefix("MODEL_STATE_")
             return AgentAnswer(False, state, status.reason or "no reason given")
         return AgentAnswer(True)
+
+
+class ResidencyCalls:
+    """The `Agent` of one model's residency: `AgentCalls` for `model_id`."""
+
+    def __init__(self, calls: AgentCalls, model_id: str) -> None:
+        self._calls = calls
+        self._model_id = model_id
+
+    async def sleep(self) -> AgentAnswer:
+        return await self._calls.sleep(self._model_id)
+
+    async def wake(self) -> AgentAnswer:
+        return await self._calls.wake(self._model_id)

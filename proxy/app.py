@@ -2,12 +2,12 @@
 
 The shape of every part (`common.lifecycle`): `Proxy(settings)` builds the concurrency limiter,
 the metrics, the relays and the readiness (for a model host, --models-file, the table of models
-whose entries each get their own limiter and metrics: proxy/table.py); `start(lifecycle)` reads
-the table and follows its file, then opens the REST port, the gRPC port and then the metrics and
-health port (the startup probe's /healthz answers once the others listen), then (with
---model-dir) the watch that reinstalls the model when the node has lost it, and (with
---residency on-demand) the idle watch. On SIGTERM (Kubernetes starts terminating the
-pod) the order is fixed:
+whose entries each get their own limiter, metrics and, when on-demand, residency: proxy/table.py);
+`start(lifecycle)` reads the table and follows its file, then opens the REST port, the gRPC port
+and then the metrics and health port (the startup probe's /healthz answers once the others
+listen), the idle watch of the on-demand models (--residency on-demand, or a host's on-demand
+entries), and (with --model-dir) the watch that reinstalls the model when the node has lost it.
+On SIGTERM (Kubernetes starts terminating the pod) the order is fixed:
   0. stop the reinstall watch (and a loader it runs), the idle watch and the models file's watch,
      so nothing installs, sleeps or joins the table after the unload;
   1. report not ready (REST /v2/health/ready, gRPC ServerReady, /readyz) so the endpoints drop us;
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from common.contract import RESIDENCY_ON_DEMAND
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
-from proxy.agentclient import AgentClient, ResidencyCalls
+from proxy.agentclient import AgentCalls, AgentClient
 from proxy.grpc.grpcio import GrpcProxy
 from proxy.grpc.server import GrpcRelay
 from proxy.http1.listener import RestRelay
@@ -34,7 +35,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.readiness import OwnModel, Readiness
 from proxy.reinstall import LoaderProcess, Reinstaller, ReinstallTiming, loader_flags
-from proxy.residency import IdlePolicy, Residency
+from proxy.residency import IdlePolicy, Residencies, Residency
 from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.table import Entry, ModelTable, Served
@@ -61,7 +62,11 @@ class Proxy:
         """With --models-file: the host's models, each with its own limiter and metrics."""
         if settings.models_file is not None:
             self.table = ModelTable(
-                self.served, drain_seconds=settings.finish_timeout_seconds, limits=self.limits
+                self.served,
+                drain_seconds=settings.finish_timeout_seconds,
+                limits=self.limits,
+                on_remove=self.removed,
+                on_retune=self.retuned,
             )
         self.own_model = OwnModel(settings)
         self.rest = RestRelay(settings, self.limiter, self.metrics, self.state, self.table)
@@ -72,33 +77,27 @@ class Proxy:
             self.grpc = GrpcProxy(settings, self.limiter, self.metrics, self.state)
         if self.table is not None:
             self.table.on_change = self.rest.forget_heads
-        self.residency: Residency | None = None
-        """With --residency on-demand: sleeps the idle model and wakes it (proxy/residency.py)."""
-        self._residency_calls: ResidencyCalls | None = None
-        if settings.residency == RESIDENCY_ON_DEMAND and settings.token_file is not None:
-            self._residency_calls = ResidencyCalls(
+        self._agent_calls: AgentCalls | None = None
+        """With the agent: sleeps and wakes the on-demand models (one channel for them all)."""
+        if settings.agent_address and settings.token_file is not None:
+            self._agent_calls = AgentCalls(
                 AgentClient(
                     settings.agent_address, settings.token_file, settings.agent_timeout_seconds
                 ),
-                settings.model_id,
                 settings.agent_timeout_seconds,
             )
-            self.residency = Residency(
-                settings.model_id,
-                self._residency_calls,
-                self.limiter,
-                self.state,
-                IdlePolicy(
-                    idle_seconds=settings.idle_seconds,
-                    # A sleep comes between 1 and 1.25 idle periods after the last request.
-                    check_seconds=settings.idle_seconds / 4,
-                    wake_timeout_seconds=settings.wake_timeout_seconds,
-                ),
-                on_wake=self.metrics.woke,
+        self.residencies = Residencies(
+            None if self.table is None or self._agent_calls is None else self._agent_calls.asleep
+        )
+        """The on-demand models (proxy/residency.py): the pod's with --residency on-demand, or
+        each on-demand entry of the host's table; in a host, each is looked up at the agent
+        when it joins or seems unloaded (a model pod's reinstall watch does that)."""
+        self.residency: Residency | None = None
+        """With --residency on-demand: sleeps the pod's idle model and wakes it."""
+        if settings.residency == RESIDENCY_ON_DEMAND:
+            self.residency = self.on_demand(
+                settings.model_id, settings.idle_seconds, self.limiter, self.metrics
             )
-            self.limiter.residency = self.residency
-            self.metrics.residency(self.residency)
-            self.metrics.on_not_usable = self.residency.suspect
         self.loader: LoaderProcess | None = None
         self.reinstaller: Reinstaller | None = None
         """With --model-dir: reinstalls the model when the node has lost it (proxy/reinstall.py)."""
@@ -136,6 +135,7 @@ class Proxy:
             self.own_model,
             (lambda: reinstaller.reason) if reinstaller is not None else lambda: "",
             None if self.table is None else self.table.names,
+            self.residencies.asleep,
         )
         host, port = settings.listen_metrics
         self.metrics_server = HttpServer(
@@ -171,7 +171,63 @@ class Proxy:
         )
         model_id = entry.model
         metrics = ProxyMetrics(limiter, model_id, shared=self.metrics)
+        if entry.residency == RESIDENCY_ON_DEMAND:
+            self.on_demand(model_id, entry.idle_seconds or settings.idle_seconds, limiter, metrics)
         return Served(model_id, limiter, metrics, entry)
+
+    def on_demand(
+        self, model_id: str, idle_seconds: float, limiter: Limiter, metrics: ProxyMetrics
+    ) -> Residency | None:
+        """Make `model_id` on-demand: asleep after `idle_seconds` with nothing held, woken by
+        its next request, through the agent (None, said once, without one)."""
+        calls = self._agent_calls
+        if calls is None:
+            log.error(
+                "Model %s is on-demand but this proxy has no --agent-address: it stays loaded.",
+                model_id,
+            )
+            return None
+        residency = Residency(
+            model_id,
+            calls.of(model_id),
+            limiter,
+            self.state,
+            IdlePolicy(
+                idle_seconds=idle_seconds,
+                # A sleep comes between 1 and 1.25 idle periods after the last request.
+                check_seconds=idle_seconds / 4,
+                wake_timeout_seconds=self.settings.wake_timeout_seconds,
+            ),
+            on_wake=metrics.woke,
+            answers_readiness=self.table is None,
+        )
+        limiter.residency = residency
+        metrics.residency(residency)
+        metrics.on_not_usable = residency.suspect
+        self.residencies.add(residency)
+        if self.table is not None:
+            log.info(
+                "Model %s is on-demand: unloaded after %.0f s with no request, loaded again by "
+                "the next one.",
+                model_id,
+                idle_seconds,
+            )
+        return residency
+
+    def retuned(self, served: Served) -> None:
+        """A host model's line changed: an on-demand one takes its new idle time."""
+        residency = self.residencies.models.get(served.model_id)
+        idle_seconds = served.entry.idle_seconds or self.settings.idle_seconds
+        if residency is None or residency.policy.idle_seconds == idle_seconds:
+            return
+        residency.policy = dataclasses.replace(
+            residency.policy, idle_seconds=idle_seconds, check_seconds=idle_seconds / 4
+        )
+        log.info("Model %s is now unloaded after %.0f s idle.", served.model_id, idle_seconds)
+
+    def removed(self, served: Served) -> None:
+        """A model left the host's table: no more sleeps or wakes of it from here."""
+        self.residencies.remove(served.model_id)
 
     async def start(self, lifecycle: Lifecycle) -> None:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""
@@ -197,13 +253,13 @@ class Proxy:
         # readiness period.
         await self.metrics_server.start()
         log.info("Serving metrics and health on port %d.", self.metrics_server.port)
+        self._idle_task = lifecycle.spawn(
+            "the models' idle watch",
+            self.residencies.watch(lifecycle.stop_event),
+            consequence="idle on-demand models are no longer unloaded",
+            vital=False,
+        )
         if self.residency is not None:
-            self._idle_task = lifecycle.spawn(
-                "the model's idle watch",
-                self.residency.watch(lifecycle.stop_event),
-                consequence="the idle model is no longer unloaded",
-                vital=False,
-            )
             log.info(
                 "Model %s is on-demand: unloaded after %.0f s with no request, loaded again by "
                 "the next one (which waits up to %.0f s).",
@@ -257,8 +313,8 @@ class Proxy:
             self.limiter.in_flight,
         )
         await asyncio.gather(self.rest.stop(), self.grpc.stop())
-        if self._residency_calls is not None:
-            await self._residency_calls.close()
+        if self._agent_calls is not None:
+            await self._agent_calls.close()
         if settings.agent_address and settings.token_file is not None:
             client = AgentClient(
                 settings.agent_address, settings.token_file, settings.agent_timeout_seconds

@@ -164,37 +164,37 @@ class _ConnectionCollector(Collector):
 
 
 class _ResidencyCollector(Collector):
-    """An on-demand model's state, sleeps and wakes, read from its residency at scrape time."""
+    """The on-demand models' states, sleeps and wakes, read from their residencies at scrape
+    time (one collector for the process, one series per model)."""
 
-    def __init__(self, residency: Residency) -> None:
-        self._residency = residency
+    def __init__(self) -> None:
+        self.models: dict[str, Residency] = {}
 
     def collect(self) -> Iterator[Metric]:
-        residency = self._residency
-        model = residency.model_id
         state = GaugeMetricFamily(
             "tritonshare_proxy_model_state",
             "The on-demand model's state as its proxy sees it: 1 for the state it is in "
             "(loaded, unloading, idle-unloaded, waking), 0 for the others.",
             labels=["model", "state"],
         )
-        for name in STATES:
-            state.add_metric([model, name], 1.0 if residency.state == name else 0.0)
         sleeps = CounterMetricFamily(
             "tritonshare_proxy_model_sleeps",
             "Idle unloads of the on-demand model this proxy asked the agent for, by outcome "
             "(ok, refused).",
             labels=["model", "outcome"],
         )
-        sleeps.add_metric([model, "ok"], residency.sleeps)
-        sleeps.add_metric([model, "refused"], residency.refused_sleeps)
         wakes = CounterMetricFamily(
             "tritonshare_proxy_model_wakes",
             "Loads of the on-demand model after it slept, by outcome (ok, failed).",
             labels=["model", "outcome"],
         )
-        wakes.add_metric([model, "ok"], residency.wakes)
-        wakes.add_metric([model, "failed"], residency.failed_wakes)
+        for model, residency in sorted(self.models.items()):
+            for name in STATES:
+                state.add_metric([model, name], 1.0 if residency.state == name else 0.0)
+            sleeps.add_metric([model, "ok"], residency.sleeps)
+            sleeps.add_metric([model, "refused"], residency.refused_sleeps)
+            wakes.add_metric([model, "ok"], residency.wakes)
+            wakes.add_metric([model, "failed"], residency.failed_wakes)
         yield from (state, sleeps, wakes)
 
 
@@ -224,6 +224,10 @@ class ProxyMetrics:
         self._series = self._requests.series
         self._model = model_id
         self._reasons: set[str] = set()
+        self._root: ProxyMetrics = shared or self
+        self._residencies: _ResidencyCollector | None = None
+        """The process's on-demand models (on its first `ProxyMetrics`, registered with the
+        first one: a proxy of always models exposes none of their families)."""
         if shared is None:
             self.registry = CollectorRegistry(auto_describe=True)
             self._all_requests = _RequestsCollector()
@@ -269,10 +273,17 @@ class ProxyMetrics:
             self._rejected_counter.remove(self._model, reason)
         if self._wake_seconds is not None:
             self._wake_histogram.remove(self._model)
+        residencies = self._root._residencies
+        if residencies is not None:
+            residencies.models.pop(self._model, None)
 
     def residency(self, residency: Residency) -> None:
-        """Report an on-demand model's state, sleeps and wakes."""
-        self.registry.register(_ResidencyCollector(residency))
+        """Report this on-demand model's state, sleeps and wakes."""
+        root = self._root
+        if root._residencies is None:
+            root._residencies = _ResidencyCollector()
+            self.registry.register(root._residencies)
+        root._residencies.models[residency.model_id] = residency
 
     def woke(self, seconds: float) -> None:
         """Count one wake of the on-demand model and how long its load took (a wake is rare:

@@ -68,6 +68,7 @@ class Readiness:
         own_model: OwnModel,
         why_not_served: Callable[[], str] = lambda: "",
         table: Collection[str] | None = None,
+        asleep: Callable[[str], bool] = lambda model_id: False,
     ) -> None:
         self._model_id = model_id
         self._state = state
@@ -76,15 +77,18 @@ class Readiness:
         """What is known of why the model is not served ('' when nothing is): proxy.reinstall."""
         self._table = table
         """A host's model ids (the table's live set), asked about instead of the pod's model."""
+        self._asleep = asleep
+        """Whether a host's model is on-demand and asleep: not asked about (its next request
+        loads it)."""
 
     async def not_ready(self) -> list[str]:
         """The reasons the pod is not ready; none when it is."""
         if self._state.draining:
             return ["draining: the pod is shutting down"]
         if self._table is not None:
-            models = sorted(self._table)
-            if not models:
+            if not self._table:
                 return ["the models file lists no model yet"]
+            models = sorted(m for m in self._table if not self._asleep(m))
             answers = await asyncio.gather(*(self._own_model.is_ready(m) for m in models))
             return [
                 f"model {model} is not ready in Triton"

@@ -12,6 +12,9 @@ the agent one call per period. A model found unloaded behind the proxy's back (t
 it for another wake; the model check sees it sleeping) is marked asleep so the next request wakes
 it.
 
+A model host's proxy gives each on-demand model of its table its own residency (`Residencies`):
+the same state machine, each with its idle time and its own wake.
+
 Owns this state machine, its counters and the idle watch. It calls the agent only through the
 `Agent` protocol (proxy.agentclient in the process) and reads time from an injected clock; it
 must not touch sockets or answer requests itself.
@@ -95,8 +98,12 @@ class Residency:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_wake: Callable[[float], None] = lambda seconds: None,
+        answers_readiness: bool = True,
     ) -> None:
         self.model_id = model_id
+        self._answers_readiness = answers_readiness
+        """Whether its sleep answers the pod's readiness (`ProxyState.model_asleep`: a model
+        pod's); a host's readiness asks about each model (`Residencies.asleep`)."""
         self._on_wake = on_wake
         self._agent = agent
         self._limiter = limiter
@@ -127,7 +134,8 @@ class Residency:
     def _set(self, state: str) -> None:
         self.state = state
         self.asleep = state != LOADED
-        self._proxy_state.model_asleep = self.asleep
+        if self._answers_readiness:
+            self._proxy_state.model_asleep = self.asleep
 
     # The idle side.
 
@@ -187,13 +195,6 @@ class Residency:
             answer.reason,
             self.policy.idle_seconds,
         )
-
-    async def watch(self, stopping: asyncio.Event) -> None:
-        """Look for idleness every `check_seconds` until `stopping` is set."""
-        while not stopping.is_set():
-            await self.check_idle()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.policy.check_seconds)
 
     # The wake side.
 
@@ -269,6 +270,64 @@ class Residency:
         self._failed = (self._clock() + RETRY_SECONDS, reason)
         self._set(ASLEEP)
         log.warning("%s.", reason[0].upper() + reason[1:])
+
+
+class Residencies:
+    """The proxy's on-demand models by model id (a model pod's one, or those of a host's table)
+    and the one watch over them: each sleeps after its own idle time. With `look` (a host's
+    proxy), a model just added, or whose answers look as if it were not loaded, is looked up at
+    the agent (`look(model_id)`: True asleep, False loaded, None unknown), so one that slept
+    before this proxy started, or that the agent evicted, is marked asleep and its next request
+    wakes it; a model pod's reinstall watch (proxy.reinstall) does that for its model."""
+
+    def __init__(self, look: Callable[[str], Awaitable[bool | None]] | None = None) -> None:
+        self._look = look
+        self.models: dict[str, Residency] = {}
+
+    def add(self, residency: Residency) -> None:
+        self.models[residency.model_id] = residency
+        if self._look is not None:
+            residency.look_now.set()
+
+    def remove(self, model_id: str) -> None:
+        self.models.pop(model_id, None)
+
+    def asleep(self, model_id: str) -> bool:
+        """Whether `model_id` is on-demand and not loaded now (its next request loads it)."""
+        residency = self.models.get(model_id)
+        return residency is not None and residency.asleep
+
+    async def check(self) -> None:
+        """Sleep each idle model; look up each suspected one."""
+        for residency in list(self.models.values()):
+            await residency.check_idle()
+            if self._look is None or not residency.look_now.is_set():
+                continue
+            residency.look_now.clear()
+            try:
+                asleep = await self._look(residency.model_id)
+            except Exception:
+                log.exception("Asking the agent whether %s is asleep failed.", residency.model_id)
+                asleep = None
+            if asleep:
+                residency.found_asleep("the agent reports it asleep")
+            elif asleep is False:
+                residency.found_loaded()
+
+    def period(self) -> float:
+        """Seconds to the next check: the shortest `check_seconds`; with `look`, at most
+        SUSPECT_SECONDS, so a suspected model is looked up soon."""
+        if not self.models:
+            return 1.0
+        seconds = min(r.policy.check_seconds for r in self.models.values())
+        return seconds if self._look is None else min(seconds, SUSPECT_SECONDS)
+
+    async def watch(self, stopping: asyncio.Event) -> None:
+        """Check every `period` until `stopping` is set."""
+        while not stopping.is_set():
+            await self.check()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.period())
 
 
 async def _asked(call: Callable[[], Awaitable[AgentAnswer]]) -> AgentAnswer:

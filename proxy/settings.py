@@ -154,16 +154,19 @@ class Settings:
     models_file: Path | None = setting(
         "models-file",
         "a model host's table of models: a JSON list of objects with `model` and optionally "
-        "`maxConcurrency` and `idleSeconds` (written by the host's loader), followed as it changes",
+        "`maxConcurrency`, `residency` and `idleSeconds` (written by the host's loader), followed "
+        "as it changes",
         path,
         default=None,
     )
     """A model host's table: a JSON list of objects each with `model` (a public model id) and
-    optionally `maxConcurrency` (its own limit; absent or 0: --container-concurrency) and
-    `idleSeconds` (kept for its residency); other keys are ignored. The host's loader writes it
-    (`python -m loader --host`). Reread every --models-check-seconds when it changed: a model
-    added is served, a model removed is drained (its new requests refused, those in flight
-    finish within --finish-timeout) and then removed (proxy/table.py)."""
+    optionally `maxConcurrency` (its own limit; absent or 0: --container-concurrency),
+    `residency` (`on-demand`: asleep after its `idleSeconds`, absent or 0: --idle-seconds, and
+    woken by its next request, as with --residency on-demand); other keys are ignored. The
+    host's loader writes it (`python -m loader --host`). Reread every --models-check-seconds
+    when it changed: a model added is served, a model removed is drained (its new requests
+    refused, those in flight finish within --finish-timeout) and then removed
+    (proxy/table.py)."""
     models_check_seconds: float = setting(
         "models-check-seconds",
         "seconds between looks at whether --models-file changed",
@@ -301,8 +304,9 @@ class Settings:
         default="300",
     )
     """Seconds with no inference request in flight or waiting before an on-demand model is
-    unloaded; default 300. Read only with --residency on-demand; the webhook writes it from the
-    pod's `tritonshare.io/idle-seconds`, no lower than its --min-idle-seconds."""
+    unloaded; default 300. Read with --residency on-demand (the webhook writes it from the
+    pod's `tritonshare.io/idle-seconds`, no lower than its --min-idle-seconds), and for a host's
+    on-demand models without their own `idleSeconds`."""
     wake_timeout_seconds: float = setting(
         "wake-timeout-seconds",
         "seconds a request waits for its unloaded on-demand model to load (then 503)",
@@ -383,8 +387,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         ):
             if given:
                 raise SettingsError(
-                    f"{flag} works with --model-id only, not with --models-file (a model "
-                    "host's models are always resident, served by the gRPC relay): drop it"
+                    f"{flag} works with --model-id only, not with --models-file (each model of a "
+                    "host has its residency in the file, and is served by the gRPC relay): drop it"
                 )
     if settings.source_address and settings.grpc_mode == "grpcio":
         raise SettingsError(

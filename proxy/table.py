@@ -2,12 +2,12 @@
 
 A model pod's proxy serves a table of one, built from --model-id; a model host's proxy reads its
 table from --models-file (written by the host's loader: a JSON list of objects, each with `model`,
-the public model id, and optionally `maxConcurrency` and `idleSeconds`) and follows it as the file
-is replaced. Each entry has its own concurrency limit (its `maxConcurrency`, else the proxy's
---container-concurrency) and queue (`policy.limiter`) and its own metrics
+the public model id, and optionally `maxConcurrency`, `residency` and `idleSeconds`) and follows it
+as the file is replaced. Each entry has its own concurrency limit (its `maxConcurrency`, else the
+proxy's --container-concurrency) and queue (`policy.limiter`) and its own metrics
 (`metrics.ProxyMetrics`, labelled with its model id); the relays find a request's entry with one
-dict lookup (`served`), whatever the table's size. `idleSeconds` is kept on the entry for the
-model's residency.
+dict lookup (`served`), whatever the table's size. An `on-demand` entry gets its own residency
+(proxy.residency, made by the proxy's `make`), asleep after its `idleSeconds`.
 
 In the node gateway a model host's table names private names: each entry has the name Triton
 knows its replica by (`triton_name`), and the relays map the public id in a request, and in
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.atomicfile import read_file
-from common.contract import ContractError, validate_model_id
+from common.contract import RESIDENCIES, RESIDENCY_ALWAYS, ContractError, validate_model_id
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import name_fields
@@ -53,7 +53,9 @@ class Entry:
     max_concurrency: int = 0
     """Its requests in flight; 0: the proxy's --container-concurrency."""
     idle_seconds: int = 0
-    """Its on-demand idle time (seconds); 0: the proxy's default."""
+    """Its on-demand idle time (seconds); 0: the proxy's --idle-seconds."""
+    residency: str = RESIDENCY_ALWAYS
+    """`always`, or `on-demand`: put to sleep when idle, woken by its next request."""
 
 
 class Served:
@@ -131,8 +133,14 @@ def read_models(path: Path) -> list[Entry]:
                     f"number of 0 or more"
                 )
             numbers[key] = value
+        residency = entry.get("residency", RESIDENCY_ALWAYS)
+        if residency not in RESIDENCIES:
+            raise TableError(
+                f"entry {number} of the models file {path}: `residency` {residency!r} is not "
+                f"one of {', '.join(RESIDENCIES)}"
+            )
         if name not in models:
-            models[name] = Entry(name, numbers["maxConcurrency"], numbers["idleSeconds"])
+            models[name] = Entry(name, numbers["maxConcurrency"], numbers["idleSeconds"], residency)
     return list(models.values())
 
 
@@ -148,6 +156,7 @@ class ModelTable:
         limits: Callable[[Entry], tuple[int, int]] | None = None,
         on_change: Callable[[], None] | None = None,
         on_remove: Callable[[Served], None] | None = None,
+        on_retune: Callable[[Served], None] | None = None,
         renames: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -158,6 +167,8 @@ class ModelTable:
         """Its entries may have private names (the node gateway's): the relays map them."""
         self.on_remove = on_remove
         """Told of each entry once it is removed (drained)."""
+        self._on_retune = on_retune
+        """Told of each entry whose line changed (its idle time, for its residency)."""
         self.drain_seconds = drain_seconds
         self.on_change = on_change
         """Told after models join or leave (the REST relay forgets its prepared heads)."""
@@ -219,6 +230,8 @@ class ModelTable:
 
     def _change(self, served: Served, entry: Entry) -> None:
         served.entry = entry
+        if self._on_retune is not None:
+            self._on_retune(served)
         if self._limits is None:
             return
         limit, queue_limit = self._limits(entry)

@@ -17,13 +17,14 @@ import pytest
 
 from agent.triton import LOADING, READY
 from common.callers import read_table
-from common.contract import Keys
+from common.contract import RESIDENCY_ON_DEMAND, Keys
 from common.hosted import host_name, loaded_condition
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
 from tests.agent.conftest import (
     NODE,
+    RunningAgent,
     StartAgent,
     bearer,
     eventually,
@@ -289,3 +290,58 @@ async def test_an_entry_copied_into_another_namespaces_host_leaves_the_victim_se
     assert infer(triton, status.triton_name) == 2.0
     entry = await running.agent.triton.state(status.triton_name)
     assert entry is not None and entry.state == READY
+
+
+async def test_a_host_sleeps_and_wakes_only_its_on_demand_replicas(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    running: RunningAgent,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """What the host's proxy and loader rely on: the host's token sleeps and wakes its on-demand
+    replica; ListHosted and the loaded condition say it is asleep; an always replica is never
+    put to sleep, whatever the host's own models file says."""
+    core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
+    gpu = running.mock.gpus[0].uuid
+    lazy = replica("team-a", "lazy", gpu, residency=RESIDENCY_ON_DEMAND)
+    kept = replica("team-a", "kept", gpu, ordinal=1)
+    make_host(kube_api, "team-a", [lazy, kept], pod_ip=ADDRESS)
+    token = apiserver.mint_token("team-a", HOST)
+    stub = running.stub
+    for entry in (lazy, kept):
+        source = copy_model("add_one", tmp_path / entry.model, as_name=entry.model)
+        await install_dir(stub, token, source, entry.model)
+        status = await stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id=entry.model), metadata=bearer(token)
+        )
+        assert status.state == agent_pb2.MODEL_STATE_READY, status.reason
+
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.UnloadModel(
+            agent_pb2.UnloadModelRequest(model_id="kept", idle=True), metadata=bearer(token)
+        )
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await stub.UnloadModel(
+        agent_pb2.UnloadModelRequest(model_id="lazy", idle=True), metadata=bearer(token)
+    )
+    listed = await stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+    assert [(r.model_id, r.status.state, r.status.sleeping) for r in listed.replicas] == [
+        ("kept", agent_pb2.MODEL_STATE_READY, False),
+        ("lazy", agent_pb2.MODEL_STATE_INSTALLED, True),
+    ]
+    keys = Keys()
+    await eventually(
+        lambda: (
+            conditions(kube_api, "team-a").get(loaded_condition(keys, "lazy"))
+            == ("False", "ModelSleeping")
+        ),
+        what="the asleep replica's condition",
+    )
+    assert host_events(kube_api, "team-a") == [], "asleep is no fault"
+    woken = await stub.LoadModel(
+        agent_pb2.LoadModelRequest(model_id="lazy"), metadata=bearer(token)
+    )
+    assert woken.state == agent_pb2.MODEL_STATE_READY and not woken.sleeping
+    assert infer(triton, woken.triton_name) == 2.0
+    assert infer(triton, replica_triton_name(kept, "team-a")) == 2.0

@@ -339,6 +339,25 @@ async def test_a_drain_ends_at_its_bound(
     assert status(custom)["readyReplicas"] == 1
 
 
+async def test_an_on_demand_replica_asleep_stays_behind_its_service(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    asleep, failed = (e["node"] for e in obj["status"]["placements"])
+    # Unloaded while idle: the host's proxy loads it again on the next request.
+    set_loaded(core, asleep, "False", "ModelSleeping", "model resnet is asleep")
+    # Written after, in the same watch: once the binder has taken this one out, it has seen both.
+    set_loaded(core, failed, "False", "ModelFailed", "the backend refused the model")
+    await eventually(
+        lambda: SERVES not in hosts(core)[failed].metadata.labels, what="the failed one out"
+    )
+    await eventually(lambda: status(custom).get("readyReplicas") == 1, what="1 ready")
+    assert hosts(core)[asleep].metadata.labels.get(SERVES) == "true"
+    assert [p["ready"] for p in status(custom)["placements"]] == [True, False]
+    assert [e.message.split(":")[0] for e in not_served(core)] == [f"replica 1 on node {failed}"]
+
+
 async def test_a_model_has_at_most_one_replica_per_node(
     nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:

@@ -53,15 +53,24 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     """Refuse calls about a model the host no longer lists, as the real agent does."""
     calls: list[tuple[str, str, float]] = field(default_factory=list)
     """(rpc, model id, wall-clock time): every call but ListHosted."""
+    sleeping: set[str] = field(default_factory=set)
+    """On-demand models unloaded while idle (INSTALLED, files kept)."""
+    listings: int = 0
 
     def host(
-        self, model: str, uri: str, *, max_concurrency: int = 0, idle_seconds: int = 0
+        self,
+        model: str,
+        uri: str,
+        *,
+        max_concurrency: int = 0,
+        idle_seconds: int = 0,
+        residency: str = "always",
     ) -> None:
         self.replicas[model] = agent_pb2.HostedReplica(
             model_id=model,
             replica=0,
             storage_uri=uri,
-            residency="always",
+            residency=residency,
             max_concurrency=max_concurrency,
             idle_seconds=idle_seconds,
         )
@@ -76,7 +85,12 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         state, digest = self.models.get(model, (agent_pb2.MODEL_STATE_ABSENT, ""))
         reason = "Triton refused it" if state == agent_pb2.MODEL_STATE_FAILED else ""
         return agent_pb2.ModelStatus(
-            model_id=model, state=state, manifest_digest=digest, reason=reason, gpu_index=-1
+            model_id=model,
+            state=state,
+            manifest_digest=digest,
+            reason=reason,
+            gpu_index=-1,
+            sleeping=model in self.sleeping,
         )
 
     def _note(self, rpc: str, model: str) -> None:
@@ -85,6 +99,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     async def ListHosted(  # noqa: N802 - the generated servicer's name
         self, request: agent_pb2.ListHostedRequest, context: Context
     ) -> agent_pb2.ListHostedResponse:
+        self.listings += 1
         listed = []
         for replica in self.replicas.values():
             copy = agent_pb2.HostedReplica()
@@ -375,6 +390,37 @@ async def test_a_model_the_node_lost_is_loaded_again_and_stays_listed(
         await until(lambda: servicer.models.get("add_one", (0,))[0] == ready, "READY again")
         assert names(tmp_path) == ["add_one"]
         assert fetcher.calls == [models.url("add_one")], "from the files kept under ROOT"
+
+
+async def test_an_on_demand_replica_asleep_stays_listed_and_is_not_loaded_by_the_loader(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"), residency="on-demand", idle_seconds=1)
+
+    async def polls(count: int) -> None:
+        seen = servicer.listings
+        await until(lambda: servicer.listings >= seen + count, f"{count} more polls")
+
+    on_demand = [{"model": "add_one", "residency": "on-demand", "idleSeconds": 1}]
+    async with following(address, tmp_path):
+        await until(lambda: names(tmp_path) == ["add_one"], "add_one listed")
+        assert listed(tmp_path) == on_demand, "the proxy's table has its residency"
+        # Its proxy puts it to sleep (UnloadModel idle): unloaded, its files kept.
+        servicer.models["add_one"] = (
+            agent_pb2.MODEL_STATE_INSTALLED,
+            servicer.models["add_one"][1],
+        )
+        servicer.sleeping.add("add_one")
+        await polls(3)
+        assert names(tmp_path) == ["add_one"], "served: its next request wakes it"
+        assert servicer.count("LoadModel", "add_one") == 1
+    # A restarted loader confirms it as it is, rather than waking it.
+    async with following(address, tmp_path, fetcher=Counted(allowed=False)) as host:
+        await polls(3)
+        assert host.ready_models() == ["add_one"]
+        assert listed(tmp_path) == on_demand
+    assert servicer.count("LoadModel", "add_one") == 1, "still asleep"
 
 
 async def test_a_replica_the_agent_forgot_is_deleted_even_if_it_cannot_be_unloaded(

@@ -26,6 +26,7 @@ from proxy.residency import (
     SUSPECT_SECONDS,
     AgentAnswer,
     IdlePolicy,
+    Residencies,
     Residency,
 )
 from proxy.settings import SettingsError, parse_settings
@@ -239,6 +240,32 @@ async def test_a_model_the_node_reports_asleep_is_marked_so_and_never_reinstalle
     ready[0] = True  # loaded by another way (a reinstall, a wake the agent ran)
     await watch.check_once(None)  # type: ignore[arg-type]
     assert model.state == LOADED
+
+
+async def test_a_host_looks_a_model_up_when_it_joins_or_seems_unloaded() -> None:
+    clock, agent = Clock(), FakeAgent()
+    model, _, _, _ = residency(clock, agent)
+    asked: list[str] = []
+    on_node = {"add_one": False}
+
+    async def look(model_id: str) -> bool | None:
+        asked.append(model_id)
+        return on_node[model_id]
+
+    residencies = Residencies(look)
+    residencies.add(model)
+    await residencies.check()
+    assert (asked, model.state) == (["add_one"], LOADED)
+    await residencies.check()
+    assert asked == ["add_one"], "looked up only when it joins or is suspected"
+    on_node["add_one"] = True  # the agent evicted it for another model's wake
+    model.suspect()
+    await residencies.check()
+    assert model.state == ASLEEP and residencies.asleep("add_one")
+    assert agent.sleeps == 0, "not put to sleep by this proxy"
+    assert residencies.period() == SUSPECT_SECONDS
+    residencies.remove("add_one")
+    assert not residencies.asleep("add_one") and residencies.period() == 1.0
 
 
 def test_a_rest_refusal_carries_retry_after() -> None:

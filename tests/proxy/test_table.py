@@ -1,7 +1,8 @@
 """A model host's proxy takes each model's own limit from the models file the host's loader
-writes: `maxConcurrency` is that model's limiter's limit (absent: --container-concurrency),
-`idleSeconds` is kept for its residency, and a changed line retunes the model in place (its
-queue and metrics stay). No Triton is needed: the table is read, nothing listens."""
+writes: `maxConcurrency` is that model's limiter's limit (absent: --container-concurrency), an
+`on-demand` entry has its own residency (its `idleSeconds`, absent: --idle-seconds) until it
+leaves, and a changed line retunes the model in place (its queue and metrics stay). No Triton is
+needed: the table is read, nothing listens."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from proxy.app import Proxy
+from proxy.residency import ASLEEP
 from proxy.settings import parse_settings
 from proxy.table import Entry, TableError, read_models
 
@@ -53,6 +56,44 @@ async def test_each_model_takes_its_own_limit_from_the_models_file(tmp_path: Pat
     assert proxy.limiter.limit == 2
 
 
+async def test_each_on_demand_model_has_its_own_residency_until_it_leaves(tmp_path: Path) -> None:
+    table = tmp_path / "models.json"
+    _write(
+        table,
+        [
+            {"model": "lazy", "residency": "on-demand", "idleSeconds": 7},
+            {"model": "lazier", "residency": "on-demand"},
+            {"model": "plain", "residency": "always"},
+        ],
+    )
+    agent = ["--agent-address", "127.0.0.1:9", "--token-file", str(tmp_path / "token")]
+    proxy = _proxy(table, *agent, "--idle-seconds", "60")
+    assert proxy.table is not None
+    proxy.table.reread(table)
+    models, residencies = proxy.table.models, proxy.residencies.models
+    assert {name: r.policy.idle_seconds for name, r in residencies.items()} == {
+        "lazy": 7,
+        "lazier": 60,
+    }
+    assert models["lazy"].limiter.residency is residencies["lazy"]
+    assert models["plain"].limiter.residency is None
+    residencies["lazy"]._set(ASLEEP)
+    assert proxy.residencies.asleep("lazy") and not proxy.residencies.asleep("plain")
+    assert not proxy.state.model_asleep, "a host's readiness asks about each model"
+    assert b'model_state{model="lazy",state="idle-unloaded"} 1.0' in generate_latest(
+        proxy.metrics.registry
+    )
+    lazy = residencies["lazy"]
+    _write(table, [{"model": "lazy", "residency": "on-demand"}, {"model": "plain"}])
+    proxy.table.reread(table)
+    assert proxy.residencies.models["lazy"] is lazy, "the same residency, its idle time retuned"
+    assert (lazy.policy.idle_seconds, lazy.policy.check_seconds) == (60, 15)
+    _write(table, [{"model": "plain"}])
+    proxy.table.reread(table)  # nothing in flight: removed at once
+    assert proxy.residencies.models == {}
+    assert b"lazy" not in generate_latest(proxy.metrics.registry)
+
+
 async def test_an_explicit_queue_size_holds_for_every_model(tmp_path: Path) -> None:
     table = tmp_path / "models.json"
     _write(table, [{"model": "small", "maxConcurrency": 3}])
@@ -69,6 +110,7 @@ async def test_an_explicit_queue_size_holds_for_every_model(tmp_path: Path) -> N
         ({"model": "a", "maxConcurrency": -1}, "`maxConcurrency` -1 is not a whole number"),
         ({"model": "a", "maxConcurrency": "4"}, "`maxConcurrency` '4' is not a whole number"),
         ({"model": "a", "idleSeconds": True}, "`idleSeconds` True is not a whole number"),
+        ({"model": "a", "residency": "lazy"}, "`residency` 'lazy' is not one of always, on-demand"),
     ],
 )
 def test_a_bad_limit_says_which_entry(
