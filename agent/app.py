@@ -305,6 +305,7 @@ class Agent:
             platform_accounts=settings.platform_accounts,
             cache_seconds=settings.token_cache_seconds,
             failure_cache_seconds=settings.auth_failure_cache_seconds,
+            watched_host=self.pods.watched_host,
         )
         self.service = AgentService(
             self.models,

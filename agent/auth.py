@@ -98,8 +98,13 @@ class Authorizer:
         cache_seconds: float = 30.0,
         failure_cache_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
+        watched_host: Callable[[str, str], JsonObject | None] | None = None,
     ) -> None:
         self._kube = kube
+        self._watched_host = watched_host
+        """A model host as the agent's pod watch shows it (`NodePods.watched_host`): a host
+        lists its replicas every fraction of a second, which a fresh read each time would turn
+        into API load per host; its other calls read it fresh."""
         self._verifier = verifier
         self.node_name = node_name
         self.scheduler_name = scheduler_name
@@ -210,9 +215,19 @@ class Authorizer:
         return self._verifier.prove(pod)
 
     async def host_of(self, caller: Caller) -> JsonObject:
-        """The caller's pod, read fresh, when it is a model host of this node (checked as
+        """The caller's pod, as the pod watch shows it (or read fresh when the watch shows no
+        host of the token's uid), when it is a model host of this node (checked as
         `authorize_model` checks a pod); else PermissionDeniedError."""
-        obj, pod = await self._own_pod(caller)
+        watched = (
+            self._watched_host(caller.namespace, caller.pod_name)
+            if self._watched_host is not None
+            else None
+        )
+        if watched is not None and str((watched.get("metadata") or {}).get("uid")) != (
+            caller.pod_uid
+        ):
+            watched = None
+        obj, pod = await self._own_pod(caller, watched)
         if not is_host(obj, self.keys):
             raise PermissionDeniedError(
                 f"pod {pod.key} is not a model host (no {host_label(self.keys)}=true label): "
@@ -221,10 +236,16 @@ class Authorizer:
             )
         return obj
 
-    async def _own_pod(self, caller: Caller) -> tuple[JsonObject, PodInfo]:
-        """The token's pod read fresh, when it is still that pod, bound to this node, scheduled
-        by tritonshare and not terminated; else PermissionDeniedError."""
-        obj = await self._kube.get_pod(caller.namespace, caller.pod_name)
+    async def _own_pod(
+        self, caller: Caller, known: JsonObject | None = None
+    ) -> tuple[JsonObject, PodInfo]:
+        """The token's pod (`known`, else read fresh), when it is still that pod, bound to this
+        node, scheduled by tritonshare and not terminated; else PermissionDeniedError."""
+        obj = (
+            known
+            if known is not None
+            else await self._kube.get_pod(caller.namespace, caller.pod_name)
+        )
         if obj is None:
             raise PermissionDeniedError(f"pod {caller.pod_key} of the token no longer exists")
         pod = pod_from_dict(obj, self.keys)

@@ -46,13 +46,15 @@ class NodePods:
         self._hosts: dict[str, tuple[PodInfo, list[str]]] = {}
         """A model host's namespace/name -> the host, and its loaded conditions of replicas no
         longer in its annotation."""
+        self._host_objects: dict[str, dict[str, Any]] = {}
+        """A model host's namespace/name -> the host as the watch last showed it."""
         self.synced = False
         """Whether the pods have been listed: before, an empty map does not mean "no pods"."""
 
     def replace(self, items: list[dict[str, Any]]) -> list[tuple[PodInfo, str]]:
         """The watch listed the node's pods; returns the hosts that stand for no replica and
         why (a malformed annotation)."""
-        self.by_key, self._stands_for, self._hosts = {}, {}, {}
+        self.by_key, self._stands_for, self._hosts, self._host_objects = {}, {}, {}, {}
         problems = [self._put(obj) for obj in items]
         self.synced = True
         return [p for p in problems if p is not None]
@@ -63,6 +65,7 @@ class NodePods:
         for key in self._stands_for.pop(pod.key, ()):
             self.by_key.pop(key, None)
         self._hosts.pop(pod.key, None)
+        self._host_objects.pop(pod.key, None)
         if kind == "DELETED":
             return []
         problem = self._put(obj)
@@ -82,7 +85,15 @@ class NodePods:
             return owner, problem
         if is_host(obj, self._keys):
             self._hosts[owner.key] = (owner, stale_conditions(obj, self._keys, pods))
+            self._host_objects[owner.key] = obj
         return None
+
+    def watched_host(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The model host `namespace/name` as the pod watch last showed it; None when the watch
+        has not listed yet or shows no such host (the caller reads it fresh then)."""
+        if not self.synced:
+            return None
+        return self._host_objects.get(f"{namespace}/{name}")
 
     def _ours(self, pod: PodInfo) -> bool:
         return pod.scheduler_name == self._scheduler_name and not pod.terminated

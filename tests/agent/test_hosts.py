@@ -114,6 +114,13 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     assert listed.replicas[0].storage_uri == "s3://models/one"
     assert listed.replicas[0].max_concurrency == 3
     assert [r.split(":")[0] for r in listed.refused] == ["three/0"]
+    # A host's loader lists every fraction of a second: from the agent's pod watch, not a read.
+    apiserver.audit.clear()
+    for _ in range(10):
+        again = await stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+        assert [r.model_id for r in again.replicas] == ["one", "two"]
+    reads = [r for r in apiserver.audit if (r.verb, r.resource, r.name) == ("get", "pods", HOST)]
+    assert reads == []
 
     # The conditions on the host pod, and the gateway's rows: one per replica, the host's address.
     def loaded() -> bool:
