@@ -18,6 +18,8 @@ from common.contract import Keys
 from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, NodeAccess
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
+PROXY_METRICS_PORT = dict(modelpod.PROXY_PORTS)["metrics"]
+
 HOST_LOADER_SHARE = {CPU: 50, MEMORY: 32 << 20}
 """The part of a host's requests (`MODEL_HOST_BASE` and `MODEL_HOST_PER_MODEL` per replica, what
 the binder charges its node) that its loader asks for; the proxy asks for the rest."""
@@ -35,6 +37,7 @@ def host_spec(
     memory = MODEL_HOST_BASE[MEMORY] + MODEL_HOST_PER_MODEL[MEMORY] * replicas
     proxy_cpu, proxy_memory = cpu - HOST_LOADER_SHARE[CPU], memory - HOST_LOADER_SHARE[MEMORY]
     env = [modelpod.host_ip_env()]
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     host_mount = {"name": "host", "mountPath": HOST_DIR}
     loader = modelpod.loader(
         image,
@@ -42,9 +45,11 @@ def host_spec(
             "--host",
             f"--models-file={READY_FILE}",
             f"--model-root={MODEL_DIR}",
+            # A leaving replica is unloaded once the proxy beside it has drained it.
+            f"--proxy-metrics-url=http://$(POD_IP):{PROXY_METRICS_PORT}/metrics",
             *modelpod.agent_args(access),
         ],
-        env=env,
+        env=[*env, pod_ip],
         mounts=[
             {"name": "model", "mountPath": MODEL_DIR},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  (the pod's own emptyDir)

@@ -13,6 +13,8 @@ import asyncio
 import logging
 import signal
 import time
+import urllib.request
+from collections.abc import Awaitable, Callable
 
 from loader.agentclient import AgentClient
 from loader.errors import StoppedError
@@ -93,6 +95,25 @@ async def run_until_stopped(settings: Settings) -> Outcome:
             loop.remove_signal_handler(sig)
 
 
+def proxy_holds(url: str) -> Callable[[str], Awaitable[bool | None]]:
+    """Whether the host's proxy at `url` (its /metrics) still serves a model: it drops a model's
+    series once the model has left its table and its requests have finished. None when the
+    proxy cannot be asked."""
+
+    def read() -> str | None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:  # noqa: S310 (the pod's own)
+                return str(answer.read().decode(errors="replace"))
+        except (OSError, ValueError):
+            return None
+
+    async def holds(model: str) -> bool | None:
+        text = await asyncio.to_thread(read)
+        return None if text is None else f'model="{model}"' in text
+
+    return holds
+
+
 async def run_host(settings: Settings) -> None:
     """Follow the host's replicas until SIGTERM or SIGINT; one agent client for the whole run.
     Stopping leaves the models file as it is: the host's proxy unloads its models as it drains."""
@@ -131,6 +152,7 @@ async def run_host(settings: Settings) -> None:
         ),
         parallel=settings.host_parallel,
         max_bytes=settings.max_model_bytes,
+        proxy_holds=proxy_holds(settings.proxy_metrics_url) if settings.proxy_metrics_url else None,
     )
     try:
         await host.run(stop)

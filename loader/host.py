@@ -85,6 +85,8 @@ class HostTiming:
     unroute_seconds: float = 0.0
     """A leaving replica stays listed (served) this long first: its Service stops sending here
     meanwhile."""
+    drain_check_seconds: float = 0.5
+    """How often to ask the proxy whether a leaving replica has drained."""
 
 
 @dataclass
@@ -118,6 +120,7 @@ class Host:
         parallel: int,
         max_bytes: int,
         fetcher: Fetch = fetch_off_loop,
+        proxy_holds: Callable[[str], Awaitable[bool | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -128,6 +131,8 @@ class Host:
         self._slots = asyncio.Semaphore(parallel)
         self._max_bytes = max_bytes
         self._fetch = fetcher
+        self._proxy_holds = proxy_holds
+        """Whether the host's proxy still serves a model (None: it cannot tell)."""
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self._retry = Backoff(timing.load.backoff.initial, _RETRY_MAX_SECONDS)
@@ -330,13 +335,24 @@ class Host:
         )
         self._publish()
 
+    async def _drained(self, model: str) -> None:
+        """Wait until the proxy has finished `model`'s requests (it drops the model's series
+        then), at most `drain_seconds`."""
+        deadline = self._clock() + self._timing.drain_seconds
+        while (left := deadline - self._clock()) > 0:
+            holds = await self._proxy_holds(model) if self._proxy_holds is not None else None
+            if holds is False:
+                log.info("The proxy has drained model %s: unloading it now.", model)
+                return
+            await asyncio.sleep(min(left, self._timing.drain_check_seconds))
+
     async def _drain(self, tracked: _Tracked, was_published: bool) -> None:
         model = tracked.model
         if was_published:
             await asyncio.sleep(self._timing.unroute_seconds)
             tracked.published = False
             self._publish()
-            await asyncio.sleep(self._timing.drain_seconds)
+            await self._drained(model)
         try:
             await self._agent.unload(model, self._timing.call_seconds)
         except TransientError as e:

@@ -190,6 +190,16 @@ class Settings:
     """With --host: seconds a leaving (draining) replica is still served after the binder took
     the host out of its Service, so requests routed before the endpoints caught up are answered
     (as a model pod's preStop pause). Default 5."""
+    proxy_metrics_url: str = setting(
+        "proxy-metrics-url",
+        "with --host: the host's proxy's metrics URL; a leaving replica is unloaded as soon as "
+        "the proxy has drained it (its series gone), within --drain-seconds",
+        str,
+        default="",
+    )
+    """With --host: the host proxy's /metrics (http://$(POD_IP):9002/metrics in a host). The proxy
+    drops a model's series once its requests in flight have finished, so the drain ends then;
+    empty or unreachable: the loader waits the whole --drain-seconds. Default empty."""
     host_parallel: int = setting(
         "host-parallel",
         "with --host: replicas fetched and loaded at once",

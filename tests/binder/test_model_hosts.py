@@ -124,7 +124,8 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
     agent = ["--agent-address=$(HOST_IP):18100", "--token-file=/var/run/secrets/tritonshare/token"]
     assert (loader["name"], loader["command"]) == ("loader", ["python", "-m", "loader"])
     assert loader["args"] == [
-        "--host", f"--models-file={READY_FILE}", "--model-root=/mnt/models", *agent
+        "--host", f"--models-file={READY_FILE}", "--model-root=/mnt/models",
+        "--proxy-metrics-url=http://$(POD_IP):9002/metrics", *agent
     ]  # fmt: skip
     assert (proxy["name"], proxy["command"]) == ("proxy", ["python", "-m", "proxy"])
     assert proxy["args"] == [
@@ -141,7 +142,8 @@ async def test_a_host_is_a_model_pod_serving_the_models_its_loader_makes_ready(
     settings = parse_proxy_settings(node_ip, {})
     assert (settings.model_id, str(settings.models_file)) == ("", READY_FILE)
     host_ip = {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}
-    assert loader["env"] == proxy["env"] == [host_ip]
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert (loader["env"], proxy["env"]) == ([host_ip, pod_ip], [host_ip])
     mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in (loader, proxy)}
     assert mounts["loader"]["model"] == {"name": "model", "mountPath": "/mnt/models"}
     assert mounts["loader"]["host"] == {"name": "host", "mountPath": "/var/run/tritonshare/host"}

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,6 +214,7 @@ async def following(
     unroute_seconds: float = 0.0,
     fetcher: Fetch = fetch_off_loop,
     parallel: int = 2,
+    proxy_holds: Callable[[str], Awaitable[bool | None]] | None = None,
 ) -> AsyncIterator[Host]:
     client = AgentClient(
         address, tmp_path / "token", chunk_bytes=1 << 20, reconnect_max_seconds=1.0
@@ -225,6 +226,7 @@ async def following(
         call_seconds=10.0,
         load=Timing(total_seconds=30.0, attempt_seconds=10.0, poll_seconds=0.05, backoff=backoff),
         unroute_seconds=unroute_seconds,
+        drain_check_seconds=0.05,
     )
     host = Host(
         client,
@@ -233,6 +235,7 @@ async def following(
         timing,
         parallel=parallel,
         max_bytes=1 << 30,
+        proxy_holds=proxy_holds,
         fetcher=fetcher,
     )
     stop = asyncio.Event()
@@ -309,6 +312,26 @@ async def test_a_leaving_replica_leaves_the_file_first_and_is_unloaded_after_the
             assert servicer.when("UnloadModel", model) >= removed + drain - 0.05
         await until(lambda: not any((tmp_path / "models").glob("[!.]*")), "their files deleted")
         assert servicer.count("LoadModel", "add_one") == 1, "a draining replica stays down"
+
+
+async def test_a_leaving_replica_is_unloaded_once_the_proxy_has_drained_it(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """The drain ends when the proxy drops the model (its requests finished), not at its bound;
+    a proxy that cannot be asked leaves the whole bound."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    asked: list[str] = []
+
+    async def proxy_holds(model: str) -> bool | None:
+        asked.append(model)
+        return len(asked) < 3  # still serving it twice, then drained
+
+    async with following(address, tmp_path, drain_seconds=60.0, proxy_holds=proxy_holds):
+        await until(lambda: names(tmp_path) == ["add_one"], "listed")
+        servicer.replicas["add_one"].draining = True
+        await until(lambda: not servicer.models, "unloaded well before the 60 s bound")
+        assert asked == ["add_one"] * 3
 
 
 async def test_a_failing_replica_does_not_hold_up_another(
