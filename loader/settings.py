@@ -168,9 +168,10 @@ class Settings:
         "host-poll-seconds",
         "with --host: seconds between two looks at the host's replicas",
         seconds(positive=True),
-        default="0.5",
+        default="0.25",
     )
-    """With --host: seconds between two ListHosted calls. Default 0.5."""
+    """With --host: seconds between two ListHosted calls (the agent answers from its pod watch:
+    no API read per call). Default 0.25."""
     drain_seconds: float = setting(
         "drain-seconds",
         "with --host: seconds a leaving replica stays loaded after it left the models file",
