@@ -11,10 +11,12 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from common.contract import DEFAULT_AGENT_GRPC_PORT
 from common.logs import LogFormat
 from common.settings import (
+    BadValueError,
     Declaration,
     declared,
     log_format_flag,
@@ -27,6 +29,17 @@ from common.settings import (
     whole,
 )
 from loader.errors import SettingsError
+
+
+def http_url(value: str) -> str:
+    """An `http://` or `https://` URL with a host, kept as written; empty: none."""
+    if not value:
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BadValueError("is not an http:// URL; write e.g. http://$(POD_IP):9002/metrics")
+    return value
+
 
 DEFAULT_MODEL_DIR = Path("/mnt/models")
 DEFAULT_TOKEN_FILE = Path("/var/run/secrets/tritonshare/token")
@@ -195,7 +208,7 @@ class Settings:
         "proxy-metrics-url",
         "with --host: the host's proxy's metrics URL; a leaving replica is unloaded as soon as "
         "the proxy has drained it (its series gone), within --drain-seconds",
-        str,
+        http_url,
         default="",
     )
     """With --host: the host proxy's /metrics (http://$(POD_IP):9002/metrics in a host). The proxy
