@@ -203,13 +203,16 @@ class GrpcRelay:
                 break
             await asyncio.sleep(0.05)
         self.flush()
+        # Past the grace, what a connection still holds to write (a tenant that stopped
+        # reading, a stream's message half sent to Triton) is abandoned: dropped at once, as a
+        # close would wait for it to drain.
         for connection in list(self.connections):
             if connection.transport is not None:
-                connection.transport.close()
+                _close_now(connection.transport)
         for channel in list(self.channels):
             self.forget(channel)
             if channel.transport is not None:
-                channel.transport.close()
+                _close_now(channel.transport)
         for task in list(self.tasks):
             task.cancel()
         for task in list(self.tasks):
@@ -218,3 +221,11 @@ class GrpcRelay:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+
+def _close_now(transport: asyncio.Transport) -> None:
+    """Close `transport`, dropping what it still holds to write rather than waiting for it."""
+    if transport.get_write_buffer_size():
+        transport.abort()
+    else:
+        transport.close()
