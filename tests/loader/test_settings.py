@@ -113,7 +113,7 @@ def test_a_host_s_loader_takes_its_models_from_the_agent() -> None:
     assert settings.models_file == Path("/ready/models.json")
     assert settings.model_root == Path("/models")
     assert (settings.host_poll_seconds, settings.drain_seconds, settings.host_parallel) == (
-        0.5,
+        0.25,
         30.0,
         2,
     )
