@@ -104,6 +104,31 @@ def gpu_tolerations(keys: Keys) -> list[dict[str, Any]]:
     return [dict(GPU_TOLERATION), keys.gpu_node_toleration()]
 
 
+def _container(
+    name: str,
+    image: str,
+    args: list[str],
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    requests: dict[str, str],
+    limits: dict[str, str],
+    **between: Any,
+) -> dict[str, Any]:
+    """A tritonshare container (`python -m NAME ARGS`), locked down, with `between` (ports,
+    probes...) after its environment."""
+    return {
+        "name": name,
+        "image": image,
+        "command": ["python", "-m", name],
+        "args": args,
+        "env": env,
+        **between,
+        "resources": {"requests": dict(requests), "limits": dict(limits)},
+        "securityContext": copy.deepcopy(LOCKED_DOWN),
+        "volumeMounts": mounts,
+    }
+
+
 def loader(
     image: str,
     args: list[str],
@@ -114,17 +139,16 @@ def loader(
     limits: dict[str, str],
 ) -> dict[str, Any]:
     """The `loader` container (`python -m loader ARGS`)."""
-    return {
-        "name": "loader",
-        "image": image,
-        "command": ["python", "-m", "loader"],
-        "args": args,
-        "env": env,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {"requests": dict(requests), "limits": dict(limits)},
-        "securityContext": copy.deepcopy(LOCKED_DOWN),
-        "volumeMounts": mounts,
-    }
+    return _container(
+        "loader",
+        image,
+        args,
+        env,
+        mounts,
+        requests,
+        limits,
+        terminationMessagePolicy="FallbackToLogsOnError",
+    )
 
 
 def proxy(
@@ -137,12 +161,7 @@ def proxy(
     limits: dict[str, str],
 ) -> dict[str, Any]:
     """The `proxy` container (`python -m proxy ARGS`) with its ports, probes and preStop."""
-    return {
-        "name": "proxy",
-        "image": image,
-        "command": ["python", "-m", "proxy"],
-        "args": args,
-        "env": env,
+    between: dict[str, Any] = {
         "ports": [{"name": name, "containerPort": port} for name, port in PROXY_PORTS],
         # Every second only while the proxy starts (its /healthz answers once all its ports
         # listen): the kubelet runs the readiness probe as soon as this one passes, so a new
@@ -166,7 +185,5 @@ def proxy(
             "failureThreshold": 3,
         },
         "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
-        "resources": {"requests": dict(requests), "limits": dict(limits)},
-        "securityContext": copy.deepcopy(LOCKED_DOWN),
-        "volumeMounts": mounts,
     }
+    return _container("proxy", image, args, env, mounts, requests, limits, **between)
