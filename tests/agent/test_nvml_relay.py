@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
 import os
 import shutil
 import socket
@@ -19,10 +21,12 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import kubernetes.client
 import pytest
 
+from agent import gpucheck
 from agent.app import Agent
 from agent.errors import AgentError, NvmlUnavailableError
 from agent.gpus import GpuReader
@@ -36,6 +40,7 @@ from sim.triton import TritonServer
 from tests.agent.conftest import NODE, agent_settings, eventually, make_node, start_agent
 from tests.agent.test_foreign import node_events
 from tests.fixtures_sim import write_test_placement_key
+from tests.gpu.test_gpucheck import Gpus
 
 
 @pytest.fixture
@@ -47,9 +52,9 @@ def socket_path() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def relay(path: Path, mock: MockNvml) -> Iterator[Relay]:
+def relay(path: Path, mock: MockNvml | ModuleType) -> Iterator[Relay]:
     """The relay over the mock NVML, serving in a thread (Triton's container in the tests)."""
-    server = Relay(path, mock.as_module())
+    server = Relay(path, mock.as_module() if isinstance(mock, MockNvml) else mock)
     thread = threading.Thread(target=server.serve_forever, name="nvml-relay", daemon=True)
     thread.start()
     try:
@@ -265,3 +270,25 @@ async def test_the_agent_refuses_to_start_on_fewer_gpus_than_the_node_advertises
     with relay(socket_path, MockNvml(parse_spec("2xT4", seed=NODE))):
         running = await start_agent(replace(settings), MockNvml(parse_spec("1xT4", seed=NODE)))
         await running.stop()
+
+
+def test_gpucheck_in_the_agents_container_reads_where_the_agent_reads(socket_path: Path) -> None:
+    """`kubectl exec -c agent -- python -m agent.gpucheck --reserve` follows the agent's
+    TRITONSHARE_GPU_SOURCE: through the relay it reports what NVML itself reports."""
+    gpus = Gpus()
+    gpus.mig[1] = (0, 0)
+    gpus.mock.set_used(0, 600 << 20)
+    gpus.processes[0] = {4000: 600 << 20}
+    direct = io.StringIO()
+    expected = gpucheck.main(["--reserve", "--json"], {}, nvml=gpus.module, out=direct)
+    # NVML in the agent's own container would fail: the relay is what answers.
+    unloaded = MockNvml(parse_spec("2xT4", seed=NODE))
+    unloaded.set_library_loaded(False)
+    env = {"TRITONSHARE_GPU_SOURCE": "triton", "TRITONSHARE_NVML_RELAY_SOCKET": str(socket_path)}
+    through = io.StringIO()
+    with relay(socket_path, gpus.module):
+        code = gpucheck.main(["--reserve", "--json"], env, nvml=unloaded.as_module(), out=through)
+    assert code == expected
+    report = json.loads(through.getvalue())
+    assert report == json.loads(direct.getvalue())
+    assert report["baselines"][0]["held_by_processes"] == 600 << 20, report

@@ -85,19 +85,15 @@ def test_the_agent_reads_the_pid_tritons_container_writes(kubectl: str) -> None:
         assert len(set(users.values())) == len(users), (where, users)
 
 
-def _flag(container: Mapping[str, Any], name: str) -> str:
-    [flag] = [a for a in container.get("args", []) if a.startswith(f"--{name}=")]
-    return str(flag).partition("=")[2]
-
-
 def test_the_agent_asks_nvml_through_the_relay_tritons_container_runs(kubectl: str) -> None:
     for where, spec in _node_pods(kubectl).items():
         containers = _containers(spec)
         triton, agent = containers["triton"], containers["agent"]
         [install] = [c for c in spec["initContainers"] if c["name"] == "nvml-relay"]
-        assert _flag(agent, "gpu-source") == "triton", where
-        assert not [e for e in agent.get("env", []) if e["name"].startswith("NVIDIA_")], where
-        socket = Path(_flag(agent, "nvml-relay-socket"))
+        env = {e["name"]: e.get("value") for e in agent.get("env", [])}
+        assert env["TRITONSHARE_GPU_SOURCE"] == "triton", where
+        assert not [name for name in env if name.startswith("NVIDIA_")], where
+        socket = Path(str(env["TRITONSHARE_NVML_RELAY_SOCKET"]))
         directory = _mount(install, "nvml-relay")["mountPath"]
         assert install["command"][-2:] == ["--install", directory], where
         assert _mount(triton, "nvml-relay")["mountPath"] == directory, where
