@@ -231,6 +231,16 @@ async def test_the_agent_reads_its_gpus_and_foreign_processes_through_the_relay(
             await eventually(lambda: len(node_events(kube_api)) == 1, what="ForeignGPUProcess")
             message = node_events(kube_api)[0]
             assert f"process {os.getpid()} holds {1 << 30} bytes on GPU 1" in message, message
+            sample = agent.metrics.registry.get_sample_value
+            counted = {"gpu": "1", "UUID": mock.gpus[1].uuid}
+            assert sample("tritonshare_agent_gpu_foreign_processes", counted) == 1
+            assert (
+                sample(
+                    "tritonshare_agent_gpu_foreign_processes",
+                    {"gpu": "0", "UUID": mock.gpus[0].uuid},
+                )
+                == 0
+            )
             lifecycle.request_stop("test over")
             await lifecycle.shutdown()
     finally:
