@@ -556,12 +556,15 @@ class Agent:
         """Triton's container starts the NVML relay as the agent starts: give it a while."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RELAY_START_SECONDS
+        said = ""
         while not self.node.gpus_read and loop.time() < deadline:
-            log.info(
-                "Waiting for the NVML relay in Triton's container (%s): %s",
-                self.settings.nvml_relay_socket,
-                self.node.nvml_error,
-            )
+            if self.node.nvml_error != said:
+                said = self.node.nvml_error
+                log.info(
+                    "Waiting up to %g s for the NVML relay in Triton's container: %s",
+                    RELAY_START_SECONDS,
+                    said,
+                )
             await asyncio.sleep(RELAY_RETRY_SECONDS)
             await self.node.refresh_gpus()
 
