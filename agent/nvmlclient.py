@@ -106,7 +106,7 @@ class RelayedNvml:
             try:
                 line = self._exchange(request)
             except OSError as e:
-                if not self._reused:
+                if not self._reused or isinstance(e, TimeoutError):
                     raise self._absent(str(e) or type(e).__name__) from e
                 # The relay was restarted (with Triton's container) since the last call.
                 try:

@@ -131,6 +131,12 @@ def test_a_relay_that_is_gone_or_lies_is_nvml_that_cannot_be_used(socket_path: P
             lied_to.read()
         lied_to.close()
         listener.join(timeout=10)
+    # One that never answers (NVML hung on a failing GPU): the reading fails when its time is up.
+    listener = _lying_server(socket_path, b"")
+    waiting = GpuReader(RelayedNvml(socket_path, timeout=0.2))
+    with pytest.raises(NvmlUnavailableError, match="timed out"):
+        waiting.read()
+    listener.join(timeout=10)
 
 
 def _lying_server(path: Path, answer: bytes) -> threading.Thread:
