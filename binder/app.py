@@ -260,6 +260,11 @@ class Binder:
             ),
             (self.kube.namespaces(), cache.replace_namespaces, cache.apply_namespace),
             (self.kube.budgets(), cache.replace_budgets, cache.apply_budget),
+            (
+                self.kube.priority_classes(),
+                cache.replace_priority_classes,
+                cache.apply_priority_class,
+            ),
             (self.kube.pods(), cache.replace_pods, cache.apply_pod),
             (self.kube.tritonmodels(), cache.replace_models, cache.apply_model),
         ]

@@ -66,6 +66,7 @@ from binder.model import (
     is_replica,
 )
 from binder.placement import Placement, Policy, place
+from binder.priorities import CLASS_NOT_FOUND
 from binder.proofs import proven, sign
 from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
@@ -328,7 +329,9 @@ class ModelController:
         quota = await self._quota(model)
         placed, refusal, waiting = self._place(model, quota)
         reason = (
-            UNSUPPORTED_STORAGE
+            CLASS_NOT_FOUND
+            if refusal and model.priority_problem
+            else UNSUPPORTED_STORAGE
             if refusal and host_storage_problem(model.storage_uri)
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
@@ -433,6 +436,9 @@ class ModelController:
             unfetchable = host_storage_problem(model.storage_uri)
             if unfetchable:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+                continue
+            if model.priority_problem:
+                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
                 continue
             exceeded = quota.refusal(replica.request) if quota is not None else ""
             if exceeded:

@@ -375,6 +375,9 @@ class Kube:
     def budgets(self) -> Kind:
         return Kind("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets")
 
+    def priority_classes(self) -> Kind:
+        return Kind("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses")
+
     def leases(self, namespace: str) -> Kind:
         return Kind("leases", f"{_LEASES}/namespaces/{quote(namespace, safe='')}/leases")
 
