@@ -293,7 +293,8 @@ class ClusterCache:
     def _account_replica(self, replica: PodInfo) -> None:
         charged = self.state.charged_pod(replica.uid)
         if charged is not None and same_proof(charged, replica):
-            self.state.set_pod(replace(replica, request=charged.request))
+            # A preempted replica stays counted as leaving while it drains.
+            self.state.set_pod(replace(replica, request=charged.request, deleting=charged.deleting))
             return
         verdict = proven(replica, self._ring) if replica.node_name else None
         if isinstance(verdict, PodInfo):

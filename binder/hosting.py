@@ -51,6 +51,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from binder.cache import Ledger
@@ -65,7 +66,17 @@ from binder.model import (
     PodInfo,
     is_replica,
 )
-from binder.placement import Placement, Policy, place
+from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
+from binder.placement import (
+    Placement,
+    Policy,
+    Unschedulable,
+    choose_gpu,
+    fit_message,
+    place,
+    resolvable_nodes,
+)
+from binder.preemption import NoPreemption, preempt
 from binder.priorities import CLASS_NOT_FOUND
 from binder.proofs import proven, sign
 from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
@@ -142,6 +153,15 @@ def _involved(model: ModelInfo) -> JsonObject:
     }
 
 
+HELD = "#nominated"
+
+
+def _held(rid: str) -> str:
+    """The uid under which the room a replica's preemption made is held: not the replica's own
+    (which would read as placed), and no pod's or replica's (a "#")."""
+    return f"{rid}{HELD}"
+
+
 class ModelController:
     """Reconciles TritonModels one at a time, on the loop, while this replica leads."""
 
@@ -160,6 +180,7 @@ class ModelController:
         host_image: str,
         access: NodeAccess,
         drain_seconds: float,
+        preemption: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
@@ -174,6 +195,7 @@ class ModelController:
         self._host_image = host_image
         self._access = access
         self._drain_seconds = drain_seconds
+        self._preemption = preemption
         self._clock = clock
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
@@ -201,6 +223,15 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
+        self._preempted: dict[str, tuple[str, bool]] = {}
+        """Replica uid -> why it was preempted, and whether its Event is written: until it is
+        placed again (or scaled away)."""
+        self._nominations: dict[str, tuple[str, str]] = {}
+        """Replica uid -> (node, GPU uuid) of the room its preemption made, held for it (charged
+        under `_held(uid)`) until it is placed or preempts elsewhere."""
+        self._evictions: list[tuple[ModelInfo, int, str, list[PodInfo], list[str]]] = []
+        """Preemptions decided for replicas, to carry out: (model, ordinal, node, pods to
+        evict, replicas drained)."""
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -245,6 +276,35 @@ class ModelController:
                     self._draining[rid] = now + self._drain_seconds
                     self._ledger.draining.add(rid)
                     self.changed(model.uid)
+
+    def preempt(self, victim: PodInfo, by: str, node: str) -> None:
+        """A replica chosen as a preemption victim (on the loop, by the binder's pod scheduling
+        or by a replica of higher priority): it leaves its Service and drains from its host as
+        a replica scaled away does, counted as leaving (no other preemption takes it again),
+        and is placed again once gone: elsewhere, or `Placed` False saying why."""
+        rid = victim.uid
+        if rid.endswith(HELD):
+            # The room held for a lower-priority replica's own preemption: it tries again.
+            self._drop_nomination(rid.removesuffix(HELD))
+            return
+        state = self._ledger.state
+        charged = state.charged_pod(rid)
+        if charged is None or rid in self._draining:
+            return
+        ordinal = rid.rpartition("/")[2]
+        self._preempted[rid] = (f"replica {ordinal} was preempted by {by} on node {node}", False)
+        self._draining[rid] = self._clock() + self._drain_seconds
+        self._ledger.draining.add(rid)
+        state.set_pod(replace(charged, deleting=True))
+        log.info(
+            "Replica %s of TritonModel %s on node %s is preempted by %s: it drains from its "
+            "host and is placed again once gone.",
+            ordinal,
+            victim.namespace + "/" + victim.name.rpartition("/")[0],
+            node,
+            by,
+        )
+        self.changed(rid.rpartition("/")[0])
 
     def host_changed(self, namespace: str, node: str) -> None:
         """A host's labels, annotation or loaded conditions changed (from the cache, on the
@@ -319,6 +379,10 @@ class ModelController:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
                 del self._reported[rid]
+            for rid in [r for r in self._preempted if r.rpartition("/")[0] == uid]:
+                del self._preempted[rid]
+            for rid in [r for r in self._nominations if r.rpartition("/")[0] == uid]:
+                self._drop_nomination(rid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
@@ -328,15 +392,21 @@ class ModelController:
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
         placed, refusal, waiting = self._place(model, quota)
+        preempted = sorted(r for r in self._preempted if r.rpartition("/")[0] == uid)
         reason = (
             CLASS_NOT_FOUND
             if refusal and model.priority_problem
+            else PREEMPTED
+            if preempted and (refusal or waiting)
             else UNSUPPORTED_STORAGE
             if refusal and host_storage_problem(model.storage_uri)
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
             else "Unschedulable"
         )
+        if preempted and refusal and not waiting:
+            why = "; ".join(self._preempted[r][0] for r in preempted)
+            refusal = f"{why}; placed again when it fits: {refusal}"
         status = self._status(model, placed, refusal, waiting, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
@@ -358,6 +428,7 @@ class ModelController:
         else:
             self._refused.pop(uid, None)
         await self._report_not_served(model, placed)
+        await self._report_preemptions(model)
         state = self._ledger.state
         hosted = frozenset(
             (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
@@ -420,12 +491,15 @@ class ModelController:
         for ordinal in range(model.replicas):
             charged = state.charged_pod(f"{prefix}{ordinal}")
             if charged is not None and charged.uid in self._draining:
-                # Scaled back up during its drain: placed again, as any new replica, once the
-                # old placement has left (a drain under way is never taken back).
-                waiting = waiting or (
+                # Scaled back up during its drain, or preempted: placed again, as any new
+                # replica, once the old placement has left (a drain under way is never taken
+                # back).
+                preempted = self._preempted.get(charged.uid)
+                again = (
                     f"replica {ordinal} is placed again once its previous placement on node "
                     f"{charged.node_name} has drained"
                 )
+                waiting = waiting or (f"{preempted[0]}; {again}" if preempted else again)
                 continue
             if charged is not None:
                 placed[ordinal] = charged
@@ -444,18 +518,138 @@ class ModelController:
             if exceeded:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
                 continue
+            held = self._nominations.get(replica.uid)
+            if held is not None:
+                # Its own held room is its to take, on that node first (as a nominated pod).
+                state.release_nomination(_held(replica.uid))
+                replica = replace(replica, nominated_node=held[0])
             decision = place(state, replica, now=now, policy=self._policy)
             if isinstance(decision, Placement):
+                self._nominations.pop(replica.uid, None)
+                self._preempted.pop(replica.uid, None)
                 proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
                 state.assume(replica, decision.node, decision.gpu.uuid, proof)
                 if quota is not None:
                     quota.charge(replica.request)
                 placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
-            elif REASON_REPLICA_THERE in decision.reasons:
-                refusal = f"replica {ordinal}: 1 replica per node: {decision.message}"
+                continue
+            message = self._preempt_for(model, ordinal, replica, decision, now)
+            if REASON_REPLICA_THERE in decision.reasons:
+                refusal = f"replica {ordinal}: 1 replica per node: {message}"
             else:
-                refusal = f"replica {ordinal}: {decision.message}"
+                refusal = f"replica {ordinal}: {message}"
         return placed, refusal, waiting
+
+    def _preempt_for(
+        self, model: ModelInfo, ordinal: int, replica: PodInfo, result: Unschedulable, now: float
+    ) -> str:
+        """A replica that fits nowhere: where taking away lower-priority pods and replicas lets
+        it in (`binder.preemption`, as for a pod), hold the room for it, drain the replicas and
+        queue the pods' evictions (`_report_preemptions`); keep the held room while its victims
+        are still leaving. Returns the refusal to report: kube-scheduler's, with its
+        `preemption: ...` counts when preemption cannot help."""
+        state = self._ledger.state
+        rid = replica.uid
+        held = self._nominations.get(rid)
+        if (
+            not self._preemption
+            or result.condition_reason != "Unschedulable"
+            or not state.has_lower_priority(replica.priority)
+        ):
+            self._drop_nomination(rid)
+            return result.message
+        outcome = preempt(
+            state,
+            replica,
+            resolvable_nodes(state, replica, now),
+            now=now,
+            budgets=list(self._ledger.budgets.values()),
+        )
+        if isinstance(outcome, NoPreemption):
+            if outcome.waiting and held is not None and held[0] in state.nodes:
+                state.nominate(replace(replica, uid=_held(rid)), *held)
+                return result.message
+            self._drop_nomination(rid)
+            if not outcome.reasons:
+                return result.message
+            counts = fit_message(len(state.names), outcome.reasons)
+            return f"{result.message} preemption: {counts}"
+        with state.without([v.uid for v in outcome.victims]):
+            gpu = choose_gpu(
+                state, outcome.node, replica.request, self._policy, on_demand=replica.on_demand
+            )
+        if gpu is None:
+            return result.message
+        state.nominate(replace(replica, uid=_held(rid)), outcome.node, gpu.uuid)
+        self._nominations[rid] = (outcome.node, gpu.uuid)
+        by = f"TritonModel replica {rid}"
+        replicas = [v for v in outcome.victims if v.host is not None]
+        pods = [v for v in outcome.victims if v.host is None]
+        log.info(
+            "Replica %d of TritonModel %s (priority %d) fits nowhere: preempting %d "
+            "lower-priority pod(s) and replica(s) on node %s (%s); GPU %s is held for it.",
+            ordinal,
+            model.key,
+            replica.priority,
+            len(outcome.victims),
+            outcome.node,
+            ", ".join(v.key for v in outcome.victims),
+            gpu.uuid,
+        )
+        for victim in replicas:
+            self.preempt(victim, by, outcome.node)
+        self._evictions.append((model, ordinal, outcome.node, pods, [v.key for v in replicas]))
+        return result.message
+
+    def _drop_nomination(self, rid: str) -> None:
+        if self._nominations.pop(rid, None) is not None:
+            self._ledger.state.release_nomination(_held(rid))
+
+    async def _report_preemptions(self, model: ModelInfo) -> None:
+        """The `Preempted` Event of each replica of the model preempted since (Normal, as
+        kube-scheduler writes a victim pod's); then the pods' evictions of the preemptions
+        decided, and a `Preempting` Event on each preemptor (a refused eviction drops the held
+        room: the replica tries again, as a pod does)."""
+        for rid, (why, written) in sorted(self._preempted.items()):
+            if written or rid.rpartition("/")[0] != model.uid:
+                continue
+            self._preempted[rid] = (why, True)
+            await self._call(
+                self._kube.record_object_event,
+                _involved(model),
+                reason=PREEMPTED,
+                message=why,
+                reporting_instance=self._identity,
+                event_type="Normal",
+            )
+        evictions, self._evictions = self._evictions, []
+        for preemptor, ordinal, node, pods, drained in evictions:
+            by = f"TritonModel replica {replica_uid(preemptor.uid, ordinal)}"
+            try:
+                evicted = await self._run(
+                    evict_victims, self._kube, pods, by, node, self._identity, _uncounted
+                )
+            except (EvictionRefusedError, ApiError) as e:
+                log.warning(
+                    "Preempting pods for replica %d of TritonModel %s has failed (%s): its held "
+                    "room is released; it is tried again.",
+                    ordinal,
+                    preemptor.key,
+                    e,
+                )
+                self._drop_nomination(replica_uid(preemptor.uid, ordinal))
+                continue
+            victims = evicted + drained
+            if victims:
+                await self._call(
+                    self._kube.record_object_event,
+                    _involved(preemptor),
+                    reason=PREEMPTING,
+                    message=f"replica {ordinal}: preempting {len(victims)} lower-priority "
+                    f"pod(s) and replica(s) on node {node}: {', '.join(victims)}",
+                    reporting_instance=self._identity,
+                    event_type="Normal",
+                )
 
     def _drain(self, model: ModelInfo) -> None:
         """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
@@ -545,7 +739,8 @@ class ModelController:
         if refusal:
             condition = self._condition(model, PLACED, "False", reason, refusal)
         elif waiting:
-            condition = self._condition(model, PLACED, "False", "ReplicaDraining", waiting)
+            why = reason if reason == PREEMPTED else "ReplicaDraining"
+            condition = self._condition(model, PLACED, "False", why, waiting)
         else:
             message = f"{len(placed)} of {model.replicas} replicas placed"
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
@@ -781,3 +976,11 @@ class ModelController:
     async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def _run(self, fn: Callable[..., list[str]], *args: Any) -> list[str]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args))
+
+
+def _uncounted(_: str) -> None:
+    """The model controller keeps no count of its API writes."""

@@ -5,6 +5,7 @@ server's words (a Placed condition and a FailedScheduling Event) until it does."
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import kubernetes.client
@@ -13,7 +14,7 @@ from binder.app import Binder
 from binder.model import ModelInfo, PodInfo
 from binder.priorities import PriorityClassInfo, resolve
 from tests.binder import test_tritonmodels
-from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
 from tests.binder.test_tritonmodels import GROUP, PLURAL, VERSION, model, placed, read
 
 GI = 1 << 30
@@ -99,3 +100,137 @@ async def test_a_model_whose_class_does_not_exist_waits_for_it_and_says_why(
     assert replica is not None
     assert (replica.priority, replica.preemption_policy) == (5000, "Never")
     assert condition(custom, "resnet")["status"] == "True"
+
+
+# ---- preemption ----------------------------------------------------------------------------------
+
+
+def pod_events(core: Any, name: str, reason: str) -> list[Any]:
+    return model_events(core, name, reason)
+
+
+def exists(core: Any, name: str) -> bool:
+    return any(p.metadata.name == name for p in core.list_namespaced_pod("default").items)
+
+
+def placements(custom: Any, name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = (read(custom, name).get("status") or {}).get("placements") or []
+    return found
+
+
+async def low_pods(kube_api: kubernetes.client.ApiClient, core: Any, mem: str = "8Gi") -> None:
+    """Node "a" (16 GiB) full with two model pods of priority 0 (a short grace period: no
+    kubelet runs there, so the API server ends a deletion once it is over)."""
+    for name in ("low-1", "low-2"):
+        add_pod(core, name, mem=mem, spec_extra={"terminationGracePeriodSeconds": 1})
+    for name in ("low-1", "low-2"):
+        assert await eventually(partial(node_of, core, name)) == "a"
+
+
+async def test_a_replica_preempts_a_lower_priority_pod_and_takes_its_room(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    await make_binder()
+    await low_pods(kube_api, core)
+    create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
+    obj = await eventually(lambda: placed(custom, "resnet", 1), what="the replica placed")
+    assert obj["status"]["placements"][0]["node"] == "a"
+    gone = [name for name in ("low-1", "low-2") if not exists(core, name)]
+    assert len(gone) == 1, "exactly one victim makes the room"
+    rid = f"{obj['metadata']['uid']}/0"
+    [event] = pod_events(core, gone[0], "Preempted")
+    assert event.message == f"Preempted by TritonModel replica {rid} on node a"
+    [preempting] = await eventually(lambda: model_events(core, "resnet", "Preempting"))
+    assert preempting.message == (
+        f"replica 0: preempting 1 lower-priority pod(s) and replica(s) on node a: "
+        f"default/{gone[0]}"
+    )
+
+
+async def test_a_replica_preempts_a_lower_priority_replica_which_is_placed_again_elsewhere(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    await make_binder()
+    create(custom, "bulk", memory="12Gi")
+    bulk = await eventually(lambda: placed(custom, "bulk", 1), what="bulk placed")
+    create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
+    resnet = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
+    assert resnet["status"]["placements"][0]["node"] == "a"
+    rid = f"{resnet['metadata']['uid']}/0"
+    why = f"replica 0 was preempted by TritonModel replica {rid} on node a"
+    [event] = await eventually(lambda: model_events(core, "bulk", "Preempted"))
+    assert (event.type, event.message) == ("Normal", why)
+    # It fits nowhere now: Placed False, saying it was preempted and why it is not back.
+    placed_ = await eventually(
+        lambda: (c := condition(custom, "bulk")).get("reason") == "Preempted" and c
+    )
+    assert placed_["status"] == "False"
+    assert placed_["message"].startswith(f"{why}; placed again when it fits: replica 0: 0/1")
+    assert placements(custom, "bulk") == []
+    bulk_uid = bulk["metadata"]["uid"]
+    # Placed again as soon as it fits somewhere.
+    add_node(kube_api, "b", [16 * GI])
+    again = await eventually(lambda: placed(custom, "bulk", 1), what="bulk placed again")
+    assert again["status"]["placements"][0]["node"] == "b"
+    assert condition(custom, "bulk")["status"] == "True"
+    assert placements(custom, "resnet")[0]["node"] == "a", "the preemptor stays"
+    assert again["metadata"]["uid"] == bulk_uid
+
+
+async def test_a_pod_preempts_a_lower_priority_replica(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    binder = await make_binder()
+    create(custom, "bulk", memory="12Gi")
+    bulk = await eventually(lambda: placed(custom, "bulk", 1), what="bulk placed")
+    add_pod(core, "urgent", mem="8Gi", spec_extra={"priorityClassName": "urgent"})
+    assert await eventually(lambda: node_of(core, "urgent"), what="urgent bound") == "a"
+    pod = core.read_namespaced_pod("urgent", "default")
+    why = f"replica 0 was preempted by pod {pod.metadata.uid} on node a"
+    [event] = await eventually(lambda: model_events(core, "bulk", "Preempted"))
+    assert event.message == why
+    [preempting] = await eventually(lambda: pod_events(core, "urgent", "Preempting"))
+    assert preempting.message == "Preempting 1 lower-priority pod(s) on node a: default/bulk/0"
+    placed_ = await eventually(lambda: condition(custom, "bulk").get("reason") == "Preempted")
+    assert placed_
+    assert placements(custom, "bulk") == []
+    uid = bulk["metadata"]["uid"]
+    assert uid not in {p.uid.partition("/")[0] for p in binder.ledger.state.bound_pods()}
+
+
+async def test_a_replica_never_preempts_equal_or_higher_priority_nor_with_policy_never(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    priority_class(kube_api, "top", 2000)
+    priority_class(kube_api, "polite", 5000, preemptionPolicy="Never")
+    add_node(kube_api, "a", [20 * GI])
+    await make_binder()
+    add_pod(core, "top", mem="8Gi", spec_extra={"priorityClassName": "top"})
+    add_pod(core, "low", mem="2Gi")  # lower, but too small to make the room
+    create(custom, "peer", memory="8Gi", priorityClassName="urgent")
+    assert await eventually(lambda: node_of(core, "top"), what="top bound") == "a"
+    assert await eventually(lambda: node_of(core, "low"), what="low bound") == "a"
+    peer = await eventually(lambda: placed(custom, "peer", 1), what="peer placed")
+    for name, cls in (("resnet", "urgent"), ("polite", "polite")):
+        create(custom, name, memory="8Gi", priorityClassName=cls)
+    for name in ("resnet", "polite"):
+        refused = await eventually(lambda n=name: condition(custom, n).get("status") == "False")
+        assert refused
+    resnet = condition(custom, "resnet")
+    assert resnet["reason"] == "Unschedulable"
+    assert resnet["message"].endswith(
+        "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+    )
+    polite = condition(custom, "polite")
+    assert "preemption" not in polite["message"], "Never: no preemption is tried"
+    assert exists(core, "top") and exists(core, "low")
+    assert placements(custom, "peer") == peer["status"]["placements"]
+    assert not model_events(core, "peer", "Preempted")
+    assert not pod_events(core, "top", "Preempted")
