@@ -49,6 +49,10 @@ def condition(custom: Any, name: str, kind: str = "Placed") -> dict[str, Any]:
     return next((c for c in conditions if c["type"] == kind), {})
 
 
+def refused(custom: Any, name: str) -> bool:
+    return condition(custom, name).get("status") == "False"
+
+
 def model_events(core: Any, name: str, reason: str) -> list[Any]:
     found = core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}")
     return [e for e in found.items if e.reason == reason]
@@ -144,8 +148,7 @@ async def test_a_replica_preempts_a_lower_priority_pod_and_takes_its_room(
     assert event.message == f"Preempted by TritonModel replica {rid} on node a"
     [preempting] = await eventually(lambda: model_events(core, "resnet", "Preempting"))
     assert preempting.message == (
-        f"replica 0: preempting 1 lower-priority pod(s) and replica(s) on node a: "
-        f"default/{gone[0]}"
+        f"replica 0: preempting 1 lower-priority pod(s) and replica(s) on node a: default/{gone[0]}"
     )
 
 
@@ -221,8 +224,7 @@ async def test_a_replica_never_preempts_equal_or_higher_priority_nor_with_policy
     for name, cls in (("resnet", "urgent"), ("polite", "polite")):
         create(custom, name, memory="8Gi", priorityClassName=cls)
     for name in ("resnet", "polite"):
-        refused = await eventually(lambda n=name: condition(custom, n).get("status") == "False")
-        assert refused
+        await eventually(partial(refused, custom, name), what=f"{name} refused")
     resnet = condition(custom, "resnet")
     assert resnet["reason"] == "Unschedulable"
     assert resnet["message"].endswith(
