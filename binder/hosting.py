@@ -35,6 +35,13 @@ write), and stays charged until its host's loaded condition is no longer True, o
 is never taken back: a replica wanted again meanwhile (scaled back up) waits for it (`Placed`
 False, ReplicaDraining) and is then placed as any new replica.
 
+Priority and preemption are a pod's: the replicas take their priority from the model's
+PriorityClass (`binder.priorities`; a missing class is refused, PriorityClassNotFound); a replica
+that fits nowhere may take away lower-priority pods (evicted) and replicas (`preempt`) where
+`binder.preemption` finds room, which is held for it meanwhile; a preempted replica, or one a
+pod preempts, drains as one scaled away does and is placed again once gone (`Placed` False,
+reason Preempted, and a `Preempted` Event, until it is).
+
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
@@ -485,6 +492,12 @@ class ModelController:
         state = self._ledger.state
         prefix = f"{model.uid}/"
         self._drain(model)
+        for rid in [r for r in self._nominations if r.startswith(prefix)]:
+            if int(rid.rpartition("/")[2]) >= model.replicas:
+                self._drop_nomination(rid)  # scaled away while its room was held
+        for rid in [r for r in self._preempted if r.startswith(prefix)]:
+            if int(rid.rpartition("/")[2]) >= model.replicas and rid not in self._draining:
+                del self._preempted[rid]
         placed: dict[int, PodInfo] = {}
         refusal = waiting = ""
         now = time.time()

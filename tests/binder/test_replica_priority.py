@@ -5,6 +5,7 @@ server's words (a Placed condition and a FailedScheduling Event) until it does."
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import Any
 
@@ -13,11 +14,24 @@ import kubernetes.client
 from binder.app import Binder
 from binder.model import ModelInfo, PodInfo
 from binder.priorities import PriorityClassInfo, resolve
+from common.contract import Keys
+from common.hosted import host_name, loaded_condition
 from tests.binder import test_tritonmodels
 from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
-from tests.binder.test_tritonmodels import GROUP, PLURAL, VERSION, model, placed, read
+from tests.binder.test_tritonmodels import (
+    GROUP,
+    HOSTED,
+    PLURAL,
+    VERSION,
+    hosts,
+    model,
+    placed,
+    read,
+)
 
 GI = 1 << 30
+KEYS = Keys()
+BULK = "tritonshare.io/serves-bulk"
 
 apiserver = test_tritonmodels.apiserver
 custom = test_tritonmodels.custom
@@ -236,3 +250,48 @@ async def test_a_replica_never_preempts_equal_or_higher_priority_nor_with_policy
     assert placements(custom, "peer") == peer["status"]["placements"]
     assert not model_events(core, "peer", "Preempted")
     assert not pod_events(core, "top", "Preempted")
+
+
+def set_loaded(core: Any, model_name: str, node: str, status: str) -> None:
+    """What the agent writes on the host for its replica of `model_name`."""
+    condition = {"type": loaded_condition(KEYS, model_name), "status": status, "reason": "X"}
+    core.patch_namespaced_pod_status(
+        host_name(node),
+        "default",
+        {"status": {"conditions": [condition]}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+
+
+async def test_a_preempted_replica_loaded_on_its_host_drains_before_its_room_is_taken(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    binder = await make_binder()
+    create(custom, "bulk", memory="12Gi")
+    bulk = await eventually(lambda: placed(custom, "bulk", 1), what="bulk placed")
+    await eventually(lambda: hosts(core).get("a"), what="the host")
+    set_loaded(core, "bulk", "a", "True")
+    await eventually(lambda: BULK in hosts(core)["a"].metadata.labels, what="bulk served")
+
+    create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
+
+    def draining() -> Any:
+        host = hosts(core)["a"]
+        entries = json.loads(host.metadata.annotations[HOSTED])
+        return host if entries[0].get("draining") else None
+
+    host = await eventually(draining, what="bulk marked draining on its host")
+    assert BULK not in host.metadata.labels, "out of its Service as it drains"
+    placed_ = await eventually(lambda: condition(custom, "bulk").get("reason") == "Preempted")
+    assert placed_
+    assert condition(custom, "bulk")["message"].endswith(
+        "placed again once its previous placement on node a has drained"
+    )
+    # Its room is held for the preemptor, which waits for the drain.
+    assert binder.ledger.state.is_accounted(f"{bulk['metadata']['uid']}/0")
+    assert not placements(custom, "resnet")
+    set_loaded(core, "bulk", "a", "False")  # the host's loader unloaded it
+    resnet = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
+    assert resnet["status"]["placements"][0]["node"] == "a"
