@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import replace
+from functools import partial
 from typing import Any, NamedTuple
 
 from binder.cache import Ledger
@@ -84,9 +85,16 @@ from binder.placement import (
     resolvable_nodes,
 )
 from binder.preemption import NoPreemption, preempt
-from binder.priorities import CLASS_NOT_FOUND
+from binder.priorities import CLASS_NOT_FOUND, class_of
 from binder.proofs import proven, sign
-from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
+from binder.quota import (
+    EXCEEDED_QUOTA,
+    QuotaCheck,
+    charged_in,
+    class_scoped,
+    limits_from_api,
+    selects,
+)
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -479,8 +487,25 @@ class ModelController:
                 self._executor, self._kube.list_quotas, model.namespace
             )
             self._quotas[model.namespace] = (time.monotonic(), quotas)
-        limits = limits_from_api(quotas, self._keys)
-        return QuotaCheck(limits, charged_in(self._ledger, model.namespace)) if limits else None
+        limits = limits_from_api(quotas, self._keys, self._class_name(model))
+        if not limits:
+            return None
+        bound = {limit.quota for limit in limits}
+        by_quota = {
+            name: charged_in(self._ledger, model.namespace, partial(self._selected_by, quota))
+            for quota in quotas
+            if class_scoped(quota) and (name := str(quota["metadata"]["name"])) in bound
+        }
+        return QuotaCheck(limits, charged_in(self._ledger, model.namespace), by_quota)
+
+    def _selected_by(self, quota: JsonObject, model: ModelInfo) -> bool:
+        return selects(quota, self._class_name(model))
+
+    def _class_name(self, model: ModelInfo) -> str:
+        """The PriorityClass the model's replicas take (its name, as admission writes a pod's
+        `priorityClassName`; "" for none)."""
+        chosen, _ = class_of(model.priority_class, self._ledger.priority_classes)
+        return chosen.name if chosen is not None else model.priority_class
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 import kubernetes.client
+import pytest
 
 from binder.app import Binder
 from binder.model import ModelInfo, PodInfo
@@ -295,3 +296,67 @@ async def test_a_preempted_replica_loaded_on_its_host_drains_before_its_room_is_
     set_loaded(core, "bulk", "a", "False")  # the host's loader unloaded it
     resnet = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
     assert resnet["status"]["placements"][0]["node"] == "a"
+
+
+async def test_a_namespace_cannot_preempt_with_a_class_its_quota_forbids(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """The attack: team-a names a high class to push another namespace's replica off its GPU.
+    Kubernetes lets any namespace name any class; the admin's bound is a ResourceQuota scoped by
+    PriorityClass, which refuses team-a's pods of that class, and its replicas alike."""
+    priority_class(kube_api, "urgent", 1000)
+    core.create_namespace({"metadata": {"name": "team-a"}})
+    selector = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In",
+                                      "values": ["urgent"]}]}  # fmt: skip
+    core.create_namespaced_resource_quota(
+        "team-a",
+        {
+            "metadata": {"name": "no-urgent"},
+            "spec": {"hard": {"requests.tritonshare.io/gpu-mem": "0"}, "scopeSelector": selector},
+        },
+    )
+    add_node(kube_api, "a", [16 * GI])
+    await make_binder()
+    create(custom, "bulk", memory="12Gi")  # another namespace's, priority 0
+    await eventually(lambda: placed(custom, "bulk", 1), what="bulk placed")
+
+    for name, spec in (("sneaky", {"priorityClassName": "urgent"}), ("plain", {})):
+        body = model(name, 1, "8Gi" if spec else "2Gi")
+        body["spec"].update(spec)
+        custom.create_namespaced_custom_object(GROUP, VERSION, "team-a", PLURAL, body)
+
+    def team_a(name: str) -> dict[str, Any]:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, "team-a", PLURAL, name)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Placed"), {})
+
+    refused_ = await eventually(lambda: team_a("sneaky").get("reason") == "ExceededQuota" and 1)
+    assert refused_
+    assert team_a("sneaky")["message"] == (
+        'tritonmodel "sneaky" replica 0: exceeded quota: no-urgent, requested:'
+        " requests.tritonshare.io/gpu-mem=8Gi, used: requests.tritonshare.io/gpu-mem=0,"
+        " limited: requests.tritonshare.io/gpu-mem=0"
+    )
+    # The quota selects only that class: the namespace's other models are placed.
+    await eventually(lambda: team_a("plain").get("status") == "True", what="plain placed")
+    # As its pods of that class are refused by the API server.
+    pod = {
+        "metadata": {"name": "sneaky"},
+        "spec": {
+            "priorityClassName": "urgent",
+            "schedulerName": "tritonshare",
+            "containers": [
+                {
+                    "name": "m",
+                    "image": "tritonshare/proxy",
+                    "resources": {"limits": {"tritonshare.io/gpu-mem": "8Gi"}},
+                }
+            ],
+        },
+    }
+    with pytest.raises(kubernetes.client.ApiException) as caught:
+        core.create_namespaced_pod("team-a", pod)
+    assert caught.value.status == 403
+    assert "exceeded quota: no-urgent" in str(caught.value.body)
+    assert placements(custom, "bulk")[0]["node"] == "a"
+    assert not model_events(core, "bulk", "Preempted")
