@@ -542,9 +542,16 @@ class ModelController:
             if charged is not None:
                 placed[ordinal] = charged
                 continue
+            held = self._nominations.get(f"{prefix}{ordinal}")
+            if held is not None:
+                # Its own held room is its to take, on that node first (as a nominated pod);
+                # held again only if it still waits for its victims (`_preempt_for`).
+                state.release_nomination(_held(f"{prefix}{ordinal}"))
             if refusal:
                 continue
             replica = model.replica(ordinal)
+            if held is not None:
+                replica = replace(replica, nominated_node=held[0])
             unfetchable = host_storage_problem(model.storage_uri)
             if unfetchable:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
@@ -556,11 +563,6 @@ class ModelController:
             if exceeded:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
                 continue
-            held = self._nominations.get(replica.uid)
-            if held is not None:
-                # Its own held room is its to take, on that node first (as a nominated pod).
-                state.release_nomination(_held(replica.uid))
-                replica = replace(replica, nominated_node=held[0])
             decision = place(state, replica, now=now, policy=self._policy)
             if isinstance(decision, Placement):
                 self._nominations.pop(replica.uid, None)
