@@ -37,10 +37,10 @@ False, ReplicaDraining) and is then placed as any new replica.
 
 Priority and preemption are a pod's: the replicas take their priority from the model's
 PriorityClass (`binder.priorities`; a missing class is refused, PriorityClassNotFound); a replica
-that fits nowhere may take away lower-priority pods (evicted) and replicas (`preempt`) where
-`binder.preemption` finds room, which is held for it meanwhile; a preempted replica, or one a
-pod preempts, drains as one scaled away does and is placed again once gone (`Placed` False,
-reason Preempted, and a `Preempted` Event, until it is).
+that fits nowhere may take away lower-priority pods (evicted) and replicas
+(`binder.replicapreemption`); a replica preempted by one, or by a pod (`preempt`), drains as one
+scaled away does and is placed again once gone (`Placed` False, reason Preempted, and a
+`Preempted` Event, until it is).
 
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
@@ -75,16 +75,7 @@ from binder.model import (
     is_replica,
 )
 from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
-from binder.placement import (
-    Placement,
-    Policy,
-    Unschedulable,
-    choose_gpu,
-    fit_message,
-    place,
-    resolvable_nodes,
-)
-from binder.preemption import NoPreemption, preempt
+from binder.placement import Placement, Policy, place
 from binder.priorities import CLASS_NOT_FOUND, class_of
 from binder.proofs import proven, sign
 from binder.quota import (
@@ -95,6 +86,7 @@ from binder.quota import (
     limits_from_api,
     selects,
 )
+from binder.replicapreemption import ReplicaPreemption
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -168,15 +160,6 @@ def _involved(model: ModelInfo) -> JsonObject:
     }
 
 
-HELD = "#nominated"
-
-
-def _held(rid: str) -> str:
-    """The uid under which the room a replica's preemption made is held: not the replica's own
-    (which would read as placed), and no pod's or replica's (a "#")."""
-    return f"{rid}{HELD}"
-
-
 class ModelController:
     """Reconciles TritonModels one at a time, on the loop, while this replica leads."""
 
@@ -210,7 +193,6 @@ class ModelController:
         self._host_image = host_image
         self._access = access
         self._drain_seconds = drain_seconds
-        self._preemption = preemption
         self._clock = clock
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
@@ -238,15 +220,7 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
-        self._preempted: dict[str, tuple[str, bool]] = {}
-        """Replica uid -> why it was preempted, and whether its Event is written: until it is
-        placed again (or scaled away)."""
-        self._nominations: dict[str, tuple[str, str]] = {}
-        """Replica uid -> (node, GPU uuid) of the room its preemption made, held for it (charged
-        under `_held(uid)`) until it is placed or preempts elsewhere."""
-        self._evictions: list[tuple[ModelInfo, int, str, list[PodInfo], list[str]]] = []
-        """Preemptions decided for replicas, to carry out: (model, ordinal, node, pods to
-        evict, replicas drained)."""
+        self._preemption = ReplicaPreemption(ledger, policy, enabled=preemption, drain=self.preempt)
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -298,16 +272,14 @@ class ModelController:
         a replica scaled away does, counted as leaving (no other preemption takes it again),
         and is placed again once gone: elsewhere, or `Placed` False saying why."""
         rid = victim.uid
-        if rid.endswith(HELD):
-            # The room held for a lower-priority replica's own preemption: it tries again.
-            self._drop_nomination(rid.removesuffix(HELD))
-            return
+        if self._preemption.is_held(rid):
+            return  # the room held for a lower-priority replica: it tries again
         state = self._ledger.state
         charged = state.charged_pod(rid)
         if charged is None or rid in self._draining:
             return
         ordinal = rid.rpartition("/")[2]
-        self._preempted[rid] = (f"replica {ordinal} was preempted by {by} on node {node}", False)
+        self._preemption.victim(rid, f"replica {ordinal} was preempted by {by} on node {node}")
         self._draining[rid] = self._clock() + self._drain_seconds
         self._ledger.draining.add(rid)
         state.set_pod(replace(charged, deleting=True))
@@ -394,10 +366,7 @@ class ModelController:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
                 del self._reported[rid]
-            for rid in [r for r in self._preempted if r.rpartition("/")[0] == uid]:
-                del self._preempted[rid]
-            for rid in [r for r in self._nominations if r.rpartition("/")[0] == uid]:
-                self._drop_nomination(rid)
+            self._preemption.forget(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
@@ -407,7 +376,8 @@ class ModelController:
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
         placed, refusal, waiting = self._place(model, quota)
-        preempted = sorted(r for r in self._preempted if r.rpartition("/")[0] == uid)
+        preemptions = self._preemption.preempted
+        preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == uid)
         reason = (
             CLASS_NOT_FOUND
             if refusal and model.priority_problem
@@ -420,7 +390,7 @@ class ModelController:
             else "Unschedulable"
         )
         if preempted and refusal and not waiting:
-            why = "; ".join(self._preempted[r][0] for r in preempted)
+            why = "; ".join(preemptions[r][0] for r in preempted)
             refusal = f"{why}; placed again when it fits: {refusal}"
         status = self._status(model, placed, refusal, waiting, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
@@ -517,12 +487,7 @@ class ModelController:
         state = self._ledger.state
         prefix = f"{model.uid}/"
         self._drain(model)
-        for rid in [r for r in self._nominations if r.startswith(prefix)]:
-            if int(rid.rpartition("/")[2]) >= model.replicas:
-                self._drop_nomination(rid)  # scaled away while its room was held
-        for rid in [r for r in self._preempted if r.startswith(prefix)]:
-            if int(rid.rpartition("/")[2]) >= model.replicas and rid not in self._draining:
-                del self._preempted[rid]
+        self._preemption.forget(model.uid, model.replicas, self._draining)
         placed: dict[int, PodInfo] = {}
         refusal = waiting = ""
         now = time.time()
@@ -532,7 +497,7 @@ class ModelController:
                 # Scaled back up during its drain, or preempted: placed again, as any new
                 # replica, once the old placement has left (a drain under way is never taken
                 # back).
-                preempted = self._preempted.get(charged.uid)
+                preempted = self._preemption.preempted.get(charged.uid)
                 again = (
                     f"replica {ordinal} is placed again once its previous placement on node "
                     f"{charged.node_name} has drained"
@@ -542,16 +507,12 @@ class ModelController:
             if charged is not None:
                 placed[ordinal] = charged
                 continue
-            held = self._nominations.get(f"{prefix}{ordinal}")
-            if held is not None:
-                # Its own held room is its to take, on that node first (as a nominated pod);
-                # held again only if it still waits for its victims (`_preempt_for`).
-                state.release_nomination(_held(f"{prefix}{ordinal}"))
+            nominated = self._preemption.take_room(f"{prefix}{ordinal}")
             if refusal:
                 continue
             replica = model.replica(ordinal)
-            if held is not None:
-                replica = replace(replica, nominated_node=held[0])
+            if nominated:
+                replica = replace(replica, nominated_node=nominated)
             unfetchable = host_storage_problem(model.storage_uri)
             if unfetchable:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
@@ -565,95 +526,26 @@ class ModelController:
                 continue
             decision = place(state, replica, now=now, policy=self._policy)
             if isinstance(decision, Placement):
-                self._nominations.pop(replica.uid, None)
-                self._preempted.pop(replica.uid, None)
+                self._preemption.placed(replica.uid)
                 proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
                 state.assume(replica, decision.node, decision.gpu.uuid, proof)
                 if quota is not None:
                     quota.charge(replica.request)
                 placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
                 continue
-            message = self._preempt_for(model, ordinal, replica, decision, now)
+            message = self._preemption.decide(model, ordinal, replica, decision, now)
             if REASON_REPLICA_THERE in decision.reasons:
                 refusal = f"replica {ordinal}: 1 replica per node: {message}"
             else:
                 refusal = f"replica {ordinal}: {message}"
         return placed, refusal, waiting
 
-    def _preempt_for(
-        self, model: ModelInfo, ordinal: int, replica: PodInfo, result: Unschedulable, now: float
-    ) -> str:
-        """A replica that fits nowhere: where taking away lower-priority pods and replicas lets
-        it in (`binder.preemption`, as for a pod), hold the room for it, drain the replicas and
-        queue the pods' evictions (`_report_preemptions`); keep the held room while its victims
-        are still leaving. Returns the refusal to report: kube-scheduler's, with its
-        `preemption: ...` counts when preemption cannot help."""
-        state = self._ledger.state
-        rid = replica.uid
-        held = self._nominations.get(rid)
-        if (
-            not self._preemption
-            or result.condition_reason != "Unschedulable"
-            or not state.has_lower_priority(replica.priority)
-        ):
-            self._drop_nomination(rid)
-            return result.message
-        outcome = preempt(
-            state,
-            replica,
-            resolvable_nodes(state, replica, now),
-            now=now,
-            budgets=list(self._ledger.budgets.values()),
-        )
-        if isinstance(outcome, NoPreemption):
-            if outcome.waiting and held is not None and held[0] in state.nodes:
-                state.nominate(replace(replica, uid=_held(rid)), *held)
-                return result.message
-            self._drop_nomination(rid)
-            if not outcome.reasons:
-                return result.message
-            counts = fit_message(len(state.names), outcome.reasons)
-            return f"{result.message} preemption: {counts}"
-        with state.without([v.uid for v in outcome.victims]):
-            gpu = choose_gpu(
-                state, outcome.node, replica.request, self._policy, on_demand=replica.on_demand
-            )
-        if gpu is None:
-            return result.message
-        state.nominate(replace(replica, uid=_held(rid)), outcome.node, gpu.uuid)
-        self._nominations[rid] = (outcome.node, gpu.uuid)
-        by = f"TritonModel replica {rid}"
-        replicas = [v for v in outcome.victims if v.host is not None]
-        pods = [v for v in outcome.victims if v.host is None]
-        log.info(
-            "Replica %d of TritonModel %s (priority %d) fits nowhere: preempting %d "
-            "lower-priority pod(s) and replica(s) on node %s (%s); GPU %s is held for it.",
-            ordinal,
-            model.key,
-            replica.priority,
-            len(outcome.victims),
-            outcome.node,
-            ", ".join(v.key for v in outcome.victims),
-            gpu.uuid,
-        )
-        for victim in replicas:
-            self.preempt(victim, by, outcome.node)
-        self._evictions.append((model, ordinal, outcome.node, pods, [v.key for v in replicas]))
-        return result.message
-
-    def _drop_nomination(self, rid: str) -> None:
-        if self._nominations.pop(rid, None) is not None:
-            self._ledger.state.release_nomination(_held(rid))
-
     async def _report_preemptions(self, model: ModelInfo) -> None:
         """The `Preempted` Event of each replica of the model preempted since (Normal, as
         kube-scheduler writes a victim pod's); then the pods' evictions of the preemptions
         decided, and a `Preempting` Event on each preemptor (a refused eviction drops the held
         room: the replica tries again, as a pod does)."""
-        for rid, (why, written) in sorted(self._preempted.items()):
-            if written or rid.rpartition("/")[0] != model.uid:
-                continue
-            self._preempted[rid] = (why, True)
+        for why in self._preemption.unwritten(model.uid):
             await self._call(
                 self._kube.record_object_event,
                 _involved(model),
@@ -662,12 +554,18 @@ class ModelController:
                 reporting_instance=self._identity,
                 event_type="Normal",
             )
-        evictions, self._evictions = self._evictions, []
-        for preemptor, ordinal, node, pods, drained in evictions:
-            by = f"TritonModel replica {replica_uid(preemptor.uid, ordinal)}"
+        evictions, self._preemption.evictions = self._preemption.evictions, []
+        for eviction in evictions:
+            preemptor, ordinal, node = eviction.model, eviction.ordinal, eviction.node
             try:
                 evicted = await self._run(
-                    evict_victims, self._kube, pods, by, node, self._identity, _uncounted
+                    evict_victims,
+                    self._kube,
+                    eviction.pods,
+                    eviction.by,
+                    node,
+                    self._identity,
+                    _uncounted,
                 )
             except (EvictionRefusedError, ApiError) as e:
                 log.warning(
@@ -677,9 +575,9 @@ class ModelController:
                     preemptor.key,
                     e,
                 )
-                self._drop_nomination(replica_uid(preemptor.uid, ordinal))
+                self._preemption.drop(replica_uid(preemptor.uid, ordinal))
                 continue
-            victims = evicted + drained
+            victims = evicted + eviction.drained
             if victims:
                 await self._call(
                     self._kube.record_object_event,
