@@ -7,8 +7,9 @@ A replica that fits nowhere may take away lower-priority pods and replicas where
 for it in the ledger under `held_uid` (never its own uid, which would read as placed) until it is
 placed there or gives up; the victim replicas are handed to `drain` (the model controller's), the
 victim pods queued as an `Eviction` for the controller to carry out off the loop. A replica whose
-victims are still leaving waits for them instead of preempting again. No I/O, no clock (time is
-passed in).
+victims are still leaving waits for them instead of preempting again. Kept by the leader only:
+a new leader's replica preempts again, and a victim already draining is not taken twice. No I/O,
+no clock (time is passed in).
 """
 
 from __future__ import annotations

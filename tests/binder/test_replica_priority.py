@@ -167,6 +167,20 @@ async def test_a_replica_preempts_a_lower_priority_pod_and_takes_its_room(
     )
 
 
+async def test_a_model_without_a_class_takes_the_global_default_as_a_pod_does(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "a", [16 * GI])
+    binder = await make_binder()
+    await low_pods(kube_api, core)  # priority 0: created before the default exists
+    priority_class(kube_api, "everyone", 100, globalDefault=True)
+    create(custom, "resnet", memory="8Gi")
+    obj = await eventually(lambda: placed(custom, "resnet", 1), what="the replica placed")
+    replica = binder.ledger.state.charged_pod(f"{obj['metadata']['uid']}/0")
+    assert replica is not None and replica.priority == 100
+    assert [name for name in ("low-1", "low-2") if not exists(core, name)], "one preempted"
+
+
 async def test_a_replica_preempts_a_lower_priority_replica_which_is_placed_again_elsewhere(
     kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:
