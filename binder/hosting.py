@@ -461,11 +461,12 @@ class ModelController:
         if not limits:
             return None
         bound = {limit.quota for limit in limits}
-        by_quota = {
-            name: charged_in(self._ledger, model.namespace, partial(self._selected_by, quota))
-            for quota in quotas
-            if class_scoped(quota) and (name := str(quota["metadata"]["name"])) in bound
-        }
+        by_quota = {}
+        for quota in quotas:
+            name = str((quota.get("metadata") or {}).get("name", ""))
+            if class_scoped(quota) and name in bound:
+                selected = partial(self._selected_by, quota)
+                by_quota[name] = charged_in(self._ledger, model.namespace, selected)
         return QuotaCheck(limits, charged_in(self._ledger, model.namespace), by_quota)
 
     def _selected_by(self, quota: JsonObject, model: ModelInfo) -> bool:
