@@ -293,8 +293,17 @@ class ClusterCache:
     def _account_replica(self, replica: PodInfo) -> None:
         charged = self.state.charged_pod(replica.uid)
         if charged is not None and same_proof(charged, replica):
-            # A preempted replica stays counted as leaving while it drains.
-            self.state.set_pod(replace(replica, request=charged.request, deleting=charged.deleting))
+            # Charged as it was: a preempted replica stays counted as leaving while it drains,
+            # and its priority changes only with its class (`_resolve_models`).
+            self.state.set_pod(
+                replace(
+                    replica,
+                    request=charged.request,
+                    deleting=charged.deleting,
+                    priority=charged.priority,
+                    preemption_policy=charged.preemption_policy,
+                )
+            )
             return
         verdict = proven(replica, self._ring) if replica.node_name else None
         if isinstance(verdict, PodInfo):
@@ -509,13 +518,18 @@ class ClusterCache:
 
     def _resolve_models(self) -> None:
         """Each model's priority from the classes as they now are, its charged replicas
-        charged again at it: a model listed before the classes were is put right."""
+        charged again at it (a model listed before the classes were is put right), unless its
+        class is gone."""
         ledger, state = self.ledger, self.state
         for uid, model in list(ledger.models.items()):
             resolved = resolve(model, ledger.priority_classes)
             if resolved is model:
                 continue
             ledger.models[uid] = resolved
+            if resolved.priority_problem:
+                # Its class is gone: placed replicas keep their priority, as pods keep theirs.
+                self._on_model(uid)
+                continue
             priority = resolved.template.priority
             policy = resolved.template.preemption_policy
             for rid in ledger.replica_uids(uid):

@@ -120,6 +120,19 @@ async def test_a_model_whose_class_does_not_exist_waits_for_it_and_says_why(
     assert (replica.priority, replica.preemption_policy) == (5000, "Never")
     assert condition(custom, "resnet")["status"] == "True"
 
+    # A class deleted later leaves placed replicas their priority, as it leaves pods theirs.
+    scheduling: Any = kubernetes.client.SchedulingV1Api(kube_api)
+    scheduling.delete_priority_class("urgent")
+    await eventually(lambda: "urgent" not in binder.ledger.priority_classes, what="deleted")
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, "resnet", {"metadata": {"labels": {"edited": "yes"}}}
+    )
+    await eventually(lambda: binder.ledger.models[uid].template.labels.get("edited"))
+    replica = binder.ledger.state.charged_pod(f"{uid}/0")
+    assert replica is not None and replica.priority == 5000
+    assert binder.ledger.state.has_lower_priority(5000 + 1)
+    assert condition(custom, "resnet")["status"] == "True"
+
 
 # ---- preemption ----------------------------------------------------------------------------------
 
