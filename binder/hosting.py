@@ -86,7 +86,7 @@ from binder.quota import (
     limits_from_api,
     selects,
 )
-from binder.replicapreemption import ReplicaPreemption
+from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -571,12 +571,13 @@ class ModelController:
             except (EvictionRefusedError, ApiError) as e:
                 log.warning(
                     "Preempting pods for replica %d of TritonModel %s has failed (%s): its held "
-                    "room is released; it is tried again.",
+                    "room is released; it tries again in %g s.",
                     ordinal,
                     preemptor.key,
                     e,
+                    REFUSED_RETRY_SECONDS,
                 )
-                self._preemption.drop(replica_uid(preemptor.uid, ordinal))
+                self._preemption.refused(replica_uid(preemptor.uid, ordinal), time.time())
                 continue
             victims = evicted + eviction.drained
             if victims:

@@ -26,6 +26,9 @@ from binder.preemption import NoPreemption, preempt
 log = logging.getLogger(__name__)
 
 HELD = "#nominated"
+REFUSED_RETRY_SECONDS = 10.0
+"""How long a replica whose victims' eviction the API server refused (their PodDisruptionBudget)
+waits before it preempts again (a pod waits out its backoff)."""
 
 
 def held_uid(rid: str) -> str:
@@ -77,6 +80,8 @@ class ReplicaPreemption:
         self._nominations: dict[str, tuple[str, str]] = {}
         """Replica uid -> (node, GPU uuid) of the room its preemption made."""
         self.evictions: list[Eviction] = []
+        self._refused: dict[str, float] = {}
+        """Replica uid -> when (seconds since the epoch) it may preempt again."""
 
     def victim(self, rid: str, why: str) -> None:
         self.preempted[rid] = (why, False)
@@ -100,6 +105,13 @@ class ReplicaPreemption:
     def placed(self, rid: str) -> None:
         self._nominations.pop(rid, None)
         self.preempted.pop(rid, None)
+        self._refused.pop(rid, None)
+
+    def refused(self, rid: str, now: float) -> None:
+        """The eviction of the replica's victims was refused: its held room is given up, and it
+        preempts again no sooner than REFUSED_RETRY_SECONDS."""
+        self.drop(rid)
+        self._refused[rid] = now + REFUSED_RETRY_SECONDS
 
     def drop(self, rid: str) -> None:
         """The replica gives up its held room."""
@@ -115,6 +127,9 @@ class ReplicaPreemption:
         for rid in [r for r in self.preempted if _model_of(r) == model_uid]:
             if int(rid.rpartition("/")[2]) >= wanted and rid not in draining:
                 del self.preempted[rid]
+        for rid in [r for r in self._refused if _model_of(r) == model_uid]:
+            if int(rid.rpartition("/")[2]) >= wanted:
+                del self._refused[rid]
 
     def unwritten(self, model_uid: str) -> list[str]:
         """Why each replica of the model preempted since the last call was, now written."""
@@ -140,6 +155,7 @@ class ReplicaPreemption:
             not self._enabled
             or result.condition_reason != "Unschedulable"
             or not state.has_lower_priority(replica.priority)
+            or now < self._refused.get(rid, 0.0)
         ):
             self.drop(rid)
             return result.message

@@ -5,6 +5,7 @@ server's words (a Placed condition and a FailedScheduling Event) until it does."
 
 from __future__ import annotations
 
+import asyncio
 import json
 from functools import partial
 from typing import Any
@@ -17,8 +18,17 @@ from binder.model import ModelInfo, PodInfo
 from binder.priorities import PriorityClassInfo, resolve
 from common.contract import Keys
 from common.hosted import host_name, loaded_condition
+from sim.apiserver import RunningApiServer
 from tests.binder import test_tritonmodels
-from tests.binder.simcluster import MakeBinder, add_node, add_pod, eventually, node_of
+from tests.binder.simcluster import (
+    MakeBinder,
+    add_node,
+    add_pod,
+    binder_writes,
+    eventually,
+    node_of,
+)
+from tests.binder.test_preemption_e2e import running
 from tests.binder.test_tritonmodels import (
     GROUP,
     HOSTED,
@@ -387,3 +397,48 @@ async def test_a_namespace_cannot_preempt_with_a_class_its_quota_forbids(
     assert "exceeded quota: no-urgent" in str(caught.value.body)
     assert placements(custom, "bulk")[0]["node"] == "a"
     assert not model_events(core, "bulk", "Preempted")
+
+
+async def test_a_replica_respects_the_budget_of_the_pods_it_would_preempt(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    custom: Any,
+    core: Any,
+    make_binder: MakeBinder,
+) -> None:
+    policy: Any = kubernetes.client.PolicyV1Api(kube_api)
+    policy.create_namespaced_pod_disruption_budget(
+        "default",
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "low"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "low"}}},
+        },
+    )
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    await make_binder()
+    for name in ("low-1", "low-2"):
+        add_pod(core, name, mem="8Gi", labels={"app": "low"})
+    for name in ("low-1", "low-2"):
+        assert await eventually(partial(node_of, core, name)) == "a"
+        running(core, name)
+    create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
+    refused_ = await eventually(
+        lambda: [
+            r
+            for r in binder_writes(apiserver)
+            if r.subresource == "eviction" and r.name.startswith("low-")
+        ],
+        what="an eviction attempt",
+    )
+    assert {r.code for r in refused_} == {429}
+    # Refused, it waits before it preempts again (the model is retried every second meanwhile).
+    await asyncio.sleep(2.5)
+    attempts = [r for r in binder_writes(apiserver) if r.subresource == "eviction"]
+    assert len(attempts) == 1, attempts
+    assert exists(core, "low-1") and exists(core, "low-2")
+    assert not placements(custom, "resnet")
+    assert condition(custom, "resnet")["status"] == "False"
+    assert not pod_events(core, "low-1", "Preempted") and not pod_events(core, "low-2", "Preempted")
