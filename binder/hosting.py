@@ -35,6 +35,13 @@ write), and stays charged until its host's loaded condition is no longer True, o
 is never taken back: a replica wanted again meanwhile (scaled back up) waits for it (`Placed`
 False, ReplicaDraining) and is then placed as any new replica.
 
+Priority and preemption are a pod's: the replicas take their priority from the model's
+PriorityClass (`binder.priorities`; a missing class is refused, PriorityClassNotFound); a replica
+that fits nowhere may take away lower-priority pods (evicted) and replicas
+(`binder.replicapreemption`); a replica preempted by one, or by a pod (`preempt`), drains as one
+scaled away does and is placed again once gone (`Placed` False, reason Preempted, and a
+`Preempted` Event, until it is).
+
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
@@ -51,6 +58,8 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import replace
+from functools import partial
 from typing import Any, NamedTuple
 
 from binder.cache import Ledger
@@ -65,9 +74,19 @@ from binder.model import (
     PodInfo,
     is_replica,
 )
+from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
 from binder.placement import Placement, Policy, place
+from binder.priorities import CLASS_NOT_FOUND, class_of
 from binder.proofs import proven, sign
-from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
+from binder.quota import (
+    EXCEEDED_QUOTA,
+    QuotaCheck,
+    charged_in,
+    class_scoped,
+    limits_from_api,
+    selects,
+)
+from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -159,6 +178,7 @@ class ModelController:
         host_image: str,
         access: NodeAccess,
         drain_seconds: float,
+        preemption: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
@@ -200,6 +220,7 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
+        self._preemption = ReplicaPreemption(ledger, policy, enabled=preemption, drain=self.preempt)
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -244,6 +265,33 @@ class ModelController:
                     self._draining[rid] = now + self._drain_seconds
                     self._ledger.draining.add(rid)
                     self.changed(model.uid)
+
+    def preempt(self, victim: PodInfo, by: str, node: str) -> None:
+        """A replica chosen as a preemption victim (on the loop, by the binder's pod scheduling
+        or by a replica of higher priority): it leaves its Service and drains from its host as
+        a replica scaled away does, counted as leaving (no other preemption takes it again),
+        and is placed again once gone: elsewhere, or `Placed` False saying why."""
+        rid = victim.uid
+        if self._preemption.is_held(rid):
+            return  # the room held for a lower-priority replica: it tries again
+        state = self._ledger.state
+        charged = state.charged_pod(rid)
+        if charged is None or rid in self._draining:
+            return
+        ordinal = rid.rpartition("/")[2]
+        self._preemption.victim(rid, f"replica {ordinal} was preempted by {by} on node {node}")
+        self._draining[rid] = self._clock() + self._drain_seconds
+        self._ledger.draining.add(rid)
+        state.set_pod(replace(charged, deleting=True))
+        log.info(
+            "Replica %s of TritonModel %s on node %s is preempted by %s: it drains from its "
+            "host and is placed again once gone.",
+            ordinal,
+            victim.namespace + "/" + victim.name.rpartition("/")[0],
+            node,
+            by,
+        )
+        self.changed(rid.rpartition("/")[0])
 
     def host_changed(self, namespace: str, node: str) -> None:
         """A host's labels, annotation or loaded conditions changed (from the cache, on the
@@ -318,6 +366,7 @@ class ModelController:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
                 del self._reported[rid]
+            self._preemption.forget(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
@@ -327,13 +376,22 @@ class ModelController:
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
         placed, refusal, waiting = self._place(model, quota)
+        preemptions = self._preemption.preempted
+        preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == uid)
         reason = (
-            UNSUPPORTED_STORAGE
+            CLASS_NOT_FOUND
+            if refusal and model.priority_problem
+            else PREEMPTED
+            if preempted and (refusal or waiting)
+            else UNSUPPORTED_STORAGE
             if refusal and host_storage_problem(model.storage_uri)
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
             else "Unschedulable"
         )
+        if preempted and refusal and not waiting:
+            why = "; ".join(preemptions[r][0] for r in preempted)
+            refusal = f"{why}; placed again when it fits: {refusal}"
         status = self._status(model, placed, refusal, waiting, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
@@ -355,6 +413,7 @@ class ModelController:
         else:
             self._refused.pop(uid, None)
         await self._report_not_served(model, placed)
+        await self._report_preemptions(model)
         state = self._ledger.state
         hosted = frozenset(
             (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
@@ -398,8 +457,26 @@ class ModelController:
                 self._executor, self._kube.list_quotas, model.namespace
             )
             self._quotas[model.namespace] = (time.monotonic(), quotas)
-        limits = limits_from_api(quotas, self._keys)
-        return QuotaCheck(limits, charged_in(self._ledger, model.namespace)) if limits else None
+        limits = limits_from_api(quotas, self._keys, self._class_name(model))
+        if not limits:
+            return None
+        bound = {limit.quota for limit in limits}
+        by_quota = {}
+        for quota in quotas:
+            name = str((quota.get("metadata") or {}).get("name", ""))
+            if class_scoped(quota) and name in bound:
+                selected = partial(self._selected_by, quota)
+                by_quota[name] = charged_in(self._ledger, model.namespace, selected)
+        return QuotaCheck(limits, charged_in(self._ledger, model.namespace), by_quota)
+
+    def _selected_by(self, quota: JsonObject, model: ModelInfo) -> bool:
+        return selects(quota, self._class_name(model))
+
+    def _class_name(self, model: ModelInfo) -> str:
+        """The PriorityClass the model's replicas take (its name, as admission writes a pod's
+        `priorityClassName`; "" for none)."""
+        chosen, _ = class_of(model.priority_class, self._ledger.priority_classes)
+        return chosen.name if chosen is not None else model.priority_class
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
@@ -411,28 +488,38 @@ class ModelController:
         state = self._ledger.state
         prefix = f"{model.uid}/"
         self._drain(model)
+        self._preemption.forget(model.uid, model.replicas, self._draining)
         placed: dict[int, PodInfo] = {}
         refusal = waiting = ""
         now = time.time()
         for ordinal in range(model.replicas):
             charged = state.charged_pod(f"{prefix}{ordinal}")
             if charged is not None and charged.uid in self._draining:
-                # Scaled back up during its drain: placed again, as any new replica, once the
-                # old placement has left (a drain under way is never taken back).
-                waiting = waiting or (
+                # Scaled back up during its drain, or preempted: placed again, as any new
+                # replica, once the old placement has left (a drain under way is never taken
+                # back).
+                preempted = self._preemption.preempted.get(charged.uid)
+                again = (
                     f"replica {ordinal} is placed again once its previous placement on node "
                     f"{charged.node_name} has drained"
                 )
+                waiting = waiting or (f"{preempted[0]}; {again}" if preempted else again)
                 continue
             if charged is not None:
                 placed[ordinal] = charged
                 continue
+            nominated = self._preemption.take_room(f"{prefix}{ordinal}")
             if refusal:
                 continue
             replica = model.replica(ordinal)
+            if nominated:
+                replica = replace(replica, nominated_node=nominated)
             unfetchable = host_storage_problem(model.storage_uri)
             if unfetchable:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+                continue
+            if model.priority_problem:
+                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
                 continue
             exceeded = quota.refusal(replica.request) if quota is not None else ""
             if exceeded:
@@ -440,16 +527,69 @@ class ModelController:
                 continue
             decision = place(state, replica, now=now, policy=self._policy)
             if isinstance(decision, Placement):
+                self._preemption.placed(replica.uid)
                 proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
                 state.assume(replica, decision.node, decision.gpu.uuid, proof)
                 if quota is not None:
                     quota.charge(replica.request)
                 placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
-            elif REASON_REPLICA_THERE in decision.reasons:
-                refusal = f"replica {ordinal}: 1 replica per node: {decision.message}"
+                continue
+            message = self._preemption.decide(model, ordinal, replica, decision, now)
+            if REASON_REPLICA_THERE in decision.reasons:
+                refusal = f"replica {ordinal}: 1 replica per node: {message}"
             else:
-                refusal = f"replica {ordinal}: {decision.message}"
+                refusal = f"replica {ordinal}: {message}"
         return placed, refusal, waiting
+
+    async def _report_preemptions(self, model: ModelInfo) -> None:
+        """The `Preempted` Event of each replica of the model preempted since (Normal, as
+        kube-scheduler writes a victim pod's); then the pods' evictions of the preemptions
+        decided, and a `Preempting` Event on each preemptor (a refused eviction drops the held
+        room: the replica tries again, as a pod does)."""
+        for why in self._preemption.unwritten(model.uid):
+            await self._call(
+                self._kube.record_object_event,
+                _involved(model),
+                reason=PREEMPTED,
+                message=why,
+                reporting_instance=self._identity,
+                event_type="Normal",
+            )
+        evictions, self._preemption.evictions = self._preemption.evictions, []
+        for eviction in evictions:
+            preemptor, ordinal, node = eviction.model, eviction.ordinal, eviction.node
+            try:
+                evicted = await self._run(
+                    evict_victims,
+                    self._kube,
+                    eviction.pods,
+                    eviction.by,
+                    node,
+                    self._identity,
+                    _uncounted,
+                )
+            except (EvictionRefusedError, ApiError) as e:
+                log.warning(
+                    "Preempting pods for replica %d of TritonModel %s has failed (%s): its held "
+                    "room is released; it tries again in %g s.",
+                    ordinal,
+                    preemptor.key,
+                    e,
+                    REFUSED_RETRY_SECONDS,
+                )
+                self._preemption.refused(replica_uid(preemptor.uid, ordinal), time.time())
+                continue
+            victims = evicted + eviction.drained
+            if victims:
+                await self._call(
+                    self._kube.record_object_event,
+                    _involved(preemptor),
+                    reason=PREEMPTING,
+                    message=f"replica {ordinal}: preempting {len(victims)} lower-priority "
+                    f"pod(s) and replica(s) on node {node}: {', '.join(victims)}",
+                    reporting_instance=self._identity,
+                    event_type="Normal",
+                )
 
     def _drain(self, model: ModelInfo) -> None:
         """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
@@ -539,7 +679,8 @@ class ModelController:
         if refusal:
             condition = self._condition(model, PLACED, "False", reason, refusal)
         elif waiting:
-            condition = self._condition(model, PLACED, "False", "ReplicaDraining", waiting)
+            why = reason if reason == PREEMPTED else "ReplicaDraining"
+            condition = self._condition(model, PLACED, "False", why, waiting)
         else:
             message = f"{len(placed)} of {model.replicas} replicas placed"
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
@@ -775,3 +916,11 @@ class ModelController:
     async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def _run(self, fn: Callable[..., list[str]], *args: Any) -> list[str]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args))
+
+
+def _uncounted(_: str) -> None:
+    """The model controller keeps no count of its API writes."""
