@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.filters import REASON_REPLICA_THERE
-from binder.hostpod import host_spec
+from binder.hostpod import host_spec, mounted_secrets
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
     TRITONMODEL_API_VERSION,
@@ -190,6 +190,8 @@ class ModelController:
         """Namespaces with a replica on a node whose old host is still terminating."""
         self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
         """Namespace -> when its ResourceQuotas were last read, and what they were."""
+        self._replaced_at: dict[str, float] = {}
+        """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
         self._hosts_seen: set[tuple[str, str]] = set()
@@ -329,7 +331,7 @@ class ModelController:
         placed, refusal, waiting = self._place(model, quota)
         reason = (
             UNSUPPORTED_STORAGE
-            if refusal and host_storage_problem(model.storage_uri)
+            if refusal and host_storage_problem(model.storage_uri, model.storage_secret)
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
             else "Unschedulable"
@@ -430,7 +432,7 @@ class ModelController:
             if refusal:
                 continue
             replica = model.replica(ordinal)
-            unfetchable = host_storage_problem(model.storage_uri)
+            unfetchable = host_storage_problem(model.storage_uri, model.storage_secret)
             if unfetchable:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
                 continue
@@ -651,6 +653,12 @@ class ModelController:
                         raise
                     await self._host_refused(namespace, node, replicas, e)
                 continue
+            outdated = self._outdated(there, body)
+            if outdated and self._may_replace(namespace, node, wanted, there_now):
+                await self._replace(namespace, node, there, outdated)
+                continue
+            if outdated:
+                self._waiting.add(namespace)  # its turn comes once the namespace's hosts settle
             meta = there.get("metadata") or {}
             labels = meta.get("labels") or {}
             patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])
@@ -683,6 +691,57 @@ class ModelController:
                 await self._call(
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
+
+    def _outdated(self, there: JsonObject, body: JsonObject) -> str:
+        """Why the host `there` no longer matches the host the binder would create now, `body`
+        ("" when it does): a pod's volumes cannot change, so a storage Secret it lacks needs a
+        new host."""
+        missing = mounted_secrets(body["spec"]) - mounted_secrets(there.get("spec") or {})
+        if missing:
+            return f"it does not mount Secret {', '.join(sorted(missing))}"
+        return ""
+
+    def _may_replace(
+        self,
+        namespace: str,
+        node: str,
+        wanted: dict[str, list[tuple[ModelInfo, int, PodInfo]]],
+        there_now: dict[str, JsonObject],
+    ) -> bool:
+        """Whether the namespace's host on `node` may be replaced now: one host of a namespace
+        at a time, so its models stay served by their replicas on other nodes. The next waits
+        until no host of the namespace is being deleted and every other one serves its
+        replicas, or --host-drain-seconds after the last replacement at most."""
+        if any((h.get("metadata") or {}).get("deletionTimestamp") for h in there_now.values()):
+            return False
+        if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
+            return True
+        for other, replicas in wanted.items():
+            if other == node:
+                continue
+            if other not in there_now:
+                return False
+            for model, _, replica in replicas:
+                if replica.uid not in self._draining and not self._loaded(model, other).ready:
+                    return False
+        return True
+
+    async def _replace(self, namespace: str, node: str, there: JsonObject, why: str) -> None:
+        """Delete the outdated host on `node`: its proxy drains as a model pod's does (out of
+        its Services as it terminates), and the host is created anew once it is gone."""
+        meta = there.get("metadata") or {}
+        log.info(
+            "Replacing the model host %s/%s on node %s (%s): its replicas there are served "
+            "again once its successor has loaded them.",
+            namespace,
+            meta.get("name"),
+            node,
+            why,
+        )
+        self._replaced_at[namespace] = self._clock()
+        self._waiting.add(namespace)
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self._call(self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"]))
 
     async def _host_refused(
         self,
@@ -718,11 +777,14 @@ class ModelController:
         labels = {host_label(self._keys): "true"}
         owners: dict[str, JsonObject] = {}
         hosted = []
+        secrets = set()
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
             if not draining and self._loaded(model, node).ready:
                 labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
+            if model.storage_secret and not draining:
+                secrets.add(model.storage_secret)
             hosted.append(
                 HostedReplica(
                     model=model.name,
@@ -735,6 +797,7 @@ class ModelController:
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
                     draining=draining,
+                    storage_secret=model.storage_secret,
                 )
             )
         return {
@@ -754,6 +817,7 @@ class ModelController:
                 self._access,
                 self._keys,
                 len(replicas),
+                secrets,
             ),
         }
 

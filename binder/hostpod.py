@@ -5,17 +5,20 @@ The binder creates one per (namespace, node) with TritonModel replicas placed th
 same image, loader and proxy, token for the agent, probes, securityContext and tolerations. Its
 `loader` (`--host`) follows the host's replicas through the agent: each replica's files fetched
 under /mnt/models, installed and loaded, the ready ones written to the shared ready file; its
-`proxy` serves the models of that file (`--models-file`). Pure: no I/O.
+`proxy` serves the models of that file (`--models-file`). The storage Secrets its replicas name
+are mounted in the loader alone, read-only and optional (one that does not exist fails only its
+replicas' fetch, in the loader's words). Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 
 from binder.kube import JsonObject
 from common import modelpod
 from common.contract import Keys
-from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, NodeAccess
+from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, STORAGE_SECRET_DIR, NodeAccess
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
 PROXY_METRICS_PORT = dict(modelpod.PROXY_PORTS)["metrics"]
@@ -27,10 +30,21 @@ HOST_PROXY_LIMIT_EXTRA = 384 << 20
 """A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 
 
+STORAGE_VOLUME_PREFIX = "storage-"
+"""A host's storage Secret volumes are named this and an index."""
+
+
 def host_spec(
-    node: str, scheduler_name: str, image: str, access: NodeAccess, keys: Keys, replicas: int
+    node: str,
+    scheduler_name: str,
+    image: str,
+    access: NodeAccess,
+    keys: Keys,
+    replicas: int,
+    secrets: Collection[str] = (),
 ) -> JsonObject:
-    """The spec of the host on `node` serving `replicas` at creation. Its requests are what the
+    """The spec of the host on `node` serving `replicas` at creation, with the storage Secrets
+    `secrets` mounted in its loader at STORAGE_SECRET_DIR/<Secret>. Its requests are what the
     binder charges the node for it: `MODEL_HOST_BASE` plus `MODEL_HOST_PER_MODEL` per replica
     (a pod's requests cannot change: later replicas add to the charge alone)."""
     cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * replicas
@@ -39,6 +53,19 @@ def host_spec(
     env = [modelpod.host_ip_env()]
     pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     host_mount = {"name": "host", "mountPath": HOST_DIR}
+    named = list(enumerate(sorted(set(secrets))))
+    secret_volumes = [
+        {"name": f"{STORAGE_VOLUME_PREFIX}{i}", "secret": {"secretName": s, "optional": True}}
+        for i, s in named
+    ]
+    secret_mounts = [
+        {
+            "name": f"{STORAGE_VOLUME_PREFIX}{i}",
+            "mountPath": f"{STORAGE_SECRET_DIR}/{s}",
+            "readOnly": True,
+        }
+        for i, s in named
+    ]
     loader = modelpod.loader(
         image,
         [
@@ -55,6 +82,7 @@ def host_spec(
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  (the pod's own emptyDir)
             host_mount,
             modelpod.token_mount(),
+            *secret_mounts,
         ],
         requests={"cpu": f"{HOST_LOADER_SHARE[CPU]}m", "memory": str(HOST_LOADER_SHARE[MEMORY])},
         limits=modelpod.LOADER_LIMITS,
@@ -82,6 +110,18 @@ def host_spec(
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
             {"name": "host", "emptyDir": {"sizeLimit": "16Mi"}},
             modelpod.token_volume(access.audience),
+            *secret_volumes,
         ],
         "containers": [loader, proxy],
     }
+
+
+def mounted_secrets(spec: JsonObject) -> frozenset[str]:
+    """The storage Secrets a host's spec mounts."""
+    return frozenset(
+        str(volume["secret"].get("secretName"))
+        for volume in spec.get("volumes") or []
+        if isinstance(volume, dict)
+        and str(volume.get("name", "")).startswith(STORAGE_VOLUME_PREFIX)
+        and isinstance(volume.get("secret"), dict)
+    )

@@ -1,0 +1,153 @@
+"""What a platform team meets first with model hosts, at the binder, against the simulated API
+server through the official client: a TritonModel's storage Secret reaches its hosts' loader
+alone, named in its own namespace only; a host that lacks what the binder would build now (a
+Secret it does not mount) is replaced, one host of a namespace at a time."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from common.contract import Keys
+from common.hosted import (
+    HostedError,
+    decode_hosted,
+    host_name,
+    host_storage_problem,
+    loaded_condition,
+)
+from tests.binder import test_tritonmodels
+from tests.binder.objects import GI
+from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.binder.test_model_hosts import hosted
+from tests.binder.test_tritonmodels import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    hosts,
+    kubelet_removes_deleted,
+    model,
+    placed,
+    read,
+)
+
+apiserver = test_tritonmodels.apiserver
+custom = test_tritonmodels.custom
+SECRET_DIR = "/var/secrets/storage"
+KEYS = Keys()
+
+
+def private(name: str, replicas: int, secret: str = "creds") -> dict[str, Any]:  # noqa: S107
+    obj = model(name, replicas)
+    obj["spec"]["storageSecret"] = secret
+    return obj
+
+
+def condition(custom: Any, name: str, kind: str) -> dict[str, Any]:
+    conditions = (read(custom, name).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def loaded(core: Any, node: str, *models: str) -> None:
+    """What the agent writes on the host on `node` once it serves `models`."""
+    conditions = [
+        {"type": loaded_condition(KEYS, m), "status": "True", "reason": "ModelReady"}
+        for m in models
+    ]
+    core.patch_namespaced_pod_status(
+        host_name(node),
+        "default",
+        {"status": {"conditions": conditions}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+
+
+async def test_a_storage_secret_is_mounted_in_its_hosts_loader_alone(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 1))
+    host = (await eventually(lambda: hosts(core), what="the host"))["n1"]
+    spec = core.api_client.sanitize_for_serialization(host)["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    # Optional: a Secret that does not exist fails its own replicas' fetch, not the host.
+    assert volumes["storage-0"] == {
+        "name": "storage-0",
+        "secret": {"secretName": "creds", "optional": True},
+    }
+    loader, proxy = spec["containers"]
+    assert {"name": "storage-0", "mountPath": f"{SECRET_DIR}/creds", "readOnly": True} in loader[
+        "volumeMounts"
+    ]
+    assert all(m["name"] != "storage-0" for m in proxy["volumeMounts"]), "the proxy has none"
+    assert [e.get("storageSecret") for e in hosted(host)] == ["creds"]
+
+
+@pytest.mark.parametrize("secret", ["team-a/creds", "../team-a", "Creds", "a" * 254])
+async def test_a_storage_secret_is_named_in_the_models_own_namespace_only(
+    kube_api: kubernetes.client.ApiClient, custom: Any, secret: str
+) -> None:
+    """A Secret volume has no namespace (the kubelet reads the pod's own), and no name with a
+    slash gets as far as a host: the schema refuses it, and the agent refuses it in a host's
+    annotation (which the namespace can edit)."""
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, private("bert", 1, secret)
+        )
+    assert refused.value.status == 422
+    assert "spec.storageSecret" in json.loads(str(refused.value.body))["message"]
+    forged = json.dumps([{"model": "bert", "uid": "u", "replica": 0, "storageSecret": secret}])
+    with pytest.raises(HostedError, match="is not a Secret name"):
+        decode_hosted(forged)
+    assert "is not a Secret name" in host_storage_problem("https://h/m.tar.gz", secret)
+
+
+def test_a_credential_goes_over_https_only() -> None:
+    """The schema takes no http:// storageUri; the binder's rule holds without it too."""
+    assert "would send the credential in clear" in host_storage_problem(
+        "http://models.example.com/x.tar.gz", "creds"
+    )
+    assert host_storage_problem("https://models.example.com/x.tar.gz", "creds") == ""
+
+
+async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """The roll: the host of one node is deleted (its proxy drains as it terminates) and
+    created anew with the Secret once gone; the other node's waits until the new host serves
+    its replicas, so a model with a replica on each node stays served."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    await make_binder()
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    await eventually(lambda: placed(custom, "resnet", 2), what="resnet placed")
+    before = await eventually(lambda: len(hosts(core)) == 2 and hosts(core), what="2 hosts")
+    for node in before:
+        loaded(core, node, "resnet")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 2))
+    await eventually(lambda: placed(custom, "bert", 2), what="bert placed")
+
+    def terminating() -> list[str]:
+        pods = core.list_namespaced_pod("default").items
+        return [p.spec.node_name for p in pods if p.metadata.deletion_timestamp]
+
+    [first] = await eventually(terminating, what="one host replaced")
+    [other] = set(before) - {first}
+    assert hosts(core)[other].metadata.uid == before[other].metadata.uid, "one at a time"
+    kubelet_removes_deleted(core)
+    again = await eventually(
+        lambda: first in hosts(core) and hosts(core)[first], what="the new host"
+    )
+    assert again.metadata.uid != before[first].metadata.uid
+    secrets = [v.secret.secret_name for v in again.spec.volumes if v.secret is not None]
+    assert secrets == ["creds"]
+    assert sorted(e["model"] for e in hosted(again)) == ["bert", "resnet"]
+    # The other host keeps serving until the new one serves its replicas.
+    assert not terminating()
+    loaded(core, first, "resnet", "bert")
+    await eventually(terminating, what="then the other host")
+    assert terminating() == [other]
