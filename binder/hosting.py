@@ -101,6 +101,9 @@ READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
 """The Warning Event's reason when the agent reports a replica not loaded on its host."""
+HOST_REFUSED = "FailedCreate"
+"""The Ready condition's reason, and the Warning Event's, while the API server refuses a host of
+the model's replicas (a quota on pods, CPU or memory, a LimitRange, a policy)."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -194,6 +197,9 @@ class ModelController:
         """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
+        self._refused_hosts: dict[tuple[str, str], str] = {}
+        """(namespace, node) -> why the API server refuses the host there now (the Ready
+        condition of the models placed there says it)."""
         self._hosts_seen: set[tuple[str, str]] = set()
         """(namespace, node) of hosts whose labels, annotation or conditions changed."""
         self._reported: dict[str, str] = {}
@@ -497,6 +503,9 @@ class ModelController:
         True, or False only because the on-demand replica is asleep: the host's proxy wakes it
         on the next request), and why not."""
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
+        refused = self._refused_hosts.get((model.namespace, node))
+        if host is None and refused:
+            return Loaded(False, refused, HOST_REFUSED)
         if host is None:
             return Loaded(False, "its model host is not created yet")
         if (host.get("metadata") or {}).get("deletionTimestamp"):
@@ -516,7 +525,7 @@ class ModelController:
         it (once each, as the agent reports a model pod's)."""
         for ordinal, replica in sorted(placed.items()):
             loaded = self._loaded(model, replica.node_name)
-            if not loaded.reason:
+            if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
                 self._reported.pop(replica.uid, None)
                 continue
             if self._reported.get(replica.uid) == loaded.reason:
@@ -547,8 +556,11 @@ class ModelController:
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
         placements = []
         why_not: list[str] = []
+        not_ready = "ReplicasNotReady"
         for ordinal, replica in sorted(placed.items()):
-            ready, why, _ = self._loaded(model, replica.node_name)
+            ready, why, agent_reason = self._loaded(model, replica.node_name)
+            if agent_reason == HOST_REFUSED:
+                not_ready = HOST_REFUSED
             entry: dict[str, Any] = {
                 "replica": ordinal,
                 "node": replica.node_name,
@@ -570,7 +582,7 @@ class ModelController:
             if len(why_not) > len(shown):
                 shown.append(f"{len(why_not) - len(shown)} more")
             ready_condition = self._condition(
-                model, READY, "False", "ReplicasNotReady", f"{message}; {'; '.join(shown)}"
+                model, READY, "False", not_ready, f"{message}; {'; '.join(shown)}"
             )
         else:
             ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
@@ -649,9 +661,11 @@ class ModelController:
                     with contextlib.suppress(ConflictError):
                         await self._call(self._kube.create_pod, namespace, body)
                 except ApiError as e:
-                    if e.status != 403:
+                    if e.status not in (403, 422):
                         raise
                     await self._host_refused(namespace, node, replicas, e)
+                else:
+                    self._host_accepted(namespace, node, replicas)
                 continue
             outdated = self._outdated(there, body)
             if outdated and self._may_replace(namespace, node, wanted, there_now):
@@ -681,6 +695,8 @@ class ModelController:
                     }
                 }
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
+        for key in [k for k in self._refused_hosts if k[0] == namespace and k[1] not in wanted]:
+            del self._refused_hosts[key]  # no replica of the namespace there any more
         for node, there in list(there_now.items()):
             meta = there.get("metadata") or {}
             if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
@@ -750,12 +766,17 @@ class ModelController:
         replicas: list[tuple[ModelInfo, int, PodInfo]],
         error: ApiError,
     ) -> None:
-        """The API server forbids the host (a ResourceQuota on pods, CPU or memory; a policy):
-        each model placed there gets a Warning Event with its words, once per message, and the
-        namespace's hosts are tried again every RETRY_SECONDS."""
+        """The API server refuses the host (403: a ResourceQuota on pods, CPU or memory, a
+        policy; 422: a LimitRange): each model placed there gets a Warning Event with its words,
+        once per message, and its Ready condition False with them; the namespace's hosts are
+        tried again every RETRY_SECONDS."""
         self._waiting.add(namespace)
         message = f"the binder cannot create model host {host_name(node)} on node {node}: "
         message += error.message
+        if self._refused_hosts.get((namespace, node)) != message:
+            self._refused_hosts[(namespace, node)] = message
+            for model, _, _ in replicas:
+                self.changed(model.uid)  # its Ready condition says so
         for model in {model.uid: model for model, _, _ in replicas}.values():
             if self._host_refusals.get(model.uid) == message:
                 continue
@@ -767,6 +788,15 @@ class ModelController:
                 message=message,
                 reporting_instance=self._identity,
             )
+
+    def _host_accepted(
+        self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
+    ) -> None:
+        """The host refused before is created: its models' conditions no longer say so."""
+        if self._refused_hosts.pop((namespace, node), None) is not None:
+            for model, _, _ in replicas:
+                self._host_refusals.pop(model.uid, None)
+                self.changed(model.uid)
 
     def _host(
         self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]

@@ -5,6 +5,7 @@ Secret it does not mount) is replaced, one host of a namespace at a time."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -49,6 +50,12 @@ def private(name: str, replicas: int, secret: str = "creds") -> dict[str, Any]: 
 def condition(custom: Any, name: str, kind: str) -> dict[str, Any]:
     conditions = (read(custom, name).get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == kind), {})
+
+
+def ready_with(custom: Any, name: str, reason: str) -> dict[str, Any]:
+    """The model's Ready condition once its reason is `reason`, else {}."""
+    found = condition(custom, name, "Ready")
+    return found if found.get("reason") == reason else {}
 
 
 def loaded(core: Any, node: str, *models: str) -> None:
@@ -151,3 +158,61 @@ async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(
     loaded(core, first, "resnet", "bert")
     await eventually(terminating, what="then the other host")
     assert terminating() == [other]
+
+
+async def test_a_host_the_api_server_refuses_is_in_each_models_ready_condition(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """Both models placed on the node say why they are not served, in the API server's words:
+    their Ready condition (reason FailedCreate), their placement's message and one Warning Event
+    each, until the host fits and is created."""
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    quota = {"metadata": {"name": "count"}, "spec": {"hard": {"pods": "1"}}}
+    core.create_namespaced_resource_quota("default", quota)
+    core.create_namespaced_pod(
+        "default",
+        {"metadata": {"name": "other"}, "spec": {"containers": [{"name": "m", "image": "x"}]}},
+    )
+    for name in ("bert", "resnet"):
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model(name, 1))
+    name = host_name("n1")
+    words = (
+        f'the binder cannot create model host {name} on node n1: pods "{name}" is forbidden: '
+        "exceeded quota: count, requested: pods=1, used: pods=1, limited: pods=1"
+    )
+    for model_name in ("bert", "resnet"):
+        ready = await eventually(
+            functools.partial(ready_with, custom, model_name, "FailedCreate"),
+            what=f"{model_name}'s Ready condition",
+        )
+        assert ready["status"] == "False"
+        assert ready["message"] == f"0 of 1 replicas ready; replica 0 on n1: {words}"
+        [placement] = read(custom, model_name)["status"]["placements"]
+        assert (placement["ready"], placement["message"]) == (False, words)
+        assert condition(custom, model_name, "Placed")["status"] == "True", "placed all the same"
+
+    def events(model_name: str) -> list[Any]:
+        selector = f"involvedObject.name={model_name}"
+        return [
+            (e.type, e.reason, e.message)
+            for e in core.list_namespaced_event("default", field_selector=selector).items
+            if e.reason != "Scheduled"
+        ]
+
+    for model_name in ("bert", "resnet"):
+        await eventually(functools.partial(events, model_name), what=f"{model_name}'s Event")
+        assert events(model_name) == [("Warning", "FailedCreate", words)], "one, no other"
+
+    core.patch_namespaced_resource_quota("count", "default", {"spec": {"hard": {"pods": "2"}}})
+    await eventually(lambda: "n1" in hosts(core), what="the host once the quota allows it")
+    for model_name in ("bert", "resnet"):
+        ready = await eventually(
+            functools.partial(ready_with, custom, model_name, "ReplicasNotReady"),
+            what=f"{model_name}'s condition past the refusal",
+        )
+        assert (
+            ready["message"]
+            == "0 of 1 replicas ready; replica 0 on n1: not loaded on its model host yet"
+        )
+    assert len(events("bert")) == 1, "one Event per refusal, not one per retry"
