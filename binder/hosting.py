@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.filters import REASON_REPLICA_THERE
-from binder.hostpod import host_spec, mounted_secrets
+from binder.hostpod import host_image, host_spec, mounted_secrets, template_hash
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
     TRITONMODEL_API_VERSION,
@@ -78,6 +78,7 @@ from common.hosted import (
     host_label,
     host_name,
     host_storage_problem,
+    host_template_annotation,
     hosted_models_annotation,
     loaded_condition,
     replica_uid,
@@ -193,8 +194,12 @@ class ModelController:
         """Namespaces with a replica on a node whose old host is still terminating."""
         self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
         """Namespace -> when its ResourceQuotas were last read, and what they were."""
+        self._templates: dict[str, str] = {}
+        """Node -> `template_hash` of the hosts this binder makes there."""
         self._replaced_at: dict[str, float] = {}
         """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
+        self._replacing: dict[str, str] = {}
+        """Namespace -> the uid of the host it replaced last."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
         self._refused_hosts: dict[tuple[str, str], str] = {}
@@ -680,6 +685,8 @@ class ModelController:
                 if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
                     patch_labels[key] = None
             annotation = hosted_models_annotation(self._keys)
+            # The template annotation is written at creation only: it says what made the host.
+            annotations = {annotation: body["metadata"]["annotations"][annotation]}
             if (
                 any(labels.get(k) != v for k, v in patch_labels.items())
                 or (meta.get("annotations") or {}).get(annotation)
@@ -690,7 +697,7 @@ class ModelController:
                 patch = {
                     "metadata": {
                         "labels": patch_labels,
-                        "annotations": body["metadata"]["annotations"],
+                        "annotations": annotations,
                         "ownerReferences": body["metadata"]["ownerReferences"],
                     }
                 }
@@ -710,8 +717,16 @@ class ModelController:
 
     def _outdated(self, there: JsonObject, body: JsonObject) -> str:
         """Why the host `there` no longer matches the host the binder would create now, `body`
-        ("" when it does): a pod's volumes cannot change, so a storage Secret it lacks needs a
-        new host."""
+        ("" when it does). A pod's spec cannot change, so a host made from another template
+        (another --host-image, ports or pod settings: another binder's), or without a storage
+        Secret its replicas need, is replaced."""
+        key = host_template_annotation(self._keys)
+        made = ((there.get("metadata") or {}).get("annotations") or {}).get(key)
+        if made != body["metadata"]["annotations"][key]:
+            old, new = host_image(there.get("spec") or {}), host_image(body["spec"])
+            if old != new:
+                return f"its image is {old}, and --host-image is {new}"
+            return "it was made from another pod template (ports, arguments or settings)"
         missing = mounted_secrets(body["spec"]) - mounted_secrets(there.get("spec") or {})
         if missing:
             return f"it does not mount Secret {', '.join(sorted(missing))}"
@@ -728,8 +743,11 @@ class ModelController:
         at a time, so its models stay served by their replicas on other nodes. The next waits
         until no host of the namespace is being deleted and every other one serves its
         replicas, or --host-drain-seconds after the last replacement at most."""
-        if any((h.get("metadata") or {}).get("deletionTimestamp") for h in there_now.values()):
-            return False
+        deleted = self._replacing.get(namespace)
+        for host in there_now.values():
+            meta = host.get("metadata") or {}
+            if meta.get("deletionTimestamp") or meta.get("uid") == deleted:
+                return False  # one is going (or its deletion is not in the cache yet)
         if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
             return True
         for other, replicas in wanted.items():
@@ -755,6 +773,7 @@ class ModelController:
             why,
         )
         self._replaced_at[namespace] = self._clock()
+        self._replacing[namespace] = str(meta.get("uid"))
         self._waiting.add(namespace)
         with contextlib.suppress(NotFoundError, ConflictError):
             await self._call(self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"]))
@@ -837,7 +856,10 @@ class ModelController:
                 "name": host_name(node),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {hosted_models_annotation(self._keys): encode_hosted(hosted)},
+                "annotations": {
+                    hosted_models_annotation(self._keys): encode_hosted(hosted),
+                    host_template_annotation(self._keys): self._template(node),
+                },
                 "ownerReferences": list(owners.values()),
             },
             "spec": host_spec(
@@ -850,6 +872,15 @@ class ModelController:
                 secrets,
             ),
         }
+
+    def _template(self, node: str) -> str:
+        """The template hash of this binder's hosts on `node` (computed once per node)."""
+        found = self._templates.get(node)
+        if found is None:
+            found = self._templates[node] = template_hash(
+                node, self._scheduler_name, self._host_image, self._access, self._keys
+            )
+        return found
 
     def _service(self, model: ModelInfo) -> JsonObject:
         return {

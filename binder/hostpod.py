@@ -7,12 +7,15 @@ same image, loader and proxy, token for the agent, probes, securityContext and t
 under /mnt/models, installed and loaded, the ready ones written to the shared ready file; its
 `proxy` serves the models of that file (`--models-file`). The storage Secrets its replicas name
 are mounted in the loader alone, read-only and optional (one that does not exist fails only its
-replicas' fetch, in the loader's words). Pure: no I/O.
+replicas' fetch, in the loader's words). `template_hash` names what the spec is made from (image,
+ports, arguments, pod settings), so a host made by another binder is told apart. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Collection
 
 from binder.kube import JsonObject
@@ -125,3 +128,18 @@ def mounted_secrets(spec: JsonObject) -> frozenset[str]:
         and str(volume.get("name", "")).startswith(STORAGE_VOLUME_PREFIX)
         and isinstance(volume.get("secret"), dict)
     )
+
+
+def template_hash(
+    node: str, scheduler_name: str, image: str, access: NodeAccess, keys: Keys
+) -> str:
+    """A hash of the host spec on `node` as this binder builds it, less what its replicas
+    change (requests, storage Secrets): equal for hosts made from the same template."""
+    spec = host_spec(node, scheduler_name, image, access, keys, 0)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def host_image(spec: JsonObject) -> str:
+    """The image a host spec runs (its loader's)."""
+    containers = spec.get("containers") or [{}]
+    return str(containers[0].get("image", "")) if isinstance(containers[0], dict) else ""

@@ -4,6 +4,7 @@ The binder creates one host pod per (namespace, node) with a replica placed ther
 and is the only writer of what this module names on it:
 
 - label `<prefix>model-host: "true"`;
+- annotation `<prefix>host-template`: the hash of the pod template it was made from;
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
   host's node (at most one replica of a model per node);
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
@@ -77,6 +78,12 @@ def host_name(node: str) -> str:
 def host_label(keys: Keys) -> str:
     """Label on every model host pod the binder creates (value "true")."""
     return f"{keys.prefix}model-host"
+
+
+def host_template_annotation(keys: Keys) -> str:
+    """Host pod annotation: the hash of the template the binder made it from (a host without it,
+    or with another, is replaced)."""
+    return f"{keys.prefix}host-template"
 
 
 def hosted_models_annotation(keys: Keys) -> str:

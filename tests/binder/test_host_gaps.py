@@ -39,6 +39,7 @@ apiserver = test_tritonmodels.apiserver
 custom = test_tritonmodels.custom
 SECRET_DIR = "/var/secrets/storage"
 KEYS = Keys()
+TEMPLATE = "tritonshare.io/host-template"
 
 
 def private(name: str, replicas: int, secret: str = "creds") -> dict[str, Any]:  # noqa: S107
@@ -50,6 +51,12 @@ def private(name: str, replicas: int, secret: str = "creds") -> dict[str, Any]: 
 def condition(custom: Any, name: str, kind: str) -> dict[str, Any]:
     conditions = (read(custom, name).get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == kind), {})
+
+
+def terminating(core: Any) -> list[str]:
+    """The nodes of the hosts being deleted."""
+    pods = core.list_namespaced_pod("default").items
+    return [p.spec.node_name for p in pods if p.metadata.deletion_timestamp]
 
 
 def ready_with(custom: Any, name: str, reason: str) -> dict[str, Any]:
@@ -138,11 +145,7 @@ async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, private("bert", 2))
     await eventually(lambda: placed(custom, "bert", 2), what="bert placed")
 
-    def terminating() -> list[str]:
-        pods = core.list_namespaced_pod("default").items
-        return [p.spec.node_name for p in pods if p.metadata.deletion_timestamp]
-
-    [first] = await eventually(terminating, what="one host replaced")
+    [first] = await eventually(functools.partial(terminating, core), what="one host replaced")
     [other] = set(before) - {first}
     assert hosts(core)[other].metadata.uid == before[other].metadata.uid, "one at a time"
     kubelet_removes_deleted(core)
@@ -154,10 +157,10 @@ async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(
     assert secrets == ["creds"]
     assert sorted(e["model"] for e in hosted(again)) == ["bert", "resnet"]
     # The other host keeps serving until the new one serves its replicas.
-    assert not terminating()
+    assert not terminating(core)
     loaded(core, first, "resnet", "bert")
-    await eventually(terminating, what="then the other host")
-    assert terminating() == [other]
+    await eventually(functools.partial(terminating, core), what="then the other host")
+    assert terminating(core) == [other]
 
 
 async def test_a_host_the_api_server_refuses_is_in_each_models_ready_condition(
@@ -216,3 +219,40 @@ async def test_a_host_the_api_server_refuses_is_in_each_models_ready_condition(
             == "0 of 1 replicas ready; replica 0 on n1: not loaded on its model host yet"
         )
     assert len(events("bert")) == 1, "one Event per refusal, not one per retry"
+
+
+async def test_hosts_made_from_another_template_are_replaced_one_at_a_time(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """A binder upgraded to another --host-image replaces the hosts the old one made, node by
+    node; labels and replicas written meanwhile never pass for the new template."""
+    for node in ("n1", "n2"):
+        add_node(kube_api, node, [16 * GI])
+    old = await make_binder(host_image="tritonshare:1.0")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("resnet", 2))
+    before = await eventually(lambda: len(hosts(core)) == 2 and hosts(core), what="2 hosts")
+    made = {n: h.metadata.annotations[TEMPLATE] for n, h in before.items()}
+    assert len(set(made.values())) == 2, "a hash per node"
+    for node in before:
+        loaded(core, node, "resnet")
+    await eventually(lambda: read(custom, "resnet")["status"].get("readyReplicas") == 2)
+    await make_binder.stop(old)
+
+    await make_binder(host_image="tritonshare:1.1")
+    [first] = await eventually(functools.partial(terminating, core), what="one old host replaced")
+    [other] = set(before) - {first}
+    assert hosts(core)[other].metadata.uid == before[other].metadata.uid, "one at a time"
+    assert hosts(core)[other].metadata.annotations[TEMPLATE] == made[other], "never patched"
+    kubelet_removes_deleted(core)
+    again = await eventually(lambda: hosts(core).get(first), what="the new host")
+    assert {c.image for c in again.spec.containers} == {"tritonshare:1.1"}
+    assert again.metadata.annotations[TEMPLATE] != made[first]
+    assert not terminating(core), "the other waits for the new host to serve"
+    loaded(core, first, "resnet")
+    await eventually(functools.partial(terminating, core), what="then the other host")
+    kubelet_removes_deleted(core)
+    last = await eventually(lambda: hosts(core).get(other), what="its new host")
+    assert {c.image for c in last.spec.containers} == {"tritonshare:1.1"}
+    loaded(core, other, "resnet")
+    await eventually(lambda: read(custom, "resnet")["status"].get("readyReplicas") == 2)
+    assert not terminating(core), "up to date: nothing more replaced"
