@@ -6,9 +6,10 @@ same image, loader and proxy, token for the agent, probes, securityContext and t
 `loader` (`--host`) follows the host's replicas through the agent: each replica's files fetched
 under /mnt/models, installed and loaded, the ready ones written to the shared ready file; its
 `proxy` serves the models of that file (`--models-file`). The storage Secrets its replicas name
-are mounted in the loader alone, read-only and optional (one that does not exist fails only its
-replicas' fetch, in the loader's words). `template_hash` names what the spec is made from (image,
-ports, arguments, pod settings), so a host made by another binder is told apart. Pure: no I/O.
+are one projected volume in the loader alone, each at <Secret>/, read-only and optional (one that
+does not exist fails only its replicas' fetch, in the loader's words). `template_hash` names what
+the spec is made from (image, ports, arguments, pod settings), so a host made by another binder is
+told apart. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ HOST_PROXY_LIMIT_EXTRA = 384 << 20
 """A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 
 
-STORAGE_VOLUME_PREFIX = "storage-"
-"""A host's storage Secret volumes are named this and an index."""
+STORAGE_VOLUME = "storage-secrets"
+"""The projected volume of a host's storage Secrets."""
+STORAGE_KEYS = ("https-host", "headers")
+"""The keys of a storage Secret the loader reads (KServe's for URI storage)."""
 
 
 def host_spec(
@@ -47,7 +50,7 @@ def host_spec(
     secrets: Collection[str] = (),
 ) -> JsonObject:
     """The spec of the host on `node` serving `replicas` at creation, with the storage Secrets
-    `secrets` mounted in its loader at STORAGE_SECRET_DIR/<Secret>. Its requests are what the
+    `secrets` mounted in its loader at STORAGE_SECRET_DIR/<Secret>/. Its requests are what the
     binder charges the node for it: `MODEL_HOST_BASE` plus `MODEL_HOST_PER_MODEL` per replica
     (a pod's requests cannot change: later replicas add to the charge alone)."""
     cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * replicas
@@ -56,18 +59,21 @@ def host_spec(
     env = [modelpod.host_ip_env()]
     pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     host_mount = {"name": "host", "mountPath": HOST_DIR}
-    named = list(enumerate(sorted(set(secrets))))
-    secret_volumes = [
-        {"name": f"{STORAGE_VOLUME_PREFIX}{i}", "secret": {"secretName": s, "optional": True}}
-        for i, s in named
-    ]
-    secret_mounts = [
+    sources = [
         {
-            "name": f"{STORAGE_VOLUME_PREFIX}{i}",
-            "mountPath": f"{STORAGE_SECRET_DIR}/{s}",
-            "readOnly": True,
+            "secret": {
+                "name": secret,
+                "optional": True,
+                "items": [{"key": key, "path": f"{secret}/{key}"} for key in STORAGE_KEYS],
+            }
         }
-        for i, s in named
+        for secret in sorted(set(secrets))
+    ]
+    projected = {"name": STORAGE_VOLUME, "projected": {"sources": sources}}
+    secret_volumes = [projected] if sources else []
+    secret_mounts = [
+        {"name": STORAGE_VOLUME, "mountPath": STORAGE_SECRET_DIR, "readOnly": True}
+        for _ in secret_volumes
     ]
     loader = modelpod.loader(
         image,
@@ -78,6 +84,7 @@ def host_spec(
             # A leaving replica is unloaded once the proxy beside it has drained it.
             f"--proxy-metrics-url=http://$(POD_IP):{PROXY_METRICS_PORT}/metrics",
             *modelpod.agent_args(access),
+            *([f"--storage-secret-dir={STORAGE_SECRET_DIR}"] if secrets else []),
         ],
         env=[*env, pod_ip],
         mounts=[
@@ -122,11 +129,11 @@ def host_spec(
 def mounted_secrets(spec: JsonObject) -> frozenset[str]:
     """The storage Secrets a host's spec mounts."""
     return frozenset(
-        str(volume["secret"].get("secretName"))
+        str(source["secret"].get("name"))
         for volume in spec.get("volumes") or []
-        if isinstance(volume, dict)
-        and str(volume.get("name", "")).startswith(STORAGE_VOLUME_PREFIX)
-        and isinstance(volume.get("secret"), dict)
+        if isinstance(volume, dict) and volume.get("name") == STORAGE_VOLUME
+        for source in (volume.get("projected") or {}).get("sources") or []
+        if isinstance(source, dict) and isinstance(source.get("secret"), dict)
     )
 
 

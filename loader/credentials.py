@@ -1,8 +1,8 @@
 """A model host's storage credentials: the HTTP headers a replica's Secret adds to its download.
 
-A TritonModel names a Secret of its own namespace in `spec.storageSecret`; the binder mounts it,
-read-only and optional, in its namespace's host's loader alone at DIR/<Secret>/ (a Secret that
-does not exist is an empty directory), and the agent passes the name with the replica. The
+A TritonModel names a Secret of its own namespace in `spec.storageSecret`; the binder mounts its
+keys, read-only and optional, in its namespace's host's loader alone at DIR/<Secret>/ (a Secret
+that does not exist leaves no directory), and the agent passes the name with the replica. The
 Secret has KServe's keys for URI storage: `https-host`, the one host the credential is for, and
 `headers`, a JSON object of header names and values (`{"Authorization": "Bearer ..."}`). The
 headers go to that host only, over HTTPS only, and never follow a redirect (`loader.fetch`).
@@ -47,8 +47,9 @@ def storage_headers(directory: Path, secret: str, uri: str) -> dict[str, str]:
     folder = directory / secret
     if not folder.is_dir():
         raise FetchError(
-            f"Secret {secret} is not mounted in this model host yet; the binder replaces the "
-            f"host to mount it"
+            f"Secret {secret} is not in this model host: it does not exist in the model's "
+            f"namespace (create it there with {_HOW}), or the host was made before the model "
+            f"named it (the binder replaces such a host)"
         )
     host = _read(folder, HOST_KEY, secret).strip()
     wanted = (parts.hostname or "").lower()
@@ -91,10 +92,7 @@ def _read(folder: Path, key: str, secret: str) -> str:
             raise FetchError(f"Secret {secret}: key {key} is over 1 MiB")
         return data.decode()
     except FileNotFoundError:
-        raise FetchError(
-            f"Secret {secret} does not exist in the model's namespace or has no key {key}; "
-            f"create it there with {_HOW}"
-        ) from None
+        raise FetchError(f"Secret {secret} has no key {key}; give it {_HOW}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise FetchError(
             f"Secret {secret}: key {key} cannot be read ({e.__class__.__name__})"

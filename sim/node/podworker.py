@@ -159,10 +159,12 @@ class PodWorker(threading.Thread):
             if "emptyDir" in volume or "hostPath" in volume:
                 continue
             if "configMap" in volume:
-                self._project_keys("ConfigMap", name, local, volume["configMap"])
+                source = volume["configMap"]
+                self._project_keys("ConfigMap", source.get("name", ""), name, local, source)
                 continue
             if "secret" in volume:
-                self._project_keys("Secret", name, local, volume["secret"])
+                source = volume["secret"]
+                self._project_keys("Secret", source.get("secretName", ""), name, local, source)
                 continue
             if "projected" not in volume:
                 kinds = ", ".join(k for k in volume if k != "name")
@@ -171,20 +173,24 @@ class PodWorker(threading.Thread):
                     "secret or projected"
                 )
             for source in volume["projected"].get("sources", []):
+                if "secret" in source:
+                    secret = source["secret"]
+                    self._project_keys("Secret", secret.get("name", ""), name, local, secret)
+                    continue
                 if "serviceAccountToken" not in source:
                     raise PodSpecError(
-                        f"volume {name!r}: only serviceAccountToken projections are simulated"
+                        f"volume {name!r}: only serviceAccountToken and secret projections are "
+                        "simulated"
                     )
                 self._project_token(local / source["serviceAccountToken"]["path"], source)
 
-    def _project_keys(self, kind: str, volume: str, local: Path, source: Obj) -> None:
+    def _project_keys(self, kind: str, name: str, volume: str, local: Path, source: Obj) -> None:
         """The keys of the ConfigMap or Secret (`kind`) of the pod's namespace as files
         (`items` picks keys and paths), written once: a real kubelet also refreshes them when
         the object changes, this one does not. An optional one that does not exist leaves the
         volume empty."""
         core = self.node.core
         secret = kind == "Secret"
-        name = source.get("secretName" if secret else "name", "")
         try:
             read = core.read_namespaced_secret if secret else core.read_namespaced_config_map
             found = read_json(read(name, self.namespace, _preload_content=False))

@@ -89,15 +89,16 @@ async def test_a_storage_secret_is_mounted_in_its_hosts_loader_alone(
     spec = core.api_client.sanitize_for_serialization(host)["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     # Optional: a Secret that does not exist fails its own replicas' fetch, not the host.
-    assert volumes["storage-0"] == {
-        "name": "storage-0",
-        "secret": {"secretName": "creds", "optional": True},
+    keys = [{"key": k, "path": f"creds/{k}"} for k in ("https-host", "headers")]
+    assert volumes["storage-secrets"] == {
+        "name": "storage-secrets",
+        "projected": {"sources": [{"secret": {"name": "creds", "optional": True, "items": keys}}]},
     }
     loader, proxy = spec["containers"]
-    assert {"name": "storage-0", "mountPath": f"{SECRET_DIR}/creds", "readOnly": True} in loader[
-        "volumeMounts"
-    ]
-    assert all(m["name"] != "storage-0" for m in proxy["volumeMounts"]), "the proxy has none"
+    mount = {"name": "storage-secrets", "mountPath": SECRET_DIR, "readOnly": True}
+    assert mount in loader["volumeMounts"]
+    assert f"--storage-secret-dir={SECRET_DIR}" in loader["args"]
+    assert all(m["name"] != "storage-secrets" for m in proxy["volumeMounts"]), "none in the proxy"
     assert [e.get("storageSecret") for e in hosted(host)] == ["creds"]
 
 
@@ -153,8 +154,8 @@ async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(
         lambda: first in hosts(core) and hosts(core)[first], what="the new host"
     )
     assert again.metadata.uid != before[first].metadata.uid
-    secrets = [v.secret.secret_name for v in again.spec.volumes if v.secret is not None]
-    assert secrets == ["creds"]
+    [volume] = [v for v in again.spec.volumes if v.name == "storage-secrets"]
+    assert [s.secret.name for s in volume.projected.sources] == ["creds"]
     assert sorted(e["model"] for e in hosted(again)) == ["bert", "resnet"]
     # The other host keeps serving until the new one serves its replicas.
     assert not terminating(core)

@@ -91,8 +91,8 @@ def store(
 
 
 def mount(directory: Path, secret: str, **keys: str) -> Path:
-    """The Secret's keys as files, as the kubelet mounts a Secret volume (none: a Secret
-    that does not exist, mounted optional, is an empty directory)."""
+    """The Secret's keys as files, as the kubelet projects them into the host's volume (a
+    Secret that does not exist, optional, leaves no directory)."""
     folder = directory / secret
     folder.mkdir(parents=True)
     for key, value in keys.items():
@@ -148,14 +148,13 @@ def test_a_secret_that_cannot_be_used_says_why_without_quoting_it(
     base, seen = store
     uri = f"{base}/private/add_one.tar.gz"
     secrets = tmp_path / "secrets"
-    with pytest.raises(FetchError, match="Secret creds is not mounted in this model host yet"):
-        storage_headers(secrets, "creds", uri)
-    mount(secrets, "absent")
     with pytest.raises(
-        FetchError,
-        match="Secret absent does not exist in the model's namespace or has no key https-host",
+        FetchError, match="Secret creds is not in this model host: it does not exist in the model"
     ):
-        storage_headers(secrets, "absent", uri)
+        storage_headers(secrets, "creds", uri)
+    mount(secrets, "partial", headers='{"A": "b"}')
+    with pytest.raises(FetchError, match="Secret partial has no key https-host; give it keys"):
+        storage_headers(secrets, "partial", uri)
     mount(secrets, "other", https_host="models.example.com", headers='{"A": "b"}')
     with pytest.raises(FetchError, match=r"is for host 'models\.example\.com', but storageUri"):
         storage_headers(secrets, "other", uri)

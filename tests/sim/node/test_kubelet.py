@@ -618,9 +618,19 @@ def test_a_secret_volume_holds_the_keys_of_the_pods_own_namespaces_secret(
     }
     api.create_namespaced_secret(NS, secret)
     api.create_namespaced_secret("team-a", {"metadata": {"name": "theirs"}, "data": {"k": "dg=="}})
+    items = [{"key": "token", "path": "creds/token"}, {"key": "none", "path": "creds/none"}]
     volumes = [
         {"name": "mine", "secret": {"secretName": "creds", "optional": True}},
         {"name": "theirs", "secret": {"secretName": "theirs", "optional": True}},
+        {
+            "name": "projected",
+            "projected": {
+                "sources": [
+                    {"secret": {"name": "creds", "optional": True, "items": items}},
+                    {"secret": {"name": "theirs", "optional": True}},
+                ]
+            },
+        },
     ]
     container = {"name": "c", "image": "tritonshare", "command": ["python", "-c", "pass"]}
     spec = {"restartPolicy": "Never", "volumes": volumes, "containers": [container]}
@@ -633,6 +643,11 @@ def test_a_secret_volume_holds_the_keys_of_the_pods_own_namespaces_secret(
     mine, theirs = pod_dir / "volumes" / "mine", pod_dir / "volumes" / "theirs"
     assert {p.name: p.read_bytes() for p in mine.iterdir()} == {"token": b"s3cr3t", "a": b"b"}
     assert not any(theirs.iterdir()), "another namespace's Secret is never read"
+    projected = pod_dir / "volumes" / "projected"
+    assert [p.relative_to(projected).as_posix() for p in projected.rglob("*")] == [
+        "creds",
+        "creds/token",
+    ]
 
     volumes[1]["secret"] = {"secretName": "theirs"}
     create(kube_api, pod_manifest("required", spec))
