@@ -65,7 +65,7 @@ from typing import Any, NamedTuple
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.filters import REASON_REPLICA_THERE
-from binder.hostpod import host_spec
+from binder.hostpod import host_image, host_spec, mounted_secrets, template_hash
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
     TRITONMODEL_API_VERSION,
@@ -97,6 +97,7 @@ from common.hosted import (
     host_label,
     host_name,
     host_storage_problem,
+    host_template_annotation,
     hosted_models_annotation,
     loaded_condition,
     replica_uid,
@@ -120,6 +121,9 @@ READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
 """The Warning Event's reason when the agent reports a replica not loaded on its host."""
+HOST_REFUSED = "FailedCreate"
+"""The Ready condition's reason, and the Warning Event's, while the API server refuses a host of
+the model's replicas (a quota on pods, CPU or memory, a LimitRange, a policy)."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -210,8 +214,17 @@ class ModelController:
         """Namespaces with a replica on a node whose old host is still terminating."""
         self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
         """Namespace -> when its ResourceQuotas were last read, and what they were."""
+        self._templates: dict[str, str] = {}
+        """Node -> `template_hash` of the hosts this binder makes there."""
+        self._replaced_at: dict[str, float] = {}
+        """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
+        self._replacing: dict[str, str] = {}
+        """Namespace -> the uid of the host it replaced last."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
+        self._refused_hosts: dict[tuple[str, str], str] = {}
+        """(namespace, node) -> why the API server refuses the host there now (the Ready
+        condition of the models placed there says it)."""
         self._hosts_seen: set[tuple[str, str]] = set()
         """(namespace, node) of hosts whose labels, annotation or conditions changed."""
         self._reported: dict[str, str] = {}
@@ -384,7 +397,7 @@ class ModelController:
             else PREEMPTED
             if preempted and (refusal or waiting)
             else UNSUPPORTED_STORAGE
-            if refusal and host_storage_problem(model.storage_uri)
+            if refusal and host_storage_problem(model.storage_uri, model.storage_secret)
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
             else "Unschedulable"
@@ -514,7 +527,7 @@ class ModelController:
             replica = model.replica(ordinal)
             if nominated:
                 replica = replace(replica, nominated_node=nominated)
-            unfetchable = host_storage_problem(model.storage_uri)
+            unfetchable = host_storage_problem(model.storage_uri, model.storage_secret)
             if unfetchable:
                 refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
                 continue
@@ -635,6 +648,9 @@ class ModelController:
         True, or False only because the on-demand replica is asleep: the host's proxy wakes it
         on the next request), and why not."""
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
+        refused = self._refused_hosts.get((model.namespace, node))
+        if host is None and refused:
+            return Loaded(False, refused, HOST_REFUSED)
         if host is None:
             return Loaded(False, "its model host is not created yet")
         if (host.get("metadata") or {}).get("deletionTimestamp"):
@@ -654,7 +670,7 @@ class ModelController:
         it (once each, as the agent reports a model pod's)."""
         for ordinal, replica in sorted(placed.items()):
             loaded = self._loaded(model, replica.node_name)
-            if not loaded.reason:
+            if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
                 self._reported.pop(replica.uid, None)
                 continue
             if self._reported.get(replica.uid) == loaded.reason:
@@ -686,8 +702,11 @@ class ModelController:
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
         placements = []
         why_not: list[str] = []
+        not_ready = "ReplicasNotReady"
         for ordinal, replica in sorted(placed.items()):
-            ready, why, _ = self._loaded(model, replica.node_name)
+            ready, why, agent_reason = self._loaded(model, replica.node_name)
+            if agent_reason == HOST_REFUSED:
+                not_ready = HOST_REFUSED
             entry: dict[str, Any] = {
                 "replica": ordinal,
                 "node": replica.node_name,
@@ -709,7 +728,7 @@ class ModelController:
             if len(why_not) > len(shown):
                 shown.append(f"{len(why_not) - len(shown)} more")
             ready_condition = self._condition(
-                model, READY, "False", "ReplicasNotReady", f"{message}; {'; '.join(shown)}"
+                model, READY, "False", not_ready, f"{message}; {'; '.join(shown)}"
             )
         else:
             ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
@@ -788,10 +807,18 @@ class ModelController:
                     with contextlib.suppress(ConflictError):
                         await self._call(self._kube.create_pod, namespace, body)
                 except ApiError as e:
-                    if e.status != 403:
+                    if e.status not in (403, 422):
                         raise
                     await self._host_refused(namespace, node, replicas, e)
+                else:
+                    self._host_accepted(namespace, node, replicas)
                 continue
+            outdated = self._outdated(there, body)
+            if outdated and self._may_replace(namespace, node, wanted, there_now):
+                await self._replace(namespace, node, there, outdated)
+                continue
+            if outdated:
+                self._waiting.add(namespace)  # its turn comes once the namespace's hosts settle
             meta = there.get("metadata") or {}
             labels = meta.get("labels") or {}
             patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])
@@ -799,6 +826,8 @@ class ModelController:
                 if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
                     patch_labels[key] = None
             annotation = hosted_models_annotation(self._keys)
+            # The template annotation is written at creation only: it says what made the host.
+            annotations = {annotation: body["metadata"]["annotations"][annotation]}
             if (
                 any(labels.get(k) != v for k, v in patch_labels.items())
                 or (meta.get("annotations") or {}).get(annotation)
@@ -809,11 +838,13 @@ class ModelController:
                 patch = {
                     "metadata": {
                         "labels": patch_labels,
-                        "annotations": body["metadata"]["annotations"],
+                        "annotations": annotations,
                         "ownerReferences": body["metadata"]["ownerReferences"],
                     }
                 }
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
+        for key in [k for k in self._refused_hosts if k[0] == namespace and k[1] not in wanted]:
+            del self._refused_hosts[key]  # no replica of the namespace there any more
         for node, there in list(there_now.items()):
             meta = there.get("metadata") or {}
             if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
@@ -825,6 +856,69 @@ class ModelController:
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
 
+    def _outdated(self, there: JsonObject, body: JsonObject) -> str:
+        """Why the host `there` no longer matches the host the binder would create now, `body`
+        ("" when it does). A pod's spec cannot change, so a host made from another template
+        (another --host-image, ports or pod settings: another binder's), or without a storage
+        Secret its replicas need, is replaced."""
+        key = host_template_annotation(self._keys)
+        made = ((there.get("metadata") or {}).get("annotations") or {}).get(key)
+        if made != body["metadata"]["annotations"][key]:
+            old, new = host_image(there.get("spec") or {}), host_image(body["spec"])
+            if old != new:
+                return f"its image is {old}, and --host-image is {new}"
+            return "it was made from another pod template (ports, arguments or settings)"
+        missing = mounted_secrets(body["spec"]) - mounted_secrets(there.get("spec") or {})
+        if missing:
+            return f"it does not mount Secret {', '.join(sorted(missing))}"
+        return ""
+
+    def _may_replace(
+        self,
+        namespace: str,
+        node: str,
+        wanted: dict[str, list[tuple[ModelInfo, int, PodInfo]]],
+        there_now: dict[str, JsonObject],
+    ) -> bool:
+        """Whether the namespace's host on `node` may be replaced now: one host of a namespace
+        at a time, so its models stay served by their replicas on other nodes. The next waits
+        until no host of the namespace is being deleted and every other one serves its
+        replicas, or --host-drain-seconds after the last replacement at most."""
+        deleted = self._replacing.get(namespace)
+        for host in there_now.values():
+            meta = host.get("metadata") or {}
+            if meta.get("deletionTimestamp") or meta.get("uid") == deleted:
+                return False  # one is going (or its deletion is not in the cache yet)
+        if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
+            return True
+        for other, replicas in wanted.items():
+            if other == node:
+                continue
+            if other not in there_now:
+                return False
+            for model, _, replica in replicas:
+                if replica.uid not in self._draining and not self._loaded(model, other).ready:
+                    return False
+        return True
+
+    async def _replace(self, namespace: str, node: str, there: JsonObject, why: str) -> None:
+        """Delete the outdated host on `node`: its proxy drains as a model pod's does (out of
+        its Services as it terminates), and the host is created anew once it is gone."""
+        meta = there.get("metadata") or {}
+        log.info(
+            "Replacing the model host %s/%s on node %s (%s): its replicas there are served "
+            "again once its successor has loaded them.",
+            namespace,
+            meta.get("name"),
+            node,
+            why,
+        )
+        self._replaced_at[namespace] = self._clock()
+        self._replacing[namespace] = str(meta.get("uid"))
+        self._waiting.add(namespace)
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self._call(self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"]))
+
     async def _host_refused(
         self,
         namespace: str,
@@ -832,12 +926,17 @@ class ModelController:
         replicas: list[tuple[ModelInfo, int, PodInfo]],
         error: ApiError,
     ) -> None:
-        """The API server forbids the host (a ResourceQuota on pods, CPU or memory; a policy):
-        each model placed there gets a Warning Event with its words, once per message, and the
-        namespace's hosts are tried again every RETRY_SECONDS."""
+        """The API server refuses the host (403: a ResourceQuota on pods, CPU or memory, a
+        policy; 422: a LimitRange): each model placed there gets a Warning Event with its words,
+        once per message, and its Ready condition False with them; the namespace's hosts are
+        tried again every RETRY_SECONDS."""
         self._waiting.add(namespace)
         message = f"the binder cannot create model host {host_name(node)} on node {node}: "
         message += error.message
+        if self._refused_hosts.get((namespace, node)) != message:
+            self._refused_hosts[(namespace, node)] = message
+            for model, _, _ in replicas:
+                self.changed(model.uid)  # its Ready condition says so
         for model in {model.uid: model for model, _, _ in replicas}.values():
             if self._host_refusals.get(model.uid) == message:
                 continue
@@ -850,6 +949,15 @@ class ModelController:
                 reporting_instance=self._identity,
             )
 
+    def _host_accepted(
+        self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
+    ) -> None:
+        """The host refused before is created: its models' conditions no longer say so."""
+        if self._refused_hosts.pop((namespace, node), None) is not None:
+            for model, _, _ in replicas:
+                self._host_refusals.pop(model.uid, None)
+                self.changed(model.uid)
+
     def _host(
         self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
     ) -> JsonObject:
@@ -859,11 +967,14 @@ class ModelController:
         labels = {host_label(self._keys): "true"}
         owners: dict[str, JsonObject] = {}
         hosted = []
+        secrets = set()
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
             if not draining and self._loaded(model, node).ready:
                 labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
+            if model.storage_secret and not draining:
+                secrets.add(model.storage_secret)
             hosted.append(
                 HostedReplica(
                     model=model.name,
@@ -876,6 +987,7 @@ class ModelController:
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
                     draining=draining,
+                    storage_secret=model.storage_secret,
                 )
             )
         return {
@@ -885,7 +997,10 @@ class ModelController:
                 "name": host_name(node),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {hosted_models_annotation(self._keys): encode_hosted(hosted)},
+                "annotations": {
+                    hosted_models_annotation(self._keys): encode_hosted(hosted),
+                    host_template_annotation(self._keys): self._template(node),
+                },
                 "ownerReferences": list(owners.values()),
             },
             "spec": host_spec(
@@ -895,8 +1010,18 @@ class ModelController:
                 self._access,
                 self._keys,
                 len(replicas),
+                secrets,
             ),
         }
+
+    def _template(self, node: str) -> str:
+        """The template hash of this binder's hosts on `node` (computed once per node)."""
+        found = self._templates.get(node)
+        if found is None:
+            found = self._templates[node] = template_hash(
+                node, self._scheduler_name, self._host_image, self._access, self._keys
+            )
+        return found
 
     def _service(self, model: ModelInfo) -> JsonObject:
         return {

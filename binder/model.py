@@ -606,6 +606,8 @@ class ModelInfo:
     resource_version: str = ""
     storage_uri: str = ""
     """spec.storageUri: where the host's loader fetches the files."""
+    storage_secret: str = ""
+    """spec.storageSecret: the Secret of the model's namespace the host's loader fetches with."""
     concurrency: int = 0
     """spec.maxConcurrency (0: none given)."""
     idle_seconds: int = 0
@@ -698,6 +700,7 @@ def model_from_api(
         status=status,
         resource_version=str(meta.get("resourceVersion", "")),
         storage_uri=str(spec.get("storageUri") or ""),
+        storage_secret=str(spec.get("storageSecret") or ""),
         concurrency=_whole(spec.get("maxConcurrency")),
         idle_seconds=_whole(spec.get("idleSeconds")),
         priority_class=str(spec.get("priorityClassName") or ""),

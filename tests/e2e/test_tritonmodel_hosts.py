@@ -3,11 +3,15 @@ TritonModel named `add-one` (different files); the binder places each replica an
 namespace's model host on the node; the host's loader fetches the files over HTTPS and loads them
 through the agent under the replica's private name; the agent marks the replica loaded on the host
 and the binder puts the host behind the model's Service. Each team's clients, through the
-Service's endpoints, get that team's answers (REST and gRPC) naming only `add-one`. Scaling to 0
-through the `scale` subresource drains and unloads the replica and removes the host."""
+Service's endpoints, get that team's answers (REST and gRPC) naming only `add-one`. team-a's files
+are private (a bearer token in its Secret, named by `storageSecret`): team-b's TritonModel naming
+that Secret and URI is not served, its host's loader says why, and the store never gets team-a's
+token from it. Scaling to 0 through the `scale` subresource drains and unloads the replica and
+removes the host."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -36,6 +40,7 @@ TEAMS = {"team-a": [[2.0, 3.0, 4.0]], "team-b": [[101.0, 102.0, 103.0]]}
 """Each team's answer to [1, 2, 3]: team-a's model adds 1, team-b's other files add 100."""
 DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+TOKEN = "Bearer team-a-only"
 KEYS = Keys()
 
 
@@ -51,12 +56,13 @@ def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluste
         yield running
 
 
-def _model(uri: str) -> dict[str, Any]:
+def _model(uri: str, secret: str = "", name: str = MODEL) -> dict[str, Any]:
+    spec = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1, "maxConcurrency": 4}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TritonModel",
-        "metadata": {"name": MODEL},
-        "spec": {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1, "maxConcurrency": 4},
+        "metadata": {"name": name},
+        "spec": {**spec, **({"storageSecret": secret} if secret else {})},
     }
 
 
@@ -100,9 +106,21 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
         "team-a": MODELS_DIR / "add_one",
         "team-b": new_release(MODELS_DIR / "add_one", tmp_path / "team-b-files"),
     }
-    for namespace, source in sources.items():
-        uri = cluster.model_store.publish(MODEL, source, release=namespace)
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _model(uri))
+    store = cluster.model_store
+    store.protect("team-a", TOKEN.removeprefix("Bearer "))
+    private = store.publish(MODEL, sources["team-a"], release="team-a")
+    credential = {"https-host": "127.0.0.1", "headers": json.dumps({"Authorization": TOKEN})}
+    core.create_namespaced_secret(
+        "team-a", {"metadata": {"name": "creds"}, "stringData": credential}
+    )
+    # Listed first on team-b's host, so that the host mounts team-b's "creds" (there is none).
+    stolen = _model(private, secret="creds", name="stolen")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, stolen)
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "team-a", PLURAL, _model(private, secret="creds")
+    )
+    other = store.publish(MODEL, sources["team-b"], release="team-b")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, _model(other))
 
     for namespace in TEAMS:
         wait_until(f"{namespace}'s replica ready", partial(_ready_replicas, custom, namespace), 150)
@@ -112,9 +130,22 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
         assert host.metadata.name == host_name(NODE.name)
         assert host.spec.node_name == NODE.name
         assert host.metadata.labels[serves_label(KEYS, MODEL)] == "true"
-        [replica] = decode_hosted(host.metadata.annotations[hosted_models_annotation(KEYS)])
+        listed = decode_hosted(host.metadata.annotations[hosted_models_annotation(KEYS)])
+        [replica] = [r for r in listed if r.model == MODEL]
         names.add(private_triton_name(namespace, MODEL, replica.replica_uid))
     assert len(names) == 2 and names <= _loaded(cluster), (names, _loaded(cluster))
+    # team-b's host reads "creds" in team-b alone: no credential, so nothing is sent.
+    [log] = cluster.workdir.rglob(f"team-b_{host_name(NODE.name)}_*/logs/loader.log")
+    wait_until(
+        "team-b's loader refusing the stolen model",
+        lambda: "Secret creds is not in this model host: it does not exist" in log.read_text(),
+        30,
+    )
+    stolen_status = custom.get_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, "stolen")
+    assert not (stolen_status.get("status") or {}).get("readyReplicas")
+    # Only team-a's host asked for team-a's files, with the token: team-b's never asked.
+    asked = [bearer for _, path, bearer in store.seen if path.startswith("/triton/team-a/")]
+    assert asked and all(asked), store.seen
     assert MODEL not in _loaded(cluster), "no model has the public name in Triton"
 
     assert cluster.kube is not None
