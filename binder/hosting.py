@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -101,6 +102,16 @@ READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
 """The Warning Event's reason when the agent reports a replica not loaded on its host."""
+PROGRESSING = "Progressing"
+"""The condition type: where the roll to a new spec.storageUri stands."""
+ROLL_COMPLETE = "NewFilesServed"
+ROLL_UPDATING = "ReplicaUpdating"
+ROLL_STALLED = "NewFilesNotServed"
+"""Progressing False: a replica on the new files is not served; the old ones go on serving."""
+ROLLING_IN_PLACE = "RollingInPlace"
+"""No room for a surge replica: the replicas reload the new files in place (also the Event)."""
+LOADING_REASONS = frozenset({"ModelPending"})
+"""The agent's loaded-condition reasons of a replica on its way (anything else stalls a roll)."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -108,6 +119,18 @@ SERVICE_PORTS = [
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
 ]
 """As a model pod's Service (deploy/example/model-service.yaml)."""
+
+
+class Roll(NamedTuple):
+    """Where a model's roll to its spec.storageUri stands: the Progressing condition."""
+
+    status: str
+    reason: str
+    message: str
+    updated: int
+    """Replicas on spec.storageUri (`updatedReplicas`)."""
+    fallback: str = ""
+    """Why the roll fell back to reloading in place, when it just did (a Warning Event)."""
 
 
 class Loaded(NamedTuple):
@@ -182,8 +205,19 @@ class ModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str, bool]]] = {}
-        """Model uid -> its (ordinal, node, draining) the hosts were last made to serve."""
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
+        serve."""
+        self._uris: dict[str, str] = {}
+        """Replica uid -> the storage URI it was given (`_uri`)."""
+        self._in_place: dict[str, str] = {}
+        """Model uid -> why its roll fell back to reloading in place, until every replica is
+        served again."""
+        self._reloading: dict[str, bool] = {}
+        """Replica uid -> whether its host has been seen not serving it since the roll fell
+        back to reloading it in place (its loaded condition is the old files' until then)."""
+        self._roll_said: dict[str, str] = {}
+        """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
@@ -239,6 +273,7 @@ class ModelController:
                     if not isinstance(verdict, PodInfo):
                         continue
                     state.set_pod(verdict)
+                    self._uris[rid] = entry.storage_uri
                     spans = self._ledger.spans
                     spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
                     self._draining[rid] = now + self._drain_seconds
@@ -318,15 +353,20 @@ class ModelController:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
                 del self._reported[rid]
+            for rid in [r for r in self._uris if r.rpartition("/")[0] == uid]:
+                del self._uris[rid]
+                self._reloading.pop(rid, None)
+            self._in_place.pop(uid, None)
+            self._roll_said.pop(uid, None)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
-                await self._reconcile_hosts(namespace, {node for _, node, _ in before})
+                await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
-        placed, refusal, waiting = self._place(model, quota)
+        placed, refusal, waiting, roll = self._place(model, quota)
         reason = (
             UNSUPPORTED_STORAGE
             if refusal and host_storage_problem(model.storage_uri)
@@ -334,7 +374,7 @@ class ModelController:
             if quota is not None and quota.refused
             else "Unschedulable"
         )
-        status = self._status(model, placed, refusal, waiting, reason)
+        status = self._status(model, placed, refusal, waiting, roll, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
                 await self._call(
@@ -355,18 +395,14 @@ class ModelController:
         else:
             self._refused.pop(uid, None)
         await self._report_not_served(model, placed)
-        state = self._ledger.state
-        hosted = frozenset(
-            (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
-            for rid in self._ledger.replica_uids(uid)
-            if (charged := state.charged_pod(rid)) is not None
-        )
+        await self._report_roll(model, roll)
+        hosted = self._as_hosted(model)
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
             self._stale.discard(model.namespace)
             await self._reconcile_hosts(model.namespace, None)
         elif hosted != last:
-            nodes = {node for _, node, _ in hosted | (last or frozenset())}
+            nodes = {entry[1] for entry in hosted | (last or frozenset())}
             await self._reconcile_hosts(model.namespace, nodes)
         self._hosts_for[uid] = hosted
         if uid not in self._services:
@@ -386,10 +422,22 @@ class ModelController:
                 )
             self._services.add(uid)
 
+    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str]]:
+        """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
+        files)."""
+        hosted = set()
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                ordinal = int(rid.rpartition("/")[2])
+                draining = rid in self._draining
+                hosted.add((ordinal, charged.node_name, draining, self._uri(model, ordinal)))
+        return frozenset(hosted)
+
     async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
         """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
-        state = self._ledger.state
-        if all(state.is_accounted(replica_uid(model.uid, o)) for o in range(model.replicas)):
+        live = self._live(model)
+        if len(live) >= model.replicas and not self._old(model, live):
             return None
         read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
         if time.monotonic() - read_at > QUOTA_READ_SECONDS:
@@ -403,20 +451,28 @@ class ModelController:
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
-    ) -> tuple[dict[int, PodInfo], str, str]:
-        """The model's charged replicas after draining or freeing those past spec.replicas and
-        placing the missing ones that `quota` allows; the refusal of the first refused or that
-        fits nowhere ("" when all fit); and which wanted replica waits for its previous
-        placement to drain ("" when none)."""
+    ) -> tuple[dict[int, PodInfo], str, str, Roll]:
+        """The model's charged replicas after freeing or draining those it no longer wants,
+        placing the missing ones that `quota` allows and taking its roll to new files a step
+        (`_roll`); the refusal of the first refused or that fits nowhere ("" when all fit);
+        which wanted replica waits for its previous placement to drain ("" when none); and
+        where the roll stands."""
         state = self._ledger.state
-        prefix = f"{model.uid}/"
-        self._drain(model)
-        placed: dict[int, PodInfo] = {}
+        self._end_drains(model)
+        placed = self._live(model)
+        old = self._old(model, placed)
+        allowed = model.replicas + (1 if old and model.replicas else 0)
+        if len(placed) > allowed:
+            # Scaled down: the replicas on previous files leave first, then the highest.
+            newer = sorted((o for o in placed if o not in old), reverse=True)
+            for ordinal in (old + newer)[: len(placed) - allowed]:
+                self._leave(model, placed.pop(ordinal))
+            old = [o for o in old if o in placed]
         refusal = waiting = ""
-        now = time.time()
-        for ordinal in range(model.replicas):
-            charged = state.charged_pod(f"{prefix}{ordinal}")
-            if charged is not None and charged.uid in self._draining:
+        free = (o for o in itertools.count() if o not in placed)
+        for ordinal in list(itertools.islice(free, max(0, model.replicas - len(placed)))):
+            charged = state.charged_pod(replica_uid(model.uid, ordinal))
+            if charged is not None:
                 # Scaled back up during its drain: placed again, as any new replica, once the
                 # old placement has left (a drain under way is never taken back).
                 waiting = waiting or (
@@ -424,67 +480,198 @@ class ModelController:
                     f"{charged.node_name} has drained"
                 )
                 continue
-            if charged is not None:
-                placed[ordinal] = charged
-                continue
             if refusal:
                 continue
-            replica = model.replica(ordinal)
-            unfetchable = host_storage_problem(model.storage_uri)
-            if unfetchable:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
-                continue
-            exceeded = quota.refusal(replica.request) if quota is not None else ""
-            if exceeded:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
-                continue
-            decision = place(state, replica, now=now, policy=self._policy)
-            if isinstance(decision, Placement):
-                proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
-                state.assume(replica, decision.node, decision.gpu.uuid, proof)
-                if quota is not None:
-                    quota.charge(replica.request)
-                placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
-            elif REASON_REPLICA_THERE in decision.reasons:
-                refusal = f"replica {ordinal}: 1 replica per node: {decision.message}"
+            outcome = self._place_one(model, ordinal, quota)
+            if isinstance(outcome, PodInfo):
+                placed[ordinal] = outcome
             else:
-                refusal = f"replica {ordinal}: {decision.message}"
-        return placed, refusal, waiting
+                refusal = outcome
+        if refusal or waiting or len(placed) < model.replicas:
+            return placed, refusal, waiting, self._rolling(model, placed, old, "")
+        return placed, refusal, waiting, self._roll(model, placed, old, quota)
 
-    def _drain(self, model: ModelInfo) -> None:
-        """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
-        Service, listed as draining) until its host no longer has it loaded or the drain's
-        bound passes; the others are freed at once. A drain, once begun, runs to its end even
-        when the replica is wanted again."""
+    def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
+        """Replica `ordinal` placed, charged (assumed) and signed, with spec.storageUri; or why
+        it is not."""
+        replica = model.replica(ordinal)
+        unfetchable = host_storage_problem(model.storage_uri)
+        if unfetchable:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+        exceeded = quota.refusal(replica.request) if quota is not None else ""
+        if exceeded:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
+        decision = place(self._ledger.state, replica, now=time.time(), policy=self._policy)
+        if not isinstance(decision, Placement):
+            if REASON_REPLICA_THERE in decision.reasons:
+                return f"replica {ordinal}: 1 replica per node: {decision.message}"
+            return f"replica {ordinal}: {decision.message}"
+        proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
+        self._ledger.state.assume(replica, decision.node, decision.gpu.uuid, proof)
+        spans = self._ledger.spans
+        spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
+        if quota is not None:
+            quota.charge(replica.request)
+        self._uris[replica.uid] = model.storage_uri
+        return replica.bound(decision.node, decision.gpu.uuid, proof)
+
+    def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
+        """The model's charged replicas that are not draining, by ordinal."""
+        state = self._ledger.state
+        live = {}
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = state.charged_pod(rid)
+            if charged is not None and rid not in self._draining:
+                live[int(rid.rpartition("/")[2])] = charged
+        return live
+
+    def _uri(self, model: ModelInfo, ordinal: int) -> str:
+        """The files replica `ordinal` was given: spec.storageUri when it was placed, or when
+        the roll fell back to reloading it in place."""
+        rid = replica_uid(model.uid, ordinal)
+        return self._uris.get(rid) or model.placed_uris.get(ordinal) or model.storage_uri
+
+    def _old(self, model: ModelInfo, placed: dict[int, PodInfo]) -> list[int]:
+        """The ordinals of `placed` on files other than spec.storageUri, highest first."""
+        return sorted((o for o in placed if self._uri(model, o) != model.storage_uri), reverse=True)
+
+    def _roll(
+        self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int], quota: QuotaCheck | None
+    ) -> Roll:
+        """One step of the roll to spec.storageUri, as a Deployment's RollingUpdate with
+        maxSurge 1 and maxUnavailable 0: once every replica on the new files is served, one on
+        the previous files drains if a surge replica stands in for it, else a surge replica is
+        placed on the new files (on another node: a host holds one replica of a model). With
+        no room for a surge, every replica on the previous files reloads in place."""
+        if not old or self._waits_for_new(model, placed, old):
+            return self._rolling(model, placed, old, "")
+        if len(placed) > model.replicas:
+            # The surge serves: a replica on the previous files leaves.
+            self._leave(model, placed.pop(old.pop(0)))
+            return self._rolling(model, placed, old, "")
+        if any(r.rpartition("/")[0] == model.uid for r in self._draining):
+            return self._rolling(model, placed, old, "")  # its node is free once it has left
+        ordinal = next(
+            o
+            for o in itertools.count()
+            if self._ledger.state.charged_pod(replica_uid(model.uid, o)) is None
+        )
+        outcome = self._place_one(model, ordinal, quota)
+        if isinstance(outcome, PodInfo):
+            placed[ordinal] = outcome
+            return self._rolling(model, placed, old, "")
+        for ordinal in old:
+            self._uris[replica_uid(model.uid, ordinal)] = model.storage_uri
+            self._reloading[replica_uid(model.uid, ordinal)] = False
+        nodes = ", ".join(sorted(placed[o].node_name for o in old))
+        fallback = (
+            f"no room for a surge replica on the new files ({outcome}): {len(old)} replicas "
+            f"reload them in place, so their hosts (on {nodes}) do not serve the model meanwhile"
+        )
+        self._in_place[model.uid] = fallback
+        return self._rolling(model, placed, [], fallback)
+
+    def _reloaded(self, model: ModelInfo, replica: PodInfo) -> bool:
+        """Whether `replica` serves its files: one reloading in place does once its host has
+        been seen not serving it (the old files unloaded) and then serving it again."""
+        ready = self._loaded(model, replica.node_name).ready
+        seen_down = self._reloading.get(replica.uid)
+        if seen_down is None:
+            return ready
+        if not ready:
+            self._reloading[replica.uid] = True
+            return False
+        if seen_down:
+            del self._reloading[replica.uid]
+            return True
+        return False
+
+    def _waits_for_new(self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int]) -> bool:
+        """Whether a replica on the new files is not served yet (the roll waits for it)."""
+        return any(
+            not self._loaded(model, replica.node_name).ready
+            for ordinal, replica in placed.items()
+            if ordinal not in old
+        )
+
+    def _rolling(
+        self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int], fallback: str
+    ) -> Roll:
+        """Where the roll to spec.storageUri stands (the Progressing condition)."""
+        updated = len(placed) - len(old)
+        if not old and model.uid in self._in_place:
+            unready = [o for o, r in placed.items() if not self._reloaded(model, r)]
+            if not unready:
+                del self._in_place[model.uid]
+            else:
+                message = fallback or self._in_place[model.uid]
+                return Roll("True", ROLLING_IN_PLACE, message, updated, fallback)
+        if not old:
+            message = f"{updated} of {model.replicas} replicas run the current files"
+            return Roll("True", ROLL_COMPLETE, message, updated)
+        progress = f"{updated} of {model.replicas} replicas updated"
+        for ordinal, replica in sorted(placed.items()):
+            if ordinal in old:
+                continue
+            loaded = self._loaded(model, replica.node_name)
+            if loaded.ready:
+                continue
+            where = f"replica {ordinal} on node {replica.node_name}"
+            if loaded.reason and loaded.reason not in LOADING_REASONS:
+                message = (
+                    f"{progress}; {where} does not serve the new files ({loaded.why}): the "
+                    f"roll waits, and the {len(old)} replicas on the previous files stay served"
+                )
+                return Roll("False", ROLL_STALLED, message, updated)
+            return Roll("True", ROLL_UPDATING, f"{progress}; {where}: {loaded.why}", updated)
+        if len(placed) < model.replicas:
+            message = f"{progress}; waiting for every wanted replica to be placed (see {PLACED})"
+            return Roll("True", ROLL_UPDATING, message, updated)
+        return Roll("True", ROLL_UPDATING, progress, updated)
+
+    def _leave(self, model: ModelInfo, replica: PodInfo) -> None:
+        """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
+        draining) until its host no longer has it loaded or the drain's bound passes
+        (`_end_drains`); another is freed at once."""
+        if self._loaded(model, replica.node_name).ready:
+            self._draining[replica.uid] = self._clock() + self._drain_seconds
+            self._ledger.draining.add(replica.uid)
+        else:
+            self._free(replica.uid)
+
+    def _free(self, rid: str) -> None:
+        self._undrain(rid)
+        self._uris.pop(rid, None)
+        self._reloading.pop(rid, None)
+        self._ledger.state.remove_pod(rid)
+        self._ledger.state.untrack_pod(rid)
+
+    def _end_drains(self, model: ModelInfo) -> None:
+        """Each drain of the model ends once its host no longer has the replica loaded or its
+        bound passes. A drain, once begun, runs to its end even when the replica is wanted
+        again."""
         state = self._ledger.state
         now = self._clock()
         for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
-            if not state.is_accounted(rid):
-                self._undrain(rid)  # freed meanwhile (its node went away)
-        for rid in self._ledger.replica_uids(model.uid):
-            if int(rid.rpartition("/")[2]) < model.replicas and rid not in self._draining:
-                continue
             charged = state.charged_pod(rid)
-            loaded = charged is not None and self._loaded(model, charged.node_name).ready
-            deadline = self._draining.get(rid)
-            if loaded and deadline is None:
-                self._draining[rid] = now + self._drain_seconds
-                self._ledger.draining.add(rid)
+            if charged is None or not state.is_accounted(rid):
+                self._undrain(rid)  # freed meanwhile (its node went away)
+                self._uris.pop(rid, None)
                 continue
-            if loaded and deadline is not None and now < deadline:
+            if not self._loaded(model, charged.node_name).ready:
+                self._free(rid)
                 continue
-            if loaded:
-                log.warning(
-                    "Replica %s of TritonModel %s is still loaded on node %s after the "
-                    "%g s drain bound: removing it from its host.",
-                    rid.rpartition("/")[2],
-                    model.key,
-                    charged.node_name if charged else "?",
-                    self._drain_seconds,
-                )
-            self._undrain(rid)
-            state.remove_pod(rid)
-            state.untrack_pod(rid)
+            if now < self._draining[rid]:
+                continue
+            log.warning(
+                "Replica %s of TritonModel %s is still loaded on node %s after the "
+                "%g s drain bound: removing it from its host.",
+                rid.rpartition("/")[2],
+                model.key,
+                charged.node_name,
+                self._drain_seconds,
+            )
+            self._free(rid)
 
     def _undrain(self, rid: str) -> None:
         self._draining.pop(rid, None)
@@ -508,6 +695,27 @@ class ModelController:
                 message = str(condition.get("message") or "")
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
+
+    async def _report_roll(self, model: ModelInfo, roll: Roll) -> None:
+        """A Warning Event on the model when its roll falls back to reloading in place, or
+        stalls on new files a replica does not serve (once per message)."""
+        if roll.fallback:
+            said = (ROLLING_IN_PLACE, roll.fallback)
+        elif roll.status == "False":
+            said = (ROLL_STALLED, roll.message)
+        else:
+            self._roll_said.pop(model.uid, None)
+            return
+        if self._roll_said.get(model.uid) == said[1]:
+            return
+        await self._call(
+            self._kube.record_object_event,
+            _involved(model),
+            reason=said[0],
+            message=said[1],
+            reporting_instance=self._identity,
+        )
+        self._roll_said[model.uid] = said[1]
 
     async def _report_not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
         """A Warning Event on the model per replica and reason the agent gives for not serving
@@ -534,6 +742,7 @@ class ModelController:
         placed: dict[int, PodInfo],
         refusal: str,
         waiting: str,
+        roll: Roll,
         reason: str = "Unschedulable",
     ) -> JsonObject:
         if refusal:
@@ -541,7 +750,7 @@ class ModelController:
         elif waiting:
             condition = self._condition(model, PLACED, "False", "ReplicaDraining", waiting)
         else:
-            message = f"{len(placed)} of {model.replicas} replicas placed"
+            message = f"{min(len(placed), model.replicas)} of {model.replicas} replicas placed"
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
         placements = []
         why_not: list[str] = []
@@ -554,16 +763,17 @@ class ModelController:
                 "proof": replica.placement,
                 "host": host_name(replica.node_name),
                 "ready": ready,
+                "storageUri": self._uri(model, ordinal),
             }
             if why:
                 entry["message"] = why
                 why_not.append(f"replica {ordinal} on {replica.node_name}: {why}")
             placements.append(entry)
         ready_count = len(placements) - len(why_not)
-        message = f"{ready_count} of {model.replicas} replicas ready"
+        message = f"{min(ready_count, model.replicas)} of {model.replicas} replicas ready"
         if len(placed) < model.replicas:
             why_not.append(f"{model.replicas - len(placed)} not placed (see {PLACED})")
-        if why_not:
+        if why_not and ready_count < model.replicas:
             shown = why_not[:READY_REASONS_SHOWN]
             if len(why_not) > len(shown):
                 shown.append(f"{len(why_not) - len(shown)} more")
@@ -577,9 +787,14 @@ class ModelController:
             "replicas": len(placed),
             "readyReplicas": ready_count,
             "availableReplicas": ready_count,
+            "updatedReplicas": roll.updated,
             "selector": f"{serves_label(self._keys, model.name)}=true",
             "placements": placements,
-            "conditions": [condition, ready_condition],
+            "conditions": [
+                condition,
+                ready_condition,
+                self._condition(model, PROGRESSING, roll.status, roll.reason, roll.message),
+            ],
         }
 
     def _condition(
@@ -731,7 +946,7 @@ class ModelController:
                     gpu=replica.gpu_uuid,
                     residency=RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
                     proof=replica.placement,
-                    storage_uri=model.storage_uri,
+                    storage_uri=self._uri(model, ordinal),
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
                     draining=draining,

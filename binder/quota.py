@@ -22,7 +22,6 @@ from typing import Any
 
 from binder.cache import Ledger
 from common.contract import Keys
-from common.hosted import replica_uid
 from common.quantity import (
     BINARY_SI,
     DECIMAL_SI,
@@ -109,13 +108,13 @@ def _form(value: int) -> str:
 
 
 def charged_in(ledger: Ledger, namespace: str) -> int:
-    """The GPU memory of the namespace's wanted replicas the binder has charged, in bytes."""
+    """The GPU memory of the namespace's replicas the binder has charged, in bytes: every one
+    that is not draining (a roll's surge replica too)."""
     total = 0
     for uid in ledger.by_namespace.get(namespace, ()):
-        model = ledger.models[uid]
-        for ordinal in range(model.replicas):
-            replica = ledger.state.charged_pod(replica_uid(uid, ordinal))
-            if replica is not None:
+        for rid in ledger.replica_uids(uid):
+            replica = ledger.state.charged_pod(rid)
+            if replica is not None and rid not in ledger.draining:
                 total += replica.request
     return total
 
