@@ -2,20 +2,26 @@
 namespace's model hosts and its Service.
 
 While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
-loop: replicas past `spec.replicas` (the highest ordinals) leave (`_drain`); each wanted replica
-not yet charged is placed, while the namespace's ResourceQuotas allow it (`binder.quota`),
-by the binder's own `place` (every rule a pod is placed by,
-`as_replica`, and one replica of a model per node), charged at once (assume) and signed
-(`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU memory and
-residency, so a proof copied to another replica, model or node does not verify). Then, off the
+loop: replicas past `spec.replicas` (those on previous files first, then the highest ordinals)
+leave (`_leave`); each missing replica is placed at the lowest free ordinal, while the
+namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place` (every rule a
+pod is placed by, `as_replica`, and one replica of a model per node), charged at once (assume)
+and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
+memory and residency, so a proof copied to another replica, model or node does not verify).
+Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls (`_roll`, as a
+Deployment's maxSurge 1, maxUnavailable 0): a surge replica on the new files, then, once its
+host serves it, one on the old files drains, and so on; new files a replica fails to load stop
+the roll (Progressing False, a Warning Event) with the old replicas served; with no room for a
+surge, every old replica is given the new files in place (its host reloads them). Then, off the
 loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
-  ready, message}), `replicas`, `readyReplicas` (and `availableReplicas`), `selector`,
-  `observedGeneration`, the `Placed` condition (False with kube-scheduler's refusal when a
-  replica fits nowhere, and a Warning Event `FailedScheduling` on the model, written only when
-  the refusal changes) and the `Ready` condition (False naming the replicas not served and why,
-  and a Warning Event `ReplicaNotServed` per replica and reason the agent gives);
+  ready, message, storageUri}), `replicas`, `readyReplicas` (and `availableReplicas`),
+  `updatedReplicas`, `selector`, `observedGeneration`, the `Placed` condition (False with
+  kube-scheduler's refusal when a replica fits nowhere, and a Warning Event `FailedScheduling`
+  on the model, written only when the refusal changes), the `Ready` condition (False naming the
+  replicas not served and why, and a Warning Event `ReplicaNotServed` per replica and reason
+  the agent gives) and the `Progressing` condition (the roll);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
   that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there

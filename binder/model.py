@@ -596,7 +596,7 @@ class ModelInfo:
     name: str
     generation: int
     replicas: int
-    """spec.replicas: ordinals 0..replicas-1 are wanted."""
+    """spec.replicas: how many replicas are wanted (a roll's surge adds one)."""
     template: PodInfo
     """Replica 0 unplaced; the others differ only in uid and name."""
     placed: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
