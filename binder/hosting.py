@@ -12,7 +12,7 @@ Each replica keeps the storageUri it was placed with; a new spec.storageUri roll
 Deployment's maxSurge 1, maxUnavailable 0): a surge replica on the new files, then, once its
 host serves it, one on the old files drains, and so on; new files a replica fails to load stop
 the roll (Progressing False, a Warning Event) with the old replicas served; with no room for a
-surge, every old replica is given the new files in place (its host reloads them). Then, off the
+surge, one old replica at a time drains and is placed again on the new files. Then, off the
 loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
@@ -114,10 +114,12 @@ ROLL_COMPLETE = "NewFilesServed"
 ROLL_UPDATING = "ReplicaUpdating"
 ROLL_STALLED = "NewFilesNotServed"
 """Progressing False: a replica on the new files is not served; the old ones go on serving."""
-ROLLING_IN_PLACE = "RollingInPlace"
-"""No room for a surge replica: the replicas reload the new files in place (also the Event)."""
-LOADING_REASONS = frozenset({"ModelPending"})
-"""The agent's loaded-condition reasons of a replica on its way (anything else stalls a roll)."""
+ROLLING_WITHOUT_SURGE = "RollingWithoutSurge"
+"""No room for a surge replica: one replica at a time drains and is placed again on the new
+files (also the Event's reason)."""
+LOADING_REASONS = frozenset({"ModelPending", "ModelDrained"})
+"""The agent's loaded-condition reasons of a replica on its way (pending, or the drained one's
+before it on the host, not yet rewritten); any other stalls a roll."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -136,7 +138,7 @@ class Roll(NamedTuple):
     updated: int
     """Replicas on spec.storageUri (`updatedReplicas`)."""
     fallback: str = ""
-    """Why the roll fell back to reloading in place, when it just did (a Warning Event)."""
+    """Why the roll goes on without a surge replica, when it just did (a Warning Event)."""
 
 
 class Loaded(NamedTuple):
@@ -216,12 +218,9 @@ class ModelController:
         serve."""
         self._uris: dict[str, str] = {}
         """Replica uid -> the storage URI it was given (`_uri`)."""
-        self._in_place: dict[str, str] = {}
-        """Model uid -> why its roll fell back to reloading in place, until every replica is
-        served again."""
-        self._reloading: dict[str, bool] = {}
-        """Replica uid -> whether its host has been seen not serving it since the roll fell
-        back to reloading it in place (its loaded condition is the old files' until then)."""
+        self._without_surge: dict[str, str] = {}
+        """Model uid -> why its roll goes on without a surge replica, until every replica is
+        on the new files and served."""
         self._roll_said: dict[str, str] = {}
         """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
         self._stale: set[str] = set()
@@ -361,8 +360,7 @@ class ModelController:
                 del self._reported[rid]
             for rid in [r for r in self._uris if r.rpartition("/")[0] == uid]:
                 del self._uris[rid]
-                self._reloading.pop(rid, None)
-            self._in_place.pop(uid, None)
+            self._without_surge.pop(uid, None)
             self._roll_said.pop(uid, None)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
@@ -532,8 +530,7 @@ class ModelController:
         return live
 
     def _uri(self, model: ModelInfo, ordinal: int) -> str:
-        """The files replica `ordinal` was given: spec.storageUri when it was placed, or when
-        the roll fell back to reloading it in place."""
+        """The files replica `ordinal` was given: spec.storageUri when it was placed."""
         rid = replica_uid(model.uid, ordinal)
         return self._uris.get(rid) or model.placed_uris.get(ordinal) or model.storage_uri
 
@@ -548,7 +545,8 @@ class ModelController:
         maxSurge 1 and maxUnavailable 0: once every replica on the new files is served, one on
         the previous files drains if a surge replica stands in for it, else a surge replica is
         placed on the new files (on another node: a host holds one replica of a model). With
-        no room for a surge, every replica on the previous files reloads in place."""
+        no room for a surge, one on the previous files drains, and is placed again as a
+        missing replica once gone."""
         if not old or self._waits_for_new(model, placed, old):
             return self._rolling(model, placed, old, "")
         if len(placed) > model.replicas:
@@ -566,31 +564,17 @@ class ModelController:
         if isinstance(outcome, PodInfo):
             placed[ordinal] = outcome
             return self._rolling(model, placed, old, "")
-        for ordinal in old:
-            self._uris[replica_uid(model.uid, ordinal)] = model.storage_uri
-            self._reloading[replica_uid(model.uid, ordinal)] = False
-        nodes = ", ".join(sorted(placed[o].node_name for o in old))
+        # No room for a surge: one replica on the previous files leaves (it drains), and is
+        # placed again on the new files once gone, as a new replica.
+        leaving = placed.pop(old.pop(0))
+        self._leave(model, leaving)
         fallback = (
-            f"no room for a surge replica on the new files ({outcome}): {len(old)} replicas "
-            f"reload them in place, so their hosts (on {nodes}) do not serve the model meanwhile"
+            f"no room for a surge replica on the new files ({outcome}): replica "
+            f"{leaving.name.rpartition('/')[2]} on node {leaving.node_name} drains and is placed "
+            f"again on the new files, serving nothing meanwhile"
         )
-        self._in_place[model.uid] = fallback
-        return self._rolling(model, placed, [], fallback)
-
-    def _reloaded(self, model: ModelInfo, replica: PodInfo) -> bool:
-        """Whether `replica` serves its files: one reloading in place does once its host has
-        been seen not serving it (the old files unloaded) and then serving it again."""
-        ready = self._loaded(model, replica.node_name).ready
-        seen_down = self._reloading.get(replica.uid)
-        if seen_down is None:
-            return ready
-        if not ready:
-            self._reloading[replica.uid] = True
-            return False
-        if seen_down:
-            del self._reloading[replica.uid]
-            return True
-        return False
+        self._without_surge[model.uid] = fallback
+        return self._rolling(model, placed, old, fallback)
 
     def _waits_for_new(self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int]) -> bool:
         """Whether a replica on the new files is not served yet (the roll waits for it)."""
@@ -605,17 +589,12 @@ class ModelController:
     ) -> Roll:
         """Where the roll to spec.storageUri stands (the Progressing condition)."""
         updated = len(placed) - len(old)
-        if not old and model.uid in self._in_place:
-            unready = [o for o, r in placed.items() if not self._reloaded(model, r)]
-            if not unready:
-                del self._in_place[model.uid]
-            else:
-                message = fallback or self._in_place[model.uid]
-                return Roll("True", ROLLING_IN_PLACE, message, updated, fallback)
-        if not old:
+        without_surge = self._without_surge.get(model.uid, "")
+        if not old and not without_surge:
             message = f"{updated} of {model.replicas} replicas run the current files"
             return Roll("True", ROLL_COMPLETE, message, updated)
         progress = f"{updated} of {model.replicas} replicas updated"
+        note = ""
         for ordinal, replica in sorted(placed.items()):
             if ordinal in old:
                 continue
@@ -624,16 +603,26 @@ class ModelController:
                 continue
             where = f"replica {ordinal} on node {replica.node_name}"
             if loaded.reason and loaded.reason not in LOADING_REASONS:
+                served = (
+                    f"the {len(old)} replicas on the previous files stay served"
+                    if old
+                    else "nothing else is replaced meanwhile"
+                )
                 message = (
                     f"{progress}; {where} does not serve the new files ({loaded.why}): the "
-                    f"roll waits, and the {len(old)} replicas on the previous files stay served"
+                    f"roll waits, and {served}"
                 )
                 return Roll("False", ROLL_STALLED, message, updated)
-            return Roll("True", ROLL_UPDATING, f"{progress}; {where}: {loaded.why}", updated)
-        if len(placed) < model.replicas:
-            message = f"{progress}; waiting for every wanted replica to be placed (see {PLACED})"
-            return Roll("True", ROLL_UPDATING, message, updated)
-        return Roll("True", ROLL_UPDATING, progress, updated)
+            note = note or f"; {where}: {loaded.why}"
+        if not old and not note and len(placed) >= model.replicas:
+            del self._without_surge[model.uid]  # the roll without a surge is done
+            message = f"{updated} of {model.replicas} replicas run the current files"
+            return Roll("True", ROLL_COMPLETE, message, updated)
+        if without_surge:
+            return Roll("True", ROLLING_WITHOUT_SURGE, without_surge, updated, fallback)
+        if not note and len(placed) < model.replicas:
+            note = f"; waiting for every wanted replica to be placed (see {PLACED})"
+        return Roll("True", ROLL_UPDATING, progress + note, updated)
 
     def _leave(self, model: ModelInfo, replica: PodInfo) -> None:
         """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
@@ -648,7 +637,6 @@ class ModelController:
     def _free(self, rid: str) -> None:
         self._undrain(rid)
         self._uris.pop(rid, None)
-        self._reloading.pop(rid, None)
         self._ledger.state.remove_pod(rid)
         self._ledger.state.untrack_pod(rid)
 
@@ -703,10 +691,10 @@ class ModelController:
         return Loaded(False, "not loaded on its model host yet")
 
     async def _report_roll(self, model: ModelInfo, roll: Roll) -> None:
-        """A Warning Event on the model when its roll falls back to reloading in place, or
+        """A Warning Event on the model when its roll goes on without a surge replica, or
         stalls on new files a replica does not serve (once per message)."""
         if roll.fallback:
-            said = (ROLLING_IN_PLACE, roll.fallback)
+            said = (ROLLING_WITHOUT_SURGE, roll.fallback)
         elif roll.status == "False":
             said = (ROLL_STALLED, roll.message)
         else:

@@ -3,7 +3,8 @@ client (the agent's loaded condition written here as the agent writes it): a sur
 the new files is placed on another node first, the old replica stays behind the Service until
 the surge is loaded, then drains; `updatedReplicas` and the `Progressing` condition follow. New
 files that do not load stop the roll with the old replica served, a condition and an Event; with
-no room for a surge, the replicas reload in place, and an Event says so."""
+no room for a surge, each replica in turn drains and is placed again on the new files, and an
+Event says so."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ async def test_new_files_that_do_not_load_stop_the_roll_with_the_old_replica_ser
     assert [e["replica"] for e in status(custom)["placements"]] == [0]
 
 
-async def test_with_no_room_for_a_surge_the_replicas_reload_in_place_and_an_event_says_so(
+async def test_with_no_room_for_a_surge_each_replica_is_replaced_in_turn_and_an_event_says_so(
     kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:
     add_node(kube_api, "n1", [16 * GI])
@@ -140,18 +141,26 @@ async def test_with_no_room_for_a_surge_the_replicas_reload_in_place_and_an_even
     await all_loaded(custom, core, 1)
 
     roll_to(custom, NEW_URI)
+    # The only node holds the replica: it drains (out of the Service) ...
     await eventually(
-        lambda: [e["storageUri"] for e in hosted(hosts(core)["n1"])] == [NEW_URI],
-        what="the replica given the new files in place",
+        lambda: [e.get("draining") for e in hosted(hosts(core)["n1"])] == [True],
+        what="the replica draining",
     )
-    [event] = await eventually(lambda: events(core, "RollingInPlace"), what="the Event")
+    assert SERVES not in hosts(core)["n1"].metadata.labels
+    [event] = await eventually(lambda: events(core, "RollingWithoutSurge"), what="the Event")
     assert "no room for a surge replica" in event.message and "n1" in event.message
-    assert progressing(custom)["reason"] == "RollingInPlace"
-    [entry] = status(custom)["placements"]
-    assert (entry["replica"], entry["storageUri"]) == (0, NEW_URI)
-    # Its host reloads it; once served again, the roll is complete.
-    set_loaded(core, "n1", "False", "ModelPending", "loading")
-    await eventually(lambda: status(custom)["readyReplicas"] == 0, what="seen reloading")
-    assert progressing(custom)["reason"] == "RollingInPlace"
+    assert progressing(custom)["reason"] == "RollingWithoutSurge"
+    # ... and once unloaded, is placed again on the new files.
+    set_loaded(core, "n1", "False", "ModelDrained", "unloaded")
+
+    def replaced() -> bool:
+        listed = hosted(hosts(core)["n1"]) if "n1" in hosts(core) else []
+        return [(e["storageUri"], e.get("draining")) for e in listed] == [(NEW_URI, None)]
+
+    await eventually(replaced, what="the replica placed again on the new files")
+    assert progressing(custom)["reason"] == "RollingWithoutSurge"
     set_loaded(core, "n1", "True")
     await eventually(lambda: progressing(custom).get("reason") == "NewFilesServed", what="done")
+    [entry] = status(custom)["placements"]
+    assert entry["storageUri"] == NEW_URI
+    assert status(custom)["readyReplicas"] == 1
