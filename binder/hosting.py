@@ -117,9 +117,9 @@ ROLL_STALLED = "NewFilesNotServed"
 ROLLING_WITHOUT_SURGE = "RollingWithoutSurge"
 """No room for a surge replica: one replica at a time drains and is placed again on the new
 files (also the Event's reason)."""
-LOADING_REASONS = frozenset({"ModelPending", "ModelDrained"})
-"""The agent's loaded-condition reasons of a replica on its way (pending, or the drained one's
-before it on the host, not yet rewritten); any other stalls a roll."""
+LOADING_REASONS = frozenset({"ModelPending", "ModelMissing", "ModelNotLoaded", "ModelDrained"})
+"""The agent's loaded-condition reasons of a replica on its way (not yet installed or loaded, or
+the drained one's before it on the host, not yet rewritten); any other stalls a roll."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [

@@ -106,6 +106,7 @@ def test_a_tritonmodel_with_no_room_for_a_surge_is_replaced_on_the_new_files(
             client.stop()
     events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={MODEL}")
     [event] = [e for e in events.items if e.reason == "RollingWithoutSurge"]
+    assert not [e.message for e in events.items if e.reason == "NewFilesNotServed"]
     assert "no room for a surge replica" in event.message, event.message
     status = _status(custom)
     assert status["updatedReplicas"] == 1
