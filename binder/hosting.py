@@ -535,8 +535,10 @@ class ModelController:
         return self._uris.get(rid) or model.placed_uris.get(ordinal) or model.storage_uri
 
     def _old(self, model: ModelInfo, placed: dict[int, PodInfo]) -> list[int]:
-        """The ordinals of `placed` on files other than spec.storageUri, highest first."""
-        return sorted((o for o in placed if self._uri(model, o) != model.storage_uri), reverse=True)
+        """The ordinals of `placed` on files other than spec.storageUri, in the order they
+        leave: those not served first (a surge on files since replaced), then the highest."""
+        old = [o for o in placed if self._uri(model, o) != model.storage_uri]
+        return sorted(old, key=lambda o: (self._loaded(model, placed[o].node_name).ready, -o))
 
     def _roll(
         self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int], quota: QuotaCheck | None

@@ -23,6 +23,7 @@ NEW_URI = "https://models.example.com/y.tar.gz"
 
 apiserver = test_model_hosts.apiserver
 custom = test_model_hosts.custom
+nodes = test_model_hosts.nodes
 
 
 def roll_to(custom: Any, uri: str) -> None:
@@ -164,3 +165,37 @@ async def test_with_no_room_for_a_surge_each_replica_is_replaced_in_turn_and_an_
     [entry] = status(custom)["placements"]
     assert entry["storageUri"] == NEW_URI
     assert status(custom)["readyReplicas"] == 1
+
+
+async def test_a_new_leader_goes_on_with_the_roll_and_new_files_again_replace_a_stuck_surge(
+    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    first = await make_binder()
+    obj = await all_loaded(custom, core, 2)
+    uid = obj["metadata"]["uid"]
+    roll_to(custom, NEW_URI)
+    await eventually(lambda: status(custom).get("updatedReplicas") == 1, what="the surge placed")
+    [surge] = [e for e in status(custom)["placements"] if e["storageUri"] == NEW_URI]
+    await make_binder.stop(first)
+
+    # The new leader charges the surge from the status (its files with it) and places no other.
+    second = await make_binder()
+    assert second.ledger.state.is_accounted(f"{uid}/{surge['replica']}")
+    set_loaded(core, surge["node"], "False", "ModelFailed", "model resnet failed: bad files")
+    await eventually(lambda: progressing(custom).get("reason") == "NewFilesNotServed", what="stall")
+    assert status(custom)["replicas"] == 3 and status(custom)["readyReplicas"] == 2
+
+    # Other new files: the stuck surge (on files no longer wanted, not served) leaves first,
+    # not a replica that serves.
+    third_uri = "https://models.example.com/z.tar.gz"
+    roll_to(custom, third_uri)
+
+    def stuck_surge_gone() -> bool:
+        listed = [e for host in hosts(core).values() for e in hosted(host)]
+        placements = status(custom)["placements"]
+        return all(e.get("storageUri") != NEW_URI for e in [*listed, *placements])
+
+    await eventually(stuck_surge_gone, what="the stuck surge removed")
+    served = {e["node"] for e in obj["status"]["placements"]}
+    assert all(hosts(core)[node].metadata.labels.get(SERVES) == "true" for node in served)
+    assert {e["node"] for e in status(custom)["placements"]} >= served
