@@ -549,6 +549,10 @@ class ModelController:
         placed on the new files (on another node: a host holds one replica of a model). With
         no room for a surge, one on the previous files drains, and is placed again as a
         missing replica once gone."""
+        unfetchable = host_storage_problem(model.storage_uri)
+        if old and unfetchable:
+            message = f"{unfetchable}; the replicas stay on their files"
+            return Roll("False", UNSUPPORTED_STORAGE, message, len(placed) - len(old))
         if not old or self._waits_for_new(model, placed, old):
             return self._rolling(model, placed, old, "")
         if len(placed) > model.replicas:

@@ -199,3 +199,18 @@ async def test_a_new_leader_goes_on_with_the_roll_and_new_files_again_replace_a_
     served = {e["node"] for e in obj["status"]["placements"]}
     assert all(hosts(core)[node].metadata.labels.get(SERVES) == "true" for node in served)
     assert {e["node"] for e in status(custom)["placements"]} >= served
+
+
+async def test_files_no_host_can_fetch_roll_nothing(
+    two_nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    await make_binder()
+    obj = await all_loaded(custom, core, 1)
+    node = obj["status"]["placements"][0]["node"]
+    roll_to(custom, "s3://bucket/resnet")
+    await eventually(lambda: progressing(custom).get("status") == "False", what="refused")
+    assert progressing(custom)["reason"] == "UnsupportedStorage"
+    assert "s3://bucket/resnet" in progressing(custom)["message"]
+    assert list(hosts(core)) == [node] and not hosted(hosts(core)[node])[0].get("draining")
+    assert hosts(core)[node].metadata.labels.get(SERVES) == "true"
+    assert [e["storageUri"] for e in status(custom)["placements"]] == [obj["spec"]["storageUri"]]
