@@ -114,6 +114,8 @@ ROLL_COMPLETE = "NewFilesServed"
 ROLL_UPDATING = "ReplicaUpdating"
 ROLL_STALLED = "NewFilesNotServed"
 """Progressing False: a replica on the new files is not served; the old ones go on serving."""
+NO_ROOM = "NoRoomToRoll"
+"""Progressing False: neither a surge replica nor a replacement fits; nothing leaves."""
 ROLLING_WITHOUT_SURGE = "RollingWithoutSurge"
 """No room for a surge replica: one replica at a time drains and is placed again on the new
 files (also the Event's reason)."""
@@ -571,7 +573,16 @@ class ModelController:
             placed[ordinal] = outcome
             return self._rolling(model, placed, old, "")
         # No room for a surge: one replica on the previous files leaves (it drains), and is
-        # placed again on the new files once gone, as a new replica.
+        # placed again on the new files once gone, as a new replica; unless even its own room
+        # would not take it (a larger gpuMemory, other node rules): then nothing leaves.
+        no_room = self._no_room_once_gone(model, old[0], placed[old[0]], quota)
+        if no_room:
+            message = (
+                f"no room for a surge replica on the new files ({outcome}), nor for replica "
+                f"{old[0]} on them once gone ({no_room}): the replicas stay on their files; "
+                f"add room, or raise the quota"
+            )
+            return Roll("False", NO_ROOM, message, len(placed) - len(old))
         leaving = placed.pop(old.pop(0))
         self._leave(model, leaving)
         fallback = (
@@ -581,6 +592,25 @@ class ModelController:
         )
         self._without_surge[model.uid] = fallback
         return self._rolling(model, placed, old, fallback)
+
+    def _no_room_once_gone(
+        self, model: ModelInfo, ordinal: int, leaving: PodInfo, quota: QuotaCheck | None
+    ) -> str:
+        """Why replica `ordinal` would fit nowhere on the new files once `leaving` (its
+        placement on the previous ones) is gone ("" when it would fit)."""
+        replica = model.replica(ordinal)
+        if quota is not None:
+            quota.charged -= leaving.request
+            try:
+                exceeded = quota.refusal(replica.request)
+            finally:
+                quota.charged += leaving.request
+            if exceeded:
+                return exceeded
+        state = self._ledger.state
+        with state.without([leaving.uid]):
+            decision = place(state, replica, now=time.time(), policy=self._policy)
+        return "" if isinstance(decision, Placement) else decision.message
 
     def _waits_for_new(self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int]) -> bool:
         """Whether a replica on the new files is not served yet (the roll waits for it)."""
@@ -702,7 +732,7 @@ class ModelController:
         if roll.fallback:
             said = (ROLLING_WITHOUT_SURGE, roll.fallback)
         elif roll.status == "False":
-            said = (ROLL_STALLED, roll.message)
+            said = (roll.reason, roll.message)
         else:
             self._roll_said.pop(model.uid, None)
             return

@@ -214,3 +214,29 @@ async def test_files_no_host_can_fetch_roll_nothing(
     assert list(hosts(core)) == [node] and not hosted(hosts(core)[node])[0].get("draining")
     assert hosts(core)[node].metadata.labels.get(SERVES) == "true"
     assert [e["storageUri"] for e in status(custom)["placements"]] == [obj["spec"]["storageUri"]]
+
+
+async def test_with_room_neither_for_a_surge_nor_for_a_replacement_nothing_leaves(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    add_node(kube_api, "n1", [16 * GI])
+    await make_binder()
+    await all_loaded(custom, core, 1)
+    # New files that need more GPU memory than the node has, even with the replica gone.
+    custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        "default",
+        PLURAL,
+        "resnet",
+        {"spec": {"storageUri": NEW_URI, "gpuMemory": "17Gi"}},
+    )
+    await eventually(lambda: progressing(custom).get("status") == "False", what="refused")
+    condition = progressing(custom)
+    assert condition["reason"] == "NoRoomToRoll"
+    assert "stay on their files" in condition["message"]
+    [event] = await eventually(lambda: events(core, "NoRoomToRoll"), what="the Event")
+    assert event.message == condition["message"]
+    host = hosts(core)["n1"]
+    assert not hosted(host)[0].get("draining") and host.metadata.labels.get(SERVES) == "true"
+    assert not events(core, "RollingWithoutSurge")
