@@ -42,6 +42,7 @@ from agent.modelconfig import ModelPolicy
 from agent.models import ModelLimits, Models
 from agent.node import NodePublisher, NodeSettings
 from agent.nodepods import NodePods
+from agent.nvmlclient import RelayedNvml
 from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
 from agent.processes import TritonProcesses
@@ -66,6 +67,14 @@ MAX_SEND_BYTES = 4 * 1024 * 1024
 GRPC_GRACE_SECONDS = 10.0
 # A reconciliation step (an unload waiting for Triton) may take this long before it is cut off.
 LOOPS_GRACE_SECONDS = 15.0
+# Triton's container starts the NVML relay beside Triton; the agent waits this long for it.
+RELAY_START_SECONDS = 60.0
+RELAY_RETRY_SECONDS = 0.5
+RELAY_REMEDY = (
+    "with --gpu-source=triton, Triton's container must be given every GPU of the node (its "
+    "nvidia.com/gpu request) and run the NVML relay, whose socket the agent reaches at "
+    '--nvml-relay-socket (docs/deploy.md, "Requirements")'
+)
 
 
 def _split(host_port: str) -> tuple[str, int]:
@@ -166,7 +175,15 @@ class Agent:
             probation_seconds=settings.crash_probation_seconds,
             namespace_quarantine_after=settings.crash_namespace_quarantine_after,
         )
-        self._gpu_reader = GpuReader(nvml)
+        self._gpu_reader = (
+            GpuReader(nvml)
+            if settings.gpu_source == "nvml"
+            else GpuReader(
+                RelayedNvml(settings.nvml_relay_socket),
+                remedy=RELAY_REMEDY,
+                source="NVML in Triton's container",
+            )
+        )
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
         self.triton_processes = TritonProcesses(settings.triton_pid_file)
 
@@ -434,6 +451,8 @@ class Agent:
         await self.node.check_tenant_code(settings.tenant_code_namespaces)
         # The first GPU read happens before serving, so ListGpus and loads see the GPUs at once.
         await self.node.refresh_gpus()
+        if settings.gpu_source == "triton":
+            await self._wait_for_relay()
         await self.node.check_gpu_count()
         # So do the quarantines a replaced node pod left on the Node: no load may precede them.
         try:
@@ -532,6 +551,22 @@ class Agent:
         if self._grpc is not None:
             await self._grpc.stop(GRPC_GRACE_SECONDS)
             self._grpc = None
+
+    async def _wait_for_relay(self) -> None:
+        """Triton's container starts the NVML relay as the agent starts: give it a while."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RELAY_START_SECONDS
+        said = ""
+        while not self.node.gpus_read and loop.time() < deadline:
+            if self.node.nvml_error != said:
+                said = self.node.nvml_error
+                log.info(
+                    "Waiting up to %g s for the NVML relay in Triton's container: %s",
+                    RELAY_START_SECONDS,
+                    said,
+                )
+            await asyncio.sleep(RELAY_RETRY_SECONDS)
+            await self.node.refresh_gpus()
 
     async def _close_nvml(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._nvml_thread, self._gpu_reader.close)

@@ -11,9 +11,10 @@ the admission and enforcement decisions the agent would take on those figures ar
 `--reserve` it reports what each GPU holds with no model loaded and the `--gpu-mem-reserve` that
 covers it (`agent.reserve`).
 
-It writes nothing (no API server, no Triton, no files) and needs only NVML, and torch with CUDA
-for --measure. Its flags shared with the agent (`--key-prefix`, `--gpu-mem-*`) read the agent's
-variables, so inside the agent's container it follows the agent's configuration.
+It writes nothing (no API server, no Triton, no files) and needs only NVML (in its own container,
+or with --gpu-source=triton the relay's in Triton's), and torch with CUDA for --measure. Its flags
+shared with the agent (`--key-prefix`, `--gpu-mem-*`, `--gpu-source`) read the agent's variables,
+so inside the agent's container it follows the agent's configuration.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from agent.errors import NvmlUnavailableError
@@ -37,11 +39,14 @@ from agent.memory import (
     admission_problem,
     tolerance,
 )
+from agent.nvmlclient import RelayedNvml
 from agent.reserve import BACKEND_ALLOWANCE, Baseline, suggested_reserve
 from agent.settings import (
     gpu_mem_enforcement_flag,
     gpu_mem_reserve_flag,
     gpu_mem_tolerance_flag,
+    gpu_source_flag,
+    nvml_relay_socket_flag,
 )
 from agent.standin import StandIn, StandInError, TorchStandIn
 from common.contract import Keys
@@ -109,6 +114,10 @@ class CheckSettings:
     """The agent's --gpu-mem-tolerance, a fraction of the request (at least 256Mi)."""
     gpu_mem_enforcement: str = gpu_mem_enforcement_flag()
     """The agent's --gpu-mem-enforcement: warn or evict."""
+    gpu_source: str = gpu_source_flag()
+    """The agent's --gpu-source: NVML here (`nvml`) or in Triton's container (`triton`)."""
+    nvml_relay_socket: Path = nvml_relay_socket_flag()
+    """The agent's --nvml-relay-socket."""
     settle_seconds: float = setting(
         "settle-seconds",
         "seconds before a second reading that shows whether NVML's figure still moved",
@@ -552,7 +561,10 @@ def main(
     except CheckSettingsError as e:
         print(f"gpucheck: {e}", file=sys.stderr)
         return Outcome.USAGE
-    reader = GpuReader(nvml)
+    # Where the agent reads NVML, the check does: in the node pod, Triton's container's relay.
+    reader = GpuReader(
+        RelayedNvml(settings.nvml_relay_socket) if settings.gpu_source == "triton" else nvml
+    )
     try:
         report = run(settings, reader, stand_in, sleep=sleep)
     finally:

@@ -69,21 +69,33 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class GpuReader:
-    """Reads snapshots; `nvml` is the `pynvml` module (or a stand-in with the same API)."""
+LOCAL_REMEDY = (
+    "the NVIDIA driver and libnvidia-ml.so.1 must be visible to the agent (the NVIDIA container "
+    "runtime provides them); on a machine without GPUs run the agent with --cpu-only"
+)
 
-    def __init__(self, nvml: types.ModuleType | None = None) -> None:
+
+class GpuReader:
+    """Reads snapshots; `nvml` is the `pynvml` module, or a stand-in with the same API (the mock
+    NVML, `agent.nvmlclient.RelayedNvml`), and `remedy` what to do when it is not usable."""
+
+    def __init__(
+        self,
+        nvml: types.ModuleType | object | None = None,
+        *,
+        remedy: str = LOCAL_REMEDY,
+        source: str = "NVML",
+    ) -> None:
         self._nvml: Any = nvml if nvml is not None else pynvml
+        self._remedy = remedy
+        self.source = source
+        """Where the GPUs are read, for messages: `NVML`, or NVML in Triton's container."""
         self._initialized = False
         self._last: dict[int, GpuInfo] = {}
 
     def _unavailable(self, error: Exception) -> NvmlUnavailableError:
         self._initialized = False
-        return NvmlUnavailableError(
-            f"NVML is not usable ({error}): the NVIDIA driver and libnvidia-ml.so.1 must be "
-            f"visible to the agent (the NVIDIA container runtime provides them); on a machine "
-            f"without GPUs run the agent with --cpu-only"
-        )
+        return NvmlUnavailableError(f"NVML is not usable ({error}): {self._remedy}")
 
     def _init(self) -> None:
         if self._initialized:

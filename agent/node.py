@@ -225,7 +225,7 @@ class NodePublisher:
         how = (
             f"NVML is not usable ({self.nvml_error})"
             if self.snapshot is None and self.nvml_error
-            else f"NVML shows {seen}"
+            else f"{self._reader.source} shows {seen}"
         )
         message = (
             f"node {name} advertises {advertised} GPUs ({GPU_RESOURCE}) but {how} to the agent: "

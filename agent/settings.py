@@ -78,6 +78,25 @@ def gpu_mem_reserve_flag() -> Any:
     )
 
 
+def gpu_source_flag() -> Any:
+    return setting(
+        "gpu-source",
+        "where NVML is read: nvml (in the agent's own container) or triton (in Triton's, through "
+        "the NVML relay's socket)",
+        one_of("nvml", "triton"),
+        default="nvml",
+    )
+
+
+def nvml_relay_socket_flag() -> Any:
+    return setting(
+        "nvml-relay-socket",
+        "the NVML relay's Unix socket in Triton's container (with --gpu-source=triton)",
+        path,
+        default=Path("/run/tritonshare/nvml/nvml.sock"),
+    )
+
+
 def gpu_mem_enforcement_flag() -> Any:
     return setting(
         "gpu-mem-enforcement",
@@ -152,6 +171,12 @@ class Settings:
     """File holding Triton's main PID (Triton's container writes it; the node pod shares its PID
     namespace). Needed to measure Triton's host memory and to tell its GPU processes from
     others; None: neither is done."""
+    gpu_source: str = gpu_source_flag()
+    """`nvml`: the agent's container must see the GPUs (DRA's shared claim, or the environment
+    variable). `triton`: Triton's container, which the device plugin gave the GPUs, runs the NVML
+    relay (`agent.nvmlrelay`) and the agent asks it, so its own container needs no GPU."""
+    nvml_relay_socket: Path = nvml_relay_socket_flag()
+    """Where the relay in Triton's container answers; the node pod shares its directory."""
     triton_memory_limit: int = setting(
         "triton-memory-limit",
         "bytes Triton's container may use (its limits.memory, from the downward API); 0: its "

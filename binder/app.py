@@ -77,22 +77,6 @@ class Binder:
         # One inbox for every thread that hands work to the loop (the watches, the writers): one
         # wake-up per burst.
         self._inbox = Inbox(asyncio.get_running_loop())
-        self.controller = Controller(
-            self.kube,
-            self.ledger,
-            leading=leading,
-            keys=settings.keys,
-            policy=settings.policy,
-            queue=self.queue,
-            metrics=self.metrics,
-            executor=self._executor,
-            bind_workers=settings.bind_workers,
-            identity=settings.identity,
-            placement_keys=self.placement_keys.ring,
-            consolidate_moves=settings.consolidate_moves,
-            preemption=settings.preemption,
-            inbox=self._inbox,
-        )
         self.models = ModelController(
             self.kube,
             self.ledger,
@@ -111,6 +95,24 @@ class Binder:
                 settings.audience,
             ),
             drain_seconds=settings.host_drain_seconds,
+            preemption=settings.preemption,
+        )
+        self.controller = Controller(
+            self.kube,
+            self.ledger,
+            leading=leading,
+            keys=settings.keys,
+            policy=settings.policy,
+            queue=self.queue,
+            metrics=self.metrics,
+            executor=self._executor,
+            bind_workers=settings.bind_workers,
+            identity=settings.identity,
+            placement_keys=self.placement_keys.ring,
+            consolidate_moves=settings.consolidate_moves,
+            preemption=settings.preemption,
+            inbox=self._inbox,
+            preempt_replica=self.models.preempt,
         )
         self.cache = ClusterCache(
             settings.keys,
@@ -260,6 +262,11 @@ class Binder:
             ),
             (self.kube.namespaces(), cache.replace_namespaces, cache.apply_namespace),
             (self.kube.budgets(), cache.replace_budgets, cache.apply_budget),
+            (
+                self.kube.priority_classes(),
+                cache.replace_priority_classes,
+                cache.apply_priority_class,
+            ),
             (self.kube.pods(), cache.replace_pods, cache.apply_pod),
             (self.kube.tritonmodels(), cache.replace_models, cache.apply_model),
         ]

@@ -40,6 +40,7 @@ from binder.model import (
     pod_from_api,
 )
 from binder.preemption import Budget, budget_from_api
+from binder.priorities import PriorityClassInfo, priority_class_from_api, resolve
 from binder.proofs import Unproven, proven, same_proof
 from binder.state import ClusterState
 from common.contract import AGENT_LEASE_PREFIX, Keys
@@ -115,6 +116,8 @@ class Ledger:
     spec or status), so its replicas are found without scanning every charge."""
     by_namespace: dict[str, set[str]] = field(default_factory=dict)
     """Namespace -> the uids of its TritonModels."""
+    priority_classes: dict[str, PriorityClassInfo] = field(default_factory=dict)
+    """PriorityClasses by name: the TritonModels' replicas take their priority from them."""
     draining: set[str] = field(default_factory=set)
     """Replicas past their model's spec.replicas still charged while they drain from their
     host: the model controller (`binder.hosting`) alone adds and removes them; a status that no
@@ -259,6 +262,7 @@ class ClusterCache:
         a replica gone from the status is freed, unless the binder has just placed it and its
         status write is on the way (assumed)."""
         model = model_from_api(obj, self.keys, self.scheduler_name, self.tenant_code)
+        model = resolve(model, self.ledger.priority_classes)
         if not model.uid:
             return
         ledger = self.ledger
@@ -289,7 +293,17 @@ class ClusterCache:
     def _account_replica(self, replica: PodInfo) -> None:
         charged = self.state.charged_pod(replica.uid)
         if charged is not None and same_proof(charged, replica):
-            self.state.set_pod(replace(replica, request=charged.request))
+            # Charged as it was: a preempted replica stays counted as leaving while it drains,
+            # and its priority changes only with its class (`_resolve_models`).
+            self.state.set_pod(
+                replace(
+                    replica,
+                    request=charged.request,
+                    deleting=charged.deleting,
+                    priority=charged.priority,
+                    preemption_policy=charged.preemption_policy,
+                )
+            )
             return
         verdict = proven(replica, self._ring) if replica.node_name else None
         if isinstance(verdict, PodInfo):
@@ -483,6 +497,53 @@ class ClusterCache:
         self.ledger.budgets.clear()
         for obj in items:
             self.apply_budget("ADDED", obj)
+
+    # ---- PriorityClasses ----------------------------------------------------------------------
+
+    def apply_priority_class(self, event: str, obj: JsonObject) -> None:
+        """A PriorityClass: the TritonModels are resolved again (`binder.priorities`)."""
+        found = priority_class_from_api(obj)
+        if event == "DELETED":
+            self.ledger.priority_classes.pop(found.name, None)
+        else:
+            self.ledger.priority_classes[found.name] = found
+        self._resolve_models()
+
+    def replace_priority_classes(self, items: list[JsonObject]) -> None:
+        self.ledger.priority_classes.clear()
+        for obj in items:
+            found = priority_class_from_api(obj)
+            self.ledger.priority_classes[found.name] = found
+        self._resolve_models()
+
+    def _resolve_models(self) -> None:
+        """Each model's priority from the classes as they now are, its charged replicas
+        charged again at it (a model listed before the classes were is put right), unless its
+        class is gone."""
+        ledger, state = self.ledger, self.state
+        for uid, model in list(ledger.models.items()):
+            resolved = resolve(model, ledger.priority_classes)
+            if resolved is model:
+                continue
+            ledger.models[uid] = resolved
+            if resolved.priority_problem:
+                # Its class is gone: placed replicas keep their priority, as pods keep theirs.
+                self._on_model(uid)
+                continue
+            priority = resolved.template.priority
+            policy = resolved.template.preemption_policy
+            for rid in ledger.replica_uids(uid):
+                charged = state.charged_pod(rid)
+                if charged is None or charged.priority == priority:
+                    continue
+                again = replace(charged, priority=priority, preemption_policy=policy)
+                assumed = state.is_assumed(rid)
+                state.remove_pod(rid)  # its priority is counted where it is charged
+                if assumed:
+                    state.assume(again, again.node_name, again.gpu_uuid, again.placement)
+                else:
+                    state.set_pod(again)
+            self._on_model(uid)
 
     # ---- leases --------------------------------------------------------------------------------
 

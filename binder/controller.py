@@ -87,11 +87,14 @@ class Controller:
         consolidate_moves: int = 0,
         preemption: bool = True,
         inbox: Inbox | None = None,
+        preempt_replica: Callable[[PodInfo, str, str], None] | None = None,
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
         replica leads (only the leader schedules and writes); `inbox` is where the writers hand
         outcomes back: the one the informers use, so the bind's answer and the watch event it
-        causes share a wake-up of the loop (None: one of its own, made on first use)."""
+        causes share a wake-up of the loop (None: one of its own, made on first use);
+        `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
+        model controller's; None: replicas are never victims)."""
         self._kube = kube
         self._keys = keys
         self._policy = policy
@@ -118,6 +121,7 @@ class Controller:
         self._monotonic = monotonic
         self._consolidate_moves = consolidate_moves
         self._preemption = preemption
+        self._preempt_replica = preempt_replica
         self._budgets = ledger.budgets
         self._nominations: dict[str, tuple[str, str]] = {}
         """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
@@ -301,6 +305,10 @@ class Controller:
             counts = fit_message(len(state.names), outcome.reasons)
             return replace(result, message=f"{result.message} preemption: {counts}")
         victims = outcome.victims
+        replicas = [v for v in victims if v.host is not None]
+        drain = self._preempt_replica
+        if replicas and drain is None:
+            return result
         with state.without([v.uid for v in victims]):
             gpu = choose_gpu(
                 state, outcome.node, pod.request, self._policy, on_demand=pod.on_demand
@@ -321,8 +329,15 @@ class Controller:
             extra=subject(pod=pod.key, node=outcome.node, model=pod.model_id),
         )
 
+        if drain is not None:
+            for victim in replicas:
+                drain(victim, f"pod {pod.uid}", outcome.node)
+        drained = [v.key for v in replicas]
+
         def work() -> None:
-            carry_out_preemption(self._kube, pod, outcome, self._identity, self._count)
+            carry_out_preemption(
+                self._kube, pod, outcome, self._identity, self._count, drained=drained
+            )
 
         self._hand_over(work, partial(self._preempted, pod))
         return result

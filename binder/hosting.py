@@ -41,6 +41,13 @@ write), and stays charged until its host's loaded condition is no longer True, o
 is never taken back: a replica wanted again meanwhile (scaled back up) waits for it (`Placed`
 False, ReplicaDraining) and is then placed as any new replica.
 
+Priority and preemption are a pod's: the replicas take their priority from the model's
+PriorityClass (`binder.priorities`; a missing class is refused, PriorityClassNotFound); a replica
+that fits nowhere may take away lower-priority pods (evicted) and replicas
+(`binder.replicapreemption`); a replica preempted by one, or by a pod (`preempt`), drains as one
+scaled away does and is placed again once gone (`Placed` False, reason Preempted, and a
+`Preempted` Event, until it is).
+
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
@@ -58,6 +65,8 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import replace
+from functools import partial
 from typing import Any, NamedTuple
 
 from binder.cache import Ledger
@@ -72,9 +81,19 @@ from binder.model import (
     PodInfo,
     is_replica,
 )
+from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
 from binder.placement import Placement, Policy, place
+from binder.priorities import CLASS_NOT_FOUND, class_of
 from binder.proofs import proven, sign
-from binder.quota import EXCEEDED_QUOTA, QuotaCheck, charged_in, limits_from_api
+from binder.quota import (
+    EXCEEDED_QUOTA,
+    QuotaCheck,
+    charged_in,
+    class_scoped,
+    limits_from_api,
+    selects,
+)
+from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -192,6 +211,7 @@ class ModelController:
         host_image: str,
         access: NodeAccess,
         drain_seconds: float,
+        preemption: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
@@ -241,6 +261,7 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
+        self._preemption = ReplicaPreemption(ledger, policy, enabled=preemption, drain=self.preempt)
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -286,6 +307,33 @@ class ModelController:
                     self._draining[rid] = now + self._drain_seconds
                     self._ledger.draining.add(rid)
                     self.changed(model.uid)
+
+    def preempt(self, victim: PodInfo, by: str, node: str) -> None:
+        """A replica chosen as a preemption victim (on the loop, by the binder's pod scheduling
+        or by a replica of higher priority): it leaves its Service and drains from its host as
+        a replica scaled away does, counted as leaving (no other preemption takes it again),
+        and is placed again once gone: elsewhere, or `Placed` False saying why."""
+        rid = victim.uid
+        if self._preemption.is_held(rid):
+            return  # the room held for a lower-priority replica: it tries again
+        state = self._ledger.state
+        charged = state.charged_pod(rid)
+        if charged is None or rid in self._draining:
+            return
+        ordinal = rid.rpartition("/")[2]
+        self._preemption.victim(rid, f"replica {ordinal} was preempted by {by} on node {node}")
+        self._draining[rid] = self._clock() + self._drain_seconds
+        self._ledger.draining.add(rid)
+        state.set_pod(replace(charged, deleting=True))
+        log.info(
+            "Replica %s of TritonModel %s on node %s is preempted by %s: it drains from its "
+            "host and is placed again once gone.",
+            ordinal,
+            victim.namespace + "/" + victim.name.rpartition("/")[0],
+            node,
+            by,
+        )
+        self.changed(rid.rpartition("/")[0])
 
     def host_changed(self, namespace: str, node: str) -> None:
         """A host's labels, annotation or loaded conditions changed (from the cache, on the
@@ -364,6 +412,7 @@ class ModelController:
                 del self._uris[rid]
             self._without_surge.pop(uid, None)
             self._roll_said.pop(uid, None)
+            self._preemption.forget(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
@@ -373,13 +422,22 @@ class ModelController:
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
         placed, refusal, waiting, roll = self._place(model, quota)
+        preemptions = self._preemption.preempted
+        preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == uid)
         reason = (
-            UNSUPPORTED_STORAGE
+            CLASS_NOT_FOUND
+            if refusal and model.priority_problem
+            else PREEMPTED
+            if preempted and (refusal or waiting)
+            else UNSUPPORTED_STORAGE
             if refusal and host_storage_problem(model.storage_uri)
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
             else "Unschedulable"
         )
+        if preempted and refusal and not waiting:
+            why = "; ".join(preemptions[r][0] for r in preempted)
+            refusal = f"{why}; placed again when it fits: {refusal}"
         status = self._status(model, placed, refusal, waiting, roll, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
@@ -401,6 +459,7 @@ class ModelController:
         else:
             self._refused.pop(uid, None)
         await self._report_not_served(model, placed)
+        await self._report_preemptions(model)
         await self._report_roll(model, roll)
         hosted = self._as_hosted(model)
         last = self._hosts_for.get(uid)
@@ -452,8 +511,26 @@ class ModelController:
                 self._executor, self._kube.list_quotas, model.namespace
             )
             self._quotas[model.namespace] = (time.monotonic(), quotas)
-        limits = limits_from_api(quotas, self._keys)
-        return QuotaCheck(limits, charged_in(self._ledger, model.namespace)) if limits else None
+        limits = limits_from_api(quotas, self._keys, self._class_name(model))
+        if not limits:
+            return None
+        bound = {limit.quota for limit in limits}
+        by_quota = {}
+        for quota in quotas:
+            name = str((quota.get("metadata") or {}).get("name", ""))
+            if class_scoped(quota) and name in bound:
+                selected = partial(self._selected_by, quota)
+                by_quota[name] = charged_in(self._ledger, model.namespace, selected)
+        return QuotaCheck(limits, charged_in(self._ledger, model.namespace), by_quota)
+
+    def _selected_by(self, quota: JsonObject, model: ModelInfo) -> bool:
+        return selects(quota, self._class_name(model))
+
+    def _class_name(self, model: ModelInfo) -> str:
+        """The PriorityClass the model's replicas take (its name, as admission writes a pod's
+        `priorityClassName`; "" for none)."""
+        chosen, _ = class_of(model.priority_class, self._ledger.priority_classes)
+        return chosen.name if chosen is not None else model.priority_class
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
@@ -476,17 +553,27 @@ class ModelController:
             old = [o for o in old if o in placed]
         refusal = waiting = ""
         free = (o for o in itertools.count() if o not in placed)
-        for ordinal in list(itertools.islice(free, max(0, model.replicas - len(placed)))):
-            charged = state.charged_pod(replica_uid(model.uid, ordinal))
+        missing = list(itertools.islice(free, max(0, model.replicas - len(placed))))
+        wanted = {replica_uid(model.uid, o) for o in missing}
+        if old and model.replicas:
+            wanted.add(self._surge_uid(model))
+        self._preemption.forget(model.uid, wanted, self._draining)
+        for ordinal in missing:
+            rid = replica_uid(model.uid, ordinal)
+            charged = state.charged_pod(rid)
             if charged is not None:
-                # Scaled back up during its drain: placed again, as any new replica, once the
-                # old placement has left (a drain under way is never taken back).
-                waiting = waiting or (
+                # Scaled back up during its drain, or preempted: placed again, as any new
+                # replica, once the old placement has left (a drain under way is never taken
+                # back).
+                preempted = self._preemption.preempted.get(rid)
+                again = (
                     f"replica {ordinal} is placed again once its previous placement on node "
                     f"{charged.node_name} has drained"
                 )
+                waiting = waiting or (f"{preempted[0]}; {again}" if preempted else again)
                 continue
             if refusal:
+                self._preemption.take_room(rid)  # its held room given up: it waits its turn
                 continue
             outcome = self._place_one(model, ordinal, quota)
             if isinstance(outcome, PodInfo):
@@ -498,28 +585,97 @@ class ModelController:
         return placed, refusal, waiting, self._roll(model, placed, old, quota)
 
     def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
-        """Replica `ordinal` placed, charged (assumed) and signed, with spec.storageUri; or why
-        it is not."""
+        """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
+        and signed, with spec.storageUri; or why it is not. One that fits nowhere may preempt
+        lower-priority pods and replicas (`binder.replicapreemption`)."""
+        state = self._ledger.state
         replica = model.replica(ordinal)
+        nominated = self._preemption.take_room(replica.uid)
+        if nominated:
+            replica = replace(replica, nominated_node=nominated)
         unfetchable = host_storage_problem(model.storage_uri)
         if unfetchable:
             return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+        if model.priority_problem:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
         exceeded = quota.refusal(replica.request) if quota is not None else ""
         if exceeded:
             return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
-        decision = place(self._ledger.state, replica, now=time.time(), policy=self._policy)
+        now = time.time()
+        decision = place(state, replica, now=now, policy=self._policy)
         if not isinstance(decision, Placement):
+            message = self._preemption.decide(model, ordinal, replica, decision, now)
             if REASON_REPLICA_THERE in decision.reasons:
-                return f"replica {ordinal}: 1 replica per node: {decision.message}"
-            return f"replica {ordinal}: {decision.message}"
+                return f"replica {ordinal}: 1 replica per node: {message}"
+            return f"replica {ordinal}: {message}"
+        self._preemption.placed(replica.uid)
         proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
-        self._ledger.state.assume(replica, decision.node, decision.gpu.uuid, proof)
+        state.assume(replica, decision.node, decision.gpu.uuid, proof)
         spans = self._ledger.spans
         spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
         if quota is not None:
             quota.charge(replica.request)
         self._uris[replica.uid] = model.storage_uri
         return replica.bound(decision.node, decision.gpu.uuid, proof)
+
+    async def _report_preemptions(self, model: ModelInfo) -> None:
+        """The `Preempted` Event of each replica of the model preempted since (Normal, as
+        kube-scheduler writes a victim pod's); then the pods' evictions of the preemptions
+        decided, and a `Preempting` Event on each preemptor (a refused eviction drops the held
+        room: the replica tries again, as a pod does)."""
+        for why in self._preemption.unwritten(model.uid):
+            await self._call(
+                self._kube.record_object_event,
+                _involved(model),
+                reason=PREEMPTED,
+                message=why,
+                reporting_instance=self._identity,
+                event_type="Normal",
+            )
+        evictions, self._preemption.evictions = self._preemption.evictions, []
+        for eviction in evictions:
+            preemptor, ordinal, node = eviction.model, eviction.ordinal, eviction.node
+            try:
+                evicted = await self._run(
+                    evict_victims,
+                    self._kube,
+                    eviction.pods,
+                    eviction.by,
+                    node,
+                    self._identity,
+                    _uncounted,
+                )
+            except (EvictionRefusedError, ApiError) as e:
+                log.warning(
+                    "Preempting pods for replica %d of TritonModel %s has failed (%s): its held "
+                    "room is released; it tries again in %g s.",
+                    ordinal,
+                    preemptor.key,
+                    e,
+                    REFUSED_RETRY_SECONDS,
+                )
+                self._preemption.refused(replica_uid(preemptor.uid, ordinal), time.time())
+                continue
+            victims = evicted + eviction.drained
+            if victims:
+                await self._call(
+                    self._kube.record_object_event,
+                    _involved(preemptor),
+                    reason=PREEMPTING,
+                    message=f"replica {ordinal}: preempting {len(victims)} lower-priority "
+                    f"pod(s) and replica(s) on node {node}: {', '.join(victims)}",
+                    reporting_instance=self._identity,
+                    event_type="Normal",
+                )
+
+    def _surge_uid(self, model: ModelInfo) -> str:
+        """The uid a roll's surge replica takes: the lowest ordinal not charged."""
+        state = self._ledger.state
+        return next(
+            rid
+            for o in itertools.count()
+            if state.charged_pod(rid := replica_uid(model.uid, o)) is None
+        )
 
     def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
         """The model's charged replicas that are not draining, by ordinal."""
@@ -555,6 +711,9 @@ class ModelController:
         if old and unfetchable:
             message = f"{unfetchable}; the replicas stay on their files"
             return Roll("False", UNSUPPORTED_STORAGE, message, len(placed) - len(old))
+        if old and model.priority_problem:
+            message = f"{model.priority_problem}; the replicas stay on their files"
+            return Roll("False", CLASS_NOT_FOUND, message, len(placed) - len(old))
         if not old or self._waits_for_new(model, placed, old):
             return self._rolling(model, placed, old, "")
         if len(placed) > model.replicas:
@@ -563,15 +722,19 @@ class ModelController:
             return self._rolling(model, placed, old, "")
         if any(r.rpartition("/")[0] == model.uid for r in self._draining):
             return self._rolling(model, placed, old, "")  # its node is free once it has left
-        ordinal = next(
-            o
-            for o in itertools.count()
-            if self._ledger.state.charged_pod(replica_uid(model.uid, o)) is None
-        )
+        surge = self._surge_uid(model)
+        ordinal = int(surge.rpartition("/")[2])
         outcome = self._place_one(model, ordinal, quota)
         if isinstance(outcome, PodInfo):
             placed[ordinal] = outcome
             return self._rolling(model, placed, old, "")
+        if self._preemption.holds(surge):
+            # Its preemption made room: the surge waits for its victims to leave.
+            message = (
+                f"{len(placed) - len(old)} of {model.replicas} replicas updated; surge replica "
+                f"{ordinal} waits for the lower-priority pods and replicas it preempts to leave"
+            )
+            return Roll("True", ROLL_UPDATING, message, len(placed) - len(old))
         # No room for a surge: one replica on the previous files leaves (it drains), and is
         # placed again on the new files once gone, as a new replica; unless even its own room
         # would not take it (a larger gpuMemory, other node rules): then nothing leaves.
@@ -778,7 +941,8 @@ class ModelController:
         if refusal:
             condition = self._condition(model, PLACED, "False", reason, refusal)
         elif waiting:
-            condition = self._condition(model, PLACED, "False", "ReplicaDraining", waiting)
+            why = reason if reason == PREEMPTED else "ReplicaDraining"
+            condition = self._condition(model, PLACED, "False", why, waiting)
         else:
             message = f"{min(len(placed), model.replicas)} of {model.replicas} replicas placed"
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
@@ -1020,3 +1184,11 @@ class ModelController:
     async def _call(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def _run(self, fn: Callable[..., list[str]], *args: Any) -> list[str]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args))
+
+
+def _uncounted(_: str) -> None:
+    """The model controller keeps no count of its API writes."""

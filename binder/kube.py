@@ -375,6 +375,9 @@ class Kube:
     def budgets(self) -> Kind:
         return Kind("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets")
 
+    def priority_classes(self) -> Kind:
+        return Kind("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses")
+
     def leases(self, namespace: str) -> Kind:
         return Kind("leases", f"{_LEASES}/namespaces/{quote(namespace, safe='')}/leases")
 
@@ -701,10 +704,16 @@ class Kube:
         )
 
     def record_object_event(
-        self, involved: JsonObject, *, reason: str, message: str, reporting_instance: str
+        self,
+        involved: JsonObject,
+        *,
+        reason: str,
+        message: str,
+        reporting_instance: str,
+        event_type: str = "Warning",
     ) -> None:
-        """A Warning Event about any object (`involved`: apiVersion, kind, namespace, name,
-        uid), as kube-scheduler records one."""
+        """An Event about any object (`involved`: apiVersion, kind, namespace, name, uid), as
+        kube-scheduler records one."""
         namespace, name = str(involved["namespace"]), str(involved["name"])
         body = pod_event(
             namespace,
@@ -715,6 +724,7 @@ class Kube:
             component="tritonshare",
             instance=reporting_instance,
             action="Scheduling",
+            event_type=event_type,
         )
         body["involvedObject"] = dict(involved)
         self._write(

@@ -613,6 +613,12 @@ class ModelInfo:
     """spec.maxConcurrency (0: none given)."""
     idle_seconds: int = 0
     """spec.idleSeconds (0: none given)."""
+    priority_class: str = ""
+    """spec.priorityClassName ("" for the cluster's default); the template's priority and
+    preemption policy are resolved from it (`binder.priorities`)."""
+    priority_problem: str = ""
+    """Why the model's priority class cannot be resolved ("" when it can): its replicas are
+    not placed."""
 
     @property
     def key(self) -> str:
@@ -701,6 +707,7 @@ def model_from_api(
         storage_uri=str(spec.get("storageUri") or ""),
         concurrency=_whole(spec.get("maxConcurrency")),
         idle_seconds=_whole(spec.get("idleSeconds")),
+        priority_class=str(spec.get("priorityClassName") or ""),
     )
 
 

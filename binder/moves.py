@@ -11,7 +11,7 @@ one saying what was moved for it. Runs on a worker thread, as the controller's o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from binder.consolidation import Plan
 from binder.errors import BinderError, NotFoundError, UnavailableError
@@ -108,19 +108,22 @@ PREEMPTED = "Preempted"
 PREEMPTING = "Preempting"
 
 
-def carry_out_preemption(
-    kube: Kube, pod: PodInfo, preemption: Preemption, identity: str, count: Callable[[str], None]
-) -> None:
-    """Set the pod's nominatedNodeName, then evict the victims (those whose budget the
-    preemption breaks first: a refusal stops it before the others are evicted for nothing), each
-    with a `Preempted` Event as kube-scheduler writes it, and tell the pod which it preempted.
-    A refused eviction (429, its PodDisruptionBudget) raises EvictionRefusedError."""
-    node = preemption.node
-    kube.set_nominated_node(pod.namespace, pod.name, node)
-    count("condition")
+def evict_victims(
+    kube: Kube,
+    victims: Sequence[PodInfo],
+    by: str,
+    node: str,
+    identity: str,
+    count: Callable[[str], None],
+) -> list[str]:
+    """Evict the victims in order (those whose budget the preemption breaks first: a refusal
+    stops it before the others are evicted for nothing), each with a `Preempted` Event as
+    kube-scheduler writes it ("Preempted by pod <uid> on node <node>", `by` naming the
+    preemptor); returns the keys of those evicted. A refused eviction (429, its
+    PodDisruptionBudget) raises EvictionRefusedError."""
     evicted = []
-    for victim in preemption.victims:
-        if not _evict(kube, victim):  # a refusal raises: the victim stays, the pod waits
+    for victim in victims:
+        if not _evict(kube, victim):  # a refusal raises: the victim stays, the preemptor waits
             continue  # gone already: its room is free
         count("eviction")
         evicted.append(victim.key)
@@ -129,11 +132,30 @@ def carry_out_preemption(
             victim.name,
             victim.uid,
             reason=PREEMPTED,
-            message=f"Preempted by pod {pod.uid} on node {node}",
+            message=f"Preempted by {by} on node {node}",
             reporting_instance=identity,
             event_type="Normal",
         )
         count("event")
+    return evicted
+
+
+def carry_out_preemption(
+    kube: Kube,
+    pod: PodInfo,
+    preemption: Preemption,
+    identity: str,
+    count: Callable[[str], None],
+    drained: Sequence[str] = (),
+) -> None:
+    """Set the pod's nominatedNodeName, then evict the victims that are pods
+    (`evict_victims`), and tell the pod which pods it preempted and which TritonModel replicas
+    (`drained`, drained by the model controller)."""
+    node = preemption.node
+    kube.set_nominated_node(pod.namespace, pod.name, node)
+    count("condition")
+    pods = [v for v in preemption.victims if v.host is None]
+    evicted = evict_victims(kube, pods, f"pod {pod.uid}", node, identity, count) + list(drained)
     if evicted:
         kube.record_event(
             pod.namespace,

@@ -1,13 +1,16 @@
-"""Preemption, as kube-scheduler's DefaultPreemption decides it, for pods with our scheduler name.
+"""Preemption, as kube-scheduler's DefaultPreemption decides it, for pods with our scheduler name
+and for TritonModel replicas.
 
-A pending pod that fits nowhere may have pods of lower `spec.priority` evicted to make room,
-unless its `preemptionPolicy` is Never. Only tritonshare pods (those charged GPU memory in the
-ledger) are ever victims. For each node whose failure another pod's leaving could cure (not a
-node rule, a node without GPUs or agent, or a missing topology label), every lower-priority pod
-is taken away; if the pod then fits, the pods are given back one at a time, most important first
-(higher priority, then the one started earlier), those whose PodDisruptionBudget would be broken
-first, and each that still lets the pod fit stays: the rest are the victims. Because a pod fits
-on one GPU, the victims of a pod short of GPU memory end up on one GPU.
+A pending pod or replica that fits nowhere may have pods and replicas of lower priority taken away
+to make room (pods evicted, replicas drained by the model controller), unless its
+`preemptionPolicy` is Never. Only what the ledger charges GPU memory (tritonshare pods and
+replicas) is ever a victim; no PodDisruptionBudget counts a replica. For each node whose failure
+another pod's leaving could cure (not a node rule, a node without GPUs or agent, or a missing
+topology label), every lower-priority pod is taken away; if the pod then fits, the pods are given
+back one at a time, most important first (higher priority, then the one started earlier), those
+whose PodDisruptionBudget would be broken first, and each that still lets the pod fit stays: the
+rest are the victims. Because a pod fits on one GPU, the victims of a pod short of GPU memory end
+up on one GPU.
 
 Among the nodes that work, kube-scheduler's order picks one: fewest budgets broken, then the
 lowest priority of its most important victim, then the smallest sum of priorities, then the
@@ -98,6 +101,8 @@ def _breaks_budget(pods: Sequence[PodInfo], budgets: Sequence[Budget]) -> set[st
     allowed = {(b.namespace, b.name): b.allowed for b in budgets}
     breaking = set()
     for pod in pods:
+        if pod.host is not None:
+            continue  # a TritonModel replica: no budget counts it (the binder drains it)
         for budget in budgets:
             if budget.namespace != pod.namespace or pod.name in budget.disrupted:
                 continue
@@ -116,10 +121,7 @@ def _victims_on(
     lower = [
         other
         for other, _ in state.pods_on(node)
-        if other.priority < pod.priority
-        and not other.deleting
-        and other.uid != pod.uid
-        and other.host is None  # a TritonModel replica is no pod to evict
+        if other.priority < pod.priority and not other.deleting and other.uid != pod.uid
     ]
     if not lower:
         return None

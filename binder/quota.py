@@ -10,17 +10,22 @@ replica that would take it past a hard limit is refused in the API server's word
 (`exceeded quota: NAME, requested: ..., used: ..., limited: ...`); a quota whose status does not
 yet count a key it limits refuses too (`status unknown for quota`), as admission does for pods.
 A replica already charged is never taken back: lowering a quota only stops new placements.
+A quota's scopes select replicas as the API server's select pods: `Terminating` and `BestEffort`
+none, `PriorityClass` by the class the model's replicas take (`binder.priorities`, its name
+matched as upstream's pod evaluator matches a pod's `priorityClassName`), the others all; such a
+quota's use counts only the replicas it selects.
 
 Pure: the quotas come from binder.kube, the charges from the cache's ledger.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from binder.cache import Ledger
+from binder.model import ModelInfo
 from common.contract import Keys
 from common.quantity import (
     BINARY_SI,
@@ -59,27 +64,64 @@ def _bytes(raw: Any) -> int | None:
 
 _NEVER_A_REPLICA = frozenset({"Terminating", "BestEffort"})
 """Quota scopes no replica is in: it has no activeDeadlineSeconds, and it requests memory."""
+PRIORITY_CLASS = "PriorityClass"
 
 
-def _applies(quota: Mapping[str, Any]) -> bool:
-    """Whether the quota's scopes can select a replica: not when one is Terminating or
-    BestEffort; a PriorityClass or CrossNamespacePodAffinity scope is taken to select it (the
-    binder does not read a model's priority class: fail closed)."""
+def _expressions(quota: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The quota's scopes as expressions: a name in `scopes` is Exists (upstream's
+    getScopeSelectorsFromQuota), then the scopeSelector's."""
     spec = quota.get("spec") or {}
-    scopes = set(spec.get("scopes") or [])
-    for expression in (spec.get("scopeSelector") or {}).get("matchExpressions") or []:
-        scopes.add(str((expression or {}).get("scopeName", "")))
-    return not scopes & _NEVER_A_REPLICA
+    found: list[Mapping[str, Any]] = [
+        {"scopeName": str(name), "operator": "Exists"} for name in spec.get("scopes") or []
+    ]
+    selector = spec.get("scopeSelector") or {}
+    found += [e for e in selector.get("matchExpressions") or [] if isinstance(e, Mapping)]
+    return found
 
 
-def limits_from_api(quotas: Iterable[Mapping[str, Any]], keys: Keys) -> list[Limit]:
+def _class_matches(expression: Mapping[str, Any], priority_class: str) -> bool:
+    """Upstream's PriorityClass match: Exists is a non-empty class name; In and NotIn match the
+    name as the value of a label always there, so DoesNotExist never matches."""
+    operator = expression.get("operator")
+    if operator == "Exists":
+        return priority_class != ""
+    values = [str(v) for v in expression.get("values") or []]
+    if operator in ("In", "NotIn"):
+        return bool((priority_class in values) == (operator == "In"))
+    return False
+
+
+def selects(quota: Mapping[str, Any], priority_class: str | None) -> bool:
+    """Whether the quota's scopes can select a replica of the class (None: of any class, then a
+    PriorityClass scope is taken to select it: fail closed)."""
+    for expression in _expressions(quota):
+        name = str(expression.get("scopeName", ""))
+        if name in _NEVER_A_REPLICA:
+            return False
+        if (
+            name == PRIORITY_CLASS
+            and priority_class is not None
+            and not _class_matches(expression, priority_class)
+        ):
+            return False
+    return True
+
+
+def class_scoped(quota: Mapping[str, Any]) -> bool:
+    """Whether a PriorityClass scope narrows the quota (its use is then per class)."""
+    return any(e.get("scopeName") == PRIORITY_CLASS for e in _expressions(quota))
+
+
+def limits_from_api(
+    quotas: Iterable[Mapping[str, Any]], keys: Keys, priority_class: str | None = None
+) -> list[Limit]:
     """The GPU memory limits of the namespace's quotas (API dicts) whose scopes can select a
-    replica, by quota name then key; a hard limit that does not parse binds as zero (fail
-    closed)."""
+    replica of `priority_class` (`selects`), by quota name then key; a hard limit that does not
+    parse binds as zero (fail closed)."""
     names = (f"requests.{keys.gpu_mem}", keys.gpu_mem)
     found: list[Limit] = []
     for quota in quotas:
-        if not _applies(quota):
+        if not selects(quota, priority_class):
             continue
         status = quota.get("status") or {}
         hard, used = status.get("hard") or {}, status.get("used") or {}
@@ -107,11 +149,16 @@ def _form(value: int) -> str:
     return BINARY_SI if value >= 1024 and value % 1024 == 0 else DECIMAL_SI
 
 
-def charged_in(ledger: Ledger, namespace: str) -> int:
-    """The GPU memory of the namespace's replicas the binder has charged, in bytes: every one
-    that is not draining (a roll's surge replica too)."""
+def charged_in(
+    ledger: Ledger, namespace: str, counted: Callable[[ModelInfo], bool] = lambda _: True
+) -> int:
+    """The GPU memory of the namespace's replicas the binder has charged, in bytes, of the models
+    `counted` selects: every replica that is not draining (a roll's surge replica too)."""
     total = 0
     for uid in ledger.by_namespace.get(namespace, ()):
+        model = ledger.models[uid]
+        if not counted(model):
+            continue
         for rid in ledger.replica_uids(uid):
             replica = ledger.state.charged_pod(rid)
             if replica is not None and rid not in ledger.draining:
@@ -127,6 +174,9 @@ class QuotaCheck:
     limits: list[Limit]
     charged: int
     """Bytes of the namespace's replicas charged so far."""
+    charged_by_quota: dict[str, int] = field(default_factory=dict)
+    """For a quota scoped by PriorityClass: bytes of the replicas it selects charged so far
+    (instead of `charged`)."""
     refused: bool = field(default=False)
     """Whether a replica was refused (the condition's reason is then EXCEEDED_QUOTA)."""
 
@@ -142,15 +192,16 @@ class QuotaCheck:
             if unknown:
                 self.refused = True
                 return f"status unknown for quota: {name}, resources: {','.join(unknown)}"
+            charged = self.charged_by_quota.get(name, self.charged)
             exceeded = [
-                limit for limit in limits if (limit.used or 0) + self.charged + request > limit.hard
+                limit for limit in limits if (limit.used or 0) + charged + request > limit.hard
             ]
             if not exceeded:
                 continue
             self.refused = True
             requested, used, limited = [], [], []
             for limit in exceeded:
-                total = (limit.used or 0) + self.charged
+                total = (limit.used or 0) + charged
                 form = limit.used_form if limit.used else _form(total)
                 requested.append(f"{limit.key}={format_quantity(request, _form(request))}")
                 used.append(f"{limit.key}={format_quantity(total, form)}")
@@ -163,4 +214,7 @@ class QuotaCheck:
         return ""
 
     def charge(self, request: int) -> None:
+        """A replica placed: every quota checked selects it."""
         self.charged += request
+        for name in self.charged_by_quota:
+            self.charged_by_quota[name] += request

@@ -170,11 +170,11 @@ class Settings:
     models_check_seconds: float = setting(
         "models-check-seconds",
         "seconds between looks at whether --models-file changed",
-        seconds(minimum=0.1),
-        default="0.2",
+        seconds(minimum=0.02),
+        default="0.05",
     )
-    """Seconds between two looks (a stat) at --models-file; default 0.2: a replica the loader
-    has made ready is served within it."""
+    """Seconds between two looks (a stat, reread only when it changed) at --models-file; default
+    0.05: a replica the loader has made ready is served within it."""
     triton_name: str = setting(
         "triton-name",
         "the model's private name in Triton when not the model id (the node gateway's)",

@@ -18,9 +18,12 @@ usage would take any tracked resource past the hard limit, in the API server's w
 `QuotaController` keeps each quota's status (`hard` = spec.hard, `used` = the namespace's pods'
 usage of each tracked resource) current in the same step as every pod or quota write, as
 upstream's controller does a moment later (cost of a pod write in a namespace with quotas: one
-pass over its pods per quota). Not simulated: scopes and scope selectors (a quota with either
-is refused at create), object counts of kinds other than pods, and the end of the charge of a pod
-stuck terminating past twice its grace period (charged here until it is gone). No I/O.
+pass over its pods per quota). Of scopes, only `PriorityClass` (in `scopes`, or in
+`scopeSelector` with In, NotIn, Exists or DoesNotExist, matched against the pod's
+`spec.priorityClassName` as upstream's pod evaluator does): such a quota admits and counts only the
+pods it selects. Not simulated: the other scopes (a quota with one is refused at create), object
+counts of kinds other than pods, and the end of the charge of a pod stuck terminating past twice
+its grace period (charged here until it is gone). No I/O.
 """
 
 from __future__ import annotations
@@ -100,16 +103,51 @@ def spec_causes(quota: JsonObject) -> Causes:
         value = quantity_decimal(str(raw))
         if value is not None and value < 0:
             causes.append((where, f'Invalid value: "{raw}": must be greater than or equal to 0'))
-    for field in ("scopes", "scopeSelector"):
+    unsupported = [e for e in _scope_expressions(quota) if e.get("scopeName") != PRIORITY_CLASS]
+    for field in ("scopes", "scopeSelector") if unsupported else ():
         if spec.get(field):
             causes.append(
                 (
                     f"spec.{field}",
-                    "Forbidden: quota scopes are not implemented by the simulated API server;"
-                    " create the quota without them",
+                    "Forbidden: quota scopes other than PriorityClass are not implemented by the"
+                    " simulated API server; create the quota without them",
                 )
             )
     return causes
+
+
+PRIORITY_CLASS = "PriorityClass"
+
+
+def _scope_expressions(quota: JsonObject) -> list[JsonObject]:
+    """Each scope as upstream's getScopeSelectorsFromQuota reads it: a name in `scopes` is an
+    Exists expression, then the scopeSelector's expressions."""
+    spec = quota.get("spec") or {}
+    found: list[JsonObject] = [
+        {"scopeName": str(name), "operator": "Exists"} for name in spec.get("scopes") or []
+    ]
+    selector = spec.get("scopeSelector") or {}
+    found += [e for e in selector.get("matchExpressions") or [] if isinstance(e, dict)]
+    return found
+
+
+def selects(quota: JsonObject, pod: JsonObject) -> bool:
+    """Whether the quota's scopes select the pod (upstream's podMatchesScopeFunc for
+    PriorityClass: Exists is a non-empty class name; the others match the name as the value of
+    a label that is always there, so DoesNotExist never matches)."""
+    name = str((pod.get("spec") or {}).get("priorityClassName") or "")
+    for expression in _scope_expressions(quota):
+        operator = expression.get("operator")
+        values = [str(v) for v in expression.get("values") or []]
+        if operator == "Exists":
+            matched = name != ""
+        elif operator in ("In", "NotIn"):
+            matched = (name in values) == (operator == "In")
+        else:
+            matched = False
+        if not matched:
+            return False
+    return True
 
 
 # usage
@@ -188,7 +226,8 @@ def desired_status(quota: JsonObject, pods: Iterable[JsonObject]) -> JsonObject:
     names = [name for name in hard if tracked(name)]
     used: Usage = {name: (Decimal(0), DECIMAL_SI) for name in names}
     for pod in pods:
-        _add(used, {k: v for k, v in pod_usage(pod).items() if k in used})
+        if selects(quota, pod):
+            _add(used, {k: v for k, v in pod_usage(pod).items() if k in used})
     return {
         "hard": {name: _text(value) for name, value in sorted(hard.items())},
         "used": {name: _text(value) for name, value in sorted(used.items())},
@@ -231,6 +270,8 @@ def admit_pod(store: Store, namespace: str, pod: JsonObject) -> None:
     spec = pod.get("spec") or {}
     usage = pod_usage(pod)
     for stored in sorted(store.objects(RESOURCE_QUOTAS, namespace), key=lambda q: q.name):
+        if not selects(stored.obj, pod):
+            continue
         status = stored.obj.get("status") or {}
         hard = {n: _quantity(raw) for n, raw in (status.get("hard") or {}).items() if tracked(n)}
         if not hard:

@@ -91,6 +91,36 @@ def test_a_quota_scoped_to_what_no_replica_is_does_not_bind_it() -> None:
     assert [limit.quota for limit in limits_from_api(scoped, Keys())] == ["long"]
 
 
+def test_a_priority_class_scope_selects_the_replicas_of_its_classes() -> None:
+    hard, used = {KEY: "4Gi"}, {KEY: "1Gi"}
+
+    def scoped(operator: str, *values: str) -> Any:
+        expression = {"scopeName": "PriorityClass", "operator": operator, "values": list(values)}
+        spec = {"hard": hard, "scopeSelector": {"matchExpressions": [expression]}}
+        return {**_quota(operator, hard, used), "spec": spec}
+
+    quotas = [
+        scoped("In", "urgent"),
+        scoped("NotIn", "urgent"),
+        scoped("Exists"),
+        scoped("DoesNotExist"),
+        {**_quota("listed", hard, used), "spec": {"hard": hard, "scopes": ["PriorityClass"]}},
+    ]
+
+    def bound(priority_class: str | None) -> list[str]:
+        return sorted({lim.quota for lim in limits_from_api(quotas, Keys(), priority_class)})
+
+    assert bound("urgent") == ["Exists", "In", "listed"]
+    assert bound("normal") == ["Exists", "NotIn", "listed"]
+    assert bound("") == ["NotIn"]
+    assert bound(None) == sorted(q["metadata"]["name"] for q in quotas), "unknown: fail closed"
+    # A scoped quota's use counts only the replicas it selects.
+    check = QuotaCheck(limits_from_api(quotas[:1], Keys(), "urgent"), 3 * GI, {"In": GI})
+    assert check.refusal(2 * GI) == ""
+    check.charge(2 * GI)
+    assert check.refusal(GI).startswith("exceeded quota: In, requested: ")
+
+
 async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
     binder: Binder,  # noqa: F811 (the fixtures imported above)
     custom: Any,  # noqa: F811

@@ -5,9 +5,10 @@ of GPU memory preempting on one GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from binder.model import pod_from_api
+from binder.model import as_replica, pod_from_api
 from binder.placement import resolvable_nodes
 from binder.podterms import selector_from_api
 from binder.preemption import (
@@ -180,3 +181,18 @@ def test_the_room_held_for_a_nominated_pod_is_its_own_and_no_one_elses() -> None
     state.release_nomination(pod.uid)
     chosen = placed(state, urgent())
     assert chosen.node == "n1"
+
+
+def test_a_replica_is_a_victim_as_a_pod_is_and_no_budget_counts_it() -> None:
+    state = cluster(node_obj("n1", [16 * GI]), node_obj("n2", [16 * GI]))
+    obj = pod_obj("m", mem="16Gi", node="n1", gpu="GPU-n1-0", spec_extra={"priority": 1})
+    obj["metadata"]["labels"] = {"app": "b"}
+    obj["status"] = {"phase": "Running"}
+    replica = as_replica(pod_from_api(obj, KEYS))
+    state.set_pod(replace(replica, uid=f"{replica.uid}/0", name="m/0"))
+    low(state, "b", "n2", 0, "16Gi", priority=1, labels={"app": "b"})
+    budget = Budget("models", "b", selector_from_api({"matchLabels": {"app": "b"}}), allowed=0)
+    outcome = decide(state, urgent(), [budget])
+    # Equal priorities: the node whose victim breaks no budget wins, and the replica breaks none.
+    assert isinstance(outcome, Preemption) and (outcome.node, outcome.violations) == ("n1", 0)
+    assert names(outcome) == ["m/0"]

@@ -88,6 +88,10 @@ def test_the_device_plugin_gives_each_pools_node_pod_its_gpu_count() -> None:
         assert "NVIDIA_VISIBLE_DEVICES" not in _env(containers["triton"])
         for other in ("agent", "gateway"):
             assert "nvidia.com/gpu" not in containers[other]["resources"].get("limits", {})
+        # The agent reads NVML in Triton's container, through the relay: it needs neither the
+        # GPUs nor the variable, so the runtime may refuse the variable from unprivileged pods.
+        assert not any(k.startswith("NVIDIA_") for k in _env(containers["agent"]))
+        assert _env(containers["agent"])["TRITONSHARE_GPU_SOURCE"] == "triton"
         assert "resourceClaims" not in template["spec"]
         assert GPU_NODE_TOLERATION in template["spec"]["tolerations"]
     default, l4 = daemonsets["tritonshare-node"], daemonsets["tritonshare-node-l4"]
@@ -146,6 +150,7 @@ def test_dra_claims_every_gpu_of_the_node_for_triton_and_the_agent() -> None:
         {"name": "gpus", "resourceClaimTemplateName": template["metadata"]["name"]}
     ]
     containers = _containers(daemonset)
+    assert _env(containers["agent"])["TRITONSHARE_GPU_SOURCE"] == "nvml", "in its own container"
     for name in ("triton", "agent"):
         assert containers[name]["resources"]["claims"] == [{"name": "gpus"}]
         assert "nvidia.com/gpu" not in containers[name]["resources"].get("limits", {})
@@ -175,6 +180,7 @@ def test_the_environment_variable_mode_is_an_explicit_opt_in() -> None:
     containers = _containers(daemonset)
     assert _env(containers["triton"])["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert _env(containers["agent"])["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert _env(containers["agent"])["TRITONSHARE_GPU_SOURCE"] == "nvml"
     for container in containers.values():
         assert not any(
             k.startswith("nvidia.com/") for k in container["resources"].get("limits", {})

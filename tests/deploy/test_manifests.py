@@ -391,6 +391,7 @@ def test_editing_the_overlays_image_tag_upgrades_every_tritonshare_container(
         "agent": f"{overlay['images'][0]['newName']}:9.9.9",
         "gateway": f"{overlay['images'][0]['newName']}:9.9.9",
         "binder": f"{overlay['images'][0]['newName']}:9.9.9",
+        "nvml-relay": f"{overlay['images'][0]['newName']}:9.9.9",
     }
 
 

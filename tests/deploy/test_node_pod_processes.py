@@ -2,18 +2,32 @@
 container writes its PID where the agent reads it (`--triton-pid-file`), and every container runs
 as its own user, so none can signal, trace or read another's files. Checked on the kustomize base
 and on the chart, and the Triton container's command is run as the kubelet would run it (its
-`$(VAR)` expansion, a stand-in `tritonserver` on PATH): the PID written is the one that serves."""
+`$(VAR)` expansion, a stand-in `tritonserver` on PATH): the PID written is the one that serves,
+and the NVML relay it starts from what the init container installed answers the agent's socket
+from inside Triton's process tree."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agent.errors import NvmlUnavailableError
+from agent.gpus import GpuReader
+from agent.nvmlclient import RelayedNvml
+from agent.nvmlrelay import install
+from agent.processes import TritonProcesses
 from sim.node.podspec import expand, rewrite_paths
 from sim.processes import wait_until
 from tests.deploy.rendering import render
@@ -71,6 +85,39 @@ def test_the_agent_reads_the_pid_tritons_container_writes(kubectl: str) -> None:
         assert len(set(users.values())) == len(users), (where, users)
 
 
+def test_the_agent_asks_nvml_through_the_relay_tritons_container_runs(kubectl: str) -> None:
+    for where, spec in _node_pods(kubectl).items():
+        containers = _containers(spec)
+        triton, agent = containers["triton"], containers["agent"]
+        [install] = [c for c in spec["initContainers"] if c["name"] == "nvml-relay"]
+        env = {e["name"]: e.get("value") for e in agent.get("env", [])}
+        assert env["TRITONSHARE_GPU_SOURCE"] == "triton", where
+        assert not [name for name in env if name.startswith("NVIDIA_")], where
+        socket = Path(str(env["TRITONSHARE_NVML_RELAY_SOCKET"]))
+        directory = _mount(install, "nvml-relay")["mountPath"]
+        assert install["command"][-2:] == ["--install", directory], where
+        assert _mount(triton, "nvml-relay")["mountPath"] == directory, where
+        assert _mount(agent, "nvml-relay") == {
+            "name": "nvml-relay",
+            "mountPath": directory,
+            "readOnly": True,
+        }, where
+        assert socket.parent == Path(directory), where
+        assert f"{directory}/nvmlrelay.py --socket {socket}" in triton["command"][2], where
+
+
+def _relay_in(processes: TritonProcesses) -> int:
+    """The PID of the NVML relay in Triton's tree (0: none yet)."""
+    tree = processes.tree()
+    for pid in tree.pids if tree is not None else ():
+        with contextlib.suppress(OSError):
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            # Not the shell's loop, whose command line is the whole script.
+            if any(w.endswith(b"/nvmlrelay.py") for w in words):
+                return pid
+    return 0
+
+
 def test_tritons_command_writes_the_pid_of_the_server_it_starts(
     kubectl: str, tmp_path: Path
 ) -> None:
@@ -79,10 +126,16 @@ def test_tritons_command_writes_the_pid_of_the_server_it_starts(
     directory = _mount(triton, "triton-pid")["mountPath"]
     local = tmp_path / "pid"
     local.mkdir()
+    # What the init container installs (Triton's container runs it with its own python3). A
+    # Unix socket's path is short: the relay's directory is one of its own under /tmp.
+    relay_directory = _mount(triton, "nvml-relay")["mountPath"]
+    relay_local = Path(tempfile.mkdtemp(prefix="relay-", dir="/tmp"))
+    install(relay_local)
     variables = {"TRITON_ADMIN_KEY": "k"}
 
     def as_run(word: str) -> str:
-        return rewrite_paths(expand(word, variables), [(directory, local)])
+        moved = [(directory, local), (relay_directory, relay_local)]
+        return rewrite_paths(expand(word, variables), moved)
 
     command = [as_run(w) for w in triton["command"]]
     args = [as_run(w) for w in triton["args"]]
@@ -97,7 +150,7 @@ def test_tritons_command_writes_the_pid_of_the_server_it_starts(
     )
     server.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    process = subprocess.Popen([*command, *args], env=env)
+    process = subprocess.Popen([*command, *args], env=env, start_new_session=True)
     try:
         wait_until("the server's arguments", lambda: seen.exists() and seen.read_text(), 30)
         pid_file = local / Path(_pid_file(_containers(spec)["agent"])).name
@@ -108,6 +161,29 @@ def test_tritons_command_writes_the_pid_of_the_server_it_starts(
             lambda: "time.sleep" in Path(f"/proc/{process.pid}/cmdline").read_text(),
             30,
         )
+        # The relay answers (NVML's own answer: this machine has no NVIDIA driver) from within
+        # the server's tree, so the agent counts it as Triton's, never as a foreign process;
+        # one that exits is started again.
+        socket = relay_local / "nvml.sock"
+        wait_until("the NVML relay's socket", socket.is_socket, 30)
+        first = _relay_in(TritonProcesses(pid_file))
+        os.kill(first, signal.SIGKILL)
+        wait_until(
+            "a new relay", lambda: _relay_in(TritonProcesses(pid_file)) not in (0, first), 30
+        )
+        reader = GpuReader(RelayedNvml(socket, timeout=10))
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                with pytest.raises(NvmlUnavailableError) as unusable:
+                    reader.read()
+                if "NVML Shared Library Not Found" in str(unusable.value):
+                    break
+                assert time.monotonic() < deadline, unusable.value  # the new one binds first
+                time.sleep(0.05)
+        finally:
+            reader.close()
     finally:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
+        shutil.rmtree(relay_local, ignore_errors=True)

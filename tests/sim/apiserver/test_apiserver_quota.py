@@ -182,13 +182,52 @@ def test_a_malformed_or_scoped_quota_is_refused_with_what_to_do(
         (_quota("q", cpu="-1"), 'spec.hard[cpu]: Invalid value: "-1": must be greater than'),
         (
             {**_quota("q", pods="1"), "spec": {"hard": {"pods": "1"}, "scopes": ["BestEffort"]}},
-            "spec.scopes: Forbidden: quota scopes are not implemented",
+            "spec.scopes: Forbidden: quota scopes other than PriorityClass are not implemented",
         ),
     ):
         with pytest.raises(client.ApiException) as caught:
             v1.create_namespaced_resource_quota("default", body)
         assert caught.value.status == 422
         assert words in status_of(caught.value)["message"]
+
+
+def test_a_quota_scoped_by_priority_class_admits_and_counts_only_the_pods_it_selects(
+    kube_api: client.ApiClient,
+) -> None:
+    v1 = core_v1(kube_api)
+    scheduling: Any = client.SchedulingV1Api(kube_api)
+    for name in ("urgent", "normal"):
+        scheduling.create_priority_class(
+            {"metadata": {"name": name}, "value": 1000 if name == "urgent" else 10}
+        )
+    selector = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In",
+                                      "values": ["urgent"]}]}  # fmt: skip
+    body = _quota("no-urgent", pods="0")
+    body["spec"]["scopeSelector"] = selector
+    v1.create_namespaced_resource_quota("default", body)
+    exists = _quota("classed", pods="1")
+    exists["spec"]["scopes"] = ["PriorityClass"]
+    v1.create_namespaced_resource_quota("default", exists)
+
+    def pod(name: str, cls: str = "") -> Any:
+        obj = _pod(name)
+        if cls:
+            obj["spec"]["priorityClassName"] = cls
+        return obj
+
+    refusal = _refusal(v1, pod("u", "urgent"))
+    assert refusal["message"] == (
+        'pods "u" is forbidden: exceeded quota: no-urgent, requested: pods=1, used: pods=0,'
+        " limited: pods=0"
+    )
+    v1.create_namespaced_pod("default", pod("plain"))  # selected by neither
+    v1.create_namespaced_pod("default", pod("n", "normal"))  # by "classed" only
+    assert "exceeded quota: classed" in _refusal(v1, pod("n2", "normal"))["message"]
+    used = {
+        q: v1.read_namespaced_resource_quota(q, "default").status.used
+        for q in ("no-urgent", "classed")
+    }
+    assert used == {"no-urgent": {"pods": "0"}, "classed": {"pods": "1"}}
 
 
 def test_a_pods_usage_counts_as_kubernetes_counts_it() -> None:
