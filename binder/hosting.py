@@ -160,6 +160,9 @@ class Roll(NamedTuple):
     """Replicas on spec.storageUri (`updatedReplicas`)."""
     fallback: str = ""
     """Why the roll goes on without a surge replica, when it just did (a Warning Event)."""
+    retry: bool = False
+    """The roll waits on what no event announces (room to be made or freed): tried again every
+    RETRY_SECONDS."""
 
 
 class Loaded(NamedTuple):
@@ -456,6 +459,8 @@ class ModelController:
             )
         if refusal:
             self._refused[uid] = refusal
+        elif roll.retry:
+            self._refused[uid] = ""  # tried again every RETRY_SECONDS, as a refused model
         else:
             self._refused.pop(uid, None)
         await self._report_not_served(model, placed)
@@ -734,7 +739,7 @@ class ModelController:
                 f"{len(placed) - len(old)} of {model.replicas} replicas updated; surge replica "
                 f"{ordinal} waits for the lower-priority pods and replicas it preempts to leave"
             )
-            return Roll("True", ROLL_UPDATING, message, len(placed) - len(old))
+            return Roll("True", ROLL_UPDATING, message, len(placed) - len(old), retry=True)
         # No room for a surge: one replica on the previous files leaves (it drains), and is
         # placed again on the new files once gone, as a new replica; unless even its own room
         # would not take it (a larger gpuMemory, other node rules): then nothing leaves.
@@ -745,7 +750,7 @@ class ModelController:
                 f"{old[0]} on them once gone ({no_room}): the replicas stay on their files; "
                 f"add room, or raise the quota"
             )
-            return Roll("False", NO_ROOM, message, len(placed) - len(old))
+            return Roll("False", NO_ROOM, message, len(placed) - len(old), retry=True)
         leaving = placed.pop(old.pop(0))
         self._leave(model, leaving)
         fallback = (
