@@ -8,12 +8,9 @@ namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place
 pod is placed by, `as_replica`, and one replica of a model per node), charged at once (assume)
 and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
 memory and residency, so a proof copied to another replica, model or node does not verify).
-Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls (`_roll`, as a
-Deployment's maxSurge 1, maxUnavailable 0): a surge replica on the new files, then, once its
-host serves it, one on the old files drains, and so on; new files a replica fails to load stop
-the roll (Progressing False, a Warning Event) with the old replicas served; with no room for a
-surge, one old replica at a time drains and is placed again on the new files. Then, off the
-loop:
+Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls a step per
+reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable 0). Then, off
+the loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
   ready, message, storageUri}), `replicas`, `readyReplicas` (and `availableReplicas`),
@@ -67,7 +64,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
@@ -94,6 +91,15 @@ from binder.quota import (
     selects,
 )
 from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
+from binder.rolling import (
+    PLACED,
+    PROGRESSING,
+    ROLLING_WITHOUT_SURGE,
+    UNSUPPORTED_STORAGE,
+    Loaded,
+    Roll,
+    Rollout,
+)
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -119,28 +125,10 @@ RETRY_SECONDS = 1.0
 QUOTA_READ_SECONDS = 1.0
 """How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
 models of a namespace created together read them once); their pods' use is that much late."""
-UNSUPPORTED_STORAGE = "UnsupportedStorage"
-"""The Placed condition's reason for a model whose files no model host can fetch."""
-PLACED = "Placed"
-"""The condition type: every wanted replica is placed."""
 READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
 """The Warning Event's reason when the agent reports a replica not loaded on its host."""
-PROGRESSING = "Progressing"
-"""The condition type: where the roll to a new spec.storageUri stands."""
-ROLL_COMPLETE = "NewFilesServed"
-ROLL_UPDATING = "ReplicaUpdating"
-ROLL_STALLED = "NewFilesNotServed"
-"""Progressing False: a replica on the new files is not served; the old ones go on serving."""
-NO_ROOM = "NoRoomToRoll"
-"""Progressing False: neither a surge replica nor a replacement fits; nothing leaves."""
-ROLLING_WITHOUT_SURGE = "RollingWithoutSurge"
-"""No room for a surge replica: one replica at a time drains and is placed again on the new
-files (also the Event's reason)."""
-LOADING_REASONS = frozenset({"ModelPending", "ModelMissing", "ModelNotLoaded", "ModelDrained"})
-"""The agent's loaded-condition reasons of a replica on its way (not yet installed or loaded, or
-the drained one's before it on the host, not yet rewritten); any other stalls a roll."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -148,31 +136,6 @@ SERVICE_PORTS = [
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
 ]
 """As a model pod's Service (deploy/example/model-service.yaml)."""
-
-
-class Roll(NamedTuple):
-    """Where a model's roll to its spec.storageUri stands: the Progressing condition."""
-
-    status: str
-    reason: str
-    message: str
-    updated: int
-    """Replicas on spec.storageUri (`updatedReplicas`)."""
-    fallback: str = ""
-    """Why the roll goes on without a surge replica, when it just did (a Warning Event)."""
-    retry: bool = False
-    """The roll waits on what no event announces (room to be made or freed): tried again every
-    RETRY_SECONDS."""
-
-
-class Loaded(NamedTuple):
-    """A replica's state on its host, from the agent's loaded condition there."""
-
-    ready: bool
-    why: str
-    """Why it is not served ("" when it is)."""
-    reason: str = ""
-    """The agent's reason, when it reports the replica not loaded."""
 
 
 def _owner(model: ModelInfo, controller: bool) -> JsonObject:
@@ -241,11 +204,6 @@ class ModelController:
         self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
         """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
         serve."""
-        self._uris: dict[str, str] = {}
-        """Replica uid -> the storage URI it was given (`_uri`)."""
-        self._without_surge: dict[str, str] = {}
-        """Model uid -> why its roll goes on without a surge replica, until every replica is
-        on the new files and served."""
         self._roll_said: dict[str, str] = {}
         """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
         self._stale: set[str] = set()
@@ -265,6 +223,15 @@ class ModelController:
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
         self._preemption = ReplicaPreemption(ledger, policy, enabled=preemption, drain=self.preempt)
+        self._rollout = Rollout(
+            ledger,
+            policy,
+            loaded=self._loaded,
+            place_one=self._place_one,
+            leave=self._leave,
+            holds=self._preemption.holds,
+            draining=self._draining,
+        )
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -304,7 +271,7 @@ class ModelController:
                     if not isinstance(verdict, PodInfo):
                         continue
                     state.set_pod(verdict)
-                    self._uris[rid] = entry.storage_uri
+                    self._rollout.files[rid] = entry.storage_uri
                     spans = self._ledger.spans
                     spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
                     self._draining[rid] = now + self._drain_seconds
@@ -411,9 +378,7 @@ class ModelController:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
                 del self._reported[rid]
-            for rid in [r for r in self._uris if r.rpartition("/")[0] == uid]:
-                del self._uris[rid]
-            self._without_surge.pop(uid, None)
+            self._rollout.forget(uid)
             self._roll_said.pop(uid, None)
             self._preemption.forget(uid)
             namespace = self._namespaces.pop(uid, None)
@@ -501,13 +466,15 @@ class ModelController:
             if charged is not None:
                 ordinal = int(rid.rpartition("/")[2])
                 draining = rid in self._draining
-                hosted.add((ordinal, charged.node_name, draining, self._uri(model, ordinal)))
+                hosted.add(
+                    (ordinal, charged.node_name, draining, self._rollout.uri(model, ordinal))
+                )
         return frozenset(hosted)
 
     async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
         """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
         live = self._live(model)
-        if len(live) >= model.replicas and not self._old(model, live):
+        if len(live) >= model.replicas and not self._rollout.old(model, live):
             return None
         read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
         if time.monotonic() - read_at > QUOTA_READ_SECONDS:
@@ -548,7 +515,7 @@ class ModelController:
         state = self._ledger.state
         self._end_drains(model)
         placed = self._live(model)
-        old = self._old(model, placed)
+        old = self._rollout.old(model, placed)
         allowed = model.replicas + (1 if old and model.replicas else 0)
         if len(placed) > allowed:
             # Scaled down: the replicas on previous files leave first, then the highest.
@@ -561,7 +528,7 @@ class ModelController:
         missing = list(itertools.islice(free, max(0, model.replicas - len(placed))))
         wanted = {replica_uid(model.uid, o) for o in missing}
         if old and model.replicas:
-            wanted.add(self._surge_uid(model))
+            wanted.add(self._rollout.surge_uid(model))
         self._preemption.forget(model.uid, wanted, self._draining)
         for ordinal in missing:
             rid = replica_uid(model.uid, ordinal)
@@ -586,8 +553,8 @@ class ModelController:
             else:
                 refusal = outcome
         if refusal or waiting or len(placed) < model.replicas:
-            return placed, refusal, waiting, self._rolling(model, placed, old, "")
-        return placed, refusal, waiting, self._roll(model, placed, old, quota)
+            return placed, refusal, waiting, self._rollout.where(model, placed, old, "")
+        return placed, refusal, waiting, self._rollout.step(model, placed, old, quota)
 
     def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
         """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
@@ -620,7 +587,7 @@ class ModelController:
         spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
         if quota is not None:
             quota.charge(replica.request)
-        self._uris[replica.uid] = model.storage_uri
+        self._rollout.files[replica.uid] = model.storage_uri
         return replica.bound(decision.node, decision.gpu.uuid, proof)
 
     async def _report_preemptions(self, model: ModelInfo) -> None:
@@ -673,15 +640,6 @@ class ModelController:
                     event_type="Normal",
                 )
 
-    def _surge_uid(self, model: ModelInfo) -> str:
-        """The uid a roll's surge replica takes: the lowest ordinal not charged."""
-        state = self._ledger.state
-        return next(
-            rid
-            for o in itertools.count()
-            if state.charged_pod(rid := replica_uid(model.uid, o)) is None
-        )
-
     def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
         """The model's charged replicas that are not draining, by ordinal."""
         state = self._ledger.state
@@ -691,142 +649,6 @@ class ModelController:
             if charged is not None and rid not in self._draining:
                 live[int(rid.rpartition("/")[2])] = charged
         return live
-
-    def _uri(self, model: ModelInfo, ordinal: int) -> str:
-        """The files replica `ordinal` was given: spec.storageUri when it was placed."""
-        rid = replica_uid(model.uid, ordinal)
-        return self._uris.get(rid) or model.placed_uris.get(ordinal) or model.storage_uri
-
-    def _old(self, model: ModelInfo, placed: dict[int, PodInfo]) -> list[int]:
-        """The ordinals of `placed` on files other than spec.storageUri, in the order they
-        leave: those not served first (a surge on files since replaced), then the highest."""
-        old = [o for o in placed if self._uri(model, o) != model.storage_uri]
-        return sorted(old, key=lambda o: (self._loaded(model, placed[o].node_name).ready, -o))
-
-    def _roll(
-        self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int], quota: QuotaCheck | None
-    ) -> Roll:
-        """One step of the roll to spec.storageUri, as a Deployment's RollingUpdate with
-        maxSurge 1 and maxUnavailable 0: once every replica on the new files is served, one on
-        the previous files drains if a surge replica stands in for it, else a surge replica is
-        placed on the new files (on another node: a host holds one replica of a model). With
-        no room for a surge, one on the previous files drains, and is placed again as a
-        missing replica once gone."""
-        unfetchable = host_storage_problem(model.storage_uri)
-        if old and unfetchable:
-            message = f"{unfetchable}; the replicas stay on their files"
-            return Roll("False", UNSUPPORTED_STORAGE, message, len(placed) - len(old))
-        if old and model.priority_problem:
-            message = f"{model.priority_problem}; the replicas stay on their files"
-            return Roll("False", CLASS_NOT_FOUND, message, len(placed) - len(old))
-        if not old or self._waits_for_new(model, placed, old):
-            return self._rolling(model, placed, old, "")
-        if len(placed) > model.replicas:
-            # The surge serves: a replica on the previous files leaves.
-            self._leave(model, placed.pop(old.pop(0)))
-            return self._rolling(model, placed, old, "")
-        if any(r.rpartition("/")[0] == model.uid for r in self._draining):
-            return self._rolling(model, placed, old, "")  # its node is free once it has left
-        surge = self._surge_uid(model)
-        ordinal = int(surge.rpartition("/")[2])
-        outcome = self._place_one(model, ordinal, quota)
-        if isinstance(outcome, PodInfo):
-            placed[ordinal] = outcome
-            return self._rolling(model, placed, old, "")
-        if self._preemption.holds(surge):
-            # Its preemption made room: the surge waits for its victims to leave.
-            message = (
-                f"{len(placed) - len(old)} of {model.replicas} replicas updated; surge replica "
-                f"{ordinal} waits for the lower-priority pods and replicas it preempts to leave"
-            )
-            return Roll("True", ROLL_UPDATING, message, len(placed) - len(old), retry=True)
-        # No room for a surge: one replica on the previous files leaves (it drains), and is
-        # placed again on the new files once gone, as a new replica; unless even its own room
-        # would not take it (a larger gpuMemory, other node rules): then nothing leaves.
-        no_room = self._no_room_once_gone(model, old[0], placed[old[0]], quota)
-        if no_room:
-            message = (
-                f"no room for a surge replica on the new files ({outcome}), nor for replica "
-                f"{old[0]} on them once gone ({no_room}): the replicas stay on their files; "
-                f"add room, or raise the quota"
-            )
-            return Roll("False", NO_ROOM, message, len(placed) - len(old), retry=True)
-        leaving = placed.pop(old.pop(0))
-        self._leave(model, leaving)
-        fallback = (
-            f"no room for a surge replica on the new files ({outcome}): replica "
-            f"{leaving.name.rpartition('/')[2]} on node {leaving.node_name} drains and is placed "
-            f"again on the new files, serving nothing meanwhile"
-        )
-        self._without_surge[model.uid] = fallback
-        return self._rolling(model, placed, old, fallback)
-
-    def _no_room_once_gone(
-        self, model: ModelInfo, ordinal: int, leaving: PodInfo, quota: QuotaCheck | None
-    ) -> str:
-        """Why replica `ordinal` would fit nowhere on the new files once `leaving` (its
-        placement on the previous ones) is gone ("" when it would fit)."""
-        replica = model.replica(ordinal)
-        if quota is not None:
-            quota.charged -= leaving.request
-            try:
-                exceeded = quota.refusal(replica.request)
-            finally:
-                quota.charged += leaving.request
-            if exceeded:
-                return exceeded
-        state = self._ledger.state
-        with state.without([leaving.uid]):
-            decision = place(state, replica, now=time.time(), policy=self._policy)
-        return "" if isinstance(decision, Placement) else decision.message
-
-    def _waits_for_new(self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int]) -> bool:
-        """Whether a replica on the new files is not served yet (the roll waits for it)."""
-        return any(
-            not self._loaded(model, replica.node_name).ready
-            for ordinal, replica in placed.items()
-            if ordinal not in old
-        )
-
-    def _rolling(
-        self, model: ModelInfo, placed: dict[int, PodInfo], old: list[int], fallback: str
-    ) -> Roll:
-        """Where the roll to spec.storageUri stands (the Progressing condition)."""
-        updated = len(placed) - len(old)
-        without_surge = self._without_surge.get(model.uid, "")
-        if not old and not without_surge:
-            message = f"{updated} of {model.replicas} replicas run the current files"
-            return Roll("True", ROLL_COMPLETE, message, updated)
-        progress = f"{updated} of {model.replicas} replicas updated"
-        note = ""
-        for ordinal, replica in sorted(placed.items()):
-            if ordinal in old:
-                continue
-            loaded = self._loaded(model, replica.node_name)
-            if loaded.ready:
-                continue
-            where = f"replica {ordinal} on node {replica.node_name}"
-            if loaded.reason and loaded.reason not in LOADING_REASONS:
-                served = (
-                    f"the {len(old)} replicas on the previous files stay served"
-                    if old
-                    else "nothing else is replaced meanwhile"
-                )
-                message = (
-                    f"{progress}; {where} does not serve the new files ({loaded.why}): the "
-                    f"roll waits, and {served}"
-                )
-                return Roll("False", ROLL_STALLED, message, updated)
-            note = note or f"; {where}: {loaded.why}"
-        if not old and not note and len(placed) >= model.replicas:
-            del self._without_surge[model.uid]  # the roll without a surge is done
-            message = f"{updated} of {model.replicas} replicas run the current files"
-            return Roll("True", ROLL_COMPLETE, message, updated)
-        if without_surge:
-            return Roll("True", ROLLING_WITHOUT_SURGE, without_surge, updated, fallback)
-        if not note and len(placed) < model.replicas:
-            note = f"; waiting for every wanted replica to be placed (see {PLACED})"
-        return Roll("True", ROLL_UPDATING, progress + note, updated)
 
     def _leave(self, model: ModelInfo, replica: PodInfo) -> None:
         """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
@@ -840,7 +662,7 @@ class ModelController:
 
     def _free(self, rid: str) -> None:
         self._undrain(rid)
-        self._uris.pop(rid, None)
+        self._rollout.files.pop(rid, None)
         self._ledger.state.remove_pod(rid)
         self._ledger.state.untrack_pod(rid)
 
@@ -854,7 +676,7 @@ class ModelController:
             charged = state.charged_pod(rid)
             if charged is None or not state.is_accounted(rid):
                 self._undrain(rid)  # freed meanwhile (its node went away)
-                self._uris.pop(rid, None)
+                self._rollout.files.pop(rid, None)
                 continue
             if not self._loaded(model, charged.node_name).ready:
                 self._free(rid)
@@ -962,7 +784,7 @@ class ModelController:
                 "proof": replica.placement,
                 "host": host_name(replica.node_name),
                 "ready": ready,
-                "storageUri": self._uri(model, ordinal),
+                "storageUri": self._rollout.uri(model, ordinal),
             }
             if why:
                 entry["message"] = why
@@ -1145,7 +967,7 @@ class ModelController:
                     gpu=replica.gpu_uuid,
                     residency=RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
                     proof=replica.placement,
-                    storage_uri=self._uri(model, ordinal),
+                    storage_uri=self._rollout.uri(model, ordinal),
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
                     draining=draining,
