@@ -216,7 +216,7 @@ async def test_files_no_host_can_fetch_roll_nothing(
     assert [e["storageUri"] for e in status(custom)["placements"]] == [obj["spec"]["storageUri"]]
 
 
-async def test_with_room_neither_for_a_surge_nor_for_a_replacement_nothing_leaves(
+async def test_with_room_neither_for_a_surge_nor_a_replacement_nothing_leaves_until_room_appears(
     kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
 ) -> None:
     add_node(kube_api, "n1", [16 * GI])
@@ -240,3 +240,7 @@ async def test_with_room_neither_for_a_surge_nor_for_a_replacement_nothing_leave
     host = hosts(core)["n1"]
     assert not hosted(host)[0].get("draining") and host.metadata.labels.get(SERVES) == "true"
     assert not events(core, "RollingWithoutSurge")
+    # Room appears: the roll goes on through a surge replica there.
+    add_node(kube_api, "n2", [32 * GI])
+    surge = await eventually(lambda: surge_host(core, "n1"), what="the surge once there is room")
+    assert surge.spec.node_name == "n2"
