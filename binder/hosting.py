@@ -2,20 +2,23 @@
 namespace's model hosts and its Service.
 
 While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
-loop: replicas past `spec.replicas` (the highest ordinals) leave (`_drain`); each wanted replica
-not yet charged is placed, while the namespace's ResourceQuotas allow it (`binder.quota`),
-by the binder's own `place` (every rule a pod is placed by,
-`as_replica`, and one replica of a model per node), charged at once (assume) and signed
-(`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU memory and
-residency, so a proof copied to another replica, model or node does not verify). Then, off the
-loop:
+loop: replicas past `spec.replicas` (those on previous files first, then the highest ordinals)
+leave (`_leave`); each missing replica is placed at the lowest free ordinal, while the
+namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place` (every rule a
+pod is placed by, `as_replica`, and one replica of a model per node), charged at once (assume)
+and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
+memory and residency, so a proof copied to another replica, model or node does not verify).
+Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls a step per
+reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable 0). Then, off
+the loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
-  ready, message}), `replicas`, `readyReplicas` (and `availableReplicas`), `selector`,
-  `observedGeneration`, the `Placed` condition (False with kube-scheduler's refusal when a
-  replica fits nowhere, and a Warning Event `FailedScheduling` on the model, written only when
-  the refusal changes) and the `Ready` condition (False naming the replicas not served and why,
-  and a Warning Event `ReplicaNotServed` per replica and reason the agent gives);
+  ready, message, storageUri}), `replicas`, `readyReplicas` (and `availableReplicas`),
+  `updatedReplicas`, `selector`, `observedGeneration`, the `Placed` condition (False with
+  kube-scheduler's refusal when a replica fits nowhere, and a Warning Event `FailedScheduling`
+  on the model, written only when the refusal changes), the `Ready` condition (False naming the
+  replicas not served and why, and a Warning Event `ReplicaNotServed` per replica and reason
+  the agent gives) and the `Progressing` condition (the roll);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
   that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -60,7 +64,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
@@ -87,6 +91,15 @@ from binder.quota import (
     selects,
 )
 from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
+from binder.rolling import (
+    PLACED,
+    PROGRESSING,
+    ROLLING_WITHOUT_SURGE,
+    UNSUPPORTED_STORAGE,
+    Loaded,
+    Roll,
+    Rollout,
+)
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -113,10 +126,6 @@ RETRY_SECONDS = 1.0
 QUOTA_READ_SECONDS = 1.0
 """How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
 models of a namespace created together read them once); their pods' use is that much late."""
-UNSUPPORTED_STORAGE = "UnsupportedStorage"
-"""The Placed condition's reason for a model whose files no model host can fetch."""
-PLACED = "Placed"
-"""The condition type: every wanted replica is placed."""
 READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
@@ -131,16 +140,6 @@ SERVICE_PORTS = [
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
 ]
 """As a model pod's Service (deploy/example/model-service.yaml)."""
-
-
-class Loaded(NamedTuple):
-    """A replica's state on its host, from the agent's loaded condition there."""
-
-    ready: bool
-    why: str
-    """Why it is not served ("" when it is)."""
-    reason: str = ""
-    """The agent's reason, when it reports the replica not loaded."""
 
 
 def _owner(model: ModelInfo, controller: bool) -> JsonObject:
@@ -206,8 +205,11 @@ class ModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str, bool]]] = {}
-        """Model uid -> its (ordinal, node, draining) the hosts were last made to serve."""
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
+        serve."""
+        self._roll_said: dict[str, str] = {}
+        """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
@@ -234,6 +236,15 @@ class ModelController:
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
         self._preemption = ReplicaPreemption(ledger, policy, enabled=preemption, drain=self.preempt)
+        self._rollout = Rollout(
+            ledger,
+            policy,
+            loaded=self._loaded,
+            place_one=self._place_one,
+            leave=self._leave,
+            holds=self._preemption.holds,
+            draining=self._draining,
+        )
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -273,6 +284,7 @@ class ModelController:
                     if not isinstance(verdict, PodInfo):
                         continue
                     state.set_pod(verdict)
+                    self._rollout.files[rid] = entry.storage_uri
                     spans = self._ledger.spans
                     spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
                     self._draining[rid] = now + self._drain_seconds
@@ -379,16 +391,18 @@ class ModelController:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
                 del self._reported[rid]
+            self._rollout.forget(uid)
+            self._roll_said.pop(uid, None)
             self._preemption.forget(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
-                await self._reconcile_hosts(namespace, {node for _, node, _ in before})
+                await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
-        placed, refusal, waiting = self._place(model, quota)
+        placed, refusal, waiting, roll = self._place(model, quota)
         preemptions = self._preemption.preempted
         preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == uid)
         reason = (
@@ -405,7 +419,7 @@ class ModelController:
         if preempted and refusal and not waiting:
             why = "; ".join(preemptions[r][0] for r in preempted)
             refusal = f"{why}; placed again when it fits: {refusal}"
-        status = self._status(model, placed, refusal, waiting, reason)
+        status = self._status(model, placed, refusal, waiting, roll, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
                 await self._call(
@@ -423,22 +437,20 @@ class ModelController:
             )
         if refusal:
             self._refused[uid] = refusal
+        elif roll.retry:
+            self._refused[uid] = ""  # tried again every RETRY_SECONDS, as a refused model
         else:
             self._refused.pop(uid, None)
         await self._report_not_served(model, placed)
         await self._report_preemptions(model)
-        state = self._ledger.state
-        hosted = frozenset(
-            (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
-            for rid in self._ledger.replica_uids(uid)
-            if (charged := state.charged_pod(rid)) is not None
-        )
+        await self._report_roll(model, roll)
+        hosted = self._as_hosted(model)
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
             self._stale.discard(model.namespace)
             await self._reconcile_hosts(model.namespace, None)
         elif hosted != last:
-            nodes = {node for _, node, _ in hosted | (last or frozenset())}
+            nodes = {entry[1] for entry in hosted | (last or frozenset())}
             await self._reconcile_hosts(model.namespace, nodes)
         self._hosts_for[uid] = hosted
         if uid not in self._services:
@@ -458,10 +470,24 @@ class ModelController:
                 )
             self._services.add(uid)
 
+    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str]]:
+        """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
+        files)."""
+        hosted = set()
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                ordinal = int(rid.rpartition("/")[2])
+                draining = rid in self._draining
+                hosted.add(
+                    (ordinal, charged.node_name, draining, self._rollout.uri(model, ordinal))
+                )
+        return frozenset(hosted)
+
     async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
         """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
-        state = self._ledger.state
-        if all(state.is_accounted(replica_uid(model.uid, o)) for o in range(model.replicas)):
+        live = self._live(model)
+        if len(live) >= model.replicas and not self._rollout.old(model, live):
             return None
         read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
         if time.monotonic() - read_at > QUOTA_READ_SECONDS:
@@ -493,66 +519,89 @@ class ModelController:
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
-    ) -> tuple[dict[int, PodInfo], str, str]:
-        """The model's charged replicas after draining or freeing those past spec.replicas and
-        placing the missing ones that `quota` allows; the refusal of the first refused or that
-        fits nowhere ("" when all fit); and which wanted replica waits for its previous
-        placement to drain ("" when none)."""
+    ) -> tuple[dict[int, PodInfo], str, str, Roll]:
+        """The model's charged replicas after freeing or draining those it no longer wants,
+        placing the missing ones that `quota` allows and taking its roll to new files a step
+        (`_roll`); the refusal of the first refused or that fits nowhere ("" when all fit);
+        which wanted replica waits for its previous placement to drain ("" when none); and
+        where the roll stands."""
         state = self._ledger.state
-        prefix = f"{model.uid}/"
-        self._drain(model)
-        self._preemption.forget(model.uid, model.replicas, self._draining)
-        placed: dict[int, PodInfo] = {}
+        self._end_drains(model)
+        placed = self._live(model)
+        old = self._rollout.old(model, placed)
+        allowed = model.replicas + (1 if old and model.replicas else 0)
+        if len(placed) > allowed:
+            # Scaled down: the replicas on previous files leave first, then the highest.
+            newer = sorted((o for o in placed if o not in old), reverse=True)
+            for ordinal in (old + newer)[: len(placed) - allowed]:
+                self._leave(model, placed.pop(ordinal))
+            old = [o for o in old if o in placed]
         refusal = waiting = ""
-        now = time.time()
-        for ordinal in range(model.replicas):
-            charged = state.charged_pod(f"{prefix}{ordinal}")
-            if charged is not None and charged.uid in self._draining:
+        free = (o for o in itertools.count() if o not in placed)
+        missing = list(itertools.islice(free, max(0, model.replicas - len(placed))))
+        wanted = {replica_uid(model.uid, o) for o in missing}
+        if old and model.replicas:
+            wanted.add(self._rollout.surge_uid(model))
+        self._preemption.forget(model.uid, wanted, self._draining)
+        for ordinal in missing:
+            rid = replica_uid(model.uid, ordinal)
+            charged = state.charged_pod(rid)
+            if charged is not None:
                 # Scaled back up during its drain, or preempted: placed again, as any new
                 # replica, once the old placement has left (a drain under way is never taken
                 # back).
-                preempted = self._preemption.preempted.get(charged.uid)
+                preempted = self._preemption.preempted.get(rid)
                 again = (
                     f"replica {ordinal} is placed again once its previous placement on node "
                     f"{charged.node_name} has drained"
                 )
                 waiting = waiting or (f"{preempted[0]}; {again}" if preempted else again)
                 continue
-            if charged is not None:
-                placed[ordinal] = charged
-                continue
-            nominated = self._preemption.take_room(f"{prefix}{ordinal}")
             if refusal:
+                self._preemption.take_room(rid)  # its held room given up: it waits its turn
                 continue
-            replica = model.replica(ordinal)
-            if nominated:
-                replica = replace(replica, nominated_node=nominated)
-            unfetchable = host_storage_problem(model.storage_uri, model.storage_secret)
-            if unfetchable:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
-                continue
-            if model.priority_problem:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
-                continue
-            exceeded = quota.refusal(replica.request) if quota is not None else ""
-            if exceeded:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
-                continue
-            decision = place(state, replica, now=now, policy=self._policy)
-            if isinstance(decision, Placement):
-                self._preemption.placed(replica.uid)
-                proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
-                state.assume(replica, decision.node, decision.gpu.uuid, proof)
-                if quota is not None:
-                    quota.charge(replica.request)
-                placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
-                continue
+            outcome = self._place_one(model, ordinal, quota)
+            if isinstance(outcome, PodInfo):
+                placed[ordinal] = outcome
+            else:
+                refusal = outcome
+        if refusal or waiting or len(placed) < model.replicas:
+            return placed, refusal, waiting, self._rollout.where(model, placed, old, "")
+        return placed, refusal, waiting, self._rollout.step(model, placed, old, quota)
+
+    def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
+        """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
+        and signed, with spec.storageUri; or why it is not. One that fits nowhere may preempt
+        lower-priority pods and replicas (`binder.replicapreemption`)."""
+        state = self._ledger.state
+        replica = model.replica(ordinal)
+        nominated = self._preemption.take_room(replica.uid)
+        if nominated:
+            replica = replace(replica, nominated_node=nominated)
+        unfetchable = host_storage_problem(model.storage_uri, model.storage_secret)
+        if unfetchable:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+        if model.priority_problem:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
+        exceeded = quota.refusal(replica.request) if quota is not None else ""
+        if exceeded:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
+        now = time.time()
+        decision = place(state, replica, now=now, policy=self._policy)
+        if not isinstance(decision, Placement):
             message = self._preemption.decide(model, ordinal, replica, decision, now)
             if REASON_REPLICA_THERE in decision.reasons:
-                refusal = f"replica {ordinal}: 1 replica per node: {message}"
-            else:
-                refusal = f"replica {ordinal}: {message}"
-        return placed, refusal, waiting
+                return f"replica {ordinal}: 1 replica per node: {message}"
+            return f"replica {ordinal}: {message}"
+        self._preemption.placed(replica.uid)
+        proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
+        state.assume(replica, decision.node, decision.gpu.uuid, proof)
+        spans = self._ledger.spans
+        spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
+        if quota is not None:
+            quota.charge(replica.request)
+        self._rollout.files[replica.uid] = model.storage_uri
+        return replica.bound(decision.node, decision.gpu.uuid, proof)
 
     async def _report_preemptions(self, model: ModelInfo) -> None:
         """The `Preempted` Event of each replica of the model preempted since (Normal, as
@@ -604,40 +653,58 @@ class ModelController:
                     event_type="Normal",
                 )
 
-    def _drain(self, model: ModelInfo) -> None:
-        """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
-        Service, listed as draining) until its host no longer has it loaded or the drain's
-        bound passes; the others are freed at once. A drain, once begun, runs to its end even
-        when the replica is wanted again."""
+    def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
+        """The model's charged replicas that are not draining, by ordinal."""
+        state = self._ledger.state
+        live = {}
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = state.charged_pod(rid)
+            if charged is not None and rid not in self._draining:
+                live[int(rid.rpartition("/")[2])] = charged
+        return live
+
+    def _leave(self, model: ModelInfo, replica: PodInfo) -> None:
+        """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
+        draining) until its host no longer has it loaded or the drain's bound passes
+        (`_end_drains`); another is freed at once."""
+        if self._loaded(model, replica.node_name).ready:
+            self._draining[replica.uid] = self._clock() + self._drain_seconds
+            self._ledger.draining.add(replica.uid)
+        else:
+            self._free(replica.uid)
+
+    def _free(self, rid: str) -> None:
+        self._undrain(rid)
+        self._rollout.files.pop(rid, None)
+        self._ledger.state.remove_pod(rid)
+        self._ledger.state.untrack_pod(rid)
+
+    def _end_drains(self, model: ModelInfo) -> None:
+        """Each drain of the model ends once its host no longer has the replica loaded or its
+        bound passes. A drain, once begun, runs to its end even when the replica is wanted
+        again."""
         state = self._ledger.state
         now = self._clock()
         for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
-            if not state.is_accounted(rid):
-                self._undrain(rid)  # freed meanwhile (its node went away)
-        for rid in self._ledger.replica_uids(model.uid):
-            if int(rid.rpartition("/")[2]) < model.replicas and rid not in self._draining:
-                continue
             charged = state.charged_pod(rid)
-            loaded = charged is not None and self._loaded(model, charged.node_name).ready
-            deadline = self._draining.get(rid)
-            if loaded and deadline is None:
-                self._draining[rid] = now + self._drain_seconds
-                self._ledger.draining.add(rid)
+            if charged is None or not state.is_accounted(rid):
+                self._undrain(rid)  # freed meanwhile (its node went away)
+                self._rollout.files.pop(rid, None)
                 continue
-            if loaded and deadline is not None and now < deadline:
+            if not self._loaded(model, charged.node_name).ready:
+                self._free(rid)
                 continue
-            if loaded:
-                log.warning(
-                    "Replica %s of TritonModel %s is still loaded on node %s after the "
-                    "%g s drain bound: removing it from its host.",
-                    rid.rpartition("/")[2],
-                    model.key,
-                    charged.node_name if charged else "?",
-                    self._drain_seconds,
-                )
-            self._undrain(rid)
-            state.remove_pod(rid)
-            state.untrack_pod(rid)
+            if now < self._draining[rid]:
+                continue
+            log.warning(
+                "Replica %s of TritonModel %s is still loaded on node %s after the "
+                "%g s drain bound: removing it from its host.",
+                rid.rpartition("/")[2],
+                model.key,
+                charged.node_name,
+                self._drain_seconds,
+            )
+            self._free(rid)
 
     def _undrain(self, rid: str) -> None:
         self._draining.pop(rid, None)
@@ -665,6 +732,27 @@ class ModelController:
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
 
+    async def _report_roll(self, model: ModelInfo, roll: Roll) -> None:
+        """A Warning Event on the model when its roll goes on without a surge replica, or
+        stalls on new files a replica does not serve (once per message)."""
+        if roll.fallback:
+            said = (ROLLING_WITHOUT_SURGE, roll.fallback)
+        elif roll.status == "False":
+            said = (roll.reason, roll.message)
+        else:
+            self._roll_said.pop(model.uid, None)
+            return
+        if self._roll_said.get(model.uid) == said[1]:
+            return
+        await self._call(
+            self._kube.record_object_event,
+            _involved(model),
+            reason=said[0],
+            message=said[1],
+            reporting_instance=self._identity,
+        )
+        self._roll_said[model.uid] = said[1]
+
     async def _report_not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
         """A Warning Event on the model per replica and reason the agent gives for not serving
         it (once each, as the agent reports a model pod's)."""
@@ -690,6 +778,7 @@ class ModelController:
         placed: dict[int, PodInfo],
         refusal: str,
         waiting: str,
+        roll: Roll,
         reason: str = "Unschedulable",
     ) -> JsonObject:
         if refusal:
@@ -698,7 +787,7 @@ class ModelController:
             why = reason if reason == PREEMPTED else "ReplicaDraining"
             condition = self._condition(model, PLACED, "False", why, waiting)
         else:
-            message = f"{len(placed)} of {model.replicas} replicas placed"
+            message = f"{min(len(placed), model.replicas)} of {model.replicas} replicas placed"
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
         placements = []
         why_not: list[str] = []
@@ -714,16 +803,17 @@ class ModelController:
                 "proof": replica.placement,
                 "host": host_name(replica.node_name),
                 "ready": ready,
+                "storageUri": self._rollout.uri(model, ordinal),
             }
             if why:
                 entry["message"] = why
                 why_not.append(f"replica {ordinal} on {replica.node_name}: {why}")
             placements.append(entry)
         ready_count = len(placements) - len(why_not)
-        message = f"{ready_count} of {model.replicas} replicas ready"
+        message = f"{min(ready_count, model.replicas)} of {model.replicas} replicas ready"
         if len(placed) < model.replicas:
             why_not.append(f"{model.replicas - len(placed)} not placed (see {PLACED})")
-        if why_not:
+        if why_not and ready_count < model.replicas:
             shown = why_not[:READY_REASONS_SHOWN]
             if len(why_not) > len(shown):
                 shown.append(f"{len(why_not) - len(shown)} more")
@@ -737,9 +827,14 @@ class ModelController:
             "replicas": len(placed),
             "readyReplicas": ready_count,
             "availableReplicas": ready_count,
+            "updatedReplicas": roll.updated,
             "selector": f"{serves_label(self._keys, model.name)}=true",
             "placements": placements,
-            "conditions": [condition, ready_condition],
+            "conditions": [
+                condition,
+                ready_condition,
+                self._condition(model, PROGRESSING, roll.status, roll.reason, roll.message),
+            ],
         }
 
     def _condition(
@@ -983,7 +1078,7 @@ class ModelController:
                     gpu=replica.gpu_uuid,
                     residency=RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
                     proof=replica.placement,
-                    storage_uri=model.storage_uri,
+                    storage_uri=self._rollout.uri(model, ordinal),
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
                     draining=draining,

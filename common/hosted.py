@@ -137,7 +137,7 @@ class HostedReplica:
     uid: str
     """The TritonModel's uid."""
     replica: int
-    """The ordinal (0 to spec.replicas - 1)."""
+    """The ordinal: the replica's identity (a roll's surge replica takes a new one)."""
     gpu: str
     """The UUID of the GPU it is placed on."""
     residency: str

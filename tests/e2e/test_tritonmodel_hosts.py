@@ -6,12 +6,14 @@ and the binder puts the host behind the model's Service. Each team's clients, th
 Service's endpoints, get that team's answers (REST and gRPC) naming only `add-one`. team-a's files
 are private (a bearer token in its Secret, named by `storageSecret`): team-b's TritonModel naming
 that Secret and URI is not served, its host's loader says why, and the store never gets team-a's
-token from it. Scaling to 0 through the `scale` subresource drains and unloads the replica and
-removes the host."""
+token from it. A roll to new files on the one node (no room for a surge replica) replaces the
+replica in turn, and the answers through the Service move to the new files'. Scaling to 0 through
+the `scale` subresource drains and unloads the replica and removes the host."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -27,7 +29,7 @@ from common.contract import Keys
 from common.hosted import decode_hosted, host_name, hosted_models_annotation, serves_label
 from common.tritonname import private_triton_name
 from sim.cluster import SimCluster
-from sim.demo.rollout import new_release
+from sim.demo.rollout import SteadyClient, new_release
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
 from sim.service import Endpoints
@@ -165,3 +167,50 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     # team-b's replica is untouched.
     address = hosts["team-b"].status.pod_ip
     assert _answers(address) == (TEAMS["team-b"], TEAMS["team-b"])
+
+    # team-b rolls to team-a's files. The one node holds its replica: no room for a surge, so
+    # the replica drains and is placed again on the new files (an Event says so) while a client
+    # sends through the Service; its answers move to the new files'.
+    with Endpoints(cluster.kube, "team-b", f"{serves_label(KEYS, MODEL)}=true") as service:
+        client = SteadyClient(service, model=MODEL)
+        client.start()
+        try:
+            wait_until("team-b's answer", partial(client.since, 0.0), 30)
+            new_uri = cluster.model_store.publish(MODEL, sources["team-a"], release="team-b-2")
+            custom.patch_namespaced_custom_object(
+                GROUP, VERSION, "team-b", PLURAL, MODEL, {"spec": {"storageUri": new_uri}}
+            )
+            wait_until(
+                "team-b's roll complete",
+                lambda: (
+                    _status(custom, "team-b").get("observedGeneration") == 2
+                    and _progressing(custom, "team-b").get("reason") == "NewFilesServed"
+                    and _status(custom, "team-b").get("readyReplicas") == 1
+                ),
+                90,
+            )
+            done = time.monotonic()
+            wait_until("a new answer", lambda: TEAMS["team-a"] in client.since(done), 30)
+        finally:
+            client.stop()
+    status = _status(custom, "team-b")
+    assert status["updatedReplicas"] == 1
+    assert [e["storageUri"] for e in status["placements"]] == [new_uri]
+    events = core.list_namespaced_event("team-b", field_selector=f"involvedObject.name={MODEL}")
+    reasons = [e.reason for e in events.items]
+    assert "RollingWithoutSurge" in reasons and "NewFilesNotServed" not in reasons, reasons
+    answers = [answer for _, _, answer in client.answers]
+    assert answers[0] == TEAMS["team-b"] and answers[-1] == TEAMS["team-a"]
+    assert TEAMS["team-b"] not in client.since(done), "the old files are gone once rolled"
+
+
+def _status(custom: Any, namespace: str) -> dict[str, Any]:
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, MODEL)
+    found: dict[str, Any] = obj.get("status") or {}
+    return found
+
+
+def _progressing(custom: Any, namespace: str) -> dict[str, Any]:
+    conditions = {c["type"]: c for c in _status(custom, namespace).get("conditions") or []}
+    found: dict[str, Any] = conditions.get("Progressing") or {}
+    return found
