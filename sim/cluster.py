@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -370,8 +371,9 @@ class SimCluster:
             if self.node_ports
             else NodePorts(free_port(), free_port(), free_port(), free_port())
         )
-        for node in self.real_nodes:
-            self._start_triton(node)
+        # Each Triton takes seconds to start: the nodes' start side by side, as nodes boot.
+        with ThreadPoolExecutor(max(1, len(self.real_nodes))) as starting:
+            list(starting.map(self._start_triton, self.real_nodes))
         for node in self.real_nodes:
             self._start_gateway(node)
         self._start_agents()

@@ -1,12 +1,14 @@
 """A TritonModel on two real nodes of the simulated cluster (each its own Triton, agent, gateway
 and kubelet, on its own address): served through its Service with one replica; scaled to 2
 through the `scale` subresource, as an HPA does, it gets a host on each node and both hosts in
-its Service; scaled back to 1 while clients keep sending requests through the Service, not one
-request fails."""
+its Service; scaled back to 1 while clients keep sending requests through the Service (until
+the other node's replica is unloaded, and after), not one request fails."""
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ from sim.cluster import NodeSpec, SimCluster
 from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
 from sim.service import Endpoints
-from sim.triton import TritonInstall
+from sim.triton import TritonInstall, TritonServer
 
 NODES = (NodeSpec("gpu-a", "1xT4", real=True), NodeSpec("gpu-b", "1xT4", real=True))
 NAMESPACE = "team-a"
@@ -54,6 +56,18 @@ def _hosts(core: Any) -> list[Any]:
     selector = f"{KEYS.prefix}model-host=true"
     pods = core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
     return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def _loaded(triton: TritonServer) -> set[str]:
+    """The models loaded in a node's Triton (read with the agent's admin header)."""
+    request = urllib.request.Request(
+        f"http://{triton.http_url}/v2/repository/index",
+        data=b"{}",
+        headers={"tritonshare-admin-key": "local"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        return {m["name"] for m in json.loads(answer.read()) if m.get("state") == "READY"}
 
 
 def _infer(address: str) -> list[list[float]]:
@@ -146,20 +160,10 @@ def test_a_tritonmodel_scales_over_two_real_nodes_and_back_without_a_failed_requ
             wait_until("one host left", lambda: len(_hosts(core)) == 1, 90)
             wait_until("one host in the Service", lambda: len(service.addresses()) == 1, 30)
             [kept] = service.addresses()
-            before = clients.answered.get(kept, 0)
-            wait_until("requests to the kept host", lambda: clients.answered[kept] > before, 30)
-            removed = pod_ips - {kept}
-            wait_until(
-                "the removed host deleted",
-                lambda: (
-                    not [
-                        p
-                        for p in core.list_namespaced_pod(NAMESPACE).items
-                        if p.status.pod_ip in removed
-                    ]
-                ),
-                90,
-            )
+            [left] = [h.spec.node_name for h in hosts if h.status.pod_ip != kept]
+            wait_until("the replica unloaded", lambda: not _loaded(cluster.tritons[left]), 90)
+            after = clients.answered[kept]
+            wait_until("requests after the unload", lambda: clients.answered[kept] > after, 30)
         finally:
             clients.stop.set()
             sender.join(60)
