@@ -278,6 +278,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     max_concurrency=entry.concurrency,
                     idle_seconds=entry.idle_seconds,
                     status=status_to_proto(status),
+                    storage_secret=entry.storage_secret,
                 )
             )
         self._ok("ListHosted")

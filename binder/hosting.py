@@ -2,20 +2,23 @@
 namespace's model hosts and its Service.
 
 While this replica leads, a model the cache reports changed (`changed`) is reconciled on the
-loop: replicas past `spec.replicas` (the highest ordinals) leave (`_drain`); each wanted replica
-not yet charged is placed, while the namespace's ResourceQuotas allow it (`binder.quota`),
-by the binder's own `place` (every rule a pod is placed by,
-`as_replica`, and one replica of a model per node), charged at once (assume) and signed
-(`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU memory and
-residency, so a proof copied to another replica, model or node does not verify). Then, off the
-loop:
+loop: replicas past `spec.replicas` (those on previous files first, then the highest ordinals)
+leave (`_leave`); each missing replica is placed at the lowest free ordinal, while the
+namespace's ResourceQuotas allow it (`binder.quota`), by the binder's own `place` (every rule a
+pod is placed by, `as_replica`, and one replica of a model per node), charged at once (assume)
+and signed (`binder.proofs.sign`: namespace, model, ordinal and the model's uid, node, GPU, GPU
+memory and residency, so a proof copied to another replica, model or node does not verify).
+Each replica keeps the storageUri it was placed with; a new spec.storageUri rolls a step per
+reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailable 0). Then, off
+the loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
-  ready, message}), `replicas`, `readyReplicas` (and `availableReplicas`), `selector`,
-  `observedGeneration`, the `Placed` condition (False with kube-scheduler's refusal when a
-  replica fits nowhere, and a Warning Event `FailedScheduling` on the model, written only when
-  the refusal changes) and the `Ready` condition (False naming the replicas not served and why,
-  and a Warning Event `ReplicaNotServed` per replica and reason the agent gives);
+  ready, message, storageUri}), `replicas`, `readyReplicas` (and `availableReplicas`),
+  `updatedReplicas`, `selector`, `observedGeneration`, the `Placed` condition (False with
+  kube-scheduler's refusal when a replica fits nowhere, and a Warning Event `FailedScheduling`
+  on the model, written only when the refusal changes), the `Ready` condition (False naming the
+  replicas not served and why, and a Warning Event `ReplicaNotServed` per replica and reason
+  the agent gives) and the `Progressing` condition (the roll);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
   that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -60,12 +64,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from binder.cache import Ledger
 from binder.errors import ApiError, ConflictError, NotFoundError
 from binder.filters import REASON_REPLICA_THERE
-from binder.hostpod import host_spec
+from binder.hostpod import host_image, host_spec, mounted_secrets, template_hash
 from binder.kube import JsonObject, Kube, now_rfc3339
 from binder.model import (
     TRITONMODEL_API_VERSION,
@@ -87,6 +91,15 @@ from binder.quota import (
     selects,
 )
 from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
+from binder.rolling import (
+    PLACED,
+    PROGRESSING,
+    ROLLING_WITHOUT_SURGE,
+    UNSUPPORTED_STORAGE,
+    Loaded,
+    Roll,
+    Rollout,
+)
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     SLEEPING_REASON,
@@ -97,6 +110,7 @@ from common.hosted import (
     host_label,
     host_name,
     host_storage_problem,
+    host_template_annotation,
     hosted_models_annotation,
     loaded_condition,
     replica_uid,
@@ -112,14 +126,13 @@ RETRY_SECONDS = 1.0
 QUOTA_READ_SECONDS = 1.0
 """How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
 models of a namespace created together read them once); their pods' use is that much late."""
-UNSUPPORTED_STORAGE = "UnsupportedStorage"
-"""The Placed condition's reason for a model whose files no model host can fetch."""
-PLACED = "Placed"
-"""The condition type: every wanted replica is placed."""
 READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
 """The Warning Event's reason when the agent reports a replica not loaded on its host."""
+HOST_REFUSED = "FailedCreate"
+"""The Ready condition's reason, and the Warning Event's, while the API server refuses a host of
+the model's replicas (a quota on pods, CPU or memory, a LimitRange, a policy)."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -127,16 +140,6 @@ SERVICE_PORTS = [
     {"name": "grpc", "port": 9001, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"},
 ]
 """As a model pod's Service (deploy/example/model-service.yaml)."""
-
-
-class Loaded(NamedTuple):
-    """A replica's state on its host, from the agent's loaded condition there."""
-
-    ready: bool
-    why: str
-    """Why it is not served ("" when it is)."""
-    reason: str = ""
-    """The agent's reason, when it reports the replica not loaded."""
 
 
 def _owner(model: ModelInfo, controller: bool) -> JsonObject:
@@ -202,16 +205,28 @@ class ModelController:
         """Model uid -> namespace, to tidy its namespace's hosts once it is gone."""
         self._services: set[str] = set()
         """Models whose Service this replica has written."""
-        self._hosts_for: dict[str, frozenset[tuple[int, str, bool]]] = {}
-        """Model uid -> its (ordinal, node, draining) the hosts were last made to serve."""
+        self._hosts_for: dict[str, frozenset[tuple[int, str, bool, str]]] = {}
+        """Model uid -> its (ordinal, node, draining, files) the hosts were last made to
+        serve."""
+        self._roll_said: dict[str, str] = {}
+        """Model uid -> the roll's Warning last recorded as an Event (one per message)."""
         self._stale: set[str] = set()
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating."""
         self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
         """Namespace -> when its ResourceQuotas were last read, and what they were."""
+        self._templates: dict[str, str] = {}
+        """Node -> `template_hash` of the hosts this binder makes there."""
+        self._replaced_at: dict[str, float] = {}
+        """Namespace -> when one of its outdated hosts was last replaced (`clock`)."""
+        self._replacing: dict[str, str] = {}
+        """Namespace -> the uid of the host it replaced last."""
         self._host_refusals: dict[str, str] = {}
         """Model uid -> the refusal of one of its hosts last reported (an Event on change)."""
+        self._refused_hosts: dict[tuple[str, str], str] = {}
+        """(namespace, node) -> why the API server refuses the host there now (the Ready
+        condition of the models placed there says it)."""
         self._hosts_seen: set[tuple[str, str]] = set()
         """(namespace, node) of hosts whose labels, annotation or conditions changed."""
         self._reported: dict[str, str] = {}
@@ -221,6 +236,15 @@ class ModelController:
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
         self._preemption = ReplicaPreemption(ledger, policy, enabled=preemption, drain=self.preempt)
+        self._rollout = Rollout(
+            ledger,
+            policy,
+            loaded=self._loaded,
+            place_one=self._place_one,
+            leave=self._leave,
+            holds=self._preemption.holds,
+            draining=self._draining,
+        )
 
     def hosts_changed(self, namespace: str) -> None:
         """A host of the namespace went away, or waits to: its hosts are all checked again."""
@@ -260,6 +284,7 @@ class ModelController:
                     if not isinstance(verdict, PodInfo):
                         continue
                     state.set_pod(verdict)
+                    self._rollout.files[rid] = entry.storage_uri
                     spans = self._ledger.spans
                     spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)
                     self._draining[rid] = now + self._drain_seconds
@@ -366,16 +391,18 @@ class ModelController:
                 self._undrain(rid)  # deleted: garbage collection's, nothing to drain for
             for rid in [r for r in self._reported if r.rpartition("/")[0] == uid]:
                 del self._reported[rid]
+            self._rollout.forget(uid)
+            self._roll_said.pop(uid, None)
             self._preemption.forget(uid)
             namespace = self._namespaces.pop(uid, None)
             if namespace is not None:
                 before = self._hosts_for.get(uid, frozenset())
-                await self._reconcile_hosts(namespace, {node for _, node, _ in before})
+                await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
             return
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
-        placed, refusal, waiting = self._place(model, quota)
+        placed, refusal, waiting, roll = self._place(model, quota)
         preemptions = self._preemption.preempted
         preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == uid)
         reason = (
@@ -384,7 +411,7 @@ class ModelController:
             else PREEMPTED
             if preempted and (refusal or waiting)
             else UNSUPPORTED_STORAGE
-            if refusal and host_storage_problem(model.storage_uri)
+            if refusal and host_storage_problem(model.storage_uri, model.storage_secret)
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
             else "Unschedulable"
@@ -392,7 +419,7 @@ class ModelController:
         if preempted and refusal and not waiting:
             why = "; ".join(preemptions[r][0] for r in preempted)
             refusal = f"{why}; placed again when it fits: {refusal}"
-        status = self._status(model, placed, refusal, waiting, reason)
+        status = self._status(model, placed, refusal, waiting, roll, reason)
         if any(model.status.get(k) != v for k, v in status.items()):
             try:
                 await self._call(
@@ -410,22 +437,20 @@ class ModelController:
             )
         if refusal:
             self._refused[uid] = refusal
+        elif roll.retry:
+            self._refused[uid] = ""  # tried again every RETRY_SECONDS, as a refused model
         else:
             self._refused.pop(uid, None)
         await self._report_not_served(model, placed)
         await self._report_preemptions(model)
-        state = self._ledger.state
-        hosted = frozenset(
-            (int(rid.rpartition("/")[2]), charged.node_name, rid in self._draining)
-            for rid in self._ledger.replica_uids(uid)
-            if (charged := state.charged_pod(rid)) is not None
-        )
+        await self._report_roll(model, roll)
+        hosted = self._as_hosted(model)
         last = self._hosts_for.get(uid)
         if model.namespace in self._stale:
             self._stale.discard(model.namespace)
             await self._reconcile_hosts(model.namespace, None)
         elif hosted != last:
-            nodes = {node for _, node, _ in hosted | (last or frozenset())}
+            nodes = {entry[1] for entry in hosted | (last or frozenset())}
             await self._reconcile_hosts(model.namespace, nodes)
         self._hosts_for[uid] = hosted
         if uid not in self._services:
@@ -445,10 +470,24 @@ class ModelController:
                 )
             self._services.add(uid)
 
+    def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str]]:
+        """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
+        files)."""
+        hosted = set()
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None:
+                ordinal = int(rid.rpartition("/")[2])
+                draining = rid in self._draining
+                hosted.add(
+                    (ordinal, charged.node_name, draining, self._rollout.uri(model, ordinal))
+                )
+        return frozenset(hosted)
+
     async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
         """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
-        state = self._ledger.state
-        if all(state.is_accounted(replica_uid(model.uid, o)) for o in range(model.replicas)):
+        live = self._live(model)
+        if len(live) >= model.replicas and not self._rollout.old(model, live):
             return None
         read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
         if time.monotonic() - read_at > QUOTA_READ_SECONDS:
@@ -480,66 +519,89 @@ class ModelController:
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
-    ) -> tuple[dict[int, PodInfo], str, str]:
-        """The model's charged replicas after draining or freeing those past spec.replicas and
-        placing the missing ones that `quota` allows; the refusal of the first refused or that
-        fits nowhere ("" when all fit); and which wanted replica waits for its previous
-        placement to drain ("" when none)."""
+    ) -> tuple[dict[int, PodInfo], str, str, Roll]:
+        """The model's charged replicas after freeing or draining those it no longer wants,
+        placing the missing ones that `quota` allows and taking its roll to new files a step
+        (`_roll`); the refusal of the first refused or that fits nowhere ("" when all fit);
+        which wanted replica waits for its previous placement to drain ("" when none); and
+        where the roll stands."""
         state = self._ledger.state
-        prefix = f"{model.uid}/"
-        self._drain(model)
-        self._preemption.forget(model.uid, model.replicas, self._draining)
-        placed: dict[int, PodInfo] = {}
+        self._end_drains(model)
+        placed = self._live(model)
+        old = self._rollout.old(model, placed)
+        allowed = model.replicas + (1 if old and model.replicas else 0)
+        if len(placed) > allowed:
+            # Scaled down: the replicas on previous files leave first, then the highest.
+            newer = sorted((o for o in placed if o not in old), reverse=True)
+            for ordinal in (old + newer)[: len(placed) - allowed]:
+                self._leave(model, placed.pop(ordinal))
+            old = [o for o in old if o in placed]
         refusal = waiting = ""
-        now = time.time()
-        for ordinal in range(model.replicas):
-            charged = state.charged_pod(f"{prefix}{ordinal}")
-            if charged is not None and charged.uid in self._draining:
+        free = (o for o in itertools.count() if o not in placed)
+        missing = list(itertools.islice(free, max(0, model.replicas - len(placed))))
+        wanted = {replica_uid(model.uid, o) for o in missing}
+        if old and model.replicas:
+            wanted.add(self._rollout.surge_uid(model))
+        self._preemption.forget(model.uid, wanted, self._draining)
+        for ordinal in missing:
+            rid = replica_uid(model.uid, ordinal)
+            charged = state.charged_pod(rid)
+            if charged is not None:
                 # Scaled back up during its drain, or preempted: placed again, as any new
                 # replica, once the old placement has left (a drain under way is never taken
                 # back).
-                preempted = self._preemption.preempted.get(charged.uid)
+                preempted = self._preemption.preempted.get(rid)
                 again = (
                     f"replica {ordinal} is placed again once its previous placement on node "
                     f"{charged.node_name} has drained"
                 )
                 waiting = waiting or (f"{preempted[0]}; {again}" if preempted else again)
                 continue
-            if charged is not None:
-                placed[ordinal] = charged
-                continue
-            nominated = self._preemption.take_room(f"{prefix}{ordinal}")
             if refusal:
+                self._preemption.take_room(rid)  # its held room given up: it waits its turn
                 continue
-            replica = model.replica(ordinal)
-            if nominated:
-                replica = replace(replica, nominated_node=nominated)
-            unfetchable = host_storage_problem(model.storage_uri)
-            if unfetchable:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
-                continue
-            if model.priority_problem:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
-                continue
-            exceeded = quota.refusal(replica.request) if quota is not None else ""
-            if exceeded:
-                refusal = f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
-                continue
-            decision = place(state, replica, now=now, policy=self._policy)
-            if isinstance(decision, Placement):
-                self._preemption.placed(replica.uid)
-                proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
-                state.assume(replica, decision.node, decision.gpu.uuid, proof)
-                if quota is not None:
-                    quota.charge(replica.request)
-                placed[ordinal] = replica.bound(decision.node, decision.gpu.uuid, proof)
-                continue
+            outcome = self._place_one(model, ordinal, quota)
+            if isinstance(outcome, PodInfo):
+                placed[ordinal] = outcome
+            else:
+                refusal = outcome
+        if refusal or waiting or len(placed) < model.replicas:
+            return placed, refusal, waiting, self._rollout.where(model, placed, old, "")
+        return placed, refusal, waiting, self._rollout.step(model, placed, old, quota)
+
+    def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
+        """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
+        and signed, with spec.storageUri; or why it is not. One that fits nowhere may preempt
+        lower-priority pods and replicas (`binder.replicapreemption`)."""
+        state = self._ledger.state
+        replica = model.replica(ordinal)
+        nominated = self._preemption.take_room(replica.uid)
+        if nominated:
+            replica = replace(replica, nominated_node=nominated)
+        unfetchable = host_storage_problem(model.storage_uri, model.storage_secret)
+        if unfetchable:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
+        if model.priority_problem:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
+        exceeded = quota.refusal(replica.request) if quota is not None else ""
+        if exceeded:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
+        now = time.time()
+        decision = place(state, replica, now=now, policy=self._policy)
+        if not isinstance(decision, Placement):
             message = self._preemption.decide(model, ordinal, replica, decision, now)
             if REASON_REPLICA_THERE in decision.reasons:
-                refusal = f"replica {ordinal}: 1 replica per node: {message}"
-            else:
-                refusal = f"replica {ordinal}: {message}"
-        return placed, refusal, waiting
+                return f"replica {ordinal}: 1 replica per node: {message}"
+            return f"replica {ordinal}: {message}"
+        self._preemption.placed(replica.uid)
+        proof = sign(self._ring(), replica, decision.node, decision.gpu.uuid)
+        state.assume(replica, decision.node, decision.gpu.uuid, proof)
+        spans = self._ledger.spans
+        spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
+        if quota is not None:
+            quota.charge(replica.request)
+        self._rollout.files[replica.uid] = model.storage_uri
+        return replica.bound(decision.node, decision.gpu.uuid, proof)
 
     async def _report_preemptions(self, model: ModelInfo) -> None:
         """The `Preempted` Event of each replica of the model preempted since (Normal, as
@@ -591,40 +653,58 @@ class ModelController:
                     event_type="Normal",
                 )
 
-    def _drain(self, model: ModelInfo) -> None:
-        """Replicas past spec.replicas leave: one loaded on its host drains first (out of the
-        Service, listed as draining) until its host no longer has it loaded or the drain's
-        bound passes; the others are freed at once. A drain, once begun, runs to its end even
-        when the replica is wanted again."""
+    def _live(self, model: ModelInfo) -> dict[int, PodInfo]:
+        """The model's charged replicas that are not draining, by ordinal."""
+        state = self._ledger.state
+        live = {}
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = state.charged_pod(rid)
+            if charged is not None and rid not in self._draining:
+                live[int(rid.rpartition("/")[2])] = charged
+        return live
+
+    def _leave(self, model: ModelInfo, replica: PodInfo) -> None:
+        """`replica` leaves: one loaded on its host drains first (out of the Service, listed as
+        draining) until its host no longer has it loaded or the drain's bound passes
+        (`_end_drains`); another is freed at once."""
+        if self._loaded(model, replica.node_name).ready:
+            self._draining[replica.uid] = self._clock() + self._drain_seconds
+            self._ledger.draining.add(replica.uid)
+        else:
+            self._free(replica.uid)
+
+    def _free(self, rid: str) -> None:
+        self._undrain(rid)
+        self._rollout.files.pop(rid, None)
+        self._ledger.state.remove_pod(rid)
+        self._ledger.state.untrack_pod(rid)
+
+    def _end_drains(self, model: ModelInfo) -> None:
+        """Each drain of the model ends once its host no longer has the replica loaded or its
+        bound passes. A drain, once begun, runs to its end even when the replica is wanted
+        again."""
         state = self._ledger.state
         now = self._clock()
         for rid in [r for r in self._draining if r.rpartition("/")[0] == model.uid]:
-            if not state.is_accounted(rid):
-                self._undrain(rid)  # freed meanwhile (its node went away)
-        for rid in self._ledger.replica_uids(model.uid):
-            if int(rid.rpartition("/")[2]) < model.replicas and rid not in self._draining:
-                continue
             charged = state.charged_pod(rid)
-            loaded = charged is not None and self._loaded(model, charged.node_name).ready
-            deadline = self._draining.get(rid)
-            if loaded and deadline is None:
-                self._draining[rid] = now + self._drain_seconds
-                self._ledger.draining.add(rid)
+            if charged is None or not state.is_accounted(rid):
+                self._undrain(rid)  # freed meanwhile (its node went away)
+                self._rollout.files.pop(rid, None)
                 continue
-            if loaded and deadline is not None and now < deadline:
+            if not self._loaded(model, charged.node_name).ready:
+                self._free(rid)
                 continue
-            if loaded:
-                log.warning(
-                    "Replica %s of TritonModel %s is still loaded on node %s after the "
-                    "%g s drain bound: removing it from its host.",
-                    rid.rpartition("/")[2],
-                    model.key,
-                    charged.node_name if charged else "?",
-                    self._drain_seconds,
-                )
-            self._undrain(rid)
-            state.remove_pod(rid)
-            state.untrack_pod(rid)
+            if now < self._draining[rid]:
+                continue
+            log.warning(
+                "Replica %s of TritonModel %s is still loaded on node %s after the "
+                "%g s drain bound: removing it from its host.",
+                rid.rpartition("/")[2],
+                model.key,
+                charged.node_name,
+                self._drain_seconds,
+            )
+            self._free(rid)
 
     def _undrain(self, rid: str) -> None:
         self._draining.pop(rid, None)
@@ -635,6 +715,9 @@ class ModelController:
         True, or False only because the on-demand replica is asleep: the host's proxy wakes it
         on the next request), and why not."""
         host = self._ledger.hosts.get(model.namespace, {}).get(node)
+        refused = self._refused_hosts.get((model.namespace, node))
+        if host is None and refused:
+            return Loaded(False, refused, HOST_REFUSED)
         if host is None:
             return Loaded(False, "its model host is not created yet")
         if (host.get("metadata") or {}).get("deletionTimestamp"):
@@ -649,12 +732,33 @@ class ModelController:
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
 
+    async def _report_roll(self, model: ModelInfo, roll: Roll) -> None:
+        """A Warning Event on the model when its roll goes on without a surge replica, or
+        stalls on new files a replica does not serve (once per message)."""
+        if roll.fallback:
+            said = (ROLLING_WITHOUT_SURGE, roll.fallback)
+        elif roll.status == "False":
+            said = (roll.reason, roll.message)
+        else:
+            self._roll_said.pop(model.uid, None)
+            return
+        if self._roll_said.get(model.uid) == said[1]:
+            return
+        await self._call(
+            self._kube.record_object_event,
+            _involved(model),
+            reason=said[0],
+            message=said[1],
+            reporting_instance=self._identity,
+        )
+        self._roll_said[model.uid] = said[1]
+
     async def _report_not_served(self, model: ModelInfo, placed: dict[int, PodInfo]) -> None:
         """A Warning Event on the model per replica and reason the agent gives for not serving
         it (once each, as the agent reports a model pod's)."""
         for ordinal, replica in sorted(placed.items()):
             loaded = self._loaded(model, replica.node_name)
-            if not loaded.reason:
+            if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
                 self._reported.pop(replica.uid, None)
                 continue
             if self._reported.get(replica.uid) == loaded.reason:
@@ -674,6 +778,7 @@ class ModelController:
         placed: dict[int, PodInfo],
         refusal: str,
         waiting: str,
+        roll: Roll,
         reason: str = "Unschedulable",
     ) -> JsonObject:
         if refusal:
@@ -682,12 +787,15 @@ class ModelController:
             why = reason if reason == PREEMPTED else "ReplicaDraining"
             condition = self._condition(model, PLACED, "False", why, waiting)
         else:
-            message = f"{len(placed)} of {model.replicas} replicas placed"
+            message = f"{min(len(placed), model.replicas)} of {model.replicas} replicas placed"
             condition = self._condition(model, PLACED, "True", "AllReplicasPlaced", message)
         placements = []
         why_not: list[str] = []
+        not_ready = "ReplicasNotReady"
         for ordinal, replica in sorted(placed.items()):
-            ready, why, _ = self._loaded(model, replica.node_name)
+            ready, why, agent_reason = self._loaded(model, replica.node_name)
+            if agent_reason == HOST_REFUSED:
+                not_ready = HOST_REFUSED
             entry: dict[str, Any] = {
                 "replica": ordinal,
                 "node": replica.node_name,
@@ -695,21 +803,22 @@ class ModelController:
                 "proof": replica.placement,
                 "host": host_name(replica.node_name),
                 "ready": ready,
+                "storageUri": self._rollout.uri(model, ordinal),
             }
             if why:
                 entry["message"] = why
                 why_not.append(f"replica {ordinal} on {replica.node_name}: {why}")
             placements.append(entry)
         ready_count = len(placements) - len(why_not)
-        message = f"{ready_count} of {model.replicas} replicas ready"
+        message = f"{min(ready_count, model.replicas)} of {model.replicas} replicas ready"
         if len(placed) < model.replicas:
             why_not.append(f"{model.replicas - len(placed)} not placed (see {PLACED})")
-        if why_not:
+        if why_not and ready_count < model.replicas:
             shown = why_not[:READY_REASONS_SHOWN]
             if len(why_not) > len(shown):
                 shown.append(f"{len(why_not) - len(shown)} more")
             ready_condition = self._condition(
-                model, READY, "False", "ReplicasNotReady", f"{message}; {'; '.join(shown)}"
+                model, READY, "False", not_ready, f"{message}; {'; '.join(shown)}"
             )
         else:
             ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
@@ -718,9 +827,14 @@ class ModelController:
             "replicas": len(placed),
             "readyReplicas": ready_count,
             "availableReplicas": ready_count,
+            "updatedReplicas": roll.updated,
             "selector": f"{serves_label(self._keys, model.name)}=true",
             "placements": placements,
-            "conditions": [condition, ready_condition],
+            "conditions": [
+                condition,
+                ready_condition,
+                self._condition(model, PROGRESSING, roll.status, roll.reason, roll.message),
+            ],
         }
 
     def _condition(
@@ -788,10 +902,18 @@ class ModelController:
                     with contextlib.suppress(ConflictError):
                         await self._call(self._kube.create_pod, namespace, body)
                 except ApiError as e:
-                    if e.status != 403:
+                    if e.status not in (403, 422):
                         raise
                     await self._host_refused(namespace, node, replicas, e)
+                else:
+                    self._host_accepted(namespace, node, replicas)
                 continue
+            outdated = self._outdated(there, body)
+            if outdated and self._may_replace(namespace, node, wanted, there_now):
+                await self._replace(namespace, node, there, outdated)
+                continue
+            if outdated:
+                self._waiting.add(namespace)  # its turn comes once the namespace's hosts settle
             meta = there.get("metadata") or {}
             labels = meta.get("labels") or {}
             patch_labels: dict[str, Any] = dict(body["metadata"]["labels"])
@@ -799,6 +921,8 @@ class ModelController:
                 if key.startswith(f"{self._keys.prefix}serves-") and key not in patch_labels:
                     patch_labels[key] = None
             annotation = hosted_models_annotation(self._keys)
+            # The template annotation is written at creation only: it says what made the host.
+            annotations = {annotation: body["metadata"]["annotations"][annotation]}
             if (
                 any(labels.get(k) != v for k, v in patch_labels.items())
                 or (meta.get("annotations") or {}).get(annotation)
@@ -809,11 +933,13 @@ class ModelController:
                 patch = {
                     "metadata": {
                         "labels": patch_labels,
-                        "annotations": body["metadata"]["annotations"],
+                        "annotations": annotations,
                         "ownerReferences": body["metadata"]["ownerReferences"],
                     }
                 }
                 await self._call(self._kube.merge_patch_pod, namespace, str(meta["name"]), patch)
+        for key in [k for k in self._refused_hosts if k[0] == namespace and k[1] not in wanted]:
+            del self._refused_hosts[key]  # no replica of the namespace there any more
         for node, there in list(there_now.items()):
             meta = there.get("metadata") or {}
             if node in wanted or meta.get("deletionTimestamp") or (nodes and node not in nodes):
@@ -825,6 +951,69 @@ class ModelController:
                     self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"])
                 )
 
+    def _outdated(self, there: JsonObject, body: JsonObject) -> str:
+        """Why the host `there` no longer matches the host the binder would create now, `body`
+        ("" when it does). A pod's spec cannot change, so a host made from another template
+        (another --host-image, ports or pod settings: another binder's), or without a storage
+        Secret its replicas need, is replaced."""
+        key = host_template_annotation(self._keys)
+        made = ((there.get("metadata") or {}).get("annotations") or {}).get(key)
+        if made != body["metadata"]["annotations"][key]:
+            old, new = host_image(there.get("spec") or {}), host_image(body["spec"])
+            if old != new:
+                return f"its image is {old}, and --host-image is {new}"
+            return "it was made from another pod template (ports, arguments or settings)"
+        missing = mounted_secrets(body["spec"]) - mounted_secrets(there.get("spec") or {})
+        if missing:
+            return f"it does not mount Secret {', '.join(sorted(missing))}"
+        return ""
+
+    def _may_replace(
+        self,
+        namespace: str,
+        node: str,
+        wanted: dict[str, list[tuple[ModelInfo, int, PodInfo]]],
+        there_now: dict[str, JsonObject],
+    ) -> bool:
+        """Whether the namespace's host on `node` may be replaced now: one host of a namespace
+        at a time, so its models stay served by their replicas on other nodes. The next waits
+        until no host of the namespace is being deleted and every other one serves its
+        replicas, or --host-drain-seconds after the last replacement at most."""
+        deleted = self._replacing.get(namespace)
+        for host in there_now.values():
+            meta = host.get("metadata") or {}
+            if meta.get("deletionTimestamp") or meta.get("uid") == deleted:
+                return False  # one is going (or its deletion is not in the cache yet)
+        if self._clock() >= self._replaced_at.get(namespace, -math.inf) + self._drain_seconds:
+            return True
+        for other, replicas in wanted.items():
+            if other == node:
+                continue
+            if other not in there_now:
+                return False
+            for model, _, replica in replicas:
+                if replica.uid not in self._draining and not self._loaded(model, other).ready:
+                    return False
+        return True
+
+    async def _replace(self, namespace: str, node: str, there: JsonObject, why: str) -> None:
+        """Delete the outdated host on `node`: its proxy drains as a model pod's does (out of
+        its Services as it terminates), and the host is created anew once it is gone."""
+        meta = there.get("metadata") or {}
+        log.info(
+            "Replacing the model host %s/%s on node %s (%s): its replicas there are served "
+            "again once its successor has loaded them.",
+            namespace,
+            meta.get("name"),
+            node,
+            why,
+        )
+        self._replaced_at[namespace] = self._clock()
+        self._replacing[namespace] = str(meta.get("uid"))
+        self._waiting.add(namespace)
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self._call(self._kube.delete_pod, namespace, str(meta["name"]), str(meta["uid"]))
+
     async def _host_refused(
         self,
         namespace: str,
@@ -832,12 +1021,17 @@ class ModelController:
         replicas: list[tuple[ModelInfo, int, PodInfo]],
         error: ApiError,
     ) -> None:
-        """The API server forbids the host (a ResourceQuota on pods, CPU or memory; a policy):
-        each model placed there gets a Warning Event with its words, once per message, and the
-        namespace's hosts are tried again every RETRY_SECONDS."""
+        """The API server refuses the host (403: a ResourceQuota on pods, CPU or memory, a
+        policy; 422: a LimitRange): each model placed there gets a Warning Event with its words,
+        once per message, and its Ready condition False with them; the namespace's hosts are
+        tried again every RETRY_SECONDS."""
         self._waiting.add(namespace)
         message = f"the binder cannot create model host {host_name(node)} on node {node}: "
         message += error.message
+        if self._refused_hosts.get((namespace, node)) != message:
+            self._refused_hosts[(namespace, node)] = message
+            for model, _, _ in replicas:
+                self.changed(model.uid)  # its Ready condition says so
         for model in {model.uid: model for model, _, _ in replicas}.values():
             if self._host_refusals.get(model.uid) == message:
                 continue
@@ -850,6 +1044,15 @@ class ModelController:
                 reporting_instance=self._identity,
             )
 
+    def _host_accepted(
+        self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
+    ) -> None:
+        """The host refused before is created: its models' conditions no longer say so."""
+        if self._refused_hosts.pop((namespace, node), None) is not None:
+            for model, _, _ in replicas:
+                self._host_refusals.pop(model.uid, None)
+                self.changed(model.uid)
+
     def _host(
         self, namespace: str, node: str, replicas: list[tuple[ModelInfo, int, PodInfo]]
     ) -> JsonObject:
@@ -859,11 +1062,14 @@ class ModelController:
         labels = {host_label(self._keys): "true"}
         owners: dict[str, JsonObject] = {}
         hosted = []
+        secrets = set()
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
             if not draining and self._loaded(model, node).ready:
                 labels[serves_label(self._keys, model.name)] = "true"
             owners.setdefault(model.uid, _owner(model, False))
+            if model.storage_secret and not draining:
+                secrets.add(model.storage_secret)
             hosted.append(
                 HostedReplica(
                     model=model.name,
@@ -872,10 +1078,11 @@ class ModelController:
                     gpu=replica.gpu_uuid,
                     residency=RESIDENCY_ON_DEMAND if replica.on_demand else RESIDENCY_ALWAYS,
                     proof=replica.placement,
-                    storage_uri=model.storage_uri,
+                    storage_uri=self._rollout.uri(model, ordinal),
                     concurrency=model.concurrency,
                     idle_seconds=model.idle_seconds,
                     draining=draining,
+                    storage_secret=model.storage_secret,
                 )
             )
         return {
@@ -885,7 +1092,10 @@ class ModelController:
                 "name": host_name(node),
                 "namespace": namespace,
                 "labels": labels,
-                "annotations": {hosted_models_annotation(self._keys): encode_hosted(hosted)},
+                "annotations": {
+                    hosted_models_annotation(self._keys): encode_hosted(hosted),
+                    host_template_annotation(self._keys): self._template(node),
+                },
                 "ownerReferences": list(owners.values()),
             },
             "spec": host_spec(
@@ -895,8 +1105,18 @@ class ModelController:
                 self._access,
                 self._keys,
                 len(replicas),
+                secrets,
             ),
         }
+
+    def _template(self, node: str) -> str:
+        """The template hash of this binder's hosts on `node` (computed once per node)."""
+        found = self._templates.get(node)
+        if found is None:
+            found = self._templates[node] = template_hash(
+                node, self._scheduler_name, self._host_image, self._access, self._keys
+            )
+        return found
 
     def _service(self, model: ModelInfo) -> JsonObject:
         return {

@@ -5,17 +5,24 @@ The binder creates one per (namespace, node) with TritonModel replicas placed th
 same image, loader and proxy, token for the agent, probes, securityContext and tolerations. Its
 `loader` (`--host`) follows the host's replicas through the agent: each replica's files fetched
 under /mnt/models, installed and loaded, the ready ones written to the shared ready file; its
-`proxy` serves the models of that file (`--models-file`). Pure: no I/O.
+`proxy` serves the models of that file (`--models-file`). The storage Secrets its replicas name
+are one projected volume in the loader alone, each at <Secret>/, read-only and optional (one that
+does not exist fails only its replicas' fetch, in the loader's words). `template_hash` names what
+the spec is made from (image, ports, arguments, pod settings), so a host made by another binder is
+told apart. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+from collections.abc import Collection
 
 from binder.kube import JsonObject
 from common import modelpod
 from common.contract import Keys
-from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, NodeAccess
+from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, STORAGE_SECRET_DIR, NodeAccess
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
 
 PROXY_METRICS_PORT = dict(modelpod.PROXY_PORTS)["metrics"]
@@ -27,10 +34,23 @@ HOST_PROXY_LIMIT_EXTRA = 384 << 20
 """A host proxy's memory limit above its request (a model pod's proxy: 128Mi, limit 512Mi)."""
 
 
+STORAGE_VOLUME = "storage-secrets"
+"""The projected volume of a host's storage Secrets."""
+STORAGE_KEYS = ("https-host", "headers")
+"""The keys of a storage Secret the loader reads (KServe's for URI storage)."""
+
+
 def host_spec(
-    node: str, scheduler_name: str, image: str, access: NodeAccess, keys: Keys, replicas: int
+    node: str,
+    scheduler_name: str,
+    image: str,
+    access: NodeAccess,
+    keys: Keys,
+    replicas: int,
+    secrets: Collection[str] = (),
 ) -> JsonObject:
-    """The spec of the host on `node` serving `replicas` at creation. Its requests are what the
+    """The spec of the host on `node` serving `replicas` at creation, with the storage Secrets
+    `secrets` mounted in its loader at STORAGE_SECRET_DIR/<Secret>/. Its requests are what the
     binder charges the node for it: `MODEL_HOST_BASE` plus `MODEL_HOST_PER_MODEL` per replica
     (a pod's requests cannot change: later replicas add to the charge alone)."""
     cpu = MODEL_HOST_BASE[CPU] + MODEL_HOST_PER_MODEL[CPU] * replicas
@@ -39,6 +59,22 @@ def host_spec(
     env = [modelpod.host_ip_env()]
     pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     host_mount = {"name": "host", "mountPath": HOST_DIR}
+    sources = [
+        {
+            "secret": {
+                "name": secret,
+                "optional": True,
+                "items": [{"key": key, "path": f"{secret}/{key}"} for key in STORAGE_KEYS],
+            }
+        }
+        for secret in sorted(set(secrets))
+    ]
+    projected = {"name": STORAGE_VOLUME, "projected": {"sources": sources}}
+    secret_volumes = [projected] if sources else []
+    secret_mounts = [
+        {"name": STORAGE_VOLUME, "mountPath": STORAGE_SECRET_DIR, "readOnly": True}
+        for _ in secret_volumes
+    ]
     loader = modelpod.loader(
         image,
         [
@@ -48,6 +84,7 @@ def host_spec(
             # A leaving replica is unloaded once the proxy beside it has drained it.
             f"--proxy-metrics-url=http://$(POD_IP):{PROXY_METRICS_PORT}/metrics",
             *modelpod.agent_args(access),
+            *([f"--storage-secret-dir={STORAGE_SECRET_DIR}"] if secrets else []),
         ],
         env=[*env, pod_ip],
         mounts=[
@@ -55,6 +92,7 @@ def host_spec(
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  (the pod's own emptyDir)
             host_mount,
             modelpod.token_mount(),
+            *secret_mounts,
         ],
         requests={"cpu": f"{HOST_LOADER_SHARE[CPU]}m", "memory": str(HOST_LOADER_SHARE[MEMORY])},
         limits=modelpod.LOADER_LIMITS,
@@ -82,6 +120,33 @@ def host_spec(
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
             {"name": "host", "emptyDir": {"sizeLimit": "16Mi"}},
             modelpod.token_volume(access.audience),
+            *secret_volumes,
         ],
         "containers": [loader, proxy],
     }
+
+
+def mounted_secrets(spec: JsonObject) -> frozenset[str]:
+    """The storage Secrets a host's spec mounts."""
+    return frozenset(
+        str(source["secret"].get("name"))
+        for volume in spec.get("volumes") or []
+        if isinstance(volume, dict) and volume.get("name") == STORAGE_VOLUME
+        for source in (volume.get("projected") or {}).get("sources") or []
+        if isinstance(source, dict) and isinstance(source.get("secret"), dict)
+    )
+
+
+def template_hash(
+    node: str, scheduler_name: str, image: str, access: NodeAccess, keys: Keys
+) -> str:
+    """A hash of the host spec on `node` as this binder builds it, less what its replicas
+    change (requests, storage Secrets): equal for hosts made from the same template."""
+    spec = host_spec(node, scheduler_name, image, access, keys, 0)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def host_image(spec: JsonObject) -> str:
+    """The image a host spec runs (its loader's)."""
+    containers = spec.get("containers") or [{}]
+    return str(containers[0].get("image", "")) if isinstance(containers[0], dict) else ""

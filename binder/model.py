@@ -596,16 +596,21 @@ class ModelInfo:
     name: str
     generation: int
     replicas: int
-    """spec.replicas: ordinals 0..replicas-1 are wanted."""
+    """spec.replicas: how many replicas are wanted (a roll's surge adds one)."""
     template: PodInfo
     """Replica 0 unplaced; the others differ only in uid and name."""
     placed: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
     """status.placements as written: ordinal -> (node, GPU uuid, proof)."""
+    placed_uris: Mapping[int, str] = field(default_factory=dict)
+    """status.placements' storageUri as written: ordinal -> the files that replica was given
+    (absent for a placement written without one: it takes spec.storageUri)."""
     status: Mapping[str, Any] = field(default_factory=dict)
     """status as written, to write only what changes."""
     resource_version: str = ""
     storage_uri: str = ""
     """spec.storageUri: where the host's loader fetches the files."""
+    storage_secret: str = ""
+    """spec.storageSecret: the Secret of the model's namespace the host's loader fetches with."""
     concurrency: int = 0
     """spec.maxConcurrency (0: none given)."""
     idle_seconds: int = 0
@@ -677,6 +682,7 @@ def model_from_api(
     }
     template = as_replica(pod_from_api(pod, keys, tenant_code))
     placed: dict[int, tuple[str, str, str]] = {}
+    placed_uris: dict[int, str] = {}
     for entry in map(_mapping, _sequence(status.get("placements"))):
         ordinal = entry.get("replica")
         if isinstance(ordinal, int) and not isinstance(ordinal, bool) and ordinal >= 0:
@@ -685,6 +691,8 @@ def model_from_api(
                 str(entry.get("gpu") or ""),
                 str(entry.get("proof") or ""),
             )
+            if entry.get("storageUri"):
+                placed_uris[ordinal] = str(entry["storageUri"])
     replicas = spec.get("replicas", 1)
     generation = meta.get("generation", 0)
     return ModelInfo(
@@ -695,9 +703,11 @@ def model_from_api(
         replicas=replicas if isinstance(replicas, int) and replicas >= 0 else 0,
         template=template,
         placed=placed,
+        placed_uris=placed_uris,
         status=status,
         resource_version=str(meta.get("resourceVersion", "")),
         storage_uri=str(spec.get("storageUri") or ""),
+        storage_secret=str(spec.get("storageSecret") or ""),
         concurrency=_whole(spec.get("maxConcurrency")),
         idle_seconds=_whole(spec.get("idleSeconds")),
         priority_class=str(spec.get("priorityClassName") or ""),

@@ -27,7 +27,6 @@ from typing import Any
 from binder.cache import Ledger
 from binder.model import ModelInfo
 from common.contract import Keys
-from common.hosted import replica_uid
 from common.quantity import (
     BINARY_SI,
     DECIMAL_SI,
@@ -153,16 +152,16 @@ def _form(value: int) -> str:
 def charged_in(
     ledger: Ledger, namespace: str, counted: Callable[[ModelInfo], bool] = lambda _: True
 ) -> int:
-    """The GPU memory of the namespace's wanted replicas the binder has charged, in bytes (of
-    the models `counted` selects)."""
+    """The GPU memory of the namespace's replicas the binder has charged, in bytes, of the models
+    `counted` selects: every replica that is not draining (a roll's surge replica too)."""
     total = 0
     for uid in ledger.by_namespace.get(namespace, ()):
         model = ledger.models[uid]
         if not counted(model):
             continue
-        for ordinal in range(model.replicas):
-            replica = ledger.state.charged_pod(replica_uid(uid, ordinal))
-            if replica is not None:
+        for rid in ledger.replica_uids(uid):
+            replica = ledger.state.charged_pod(rid)
+            if replica is not None and rid not in ledger.draining:
                 total += replica.request
     return total
 

@@ -118,17 +118,24 @@ class ReplicaPreemption:
         if self._nominations.pop(rid, None) is not None:
             self._ledger.state.release_nomination(held_uid(rid))
 
-    def forget(self, model_uid: str, wanted: int = 0, draining: Container[str] = ()) -> None:
-        """What the model's replicas from ordinal `wanted` on held or were preempted (the model
-        was deleted, or scaled down), but those still draining."""
+    def holds(self, rid: str) -> bool:
+        """Whether the replica holds a room its preemption made (it waits for its victims)."""
+        return rid in self._nominations
+
+    def forget(
+        self, model_uid: str, wanted: Container[str] = (), draining: Container[str] = ()
+    ) -> None:
+        """What the model's replicas other than the `wanted` ones (those to be placed) held or
+        were preempted (the model was deleted, scaled down, or its roll ended), but those still
+        draining."""
         for rid in [r for r in self._nominations if _model_of(r) == model_uid]:
-            if int(rid.rpartition("/")[2]) >= wanted:
+            if rid not in wanted:
                 self.drop(rid)
         for rid in [r for r in self.preempted if _model_of(r) == model_uid]:
-            if int(rid.rpartition("/")[2]) >= wanted and rid not in draining:
+            if rid not in wanted and rid not in draining:
                 del self.preempted[rid]
         for rid in [r for r in self._refused if _model_of(r) == model_uid]:
-            if int(rid.rpartition("/")[2]) >= wanted:
+            if rid not in wanted:
                 del self._refused[rid]
 
     def unwritten(self, model_uid: str) -> list[str]:

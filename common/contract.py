@@ -42,6 +42,9 @@ _PREFIX_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9_.-]*$"
 )
 _MODEL_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+"""A Secret's name (a DNS subdomain): what a model names its storage credential by, resolved
+in its own namespace only (no `/`, so no other namespace can be named)."""
 
 RESIDENCY_ALWAYS = "always"
 """Residency class (the default): loaded while the pod lives, charged its request, never unloaded

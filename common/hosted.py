@@ -4,6 +4,7 @@ The binder creates one host pod per (namespace, node) with a replica placed ther
 and is the only writer of what this module names on it:
 
 - label `<prefix>model-host: "true"`;
+- annotation `<prefix>host-template`: the hash of the pod template it was made from;
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
   host's node (at most one replica of a model per node);
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
@@ -23,7 +24,13 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, ContractError, Keys
+from common.contract import (
+    RESIDENCY_ALWAYS,
+    RESIDENCY_ON_DEMAND,
+    SECRET_NAME,
+    ContractError,
+    Keys,
+)
 
 HOST_PREFIX = "tritonshare-host-"
 """Name of a namespace's model host on a node: this prefix and a hash of the node's name."""
@@ -40,16 +47,27 @@ HOST_STORAGE_SCHEMES = ("https", "http")
 initializer also reads s3://, gs:// and pvc:// (with their credentials and mounts)."""
 
 
-def host_storage_problem(uri: str) -> str:
-    """Why a model host cannot fetch `uri` ("" when it can), in words for the model's owner."""
+def host_storage_problem(uri: str, secret: str = "") -> str:
+    """Why a model host cannot fetch `uri` with the credential Secret `secret` ("" when it
+    can), in words for the model's owner."""
     scheme = uri.partition("://")[0].lower() if "://" in uri else ""
-    if scheme in HOST_STORAGE_SCHEMES:
-        return ""
-    return (
-        f"storageUri {uri!r}: model hosts fetch https:// and http:// archives only; publish the "
-        f"model over https, or serve it as a model pod (whose storage initializer reads s3://, "
-        f"gs:// and pvc://)"
-    )
+    if scheme not in HOST_STORAGE_SCHEMES:
+        return (
+            f"storageUri {uri!r}: model hosts fetch https:// and http:// archives only; publish "
+            f"the model over https, or serve it as a model pod (whose storage initializer reads "
+            f"s3://, gs:// and pvc://)"
+        )
+    if secret and not SECRET_NAME.fullmatch(secret):
+        return (
+            f"storageSecret {secret!r} is not a Secret name; write the name of a Secret in the "
+            f"model's own namespace (lower-case letters, digits, '-' and '.')"
+        )
+    if secret and scheme != "https":
+        return (
+            f"storageSecret {secret!r} is set, but storageUri {uri!r} is plain http://, which "
+            f"would send the credential in clear; use https://"
+        )
+    return ""
 
 
 def host_name(node: str) -> str:
@@ -60,6 +78,12 @@ def host_name(node: str) -> str:
 def host_label(keys: Keys) -> str:
     """Label on every model host pod the binder creates (value "true")."""
     return f"{keys.prefix}model-host"
+
+
+def host_template_annotation(keys: Keys) -> str:
+    """Host pod annotation: the hash of the template the binder made it from (a host without it,
+    or with another, is replaced)."""
+    return f"{keys.prefix}host-template"
 
 
 def hosted_models_annotation(keys: Keys) -> str:
@@ -113,7 +137,7 @@ class HostedReplica:
     uid: str
     """The TritonModel's uid."""
     replica: int
-    """The ordinal (0 to spec.replicas - 1)."""
+    """The ordinal: the replica's identity (a roll's surge replica takes a new one)."""
     gpu: str
     """The UUID of the GPU it is placed on."""
     residency: str
@@ -130,6 +154,9 @@ class HostedReplica:
     the proxy's default)."""
     draining: bool = False
     """Leaving the host: no new request is sent to it; unloaded once in-flight ones finish."""
+    storage_secret: str = ""
+    """The TritonModel's spec.storageSecret: the Secret of the host's namespace, mounted in
+    the host's loader alone, whose `headers` it sends with the download ("": none)."""
 
     @property
     def replica_uid(self) -> str:
@@ -156,6 +183,8 @@ class HostedReplica:
             out["idleSeconds"] = self.idle_seconds
         if self.draining:
             out["draining"] = True
+        if self.storage_secret:
+            out["storageSecret"] = self.storage_secret
         return out
 
 
@@ -211,6 +240,9 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
     draining = entry.get("draining", False)
     if not isinstance(draining, bool):
         raise TypeError("`draining` is not true or false")
+    secret = text("storageSecret", "")
+    if secret and not SECRET_NAME.fullmatch(secret):
+        raise ValueError(f"`storageSecret` {secret!r} is not a Secret name")
     return HostedReplica(
         model=text("model"),
         uid=text("uid"),
@@ -222,4 +254,5 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
         concurrency=numbers["maxConcurrency"],
         idle_seconds=numbers["idleSeconds"],
         draining=draining,
+        storage_secret=secret,
     )

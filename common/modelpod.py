@@ -27,6 +27,8 @@ HOST_DIR = "/var/run/tritonshare/host"
 """A model host's shared emptyDir: the loader writes its ready models there, the proxy reads."""
 READY_FILE = f"{HOST_DIR}/ready.json"
 """A model host's table of ready models: the loader's --models-file and the proxy's."""
+STORAGE_SECRET_DIR = "/var/secrets/storage"  # noqa: S105  (a directory, not a secret)
+"""Where a model host's loader sees each storage Secret of its replicas (`<dir>/<Secret>/`)."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 LOCKED_DOWN: dict[str, Any] = {
     "allowPrivilegeEscalation": False,

@@ -112,6 +112,8 @@ class Hosted:
     idle_seconds: int
     """On-demand idle time for the host's proxy; 0: its default."""
     status: ModelStatus
+    storage_secret: str = ""
+    """The Secret whose credential the files are fetched with ("": none)."""
 
     @classmethod
     def from_proto(cls, replica: agent_pb2.HostedReplica) -> Hosted:
@@ -124,6 +126,7 @@ class Hosted:
             draining=replica.draining,
             max_concurrency=replica.max_concurrency,
             idle_seconds=replica.idle_seconds,
+            storage_secret=replica.storage_secret,
             status=ModelStatus(
                 model_id=status.model_id or replica.model_id,
                 state=status.state,

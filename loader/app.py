@@ -152,6 +152,7 @@ async def run_host(settings: Settings) -> None:
         ),
         parallel=settings.host_parallel,
         max_bytes=settings.max_model_bytes,
+        secret_dir=settings.storage_secret_dir,
         proxy_holds=proxy_holds(settings.proxy_metrics_url) if settings.proxy_metrics_url else None,
     )
     try:

@@ -7,7 +7,9 @@ config.pbtxt and 1/ at its root becomes DIRECTORY/config.pbtxt and DIRECTORY/1/.
 process's default CA store (`SSL_CERT_FILE` adds a private CA). What comes from the network is
 untrusted: an archive member that escapes the directory, a link, a device or a FIFO is refused, a
 redirect may not leave HTTP(S) nor downgrade HTTPS, and the download and the unpacked files are
-each bounded by `max_bytes`. `s3://`, `gs://` and `pvc://` are refused with the way out.
+each bounded by `max_bytes`. `headers` (a storage credential, loader/credentials.py) go to the
+URI's host over HTTPS only, never to where it redirects. `s3://`, `gs://` and `pvc://` are refused
+with the way out.
 
 Owns the download and the unpacking only: it must not parse models (validate.py checks what was
 fetched) or talk to the agent. Blocking: call it off the event loop. The simulated cluster's
@@ -23,7 +25,7 @@ import threading
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import IO
 from urllib.parse import urlsplit
@@ -66,12 +68,15 @@ def fetch(
     max_bytes: int,
     timeout: float = 60.0,
     stop: threading.Event | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> str:
     """Put the model `uri` names into `directory` (created if missing); a sentence saying what
-    was done. FetchError says what is wrong; `stop`, once set, ends a download between chunks."""
-    check_uri(uri)
+    was done. FetchError says what is wrong; `stop`, once set, ends a download between chunks;
+    `headers` go with the request to `uri` itself, HTTPS only."""
+    if check_uri(uri) != "https" and headers:
+        raise FetchError(f"{uri}: a credential is sent over https:// only")
     directory.mkdir(parents=True, exist_ok=True)
-    downloaded = _download(uri, directory, max_bytes, timeout, stop)
+    downloaded = _download(uri, directory, max_bytes, timeout, stop, headers or {})
     if downloaded.name.endswith(ARCHIVE_SUFFIXES):
         _unpack(downloaded, directory, max_bytes)
         return f"downloaded {uri} and unpacked it into {directory}"
@@ -101,16 +106,25 @@ class _SameOrSafer(urllib.request.HTTPRedirectHandler):
 
 
 def _download(
-    uri: str, directory: Path, max_bytes: int, timeout: float, stop: threading.Event | None
+    uri: str,
+    directory: Path,
+    max_bytes: int,
+    timeout: float,
+    stop: threading.Event | None,
+    headers: Mapping[str, str],
 ) -> Path:
     name = urlsplit(uri).path.rpartition("/")[2]
     if not name or name in (".", ".."):
         raise FetchError(f"{uri} names no file; point it at the model's archive (model.tar.gz)")
     target = directory / name
     opener = urllib.request.build_opener(_SameOrSafer)
+    request = urllib.request.Request(uri)  # noqa: S310 - check_uri allowed http(s) only
+    for name, value in headers.items():
+        # Unredirected: a redirect (a pre-signed URL elsewhere) never carries the credential.
+        request.add_unredirected_header(name, value)
     size = 0
     try:
-        with opener.open(uri, timeout=timeout) as answer, target.open("wb") as out:
+        with opener.open(request, timeout=timeout) as answer, target.open("wb") as out:
             length = answer.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > max_bytes:
                 raise _too_big(uri, int(length), max_bytes)
@@ -122,6 +136,7 @@ def _download(
                     raise _too_big(uri, size, max_bytes)
                 out.write(chunk)
     except urllib.error.HTTPError as e:
+        e.close()  # its connection, at once rather than when collected
         raise FetchError(f"{uri} answered HTTP {e.code} {e.reason}") from e
     except (urllib.error.URLError, OSError) as e:
         reason = e.reason if isinstance(e, urllib.error.URLError) else e

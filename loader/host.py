@@ -3,8 +3,9 @@
 Every poll asks the agent for the host's replicas (ListHosted) and, per model:
 
 - a replica new here (or that failed, once its backoff is over): its files are fetched from its
-  storage URI into ROOT/<model> (loader/fetch.py; kept while the URI stays the same, so a
-  restarted loader fetches nothing again), then the SAME flow a model pod's loader runs
+  storage URI into ROOT/<model> (loader/fetch.py, with its storage Secret's headers:
+  loader/credentials.py; kept while the URI stays the same, so a restarted loader fetches
+  nothing again), then the SAME flow a model pod's loader runs
   (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
   the replica's model; at most `parallel` at once. A failure is logged with its reason and retried
   with backoff; it never stops the others.
@@ -33,14 +34,16 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from common.atomicfile import replace_file
 from common.contract import RESIDENCY_ON_DEMAND, ContractError, validate_model_id
+from common.modelpod import STORAGE_SECRET_DIR
 from loader.agentclient import Hosted, HostedList, ModelState
+from loader.credentials import storage_headers
 from loader.errors import LoaderError, TransientError
 from loader.fetch import check_uri, fetch
 from loader.loading import Agent, Loading, Outcome, Timing
@@ -64,12 +67,16 @@ class HostAgent(Agent, Protocol):
     async def list_hosted(self, time_limit: float) -> HostedList: ...
 
 
-Fetch = Callable[[str, Path, int, threading.Event], Awaitable[str]]
+Fetch = Callable[[str, Path, int, threading.Event, Mapping[str, str]], Awaitable[str]]
 
 
-async def fetch_off_loop(uri: str, directory: Path, max_bytes: int, stop: threading.Event) -> str:
+async def fetch_off_loop(
+    uri: str, directory: Path, max_bytes: int, stop: threading.Event, headers: Mapping[str, str]
+) -> str:
     """loader.fetch.fetch in a thread, so the other replicas go on meanwhile."""
-    return await asyncio.to_thread(fetch, uri, directory, max_bytes=max_bytes, stop=stop)
+    return await asyncio.to_thread(
+        fetch, uri, directory, max_bytes=max_bytes, stop=stop, headers=headers
+    )
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ class Host:
         proxy_holds: Callable[[str], Awaitable[bool | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        secret_dir: Path = Path(STORAGE_SECRET_DIR),
     ) -> None:
         self._agent = agent
         self._root = root
@@ -131,6 +139,8 @@ class Host:
         self._slots = asyncio.Semaphore(parallel)
         self._max_bytes = max_bytes
         self._fetch = fetcher
+        self._secret_dir = secret_dir
+        """Where the host's storage Secrets are mounted (loader/credentials.py)."""
         self._proxy_holds = proxy_holds
         """Whether the host's proxy still serves a model (None: it cannot tell)."""
         self._clock = clock
@@ -250,7 +260,7 @@ class Host:
 
     def _start_load(self, tracked: _Tracked, replica: Hosted) -> None:
         tracked.uri = replica.storage_uri
-        self._run(tracked, self._bring_up(tracked, replica.storage_uri))
+        self._run(tracked, self._bring_up(tracked, replica.storage_uri, replica.storage_secret))
 
     def _run(self, tracked: _Tracked, work: Awaitable[None]) -> None:
         async def guarded() -> None:
@@ -266,11 +276,11 @@ class Host:
 
         tracked.job = asyncio.create_task(guarded(), name=f"model {tracked.model}")
 
-    async def _bring_up(self, tracked: _Tracked, uri: str) -> None:
+    async def _bring_up(self, tracked: _Tracked, uri: str, secret: str) -> None:
         model = tracked.model
         try:
             async with self._slots:
-                outcome = await self._load(model, uri)
+                outcome = await self._load(model, uri, secret)
         except asyncio.CancelledError:
             if self._stop_fetching.is_set():
                 raise
@@ -292,14 +302,20 @@ class Host:
             log.info("%s%s; the host's proxy serves it.", summary[:1].upper(), summary[1:])
         self._publish()
 
-    async def _load(self, model: str, uri: str) -> Outcome:
+    async def _load(self, model: str, uri: str, secret: str) -> Outcome:
         directory = self._root / model
         if not self._fetched(model, uri):
             check_uri(uri)
+            headers = storage_headers(self._secret_dir, secret, uri)
             staging = self._root / _FETCHING / model
             shutil.rmtree(staging, ignore_errors=True)
-            log.info("Fetching model %s from %s.", model, uri)
-            said = await self._fetch(uri, staging, self._max_bytes, self._stop_fetching)
+            log.info(
+                "Fetching model %s from %s%s.",
+                model,
+                uri,
+                f" with the credential of Secret {secret}" if secret else "",
+            )
+            said = await self._fetch(uri, staging, self._max_bytes, self._stop_fetching, headers)
             (self._root / SOURCES / model).unlink(missing_ok=True)
             shutil.rmtree(directory, ignore_errors=True)
             staging.rename(directory)

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from common.contract import DEFAULT_AGENT_GRPC_PORT
 from common.logs import LogFormat
+from common.modelpod import STORAGE_SECRET_DIR
 from common.settings import (
     BadValueError,
     Declaration,
@@ -214,6 +215,15 @@ class Settings:
     """With --host: the host proxy's /metrics (http://$(POD_IP):9002/metrics in a host). The proxy
     drops a model's series once its requests in flight have finished, so the drain ends then;
     empty or unreachable: the loader waits the whole --drain-seconds. Default empty."""
+    storage_secret_dir: Path = setting(
+        "storage-secret-dir",
+        "with --host: where the replicas' storage Secrets are mounted (DIR/<Secret>/)",
+        path,
+        default=STORAGE_SECRET_DIR,
+    )
+    """With --host: each replica's spec.storageSecret is read from DIR/<Secret>/ (keys
+    `https-host` and `headers`), where the binder mounts it in the host's loader. Default
+    /var/secrets/storage."""
     host_parallel: int = setting(
         "host-parallel",
         "with --host: replicas fetched and loaded at once",

@@ -173,7 +173,7 @@ class ListHostedRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HostedReplica(_message.Message):
-    __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status")
+    __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status", "storage_secret")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     STORAGE_URI_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class HostedReplica(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SECRET_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     replica: int
     storage_uri: str
@@ -190,7 +191,8 @@ class HostedReplica(_message.Message):
     max_concurrency: int
     idle_seconds: int
     status: ModelStatus
-    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ...) -> None: ...
+    storage_secret: str
+    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ..., storage_secret: _Optional[str] = ...) -> None: ...
 
 class ListHostedResponse(_message.Message):
     __slots__ = ("replicas", "refused")

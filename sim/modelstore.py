@@ -6,7 +6,10 @@ KServe's storage initializer unpacks into /mnt/models) as `<name>.tar.gz`, with 
 `name` set to `name`, as the team would upload it; `url(name)` is where a pod's
 `tritonshare.io/model-uri` points. `publish(name, directory, release="v2")` puts another release
 of the same model (same name, other files) at `v2/<name>.tar.gz`, as a rollout to new model files
-points the pod template at it. It serves files and nothing else: no listing, no uploads.
+points the pod template at it. `protect(release, token)` makes a release private, as a bucket
+behind a credential: its files answer 401 without `Authorization: Bearer <token>`, and `seen`
+lists every request's (client address, path, whether it bore a token). It serves files and
+nothing else: no listing, no uploads.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ _NAME_LINE = re.compile(r'^name:\s*"[^"]*"', re.MULTILINE)
 
 
 class _Files(http.server.SimpleHTTPRequestHandler):
+    store: ModelStore
+
+    def do_GET(self) -> None:
+        bearer = self.headers.get("Authorization", "")
+        self.store.seen.append((self.client_address[0], self.path, bool(bearer)))
+        for release, token in self.store.tokens.items():
+            if self.path.startswith(f"/triton/{release}/") and bearer != f"Bearer {token}":
+                self.send_error(401, "this release needs its credential")
+                return
+        super().do_GET()
+
     def list_directory(self, path: Any) -> None:
         self.send_error(404, "no listing")
 
@@ -38,7 +52,12 @@ class ModelStore:
     def __init__(self, directory: Path, cert: Path, key: Path) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
-        handler = functools.partial(_Files, directory=str(directory))
+        self.tokens: dict[str, str] = {}
+        """Release -> the bearer token its files need (`protect`)."""
+        self.seen: list[tuple[str, str, bool]] = []
+        """Every request: (client address, path, whether it bore a token)."""
+        files = type("Files", (_Files,), {"store": self})
+        handler = functools.partial(files, directory=str(directory))
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
@@ -54,6 +73,10 @@ class ModelStore:
     def url(self, name: str, release: str = "") -> str:
         folder = f"triton/{release}/" if release else "triton/"
         return f"{self.base_url}/{folder}{name}.tar.gz"
+
+    def protect(self, release: str, token: str) -> None:
+        """Serve `release`'s files only to requests bearing `token`."""
+        self.tokens[release] = token
 
     def publish(self, name: str, model: Path, release: str = "") -> str:
         """Pack the model directory `model` as `name` (under `release/` when given); its URL."""

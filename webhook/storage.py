@@ -29,12 +29,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from common.contract import SECRET_NAME
+
 SECRET_DIR = "/var/secrets/storage"  # noqa: S105  (a directory, not a secret)
 GCS_KEY = "gcloud-application-credentials.json"
 """The key of KServe's GCS credential Secrets."""
 S3_OPTIONS = ("s3-endpoint", "s3-usehttps", "s3-verifyssl", "s3-region")
 _FLAG = ("0", "1")
-_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _ENDPOINT = re.compile(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?")
 _REGION = re.compile(r"[a-z0-9-]{1,64}")
 
@@ -59,7 +60,7 @@ def read_access(annotations: dict[str, Any], prefix: str, scheme: str) -> Storag
     secret: str | None = None
     if secret_key in annotations:
         secret = str(annotations[secret_key]).strip()
-        if not _SECRET_NAME.fullmatch(secret):
+        if not SECRET_NAME.fullmatch(secret):
             raise StorageAnnotationError(
                 f"annotation {secret_key}={secret!r} is not a Secret name; write the name of a "
                 f"Secret in the pod's namespace (lower-case letters, digits, '-' and '.')"

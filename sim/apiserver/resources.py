@@ -338,6 +338,17 @@ CONFIG_MAPS = Resource(
     field_labels=_NAMESPACED_META,
 )
 
+# Stored as written (`stringData` too); the kubelet mounts their keys (sim.node.podworker).
+SECRETS = Resource(
+    group="",
+    version="v1",
+    plural="secrets",
+    kind="Secret",
+    short_names=(),
+    namespaced=True,
+    field_labels=_NAMESPACED_META,
+)
+
 SERVICES = Resource(
     group="",
     version="v1",
@@ -403,6 +414,7 @@ STORED: tuple[Resource, ...] = (
     SCALED_OBJECTS,
     CUSTOM_RESOURCE_DEFINITIONS,
     CONFIG_MAPS,
+    SECRETS,
     SERVICES,
     NETWORK_POLICIES,
     SERVICE_ACCOUNTS,

@@ -1,12 +1,13 @@
 """One pod's life on the simulated kubelet, from volume setup to deletion.
 
 Owns the order a kubelet follows: volumes (emptyDir and hostPath as local directories, a ConfigMap's
-keys as files; projected service-account tokens from the TokenRequest API, rotated at 80% of their
-life), init containers one by one (restarted with back-off unless restartPolicy is Never), then the
-main containers (startup, liveness and readiness httpGet probes; restarted as the policy says), and
-on deletion preStop hooks, SIGTERM, the grace period, SIGKILL and the final delete with
-gracePeriodSeconds=0. It reports all of this in the pod's status (`sim.node.podstatus`). It must not
-watch the API: `sim.node.kubelet` does and hands it the pod.
+or a Secret's keys as files, read in the pod's own namespace; projected service-account tokens
+from the TokenRequest API, rotated at 80% of their life), init containers one by one (restarted
+with back-off unless restartPolicy is Never), then the main containers (startup, liveness and
+readiness httpGet probes; restarted as the policy says), and on deletion preStop hooks, SIGTERM,
+the grace period, SIGKILL and the final delete with gracePeriodSeconds=0. It reports all of this
+in the pod's status (`sim.node.podstatus`). It must not watch the API: `sim.node.kubelet` does and
+hands it the pod.
 """
 
 from __future__ import annotations
@@ -158,46 +159,62 @@ class PodWorker(threading.Thread):
             if "emptyDir" in volume or "hostPath" in volume:
                 continue
             if "configMap" in volume:
-                self._project_config_map(name, local, volume["configMap"])
+                source = volume["configMap"]
+                self._project_keys("ConfigMap", source.get("name", ""), name, local, source)
+                continue
+            if "secret" in volume:
+                source = volume["secret"]
+                self._project_keys("Secret", source.get("secretName", ""), name, local, source)
                 continue
             if "projected" not in volume:
                 kinds = ", ".join(k for k in volume if k != "name")
                 raise PodSpecError(
-                    f"volume {name!r} is a {kinds} volume; use emptyDir, hostPath, configMap or "
-                    "projected"
+                    f"volume {name!r} is a {kinds} volume; use emptyDir, hostPath, configMap, "
+                    "secret or projected"
                 )
             for source in volume["projected"].get("sources", []):
+                if "secret" in source:
+                    secret = source["secret"]
+                    self._project_keys("Secret", secret.get("name", ""), name, local, secret)
+                    continue
                 if "serviceAccountToken" not in source:
                     raise PodSpecError(
-                        f"volume {name!r}: only serviceAccountToken projections are simulated"
+                        f"volume {name!r}: only serviceAccountToken and secret projections are "
+                        "simulated"
                     )
                 self._project_token(local / source["serviceAccountToken"]["path"], source)
 
-    def _project_config_map(self, volume: str, local: Path, source: Obj) -> None:
-        """The ConfigMap's keys as files (`items` picks keys and paths), written once: a real
-        kubelet also refreshes them when the ConfigMap changes, this one does not."""
-        name = source.get("name", "")
+    def _project_keys(self, kind: str, name: str, volume: str, local: Path, source: Obj) -> None:
+        """The keys of the ConfigMap or Secret (`kind`) of the pod's namespace as files
+        (`items` picks keys and paths), written once: a real kubelet also refreshes them when
+        the object changes, this one does not. An optional one that does not exist leaves the
+        volume empty."""
+        core = self.node.core
+        secret = kind == "Secret"
         try:
-            config_map = read_json(
-                self.node.core.read_namespaced_config_map(
-                    name, self.namespace, _preload_content=False
-                )
-            )
+            read = core.read_namespaced_secret if secret else core.read_namespaced_config_map
+            found = read_json(read(name, self.namespace, _preload_content=False))
         except ApiException as e:
             if e.status == 404 and source.get("optional"):
                 return
             raise PodSpecError(
-                f"volume {volume!r}: ConfigMap {self.namespace}/{name} cannot be read "
+                f"volume {volume!r}: {kind} {self.namespace}/{name} cannot be read "
                 f"({e.status} {e.reason}); create it, then recreate the pod"
             ) from e
-        files = {k: str(v).encode() for k, v in (config_map.get("data") or {}).items()}
-        files |= {k: base64.b64decode(v) for k, v in (config_map.get("binaryData") or {}).items()}
+        if secret:
+            # The API server folds stringData into data; this one stores what was written.
+            files = {k: base64.b64decode(v) for k, v in (found.get("data") or {}).items()}
+            files |= {k: str(v).encode() for k, v in (found.get("stringData") or {}).items()}
+        else:
+            files = {k: str(v).encode() for k, v in (found.get("data") or {}).items()}
+            files |= {k: base64.b64decode(v) for k, v in (found.get("binaryData") or {}).items()}
         items = source.get("items") or [{"key": key, "path": key} for key in files]
         for item in items:
             if item["key"] not in files:
+                if source.get("optional"):
+                    continue
                 raise PodSpecError(
-                    f"volume {volume!r}: ConfigMap {self.namespace}/{name} has no key "
-                    f"{item['key']!r}"
+                    f"volume {volume!r}: {kind} {self.namespace}/{name} has no key {item['key']!r}"
                 )
             target = local / item["path"]
             if not target.resolve().is_relative_to(local.resolve()):

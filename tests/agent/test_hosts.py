@@ -65,7 +65,14 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     running = await start_custom_agent(gateway_table=table, gateway_table_refresh_seconds=0.2)
     core_v1(kube_api).create_namespace({"metadata": {"name": "team-a"}})
     gpus = [g.uuid for g in running.mock.gpus]
-    one = replica("team-a", "one", gpus[0], storage_uri="s3://models/one", concurrency=3)
+    one = replica(
+        "team-a",
+        "one",
+        gpus[0],
+        storage_uri="s3://models/one",
+        concurrency=3,
+        storage_secret="creds",
+    )
     two = replica("team-a", "two", gpus[1], ordinal=1)
     stolen = replica("team-b", "three", gpus[0])  # another namespace's entry, copied
     core_v1(kube_api).create_namespace({"metadata": {"name": "team-b"}})
@@ -113,6 +120,7 @@ async def test_a_host_serves_its_replicas_each_under_its_own_name(
     ]
     assert listed.replicas[0].storage_uri == "s3://models/one"
     assert listed.replicas[0].max_concurrency == 3
+    assert [r.storage_secret for r in listed.replicas] == ["creds", ""]
     assert [r.split(":")[0] for r in listed.refused] == ["three/0"]
     # A host's loader lists every fraction of a second: from the agent's pod watch, not a read.
     apiserver.audit.clear()

@@ -442,3 +442,71 @@ async def test_a_replica_respects_the_budget_of_the_pods_it_would_preempt(
     assert not placements(custom, "resnet")
     assert condition(custom, "resnet")["status"] == "False"
     assert not pod_events(core, "low-1", "Preempted") and not pod_events(core, "low-2", "Preempted")
+
+
+# ---- a roll to new files ---------------------------------------------------------------------
+
+NEW_URI = "https://models.example.com/y.tar.gz"
+
+
+def roll(custom: Any, name: str, uri: str) -> None:
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, name, {"spec": {"storageUri": uri}}
+    )
+
+
+def on_files(custom: Any, name: str, uri: str) -> list[tuple[int, str]]:
+    return [(p["replica"], p["node"]) for p in placements(custom, name) if p["storageUri"] == uri]
+
+
+async def test_a_rolls_surge_replica_preempts_by_the_models_priority_onto_the_new_files(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "b", [8 * GI])
+    await make_binder()
+    create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
+    obj = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
+    old_uri = obj["spec"]["storageUri"]
+    assert on_files(custom, "resnet", old_uri) == [(0, "b")]
+    add_node(kube_api, "a", [16 * GI])
+    await low_pods(kube_api, core)  # "b" is full: no room for a surge without preemption
+
+    roll(custom, "resnet", NEW_URI)
+    surge = await eventually(lambda: on_files(custom, "resnet", NEW_URI), what="the surge")
+    assert surge == [(1, "a")], "the lowest free ordinal, on the room its preemption made"
+    assert len([n for n in ("low-1", "low-2") if not exists(core, n)]) == 1
+    [preempting] = await eventually(lambda: model_events(core, "resnet", "Preempting"))
+    assert preempting.message.startswith("replica 1: preempting 1 lower-priority pod(s)")
+    assert on_files(custom, "resnet", old_uri) == [(0, "b")], "the old replica stays meanwhile"
+    assert condition(custom, "resnet", "Progressing")["reason"] == "ReplicaUpdating"
+
+
+async def test_a_roll_whose_class_is_gone_leaves_every_replica_on_its_files_and_says_why(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    add_node(kube_api, "b", [16 * GI])
+    binder = await make_binder()
+    create(custom, "resnet", priorityClassName="urgent")
+    obj = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
+    old = on_files(custom, "resnet", obj["spec"]["storageUri"])
+    scheduling: Any = kubernetes.client.SchedulingV1Api(kube_api)
+    scheduling.delete_priority_class("urgent")
+    await eventually(lambda: "urgent" not in binder.ledger.priority_classes, what="deleted")
+
+    roll(custom, "resnet", NEW_URI)
+    stalled = await eventually(
+        lambda: (c := condition(custom, "resnet", "Progressing")).get("status") == "False" and c,
+        what="the roll refused",
+    )
+    assert stalled["reason"] == "PriorityClassNotFound"
+    assert stalled["message"] == (
+        "no PriorityClass with name urgent was found; the replicas stay on their files"
+    )
+    assert on_files(custom, "resnet", obj["spec"]["storageUri"]) == old
+    assert not on_files(custom, "resnet", NEW_URI)
+    assert condition(custom, "resnet")["status"] == "True", "its replica stays placed"
+    entries = json.loads(hosts(core)[old[0][1]].metadata.annotations[HOSTED])
+    assert not any(e.get("draining") for e in entries), "nothing leaves"

@@ -145,11 +145,16 @@ async def test_replicas_are_placed_with_proofs_on_hosts_behind_a_service(
         verify(placement_keys, obj, entry)
         assert entry["host"] == host_name(entry["node"])
     assert status["selector"] == f"{SERVES}=true"
-    placed_, ready = status["conditions"]
+    placed_, ready, progressing = status["conditions"]
     assert (placed_["type"], placed_["status"]) == ("Placed", "True")
     assert (ready["type"], ready["status"], ready["reason"]) == (
         "Ready", "False", "ReplicasNotReady"
     )  # fmt: skip
+    assert (progressing["type"], progressing["status"], progressing["reason"]) == (
+        "Progressing", "True", "NewFilesServed"
+    )  # fmt: skip
+    assert status["updatedReplicas"] == 3
+    assert {e["storageUri"] for e in entries} == {model("resnet", 3)["spec"]["storageUri"]}
     # Another replica's proof does not prove this one.
     with pytest.raises(ProofError):
         verify(placement_keys, obj, {**entries[0], "proof": entries[1]["proof"]})

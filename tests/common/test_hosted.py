@@ -19,7 +19,7 @@ KEYS = Keys()
 
 def test_round_trip_keeps_every_field_in_a_stable_order() -> None:
     b = HostedReplica("b", "uid-b", 1, "GPU-1", "on-demand", "p1", "https://x/b.tgz", 4, 60, True)
-    a = HostedReplica("a", "uid-a", 0, "GPU-0", "always", "p0")
+    a = HostedReplica("a", "uid-a", 0, "GPU-0", "always", "p0", storage_secret="a-creds")
     value = encode_hosted([b, a])
     assert value.index('"model":"a"') < value.index('"model":"b"')
     assert decode_hosted(value) == [a, b]
@@ -36,6 +36,7 @@ def test_round_trip_keeps_every_field_in_a_stable_order() -> None:
         ('[{"model": "a", "uid": "u", "replica": -1}]', "`replica`"),
         ('[{"model": "a", "uid": "u", "replica": 0, "residency": "sometimes"}]', "residency"),
         ('[{"model": "a", "uid": "u", "replica": 0, "maxConcurrency": "4"}]', "maxConcurrency"),
+        ('[{"model": "a", "uid": "u", "replica": 0, "storageSecret": "b/c"}]', "Secret name"),
     ],
 )
 def test_a_malformed_annotation_says_what_is_wrong(value: str, says: str) -> None:

@@ -3,11 +3,17 @@ TritonModel named `add-one` (different files); the binder places each replica an
 namespace's model host on the node; the host's loader fetches the files over HTTPS and loads them
 through the agent under the replica's private name; the agent marks the replica loaded on the host
 and the binder puts the host behind the model's Service. Each team's clients, through the
-Service's endpoints, get that team's answers (REST and gRPC) naming only `add-one`. Scaling to 0
-through the `scale` subresource drains and unloads the replica and removes the host."""
+Service's endpoints, get that team's answers (REST and gRPC) naming only `add-one`. team-a's files
+are private (a bearer token in its Secret, named by `storageSecret`): team-b's TritonModel naming
+that Secret and URI is not served, its host's loader says why, and the store never gets team-a's
+token from it. A roll to new files on the one node (no room for a surge replica) replaces the
+replica in turn, and the answers through the Service move to the new files'. Scaling to 0 through
+the `scale` subresource drains and unloads the replica and removes the host."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -23,7 +29,7 @@ from common.contract import Keys
 from common.hosted import decode_hosted, host_name, hosted_models_annotation, serves_label
 from common.tritonname import private_triton_name
 from sim.cluster import SimCluster
-from sim.demo.rollout import new_release
+from sim.demo.rollout import SteadyClient, new_release
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
 from sim.service import Endpoints
@@ -36,6 +42,7 @@ TEAMS = {"team-a": [[2.0, 3.0, 4.0]], "team-b": [[101.0, 102.0, 103.0]]}
 """Each team's answer to [1, 2, 3]: team-a's model adds 1, team-b's other files add 100."""
 DATA = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+TOKEN = "Bearer team-a-only"
 KEYS = Keys()
 
 
@@ -51,12 +58,13 @@ def cluster(tmp_path: Path, triton_install: TritonInstall) -> Iterator[SimCluste
         yield running
 
 
-def _model(uri: str) -> dict[str, Any]:
+def _model(uri: str, secret: str = "", name: str = MODEL) -> dict[str, Any]:
+    spec = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1, "maxConcurrency": 4}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TritonModel",
-        "metadata": {"name": MODEL},
-        "spec": {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1, "maxConcurrency": 4},
+        "metadata": {"name": name},
+        "spec": {**spec, **({"storageSecret": secret} if secret else {})},
     }
 
 
@@ -100,9 +108,21 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
         "team-a": MODELS_DIR / "add_one",
         "team-b": new_release(MODELS_DIR / "add_one", tmp_path / "team-b-files"),
     }
-    for namespace, source in sources.items():
-        uri = cluster.model_store.publish(MODEL, source, release=namespace)
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _model(uri))
+    store = cluster.model_store
+    store.protect("team-a", TOKEN.removeprefix("Bearer "))
+    private = store.publish(MODEL, sources["team-a"], release="team-a")
+    credential = {"https-host": "127.0.0.1", "headers": json.dumps({"Authorization": TOKEN})}
+    core.create_namespaced_secret(
+        "team-a", {"metadata": {"name": "creds"}, "stringData": credential}
+    )
+    # Listed first on team-b's host, so that the host mounts team-b's "creds" (there is none).
+    stolen = _model(private, secret="creds", name="stolen")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, stolen)
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "team-a", PLURAL, _model(private, secret="creds")
+    )
+    other = store.publish(MODEL, sources["team-b"], release="team-b")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, _model(other))
 
     for namespace in TEAMS:
         wait_until(f"{namespace}'s replica ready", partial(_ready_replicas, custom, namespace), 150)
@@ -112,9 +132,22 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
         assert host.metadata.name == host_name(NODE.name)
         assert host.spec.node_name == NODE.name
         assert host.metadata.labels[serves_label(KEYS, MODEL)] == "true"
-        [replica] = decode_hosted(host.metadata.annotations[hosted_models_annotation(KEYS)])
+        listed = decode_hosted(host.metadata.annotations[hosted_models_annotation(KEYS)])
+        [replica] = [r for r in listed if r.model == MODEL]
         names.add(private_triton_name(namespace, MODEL, replica.replica_uid))
     assert len(names) == 2 and names <= _loaded(cluster), (names, _loaded(cluster))
+    # team-b's host reads "creds" in team-b alone: no credential, so nothing is sent.
+    [log] = cluster.workdir.rglob(f"team-b_{host_name(NODE.name)}_*/logs/loader.log")
+    wait_until(
+        "team-b's loader refusing the stolen model",
+        lambda: "Secret creds is not in this model host: it does not exist" in log.read_text(),
+        30,
+    )
+    stolen_status = custom.get_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, "stolen")
+    assert not (stolen_status.get("status") or {}).get("readyReplicas")
+    # Only team-a's host asked for team-a's files, with the token: team-b's never asked.
+    asked = [bearer for _, path, bearer in store.seen if path.startswith("/triton/team-a/")]
+    assert asked and all(asked), store.seen
     assert MODEL not in _loaded(cluster), "no model has the public name in Triton"
 
     assert cluster.kube is not None
@@ -134,3 +167,50 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     # team-b's replica is untouched.
     address = hosts["team-b"].status.pod_ip
     assert _answers(address) == (TEAMS["team-b"], TEAMS["team-b"])
+
+    # team-b rolls to team-a's files. The one node holds its replica: no room for a surge, so
+    # the replica drains and is placed again on the new files (an Event says so) while a client
+    # sends through the Service; its answers move to the new files'.
+    with Endpoints(cluster.kube, "team-b", f"{serves_label(KEYS, MODEL)}=true") as service:
+        client = SteadyClient(service, model=MODEL)
+        client.start()
+        try:
+            wait_until("team-b's answer", partial(client.since, 0.0), 30)
+            new_uri = cluster.model_store.publish(MODEL, sources["team-a"], release="team-b-2")
+            custom.patch_namespaced_custom_object(
+                GROUP, VERSION, "team-b", PLURAL, MODEL, {"spec": {"storageUri": new_uri}}
+            )
+            wait_until(
+                "team-b's roll complete",
+                lambda: (
+                    _status(custom, "team-b").get("observedGeneration") == 2
+                    and _progressing(custom, "team-b").get("reason") == "NewFilesServed"
+                    and _status(custom, "team-b").get("readyReplicas") == 1
+                ),
+                90,
+            )
+            done = time.monotonic()
+            wait_until("a new answer", lambda: TEAMS["team-a"] in client.since(done), 30)
+        finally:
+            client.stop()
+    status = _status(custom, "team-b")
+    assert status["updatedReplicas"] == 1
+    assert [e["storageUri"] for e in status["placements"]] == [new_uri]
+    events = core.list_namespaced_event("team-b", field_selector=f"involvedObject.name={MODEL}")
+    reasons = [e.reason for e in events.items]
+    assert "RollingWithoutSurge" in reasons and "NewFilesNotServed" not in reasons, reasons
+    answers = [answer for _, _, answer in client.answers]
+    assert answers[0] == TEAMS["team-b"] and answers[-1] == TEAMS["team-a"]
+    assert TEAMS["team-b"] not in client.since(done), "the old files are gone once rolled"
+
+
+def _status(custom: Any, namespace: str) -> dict[str, Any]:
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, MODEL)
+    found: dict[str, Any] = obj.get("status") or {}
+    return found
+
+
+def _progressing(custom: Any, namespace: str) -> dict[str, Any]:
+    conditions = {c["type"]: c for c in _status(custom, namespace).get("conditions") or []}
+    found: dict[str, Any] = conditions.get("Progressing") or {}
+    return found

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,10 +198,17 @@ class Counted:
         self.calls: list[str] = []
         self.allowed = allowed
 
-    async def __call__(self, uri: str, directory: Path, size: int, stop: threading.Event) -> str:
+    async def __call__(
+        self,
+        uri: str,
+        directory: Path,
+        size: int,
+        stop: threading.Event,
+        headers: Mapping[str, str],
+    ) -> str:
         self.calls.append(uri)
         assert self.allowed, f"{uri} was fetched again"
-        return await fetch_off_loop(uri, directory, size, stop)
+        return await fetch_off_loop(uri, directory, size, stop, headers)
 
 
 @contextlib.asynccontextmanager
@@ -215,6 +222,7 @@ async def following(
     fetcher: Fetch = fetch_off_loop,
     parallel: int = 2,
     proxy_holds: Callable[[str], Awaitable[bool | None]] | None = None,
+    secret_dir: Path | None = None,
 ) -> AsyncIterator[Host]:
     client = AgentClient(
         address, tmp_path / "token", chunk_bytes=1 << 20, reconnect_max_seconds=1.0
@@ -237,6 +245,7 @@ async def following(
         max_bytes=1 << 30,
         proxy_holds=proxy_holds,
         fetcher=fetcher,
+        secret_dir=secret_dir or tmp_path / "no-secrets",
     )
     stop = asyncio.Event()
     task = asyncio.create_task(host.run(stop))

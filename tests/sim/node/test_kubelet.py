@@ -601,3 +601,59 @@ def test_pods_listen_on_the_any_address_as_in_a_network_namespace_of_their_own(
                 assert answer.status == 200
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+
+
+def test_a_secret_volume_holds_the_keys_of_the_pods_own_namespaces_secret(
+    kube_api: kubernetes.client.ApiClient, kubelet: Kubelet
+) -> None:
+    """As a kubelet mounts a Secret: its keys as files (`data` base64, `stringData` as
+    written), read in the pod's namespace only; an optional one that is not there leaves the
+    volume empty, a required one keeps the pod from running."""
+    api = core(kube_api)
+    api.create_namespace({"metadata": {"name": "team-a"}})
+    secret = {
+        "metadata": {"name": "creds"},
+        "data": {"token": "czNjcjN0"},
+        "stringData": {"a": "b"},
+    }
+    api.create_namespaced_secret(NS, secret)
+    api.create_namespaced_secret("team-a", {"metadata": {"name": "theirs"}, "data": {"k": "dg=="}})
+    items = [{"key": "token", "path": "creds/token"}, {"key": "none", "path": "creds/none"}]
+    volumes = [
+        {"name": "mine", "secret": {"secretName": "creds", "optional": True}},
+        {"name": "theirs", "secret": {"secretName": "theirs", "optional": True}},
+        {
+            "name": "projected",
+            "projected": {
+                "sources": [
+                    {"secret": {"name": "creds", "optional": True, "items": items}},
+                    {"secret": {"name": "theirs", "optional": True}},
+                ]
+            },
+        },
+    ]
+    container = {"name": "c", "image": "tritonshare", "command": ["python", "-c", "pass"]}
+    spec = {"restartPolicy": "Never", "volumes": volumes, "containers": [container]}
+    create(kube_api, pod_manifest("reader", spec))
+    wait_for(
+        "the pod to finish",
+        lambda: (read(kube_api, "reader") or {}).get("status", {}).get("phase") == "Succeeded",
+    )
+    [pod_dir] = kubelet.workdir.glob(f"{NS}_reader_*")
+    mine, theirs = pod_dir / "volumes" / "mine", pod_dir / "volumes" / "theirs"
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == {"token": b"s3cr3t", "a": b"b"}
+    assert not any(theirs.iterdir()), "another namespace's Secret is never read"
+    projected = pod_dir / "volumes" / "projected"
+    assert [p.relative_to(projected).as_posix() for p in projected.rglob("*")] == [
+        "creds",
+        "creds/token",
+    ]
+
+    volumes[1]["secret"] = {"secretName": "theirs"}
+    create(kube_api, pod_manifest("required", spec))
+    wait_for(
+        "the pod's error",
+        lambda: (
+            "Secret default/theirs cannot be read (404" in json.dumps(read(kube_api, "required"))
+        ),
+    )
