@@ -32,6 +32,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -159,6 +160,15 @@ def write_placement_keys(directory: Path) -> Path:
     key.write_text(base64.b64encode(secrets.token_bytes(32)).decode())
     key.chmod(0o600)
     return directory
+
+
+def _port_free(address: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -369,7 +379,7 @@ class SimCluster:
                 NODE_GATEWAY_METRICS_PORT,
             )
             if self.node_ports
-            else NodePorts(free_port(), free_port(), free_port(), free_port())
+            else NodePorts(*(self._free_node_port() for _ in range(4)))
         )
         # Each Triton takes seconds to start: the nodes' start side by side, as nodes boot.
         with ThreadPoolExecutor(max(1, len(self.real_nodes))) as starting:
@@ -384,6 +394,14 @@ class SimCluster:
             self._register_webhook(self.webhook)
         self._start_controllers()
         self._start_kubelets()
+
+    def _free_node_port(self) -> int:
+        """A TCP port free a moment ago on every real node's address (each node binds it)."""
+        addresses = sorted({self.node_addresses[n.name] for n in self.real_nodes})
+        while True:
+            port = free_port()
+            if all(_port_free(address, port) for address in addresses[1:]):
+                return port
 
     def _start_triton(self, node: NodeSpec, log_name: str = "tritonserver") -> None:
         triton = self._new_triton(node, log_name)
