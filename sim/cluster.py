@@ -1,13 +1,13 @@
 """A whole simulated tritonshare cluster on one machine, for the demo and the end-to-end test.
 
 Owns starting and stopping, in a fixed order: the simulated API server (in this process), the
-Node objects (as kubelets would register them), a real Triton on the CPU for the one node whose
-pods run for real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the binder
-replicas (`python -m binder`), the controller manager (`sim.controllers`: Deployments and
-ReplicaSets, in this process), the local node's kubelet and a hollow kubelet for the other
-nodes; with `webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered
-as the chart registers it: `sim.admission_webhook`) and a model store serving model archives
-over HTTPS (`sim.modelstore`), so pods written in the short form run end to end. Every process
+Node objects (as kubelets would register them), a real Triton on the CPU and a gateway for each
+node whose pods run for real, one agent per node (`python -m sim.gpu.agent_node`, mock NVML), the
+binder replicas (`python -m binder`), the controller manager (`sim.controllers`: Deployments and
+ReplicaSets, in this process), a kubelet per real node and a hollow kubelet for the other nodes;
+with `webhook=True` also tritonshare's mutating webhook (`python -m webhook`, registered as the
+chart registers it: `sim.admission_webhook`) and a model store serving model archives over HTTPS
+(`sim.modelstore`), so pods written in the short form run end to end. Every process
 logs to a file under the work directory. A part that is not in the tree yet is reported in
 `missing` and left out; nothing pretends to be it. It must not create model pods: that is the
 caller's scenario.
@@ -15,6 +15,10 @@ caller's scenario.
 With `admission_policies=True` the API server also runs the project's
 ValidatingAdmissionPolicies (deploy/base) and the binders call it with their service account's
 token; off by default (see `SimCluster.admission_policies`).
+
+Each real node has an address of its own in 127.0.0.0/8 (127.0.0.1, 127.0.0.2, ... in the order
+given), where its agent and gateway listen on the same ports as every other real node's, as on a
+real cluster; their pods share one pool of pod IPs (`sim.node.addresses`).
 """
 
 from __future__ import annotations
@@ -22,15 +26,18 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import ipaddress
 import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -51,6 +58,7 @@ from sim import admission_webhook
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from sim.controllers.manager import ControllerManager
 from sim.modelstore import ModelStore
+from sim.node.addresses import PodAddresses
 from sim.node.cpushares import (
     CpuGroups,
     CpuGroupsUnavailableError,
@@ -101,7 +109,11 @@ GPU_NODE_TAINT = {
 
 
 NODE_POD_GROUP = "node-pod"
-"""The real node's node pod's CPU group (with `cpu_shares`)."""
+"""The first real node's node pod's CPU group (with `cpu_shares`); another real node's is
+`node-pod-<node>`."""
+FIRST_NODE_ADDRESS = ipaddress.IPv4Address("127.0.0.1")
+"""The first real node's address; the next real nodes' follow (127.0.0.2, ...). Hollow nodes
+have it too (nothing listens for them)."""
 
 
 @functools.cache
@@ -150,6 +162,15 @@ def write_placement_keys(directory: Path) -> Path:
     return directory
 
 
+def _port_free(address: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One simulated GPU node."""
@@ -163,6 +184,16 @@ class NodeSpec:
     """Served by a real Triton and the local kubelet (its pods run as processes)."""
 
 
+@dataclass(frozen=True)
+class NodePorts:
+    """The ports every real node's agent and gateway listen on, each on its node's address."""
+
+    agent: int
+    gateway_http: int
+    gateway_grpc: int
+    gateway_metrics: int
+
+
 @dataclass
 class AgentHandle:
     node: str
@@ -173,13 +204,14 @@ class AgentHandle:
 
 @dataclass
 class GatewayHandle:
-    """The node gateway of the node whose pods run for real: the model pods' one way to Triton."""
+    """The node gateway of a node whose pods run for real: the model pods' one way to Triton."""
 
     process: ManagedProcess
     http: int
     grpc: int
     metrics: int
     caller_table: Path
+    address: str = str(FIRST_NODE_ADDRESS)
 
 
 @dataclass
@@ -205,10 +237,16 @@ class SimCluster:
         node_ports: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
-        if sum(1 for n in nodes if n.real) > 1:
-            raise ValueError("at most one node can be served by the real Triton")
+        if len({n.name for n in nodes}) != len(nodes):
+            raise ValueError("two simulated nodes have the same name: give each its own")
         self.workdir = workdir
         self.nodes = list(nodes)
+        real = [n.name for n in self.nodes if n.real]
+        self.node_addresses = {
+            n.name: str(FIRST_NODE_ADDRESS + (real.index(n.name) if n.real else 0))
+            for n in self.nodes
+        }
+        """Each node's address (its InternalIP and status.hostIP): real nodes each their own."""
         self.binder_count = binders
         self.tenant_code_namespaces = tuple(tenant_code_namespaces)
         """Namespaces the agents let run their own code in Triton: the scenario's tiny models
@@ -233,7 +271,7 @@ class SimCluster:
         (`sim.node.cpushares`). Off by default: it needs a writable cgroup CPU controller."""
         self.cpu: CpuGroups | None = None
         self.node_ports = node_ports
-        """Run the real node's agent and gateway on deploy/base's ports (agent gRPC 8100, gateway
+        """Run the real nodes' agents and gateways on deploy/base's ports (agent gRPC 8100, gateway
         REST 8010, gRPC 8011 and metrics 8012), so that model pods written as deploy/example
         writes them reach them at `$(HOST_IP)`, and its Triton with the ONNX Runtime stand-in
         (`sim.triton.TritonServer.onnx_standin`) so that the example's ONNX model is served. Off
@@ -246,14 +284,17 @@ class SimCluster:
         self.kubeconfig = workdir / "kubeconfig"
         self.placement_key_dir = workdir / "placement-key"
         self.kube: kubernetes.client.ApiClient | None = None
-        self.triton: TritonServer | None = None
+        self.ports: NodePorts | None = None
+        self.tritons: dict[str, TritonServer] = {}
         self.agents: dict[str, AgentHandle] = {}
-        self.gateway: GatewayHandle | None = None
+        self.gateways: dict[str, GatewayHandle] = {}
         self.webhook: admission_webhook.WebhookHandle | None = None
         self.model_store: ModelStore | None = None
         self.binders: list[BinderHandle] = []
         self.controllers: ControllerManager | None = None
-        self.kubelet: Kubelet | None = None
+        self.kubelets: dict[str, Kubelet] = {}
+        self.pod_addresses = PodAddresses()
+        """The pod IPs of every real node's pods: one pool, so that no two pods share one."""
         self.hollow: HollowKubelet | None = None
         self._kubelet_clients: list[kubernetes.client.ApiClient] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(self.kubeconfig)}
@@ -265,8 +306,47 @@ class SimCluster:
         return cast(Any, kubernetes.client.CoreV1Api(self.kube))
 
     @property
+    def real_nodes(self) -> list[NodeSpec]:
+        """The nodes whose pods run for real, in the order given."""
+        return [n for n in self.nodes if n.real]
+
+    @property
     def real_node(self) -> NodeSpec | None:
+        """The first real node (the only one in most scenarios)."""
         return next((n for n in self.nodes if n.real), None)
+
+    @property
+    def triton(self) -> TritonServer | None:
+        """The first real node's Triton."""
+        real = self.real_node
+        return None if real is None else self.tritons.get(real.name)
+
+    @property
+    def gateway(self) -> GatewayHandle | None:
+        """The first real node's gateway."""
+        real = self.real_node
+        return None if real is None else self.gateways.get(real.name)
+
+    @property
+    def kubelet(self) -> Kubelet | None:
+        """The first real node's kubelet."""
+        real = self.real_node
+        return None if real is None else self.kubelets.get(real.name)
+
+    def _suffix(self, node: NodeSpec) -> str:
+        """'' for the first real node, `-<name>` for another: its files' and groups' names."""
+        return "" if node == self.real_node else f"-{node.name}"
+
+    def _new_triton(self, node: NodeSpec, log_name: str) -> TritonServer:
+        suffix = self._suffix(node)
+        triton = TritonServer(
+            self.workdir / f"triton{suffix}" / "models",
+            restricted=True,
+            log_path=self.workdir / "logs" / f"{log_name}{suffix}.log",
+            onnx_standin=self.node_ports,
+        )
+        triton.model_repository.mkdir(parents=True, exist_ok=True)
+        return triton
 
     def start(self) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -275,7 +355,10 @@ class SimCluster:
                 self.cpu = CpuGroups("tritonshare-sim")
             except CpuGroupsUnavailableError as e:
                 raise ClusterError(str(e)) from e
-            self.cpu.place(NODE_POD_GROUP, pod_millicpu(node_pod_template()))
+            for node in self.real_nodes:
+                self.cpu.place(
+                    NODE_POD_GROUP + self._suffix(node), pod_millicpu(node_pod_template())
+                )
         write_placement_keys(self.placement_key_dir)
         self.apiserver = start_in_thread(settings=ApiServerSettings(crds=(CHART_CRDS,)))
         self.apiserver.write_kubeconfig(self.kubeconfig)
@@ -288,30 +371,21 @@ class SimCluster:
         for node in self.nodes:
             self._register(node)
         self.say(f"Registered {len(self.nodes)} GPU nodes (as their kubelets would).")
-        if self.real_node is not None:
-            self.triton = TritonServer(
-                self.workdir / "triton" / "models",
-                restricted=True,
-                log_path=self.workdir / "logs" / "tritonserver.log",
-                onnx_standin=self.node_ports,
+        self.ports = (
+            NodePorts(
+                NODE_AGENT_PORT,
+                NODE_GATEWAY_HTTP_PORT,
+                NODE_GATEWAY_GRPC_PORT,
+                NODE_GATEWAY_METRICS_PORT,
             )
-            self.triton.model_repository.mkdir(parents=True, exist_ok=True)
-            try:
-                self.triton.start()
-            except (TritonUnavailableError, RuntimeError, TimeoutError) as e:
-                self.triton = None
-                raise ClusterError(f"the real Triton did not start: {e}") from e
-            self._weigh("triton", self.triton.process)
-            self.say(
-                f"A real Triton 2.51 is serving node {self.real_node.name} on the CPU "
-                f"(HTTP {self.triton.http_url}, gRPC {self.triton.grpc_url}; admin APIs "
-                "restricted)."
-            )
-        self._start_gateway(
-            (NODE_GATEWAY_HTTP_PORT, NODE_GATEWAY_GRPC_PORT, NODE_GATEWAY_METRICS_PORT)
             if self.node_ports
-            else None
+            else NodePorts(*(self._free_node_port() for _ in range(4)))
         )
+        # Each Triton takes seconds to start: the nodes' start side by side, as nodes boot.
+        with ThreadPoolExecutor(max(1, len(self.real_nodes))) as starting:
+            list(starting.map(self._start_triton, self.real_nodes))
+        for node in self.real_nodes:
+            self._start_gateway(node)
         self._start_agents()
         if self.webhook_wanted:
             self._start_webhook()
@@ -321,12 +395,37 @@ class SimCluster:
         self._start_controllers()
         self._start_kubelets()
 
-    def _weigh(self, container: str, process: subprocess.Popen[bytes] | None) -> None:
+    def _free_node_port(self) -> int:
+        """A TCP port free a moment ago on every real node's address (each node binds it)."""
+        addresses = sorted({self.node_addresses[n.name] for n in self.real_nodes})
+        while True:
+            port = free_port()
+            if all(_port_free(address, port) for address in addresses[1:]):
+                return port
+
+    def _start_triton(self, node: NodeSpec, log_name: str = "tritonserver") -> None:
+        triton = self._new_triton(node, log_name)
+        try:
+            triton.start()
+        except (TritonUnavailableError, RuntimeError, TimeoutError) as e:
+            triton.discard()
+            raise ClusterError(f"the real Triton of node {node.name} did not start: {e}") from e
+        self.tritons[node.name] = triton
+        self._weigh(node, "triton", triton.process)
+        self.say(
+            f"A real Triton 2.51 is serving node {node.name} on the CPU (HTTP "
+            f"{triton.http_url}, gRPC {triton.grpc_url}; admin APIs restricted)."
+        )
+
+    def _weigh(
+        self, node: NodeSpec, container: str, process: subprocess.Popen[bytes] | None
+    ) -> None:
         """The node pod's `container`, just started, into its CPU group (with cpu_shares)."""
         if self.cpu is None or process is None:
             return
         requested = node_container_millicpu(node_pod_template(), container)
-        self.cpu.place(f"{NODE_POD_GROUP}/{container}", requested, [process.pid])
+        group = f"{NODE_POD_GROUP}{self._suffix(node)}/{container}"
+        self.cpu.place(group, requested, [process.pid])
 
     def _start_controllers(self) -> None:
         assert self.apiserver is not None
@@ -357,7 +456,7 @@ class SimCluster:
         status = {
             "status": {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "addresses": [{"type": "InternalIP", "address": self.node_addresses[node.name]}],
                 "capacity": {"cpu": "8", "memory": "64Gi", "pods": "110"},
                 "allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"},
             }
@@ -370,9 +469,10 @@ class SimCluster:
                 "agent (python -m agent / sim.gpu.agent_node is not in the tree yet)"
             )
             return
+        assert self.ports is not None
         for node in self.nodes:
-            if node.real and self.node_ports:
-                self._start_agent(node, f"127.0.0.1:{NODE_AGENT_PORT}")
+            if node.real:
+                self._start_agent(node, f"{self.node_addresses[node.name]}:{self.ports.agent}")
             else:
                 self._start_agent(node)
         self._wait_agents(list(self.agents))
@@ -383,9 +483,11 @@ class SimCluster:
         node_dir.mkdir(parents=True, exist_ok=True)
         ports_file = node_dir / "agent-ports.json"
         ports_file.unlink(missing_ok=True)
-        if node.real and self.triton is not None:
-            repository, triton_url = self.triton.model_repository, self.triton.http_url
-            triton_grpc_url = self.triton.grpc_url
+        triton = self.tritons.get(node.name)
+        gateway = self.gateways.get(node.name)
+        if node.real and triton is not None:
+            repository, triton_url = triton.model_repository, triton.http_url
+            triton_grpc_url = triton.grpc_url
         else:
             # No Triton here: the agent publishes GPUs and liveness; nothing is loaded.
             repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
@@ -401,7 +503,7 @@ class SimCluster:
             "--triton-grpc-url", triton_grpc_url,
             "--triton-admin-header", TRITON_ADMIN_HEADER,
             "--listen-grpc", listen_grpc,
-            "--listen-http", "127.0.0.1:0",
+            "--listen-http", f"{self.node_addresses[node.name]}:0",
             "--ports-file", str(ports_file),
             "--placement-key-dir", str(self.placement_key_dir),
             "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
@@ -409,20 +511,20 @@ class SimCluster:
             "--usage-publish-seconds", "2",
             "--cpu-only",
         ]  # fmt: skip
-        if node.real and self.gateway is not None:
-            argv += ["--gateway-table", str(self.gateway.caller_table)]
-        if node.real and self.triton is not None and self.triton.process is not None:
+        if node.real and gateway is not None:
+            argv += ["--gateway-table", str(gateway.caller_table)]
+        if node.real and triton is not None and triton.process is not None:
             # As the node pod's Triton container writes it: the agent tells Triton's processes
             # from others on the GPUs and measures Triton's host memory.
             pid_file = node_dir / "triton.pid"
-            pid_file.write_text(f"{self.triton.process.pid}\n")
+            pid_file.write_text(f"{triton.process.pid}\n")
             argv += ["--triton-pid-file", str(pid_file)]
         process = ManagedProcess(
             f"agent/{node.name}", argv, self.workdir / "logs" / f"agent-{node.name}.log"
         )
         process.start(self.env)
         if node.real:
-            self._weigh("agent", process.process)
+            self._weigh(node, "agent", process.process)
         self.agents[node.name] = AgentHandle(node.name, process)
 
     def _wait_agents(self, names: Sequence[str]) -> None:
@@ -443,44 +545,46 @@ class SimCluster:
                 f"node {name}'s agent lease", partial(self._lease, agent_lease_name(name)), 60
             )
 
-    def _start_gateway(self, ports: tuple[int, int, int] | None = None) -> None:
-        """The real node's gateway, on the node's address (127.0.0.1) before its agent, which
-        writes the caller table the gateway follows (until then the gateway refuses everyone)."""
-        real = self.real_node
-        if real is None or self.triton is None:
+    def _start_gateway(self, node: NodeSpec) -> None:
+        """A real node's gateway, on the node's address, before its agent, which writes the
+        caller table the gateway follows (until then the gateway refuses everyone)."""
+        triton = self.tritons.get(node.name)
+        if triton is None or self.ports is None:
             return
-        node_dir = self.workdir / "nodes" / real.name
+        node_dir = self.workdir / "nodes" / node.name
         node_dir.mkdir(parents=True, exist_ok=True)
-        http, grpc, metrics = ports or (free_port(), free_port(), free_port())
+        address = self.node_addresses[node.name]
+        ports = self.ports
         caller_table = node_dir / "gateway" / "callers.json"
         argv = [
             sys.executable, "-m", "proxy.gateway",
             "--caller-table", str(caller_table),
-            "--triton-http-url", self.triton.http_url,
-            "--triton-grpc-url", self.triton.grpc_url,
-            "--listen-http", f"127.0.0.1:{http}",
-            "--listen-grpc", f"127.0.0.1:{grpc}",
-            "--listen-metrics", f"127.0.0.1:{metrics}",
+            "--triton-http-url", triton.http_url,
+            "--triton-grpc-url", triton.grpc_url,
+            "--listen-http", f"{address}:{ports.gateway_http}",
+            "--listen-grpc", f"{address}:{ports.gateway_grpc}",
+            "--listen-metrics", f"{address}:{ports.gateway_metrics}",
         ]  # fmt: skip
-        log_path = self.workdir / "logs" / f"gateway-{real.name}.log"
+        log_path = self.workdir / "logs" / f"gateway-{node.name}.log"
         handle = GatewayHandle(
-            ManagedProcess(f"gateway/{real.name}", argv, log_path),
-            http,
-            grpc,
-            metrics,
+            ManagedProcess(f"gateway/{node.name}", argv, log_path),
+            ports.gateway_http,
+            ports.gateway_grpc,
+            ports.gateway_metrics,
             caller_table,
+            address,
         )
         handle.process.start(self.env)
-        self._weigh("gateway", handle.process.process)
+        self._weigh(node, "gateway", handle.process.process)
         wait_started(
             handle.process,
-            f"the gateway of node {real.name}",
-            partial(http_ok, f"http://127.0.0.1:{handle.metrics}/healthz"),
+            f"the gateway of node {node.name}",
+            partial(http_ok, f"http://{address}:{handle.metrics}/healthz"),
         )
-        self.gateway = handle
+        self.gateways[node.name] = handle
         self.say(
-            f"Node {real.name}'s gateway is the model pods' one way to Triton (REST "
-            f"127.0.0.1:{handle.http}, gRPC 127.0.0.1:{handle.grpc}): it knows each pod by its "
+            f"Node {node.name}'s gateway is the model pods' one way to Triton (REST "
+            f"{address}:{handle.http}, gRPC {address}:{handle.grpc}): it knows each pod by its "
             "address."
         )
 
@@ -491,7 +595,7 @@ class SimCluster:
         if not available("webhook.__main__"):
             self.missing.append("webhook (python -m webhook is not in the tree yet)")
             return
-        if real is None or self.gateway is None or real.name not in self.agents:
+        if real is None or self.ports is None or real.name not in self.agents:
             self.missing.append("webhook (no node runs pods, so no pod it completes could run)")
             return
         try:
@@ -502,9 +606,9 @@ class SimCluster:
         self.model_store = ModelStore(self.workdir / "model-store", cert, key)
         self.model_store.start()
         ports = admission_webhook.NodePorts(
-            agent=int(self.agents[real.name].grpc.rpartition(":")[2]),
-            gateway_http=self.gateway.http,
-            gateway_grpc=self.gateway.grpc,
+            agent=self.ports.agent,
+            gateway_http=self.ports.gateway_http,
+            gateway_grpc=self.ports.gateway_grpc,
         )
         self.webhook = admission_webhook.start(self.workdir / "logs", self.env, cert, key, ports)
 
@@ -537,14 +641,14 @@ class SimCluster:
                 "--retry-period", "1",
                 "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
             ]  # fmt: skip
-            real = self.real_node
-            if real is not None and real.name in self.agents and self.gateway is not None:
-                # The model hosts it creates reach the real node's agent and gateway where the
-                # simulation runs them, as the webhook's model pods do.
+            if self.ports is not None and self.gateways:
+                # The model hosts it creates reach the real nodes' agents and gateways where the
+                # simulation runs them (the same ports on every node), as the webhook's model
+                # pods do.
                 argv += [
-                    "--agent-port", self.agents[real.name].grpc.rpartition(":")[2],
-                    "--triton-http-port", str(self.gateway.http),
-                    "--triton-grpc-port", str(self.gateway.grpc),
+                    "--agent-port", str(self.ports.agent),
+                    "--triton-http-port", str(self.ports.gateway_http),
+                    "--triton-grpc-port", str(self.ports.gateway_grpc),
                 ]  # fmt: skip
             process = ManagedProcess(identity, argv, self.workdir / "logs" / f"{identity}.log")
             process.start(self.env)
@@ -569,25 +673,27 @@ class SimCluster:
 
     def _start_kubelets(self) -> None:
         assert self.apiserver is not None
-        real = self.real_node
-        if real is not None:
+        env = dict(self.env)
+        if self.webhook is not None:
+            # The pods trust the sim's certificate (the model store's), as pods of a cluster
+            # with a private CA do.
+            env["SSL_CERT_FILE"] = str(self.webhook.ca)
+        for node in self.real_nodes:
             api = self.apiserver.api_client()
             self._kubelet_clients.append(api)
-            env = dict(self.env)
-            if self.webhook is not None:
-                # The pods trust the sim's certificate (the model store's), as pods of a cluster
-                # with a private CA do.
-                env["SSL_CERT_FILE"] = str(self.webhook.ca)
-            self.kubelet = Kubelet(
+            kubelet = Kubelet(
                 api,
-                real.name,
-                self.workdir / "kubelet",
+                node.name,
+                self.workdir / f"kubelet{self._suffix(node)}",
+                host_ip=self.node_addresses[node.name],
                 base_env=env,
                 # The proxy's --source-address: the pod's connections leave from its own IP.
                 source_address_variables=(SOURCE_ADDRESS_VARIABLE,),
                 cpu=self.cpu,
+                addresses=self.pod_addresses,
             )
-            self.kubelet.start()
+            kubelet.start()
+            self.kubelets[node.name] = kubelet
         hollow = [n.name for n in self.nodes if not n.real]
         if hollow:
             api = self.apiserver.api_client()
@@ -595,7 +701,7 @@ class SimCluster:
             self.hollow = HollowKubelet(api, hollow)
             self.hollow.start()
         self.say(
-            f"The kubelet of {real.name if real else 'no node'} runs its pods as processes; "
+            f"The kubelet of {', '.join(self.kubelets) or 'no node'} runs its pods as processes; "
             f"a hollow kubelet marks pods on {', '.join(hollow) or 'no node'} Running without "
             "running them."
         )
@@ -622,56 +728,55 @@ class SimCluster:
         lease: dict[str, Any] = json.loads(response.data)
         return lease
 
-    def replace_node_pod(self) -> float:
-        """Replace the real node's node pod as a DaemonSet update does: the old pod's agent,
-        gateway and Triton get SIGTERM, and a new pod starts them again on the node's same host
-        ports (the agent's gRPC, the gateway's), with new, empty emptyDir volumes (the model
-        repository, the agent's owner records and staging, the gateway's caller table). Returns
-        the monotonic time at which the new pod's agent, gateway and Triton all run."""
-        real = self.real_node
-        agent = self.agents.get(real.name) if real is not None else None
-        if real is None or agent is None or self.gateway is None or self.triton is None:
-            raise ClusterError("no node pod to replace: the cluster runs no real node")
-        agent_port = int(agent.grpc.rpartition(":")[2])
-        gateway_ports = (self.gateway.http, self.gateway.grpc, self.gateway.metrics)
-        self.exit_codes[agent.process.name] = agent.process.stop()
-        self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
-        self.triton.stop()
-        self.triton = None
-        shutil.rmtree(self.workdir / "triton")
-        shutil.rmtree(self.workdir / "nodes" / real.name / "gateway", ignore_errors=True)
-        self.triton = TritonServer(
-            self.workdir / "triton" / "models",
-            restricted=True,
-            log_path=self.workdir / "logs" / "tritonserver-2.log",
-            onnx_standin=self.node_ports,
+    def _real(self, node: str | None, doing: str) -> NodeSpec:
+        """The real node named `node` (None: the first) whose node pod runs, for `doing`."""
+        spec = (
+            self.real_node
+            if node is None
+            else next((n for n in self.real_nodes if n.name == node), None)
         )
-        self.triton.model_repository.mkdir(parents=True)
-        self.triton.start()
-        self._weigh("triton", self.triton.process)
-        self._start_gateway(gateway_ports)
-        self._start_agent(real, f"127.0.0.1:{agent_port}")
+        if spec is None or spec.name not in self.agents or spec.name not in self.gateways:
+            raise ClusterError(f"no node pod to {doing}: {node or 'the cluster'} runs no real node")
+        return spec
+
+    def replace_node_pod(self, node: str | None = None) -> float:
+        """Replace a real node's node pod (`node`; None: the first real node) as a DaemonSet
+        update does: the old pod's agent, gateway and Triton get SIGTERM, and a new pod starts
+        them again on the node's same host ports (the agent's gRPC, the gateway's), with new,
+        empty emptyDir volumes (the model repository, the agent's owner records and staging, the
+        gateway's caller table). Returns the monotonic time at which the new pod's agent,
+        gateway and Triton all run."""
+        real = self._real(node, "replace")
+        assert self.ports is not None
+        agent, gateway = self.agents[real.name], self.gateways.pop(real.name)
+        self.exit_codes[agent.process.name] = agent.process.stop()
+        self.exit_codes[gateway.process.name] = gateway.process.stop()
+        triton = self.tritons.pop(real.name)
+        triton.stop()
+        shutil.rmtree(triton.model_repository.parent)
+        shutil.rmtree(self.workdir / "nodes" / real.name / "gateway", ignore_errors=True)
+        self._start_triton(real, "tritonserver-2")
+        self._start_gateway(real)
+        self._start_agent(real, f"{self.node_addresses[real.name]}:{self.ports.agent}")
         self._wait_agents([real.name])
         self.say(f"Node {real.name}'s node pod was replaced; its repository starts empty.")
         return time.monotonic()
 
-    def restart_node_container(self, container: str) -> float:
-        """Restart one container of the real node's node pod in place, as the kubelet does after
-        an image change on the pod (`agent` or `gateway`): the others and every volume stay.
-        Returns the monotonic time at which it runs again."""
-        real = self.real_node
-        if real is None or self.gateway is None or real.name not in self.agents:
-            raise ClusterError("no node pod to restart a container of: no real node")
+    def restart_node_container(self, container: str, node: str | None = None) -> float:
+        """Restart one container of a real node's node pod (`node`; None: the first real node)
+        in place, as the kubelet does after an image change on the pod (`agent` or `gateway`):
+        the others and every volume stay. Returns the monotonic time at which it runs again."""
+        real = self._real(node, "restart a container of")
+        assert self.ports is not None
         if container == "agent":
             agent = self.agents[real.name]
-            port = int(agent.grpc.rpartition(":")[2])
             self.exit_codes[agent.process.name] = agent.process.stop()
-            self._start_agent(real, f"127.0.0.1:{port}")
+            self._start_agent(real, f"{self.node_addresses[real.name]}:{self.ports.agent}")
             self._wait_agents([real.name])
         elif container == "gateway":
-            ports = (self.gateway.http, self.gateway.grpc, self.gateway.metrics)
-            self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
-            self._start_gateway(ports)
+            gateway = self.gateways.pop(real.name)
+            self.exit_codes[gateway.process.name] = gateway.process.stop()
+            self._start_gateway(real)
         else:
             raise ValueError(f"the node pod has no container {container!r} to restart here")
         return time.monotonic()
@@ -707,8 +812,8 @@ class SimCluster:
             self.controllers.stop()
         if self.hollow is not None:
             self.hollow.stop()
-        if self.kubelet is not None:
-            self.kubelet.stop()
+        for kubelet in self.kubelets.values():
+            kubelet.stop()
         for api in self._kubelet_clients:
             api.close()  # type: ignore[no-untyped-call]
         self._kubelet_clients.clear()
@@ -716,14 +821,14 @@ class SimCluster:
             self.exit_codes[binder.process.name] = binder.process.stop()
         for agent in self.agents.values():
             self.exit_codes[agent.process.name] = agent.process.stop()
-        if self.gateway is not None:
-            self.exit_codes[self.gateway.process.name] = self.gateway.process.stop()
+        for gateway in self.gateways.values():
+            self.exit_codes[gateway.process.name] = gateway.process.stop()
         if self.webhook is not None:
             self.exit_codes[self.webhook.process.name] = self.webhook.process.stop()
         if self.model_store is not None:
             self.model_store.stop()
-        if self.triton is not None:
-            self.triton.discard()
+        for triton in self.tritons.values():
+            triton.discard()
         if self.cpu is not None:
             self.cpu.close()
             self.cpu = None

@@ -2,9 +2,10 @@
 
 A real pod has its own network namespace and IP; the simulated ones share the host's, but Linux
 answers on every address of 127.0.0.0/8, so a process can listen on, and connect from, an address
-of its own there. The node keeps 127.0.0.1 (its agent, gateway and Triton listen on it, and a pod
-on the host network gets it too); pods get addresses from 127.1.0.1 on, each held until the pod
-is gone and then reused last, as a CNI's IPAM hands them out. Since a pod's ports are its own
+of its own there. The nodes keep 127.0.0.x (127.0.0.1 the first: its agent and gateway listen
+there, and a pod on its host network gets it too); pods get addresses from 127.1.0.1 on, each
+held until the pod is gone and then reused last, as a CNI's IPAM hands them out (one pool for
+the kubelets of several nodes). Since a pod's ports are its own
 only on its own address, an address where another process of the machine already holds one of
 the pod's declared ports (another simulated cluster's pod, say, or a listener on 0.0.0.0) is
 skipped. Thread-safe: pod workers take and give back addresses from their own threads.

@@ -145,7 +145,9 @@ class Kubelet(_PodWatcher):
     `source_address_variables` name the environment variables set to each pod's IP, the stand-in
     for a pod's own network namespace (`sim.node.podnetwork`): the caller knows which ones its
     programs read; the kubelet does not. With `cpu`, each pod's processes run in a CPU cgroup
-    weighted by the pod's CPU requests, as a real kubelet runs them (`sim.node.cpushares`)."""
+    weighted by the pod's CPU requests, as a real kubelet runs them (`sim.node.cpushares`).
+    Kubelets of several nodes share one `addresses`, so that their pods' IPs differ, as the
+    cluster's network hands them out."""
 
     def __init__(
         self,
@@ -161,6 +163,7 @@ class Kubelet(_PodWatcher):
         backoff_max: float = 5.0,
         abandon_grace: float = 10.0,
         cpu: CpuGroups | None = None,
+        addresses: PodAddresses | None = None,
     ) -> None:
         api_client.user_agent = USER_AGENT
         super().__init__(api_client, f"spec.nodeName={node_name}", f"kubelet-{node_name}")
@@ -171,7 +174,7 @@ class Kubelet(_PodWatcher):
             workdir=workdir,
             host_ip=host_ip,
             python=python,
-            addresses=PodAddresses(),
+            addresses=PodAddresses() if addresses is None else addresses,
             source_address_variables=tuple(source_address_variables),
             base_env=dict(os.environ if base_env is None else base_env),
             backoff_initial=backoff_initial,

@@ -453,7 +453,8 @@ class PodWorker(threading.Thread):
         hook = container.spec["lifecycle"]["preStop"]
         left = max(0.1, deadline - time.monotonic())
         if "sleep" in hook:
-            time.sleep(min(float(hook["sleep"]["seconds"]), left))
+            # Cut short when the simulation ends (abandon): the node is switched off.
+            self._abandon.wait(min(float(hook["sleep"]["seconds"]), left))
         elif "httpGet" in hook:
             http_get(hook["httpGet"], container.ports, self.pod_ip, left)
         elif "exec" in hook and container.launch is not None:
