@@ -77,13 +77,15 @@ def _placement_inputs(pod: PodInfo) -> tuple[Any, ...]:
 
 def _host_view(obj: JsonObject, keys: Keys) -> tuple[Any, ...]:
     """What of a model host its controller acts on: its labels, its hosted-models annotation,
-    its loaded conditions (`common.hosted.loaded_condition`) and whether it is going away."""
+    its loaded conditions (`common.hosted.loaded_condition`), its Ready condition (whether its
+    Service endpoints are ready) and whether it is going away."""
     meta = obj.get("metadata") or {}
     loaded = f"{keys.prefix}loaded-"
     conditions = sorted(
         (str(c.get("type")), str(c.get("status")), str(c.get("message") or ""))
         for c in (obj.get("status") or {}).get("conditions") or []
-        if isinstance(c, dict) and str(c.get("type", "")).startswith(loaded)
+        if isinstance(c, dict)
+        and (str(c.get("type", "")).startswith(loaded) or c.get("type") == "Ready")
     )
     return (
         meta.get("labels"),

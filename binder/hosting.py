@@ -239,7 +239,7 @@ class ModelController:
         self._rollout = Rollout(
             ledger,
             policy,
-            loaded=self._loaded,
+            loaded=self._served,
             place_one=self._place_one,
             leave=self._leave,
             holds=self._preemption.holds,
@@ -732,6 +732,21 @@ class ModelController:
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
 
+    def _served(self, model: ModelInfo, node: str) -> Loaded:
+        """Whether `model` is served through its Service by the namespace's host on `node`:
+        loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new host's
+        readiness probe passes seconds after its first model loads)."""
+        loaded = self._loaded(model, node)
+        if not loaded.ready:
+            return loaded
+        host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
+        for condition in (host.get("status") or {}).get("conditions") or []:
+            if isinstance(condition, dict) and condition.get("type") == "Ready":
+                if condition.get("status") == "True":
+                    return loaded
+                break
+        return Loaded(False, "its model host is not Ready yet")
+
     async def _report_roll(self, model: ModelInfo, roll: Roll) -> None:
         """A Warning Event on the model when its roll goes on without a surge replica, or
         stalls on new files a replica does not serve (once per message)."""
@@ -793,7 +808,7 @@ class ModelController:
         why_not: list[str] = []
         not_ready = "ReplicasNotReady"
         for ordinal, replica in sorted(placed.items()):
-            ready, why, agent_reason = self._loaded(model, replica.node_name)
+            ready, why, agent_reason = self._served(model, replica.node_name)
             if agent_reason == HOST_REFUSED:
                 not_ready = HOST_REFUSED
             entry: dict[str, Any] = {
@@ -992,7 +1007,7 @@ class ModelController:
             if other not in there_now:
                 return False
             for model, _, replica in replicas:
-                if replica.uid not in self._draining and not self._loaded(model, other).ready:
+                if replica.uid not in self._draining and not self._served(model, other).ready:
                     return False
         return True
 

@@ -83,7 +83,8 @@ class Rollout:
         holds: Callable[[str], bool],
         draining: Collection[str],
     ) -> None:
-        """`loaded(model, node)`: whether the model's host on the node serves it;
+        """`loaded(model, node)`: whether the model's host on the node serves it through its
+        Service (loaded there, the host Ready);
         `place_one(model, ordinal, quota)`: the replica placed, or why not; `leave(model,
         replica)`: it drains or is freed; `holds(rid)`: its preemption holds a room for it;
         `draining`: the replicas draining (the controller's)."""

@@ -23,7 +23,7 @@ from common.hosted import (
 from tests.binder import test_tritonmodels
 from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, eventually
-from tests.binder.test_model_hosts import hosted
+from tests.binder.test_model_hosts import HOST_READY, hosted
 from tests.binder.test_tritonmodels import (
     GROUP,
     PLURAL,
@@ -70,7 +70,7 @@ def loaded(core: Any, node: str, *models: str) -> None:
     conditions = [
         {"type": loaded_condition(KEYS, m), "status": "True", "reason": "ModelReady"}
         for m in models
-    ]
+    ] + [HOST_READY]
     core.patch_namespaced_pod_status(
         host_name(node),
         "default",

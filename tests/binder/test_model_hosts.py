@@ -55,15 +55,26 @@ def nodes(kube_api: kubernetes.client.ApiClient) -> tuple[str, ...]:
     return NODES
 
 
+HOST_READY = {"type": "Ready", "status": "True"}
+"""What the kubelet writes on a host once its proxy's readiness probe passes (no kubelet here)."""
+
+
 def set_loaded(
-    core: Any, node: str, status: str, reason: str = "ModelReady", message: str = ""
+    core: Any,
+    node: str,
+    status: str,
+    reason: str = "ModelReady",
+    message: str = "",
+    host_ready: bool = True,
 ) -> None:
-    """What the agent writes on the host for its replica of resnet."""
+    """What the agent writes on the host for its replica of resnet (and the kubelet: the host
+    Ready, unless `host_ready` is False)."""
     condition = {"type": LOADED, "status": status, "reason": reason, "message": message}
+    ready = {**HOST_READY, "status": "True" if host_ready else "False"}
     core.patch_namespaced_pod_status(
         host_name(node),
         "default",
-        {"status": {"conditions": [condition]}},
+        {"status": {"conditions": [condition, ready]}},
         _content_type="application/strategic-merge-patch+json",
     )
 
@@ -396,7 +407,7 @@ async def test_a_host_deleted_takes_every_model_on_it_out_of_ready(
         core.patch_namespaced_pod_status(
             host.metadata.name,
             "default",
-            {"status": {"conditions": [condition]}},
+            {"status": {"conditions": [condition, HOST_READY]}},
             _content_type="application/strategic-merge-patch+json",
         )
 

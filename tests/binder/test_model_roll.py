@@ -85,7 +85,18 @@ async def test_a_roll_places_a_surge_replica_and_drains_the_old_once_it_serves(
     ready = {c["type"]: c for c in status(custom)["conditions"]}["Ready"]
     assert ready["status"] == "True", "the old replica serves: the model stays Ready"
 
-    # Loaded: the surge joins the Service and the old replica drains, in that order.
+    # Loaded on a host whose readiness probe has not passed yet: its endpoint is not ready, so
+    # the old replica stays, the only one ready.
+    set_loaded(core, host.spec.node_name, "True", host_ready=False)
+    await eventually(
+        lambda: "not Ready" in progressing(custom).get("message", ""),
+        what="the roll waiting for the surge's host to be Ready",
+    )
+    assert not hosted(hosts(core)[old_node])[0].get("draining")
+    assert hosts(core)[old_node].metadata.labels.get(SERVES) == "true"
+    assert status(custom)["readyReplicas"] == 1
+
+    # Ready: the surge is behind the Service and the old replica drains, in that order.
     set_loaded(core, host.spec.node_name, "True")
 
     def old_draining() -> bool:

@@ -28,6 +28,7 @@ from tests.binder.simcluster import (
     eventually,
     node_of,
 )
+from tests.binder.test_model_hosts import HOST_READY
 from tests.binder.test_preemption_e2e import running
 from tests.binder.test_tritonmodels import (
     GROUP,
@@ -296,7 +297,7 @@ def set_loaded(core: Any, model_name: str, node: str, status: str) -> None:
     core.patch_namespaced_pod_status(
         host_name(node),
         "default",
-        {"status": {"conditions": [condition]}},
+        {"status": {"conditions": [condition, HOST_READY]}},
         _content_type="application/strategic-merge-patch+json",
     )
 

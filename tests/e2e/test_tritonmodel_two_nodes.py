@@ -178,13 +178,6 @@ def test_a_tritonmodel_scales_over_two_real_nodes_and_rolls_without_a_failed_req
     events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={MODEL}")
     reasons = [e.reason for e in events.items]
     assert "RollingWithoutSurge" not in reasons and "NewFilesNotServed" not in reasons, reasons
-    # The binder drains the old replica once the surge replica is loaded on its new host, before
-    # that host pod is Ready, so the Service has no ready endpoint meanwhile (its readiness probe
-    # runs every 5 s). Known: the roll should also wait for the host pod's Ready condition.
+    # The old replica drains only once the surge's new host is Ready (its endpoint ready).
     during_roll = [f for f in client.failures if f[0] >= rolled_at]
-    if during_roll and all(why == "no ready endpoint" for _, _, why in during_roll):
-        pytest.xfail(
-            f"{len(during_roll)} requests found no ready endpoint during the roll: the old "
-            "replica drained before the surge's new host pod was Ready"
-        )
     assert during_roll == [], during_roll[:5]
