@@ -406,7 +406,7 @@ class SimCluster:
             "--placement-key-dir", str(self.placement_key_dir),
             "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
             # Measured GPU memory reaches the binder within seconds in the demo.
-            "--usage-publish-seconds", "2", "--gpu-poll-seconds", "2",
+            "--usage-publish-seconds", "2",
             "--cpu-only",
         ]  # fmt: skip
         if node.real and self.gateway is not None:
