@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (whole files each, tests/parallel.py); 0 runs in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo sim-up sim-down test lint types imports unit proto proto-check native clean venv
 
@@ -45,7 +47,7 @@ imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 unit: $(STAMP)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## make proto: regenerate protos/agent_pb2*.py from protos/agent.proto (the result is committed).
 proto: $(STAMP)

@@ -23,7 +23,7 @@ from sim.triton import TritonInstall, TritonServer, TritonUnavailableError
 from tests.native_build import building_processes, start_building, stop_building
 from tests.process_tree import descendant_pids
 
-pytest_plugins = ["tests.fixtures_sim"]
+pytest_plugins = ["tests.fixtures_sim", "tests.parallel"]
 
 MODELS_DIR = Path(__file__).parent / "models"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

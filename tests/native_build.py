@@ -1,7 +1,8 @@
 """The native build, and the proxy's tests run again against it, started in the background as the
 session starts (tests/proxy/test_native.py waits for them): the compiler and the second run
 (mostly waiting on its servers: about 25 s of CPU in 70 s) then use the core the rest of the suite
-leaves idle, instead of holding the suite up for two minutes when that module's turn comes.
+leaves idle, instead of holding the suite up for two minutes when that module's turn comes. Under
+pytest-xdist (`make test`) no core is idle: the module's worker builds and reruns in the foreground.
 
 `python -m tests.native_build [--rerun]` is that background job: the build, then (with --rerun)
 `NATIVE_TESTS` against it; exit 0, `BUILD_FAILED` or `RERUN_FAILED`."""
@@ -114,9 +115,18 @@ BUILD_IN_BACKGROUND = pytest.StashKey[Building]()
 """The build `start_building` started, if it did."""
 
 
+def in_xdist_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (`make test` runs two)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
 def start_building(session: pytest.Session) -> None:
-    """Start `python -m proxy.native` when collection has chosen `MODULE`'s tests."""
-    if tools_problem() or not any(item.nodeid.startswith(MODULE) for item in session.items):
+    """Start `python -m proxy.native` when collection has chosen `MODULE`'s tests; never in an
+    xdist worker (every worker collects every test, and the workers already keep the cores busy:
+    `MODULE` builds and reruns in the foreground there)."""
+    if in_xdist_worker() or tools_problem():
+        return
+    if not any(item.nodeid.startswith(MODULE) for item in session.items):
         return
     rerun = any(item.nodeid == RERUN_TEST for item in session.items)
     output = tempfile.TemporaryFile()  # noqa: SIM115 (closed by Building.wait or stop_building)
@@ -143,6 +153,17 @@ def stop_building(session: pytest.Session) -> None:
             building.process.kill()
         building.process.wait()
         building.output.close()
+
+
+def rerun_in_foreground(build: Path, timeout: float) -> tuple[int, str]:
+    """`NATIVE_TESTS` against `build`, now (in a process that is no xdist worker): the exit code
+    and the output."""
+    env = {k: v for k, v in native_env(build).items() if not k.startswith("PYTEST_XDIST")}
+    done = subprocess.run(
+        rerun_command(), cwd=native.ROOT, env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""The rollout step of `make demo` (and of tests/e2e/test_rollout.py): a model's Deployment rolled
+"""The rollout step of `make demo` (and so of tests/e2e/test_demo.py): a model's Deployment rolled
 to new model files while a client keeps sending.
 
 The Deployment is what a team writes: Kubernetes' default strategy (maxSurge 25%, which rounds up

@@ -527,16 +527,14 @@ def _tritonmodels(cluster: SimCluster, result: DemoResult, say: Say) -> None:
         custom.delete_namespaced_custom_object(
             "tritonshare.io", "v1alpha1", NAMESPACE, "tritonmodels", name
         )
-    wait_until(
-        "the model host removed with its TritonModels",
-        lambda: (
-            not cluster.core.list_namespaced_pod(
-                NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
-            ).items
-        ),
-        90,
+    say("  Deleted them: the host drains and unloads them while the demo goes on.")
+
+
+def _hosts_gone(cluster: SimCluster) -> bool:
+    hosts = cluster.core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"{KEYS.prefix}model-host=true"
     )
-    say("  Deleted: the host drained, unloaded them and was removed with its last TritonModel.")
+    return not hosts.items
 
 
 def _retire_short_form(cluster: SimCluster, result: DemoResult, say: Say) -> None:
@@ -711,18 +709,26 @@ def run_demo(workdir: Path, say: Say = print) -> DemoResult:
         retired = [name for name in result.short_form if name in result.served]
         # The closing table shows the cluster as it is: a pod whose drain is still running holds
         # its GPU memory until it is gone, as it would for kube-scheduler (the rolled and the
-        # scaled Deployments' pods included, removed with their Deployments).
+        # scaled Deployments' pods included, removed with their Deployments, and the model host
+        # with its TritonModels).
         wait_until(
-            f"{', '.join(retired) or 'the retired pods'} to be gone",
+            f"{', '.join(retired) or 'the retired pods'} and the model host to be gone",
             lambda: (
                 all(_pod(cluster, name) is None for name in retired)
                 and not any(
                     cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
                     for selector in (rollout.SELECTOR, autoscale.SELECTOR)
                 )
+                and _hosts_gone(cluster)
             ),
             60,
         )
+        if result.host:
+            say("")
+            say(
+                f"The model host {result.host} drained, unloaded its models and was removed "
+                "with its last TritonModel."
+            )
         print_tables(cluster, result, say)
         say("")
         say("Deleting the model pods: each proxy drains, asks its agent to unload, and exits.")

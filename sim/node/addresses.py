@@ -8,20 +8,31 @@ held until the pod is gone and then reused last, as a CNI's IPAM hands them out 
 the kubelets of several nodes). Since a pod's ports are its own
 only on its own address, an address where another process of the machine already holds one of
 the pod's declared ports (another simulated cluster's pod, say, or a listener on 0.0.0.0) is
-skipped. Thread-safe: pod workers take and give back addresses from their own threads.
+skipped, and so is one that another simulated kubelet of the machine holds (each held address is
+claimed with an flock on a file in `CLAIMS`, released with it or when the process ends): two
+clusters running side by side, as the tests' workers run them, never hand out one address while
+the first pod's processes have not bound it yet. Thread-safe: pod workers take and give back
+addresses from their own threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import ipaddress
+import os
 import socket
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 
 FIRST = ipaddress.IPv4Address("127.1.0.1")
 LAST = ipaddress.IPv4Address("127.254.255.254")
+CLAIMS = Path(tempfile.gettempdir()) / "tritonshare-sim-pod-addresses"
+"""One lock file per address that a simulated kubelet of this machine holds."""
 
 
 class AddressesExhaustedError(RuntimeError):
@@ -35,6 +46,7 @@ class PodAddresses:
         self._next = int(first)
         self._freed: deque[str] = deque()
         self._in_use: dict[str, str] = {}
+        self._claims: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def take(self, owner: str, ports: Iterable[int] = ()) -> str:
@@ -53,9 +65,14 @@ class PodAddresses:
                     address = self._freed.popleft()
                 else:
                     raise AddressesExhaustedError("every simulated pod address is in use")
+                claim = _claim(address)
+                if claim is None:
+                    continue  # another simulated kubelet of the machine holds it
                 if _free(address, wanted):
                     self._in_use[address] = owner
+                    self._claims[address] = claim
                     return address
+                os.close(claim)
                 # Another process of the machine holds a port there: pass the address over.
 
     def give_back(self, address: str) -> None:
@@ -63,6 +80,25 @@ class PodAddresses:
         with self._lock:
             if self._in_use.pop(address, None) is not None:
                 self._freed.append(address)
+            claim = self._claims.pop(address, None)
+            if claim is not None:
+                os.close(claim)  # releases the flock
+
+
+def _claim(address: str) -> int | None:
+    """An open descriptor holding `address`'s lock, or None when another process holds it."""
+    CLAIMS.mkdir(exist_ok=True)
+    descriptor = os.open(CLAIMS / address, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+        raise
+    return descriptor
 
 
 def _free(address: str, ports: tuple[int, ...]) -> bool:

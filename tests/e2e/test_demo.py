@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.demo import autoscale
+from sim.demo import autoscale, rollout
 from sim.demo.report import DemoResult
 from sim.demo.scenario import GREEDY_POD, LATE_POD, NODES, PODS
 
@@ -208,3 +208,30 @@ def test_the_demos_tritonmodels_are_served_by_one_model_host(
         "tm-identity": [1.0, 2.0, 3.0],
     }, transcript
     assert "was removed with its last TritonModel" in transcript
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_the_demos_deployment_rolls_to_new_model_files_with_no_failed_request(
+    demo_run: tuple[DemoResult, str],
+) -> None:
+    """The rollout step (`sim.demo.rollout`): the Deployment (Kubernetes' default strategy:
+    surge 25% of 1 rounds up to 1, unavailable rounds down to 0) has as many replicas as nodes
+    that can take its model, one. Its template is the short form tritonshare's webhook
+    completes; the release changes the model URI annotation to other files of the same model id.
+    The controller manager creates the new revision's pod beside the old one, the binder places
+    it on the same node (another revision), the agent loads it, and the old pod goes once the new
+    one is available. A client sends steadily through the ready endpoints all along: no request
+    may fail, and the answers move from the old files' to the new files'."""
+    result, transcript = demo_run
+    rolled = result.rollout
+    assert rolled is not None, transcript
+    # The surge pod, a new revision, joined the old one on the only node it may run on.
+    real = next(node.name for node in NODES if node.real)
+    assert rolled.surge_node == rolled.old_node == real
+    assert rolled.stuck == "", rolled.stuck
+    assert rolled.finished
+    assert rolled.failures == [], rolled.failures[:5]
+    assert rolled.answers == [str(rollout.OLD_ANSWER), str(rollout.NEW_ANSWER)]
+    assert rolled.answers_after == [str(rollout.NEW_ANSWER)]
+    assert rolled.requests >= 30
