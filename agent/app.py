@@ -165,6 +165,7 @@ class Agent:
             settle_seconds=settings.crash_settle_seconds,
             probation_seconds=settings.crash_probation_seconds,
             namespace_quarantine_after=settings.crash_namespace_quarantine_after,
+            expiry_seconds=settings.crash_quarantine_expiry_seconds,
         )
         self._gpu_reader = GpuReader(nvml)
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-nvml")
@@ -257,6 +258,8 @@ class Agent:
                 self.metrics,
                 self._requests_quarantined,
             )
+            # An exit the witnessed requests explain is not counted against a load.
+            self.crashes.witnessed = self.request_crashes.requests_at
         self.conditions = ModelConditions(
             self.kube,
             self.events,

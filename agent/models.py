@@ -481,16 +481,19 @@ class Models:
     def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
         return gpu_for(self._gpus.snapshot, model_id, gpu_uuid, self.limits.cpu_only)
 
-    async def load(self, model_id: str, owner: Proven) -> ModelStatus:
+    async def load(self, model_id: str, owner: Proven, *, settle: bool = True) -> ModelStatus:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
-        FAILED with Triton's reason."""
+        FAILED with Triton's reason. Without `settle` (a reload of what Triton held before it
+        restarted), Triton's exits after READY do not count against it (`agent.quarantine`)."""
         self._name_check(model_id, owner)
         name = self.triton_name(owner)
         async with self.lock(name):
             owned = await self._claim_locked(name, owner)
-            return await self._load_locked(name, owner, owned)
+            return await self._load_locked(name, owner, owned, settle=settle)
 
-    async def _load_locked(self, name: str, owner: Proven, owned: OwnerRecord) -> ModelStatus:
+    async def _load_locked(
+        self, name: str, owner: Proven, owned: OwnerRecord, *, settle: bool = True
+    ) -> ModelStatus:
         model_id = owner.model_id
         record = self._touch(name, owner)
         record.pod = owner.key
@@ -525,6 +528,7 @@ class Models:
             left is not None
             and not left.finished_at
             and (entry is None or entry.state not in (READY, LOADING))
+            and not self.crashes.explained(left)
         ):
             # A load of it Triton never answered, nor holds: Triton died under it (a load that
             # never reached Triton leaves none). Counted here, not only by the next reconcile
@@ -562,7 +566,9 @@ class Models:
             record.gpu_uuid, record.gpu_index = uuid, index
             started = self.clock()
             # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
-            marker = Marker(name, owned.digest, model_id, owner.key)
+            marker = Marker(
+                name, owned.digest, model_id, owner.key, started_at=self._wall(), restore=not settle
+            )
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
             self.held_loads.end(held, 0.0)
@@ -631,7 +637,7 @@ class Models:
             raise
         else:
             loaded = True
-            self.crashes.finished(marker)
+            self.crashes.finished(marker, settle=settle)
             if self.host is not None:
                 await self._in_thread(self.host.finished, admitted, True)
                 admitted = None
@@ -1160,10 +1166,11 @@ class Models:
                 found.append(proven.key)
         return sorted(found)
 
-    def crash_suspected(self, marker: Marker) -> CrashRecord:
+    def crash_suspected(self, marker: Marker, *, alone: bool = True) -> CrashRecord:
         """Count a load Triton died under (`marker`, left over, its model not in Triton) against
-        its files; the model's life follows the count on disk, which survives restarts."""
-        counted = self.crashes.crashed(marker)
+        its files (only suspect them, not `alone`: `CrashLedger.crashed`); the model's life
+        follows the count on disk, which survives restarts."""
+        counted = self.crashes.crashed(marker, alone=alone)
         record = self.record(marker.name)
         record.life = replace(record.life, crashes=counted.crashes - 1)
         if (record.life.phase, Event.CRASH_SUSPECTED) in TRANSITIONS:

@@ -8,7 +8,10 @@ unexpected to it). Once Triton is back, the node gateway has long written what i
 `slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
 (`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no record counts nothing: the
 gateway saw no death (it was down too, or Triton was only unreachable for the agent), and the agent
-blames no pod without a witness. A pod that reaches `--crash-quarantine-after` exits in a row it was
+blames no pod without a witness. The loads the ledger saw in flight or settling at that moment
+come first (`agent.suspects.at_exit`), and in turn the ledger asks which pods' requests were at
+Triton when a load's marker is left over (`requests_at`): an exit requests explain is not
+counted against a load. A pod that reaches `--crash-quarantine-after` exits in a row it was
 alone at (`agent.suspects`) gets a Warning Event (RequestsCrashedTriton), and the caller table the
 gateway follows says it is quarantined, so the gateway refuses its requests; its ModelLoaded
 condition says so too (`agent.conditions`). What it must not do: detect exits (`agent.reconcile`) or
@@ -25,8 +28,8 @@ from pathlib import Path
 
 from agent.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.quarantine import CrashLedger
-from agent.suspects import REASON, CallerRecord, merged, message
+from agent.quarantine import CrashLedger, Marker
+from agent.suspects import REASON, CallerRecord, at_exit, merged, message
 from common.crashwitness import WitnessError, read_witnesses
 from common.logs import subject
 from common.sentinel import Sentinel
@@ -63,6 +66,19 @@ class RequestCrashes:
         self.slack_seconds = slack_seconds
         self._counted_until = 0.0
         """The newest record counted: a record is counted once, whatever windows overlap."""
+
+    def requests_at(self, marker: Marker) -> list[str]:
+        """The pods whose requests the gateway saw at Triton when it died since the load of
+        `marker` began (a record is taken after the death, so no slack: a record of the exit
+        before, late on a busy node, must not explain this one)."""
+        try:
+            records = read_witnesses(self.witness_file)
+        except WitnessError:
+            return []
+        since = marker.started_at or marker.finished_at
+        return sorted(
+            {s.pod for w in records if w.at >= since for s in w.suspects if s.in_flight > 0}
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch Triton's exits until `stop`."""
@@ -104,10 +120,35 @@ class RequestCrashes:
             )
             return []
         self._counted_until = max(w.at for w in inside)
-        suspects = merged(w.suspects for w in inside)
+        witnessed = merged(w.suspects for w in inside)
+        loads = self.ledger.loads_at(first_down, self.slack_seconds)
+        changes = [m for m in loads if not m.restore]
+        loading = [m for m in changes if not m.finished_at or m.finished_at > first_down]
+        suspects, ambiguous = at_exit(
+            witnessed,
+            loading=bool(loading),
+            settling=len(loading) < len(changes),
+            restoring=len(changes) < len(loads),
+        )
         self._metrics.request_crashes.inc()
-        quarantined = self.ledger.requests_crashed(suspects)
+        quarantined = self.ledger.requests_crashed(suspects, ambiguous=ambiguous)
         limit = self.ledger.quarantine_after
+        if loads and len(suspects) < len(witnessed):
+            log.warning(
+                "Triton exited unexpectedly while model %s loaded or settled: the pods whose "
+                "last request was answered (%s) are no evidence.",
+                ", ".join(f"{m.model_id} of pod {m.pod}" for m in loads),
+                ", ".join(s.pod for s in witnessed if s not in suspects),
+            )
+        if ambiguous and len(suspects) == 1:
+            log.warning(
+                "Triton exited unexpectedly with requests of pod %s at it while model %s "
+                "loaded: it counts against neither, and the pod is on probation for %g s.",
+                suspects[0].pod,
+                ", ".join(f"{m.model_id} of pod {m.pod}" for m in loading),
+                self.ledger.probation_seconds,
+            )
+            self._on_quarantined()  # the caller table marks the probationer
         if len(suspects) > 1:
             log.warning(
                 "Triton exited unexpectedly with requests of several pods at it (%s): it counts "
@@ -117,7 +158,7 @@ class RequestCrashes:
                 self.ledger.probation_seconds,
             )
             self._on_quarantined()  # the caller table marks the probationers
-        for suspect in suspects if len(suspects) == 1 else ():
+        for suspect in suspects if len(suspects) == 1 and not ambiguous else ():
             if self.ledger.caller_quarantine(suspect.pod) is not None:
                 continue
             counted = next((r for r in self.ledger.callers() if r.pod == suspect.pod), None)
@@ -130,7 +171,7 @@ class RequestCrashes:
                 limit,
                 extra=subject(pod=suspect.pod, model=suspect.model_id),
             )
-        if not suspects:
+        if not witnessed:
             log.warning("Triton exited unexpectedly with no request at it: no pod is counted.")
         for record in quarantined:
             said = message(record)

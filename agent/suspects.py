@@ -9,7 +9,14 @@ ambiguous exit it is present at), and the gateway lets no two probationers' requ
 Triton at once, so the next exit names one of them alone. An exit a pod is absent from ends its
 run, not its probation. So a busy neighbour present at every exit of an attacker's is never
 quarantined with it: once serialized, the attacker's exits find it alone. A quarantine stays
-until an operator clears it. Pure: the clock is an argument, no I/O.
+until an operator clears it.
+
+Loads are evidence too (`agent.quarantine`), and they come first (`at_exit`): with a load in
+flight at the exit, a pod whose last request was answered is no evidence, and pods whose requests
+were at Triton share the exit with the load (ambiguous: on probation, counted against none, and
+the load is not counted either); with a load that finished READY within the settling window and
+no request at Triton, the load is the suspect, not the pod that sent last. Pure: the clock is an
+argument, no I/O.
 """
 
 from __future__ import annotations
@@ -61,6 +68,22 @@ def message(record: CallerRecord) -> str:
     )
 
 
+def at_exit(
+    suspects: Iterable[Suspect], *, loading: bool, settling: bool, restoring: bool = False
+) -> tuple[list[Suspect], bool]:
+    """The pods one exit counts for, of the gateway's `suspects`, and whether it is ambiguous,
+    given whether a load was in flight (`loading`), had finished READY within its settling
+    window (`settling`), or a reload of what Triton held before was in flight (`restoring`: no
+    change, but no answered sender counts beside it) when Triton died."""
+    named = list(suspects)
+    at_triton = [s for s in named if s.in_flight > 0]
+    if loading:
+        return at_triton, bool(at_triton)
+    if (settling or restoring) and not at_triton:
+        return [], False
+    return named, len(named) > 1
+
+
 def counted(
     records: Mapping[str, CallerRecord],
     suspects: Iterable[Suspect],
@@ -68,13 +91,15 @@ def counted(
     *,
     now: float = 0.0,
     probation_seconds: float = 0.0,
+    ambiguous: bool = False,
 ) -> dict[str, CallerRecord]:
     """The records after one unexpected exit at `now` whose witnesses name `suspects`: a lone
-    suspect's run grows by one (quarantined at `quarantine_after`); several suspects' runs stay
-    as they are and each is on probation until `now + probation_seconds`; every absent pod's run
-    ends (its probation stays until it lapses); quarantines stay."""
+    suspect's run grows by one (quarantined at `quarantine_after`) unless the exit is
+    `ambiguous` (a load shared it); several suspects' runs, or an ambiguous exit's, stay as they
+    are and each is on probation until `now + probation_seconds`; every absent pod's run ends
+    (its probation stays until it lapses); quarantines stay."""
     present = {s.pod: s for s in suspects}
-    alone = len(present) == 1
+    alone = len(present) == 1 and not ambiguous
     after: dict[str, CallerRecord] = {}
     for pod, record in records.items():
         if record.quarantined:

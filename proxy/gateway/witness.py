@@ -8,10 +8,11 @@ whose requests failed meanwhile and appends a record (`common.crashwitness`) to
 Nothing here runs per request; the snapshot reads what each pod's limiter and metrics already keep.
 
 A pod's model (each row of the caller table: a model host's replica) is a suspect when it has
-requests in flight at Triton at the snapshot, or when one of its requests failed with Triton gone
-(answered 502 or UNAVAILABLE) since the sentinel last found
-Triton there: the relays see the death on their own connections and may answer theirs before the
-sentinel's turn on the event loop. With neither, the pod that sent the last request to reach
+requests in flight at Triton at the snapshot, or when one of its inference requests failed with
+Triton gone (answered 502 or UNAVAILABLE) since the sentinel last found Triton there: the relays
+see the death on their own connections and may answer theirs before the sentinel's turn on the
+event loop (a readiness check failed on a stale connection is no presence). With neither, the pod
+that sent the last request to reach
 Triton within `last_seconds` is the suspect (a request whose harm comes a moment after its
 answer). A neighbour whose request was answered normally just before is none of these. What it
 must not do: decide whether Triton's exit was unexpected, or count crashes (the agent does both).
@@ -30,6 +31,7 @@ from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, rea
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
 from proxy.gateway.tenants import FAILED, Member, Tenant, members
+from proxy.metrics import INFERENCE_ROUTES
 from proxy.policy.probation import ProbationLane
 
 log = logging.getLogger(__name__)
@@ -43,8 +45,10 @@ Witnessed = TypeVar("Witnessed", bound=Member | Tenant)
 
 
 def failures(tenant: Member | Tenant) -> int:
-    """The pod's requests answered as failed by Triton's connection so far."""
-    return tenant.metrics.answered_with(FAILED)
+    """The pod's inference requests answered as failed by Triton's connection so far (a
+    readiness or metadata check failed on a connection Triton's restart left stale is not a
+    request at Triton)."""
+    return tenant.metrics.answered_with(FAILED, INFERENCE_ROUTES)
 
 
 def suspects_of(

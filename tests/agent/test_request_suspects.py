@@ -10,9 +10,9 @@ from pathlib import Path
 
 from agent.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.quarantine import CrashLedger, CrashRecord, annotation, from_annotation
+from agent.quarantine import CrashLedger, CrashRecord, Marker, annotation, from_annotation
 from agent.requestcrash import RequestCrashes
-from agent.suspects import CallerRecord, counted, merged, message
+from agent.suspects import CallerRecord, at_exit, counted, merged, message
 from common.crashwitness import (
     MAX_RECORDS,
     Suspect,
@@ -217,3 +217,53 @@ async def test_the_agent_counts_the_witnesses_of_each_exit_once(tmp_path: Path) 
     ]
     path.write_text(json.dumps({"format": "nonsense"}))
     assert crashes.exited(399.0, 400.0) == [], "an unreadable file counts nothing"
+
+
+SENDER = Suspect("team-b/good", "uid-good", "10.1.0.6", "good", 0)
+"""The neighbour as the last sender before an exit: its request was answered."""
+
+
+def test_a_load_in_flight_comes_before_the_pods_that_sent() -> None:
+    """Its exit counts against no answered sender; pods with requests at Triton share it with
+    the load (ambiguous); with neither, the load alone is the suspect."""
+    assert at_exit([SENDER], loading=True, settling=False) == ([], False)
+    assert at_exit([ATTACKER], loading=True, settling=False) == ([ATTACKER], True)
+    assert at_exit([SENDER], loading=False, settling=True) == ([], False), "what changed"
+    assert at_exit([ATTACKER], loading=False, settling=True) == ([ATTACKER], False)
+    assert at_exit([SENDER], loading=False, settling=False) == ([SENDER], False)
+    restoring = at_exit([SENDER], loading=False, settling=False, restoring=True)
+    assert restoring == ([], False), "beside a reload, an answered sender is no evidence either"
+    restoring = at_exit([ATTACKER], loading=False, settling=False, restoring=True)
+    assert restoring == ([ATTACKER], False), "but a reload shares no exit with requests"
+    assert at_exit([ATTACKER, BUSY], loading=False, settling=False) == ([ATTACKER, BUSY], True)
+    after = counted({}, [ATTACKER], 1, now=0.0, probation_seconds=600.0, ambiguous=True)
+    assert after[ATTACKER.pod].crashes == 0 and after[ATTACKER.pod].on_probation(1.0)
+
+
+async def test_an_exit_under_a_load_counts_no_request(tmp_path: Path) -> None:
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: 100.5)
+    ledger.load()
+    told: list[int] = []
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes(
+        "127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: told.append(1)
+    )
+    ledger.witnessed = crashes.requests_at  # as the agent wires them
+    loading = Marker("m-1", "d" * 64, "crasher", "team-c/crasher", started_at=99.0)
+    ledger.loading(loading)
+    write_witnesses(path, [Witness(100.0, (SENDER,))])
+    assert crashes.exited(99.5, 100.2) == [], "the neighbour that sent last is no evidence"
+    assert ledger.callers() == []
+    assert crashes.requests_at(loading) == [], "and no request explains the load's exit"
+    write_witnesses(path, [Witness(100.0, (SENDER,)), Witness(100.4, (ATTACKER,))])
+    assert crashes.requests_at(loading) == [ATTACKER.pod]
+    assert ledger.explained(loading) == [ATTACKER.pod], "its requests explain the exit"
+    assert ledger.markers() == {} and ledger.count(loading.digest) == 0, "the load not counted"
+    assert crashes.exited(100.3, 100.45) == [], "nor are the requests: the load shared it"
+    assert crashes.on_probation(ATTACKER.pod) and told == [1]
+    # A load sent to the Triton that came back was not there.
+    ledger.loading(replace(loading, started_at=200.0))
+    write_witnesses(path, [Witness(150.0, (ATTACKER,))])
+    assert [r.pod for r in crashes.exited(149.5, 150.2)] == [ATTACKER.pod]
+    await events.close()

@@ -22,13 +22,21 @@ from proxy.policy.refusals import QuarantinedError, grpc_code, http_status
 
 
 class Answered:
-    """The pod's metrics as the witness reads them: answers by code."""
+    """The pod's metrics as the witness reads them: answers by code, of inferences unless a
+    code is written `route__code` (`ready__502`)."""
 
     def __init__(self, **codes: int) -> None:
-        self.codes = {code.removeprefix("_"): n for code, n in codes.items()}
+        self.codes: dict[tuple[str, str], int] = {}
+        for key, n in codes.items():
+            route, _, code = key.rpartition("__") if "__" in key else ("infer", "", key)
+            self.codes[(route, code.removeprefix("_"))] = n
 
-    def answered_with(self, codes: frozenset[str]) -> int:
-        return sum(n for code, n in self.codes.items() if code in codes)
+    def answered_with(self, codes: frozenset[str], routes: frozenset[str] | None = None) -> int:
+        return sum(
+            n
+            for (route, code), n in self.codes.items()
+            if code in codes and (routes is None or route in routes)
+        )
 
 
 class Pod:
@@ -73,6 +81,14 @@ def test_the_suspects_are_the_pods_with_requests_at_triton() -> None:
     assert pods(tenants, before) == [("a/flight", 2), ("b/rest-failed", 1), ("c/grpc-failed", 1)]
 
 
+def test_a_readiness_check_failed_on_a_stale_connection_is_no_presence() -> None:
+    """After a restart, a stock proxy's readiness check on a connection the old Triton left
+    fails (502): no inference of the pod was at Triton, so it is no suspect at the next exit."""
+    probed = tenant("a/probed", last=10.0, ready__502=1, ModelReady__UNAVAILABLE=1)
+    sent = tenant("b/sent", last=10.0, _502=1)
+    assert pods([probed, sent]) == [("b/sent", 1)]
+
+
 def test_with_none_in_flight_the_last_sender_is_the_suspect() -> None:
     """A request whose harm comes a moment after its answer."""
     tenants = [
@@ -97,7 +113,7 @@ async def test_a_record_adds_the_pods_whose_requests_failed_after_the_snapshot(
     lane.closed = True
     witness = CrashWitness(tmp_path / "w.json", "127.0.0.1:1", lambda: tenants, lane=lane)
     snapshot = Witness(50.0, (Suspect("b/busy", "uid-b/busy", "10.0.0.6", "busy", 1),))
-    cast(Pod, attacker).metrics.codes["502"] = 1
+    cast(Pod, attacker).metrics.codes[("infer", "502")] = 1
     witness._record(snapshot)
     (recorded,) = read_witnesses(tmp_path / "w.json")
     assert [(s.pod, s.in_flight) for s in recorded.suspects] == [("a/attacker", 1), ("b/busy", 1)]
