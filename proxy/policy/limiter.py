@@ -91,7 +91,7 @@ class Limiter:
         """The node's in-flight budget this pod's limit is a share of (the gateway's); None in a
         proxy, or where the gateway has no node budget."""
         self.sending = False  # counted by `node` as sending
-        self.last = 0.0  # when it last took a slot at once
+        self.last = 0.0  # when a request of it last took a slot (went to Triton)
         self.left = 0.0  # when a request last left (answered, or gave up waiting)
         self.refusal: ProxyError | None = None
         """Set: every request is refused with it, none takes a slot (a quarantined pod at the
@@ -232,7 +232,8 @@ class Limiter:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
-                self._left(self._clock())
+                self.last = now = self._clock()
+                self._left(now)
                 return
         self.in_flight -= 1
         self._left(self._clock())
@@ -259,6 +260,7 @@ class Limiter:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 self.in_flight += 1  # held since it arrived: counted then
+                self.last = self._clock()
                 waiter.set_result(None)
                 return True
         return False
@@ -278,6 +280,7 @@ class Limiter:
             if waiter.done():
                 continue
             self.in_flight += 1  # held since it arrived: counted then
+            self.last = self._clock()
             waiter.set_result(None)
 
     def lane_opened(self) -> None:

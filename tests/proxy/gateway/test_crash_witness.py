@@ -189,3 +189,53 @@ async def test_the_sentinel_tells_a_death_from_a_dropped_connection() -> None:
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_connection_a_dying_triton_still_accepts_is_the_same_death() -> None:
+    """A killed process's port may accept one more connection while its sockets are torn
+    down, and then close it: that is no Triton there. Before, the sentinel took it for Triton
+    alive (the witness then forgot the requests that had failed by the death) and saw the
+    death a second time."""
+    writers: list[asyncio.StreamWriter] = []
+    first: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
+    server: asyncio.Server | None = None
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        if not first.done():
+            first.set_result(writer)
+            return
+        assert server is not None
+        server.close()  # the port goes as the accepted connection does
+        writer.transport.abort()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    seen: list[Any] = []
+    gone = asyncio.Event()
+
+    def on_gone(lost: int) -> None:
+        seen.append(("gone", lost))
+        gone.set()
+
+    sentinel = Sentinel(
+        f"127.0.0.1:{port}",
+        lambda: len(seen),
+        on_gone,
+        on_up=lambda: seen.append("up"),
+        retry_seconds=0.02,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(sentinel.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            (await first).transport.abort()  # the death closes the sentinel's connection
+            await gone.wait()
+        assert seen == ["up", ("gone", 1)] and sentinel.deaths == 1
+    finally:
+        stop.set()
+        await task
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()

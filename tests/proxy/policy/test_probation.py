@@ -273,3 +273,22 @@ async def test_a_pod_leaves_the_lane_after_its_clean_turns_and_not_after_a_faile
     await turn()
     assert cleared == ["a"] and lane.holder is None and lane.waiting == 0
     assert a.try_acquire() and lane.holder is None, "off the lane: it no longer takes turns"
+
+
+async def test_a_request_the_lane_held_counts_as_sent_when_it_takes_its_slot() -> None:
+    """The crash witness names the last pod to send when none is at Triton: a request that
+    waited for the lane is sent when the lane lets it go, not when it arrived. Before, only a
+    request that took its slot at once counted, and the pod that sent last looked idle."""
+    now = [0.0]
+    lane = ProbationLane()
+    a = probationer(lane)
+    b = Limiter(0, 8, 30.0, clock=lambda: now[0])
+    b.probation = lane
+    lane.join(b)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    now[0] = 7.0
+    a.release()
+    await waiting
+    assert (b.in_flight, b.last) == (1, 7.0)
