@@ -6,7 +6,7 @@ answered READY keeps its marker, marked finished, that much longer (a model may 
 after its load: a thread its initialization started, its first warm-up, a timer), unless the load
 only gave back what Triton held before it restarted (`finished(settle=False)`). A marker left
 over whose model Triton does not hold, with no load of it under way, is a load Triton died under
-or just after: unless another pod's requests were at Triton then (`explained`), the reconciler
+or just after: unless pods' requests were at Triton then (`explained`), the reconciler
 counts it against the model's files (its manifest digest, so a
 replacement pod with the same files is refused too, and a fixed version is not). A load that
 stays READY through its settling window ends the count: the count is of crashes in a row. At
@@ -282,12 +282,20 @@ class CrashLedger:
             found[marker.name] = marker
         return found
 
-    def explained(self, marker: Marker) -> list[str]:
+    def at_triton(self, marker: Marker) -> list[str]:
         """The pods whose requests were at Triton when it died under (or just after) the load
-        of `marker` (left over): an exit they explain is not counted against the load (its own
-        pod's requests are counted against the pod, `agent.suspects`), and the marker is
-        removed."""
-        pods = self.witnessed(marker) if self.witnessed is not None else []
+        of `marker` (left over)."""
+        return self.witnessed(marker) if self.witnessed is not None else []
+
+    def explained(self, marker: Marker) -> list[str]:
+        """The pods whose requests explain the exit that left `marker` over, which is then
+        removed and not counted against the load (the pods are counted, `agent.suspects`):
+        any pod's for a load in flight, its own pod's for a load that had finished (settling).
+        A settling load with only other pods' requests there shares the exit with them: it
+        is not explained (`at_triton` names them; it is only suspected)."""
+        pods = self.at_triton(marker)
+        if marker.finished_at and marker.pod not in pods:
+            return []
         if pods:
             self._decide(marker)
             self.answered(marker.name)

@@ -22,7 +22,8 @@ On every change of this node's pods (the watch) and every resync period:
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
   Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded);
 - a crash marker left over (`agent.quarantine`: a load Triton died under, or just after) is
-  counted against its model's files, unless pods' requests were at Triton then; at the node's
+  counted against its model's files, unless pods' requests were at Triton then (only
+  suspected when they were other pods' and the load had finished); at the node's
   limit the model is quarantined (never loaded again here, its pod told by a Warning Event and,
   when a controller replaces it, marked Failed: ModelCrashedTriton).
   After a crash, models under suspicion are loaded last and one at a time, each after the
@@ -255,15 +256,21 @@ class Reconciler:
         # only when none was in flight; reloads of what Triton held before, only when neither.
         # Several files there: the most recent load counts, the others are only suspected; each
         # loads again alone.
+        # A settling load that shared the exit with other pods' requests is only suspected.
         blamed = died_loading or died_after or died_restoring
         unexplained = []
+        shared = []
         for marker in [*died_loading, *died_after, *died_restoring]:
             if marker not in blamed:
                 models.crashes.answered(marker.name)
-            elif not models.crashes.explained(marker):
+            elif models.crashes.explained(marker):
+                continue
+            elif models.crashes.at_triton(marker):
+                shared.append(marker)
+            else:
                 unexplained.append(marker)
         latest = max(unexplained, key=lambda m: m.finished_at or m.started_at, default=None)
-        for marker in unexplained:
+        for marker in [*unexplained, *shared]:
             owner = wanted.get(marker.name)
             alone = latest is not None and marker.digest == latest.digest
             plan[marker.name] = Action(
@@ -385,9 +392,10 @@ class Reconciler:
         where = subject(pod=marker.pod, model=marker.model_id)
         if not alone:
             log.warning(
-                "Triton exited while model %s of pod %s loaded or settled, and a model loaded "
-                "after it: the exit counts against that one; this one is a suspect too and loads "
-                "again after the other models, alone (%d of %d crashes in a row so far).",
+                "Triton exited while model %s of pod %s loaded or settled, beside a model loaded "
+                "after it or other pods' requests at Triton: it is not counted, but it is a "
+                "suspect and loads again after the other models, alone (%d of %d crashes in a "
+                "row so far).",
                 marker.model_id,
                 marker.pod,
                 counted.crashes,

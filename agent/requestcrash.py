@@ -124,10 +124,11 @@ class RequestCrashes:
         loads = self.ledger.loads_at(first_down, self.slack_seconds)
         changes = [m for m in loads if not m.restore]
         loading = [m for m in changes if not m.finished_at or m.finished_at > first_down]
+        settling = [m for m in changes if m not in loading]
         suspects, ambiguous = at_exit(
             witnessed,
             loading=bool(loading),
-            settling=len(loading) < len(changes),
+            settling={m.pod for m in settling},
             restoring=len(changes) < len(loads),
         )
         self._metrics.request_crashes.inc()
@@ -143,9 +144,10 @@ class RequestCrashes:
         if ambiguous and len(suspects) == 1:
             log.warning(
                 "Triton exited unexpectedly with requests of pod %s at it while model %s "
-                "loaded: it counts against neither, and the pod is on probation for %g s.",
+                "loaded or settled: it counts against neither, and the pod is on probation for "
+                "%g s.",
                 suspects[0].pod,
-                ", ".join(f"{m.model_id} of pod {m.pod}" for m in loading),
+                ", ".join(f"{m.model_id} of pod {m.pod}" for m in loading or settling),
                 self.ledger.probation_seconds,
             )
             self._on_quarantined()  # the caller table marks the probationer

@@ -15,13 +15,14 @@ Loads are evidence too (`agent.quarantine`), and they come first (`at_exit`): wi
 flight at the exit, a pod whose last request was answered is no evidence, and pods whose requests
 were at Triton share the exit with the load (ambiguous: on probation, counted against none, and
 the load is not counted either); with a load that finished READY within the settling window and
-no request at Triton, the load is the suspect, not the pod that sent last. Pure: the clock is an
-argument, no I/O.
+no request at Triton, the load is the suspect, not the pod that sent last; with requests of
+other pods at Triton too, they share the exit (the pods on probation, the load only suspected).
+Pure: the clock is an argument, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from common.crashwitness import Suspect
@@ -69,18 +70,26 @@ def message(record: CallerRecord) -> str:
 
 
 def at_exit(
-    suspects: Iterable[Suspect], *, loading: bool, settling: bool, restoring: bool = False
+    suspects: Iterable[Suspect],
+    *,
+    loading: bool,
+    settling: Collection[str] = (),
+    restoring: bool = False,
 ) -> tuple[list[Suspect], bool]:
     """The pods one exit counts for, of the gateway's `suspects`, and whether it is ambiguous,
-    given whether a load was in flight (`loading`), had finished READY within its settling
-    window (`settling`), or a reload of what Triton held before was in flight (`restoring`: no
-    change, but no answered sender counts beside it) when Triton died."""
+    given whether a load was in flight (`loading`), which pods' loads had finished READY within
+    their settling window (`settling`, namespace/name), or whether a reload of what Triton held
+    before was in flight (`restoring`: no change, but no answered sender counts beside it) when
+    Triton died. A settling load of a pod whose requests were not at Triton shares the exit
+    with those that were: nothing in it tells them apart."""
     named = list(suspects)
     at_triton = [s for s in named if s.in_flight > 0]
     if loading:
         return at_triton, bool(at_triton)
     if (settling or restoring) and not at_triton:
         return [], False
+    if set(settling) - {s.pod for s in at_triton}:
+        return at_triton, True
     return named, len(named) > 1
 
 

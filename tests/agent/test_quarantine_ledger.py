@@ -335,8 +335,8 @@ def test_an_exit_names_the_loads_in_flight_or_settling_then(tmp_path: Path) -> N
     assert ledger.loads_at(100.0, 1.0) == [flying, settling, restoring]
     now[0] = 106.0
     ledger.crashed(flying)
-    ledger.witnessed = lambda m: ["ns/x-pod"]
-    assert ledger.explained(settling) == ["ns/x-pod"]
+    ledger.witnessed = lambda m: ["ns/b-pod"]  # its own pod's requests explain it
+    assert ledger.explained(settling) == ["ns/b-pod"]
     assert "b" not in ledger.markers() and ledger.count("b-files") == 0, "not counted"
     assert ledger.loads_at(100.0, 1.0) == [flying, settling, restoring], "remembered"
     ledger.answered("r")
@@ -359,6 +359,22 @@ async def test_a_load_whose_exit_requests_explain_is_not_counted(tmp_path: Path)
     plan = await planner(models).plan()
     assert all(a.marker is None for a in plan.values())
     assert "c" not in models.crashes.markers() and models.crashes.count("c-files") == 0
+
+
+async def test_a_settling_load_beside_another_pods_requests_is_suspected_not_cleared(
+    tmp_path: Path,
+) -> None:
+    """Its load had finished when Triton died with a neighbour's request at it: nothing tells
+    the two apart, so the load is not counted but loads again alone, under watch. Before, the
+    request cleared it, and a model that kills Triton seconds after each READY, reloaded
+    unwatched, was never counted again."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.settle_seconds = 60.0
+    models.crashes.witnessed = lambda m: ["team-b/neighbour"]
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod", finished_at=4.0, started_at=1.0))
+    plan = await planner(models).plan()
+    (action,) = [a for a in plan.values() if a.marker is not None]
+    assert (action.name, action.alone) == ("c", False)
 
 
 async def test_a_reload_of_what_triton_held_is_counted_only_when_nothing_else_explains_the_exit(

@@ -226,16 +226,29 @@ SENDER = Suspect("team-b/good", "uid-good", "10.1.0.6", "good", 0)
 def test_a_load_in_flight_comes_before_the_pods_that_sent() -> None:
     """Its exit counts against no answered sender; pods with requests at Triton share it with
     the load (ambiguous); with neither, the load alone is the suspect."""
-    assert at_exit([SENDER], loading=True, settling=False) == ([], False)
-    assert at_exit([ATTACKER], loading=True, settling=False) == ([ATTACKER], True)
-    assert at_exit([SENDER], loading=False, settling=True) == ([], False), "what changed"
-    assert at_exit([ATTACKER], loading=False, settling=True) == ([ATTACKER], False)
-    assert at_exit([SENDER], loading=False, settling=False) == ([SENDER], False)
-    restoring = at_exit([SENDER], loading=False, settling=False, restoring=True)
+    crasher = {"team-c/crasher"}
+    assert at_exit([SENDER], loading=True) == ([], False)
+    assert at_exit([ATTACKER], loading=True) == ([ATTACKER], True)
+    assert at_exit([SENDER], loading=False, settling=crasher) == ([], False), "what changed"
+    own = at_exit([ATTACKER], loading=False, settling={ATTACKER.pod})
+    assert own == ([ATTACKER], False), "its own load settles: its requests are what is left"
+    assert at_exit([SENDER], loading=False) == ([SENDER], False)
+    restoring = at_exit([SENDER], loading=False, restoring=True)
     assert restoring == ([], False), "beside a reload, an answered sender is no evidence either"
-    restoring = at_exit([ATTACKER], loading=False, settling=False, restoring=True)
+    restoring = at_exit([ATTACKER], loading=False, restoring=True)
     assert restoring == ([ATTACKER], False), "but a reload shares no exit with requests"
-    assert at_exit([ATTACKER, BUSY], loading=False, settling=False) == ([ATTACKER, BUSY], True)
+    assert at_exit([ATTACKER, BUSY], loading=False) == ([ATTACKER, BUSY], True)
+
+
+def test_a_settling_load_shares_the_exit_with_another_pods_requests() -> None:
+    """A model that kills Triton seconds after its load is READY, while a busy neighbour's
+    request happens to be at Triton: nothing tells the two apart, so the neighbour is on
+    probation and counted for nothing. Before, the neighbour was counted alone (and the load,
+    explained by its request, never suspected again)."""
+    shared = at_exit([BUSY], loading=False, settling={"team-c/crasher"})
+    assert shared == ([BUSY], True)
+    after = counted({}, shared[0], 2, now=0.0, probation_seconds=600.0, ambiguous=shared[1])
+    assert after[BUSY.pod].crashes == 0 and after[BUSY.pod].on_probation(1.0)
     after = counted({}, [ATTACKER], 1, now=0.0, probation_seconds=600.0, ambiguous=True)
     assert after[ATTACKER.pod].crashes == 0 and after[ATTACKER.pod].on_probation(1.0)
 
@@ -266,4 +279,29 @@ async def test_an_exit_under_a_load_counts_no_request(tmp_path: Path) -> None:
     ledger.loading(replace(loading, started_at=200.0))
     write_witnesses(path, [Witness(150.0, (ATTACKER,))])
     assert [r.pod for r in crashes.exited(149.5, 150.2)] == [ATTACKER.pod]
+    await events.close()
+
+
+async def test_a_settling_load_beside_other_pods_requests_stays_a_suspect(tmp_path: Path) -> None:
+    """The files of a load that had finished when Triton died with another pod's requests at
+    it are neither counted nor cleared: they load again alone, under watch. Its own pod's
+    requests there explain it (the requests' rule counts them). Before, any pod's requests
+    cleared the load, so a model that kills Triton a few seconds after each READY was reloaded
+    unwatched ever after, and never counted."""
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 2, settle_seconds=60.0, wall=lambda: 100.5)
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    ledger.witnessed = crashes.requests_at
+    settling = Marker("m-1", "d" * 64, "crasher", "team-c/crasher", 96.0, 95.0)
+    own = Marker("m-2", "e" * 64, "busy", BUSY.pod, 96.0, 95.0)
+    ledger.loading(settling)
+    ledger.loading(own)
+    write_witnesses(path, [Witness(100.0, (BUSY,))])
+    assert ledger.explained(settling) == [] and ledger.at_triton(settling) == [BUSY.pod]
+    assert ledger.explained(own) == [BUSY.pod]
+    assert set(ledger.markers()) == {"m-1"}, "only the explained load is cleared"
+    record = ledger.crashed(settling, alone=False)
+    assert record.crashes == 0 and ledger.suspected(settling.digest)
     await events.close()
