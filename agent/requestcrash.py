@@ -3,19 +3,20 @@
 The agent holds an idle connection of its own to Triton (`common.sentinel`): Triton's death closes
 it, and a new connection is refused until Triton is started again, which tells an exit of Triton
 apart from one dropped connection (the agent never restarts Triton itself, so every exit is
-unexpected to it). Once Triton is back, the node gateway has long written what it saw at that moment
-(`common.crashwitness`); the records between the sentinel's close and the refusal, widened by
-`slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
+unexpected to it). Once Triton is back, the node gateway has written what it saw at that moment
+(`common.crashwitness`; on a busy node the agent waits for it up to `witness_wait_seconds`,
+whichever of the two saw the exit first); the records between the sentinel's close and the refusal,
+widened by `slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
 (`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no record counts nothing: the
 gateway saw no death (it was down too, or Triton was only unreachable for the agent), and the agent
-blames no pod without a witness. The loads the ledger saw in flight or settling at that moment
-come first (`agent.suspects.at_exit`), and in turn the ledger asks which pods' requests were at
-Triton when a load's marker is left over (`requests_at`): an exit requests explain is not
-counted against a load. A pod that reaches `--crash-quarantine-after` exits in a row it was
-alone at (`agent.suspects`) gets a Warning Event (RequestsCrashedTriton), and the caller table the
-gateway follows says it is quarantined, so the gateway refuses its requests; its ModelLoaded
-condition says so too (`agent.conditions`). What it must not do: detect exits (`agent.reconcile`) or
-enforce the quarantine (the gateway does).
+blames no pod without a witness. The loads the ledger saw in flight or settling at that moment come
+first (`agent.suspects.at_exit`), and in turn the ledger asks which pods' requests were at Triton
+when a load's marker is left over (`requests_at`): an exit requests explain is not counted against a
+load. A pod that reaches `--crash-quarantine-after` exits in a row it was alone at
+(`agent.suspects`) gets a Warning Event (RequestsCrashedTriton), and the caller table the gateway
+follows says it is quarantined, so the gateway refuses its requests; its ModelLoaded condition says
+so too (`agent.conditions`). What it must not do: detect exits (`agent.reconcile`) or enforce the
+quarantine (the gateway does).
 """
 
 from __future__ import annotations
@@ -30,13 +31,19 @@ from agent.events import PodEvents
 from agent.metrics import AgentMetrics
 from agent.quarantine import CrashLedger, Marker
 from agent.suspects import REASON, CallerRecord, at_exit, merged, message
-from common.crashwitness import WitnessError, read_witnesses
+from common.crashwitness import Witness, WitnessError, read_witnesses
 from common.logs import subject
 from common.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 
 SLACK_SECONDS = 1.0
+
+WITNESS_WAIT_SECONDS = 5.0
+"""How long, once Triton is back, the agent waits for the gateway's record of the exit (a busy
+node may run the gateway's witness after the agent's watch) before it counts no pod for it."""
+
+_WAIT_STEP_SECONDS = 0.1
 
 
 class RequestCrashes:
@@ -52,6 +59,7 @@ class RequestCrashes:
         on_quarantined: Callable[[], None],
         *,
         slack_seconds: float = SLACK_SECONDS,
+        witness_wait_seconds: float = WITNESS_WAIT_SECONDS,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
@@ -64,6 +72,7 @@ class RequestCrashes:
         self._metrics = metrics
         self._on_quarantined = on_quarantined
         self.slack_seconds = slack_seconds
+        self.witness_wait_seconds = witness_wait_seconds
         self._counted_until = 0.0
         """The newest record counted: a record is counted once, whatever windows overlap."""
 
@@ -91,7 +100,26 @@ class RequestCrashes:
     def _back(self) -> None:
         if self._away is not None:
             away, self._away = self._away, None
-            self.exited(*away)
+            self._count(away, self._wall() + self.witness_wait_seconds)
+
+    def _count(self, away: tuple[float, float], until: float) -> None:
+        """Count the exit Triton was `away` for once the gateway's record of it is there, or
+        at `until` (Unix seconds) without it."""
+        try:
+            witnessed = bool(self._inside(*away))
+        except WitnessError:
+            witnessed = False  # `exited` says so, if it stays so
+        if not witnessed and self._wall() < until:
+            asyncio.get_running_loop().call_later(_WAIT_STEP_SECONDS, self._count, away, until)
+            return
+        self.exited(*away)
+
+    def _inside(self, last_live: float, first_down: float) -> list[Witness]:
+        """The gateway's records of an exit between `last_live` and `first_down` not counted
+        yet (raises WitnessError for an unreadable file)."""
+        start = max(last_live - self.slack_seconds, self._counted_until)
+        records = read_witnesses(self.witness_file)
+        return [w for w in records if start < w.at <= first_down + self.slack_seconds]
 
     def quarantine_of(self, pod: str) -> str:
         """Why `pod`'s requests are refused (namespace/name); empty when they are not."""
@@ -106,12 +134,10 @@ class RequestCrashes:
         """Triton was there at `last_live` and gone at `first_down` (Unix seconds): count the
         gateway's records of that moment; returns the pods quarantined by it."""
         try:
-            records = read_witnesses(self.witness_file)
+            inside = self._inside(last_live, first_down)
         except WitnessError as e:
             log.warning("Triton exited unexpectedly, but %s: no pod is counted for it.", e)
             return []
-        start = max(last_live - self.slack_seconds, self._counted_until)
-        inside = [w for w in records if start < w.at <= first_down + self.slack_seconds]
         if not inside:
             log.warning(
                 "Triton exited unexpectedly, and the node gateway recorded no request at it "

@@ -4,7 +4,9 @@ them, and reading the witnesses of one exit (`agent.requestcrash`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -304,4 +306,28 @@ async def test_a_settling_load_beside_other_pods_requests_stays_a_suspect(tmp_pa
     assert set(ledger.markers()) == {"m-1"}, "only the explained load is cleared"
     record = ledger.crashed(settling, alone=False)
     assert record.crashes == 0 and ledger.suspected(settling.digest)
+    await events.close()
+
+
+async def test_an_exit_the_gateway_records_after_the_agent_saw_triton_back_is_counted(
+    tmp_path: Path,
+) -> None:
+    """On a busy node the gateway's witness may write its record after the agent has seen
+    Triton exit and come back: the agent waits for it. Before, it counted no pod for the exit,
+    and the record, late, was never counted."""
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 1)
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    told = asyncio.Event()
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), told.set)
+    died = time.time()
+    crashes._gone(died)
+    crashes._back()
+    await asyncio.sleep(0.3)
+    assert ledger.callers() == [], "not counted yet: no record"
+    write_witnesses(path, [Witness(died, (ATTACKER,))])
+    async with asyncio.timeout(10):
+        await told.wait()
+    assert [(r.pod, r.quarantined) for r in ledger.callers()] == [(ATTACKER.pod, True)]
     await events.close()
