@@ -179,9 +179,9 @@ class RequestCrashes:
             self._on_quarantined()  # the caller table marks the probationer
         if len(suspects) > 1:
             log.warning(
-                "Triton exited unexpectedly with requests of several pods at it (%s): it counts "
-                "against none of them, and they are on probation for %g s (the gateway lets no "
-                "two of them be at Triton at once).",
+                "Triton exited unexpectedly with requests of several pods at it or just sent "
+                "(%s): it counts against none of them, and they are on probation for %g s (the "
+                "gateway lets no two of them be at Triton at once, with a quiet gap between).",
                 ", ".join(s.pod for s in suspects),
                 self.ledger.probation_seconds,
             )

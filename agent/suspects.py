@@ -1,15 +1,15 @@
 """The rule that turns the gateway's witnesses of Triton's unexpected exits into quarantined pods.
 
 At each unexpected exit of the node's Triton the gateway names the pods whose requests were at
-Triton (`common.crashwitness`). An exit at which exactly one pod was present counts against it:
-its run grows by one, and at `quarantine_after` exits in a row it is quarantined. An exit at
-which several pods were present is ambiguous and counts against none of them (their runs neither
-grow nor end); it puts each of them on probation for `probation_seconds` (renewed by each
-ambiguous exit it is present at), and the gateway lets no two probationers' requests be at
-Triton at once, so the next exit names one of them alone. An exit a pod is absent from ends its
-run, not its probation. So a busy neighbour present at every exit of an attacker's is never
-quarantined with it: once serialized, the attacker's exits find it alone. A quarantine stays
-until an operator clears it.
+Triton, and those that sent one just before (`common.crashwitness`). An exit at which exactly one
+pod was present counts against it: its run grows by one, and at `quarantine_after` exits in a row
+it is quarantined. An exit at which several pods were present is ambiguous and counts against none
+of them (their runs neither grow nor end); it puts each of them on probation for
+`probation_seconds` (renewed by each ambiguous exit it is present at), and the gateway lets no two
+probationers' requests be at Triton at once, so the next exit names one of them alone. An exit a
+pod is absent from ends its run, not its probation. So a busy neighbour present at every exit of an
+attacker's is never quarantined with it: once serialized, the attacker's exits find it alone. A
+quarantine stays until an operator clears it.
 
 Loads are evidence too (`agent.quarantine`), and they come first (`at_exit`): with a load in
 flight at the exit, a pod whose last request was answered is no evidence, and pods whose requests
@@ -80,15 +80,16 @@ def at_exit(
     given whether a load was in flight (`loading`), which pods' loads had finished READY within
     their settling window (`settling`, namespace/name), or whether a reload of what Triton held
     before was in flight (`restoring`: no change, but no answered sender counts beside it) when
-    Triton died. A settling load of a pod whose requests were not at Triton shares the exit
-    with those that were: nothing in it tells them apart."""
+    Triton died. A settling load of a pod not named shares the exit with the pods whose
+    requests were at Triton: nothing in it tells them apart. Otherwise one pod named alone
+    counts; several (at Triton, or having sent within the gateway's window) share it."""
     named = list(suspects)
     at_triton = [s for s in named if s.in_flight > 0]
     if loading:
         return at_triton, bool(at_triton)
     if (settling or restoring) and not at_triton:
         return [], False
-    if set(settling) - {s.pod for s in at_triton}:
+    if set(settling) - {s.pod for s in named}:
         return at_triton, True
     return named, len(named) > 1
 

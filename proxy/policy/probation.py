@@ -9,7 +9,10 @@ the holder admits no new request past `turn_requests` in its turn or past `turn_
 the turn began, and hands no freed slot on, so its requests drain and the lane passes. Turns go
 by namespace first, then by pod within it, each in the order it began waiting: a namespace gains
 no turns by putting more pods on probation, and none can hold the lane however it keeps requests
-overlapping. Pods not on probation never touch it.
+overlapping. Between two pods' turns the lane stays quiet for `gap_seconds` after the last
+request of the first is answered (the gateway's crash witness window), so that a harm one pod's
+request leaves behind lands before the next pod's requests are at Triton, not on them. Pods not
+on probation never touch it.
 
 A turn whose requests failed with Triton gone (Triton died under it) closes the lane until the
 gateway's witness of that death has named who was at Triton (`reopen`), or `hold_seconds` when
@@ -36,6 +39,10 @@ TURN_REQUESTS = 8
 TURN_SECONDS = 0.5
 """How long, from its start, a probationer's turn admits new requests once another waits; its
 requests in flight then finish before the next turn begins."""
+
+GAP_SECONDS = 0.0
+"""How long the lane stays quiet between two pods' turns (the gateway sets its witness's
+window)."""
 
 CLEAN_TURNS = 10
 """Turns in a row with requests answered and none failed with Triton gone, after which a pod
@@ -85,6 +92,7 @@ class ProbationLane:
         turn_requests: int = TURN_REQUESTS,
         turn_seconds: float = TURN_SECONDS,
         clean_turns: int = CLEAN_TURNS,
+        gap_seconds: float = GAP_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.holder: LaneUser | None = None
@@ -95,7 +103,13 @@ class ProbationLane:
         self.turn_requests = turn_requests
         self.turn_seconds = turn_seconds
         self.clean_turns = clean_turns
+        self.gap_seconds = gap_seconds
         self._clock = clock
+        self._last: LaneUser | None = None
+        """The pod whose turn ended last."""
+        self._quiet_until = 0.0
+        """Until when no other pod's turn begins (`gap_seconds` after the last one ended)."""
+        self._passing: asyncio.TimerHandle | None = None
         self.closed = False
         """A turn ended and is not judged yet, or its requests failed: nobody enters."""
         self._members: dict[LaneUser, _Member] = {}
@@ -119,7 +133,7 @@ class ProbationLane:
         """Whether a new request of `pod` may go to Triton now; takes the lane when it is free.
         A holder whose turn is spent while another waits gets False, and with nothing in flight
         passes the lane on."""
-        if self.holder is None and not self._waiting and not self.closed:
+        if self.holder is None and not self._waiting and not self.closed and not self._quiet(pod):
             self._begin(pod)
         elif self.holder is not pod:
             return False
@@ -157,6 +171,8 @@ class ProbationLane:
         others when it still has requests waiting)."""
         if self.holder is pod:
             self.holder = None
+            self._last = pod
+            self._quiet_until = self._clock() + self.gap_seconds
             if pod.queued:
                 self._queue(pod)
             member = self._members.get(pod)
@@ -226,6 +242,14 @@ class ProbationLane:
             self.holder = None
             self._pass_on()
 
+    def _quiet(self, pod: LaneUser) -> bool:
+        """Whether `pod`'s turn must wait for the quiet gap after another pod's."""
+        return pod is not self._last and self._clock() < self._quiet_until
+
+    def _quiet_ended(self) -> None:
+        self._passing = None
+        self._pass_on()
+
     def _begin(self, pod: LaneUser) -> None:
         self.holder = pod
         self.turns += 1
@@ -246,6 +270,11 @@ class ProbationLane:
                 self._waiting[namespace] = pods
                 pods = next(iter(self._waiting.values()))
             following = next(iter(pods))
+            if self._quiet(following):
+                if self._passing is None:
+                    delay = self._quiet_until - self._clock()
+                    self._passing = asyncio.get_running_loop().call_later(delay, self._quiet_ended)
+                return
             self._unqueue(following)
             self._begin(following)
             following.lane_opened()

@@ -35,7 +35,7 @@ from tests.agent.conftest import (
 )
 from tests.agent.test_quarantine import KILLER as LOAD_KILLER
 from tests.agent.test_quarantine import kubelet_restarts
-from tests.agent.test_request_quarantine import ATTACKER, MAGIC, NEIGHBOUR, infer, set_address
+from tests.agent.test_request_quarantine import ATTACKER, MAGIC, NEIGHBOUR, SLOW, infer, set_address
 from tests.agent.test_request_quarantine import KILLER as REQUEST_KILLER
 from tests.conftest import copy_model
 from tests.proxy.gateway.conftest import gateway_settings, running_gateway
@@ -74,6 +74,32 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+
+
+DELAYED_HARM = f"""import os
+import signal
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+def _kill_later(parent):
+    time.sleep(1.0)  # its answer has gone out: the harm lands on whoever is at Triton then
+    os.kill(parent, signal.SIGKILL)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if data.max() >= {MAGIC}:
+                threading.Thread(target=_kill_later, args=(os.getppid(),), daemon=True).start()
             out = pb_utils.Tensor("OUTPUT0", (data + 1).astype(data.dtype))
             responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
         return responses
@@ -285,3 +311,83 @@ async def test_requests_timed_to_a_neighbours_load_never_count_against_its_files
             assert len(restarts) == 2
             status, body = await asyncio.to_thread(infer, url, NEIGHBOUR, "good", 1.0)
             assert status == 200, body
+
+
+async def test_a_request_whose_harm_lands_after_its_answer_never_blames_the_busy_neighbour(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The attacker's request is answered at once and Triton dies a second later, while the
+    neighbour (another namespace) always has a request at Triton. An exit with the neighbour at
+    Triton and the attacker's request just answered counts against neither and puts both on
+    probation; the lane then leaves a quiet gap between their turns, so the harm lands with the
+    neighbour's requests waiting and the next exits are the attacker's alone (or its model's,
+    loaded again alone). Before, the gateway named the neighbour alone at each exit: it was
+    counted each time and quarantined at the second, the attacker never counted."""
+    node = await start_node(start_custom_agent, kube_api, tmp_path)
+    await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
+    assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
+    await node.add(apiserver, tmp_path, "team-a", "delayed", ATTACKER, DELAYED_HARM)
+    assert (await node.load("delayed")).state == agent_pb2.MODEL_STATE_READY
+    await eventually(lambda: set(node.callers()) == {ATTACKER, NEIGHBOUR}, what="both callers")
+    ledger = node.running.agent.crashes
+    registry = node.running.agent.metrics.registry
+    neighbour, attacker = "team-b/busy-pod", "team-a/delayed-pod"
+    served: list[float] = []
+    stop = threading.Event()
+
+    def neighbour_sends() -> None:
+        while not stop.is_set():
+            if infer(url, NEIGHBOUR, "busy", 1.0)[0] == 200:
+                served.append(time.monotonic())
+
+    def stopped() -> bool:
+        return node.files_quarantined("delayed") or ledger.caller_quarantine(attacker) is not None
+
+    with running_gateway(gateway_settings(triton, node.table)) as gateway:
+        url = gateway.http_url
+        tenants = gateway.gateway.tenants
+
+        def neighbour_at_triton() -> bool:
+            return any(t.caller.address == NEIGHBOUR and t.limiter.in_flight for t in tenants)
+
+        sender = threading.Thread(target=neighbour_sends, daemon=True)
+        sender.start()
+        try:
+            async with kubelet_restarts(triton) as restarts:
+                # Two exits find both (the first; the one after the neighbour's clean turns took
+                # it off the lane), then 2 the attacker alone.
+                while not stopped():
+                    crash = len(restarts) + 1
+                    assert crash <= 5, "the attacker was not stopped"
+                    await eventually(lambda: node.ready("delayed"), limit=90, what="loaded")
+                    await eventually(neighbour_at_triton, what="the neighbour at Triton")
+                    status, _ = await asyncio.to_thread(infer, url, ATTACKER, "delayed", MAGIC)
+                    assert status == 200, status  # answered: the harm comes after
+                    await eventually(lambda n=crash: len(restarts) == n, what=f"crash {crash}")
+                    await eventually(
+                        lambda n=crash: (
+                            registry.get_sample_value(
+                                "tritonshare_agent_triton_exits_witnessed_total"
+                            )
+                            == n
+                        ),
+                        what=f"exit {crash} counted",
+                    )
+
+                    async def decided() -> bool:
+                        return stopped() or await node.ready("delayed")
+
+                    await eventually(decided, limit=90, what=f"exit {crash} decided")
+                    counts = {r.pod: r.crashes for r in ledger.callers()}
+                    assert not counts.get(neighbour), f"the neighbour counted at exit {crash}"
+                    assert ledger.caller_quarantine(neighbour) is None
+            back = time.monotonic()
+            await eventually(lambda: bool(served) and served[-1] > back, what="neighbour served")
+            assert not node.callers()[NEIGHBOUR].get("quarantined")
+        finally:
+            stop.set()
+            await asyncio.to_thread(sender.join, 30)

@@ -242,6 +242,15 @@ def test_a_load_in_flight_comes_before_the_pods_that_sent() -> None:
     assert at_exit([ATTACKER, BUSY], loading=False) == ([ATTACKER, BUSY], True)
 
 
+def test_a_request_that_harms_after_its_answer_shares_the_exit_with_a_busy_neighbour() -> None:
+    """The attacker's request was answered a moment before the exit, the neighbour's was at
+    Triton: the gateway names both, and neither is counted alone, even beside the attacker's own
+    freshly loaded model."""
+    for settling in ((), {SENDER.pod}, {SENDER.pod, BUSY.pod}):
+        assert at_exit([BUSY, SENDER], loading=False, settling=settling) == ([BUSY, SENDER], True)
+    assert at_exit([BUSY, SENDER], loading=True) == ([BUSY], True), "beside a load, no evidence"
+
+
 def test_a_settling_load_shares_the_exit_with_another_pods_requests() -> None:
     """A model that kills Triton seconds after its load is READY, while a busy neighbour's
     request happens to be at Triton: nothing tells the two apart, so the neighbour is on

@@ -65,7 +65,7 @@ def pods(tenants: list[Tenant], before: dict[Tenant, int] | None = None) -> list
 
 def test_the_suspects_are_the_pods_with_requests_at_triton() -> None:
     """In flight, or failed by the death (the relays may answer theirs before the sentinel's
-    turn); a neighbour answered normally a moment before is none."""
+    turn); a neighbour answered normally a moment before is named with none at Triton."""
     failed_rest = tenant("b/rest-failed", last=99.0, _502=3, _200=40)
     failed_grpc = tenant("c/grpc-failed", last=99.0, UNAVAILABLE=1)
     earlier = tenant("d/failed-before", last=99.0, _502=2)
@@ -78,7 +78,13 @@ def test_the_suspects_are_the_pods_with_requests_at_triton() -> None:
         tenant("f/idle"),
     ]
     before = {failed_rest: 2, earlier: 2}
-    assert pods(tenants, before) == [("a/flight", 2), ("b/rest-failed", 1), ("c/grpc-failed", 1)]
+    assert pods(tenants, before) == [
+        ("a/flight", 2),
+        ("b/rest-failed", 1),
+        ("c/grpc-failed", 1),
+        ("d/failed-before", 0),
+        ("e/answered", 0),
+    ]
 
 
 def test_a_readiness_check_failed_on_a_stale_connection_is_no_presence() -> None:
@@ -89,14 +95,21 @@ def test_a_readiness_check_failed_on_a_stale_connection_is_no_presence() -> None
     assert pods([probed, sent]) == [("b/sent", 1)]
 
 
-def test_with_none_in_flight_the_last_sender_is_the_suspect() -> None:
-    """A request whose harm comes a moment after its answer."""
-    tenants = [
-        tenant("a/first", last=96.0, _200=1),
-        tenant("b/last", last=98.0, _200=1),
-        tenant("c/long-ago", last=9.0, _200=1),
+def test_every_pod_that_sent_just_before_is_named_too() -> None:
+    """A request whose harm comes a moment after its answer: its sender is named beside a busy
+    neighbour at Triton, so the agent counts neither alone. Before, only the last sender was
+    named, and only when no request was at Triton: the neighbour was counted alone."""
+    busy = tenant("d/busy", in_flight=1, last=99.9)
+    assert pods([busy, tenant("e/attacker", last=99.0, _200=1)]) == [
+        ("d/busy", 1),
+        ("e/attacker", 0),
     ]
-    assert pods(tenants) == [("b/last", 0)]
+    assert pods([busy, tenant("e/attacker", last=97.0)]) == [("d/busy", 1)], "past 2 s"
+    both = [tenant("a/first", last=98.5, _200=1), tenant("b/last", last=99.0, _200=1)]
+    assert pods([*both, tenant("c/long-ago", last=9.0, _200=1)]) == [("a/first", 0), ("b/last", 0)]
+    earlier = [tenant("a/earlier", last=96.0, _200=1), tenant("b/last", last=99.0, _200=1)]
+    assert pods(earlier) == [("b/last", 0)]
+    assert pods(earlier[:1]) == [("a/earlier", 0)], "with none at Triton, the last within 5 s"
     assert pods([tenant("c/long-ago", last=9.0)]) == [], "none within 5 s"
 
 

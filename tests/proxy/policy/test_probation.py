@@ -5,6 +5,7 @@ is refused, other pods never wait, and a pod leaves the lane after its clean tur
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -292,3 +293,22 @@ async def test_a_request_the_lane_held_counts_as_sent_when_it_takes_its_slot() -
     a.release()
     await waiting
     assert (b.in_flight, b.last) == (1, 7.0)
+
+
+async def test_the_lane_stays_quiet_between_two_pods_turns() -> None:
+    """A harm one probationer's request leaves behind lands before the next pod's requests are
+    at Triton: the crash witness then names the first alone. The pod whose turn ended may go
+    on at once; another waits the gap after its last answer."""
+    lane = ProbationLane(gap_seconds=0.2)
+    a, b = probationer(lane), probationer(lane)
+    assert a.try_acquire()
+    a.release()
+    await asyncio.sleep(0)  # the turn is judged
+    assert a.try_acquire(), "the same pod: no gap"
+    a.release()
+    await asyncio.sleep(0)
+    ended = time.monotonic()
+    assert not b.try_acquire(), "another pod: quiet first"
+    await asyncio.wait_for(b.acquire(), 5)
+    assert time.monotonic() - ended >= 0.19 and lane.holder is b
+    assert not a.try_acquire()
