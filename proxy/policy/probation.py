@@ -17,10 +17,13 @@ on probation never touch it.
 A turn whose requests failed with Triton gone (Triton died under it) closes the lane until the
 gateway's witness of that death has named who was at Triton (`reopen`), or `hold_seconds` when
 no death follows: a request let in behind it would fail too and be named with it. A pod whose
-last `clean_turns` turns each had requests answered with Triton alive leaves the lane early (its
-`on_clear`), since alone at Triton that often it did not take Triton down; a pod named at an
-exit afterwards takes turns again until its probation ends (`Tenant.present_at_exit`). What it
-must not do: decide who is on probation (the agent's caller table does).
+last `clean_turns` turns each had requests answered with Triton alive, while another probationer
+waited, leaves the lane early (its `on_clear`), since kept apart from the others that often it
+did not take Triton down; a turn nobody waited for cost it nothing and counts for nothing (or a
+lone probationer would leave before the other sends again, and be at its next exit with it). A
+pod named at an exit afterwards takes turns again until its probation ends
+(`Tenant.present_at_exit`). What it must not do: decide who is on probation (the agent's caller
+table does).
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ GAP_SECONDS = 0.0
 window)."""
 
 CLEAN_TURNS = 10
-"""Turns in a row with requests answered and none failed with Triton gone, after which a pod
-leaves the lane for the rest of its probation (unless named at another exit)."""
+"""Turns in a row, each with another probationer waiting, with requests answered and none failed
+with Triton gone, after which a pod leaves the lane for the rest of its probation (unless named
+at another exit)."""
 
 
 class LaneUser(Protocol):
@@ -119,6 +123,8 @@ class ProbationLane:
         """When the holder's turn stops admitting new requests while another waits."""
         self._failed_before = 0
         """The holder's failures with Triton gone when its turn began."""
+        self._contested = False
+        """Another probationer waited during the holder's turn."""
         self._reopening: asyncio.TimerHandle | None = None
         self._namespace = ""
         """The namespace of the last turn's pod."""
@@ -154,6 +160,7 @@ class ProbationLane:
         """A request of `pod` waits: unless `pod` holds the lane, it gets a turn after its
         namespace's turn comes, after the pods of its namespace already waiting."""
         if self.holder is not pod:
+            self._contested = self._contested or self.holder is not None
             self._queue(pod)
             self._pass_on()
 
@@ -183,14 +190,16 @@ class ProbationLane:
             # turn once it has.
             self.closed = True
             asyncio.get_running_loop().call_soon(
-                self._judge, pod, member, self._admitted, self._failed_before
+                self._judge, pod, member, self._admitted, self._failed_before, self._contested
             )
 
-    def _judge(self, pod: LaneUser, member: _Member, admitted: int, failed_before: int) -> None:
+    def _judge(
+        self, pod: LaneUser, member: _Member, admitted: int, failed_before: int, contested: bool
+    ) -> None:
         failed = member.failures is not None and member.failures() > failed_before
         if failed:
             member.clean = 0
-        elif admitted and self._members.get(pod) is member:
+        elif admitted and contested and self._members.get(pod) is member:
             member.clean += 1
             if member.on_clear is not None and member.clean >= self.clean_turns:
                 member.on_clear()  # it leaves the lane
@@ -254,6 +263,7 @@ class ProbationLane:
         self.holder = pod
         self.turns += 1
         self._admitted = 0
+        self._contested = self.others_wait(pod)
         self._turn_ends = self._clock() + self.turn_seconds
         member = self._members.get(pod)
         self._namespace = member.namespace if member is not None else ""

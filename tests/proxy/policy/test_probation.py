@@ -252,15 +252,24 @@ async def test_a_pod_leaves_the_lane_after_its_clean_turns_and_not_after_a_faile
         lane.leave(a)
 
     lane.join(a, lambda: failed[0], namespace="x", on_clear=clear)
+    b = probationer(lane)
 
-    async def turn(fail: bool = False) -> None:
+    async def turn(fail: bool = False, contested: bool = True) -> None:
         assert a.try_acquire() and lane.holder is a
+        other = asyncio.get_running_loop().create_task(b.acquire()) if contested else None
+        await asyncio.sleep(0)
         a.release()
         failed[0] += fail
         for _ in range(3):
             await asyncio.sleep(0)
         lane.reopen()  # the witness, after a failed turn
+        if other is not None:
+            await other
+            b.release()
 
+    for _ in range(5):
+        await turn(contested=False)
+    assert cleared == [], "turns no other probationer waited for count for nothing"
     await turn()
     await turn()
     await turn(fail=True)
