@@ -172,6 +172,9 @@ class CrashLedger:
         self._decided: list[tuple[Marker, float]] = []
         """Markers counted or dismissed lately, with when (Unix seconds): an exit's evidence
         for `loads_at` after the reconciler has taken them off the disk."""
+        self._shared: dict[str, float] = {}
+        """Files only suspected at an exit (beside other pods' requests or a more recent
+        load), by digest, with when (Unix seconds): `shared_before`."""
         self.witnessed: Callable[[Marker], list[str]] | None = None
         """The pods whose requests the node gateway saw at Triton when it died since the load
         of a marker began (`agent.requestcrash`); None: no gateway witnesses."""
@@ -292,9 +295,12 @@ class CrashLedger:
         removed and not counted against the load (the pods are counted, `agent.suspects`):
         any pod's for a load in flight, its own pod's for a load that had finished (settling).
         A settling load with only other pods' requests there shares the exit with them: it
-        is not explained (`at_triton` names them; it is only suspected)."""
+        is not explained (`at_triton` names them; it is only suspected), unless it shared the
+        exit before this load too (`shared_before`): an exit requests were at twice in a row is
+        theirs, or an attacker's requests would keep a neighbour's reload suspected and never
+        be counted."""
         pods = self.at_triton(marker)
-        if marker.finished_at and marker.pod not in pods:
+        if marker.finished_at and marker.pod not in pods and not self.shared_before(marker):
             return []
         if pods:
             self._decide(marker)
@@ -307,6 +313,11 @@ class CrashLedger:
                 ", ".join(pods),
             )
         return pods
+
+    def shared_before(self, marker: Marker) -> bool:
+        """Whether the files of `marker` were only suspected at an exit before its load began
+        (the exit that made it a suspect's reload)."""
+        return 0.0 < self._shared.get(marker.digest, 0.0) < marker.started_at
 
     def loads_at(self, first_down: float, slack: float) -> list[Marker]:
         """The loads in flight or settling when Triton was found gone at `first_down` (Unix
@@ -334,6 +345,10 @@ class CrashLedger:
         self._count_namespace(marker)
         before = self._records.get(marker.digest)
         crashes = (before.crashes if before else 0) + (1 if alone else 0)
+        if alone:
+            self._shared.pop(marker.digest, None)
+        else:
+            self._shared[marker.digest] = self._wall()
         record = CrashRecord(
             marker.digest,
             marker.model_id,
@@ -350,6 +365,7 @@ class CrashLedger:
 
     def loaded(self, digest: str) -> None:
         """Triton answered a load of these files READY: their crashes in a row end."""
+        self._shared.pop(digest, None)
         record = self._records.get(digest)
         if record is not None and not record.quarantined:
             del self._records[digest]

@@ -156,6 +156,8 @@ class RequestCrashes:
             loading=bool(loading),
             settling={m.pod for m in settling},
             restoring=len(changes) < len(loads),
+            # A suspect's reload that shares a second exit in a row with requests is theirs.
+            explained={m.pod for m in settling if self.ledger.shared_before(m)},
         )
         self._metrics.request_crashes.inc()
         quarantined = self.ledger.requests_crashed(suspects, ambiguous=ambiguous)

@@ -75,13 +75,15 @@ def at_exit(
     loading: bool,
     settling: Collection[str] = (),
     restoring: bool = False,
+    explained: Collection[str] = (),
 ) -> tuple[list[Suspect], bool]:
     """The pods one exit counts for, of the gateway's `suspects`, and whether it is ambiguous,
     given whether a load was in flight (`loading`), which pods' loads had finished READY within
     their settling window (`settling`, namespace/name), or whether a reload of what Triton held
     before was in flight (`restoring`: no change, but no answered sender counts beside it) when
     Triton died. A settling load of a pod not named shares the exit with the pods whose
-    requests were at Triton: nothing in it tells them apart. Otherwise one pod named alone
+    requests were at Triton: nothing in it tells them apart (unless it is `explained`, of
+    pods whose suspect reload shares a second exit in a row). Otherwise one pod named alone
     counts; several (at Triton, or having sent within the gateway's window) share it."""
     named = list(suspects)
     at_triton = [s for s in named if s.in_flight > 0]
@@ -89,7 +91,7 @@ def at_exit(
         return at_triton, bool(at_triton)
     if (settling or restoring) and not at_triton:
         return [], False
-    if set(settling) - {s.pod for s in named}:
+    if set(settling) - set(explained) - {s.pod for s in named}:
         return at_triton, True
     return named, len(named) > 1
 

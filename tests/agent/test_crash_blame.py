@@ -391,3 +391,43 @@ async def test_a_request_whose_harm_lands_after_its_answer_never_blames_the_busy
         finally:
             stop.set()
             await asyncio.to_thread(sender.join, 30)
+
+
+async def test_requests_that_kill_triton_while_a_neighbours_model_settles_are_counted(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The attacker's requests kill Triton each time a neighbour's model has just loaded (its
+    first load, then each reload): the first exit is shared (the attacker on probation, the
+    neighbour's model loaded again alone, under watch); a second in a row is the requests', so
+    the attacker is quarantined one exit later than alone, and the neighbour's files are never
+    counted. Without that rule every exit was shared, the attacker never counted."""
+    node = await start_node(start_custom_agent, kube_api, tmp_path)
+    await node.add(apiserver, tmp_path, "team-a", "killer", ATTACKER, REQUEST_KILLER)
+    assert (await node.load("killer")).state == agent_pb2.MODEL_STATE_READY
+    await node.add(apiserver, tmp_path, "team-b", "good", NEIGHBOUR)
+    assert (await node.load("good")).state == agent_pb2.MODEL_STATE_READY
+    await eventually(lambda: set(node.callers()) == {ATTACKER, NEIGHBOUR}, what="both callers")
+
+    async def both_ready() -> bool:
+        return await node.ready("killer") and await node.ready("good")
+
+    with running_gateway(gateway_settings(triton, node.table)) as gateway:
+        url = gateway.http_url
+        async with kubelet_restarts(triton) as restarts:
+            for crash in (1, 2, 3):
+                await eventually(both_ready, limit=90, what=f"both loaded before attack {crash}")
+                status, _ = await asyncio.to_thread(infer, url, ATTACKER, "killer", MAGIC)
+                assert status in (0, 502), status  # Triton died under it
+                await eventually(lambda n=crash: len(restarts) == n, what=f"crash {crash}")
+                await eventually(node.running.agent.triton.live, limit=60, what="Triton back")
+            await eventually(
+                lambda: bool(node.callers()[ATTACKER].get("quarantined")),
+                what="the attacker quarantined",
+            )
+            assert node.files_count("good") == 0 and not node.files_quarantined("good")
+            assert not node.callers()[NEIGHBOUR].get("quarantined")
+            assert len(restarts) == 3

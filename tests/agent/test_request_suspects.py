@@ -340,3 +340,34 @@ async def test_an_exit_the_gateway_records_after_the_agent_saw_triton_back_is_co
         await told.wait()
     assert [(r.pod, r.quarantined) for r in ledger.callers()] == [(ATTACKER.pod, True)]
     await events.close()
+
+
+async def test_a_suspect_reload_that_shares_a_second_exit_with_requests_is_theirs(
+    tmp_path: Path,
+) -> None:
+    """An attacker's requests kill Triton while a neighbour's model settles (loaded, or woken,
+    a moment before): that exit is shared (the attacker on probation, the neighbour's files
+    only suspected, loaded again alone). When the suspect reload shares the next exit with
+    requests too, the exit is theirs: the attacker is counted and the reload cleared. Without
+    that, every exit was shared and the attacker never counted, Triton down again and again."""
+    path = tmp_path / "crash-witness.json"
+    now = [100.5]
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    ledger.witnessed = crashes.requests_at
+    settling = Marker("m-1", "n" * 64, "good", NEIGHBOUR.pod, 90.0, 89.0)
+    ledger.loading(settling)
+    write_witnesses(path, [Witness(100.0, (ATTACKER,))])
+    assert crashes.exited(99.5, 100.2) == [] and crashes.on_probation(ATTACKER.pod)
+    assert ledger.explained(settling) == [], "shared: only suspected"
+    ledger.crashed(settling, alone=False)  # as the reconciler does
+    reload = replace(settling, started_at=110.0, finished_at=111.0)
+    ledger.loading(reload)
+    now[0] = 115.5
+    write_witnesses(path, [Witness(100.0, (ATTACKER,)), Witness(115.0, (ATTACKER,))])
+    assert ledger.explained(reload) == [ATTACKER.pod] and "m-1" not in ledger.markers()
+    assert [r.pod for r in crashes.exited(114.5, 115.2)] == [ATTACKER.pod]
+    assert ledger.count(settling.digest) == 0 and ledger.quarantined(settling.digest) is None
+    await events.close()
