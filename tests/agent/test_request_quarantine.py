@@ -132,9 +132,9 @@ async def test_a_pod_whose_requests_kill_triton_is_refused_and_its_neighbour_is_
         lease_renew_seconds=0.5,
         gateway_table=table,
         gateway_table_refresh_seconds=0.5,
-        # The requests' rule alone: the loads just before the attack are not watched (on a busy
-        # node the gateway may see the fatal request only as answered, and then the loads come
-        # first: tests/agent/test_crash_blame.py).
+        # The requests' rule alone: the loads just before the attack are not watched (a load
+        # settling when the requests kill Triton shares that exit with them:
+        # tests/agent/test_crash_blame.py).
         crash_settle_seconds=0.0,
     )
     gpu = running.mock.gpus[0].uuid
