@@ -71,6 +71,7 @@ from agent.modelconfig import override_json, parse_config, pinned_as, pinned_con
 from agent.owners import Owners
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
+from agent.probationhold import ProbationHold
 from agent.quarantine import CrashLedger, CrashRecord, Marker, NamespaceRecord
 from agent.repository import Repository
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
@@ -237,6 +238,7 @@ class Models:
         crashes: CrashLedger | None = None,
         evictor: Evictor | None = None,
         host: HostMemory | None = None,
+        hold: ProbationHold | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -261,6 +263,9 @@ class Models:
         """Admits loads on Triton's host memory (`agent.hostmemory`); None: not admitted."""
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
         self.held_loads = HeldLoads()
+        self.hold = hold
+        """Holds probationers' requests at the gateway while a watched load (one whose READY is
+        watched, `agent.quarantine`) is under way or just ended; None: never held."""
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )
@@ -559,8 +564,12 @@ class Models:
         # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
         held = self.crashes.held(owner.namespace)
         await self.held_loads.begin(held)
+        hold = self.hold if settle else None  # a reload of what Triton held is no change
         loaded = False
         try:
+            if hold is not None:
+                # Before the marker: a load cancelled meanwhile never reached Triton.
+                await hold.begin()
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index
@@ -572,6 +581,8 @@ class Models:
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
             self.held_loads.end(held, 0.0)
+            if hold is not None:
+                hold.end()
             raise
         try:
             if self.host is not None:
@@ -658,6 +669,8 @@ class Models:
             if admitted is not None and self.host is not None:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
+            if hold is not None:
+                hold.end()
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:

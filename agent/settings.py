@@ -333,6 +333,18 @@ class Settings:
     time, each after the previous one's window. A reload of what Triton held before it
     restarted is not watched. 0 counts only loads in flight. Any exit in the window counts, a
     restart by the operator's hand too."""
+    crash_hold_seconds: float = setting(
+        "crash-hold-seconds",
+        "seconds after a watched load ends during which the gateway holds probationers' "
+        "requests (0: off)",
+        seconds(),
+        default="10",
+    )
+    """While a load or wake whose READY is watched (`--crash-settle-seconds`) is in flight, and
+    this long after it ends, the node gateway holds the new requests of pods on probation, each
+    10 s at most (then it goes on), so that an exit of Triton then counts against the load alone;
+    a load that begins the hold first waits, 5 s at most, for the gateway to have their requests
+    at Triton answered. 0: never held."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",

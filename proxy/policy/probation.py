@@ -22,8 +22,10 @@ waited, leaves the lane early (its `on_clear`), since kept apart from the others
 did not take Triton down; a turn nobody waited for cost it nothing and counts for nothing (or a
 lone probationer would leave before the other sends again, and be at its next exit with it). A
 pod named at an exit afterwards takes turns again until its probation ends
-(`Tenant.present_at_exit`). What it must not do: decide who is on probation (the agent's caller
-table does).
+(`Tenant.present_at_exit`). While a load the agent watches is in flight or just ended, the agent
+marks probationers held: their new requests wait, each at most `HELD_REQUEST_SECONDS`, so that an
+exit then is the load's alone (`agent.probationhold`). What it must not do: decide who is on
+probation or held (the agent's caller table does).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from typing import Protocol
 
 HOLD_SECONDS = 2.0
 """How long a lane closed by a failed turn stays closed when no witness reopens it."""
+
+HELD_REQUEST_SECONDS = 10.0
+"""How long, at most, a new request of a held probationer (`common.callers.Caller.held`: a load
+the agent watches is in flight or just ended) waits before it goes on to Triton all the same
+(`policy.limiter.Limiter.hold`)."""
 
 TURN_REQUESTS = 8
 """The most requests a probationer's turn admits once another probationer waits."""

@@ -21,6 +21,7 @@ import kubernetes.client
 import pytest
 
 from agent.triton import READY
+from common.crashwitness import Suspect, read_witnesses
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.triton import TritonServer
@@ -431,3 +432,66 @@ async def test_requests_that_kill_triton_while_a_neighbours_model_settles_are_co
             assert node.files_count("good") == 0 and not node.files_quarantined("good")
             assert not node.callers()[NEIGHBOUR].get("quarantined")
             assert len(restarts) == 3
+
+
+async def test_a_busy_probationer_is_held_while_a_load_settles_so_the_exit_is_the_loads(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The neighbour, on probation from an earlier exit, always has a request at Triton (each
+    takes 0.5 s there); a model that kills Triton as it loads is loaded. The gateway holds the
+    probationer's new requests while the load is under way, so each exit is the load's alone:
+    its files are quarantined after exactly 2 exits and the neighbour is never at Triton at one.
+    Before, the neighbour's request at Triton explained every exit, and the load was never
+    counted (Triton went down again at each reload)."""
+    node = await start_node(start_custom_agent, kube_api, tmp_path)
+    await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
+    assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
+    agent = node.running.agent
+    neighbour = "team-b/busy-pod"
+    other = Suspect("team-c/gone-pod", "uid-gone", "127.1.0.9", "gone", 1)
+    agent.crashes.requests_crashed([Suspect(neighbour, "uid", NEIGHBOUR, "busy", 1), other])
+    assert agent.callers is not None
+    agent.callers.changed()
+    await eventually(lambda: bool(node.callers().get(NEIGHBOUR, {}).get("probation")))
+    served: list[float] = []
+    stop = threading.Event()
+
+    def neighbour_sends() -> None:
+        while not stop.is_set():
+            if infer(url, NEIGHBOUR, "busy", 1.0)[0] == 200:
+                served.append(time.monotonic())
+
+    with running_gateway(gateway_settings(triton, node.table)) as gateway:
+        url = gateway.http_url
+        sender = threading.Thread(target=neighbour_sends, daemon=True)
+        sender.start()
+        try:
+            await eventually(lambda: bool(served), what="the neighbour served")
+            async with kubelet_restarts(triton) as restarts:
+                # Its pod runs: the agent may load it on its own before the loader asks.
+                await node.add(apiserver, tmp_path, "team-a", "crasher", ATTACKER, LOAD_KILLER)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await node.load("crasher")
+                await eventually(
+                    lambda: node.files_quarantined("crasher"),
+                    limit=120,
+                    what="the crasher's files quarantined",
+                )
+                assert len(restarts) == 2, "each exit counted against the load"
+                assert agent.request_crashes is not None
+                witnessed = read_witnesses(agent.request_crashes.witness_file)
+                at_triton = [s.pod for w in witnessed for s in w.suspects if s.in_flight]
+                assert not at_triton, f"held, the neighbour was at no exit: {at_triton}"
+                assert all(r.crashes == 0 for r in agent.crashes.callers()), "no pod counted"
+                await eventually(agent.triton.live, limit=60, what="Triton back")
+                back = time.monotonic()
+                await eventually(
+                    lambda: bool(served) and served[-1] > back, limit=60, what="served again"
+                )
+        finally:
+            stop.set()
+            await asyncio.to_thread(sender.join, 30)

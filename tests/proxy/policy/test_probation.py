@@ -321,3 +321,44 @@ async def test_the_lane_stays_quiet_between_two_pods_turns() -> None:
     await asyncio.wait_for(b.acquire(), 5)
     assert time.monotonic() - ended >= 0.19 and lane.holder is b
     assert not a.try_acquire()
+
+
+async def test_a_held_probationers_new_request_waits_for_the_hold_to_end_or_its_bound() -> None:
+    """While held (a load the agent watches settles), a new request waits, counted as held, and
+    goes on when the hold ends; past `hold_seconds` it goes on all the same. A pod's quarantine
+    still refuses at once; a pod not held never waits."""
+    lane = ProbationLane()
+    held, free = probationer(lane), Limiter(0, 8, 30.0)
+    held.hold(True)
+    waiting = asyncio.get_running_loop().create_task(held.acquire())
+    assert free.try_acquire()
+    await asyncio.wait_for(free.acquire(), 5)  # a pod not held never waits
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and (held.in_flight, held.held) == (0, 1)
+    held.hold(False)
+    await asyncio.wait_for(waiting, 5)
+    assert (held.in_flight, held.held) == (1, 1)
+    held.release()
+    held.hold(True)
+    held.hold_seconds = 0.1
+    started = time.monotonic()
+    await asyncio.wait_for(held.acquire(), 5)
+    assert time.monotonic() - started >= 0.1 and held.in_flight == 1, "bounded: it went on"
+    held.release()
+    held.refusal = QueueTimeoutError("quarantined")
+    with pytest.raises(QueueTimeoutError):
+        await asyncio.wait_for(held.acquire(), 0.05)
+
+
+async def test_a_held_pod_takes_no_slot_without_waiting_for_the_hold() -> None:
+    """The relays try a slot first and wait for one only when that fails: a held pod's try
+    fails, so its request waits for the hold in `acquire`."""
+    limiter = Limiter(0, 8, 30.0)
+    limiter.hold(True)
+    assert not limiter.try_acquire() and limiter.in_flight == 0
+    waiting = asyncio.get_running_loop().create_task(limiter.acquire())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    limiter.hold(False)
+    await asyncio.wait_for(waiting, 5)
+    assert limiter.in_flight == 1 and limiter.try_acquire()
