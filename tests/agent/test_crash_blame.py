@@ -445,8 +445,8 @@ async def test_a_busy_probationer_is_held_while_a_load_settles_so_the_exit_is_th
     takes 0.5 s there); a model that kills Triton as it loads is loaded. The gateway holds the
     probationer's new requests while the load is under way, so each exit is the load's alone:
     its files are quarantined after exactly 2 exits and the neighbour is never at Triton at one.
-    Before, the neighbour's request at Triton explained every exit, and the load was never
-    counted (Triton went down again at each reload)."""
+    Before, each exit with the neighbour's request at Triton counted against neither: 5 exits
+    instead of 2 in a run."""
     node = await start_node(start_custom_agent, kube_api, tmp_path)
     await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
     assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
