@@ -26,8 +26,8 @@ from collections.abc import Callable, Collection
 from common.activity import ActivityTable
 
 DRAIN_SECONDS = 5.0
-"""How long, at most, a watched load that begins the hold waits for the held probationers'
-requests at Triton to be answered."""
+"""How long, at most, a watched load waits for the held probationers' requests at Triton to be
+answered."""
 
 POLL_SECONDS = 0.1
 """How often the activity table is read meanwhile."""

@@ -343,8 +343,8 @@ class Settings:
     """While a load or wake whose READY is watched (`--crash-settle-seconds`) is in flight, and
     this long after it ends, the node gateway holds the new requests of pods on probation, each
     10 s at most (then it goes on), so that an exit of Triton then counts against the load alone;
-    a load that begins the hold first waits, 5 s at most, for the gateway to have their requests
-    at Triton answered. 0: never held."""
+    each such load first waits, 5 s at most, for the gateway to have their requests at Triton
+    answered. 0: never held."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",
