@@ -285,7 +285,7 @@ class Agent:
                 refresh_seconds=settings.gateway_table_refresh_seconds,
                 quarantine=self.request_crashes.quarantine_of if self.request_crashes else None,
                 probation=self.request_crashes.on_probation if self.request_crashes else None,
-                held=self.hold.holding,
+                held=self.hold.holds,
             )
             # The one wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.

@@ -70,14 +70,14 @@ class CallerPublisher:
         refresh_seconds: float = 5.0,
         quarantine: Callable[[str], str] | None = None,
         probation: Callable[[str], bool] | None = None,
-        held: Callable[[], bool] | None = None,
+        held: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`quarantine(pod)` says why a pod's requests are refused (`agent.requestcrash`);
         the entry of such a pod carries it, and the gateway refuses its requests with it.
         `probation(pod)` says whether the gateway serializes its requests with other
-        probationers' (`agent.suspects`); `held()` whether it holds probationers' new requests
-        now (`agent.probationhold`)."""
+        probationers' (`agent.suspects`); `held(pod)` whether it holds the pod's new requests now,
+        on probation (`agent.probationhold`)."""
         self.path = path
         self._quarantine = quarantine
         self._probation = probation
@@ -117,8 +117,8 @@ class CallerPublisher:
             callers = [replace(c, quarantined=self._quarantine(c.pod)) for c in callers]
         if self._probation is not None:
             callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
-        if self._held is not None and self._held():
-            callers = [replace(c, held=c.probation) for c in callers]
+        if self._held is not None:
+            callers = [replace(c, held=c.probation and self._held(c.pod)) for c in callers]
         reported = frozenset(left_out)
         for reason in sorted(reported - self._reported):
             log.warning("Not a gateway caller: %s.", reason)

@@ -569,7 +569,7 @@ class Models:
         try:
             if hold is not None:
                 # Before the marker: a load cancelled meanwhile never reached Triton.
-                await hold.begin()
+                await hold.begin(owner.pod.object_key)
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index
@@ -582,7 +582,7 @@ class Models:
         except BaseException:
             self.held_loads.end(held, 0.0)
             if hold is not None:
-                hold.end()
+                hold.end(owner.pod.object_key)
             raise
         try:
             if self.host is not None:
@@ -670,7 +670,7 @@ class Models:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
             if hold is not None:
-                hold.end()
+                hold.end(owner.pod.object_key)
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:

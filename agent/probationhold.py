@@ -7,7 +7,9 @@ was at such an exit before, so a busy one would share the next too, and a model 
 as it loads, or seconds after, would cost one more exit each time. So while a watched load is in
 flight, and for `hold_seconds` after it ends (READY or not), the caller table marks each
 probationer's rows held (`common.callers.Caller.held`) and the gateway holds their new requests,
-each at most `proxy.policy.probation.HELD_REQUEST_SECONDS`: an exit then is the load's alone.
+each at most `proxy.policy.probation.HELD_REQUEST_SECONDS`: an exit then is the load's alone. A
+probationer's own load holds it while in flight (its requests would explain the exit), not after:
+an exit with its requests beside its own settling load counts against its requests.
 
 A watched load waits first, at most `drain_seconds`, until the gateway's activity table
 (`common.activity`), written since the hold began, shows every held model held with no request at
@@ -67,6 +69,9 @@ class ProbationHold:
         """Watched loads under way."""
         self.until = 0.0
         """When the hold ends with no watched load under way (`clock` seconds)."""
+        self._ended: dict[str, float] = {}
+        """The pods (namespace/name) of the watched loads ended lately, with until when each
+        holds (`clock` seconds)."""
         self.on_change: Callable[[], None] | None = None
         """Called when the hold begins or ends: writes the caller table (`agent.gateway`)."""
         self.drained: Callable[[float], bool] | None = None
@@ -74,19 +79,29 @@ class ProbationHold:
         as it wrote after the given Unix time (`drained`); None: nothing to wait for."""
         self._lapse: asyncio.TimerHandle | None = None
         self._since = 0.0
-        """When the hold began (Unix seconds): the gateway's word must be newer."""
+        """When the watched loads under way began (Unix seconds): the gateway's word must be
+        newer."""
 
     def holding(self) -> bool:
         """Whether probationers' requests are held now."""
         return self.hold_seconds > 0 and (self.loads > 0 or self._clock() < self.until)
 
-    async def begin(self) -> None:
-        """A watched load is about to reach Triton: hold probationers from now on, and wait (at
-        most `drain_seconds`) for the gateway to have drained them. Every `begin` is followed by
-        one `end`, whatever happens."""
+    def holds(self, pod: str) -> bool:
+        """Whether the requests of `pod` (namespace/name), on probation, are held now: while any
+        watched load is in flight, or another pod's ended less than `hold_seconds` ago."""
+        if not self.holding():
+            return False
+        now = self._clock()
+        return self.loads > 0 or any(p != pod and now < t for p, t in self._ended.items())
+
+    async def begin(self, pod: str) -> None:
+        """A watched load of `pod` is about to reach Triton: hold probationers from now on, and
+        wait (at most `drain_seconds`) for the gateway to have drained them. Every `begin` is
+        followed by one `end`, whatever happens."""
         if self.hold_seconds <= 0:
             return
-        if not self.holding():
+        if self.loads == 0:
+            # Pods whose own load had ended were not held: only a newer word of the gateway's.
             self._since = self._wall()
         self.loads += 1
         if self.on_change is not None:
@@ -97,20 +112,26 @@ class ProbationHold:
                 return  # the gateway did not answer: the load goes on, unheld as before
             await asyncio.sleep(POLL_SECONDS)
 
-    def end(self) -> None:
-        """A watched load has ended: the hold lasts `hold_seconds` more (an exit of Triton in
-        that time is still the load's)."""
+    def end(self, pod: str) -> None:
+        """A watched load of `pod` has ended: the hold lasts `hold_seconds` more (an exit of
+        Triton in that time is still the load's), for other probationers than `pod`."""
         if self.hold_seconds <= 0:
             return
         self.loads -= 1
-        self.until = max(self.until, self._clock() + self.hold_seconds)
+        now = self._clock()
+        self.until = max(self.until, now + self.hold_seconds)
+        self._ended = {p: t for p, t in self._ended.items() if t > now}
+        self._ended[pod] = now + self.hold_seconds
+        if self.on_change is not None:
+            self.on_change()  # its own pod's requests go now
         if self._lapse is None:
             self._lapse = asyncio.get_running_loop().call_later(self.hold_seconds, self._lapsed)
 
     def _lapsed(self) -> None:
         self._lapse = None
-        left = self.until - self._clock()
-        if self.loads == 0 and left > 0:
-            self._lapse = asyncio.get_running_loop().call_later(left, self._lapsed)
-        elif not self.holding() and self.on_change is not None:
-            self.on_change()
+        if self.on_change is not None:
+            self.on_change()  # the pods whose hold ended go now
+        now = self._clock()
+        later = [t for t in self._ended.values() if t > now]
+        if later and self.loads == 0:  # with a load under way, its end schedules the next
+            self._lapse = asyncio.get_running_loop().call_later(min(later) - now, self._lapsed)

@@ -36,7 +36,7 @@ async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
     table = tmp_path / "callers.json"
     hold = ProbationHold(0.3, drain_seconds=5.0)
     publisher = CallerPublisher(
-        table, "node-1", lambda: owners, probation=probation.__contains__, held=hold.holding
+        table, "node-1", lambda: owners, probation=probation.__contains__, held=hold.holds
     )
     hold.on_change = publisher.publish
     asked: list[list[str]] = []
@@ -53,16 +53,16 @@ async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
         return {c.pod: c.held for c in read_table(table).callers}
 
     assert held() == {"team/a": False, "team/b": False}
-    beginning = asyncio.get_running_loop().create_task(hold.begin())
+    beginning = asyncio.get_running_loop().create_task(hold.begin("team/b"))
     await asyncio.sleep(0.3)
     assert not beginning.done(), "the load waits for the gateway to drain the probationer"
     assert held() == {"team/a": True, "team/b": False}, "probationers only"
     assert asked and asked[-1] == ["a-private"]
     gateway_done.set()
     await asyncio.wait_for(beginning, 5)
-    await asyncio.wait_for(hold.begin(), 1)  # a second one while held: drained already
-    hold.end()
-    hold.end()
+    await asyncio.wait_for(hold.begin("team/b"), 1)  # a second one while held: drained already
+    hold.end("team/b")
+    hold.end("team/b")
     assert hold.holding() and held()["team/a"]
     deadline = time.monotonic() + 10
     while held()["team/a"]:
@@ -72,14 +72,27 @@ async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
     # A gateway that never answers bounds the wait.
     gateway_done.clear()
     hold.drain_seconds = 0.2
-    await asyncio.wait_for(hold.begin(), 5)
-    hold.end()
+    await asyncio.wait_for(hold.begin("team/b"), 5)
+    hold.end("team/b")
+
+
+async def test_a_probationers_own_settling_load_does_not_hold_it() -> None:
+    """In flight, a probationer's own load holds it (its requests would explain the exit);
+    ended, only another pod's load does (an exit beside its own counts against its requests)."""
+    hold = ProbationHold(5.0)
+    await hold.begin("team/a")
+    assert hold.holds("team/a") and hold.holds("team/b")
+    hold.end("team/a")
+    assert not hold.holds("team/a") and hold.holds("team/b")
+    await hold.begin("team/b")
+    hold.end("team/b")
+    assert hold.holds("team/a") and hold.holds("team/b"), "each held for the other's load"
 
 
 async def test_no_hold_when_it_is_off() -> None:
     hold = ProbationHold(0.0)
     hold.drained = lambda since: False
-    await asyncio.wait_for(hold.begin(), 1.0)
+    await asyncio.wait_for(hold.begin("team/b"), 1.0)
     assert not hold.holding()
-    hold.end()
+    hold.end("team/b")
     assert not hold.holding()
