@@ -20,6 +20,7 @@ import grpc
 import kubernetes.client
 import pytest
 
+from agent.errors import TritonUnreachableError
 from agent.triton import READY
 from common.crashwitness import Suspect, read_witnesses
 from protos import agent_pb2
@@ -148,7 +149,10 @@ class Node:
         )
 
     async def ready(self, model_id: str) -> bool:
-        entry = await self.running.agent.triton.state(self.names[model_id])
+        try:
+            entry = await self.running.agent.triton.state(self.names[model_id])
+        except TritonUnreachableError:
+            return False  # restarting: not yet
         return entry is not None and entry.state == READY
 
     def loading(self, model_id: str) -> bool:
