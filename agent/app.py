@@ -45,6 +45,7 @@ from agent.nodepods import NodePods
 from agent.nvmlclient import RelayedNvml
 from agent.ownership import OwnerStore
 from agent.placement import PlacementVerifier, Proven
+from agent.probationhold import ProbationHold, drained
 from agent.processes import TritonProcesses
 from agent.quarantine import CrashLedger, CrashRecord, NodeQuarantine
 from agent.reconcile import Reconciler
@@ -54,6 +55,8 @@ from agent.service import AgentService, add_to_server
 from agent.settings import Settings
 from agent.suspects import CallerRecord
 from agent.triton import TritonClient
+from common.activity import ActivityTableError
+from common.activity import read_table as read_activity
 from common.crashwitness import path_beside
 from common.health import HttpServer, build_health_app
 from common.hosted import host_name, loaded_condition
@@ -174,7 +177,9 @@ class Agent:
             settle_seconds=settings.crash_settle_seconds,
             probation_seconds=settings.crash_probation_seconds,
             namespace_quarantine_after=settings.crash_namespace_quarantine_after,
+            expiry_seconds=settings.crash_quarantine_expiry_seconds,
         )
+        self.hold = ProbationHold(settings.crash_hold_seconds)
         self._gpu_reader = (
             GpuReader(nvml)
             if settings.gpu_source == "nvml"
@@ -238,6 +243,7 @@ class Agent:
             crashes=self.crashes,
             evictor=self.evictor,
             host=self.host_memory,
+            hold=self.hold,
         )
         self.reconciler = Reconciler(
             self.models,
@@ -274,6 +280,8 @@ class Agent:
                 self.metrics,
                 self._requests_quarantined,
             )
+            # An exit the witnessed requests explain is not counted against a load.
+            self.crashes.witnessed = self.request_crashes.requests_at
         self.conditions = ModelConditions(
             self.kube,
             self.events,
@@ -294,10 +302,13 @@ class Agent:
                 refresh_seconds=settings.gateway_table_refresh_seconds,
                 quarantine=self.request_crashes.quarantine_of if self.request_crashes else None,
                 probation=self.request_crashes.on_probation if self.request_crashes else None,
+                held=self.hold.holds,
             )
             # The one wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.
             self.reconciler.on_pods = self.owners.on_change = self.callers.changed
+            self.hold.on_change = self.callers.publish
+            self.hold.drained = self._held_drained
         self.metrics.watch_memory(self.ledger, self._gpu_snapshot)
         self.metrics.watch_kept(self.cache.kept)
         self.metrics.watch_gpus(self._gpu_snapshot, self.models.loaded_per_gpu)
@@ -345,6 +356,17 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
         self._watch: PodWatch | None = None
+
+    def _held_drained(self, since: float) -> bool:
+        """Whether the gateway holds the probationers the caller table holds, with none of
+        their requests at Triton, as its activity table written since `since` says."""
+        held = self.callers.held_names() if self.callers is not None else []
+        path = self.settings.activity_path
+        try:
+            table = read_activity(path) if held and path is not None else None
+        except ActivityTableError:
+            table = None
+        return drained(held, table, since)
 
     async def _fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
         """Mark a pod Failed, its ModelLoaded condition saying why first: a pod the agent fails

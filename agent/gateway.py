@@ -70,15 +70,18 @@ class CallerPublisher:
         refresh_seconds: float = 5.0,
         quarantine: Callable[[str], str] | None = None,
         probation: Callable[[str], bool] | None = None,
+        held: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`quarantine(pod)` says why a pod's requests are refused (`agent.requestcrash`);
         the entry of such a pod carries it, and the gateway refuses its requests with it.
         `probation(pod)` says whether the gateway serializes its requests with other
-        probationers' (`agent.suspects`)."""
+        probationers' (`agent.suspects`); `held(pod)` whether it holds the pod's new requests now,
+        on probation (`agent.probationhold`)."""
         self.path = path
         self._quarantine = quarantine
         self._probation = probation
+        self._held = held
         self.node_name = node_name
         self._owners = owners
         self.refresh_seconds = refresh_seconds
@@ -86,6 +89,10 @@ class CallerPublisher:
         self._last: tuple[Caller, ...] | None = None
         self._reported: frozenset[str] = frozenset()
         self._pending = False
+
+    def held_names(self) -> list[str]:
+        """The names in Triton of the rows last written held (`agent.probationhold`)."""
+        return [c.name_in_triton for c in self._last or () if c.held]
 
     def changed(self) -> None:
         """The pods or the owners changed: write the table at the end of this event-loop turn."""
@@ -110,6 +117,8 @@ class CallerPublisher:
             callers = [replace(c, quarantined=self._quarantine(c.pod)) for c in callers]
         if self._probation is not None:
             callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
+        if self._held is not None:
+            callers = [replace(c, held=c.probation and self._held(c.pod)) for c in callers]
         reported = frozenset(left_out)
         for reason in sorted(reported - self._reported):
             log.warning("Not a gateway caller: %s.", reason)

@@ -71,6 +71,7 @@ from agent.modelconfig import override_json, parse_config, pinned_as, pinned_con
 from agent.owners import Owners
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
+from agent.probationhold import ProbationHold
 from agent.quarantine import CrashLedger, CrashRecord, Marker, NamespaceRecord
 from agent.repository import Repository
 from agent.triton import LOADING, READY, UNLOADING, IndexEntry, TritonClient
@@ -237,6 +238,7 @@ class Models:
         crashes: CrashLedger | None = None,
         evictor: Evictor | None = None,
         host: HostMemory | None = None,
+        hold: ProbationHold | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -261,6 +263,9 @@ class Models:
         """Admits loads on Triton's host memory (`agent.hostmemory`); None: not admitted."""
         self.rules = Rules(quarantine_after=self.crashes.quarantine_after)
         self.held_loads = HeldLoads()
+        self.hold = hold
+        """Holds probationers' requests at the gateway while a watched load (one whose READY is
+        watched, `agent.quarantine`) is under way or just ended; None: never held."""
         self._load_budget = load_budget(
             limits.load_timeout_base, limits.load_timeout_per_gib, limits.load_timeout
         )
@@ -481,16 +486,19 @@ class Models:
     def _gpu_for(self, model_id: str, gpu_uuid: str) -> tuple[str, int]:
         return gpu_for(self._gpus.snapshot, model_id, gpu_uuid, self.limits.cpu_only)
 
-    async def load(self, model_id: str, owner: Proven) -> ModelStatus:
+    async def load(self, model_id: str, owner: Proven, *, settle: bool = True) -> ModelStatus:
         """Load the owner's installed model pinned to its proven GPU (or the CPU); READY, or
-        FAILED with Triton's reason."""
+        FAILED with Triton's reason. Without `settle` (a reload of what Triton held before it
+        restarted), Triton's exits after READY do not count against it (`agent.quarantine`)."""
         self._name_check(model_id, owner)
         name = self.triton_name(owner)
         async with self.lock(name):
             owned = await self._claim_locked(name, owner)
-            return await self._load_locked(name, owner, owned)
+            return await self._load_locked(name, owner, owned, settle=settle)
 
-    async def _load_locked(self, name: str, owner: Proven, owned: OwnerRecord) -> ModelStatus:
+    async def _load_locked(
+        self, name: str, owner: Proven, owned: OwnerRecord, *, settle: bool = True
+    ) -> ModelStatus:
         model_id = owner.model_id
         record = self._touch(name, owner)
         record.pod = owner.key
@@ -525,6 +533,7 @@ class Models:
             left is not None
             and not left.finished_at
             and (entry is None or entry.state not in (READY, LOADING))
+            and not self.crashes.explained(left)
         ):
             # A load of it Triton never answered, nor holds: Triton died under it (a load that
             # never reached Triton leaves none). Counted here, not only by the next reconcile
@@ -555,17 +564,25 @@ class Models:
         # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
         held = self.crashes.held(owner.namespace)
         await self.held_loads.begin(held)
+        hold = self.hold if settle else None  # a reload of what Triton held is no change
         loaded = False
         try:
+            if hold is not None:
+                # Before the marker: a load cancelled meanwhile never reached Triton.
+                await hold.begin(owner.pod.object_key)
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index
             started = self.clock()
             # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
-            marker = Marker(name, owned.digest, model_id, owner.key)
+            marker = Marker(
+                name, owned.digest, model_id, owner.key, started_at=self._wall(), restore=not settle
+            )
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
             self.held_loads.end(held, 0.0)
+            if hold is not None:
+                hold.end(owner.pod.object_key)
             raise
         try:
             if self.host is not None:
@@ -631,7 +648,7 @@ class Models:
             raise
         else:
             loaded = True
-            self.crashes.finished(marker)
+            self.crashes.finished(marker, settle=settle)
             if self.host is not None:
                 await self._in_thread(self.host.finished, admitted, True)
                 admitted = None
@@ -652,6 +669,8 @@ class Models:
             if admitted is not None and self.host is not None:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
+            if hold is not None:
+                hold.end(owner.pod.object_key)
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
@@ -1160,10 +1179,11 @@ class Models:
                 found.append(proven.key)
         return sorted(found)
 
-    def crash_suspected(self, marker: Marker) -> CrashRecord:
+    def crash_suspected(self, marker: Marker, *, alone: bool = True) -> CrashRecord:
         """Count a load Triton died under (`marker`, left over, its model not in Triton) against
-        its files; the model's life follows the count on disk, which survives restarts."""
-        counted = self.crashes.crashed(marker)
+        its files (only suspect them, not `alone`: `CrashLedger.crashed`); the model's life
+        follows the count on disk, which survives restarts."""
+        counted = self.crashes.crashed(marker, alone=alone)
         record = self.record(marker.name)
         record.life = replace(record.life, crashes=counted.crashes - 1)
         if (record.life.phase, Event.CRASH_SUSPECTED) in TRANSITIONS:

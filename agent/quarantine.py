@@ -3,9 +3,11 @@
 A crash marker (`<name>.loading` in the state directory) is written, and synced, before a load
 reaches Triton and removed when Triton answers it; with `settle_seconds` above 0, a load
 answered READY keeps its marker, marked finished, that much longer (a model may kill Triton just
-after its load: a thread its initialization started, its first warm-up). A marker left over whose
-model Triton does not hold, with no load of it under way, is a load Triton died under or just
-after: the reconciler counts it against the model's files (its manifest digest, so a
+after its load: a thread its initialization started, its first warm-up, a timer), unless the load
+only gave back what Triton held before it restarted (`finished(settle=False)`). A marker left
+over whose model Triton does not hold, with no load of it under way, is a load Triton died under
+or just after: unless pods' requests were at Triton then (`explained`), the reconciler
+counts it against the model's files (its manifest digest, so a
 replacement pod with the same files is refused too, and a fixed version is not). A load that
 stays READY through its settling window ends the count: the count is of crashes in a row. At
 `quarantine_after` crashes in a row the files are quarantined on the node: never loaded again
@@ -20,7 +22,8 @@ files, read by `tritonshare quarantine list` and `status`), and the new agent ta
 from there before it serves. `NodeQuarantine` also lifts the quarantines an operator names on
 the Node (`Keys.quarantine_clear`). The ledger also keeps the pods whose requests were at Triton
 when it exited (`agent.suspects`, counted from the gateway's witnesses by `agent.requestcrash`),
-quarantined, shown and cleared the same way.
+quarantined, shown and cleared the same way. A quarantine of files lapses after `expiry_seconds`
+(`CrashLedger.expire`, carried out by `NodeQuarantine`): it rests on one node's evidence.
 
 Quarantine by digest alone is escaped by new files (the same model with one byte more), so the
 ledger also counts by namespace (`NamespaceRecord`): once one of a namespace's files is
@@ -57,6 +60,8 @@ MARKER_SUFFIX = ".loading"
 COUNTS_FILE = "crashes.json"
 MAX_RECORDS = 10_000
 """Counts kept at most (the oldest unquarantined go first): a tenant cannot fill the disk."""
+DECIDED_KEPT = 64
+"""Markers counted or dismissed remembered (`CrashLedger.loads_at`)."""
 
 SUSPECT_QUIET_SECONDS = 5.0
 """The least quiet period after a held namespace's load (`--crash-settle-seconds` when longer):
@@ -78,6 +83,18 @@ class Marker:
     """namespace/name of the pod it was loaded for."""
     finished_at: float = 0.0
     """When Triton answered the load READY (Unix seconds); 0 while it is in flight."""
+    started_at: float = 0.0
+    """When the load was sent to Triton (Unix seconds); 0: not known (an older marker)."""
+    restore: bool = False
+    """A reload of what Triton held before it restarted: no change, so no evidence against
+    another party at an exit (`loads_at`), and counted only when nothing else explains it."""
+
+    def at_exit(self, first_down: float, settle_seconds: float, slack: float) -> bool:
+        """Whether this load was in flight, or settling, when Triton was found gone at
+        `first_down` (Unix seconds, `slack` for the clocks and the sentinel's delay)."""
+        if self.started_at > first_down + slack:
+            return False  # sent to the Triton that came back
+        return not self.finished_at or first_down <= self.finished_at + settle_seconds + slack
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,8 @@ class CrashRecord:
     """The pod of the last crash (namespace/name)."""
     crashes: int
     quarantined: bool = False
+    quarantined_at: float = 0.0
+    """When it was quarantined (Unix seconds; for `CrashLedger.expire`)."""
 
     @property
     def namespace(self) -> str:
@@ -132,6 +151,7 @@ class CrashLedger:
         settle_seconds: float = 0.0,
         probation_seconds: float = 600.0,
         namespace_quarantine_after: int = 2,
+        expiry_seconds: float = 0.0,
         wall: Callable[[], float] = time.time,
     ) -> None:
         if quarantine_after < 1 or namespace_quarantine_after < 1:
@@ -144,9 +164,20 @@ class CrashLedger:
         self.quarantine_after = quarantine_after
         self.settle_seconds = settle_seconds
         self.probation_seconds = probation_seconds
+        self.expiry_seconds = expiry_seconds
+        """A quarantine of files lapses this long after it began (`expire`); 0: never."""
         self._wall = wall
         self._records: dict[str, CrashRecord] = {}
         self._callers: dict[str, CallerRecord] = {}
+        self._decided: list[tuple[Marker, float]] = []
+        """Markers counted or dismissed lately, with when (Unix seconds): an exit's evidence
+        for `loads_at` after the reconciler has taken them off the disk."""
+        self._shared: dict[str, float] = {}
+        """Files only suspected at an exit (beside other pods' requests or a more recent
+        load), by digest, with when (Unix seconds): `shared_before`."""
+        self.witnessed: Callable[[Marker], list[str]] | None = None
+        """The pods whose requests the node gateway saw at Triton when it died since the load
+        of a marker began (`agent.requestcrash`); None: no gateway witnesses."""
 
     def load(self) -> None:
         """Read the counts; an unreadable file is kept aside and counting starts afresh."""
@@ -183,6 +214,8 @@ class CrashLedger:
                     str(item["pod"]),
                     int(item["crashes"]),
                     bool(item["quarantined"]),
+                    float(item.get("quarantined_at", 0.0))
+                    or (self._wall() if item["quarantined"] else 0.0),
                 )
                 self._records[record.digest] = record
         except FileNotFoundError:
@@ -208,9 +241,10 @@ class CrashLedger:
         with contextlib.suppress(FileNotFoundError):
             (self.directory / f"{name}{MARKER_SUFFIX}").unlink()
 
-    def finished(self, marker: Marker) -> None:
-        """Triton answered the load READY: the marker stays, finished, until `settled`."""
-        if self._settle_of(marker) <= 0:
+    def finished(self, marker: Marker, *, settle: bool = True) -> None:
+        """Triton answered the load READY: the marker stays, finished, until `settled` (not at
+        all without `settle`: a model Triton held before it restarted, loaded again)."""
+        if self._settle_of(marker) <= 0 or not settle:
             self.answered(marker.name)
             self.loaded(marker.digest)
             return
@@ -240,6 +274,8 @@ class CrashLedger:
                     str(data["model_id"]),
                     str(data["pod"]),
                     float(data.get("finished_at", 0.0)),
+                    float(data.get("started_at", 0.0)),
+                    bool(data.get("restore", False)),
                 )
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)
@@ -249,19 +285,77 @@ class CrashLedger:
             found[marker.name] = marker
         return found
 
+    def at_triton(self, marker: Marker) -> list[str]:
+        """The pods whose requests were at Triton when it died under (or just after) the load
+        of `marker` (left over)."""
+        return self.witnessed(marker) if self.witnessed is not None else []
+
+    def explained(self, marker: Marker) -> list[str]:
+        """The pods whose requests explain the exit that left `marker` over, which is then
+        removed and not counted against the load (the pods are counted, `agent.suspects`):
+        any pod's for a load in flight, its own pod's for a load that had finished (settling).
+        A settling load with only other pods' requests there shares the exit with them: it
+        is not explained (`at_triton` names them; it is only suspected), unless it shared the
+        exit before this load too (`shared_before`): an exit requests were at twice in a row is
+        theirs, or an attacker's requests would keep a neighbour's reload suspected and never
+        be counted."""
+        pods = self.at_triton(marker)
+        if marker.finished_at and marker.pod not in pods and not self.shared_before(marker):
+            return []
+        if pods:
+            self._decide(marker)
+            self.answered(marker.name)
+            log.warning(
+                "Triton exited while model %s of pod %s loaded or settled, with requests of %s "
+                "at it: the exit is not counted against the model's files.",
+                marker.model_id,
+                marker.pod,
+                ", ".join(pods),
+            )
+        return pods
+
+    def shared_before(self, marker: Marker) -> bool:
+        """Whether the files of `marker` were only suspected at an exit before its load began
+        (the exit that made it a suspect's reload)."""
+        return 0.0 < self._shared.get(marker.digest, 0.0) < marker.started_at
+
+    def loads_at(self, first_down: float, slack: float) -> list[Marker]:
+        """The loads in flight or settling when Triton was found gone at `first_down` (Unix
+        seconds), whether their markers are still on disk or already counted or dismissed
+        (reloads of what Triton held before among them: `Marker.restore`)."""
+        found = {
+            m.name: m
+            for m, decided in self._decided
+            if decided >= first_down - slack and m.at_exit(first_down, self.settle_seconds, slack)
+        }
+        for name, marker in self.markers().items():
+            if marker.at_exit(first_down, self.settle_seconds, slack):
+                found.setdefault(name, marker)
+        return [found[name] for name in sorted(found)]
+
+    def _decide(self, marker: Marker) -> None:
+        self._decided = [*self._decided[-(DECIDED_KEPT - 1) :], (marker, self._wall())]
+
     # Counts.
-    def crashed(self, marker: Marker) -> CrashRecord:
+    def crashed(self, marker: Marker, *, alone: bool = True) -> CrashRecord:
         """Count a crash against the marker's files (and its namespace, when held) and remove
-        the marker."""
+        the marker; not `alone` (another load, more recent, was there too), the files are only
+        suspected: their run stays as it is, and they load again alone (`suspected`)."""
+        self._decide(marker)
         self._count_namespace(marker)
         before = self._records.get(marker.digest)
-        crashes = (before.crashes if before else 0) + 1
+        crashes = (before.crashes if before else 0) + (1 if alone else 0)
+        if alone:
+            self._shared.pop(marker.digest, None)
+        else:
+            self._shared[marker.digest] = self._wall()
         record = CrashRecord(
             marker.digest,
             marker.model_id,
             marker.pod,
             crashes,
             quarantined=crashes >= self.quarantine_after,
+            quarantined_at=self._wall() if crashes >= self.quarantine_after else 0.0,
         )
         self._records[marker.digest] = record
         self._trim()
@@ -271,10 +365,17 @@ class CrashLedger:
 
     def loaded(self, digest: str) -> None:
         """Triton answered a load of these files READY: their crashes in a row end."""
+        self._shared.pop(digest, None)
         record = self._records.get(digest)
         if record is not None and not record.quarantined:
             del self._records[digest]
             self._save()
+
+    def suspected(self, digest: str) -> bool:
+        """Whether these files coincided with an exit since they last stayed READY through
+        their settling window, and are not quarantined: they load again last, alone."""
+        record = self._records.get(digest)
+        return record is not None and not record.quarantined
 
     def count(self, digest: str) -> int:
         """The crashes in a row of these files (0: none, or cleared)."""
@@ -344,7 +445,9 @@ class CrashLedger:
         return self.settle_seconds
 
     # Pods whose requests were at Triton when it exited.
-    def requests_crashed(self, suspects: Iterable[Suspect]) -> list[CallerRecord]:
+    def requests_crashed(
+        self, suspects: Iterable[Suspect], *, ambiguous: bool = False
+    ) -> list[CallerRecord]:
         """Count one unexpected exit of Triton whose witnesses name `suspects`
         (`agent.suspects.counted`); returns the pods it quarantines."""
         before = self._callers
@@ -354,6 +457,7 @@ class CrashLedger:
             self.quarantine_after,
             now=self._wall(),
             probation_seconds=self.probation_seconds,
+            ambiguous=ambiguous,
         )
         while len(self._callers) > MAX_RECORDS:
             unquarantined = [p for p, r in self._callers.items() if not r.quarantined]
@@ -389,6 +493,7 @@ class CrashLedger:
         taken: list[CrashRecord | CallerRecord] = []
         for record in records:
             if record.quarantined and record.digest not in self._records:
+                record = replace(record, quarantined_at=record.quarantined_at or self._wall())
                 self._records[record.digest] = record
                 taken.append(record)
         for caller in callers:
@@ -398,6 +503,26 @@ class CrashLedger:
         if taken:
             self._save()
         return taken
+
+    def expire(self) -> list[CrashRecord]:
+        """Lift the quarantines of files older than `expiry_seconds`: one node's evidence holds
+        for so long. Their counts stay one short of the limit, so one more crash in a row
+        quarantines them again; returns those lifted."""
+        if self.expiry_seconds <= 0:
+            return []
+        now = self._wall()
+        lapsed = [
+            r
+            for r in self._records.values()
+            if r.quarantined and now >= r.quarantined_at + self.expiry_seconds
+        ]
+        for record in lapsed:
+            self._records[record.digest] = replace(
+                record, crashes=self.quarantine_after - 1, quarantined=False, quarantined_at=0.0
+            )
+        if lapsed:
+            self._save()
+        return lapsed
 
     def clear(self, selectors: Iterable[str]) -> list[CrashRecord]:
         """Forget the records any of `selectors` names (`CrashRecord.matches`); returns them."""
@@ -626,6 +751,15 @@ class NodeQuarantine:
                     held.namespace,
                 )
         patch: dict[str, str | None] = {}
+        expired = self._ledger.expire()
+        for lapsed in expired:
+            log.warning(
+                "The quarantine of %s lapses after --crash-quarantine-expiry-seconds: it may be "
+                "loaded on this node again, and one more crash quarantines it again.",
+                _described(lapsed),
+            )
+        if expired:
+            self._on_cleared(expired)
         asked = str(current.get(self._keys.quarantine_clear) or "")
         if asked:
             cleared = self._ledger.clear(asked.split(","))

@@ -21,11 +21,15 @@ On every change of this node's pods (the watch) and every resync period:
   after `max_load_attempts` failures is not loaded again (its pod is told, once);
 - a loaded model measured above its request plus the tolerance (`agent.memory`) gets a Warning
   Event, or with enforcement `evict` is unloaded and its pod marked Failed (GPUMemoryExceeded);
-- a crash marker left over (`agent.quarantine`: a load Triton died under) is counted against its
-  model's files; at the node's limit the model is quarantined (never loaded again here, its pod
-  told by a Warning Event and, when a controller replaces it, marked Failed: ModelCrashedTriton).
-  After a crash, models under suspicion are loaded last and one at a time, so that the others
-  are served again first and an innocent model is not loaded beside the guilty one.
+- a crash marker left over (`agent.quarantine`: a load Triton died under, or just after) is
+  counted against its model's files, unless pods' requests were at Triton then (only
+  suspected when they were other pods' and the load had finished); at the node's
+  limit the model is quarantined (never loaded again here, its pod told by a Warning Event and,
+  when a controller replaces it, marked Failed: ModelCrashedTriton).
+  After a crash, models under suspicion are loaded last and one at a time, each after the
+  previous one's settling window, so that the others are served again first and an innocent
+  model is not loaded beside the guilty one; the others' reloads (models Triton held before it
+  restarted) are not watched.
 A pass first plans (`Reconciler.plan`: one event of `agent.lifecycle`, or a vouching check,
 per model), then carries the plan out through `agent.models`.
 It also polls Triton's liveness, so a Triton that comes back triggers a reconciliation at once.
@@ -88,6 +92,11 @@ class Action:
     owner: Proven | None = None
     excess: Excess | None = None
     marker: Marker | None = None
+    alone: bool = True
+    """For a crash: the marker's files were the most recent load there (else only suspected)."""
+    restore: bool = False
+    """A reload of a model Triton held before it restarted, under no suspicion: no change, so
+    its READY is not watched (`agent.quarantine`)."""
 
 
 class Reconciler:
@@ -225,6 +234,7 @@ class Reconciler:
         loads_under_way = False
         died_loading: list[Marker] = []
         died_after: list[Marker] = []
+        died_restoring: list[Marker] = []
         for name, marker in markers.items():
             entry = index.get(name)
             if marker.finished_at and entry is not None and entry.state == READY:
@@ -238,15 +248,34 @@ class Reconciler:
                 loads_under_way = True
             elif entry is not None and entry.state == READY:
                 models.crashes.answered(name)  # Triton finished it after the agent stopped
+            elif marker.finished_at:
+                died_after.append(marker)
             else:
-                (died_after if marker.finished_at else died_loading).append(marker)
+                (died_restoring if marker.restore else died_loading).append(marker)
         # A load in flight when Triton died is the suspect; loads that had finished (settling)
-        # only when none was in flight.
-        for marker in died_loading or died_after:
+        # only when none was in flight; reloads of what Triton held before, only when neither.
+        # Several files there: the most recent load counts, the others are only suspected; each
+        # loads again alone.
+        # A settling load that shared the exit with other pods' requests is only suspected.
+        blamed = died_loading or died_after or died_restoring
+        unexplained = []
+        shared = []
+        for marker in [*died_loading, *died_after, *died_restoring]:
+            if marker not in blamed:
+                models.crashes.answered(marker.name)
+            elif models.crashes.explained(marker):
+                continue
+            elif models.crashes.at_triton(marker):
+                shared.append(marker)
+            else:
+                unexplained.append(marker)
+        latest = max(unexplained, key=lambda m: m.finished_at or m.started_at, default=None)
+        for marker in [*unexplained, *shared]:
             owner = wanted.get(marker.name)
-            plan[marker.name] = Action(marker.name, Event.CRASH_SUSPECTED, owner, marker=marker)
-        for marker in died_after if died_loading else []:
-            models.crashes.answered(marker.name)
+            alone = latest is not None and marker.digest == latest.digest
+            plan[marker.name] = Action(
+                marker.name, Event.CRASH_SUSPECTED, owner, marker=marker, alone=alone
+            )
         suspects: list[Action] = []
         for name, pod in sorted(wanted.items()):
             if name in plan:
@@ -281,11 +310,11 @@ class Reconciler:
                 continue
             owner_record = models.owners.get(name)
             if owner_record is not None and (
-                models.crashes.count(owner_record.digest) or models.crashes.held(pod.namespace)
+                models.crashes.suspected(owner_record.digest) or models.crashes.held(pod.namespace)
             ):
                 suspects.append(Action(name, Event.TRITON_RESTARTED, pod))
                 continue
-            plan[name] = Action(name, Event.TRITON_RESTARTED, pod)
+            plan[name] = Action(name, Event.TRITON_RESTARTED, pod, restore=held)
         self._given_up &= stopped
         if suspects:
             # Suspects last, and one at a time: nothing else loads beside the one trying.
@@ -322,7 +351,7 @@ class Reconciler:
         if action.cause is Event.POD_GONE:
             await self._remove_orphan(name)
         elif action.cause is Event.CRASH_SUSPECTED and action.marker is not None:
-            await self._crashed(action.marker, owner)
+            await self._crashed(action.marker, owner, alone=action.alone)
         elif owner is None:
             raise AssertionError(f"{action} names no owner")
         elif action.cause is Check.ADOPT:
@@ -334,7 +363,7 @@ class Reconciler:
             self.metrics.sleeps.labels("rested").inc()
         elif action.cause is Event.TRITON_RESTARTED:
             self.models.note(name, Event.TRITON_RESTARTED)
-            await self._reload(name, owner)
+            await self._reload(name, owner, settle=not action.restore)
         elif action.cause is Event.OVER_REQUEST and action.excess is not None:
             await self._enforce(name, owner, action.excess)
 
@@ -342,11 +371,11 @@ class Reconciler:
         self._settle_pass = None
         self._wake.set()
 
-    async def _crashed(self, marker: Marker, pod: Proven | None) -> None:
+    async def _crashed(self, marker: Marker, pod: Proven | None, *, alone: bool = True) -> None:
         """A load Triton died under: count it, and quarantine the model at the limit."""
         namespace = marker.pod.partition("/")[0]
         was_held = self.models.crashes.namespace_quarantine(namespace)
-        counted = self.models.crash_suspected(marker)
+        counted = self.models.crash_suspected(marker, alone=alone)
         held = self.models.crashes.namespace_quarantine(namespace)
         if held is not None and was_held is None:
             log.error(
@@ -361,6 +390,19 @@ class Reconciler:
         self.metrics.crashes_suspected.inc()
         limit = self.models.crashes.quarantine_after
         where = subject(pod=marker.pod, model=marker.model_id)
+        if not alone:
+            log.warning(
+                "Triton exited while model %s of pod %s loaded or settled, beside a model loaded "
+                "after it or other pods' requests at Triton: it is not counted, but it is a "
+                "suspect and loads again after the other models, alone (%d of %d crashes in a "
+                "row so far).",
+                marker.model_id,
+                marker.pod,
+                counted.crashes,
+                limit,
+                extra=where,
+            )
+            return
         if not counted.quarantined:
             log.warning(
                 "Triton exited while loading model %s of pod %s (%d of %d crashes in a row "
@@ -518,7 +560,7 @@ class Reconciler:
         )
         self.trigger()
 
-    async def _reload(self, name: str, pod: Proven) -> None:
+    async def _reload(self, name: str, pod: Proven, *, settle: bool) -> None:
         log.warning(
             "Model %s of pod %s is not loaded in Triton (Triton restarted or lost it): "
             "loading it again.",
@@ -527,7 +569,7 @@ class Reconciler:
             extra=subject(pod=pod.key, model=pod.model_id),
         )
         try:
-            status = await self.models.load(pod.model_id, pod)
+            status = await self.models.load(pod.model_id, pod, settle=settle)
         except AgentError as e:
             log.warning(
                 "Reloading model %s failed (%s): retrying later.",

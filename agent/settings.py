@@ -328,6 +328,15 @@ class Settings:
     suspects (last, alone, with a quiet period), and each further exit of Triton under one of
     its loads counts against the namespace; at this count the node loads none of its models it
     does not hold already until an operator clears `NAMESPACE/*`."""
+    crash_quarantine_expiry_seconds: float = setting(
+        "crash-quarantine-expiry-seconds",
+        "seconds after which a quarantine of a model's files on the node lapses (0: never)",
+        seconds(),
+        default="86400",
+    )
+    """Seconds after which a quarantine of a model's files lapses: it rests on this node's
+    evidence alone. The files may load again, and one more crash in a row quarantines them
+    again. 0 keeps it until an operator clears it. Quarantined pods' requests do not lapse."""
     crash_probation_seconds: float = setting(
         "crash-probation-seconds",
         "seconds a pod present with others at an exit of Triton stays on probation",
@@ -341,11 +350,26 @@ class Settings:
         "crash-settle-seconds",
         "seconds after a load's READY during which Triton's exit still counts against it (0: off)",
         seconds(),
-        default="0",
+        default="60",
     )
-    """Seconds after Triton answers a load READY during which an exit of Triton still counts
-    against that load (a model may kill Triton just after loading); 0, the default, counts only
-    loads in flight. Any exit in the window counts, a restart by the operator's hand too."""
+    """Seconds after Triton answers a load or a wake READY during which an exit of Triton with
+    no load in flight and no request at Triton counts against that load (a model may kill
+    Triton after loading: a timer, a thread, a leak); models under suspicion load again one at a
+    time, each after the previous one's window. A reload of what Triton held before it
+    restarted is not watched. 0 counts only loads in flight. Any exit in the window counts, a
+    restart by the operator's hand too."""
+    crash_hold_seconds: float = setting(
+        "crash-hold-seconds",
+        "seconds after a watched load ends during which the gateway holds probationers' "
+        "requests (0: off)",
+        seconds(),
+        default="10",
+    )
+    """While a load or wake whose READY is watched (`--crash-settle-seconds`) is in flight, and
+    this long after it ends, the node gateway holds the new requests of pods on probation, each
+    10 s at most (then it goes on), so that an exit of Triton then counts against the load alone;
+    each such load first waits, 5 s at most, for the gateway to have their requests at Triton
+    answered. 0: never held."""
     load_timeout_seconds: float = setting(
         "load-timeout-seconds",
         "seconds any Triton load may take (the cap of the per-load bound)",

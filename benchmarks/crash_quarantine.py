@@ -9,11 +9,15 @@ the first crash, how long until the victim's model is READY again and stays READ
 end of the window, and whether the crasher ends quarantined. With `--by requests` the crasher's
 model loads fine but its `execute` kills `tritonserver` on a magic input, which the crasher pod
 sends through a node gateway (in-process) again and again, each time Triton is back; the victim
-then counts as served when its own request through the gateway is answered 200.
+then counts as served when its own request through the gateway is answered 200. With `--by
+delayed` the crasher's loads are READY and a thread its `initialize` starts kills `tritonserver`
+4 s later, while the victim is called through the gateway (the last sender before each exit).
+`victim_served_after_last_s` is from the last restart to the victim served for good.
 
   python -m benchmarks.crash_quarantine --quarantine-after 2 --seconds 60
   python -m benchmarks.crash_quarantine --quarantine-after 1000 --seconds 60   # no quarantine
   python -m benchmarks.crash_quarantine --by requests --quarantine-after 2 --seconds 60
+  python -m benchmarks.crash_quarantine --by delayed --quarantine-after 2 --seconds 90
 
 Prints one line per run; figures go in docs/results.md with the command and the date.
 """
@@ -63,6 +67,25 @@ class TritonPythonModel:
     def execute(self, requests):
         return []
 """
+DELAYED_KILLER = """import os
+import signal
+import threading
+import time
+
+
+def _kill_later(parent):
+    time.sleep(4.0)
+    os.kill(parent, signal.SIGKILL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        threading.Thread(target=_kill_later, args=(os.getppid(),), daemon=True).start()
+
+    def execute(self, requests):
+        return []
+"""
+KILLERS = {"load": KILLER, "delayed": DELAYED_KILLER}
 REQUEST_KILLER = """import os
 import signal
 
@@ -226,7 +249,7 @@ async def run(quarantine_after: int, seconds: float, by: str = "load") -> dict[s
         for name in ("victim", "crasher"):
             make_pod(api, name, gpu)
             tokens[name] = apiserver.mint_token("default", f"{name}-pod")
-            killer = "" if name == "victim" else KILLER if by == "load" else REQUEST_KILLER
+            killer = "" if name == "victim" else KILLERS.get(by, REQUEST_KILLER)
             await install(stub, tokens[name], model_dir(work / "src", name, killer), name)
         auth = (("authorization", f"Bearer {tokens['victim']}"),)
         await stub.LoadModel(agent_pb2.LoadModelRequest(model_id="victim"), metadata=auth)
@@ -239,26 +262,29 @@ async def run(quarantine_after: int, seconds: float, by: str = "load") -> dict[s
 
         restarts = 0
         crashed_at: float | None = None
+        last_crash: float | None = None
         ready_since: float | None = None
         refused = 0
         auth = (("authorization", f"Bearer {tokens['crasher']}"),)
         load = asyncio.ensure_future(
             stub.LoadModel(agent_pb2.LoadModelRequest(model_id="crasher"), metadata=auth)
-            if by == "load"
+            if by != "requests"
             else asyncio.sleep(0)
         )
         started = time.monotonic()
         while time.monotonic() - started < seconds:
             if triton.exited():
                 crashed_at = crashed_at or time.monotonic()
+                last_crash = time.monotonic()
                 ready_since = None
                 restarts += 1
                 await asyncio.to_thread(triton.restart)
             with contextlib.suppress(Exception):
                 entry = await agent.triton.state(victim)
                 served = entry is not None and entry.state == READY
-                if by == "requests" and served:
+                if by != "load" and served:
                     served = await infer(gateway, ADDRESSES["victim"], "victim", 1.0) == 200
+                if by == "requests" and served:
                     mine = await agent.triton.state(crasher)
                     if mine is not None and mine.state == READY:  # its model is back: again
                         attack = await infer(gateway, ADDRESSES["crasher"], "crasher", 1000.0)
@@ -269,7 +295,7 @@ async def run(quarantine_after: int, seconds: float, by: str = "load") -> dict[s
             await load
         quarantined = (
             any(r.quarantined for r in agent.crashes.records())
-            if by == "load"
+            if by != "requests"
             else any(r.quarantined for r in agent.crashes.callers())
         )
         return {
@@ -280,7 +306,14 @@ async def run(quarantine_after: int, seconds: float, by: str = "load") -> dict[s
             "victim_served_again_after_s": (
                 round(ready_since - crashed_at, 1) if ready_since and crashed_at else None
             ),
+            "victim_served_after_last_s": (
+                round(ready_since - last_crash, 1) if ready_since and last_crash else None
+            ),
             "crasher_quarantined": quarantined,
+            "victim_quarantined": any(
+                r.quarantined and r.model_id == "victim" for r in agent.crashes.callers()
+            )
+            or any(r.quarantined and r.model_id == "victim" for r in agent.crashes.records()),
             **({"crasher_requests_refused": refused} if by == "requests" else {}),
         }
     finally:
@@ -299,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quarantine-after", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument(
-        "--by", choices=("load", "requests"), default="load", help="what kills Triton"
+        "--by",
+        choices=("load", "requests", "delayed"),
+        default="load",
+        help="what kills Triton: its load, its requests, or a thread seconds after its load",
     )
     parser.add_argument("--verbose", action="store_true", help="log the agent at INFO")
     args = parser.parse_args(argv)

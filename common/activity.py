@@ -3,13 +3,14 @@
 The gateway sees every request to the node's Triton; it writes, per model (by its name in
 Triton), the requests in flight or queued for it and when the last one began or ended. The agent
 reads the table when it picks idle on-demand models to put to sleep for another's load
-(`agent.eviction`). Both run in the node pod and share the file through the volume of the caller
-table (`common.callers`), which only they mount. The file is JSON, replaced whole by a rename,
-and rewritten at least every `HEARTBEAT_SECONDS` (at most once a second while it changes), so
-its `writtenAt` tells the agent the gateway is alive: past the agent's bound the table is stale
-and no model may be evicted (fail closed). What it must not do: count requests (that is the
-gateway's) or decide evictions (the agent's); this module only says what a table is and moves it
-to and from disk.
+(`agent.eviction`), and before a watched load, to see the probationers it holds drained
+(`agent.probationhold`). Both run in the node pod and share the file through the volume of the
+caller table (`common.callers`), which only they mount. The file is JSON, replaced whole by a
+rename, and rewritten at least every `HEARTBEAT_SECONDS` (at most once a second while it
+changes), so its `writtenAt` tells the agent the gateway is alive: past the agent's bound the
+table is stale and no model may be evicted (fail closed). What it must not do: count requests
+(that is the gateway's) or decide evictions (the agent's); this module only says what a table is
+and moves it to and from disk.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class Activity:
     """Requests at Triton or waiting at the gateway for a slot."""
     last_used: float = 0.0
     """Unix seconds when a request last began or ended (0: none since the gateway started)."""
+    at_triton: int = 0
+    """Of `in_flight`, the requests at Triton now (0 in tables of gateways before the field)."""
+    held: bool = False
+    """The gateway holds the model's new requests (`common.callers.Caller.held`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +58,12 @@ def encode(table: ActivityTable) -> bytes:
         "format": FORMAT,
         "writtenAt": table.written_at,
         "models": {
-            name: {"inFlight": a.in_flight, "lastUsed": a.last_used}
+            name: {
+                "inFlight": a.in_flight,
+                "lastUsed": a.last_used,
+                "atTriton": a.at_triton,
+                **({"held": True} if a.held else {}),
+            }
             for name, a in sorted(table.models.items())
         },
     }
@@ -71,7 +81,13 @@ def decode(data: bytes) -> ActivityTable:
             in_flight = entry["inFlight"]
             if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 0:
                 raise ActivityTableError(f"inFlight {in_flight!r} of {name!r} is not a count")
-            models[str(name)] = Activity(in_flight, float(entry["lastUsed"]))
+            at_triton = entry.get("atTriton", 0)
+            if not isinstance(at_triton, int) or isinstance(at_triton, bool) or at_triton < 0:
+                raise ActivityTableError(f"atTriton {at_triton!r} of {name!r} is not a count")
+            held = entry.get("held", False)
+            if not isinstance(held, bool):
+                raise ActivityTableError(f"held {held!r} of {name!r} is not true or false")
+            models[str(name)] = Activity(in_flight, float(entry["lastUsed"]), at_triton, held)
         return ActivityTable(float(document["writtenAt"]), models)
     except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, ActivityTableError):

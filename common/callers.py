@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,15 @@ class Caller:
     probation: bool = False
     """Its requests were at Triton with another pod's when Triton exited (`agent.suspects`):
     the gateway lets them reach Triton only while no other probationer's are there."""
+    held: bool = False
+    """On probation while a load the agent watches is in flight or just ended
+    (`agent.probationhold`): the gateway holds its new requests (each a bounded time), so that
+    an exit of Triton then is the load's alone."""
+
+    def alike(self, other: Caller) -> bool:
+        """Whether `other` is this row but for its probation and hold (what the agent's crash
+        blame changes, with no effect on the pod's connections)."""
+        return replace(self, probation=other.probation, held=other.held) == other
 
     @property
     def namespace(self) -> str:
@@ -105,6 +114,7 @@ def encode(table: CallerTable) -> bytes:
                 **({"tritonName": c.triton_name} if c.triton_name else {}),
                 **({"quarantined": c.quarantined} if c.quarantined else {}),
                 **({"probation": True} if c.probation else {}),
+                **({"held": True} if c.held else {}),
             }
             for c in sorted(table.callers, key=lambda c: (c.address, c.model_id))
         ],
@@ -154,6 +164,9 @@ def _caller(entry: Any) -> Caller:
     probation = entry.get("probation", False)
     if not isinstance(probation, bool):
         raise CallerTableError(f"caller probation {probation!r} is not true or false")
+    held = entry.get("held", False)
+    if not isinstance(held, bool):
+        raise CallerTableError(f"caller held {held!r} is not true or false")
     return Caller(
         address,
         validate_model_id(str(entry["modelId"])),
@@ -163,6 +176,7 @@ def _caller(entry: Any) -> Caller:
         triton_name,
         quarantined,
         probation,
+        held,
     )
 
 

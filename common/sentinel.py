@@ -2,11 +2,13 @@
 
 A process's death closes every socket it had at once, its listening sockets too, so the sentinel
 connection is closed the moment Triton dies, and a new connection is refused until Triton is
-started again. A closed sentinel with a new connection accepted is no death (an idle close, a
-proxy in between): the sentinel is simply held again. Polling Triton's liveness can miss a
-death when Triton is started again between two polls; the sentinel cannot. Both the node
-gateway (`gateway.witness`) and the agent (`agent.requestcrash`) hold one. What it must not do:
-decide what a death means.
+started again. A closed sentinel with a new connection accepted, and still open after
+`confirm_seconds`, is no death (an idle close, a proxy in between): the sentinel is simply held
+again. A dying process's port may still accept a connection while its sockets are being torn
+down, which then closes at once: that is the same death, not Triton there. Polling Triton's
+liveness can miss a death when Triton is started again between two polls; the sentinel cannot.
+Both the node gateway (`gateway.witness`) and the agent (`agent.requestcrash`) hold one. What
+it must not do: decide what a death means.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Sentinel(Generic[T]):
         *,
         on_up: Callable[[], None] | None = None,
         retry_seconds: float = 0.2,
+        confirm_seconds: float = 0.25,
     ) -> None:
         """`on_lost()` runs the moment the connection closes, before anything is known (what it
         returns is handed to `on_gone`); `on_gone(lost)` once a new connection is refused;
@@ -49,6 +52,9 @@ class Sentinel(Generic[T]):
         self._on_back = on_back
         self._on_up = on_up
         self.retry_seconds = retry_seconds
+        self.confirm_seconds = confirm_seconds
+        """How long a connection accepted just after the sentinel closed must stay open to
+        show that Triton is still there."""
         self.deaths = 0
         """Deaths seen since start."""
 
@@ -86,6 +92,9 @@ class Sentinel(Generic[T]):
                 lost = self._on_lost()
                 writer.close()
                 connection = await self._connect()
+                if connection is not None and await self._closes_soon(connection):
+                    connection[1].close()
+                    connection = None
                 if connection is None:
                     gone = True
                     self.deaths += 1
@@ -95,6 +104,19 @@ class Sentinel(Generic[T]):
         finally:
             if connection is not None:
                 connection[1].close()
+
+    async def _closes_soon(
+        self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+    ) -> bool:
+        """Whether `connection`, just accepted, closes within `confirm_seconds`."""
+        try:
+            async with asyncio.timeout(self.confirm_seconds):
+                said = await connection[0].read(1)
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+        return not said
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         try:

@@ -209,7 +209,7 @@ _NOT_USABLE: frozenset[str] = frozenset(
 )
 """Triton's answers for a model it does not have loaded (unknown, no ready version, unavailable),
 REST and gRPC; also those of a bad request, which cost one needless model check."""
-_INFERENCE_ROUTES: frozenset[str] = frozenset(
+INFERENCE_ROUTES: frozenset[str] = frozenset(
     {"infer", "generate", "generate_stream", "ModelInfer", "ModelStreamInfer"}
 )
 
@@ -313,12 +313,17 @@ class ProxyMetrics:
         histogram[bucket] += 1
         histogram[-1] += seconds
         told = self.on_not_usable
-        if told is not None and code in _NOT_USABLE and route in _INFERENCE_ROUTES:
+        if told is not None and code in _NOT_USABLE and route in INFERENCE_ROUTES:
             told()
 
-    def answered_with(self, codes: frozenset[str]) -> int:
-        """Requests answered so far with one of `codes` (HTTP statuses, gRPC code names)."""
-        return sum(count[0] for (_, _, code), (count, _) in self._series.items() if code in codes)
+    def answered_with(self, codes: frozenset[str], routes: frozenset[str] | None = None) -> int:
+        """Requests answered so far with one of `codes` (HTTP statuses, gRPC code names), of
+        `routes` only when given."""
+        return sum(
+            count[0]
+            for (_, route, code), (count, _) in self._series.items()
+            if code in codes and (routes is None or route in routes)
+        )
 
     def rejected(self, reason: str) -> None:
         """Count one request the proxy refused (for example `queue_full`)."""

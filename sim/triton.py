@@ -162,7 +162,12 @@ class TritonServer:
             shutil.copytree(STANDIN_BACKENDS / "onnxruntime", backend_dir / "onnxruntime")
         for name in ("http_port", "grpc_port", "metrics_port"):
             if getattr(self, name) == 0:
-                setattr(self, name, free_port())
+                # Each a port of its own: two picks a moment apart may get the same free port.
+                taken = {self.http_port, self.grpc_port, self.metrics_port}
+                port = free_port()
+                while port in taken:
+                    port = free_port()
+                setattr(self, name, port)
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = ":".join(
             p for p in (str(install.libs), env.get("LD_LIBRARY_PATH", "")) if p

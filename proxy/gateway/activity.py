@@ -32,7 +32,10 @@ def activity_of(
         limiter = model.limiter
         latest = max(limiter.last, limiter.left)
         models[model.caller.name_in_triton] = Activity(
-            limiter.held, wall_now - (monotonic_now - latest) if latest else 0.0
+            limiter.held,
+            wall_now - (monotonic_now - latest) if latest else 0.0,
+            limiter.in_flight,
+            limiter.holding,
         )
     return models
 

@@ -32,7 +32,7 @@ from proxy.gateway.callers import CallerBook
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.settings import GatewaySettings
 from proxy.gateway.tenants import Tenants
-from proxy.gateway.witness import CrashWitness
+from proxy.gateway.witness import BESIDE_SECONDS, CrashWitness
 from proxy.policy.holdings import PERIOD, QUIET_PERIOD, ByteBudget
 from proxy.policy.inflight import InFlightShares
 from proxy.policy.probation import ProbationLane
@@ -78,7 +78,8 @@ class Gateway:
             self.state,
             shares,
             in_flight,
-            ProbationLane(clean_turns=settings.probation_clean_turns),
+            # A harm left by one probationer's request lands before the next one's turn.
+            ProbationLane(clean_turns=settings.probation_clean_turns, gap_seconds=BESIDE_SECONDS),
         )
         self._walk_now = asyncio.Event()
         self.budget = (

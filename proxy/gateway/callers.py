@@ -19,7 +19,7 @@ model moved, the grace ended), or a row's private name changes, `on_revoke` gets
 the gateway can drop that pod's open connections at once; when some rows stay as they were and
 others come, go or change (a replica placed on or removed from a host, one quarantined),
 `on_rows` gets the address and its rows now, and the connections stay; a row whose probation
-alone changed is neither, `on_probation` gets it. What it must not do: accept connections or
+or hold alone changed is neither, `on_probation` gets it. What it must not do: accept connections or
 relay bytes.
 """
 
@@ -29,7 +29,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -208,8 +207,8 @@ class CallerBook:
 
 def _compare(before: Rows, now: Rows) -> tuple[list[Caller], bool] | None:
     """How an address's rows changed: None when the address is revoked (no row stays as it
-    was, its pod changed, or a row's private name did); else the rows whose probation alone
-    changed, and whether any other row came, went or changed."""
+    was, its pod changed, or a row's private name did); else the rows whose probation or hold
+    alone changed, and whether any other row came, went or changed."""
     probation = []
     stayed = changed = False
     for model, caller in before.items():
@@ -220,7 +219,7 @@ def _compare(before: Rows, now: Rows) -> tuple[list[Caller], bool] | None:
             return None
         elif row == caller:
             stayed = True
-        elif replace(row, probation=caller.probation) == caller:
+        elif caller.alike(row):
             probation.append(row)
             stayed = True
         else:

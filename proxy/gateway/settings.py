@@ -194,13 +194,15 @@ class GatewaySettings:
     take what their neighbours leave, and only the fair share is kept for each."""
     probation_clean_turns: int = setting(
         "probation-clean-turns",
-        "clean turns in a row after which a pod on probation stops taking turns at Triton "
-        "with other probationers; 0 = never before its probation ends",
+        "clean turns in a row, each with another probationer waiting, after which a pod on "
+        "probation stops taking turns at Triton with other probationers; 0 = never before its "
+        "probation ends",
         whole(),
         default="10",
     )
-    """A pod on probation whose last this many turns in the probation lane each had requests
-    answered with Triton alive leaves the lane early (`policy.probation`); named at another
+    """A pod on probation whose last this many turns in the probation lane, each taken while
+    another probationer waited, had requests answered with Triton alive leaves the lane early
+    (`policy.probation`); named at another
     exit of Triton, it takes turns again until its probation ends. 0: it takes turns until its
     probation ends."""
     log_level: str = log_level_flag()

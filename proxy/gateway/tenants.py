@@ -68,7 +68,7 @@ class Member:
     def on_probation(self, caller: Caller, lane: ProbationLane) -> None:
         """Follow `caller`'s probation (it is this member's row in all else): its requests take
         turns in `lane` with other probationers' while it is on probation, unless it left the
-        lane after its clean turns."""
+        lane after its clean turns, and wait while it is held."""
         self.caller = caller
         if not caller.probation:
             self._cleared = False
@@ -77,6 +77,7 @@ class Member:
             self._join(lane)
         elif not caller.probation and self.limiter.probation is not None:
             self._leave(lane)
+        self.limiter.hold(caller.held)
 
     def present_at_exit(self, lane: ProbationLane) -> None:
         """The gateway's witness named this pod at Triton's death: its clean turns start
@@ -228,8 +229,7 @@ class Tenant:
         kept = {
             model
             for model, row in rows.items()
-            if (member := self.members.get(model)) is not None
-            and replace(member.caller, probation=row.probation) == row
+            if (member := self.members.get(model)) is not None and member.caller.alike(row)
         }
         for model in sorted(set(self.members) - set(rows)):
             log.info(

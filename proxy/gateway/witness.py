@@ -8,13 +8,16 @@ whose requests failed meanwhile and appends a record (`common.crashwitness`) to
 Nothing here runs per request; the snapshot reads what each pod's limiter and metrics already keep.
 
 A pod's model (each row of the caller table: a model host's replica) is a suspect when it has
-requests in flight at Triton at the snapshot, or when one of its requests failed with Triton gone
-(answered 502 or UNAVAILABLE) since the sentinel last found
-Triton there: the relays see the death on their own connections and may answer theirs before the
-sentinel's turn on the event loop. With neither, the pod that sent the last request to reach
-Triton within `last_seconds` is the suspect (a request whose harm comes a moment after its
-answer). A neighbour whose request was answered normally just before is none of these. What it
-must not do: decide whether Triton's exit was unexpected, or count crashes (the agent does both).
+requests in flight at Triton at the snapshot, or when one of its inference requests failed with
+Triton gone (answered 502 or UNAVAILABLE) since the sentinel last found Triton there: the relays
+see the death on their own connections and may answer theirs before the sentinel's turn on the
+event loop (a readiness check failed on a stale connection is no presence). A request's harm may
+come a moment after its answer: every other pod's model that sent one within `beside_seconds` is
+named too, with none in flight, so that the agent counts a pod alone only when no other was there
+or sent just before; with none at Triton, so is the last sender within `last_seconds`. The
+probation lane stays quiet for `beside_seconds` between two probationers' turns
+(`policy.probation`), so a harm delayed into that gap is not the next pod's. What it must not do:
+decide whether Triton's exit was unexpected, or count crashes (the agent does both).
 """
 
 from __future__ import annotations
@@ -30,12 +33,17 @@ from common.crashwitness import MAX_RECORDS, Suspect, Witness, WitnessError, rea
 from common.crashwitness import write_witnesses as write_file
 from common.sentinel import Sentinel
 from proxy.gateway.tenants import FAILED, Member, Tenant, members
+from proxy.metrics import INFERENCE_ROUTES
 from proxy.policy.probation import ProbationLane
 
 log = logging.getLogger(__name__)
 
 LAST_SECONDS = 5.0
-"""With no request at Triton, the pod that sent the last one within this long is the suspect."""
+"""With no request at Triton, the pod that sent the last one within this long is named."""
+
+BESIDE_SECONDS = 2.0
+"""Every pod that sent a request within this long before Triton's death is named too (the
+probation lane's quiet gap between two pods' turns)."""
 
 
 Witnessed = TypeVar("Witnessed", bound=Member | Tenant)
@@ -43,8 +51,10 @@ Witnessed = TypeVar("Witnessed", bound=Member | Tenant)
 
 
 def failures(tenant: Member | Tenant) -> int:
-    """The pod's requests answered as failed by Triton's connection so far."""
-    return tenant.metrics.answered_with(FAILED)
+    """The pod's inference requests answered as failed by Triton's connection so far (a
+    readiness or metadata check failed on a connection Triton's restart left stale is not a
+    request at Triton)."""
+    return tenant.metrics.answered_with(FAILED, INFERENCE_ROUTES)
 
 
 def suspects_of(
@@ -53,24 +63,25 @@ def suspects_of(
     now: float,
     *,
     last: float,
+    beside: float = BESIDE_SECONDS,
 ) -> tuple[Suspect, ...]:
-    """The pods with requests at Triton when it died, seen at `now` (monotonic seconds), by the
-    rule above; `failed_before` holds each pod's `failures` when Triton was last there."""
+    """The pods with requests at Triton when it died, seen at `now` (monotonic seconds), and
+    those that sent one just before, by the rule above; `failed_before` holds each pod's
+    `failures` when Triton was last there."""
     found = []
-    latest: tuple[float, Witnessed] | None = None
+    senders: list[tuple[float, Witnessed]] = []
     for tenant in tenants:
         limiter = tenant.limiter
         failed = failures(tenant) - failed_before.get(tenant, 0)
         if limiter.in_flight > 0 or failed > 0:
             found.append(_suspect(tenant, limiter.in_flight + max(failed, 0)))
-        elif (
-            limiter.last
-            and now - limiter.last <= last
-            and (latest is None or limiter.last > latest[0])
-        ):
-            latest = (limiter.last, tenant)
-    if not found and latest is not None:
-        found.append(_suspect(latest[1], 0))
+        elif limiter.last and now - limiter.last <= last:
+            senders.append((limiter.last, tenant))
+    named = [tenant for sent, tenant in senders if now - sent <= beside]
+    if not found and senders:
+        latest = max(senders, key=lambda sender: sender[0])[1]
+        named += [] if latest in named else [latest]
+    found += [_suspect(tenant, 0) for tenant in named]
     return tuple(sorted(found, key=lambda s: (s.pod, s.model_id)))
 
 

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.policy.probation import ProbationLane
+from proxy.policy.probation import HELD_REQUEST_SECONDS, ProbationLane
 from proxy.policy.refusals import OverloadedError, ProxyError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
@@ -91,7 +91,7 @@ class Limiter:
         """The node's in-flight budget this pod's limit is a share of (the gateway's); None in a
         proxy, or where the gateway has no node budget."""
         self.sending = False  # counted by `node` as sending
-        self.last = 0.0  # when it last took a slot at once
+        self.last = 0.0  # when a request of it last took a slot (went to Triton)
         self.left = 0.0  # when a request last left (answered, or gave up waiting)
         self.refusal: ProxyError | None = None
         """Set: every request is refused with it, none takes a slot (a quarantined pod at the
@@ -99,6 +99,9 @@ class Limiter:
         self.probation: ProbationLane | None = None
         """Set: the pod is on probation at the node gateway, and a request of it goes to Triton
         only in the pod's turn in this lane (`policy.probation`)."""
+        self._hold: asyncio.Event | None = None
+        """Set while the pod is held (`hold`): a new request waits for the event first."""
+        self.hold_seconds = HELD_REQUEST_SECONDS
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
@@ -136,7 +139,11 @@ class Limiter:
                 self._checkpoints.popleft()
 
     def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody waits; never waits itself."""
+        """Take a slot if one is free and nobody waits; never waits itself, and never takes one
+        while the pod is held (`acquire` waits for the hold first)."""
+        return self._hold is None and self._try_take()
+
+    def _try_take(self) -> bool:
         if self.refusal is not None:
             return False
         if not self.sending and self.node is not None:
@@ -162,9 +169,39 @@ class Limiter:
             return True
         return False
 
+    @property
+    def holding(self) -> bool:
+        """Whether the pod's new requests are held (`hold`)."""
+        return self._hold is not None
+
+    def hold(self, on: bool) -> None:
+        """Hold the pod's new requests (`on`) or let them go: a probationer's while a load
+        the agent watches is in flight or just ended (`policy.probation`)."""
+        if on and self._hold is None:
+            self._hold = asyncio.Event()
+        elif not on and self._hold is not None:
+            self._hold.set()
+            self._hold = None
+
+    async def _held(self, hold: asyncio.Event) -> None:
+        """Wait until the hold ends, at most `hold_seconds` (then the request goes on all the
+        same: a hold delays, it never refuses), counted as concurrency meanwhile."""
+        self._starts += self._clock()
+        self.held += 1
+        try:
+            async with asyncio.timeout(self.hold_seconds):
+                await hold.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._left(self._clock())
+
     async def acquire(self) -> None:
         """Take a slot, waiting in the queue if needed; raise when refused. A request for an
-        asleep model first waits for its wake, held (counted as concurrency) meanwhile."""
+        asleep model first waits for its wake, and a held pod's for the hold's end (at most
+        `hold_seconds`), held (counted as concurrency) meanwhile."""
+        if self._hold is not None and self.refusal is None:
+            await self._held(self._hold)
         residency = self.residency
         if residency is not None and residency.asleep:
             self._starts += self._clock()
@@ -173,7 +210,7 @@ class Limiter:
                 await residency.wake()
             finally:
                 self._left(self._clock())
-        if self.try_acquire():
+        if self._try_take():
             return
         if self.refusal is not None:
             raise self.refusal
@@ -232,7 +269,8 @@ class Limiter:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot changes hands; in_flight is unchanged
-                self._left(self._clock())
+                self.last = now = self._clock()
+                self._left(now)
                 return
         self.in_flight -= 1
         self._left(self._clock())
@@ -259,6 +297,7 @@ class Limiter:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 self.in_flight += 1  # held since it arrived: counted then
+                self.last = self._clock()
                 waiter.set_result(None)
                 return True
         return False
@@ -278,6 +317,7 @@ class Limiter:
             if waiter.done():
                 continue
             self.in_flight += 1  # held since it arrived: counted then
+            self.last = self._clock()
             waiter.set_result(None)
 
     def lane_opened(self) -> None:

@@ -9,15 +9,23 @@ the holder admits no new request past `turn_requests` in its turn or past `turn_
 the turn began, and hands no freed slot on, so its requests drain and the lane passes. Turns go
 by namespace first, then by pod within it, each in the order it began waiting: a namespace gains
 no turns by putting more pods on probation, and none can hold the lane however it keeps requests
-overlapping. Pods not on probation never touch it.
+overlapping. Between two pods' turns the lane stays quiet for `gap_seconds` after the last
+request of the first is answered (the gateway's crash witness window), so that a harm one pod's
+request leaves behind lands before the next pod's requests are at Triton, not on them. Pods not
+on probation never touch it.
 
 A turn whose requests failed with Triton gone (Triton died under it) closes the lane until the
 gateway's witness of that death has named who was at Triton (`reopen`), or `hold_seconds` when
 no death follows: a request let in behind it would fail too and be named with it. A pod whose
-last `clean_turns` turns each had requests answered with Triton alive leaves the lane early (its
-`on_clear`), since alone at Triton that often it did not take Triton down; a pod named at an
-exit afterwards takes turns again until its probation ends (`Tenant.present_at_exit`). What it
-must not do: decide who is on probation (the agent's caller table does).
+last `clean_turns` turns each had requests answered with Triton alive, while another probationer
+waited, leaves the lane early (its `on_clear`), since kept apart from the others that often it
+did not take Triton down; a turn nobody waited for cost it nothing and counts for nothing (or a
+lone probationer would leave before the other sends again, and be at its next exit with it). A
+pod named at an exit afterwards takes turns again until its probation ends
+(`Tenant.present_at_exit`). While a load the agent watches is in flight or just ended, the agent
+marks probationers held: their new requests wait, each at most `HELD_REQUEST_SECONDS`, so that an
+exit then is the load's alone (`agent.probationhold`). What it must not do: decide who is on
+probation or held (the agent's caller table does).
 """
 
 from __future__ import annotations
@@ -30,6 +38,11 @@ from typing import Protocol
 HOLD_SECONDS = 2.0
 """How long a lane closed by a failed turn stays closed when no witness reopens it."""
 
+HELD_REQUEST_SECONDS = 10.0
+"""How long, at most, a new request of a held probationer (`common.callers.Caller.held`: a load
+the agent watches is in flight or just ended) waits before it goes on to Triton all the same
+(`policy.limiter.Limiter.hold`)."""
+
 TURN_REQUESTS = 8
 """The most requests a probationer's turn admits once another probationer waits."""
 
@@ -37,9 +50,14 @@ TURN_SECONDS = 0.5
 """How long, from its start, a probationer's turn admits new requests once another waits; its
 requests in flight then finish before the next turn begins."""
 
+GAP_SECONDS = 0.0
+"""How long the lane stays quiet between two pods' turns (the gateway sets its witness's
+window)."""
+
 CLEAN_TURNS = 10
-"""Turns in a row with requests answered and none failed with Triton gone, after which a pod
-leaves the lane for the rest of its probation (unless named at another exit)."""
+"""Turns in a row, each with another probationer waiting, with requests answered and none failed
+with Triton gone, after which a pod leaves the lane for the rest of its probation (unless named
+at another exit)."""
 
 
 class LaneUser(Protocol):
@@ -85,6 +103,7 @@ class ProbationLane:
         turn_requests: int = TURN_REQUESTS,
         turn_seconds: float = TURN_SECONDS,
         clean_turns: int = CLEAN_TURNS,
+        gap_seconds: float = GAP_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.holder: LaneUser | None = None
@@ -95,7 +114,13 @@ class ProbationLane:
         self.turn_requests = turn_requests
         self.turn_seconds = turn_seconds
         self.clean_turns = clean_turns
+        self.gap_seconds = gap_seconds
         self._clock = clock
+        self._last: LaneUser | None = None
+        """The pod whose turn ended last."""
+        self._quiet_until = 0.0
+        """Until when no other pod's turn begins (`gap_seconds` after the last one ended)."""
+        self._passing: asyncio.TimerHandle | None = None
         self.closed = False
         """A turn ended and is not judged yet, or its requests failed: nobody enters."""
         self._members: dict[LaneUser, _Member] = {}
@@ -105,6 +130,8 @@ class ProbationLane:
         """When the holder's turn stops admitting new requests while another waits."""
         self._failed_before = 0
         """The holder's failures with Triton gone when its turn began."""
+        self._contested = False
+        """Another probationer waited during the holder's turn."""
         self._reopening: asyncio.TimerHandle | None = None
         self._namespace = ""
         """The namespace of the last turn's pod."""
@@ -119,7 +146,7 @@ class ProbationLane:
         """Whether a new request of `pod` may go to Triton now; takes the lane when it is free.
         A holder whose turn is spent while another waits gets False, and with nothing in flight
         passes the lane on."""
-        if self.holder is None and not self._waiting and not self.closed:
+        if self.holder is None and not self._waiting and not self.closed and not self._quiet(pod):
             self._begin(pod)
         elif self.holder is not pod:
             return False
@@ -140,6 +167,7 @@ class ProbationLane:
         """A request of `pod` waits: unless `pod` holds the lane, it gets a turn after its
         namespace's turn comes, after the pods of its namespace already waiting."""
         if self.holder is not pod:
+            self._contested = self._contested or self.holder is not None
             self._queue(pod)
             self._pass_on()
 
@@ -157,6 +185,8 @@ class ProbationLane:
         others when it still has requests waiting)."""
         if self.holder is pod:
             self.holder = None
+            self._last = pod
+            self._quiet_until = self._clock() + self.gap_seconds
             if pod.queued:
                 self._queue(pod)
             member = self._members.get(pod)
@@ -167,14 +197,16 @@ class ProbationLane:
             # turn once it has.
             self.closed = True
             asyncio.get_running_loop().call_soon(
-                self._judge, pod, member, self._admitted, self._failed_before
+                self._judge, pod, member, self._admitted, self._failed_before, self._contested
             )
 
-    def _judge(self, pod: LaneUser, member: _Member, admitted: int, failed_before: int) -> None:
+    def _judge(
+        self, pod: LaneUser, member: _Member, admitted: int, failed_before: int, contested: bool
+    ) -> None:
         failed = member.failures is not None and member.failures() > failed_before
         if failed:
             member.clean = 0
-        elif admitted and self._members.get(pod) is member:
+        elif admitted and contested and self._members.get(pod) is member:
             member.clean += 1
             if member.on_clear is not None and member.clean >= self.clean_turns:
                 member.on_clear()  # it leaves the lane
@@ -226,10 +258,19 @@ class ProbationLane:
             self.holder = None
             self._pass_on()
 
+    def _quiet(self, pod: LaneUser) -> bool:
+        """Whether `pod`'s turn must wait for the quiet gap after another pod's."""
+        return pod is not self._last and self._clock() < self._quiet_until
+
+    def _quiet_ended(self) -> None:
+        self._passing = None
+        self._pass_on()
+
     def _begin(self, pod: LaneUser) -> None:
         self.holder = pod
         self.turns += 1
         self._admitted = 0
+        self._contested = self.others_wait(pod)
         self._turn_ends = self._clock() + self.turn_seconds
         member = self._members.get(pod)
         self._namespace = member.namespace if member is not None else ""
@@ -246,6 +287,11 @@ class ProbationLane:
                 self._waiting[namespace] = pods
                 pods = next(iter(self._waiting.values()))
             following = next(iter(pods))
+            if self._quiet(following):
+                if self._passing is None:
+                    delay = self._quiet_until - self._clock()
+                    self._passing = asyncio.get_running_loop().call_later(delay, self._quiet_ended)
+                return
             self._unqueue(following)
             self._begin(following)
             following.lane_opened()

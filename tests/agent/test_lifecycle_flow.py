@@ -39,6 +39,8 @@ async def test_a_triton_restart_is_an_event_of_the_pass_and_the_model_walks_back
         steps.append((name, event, record.life.phase))
 
     monkeypatch.setattr(models, "_step", recording)
+    # The operator's restart, not the model's crash: no settling window to count it in.
+    monkeypatch.setattr(running.agent.crashes, "settle_seconds", 0.0)
     token = await deploy(running, apiserver, kube_api, tmp_path, "m")
     name = name_of(kube_api, "m")
     mine = [(event, phase) for n, event, phase in steps if n == name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -204,7 +205,8 @@ async def test_a_quarantined_pod_is_told_and_failed_when_a_controller_replaces_i
     ledger.load()
     told = Recorder()
     models: Any = SimpleNamespace(
-        crash_suspected=lambda marker: ledger.crashed(marker), crashes=ledger
+        crash_suspected=lambda marker, alone=True: ledger.crashed(marker, alone=alone),
+        crashes=ledger,
     )
     reconciler = Reconciler(
         models, cast(Any, None), AgentMetrics(), cast(Any, told), fail_pod=told.fail_pod
@@ -314,3 +316,144 @@ async def test_a_crash_names_the_loads_in_flight_before_those_settling(tmp_path:
     models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", finished_at=1.0))
     plan = await planner(models).plan()
     assert [n for n, a in plan.items() if a.marker is not None] == ["a"], "alone, it is"
+
+
+def test_an_exit_names_the_loads_in_flight_or_settling_then(tmp_path: Path) -> None:
+    """Still on disk, or already counted or dismissed by the reconciler (the agent's two
+    watchers of an exit run in either order); not a load sent to the Triton that came back, nor
+    one settled before, nor a reload of what Triton held before it restarted."""
+    now = [100.0]
+    ledger = CrashLedger(tmp_path, 3, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    flying = Marker("a", "a-files", "a", "ns/a-pod", started_at=99.0)
+    settling = Marker("b", "b-files", "b", "ns/b-pod", started_at=20.0, finished_at=50.0)
+    settled = Marker("c", "c-files", "c", "ns/c-pod", started_at=10.0, finished_at=20.0)
+    later = Marker("d", "d-files", "d", "ns/d-pod", started_at=105.0)
+    restoring = Marker("r", "r-files", "r", "ns/r-pod", started_at=99.0, restore=True)
+    for m in (flying, settling, settled, later, restoring):
+        ledger.loading(m)
+    assert ledger.loads_at(100.0, 1.0) == [flying, settling, restoring]
+    now[0] = 106.0
+    ledger.crashed(flying)
+    ledger.witnessed = lambda m: ["ns/b-pod"]  # its own pod's requests explain it
+    assert ledger.explained(settling) == ["ns/b-pod"]
+    assert "b" not in ledger.markers() and ledger.count("b-files") == 0, "not counted"
+    assert ledger.loads_at(100.0, 1.0) == [flying, settling, restoring], "remembered"
+    ledger.answered("r")
+    assert ledger.loads_at(200.0, 1.0) == [later], "decided before that exit, but this one"
+    reload = Marker("e", "e-files", "e", "ns/e-pod", started_at=150.0)
+    ledger.loading(reload)
+    ledger.finished(reload, settle=False)
+    assert "e" not in ledger.markers()
+    ledger.finished(replace(reload, name="f"))
+    assert ledger.markers()["f"].finished_at == 106.0, "a new load settles"
+
+
+async def test_a_load_whose_exit_requests_explain_is_not_counted(tmp_path: Path) -> None:
+    """Another pod's requests were at Triton when it died under the load: the exit is theirs
+    to explain, so the load's files are not counted (an attacker cannot time its crash to a
+    neighbour's load to quarantine the neighbour's files)."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.witnessed = lambda m: ["team-x/attacker"] if m.name == "c" else []
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod", started_at=1.0))
+    plan = await planner(models).plan()
+    assert all(a.marker is None for a in plan.values())
+    assert "c" not in models.crashes.markers() and models.crashes.count("c-files") == 0
+
+
+async def test_a_settling_load_beside_another_pods_requests_is_suspected_not_cleared(
+    tmp_path: Path,
+) -> None:
+    """Its load had finished when Triton died with a neighbour's request at it: nothing tells
+    the two apart, so the load is not counted but loads again alone, under watch. Before, the
+    request cleared it, and a model that kills Triton seconds after each READY, reloaded
+    unwatched, was never counted again."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.settle_seconds = 60.0
+    models.crashes.witnessed = lambda m: ["team-b/neighbour"]
+    models.crashes.loading(Marker("c", "c-files", "c", "ns/c-pod", finished_at=4.0, started_at=1.0))
+    plan = await planner(models).plan()
+    (action,) = [a for a in plan.values() if a.marker is not None]
+    assert (action.name, action.alone) == ("c", False)
+
+
+async def test_a_reload_of_what_triton_held_is_counted_only_when_nothing_else_explains_the_exit(
+    tmp_path: Path,
+) -> None:
+    """After a restart the models Triton held load again; one such reload in flight when Triton
+    dies again is no change, so a load that finished within its window is counted instead."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes.settle_seconds = 60.0
+    restoring = Marker("c", "c-files", "c", "ns/c-pod", started_at=5.0, restore=True)
+    models.crashes.loading(restoring)
+    models.crashes.loading(Marker("d", "d-files", "d", "ns/d-pod", finished_at=4.0, started_at=1.0))
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["d"]
+    assert "c" not in models.crashes.markers(), "the reload is not counted"
+
+    models.crashes.answered("d")  # counted by the pass that carried the plan out
+    models.crashes.loading(restoring)
+    plan = await planner(models).plan()
+    assert [n for n, a in plan.items() if a.marker is not None] == ["c"], "alone, it is"
+
+
+async def test_a_quarantine_of_files_lapses_after_the_expiry_and_one_more_crash_renews_it(
+    tmp_path: Path,
+) -> None:
+    """It rests on one node's evidence (an attacker may have timed its crashes to the model's
+    loads): after `--crash-quarantine-expiry-seconds` the files may load again, one crash short
+    of the limit; the Node stops showing it and the models are told."""
+    now = [1000.0]
+    ledger = CrashLedger(tmp_path, 2, expiry_seconds=3600.0, wall=lambda: now[0])
+    ledger.load()
+    ledger.crashed(marker())
+    assert ledger.crashed(marker()).quarantined
+    keys = Keys()
+    node = FakeNode({})
+    lifted: list[list[CrashRecord]] = []
+    quarantine = NodeQuarantine(ledger, node, "n1", keys, lifted.append, period=1.0)
+    await quarantine.sync()
+    assert keys.quarantined in node.annotations and lifted == []
+    now[0] += 3599.0
+    await quarantine.sync()
+    assert ledger.quarantined(DIGEST) is not None, "not yet"
+    now[0] += 1.0
+    await quarantine.sync()
+    assert [r.digest for r in lifted[0]] == [DIGEST]
+    assert ledger.quarantined(DIGEST) is None and ledger.count(DIGEST) == 1
+    assert keys.quarantined not in node.annotations
+    reread = CrashLedger(tmp_path, 2, expiry_seconds=3600.0, wall=lambda: now[0])
+    reread.load()
+    assert reread.quarantined(DIGEST) is None, "lapsed on disk too"
+    again = ledger.crashed(marker())
+    assert again.quarantined and again.quarantined_at == now[0], "one more crash renews it"
+    assert CrashLedger(tmp_path, 2).expire() == [], "0: never lapses"
+
+
+async def test_an_exit_shared_by_several_files_counts_the_latest_and_each_loads_alone(
+    tmp_path: Path,
+) -> None:
+    """Two models loaded within the window when Triton died with nothing else there: the one
+    loaded last is counted, the other only suspected; each loads again alone, and counts once
+    alone at an exit."""
+    models = PlanModels(tmp_path, busy=set())
+    models.crashes = CrashLedger(tmp_path / "fresh", 2, settle_seconds=60.0)
+    models.crashes.load()
+    models.crashes.loading(Marker("a", "a-files", "a", "ns/a-pod", 1.0, 1.0))
+    models.crashes.loading(Marker("b", "b-files", "b", "ns/b-pod", 2.0, 2.0))
+    reconciler = planner(models)
+    plan = await reconciler.plan()
+    crashes = {n: a for n, a in plan.items() if a.marker is not None}
+    assert {n: a.alone for n, a in crashes.items()} == {"a": False, "b": True}
+    for action in crashes.values():
+        assert action.marker is not None
+        models.crashes.crashed(action.marker, alone=action.alone)
+    assert (models.crashes.count("a-files"), models.crashes.count("b-files")) == (0, 1)
+    assert models.crashes.suspected("a-files") and models.crashes.suspected("b-files")
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["c"], "the model under no suspicion first"
+    models.repository.installed_models = lambda: ["a", "b"]
+    plan = await reconciler.plan()
+    assert sorted(plan) == ["a"], "then one suspect, alone"
+    alone = models.crashes.crashed(Marker("a", "a-files", "a", "ns/a-pod", 1.0, 1.0))
+    assert alone.crashes == 1, "alone at an exit, it counts"

@@ -4,15 +4,17 @@ them, and reading the witnesses of one exit (`agent.requestcrash`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from agent.events import PodEvents
 from agent.metrics import AgentMetrics
-from agent.quarantine import CrashLedger, CrashRecord, annotation, from_annotation
+from agent.quarantine import CrashLedger, CrashRecord, Marker, annotation, from_annotation
 from agent.requestcrash import RequestCrashes
-from agent.suspects import CallerRecord, counted, merged, message
+from agent.suspects import CallerRecord, at_exit, counted, merged, message
 from common.crashwitness import (
     MAX_RECORDS,
     Suspect,
@@ -217,3 +219,155 @@ async def test_the_agent_counts_the_witnesses_of_each_exit_once(tmp_path: Path) 
     ]
     path.write_text(json.dumps({"format": "nonsense"}))
     assert crashes.exited(399.0, 400.0) == [], "an unreadable file counts nothing"
+
+
+SENDER = Suspect("team-b/good", "uid-good", "10.1.0.6", "good", 0)
+"""The neighbour as the last sender before an exit: its request was answered."""
+
+
+def test_a_load_in_flight_comes_before_the_pods_that_sent() -> None:
+    """Its exit counts against no answered sender; pods with requests at Triton share it with
+    the load (ambiguous); with neither, the load alone is the suspect."""
+    crasher = {"team-c/crasher"}
+    assert at_exit([SENDER], loading=True) == ([], False)
+    assert at_exit([ATTACKER], loading=True) == ([ATTACKER], True)
+    assert at_exit([SENDER], loading=False, settling=crasher) == ([], False), "what changed"
+    own = at_exit([ATTACKER], loading=False, settling={ATTACKER.pod})
+    assert own == ([ATTACKER], False), "its own load settles: its requests are what is left"
+    assert at_exit([SENDER], loading=False) == ([SENDER], False)
+    restoring = at_exit([SENDER], loading=False, restoring=True)
+    assert restoring == ([], False), "beside a reload, an answered sender is no evidence either"
+    restoring = at_exit([ATTACKER], loading=False, restoring=True)
+    assert restoring == ([ATTACKER], False), "but a reload shares no exit with requests"
+    assert at_exit([ATTACKER, BUSY], loading=False) == ([ATTACKER, BUSY], True)
+
+
+def test_a_request_that_harms_after_its_answer_shares_the_exit_with_a_busy_neighbour() -> None:
+    """The attacker's request was answered a moment before the exit, the neighbour's was at
+    Triton: the gateway names both, and neither is counted alone, even beside the attacker's own
+    freshly loaded model."""
+    for settling in ((), {SENDER.pod}, {SENDER.pod, BUSY.pod}):
+        assert at_exit([BUSY, SENDER], loading=False, settling=settling) == ([BUSY, SENDER], True)
+    assert at_exit([BUSY, SENDER], loading=True) == ([BUSY], True), "beside a load, no evidence"
+
+
+def test_a_settling_load_shares_the_exit_with_another_pods_requests() -> None:
+    """A model that kills Triton seconds after its load is READY, while a busy neighbour's
+    request happens to be at Triton: nothing tells the two apart, so the neighbour is on
+    probation and counted for nothing. Before, the neighbour was counted alone (and the load,
+    explained by its request, never suspected again)."""
+    shared = at_exit([BUSY], loading=False, settling={"team-c/crasher"})
+    assert shared == ([BUSY], True)
+    after = counted({}, shared[0], 2, now=0.0, probation_seconds=600.0, ambiguous=shared[1])
+    assert after[BUSY.pod].crashes == 0 and after[BUSY.pod].on_probation(1.0)
+    after = counted({}, [ATTACKER], 1, now=0.0, probation_seconds=600.0, ambiguous=True)
+    assert after[ATTACKER.pod].crashes == 0 and after[ATTACKER.pod].on_probation(1.0)
+
+
+async def test_an_exit_under_a_load_counts_no_request(tmp_path: Path) -> None:
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: 100.5)
+    ledger.load()
+    told: list[int] = []
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes(
+        "127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: told.append(1)
+    )
+    ledger.witnessed = crashes.requests_at  # as the agent wires them
+    loading = Marker("m-1", "d" * 64, "crasher", "team-c/crasher", started_at=99.0)
+    ledger.loading(loading)
+    write_witnesses(path, [Witness(100.0, (SENDER,))])
+    assert crashes.exited(99.5, 100.2) == [], "the neighbour that sent last is no evidence"
+    assert ledger.callers() == []
+    assert crashes.requests_at(loading) == [], "and no request explains the load's exit"
+    write_witnesses(path, [Witness(100.0, (SENDER,)), Witness(100.4, (ATTACKER,))])
+    assert crashes.requests_at(loading) == [ATTACKER.pod]
+    assert ledger.explained(loading) == [ATTACKER.pod], "its requests explain the exit"
+    assert ledger.markers() == {} and ledger.count(loading.digest) == 0, "the load not counted"
+    assert crashes.exited(100.3, 100.45) == [], "nor are the requests: the load shared it"
+    assert crashes.on_probation(ATTACKER.pod) and told == [1]
+    # A load sent to the Triton that came back was not there.
+    ledger.loading(replace(loading, started_at=200.0))
+    write_witnesses(path, [Witness(150.0, (ATTACKER,))])
+    assert [r.pod for r in crashes.exited(149.5, 150.2)] == [ATTACKER.pod]
+    await events.close()
+
+
+async def test_a_settling_load_beside_other_pods_requests_stays_a_suspect(tmp_path: Path) -> None:
+    """The files of a load that had finished when Triton died with another pod's requests at
+    it are neither counted nor cleared: they load again alone, under watch. Its own pod's
+    requests there explain it (the requests' rule counts them). Before, any pod's requests
+    cleared the load, so a model that kills Triton a few seconds after each READY was reloaded
+    unwatched ever after, and never counted."""
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 2, settle_seconds=60.0, wall=lambda: 100.5)
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    ledger.witnessed = crashes.requests_at
+    settling = Marker("m-1", "d" * 64, "crasher", "team-c/crasher", 96.0, 95.0)
+    own = Marker("m-2", "e" * 64, "busy", BUSY.pod, 96.0, 95.0)
+    ledger.loading(settling)
+    ledger.loading(own)
+    write_witnesses(path, [Witness(100.0, (BUSY,))])
+    assert ledger.explained(settling) == [] and ledger.at_triton(settling) == [BUSY.pod]
+    assert ledger.explained(own) == [BUSY.pod]
+    assert set(ledger.markers()) == {"m-1"}, "only the explained load is cleared"
+    record = ledger.crashed(settling, alone=False)
+    assert record.crashes == 0 and ledger.suspected(settling.digest)
+    await events.close()
+
+
+async def test_an_exit_the_gateway_records_after_the_agent_saw_triton_back_is_counted(
+    tmp_path: Path,
+) -> None:
+    """On a busy node the gateway's witness may write its record after the agent has seen
+    Triton exit and come back: the agent waits for it. Before, it counted no pod for the exit,
+    and the record, late, was never counted."""
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 1)
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    told = asyncio.Event()
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), told.set)
+    died = time.time()
+    crashes._gone(died)
+    crashes._back()
+    await asyncio.sleep(0.3)
+    assert ledger.callers() == [], "not counted yet: no record"
+    write_witnesses(path, [Witness(died, (ATTACKER,))])
+    async with asyncio.timeout(10):
+        await told.wait()
+    assert [(r.pod, r.quarantined) for r in ledger.callers()] == [(ATTACKER.pod, True)]
+    await events.close()
+
+
+async def test_a_suspect_reload_that_shares_a_second_exit_with_requests_is_theirs(
+    tmp_path: Path,
+) -> None:
+    """An attacker's requests kill Triton while a neighbour's model settles (loaded, or woken,
+    a moment before): that exit is shared (the attacker on probation, the neighbour's files
+    only suspected, loaded again alone). When the suspect reload shares the next exit with
+    requests too, the exit is theirs: the attacker is counted and the reload cleared. Without
+    that, every exit was shared and the attacker never counted, Triton down again and again."""
+    path = tmp_path / "crash-witness.json"
+    now = [100.5]
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    ledger.witnessed = crashes.requests_at
+    settling = Marker("m-1", "n" * 64, "good", NEIGHBOUR.pod, 90.0, 89.0)
+    ledger.loading(settling)
+    write_witnesses(path, [Witness(100.0, (ATTACKER,))])
+    assert crashes.exited(99.5, 100.2) == [] and crashes.on_probation(ATTACKER.pod)
+    assert ledger.explained(settling) == [], "shared: only suspected"
+    ledger.crashed(settling, alone=False)  # as the reconciler does
+    reload = replace(settling, started_at=110.0, finished_at=111.0)
+    ledger.loading(reload)
+    now[0] = 115.5
+    write_witnesses(path, [Witness(100.0, (ATTACKER,)), Witness(115.0, (ATTACKER,))])
+    assert ledger.explained(reload) == [ATTACKER.pod] and "m-1" not in ledger.markers()
+    assert [r.pod for r in crashes.exited(114.5, 115.2)] == [ATTACKER.pod]
+    assert ledger.count(settling.digest) == 0 and ledger.quarantined(settling.digest) is None
+    await events.close()

@@ -70,6 +70,30 @@ def test_the_table_counts_requests_held_and_is_written_on_change_or_heartbeat(
     assert freshness_problem(read_table(path), 103.6 + 1e6 + 6, 5.0)
 
 
+def test_the_table_says_which_models_are_held_and_what_is_at_triton(tmp_path: Path) -> None:
+    """The agent reads both before a watched load (`agent.probationhold`); tables of gateways
+    before the fields read as nothing held, nothing at Triton."""
+    clock = Clock()
+    held = tenant("10.0.0.1", "held-x", clock)
+    path = tmp_path / "activity.json"
+    writer = ActivityWriter(path, [held], clock=clock)
+    assert held.limiter.try_acquire()
+    held.limiter.hold(True)
+    assert writer.write()
+    activity = read_table(path).models["held-x"]
+    assert (activity.in_flight, activity.at_triton, activity.held) == (1, 1, True)
+    old = decode(
+        b'{"format": "tritonshare.io/activity/v1", "writtenAt": 1, '
+        b'"models": {"m": {"inFlight": 2, "lastUsed": 0}}}'
+    )
+    assert (old.models["m"].at_triton, old.models["m"].held) == (0, False)
+    with pytest.raises(ActivityTableError, match="held 1 of 'm' is not true or false"):
+        decode(
+            b'{"format": "tritonshare.io/activity/v1", "writtenAt": 1, '
+            b'"models": {"m": {"inFlight": 0, "lastUsed": 0, "held": 1}}}'
+        )
+
+
 def test_a_malformed_table_is_refused() -> None:
     with pytest.raises(ActivityTableError, match="format"):
         decode(b'{"format": "other"}')

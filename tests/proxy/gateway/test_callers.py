@@ -336,3 +336,27 @@ def test_a_stale_table_keeps_only_the_rows_it_still_has(tmp_path: Path) -> None:
     write_table(path, CallerTable("n", clock.now - 200, (HA,)))
     book.check()
     assert book.stale and book.lookup(HA.address) == {"a": HA}
+
+
+def test_a_hold_survives_the_round_trip_and_changes_no_connection(tmp_path: Path) -> None:
+    """A probationer held while a watched load settles keeps its connections: the book tells
+    the gateway as for probation; old tables (no field) mean no hold; a non-boolean is refused."""
+    on = Caller(A.address, A.model_id, A.pod, A.uid, probation=True)
+    held = Caller(A.address, A.model_id, A.pod, A.uid, probation=True, held=True)
+    assert decode(encode(CallerTable("n", 1.0, (held, B)))).callers == (held, B)
+    assert b'"held"' not in encode(CallerTable("n", 1.0, (on,)))
+    entry = {"address": "10.0.0.1", "modelId": "m", "pod": "p", "uid": "u", "held": 1}
+    document = {"format": "tritonshare.io/callers/v1", "node": "n", "writtenAt": 1}
+    with pytest.raises(CallerTableError, match="held 1 is not true or false"):
+        decode(json.dumps({**document, "callers": [entry]}).encode())
+    path, clock = tmp_path / "callers.json", Clock()
+    revoked: list[set[str]] = []
+    changed: list[Caller] = []
+    book = CallerBook(
+        path, max_age=60, on_revoke=revoked.append, on_probation=changed.append, clock=clock
+    )
+    for rows in ((on, B), (held, B), (on, B)):
+        write_table(path, CallerTable("n", clock.now, rows))
+        book.check()
+        clock.now += 1
+    assert (revoked, changed) == ([], [held, on])

@@ -22,13 +22,21 @@ from proxy.policy.refusals import QuarantinedError, grpc_code, http_status
 
 
 class Answered:
-    """The pod's metrics as the witness reads them: answers by code."""
+    """The pod's metrics as the witness reads them: answers by code, of inferences unless a
+    code is written `route__code` (`ready__502`)."""
 
     def __init__(self, **codes: int) -> None:
-        self.codes = {code.removeprefix("_"): n for code, n in codes.items()}
+        self.codes: dict[tuple[str, str], int] = {}
+        for key, n in codes.items():
+            route, _, code = key.rpartition("__") if "__" in key else ("infer", "", key)
+            self.codes[(route, code.removeprefix("_"))] = n
 
-    def answered_with(self, codes: frozenset[str]) -> int:
-        return sum(n for code, n in self.codes.items() if code in codes)
+    def answered_with(self, codes: frozenset[str], routes: frozenset[str] | None = None) -> int:
+        return sum(
+            n
+            for (route, code), n in self.codes.items()
+            if code in codes and (routes is None or route in routes)
+        )
 
 
 class Pod:
@@ -57,7 +65,7 @@ def pods(tenants: list[Tenant], before: dict[Tenant, int] | None = None) -> list
 
 def test_the_suspects_are_the_pods_with_requests_at_triton() -> None:
     """In flight, or failed by the death (the relays may answer theirs before the sentinel's
-    turn); a neighbour answered normally a moment before is none."""
+    turn); a neighbour answered normally a moment before is named with none at Triton."""
     failed_rest = tenant("b/rest-failed", last=99.0, _502=3, _200=40)
     failed_grpc = tenant("c/grpc-failed", last=99.0, UNAVAILABLE=1)
     earlier = tenant("d/failed-before", last=99.0, _502=2)
@@ -70,17 +78,38 @@ def test_the_suspects_are_the_pods_with_requests_at_triton() -> None:
         tenant("f/idle"),
     ]
     before = {failed_rest: 2, earlier: 2}
-    assert pods(tenants, before) == [("a/flight", 2), ("b/rest-failed", 1), ("c/grpc-failed", 1)]
-
-
-def test_with_none_in_flight_the_last_sender_is_the_suspect() -> None:
-    """A request whose harm comes a moment after its answer."""
-    tenants = [
-        tenant("a/first", last=96.0, _200=1),
-        tenant("b/last", last=98.0, _200=1),
-        tenant("c/long-ago", last=9.0, _200=1),
+    assert pods(tenants, before) == [
+        ("a/flight", 2),
+        ("b/rest-failed", 1),
+        ("c/grpc-failed", 1),
+        ("d/failed-before", 0),
+        ("e/answered", 0),
     ]
-    assert pods(tenants) == [("b/last", 0)]
+
+
+def test_a_readiness_check_failed_on_a_stale_connection_is_no_presence() -> None:
+    """After a restart, a stock proxy's readiness check on a connection the old Triton left
+    fails (502): no inference of the pod was at Triton, so it is no suspect at the next exit."""
+    probed = tenant("a/probed", last=10.0, ready__502=1, ModelReady__UNAVAILABLE=1)
+    sent = tenant("b/sent", last=10.0, _502=1)
+    assert pods([probed, sent]) == [("b/sent", 1)]
+
+
+def test_every_pod_that_sent_just_before_is_named_too() -> None:
+    """A request whose harm comes a moment after its answer: its sender is named beside a busy
+    neighbour at Triton, so the agent counts neither alone. Before, only the last sender was
+    named, and only when no request was at Triton: the neighbour was counted alone."""
+    busy = tenant("d/busy", in_flight=1, last=99.9)
+    assert pods([busy, tenant("e/attacker", last=99.0, _200=1)]) == [
+        ("d/busy", 1),
+        ("e/attacker", 0),
+    ]
+    assert pods([busy, tenant("e/attacker", last=97.0)]) == [("d/busy", 1)], "past 2 s"
+    both = [tenant("a/first", last=98.5, _200=1), tenant("b/last", last=99.0, _200=1)]
+    assert pods([*both, tenant("c/long-ago", last=9.0, _200=1)]) == [("a/first", 0), ("b/last", 0)]
+    earlier = [tenant("a/earlier", last=96.0, _200=1), tenant("b/last", last=99.0, _200=1)]
+    assert pods(earlier) == [("b/last", 0)]
+    assert pods(earlier[:1]) == [("a/earlier", 0)], "with none at Triton, the last within 5 s"
     assert pods([tenant("c/long-ago", last=9.0)]) == [], "none within 5 s"
 
 
@@ -97,7 +126,7 @@ async def test_a_record_adds_the_pods_whose_requests_failed_after_the_snapshot(
     lane.closed = True
     witness = CrashWitness(tmp_path / "w.json", "127.0.0.1:1", lambda: tenants, lane=lane)
     snapshot = Witness(50.0, (Suspect("b/busy", "uid-b/busy", "10.0.0.6", "busy", 1),))
-    cast(Pod, attacker).metrics.codes["502"] = 1
+    cast(Pod, attacker).metrics.codes[("infer", "502")] = 1
     witness._record(snapshot)
     (recorded,) = read_witnesses(tmp_path / "w.json")
     assert [(s.pod, s.in_flight) for s in recorded.suspects] == [("a/attacker", 1), ("b/busy", 1)]
@@ -166,6 +195,56 @@ async def test_the_sentinel_tells_a_death_from_a_dropped_connection() -> None:
         async with asyncio.timeout(10):
             await back.wait()
         assert seen == [("gone", 0), "back"]
+    finally:
+        stop.set()
+        await task
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_a_dying_triton_still_accepts_is_the_same_death() -> None:
+    """A killed process's port may accept one more connection while its sockets are torn
+    down, and then close it: that is no Triton there. Before, the sentinel took it for Triton
+    alive (the witness then forgot the requests that had failed by the death) and saw the
+    death a second time."""
+    writers: list[asyncio.StreamWriter] = []
+    first: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
+    server: asyncio.Server | None = None
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        if not first.done():
+            first.set_result(writer)
+            return
+        assert server is not None
+        server.close()  # the port goes as the accepted connection does
+        writer.transport.abort()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    seen: list[Any] = []
+    gone = asyncio.Event()
+
+    def on_gone(lost: int) -> None:
+        seen.append(("gone", lost))
+        gone.set()
+
+    sentinel = Sentinel(
+        f"127.0.0.1:{port}",
+        lambda: len(seen),
+        on_gone,
+        on_up=lambda: seen.append("up"),
+        retry_seconds=0.02,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(sentinel.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            (await first).transport.abort()  # the death closes the sentinel's connection
+            await gone.wait()
+        assert seen == ["up", ("gone", 1)] and sentinel.deaths == 1
     finally:
         stop.set()
         await task

@@ -450,8 +450,9 @@ def test_a_hosts_models_are_counted_each_under_its_own_row(gateway: RunningGatew
             return set()  # not written yet
 
     poll(lambda: {A_PRIVATE, B_PRIVATE} <= named(), "the activity table naming both replicas")
-    # The crash witness names the replica, by its uid, not the host as a whole.
+    # The crash witness names the replica, by its uid, not the host as a whole (the last sender
+    # alone here: no sender counts as just before).
     rows = [m for m in members(gateway.gateway.tenants) if m.caller.address == HOST]
     assert sorted(m.caller.uid for m in rows) == ["uid-a/0", "uid-b/0", "uid-m/0"]
-    suspects = suspects_of(rows, {}, time.monotonic(), last=60.0)
+    suspects = suspects_of(rows, {}, time.monotonic(), last=60.0, beside=0.0)
     assert [(s.pod, s.uid, s.model_id) for s in suspects] == [(HOST_POD, "uid-b/0", "b")]

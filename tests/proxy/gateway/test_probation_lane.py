@@ -2,8 +2,7 @@
 (the agent's caller table says so, as after an exit of Triton they were both at) take turns at
 Triton. A pod that keeps two fast requests overlapping at all times cannot hold the lane: its
 neighbour is answered within a turn's bound (before the bound, it got no answer in 30 s). With
-clean turns counted, a pod alone at Triton turn after turn leaves the lane, and goes back on it
-when it is at another exit."""
+clean turns counted, a pod taking turns with another probationer leaves the lane after them."""
 
 from __future__ import annotations
 
@@ -84,17 +83,44 @@ def test_a_pod_keeping_requests_overlapping_cannot_hold_the_lane(
             thread.join(30)
 
 
-def test_a_pod_alone_at_triton_for_its_clean_turns_leaves_the_lane(
+def test_a_pod_taking_clean_turns_with_another_probationer_leaves_the_lane(
     served_triton: TritonServer, tmp_path: Path
 ) -> None:
+    """Turns nobody waited for cost a probationer nothing and count for nothing: before, a pod
+    alone on the lane left it after its clean turns, and was at Triton with the other
+    probationer at its next exit (one more exit of Triton, every model down). Taking turns with
+    another probationer, it leaves after them (the first of the two to have them; the other,
+    alone on the lane then, stays)."""
     table = tmp_path / "callers.json"
-    publish(table, Caller(NEIGHBOUR, "add_one", "team-b/neighbour", "uid-b", probation=True))
+    publish(
+        table,
+        Caller(ATTACKER, "add_one", "team-a/attacker", "uid-a", probation=True),
+        Caller(NEIGHBOUR, "add_one", "team-b/neighbour", "uid-b", probation=True),
+    )
     settings = gateway_settings(served_triton, table, probation_clean_turns=3)
     with running_gateway(settings) as gateway:
-        assert post(gateway.http_url, NEIGHBOUR, PATH, INFER)[0] == 200
-        neighbour = tenant_of(gateway, NEIGHBOUR)
-        assert neighbour is not None and neighbour.limiter.probation is not None
-        for _ in range(3):
+        for _ in range(4):
             assert post(gateway.http_url, NEIGHBOUR, PATH, INFER)[0] == 200
-        wait_for(lambda: neighbour.limiter.probation is None, "the pod leaving the lane")
-        assert neighbour.caller.probation, "the agent's probation stands; only its turns end"
+        neighbour = tenant_of(gateway, NEIGHBOUR)
+        assert neighbour is not None and neighbour.limiter.probation is not None, "alone: stays"
+        stop = threading.Event()
+
+        def sends(source: str) -> None:
+            while not stop.is_set():
+                post(gateway.http_url, source, PATH, INFER)
+
+        senders = [threading.Thread(target=sends, args=(a,)) for a in (ATTACKER, NEIGHBOUR)]
+        for sender in senders:
+            sender.start()
+        try:
+            wait_for(lambda: tenant_of(gateway, ATTACKER) is not None, "the other pod sending")
+            attacker = tenant_of(gateway, ATTACKER)
+            assert attacker is not None
+            pods = (neighbour, attacker)
+            wait_for(lambda: any(p.limiter.probation is None for p in pods), "one leaving", 60)
+        finally:
+            stop.set()
+            for sender in senders:
+                sender.join(60)
+        left = [p for p in pods if p.limiter.probation is None]
+        assert left and all(p.caller.probation for p in left), "only its turns end"

@@ -5,6 +5,7 @@ is refused, other pods never wait, and a pod leaves the lane after its clean tur
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -251,15 +252,24 @@ async def test_a_pod_leaves_the_lane_after_its_clean_turns_and_not_after_a_faile
         lane.leave(a)
 
     lane.join(a, lambda: failed[0], namespace="x", on_clear=clear)
+    b = probationer(lane)
 
-    async def turn(fail: bool = False) -> None:
+    async def turn(fail: bool = False, contested: bool = True) -> None:
         assert a.try_acquire() and lane.holder is a
+        other = asyncio.get_running_loop().create_task(b.acquire()) if contested else None
+        await asyncio.sleep(0)
         a.release()
         failed[0] += fail
         for _ in range(3):
             await asyncio.sleep(0)
         lane.reopen()  # the witness, after a failed turn
+        if other is not None:
+            await other
+            b.release()
 
+    for _ in range(5):
+        await turn(contested=False)
+    assert cleared == [], "turns no other probationer waited for count for nothing"
     await turn()
     await turn()
     await turn(fail=True)
@@ -273,3 +283,82 @@ async def test_a_pod_leaves_the_lane_after_its_clean_turns_and_not_after_a_faile
     await turn()
     assert cleared == ["a"] and lane.holder is None and lane.waiting == 0
     assert a.try_acquire() and lane.holder is None, "off the lane: it no longer takes turns"
+
+
+async def test_a_request_the_lane_held_counts_as_sent_when_it_takes_its_slot() -> None:
+    """The crash witness names the last pod to send when none is at Triton: a request that
+    waited for the lane is sent when the lane lets it go, not when it arrived. Before, only a
+    request that took its slot at once counted, and the pod that sent last looked idle."""
+    now = [0.0]
+    lane = ProbationLane()
+    a = probationer(lane)
+    b = Limiter(0, 8, 30.0, clock=lambda: now[0])
+    b.probation = lane
+    lane.join(b)
+    assert a.try_acquire()
+    waiting = asyncio.get_running_loop().create_task(b.acquire())
+    await asyncio.sleep(0)
+    now[0] = 7.0
+    a.release()
+    await waiting
+    assert (b.in_flight, b.last) == (1, 7.0)
+
+
+async def test_the_lane_stays_quiet_between_two_pods_turns() -> None:
+    """A harm one probationer's request leaves behind lands before the next pod's requests are
+    at Triton: the crash witness then names the first alone. The pod whose turn ended may go
+    on at once; another waits the gap after its last answer."""
+    lane = ProbationLane(gap_seconds=0.2)
+    a, b = probationer(lane), probationer(lane)
+    assert a.try_acquire()
+    a.release()
+    await asyncio.sleep(0)  # the turn is judged
+    assert a.try_acquire(), "the same pod: no gap"
+    a.release()
+    await asyncio.sleep(0)
+    ended = time.monotonic()
+    assert not b.try_acquire(), "another pod: quiet first"
+    await asyncio.wait_for(b.acquire(), 5)
+    assert time.monotonic() - ended >= 0.19 and lane.holder is b
+    assert not a.try_acquire()
+
+
+async def test_a_held_probationers_new_request_waits_for_the_hold_to_end_or_its_bound() -> None:
+    """While held (a load the agent watches settles), a new request waits, counted as held, and
+    goes on when the hold ends; past `hold_seconds` it goes on all the same. A pod's quarantine
+    still refuses at once; a pod not held never waits."""
+    lane = ProbationLane()
+    held, free = probationer(lane), Limiter(0, 8, 30.0)
+    held.hold(True)
+    waiting = asyncio.get_running_loop().create_task(held.acquire())
+    assert free.try_acquire()
+    await asyncio.wait_for(free.acquire(), 5)  # a pod not held never waits
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and (held.in_flight, held.held) == (0, 1)
+    held.hold(False)
+    await asyncio.wait_for(waiting, 5)
+    assert (held.in_flight, held.held) == (1, 1)
+    held.release()
+    held.hold(True)
+    held.hold_seconds = 0.1
+    started = time.monotonic()
+    await asyncio.wait_for(held.acquire(), 5)
+    assert time.monotonic() - started >= 0.1 and held.in_flight == 1, "bounded: it went on"
+    held.release()
+    held.refusal = QueueTimeoutError("quarantined")
+    with pytest.raises(QueueTimeoutError):
+        await asyncio.wait_for(held.acquire(), 0.05)
+
+
+async def test_a_held_pod_takes_no_slot_without_waiting_for_the_hold() -> None:
+    """The relays try a slot first and wait for one only when that fails: a held pod's try
+    fails, so its request waits for the hold in `acquire`."""
+    limiter = Limiter(0, 8, 30.0)
+    limiter.hold(True)
+    assert not limiter.try_acquire() and limiter.in_flight == 0
+    waiting = asyncio.get_running_loop().create_task(limiter.acquire())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    limiter.hold(False)
+    await asyncio.wait_for(waiting, 5)
+    assert limiter.in_flight == 1 and limiter.try_acquire()

@@ -1,0 +1,137 @@
+"""Holding probationers' requests at the node gateway while a load the agent watches settles.
+
+A load or wake whose READY the agent watches (`agent.quarantine`: an exit of Triton while it is in
+flight or settling counts against it) shares an exit with any pod's request at Triton then
+(`agent.suspects.at_exit`): the load is not counted and the pods go on probation. A probationer
+was at such an exit before, so a busy one would share the next too, and a model that kills Triton
+as it loads, or seconds after, would cost one more exit each time. So while a watched load is in
+flight, and for `hold_seconds` after it ends (READY or not), the caller table marks each
+probationer's rows held (`common.callers.Caller.held`) and the gateway holds their new requests,
+each at most `proxy.policy.probation.HELD_REQUEST_SECONDS`: an exit then is the load's alone. A
+probationer's own load holds it while in flight (its requests would explain the exit), not after:
+an exit with its requests beside its own settling load counts against its requests.
+
+A watched load waits first, at most `drain_seconds`, until the gateway's activity table
+(`common.activity`), written since the hold began, shows every held model held with no request at
+Triton (`drained`): a request sent before the gateway followed the table may take seconds there.
+Pods not on probation are never held, and with none nothing waits. What it must not do: decide
+who is on probation (`agent.suspects`), which loads are watched (`agent.quarantine`), or write
+the table (`agent.gateway`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection
+
+from common.activity import ActivityTable
+
+DRAIN_SECONDS = 5.0
+"""How long, at most, a watched load waits for the held probationers' requests at Triton to be
+answered."""
+
+POLL_SECONDS = 0.1
+"""How often the activity table is read meanwhile."""
+
+
+def drained(held: Collection[str], table: ActivityTable | None, since: float) -> bool:
+    """Whether `table`, written at or after `since` (Unix seconds), shows each model of `held`
+    (names in Triton) held by the gateway with no request at Triton; True when none is held."""
+    if not held:
+        return True
+    if table is None or table.written_at < since:
+        return False
+    for name in held:
+        activity = table.models.get(name)
+        if activity is None or not activity.held or activity.at_triton:
+            return False
+    return True
+
+
+class ProbationHold:
+    """The node's watched loads under way, and until when the hold lasts after the last."""
+
+    def __init__(
+        self,
+        hold_seconds: float,
+        *,
+        drain_seconds: float = DRAIN_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.hold_seconds = hold_seconds
+        """How long the hold lasts after a watched load ends; 0: no hold."""
+        self.drain_seconds = drain_seconds
+        self._clock = clock
+        self._wall = wall
+        self.loads = 0
+        """Watched loads under way."""
+        self.until = 0.0
+        """When the hold ends with no watched load under way (`clock` seconds)."""
+        self._ended: dict[str, float] = {}
+        """The pods (namespace/name) of the watched loads ended lately, with until when each
+        holds (`clock` seconds)."""
+        self.on_change: Callable[[], None] | None = None
+        """Called when the hold begins or ends: writes the caller table (`agent.gateway`)."""
+        self.drained: Callable[[float], bool] | None = None
+        """Whether the gateway holds the probationers and their requests at Triton are answered,
+        as it wrote after the given Unix time (`drained`); None: nothing to wait for."""
+        self._lapse: asyncio.TimerHandle | None = None
+        self._since = 0.0
+        """When the watched loads under way began (Unix seconds): the gateway's word must be
+        newer."""
+
+    def holding(self) -> bool:
+        """Whether probationers' requests are held now."""
+        return self.hold_seconds > 0 and (self.loads > 0 or self._clock() < self.until)
+
+    def holds(self, pod: str) -> bool:
+        """Whether the requests of `pod` (namespace/name), on probation, are held now: while any
+        watched load is in flight, or another pod's ended less than `hold_seconds` ago."""
+        if not self.holding():
+            return False
+        now = self._clock()
+        return self.loads > 0 or any(p != pod and now < t for p, t in self._ended.items())
+
+    async def begin(self, pod: str) -> None:
+        """A watched load of `pod` is about to reach Triton: hold probationers from now on, and
+        wait (at most `drain_seconds`) for the gateway to have drained them. Every `begin` is
+        followed by one `end`, whatever happens."""
+        if self.hold_seconds <= 0:
+            return
+        if self.loads == 0:
+            # Pods whose own load had ended were not held: only a newer word of the gateway's.
+            self._since = self._wall()
+        self.loads += 1
+        if self.on_change is not None:
+            self.on_change()  # a probationer's row may have come since the hold began
+        deadline = self._clock() + self.drain_seconds
+        while self.drained is not None and not self.drained(self._since):
+            if self._clock() >= deadline:
+                return  # the gateway did not answer: the load goes on, unheld as before
+            await asyncio.sleep(POLL_SECONDS)
+
+    def end(self, pod: str) -> None:
+        """A watched load of `pod` has ended: the hold lasts `hold_seconds` more (an exit of
+        Triton in that time is still the load's), for other probationers than `pod`."""
+        if self.hold_seconds <= 0:
+            return
+        self.loads -= 1
+        now = self._clock()
+        self.until = max(self.until, now + self.hold_seconds)
+        self._ended = {p: t for p, t in self._ended.items() if t > now}
+        self._ended[pod] = now + self.hold_seconds
+        if self.on_change is not None:
+            self.on_change()  # its own pod's requests go now
+        if self._lapse is None:
+            self._lapse = asyncio.get_running_loop().call_later(self.hold_seconds, self._lapsed)
+
+    def _lapsed(self) -> None:
+        self._lapse = None
+        if self.on_change is not None:
+            self.on_change()  # the pods whose hold ended go now
+        now = self._clock()
+        later = [t for t in self._ended.values() if t > now]
+        if later and self.loads == 0:  # with a load under way, its end schedules the next
+            self._lapse = asyncio.get_running_loop().call_later(min(later) - now, self._lapsed)

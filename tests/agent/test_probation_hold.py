@@ -1,0 +1,98 @@
+"""agent.probationhold with agent.gateway: while a watched load is under way, and for a while
+after it ends, the caller table marks probationers held (and nobody else); a load that begins the
+hold waits until the gateway's activity table shows them held with nothing at Triton (bounded);
+with no probationer, nothing waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from agent.gateway import CallerPublisher
+from agent.probationhold import ProbationHold, drained
+from common.activity import Activity, ActivityTable
+from common.callers import read_table
+from tests.agent.test_gateway_table import pod
+
+
+def test_drained_needs_a_table_written_since_the_hold_that_shows_each_held_model_empty() -> None:
+    empty, busy = Activity(1, 5.0, 0, True), Activity(1, 5.0, 1, True)
+    assert drained([], None, 10.0), "nobody held: nothing to wait for"
+    assert not drained(["a"], None, 10.0), "no table: not known"
+    assert not drained(["a"], ActivityTable(9.0, {"a": empty}), 10.0), "written before the hold"
+    assert not drained(["a"], ActivityTable(11.0, {"a": busy}), 10.0), "a request at Triton"
+    unheld = Activity(0, 5.0, 0, False)
+    assert not drained(["a"], ActivityTable(11.0, {"a": unheld}), 10.0), "not held yet"
+    assert not drained(["a", "b"], ActivityTable(11.0, {"a": empty}), 10.0), "b not shown"
+    assert drained(["a"], ActivityTable(11.0, {"a": empty, "c": busy}), 10.0)
+
+
+async def test_probationers_are_held_through_a_watched_load_and_a_while_after(
+    tmp_path: Path,
+) -> None:
+    owners = {"a-private": pod("a", "10.1.0.5"), "b-private": pod("b", "10.1.0.6")}
+    probation = {"team/a"}
+    table = tmp_path / "callers.json"
+    hold = ProbationHold(0.3, drain_seconds=5.0)
+    publisher = CallerPublisher(
+        table, "node-1", lambda: owners, probation=probation.__contains__, held=hold.holds
+    )
+    hold.on_change = publisher.publish
+    asked: list[list[str]] = []
+    gateway_done = asyncio.Event()
+
+    def gateway_drained(since: float) -> bool:
+        asked.append(publisher.held_names())
+        return gateway_done.is_set()
+
+    hold.drained = gateway_drained
+    publisher.publish()
+
+    def held() -> dict[str, bool]:
+        return {c.pod: c.held for c in read_table(table).callers}
+
+    assert held() == {"team/a": False, "team/b": False}
+    beginning = asyncio.get_running_loop().create_task(hold.begin("team/b"))
+    await asyncio.sleep(0.3)
+    assert not beginning.done(), "the load waits for the gateway to drain the probationer"
+    assert held() == {"team/a": True, "team/b": False}, "probationers only"
+    assert asked and asked[-1] == ["a-private"]
+    gateway_done.set()
+    await asyncio.wait_for(beginning, 5)
+    await asyncio.wait_for(hold.begin("team/b"), 1)  # a second one while held: drained already
+    hold.end("team/b")
+    hold.end("team/b")
+    assert hold.holding() and held()["team/a"]
+    deadline = time.monotonic() + 10
+    while held()["team/a"]:
+        assert time.monotonic() < deadline, "the hold never ended"
+        await asyncio.sleep(0.05)
+    assert not hold.holding()
+    # A gateway that never answers bounds the wait.
+    gateway_done.clear()
+    hold.drain_seconds = 0.2
+    await asyncio.wait_for(hold.begin("team/b"), 5)
+    hold.end("team/b")
+
+
+async def test_a_probationers_own_settling_load_does_not_hold_it() -> None:
+    """In flight, a probationer's own load holds it (its requests would explain the exit);
+    ended, only another pod's load does (an exit beside its own counts against its requests)."""
+    hold = ProbationHold(5.0)
+    await hold.begin("team/a")
+    assert hold.holds("team/a") and hold.holds("team/b")
+    hold.end("team/a")
+    assert not hold.holds("team/a") and hold.holds("team/b")
+    await hold.begin("team/b")
+    hold.end("team/b")
+    assert hold.holds("team/a") and hold.holds("team/b"), "each held for the other's load"
+
+
+async def test_no_hold_when_it_is_off() -> None:
+    hold = ProbationHold(0.0)
+    hold.drained = lambda since: False
+    await asyncio.wait_for(hold.begin("team/b"), 1.0)
+    assert not hold.holding()
+    hold.end("team/b")
+    assert not hold.holding()
