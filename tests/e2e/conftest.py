@@ -1,4 +1,4 @@
-"""One run of the demo scenario, shared by the end-to-end tests (it takes about 40 seconds)."""
+"""One run of the demo scenario, shared by the end-to-end tests (it takes about two minutes)."""
 
 from __future__ import annotations
 
