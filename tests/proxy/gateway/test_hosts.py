@@ -302,8 +302,16 @@ def test_grpc_a_stream_serves_the_model_its_first_message_names(gateway: Running
     assert refused[1:] == [unknown(B_PRIVATE), unknown("c")]
 
 
+def _runs(triton: TritonServer, model: str) -> int:
+    """How many inferences Triton has run for `model` (its statistics)."""
+    url = f"http://{triton.http_url}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        stats = json.loads(answer.read())
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
 def test_a_large_stream_message_naming_another_model_last_never_reaches_triton(
-    changing: tuple[RunningGateway, Path],
+    changing: tuple[RunningGateway, Path], triton: TritonServer
 ) -> None:
     # The host's replica of `a` is Triton's `a` itself (installed before private names); its
     # stream may not pass a message for `b` to Triton under b's public id (another's model there)
@@ -316,6 +324,7 @@ def test_a_large_stream_message_naming_another_model_last_never_reaches_triton(
         return answer[0] == 200 and rest_output(answer[2]) == [101.0, 102.0, 103.0]
 
     poll(legacy, "the gateway rereading")
+    runs_of_b = _runs(triton, "b")
     request = service_pb2.ModelInferRequest.FromString(infer_request("b", floats=400_000))
     name = service_pb2.ModelInferRequest(model_name="b").SerializeToString()
     hidden = request.SerializePartialToString().replace(name, b"", 1) + name
@@ -326,7 +335,9 @@ def test_a_large_stream_message_naming_another_model_last_never_reaches_triton(
     outputs = [
         grpc_output(r.infer_response.SerializeToString()) for r in responses if not r.error_message
     ]
-    assert outputs == [[100.0, 101.0, 102.0]], "a's answer only: Triton never ran b's message"
+    # a's answer may still be on its way from Triton when the gateway ends the stream.
+    assert outputs in ([], [[100.0, 101.0, 102.0]]), "a's answer only"
+    assert _runs(triton, "b") == runs_of_b, "Triton never ran b's message"
     assert fields.get("grpc-status") == "3", fields
     assert "this stream serves model a" in fields.get("grpc-message", "")
 
