@@ -334,6 +334,20 @@ class ModelController:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        waker = asyncio.create_task(self._wake_at(stop), name="model-controller-stop")
+        try:
+            await self._loop(stop)
+        finally:
+            waker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waker
+
+    async def _wake_at(self, stop: asyncio.Event) -> None:
+        """Wakes the loop as soon as `stop` is set, not at its next tick."""
+        await stop.wait()
+        self._wake.set()
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         tick = self._clock() + RETRY_SECONDS
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
