@@ -50,41 +50,15 @@ from protos import agent_pb2, agent_pb2_grpc
 from proxy.gateway.app import Gateway
 from proxy.gateway.settings import GatewaySettings
 from sim.apiserver import start_in_thread
+from sim.crashers import load_killer
 from sim.gpu.nvml import MockNvml, parse_spec
 from sim.triton import TritonServer
 
 NODE = "gpu-node-1"
 KEY = b"crash quarantine benchmark: placement key, not a secret"
 MODELS = Path(__file__).resolve().parent.parent / "tests" / "models"
-KILLER = """import os
-import signal
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        os.kill(os.getppid(), signal.SIGKILL)
-
-    def execute(self, requests):
-        return []
-"""
-DELAYED_KILLER = """import os
-import signal
-import threading
-import time
-
-
-def _kill_later(parent):
-    time.sleep(4.0)
-    os.kill(parent, signal.SIGKILL)
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        threading.Thread(target=_kill_later, args=(os.getppid(),), daemon=True).start()
-
-    def execute(self, requests):
-        return []
-"""
+KILLER = load_killer()
+DELAYED_KILLER = load_killer(4.0)
 KILLERS = {"load": KILLER, "delayed": DELAYED_KILLER}
 REQUEST_KILLER = """import os
 import signal

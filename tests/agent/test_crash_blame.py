@@ -25,6 +25,7 @@ from agent.triton import READY
 from common.crashwitness import Suspect, read_witnesses
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
+from sim.crashers import load_killer
 from sim.triton import TritonServer
 from tests.agent.conftest import (
     RunningAgent,
@@ -44,24 +45,7 @@ from tests.proxy.gateway.conftest import gateway_settings, running_gateway
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
-DELAYED_KILLER = """import os
-import signal
-import threading
-import time
-
-
-def _kill_later(parent):
-    time.sleep(4.0)  # its load is READY long before: a timer, a warm-up thread, a leak
-    os.kill(parent, signal.SIGKILL)
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        threading.Thread(target=_kill_later, args=(os.getppid(),), daemon=True).start()
-
-    def execute(self, requests):
-        return []
-"""
+DELAYED_KILLER = load_killer(4.0)
 
 SLOW_LOAD = """import time
 

@@ -22,6 +22,7 @@ from agent.triton import READY
 from binder.cli import main as cli
 from protos import agent_pb2
 from sim.apiserver import RunningApiServer
+from sim.crashers import load_killer
 from sim.triton import TritonServer, free_port
 from tests.agent.conftest import (
     NODE,
@@ -39,19 +40,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 CONDITION = "tritonshare.io/ModelLoaded"
 QUARANTINED = "tritonshare_agent_quarantined_models"
 
-# Python-backend stubs are separate processes: a crash in one only fails the load. Killing the
-# stub's parent, tritonserver, takes the whole server down, as a crashing backend library does.
-KILLER = """import os
-import signal
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        os.kill(os.getppid(), signal.SIGKILL)
-
-    def execute(self, requests):
-        return []
-"""
+KILLER = load_killer()
 
 
 @contextlib.asynccontextmanager
@@ -256,24 +245,7 @@ async def test_a_model_whose_load_kills_triton_is_quarantined_and_the_other_is_s
         assert not second.agent.crashes.records()
 
 
-LATE_KILLER = """import os
-import signal
-import threading
-import time
-
-
-def _kill_soon(parent):
-    time.sleep(0.5)
-    os.kill(parent, signal.SIGKILL)
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        threading.Thread(target=_kill_soon, args=(os.getppid(),), daemon=True).start()
-
-    def execute(self, requests):
-        return []
-"""
+LATE_KILLER = load_killer(0.5)
 
 
 async def test_a_model_that_kills_triton_just_after_its_load_is_quarantined_too(
