@@ -235,7 +235,9 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
-        self._preemption = ReplicaPreemption(ledger, policy, enabled=preemption, drain=self.preempt)
+        self._preemption = ReplicaPreemption(
+            ledger, policy, enabled=preemption, drain=self.preempt, ring=placement_keys
+        )
         self._rollout = Rollout(
             ledger,
             policy,
@@ -253,6 +255,11 @@ class ModelController:
             self._stale.add(namespace)
             self._dirty.add(next(iter(models)))
             self._wake.set()
+
+    def recover_nominations(self) -> None:
+        """On taking the lead, before anything is placed: the rooms the previous leader held
+        for replicas whose preemption made them are held again (`ReplicaPreemption.restore`)."""
+        self._preemption.restore()
 
     def recover_drains(self) -> None:
         """On taking the lead: the replicas the hosts list as draining, which the binder that
@@ -851,7 +858,7 @@ class ModelController:
             )
         else:
             ready_condition = self._condition(model, READY, "True", "AllReplicasReady", message)
-        return {
+        status: JsonObject = {
             "observedGeneration": model.generation,
             "replicas": len(placed),
             "readyReplicas": ready_count,
@@ -865,6 +872,10 @@ class ModelController:
                 self._condition(model, PROGRESSING, roll.status, roll.reason, roll.message),
             ],
         }
+        nominations = self._preemption.nominations(model.uid)
+        if nominations or model.status.get("nominations"):
+            status["nominations"] = nominations or None  # a merge patch's null removes it
+        return status
 
     def _condition(
         self, model: ModelInfo, kind: str, status: str, reason: str, message: str

@@ -9,7 +9,7 @@ controller turns into an event. This module does no I/O and reads no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
@@ -604,6 +604,9 @@ class ModelInfo:
     placed_uris: Mapping[int, str] = field(default_factory=dict)
     """status.placements' storageUri as written: ordinal -> the files that replica was given
     (absent for a placement written without one: it takes spec.storageUri)."""
+    nominated: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
+    """status.nominations as written: ordinal -> (node, GPU uuid, proof) of the room a
+    replica's preemption holds (`binder.replicapreemption`)."""
     status: Mapping[str, Any] = field(default_factory=dict)
     """status as written, to write only what changes."""
     resource_version: str = ""
@@ -683,16 +686,11 @@ def model_from_api(
     template = as_replica(pod_from_api(pod, keys, tenant_code))
     placed: dict[int, tuple[str, str, str]] = {}
     placed_uris: dict[int, str] = {}
-    for entry in map(_mapping, _sequence(status.get("placements"))):
-        ordinal = entry.get("replica")
-        if isinstance(ordinal, int) and not isinstance(ordinal, bool) and ordinal >= 0:
-            placed[ordinal] = (
-                str(entry.get("node") or ""),
-                str(entry.get("gpu") or ""),
-                str(entry.get("proof") or ""),
-            )
-            if entry.get("storageUri"):
-                placed_uris[ordinal] = str(entry["storageUri"])
+    for ordinal, entry in _by_ordinal(status.get("placements")):
+        placed[ordinal] = _where(entry)
+        if entry.get("storageUri"):
+            placed_uris[ordinal] = str(entry["storageUri"])
+    nominated = {o: _where(entry) for o, entry in _by_ordinal(status.get("nominations"))}
     replicas = spec.get("replicas", 1)
     generation = meta.get("generation", 0)
     return ModelInfo(
@@ -704,6 +702,7 @@ def model_from_api(
         template=template,
         placed=placed,
         placed_uris=placed_uris,
+        nominated=nominated,
         status=status,
         resource_version=str(meta.get("resourceVersion", "")),
         storage_uri=str(spec.get("storageUri") or ""),
@@ -711,6 +710,23 @@ def model_from_api(
         concurrency=_whole(spec.get("maxConcurrency")),
         idle_seconds=_whole(spec.get("idleSeconds")),
         priority_class=str(spec.get("priorityClassName") or ""),
+    )
+
+
+def _by_ordinal(entries: object) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """The entries of a status list with a valid `replica` ordinal, with it."""
+    for entry in map(_mapping, _sequence(entries)):
+        ordinal = entry.get("replica")
+        if isinstance(ordinal, int) and not isinstance(ordinal, bool) and ordinal >= 0:
+            yield ordinal, entry
+
+
+def _where(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A status entry's (node, GPU uuid, proof)."""
+    return (
+        str(entry.get("node") or ""),
+        str(entry.get("gpu") or ""),
+        str(entry.get("proof") or ""),
     )
 
 

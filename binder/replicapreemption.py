@@ -7,9 +7,11 @@ A replica that fits nowhere may take away lower-priority pods and replicas where
 for it in the ledger under `held_uid` (never its own uid, which would read as placed) until it is
 placed there or gives up; the victim replicas are handed to `drain` (the model controller's), the
 victim pods queued as an `Eviction` for the controller to carry out off the loop. A replica whose
-victims are still leaving waits for them instead of preempting again. Kept by the leader only:
-a new leader's replica preempts again, and a victim already draining is not taken twice. No I/O,
-no clock (time is passed in).
+victims are still leaving waits for them instead of preempting again. Each held room is written
+in its model's `status.nominations` with a proof signed for the held uid (so it never proves a
+placement); a new leader holds those whose proofs verify again before it places anything
+(`restore`), and drops one whose node or GPU is gone, whose replica is placed, or whose model
+changed its GPU memory or is gone. No I/O, no clock (time is passed in).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from binder.cache import Ledger
 from binder.model import ModelInfo, PodInfo
 from binder.placement import Policy, Unschedulable, choose_gpu, fit_message, resolvable_nodes
 from binder.preemption import NoPreemption, preempt
+from binder.proofs import proven, sign
+from common.hosted import replica_uid
+from common.placement import KeyRing
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,21 @@ def held_uid(rid: str) -> str:
 
 def _model_of(rid: str) -> str:
     return rid.rpartition("/")[0]
+
+
+@dataclass(frozen=True)
+class Nomination:
+    """The room a replica's preemption holds: its node, GPU and the proof of the hold."""
+
+    node: str
+    gpu: str
+    proof: str
+
+
+def _held(model: ModelInfo, ordinal: int) -> PodInfo:
+    """The replica as its held room is charged and signed: under `held_uid`."""
+    replica = model.replica(ordinal)
+    return replace(replica, uid=held_uid(replica.uid))
 
 
 @dataclass(frozen=True)
@@ -68,17 +88,20 @@ class ReplicaPreemption:
         *,
         enabled: bool,
         drain: Callable[[PodInfo, str, str], None],
+        ring: Callable[[], KeyRing],
     ) -> None:
-        """`drain(victim, by, node)`: take a victim replica away (the model controller's)."""
+        """`drain(victim, by, node)`: take a victim replica away (the model controller's);
+        `ring`: the placement keys the held rooms' proofs are signed and verified with."""
         self._ledger = ledger
         self._policy = policy
         self._enabled = enabled
         self._drain = drain
+        self._ring = ring
         self.preempted: dict[str, tuple[str, bool]] = {}
         """Replica uid -> why it was preempted, and whether its Event is written: until it is
         placed again (or scaled away)."""
-        self._nominations: dict[str, tuple[str, str]] = {}
-        """Replica uid -> (node, GPU uuid) of the room its preemption made."""
+        self._nominations: dict[str, Nomination] = {}
+        """Replica uid -> the room its preemption made."""
         self.evictions: list[Eviction] = []
         self._refused: dict[str, float] = {}
         """Replica uid -> when (seconds since the epoch) it may preempt again."""
@@ -100,7 +123,7 @@ class ReplicaPreemption:
         if held is None:
             return ""
         self._ledger.state.release_nomination(held_uid(rid))
-        return held[0]
+        return held.node
 
     def placed(self, rid: str) -> None:
         self._nominations.pop(rid, None)
@@ -138,6 +161,73 @@ class ReplicaPreemption:
             if rid not in wanted:
                 del self._refused[rid]
 
+    def nominations(self, model_uid: str) -> list[dict[str, object]]:
+        """The model's `status.nominations`: the rooms held for its replicas in the ledger."""
+        nominated = self._ledger.state.nominated
+        held = sorted(
+            (
+                (int(rid.rpartition("/")[2]), room)
+                for rid, room in self._nominations.items()
+                if _model_of(rid) == model_uid and held_uid(rid) in nominated
+            ),
+            key=lambda pair: pair[0],
+        )
+        return [
+            {"replica": ordinal, "node": room.node, "gpu": room.gpu, "proof": room.proof}
+            for ordinal, room in held
+        ]
+
+    def restore(self) -> None:
+        """On taking the lead, before anything is placed: the rooms the models' statuses say
+        are held (a leader before wrote them) are held again in the ledger, and what this
+        replica held when it led before is forgotten. One whose proof does not verify, whose
+        node or GPU is gone, whose replica is placed, or whose model changed its GPU memory is
+        dropped (its status loses it at the next reconcile)."""
+        for rid in list(self._nominations):
+            self.drop(rid)
+        state = self._ledger.state
+        ring = self._ring()
+        for model in list(self._ledger.models.values()):
+            for ordinal, (node, gpu, proof) in sorted(model.nominated.items()):
+                rid = replica_uid(model.uid, ordinal)
+                room = _held(model, ordinal)
+                info = state.nodes.get(node)
+                if state.is_accounted(rid):
+                    why = "the replica is placed"
+                elif info is None:
+                    why = f"node {node} is gone"
+                elif not any(g.uuid == gpu and g.healthy for g in info.gpus):
+                    why = f"GPU {gpu} is gone from node {node}"
+                else:
+                    verdict = proven(
+                        replace(room, node_name=node, gpu_uuid=gpu, placement=proof), ring
+                    )
+                    if not isinstance(verdict, PodInfo):
+                        why = f"its proof does not verify ({verdict.reason})"
+                    elif verdict.request != room.request:
+                        why = "the model's GPU memory changed"
+                    else:
+                        state.nominate(room, node, gpu)
+                        self._nominations[rid] = Nomination(node, gpu, proof)
+                        log.info(
+                            "Replica %d of TritonModel %s holds its room on node %s (GPU %s), "
+                            "which its preemption made under the previous leader: it waits "
+                            "there for its victims to leave.",
+                            ordinal,
+                            model.key,
+                            node,
+                            gpu,
+                        )
+                        continue
+                log.info(
+                    "Replica %d of TritonModel %s no longer holds the room on node %s its "
+                    "preemption made under the previous leader (%s): it is placed anew.",
+                    ordinal,
+                    model.key,
+                    node,
+                    why,
+                )
+
     def unwritten(self, model_uid: str) -> list[str]:
         """Why each replica of the model preempted since the last call was, now written."""
         found = []
@@ -174,8 +264,8 @@ class ReplicaPreemption:
             budgets=list(self._ledger.budgets.values()),
         )
         if isinstance(outcome, NoPreemption):
-            if outcome.waiting and held is not None and held[0] in state.nodes:
-                state.nominate(replace(replica, uid=held_uid(rid)), *held)
+            if outcome.waiting and held is not None and held.node in state.nodes:
+                state.nominate(replace(replica, uid=held_uid(rid)), held.node, held.gpu)
                 return result.message
             self.drop(rid)
             if not outcome.reasons:
@@ -188,8 +278,10 @@ class ReplicaPreemption:
             )
         if gpu is None:
             return result.message
-        state.nominate(replace(replica, uid=held_uid(rid)), outcome.node, gpu.uuid)
-        self._nominations[rid] = (outcome.node, gpu.uuid)
+        room = replace(replica, uid=held_uid(rid))
+        state.nominate(room, outcome.node, gpu.uuid)
+        proof = sign(self._ring(), room, outcome.node, gpu.uuid)
+        self._nominations[rid] = Nomination(outcome.node, gpu.uuid, proof)
         replicas = [v for v in outcome.victims if v.host is not None]
         eviction = Eviction(
             model,
