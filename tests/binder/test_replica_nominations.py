@@ -46,17 +46,16 @@ def terminating(core: Any) -> list[str]:
     ]
 
 
-async def preempting_replica(core: Any, custom: Any) -> tuple[str, dict[str, Any]]:
+async def preempting_replica(core: Any, custom: Any) -> tuple[str, list[dict[str, Any]]]:
     """Node "a" (16 GiB) full with two 8 GiB model pods of priority 0 that take an hour to
     terminate; then replica 0 of "resnet" (8 GiB, priority 1000) preempts one of them: the
-    victim's name and the held room as its status says it."""
+    victim's name and resnet's status.nominations (written before the victim is evicted)."""
     for name in LOW:
         add_pod(core, name, mem="8Gi", spec_extra={"terminationGracePeriodSeconds": 3600})
     await eventually(lambda: all(node_of(core, name) == "a" for name in LOW), what="bound")
     create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
-    [held] = await eventually(lambda: nominations(custom, "resnet"), what="the held room")
     [victim] = await eventually(lambda: terminating(core), what="the victim leaving")
-    return victim, held
+    return victim, nominations(custom, "resnet")
 
 
 def node_gpu(core: Any, name: str) -> str:
@@ -71,26 +70,30 @@ async def test_a_new_leader_keeps_the_room_a_replicas_preemption_holds(
     add_node(kube_api, "a", [16 * GI])
     leader, follower = await two_replicas(make_binder)
     victim, held = await preempting_replica(core, custom)
-    assert (held["replica"], held["node"]) == (0, "a")
-    [other] = [name for name in LOW if name != victim]
-
     await make_binder.stop(leader)
     await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
-    uid = read(custom, "resnet")["metadata"]["uid"]
-    assert held_uid(f"{uid}/0") in follower.ledger.state.nominated
-    # A pending pod of lower priority does not fit while the room is held.
+    # A pending pod of lower priority does not take the room while the victim leaves.
     add_pod(core, "sneaky", mem="8Gi")
     await eventually(lambda: failed_events(core, "sneaky"), what="the pod refused")
+    assert terminating(core) == [victim], "the new leader preempts no other victim"
     assert not placements(custom, "resnet"), "it waits for its victim"
 
     core.delete_namespaced_pod(victim, "default", grace_period_seconds=0)
     obj = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
-    assert obj["status"]["placements"][0]["node"] == "a"
-    assert obj["status"]["placements"][0]["gpu"] == held["gpu"]
-    await eventually(lambda: not nominations(custom, "resnet"), what="the room taken")
-    assert terminating(core) == [], f"no other victim: {other} stays"
-    assert node_of(core, "sneaky") == ""
+    gpu = node_gpu(core, "a")
+    assert (obj["status"]["placements"][0]["node"], obj["status"]["placements"][0]["gpu"]) == (
+        "a",
+        gpu,
+    )
+    assert terminating(core) == [] and node_of(core, "sneaky") == ""
     assert len(model_events(core, "resnet", "Preempting")) == 1
+    # The room was written in the status with a proof that holds it, never places it.
+    [room] = held
+    assert (room["replica"], room["node"], room["gpu"]) == (0, "a", gpu)
+    rid = f"{obj['metadata']['uid']}/0"
+    assert room["proof"] != obj["status"]["placements"][0]["proof"]
+    assert held_uid(rid) not in follower.ledger.state.nominated
+    await eventually(lambda: not nominations(custom, "resnet"), what="the room taken")
 
 
 async def test_a_new_leader_drops_a_room_on_a_gone_node_and_one_the_binder_did_not_sign(
@@ -99,7 +102,7 @@ async def test_a_new_leader_drops_a_room_on_a_gone_node_and_one_the_binder_did_n
     priority_class(kube_api, "urgent", 1000)
     add_node(kube_api, "a", [16 * GI])
     first = await make_binder()
-    _, held = await preempting_replica(core, custom)
+    _, [held] = await preempting_replica(core, custom)
     create(custom, "bulk", memory="8Gi")
     await eventually(lambda: read(custom, "bulk").get("status"), what="bulk refused")
     await make_binder.stop(first)
