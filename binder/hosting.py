@@ -264,7 +264,8 @@ class ModelController:
     def recover_drains(self) -> None:
         """On taking the lead: the replicas the hosts list as draining, which the binder that
         led before began to drain (no status lists them), are charged again (their proofs
-        checked as the cache checks a status's) and drain on, from now, to their end."""
+        checked as the cache checks a status's), counted as leaving (a preemptor waits for them
+        instead of taking them again), and drain on, from now, to their end."""
         state = self._ledger.state
         now = self._clock()
         for namespace, hosts in self._ledger.hosts.items():
@@ -290,7 +291,7 @@ class ModelController:
                     verdict = proven(replica, self._ring())
                     if not isinstance(verdict, PodInfo):
                         continue
-                    state.set_pod(verdict)
+                    state.set_pod(replace(verdict, deleting=True))
                     self._rollout.files[rid] = entry.storage_uri
                     spans = self._ledger.spans
                     spans[model.uid] = max(spans.get(model.uid, 0), entry.replica + 1)

@@ -8,13 +8,20 @@ not sign for that replica, is dropped."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import kubernetes.client
 
-from binder.replicapreemption import held_uid
+from binder.cache import Ledger
+from binder.model import ModelInfo, model_from_api, node_from_api
+from binder.proofs import sign
+from binder.replicapreemption import ReplicaPreemption, held_uid
+from binder.state import ClusterState
+from common.placement import KeyRing
 from tests.binder import test_tritonmodels
-from tests.binder.objects import GI
+from tests.binder.objects import GI, KEYS, node_obj
 from tests.binder.simcluster import (
     MakeBinder,
     add_node,
@@ -24,13 +31,69 @@ from tests.binder.simcluster import (
     node_of,
 )
 from tests.binder.test_leader import two_replicas
-from tests.binder.test_replica_priority import create, model_events, placements, priority_class
-from tests.binder.test_tritonmodels import GROUP, PLURAL, VERSION, placed, read
+from tests.binder.test_replica_priority import (
+    BULK,
+    create,
+    model_events,
+    placements,
+    priority_class,
+    set_loaded,
+)
+from tests.binder.test_tritonmodels import GROUP, PLURAL, VERSION, hosts, model, placed, read
 
 apiserver = test_tritonmodels.apiserver
 custom = test_tritonmodels.custom
 
 LOW = ("low-1", "low-2")
+
+
+def tritonmodel(name: str, memory: str = "2Gi") -> ModelInfo:
+    obj = model(name, 1, memory)
+    obj["metadata"].update(uid=f"uid-{name}", namespace="default")
+    return model_from_api(obj, KEYS, "tritonshare")
+
+
+def test_a_new_leader_holds_only_rooms_the_binder_signed_for_that_replica_node_and_gpu() -> None:
+    ring = KeyRing(b"k" * 32)
+    state = ClusterState()
+    state.set_node(node_from_api(node_obj("a", [16 * GI, 16 * GI], healthy=[True, False]), KEYS))
+    ledger = Ledger(state)
+    gpu, sick = (g.uuid for g in state.nodes["a"].gpus)
+
+    def hold(m: ModelInfo, node: str = "a", on: str = gpu) -> tuple[str, str, str]:
+        """The proof the binder writes for replica 0's room (`held_uid`)."""
+        room = replace(m.replica(0), uid=held_uid(f"{m.uid}/0"))
+        return node, on, sign(ring, room, node, on)
+
+    good, placed_, gone, sick_gpu, grown, copied, as_placement = (
+        tritonmodel(name)
+        for name in ("good", "placed", "gone", "sick", "grown", "copied", "as-placement")
+    )
+    rooms = [
+        (good, hold(good)),
+        (placed_, hold(placed_)),
+        (gone, hold(gone, node="b")),
+        (sick_gpu, hold(sick_gpu, on=sick)),
+        (grown, hold(tritonmodel("grown", "1Gi"))),  # signed before its gpuMemory grew
+        (copied, hold(good)),  # another replica's room
+        (as_placement, ("a", gpu, sign(ring, as_placement.replica(0), "a", gpu))),
+    ]
+    for m, room in rooms:
+        ledger.models[m.uid] = replace(m, nominated={0: room})
+    state.assume(placed_.replica(0), "a", gpu)
+    preemption = ReplicaPreemption(
+        ledger, "binpack", enabled=True, drain=lambda *_: None, ring=lambda: ring
+    )
+    preemption.restore()
+    assert set(state.nominated) == {held_uid("uid-good/0")}
+    assert preemption.holds("uid-good/0")
+    assert preemption.nominations("uid-good") == [
+        {"replica": 0, "node": "a", "gpu": gpu, "proof": rooms[0][1][2]}
+    ]
+    # Held in the ledger as the replica's request on its GPU, until it takes it.
+    assert state.allocated("a") == [4 * GI, 0]
+    assert preemption.take_room("uid-good/0") == "a"
+    assert state.allocated("a") == [2 * GI, 0]
 
 
 def nominations(custom: Any, name: str) -> list[dict[str, Any]]:
@@ -119,7 +182,34 @@ async def test_a_new_leader_drops_a_room_on_a_gone_node_and_one_the_binder_did_n
     second = await make_binder()
     assert not second.ledger.state.nominated, "neither room is held"
     for name in ("resnet", "bulk"):
-        obj = await eventually(lambda name=name: placed(custom, name, 1), what=f"{name} placed")
+        obj = await eventually(partial(placed, custom, name, 1), what=f"{name} placed")
         assert obj["status"]["placements"][0]["node"] == "b"
-        await eventually(lambda name=name: not nominations(custom, name), what="the room dropped")
+        assert not nominations(custom, name), "the room dropped"
+    assert len(model_events(core, "resnet", "Preempting")) == 1
+
+
+async def test_a_new_leader_waits_for_a_victim_replica_draining_from_its_host(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    leader, follower = await two_replicas(make_binder)
+    create(custom, "bulk", memory="12Gi")
+    await eventually(lambda: placed(custom, "bulk", 1), what="bulk placed")
+    await eventually(lambda: hosts(core).get("a"), what="the host")
+    set_loaded(core, "bulk", "a", "True")
+    await eventually(lambda: BULK in hosts(core)["a"].metadata.labels, what="bulk served")
+    create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
+    await eventually(lambda: model_events(core, "resnet", "Preempting"), what="preempting")
+    assert nominations(custom, "resnet")
+
+    await make_binder.stop(leader)
+    await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
+    uid = read(custom, "resnet")["metadata"]["uid"]
+    # Its refusal is the new leader's own once it has reconciled it.
+    await eventually(lambda: uid in follower.models._refused, what="resnet reconciled")
+    assert not placements(custom, "resnet"), "it waits for the drain"
+    set_loaded(core, "bulk", "a", "False")  # the host's loader unloaded it
+    resnet = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
+    assert resnet["status"]["placements"][0]["node"] == "a"
     assert len(model_events(core, "resnet", "Preempting")) == 1
