@@ -13,12 +13,14 @@ reconcile (`binder.rolling`: a surge replica first, maxSurge 1 and maxUnavailabl
 the loop:
 
 - `status` through the status subresource: `placements[]` ({replica, node, gpu, proof, host,
-  ready, message, storageUri}), `replicas`, `readyReplicas` (and `availableReplicas`),
-  `updatedReplicas`, `selector`, `observedGeneration`, the `Placed` condition (False with
-  kube-scheduler's refusal when a replica fits nowhere, and a Warning Event `FailedScheduling`
-  on the model, written only when the refusal changes), the `Ready` condition (False naming the
-  replicas not served and why, and a Warning Event `ReplicaNotServed` per replica and reason
-  the agent gives) and the `Progressing` condition (the roll);
+  ready, message, storageUri}), `nominations[]` (the rooms held for its replicas' preemptions:
+  {replica, node, gpu, proof}, only while there are some), `replicas`, `readyReplicas` (and
+  `availableReplicas`), `updatedReplicas`, `selector`, `observedGeneration`, the `Placed`
+  condition (False with kube-scheduler's refusal when a replica fits nowhere, and a Warning
+  Event `FailedScheduling` on the model, written only when the refusal changes), the `Ready`
+  condition (False naming the replicas not served and why, and a Warning Event
+  `ReplicaNotServed` per replica and reason the agent gives) and the `Progressing` condition
+  (the roll);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
   that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
@@ -48,8 +50,9 @@ scaled away does and is placed again once gone (`Placed` False, reason Preempted
 A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
 tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
-charges the draining replicas the hosts list whose proofs verify, and drains them on
-(`recover_drains`).
+first holds again the rooms its predecessor's replica preemptions held (`status.nominations`,
+`recover_nominations`), then charges the draining replicas the hosts list whose proofs verify,
+counted as leaving, and drains them on (`recover_drains`).
 """
 
 from __future__ import annotations
