@@ -14,6 +14,7 @@ from typing import Any
 
 import kubernetes.client
 
+from binder.app import Binder
 from binder.cache import Ledger
 from binder.model import ModelInfo, model_from_api, node_from_api
 from binder.proofs import sign
@@ -39,7 +40,16 @@ from tests.binder.test_replica_priority import (
     priority_class,
     set_loaded,
 )
-from tests.binder.test_tritonmodels import GROUP, PLURAL, VERSION, hosts, model, placed, read
+from tests.binder.test_tritonmodels import (
+    GROUP,
+    HOSTED,
+    PLURAL,
+    VERSION,
+    hosts,
+    model,
+    placed,
+    read,
+)
 
 apiserver = test_tritonmodels.apiserver
 custom = test_tritonmodels.custom
@@ -121,6 +131,16 @@ async def preempting_replica(core: Any, custom: Any) -> tuple[str, list[dict[str
     return victim, nominations(custom, "resnet")
 
 
+def seen_held(binder: Binder) -> bool:
+    return any(m.nominated for m in binder.ledger.models.values())
+
+
+def seen_draining(binder: Binder) -> bool:
+    host = binder.ledger.hosts.get("default", {}).get("a") or {}
+    annotation = (host.get("metadata") or {}).get("annotations", {}).get(HOSTED, "[]")
+    return any(entry.get("draining") for entry in json.loads(annotation))
+
+
 def node_gpu(core: Any, name: str) -> str:
     node = core.read_node(name)
     return str(json.loads(node.metadata.annotations["tritonshare.io/gpus"])[0]["uuid"])
@@ -133,6 +153,7 @@ async def test_a_new_leader_keeps_the_room_a_replicas_preemption_holds(
     add_node(kube_api, "a", [16 * GI])
     leader, follower = await two_replicas(make_binder)
     victim, held = await preempting_replica(core, custom)
+    await eventually(lambda: seen_held(follower), what="the follower seeing the held room")
     await make_binder.stop(leader)
     await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
     # A pending pod of lower priority does not take the room while the victim leaves.
@@ -202,6 +223,8 @@ async def test_a_new_leader_waits_for_a_victim_replica_draining_from_its_host(
     create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
     await eventually(lambda: model_events(core, "resnet", "Preempting"), what="preempting")
     assert nominations(custom, "resnet")
+    # The follower's cache sees the room held and bulk marked draining on its host.
+    await eventually(lambda: seen_held(follower) and seen_draining(follower), what="the follower")
 
     await make_binder.stop(leader)
     await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
