@@ -185,48 +185,49 @@ class ReplicaPreemption:
         dropped (its status loses it at the next reconcile)."""
         for rid in list(self._nominations):
             self.drop(rid)
-        state = self._ledger.state
         ring = self._ring()
         for model in list(self._ledger.models.values()):
             for ordinal, (node, gpu, proof) in sorted(model.nominated.items()):
-                rid = replica_uid(model.uid, ordinal)
-                room = _held(model, ordinal)
-                info = state.nodes.get(node)
-                if state.is_accounted(rid):
-                    why = "the replica is placed"
-                elif info is None:
-                    why = f"node {node} is gone"
-                elif not any(g.uuid == gpu and g.healthy for g in info.gpus):
-                    why = f"GPU {gpu} is gone from node {node}"
-                else:
-                    verdict = proven(
-                        replace(room, node_name=node, gpu_uuid=gpu, placement=proof), ring
+                why = self._stale(model, ordinal, Nomination(node, gpu, proof), ring)
+                if why:
+                    log.info(
+                        "Replica %d of TritonModel %s no longer holds the room on node %s its "
+                        "preemption made under the previous leader (%s): it is placed anew.",
+                        ordinal,
+                        model.key,
+                        node,
+                        why,
                     )
-                    if not isinstance(verdict, PodInfo):
-                        why = f"its proof does not verify ({verdict.reason})"
-                    elif verdict.request != room.request:
-                        why = "the model's GPU memory changed"
-                    else:
-                        state.nominate(room, node, gpu)
-                        self._nominations[rid] = Nomination(node, gpu, proof)
-                        log.info(
-                            "Replica %d of TritonModel %s holds its room on node %s (GPU %s), "
-                            "which its preemption made under the previous leader: it waits "
-                            "there for its victims to leave.",
-                            ordinal,
-                            model.key,
-                            node,
-                            gpu,
-                        )
-                        continue
+                    continue
+                self._ledger.state.nominate(_held(model, ordinal), node, gpu)
+                self._nominations[replica_uid(model.uid, ordinal)] = Nomination(node, gpu, proof)
                 log.info(
-                    "Replica %d of TritonModel %s no longer holds the room on node %s its "
-                    "preemption made under the previous leader (%s): it is placed anew.",
+                    "Replica %d of TritonModel %s holds its room on node %s (GPU %s), which its "
+                    "preemption made under the previous leader: it waits there for its victims.",
                     ordinal,
                     model.key,
                     node,
-                    why,
+                    gpu,
                 )
+
+    def _stale(self, model: ModelInfo, ordinal: int, room: Nomination, ring: KeyRing) -> str:
+        """Why a room a status says is held for the replica is not held again ("" if it is)."""
+        state = self._ledger.state
+        node = state.nodes.get(room.node)
+        if state.is_accounted(replica_uid(model.uid, ordinal)):
+            return "the replica is placed"
+        if node is None:
+            return f"node {room.node} is gone"
+        if not any(g.uuid == room.gpu and g.healthy for g in node.gpus):
+            return f"GPU {room.gpu} is gone from node {room.node}"
+        held = _held(model, ordinal)
+        claimed = replace(held, node_name=room.node, gpu_uuid=room.gpu, placement=room.proof)
+        verdict = proven(claimed, ring)
+        if not isinstance(verdict, PodInfo):
+            return f"its proof does not verify ({verdict.reason})"
+        if verdict.request != held.request:
+            return "the model's GPU memory changed"
+        return ""
 
     def unwritten(self, model_uid: str) -> list[str]:
         """Why each replica of the model preempted since the last call was, now written."""
