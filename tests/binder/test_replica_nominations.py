@@ -1,9 +1,10 @@
 """A TritonModel replica's preemption across a change of binder leader, against the simulated
 API server serving the chart's CRD: the room it holds is written in the model's
 status.nominations (signed for the hold), held again by the next leader before it places
-anything, so the replica waits for its victims there instead of preempting again and no
-lower-priority pod takes the room; a held room whose node is gone, or whose proof the binder did
-not sign for that replica, is dropped."""
+anything, so the replica waits for its victims there (pods terminating, or replicas draining
+from their host) instead of preempting again and no lower-priority pod takes the room; a held
+room whose node or GPU is gone, whose replica is placed, whose model's GPU memory changed, or
+whose proof the binder did not sign for that replica's hold, is dropped."""
 
 from __future__ import annotations
 
