@@ -2,14 +2,14 @@
 the rooms held for replicas whose preemption made them, the record of replicas preempted, and
 the pods' evictions still to carry out.
 
-A replica that fits nowhere may take away lower-priority pods and replicas where
-`binder.preemption` finds room (as for a pod; not with preemptionPolicy Never). The room is held
-for it in the ledger under `held_uid` (never its own uid, which would read as placed) until it is
-placed there or gives up; the victim replicas are handed to `drain` (the model controller's), the
-victim pods queued as an `Eviction` for the controller to carry out off the loop. A replica whose
-victims are still leaving waits for them instead of preempting again. Each held room is written
-in its model's `status.nominations` with a proof signed for the held uid (so it never proves a
-placement); a new leader holds those whose proofs verify again before it places anything
+A replica that fits nowhere may take away lower-priority pods and replicas where `binder.preemption`
+finds room (as for a pod; not with preemptionPolicy Never). The room is held for it in the ledger
+under `held_uid` (never its own uid, which would read as placed) until it is placed there or gives
+up; the victim replicas are handed to `drain` (the model controller's), the victim pods queued as an
+`Eviction` for the controller to carry out off the loop. A replica whose victims are still leaving
+(still charged, or terminating) waits for them instead of preempting again. Each held room is
+written in its model's `status.nominations` with a proof signed for the held uid (so it never proves
+a placement); a new leader holds those whose proofs verify again before it places anything
 (`restore`), and drops one whose node or GPU is gone, whose replica is placed, or whose model
 changed its GPU memory or is gone. No I/O, no clock (time is passed in).
 """
@@ -53,6 +53,9 @@ class Nomination:
     node: str
     gpu: str
     proof: str
+    victims: frozenset[str] = frozenset()
+    """The uids of the pods and replicas taken away for it on its node, known to the leader that
+    decided it only (a new leader sees them terminating or draining)."""
 
 
 def _held(model: ModelInfo, ordinal: int) -> PodInfo:
@@ -257,6 +260,10 @@ class ReplicaPreemption:
         ):
             self.drop(rid)
             return result.message
+        if held is not None and any(pod.uid in held.victims for pod, _ in state.pods_on(held.node)):
+            # Its victims are still leaving its node, even before the cache shows them so.
+            state.nominate(replace(replica, uid=held_uid(rid)), held.node, held.gpu)
+            return result.message
         outcome = preempt(
             state,
             replica,
@@ -282,7 +289,8 @@ class ReplicaPreemption:
         room = replace(replica, uid=held_uid(rid))
         state.nominate(room, outcome.node, gpu.uuid)
         proof = sign(self._ring(), room, outcome.node, gpu.uuid)
-        self._nominations[rid] = Nomination(outcome.node, gpu.uuid, proof)
+        victims = frozenset(v.uid for v in outcome.victims)
+        self._nominations[rid] = Nomination(outcome.node, gpu.uuid, proof, victims)
         replicas = [v for v in outcome.victims if v.host is not None]
         eviction = Eviction(
             model,

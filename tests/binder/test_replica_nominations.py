@@ -18,6 +18,7 @@ import kubernetes.client
 from binder.app import Binder
 from binder.cache import Ledger
 from binder.model import ModelInfo, model_from_api, node_from_api
+from binder.placement import Unschedulable, place
 from binder.proofs import sign
 from binder.replicapreemption import ReplicaPreemption, held_uid
 from binder.state import ClusterState
@@ -33,6 +34,8 @@ from tests.binder.simcluster import (
     node_of,
 )
 from tests.binder.test_leader import two_replicas
+from tests.binder.test_placement import NOW, cluster
+from tests.binder.test_preemption import low
 from tests.binder.test_replica_priority import (
     BULK,
     create,
@@ -107,6 +110,27 @@ def test_a_new_leader_holds_only_rooms_the_binder_signed_for_that_replica_node_a
     assert state.allocated("a") == [2 * GI, 0]
 
 
+def test_a_replica_waits_for_its_victims_before_the_cache_shows_them_leaving() -> None:
+    ring = KeyRing(b"k" * 32)
+    state = cluster(node_obj("a", [16 * GI]))
+    for name in LOW:
+        low(state, name, "a", 0, "8Gi")
+    m = tritonmodel("resnet", "8Gi")
+    m = replace(m, template=replace(m.template, priority=1000))
+    preemption = ReplicaPreemption(
+        Ledger(state), "binpack", enabled=True, drain=lambda *_: None, ring=lambda: ring
+    )
+    for _ in range(2):  # the second before the watch shows the victim terminating
+        node = preemption.take_room("uid-resnet/0")
+        replica = replace(m.replica(0), nominated_node=node)
+        result = place(state, replica, now=NOW)
+        assert isinstance(result, Unschedulable)
+        preemption.decide(m, 0, replica, result, NOW)
+    [eviction] = preemption.evictions
+    assert len(eviction.pods) == 1, "one victim, taken once"
+    assert set(state.nominated) == {held_uid("uid-resnet/0")}
+
+
 def nominations(custom: Any, name: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = (read(custom, name).get("status") or {}).get("nominations") or []
     return found
@@ -154,7 +178,13 @@ async def test_a_new_leader_keeps_the_room_a_replicas_preemption_holds(
     add_node(kube_api, "a", [16 * GI])
     leader, follower = await two_replicas(make_binder)
     victim, held = await preempting_replica(core, custom)
-    await eventually(lambda: seen_held(follower), what="the follower seeing the held room")
+    victim_uid = core.read_namespaced_pod(victim, "default").metadata.uid
+
+    def seen(binder: Binder) -> bool:
+        charged = binder.ledger.state.charged_pod(victim_uid)
+        return seen_held(binder) and charged is not None and charged.deleting
+
+    await eventually(lambda: seen(follower), what="the follower seeing the room and the victim")
     await make_binder.stop(leader)
     await eventually(lambda: follower.elector.is_leader, within=10, what="the takeover")
     # A pending pod of lower priority does not take the room while the victim leaves.
