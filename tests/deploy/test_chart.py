@@ -288,6 +288,8 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     assert node == {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
     # What Prometheus' Kubernetes discovery names the annotation seldon.io/trtis-model-id.
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_annotation_seldon_io_trtis_model_id"]
+    hosts = _the(objects, "PodMonitor", "tritonshare-model-hosts")["spec"]["selector"]
+    assert hosts == {"matchLabels": {"seldon.io/trtis-model-host": "true"}}
     rule = _the(objects, "PrometheusRule", "tritonshare")
     exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert f'job="{CUSTOM_NAMESPACE}/tritonshare-node"' in exprs
