@@ -1,5 +1,5 @@
-"""The autoscaling step of `make demo`, of tests/e2e/test_autoscale.py and of
-`python -m benchmarks.autoscale`: KServe's concurrency experiment, run on tritonshare.
+"""The autoscaling step of `make demo` and `python -m benchmarks.autoscale`: KServe's concurrency
+experiment, run on tritonshare; and its parts that tests/e2e/test_tritonmodel_two_nodes.py reuses.
 
 A model Deployment (`scaler`, the short form tritonshare's webhook completes, on the node with the
 real Triton) has a KEDA ScaledObject as deploy/example ships one: target concurrency 1 (the
@@ -15,6 +15,11 @@ A watch of the Deployment's pods times each new replica's cold start by phase: c
 its files fetched into the pod (the storage initializer done), its model loaded on the node (the
 loader done, or the agent's ModelLoaded condition if it comes first), Ready, and its first
 answer to a client.
+
+With `target="tritonmodel"`, a TritonModel `scaler` takes the Deployment's place (`SCALED`): its
+ScaledObject's `scaleTargetRef` names it, Prometheus scrapes the namespace's model hosts, and a
+watch of the model and its hosts times each replica: asked for, placed, loaded on its node, Ready
+in the Service's endpoints, first answer (`ReplicaWatch`).
 """
 
 from __future__ import annotations
@@ -99,7 +104,7 @@ def query(namespace: str, signal: str = "irate", model: str = NAME) -> str:
     )
 
 
-TRITONMODEL_REF = {"apiVersion": "tritonshare.io/v1alpha1", "kind": "TritonModel"}
+TRITONMODEL_REF = {"apiVersion": "/".join(TRITONMODEL_API[:2]), "kind": "TritonModel"}
 """A ScaledObject's `scaleTargetRef` for a TritonModel, less its name (a Deployment's is the
 default: its name alone)."""
 
@@ -586,7 +591,6 @@ class Scaled(Protocol):
     """The ScaledObject's `scaleTargetRef`, less the name."""
     selector: str
     """The label selector of its Service."""
-    phases: tuple[str, ...]
 
     def create(self, uri: str) -> None: ...
 
@@ -608,7 +612,6 @@ class ScaledDeployment:
     kind: str = "Deployment"
     ref: dict[str, str] | None = None
     selector: str = SELECTOR
-    phases: tuple[str, ...] = PHASES
 
     def __init__(self, cluster: SimCluster, namespace: str) -> None:
         assert cluster.kube is not None
@@ -641,7 +644,6 @@ class ScaledTritonModel:
     kind: str = "TritonModel"
     ref: dict[str, str] | None = TRITONMODEL_REF
     selector: str = f"{serves_label(KEYS, NAME)}=true"
-    phases: tuple[str, ...] = REPLICA_PHASES
 
     def __init__(self, cluster: SimCluster, namespace: str) -> None:
         assert cluster.kube is not None
