@@ -275,6 +275,8 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     policy = _the(objects, "NetworkPolicy", "tritonshare-node")
     model_rule, monitoring_rule = policy["spec"]["ingress"]
     assert {p["port"] for p in model_rule["ports"]} == {8010, 8011, 8200}
+    peers = [peer["podSelector"]["matchLabels"] for peer in model_rule["from"]]
+    assert peers == [{"tritonshare.io/role": "model"}, {"seldon.io/trtis-model-host": "true"}]
     assert {p["port"] for p in monitoring_rule["ports"]} == {8012, 8202}
     for name in ("tritonshare-node", "tritonshare-binder"):
         rule = _the(objects, "NetworkPolicy", name)["spec"]["ingress"][-1]
