@@ -19,6 +19,14 @@ closing line:
     autoscale: target 1, concurrency 5 -> R replicas Ready in T s; cold start p50/max A/B s
     (files on the node) C/D s (files sent); ...
 
+With `--as tritonmodel`, the same experiment on a TritonModel instead of a Deployment: its
+ScaledObject's `scaleTargetRef` names the TritonModel, Prometheus scrapes the namespace's model
+hosts (the query keeps the model's series, by its `model` label), and the cluster has `--nodes`
+real nodes (the maximum replicas by default: a TritonModel has one replica per node at most),
+each with its own Triton, agent, gateway and kubelet. Each new replica is timed by its own
+phases (seconds after the TritonModel asked for it: placed, loaded on its node, Ready in the
+Service's endpoints, first answer).
+
 With `--cold-start-only`, no autoscaler and no Prometheus: the Deployment is scaled from one
 replica to 1 + `--new-replicas` (files sent), back to one, and up again (the node kept the
 files), under two back-to-back callers, and each new replica's phases are printed, then:
@@ -28,7 +36,7 @@ files), under two back-to-back callers, and each new replica's phases are printe
 
 Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-replicas 5
      --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30 --once
-     --model-mib 0] | [--cold-start-only --new-replicas 1]
+     --model-mib 0 --as pods|tritonmodel --nodes N] | [--cold-start-only --new-replicas 1]
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sim.cluster import SimCluster
+from sim.cluster import NodeSpec, SimCluster
 from sim.demo import autoscale
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.triton import TritonInstall
@@ -104,9 +112,28 @@ def main() -> int:
         default=1,
         help="replicas each scale-up of --cold-start-only adds at once (1)",
     )
+    parser.add_argument(
+        "--as",
+        dest="target",
+        choices=("pods", "tritonmodel"),
+        default="pods",
+        help="scale a model Deployment (pods, the default) or a TritonModel (tritonmodel)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        help="with --as tritonmodel: real nodes, each with its own Triton (--max-replicas)",
+    )
     args = parser.parse_args()
     if args.new_replicas < 1:
         parser.error(f"--new-replicas must be at least 1, not {args.new_replicas}")
+    if args.target == "pods" and args.nodes is not None:
+        parser.error("--nodes is for --as tritonmodel: a Deployment's pods share one real node")
+    if args.target == "tritonmodel" and args.cold_start_only:
+        parser.error("--cold-start-only times a Deployment's pods: leave out --as tritonmodel")
+    nodes = args.nodes if args.nodes is not None else args.max_replicas
+    if nodes < 1:
+        parser.error(f"--nodes must be at least 1, not {nodes}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.cold_start_only:
         return cold_start_only(args.new_replicas, args.request_seconds)
@@ -116,7 +143,9 @@ def main() -> int:
         return 2
     TritonInstall.find()  # fails early, with what to install, when nvidia-pytriton is missing
     started = time.strftime("%Y-%m-%d")
-    with one_node_cluster("tritonshare-autoscale-") as made:
+    with one_node_cluster(
+        "tritonshare-autoscale-", nodes if args.target == "tritonmodel" else 0
+    ) as made:
         if made is None:
             return 2
         cluster, work = made
@@ -136,6 +165,7 @@ def main() -> int:
             signal=args.signal,
             again=not args.once,
             padding=args.model_mib * 1024 * 1024,
+            target="tritonmodel" if args.target == "tritonmodel" else "deployment",
             say=print,
         )
         # The agents' own logs, wherever the simulated kubelet wrote them.
@@ -144,13 +174,16 @@ def main() -> int:
     print("replicas over time (s since the load started: asked / Ready):")
     for at, asked, ready in result.timeline:
         print(f"  {at:6.1f} s  {asked} / {ready}")
-    print_phases(
-        "cold start of each new replica (s after the pod was created):", result.cold_starts
+    created = (
+        "the TritonModel asked for it" if args.target == "tritonmodel" else "the pod was created"
     )
+    phases = autoscale.REPLICA_PHASES if args.target == "tritonmodel" else autoscale.PHASES
+    print_phases(f"cold start of each new replica (s after {created}):", result.cold_starts, phases)
     if result.kept_starts:
         print_phases(
             "cold start of each replica of the second scale-up (files on the node):",
             result.kept_starts,
+            phases,
         )
     print(
         f"requests under load: {result.requests}, failed {len(result.failed)}; latency "
@@ -176,12 +209,16 @@ def main() -> int:
 
 
 @contextlib.contextmanager
-def one_node_cluster(prefix: str) -> Iterator[tuple[SimCluster, Path] | None]:
-    """The simulated cluster both runs use (one node, the webhook, the models' namespace) in a
-    temporary directory, with that directory; None, said on stderr, when it misses a part."""
+def one_node_cluster(prefix: str, real_nodes: int = 0) -> Iterator[tuple[SimCluster, Path] | None]:
+    """The simulated cluster the runs use (the webhook, the models' namespace; one node, or
+    `real_nodes` one-T4 nodes each with its own Triton) in a temporary directory, with that
+    directory; None, said on stderr, when it misses a part."""
+    nodes = [NODES[0]]
+    if real_nodes:
+        nodes = [NodeSpec(f"t4-node-{i}", "1xT4", real=True) for i in range(real_nodes)]
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         work = Path(tmp)
-        with SimCluster(work / "cluster", [NODES[0]], binders=1, webhook=True) as cluster:
+        with SimCluster(work / "cluster", nodes, binders=1, webhook=True) as cluster:
             if cluster.missing:
                 print(f"the simulated cluster is missing {cluster.missing}", file=sys.stderr)
                 yield None
@@ -190,11 +227,13 @@ def one_node_cluster(prefix: str) -> Iterator[tuple[SimCluster, Path] | None]:
             yield cluster, work
 
 
-def print_phases(title: str, starts: list[dict[str, float]]) -> None:
+def print_phases(
+    title: str, starts: list[dict[str, float]], names: tuple[str, ...] = autoscale.PHASES
+) -> None:
     print(title)
-    print("  " + "  ".join(f"{phase:>16}" for phase in autoscale.PHASES))
+    print("  " + "  ".join(f"{phase:>16}" for phase in names))
     for phases in starts:
-        cells = (f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in autoscale.PHASES)
+        cells = (f"{phases[p]:16.2f}" if p in phases else f"{'-':>16}" for p in names)
         print("  " + "  ".join(cells))
 
 

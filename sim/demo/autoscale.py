@@ -1,5 +1,5 @@
-"""The autoscaling step of `make demo`, of tests/e2e/test_autoscale.py and of
-`python -m benchmarks.autoscale`: KServe's concurrency experiment, run on tritonshare.
+"""The autoscaling step of `make demo` and `python -m benchmarks.autoscale`: KServe's concurrency
+experiment, run on tritonshare; and its parts that tests/e2e/test_tritonmodel_two_nodes.py reuses.
 
 A model Deployment (`scaler`, the short form tritonshare's webhook completes, on the node with the
 real Triton) has a KEDA ScaledObject as deploy/example ships one: target concurrency 1 (the
@@ -15,11 +15,17 @@ A watch of the Deployment's pods times each new replica's cold start by phase: c
 its files fetched into the pod (the storage initializer done), its model loaded on the node (the
 loader done, or the agent's ModelLoaded condition if it comes first), Ready, and its first
 answer to a client.
+
+With `target="tritonmodel"`, a TritonModel `scaler` takes the Deployment's place (`SCALED`): its
+ScaledObject's `scaleTargetRef` names it, Prometheus scrapes the namespace's model hosts, and a
+watch of the model and its hosts times each replica: asked for, placed, loaded on its node, Ready
+in the Service's endpoints, first answer (`ReplicaWatch`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -31,7 +37,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import kubernetes.client
 import numpy as np
@@ -39,6 +45,7 @@ import tritonclient.http as httpclient
 from kubernetes.client.exceptions import ApiException
 
 from common.contract import DEFAULT_PROXY_HTTP_PORT, DEFAULT_PROXY_METRICS_PORT, Keys
+from common.hosted import host_label, loaded_condition, serves_label
 from sim.cluster import SimCluster
 from sim.controllers.hpa import Autoscalers, Prometheus
 from sim.demo import rollout
@@ -52,6 +59,11 @@ NAME = "scaler"
 SELECTOR = f"app={NAME}"
 INPUT = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 PHASES = ("bound", "files in the pod", "loaded", "ready", "first answer")
+"""A model pod's phases."""
+REPLICA_PHASES = ("placed", "loaded", "ready", "first answer")
+"""A TritonModel replica's phases (its host's pod starts once per node, not per replica)."""
+TRITONMODEL_API = ("tritonshare.io", "v1alpha1", "tritonmodels")
+JsonObject = dict[str, Any]
 KEPT_MESSAGE = "came from the node's kept copy"
 """What the loader's termination message says of an install from the node's kept copy."""
 
@@ -79,27 +91,40 @@ def slow_model(source: Path, directory: Path, seconds: float, padding: int = 0) 
     return directory
 
 
-def query(namespace: str, signal: str = "irate") -> str:
-    """The ScaledObject's PromQL on the proxies' concurrency integral: `irate` is the average
-    concurrency over the last scrape interval (it follows a burst within one scrape); `rate` over
-    1m is smoother and takes a minute to reach a new level."""
+def query(namespace: str, signal: str = "irate", model: str = NAME) -> str:
+    """The ScaledObject's PromQL on the proxies' concurrency integral of `model` (a host's
+    proxy serves several models: each series has its `model` label): `irate` is the average
+    concurrency over the last scrape interval (it follows a burst within one scrape); `rate`
+    over 1m is smoother and takes a minute to reach a new level."""
     if signal not in ("irate", "rate"):
         raise ValueError(f"signal must be irate or rate, not {signal!r}")
     return (
         f"sum({signal}(tritonshare_proxy_concurrency_seconds_total"
-        f'{{namespace="{namespace}", model="{NAME}"}}[1m]))'
+        f'{{namespace="{namespace}", model="{model}"}}[1m]))'
     )
 
 
+TRITONMODEL_REF = {"apiVersion": "/".join(TRITONMODEL_API[:2]), "kind": "TritonModel"}
+"""A ScaledObject's `scaleTargetRef` for a TritonModel, less its name (a Deployment's is the
+default: its name alone)."""
+
+
 def scaled_object(
-    namespace: str, max_replicas: int, scale_down_window: int, signal: str
+    namespace: str,
+    max_replicas: int,
+    scale_down_window: int,
+    signal: str,
+    *,
+    name: str = NAME,
+    ref: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """KEDA's ScaledObject for the model `name` (a Deployment, or the kind `ref` names)."""
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": {"name": NAME, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "scaleTargetRef": {"name": NAME},
+            "scaleTargetRef": {**(ref or {}), "name": name},
             "minReplicaCount": 1,
             "maxReplicaCount": max_replicas,
             "advanced": {
@@ -114,7 +139,7 @@ def scaled_object(
                     "type": "prometheus",
                     "metadata": {
                         "serverAddress": "http://prometheus-operated.monitoring.svc:9090",
-                        "query": query(namespace, signal),
+                        "query": query(namespace, signal, name),
                         "threshold": "1",
                     },
                 }
@@ -138,6 +163,21 @@ class PodTimes:
         return {phase: at - self.created for phase, at in self.phases.items()}
 
 
+def write_targets(targets: Path, namespace: str, pods: dict[str, str]) -> None:
+    """Prometheus's file of scrape targets: the proxy of each pod (name: address), labelled by
+    namespace and pod as a PodMonitor labels them; replaced at once, never read half written."""
+    groups = [
+        {
+            "targets": [f"{address}:{DEFAULT_PROXY_METRICS_PORT}"],
+            "labels": {"namespace": namespace, "pod": name},
+        }
+        for name, address in sorted(pods.items())
+    ]
+    partial = targets.with_suffix(".partial")
+    partial.write_text(json.dumps(groups))
+    partial.replace(targets)
+
+
 class PodWatch:
     """Times every pod of the Deployment by phase, and keeps Prometheus's file of scrape targets
     (every pod with an address that is not being deleted, as a PodMonitor selects them)."""
@@ -154,16 +194,7 @@ class PodWatch:
         self._write_targets()
 
     def _write_targets(self) -> None:
-        groups = [
-            {
-                "targets": [f"{address}:{DEFAULT_PROXY_METRICS_PORT}"],
-                "labels": {"namespace": self.namespace, "pod": name},
-            }
-            for name, address in sorted(self._scraped.items())
-        ]
-        partial = self.targets.with_suffix(".partial")
-        partial.write_text(json.dumps(groups))
-        partial.replace(self.targets)
+        write_targets(self.targets, self.namespace, self._scraped)
 
     def _seen(self, event_type: str, pod: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -237,14 +268,164 @@ class PodWatch:
         self._thread.join(15)
 
 
+class ReplicaWatch:
+    """Times every replica of the TritonModel `model` by phase, and keeps Prometheus's file of
+    scrape targets (the namespace's model hosts with an address, not being deleted: their proxy
+    serves every replica of the namespace on its node, each series labelled by `model`).
+
+    A replica is its ordinal: created when the model's `spec.replicas` first asks for it, placed
+    when `status.placements` names its node, loaded when the agent's `loaded-<model>` condition on
+    that node's host is True, ready when the host is in the model's Service (its `serves-<model>`
+    label and Ready), and its first answer from the host's address after that. A replica asked
+    for again after a scale-down is a new one (`replica N (2)`)."""
+
+    def __init__(
+        self, api: kubernetes.client.ApiClient, namespace: str, model: str, targets: Path
+    ) -> None:
+        self.core = cast(Any, kubernetes.client.CoreV1Api(api))
+        self.custom = cast(Any, kubernetes.client.CustomObjectsApi(api))
+        self.namespace = namespace
+        self.model = model
+        self.targets = targets
+        self.pods: dict[str, PodTimes] = {}
+        """Every replica seen, by `replica N` (the name of a pod's record in `PodWatch`)."""
+        self._live: dict[int, str] = {}
+        """The record of each ordinal asked for now."""
+        self._nodes: dict[str, str] = {}
+        """The node each record's replica was placed on."""
+        self._hosts: dict[str, JsonObject] = {}
+        """The live host pod of each node."""
+        self._scraped: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._follow, args=(kind,), name=f"autoscale-{kind}-watch")
+            for kind in ("model", "hosts")
+        ]
+        self._write_targets()
+
+    def _write_targets(self) -> None:
+        write_targets(self.targets, self.namespace, self._scraped)
+
+    def _model_seen(self, obj: JsonObject) -> None:
+        now = time.monotonic()
+        asked = int((obj.get("spec") or {}).get("replicas") or 0)
+        placements = (obj.get("status") or {}).get("placements") or []
+        placed = {int(p["replica"]): str(p["node"]) for p in placements if p.get("node")}
+        with self._lock:
+            for ordinal in [o for o in self._live if o >= asked]:
+                del self._live[ordinal]
+            for ordinal in range(asked):
+                if ordinal not in self._live:
+                    name = f"replica {ordinal}"
+                    again = sum(1 for n in self.pods if n.split(" (")[0] == name)
+                    name = f"{name} ({again + 1})" if again else name
+                    self.pods[name] = PodTimes(name, now)
+                    self._live[ordinal] = name
+                record = self._live[ordinal]
+                if ordinal in placed and record not in self._nodes:
+                    self._nodes[record] = placed[ordinal]
+                    self.pods[record].phases.setdefault("placed", now)
+            self._refresh(now)
+
+    def _host_seen(self, event_type: str, pod: JsonObject) -> None:
+        now = time.monotonic()
+        meta, status = pod["metadata"], pod.get("status") or {}
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        address = status.get("podIP") or ""
+        with self._lock:
+            scraped = dict(self._scraped)
+            if event_type == "DELETED" or meta.get("deletionTimestamp") or not node:
+                if (self._hosts.get(node) or {}).get("metadata", {}).get("name") == meta["name"]:
+                    del self._hosts[node]
+                scraped.pop(meta["name"], None)
+            else:
+                self._hosts[node] = pod
+                if address:
+                    scraped[meta["name"]] = address
+            if scraped != self._scraped:
+                self._scraped = scraped
+                self._write_targets()
+            self._refresh(now)
+
+    def _refresh(self, now: float) -> None:
+        """Note what each live replica's host shows (lock held)."""
+        loaded_type = loaded_condition(KEYS, self.model)
+        serves = serves_label(KEYS, self.model)
+        for name in self._live.values():
+            host = self._hosts.get(self._nodes.get(name, ""))
+            if host is None:
+                continue
+            times = self.pods[name]
+            true = {
+                c.get("type")
+                for c in (host.get("status") or {}).get("conditions") or []
+                if c.get("status") == "True"
+            }
+            if loaded_type in true:
+                times.phases.setdefault("loaded", now)
+            labels = host["metadata"].get("labels") or {}
+            if labels.get(serves) == "true" and "Ready" in true:
+                times.phases.setdefault("ready", now)
+                times.address = times.address or (host.get("status") or {}).get("podIP") or ""
+
+    def answered(self, address: str, at: float) -> None:
+        with self._lock:
+            for name in self._live.values():
+                times = self.pods[name]
+                if times.address == address and "ready" in times.phases:
+                    times.phases.setdefault("first answer", at)
+
+    def _follow(self, kind: str) -> None:
+        if kind == "model":
+            call: Callable[..., Any] = self.custom.list_namespaced_custom_object
+            args: tuple[str, ...] = (*TRITONMODEL_API[:2], self.namespace, TRITONMODEL_API[2])
+            selectors = {"field_selector": f"metadata.name={self.model}"}
+        else:
+            call, args = self.core.list_namespaced_pod, (self.namespace,)
+            selectors = {"label_selector": f"{host_label(KEYS)}=true"}
+        while not self._stop.is_set():
+            try:
+                response = call(*args, **selectors, _preload_content=False)
+                listed = json.loads(response.data)
+                events = [("ADDED", item) for item in listed.get("items", [])]
+                rv = listed["metadata"]["resourceVersion"]
+                for event_type, raw in itertools.chain(
+                    events, watch_events(call, self._stop, rv, *args, **selectors)
+                ):
+                    if kind == "model":
+                        self._model_seen(raw)
+                    else:
+                        self._host_seen(event_type, raw)
+            except Exception:
+                if self._stop.wait(0.5):
+                    return
+
+    def __enter__(self) -> ReplicaWatch:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(15)
+
+
+class Answers(Protocol):
+    def answered(self, address: str, at: float) -> None: ...
+
+
 @dataclass
 class Load:
-    """`clients` callers sending back to back (or every `interval` s) through the endpoints."""
+    """`clients` callers sending back to back (or every `interval` s) through the endpoints;
+    each answer is told to `watch` (the first answer of a replica)."""
 
     endpoints: Endpoints
-    watch: PodWatch
+    watch: Answers
     clients: int
     interval: float = 0.0
+    model: str = NAME
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -270,7 +451,7 @@ class Load:
                             connection_timeout=30,
                             network_timeout=30,
                         )
-                    http.infer(NAME, [tensor])
+                    http.infer(self.model, [tensor])
                 except Exception as e:
                     self.failures.append(f"{address}: {type(e).__name__}: {e}")
                     with contextlib.suppress(Exception):
@@ -402,6 +583,118 @@ def _replicas(apps: Any, namespace: str) -> tuple[int, int]:
     return int(d.spec.replicas or 0), int(d.status.ready_replicas or 0)
 
 
+class Scaled(Protocol):
+    """What the experiment scales, `scaler` in `namespace`: how it is made, counted and timed."""
+
+    kind: str
+    ref: dict[str, str] | None
+    """The ScaledObject's `scaleTargetRef`, less the name."""
+    selector: str
+    """The label selector of its Service."""
+
+    def create(self, uri: str) -> None: ...
+
+    def replicas(self) -> tuple[int, int]:
+        """(replicas asked for, replicas ready)."""
+        ...
+
+    def at_minimum(self) -> bool:
+        """One replica asked for and ready, and nothing of the others left."""
+        ...
+
+    def watch(self, targets: Path) -> PodWatch | ReplicaWatch: ...
+
+
+class ScaledDeployment:
+    """A model Deployment on the node with the real Triton (the short form, completed by the
+    webhook); its pods are timed by phase."""
+
+    kind: str = "Deployment"
+    ref: dict[str, str] | None = None
+    selector: str = SELECTOR
+
+    def __init__(self, cluster: SimCluster, namespace: str) -> None:
+        assert cluster.kube is not None
+        self.cluster, self.namespace = cluster, namespace
+        self.apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+        self.node = cluster.real_node.name if cluster.real_node is not None else ""
+
+    def create(self, uri: str) -> None:
+        manifest = rollout.deployment_manifest(uri, node=self.node, name=NAME)
+        self.apps.create_namespaced_deployment(self.namespace, manifest)
+
+    def replicas(self) -> tuple[int, int]:
+        return _replicas(self.apps, self.namespace)
+
+    def at_minimum(self) -> bool:
+        pods = cast(Any, self.cluster.core).list_namespaced_pod(
+            self.namespace, label_selector=SELECTOR
+        )
+        return self.replicas() == (1, 1) and len(pods.items) == 1
+
+    def watch(self, targets: Path) -> PodWatch:
+        assert self.cluster.kube is not None
+        return PodWatch(self.cluster.kube, self.namespace, targets)
+
+
+class ScaledTritonModel:
+    """A TritonModel (one replica per node at most, on the cluster's real nodes); its replicas
+    are timed by phase, and its hosts' proxies scraped."""
+
+    kind: str = "TritonModel"
+    ref: dict[str, str] | None = TRITONMODEL_REF
+    selector: str = f"{serves_label(KEYS, NAME)}=true"
+
+    def __init__(self, cluster: SimCluster, namespace: str) -> None:
+        assert cluster.kube is not None
+        self.cluster, self.namespace = cluster, namespace
+        self.custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+
+    def create(self, uri: str) -> None:
+        body = {
+            "apiVersion": "/".join(TRITONMODEL_API[:2]),
+            "kind": "TritonModel",
+            "metadata": {"name": NAME},
+            "spec": {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1},
+        }
+        self.custom.create_namespaced_custom_object(
+            *TRITONMODEL_API[:2], self.namespace, TRITONMODEL_API[2], body
+        )
+
+    def _object(self) -> JsonObject:
+        found: JsonObject = self.custom.get_namespaced_custom_object(
+            *TRITONMODEL_API[:2], self.namespace, TRITONMODEL_API[2], NAME
+        )
+        return found
+
+    def replicas(self) -> tuple[int, int]:
+        obj = self._object()
+        status = obj.get("status") or {}
+        return int(obj["spec"].get("replicas") or 0), int(status.get("readyReplicas") or 0)
+
+    def at_minimum(self) -> bool:
+        obj = self._object()
+        status = obj.get("status") or {}
+        hosts = cast(Any, self.cluster.core).list_namespaced_pod(
+            self.namespace, label_selector=f"{host_label(KEYS)}=true"
+        )
+        asked_ready = (obj["spec"].get("replicas"), status.get("readyReplicas"))
+        return (
+            asked_ready == (1, 1) and len(status.get("placements") or []) == len(hosts.items) == 1
+        )
+
+    def watch(self, targets: Path) -> ReplicaWatch:
+        assert self.cluster.kube is not None
+        return ReplicaWatch(self.cluster.kube, self.namespace, NAME, targets)
+
+
+SCALED: dict[str, Callable[[SimCluster, str], Scaled]] = {
+    "deployment": ScaledDeployment,
+    "tritonmodel": ScaledTritonModel,
+}
+"""What `run` scales, by its `target`."""
+
+
 def run(
     cluster: SimCluster,
     source: Path,
@@ -421,46 +714,45 @@ def run(
     settle: float = 60.0,
     again: bool = False,
     padding: int = 0,
+    target: str = "deployment",
     say: Callable[[str], None] = lambda _: None,
 ) -> AutoscaleResult:
     """Deploy `source` (the add_one model, made to take `request_seconds` per request) as
     `scaler` with its ScaledObject, load it, idle, and report; with `again`, once scaled back
     to one replica, load it as long once more and time the new replicas of that second scale-up
     apart (`kept_starts`: their node kept the model's files when the first ones left).
-    `padding`: bytes of weights added to the model."""
+    `padding`: bytes of weights added to the model. `target`: what is scaled (`SCALED`), a
+    model Deployment or a TritonModel."""
     assert cluster.model_store is not None and cluster.kube is not None
     assert cluster.apiserver is not None
     workdir.mkdir(parents=True, exist_ok=True)
     result = AutoscaleResult(clients=clients)
-    apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
+    scaled = SCALED[target](cluster, namespace)
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
     model = slow_model(source, workdir / "model", request_seconds, padding)
     uri = cluster.model_store.publish(NAME, model)
-    node = cluster.real_node.name if cluster.real_node is not None else ""
     targets = workdir / "targets.json"
     with (
-        PodWatch(cluster.kube, namespace, targets) as watch,
+        scaled.watch(targets) as watch,
         prometheus(prometheus_binary, workdir, targets, scrape_interval) as listen,
         contextlib.closing(cluster.apiserver.api_client()) as autoscaler_api,
         Autoscalers(
             autoscaler_api, Prometheus(listen), cluster.apiserver.clock.now, sync_period
         ) as _autoscalers,
-        Endpoints(cluster.kube, namespace, SELECTOR) as endpoints,
+        Endpoints(cluster.kube, namespace, scaled.selector) as endpoints,
     ):
-        apps.create_namespaced_deployment(
-            namespace, rollout.deployment_manifest(uri, node=node, name=NAME)
-        )
+        scaled.create(uri)
         custom.create_namespaced_custom_object(
             "keda.sh",
             "v1alpha1",
             namespace,
             "scaledobjects",
-            scaled_object(namespace, max_replicas, scale_down_window, signal),
+            scaled_object(namespace, max_replicas, scale_down_window, signal, ref=scaled.ref),
         )
-        wait_until("the first replica Ready", lambda: _replicas(apps, namespace)[1] >= 1, 180)
+        wait_until("the first replica Ready", lambda: scaled.replicas()[1] >= 1, 180)
         first = set(watch.pods)
         say(
-            f"Deployment {NAME}: 1 replica Ready; a ScaledObject asks for concurrency 1 per "
+            f"{scaled.kind} {NAME}: 1 replica Ready; a ScaledObject asks for concurrency 1 per "
             f"replica (at most {max_replicas}); Prometheus scrapes every {scrape_interval}, the "
             f"HPA syncs every {sync_period:g} s."
         )
@@ -469,7 +761,7 @@ def run(
 
         def sample() -> tuple[int, int]:
             """Note the replicas asked for and Ready when they change; return them."""
-            now = _replicas(apps, namespace)
+            now = scaled.replicas()
             if not result.timeline or result.timeline[-1][1:] != now:
                 result.timeline.append((time.monotonic() - started, *now))
             if now[1] >= max_replicas and result.ready_after is None:
@@ -497,12 +789,9 @@ def run(
             # least `settle` seconds from the load's start, then until the minimum is back.
             limit = time.monotonic() + deadline
             while time.monotonic() < limit:
-                now = sample()
-                pods = cast(Any, cluster.core).list_namespaced_pod(
-                    namespace, label_selector=SELECTOR
-                )
+                sample()
                 settled = time.monotonic() - started >= settle
-                if settled and now == (1, 1) and len(pods.items) == 1:
+                if settled and scaled.at_minimum():
                     result.scaled_down_to = 1
                     break
                 time.sleep(0.25)
@@ -641,7 +930,7 @@ def cold_starts(
 
 
 def retire(cluster: SimCluster, namespace: str) -> None:
-    """Delete the ScaledObject (its HPA with it) and the Deployment."""
+    """Delete the ScaledObject (its HPA with it) and the Deployment or TritonModel."""
     assert cluster.kube is not None
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
     apps = cast(Any, kubernetes.client.AppsV1Api(cluster.kube))
@@ -655,3 +944,7 @@ def retire(cluster: SimCluster, namespace: str) -> None:
         )
     with contextlib.suppress(ApiException):
         apps.delete_namespaced_deployment(NAME, namespace)
+    with contextlib.suppress(ApiException):
+        custom.delete_namespaced_custom_object(
+            *TRITONMODEL_API[:2], namespace, TRITONMODEL_API[2], NAME
+        )

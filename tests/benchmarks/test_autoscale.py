@@ -1,5 +1,6 @@
-"""`python -m benchmarks.autoscale` times each phase of a cold start from the pods' own status,
-and its single-scale-up mode refuses a count it cannot run before starting anything."""
+"""`python -m benchmarks.autoscale` times each phase of a cold start from the pods' own status
+(or, for a TritonModel, from the model's placements and its hosts' conditions), and refuses
+flags it cannot run before starting anything."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import kubernetes.client
 import pytest
 
 from benchmarks import autoscale as bench
-from sim.demo.autoscale import KEPT_MESSAGE, PodWatch
+from common.contract import Keys
+from common.hosted import loaded_condition, serves_label
+from sim.demo.autoscale import KEPT_MESSAGE, PodWatch, ReplicaWatch
 
 
 def _pod(loader: dict[str, Any] | None = None, ready: bool = False) -> dict[str, Any]:
@@ -60,3 +63,71 @@ def test_a_scale_up_of_no_replicas_is_refused_with_the_flag_to_fix(
         bench.main()
     assert exited.value.code == 2
     assert "--new-replicas must be at least 1, not 0" in capsys.readouterr().err
+
+
+def _model(replicas: int, placed: dict[int, str]) -> dict[str, Any]:
+    placements = [{"replica": r, "node": node} for r, node in placed.items()]
+    return {"spec": {"replicas": replicas}, "status": {"placements": placements}}
+
+
+def _host(node: str, loaded: bool = False, ready: bool = False) -> dict[str, Any]:
+    keys = Keys()
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if loaded:
+        conditions.append({"type": loaded_condition(keys, "scaler"), "status": "True"})
+    labels = {serves_label(keys, "scaler"): "true"} if ready else {}
+    return {
+        "metadata": {"name": f"host-{node}", "labels": labels},
+        "spec": {"nodeName": node},
+        "status": {"podIP": f"127.1.0.{node[-1]}", "conditions": conditions},
+    }
+
+
+def test_a_tritonmodel_replica_is_timed_from_its_placement_and_its_hosts_conditions(
+    tmp_path: Path,
+) -> None:
+    watch = ReplicaWatch(kubernetes.client.ApiClient(), "models", "scaler", tmp_path / "t.json")
+    watch._model_seen(_model(1, {0: "n1"}))
+    watch._host_seen("ADDED", _host("n1", loaded=True, ready=True))
+    first = set(watch.pods)
+    watch._model_seen(_model(2, {0: "n1"}))
+    [new] = set(watch.pods) - first
+    assert watch.pods[new].phases == {}
+    watch._model_seen(_model(2, {0: "n1", 1: "n2"}))
+    watch._host_seen("ADDED", _host("n2"))
+    watch.answered("127.1.0.2", 1e12)
+    assert set(watch.pods[new].phases) == {"placed"}, "no answer before it is in the Service"
+    watch._host_seen("MODIFIED", _host("n2", loaded=True))
+    watch._host_seen("MODIFIED", _host("n2", loaded=True, ready=True))
+    watch.answered("127.1.0.2", 1e12)
+    phases = watch.pods[new].since_created()
+    assert phases["placed"] <= phases["loaded"] <= phases["ready"] <= phases["first answer"]
+    # Prometheus scrapes both hosts' proxies; a host being deleted leaves the targets.
+    assert "127.1.0.2:9002" in (tmp_path / "t.json").read_text()
+    watch._host_seen("DELETED", _host("n2", loaded=True, ready=True))
+    assert "127.1.0.2" not in (tmp_path / "t.json").read_text()
+    # Scaled down and up again: a new record for the same ordinal.
+    watch._model_seen(_model(1, {0: "n1"}))
+    watch._model_seen(_model(2, {0: "n1"}))
+    assert len(set(watch.pods) - first) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--nodes", "3"], "--nodes is for --as tritonmodel"),
+        (["--as", "tritonmodel", "--cold-start-only"], "--cold-start-only times a Deployment"),
+        (["--as", "tritonmodel", "--nodes", "0"], "--nodes must be at least 1, not 0"),
+    ],
+)
+def test_flags_that_do_not_go_together_are_refused_with_what_to_change(
+    argv: list[str],
+    error: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("sys.argv", ["autoscale.py", *argv])
+    with pytest.raises(SystemExit) as exited:
+        bench.main()
+    assert exited.value.code == 2
+    assert error in capsys.readouterr().err

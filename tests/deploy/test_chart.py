@@ -275,6 +275,8 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     policy = _the(objects, "NetworkPolicy", "tritonshare-node")
     model_rule, monitoring_rule = policy["spec"]["ingress"]
     assert {p["port"] for p in model_rule["ports"]} == {8010, 8011, 8200}
+    peers = [peer["podSelector"]["matchLabels"] for peer in model_rule["from"]]
+    assert peers == [{"tritonshare.io/role": "model"}, {"seldon.io/trtis-model-host": "true"}]
     assert {p["port"] for p in monitoring_rule["ports"]} == {8012, 8202}
     for name in ("tritonshare-node", "tritonshare-binder"):
         rule = _the(objects, "NetworkPolicy", name)["spec"]["ingress"][-1]
@@ -288,6 +290,8 @@ def test_custom_values_reach_every_place_that_names_them() -> None:
     assert node == {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
     # What Prometheus' Kubernetes discovery names the annotation seldon.io/trtis-model-id.
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_annotation_seldon_io_trtis_model_id"]
+    hosts = _the(objects, "PodMonitor", "tritonshare-model-hosts")["spec"]["selector"]
+    assert hosts == {"matchLabels": {"seldon.io/trtis-model-host": "true"}}
     rule = _the(objects, "PrometheusRule", "tritonshare")
     exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert f'job="{CUSTOM_NAMESPACE}/tritonshare-node"' in exprs

@@ -96,6 +96,7 @@ def test_the_production_overlay_holds_the_whole_system(kubectl: str) -> None:
         ("PodDisruptionBudget", "tritonshare-binder"),
         ("ValidatingAdmissionPolicy", "tritonshare-agent-own-node"),
         ("PodMonitor", "tritonshare-model-proxies"),
+        ("PodMonitor", "tritonshare-model-hosts"),
         ("PrometheusRule", "tritonshare"),
         ("ConfigMap", "tritonshare-grafana-dashboard"),
     ]:
@@ -657,8 +658,8 @@ def test_the_documented_overlay_moves_monitoring_to_another_namespace(
         }
         assert named == {"observability"}, f"{name} admits {named}"
     selected = [o for o in objects.values() if o["kind"] in ("PodMonitor", "PrometheusRule")]
-    assert len(selected) == 4
-    for obj in selected:  # the three PodMonitors and the rule: what Prometheus selects
+    assert len(selected) == 5
+    for obj in selected:  # the four PodMonitors and the rule: what Prometheus selects
         assert obj["metadata"]["labels"]["release"] == "prometheus", name_of(obj)
     images = {c["image"] for o in objects.values() if (s := pod_spec(o)) for c in containers(s)}
     assert "registry.example.com/tritonshare:0.1.0" in images

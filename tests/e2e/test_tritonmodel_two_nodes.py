@@ -1,12 +1,14 @@
 """A TritonModel on two real nodes of the simulated cluster (each its own Triton, agent, gateway
 and kubelet, on its own address), with a client sending requests through its Service: served with
-one replica; scaled to 2 through the `scale` subresource, as an HPA does, it gets a host on each
-node and both hosts in its Service; scaled back to 1, the other node's replica unloads; rolled to
-new files, a surge replica on the free node serves them before the old one drains. Not one
-request fails, and the answers move to the new files'."""
+one replica; under load, the HPA of its KEDA ScaledObject (the concurrency of its hosts' proxies,
+scraped by a real Prometheus) scales it to 2 through the `scale` subresource, and it gets a host
+on each node and both hosts in its Service; idle, the HPA scales it back to 1 and the other
+node's replica unloads; rolled to new files, a surge replica on the free node serves them before
+the old one drains. Not one request fails, and the answers move to the new files'."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -22,11 +24,14 @@ import tritonclient.http as httpclient
 from common.contract import Keys
 from common.hosted import serves_label
 from sim.cluster import NodeSpec, SimCluster
+from sim.controllers.hpa import USER_AGENT, Autoscalers, Prometheus
+from sim.demo import autoscale
 from sim.demo.rollout import SteadyClient, new_release
 from sim.demo.scenario import MODELS_DIR
 from sim.processes import wait_until
 from sim.service import Endpoints
 from sim.triton import TritonInstall, TritonServer
+from tests.conftest import require_executable
 
 NODES = (NodeSpec("gpu-a", "1xT4", real=True), NodeSpec("gpu-b", "1xT4", real=True))
 NAMESPACE = "team-a"
@@ -36,6 +41,11 @@ OLD, NEW = [[2.0, 3.0, 4.0]], [[101.0, 102.0, 103.0]]
 """The answers to [1, 2, 3] of the first files (add 1) and of the new ones (add 100)."""
 GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
 KEYS = Keys()
+HPA = f"keda-hpa-{MODEL}"
+REQUEST_SECONDS = 0.1
+"""Each request keeps the model busy this long, so three back-to-back callers hold about three
+requests at the proxies (the HPA asks for 2, its maximum), and the steady client, one request
+every 0.2 s, about a third of one (the HPA asks for 1)."""
 
 
 @pytest.fixture
@@ -95,19 +105,20 @@ def _served(client: SteadyClient) -> set[str]:
     return {address for _, address, _ in list(client.answers)}
 
 
-def _scale(custom: Any, replicas: int) -> None:
-    """As an HPA scales it: through the scale subresource."""
-    custom.patch_namespaced_custom_object_scale(
-        GROUP, VERSION, NAMESPACE, PLURAL, MODEL, {"spec": {"replicas": replicas}}
-    )
+def _rescaled(core: Any) -> list[str]:
+    """The messages of the HPA's SuccessfulRescale Events (in no particular order)."""
+    events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={HPA}")
+    return [e.message for e in events.items if e.reason == "SuccessfulRescale"]
 
 
 @pytest.mark.slow
 @pytest.mark.triton
-def test_a_tritonmodel_scales_over_two_real_nodes_and_rolls_without_a_failed_request(
+def test_a_tritonmodel_autoscales_over_two_real_nodes_and_rolls_without_a_failed_request(
     cluster: SimCluster, tmp_path: Path
 ) -> None:
     assert cluster.model_store is not None and cluster.kube is not None
+    assert cluster.apiserver is not None
+    prometheus = require_executable("prometheus")
     core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
     custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
     # Each real node on its own address, its agent and gateway on the same ports as the other's.
@@ -115,7 +126,8 @@ def test_a_tritonmodel_scales_over_two_real_nodes_and_rolls_without_a_failed_req
     assert {g.address for g in cluster.gateways.values()} == {"127.0.0.1", "127.0.0.2"}
     assert len({(g.http, g.grpc) for g in cluster.gateways.values()}) == 1
 
-    uri = cluster.model_store.publish(MODEL, MODELS_DIR / "add_one")
+    slow = autoscale.slow_model(MODELS_DIR / "add_one", tmp_path / "v1", REQUEST_SECONDS)
+    uri = cluster.model_store.publish(MODEL, slow)
     spec = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1, "maxConcurrency": 4}
     body: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
     body |= {"metadata": {"name": MODEL}, "spec": spec}
@@ -125,26 +137,55 @@ def test_a_tritonmodel_scales_over_two_real_nodes_and_rolls_without_a_failed_req
         address = wait_until("the Service's endpoint", service.pick, 30)
         assert _infer(address) == OLD
 
-        # Scaled to 2: a host on each node, both in the Service.
-        _scale(custom, 2)
-        wait_until("2 replicas ready", lambda: _status(custom).get("readyReplicas") == 2, 120)
-        hosts = wait_until(
-            "a host on each node", lambda: len(_hosts(core)) == 2 and _hosts(core), 30
-        )
-        assert {h.spec.node_name for h in hosts} == {n.name for n in NODES}
-        assert {h.status.host_ip for h in hosts} == {"127.0.0.1", "127.0.0.2"}
-        pod_ips = {h.status.pod_ip for h in hosts}
-        assert len(pod_ips) == 2, pod_ips
-        wait_until("both hosts in the Service", lambda: set(service.addresses()) == pod_ips, 30)
-
-        client = SteadyClient(service, model=MODEL)
+        targets = tmp_path / "targets.json"
+        client = SteadyClient(service, model=MODEL, interval=0.2)
         client.start()
         try:
-            wait_until("answers from both hosts", lambda: _served(client) == pod_ips, 30)
-            # Scaled back to 1: the other node's replica leaves the Service and unloads.
-            _scale(custom, 1)
-            wait_until("one host left", lambda: len(_hosts(core)) == 1, 90)
-            wait_until("one host in the Service", lambda: len(service.addresses()) == 1, 30)
+            with (
+                # Prometheus scrapes the namespace's hosts as a PodMonitor would.
+                autoscale.ReplicaWatch(cluster.kube, NAMESPACE, MODEL, targets) as hosts_watch,
+                autoscale.prometheus(prometheus, tmp_path, targets, "1s") as listen,
+                contextlib.closing(cluster.apiserver.api_client()) as hpa_api,
+                Autoscalers(hpa_api, Prometheus(listen), cluster.apiserver.clock.now, 1.0),
+            ):
+                scaled_object = autoscale.scaled_object(
+                    NAMESPACE, 2, 1, "irate", name=MODEL, ref=autoscale.TRITONMODEL_REF
+                )
+                custom.create_namespaced_custom_object(
+                    "keda.sh", "v1alpha1", NAMESPACE, "scaledobjects", scaled_object
+                )
+                load = autoscale.Load(service, hosts_watch, clients=3, model=MODEL)
+                load.start()
+                try:
+                    # Under load, the HPA scales it to 2: a host on each node, both in the Service.
+                    wait_until(
+                        "2 replicas ready", lambda: _status(custom).get("readyReplicas") == 2, 120
+                    )
+                    hosts = wait_until(
+                        "a host on each node", lambda: len(_hosts(core)) == 2 and _hosts(core), 30
+                    )
+                    assert {h.spec.node_name for h in hosts} == {n.name for n in NODES}
+                    assert {h.status.host_ip for h in hosts} == {"127.0.0.1", "127.0.0.2"}
+                    pod_ips = {h.status.pod_ip for h in hosts}
+                    assert len(pod_ips) == 2, pod_ips
+                    wait_until(
+                        "both hosts in the Service", lambda: set(service.addresses()) == pod_ips, 30
+                    )
+                    wait_until("answers from both hosts", lambda: _served(client) == pod_ips, 30)
+                finally:
+                    load.stop()
+                up = _rescaled(core)
+                assert any(m.startswith("New size: 2;") and "above target" in m for m in up), up
+                # Idle, the HPA scales it back to 1: the other node's replica leaves and unloads.
+                wait_until("one host left", lambda: len(_hosts(core)) == 1, 90)
+                wait_until("one host in the Service", lambda: len(service.addresses()) == 1, 30)
+                down = _rescaled(core)
+                assert "New size: 1; reason: All metrics below target" in down, down
+            # Only the HPA scaled it, through the scale subresource.
+            writes = [r for r in cluster.apiserver.audit.writes() if r.resource == PLURAL]
+            scales = [r for r in writes if r.subresource == "scale"]
+            assert len(scales) >= 2 and {r.user_agent for r in scales} == {USER_AGENT}, writes
+            assert load.failures == [] and len(load.latencies) > 0, load.failures[:5]
             [kept] = service.addresses()
             [left] = [h.spec.node_name for h in hosts if h.status.pod_ip != kept]
             wait_until("the replica unloaded", lambda: not _loaded(cluster.tritons[left]), 90)
