@@ -56,6 +56,8 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     sleeping: set[str] = field(default_factory=set)
     """On-demand models unloaded while idle (INSTALLED, files kept)."""
     listings: int = 0
+    reported: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """The failures the last ListHosted reported: model id -> (reason, message)."""
 
     def host(
         self,
@@ -100,6 +102,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self, request: agent_pb2.ListHostedRequest, context: Context
     ) -> agent_pb2.ListHostedResponse:
         self.listings += 1
+        self.reported = {f.model_id: (f.reason, f.message) for f in request.failures}
         listed = []
         for replica in self.replicas.values():
             copy = agent_pb2.HostedReplica()
@@ -358,9 +361,16 @@ async def test_a_failing_replica_does_not_hold_up_another(
         await until(lambda: servicer.count("LoadModel", "identity") >= 2, "rejection retried")
         assert names(tmp_path) == ["add_one"]
         assert fetcher.calls.count(models.url("identity")) == 1, "fetched files are kept"
-        # Fixed upstream: the next attempt serves it.
+        # Each failure reaches the agent with a reason named after its cause, and the cause.
+        await until(lambda: set(servicer.reported) == {"absent", "identity"}, "both reported")
+        reason, message = servicer.reported["absent"]
+        assert reason == "FetchFailed" and "HTTP 404" in message, servicer.reported
+        reason, message = servicer.reported["identity"]
+        assert reason == "ModelRejected" and "Triton" in message, servicer.reported
+        # Fixed upstream: the next attempt serves it, and its failure is no longer reported.
         servicer.rejects.clear()
         await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
+        await until(lambda: set(servicer.reported) == {"absent"}, "identity's failure cleared")
 
 
 async def test_a_restarted_loader_confirms_what_the_agent_has_without_sending_it(
