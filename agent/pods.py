@@ -19,6 +19,7 @@ from typing import Any
 
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    LOAD_FAILURE_REASONS,
     HostedError,
     HostedReplica,
     decode_hosted,
@@ -111,8 +112,10 @@ class PodInfo:
 
     @property
     def pending(self) -> bool:
-        """A replica whose model the host's loader has not yet made READY once."""
-        return self.model_loaded[1] == PENDING_REASON
+        """A replica whose model the host's loader has not yet made READY once (or reports it
+        cannot load)."""
+        reason = self.model_loaded[1]
+        return reason == PENDING_REASON or reason in LOAD_FAILURE_REASONS
 
 
 PENDING_REASON = "ModelPending"

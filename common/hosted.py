@@ -121,7 +121,7 @@ its pod or host stays routed, as its proxy wakes it on the next request."""
 LOAD_FAILED_REASON = "ModelLoadFailed"
 """A host's loader failed to load a replica for a cause it does not name below."""
 LOAD_FAILURE_REASONS = frozenset(
-    {"FetchFailed", "ModelInvalid", "ModelRejected", "ModelRefused", "LoadTimedOut"}
+    {"FetchFailed", "ModelInvalid", "ModelRejected", "LoadRefused", "LoadTimedOut"}
     | {LOAD_FAILED_REASON}
 )
 """The reasons a host's loader reports to the agent (ListHosted) for a replica it cannot load:

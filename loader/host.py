@@ -460,7 +460,7 @@ def _cause(e: LoaderError | TransientError) -> str:
         (FetchError, "FetchFailed"),
         (InvalidModelError, "ModelInvalid"),
         (ModelRejectedError, "ModelRejected"),
-        (RefusedError, "ModelRefused"),
+        (RefusedError, "LoadRefused"),
         (TimedOutError, "LoadTimedOut"),
     ):
         if isinstance(e, kind):
