@@ -55,7 +55,7 @@ from agent.models import CRASHED_REASON, ModelStatus, PodQuarantine, crash_messa
 from agent.placement import Proven
 from agent.pods import PENDING_REASON, PodInfo
 from agent.suspects import REASON as REQUESTS_CRASHED_REASON
-from common.hosted import SLEEPING_REASON
+from common.hosted import LOAD_FAILURE_REASONS, SLEEPING_REASON
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -300,7 +300,10 @@ class ModelConditions:
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:
-                continue
+                if wanted is None or wanted.reason not in LOAD_FAILURE_REASONS:
+                    continue
+                if wanted.message == pod.loaded_message:
+                    continue  # a new cause of the same kind replaces the old message
             await self._write(proven, wanted)
         for proven in crashed:
             await self._fail(proven)

@@ -437,3 +437,14 @@ async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
     )
     await eventually(lambda: reads("team-a", loaded_one, "ModelPending"), what="one cleared")
     await eventually(lambda: reads("team-a", loaded_two, "ModelInvalid"), what="two's new cause")
+    # A new cause of the same kind replaces the message.
+    await running.stub.ListHosted(
+        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no version 1")]),
+        metadata=bearer(token),
+    )
+    await eventually(
+        lambda: (condition_of(kube_api, "team-a", loaded_two) or ("", "", ""))[2].endswith(
+            "no version 1"
+        ),
+        what="two's new message",
+    )
