@@ -130,6 +130,9 @@ or rejected by Triton, or the load timed out. The agent writes them on the repli
 condition; any other reason reads LOAD_FAILED_REASON."""
 LOAD_FAILURE_MESSAGE_CHARS = 400
 """The most of a loader's failure message the agent keeps (and the loader sends)."""
+LOAD_FAILURE_REPORT_CHARS = 32_000
+"""The most message characters one ListHosted reports in all (the agent reads at most 64 KiB of
+it): the replicas past it are reported once others load."""
 
 
 def load_failure(reason: str, message: str) -> tuple[str, str]:

@@ -43,7 +43,7 @@ from typing import Protocol
 
 from common.atomicfile import replace_file
 from common.contract import RESIDENCY_ON_DEMAND, ContractError, validate_model_id
-from common.hosted import LOAD_FAILED_REASON, load_failure
+from common.hosted import LOAD_FAILED_REASON, LOAD_FAILURE_REPORT_CHARS, load_failure
 from common.modelpod import STORAGE_SECRET_DIR
 from loader.agentclient import Hosted, HostedList, LoadFailure, ModelState
 from loader.credentials import storage_headers
@@ -213,12 +213,17 @@ class Host:
         self.decide(listing.replicas)
 
     def failures(self) -> tuple[LoadFailure, ...]:
-        """The replicas whose last load failed and that are not served, with why."""
-        return tuple(
-            LoadFailure(t.model, *load_failure(t.cause, t.reason))
-            for _, t in sorted(self._tracked.items())
-            if t.failures and not t.ready and not t.leaving
-        )
+        """The replicas whose last load failed and that are not served, with why (within
+        LOAD_FAILURE_REPORT_CHARS, so that the call is never too big for the agent)."""
+        found, left = [], LOAD_FAILURE_REPORT_CHARS
+        for _, t in sorted(self._tracked.items()):
+            if t.failures and not t.ready and not t.leaving:
+                failure = LoadFailure(t.model, *load_failure(t.cause, t.reason))
+                left -= len(failure.model_id) + len(failure.message) + len(failure.reason)
+                if left < 0:
+                    break
+                found.append(failure)
+        return tuple(found)
 
     def decide(self, replicas: tuple[Hosted, ...]) -> None:
         """Start what the replicas call for, and list the ready models."""
