@@ -18,9 +18,10 @@ from agent.placement import Proven
 from agent.pods import PodInfo
 from common.hosted import load_failure
 
-REMEMBERED_HOSTS = 10_000
-"""Hosts whose reports are kept; past it all are forgotten (each host reports again at its next
-poll)."""
+REMEMBERED_HOSTS = 1_000
+"""Hosts whose reports are kept (more than a node has pods: a replaced host's report stays until
+then); past it all are forgotten, and each live host reports again at its next poll. Each is at
+most one ListHosted's (the gate reads 64 KiB of it)."""
 
 
 @dataclass(frozen=True)
