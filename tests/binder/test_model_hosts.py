@@ -20,6 +20,7 @@ from common.contract import Keys
 from common.hosted import host_name, loaded_condition
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL, pod_requests
 from proxy.settings import parse_settings as parse_proxy_settings
+from sim.apiserver import RunningApiServer
 from tests.binder import test_tritonmodels
 from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, eventually
@@ -34,6 +35,7 @@ from tests.binder.test_tritonmodels import (
     placed,
     read,
 )
+from tests.deploy.test_admission_policy import client_with_token
 from tests.fixtures_sim import new_watch
 from webhook.mutation import complete
 from webhook.settings import Settings as WebhookSettings
@@ -457,7 +459,11 @@ async def test_a_new_leader_drains_on_what_the_old_one_began(
 
 
 async def test_a_hosts_load_failure_is_the_models_ready_reason_with_one_event_per_cause(
-    nodes: tuple[str, ...], custom: Any, core: Any, make_binder: MakeBinder
+    nodes: tuple[str, ...],
+    custom: Any,
+    core: Any,
+    make_binder: MakeBinder,
+    apiserver: RunningApiServer,
 ) -> None:
     """The host's loader's failure (the agent's loaded condition: FetchFailed and its message)
     is the model's Ready reason, with the node and the cause in its message, and one Event per
@@ -508,6 +514,24 @@ async def test_a_hosts_load_failure_is_the_models_ready_reason_with_one_event_pe
     assert "HTTP" not in other_ready["message"]
     found = core.list_namespaced_event("team-b", field_selector="involvedObject.name=resnet")
     assert [e for e in found.items if e.reason == "ReplicaNotServed"] == []
+
+    # team-b's tenant may write its own host's status (full rights in its namespace): a forged
+    # loaded condition there reaches only its own model, never default's of the same name.
+    token = apiserver.service_account_token("team-b", "default")
+    other_node = other["status"]["placements"][0]["node"]
+    with client_with_token(apiserver, token) as tenant_api:
+        forged = {"status": {"conditions": [{"type": LOADED, "status": "True", "reason": "X"}]}}
+        kubernetes.client.CoreV1Api(tenant_api).patch_namespaced_pod_status(
+            host_name(other_node), "team-b", forged
+        )
+
+    def labelled(namespace: str, node_name: str) -> bool:
+        pod = core.read_namespaced_pod(host_name(node_name), namespace)
+        return bool((pod.metadata.labels or {}).get(SERVES) == "true")
+
+    await eventually(lambda: labelled("team-b", other_node), what="team-b's own host labelled")
+    assert not labelled("default", node)
+    assert ready()["reason"] == "FetchFailed" and status(custom)["readyReplicas"] == 0
 
     # Loaded at last: Ready.
     set_loaded(core, node, "True")
