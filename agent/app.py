@@ -36,6 +36,7 @@ from agent.gpus import GpuReader
 from agent.hostmemory import HostMemory, HostMemoryRules
 from agent.inventory import GpuSnapshot
 from agent.kube import KubeClient, PodWatch
+from agent.loadfailures import LoadFailures
 from agent.memory import MemoryLedger, describe
 from agent.metrics import AgentMetrics
 from agent.modelconfig import ModelPolicy
@@ -282,6 +283,7 @@ class Agent:
             )
             # An exit the witnessed requests explain is not counted against a load.
             self.crashes.witnessed = self.request_crashes.requests_at
+        self.load_failures = LoadFailures()
         self.conditions = ModelConditions(
             self.kube,
             self.events,
@@ -292,6 +294,7 @@ class Agent:
             fail_pod=self.kube.fail_pod,
             hosts=self.pods,
             remove=self.kube.remove_pod_condition,
+            load_failure=self.load_failures.of,
         )
         self.callers: CallerPublisher | None = None
         if settings.gateway_table is not None:
@@ -343,6 +346,7 @@ class Agent:
             settings.node_name,
             self.events,
             on_reinstall=self.conditions.reinstalling,
+            load_failures=self.load_failures,
         )
         self.gate = Gate(
             self.authorizer,

@@ -27,10 +27,11 @@ the agent itself is down, nobody here writes: the binder's `agentdown` marks the
 (status Unknown), and this pass sets them back once the agent runs again.
 A model host's replica (`agent.pods`) is a pod here: its condition is the host's
 `<prefix>loaded-<model>`, judged once the host runs; until the host's loader first makes it READY
-a missing or unloaded model reads ModelPending, and once a draining replica is not served it
-reads ModelDrained (no Event for either). A replica whose proof fails reads False
-with the prover's reason (NotPlacedByBinder, PlacementChanged); the condition of a replica that
-left the host is taken off.
+a missing or unloaded model reads ModelPending, or, while the host's loader reports it cannot
+load it (`agent.loadfailures`), the loader's reason (FetchFailed, ModelInvalid...) with its
+message and an Event; once a draining replica is not served it reads ModelDrained (no Event).
+A replica whose proof fails reads False with the prover's reason (NotPlacedByBinder,
+PlacementChanged); the condition of a replica that left the host is taken off.
 The write is a strategic-merge patch of pods/status (one condition, merged by type), which the
 agent's admission policy narrows to pods bound to the agent's own node. Owns the decision and the
 pass; the API call is agent.kube's.
@@ -49,11 +50,12 @@ from typing import Protocol
 from agent.errors import AgentError, KubeError, NotPlacedError, TritonUnreachableError
 from agent.events import PodEvents
 from agent.lifecycle import CONDITIONS, PASSING, ModelState
+from agent.loadfailures import LoadFailure
 from agent.models import CRASHED_REASON, ModelStatus, PodQuarantine, crash_message
 from agent.placement import Proven
 from agent.pods import PENDING_REASON, PodInfo
 from agent.suspects import REASON as REQUESTS_CRASHED_REASON
-from common.hosted import SLEEPING_REASON
+from common.hosted import LOAD_FAILURE_REASONS, SLEEPING_REASON
 from common.lifecycle import spawn
 from common.logs import subject
 
@@ -102,11 +104,19 @@ def missing(model_id: str) -> Verdict:
     )
 
 
-def pending(pod: PodInfo, wanted: Verdict) -> Verdict:
+def pending(pod: PodInfo, wanted: Verdict, failure: LoadFailure | None = None) -> Verdict:
     """What a replica's condition says before its host's loader first makes it READY: a
-    missing or unloaded model is on its way (no Event); a failure or refusal says so."""
+    missing or unloaded model is on its way (no Event), or failing to load as its loader
+    reports (`failure`); a failure or refusal the agent knows says so."""
     if wanted.reason not in (CONDITIONS[ModelState.ABSENT][1], CONDITIONS[ModelState.INSTALLED][1]):
         return wanted
+    if failure is not None:
+        return Verdict(
+            "False",
+            failure.reason,
+            f"model {pod.model_id} is not loaded: the model host's loader cannot load replica "
+            f"{pod.name}: {failure.message}",
+        )
     return Verdict(
         "False",
         PENDING_REASON,
@@ -167,14 +177,17 @@ class ModelConditions:
         fail_pod: Callable[[str, str, str, str], Awaitable[None]] | None = None,
         hosts: Hosts | None = None,
         remove: Callable[[str, str, str], Awaitable[None]] | None = None,
+        load_failure: Callable[[PodInfo], LoadFailure | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`refused(pod)`: why the node gateway refuses the pod's requests (empty: it does
         not); `quarantine(pod)`: whether the pod's model files are quarantined on the node;
         `fail_pod(namespace, name, reason, message)` marks a pod Failed; `hosts`: the model
         hosts' replicas that are not proven, and their conditions left behind, which
-        `remove(namespace, name, condition type)` takes off."""
+        `remove(namespace, name, condition type)` takes off; `load_failure(replica)`: what
+        the replica's host's loader reports it cannot load (`agent.loadfailures`)."""
         self._writer = writer
+        self._load_failure = load_failure
         self._hosts = hosts
         self._remove = remove
         self._refused = refused
@@ -282,11 +295,15 @@ class ModelConditions:
                     f"model host (draining)",
                 )
             elif wanted is not None and pod.host and not pod.running and wanted.status == "False":
-                wanted = pending(pod, wanted)
+                failure = self._load_failure(pod) if self._load_failure is not None else None
+                wanted = pending(pod, wanted, failure)
             if wanted is not None and wanted.reason == CRASHED_REASON:
                 crashed.append(proven)
             if wanted is None or (wanted.status, wanted.reason) == pod.model_loaded:
-                continue
+                if wanted is None or wanted.reason not in LOAD_FAILURE_REASONS:
+                    continue
+                if wanted.message == pod.loaded_message:
+                    continue  # a new cause of the same kind replaces the old message
             await self._write(proven, wanted)
         for proven in crashed:
             await self._fail(proven)

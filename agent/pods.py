@@ -19,6 +19,7 @@ from typing import Any
 
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    LOAD_FAILURE_REASONS,
     HostedError,
     HostedReplica,
     decode_hosted,
@@ -58,6 +59,8 @@ class PodInfo:
     per-pod limit follows it. Tenant-written, so it only ever lowers the gateway's ceiling."""
     model_loaded: tuple[str, str] = ("", "")
     """The pod's ModelLoaded condition as it stands (status, reason); empty when it has none."""
+    loaded_message: str = ""
+    """For a replica: its loaded condition's message (a new load failure replaces it)."""
     controlled: bool = False
     """A controller (a ReplicaSet, a StatefulSet...) owns it and replaces it when it fails."""
     residency: str = RESIDENCY_ALWAYS
@@ -111,8 +114,10 @@ class PodInfo:
 
     @property
     def pending(self) -> bool:
-        """A replica whose model the host's loader has not yet made READY once."""
-        return self.model_loaded[1] == PENDING_REASON
+        """A replica whose model the host's loader has not yet made READY once (or reports it
+        cannot load)."""
+        reason = self.model_loaded[1]
+        return reason == PENDING_REASON or reason in LOAD_FAILURE_REASONS
 
 
 PENDING_REASON = "ModelPending"
@@ -173,6 +178,7 @@ def hosted_from_dict(
             deleting=host.deleting or entry.draining,
             draining=entry.draining,
             model_loaded=_condition(status, condition),
+            loaded_message=_message(status, condition),
             host=host.name,
             host_uid=host.uid,
             condition_type=condition,
@@ -235,6 +241,13 @@ def _condition(status: Mapping[str, Any], condition_type: str) -> tuple[str, str
         if isinstance(condition, Mapping) and condition.get("type") == condition_type:
             return str(condition.get("status") or ""), str(condition.get("reason") or "")
     return ("", "")
+
+
+def _message(status: Mapping[str, Any], condition_type: str) -> str:
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == condition_type:
+            return str(condition.get("message") or "")
+    return ""
 
 
 _FLAG = "--container-concurrency"

@@ -5,7 +5,8 @@ before a handler reads it. Each RPC takes the caller from the token cache, autho
 model it names, by its public id (a pod with a proven placement on this node; `agent.models`
 then finds the name the pod's model has in Triton and checks the pod owns it), or as the
 platform for listings, which name models as Triton does, or as a model host for ListHosted (its
-replicas whose proofs verify, each with its status); converts the request to domain values, and
+replicas whose proofs verify, each with its status, keeping what its loader reports it cannot
+load: `agent.loadfailures`); converts the request to domain values, and
 converts AgentErrors to gRPC statuses through `agent.errors.grpc_code` only. A refusal that the
 pod's owner should see also becomes a Warning Event on the pod. LoadModel answers FAILED with
 Triton's reason rather than an RPC error when Triton rejects the model, as the proto documents.
@@ -30,6 +31,7 @@ from agent.errors import (
 )
 from agent.events import PodEvents
 from agent.inventory import GpuSnapshot
+from agent.loadfailures import LoadFailures
 from agent.metrics import AgentMetrics
 from agent.models import Chunk, Models, ModelStatus
 from agent.placement import Proven
@@ -69,6 +71,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         events: PodEvents,
         *,
         on_reinstall: Callable[[Proven], None] | None = None,
+        load_failures: LoadFailures | None = None,
     ) -> None:
         self.models = models
         self.authorizer = authorizer
@@ -78,6 +81,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self.node_name = node_name
         self.on_reinstall = on_reinstall
         """Called when a Running pod installs its model again (agent.conditions says so)."""
+        self.load_failures = load_failures
+        """Where ListHosted keeps what a host's loader reports it cannot load."""
 
     def _fail(
         self,
@@ -254,6 +259,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
             caller = await self._caller(context)
             host = await self.authorizer.host_of(caller)
             hosted, refused = self.authorizer.hosted(host)
+            if self.load_failures is not None:
+                self.load_failures.report(
+                    caller.pod_uid,
+                    (proven for _, proven in hosted),
+                    ((f.model_id, f.reason, f.message) for f in request.failures),
+                )
             statuses = await asyncio.gather(
                 *(self.models.status_for(proven) for _, proven in hosted),
                 return_exceptions=True,

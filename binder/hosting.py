@@ -19,8 +19,9 @@ the loop:
   condition (False with kube-scheduler's refusal when a replica fits nowhere, and a Warning
   Event `FailedScheduling` on the model, written only when the refusal changes), the `Ready`
   condition (False naming the replicas not served and why, and a Warning Event
-  `ReplicaNotServed` per replica and reason the agent gives) and the `Progressing` condition
-  (the roll);
+  `ReplicaNotServed` per replica and reason the agent gives, or per message for a host's loader
+  failing to load it: its reason, FetchFailed, ModelInvalid..., is then Ready's) and the
+  `Progressing` condition (the roll);
 - the namespace's model hosts: one pod per node with a replica placed there, named
   `tritonshare-host-<hash of the node>`, created on its node (`spec.nodeName`) as a model pod
   that serves many models (`binder.hostpod`), owned by every TritonModel with a replica there
@@ -105,6 +106,7 @@ from binder.rolling import (
 )
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
+    LOAD_FAILURE_REASONS,
     SLEEPING_REASON,
     HostedError,
     HostedReplica,
@@ -136,6 +138,8 @@ NOT_SERVED_EVENT = "ReplicaNotServed"
 HOST_REFUSED = "FailedCreate"
 """The Ready condition's reason, and the Warning Event's, while the API server refuses a host of
 the model's replicas (a quota on pods, CPU or memory, a LimitRange, a policy)."""
+QUIET_REASONS = frozenset({"ModelPending", "ModelDrained"})
+"""The agent's reasons of a replica on its way in or out: no fault, no Event (as on the host)."""
 READY_REASONS_SHOWN = 3
 """Not-ready replicas the Ready condition's message names (then how many more)."""
 SERVICE_PORTS = [
@@ -801,7 +805,12 @@ class ModelController:
             if loaded.reason in ("", HOST_REFUSED):  # the refusal has its own Event
                 self._reported.pop(replica.uid, None)
                 continue
-            if self._reported.get(replica.uid) == loaded.reason:
+            if loaded.reason in QUIET_REASONS:
+                continue  # no fault; the cause said last is not said again when it comes back
+            # A host's loader's failures are told apart by cause (a 404, then a credential
+            # refused); the agent's other reasons by reason (its messages carry counts).
+            said = loaded.why if loaded.reason in LOAD_FAILURE_REASONS else loaded.reason
+            if self._reported.get(replica.uid) == said:
                 continue
             await self._call(
                 self._kube.record_object_event,
@@ -810,7 +819,7 @@ class ModelController:
                 message=f"replica {ordinal} on node {replica.node_name}: {loaded.why}",
                 reporting_instance=self._identity,
             )
-            self._reported[replica.uid] = loaded.reason
+            self._reported[replica.uid] = said
 
     def _status(
         self,
@@ -836,6 +845,8 @@ class ModelController:
             ready, why, agent_reason = self._served(model, replica.node_name)
             if agent_reason == HOST_REFUSED:
                 not_ready = HOST_REFUSED
+            elif agent_reason in LOAD_FAILURE_REASONS and not_ready == "ReplicasNotReady":
+                not_ready = agent_reason  # the first replica's, by ordinal
             entry: dict[str, Any] = {
                 "replica": ordinal,
                 "node": replica.node_name,

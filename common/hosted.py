@@ -118,6 +118,32 @@ SLEEPING_REASON = "ModelSleeping"
 its pod or host stays routed, as its proxy wakes it on the next request."""
 
 
+LOAD_FAILED_REASON = "ModelLoadFailed"
+"""A host's loader failed to load a replica for a cause it does not name below."""
+LOAD_FAILURE_REASONS = frozenset(
+    {"FetchFailed", "ModelInvalid", "ModelRejected", "LoadRefused", "LoadTimedOut"}
+    | {LOAD_FAILED_REASON}
+)
+"""The reasons a host's loader reports to the agent (ListHosted) for a replica it cannot load:
+its files cannot be fetched (the store's answer, a credential), are invalid, refused by the agent
+or rejected by Triton, or the load timed out. The agent writes them on the replica's loaded
+condition; any other reason reads LOAD_FAILED_REASON."""
+LOAD_FAILURE_MESSAGE_CHARS = 400
+"""The most of a loader's failure message the agent keeps (and the loader sends)."""
+LOAD_FAILURE_REPORT_CHARS = 32_000
+"""The most message characters one ListHosted reports in all (the agent reads at most 64 KiB of
+it): the replicas past it are reported once others load."""
+
+
+def load_failure(reason: str, message: str) -> tuple[str, str]:
+    """A loader's reported failure as the agent keeps it: a known reason, the message on one
+    line and bounded."""
+    text = " ".join(message.split())
+    if len(text) > LOAD_FAILURE_MESSAGE_CHARS:
+        text = text[: LOAD_FAILURE_MESSAGE_CHARS - 3] + "..."
+    return (reason if reason in LOAD_FAILURE_REASONS else LOAD_FAILED_REASON), text
+
+
 def replica_uid(model_uid: str, replica: int) -> str:
     """A replica's uid in proofs and ledgers: no pod's uid has a slash."""
     return f"{model_uid}/{replica}"

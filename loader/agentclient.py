@@ -140,6 +140,15 @@ class Hosted:
 
 
 @dataclass(frozen=True)
+class LoadFailure:
+    """Why the host's loader cannot load one of its replicas (sent with ListHosted)."""
+
+    model_id: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class HostedList:
     """The agent's answer to ListHosted: the replicas it serves for the host, and the entries of
     the host's annotation it refused, each "model/replica: why"."""
@@ -230,11 +239,20 @@ class AgentClient:
             raise self._failure(e, UNLOAD) from e
         return ModelStatus.from_proto(reply)
 
-    async def list_hosted(self, time_limit: float) -> HostedList:
-        """The replicas of the calling model host (its token says which host calls)."""
+    async def list_hosted(
+        self, time_limit: float, failures: tuple[LoadFailure, ...] = ()
+    ) -> HostedList:
+        """The replicas of the calling model host (its token says which host calls); tells the
+        agent the replicas it fails to load now (`failures`)."""
+        request = agent_pb2.ListHostedRequest(
+            failures=[
+                agent_pb2.LoadFailure(model_id=f.model_id, reason=f.reason, message=f.message)
+                for f in failures
+            ]
+        )
         try:
             reply = await self._stub.ListHosted(
-                agent_pb2.ListHostedRequest(), metadata=self._metadata(), timeout=time_limit
+                request, metadata=self._metadata(), timeout=time_limit
             )
         except grpc.aio.AioRpcError as e:
             raise self._failure(e, LIST) from e

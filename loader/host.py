@@ -8,7 +8,9 @@ Every poll asks the agent for the host's replicas (ListHosted) and, per model:
   nothing again), then the SAME flow a model pod's loader runs
   (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
   the replica's model; at most `parallel` at once. A failure is logged with its reason and retried
-  with backoff; it never stops the others.
+  with backoff; it never stops the others. Each ListHosted reports the replicas failing now, with
+  a reason named after the cause (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which
+  the agent writes on the replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
   "idleSeconds"}`, replaced whole), which the host's proxy serves. An on-demand replica the
   proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
@@ -41,10 +43,19 @@ from typing import Protocol
 
 from common.atomicfile import replace_file
 from common.contract import RESIDENCY_ON_DEMAND, ContractError, validate_model_id
+from common.hosted import LOAD_FAILED_REASON, LOAD_FAILURE_REPORT_CHARS, load_failure
 from common.modelpod import STORAGE_SECRET_DIR
-from loader.agentclient import Hosted, HostedList, ModelState
+from loader.agentclient import Hosted, HostedList, LoadFailure, ModelState
 from loader.credentials import storage_headers
-from loader.errors import LoaderError, TransientError
+from loader.errors import (
+    FetchError,
+    InvalidModelError,
+    LoaderError,
+    ModelRejectedError,
+    RefusedError,
+    TimedOutError,
+    TransientError,
+)
 from loader.fetch import check_uri, fetch
 from loader.loading import Agent, Loading, Outcome, Timing
 from loader.manifest import build_manifest
@@ -64,7 +75,9 @@ _RETRY_MAX_SECONDS = 60.0
 class HostAgent(Agent, Protocol):
     """The agent calls a host's loader needs: a model pod's, and ListHosted."""
 
-    async def list_hosted(self, time_limit: float) -> HostedList: ...
+    async def list_hosted(
+        self, time_limit: float, failures: tuple[LoadFailure, ...] = ()
+    ) -> HostedList: ...
 
 
 Fetch = Callable[[str, Path, int, threading.Event, Mapping[str, str]], Awaitable[str]]
@@ -112,6 +125,8 @@ class _Tracked:
     failures: int = 0
     retry_at: float = 0.0
     reason: str = ""
+    cause: str = ""
+    """The reason the agent is told for the last failure (`common.hosted.LOAD_FAILURE_REASONS`)."""
 
 
 class Host:
@@ -175,7 +190,7 @@ class Host:
     async def poll(self) -> None:
         """One look at the host's replicas, and what follows from it."""
         try:
-            listing = await self._agent.list_hosted(self._timing.call_seconds)
+            listing = await self._agent.list_hosted(self._timing.call_seconds, self.failures())
         except (LoaderError, TransientError) as e:
             if str(e) != self._agent_problem:
                 log.warning(
@@ -196,6 +211,19 @@ class Host:
                 refused,
             )
         self.decide(listing.replicas)
+
+    def failures(self) -> tuple[LoadFailure, ...]:
+        """The replicas whose last load failed and that are not served, with why (within
+        LOAD_FAILURE_REPORT_CHARS, so that the call is never too big for the agent)."""
+        found, left = [], LOAD_FAILURE_REPORT_CHARS
+        for _, t in sorted(self._tracked.items()):
+            if t.failures and not t.ready and not t.leaving:
+                failure = LoadFailure(t.model, *load_failure(t.cause, t.reason))
+                left -= len(failure.model_id) + len(failure.message) + len(failure.reason)
+                if left < 0:
+                    break
+                found.append(failure)
+        return tuple(found)
 
     def decide(self, replicas: tuple[Hosted, ...]) -> None:
         """Start what the replicas call for, and list the ready models."""
@@ -288,15 +316,15 @@ class Host:
             log.info("Stopped loading model %s: it is no longer wanted as it was.", model)
             return
         except (LoaderError, TransientError) as e:
-            self._failed(tracked, str(e))
+            self._failed(tracked, str(e), _cause(e))
             return
         except Exception as e:
             log.exception("Loading model %s failed unexpectedly.", model)
-            self._failed(tracked, f"an unexpected error: {e!r}")
+            self._failed(tracked, f"an unexpected error: {e!r}", LOAD_FAILED_REASON)
             return
         first = not tracked.ready
         tracked.ready = tracked.published = True
-        tracked.failures, tracked.reason = 0, ""
+        tracked.failures, tracked.reason, tracked.cause = 0, "", ""
         if first:
             summary = outcome.summary()
             log.info("%s%s; the host's proxy serves it.", summary[:1].upper(), summary[1:])
@@ -336,8 +364,9 @@ class Host:
         except OSError:
             return False
 
-    def _failed(self, tracked: _Tracked, reason: str) -> None:
+    def _failed(self, tracked: _Tracked, reason: str, cause: str) -> None:
         tracked.failures += 1
+        tracked.cause = cause
         delay = self._retry.delay(tracked.failures, self._rng)
         tracked.retry_at = self._clock() + delay
         tracked.ready = tracked.published = False
@@ -428,6 +457,20 @@ class Host:
         if key not in self._said:
             self._said.add(key)
             log.warning(message, *args)
+
+
+def _cause(e: LoaderError | TransientError) -> str:
+    """The reason the agent is told for a failed load (`common.hosted.LOAD_FAILURE_REASONS`)."""
+    for kind, reason in (
+        (FetchError, "FetchFailed"),
+        (InvalidModelError, "ModelInvalid"),
+        (ModelRejectedError, "ModelRejected"),
+        (RefusedError, "LoadRefused"),
+        (TimedOutError, "LoadTimedOut"),
+    ):
+        if isinstance(e, kind):
+            return reason
+    return LOAD_FAILED_REASON
 
 
 def _entry(replica: Hosted) -> dict[str, object]:

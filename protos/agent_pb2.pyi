@@ -168,9 +168,21 @@ class ListGpusResponse(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ...) -> None: ...
 
+class LoadFailure(_message.Message):
+    __slots__ = ("model_id", "reason", "message")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    reason: str
+    message: str
+    def __init__(self, model_id: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class ListHostedRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("failures",)
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    failures: _containers.RepeatedCompositeFieldContainer[LoadFailure]
+    def __init__(self, failures: _Optional[_Iterable[_Union[LoadFailure, _Mapping]]] = ...) -> None: ...
 
 class HostedReplica(_message.Message):
     __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status", "storage_secret")

@@ -360,3 +360,91 @@ async def test_a_host_sleeps_and_wakes_only_its_on_demand_replicas(
     assert woken.state == agent_pb2.MODEL_STATE_READY and not woken.sleeping
     assert infer(triton, woken.triton_name) == 2.0
     assert infer(triton, replica_triton_name(kept, "team-a")) == 2.0
+
+
+def condition_of(
+    api: kubernetes.client.ApiClient, namespace: str, condition_type: str
+) -> tuple[str, str, str] | None:
+    pod = core_v1(api).read_namespaced_pod(HOST, namespace)
+    for c in pod.status.conditions or []:
+        if c.type == condition_type:
+            return c.status, c.reason, c.message or ""
+    return None
+
+
+def failure(model: str, reason: str, message: str) -> agent_pb2.LoadFailure:
+    return agent_pb2.LoadFailure(model_id=model, reason=reason, message=message)
+
+
+async def test_a_hosts_load_failures_reach_only_its_own_replicas_conditions(
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    running: RunningAgent,
+    tmp_path: Path,
+) -> None:
+    """What a host's loader reports it cannot load (ListHosted) is on its replica's loaded
+    condition, with the loader's reason and a bounded one-line message, and an Event; a reason
+    it makes up reads ModelLoadFailed; a report about another namespace's model, or a model its
+    host does not serve, marks nothing; the next report without it clears it."""
+    for namespace in ("team-a", "team-b"):
+        core_v1(kube_api).create_namespace({"metadata": {"name": namespace}})
+    gpu = running.mock.gpus[0].uuid
+    one, two = replica("team-a", "one", gpu), replica("team-a", "two", gpu, ordinal=1)
+    victim = replica("team-b", "victim", gpu)
+    make_host(kube_api, "team-b", [victim], pod_ip="10.1.0.9")
+    make_host(kube_api, "team-a", [one, two], pod_ip=ADDRESS)
+    token = apiserver.mint_token("team-a", HOST)
+    keys = Keys()
+    loaded_one, loaded_two = loaded_condition(keys, "one"), loaded_condition(keys, "two")
+    victims = loaded_condition(keys, "victim")
+
+    def reads(namespace: str, condition_type: str, reason: str) -> bool:
+        found = condition_of(kube_api, namespace, condition_type)
+        return found is not None and found[1] == reason
+
+    await eventually(lambda: reads("team-b", victims, "ModelPending"), what="victim pending")
+    await running.stub.ListHosted(
+        agent_pb2.ListHostedRequest(
+            failures=[
+                failure("one", "FetchFailed", "https://store/one.tgz answered HTTP 404 Not Found"),
+                failure("two", "AllReplicasReady", "line one\nline two " + "x" * 5000),
+                failure("victim", "FetchFailed", "forged by team-a"),
+                failure("nobody", "FetchFailed", "no such replica"),
+            ]
+        ),
+        metadata=bearer(token),
+    )
+    await eventually(lambda: reads("team-a", loaded_one, "FetchFailed"), what="one's failure")
+    await eventually(lambda: reads("team-a", loaded_two, "ModelLoadFailed"), what="two's failure")
+    said = condition_of(kube_api, "team-a", loaded_one)
+    assert said is not None and said[0] == "False"
+    assert "replica one/0" in said[2] and "answered HTTP 404 Not Found" in said[2], said
+    said = condition_of(kube_api, "team-a", loaded_two)
+    assert said is not None and "\n" not in said[2] and len(said[2]) < 600, said
+    await eventually(
+        lambda: any("HTTP 404" in m for r, m in host_events(kube_api, "team-a")),
+        what="an Event naming the 404",
+    )
+    # Another namespace's replica and a model the host does not serve are untouched.
+    assert reads("team-b", victims, "ModelPending")
+    assert host_events(kube_api, "team-b") == []
+    assert loaded_condition(keys, "nobody") not in conditions(kube_api, "team-a")
+
+    # The loader's next report no longer names one (fixed, or loading again): pending again.
+    await running.stub.ListHosted(
+        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no config")]),
+        metadata=bearer(token),
+    )
+    await eventually(lambda: reads("team-a", loaded_one, "ModelPending"), what="one cleared")
+    await eventually(lambda: reads("team-a", loaded_two, "ModelInvalid"), what="two's new cause")
+    # A new cause of the same kind replaces the message.
+    await running.stub.ListHosted(
+        agent_pb2.ListHostedRequest(failures=[failure("two", "ModelInvalid", "no version 1")]),
+        metadata=bearer(token),
+    )
+    await eventually(
+        lambda: (condition_of(kube_api, "team-a", loaded_two) or ("", "", ""))[2].endswith(
+            "no version 1"
+        ),
+        what="two's new message",
+    )

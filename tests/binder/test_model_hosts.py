@@ -20,6 +20,7 @@ from common.contract import Keys
 from common.hosted import host_name, loaded_condition
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL, pod_requests
 from proxy.settings import parse_settings as parse_proxy_settings
+from sim.apiserver import RunningApiServer
 from tests.binder import test_tritonmodels
 from tests.binder.objects import GI
 from tests.binder.simcluster import MakeBinder, add_node, eventually
@@ -34,6 +35,7 @@ from tests.binder.test_tritonmodels import (
     placed,
     read,
 )
+from tests.deploy.test_admission_policy import client_with_token
 from tests.fixtures_sim import new_watch
 from webhook.mutation import complete
 from webhook.settings import Settings as WebhookSettings
@@ -454,3 +456,84 @@ async def test_a_new_leader_drains_on_what_the_old_one_began(
     set_loaded(core, leaving, "False", "ModelNotLoaded", "unloaded")
     await eventually(lambda: leaving not in hosts(core), what="the drained host deleted")
     await eventually(lambda: not new.ledger.state.is_accounted(leaving_uid), what="freed")
+
+
+async def test_a_hosts_load_failure_is_the_models_ready_reason_with_one_event_per_cause(
+    nodes: tuple[str, ...],
+    custom: Any,
+    core: Any,
+    make_binder: MakeBinder,
+    apiserver: RunningApiServer,
+) -> None:
+    """The host's loader's failure (the agent's loaded condition: FetchFailed and its message)
+    is the model's Ready reason, with the node and the cause in its message, and one Event per
+    cause: the same cause written again says nothing new, another cause of the same kind does.
+    A condition on one namespace's host never marks another namespace's model of the same name."""
+    await make_binder()
+    core.create_namespace({"metadata": {"name": "team-b"}})
+    for namespace in ("default", "team-b"):
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, model("resnet", 1)
+        )
+    obj = await eventually(lambda: placed(custom, "resnet", 1), what="placed")
+    [node] = (e["node"] for e in obj["status"]["placements"])
+    await eventually(lambda: node in hosts(core), what="the host")
+    missing = "model resnet is not loaded: the model host's loader cannot load replica resnet/0"
+    not_found = f"{missing}: https://models.example.com/x.tar.gz answered HTTP 404 Not Found"
+    set_loaded(core, node, "False", "FetchFailed", not_found)
+
+    def ready() -> dict[str, Any]:
+        found: dict[str, Any] = {c["type"]: c for c in status(custom)["conditions"]}["Ready"]
+        return found
+
+    await eventually(lambda: ready()["reason"] == "FetchFailed", what="Ready says FetchFailed")
+    assert ready()["status"] == "False"
+    assert ready()["message"] == f"0 of 1 replicas ready; replica 0 on {node}: FetchFailed: " + (
+        not_found
+    )
+    [event] = await eventually(lambda: not_served(core), what="the ReplicaNotServed event")
+    assert event.type == "Warning" and "HTTP 404 Not Found" in event.message
+    assert event.message.startswith(f"replica 0 on node {node}: FetchFailed: ")
+
+    # Written again (the agent's next pass, another binder loop): no new Event.
+    set_loaded(core, node, "False", "ModelPending", "not loaded yet")
+    await eventually(lambda: ready()["reason"] == "ReplicasNotReady", what="pending again")
+    set_loaded(core, node, "False", "FetchFailed", not_found)
+    await eventually(lambda: ready()["reason"] == "FetchFailed", what="FetchFailed again")
+    # A new cause of the same kind: its own Event.
+    forbidden = f"{missing}: https://models.example.com/x.tar.gz answered HTTP 403 Forbidden"
+    set_loaded(core, node, "False", "FetchFailed", forbidden)
+    events = await eventually(lambda: len(not_served(core)) == 2 and not_served(core), what="2")
+    assert sorted("403" in e.message for e in events) == [False, True]
+    assert ready()["message"].endswith("HTTP 403 Forbidden")
+
+    # The other namespace's model of the same name says only that it is not loaded yet.
+    other = custom.get_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, "resnet")
+    other_ready = {c["type"]: c for c in other["status"]["conditions"]}["Ready"]
+    assert other_ready["reason"] == "ReplicasNotReady", other_ready
+    assert "HTTP" not in other_ready["message"]
+    found = core.list_namespaced_event("team-b", field_selector="involvedObject.name=resnet")
+    assert [e for e in found.items if e.reason == "ReplicaNotServed"] == []
+
+    # team-b's tenant may write its own host's status (full rights in its namespace): a forged
+    # loaded condition there reaches only its own model, never default's of the same name.
+    token = apiserver.service_account_token("team-b", "default")
+    other_node = other["status"]["placements"][0]["node"]
+    with client_with_token(apiserver, token) as tenant_api:
+        forged = {"status": {"conditions": [{"type": LOADED, "status": "True", "reason": "X"}]}}
+        kubernetes.client.CoreV1Api(tenant_api).patch_namespaced_pod_status(
+            host_name(other_node), "team-b", forged
+        )
+
+    def labelled(namespace: str, node_name: str) -> bool:
+        pod = core.read_namespaced_pod(host_name(node_name), namespace)
+        return bool((pod.metadata.labels or {}).get(SERVES) == "true")
+
+    await eventually(lambda: labelled("team-b", other_node), what="team-b's own host labelled")
+    assert not labelled("default", node)
+    assert ready()["reason"] == "FetchFailed" and status(custom)["readyReplicas"] == 0
+
+    # Loaded at last: Ready.
+    set_loaded(core, node, "True")
+    await eventually(lambda: ready()["reason"] == "AllReplicasReady", what="Ready")
+    assert len(not_served(core)) == 2

@@ -6,7 +6,9 @@ and the binder puts the host behind the model's Service. Each team's clients, th
 Service's endpoints, get that team's answers (REST and gRPC) naming only `add-one`. team-a's files
 are private (a bearer token in its Secret, named by `storageSecret`): team-b's TritonModel naming
 that Secret and URI is not served, its host's loader says why, and the store never gets team-a's
-token from it. A roll to new files on the one node (no room for a surge replica) replaces the
+token from it. A TritonModel whose storageUri is a 404 at the store says so (its Ready
+condition FetchFailed, naming the node and the 404, and an Event) until its storageUri is fixed,
+then is Ready. A roll to new files on the one node (no room for a surge replica) replaces the
 replica in turn, and the answers through the Service move to the new files'. Scaling to 0 through
 the `scale` subresource drains and unloads the replica and removes the host."""
 
@@ -123,6 +125,10 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     )
     other = store.publish(MODEL, sources["team-b"], release="team-b")
     custom.create_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, _model(other))
+    absent = store.url("late", release="team-b-absent")
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "team-b", PLURAL, _model(absent, name="late")
+    )
 
     for namespace in TEAMS:
         wait_until(f"{namespace}'s replica ready", partial(_ready_replicas, custom, namespace), 150)
@@ -145,6 +151,21 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     )
     stolen_status = custom.get_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, "stolen")
     assert not (stolen_status.get("status") or {}).get("readyReplicas")
+    # Each failure is on its TritonModel, named after its cause, with the node and the cause.
+    stolen_ready = wait_until(
+        "the stolen model's Ready saying why", partial(_failed, custom, "stolen"), 30
+    )
+    assert "Secret creds is not in this model host" in stolen_ready["message"], stolen_ready
+    late_ready = wait_until("the 404's Ready saying why", partial(_failed, custom, "late"), 30)
+    assert f"replica 0 on {NODE.name}: FetchFailed" in late_ready["message"], late_ready
+    assert f"{absent} answered HTTP 404" in late_ready["message"], late_ready
+    said = core.list_namespaced_event("team-b", field_selector="involvedObject.name=late").items
+    assert [e.type for e in said if "HTTP 404" in e.message] == ["Warning"], said
+    # Fixed: the files published, the storageUri pointed at them.
+    fixed = store.publish("late", MODELS_DIR / "add_one", release="team-b-fixed")
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "team-b", PLURAL, "late", {"spec": {"storageUri": fixed}}
+    )
     # Only team-a's host asked for team-a's files, with the token: team-b's never asked.
     asked = [bearer for _, path, bearer in store.seen if path.startswith("/triton/team-a/")]
     assert asked and all(asked), store.seen
@@ -167,6 +188,12 @@ def test_tritonmodels_of_two_teams_are_served_by_their_hosts_through_their_servi
     # team-b's replica is untouched.
     address = hosts["team-b"].status.pod_ip
     assert _answers(address) == (TEAMS["team-b"], TEAMS["team-b"])
+    late = partial(custom.get_namespaced_custom_object, GROUP, VERSION, "team-b", PLURAL, "late")
+    wait_until(
+        "the fixed model ready", lambda: (late().get("status") or {}).get("readyReplicas"), 60
+    )
+    conditions = {c["type"]: c for c in late()["status"]["conditions"]}
+    assert conditions["Ready"]["reason"] == "AllReplicasReady", conditions
 
     # team-b rolls to team-a's files. The one node holds its replica: no room for a surge, so
     # the replica drains and is placed again on the new files (an Event says so) while a client
@@ -208,6 +235,14 @@ def _status(custom: Any, namespace: str) -> dict[str, Any]:
     obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, MODEL)
     found: dict[str, Any] = obj.get("status") or {}
     return found
+
+
+def _failed(custom: Any, name: str) -> dict[str, Any] | None:
+    """team-b's model `name`'s Ready condition once it says its host's loader cannot fetch it."""
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, "team-b", PLURAL, name)
+    conditions = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+    ready: dict[str, Any] = conditions.get("Ready") or {}
+    return ready if ready.get("reason") == "FetchFailed" else None
 
 
 def _progressing(custom: Any, namespace: str) -> dict[str, Any]:

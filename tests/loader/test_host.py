@@ -26,8 +26,10 @@ import grpc
 import grpc.aio
 import pytest
 
+from agent.gate import SMALL_MESSAGE_BYTES
 from common.manifest import entries_from_proto, manifest_digest
 from loader.agentclient import AgentClient
+from loader.errors import FetchError
 from loader.host import Fetch, Host, HostTiming, fetch_off_loop
 from loader.loading import Timing
 from loader.retry import Backoff
@@ -56,6 +58,10 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     sleeping: set[str] = field(default_factory=set)
     """On-demand models unloaded while idle (INSTALLED, files kept)."""
     listings: int = 0
+    reported: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """The failures the last ListHosted reported: model id -> (reason, message)."""
+    largest: int = 0
+    """The largest ListHosted request, in bytes."""
 
     def host(
         self,
@@ -100,6 +106,8 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
         self, request: agent_pb2.ListHostedRequest, context: Context
     ) -> agent_pb2.ListHostedResponse:
         self.listings += 1
+        self.reported = {f.model_id: (f.reason, f.message) for f in request.failures}
+        self.largest = max(self.largest, request.ByteSize())
         listed = []
         for replica in self.replicas.values():
             copy = agent_pb2.HostedReplica()
@@ -358,9 +366,41 @@ async def test_a_failing_replica_does_not_hold_up_another(
         await until(lambda: servicer.count("LoadModel", "identity") >= 2, "rejection retried")
         assert names(tmp_path) == ["add_one"]
         assert fetcher.calls.count(models.url("identity")) == 1, "fetched files are kept"
-        # Fixed upstream: the next attempt serves it.
+        # Each failure reaches the agent with a reason named after its cause, and the cause.
+        await until(lambda: set(servicer.reported) == {"absent", "identity"}, "both reported")
+        reason, message = servicer.reported["absent"]
+        assert reason == "FetchFailed" and "HTTP 404" in message, servicer.reported
+        reason, message = servicer.reported["identity"]
+        assert reason == "ModelRejected" and "Triton" in message, servicer.reported
+        # Fixed upstream: the next attempt serves it, and its failure is no longer reported.
         servicer.rejects.clear()
         await until(lambda: names(tmp_path) == ["add_one", "identity"], "identity listed")
+        await until(lambda: set(servicer.reported) == {"absent"}, "identity's failure cleared")
+
+
+async def test_the_failures_reported_fit_in_what_the_agent_reads_of_a_listing(
+    agent: tuple[StandInAgent, str], tmp_path: Path
+) -> None:
+    """Two hundred replicas failing with long reasons: each message is cut to one bounded line
+    and the report stops before the listing grows past what the agent reads of it."""
+    servicer, address = agent
+    for n in range(200):
+        servicer.host(f"m{n:03}", f"https://store.example/m{n:03}.tar.gz")
+
+    tried: set[str] = set()
+
+    async def refusing(uri: str, *_: object) -> str:
+        tried.add(uri)
+        raise FetchError(f"{uri} answered HTTP 404 Not Found\n" + "because " * 200)
+
+    async with following(address, tmp_path, fetcher=refusing, parallel=8):
+        await until(lambda: len(tried) == 200, "every replica tried")
+        listings = servicer.listings
+        await until(lambda: servicer.listings >= listings + 2, "a listing after every failure")
+    assert 60 <= len(servicer.reported) < 200
+    assert servicer.largest <= SMALL_MESSAGE_BYTES // 2, servicer.largest
+    for reason, message in servicer.reported.values():
+        assert reason == "FetchFailed" and "\n" not in message and len(message) <= 400
 
 
 async def test_a_restarted_loader_confirms_what_the_agent_has_without_sending_it(
