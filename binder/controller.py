@@ -39,7 +39,7 @@ from binder.placement import (
     place,
     resolvable_nodes,
 )
-from binder.preemption import NoPreemption, preempt
+from binder.preemption import NoPreemption, nominated_room, preempt
 from binder.proofs import Unproven, sign
 from binder.queue import SchedulingQueue
 from common.contract import Keys
@@ -147,6 +147,44 @@ class Controller:
         self.queue.remove(uid)
         self._reported.pop(uid, None)
         self._metrics.pending.set(len(self.pending))
+
+    def restore_nominations(self) -> None:
+        """On taking the lead, before anything is placed: every pending pod whose
+        status.nominatedNodeName a preemption wrote (this replica's or a leader's before) holds
+        its room there again, on the GPU `nominated_room` finds, so that nothing placed
+        meanwhile takes it; what this replica held when it led before is forgotten. A
+        nomination to a node that is gone, or where the pod no longer fits even with the
+        lower-priority pods leaving there gone, holds nothing (the pod is placed anew)."""
+        for uid in list(self._nominations):
+            self.state.release_nomination(uid)
+        self._nominations.clear()
+        if not self._preemption:
+            return
+        now = self._clock()
+        for uid, pod in self.pending.items():
+            if not pod.nominated_node:
+                continue
+            gpu = nominated_room(self.state, pod, self._policy, now)
+            if gpu is None:
+                log.info(
+                    "Pod %s no longer holds room on node %s, its nominated node: it does not "
+                    "fit there even once the lower-priority pods leaving it are gone; it is "
+                    "placed anew.",
+                    pod.key,
+                    pod.nominated_node,
+                    extra=subject(pod=pod.key, node=pod.nominated_node),
+                )
+                continue
+            self.state.nominate(pod, pod.nominated_node, gpu.uuid)
+            self._nominations[uid] = (pod.nominated_node, gpu.uuid)
+            log.info(
+                "Pod %s holds its room on node %s (GPU %s), its nominated node: it waits there "
+                "for the pods its preemption is evicting.",
+                pod.key,
+                pod.nominated_node,
+                gpu.uuid,
+                extra=subject(pod=pod.key, node=pod.nominated_node),
+            )
 
     def cluster_changed(self, why: str) -> None:
         moved = self.queue.move_all_to_active()

@@ -17,7 +17,8 @@ lowest priority of its most important victim, then the smallest sum of prioritie
 fewest victims, then the latest start of its most important victims, then name order.
 
 A pod nominated to a node where lower-priority pods are still terminating waits for them instead
-of preempting again. Pure: reads the state, no I/O, no clock (time is passed in).
+of preempting again; a new leader holds its room again (`nominated_room`). Pure: reads the state,
+no I/O, no clock (time is passed in).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from binder.model import PodInfo
-from binder.placement import fits_on
+from binder.model import Gpu, PodInfo
+from binder.placement import Policy, choose_gpu, fits_on
 from binder.podterms import LabelSelector, selector_from_api
 from binder.state import ClusterState
 
@@ -94,6 +95,27 @@ def may_preempt(state: ClusterState, pod: PodInfo) -> bool:
             if other.deleting and other.priority < pod.priority:
                 return False
     return True
+
+
+def nominated_room(state: ClusterState, pod: PodInfo, policy: Policy, now: float) -> Gpu | None:
+    """The GPU a pending pod's status.nominatedNodeName holds room on for it, as its preemption
+    chose it (the nomination does not say the GPU): the one `choose_gpu` picks on that node with
+    the lower-priority pods terminating there gone, if the pod then passes every filter there;
+    None otherwise. A tenant can write the field on its own pod, so this is all it ever holds:
+    its own request, on a node it fits, out of room only lower priorities give up."""
+    node = pod.nominated_node
+    if node not in state.nodes or state.is_accounted(pod.uid):
+        return None
+    state.arrays()  # a new leader may hold rooms before its first decision builds them
+    leaving = [
+        other.uid
+        for other, _ in state.pods_on(node)
+        if other.deleting and other.priority < pod.priority
+    ]
+    with state.without(leaving):
+        if not fits_on(state, pod, node, now):
+            return None
+        return choose_gpu(state, node, pod.request, policy, on_demand=pod.on_demand)
 
 
 def _breaks_budget(pods: Sequence[PodInfo], budgets: Sequence[Budget]) -> set[str]:
