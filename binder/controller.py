@@ -13,6 +13,7 @@ Owns the decisions and the API writes they cause; reads the cluster only through
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -39,9 +40,10 @@ from binder.placement import (
     place,
     resolvable_nodes,
 )
-from binder.preemption import NoPreemption, nominated_room, preempt
+from binder.preemption import NoPreemption, preempt, stale_room
 from binder.proofs import Unproven, sign
 from binder.queue import SchedulingQueue
+from binder.replicapreemption import held_uid
 from common.contract import Keys
 from common.lifecycle import spawn
 from common.logs import subject
@@ -149,41 +151,46 @@ class Controller:
         self._metrics.pending.set(len(self.pending))
 
     def restore_nominations(self) -> None:
-        """On taking the lead, before anything is placed: every pending pod whose
-        status.nominatedNodeName a preemption wrote (this replica's or a leader's before) holds
-        its room there again, on the GPU `nominated_room` finds, so that nothing placed
-        meanwhile takes it; what this replica held when it led before is forgotten. A
-        nomination to a node that is gone, or where the pod no longer fits even with the
-        lower-priority pods leaving there gone, holds nothing (the pod is placed anew)."""
+        """On taking the lead, before anything is placed: every pending pod whose preemption
+        made room (its status.nominatedNodeName, and the binder's nomination annotation naming
+        the GPU) holds that room again, so that nothing placed meanwhile takes it; what this
+        replica held when it led before is forgotten. One without the annotation, or whose
+        node or GPU is gone or whose proof is not the binder's for that pod's hold, holds
+        nothing (the pod is placed anew): a tenant can write both fields on its own pod."""
         for uid in list(self._nominations):
             self.state.release_nomination(uid)
         self._nominations.clear()
         if not self._preemption:
             return
-        now = self._clock()
+        ring = self._placement_keys()
         for uid, pod in self.pending.items():
-            if not pod.nominated_node:
+            if not pod.nominated_node or self.state.is_accounted(uid):
                 continue
-            gpu = nominated_room(self.state, pod, self._policy, now)
-            if gpu is None:
+            node, gpu, proof = pod.nomination or (pod.nominated_node, "", "")
+            why = (
+                f"its nomination annotation names node {node}"
+                if node != pod.nominated_node
+                else stale_room(self.state, _held(pod), node, gpu, proof, ring)
+            )
+            if why:
                 log.info(
-                    "Pod %s no longer holds room on node %s, its nominated node: it does not "
-                    "fit there even once the lower-priority pods leaving it are gone; it is "
+                    "Pod %s does not hold room on node %s, its nominated node (%s): it is "
                     "placed anew.",
                     pod.key,
                     pod.nominated_node,
+                    why,
                     extra=subject(pod=pod.key, node=pod.nominated_node),
                 )
                 continue
-            self.state.nominate(pod, pod.nominated_node, gpu.uuid)
-            self._nominations[uid] = (pod.nominated_node, gpu.uuid)
+            self.state.nominate(pod, node, gpu)
+            self._nominations[uid] = (node, gpu)
             log.info(
-                "Pod %s holds its room on node %s (GPU %s), its nominated node: it waits there "
-                "for the pods its preemption is evicting.",
+                "Pod %s holds its room on node %s (GPU %s), which its preemption made: it waits "
+                "there for its victims.",
                 pod.key,
-                pod.nominated_node,
-                gpu.uuid,
-                extra=subject(pod=pod.key, node=pod.nominated_node),
+                node,
+                gpu,
+                extra=subject(pod=pod.key, node=node),
             )
 
     def cluster_changed(self, why: str) -> None:
@@ -355,6 +362,12 @@ class Controller:
             return result
         state.nominate(pod, outcome.node, gpu.uuid)
         self._nominations[pod.uid] = (outcome.node, gpu.uuid)
+        room = {
+            "node": outcome.node,
+            "gpu": gpu.uuid,
+            "proof": sign(self._placement_keys(), _held(pod), outcome.node, gpu.uuid),
+        }
+        nomination = {self._keys.nomination: json.dumps(room, separators=(",", ":"))}
         log.info(
             "Pod %s (priority %d) fits nowhere: preempting %d lower-priority pod(s) on node %s "
             "(%s); GPU %s is held for it.",
@@ -373,6 +386,9 @@ class Controller:
         drained = [v.key for v in replicas]
 
         def work() -> None:
+            # The GPU and proof first: a new leader holds the room only with both.
+            self._kube.patch_pod_annotations(pod.namespace, pod.name, nomination)
+            self._count("annotate")
             carry_out_preemption(
                 self._kube, pod, outcome, self._identity, self._count, drained=drained
             )
@@ -612,3 +628,9 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
     finally:
         for task in tasks:
             task.cancel()
+
+
+def _held(pod: PodInfo) -> PodInfo:
+    """The pod as the room its preemption made is signed and checked: under `held_uid`, so the
+    proof never proves a placement."""
+    return replace(pod, uid=held_uid(pod.uid))

@@ -17,20 +17,22 @@ lowest priority of its most important victim, then the smallest sum of prioritie
 fewest victims, then the latest start of its most important victims, then name order.
 
 A pod nominated to a node where lower-priority pods are still terminating waits for them instead
-of preempting again; a new leader holds its room again (`nominated_room`). Pure: reads the state,
-no I/O, no clock (time is passed in).
+of preempting again; a new leader holds its room again if the binder's proof of the hold verifies
+(`stale_room`). Pure: reads the state, no I/O, no clock (time is passed in).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from binder.model import Gpu, PodInfo
-from binder.placement import Policy, choose_gpu, fits_on
+from binder.model import PodInfo
+from binder.placement import fits_on
 from binder.podterms import LabelSelector, selector_from_api
+from binder.proofs import proven
 from binder.state import ClusterState
+from common.placement import KeyRing
 
 INT32_MAX = 2**31 - 1
 REASON_NOT_HELPFUL = "Preemption is not helpful for scheduling"
@@ -97,25 +99,24 @@ def may_preempt(state: ClusterState, pod: PodInfo) -> bool:
     return True
 
 
-def nominated_room(state: ClusterState, pod: PodInfo, policy: Policy, now: float) -> Gpu | None:
-    """The GPU a pending pod's status.nominatedNodeName holds room on for it, as its preemption
-    chose it (the nomination does not say the GPU): the one `choose_gpu` picks on that node with
-    the lower-priority pods terminating there gone, if the pod then passes every filter there;
-    None otherwise. A tenant can write the field on its own pod, so this is all it ever holds:
-    its own request, on a node it fits, out of room only lower priorities give up."""
-    node = pod.nominated_node
-    if node not in state.nodes or state.is_accounted(pod.uid):
-        return None
-    state.arrays()  # a new leader may hold rooms before its first decision builds them
-    leaving = [
-        other.uid
-        for other, _ in state.pods_on(node)
-        if other.deleting and other.priority < pod.priority
-    ]
-    with state.without(leaving):
-        if not fits_on(state, pod, node, now):
-            return None
-        return choose_gpu(state, node, pod.request, policy, on_demand=pod.on_demand)
+def stale_room(
+    state: ClusterState, held: PodInfo, node: str, gpu: str, proof: str, ring: KeyRing
+) -> str:
+    """Why a room said to be held (a pod's nomination annotation, a model's status.nominations)
+    for `held` (the pod or replica under its held uid) on that node's GPU is not held again by a
+    new leader, "" if it is: the node or GPU is gone, or the proof is not the binder's for that
+    hold at that request (a tenant writes its own pod's annotations and may copy proofs)."""
+    found = state.nodes.get(node)
+    if found is None:
+        return f"node {node} is gone"
+    if not any(g.uuid == gpu and g.healthy for g in found.gpus):
+        return f"GPU {gpu} is gone from node {node}"
+    verdict = proven(replace(held, node_name=node, gpu_uuid=gpu, placement=proof), ring)
+    if not isinstance(verdict, PodInfo):
+        return f"its proof does not verify ({verdict.reason})"
+    if verdict.request != held.request:
+        return "its GPU memory changed"
+    return ""
 
 
 def _breaks_budget(pods: Sequence[PodInfo], budgets: Sequence[Budget]) -> set[str]:
