@@ -290,14 +290,25 @@ class Controller:
         nominated = self._nominations.get(uid)
         if nominated is not None and pod.nominated_node != nominated[0]:
             pod = replace(pod, nominated_node=nominated[0])
-        result = place(state, pod, now=self._clock(), policy=self._policy)
-        if isinstance(result, Placement):
-            self._nominations.pop(uid, None)
-            proof = self._sign(pod, result)
-            state.assume(pod, result.node, result.gpu.uuid, proof)
-            self._bind(pod, result, proof)
+        # As kube-scheduler counts nominated pods only against lower-or-equal priorities, the
+        # rooms held for lower-priority pods are free to this one (and theirs are no victims).
+        lower = self._lower_holds(pod)
+        with state.without(lower):
+            placed = place(state, pod, now=self._clock(), policy=self._policy)
+            if isinstance(placed, Placement):
+                self._nominations.pop(uid, None)
+                proof = self._sign(pod, placed)
+                state.assume(pod, placed.node, placed.gpu.uuid, proof)
+                self._bind(pod, placed, proof)
+            else:
+                result = self._preempt(pod, placed)
+        landed = placed.node if isinstance(placed, Placement) else None
+        if landed is None and self._nominations.get(uid, nominated) != nominated:
+            landed = self._nominations[uid][0]
+        if landed is not None:
+            self._displace(lower, landed)
+        if isinstance(placed, Placement):
             return
-        result = self._preempt(pod, result)
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
         log.info(
@@ -318,6 +329,38 @@ class Controller:
             self._report(pod, result.message, result.condition_reason)
         else:
             self._slots.release()
+
+    def _lower_holds(self, pod: PodInfo) -> list[str]:
+        """The pods of lower priority than `pod` holding room their preemption made."""
+        if len(self._nominations) <= (pod.uid in self._nominations):
+            return []
+        pending, nominated = self.pending, self.state.nominated
+        return [
+            uid
+            for uid in self._nominations
+            if uid in nominated
+            and (held := pending.get(uid)) is not None
+            and held.priority < pod.priority
+        ]
+
+    def _displace(self, lower: list[str], node: str) -> None:
+        """A higher-priority pod took room on `node`: the lower-priority pods holding room there
+        give it up and are tried again (kube-scheduler clears their nomination likewise)."""
+        for uid in lower:
+            if self.state.nominated.get(uid) != node:
+                continue
+            self._nominations.pop(uid, None)
+            self.state.release_nomination(uid)
+            held = self.pending.get(uid)
+            if held is not None:
+                log.info(
+                    "Pod %s gives up the room held for it on node %s: a pod of higher priority "
+                    "takes it.",
+                    held.key,
+                    node,
+                    extra=subject(pod=held.key, node=node),
+                )
+                self.queue.add(uid, held.namespace)
 
     def _preempt(self, pod: PodInfo, result: Unschedulable) -> Unschedulable:
         """Have lower-priority tritonshare pods evicted where that lets the pod in, and hold the

@@ -152,3 +152,27 @@ async def test_a_tenant_that_writes_its_pods_nomination_holds_no_room(
     assert await eventually(lambda: node_of(core, "early"), what="early bound") == "a"
     assert node_of(core, "forger") == ""
     assert not second.ledger.state.nominated
+
+
+async def test_a_higher_priority_pod_passes_a_lower_pods_held_room_and_evicts_no_pending_pod(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    """As kube-scheduler counts nominated pods only against lower-or-equal priorities: "mid"
+    (priority 500) holds the room its victim is leaving; "top" (priority 1000) then preempts the
+    other low pod for itself, never mid, which is pending and keeps its place in the queue."""
+    priority_class(kube_api, "mid", 500)
+    priority_class(kube_api, "top", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    await make_binder()
+    for name in ("low-1", "low-2"):
+        add_pod(core, name, mem="8Gi", spec_extra={"terminationGracePeriodSeconds": 3600})
+    await eventually(lambda: node_of(core, "low-1") and node_of(core, "low-2"), what="bound")
+    add_pod(core, "mid", mem="8Gi", spec_extra={"priorityClassName": "mid"})
+    await eventually(lambda: events(core, "mid", "Preempting"), what="mid preempting")
+    add_pod(core, "top", mem="8Gi", spec_extra={"priorityClassName": "top"})
+    await eventually(lambda: events(core, "top", "Preempting"), what="top preempting")
+    leaving = {p.metadata.name for p in pods(core) if p.metadata.deletion_timestamp}
+    assert leaving == {"low-1", "low-2"}, "top's victim is the other low pod, not mid"
+    for name in ("low-1", "low-2"):
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    await eventually(lambda: node_of(core, "mid") and node_of(core, "top"), what="both bound")
