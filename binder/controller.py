@@ -6,6 +6,8 @@ the Binding. A 404 or 409 (deleted, or bound by someone else) drops the assumpti
 failures drop it and retry the pod with backoff. A pod that fits nowhere gets a FailedScheduling
 Event and PodScheduled=False (only when the message changes, so a pod waiting for hours does not
 flood the API) and waits out its backoff, or less if the cluster changes in a way that helps.
+A pod whose preemption made room holds it (the nomination annotation says where, signed) from
+equal and lower priorities until it is placed, across a change of leader too.
 
 Owns the decisions and the API writes they cause; reads the cluster only through the cache.
 """
@@ -18,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -293,7 +296,7 @@ class Controller:
         # As kube-scheduler counts nominated pods only against lower-or-equal priorities, the
         # rooms held for lower-priority pods are free to this one (and theirs are no victims).
         lower = self._lower_holds(pod)
-        with state.without(lower):
+        with state.without(lower) if lower else nullcontext():
             placed = place(state, pod, now=self._clock(), policy=self._policy)
             if isinstance(placed, Placement):
                 self._nominations.pop(uid, None)
