@@ -43,7 +43,7 @@ from binder.placement import (
     place,
     resolvable_nodes,
 )
-from binder.preemption import NoPreemption, preempt, stale_room
+from binder.preemption import NoPreemption, lower_holds, preempt, stale_room
 from binder.proofs import Unproven, sign
 from binder.queue import SchedulingQueue
 from binder.replicapreemption import held_uid
@@ -295,7 +295,7 @@ class Controller:
             pod = replace(pod, nominated_node=nominated[0])
         # As kube-scheduler counts nominated pods only against lower-or-equal priorities, the
         # rooms held for lower-priority pods are free to this one (and theirs are no victims).
-        lower = self._lower_holds(pod)
+        lower = lower_holds(state, pod)
         with state.without(lower) if lower else nullcontext():
             placed = place(state, pod, now=self._clock(), policy=self._policy)
             if isinstance(placed, Placement):
@@ -332,19 +332,6 @@ class Controller:
             self._report(pod, result.message, result.condition_reason)
         else:
             self._slots.release()
-
-    def _lower_holds(self, pod: PodInfo) -> list[str]:
-        """The pods of lower priority than `pod` holding room their preemption made."""
-        if len(self._nominations) <= (pod.uid in self._nominations):
-            return []
-        pending, nominated = self.pending, self.state.nominated
-        return [
-            uid
-            for uid in self._nominations
-            if uid in nominated
-            and (held := pending.get(uid)) is not None
-            and held.priority < pod.priority
-        ]
 
     def _displace(self, lower: list[str], node: str) -> None:
         """A higher-priority pod took room on `node`: the lower-priority pods holding room there

@@ -16,14 +16,17 @@ Among the nodes that work, kube-scheduler's order picks one: fewest budgets brok
 lowest priority of its most important victim, then the smallest sum of priorities, then the
 fewest victims, then the latest start of its most important victims, then name order.
 
-A pod nominated to a node where lower-priority pods are still terminating waits for them instead
-of preempting again; a new leader holds its room again if the binder's proof of the hold verifies
-(`stale_room`). Pure: reads the state, no I/O, no clock (time is passed in).
+The rooms held for pods of lower priority than the preemptor count as free, and those pending
+pods are never victims (as kube-scheduler counts nominated pods only against lower-or-equal
+priorities). A pod nominated to a node where lower-priority pods are still terminating waits for
+them instead of preempting again; a new leader holds its room again if the binder's proof of the
+hold verifies (`stale_room`). Pure: reads the state, no I/O, no clock (time is passed in).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -85,6 +88,20 @@ class NoPreemption:
     reasons: Mapping[str, int]
     waiting: bool = False
     """The pod waits for the victims of an earlier preemption to finish leaving."""
+
+
+def lower_holds(state: ClusterState, pod: PodInfo) -> list[str]:
+    """The pods of lower priority than `pod` holding room their preemption made: free to it (a
+    replica's held room is not among them: it is a victim, drained)."""
+    if not state.nominated:
+        return []
+    return [
+        uid
+        for uid in state.nominated
+        if (other := state.charged_pod(uid)) is not None
+        and other.host is None
+        and other.priority < pod.priority
+    ]
 
 
 def may_preempt(state: ClusterState, pod: PodInfo) -> bool:
@@ -198,6 +215,20 @@ def preempt(
     total = len(state.names)
     if not may_preempt(state, pod):
         return NoPreemption({}, waiting=pod.preemption_policy != "Never")
+    # Those pending pods are never victims: an eviction would delete them.
+    held = lower_holds(state, pod)
+    with state.without(held) if held else nullcontext():
+        return _choose(state, pod, resolvable, now, budgets, total)
+
+
+def _choose(
+    state: ClusterState,
+    pod: PodInfo,
+    resolvable: Sequence[str],
+    now: float,
+    budgets: Sequence[Budget],
+    total: int,
+) -> Preemption | NoPreemption:
     choices: list[Preemption] = []
     for tried, node in enumerate(resolvable):
         if tried >= MAX_CANDIDATES and choices:

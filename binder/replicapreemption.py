@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from binder.cache import Ledger
 from binder.model import ModelInfo, PodInfo
 from binder.placement import Policy, Unschedulable, choose_gpu, fit_message, resolvable_nodes
-from binder.preemption import NoPreemption, preempt, stale_room
+from binder.preemption import NoPreemption, lower_holds, preempt, stale_room
 from binder.proofs import sign
 from common.hosted import replica_uid
 from common.placement import KeyRing
@@ -269,7 +269,7 @@ class ReplicaPreemption:
                 return result.message
             counts = fit_message(len(state.names), outcome.reasons)
             return f"{result.message} preemption: {counts}"
-        with state.without([v.uid for v in outcome.victims]):
+        with state.without([v.uid for v in outcome.victims] + lower_holds(state, replica)):
             gpu = choose_gpu(
                 state, outcome.node, replica.request, self._policy, on_demand=replica.on_demand
             )
