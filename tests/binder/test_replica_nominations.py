@@ -4,7 +4,8 @@ status.nominations (signed for the hold), held again by the next leader before i
 anything, so the replica waits for its victims there (pods terminating, or replicas draining
 from their host) instead of preempting again and no lower-priority pod takes the room; a held
 room whose node or GPU is gone, whose replica is placed, whose model's GPU memory changed, or
-whose proof the binder did not sign for that replica's hold, is dropped."""
+whose proof the binder did not sign for that replica's hold, is dropped. A replica that preempts
+never takes a pending pod's held room as a victim."""
 
 from __future__ import annotations
 
