@@ -185,8 +185,9 @@ class Binder:
     def _leadership_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
-            # The rooms the previous leader's replica preemptions held are held again before
-            # anything is placed.
+            # The rooms the previous leader's preemptions held are held again before anything
+            # is placed.
+            self.controller.restore_nominations()
             self.models.recover_nominations()
             # A new leader starts from what its warm caches say is pending, and reports the
             # unproven pods (the old leader's record of what it reported died with it).

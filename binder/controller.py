@@ -6,6 +6,8 @@ the Binding. A 404 or 409 (deleted, or bound by someone else) drops the assumpti
 failures drop it and retry the pod with backoff. A pod that fits nowhere gets a FailedScheduling
 Event and PodScheduled=False (only when the message changes, so a pod waiting for hours does not
 flood the API) and waits out its backoff, or less if the cluster changes in a way that helps.
+A pod whose preemption made room holds it (the nomination annotation says where, signed) from
+equal and lower priorities until it is placed, across a change of leader too.
 
 Owns the decisions and the API writes they cause; reads the cluster only through the cache.
 """
@@ -13,10 +15,12 @@ Owns the decisions and the API writes they cause; reads the cluster only through
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -39,9 +43,10 @@ from binder.placement import (
     place,
     resolvable_nodes,
 )
-from binder.preemption import NoPreemption, preempt
+from binder.preemption import NoPreemption, lower_holds, preempt, stale_room
 from binder.proofs import Unproven, sign
 from binder.queue import SchedulingQueue
+from binder.replicapreemption import held_uid
 from common.contract import Keys
 from common.lifecycle import spawn
 from common.logs import subject
@@ -148,6 +153,49 @@ class Controller:
         self._reported.pop(uid, None)
         self._metrics.pending.set(len(self.pending))
 
+    def restore_nominations(self) -> None:
+        """On taking the lead, before anything is placed: every pending pod whose preemption
+        made room (its status.nominatedNodeName, and the binder's nomination annotation naming
+        the GPU) holds that room again, so that nothing placed meanwhile takes it; what this
+        replica held when it led before is forgotten. One without the annotation, or whose
+        node or GPU is gone or whose proof is not the binder's for that pod's hold, holds
+        nothing (the pod is placed anew): a tenant can write both fields on its own pod."""
+        for uid in list(self._nominations):
+            self.state.release_nomination(uid)
+        self._nominations.clear()
+        if not self._preemption:
+            return
+        ring = self._placement_keys()
+        for uid, pod in self.pending.items():
+            if not pod.nominated_node or self.state.is_accounted(uid):
+                continue
+            node, gpu, proof = pod.nomination or (pod.nominated_node, "", "")
+            why = (
+                f"its nomination annotation names node {node}"
+                if node != pod.nominated_node
+                else stale_room(self.state, _held(pod), node, gpu, proof, ring)
+            )
+            if why:
+                log.info(
+                    "Pod %s does not hold room on node %s, its nominated node (%s): it is "
+                    "placed anew.",
+                    pod.key,
+                    pod.nominated_node,
+                    why,
+                    extra=subject(pod=pod.key, node=pod.nominated_node),
+                )
+                continue
+            self.state.nominate(pod, node, gpu)
+            self._nominations[uid] = (node, gpu)
+            log.info(
+                "Pod %s holds its room on node %s (GPU %s), which its preemption made: it waits "
+                "there for its victims.",
+                pod.key,
+                node,
+                gpu,
+                extra=subject(pod=pod.key, node=node),
+            )
+
     def cluster_changed(self, why: str) -> None:
         moved = self.queue.move_all_to_active()
         if moved:
@@ -245,14 +293,25 @@ class Controller:
         nominated = self._nominations.get(uid)
         if nominated is not None and pod.nominated_node != nominated[0]:
             pod = replace(pod, nominated_node=nominated[0])
-        result = place(state, pod, now=self._clock(), policy=self._policy)
-        if isinstance(result, Placement):
-            self._nominations.pop(uid, None)
-            proof = self._sign(pod, result)
-            state.assume(pod, result.node, result.gpu.uuid, proof)
-            self._bind(pod, result, proof)
+        # As kube-scheduler counts nominated pods only against lower-or-equal priorities, the
+        # rooms held for lower-priority pods are free to this one (and theirs are no victims).
+        lower = lower_holds(state, pod)
+        with state.without(lower) if lower else nullcontext():
+            placed = place(state, pod, now=self._clock(), policy=self._policy)
+            if isinstance(placed, Placement):
+                self._nominations.pop(uid, None)
+                proof = self._sign(pod, placed)
+                state.assume(pod, placed.node, placed.gpu.uuid, proof)
+                self._bind(pod, placed, proof)
+            else:
+                result = self._preempt(pod, placed)
+        landed = placed.node if isinstance(placed, Placement) else None
+        if landed is None and self._nominations.get(uid, nominated) != nominated:
+            landed = self._nominations[uid][0]
+        if landed is not None:
+            self._displace(lower, landed)
+        if isinstance(placed, Placement):
             return
-        result = self._preempt(pod, result)
         self._metrics.attempts.labels(result.attempt_result).inc()
         delay = self.queue.backoff(uid)
         log.info(
@@ -273,6 +332,25 @@ class Controller:
             self._report(pod, result.message, result.condition_reason)
         else:
             self._slots.release()
+
+    def _displace(self, lower: list[str], node: str) -> None:
+        """A higher-priority pod took room on `node`: the lower-priority pods holding room there
+        give it up and are tried again (kube-scheduler clears their nomination likewise)."""
+        for uid in lower:
+            if self.state.nominated.get(uid) != node:
+                continue
+            self._nominations.pop(uid, None)
+            self.state.release_nomination(uid)
+            held = self.pending.get(uid)
+            if held is not None:
+                log.info(
+                    "Pod %s gives up the room held for it on node %s: a pod of higher priority "
+                    "takes it.",
+                    held.key,
+                    node,
+                    extra=subject(pod=held.key, node=node),
+                )
+                self.queue.add(uid, held.namespace)
 
     def _preempt(self, pod: PodInfo, result: Unschedulable) -> Unschedulable:
         """Have lower-priority tritonshare pods evicted where that lets the pod in, and hold the
@@ -317,6 +395,12 @@ class Controller:
             return result
         state.nominate(pod, outcome.node, gpu.uuid)
         self._nominations[pod.uid] = (outcome.node, gpu.uuid)
+        room = {
+            "node": outcome.node,
+            "gpu": gpu.uuid,
+            "proof": sign(self._placement_keys(), _held(pod), outcome.node, gpu.uuid),
+        }
+        nomination = {self._keys.nomination: json.dumps(room, separators=(",", ":"))}
         log.info(
             "Pod %s (priority %d) fits nowhere: preempting %d lower-priority pod(s) on node %s "
             "(%s); GPU %s is held for it.",
@@ -335,6 +419,9 @@ class Controller:
         drained = [v.key for v in replicas]
 
         def work() -> None:
+            # The GPU and proof first: a new leader holds the room only with both.
+            self._kube.patch_pod_annotations(pod.namespace, pod.name, nomination)
+            self._count("annotate")
             carry_out_preemption(
                 self._kube, pod, outcome, self._identity, self._count, drained=drained
             )
@@ -574,3 +661,9 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
     finally:
         for task in tasks:
             task.cancel()
+
+
+def _held(pod: PodInfo) -> PodInfo:
+    """The pod as the room its preemption made is signed and checked: under `held_uid`, so the
+    proof never proves a placement."""
+    return replace(pod, uid=held_uid(pod.uid))

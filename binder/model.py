@@ -221,6 +221,8 @@ class PodInfo:
     preemption_policy: str = "PreemptLowerPriority"
     nominated_node: str = ""
     """status.nominatedNodeName: where a preemption made room for the pod."""
+    nomination: tuple[str, str, str] | None = None
+    """The binder's nomination annotation: (node, GPU uuid, proof) of the room held."""
     on_demand: bool = False
     """Residency `on-demand`: the model may be unloaded when idle (placed against the GPU's
     over-committed memory); False for `always`, the default."""
@@ -454,8 +456,18 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str
         owner=owner,
         preemption_policy=str(spec.get("preemptionPolicy") or "PreemptLowerPriority"),
         nominated_node=str(status.get("nominatedNodeName") or ""),
+        nomination=_nomination(annotations.get(keys.nomination)),
         on_demand=residency == RESIDENCY_ON_DEMAND,
     )
+
+
+def _nomination(value: object) -> tuple[str, str, str] | None:
+    """The nomination annotation's (node, GPU uuid, proof); None if absent or not an object."""
+    try:
+        entry = json.loads(str(value)) if value else None
+    except ValueError:
+        return None
+    return _where(entry) if isinstance(entry, Mapping) else None
 
 
 def _priority(value: object) -> int:

@@ -16,20 +16,26 @@ Among the nodes that work, kube-scheduler's order picks one: fewest budgets brok
 lowest priority of its most important victim, then the smallest sum of priorities, then the
 fewest victims, then the latest start of its most important victims, then name order.
 
-A pod nominated to a node where lower-priority pods are still terminating waits for them instead
-of preempting again. Pure: reads the state, no I/O, no clock (time is passed in).
+The rooms held for pods of lower priority than the preemptor count as free, and those pending
+pods are never victims (as kube-scheduler counts nominated pods only against lower-or-equal
+priorities). A pod nominated to a node where lower-priority pods are still terminating waits for
+them instead of preempting again; a new leader holds its room again if the binder's proof of the
+hold verifies (`stale_room`). Pure: reads the state, no I/O, no clock (time is passed in).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from typing import Any
 
 from binder.model import PodInfo
 from binder.placement import fits_on
 from binder.podterms import LabelSelector, selector_from_api
+from binder.proofs import proven
 from binder.state import ClusterState
+from common.placement import KeyRing
 
 INT32_MAX = 2**31 - 1
 REASON_NOT_HELPFUL = "Preemption is not helpful for scheduling"
@@ -84,6 +90,20 @@ class NoPreemption:
     """The pod waits for the victims of an earlier preemption to finish leaving."""
 
 
+def lower_holds(state: ClusterState, pod: PodInfo) -> list[str]:
+    """The pods of lower priority than `pod` holding room their preemption made: free to it (a
+    replica's held room is not among them: it is a victim, drained)."""
+    if not state.nominated:
+        return []
+    return [
+        uid
+        for uid in state.nominated
+        if (other := state.charged_pod(uid)) is not None
+        and other.host is None
+        and other.priority < pod.priority
+    ]
+
+
 def may_preempt(state: ClusterState, pod: PodInfo) -> bool:
     """PodEligibleToPreemptOthers: not with preemptionPolicy Never, and not while lower-priority
     pods on its nominated node are still terminating."""
@@ -94,6 +114,26 @@ def may_preempt(state: ClusterState, pod: PodInfo) -> bool:
             if other.deleting and other.priority < pod.priority:
                 return False
     return True
+
+
+def stale_room(
+    state: ClusterState, held: PodInfo, node: str, gpu: str, proof: str, ring: KeyRing
+) -> str:
+    """Why a room said to be held (a pod's nomination annotation, a model's status.nominations)
+    for `held` (the pod or replica under its held uid) on that node's GPU is not held again by a
+    new leader, "" if it is: the node or GPU is gone, or the proof is not the binder's for that
+    hold at that request (a tenant writes its own pod's annotations and may copy proofs)."""
+    found = state.nodes.get(node)
+    if found is None:
+        return f"node {node} is gone"
+    if not any(g.uuid == gpu and g.healthy for g in found.gpus):
+        return f"GPU {gpu} is gone from node {node}"
+    verdict = proven(replace(held, node_name=node, gpu_uuid=gpu, placement=proof), ring)
+    if not isinstance(verdict, PodInfo):
+        return f"its proof does not verify ({verdict.reason})"
+    if verdict.request != held.request:
+        return "its GPU memory changed"
+    return ""
 
 
 def _breaks_budget(pods: Sequence[PodInfo], budgets: Sequence[Budget]) -> set[str]:
@@ -175,6 +215,20 @@ def preempt(
     total = len(state.names)
     if not may_preempt(state, pod):
         return NoPreemption({}, waiting=pod.preemption_policy != "Never")
+    # Those pending pods are never victims: an eviction would delete them.
+    held = lower_holds(state, pod)
+    with state.without(held) if held else nullcontext():
+        return _choose(state, pod, resolvable, now, budgets, total)
+
+
+def _choose(
+    state: ClusterState,
+    pod: PodInfo,
+    resolvable: Sequence[str],
+    now: float,
+    budgets: Sequence[Budget],
+    total: int,
+) -> Preemption | NoPreemption:
     choices: list[Preemption] = []
     for tried, node in enumerate(resolvable):
         if tried >= MAX_CANDIDATES and choices:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from binder.cache import Ledger
 from binder.model import ModelInfo, PodInfo
 from binder.placement import Policy, Unschedulable, choose_gpu, fit_message, resolvable_nodes
-from binder.preemption import NoPreemption, preempt
-from binder.proofs import proven, sign
+from binder.preemption import NoPreemption, lower_holds, preempt, stale_room
+from binder.proofs import sign
 from common.hosted import replica_uid
 from common.placement import KeyRing
 
@@ -216,21 +216,10 @@ class ReplicaPreemption:
     def _stale(self, model: ModelInfo, ordinal: int, room: Nomination, ring: KeyRing) -> str:
         """Why a room a status says is held for the replica is not held again ("" if it is)."""
         state = self._ledger.state
-        node = state.nodes.get(room.node)
         if state.is_accounted(replica_uid(model.uid, ordinal)):
             return "the replica is placed"
-        if node is None:
-            return f"node {room.node} is gone"
-        if not any(g.uuid == room.gpu and g.healthy for g in node.gpus):
-            return f"GPU {room.gpu} is gone from node {room.node}"
         held = _held(model, ordinal)
-        claimed = replace(held, node_name=room.node, gpu_uuid=room.gpu, placement=room.proof)
-        verdict = proven(claimed, ring)
-        if not isinstance(verdict, PodInfo):
-            return f"its proof does not verify ({verdict.reason})"
-        if verdict.request != held.request:
-            return "the model's GPU memory changed"
-        return ""
+        return stale_room(state, held, room.node, room.gpu, room.proof, ring)
 
     def unwritten(self, model_uid: str) -> list[str]:
         """Why each replica of the model preempted since the last call was, now written."""
@@ -280,7 +269,7 @@ class ReplicaPreemption:
                 return result.message
             counts = fit_message(len(state.names), outcome.reasons)
             return f"{result.message} preemption: {counts}"
-        with state.without([v.uid for v in outcome.victims]):
+        with state.without([v.uid for v in outcome.victims] + lower_holds(state, replica)):
             gpu = choose_gpu(
                 state, outcome.node, replica.request, self._policy, on_demand=replica.on_demand
             )

@@ -99,6 +99,13 @@ class Keys:
         return f"{self.prefix}placement"
 
     @property
+    def nomination(self) -> str:
+        """Pod annotation written by the binder when the pod's preemption makes room for it:
+        JSON `{"node", "gpu", "proof"}`, the room held and its proof (signed for the hold, never
+        a placement), so that a new leader holds it again."""
+        return f"{self.prefix}nomination"
+
+    @property
     def gpu_mem_total(self) -> str:
         """Node annotation written by the agent: total memory of healthy GPUs, decimal bytes."""
         return f"{self.prefix}gpu-mem-total"

@@ -4,7 +4,8 @@ status.nominations (signed for the hold), held again by the next leader before i
 anything, so the replica waits for its victims there (pods terminating, or replicas draining
 from their host) instead of preempting again and no lower-priority pod takes the room; a held
 room whose node or GPU is gone, whose replica is placed, whose model's GPU memory changed, or
-whose proof the binder did not sign for that replica's hold, is dropped."""
+whose proof the binder did not sign for that replica's hold, is dropped. A replica that preempts
+never takes a pending pod's held room as a victim."""
 
 from __future__ import annotations
 
@@ -267,3 +268,24 @@ async def test_a_new_leader_waits_for_a_victim_replica_draining_from_its_host(
     resnet = await eventually(lambda: placed(custom, "resnet", 1), what="resnet placed")
     assert resnet["status"]["placements"][0]["node"] == "a"
     assert len(model_events(core, "resnet", "Preempting")) == 1
+
+
+async def test_a_higher_priority_replica_never_takes_a_pending_pods_held_room_as_a_victim(
+    kube_api: kubernetes.client.ApiClient, custom: Any, core: Any, make_binder: MakeBinder
+) -> None:
+    """Pod "mid" (priority 500) holds the room its victim is leaving; replica 0 of "resnet"
+    (priority 1000) then preempts the other low pod, never the pending "mid" (an eviction would
+    delete it)."""
+    priority_class(kube_api, "mid", 500)
+    priority_class(kube_api, "urgent", 1000)
+    add_node(kube_api, "a", [16 * GI])
+    await make_binder()
+    for name in LOW:
+        add_pod(core, name, mem="8Gi", spec_extra={"terminationGracePeriodSeconds": 3600})
+    await eventually(lambda: all(node_of(core, name) == "a" for name in LOW), what="bound")
+    add_pod(core, "mid", mem="8Gi", spec_extra={"priorityClassName": "mid"})
+    await eventually(lambda: len(terminating(core)) == 1, what="mid's victim leaving")
+    create(custom, "resnet", memory="8Gi", priorityClassName="urgent")
+    await eventually(lambda: model_events(core, "resnet", "Preempting"), what="resnet preempting")
+    assert set(terminating(core)) == set(LOW), "resnet's victim is the other low pod"
+    assert "mid" in [p.metadata.name for p in core.list_namespaced_pod("default").items]

@@ -32,8 +32,8 @@ CREATED_WITH_NODE = (
     "a tritonshare pod may not be created with spec.nodeName; the tritonshare binder places it"
 )
 BINDER_ONLY = (
-    "only the tritonshare binder writes the tritonshare.io/gpu and tritonshare.io/placement "
-    "annotations"
+    "only the tritonshare binder writes the tritonshare.io/gpu, tritonshare.io/placement and "
+    "tritonshare.io/nomination annotations"
 )
 CARRIES_TRITONSHARE = (
     "a pod created with spec.nodeName may not carry tritonshare resources (tritonshare.io/gpu-mem) "
@@ -274,7 +274,7 @@ def test_only_the_binder_writes_the_gpu_and_the_placement(cluster: Cluster) -> N
     status = _refused(cluster.tenant.create_namespaced_pod, TENANT_NAMESPACE, forged)
     assert (status["code"], status["message"]) == (422, _pod_denial(BINDER_ONLY))
     cluster.tenant.create_namespaced_pod(TENANT_NAMESPACE, _model_pod(model_id="mine"))
-    for written in ({"gpu": "GPU-1"}, {"placement": "v1.k.1.sig"}):
+    for written in ({"gpu": "GPU-1"}, {"placement": "v1.k.1.sig"}, {"nomination": "{}"}):
         status = _refused(_annotate_pod, cluster.tenant, "m", **written)
         assert (status["code"], status["message"]) == (422, _pod_denial(BINDER_ONLY))
     # The binder writes both and binds; the tenant can neither change nor remove them.
