@@ -80,6 +80,7 @@ COMPILED = (
     "proxy/policy/throttle.py",
     "proxy/policy/wire.py",
     "proxy/metrics.py",
+    "proxy/table.py",
 )
 """Every module a request passes through in the REST and gRPC relays (both the proxy's and the
 gateway's), and what they call per request; compiled as one group, so calls between them are C
