@@ -11,6 +11,7 @@ import contextlib
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -483,3 +484,78 @@ async def test_a_busy_probationer_is_held_while_a_load_settles_so_the_exit_is_th
         finally:
             stop.set()
             await asyncio.to_thread(sender.join, 30)
+
+
+async def test_an_exit_the_agents_watch_missed_is_counted_from_the_gateways_record(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The agent's loop stalls from Triton's death until Triton is back (a busy node): its own
+    connection sees only a drop, and its new one is accepted by the new Triton. The gateway
+    recorded the death: the agent counts it from that record, once, and the attacker's next
+    exit quarantines it (2 in a row). Before, the stalled exit was never counted."""
+    table = tmp_path / "gateway" / "callers.json"
+    running = await start_custom_agent(
+        crash_quarantine_after=2,
+        lease_renew_seconds=0.5,
+        gateway_table=table,
+        gateway_table_refresh_seconds=0.5,
+        crash_settle_seconds=0.0,  # the requests' rule alone, as in test_request_quarantine
+    )
+    node = Node(running, kube_api, table)
+    await node.add(apiserver, tmp_path, "team-a", "killer", ATTACKER, REQUEST_KILLER)
+    assert (await node.load("killer")).state == agent_pb2.MODEL_STATE_READY
+    await eventually(lambda: set(node.callers()) == {ATTACKER}, what="the caller")
+    watch = running.agent.request_crashes
+    assert watch is not None
+    registry = running.agent.metrics.registry
+
+    def exits() -> float | None:
+        return registry.get_sample_value("tritonshare_agent_triton_exits_witnessed_total")
+
+    sentinel = watch.sentinel
+    seen_late = sentinel._on_lost
+
+    def stalled() -> float:
+        """The agent's loop, stalled from the death (seen when the kubelet's restart takes the
+        old container's processes) until the new Triton is live; the gateway, in its own
+        thread, records the death meanwhile."""
+        sentinel._on_lost = seen_late
+        deadline = time.monotonic() + 60
+        while not read_witnesses(watch.witness_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while not live(triton.http_url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return seen_late()
+
+    with running_gateway(gateway_settings(triton, table)) as gateway:
+        url = gateway.http_url
+        async with kubelet_restarts(triton) as restarts:
+            sentinel._on_lost = stalled
+            for crash in (1, 2):
+                await eventually(lambda: node.ready("killer"), limit=60, what="killer loaded")
+                status, _ = await asyncio.to_thread(infer, url, ATTACKER, "killer", MAGIC)
+                assert status in (0, 502), status  # Triton died under it
+                await eventually(lambda n=crash: len(restarts) == n, what=f"crash {crash}")
+                await eventually(lambda n=crash: exits() == n, what=f"exit {crash} counted")
+                if crash == 1:
+                    assert sentinel.deaths == 0, "the agent's own watch saw no death"
+                    assert [(r.pod, r.crashes) for r in running.agent.crashes.callers()] == [
+                        ("team-a/killer-pod", 1)
+                    ]
+            await eventually(
+                lambda: bool(node.callers()[ATTACKER].get("quarantined")),
+                what="the attacker quarantined",
+            )
+        assert sentinel.deaths == 1 and exits() == 2, "each exit counted once"
+
+
+def live(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/health/live", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

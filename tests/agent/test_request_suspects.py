@@ -371,3 +371,48 @@ async def test_a_suspect_reload_that_shares_a_second_exit_with_requests_is_their
     assert [r.pod for r in crashes.exited(114.5, 115.2)] == [ATTACKER.pod]
     assert ledger.count(settling.digest) == 0 and ledger.quarantined(settling.digest) is None
     await events.close()
+
+
+async def test_an_exit_the_agents_watch_saw_only_as_a_drop_is_counted_from_the_gateways_record(
+    tmp_path: Path,
+) -> None:
+    """The agent's loop stalled past Triton's restart: its connection only saw a drop, and its
+    new connection was accepted by the new Triton. The gateway's record of the death counts it,
+    once; a drop the gateway recorded no death for counts nothing. Before, such an exit was
+    never counted."""
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 2)
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    told = asyncio.Event()
+    metrics = AgentMetrics()
+    crashes = RequestCrashes(
+        "127.0.0.1:1", ledger, path, events, metrics, told.set, witness_wait_seconds=0.5
+    )
+
+    def exits() -> float | None:
+        return metrics.registry.get_sample_value("tritonshare_agent_triton_exits_witnessed_total")
+
+    crashes._up()
+    await asyncio.sleep(0.01)
+    crashes._dropped(time.time())  # an idle close: nothing recorded
+    await asyncio.sleep(1.0)
+    assert exits() == 0 and ledger.callers() == []
+    died = time.time()
+    write_witnesses(path, [Witness(died, (ATTACKER,))])
+    crashes._dropped(died + 3.0)  # seen late: the new Triton accepted the new connection
+    crashes._up()
+    assert exits() == 1
+    assert [(r.pod, r.crashes) for r in ledger.callers()] == [(ATTACKER.pod, 1)]
+    crashes._dropped(time.time())
+    await asyncio.sleep(1.0)
+    assert exits() == 1, "a record is counted once"
+    # The next exit, seen as it happens, is counted as before, and the first not again.
+    write_witnesses(path, [Witness(died, (ATTACKER,)), Witness(time.time(), (ATTACKER,))])
+    crashes._gone(time.time() - 0.1)
+    crashes._back()
+    async with asyncio.timeout(10):
+        await told.wait()
+    assert exits() == 2
+    assert [(r.pod, r.quarantined) for r in ledger.callers()] == [(ATTACKER.pod, True)]
+    await events.close()
