@@ -565,24 +565,37 @@ class Models:
         held = self.crashes.held(owner.namespace)
         await self.held_loads.begin(held)
         hold = self.hold if settle else None  # a reload of what Triton held is no change
+        # A suspect's load is its trial: probationers are kept from Triton until it settles.
+        trial = (
+            hold is not None
+            and hold.hold_seconds > 0
+            and (held or self.crashes.suspected(owned.digest))
+        )
         loaded = False
+        settle_seconds = 0.0
         try:
             if hold is not None:
                 # Before the marker: a load cancelled meanwhile never reached Triton.
-                await hold.begin(owner.pod.object_key)
+                await hold.begin(owner.pod.object_key, trial=trial)
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index
             started = self.clock()
             # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
             marker = Marker(
-                name, owned.digest, model_id, owner.key, started_at=self._wall(), restore=not settle
+                name,
+                owned.digest,
+                model_id,
+                owner.key,
+                started_at=self._wall(),
+                restore=not settle,
+                trial=trial,
             )
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
             self.held_loads.end(held, 0.0)
             if hold is not None:
-                hold.end(owner.pod.object_key)
+                hold.end(owner.pod.object_key, trial=trial)
             raise
         try:
             if self.host is not None:
@@ -648,6 +661,7 @@ class Models:
             raise
         else:
             loaded = True
+            settle_seconds = self.crashes.settle_of(marker)
             self.crashes.finished(marker, settle=settle)
             if self.host is not None:
                 await self._in_thread(self.host.finished, admitted, True)
@@ -670,7 +684,7 @@ class Models:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
             if hold is not None:
-                hold.end(owner.pod.object_key)
+                hold.end(owner.pod.object_key, trial=trial, settle_seconds=settle_seconds)
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:

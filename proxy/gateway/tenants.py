@@ -77,7 +77,7 @@ class Member:
             self._join(lane)
         elif not caller.probation and self.limiter.probation is not None:
             self._leave(lane)
-        self.limiter.hold(caller.held)
+        self.limiter.hold(caller.held, trial=caller.trial)
 
     def present_at_exit(self, lane: ProbationLane) -> None:
         """The gateway's witness named this pod at Triton's death: its clean turns start

@@ -416,3 +416,32 @@ async def test_an_exit_the_agents_watch_saw_only_as_a_drop_is_counted_from_the_g
     assert exits() == 2
     assert [(r.pod, r.quarantined) for r in ledger.callers()] == [(ATTACKER.pod, True)]
     await events.close()
+
+
+async def test_a_trial_reload_sharing_a_second_exit_with_requests_counts_against_neither(
+    tmp_path: Path,
+) -> None:
+    """The suspect's reload was a trial: probationers were kept from Triton through its
+    settling window, so the requests beside its second exit are no probationer's (a neighbour
+    busy since, or one the hold failed to keep out): the exit is ambiguous again, never theirs
+    for being the second in a row. Before, the pod at Triton at both was counted."""
+    path = tmp_path / "crash-witness.json"
+    now = [100.5]
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    ledger.witnessed = crashes.requests_at
+    settling = Marker("m-1", "n" * 64, "late", ATTACKER.pod, 90.0, 89.0)
+    ledger.loading(settling)
+    write_witnesses(path, [Witness(100.0, (BUSY,))])
+    assert crashes.exited(99.5, 100.2) == [] and crashes.on_probation(BUSY.pod)
+    ledger.crashed(settling, alone=False)
+    trial = replace(settling, started_at=110.0, finished_at=111.0, trial=True)
+    ledger.loading(trial)
+    now[0] = 115.5
+    write_witnesses(path, [Witness(100.0, (BUSY,)), Witness(115.0, (BUSY,))])
+    assert ledger.explained(trial) == [], "not the requests': the trial stays a suspect"
+    assert crashes.exited(114.5, 115.2) == []
+    assert {r.pod: r.crashes for r in ledger.callers()} == {BUSY.pod: 0}
+    await events.close()

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.policy.limiter import Limiter
 from proxy.policy.probation import ProbationLane
-from proxy.policy.refusals import OverloadedError, QueueTimeoutError
+from proxy.policy.refusals import HeldError, OverloadedError, QueueTimeoutError, retry_after
 
 
 def probationer(
@@ -362,3 +362,23 @@ async def test_a_held_pod_takes_no_slot_without_waiting_for_the_hold() -> None:
     limiter.hold(False)
     await asyncio.wait_for(waiting, 5)
     assert limiter.in_flight == 1 and limiter.try_acquire()
+
+
+async def test_a_probationer_held_for_a_suspects_trial_is_refused_not_held() -> None:
+    """During a suspect's trial (its load in flight or settling) a held probationer's new
+    request is refused at once, asking the client to retry, instead of going on to Triton after
+    its bound; its requests go again once the trial is over."""
+    limiter = Limiter(0, 8, 30.0)
+    limiter.hold(True, trial=True)
+    assert not limiter.try_acquire()
+    with pytest.raises(HeldError) as refused:
+        await asyncio.wait_for(limiter.acquire(), 1)
+    assert "under suspicion" in str(refused.value) and retry_after(refused.value) > 0
+    assert (limiter.in_flight, limiter.held) == (0, 0)
+    limiter.hold(True)  # a plain hold again: it waits
+    waiting = asyncio.get_running_loop().create_task(limiter.acquire())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    limiter.hold(False)
+    await asyncio.wait_for(waiting, 5)
+    assert limiter.in_flight == 1
