@@ -47,6 +47,7 @@ from tests.proxy.gateway.conftest import gateway_settings, running_gateway
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 DELAYED_KILLER = load_killer(4.0)
+LATE_KILLER = load_killer(3.0)
 
 SLOW_LOAD = """import time
 
@@ -506,14 +507,14 @@ async def test_a_busy_probationer_is_never_counted_for_a_model_that_kills_triton
     tmp_path: Path,
 ) -> None:
     """The neighbour, on probation, always has a request at Triton; a model kills Triton
-    seconds after its READY, later than the hold after it (1 s here), within its settling
-    window (8 s). Its first exit finds the neighbour there (shared); each reload of the suspect
+    seconds after its READY, later than the hold after it (0.5 s here), within its settling
+    window (6 s). Its first exit finds the neighbour there (shared); each reload of the suspect
     is a trial that keeps the probationer from Triton until it settles, so the next exits are
     the model's alone and its files are quarantined; the neighbour is never counted and is
     served again. Before, the neighbour shared every exit, the second and third in a row
     counted against its requests, and it was quarantined while the model went on."""
     node = await start_node(
-        start_custom_agent, kube_api, tmp_path, crash_hold_seconds=1.0, crash_settle_seconds=8.0
+        start_custom_agent, kube_api, tmp_path, crash_hold_seconds=0.5, crash_settle_seconds=6.0
     )
     await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
     assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
@@ -547,7 +548,7 @@ async def test_a_busy_probationer_is_never_counted_for_a_model_that_kills_triton
         try:
             await eventually(lambda: bool(served), what="the neighbour served")
             async with kubelet_restarts(triton) as restarts:
-                await node.add(apiserver, tmp_path, "team-a", "late", ATTACKER, DELAYED_KILLER)
+                await node.add(apiserver, tmp_path, "team-a", "late", ATTACKER, LATE_KILLER)
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await node.load("late")
                 await eventually(decided, limit=150, what="the late killer's files quarantined")
