@@ -102,6 +102,9 @@ class Limiter:
         self._hold: asyncio.Event | None = None
         """Set while the pod is held (`hold`): a new request waits for the event first."""
         self.hold_seconds = HELD_REQUEST_SECONDS
+        self.on_held: Callable[[str, float], None] | None = None
+        """Told of each request a hold kept: how it ended (`policy.probation.HELD_OUTCOMES`)
+        and the seconds it was held."""
         self._trial: HeldError | None = None
         """Set while the pod is held for a suspect's trial (`hold`): a new request is refused
         with it instead of held."""
@@ -200,15 +203,20 @@ class Limiter:
     async def _held(self, hold: asyncio.Event) -> None:
         """Wait until the hold ends, at most `hold_seconds` (then the request goes on all the
         same: a hold delays, it never refuses), counted as concurrency meanwhile."""
-        self._starts += self._clock()
+        started = self._clock()
+        self._starts += started
         self.held += 1
+        outcome = "released"
         try:
             async with asyncio.timeout(self.hold_seconds):
                 await hold.wait()
         except TimeoutError:
-            pass
+            outcome = "timed_out"
         finally:
-            self._left(self._clock())
+            now = self._clock()
+            self._left(now)
+            if self.on_held is not None:
+                self.on_held(outcome, now - started)
 
     async def acquire(self) -> None:
         """Take a slot, waiting in the queue if needed; raise when refused. A request for an
@@ -216,6 +224,8 @@ class Limiter:
         `hold_seconds`), held (counted as concurrency) meanwhile."""
         if self._hold is not None and self.refusal is None:
             if self._trial is not None:
+                if self.on_held is not None:
+                    self.on_held("refused", 0.0)
                 raise self._trial
             await self._held(self._hold)
         residency = self.residency

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from proxy.policy.limiter import Limiter
-from proxy.policy.probation import ProbationLane
+from proxy.policy.probation import MAX_HELD_NAMESPACES, HeldRequests, ProbationLane
 from proxy.policy.refusals import HeldError, OverloadedError, QueueTimeoutError, retry_after
 
 
@@ -382,3 +382,24 @@ async def test_a_probationer_held_for_a_suspects_trial_is_refused_not_held() -> 
     limiter.hold(False)
     await asyncio.wait_for(waiting, 5)
     assert limiter.in_flight == 1
+
+
+async def test_held_requests_are_counted_by_namespace_outcome_and_seconds_with_bounded_series() -> (
+    None
+):
+    counts = HeldRequests()
+    limiter = Limiter(0, 8, 30.0)
+    limiter.on_held = lambda outcome, seconds: counts.record("team-a", outcome, seconds)
+    limiter.hold(True)
+    limiter.hold_seconds = 0.05
+    await asyncio.wait_for(limiter.acquire(), 5)  # past its bound: it went on
+    limiter.release()
+    limiter.hold(True, trial=True)
+    with pytest.raises(HeldError):
+        await limiter.acquire()
+    assert counts.requests == {("team-a", "timed_out"): 1, ("team-a", "refused"): 1}
+    assert counts.seconds["team-a"] >= 0.05
+    for n in range(MAX_HELD_NAMESPACES + 5):
+        counts.record(f"ns-{n}", "released", 1.0)
+    assert len(counts.seconds) == MAX_HELD_NAMESPACES + 1, "the rest under one series"
+    assert counts.requests["", "released"] == 6
