@@ -608,7 +608,15 @@ class Models:
                     owner.key,
                 )
             await self._load_measured(
-                name, override, owner, uuid, index, manifest.total_bytes, waking=waking
+                name,
+                override,
+                owner,
+                uuid,
+                index,
+                manifest.total_bytes,
+                waking=waking,
+                # READY: an exit from now on finds it settling, even while it is measured.
+                on_ready=lambda: self.crashes.finished(marker, settle=settle),
             )
         except LoadTimedOutError as e:
             self._step(name, record, Event.LOAD_FAILED, str(e))
@@ -626,7 +634,7 @@ class Models:
             # Triton may still be loading it: the answer is the agent's, the load is over.
             return self._status(name, None, manifest, owner.residency)
         except TritonUnreachableError as e:
-            if isinstance(e, TritonNotConnectedError):
+            if isinstance(e, TritonNotConnectedError) and not self.crashes.finished_at(name):
                 # The load never reached Triton (down, or starting again after another
                 # model's crash): it cannot have crashed it, and must not be blamed.
                 self.crashes.answered(name)
@@ -828,11 +836,13 @@ class Models:
         size: int = 0,
         *,
         waking: bool = False,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         """Load, admitted and measured when the model's GPU can be read: one load or unload at
         a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
         since its last reading is observed first, so what grew before the load is not billed
-        to it (`agent.memory` decides whose the window's growth is)."""
+        to it (`agent.memory` decides whose the window's growth is). `on_ready()` runs as soon
+        as Triton answers the load READY, before it is measured."""
         model_id = owner.model_id
         if not uuid or index < 0:
             bound = self._load_budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
@@ -840,6 +850,8 @@ class Models:
             try:
                 async with timeout:
                     await self.triton.load(name, override)
+                    if on_ready is not None:
+                        on_ready()
             except TimeoutError as e:
                 if not timeout.expired():
                     raise
@@ -872,6 +884,8 @@ class Models:
                         event_reason="InsufficientGPUMemory",
                     )
             await self.triton.load(name, override)
+            if on_ready is not None:
+                on_ready()
             after = await self._gpus.read_gpu(uuid)
             reported = await self.triton.gpu_memory(name, index)
             if before is not None and after is not None:

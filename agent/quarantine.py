@@ -257,6 +257,12 @@ class CrashLedger:
             asdict(replace(marker, finished_at=self._wall())),
         )
 
+    def finished_at(self, name: str) -> float:
+        """When the load of `name` whose marker is on disk was answered READY (0: it was not,
+        or there is no marker)."""
+        marker = self.markers().get(name)
+        return marker.finished_at if marker is not None else 0.0
+
     def settled(self, marker: Marker) -> bool:
         """For a finished marker whose model Triton still holds: once `settle_seconds` have
         passed, the load is cleared of suspicion (its marker removed, its count ended)."""

@@ -132,7 +132,7 @@ class RequestCrashes:
             loop.call_later(_WAIT_STEP_SECONDS, self._count, away, until, dropped)
             return
         if not dropped:
-            self.exited(*away)
+            self.exited(*away, gone_at=away[0])
         elif inside:
             log.warning(
                 "Triton exited and came back before the agent's connection saw it go, as the "
@@ -156,9 +156,13 @@ class RequestCrashes:
         """Whether the gateway serializes `pod`'s requests with other probationers'."""
         return self.ledger.caller_probation(pod) is not None
 
-    def exited(self, last_live: float, first_down: float) -> list[CallerRecord]:
+    def exited(
+        self, last_live: float, first_down: float, *, gone_at: float = 0.0
+    ) -> list[CallerRecord]:
         """Triton was there at `last_live` and gone at `first_down` (Unix seconds): count the
-        gateway's records of that moment; returns the pods quarantined by it."""
+        gateway's records of that moment; returns the pods quarantined by it. `gone_at`: when
+        this agent's own connection closed (its clock: no slack), after which no load it sent
+        was at the exit (the reloads once Triton is back, whatever the slack says)."""
         try:
             inside = self._inside(last_live, first_down)
         except WitnessError as e:
@@ -174,6 +178,7 @@ class RequestCrashes:
         self._counted_until = max(w.at for w in inside)
         witnessed = merged(w.suspects for w in inside)
         loads = self.ledger.loads_at(first_down, self.slack_seconds)
+        loads = [m for m in loads if not gone_at or m.started_at <= gone_at]
         changes = [m for m in loads if not m.restore]
         loading = [m for m in changes if not m.finished_at or m.finished_at > first_down]
         settling = [m for m in changes if m not in loading]

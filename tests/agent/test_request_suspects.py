@@ -445,3 +445,29 @@ async def test_a_trial_reload_sharing_a_second_exit_with_requests_counts_against
     assert crashes.exited(114.5, 115.2) == []
     assert {r.pod: r.crashes for r in ledger.callers()} == {BUSY.pod: 0}
     await events.close()
+
+
+async def test_a_reload_sent_after_the_agent_saw_triton_go_is_not_at_that_exit(
+    tmp_path: Path,
+) -> None:
+    """Once Triton is back the agent reloads what it held, while it may still wait for the
+    gateway's record: those reloads began after its own connection closed, so they were not at
+    the exit, however close within the clocks' slack. Before, such a reload made the exit look
+    like one under a load, and the attacker sending alone was never counted."""
+    path = tmp_path / "crash-witness.json"
+    now = [100.5]
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    reload = Marker("m-1", "n" * 64, "good", NEIGHBOUR.pod, 0.0, 100.3, restore=True)
+    ledger.loading(reload)
+    write_witnesses(path, [Witness(100.0, (replace(ATTACKER, in_flight=0),))])
+    assert crashes.exited(99.5, 100.0) == [], "without when it saw the exit: a reload in flight"
+    assert {r.pod: r.crashes for r in ledger.callers()} == {}
+    write_witnesses(path, [Witness(100.0, (ATTACKER,)), Witness(110.0, (ATTACKER,))])
+    reload = replace(reload, started_at=110.3)
+    ledger.loading(reload)
+    quarantined = crashes.exited(109.9, 110.0, gone_at=110.1)
+    assert [r.pod for r in quarantined] == [ATTACKER.pod]
+    await events.close()
