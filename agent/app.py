@@ -306,6 +306,7 @@ class Agent:
                 quarantine=self.request_crashes.quarantine_of if self.request_crashes else None,
                 probation=self.request_crashes.on_probation if self.request_crashes else None,
                 held=self.hold.holds,
+                trial=self.hold.trial,
             )
             # The one wiring after construction: the table is computed by the reconciler from
             # the owners and the pods, and is rewritten when either changes.

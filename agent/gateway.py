@@ -71,17 +71,20 @@ class CallerPublisher:
         quarantine: Callable[[str], str] | None = None,
         probation: Callable[[str], bool] | None = None,
         held: Callable[[str], bool] | None = None,
+        trial: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`quarantine(pod)` says why a pod's requests are refused (`agent.requestcrash`);
         the entry of such a pod carries it, and the gateway refuses its requests with it.
         `probation(pod)` says whether the gateway serializes its requests with other
         probationers' (`agent.suspects`); `held(pod)` whether it holds the pod's new requests now,
-        on probation (`agent.probationhold`)."""
+        on probation (`agent.probationhold`); `trial()` whether the hold is a suspect's trial
+        (the gateway refuses held pods' requests)."""
         self.path = path
         self._quarantine = quarantine
         self._probation = probation
         self._held = held
+        self._trial = trial
         self.node_name = node_name
         self._owners = owners
         self.refresh_seconds = refresh_seconds
@@ -119,6 +122,8 @@ class CallerPublisher:
             callers = [replace(c, probation=self._probation(c.pod)) for c in callers]
         if self._held is not None:
             callers = [replace(c, held=c.probation and self._held(c.pod)) for c in callers]
+        if self._trial is not None and self._trial():
+            callers = [replace(c, trial=c.held) for c in callers]
         reported = frozenset(left_out)
         for reason in sorted(reported - self._reported):
             log.warning("Not a gateway caller: %s.", reason)

@@ -565,24 +565,37 @@ class Models:
         held = self.crashes.held(owner.namespace)
         await self.held_loads.begin(held)
         hold = self.hold if settle else None  # a reload of what Triton held is no change
+        # A suspect's load is its trial: probationers are kept from Triton until it settles.
+        trial = (
+            hold is not None
+            and hold.hold_seconds > 0
+            and (held or self.crashes.suspected(owned.digest))
+        )
         loaded = False
+        settle_seconds = 0.0
         try:
             if hold is not None:
                 # Before the marker: a load cancelled meanwhile never reached Triton.
-                await hold.begin(owner.pod.object_key)
+                await hold.begin(owner.pod.object_key, trial=trial)
             waking = record.life.phase is Phase.IDLE_UNLOADED
             self._step(name, record, Event.REQUEST_ARRIVED if waking else Event.LOAD_STARTED)
             record.gpu_uuid, record.gpu_index = uuid, index
             started = self.clock()
             # Durable before Triton sees the load: if Triton dies under it, the marker says whose.
             marker = Marker(
-                name, owned.digest, model_id, owner.key, started_at=self._wall(), restore=not settle
+                name,
+                owned.digest,
+                model_id,
+                owner.key,
+                started_at=self._wall(),
+                restore=not settle,
+                trial=trial,
             )
             await self._in_thread(self.crashes.loading, marker)
         except BaseException:
             self.held_loads.end(held, 0.0)
             if hold is not None:
-                hold.end(owner.pod.object_key)
+                hold.end(owner.pod.object_key, trial=trial)
             raise
         try:
             if self.host is not None:
@@ -595,7 +608,15 @@ class Models:
                     owner.key,
                 )
             await self._load_measured(
-                name, override, owner, uuid, index, manifest.total_bytes, waking=waking
+                name,
+                override,
+                owner,
+                uuid,
+                index,
+                manifest.total_bytes,
+                waking=waking,
+                # READY: an exit from now on finds it settling, even while it is measured.
+                on_ready=lambda: self.crashes.finished(marker, settle=settle),
             )
         except LoadTimedOutError as e:
             self._step(name, record, Event.LOAD_FAILED, str(e))
@@ -613,7 +634,7 @@ class Models:
             # Triton may still be loading it: the answer is the agent's, the load is over.
             return self._status(name, None, manifest, owner.residency)
         except TritonUnreachableError as e:
-            if isinstance(e, TritonNotConnectedError):
+            if isinstance(e, TritonNotConnectedError) and not self.crashes.finished_at(name):
                 # The load never reached Triton (down, or starting again after another
                 # model's crash): it cannot have crashed it, and must not be blamed.
                 self.crashes.answered(name)
@@ -648,6 +669,7 @@ class Models:
             raise
         else:
             loaded = True
+            settle_seconds = self.crashes.settle_of(marker)
             self.crashes.finished(marker, settle=settle)
             if self.host is not None:
                 await self._in_thread(self.host.finished, admitted, True)
@@ -670,7 +692,7 @@ class Models:
                 self.host.finished(admitted, False)  # refused or failed: nothing to measure
             self.held_loads.end(held, self.crashes.quiet_seconds if loaded else 0.0)
             if hold is not None:
-                hold.end(owner.pod.object_key)
+                hold.end(owner.pod.object_key, trial=trial, settle_seconds=settle_seconds)
         return self._status(name, await self.triton.state(name), manifest, owner.residency)
 
     def _held_on(self, gpu_uuid: str, except_uid: str) -> dict[str, tuple[Loaded, Proven]]:
@@ -814,11 +836,13 @@ class Models:
         size: int = 0,
         *,
         waking: bool = False,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         """Load, admitted and measured when the model's GPU can be read: one load or unload at
         a time per GPU, so nothing the agent does overlaps the window, and the GPU's change
         since its last reading is observed first, so what grew before the load is not billed
-        to it (`agent.memory` decides whose the window's growth is)."""
+        to it (`agent.memory` decides whose the window's growth is). `on_ready()` runs as soon
+        as Triton answers the load READY, before it is measured."""
         model_id = owner.model_id
         if not uuid or index < 0:
             bound = self._load_budget(Turn(0, "", Work.LOAD, name, owner.namespace, 0.0, size))
@@ -826,6 +850,8 @@ class Models:
             try:
                 async with timeout:
                     await self.triton.load(name, override)
+                    if on_ready is not None:
+                        on_ready()
             except TimeoutError as e:
                 if not timeout.expired():
                     raise
@@ -858,6 +884,8 @@ class Models:
                         event_reason="InsufficientGPUMemory",
                     )
             await self.triton.load(name, override)
+            if on_ready is not None:
+                on_ready()
             after = await self._gpus.read_gpu(uuid)
             reported = await self.triton.gpu_memory(name, index)
             if before is not None and after is not None:

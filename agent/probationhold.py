@@ -11,6 +11,13 @@ each at most `proxy.policy.probation.HELD_REQUEST_SECONDS`: an exit then is the 
 probationer's own load holds it while in flight (its requests would explain the exit), not after:
 an exit with its requests beside its own settling load counts against its requests.
 
+A load of files the ledger suspects (or of a held namespace: `agent.quarantine`) is a suspect's
+trial: the hold lasts its whole settling window, `TRIAL_MARGIN_SECONDS` more, and the caller
+table marks the held rows `trial`, so the gateway refuses their new requests instead of holding
+each for a bounded time. A model that kills Triton later than `hold_seconds` after its READY
+then finds no probationer's request at Triton, and its exit is its own: a busy probationer is
+never the one at Triton at each of its exits.
+
 A watched load waits first, at most `drain_seconds`, until the gateway's activity table
 (`common.activity`), written since the hold began, shows every held model held with no request at
 Triton (`drained`): a request sent before the gateway followed the table may take seconds there.
@@ -33,6 +40,10 @@ answered."""
 
 POLL_SECONDS = 0.1
 """How often the activity table is read meanwhile."""
+
+TRIAL_MARGIN_SECONDS = 2.0
+"""How long a suspect's trial outlasts its settling window (the agent's and the gateway's clocks,
+and the moment the agent sees an exit, may differ by that much)."""
 
 
 def drained(held: Collection[str], table: ActivityTable | None, since: float) -> bool:
@@ -67,6 +78,10 @@ class ProbationHold:
         self._wall = wall
         self.loads = 0
         """Watched loads under way."""
+        self.trials = 0
+        """Suspects' loads (trials) among them."""
+        self.trial_until = 0.0
+        """When the last suspect's settling window ends (`clock` seconds)."""
         self.until = 0.0
         """When the hold ends with no watched load under way (`clock` seconds)."""
         self._ended: dict[str, float] = {}
@@ -94,16 +109,21 @@ class ProbationHold:
         now = self._clock()
         return self.loads > 0 or any(p != pod and now < t for p, t in self._ended.items())
 
-    async def begin(self, pod: str) -> None:
-        """A watched load of `pod` is about to reach Triton: hold probationers from now on, and
-        wait (at most `drain_seconds`) for the gateway to have drained them. Every `begin` is
-        followed by one `end`, whatever happens."""
+    def trial(self) -> bool:
+        """Whether the hold is a suspect's trial now: held pods' requests are refused."""
+        return self.holding() and (self.trials > 0 or self._clock() < self.trial_until)
+
+    async def begin(self, pod: str, *, trial: bool = False) -> None:
+        """A watched load of `pod` (a suspect's: `trial`) is about to reach Triton: hold
+        probationers from now on, and wait (at most `drain_seconds`) for the gateway to have
+        drained them. Every `begin` is followed by one `end`, whatever happens."""
         if self.hold_seconds <= 0:
             return
         if self.loads == 0:
             # Pods whose own load had ended were not held: only a newer word of the gateway's.
             self._since = self._wall()
         self.loads += 1
+        self.trials += 1 if trial else 0
         if self.on_change is not None:
             self.on_change()  # a probationer's row may have come since the hold began
         deadline = self._clock() + self.drain_seconds
@@ -112,20 +132,30 @@ class ProbationHold:
                 return  # the gateway did not answer: the load goes on, unheld as before
             await asyncio.sleep(POLL_SECONDS)
 
-    def end(self, pod: str) -> None:
+    def end(self, pod: str, *, trial: bool = False, settle_seconds: float = 0.0) -> None:
         """A watched load of `pod` has ended: the hold lasts `hold_seconds` more (an exit of
-        Triton in that time is still the load's), for other probationers than `pod`."""
+        Triton in that time is still the load's), for other probationers than `pod`; a
+        suspect's (`trial`) answered READY, its settling window (`settle_seconds`) and
+        `TRIAL_MARGIN_SECONDS` more, if longer, as a trial."""
         if self.hold_seconds <= 0:
             return
         self.loads -= 1
+        self.trials -= 1 if trial else 0
         now = self._clock()
-        self.until = max(self.until, now + self.hold_seconds)
+        lasts = self.hold_seconds
+        if trial and settle_seconds > 0:
+            lasts = max(lasts, settle_seconds + TRIAL_MARGIN_SECONDS)
+            self.trial_until = max(self.trial_until, now + lasts)
+        self.until = max(self.until, now + lasts)
         self._ended = {p: t for p, t in self._ended.items() if t > now}
-        self._ended[pod] = now + self.hold_seconds
+        self._ended[pod] = max(self._ended.get(pod, 0.0), now + lasts)
         if self.on_change is not None:
             self.on_change()  # its own pod's requests go now
-        if self._lapse is None:
-            self._lapse = asyncio.get_running_loop().call_later(self.hold_seconds, self._lapsed)
+        loop = asyncio.get_running_loop()
+        if self._lapse is None or self._lapse.when() > loop.time() + lasts:
+            if self._lapse is not None:
+                self._lapse.cancel()
+            self._lapse = loop.call_later(lasts, self._lapsed)
 
     def _lapsed(self) -> None:
         self._lapse = None

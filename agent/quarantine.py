@@ -88,6 +88,10 @@ class Marker:
     restore: bool = False
     """A reload of what Triton held before it restarted: no change, so no evidence against
     another party at an exit (`loads_at`), and counted only when nothing else explains it."""
+    trial: bool = False
+    """A suspect's load with probationers held through its settling window
+    (`agent.probationhold`): requests at Triton beside it are not a probationer's, so sharing a
+    second exit with them does not make the exit theirs (`shared_before`)."""
 
     def at_exit(self, first_down: float, settle_seconds: float, slack: float) -> bool:
         """Whether this load was in flight, or settling, when Triton was found gone at
@@ -244,7 +248,7 @@ class CrashLedger:
     def finished(self, marker: Marker, *, settle: bool = True) -> None:
         """Triton answered the load READY: the marker stays, finished, until `settled` (not at
         all without `settle`: a model Triton held before it restarted, loaded again)."""
-        if self._settle_of(marker) <= 0 or not settle:
+        if self.settle_of(marker) <= 0 or not settle:
             self.answered(marker.name)
             self.loaded(marker.digest)
             return
@@ -253,10 +257,16 @@ class CrashLedger:
             asdict(replace(marker, finished_at=self._wall())),
         )
 
+    def finished_at(self, name: str) -> float:
+        """When the load of `name` whose marker is on disk was answered READY (0: it was not,
+        or there is no marker)."""
+        marker = self.markers().get(name)
+        return marker.finished_at if marker is not None else 0.0
+
     def settled(self, marker: Marker) -> bool:
         """For a finished marker whose model Triton still holds: once `settle_seconds` have
         passed, the load is cleared of suspicion (its marker removed, its count ended)."""
-        if self._wall() < marker.finished_at + self._settle_of(marker):
+        if self._wall() < marker.finished_at + self.settle_of(marker):
             return False
         self.answered(marker.name)
         self.loaded(marker.digest)
@@ -276,6 +286,7 @@ class CrashLedger:
                     float(data.get("finished_at", 0.0)),
                     float(data.get("started_at", 0.0)),
                     bool(data.get("restore", False)),
+                    bool(data.get("trial", False)),
                 )
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("The crash marker %s is unreadable (%s): removing it.", path, e)
@@ -316,8 +327,10 @@ class CrashLedger:
 
     def shared_before(self, marker: Marker) -> bool:
         """Whether the files of `marker` were only suspected at an exit before its load began
-        (the exit that made it a suspect's reload)."""
-        return 0.0 < self._shared.get(marker.digest, 0.0) < marker.started_at
+        (the exit that made it a suspect's reload), and it was no trial (a trial held the
+        probationers: who is at Triton beside it was at no exit before)."""
+        shared = self._shared.get(marker.digest, 0.0)
+        return not marker.trial and 0.0 < shared < marker.started_at
 
     def loads_at(self, first_down: float, slack: float) -> list[Marker]:
         """The loads in flight or settling when Triton was found gone at `first_down` (Unix
@@ -439,7 +452,8 @@ class CrashLedger:
             namespace, marker.pod, crashes, crashes >= self.namespace_quarantine_after
         )
 
-    def _settle_of(self, marker: Marker) -> float:
+    def settle_of(self, marker: Marker) -> float:
+        """How long a load of `marker` settles after its READY."""
         if self.held(marker.pod.partition("/")[0]):
             return self.quiet_seconds
         return self.settle_seconds

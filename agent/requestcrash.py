@@ -9,14 +9,17 @@ whichever of the two saw the exit first); the records between the sentinel's clo
 widened by `slack_seconds` for the two processes' clocks, name the suspects, which the ledger counts
 (`agent.suspects`, `agent.quarantine.CrashLedger`). A window with no record counts nothing: the
 gateway saw no death (it was down too, or Triton was only unreachable for the agent), and the agent
-blames no pod without a witness. The loads the ledger saw in flight or settling at that moment come
-first (`agent.suspects.at_exit`), and in turn the ledger asks which pods' requests were at Triton
-when a load's marker is left over (`requests_at`): an exit requests explain is not counted against a
-load. A pod that reaches `--crash-quarantine-after` exits in a row it was alone at
-(`agent.suspects`) gets a Warning Event (RequestsCrashedTriton), and the caller table the gateway
-follows says it is quarantined, so the gateway refuses its requests; its ModelLoaded condition says
-so too (`agent.conditions`). What it must not do: detect exits (`agent.reconcile`) or enforce the
-quarantine (the gateway does).
+blames no pod without a witness. A sentinel whose loop stalled past Triton's restart sees only a
+drop (its new connection accepted by the new Triton): a gateway record of a death since that
+connection was accepted counts it then (the gateway writes one only when Triton refused its new
+connection, and a record is counted once). The loads the ledger saw in flight or settling at
+that moment come first (`agent.suspects.at_exit`), and in turn the ledger asks which pods'
+requests were at Triton when a load's marker is left over (`requests_at`): an exit requests
+explain is not counted against a load. A pod that reaches `--crash-quarantine-after` exits in a
+row it was alone at (`agent.suspects`) gets a Warning Event (RequestsCrashedTriton), and the
+caller table the gateway follows says it is quarantined, so the gateway refuses its requests; its
+ModelLoaded condition says so too (`agent.conditions`). What it must not do: detect exits
+(`agent.reconcile`) or enforce the quarantine (the gateway does).
 """
 
 from __future__ import annotations
@@ -64,7 +67,11 @@ class RequestCrashes:
     ) -> None:
         self.ledger = ledger
         self._wall = wall
-        self.sentinel = Sentinel(triton_http, wall, self._gone, self._back)
+        self.sentinel = Sentinel(
+            triton_http, wall, self._gone, self._back, on_up=self._up, on_dropped=self._dropped
+        )
+        self._up_at = 0.0
+        """When the sentinel's connection was last accepted (Unix seconds): Triton was there."""
         self._away: tuple[float, float] | None = None
         """Triton's sentinel closed at the first time, and it was refused at the second."""
         self.witness_file = witness_file
@@ -102,17 +109,36 @@ class RequestCrashes:
             away, self._away = self._away, None
             self._count(away, self._wall() + self.witness_wait_seconds)
 
-    def _count(self, away: tuple[float, float], until: float) -> None:
+    def _up(self) -> None:
+        self._up_at = self._wall()
+
+    def _dropped(self, lost_at: float) -> None:
+        # The connection accepted at `_up_at` closed, and Triton accepted a new one at once: a
+        # dropped connection, or an exit this loop, stalled, saw only after Triton was back.
+        # The gateway's record of a death in between tells them apart.
+        if self._up_at:
+            self._count((self._up_at, lost_at), self._wall() + self.witness_wait_seconds, True)
+
+    def _count(self, away: tuple[float, float], until: float, dropped: bool = False) -> None:
         """Count the exit Triton was `away` for once the gateway's record of it is there, or
-        at `until` (Unix seconds) without it."""
+        at `until` (Unix seconds) without it; `dropped`: the sentinel saw only a drop, which
+        is an exit only if the gateway recorded one."""
         try:
-            witnessed = bool(self._inside(*away))
+            inside = self._inside(*away)
         except WitnessError:
-            witnessed = False  # `exited` says so, if it stays so
-        if not witnessed and self._wall() < until:
-            asyncio.get_running_loop().call_later(_WAIT_STEP_SECONDS, self._count, away, until)
+            inside = []  # `exited` says so, if it stays so
+        if not inside and self._wall() < until:
+            loop = asyncio.get_running_loop()
+            loop.call_later(_WAIT_STEP_SECONDS, self._count, away, until, dropped)
             return
-        self.exited(*away)
+        if not dropped:
+            self.exited(*away, gone_at=away[0])
+        elif inside:
+            log.warning(
+                "Triton exited and came back before the agent's connection saw it go, as the "
+                "node gateway recorded: counted as an exit."
+            )
+            self.exited(away[0], max(w.at for w in inside))
 
     def _inside(self, last_live: float, first_down: float) -> list[Witness]:
         """The gateway's records of an exit between `last_live` and `first_down` not counted
@@ -130,9 +156,13 @@ class RequestCrashes:
         """Whether the gateway serializes `pod`'s requests with other probationers'."""
         return self.ledger.caller_probation(pod) is not None
 
-    def exited(self, last_live: float, first_down: float) -> list[CallerRecord]:
+    def exited(
+        self, last_live: float, first_down: float, *, gone_at: float = 0.0
+    ) -> list[CallerRecord]:
         """Triton was there at `last_live` and gone at `first_down` (Unix seconds): count the
-        gateway's records of that moment; returns the pods quarantined by it."""
+        gateway's records of that moment; returns the pods quarantined by it. `gone_at`: when
+        this agent's own connection closed (its clock: no slack), after which no load it sent
+        was at the exit (the reloads once Triton is back, whatever the slack says)."""
         try:
             inside = self._inside(last_live, first_down)
         except WitnessError as e:
@@ -148,6 +178,7 @@ class RequestCrashes:
         self._counted_until = max(w.at for w in inside)
         witnessed = merged(w.suspects for w in inside)
         loads = self.ledger.loads_at(first_down, self.slack_seconds)
+        loads = [m for m in loads if not gone_at or m.started_at <= gone_at]
         changes = [m for m in loads if not m.restore]
         loading = [m for m in changes if not m.finished_at or m.finished_at > first_down]
         settling = [m for m in changes if m not in loading]

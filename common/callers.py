@@ -59,11 +59,15 @@ class Caller:
     """On probation while a load the agent watches is in flight or just ended
     (`agent.probationhold`): the gateway holds its new requests (each a bounded time), so that
     an exit of Triton then is the load's alone."""
+    trial: bool = False
+    """Held while the load of a model under suspicion is in flight or settles (its trial,
+    `agent.probationhold`): the gateway refuses the pod's new requests instead of holding them,
+    so that an exit then is the suspect's alone, however late it comes."""
 
     def alike(self, other: Caller) -> bool:
         """Whether `other` is this row but for its probation and hold (what the agent's crash
         blame changes, with no effect on the pod's connections)."""
-        return replace(self, probation=other.probation, held=other.held) == other
+        return replace(self, probation=other.probation, held=other.held, trial=other.trial) == other
 
     @property
     def namespace(self) -> str:
@@ -115,6 +119,7 @@ def encode(table: CallerTable) -> bytes:
                 **({"quarantined": c.quarantined} if c.quarantined else {}),
                 **({"probation": True} if c.probation else {}),
                 **({"held": True} if c.held else {}),
+                **({"trial": True} if c.trial else {}),
             }
             for c in sorted(table.callers, key=lambda c: (c.address, c.model_id))
         ],
@@ -167,6 +172,9 @@ def _caller(entry: Any) -> Caller:
     held = entry.get("held", False)
     if not isinstance(held, bool):
         raise CallerTableError(f"caller held {held!r} is not true or false")
+    trial = entry.get("trial", False)
+    if not isinstance(trial, bool):
+        raise CallerTableError(f"caller trial {trial!r} is not true or false")
     return Caller(
         address,
         validate_model_id(str(entry["modelId"])),
@@ -177,6 +185,7 @@ def _caller(entry: Any) -> Caller:
         quarantined,
         probation,
         held,
+        trial,
     )
 
 

@@ -4,9 +4,12 @@ A process's death closes every socket it had at once, its listening sockets too,
 connection is closed the moment Triton dies, and a new connection is refused until Triton is
 started again. A closed sentinel with a new connection accepted, and still open after
 `confirm_seconds`, is no death (an idle close, a proxy in between): the sentinel is simply held
-again. A dying process's port may still accept a connection while its sockets are being torn
-down, which then closes at once: that is the same death, not Triton there. Polling Triton's
-liveness can miss a death when Triton is started again between two polls; the sentinel cannot.
+again (`on_dropped` says so). A dying process's port may still accept a connection while its
+sockets are being torn down, which then closes at once: that is the same death, not Triton there.
+Polling Triton's liveness can miss a death when Triton is started again between two polls; the
+sentinel misses one only when its own event loop stalls past Triton's restart: its connection
+then shows a drop, and the new connection is accepted by a new Triton (`on_dropped` lets its
+owner look for other evidence of a death).
 Both the node gateway (`gateway.witness`) and the agent (`agent.requestcrash`) hold one. What
 it must not do: decide what a death means.
 """
@@ -39,18 +42,22 @@ class Sentinel(Generic[T]):
         on_back: Callable[[], None] | None = None,
         *,
         on_up: Callable[[], None] | None = None,
+        on_dropped: Callable[[T], None] | None = None,
         retry_seconds: float = 0.2,
         confirm_seconds: float = 0.25,
     ) -> None:
         """`on_lost()` runs the moment the connection closes, before anything is known (what it
         returns is handed to `on_gone`); `on_gone(lost)` once a new connection is refused;
         `on_back()` when a connection is accepted again after that; `on_up()` whenever one is
-        accepted (Triton is there)."""
+        accepted (Triton is there); `on_dropped(lost)`, just before that `on_up`, when the
+        connection closed and a new one was accepted at once (a drop, or a death the loop was
+        too late to see)."""
         self.host, self.port = host_and_port(url)
         self._on_lost = on_lost
         self._on_gone = on_gone
         self._on_back = on_back
         self._on_up = on_up
+        self._on_dropped = on_dropped
         self.retry_seconds = retry_seconds
         self.confirm_seconds = confirm_seconds
         """How long a connection accepted just after the sentinel closed must stay open to
@@ -99,7 +106,10 @@ class Sentinel(Generic[T]):
                     gone = True
                     self.deaths += 1
                     self._on_gone(lost)
-                elif self._on_up is not None:
+                    continue
+                if self._on_dropped is not None:
+                    self._on_dropped(lost)
+                if self._on_up is not None:
                     self._on_up()
         finally:
             if connection is not None:

@@ -102,7 +102,9 @@ class Gateway:
             lambda: self.tenants,
             lane=self.tenants.probation,
         )
-        self.metrics = GatewayMetrics(self.book, lambda: self.tenants, self.budget, in_flight)
+        self.metrics = GatewayMetrics(
+            self.book, lambda: self.tenants, self.budget, in_flight, self.tenants.probation.held
+        )
         self.ports: dict[str, int] = {}
         self._sockets: dict[str, socket.socket] = {}
         self._health: HttpServer | None = None

@@ -22,6 +22,7 @@ from proxy.gateway.callers import CallerBook
 from proxy.gateway.tenants import Tenant
 from proxy.policy.holdings import ByteBudget
 from proxy.policy.inflight import InFlightShares
+from proxy.policy.probation import HeldRequests
 
 _PROXY = "tritonshare_proxy_"
 _GATEWAY = "tritonshare_gateway_"
@@ -172,6 +173,31 @@ class _InFlightCollector(Collector):
         yield from (sending, namespaces, by_namespace, budget)
 
 
+class _HeldCollector(Collector):
+    def __init__(self, held: HeldRequests) -> None:
+        self._held = held
+
+    def collect(self) -> Iterator[Metric]:
+        # By namespace, never by pod: at most `MAX_HELD_NAMESPACES` series (others under "").
+        requests = CounterMetricFamily(
+            "tritonshare_gateway_probation_held_requests",
+            "Requests of probationers held while a load the agent watches was in flight or "
+            "settling, by namespace and how the hold ended: released (it ended), timed_out (the "
+            "request went on after its bound), refused (a suspect's trial: answered 503).",
+            labels=["namespace", "outcome"],
+        )
+        for (namespace, outcome), count in sorted(self._held.requests.items()):
+            requests.add_metric([namespace, outcome], count)
+        seconds = CounterMetricFamily(
+            "tritonshare_gateway_probation_held_seconds",
+            "Seconds probationers' requests were held, by namespace.",
+            labels=["namespace"],
+        )
+        for namespace, held in sorted(self._held.seconds.items()):
+            seconds.add_metric([namespace], held)
+        yield from (requests, seconds)
+
+
 class GatewayMetrics:
     """The registry /metrics serves, and the gateway's own counters."""
 
@@ -181,6 +207,7 @@ class GatewayMetrics:
         tenants: Callable[[], Iterable[Tenant]],
         budget: ByteBudget | None = None,
         in_flight: InFlightShares | None = None,
+        held: HeldRequests | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._refused = Counter(
@@ -198,6 +225,8 @@ class GatewayMetrics:
             self.registry.register(_BudgetCollector(budget))
         if in_flight is not None:
             self.registry.register(_InFlightCollector(in_flight))
+        if held is not None:
+            self.registry.register(_HeldCollector(held))
 
     def refused(self, protocol: str, reason: str) -> None:
         self._refused.labels(protocol, reason).inc()

@@ -25,6 +25,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from functools import partial
 
 from common.callers import Caller
 from proxy.grpc.relay import H2Connection
@@ -77,7 +78,7 @@ class Member:
             self._join(lane)
         elif not caller.probation and self.limiter.probation is not None:
             self._leave(lane)
-        self.limiter.hold(caller.held)
+        self.limiter.hold(caller.held, trial=caller.trial)
 
     def present_at_exit(self, lane: ProbationLane) -> None:
         """The gateway's witness named this pod at Triton's death: its clean turns start
@@ -198,6 +199,7 @@ class Tenant:
         if self._in_flight is not None:
             self._in_flight.add(limiter, caller.namespace)
         member = self.members[caller.model_id] = Member(caller, limiter, metrics)
+        limiter.on_held = partial(self._lane.held.record, caller.namespace)
         member.on_probation(caller, self._lane)
         return member
 

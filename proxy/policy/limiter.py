@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from proxy.policy.probation import HELD_REQUEST_SECONDS, ProbationLane
-from proxy.policy.refusals import OverloadedError, ProxyError, QueueTimeoutError
+from proxy.policy.refusals import HeldError, OverloadedError, ProxyError, QueueTimeoutError
 from proxy.policy.share import LoopShare
 
 
@@ -102,6 +102,12 @@ class Limiter:
         self._hold: asyncio.Event | None = None
         """Set while the pod is held (`hold`): a new request waits for the event first."""
         self.hold_seconds = HELD_REQUEST_SECONDS
+        self.on_held: Callable[[str, float], None] | None = None
+        """Told of each request a hold kept: how it ended (`policy.probation.HELD_OUTCOMES`)
+        and the seconds it was held."""
+        self._trial: HeldError | None = None
+        """Set while the pod is held for a suspect's trial (`hold`): a new request is refused
+        with it instead of held."""
         self.in_flight = 0
         self.held = 0
         """Requests here now: in flight or waiting for a slot (what the area integrates)."""
@@ -174,9 +180,20 @@ class Limiter:
         """Whether the pod's new requests are held (`hold`)."""
         return self._hold is not None
 
-    def hold(self, on: bool) -> None:
+    def hold(self, on: bool, *, trial: bool = False) -> None:
         """Hold the pod's new requests (`on`) or let them go: a probationer's while a load
-        the agent watches is in flight or just ended (`policy.probation`)."""
+        the agent watches is in flight or just ended (`policy.probation`); with `trial` (a
+        suspect's load in flight or settling), refuse them instead."""
+        self._trial = (
+            HeldError(
+                "the pod is on probation on this node (its requests were at Triton when it "
+                "exited beside another's), and a model under suspicion is loading or settling "
+                "there: its requests are refused until that model has proved itself, so that an "
+                "exit of Triton meanwhile is not blamed on them; retry shortly"
+            )
+            if on and trial
+            else None
+        )
         if on and self._hold is None:
             self._hold = asyncio.Event()
         elif not on and self._hold is not None:
@@ -186,21 +203,30 @@ class Limiter:
     async def _held(self, hold: asyncio.Event) -> None:
         """Wait until the hold ends, at most `hold_seconds` (then the request goes on all the
         same: a hold delays, it never refuses), counted as concurrency meanwhile."""
-        self._starts += self._clock()
+        started = self._clock()
+        self._starts += started
         self.held += 1
+        outcome = "released"
         try:
             async with asyncio.timeout(self.hold_seconds):
                 await hold.wait()
         except TimeoutError:
-            pass
+            outcome = "timed_out"
         finally:
-            self._left(self._clock())
+            now = self._clock()
+            self._left(now)
+            if self.on_held is not None:
+                self.on_held(outcome, now - started)
 
     async def acquire(self) -> None:
         """Take a slot, waiting in the queue if needed; raise when refused. A request for an
         asleep model first waits for its wake, and a held pod's for the hold's end (at most
         `hold_seconds`), held (counted as concurrency) meanwhile."""
         if self._hold is not None and self.refusal is None:
+            if self._trial is not None:
+                if self.on_held is not None:
+                    self.on_held("refused", 0.0)
+                raise self._trial
             await self._held(self._hold)
         residency = self.residency
         if residency is not None and residency.asleep:

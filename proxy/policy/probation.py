@@ -24,8 +24,9 @@ lone probationer would leave before the other sends again, and be at its next ex
 pod named at an exit afterwards takes turns again until its probation ends
 (`Tenant.present_at_exit`). While a load the agent watches is in flight or just ended, the agent
 marks probationers held: their new requests wait, each at most `HELD_REQUEST_SECONDS`, so that an
-exit then is the load's alone (`agent.probationhold`). What it must not do: decide who is on
-probation or held (the agent's caller table does).
+exit then is the load's alone (`agent.probationhold`); through a suspect's trial they are
+refused instead. `HeldRequests` counts what holds cost, by namespace. What it must not do: decide
+who is on probation or held (the agent's caller table does).
 """
 
 from __future__ import annotations
@@ -58,6 +59,32 @@ CLEAN_TURNS = 10
 """Turns in a row, each with another probationer waiting, with requests answered and none failed
 with Triton gone, after which a pod leaves the lane for the rest of its probation (unless named
 at another exit)."""
+
+
+MAX_HELD_NAMESPACES = 100
+"""Namespaces `HeldRequests` counts apart; the others' holds are counted under "" (bounded
+series however many namespaces come and go)."""
+
+HELD_OUTCOMES = ("released", "timed_out", "refused")
+"""How a held request ended: its hold ended, its bound passed (it went on), or it was refused
+(a suspect's trial)."""
+
+
+class HeldRequests:
+    """Requests held for probation, by namespace: how many by outcome, and the seconds held."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str], int] = {}
+        """(namespace, outcome) -> requests."""
+        self.seconds: dict[str, float] = {}
+        """namespace -> seconds requests of it were held."""
+
+    def record(self, namespace: str, outcome: str, seconds: float) -> None:
+        """One request of `namespace` held `seconds`, ended by `outcome` (`HELD_OUTCOMES`)."""
+        if namespace not in self.seconds and len(self.seconds) >= MAX_HELD_NAMESPACES:
+            namespace = ""
+        self.requests[namespace, outcome] = self.requests.get((namespace, outcome), 0) + 1
+        self.seconds[namespace] = self.seconds.get(namespace, 0.0) + seconds
 
 
 class LaneUser(Protocol):
@@ -137,6 +164,8 @@ class ProbationLane:
         """The namespace of the last turn's pod."""
         self.turns = 0
         """Turns begun since start."""
+        self.held = HeldRequests()
+        """What the hold of probationers' requests cost, by namespace."""
 
     @property
     def waiting(self) -> int:

@@ -75,6 +75,14 @@ class WakeError(ProxyError):
         self.retry_after = retry_after
 
 
+class HeldError(ProxyError):
+    """The pod is on probation, and a model under suspicion loads or settles on the node (its
+    trial): the node gateway refuses the pod's new requests meanwhile, so that an exit of Triton
+    then is the suspect's alone. The client retries after `RETRY_SECONDS`."""
+
+    RETRY_SECONDS: Final = 2
+
+
 class UpstreamError(ProxyError):
     """Triton could not be reached, broke the connection or sent what cannot be relayed."""
 
@@ -106,6 +114,7 @@ STATUS: Final[dict[type[ProxyError], tuple[int, grpc.StatusCode]]] = {
     QuarantinedError: (503, grpc.StatusCode.FAILED_PRECONDITION),
     UpstreamError: (502, grpc.StatusCode.UNAVAILABLE),
     WakeError: (503, grpc.StatusCode.UNAVAILABLE),
+    HeldError: (503, grpc.StatusCode.UNAVAILABLE),
 }
 """The one table: every refusal's (HTTP status, gRPC status code)."""
 
@@ -117,6 +126,8 @@ def http_status(error: ProxyError) -> int:
 
 def retry_after(error: ProxyError) -> int:
     """Seconds a REST answer to `error` asks the client to wait (`Retry-After`); 0: none."""
+    if isinstance(error, HeldError):
+        return HeldError.RETRY_SECONDS
     return error.retry_after if isinstance(error, WakeError) else 0
 
 

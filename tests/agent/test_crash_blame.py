@@ -11,6 +11,7 @@ import contextlib
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,7 @@ from tests.proxy.gateway.conftest import gateway_settings, running_gateway
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 DELAYED_KILLER = load_killer(4.0)
+LATE_KILLER = load_killer(3.0)
 
 SLOW_LOAD = """import time
 
@@ -163,7 +165,10 @@ class Node:
 
 
 async def start_node(
-    start_custom_agent: StartAgent, kube_api: kubernetes.client.ApiClient, tmp_path: Path
+    start_custom_agent: StartAgent,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+    **overrides: Any,
 ) -> Node:
     table = tmp_path / "gateway" / "callers.json"
     running = await start_custom_agent(
@@ -171,6 +176,7 @@ async def start_node(
         lease_renew_seconds=0.5,
         gateway_table=table,
         gateway_table_refresh_seconds=0.5,
+        **overrides,
     )
     return Node(running, kube_api, table)
 
@@ -315,8 +321,9 @@ async def test_a_request_whose_harm_lands_after_its_answer_never_blames_the_busy
     probation; the lane then leaves a quiet gap between their turns, so the harm lands with the
     neighbour's requests waiting and the next exits are the attacker's alone (or its model's,
     loaded again alone). Before, the gateway named the neighbour alone at each exit: it was
-    counted each time and quarantined at the second, the attacker never counted."""
-    node = await start_node(start_custom_agent, kube_api, tmp_path)
+    counted each time and quarantined at the second, the attacker never counted. (Its model's
+    load settles briefly here: the requests' rule is tested, not a suspect's trial.)"""
+    node = await start_node(start_custom_agent, kube_api, tmp_path, crash_settle_seconds=3.0)
     await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
     assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
     await node.add(apiserver, tmp_path, "team-a", "delayed", ATTACKER, DELAYED_HARM)
@@ -391,10 +398,12 @@ async def test_requests_that_kill_triton_while_a_neighbours_model_settles_are_co
 ) -> None:
     """The attacker's requests kill Triton each time a neighbour's model has just loaded (its
     first load, then each reload): the first exit is shared (the attacker on probation, the
-    neighbour's model loaded again alone, under watch); a second in a row is the requests', so
-    the attacker is quarantined one exit later than alone, and the neighbour's files are never
-    counted. Without that rule every exit was shared, the attacker never counted."""
-    node = await start_node(start_custom_agent, kube_api, tmp_path)
+    neighbour's model loaded again alone, as a trial); the trial refuses the probationer's
+    requests until the reload has settled (4 s here), so its next exits find no load settling
+    and count against its requests: it is quarantined one exit later than alone, and the
+    neighbour's files are never counted. Before, every exit was shared, the attacker never
+    counted."""
+    node = await start_node(start_custom_agent, kube_api, tmp_path, crash_settle_seconds=4.0)
     await node.add(apiserver, tmp_path, "team-a", "killer", ATTACKER, REQUEST_KILLER)
     assert (await node.load("killer")).state == agent_pb2.MODEL_STATE_READY
     await node.add(apiserver, tmp_path, "team-b", "good", NEIGHBOUR)
@@ -407,10 +416,15 @@ async def test_requests_that_kill_triton_while_a_neighbours_model_settles_are_co
     with running_gateway(gateway_settings(triton, node.table)) as gateway:
         url = gateway.http_url
         async with kubelet_restarts(triton) as restarts:
+
+            async def attack() -> bool:
+                status, _ = await asyncio.to_thread(infer, url, ATTACKER, "killer", MAGIC)
+                assert status in (0, 502, 503), status
+                return status != 503  # refused during the neighbour's trial; else Triton died
+
             for crash in (1, 2, 3):
                 await eventually(both_ready, limit=90, what=f"both loaded before attack {crash}")
-                status, _ = await asyncio.to_thread(infer, url, ATTACKER, "killer", MAGIC)
-                assert status in (0, 502), status  # Triton died under it
+                await eventually(attack, limit=60, what=f"attack {crash} at Triton")
                 await eventually(lambda n=crash: len(restarts) == n, what=f"crash {crash}")
                 await eventually(node.running.agent.triton.live, limit=60, what="Triton back")
             await eventually(
@@ -483,3 +497,143 @@ async def test_a_busy_probationer_is_held_while_a_load_settles_so_the_exit_is_th
         finally:
             stop.set()
             await asyncio.to_thread(sender.join, 30)
+
+
+async def test_a_busy_probationer_is_never_counted_for_a_model_that_kills_triton_late(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The neighbour, on probation, always has a request at Triton; a model kills Triton
+    seconds after its READY, later than the hold after it (0.5 s here), within its settling
+    window (6 s). Its first exit finds the neighbour there (shared); each reload of the suspect
+    is a trial that keeps the probationer from Triton until it settles, so the next exits are
+    the model's alone and its files are quarantined; the neighbour is never counted and is
+    served again. Before, the neighbour shared every exit, the second and third in a row
+    counted against its requests, and it was quarantined while the model went on."""
+    node = await start_node(
+        start_custom_agent, kube_api, tmp_path, crash_hold_seconds=0.5, crash_settle_seconds=6.0
+    )
+    await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
+    assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
+    agent = node.running.agent
+    neighbour = "team-b/busy-pod"
+    other = Suspect("team-c/gone-pod", "uid-gone", "127.1.0.9", "gone", 1)
+    agent.crashes.requests_crashed([Suspect(neighbour, "uid", NEIGHBOUR, "busy", 1), other])
+    assert agent.callers is not None
+    agent.callers.changed()
+    await eventually(lambda: bool(node.callers().get(NEIGHBOUR, {}).get("probation")))
+    served: list[float] = []
+    stop = threading.Event()
+
+    def neighbour_sends() -> None:
+        while not stop.is_set():
+            if infer(url, NEIGHBOUR, "busy", 1.0)[0] == 200:
+                served.append(time.monotonic())
+            else:
+                stop.wait(0.2)  # refused during a trial: its client retries shortly
+
+    def decided() -> bool:
+        counted = {r.pod: r.crashes for r in agent.crashes.callers()}
+        assert not counted.get(neighbour), f"the neighbour counted: {counted}"
+        assert agent.crashes.caller_quarantine(neighbour) is None
+        return node.files_quarantined("late")
+
+    with running_gateway(gateway_settings(triton, node.table)) as gateway:
+        url = gateway.http_url
+        sender = threading.Thread(target=neighbour_sends, daemon=True)
+        sender.start()
+        try:
+            await eventually(lambda: bool(served), what="the neighbour served")
+            async with kubelet_restarts(triton) as restarts:
+                await node.add(apiserver, tmp_path, "team-a", "late", ATTACKER, LATE_KILLER)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await node.load("late")
+                await eventually(decided, limit=150, what="the late killer's files quarantined")
+                assert len(restarts) <= 3, "at most one exit shared, then the model's own"
+                await eventually(agent.triton.live, limit=60, what="Triton back")
+                back = time.monotonic()
+                await eventually(
+                    lambda: bool(served) and served[-1] > back, limit=60, what="served again"
+                )
+                assert decided()
+        finally:
+            stop.set()
+            await asyncio.to_thread(sender.join, 30)
+
+
+async def test_an_exit_the_agents_watch_missed_is_counted_from_the_gateways_record(
+    start_custom_agent: StartAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    triton: TritonServer,
+    tmp_path: Path,
+) -> None:
+    """The agent's loop stalls from Triton's death until Triton is back (a busy node): its own
+    connection sees only a drop, and its new one is accepted by the new Triton. The gateway
+    recorded the death: the agent counts it from that record, once, and the attacker's next
+    exit quarantines it (2 in a row). Before, the stalled exit was never counted."""
+    table = tmp_path / "gateway" / "callers.json"
+    running = await start_custom_agent(
+        crash_quarantine_after=2,
+        lease_renew_seconds=0.5,
+        gateway_table=table,
+        gateway_table_refresh_seconds=0.5,
+        crash_settle_seconds=0.0,  # the requests' rule alone, as in test_request_quarantine
+    )
+    node = Node(running, kube_api, table)
+    await node.add(apiserver, tmp_path, "team-a", "killer", ATTACKER, REQUEST_KILLER)
+    assert (await node.load("killer")).state == agent_pb2.MODEL_STATE_READY
+    await eventually(lambda: set(node.callers()) == {ATTACKER}, what="the caller")
+    watch = running.agent.request_crashes
+    assert watch is not None
+    registry = running.agent.metrics.registry
+
+    def exits() -> float | None:
+        return registry.get_sample_value("tritonshare_agent_triton_exits_witnessed_total")
+
+    sentinel = watch.sentinel
+    seen_late = sentinel._on_lost
+
+    def stalled() -> float:
+        """The agent's loop, stalled from the death (seen when the kubelet's restart takes the
+        old container's processes) until the new Triton is live; the gateway, in its own
+        thread, records the death meanwhile."""
+        sentinel._on_lost = seen_late
+        deadline = time.monotonic() + 60
+        while not read_witnesses(watch.witness_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while not live(triton.http_url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return seen_late()
+
+    with running_gateway(gateway_settings(triton, table)) as gateway:
+        url = gateway.http_url
+        async with kubelet_restarts(triton) as restarts:
+            sentinel._on_lost = stalled
+            for crash in (1, 2):
+                await eventually(lambda: node.ready("killer"), limit=60, what="killer loaded")
+                status, _ = await asyncio.to_thread(infer, url, ATTACKER, "killer", MAGIC)
+                assert status in (0, 502), status  # Triton died under it
+                await eventually(lambda n=crash: len(restarts) == n, what=f"crash {crash}")
+                await eventually(lambda n=crash: exits() == n, what=f"exit {crash} counted")
+                if crash == 1:
+                    assert sentinel.deaths == 0, "the agent's own watch saw no death"
+                    assert [(r.pod, r.crashes) for r in running.agent.crashes.callers()] == [
+                        ("team-a/killer-pod", 1)
+                    ]
+            await eventually(
+                lambda: bool(node.callers()[ATTACKER].get("quarantined")),
+                what="the attacker quarantined",
+            )
+        assert sentinel.deaths == 1 and exits() == 2, "each exit counted once"
+
+
+def live(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/health/live", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from agent.gateway import CallerPublisher
-from agent.probationhold import ProbationHold, drained
+from agent.probationhold import TRIAL_MARGIN_SECONDS, ProbationHold, drained
 from common.activity import Activity, ActivityTable
 from common.callers import read_table
 from tests.agent.test_gateway_table import pod
@@ -96,3 +96,48 @@ async def test_no_hold_when_it_is_off() -> None:
     assert not hold.holding()
     hold.end("team/b")
     assert not hold.holding()
+
+
+async def test_a_suspects_trial_holds_until_its_settling_window_is_over_and_says_so() -> None:
+    """A suspect's load (a trial) holds the other probationers, marked `trial`, while in flight
+    and through its settling window and the margin after, not just `hold_seconds`; a plain
+    load's hold is no trial. Its own pod is not held after it, as for any load."""
+    now = [0.0]
+    hold = ProbationHold(1.0, clock=lambda: now[0])
+    await hold.begin("team/a")
+    assert hold.holding() and not hold.trial()
+    hold.end("team/a")
+    await hold.begin("team/s", trial=True)
+    assert hold.trial() and hold.holds("team/b")
+    hold.end("team/s", trial=True, settle_seconds=8.0)
+    now[0] = 5.0
+    assert hold.trial() and hold.holds("team/b") and not hold.holds("team/s")
+    now[0] = 8.0 + TRIAL_MARGIN_SECONDS - 0.1
+    assert hold.trial() and hold.holds("team/b")
+    now[0] = 8.0 + TRIAL_MARGIN_SECONDS + 0.1
+    assert not hold.trial() and not hold.holds("team/b")
+    # A trial whose load was refused (no READY) holds as a plain load does, after it.
+    await hold.begin("team/s", trial=True)
+    hold.end("team/s", trial=True)
+    assert hold.holds("team/b") and not hold.trial()
+
+
+async def test_the_caller_table_marks_held_rows_of_a_trial(tmp_path: Path) -> None:
+    owners = {"a-private": pod("a", "10.1.0.5"), "b-private": pod("b", "10.1.0.6")}
+    table = tmp_path / "callers.json"
+    hold = ProbationHold(5.0)
+    publisher = CallerPublisher(
+        table,
+        "node-1",
+        lambda: owners,
+        probation={"team/a"}.__contains__,
+        held=hold.holds,
+        trial=hold.trial,
+    )
+    hold.on_change = publisher.publish
+    await hold.begin("team/b", trial=True)
+    rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
+    assert rows == {"team/a": (True, True), "team/b": (False, False)}
+    hold.end("team/b", trial=True)
+    rows = {c.pod: (c.held, c.trial) for c in read_table(table).callers}
+    assert rows == {"team/a": (True, False), "team/b": (False, False)}, "held, no trial"

@@ -371,3 +371,103 @@ async def test_a_suspect_reload_that_shares_a_second_exit_with_requests_is_their
     assert [r.pod for r in crashes.exited(114.5, 115.2)] == [ATTACKER.pod]
     assert ledger.count(settling.digest) == 0 and ledger.quarantined(settling.digest) is None
     await events.close()
+
+
+async def test_an_exit_the_agents_watch_saw_only_as_a_drop_is_counted_from_the_gateways_record(
+    tmp_path: Path,
+) -> None:
+    """The agent's loop stalled past Triton's restart: its connection only saw a drop, and its
+    new connection was accepted by the new Triton. The gateway's record of the death counts it,
+    once; a drop the gateway recorded no death for counts nothing. Before, such an exit was
+    never counted."""
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", 2)
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    told = asyncio.Event()
+    metrics = AgentMetrics()
+    crashes = RequestCrashes(
+        "127.0.0.1:1", ledger, path, events, metrics, told.set, witness_wait_seconds=0.5
+    )
+
+    def exits() -> float | None:
+        return metrics.registry.get_sample_value("tritonshare_agent_triton_exits_witnessed_total")
+
+    crashes._up()
+    await asyncio.sleep(0.01)
+    crashes._dropped(time.time())  # an idle close: nothing recorded
+    await asyncio.sleep(1.0)
+    assert exits() == 0 and ledger.callers() == []
+    died = time.time()
+    write_witnesses(path, [Witness(died, (ATTACKER,))])
+    crashes._dropped(died + 3.0)  # seen late: the new Triton accepted the new connection
+    crashes._up()
+    assert exits() == 1
+    assert [(r.pod, r.crashes) for r in ledger.callers()] == [(ATTACKER.pod, 1)]
+    crashes._dropped(time.time())
+    await asyncio.sleep(1.0)
+    assert exits() == 1, "a record is counted once"
+    # The next exit, seen as it happens, is counted as before, and the first not again.
+    write_witnesses(path, [Witness(died, (ATTACKER,)), Witness(time.time(), (ATTACKER,))])
+    crashes._gone(time.time() - 0.1)
+    crashes._back()
+    async with asyncio.timeout(10):
+        await told.wait()
+    assert exits() == 2
+    assert [(r.pod, r.quarantined) for r in ledger.callers()] == [(ATTACKER.pod, True)]
+    await events.close()
+
+
+async def test_a_trial_reload_sharing_a_second_exit_with_requests_counts_against_neither(
+    tmp_path: Path,
+) -> None:
+    """The suspect's reload was a trial: probationers were kept from Triton through its
+    settling window, so the requests beside its second exit are no probationer's (a neighbour
+    busy since, or one the hold failed to keep out): the exit is ambiguous again, never theirs
+    for being the second in a row. Before, the pod at Triton at both was counted."""
+    path = tmp_path / "crash-witness.json"
+    now = [100.5]
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    ledger.witnessed = crashes.requests_at
+    settling = Marker("m-1", "n" * 64, "late", ATTACKER.pod, 90.0, 89.0)
+    ledger.loading(settling)
+    write_witnesses(path, [Witness(100.0, (BUSY,))])
+    assert crashes.exited(99.5, 100.2) == [] and crashes.on_probation(BUSY.pod)
+    ledger.crashed(settling, alone=False)
+    trial = replace(settling, started_at=110.0, finished_at=111.0, trial=True)
+    ledger.loading(trial)
+    now[0] = 115.5
+    write_witnesses(path, [Witness(100.0, (BUSY,)), Witness(115.0, (BUSY,))])
+    assert ledger.explained(trial) == [], "not the requests': the trial stays a suspect"
+    assert crashes.exited(114.5, 115.2) == []
+    assert {r.pod: r.crashes for r in ledger.callers()} == {BUSY.pod: 0}
+    await events.close()
+
+
+async def test_a_reload_sent_after_the_agent_saw_triton_go_is_not_at_that_exit(
+    tmp_path: Path,
+) -> None:
+    """Once Triton is back the agent reloads what it held, while it may still wait for the
+    gateway's record: those reloads began after its own connection closed, so they were not at
+    the exit, however close within the clocks' slack. Before, such a reload made the exit look
+    like one under a load, and the attacker sending alone was never counted."""
+    path = tmp_path / "crash-witness.json"
+    now = [100.5]
+    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    reload = Marker("m-1", "n" * 64, "good", NEIGHBOUR.pod, 0.0, 100.3, restore=True)
+    ledger.loading(reload)
+    write_witnesses(path, [Witness(100.0, (replace(ATTACKER, in_flight=0),))])
+    assert crashes.exited(99.5, 100.0) == [], "without when it saw the exit: a reload in flight"
+    assert {r.pod: r.crashes for r in ledger.callers()} == {}
+    write_witnesses(path, [Witness(100.0, (ATTACKER,)), Witness(110.0, (ATTACKER,))])
+    reload = replace(reload, started_at=110.3)
+    ledger.loading(reload)
+    quarantined = crashes.exited(109.9, 110.0, gone_at=110.1)
+    assert [r.pod for r in quarantined] == [ATTACKER.pod]
+    await events.close()

@@ -355,8 +355,12 @@ def test_a_hold_survives_the_round_trip_and_changes_no_connection(tmp_path: Path
     book = CallerBook(
         path, max_age=60, on_revoke=revoked.append, on_probation=changed.append, clock=clock
     )
-    for rows in ((on, B), (held, B), (on, B)):
+    trial = Caller(A.address, A.model_id, A.pod, A.uid, probation=True, held=True, trial=True)
+    assert decode(encode(CallerTable("n", 1.0, (trial,)))).callers == (trial,)
+    with pytest.raises(CallerTableError, match="trial 1 is not true or false"):
+        decode(json.dumps({**document, "callers": [{**entry, "held": True, "trial": 1}]}).encode())
+    for rows in ((on, B), (held, B), (trial, B), (on, B)):
         write_table(path, CallerTable("n", clock.now, rows))
         book.check()
         clock.now += 1
-    assert (revoked, changed) == ([], [held, on])
+    assert (revoked, changed) == ([], [held, trial, on])

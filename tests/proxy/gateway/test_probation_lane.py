@@ -1,15 +1,19 @@
 """The probation lane through a real gateway in front of the real Triton: two pods on probation
 (the agent's caller table says so, as after an exit of Triton they were both at) take turns at
-Triton. A pod that keeps two fast requests overlapping at all times cannot hold the lane: its
-neighbour is answered within a turn's bound (before the bound, it got no answer in 30 s). With
-clean turns counted, a pod taking turns with another probationer leaves the lane after them."""
+Triton; a held probationer waits, or through a suspect's trial is refused, and its namespace's
+held requests show in the metrics. A pod that keeps two fast requests overlapping at all times
+cannot hold the lane: its neighbour is answered within a turn's bound (before the bound, it got no
+answer in 30 s). With clean turns counted, a pod taking turns with another probationer leaves the
+lane after them."""
 
 from __future__ import annotations
 
 import http.client
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -124,3 +128,46 @@ def test_a_pod_taking_clean_turns_with_another_probationer_leaves_the_lane(
                 sender.join(60)
         left = [p for p in pods if p.limiter.probation is None]
         assert left and all(p.caller.probation for p in left), "only its turns end"
+
+
+def test_a_held_probationer_waits_or_during_a_trial_is_refused_and_the_metrics_count_it(
+    served_triton: TritonServer, tmp_path: Path
+) -> None:
+    table = tmp_path / "callers.json"
+    held = Caller(ATTACKER, "add_one", "team-a/attacker", "uid-a", probation=True, held=True)
+    publish(table, replace(held, trial=True))
+    with running_gateway(gateway_settings(served_triton, table)) as gateway:
+        host, port = gateway.http_url.split(":")
+        connection = http.client.HTTPConnection(
+            host, int(port), timeout=30, source_address=(ATTACKER, 0)
+        )
+        try:
+            connection.request("POST", PATH, body=INFER)
+            answer = connection.getresponse()
+            body = answer.read()
+            assert answer.status == 503 and answer.getheader("Retry-After") == "2", body
+            assert b"under suspicion" in body
+        finally:
+            connection.close()
+        publish(table, held)  # a plain hold: the request waits, then goes when it ends
+        attacker = tenant_of(gateway, ATTACKER)
+        assert attacker is not None
+        wait_for(lambda: attacker.limiter._trial is None, "the trial over")
+        answered: list[int] = []
+        sender = threading.Thread(
+            target=lambda: answered.append(post(gateway.http_url, ATTACKER, PATH, INFER)[0])
+        )
+        sender.start()
+        wait_for(lambda: attacker.limiter.held == 1, "the request held")
+        publish(table, replace(held, held=False))
+        sender.join(30)
+        assert answered == [200]
+        with urllib.request.urlopen(gateway.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        labels = 'namespace="team-a",outcome='
+        assert f'tritonshare_gateway_probation_held_requests_total{{{labels}"refused"}} 1.0' in text
+        assert (
+            f'tritonshare_gateway_probation_held_requests_total{{{labels}"released"}} 1.0' in text
+        )
+        assert 'tritonshare_gateway_probation_held_seconds_total{namespace="team-a"}' in text
+        assert "uid-a" not in text.split("probation_held")[1], "by namespace, not by pod"

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from proxy.policy.limiter import Limiter
-from proxy.policy.probation import ProbationLane
-from proxy.policy.refusals import OverloadedError, QueueTimeoutError
+from proxy.policy.probation import MAX_HELD_NAMESPACES, HeldRequests, ProbationLane
+from proxy.policy.refusals import HeldError, OverloadedError, QueueTimeoutError, retry_after
 
 
 def probationer(
@@ -362,3 +362,44 @@ async def test_a_held_pod_takes_no_slot_without_waiting_for_the_hold() -> None:
     limiter.hold(False)
     await asyncio.wait_for(waiting, 5)
     assert limiter.in_flight == 1 and limiter.try_acquire()
+
+
+async def test_a_probationer_held_for_a_suspects_trial_is_refused_not_held() -> None:
+    """During a suspect's trial (its load in flight or settling) a held probationer's new
+    request is refused at once, asking the client to retry, instead of going on to Triton after
+    its bound; its requests go again once the trial is over."""
+    limiter = Limiter(0, 8, 30.0)
+    limiter.hold(True, trial=True)
+    assert not limiter.try_acquire()
+    with pytest.raises(HeldError) as refused:
+        await asyncio.wait_for(limiter.acquire(), 1)
+    assert "under suspicion" in str(refused.value) and retry_after(refused.value) > 0
+    assert (limiter.in_flight, limiter.held) == (0, 0)
+    limiter.hold(True)  # a plain hold again: it waits
+    waiting = asyncio.get_running_loop().create_task(limiter.acquire())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    limiter.hold(False)
+    await asyncio.wait_for(waiting, 5)
+    assert limiter.in_flight == 1
+
+
+async def test_held_requests_are_counted_by_namespace_outcome_and_seconds_with_bounded_series() -> (
+    None
+):
+    counts = HeldRequests()
+    limiter = Limiter(0, 8, 30.0)
+    limiter.on_held = lambda outcome, seconds: counts.record("team-a", outcome, seconds)
+    limiter.hold(True)
+    limiter.hold_seconds = 0.05
+    await asyncio.wait_for(limiter.acquire(), 5)  # past its bound: it went on
+    limiter.release()
+    limiter.hold(True, trial=True)
+    with pytest.raises(HeldError):
+        await limiter.acquire()
+    assert counts.requests == {("team-a", "timed_out"): 1, ("team-a", "refused"): 1}
+    assert counts.seconds["team-a"] >= 0.05
+    for n in range(MAX_HELD_NAMESPACES + 5):
+        counts.record(f"ns-{n}", "released", 1.0)
+    assert len(counts.seconds) == MAX_HELD_NAMESPACES + 1, "the rest under one series"
+    assert counts.requests["", "released"] == 6
