@@ -153,14 +153,24 @@ class StreamGate:
     def _take(self, stream: Stream) -> bool:
         """A slot for the next request message of a stream: one it holds and no message uses
         (the one it took when it opened, or one its waiter got), or a free one; else queue for
-        one (False): the message waits in the stream's buffer."""
+        one (False): the message waits in the stream's buffer. A slot kept from an earlier
+        message is not reused by a probationer's stream, nor while the pod is held or
+        quarantined: it goes back and the message takes one through the limiter, which holds,
+        refuses or queues it for its lane's turn as it does a unary request."""
         tracker = stream.finals
         assert tracker is not None
-        if stream.limited == HOLDS_SLOT:
+        if stream.limited == HOLDS_SLOT:  # taken through the limiter for this message
             stream.limited = NO_SLOT
             stream.slots += 1
-        if tracker.pending < stream.slots:
-            return True
+            if tracker.pending < stream.slots:
+                return True
+        elif tracker.pending < stream.slots:
+            served = stream.served
+            limiter = self._limiter if served is None else served.limiter
+            if limiter.probation is None and limiter.refusal is None and not limiter.holding:
+                return True
+            stream.slots -= 1
+            limiter.release()
         if not self.admit(stream):
             return False  # queued: `_wait_slot` relays the buffer again with the slot
         stream.limited = NO_SLOT
