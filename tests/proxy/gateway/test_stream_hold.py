@@ -14,12 +14,14 @@ import pytest
 from common.callers import Caller
 from sim.triton import TritonServer
 from tests.proxy.gateway.conftest import gateway_settings, publish, running_gateway
-from tests.proxy.gateway.test_fair_share import tenant_of, wait_for
+from tests.proxy.gateway.test_fair_share import post, sleepy, tenant_of, wait_for
 from tests.proxy.gateway.test_stream_flood import StreamFlood, infer_message, triton_successes
 
 pytestmark = pytest.mark.triton
 
 PROBATIONER = "127.1.0.61"
+NEIGHBOUR = "127.1.0.62"
+SLEEPY = "/v2/models/sleepy/infer"
 
 
 def test_an_open_streams_next_message_waits_out_a_hold_and_is_refused_in_a_trial(
@@ -70,3 +72,32 @@ def test_an_open_streams_next_message_waits_out_a_hold_and_is_refused_in_a_trial
         finally:
             stream.close()
         wait_for(lambda: limiter.in_flight == 0, "every slot given back")
+
+
+def test_an_idle_open_stream_does_not_hold_the_probation_lane(
+    served_triton: TritonServer, tmp_path: Path
+) -> None:
+    """A probationer's open stream keeps no slot while none of its messages is at Triton, so its
+    turn on the lane ends with its requests: another probationer is answered while the stream
+    stays open (and open with nothing sent yet), and the stream's next message takes a turn."""
+    table = tmp_path / "callers.json"
+    publish(
+        table,
+        Caller(PROBATIONER, "sleepy", "team-a/prober", "uid-a", probation=True),
+        Caller(NEIGHBOUR, "sleepy", "team-b/neighbour", "uid-b", probation=True),
+    )
+    with running_gateway(gateway_settings(served_triton, table)) as gateway:
+        idle = StreamFlood(gateway.grpc_url, PROBATIONER)
+        stream = StreamFlood(gateway.grpc_url, PROBATIONER)
+        try:
+            stream.send([infer_message(1, "r0")])
+            assert not stream.answers(1)[0].error_message
+            for _ in range(2):
+                status, body = post(gateway.http_url, NEIGHBOUR, SLEEPY, sleepy(1))
+                assert status == 200, body
+            stream.send([infer_message(1, "r1")])
+            answer = stream.answers(1)[0]
+            assert not answer.error_message and answer.infer_response.id == "r1", answer
+        finally:
+            stream.close()
+            idle.close()
