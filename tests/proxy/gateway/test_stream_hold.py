@@ -24,6 +24,12 @@ NEIGHBOUR = "127.1.0.62"
 SLEEPY = "/v2/models/sleepy/infer"
 
 
+def counted(triton: TritonServer, requests: int) -> None:
+    """Wait until Triton's statistics count `requests` of sleepy's (they lag its answers)."""
+    wait_for(lambda: triton_successes(triton, "sleepy") >= requests, f"{requests} counted")
+    assert triton_successes(triton, "sleepy") == requests
+
+
 def test_an_open_streams_next_message_waits_out_a_hold_and_is_refused_in_a_trial(
     served_triton: TritonServer, tmp_path: Path
 ) -> None:
@@ -33,12 +39,13 @@ def test_an_open_streams_next_message_waits_out_a_hold_and_is_refused_in_a_trial
     with running_gateway(gateway_settings(served_triton, table)) as gateway:
         stream = StreamFlood(gateway.grpc_url, PROBATIONER)
         try:
+            at_triton = triton_successes(served_triton, "sleepy") + 1
             stream.send([infer_message(1, "r0")])
             assert not stream.answers(1)[0].error_message
             tenant = tenant_of(gateway, PROBATIONER)
             assert tenant is not None
             limiter = tenant.limiter
-            at_triton = triton_successes(served_triton, "sleepy")
+            counted(served_triton, at_triton)
 
             publish(table, replace(probationer, held=True))
             wait_for(lambda: limiter.holding, "the hold")
@@ -54,7 +61,7 @@ def test_an_open_streams_next_message_waits_out_a_hold_and_is_refused_in_a_trial
             publish(table, probationer)
             answer = stream.answers(1)[0]
             assert not answer.error_message and answer.infer_response.id == "r1", answer
-            assert triton_successes(served_triton, "sleepy") == at_triton + 1
+            counted(served_triton, at_triton + 1)
 
             publish(table, replace(probationer, held=True, trial=True))
             wait_for(lambda: limiter._trial is not None, "the trial")
