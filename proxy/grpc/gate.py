@@ -159,6 +159,24 @@ class StreamGate:
         if self._limiter.probation is None:
             self.admit(stream)
 
+    def idle_back(self) -> None:
+        """The pod went on probation: the slots its open streams keep with no message at
+        Triton go back (its streams keep none idle from now on, `opened`, `answered`)."""
+        for stream in self.streams.values():
+            tracker = stream.finals
+            if tracker is None:
+                continue
+            served = stream.served
+            limiter = self._limiter if served is None else served.limiter
+            if limiter.probation is None:
+                continue
+            if stream.limited == HOLDS_SLOT and not stream.buf:
+                stream.limited = NO_SLOT
+                limiter.release()
+            while stream.slots > tracker.pending:
+                stream.slots -= 1
+                limiter.release()
+
     def _take(self, stream: Stream) -> bool:
         """A slot for the next request message of a stream: one it holds and no message uses
         (the one it took when it opened, or one its waiter got), or a free one; else queue for

@@ -86,14 +86,22 @@ def test_an_idle_open_stream_does_not_hold_the_probation_lane(
 ) -> None:
     """A probationer's open stream keeps no slot while none of its messages is at Triton, so its
     turn on the lane ends with its requests: another probationer is answered while the stream
-    stays open (and open with nothing sent yet), and the stream's next message takes a turn."""
+    stays open (and open with nothing sent yet, or open with its slot since before its
+    probation), and the stream's next message takes a turn."""
     table = tmp_path / "callers.json"
-    publish(
-        table,
-        Caller(PROBATIONER, "sleepy", "team-a/prober", "uid-a", probation=True),
-        Caller(NEIGHBOUR, "sleepy", "team-b/neighbour", "uid-b", probation=True),
+    pods = (
+        Caller(PROBATIONER, "sleepy", "team-a/prober", "uid-a"),
+        Caller(NEIGHBOUR, "sleepy", "team-b/neighbour", "uid-b"),
     )
+    publish(table, *pods)
     with running_gateway(gateway_settings(served_triton, table)) as gateway:
+        before = StreamFlood(gateway.grpc_url, PROBATIONER)  # its slot kept since before
+        before.send([infer_message(1, "b0")])
+        assert not before.answers(1)[0].error_message
+        publish(table, *(replace(pod, probation=True) for pod in pods))
+        tenant = tenant_of(gateway, PROBATIONER)
+        assert tenant is not None
+        wait_for(lambda: tenant.limiter.probation is not None, "probation")
         idle = StreamFlood(gateway.grpc_url, PROBATIONER)
         stream = StreamFlood(gateway.grpc_url, PROBATIONER)
         try:
@@ -106,5 +114,5 @@ def test_an_idle_open_stream_does_not_hold_the_probation_lane(
             answer = stream.answers(1)[0]
             assert not answer.error_message and answer.infer_response.id == "r1", answer
         finally:
-            stream.close()
-            idle.close()
+            for flood in (stream, idle, before):
+                flood.close()
