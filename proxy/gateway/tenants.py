@@ -254,6 +254,9 @@ class Tenant:
         member = self.members.get(caller.model_id)
         if member is not None:
             member.on_probation(caller, lane)
+            if member.limiter.probation is not None:
+                for h2 in self.grpc.connections:  # an idle open stream would hold the lane
+                    h2.gate.idle_back()
         self.rows[caller.model_id] = caller
 
     def present_at_exit(self, lane: ProbationLane) -> None:

@@ -14,7 +14,9 @@ takes one when it opens, which its first request message in flight uses, and eac
 message in flight takes one more before it goes to Triton, given back when Triton's answers end it
 (`policy.finals`): with none free, the stream's messages wait in its buffer, which its window bounds
 (the tenant is not credited, so it stops sending), for the queue's time; a message refused for a
-full queue or its timeout gets an in-stream error and the stream goes on. Answers the relay gives
+full queue or its timeout gets an in-stream error and the stream goes on. A probationer's stream
+keeps no slot idle, and its every message takes one through the limiter: the probation hold,
+a trial's refusal and the lane's turns apply to each, as to a unary call. Answers the relay gives
 itself (another model, refused APIs, overload) go on the stream, through the same windows as
 Triton's answers; bytes it drops are credited back to the tenant's stream at once.
 
@@ -150,17 +152,52 @@ class StreamGate:
         stream.waiter = self.context.spawn(self._wait_slot(stream, limiter))
         return False
 
+    def opened(self, stream: Stream) -> None:
+        """A stream of the model opened: it holds a slot from now on (`admit`), unless its pod
+        is on probation, whose streams hold slots only for their messages at Triton (one held
+        idle would keep the lane from the other probationers)."""
+        if self._limiter.probation is None:
+            self.admit(stream)
+
+    def idle_back(self) -> None:
+        """The pod went on probation: the slots its open streams keep with no message at
+        Triton go back (its streams keep none idle from now on, `opened`, `answered`)."""
+        for stream in self.streams.values():
+            tracker = stream.finals
+            if tracker is None:
+                continue
+            served = stream.served
+            limiter = self._limiter if served is None else served.limiter
+            if limiter.probation is None:
+                continue
+            if stream.limited == HOLDS_SLOT and not stream.buf:
+                stream.limited = NO_SLOT
+                limiter.release()
+            while stream.slots > tracker.pending:
+                stream.slots -= 1
+                limiter.release()
+
     def _take(self, stream: Stream) -> bool:
         """A slot for the next request message of a stream: one it holds and no message uses
         (the one it took when it opened, or one its waiter got), or a free one; else queue for
-        one (False): the message waits in the stream's buffer."""
+        one (False): the message waits in the stream's buffer. A slot kept from an earlier
+        message is not reused by a probationer's stream, nor while the pod is held or
+        quarantined: it goes back and the message takes one through the limiter, which holds,
+        refuses or queues it for its lane's turn as it does a unary request."""
         tracker = stream.finals
         assert tracker is not None
-        if stream.limited == HOLDS_SLOT:
+        if stream.limited == HOLDS_SLOT:  # taken through the limiter for this message
             stream.limited = NO_SLOT
             stream.slots += 1
-        if tracker.pending < stream.slots:
-            return True
+            if tracker.pending < stream.slots:
+                return True
+        elif tracker.pending < stream.slots:
+            served = stream.served
+            limiter = self._limiter if served is None else served.limiter
+            if limiter.probation is None and limiter.refusal is None and not limiter.holding:
+                return True
+            stream.slots -= 1
+            limiter.release()
         if not self.admit(stream):
             return False  # queued: `_wait_slot` relays the buffer again with the slot
         stream.limited = NO_SLOT
@@ -177,9 +214,11 @@ class StreamGate:
         tracker = stream.finals
         if not requests or tracker is None:
             return
-        keep = max(tracker.pending, 1)
         served = stream.served
-        release = (self._limiter if served is None else served.limiter).release
+        limiter = self._limiter if served is None else served.limiter
+        # A probationer's stream keeps none idle: its turn on the lane ends with its requests.
+        keep = max(tracker.pending, 1) if limiter.probation is None else tracker.pending
+        release = limiter.release
         while stream.slots > keep:
             stream.slots -= 1
             release()

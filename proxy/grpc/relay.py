@@ -519,7 +519,7 @@ class H2Connection(ReplyHooks, asyncio.Protocol):
         if streaming and router.model_id:
             # An open stream holds a slot of its model's; a host's streams from their first
             # request, once it names the model.
-            self.gate.admit(stream)
+            self.gate.opened(stream)
 
     def _plan(self, fields: Fields) -> _Plan:
         """The RPC a tenant's request fields call, whether it streams, the fields Triton gets for
