@@ -436,6 +436,23 @@ async def test_requests_that_kill_triton_while_a_neighbours_model_settles_are_co
             assert len(restarts) == 3
 
 
+async def busy_neighbour_on_probation(
+    node: Node, apiserver: RunningApiServer, tmp_path: Path
+) -> str:
+    """The neighbour's slow model loaded and its pod put on probation, as an earlier exit it
+    shared with a pod now gone would; returns the pod's name."""
+    await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
+    assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
+    agent = node.running.agent
+    neighbour = "team-b/busy-pod"
+    other = Suspect("team-c/gone-pod", "uid-gone", "127.1.0.9", "gone", 1)
+    agent.crashes.requests_crashed([Suspect(neighbour, "uid", NEIGHBOUR, "busy", 1), other])
+    assert agent.callers is not None
+    agent.callers.changed()
+    await eventually(lambda: bool(node.callers().get(NEIGHBOUR, {}).get("probation")))
+    return neighbour
+
+
 async def test_a_busy_probationer_is_held_while_a_load_settles_so_the_exit_is_the_loads(
     start_custom_agent: StartAgent,
     apiserver: RunningApiServer,
@@ -450,15 +467,8 @@ async def test_a_busy_probationer_is_held_while_a_load_settles_so_the_exit_is_th
     Before, each exit with the neighbour's request at Triton counted against neither: 5 exits
     instead of 2 in a run."""
     node = await start_node(start_custom_agent, kube_api, tmp_path)
-    await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
-    assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
+    await busy_neighbour_on_probation(node, apiserver, tmp_path)
     agent = node.running.agent
-    neighbour = "team-b/busy-pod"
-    other = Suspect("team-c/gone-pod", "uid-gone", "127.1.0.9", "gone", 1)
-    agent.crashes.requests_crashed([Suspect(neighbour, "uid", NEIGHBOUR, "busy", 1), other])
-    assert agent.callers is not None
-    agent.callers.changed()
-    await eventually(lambda: bool(node.callers().get(NEIGHBOUR, {}).get("probation")))
     served: list[float] = []
     stop = threading.Event()
 
@@ -516,15 +526,8 @@ async def test_a_busy_probationer_is_never_counted_for_a_model_that_kills_triton
     node = await start_node(
         start_custom_agent, kube_api, tmp_path, crash_hold_seconds=0.5, crash_settle_seconds=6.0
     )
-    await node.add(apiserver, tmp_path, "team-b", "busy", NEIGHBOUR, SLOW)
-    assert (await node.load("busy")).state == agent_pb2.MODEL_STATE_READY
+    neighbour = await busy_neighbour_on_probation(node, apiserver, tmp_path)
     agent = node.running.agent
-    neighbour = "team-b/busy-pod"
-    other = Suspect("team-c/gone-pod", "uid-gone", "127.1.0.9", "gone", 1)
-    agent.crashes.requests_crashed([Suspect(neighbour, "uid", NEIGHBOUR, "busy", 1), other])
-    assert agent.callers is not None
-    agent.callers.changed()
-    await eventually(lambda: bool(node.callers().get(NEIGHBOUR, {}).get("probation")))
     served: list[float] = []
     stop = threading.Event()
 
