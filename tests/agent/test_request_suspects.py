@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +39,21 @@ def run(
     for minute, suspects in enumerate(crashes):
         records = counted(records, suspects, after, now=60.0 * minute, probation_seconds=probation)
     return records
+
+
+def wired(
+    tmp_path: Path, quarantine_after: int, wall: Callable[[], float]
+) -> tuple[Path, CrashLedger, RequestCrashes, PodEvents]:
+    """A crash ledger settling loads for 60 s by the `wall` clock and the request rule reading
+    the witness file, wired as the agent wires them: (witness file, ledger, request rule, its
+    Events, to close)."""
+    path = tmp_path / "crash-witness.json"
+    ledger = CrashLedger(tmp_path / "state", quarantine_after, settle_seconds=60.0, wall=wall)
+    ledger.load()
+    events = PodEvents(Recorded(), "tritonshare-agent/node")
+    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
+    ledger.witnessed = crashes.requests_at
+    return path, ledger, crashes, events
 
 
 def test_a_pod_alone_at_k_exits_in_a_row_is_quarantined() -> None:
@@ -299,12 +315,7 @@ async def test_a_settling_load_beside_other_pods_requests_stays_a_suspect(tmp_pa
     requests there explain it (the requests' rule counts them). Before, any pod's requests
     cleared the load, so a model that kills Triton a few seconds after each READY was reloaded
     unwatched ever after, and never counted."""
-    path = tmp_path / "crash-witness.json"
-    ledger = CrashLedger(tmp_path / "state", 2, settle_seconds=60.0, wall=lambda: 100.5)
-    ledger.load()
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
-    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
-    ledger.witnessed = crashes.requests_at
+    path, ledger, _, events = wired(tmp_path, 2, lambda: 100.5)
     settling = Marker("m-1", "d" * 64, "crasher", "team-c/crasher", 96.0, 95.0)
     own = Marker("m-2", "e" * 64, "busy", BUSY.pod, 96.0, 95.0)
     ledger.loading(settling)
@@ -350,13 +361,8 @@ async def test_a_suspect_reload_that_shares_a_second_exit_with_requests_is_their
     only suspected, loaded again alone). When the suspect reload shares the next exit with
     requests too, the exit is theirs: the attacker is counted and the reload cleared. Without
     that, every exit was shared and the attacker never counted, Triton down again and again."""
-    path = tmp_path / "crash-witness.json"
     now = [100.5]
-    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
-    ledger.load()
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
-    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
-    ledger.witnessed = crashes.requests_at
+    path, ledger, crashes, events = wired(tmp_path, 1, lambda: now[0])
     settling = Marker("m-1", "n" * 64, "good", NEIGHBOUR.pod, 90.0, 89.0)
     ledger.loading(settling)
     write_witnesses(path, [Witness(100.0, (ATTACKER,))])
@@ -425,13 +431,8 @@ async def test_a_trial_reload_sharing_a_second_exit_with_requests_counts_against
     settling window, so the requests beside its second exit are no probationer's (a neighbour
     busy since, or one the hold failed to keep out): the exit is ambiguous again, never theirs
     for being the second in a row. Before, the pod at Triton at both was counted."""
-    path = tmp_path / "crash-witness.json"
     now = [100.5]
-    ledger = CrashLedger(tmp_path / "state", 1, settle_seconds=60.0, wall=lambda: now[0])
-    ledger.load()
-    events = PodEvents(Recorded(), "tritonshare-agent/node")
-    crashes = RequestCrashes("127.0.0.1:1", ledger, path, events, AgentMetrics(), lambda: None)
-    ledger.witnessed = crashes.requests_at
+    path, ledger, crashes, events = wired(tmp_path, 1, lambda: now[0])
     settling = Marker("m-1", "n" * 64, "late", ATTACKER.pod, 90.0, 89.0)
     ledger.loading(settling)
     write_witnesses(path, [Witness(100.0, (BUSY,))])
