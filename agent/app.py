@@ -220,6 +220,8 @@ class Agent:
                 limit=settings.triton_memory_limit,
                 reserve=settings.triton_memory_reserve,
                 per_load=settings.triton_memory_per_load,
+                floor=settings.triton_memory_floor,
+                namespace_percent=settings.triton_memory_namespace_percent,
             ),
         )
 

@@ -204,6 +204,22 @@ class Settings:
     """Host memory a load of files not measured yet is assumed to take (at least their size): a
     backend's libraries and a Python backend's stub process come with the first load. Default
     512Mi."""
+    triton_memory_floor: int = setting(
+        "triton-memory-floor",
+        "host bytes each loaded model is charged to its namespace at least",
+        quantity(),
+        default="64Mi",
+    )
+    """The least host memory a loaded model counts in its namespace's share, whatever it was
+    measured at (a model of one byte still takes Triton's memory). Default 64Mi."""
+    triton_memory_namespace_percent: float = setting(
+        "triton-memory-namespace-percent",
+        "percent of Triton's memory limit less the reserve one namespace's models may hold",
+        number(minimum=1, below=100.001),
+        default="50",
+    )
+    """The part of Triton's room for models (limit less reserve) one namespace may hold, so that
+    no namespace fills Triton before others load. Default 50."""
     staging_dir: Path | None = setting(
         "staging-dir",
         "staging directory (same filesystem, outside the repository); default: "
