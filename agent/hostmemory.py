@@ -12,8 +12,9 @@ The room left for models is shared by namespace: a namespace's loaded models (ea
 measured figure, at least `--triton-memory-floor`, so a model of one byte costs what a load
 really costs) and its loads under way stay within `--triton-memory-namespace-percent` of it, so
 no namespace can fill Triton before another loads (the namespace is the first part of the pod's
-key, a replica's too). Otherwise it is refused with `HostMemoryExhaustedError` before Triton sees it: a load that would
-take the container past its limit gets the OOM killer, which ends every tenant's model at once.
+key, a replica's too). Otherwise it is refused with `HostMemoryExhaustedError` before Triton sees
+it: a load that would take the container past its limit gets the OOM killer, which ends every
+tenant's model at once.
 With no limit or no Triton PID nothing is admitted here. Blocking reads: callers run it off the
 event loop. It must not call Triton.
 """

@@ -131,8 +131,8 @@ LOAD_FAILURE_REASONS = frozenset(
 )
 """The reasons a host's loader reports to the agent (ListHosted) for a replica it cannot load:
 its files cannot be fetched (the store's answer, a credential), are invalid, refused by the agent
-(Triton's host memory among them) or rejected by Triton, or the load timed out. The agent writes them on the replica's loaded
-condition; any other reason reads LOAD_FAILED_REASON."""
+(Triton's host memory among them) or rejected by Triton, or the load timed out. The agent writes
+them on the replica's loaded condition; any other reason reads LOAD_FAILED_REASON."""
 LOAD_FAILURE_MESSAGE_CHARS = 400
 """The most of a loader's failure message the agent keeps (and the loader sends)."""
 LOAD_FAILURE_REPORT_CHARS = 32_000
