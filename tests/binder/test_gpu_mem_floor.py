@@ -28,8 +28,8 @@ from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
 from tests.deploy.rendering import CHART
 
 
-def _refused(custom: Any, name: str) -> dict[str, Any] | None:
-    status = read(custom, name).get("status") or {}
+def _refused(models: Any, name: str) -> dict[str, Any] | None:
+    status = read(models, name).get("status") or {}
     for condition in status.get("conditions") or []:
         if condition["type"] == "Placed" and condition["status"] == "False":
             return dict(condition)
@@ -37,7 +37,9 @@ def _refused(custom: Any, name: str) -> dict[str, Any] | None:
 
 
 async def test_a_one_byte_tritonmodel_is_placed_nowhere_and_says_why(
-    binder: Binder, custom: Any, core: Any
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
 ) -> None:
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("tiny", 3, "1"))
     custom.create_namespaced_custom_object(
@@ -52,7 +54,8 @@ async def test_a_one_byte_tritonmodel_is_placed_nowhere_and_says_why(
 
 
 async def test_a_one_byte_model_pod_is_not_bound_and_says_why(
-    binder: Binder, custom: Any, core: Any
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    core: Any,
 ) -> None:
     add_pod(core, "tiny", mem="1", model="tiny")
 
