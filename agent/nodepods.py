@@ -5,8 +5,10 @@ to decide which models are wanted, and model operations (`agent.models`) read th
 see what else a GPU holds and whether a model's recorded owner still lives. A pod counts only
 with a proven placement (`agent.placement`) and while it is not terminated. A model host stands
 for its replicas (`agent.pods.pods_from_dict`), each kept here as a pod of its own, so every
-reader sees replicas as pods. It does no I/O of its own: the fresh read of one pod is the
-Kubernetes client's, handed in.
+reader sees replicas as pods. A host naming more replicas than the node can hold of one
+namespace (`max_hosted`: its GPUs' memory over the least a model may ask) stands for none, so a
+forged annotation of thousands of entries costs nothing past its reading. It does no I/O of its
+own: the fresh read of one pod is the Kubernetes client's, handed in.
 """
 
 from __future__ import annotations
@@ -33,9 +35,17 @@ class NodePods:
     """The pods bound to this node, by namespace/name, once the watch has listed them."""
 
     def __init__(
-        self, verifier: PlacementVerifier, read_pod: ReadPod, *, scheduler_name: str, keys: Keys
+        self,
+        verifier: PlacementVerifier,
+        read_pod: ReadPod,
+        *,
+        scheduler_name: str,
+        keys: Keys,
+        max_hosted: Callable[[], int] = lambda: 0,
     ) -> None:
+        """`max_hosted()`: the most replicas a host of this node may name (0: not known yet)."""
         self._verifier = verifier
+        self._max_hosted = max_hosted
         self._read_pod = read_pod
         self._scheduler_name = scheduler_name
         self._keys = keys
@@ -74,6 +84,16 @@ class NodePods:
     def _put(self, obj: dict[str, Any]) -> tuple[PodInfo, str] | None:
         pods, problem = pods_from_dict(obj, self._keys)
         owner = pod_from_dict(obj, self._keys)
+        most = self._max_hosted()
+        if not problem and most and len(pods) > most and is_host(obj, self._keys):
+            problem = (
+                f"model host {owner.key} names {len(pods)} replicas, more than this node can hold "
+                f"of one namespace ({most}: its GPUs' memory over the least GPU memory a model "
+                f"may ask, --min-gpu-mem), so it serves none of them; only the binder writes a "
+                f"host's hosted-models annotation: delete the host pod and the binder makes it "
+                f"again"
+            )
+            pods = []
         keys = []
         for pod in pods:
             if pod.key in self.by_key:
