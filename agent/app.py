@@ -341,6 +341,7 @@ class Agent:
             cache_seconds=settings.token_cache_seconds,
             failure_cache_seconds=settings.auth_failure_cache_seconds,
             watched_host=self.pods.watched_host,
+            max_hosted=self._max_hosted,
         )
         self.service = AgentService(
             self.models,

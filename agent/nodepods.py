@@ -7,8 +7,8 @@ with a proven placement (`agent.placement`) and while it is not terminated. A mo
 for its replicas (`agent.pods.pods_from_dict`), each kept here as a pod of its own, so every
 reader sees replicas as pods. A host naming more replicas than the node can hold of one
 namespace (`max_hosted`: its GPUs' memory over the least a model may ask) stands for none, so a
-forged annotation of thousands of entries costs nothing past its reading. It does no I/O of its
-own: the fresh read of one pod is the Kubernetes client's, handed in.
+forged annotation of thousands of entries costs nothing past its reading (`agent.pods`). It does
+no I/O of its own: the fresh read of one pod is the Kubernetes client's, handed in.
 """
 
 from __future__ import annotations
@@ -82,18 +82,8 @@ class NodePods:
         return [problem] if problem is not None else []
 
     def _put(self, obj: dict[str, Any]) -> tuple[PodInfo, str] | None:
-        pods, problem = pods_from_dict(obj, self._keys)
+        pods, problem = pods_from_dict(obj, self._keys, self._max_hosted())
         owner = pod_from_dict(obj, self._keys)
-        most = self._max_hosted()
-        if not problem and most and len(pods) > most and is_host(obj, self._keys):
-            problem = (
-                f"model host {owner.key} names {len(pods)} replicas, more than this node can hold "
-                f"of one namespace ({most}: its GPUs' memory over the least GPU memory a model "
-                f"may ask, --min-gpu-mem), so it serves none of them; only the binder writes a "
-                f"host's hosted-models annotation: delete the host pod and the binder makes it "
-                f"again"
-            )
-            pods = []
         keys = []
         for pod in pods:
             if pod.key in self.by_key:
@@ -172,7 +162,7 @@ class NodePods:
         obj = await self._read_pod(owner.namespace, name)
         if obj is None:
             return False
-        pods, _ = pods_from_dict(obj, self._keys)
+        pods, _ = pods_from_dict(obj, self._keys, self._max_hosted())
         pod = next((p for p in pods if p.uid == owner.uid), None)
         proven = self.proven(pod) if pod is not None else None
         return proven is not None and proven.model_id == owner.model_id

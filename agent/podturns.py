@@ -4,10 +4,10 @@ namespace.
 A tenant can rewrite its own pods (its model host's annotation among them) as fast as the API
 server takes it, and each event costs the agent a reading of the pod. So events wait here, one
 per pod (a later event of a pod replaces the one waiting, an addition staying one: the agent
-acts on a pod's state, not on its history), and the loop takes them a batch at a time, one namespace's oldest waiting pod
-after another's: a namespace writing a thousand times a second has one pod's event taken per
-round, the same as a namespace writing once. A list (the watch starting again) replaces every
-event waiting, which it includes. Thread-safe; no I/O.
+acts on a pod's state, not on its history), and the loop takes them a batch at a time, one
+namespace's oldest waiting pod after another's: a namespace writing a thousand times a second
+has one pod's event taken per round, the same as a namespace writing once. A list (the watch
+starting again) replaces every event waiting, which it includes. Thread-safe; no I/O.
 """
 
 from __future__ import annotations

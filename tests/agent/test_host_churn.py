@@ -16,7 +16,9 @@ import kubernetes.client
 
 from common.hosted import HostedReplica, host_name
 from common.placement import Claim, KeyRing, Proof
-from tests.agent.conftest import NODE, RunningAgent, eventually
+from protos import agent_pb2
+from sim.apiserver import RunningApiServer
+from tests.agent.conftest import NODE, RunningAgent, bearer, eventually
 from tests.agent.hosts import make_host, replica, set_hosted
 from tests.fixtures_sim import core_v1
 
@@ -75,7 +77,7 @@ async def test_an_unchanged_entry_is_proved_once_however_often_its_host_is_rewri
 
 
 async def test_a_host_naming_more_replicas_than_the_node_holds_serves_none_and_says_why(
-    kube_api: kubernetes.client.ApiClient, running: RunningAgent
+    apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, running: RunningAgent
 ) -> None:
     _namespaces(kube_api)
     # 2 T4s of 15Gi: at the least a model may ask (64Mi), 480 replicas of one namespace.
@@ -90,6 +92,11 @@ async def test_a_host_naming_more_replicas_than_the_node_holds_serves_none_and_s
     assert "names 481 replicas, more than this node can hold of one namespace (480" in message
     assert "--min-gpu-mem" in message
     assert _replicas_seen(running, "team-a") == 0
+    # Its own calls get the same answer: it lists nothing.
+    token = apiserver.mint_token("team-a", host_name(NODE))
+    listed = await running.stub.ListHosted(agent_pb2.ListHostedRequest(), metadata=bearer(token))
+    assert not listed.replicas
+    assert [why for why in listed.refused if "names 481 replicas" in why] == [message]
     # Its forged entries cost no Event each: only the refusal of the whole.
     assert "PlacementChanged" not in _host_events(kube_api, "team-a")
     # The neighbour's host on the node is served as before.
