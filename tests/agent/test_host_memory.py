@@ -41,6 +41,14 @@ def _events(api: kubernetes.client.ApiClient, pod: str) -> dict[str, str]:
     return {e.reason: e.message for e in found.items}
 
 
+def _pid_file(triton: TritonServer, tmp_path: Path) -> Path:
+    """Triton's PID as its container writes it for the agent (`--triton-pid-file`)."""
+    assert triton.process is not None
+    pid_file = tmp_path / "triton.pid"
+    pid_file.write_text(f"{triton.process.pid}\n")
+    return pid_file
+
+
 def _ready_in_triton(triton: TritonServer, name: str) -> bool:
     url = f"http://{triton.http_url}/v2/models/{name}/ready"
     try:
@@ -61,8 +69,7 @@ async def test_a_load_past_triton_s_memory_limit_is_refused_and_a_load_is_measur
     tmp_path: Path,
 ) -> None:
     assert triton.process is not None
-    pid_file = tmp_path / "triton.pid"
-    pid_file.write_text(f"{triton.process.pid}\n")
+    pid_file = _pid_file(triton, tmp_path)
     processes = TritonProcesses(pid_file)
     start = processes.tree()
     assert start is not None and triton.process.pid in start.pids and start.rss > 0
@@ -176,8 +183,7 @@ async def test_one_namespace_of_tiny_models_cannot_fill_triton_s_host_memory(
     neighbour's model does not fit. Each namespace holds at most its share of Triton's room, each
     model charged at least the floor, so the neighbour still loads, and the refusal says why."""
     assert triton.process is not None
-    pid_file = tmp_path / "triton.pid"
-    pid_file.write_text(f"{triton.process.pid}\n")
+    pid_file = _pid_file(triton, tmp_path)
     now = TritonProcesses(pid_file).tree()
     assert now is not None
     limit = now.rss + 512 * MIB
