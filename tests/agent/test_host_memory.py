@@ -31,6 +31,7 @@ from tests.agent.conftest import (
     start_agent,
 )
 from tests.conftest import MODELS_DIR
+from tests.fixtures_sim import core_v1
 
 MIB = 1024 * 1024
 
@@ -197,7 +198,7 @@ async def test_one_namespace_of_tiny_models_cannot_fill_triton_s_host_memory(
         triton_memory_per_load=64 * MIB,
     )
     for name in ("team-a", "team-b"):
-        kubernetes.client.CoreV1Api(kube_api).create_namespace({"metadata": {"name": name}})
+        core_v1(kube_api).create_namespace({"metadata": {"name": name}})
     running = await start_agent(settings, mock_nvml)
 
     async def serve(namespace: str, pod: str, number: int) -> Any:
