@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -352,12 +353,19 @@ class PodWatch:
         """On the loop: apply a batch of events in turns by namespace (`agent.podturns`), and
         leave the loop to others before the next batch."""
         listed, events, more = self._turns.take(EVENTS_PER_TURN)
-        if listed is not None:
-            self._on_list(listed)
-        for kind, obj in events:
-            self._on_event(kind, obj)
-        if more:
+        if more:  # first: a failing callback must not stop the events after it
             asyncio.get_running_loop().call_soon(self._take)
+        calls: list[Callable[[], None]] = []
+        if listed is not None:
+            calls.append(functools.partial(self._on_list, listed))
+        calls += [functools.partial(self._on_event, kind, obj) for kind, obj in events]
+        for call in calls:
+            try:
+                call()
+            except Exception:
+                log.exception(
+                    "Applying a pod event failed; the pod's next event or list applies it again."
+                )
 
     def _run(self) -> None:
         core = self._kube.core
