@@ -59,7 +59,7 @@ from agent.triton import TritonClient
 from common.activity import ActivityTableError
 from common.activity import read_table as read_activity
 from common.crashwitness import path_beside
-from common.health import HttpServer, build_health_app
+from common.health import HttpServer, LoopBeat, build_health_app
 from common.hosted import host_name, loaded_condition
 from common.lifecycle import Lifecycle
 from common.placement import KeyDirectory, PlacementKeyError
@@ -150,6 +150,7 @@ class Agent:
             self.kube.get_pod,
             scheduler_name=settings.scheduler_name,
             keys=settings.keys,
+            max_hosted=self._max_hosted,
         )
         self.events = PodEvents(
             self.kube, f"tritonshare-agent/{settings.node_name}", replicas=self.pods.replica
@@ -220,6 +221,8 @@ class Agent:
                 limit=settings.triton_memory_limit,
                 reserve=settings.triton_memory_reserve,
                 per_load=settings.triton_memory_per_load,
+                floor=settings.triton_memory_floor,
+                namespace_percent=settings.triton_memory_namespace_percent,
             ),
         )
 
@@ -338,6 +341,7 @@ class Agent:
             cache_seconds=settings.token_cache_seconds,
             failure_cache_seconds=settings.auth_failure_cache_seconds,
             watched_host=self.pods.watched_host,
+            max_hosted=self._max_hosted,
         )
         self.service = AgentService(
             self.models,
@@ -401,6 +405,12 @@ class Agent:
 
     def _gpu_snapshot(self) -> GpuSnapshot | None:
         return self.node.snapshot
+
+    def _max_hosted(self) -> int:
+        """The most replicas one model host may name here (0 before the GPUs are read)."""
+        snapshot = self.node.snapshot  # the pod watch starts after the node's first reading
+        total = snapshot.healthy_memory_total if snapshot is not None else 0
+        return total // max(self.settings.min_gpu_mem, 1)
 
     def not_ready(self) -> list[str]:
         """Why the agent is not ready; empty when it is."""
@@ -495,8 +505,13 @@ class Agent:
         # Both servers' stops are registered before either starts, so a stop that cancels the
         # start (a signal) stops what did start; the gRPC server stops first.
         http_host, http_port = _split(settings.listen_http)
+        # Off the agent's loop: a loop kept busy by tenants' pod writes does not fail liveness.
+        home = LoopBeat(asyncio.get_running_loop())
         self._http = HttpServer(
-            build_health_app(self.metrics.registry, self.not_ready), http_host, http_port
+            build_health_app(self.metrics.registry, self.not_ready, home=home),
+            http_host,
+            http_port,
+            home=home,
         )
         lifecycle.on_shutdown("the HTTP server", self._http.stop)
         lifecycle.on_shutdown("the gRPC server", self._stop_grpc)

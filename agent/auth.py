@@ -99,8 +99,11 @@ class Authorizer:
         failure_cache_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
         watched_host: Callable[[str, str], JsonObject | None] | None = None,
+        max_hosted: Callable[[], int] = lambda: 0,
     ) -> None:
+        """`max_hosted()`: the most replicas a host of this node may name (0: not known)."""
         self._kube = kube
+        self._max_hosted = max_hosted
         self._watched_host = watched_host
         """A model host as the agent's pod watch shows it (`NodePods.watched_host`): a host
         lists its replicas every fraction of a second, which a fresh read each time would turn
@@ -270,7 +273,7 @@ class Authorizer:
 
     def _replica(self, obj: JsonObject, key: str, model_id: str) -> Proven:
         """The model host's replica of `model_id`, proven; else PermissionDeniedError."""
-        replicas, problem = replicas_from_dict(obj, self.keys)
+        replicas, problem = replicas_from_dict(obj, self.keys, self._max_hosted())
         if problem:
             raise PermissionDeniedError(problem)
         mine = [r for r in replicas if r.model_id == model_id]
@@ -291,7 +294,7 @@ class Authorizer:
         """A model host's replicas whose proofs verify here, each beside its entry, and why
         each other is refused ("model/replica: why"); the caller has checked the host
         (`host_of`)."""
-        hosted, problem = hosted_from_dict(obj, self.keys)
+        hosted, problem = hosted_from_dict(obj, self.keys, self._max_hosted())
         if problem:
             return [], [problem]
         proven, refused = [], []

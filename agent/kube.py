@@ -3,13 +3,15 @@
 It reads and patches the Node, renews the agent's Lease, reviews callers' tokens, reads pods, and
 watches the pods bound to this node (fieldSelector spec.nodeName). The official client is
 blocking, so calls run on this adapter's own small thread pool and the watch on one daemon thread
-that hands events to the event loop. It returns plain JSON dicts; deciding is left to the callers.
+that hands events to the event loop, in turns by namespace (`agent.podturns`). It returns plain
+JSON dicts; deciding is left to the callers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -26,6 +28,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from agent import __version__
 from agent.errors import KubeError
+from agent.podturns import PodTurns
 from common.events import node_event, pod_event
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ T = TypeVar("T")
 JsonObject = dict[str, Any]
 REQUEST_TIMEOUT = (5.0, 30.0)
 """Seconds to connect, and to wait for an answer, on every call but the watch."""
+EVENTS_PER_TURN = 32
+"""Pod events applied in one turn of the loop before others' work runs."""
 
 
 @dataclass(frozen=True)
@@ -323,6 +328,7 @@ class PodWatch:
         self._response: Any = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._turns = PodTurns()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -337,10 +343,29 @@ class PodWatch:
             with contextlib.suppress(Exception):
                 response.shutdown()
 
-    def _deliver(self, fn: Callable[..., None], *args: Any) -> None:
+    def _deliver(self, wake: bool) -> None:
         assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is closing
-            self._loop.call_soon_threadsafe(fn, *args)
+        if wake:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                self._loop.call_soon_threadsafe(self._take)
+
+    def _take(self) -> None:
+        """On the loop: apply a batch of events in turns by namespace (`agent.podturns`), and
+        leave the loop to others before the next batch."""
+        listed, events, more = self._turns.take(EVENTS_PER_TURN)
+        if more:  # first: a failing callback must not stop the events after it
+            asyncio.get_running_loop().call_soon(self._take)
+        calls: list[Callable[[], None]] = []
+        if listed is not None:
+            calls.append(functools.partial(self._on_list, listed))
+        calls += [functools.partial(self._on_event, kind, obj) for kind, obj in events]
+        for call in calls:
+            try:
+                call()
+            except Exception:
+                log.exception(
+                    "Applying a pod event failed; the pod's next event or list applies it again."
+                )
 
     def _run(self) -> None:
         core = self._kube.core
@@ -352,7 +377,7 @@ class PodWatch:
                 )
                 body = json.loads(listed.data)
                 listed.release_conn()
-                self._deliver(self._on_list, body.get("items") or [])
+                self._deliver(self._turns.listed(body.get("items") or []))
                 version = body["metadata"]["resourceVersion"]
                 backoff = 0.5
                 while not self._stopped.is_set():
@@ -393,7 +418,7 @@ class PodWatch:
                     raise KubeError(f"the pod watch reported {obj.get('message', obj)}")
                 version = (obj.get("metadata") or {}).get("resourceVersion", version)
                 if kind != "BOOKMARK":
-                    self._deliver(self._on_event, str(kind), obj)
+                    self._deliver(self._turns.put(str(kind), obj))
         finally:
             self._response = None
             with contextlib.suppress(Exception):

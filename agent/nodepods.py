@@ -5,8 +5,10 @@ to decide which models are wanted, and model operations (`agent.models`) read th
 see what else a GPU holds and whether a model's recorded owner still lives. A pod counts only
 with a proven placement (`agent.placement`) and while it is not terminated. A model host stands
 for its replicas (`agent.pods.pods_from_dict`), each kept here as a pod of its own, so every
-reader sees replicas as pods. It does no I/O of its own: the fresh read of one pod is the
-Kubernetes client's, handed in.
+reader sees replicas as pods. A host naming more replicas than the node can hold of one
+namespace (`max_hosted`: its GPUs' memory over the least a model may ask) stands for none, so a
+forged annotation of thousands of entries costs nothing past its reading (`agent.pods`). It does
+no I/O of its own: the fresh read of one pod is the Kubernetes client's, handed in.
 """
 
 from __future__ import annotations
@@ -33,9 +35,17 @@ class NodePods:
     """The pods bound to this node, by namespace/name, once the watch has listed them."""
 
     def __init__(
-        self, verifier: PlacementVerifier, read_pod: ReadPod, *, scheduler_name: str, keys: Keys
+        self,
+        verifier: PlacementVerifier,
+        read_pod: ReadPod,
+        *,
+        scheduler_name: str,
+        keys: Keys,
+        max_hosted: Callable[[], int] = lambda: 0,
     ) -> None:
+        """`max_hosted()`: the most replicas a host of this node may name (0: not known yet)."""
         self._verifier = verifier
+        self._max_hosted = max_hosted
         self._read_pod = read_pod
         self._scheduler_name = scheduler_name
         self._keys = keys
@@ -72,7 +82,7 @@ class NodePods:
         return [problem] if problem is not None else []
 
     def _put(self, obj: dict[str, Any]) -> tuple[PodInfo, str] | None:
-        pods, problem = pods_from_dict(obj, self._keys)
+        pods, problem = pods_from_dict(obj, self._keys, self._max_hosted())
         owner = pod_from_dict(obj, self._keys)
         keys = []
         for pod in pods:
@@ -152,7 +162,7 @@ class NodePods:
         obj = await self._read_pod(owner.namespace, name)
         if obj is None:
             return False
-        pods, _ = pods_from_dict(obj, self._keys)
+        pods, _ = pods_from_dict(obj, self._keys, self._max_hosted())
         pod = next((p for p in pods if p.uid == owner.uid), None)
         proven = self.proven(pod) if pod is not None else None
         return proven is not None and proven.model_id == owner.model_id

@@ -9,6 +9,10 @@ here, and the agent neither serves it nor counts it as wanting a model. A model 
 proved alike, from its entry in the host's annotation and the host's namespace and node
 (`agent.pods`): the binder signed it as a pod named `<model>/<ordinal>` of uid
 `<model uid>/<ordinal>`, which no pod can be. Pure but for reading the key ring it is given.
+
+A verdict is remembered per (claim, proof) while the key ring stays the same (bounded,
+`REMEMBERED`): a host's annotation rewritten over and over with the same entries, forged or
+not, costs one signature check per entry, not one per write and per pass.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from agent.errors import NotPlacedError
 from agent.pods import PodInfo
 from common.contract import RESIDENCY_ON_DEMAND
 from common.placement import KeyRing, ProofError, pod_claim
+
+REMEMBERED = 16_384
+"""Verdicts kept; the oldest is forgotten past it (then checked again when asked)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,12 @@ class PlacementVerifier:
     def __init__(self, keys: Callable[[], KeyRing], node_name: str) -> None:
         self._keys = keys
         self.node_name = node_name
+        self._ring: KeyRing | None = None
+        self._verdicts: dict[tuple[str, ...], int | tuple[str, str]] = {}
+        """(claim, proof) -> the request the proof signs, or why it fails (message, kind),
+        under `_ring`."""
+        self.checked = 0
+        """Signatures checked (verdicts not found in memory)."""
 
     def prove(self, pod: PodInfo) -> Proven:
         """The pod as Proven, or NotPlacedError saying why its placement does not hold."""
@@ -75,17 +88,8 @@ class PlacementVerifier:
                 f"{self.node_name}",
                 event_reason="NotPlacedByBinder",
             )
-        claim = pod_claim(
-            pod.uid,
-            pod.namespace,
-            pod.name,
-            pod.node_name,
-            pod.gpu_uuid,
-            pod.model_id,
-            pod.residency,
-        )
         try:
-            proof = self._keys().verify(claim, pod.placement)
+            request = self._verdict(pod)
         except ProofError as e:
             reason = "PlacementChanged" if pod.placement else "NotPlacedByBinder"
             if pod.host:
@@ -102,7 +106,28 @@ class PlacementVerifier:
                 f"its tritonshare annotations afterwards",
                 event_reason=reason,
             ) from e
-        return Proven(pod, proof.request)
+        return Proven(pod, request)
+
+    def _verdict(self, pod: PodInfo) -> int:
+        """The GPU memory the pod's proof signs, or ProofError; remembered (see the module)."""
+        ring = self._keys()
+        if ring is not self._ring:
+            self._ring, self._verdicts = ring, {}
+        fields = (pod.uid, pod.namespace, pod.name, pod.node_name, pod.gpu_uuid, pod.model_id)
+        key = (*fields, pod.residency, pod.placement)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            self.checked += 1
+            try:
+                verdict = ring.verify(pod_claim(*fields, pod.residency), pod.placement).request
+            except ProofError as e:
+                verdict = (str(e), e.kind)
+            if len(self._verdicts) >= REMEMBERED:
+                del self._verdicts[next(iter(self._verdicts))]
+            self._verdicts[key] = verdict
+        if isinstance(verdict, tuple):
+            raise ProofError(*verdict)  # a new one each time: a raised one keeps its frames
+        return verdict
 
     def proven(self, pod: PodInfo) -> Proven | None:
         """The pod as Proven, or None when its placement does not hold."""

@@ -8,7 +8,8 @@ A model host (`common.hosted`: the model-host label, named as its node's host) s
 `PodInfo` per entry of its hosted-models annotation: a replica, handled exactly as a model pod
 (its name and uid are the replica's, as the binder signed them; namespace, node, phase and
 address are the host's; `host` names the host pod). A draining entry is a replica being deleted;
-an entry gone from the annotation is a pod gone. A model pod is a host of one model.
+an entry gone from the annotation is a pod gone. A host naming more entries than the node can
+hold replicas of one namespace stands for none. A model pod is a host of one model.
 """
 
 from __future__ import annotations
@@ -130,23 +131,26 @@ def is_host(obj: Mapping[str, Any], keys: Keys) -> bool:
     return bool(labels.get(host_label(keys)) == "true")
 
 
-def pods_from_dict(obj: Mapping[str, Any], keys: Keys) -> tuple[list[PodInfo], str]:
+def pods_from_dict(obj: Mapping[str, Any], keys: Keys, most: int = 0) -> tuple[list[PodInfo], str]:
     """What a Pod stands for: itself, or a host's replicas; and, for a host whose replicas
     cannot be read, what is wrong (it then stands for none)."""
     if not is_host(obj, keys):
         return [pod_from_dict(obj, keys)], ""
-    return replicas_from_dict(obj, keys)
+    return replicas_from_dict(obj, keys, most)
 
 
-def replicas_from_dict(obj: Mapping[str, Any], keys: Keys) -> tuple[list[PodInfo], str]:
+def replicas_from_dict(
+    obj: Mapping[str, Any], keys: Keys, most: int = 0
+) -> tuple[list[PodInfo], str]:
     """A model host's replicas, one PodInfo each, unverified; and what is wrong when the host
-    stands for none (not named as its node's host, or a malformed annotation)."""
-    hosted, problem = hosted_from_dict(obj, keys)
+    stands for none (not named as its node's host, a malformed annotation, or more than `most`
+    entries: more than the node can hold of one namespace, 0 when not known)."""
+    hosted, problem = hosted_from_dict(obj, keys, most)
     return [replica for _, replica in hosted], problem
 
 
 def hosted_from_dict(
-    obj: Mapping[str, Any], keys: Keys
+    obj: Mapping[str, Any], keys: Keys, most: int = 0
 ) -> tuple[list[tuple[HostedReplica, PodInfo]], str]:
     """As `replicas_from_dict`, each replica beside its entry in the annotation."""
     host = pod_from_dict(obj, keys)
@@ -163,6 +167,13 @@ def hosted_from_dict(
         entries = decode_hosted(str(value))
     except HostedError as e:
         return [], f"model host {host.key} serves no replica: {e}"
+    if most and len(entries) > most:
+        return [], (
+            f"model host {host.key} names {len(entries)} replicas, more than this node can hold "
+            f"of one namespace ({most}: its GPUs' memory over the least GPU memory a model may "
+            f"ask, --min-gpu-mem), so it serves none of them; only the binder writes a host's "
+            f"hosted-models annotation: delete the host pod and the binder makes it again"
+        )
     hosted = []
     for entry in entries:
         condition = loaded_condition(keys, entry.model)

@@ -18,6 +18,7 @@ from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
     DEFAULT_AGENT_HTTP_PORT,
+    DEFAULT_MIN_GPU_MEM,
     DEFAULT_PREFIX,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SYSTEM_NAMESPACE,
@@ -204,6 +205,31 @@ class Settings:
     """Host memory a load of files not measured yet is assumed to take (at least their size): a
     backend's libraries and a Python backend's stub process come with the first load. Default
     512Mi."""
+    min_gpu_mem: int = setting(
+        "min-gpu-mem",
+        "the binder's --min-gpu-mem: a model host naming more replicas than the GPUs' memory "
+        "over it serves none",
+        quantity(),
+        default=DEFAULT_MIN_GPU_MEM,
+    )
+    """The least GPU memory the binder places a model with (set as the binder's): a model host
+    of this node names at most the GPUs' memory over it replicas. Default 64Mi."""
+    triton_memory_floor: int = setting(
+        "triton-memory-floor",
+        "host bytes each loaded model is charged to its namespace at least",
+        quantity(),
+        default="64Mi",
+    )
+    """The least host memory a loaded model counts in its namespace's share, whatever it was
+    measured at (a model of one byte still takes Triton's memory). Default 64Mi."""
+    triton_memory_namespace_percent: float = setting(
+        "triton-memory-namespace-percent",
+        "percent of Triton's memory limit less the reserve one namespace's models may hold",
+        number(minimum=1, below=100.001),
+        default="50",
+    )
+    """The part of Triton's room for models (limit less reserve) one namespace may hold, so that
+    no namespace fills Triton before others load. Default 50."""
     staging_dir: Path | None = setting(
         "staging-dir",
         "staging directory (same filesystem, outside the repository); default: "

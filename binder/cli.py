@@ -690,7 +690,7 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
         try:
             raw = kube.read_pod(namespace, name)
-            pod = pod_from_api(raw, keys, cache.tenant_code)
+            pod = pod_from_api(raw, keys, cache.tenant_code, cache.min_gpu_mem)
         except NotFoundError:
             print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1

@@ -23,10 +23,12 @@ from binder.podterms import (
     spread_from_spec,
 )
 from common.contract import (
+    MIN_GPU_MEM,
     RESIDENCY_ON_DEMAND,
     TENANT_CODE_NODE,
     ContractError,
     Keys,
+    gpu_mem_problem,
     is_valid_model_id,
     parse_overcommit,
     validate_model_id,
@@ -387,9 +389,15 @@ def _revision(labels: Mapping[str, Any]) -> str:
     return ""
 
 
-def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str] = ()) -> PodInfo:
+def pod_from_api(
+    obj: Mapping[str, Any],
+    keys: Keys,
+    tenant_code: Collection[str] = (),
+    min_gpu_mem: int = MIN_GPU_MEM,
+) -> PodInfo:
     """Convert an API pod; never raises on user input (problems land in `problem`).
-    `tenant_code`: the namespaces allowed to run their own code in Triton."""
+    `tenant_code`: the namespaces allowed to run their own code in Triton; `min_gpu_mem`: the
+    least GPU memory a model may ask (`--min-gpu-mem`)."""
     meta = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     status = _mapping(obj.get("status"))
@@ -408,12 +416,9 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str
     model_id = str(annotations.get(keys.model_id) or "")
     owner = _controller(meta.get("ownerReferences"))
     if not problem:
-        if request <= 0:
-            problem = (
-                f"pod requests no GPU memory; set a {keys.gpu_mem} limit (such as '2Gi') on the "
-                f"container that serves the model"
-            )
-        elif not model_id:
+        problem = gpu_mem_problem(request, min_gpu_mem, keys.gpu_mem)
+    if not problem:
+        if not model_id:
             problem = (
                 f"pod has no {keys.model_id} annotation; set it to the model's name, the one its "
                 f"clients send, so the agent knows which model the pod serves"
@@ -658,7 +663,11 @@ class ModelInfo:
 
 
 def model_from_api(
-    obj: Mapping[str, Any], keys: Keys, scheduler_name: str, tenant_code: Collection[str] = ()
+    obj: Mapping[str, Any],
+    keys: Keys,
+    scheduler_name: str,
+    tenant_code: Collection[str] = (),
+    min_gpu_mem: int = MIN_GPU_MEM,
 ) -> ModelInfo:
     """Convert an API TritonModel; never raises on user input (problems land in the template's
     `problem`). Its replicas are read as the pod a model pod of the same spec would be, so
@@ -695,7 +704,7 @@ def model_from_api(
         },
         "spec": pod_spec,
     }
-    template = as_replica(pod_from_api(pod, keys, tenant_code))
+    template = as_replica(pod_from_api(pod, keys, tenant_code, min_gpu_mem))
     placed: dict[int, tuple[str, str, str]] = {}
     placed_uris: dict[int, str] = {}
     for ordinal, entry in _by_ordinal(status.get("placements")):

@@ -21,6 +21,7 @@ from common.contract import (
     DEFAULT_BINDER_HTTP_PORT,
     DEFAULT_GATEWAY_GRPC_PORT,
     DEFAULT_GATEWAY_HTTP_PORT,
+    DEFAULT_MIN_GPU_MEM,
     DEFAULT_SCHEDULER_NAME,
     DEFAULT_SYSTEM_NAMESPACE,
     Keys,
@@ -106,6 +107,14 @@ class Settings:
         default="0",
     )
     """Bytes kept free on every GPU for the CUDA context and Triton (a quantity). Default 0."""
+    min_gpu_mem: int = setting(
+        "min-gpu-mem",
+        "the least GPU memory a model pod or TritonModel replica may ask, a quantity",
+        quantity(),
+        default=DEFAULT_MIN_GPU_MEM,
+    )
+    """The least GPU memory a model may ask (a quantity): a model asking less is not placed, so
+    a GPU-memory quota bounds a namespace's models. Default 64Mi."""
     tenant_code_namespaces: tuple[str, ...] = setting(
         "tenant-code-namespaces",
         "comma-separated namespaces allowed to run their own code in Triton: their model pods "

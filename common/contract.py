@@ -53,6 +53,11 @@ RESIDENCY_ON_DEMAND = "on-demand"
 """Residency class: may be unloaded from the GPU when idle and is loaded again by its next
 request; placed against the GPU's memory times its pool's over-commit factor."""
 RESIDENCIES = (RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND)
+DEFAULT_MIN_GPU_MEM = "64Mi"
+MIN_GPU_MEM = 64 << 20
+"""The least GPU memory a model pod or a TritonModel replica may ask (the binder's
+`--min-gpu-mem`): every model takes at least a CUDA context's part and host memory in Triton, so
+a request of a byte would let a GPU-memory quota bound nothing."""
 MAX_OVERCOMMIT = 100.0
 """The largest over-commit factor a node label may set: beyond it a GPU would be promised to more
 models than its agent could ever cycle through."""
@@ -233,6 +238,23 @@ def parse_overcommit(value: str, key: str) -> float:
             f'(no over-commit) to {MAX_OVERCOMMIT:g}, such as {key}: "3"'
         )
     return factor
+
+
+def gpu_mem_problem(request: int, floor: int, key: str) -> str:
+    """Why a model's GPU-memory request (bytes) cannot be placed, "" when it can: the one rule
+    for model pods and TritonModels; `key` is the resource's name, for the message."""
+    if request <= 0:
+        return (
+            f"pod requests no GPU memory; set a {key} limit (such as '2Gi') on the container that "
+            f"serves the model"
+        )
+    if request < floor:
+        return (
+            f"{key} of {request} bytes is under the {floor} bytes every model is placed with at "
+            f"least (the binder's --min-gpu-mem: a model takes at least that in Triton, whatever "
+            f"it asks); ask for {floor} bytes or more"
+        )
+    return ""
 
 
 def is_valid_model_id(model_id: str) -> bool:

@@ -2,7 +2,10 @@
 /metrics), and the one HTTP server every part runs them on (the webhook adds its admission route
 and serves it over TLS).
 
-/healthz answers while the event loop runs. /readyz answers 200 when `not_ready()` gives no
+/healthz answers while the event loop runs. A part whose loop tenants may keep busy (the agent)
+serves them off its loop (`HttpServer(home=LoopBeat(loop))`): on a thread and loop of their own,
+/healthz answering at once while the part's loop has turned in the last `STALLED` seconds,
+/readyz and /metrics computed on the part's loop. /readyz answers 200 when `not_ready()` gives no
 reason, else 503 (or the part's own status) with the reasons; `not_ready` may be a coroutine
 function when readiness needs a question to another process (the proxy asks Triton). /metrics
 renders the part's own Prometheus registry. The part decides what readiness means and what its
@@ -15,15 +18,27 @@ checks); the webhook also imports it, for its admission handler.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import inspect
 import platform
 import ssl
-from collections.abc import Awaitable, Callable
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from common.version import VERSION
+
+T = TypeVar("T")
+
+STALLED = 120.0
+"""Seconds without a turn of the part's loop after which an off-loop /healthz answers 503: a
+busy loop is alive, one stuck this long is not."""
 
 NotReady = Callable[[], list[str] | Awaitable[list[str]]]
 """Why the part is not ready (empty when it is), answered at once or awaited."""
@@ -50,11 +65,42 @@ def build_health_app(
     not_ready: NotReady,
     ready_text: Callable[[], str] | None = None,
     not_ready_status: int = 503,
+    home: LoopBeat | None = None,
 ) -> web.Application:
     """An app with only the health endpoints (see `add_health_routes`)."""
     app = web.Application()
-    add_health_routes(app, registry, not_ready, ready_text, not_ready_status)
+    add_health_routes(app, registry, not_ready, ready_text, not_ready_status, home)
     return app
+
+
+class LoopBeat:
+    """The part's own loop, for an app served off it: when it last turned, and running work
+    there."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, clock: Callable[[], float] = time.monotonic
+    ):
+        self.loop = loop
+        self._clock = clock
+        self.last = clock()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Beat once a second on the part's loop (call from it)."""
+        self.last = self._clock()
+        self._handle = self.loop.call_later(1.0, self.start)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def alive(self) -> bool:
+        return self._clock() - self.last < STALLED
+
+    async def run(self, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """`work()` run on the part's loop, awaited from the server's."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work(), self.loop))
 
 
 def add_health_routes(
@@ -63,27 +109,40 @@ def add_health_routes(
     not_ready: NotReady,
     ready_text: Callable[[], str] | None = None,
     not_ready_status: int = 503,
+    home: LoopBeat | None = None,
 ) -> None:
     """Add /healthz, /readyz and /metrics to `app`. `not_ready()` says why the part is not ready
     (empty when it is); `ready_text()` is the /readyz body when ready (default "ready"), asked at
-    each request."""
+    each request. `home`: the part's loop when the app is served off it (see the module)."""
     ready_line = ready_text or _ready
     build = generate_latest(build_info())
 
     async def healthz(request: web.Request) -> web.Response:
+        if home is not None and not home.alive():
+            return web.Response(
+                status=503, text=f"the event loop has not turned for {STALLED:g} s\n"
+            )
         return web.Response(text="ok\n")
 
-    async def readyz(request: web.Request) -> web.Response:
+    async def ready() -> tuple[list[str], str]:
         answer = not_ready()
         reasons = await answer if inspect.isawaitable(answer) else answer
+        return reasons, ("" if reasons else ready_line())
+
+    async def readyz(request: web.Request) -> web.Response:
+        reasons, text = await (home.run(ready) if home is not None else ready())
         if reasons:
             return web.Response(
                 status=not_ready_status, text="not ready: " + "; ".join(reasons) + "\n"
             )
-        return web.Response(text=ready_line() + "\n")
+        return web.Response(text=text + "\n")
+
+    async def render() -> bytes:
+        return generate_latest(registry)
 
     async def metrics(request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(registry) + build)
+        body = await (home.run(render) if home is not None else render())
+        response = web.Response(body=body + build)
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
@@ -94,7 +153,8 @@ def add_health_routes(
 
 class HttpServer:
     """Runs the app on host:port, over TLS when given a context; `port` is the bound port once
-    started (useful with port 0).
+    started (useful with port 0). With `home` (the part's loop, as the app was built with), it
+    runs on a thread and loop of its own (see the module).
 
     Stopping waits at most `shutdown_timeout` seconds for requests in progress: these endpoints
     answer at once, and a part's shutdown must not wait on a slow scrape."""
@@ -107,14 +167,28 @@ class HttpServer:
         *,
         ssl_context: ssl.SSLContext | None = None,
         shutdown_timeout: float = 1.0,
+        home: LoopBeat | None = None,
     ) -> None:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
         self._ssl_context = ssl_context
         self._host = host
         self.port = port
         self._started = False
+        self._home = home
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
+        if self._home is None:
+            await self._serve()
+            return
+        self._home.start()
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="http-off-loop")
+        self._thread.start()
+        await asyncio.wrap_future(ready)
+
+    async def _serve(self) -> None:
         await self._runner.setup()
         self._started = True
         site = web.TCPSite(self._runner, self._host, self.port, ssl_context=self._ssl_context)
@@ -123,8 +197,32 @@ class HttpServer:
         if addresses:
             self.port = int(addresses[0][1])
 
+    def _run(self, ready: concurrent.futures.Future[None]) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        try:
+            try:
+                loop.run_until_complete(self._serve())
+            except BaseException as e:
+                ready.set_exception(e)
+                return
+            ready.set_result(None)
+            loop.run_forever()
+        finally:
+            if self._started:
+                self._started = False
+                loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
     async def stop(self) -> None:
         """Stop serving; safe to call when start() never ran or failed half-way."""
+        if self._thread is not None and self._loop is not None:
+            assert self._home is not None
+            self._home.stop()
+            with contextlib.suppress(RuntimeError):  # its loop already ended (a failed start)
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+            return
         if self._started:
             self._started = False
             await self._runner.cleanup()

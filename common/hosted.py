@@ -120,14 +120,19 @@ its pod or host stays routed, as its proxy wakes it on the next request."""
 
 LOAD_FAILED_REASON = "ModelLoadFailed"
 """A host's loader failed to load a replica for a cause it does not name below."""
+HOST_MEMORY_REASON = "InsufficientHostMemory"
+"""The agent refused a load that would take Triton past its host memory or its namespace past
+its share of it: the agent's Event reason, and its loader's for the replica."""
+HOST_MEMORY_WORDS = "Triton's host memory"
+"""Words every such refusal of the agent carries, by which a loader tells it from a GPU's."""
 LOAD_FAILURE_REASONS = frozenset(
     {"FetchFailed", "ModelInvalid", "ModelRejected", "LoadRefused", "LoadTimedOut"}
-    | {LOAD_FAILED_REASON}
+    | {HOST_MEMORY_REASON, LOAD_FAILED_REASON}
 )
 """The reasons a host's loader reports to the agent (ListHosted) for a replica it cannot load:
 its files cannot be fetched (the store's answer, a credential), are invalid, refused by the agent
-or rejected by Triton, or the load timed out. The agent writes them on the replica's loaded
-condition; any other reason reads LOAD_FAILED_REASON."""
+(Triton's host memory among them) or rejected by Triton, or the load timed out. The agent writes
+them on the replica's loaded condition; any other reason reads LOAD_FAILED_REASON."""
 LOAD_FAILURE_MESSAGE_CHARS = 400
 """The most of a loader's failure message the agent keeps (and the loader sends)."""
 LOAD_FAILURE_REPORT_CHARS = 32_000

@@ -12,6 +12,8 @@ from enum import Enum
 
 import grpc
 
+from common.hosted import HOST_MEMORY_WORDS
+
 
 class ExitCode(int, Enum):
     """The loader's process exit codes (documented in docs/loader.md)."""
@@ -60,6 +62,11 @@ class ModelRejectedError(LoaderError):
     reason), it does not fit, or the agent cannot install it."""
 
     exit_code = ExitCode.MODEL_REJECTED
+
+
+class HostMemoryError(ModelRejectedError):
+    """The agent refused the load: it would take Triton past its host memory, or the model's
+    namespace past its share of it."""
 
 
 class TimedOutError(LoaderError):
@@ -190,6 +197,8 @@ def classify(
         return TransientError(f"{phase}: {code.name}: {details}", reached_agent=_TRANSIENT[code])
     if code in _REFUSAL_HINT:
         return RefusedError(_REFUSAL_HINT[code].format(details=details))
+    if (phase, code) == (LOAD, grpc.StatusCode.RESOURCE_EXHAUSTED) and HOST_MEMORY_WORDS in details:
+        return HostMemoryError(f"the model does not fit in Triton's host memory now: {details}")
     if (phase, code) in _PERMANENT:
         error_type, template = _PERMANENT[(phase, code)]
         return error_type(template.format(details=details))

@@ -43,12 +43,18 @@ from typing import Protocol
 
 from common.atomicfile import replace_file
 from common.contract import RESIDENCY_ON_DEMAND, ContractError, validate_model_id
-from common.hosted import LOAD_FAILED_REASON, LOAD_FAILURE_REPORT_CHARS, load_failure
+from common.hosted import (
+    HOST_MEMORY_REASON,
+    LOAD_FAILED_REASON,
+    LOAD_FAILURE_REPORT_CHARS,
+    load_failure,
+)
 from common.modelpod import STORAGE_SECRET_DIR
 from loader.agentclient import Hosted, HostedList, LoadFailure, ModelState
 from loader.credentials import storage_headers
 from loader.errors import (
     FetchError,
+    HostMemoryError,
     InvalidModelError,
     LoaderError,
     ModelRejectedError,
@@ -464,6 +470,7 @@ def _cause(e: LoaderError | TransientError) -> str:
     for kind, reason in (
         (FetchError, "FetchFailed"),
         (InvalidModelError, "ModelInvalid"),
+        (HostMemoryError, HOST_MEMORY_REASON),
         (ModelRejectedError, "ModelRejected"),
         (RefusedError, "LoadRefused"),
         (TimedOutError, "LoadTimedOut"),

@@ -129,7 +129,7 @@ async def test_a_proof_copied_from_the_tenants_own_pod_proves_nothing(
     add_node(kube_api, "gpu-2", [16 * GI])
     tenant_namespace(core)
     await make_binder()
-    # A real placement of the tenant's: 1 byte, model "mine", proven by the binder.
+    # A real placement of the tenant's: the least it may ask, model "mine", proven by the binder.
     core.create_namespaced_pod(
         TENANT,
         {
@@ -137,7 +137,7 @@ async def test_a_proof_copied_from_the_tenants_own_pod_proves_nothing(
             "spec": {
                 "schedulerName": "tritonshare",
                 "containers": [
-                    {"name": "main", "image": "m", "resources": {"limits": {KEYS.gpu_mem: "1"}}}
+                    {"name": "main", "image": "m", "resources": {"limits": {KEYS.gpu_mem: "64Mi"}}}
                 ],
             },
         },

@@ -12,6 +12,7 @@ from loader.errors import (
     QUERY,
     AgentFailedError,
     ExitCode,
+    HostMemoryError,
     InvalidModelError,
     ModelRejectedError,
     RefusedError,
@@ -94,6 +95,18 @@ def test_a_load_the_gpu_cannot_hold_fails_with_the_agents_reason() -> None:
     assert isinstance(error, ModelRejectedError)
     assert error.exit_code == ExitCode.MODEL_REJECTED
     assert str(error) == f"the model does not fit on its GPU now: {details}"
+    assert not isinstance(error, HostMemoryError)
+
+
+def test_a_load_triton_s_host_memory_cannot_hold_names_host_memory_not_the_gpu() -> None:
+    details = (
+        "model 'm' of pod ns/m/0 does not fit in its namespace's share of Triton's host memory: "
+        "it needs 64 MiB"
+    )
+    error = classify(grpc.StatusCode.RESOURCE_EXHAUSTED, details, LOAD)
+    assert isinstance(error, HostMemoryError) and isinstance(error, ModelRejectedError)
+    assert str(error) == f"the model does not fit in Triton's host memory now: {details}"
+    assert "GPU" not in str(error)
 
 
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])

@@ -51,6 +51,8 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     """model id -> (state, manifest digest)."""
     rejects: set[str] = field(default_factory=set)
     """Models Triton refuses to load."""
+    no_host_memory: set[str] = field(default_factory=set)
+    """Models the agent refuses to load: they do not fit in Triton's host memory."""
     strict: bool = False
     """Refuse calls about a model the host no longer lists, as the real agent does."""
     calls: list[tuple[str, str, float]] = field(default_factory=list)
@@ -148,6 +150,12 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
     ) -> agent_pb2.ModelStatus:
         self._note("LoadModel", request.model_id)
         _, digest = self.models[request.model_id]
+        if request.model_id in self.no_host_memory:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"model {request.model_id!r} of pod ns/{request.model_id}/0 does not fit in its "
+                f"namespace's share of Triton's host memory: it needs 64 MiB",
+            )
         rejected = request.model_id in self.rejects
         state = agent_pb2.MODEL_STATE_FAILED if rejected else agent_pb2.MODEL_STATE_READY
         self.models[request.model_id] = (state, digest)
@@ -536,3 +544,19 @@ async def test_sigterm_stops_the_host_loader_with_exit_0(
     assert process.returncode == 0, err.decode()[-2000:]
     assert b"Received SIGTERM: stopping" in err
     assert servicer.count("UnloadModel", "add_one") == 0, "the proxy unloads as it drains"
+
+
+async def test_a_replica_refused_for_triton_s_host_memory_is_reported_as_such(
+    agent: tuple[StandInAgent, str], models: ModelStore, tmp_path: Path
+) -> None:
+    """The agent's refusal for host memory reaches the agent back under its own reason, in
+    words that name host memory, not the GPU."""
+    servicer, address = agent
+    servicer.host("add_one", models.url("add_one"))
+    servicer.no_host_memory.add("add_one")
+    async with following(address, tmp_path):
+        await until(lambda: "add_one" in servicer.reported, "the refusal reported")
+        reason, message = servicer.reported["add_one"]
+        assert reason == "InsufficientHostMemory", servicer.reported
+        assert "does not fit in Triton's host memory now" in message, message
+        assert "GPU" not in message, message
