@@ -135,7 +135,7 @@ class _Store:
 
 
 def _credential(access: BucketAccess) -> str:
-    return f"the credential of Secret {access.secret}" if access.secret else "the host's identity"
+    return f"the credential of {access.source}" if access.source else "the pod's own identity"
 
 
 class _S3(_Store):
@@ -213,7 +213,7 @@ class _Gcs(_Store):
                     )
                 except (ValueError, KeyError, OSError) as e:
                     raise FetchError(
-                        f"Secret {self._access.secret}: key {key.name} is not a Google service "
+                        f"{self._access.source or key}: key {key.name} is not a Google service "
                         f"account key ({type(e).__name__}); write the JSON key file of a "
                         f"service account that may read the bucket"
                     ) from None

@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from common.contract import SECRET_NAME
-from common.storage import GCS_KEY, S3_KEYS, S3Settings, s3_settings
+from common.storage import GCS_KEY, S3_KEYS, S3Settings, s3_options_from_environment, s3_settings
 from loader.errors import FetchError
 
 BUCKET_SCHEMES = ("s3", "gs")
@@ -61,8 +61,8 @@ class BucketAccess:
     s3_keys: S3Keys | None = None
     gcs_key_file: Path | None = None
     """A service account key (KServe's gcloud-application-credentials.json)."""
-    secret: str = ""
-    """The Secret the credential came from, named in errors ("": none)."""
+    source: str = ""
+    """Where the credential comes from, named in errors ("Secret creds"; "": none)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def storage_credential(
     scheme = urlsplit(uri).scheme.lower()
     if scheme not in BUCKET_SCHEMES:
         return StorageCredential(headers=storage_headers(directory, secret, uri))
-    access = BucketAccess(s3=s3_settings(options), secret=secret)
+    access = BucketAccess(s3=s3_settings(options), source=f"Secret {secret}" if secret else "")
     if not secret:
         return StorageCredential(bucket=access)
     folder = _folder(directory, secret, _S3_HOW if scheme == "s3" else _GCS_HOW)
@@ -100,6 +100,18 @@ def storage_credential(
         _read(folder, token, secret, _S3_HOW).strip() if (folder / token).is_file() else None,
     )
     return StorageCredential(bucket=replace(access, s3_keys=keys))
+
+
+def environment_access(env: Mapping[str, str]) -> BucketAccess:
+    """What a storage initializer's environment (KServe's variables, `webhook.storage`) gives a
+    bucket's download: the S3 settings and the GCS key file; boto3 reads the AWS keys from the
+    environment itself."""
+    key_file = env.get("GOOGLE_APPLICATION_CREDENTIALS")
+    return BucketAccess(
+        s3=s3_settings(s3_options_from_environment(env)),
+        gcs_key_file=Path(key_file) if key_file else None,
+        source="the pod's storage Secret" if key_file or env.get("AWS_ACCESS_KEY_ID") else "",
+    )
 
 
 def _folder(directory: Path, secret: str, how: str) -> Path:
