@@ -101,7 +101,7 @@ def test_a_missing_key_or_secret_says_what_to_write(s3: S3, tmp_path: Path) -> N
         storage_credential(secrets, "partial", uri, {})
     with pytest.raises(FetchError, match="Secret absent is not in this model host"):
         storage_credential(secrets, "absent", uri, {})
-    with pytest.raises(FetchError, match="has no key gcloud-application-credentials.json"):
+    with pytest.raises(FetchError, match=r"has no key gcloud-application-credentials\.json"):
         storage_credential(secrets, "partial", "gs://models/triton/add_one", {})
 
 
