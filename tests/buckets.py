@@ -95,11 +95,11 @@ def s3_server(bucket: str = "models") -> Iterator[S3]:
         )
         client.create_bucket(Bucket=bucket)
         # From here on every request is authenticated, as AWS's are.
-        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # type: ignore[attr-defined]
+        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
         yield S3(f"{host}:{port}", key["AccessKeyId"], key["SecretAccessKey"], client)
         client.close()
     finally:
-        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = saved  # type: ignore[attr-defined]
+        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = saved
         server.stop()
 
 

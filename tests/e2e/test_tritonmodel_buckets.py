@@ -108,9 +108,7 @@ def test_tritonmodels_from_s3_and_gcs_are_fetched_by_their_host_and_served(
     gcs.put("models", "archives/from-gs.tar.gz", archive(_renamed("from-gs", tmp_path / "gs")))
     keys = {"AWS_ACCESS_KEY_ID": s3.key_id, "AWS_SECRET_ACCESS_KEY": s3.secret}
     for name, data in (("s3-creds", keys), ("bad-creds", {**keys, "AWS_SECRET_ACCESS_KEY": "x"})):
-        core.create_namespaced_secret(
-            NAMESPACE, {"metadata": {"name": name}, "stringData": data}
-        )
+        core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": name}, "stringData": data})
     endpoint = {"tritonshare.io/s3-endpoint": s3.endpoint, "tritonshare.io/s3-usehttps": "0"}
     models = [
         _model("from-s3", from_s3, "s3-creds", **endpoint),
@@ -120,6 +118,7 @@ def test_tritonmodels_from_s3_and_gcs_are_fetched_by_their_host_and_served(
     for body in models:
         custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
 
+    assert cluster.kube is not None
     for name in ("from-s3", "from-gs"):
         wait_until(
             f"{name}'s replica ready",
