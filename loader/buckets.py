@@ -41,6 +41,8 @@ from loader.credentials import BucketAccess
 from loader.errors import FetchError
 
 _CHUNK = 1 << 20
+MAX_OBJECTS = 10_000
+"""Objects listed at most: the agent installs no model of more files (agent.repository)."""
 _READ_ONLY = ("https://www.googleapis.com/auth/devstorage.read_only",)
 
 
@@ -110,6 +112,11 @@ def _select(
             relative = key[len(base) + 1 :] if base else key
         else:
             continue  # models/add matches models/add_one/... as a prefix only
+        if len(found) == MAX_OBJECTS:
+            raise FetchError(
+                f"{uri} holds more than {MAX_OBJECTS} objects; a model has at most {MAX_OBJECTS} "
+                f"files: point storageUri at the model's own folder"
+            )
         found.append(_Object(key, size, relative))
         total += size
         if total > max_bytes:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from loader import buckets
 from loader.credentials import storage_credential
 from loader.errors import FetchError
 from loader.fetch import fetch
@@ -106,7 +107,7 @@ def test_a_missing_key_or_secret_says_what_to_write(s3: S3, tmp_path: Path) -> N
 
 
 def test_what_a_bucket_lists_is_checked_before_anything_is_downloaded(
-    s3: S3, tmp_path: Path
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     uri = "s3://models/triton/add_one"
     with pytest.raises(FetchError, match="unpacks to more than 100 bytes; slim the model"):
@@ -116,6 +117,10 @@ def test_what_a_bucket_lists_is_checked_before_anything_is_downloaded(
     with pytest.raises(FetchError, match="outside the model directory"):
         _s3_fetch(s3, "s3://models/evil", tmp_path / "evil", s3.key_id, s3.secret)
     assert not (tmp_path / "outside.txt").exists()
+    monkeypatch.setattr(buckets, "MAX_OBJECTS", 1)
+    with pytest.raises(FetchError, match="holds more than 1 objects; a model has at most 1 files"):
+        _s3_fetch(s3, uri, tmp_path / "many", s3.key_id, s3.secret)
+    monkeypatch.undo()
     # A path is a folder or one object, never a prefix of another name.
     with pytest.raises(FetchError, match="holds no object; check the bucket and the path"):
         _s3_fetch(s3, "s3://models/triton/add", tmp_path / "prefix", s3.key_id, s3.secret)
