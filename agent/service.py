@@ -290,6 +290,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                     idle_seconds=entry.idle_seconds,
                     status=status_to_proto(status),
                     storage_secret=entry.storage_secret,
+                    storage_options=dict(entry.storage_options),
                 )
             )
         self._ok("ListHosted")

@@ -114,7 +114,6 @@ from common.hosted import (
     encode_hosted,
     host_label,
     host_name,
-    host_storage_problem,
     host_template_annotation,
     hosted_models_annotation,
     loaded_condition,
@@ -440,7 +439,7 @@ class ModelController:
             else PREEMPTED
             if preempted and (refusal or waiting)
             else UNSUPPORTED_STORAGE
-            if refusal and host_storage_problem(model.storage_uri, model.storage_secret)
+            if refusal and model.storage_problem
             else EXCEEDED_QUOTA
             if quota is not None and quota.refused
             else "Unschedulable"
@@ -607,7 +606,7 @@ class ModelController:
         nominated = self._preemption.take_room(replica.uid)
         if nominated:
             replica = replace(replica, nominated_node=nominated)
-        unfetchable = host_storage_problem(model.storage_uri, model.storage_secret)
+        unfetchable = model.storage_problem
         if unfetchable:
             return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
         if model.priority_problem:
@@ -1138,6 +1137,7 @@ class ModelController:
                     idle_seconds=model.idle_seconds,
                     draining=draining,
                     storage_secret=model.storage_secret,
+                    storage_options=model.storage_options,
                 )
             )
         return {

@@ -24,6 +24,7 @@ from common import modelpod
 from common.contract import Keys
 from common.modelpod import HOST_DIR, MODEL_DIR, READY_FILE, STORAGE_SECRET_DIR, NodeAccess
 from common.podresources import CPU, MEMORY, MODEL_HOST_BASE, MODEL_HOST_PER_MODEL
+from common.storage import SECRET_KEYS
 
 PROXY_METRICS_PORT = dict(modelpod.PROXY_PORTS)["metrics"]
 
@@ -36,8 +37,8 @@ HOST_PROXY_LIMIT_EXTRA = 384 << 20
 
 STORAGE_VOLUME = "storage-secrets"
 """The projected volume of a host's storage Secrets."""
-STORAGE_KEYS = ("https-host", "headers")
-"""The keys of a storage Secret the loader reads (KServe's for URI storage)."""
+STORAGE_KEYS = SECRET_KEYS
+"""The keys of a storage Secret the loader reads (KServe's: common.storage)."""
 
 
 def host_spec(

@@ -35,6 +35,7 @@ from common.contract import (
     validate_residency,
 )
 from common.hosted import (
+    host_storage_problem,
     replica_name,
     replica_uid,
 )
@@ -48,6 +49,7 @@ from common.podresources import (
     pod_requests,
 )
 from common.quantity import QuantityError
+from common.storage import StorageAnnotationError, read_s3_options
 from common.tritonname import private_triton_name
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -631,6 +633,10 @@ class ModelInfo:
     """spec.storageUri: where the host's loader fetches the files."""
     storage_secret: str = ""
     """spec.storageSecret: the Secret of the model's namespace the host's loader fetches with."""
+    storage_options: tuple[tuple[str, str], ...] = ()
+    """Its s3-* annotations, as a model pod's (`common.storage`), passed to the host's loader."""
+    storage_problem: str = ""
+    """Why a model host cannot fetch its files ("" when it can): its replicas are not placed."""
     concurrency: int = 0
     """spec.maxConcurrency (0: none given)."""
     idle_seconds: int = 0
@@ -714,6 +720,15 @@ def model_from_api(
     nominated = {o: _where(entry) for o, entry in _by_ordinal(status.get("nominations"))}
     replicas = spec.get("replicas", 1)
     generation = meta.get("generation", 0)
+    uri, secret = str(spec.get("storageUri") or ""), str(spec.get("storageSecret") or "")
+    options: tuple[tuple[str, str], ...] = ()
+    storage_problem = host_storage_problem(uri, secret)
+    if not storage_problem:
+        try:
+            scheme = uri.partition("://")[0].lower()
+            options = read_s3_options(_mapping(meta.get("annotations")), keys.prefix, scheme)
+        except StorageAnnotationError as e:
+            storage_problem = str(e)
     return ModelInfo(
         uid=template.uid,
         namespace=template.namespace,
@@ -726,8 +741,10 @@ def model_from_api(
         nominated=nominated,
         status=status,
         resource_version=str(meta.get("resourceVersion", "")),
-        storage_uri=str(spec.get("storageUri") or ""),
-        storage_secret=str(spec.get("storageSecret") or ""),
+        storage_uri=uri,
+        storage_secret=secret,
+        storage_options=options,
+        storage_problem=storage_problem,
         concurrency=_whole(spec.get("maxConcurrency")),
         idle_seconds=_whole(spec.get("idleSeconds")),
         priority_class=str(spec.get("priorityClassName") or ""),

@@ -21,7 +21,7 @@ from binder.model import ModelInfo, PodInfo
 from binder.placement import Placement, Policy, place
 from binder.priorities import CLASS_NOT_FOUND
 from binder.quota import QuotaCheck
-from common.hosted import host_storage_problem, replica_uid
+from common.hosted import replica_uid
 
 UNSUPPORTED_STORAGE = "UnsupportedStorage"
 """The Placed condition's reason for a model whose files no model host can fetch (and the
@@ -136,7 +136,7 @@ class Rollout:
         placed on the new files (on another node: a host holds one replica of a model). With
         no room for a surge, one on the previous files drains, and is placed again as a
         missing replica once gone."""
-        unfetchable = host_storage_problem(model.storage_uri, model.storage_secret)
+        unfetchable = model.storage_problem
         if old and unfetchable:
             message = f"{unfetchable}; the replicas stay on their files"
             return Roll("False", UNSUPPORTED_STORAGE, message, len(placed) - len(old))

@@ -31,6 +31,7 @@ from common.contract import (
     ContractError,
     Keys,
 )
+from common.storage import read_s3_options
 
 HOST_PREFIX = "tritonshare-host-"
 """Name of a namespace's model host on a node: this prefix and a hash of the node's name."""
@@ -42,30 +43,30 @@ class HostedError(ContractError):
     """A hosted-models annotation that cannot be read; the message says what is wrong."""
 
 
-HOST_STORAGE_SCHEMES = ("https", "http")
-"""The storage URIs a host's loader fetches itself (`loader.fetch`); a model pod's storage
-initializer also reads s3://, gs:// and pvc:// (with their credentials and mounts)."""
+HOST_STORAGE_SCHEMES = ("s3", "gs", "https")
+"""The storage URIs a host's loader fetches (`loader.fetch`), as a model pod's storage initializer
+does; pvc:// is a model pod's alone (a running host cannot mount a new claim)."""
 
 
 def host_storage_problem(uri: str, secret: str = "") -> str:
     """Why a model host cannot fetch `uri` with the credential Secret `secret` ("" when it
     can), in words for the model's owner."""
     scheme = uri.partition("://")[0].lower() if "://" in uri else ""
+    if scheme == "pvc":
+        return (
+            f"storageUri {uri!r}: a model host cannot read a PersistentVolumeClaim (a running "
+            f"pod cannot mount a new one); serve this model as a model pod, whose storage "
+            f"initializer mounts the claim, or copy its files to s3://, gs:// or https://"
+        )
     if scheme not in HOST_STORAGE_SCHEMES:
         return (
-            f"storageUri {uri!r}: model hosts fetch https:// and http:// archives only; publish "
-            f"the model over https, or serve it as a model pod (whose storage initializer reads "
-            f"s3://, gs:// and pvc://)"
+            f"storageUri {uri!r}: model hosts fetch s3://, gs:// and https:// (not plain "
+            f"http://, as model pods); publish the model there"
         )
     if secret and not SECRET_NAME.fullmatch(secret):
         return (
             f"storageSecret {secret!r} is not a Secret name; write the name of a Secret in the "
             f"model's own namespace (lower-case letters, digits, '-' and '.')"
-        )
-    if secret and scheme != "https":
-        return (
-            f"storageSecret {secret!r} is set, but storageUri {uri!r} is plain http://, which "
-            f"would send the credential in clear; use https://"
         )
     return ""
 
@@ -187,7 +188,9 @@ class HostedReplica:
     """Leaving the host: no new request is sent to it; unloaded once in-flight ones finish."""
     storage_secret: str = ""
     """The TritonModel's spec.storageSecret: the Secret of the host's namespace, mounted in
-    the host's loader alone, whose `headers` it sends with the download ("": none)."""
+    the host's loader alone, whose credential it fetches with ("": none)."""
+    storage_options: tuple[tuple[str, str], ...] = ()
+    """The TritonModel's s3-* annotations (`common.storage.read_s3_options`)."""
 
     @property
     def replica_uid(self) -> str:
@@ -216,6 +219,8 @@ class HostedReplica:
             out["draining"] = True
         if self.storage_secret:
             out["storageSecret"] = self.storage_secret
+        if self.storage_options:
+            out["storageOptions"] = dict(self.storage_options)
         return out
 
 
@@ -274,6 +279,13 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
     secret = text("storageSecret", "")
     if secret and not SECRET_NAME.fullmatch(secret):
         raise ValueError(f"`storageSecret` {secret!r} is not a Secret name")
+    options = entry.get("storageOptions", {})
+    if not isinstance(options, dict):
+        raise TypeError("`storageOptions` is not an object")
+    uri = text("storageUri", "")
+    # Checked as s3:// settings whatever the replica's URI: a roll's replicas on earlier files
+    # carry the model's settings of now, which the loader applies to s3:// alone.
+    s3_options = read_s3_options(options, "", "s3")
     return HostedReplica(
         model=text("model"),
         uid=text("uid"),
@@ -281,9 +293,10 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
         gpu=text("gpu", ""),
         residency=residency,
         proof=text("proof", ""),
-        storage_uri=text("storageUri", ""),
+        storage_uri=uri,
         concurrency=numbers["maxConcurrency"],
         idle_seconds=numbers["idleSeconds"],
         draining=draining,
         storage_secret=secret,
+        storage_options=s3_options,
     )

@@ -114,6 +114,8 @@ class Hosted:
     status: ModelStatus
     storage_secret: str = ""
     """The Secret whose credential the files are fetched with ("": none)."""
+    storage_options: tuple[tuple[str, str], ...] = ()
+    """The s3-* settings of an s3:// storage URI (`common.storage.S3_OPTIONS`)."""
 
     @classmethod
     def from_proto(cls, replica: agent_pb2.HostedReplica) -> Hosted:
@@ -127,6 +129,7 @@ class Hosted:
             max_concurrency=replica.max_concurrency,
             idle_seconds=replica.idle_seconds,
             storage_secret=replica.storage_secret,
+            storage_options=tuple(sorted(replica.storage_options.items())),
             status=ModelStatus(
                 model_id=status.model_id or replica.model_id,
                 state=status.state,

@@ -1,64 +1,60 @@
 """Fetching a model's files from its storage URI into a directory, as KServe's storage initializer
-puts them into /mnt/models.
+puts them into /mnt/models: one implementation for a model host's loader and, in the simulated
+cluster, the model pods' storage initializer.
 
-`https://` and `http://`: the file the URI names is downloaded; an archive (`.tar`, `.tar.gz`,
-`.tgz`, `.zip`) is unpacked into the directory and removed, so `add_one.tar.gz` holding
-config.pbtxt and 1/ at its root becomes DIRECTORY/config.pbtxt and DIRECTORY/1/. TLS trusts the
-process's default CA store (`SSL_CERT_FILE` adds a private CA). What comes from the network is
-untrusted: an archive member that escapes the directory, a link, a device or a FIFO is refused, a
-redirect may not leave HTTP(S) nor downgrade HTTPS, and the download and the unpacked files are
-each bounded by `max_bytes`. `headers` (a storage credential, loader/credentials.py) go to the
-URI's host over HTTPS only, never to where it redirects. `s3://`, `gs://` and `pvc://` are refused
-with the way out.
+- `s3://BUCKET/PATH` and `gs://BUCKET/PATH`: the objects under PATH, through the clouds' own
+  client libraries (loader/buckets.py), with the credential `bucket` gives.
+- `https://` and `http://`: the file the URI names is downloaded. TLS trusts the process's default
+  CA store (`SSL_CERT_FILE` adds a private CA); a redirect may not leave HTTP(S) nor downgrade
+  HTTPS; `headers` (a storage credential, loader/credentials.py) go to the URI's host over HTTPS
+  only, never to where it redirects.
 
-Owns the download and the unpacking only: it must not parse models (validate.py checks what was
-fetched) or talk to the agent. Blocking: call it off the event loop. The simulated cluster's
-storage initializer runs this same code for the URIs it shares with the loader.
+Either way, when what was fetched is one archive (`.tar`, `.tar.gz`, `.tgz`, `.zip`) it is
+unpacked into the directory and removed (loader/archives.py, whose rules for untrusted files
+apply), so `add_one.tar.gz` holding config.pbtxt and 1/ at its root becomes
+DIRECTORY/config.pbtxt and DIRECTORY/1/; what is fetched and what is unpacked are each bounded by
+`max_bytes`. `pvc://` is refused with the way out: a running model host cannot mount a claim.
+
+Owns the choice of door and the HTTP download; it must not parse models (validate.py checks what
+was fetched) or talk to the agent. Blocking: call it off the event loop.
 """
 
 from __future__ import annotations
 
 import http.client
-import stat
-import tarfile
 import threading
 import urllib.error
 import urllib.request
-import zipfile
-from collections.abc import Iterable, Mapping
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping
+from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
-from common.quantity import format_bytes
+from loader.archives import is_archive, shown_bytes, unpack
+from loader.credentials import BUCKET_SCHEMES, BucketAccess
 from loader.errors import FetchError
 
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-ARCHIVE_SUFFIXES = (*TAR_SUFFIXES, ".zip")
 NETWORK_SCHEMES = ("http", "https")
+SCHEMES = (*BUCKET_SCHEMES, *NETWORK_SCHEMES)
 _CHUNK = 1 << 20
-_ELSEWHERE = {
-    "s3": "S3",
-    "gs": "Google Cloud Storage",
-    "pvc": "a PersistentVolumeClaim",
-}
 
 
 def check_uri(uri: str) -> str:
     """The URI's scheme when the loader can fetch it; FetchError saying what to do otherwise."""
-    scheme = urlsplit(uri).scheme.lower()
-    if scheme in NETWORK_SCHEMES:
-        return scheme
-    if scheme in _ELSEWHERE:
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme == "pvc":
         raise FetchError(
-            f"{uri}: a model host cannot fetch from {_ELSEWHERE[scheme]} ({scheme}://) yet; serve "
-            f"this model as a model pod (the webhook's storage initializer fetches it) or publish "
-            f"it over https://"
+            f"{uri}: a model host cannot read a PersistentVolumeClaim (a running pod cannot "
+            f"mount a new one); serve this model as a model pod, whose storage initializer "
+            f"mounts the claim, or copy its files to s3://, gs:// or https://"
         )
-    raise FetchError(
-        f"{uri!r} is no URI a model host can fetch; use https:// (or http://) naming the model's "
-        f"archive (.tar.gz, .tgz, .tar, .zip)"
-    )
+    if scheme not in SCHEMES or not parts.netloc:
+        raise FetchError(
+            f"{uri!r} is no URI a model host can fetch; use s3://BUCKET/PATH, gs://BUCKET/PATH "
+            f"or https://HOST/FILE naming the model's archive (.tar.gz, .tgz, .tar, .zip)"
+        )
+    return scheme
 
 
 def fetch(
@@ -69,18 +65,31 @@ def fetch(
     timeout: float = 60.0,
     stop: threading.Event | None = None,
     headers: Mapping[str, str] | None = None,
+    bucket: BucketAccess | None = None,
 ) -> str:
     """Put the model `uri` names into `directory` (created if missing); a sentence saying what
     was done. FetchError says what is wrong; `stop`, once set, ends a download between chunks;
-    `headers` go with the request to `uri` itself, HTTPS only."""
-    if check_uri(uri) != "https" and headers:
+    `headers` go with the request to an https:// `uri` itself; `bucket` is the credential and
+    settings of an s3:// or gs:// one (None: the cloud's default chain)."""
+    scheme = check_uri(uri)
+    if scheme != "https" and headers:
         raise FetchError(f"{uri}: a credential is sent over https:// only")
     directory.mkdir(parents=True, exist_ok=True)
-    downloaded = _download(uri, directory, max_bytes, timeout, stop, headers or {})
-    if downloaded.name.endswith(ARCHIVE_SUFFIXES):
-        _unpack(downloaded, directory, max_bytes)
-        return f"downloaded {uri} and unpacked it into {directory}"
-    return f"downloaded {uri} into {directory}"
+    if scheme in BUCKET_SCHEMES:
+        # Imported here: the clouds' libraries cost a process that never reads a bucket ~1 s.
+        from loader.buckets import fetch_bucket
+
+        files = fetch_bucket(
+            uri, directory, bucket or BucketAccess(), max_bytes=max_bytes, stop=stop
+        )
+        said = f"downloaded {len(files)} file{'s' if len(files) != 1 else ''} of {uri}"
+    else:
+        files = [_download(uri, directory, max_bytes, timeout, stop, headers or {})]
+        said = f"downloaded {uri}"
+    if len(files) == 1 and is_archive(files[0]):
+        unpack(files[0], directory, max_bytes)
+        return f"{said} and unpacked it into {directory}"
+    return f"{said} into {directory}"
 
 
 class _SameOrSafer(urllib.request.HTTPRedirectHandler):
@@ -146,81 +155,6 @@ def _download(
 
 def _too_big(uri: str, size: int, max_bytes: int) -> FetchError:
     return FetchError(
-        f"{uri} is over {_bytes(max_bytes)} (at least {_bytes(size)}); slim the model "
+        f"{uri} is over {shown_bytes(max_bytes)} (at least {shown_bytes(size)}); slim the model "
         f"or raise --max-model-bytes"
     )
-
-
-def _bytes(count: int) -> str:
-    return f"{count} bytes" if count < 1024 else format_bytes(count)
-
-
-def _unpack(archive: Path, directory: Path, max_bytes: int) -> None:
-    """Unpack `archive` into `directory` after checking every member, then remove it."""
-    try:
-        if archive.name.endswith(TAR_SUFFIXES):
-            with tarfile.open(archive) as tar:
-                members = tar.getmembers()
-                _check_members(
-                    archive.name,
-                    ((m.name, _tar_kind(m), m.size) for m in members),
-                    max_bytes,
-                )
-                # The "data" filter checks again: no member outside, no link, no device.
-                tar.extractall(directory, members=members, filter="data")
-        else:
-            with zipfile.ZipFile(archive) as zipped:
-                infos = zipped.infolist()
-                _check_members(
-                    archive.name,
-                    ((i.filename, _zip_kind(i), i.file_size) for i in infos),
-                    max_bytes,
-                )
-                zipped.extractall(directory, members=infos)  # noqa: S202 - every member checked
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
-        raise FetchError(f"{archive.name} is no readable archive: {e}") from e
-    except OSError as e:
-        raise FetchError(f"{archive.name} could not be unpacked: {e}") from e
-    archive.unlink()
-
-
-def _tar_kind(member: tarfile.TarInfo) -> str:
-    if member.isfile():
-        return "file"
-    if member.isdir():
-        return "directory"
-    return "link" if member.issym() or member.islnk() else "special file"
-
-
-def _zip_kind(info: zipfile.ZipInfo) -> str:
-    # Unix archivers keep the file type in the high bits; others leave it 0 (a plain file).
-    mode = info.external_attr >> 16
-    if stat.S_ISLNK(mode):
-        return "link"
-    if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        return "special file"
-    return "directory" if info.is_dir() else "file"
-
-
-def _check_members(archive: str, members: Iterable[tuple[str, str, int]], max_bytes: int) -> None:
-    """Refuse the archive unless every member is a file or directory inside it, and the files
-    sum to at most `max_bytes` (what the headers declare is what extraction writes)."""
-    total = 0
-    for name, kind, size in members:
-        path = PurePosixPath(name)
-        if path.is_absolute() or ".." in path.parts or "\\" in name:
-            raise FetchError(
-                f"{archive} holds {name!r}, outside the model directory; pack the model with "
-                f"paths relative to its root"
-            )
-        if kind not in ("file", "directory"):
-            raise FetchError(
-                f"{archive} holds {name!r}, a {kind}; a model archive holds only files and "
-                f"directories"
-            )
-        total += size
-        if total > max_bytes:
-            raise FetchError(
-                f"{archive} unpacks to more than {_bytes(max_bytes)}; slim the model or "
-                f"raise --max-model-bytes"
-            )

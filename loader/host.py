@@ -3,14 +3,14 @@
 Every poll asks the agent for the host's replicas (ListHosted) and, per model:
 
 - a replica new here (or that failed, once its backoff is over): its files are fetched from its
-  storage URI into ROOT/<model> (loader/fetch.py, with its storage Secret's headers:
-  loader/credentials.py; kept while the URI stays the same, so a restarted loader fetches
-  nothing again), then the SAME flow a model pod's loader runs
-  (loading.py: GetModel, InstallKept or InstallModel, LoadModel, wait READY) with the model id =
-  the replica's model; at most `parallel` at once. A failure is logged with its reason and retried
-  with backoff; it never stops the others. Each ListHosted reports the replicas failing now, with
-  a reason named after the cause (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which
-  the agent writes on the replica's loaded condition, so the TritonModel says why.
+  storage URI into ROOT/<model> (loader/fetch.py: s3://, gs://, https://, with its storage Secret
+  and s3-* settings: loader/credentials.py; kept while the URI stays the same, so a restarted loader
+  fetches nothing again), then the SAME flow a model pod's loader runs (loading.py: GetModel,
+  InstallKept or InstallModel, LoadModel, wait READY) with the model id = the replica's model; at
+  most `parallel` at once. A failure is logged with its reason and retried with backoff; it never
+  stops the others. Each ListHosted reports the replicas failing now, with a reason named after the
+  cause (`common.hosted.LOAD_FAILURE_REASONS`) and the message, which the agent writes on the
+  replica's loaded condition, so the TritonModel says why.
 - ready: listed in the models file (a JSON list of `{"model", "maxConcurrency", "residency",
   "idleSeconds"}`, replaced whole), which the host's proxy serves. An on-demand replica the
   proxy put to sleep (the agent reports it `sleeping`, state INSTALLED) stays listed and is not
@@ -36,7 +36,7 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -51,7 +51,7 @@ from common.hosted import (
 )
 from common.modelpod import STORAGE_SECRET_DIR
 from loader.agentclient import Hosted, HostedList, LoadFailure, ModelState
-from loader.credentials import storage_headers
+from loader.credentials import StorageCredential, storage_credential
 from loader.errors import (
     FetchError,
     HostMemoryError,
@@ -86,15 +86,21 @@ class HostAgent(Agent, Protocol):
     ) -> HostedList: ...
 
 
-Fetch = Callable[[str, Path, int, threading.Event, Mapping[str, str]], Awaitable[str]]
+Fetch = Callable[[str, Path, int, threading.Event, StorageCredential], Awaitable[str]]
 
 
 async def fetch_off_loop(
-    uri: str, directory: Path, max_bytes: int, stop: threading.Event, headers: Mapping[str, str]
+    uri: str, directory: Path, max_bytes: int, stop: threading.Event, credential: StorageCredential
 ) -> str:
     """loader.fetch.fetch in a thread, so the other replicas go on meanwhile."""
     return await asyncio.to_thread(
-        fetch, uri, directory, max_bytes=max_bytes, stop=stop, headers=headers
+        fetch,
+        uri,
+        directory,
+        max_bytes=max_bytes,
+        stop=stop,
+        headers=credential.headers,
+        bucket=credential.bucket,
     )
 
 
@@ -294,7 +300,7 @@ class Host:
 
     def _start_load(self, tracked: _Tracked, replica: Hosted) -> None:
         tracked.uri = replica.storage_uri
-        self._run(tracked, self._bring_up(tracked, replica.storage_uri, replica.storage_secret))
+        self._run(tracked, self._bring_up(tracked, replica))
 
     def _run(self, tracked: _Tracked, work: Awaitable[None]) -> None:
         async def guarded() -> None:
@@ -310,11 +316,11 @@ class Host:
 
         tracked.job = asyncio.create_task(guarded(), name=f"model {tracked.model}")
 
-    async def _bring_up(self, tracked: _Tracked, uri: str, secret: str) -> None:
+    async def _bring_up(self, tracked: _Tracked, replica: Hosted) -> None:
         model = tracked.model
         try:
             async with self._slots:
-                outcome = await self._load(model, uri, secret)
+                outcome = await self._load(model, replica)
         except asyncio.CancelledError:
             if self._stop_fetching.is_set():
                 raise
@@ -336,11 +342,14 @@ class Host:
             log.info("%s%s; the host's proxy serves it.", summary[:1].upper(), summary[1:])
         self._publish()
 
-    async def _load(self, model: str, uri: str, secret: str) -> Outcome:
+    async def _load(self, model: str, replica: Hosted) -> Outcome:
         directory = self._root / model
+        uri, secret = replica.storage_uri, replica.storage_secret
         if not self._fetched(model, uri):
             check_uri(uri)
-            headers = storage_headers(self._secret_dir, secret, uri)
+            credential = storage_credential(
+                self._secret_dir, secret, uri, dict(replica.storage_options)
+            )
             staging = self._root / _FETCHING / model
             shutil.rmtree(staging, ignore_errors=True)
             log.info(
@@ -349,7 +358,7 @@ class Host:
                 uri,
                 f" with the credential of Secret {secret}" if secret else "",
             )
-            said = await self._fetch(uri, staging, self._max_bytes, self._stop_fetching, headers)
+            said = await self._fetch(uri, staging, self._max_bytes, self._stop_fetching, credential)
             (self._root / SOURCES / model).unlink(missing_ok=True)
             shutil.rmtree(directory, ignore_errors=True)
             staging.rename(directory)

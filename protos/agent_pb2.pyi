@@ -185,7 +185,14 @@ class ListHostedRequest(_message.Message):
     def __init__(self, failures: _Optional[_Iterable[_Union[LoadFailure, _Mapping]]] = ...) -> None: ...
 
 class HostedReplica(_message.Message):
-    __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status", "storage_secret")
+    __slots__ = ("model_id", "replica", "storage_uri", "residency", "draining", "max_concurrency", "idle_seconds", "status", "storage_secret", "storage_options")
+    class StorageOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     STORAGE_URI_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +202,7 @@ class HostedReplica(_message.Message):
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_SECRET_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     replica: int
     storage_uri: str
@@ -204,7 +212,8 @@ class HostedReplica(_message.Message):
     idle_seconds: int
     status: ModelStatus
     storage_secret: str
-    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ..., storage_secret: _Optional[str] = ...) -> None: ...
+    storage_options: _containers.ScalarMap[str, str]
+    def __init__(self, model_id: _Optional[str] = ..., replica: _Optional[int] = ..., storage_uri: _Optional[str] = ..., residency: _Optional[str] = ..., draining: _Optional[bool] = ..., max_concurrency: _Optional[int] = ..., idle_seconds: _Optional[int] = ..., status: _Optional[_Union[ModelStatus, _Mapping]] = ..., storage_secret: _Optional[str] = ..., storage_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListHostedResponse(_message.Message):
     __slots__ = ("replicas", "refused")

@@ -7,7 +7,7 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
     tritonshare.io/model-id: add_one                       # optional: the URI's last segment
                                                            # (without .tar.gz, .tgz, .tar, .zip)
     tritonshare.io/concurrency: "4"                        # optional: the proxy's in-flight limit
-    tritonshare.io/storage-secret: s3-creds                # optional: webhook.storage
+    tritonshare.io/storage-secret: s3-creds                # optional: common.storage
     tritonshare.io/residency: on-demand                    # optional: `always` (the default)
     tritonshare.io/idle-seconds: "600"                     # optional, on-demand: idle time
 
@@ -39,9 +39,9 @@ from common.contract import (
 )
 from common.modelpod import LOCKED_DOWN, MODEL_DIR, NodeAccess
 from common.quantity import QuantityError, parse_quantity
+from common.storage import StorageAccess, StorageAnnotationError, read_access
 from webhook import storage
 from webhook.settings import Settings
-from webhook.storage import StorageAccess, StorageAnnotationError, read_access
 
 ROLE_LABEL = "tritonshare.io/role"
 PVC_DIR = "/mnt/pvc"

@@ -5,27 +5,29 @@ container of the image `kserve/storage-initializer` that gives no command
 (`sim.node.podspec.IMAGE_ENTRYPOINTS`), as the pods the tritonshare webhook completes are: args
 `[URI, /mnt/models]`. It puts the model where KServe's initializer puts it:
 
-- `https://` and `http://`: fetched by the model host's own fetcher (`loader.fetch`, one
-  implementation for both): the file is downloaded into DIRECTORY and an archive (`.tar`,
-  `.tar.gz`, `.tgz`, `.zip`) unpacked there and removed. TLS trusts the process's default CA
-  store (`SSL_CERT_FILE`).
+- `s3://`, `gs://`, `https://` and `http://`: fetched by the model host's own fetcher
+  (`loader.fetch`, one implementation for both doors), with what KServe's environment variables
+  give (`loader.credentials.environment_access`: the webhook's AWS_*, S3_* and
+  GOOGLE_APPLICATION_CREDENTIALS); one archive (`.tar`, `.tar.gz`, `.tgz`, `.zip`) is unpacked
+  into DIRECTORY and removed. TLS trusts the process's default CA store (`SSL_CERT_FILE`).
 - a local path (what `pvc://CLAIM/PATH` becomes once the claim is mounted): its contents are
   copied into DIRECTORY.
 
-`gs://` and `s3://` need the cloud's credentials and client libraries: it refuses them and says
-so (exit 1). It does not parse models; the loader checks what was fetched.
+It does not parse models; the loader checks what was fetched.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from loader.credentials import environment_access
 from loader.errors import FetchError
-from loader.fetch import NETWORK_SCHEMES
-from loader.fetch import fetch as fetch_from_network
+from loader.fetch import SCHEMES
+from loader.fetch import fetch as fetch_remote
 
 # KServe's initializer has no size bound; the shared fetcher needs one.
 _MAX_BYTES = 1 << 40
@@ -35,8 +37,9 @@ def fetch(source: str, directory: Path) -> str:
     """Put the model `source` names into `directory`; a sentence saying what was done."""
     directory.mkdir(parents=True, exist_ok=True)
     scheme = urlsplit(source).scheme
-    if scheme in NETWORK_SCHEMES:
-        return fetch_from_network(source, directory, max_bytes=_MAX_BYTES)
+    if scheme in SCHEMES:
+        access = environment_access(os.environ)
+        return fetch_remote(source, directory, max_bytes=_MAX_BYTES, bucket=access)
     if scheme in ("", "file"):
         local = Path(urlsplit(source).path if scheme else source)
         if not local.exists():
@@ -47,8 +50,8 @@ def fetch(source: str, directory: Path) -> str:
             shutil.copy2(local, directory / local.name)
         return f"copied {local} into {directory}"
     raise FetchError(
-        f"{scheme}:// needs the real kserve/storage-initializer (the cloud's credentials and "
-        "client); the simulated one fetches https://, http:// and local paths"
+        f"{source}: the storage initializer fetches s3://, gs://, https://, http:// and local "
+        f"paths (a pvc:// claim once mounted)"
     )
 
 

@@ -89,7 +89,16 @@ async def test_a_storage_secret_is_mounted_in_its_hosts_loader_alone(
     spec = core.api_client.sanitize_for_serialization(host)["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     # Optional: a Secret that does not exist fails its own replicas' fetch, not the host.
-    keys = [{"key": k, "path": f"creds/{k}"} for k in ("https-host", "headers")]
+    # KServe's keys for s3://, gs:// and https:// storage, each optional.
+    names = (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "gcloud-application-credentials.json",
+        "https-host",
+        "headers",
+    )
+    keys = [{"key": k, "path": f"creds/{k}"} for k in names]
     assert volumes["storage-secrets"] == {
         "name": "storage-secrets",
         "projected": {"sources": [{"secret": {"name": "creds", "optional": True, "items": keys}}]},
@@ -123,10 +132,13 @@ async def test_a_storage_secret_is_named_in_the_models_own_namespace_only(
 
 def test_a_credential_goes_over_https_only() -> None:
     """The schema takes no http:// storageUri; the binder's rule holds without it too."""
-    assert "would send the credential in clear" in host_storage_problem(
+    assert "not plain http://" in host_storage_problem(
         "http://models.example.com/x.tar.gz", "creds"
     )
     assert host_storage_problem("https://models.example.com/x.tar.gz", "creds") == ""
+    assert "cannot read a PersistentVolumeClaim" in host_storage_problem("pvc://claim/m")
+    assert host_storage_problem("s3://models/resnet", "creds") == ""
+    assert host_storage_problem("gs://models/resnet", "creds") == ""
 
 
 async def test_a_host_lacking_a_new_models_secret_is_replaced_one_at_a_time(

@@ -218,10 +218,14 @@ async def test_files_no_host_can_fetch_roll_nothing(
     await make_binder()
     obj = await all_loaded(custom, core, 1)
     node = obj["status"]["placements"][0]["node"]
+    endpoint = {"tritonshare.io/s3-endpoint": "https://minio:9000"}  # a URL, not host[:port]
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, "resnet", {"metadata": {"annotations": endpoint}}
+    )
     roll_to(custom, "s3://bucket/resnet")
     await eventually(lambda: progressing(custom).get("status") == "False", what="refused")
     assert progressing(custom)["reason"] == "UnsupportedStorage"
-    assert "s3://bucket/resnet" in progressing(custom)["message"]
+    assert "is not a host[:port]" in progressing(custom)["message"]
     assert list(hosts(core)) == [node] and not hosted(hosts(core)[node])[0].get("draining")
     assert hosts(core)[node].metadata.labels.get(SERVES) == "true"
     assert [e["storageUri"] for e in status(custom)["placements"]] == [obj["spec"]["storageUri"]]

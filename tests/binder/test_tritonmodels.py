@@ -317,8 +317,11 @@ async def test_a_replica_that_fits_nowhere_gets_the_condition_and_the_event(
 async def test_a_model_whose_files_no_host_can_fetch_is_not_placed_and_says_why(
     binder: Binder, custom: Any, core: Any
 ) -> None:
+    """The schema refuses what no host fetches (pvc://, http://); the binder refuses what only
+    it can judge: s3-* settings a host's loader could not use, read as on a model pod."""
     body = model("in-s3", 1)
     body["spec"]["storageUri"] = "s3://models/in-s3"
+    body["metadata"]["annotations"] = {"tritonshare.io/s3-usehttps": "no"}
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
 
     def refused() -> dict[str, Any] | None:
@@ -331,9 +334,9 @@ async def test_a_model_whose_files_no_host_can_fetch_is_not_placed_and_says_why(
     condition = await eventually(refused, what="Placed=False")
     assert condition["reason"] == "UnsupportedStorage"
     assert condition["message"] == (
-        "tritonmodel \"in-s3\" replica 0: storageUri 's3://models/in-s3': model hosts fetch "
-        "https:// and http:// archives only; publish the model over https, or serve it as a "
-        "model pod (whose storage initializer reads s3://, gs:// and pvc://)"
+        "tritonmodel \"in-s3\" replica 0: annotation tritonshare.io/s3-usehttps='no' must be "
+        '"1" or "0", as KServe writes it (for example tritonshare.io/s3-usehttps: "0" for a '
+        "MinIO without TLS)"
     )
     assert not hosts(core), "no host for a model no host can fetch"
 

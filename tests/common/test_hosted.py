@@ -19,7 +19,17 @@ KEYS = Keys()
 
 def test_round_trip_keeps_every_field_in_a_stable_order() -> None:
     b = HostedReplica("b", "uid-b", 1, "GPU-1", "on-demand", "p1", "https://x/b.tgz", 4, 60, True)
-    a = HostedReplica("a", "uid-a", 0, "GPU-0", "always", "p0", storage_secret="a-creds")
+    a = HostedReplica(
+        "a",
+        "uid-a",
+        0,
+        "GPU-0",
+        "always",
+        "p0",
+        "s3://models/a",
+        storage_secret="a-creds",
+        storage_options=(("s3-endpoint", "minio.data:9000"), ("s3-usehttps", "0")),
+    )
     value = encode_hosted([b, a])
     assert value.index('"model":"a"') < value.index('"model":"b"')
     assert decode_hosted(value) == [a, b]
@@ -37,6 +47,11 @@ def test_round_trip_keeps_every_field_in_a_stable_order() -> None:
         ('[{"model": "a", "uid": "u", "replica": 0, "residency": "sometimes"}]', "residency"),
         ('[{"model": "a", "uid": "u", "replica": 0, "maxConcurrency": "4"}]', "maxConcurrency"),
         ('[{"model": "a", "uid": "u", "replica": 0, "storageSecret": "b/c"}]', "Secret name"),
+        ('[{"model": "a", "uid": "u", "replica": 0, "storageOptions": []}]', "storageOptions"),
+        (
+            '[{"model": "a", "uid": "u", "replica": 0, "storageOptions": {"s3-endpoint": "a b"}}]',
+            "s3-endpoint='a b' is not a host",
+        ),
     ],
 )
 def test_a_malformed_annotation_says_what_is_wrong(value: str, says: str) -> None:

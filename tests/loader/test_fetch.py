@@ -1,7 +1,7 @@
 """A model host's loader fetches a replica's files over real HTTPS from the simulated model store,
 trusting only the CA store: archives are unpacked at the target's root, and what an archive from
 the network may try (paths escaping the directory, links, devices, too many bytes) is refused
-with the reason, as are the storage schemes a host cannot fetch yet."""
+with the reason, as are the storage schemes a host cannot fetch."""
 
 from __future__ import annotations
 
@@ -159,10 +159,9 @@ def test_the_size_bound_holds_for_the_download_and_what_it_unpacks_to(
 @pytest.mark.parametrize(
     ("uri", "message"),
     [
-        ("s3://bucket/add_one", "cannot fetch from S3 .*serve this model as a model pod"),
-        ("gs://bucket/add_one", "Google Cloud Storage .*or publish it over https://"),
-        ("pvc://claim/add_one", "a PersistentVolumeClaim"),
-        ("ftp://host/add_one.tar.gz", "no URI a model host can fetch; use https://"),
+        ("pvc://claim/add_one", "cannot read a PersistentVolumeClaim .*serve this model as a mod"),
+        ("ftp://host/add_one.tar.gz", "no URI a model host can fetch; use s3://BUCKET/PATH"),
+        ("s3:///add_one", "no URI a model host can fetch"),
         ("/mnt/models", "no URI a model host can fetch"),
     ],
 )

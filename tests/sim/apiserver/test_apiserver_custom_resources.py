@@ -89,8 +89,9 @@ def test_a_bad_model_is_refused_with_every_field_named(custom: Any) -> None:
     causes = {c["field"]: c["message"] for c in status["details"]["causes"]}
     assert causes == {
         "spec.gpuMemory": "Required value",
-        "spec.storageUri": 'Invalid value: "ftp://x": spec.storageUri in body should match'
-        " '^(s3|gs|https|pvc)://[^/]+'",
+        "spec.storageUri": 'Invalid value: "string": must be s3://BUCKET/PATH, gs://BUCKET/PATH'
+        " or https://HOST/FILE (an archive such as model.tar.gz), naming the bucket or host after"
+        " the scheme",
         "spec.residency": 'Unsupported value: "sometimes": supported values: "always", "on-demand"',
         "spec.replicas": "Invalid value: -1: spec.replicas in body should be greater than or"
         " equal to 0",
@@ -105,6 +106,42 @@ def test_a_bad_model_is_refused_with_every_field_named(custom: Any) -> None:
             "field": "spec.replicas",
         }
     ]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "sentence"),
+    [
+        (
+            "storageUri",
+            "pvc://claim/models",
+            "a running host cannot mount a new PersistentVolumeClaim",
+        ),
+        ("storageUri", "http://models.example.com/m.tgz", "publish it over https://"),
+        ("storageUri", "s3://", "naming the bucket or host after the scheme"),
+        ("storageUri", "hf://org/model", "must be s3://BUCKET/PATH, gs://BUCKET/PATH or https://"),
+        ("storageSecret", "S3_Creds", "must be the name of a Secret in the model's namespace"),
+    ],
+)
+def test_each_unserved_storage_is_refused_with_a_sentence(
+    custom: Any, field: str, value: str, sentence: str
+) -> None:
+    """The CRD's CEL rules (x-kubernetes-validations) say what is wrong and what to do, worded
+    as kube-apiserver words a failed rule: the field, the type and the rule's message."""
+    with pytest.raises(ApiException) as refused:
+        _create(custom, _model("unserved", **{field: value}))
+    assert refused.value.status == 422
+    [cause] = status_of(refused.value)["details"]["causes"]
+    assert cause["field"] == f"spec.{field}"
+    assert cause["reason"] == "FieldValueInvalid"
+    assert cause["message"].startswith('Invalid value: "string": ')
+    assert sentence in cause["message"]
+
+
+def test_every_scheme_a_host_fetches_is_accepted(custom: Any) -> None:
+    for number, uri in enumerate(
+        ("s3://models/resnet", "gs://models/resnet", "https://models.example.com/resnet.tar.gz")
+    ):
+        _create(custom, _model(f"served-{number}", storageUri=uri, storageSecret="creds"))
 
 
 def test_status_and_spec_are_written_through_their_own_endpoints(custom: Any) -> None:

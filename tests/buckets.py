@@ -1,0 +1,145 @@
+"""Real bucket servers for the storage tests: moto's S3 API server and the GCS emulator, each on
+port 0 in a thread of the test process, with helpers to put a model folder or archive in them.
+
+The S3 server checks credentials (moto's IAM authentication, on once the bucket is made): only
+`S3.key_id`/`S3.secret` read, anything else is refused as AWS refuses it. The GCS emulator has no
+authentication; its clients find it through STORAGE_EMULATOR_HOST.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import moto.settings
+from gcp_storage_emulator.server import create_server
+from google.cloud import storage as gcs
+from moto.server import ThreadedMotoServer
+
+REGION = "us-east-1"
+
+
+def model_files(folder: Path, prefix: str) -> Iterator[tuple[str, bytes]]:
+    """(object name, bytes) of every file of `folder`, named under `prefix`."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            yield f"{prefix}/{path.relative_to(folder).as_posix()}", path.read_bytes()
+
+
+def archive(folder: Path) -> bytes:
+    """`folder`'s files as a .tar.gz with them at its root."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for name, body in model_files(folder, "."):
+            info = tarfile.TarInfo(name[2:])
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    return data.getvalue()
+
+
+@dataclass
+class S3:
+    endpoint: str
+    """host:port, as the s3-endpoint annotation takes it (plain HTTP: s3-usehttps "0")."""
+    key_id: str
+    secret: str
+    client: Any
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    def put(self, bucket: str, name: str, body: bytes) -> None:
+        self.client.put_object(Bucket=bucket, Key=name, Body=body)
+
+    def put_model(self, bucket: str, prefix: str, folder: Path) -> str:
+        """`folder`'s files under s3://bucket/prefix/; the URI."""
+        for name, body in model_files(folder, prefix):
+            self.put(bucket, name, body)
+        return f"s3://{bucket}/{prefix}"
+
+
+@contextmanager
+def s3_server(bucket: str = "models") -> Iterator[S3]:
+    """moto's S3 API server with `bucket` and one IAM user that may read it."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    saved = moto.settings.INITIAL_NO_AUTH_ACTION_COUNT
+    try:
+        host, port = server.get_host_and_port()
+        setup = {"aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        url = f"http://{host}:{port}"
+        iam = boto3.client("iam", endpoint_url=url, region_name=REGION, **setup)
+        iam.create_user(UserName="reader")
+        policy = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
+        iam.put_user_policy(
+            UserName="reader",
+            PolicyName="read",
+            PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [policy]}),
+        )
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        iam.close()
+        client = boto3.client(
+            "s3",
+            endpoint_url=url,
+            region_name=REGION,
+            aws_access_key_id=key["AccessKeyId"],
+            aws_secret_access_key=key["SecretAccessKey"],
+        )
+        client.create_bucket(Bucket=bucket)
+        # From here on every request is authenticated, as AWS's are.
+        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+        yield S3(f"{host}:{port}", key["AccessKeyId"], key["SecretAccessKey"], client)
+        client.close()
+    finally:
+        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = saved
+        server.stop()
+
+
+@dataclass
+class Gcs:
+    host: str
+    """STORAGE_EMULATOR_HOST's value."""
+    client: Any
+
+    def put(self, bucket: str, name: str, body: bytes) -> None:
+        self.client.bucket(bucket).blob(name).upload_from_string(body)
+
+    def put_model(self, bucket: str, prefix: str, folder: Path) -> str:
+        """`folder`'s files under gs://bucket/prefix/; the URI."""
+        for name, body in model_files(folder, prefix):
+            self.put(bucket, name, body)
+        return f"gs://{bucket}/{prefix}"
+
+
+@contextmanager
+def gcs_server(bucket: str = "models") -> Iterator[Gcs]:
+    """The GCS emulator with `bucket`. The caller sets STORAGE_EMULATOR_HOST to `.host` for the
+    clients under test (this one is given the endpoint)."""
+    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
+    server.start()
+    try:
+        port = server._api._httpd.server_address[1]  # port 0: the one it bound
+        host = f"http://127.0.0.1:{port}"
+        client = gcs.Client(
+            project="test",
+            credentials=_anonymous(),
+            client_options={"api_endpoint": host},
+        )
+        yield Gcs(host, client)
+        client.close()
+    finally:
+        server.stop()
+
+
+def _anonymous() -> Any:
+    from google.auth.credentials import AnonymousCredentials
+
+    return AnonymousCredentials()  # type: ignore[no-untyped-call]
