@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from binder.app import Binder
+from binder.model import model_from_api
 from common.contract import DEFAULT_MIN_GPU_MEM, MIN_GPU_MEM
 from common.quantity import parse_quantity
+from tests.binder.objects import KEYS
 from tests.binder.simcluster import add_pod, eventually, node_of, scheduled_condition
 from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
     GROUP,
@@ -36,21 +40,30 @@ def _refused(models: Any, name: str) -> dict[str, Any] | None:
     return None
 
 
-async def test_a_one_byte_tritonmodel_is_placed_nowhere_and_says_why(
+async def test_a_one_byte_tritonmodel_is_refused_at_create_and_the_floor_is_placed(
     binder: Binder,  # noqa: F811 (the fixtures imported above)
     custom: Any,  # noqa: F811
-    core: Any,
 ) -> None:
-    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("tiny", 3, "1"))
+    with pytest.raises(ApiException) as refused:
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, model("tiny", 3, "1")
+        )
+    assert refused.value.status == 422
+    assert f"must be at least {DEFAULT_MIN_GPU_MEM}" in str(refused.value.body)
     custom.create_namespaced_custom_object(
         GROUP, VERSION, "default", PLURAL, model("least", 1, DEFAULT_MIN_GPU_MEM)
     )
-    condition = await eventually(lambda: _refused(custom, "tiny"), what="Placed=False")
-    assert "--min-gpu-mem" in condition["message"], condition
-    assert f"under the {MIN_GPU_MEM} bytes" in condition["message"], condition
-    assert read(custom, "tiny")["status"]["replicas"] == 0
-    # The floor itself is placed.
     await eventually(lambda: placed(custom, "least", 1), what="the 64Mi model placed")
+
+
+def test_the_binder_places_no_one_byte_tritonmodel_it_reads() -> None:
+    """Defence in depth: an object the API server let through (a CRD without the rule, or a
+    binder whose --min-gpu-mem is above the CRD's) is not placed."""
+    found = model_from_api(
+        {**model("tiny", 3, "1"), "metadata": {"name": "tiny", "uid": "u"}}, KEYS, "tritonshare"
+    )
+    assert "--min-gpu-mem" in found.template.problem
+    assert f"under the {MIN_GPU_MEM} bytes" in found.template.problem
 
 
 async def test_a_one_byte_model_pod_is_not_bound_and_says_why(

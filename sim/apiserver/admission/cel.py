@@ -7,25 +7,30 @@ message cut to what a policy author needs. CEL's own errors are values: `Program
 keeps one as the value of a policy variable, so it fails only the expressions that use it, as in
 Kubernetes' lazily evaluated `variables`.
 
-What Kubernetes' CEL has and cel-python does not: the standard macros and functions (`has`,
-`all`, `exists`, `map`, `filter`, `size`, `in`, `startsWith`, `endsWith`, `contains`, `matches`)
-are there; of Kubernetes' extension libraries only `lowerAscii`, `upperAscii`, `trim`, `split`
-and `join` are added here; optional types (`?.`, `[?]`, `optional.of`) do not parse; the
-`authorizer` variable is not bound. Each of these fails with a CelError that says so, and the
-policy's failurePolicy decides. No type checking happens before evaluation (Kubernetes refuses
-ill-typed expressions when a policy is written; here they fail when they run).
+What Kubernetes' CEL has and cel-python does not: the standard macros and functions (`has`, `all`,
+`exists`, `map`, `filter`, `size`, `in`, `startsWith`, `endsWith`, `contains`, `matches`) are there;
+of Kubernetes' extension libraries only `lowerAscii`, `upperAscii`, `trim`, `split`, `join` and the
+quantity library (`quantity`, `isQuantity`, `compareTo`, `isGreaterThan`, `isLessThan`, `asInteger`,
+`asApproximateFloat`, `add`, `sub`, `sign`) are added here; optional types (`?.`, `[?]`,
+`optional.of`) do not parse; the `authorizer` variable is not bound. Each of these fails with a
+CelError that says so, and the policy's failurePolicy decides. No type checking happens before
+evaluation (Kubernetes refuses ill-typed expressions when a policy is written; here they fail when
+they run).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from typing import Any
 
 import celpy
 from celpy import celparser, celtypes
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
+
+from common.quantity import quantity_decimal
 
 _UNDECLARED = re.compile(r"undeclared reference to '([^']+)'")
 _AUTHORIZER = re.compile(r"\bauthorizer\b")
@@ -76,8 +81,55 @@ def _join(items: celtypes.ListType, separator: celtypes.StringType | None = None
     return celtypes.StringType(str(separator or "").join(str(i) for i in items))
 
 
-# Kubernetes' string extension functions that cel-python lacks, as receiver-style calls.
+class Quantity:
+    """A value of Kubernetes' CEL quantity library: an exact decimal, compared by value."""
+
+    def __init__(self, value: Decimal) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"quantity({self.value})"
+
+
+def _quantity(text: Any) -> Quantity:
+    value = quantity_decimal(str(text))
+    if value is None:
+        raise ValueError(f"{str(text)!r} is not a quantity")
+    return Quantity(value)
+
+
+def _is_quantity(text: Any) -> celtypes.BoolType:
+    return celtypes.BoolType(quantity_decimal(str(text)) is not None)
+
+
+def _other(value: Any) -> Decimal:
+    return value.value if isinstance(value, Quantity) else Decimal(int(value))
+
+
+def _compare(left: Quantity, right: Any) -> celtypes.IntType:
+    a, b = left.value, _other(right)
+    return celtypes.IntType((a > b) - (a < b))
+
+
+def _as_integer(q: Quantity) -> celtypes.IntType:
+    if q.value != q.value.to_integral_value():
+        raise ValueError(f"{q.value} is not an integer")
+    return celtypes.IntType(int(q.value))
+
+
+# Kubernetes' extension functions that cel-python lacks, as receiver-style calls.
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "quantity": _quantity,
+    "isQuantity": _is_quantity,
+    "compareTo": _compare,
+    "isGreaterThan": lambda a, b: celtypes.BoolType(a.value > _other(b)),
+    "isLessThan": lambda a, b: celtypes.BoolType(a.value < _other(b)),
+    "asInteger": _as_integer,
+    "isInteger": lambda q: celtypes.BoolType(q.value == q.value.to_integral_value()),
+    "asApproximateFloat": lambda q: celtypes.DoubleType(float(q.value)),
+    "add": lambda a, b: Quantity(a.value + _other(b)),
+    "sub": lambda a, b: Quantity(a.value - _other(b)),
+    "sign": lambda q: celtypes.IntType((q.value > 0) - (q.value < 0)),
     "lowerAscii": lambda s: celtypes.StringType(str(s).lower()),
     "upperAscii": lambda s: celtypes.StringType(str(s).upper()),
     "trim": lambda s: celtypes.StringType(str(s).strip()),
