@@ -121,6 +121,7 @@ class Binder:
             listener=self.controller,
             placement_keys=self.placement_keys.ring,
             tenant_code=settings.tenant_code_namespaces,
+            allowance=settings.gpu_mem_process_allowance,
             on_model=self.models.changed,
             on_host_gone=self.models.hosts_changed,
             on_host=self.models.host_changed,

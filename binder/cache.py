@@ -155,6 +155,7 @@ class ClusterCache:
         listener: Listener,
         placement_keys: Callable[[], KeyRing] | None,
         tenant_code: Collection[str] = (),
+        allowance: int = 0,
         clock: Callable[[], float] = time.time,
         on_model: Callable[[str], None] = lambda uid: None,
         on_host_gone: Callable[[str], None] = lambda namespace: None,
@@ -166,9 +167,11 @@ class ClusterCache:
         conditions changed, or it was deleted.
         `placement_keys` gives the ring in force (reread as the Secret rotates); None checks
         proofs for form only, for a CLI user who cannot read the key (`binder.proofs`).
-        `tenant_code`: the namespaces allowed to run their own code in Triton."""
+        `tenant_code`: the namespaces allowed to run their own code in Triton; `allowance`: the
+        per-process allowance booked with a model's request (`common.backends`)."""
         self.keys = keys
         self.tenant_code = frozenset(tenant_code)
+        self.allowance = allowance
         self.scheduler_name = scheduler_name
         self.ledger = ledger
         # The ledger's parts under short names: read on every event, and never replaced.
@@ -187,7 +190,7 @@ class ClusterCache:
     # ---- pods ----------------------------------------------------------------------------------
 
     def apply_pod(self, event: str, obj: JsonObject) -> None:
-        pod = pod_from_api(obj, self.keys, self.tenant_code)
+        pod = pod_from_api(obj, self.keys, self.tenant_code, self.allowance)
         if not pod.uid:
             return
         if self._is_host(pod):
@@ -263,7 +266,9 @@ class ClusterCache:
         verify (a forged or copied one is not: the model controller places that replica again);
         a replica gone from the status is freed, unless the binder has just placed it and its
         status write is on the way (assumed)."""
-        model = model_from_api(obj, self.keys, self.scheduler_name, self.tenant_code)
+        model = model_from_api(
+            obj, self.keys, self.scheduler_name, self.tenant_code, self.allowance
+        )
         model = resolve(model, self.ledger.priority_classes)
         if not model.uid:
             return

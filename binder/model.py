@@ -22,6 +22,7 @@ from binder.podterms import (
     pod_affinity_from_spec,
     spread_from_spec,
 )
+from common.backends import BackendError, declared_backend, process_allowance
 from common.contract import (
     RESIDENCY_ON_DEMAND,
     TENANT_CODE_NODE,
@@ -387,9 +388,12 @@ def _revision(labels: Mapping[str, Any]) -> str:
     return ""
 
 
-def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str] = ()) -> PodInfo:
+def pod_from_api(
+    obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str] = (), allowance: int = 0
+) -> PodInfo:
     """Convert an API pod; never raises on user input (problems land in `problem`).
-    `tenant_code`: the namespaces allowed to run their own code in Triton."""
+    `tenant_code`: the namespaces allowed to run their own code in Triton; `allowance`: the
+    per-process allowance, booked in `request` unless the pod declares an in-process backend."""
     meta = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     status = _mapping(obj.get("status"))
@@ -423,6 +427,12 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str
                 validate_model_id(model_id)
             except ValueError as e:
                 problem = f"annotation {keys.model_id}: {e}"
+    try:
+        declared = declared_backend(annotations.get(keys.backend), keys.backend)
+    except BackendError as e:
+        declared, problem = "", problem or str(e)
+    if request > 0:
+        request += process_allowance(declared, allowance)
     residency = annotations.get(keys.residency)
     if residency is not None and not problem:
         try:
@@ -658,7 +668,11 @@ class ModelInfo:
 
 
 def model_from_api(
-    obj: Mapping[str, Any], keys: Keys, scheduler_name: str, tenant_code: Collection[str] = ()
+    obj: Mapping[str, Any],
+    keys: Keys,
+    scheduler_name: str,
+    tenant_code: Collection[str] = (),
+    allowance: int = 0,
 ) -> ModelInfo:
     """Convert an API TritonModel; never raises on user input (problems land in the template's
     `problem`). Its replicas are read as the pod a model pod of the same spec would be, so
@@ -684,6 +698,9 @@ def model_from_api(
         {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}
     ]
     annotations = {keys.model_id: name, keys.residency: str(spec.get("residency") or "always")}
+    backend = _mapping(meta.get("annotations")).get(keys.backend)
+    if backend is not None:
+        annotations[keys.backend] = str(backend)
     pod = {
         "metadata": {
             "uid": str(meta.get("uid", "")),
@@ -695,7 +712,7 @@ def model_from_api(
         },
         "spec": pod_spec,
     }
-    template = as_replica(pod_from_api(pod, keys, tenant_code))
+    template = as_replica(pod_from_api(pod, keys, tenant_code, allowance))
     placed: dict[int, tuple[str, str, str]] = {}
     placed_uris: dict[int, str] = {}
     for ordinal, entry in _by_ordinal(status.get("placements")):

@@ -170,6 +170,12 @@ class Keys:
         return f"{self.prefix}residency"
 
     @property
+    def backend(self) -> str:
+        """Pod and TritonModel annotation: the Triton backend of the model (`onnxruntime`...);
+        an in-process one spares the per-process allowance (`common.backends`)."""
+        return f"{self.prefix}backend"
+
+    @property
     def gpu_mem_overcommit(self) -> str:
         """Node label set by the operator: the over-commit factor of the node's GPUs for
         `on-demand` models, a decimal number from 1 (off, the default) to `MAX_OVERCOMMIT`."""
