@@ -4,9 +4,10 @@ The agent's own code does each step: it installs a Python model through `agent.r
 (staged, committed by rename), pins it with `agent.modelconfig.pinned_config`, loads it through
 `agent.triton.TritonClient`, measures it into an `agent.memory.MemoryLedger` from NVML readings
 (`agent.gpus.GpuReader`) taken around the load, as `agent.models` does, asks it a KServe v2
-request, unloads it and waits until Triton reports it UNAVAILABLE. The model creates a CUDA context
-through the driver library (`libcuda.so.1`, no torch) and allocates `--allocate` bytes in it, so
-its figure shows what a stub process costs beyond what it allocates: the per-process allowance.
+request, unloads it and waits until Triton reports it UNAVAILABLE. The model (`sim.gpu.cudamodel`)
+creates a CUDA context through the driver library (`libcuda.so.1`, no torch) and allocates
+`--allocate` bytes in it, so its figure shows what a stub process costs beyond what it allocates:
+the per-process allowance.
 
 It prints (and with --json writes) the load, first-answer and unload times, the measured figure
 against the request and the request plus the allowance, and the GPU's memory before the load and
@@ -22,7 +23,6 @@ import asyncio
 import hashlib
 import json
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -38,64 +38,10 @@ from agent.triton import READY, TritonClient
 from common.backends import PROCESS_ALLOWANCE
 from common.manifest import ManifestEntry
 from common.quantity import parse_quantity
+from sim.gpu.cudamodel import ANSWER, REQUEST, model_files
 
 MIB = 1024**2
 MODEL = "gpucheck_cuda_context"
-
-MODEL_PY = r'''
-import ctypes
-import json
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    """Adds one; on a GPU instance it first creates a CUDA context and allocates the bytes its
-    config's `allocate_bytes` parameter names, held until it is unloaded."""
-
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        size = int(config["parameters"]["allocate_bytes"]["string_value"])
-        self.cuda = self.pointer = None
-        if args["model_instance_kind"] != "GPU" or not size:
-            return
-        cuda = ctypes.CDLL("libcuda.so.1")
-
-        def check(result, what):
-            if result != 0:
-                raise pb_utils.TritonModelException(f"{what} failed: CUDA error {result}")
-
-        device, context = ctypes.c_int(), ctypes.c_void_p()
-        check(cuda.cuInit(0), "cuInit")
-        check(cuda.cuDeviceGet(ctypes.byref(device), int(args["model_instance_device_id"])),
-              "cuDeviceGet")
-        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuCtxRetain")
-        check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-        pointer = ctypes.c_uint64()
-        check(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)), "cuMemAlloc")
-        check(cuda.cuMemsetD8_v2(pointer, ctypes.c_ubyte(1), ctypes.c_size_t(size)), "cuMemset")
-        check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
-        self.cuda, self.pointer = cuda, pointer
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data + 1)]))
-        return responses
-
-    def finalize(self):
-        if self.pointer is not None:
-            self.cuda.cuMemFree_v2(self.pointer)
-'''
-
-CONFIG = """name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-parameters {{ key: "allocate_bytes" value: {{ string_value: "{size}" }} }}
-"""
 
 
 @dataclass
@@ -124,18 +70,6 @@ class LoadReport:
         return self.measured - self.allocated
 
 
-def write_model(directory: Path, size: int) -> dict[str, bytes]:
-    """The model's files (path -> bytes), also written under `directory`."""
-    files = {
-        "config.pbtxt": CONFIG.format(name=MODEL, size=size).encode(),
-        "1/model.py": MODEL_PY.encode(),
-    }
-    for path, data in files.items():
-        (directory / path).parent.mkdir(parents=True, exist_ok=True)
-        (directory / path).write_bytes(data)
-    return files
-
-
 def install(repository: Repository, files: dict[str, bytes]) -> None:
     """Install the files as the agent installs what a loader streams: staged, then renamed."""
     entries = [
@@ -154,13 +88,12 @@ def _used(reader: GpuReader, gpu: int) -> int:
 
 
 def _infer(http_url: str, timeout: float) -> list[float]:
-    body = {"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
-    request = urllib.request.Request(  # noqa: S310 - Triton's loopback HTTP
+    request = urllib.request.Request(
         f"{http_url}/v2/models/{MODEL}/infer",
-        data=json.dumps(body).encode(),
+        data=json.dumps(REQUEST).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         answer = json.loads(response.read())
     return [float(v) for v in answer["outputs"][0]["data"]]
 
@@ -174,13 +107,12 @@ async def check(
     gpu: int | None,
     allocate: int,
     allowance: int,
-    timeout: float = 300.0,
+    time_limit: float = 300.0,
 ) -> LoadReport:
     """Install, load pinned, measure, answer, unload: the agent's path, timed."""
     index = 0 if gpu is None else gpu
     report = LoadReport(gpu, allocate, allocate, allocate + allowance)
-    with tempfile.TemporaryDirectory() as scratch:
-        files = write_model(Path(scratch), allocate)
+    files = model_files(MODEL, allocate)
     install(repository, files)
     config = parse_config(files["config.pbtxt"].decode(), MODEL)
     override = override_json(pinned_config(config, MODEL, gpu))
@@ -202,15 +134,15 @@ async def check(
     report.over_booking = bool(ledger.over())
     started = time.monotonic()
     try:
-        report.answer = _infer(http_url, timeout)
+        report.answer = _infer(http_url, time_limit)
     except OSError as e:
         report.problem = f"the model did not answer ({e}); see Triton's log"
     report.first_answer_seconds = time.monotonic() - started
-    if report.answer is not None and report.answer != [2.0, 3.0, 4.0, 5.0]:
+    if report.answer is not None and report.answer != ANSWER:
         report.problem = f"the model answered {report.answer}, not [2, 3, 4, 5]"
     started = time.monotonic()
     await triton.unload(MODEL)
-    await triton.wait_unloaded(MODEL, timeout)
+    await triton.wait_unloaded(MODEL, time_limit)
     report.unload_seconds = time.monotonic() - started
     report.used_after_unload = _used(reader, index)
     return report
