@@ -24,10 +24,10 @@ CONTEXT = 600 * MIB
 def stub_process(triton: TritonServer, allocated: int) -> dict[int, int]:
     """The mock GPU 0 holds the model's allocation and its process's context while Triton has
     it loaded, as a real GPU does."""
-    request = urllib.request.Request(  # noqa: S310 - loopback
+    request = urllib.request.Request(
         f"http://{triton.http_url}/v2/repository/index", data=b"{}", method="POST"
     )
-    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+    with urllib.request.urlopen(request, timeout=5) as response:
         index = json.loads(response.read())
     loaded = any(m["name"] == loadcheck.MODEL and m.get("state") == "READY" for m in index)
     return {0: allocated + CONTEXT} if loaded else {}

@@ -111,7 +111,7 @@ def test_the_gpu_tests_run_without_the_projects_pytest_config_or_plugins() -> No
             "-p",
             "no:xdist",
             "tests/gpu/test_real_gpu.py",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
