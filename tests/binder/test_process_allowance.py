@@ -4,6 +4,7 @@ its own (Python backend: its own CUDA context) is booked its request plus
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import kubernetes.client
@@ -121,8 +122,8 @@ async def test_the_binder_books_and_signs_the_allowance(
     binder = await make_binder(gpu_mem_process_allowance=ALLOWANCE)
     for i in range(3):
         add_pod(core, f"py-{i}", mem="4Gi")
-    for i in range(3):
-        await eventually(lambda i=i: node_of(core, f"py-{i}"), what=f"py-{i} bound")
+    for name in ("py-0", "py-1", "py-2"):
+        await eventually(partial(node_of, core, name), what=f"{name} bound")
     proof = core.read_namespaced_pod("py-0", "default").metadata.annotations[KEYS.placement]
     assert proof.split(".")[2] == str(4 * GI + ALLOWANCE)
     add_pod(core, "py-3", mem="4Gi", annotations={KEYS.backend: "python"})
