@@ -139,6 +139,7 @@ class Binder:
             on_change=self._leadership_changed,
             annotations={
                 settings.keys.gpu_mem_reserve: str(settings.gpu_mem_reserve),
+                settings.keys.gpu_mem_process_allowance: str(settings.gpu_mem_process_allowance),
                 settings.keys.tenant_code_namespaces: ",".join(settings.tenant_code_namespaces),
             },
         )

@@ -187,6 +187,12 @@ class Keys:
         decimal bytes, so `tritonshare status` counts as the binder does."""
         return f"{self.prefix}gpu-mem-reserve"
 
+    @property
+    def gpu_mem_process_allowance(self) -> str:
+        """Leader Lease annotation written by the binder: the per-process allowance it books
+        (`common.backends`), decimal bytes, so `tritonshare explain` books as the binder does."""
+        return f"{self.prefix}gpu-mem-process-allowance"
+
 
 def agent_lease_name(node_name: str) -> str:
     """The name of the Lease an agent renews for its node."""

@@ -4,12 +4,16 @@ its own (Python backend: its own CUDA context) is booked its request plus
 
 from __future__ import annotations
 
+import io
+import json
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
 
+from binder.cli import main as cli
 from binder.model import model_from_api, pod_from_api
 from binder.placement import Placement, place
 from binder.settings import parse_settings
@@ -132,3 +136,29 @@ async def test_the_binder_books_and_signs_the_allowance(
     add_pod(core, "onnx", mem="2Gi", annotations={KEYS.backend: "onnxruntime"})
     assert await eventually(lambda: node_of(core, "onnx"), what="onnx bound") == "gpu-1"
     assert binder.cache.state.gpu_free("gpu-1") == [16 * GI - 3 * (4 * GI + ALLOWANCE) - 2 * GI]
+
+
+async def test_explain_books_the_allowance_the_binder_leader_publishes(
+    kubeconfig: Path, kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    """`tritonshare explain` judges a pending pod as the binder does: at its request plus the
+    allowance the leader publishes on its Lease (a 2Gi Python model does not fit in 2.125Gi)."""
+    add_node(kube_api, "gpu-1", [16 * GI])
+    await make_binder(leader_elect=True, gpu_mem_process_allowance=ALLOWANCE)
+    for name in ("py-0", "py-1", "py-2"):
+        add_pod(core, name, mem="4Gi")
+    for name in ("py-0", "py-1", "py-2"):
+        await eventually(partial(node_of, core, name), what=f"{name} bound")
+    add_pod(core, "late", mem="2Gi")
+    await eventually(partial(scheduled_condition, core, "late"), what="late's reason")
+
+    def explained() -> dict[str, Any] | None:
+        out = io.StringIO()
+        cli(["--kubeconfig", str(kubeconfig), "explain", "default/late", "-o", "json"], out=out)
+        document: dict[str, Any] = json.loads(out.getvalue())
+        return document if document["request"] == 2 * GI + ALLOWANCE else None
+
+    document = await eventually(explained, what="the published allowance in explain")
+    (verdict,) = document["nodes"]
+    assert document["decision"] is None and not verdict["fits"]
+    assert verdict["free"] == [16 * GI - 3 * (4 * GI + ALLOWANCE)]
