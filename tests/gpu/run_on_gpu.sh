@@ -16,7 +16,7 @@
 #                                           what it says, stop it
 #
 # Needs there: python3 (3.11+) with nvidia-ml-py, grpcio and pytest; torch with CUDA for the
-# measured loads. The rest (numpy<2, tritonclient, protobuf, aiohttp) goes into a venv built on
+# measured loads. The rest (numpy 1.26, tritonclient, protobuf, aiohttp) goes into a venv built on
 # that python3 ($GPU_ROOT/venv, default /tmp/tritonshare-gpu), from .tritoncarry/wheels when
 # carried, else from the package index. The venv is first on PATH for Triton: the Python backend's
 # stub ignores PYTHONPATH and takes its packages from the `python3` first on PATH, and
@@ -36,7 +36,9 @@ dry="${DRY_RUN:-}"
 carry="${CARRY:-.tritoncarry}"
 mkdir -p "$out" "$root"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-PACKAGES=('numpy<2' tritonclient protobuf aiohttp)
+# pyproject.toml's ranges, pinned to versions the project's tests run with; grpcio and nvidia-ml-py
+# come from the machine's python3 (the venv sees its site-packages).
+PACKAGES=('numpy==1.26.4' 'tritonclient==2.73.0' 'protobuf==6.33.6' 'aiohttp==3.14.5')
 # What the stub and the agent's load path import, checked in the venv's python3.
 PROBE='
 import importlib, sys

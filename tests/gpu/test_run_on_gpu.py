@@ -61,7 +61,7 @@ def test_missing_packages_are_installed_from_the_carried_wheels(tmp_path: Path) 
     wheels = tmp_path / "carry" / "wheels"
     assert (
         f"would run: {venv_python} -m pip install -q --no-index --find-links {wheels} "
-        f"numpy<2 tritonclient protobuf aiohttp" in result.stdout
+        f"numpy==1.26.4 tritonclient==2.73.0 protobuf==6.33.6 aiohttp==3.14.5" in result.stdout
     ), result.stdout
     assert f"python3 first on PATH: {venv_python}" in result.stdout
 
@@ -75,8 +75,8 @@ def test_numpy_2_in_the_stubs_python_is_refused(tmp_path: Path) -> None:
     venv_python = fake_python(tmp_path / "gpu" / "venv" / "bin" / "python3", extra=str(numpy2))
     result = script(tmp_path, "env")
     assert result.returncode == 1
-    assert "cannot install numpy<2 tritonclient protobuf aiohttp" in result.stderr, result.stderr
-    assert "numpy<2" in Path(f"{venv_python}.pip").read_text()
+    assert "cannot install numpy==1.26.4 tritonclient" in result.stderr, result.stderr
+    assert "numpy==1.26.4" in Path(f"{venv_python}.pip").read_text()
 
 
 def test_triton_starts_with_the_venv_first_on_path(tmp_path: Path) -> None:
