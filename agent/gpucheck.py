@@ -363,7 +363,7 @@ def measure(
         ledger.loading.add(uuid)
         before = _used(reader, uuid)
         m.before_used = before.memory_used
-        m.suggested_allowance = suggested_allowance(m.before_used - m.idle_used)
+        m.suggested_allowance = suggested_allowance(m.context)
         if m.context > settings.gpu_mem_process_allowance:
             report.notes.append(
                 f"the stand-in process's CUDA context takes {m.context} bytes, more than the "
@@ -536,8 +536,7 @@ def _render_reserve(report: Report, write: Callable[[str], Any]) -> None:
     write(
         f"Suggested --gpu-mem-reserve: {reserve // 1024**2}Mi ({reserve} bytes): the most any "
         f"GPU holds with Triton running, plus {format_bytes(BACKEND_ALLOWANCE)} for the backend "
-        f"libraries a GPU's "
-        f"first model loads, rounded up to 256Mi. Give it to the binder (the chart's "
+        f"libraries a GPU's first model loads, rounded up to 256Mi. Give it to the binder (the chart's "
         f"binder.gpuMemReserve) and keep the largest figure over your GPU nodes.\n"
     )
 
