@@ -536,8 +536,8 @@ def _render_reserve(report: Report, write: Callable[[str], Any]) -> None:
     write(
         f"Suggested --gpu-mem-reserve: {reserve // 1024**2}Mi ({reserve} bytes): the most any "
         f"GPU holds with Triton running, plus {format_bytes(BACKEND_ALLOWANCE)} for the backend "
-        f"libraries a GPU's first model loads, rounded up to 256Mi. Give it to the binder (the chart's "
-        f"binder.gpuMemReserve) and keep the largest figure over your GPU nodes.\n"
+        f"libraries a GPU's first model loads, rounded up to 256Mi. Give it to the binder (the "
+        f"chart's binder.gpuMemReserve) and keep the largest figure over your GPU nodes.\n"
     )
 
 
