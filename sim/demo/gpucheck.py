@@ -28,6 +28,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.errors import NvmlUnavailableError
+from agent.gpus import GpuReader
 from agent.memory import TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES, tolerance
 from agent.reserve import DEFAULT_RESERVE
 from common.backends import PROCESS_ALLOWANCE
@@ -224,8 +226,25 @@ def _say_figures(f: ModelFigures, say: Say) -> None:
     )
 
 
+def machine_gpus() -> list[str]:
+    """This machine's GPUs as the agent's NVML code reads them, or ClusterError saying why
+    they cannot be read (before anything starts)."""
+    reader = GpuReader()
+    try:
+        snapshot = reader.read()
+    except NvmlUnavailableError as e:
+        raise ClusterError(f"this machine's GPUs cannot be read: {e}") from e
+    finally:
+        reader.close()
+    if not snapshot.gpus:
+        raise ClusterError("NVML lists no GPU on this machine: give it one")
+    return [f"{g.index}: {g.product}" for g in snapshot.gpus]
+
+
 def run_gpu_check(workdir: Path, say: Say = print, *, real: bool = True) -> GpuCheckResult:
     """The check in `workdir`: on this machine's GPUs, or (`real=False`) the mock's."""
+    if real:
+        say(f"This machine's GPUs: {machine_gpus()}")
     result = GpuCheckResult(real, DEFAULT_RESERVE, PROCESS_ALLOWANCE)
     node = NodeSpec(NODE, REAL_GPUS if real else STAND_IN_GPUS, real=True)
     with SimCluster(

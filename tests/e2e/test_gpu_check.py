@@ -5,11 +5,14 @@ mock H200 too), booked with the per-process allowance."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 
-from sim.demo.gpucheck import MODELS, STAND_IN_CONTEXT, run_gpu_check
+from sim.cluster import REAL_GPUS, NodeSpec, SimCluster
+from sim.demo.gpucheck import MODELS, STAND_IN_CONTEXT, machine_gpus, run_gpu_check
+from sim.processes import ClusterError
 from sim.triton import TritonInstall
 
 pytestmark = pytest.mark.triton
@@ -35,3 +38,32 @@ def test_the_gpu_check_prints_the_measured_figures(
         assert model.used_after_unload == model.used_before
         assert f"measured {model.measured} bytes" in transcript
         assert "+600 MiB beyond its allocation; within its booking" in transcript
+
+
+def without_gpus() -> None:
+    """These tests are of a machine without an NVIDIA driver (where one is, the mode runs)."""
+    with contextlib.suppress(ClusterError):
+        pytest.skip(f"this machine has GPUs ({machine_gpus()}): make demo GPU=real checks them")
+
+
+def test_the_real_gpu_mode_says_first_when_this_machine_has_no_gpu(tmp_path: Path) -> None:
+    """No NVIDIA driver here: `--real-gpu` stops before starting anything, saying why."""
+    without_gpus()
+    with pytest.raises(ClusterError) as failed:
+        run_gpu_check(tmp_path / "cluster", lambda _: None, real=True)
+    assert "this machine's GPUs cannot be read: NVML is not usable" in str(failed.value)
+    assert not (tmp_path / "cluster").exists()
+
+
+@pytest.mark.slow
+def test_a_real_gpu_node_runs_the_agent_on_this_machines_nvml(
+    tmp_path: Path, triton_install: TritonInstall
+) -> None:
+    """A `REAL_GPUS` node's agent is `python -m agent` itself (no mock, no --cpu-only), so here,
+    without a driver, it reads no GPU and the cluster does not come up, its log saying why."""
+    without_gpus()
+    node = NodeSpec("gpu-node-0", REAL_GPUS, real=True)
+    with pytest.raises(ClusterError), SimCluster(tmp_path, [node], binders=0):
+        pass
+    log = (tmp_path / "logs" / "agent-gpu-node-0.log").read_text()
+    assert "Reading the GPUs failed: NVML is not usable" in log, log[-2000:]
