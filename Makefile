@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## make demo: the product end to end on the simulated cluster, with a real Triton on the CPU.
+## make demo: the product end to end on the simulated cluster, with a real Triton on the CPU;
+## make demo GPU=real: on this machine's GPU, printing what a GPU check needs (docs/sim.md).
 demo: $(STAMP)
-	$(PY) -m sim.demo
+	$(PY) -m sim.demo $(if $(filter real,$(GPU)),--real-gpu)
 
 ## make sim-up: the simulated cluster left running in the background for kubectl and tritonshare;
 ## its last line is the `export KUBECONFIG=...` to run. make sim-down stops it and removes .sim.

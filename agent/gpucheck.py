@@ -5,11 +5,15 @@ GPU. The agent's own NVML code (`agent.gpus`) reads every GPU (UUID, product, me
 mode, processes holding memory); the Node annotations are printed exactly as the agent writes
 them (`agent.inventory.node_annotations`, `agent.memory.MemoryLedger.annotation`). With
 `--measure BYTES` a stand-in model process (`agent.standin`: torch allocating BYTES on the chosen
-GPU) is loaded as the agent loads a model: admitted by `admission_problem` on a fresh reading,
-measured as NVML growth across the load into a `MemoryLedger`, observed by a poll, unloaded; and
-the admission and enforcement decisions the agent would take on those figures are shown. With
-`--reserve` it reports what each GPU holds with no model loaded and the `--gpu-mem-reserve` that
-covers it (`agent.reserve`).
+GPU, a process with its own CUDA context as a Python-backend model's stub is) is loaded as the
+agent loads a model: admitted by `admission_problem` on a fresh reading, measured as NVML growth
+across the load into a `MemoryLedger`, observed by a poll, unloaded; the admission and
+enforcement decisions the agent would take on those figures are shown, and the process's CUDA
+context gives the `--gpu-mem-process-allowance` to set. With `--reserve` it reports what each GPU
+holds with no model loaded and the `--gpu-mem-reserve` that covers it (`agent.reserve`): read
+where Triton runs (`--gpu-source=triton`, through the NVML relay in Triton's container), the
+figure has Triton's own context in it; a GPU no process holds memory on is counted with Triton's
+measured context added, and said so.
 
 It writes nothing (no API server, no Triton, no files) and needs only NVML (in its own container,
 or with --gpu-source=triton the relay's in Triton's), and torch with CUDA for --measure. Its flags
@@ -40,7 +44,13 @@ from agent.memory import (
     tolerance,
 )
 from agent.nvmlclient import RelayedNvml
-from agent.reserve import BACKEND_ALLOWANCE, Baseline, suggested_reserve
+from agent.reserve import (
+    BACKEND_ALLOWANCE,
+    TRITON_CONTEXT,
+    Baseline,
+    suggested_allowance,
+    suggested_reserve,
+)
 from agent.settings import (
     gpu_mem_enforcement_flag,
     gpu_mem_reserve_flag,
@@ -49,6 +59,7 @@ from agent.settings import (
     nvml_relay_socket_flag,
 )
 from agent.standin import StandIn, StandInError, TorchStandIn
+from common.backends import PROCESS_ALLOWANCE
 from common.contract import Keys
 from common.quantity import format_bytes
 from common.settings import (
@@ -118,6 +129,16 @@ class CheckSettings:
     """The agent's --gpu-source: NVML here (`nvml`) or in Triton's container (`triton`)."""
     nvml_relay_socket: Path = nvml_relay_socket_flag()
     """The agent's --nvml-relay-socket."""
+    gpu_mem_process_allowance: int = setting(
+        "gpu-mem-process-allowance",
+        "the binder's per-process allowance to judge the stand-in's CUDA context against (a "
+        "quantity)",
+        quantity(),
+        default=f"{PROCESS_ALLOWANCE // 1024**2}Mi",
+        env=None,
+    )
+    """The binder's --gpu-mem-process-allowance: what it books beyond the request of a model in
+    a process of its own."""
     settle_seconds: float = setting(
         "settle-seconds",
         "seconds before a second reading that shows whether NVML's figure still moved",
@@ -178,6 +199,8 @@ class Measurement:
     """The GPU's used memory before the stand-in process existed."""
     before_used: int = 0
     """...with its CUDA context, just before the load (the agent's `before` reading)."""
+    suggested_allowance: int = 0
+    """The --gpu-mem-process-allowance that covers the process's CUDA context."""
     admission: str = ""
     after_used: int = 0
     measured: int = 0
@@ -204,6 +227,11 @@ class Measurement:
     @property
     def error(self) -> int:
         return self.measured - self.known
+
+    @property
+    def context(self) -> int:
+        """What the process's CUDA context holds on the GPU (a stub backend's own)."""
+        return self.before_used - self.idle_used
 
 
 @dataclass
@@ -291,9 +319,15 @@ def read_baselines(snapshot: GpuSnapshot, report: Report) -> None:
     for gpu in (g for g in snapshot.gpus if g.healthy):
         held = [p["used"] for p in details[gpu.index]["processes"]]
         known = None if any(h is None for h in held) else sum(held)
-        report.baselines.append(
-            Baseline(gpu.index, gpu.uuid, gpu.memory_total, gpu.memory_used, known)
-        )
+        baseline = Baseline(gpu.index, gpu.uuid, gpu.memory_total, gpu.memory_used, known)
+        report.baselines.append(baseline)
+        if baseline.without_triton:
+            report.notes.append(
+                f"no process holds memory on GPU {gpu.index}, so Triton's CUDA context is not in "
+                f"its figure: the suggestion adds the {TRITON_CONTEXT // 1024**2} MiB Triton "
+                f"was measured to take; for this node's own figure run the check where Triton "
+                f"runs (the node pod's agent container, --gpu-source=triton)"
+            )
     if report.baselines:
         report.suggested_reserve = suggested_reserve(report.baselines)
 
@@ -329,6 +363,14 @@ def measure(
         ledger.loading.add(uuid)
         before = _used(reader, uuid)
         m.before_used = before.memory_used
+        m.suggested_allowance = suggested_allowance(m.context)
+        if m.context > settings.gpu_mem_process_allowance:
+            report.notes.append(
+                f"the stand-in process's CUDA context takes {m.context} bytes, more than the "
+                f"{settings.gpu_mem_process_allowance}-byte --gpu-mem-process-allowance: give "
+                f"the binder --gpu-mem-process-allowance={m.suggested_allowance // 1024**2}Mi, "
+                f"or a Python model within its request is measured over it"
+            )
         m.admission = admission_problem(before, m.request, [], reserve)
         if m.admission:
             report.fail(
@@ -485,16 +527,17 @@ def _render_reserve(report: Report, write: Callable[[str], Any]) -> None:
     write("\nGPU memory held with no model loaded (valid only if none is):\n")
     for b in report.baselines:
         held = "not said" if b.held_by_processes is None else f"{b.held_by_processes} bytes"
+        triton = f"; with Triton's context: {b.idle} bytes" if b.without_triton else ""
         write(
             f"  GPU {b.index} ({b.uuid}): {b.used} bytes ({format_bytes(b.used)}) of "
-            f"{format_bytes(b.total)}; by the processes NVML lists: {held}\n"
+            f"{format_bytes(b.total)}; by the processes NVML lists: {held}{triton}\n"
         )
     reserve = report.suggested_reserve or 0
     write(
         f"Suggested --gpu-mem-reserve: {reserve // 1024**2}Mi ({reserve} bytes): the most any "
-        f"GPU holds, plus {format_bytes(BACKEND_ALLOWANCE)} for the backend libraries a GPU's "
-        f"first model loads, rounded up to 256Mi. Give it to the binder (the chart's "
-        f"binder.gpuMemReserve) and keep the largest figure over your GPU nodes.\n"
+        f"GPU holds with Triton running, plus {format_bytes(BACKEND_ALLOWANCE)} for the backend "
+        f"libraries a GPU's first model loads, rounded up to 256Mi. Give it to the binder (the "
+        f"chart's binder.gpuMemReserve) and keep the largest figure over your GPU nodes.\n"
     )
 
 
@@ -504,7 +547,12 @@ def _render_measurement(
     write(f"\nStand-in model on GPU {settings.gpu}: {m.runs_on or 'not started'}.\n")
     write(
         f"  GPU used before the process: {m.idle_used} bytes; with its CUDA context: "
-        f"{m.before_used} (the context: {m.before_used - m.idle_used})\n"
+        f"{m.before_used} (the context: {m.context})\n"
+    )
+    write(
+        f"  Per-process allowance: a model in its own process (Python backend) holds such a "
+        f"context beyond its request; suggested --gpu-mem-process-allowance: "
+        f"{m.suggested_allowance // 1024**2}Mi (now {settings.gpu_mem_process_allowance})\n"
     )
     write(
         f"  Admission of a {m.request}-byte request, reserve {settings.gpu_mem_reserve}: "

@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
 from agent.errors import InvalidRequestError, TenantCodeNotAllowedError
+from common.backends import runs_in_own_process
 from common.modelconfig import ModelConfig, ModelConfigError, parse_model_config
 
 _RENAME = "Triton would refuse to load it: make them equal"
@@ -438,6 +439,22 @@ def _host_problems(config: ModelConfig) -> list[str]:
 def backend_of(config: ModelConfig) -> str:
     """The backend that serves the model (a platform, as its backend's name)."""
     return str(config.backend or PLATFORM_BACKENDS.get(config.platform, config.platform))
+
+
+def check_declared_backend(config: ModelConfig, model_id: str, declared: str) -> None:
+    """Refuse a model that runs in a process of its own (its own CUDA context) when its pod
+    declared an in-process backend: the binder booked no per-process allowance for it, so it
+    would hold more than its placement booked (`common.backends`)."""
+    if runs_in_own_process(backend_of(config), config.runtime) and not runs_in_own_process(
+        declared
+    ):
+        raise InvalidRequestError(
+            f"model {model_id!r} runs in a process of its own (backend "
+            f"{backend_of(config)!r}{', runtime ' + repr(config.runtime) if config.runtime else ''}"
+            f"), with a CUDA context its request does not hold, but its pod declares backend "
+            f"{declared!r}, so the binder booked no per-process allowance for it; correct or "
+            f"remove the pod's backend annotation and recreate the pod"
+        )
 
 
 def onnx_files(config: ModelConfig, paths: list[str]) -> list[str]:

@@ -67,7 +67,13 @@ from agent.lifecycle import (
 from agent.limits import ModelLimits
 from agent.memory import MemoryLedger, Unexplained, admission_problem, describe
 from agent.metrics import AgentMetrics
-from agent.modelconfig import override_json, parse_config, pinned_as, pinned_config
+from agent.modelconfig import (
+    check_declared_backend,
+    override_json,
+    parse_config,
+    pinned_as,
+    pinned_config,
+)
 from agent.owners import Owners
 from agent.ownership import OwnerRecord, OwnerStore
 from agent.placement import Proven
@@ -515,6 +521,7 @@ class Models:
         # directories beside its files since.
         versions = self.limits.policy.versions(model_id, _subdirectories(directory))
         self.limits.policy.check_config(config, model_id, owner.namespace, versions)
+        check_declared_backend(config, model_id, owner.pod.backend)
         sizes = {e.path: e.size for e in manifest.files}
         self.limits.policy.check_load_data_files(config, model_id, sizes)
         pin = self._pin(index)

@@ -67,6 +67,9 @@ class PodInfo:
     residency: str = RESIDENCY_ALWAYS
     """The residency annotation as a class (`on-demand`, else `always`), unverified: the proof
     of placement binds it (`agent.placement`)."""
+    backend: str = ""
+    """The backend the pod declares (`<prefix>backend`, "" when none), unverified: the binder
+    booked the per-process allowance unless it names an in-process one (`common.backends`)."""
     host: str = ""
     """For a replica of a model host: the host pod's name ("" for a model pod)."""
     host_uid: str = ""
@@ -235,6 +238,7 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
         gpu_uuid=str(annotations.get(keys.gpu, "")),
         deleting=bool(metadata.get("deletionTimestamp")),
         placement=str(annotations.get(keys.placement, "")),
+        backend=str(annotations.get(keys.backend) or ""),
         pod_ip=str(status.get("podIP") or ""),
         host_ip=str(status.get("hostIP") or ""),
         host_network=bool(spec.get("hostNetwork")),

@@ -122,6 +122,7 @@ class Binder:
             placement_keys=self.placement_keys.ring,
             tenant_code=settings.tenant_code_namespaces,
             min_gpu_mem=settings.min_gpu_mem,
+            allowance=settings.gpu_mem_process_allowance,
             on_model=self.models.changed,
             on_host_gone=self.models.hosts_changed,
             on_host=self.models.host_changed,
@@ -139,6 +140,7 @@ class Binder:
             on_change=self._leadership_changed,
             annotations={
                 settings.keys.gpu_mem_reserve: str(settings.gpu_mem_reserve),
+                settings.keys.gpu_mem_process_allowance: str(settings.gpu_mem_process_allowance),
                 settings.keys.tenant_code_namespaces: ",".join(settings.tenant_code_namespaces),
             },
         )

@@ -156,6 +156,7 @@ class ClusterCache:
         placement_keys: Callable[[], KeyRing] | None,
         tenant_code: Collection[str] = (),
         min_gpu_mem: int = MIN_GPU_MEM,
+        allowance: int = 0,
         clock: Callable[[], float] = time.time,
         on_model: Callable[[str], None] = lambda uid: None,
         on_host_gone: Callable[[str], None] = lambda namespace: None,
@@ -168,10 +169,12 @@ class ClusterCache:
         `placement_keys` gives the ring in force (reread as the Secret rotates); None checks
         proofs for form only, for a CLI user who cannot read the key (`binder.proofs`).
         `tenant_code`: the namespaces allowed to run their own code in Triton; `min_gpu_mem`:
-        the least GPU memory a model may ask (`--min-gpu-mem`)."""
+        the least GPU memory a model may ask (`--min-gpu-mem`); `allowance`: the per-process
+        allowance booked with a model's request (`common.backends`)."""
         self.keys = keys
         self.tenant_code = frozenset(tenant_code)
         self.min_gpu_mem = min_gpu_mem
+        self.allowance = allowance
         self.scheduler_name = scheduler_name
         self.ledger = ledger
         # The ledger's parts under short names: read on every event, and never replaced.
@@ -190,7 +193,7 @@ class ClusterCache:
     # ---- pods ----------------------------------------------------------------------------------
 
     def apply_pod(self, event: str, obj: JsonObject) -> None:
-        pod = pod_from_api(obj, self.keys, self.tenant_code, self.min_gpu_mem)
+        pod = pod_from_api(obj, self.keys, self.tenant_code, self.min_gpu_mem, self.allowance)
         if not pod.uid:
             return
         if self._is_host(pod):
@@ -267,7 +270,12 @@ class ClusterCache:
         a replica gone from the status is freed, unless the binder has just placed it and its
         status write is on the way (assumed)."""
         model = model_from_api(
-            obj, self.keys, self.scheduler_name, self.tenant_code, self.min_gpu_mem
+            obj,
+            self.keys,
+            self.scheduler_name,
+            self.tenant_code,
+            self.min_gpu_mem,
+            self.allowance,
         )
         model = resolve(model, self.ledger.priority_classes)
         if not model.uid:

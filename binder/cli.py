@@ -40,6 +40,7 @@ from binder.report import (
     explain_document,
     load_state,
     load_states,
+    published_allowance,
     published_reserve,
     published_tenant_code,
     quarantined,
@@ -114,6 +115,7 @@ def fold(
         listener=_Quiet(),
         placement_keys=None if ring is None else lambda: ring,
         tenant_code=published_tenant_code(listing.leases, keys),
+        allowance=published_allowance(listing.leases, keys),
     )
     cache.replace_nodes(listing.nodes)
     cache.replace_namespaces(listing.namespaces)
@@ -690,7 +692,7 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         namespace = namespace or flags.get("namespace") or context_namespace or "default"
         try:
             raw = kube.read_pod(namespace, name)
-            pod = pod_from_api(raw, keys, cache.tenant_code, cache.min_gpu_mem)
+            pod = pod_from_api(raw, keys, cache.tenant_code, cache.min_gpu_mem, cache.allowance)
         except NotFoundError:
             print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
             return 1

@@ -22,6 +22,7 @@ from binder.podterms import (
     pod_affinity_from_spec,
     spread_from_spec,
 )
+from common.backends import BackendError, declared_backend, process_allowance
 from common.contract import (
     MIN_GPU_MEM,
     RESIDENCY_ON_DEMAND,
@@ -396,10 +397,12 @@ def pod_from_api(
     keys: Keys,
     tenant_code: Collection[str] = (),
     min_gpu_mem: int = MIN_GPU_MEM,
+    allowance: int = 0,
 ) -> PodInfo:
     """Convert an API pod; never raises on user input (problems land in `problem`).
     `tenant_code`: the namespaces allowed to run their own code in Triton; `min_gpu_mem`: the
-    least GPU memory a model may ask (`--min-gpu-mem`)."""
+    least GPU memory a model may ask (`--min-gpu-mem`); `allowance`: the per-process allowance,
+    booked in `request` unless the pod declares an in-process backend."""
     meta = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     status = _mapping(obj.get("status"))
@@ -430,6 +433,12 @@ def pod_from_api(
                 validate_model_id(model_id)
             except ValueError as e:
                 problem = f"annotation {keys.model_id}: {e}"
+    try:
+        declared = declared_backend(annotations.get(keys.backend), keys.backend)
+    except BackendError as e:
+        declared, problem = "", problem or str(e)
+    if request > 0:
+        request += process_allowance(declared, allowance)
     residency = annotations.get(keys.residency)
     if residency is not None and not problem:
         try:
@@ -674,6 +683,7 @@ def model_from_api(
     scheduler_name: str,
     tenant_code: Collection[str] = (),
     min_gpu_mem: int = MIN_GPU_MEM,
+    allowance: int = 0,
 ) -> ModelInfo:
     """Convert an API TritonModel; never raises on user input (problems land in the template's
     `problem`). Its replicas are read as the pod a model pod of the same spec would be, so
@@ -699,6 +709,9 @@ def model_from_api(
         {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}
     ]
     annotations = {keys.model_id: name, keys.residency: str(spec.get("residency") or "always")}
+    backend = _mapping(meta.get("annotations")).get(keys.backend)
+    if backend is not None:
+        annotations[keys.backend] = str(backend)
     pod = {
         "metadata": {
             "uid": str(meta.get("uid", "")),
@@ -710,7 +723,7 @@ def model_from_api(
         },
         "spec": pod_spec,
     }
-    template = as_replica(pod_from_api(pod, keys, tenant_code, min_gpu_mem))
+    template = as_replica(pod_from_api(pod, keys, tenant_code, min_gpu_mem, allowance))
     placed: dict[int, tuple[str, str, str]] = {}
     placed_uris: dict[int, str] = {}
     for ordinal, entry in _by_ordinal(status.get("placements")):

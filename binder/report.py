@@ -38,11 +38,21 @@ def residency_figures(info: NodeInfo, pods: Iterable[PodInfo]) -> tuple[int, int
 def published_reserve(leases: list[JsonObject], keys: Keys) -> int | None:
     """The GPU memory reserve the binder places with, as its leader publishes it on the leader
     Lease (from its --gpu-mem-reserve); None when no binder has published one."""
+    return _published_bytes(leases, keys.gpu_mem_reserve)
+
+
+def published_allowance(leases: list[JsonObject], keys: Keys) -> int:
+    """The per-process allowance the binder books, as its leader publishes it (from its
+    --gpu-mem-process-allowance); 0 when no binder has published one."""
+    return _published_bytes(leases, keys.gpu_mem_process_allowance) or 0
+
+
+def _published_bytes(leases: list[JsonObject], key: str) -> int | None:
     for lease in leases:
         metadata = lease.get("metadata") or {}
         if metadata.get("name") != BINDER_LEADER_LEASE:
             continue
-        value = str((metadata.get("annotations") or {}).get(keys.gpu_mem_reserve, ""))
+        value = str((metadata.get("annotations") or {}).get(key, ""))
         return int(value) if value.isdigit() else None
     return None
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from binder.errors import SettingsError
 from binder.placement import POLICIES, Policy
+from common.backends import PROCESS_ALLOWANCE
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_AGENT_GRPC_PORT,
@@ -115,6 +116,16 @@ class Settings:
     )
     """The least GPU memory a model may ask (a quantity): a model asking less is not placed, so
     a GPU-memory quota bounds a namespace's models. Default 64Mi."""
+    gpu_mem_process_allowance: int = setting(
+        "gpu-mem-process-allowance",
+        "bytes booked beyond the request of a model that may run in a process of its own "
+        "(Python backend: its CUDA context), a quantity",
+        quantity(),
+        default=f"{PROCESS_ALLOWANCE // 1024**2}Mi",
+    )
+    """Bytes booked on top of the GPU memory request of every model whose pod or TritonModel
+    does not declare an in-process backend in `<prefix>backend` (`common.backends`): a Python
+    model's stub process holds its own CUDA context. Default 640Mi."""
     tenant_code_namespaces: tuple[str, ...] = setting(
         "tenant-code-namespaces",
         "comma-separated namespaces allowed to run their own code in Triton: their model pods "

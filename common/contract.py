@@ -175,6 +175,12 @@ class Keys:
         return f"{self.prefix}residency"
 
     @property
+    def backend(self) -> str:
+        """Pod and TritonModel annotation: the Triton backend of the model (`onnxruntime`...);
+        an in-process one spares the per-process allowance (`common.backends`)."""
+        return f"{self.prefix}backend"
+
+    @property
     def gpu_mem_overcommit(self) -> str:
         """Node label set by the operator: the over-commit factor of the node's GPUs for
         `on-demand` models, a decimal number from 1 (off, the default) to `MAX_OVERCOMMIT`."""
@@ -185,6 +191,12 @@ class Keys:
         """Leader Lease annotation written by the binder: the GPU memory reserve it places with,
         decimal bytes, so `tritonshare status` counts as the binder does."""
         return f"{self.prefix}gpu-mem-reserve"
+
+    @property
+    def gpu_mem_process_allowance(self) -> str:
+        """Leader Lease annotation written by the binder: the per-process allowance it books
+        (`common.backends`), decimal bytes, so `tritonshare explain` books as the binder does."""
+        return f"{self.prefix}gpu-mem-process-allowance"
 
 
 def agent_lease_name(node_name: str) -> str:

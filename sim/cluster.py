@@ -16,6 +16,12 @@ With `admission_policies=True` the API server also runs the project's
 ValidatingAdmissionPolicies (deploy/base) and the binders call it with their service account's
 token; off by default (see `SimCluster.admission_policies`).
 
+A real node whose `gpus` is `REAL_GPUS` runs on this machine's own GPUs: its agent is `python -m
+agent` reading the real NVML (no mock, no `--cpu-only`: models are pinned to the GPUs), and its
+Triton runs them there with the Python backend's stub environment checked (numpy<2); with
+`gpu_mem_reserve` and `process_allowance` the binders place as on a real cluster
+(`sim.demo.gpucheck`).
+
 Each real node has an address of its own in 127.0.0.0/8 (127.0.0.1, 127.0.0.2, ... in the order
 given), where its agent and gateway listen on the same ports as every other real node's, as on a
 real cluster; their pods share one pool of pod IPs (`sim.node.addresses`).
@@ -75,7 +81,7 @@ from sim.processes import (
     wait_until,
 )
 from sim.tls import TlsUnavailableError, self_signed
-from sim.triton import TritonServer, TritonUnavailableError, free_port
+from sim.triton import TritonServer, TritonUnavailableError, free_port, stub_environment_problem
 
 # The admin header sim.triton's restricted Triton expects; the agent sends it, tenants cannot.
 TRITON_ADMIN_HEADER = "tritonshare-admin-key:local"
@@ -108,6 +114,8 @@ GPU_NODE_TAINT = {
 }
 
 
+REAL_GPUS = "real"
+"""`NodeSpec.gpus` of a node on this machine's own GPUs, read through the real NVML."""
 NODE_POD_GROUP = "node-pod"
 """The first real node's node pod's CPU group (with `cpu_shares`); another real node's is
 `node-pod-<node>`."""
@@ -177,7 +185,7 @@ class NodeSpec:
 
     name: str
     gpus: str
-    """Mock NVML spec, such as 2xT4 or 1xA100-80GB."""
+    """Mock NVML spec, such as 2xT4 or 1xA100-80GB; `REAL_GPUS` for this machine's own."""
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, str], ...] = ()
     real: bool = False
@@ -235,6 +243,9 @@ class SimCluster:
         webhook: bool = False,
         cpu_shares: bool = False,
         node_ports: bool = False,
+        gpu_mem_reserve: int = 0,
+        process_allowance: int = 0,
+        process_context: int = 0,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         if len({n.name for n in nodes}) != len(nodes):
@@ -276,6 +287,12 @@ class SimCluster:
         writes them reach them at `$(HOST_IP)`, and its Triton with the ONNX Runtime stand-in
         (`sim.triton.TritonServer.onnx_standin`) so that the example's ONNX model is served. Off
         by default: fixed ports let one such cluster run on a machine at a time."""
+        self.gpu_mem_reserve = gpu_mem_reserve
+        self.process_allowance = process_allowance
+        """The binders' --gpu-mem-reserve and --gpu-mem-process-allowance: 0 by default, as the
+        mock GPUs hold no driver share or Triton context, and their models no context of their
+        own unless `process_context` says so (bytes each Python model's stub takes on them)."""
+        self.process_context = process_context
         self.say = say
         self.missing: list[str] = []
         self.exit_codes: dict[str, int | None] = {}
@@ -344,6 +361,7 @@ class SimCluster:
             restricted=True,
             log_path=self.workdir / "logs" / f"{log_name}{suffix}.log",
             onnx_standin=self.node_ports,
+            gpu_metrics=node.gpus == REAL_GPUS,
         )
         triton.model_repository.mkdir(parents=True, exist_ok=True)
         return triton
@@ -405,6 +423,9 @@ class SimCluster:
 
     def _start_triton(self, node: NodeSpec, log_name: str = "tritonserver") -> None:
         triton = self._new_triton(node, log_name)
+        problem = stub_environment_problem() if node.gpus == REAL_GPUS else ""
+        if problem:
+            raise ClusterError(problem)
         try:
             triton.start()
         except (TritonUnavailableError, RuntimeError, TimeoutError) as e:
@@ -493,9 +514,14 @@ class SimCluster:
             repository, triton_url = node_dir / "models", f"127.0.0.1:{free_port()}"
             triton_grpc_url = f"127.0.0.1:{free_port()}"
             repository.mkdir(parents=True, exist_ok=True)
+        simulated = [
+            "--simulate-model-memory", "--process-context", str(self.process_context)
+        ] if node.real else []  # fmt: skip
+        on_gpus = node.gpus == REAL_GPUS
         argv = [
-            sys.executable, "-m", "sim.gpu.agent_node", "--gpus", node.gpus,
-            *(["--simulate-model-memory"] if node.real else []), "--",
+            *([sys.executable, "-m", "agent"] if on_gpus else [
+                sys.executable, "-m", "sim.gpu.agent_node", "--gpus", node.gpus, *simulated, "--"
+            ]),
             "--node-name", node.name,
             "--kubeconfig", str(self.kubeconfig),
             "--model-repository", str(repository),
@@ -509,7 +535,7 @@ class SimCluster:
             "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
             # Measured GPU memory reaches the binder within seconds in the demo.
             "--usage-publish-seconds", "2",
-            "--cpu-only",
+            *([] if on_gpus else ["--cpu-only"]),
         ]  # fmt: skip
         if node.real and gateway is not None:
             argv += ["--gateway-table", str(gateway.caller_table)]
@@ -640,6 +666,8 @@ class SimCluster:
                 "--renew-deadline", str(BINDER_LEASE_SECONDS * 2 // 3),
                 "--retry-period", "1",
                 "--tenant-code-namespaces", ",".join(self.tenant_code_namespaces),
+                "--gpu-mem-reserve", str(self.gpu_mem_reserve),
+                "--gpu-mem-process-allowance", str(self.process_allowance),
             ]  # fmt: skip
             if self.ports is not None and self.gateways:
                 # The model hosts it creates reach the real nodes' agents and gateways where the

@@ -90,6 +90,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stub_environment_problem(python: Path | None = None) -> str:
+    """Why the Python backend's stub would answer nothing right ("" when it would): it takes
+    its packages from the `python3` first on PATH (`TritonServer.start` puts this interpreter's
+    there), and nvidia-pytriton 0.7's stub needs numpy<2 in it."""
+    python = python or Path(sys.executable).parent / "python3"
+    probe = "import numpy; print(numpy.__version__)"
+    found = subprocess.run(
+        [str(python), "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    version = found.stdout.strip()
+    if found.returncode != 0 or not version or int(version.split(".")[0]) >= 2:
+        have = f"numpy {version}" if version else "no numpy"
+        return (
+            f"the Python backend's stub takes its packages from {python}, which has {have}: "
+            f"nvidia-pytriton 0.7's stub needs numpy<2 there (with numpy 2 every answer fails); "
+            f"run from a venv with numpy<2 (make venv), or bash tests/gpu/run_on_gpu.sh env"
+        )
+    return ""
+
+
 @dataclass
 class TritonServer:
     """One tritonserver process. Use as a context manager (which discards it at the end), or
@@ -103,6 +123,8 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     startup_timeout: float = 60.0
+    gpu_metrics: bool = False
+    """Serve Triton's GPU metrics (`nv_gpu_memory_used_bytes`): on a machine's real GPUs."""
     onnx_standin: bool = False
     """Also run models of the `onnxruntime` backend, with the stand-in of
     `sim/tritonbackends/onnxruntime` (element-wise FP32 graphs only): the simulated cluster's
@@ -138,7 +160,7 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--http-address=127.0.0.1",
             "--grpc-address=127.0.0.1",
-            "--allow-gpu-metrics=false",
+            f"--allow-gpu-metrics={str(self.gpu_metrics).lower()}",
             "--allow-cpu-metrics=false",
             "--exit-on-error=false",
             "--strict-readiness=true",

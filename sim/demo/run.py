@@ -36,7 +36,7 @@ from common.contract import Keys
 from common.quantity import format_bytes
 from common.tritonname import private_triton_name
 from sim.cluster import SimCluster
-from sim.demo import autoscale, rollout
+from sim.demo import autoscale, gpucheck, rollout
 from sim.demo.report import (
     ALL_PODS,
     INTRO,
@@ -789,6 +789,11 @@ def main(argv: list[str] | None = None) -> int:
         allow_abbrev=False, prog="python -m sim.demo", description=__doc__
     )
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
+    parser.add_argument(
+        "--real-gpu",
+        action="store_true",
+        help="run on this machine's GPUs and print the figures of a GPU check (sim.demo.gpucheck)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tritonshare-demo-"))
@@ -796,6 +801,8 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    if args.real_gpu:
+        return gpucheck.main(workdir, say)
     for line in INTRO:
         say(line)
     try:

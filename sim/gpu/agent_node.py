@@ -19,7 +19,7 @@ import kubernetes.client
 import kubernetes.config
 
 from agent.settings import DECLARATION as AGENT_SETTINGS
-from common.settings import Declaration, Setting, path
+from common.settings import Declaration, Setting, path, quantity
 from sim.cluster import USER_AGENT as CLUSTER_USER_AGENT
 from sim.gpu.load import ModelFootprints
 from sim.gpu.nvml import Spec, SpecError, install, load_events, parse_spec
@@ -48,6 +48,14 @@ OWN_FLAGS = Declaration(
             env=None,
             switch=True,
         ),
+        Setting(
+            "process-context",
+            "with --simulate-model-memory, bytes each model of a backend that runs in a process "
+            "of its own (python) also holds, as its stub's CUDA context does on a real GPU",
+            quantity(),
+            env=None,
+            default="0",
+        ),
     ],
     error=SettingsError,
 )
@@ -62,7 +70,7 @@ def _node_name(agent_args: Sequence[str]) -> str:
     return _flag(agent_args, "node-name") or "node"
 
 
-def _footprints(agent_args: Sequence[str], spec: Spec) -> ModelFootprints:
+def _footprints(agent_args: Sequence[str], spec: Spec, process_context: int) -> ModelFootprints:
     """Model memory from the agent's own Triton, repository and cluster (its flags)."""
     config = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -80,6 +88,7 @@ def _footprints(agent_args: Sequence[str], spec: Spec) -> ModelFootprints:
         _node_name(agent_args),
         {gpu.uuid: index for index, gpu in enumerate(spec.gpus)},
         admin_header=(name.strip(), value.strip()) if value else None,
+        process_context=process_context,
     )
 
 
@@ -101,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     mock = install(spec)
     if options.get("simulate_model_memory"):
-        mock.set_workload(_footprints(agent_args, spec))
+        mock.set_workload(_footprints(agent_args, spec, options["process_context"]))
     # Imported only now, so that agent.gpus binds the mock as `pynvml`.
     from agent.__main__ import main as agent_main
 

@@ -10,7 +10,10 @@ in Triton on this node (its private name, `common.tritonname`, or for a model in
 private names its model id), by the pod's `tritonshare.io/gpu` annotation. Tests make a loaded
 model allocate more at a moment of their choosing with `allocate(model, bytes)` (by its name in
 Triton; a tenant's model growing on its first large request, say); like the rest of its
-footprint, that is freed when its unload has finished.
+footprint, that is freed when its unload has finished. With `process_context`, a model whose
+backend runs in a process of its own (`backend: "python"`, `common.backends`) also holds that
+many bytes while it is in memory, as a stub process's CUDA context does on a real GPU (524 to 616
+MiB, docs/results.md; one instance per model here).
 It reads Triton's repository index, the model's config file and the node's pods; it writes
 nothing and knows nothing of the agent. `mock.set_workload(ModelFootprints(...))`.
 """
@@ -29,6 +32,7 @@ from typing import Any
 
 import kubernetes.client
 
+from common.backends import runs_in_own_process
 from common.contract import Keys
 from common.quantity import QuantityError, parse_quantity
 from common.tritonname import private_triton_name
@@ -59,6 +63,7 @@ class ModelFootprints:
         admin_header: tuple[str, str] | None = None,
         cache_seconds: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
+        process_context: int = 0,
     ) -> None:
         self._url = triton_http_url if "://" in triton_http_url else f"http://{triton_http_url}"
         self._repository = repository
@@ -69,6 +74,7 @@ class ModelFootprints:
         self._headers = dict([admin_header]) if admin_header else {}
         """What Triton's restricted repository API asks of its callers (the agent's header)."""
         self._cache_seconds = cache_seconds
+        self.process_context = process_context
         self._clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[int, int]] = (-1e9, {})
@@ -144,12 +150,25 @@ class ModelFootprints:
                 if growth and now - first >= float(after or 0):
                     size += _bytes(growth)
                 size += self._allocated.get(model, 0)
+                if self.process_context and _own_process(text):
+                    size += self.process_context
             except (OSError, QuantityError):
                 continue
             if model in gpus and size:
                 index = gpus[model]
                 footprint[index] = footprint.get(index, 0) + size
         return footprint
+
+
+def _own_process(config_text: str) -> bool:
+    """Whether the config's backend runs each instance in a process of its own."""
+    backend = re.search(r'^\s*backend:\s*"([^"]*)"', config_text, re.MULTILINE)
+    runtime = re.search(r'^\s*runtime:\s*"([^"]*)"', config_text, re.MULTILINE)
+    if backend is None and re.search(r"^\s*platform:", config_text, re.MULTILINE):
+        return False  # a framework platform (onnxruntime_onnx...) runs in Triton's process
+    return runs_in_own_process(
+        backend.group(1) if backend else "", runtime.group(1) if runtime else ""
+    )
 
 
 def _bytes(text: str) -> int:

@@ -31,6 +31,7 @@ PRODUCTS: dict[str, Product] = {
     "A100-40GB": Product("NVIDIA A100-SXM4-40GB", 40960 * MiB),
     "T4": Product("Tesla T4", 15360 * MiB),
     "H100-80GB": Product("NVIDIA H100 80GB HBM3", 81559 * MiB),
+    "H200": Product("NVIDIA H200", 143771 * MiB),
     "L4": Product("NVIDIA L4", 23034 * MiB),
 }
 

@@ -56,11 +56,12 @@ def make_pod(
     proven: bool = True,
     request: int = 1024**3,
     residency: str = "",
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod bound to `node`; `proven` also writes the binder's placement proof (signed with the
     tests' key, as the binder signs with the cluster's); `residency`, when given, is its
-    residency annotation."""
-    annotations = {f"{prefix}model-id": model_id}
+    residency annotation; `annotations`: more of them."""
+    annotations = {**(annotations or {}), f"{prefix}model-id": model_id}
     if residency:
         annotations[f"{prefix}residency"] = residency
     if gpu_uuid:

@@ -436,3 +436,64 @@ async def test_a_neighbour_growing_between_polls_is_the_one_warned(
     assert "GPUMemoryOverRequest" not in victim_events, victim_events
     assert "GPUMemoryExceeded" not in victim_events, victim_events
     assert (await running.agent.triton.state(tn(kube_api, "victim", "team-b"))).state == "READY"  # type: ignore[union-attr]
+
+
+STUB_CONTEXT = 600 * 1024**2
+"""A Python model's stub process's CUDA context (524 to 616 MiB on a real GPU)."""
+ALLOWANCE = 640 * 1024**2
+"""The binder's default --gpu-mem-process-allowance, booked with a Python model's request."""
+
+
+@pytest.mark.parametrize("memory_agent", [{"gpu_mem_enforcement": "evict"}], indirect=True)
+async def test_a_python_model_booked_with_the_allowance_keeps_its_context(
+    memory_agent: RunningAgent,
+    footprints: ModelFootprints,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """A Python model that allocates exactly its request holds its stub's CUDA context too: booked
+    with the per-process allowance (the binder's default) it stays; booked at its request alone
+    it is measured over it and evicted, which is why the binder books the allowance."""
+    running = memory_agent
+    footprints.process_context = STUB_CONTEXT
+    await serve(
+        running, apiserver, kube_api, tmp_path, "booked", request=GI + ALLOWANCE, uses="1Gi"
+    )
+    await serve(running, apiserver, kube_api, tmp_path, "unbooked", request=GI, uses="1Gi", gpu=1)
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+
+    def evicted(name: str) -> bool:
+        pod = core.read_namespaced_pod(name, "default")
+        return bool(pod.status.phase == "Failed" and pod.status.reason == "GPUMemoryExceeded")
+
+    await eventually(lambda: evicted("unbooked"), what="the unbooked model to be evicted")
+    assert running.agent.models.ledger.measured(tn(kube_api, "booked")) == GI + STUB_CONTEXT
+    assert not evicted("booked")
+    index = await running.agent.triton.index()
+    assert index[tn(kube_api, "booked")].state == "READY"
+
+
+async def test_a_python_model_whose_pod_declares_an_in_process_backend_is_refused(
+    memory_agent: RunningAgent,
+    apiserver: RunningApiServer,
+    kube_api: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """The binder booked no allowance for a pod that declares onnxruntime; the agent reads the
+    model's config.pbtxt and refuses to load a Python model for it, so the pod cannot hold its
+    context on memory nobody booked."""
+    running = memory_agent
+    gpu = running.mock.gpus[0].uuid
+    declared = {"tritonshare.io/backend": "onnxruntime"}
+    make_pod(kube_api, "liar", "liar", gpu_uuid=gpu, request=GI, annotations=declared)
+    token = apiserver.mint_token("default", "liar")
+    await install_dir(running.stub, token, model_using(tmp_path, "liar", "512Mi"), "liar")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await running.stub.LoadModel(
+            agent_pb2.LoadModelRequest(model_id="liar"), metadata=bearer(token)
+        )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = refused.value.details() or ""
+    assert "runs in a process of its own (backend 'python')" in details, details
+    assert "declares backend 'onnxruntime'" in details

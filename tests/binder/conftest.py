@@ -27,6 +27,9 @@ async def make_binder(kubeconfig: Path, placement_keys: PlacementKeys) -> AsyncI
             "lease_duration_seconds": 2.0,
             "renew_deadline_seconds": 1.5,
             "retry_period_seconds": 0.2,
+            # Their GPU arithmetic counts requests alone; test_process_allowance.py adds the
+            # per-process allowance.
+            "gpu_mem_process_allowance": 0,
         }
     )
     yield replicas

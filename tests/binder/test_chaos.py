@@ -98,6 +98,7 @@ def test_a_binder_process_outlives_an_outage_longer_than_its_lease_without_doubl
                 "--lease-duration", str(LEASE_SECONDS), "--renew-deadline", "2",
                 "--retry-period", "0.5", "--watch-failure-grace", "1",
                 "--backoff-initial", "0.2", "--backoff-max", "1",
+                "--gpu-mem-process-allowance", "0",  # the pods fill the GPUs by their requests
                 "--placement-key-dir", str(placement_keys.directory),
             ],
             cwd=ROOT,

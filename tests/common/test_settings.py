@@ -112,7 +112,7 @@ PARTS = [
         sim.gpu.agent_node.OWN_FLAGS,
         None,
         sim.gpu.agent_node.SettingsError,
-        {},
+        {"gpus": "1xT4"},
     ),
 ]
 SETTINGS = [

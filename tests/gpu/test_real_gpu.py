@@ -2,7 +2,8 @@
 TRITONSHARE_REQUIRE_GPU=1 (tests/gpu/run_on_gpu.sh sets it) a missing GPU, driver or torch fails.
 
 Self-contained: on a GPU machine that has only the check's dependencies (NVML, grpcio, torch,
-pytest) it runs as `pytest --noconftest tests/gpu/test_real_gpu.py`.
+pytest) it runs as tests/gpu/run_on_gpu.sh runs it: `pytest -c tests/gpu/pytest-gpu.ini --rootdir .
+--noconftest tests/gpu/test_real_gpu.py`.
 """
 
 from __future__ import annotations
