@@ -23,7 +23,7 @@ from aiohttp import web
 
 from sim.apiserver import binding, customresources, discovery, eviction, listing, quota, tables
 from sim.apiserver import watch as watches
-from sim.apiserver.admission import webhooks
+from sim.apiserver.admission import podsecurity, webhooks
 from sim.apiserver.admission.policies import Policies
 from sim.apiserver.admission.policies import Request as AdmissionRequest
 from sim.apiserver.audit import WRITE_VERBS, AuditLog, AuditRecord
@@ -60,6 +60,7 @@ ARRIVED_KEY = web.RequestKey("arrived", float)
 RECORDED_KEY = web.RequestKey("recorded", bool)
 USER_KEY = web.RequestKey("user", UserInfo)
 WARNINGS_KEY = web.RequestKey("warnings", list[str])
+ANNOTATIONS_KEY = web.RequestKey("annotations", dict[str, str])
 
 JsonObject = dict[str, Any]
 
@@ -189,6 +190,7 @@ class Handlers:
             return _json(e.status(), e.code)
         request[INFO_KEY] = info
         request[WARNINGS_KEY] = []
+        request[ANNOTATIONS_KEY] = {}
         code = 500
         try:
             request[USER_KEY] = self._authenticate(request)
@@ -250,6 +252,7 @@ class Handlers:
         """Validating admission for this request's writes, as its caller; warnings go to the
         response's Warning headers."""
         user, warnings = request[USER_KEY], request[WARNINGS_KEY]
+        annotations = request[ANNOTATIONS_KEY]
 
         def admit(
             operation: str,
@@ -260,6 +263,12 @@ class Handlers:
             obj: JsonObject | None,
             old: JsonObject | None,
         ) -> None:
+            # The PodSecurity plugin runs before ValidatingAdmissionPolicy, as in kube-apiserver.
+            security = podsecurity.admit(
+                self.core.store, operation, resource, subresource, namespace, name, obj, old
+            )
+            warnings.extend(security.warnings)
+            annotations.update(security.annotations)
             attributes = AdmissionRequest(
                 operation, resource, subresource, namespace, name, obj, old, user
             )
@@ -285,8 +294,20 @@ class Handlers:
                 name=info.name,
                 code=code,
                 peer=_peer(request),
+                annotations=tuple(sorted(request.get(ANNOTATIONS_KEY, {}).items())),
             )
         )
+        violations = request.get(ANNOTATIONS_KEY, {}).get(podsecurity.AUDIT_VIOLATIONS)
+        if violations:
+            log.info(
+                "Audit: %s %s %s/%s: %s=%s.",
+                info.verb,
+                info.resource_name,
+                info.namespace,
+                info.name,
+                podsecurity.AUDIT_VIOLATIONS,
+                violations,
+            )
 
     # dispatch
 
