@@ -15,9 +15,9 @@ and `complete()` adds what deploy/example writes by hand: the scheduler name, th
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
 the agent, the tolerations of GPU nodes (`nvidia.com/gpu` and tritonshare's GPU-node taint) and
 a restricted securityContext. What the pod already has is kept (a container, volume or toleration
-of the same name, the pod's own non-empty securityContext), so completing a complete pod changes nothing; a
-container named `proxy`, or KServe's `kserve-container`, is the proxy's placeholder. `patch()`
-turns the difference into a JSON patch.
+of the same name, the pod's own non-empty securityContext), so completing a complete pod changes
+nothing; a container named `proxy`, or KServe's `kserve-container`, is the proxy's placeholder.
+`patch()` turns the difference into a JSON patch.
 """
 
 from __future__ import annotations
