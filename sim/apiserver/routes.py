@@ -19,9 +19,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from sim.apiserver import binding, customresources, discovery, eviction, listing, quota, tables
+from sim.apiserver import (
+    binding,
+    customresources,
+    discovery,
+    eviction,
+    listing,
+    podlogs,
+    quota,
+    tables,
+)
 from sim.apiserver import watch as watches
 from sim.apiserver.admission import podsecurity, webhooks
 from sim.apiserver.admission.policies import Policies
@@ -170,6 +180,12 @@ class Handlers:
 
     def __init__(self, core: ApiServerCore) -> None:
         self.core = core
+        self._kubelets: aiohttp.ClientSession | None = None
+        """The one client to the kubelets (`pods/log`), made on first use, closed with the app."""
+
+    async def close(self, _: web.Application) -> None:
+        if self._kubelets is not None:
+            await self._kubelets.close()
 
     @web.middleware
     async def audit_middleware(
@@ -451,6 +467,14 @@ class Handlers:
             return self._evict(namespace, info.name, options)
         if sub == "scale":
             return await self._scale(request, info, resource, namespace)
+        if sub == "log":
+            if info.verb != "get":
+                raise method_not_allowed(info.verb, "pods/log")
+            if self._kubelets is None:
+                self._kubelets = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(connect=10))
+            return await podlogs.serve(
+                request, self.core.store, self._kubelets, namespace, info.name
+            )
         if info.verb == "get":
             return _object(self.core.registry.get(resource, namespace, info.name))
         if info.verb == "update":
@@ -680,6 +704,7 @@ class Handlers:
 def build_app(core: ApiServerCore) -> web.Application:
     handlers = Handlers(core)
     app = web.Application(middlewares=[handlers.audit_middleware], client_max_size=64 * 1024**2)
+    app.on_cleanup.append(handlers.close)
     app.router.add_get("/api", handlers.root_api)
     app.router.add_get("/apis", handlers.root_apis)
     app.router.add_get("/version", handlers.version)
