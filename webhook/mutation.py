@@ -246,6 +246,9 @@ def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str,
         "name": "storage-initializer",
         "image": settings.storage_initializer_image,
         "args": [source, MODEL_DIR],
+        # Why it failed (a 404, a typo in the URI) is the last of its log: the container's
+        # termination message, as `kubectl describe pod` shows it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": {
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},

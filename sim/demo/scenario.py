@@ -239,6 +239,7 @@ def model_pod_manifest(
                 "command": ["python", "-c", _FETCH],
                 "args": [str(MODELS_DIR / pod.source), "/mnt/models", "$(MODEL_ID)"],
                 "env": downward[:1],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": small,
                 "volumeMounts": [{"name": "model", "mountPath": "/mnt/models"}],
             },

@@ -29,6 +29,7 @@ from sim.node.addresses import PodAddresses
 from sim.node.admission import NodeAdmission, rejected_status
 from sim.node.containers import ContainerRun, now_rfc3339
 from sim.node.cpushares import CpuGroups
+from sim.node.events import EventRecorder
 from sim.node.logserver import LogServer
 from sim.node.podspec import Obj
 from sim.node.podworker import NodeRuntime, PodWorker, pod_key, read_json
@@ -82,29 +83,13 @@ class _PodWatcher:
             core.replace_namespaced_pod_status(
                 meta["name"], meta["namespace"], body, _preload_content=False
             )
-            core.create_namespaced_event(
-                meta["namespace"],
-                {
-                    "metadata": {"generateName": f"{meta['name']}."},
-                    "involvedObject": {
-                        "kind": "Pod",
-                        "namespace": meta["namespace"],
-                        "name": meta["name"],
-                        "uid": meta.get("uid", ""),
-                    },
-                    "reason": refusal.reason,
-                    "message": refusal.message,
-                    "type": "Warning",
-                    "source": {"component": "kubelet", "host": node},
-                    "firstTimestamp": stamp,
-                    "lastTimestamp": stamp,
-                    "count": 1,
-                },
-                _preload_content=False,
-            )
         except ApiException as e:
             if e.status not in (404, 409):
                 log.warning("The kubelet could not mark pod %s refused: %s", pod_key(pod), e.reason)
+            return False
+        EventRecorder(self.core, node).record(
+            pod, refusal.reason, refusal.message, event_type="Warning"
+        )
         return False
 
     def handle(self, event_type: str, pod: Obj) -> None:
@@ -182,6 +167,7 @@ class Kubelet(_PodWatcher):
             backoff_max=backoff_max,
             abandon_grace=abandon_grace,
             cpu=cpu,
+            events=EventRecorder(self.core, node_name),
         )
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
