@@ -18,9 +18,12 @@ import kubernetes.client
 import pytest
 import yaml
 
-from common.contract import DEFAULT_SYSTEM_NAMESPACE
+from binder.hostpod import host_spec
+from common.contract import DEFAULT_SYSTEM_NAMESPACE, Keys
+from common.modelpod import NodeAccess
 from sim.apiserver import start_in_thread
 from sim.apiserver.admission.podsecurity import policy_of
+from sim.apiserver.admission.podsecuritystandards import LATEST, evaluate
 from tests.conftest import require_executable
 from tests.deploy.rendering import (
     CHART,
@@ -35,6 +38,8 @@ from tests.deploy.rendering import (
 )
 from tests.deploy.test_chart_gpu_access import POOLS
 from tests.fixtures_sim import core_v1
+from webhook.mutation import complete
+from webhook.settings import Settings as WebhookSettings
 
 PSA = "pod-security.kubernetes.io/"
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job")
@@ -217,3 +222,26 @@ def test_every_documented_label_command_labels_as_kustomize_does() -> None:
         for command in commands:
             assert command == shipped, f"{where} labels the namespace {command}, not {shipped}"
     assert not re.search(r"enforce=restricted", (CHART / "README.md").read_text())
+
+
+def test_the_pods_tritonshare_writes_pass_restricted() -> None:
+    """A model host as the binder builds it (a storage Secret mounted), and pods the webhook
+    completes (a bare short form, a Deployment's placeholder, a pvc:// model) as the API server
+    hands them over: their securityContext defaulted to {}."""
+    access = NodeAccess(8100, 8010, 8011, "tritonshare-agent")
+    host = host_spec("gpu-1", "tritonshare", "tritonshare:test", access, Keys(), 2, ["creds"])
+    pods = [("model host", {}, host)]
+    for name, uri, containers in [
+        ("short form", "https://models.example.com/a.tar.gz", []),
+        ("placeholder", "s3://bucket/a", [{"name": "proxy", "image": "registry.example.com/ts"}]),
+        ("pvc", "pvc://claim/models/a", []),
+    ]:
+        annotations = {"tritonshare.io/model-uri": uri, "tritonshare.io/gpu-mem": "1Gi"}
+        written = {
+            "metadata": {"labels": {"tritonshare.io/role": "model"}, "annotations": annotations},
+            "spec": {"containers": containers, "securityContext": {}},
+        }
+        done = complete(written, WebhookSettings())
+        pods.append((name, done["metadata"], done["spec"]))
+    for name, metadata, spec in pods:
+        assert evaluate("restricted", LATEST, metadata, spec) == [], name

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.apiserver.admission import podsecuritystandards as standards
+from sim.apiserver.admission.podsecuritybaseline import Version
 from sim.apiserver.errors import ApiError, invalid
 from sim.apiserver.resources import NAMESPACES, PODS, Resource
 from sim.apiserver.store import Store
@@ -60,7 +61,7 @@ class LevelVersion:
         return f"{self.level}:{self.version}"
 
     @property
-    def parsed_version(self) -> standards.Version:
+    def parsed_version(self) -> Version:
         match = _VERSION.fullmatch(self.version)
         return (1, int(match.group(1))) if match else standards.LATEST
 
