@@ -5,9 +5,9 @@ A namespace chooses its levels with the labels `pod-security.kubernetes.io/<mode
 `warn`, `audit`: `privileged`, `baseline` or `restricted`) and `<mode>-version` (`latest` or
 `v1.x`); a namespace whose labels name another value is refused (422), as upstream. Then:
 
-- `enforce` refuses a pod (create, an update that changes its spec, an ephemeral container)
-  that fails the level: 403 `pods "x" is forbidden: violates PodSecurity "restricted:latest":
-  <reasons>`. A workload is never refused: its controller's pod creations are.
+- `enforce` refuses a pod (create, an update of its spec or its AppArmor and seccomp annotations,
+  an ephemeral container) that fails the level: 403 `pods "x" is forbidden: violates PodSecurity
+  "restricted:latest": <reasons>`. A workload is never refused: its controller's pods are.
 - `warn` adds a `Warning` (`would violate PodSecurity "<level>:<version>": ...`) for such a pod
   and for a workload whose pod template fails (create, or an update that changes the template):
   Deployment, ReplicaSet, DaemonSet, StatefulSet, Job, CronJob, ReplicationController,
@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.apiserver.admission import podsecuritystandards as standards
-from sim.apiserver.admission.podsecuritybaseline import Version
+from sim.apiserver.admission.podsecuritybaseline import (
+    APPARMOR_ANNOTATION,
+    SECCOMP_CONTAINER_ANNOTATION,
+    SECCOMP_POD_ANNOTATION,
+    Version,
+)
 from sim.apiserver.errors import ApiError, invalid
 from sim.apiserver.resources import NAMESPACES, PODS, Resource
 from sim.apiserver.store import Store
@@ -153,6 +158,26 @@ def _pod_parts(resource: Resource, obj: JsonObject | None) -> tuple[JsonObject, 
     return template.get("metadata") or {}, template.get("spec") or {}
 
 
+def _checked_annotations(metadata: JsonObject) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in (metadata.get("annotations") or {}).items()
+        if k.startswith((APPARMOR_ANNOTATION, SECCOMP_CONTAINER_ANNOTATION))
+        or k == SECCOMP_POD_ANNOTATION
+    }
+
+
+def _significant(
+    old: tuple[JsonObject, JsonObject] | None, new: tuple[JsonObject, JsonObject]
+) -> bool:
+    """Whether an update changes what Pod Security looks at (upstream's isSignificantPodUpdate):
+    the spec, or the AppArmor and seccomp annotations; labels and the rest of the metadata
+    never count, so a label on a pod that predates its namespace's level passes."""
+    if old is None:
+        return True
+    return old[1] != new[1] or _checked_annotations(old[0]) != _checked_annotations(new[0])
+
+
 def admit(
     store: Store,
     operation: str,
@@ -178,8 +203,8 @@ def admit(
     parts = _pod_parts(resource, obj)
     if parts is None:
         return outcome
-    if operation == "UPDATE" and _pod_parts(resource, old) == parts:
-        return outcome  # as upstream: an update that leaves the pod (template) alone passes
+    if operation == "UPDATE" and not _significant(_pod_parts(resource, old), parts):
+        return outcome
     policy = policy_of(_labels(store, namespace))
     metadata, spec = parts
     enforced: list[tuple[str, str]] = []

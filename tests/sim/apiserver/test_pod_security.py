@@ -189,3 +189,23 @@ def test_a_replica_set_whose_pods_are_refused_records_failed_create(
     assert event["message"].startswith('Error creating: pods "rs-')
     assert 'violates PodSecurity "restricted:latest": hostPort' in event["message"]
     assert core_v1(kube_api).list_namespaced_pod("locked").items == []
+
+
+def test_a_label_on_a_pod_older_than_its_namespaces_level_passes(
+    kube_api: kubernetes.client.ApiClient,
+) -> None:
+    """Only an update of what Pod Security looks at is checked, as upstream: labels and the
+    binder's annotations on a pod that predates its namespace's level pass."""
+    _namespace(kube_api, "later")
+    core_v1(kube_api).create_namespaced_pod("later", _gateway_pod("old"))
+    core_v1(kube_api).patch_namespace(
+        "later", {"metadata": {"labels": {PSA + "enforce": "restricted"}}}
+    )
+    patch = {"metadata": {"labels": {"x": "y"}, "annotations": {"tritonshare.io/gpu": "GPU-1"}}}
+    core_v1(kube_api).patch_namespaced_pod("old", "later", patch)
+    apparmor = {"container.apparmor.security.beta.kubernetes.io/app": "unconfined"}
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        core_v1(kube_api).patch_namespaced_pod(
+            "old", "later", {"metadata": {"annotations": apparmor}}
+        )
+    assert refused.value.status == 403
