@@ -132,7 +132,8 @@ def apply_pods(
                     core.create_namespace(body)
             for obj in objects:
                 if obj["kind"] == "PriorityClass":
-                    kubernetes.client.SchedulingV1Api(api).create_priority_class(obj)
+                    scheduling: Any = kubernetes.client.SchedulingV1Api(api)
+                    scheduling.create_priority_class(obj)
             for namespace, pod in pods:
                 key = f"{namespace}/{pod['metadata']['name']}"
                 try:
@@ -230,7 +231,7 @@ def test_the_pods_tritonshare_writes_pass_restricted() -> None:
     hands them over: their securityContext defaulted to {}."""
     access = NodeAccess(8100, 8010, 8011, "tritonshare-agent")
     host = host_spec("gpu-1", "tritonshare", "tritonshare:test", access, Keys(), 2, ["creds"])
-    pods = [("model host", {}, host)]
+    pods: list[tuple[str, Any, Any]] = [("model host", {}, host)]
     for name, uri, containers in [
         ("short form", "https://models.example.com/a.tar.gz", []),
         ("placeholder", "s3://bucket/a", [{"name": "proxy", "image": "registry.example.com/ts"}]),

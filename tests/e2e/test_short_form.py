@@ -229,6 +229,7 @@ def test_a_model_uri_with_a_typo_says_why_in_an_event_the_status_and_the_logs(
         initializer.state.terminated
     )
     assert ended.exit_code == 1 and "HTTP 404" in ended.message
+    assert cluster.apiserver is not None
     config = cluster.apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     logs = subprocess.run(
         [

@@ -47,7 +47,7 @@ def _context(pod: Pod) -> Pod:
 
 def _set(path: str, value: Any) -> Callable[[Pod], None]:
     def change(pod: Pod) -> None:
-        target = pod
+        target: Any = pod
         keys = path.split(".")
         for key in keys[:-1]:
             target = target[int(key)] if key.isdigit() else target.setdefault(key, {})

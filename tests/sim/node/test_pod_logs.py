@@ -62,7 +62,7 @@ def test_logs_of_the_current_and_previous_run(
     spec = {"containers": [_container("app", CRASHER, "x")], "restartPolicy": "Always"}
     create(kube_api, pod_manifest("crash", {**spec, "nodeName": NODE}))
     wait_for("two restarts", lambda: _restarts(kube_api, "crash", "app", 2))
-    v1 = kubernetes.client.CoreV1Api(kube_api)
+    v1 = core(kube_api)
     # One container: the name may be left out. Each run's own output, not every run's.
     assert v1.read_namespaced_pod_log("crash", NS) in ("", "run x\ntail line\n")
     previous = v1.read_namespaced_pod_log("crash", NS, container="app", previous=True)
@@ -80,7 +80,7 @@ def test_follow_streams_what_the_container_writes(
         ]
     }
     create(kube_api, pod_manifest("ticks", {**spec, "nodeName": NODE}))
-    v1 = kubernetes.client.CoreV1Api(kube_api)
+    v1 = core(kube_api)
     wait_for("the ticker to start", lambda: "tick 0" in _log(v1, "ticks", "ticker"))
     stream = v1.read_namespaced_pod_log(
         "ticks", NS, container="ticker", follow=True, _preload_content=False
@@ -102,7 +102,7 @@ def _log(v1: Any, pod: str, container: str) -> str:
 
 
 def test_upstreams_errors(kube_api: kubernetes.client.ApiClient, node: Kubelet) -> None:
-    v1 = kubernetes.client.CoreV1Api(kube_api)
+    v1 = core(kube_api)
     spec = {
         "initContainers": [_container("wait", "import time; time.sleep(30)")],
         "containers": [_container("a", "pass"), _container("b", "pass")],
