@@ -61,6 +61,15 @@ class NodePods:
         self.synced = False
         """Whether the pods have been listed: before, an empty map does not mean "no pods"."""
 
+    @property
+    def scheduler_name(self) -> str:
+        """The scheduler whose pods are tritonshare's."""
+        return self._scheduler_name
+
+    @property
+    def keys(self) -> Keys:
+        return self._keys
+
     def replace(self, items: list[dict[str, Any]]) -> list[tuple[PodInfo, str]]:
         """The watch listed the node's pods; returns the hosts that stand for no replica and
         why (a malformed annotation)."""

@@ -251,6 +251,20 @@ def pod_from_dict(obj: Mapping[str, Any], keys: Keys) -> PodInfo:
     )
 
 
+def init_failure(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The init container that failed last (the storage initializer, the loader) and why: its
+    name and its termination message as the kubelet reports it (with FallbackToLogsOnError, the
+    end of its log), or its exit code; None while none has failed."""
+    for container in (obj.get("status") or {}).get("initContainerStatuses") or []:
+        for where in ("state", "lastState"):
+            ended = ((container.get(where) or {}).get("terminated")) or {}
+            if ended.get("exitCode"):
+                message = " ".join(str(ended.get("message") or "").split())
+                why = message or f"exit code {ended['exitCode']}, no termination message"
+                return str(container.get("name", "")), why[-1000:]
+    return None
+
+
 def _condition(status: Mapping[str, Any], condition_type: str) -> tuple[str, str]:
     for condition in status.get("conditions") or []:
         if isinstance(condition, Mapping) and condition.get("type") == condition_type:

@@ -61,7 +61,7 @@ from agent.models import (
 )
 from agent.nodepods import NodePods
 from agent.placement import Proven
-from agent.pods import PodInfo
+from agent.pods import PodInfo, init_failure, pod_from_dict
 from agent.quarantine import Marker
 from agent.triton import LOADING, READY
 from common.lifecycle import spawn
@@ -71,6 +71,7 @@ from common.quantity import format_bytes
 log = logging.getLogger(__name__)
 
 HOSTED_MODELS_INVALID = "HostedModelsInvalid"
+INIT_CONTAINER_FAILED = "InitContainerFailed"
 """Event reason: a model host whose hosted-models annotation cannot be read serves nothing."""
 
 
@@ -159,7 +160,20 @@ class Reconciler:
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         self._hosts_refused(self.pods.apply(kind, obj))
+        if kind != "DELETED":
+            self._init_failed(obj)
         self.trigger()
+
+    def _init_failed(self, obj: dict[str, Any]) -> None:
+        """A model pod whose storage initializer or loader failed says why in an Event: the
+        kubelet's own (BackOff) names the container, not the reason (a 404, a typo)."""
+        pod = pod_from_dict(obj, self.pods.keys)
+        failure = init_failure(obj)
+        if failure is None or pod.scheduler_name != self.pods.scheduler_name:
+            return
+        container, why = failure
+        message = f"init container {container} failed: {why}"
+        self.events.warn(pod.key, pod.uid, INIT_CONTAINER_FAILED, message)
 
     def _hosts_refused(self, problems: list[tuple[PodInfo, str]]) -> None:
         """Model hosts that stand for no replica say why (an Event, deduplicated)."""

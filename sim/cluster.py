@@ -98,6 +98,9 @@ ADMISSION_POLICY_FILES = tuple(
     )
 )
 NODE_DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node-daemonset.yaml"
+SYSTEM_NAMESPACE_MANIFEST = NODE_DAEMONSET.with_name("namespace.yaml")
+EXAMPLE_NAMESPACE_MANIFEST = NODE_DAEMONSET.parents[1] / "example" / "namespace.yaml"
+"""The namespaces as shipped, with their Pod Security labels (`apply_namespace`)."""
 CHART_CRDS = Path(__file__).resolve().parents[1] / "charts" / "tritonshare" / "crds"
 """The CRDs the cluster serves from the start: the chart's own (TritonModel)."""
 BINDER_SERVICE_ACCOUNT = "tritonshare-binder"
@@ -153,6 +156,22 @@ def install_admission_policies(api: kubernetes.client.ApiClient) -> list[str]:
                 admission.create_validating_admission_policy_binding(obj, _preload_content=False)
             names.append(f"{obj['kind']}/{obj['metadata']['name']}")
     return names
+
+
+def apply_namespace(api: kubernetes.client.ApiClient, manifest: Path) -> str:
+    """Create the Namespace of `manifest`, or give an existing one its labels (its Pod Security
+    levels), as `kubectl apply` would; its name."""
+    namespace = yaml.safe_load(manifest.read_text())
+    name = str(namespace["metadata"]["name"])
+    core = cast(Any, kubernetes.client.CoreV1Api(api))
+    try:
+        core.create_namespace(namespace, _preload_content=False)
+    except kubernetes.client.ApiException as e:
+        if e.status != 409:
+            raise
+        patch = {"metadata": {"labels": namespace["metadata"].get("labels") or {}}}
+        core.patch_namespace(name, patch, _preload_content=False)
+    return name
 
 
 # The proxy's --source-address as an environment variable: set by the kubelet to each pod's IP,
@@ -383,6 +402,7 @@ class SimCluster:
         self.kube = self.apiserver.api_client()
         self.kube.user_agent = USER_AGENT
         self.say(f"Simulated Kubernetes API server is up at {self.apiserver.url}.")
+        apply_namespace(self.kube, SYSTEM_NAMESPACE_MANIFEST)
         if self.admission_policies:
             installed = install_admission_policies(self.kube)
             self.say(f"The API server runs tritonshare's admission policies ({len(installed)}).")

@@ -15,9 +15,9 @@ and `complete()` adds what deploy/example writes by hand: the scheduler name, th
 initializer, the loader, the proxy with its probes and GPU-memory limit, the projected token for
 the agent, the tolerations of GPU nodes (`nvidia.com/gpu` and tritonshare's GPU-node taint) and
 a restricted securityContext. What the pod already has is kept (a container, volume or toleration
-of the same name, the pod's own securityContext), so completing a complete pod changes nothing; a
-container named `proxy`, or KServe's `kserve-container`, is the proxy's placeholder. `patch()`
-turns the difference into a JSON patch.
+of the same name, the pod's own non-empty securityContext), so completing a complete pod changes
+nothing; a container named `proxy`, or KServe's `kserve-container`, is the proxy's placeholder.
+`patch()` turns the difference into a JSON patch.
 """
 
 from __future__ import annotations
@@ -246,6 +246,9 @@ def _storage_initializer(request: ModelRequest, settings: Settings) -> dict[str,
         "name": "storage-initializer",
         "image": settings.storage_initializer_image,
         "args": [source, MODEL_DIR],
+        # Why it failed (a 404, a typo in the URI) is the last of its log: the container's
+        # termination message, as `kubectl describe pod` shows it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": {
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},
@@ -333,7 +336,10 @@ def complete(pod: Pod, settings: Settings) -> Pod:
     # The API server has already defaulted schedulerName to default-scheduler: overwrite it.
     spec["schedulerName"] = settings.scheduler_name
     spec.setdefault("automountServiceAccountToken", False)
-    spec.setdefault("securityContext", copy.deepcopy(modelpod.POD_SECURITY))
+    if not spec.get("securityContext"):
+        # The API server defaults it to {} before any webhook sees the pod: empty is unset, and
+        # a restricted namespace refuses a pod without runAsNonRoot and a seccomp profile.
+        spec["securityContext"] = copy.deepcopy(modelpod.POD_SECURITY)
     # The GPU-node taint is tolerated by the node pod and model pods alone (the GPU-node policy).
     for toleration in modelpod.gpu_tolerations(settings.keys):
         tolerations = spec.get("tolerations") or []

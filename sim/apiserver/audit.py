@@ -34,6 +34,9 @@ class AuditRecord:
     peer: str = ""
     """`host:port` of the client's end of the TCP connection that carried the request, so a
     test can count the connections a client opened."""
+    annotations: tuple[tuple[str, str], ...] = ()
+    """The audit annotations admission added, as (key, value) pairs: Pod Security's
+    `pod-security.kubernetes.io/audit-violations` and `enforce-policy`."""
 
     @property
     def is_write(self) -> bool:

@@ -169,7 +169,7 @@ PODS = Resource(
         "status.podIPs": _pod_ips,
         "status.nominatedNodeName": _path("status", "nominatedNodeName"),
     },
-    subresources=frozenset({"status", "binding", "eviction", "ephemeralcontainers"}),
+    subresources=frozenset({"status", "binding", "eviction", "ephemeralcontainers", "log"}),
     status_subresource=True,
 )
 

@@ -19,11 +19,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from sim.apiserver import binding, customresources, discovery, eviction, listing, quota, tables
+from sim.apiserver import (
+    binding,
+    customresources,
+    discovery,
+    eviction,
+    listing,
+    podlogs,
+    quota,
+    tables,
+)
 from sim.apiserver import watch as watches
-from sim.apiserver.admission import webhooks
+from sim.apiserver.admission import podsecurity, webhooks
 from sim.apiserver.admission.policies import Policies
 from sim.apiserver.admission.policies import Request as AdmissionRequest
 from sim.apiserver.audit import WRITE_VERBS, AuditLog, AuditRecord
@@ -60,6 +70,7 @@ ARRIVED_KEY = web.RequestKey("arrived", float)
 RECORDED_KEY = web.RequestKey("recorded", bool)
 USER_KEY = web.RequestKey("user", UserInfo)
 WARNINGS_KEY = web.RequestKey("warnings", list[str])
+ANNOTATIONS_KEY = web.RequestKey("annotations", dict[str, str])
 
 JsonObject = dict[str, Any]
 
@@ -169,6 +180,12 @@ class Handlers:
 
     def __init__(self, core: ApiServerCore) -> None:
         self.core = core
+        self._kubelets: aiohttp.ClientSession | None = None
+        """The one client to the kubelets (`pods/log`), made on first use, closed with the app."""
+
+    async def close(self, _: web.Application) -> None:
+        if self._kubelets is not None:
+            await self._kubelets.close()
 
     @web.middleware
     async def audit_middleware(
@@ -189,6 +206,7 @@ class Handlers:
             return _json(e.status(), e.code)
         request[INFO_KEY] = info
         request[WARNINGS_KEY] = []
+        request[ANNOTATIONS_KEY] = {}
         code = 500
         try:
             request[USER_KEY] = self._authenticate(request)
@@ -250,6 +268,7 @@ class Handlers:
         """Validating admission for this request's writes, as its caller; warnings go to the
         response's Warning headers."""
         user, warnings = request[USER_KEY], request[WARNINGS_KEY]
+        annotations = request[ANNOTATIONS_KEY]
 
         def admit(
             operation: str,
@@ -260,6 +279,12 @@ class Handlers:
             obj: JsonObject | None,
             old: JsonObject | None,
         ) -> None:
+            # The PodSecurity plugin runs before ValidatingAdmissionPolicy, as in kube-apiserver.
+            security = podsecurity.admit(
+                self.core.store, operation, resource, subresource, namespace, name, obj, old
+            )
+            warnings.extend(security.warnings)
+            annotations.update(security.annotations)
             attributes = AdmissionRequest(
                 operation, resource, subresource, namespace, name, obj, old, user
             )
@@ -285,8 +310,20 @@ class Handlers:
                 name=info.name,
                 code=code,
                 peer=_peer(request),
+                annotations=tuple(sorted(request.get(ANNOTATIONS_KEY, {}).items())),
             )
         )
+        violations = request.get(ANNOTATIONS_KEY, {}).get(podsecurity.AUDIT_VIOLATIONS)
+        if violations:
+            log.info(
+                "Audit: %s %s %s/%s: %s=%s.",
+                info.verb,
+                info.resource_name,
+                info.namespace,
+                info.name,
+                podsecurity.AUDIT_VIOLATIONS,
+                violations,
+            )
 
     # dispatch
 
@@ -430,6 +467,14 @@ class Handlers:
             return self._evict(namespace, info.name, options)
         if sub == "scale":
             return await self._scale(request, info, resource, namespace)
+        if sub == "log":
+            if info.verb != "get":
+                raise method_not_allowed(info.verb, "pods/log")
+            if self._kubelets is None:
+                self._kubelets = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(connect=10))
+            return await podlogs.serve(
+                request, self.core.store, self._kubelets, namespace, info.name
+            )
         if info.verb == "get":
             return _object(self.core.registry.get(resource, namespace, info.name))
         if info.verb == "update":
@@ -659,6 +704,7 @@ class Handlers:
 def build_app(core: ApiServerCore) -> web.Application:
     handlers = Handlers(core)
     app = web.Application(middlewares=[handlers.audit_middleware], client_max_size=64 * 1024**2)
+    app.on_cleanup.append(handlers.close)
     app.router.add_get("/api", handlers.root_api)
     app.router.add_get("/apis", handlers.root_apis)
     app.router.add_get("/version", handlers.version)

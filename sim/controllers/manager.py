@@ -35,6 +35,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from sim.apiserver.clock import rfc3339
 from sim.controllers import deployment, replicaset
 from sim.controllers.podtemplate import controller_uid
 from sim.watching import watch_events
@@ -423,6 +424,8 @@ class ControllerManager:
             self._delete(PODS, key[0], name)
         if failure != self._failures.get(key):
             plan = replicaset.plan(rs, pods, now, failure)
+        if failure is not None and failure != self._failures.get(key):
+            self._failed_create(rs, failure)
         if failure is None:
             self._failures.pop(key, None)
         else:
@@ -466,6 +469,35 @@ class ControllerManager:
                 done += 1
             batch *= 2
         return None
+
+    def _failed_create(self, rs: JsonObject, message: str) -> None:
+        """The Warning Event upstream's ReplicaSet controller records when the API refuses its
+        pod (Pod Security, quota, a webhook): what `kubectl describe rs` and `get events` show."""
+        meta = rs["metadata"]
+        stamp = rfc3339(self.clock())
+        body = {
+            "metadata": {"generateName": f"{meta['name']}."},
+            "involvedObject": {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": "Warning",
+            "reason": "FailedCreate",
+            "message": f"Error creating: {message}",
+            "source": {"component": "replicaset-controller"},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+        except ApiException as e:
+            log.warning(
+                "Could not record FailedCreate on ReplicaSet %s: %s", meta["name"], e.reason
+            )
 
     def _sync_deployment(self, key: Key) -> None:
         with self._lock:

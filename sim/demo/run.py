@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from common.contract import Keys
 from common.quantity import format_bytes
 from common.tritonname import private_triton_name
-from sim.cluster import SimCluster
+from sim.cluster import EXAMPLE_NAMESPACE_MANIFEST, SimCluster, apply_namespace
 from sim.demo import autoscale, gpucheck, rollout
 from sim.demo.report import (
     ALL_PODS,
@@ -91,10 +91,8 @@ def _create_pods(cluster: SimCluster, result: DemoResult, say: Say) -> dict[str,
     assert node is not None and gateway is not None
     agent = cluster.agents.get(node.name)
     agent_port = int(agent.grpc.rpartition(":")[2]) if agent else free_port()
-    cluster.core.create_namespace(
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        _preload_content=False,
-    )
+    # The example's namespace as shipped: its model pods run at the restricted level.
+    assert apply_namespace(cluster.core.api_client, EXAMPLE_NAMESPACE_MANIFEST) == NAMESPACE
     ports: dict[str, PodPorts] = {}
     for pod in PODS:
         if pod.short_form and cluster.model_store is not None:

@@ -10,10 +10,12 @@ Pure: it builds dicts and starts nothing.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import modelpod
 from common.contract import (
     DEFAULT_AGENT_AUDIENCE,
     DEFAULT_PROXY_GRPC_PORT,
@@ -237,6 +239,7 @@ def model_pod_manifest(
                 "command": ["python", "-c", _FETCH],
                 "args": [str(MODELS_DIR / pod.source), "/mnt/models", "$(MODEL_ID)"],
                 "env": downward[:1],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": small,
                 "volumeMounts": [{"name": "model", "mountPath": "/mnt/models"}],
             },
@@ -324,7 +327,11 @@ def model_pod_manifest(
         ],
     }
     spec.update(placement_fields(pod))
-    # As deploy/example writes it: model pods tolerate tritonshare's GPU-node taint.
+    # As deploy/example writes it: restricted Pod Security (its namespace enforces it), and the
+    # toleration of tritonshare's GPU-node taint.
+    spec["securityContext"] = copy.deepcopy(modelpod.POD_SECURITY)
+    for container in spec["initContainers"] + spec["containers"]:
+        container["securityContext"] = copy.deepcopy(modelpod.LOCKED_DOWN)
     spec["tolerations"] = [*spec.get("tolerations", []), KEYS.gpu_node_toleration()]
     return {
         "apiVersion": "v1",

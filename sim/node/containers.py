@@ -101,6 +101,9 @@ class ContainerRun:
     startup: Probe | None = None
     started_ok: bool = False
     """The startup probe has passed (or there is none)."""
+    run_offsets: list[int] = field(default_factory=list)
+    """Where each run's output starts in the log file (every run appends to it): the last is
+    the current run's, the one before the previous run's (`kubectl logs --previous`)."""
 
     @property
     def name(self) -> str:
@@ -122,6 +125,7 @@ class ContainerRun:
             (launch.scratch / "tmp").mkdir(parents=True, exist_ok=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as out:
+            self.run_offsets.append(out.tell())
             self.process = subprocess.Popen(
                 launch.argv,
                 env=dict(launch.env),
@@ -169,6 +173,17 @@ class ContainerRun:
             }
         }
         self.next_start = time.monotonic() + delay
+
+    def run_log(self, previous: bool = False) -> bytes | None:
+        """The output of the current run, or of the one before it; None when there is none."""
+        runs = len(self.run_offsets) - (2 if previous else 1)
+        if self.log_path is None or runs < 0 or not self.log_path.exists():
+            return None
+        with self.log_path.open("rb") as log:
+            log.seek(self.run_offsets[runs])
+            if previous:
+                return log.read(self.run_offsets[runs + 1] - self.run_offsets[runs])
+            return log.read()
 
     def log_tail(self) -> str:
         if self.log_path is None or not self.log_path.exists():

@@ -27,8 +27,10 @@ from kubernetes.client.exceptions import ApiException
 
 from sim.node.addresses import PodAddresses
 from sim.node.admission import NodeAdmission, rejected_status
-from sim.node.containers import now_rfc3339
+from sim.node.containers import ContainerRun, now_rfc3339
 from sim.node.cpushares import CpuGroups
+from sim.node.events import EventRecorder
+from sim.node.logserver import LogServer
 from sim.node.podspec import Obj
 from sim.node.podworker import NodeRuntime, PodWorker, pod_key, read_json
 from sim.watching import watch_events
@@ -81,29 +83,13 @@ class _PodWatcher:
             core.replace_namespaced_pod_status(
                 meta["name"], meta["namespace"], body, _preload_content=False
             )
-            core.create_namespaced_event(
-                meta["namespace"],
-                {
-                    "metadata": {"generateName": f"{meta['name']}."},
-                    "involvedObject": {
-                        "kind": "Pod",
-                        "namespace": meta["namespace"],
-                        "name": meta["name"],
-                        "uid": meta.get("uid", ""),
-                    },
-                    "reason": refusal.reason,
-                    "message": refusal.message,
-                    "type": "Warning",
-                    "source": {"component": "kubelet", "host": node},
-                    "firstTimestamp": stamp,
-                    "lastTimestamp": stamp,
-                    "count": 1,
-                },
-                _preload_content=False,
-            )
         except ApiException as e:
             if e.status not in (404, 409):
                 log.warning("The kubelet could not mark pod %s refused: %s", pod_key(pod), e.reason)
+            return False
+        EventRecorder(self.core, node).record(
+            pod, refusal.reason, refusal.message, event_type="Warning"
+        )
         return False
 
     def handle(self, event_type: str, pod: Obj) -> None:
@@ -181,10 +167,12 @@ class Kubelet(_PodWatcher):
             backoff_max=backoff_max,
             abandon_grace=abandon_grace,
             cpu=cpu,
+            events=EventRecorder(self.core, node_name),
         )
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
         self.admission = NodeAdmission()
+        self.logs: LogServer | None = None
 
     def sync(self, pods: list[Obj]) -> None:
         seen = set()
@@ -242,7 +230,36 @@ class Kubelet(_PodWatcher):
         log.info(
             "The simulated kubelet of node %s is running pods in %s.", self.node_name, self.workdir
         )
+        self._serve_logs()
         super().start()
+
+    def _serve_logs(self) -> None:
+        """Serve the pods' logs on the node's address, and publish the port on the Node as a
+        kubelet does (status.daemonEndpoints), where the API server finds it for `pods/log`."""
+        self.logs = LogServer(self.runtime.host_ip, self.containers)
+        self.logs.start()
+        status = {"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": self.logs.port}}}}
+        try:
+            self.core.patch_node_status(self.node_name, status, _preload_content=False)
+        except ApiException as e:
+            log.warning(
+                "Node %s: its kubelet's log port could not be published (%s): kubectl logs"
+                " will not reach its pods.",
+                self.node_name,
+                e.reason,
+            )
+
+    def containers(self, namespace: str, pod: str) -> list[ContainerRun] | None:
+        """The init and main containers of the pod this kubelet runs (the latest of that name),
+        or None."""
+        with self._lock:
+            workers = [
+                w for w in self._workers.values() if (w.namespace, w.pod_name) == (namespace, pod)
+            ]
+        if not workers:
+            return None
+        worker = workers[-1]
+        return [*worker.inits, *worker.mains]
 
     def stop(self, grace: float = 0.0) -> None:
         """Stop watching and stop every pod's processes (no API calls: the cluster may be gone).
@@ -252,6 +269,8 @@ class Kubelet(_PodWatcher):
         nothing outlives the simulation for them to hand over to). Graceful termination is what
         deleting a pod through the API shows."""
         self.stop_watching()
+        if self.logs is not None:
+            self.logs.stop()
         with self._lock:
             workers = list(self._workers.values())
         for worker in workers:

@@ -32,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from sim.node.addresses import PodAddresses
 from sim.node.containers import ContainerRun, http_get, now_rfc3339
 from sim.node.cpushares import CpuGroups, container_millicpu, pod_millicpu
+from sim.node.events import EventRecorder
 from sim.node.podnetwork import pod_network
 from sim.node.podspec import Obj, PodSpecError, plan
 from sim.node.podstatus import write_status
@@ -72,6 +73,8 @@ class NodeRuntime:
     cpu: CpuGroups | None = None
     """Where each pod's processes get the CPU weight of its requests (`sim.node.cpushares`);
     None: every process shares the machine as one."""
+    events: EventRecorder | None = None
+    """Where the kubelet's Events on pods go (`sim.node.events`); None: nowhere."""
 
 
 class PodWorker(threading.Thread):
@@ -319,6 +322,18 @@ class PodWorker(threading.Thread):
     def _delay(self, container: ContainerRun) -> float:
         return float(min(self.node.backoff_max, self.node.backoff_initial * 2**container.restarts))
 
+    def _back_off(self, container: ContainerRun) -> None:
+        """Wait before restarting the failed container, and say so as the kubelet does."""
+        container.back_off(self._delay(container))
+        if self.node.events is not None:
+            message = (
+                f"Back-off restarting failed container {container.name} in pod"
+                f" {self.pod_name}_{self.namespace}({self.uid})"
+            )
+            self.node.events.record(
+                self.pod, "BackOff", message, event_type="Warning", container=container.name
+            )
+
     def _run_inits(self) -> bool:
         """Run the init containers in order; False if the pod is deleted or fails first."""
         for container in self.inits:
@@ -338,7 +353,7 @@ class PodWorker(threading.Thread):
                     self._publish()
                     self._deleting.wait()
                     return False
-                container.back_off(self._delay(container))
+                self._back_off(container)
                 container.restarts += 1
                 self._publish()
                 if self._deleting.wait(max(0.0, container.next_start - time.monotonic())):
@@ -385,7 +400,7 @@ class PodWorker(threading.Thread):
             code = self._kill(container, min(self._grace, 10.0))
         self._exited(container, code)
         if self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and code):
-            container.back_off(self._delay(container))
+            self._back_off(container)
 
     @staticmethod
     def _kill(container: ContainerRun, grace: float) -> int:

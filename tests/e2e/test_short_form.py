@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -29,6 +30,7 @@ from sim.cluster import SimCluster
 from sim.demo.scenario import MODELS_DIR, NODES
 from sim.processes import wait_until
 from sim.triton import TritonInstall
+from tests.conftest import require_executable
 
 KEYS = Keys()
 NAMESPACE = "models"
@@ -188,3 +190,63 @@ def test_a_model_pod_in_the_short_form_is_completed_placed_loaded_and_served(
 
     wait_until("the short-form pods to be gone", gone, 90)
     assert not {"add_one", "echo"} & _loaded(cluster)
+
+
+def _events(core: Any, pod: str) -> dict[str, str]:
+    """The pod's Events' messages, by reason."""
+    events = core.list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={pod}", _preload_content=False
+    )
+    return {e["reason"]: e["message"] for e in json.loads(events.data)["items"]}
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_a_model_uri_with_a_typo_says_why_in_an_event_the_status_and_the_logs(
+    cluster: SimCluster, tmp_path: Path
+) -> None:
+    """As `kubectl describe pod` and `kubectl logs` show it: the storage initializer's reason
+    (HTTP 404) is its termination message, the kubelet backs off restarting it, and the agent
+    says why in an Event of its own."""
+    assert cluster.model_store is not None
+    core = cast(Any, kubernetes.client.CoreV1Api(cluster.kube))
+    uri = cluster.model_store.publish("add_one", MODELS_DIR / "add_one")
+    typo = uri.replace("add_one.tar.gz", "add_on.tar.gz")
+    core.create_namespaced_pod(NAMESPACE, short_form("typo", typo, "1Gi"))
+
+    def told() -> dict[str, str] | None:
+        events = _events(core, "typo")
+        return events if {"InitContainerFailed", "BackOff"} <= set(events) else None
+
+    events = wait_until("the typo's Events", told, 120)
+    assert events["InitContainerFailed"].startswith("init container storage-initializer failed:")
+    assert f"{typo} answered HTTP 404" in events["InitContainerFailed"]
+    assert events["BackOff"].startswith(
+        "Back-off restarting failed container storage-initializer in pod typo_models("
+    )
+    [initializer, _] = core.read_namespaced_pod("typo", NAMESPACE).status.init_container_statuses
+    ended = (initializer.last_state and initializer.last_state.terminated) or (
+        initializer.state.terminated
+    )
+    assert ended.exit_code == 1 and "HTTP 404" in ended.message
+    assert cluster.apiserver is not None
+    config = cluster.apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    logs = subprocess.run(
+        [
+            require_executable("kubectl"),
+            "--kubeconfig",
+            str(config),
+            "-n",
+            NAMESPACE,
+            "logs",
+            "typo",
+            "-c",
+            "storage-initializer",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert logs.returncode == 0, logs.stderr
+    assert "answered HTTP 404" in logs.stdout

@@ -21,6 +21,7 @@ import kubernetes.client
 import pytest
 import yaml
 
+from common import modelpod
 from sim import admission_webhook
 from sim.triton import free_port
 from tests.deploy.rendering import render_chart
@@ -91,8 +92,17 @@ def configured(kube_api: kubernetes.client.ApiClient, webhook_url: tuple[str, by
     admission = kubernetes.client.AdmissionregistrationV1Api(kube_api)
     admission.create_mutating_webhook_configuration(configuration)
     core: Any = kubernetes.client.CoreV1Api(kube_api)
-    core.create_namespace({"metadata": {"name": "models"}})
+    # The example's namespace as shipped: restricted Pod Security, which completed pods pass.
+    core.create_namespace(yaml.safe_load((ROOT / "deploy/example/namespace.yaml").read_text()))
     return core
+
+
+def _restricted(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` with the securityContexts its restricted namespace asks of a pod nobody completes."""
+    pod["spec"]["securityContext"] = dict(modelpod.POD_SECURITY)
+    for container in pod["spec"]["containers"]:
+        container["securityContext"] = dict(modelpod.LOCKED_DOWN)
+    return pod
 
 
 def _pod(name: str, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
@@ -165,7 +175,7 @@ def test_a_model_pod_without_a_model_uri_is_refused_saying_what_to_add(configure
     # A complete model pod written by hand (deploy/example) carries the label and no URI: kept.
     complete = _pod("by-hand", MODEL, {"tritonshare.io/model-id": "bert"})
     complete["spec"]["containers"] = [{"name": "proxy", "image": "busybox"}]
-    core.create_namespaced_pod("models", complete)
+    core.create_namespaced_pod("models", _restricted(complete))
     assert core.read_namespaced_pod("by-hand", "models").spec.scheduler_name == "default-scheduler"
 
 
@@ -221,7 +231,7 @@ def test_only_labelled_pods_outside_the_system_namespace_are_sent(configured: An
     placeholder = {"name": "c", "image": "busybox"}
     unlabelled = _pod("web", {"app": "web"}, ASKS)
     unlabelled["spec"]["containers"] = [placeholder]
-    core.create_namespaced_pod("models", unlabelled)
+    core.create_namespaced_pod("models", _restricted(unlabelled))
     assert core.read_namespaced_pod("web", "models").spec.scheduler_name == "default-scheduler"
     system = _pod("sys", MODEL, ASKS)
     system["spec"]["containers"] = [placeholder]
