@@ -96,6 +96,8 @@ class Binder:
             ),
             drain_seconds=settings.host_drain_seconds,
             preemption=settings.preemption,
+            backoff_initial=settings.backoff_initial_seconds,
+            backoff_max=settings.backoff_max_seconds,
         )
         self.controller = Controller(
             self.kube,
@@ -113,6 +115,7 @@ class Binder:
             preemption=settings.preemption,
             inbox=self._inbox,
             preempt_replica=self.models.preempt,
+            retry_models=self.models.cluster_changed,
         )
         self.cache = ClusterCache(
             settings.keys,

@@ -114,8 +114,8 @@ class Ledger:
     hosts: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
     """The model host pods there are, by namespace and node, as the API shows them."""
     spans: dict[str, int] = field(default_factory=dict)
-    """Model uid -> one past the highest ordinal of it that may be charged (what was ever in its
-    spec or status), so its replicas are found without scanning every charge."""
+    """Model uid -> one past the highest ordinal of it ever charged, so its replicas are found
+    without scanning every charge (nor spec.replicas ordinals)."""
     by_namespace: dict[str, set[str]] = field(default_factory=dict)
     """Namespace -> the uids of its TritonModels."""
     priority_classes: dict[str, PriorityClassInfo] = field(default_factory=dict)
@@ -280,14 +280,14 @@ class ClusterCache:
         self._follow_ring()
         ledger.models[model.uid] = model
         ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
-        ledger.spans[model.uid] = max(
-            ledger.spans.get(model.uid, 0), model.replicas, max(model.placed, default=-1) + 1
-        )
         shown = set()
         for ordinal, (node, gpu, proof) in model.placed.items():
             replica = model.replica(ordinal, node, gpu, proof)
             shown.add(replica.uid)
             self._account_replica(replica)
+        # Past the highest ordinal charged, not spec.replicas: a scale to 10^9 walks nothing.
+        charged = [o for o in model.placed if self.state.is_accounted(f"{model.uid}/{o}")]
+        ledger.spans[model.uid] = max(ledger.spans.get(model.uid, 0), max(charged, default=-1) + 1)
         if self._free_replicas(model.uid, keep=shown, assumed_too=False):
             self._listener.cluster_changed(f"replicas of TritonModel {model.key} were freed")
         self._on_model(model.uid)

@@ -93,13 +93,15 @@ class Controller:
         preemption: bool = True,
         inbox: Inbox | None = None,
         preempt_replica: Callable[[PodInfo, str, str], None] | None = None,
+        retry_models: Callable[[], None] = lambda: None,
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
         replica leads (only the leader schedules and writes); `inbox` is where the writers hand
         outcomes back: the one the informers use, so the bind's answer and the watch event it
         causes share a wake-up of the loop (None: one of its own, made on first use);
         `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
-        model controller's; None: replicas are never victims)."""
+        model controller's; None: replicas are never victims); `retry_models()` tells the model
+        controller of a cluster change that may let its refused replicas fit."""
         self._kube = kube
         self._keys = keys
         self._policy = policy
@@ -127,6 +129,7 @@ class Controller:
         self._consolidate_moves = consolidate_moves
         self._preemption = preemption
         self._preempt_replica = preempt_replica
+        self._retry_models = retry_models
         self._budgets = ledger.budgets
         self._nominations: dict[str, tuple[str, str]] = {}
         """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
@@ -197,6 +200,7 @@ class Controller:
             )
 
     def cluster_changed(self, why: str) -> None:
+        self._retry_models()
         moved = self.queue.move_all_to_active()
         if moved:
             log.debug("%s: retrying %d unschedulable pods now.", why, moved)

@@ -48,8 +48,14 @@ that fits nowhere may take away lower-priority pods (evicted) and replicas
 scaled away does and is placed again once gone (`Placed` False, reason Preempted, and a
 `Preempted` Event, until it is).
 
-A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
-tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
+Models are reconciled in turns by namespace (`binder.queue`), so a namespace's thousands of models
+delay another namespace's by one of theirs. A model with a replica that fits nowhere waits as
+kube-scheduler's pods do: retried on a cluster change once its backoff (doubling from
+--backoff-initial, at most EVENT_BACKOFF_MAX_SECONDS) has passed, else after its whole wait (up to
+--backoff-max). A reconcile costs O(nodes + replicas placed) whatever spec.replicas says: the
+placements stop at the first refusal and the rest is counted, never listed. A namespace whose new
+host waits for its old one on the node to be gone, a model whose roll waits, and one whose
+reconcile failed are tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
 first holds again the rooms its predecessor's replica preemptions held (`status.nominations`,
 `recover_nominations`), then charges the draining replicas the hosts list whose proofs verify,
@@ -59,12 +65,12 @@ counted as leaving, and drains them on (`recover_drains`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
-import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import replace
 from functools import partial
@@ -86,6 +92,7 @@ from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_vict
 from binder.placement import Placement, Policy, place
 from binder.priorities import CLASS_NOT_FOUND, class_of
 from binder.proofs import proven, sign
+from binder.queue import SchedulingQueue
 from binder.quota import (
     EXCEEDED_QUOTA,
     QuotaCheck,
@@ -127,7 +134,10 @@ from common.placement import KeyRing
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
-"""How often a model with a replica that fits nowhere is tried again."""
+"""How often a model whose roll waits, or whose reconcile failed, is tried again."""
+EVENT_BACKOFF_MAX_SECONDS = 10.0
+"""The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
+podMaxBackoffDuration)."""
 QUOTA_READ_SECONDS = 1.0
 """How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
 models of a namespace created together read them once); their pods' use is that much late."""
@@ -170,6 +180,47 @@ def _involved(model: ModelInfo) -> JsonObject:
     }
 
 
+class Missing(Container[str]):
+    """The replicas of a model to place: the `count` lowest ordinals not in `placed` (and a
+    roll's surge replica `extra`), never listed, so a model of 10^9 replicas costs what its
+    placed ones do."""
+
+    def __init__(self, model_uid: str, placed: Iterable[int], count: int, extra: str = "") -> None:
+        self._uid = model_uid
+        self._placed = sorted(placed)
+        self._placed_set = set(self._placed)
+        self.count = max(0, count)
+        self._extra = extra
+        self._stop: int | None = None
+
+    def __contains__(self, uid: object) -> bool:
+        if uid == self._extra:
+            return True
+        if not isinstance(uid, str) or uid.rpartition("/")[0] != self._uid:
+            return False
+        ordinal = int(uid.rpartition("/")[2])
+        rank = ordinal - bisect.bisect_left(self._placed, ordinal)  # free ordinals before it
+        return ordinal not in self._placed_set and rank < self.count
+
+    def stop_at(self, ordinal: int) -> None:
+        """Past `ordinal`, only the ordinals that hold something are walked."""
+        self._stop = ordinal
+
+    def ordinals(self, kept: list[int]) -> Iterator[int]:
+        """The missing ordinals in order: every one up to `stop_at`, then those of `kept`."""
+        given = ordinal = 0
+        while given < self.count:
+            if self._stop is not None:
+                for later in kept:
+                    if later > self._stop and f"{self._uid}/{later}" in self:
+                        yield later
+                return
+            if ordinal not in self._placed_set:
+                given += 1
+                yield ordinal
+            ordinal += 1
+
+
 class ModelController:
     """Reconciles TritonModels one at a time, on the loop, while this replica leads."""
 
@@ -190,6 +241,8 @@ class ModelController:
         drain_seconds: float,
         preemption: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        backoff_initial: float = RETRY_SECONDS,
+        backoff_max: float = 120.0,
     ) -> None:
         self._kube = kube
         self._ledger = ledger
@@ -204,7 +257,17 @@ class ModelController:
         self._access = access
         self._drain_seconds = drain_seconds
         self._clock = clock
-        self._dirty: set[str] = set()
+        self._queue = SchedulingQueue(
+            initial_seconds=backoff_initial,
+            max_seconds=backoff_max,
+            clock=clock,
+            event_backoff_max=min(EVENT_BACKOFF_MAX_SECONDS, backoff_max),
+        )
+        """The models to reconcile, in turns by namespace; refused ones back off."""
+        self._current: tuple[str, bool] | None = None
+        """The model being reconciled, and whether it changed meanwhile."""
+        self._retry: set[str] = set()
+        """Models tried again every RETRY_SECONDS (a roll that waits, a reconcile that failed)."""
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}
         """Model uid -> the refusal last reported (an Event only when it changes)."""
@@ -260,8 +323,7 @@ class ModelController:
         models = self._ledger.by_namespace.get(namespace)
         if models:
             self._stale.add(namespace)
-            self._dirty.add(next(iter(models)))
-            self._wake.set()
+            self.changed(next(iter(models)))
 
     def recover_nominations(self) -> None:
         """On taking the lead, before anything is placed: the rooms the previous leader held
@@ -340,13 +402,23 @@ class ModelController:
         self._hosts_seen.add((namespace, node))
         for pod, _ in self._ledger.state.pods_on(node):
             if pod.namespace == namespace and is_replica(pod.uid):
-                self._dirty.add(pod.uid.rpartition("/")[0])
+                self.changed(pod.uid.rpartition("/")[0])
         self._wake.set()
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
-        self._dirty.add(uid)
+        model = self._ledger.models.get(uid)
+        namespace = model.namespace if model is not None else self._namespaces.get(uid, "")
+        self._queue.add(uid, namespace)
+        if self._current is not None and self._current[0] == uid:
+            self._current = (uid, True)
         self._wake.set()
+
+    def cluster_changed(self) -> None:
+        """Something changed that could let a refused replica fit (the cache's cluster change):
+        the refused models past their backoff are tried again."""
+        if self._queue.move_all_to_active():
+            self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         waker = asyncio.create_task(self._wake_at(stop), name="model-controller-stop")
@@ -364,18 +436,27 @@ class ModelController:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         tick = self._clock() + RETRY_SECONDS
+        idle = True
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, tick - self._clock()))
+            if idle:
+                due = self._queue.due_in()
+                wait = max(0.0, tick - self._clock())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait if due is None else min(wait, due))
+            else:
+                await asyncio.sleep(0)  # one model per turn: the loop's other work goes between
             if self._clock() >= tick:
                 # Every RETRY_SECONDS, however busy: a drain's bound passes on its own.
                 tick = self._clock() + RETRY_SECONDS
-                self._dirty.update(self._refused)
-                self._dirty.update(uid.rpartition("/")[0] for uid in self._draining)
+                for uid in list(self._retry):
+                    self.changed(uid)
+                for uid in {rid.rpartition("/")[0] for rid in self._draining}:
+                    self.changed(uid)
                 waiting, self._waiting = self._waiting, set()
                 for namespace in waiting:
                     self.hosts_changed(namespace)
             self._wake.clear()
+            idle = True
             if not self._leading.is_set():
                 continue
             seen, self._hosts_seen = self._hosts_seen, set()
@@ -393,27 +474,37 @@ class ModelController:
                         e,
                     )
                     self.hosts_changed(namespace)
-            if not self._dirty:
+            uid = self._queue.pop_ready()
+            if uid is None or stop.is_set():
                 continue
-            dirty, self._dirty = self._dirty, set()
-            for uid in sorted(dirty):
-                if stop.is_set() or not self._leading.is_set():
-                    break
-                try:
-                    await self._reconcile(uid)
-                except ApiError as e:
-                    log.warning("Reconciling TritonModel %s has failed (%s): retrying.", uid, e)
-                    self._refused.setdefault(uid, "")
-                except Exception:  # one model's failure must not stop the others'
-                    log.exception("Reconciling TritonModel %s has failed: retrying.", uid)
-                    self._refused.setdefault(uid, "")
+            idle = False
+            self._current = (uid, False)
+            try:
+                refused = await self._reconcile(uid)
+            except ApiError as e:
+                log.warning("Reconciling TritonModel %s has failed (%s): retrying.", uid, e)
+                self._retry.add(uid)
+                refused = False
+            except Exception:  # one model's failure must not stop the others'
+                log.exception("Reconciling TritonModel %s has failed: retrying.", uid)
+                self._retry.add(uid)
+                refused = False
+            current, self._current = self._current, None
+            if current[1]:
+                continue  # changed meanwhile: its turn comes again
+            if refused:
+                self._queue.backoff(uid)
+            else:
+                self._queue.remove(uid)
 
     # ---- one model -----------------------------------------------------------------------------
 
-    async def _reconcile(self, uid: str) -> None:
+    async def _reconcile(self, uid: str) -> bool:
+        """Reconcile the model; returns whether a replica of it was refused (it backs off)."""
         model = self._ledger.models.get(uid)
         if model is None:
             self._refused.pop(uid, None)
+            self._retry.discard(uid)
             self._host_refusals.pop(uid, None)
             self._services.discard(uid)
             for rid in [r for r in self._draining if r.rpartition("/")[0] == uid]:
@@ -428,7 +519,7 @@ class ModelController:
                 before = self._hosts_for.get(uid, frozenset())
                 await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
-            return
+            return False
         self._namespaces[uid] = model.namespace
         quota = await self._quota(model)
         placed, refusal, waiting, roll = self._place(model, quota)
@@ -455,7 +546,7 @@ class ModelController:
                     self._kube.patch_model_status, model.namespace, model.name, uid, status
                 )
             except (NotFoundError, ConflictError):
-                return  # deleted or recreated: its DELETED event frees what was assumed
+                return False  # deleted or recreated: its DELETED event frees what was assumed
         if refusal and self._refused.get(uid) != refusal:
             await self._call(
                 self._kube.record_object_event,
@@ -466,10 +557,12 @@ class ModelController:
             )
         if refusal:
             self._refused[uid] = refusal
-        elif roll.retry:
-            self._refused[uid] = ""  # tried again every RETRY_SECONDS, as a refused model
         else:
             self._refused.pop(uid, None)
+        if roll.retry and not refusal:
+            self._retry.add(uid)
+        else:
+            self._retry.discard(uid)
         await self._report_not_served(model, placed)
         await self._report_preemptions(model)
         await self._report_roll(model, roll)
@@ -498,6 +591,7 @@ class ModelController:
                     reporting_instance=self._identity,
                 )
             self._services.add(uid)
+        return bool(refusal)
 
     def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str]]:
         """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
@@ -566,13 +660,12 @@ class ModelController:
                 self._leave(model, placed.pop(ordinal))
             old = [o for o in old if o in placed]
         refusal = waiting = ""
-        free = (o for o in itertools.count() if o not in placed)
-        missing = list(itertools.islice(free, max(0, model.replicas - len(placed))))
-        wanted = {replica_uid(model.uid, o) for o in missing}
+        missing = Missing(model.uid, placed, model.replicas - len(placed))
+        wanted: Container[str] = missing
         if old and model.replicas:
-            wanted.add(self._rollout.surge_uid(model))
+            wanted = Missing(model.uid, placed, missing.count, self._rollout.surge_uid(model))
         self._preemption.forget(model.uid, wanted, self._draining)
-        for ordinal in missing:
+        for ordinal in missing.ordinals(self._kept(model)):
             rid = replica_uid(model.uid, ordinal)
             charged = state.charged_pod(rid)
             if charged is not None:
@@ -594,9 +687,17 @@ class ModelController:
                 placed[ordinal] = outcome
             else:
                 refusal = outcome
+                missing.stop_at(ordinal)  # the rest only counted, but held rooms and drains
         if refusal or waiting or len(placed) < model.replicas:
             return placed, refusal, waiting, self._rollout.where(model, placed, old, "")
         return placed, refusal, waiting, self._rollout.step(model, placed, old, quota)
+
+    def _kept(self, model: ModelInfo) -> list[int]:
+        """The ordinals of the model that hold something past a refusal: a charge (draining, or
+        preempted), or a room its preemption held."""
+        kept = {int(rid.rpartition("/")[2]) for rid in self._ledger.replica_uids(model.uid)}
+        kept.update(self._preemption.held_ordinals(model.uid))
+        return sorted(kept)
 
     def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
         """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
