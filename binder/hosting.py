@@ -640,6 +640,21 @@ class ModelController:
         chosen, _ = class_of(model.priority_class, self._ledger.priority_classes)
         return chosen.name if chosen is not None else model.priority_class
 
+    def turn(self) -> tuple[ModelInfo, int, str] | None:
+        """The placing half of the next model's turn, without its API writes (the benchmarks'):
+        the model, its replicas placed, and its refusal; a refused one backs off. None: no
+        model's turn is due."""
+        uid = self._queue.pop_ready()
+        model = self._ledger.models.get(uid) if uid is not None else None
+        if uid is None or model is None:
+            return None
+        placed, refusal, _, _ = self._place(model)
+        if refusal:
+            self._queue.backoff(uid)
+        else:
+            self._queue.remove(uid)
+        return model, len(placed), refusal
+
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
     ) -> tuple[dict[int, PodInfo], str, str, Roll]:
