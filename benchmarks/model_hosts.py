@@ -29,7 +29,6 @@ import asyncio
 import math
 import random
 import time
-
 from concurrent.futures import Executor
 from typing import cast
 

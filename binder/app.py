@@ -269,6 +269,7 @@ class Binder:
             ),
             (self.kube.namespaces(), cache.replace_namespaces, cache.apply_namespace),
             (self.kube.budgets(), cache.replace_budgets, cache.apply_budget),
+            (self.kube.quotas(), cache.replace_quotas, cache.apply_quota),
             (
                 self.kube.priority_classes(),
                 cache.replace_priority_classes,

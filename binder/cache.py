@@ -118,6 +118,8 @@ class Ledger:
     without scanning every charge (nor spec.replicas ordinals)."""
     by_namespace: dict[str, set[str]] = field(default_factory=dict)
     """Namespace -> the uids of its TritonModels."""
+    quotas: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
+    """Namespace -> its ResourceQuotas by name, as the API shows them (`binder.quota`)."""
     priority_classes: dict[str, PriorityClassInfo] = field(default_factory=dict)
     """PriorityClasses by name: the TritonModels' replicas take their priority from them."""
     draining: set[str] = field(default_factory=set)
@@ -494,6 +496,26 @@ class ClusterCache:
             self.ledger.budgets.pop(key, None)
         else:
             self.ledger.budgets[key] = budget_from_api(obj)
+
+    def apply_quota(self, event: str, obj: JsonObject) -> None:
+        """A ResourceQuota, which binds the GPU memory of its namespace's pods and replicas
+        (`binder.quota`): a new or changed hard limit, or one gone, may let one in."""
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        quotas = self.ledger.quotas.setdefault(namespace, {})
+        old = quotas.pop(name, None)
+        if event != "DELETED":
+            quotas[name] = {"metadata": meta, "spec": obj.get("spec"), "status": obj.get("status")}
+        elif not quotas:
+            del self.ledger.quotas[namespace]
+        hard = ((old or {}).get("status") or {}).get("hard")
+        if event == "DELETED" or old is None or hard != (obj.get("status") or {}).get("hard"):
+            self._listener.cluster_changed(f"ResourceQuota {namespace}/{name} changed")
+
+    def replace_quotas(self, items: list[JsonObject]) -> None:
+        self.ledger.quotas.clear()
+        for obj in items:
+            self.apply_quota("ADDED", obj)
 
     def replace_budgets(self, items: list[JsonObject]) -> None:
         self.ledger.budgets.clear()

@@ -73,7 +73,6 @@ import time
 from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from binder.cache import Ledger
@@ -90,17 +89,10 @@ from binder.model import (
 )
 from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
 from binder.placement import Placement, Policy, place
-from binder.priorities import CLASS_NOT_FOUND, class_of
+from binder.priorities import CLASS_NOT_FOUND
 from binder.proofs import proven, sign
 from binder.queue import SchedulingQueue
-from binder.quota import (
-    EXCEEDED_QUOTA,
-    QuotaCheck,
-    charged_in,
-    class_scoped,
-    limits_from_api,
-    selects,
-)
+from binder.quota import EXCEEDED_QUOTA, QuotaCheck, check_for, replica_class
 from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
 from binder.rolling import (
     PLACED,
@@ -138,9 +130,6 @@ RETRY_SECONDS = 1.0
 EVENT_BACKOFF_MAX_SECONDS = 10.0
 """The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
 podMaxBackoffDuration)."""
-QUOTA_READ_SECONDS = 1.0
-"""How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
-models of a namespace created together read them once); their pods' use is that much late."""
 READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
@@ -284,8 +273,6 @@ class ModelController:
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating."""
-        self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
-        """Namespace -> when its ResourceQuotas were last read, and what they were."""
         self._templates: dict[str, str] = {}
         """Node -> `template_hash` of the hosts this binder makes there."""
         self._replaced_at: dict[str, float] = {}
@@ -441,17 +428,18 @@ class ModelController:
             if idle:
                 due = self._queue.due_in()
                 wait = max(0.0, tick - self._clock())
+                wait = wait if due is None else min(wait, due)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait if due is None else min(wait, due))
+                    await asyncio.wait_for(self._wake.wait(), wait)
             else:
                 await asyncio.sleep(0)  # one model per turn: the loop's other work goes between
             if self._clock() >= tick:
                 # Every RETRY_SECONDS, however busy: a drain's bound passes on its own.
                 tick = self._clock() + RETRY_SECONDS
-                for uid in list(self._retry):
-                    self.changed(uid)
-                for uid in {rid.rpartition("/")[0] for rid in self._draining}:
-                    self.changed(uid)
+                for again in list(self._retry):
+                    self.changed(again)
+                for draining in {rid.rpartition("/")[0] for rid in self._draining}:
+                    self.changed(draining)
                 waiting, self._waiting = self._waiting, set()
                 for namespace in waiting:
                     self.hosts_changed(namespace)
@@ -521,7 +509,7 @@ class ModelController:
             self._hosts_for.pop(uid, None)
             return False
         self._namespaces[uid] = model.namespace
-        quota = await self._quota(model)
+        quota = self._quota(model)
         placed, refusal, waiting, roll = self._place(model, quota)
         preemptions = self._preemption.preempted
         preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == uid)
@@ -607,38 +595,14 @@ class ModelController:
                 )
         return frozenset(hosted)
 
-    async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
-        """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
+    def _quota(self, model: ModelInfo) -> QuotaCheck | None:
+        """The namespace's quotas on GPU memory, when a replica is to be placed."""
         live = self._live(model)
         if len(live) >= model.replicas and not self._rollout.old(model, live):
             return None
-        read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
-        if time.monotonic() - read_at > QUOTA_READ_SECONDS:
-            loop = asyncio.get_running_loop()
-            quotas = await loop.run_in_executor(
-                self._executor, self._kube.list_quotas, model.namespace
-            )
-            self._quotas[model.namespace] = (time.monotonic(), quotas)
-        limits = limits_from_api(quotas, self._keys, self._class_name(model))
-        if not limits:
-            return None
-        bound = {limit.quota for limit in limits}
-        by_quota = {}
-        for quota in quotas:
-            name = str((quota.get("metadata") or {}).get("name", ""))
-            if class_scoped(quota) and name in bound:
-                selected = partial(self._selected_by, quota)
-                by_quota[name] = charged_in(self._ledger, model.namespace, selected)
-        return QuotaCheck(limits, charged_in(self._ledger, model.namespace), by_quota)
-
-    def _selected_by(self, quota: JsonObject, model: ModelInfo) -> bool:
-        return selects(quota, self._class_name(model))
-
-    def _class_name(self, model: ModelInfo) -> str:
-        """The PriorityClass the model's replicas take (its name, as admission writes a pod's
-        `priorityClassName`; "" for none)."""
-        chosen, _ = class_of(model.priority_class, self._ledger.priority_classes)
-        return chosen.name if chosen is not None else model.priority_class
+        return check_for(
+            self._ledger, self._keys, model.namespace, replica_class(self._ledger, model)
+        )
 
     def turn(self) -> tuple[ModelInfo, int, str] | None:
         """The placing half of the next model's turn, without its API writes (the benchmarks'):

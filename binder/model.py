@@ -206,6 +206,8 @@ class PodInfo:
     resource_version: str = ""
     priority: int = 0
     """spec.priority, as the priority admission plugin resolved it (0 when absent)."""
+    priority_class: str = ""
+    """spec.priorityClassName, which a quota's PriorityClass scope selects on."""
     controlled: bool = False
     """Whether an owner reference marks a controller (a ReplicaSet, a StatefulSet...) that
     recreates the pod when it is evicted."""
@@ -447,6 +449,7 @@ def pod_from_api(obj: Mapping[str, Any], keys: Keys, tenant_code: Collection[str
         created=parse_time(meta.get("creationTimestamp")) or 0.0,
         resource_version=str(meta.get("resourceVersion", "")),
         priority=_priority(spec.get("priority")),
+        priority_class=str(spec.get("priorityClassName") or ""),
         controlled=bool(owner),
         labels=labels,
         resources=resources,

@@ -1,21 +1,25 @@
-"""ResourceQuotas on GPU memory, as they bind a namespace's TritonModel replicas.
+"""ResourceQuotas on GPU memory, as they bind a namespace's pods and TritonModel replicas together.
 
-A replica is no pod, so the API server's quota admission never sees it; the binder applies the
-same rule before it places one. A quota binds replicas through `requests.<prefix>gpu-mem` in its
-`status.hard` (what the API server's admission reads), and through `<prefix>gpu-mem` alone, which
-binds replicas as requests (the API server charges pods to the `requests.` key only). The
-namespace's use is the quota's `status.used` of that key (its pods, as the quota controller
-counts them) plus the GPU memory of every replica the binder has charged in the namespace. A
-replica that would take it past a hard limit is refused in the API server's words
+A replica is no pod, so the API server's quota admission never sees it, and it admits a pod
+counting pods only; the binder applies the rule to both before it places one. A quota binds
+through `requests.<prefix>gpu-mem` in its `status.hard` (what the API server's admission reads),
+and through `<prefix>gpu-mem` alone, which binds replicas as requests (the API server charges pods
+to the `requests.` key only). The namespace's use is its pods' (the larger of the quota's
+`status.used` of that key, the pods the quota controller counts, and the GPU memory of the pods
+the binder has placed there, so a status not yet updated hides none) plus the GPU memory of every
+replica the binder has charged in the namespace; a pod being placed is counted by the API server
+already, and is not counted twice. The binder decides one pod or replica at a time, so two
+created at once cannot both pass. One that would take the use past a hard limit is refused in
+the API server's words
 (`exceeded quota: NAME, requested: ..., used: ..., limited: ...`); a quota whose status does not
 yet count a key it limits refuses too (`status unknown for quota`), as admission does for pods.
-A replica already charged is never taken back: lowering a quota only stops new placements.
+A pod or replica already placed is never taken back: lowering a quota only stops new placements.
 A quota's scopes select replicas as the API server's select pods: `Terminating` and `BestEffort`
 none, `PriorityClass` by the class the model's replicas take (`binder.priorities`, its name
 matched as upstream's pod evaluator matches a pod's `priorityClassName`), the others all; such a
 quota's use counts only the replicas it selects.
 
-Pure: the quotas come from binder.kube, the charges from the cache's ledger.
+Pure: the quotas and the charges come from the cache's ledger.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from binder.cache import Ledger
 from binder.model import ModelInfo
+from binder.priorities import class_of
 from common.contract import Keys
 from common.quantity import (
     BINARY_SI,
@@ -179,6 +184,12 @@ class QuotaCheck:
     (instead of `charged`)."""
     refused: bool = field(default=False)
     """Whether a replica was refused (the condition's reason is then EXCEEDED_QUOTA)."""
+    pods_placed: int = 0
+    """Bytes of the namespace's pods the binder has placed (`ClusterState.pods_memory`): a
+    floor on its pods' use, which a quota's status may not count yet."""
+    pod: int = 0
+    """Bytes of the pod being decided, which the API server admitted and counts (0: a
+    replica)."""
 
     def refusal(self, request: int) -> str:
         """Why a replica asking `request` bytes may not be placed ("" when every quota allows
@@ -189,19 +200,18 @@ class QuotaCheck:
             by_quota.setdefault(limit.quota, []).append(limit)
         for name, limits in by_quota.items():
             unknown = [limit.key for limit in limits if limit.used is None]
-            if unknown:
+            if unknown and not self.pod:  # a pod was admitted: its use is known to be counted
                 self.refused = True
                 return f"status unknown for quota: {name}, resources: {','.join(unknown)}"
             charged = self.charged_by_quota.get(name, self.charged)
-            exceeded = [
-                limit for limit in limits if (limit.used or 0) + charged + request > limit.hard
-            ]
+            use = {limit.key: self._pods_use(limit, name) + charged for limit in limits}
+            exceeded = [limit for limit in limits if use[limit.key] + request > limit.hard]
             if not exceeded:
                 continue
             self.refused = True
             requested, used, limited = [], [], []
             for limit in exceeded:
-                total = (limit.used or 0) + charged
+                total = use[limit.key]
                 form = limit.used_form if limit.used else _form(total)
                 requested.append(f"{limit.key}={format_quantity(request, _form(request))}")
                 used.append(f"{limit.key}={format_quantity(total, form)}")
@@ -213,8 +223,57 @@ class QuotaCheck:
             )
         return ""
 
+    def _pods_use(self, limit: Limit, quota: str) -> int:
+        """The pods' use of the limit's key but the pod being decided's."""
+        if not limit.key.startswith("requests."):
+            return limit.used or 0  # no pod is charged to the bare key
+        counted = max(0, (limit.used or 0) - self.pod)
+        if quota in self.charged_by_quota:
+            return counted  # scoped by PriorityClass: the quota controller's count alone
+        return max(counted, self.pods_placed)
+
     def charge(self, request: int) -> None:
         """A replica placed: every quota checked selects it."""
         self.charged += request
         for name in self.charged_by_quota:
             self.charged_by_quota[name] += request
+
+
+def replica_class(ledger: Ledger, model: ModelInfo) -> str:
+    """The PriorityClass the model's replicas take (its name, as admission writes a pod's
+    `priorityClassName`; "" for none)."""
+    chosen, _ = class_of(model.priority_class, ledger.priority_classes)
+    return chosen.name if chosen is not None else model.priority_class
+
+
+def check_for(
+    ledger: Ledger,
+    keys: Keys,
+    namespace: str,
+    priority_class: str | None,
+    pod: int = 0,
+) -> QuotaCheck | None:
+    """The namespace's GPU memory limits (its quotas as the cache holds them) for a pod asking
+    `pod` bytes, or a replica (`pod` 0), of `priority_class`, with what its pods and replicas
+    use; None when no quota binds it."""
+    quotas = list(ledger.quotas.get(namespace, {}).values())
+    limits = limits_from_api(quotas, keys, priority_class)
+    if not limits:
+        return None
+    bound = {limit.quota for limit in limits}
+    by_quota = {}
+    for quota in quotas:
+        name = str((quota.get("metadata") or {}).get("name", ""))
+        if class_scoped(quota) and name in bound:
+
+            def selected(model: ModelInfo, quota: Mapping[str, Any] = quota) -> bool:
+                return selects(quota, replica_class(ledger, model))
+
+            by_quota[name] = charged_in(ledger, namespace, selected)
+    return QuotaCheck(
+        limits,
+        charged_in(ledger, namespace),
+        by_quota,
+        pods_placed=ledger.state.pods_memory.get(namespace, 0),
+        pod=pod,
+    )
