@@ -4,6 +4,7 @@ API server's quota (its status counting the namespace's pods), through the offic
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from binder.app import Binder
@@ -11,7 +12,14 @@ from binder.quota import QuotaCheck, limits_from_api
 from common.contract import Keys
 from common.hosted import host_name
 from sim.apiserver import RunningApiServer
-from tests.binder.simcluster import eventually
+from tests.binder.simcluster import (
+    add_pod,
+    bound,
+    eventually,
+    failure,
+    node_of,
+    scheduled_condition,
+)
 from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
     GROUP,
     PLURAL,
@@ -211,3 +219,86 @@ async def test_a_host_past_a_pod_quota_is_reported_to_its_models_until_it_fits(
     core.patch_namespaced_resource_quota("count", "default", {"spec": {"hard": {"pods": "2"}}})
     await eventually(lambda: node in hosts(core), what="the host once the quota allows it")
     assert len(events()) == 1, "one Event per refusal, not one per retry"
+
+
+def _exceeded(used: str, requested: str = "7Gi", limited: str = "7Gi", name: str = "gpu") -> str:
+    return (
+        f"exceeded quota: {name}, requested: {KEY}={requested}, used: {KEY}={used},"
+        f" limited: {KEY}={limited}"
+    )
+
+
+async def test_a_pod_after_replicas_past_the_quota_stays_pending_until_they_leave(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+) -> None:
+    core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "7Gi"}))
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("m", 1, "7Gi"))
+    await eventually(lambda: placed(custom, "m", 1), what="the replica placed")
+    # The API server counts pods only: it admits the pod.
+    add_pod(core, "p", mem="7Gi")
+
+    condition = await eventually(lambda: scheduled_condition(core, "p"), what="PodScheduled")
+    assert (condition.status, condition.message) == ("False", _exceeded("7Gi"))
+    assert failure(core, "p") == _exceeded("7Gi")
+    assert not node_of(core, "p")
+
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "m")
+    await eventually(lambda: node_of(core, "p"), what="the pod placed once the replica left")
+
+
+async def test_replicas_after_a_pod_are_refused_past_the_quota(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+) -> None:
+    core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "7Gi"}))
+    add_pod(core, "p", mem="7Gi")
+    await eventually(lambda: node_of(core, "p"), what="the pod placed")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("m", 1, "7Gi"))
+
+    def refused() -> dict[str, Any] | None:
+        conditions = (read(custom, "m").get("status") or {}).get("conditions") or []
+        return next(
+            (c for c in conditions if c["type"] == "Placed" and c["status"] == "False"), None
+        )
+
+    condition = await eventually(refused, what="Placed=False")
+    assert condition["reason"] == "ExceededQuota"
+    assert condition["message"] == f'tritonmodel "m" replica 0: {_exceeded("7Gi")}'
+
+
+async def test_pods_and_replicas_raced_together_never_pass_the_quota(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+) -> None:
+    """Pods and replicas, 2Gi each, created at once under an 8Gi quota that admits every pod (it
+    counts pods only), while the binder has just read the quota for a replica: it places 8Gi of
+    them, whatever comes first."""
+    core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "8Gi"}))
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("a", 1, "2Gi"))
+    await eventually(lambda: placed(custom, "a", 1), what="the first replica placed")
+    pods = [f"p{i}" for i in range(3)]
+    for pod in pods:
+        add_pod(core, pod, mem="2Gi")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("m", 3, "2Gi"))
+
+    def settled() -> tuple[dict[str, str], int] | None:
+        replicas = 1 + len((read(custom, "m").get("status") or {}).get("placements") or [])
+        placed_pods = bound(core, pods)
+        refused = [p for p in pods if p not in placed_pods and failure(core, p)]
+        if len(placed_pods) + len(refused) == 3 and replicas + len(placed_pods) >= 4:
+            return placed_pods, replicas
+        return None
+
+    placed_pods, replicas = await eventually(settled, what="every pod and replica decided")
+    assert 2 * (len(placed_pods) + replicas) == 8, "the namespace holds exactly its 8Gi"
+    for pod in pods:
+        if pod not in placed_pods:
+            assert failure(core, pod) == _exceeded("8Gi", "2Gi", "8Gi")
+    # Nothing placed later takes it past, whatever the retries.
+    await asyncio.sleep(1.5)
+    replicas = 1 + len(read(custom, "m")["status"].get("placements") or [])
+    assert 2 * (len(bound(core, pods)) + replicas) == 8
