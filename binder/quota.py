@@ -204,7 +204,7 @@ class QuotaCheck:
                 self.refused = True
                 return f"status unknown for quota: {name}, resources: {','.join(unknown)}"
             charged = self.charged_by_quota.get(name, self.charged)
-            use = {limit.key: self._pods_use(limit, name) + charged for limit in limits}
+            use = {limit.key: self.pods_use(limit, name) + charged for limit in limits}
             exceeded = [limit for limit in limits if use[limit.key] + request > limit.hard]
             if not exceeded:
                 continue
@@ -223,7 +223,7 @@ class QuotaCheck:
             )
         return ""
 
-    def _pods_use(self, limit: Limit, quota: str) -> int:
+    def pods_use(self, limit: Limit, quota: str) -> int:
         """The pods' use of the limit's key but the pod being decided's."""
         if not limit.key.startswith("requests."):
             return limit.used or 0  # no pod is charged to the bare key
@@ -277,3 +277,43 @@ def check_for(
         pods_placed=ledger.state.pods_memory.get(namespace, 0),
         pod=pod,
     )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one key of one quota binds, as `tritonshare quota` shows it, in bytes."""
+
+    namespace: str
+    quota: str
+    key: str
+    hard: int
+    pods: int
+    """The namespace's pods' use (`QuotaCheck`'s: counted or placed, the larger)."""
+    replicas: int
+    """The GPU memory of the namespace's replicas the quota selects, charged."""
+
+    @property
+    def used(self) -> int:
+        return self.pods + self.replicas
+
+
+def usage(ledger: Ledger, keys: Keys, namespace: str | None = None) -> list[Usage]:
+    """Each GPU memory limit of the quotas (of `namespace`, or every one) with what the
+    namespace's pods and replicas use of it, by namespace, quota and key."""
+    rows = []
+    for where, quotas in sorted(ledger.quotas.items()):
+        if namespace is not None and where != namespace:
+            continue
+        for quota in (quotas[name] for name in sorted(quotas)):
+            scoped = class_scoped(quota)
+
+            def selected(model: ModelInfo, quota: Mapping[str, Any] = quota) -> bool:
+                return selects(quota, replica_class(ledger, model))
+
+            replicas = charged_in(ledger, where, selected)
+            for limit in limits_from_api([quota], keys):
+                check = QuotaCheck([limit], replicas, {limit.quota: replicas} if scoped else {})
+                check.pods_placed = ledger.state.pods_memory.get(where, 0)
+                pods = check.pods_use(limit, limit.quota)
+                rows.append(Usage(where, limit.quota, limit.key, limit.hard, pods, replicas))
+    return rows

@@ -5,6 +5,8 @@ API server's quota (its status counting the namespace's pods), through the offic
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 from binder.app import Binder
@@ -20,6 +22,7 @@ from tests.binder.simcluster import (
     node_of,
     scheduled_condition,
 )
+from tests.binder.test_cli_output import run_cli
 from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
     GROUP,
     PLURAL,
@@ -232,6 +235,7 @@ async def test_a_pod_after_replicas_past_the_quota_stays_pending_until_they_leav
     binder: Binder,  # noqa: F811 (the fixtures imported above)
     custom: Any,  # noqa: F811
     core: Any,
+    kubeconfig: Path,
 ) -> None:
     core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "7Gi"}))
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("m", 1, "7Gi"))
@@ -243,6 +247,27 @@ async def test_a_pod_after_replicas_past_the_quota_stays_pending_until_they_leav
     assert (condition.status, condition.message) == ("False", _exceeded("7Gi"))
     assert failure(core, "p") == _exceeded("7Gi")
     assert not node_of(core, "p")
+    # The namespace's use, pods (as the quota counts them: admitted) and replicas together.
+    code, text = run_cli(kubeconfig, "quota", "default")
+    assert code == 0
+    assert text.split("\n")[1].split() == [
+        "default",
+        "gpu",
+        KEY,
+        *["7Gi", "7Gi", "7Gi", "14Gi", "0"],
+    ]
+    code, text = run_cli(kubeconfig, "quota", "-o", "json")
+    assert json.loads(text)["quotas"] == [
+        {
+            "namespace": "default",
+            "quota": "gpu",
+            "key": KEY,
+            "hard": 7 * GI,
+            "pods": 7 * GI,
+            "replicas": 7 * GI,
+            "used": 14 * GI,
+        }
+    ]
 
     custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "m")
     await eventually(lambda: node_of(core, "p"), what="the pod placed once the replica left")
