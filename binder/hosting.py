@@ -87,6 +87,7 @@ from binder.model import (
     PodInfo,
     is_replica,
 )
+from binder.modelstatus import StatusWriter, Write
 from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
 from binder.placement import Placement, Policy, place
 from binder.priorities import CLASS_NOT_FOUND
@@ -292,6 +293,10 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
+        self._writes = StatusWriter(
+            kube, executor, identity, leading=leading, on_failed=self._write_failed
+        )
+        """The models' status writes and refusal Events, off the turns."""
         self._preemption = ReplicaPreemption(
             ledger, policy, enabled=preemption, drain=self.preempt, ring=placement_keys
         )
@@ -407,14 +412,21 @@ class ModelController:
         if self._queue.move_all_to_active():
             self._wake.set()
 
+    def _write_failed(self, uid: str) -> None:
+        """A status or Event write failed: the model is reconciled again, its Event with it."""
+        self._refused.pop(uid, None)
+        self._retry.add(uid)
+
     async def run(self, stop: asyncio.Event) -> None:
         waker = asyncio.create_task(self._wake_at(stop), name="model-controller-stop")
+        writer = asyncio.create_task(self._writes.run(stop), name="model-status-writer")
         try:
             await self._loop(stop)
         finally:
-            waker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waker
+            for task in (waker, writer):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _wake_at(self, stop: asyncio.Event) -> None:
         """Wakes the loop as soon as `stop` is set, not at its next tick."""
@@ -493,6 +505,7 @@ class ModelController:
         if model is None:
             self._refused.pop(uid, None)
             self._retry.discard(uid)
+            self._writes.forget(uid)
             self._host_refusals.pop(uid, None)
             self._services.discard(uid)
             for rid in [r for r in self._draining if r.rpartition("/")[0] == uid]:
@@ -528,21 +541,10 @@ class ModelController:
             why = "; ".join(preemptions[r][0] for r in preempted)
             refusal = f"{why}; placed again when it fits: {refusal}"
         status = self._status(model, placed, refusal, waiting, roll, reason)
-        if any(model.status.get(k) != v for k, v in status.items()):
-            try:
-                await self._call(
-                    self._kube.patch_model_status, model.namespace, model.name, uid, status
-                )
-            except (NotFoundError, ConflictError):
-                return False  # deleted or recreated: its DELETED event frees what was assumed
-        if refusal and self._refused.get(uid) != refusal:
-            await self._call(
-                self._kube.record_object_event,
-                _involved(model),
-                reason="FailedScheduling",
-                message=refusal,
-                reporting_instance=self._identity,
-            )
+        changed = any(model.status.get(k) != v for k, v in status.items())
+        new_refusal = refusal if refusal and self._refused.get(uid) != refusal else ""
+        if changed or new_refusal:
+            self._writes.put(Write(_involved(model), status if changed else None, new_refusal))
         if refusal:
             self._refused[uid] = refusal
         else:
