@@ -3,21 +3,22 @@
 A replica is no pod, so the API server's quota admission never sees it, and it admits a pod
 counting pods only; the binder applies the rule to both before it places one. A quota binds
 through `requests.<prefix>gpu-mem` in its `status.hard` (what the API server's admission reads),
-and through `<prefix>gpu-mem` alone, which binds replicas as requests (the API server charges pods
-to the `requests.` key only). The namespace's use is its pods' (the larger of the quota's
-`status.used` of that key, the pods the quota controller counts, and the GPU memory of the pods
-the binder has placed there, so a status not yet updated hides none) plus the GPU memory of every
-replica the binder has charged in the namespace; a pod being placed is counted by the API server
-already, and is not counted twice. The binder decides one pod or replica at a time, so two
-created at once cannot both pass. One that would take the use past a hard limit is refused in
-the API server's words
+`limits.<prefix>gpu-mem` (to which the API server counts no pod: the pods the binder placed
+count), and `<prefix>gpu-mem` alone, which binds replicas only. The namespace's use is its pods'
+(for the `requests.` key the larger of the quota's `status.used`, the pods the quota controller
+counts, and the GPU memory of the pods the binder has placed there, so a status not yet updated
+hides none) plus the GPU memory of every replica the binder has charged in the namespace; a pod
+being placed is counted by the API server already, and is not counted twice. The binder decides
+one pod or replica at a time, so two created at once cannot both pass. One that would take the
+use past a hard limit is refused in the API server's words
 (`exceeded quota: NAME, requested: ..., used: ..., limited: ...`); a quota whose status does not
-yet count a key it limits refuses too (`status unknown for quota`), as admission does for pods.
+yet count a key it limits refuses a replica too (`status unknown for quota`), as admission does
+for pods.
 A pod or replica already placed is never taken back: lowering a quota only stops new placements.
 A quota's scopes select replicas as the API server's select pods: `Terminating` and `BestEffort`
 none, `PriorityClass` by the class the model's replicas take (`binder.priorities`, its name
 matched as upstream's pod evaluator matches a pod's `priorityClassName`), the others all; such a
-quota's use counts only the replicas it selects.
+quota's use counts only the replicas it selects (and its pods by its `status.used` alone).
 
 Pure: the quotas and the charges come from the cache's ledger.
 """
@@ -123,7 +124,7 @@ def limits_from_api(
     """The GPU memory limits of the namespace's quotas (API dicts) whose scopes can select a
     replica of `priority_class` (`selects`), by quota name then key; a hard limit that does not
     parse binds as zero (fail closed)."""
-    names = (f"requests.{keys.gpu_mem}", keys.gpu_mem)
+    names = (f"requests.{keys.gpu_mem}", f"limits.{keys.gpu_mem}", keys.gpu_mem)
     found: list[Limit] = []
     for quota in quotas:
         if not selects(quota, priority_class):
@@ -134,7 +135,8 @@ def limits_from_api(
         for key in names:
             if key not in hard:
                 continue
-            counted = key in used or key == keys.gpu_mem  # no pod is charged to the bare key
+            # The API server charges pods to the `requests.` key only.
+            counted = key in used or not key.startswith("requests.")
             raw_used = used.get(key, "0")
             found.append(
                 Limit(
@@ -225,8 +227,10 @@ class QuotaCheck:
 
     def pods_use(self, limit: Limit, quota: str) -> int:
         """The pods' use of the limit's key but the pod being decided's."""
+        if limit.key.startswith("limits."):
+            return self.pods_placed  # no pod is charged to it: the binder's own count
         if not limit.key.startswith("requests."):
-            return limit.used or 0  # no pod is charged to the bare key
+            return limit.used or 0  # the bare key binds replicas only
         counted = max(0, (limit.used or 0) - self.pod)
         if quota in self.charged_by_quota:
             return counted  # scoped by PriorityClass: the quota controller's count alone

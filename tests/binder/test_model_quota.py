@@ -327,3 +327,27 @@ async def test_pods_and_replicas_raced_together_never_pass_the_quota(
     await asyncio.sleep(1.5)
     replicas = 1 + len(read(custom, "m")["status"].get("placements") or [])
     assert 2 * (len(bound(core, pods)) + replicas) == 8
+
+
+def test_a_limits_key_binds_the_pods_the_binder_placed_and_the_replicas() -> None:
+    limits_key = "limits.tritonshare.io/gpu-mem"
+    quota = _quota("gpu", {limits_key: "4Gi"}, {})  # the API server counts no pod to it
+    [limit] = limits_from_api([quota], Keys())
+    assert (limit.key, limit.used) == (limits_key, 0)
+    check = QuotaCheck([limit], charged=GI, pods_placed=2 * GI)
+    assert check.refusal(GI) == ""
+    assert check.refusal(2 * GI) == (
+        f"exceeded quota: gpu, requested: {limits_key}=2Gi, used: {limits_key}=3Gi,"
+        f" limited: {limits_key}=4Gi"
+    )
+
+
+def test_a_pod_is_not_counted_twice_and_a_stale_status_hides_no_placed_pod() -> None:
+    # The pod (2Gi) is in status.used already: used 3Gi means 1Gi of other pods.
+    check = QuotaCheck(limits_from_api([_quota("gpu", {KEY: "4Gi"}, {KEY: "3Gi"})], Keys()), 0)
+    check.pod = 2 * GI
+    assert check.refusal(2 * GI) == ""
+    # A status not updated yet (0) hides none of the 3Gi of pods the binder placed.
+    stale = QuotaCheck(limits_from_api([_quota("gpu", {KEY: "4Gi"}, {KEY: "0"})], Keys()), 0)
+    stale.pod, stale.pods_placed = 2 * GI, 3 * GI
+    assert stale.refusal(2 * GI).startswith(f"exceeded quota: gpu, requested: {KEY}=2Gi")
