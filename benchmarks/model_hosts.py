@@ -204,7 +204,8 @@ def run_attacked(args: argparse.Namespace) -> None:
     wall = time.perf_counter() - wall
     print(
         f"a new TritonModel of another namespace, with {len(attack)} attacking models due: its "
-        f"{placed} replicas placed in {1e3 * wall:.2f} ms ({attacker_turns} attacking turns first)"
+        f"{placed} replicas placed in {1e3 * wall:.2f} ms ({attacker_turns} attacking "
+        f"turn{'' if attacker_turns == 1 else 's'} first)"
     )
 
 
