@@ -6,16 +6,21 @@ simulated API server serving the chart's CRD, through the official client)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import tracemalloc
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import kubernetes.client
 import pytest
 
 from benchmarks.model_hosts import add, controller, tritonmodel
 from binder.cache import Ledger
+from binder.kube import Kube
 from binder.model import lease_expiry, node_from_api
+from binder.modelstatus import StatusWriter, Write
 from binder.state import ClusterState
 from tests.binder.objects import GI, KEYS, lease_obj, node_obj
 from tests.binder.simcluster import MakeBinder, add_node, eventually
@@ -197,3 +202,46 @@ def test_the_cache_walks_the_charged_replicas_not_spec_replicas() -> None:
     assert cache.ledger.replica_uids("u-bomb") == []
     cache.apply_model("MODIFIED", obj)
     assert time.process_time() - started < 1.0
+
+
+async def test_status_writes_keep_the_latest_and_take_turns_by_namespace() -> None:
+    """A namespace's hundred refused models' writes delay another namespace's by one of theirs;
+    a model's newer status replaces one not sent yet, and keeps its refusal's Event."""
+    sent: list[tuple[str, str, object]] = []
+
+    class Recorder:
+        def patch_model_status(self, namespace: str, name: str, uid: str, status: Any) -> None:
+            sent.append(("status", f"{namespace}/{name}", status["n"]))
+
+        def record_object_event(self, involved: Any, **kw: Any) -> None:
+            sent.append(("event", f"{involved['namespace']}/{involved['name']}", kw["message"]))
+
+    def model_ref(namespace: str, name: str) -> dict[str, str]:
+        return {"namespace": namespace, "name": name, "uid": f"{namespace}.{name}"}
+
+    leading = asyncio.Event()
+    leading.set()
+    failed: list[str] = []
+    with ThreadPoolExecutor(1) as executor:
+        writer = StatusWriter(
+            cast(Kube, Recorder()), executor, "binder-0", leading=leading, on_failed=failed.append
+        )
+        for i in range(100):
+            writer.put(Write(model_ref("attacker", f"m{i}"), {"n": 1}, "fits nowhere"))
+        writer.put(Write(model_ref("attacker", "m0"), {"n": 2}, ""))
+        writer.put(Write(model_ref("team-b", "new"), {"n": 1}, ""))
+        stop = asyncio.Event()
+        task = asyncio.create_task(writer.run(stop))
+        try:
+            await eventually(lambda: len(writer) == 0, within=30, what="every write sent")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    order = [who for _, who, _ in sent]
+    assert order.index("team-b/new") <= 2, order[:5]
+    assert [(kind, n) for kind, who, n in sent if who == "attacker/m0"] == [
+        ("status", 2),
+        ("event", "fits nowhere"),
+    ]
+    assert len(sent) == 201 and not failed
