@@ -12,22 +12,37 @@ Prints the replicas placed per second (wall time) and the binder's CPU per repli
 time, one thread), the replicas refused, and the hosts used against namespaces x nodes used
 (one host per (namespace, node) at most). No API server, no clock but the measurement's.
 
+Then the same models under attack, through the model controller's turns (`ModelController.turn`:
+its queue, in turns by namespace with backoff, and its placing, without API writes): beside
+them, a namespace holds `--unplaceable` models of 200 GiB (more than any GPU) and one of 1 GiB
+scaled to `--scale-bomb` replicas. Prints the same figures, and how long a new model of another
+namespace waits for its replicas once every attacking model is due again.
+
 Run: .venv/bin/python -m benchmarks.model_hosts [--models 10000 --replicas 2 --namespaces 50
-     --nodes 1000 --node-shape 8xA100-80GB:96:110]
+     --nodes 1000 --node-shape 8xA100-80GB:96:110 --unplaceable 10000 --scale-bomb 1000000000]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import random
 import time
+from concurrent.futures import Executor
+from typing import cast
 
 from benchmarks import command_line, shapes
 from benchmarks import results as results_page
-from binder.model import PodInfo, as_replica
+from binder.cache import Ledger
+from binder.hosting import ModelController
+from binder.kube import Kube
+from binder.model import ModelInfo, PodInfo, as_replica, model_from_api
 from binder.placement import Placement, place
 from binder.state import ClusterState
+from common.contract import Keys
+from common.modelpod import NodeAccess
+from common.placement import KeyRing
 
 GI = 1 << 30
 RESERVE = GI // 2
@@ -59,13 +74,19 @@ def replicas(args: argparse.Namespace) -> list[PodInfo]:
     return out
 
 
-def run(args: argparse.Namespace) -> None:
+def cluster(args: argparse.Namespace) -> ClusterState:
     shape: shapes.NodeShape = args.node_shape
     state = ClusterState(reserve=RESERVE)
     for i in range(args.nodes):
         name = f"node-{i:05d}"
         state.set_node(shape.node(name))
-        state.set_lease(name, NOW + 3600)
+        state.set_lease(name, time.time() + 3600)
+    return state
+
+
+def run(args: argparse.Namespace) -> None:
+    shape: shapes.NodeShape = args.node_shape
+    state = cluster(args)
     pending = replicas(args)
     print(
         f"{args.models} TritonModels x {args.replicas} replicas ({len(pending)}) in "
@@ -96,6 +117,116 @@ def run(args: argparse.Namespace) -> None:
     )
 
 
+KEYS = Keys()
+
+
+def tritonmodel(namespace: str, name: str, replicas: int, memory: int) -> ModelInfo:
+    """The model the binder's cache makes of such a TritonModel."""
+    obj = {
+        "metadata": {"uid": f"{namespace}.{name}", "namespace": namespace, "name": name},
+        "spec": {
+            "storageUri": "https://models.example.com/m.tar.gz",
+            "gpuMemory": str(memory),
+            "replicas": replicas,
+        },
+    }
+    return model_from_api(obj, KEYS, "tritonshare")
+
+
+def controller(ledger: Ledger) -> ModelController:
+    """The model controller with nothing to write to: only `turn` is called."""
+    return ModelController(
+        cast(Kube, None),
+        ledger,
+        leading=asyncio.Event(),
+        keys=KEYS,
+        policy="binpack",
+        placement_keys=lambda: RING,
+        executor=cast(Executor, None),
+        identity="benchmark",
+        scheduler_name="tritonshare",
+        host_image="tritonshare:benchmark",
+        access=NodeAccess(50051, 8000, 8001, "tritonshare-agent"),
+        drain_seconds=30.0,
+    )
+
+
+RING = KeyRing(b"k" * 32)
+
+
+def add(ledger: Ledger, models: ModelController, model: ModelInfo) -> None:
+    ledger.models[model.uid] = model
+    ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
+    models.changed(model.uid)
+
+
+def run_attacked(args: argparse.Namespace) -> None:
+    state = cluster(args)
+    ledger = Ledger(state)
+    models = controller(ledger)
+    rng = random.Random(args.seed)
+    attack = [tritonmodel("attacker", "bomb", args.scale_bomb, GI)] if args.scale_bomb else []
+    attack += [
+        tritonmodel("attacker", f"huge-{i:05d}", 1, 200 * GI) for i in range(args.unplaceable)
+    ]
+    for model in attack:
+        add(ledger, models, model)
+    order = list(range(args.models))
+    rng.shuffle(order)
+    waiting = set()
+    for m in order:
+        size = int(GI * math.exp(rng.uniform(math.log(0.5), math.log(16))))
+        namespace, name = f"team-{m % args.namespaces:02d}", f"model-{m:05d}"
+        model = tritonmodel(namespace, name, args.replicas, size)
+        add(ledger, models, model)
+        waiting.add(model.uid)
+    print(
+        f"the same beside namespace attacker: {args.unplaceable} TritonModels of 200 GiB and "
+        f"one of 1 GiB x {args.scale_bomb:,} replicas, through the model controller's turns"
+    )
+    wall, cpu = time.perf_counter(), time.process_time()
+    placed, attacker_turns = take_turns(models, waiting)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wanted = args.models * args.replicas
+    print(
+        f"model_hosts under attack: {placed / wall:,.0f} replicas/s, "
+        f"{1e3 * cpu / max(placed, 1):.3f} ms of binder CPU per replica ({placed} of {wanted} "
+        f"placed; {attacker_turns} attacking turns between); "
+        f"{len(ledger.replica_uids('attacker.bomb'))} replicas of the scaled one placed"
+    )
+    # Every attacking model due at once (a relist), then another namespace's new model.
+    for model in attack:
+        models.changed(model.uid)
+    newcomer = tritonmodel("newcomer", "new", 2, GI)
+    wall = time.perf_counter()
+    add(ledger, models, newcomer)
+    placed, attacker_turns = take_turns(models, {newcomer.uid})
+    wall = time.perf_counter() - wall
+    print(
+        f"a new TritonModel of another namespace, with {len(attack)} attacking models due: its "
+        f"{placed} replicas placed in {1e3 * wall:.2f} ms ({attacker_turns} attacking "
+        f"turn{'' if attacker_turns == 1 else 's'} first)"
+    )
+
+
+def take_turns(models: ModelController, waiting: set[str]) -> tuple[int, int]:
+    """Take turns until each of the `waiting` models has had one: (their replicas placed, the
+    other models' turns meanwhile)."""
+    placed = others = 0
+    while waiting:
+        took = models.turn()
+        if took is None:
+            time.sleep(0.001)  # only backed-off models: their waits end
+            continue
+        model, count, _ = took
+        if model.uid in waiting:
+            waiting.discard(model.uid)
+            placed += count
+        else:
+            others += 1
+    return placed, others
+
+
 def _shape(text: str) -> shapes.NodeShape:
     try:
         return shapes.parse_shape(text)
@@ -123,6 +254,12 @@ def main() -> None:
         metavar="GPUSxMODEL:CPUS:PODS",
         help="the nodes (8xA100-80GB:96:110)",
     )
+    parser.add_argument(
+        "--unplaceable", type=int, default=10_000, help="attacking models that fit nowhere"
+    )
+    parser.add_argument(
+        "--scale-bomb", type=int, default=10**9, help="replicas of the attacking scaled model"
+    )
     parser.add_argument("--seed", type=int, default=47)
     results_page.add_flag(parser)
     args = parser.parse_args()
@@ -131,6 +268,8 @@ def main() -> None:
             parser.error(f"--{flag} {getattr(args, flag)}: give at least 1")
     with results_page.captured() as printed:
         run(args)
+        if args.unplaceable or args.scale_bomb:
+            run_attacked(args)
     if args.write_results is not None:
         results_page.record("model_hosts", printed.getvalue(), page=args.write_results)
 

@@ -96,6 +96,8 @@ class Binder:
             ),
             drain_seconds=settings.host_drain_seconds,
             preemption=settings.preemption,
+            backoff_initial=settings.backoff_initial_seconds,
+            backoff_max=settings.backoff_max_seconds,
         )
         self.controller = Controller(
             self.kube,
@@ -113,6 +115,7 @@ class Binder:
             preemption=settings.preemption,
             inbox=self._inbox,
             preempt_replica=self.models.preempt,
+            retry_models=self.models.cluster_changed,
         )
         self.cache = ClusterCache(
             settings.keys,
@@ -269,6 +272,7 @@ class Binder:
             ),
             (self.kube.namespaces(), cache.replace_namespaces, cache.apply_namespace),
             (self.kube.budgets(), cache.replace_budgets, cache.apply_budget),
+            (self.kube.quotas(), cache.replace_quotas, cache.apply_quota),
             (
                 self.kube.priority_classes(),
                 cache.replace_priority_classes,

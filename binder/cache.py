@@ -114,10 +114,12 @@ class Ledger:
     hosts: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
     """The model host pods there are, by namespace and node, as the API shows them."""
     spans: dict[str, int] = field(default_factory=dict)
-    """Model uid -> one past the highest ordinal of it that may be charged (what was ever in its
-    spec or status), so its replicas are found without scanning every charge."""
+    """Model uid -> one past the highest ordinal of it ever charged, so its replicas are found
+    without scanning every charge (nor spec.replicas ordinals)."""
     by_namespace: dict[str, set[str]] = field(default_factory=dict)
     """Namespace -> the uids of its TritonModels."""
+    quotas: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
+    """Namespace -> its ResourceQuotas by name, as the API shows them (`binder.quota`)."""
     priority_classes: dict[str, PriorityClassInfo] = field(default_factory=dict)
     """PriorityClasses by name: the TritonModels' replicas take their priority from them."""
     draining: set[str] = field(default_factory=set)
@@ -293,14 +295,14 @@ class ClusterCache:
         self._follow_ring()
         ledger.models[model.uid] = model
         ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
-        ledger.spans[model.uid] = max(
-            ledger.spans.get(model.uid, 0), model.replicas, max(model.placed, default=-1) + 1
-        )
         shown = set()
         for ordinal, (node, gpu, proof) in model.placed.items():
             replica = model.replica(ordinal, node, gpu, proof)
             shown.add(replica.uid)
             self._account_replica(replica)
+        # Past the highest ordinal charged, not spec.replicas: a scale to 10^9 walks nothing.
+        charged = [o for o in model.placed if self.state.is_accounted(f"{model.uid}/{o}")]
+        ledger.spans[model.uid] = max(ledger.spans.get(model.uid, 0), max(charged, default=-1) + 1)
         if self._free_replicas(model.uid, keep=shown, assumed_too=False):
             self._listener.cluster_changed(f"replicas of TritonModel {model.key} were freed")
         self._on_model(model.uid)
@@ -507,6 +509,26 @@ class ClusterCache:
             self.ledger.budgets.pop(key, None)
         else:
             self.ledger.budgets[key] = budget_from_api(obj)
+
+    def apply_quota(self, event: str, obj: JsonObject) -> None:
+        """A ResourceQuota, which binds the GPU memory of its namespace's pods and replicas
+        (`binder.quota`): a new or changed hard limit, or one gone, may let one in."""
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        quotas = self.ledger.quotas.setdefault(namespace, {})
+        old = quotas.pop(name, None)
+        if event != "DELETED":
+            quotas[name] = {"metadata": meta, "spec": obj.get("spec"), "status": obj.get("status")}
+        elif not quotas:
+            del self.ledger.quotas[namespace]
+        hard = ((old or {}).get("status") or {}).get("hard")
+        if event == "DELETED" or old is None or hard != (obj.get("status") or {}).get("hard"):
+            self._listener.cluster_changed(f"ResourceQuota {namespace}/{name} changed")
+
+    def replace_quotas(self, items: list[JsonObject]) -> None:
+        self.ledger.quotas.clear()
+        for obj in items:
+            self.apply_quota("ADDED", obj)
 
     def replace_budgets(self, items: list[JsonObject]) -> None:
         self.ledger.budgets.clear()

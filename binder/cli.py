@@ -18,6 +18,7 @@ refuses while a pod on the node still wants the quarantined files unless --force
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -36,6 +37,7 @@ from binder.kube import JsonObject, Kube, kubeconfig_namespace
 from binder.model import TERMINATED_PHASES, PodInfo, pod_from_api
 from binder.placement import Placement, explain, place
 from binder.proofs import Unproven
+from binder.quota import Usage, usage
 from binder.report import (
     explain_document,
     load_state,
@@ -147,6 +149,22 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
     for row in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         out.write("\n")
+
+
+def write_usage(rows: list[Usage], output: str, out: TextIO) -> None:
+    """`tritonshare quota`: each GPU memory limit with its pods' and replicas' use."""
+    if output != "text":
+        fields = ("namespace", "quota", "key", "hard", "pods", "replicas", "used")
+        document = [{name: getattr(row, name) for name in fields} for row in rows]
+        write_document({"quotas": document}, output, out)
+    elif not rows:
+        out.write("No ResourceQuota limits GPU memory.\n")
+    else:
+        table = [["NAMESPACE", "QUOTA", "RESOURCE", "HARD", "PODS", "REPLICAS", "USED", "FREE"]]
+        for row in rows:
+            sizes = (row.hard, row.pods, row.replicas, row.used, max(0, row.hard - row.used))
+            table.append([row.namespace, row.quota, row.key, *(format_bytes(n) for n in sizes)])
+        _table(table, out)
 
 
 def status(cache: ClusterCache, out: TextIO, now: float) -> None:
@@ -404,6 +422,15 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     )
     why.add_argument("pod", help="POD or NAMESPACE/POD")
     FLAGS.add_to(why)
+    quota = commands.add_parser(
+        "quota",
+        help="GPU memory quotas: what each namespace's pods and TritonModel replicas use",
+        description="Each ResourceQuota limit on GPU memory, with what its namespace's pods and "
+        "TritonModel replicas use of it together (the binder places neither past it).",
+        allow_abbrev=False,
+    )
+    quota.add_argument("quota_namespace", nargs="?", metavar="NAMESPACE", help="only this one")
+    FLAGS.add_to(quota)
     cleanup = commands.add_parser(
         "uninstall-cleanup",
         help="after uninstalling, remove the agents' node annotations and resources and the "
@@ -675,6 +702,12 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
         reserve = given_reserve if given_reserve is not None else published or 0
         cache = fold(listing, keys, scheduler_name, reserve, ring)
         now = time.time()
+        if args.command == "quota":
+            cache.replace_quotas(kube.list_all(kube.quotas())[0])
+            with contextlib.suppress(NotFoundError):  # no TritonModel CRD: no replicas
+                cache.replace_models(kube.list_all(kube.tritonmodels())[0])
+            write_usage(usage(cache.ledger, keys, args.quota_namespace), output, out)
+            return 0
         if args.command == "status":
             states = load_states(listing.pods, keys.model_loaded)
             held = quarantined(listing.nodes, keys)

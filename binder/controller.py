@@ -46,6 +46,7 @@ from binder.placement import (
 from binder.preemption import NoPreemption, lower_holds, preempt, stale_room
 from binder.proofs import Unproven, sign
 from binder.queue import SchedulingQueue
+from binder.quota import check_for
 from binder.replicapreemption import held_uid
 from common.contract import Keys
 from common.lifecycle import spawn
@@ -93,13 +94,15 @@ class Controller:
         preemption: bool = True,
         inbox: Inbox | None = None,
         preempt_replica: Callable[[PodInfo, str, str], None] | None = None,
+        retry_models: Callable[[], None] = lambda: None,
     ) -> None:
         """`ledger` is the cache's (read here, changed there); `leading` is set while this
         replica leads (only the leader schedules and writes); `inbox` is where the writers hand
         outcomes back: the one the informers use, so the bind's answer and the watch event it
         causes share a wake-up of the loop (None: one of its own, made on first use);
         `preempt_replica(victim, by, node)` drains a TritonModel replica a pod preempts (the
-        model controller's; None: replicas are never victims)."""
+        model controller's; None: replicas are never victims); `retry_models()` tells the model
+        controller of a cluster change that may let its refused replicas fit."""
         self._kube = kube
         self._keys = keys
         self._policy = policy
@@ -112,6 +115,7 @@ class Controller:
         # The ledger's parts under short names: read on every decision, and never replaced.
         self.state = ledger.state
         self.pending = ledger.pending
+        self._ledger = ledger
         self.unproven = ledger.unproven
         """The cache's unproven pods (the same dict), to skip reports that went stale."""
         self._leading = leading
@@ -127,6 +131,7 @@ class Controller:
         self._consolidate_moves = consolidate_moves
         self._preemption = preemption
         self._preempt_replica = preempt_replica
+        self._retry_models = retry_models
         self._budgets = ledger.budgets
         self._nominations: dict[str, tuple[str, str]] = {}
         """Pods whose preemption this replica started: (node, GPU uuid) of the room held."""
@@ -197,6 +202,7 @@ class Controller:
             )
 
     def cluster_changed(self, why: str) -> None:
+        self._retry_models()
         moved = self.queue.move_all_to_active()
         if moved:
             log.debug("%s: retrying %d unschedulable pods now.", why, moved)
@@ -293,18 +299,24 @@ class Controller:
         nominated = self._nominations.get(uid)
         if nominated is not None and pod.nominated_node != nominated[0]:
             pod = replace(pod, nominated_node=nominated[0])
+        # The namespace's pods and replicas together within its quotas: no room helps.
+        exceeded = self._exceeded_quota(pod)
         # As kube-scheduler counts nominated pods only against lower-or-equal priorities, the
         # rooms held for lower-priority pods are free to this one (and theirs are no victims).
-        lower = lower_holds(state, pod)
+        lower = [] if exceeded else lower_holds(state, pod)
         with state.without(lower) if lower else nullcontext():
-            placed = place(state, pod, now=self._clock(), policy=self._policy)
+            placed = (
+                Unschedulable(exceeded, {})
+                if exceeded
+                else place(state, pod, now=self._clock(), policy=self._policy)
+            )
             if isinstance(placed, Placement):
                 self._nominations.pop(uid, None)
                 proof = self._sign(pod, placed)
                 state.assume(pod, placed.node, placed.gpu.uuid, proof)
                 self._bind(pod, placed, proof)
             else:
-                result = self._preempt(pod, placed)
+                result = placed if exceeded else self._preempt(pod, placed)
         landed = placed.node if isinstance(placed, Placement) else None
         if landed is None and self._nominations.get(uid, nominated) != nominated:
             landed = self._nominations[uid][0]
@@ -325,13 +337,23 @@ class Controller:
             delay,
             extra=subject(pod=pod.key, model=pod.model_id),
         )
-        if self._consolidate_moves and result.condition_reason == "Unschedulable":
+        if self._consolidate_moves and result.condition_reason == "Unschedulable" and not exceeded:
             self._make_room(pod)
         if self._should_report(uid, result.message):
             self._reported[uid] = (result.message, self._monotonic())
             self._report(pod, result.message, result.condition_reason)
         else:
             self._slots.release()
+
+    def _exceeded_quota(self, pod: PodInfo) -> str:
+        """Why placing the pod would take its namespace's pods and replicas past a quota on GPU
+        memory, in the API server's words ("" when it would not: `binder.quota`)."""
+        if pod.request <= 0 or pod.namespace not in self._ledger.quotas:
+            return ""
+        check = check_for(
+            self._ledger, self._keys, pod.namespace, pod.priority_class, pod=pod.asked
+        )
+        return check.refusal(pod.asked) if check is not None else ""
 
     def _displace(self, lower: list[str], node: str) -> None:
         """A higher-priority pod took room on `node`: the lower-priority pods holding room there

@@ -48,8 +48,14 @@ that fits nowhere may take away lower-priority pods (evicted) and replicas
 scaled away does and is placed again once gone (`Placed` False, reason Preempted, and a
 `Preempted` Event, until it is).
 
-A refused model, and a namespace whose new host waits for its old one on the node to be gone, is
-tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
+Models are reconciled in turns by namespace (`binder.queue`), so a namespace's thousands of models
+delay another namespace's by one of theirs. A model with a replica that fits nowhere waits as
+kube-scheduler's pods do: retried on a cluster change once its backoff (doubling from
+--backoff-initial, at most EVENT_BACKOFF_MAX_SECONDS) has passed, else after its whole wait (up to
+--backoff-max). A reconcile costs O(nodes + replicas placed) whatever spec.replicas says: the
+placements stop at the first refusal and the rest is counted, never listed. A namespace whose new
+host waits for its old one on the node to be gone, a model whose roll waits, and one whose
+reconcile failed are tried again every RETRY_SECONDS. The ledger is the cache's: a restarted binder
 charges the replicas whose proofs in status verify, and places the others again; a new leader
 first holds again the rooms its predecessor's replica preemptions held (`status.nominations`,
 `recover_nominations`), then charges the draining replicas the hosts list whose proofs verify,
@@ -59,15 +65,14 @@ counted as leaving, and drains them on (`recover_drains`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
-import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from binder.cache import Ledger
@@ -82,18 +87,13 @@ from binder.model import (
     PodInfo,
     is_replica,
 )
+from binder.modelstatus import StatusWriter, Write
 from binder.moves import PREEMPTED, PREEMPTING, EvictionRefusedError, evict_victims
 from binder.placement import Placement, Policy, place
-from binder.priorities import CLASS_NOT_FOUND, class_of
+from binder.priorities import CLASS_NOT_FOUND
 from binder.proofs import proven, sign
-from binder.quota import (
-    EXCEEDED_QUOTA,
-    QuotaCheck,
-    charged_in,
-    class_scoped,
-    limits_from_api,
-    selects,
-)
+from binder.queue import SchedulingQueue
+from binder.quota import EXCEEDED_QUOTA, QuotaCheck, check_for, replica_class
 from binder.replicapreemption import REFUSED_RETRY_SECONDS, ReplicaPreemption
 from binder.rolling import (
     PLACED,
@@ -126,10 +126,10 @@ from common.placement import KeyRing
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
-"""How often a model with a replica that fits nowhere is tried again."""
-QUOTA_READ_SECONDS = 1.0
-"""How long a namespace's ResourceQuotas, once read, serve the placements that follow (the
-models of a namespace created together read them once); their pods' use is that much late."""
+"""How often a model whose roll waits, or whose reconcile failed, is tried again."""
+EVENT_BACKOFF_MAX_SECONDS = 10.0
+"""The longest backoff of a refused model before a cluster change retries it (kube-scheduler's
+podMaxBackoffDuration)."""
 READY = "Ready"
 """The condition type: every wanted replica is loaded and served by its host."""
 NOT_SERVED_EVENT = "ReplicaNotServed"
@@ -169,6 +169,47 @@ def _involved(model: ModelInfo) -> JsonObject:
     }
 
 
+class Missing(Container[str]):
+    """The replicas of a model to place: the `count` lowest ordinals not in `placed` (and a
+    roll's surge replica `extra`), never listed, so a model of 10^9 replicas costs what its
+    placed ones do."""
+
+    def __init__(self, model_uid: str, placed: Iterable[int], count: int, extra: str = "") -> None:
+        self._uid = model_uid
+        self._placed = sorted(placed)
+        self._placed_set = set(self._placed)
+        self.count = max(0, count)
+        self._extra = extra
+        self._stop: int | None = None
+
+    def __contains__(self, uid: object) -> bool:
+        if uid == self._extra:
+            return True
+        if not isinstance(uid, str) or uid.rpartition("/")[0] != self._uid:
+            return False
+        ordinal = int(uid.rpartition("/")[2])
+        rank = ordinal - bisect.bisect_left(self._placed, ordinal)  # free ordinals before it
+        return ordinal not in self._placed_set and rank < self.count
+
+    def stop_at(self, ordinal: int) -> None:
+        """Past `ordinal`, only the ordinals that hold something are walked."""
+        self._stop = ordinal
+
+    def ordinals(self, kept: list[int]) -> Iterator[int]:
+        """The missing ordinals in order: every one up to `stop_at`, then those of `kept`."""
+        given = ordinal = 0
+        while given < self.count:
+            if self._stop is not None:
+                for later in kept:
+                    if later > self._stop and f"{self._uid}/{later}" in self:
+                        yield later
+                return
+            if ordinal not in self._placed_set:
+                given += 1
+                yield ordinal
+            ordinal += 1
+
+
 class ModelController:
     """Reconciles TritonModels one at a time, on the loop, while this replica leads."""
 
@@ -189,6 +230,8 @@ class ModelController:
         drain_seconds: float,
         preemption: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        backoff_initial: float = RETRY_SECONDS,
+        backoff_max: float = 120.0,
     ) -> None:
         self._kube = kube
         self._ledger = ledger
@@ -203,7 +246,17 @@ class ModelController:
         self._access = access
         self._drain_seconds = drain_seconds
         self._clock = clock
-        self._dirty: set[str] = set()
+        self._queue = SchedulingQueue(
+            initial_seconds=backoff_initial,
+            max_seconds=backoff_max,
+            clock=clock,
+            event_backoff_max=min(EVENT_BACKOFF_MAX_SECONDS, backoff_max),
+        )
+        """The models to reconcile, in turns by namespace; refused ones back off."""
+        self._current: tuple[str, bool] | None = None
+        """The model being reconciled, and whether it changed meanwhile."""
+        self._retry: set[str] = set()
+        """Models tried again every RETRY_SECONDS (a roll that waits, a reconcile that failed)."""
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}
         """Model uid -> the refusal last reported (an Event only when it changes)."""
@@ -220,8 +273,6 @@ class ModelController:
         """Namespaces whose hosts are all to be checked again."""
         self._waiting: set[str] = set()
         """Namespaces with a replica on a node whose old host is still terminating."""
-        self._quotas: dict[str, tuple[float, list[JsonObject]]] = {}
-        """Namespace -> when its ResourceQuotas were last read, and what they were."""
         self._templates: dict[str, str] = {}
         """Node -> `template_hash` of the hosts this binder makes there."""
         self._replaced_at: dict[str, float] = {}
@@ -241,6 +292,10 @@ class ModelController:
         """Replica uid -> when its drain ends at the latest (`clock`): past spec.replicas, out
         of its Service, still listed (draining) and charged until its host no longer has it
         loaded. Mirrored in the ledger's `draining`, which keeps the cache from freeing it."""
+        self._writes = StatusWriter(
+            kube, executor, identity, leading=leading, on_failed=self._write_failed
+        )
+        """The models' status writes and refusal Events, off the turns."""
         self._preemption = ReplicaPreemption(
             ledger, policy, enabled=preemption, drain=self.preempt, ring=placement_keys
         )
@@ -259,8 +314,7 @@ class ModelController:
         models = self._ledger.by_namespace.get(namespace)
         if models:
             self._stale.add(namespace)
-            self._dirty.add(next(iter(models)))
-            self._wake.set()
+            self.changed(next(iter(models)))
 
     def recover_nominations(self) -> None:
         """On taking the lead, before anything is placed: the rooms the previous leader held
@@ -339,22 +393,39 @@ class ModelController:
         self._hosts_seen.add((namespace, node))
         for pod, _ in self._ledger.state.pods_on(node):
             if pod.namespace == namespace and is_replica(pod.uid):
-                self._dirty.add(pod.uid.rpartition("/")[0])
+                self.changed(pod.uid.rpartition("/")[0])
         self._wake.set()
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
-        self._dirty.add(uid)
+        model = self._ledger.models.get(uid)
+        namespace = model.namespace if model is not None else self._namespaces.get(uid, "")
+        self._queue.add(uid, namespace)
+        if self._current is not None and self._current[0] == uid:
+            self._current = (uid, True)
         self._wake.set()
+
+    def cluster_changed(self) -> None:
+        """Something changed that could let a refused replica fit (the cache's cluster change):
+        the refused models past their backoff are tried again."""
+        if self._queue.move_all_to_active():
+            self._wake.set()
+
+    def _write_failed(self, uid: str) -> None:
+        """A status or Event write failed: the model is reconciled again, its Event with it."""
+        self._refused.pop(uid, None)
+        self._retry.add(uid)
 
     async def run(self, stop: asyncio.Event) -> None:
         waker = asyncio.create_task(self._wake_at(stop), name="model-controller-stop")
+        writer = asyncio.create_task(self._writes.run(stop), name="model-status-writer")
         try:
             await self._loop(stop)
         finally:
-            waker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waker
+            for task in (waker, writer):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _wake_at(self, stop: asyncio.Event) -> None:
         """Wakes the loop as soon as `stop` is set, not at its next tick."""
@@ -363,18 +434,28 @@ class ModelController:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         tick = self._clock() + RETRY_SECONDS
+        idle = True
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, tick - self._clock()))
+            if idle:
+                due = self._queue.due_in()
+                wait = max(0.0, tick - self._clock())
+                wait = wait if due is None else min(wait, due)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+            else:
+                await asyncio.sleep(0)  # one model per turn: the loop's other work goes between
             if self._clock() >= tick:
                 # Every RETRY_SECONDS, however busy: a drain's bound passes on its own.
                 tick = self._clock() + RETRY_SECONDS
-                self._dirty.update(self._refused)
-                self._dirty.update(uid.rpartition("/")[0] for uid in self._draining)
+                for again in list(self._retry):
+                    self.changed(again)
+                for draining in {rid.rpartition("/")[0] for rid in self._draining}:
+                    self.changed(draining)
                 waiting, self._waiting = self._waiting, set()
                 for namespace in waiting:
                     self.hosts_changed(namespace)
             self._wake.clear()
+            idle = True
             if not self._leading.is_set():
                 continue
             seen, self._hosts_seen = self._hosts_seen, set()
@@ -392,27 +473,38 @@ class ModelController:
                         e,
                     )
                     self.hosts_changed(namespace)
-            if not self._dirty:
+            uid = self._queue.pop_ready()
+            if uid is None or stop.is_set():
                 continue
-            dirty, self._dirty = self._dirty, set()
-            for uid in sorted(dirty):
-                if stop.is_set() or not self._leading.is_set():
-                    break
-                try:
-                    await self._reconcile(uid)
-                except ApiError as e:
-                    log.warning("Reconciling TritonModel %s has failed (%s): retrying.", uid, e)
-                    self._refused.setdefault(uid, "")
-                except Exception:  # one model's failure must not stop the others'
-                    log.exception("Reconciling TritonModel %s has failed: retrying.", uid)
-                    self._refused.setdefault(uid, "")
+            idle = False
+            self._current = (uid, False)
+            try:
+                refused = await self._reconcile(uid)
+            except ApiError as e:
+                log.warning("Reconciling TritonModel %s has failed (%s): retrying.", uid, e)
+                self._retry.add(uid)
+                refused = False
+            except Exception:  # one model's failure must not stop the others'
+                log.exception("Reconciling TritonModel %s has failed: retrying.", uid)
+                self._retry.add(uid)
+                refused = False
+            current, self._current = self._current, None
+            if current[1]:
+                continue  # changed meanwhile: its turn comes again
+            if refused:
+                self._queue.backoff(uid)
+            else:
+                self._queue.remove(uid)
 
     # ---- one model -----------------------------------------------------------------------------
 
-    async def _reconcile(self, uid: str) -> None:
+    async def _reconcile(self, uid: str) -> bool:
+        """Reconcile the model; returns whether a replica of it was refused (it backs off)."""
         model = self._ledger.models.get(uid)
         if model is None:
             self._refused.pop(uid, None)
+            self._retry.discard(uid)
+            self._writes.forget(uid)
             self._host_refusals.pop(uid, None)
             self._services.discard(uid)
             for rid in [r for r in self._draining if r.rpartition("/")[0] == uid]:
@@ -427,9 +519,9 @@ class ModelController:
                 before = self._hosts_for.get(uid, frozenset())
                 await self._reconcile_hosts(namespace, {entry[1] for entry in before})
             self._hosts_for.pop(uid, None)
-            return
+            return False
         self._namespaces[uid] = model.namespace
-        quota = await self._quota(model)
+        quota = self._quota(model)
         placed, refusal, waiting, roll = self._place(model, quota)
         preemptions = self._preemption.preempted
         preempted = sorted(r for r in preemptions if r.rpartition("/")[0] == uid)
@@ -448,27 +540,18 @@ class ModelController:
             why = "; ".join(preemptions[r][0] for r in preempted)
             refusal = f"{why}; placed again when it fits: {refusal}"
         status = self._status(model, placed, refusal, waiting, roll, reason)
-        if any(model.status.get(k) != v for k, v in status.items()):
-            try:
-                await self._call(
-                    self._kube.patch_model_status, model.namespace, model.name, uid, status
-                )
-            except (NotFoundError, ConflictError):
-                return  # deleted or recreated: its DELETED event frees what was assumed
-        if refusal and self._refused.get(uid) != refusal:
-            await self._call(
-                self._kube.record_object_event,
-                _involved(model),
-                reason="FailedScheduling",
-                message=refusal,
-                reporting_instance=self._identity,
-            )
+        changed = any(model.status.get(k) != v for k, v in status.items())
+        new_refusal = refusal if refusal and self._refused.get(uid) != refusal else ""
+        if changed or new_refusal:
+            self._writes.put(Write(_involved(model), status if changed else None, new_refusal))
         if refusal:
             self._refused[uid] = refusal
-        elif roll.retry:
-            self._refused[uid] = ""  # tried again every RETRY_SECONDS, as a refused model
         else:
             self._refused.pop(uid, None)
+        if roll.retry and not refusal:
+            self._retry.add(uid)
+        else:
+            self._retry.discard(uid)
         await self._report_not_served(model, placed)
         await self._report_preemptions(model)
         await self._report_roll(model, roll)
@@ -497,6 +580,7 @@ class ModelController:
                     reporting_instance=self._identity,
                 )
             self._services.add(uid)
+        return bool(refusal)
 
     def _as_hosted(self, model: ModelInfo) -> frozenset[tuple[int, str, bool, str]]:
         """The model's charged replicas as its hosts serve them: (ordinal, node, draining,
@@ -512,38 +596,29 @@ class ModelController:
                 )
         return frozenset(hosted)
 
-    async def _quota(self, model: ModelInfo) -> QuotaCheck | None:
-        """The namespace's quotas on GPU memory, read only when a replica is to be placed."""
+    def _quota(self, model: ModelInfo) -> QuotaCheck | None:
+        """The namespace's quotas on GPU memory, when a replica is to be placed."""
         live = self._live(model)
         if len(live) >= model.replicas and not self._rollout.old(model, live):
             return None
-        read_at, quotas = self._quotas.get(model.namespace, (-math.inf, []))
-        if time.monotonic() - read_at > QUOTA_READ_SECONDS:
-            loop = asyncio.get_running_loop()
-            quotas = await loop.run_in_executor(
-                self._executor, self._kube.list_quotas, model.namespace
-            )
-            self._quotas[model.namespace] = (time.monotonic(), quotas)
-        limits = limits_from_api(quotas, self._keys, self._class_name(model))
-        if not limits:
+        return check_for(
+            self._ledger, self._keys, model.namespace, replica_class(self._ledger, model)
+        )
+
+    def turn(self) -> tuple[ModelInfo, int, str] | None:
+        """The placing half of the next model's turn, without its API writes (the benchmarks'):
+        the model, its replicas placed, and its refusal; a refused one backs off. None: no
+        model's turn is due."""
+        uid = self._queue.pop_ready()
+        model = self._ledger.models.get(uid) if uid is not None else None
+        if uid is None or model is None:
             return None
-        bound = {limit.quota for limit in limits}
-        by_quota = {}
-        for quota in quotas:
-            name = str((quota.get("metadata") or {}).get("name", ""))
-            if class_scoped(quota) and name in bound:
-                selected = partial(self._selected_by, quota)
-                by_quota[name] = charged_in(self._ledger, model.namespace, selected)
-        return QuotaCheck(limits, charged_in(self._ledger, model.namespace), by_quota)
-
-    def _selected_by(self, quota: JsonObject, model: ModelInfo) -> bool:
-        return selects(quota, self._class_name(model))
-
-    def _class_name(self, model: ModelInfo) -> str:
-        """The PriorityClass the model's replicas take (its name, as admission writes a pod's
-        `priorityClassName`; "" for none)."""
-        chosen, _ = class_of(model.priority_class, self._ledger.priority_classes)
-        return chosen.name if chosen is not None else model.priority_class
+        placed, refusal, _, _ = self._place(model)
+        if refusal:
+            self._queue.backoff(uid)
+        else:
+            self._queue.remove(uid)
+        return model, len(placed), refusal
 
     def _place(
         self, model: ModelInfo, quota: QuotaCheck | None = None
@@ -565,13 +640,12 @@ class ModelController:
                 self._leave(model, placed.pop(ordinal))
             old = [o for o in old if o in placed]
         refusal = waiting = ""
-        free = (o for o in itertools.count() if o not in placed)
-        missing = list(itertools.islice(free, max(0, model.replicas - len(placed))))
-        wanted = {replica_uid(model.uid, o) for o in missing}
+        missing = Missing(model.uid, placed, model.replicas - len(placed))
+        wanted: Container[str] = missing
         if old and model.replicas:
-            wanted.add(self._rollout.surge_uid(model))
+            wanted = Missing(model.uid, placed, missing.count, self._rollout.surge_uid(model))
         self._preemption.forget(model.uid, wanted, self._draining)
-        for ordinal in missing:
+        for ordinal in missing.ordinals(self._kept(model)):
             rid = replica_uid(model.uid, ordinal)
             charged = state.charged_pod(rid)
             if charged is not None:
@@ -593,9 +667,17 @@ class ModelController:
                 placed[ordinal] = outcome
             else:
                 refusal = outcome
+                missing.stop_at(ordinal)  # the rest only counted, but held rooms and drains
         if refusal or waiting or len(placed) < model.replicas:
             return placed, refusal, waiting, self._rollout.where(model, placed, old, "")
         return placed, refusal, waiting, self._rollout.step(model, placed, old, quota)
+
+    def _kept(self, model: ModelInfo) -> list[int]:
+        """The ordinals of the model that hold something past a refusal: a charge (draining, or
+        preempted), or a room its preemption held."""
+        kept = {int(rid.rpartition("/")[2]) for rid in self._ledger.replica_uids(model.uid)}
+        kept.update(self._preemption.held_ordinals(model.uid))
+        return sorted(kept)
 
     def _place_one(self, model: ModelInfo, ordinal: int, quota: QuotaCheck | None) -> PodInfo | str:
         """Replica `ordinal` placed (on the room its preemption held first), charged (assumed)
@@ -611,7 +693,7 @@ class ModelController:
             return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
         if model.priority_problem:
             return f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
-        exceeded = quota.refusal(replica.request) if quota is not None else ""
+        exceeded = quota.refusal(replica.asked) if quota is not None else ""
         if exceeded:
             return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
         now = time.time()
@@ -627,7 +709,7 @@ class ModelController:
         spans = self._ledger.spans
         spans[model.uid] = max(spans.get(model.uid, 0), ordinal + 1)
         if quota is not None:
-            quota.charge(replica.request)
+            quota.charge(replica.asked)
         self._rollout.files[replica.uid] = model.storage_uri
         return replica.bound(decision.node, decision.gpu.uuid, proof)
 

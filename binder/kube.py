@@ -375,6 +375,9 @@ class Kube:
     def budgets(self) -> Kind:
         return Kind("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets")
 
+    def quotas(self) -> Kind:
+        return Kind("resourcequotas", "/api/v1/resourcequotas")
+
     def priority_classes(self) -> Kind:
         return Kind("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses")
 
@@ -670,14 +673,6 @@ class Kube:
             f"writing the status of TritonModel {namespace}/{name}",
             lambda timeout: self._request("PATCH", path, timeout, body, _MERGE_PATCH),
         )
-
-    def list_quotas(self, namespace: str) -> list[JsonObject]:
-        """The namespace's ResourceQuotas (one attempt)."""
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/resourcequotas"
-        items: list[JsonObject] = (
-            json.loads(self._request("GET", path, READ_TIMEOUT_SECONDS)).get("items") or []
-        )
-        return items
 
     def create_pod(self, namespace: str, body: JsonObject) -> None:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"

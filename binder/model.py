@@ -194,7 +194,10 @@ class PodInfo:
     phase: str = "Pending"
     deleting: bool = False
     request: int = 0
-    """Effective GPU memory request in bytes (0 when the pod asks for none)."""
+    """GPU memory booked in bytes: the effective request, plus the per-process allowance for a
+    model that may run in a process of its own (0 when the pod asks for none)."""
+    allowance: int = 0
+    """The part of `request` that is the per-process allowance; quotas count `asked`."""
     model_id: str = ""
     revision: str = ""
     """The pod's `pod-template-hash` (Deployment) or `controller-revision-hash` (StatefulSet)
@@ -211,6 +214,8 @@ class PodInfo:
     resource_version: str = ""
     priority: int = 0
     """spec.priority, as the priority admission plugin resolved it (0 when absent)."""
+    priority_class: str = ""
+    """spec.priorityClassName, which a quota's PriorityClass scope selects on."""
     controlled: bool = False
     """Whether an owner reference marks a controller (a ReplicaSet, a StatefulSet...) that
     recreates the pod when it is evicted."""
@@ -240,6 +245,11 @@ class PodInfo:
     """The (namespace, model id, revision) of which a node takes at most one pod; made once
     here, as placement reads it for every decision."""
 
+    @property
+    def asked(self) -> int:
+        """The GPU memory the pod or TritonModel asks, as a ResourceQuota counts it."""
+        return self.request - self.allowance
+
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "model_key", ModelKey(self.namespace, self.model_id, self.revision)
@@ -260,6 +270,7 @@ class PodInfo:
             node_name=node,
             phase=self.phase,
             request=self.request,
+            allowance=self.allowance,
             model_id=self.model_id,
             revision=self.revision,
             gpu_uuid=gpu_uuid,
@@ -437,8 +448,8 @@ def pod_from_api(
         declared = declared_backend(annotations.get(keys.backend), keys.backend)
     except BackendError as e:
         declared, problem = "", problem or str(e)
-    if request > 0:
-        request += process_allowance(declared, allowance)
+    booked = process_allowance(declared, allowance) if request > 0 else 0
+    request += booked
     residency = annotations.get(keys.residency)
     if residency is not None and not problem:
         try:
@@ -454,6 +465,7 @@ def pod_from_api(
         phase=str(status.get("phase") or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
         request=request,
+        allowance=booked,
         model_id=model_id,
         revision=_revision(_mapping(meta.get("labels"))),
         gpu_uuid=str(annotations.get(keys.gpu) or ""),
@@ -463,6 +475,7 @@ def pod_from_api(
         created=parse_time(meta.get("creationTimestamp")) or 0.0,
         resource_version=str(meta.get("resourceVersion", "")),
         priority=_priority(spec.get("priority")),
+        priority_class=str(spec.get("priorityClassName") or ""),
         controlled=bool(owner),
         labels=labels,
         resources=resources,

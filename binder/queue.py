@@ -4,6 +4,10 @@ A new or changed pending pod is active at once. A pod that did not fit waits: 1 
 failure, doubling per failure up to a cap (2 min by default), and is retried when its wait ends.
 A cluster change that could help (memory freed, a node added or changed, an agent alive) makes
 every waiting pod active at once, keeping its failure count so the next wait is still longer.
+A queue made with `event_backoff_max` (TritonModels) follows kube-scheduler's backoff instead: a
+cluster change retries a waiting uid only once `min(its wait, event_backoff_max)` has passed since
+it failed (at that moment, if the change came earlier), so however many changes come, each uid is
+tried at most once per backoff; without a change it waits out its whole wait.
 
 Active pods are taken one namespace at a time, in turns: each namespace with active pods gives
 one (its oldest) per turn, so a namespace that creates thousands of pending pods (or whose
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,9 +36,11 @@ class SchedulingQueue:
         initial_seconds: float = 1.0,
         max_seconds: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
+        event_backoff_max: float | None = None,
     ) -> None:
         self._initial = initial_seconds
         self._max = max_seconds
+        self._event_max = event_backoff_max
         self._clock = clock
         self._active: dict[str, deque[str]] = {}
         """Each namespace's active uids, oldest first; only namespaces with some."""
@@ -49,6 +56,14 @@ class SchedulingQueue:
         are stale and skipped; the heap is rebuilt when they outnumber the live ones."""
         self._failures: dict[str, int] = {}
         self._wakeup = asyncio.Event()
+        self._failed_at: dict[str, tuple[float, float]] = {}
+        """With `event_backoff_max`: each waiting uid's failure time and the end of its backoff."""
+        self._backed_off: list[tuple[float, str]] = []
+        """With `event_backoff_max`: heap of (end of backoff, uid) of the waiting uids."""
+        self._parked: set[str] = set()
+        """With `event_backoff_max`: waiting uids past their backoff, retried at the next change."""
+        self._changed_at = -math.inf
+        """With `event_backoff_max`: when the cluster last changed."""
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._waiting)
@@ -106,6 +121,8 @@ class SchedulingQueue:
         """Forget a pod entirely (bound, deleted, or no longer ours)."""
         self._waiting.pop(uid, None)
         self._failures.pop(uid, None)
+        self._failed_at.pop(uid, None)
+        self._parked.discard(uid)
         if uid in self._queued:
             self._drop(uid)
         self._namespace.pop(uid, None)
@@ -117,17 +134,38 @@ class SchedulingQueue:
         delay: float = min(self._initial * 2.0 ** (failures - 1), self._max)
         if uid in self._queued:
             self._drop(uid)
-        due = self._clock() + delay
+        now = self._clock()
+        due = now + delay
         self._waiting[uid] = due
         heapq.heappush(self._due, (due, uid))
         if len(self._due) > 2 * len(self._waiting) + 64:
             self._due = [(t, u) for u, t in self._waiting.items()]
             heapq.heapify(self._due)
+        if self._event_max is not None:
+            ends = now + min(delay, self._event_max)
+            self._failed_at[uid] = (now, ends)
+            self._parked.discard(uid)
+            heapq.heappush(self._backed_off, (ends, uid))
+            if len(self._backed_off) > 2 * len(self._waiting) + 64:
+                live = self._failed_at.items()
+                self._backed_off = [(e, u) for u, (_, e) in live if u in self._waiting]
+                heapq.heapify(self._backed_off)
         self._wakeup.set()
         return delay
 
     def move_all_to_active(self) -> int:
-        """A helpful cluster change: every waiting pod is retried now. Returns how many."""
+        """A helpful cluster change: every waiting pod is retried now (with `event_backoff_max`:
+        those past their backoff now, the others as theirs ends). Returns how many now."""
+        if self._event_max is not None:
+            self._changed_at = self._clock()
+            parked, self._parked = self._parked, set()
+            moved = sorted((u for u in parked if u in self._waiting), key=self._waiting.__getitem__)
+            for uid in moved:
+                del self._waiting[uid]
+                self._push(uid)
+            if moved:
+                self._wakeup.set()
+            return len(moved)
         moved = sorted(self._waiting, key=lambda uid: self._waiting[uid])
         for uid in moved:
             del self._waiting[uid]
@@ -140,7 +178,7 @@ class SchedulingQueue:
     def _promote_due(self) -> float | None:
         """Move pods whose wait is over to active; return seconds until the next one is due."""
         heap = self._due
-        if not heap:
+        if not heap and not self._backed_off:
             return None
         now = self._clock()
         waiting = self._waiting
@@ -152,9 +190,30 @@ class SchedulingQueue:
                 self._push(uid)
         while heap and waiting.get(heap[0][1]) != heap[0][0]:
             heapq.heappop(heap)
-        if not heap:
-            return None
-        return max(0.0, heap[0][0] - now)
+        following = self._promote_backed_off(now)
+        if heap:
+            following = min(following, heap[0][0])
+        return None if following == math.inf else max(0.0, following - now)
+
+    def _promote_backed_off(self, now: float) -> float:
+        """With `event_backoff_max`: uids whose backoff ended become active if the cluster changed
+        since they failed, else wait for a change (parked). Returns when the next backoff ends."""
+        heap = self._backed_off
+        while heap and heap[0][0] <= now:
+            t, uid = heapq.heappop(heap)
+            failed, ends = self._failed_at.get(uid, (0.0, -1.0))
+            if uid not in self._waiting or t != ends:
+                continue  # retried, or failed again since: another entry stands for it
+            if self._changed_at > failed:
+                del self._waiting[uid]
+                self._push(uid)
+            else:
+                self._parked.add(uid)
+        return heap[0][0] if heap else math.inf
+
+    def due_in(self) -> float | None:
+        """Seconds until the next waiting uid is due (None: none waits), promoting due ones."""
+        return self._promote_due()
 
     def pop_ready(self) -> str | None:
         """The next active pod, or None (promoting pods whose wait is over first)."""

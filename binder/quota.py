@@ -1,21 +1,26 @@
-"""ResourceQuotas on GPU memory, as they bind a namespace's TritonModel replicas.
+"""ResourceQuotas on GPU memory, as they bind a namespace's pods and TritonModel replicas together.
 
-A replica is no pod, so the API server's quota admission never sees it; the binder applies the
-same rule before it places one. A quota binds replicas through `requests.<prefix>gpu-mem` in its
-`status.hard` (what the API server's admission reads), and through `<prefix>gpu-mem` alone, which
-binds replicas as requests (the API server charges pods to the `requests.` key only). The
-namespace's use is the quota's `status.used` of that key (its pods, as the quota controller
-counts them) plus the GPU memory of every replica the binder has charged in the namespace. A
-replica that would take it past a hard limit is refused in the API server's words
+A replica is no pod, so the API server's quota admission never sees it, and it admits a pod
+counting pods only; the binder applies the rule to both before it places one. A quota binds
+through `requests.<prefix>gpu-mem` in its `status.hard` (what the API server's admission reads),
+`limits.<prefix>gpu-mem` (to which the API server counts no pod: the pods the binder placed
+count), and `<prefix>gpu-mem` alone, which binds replicas only. The namespace's use is its pods'
+(for the `requests.` key the larger of the quota's `status.used`, the pods the quota controller
+counts, and the GPU memory of the pods the binder has placed there, so a status not yet updated
+hides none) plus the GPU memory of every replica the binder has charged in the namespace; a pod
+being placed is counted by the API server already, and is not counted twice. The binder decides
+one pod or replica at a time, so two created at once cannot both pass. One that would take the
+use past a hard limit is refused in the API server's words
 (`exceeded quota: NAME, requested: ..., used: ..., limited: ...`); a quota whose status does not
-yet count a key it limits refuses too (`status unknown for quota`), as admission does for pods.
-A replica already charged is never taken back: lowering a quota only stops new placements.
+yet count a key it limits refuses a replica too (`status unknown for quota`), as admission does
+for pods.
+A pod or replica already placed is never taken back: lowering a quota only stops new placements.
 A quota's scopes select replicas as the API server's select pods: `Terminating` and `BestEffort`
 none, `PriorityClass` by the class the model's replicas take (`binder.priorities`, its name
 matched as upstream's pod evaluator matches a pod's `priorityClassName`), the others all; such a
-quota's use counts only the replicas it selects.
+quota's use counts only the replicas it selects (and its pods by its `status.used` alone).
 
-Pure: the quotas come from binder.kube, the charges from the cache's ledger.
+Pure: the quotas and the charges come from the cache's ledger.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from binder.cache import Ledger
 from binder.model import ModelInfo
+from binder.priorities import class_of
 from common.contract import Keys
 from common.quantity import (
     BINARY_SI,
@@ -118,7 +124,7 @@ def limits_from_api(
     """The GPU memory limits of the namespace's quotas (API dicts) whose scopes can select a
     replica of `priority_class` (`selects`), by quota name then key; a hard limit that does not
     parse binds as zero (fail closed)."""
-    names = (f"requests.{keys.gpu_mem}", keys.gpu_mem)
+    names = (f"requests.{keys.gpu_mem}", f"limits.{keys.gpu_mem}", keys.gpu_mem)
     found: list[Limit] = []
     for quota in quotas:
         if not selects(quota, priority_class):
@@ -129,7 +135,8 @@ def limits_from_api(
         for key in names:
             if key not in hard:
                 continue
-            counted = key in used or key == keys.gpu_mem  # no pod is charged to the bare key
+            # The API server charges pods to the `requests.` key only.
+            counted = key in used or not key.startswith("requests.")
             raw_used = used.get(key, "0")
             found.append(
                 Limit(
@@ -162,7 +169,7 @@ def charged_in(
         for rid in ledger.replica_uids(uid):
             replica = ledger.state.charged_pod(rid)
             if replica is not None and rid not in ledger.draining:
-                total += replica.request
+                total += replica.asked
     return total
 
 
@@ -179,6 +186,12 @@ class QuotaCheck:
     (instead of `charged`)."""
     refused: bool = field(default=False)
     """Whether a replica was refused (the condition's reason is then EXCEEDED_QUOTA)."""
+    pods_placed: int = 0
+    """Bytes of the namespace's pods the binder has placed (`ClusterState.pods_memory`): a
+    floor on its pods' use, which a quota's status may not count yet."""
+    pod: int = 0
+    """Bytes of the pod being decided, which the API server admitted and counts (0: a
+    replica)."""
 
     def refusal(self, request: int) -> str:
         """Why a replica asking `request` bytes may not be placed ("" when every quota allows
@@ -189,19 +202,18 @@ class QuotaCheck:
             by_quota.setdefault(limit.quota, []).append(limit)
         for name, limits in by_quota.items():
             unknown = [limit.key for limit in limits if limit.used is None]
-            if unknown:
+            if unknown and not self.pod:  # a pod was admitted: its use is known to be counted
                 self.refused = True
                 return f"status unknown for quota: {name}, resources: {','.join(unknown)}"
             charged = self.charged_by_quota.get(name, self.charged)
-            exceeded = [
-                limit for limit in limits if (limit.used or 0) + charged + request > limit.hard
-            ]
+            use = {limit.key: self.pods_use(limit, name) + charged for limit in limits}
+            exceeded = [limit for limit in limits if use[limit.key] + request > limit.hard]
             if not exceeded:
                 continue
             self.refused = True
             requested, used, limited = [], [], []
             for limit in exceeded:
-                total = (limit.used or 0) + charged
+                total = use[limit.key]
                 form = limit.used_form if limit.used else _form(total)
                 requested.append(f"{limit.key}={format_quantity(request, _form(request))}")
                 used.append(f"{limit.key}={format_quantity(total, form)}")
@@ -213,8 +225,99 @@ class QuotaCheck:
             )
         return ""
 
+    def pods_use(self, limit: Limit, quota: str) -> int:
+        """The pods' use of the limit's key but the pod being decided's."""
+        if limit.key.startswith("limits."):
+            return self.pods_placed  # no pod is charged to it: the binder's own count
+        if not limit.key.startswith("requests."):
+            return limit.used or 0  # the bare key binds replicas only
+        counted = max(0, (limit.used or 0) - self.pod)
+        if quota in self.charged_by_quota:
+            return counted  # scoped by PriorityClass: the quota controller's count alone
+        return max(counted, self.pods_placed)
+
     def charge(self, request: int) -> None:
         """A replica placed: every quota checked selects it."""
         self.charged += request
         for name in self.charged_by_quota:
             self.charged_by_quota[name] += request
+
+
+def replica_class(ledger: Ledger, model: ModelInfo) -> str:
+    """The PriorityClass the model's replicas take (its name, as admission writes a pod's
+    `priorityClassName`; "" for none)."""
+    chosen, _ = class_of(model.priority_class, ledger.priority_classes)
+    return chosen.name if chosen is not None else model.priority_class
+
+
+def check_for(
+    ledger: Ledger,
+    keys: Keys,
+    namespace: str,
+    priority_class: str | None,
+    pod: int = 0,
+) -> QuotaCheck | None:
+    """The namespace's GPU memory limits (its quotas as the cache holds them) for a pod asking
+    `pod` bytes, or a replica (`pod` 0), of `priority_class`, with what its pods and replicas
+    use; None when no quota binds it."""
+    quotas = list(ledger.quotas.get(namespace, {}).values())
+    limits = limits_from_api(quotas, keys, priority_class)
+    if not limits:
+        return None
+    bound = {limit.quota for limit in limits}
+    by_quota = {}
+    for quota in quotas:
+        name = str((quota.get("metadata") or {}).get("name", ""))
+        if class_scoped(quota) and name in bound:
+
+            def selected(model: ModelInfo, quota: Mapping[str, Any] = quota) -> bool:
+                return selects(quota, replica_class(ledger, model))
+
+            by_quota[name] = charged_in(ledger, namespace, selected)
+    return QuotaCheck(
+        limits,
+        charged_in(ledger, namespace),
+        by_quota,
+        pods_placed=ledger.state.pods_memory.get(namespace, 0),
+        pod=pod,
+    )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one key of one quota binds, as `tritonshare quota` shows it, in bytes."""
+
+    namespace: str
+    quota: str
+    key: str
+    hard: int
+    pods: int
+    """The namespace's pods' use (`QuotaCheck`'s: counted or placed, the larger)."""
+    replicas: int
+    """The GPU memory of the namespace's replicas the quota selects, charged."""
+
+    @property
+    def used(self) -> int:
+        return self.pods + self.replicas
+
+
+def usage(ledger: Ledger, keys: Keys, namespace: str | None = None) -> list[Usage]:
+    """Each GPU memory limit of the quotas (of `namespace`, or every one) with what the
+    namespace's pods and replicas use of it, by namespace, quota and key."""
+    rows = []
+    for where, quotas in sorted(ledger.quotas.items()):
+        if namespace is not None and where != namespace:
+            continue
+        for quota in (quotas[name] for name in sorted(quotas)):
+            scoped = class_scoped(quota)
+
+            def selected(model: ModelInfo, quota: Mapping[str, Any] = quota) -> bool:
+                return selects(quota, replica_class(ledger, model))
+
+            replicas = charged_in(ledger, where, selected)
+            for limit in limits_from_api([quota], keys):
+                check = QuotaCheck([limit], replicas, {limit.quota: replicas} if scoped else {})
+                check.pods_placed = ledger.state.pods_memory.get(where, 0)
+                pods = check.pods_use(limit, limit.quota)
+                rows.append(Usage(where, limit.quota, limit.key, limit.hard, pods, replicas))
+    return rows

@@ -144,6 +144,10 @@ class ReplicaPreemption:
         if self._nominations.pop(rid, None) is not None:
             self._ledger.state.release_nomination(held_uid(rid))
 
+    def held_ordinals(self, model_uid: str) -> list[int]:
+        """The ordinals of the model's replicas that hold a room."""
+        return [int(r.rpartition("/")[2]) for r in self._nominations if _model_of(r) == model_uid]
+
     def holds(self, rid: str) -> bool:
         """Whether the replica holds a room its preemption made (it waits for its victims)."""
         return rid in self._nominations

@@ -178,6 +178,8 @@ class ClusterState:
         self._assumed_only: set[str] = set()
         """Pods in `pods` only by assumption: the watch has not shown them bound yet."""
         self._priorities: Counter[int] = Counter()
+        self.pods_memory: Counter[str] = Counter()
+        """Per namespace, the GPU memory charged to its pods (not replicas: `binder.quota`)."""
         """spec.priority of the charged pods: whether any pod could be preempted for another."""
         self.nominated: dict[str, str] = {}
         """Pods holding room freed by their preemption, and the node (see `nominate`)."""
@@ -344,6 +346,10 @@ class ClusterState:
         self._priorities[account.pod.priority] -= 1
         if self._priorities[account.pod.priority] <= 0:
             del self._priorities[account.pod.priority]
+        if account.pod.host is None:
+            self.pods_memory[account.pod.namespace] -= account.pod.asked
+            if self.pods_memory[account.pod.namespace] <= 0:
+                del self.pods_memory[account.pod.namespace]
         self._by_node[account.node].pop(uid, None)
         if not self._by_node[account.node]:
             del self._by_node[account.node]
@@ -520,6 +526,8 @@ class ClusterState:
     def _charge(self, account: _Account) -> None:
         self._accounts[account.pod.uid] = account
         self._priorities[account.pod.priority] += 1
+        if account.pod.host is None:
+            self.pods_memory[account.pod.namespace] += account.pod.asked
         self._by_node.setdefault(account.node, {})[account.pod.uid] = account
         if account.pod.model_id:
             model = account.pod.model_key

@@ -140,6 +140,7 @@ def test_model_hosts_places_every_replica_with_one_host_per_namespace_and_node(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["model_hosts", "--models", "40", "--namespaces", "3", "--nodes", "4"]
+    argv += ["--unplaceable", "200", "--scale-bomb", str(10**9)]
     monkeypatch.setattr("sys.argv", [*argv, "--node-shape", "8xL4:32:4"])
     model_hosts.main()
     out = capsys.readouterr().out
@@ -150,3 +151,11 @@ def test_model_hosts_places_every_replica_with_one_host_per_namespace_and_node(
     # 80 replicas of 0.5-16 GiB fill more than one node of 8 L4s; a host per namespace on each.
     assert 1 < nodes <= 4 and hosts == 3 * nodes
     assert re.search(r"^model_hosts: [\d,]+ replicas/s, \d+\.\d{3} ms of binder CPU", out, re.M)
+    # Beside a namespace of unplaceable models and a scale bomb, through the model turns.
+    attacked = re.search(
+        r"^model_hosts under attack: .* \((\d+) of 80 placed; (\d+) attacking", out, re.M
+    )
+    assert attacked is not None, out
+    assert int(attacked[2]) <= 40, "the attacker's namespace takes its turns, not more"
+    newcomer = re.search(r"placed in [\d.]+ ms \((\d+) attacking turns? first\)", out)
+    assert newcomer is not None and int(newcomer[1]) <= 1, out

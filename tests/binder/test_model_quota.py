@@ -4,6 +4,9 @@ API server's quota (its status counting the namespace's pods), through the offic
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 from binder.app import Binder
@@ -11,7 +14,15 @@ from binder.quota import QuotaCheck, limits_from_api
 from common.contract import Keys
 from common.hosted import host_name
 from sim.apiserver import RunningApiServer
-from tests.binder.simcluster import eventually
+from tests.binder.simcluster import (
+    add_pod,
+    bound,
+    eventually,
+    failure,
+    node_of,
+    scheduled_condition,
+)
+from tests.binder.test_cli_output import run_cli
 from tests.binder.test_tritonmodels import (  # noqa: F401 (fixtures)
     GROUP,
     PLURAL,
@@ -173,12 +184,12 @@ async def test_a_namespace_quota_binds_its_replicas_until_it_is_raised(
     [condition] = [c for c in obj["status"]["conditions"] if c["type"] == "Placed"]
     assert (condition["status"], condition["reason"]) == ("True", "AllReplicasPlaced")
 
-    # Every call the binder made here is one deploy/'s RBAC grants it, the quota's list too.
+    # Every call the binder made here is one deploy/'s RBAC grants it, the quotas' watch too.
     grants = grants_for("tritonshare-binder", render(require_executable("kubectl"), "base"))
     calls = [r for r in apiserver.audit if r.user_agent.startswith("tritonshare-binder/")]
     assert not sorted({describe(c) for c in calls if not any(g.allows(c) for g in grants)})
-    lists = [c for c in calls if (c.resource, c.verb) == ("resourcequotas", "list")]
-    assert {c.namespace for c in lists} == {"default", "team-b"}, "one namespace at a time"
+    reads = [c for c in calls if c.resource == "resourcequotas"]
+    assert {(c.verb, c.namespace or "") for c in reads} == {("list", ""), ("watch", "")}
 
 
 async def test_a_host_past_a_pod_quota_is_reported_to_its_models_until_it_fits(
@@ -211,3 +222,132 @@ async def test_a_host_past_a_pod_quota_is_reported_to_its_models_until_it_fits(
     core.patch_namespaced_resource_quota("count", "default", {"spec": {"hard": {"pods": "2"}}})
     await eventually(lambda: node in hosts(core), what="the host once the quota allows it")
     assert len(events()) == 1, "one Event per refusal, not one per retry"
+
+
+def _exceeded(used: str, requested: str = "7Gi", limited: str = "7Gi", name: str = "gpu") -> str:
+    return (
+        f"exceeded quota: {name}, requested: {KEY}={requested}, used: {KEY}={used},"
+        f" limited: {KEY}={limited}"
+    )
+
+
+async def test_a_pod_after_replicas_past_the_quota_stays_pending_until_they_leave(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+    kubeconfig: Path,
+) -> None:
+    core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "7Gi"}))
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("m", 1, "7Gi"))
+    await eventually(lambda: placed(custom, "m", 1), what="the replica placed")
+    # The API server counts pods only: it admits the pod.
+    add_pod(core, "p", mem="7Gi")
+
+    condition = await eventually(lambda: scheduled_condition(core, "p"), what="PodScheduled")
+    assert (condition.status, condition.message) == ("False", _exceeded("7Gi"))
+    assert failure(core, "p") == _exceeded("7Gi")
+    assert not node_of(core, "p")
+    # The namespace's use, pods (as the quota counts them: admitted) and replicas together.
+    code, text = run_cli(kubeconfig, "quota", "default")
+    assert code == 0
+    assert text.split("\n")[1].split() == [
+        "default",
+        "gpu",
+        KEY,
+        *["7Gi", "7Gi", "7Gi", "14Gi", "0"],
+    ]
+    code, text = run_cli(kubeconfig, "quota", "-o", "json")
+    assert json.loads(text)["quotas"] == [
+        {
+            "namespace": "default",
+            "quota": "gpu",
+            "key": KEY,
+            "hard": 7 * GI,
+            "pods": 7 * GI,
+            "replicas": 7 * GI,
+            "used": 14 * GI,
+        }
+    ]
+
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "m")
+    await eventually(lambda: node_of(core, "p"), what="the pod placed once the replica left")
+
+
+async def test_replicas_after_a_pod_are_refused_past_the_quota(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+) -> None:
+    core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "7Gi"}))
+    add_pod(core, "p", mem="7Gi")
+    await eventually(lambda: node_of(core, "p"), what="the pod placed")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("m", 1, "7Gi"))
+
+    def refused() -> dict[str, Any] | None:
+        conditions = (read(custom, "m").get("status") or {}).get("conditions") or []
+        return next(
+            (c for c in conditions if c["type"] == "Placed" and c["status"] == "False"), None
+        )
+
+    condition = await eventually(refused, what="Placed=False")
+    assert condition["reason"] == "ExceededQuota"
+    assert condition["message"] == f'tritonmodel "m" replica 0: {_exceeded("7Gi")}'
+
+
+async def test_pods_and_replicas_raced_together_never_pass_the_quota(
+    binder: Binder,  # noqa: F811 (the fixtures imported above)
+    custom: Any,  # noqa: F811
+    core: Any,
+) -> None:
+    """Pods and replicas, 2Gi each, created at once under an 8Gi quota that admits every pod (it
+    counts pods only), while the binder has just read the quota for a replica: it places 8Gi of
+    them, whatever comes first."""
+    core.create_namespaced_resource_quota("default", _quota("gpu", {KEY: "8Gi"}))
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("a", 1, "2Gi"))
+    await eventually(lambda: placed(custom, "a", 1), what="the first replica placed")
+    pods = [f"p{i}" for i in range(3)]
+    for pod in pods:
+        add_pod(core, pod, mem="2Gi")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, model("m", 3, "2Gi"))
+
+    def settled() -> tuple[dict[str, str], int] | None:
+        replicas = 1 + len((read(custom, "m").get("status") or {}).get("placements") or [])
+        placed_pods = bound(core, pods)
+        refused = [p for p in pods if p not in placed_pods and failure(core, p)]
+        if len(placed_pods) + len(refused) == 3 and replicas + len(placed_pods) >= 4:
+            return placed_pods, replicas
+        return None
+
+    placed_pods, replicas = await eventually(settled, what="every pod and replica decided")
+    assert 2 * (len(placed_pods) + replicas) == 8, "the namespace holds exactly its 8Gi"
+    for pod in pods:
+        if pod not in placed_pods:
+            assert failure(core, pod) == _exceeded("8Gi", "2Gi", "8Gi")
+    # Nothing placed later takes it past, whatever the retries.
+    await asyncio.sleep(1.5)
+    replicas = 1 + len(read(custom, "m")["status"].get("placements") or [])
+    assert 2 * (len(bound(core, pods)) + replicas) == 8
+
+
+def test_a_limits_key_binds_the_pods_the_binder_placed_and_the_replicas() -> None:
+    limits_key = "limits.tritonshare.io/gpu-mem"
+    quota = _quota("gpu", {limits_key: "4Gi"}, {})  # the API server counts no pod to it
+    [limit] = limits_from_api([quota], Keys())
+    assert (limit.key, limit.used) == (limits_key, 0)
+    check = QuotaCheck([limit], charged=GI, pods_placed=2 * GI)
+    assert check.refusal(GI) == ""
+    assert check.refusal(2 * GI) == (
+        f"exceeded quota: gpu, requested: {limits_key}=2Gi, used: {limits_key}=3Gi,"
+        f" limited: {limits_key}=4Gi"
+    )
+
+
+def test_a_pod_is_not_counted_twice_and_a_stale_status_hides_no_placed_pod() -> None:
+    # The pod (2Gi) is in status.used already: used 3Gi means 1Gi of other pods.
+    check = QuotaCheck(limits_from_api([_quota("gpu", {KEY: "4Gi"}, {KEY: "3Gi"})], Keys()), 0)
+    check.pod = 2 * GI
+    assert check.refusal(2 * GI) == ""
+    # A status not updated yet (0) hides none of the 3Gi of pods the binder placed.
+    stale = QuotaCheck(limits_from_api([_quota("gpu", {KEY: "4Gi"}, {KEY: "0"})], Keys()), 0)
+    stale.pod, stale.pods_placed = 2 * GI, 3 * GI
+    assert stale.refusal(2 * GI).startswith(f"exceeded quota: gpu, requested: {KEY}=2Gi")

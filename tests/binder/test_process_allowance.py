@@ -162,3 +162,26 @@ async def test_explain_books_the_allowance_the_binder_leader_publishes(
     (verdict,) = document["nodes"]
     assert document["decision"] is None and not verdict["fits"]
     assert verdict["free"] == [16 * GI - 3 * (4 * GI + ALLOWANCE)]
+
+
+async def test_a_quota_counts_what_is_asked_not_the_allowance(
+    kube_api: kubernetes.client.ApiClient, core: Any, make_binder: MakeBinder
+) -> None:
+    """A ResourceQuota counts the request a user wrote, as the API server counts a pod's: the
+    allowance the binder books on top takes GPU memory, not quota. 4Gi of quota holds two 2Gi
+    Python models (the binder counted 2Gi + 640Mi for the first and held the second back)."""
+    add_node(kube_api, "gpu-1", [16 * GI])
+    key = f"requests.{KEYS.gpu_mem}"
+    core.create_namespaced_resource_quota(
+        "default",
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {"hard": {key: "4Gi"}},
+            "status": {"hard": {key: "4Gi"}},
+        },
+    )
+    binder = await make_binder(gpu_mem_process_allowance=ALLOWANCE)
+    for name in ("py-0", "py-1"):
+        add_pod(core, name, mem="2Gi")
+        await eventually(partial(node_of, core, name), what=f"{name} bound")
+    assert binder.cache.state.gpu_free("gpu-1") == [16 * GI - 2 * (2 * GI + ALLOWANCE)]

@@ -57,6 +57,40 @@ def test_a_waiting_pod_comes_back_when_its_backoff_ends() -> None:
     assert queue.pop_ready() is None
 
 
+def test_a_refused_model_is_retried_on_a_change_only_past_its_backoff() -> None:
+    """kube-scheduler's backoff (TritonModels): a change retries a model once min(its wait, 10 s)
+    has passed since it failed, at that moment if the change came before; with no change it
+    waits out its whole wait. However many changes come, one try per backoff."""
+    clock = FakeClock()
+    queue = SchedulingQueue(
+        initial_seconds=1.0, max_seconds=120.0, clock=clock, event_backoff_max=10.0
+    )
+    queue.add("m", "a")
+    assert queue.pop_ready() == "m"
+    for _ in range(5):
+        queue.backoff("m")  # fifth failure: a 16 s wait, a 10 s backoff
+    clock.now = 1.0
+    assert queue.move_all_to_active() == 0, "a change within the backoff waits for its end"
+    clock.now = 10.0
+    assert queue.pop_ready() == "m", "the change came during the backoff"
+
+    for _ in range(5):
+        queue.backoff("m")  # a 120 s wait, a 10 s backoff from 10 s
+    clock.now = 20.0
+    assert queue.pop_ready() is None, "no change since it failed: it waits for one"
+    assert queue.due_in() == 110.0
+    for _ in range(100):
+        assert queue.move_all_to_active() in (0, 1)
+    assert queue.pop_ready() == "m"
+    assert queue.pop_ready() is None, "one try, whatever the changes"
+
+    queue.backoff("m")  # 120 s again, from 20 s
+    clock.now = 139.9
+    assert queue.pop_ready() is None
+    clock.now = 140.0
+    assert queue.pop_ready() == "m", "no change at all: its whole wait"
+
+
 def test_a_helpful_change_moves_every_waiting_pod_at_once_keeping_its_count() -> None:
     clock = FakeClock()
     queue = make_queue(clock)
