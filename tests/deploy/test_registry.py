@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import require_executable
-from tests.deploy.rendering import DEPLOY, KUSTOMIZATIONS, containers, pod_spec, render_chart
+from tests.deploy.rendering import DEPLOY, containers, pod_spec, render_chart
 
 MIRROR = "registry.example.internal"
 # The public images the release names, without tags: an overlay moves each to the mirror.
@@ -23,7 +23,9 @@ PUBLIC = (
     "nvcr.io/nvidia/tritonserver",
     "kserve/storage-initializer",
 )
-EVERY_KUSTOMIZATION = (*KUSTOMIZATIONS, "overlays/dra", "example/kserve")
+EVERY_KUSTOMIZATION = sorted(
+    str(k.parent.relative_to(DEPLOY)) for k in DEPLOY.rglob("kustomization.yaml")
+)
 GPU_ACCESS = ("devicePlugin", "dra", "env")
 
 
@@ -86,9 +88,7 @@ def test_an_overlays_images_reach_every_image_a_kustomization_names(
             assert container["image"].startswith(f"{MIRROR}/"), container["image"]
 
 
-def test_the_binder_and_the_webhook_write_the_mirrored_images(
-    kubectl: str, tmp_path: Path
-) -> None:
+def test_the_binder_and_the_webhook_write_the_mirrored_images(kubectl: str, tmp_path: Path) -> None:
     """What the binder writes into model hosts and the webhook into model pods is the mirror's
     image, with the release's tag: the variables the binary reads, as the overlay left them."""
     objects = mirrored(kubectl, tmp_path, "overlays/production") + mirrored(
