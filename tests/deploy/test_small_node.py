@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,10 @@ def phase(api: kubernetes.client.ApiClient, namespace: str, name: str) -> tuple[
     return status.phase or "", status.reason or ""
 
 
+def running(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
+    return phase(api, namespace, name)[0] == "Running"
+
+
 @pytest.mark.parametrize("source", SOURCES)
 def test_the_small_node_pod_runs_on_a_g4dn_xlarge_with_the_documented_model_pods_beside_it(
     apiserver: RunningApiServer, kube_api: kubernetes.client.ApiClient, source: str
@@ -108,7 +113,8 @@ def test_the_small_node_pod_runs_on_a_g4dn_xlarge_with_the_documented_model_pods
         if obj["kind"] == "ServiceAccount":
             core.create_namespaced_service_account(SYSTEM, obj)
         else:
-            kubernetes.client.SchedulingV1Api(kube_api).create_priority_class(obj)
+            scheduling: Any = kubernetes.client.SchedulingV1Api(kube_api)
+            scheduling.create_priority_class(obj)
     hollow = HollowKubelet(apiserver.api_client(), [NODE])
     hollow.start()
     try:
@@ -118,17 +124,13 @@ def test_the_small_node_pod_runs_on_a_g4dn_xlarge_with_the_documented_model_pods
             "spec": {**template["spec"], "nodeName": NODE},
         }
         core.create_namespaced_pod(SYSTEM, node_pod)
-        wait_for(
-            "the node pod to run",
-            lambda: phase(kube_api, SYSTEM, "tritonshare-node-g4dn")[0] == "Running",
-        )
+        wait_for("the node pod to run", partial(running, kube_api, SYSTEM, "tritonshare-node-g4dn"))
         fitting = documented_model_pods()
         for index in range(fitting + 1):
             core.create_namespaced_pod("default", model_pod(index))
         for index in range(fitting):
             wait_for(
-                f"model pod {index} to run",
-                lambda i=index: phase(kube_api, "default", f"model-{i}")[0] == "Running",
+                f"model pod {index} to run", partial(running, kube_api, "default", f"model-{index}")
             )
         refused = wait_for(
             "the model pod past the documented count to be refused",
