@@ -11,7 +11,8 @@ The cluster (seeded; `--scale` multiplies the node counts): T4 nodes (16 GiB GPU
 other binder benchmarks use. Each node has the allocatable CPUs, memory and pods of its node
 shape (`benchmarks.shapes`): a one-GPU node 4 CPUs (g4dn.xlarge, g6.xlarge), a T4 one 29 pods
 (EKS's VPC CNI on g4dn.xlarge); a node of 2 to 4 T4s or L4s 12 CPUs a GPU (g4dn.12xlarge,
-g2-standard-48); the A100 nodes 8xA100-80GB:96:110; 110 pods where not said. Each replica asks
+g2-standard-48); the A100 nodes 8xA100-80GB:96:110; 110 pods where not said; less its node
+pod's requests and slot. Each replica asks
 what the webhook writes (`benchmarks.shapes.model_pod_requests`) beside its GPU memory, and the
 models belong to 50 namespaces; `--as tritonmodels` makes each replica a TritonModel replica
 on its namespace's model host instead (`binder.model.as_replica`). Every rule below filters by

@@ -3,7 +3,8 @@ against the tail `on-demand` at a few over-commit factors, and what the tail pay
 
 Placement runs through the binder's own placement core, as `benchmarks/density.py` drives it: a
 `ClusterState`, `place()` for each model, its charge kept on the state; a node of `--node-shape`
-(`benchmarks.shapes`: GPUs, allocatable CPUs, memory and pods; 0.5 GiB reserve per GPU) is added
+(`benchmarks.shapes`: GPUs, allocatable CPUs, memory and pods less its node pod's requests and
+slot; 0.5 GiB reserve per GPU) is added
 whenever a model fits nowhere, so the GPUs of the nodes a configuration opens are the GPUs it
 needs, and the binder's reasons for the model that fitted no node say which resource ran out
 first (GPU memory, pods, CPU). `--as pods`: each model is a pod with the requests the webhook

@@ -9,6 +9,10 @@ kubelet reserves (255Mi, 11Mi per pod, 100Mi eviction threshold). The named shap
 - `8xL4:192:110`: g6.48xlarge (768 GiB);
 - `1xT4:4:29`: g4dn.xlarge (16 GiB), the 29 pods EKS's VPC CNI allows it.
 
+Every node runs the node pod first, and its requests (`NodeShape.node_pod`: the agent's and the
+gateway's, and Triton's as docs/deploy.md sizes it for the node's memory) are counted against the
+node's allocatable, with its pod slot, before any model.
+
 A model pod asks what the webhook writes (`webhook.mutation.complete`: the proxy, the loader
 and storage-initializer init containers), counted as Kubernetes counts a pod's effective
 request; a TritonModel replica asks its share of its namespace's model host instead
@@ -52,6 +56,13 @@ GPU_MODELS = {
     "T4": GpuModel(16 * GI, 4 * GI),  # g4dn.xlarge: 4 vCPUs, 16 GiB
 }
 NAMED_SHAPES = ("8xA100-80GB:96:110", "8xL4:192:110", "1xT4:4:29")
+# The node pod's requests (deploy/base/node-daemonset.yaml): the agent and the gateway, then
+# Triton's for nodes of SMALL_NODE_MEMORY allocatable and more (the base, the chart's
+# triton.resources) and for smaller ones (deploy/overlays/small-nodes, a pool's tritonResources).
+NODE_POD_SIDECARS = {CPU: 100 + 500, MEMORY: 128 * MI + 128 * MI}
+TRITON = {CPU: 2000, MEMORY: 32 * GI}
+TRITON_SMALL = {CPU: 1000, MEMORY: 8 * GI}
+SMALL_NODE_MEMORY = 64 * GI
 _SHAPE = re.compile(r"(?P<gpus>\d+)x(?P<model>[A-Za-z0-9-]+):(?P<cpus>\d+):(?P<pods>\d+)")
 
 
@@ -83,10 +94,31 @@ class NodeShape:
     def allocatable(self) -> dict[str, int]:
         return {CPU: self.cpus * 1000, MEMORY: self.memory, PODS: self.pods}
 
+    @property
+    def node_pod(self) -> dict[str, int]:
+        """The node pod's requests on such a node: Triton's sized for its memory, one pod."""
+        triton = TRITON if self.memory >= SMALL_NODE_MEMORY else TRITON_SMALL
+        sidecars = NODE_POD_SIDECARS
+        return {
+            CPU: sidecars[CPU] + triton[CPU],
+            MEMORY: sidecars[MEMORY] + triton[MEMORY],
+            PODS: 1,
+        }
+
+    @property
+    def room(self) -> dict[str, int]:
+        """What the node's allocatable leaves for models once its node pod runs."""
+        node_pod = self.node_pod
+        return {
+            resource: count - node_pod[resource] for resource, count in self.allocatable.items()
+        }
+
     def describe(self) -> str:
+        node_pod = self.node_pod
         return (
             f"{self.gpus} x {self.gpu_memory // GI} GiB {self.model}, {self.cpus} CPUs, "
-            f"{self.memory / GI:.0f} GiB, {self.pods} pods allocatable"
+            f"{self.memory / GI:.0f} GiB, {self.pods} pods allocatable, less the node pod's "
+            f"{node_pod[CPU]}m CPU, {node_pod[MEMORY] / GI:.2f} GiB and 1 pod"
         )
 
     def node(
@@ -96,9 +128,7 @@ class NodeShape:
             Gpu(f"GPU-{name}-{i}", i, self.model, self.gpu_memory, True) for i in range(self.gpus)
         )
         labelled = {"kubernetes.io/hostname": name, **(labels or {})}
-        return NodeInfo(
-            name, labelled, gpus=gpus, allocatable=self.allocatable, overcommit=overcommit
-        )
+        return NodeInfo(name, labelled, gpus=gpus, allocatable=self.room, overcommit=overcommit)
 
 
 def parse_shape(text: str) -> NodeShape:
@@ -116,10 +146,10 @@ def parse_shape(text: str) -> NodeShape:
     if min(gpus, cpus, pods) < 1:
         raise ShapeError(f"node shape {text!r}: GPUs, CPUs and pods must each be at least 1")
     shape = NodeShape(gpus, model, cpus, pods)
-    if shape.memory <= 0:
+    if shape.memory <= 0 or min(shape.room.values()) < 0:
         raise ShapeError(
-            f"node shape {text!r}: {cpus} CPUs of such an instance leave no memory after "
-            f"kubelet's reservations for {pods} pods; give it more CPUs or fewer pods"
+            f"node shape {text!r}: {cpus} CPUs of such an instance leave no room for the node "
+            f"pod after kubelet's reservations for {pods} pods; give it more CPUs or fewer pods"
         )
     return shape
 

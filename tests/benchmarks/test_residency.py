@@ -65,7 +65,7 @@ def test_pods_bind_before_gpu_memory_where_the_node_has_few_slots_and_replicas_d
     as_pods = CLOSING.fullmatch(_residency(shape, monkeypatch, capsys))
     assert as_pods is not None
     assert as_pods.groups()[2:] == ("8xA100-80GB:96:20", "pods", "pods", "pods")
-    assert int(as_pods[1]) == int(as_pods[2]) == 6 * 8, "120 pods need 6 nodes of 20 slots"
+    assert int(as_pods[1]) == int(as_pods[2]) == 7 * 8, "120 pods: 7 nodes of 20 slots, 1 theirs"
     argv = [*shape, "--as", "tritonmodels"]
     as_replicas = CLOSING.fullmatch(_residency(argv, monkeypatch, capsys))
     assert as_replicas is not None, "5 namespaces: at most 5 hosts a node"
@@ -76,10 +76,10 @@ def test_pods_bind_before_gpu_memory_where_the_node_has_few_slots_and_replicas_d
 def test_cpu_binds_where_the_node_has_few_cpus_for_the_webhook_s_requests(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--node-shape", "8xA100-80GB:2:110"]
+    argv = ["--node-shape", "8xA100-80GB:6:110"]
     closing = CLOSING.fullmatch(_residency(argv, monkeypatch, capsys))
     assert closing is not None and closing.groups()[4:] == ("CPU", "CPU")
-    assert int(closing[1]) == 15 * 8, "250m each: 8 pods a node"
+    assert int(closing[1]) == 10 * 8, "6 CPUs less the node pod's 2.6: 13 pods of 250m a node"
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,8 @@ def test_cpu_binds_where_the_node_has_few_cpus_for_the_webhook_s_requests(
         ("8xA100:96", "is not GPUSxMODEL:CPUS:PODS; write GPUSxMODEL:CPUS:PODS, such as"),
         ("8xB200-192GB:96:110", "unknown GPU model 'B200-192GB'; use one of A100-80GB"),
         ("0xT4:4:29", "GPUs, CPUs and pods must each be at least 1"),
-        ("1xT4:1:400", "leave no memory after kubelet's reservations for 400 pods"),
+        ("1xT4:1:400", "leave no room for the node pod after kubelet's reservations for 400"),
+        ("1xT4:1:29", "leave no room for the node pod after kubelet's reservations for 29"),
     ],
 )
 def test_a_bad_node_shape_is_refused_saying_what_to_write(

@@ -172,7 +172,7 @@ def test_image_digests_replace_the_tags_everywhere() -> None:
     [webhook] = _the(objects, "Deployment", "tritonshare-webhook")["spec"]["template"]["spec"][
         "containers"
     ]
-    assert f"--image={pinned}" in webhook["args"]
+    assert {"name": "TRITONSHARE_IMAGE", "value": pinned} in webhook["env"]
     with pytest.raises(helm_python.HelmError):
         _render_chart({"image": {"digest": "latest"}})
 

@@ -675,39 +675,30 @@ def test_every_mount_names_a_volume_of_its_pod_and_every_volume_is_mounted(kubec
         assert volumes <= mounted, f"{name_of(obj)} mounts none of {sorted(volumes - mounted)}"
 
 
-def test_the_documented_replacement_gives_the_webhook_the_overlays_image(
+def test_the_documented_overlay_moves_the_image_the_webhook_writes_into_model_pods(
     kubectl: str, tmp_path: Path
 ) -> None:
-    """deploy.md's `replacements` for the webhook, added to the documented overlay with
-    deploy/webhook: the image the webhook writes into model pods is the overlay's image, which
-    `images:` alone leaves at the release's."""
-    text = (DEPLOY.parent / "docs" / "deploy.md").read_text()
-    [snippet] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "replacements" in b]
+    """deploy.md's overlay, with deploy/webhook added: its `images:` alone moves the image the
+    webhook writes into model pods (TRITONSHARE_IMAGE) with the webhook's own."""
     (tmp_path / "deploy").symlink_to(DEPLOY)
     subprocess.run(
         ["bash", "-euo", "pipefail", "-c", _doc_block("mkdir -p my-cluster\n")],
         cwd=tmp_path, check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     overlay = tmp_path / "my-cluster" / "kustomization.yaml"
-
-    def webhook_image_argument() -> str:
-        rendered = subprocess.run(
-            [kubectl, "kustomize", str(overlay.parent)],
-            capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        [webhook] = [
-            o
-            for o in yaml.safe_load_all(rendered.stdout)
-            if o and o["kind"] == "Deployment" and o["metadata"]["name"] == "tritonshare-webhook"
-        ]
-        [container] = webhook["spec"]["template"]["spec"]["containers"]
-        assert container["image"] == "registry.example.com/tritonshare:0.1.0"
-        [argument] = [a for a in container["args"] if a.startswith("--image=")]
-        return str(argument)
-
     overlay.write_text(
         overlay.read_text().replace("resources:\n", "resources:\n- ../deploy/webhook\n")
     )
-    assert webhook_image_argument() == "--image=ghcr.io/tritonshare/tritonshare:0.1.0"
-    overlay.write_text(overlay.read_text() + snippet)
-    assert webhook_image_argument() == "--image=registry.example.com/tritonshare:0.1.0"
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(overlay.parent)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    [webhook] = [
+        o
+        for o in yaml.safe_load_all(rendered.stdout)
+        if o and o["kind"] == "Deployment" and o["metadata"]["name"] == "tritonshare-webhook"
+    ]
+    [container] = webhook["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.com/tritonshare:0.1.0"
+    env = {var["name"]: var["value"] for var in container["env"]}
+    assert env["TRITONSHARE_IMAGE"] == "registry.example.com/tritonshare:0.1.0"
