@@ -143,7 +143,10 @@ def scaling_from(fields: Mapping[str, Any], name: Mapping[str, str] | None = Non
             shown["panicWindowPercentage"], fields.get("panicWindowPercentage", 10), 1, 100
         ),
         panic_threshold_percentage=_number(
-            shown["panicThresholdPercentage"], fields.get("panicThresholdPercentage", 200), 110, 1000
+            shown["panicThresholdPercentage"],
+            fields.get("panicThresholdPercentage", 200),
+            110,
+            1000,
         ),
     )
     if scaling.max_replicas and scaling.min_replicas > scaling.max_replicas:

@@ -16,9 +16,10 @@ checks); the webhook also imports it, for its admission handler.
 from __future__ import annotations
 
 import inspect
+import json
 import platform
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
@@ -50,11 +51,28 @@ def build_health_app(
     not_ready: NotReady,
     ready_text: Callable[[], str] | None = None,
     not_ready_status: int = 503,
+    *,
+    documents: Mapping[str, Callable[[], object]] | None = None,
 ) -> web.Application:
-    """An app with only the health endpoints (see `add_health_routes`)."""
+    """An app with only the health endpoints (see `add_health_routes`), and a JSON answer of
+    `documents[path]()` at each of its paths (the proxy's /autoscaling)."""
     app = web.Application()
     add_health_routes(app, registry, not_ready, ready_text, not_ready_status)
+    for path, document in (documents or {}).items():
+        app.router.add_get(path, _json_handler(document))
     return app
+
+
+def _json_handler(
+    document: Callable[[], object],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(
+            body=json.dumps(document(), separators=(",", ":")).encode(),
+            content_type="application/json",
+        )
+
+    return answer
 
 
 def add_health_routes(
