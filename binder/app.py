@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from binder.agentdown import AgentDown, Rules
+from binder.autoscaling import Autoscaling
 from binder.cache import ClusterCache, Informer, Ledger
 from binder.controller import Controller
 from binder.errors import NotReadyError, SettingsError, http_status
@@ -31,7 +32,7 @@ from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
 from binder.settings import Settings
 from binder.state import ClusterState
-from common.contract import BINDER_LEADER_LEASE
+from common.contract import BINDER_LEADER_LEASE, DEFAULT_PROXY_METRICS_PORT
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
 from common.modelpod import NodeAccess
@@ -161,6 +162,16 @@ class Binder:
             deletions_per_second=settings.agent_down_deletions_per_second,
             identity=settings.identity,
         )
+        self.autoscaling = Autoscaling(
+            self.kube,
+            self.ledger,
+            leading=leading,
+            executor=self._executor,
+            inbox=self._inbox,
+            period=settings.autoscale_period_seconds,
+            port=DEFAULT_PROXY_METRICS_PORT,
+            identity=settings.identity,
+        )
         self._informers: list[Informer] = []
 
     def role(self) -> str:
@@ -243,6 +254,13 @@ class Binder:
             consequence="pods of nodes whose agent died are no longer marked or replaced",
             vital=False,
         )
+        if settings.autoscale_period_seconds:
+            lifecycle.spawn(
+                "The binder's autoscaler",
+                self.autoscaling.run(stop),
+                consequence="TritonModels with spec.autoscaling are no longer scaled",
+                vital=False,
+            )
         lifecycle.on_shutdown("the leadership", partial(self._end_leadership, lifecycle))
         log.info(
             "The binder %s serves on %s:%d and schedules pods with schedulerName %s (%s).",

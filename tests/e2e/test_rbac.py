@@ -41,6 +41,8 @@ FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
         ("", "pods", "create"): _MODELS,
         ("", "services", "create"): _MODELS,
         ("", "resourcequotas", "list"): _MODELS,
+        ("tritonshare.io", "tritonmodels/scale", "patch"): "tests/e2e/test_autoscaling.py "
+        "(the built-in autoscaler scales a TritonModel)",
     },
 }
 
