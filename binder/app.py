@@ -26,10 +26,11 @@ from binder.controller import Controller
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.hosting import ModelController
 from binder.inbox import Inbox
-from binder.kube import Kube, RetryPolicy
+from binder.kube import JsonObject, Kube, RetryPolicy
 from binder.leader import LeaderElector
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
+from binder.scaletargets import Index
 from binder.settings import Settings
 from binder.state import ClusterState
 from common.contract import BINDER_LEADER_LEASE, DEFAULT_PROXY_METRICS_PORT
@@ -165,6 +166,7 @@ class Binder:
         self.autoscaling = Autoscaling(
             self.kube,
             self.ledger,
+            Index(settings.keys.model_id),
             leading=leading,
             executor=self._executor,
             inbox=self._inbox,
@@ -289,7 +291,7 @@ class Binder:
                 cache.replace_priority_classes,
                 cache.apply_priority_class,
             ),
-            (self.kube.pods(), cache.replace_pods, cache.apply_pod),
+            (self.kube.pods(), self._pods_listed, self._pod_changed),
             (self.kube.tritonmodels(), cache.replace_models, cache.apply_model),
         ]
         for kind, on_list, on_event in kinds:
@@ -312,6 +314,15 @@ class Binder:
             len(cache.state.account_uids()),
             len(cache.pending),
         )
+
+    def _pods_listed(self, items: list[JsonObject]) -> None:
+        """The pod watch feeds the cache and the autoscaler's model pod addresses."""
+        self.cache.replace_pods(items)
+        self.autoscaling.index.replace_pods(items)
+
+    def _pod_changed(self, event: str, obj: JsonObject) -> None:
+        self.cache.apply_pod(event, obj)
+        self.autoscaling.index.apply_pod(event, obj)
 
     async def _end_leadership(self, lifecycle: Lifecycle) -> None:
         """A replica that does not release the lease (a task failed, or a crash is simulated with

@@ -1,20 +1,24 @@
 """The built-in autoscaler's loop: reads the proxies' counts once a `period`, decides with
-`binder.autoscaler` (Knative's KPA) and writes each TritonModel's replicas through its `scale`
-subresource, on the leader only.
+`binder.autoscaler` (Knative's KPA) and writes each target's replicas through its `scale`
+subresource, on the leader only. Targets (`binder.scaletargets`): TritonModels with
+spec.autoscaling, and Deployments of model pods with `autoscaling.knative.dev/target`.
 
-Where the counts come from: every model host's proxy serves, on its metrics port, the cumulative
-held request-seconds and answered requests of each model it hosts (`/autoscaling`, a few bytes a
-model). Each tick the loop asks every host that holds a replica of an autoscaled TritonModel once,
-all hosts side by side, with a timeout under the period: one request per host per period however
-many models it hosts, and the decision is O(1) a model. The proxy counts queued requests too, as
-Knative's queue-proxy does, which the node gateway (past the queue) would not see. Pod addresses
-come from the binder's own pod watch (the ledger's hosts); no Prometheus in between.
+Where the counts come from: every proxy (a model host's, a model pod's) serves, on its metrics
+port, the cumulative held request-seconds and answered requests of each model it serves
+(`/autoscaling`, a few bytes a model). Each tick the loop asks every proxy of a scaled target
+once, all side by side, with a timeout under the period: one request per pod per period however
+many models a host serves, and O(1) work a model to decide. The proxy counts queued requests too,
+as Knative's queue-proxy does, which the node gateway (past the queue) would not see. Addresses
+come from the binder's pod watch (the ledger's hosts; model pods through `Index.apply_pod`); no
+Prometheus in between.
 
-One owner of `scale` at a time: a TritonModel that an autoscaling/v2 HorizontalPodAutoscaler
-targets (KEDA's ScaledObject makes one) is left to it, and its `Autoscaling` condition says which
-(reason `HorizontalPodAutoscaler` or `KEDAScaledObject`). Until the HPA list has been read the loop
-scales nothing. Its windows start afresh when this replica begins to lead; a follower decides
-nothing, and a write stops being retried once leadership is lost (`Kube._write`).
+One owner of `scale` at a time: an object an autoscaling/v2 HorizontalPodAutoscaler targets
+(KEDA's ScaledObject makes one) is left to it. A TritonModel's `Autoscaling` condition says who
+scales it (reason `BuiltIn`, `HorizontalPodAutoscaler`, `KEDAScaledObject` or `InvalidSettings`);
+a Deployment's status is its controller's, so it gets an Event with that reason when it changes.
+Until the HPAs and Deployments have been listed the loop scales nothing. Its windows start afresh
+when this replica begins to lead; a follower decides nothing, and a write stops being retried once
+leadership is lost (`Kube._write`).
 """
 
 from __future__ import annotations
@@ -23,44 +27,33 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
 import aiohttp
 
-from binder.autoscaler import Decider, Decision, Scaling, ScalingError, scaling_from
+from binder.autoscaler import Decider, Decision, Scaling
 from binder.cache import Informer, Ledger
 from binder.inbox import Inbox
-from binder.kube import JsonObject, Kube, now_rfc3339
-from binder.model import ModelInfo
+from binder.kube import Kube, now_rfc3339
+from binder.scaletargets import Index, Target, model_target
 from common.contract import PROXY_AUTOSCALING_PATH
 
 log = logging.getLogger(__name__)
 
 CONDITION = "Autoscaling"
-KEDA_LABEL = "scaledobject.keda.sh/name"
-TRITONMODEL = ("tritonshare.io", "TritonModel")
+GROUPS = {
+    "TritonModel": ("tritonshare.io", "v1alpha1", "tritonmodels"),
+    "Deployment": ("apps", "v1", "deployments"),
+}
 Counts = Mapping[str, list[float]]
+Report = tuple[str, str, str]
+"""(status, reason, message) of who scales a target."""
 REWRITE_SECONDS = 5.0
 """A condition written that the cache does not show after this long is written again (the
 model controller's status write may have replaced the list meanwhile)."""
-
-
-def hpa_owner(hpa: JsonObject) -> tuple[tuple[str, str, str, str], str, str] | None:
-    """((namespace, API group, kind, name) of the HPA's target, reason, message); None for an
-    HPA without a target."""
-    meta, spec = hpa.get("metadata") or {}, hpa.get("spec") or {}
-    target = spec.get("scaleTargetRef") or {}
-    if not target.get("name") or not target.get("kind"):
-        return None
-    group = str(target.get("apiVersion") or "").rpartition("/")[0]
-    key = (str(meta.get("namespace", "")), group, str(target["kind"]), str(target["name"]))
-    scaled_object = (meta.get("labels") or {}).get(KEDA_LABEL)
-    if scaled_object:
-        return key, "KEDAScaledObject", f"KEDA ScaledObject {scaled_object} scales it"
-    return key, "HorizontalPodAutoscaler", f"HorizontalPodAutoscaler {meta.get('name')} scales it"
 
 
 def describe(scaling: Scaling) -> str:
@@ -74,12 +67,13 @@ def describe(scaling: Scaling) -> str:
 
 
 class Autoscaling:
-    """The loop, its HPA cache and one `Decider` per autoscaled TritonModel."""
+    """The loop, its informers (HPAs, Deployments) and one `Decider` per scaled target."""
 
     def __init__(
         self,
         kube: Kube,
         ledger: Ledger,
+        index: Index,
         *,
         leading: asyncio.Event,
         executor: Executor,
@@ -91,6 +85,7 @@ class Autoscaling:
     ) -> None:
         self._kube = kube
         self._ledger = ledger
+        self.index = index
         self._leading = leading
         self._executor = executor
         self._inbox = inbox
@@ -98,53 +93,25 @@ class Autoscaling:
         self._port = port
         self._identity = identity
         self._monotonic = monotonic
-        self._owners: dict[tuple[str, str, str, str], tuple[str, str]] = {}
-        self._by_hpa: dict[str, tuple[str, str, str, str]] = {}
         self._deciders: dict[str, Decider] = {}
         self._asked: dict[str, tuple[int, int]] = {}
-        """Model uid -> (replicas last asked, the generation then), until the cache shows it."""
-        self._written: dict[str, tuple[tuple[str, str, str] | None, float]] = {}
-        """Model uid -> (the condition last written, when), until the cache shows it."""
-        self._hpas_listed = False
-        self.informer: Informer | None = None
-
-    # ---- the HPAs, from their own informer -----------------------------------------------------
-
-    def replace_hpas(self, items: list[JsonObject]) -> None:
-        self._owners.clear()
-        self._by_hpa.clear()
-        for item in items:
-            self.apply_hpa("ADDED", item)
-        self._hpas_listed = True
-
-    def apply_hpa(self, event: str, obj: JsonObject) -> None:
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        old = self._by_hpa.pop(uid, None)
-        if old is not None:
-            self._owners.pop(old, None)
-        found = hpa_owner(obj)
-        if event != "DELETED" and found is not None:
-            key, reason, message = found
-            self._owners[key] = (reason, message)
-            self._by_hpa[uid] = key
-
-    def owner(self, model: ModelInfo) -> tuple[str, str] | None:
-        return self._owners.get((model.namespace, *TRITONMODEL, model.name))
-
-    # ---- the loop ------------------------------------------------------------------------------
+        """Target uid -> (replicas last asked, the generation then), until the cache shows it."""
+        self._written: dict[str, tuple[Report | None, float]] = {}
+        """Target uid -> (the report last written, when), until the cache shows it."""
+        self._informers: list[Informer] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        self.informer = Informer(
-            self._kube,
-            self._kube.horizontal_pod_autoscalers(),
-            loop,
-            on_list=self.replace_hpas,
-            on_event=self.apply_hpa,
-            inbox=self._inbox,
-            optional=True,
-        )
-        self.informer.start()
+        index = self.index
+        for kind, on_list, on_event in (
+            (self._kube.horizontal_pod_autoscalers(), index.replace_hpas, index.apply_hpa),
+            (self._kube.deployments(), index.replace_deployments, index.apply_deployment),
+        ):
+            informer = Informer(
+                self._kube, kind, loop, on_list=on_list, on_event=on_event, inbox=self._inbox
+            )
+            informer.start()
+            self._informers.append(informer)
         timeout = aiohttp.ClientTimeout(total=max(0.2, self.period * 0.8))
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -164,60 +131,101 @@ class Autoscaling:
                     if left > 0:
                         await _first(stop.wait(), asyncio.sleep(left))
         finally:
-            self.informer.stop()
-            await loop.run_in_executor(self._executor, self.informer.join, 5.0)
+            for informer in self._informers:
+                informer.stop()
+            for informer in self._informers:
+                await loop.run_in_executor(self._executor, informer.join, 5.0)
+
+    def targets(self) -> list[Target]:
+        hosts = self._ledger.hosts
+        found = [
+            target
+            for model in list(self._ledger.models.values())
+            if (target := model_target(model, hosts.get(model.namespace) or {})) is not None
+        ]
+        return [*found, *self.index.deployment_targets()]
 
     async def tick(self, session: aiohttp.ClientSession) -> None:
-        """One read of the hosts, one decision and at most one write per autoscaled model."""
-        if not self._hpas_listed:
+        """One read of the proxies, one decision and at most one write per scaled target."""
+        if len(self.index.listed) < 2:
             return
-        scaled: list[tuple[ModelInfo, Scaling]] = []
-        hosts: dict[tuple[str, str], str] = {}
-        for model in list(self._ledger.models.values()):
-            scaling = await self._settled(model)
-            if scaling is None:
-                self._deciders.pop(model.uid, None)
-                continue
-            scaled.append((model, scaling))
-            for node, _, _ in model.placed.values():
-                address = self._host_address(model.namespace, node)
-                if address:
-                    hosts[model.namespace, node] = address
-        kept = {model.uid for model, _ in scaled}
-        for memory in (self._deciders, self._asked):
-            for uid in set(memory) - kept:
-                del memory[uid]
+        scaled: list[tuple[Target, Scaling]] = []
+        targets = self.targets()
+        await self._clear_stale()
+        for target in targets:
+            owner = self.index.owner(
+                target.namespace, GROUPS[target.kind][0], target.kind, target.name
+            )
+            if owner is not None:
+                reason, message = owner
+                await self._report(
+                    target, ("False", reason, f"{message}: the built-in autoscaler leaves it alone")
+                )
+            elif target.scaling is None:
+                await self._report(target, ("False", "InvalidSettings", target.problem))
+            else:
+                await self._report(target, ("True", "BuiltIn", describe(target.scaling)))
+                scaled.append((target, target.scaling))
+        self._forget({target.uid for target, _ in scaled}, {t.uid for t in targets})
         if not scaled:
             return
-        keys = list(hosts)
-        answers = await asyncio.gather(*(self._read(session, hosts[k]) for k in keys))
-        counts = dict(zip(keys, answers, strict=True))
+        addresses = sorted({address for target, _ in scaled for _, address, _ in target.sources})
+        answers = await asyncio.gather(*(self._read(session, a) for a in addresses))
+        counts = dict(zip(addresses, answers, strict=True))
         now = self._monotonic()
-        for model, scaling in scaled:
+        for target, scaling in scaled:
             column = 0 if scaling.metric == "concurrency" else 1
             counters: dict[str, float] = {}
-            for node, _, _ in model.placed.values():
-                entry = (counts.get((model.namespace, node)) or {}).get(model.name)
-                if entry is not None:
-                    counters[node] = float(entry[column])
-            decider = self._deciders.setdefault(model.uid, Decider())
+            for source, address, model in target.sources:
+                answer = counts.get(address) or {}
+                entries = [answer[model]] if model in answer else [] if model else answer.values()
+                for entry in entries:
+                    counters[source] = counters.get(source, 0.0) + float(entry[column])
+            decider = self._deciders.setdefault(target.uid, Decider())
             decider.observe(now, counters, scaling)
-            ready = model.status.get("readyReplicas")
-            ready_count = ready if isinstance(ready, int) else 0
-            current = model.replicas
-            asked = self._asked.get(model.uid)
+            current = target.replicas
+            asked = self._asked.get(target.uid)
             if asked is not None:
-                if model.generation > asked[1]:
-                    del self._asked[model.uid]
+                if target.generation > asked[1]:
+                    del self._asked[target.uid]
                 else:
                     current = asked[0]
-            decision = decider.decide(now, scaling, ready_count, current)
+            decision = decider.decide(now, scaling, target.ready, current)
             if decision.replicas != current and self._leading.is_set():
-                await self._scale(model, current, scaling, decision)
+                await self._scale(target, current, scaling, decision)
 
-    def _host_address(self, namespace: str, node: str) -> str:
-        host = (self._ledger.hosts.get(namespace) or {}).get(node) or {}
-        return str((host.get("status") or {}).get("podIP") or "")
+    def _forget(self, scaled: set[str], targets: set[str]) -> None:
+        for memory in (self._deciders, self._asked):
+            for uid in set(memory) - scaled:
+                del memory[uid]
+        for uid in set(self._written) - targets:
+            del self._written[uid]
+
+    async def _clear_stale(self) -> None:
+        """Remove the condition of a TritonModel whose spec.autoscaling is gone."""
+        for model in list(self._ledger.models.values()):
+            conditions = model.status.get("conditions") or []
+            if model.autoscaling is not None or not any(
+                isinstance(c, dict) and c.get("type") == CONDITION for c in conditions
+            ):
+                continue
+            written = self._written.get(model.uid)
+            if (
+                written is not None
+                and written[0] is None
+                and self._monotonic() - written[1] < REWRITE_SECONDS
+            ):
+                continue
+            kept = [c for c in conditions if isinstance(c, dict) and c.get("type") != CONDITION]
+            if await self._call(
+                f"Removing the Autoscaling condition of TritonModel {model.key}",
+                self._kube.patch_model_status,
+                model.namespace,
+                model.name,
+                model.uid,
+                {"conditions": kept},
+            ):
+                self._written[model.uid] = (None, self._monotonic())
 
     async def _read(self, session: aiohttp.ClientSession, address: str) -> Counts:
         url = f"http://{address}:{self._port}{PROXY_AUTOSCALING_PATH}"
@@ -231,8 +239,36 @@ class Autoscaling:
             return {}
         return body if isinstance(body, dict) else {}
 
+    async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, partial(fn, *args, **kwargs))
+        except Exception as e:
+            log.warning("%s has failed (%s).", what, e)
+            return False
+        return True
+
+    def _event(self, target: Target, reason: str, message: str, kind: str) -> Awaitable[bool]:
+        group, version, _ = GROUPS[target.kind]
+        involved = {
+            "apiVersion": f"{group}/{version}",
+            "kind": target.kind,
+            "namespace": target.namespace,
+            "name": target.name,
+            "uid": target.uid,
+        }
+        return self._call(
+            f"Recording a {reason} Event for {target.kind} {target.key}",
+            self._kube.record_object_event,
+            involved,
+            reason=reason,
+            message=message,
+            reporting_instance=self._identity,
+            event_type=kind,
+        )
+
     async def _scale(
-        self, model: ModelInfo, current: int, scaling: Scaling, decision: Decision
+        self, target: Target, current: int, scaling: Scaling, decision: Decision
     ) -> None:
         mode = "panic" if decision.panicking else "stable"
         window = scaling.panic_window if decision.panicking else scaling.window
@@ -242,119 +278,67 @@ class Autoscaling:
             f"{window:g} s {mode} window, target {scaling.target * scaling.utilization:g} per "
             "replica"
         )
-        log.info("TritonModel %s scales from %d: %s", model.key, current, message)
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(
-                self._executor,
-                self._kube.scale_model,
-                model.namespace,
-                model.name,
-                decision.replicas,
-            )
-        except Exception as e:
-            log.warning("Scaling TritonModel %s has failed (%s): next period.", model.key, e)
+        log.info("%s %s scales from %d: %s", target.kind, target.key, current, message)
+        group, version, plural = GROUPS[target.kind]
+        api = f"/apis/{group}/{version}"
+        if not await self._call(
+            f"Scaling {target.kind} {target.key}",
+            self._kube.scale,
+            api,
+            plural,
+            target.namespace,
+            target.name,
+            decision.replicas,
+        ):
             return
         # Until the cache sees the new spec.replicas (a new generation), it is the current one.
-        self._asked[model.uid] = (decision.replicas, model.generation)
-        involved = {
-            "apiVersion": "tritonshare.io/v1alpha1",
-            "kind": "TritonModel",
-            "namespace": model.namespace,
-            "name": model.name,
-            "uid": model.uid,
-        }
-        try:
-            await loop.run_in_executor(
-                self._executor,
-                partial(
-                    self._kube.record_object_event,
-                    involved,
-                    reason="SuccessfulRescale",
-                    message=message,
-                    reporting_instance=self._identity,
-                    event_type="Normal",
-                ),
-            )
-        except Exception as e:
-            log.warning("Recording the rescale of TritonModel %s has failed (%s).", model.key, e)
+        self._asked[target.uid] = (decision.replicas, target.generation)
+        await self._event(target, "SuccessfulRescale", message, "Normal")
 
-    async def _settled(self, model: ModelInfo) -> Scaling | None:
-        """The model's settings when the built-in autoscaler owns its scale; else None, with
-        its condition saying why (written only when it changes)."""
-        raw = model.autoscaling
-        if raw is None:
-            await self._condition(model, None)
-            return None
-        owner = self.owner(model)
-        if owner is not None:
-            reason, message = owner
-            await self._condition(
-                model, ("False", reason, f"{message}: the built-in autoscaler leaves it alone")
-            )
-            return None
-        try:
-            scaling = scaling_from(raw)
-        except ScalingError as e:
-            await self._condition(model, ("False", "InvalidSettings", f"spec.autoscaling: {e}"))
-            return None
-        await self._condition(model, ("True", "BuiltIn", describe(scaling)))
-        return scaling
-
-    async def _condition(self, model: ModelInfo, wanted: tuple[str, str, str] | None) -> None:
-        conditions = [c for c in model.status.get("conditions") or [] if isinstance(c, dict)]
-        old = next((c for c in conditions if c.get("type") == CONDITION), None)
-        if wanted is None and old is None:
-            return
-        written = self._written.get(model.uid)
-        if (
-            written is not None
-            and written[0] == wanted
-            and self._monotonic() - written[1] < REWRITE_SECONDS
-        ):
-            return  # written, and the cache has not seen it yet
-        others = [c for c in conditions if c.get("type") != CONDITION]
-        if wanted is not None:
-            status, reason, message = wanted
-            if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (
-                status,
-                reason,
-                message,
-            ):
-                return
-            changed = old is None or old.get("status") != status
-            others.append(
-                {
-                    "type": CONDITION,
-                    "status": status,
-                    "reason": reason,
-                    "message": message,
-                    "lastTransitionTime": now_rfc3339()
-                    if changed or old is None
-                    else old.get("lastTransitionTime"),
-                    "observedGeneration": model.generation,
-                }
-            )
+    async def _report(self, target: Target, wanted: Report) -> None:
+        """Say who scales the target: a TritonModel's condition, a Deployment's Event; written
+        only when it changes."""
         if not self._leading.is_set():
             return
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(
-                self._executor,
-                self._kube.patch_model_status,
-                model.namespace,
-                model.name,
-                model.uid,
-                {"conditions": others},
-            )
-        except Exception as e:
-            log.warning(
-                "Writing the Autoscaling condition of TritonModel %s has failed (%s).",
-                model.key,
-                e,
-            )
+        written = self._written.get(target.uid)
+        fresh = written is not None and self._monotonic() - written[1] < REWRITE_SECONDS
+        if target.kind == "Deployment":
+            if written is None or written[0] != wanted:
+                status, reason, message = wanted
+                kind = "Warning" if reason == "InvalidSettings" else "Normal"
+                if await self._event(target, reason, message, kind):
+                    self._written[target.uid] = (wanted, self._monotonic())
             return
-        self._written[model.uid] = (wanted, self._monotonic())
+        conditions = [c for c in target.status.get("conditions") or [] if isinstance(c, dict)]
+        old = next((c for c in conditions if c.get("type") == CONDITION), None)
+        if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == wanted:
+            return
+        if fresh and written is not None and written[0] == wanted:
+            return  # written, and the cache has not seen it yet
+        status, reason, message = wanted
+        kept = old is not None and old.get("status") == status
+        conditions = [c for c in conditions if c.get("type") != CONDITION]
+        conditions.append(
+            {
+                "type": CONDITION,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": (old or {}).get("lastTransitionTime")
+                if kept
+                else now_rfc3339(),
+                "observedGeneration": target.generation,
+            }
+        )
+        if await self._call(
+            f"Writing the Autoscaling condition of TritonModel {target.key}",
+            self._kube.patch_model_status,
+            target.namespace,
+            target.name,
+            target.uid,
+            {"conditions": conditions},
+        ):
+            self._written[target.uid] = (wanted, self._monotonic())
 
 
 async def _first(*waits: Any) -> None:

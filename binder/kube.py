@@ -676,13 +676,19 @@ class Kube:
     def horizontal_pod_autoscalers(self) -> Kind:
         return Kind("horizontalpodautoscalers", "/apis/autoscaling/v2/horizontalpodautoscalers")
 
-    def scale_model(self, namespace: str, name: str, replicas: int) -> None:
-        """Set a TritonModel's replicas through its `scale` subresource, as an HPA does, under
-        the autoscaler's own field manager."""
-        path = f"{_models_path(namespace)}/{quote(name, safe='')}/scale?fieldManager={AUTOSCALER}"
+    def deployments(self) -> Kind:
+        return Kind("deployments", "/apis/apps/v1/deployments")
+
+    def scale(self, api: str, plural: str, namespace: str, name: str, replicas: int) -> None:
+        """Set the replicas of an object (`api`: "/apis/GROUP/VERSION") through its `scale`
+        subresource, as an HPA does, under the autoscaler's own field manager."""
+        path = (
+            f"{api}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
+            f"/scale?fieldManager={AUTOSCALER}"
+        )
         body = {"spec": {"replicas": replicas}}
         self._write(
-            f"scaling TritonModel {namespace}/{name} to {replicas}",
+            f"scaling {plural} {namespace}/{name} to {replicas}",
             lambda timeout: self._request("PATCH", path, timeout, body, _MERGE_PATCH),
         )
 

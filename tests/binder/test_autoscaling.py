@@ -2,14 +2,15 @@
 serving the chart's CRD: it reads a host's /autoscaling counts (served here by a stand-in on the
 host pod's address) each second and scales the TritonModel through `scale` with an Event; an HPA
 or a KEDA ScaledObject's HPA on the model turns it off with the condition saying which; settings
-it cannot act on are a condition too; every call it makes is one deploy/'s RBAC grants."""
+it cannot act on are a condition too; every call it makes is one deploy/'s RBAC grants. A
+Deployment with Knative's annotations is scaled on its model pods' counts, and told in Events."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import kubernetes.client
 import pytest
@@ -231,3 +232,76 @@ async def test_it_scales_on_the_hosts_counts_and_yields_to_an_hpa_or_keda(
         ("autoscaling", "horizontalpodautoscalers", "", "list"),
         ("autoscaling", "horizontalpodautoscalers", "", "watch"),
     } <= made
+
+
+async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_pods(
+    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, counts: Counts
+) -> None:
+    apps = cast(Any, kubernetes.client.AppsV1Api(kube_api))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(kube_api))
+    knative = "autoscaling.knative.dev/"
+    labels = {"app": "resnet"}
+    apps.create_namespaced_deployment(
+        "default",
+        {
+            "metadata": {
+                "name": "resnet",
+                "annotations": {
+                    f"{knative}target": "1",
+                    f"{knative}max-scale": "3",
+                    f"{knative}window": "6s",
+                },
+            },
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "proxy", "image": "x"}]},
+                },
+            },
+        },
+    )
+    # Its one model pod (no controller runs here), on the stand-in proxy's address; a pod of
+    # another app there too, which does not count.
+    for name, pod_labels in (("resnet-0", labels), ("other-0", {"app": "other"})):
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {
+                    "name": name,
+                    "labels": pod_labels,
+                    "annotations": {"tritonshare.io/model-id": "resnet"},
+                },
+                "spec": {"nodeName": "n1", "containers": [{"name": "proxy", "image": "x"}]},
+            },
+        )
+        core.patch_namespaced_pod_status(
+            name, "default", {"status": {"podIP": HOST_IP, "phase": "Running"}}
+        )
+
+    def events(reason: str) -> list[str]:
+        found = core.list_namespaced_event(
+            "default", field_selector="involvedObject.kind=Deployment,involvedObject.name=resnet"
+        ).items
+        return [e.message for e in found if e.reason == reason]
+
+    await eventually(lambda: events("BuiltIn"), what="the BuiltIn Event")
+    await eventually(lambda: counts.reads >= 2, what="the pod's counts read")
+    counts.concurrency = 3.0
+    await eventually(
+        lambda: apps.read_namespaced_deployment("resnet", "default").spec.replicas == 3,
+        what="scaled to 3",
+    )
+    assert any(m.startswith("New size: 3;") for m in events("SuccessfulRescale"))
+
+    # KEDA's ScaledObject takes it over: said once, in an Event.
+    keda = hpa("keda-hpa-resnet", "resnet", {"scaledobject.keda.sh/name": "resnet"})
+    keda["spec"]["scaleTargetRef"] = {"apiVersion": "apps/v1", "kind": "Deployment"} | {
+        "name": "resnet"
+    }
+    custom.create_namespaced_custom_object(
+        "autoscaling", "v2", "default", "horizontalpodautoscalers", keda
+    )
+    said = await eventually(lambda: events("KEDAScaledObject"), what="the KEDA Event")
+    assert said[0].startswith("KEDA ScaledObject resnet scales it")
