@@ -31,6 +31,9 @@ class Replicas:
         self.answered = 0.0
         self.history: list[int] = []
 
+    def panics(self) -> bool:
+        return self.decider.panicking
+
     def tick(self, concurrency: float = 0.0, rps: float = 0.0, seconds: int = 1) -> int:
         for _ in range(seconds):
             self.now += 1.0
@@ -48,11 +51,11 @@ class Replicas:
 def test_a_burst_panics_and_reaches_five_replicas_within_seconds() -> None:
     model = Replicas(SEED)
     model.tick(seconds=60)
-    assert model.replicas == 1 and not model.decider.panicking
+    assert model.replicas == 1 and not model.panics()
     model.tick(5.0)
     # One second of 5 in flight over the 6 s panic window: 0.83 / 0.7 -> 2 replicas, twice the
     # one ready: panic.
-    assert model.replicas == 2 and model.decider.panicking
+    assert model.replicas == 2 and model.panics()
     model.tick(5.0, seconds=4)
     assert model.replicas == 5
     assert model.history[60:] == [2, 3, 4, 5, 5]
@@ -65,7 +68,7 @@ def test_without_panic_the_stable_window_alone_is_slow() -> None:
     assert calm.replicas == 1  # 25 request-seconds over 60 s: 0.42 / 0.7 -> 1
     calm.tick(5.0, seconds=25)
     assert calm.replicas == 4  # after 30 s, 150 / 60 = 2.5; / 0.7 -> 4
-    assert not calm.decider.panicking
+    assert not calm.panics()
 
 
 def test_panic_never_scales_down_and_ends_a_stable_window_after_the_last_surge() -> None:
@@ -75,9 +78,9 @@ def test_panic_never_scales_down_and_ends_a_stable_window_after_the_last_surge()
     assert model.replicas == 5
     last_over = model.now - 26  # with 5 ready, 5 / 0.7 -> 8 is under twice 5 from the 4th s
     model.tick(0.0, seconds=20)
-    assert model.replicas == 5 and model.decider.panicking
+    assert model.replicas == 5 and model.panics()
     model.tick(0.0, seconds=int(last_over + 60 - model.now))
-    assert not model.decider.panicking
+    assert not model.panics()
     # Out of panic, the stable window decides, at most halving per decision.
     model.tick(0.0, seconds=60)
     assert model.replicas == 1
