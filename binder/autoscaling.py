@@ -51,6 +51,13 @@ GROUPS = {
 Counts = Mapping[str, list[float]]
 Report = tuple[str, str, str]
 """(status, reason, message) of who scales a target."""
+MAX_ANSWER_BYTES = 1 << 20
+"""The most of one proxy's /autoscaling answer read (a host of 10,000 models answers ~400 KiB)."""
+PARALLEL_READS = 64
+"""Proxies read at once."""
+MAX_SOURCES_EXTRA = 5
+"""A Deployment's pods read beyond its replicas (a roll's surge): more pods matching its selector,
+which its namespace could create, cost the binder no more reads."""
 REWRITE_SECONDS = 5.0
 """A condition written that the cache does not show after this long is written again (the
 model controller's status write may have replaced the list meanwhile)."""
@@ -99,6 +106,7 @@ class Autoscaling:
         self._written: dict[str, tuple[Report | None, float]] = {}
         """Target uid -> (the report last written, when), until the cache shows it."""
         self._informers: list[Informer] = []
+        self._reads = asyncio.Semaphore(PARALLEL_READS)
 
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
@@ -169,7 +177,15 @@ class Autoscaling:
         self._forget({target.uid for target, _ in scaled}, {t.uid for t in targets})
         if not scaled:
             return
-        addresses = sorted({address for target, _ in scaled for _, address, _ in target.sources})
+        addresses = sorted(
+            {
+                address
+                for target, _ in scaled
+                for _, address, _ in target.sources[
+                    : max(target.replicas, target.ready) + MAX_SOURCES_EXTRA
+                ]
+            }
+        )
         answers = await asyncio.gather(*(self._read(session, a) for a in addresses))
         counts = dict(zip(addresses, answers, strict=True))
         now = self._monotonic()
@@ -177,7 +193,7 @@ class Autoscaling:
             column = 0 if scaling.metric == "concurrency" else 1
             counters: dict[str, float] = {}
             for source, address, model in target.sources:
-                answer = counts.get(address) or {}
+                answer = counts.get(address) or {}  # one not read: no counters from it
                 entries = [answer[model]] if model in answer else [] if model else answer.values()
                 for entry in entries:
                     counters[source] = counters.get(source, 0.0) + float(entry[column])
@@ -228,16 +244,8 @@ class Autoscaling:
                 self._written[model.uid] = (None, self._monotonic())
 
     async def _read(self, session: aiohttp.ClientSession, address: str) -> Counts:
-        url = f"http://{address}:{self._port}{PROXY_AUTOSCALING_PATH}"
-        try:
-            async with session.get(url) as response:
-                if response.status != 200:
-                    return {}
-                body = json.loads(await response.read())
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            log.debug("Reading the counts of %s has failed (%s).", url, e)
-            return {}
-        return body if isinstance(body, dict) else {}
+        async with self._reads:
+            return await read_counts(session, f"http://{address}:{self._port}")
 
     async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         loop = asyncio.get_running_loop()
@@ -339,6 +347,31 @@ class Autoscaling:
             {"conditions": conditions},
         ):
             self._written[target.uid] = (wanted, self._monotonic())
+
+
+async def read_counts(session: aiohttp.ClientSession, base: str) -> Counts:
+    """A proxy's counts at `base`; {} when it does not answer in time or answers more than
+    MAX_ANSWER_BYTES, and only well-formed entries (a tenant's pod may answer anything: it costs
+    the binder no more)."""
+    url = f"{base}{PROXY_AUTOSCALING_PATH}"
+    try:
+        async with session.get(url) as response:
+            data = await response.content.read(MAX_ANSWER_BYTES + 1)
+            if response.status != 200 or len(data) > MAX_ANSWER_BYTES:
+                return {}
+            body = json.loads(data)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        log.debug("Reading the counts of %s has failed (%s).", url, e)
+        return {}
+    if not isinstance(body, dict):
+        return {}
+    return {
+        str(model): entry
+        for model, entry in body.items()
+        if isinstance(entry, list)
+        and len(entry) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry)
+    }
 
 
 async def _first(*waits: Any) -> None:

@@ -12,11 +12,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
+import aiohttp
 import kubernetes.client
 import pytest
 from aiohttp import web
 
 from binder.app import Binder
+from binder.autoscaling import read_counts
 from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH
 from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
 from tests.binder.objects import GI
@@ -305,3 +307,31 @@ async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_po
     )
     said = await eventually(lambda: events("KEDAScaledObject"), what="the KEDA Event")
     assert said[0].startswith("KEDA ScaledObject resnet scales it")
+
+
+async def test_a_proxy_s_answer_costs_the_binder_a_bounded_read() -> None:
+    """A tenant's pod answers the binder's read with whatever it likes: an answer past
+    MAX_ANSWER_BYTES is dropped unread beyond the bound, and malformed entries are ignored."""
+    answers: dict[str, bytes] = {
+        "huge": b'{"m": [1, 2], "pad": "' + b"x" * (8 << 20) + b'"}',
+        "odd": b'{"m": [1, 2], "n": [1], "o": "x", "p": [true, 1], "q": [0.5, 3]}',
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=answers[request.match_info["which"]])
+
+    app = web.Application()
+    app.router.add_get("/{which}" + PROXY_AUTOSCALING_PATH, answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            base = f"http://127.0.0.1:{port}"
+            assert await read_counts(session, f"{base}/huge") == {}
+            assert await read_counts(session, f"{base}/odd") == {"m": [1, 2], "q": [0.5, 3]}
+            assert await read_counts(session, "http://127.0.0.1:1") == {}  # nothing listens
+    finally:
+        await runner.cleanup()
