@@ -262,7 +262,10 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
         f"{ready['apiserver']}; node gpu-node-0 (2 x T4, tainted nvidia.com/gpu) with a real "
         "Triton on the CPU; 2 binders; the webhook; a model store."
     )
-    _say("The binders' built-in autoscaler scales TritonModels with spec.autoscaling.")
+    _say(
+        "The binders' built-in autoscaler scales TritonModels with spec.autoscaling and "
+        "Deployments with autoscaling.knative.dev/target."
+    )
     if ready["prometheus"]:
         _say(f"Prometheus scrapes the model pods' proxies: {ready['prometheus']}")
         _say("The simulated HPA and KEDA controller scale on it every 15 s.")
