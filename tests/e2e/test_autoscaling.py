@@ -82,8 +82,10 @@ def test_the_builtin_autoscaler_scales_a_tritonmodel_1_5_1_and_yields_to_an_hpa(
     )
     yielded = wait_until(
         "the pinned model's Autoscaling condition",
-        lambda: _condition(custom, PINNED).get("reason") == "HorizontalPodAutoscaler"
-        and _condition(custom, PINNED),
+        lambda: (
+            _condition(custom, PINNED).get("reason") == "HorizontalPodAutoscaler"
+            and _condition(custom, PINNED)
+        ),
         60,
     )
     assert yielded["status"] == "False"
