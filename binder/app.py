@@ -335,16 +335,14 @@ class Binder:
         await self.controller.drain(DRAIN_SECONDS)
 
     async def _stop_watches(self) -> None:
-        for informer in self._informers:
+        informers = [*self._informers, *self.autoscaling.informers]
+        for informer in informers:
             informer.stop()
         self.kube.close_watches()
         # Joined side by side: 5 s at most for all of them, not 5 s each.
         loop = asyncio.get_running_loop()
         await asyncio.gather(
-            *(
-                loop.run_in_executor(self._executor, informer.join, 5.0)
-                for informer in self._informers
-            )
+            *(loop.run_in_executor(self._executor, informer.join, 5.0) for informer in informers)
         )
 
     async def _close_api_client(self) -> None:

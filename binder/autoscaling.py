@@ -105,7 +105,7 @@ class Autoscaling:
         """Target uid -> (replicas last asked, the generation then), until the cache shows it."""
         self._written: dict[str, tuple[Report | None, float]] = {}
         """Target uid -> (the report last written, when), until the cache shows it."""
-        self._informers: list[Informer] = []
+        self.informers: list[Informer] = []
         self._reads = asyncio.Semaphore(PARALLEL_READS)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -119,7 +119,7 @@ class Autoscaling:
                 self._kube, kind, loop, on_list=on_list, on_event=on_event, inbox=self._inbox
             )
             informer.start()
-            self._informers.append(informer)
+            self.informers.append(informer)
         timeout = aiohttp.ClientTimeout(total=max(0.2, self.period * 0.8))
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -139,10 +139,9 @@ class Autoscaling:
                     if left > 0:
                         await _first(stop.wait(), asyncio.sleep(left))
         finally:
-            for informer in self._informers:
+            # Their watches are cut and joined with the binder's (`Binder._stop_watches`).
+            for informer in self.informers:
                 informer.stop()
-            for informer in self._informers:
-                await loop.run_in_executor(self._executor, informer.join, 5.0)
 
     def targets(self) -> list[Target]:
         hosts = self._ledger.hosts
