@@ -27,6 +27,17 @@ each with its own Triton, agent, gateway and kubelet. Each new replica is timed 
 phases (seconds after the TritonModel asked for it: placed, loaded on its node, Ready in the
 Service's endpoints, first answer).
 
+With `--autoscaler builtin` (needs `--as tritonmodel`), the binder's built-in autoscaler
+scales the TritonModel instead (its spec.autoscaling: target 1, `--max-replicas`, stable window
+`--window`, Knative's 60s by default): no Prometheus, HPA or ScaledObject; with `--autoscaler
+both`, the built-in run and then the HPA's, each on a fresh cluster of the same layout, and one
+closing line each, side by side.
+
+With `--cost N`, no cluster: the built-in autoscaler's CPU seconds per second (one tick a
+second) for N TritonModels of 1 to 5 replicas, over hosts of `--models-per-host` models each,
+every host's /autoscaling answer decoded and every model decided (`binder.autoscaler`), as
+`binder.autoscaling`'s tick does without its network.
+
 With `--cold-start-only`, no autoscaler and no Prometheus: the Deployment is scaled from one
 replica to 1 + `--new-replicas` (files sent), back to one, and up again (the node kept the
 files), under two back-to-back callers, and each new replica's phases are printed, then:
@@ -36,14 +47,18 @@ files), under two back-to-back callers, and each new replica's phases are printe
 
 Run: .venv/bin/python -m benchmarks.autoscale [--clients 5 --duration 30 --max-replicas 5
      --sync-period 15 --scrape-interval 15s --signal irate --scale-down-window 30 --once
-     --model-mib 0 --as pods|tritonmodel --nodes N] | [--cold-start-only --new-replicas 1]
+     --model-mib 0 --as pods|tritonmodel --nodes N --autoscaler hpa|builtin|both --window 60s]
+     | [--cold-start-only --new-replicas 1] | [--cost 10000 --models-per-host 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import math
+import random
 import shutil
 import sys
 import tempfile
@@ -51,6 +66,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from binder.autoscaler import Decider, scaling_from
 from sim.cluster import NodeSpec, SimCluster
 from sim.demo import autoscale
 from sim.demo.scenario import MODELS_DIR, NODES
@@ -124,7 +140,29 @@ def main() -> int:
         type=int,
         help="with --as tritonmodel: real nodes, each with its own Triton (--max-replicas)",
     )
+    parser.add_argument(
+        "--autoscaler",
+        choices=("hpa", "builtin", "both"),
+        default="hpa",
+        help="with --as tritonmodel: the HPA of a KEDA ScaledObject (hpa, the default), the "
+        "binder's built-in autoscaler (builtin), or both one after the other",
+    )
+    parser.add_argument(
+        "--window",
+        default="60s",
+        help="the built-in autoscaler's stable window (60s, Knative's; 6s at least)",
+    )
+    parser.add_argument(
+        "--cost", type=int, metavar="MODELS", help="the built-in autoscaler's CPU, no cluster"
+    )
+    parser.add_argument(
+        "--models-per-host", type=int, default=20, help="with --cost: models per host (20)"
+    )
     args = parser.parse_args()
+    if args.cost is not None:
+        return cost(args.cost, args.models_per_host)
+    if args.autoscaler != "hpa" and args.target != "tritonmodel":
+        parser.error("the built-in autoscaler scales TritonModels: add --as tritonmodel")
     if args.new_replicas < 1:
         parser.error(f"--new-replicas must be at least 1, not {args.new_replicas}")
     if args.target == "pods" and args.nodes is not None:
@@ -138,38 +176,61 @@ def main() -> int:
     if args.cold_start_only:
         return cold_start_only(args.new_replicas, args.request_seconds)
     prometheus = shutil.which("prometheus")
-    if prometheus is None:
+    if prometheus is None and args.autoscaler != "builtin":
         print("prometheus is not installed: apt-get install prometheus", file=sys.stderr)
         return 2
     TritonInstall.find()  # fails early, with what to install, when nvidia-pytriton is missing
     started = time.strftime("%Y-%m-%d")
-    with one_node_cluster(
-        "tritonshare-autoscale-", nodes if args.target == "tritonmodel" else 0
-    ) as made:
-        if made is None:
-            return 2
-        cluster, work = made
-        result = autoscale.run(
-            cluster,
-            MODELS_DIR / "add_one",
-            work / "autoscale",
-            NAMESPACE,
-            prometheus,
-            clients=args.clients,
-            duration=args.duration,
-            max_replicas=args.max_replicas,
-            sync_period=args.sync_period,
-            scrape_interval=args.scrape_interval,
-            scale_down_window=args.scale_down_window,
-            request_seconds=args.request_seconds,
-            signal=args.signal,
-            again=not args.once,
-            padding=args.model_mib * 1024 * 1024,
-            target="tritonmodel" if args.target == "tritonmodel" else "deployment",
-            say=print,
-        )
-        # The agents' own logs, wherever the simulated kubelet wrote them.
-        log = "".join(p.read_text(errors="replace") for p in (work / "cluster").rglob("*.log"))
+    lines = []
+    for which in ("builtin", "hpa") if args.autoscaler == "both" else (args.autoscaler,):
+        print(f"\n== {BY[which]} ==")
+        with one_node_cluster(
+            "tritonshare-autoscale-", nodes if args.target == "tritonmodel" else 0
+        ) as made:
+            if made is None:
+                return 2
+            cluster, work = made
+            result = autoscale.run(
+                cluster,
+                MODELS_DIR / "add_one",
+                work / "autoscale",
+                NAMESPACE,
+                None if which == "builtin" else prometheus,
+                clients=args.clients,
+                duration=args.duration,
+                max_replicas=args.max_replicas,
+                sync_period=args.sync_period,
+                scrape_interval=args.scrape_interval,
+                scale_down_window=args.scale_down_window,
+                request_seconds=args.request_seconds,
+                signal=args.signal,
+                again=not args.once,
+                padding=args.model_mib * 1024 * 1024,
+                target="tritonmodel" if args.target == "tritonmodel" else "deployment",
+                window=args.window,
+                say=print,
+            )
+            # The agents' own logs, wherever the simulated kubelet wrote them.
+            log = "".join(p.read_text(errors="replace") for p in (work / "cluster").rglob("*.log"))
+        report(args, result, log, started)
+        lines.append(f"{BY[which]}: {result.line()}")
+    if len(lines) > 1:
+        print("\nside by side:")
+        for line in lines:
+            print(f"  {line}")
+    return 0
+
+
+BY = {
+    "builtin": "the built-in autoscaler",
+    "hpa": "KEDA's HPA through Prometheus",
+}
+
+
+def report(
+    args: argparse.Namespace, result: autoscale.AutoscaleResult, log: str, started: str
+) -> None:
+    """Print one run's figures."""
     print(f"\n{started}, `{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`")
     print("replicas over time (s since the load started: asked / Ready):")
     for at, asked, ready in result.timeline:
@@ -205,6 +266,43 @@ def main() -> int:
         f"{log.count(KEPT_LOG)} from the node's kept copy"
     )
     print(result.line())
+
+
+def cost(models: int, per_host: int, ticks: int = 30, seed: int = 1) -> int:
+    """The built-in autoscaler's CPU per tick for `models` TritonModels (no cluster)."""
+    rng = random.Random(seed)
+    scaling = scaling_from({"target": 1, "maxReplicas": 5})
+    placed = [rng.randint(1, 5) for _ in range(models)]
+    host_count = max(1, math.ceil(sum(placed) / per_host))
+    hosts_of = [rng.sample(range(host_count), min(r, host_count)) for r in placed]
+    models_of: list[list[int]] = [[] for _ in range(host_count)]
+    for model, hosts in enumerate(hosts_of):
+        for host in hosts:
+            models_of[host].append(model)
+    held = [[0.0, 0] for _ in range(models)]
+    deciders = [Decider() for _ in range(models)]
+    spent = 0.0
+    for tick in range(ticks):
+        for model in range(models):  # the proxies' side: not the autoscaler's CPU
+            held[model][0] += rng.random() * 3
+            held[model][1] += rng.randint(0, 30)
+        answers = [json.dumps({f"model-{m:05d}": held[m] for m in ms}).encode() for ms in models_of]
+        began = time.process_time()
+        counts = [json.loads(answer) for answer in answers]
+        for model, decider in enumerate(deciders):
+            name = f"model-{model:05d}"
+            counters = {str(h): counts[h][name][0] for h in hosts_of[model]}
+            decider.observe(float(tick), counters, scaling)
+            decider.decide(float(tick), scaling, placed[model], placed[model])
+        spent += time.process_time() - began
+    per_second = spent / ticks
+    print(
+        f"{time.strftime('%Y-%m-%d')}, "
+        f"`{' '.join(['python -m benchmarks.autoscale', *sys.argv[1:]])}`\n"
+        f"autoscaler cost: {models} TritonModels, {sum(placed)} replicas on {host_count} hosts "
+        f"({per_host} models a host): {per_second:.3f} CPU s per second (one tick a second), "
+        f"{per_second / models * 1e6:.1f} us a model"
+    )
     return 0
 
 

@@ -20,18 +20,20 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from binder.agentdown import AgentDown, Rules
+from binder.autoscaling import Autoscaling
 from binder.cache import ClusterCache, Informer, Ledger
 from binder.controller import Controller
 from binder.errors import NotReadyError, SettingsError, http_status
 from binder.hosting import ModelController
 from binder.inbox import Inbox
-from binder.kube import Kube, RetryPolicy
+from binder.kube import JsonObject, Kube, RetryPolicy
 from binder.leader import LeaderElector
 from binder.metrics import Metrics
 from binder.queue import SchedulingQueue
+from binder.scaletargets import Index
 from binder.settings import Settings
 from binder.state import ClusterState
-from common.contract import BINDER_LEADER_LEASE
+from common.contract import BINDER_LEADER_LEASE, DEFAULT_PROXY_METRICS_PORT
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle
 from common.modelpod import NodeAccess
@@ -167,6 +169,17 @@ class Binder:
             deletions_per_second=settings.agent_down_deletions_per_second,
             identity=settings.identity,
         )
+        self.autoscaling = Autoscaling(
+            self.kube,
+            self.ledger,
+            Index(settings.keys.model_id),
+            leading=leading,
+            executor=self._executor,
+            inbox=self._inbox,
+            period=settings.autoscale_period_seconds,
+            port=DEFAULT_PROXY_METRICS_PORT,
+            identity=settings.identity,
+        )
         self._informers: list[Informer] = []
 
     def role(self) -> str:
@@ -249,6 +262,13 @@ class Binder:
             consequence="pods of nodes whose agent died are no longer marked or replaced",
             vital=False,
         )
+        if settings.autoscale_period_seconds:
+            lifecycle.spawn(
+                "The binder's autoscaler",
+                self.autoscaling.run(stop),
+                consequence="TritonModels with spec.autoscaling are no longer scaled",
+                vital=False,
+            )
         lifecycle.on_shutdown("the leadership", partial(self._end_leadership, lifecycle))
         log.info(
             "The binder %s serves on %s:%d and schedules pods with schedulerName %s (%s).",
@@ -278,7 +298,7 @@ class Binder:
                 cache.replace_priority_classes,
                 cache.apply_priority_class,
             ),
-            (self.kube.pods(), cache.replace_pods, cache.apply_pod),
+            (self.kube.pods(), self._pods_listed, self._pod_changed),
             (self.kube.tritonmodels(), cache.replace_models, cache.apply_model),
         ]
         for kind, on_list, on_event in kinds:
@@ -302,6 +322,15 @@ class Binder:
             len(cache.pending),
         )
 
+    def _pods_listed(self, items: list[JsonObject]) -> None:
+        """The pod watch feeds the cache and the autoscaler's model pod addresses."""
+        self.cache.replace_pods(items)
+        self.autoscaling.index.replace_pods(items)
+
+    def _pod_changed(self, event: str, obj: JsonObject) -> None:
+        self.cache.apply_pod(event, obj)
+        self.autoscaling.index.apply_pod(event, obj)
+
     async def _end_leadership(self, lifecycle: Lifecycle) -> None:
         """A replica that does not release the lease (a task failed, or a crash is simulated with
         `elector.release_on_stop = False`) stops leading at once, so no write is retried on
@@ -313,16 +342,14 @@ class Binder:
         await self.controller.drain(DRAIN_SECONDS)
 
     async def _stop_watches(self) -> None:
-        for informer in self._informers:
+        informers = [*self._informers, *self.autoscaling.informers]
+        for informer in informers:
             informer.stop()
         self.kube.close_watches()
         # Joined side by side: 5 s at most for all of them, not 5 s each.
         loop = asyncio.get_running_loop()
         await asyncio.gather(
-            *(
-                loop.run_in_executor(self._executor, informer.join, 5.0)
-                for informer in self._informers
-            )
+            *(loop.run_in_executor(self._executor, informer.join, 5.0) for informer in informers)
         )
 
     async def _close_api_client(self) -> None:

@@ -966,6 +966,12 @@ class ModelController:
                 condition,
                 ready_condition,
                 self._condition(model, PROGRESSING, roll.status, roll.reason, roll.message),
+                # Others' conditions (the autoscaler's, binder.autoscaling) are kept as they are.
+                *(
+                    c
+                    for c in model.status.get("conditions") or []
+                    if isinstance(c, dict) and c.get("type") not in (PLACED, READY, PROGRESSING)
+                ),
             ],
         }
         nominations = self._preemption.nominations(model.uid)

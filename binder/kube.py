@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 USER_AGENT = f"tritonshare-binder/{VERSION}"
+AUTOSCALER = "tritonshare-autoscaler"
+"""The field manager of the built-in autoscaler's writes to `scale`."""
 WATCH_TIMEOUT_SECONDS = 300
 LIST_TIMEOUT_SECONDS = 60.0
 CONNECT_TIMEOUT_SECONDS = 10.0
@@ -671,6 +673,25 @@ class Kube:
         path = f"{_models_path(namespace)}/{quote(name, safe='')}/status"
         self._write(
             f"writing the status of TritonModel {namespace}/{name}",
+            lambda timeout: self._request("PATCH", path, timeout, body, _MERGE_PATCH),
+        )
+
+    def horizontal_pod_autoscalers(self) -> Kind:
+        return Kind("horizontalpodautoscalers", "/apis/autoscaling/v2/horizontalpodautoscalers")
+
+    def deployments(self) -> Kind:
+        return Kind("deployments", "/apis/apps/v1/deployments")
+
+    def scale(self, api: str, plural: str, namespace: str, name: str, replicas: int) -> None:
+        """Set the replicas of an object (`api`: "/apis/GROUP/VERSION") through its `scale`
+        subresource, as an HPA does, under the autoscaler's own field manager."""
+        path = (
+            f"{api}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
+            f"/scale?fieldManager={AUTOSCALER}"
+        )
+        body = {"spec": {"replicas": replicas}}
+        self._write(
+            f"scaling {plural} {namespace}/{name} to {replicas}",
             lambda timeout: self._request("PATCH", path, timeout, body, _MERGE_PATCH),
         )
 

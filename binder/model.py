@@ -669,6 +669,9 @@ class ModelInfo:
     priority_problem: str = ""
     """Why the model's priority class cannot be resolved ("" when it can): its replicas are
     not placed."""
+    autoscaling: Mapping[str, Any] | None = None
+    """spec.autoscaling as written (None: the built-in autoscaler leaves the model alone),
+    read by `binder.autoscaling`."""
 
     @property
     def key(self) -> str:
@@ -774,6 +777,7 @@ def model_from_api(
         concurrency=_whole(spec.get("maxConcurrency")),
         idle_seconds=_whole(spec.get("idleSeconds")),
         priority_class=str(spec.get("priorityClassName") or ""),
+        autoscaling=spec["autoscaling"] if isinstance(spec.get("autoscaling"), Mapping) else None,
     )
 
 

@@ -266,6 +266,15 @@ class Settings:
     )
     """Most model pods deleted per second for dead agents, cluster-wide (a token bucket of 1),
     as kube-controller-manager's --node-eviction-rate. Default 0.1."""
+    autoscale_period_seconds: float = setting(
+        "autoscale-period",
+        "seconds between two reads of the proxies' counts by the built-in autoscaler (0: off)",
+        seconds(),
+        default="1",
+    )
+    """Seconds between two reads of the model hosts' counts (`/autoscaling`) and decisions of
+    the built-in autoscaler for TritonModels with spec.autoscaling (binder.autoscaling); 0
+    turns it off. Default 1, as often as Knative's autoscaler reads its pods."""
     watch_failure_grace_seconds: float = setting(
         "watch-failure-grace",
         "seconds a cache's watch may keep failing before /readyz reports not ready",

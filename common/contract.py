@@ -37,6 +37,9 @@ DEFAULT_BINDER_HTTP_PORT = 9200
 DEFAULT_PROXY_HTTP_PORT = 9000
 DEFAULT_PROXY_GRPC_PORT = 9001
 DEFAULT_PROXY_METRICS_PORT = 9002
+PROXY_AUTOSCALING_PATH = "/autoscaling"
+"""On the proxy's metrics port: JSON {model: [held request-seconds, inference requests answered]},
+cumulative, of every model it serves; the binder's autoscaler reads it once a second."""
 
 _PREFIX_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9_.-]*$"

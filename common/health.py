@@ -22,11 +22,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
+import json
 import platform
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -66,10 +67,15 @@ def build_health_app(
     ready_text: Callable[[], str] | None = None,
     not_ready_status: int = 503,
     home: LoopBeat | None = None,
+    *,
+    documents: Mapping[str, Callable[[], object]] | None = None,
 ) -> web.Application:
-    """An app with only the health endpoints (see `add_health_routes`)."""
+    """An app with only the health endpoints (see `add_health_routes`), and a JSON answer of
+    `documents[path]()` at each of its paths (the proxy's /autoscaling)."""
     app = web.Application()
     add_health_routes(app, registry, not_ready, ready_text, not_ready_status, home)
+    for path, document in (documents or {}).items():
+        app.router.add_get(path, _json_handler(document))
     return app
 
 
@@ -101,6 +107,18 @@ class LoopBeat:
     async def run(self, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """`work()` run on the part's loop, awaited from the server's."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work(), self.loop))
+
+
+def _json_handler(
+    document: Callable[[], object],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(
+            body=json.dumps(document(), separators=(",", ":")).encode(),
+            content_type="application/json",
+        )
+
+    return answer
 
 
 def add_health_routes(

@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import logging
 
-from common.contract import RESIDENCY_ON_DEMAND
+from common.contract import PROXY_AUTOSCALING_PATH, RESIDENCY_ON_DEMAND
 from common.health import HttpServer, build_health_app
 from common.lifecycle import Lifecycle, serve
 from proxy.agentclient import AgentCalls, AgentClient
@@ -140,12 +140,16 @@ class Proxy:
         host, port = settings.listen_metrics
         self.metrics_server = HttpServer(
             build_health_app(
-                self.metrics.registry, self.readiness.not_ready, self.readiness.ready_text
+                self.metrics.registry,
+                self.readiness.not_ready,
+                self.readiness.ready_text,
+                documents={PROXY_AUTOSCALING_PATH: self.metrics.counts},
             ),
             host,
             port,
         )
-        """/metrics, /healthz and /readyz (common/health.py), on their own port."""
+        """/metrics, /healthz, /readyz (common/health.py) and the counts the binder's
+        autoscaler reads (/autoscaling), on their own port."""
         self._watch_task: asyncio.Task[None] | None = None
         self._idle_task: asyncio.Task[None] | None = None
         self._table_task: asyncio.Task[None] | None = None

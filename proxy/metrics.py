@@ -325,6 +325,25 @@ class ProxyMetrics:
             if code in codes and (routes is None or route in routes)
         )
 
+    def counts(self) -> dict[str, list[float]]:
+        """Every model's [seconds its requests were held (in flight or queued), inference
+        requests answered], cumulative: the built-in autoscaler's one read per host a second
+        (/autoscaling), a few bytes a model where /metrics is kilobytes."""
+        root = self._root
+        models = root._all_requests.models
+        answers: dict[str, list[float]] = {}
+        for model, limiter in list(root._concurrency.limiters.items()):
+            requests = models.get(model)
+            answered = 0
+            if requests is not None:
+                answered = sum(
+                    count[0]
+                    for (_, route, _), (count, _) in list(requests.series.items())
+                    if route in INFERENCE_ROUTES
+                )
+            answers[model] = [round(limiter.concurrency_seconds(), 6), answered]
+        return answers
+
     def rejected(self, reason: str) -> None:
         """Count one request the proxy refused (for example `queue_full`)."""
         self._reasons.add(reason)

@@ -8,8 +8,9 @@ with plain `kubectl` and `tritonshare` as a real cluster is used.
 binders; the webhook and its model store; deploy/base's host ports, so deploy/example runs as
 shipped) plus what a cluster has around it: kube-proxy for ClusterIP Services
 (`sim.service.ServiceProxy`) and, where the `prometheus` binary is installed, a Prometheus
-scraping the model pods' proxies of every namespace. It must not create workloads: the user
-does, with kubectl.
+scraping the model pods' proxies of every namespace and the simulated HPA and KEDA controller
+(`sim.controllers.hpa`) acting on it; the binders run the built-in autoscaler. It must not
+create workloads: the user does, with kubectl.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from sim.cluster import (
     NodeSpec,
     SimCluster,
 )
+from sim.controllers.hpa import Autoscalers, Prometheus
 from sim.processes import ClusterError
 from sim.service import ServiceProxy
 from sim.watching import watch_events
@@ -145,8 +147,9 @@ class ScrapeTargets:
 
 @contextlib.contextmanager
 def _prometheus(cluster: SimCluster, workdir: Path) -> Iterator[str | None]:
-    """A real Prometheus scraping the model pods' proxies every 5 s, where it is installed; its
-    address (None when it is not)."""
+    """A real Prometheus scraping the model pods' proxies every 5 s, where it is installed, and
+    the simulated KEDA and HPA controller reading it (`sim.controllers.hpa`, the production 15 s
+    sync period); its address (None when it is not)."""
     binary = shutil.which("prometheus")
     if binary is None:
         yield None
@@ -158,12 +161,17 @@ def _prometheus(cluster: SimCluster, workdir: Path) -> Iterator[str | None]:
     api = cluster.apiserver.api_client()
     targets = ScrapeTargets(api, workdir / "prometheus-targets.json")
     targets.start()
+    autoscalers_api = cluster.apiserver.api_client()
     try:
-        with prometheus(binary, workdir, targets.path, "5s") as listen:
+        with (
+            prometheus(binary, workdir, targets.path, "5s") as listen,
+            Autoscalers(autoscalers_api, Prometheus(listen), cluster.apiserver.clock.now),
+        ):
             yield listen
     finally:
         targets.stop()
         api.close()  # type: ignore[no-untyped-call]
+        autoscalers_api.close()  # type: ignore[no-untyped-call]
 
 
 def run(workdir: Path) -> int:
@@ -254,8 +262,13 @@ def start(workdir: Path, timeout: float = START_SECONDS) -> int:
         f"{ready['apiserver']}; node gpu-node-0 (2 x T4, tainted nvidia.com/gpu) with a real "
         "Triton on the CPU; 2 binders; the webhook; a model store."
     )
+    _say(
+        "The binders' built-in autoscaler scales TritonModels with spec.autoscaling and "
+        "Deployments with autoscaling.knative.dev/target."
+    )
     if ready["prometheus"]:
         _say(f"Prometheus scrapes the model pods' proxies: {ready['prometheus']}")
+        _say("The simulated HPA and KEDA controller scale on it every 15 s.")
     for part in ready["missing"]:
         _say(f"Not running: {part}")
     _say("The example model's files for the short form (tritonshare.io/model-uri):")

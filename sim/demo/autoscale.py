@@ -649,13 +649,18 @@ class ScaledTritonModel:
         assert cluster.kube is not None
         self.cluster, self.namespace = cluster, namespace
         self.custom = cast(Any, kubernetes.client.CustomObjectsApi(cluster.kube))
+        self.autoscaling: JsonObject | None = None
+        """spec.autoscaling (the built-in autoscaler's settings), None for none."""
 
     def create(self, uri: str) -> None:
+        spec: JsonObject = {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1}
+        if self.autoscaling is not None:
+            spec["autoscaling"] = self.autoscaling
         body = {
             "apiVersion": "/".join(TRITONMODEL_API[:2]),
             "kind": "TritonModel",
             "metadata": {"name": NAME},
-            "spec": {"storageUri": uri, "gpuMemory": "1Gi", "replicas": 1},
+            "spec": spec,
         }
         self.custom.create_namespaced_custom_object(
             *TRITONMODEL_API[:2], self.namespace, TRITONMODEL_API[2], body
@@ -700,7 +705,7 @@ def run(
     source: Path,
     workdir: Path,
     namespace: str,
-    prometheus_binary: str,
+    prometheus_binary: str | None,
     *,
     clients: int = 5,
     duration: float = 30.0,
@@ -715,6 +720,7 @@ def run(
     again: bool = False,
     padding: int = 0,
     target: str = "deployment",
+    window: str | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> AutoscaleResult:
     """Deploy `source` (the add_one model, made to take `request_seconds` per request) as
@@ -722,7 +728,10 @@ def run(
     to one replica, load it as long once more and time the new replicas of that second scale-up
     apart (`kept_starts`: their node kept the model's files when the first ones left).
     `padding`: bytes of weights added to the model. `target`: what is scaled (`SCALED`), a
-    model Deployment or a TritonModel."""
+    model Deployment or a TritonModel. Without `prometheus_binary`, the TritonModel has
+    spec.autoscaling instead (the binder's built-in autoscaler: target 1, at most
+    `max_replicas`, stable window `window`, Knative's 60s by default) and no ScaledObject,
+    Prometheus or HPA runs."""
     assert cluster.model_store is not None and cluster.kube is not None
     assert cluster.apiserver is not None
     workdir.mkdir(parents=True, exist_ok=True)
@@ -732,30 +741,48 @@ def run(
     model = slow_model(source, workdir / "model", request_seconds, padding)
     uri = cluster.model_store.publish(NAME, model)
     targets = workdir / "targets.json"
-    with (
-        scaled.watch(targets) as watch,
-        prometheus(prometheus_binary, workdir, targets, scrape_interval) as listen,
-        contextlib.closing(cluster.apiserver.api_client()) as autoscaler_api,
-        Autoscalers(
-            autoscaler_api, Prometheus(listen), cluster.apiserver.clock.now, sync_period
-        ) as _autoscalers,
-        Endpoints(cluster.kube, namespace, scaled.selector) as endpoints,
-    ):
+    builtin = prometheus_binary is None
+    if builtin:
+        if not isinstance(scaled, ScaledTritonModel):
+            raise ValueError("the built-in autoscaler scales TritonModels: use target tritonmodel")
+        scaled.autoscaling = {"target": 1, "maxReplicas": max_replicas, "window": window or "60s"}
+    with contextlib.ExitStack() as stack:
+        watch = scaled.watch(targets)
+        stack.enter_context(watch)
+        if prometheus_binary is not None:
+            listen = stack.enter_context(
+                prometheus(prometheus_binary, workdir, targets, scrape_interval)
+            )
+            autoscaler_api = stack.enter_context(contextlib.closing(cluster.apiserver.api_client()))
+            stack.enter_context(
+                Autoscalers(
+                    autoscaler_api, Prometheus(listen), cluster.apiserver.clock.now, sync_period
+                )
+            )
+        endpoints = stack.enter_context(Endpoints(cluster.kube, namespace, scaled.selector))
         scaled.create(uri)
-        custom.create_namespaced_custom_object(
-            "keda.sh",
-            "v1alpha1",
-            namespace,
-            "scaledobjects",
-            scaled_object(namespace, max_replicas, scale_down_window, signal, ref=scaled.ref),
-        )
+        if not builtin:
+            custom.create_namespaced_custom_object(
+                "keda.sh",
+                "v1alpha1",
+                namespace,
+                "scaledobjects",
+                scaled_object(namespace, max_replicas, scale_down_window, signal, ref=scaled.ref),
+            )
         wait_until("the first replica Ready", lambda: scaled.replicas()[1] >= 1, 180)
         first = set(watch.pods)
-        say(
-            f"{scaled.kind} {NAME}: 1 replica Ready; a ScaledObject asks for concurrency 1 per "
-            f"replica (at most {max_replicas}); Prometheus scrapes every {scrape_interval}, the "
-            f"HPA syncs every {sync_period:g} s."
-        )
+        if builtin:
+            say(
+                f"{scaled.kind} {NAME}: 1 replica Ready; its spec.autoscaling asks for "
+                f"concurrency 1 per replica (at most {max_replicas}, window {window or '60s'}); "
+                "the binder reads its hosts every second."
+            )
+        else:
+            say(
+                f"{scaled.kind} {NAME}: 1 replica Ready; a ScaledObject asks for concurrency 1 "
+                f"per replica (at most {max_replicas}); Prometheus scrapes every "
+                f"{scrape_interval}, the HPA syncs every {sync_period:g} s."
+            )
         load = Load(endpoints, watch, clients)
         started = time.monotonic()
 
@@ -800,9 +827,13 @@ def run(
         result.scale_down_requests = len(light.latencies) + len(light.failures)
         result.scale_down_failed = list(light.failures)
         with contextlib.suppress(ApiException):
-            result.hpa_status = custom.get_namespaced_custom_object_status(
-                "autoscaling", "v2", namespace, "horizontalpodautoscalers", f"keda-hpa-{NAME}"
-            ).get("status", {})
+            result.hpa_status = (
+                {}
+                if builtin
+                else custom.get_namespaced_custom_object_status(
+                    "autoscaling", "v2", namespace, "horizontalpodautoscalers", f"keda-hpa-{NAME}"
+                ).get("status", {})
+            )
         result.peak_ready = max((ready for _, _, ready in result.timeline), default=0)
         result.cold_starts = [
             times.since_created() for name, times in watch.pods.items() if name not in first

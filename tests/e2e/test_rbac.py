@@ -30,6 +30,7 @@ _UNNAMED_VERBS = frozenset({"create", "list", "watch", "deletecollection"})
 
 
 _MODELS = "tests/binder/test_tritonmodels.py (TritonModels: placed, hosts, Services)"
+_AUTOSCALING = "tests/binder/test_autoscaling.py (the built-in autoscaler scales)"
 
 # Grants only a failure the demo does not stage, or a TritonModel, uses, each with the test whose
 # real process makes that call through the simulated API server.
@@ -41,6 +42,8 @@ FAILURE_PATH_GRANTS: dict[str, dict[tuple[str, str, str], str]] = {
         ("", "pods", "create"): _MODELS,
         ("", "services", "create"): _MODELS,
         ("", "resourcequotas", "list"): _MODELS,
+        ("tritonshare.io", "tritonmodels/scale", "patch"): _AUTOSCALING,
+        ("apps", "deployments/scale", "patch"): _AUTOSCALING,
     },
 }
 

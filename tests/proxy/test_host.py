@@ -284,3 +284,17 @@ def test_a_host_s_flags_say_what_is_wrong(flags: list[str], message: str) -> Non
     with pytest.raises(SettingsError, match=message):
         parse_settings([*urls, *agent, *flags], env={})
     assert parse_settings([*urls, "--models-file", "/t"], env={}).model_id == ""
+
+
+def test_the_autoscaling_counts_answer_every_model_in_one_read(host: RunningProxy) -> None:
+    """/autoscaling: each model's held request-seconds and inference requests answered."""
+    _infer_add_one_and_identity(host)
+    url = host.metrics_url.replace("/metrics", "/autoscaling")
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("application/json")
+        counts = json.loads(response.read())
+    assert set(counts) == set(TABLE)
+    # Two inferences each (REST and gRPC); the refused text_stream counts for no model here.
+    assert counts["add_one"][1] == 2 and counts["identity"][1] == 2
+    assert counts["add_one"][0] > 0
+    assert counts["sleepy"] == [0, 0]

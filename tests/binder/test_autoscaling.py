@@ -1,0 +1,337 @@
+"""The binder's built-in autoscaler loop (binder/autoscaling.py) against the simulated API server
+serving the chart's CRD: it reads a host's /autoscaling counts (served here by a stand-in on the
+host pod's address) each second and scales the TritonModel through `scale` with an Event; an HPA
+or a KEDA ScaledObject's HPA on the model turns it off with the condition saying which; settings
+it cannot act on are a condition too; every call it makes is one deploy/'s RBAC grants. A
+Deployment with Knative's annotations is scaled on its model pods' counts, and told in Events."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
+
+import aiohttp
+import kubernetes.client
+import pytest
+from aiohttp import web
+
+from binder.app import Binder
+from binder.autoscaling import read_counts
+from common.contract import DEFAULT_PROXY_METRICS_PORT, PROXY_AUTOSCALING_PATH
+from sim.apiserver import ApiServerSettings, RunningApiServer, start_in_thread
+from tests.binder.objects import GI
+from tests.binder.simcluster import MakeBinder, add_node, eventually
+from tests.conftest import require_executable
+from tests.deploy.rendering import CHART, render
+from tests.e2e.test_rbac import describe, grants_for
+
+GROUP, VERSION, PLURAL = "tritonshare.io", "v1alpha1", "tritonmodels"
+HOST_IP = "127.3.0.1"
+"""The host pod's address, where the stand-in for its proxy's metrics port listens."""
+
+
+class Counts:
+    """A host proxy's /autoscaling for model `resnet`: `concurrency` requests held, integrated
+    over real time."""
+
+    def __init__(self) -> None:
+        self.concurrency = 0.0
+        self._held = 0.0
+        self._at = time.monotonic()
+        self.reads = 0
+
+    def read(self) -> dict[str, list[float]]:
+        now = time.monotonic()
+        self._held += self.concurrency * (now - self._at)
+        self._at = now
+        self.reads += 1
+        return {"resnet": [self._held, 0]}
+
+
+@pytest.fixture
+def apiserver() -> Iterator[RunningApiServer]:
+    """The simulated API server serving the chart's CRDs (overrides tests.fixtures_sim's)."""
+    server = start_in_thread(settings=ApiServerSettings(crds=(CHART / "crds",)))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def custom(kube_api: kubernetes.client.ApiClient) -> Any:
+    return kubernetes.client.CustomObjectsApi(kube_api)
+
+
+@pytest.fixture
+async def counts() -> AsyncIterator[Counts]:
+    served = Counts()
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response(served.read())
+
+    app = web.Application()
+    app.router.add_get(PROXY_AUTOSCALING_PATH, answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, HOST_IP, DEFAULT_PROXY_METRICS_PORT).start()
+    try:
+        yield served
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def binder(kube_api: kubernetes.client.ApiClient, make_binder: MakeBinder) -> Binder:
+    for node in ("n1", "n2", "n3"):
+        add_node(kube_api, node, [16 * GI])
+    return await make_binder()
+
+
+def model(name: str, replicas: int, autoscaling: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TritonModel",
+        "metadata": {"name": name},
+        "spec": {
+            "storageUri": "https://models.example.com/x.tar.gz",
+            "gpuMemory": "2Gi",
+            "replicas": replicas,
+            "autoscaling": autoscaling,
+        },
+    }
+
+
+def hpa(name: str, target: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel"}
+            | {"name": target},
+            "minReplicas": 1,
+            "maxReplicas": 3,
+        },
+    }
+
+
+def read(custom: Any, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = custom.get_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, name
+    )
+    return found
+
+
+def condition(custom: Any, name: str) -> dict[str, Any]:
+    conditions = (read(custom, name).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Autoscaling"), {})
+
+
+def replicas(custom: Any, name: str) -> int:
+    return int(read(custom, name)["spec"]["replicas"])
+
+
+async def test_it_scales_on_the_hosts_counts_and_yields_to_an_hpa_or_keda(
+    binder: Binder,
+    custom: Any,
+    core: Any,
+    counts: Counts,
+    apiserver: RunningApiServer,
+) -> None:
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        "default",
+        PLURAL,
+        model("resnet", 1, {"target": 1, "maxReplicas": 3, "window": "6s"}),
+    )
+    selector = "tritonshare.io/model-host=true"
+
+    def host() -> Any:
+        pods = core.list_namespaced_pod("default", label_selector=selector).items
+        return pods[0] if pods else None
+
+    pod = await eventually(host, what="the model's host")
+    core.patch_namespaced_pod_status(
+        pod.metadata.name, "default", {"status": {"podIP": HOST_IP, "phase": "Running"}}
+    )
+    on = await eventually(lambda: condition(custom, "resnet").get("status") == "True")
+    assert (
+        "concurrency, target 1 per replica at 70 %, 1 to 3 replicas"
+        in (condition(custom, "resnet")["message"])
+    )
+    assert on
+    await eventually(lambda: counts.reads >= 2, what="the host's counts read")
+    assert replicas(custom, "resnet") == 1  # idle
+
+    counts.concurrency = 3.0  # 3 / 0.7 -> 5, at most 3
+    await eventually(lambda: replicas(custom, "resnet") == 3, what="scaled to 3")
+    counts.concurrency = 0.0
+    # Out of panic a 6 s window after the last surge, then the stable window empties.
+    await eventually(lambda: replicas(custom, "resnet") == 1, within=40, what="back to 1")
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=resnet")
+    rescales = [e.message for e in events.items if e.reason == "SuccessfulRescale"]
+    assert any(m.startswith("New size: 3; reason: concurrency") for m in rescales), rescales
+    assert any(m.startswith("New size: 1;") for m in rescales), rescales
+
+    # An HPA on the model: the built-in autoscaler stays off, whatever the load.
+    custom.create_namespaced_custom_object(
+        "autoscaling", "v2", "default", "horizontalpodautoscalers", hpa("resnet-hpa", "resnet")
+    )
+    off = await eventually(
+        lambda: (
+            condition(custom, "resnet").get("reason") == "HorizontalPodAutoscaler"
+            and condition(custom, "resnet")
+        )
+    )
+    assert off["status"] == "False"
+    assert off["message"].startswith("HorizontalPodAutoscaler resnet-hpa scales it")
+    counts.concurrency = 3.0
+    # A load that scaled it within seconds above, for three of its decisions: it stays.
+    await asyncio.sleep(3)
+    assert replicas(custom, "resnet") == 1
+    custom.delete_namespaced_custom_object(
+        "autoscaling", "v2", "default", "horizontalpodautoscalers", "resnet-hpa"
+    )
+    counts.concurrency = 0.0
+
+    # KEDA's HPA for its ScaledObject says so.
+    keda = hpa("keda-hpa-resnet", "resnet", {"scaledobject.keda.sh/name": "resnet"})
+    custom.create_namespaced_custom_object(
+        "autoscaling", "v2", "default", "horizontalpodautoscalers", keda
+    )
+    await eventually(lambda: condition(custom, "resnet").get("reason") == "KEDAScaledObject")
+    assert condition(custom, "resnet")["message"].startswith("KEDA ScaledObject resnet scales it")
+
+    # Settings it cannot act on.
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        "default",
+        PLURAL,
+        model("bert", 0, {"target": 1, "minReplicas": 3, "maxReplicas": 2}),
+    )
+    bad = await eventually(
+        lambda: (
+            condition(custom, "bert").get("reason") == "InvalidSettings"
+            and condition(custom, "bert")
+        )
+    )
+    assert "minReplicas (3) is above maxReplicas (2)" in bad["message"]
+    assert replicas(custom, "bert") == 0
+
+    # Every call the binder made here is one deploy/'s RBAC grants it.
+    grants = grants_for("tritonshare-binder", render(require_executable("kubectl"), "base"))
+    calls = [r for r in apiserver.audit if r.user_agent.startswith("tritonshare-binder/")]
+    denied = sorted({describe(c) for c in calls if not any(g.allows(c) for g in grants)})
+    assert not denied
+    made = {(c.api_group, c.resource, c.subresource, c.verb) for c in calls}
+    assert {
+        ("tritonshare.io", "tritonmodels", "scale", "patch"),
+        ("autoscaling", "horizontalpodautoscalers", "", "list"),
+        ("autoscaling", "horizontalpodautoscalers", "", "watch"),
+    } <= made
+
+
+async def test_a_deployment_with_knative_s_annotations_is_scaled_on_its_model_pods(
+    binder: Binder, core: Any, kube_api: kubernetes.client.ApiClient, counts: Counts
+) -> None:
+    apps = cast(Any, kubernetes.client.AppsV1Api(kube_api))
+    custom = cast(Any, kubernetes.client.CustomObjectsApi(kube_api))
+    knative = "autoscaling.knative.dev/"
+    labels = {"app": "resnet"}
+    apps.create_namespaced_deployment(
+        "default",
+        {
+            "metadata": {
+                "name": "resnet",
+                "annotations": {
+                    f"{knative}target": "1",
+                    f"{knative}max-scale": "3",
+                    f"{knative}window": "6s",
+                },
+            },
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "proxy", "image": "x"}]},
+                },
+            },
+        },
+    )
+    # Its one model pod (no controller runs here), on the stand-in proxy's address; a pod of
+    # another app there too, which does not count.
+    for name, pod_labels in (("resnet-0", labels), ("other-0", {"app": "other"})):
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {
+                    "name": name,
+                    "labels": pod_labels,
+                    "annotations": {"tritonshare.io/model-id": "resnet"},
+                },
+                "spec": {"nodeName": "n1", "containers": [{"name": "proxy", "image": "x"}]},
+            },
+        )
+        core.patch_namespaced_pod_status(
+            name, "default", {"status": {"podIP": HOST_IP, "phase": "Running"}}
+        )
+
+    def events(reason: str) -> list[str]:
+        found = core.list_namespaced_event(
+            "default", field_selector="involvedObject.kind=Deployment,involvedObject.name=resnet"
+        ).items
+        return [e.message for e in found if e.reason == reason]
+
+    await eventually(lambda: events("BuiltIn"), what="the BuiltIn Event")
+    await eventually(lambda: counts.reads >= 2, what="the pod's counts read")
+    counts.concurrency = 3.0
+    await eventually(
+        lambda: apps.read_namespaced_deployment("resnet", "default").spec.replicas == 3,
+        what="scaled to 3",
+    )
+    assert any(m.startswith("New size: 3;") for m in events("SuccessfulRescale"))
+
+    # KEDA's ScaledObject takes it over: said once, in an Event.
+    keda = hpa("keda-hpa-resnet", "resnet", {"scaledobject.keda.sh/name": "resnet"})
+    keda["spec"]["scaleTargetRef"] = {"apiVersion": "apps/v1", "kind": "Deployment"} | {
+        "name": "resnet"
+    }
+    custom.create_namespaced_custom_object(
+        "autoscaling", "v2", "default", "horizontalpodautoscalers", keda
+    )
+    said = await eventually(lambda: events("KEDAScaledObject"), what="the KEDA Event")
+    assert said[0].startswith("KEDA ScaledObject resnet scales it")
+
+
+async def test_a_proxy_s_answer_costs_the_binder_a_bounded_read() -> None:
+    """A tenant's pod answers the binder's read with whatever it likes: an answer past
+    MAX_ANSWER_BYTES is dropped unread beyond the bound, and malformed entries are ignored."""
+    answers: dict[str, bytes] = {
+        "huge": b'{"m": [1, 2], "pad": "' + b"x" * (8 << 20) + b'"}',
+        "odd": b'{"m": [1, 2], "n": [1], "o": "x", "p": [true, 1], "q": [0.5, 3]}',
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=answers[request.match_info["which"]])
+
+    app = web.Application()
+    app.router.add_get("/{which}" + PROXY_AUTOSCALING_PATH, answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            base = f"http://127.0.0.1:{port}"
+            assert await read_counts(session, f"{base}/huge") == {}
+            assert await read_counts(session, f"{base}/odd") == {"m": [1, 2], "q": [0.5, 3]}
+            assert await read_counts(session, "http://127.0.0.1:1") == {}  # nothing listens
+    finally:
+        await runner.cleanup()
