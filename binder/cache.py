@@ -133,6 +133,28 @@ class Ledger:
             if self.state.is_accounted(uid := f"{model_uid}/{ordinal}")
         ]
 
+    def name_clash(self, model: ModelInfo) -> str:
+        """Why `model` is not placed because another TritonModel of its namespace, created
+        before it (then first by name), has its model id ("" when none has): one host serves a
+        namespace's replicas by model id, so two of one id would answer for each other."""
+        model_id = model.template.model_id
+        mine = (model.template.created, model.name)
+        for uid in self.by_namespace.get(model.namespace, ()):
+            other = self.models.get(uid)
+            if (
+                other is not None
+                and other.uid != model.uid
+                and other.template.model_id == model_id
+                and (other.template.created, other.name) < mine
+            ):
+                return (
+                    f'model id "{model_id}" is already served by tritonmodel "{other.name}" of '
+                    f"namespace {model.namespace} (created first); one namespace's models share "
+                    f"their hosts by model id, so give this one another spec.modelName (or "
+                    f"delete one of the two)"
+                )
+        return ""
+
     def on_tritonshare_node(self, pod: PodInfo) -> bool:
         """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
         info = self.state.nodes.get(pod.node_name)

@@ -6,7 +6,8 @@ and is the only writer of what this module names on it:
 - label `<prefix>model-host: "true"`;
 - annotation `<prefix>host-template`: the hash of the pod template it was made from;
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
-  host's node (at most one replica of a model per node);
+  host's node (at most one replica of a model per node), each with the TritonModel's name and,
+  where its spec.modelName differs, `modelId`: the id its clients send;
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
   Service selects), read from the agent's condition below.
 
@@ -30,6 +31,7 @@ from common.contract import (
     SECRET_NAME,
     ContractError,
     Keys,
+    validate_model_id,
 )
 
 HOST_PREFIX = "tritonshare-host-"
@@ -164,7 +166,7 @@ class HostedReplica:
     """One replica a host serves, as the binder placed it."""
 
     model: str
-    """The TritonModel's name: the model id its clients send."""
+    """The TritonModel's name (its Service, labels and conditions are named after it)."""
     uid: str
     """The TritonModel's uid."""
     replica: int
@@ -188,6 +190,13 @@ class HostedReplica:
     storage_secret: str = ""
     """The TritonModel's spec.storageSecret: the Secret of the host's namespace, mounted in
     the host's loader alone, whose `headers` it sends with the download ("": none)."""
+    model_id: str = ""
+    """The model id its clients send (spec.modelName, which the proof binds); "" reads as
+    `model`, the TritonModel's name."""
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            object.__setattr__(self, "model_id", self.model)
 
     @property
     def replica_uid(self) -> str:
@@ -216,6 +225,8 @@ class HostedReplica:
             out["draining"] = True
         if self.storage_secret:
             out["storageSecret"] = self.storage_secret
+        if self.model_id != self.model:
+            out["modelId"] = self.model_id
         return out
 
 
@@ -274,8 +285,10 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
     secret = text("storageSecret", "")
     if secret and not SECRET_NAME.fullmatch(secret):
         raise ValueError(f"`storageSecret` {secret!r} is not a Secret name")
+    model = text("model")
     return HostedReplica(
-        model=text("model"),
+        model=model,
+        model_id=validate_model_id(text("modelId", model)),
         uid=text("uid"),
         replica=ordinal,
         gpu=text("gpu", ""),

@@ -190,7 +190,7 @@ def test_grpc_per_model_calls(kind: str) -> None:
         assert (other.code, other.response) == ("OK", b"")
     else:
         assert other.code == "NOT_FOUND"
-        assert other.details == "Request for unknown model: 'identity' is not found"
+        assert other.details == "Request for unknown model: 'identity' is not found; this pod serves 'add_one'"
     smuggled = grpc_router.decide(kind, _infer(OWN) + _infer("identity"))
     assert isinstance(smuggled, GrpcAnswer) and smuggled.code == "INVALID_ARGUMENT"
 
@@ -235,7 +235,7 @@ def test_each_stream_message_is_checked() -> None:
     refusal = grpc_router.decide_stream_message(_infer("identity"))
     assert refusal is not None
     response = service_pb2.ModelStreamInferResponse.FromString(refusal)
-    assert response.error_message == "Request for unknown model: 'identity' is not found"
+    assert response.error_message == "Request for unknown model: 'identity' is not found; this pod serves 'add_one'"
     assert response.infer_response.id == "r1"
     smuggled = grpc_router.decide_stream_message(_infer(OWN) + _infer("identity"))
     assert smuggled is not None
