@@ -363,6 +363,6 @@ def test_a_controllers_pod_must_name_its_model_id() -> None:
         "add_one"
     )
     # A bare pod (no controller) still takes the URI's last segment.
-    assert complete(pod(**GS), SETTINGS)["metadata"]["annotations"][
-        "tritonshare.io/model-id"
-    ] == ("add_one")
+    assert complete(pod(**GS), SETTINGS)["metadata"]["annotations"]["tritonshare.io/model-id"] == (
+        "add_one"
+    )
