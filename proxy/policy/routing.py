@@ -324,9 +324,7 @@ class GrpcRouter:
 
     def unknown_message(self, name: bytes) -> str:
         """Triton's words for a model not served here, and what is served instead."""
-        return unknown_model_message(
-            _text(name), served_words(self.model_id, self.model_names())
-        )
+        return unknown_model_message(_text(name), served_words(self.model_id, self.model_names()))
 
     def renamed(self, request: bytes) -> bytes:
         """`request`, whose model name field (checked: exactly once) is the model id, naming the
