@@ -1,18 +1,21 @@
-"""`tritonshare status` and `tritonshare explain POD`: the cluster as the binder sees it.
+"""`tritonshare status` and `tritonshare explain POD|tm/NAME`: the cluster as the binder sees it.
 
 Installed twice: as `tritonshare`, and as `kubectl-tritonshare` so that kubectl runs it as its
 plugin (`kubectl tritonshare status`). Either way it finds the cluster as kubectl does:
 --kubeconfig, $KUBECONFIG or ~/.kube/config, --context, and -n/--namespace (else the context's).
 
 `status` prints every node and GPU with capacity, allocated (placed), loaded (measured), sleeping
-(on-demand pods not loaded) and free GPU memory and the models on it (as `kubectl inspect gpushare`
-does for GPU sharing). `explain` prints, for every node, why a pod does or does not fit there, and
-what the binder would decide now. Both list the cluster once and run the binder's own placement code
-on it, with the GPU memory reserve the binder leader publishes on its Lease unless --gpu-mem-reserve
-is given; they change nothing. `-o json|yaml` prints the same as data (`binder.report`).
-`quarantine list` prints what the nodes' agents quarantined (from their Nodes' annotations, the
-one reader `binder.report.quarantined`); `quarantine clear` asks an agent to lift one, and
-refuses while a pod on the node still wants the quarantined files unless --force.
+(on-demand pods not loaded) and free GPU memory and the pods and TritonModel replicas on it (as
+`kubectl inspect gpushare` does for GPU sharing); -n narrows what it lists to a namespace. `explain`
+prints, for every node, why a pod does or does not fit there, and what the binder would decide now;
+for a TritonModel, where each replica is or would be placed (`binder.modelreport`). Both list the
+cluster once (TritonModels and PriorityClasses too), fold it into the binder's own cache, which
+charges a replica only when its proof verifies as the binder's does, and run the binder's own
+placement code on it, with the GPU memory reserve the binder leader publishes on its Lease unless
+--gpu-mem-reserve is given; they change nothing. `-o json|yaml` prints the same as data
+(`binder.report`). `quarantine list` prints what the nodes' agents quarantined (from their
+Nodes' annotations, the one reader `binder.report.quarantined`); `quarantine clear` asks an agent
+to lift one, and refuses while a pod on the node still wants the quarantined files unless --force.
 """
 
 from __future__ import annotations
