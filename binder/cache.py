@@ -118,6 +118,8 @@ class Ledger:
     spec or status), so its replicas are found without scanning every charge."""
     by_namespace: dict[str, set[str]] = field(default_factory=dict)
     """Namespace -> the uids of its TritonModels."""
+    by_model_id: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """(namespace, model id) -> the uids of the TritonModels with that id (`name_clash`)."""
     priority_classes: dict[str, PriorityClassInfo] = field(default_factory=dict)
     """PriorityClasses by name: the TritonModels' replicas take their priority from them."""
     draining: set[str] = field(default_factory=set)
@@ -139,7 +141,7 @@ class Ledger:
         namespace's replicas by model id, so two of one id would answer for each other."""
         model_id = model.template.model_id
         mine = (model.template.created, model.name)
-        for uid in self.by_namespace.get(model.namespace, ()):
+        for uid in self.by_model_id.get((model.namespace, model_id), ()):
             other = self.models.get(uid)
             if (
                 other is not None
@@ -302,11 +304,18 @@ class ClusterCache:
             ledger.spans.pop(model.uid, None)
             if old is not None:
                 ledger.by_namespace.get(old.namespace, set()).discard(model.uid)
+                _unindex(ledger.by_model_id, old)
             self._on_model(model.uid)
             return
         self._follow_ring()
+        old = ledger.models.get(model.uid)
+        if old is not None and old.template.model_id != model.template.model_id:
+            _unindex(ledger.by_model_id, old)
         ledger.models[model.uid] = model
         ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
+        ledger.by_model_id.setdefault((model.namespace, model.template.model_id), set()).add(
+            model.uid
+        )
         ledger.spans[model.uid] = max(
             ledger.spans.get(model.uid, 0), model.replicas, max(model.placed, default=-1) + 1
         )
@@ -751,6 +760,16 @@ class Informer:
                 self._stop.wait(wait)
                 if not _unreachable(e):
                     delay = min(delay * 2, RETRY_MAX_SECONDS)
+
+
+def _unindex(index: dict[tuple[str, str], set[str]], model: ModelInfo) -> None:
+    """Take `model` out of the ledger's model-id index (the key goes with its last model)."""
+    key = (model.namespace, model.template.model_id)
+    uids = index.get(key)
+    if uids is not None:
+        uids.discard(model.uid)
+        if not uids:
+            del index[key]
 
 
 def _unreachable(e: Exception) -> bool:

@@ -458,8 +458,14 @@ def test_a_model_name_is_the_replicas_id_and_one_namespace_serves_each_id_once()
         "(created first); one namespace's models share their hosts by model id, so give this "
         "one another spec.modelName (or delete one of the two)"
     )
+    # zeta renamed (the simulated API server runs no CEL): alpha has the id to itself, then not.
+    cache.apply_model("MODIFIED", _named("zeta", "resnet_51", "2026-11-26T10:00:00Z"))
+    assert cache.ledger.name_clash(models["alpha"]) == ""
+    cache.apply_model("MODIFIED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
+    assert 'tritonmodel "zeta"' in cache.ledger.name_clash(models["alpha"])
     cache.apply_model("DELETED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
     assert cache.ledger.name_clash(models["alpha"]) == ""
+    assert set(cache.ledger.by_model_id) == {("models", "resnet_50"), ("models", "bert")}
 
 
 @pytest.mark.parametrize(
