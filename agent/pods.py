@@ -184,7 +184,7 @@ def hosted_from_dict(
             host,
             name=entry.replica_name,
             uid=entry.replica_uid,
-            model_id=entry.model,
+            model_id=entry.model_id,
             gpu_uuid=entry.gpu,
             residency=entry.residency,
             placement=entry.proof,

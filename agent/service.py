@@ -281,7 +281,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
                 raise status
             replicas.append(
                 agent_pb2.HostedReplica(
-                    model_id=entry.model,
+                    model_id=entry.model_id,
                     replica=entry.replica,
                     storage_uri=entry.storage_uri,
                     residency=entry.residency,

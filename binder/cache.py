@@ -120,6 +120,8 @@ class Ledger:
     """Namespace -> the uids of its TritonModels."""
     quotas: dict[str, dict[str, JsonObject]] = field(default_factory=dict)
     """Namespace -> its ResourceQuotas by name, as the API shows them (`binder.quota`)."""
+    by_model_id: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """(namespace, model id) -> the uids of the TritonModels with that id (`name_clash`)."""
     priority_classes: dict[str, PriorityClassInfo] = field(default_factory=dict)
     """PriorityClasses by name: the TritonModels' replicas take their priority from them."""
     draining: set[str] = field(default_factory=set)
@@ -134,6 +136,28 @@ class Ledger:
             for ordinal in range(self.spans.get(model_uid, 0))
             if self.state.is_accounted(uid := f"{model_uid}/{ordinal}")
         ]
+
+    def name_clash(self, model: ModelInfo) -> str:
+        """Why `model` is not placed because another TritonModel of its namespace, created
+        before it (then first by name), has its model id ("" when none has): one host serves a
+        namespace's replicas by model id, so two of one id would answer for each other."""
+        model_id = model.template.model_id
+        mine = (model.template.created, model.name)
+        for uid in self.by_model_id.get((model.namespace, model_id), ()):
+            other = self.models.get(uid)
+            if (
+                other is not None
+                and other.uid != model.uid
+                and other.template.model_id == model_id
+                and (other.template.created, other.name) < mine
+            ):
+                return (
+                    f'model id "{model_id}" is already served by tritonmodel "{other.name}" of '
+                    f"namespace {model.namespace} (created first); one namespace's models share "
+                    f"their hosts by model id, so give this one another spec.modelName (or "
+                    f"delete one of the two)"
+                )
+        return ""
 
     def on_tritonshare_node(self, pod: PodInfo) -> bool:
         """Whether the pod's node is one the agent publishes (its GPU annotation is there)."""
@@ -290,11 +314,18 @@ class ClusterCache:
             ledger.spans.pop(model.uid, None)
             if old is not None:
                 ledger.by_namespace.get(old.namespace, set()).discard(model.uid)
+                _unindex(ledger.by_model_id, old)
             self._on_model(model.uid)
             return
         self._follow_ring()
+        old = ledger.models.get(model.uid)
+        if old is not None and old.template.model_id != model.template.model_id:
+            _unindex(ledger.by_model_id, old)
         ledger.models[model.uid] = model
         ledger.by_namespace.setdefault(model.namespace, set()).add(model.uid)
+        ledger.by_model_id.setdefault((model.namespace, model.template.model_id), set()).add(
+            model.uid
+        )
         shown = set()
         for ordinal, (node, gpu, proof) in model.placed.items():
             replica = model.replica(ordinal, node, gpu, proof)
@@ -759,6 +790,16 @@ class Informer:
                 self._stop.wait(wait)
                 if not _unreachable(e):
                     delay = min(delay * 2, RETRY_MAX_SECONDS)
+
+
+def _unindex(index: dict[tuple[str, str], set[str]], model: ModelInfo) -> None:
+    """Take `model` out of the ledger's model-id index (the key goes with its last model)."""
+    key = (model.namespace, model.template.model_id)
+    uids = index.get(key)
+    if uids is not None:
+        uids.discard(model.uid)
+        if not uids:
+            del index[key]
 
 
 def _unreachable(e: Exception) -> bool:

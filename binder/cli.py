@@ -1,18 +1,21 @@
-"""`tritonshare status` and `tritonshare explain POD`: the cluster as the binder sees it.
+"""`tritonshare status` and `tritonshare explain POD|tm/NAME`: the cluster as the binder sees it.
 
 Installed twice: as `tritonshare`, and as `kubectl-tritonshare` so that kubectl runs it as its
 plugin (`kubectl tritonshare status`). Either way it finds the cluster as kubectl does:
 --kubeconfig, $KUBECONFIG or ~/.kube/config, --context, and -n/--namespace (else the context's).
 
 `status` prints every node and GPU with capacity, allocated (placed), loaded (measured), sleeping
-(on-demand pods not loaded) and free GPU memory and the models on it (as `kubectl inspect gpushare`
-does for GPU sharing). `explain` prints, for every node, why a pod does or does not fit there, and
-what the binder would decide now. Both list the cluster once and run the binder's own placement code
-on it, with the GPU memory reserve the binder leader publishes on its Lease unless --gpu-mem-reserve
-is given; they change nothing. `-o json|yaml` prints the same as data (`binder.report`).
-`quarantine list` prints what the nodes' agents quarantined (from their Nodes' annotations, the
-one reader `binder.report.quarantined`); `quarantine clear` asks an agent to lift one, and
-refuses while a pod on the node still wants the quarantined files unless --force.
+(on-demand pods not loaded) and free GPU memory and the pods and TritonModel replicas on it (as
+`kubectl inspect gpushare` does for GPU sharing); -n narrows what it lists to a namespace. `explain`
+prints, for every node, why a pod does or does not fit there, and what the binder would decide now;
+for a TritonModel, where each replica is or would be placed (`binder.modelreport`). Both list the
+cluster once (TritonModels and PriorityClasses too), fold it into the binder's own cache, which
+charges a replica only when its proof verifies as the binder's does, and run the binder's own
+placement code on it, with the GPU memory reserve the binder leader publishes on its Lease unless
+--gpu-mem-reserve is given; they change nothing. `-o json|yaml` prints the same as data
+(`binder.report`). `quarantine list` prints what the nodes' agents quarantined (from their
+Nodes' annotations, the one reader `binder.report.quarantined`); `quarantine clear` asks an agent
+to lift one, and refuses while a pod on the node still wants the quarantined files unless --force.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ import yaml
 from binder import uninstall
 from binder.cache import ClusterCache, Ledger
 from binder.errors import ApiError, BinderError, NotFoundError, SettingsError, UnavailableError
-from binder.kube import JsonObject, Kube, kubeconfig_namespace
+from binder.kube import JsonObject, Kind, Kube, kubeconfig_namespace
 from binder.model import TERMINATED_PHASES, PodInfo, pod_from_api
+from binder.modelreport import find_model, model_document, write_model
 from binder.placement import Placement, explain, place
 from binder.proofs import Unproven
 from binder.quota import Usage, usage
@@ -46,7 +50,9 @@ from binder.report import (
     published_reserve,
     published_tenant_code,
     quarantined,
+    replica_states,
     residency_figures,
+    shown,
     status_document,
     write_document,
     write_quarantine_list,
@@ -89,6 +95,10 @@ class Listing:
     pods: list[JsonObject]
     namespaces: list[JsonObject] = field(default_factory=list)
     """For pod affinity terms' namespaceSelector (empty when they cannot be listed)."""
+    models: list[JsonObject] = field(default_factory=list)
+    """The TritonModels, whose placed replicas the binder charges (empty without the CRD)."""
+    priority_classes: list[JsonObject] = field(default_factory=list)
+    """For the replicas' priorities, as the binder resolves them."""
 
 
 def list_cluster(kube: Kube, namespace: str) -> Listing:
@@ -101,7 +111,19 @@ def list_cluster(kube: Kube, namespace: str) -> Listing:
         kube.list_all(kube.leases(namespace))[0],
         kube.list_all(kube.pods())[0],
         namespaces,
+        _optional(kube, kube.tritonmodels()),
+        _optional(kube, kube.priority_classes()),
     )
+
+
+def _optional(kube: Kube, kind: Kind) -> list[JsonObject]:
+    """Every object of `kind`; none when the kind is not served (no CRD) or may not be listed."""
+    try:
+        return kube.list_all(kind)[0]
+    except UnavailableError:
+        raise
+    except ApiError:
+        return []
 
 
 def fold(
@@ -122,7 +144,9 @@ def fold(
     cache.replace_nodes(listing.nodes)
     cache.replace_namespaces(listing.namespaces)
     cache.replace_leases(listing.leases)
+    cache.replace_priority_classes(listing.priority_classes)
     cache.replace_pods(listing.pods)
+    cache.replace_models(listing.models)
     cache.state.arrays()
     return cache
 
@@ -167,7 +191,9 @@ def write_usage(rows: list[Usage], output: str, out: TextIO) -> None:
         _table(table, out)
 
 
-def status(cache: ClusterCache, out: TextIO, now: float) -> None:
+def status(cache: ClusterCache, out: TextIO, now: float, namespace: str | None = None) -> None:
+    """Every node and GPU (the figures count every namespace: GPUs are shared), with the pods
+    and TritonModel replicas on each, of `namespace` alone when given."""
     state = cache.state
     header = ["NODE", "AGENT", "GPU", "UUID", "PRODUCT", "CAPACITY", "ALLOCATED", "LOADED"]
     header += ["SLEEPING", "FREE", "USED"]
@@ -189,9 +215,11 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
             uses = f", uses {format_bytes(measured)}" if measured is not None else ""
             if pod.on_demand:
                 uses += ", on-demand" + (", asleep" if measured is None else "")
-            label = f"{pod.key}: {pod.model_id or '-'} (asks {format_bytes(pod.request)}{uses})"
-            models.setdefault(position, []).append(label)
             placed.setdefault(position, []).append(pod)
+            if namespace is not None and pod.namespace != namespace:
+                continue
+            label = f"{shown(pod)}: {pod.model_id or '-'} (asks {format_bytes(pod.request)}{uses})"
+            models.setdefault(position, []).append(label)
         for position, gpu in enumerate(info.gpus):
             capacity = state.usable(gpu)
             total_capacity += capacity
@@ -217,7 +245,8 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
     out.write(
         f"\n{counted(len(state.names), 'node')}; GPU memory allocated "
         f"{format_bytes(total_allocated)} of {format_bytes(total_capacity)}; "
-        f"{counted(len(cache.pending), 'pod')} pending.\n"
+        f"{counted(len(pending(cache, namespace)), 'pod')} pending"
+        f"{'' if namespace is None else ' in ' + namespace}.\n"
     )
     if any(state.nodes[name].gpus for name in state.names):
         out.write(
@@ -226,6 +255,11 @@ def status(cache: ClusterCache, out: TextIO, now: float) -> None:
             "be that old.\n"
         )
     unproven_status(cache, out)
+
+
+def pending(cache: ClusterCache, namespace: str | None) -> list[PodInfo]:
+    """The pending pods, of `namespace` alone when given."""
+    return [p for p in cache.pending.values() if namespace is None or p.namespace == namespace]
 
 
 def unproven_status(cache: ClusterCache, out: TextIO) -> None:
@@ -348,6 +382,88 @@ def explain_unproven(cache: ClusterCache, pod: PodInfo, out: TextIO) -> bool:
     return True
 
 
+POD_KINDS = frozenset({"pod", "pods", "po"})
+MODEL_KINDS = frozenset({"tm", "tritonmodel", "tritonmodels", "tritonmodel.tritonshare.io"})
+
+
+def explain_target(words: Sequence[str]) -> tuple[str, str, str]:
+    """(kind, namespace, name) of what `explain` is asked about, kubectl's ways: `NAME`,
+    `NAMESPACE/NAME`, `KIND/NAME`, `KIND/NAMESPACE/NAME` or `KIND NAME`; kind "pod",
+    "tritonmodel", or "" for a bare name (the pod of that name, else the TritonModel); namespace
+    "" when not given. ValueError saying what to write otherwise."""
+    if len(words) == 2 and words[0].lower() in POD_KINDS | MODEL_KINDS:
+        words = [f"{words[0]}/{words[1]}"]
+    if len(words) != 1:
+        raise ValueError(
+            f"explain takes one name, not {' '.join(words)!r}: write POD, NAMESPACE/POD, "
+            f"tm/NAME or `tritonmodel NAME`"
+        )
+    first, _, rest = words[0].partition("/")
+    kind = ""
+    if rest and first.lower() in POD_KINDS | MODEL_KINDS:
+        kind = "pod" if first.lower() in POD_KINDS else "tritonmodel"
+        words = [rest]
+    namespace, _, name = words[0].rpartition("/")
+    if not name or "/" in namespace:
+        raise ValueError(
+            f"{' '.join(words)!r} names nothing to explain: write POD, NAMESPACE/POD, tm/NAME "
+            f"or tm/NAMESPACE/NAME"
+        )
+    return kind, namespace, name
+
+
+def explain_command(
+    kube: Kube,
+    keys: Keys,
+    cache: ClusterCache,
+    target: tuple[str, str, str],
+    output: str,
+    out: TextIO,
+    now: float,
+) -> int:
+    """`explain`: what the binder does with the pod or TritonModel `target` (kind, namespace,
+    name); 1 when there is none."""
+    kind, namespace, name = target
+    raw = None
+    if kind != "tritonmodel":
+        try:
+            raw = kube.read_pod(namespace, name)
+        except NotFoundError:
+            if kind == "pod":
+                print(
+                    f"{_prog(sys.argv[0])}: pod {namespace}/{name} does not exist", file=sys.stderr
+                )
+                return 1
+    if raw is None:
+        model = find_model(cache, namespace, name)
+        if model is None:
+            what = "TritonModel" if kind else "pod or TritonModel"
+            print(
+                f"{_prog(sys.argv[0])}: {what} {namespace}/{name} does not exist",
+                file=sys.stderr,
+            )
+            return 1
+        document = model_document(cache, model, now)
+        if output == "text":
+            write_model(document, out)
+        else:
+            write_document(document, output, out)
+        return 0
+    pod = pod_from_api(raw, keys, cache.tenant_code, cache.min_gpu_mem, cache.allowance)
+    served = load_state(raw, keys.model_loaded) if pod.node_name else None
+    if output == "text":
+        explain_pod(cache, pod, out, now)
+        if served is not None:
+            state, why = served
+            out.write(f"Its model is {state}" + (f": {why}" if why else "") + ".\n")
+    else:
+        document = explain_document(cache, pod, now)
+        if served is not None:
+            document["load"] = {"state": served[0], "reason": served[1] or None}
+        write_document(document, output, out)
+    return 0
+
+
 FLAGS = Declaration(
     "tritonshare",
     "The flags every command takes, before or after it, as kubectl's are.",
@@ -361,10 +477,18 @@ FLAGS = Declaration(
         Setting("context", "kubeconfig context (default: the current one)", env=None),
         Setting(
             "namespace",
-            "namespace of the pod `explain` looks up when POD has none (default: the "
-            "context's, else default); `status` always covers every namespace",
+            "namespace of what `explain` looks up when NAME has none (default: the context's, "
+            "else default); `status` and `quarantine list` show only its pods, replicas and "
+            "quarantines (default: every namespace's)",
             env=None,
             aliases=("-n",),
+        ),
+        Setting(
+            "all-namespaces",
+            "`status` and `quarantine list`: every namespace's (their default)",
+            switch=True,
+            env=None,
+            aliases=("-A",),
         ),
         Setting("key-prefix", "prefix of the contract's keys", key_prefix, DEFAULT_PREFIX, "keys"),
         Setting(
@@ -418,9 +542,14 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
     )
     FLAGS.add_to(status_parser)
     why = commands.add_parser(
-        "explain", help="why a pod does or does not fit on each node", allow_abbrev=False
+        "explain",
+        help="what the binder does with a pod or a TritonModel, and why on each node",
+        description="Explain a pod (POD, NAMESPACE/POD, pod/POD) or a TritonModel (tm/NAME, "
+        "tritonmodel/NAME, `tritonmodel NAME`); a bare NAME is the pod of that name, else the "
+        "TritonModel.",
+        allow_abbrev=False,
     )
-    why.add_argument("pod", help="POD or NAMESPACE/POD")
+    why.add_argument("target", nargs="+", metavar="NAME", help="[KIND/][NAMESPACE/]NAME")
     FLAGS.add_to(why)
     quota = commands.add_parser(
         "quota",
@@ -493,16 +622,22 @@ def build_parser(prog: str = "tritonshare") -> argparse.ArgumentParser:
 
 
 def list_quarantines(
-    kube: Kube, keys: Keys, args: argparse.Namespace, output: str, out: TextIO
+    kube: Kube,
+    keys: Keys,
+    args: argparse.Namespace,
+    output: str,
+    out: TextIO,
+    namespace: str | None = None,
 ) -> int:
-    """`quarantine list [NODE]`: 1 when NODE does not exist."""
+    """`quarantine list [NODE]` (of `namespace` alone when given): 1 when NODE does not
+    exist."""
     nodes = kube.list_all(kube.nodes())[0]
     if args.node:
         nodes = [n for n in nodes if n["metadata"]["name"] == args.node]
         if not nodes:
             print(f"{_prog(sys.argv[0])}: node {args.node} does not exist", file=sys.stderr)
             return 1
-    rows = quarantined(nodes, keys)
+    rows = [r for r in quarantined(nodes, keys) if namespace in (None, r["namespace"])]
     if output == "text":
         write_quarantine_list(rows, out)
     else:
@@ -693,8 +828,10 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
     try:
         if args.command == "uninstall-cleanup":
             return uninstall_cleanup(kube, keys, system_namespace, args, prog, out)
+        # -n narrows the lists to a namespace; -A (their default) or no -n shows every one.
+        only = None if flags.get("all_namespaces") else flags.get("namespace")
         if args.command == "quarantine" and args.action == "list":
-            return list_quarantines(kube, keys, args, output, out)
+            return list_quarantines(kube, keys, args, output, out, only)
         if args.command == "quarantine":
             return clear_quarantine(kube, keys, args, out)
         listing = list_cluster(kube, system_namespace)
@@ -710,37 +847,25 @@ def _run(argv: Sequence[str] | None, out: TextIO) -> int:
             return 0
         if args.command == "status":
             states = load_states(listing.pods, keys.model_loaded)
-            held = quarantined(listing.nodes, keys)
+            states.update(replica_states(listing.models))
+            held = [r for r in quarantined(listing.nodes, keys) if only in (None, r["namespace"])]
             if output == "text":
-                status(cache, out, now)
-                write_unserved(cache, states, out)
+                status(cache, out, now, only)
+                write_unserved(cache, states, out, only)
                 write_quarantined(held, out)
                 write_reserve(reserve, given_reserve, published, out)
             else:
-                document = status_document(cache, now, states)
+                document = status_document(cache, now, states, only)
                 document["quarantined"] = held
                 write_document(document, output, out)
             return 0
-        namespace, _, name = args.pod.rpartition("/")
-        namespace = namespace or flags.get("namespace") or context_namespace or "default"
         try:
-            raw = kube.read_pod(namespace, name)
-            pod = pod_from_api(raw, keys, cache.tenant_code, cache.min_gpu_mem, cache.allowance)
-        except NotFoundError:
-            print(f"{prog}: pod {namespace}/{name} does not exist", file=sys.stderr)
-            return 1
-        served = load_state(raw, keys.model_loaded) if pod.node_name else None
-        if output == "text":
-            explain_pod(cache, pod, out, now)
-            if served is not None:
-                state, why = served
-                out.write(f"Its model is {state}" + (f": {why}" if why else "") + ".\n")
-        else:
-            document = explain_document(cache, pod, now)
-            if served is not None:
-                document["load"] = {"state": served[0], "reason": served[1] or None}
-            write_document(document, output, out)
-        return 0
+            kind, namespace, name = explain_target(args.target)
+        except ValueError as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return 2
+        namespace = namespace or flags.get("namespace") or context_namespace or "default"
+        return explain_command(kube, keys, cache, (kind, namespace, name), output, out, now)
     except UnavailableError as e:
         if e.status == 0:
             print(

@@ -693,6 +693,9 @@ class ModelController:
             return f'tritonmodel "{model.name}" replica {ordinal}: {unfetchable}'
         if model.priority_problem:
             return f'tritonmodel "{model.name}" replica {ordinal}: {model.priority_problem}'
+        clash = self._ledger.name_clash(model)
+        if clash:
+            return f'tritonmodel "{model.name}" replica {ordinal}: {clash}'
         exceeded = quota.refusal(replica.asked) if quota is not None else ""
         if exceeded:
             return f'tritonmodel "{model.name}" replica {ordinal}: {exceeded}'
@@ -1215,6 +1218,7 @@ class ModelController:
             hosted.append(
                 HostedReplica(
                     model=model.name,
+                    model_id=replica.model_id,
                     uid=model.uid,
                     replica=ordinal,
                     gpu=replica.gpu_uuid,

@@ -31,8 +31,8 @@ from common.contract import (
     Keys,
     gpu_mem_problem,
     is_valid_model_id,
+    model_id_problem,
     parse_overcommit,
-    validate_model_id,
     validate_residency,
 )
 from common.hosted import (
@@ -440,10 +440,7 @@ def pod_from_api(
                 f"clients send, so the agent knows which model the pod serves"
             )
         elif not is_valid_model_id(model_id):
-            try:
-                validate_model_id(model_id)
-            except ValueError as e:
-                problem = f"annotation {keys.model_id}: {e}"
+            problem = f"annotation {keys.model_id}: {model_id_problem(model_id)}"
     try:
         declared = declared_backend(annotations.get(keys.backend), keys.backend)
     except BackendError as e:
@@ -635,6 +632,8 @@ class ModelInfo:
     uid: str
     namespace: str
     name: str
+    """metadata.name; the model id its clients send is `template.model_id` (spec.modelName,
+    else this name)."""
     generation: int
     replicas: int
     """spec.replicas: how many replicas are wanted (a roll's surge adds one)."""
@@ -724,7 +723,8 @@ def model_from_api(
     pod_spec["containers"] = [
         {"name": "model", "resources": {"limits": {keys.gpu_mem: spec.get("gpuMemory", "0")}}}
     ]
-    annotations = {keys.model_id: name, keys.residency: str(spec.get("residency") or "always")}
+    model_id = str(spec.get("modelName") or name)
+    annotations = {keys.model_id: model_id, keys.residency: str(spec.get("residency") or "always")}
     backend = _mapping(meta.get("annotations")).get(keys.backend)
     if backend is not None:
         annotations[keys.backend] = str(backend)
@@ -740,6 +740,8 @@ def model_from_api(
         "spec": pod_spec,
     }
     template = as_replica(pod_from_api(pod, keys, tenant_code, min_gpu_mem, allowance))
+    if template.problem and not is_valid_model_id(model_id):
+        template = replace(template, problem=f"spec.modelName: {model_id_problem(model_id)}")
     placed: dict[int, tuple[str, str, str]] = {}
     placed_uris: dict[int, str] = {}
     for ordinal, entry in _by_ordinal(status.get("placements")):

@@ -14,7 +14,7 @@ import yaml
 
 from binder.cache import ClusterCache
 from binder.kube import JsonObject
-from binder.model import NodeInfo, PodInfo
+from binder.model import NodeInfo, PodInfo, is_replica
 from binder.placement import Placement, explain, place
 from common.contract import BINDER_LEADER_LEASE, Keys
 from common.quantity import format_bytes
@@ -110,16 +110,48 @@ def load_states(
     return states
 
 
-def write_unserved(cache: ClusterCache, states: Mapping[str, tuple[str, str]], out: TextIO) -> None:
-    """Below the table: each pod charged to a GPU whose model is not served, and why. Its
-    request stays allocated as long as the pod exists, as kube-scheduler keeps a crash-looping
-    pod's requests: the binder counts it too, and the GPU is its when the cause is fixed."""
+def shown(pod: PodInfo) -> str:
+    """A pod as `namespace/name`, a TritonModel's replica as `namespace/model replica N`."""
+    if is_replica(pod.uid):
+        model, _, ordinal = pod.name.rpartition("/")
+        return f"{pod.namespace}/{model} replica {ordinal}"
+    return pod.key
+
+
+def replica_states(models: list[JsonObject]) -> dict[str, tuple[str, str]]:
+    """Each placed replica's load state by its key (`namespace/model/ordinal`), as `load_state`
+    gives a pod's: from its TritonModel's status.placements (`ready`, `message`), which the
+    binder writes from the agent's condition on the host."""
+    states = {}
+    for obj in models:
+        metadata = obj.get("metadata") or {}
+        for entry in (obj.get("status") or {}).get("placements") or []:
+            if not isinstance(entry, Mapping):
+                continue
+            key = f"{metadata.get('namespace')}/{metadata.get('name')}/{entry.get('replica')}"
+            ready = entry.get("ready") is True
+            states[key] = ("serving", "") if ready else ("waiting", str(entry.get("message") or ""))
+    return states
+
+
+def write_unserved(
+    cache: ClusterCache,
+    states: Mapping[str, tuple[str, str]],
+    out: TextIO,
+    namespace: str | None = None,
+) -> None:
+    """Below the table: each pod or replica charged to a GPU (of `namespace` alone when given)
+    whose model is not served, and why. Its request stays allocated as long as the pod exists,
+    as kube-scheduler keeps a crash-looping pod's requests: the binder counts it too, and the
+    GPU is its when the cause is fixed."""
     rows = []
     for name in cache.state.names:
         for pod, _ in cache.state.pods_on(name):
+            if namespace is not None and pod.namespace != namespace:
+                continue
             state, why = states.get(pod.key, ("waiting", ""))
             if state != "serving":
-                rows.append(f"  {pod.key} on {name}: {state}" + (f": {why}" if why else ""))
+                rows.append(f"  {shown(pod)} on {name}: {state}" + (f": {why}" if why else ""))
     if rows:
         out.write(
             "\nModels allocated but not served (the allocation is held while the pod exists):\n"
@@ -236,11 +268,14 @@ def write_quarantined(rows: list[dict[str, Any]], out: TextIO) -> None:
 
 
 def status_document(
-    cache: ClusterCache, now: float, states: Mapping[str, tuple[str, str]] | None = None
+    cache: ClusterCache,
+    now: float,
+    states: Mapping[str, tuple[str, str]] | None = None,
+    namespace: str | None = None,
 ) -> dict[str, Any]:
-    """What `status` prints, for `-o json` and `-o yaml`: bytes as integers, every pod charged to
-    a GPU with its request, its model's measured bytes and its load state, and the pods still
-    pending."""
+    """What `status` prints, for `-o json` and `-o yaml`: bytes as integers, every pod and
+    TritonModel replica charged to a GPU (of `namespace` alone when given) with its request, its
+    model's measured bytes and its load state, and the pods still pending."""
     states = states or {}
     state = cache.state
     nodes: list[dict[str, Any]] = []
@@ -258,6 +293,8 @@ def status_document(
         placed: dict[int, list[PodInfo]] = {}
         for pod, position in state.pods_on(name):
             placed.setdefault(position, []).append(pod)
+            if namespace is not None and pod.namespace != namespace:
+                continue
             charged.setdefault(position, []).append(
                 {
                     "pod": pod.key,
@@ -297,7 +334,9 @@ def status_document(
         "nodes": nodes,
         "capacity": sum(g["capacity"] for g in gpus),
         "allocated": sum(g["allocated"] for g in gpus),
-        "pending": sorted(p.key for p in cache.pending.values()),
+        "pending": sorted(
+            p.key for p in cache.pending.values() if namespace in (None, p.namespace)
+        ),
     }
 
 

@@ -272,6 +272,16 @@ def gpu_mem_problem(request: int, floor: int, key: str) -> str:
     return ""
 
 
+def model_id_problem(model_id: str) -> str:
+    """Why `model_id` is not a model id ("" when it is): the one grammar of a pod's model-id
+    annotation and a TritonModel's spec.modelName."""
+    try:
+        validate_model_id(model_id)
+    except ContractError as e:
+        return str(e)
+    return ""
+
+
 def is_valid_model_id(model_id: str) -> bool:
     """True when `model_id` follows the contract."""
     try:

@@ -6,7 +6,8 @@ and is the only writer of what this module names on it:
 - label `<prefix>model-host: "true"`;
 - annotation `<prefix>host-template`: the hash of the pod template it was made from;
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
-  host's node (at most one replica of a model per node);
+  host's node (at most one replica of a model per node), each with the TritonModel's name and,
+  where its spec.modelName differs, `modelId`: the id its clients send;
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
   Service selects), read from the agent's condition below.
 
@@ -30,6 +31,7 @@ from common.contract import (
     SECRET_NAME,
     ContractError,
     Keys,
+    validate_model_id,
 )
 from common.storage import read_s3_options
 
@@ -165,7 +167,7 @@ class HostedReplica:
     """One replica a host serves, as the binder placed it."""
 
     model: str
-    """The TritonModel's name: the model id its clients send."""
+    """The TritonModel's name (its Service, labels and conditions are named after it)."""
     uid: str
     """The TritonModel's uid."""
     replica: int
@@ -191,6 +193,13 @@ class HostedReplica:
     the host's loader alone, whose credential it fetches with ("": none)."""
     storage_options: tuple[tuple[str, str], ...] = ()
     """The TritonModel's s3-* annotations (`common.storage.read_s3_options`)."""
+    model_id: str = ""
+    """The model id its clients send (spec.modelName, which the proof binds); "" reads as
+    `model`, the TritonModel's name."""
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            object.__setattr__(self, "model_id", self.model)
 
     @property
     def replica_uid(self) -> str:
@@ -221,6 +230,8 @@ class HostedReplica:
             out["storageSecret"] = self.storage_secret
         if self.storage_options:
             out["storageOptions"] = dict(self.storage_options)
+        if self.model_id != self.model:
+            out["modelId"] = self.model_id
         return out
 
 
@@ -286,8 +297,10 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
     # Checked as s3:// settings whatever the replica's URI: a roll's replicas on earlier files
     # carry the model's settings of now, which the loader applies to s3:// alone.
     s3_options = read_s3_options(options, "", "s3")
+    model = text("model")
     return HostedReplica(
-        model=text("model"),
+        model=model,
+        model_id=validate_model_id(text("modelId", model)),
         uid=text("uid"),
         replica=ordinal,
         gpu=text("gpu", ""),

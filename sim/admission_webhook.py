@@ -60,15 +60,13 @@ class WebhookHandle:
 
 def arguments(port: int, cert: Path, key: Path, ports: NodePorts) -> list[str]:
     """`python -m webhook`'s arguments, as the chart's Deployment passes them (but the floor on
-    on-demand pods' idle time)."""
+    on-demand pods' idle time); the images go in its environment (`environment`), as there."""
     return [
         f"--listen=127.0.0.1:{port}",
         f"--tls-cert={cert}",
         f"--tls-key={key}",
         f"--key-prefix={DEFAULT_PREFIX}",
         f"--scheduler-name={DEFAULT_SCHEDULER_NAME}",
-        f"--image={IMAGE}",
-        f"--storage-initializer-image={STORAGE_INITIALIZER_IMAGE}",
         f"--agent-port={ports.agent}",
         f"--triton-http-port={ports.gateway_http}",
         f"--triton-grpc-port={ports.gateway_grpc}",
@@ -119,6 +117,15 @@ def configuration(url: str, ca: bytes) -> dict[str, Any]:
     }
 
 
+def environment() -> dict[str, str]:
+    """The images the webhook writes into pods, as the chart's Deployment passes them: in
+    variables, which a kustomize overlay's `images:` rewrites."""
+    return {
+        "TRITONSHARE_IMAGE": IMAGE,
+        "TRITONSHARE_STORAGE_INITIALIZER_IMAGE": STORAGE_INITIALIZER_IMAGE,
+    }
+
+
 def start(
     log_dir: Path, env: Mapping[str, str], cert: Path, key: Path, ports: NodePorts
 ) -> WebhookHandle:
@@ -126,7 +133,7 @@ def start(
     port = free_port()
     argv = [sys.executable, "-m", "webhook", *arguments(port, cert, key, ports)]
     process = ManagedProcess("webhook", argv, log_dir / "webhook.log")
-    process.start(env)
+    process.start({**env, **environment()})
     return WebhookHandle(process, f"https://127.0.0.1:{port}", cert)
 
 

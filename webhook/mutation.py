@@ -4,8 +4,10 @@ A tenant writes, on a pod (or a Deployment's pod template) labelled `tritonshare
 
     tritonshare.io/model-uri: gs://bucket/triton/add_one   # or s3://, https://, pvc://CLAIM/PATH
     tritonshare.io/gpu-mem: 1Gi
-    tritonshare.io/model-id: add_one                       # optional: the URI's last segment
-                                                           # (without .tar.gz, .tgz, .tar, .zip)
+    tritonshare.io/model-id: add_one                       # the id clients call; a bare pod may
+                                                           # leave it to the URI's last segment
+                                                           # (without .tar.gz, .tgz, .tar, .zip),
+                                                           # a controller's pod may not
     tritonshare.io/concurrency: "4"                        # optional: the proxy's in-flight limit
     tritonshare.io/storage-secret: s3-creds                # optional: common.storage
     tritonshare.io/residency: on-demand                    # optional: `always` (the default)
@@ -127,6 +129,14 @@ def _last_segment(path: str) -> str:
     return name.removesuffix(suffix)
 
 
+def _controller(pod: Pod) -> str:
+    """`Kind/name` of the pod's controller (its ReplicaSet, StatefulSet, Job...), "" for none."""
+    for ref in pod.get("metadata", {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return f"{ref.get('kind', '')} {ref.get('name', '')}"
+    return ""
+
+
 def read_request(pod: Pod, settings: Settings) -> ModelRequest:
     """The checked annotations, or AnnotationError saying what to write."""
     prefix = settings.keys.prefix
@@ -160,6 +170,14 @@ def read_request(pod: Pod, settings: Settings) -> ModelRequest:
             f"write a Kubernetes quantity such as 1500Mi or 2Gi"
         ) from e
     model_id = str(annotations.get(id_key) or _last_segment(parts.path))
+    owner = _controller(pod)
+    if not annotations.get(id_key) and owner:
+        raise AnnotationError(
+            f"pod of {owner} sets no {id_key}, so its model id would be the last segment of "
+            f"{uri_key} ({model_id!r} now), and a rollout to a file of another name would "
+            f"change the id its clients call; set {id_key} (such as {model_id!r}) in the pod "
+            f"template's annotations, and keep it across rollouts"
+        )
     try:
         validate_model_id(model_id)
     except ContractError as e:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
 
@@ -73,9 +74,28 @@ NOT_FOUND: Final = Answer("unknown", 404, TEXT, error_body("Not Found"))
 _METHOD_NOT_ALLOWED: Final = error_body("Method Not Allowed")
 
 
-def unknown_model_message(name: str) -> str:
-    """Triton's message when a request names a model it does not have."""
-    return f"Request for unknown model: '{name}' is not found"
+def unknown_model_message(name: str, served: str = "") -> str:
+    """Triton's message when a request names a model it does not have, and what this pod or
+    host serves instead (`served_words`)."""
+    return f"Request for unknown model: '{name}' is not found{served}"
+
+
+SERVED_SHOWN: Final = 5
+"""The most model ids a 404 of a host names."""
+
+
+def served_words(model_id: str, names: Collection[str]) -> str:
+    """What a 404 adds to Triton's words: the id this pod serves (`model_id`), or a host's
+    (`names`, the first few in order): a client that sent the wrong name sees the right one.
+    Only its own pod's or host's names: never another tenant's. Built on the error path only."""
+    if model_id:
+        return f"; this pod serves '{model_id}'"
+    if not names:
+        return "; this host serves no model yet"
+    ids = sorted(names)
+    shown = ", ".join(f"'{i}'" for i in ids[:SERVED_SHOWN])
+    more = f" and {len(ids) - SERVED_SHOWN} more" if len(ids) > SERVED_SHOWN else ""
+    return f"; this host serves {shown}{more}"
 
 
 def unavailable_model_message(name: str) -> str:
@@ -95,8 +115,9 @@ def _refused(route: str, what: str) -> Answer:
     )
 
 
-def _other_model(method: str, name: str, kind: str) -> Answer:
-    """Exactly what Triton answers for a model it does not know (checked by the tests)."""
+def _other_model(method: str, name: str, kind: str, served: str) -> Answer:
+    """What Triton answers for a model it does not know (checked by the tests), its 404 naming
+    what is `served` instead."""
     route = kind or "metadata"
     wanted = "POST" if kind in _POST_KINDS else "GET"
     if method != wanted:
@@ -107,7 +128,7 @@ def _other_model(method: str, name: str, kind: str) -> Answer:
     if kind == "stats":
         return Answer(route, 400, JSON, error_body(unavailable_model_message(name)))
     content_type = TEXT if kind == "infer" else JSON
-    return Answer(route, 404, content_type, error_body(unknown_model_message(name)))
+    return Answer(route, 404, content_type, error_body(unknown_model_message(name, served)))
 
 
 MODELS: Final = "/v2/models/"
@@ -162,7 +183,7 @@ class HttpRouter:
             if kind == "trace/setting":
                 return _refused("trace", "per-model trace settings")
             if name not in self.names:
-                return _other_model(method, name, kind)
+                return _other_model(method, name, kind, served_words(self.model_id, self.names))
             if self.renames:  # the path begins with MODELS and the model id, matched above
                 raw_path = MODELS + self.triton_name + raw_path[self._cut :]
             elif self.private is not None:
@@ -293,6 +314,18 @@ class GrpcRouter:
         """The model ids calls may name, as text."""
         return [name.decode() for name in self.names]
 
+    def unknown(self, kind: str, name: bytes) -> GrpcAnswer:
+        """The answer to a call naming `name`, a model not served here."""
+        if kind == "ModelReady":
+            return GrpcAnswer(kind, "OK")  # ready: false, Triton's answer for an unknown model
+        if kind == "ModelStatistics":
+            return GrpcAnswer(kind, "INVALID_ARGUMENT", unavailable_model_message(_text(name)))
+        return GrpcAnswer(kind, "NOT_FOUND", self.unknown_message(name))
+
+    def unknown_message(self, name: bytes) -> str:
+        """Triton's words for a model not served here, and what is served instead."""
+        return unknown_model_message(_text(name), served_words(self.model_id, self.model_names()))
+
     def renamed(self, request: bytes) -> bytes:
         """`request`, whose model name field (checked: exactly once) is the model id, naming the
         model's name in Triton instead; every other byte as it was."""
@@ -329,7 +362,7 @@ class GrpcRouter:
             except wire.WireError as e:
                 return _malformed(kind, e)
             if name not in self.names:
-                return _grpc_other_model(kind, name)
+                return self.unknown(kind, name)
             if kind == "ModelInfer":
                 try:
                     tensors.check_request(request)
@@ -366,7 +399,7 @@ class GrpcRouter:
                 narrowed = wire.with_string_field(request, 1, self.triton_name)
                 return GrpcForward(kind, kind, narrowed)
             if name not in self.names:
-                return _grpc_other_model(kind, name)
+                return self.unknown(kind, name)
             renamed = self.renamed_as(request, name) if rename else request
             return GrpcForward(kind, kind, renamed, model=name)
         if kind in _REFUSED_RPCS:
@@ -390,7 +423,7 @@ class GrpcRouter:
             return _stream_error(_malformed_message(e), request)
         name = fields.get(1, b"")
         if name not in self.names:
-            return _stream_error(unknown_model_message(_text(name)), request)
+            return _stream_error(self.unknown_message(name), request)
         try:
             tensors.check_request(request)
         except MalformedRequestError as refused:
@@ -435,7 +468,7 @@ class GrpcRouter:
         except wire.WireError as e:
             return _stream_error(_malformed_message(e), echo)
         if name not in self.names:
-            return _stream_error(unknown_model_message(_text(name)), echo)
+            return _stream_error(self.unknown_message(name), echo)
         if isinstance(scan, tensors.InferScan):
             try:
                 scan.check()
@@ -454,15 +487,6 @@ def _malformed_message(error: wire.WireError) -> str:
 
 def _malformed(kind: str, error: wire.WireError) -> GrpcAnswer:
     return GrpcAnswer(kind, "INVALID_ARGUMENT", _malformed_message(error))
-
-
-def _grpc_other_model(kind: str, name: bytes) -> GrpcAnswer:
-    """Exactly what Triton answers over gRPC for a model it does not know."""
-    if kind == "ModelReady":
-        return GrpcAnswer(kind, "OK")  # ready: false, Triton's answer for an unknown model
-    if kind == "ModelStatistics":
-        return GrpcAnswer(kind, "INVALID_ARGUMENT", unavailable_model_message(_text(name)))
-    return GrpcAnswer(kind, "NOT_FOUND", unknown_model_message(_text(name)))
 
 
 def stream_refusal(error: str, request: bytes) -> bytes:

@@ -433,3 +433,54 @@ def test_a_pod_dressed_as_a_model_host_counts_as_a_pod_unless_its_namespace_has_
     other["metadata"]["labels"] = {host_label(KEYS): "true"}
     cache.apply_pod("ADDED", other)
     assert cache.state.pods.pod_count("n1") == 2, "another node's host name: a pod"
+
+
+def _named(name: str, model_name: str, created: str) -> dict[str, Any]:
+    obj = _tritonmodel(name, 1, [])
+    obj["metadata"]["creationTimestamp"] = created
+    obj["spec"]["modelName"] = model_name
+    return obj
+
+
+def test_a_model_name_is_the_replicas_id_and_one_namespace_serves_each_id_once() -> None:
+    cache, _ = make_cache()
+    cache.apply_model("ADDED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
+    cache.apply_model("ADDED", _named("alpha", "resnet_50", "2026-11-26T10:00:01Z"))
+    cache.apply_model("ADDED", _named("other", "bert", "2026-11-26T09:00:00Z"))
+    models = {m.name: m for m in cache.ledger.models.values()}
+    assert models["zeta"].replica(0).model_id == "resnet_50"
+    assert models["zeta"].replica(0).name == "zeta/0"
+    # The first created keeps the id (not the first by name); the later one says who has it.
+    assert cache.ledger.name_clash(models["zeta"]) == ""
+    assert cache.ledger.name_clash(models["other"]) == ""
+    assert cache.ledger.name_clash(models["alpha"]) == (
+        'model id "resnet_50" is already served by tritonmodel "zeta" of namespace models '
+        "(created first); one namespace's models share their hosts by model id, so give this "
+        "one another spec.modelName (or delete one of the two)"
+    )
+    # zeta renamed (the simulated API server runs no CEL): alpha has the id to itself, then not.
+    cache.apply_model("MODIFIED", _named("zeta", "resnet_51", "2026-11-26T10:00:00Z"))
+    assert cache.ledger.name_clash(models["alpha"]) == ""
+    cache.apply_model("MODIFIED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
+    assert 'tritonmodel "zeta"' in cache.ledger.name_clash(models["alpha"])
+    cache.apply_model("DELETED", _named("zeta", "resnet_50", "2026-11-26T10:00:00Z"))
+    assert cache.ledger.name_clash(models["alpha"]) == ""
+    assert set(cache.ledger.by_model_id) == {("models", "resnet_50"), ("models", "bert")}
+
+
+@pytest.mark.parametrize(
+    ("model_name", "says"),
+    [
+        ("", ""),
+        ("resnet_50.v2-b", ""),
+        (".hidden", "spec.modelName: model id '.hidden' starts with a dot"),
+        ("a/b", "spec.modelName: model id 'a/b' has characters outside [A-Za-z0-9_.-]"),
+        ("x" * 129, "spec.modelName: model id 'xxxx"),
+    ],
+)
+def test_a_model_name_follows_the_model_id_grammar(model_name: str, says: str) -> None:
+    obj = _tritonmodel("m", 1, [])
+    obj["spec"]["modelName"] = model_name
+    model = model_from_api(obj, KEYS, "tritonshare")
+    assert model.template.model_id == (model_name or "m")
+    assert model.template.problem.startswith(says) and bool(says) == bool(model.template.problem)

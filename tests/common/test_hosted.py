@@ -59,6 +59,19 @@ def test_a_malformed_annotation_says_what_is_wrong(value: str, says: str) -> Non
         decode_hosted(value)
 
 
+def test_a_replica_carries_the_model_id_its_clients_send_when_it_is_not_the_name() -> None:
+    named = HostedReplica("resnet-50", "u", 0, "GPU-0", "always", "p", model_id="resnet_50")
+    plain = HostedReplica("add-one", "v", 0, "GPU-0", "always", "p")
+    value = encode_hosted([named, plain])
+    assert value.count('"modelId"') == 1 and '"modelId":"resnet_50"' in value
+    assert [(r.model, r.model_id) for r in decode_hosted(value)] == [
+        ("add-one", "add-one"),
+        ("resnet-50", "resnet_50"),
+    ]
+    with pytest.raises(HostedError, match=r"entry 1 .* starts with a dot"):
+        decode_hosted('[{"model": "a", "uid": "u", "replica": 0, "modelId": ".hidden"}]')
+
+
 def test_an_empty_annotation_is_no_replica() -> None:
     assert decode_hosted("") == []
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import kubernetes_validate
 
+from common.contract import is_valid_model_id
 from tests.conftest import require_executable
 from tests.deploy.rendering import CHART, DEPLOY, chart_crds, render
 from tests.deploy.test_manifests import KUBERNETES_VERSION
@@ -64,3 +67,27 @@ def test_namespace_users_manage_tritonmodels_but_never_their_status() -> None:
     (edit_rule,) = aggregated["edit"]["rules"]
     assert {"tritonmodels", "tritonmodels/scale"} == set(edit_rule["resources"])
     assert writes <= set(edit_rule["verbs"])
+
+
+def test_the_crd_takes_a_model_name_by_the_model_id_grammar_and_keeps_it() -> None:
+    """The CRD's rules for spec.modelName (a real API server runs them; the simulated one runs
+    no CEL, and the binder refuses the same names) accept exactly the model ids of the
+    contract, with messages for people, and refuse a change."""
+    (crd,) = chart_crds()
+    (served,) = crd["spec"]["versions"]
+    field = served["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["modelName"]
+    grammar, kept = field["x-kubernetes-validations"]
+    assert kept == kept | {"rule": "self == oldSelf"} and "immutable" in kept["message"]
+    assert "pattern" not in field and "such as resnet_50" in grammar["message"]
+    match = re.fullmatch(r"self\.matches\('(.+)'\) && !self\.startsWith\('\.'\)", grammar["rule"])
+    assert match is not None, grammar["rule"]
+
+    def admitted(name: str) -> bool:
+        return (
+            field["minLength"] <= len(name) <= field["maxLength"]
+            and re.search(match.group(1), name) is not None
+            and not name.startswith(".")
+        )
+
+    names = ["resnet_50", "a", "A.b-c_9", ".hidden", "a/b", "a b", "é", "", "x" * 128, "x" * 129]
+    assert [admitted(n) for n in names] == [is_valid_model_id(n) for n in names]

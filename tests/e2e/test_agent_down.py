@@ -70,7 +70,11 @@ def model_pod(name: str, uri: str, node: str | None) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "labels": {"tritonshare.io/role": "model"},
-            "annotations": {"tritonshare.io/model-uri": uri, "tritonshare.io/gpu-mem": "1Gi"},
+            "annotations": {
+                "tritonshare.io/model-uri": uri,
+                "tritonshare.io/model-id": "add_one",
+                "tritonshare.io/gpu-mem": "1Gi",
+            },
             "ownerReferences": [CONTROLLER],
         },
         "spec": spec,
@@ -85,7 +89,7 @@ def _condition(core: Any, name: str) -> Any:
     return None
 
 
-def replica_set(name: str, uri: str) -> dict[str, Any]:
+def replica_set(name: str, uri: str, model_id: str) -> dict[str, Any]:
     """A ReplicaSet of one short-form model pod, placed wherever the binder finds room."""
     labels = {"tritonshare.io/role": "model", "app": name}
     return {
@@ -100,6 +104,7 @@ def replica_set(name: str, uri: str) -> dict[str, Any]:
                     "labels": labels,
                     "annotations": {
                         "tritonshare.io/model-uri": uri,
+                        "tritonshare.io/model-id": model_id,
                         "tritonshare.io/gpu-mem": "1Gi",
                     },
                 },
@@ -159,7 +164,7 @@ def test_a_dead_agent_s_pods_are_served_marked_and_failed_or_after_the_grace_rep
         killed_at = time.monotonic()
         cluster.kill_agent(REAL.name)
         # Created just after the death, while the agent's Lease still looks live.
-        apps.create_namespaced_replica_set(NAMESPACE, replica_set("late", late_uri))
+        apps.create_namespaced_replica_set(NAMESPACE, replica_set("late", late_uri, "late_one"))
         first = wait_until(
             "late's pod bound", lambda: [p for p in _pods_of(core, "late") if p.spec.node_name], 30
         )[0]

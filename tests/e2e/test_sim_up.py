@@ -38,6 +38,7 @@ spec:
       labels: {{app: add-one, tritonshare.io/role: model}}
       annotations:
         tritonshare.io/model-uri: {uri}
+        tritonshare.io/model-id: add_one
         tritonshare.io/gpu-mem: 1Gi
     spec:
       containers:

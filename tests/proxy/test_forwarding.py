@@ -129,7 +129,9 @@ def test_grpc_stream_checks_each_message(served_triton: TritonServer, grpc_mode:
                 else:
                     seen.append(result.as_numpy("text_output")[0].decode())
             assert seen == ["hello 0", "hello 1", "hello 2"]
-            assert errors == ["Request for unknown model: 'add_one' is not found"]
+            assert errors == [
+                "Request for unknown model: 'add_one' is not found; this pod serves 'text_stream'"
+            ]
         finally:
             client.stop_stream()
             client.close()

@@ -238,7 +238,10 @@ def test_a_stream_counts_against_the_model_it_names(
                 else:
                     seen.append(result.as_numpy("text_output")[0].decode())
             assert seen == ["hi 0", "hi 1"]
-            assert errors == ["Request for unknown model: 'sleepy' is not found"]
+            assert errors == [
+                "Request for unknown model: 'sleepy' is not found; "
+                "this host serves 'add_one', 'text_stream'"
+            ]
             assert table.models["text_stream"].limiter.in_flight == 1  # the open stream's
         finally:
             client.stop_stream()

@@ -23,6 +23,9 @@ import yaml
 
 from common import modelpod
 from sim import admission_webhook
+from sim.apiserver import RunningApiServer
+from sim.controllers.manager import ControllerManager
+from sim.processes import wait_until
 from sim.triton import free_port
 from tests.deploy.rendering import render_chart
 from tests.webhook.test_server import make_certificate
@@ -270,3 +273,85 @@ def test_the_simulated_cluster_runs_the_webhook_as_the_chart_does(tmp_path: Path
     }
     chart_args = [a.partition("=") for a in container["args"]]
     assert sim_args == [f"{f}={own.get(f, value)}" for f, _, value in chart_args]
+    chart_images = {
+        e["name"]: e.get("value") for e in container.get("env", []) if "IMAGE" in e["name"]
+    }
+    assert admission_webhook.environment() == chart_images
+
+
+def _deployment(uri: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """The Deployment of docs/concepts.md's example: the webhook completes its pods."""
+    return {
+        "metadata": {"name": "add-one"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "add-one"}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": "add-one", **MODEL},
+                    "annotations": {
+                        "tritonshare.io/model-uri": uri,
+                        "tritonshare.io/gpu-mem": "1Gi",
+                        **annotations,
+                    },
+                },
+                "spec": {"containers": [{"name": "proxy", "image": "busybox"}]},
+            },
+        },
+    }
+
+
+def test_a_deployments_pods_keep_one_model_id_across_a_rollout(
+    configured: Any, kube_api: kubernetes.client.ApiClient, apiserver: RunningApiServer
+) -> None:
+    """Rolled to a file of another name, a Deployment's pods keep the id its clients call; one
+    without `model-id` gets no pod, and its ReplicaSet says why."""
+    core = configured
+    apps: Any = kubernetes.client.AppsV1Api(kube_api)
+    api = apiserver.api_client()
+    manager = ControllerManager(api, clock=apiserver.clock.now)
+    manager.start()
+    try:
+        assert manager.wait_synced(10)
+        apps.create_namespaced_deployment(
+            "models", _deployment("https://models.example.com/add_one.tar.gz", {})
+        )
+
+        def refusal() -> str:
+            for replica_set in apps.list_namespaced_replica_set("models").items:
+                for condition in replica_set.status.conditions or []:
+                    if condition.type == "ReplicaFailure":
+                        return str(condition.message)
+            return ""
+
+        said = wait_until("the ReplicaSet's ReplicaFailure", refusal, 30)
+        assert "sets no tritonshare.io/model-id" in said and "('add_one' now)" in said, said
+        assert core.list_namespaced_pod("models").items == []
+        apps.delete_namespaced_deployment("add-one", "models")
+        wait_until(
+            "the old ReplicaSets gone",
+            lambda: not apps.list_namespaced_replica_set("models").items,
+            30,
+        )
+
+        named = {"tritonshare.io/model-id": "add_one"}
+        apps.create_namespaced_deployment(
+            "models", _deployment("https://models.example.com/add_one.tar.gz", named)
+        )
+        wait_until("a pod", lambda: core.list_namespaced_pod("models").items, 30)
+        apps.patch_namespaced_deployment(
+            "add-one",
+            "models",
+            _deployment("https://models.example.com/addone-noname.tar.gz", named),
+        )
+
+        def rolled() -> list[Any]:
+            pods = core.list_namespaced_pod("models").items
+            uris = {p.metadata.annotations["tritonshare.io/model-uri"] for p in pods}
+            return pods if any(u.endswith("addone-noname.tar.gz") for u in uris) else []
+
+        pods = wait_until("a pod of the new file", rolled, 30)
+        assert {p.metadata.annotations["tritonshare.io/model-id"] for p in pods} == {"add_one"}
+    finally:
+        manager.stop()
+        api.close()  # type: ignore[no-untyped-call]

@@ -336,3 +336,33 @@ def test_an_idle_time_that_is_no_number_of_seconds_is_refused(value: str) -> Non
     annotations = {"tritonshare.io/residency": "on-demand", "tritonshare.io/idle-seconds": value}
     with pytest.raises(AnnotationError, match=r'tritonshare\.io/idle-seconds: "600"'):
         complete(pod(**GS, **annotations), SETTINGS)
+
+
+def _of_replica_set(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "add-one-5d8f7", "uid": "u1"}
+        | {"controller": True}
+    ]
+    return obj
+
+
+def test_a_controllers_pod_must_name_its_model_id() -> None:
+    """A Deployment's pods keep one id across rollouts: the file's name is no default for them
+    (a rollout to `addone-noname.tar.gz` would change the id clients call)."""
+    with pytest.raises(AnnotationError) as e:
+        complete(_of_replica_set(pod(**GS)), SETTINGS)
+    assert str(e.value) == (
+        "pod of ReplicaSet add-one-5d8f7 sets no tritonshare.io/model-id, so its model id would "
+        "be the last segment of tritonshare.io/model-uri ('add_one' now), and a rollout to a "
+        "file of another name would change the id its clients call; set "
+        "tritonshare.io/model-id (such as 'add_one') in the pod template's annotations, and "
+        "keep it across rollouts"
+    )
+    named = _of_replica_set(pod(**GS, **{"tritonshare.io/model-id": "add_one"}))
+    assert complete(named, SETTINGS)["metadata"]["annotations"]["tritonshare.io/model-id"] == (
+        "add_one"
+    )
+    # A bare pod (no controller) still takes the URI's last segment.
+    assert complete(pod(**GS), SETTINGS)["metadata"]["annotations"]["tritonshare.io/model-id"] == (
+        "add_one"
+    )

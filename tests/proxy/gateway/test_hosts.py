@@ -39,7 +39,16 @@ from tests.proxy.gateway.conftest import (
     publish,
     running_gateway,
 )
-from tests.proxy.gateway.test_private_names import _load, fetch, grpc_call, infer_request, unknown
+from tests.proxy.gateway.test_private_names import _load, fetch, grpc_call, infer_request
+from tests.proxy.gateway.test_private_names import unknown as unknown_to_a_pod
+
+
+def unknown(name: str) -> str:
+    """The gateway's refusal of a model its caller, the host, does not serve."""
+    return unknown_to_a_pod(name, "").replace(
+        "is not found", "is not found; this host serves 'a', 'b', 'm'"
+    )
+
 
 pytestmark = pytest.mark.triton
 

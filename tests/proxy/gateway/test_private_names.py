@@ -232,8 +232,11 @@ def grpc_call(
     return fields, answers
 
 
-def unknown(name: str) -> str:
-    return f"Request for unknown model: '{name}' is not found"
+def unknown(name: str, served: str = PUBLIC) -> str:
+    """Triton's words for a model it does not have, and the id the calling pod serves (the
+    gateway's own refusal; "" for Triton's answer relayed)."""
+    words = f"Request for unknown model: '{name}' is not found"
+    return f"{words}; this pod serves '{served}'" if served else words
 
 
 # -- attacks -------------------------------------------------------------------------------------
@@ -323,7 +326,7 @@ def test_grpc_a_later_stream_message_naming_a_private_name_is_refused_in_the_str
     assert fields.get("grpc-status") == "0", fields
     decoded = [service_pb2.ModelStreamInferResponse.FromString(a) for a in answers]
     errors = [d.error_message for d in decoded if d.error_message]
-    assert errors == [unknown(private)]
+    assert errors == [unknown(private, "chat")]
     texts = sorted(
         d.infer_response.raw_output_contents[0][4:] for d in decoded if not d.error_message
     )
@@ -428,7 +431,7 @@ def test_errors_quote_the_public_id_only(gateway: RunningGateway, triton: Triton
             expected[2].replace(b"'ghost'", f"'{PUBLIC}'".encode()),
         ), path
     fields, _ = grpc_call(gateway.grpc_url, POD_MISSING, "ModelInfer", [infer_request(PUBLIC)])
-    assert (fields.get("grpc-status"), fields.get("grpc-message")) == ("5", unknown(PUBLIC))
+    assert (fields.get("grpc-status"), fields.get("grpc-message")) == ("5", unknown(PUBLIC, ""))
     # A request the model refuses: Triton's message names the model.
     wrong = json.dumps(
         {"inputs": [{"name": "NOPE", "shape": [1], "datatype": "FP32", "data": [1]}]}

@@ -104,9 +104,12 @@ def test_a_compressed_request_for_another_model_gets_tritons_unknown_model_answe
     compression = COMPRESSIONS[algorithm]
     from_triton = _call(served_triton.grpc_url, _infer("ghost", [1.0] * WIDE), compression)
     assert from_triton[0] == "NOT_FOUND"
-    assert _call(proxy.grpc_url, _infer("ghost", [1.0] * WIDE), compression) == from_triton
+    # Triton's answer, and the id the proxy serves.
+    served = "; this pod serves 'add_one'"
+    code, details, rest = _call(proxy.grpc_url, _infer("ghost", [1.0] * WIDE), compression)
+    assert (code, details, rest) == (from_triton[0], from_triton[1] + served, from_triton[2])
     code, details, _ = _call(proxy.grpc_url, _infer("identity", [1.0] * WIDE), compression)
-    assert (code, details) == (from_triton[0], from_triton[1].replace("ghost", "identity"))
+    assert (code, details) == (from_triton[0], from_triton[1].replace("ghost", "identity") + served)
     assert inflated == ([algorithm.encode()] * 2 if grpc_mode == "relay" else [])
 
 
@@ -186,7 +189,7 @@ def test_a_compressed_stream_keeps_going_after_a_refusal_raw(
         )
         answers = [service_pb2.ModelStreamInferResponse.FromString(raw) for raw in responses]
     assert [a.error_message for a in answers] == [
-        "Request for unknown model: 'ghost' is not found",
+        "Request for unknown model: 'ghost' is not found; this pod serves 'add_one'",
         "",
     ]
     assert [a.infer_response.id for a in answers] == ["a", "b"]
@@ -215,7 +218,7 @@ def test_a_large_compressed_stream_message_for_another_model_leaves_the_stream_o
         )
         answers = [service_pb2.ModelStreamInferResponse.FromString(raw) for raw in responses]
     assert [a.error_message for a in answers] == [
-        "Request for unknown model: 'add_one' is not found",
+        "Request for unknown model: 'add_one' is not found; this pod serves 'identity'",
         "",
     ]
     assert [a.infer_response.id for a in answers] == ["big", "good"]
@@ -235,7 +238,7 @@ def test_a_small_compressed_stream_message_inflating_large_for_another_model_kee
         )
         answers = [service_pb2.ModelStreamInferResponse.FromString(raw) for raw in responses]
     assert [a.error_message for a in answers] == [
-        "Request for unknown model: 'ghost' is not found",
+        "Request for unknown model: 'ghost' is not found; this pod serves 'add_one'",
         "",
         "",
     ]

@@ -40,7 +40,9 @@ def test_a_large_message_for_another_model_gets_tritons_answer(
     request = _infer("identity_missing", BIG)
     from_triton = _grpc(served_triton.grpc_url, "ModelInfer", request)
     assert from_triton[0] == "NOT_FOUND"
-    assert _grpc(proxy.grpc_url, "ModelInfer", request) == from_triton
+    code, details, body = from_triton
+    served = (code, f"{details}; this pod serves 'add_one'", body)  # and the id the pod serves
+    assert _grpc(proxy.grpc_url, "ModelInfer", request) == served
     # The name comes first and a second one at the very end: caught after the whole message.
     smuggle = _infer("add_one", BIG) + wire.encode_string(1, b"identity")
     code, details, _ = _grpc(proxy.grpc_url, "ModelInfer", smuggle)

@@ -66,7 +66,7 @@ def test_a_large_message_for_another_model_gets_the_in_stream_error_and_the_stre
             ],
         )
     assert [a.error_message for a in answers] == [
-        from_triton.error_message.replace("ghost", "add_one"),
+        from_triton.error_message.replace("ghost", "add_one") + "; this pod serves 'identity'",
         "",
         "",
     ]
@@ -131,5 +131,9 @@ def test_a_large_unary_infer_for_another_model_gets_tritons_answer(
             infer(_request("identity", "", 2).SerializeToString(), timeout=60)
         )
     assert proxied.value.code() == direct.value.code() == grpc.StatusCode.NOT_FOUND
-    assert proxied.value.details() == (direct.value.details() or "").replace("ghost", "add_one")
+    assert (
+        proxied.value.details()
+        == (direct.value.details() or "").replace("ghost", "add_one")
+        + "; this pod serves 'identity'"
+    )
     assert good.model_name == "identity"

@@ -54,7 +54,9 @@ async def test_a_refused_message_read_whole_leaves_the_ones_behind_it() -> None:
     assert at_triton == framing.grpc_message(infer() + ASK) + framing.grpc_message(infer(8) + ASK)
     answers = [p for kind, _, sid, p in out.take() if kind == f.DATA and sid == 1]
     response = service_pb2.ModelStreamInferResponse.FromString(b"".join(answers)[5:])
-    assert response.error_message == "Request for unknown model: 'ghost' is not found"
+    assert response.error_message == (
+        "Request for unknown model: 'ghost' is not found; this pod serves 'add_one'"
+    )
     assert response.infer_response.id == "a"
     assert 1 in tenant.streams  # the stream goes on
 

@@ -172,7 +172,9 @@ def test_a_connection_repeating_its_head_for_another_model_is_answered_locally()
     sent = len(triton_side.data)
     tenant.data_received(_head("/v2/models/mm/infer") + b"\r\n\r\n{}")
     assert len(triton_side.data) == sent
-    assert tenant_side.data.endswith(b"Request for unknown model: 'mm' is not found\"}")
+    assert tenant_side.data.endswith(
+        b"Request for unknown model: 'mm' is not found; this pod serves 'm'\"}"
+    )
 
 
 def test_an_upstream_repeating_its_response_head_is_read_as_a_fresh_parse() -> None:

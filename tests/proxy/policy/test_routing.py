@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from tritonclient.grpc import service_pb2
 
@@ -190,7 +192,10 @@ def test_grpc_per_model_calls(kind: str) -> None:
         assert (other.code, other.response) == ("OK", b"")
     else:
         assert other.code == "NOT_FOUND"
-        assert other.details == "Request for unknown model: 'identity' is not found"
+        assert (
+            other.details
+            == "Request for unknown model: 'identity' is not found; this pod serves 'add_one'"
+        )
     smuggled = grpc_router.decide(kind, _infer(OWN) + _infer("identity"))
     assert isinstance(smuggled, GrpcAnswer) and smuggled.code == "INVALID_ARGUMENT"
 
@@ -235,10 +240,29 @@ def test_each_stream_message_is_checked() -> None:
     refusal = grpc_router.decide_stream_message(_infer("identity"))
     assert refusal is not None
     response = service_pb2.ModelStreamInferResponse.FromString(refusal)
-    assert response.error_message == "Request for unknown model: 'identity' is not found"
+    assert (
+        response.error_message
+        == "Request for unknown model: 'identity' is not found; this pod serves 'add_one'"
+    )
     assert response.infer_response.id == "r1"
     smuggled = grpc_router.decide_stream_message(_infer(OWN) + _infer("identity"))
     assert smuggled is not None
     assert (
         "more than once" in service_pb2.ModelStreamInferResponse.FromString(smuggled).error_message
     )
+
+
+def test_a_hosts_404_names_the_first_ids_it_serves() -> None:
+    """A client that sent the wrong name learns the right one: a pod's id, a host's first five
+    (never another pod's or host's: the router knows only its own)."""
+    names = {f"m{i}" for i in range(7)}
+    host = HttpRouter("", names=names)
+    answer = host.decide("POST", "/v2/models/resnet-50/infer")
+    assert isinstance(answer, Answer) and answer.status == 404
+    assert json.loads(answer.body)["error"] == (
+        "Request for unknown model: 'resnet-50' is not found; this host serves 'm0', 'm1', "
+        "'m2', 'm3', 'm4' and 2 more"
+    )
+    empty = GrpcRouter("", names=set()).decide("ModelInfer", _infer("resnet-50"))
+    assert isinstance(empty, GrpcAnswer) and empty.code == "NOT_FOUND"
+    assert empty.details.endswith("; this host serves no model yet")
