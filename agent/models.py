@@ -151,9 +151,10 @@ quarantined on the node."""
 
 def namespace_message(record: NamespaceRecord) -> str:
     return (
-        f"after files of namespace {record.namespace} were quarantined on this node, Triton "
-        f"exited under the namespace's loads {record.crashes} more times (last for pod "
-        f"{record.pod}): the node loads no new model of namespace {record.namespace}, so that "
+        f"Triton exited under the loads of namespace {record.namespace} on this node "
+        f"{record.crashes} times (last for pod {record.pod}, --crash-quarantine-after plus "
+        f"--crash-namespace-quarantine-after): the node loads no model of namespace "
+        f"{record.namespace}, so that "
         f"its other models stay served; fix the models, or ask the operator to clear it "
         f"(tritonshare quarantine clear <node> {record.namespace}/*)"
     )

@@ -26,12 +26,14 @@ quarantined, shown and cleared the same way. A quarantine of files lapses after 
 (`CrashLedger.expire`, carried out by `NodeQuarantine`): it rests on one node's evidence.
 
 Quarantine by digest alone is escaped by new files (the same model with one byte more), so the
-ledger also counts by namespace (`NamespaceRecord`): once one of a namespace's files is
-quarantined on the node, the namespace is held (its models load as suspects: last, alone, each
-with a quiet period of `quiet_seconds` whose exit still counts against it), and every further
-crash of its loads counts against the namespace too; at `namespace_quarantine_after` the node
-loads none of the namespace's models it does not hold already, until an operator clears
-`NAMESPACE/*`. `CrashLedger` stores and counts; `agent.models`
+ledger also counts every crash of a namespace's loads (`NamespaceRecord`), whatever their files,
+never reset by a good load: once one of its files is quarantined on the node, or its loads
+crashed Triton `quarantine_after` times, the namespace is held (its models load as suspects:
+last, alone, each with a quiet period of `quiet_seconds` whose exit still counts against it,
+beside other pods' requests too); at `quarantine_after` + `namespace_quarantine_after` the node
+loads none of the namespace's models (those installed before too), until an operator clears
+`NAMESPACE/*`. So a namespace's loads take Triton down at most that many times per node,
+however many versions or models they try at once. `CrashLedger` stores and counts; `agent.models`
 writes the markers around its loads; `agent.reconcile` decides when a marker is a crash and what
 the pod is told.
 """
@@ -138,6 +140,9 @@ class NamespaceRecord:
     """The pod of the last crash (namespace/name)."""
     crashes: int
     quarantined: bool = False
+    at: float = 0.0
+    """When its last crash was counted (Unix seconds): an unquarantined count lapses
+    `expiry_seconds` after it (`CrashLedger.expire`)."""
 
     def matches(self, selector: str) -> bool:
         """Whether an operator's `selector` names it: `NAMESPACE/*`."""
@@ -199,6 +204,7 @@ class CrashLedger:
                     str(item["pod"]),
                     int(item["crashes"]),
                     bool(item["quarantined"]),
+                    float(item.get("at", 0.0)),
                 )
                 self._namespaces[held.namespace] = held
             for item in document.get("callers", []):
@@ -316,6 +322,11 @@ class CrashLedger:
         if pods:
             self._decide(marker)
             self.answered(marker.name)
+            if not marker.finished_at and self.held(marker.pod.partition("/")[0]):
+                # A held namespace's load in flight stays its suspect beside requests too, or
+                # a neighbour's traffic would buy it exits past its bound.
+                self._count_namespace(marker)
+                self._save()
             log.warning(
                 "Triton exited while model %s of pod %s loaded or settled, with requests of %s "
                 "at it: the exit is not counted against the model's files.",
@@ -355,7 +366,8 @@ class CrashLedger:
         the marker; not `alone` (another load, more recent, was there too), the files are only
         suspected: their run stays as it is, and they load again alone (`suspected`)."""
         self._decide(marker)
-        self._count_namespace(marker)
+        if alone:  # an exit counts once against a namespace: its most recent load's
+            self._count_namespace(marker)
         before = self._records.get(marker.digest)
         crashes = (before.crashes if before else 0) + (1 if alone else 0)
         if alone:
@@ -410,10 +422,14 @@ class CrashLedger:
 
     def held(self, namespace: str) -> bool:
         """Whether `namespace`'s models load as suspects: one of its files is quarantined
-        here, or its loads are counted."""
+        here, or its loads crashed Triton `quarantine_after` times."""
         if self._held is None:
-            self._held = {r.namespace for r in self._records.values() if r.quarantined}
-        return namespace in self._namespaces or namespace in self._held
+            self._held = {r.namespace for r in self._records.values() if r.quarantined} | {
+                n.namespace
+                for n in self._namespaces.values()
+                if n.quarantined or n.crashes >= self.quarantine_after
+            }
+        return namespace in self._held
 
     def namespace_quarantine(self, namespace: str) -> NamespaceRecord | None:
         """The quarantine of `namespace`'s new loads on this node, if it is quarantined."""
@@ -442,15 +458,23 @@ class CrashLedger:
             self._save()
         return taken
 
+    @property
+    def namespace_bound(self) -> int:
+        """The crashes of a namespace's loads at which its loads are quarantined on the node."""
+        return self.quarantine_after + self.namespace_quarantine_after
+
     def _count_namespace(self, marker: Marker) -> None:
         namespace = marker.pod.partition("/")[0]
-        if not self.held(namespace):
-            return
         before = self._namespaces.get(namespace)
         crashes = (before.crashes if before else 0) + 1
         self._namespaces[namespace] = NamespaceRecord(
-            namespace, marker.pod, crashes, crashes >= self.namespace_quarantine_after
+            namespace,
+            marker.pod,
+            crashes,
+            (before is not None and before.quarantined) or crashes >= self.namespace_bound,
+            self._wall(),
         )
+        self._held = None
 
     def settle_of(self, marker: Marker) -> float:
         """How long a load of `marker` settles after its READY."""
@@ -521,10 +545,15 @@ class CrashLedger:
     def expire(self) -> list[CrashRecord]:
         """Lift the quarantines of files older than `expiry_seconds`: one node's evidence holds
         for so long. Their counts stay one short of the limit, so one more crash in a row
-        quarantines them again; returns those lifted."""
+        quarantines them again; returns those lifted. A namespace's count, unquarantined,
+        lapses as long after its last crash."""
         if self.expiry_seconds <= 0:
             return []
         now = self._wall()
+        for namespace, counted in list(self._namespaces.items()):
+            if not counted.quarantined and now >= counted.at + self.expiry_seconds:
+                del self._namespaces[namespace]
+                self._save()
         lapsed = [
             r
             for r in self._records.values()

@@ -314,7 +314,9 @@ class Reconciler:
             ):
                 suspects.append(Action(name, Event.TRITON_RESTARTED, pod))
                 continue
-            plan[name] = Action(name, Event.TRITON_RESTARTED, pod, restore=held)
+            # Only what Triton served is reloaded unwatched: a load that died is no such thing.
+            restore = held and record is not None and record.life.served
+            plan[name] = Action(name, Event.TRITON_RESTARTED, pod, restore=restore)
         self._given_up &= stopped
         if suspects:
             # Suspects last, and one at a time: nothing else loads beside the one trying.
