@@ -562,9 +562,7 @@ class Models:
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
             return self._status(name, entry, manifest, owner.residency)
         admitted: Admitted | None = None
-        # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
         held = self.crashes.held(owner.namespace)
-        await self.held_loads.begin(held)
         hold = self.hold if settle else None  # a reload of what Triton held is no change
         # A suspect's load is its trial: probationers are kept from Triton until it settles.
         trial = (
@@ -572,6 +570,15 @@ class Models:
             and hold.hold_seconds > 0
             and (held or self.crashes.suspected(owned.digest))
         )
+        if hold is not None and trial:
+            await hold.trial_turn(owner.namespace)  # at most half of probationers' time
+        try:
+            # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
+            await self.held_loads.begin(held)
+        except BaseException:
+            if hold is not None and trial:
+                hold.trial_over()
+            raise
         loaded = False
         settle_seconds = 0.0
         try:

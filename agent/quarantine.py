@@ -184,6 +184,9 @@ class CrashLedger:
         self._shared: dict[str, float] = {}
         """Files only suspected at an exit (beside other pods' requests or a more recent
         load), by digest, with when (Unix seconds): `shared_before`."""
+        self._owed: dict[str, dict[str, tuple[float, float]]] = {}
+        """By digest of a load in flight at an exit it shared with requests: the pods that exit
+        put on probation, with their probation before and the one it gave (`owed_by`)."""
         self.witnessed: Callable[[Marker], list[str]] | None = None
         """The pods whose requests the node gateway saw at Triton when it died since the load
         of a marker began (`agent.requestcrash`); None: no gateway witnesses."""
@@ -368,6 +371,7 @@ class CrashLedger:
         self._decide(marker)
         if alone:  # an exit counts once against a namespace: its most recent load's
             self._count_namespace(marker)
+            self._forgive(marker.digest)
         before = self._records.get(marker.digest)
         crashes = (before.crashes if before else 0) + (1 if alone else 0)
         if alone:
@@ -391,6 +395,7 @@ class CrashLedger:
     def loaded(self, digest: str) -> None:
         """Triton answered a load of these files READY: their crashes in a row end."""
         self._shared.pop(digest, None)
+        self._owed.pop(digest, None)  # the requests beside it stay the suspects
         record = self._records.get(digest)
         if record is not None and not record.quarantined:
             del self._records[digest]
@@ -484,10 +489,16 @@ class CrashLedger:
 
     # Pods whose requests were at Triton when it exited.
     def requests_crashed(
-        self, suspects: Iterable[Suspect], *, ambiguous: bool = False
+        self,
+        suspects: Iterable[Suspect],
+        *,
+        ambiguous: bool = False,
+        loading: Iterable[Marker] = (),
     ) -> list[CallerRecord]:
         """Count one unexpected exit of Triton whose witnesses name `suspects`
-        (`agent.suspects.counted`); returns the pods it quarantines."""
+        (`agent.suspects.counted`); returns the pods it quarantines. The probations it gives
+        beside the loads `loading` in flight last until those loads' files are counted
+        (`_forgive`): an exit the load is then found guilty of was not the requests'."""
         before = self._callers
         self._callers = counted(
             before,
@@ -502,12 +513,28 @@ class CrashLedger:
             if not unquarantined:
                 break
             del self._callers[unquarantined[0]]
+        for marker in loading:
+            owed = self._owed.setdefault(marker.digest, {})
+            for pod, record in self._callers.items():
+                until = before[pod].probation_until if pod in before else 0.0
+                if record.probation_until > until:
+                    owed[pod] = (min(until, owed.get(pod, (until, 0.0))[0]), record.probation_until)
+        while len(self._owed) > MAX_RECORDS:
+            del self._owed[next(iter(self._owed))]
         self._save()
         return [
             r
             for pod, r in self._callers.items()
             if r.quarantined and not (pod in before and before[pod].quarantined)
         ]
+
+    def _forgive(self, digest: str) -> None:
+        """The files of `digest` are counted for an exit: the probations their loads' shared
+        exits gave end (those renewed since by another exit stay)."""
+        for pod, (before, given) in self._owed.pop(digest, {}).items():
+            record = self._callers.get(pod)
+            if record is not None and record.probation_until == given:
+                self._callers[pod] = replace(record, probation_until=before)
 
     def caller_quarantine(self, pod: str) -> CallerRecord | None:
         """The quarantine of `pod`'s requests (namespace/name), if it is quarantined."""
@@ -550,8 +577,8 @@ class CrashLedger:
         if self.expiry_seconds <= 0:
             return []
         now = self._wall()
-        for namespace, counted in list(self._namespaces.items()):
-            if not counted.quarantined and now >= counted.at + self.expiry_seconds:
+        for namespace, record in list(self._namespaces.items()):
+            if not record.quarantined and now >= record.at + self.expiry_seconds:
                 del self._namespaces[namespace]
                 self._save()
         lapsed = [

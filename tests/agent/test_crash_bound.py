@@ -23,8 +23,7 @@ from protos import agent_pb2
 from sim.apiserver import RunningApiServer
 from sim.crashers import load_killer
 from sim.triton import TritonServer
-from tests.agent.conftest import RunningAgent, StartAgent, bearer, eventually, install_dir
-from tests.agent.conftest import make_pod
+from tests.agent.conftest import RunningAgent, StartAgent, bearer, eventually, install_dir, make_pod
 from tests.agent.test_quarantine import kubelet_restarts
 from tests.conftest import copy_model
 
@@ -83,7 +82,9 @@ async def quiet(running: RunningAgent, restarts: list[int], passes: int = 4) -> 
     while True:
         seen, start = len(restarts), running.agent.reconciler.passes
         await eventually(
-            lambda: running.agent.reconciler.passes >= start + passes or len(restarts) > seen,
+            lambda s=seen, p=start: (
+                running.agent.reconciler.passes >= p + passes or len(restarts) > s
+            ),
             limit=60,
             what="reconcile passes",
         )
