@@ -186,7 +186,10 @@ class CrashLedger:
         load), by digest, with when (Unix seconds): `shared_before`."""
         self._owed: dict[str, dict[str, tuple[float, float]]] = {}
         """By digest of a load in flight at an exit it shared with requests: the pods that exit
-        put on probation, with their probation before and the one it gave (`owed_by`)."""
+        put on probation, with their probation before and the one it gave (`_forgive`)."""
+        self._owed_exits: dict[str, tuple[int, int]] = {}
+        """By digest: the exits its loads in flight shared with requests since it last loaded,
+        and how many of them were counted against its namespace then (`explained`)."""
         self.witnessed: Callable[[Marker], list[str]] | None = None
         """The pods whose requests the node gateway saw at Triton when it died since the load
         of a marker began (`agent.requestcrash`); None: no gateway witnesses."""
@@ -325,11 +328,15 @@ class CrashLedger:
         if pods:
             self._decide(marker)
             self.answered(marker.name)
-            if not marker.finished_at and self.held(marker.pod.partition("/")[0]):
-                # A held namespace's load in flight stays its suspect beside requests too, or
-                # a neighbour's traffic would buy it exits past its bound.
-                self._count_namespace(marker)
-                self._save()
+            if not marker.finished_at:
+                exits, counted = self._owed_exits.get(marker.digest, (0, 0))
+                if self.held(marker.pod.partition("/")[0]):
+                    # A held namespace's load in flight stays its suspect beside requests too,
+                    # or a neighbour's traffic would buy it exits past its bound.
+                    self._count_namespace(marker)
+                    counted += 1
+                    self._save()
+                self._owed_exits[marker.digest] = (exits + 1, counted)
             log.warning(
                 "Triton exited while model %s of pod %s loaded or settled, with requests of %s "
                 "at it: the exit is not counted against the model's files.",
@@ -369,11 +376,12 @@ class CrashLedger:
         the marker; not `alone` (another load, more recent, was there too), the files are only
         suspected: their run stays as it is, and they load again alone (`suspected`)."""
         self._decide(marker)
-        if alone:  # an exit counts once against a namespace: its most recent load's
+        # Found guilty, its loads' exits shared with requests were its own too.
+        shared, counted = self._forgive(marker.digest) if alone else (0, 0)
+        for _ in range(1 + shared - counted if alone else 0):  # once an exit
             self._count_namespace(marker)
-            self._forgive(marker.digest)
         before = self._records.get(marker.digest)
-        crashes = (before.crashes if before else 0) + (1 if alone else 0)
+        crashes = (before.crashes if before else 0) + (1 + shared if alone else 0)
         if alone:
             self._shared.pop(marker.digest, None)
         else:
@@ -396,6 +404,7 @@ class CrashLedger:
         """Triton answered a load of these files READY: their crashes in a row end."""
         self._shared.pop(digest, None)
         self._owed.pop(digest, None)  # the requests beside it stay the suspects
+        self._owed_exits.pop(digest, None)
         record = self._records.get(digest)
         if record is not None and not record.quarantined:
             del self._records[digest]
@@ -521,6 +530,8 @@ class CrashLedger:
                     owed[pod] = (min(until, owed.get(pod, (until, 0.0))[0]), record.probation_until)
         while len(self._owed) > MAX_RECORDS:
             del self._owed[next(iter(self._owed))]
+        while len(self._owed_exits) > MAX_RECORDS:
+            del self._owed_exits[next(iter(self._owed_exits))]
         self._save()
         return [
             r
@@ -528,13 +539,15 @@ class CrashLedger:
             if r.quarantined and not (pod in before and before[pod].quarantined)
         ]
 
-    def _forgive(self, digest: str) -> None:
+    def _forgive(self, digest: str) -> tuple[int, int]:
         """The files of `digest` are counted for an exit: the probations their loads' shared
-        exits gave end (those renewed since by another exit stay)."""
+        exits gave end (those renewed since by another exit stay); returns those exits, and how
+        many of them were counted against the namespace already."""
         for pod, (before, given) in self._owed.pop(digest, {}).items():
             record = self._callers.get(pod)
             if record is not None and record.probation_until == given:
                 self._callers[pod] = replace(record, probation_until=before)
+        return self._owed_exits.pop(digest, (0, 0))
 
     def caller_quarantine(self, pod: str) -> CallerRecord | None:
         """The quarantine of `pod`'s requests (namespace/name), if it is quarantined."""
