@@ -33,7 +33,10 @@ last, alone, each with a quiet period of `quiet_seconds` whose exit still counts
 beside other pods' requests too); at `quarantine_after` + `namespace_quarantine_after` the node
 loads none of the namespace's models (those installed before too), until an operator clears
 `NAMESPACE/*`. So a namespace's loads take Triton down at most that many times per node,
-however many versions or models they try at once. `CrashLedger` stores and counts; `agent.models`
+however many versions or models they try at once. An exit a load in flight shared with pods'
+requests is counted against neither (`explained`; the pods go on probation), until that load's
+files are counted for an exit alone: then it is counted against them too, and the probation it
+gave ends (`_forgive`; kept in memory only). `CrashLedger` stores and counts; `agent.models`
 writes the markers around its loads; `agent.reconcile` decides when a marker is a crash and what
 the pod is told.
 """
