@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.errors import AgentError
-from agent.suspects import CallerRecord, counted
+from agent.suspects import CallerRecord
+from agent.suspects import counted as counted_callers
 from common.contract import Keys
 from common.crashwitness import Suspect
 
@@ -512,7 +513,7 @@ class CrashLedger:
         beside the loads `loading` in flight last until those loads' files are counted
         (`_forgive`): an exit the load is then found guilty of was not the requests'."""
         before = self._callers
-        self._callers = counted(
+        self._callers = counted_callers(
             before,
             suspects,
             self.quarantine_after,
@@ -593,8 +594,8 @@ class CrashLedger:
         if self.expiry_seconds <= 0:
             return []
         now = self._wall()
-        for namespace, record in list(self._namespaces.items()):
-            if not record.quarantined and now >= record.at + self.expiry_seconds:
+        for namespace, counted in list(self._namespaces.items()):
+            if not counted.quarantined and now >= counted.at + self.expiry_seconds:
                 del self._namespaces[namespace]
                 self._save()
         lapsed = [
