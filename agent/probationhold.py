@@ -124,13 +124,17 @@ class ProbationHold:
         """Whether the hold is a suspect's trial now: held pods' requests are refused."""
         return self.holding() and (self.trials > 0 or self._clock() < self.trial_until)
 
+    def trial_wait(self, namespace: str) -> float:
+        """Seconds until a trial of `namespace` may begin as far as its share goes (0: now)."""
+        return max(0.0, self._next_trial.get(namespace, 0.0) - self._clock())
+
     async def trial_turn(self, namespace: str) -> None:
         """Wait until a trial of `namespace` may begin, one trial at a time: as long after its
         last trial's refusal ended as that refusal lasted, so a namespace's trials refuse
         probationers at most half the time. The turn is the caller's until its `end` (or
         `trial_over`, when it never began)."""
         while self.hold_seconds > 0:
-            wait = self._next_trial.get(namespace, 0.0) - self._clock()
+            wait = self.trial_wait(namespace)
             if not self._claimed and wait <= 0:
                 self._claimed = True
                 return
