@@ -77,11 +77,13 @@ async def test_an_exit_a_load_shared_with_a_busy_neighbour_is_the_loads_once_it_
     with (
         running_gateway(gateway_settings(triton, node.table)) as gateway,
         sending(url, "busy") as served,
+        sending(url, "busy"),
     ):
         url.append(gateway.http_url)
         await eventually(lambda: bool(served), what="the neighbour served")
         async with kubelet_restarts(triton) as restarts:
-            # A request of the neighbour is at Triton nearly all the time (0.5 s each).
+            # Two clients of 0.5 s requests: one of the neighbour's is at Triton at the first
+            # exit; from then on, on probation, it is held while the crasher loads.
             await node.add(apiserver, tmp_path, "team-a", "crasher", ATTACKER, LOAD_KILLER)
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await node.load("crasher")
