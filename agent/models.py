@@ -550,14 +550,7 @@ class Models:
                 self.crashes.quarantine_after,
                 extra=subject(pod=left.pod, model=left.model_id),
             )
-        quarantined = self.crashes.quarantined(owned.digest)
-        if quarantined is not None:
-            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
-        namespace_held = self.crashes.namespace_quarantine(owner.namespace)
-        if namespace_held is not None:
-            raise ConflictError(
-                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
-            )
+        self._refuse_quarantined(owned.digest, owner.namespace)
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
             return self._status(name, entry, manifest, owner.residency)
@@ -575,6 +568,12 @@ class Models:
         try:
             # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
             await self.held_loads.begin(held)
+            try:
+                # Crashes counted while it waited may have quarantined it.
+                self._refuse_quarantined(owned.digest, owner.namespace)
+            except ConflictError:
+                self.held_loads.end(held, 0.0)
+                raise
         except BaseException:
             if hold is not None and trial:
                 hold.trial_over()
@@ -1176,6 +1175,17 @@ class Models:
             )
             for name in sorted(names)
         ]
+
+    def _refuse_quarantined(self, digest: str, namespace: str) -> None:
+        """Raise ConflictError when the files or their namespace are quarantined here."""
+        quarantined = self.crashes.quarantined(digest)
+        if quarantined is not None:
+            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
+        namespace_held = self.crashes.namespace_quarantine(namespace)
+        if namespace_held is not None:
+            raise ConflictError(
+                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
+            )
 
     def quarantine_of(self, name: str) -> CrashRecord | NamespaceRecord | None:
         """The quarantine of the files installed as `name`, or of their namespace's new loads,
