@@ -237,6 +237,7 @@ class PlanModels:
         self.triton = SimpleNamespace(index=self._index)
         self.repository = SimpleNamespace(installed_models=lambda: ["a", "b", "c"])
         self.ledger = SimpleNamespace(over=list)
+        self.hold = None  # no probation hold: trials wait for nothing
         self._busy = busy
         for name in ("a", "b"):
             self.crashes.crashed(Marker(name, f"{name}-files", name, f"ns/{name}-pod"))
