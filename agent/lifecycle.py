@@ -184,6 +184,9 @@ class Life:
     crashes: int = 0
     """Triton exits in a row this model's loads were suspected of (`agent.quarantine` keeps
     the count that survives restarts)."""
+    served: bool = False
+    """READY when Triton last went, not loaded since but by reloads Triton never answered:
+    its reload restores what Triton held (unwatched); a load that died never was."""
 
     @property
     def held_loaded(self) -> bool:
@@ -201,6 +204,8 @@ def step(life: Life, event: Event, now: float, reason: str = "", rules: Rules = 
     to = TRANSITIONS.get((life.phase, event))
     if to is None:
         raise RefusedTransitionError(life.phase, event)
+    kept = (Event.TRITON_RESTARTED, Event.LOAD_STARTED, Event.LOAD_UNANSWERED)
+    life = replace(life, served=to is Phase.READY or (life.served and event in kept))
     if event is Event.LOAD_FAILED:
         return replace(life, phase=to, failure=reason, failed_at=now, failures=life.failures + 1)
     if event in (Event.LOAD_OK, Event.INSTALL_DONE):

@@ -157,9 +157,10 @@ quarantined on the node."""
 
 def namespace_message(record: NamespaceRecord) -> str:
     return (
-        f"after files of namespace {record.namespace} were quarantined on this node, Triton "
-        f"exited under the namespace's loads {record.crashes} more times (last for pod "
-        f"{record.pod}): the node loads no new model of namespace {record.namespace}, so that "
+        f"Triton exited under the loads of namespace {record.namespace} on this node "
+        f"{record.crashes} times (last for pod {record.pod}, --crash-quarantine-after plus "
+        f"--crash-namespace-quarantine-after): the node loads no model of namespace "
+        f"{record.namespace}, so that "
         f"its other models stay served; fix the models, or ask the operator to clear it "
         f"(tritonshare quarantine clear <node> {record.namespace}/*)"
     )
@@ -556,21 +557,12 @@ class Models:
                 self.crashes.quarantine_after,
                 extra=subject(pod=left.pod, model=left.model_id),
             )
-        quarantined = self.crashes.quarantined(owned.digest)
-        if quarantined is not None:
-            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
-        namespace_held = self.crashes.namespace_quarantine(owner.namespace)
-        if namespace_held is not None:
-            raise ConflictError(
-                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
-            )
+        self._refuse_quarantined(owned.digest, owner.namespace)
         if given_up(record.life, self.limits.max_load_attempts):
             # Each try holds the GPU's slot: a model that never loads must not hold it forever.
             return self._status(name, entry, manifest, owner.residency)
         admitted: Admitted | None = None
-        # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
         held = self.crashes.held(owner.namespace)
-        await self.held_loads.begin(held)
         hold = self.hold if settle else None  # a reload of what Triton held is no change
         # A suspect's load is its trial: probationers are kept from Triton until it settles.
         trial = (
@@ -578,6 +570,21 @@ class Models:
             and hold.hold_seconds > 0
             and (held or self.crashes.suspected(owned.digest))
         )
+        if hold is not None and trial:
+            await hold.trial_turn(owner.namespace)  # at most half of probationers' time
+        try:
+            # A held namespace's load goes alone, then keeps the node quiet (`agent.heldloads`).
+            await self.held_loads.begin(held)
+            try:
+                # Crashes counted while it waited may have quarantined it.
+                self._refuse_quarantined(owned.digest, owner.namespace)
+            except ConflictError:
+                self.held_loads.end(held, 0.0)
+                raise
+        except BaseException:
+            if hold is not None and trial:
+                hold.trial_over()
+            raise
         loaded = False
         settle_seconds = 0.0
         try:
@@ -1175,6 +1182,17 @@ class Models:
             )
             for name in sorted(names)
         ]
+
+    def _refuse_quarantined(self, digest: str, namespace: str) -> None:
+        """Raise ConflictError when the files or their namespace are quarantined here."""
+        quarantined = self.crashes.quarantined(digest)
+        if quarantined is not None:
+            raise ConflictError(crash_message(quarantined), event_reason=CRASHED_REASON)
+        namespace_held = self.crashes.namespace_quarantine(namespace)
+        if namespace_held is not None:
+            raise ConflictError(
+                namespace_message(namespace_held), event_reason=NAMESPACE_CRASHED_REASON
+            )
 
     def quarantine_of(self, name: str) -> CrashRecord | NamespaceRecord | None:
         """The quarantine of the files installed as `name`, or of their namespace's new loads,

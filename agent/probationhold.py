@@ -18,6 +18,11 @@ each for a bounded time. A model that kills Triton later than `hold_seconds` aft
 then finds no probationer's request at Triton, and its exit is its own: a busy probationer is
 never the one at Triton at each of its exits.
 
+A namespace's trials take at most half of the probationers' time: its next trial begins only
+once the time since its last one's refusal ended is as long as that refusal was (`trial_turn`),
+so a held namespace that loads one new model after another (each a trial) delays its own loads,
+not a neighbour's answers. Trials go one at a time.
+
 A watched load waits first, at most `drain_seconds`, until the gateway's activity table
 (`common.activity`), written since the hold began, shows every held model held with no request at
 Triton (`drained`): a request sent before the gateway followed the table may take seconds there.
@@ -29,6 +34,7 @@ the table (`agent.gateway`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Collection
 
@@ -82,6 +88,11 @@ class ProbationHold:
         """Suspects' loads (trials) among them."""
         self.trial_until = 0.0
         """When the last suspect's settling window ends (`clock` seconds)."""
+        self._next_trial: dict[str, float] = {}
+        """By namespace, when its next trial may begin (`clock` seconds): `trial_turn`."""
+        self._trial_began: dict[str, float] = {}
+        self._claimed = False
+        self._turn = asyncio.Event()
         self.until = 0.0
         """When the hold ends with no watched load under way (`clock` seconds)."""
         self._ended: dict[str, float] = {}
@@ -113,6 +124,30 @@ class ProbationHold:
         """Whether the hold is a suspect's trial now: held pods' requests are refused."""
         return self.holding() and (self.trials > 0 or self._clock() < self.trial_until)
 
+    def trial_wait(self, namespace: str) -> float:
+        """Seconds until a trial of `namespace` may begin as far as its share goes (0: now)."""
+        return max(0.0, self._next_trial.get(namespace, 0.0) - self._clock())
+
+    async def trial_turn(self, namespace: str) -> None:
+        """Wait until a trial of `namespace` may begin, one trial at a time: as long after its
+        last trial's refusal ended as that refusal lasted, so a namespace's trials refuse
+        probationers at most half the time. The turn is the caller's until its `end` (or
+        `trial_over`, when it never began)."""
+        while self.hold_seconds > 0:
+            wait = self.trial_wait(namespace)
+            if not self._claimed and wait <= 0:
+                self._claimed = True
+                return
+            change = self._turn
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(change.wait(), None if self._claimed else wait)
+
+    def trial_over(self) -> None:
+        """The trial whose turn was taken is over (or never began): the next may wait its turn."""
+        self._claimed = False
+        self._turn.set()
+        self._turn = asyncio.Event()
+
     async def begin(self, pod: str, *, trial: bool = False) -> None:
         """A watched load of `pod` (a suspect's: `trial`) is about to reach Triton: hold
         probationers from now on, and wait (at most `drain_seconds`) for the gateway to have
@@ -123,6 +158,8 @@ class ProbationHold:
             # Pods whose own load had ended were not held: only a newer word of the gateway's.
             self._since = self._wall()
         self.loads += 1
+        if trial:
+            self._trial_began[pod.partition("/")[0]] = self._clock()
         self.trials += 1 if trial else 0
         if self.on_change is not None:
             self.on_change()  # a probationer's row may have come since the hold began
@@ -143,9 +180,17 @@ class ProbationHold:
         self.trials -= 1 if trial else 0
         now = self._clock()
         lasts = self.hold_seconds
+        refused_until = now
         if trial and settle_seconds > 0:
             lasts = max(lasts, settle_seconds + TRIAL_MARGIN_SECONDS)
             self.trial_until = max(self.trial_until, now + lasts)
+            refused_until = now + lasts
+        if trial:
+            namespace = pod.partition("/")[0]
+            began = self._trial_began.pop(namespace, now)
+            self._next_trial = {n: t for n, t in self._next_trial.items() if t > now}
+            self._next_trial[namespace] = began + 2 * (refused_until - began)
+            self.trial_over()
         self.until = max(self.until, now + lasts)
         self._ended = {p: t for p, t in self._ended.items() if t > now}
         self._ended[pod] = max(self._ended.get(pod, 0.0), now + lasts)

@@ -26,12 +26,17 @@ quarantined, shown and cleared the same way. A quarantine of files lapses after 
 (`CrashLedger.expire`, carried out by `NodeQuarantine`): it rests on one node's evidence.
 
 Quarantine by digest alone is escaped by new files (the same model with one byte more), so the
-ledger also counts by namespace (`NamespaceRecord`): once one of a namespace's files is
-quarantined on the node, the namespace is held (its models load as suspects: last, alone, each
-with a quiet period of `quiet_seconds` whose exit still counts against it), and every further
-crash of its loads counts against the namespace too; at `namespace_quarantine_after` the node
-loads none of the namespace's models it does not hold already, until an operator clears
-`NAMESPACE/*`. `CrashLedger` stores and counts; `agent.models`
+ledger also counts every crash of a namespace's loads (`NamespaceRecord`), whatever their files,
+never reset by a good load: once one of its files is quarantined on the node, or its loads
+crashed Triton `quarantine_after` times, the namespace is held (its models load as suspects:
+last, alone, each with a quiet period of `quiet_seconds` whose exit still counts against it,
+beside other pods' requests too); at `quarantine_after` + `namespace_quarantine_after` the node
+loads none of the namespace's models (those installed before too), until an operator clears
+`NAMESPACE/*`. So a namespace's loads take Triton down at most that many times per node,
+however many versions or models they try at once. An exit a load in flight shared with pods'
+requests is counted against neither (`explained`; the pods go on probation), until that load's
+files are counted for an exit alone: then it is counted against them too, and the probation it
+gave ends (`_forgive`; kept in memory only). `CrashLedger` stores and counts; `agent.models`
 writes the markers around its loads; `agent.reconcile` decides when a marker is a crash and what
 the pod is told.
 """
@@ -50,7 +55,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.errors import AgentError
-from agent.suspects import CallerRecord, counted
+from agent.suspects import CallerRecord
+from agent.suspects import counted as counted_callers
 from common.contract import Keys
 from common.crashwitness import Suspect
 
@@ -138,6 +144,9 @@ class NamespaceRecord:
     """The pod of the last crash (namespace/name)."""
     crashes: int
     quarantined: bool = False
+    at: float = 0.0
+    """When its last crash was counted (Unix seconds): an unquarantined count lapses
+    `expiry_seconds` after it (`CrashLedger.expire`)."""
 
     def matches(self, selector: str) -> bool:
         """Whether an operator's `selector` names it: `NAMESPACE/*`."""
@@ -179,6 +188,12 @@ class CrashLedger:
         self._shared: dict[str, float] = {}
         """Files only suspected at an exit (beside other pods' requests or a more recent
         load), by digest, with when (Unix seconds): `shared_before`."""
+        self._owed: dict[str, dict[str, tuple[float, float]]] = {}
+        """By digest of a load in flight at an exit it shared with requests: the pods that exit
+        put on probation, with their probation before and the one it gave (`_forgive`)."""
+        self._owed_exits: dict[str, tuple[int, int]] = {}
+        """By digest: the exits its loads in flight shared with requests since it last loaded,
+        and how many of them were counted against its namespace then (`explained`)."""
         self.witnessed: Callable[[Marker], list[str]] | None = None
         """The pods whose requests the node gateway saw at Triton when it died since the load
         of a marker began (`agent.requestcrash`); None: no gateway witnesses."""
@@ -199,6 +214,7 @@ class CrashLedger:
                     str(item["pod"]),
                     int(item["crashes"]),
                     bool(item["quarantined"]),
+                    float(item.get("at", 0.0)),
                 )
                 self._namespaces[held.namespace] = held
             for item in document.get("callers", []):
@@ -316,6 +332,15 @@ class CrashLedger:
         if pods:
             self._decide(marker)
             self.answered(marker.name)
+            if not marker.finished_at:
+                exits, counted = self._owed_exits.get(marker.digest, (0, 0))
+                if self.held(marker.pod.partition("/")[0]):
+                    # A held namespace's load in flight stays its suspect beside requests too,
+                    # or a neighbour's traffic would buy it exits past its bound.
+                    self._count_namespace(marker)
+                    counted += 1
+                    self._save()
+                self._owed_exits[marker.digest] = (exits + 1, counted)
             log.warning(
                 "Triton exited while model %s of pod %s loaded or settled, with requests of %s "
                 "at it: the exit is not counted against the model's files.",
@@ -355,9 +380,12 @@ class CrashLedger:
         the marker; not `alone` (another load, more recent, was there too), the files are only
         suspected: their run stays as it is, and they load again alone (`suspected`)."""
         self._decide(marker)
-        self._count_namespace(marker)
+        # Found guilty, its loads' exits shared with requests were its own too.
+        shared, counted = self._forgive(marker.digest) if alone else (0, 0)
+        for _ in range(1 + shared - counted if alone else 0):  # once an exit
+            self._count_namespace(marker)
         before = self._records.get(marker.digest)
-        crashes = (before.crashes if before else 0) + (1 if alone else 0)
+        crashes = (before.crashes if before else 0) + (1 + shared if alone else 0)
         if alone:
             self._shared.pop(marker.digest, None)
         else:
@@ -379,6 +407,8 @@ class CrashLedger:
     def loaded(self, digest: str) -> None:
         """Triton answered a load of these files READY: their crashes in a row end."""
         self._shared.pop(digest, None)
+        self._owed.pop(digest, None)  # the requests beside it stay the suspects
+        self._owed_exits.pop(digest, None)
         record = self._records.get(digest)
         if record is not None and not record.quarantined:
             del self._records[digest]
@@ -410,10 +440,14 @@ class CrashLedger:
 
     def held(self, namespace: str) -> bool:
         """Whether `namespace`'s models load as suspects: one of its files is quarantined
-        here, or its loads are counted."""
+        here, or its loads crashed Triton `quarantine_after` times."""
         if self._held is None:
-            self._held = {r.namespace for r in self._records.values() if r.quarantined}
-        return namespace in self._namespaces or namespace in self._held
+            self._held = {r.namespace for r in self._records.values() if r.quarantined} | {
+                n.namespace
+                for n in self._namespaces.values()
+                if n.quarantined or n.crashes >= self.quarantine_after
+            }
+        return namespace in self._held
 
     def namespace_quarantine(self, namespace: str) -> NamespaceRecord | None:
         """The quarantine of `namespace`'s new loads on this node, if it is quarantined."""
@@ -442,15 +476,23 @@ class CrashLedger:
             self._save()
         return taken
 
+    @property
+    def namespace_bound(self) -> int:
+        """The crashes of a namespace's loads at which its loads are quarantined on the node."""
+        return self.quarantine_after + self.namespace_quarantine_after
+
     def _count_namespace(self, marker: Marker) -> None:
         namespace = marker.pod.partition("/")[0]
-        if not self.held(namespace):
-            return
         before = self._namespaces.get(namespace)
         crashes = (before.crashes if before else 0) + 1
         self._namespaces[namespace] = NamespaceRecord(
-            namespace, marker.pod, crashes, crashes >= self.namespace_quarantine_after
+            namespace,
+            marker.pod,
+            crashes,
+            (before is not None and before.quarantined) or crashes >= self.namespace_bound,
+            self._wall(),
         )
+        self._held = None
 
     def settle_of(self, marker: Marker) -> float:
         """How long a load of `marker` settles after its READY."""
@@ -460,12 +502,18 @@ class CrashLedger:
 
     # Pods whose requests were at Triton when it exited.
     def requests_crashed(
-        self, suspects: Iterable[Suspect], *, ambiguous: bool = False
+        self,
+        suspects: Iterable[Suspect],
+        *,
+        ambiguous: bool = False,
+        loading: Iterable[Marker] = (),
     ) -> list[CallerRecord]:
         """Count one unexpected exit of Triton whose witnesses name `suspects`
-        (`agent.suspects.counted`); returns the pods it quarantines."""
+        (`agent.suspects.counted`); returns the pods it quarantines. The probations it gives
+        beside the loads `loading` in flight last until those loads' files are counted
+        (`_forgive`): an exit the load is then found guilty of was not the requests'."""
         before = self._callers
-        self._callers = counted(
+        self._callers = counted_callers(
             before,
             suspects,
             self.quarantine_after,
@@ -478,12 +526,32 @@ class CrashLedger:
             if not unquarantined:
                 break
             del self._callers[unquarantined[0]]
+        for marker in loading:
+            owed = self._owed.setdefault(marker.digest, {})
+            for pod, record in self._callers.items():
+                until = before[pod].probation_until if pod in before else 0.0
+                if record.probation_until > until:
+                    owed[pod] = (min(until, owed.get(pod, (until, 0.0))[0]), record.probation_until)
+        while len(self._owed) > MAX_RECORDS:
+            del self._owed[next(iter(self._owed))]
+        while len(self._owed_exits) > MAX_RECORDS:
+            del self._owed_exits[next(iter(self._owed_exits))]
         self._save()
         return [
             r
             for pod, r in self._callers.items()
             if r.quarantined and not (pod in before and before[pod].quarantined)
         ]
+
+    def _forgive(self, digest: str) -> tuple[int, int]:
+        """The files of `digest` are counted for an exit: the probations their loads' shared
+        exits gave end (those renewed since by another exit stay); returns those exits, and how
+        many of them were counted against the namespace already."""
+        for pod, (before, given) in self._owed.pop(digest, {}).items():
+            record = self._callers.get(pod)
+            if record is not None and record.probation_until == given:
+                self._callers[pod] = replace(record, probation_until=before)
+        return self._owed_exits.pop(digest, (0, 0))
 
     def caller_quarantine(self, pod: str) -> CallerRecord | None:
         """The quarantine of `pod`'s requests (namespace/name), if it is quarantined."""
@@ -521,10 +589,15 @@ class CrashLedger:
     def expire(self) -> list[CrashRecord]:
         """Lift the quarantines of files older than `expiry_seconds`: one node's evidence holds
         for so long. Their counts stay one short of the limit, so one more crash in a row
-        quarantines them again; returns those lifted."""
+        quarantines them again; returns those lifted. A namespace's count, unquarantined,
+        lapses as long after its last crash."""
         if self.expiry_seconds <= 0:
             return []
         now = self._wall()
+        for namespace, counted in list(self._namespaces.items()):
+            if not counted.quarantined and now >= counted.at + self.expiry_seconds:
+                del self._namespaces[namespace]
+                self._save()
         lapsed = [
             r
             for r in self._records.values()

@@ -328,12 +328,17 @@ class Reconciler:
             ):
                 suspects.append(Action(name, Event.TRITON_RESTARTED, pod))
                 continue
-            plan[name] = Action(name, Event.TRITON_RESTARTED, pod, restore=held)
+            # Only what Triton served is reloaded unwatched: a load that died is no such thing.
+            restore = held and record is not None and record.life.served
+            plan[name] = Action(name, Event.TRITON_RESTARTED, pod, restore=restore)
         self._given_up &= stopped
         if suspects:
             # Suspects last, and one at a time: nothing else loads beside the one trying.
-            if not plan and not loads_under_way:
-                plan[suspects[0].name] = suspects[0]
+            # A namespace whose trial share is spent waits its turn; the passes go on meanwhile.
+            due = [s for s in suspects if s.owner is None or not self._trial_wait(s.owner)]
+            self._settling = self._settling or len(due) < len(suspects)
+            if not plan and not loads_under_way and due:
+                plan[due[0].name] = due[0]
             self._deferred = len(suspects) > 1 or suspects[0].name not in plan
         for over in self.models.ledger.over():
             name = over.model.model_id
@@ -380,6 +385,10 @@ class Reconciler:
             await self._reload(name, owner, settle=not action.restore)
         elif action.cause is Event.OVER_REQUEST and action.excess is not None:
             await self._enforce(name, owner, action.excess)
+
+    def _trial_wait(self, pod: Proven) -> float:
+        hold = self.models.hold
+        return hold.trial_wait(pod.namespace) if hold is not None else 0.0
 
     def _settled(self) -> None:
         self._settle_pass = None

@@ -191,7 +191,9 @@ class RequestCrashes:
             explained={m.pod for m in settling if self.ledger.shared_before(m)},
         )
         self._metrics.request_crashes.inc()
-        quarantined = self.ledger.requests_crashed(suspects, ambiguous=ambiguous)
+        quarantined = self.ledger.requests_crashed(
+            suspects, ambiguous=ambiguous, loading=loading if ambiguous else ()
+        )
         limit = self.ledger.quarantine_after
         if loads and len(suspects) < len(witnessed):
             log.warning(

@@ -345,15 +345,15 @@ class Settings:
     requests until an operator clears it."""
     crash_namespace_quarantine_after: int = setting(
         "crash-namespace-quarantine-after",
-        "Triton exits under a namespace's loads, after one of its files was quarantined on the "
-        "node, before the node loads no new model of the namespace",
+        "Triton exits under a namespace's loads past --crash-quarantine-after, in all its files, "
+        "before the node loads no model of the namespace",
         whole(minimum=1),
         default="2",
     )
-    """Once one of a namespace's files is quarantined on this node, its models load as
-    suspects (last, alone, with a quiet period), and each further exit of Triton under one of
-    its loads counts against the namespace; at this count the node loads none of its models it
-    does not hold already until an operator clears `NAMESPACE/*`."""
+    """Every exit of Triton under one of a namespace's loads counts against the namespace; once
+    one of its files is quarantined on this node, or at `crash_quarantine_after` exits, its
+    models load as suspects (last, alone, with a quiet period); at `crash_quarantine_after` plus
+    this many the node loads none of its models until an operator clears `NAMESPACE/*`."""
     crash_quarantine_expiry_seconds: float = setting(
         "crash-quarantine-expiry-seconds",
         "seconds after which a quarantine of a model's files on the node lapses (0: never)",

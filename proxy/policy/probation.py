@@ -6,7 +6,12 @@ requests take turns, and the next exit finds one of them alone. The lane is held
 probationer for a turn; another probationer's requests wait in their pod's own queue
 (`policy.limiter`, with its bound and timeout). A turn is bounded: once another probationer waits,
 the holder admits no new request past `turn_requests` in its turn or past `turn_seconds` since
-the turn began, and hands no freed slot on, so its requests drain and the lane passes. Turns go
+the turn began, and hands no freed slot on, so its requests drain and the lane passes. Until then
+the turn is the holder's even between its requests (`LINGER_SECONDS` idle at most): a client
+that sends one request after another gets as many answers in its turn as one that keeps
+several overlapping, so a probationer's share of the lane is its turn's, whatever the others
+send, and it waits at most a turn and a gap per other probationer (its requests' time at Triton
+past `turn_seconds` included). Turns go
 by namespace first, then by pod within it, each in the order it began waiting: a namespace gains
 no turns by putting more pods on probation, and none can hold the lane however it keeps requests
 overlapping. Between two pods' turns the lane stays quiet for `gap_seconds` after the last
@@ -50,6 +55,10 @@ TURN_REQUESTS = 8
 TURN_SECONDS = 0.5
 """How long, from its start, a probationer's turn admits new requests once another waits; its
 requests in flight then finish before the next turn begins."""
+
+LINGER_SECONDS = 0.1
+"""How long a holder whose turn is not spent keeps the lane with nothing in flight, for its
+client's next request, while another probationer waits."""
 
 GAP_SECONDS = 0.0
 """How long the lane stays quiet between two pods' turns (the gateway sets its witness's
@@ -160,6 +169,8 @@ class ProbationLane:
         self._contested = False
         """Another probationer waited during the holder's turn."""
         self._reopening: asyncio.TimerHandle | None = None
+        self._lingering: asyncio.TimerHandle | None = None
+        """The holder's idle moment in its unspent turn ends then (`freed`)."""
         self._namespace = ""
         """The namespace of the last turn's pod."""
         self.turns = 0
@@ -211,7 +222,16 @@ class ProbationLane:
 
     def freed(self, pod: LaneUser) -> None:
         """`pod` has no request in flight any more: the lane passes on (back to `pod` after the
-        others when it still has requests waiting)."""
+        others when it still has requests waiting), once its turn is spent or it has sent
+        nothing for `LINGER_SECONDS`."""
+        if self.holder is pod and not pod.queued and not self._spent():
+            if self._lingering is None:
+                loop = asyncio.get_running_loop()
+                delay = min(LINGER_SECONDS, self._turn_ends - self._clock())
+                self._lingering = loop.call_later(delay, self._lingered, pod)
+                # The relay counts a request failed with Triton gone just after: that ends it.
+                loop.call_soon(self._lingered, pod, True)
+            return
         if self.holder is pod:
             self.holder = None
             self._last = pod
@@ -228,6 +248,28 @@ class ProbationLane:
             asyncio.get_running_loop().call_soon(
                 self._judge, pod, member, self._admitted, self._failed_before, self._contested
             )
+
+    def _spent(self) -> bool:
+        """Whether the holder's turn admits nothing more (another probationer waiting)."""
+        return (
+            self._admitted >= self.turn_requests
+            or self._clock() >= self._turn_ends
+            or not any(w.queued for pods in self._waiting.values() for w in pods)
+        )
+
+    def _lingered(self, pod: LaneUser, failed_only: bool = False) -> None:
+        """The holder's idle moment is over (`failed_only`: only if its requests failed)."""
+        if failed_only:
+            member = self._members.get(pod)
+            failures = member.failures if member is not None else None
+            if failures is None or failures() <= self._failed_before:
+                return
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
+        if self.holder is pod and not pod.in_flight:
+            self._turn_ends = min(self._turn_ends, self._clock())  # idle: the turn is over
+            self.freed(pod)
 
     def _judge(
         self, pod: LaneUser, member: _Member, admitted: int, failed_before: int, contested: bool

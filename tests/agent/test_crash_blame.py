@@ -120,7 +120,8 @@ class Node:
         if code is not None:
             (source / "1" / "model.py").write_text(code)
         core: Any = kubernetes.client.CoreV1Api(self.kube_api)
-        core.create_namespace({"metadata": {"name": namespace}})
+        if namespace not in {n.metadata.name for n in core.list_namespace().items}:
+            core.create_namespace({"metadata": {"name": namespace}})
         pod = f"{model_id}-pod"
         gpu = self.running.mock.gpus[0].uuid
         make_pod(self.kube_api, pod, model_id, gpu_uuid=gpu, phase="Running", namespace=namespace)

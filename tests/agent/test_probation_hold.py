@@ -122,6 +122,27 @@ async def test_a_suspects_trial_holds_until_its_settling_window_is_over_and_says
     assert hold.holds("team/b") and not hold.trial()
 
 
+async def test_a_namespaces_next_trial_waits_as_long_as_its_last_one_refused() -> None:
+    """A namespace's trials refuse probationers at most half the time: its next begins only as
+    long after the last one's refusal ended as that refusal lasted; another namespace's goes at
+    once, and trials go one at a time."""
+    now = [100.0]
+    hold = ProbationHold(1.0, clock=lambda: now[0])
+    await hold.trial_turn("team-a")
+    await hold.begin("team-a/s-1", trial=True)
+    now[0] = 101.0  # READY after 1 s
+    hold.end("team-a/s-1", trial=True, settle_seconds=5.0)
+    refused = 1.0 + 5.0 + TRIAL_MARGIN_SECONDS
+    assert hold.trial_wait("team-a") == 100.0 + 2 * refused - now[0]
+    assert hold.trial_wait("team-b") == 0.0
+    await hold.trial_turn("team-b")
+    other = asyncio.get_running_loop().create_task(hold.trial_turn("team-c"))
+    await asyncio.sleep(0)
+    assert not other.done(), "one trial at a time"
+    hold.trial_over()  # team-b's never began
+    await asyncio.wait_for(other, 5)
+
+
 async def test_the_caller_table_marks_held_rows_of_a_trial(tmp_path: Path) -> None:
     owners = {"a-private": pod("a", "10.1.0.5"), "b-private": pod("b", "10.1.0.6")}
     table = tmp_path / "callers.json"

@@ -19,6 +19,7 @@ from agent.pods import pod_from_dict
 from agent.quarantine import COUNTS_FILE, CrashLedger, CrashRecord, Marker, NodeQuarantine
 from agent.reconcile import Reconciler
 from common.contract import Keys
+from common.crashwitness import Suspect
 
 DIGEST = "ab" * 32
 OTHER = "cd" * 32
@@ -236,6 +237,7 @@ class PlanModels:
         self.triton = SimpleNamespace(index=self._index)
         self.repository = SimpleNamespace(installed_models=lambda: ["a", "b", "c"])
         self.ledger = SimpleNamespace(over=list)
+        self.hold = None  # no probation hold: trials wait for nothing
         self._busy = busy
         for name in ("a", "b"):
             self.crashes.crashed(Marker(name, f"{name}-files", name, f"ns/{name}-pod"))
@@ -457,3 +459,23 @@ async def test_an_exit_shared_by_several_files_counts_the_latest_and_each_loads_
     assert sorted(plan) == ["a"], "then one suspect, alone"
     alone = models.crashes.crashed(Marker("a", "a-files", "a", "ns/a-pod", 1.0, 1.0))
     assert alone.crashes == 1, "alone at an exit, it counts"
+
+
+def test_a_probation_given_beside_a_load_in_flight_ends_once_the_loads_files_are_counted(
+    tmp_path: Path,
+) -> None:
+    """An exit with a neighbour's request at Triton while a load was in flight puts the
+    neighbour on probation and counts against neither; once that load's files are counted for an
+    exit of their own, the exit was theirs: the probation it gave ends. A clean load leaves it."""
+    ledger = CrashLedger(tmp_path, 3, wall=lambda: 1000.0)
+    ledger.load()
+    neighbour = Suspect("team-b/good-0", "uid-b", "127.1.0.6", "good", 1)
+    ledger.requests_crashed([neighbour], ambiguous=True, loading=[marker()])
+    assert ledger.caller_probation("team-b/good-0") is not None
+    ledger.crashed(marker())
+    assert ledger.caller_probation("team-b/good-0") is None, "the load's exit, not its requests"
+
+    ledger.requests_crashed([neighbour], ambiguous=True, loading=[marker("m-2", OTHER)])
+    ledger.loaded(OTHER)  # stayed READY: the requests stay suspects
+    ledger.crashed(marker("m-2", OTHER))
+    assert ledger.caller_probation("team-b/good-0") is not None

@@ -87,6 +87,55 @@ def test_a_pod_keeping_requests_overlapping_cannot_hold_the_lane(
             thread.join(30)
 
 
+def test_a_probationer_sending_one_request_at_a_time_gets_a_whole_turn_beside_a_busy_one(
+    on_probation: RunningGateway,
+) -> None:
+    """Beside the attacker's two back-to-back clients, the neighbour's client sends one request
+    after another on one connection: its turn stays its own between them (up to the turn's
+    bound), so its requests take a few turns, not one each. Before, its turn passed on as soon as
+    its one request was answered: a turn and a quiet gap per answer (7 answers in 30 s)."""
+    gateway = on_probation
+    stop = threading.Event()
+    sent = [0]
+    host, port = gateway.http_url.split(":")
+
+    def connect(source: str) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(host, int(port), timeout=30, source_address=(source, 0))
+
+    def overlapping() -> None:
+        connection = connect(ATTACKER)
+        try:
+            while not stop.is_set():
+                connection.request("POST", PATH, body=INFER)
+                connection.getresponse().read()
+                sent[0] += 1
+        finally:
+            connection.close()
+
+    attackers = [threading.Thread(target=overlapping, daemon=True) for _ in range(2)]
+    for thread in attackers:
+        thread.start()
+    neighbour = connect(NEIGHBOUR)
+    try:
+        wait_for(lambda: sent[0] > 50, "the attacker's requests flowing")
+        attacker = tenant_of(gateway, ATTACKER)
+        assert attacker is not None and attacker.limiter.probation is not None
+        lane = attacker.limiter.probation
+        turns = lane.turns
+        for _ in range(6):
+            neighbour.request("POST", PATH, body=INFER)
+            answer = neighbour.getresponse()
+            assert answer.status == 200, answer.read()
+            answer.read()
+        taken = lane.turns - turns
+        assert taken <= 7, f"{taken} turns of the lane for the neighbour's 6 requests"
+    finally:
+        neighbour.close()
+        stop.set()
+        for thread in attackers:
+            thread.join(30)
+
+
 def test_a_pod_taking_clean_turns_with_another_probationer_leaves_the_lane(
     served_triton: TritonServer, tmp_path: Path
 ) -> None:
