@@ -187,6 +187,14 @@ class ModelTable:
         self._identity: tuple[int, int, int] | None = None
         self._waiting_said = False
 
+    @classmethod
+    def of_one(cls, served: Served) -> ModelTable:
+        """A model pod's table: its one model, `served` with the pod's own limiter and metrics
+        (it never changes: the pod serves that model until it goes)."""
+        table = cls(lambda entry: served, drain_seconds=0.0)
+        table.set_models([served.entry])
+        return table
+
     def set_models(self, wanted: list[Entry]) -> None:
         """Serve exactly `wanted`: new ones join, the others start draining; an entry whose limit
         changed keeps its queue and metrics and takes the new limit."""
