@@ -230,18 +230,13 @@ class KubeClient:
         await self._record(f"record an event on node {name}", body)
 
     async def _record(self, what: str, body: JsonObject) -> None:
-        """Record the Event `body` as the aggregator says: created, its count raised, or (a
-        repeat within the period) counted for later."""
+        """Record the Event `body` as the aggregator says: created, or its count raised."""
         write = self.events.write_for(body)
-        if write is None:
-            return
         try:
             if await self._send_event(what, write) is None and not write.create:
-                # Expired or deleted: the repeat starts it again.
+                # Expired or deleted: the repeat records it again.
                 self.events.lost(write)
-                retry = self.events.write_for(body)
-                if retry is not None:
-                    await self._send_event(what, retry)
+                await self._send_event(what, self.events.write_for(body))
         except KubeError:
             self.events.failed(write)
             raise

@@ -743,20 +743,16 @@ class Kube:
         self._record(f"recording a {reason} event for {involved['kind']} {namespace}/{name}", body)
 
     def _record(self, what: str, body: JsonObject) -> None:
-        """Record the Event `body` as the aggregator says: created, its count raised, or (a
-        repeat within the period) counted for later."""
+        """Record the Event `body` as the aggregator says: created, or its count raised."""
         write = self.events.write_for(body)
-        if write is None:
-            return
         try:
             self._send_event(what, write)
         except NotFoundError:
             self.events.lost(write)
             if write.create:
-                raise  # expired or deleted: the repeat starts it again
-            retry = self.events.write_for(body)
-            if retry is not None:
-                self._send_event(what, retry)
+                raise
+            # Expired or deleted: the repeat records it again.
+            self._send_event(what, self.events.write_for(body))
         except Exception:
             self.events.failed(write)
             raise

@@ -102,9 +102,6 @@ def _event(
     }
 
 
-REPEAT_SECONDS = 60.0
-"""A repeated Event's count is written at most this often; the repeats between are counted and
-go out with the next write (a tenant calling in a loop costs the API server one write a minute)."""
 REMEMBERED = 10_000
 """Events whose repeats are counted; past that all are forgotten, and a repeat starts anew."""
 
@@ -125,7 +122,6 @@ class EventWrite:
 class _Seen:
     name: str
     count: int
-    written_at: float
 
 
 def event_key(body: dict[str, Any]) -> tuple[str, ...]:
@@ -147,43 +143,35 @@ def event_key(body: dict[str, Any]) -> tuple[str, ...]:
 class EventAggregator:
     """Turns each Event a part records into the write that records it: the first of its key is
     created (named `<object>.<hex nanoseconds>`, as client-go names Events, so a repeat can find
-    it without reading an answer); a repeat raises its count, written at most once per
-    `repeat_seconds`. Thread-safe: the binder records from worker threads."""
+    it without reading an answer); a repeat raises its count and last time. How often a thing
+    is said is its caller's to bound (a tenant can make the agent refuse in a loop: agent/events.py
+    says each refusal once per period). Thread-safe: the binder records from worker threads."""
 
     def __init__(
         self,
         *,
-        repeat_seconds: float = REPEAT_SECONDS,
         remembered: int = REMEMBERED,
-        clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._repeat = repeat_seconds
         self._remembered = remembered
-        self._clock = clock
         self._now = now
         self._seen: dict[tuple[str, ...], _Seen] = {}
         self._lock = threading.Lock()
 
-    def write_for(self, body: dict[str, Any]) -> EventWrite | None:
-        """The write that records `body` (an Event built by `pod_event` or `node_event`); None:
-        a repeat counted, to be written with a later one."""
+    def write_for(self, body: dict[str, Any]) -> EventWrite:
+        """The write that records `body` (an Event built by `pod_event` or `node_event`)."""
         key = event_key(body)
         namespace = key[0]
-        at = self._clock()
         with self._lock:
             seen = self._seen.get(key)
             if seen is None:
                 if len(self._seen) >= self._remembered:
                     self._seen.clear()
                 name = f"{body['involvedObject']['name']}.{time.time_ns():x}"
-                self._seen[key] = _Seen(name, 1, at)
+                self._seen[key] = _Seen(name, 1)
                 metadata = {"name": name, "namespace": namespace}
                 return EventWrite(namespace, name, {**body, "metadata": metadata}, True, key)
             seen.count += 1
-            if at - seen.written_at < self._repeat:
-                return None
-            seen.written_at = at
             patch = {"count": seen.count, "lastTimestamp": _stamp(self._now())}
             return EventWrite(namespace, seen.name, patch, False, key)
 
@@ -195,8 +183,8 @@ class EventAggregator:
                 del self._seen[write.key]
 
     def failed(self, write: EventWrite) -> None:
-        """A create failed: forget it, so the next one tries again (a failed count patch keeps
-        its count for the next)."""
+        """A create failed: forget it, so the next one tries again (after a failed patch the
+        next repeat writes the count)."""
         if write.create:
             self.lost(write)
 

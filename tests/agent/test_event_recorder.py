@@ -9,14 +9,12 @@ from pathlib import Path
 import kubernetes.client
 
 from agent.kube import KubeClient
-from common.events import EventAggregator
 
 
 async def test_a_repeated_agent_event_is_one_event_with_a_growing_count(
     kube_api: kubernetes.client.ApiClient, kubeconfig: Path
 ) -> None:
     kube = KubeClient(str(kubeconfig))
-    kube.events = EventAggregator(repeat_seconds=0.0)
     try:
         for _ in range(3):
             await kube.record_pod_event(

@@ -9,7 +9,6 @@ from typing import Any
 import kubernetes.client
 
 from binder.kube import Kube
-from common.events import EventAggregator
 from tests.fixtures_sim import core_v1
 
 
@@ -21,7 +20,6 @@ def test_a_repeated_binder_event_is_one_event_with_a_growing_count(
     kube_api: kubernetes.client.ApiClient, kubeconfig: Path
 ) -> None:
     kube = Kube(str(kubeconfig))
-    kube.events = EventAggregator(repeat_seconds=0.0)
     try:
         for _ in range(3):
             kube.record_event(
@@ -70,7 +68,6 @@ def test_a_repeat_of_a_deleted_event_records_it_again(
     kube_api: kubernetes.client.ApiClient, kubeconfig: Path
 ) -> None:
     kube = Kube(str(kubeconfig))
-    kube.events = EventAggregator(repeat_seconds=0.0)
     try:
         kube.record_event(
             "default",
