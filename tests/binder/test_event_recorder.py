@@ -16,20 +16,24 @@ def _events(api: kubernetes.client.ApiClient, namespace: str) -> list[Any]:
     return list(core_v1(api).list_namespaced_event(namespace).items)
 
 
+def _pending(kube: Kube, message: str) -> None:
+    kube.record_event(
+        "default",
+        "p",
+        "uid-p",
+        reason="FailedScheduling",
+        message=message,
+        reporting_instance="binder-0",
+    )
+
+
 def test_a_repeated_binder_event_is_one_event_with_a_growing_count(
     kube_api: kubernetes.client.ApiClient, kubeconfig: Path
 ) -> None:
     kube = Kube(str(kubeconfig))
     try:
         for _ in range(3):
-            kube.record_event(
-                "default",
-                "p",
-                "uid-p",
-                reason="FailedScheduling",
-                message="0/1 nodes fit",
-                reporting_instance="binder-0",
-            )
+            _pending(kube, "0/1 nodes fit")
         model = {
             "apiVersion": "tritonshare.io/v1alpha1",
             "kind": "TritonModel",
@@ -44,14 +48,7 @@ def test_a_repeated_binder_event_is_one_event_with_a_growing_count(
                 message="0/1 nodes fit",
                 reporting_instance="binder-0",
             )
-        kube.record_event(
-            "default",
-            "p",
-            "uid-p",
-            reason="FailedScheduling",
-            message="1/1 nodes fit",
-            reporting_instance="binder-0",
-        )
+        _pending(kube, "1/1 nodes fit")
     finally:
         kube.close()
     found = sorted(
@@ -69,24 +66,10 @@ def test_a_repeat_of_a_deleted_event_records_it_again(
 ) -> None:
     kube = Kube(str(kubeconfig))
     try:
-        kube.record_event(
-            "default",
-            "p",
-            "uid-p",
-            reason="FailedScheduling",
-            message="none fit",
-            reporting_instance="binder-0",
-        )
+        _pending(kube, "none fit")
         (event,) = _events(kube_api, "default")
         core_v1(kube_api).delete_namespaced_event(event.metadata.name, "default")
-        kube.record_event(
-            "default",
-            "p",
-            "uid-p",
-            reason="FailedScheduling",
-            message="none fit",
-            reporting_instance="binder-0",
-        )
+        _pending(kube, "none fit")
     finally:
         kube.close()
     assert [(e.message, e.count) for e in _events(kube_api, "default")] == [("none fit", 1)]
