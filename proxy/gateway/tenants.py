@@ -185,9 +185,8 @@ class Tenant:
             self.table = ModelTable.of_one(Served(first.model_id, self.limiter, self.metrics))
         self.rest = RestRelay(settings, self.limiter, self.metrics, state, self.table)
         self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state, self.table)
-        if self.host:
-            self.table.on_change = self.rest.forget_heads
-            self.table.set_models([Entry(model) for model in sorted(rows)])
+        self.table.on_change = self.rest.forget_heads
+        self.table.set_models([Entry(model) for model in sorted(rows)])
 
     @property
     def caller(self) -> Caller:
