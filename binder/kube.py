@@ -20,6 +20,7 @@ callers (the informers, the elector) own the retry. Watches can be cut from anot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -760,7 +761,11 @@ class Kube:
     def _send_event(self, what: str, write: EventWrite) -> None:
         events = f"/api/v1/namespaces/{quote(write.namespace, safe='')}/events"
         if write.create:
-            self._write(what, lambda timeout: self._request("POST", events, timeout, write.body))
+            # 409: a retry after a lost answer finds the Event it named already there.
+            with contextlib.suppress(ConflictError):
+                self._write(
+                    what, lambda timeout: self._request("POST", events, timeout, write.body)
+                )
             return
         path = f"{events}/{quote(write.name, safe='')}"
         self._write(
