@@ -87,7 +87,7 @@ class Readiness:
             return ["draining: the pod is shutting down"]
         if not self._table:
             return ["the models file lists no model yet"]
-        models = sorted(m for m in self._table if not self._asleep(m))
+        models = sorted(m for m in self._table if not self._is_asleep(m))
         answers = await asyncio.gather(*(self._own_model.is_ready(m) for m in models))
         why = self._why_not_served()
         return [
@@ -95,6 +95,13 @@ class Readiness:
             for model, ready in zip(models, answers, strict=True)
             if not ready
         ]
+
+    def _is_asleep(self, model_id: str) -> bool:
+        """A model pod's own model sleeps as its state says (`Residency` answers it); a host's
+        each as `asleep` says."""
+        if model_id == self._model_id and self._state.model_asleep:
+            return True
+        return self._asleep(model_id)
 
     def ready_text(self) -> str:
         """The /readyz body when ready: says when the model is asleep."""
