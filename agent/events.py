@@ -3,9 +3,10 @@
 The agent records a Warning Event when it refuses a pod (not placed by the binder, model id owned
 by another pod, tenant code not allowed) or takes a model out of Triton that it cannot vouch for,
 and a Normal one when it puts an idle on-demand model to sleep to make room for another. A
-tenant can call the agent in a loop, so each (pod, reason) is written at most once per period,
-the remembered set is bounded, and writing never delays the answer: it runs as its own task,
-and a failed write is logged, not retried. A model host's replica's Events go on the host pod,
+tenant can call the agent in a loop, so each (pod, reason) is said at most once per period (a
+repeat raises the first Event's count: the one rule of common/events.py), the remembered set is
+bounded, and writing never delays the answer: it runs as its own task, and a failed write is
+logged, not retried. A model host's replica's Events go on the host pod,
 naming the replica (`<model>/<ordinal>`).
 """
 

@@ -29,7 +29,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from agent import __version__
 from agent.errors import KubeError
 from agent.podturns import PodTurns
-from common.events import node_event, pod_event
+from common.events import EventAggregator, EventWrite, node_event, pod_event
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ class KubeClient:
         self.coordination = client.CoordinationV1Api(self.api)
         self.authentication = client.AuthenticationV1Api(self.api)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-kube")
+        self.events = EventAggregator()
+        """Every Event the agent records goes through it (one rule: common/events.py)."""
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -210,12 +212,7 @@ class KubeClient:
             action="Serving",
             event_type=event_type,
         )
-        await self._call(
-            f"record an event on pod {namespace}/{name}",
-            self.core.create_namespaced_event,
-            namespace,
-            body,
-        )
+        await self._record(f"record an event on pod {namespace}/{name}", body)
 
     async def record_node_event(
         self, name: str, *, reason: str, message: str, component: str, event_type: str = "Warning"
@@ -230,11 +227,27 @@ class KubeClient:
             action="Checking",
             event_type=event_type,
         )
-        await self._call(
-            f"record an event on node {name}",
-            self.core.create_namespaced_event,
-            body["metadata"]["namespace"],
-            body,
+        await self._record(f"record an event on node {name}", body)
+
+    async def _record(self, what: str, body: JsonObject) -> None:
+        """Record the Event `body` as the aggregator says: created, or its count raised."""
+        write = self.events.write_for(body)
+        try:
+            if await self._send_event(what, write) is None and not write.create:
+                # Expired or deleted: the repeat records it again.
+                self.events.lost(write)
+                await self._send_event(what, self.events.write_for(body))
+        except KubeError:
+            self.events.failed(write)
+            raise
+
+    async def _send_event(self, what: str, write: EventWrite) -> Any:
+        if write.create:
+            return await self._call(
+                what, self.core.create_namespaced_event, write.namespace, write.body
+            )
+        return await self._call(
+            what, self.core.patch_namespaced_event, write.name, write.namespace, write.body
         )
 
     async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:

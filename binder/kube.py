@@ -20,6 +20,7 @@ callers (the informers, the elector) own the retry. Watches can be cut from anot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -46,7 +47,7 @@ from binder.errors import (
     api_error,
 )
 from binder.wire import Answer, Connections, Direct, Proxied, Stream, Transport
-from common.events import pod_event
+from common.events import EventAggregator, EventWrite, pod_event
 from common.version import VERSION
 
 log = logging.getLogger(__name__)
@@ -246,6 +247,8 @@ class Kube:
         self.retry_while = retry_while
         self._monotonic = monotonic
         self._watches: set[Stream] = set()
+        self.events = EventAggregator()
+        """Every Event the binder records goes through it (one rule: common/events.py)."""
         self._lock = threading.Lock()
         self._closed = False
         self._closing = threading.Event()
@@ -654,12 +657,7 @@ class Kube:
             action="Scheduling",
             event_type=event_type,
         )
-        self._write(
-            f"recording a {reason} event for pod {namespace}/{name}",
-            lambda timeout: self._request(
-                "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", timeout, body
-            ),
-        )
+        self._record(f"recording a {reason} event for pod {namespace}/{name}", body)
 
     # ---- TritonModels, their hosts and Services ------------------------------------------------
 
@@ -743,11 +741,35 @@ class Kube:
             event_type=event_type,
         )
         body["involvedObject"] = dict(involved)
+        self._record(f"recording a {reason} event for {involved['kind']} {namespace}/{name}", body)
+
+    def _record(self, what: str, body: JsonObject) -> None:
+        """Record the Event `body` as the aggregator says: created, or its count raised."""
+        write = self.events.write_for(body)
+        try:
+            self._send_event(what, write)
+        except NotFoundError:
+            self.events.lost(write)
+            if write.create:
+                raise
+            # Expired or deleted: the repeat records it again.
+            self._send_event(what, self.events.write_for(body))
+        except Exception:
+            self.events.failed(write)
+            raise
+
+    def _send_event(self, what: str, write: EventWrite) -> None:
+        events = f"/api/v1/namespaces/{quote(write.namespace, safe='')}/events"
+        if write.create:
+            # 409: a retry after a lost answer finds the Event it named already there.
+            with contextlib.suppress(ConflictError):
+                self._write(
+                    what, lambda timeout: self._request("POST", events, timeout, write.body)
+                )
+            return
+        path = f"{events}/{quote(write.name, safe='')}"
         self._write(
-            f"recording a {reason} event for {involved['kind']} {namespace}/{name}",
-            lambda timeout: self._request(
-                "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", timeout, body
-            ),
+            what, lambda timeout: self._request("PATCH", path, timeout, write.body, _MERGE_PATCH)
         )
 
     # ---- leases (one attempt each: the elector retries every retry period) ----------------------

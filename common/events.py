@@ -1,13 +1,20 @@
 """The core/v1 Event a part records about a pod or a node, as kube-scheduler and the kubelet
-write them.
+write them, and the one rule by which a repeat is recorded.
 
 The binder records why a pod is pending; the agent records why it refused a pod or what it did to
 its model, and what is wrong with its node's GPUs. Both send the same shape, built here so the two
-cannot drift apart. Pure: it returns the body; each part's Kubernetes adapter sends it.
+cannot drift apart, and both de-duplicate with `EventAggregator`, kube's own rule (client-go's
+event correlator): Events about one object with one reason and message are one Event whose
+`count` and `lastTimestamp` grow. Pure: it returns what to write; each part's Kubernetes adapter
+(binder/kube.py, agent/kube.py) writes it.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,7 +83,7 @@ def _event(
     event_type: str,
     now: datetime | None,
 ) -> dict[str, Any]:
-    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = _stamp(now or datetime.now(UTC))
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -93,3 +100,94 @@ def _event(
         "reportingInstance": instance,
         "action": action,
     }
+
+
+REMEMBERED = 10_000
+"""Events whose repeats are counted; past that all are forgotten, and a repeat starts anew."""
+
+
+@dataclass(frozen=True)
+class EventWrite:
+    """What to send: a new Event (`create`: POST `body` to the namespace's events), or a repeat
+    (PATCH `body`, its count and last time, onto the Event `name`)."""
+
+    namespace: str
+    name: str
+    body: dict[str, Any]
+    create: bool
+    key: tuple[str, ...]
+
+
+@dataclass
+class _Seen:
+    name: str
+    count: int
+
+
+def event_key(body: dict[str, Any]) -> tuple[str, ...]:
+    """What makes two Events one: the object, the reporter, the type, the reason, the message."""
+    involved = body["involvedObject"]
+    return (
+        str(body["metadata"]["namespace"]),
+        str(involved.get("kind", "")),
+        str(involved.get("name", "")),
+        str(involved.get("uid", "")),
+        str(involved.get("fieldPath", "")),
+        str(body.get("reportingComponent", "")),
+        str(body.get("type", "")),
+        str(body.get("reason", "")),
+        str(body.get("message", "")),
+    )
+
+
+class EventAggregator:
+    """Turns each Event a part records into the write that records it: the first of its key is
+    created (named `<object>.<hex nanoseconds>`, as client-go names Events, so a repeat can find
+    it without reading an answer); a repeat raises its count and last time. How often a thing
+    is said is its caller's to bound (a tenant can make the agent refuse in a loop: agent/events.py
+    says each refusal once per period). Thread-safe: the binder records from worker threads."""
+
+    def __init__(
+        self,
+        *,
+        remembered: int = REMEMBERED,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._remembered = remembered
+        self._now = now
+        self._seen: dict[tuple[str, ...], _Seen] = {}
+        self._lock = threading.Lock()
+
+    def write_for(self, body: dict[str, Any]) -> EventWrite:
+        """The write that records `body` (an Event built by `pod_event` or `node_event`)."""
+        key = event_key(body)
+        namespace = key[0]
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is None:
+                if len(self._seen) >= self._remembered:
+                    self._seen.clear()
+                name = f"{body['involvedObject']['name']}.{time.time_ns():x}"
+                self._seen[key] = _Seen(name, 1)
+                metadata = {"name": name, "namespace": namespace}
+                return EventWrite(namespace, name, {**body, "metadata": metadata}, True, key)
+            seen.count += 1
+            patch = {"count": seen.count, "lastTimestamp": _stamp(self._now())}
+            return EventWrite(namespace, seen.name, patch, False, key)
+
+    def lost(self, write: EventWrite) -> None:
+        """The Event of `write` is gone (expired, deleted): its next repeat creates it anew."""
+        with self._lock:
+            seen = self._seen.get(write.key)
+            if seen is not None and seen.name == write.name:
+                del self._seen[write.key]
+
+    def failed(self, write: EventWrite) -> None:
+        """A create failed: forget it, so the next one tries again (after a failed patch the
+        next repeat writes the count)."""
+        if write.create:
+            self.lost(write)
+
+
+def _stamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")

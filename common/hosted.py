@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from common.contract import (
+    RESIDENCIES,
     RESIDENCY_ALWAYS,
-    RESIDENCY_ON_DEMAND,
     SECRET_NAME,
     ContractError,
     Keys,
@@ -265,6 +265,23 @@ def decode_hosted(value: str) -> list[HostedReplica]:
     return replicas
 
 
+def serving_fields(entry: Mapping[str, object]) -> tuple[int, int, str]:
+    """A model's `maxConcurrency` and `idleSeconds` (whole numbers of 0 or more; 0: the proxy's
+    flag) and `residency` (a class), as both lists of a host give them (this annotation's
+    entries, and the models file its loader writes for its proxy: proxy/table.py); ValueError
+    saying which is wrong."""
+    numbers = []
+    for key in ("maxConcurrency", "idleSeconds"):
+        value = entry.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{key}` {value!r} is not a whole number of 0 or more")
+        numbers.append(value)
+    residency = entry.get("residency", RESIDENCY_ALWAYS)
+    if not isinstance(residency, str) or residency not in RESIDENCIES:
+        raise ValueError(f"`residency` {residency!r} is not one of {', '.join(RESIDENCIES)}")
+    return numbers[0], numbers[1], residency
+
+
 def _replica(entry: dict[str, object]) -> HostedReplica:
     def text(key: str, default: str | None = None) -> str:
         value = entry.get(key, default)
@@ -275,15 +292,7 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
     ordinal = entry.get("replica")
     if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
         raise ValueError("`replica` is not a whole number of 0 or more")
-    residency = text("residency", RESIDENCY_ALWAYS)
-    if residency not in (RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND):
-        raise ValueError(f"`residency` {residency!r} is neither always nor on-demand")
-    numbers = {}
-    for key in ("maxConcurrency", "idleSeconds"):
-        value = entry.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"`{key}` is not a whole number of 0 or more")
-        numbers[key] = value
+    concurrency, idle_seconds, residency = serving_fields(entry)
     draining = entry.get("draining", False)
     if not isinstance(draining, bool):
         raise TypeError("`draining` is not true or false")
@@ -307,8 +316,8 @@ def _replica(entry: dict[str, object]) -> HostedReplica:
         residency=residency,
         proof=text("proof", ""),
         storage_uri=uri,
-        concurrency=numbers["maxConcurrency"],
-        idle_seconds=numbers["idleSeconds"],
+        concurrency=concurrency,
+        idle_seconds=idle_seconds,
         draining=draining,
         storage_secret=secret,
         storage_options=s3_options,

@@ -58,9 +58,19 @@ class Proxy:
         )
         self.metrics = ProxyMetrics(self.limiter, settings.model_id)
         """A model pod's model's metrics; in a host, those of requests naming no model."""
-        self.table: ModelTable | None = None
-        """With --models-file: the host's models, each with its own limiter and metrics."""
-        if settings.models_file is not None:
+        self.table: ModelTable
+        """The models served: a model pod's one, with the pod's limiter and metrics; with
+        --models-file, the host's, each with its own."""
+        if settings.models_file is None:
+            self.table = ModelTable.of_one(
+                Served(
+                    settings.model_id,
+                    self.limiter,
+                    self.metrics,
+                    Entry(settings.model_id, residency=settings.residency),
+                )
+            )
+        else:
             self.table = ModelTable(
                 self.served,
                 drain_seconds=settings.finish_timeout_seconds,
@@ -75,8 +85,7 @@ class Proxy:
             self.grpc = GrpcRelay(settings, self.limiter, self.metrics, self.state, self.table)
         else:
             self.grpc = GrpcProxy(settings, self.limiter, self.metrics, self.state)
-        if self.table is not None:
-            self.table.on_change = self.rest.forget_heads
+        self.table.on_change = self.rest.forget_heads
         self._agent_calls: AgentCalls | None = None
         """With the agent: sleeps and wakes the on-demand models (one channel for them all)."""
         if settings.agent_address and settings.token_file is not None:
@@ -87,7 +96,9 @@ class Proxy:
                 settings.agent_timeout_seconds,
             )
         self.residencies = Residencies(
-            None if self.table is None or self._agent_calls is None else self._agent_calls.asleep
+            None
+            if settings.models_file is None or self._agent_calls is None
+            else self._agent_calls.asleep
         )
         """The on-demand models (proxy/residency.py): the pod's with --residency on-demand, or
         each on-demand entry of the host's table; in a host, each is looked up at the agent
@@ -133,8 +144,8 @@ class Proxy:
             settings.model_id,
             self.state,
             self.own_model,
+            self.table.names,
             (lambda: reinstaller.reason) if reinstaller is not None else lambda: "",
-            None if self.table is None else self.table.names,
             self.residencies.asleep,
         )
         host, port = settings.listen_metrics
@@ -203,13 +214,13 @@ class Proxy:
                 wake_timeout_seconds=self.settings.wake_timeout_seconds,
             ),
             on_wake=metrics.woke,
-            answers_readiness=self.table is None,
+            answers_readiness=model_id == self.settings.model_id,
         )
         limiter.residency = residency
         metrics.residency(residency)
         metrics.on_not_usable = residency.suspect
         self.residencies.add(residency)
-        if self.table is not None:
+        if model_id != self.settings.model_id:  # a host's (start() says a model pod's)
             log.info(
                 "Model %s is on-demand: unloaded after %.0f s with no request, loaded again by "
                 "the next one.",
@@ -236,7 +247,7 @@ class Proxy:
     async def start(self, lifecycle: Lifecycle) -> None:
         """Listen on the metrics, REST and gRPC ports; with --model-dir, watch the model."""
         lifecycle.on_shutdown("the model proxy", self.drain_and_stop)
-        if self.table is not None and self.settings.models_file is not None:
+        if self.settings.models_file is not None:
             # Read before listening, so the first requests find their models.
             self.table.reread(self.settings.models_file)
             self._table_task = lifecycle.spawn(
@@ -288,7 +299,7 @@ class Proxy:
 
     def model_ids(self) -> list[str]:
         """The models this proxy serves: the pod's, or the host's table's."""
-        return [self.settings.model_id] if self.table is None else sorted(self.table.names)
+        return sorted(self.table.names)
 
     async def stop_watch(self) -> None:
         """Step 0: no reinstall may start or go on once the pod is going away (the watch has

@@ -1,6 +1,6 @@
-"""Whether the pod is ready: its own model is ready in Triton (or asleep, an on-demand model
-unloaded while idle that its next request loads), or in a model host every model of its table,
-and the proxy is not draining.
+"""Whether the pod is ready: every model of its table (a model pod's one, a host's all) is ready
+in Triton or asleep (an on-demand model unloaded while idle, that its next request loads), and the
+proxy is not draining.
 
 `Readiness.not_ready` is the callback common/health.py's /readyz awaits. It asks Triton through
 `OwnModel`, over one client session held for the process (closed at shutdown). It serves nothing
@@ -66,8 +66,8 @@ class Readiness:
         model_id: str,
         state: ProxyState,
         own_model: OwnModel,
+        table: Collection[str],
         why_not_served: Callable[[], str] = lambda: "",
-        table: Collection[str] | None = None,
         asleep: Callable[[str], bool] = lambda model_id: False,
     ) -> None:
         self._model_id = model_id
@@ -76,31 +76,32 @@ class Readiness:
         self._why_not_served = why_not_served
         """What is known of why the model is not served ('' when nothing is): proxy.reinstall."""
         self._table = table
-        """A host's model ids (the table's live set), asked about instead of the pod's model."""
+        """The model ids of the proxy's table (live): a host's, or a model pod's one."""
         self._asleep = asleep
-        """Whether a host's model is on-demand and asleep: not asked about (its next request
-        loads it)."""
+        """Whether a model is on-demand and asleep: not asked about (its next request loads
+        it)."""
 
     async def not_ready(self) -> list[str]:
         """The reasons the pod is not ready; none when it is."""
         if self._state.draining:
             return ["draining: the pod is shutting down"]
-        if self._table is not None:
-            if not self._table:
-                return ["the models file lists no model yet"]
-            models = sorted(m for m in self._table if not self._asleep(m))
-            answers = await asyncio.gather(*(self._own_model.is_ready(m) for m in models))
-            return [
-                f"model {model} is not ready in Triton"
-                for model, ready in zip(models, answers, strict=True)
-                if not ready
-            ]
-        if self._state.model_asleep:
-            return []  # unloaded while idle: its next request loads it
-        if not await self._own_model.ready():
-            why = self._why_not_served()
-            return [why or f"model {self._model_id} is not ready in Triton"]
-        return []
+        if not self._table:
+            return ["the models file lists no model yet"]
+        models = sorted(m for m in self._table if not self._is_asleep(m))
+        answers = await asyncio.gather(*(self._own_model.is_ready(m) for m in models))
+        why = self._why_not_served()
+        return [
+            why or f"model {model} is not ready in Triton"
+            for model, ready in zip(models, answers, strict=True)
+            if not ready
+        ]
+
+    def _is_asleep(self, model_id: str) -> bool:
+        """A model pod's own model sleeps as its state says (`Residency` answers it); a host's
+        each as `asleep` says."""
+        if model_id == self._model_id and self._state.model_asleep:
+            return True
+        return self._asleep(model_id)
 
     def ready_text(self) -> str:
         """The /readyz body when ready: says when the model is asleep."""

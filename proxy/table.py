@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.atomicfile import read_file
-from common.contract import RESIDENCIES, RESIDENCY_ALWAYS, ContractError, validate_model_id
+from common.contract import RESIDENCY_ALWAYS, ContractError, validate_model_id
+from common.hosted import serving_fields
 from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.policy.naming import name_fields
@@ -124,23 +125,12 @@ def read_models(path: Path) -> list[Entry]:
             validate_model_id(name)
         except ContractError as e:
             raise TableError(f"entry {number} of the models file {path}: {e}") from e
-        numbers = {}
-        for key in ("maxConcurrency", "idleSeconds"):
-            value = entry.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise TableError(
-                    f"entry {number} of the models file {path}: `{key}` {value!r} is not a whole "
-                    f"number of 0 or more"
-                )
-            numbers[key] = value
-        residency = entry.get("residency", RESIDENCY_ALWAYS)
-        if residency not in RESIDENCIES:
-            raise TableError(
-                f"entry {number} of the models file {path}: `residency` {residency!r} is not "
-                f"one of {', '.join(RESIDENCIES)}"
-            )
+        try:
+            concurrency, idle_seconds, residency = serving_fields(entry)
+        except ValueError as e:
+            raise TableError(f"entry {number} of the models file {path}: {e}") from e
         if name not in models:
-            models[name] = Entry(name, numbers["maxConcurrency"], numbers["idleSeconds"], residency)
+            models[name] = Entry(name, concurrency, idle_seconds, residency)
     return list(models.values())
 
 
@@ -186,6 +176,14 @@ class ModelTable:
         """`private`, encoded (gRPC messages)."""
         self._identity: tuple[int, int, int] | None = None
         self._waiting_said = False
+
+    @classmethod
+    def of_one(cls, served: Served) -> ModelTable:
+        """A model pod's table: its one model, `served` with the pod's own limiter and metrics
+        (it never changes: the pod serves that model until it goes)."""
+        table = cls(lambda entry: served, drain_seconds=0.0)
+        table.set_models([served.entry])
+        return table
 
     def set_models(self, wanted: list[Entry]) -> None:
         """Serve exactly `wanted`: new ones join, the others start draining; an entry whose limit

@@ -153,7 +153,6 @@ class Tenant:
         self._lane = lane or ProbationLane()
         self.members: dict[str, Member] = {}
         """Each model the pod may reach, by model id."""
-        self.table: ModelTable | None = None
         if self.host:
             # The host's own requests naming no model (Triton's health, its metadata).
             settings = settings_for("", 0)
@@ -174,17 +173,20 @@ class Tenant:
         self.logged_budget = self.logged_shed = -_PAUSE_LOG_SECONDS
         self._answers_paused = False  # its channels to Triton stopped for the byte budget
         self.metrics = ProxyMetrics(self.limiter, first.model_id if not self.host else "")
+        self.table: ModelTable
+        """The models the pod may reach: a model pod's one (renamed by its own settings), or a
+        host's rows, each with its own limiter and metrics and its private name."""
         if self.host:
             self.table = ModelTable(
                 self._served, drain_seconds=0.0, on_remove=self._removed, renames=True
             )
         else:
             self._admit(first, self.limiter, self.metrics)
+            self.table = ModelTable.of_one(Served(first.model_id, self.limiter, self.metrics))
         self.rest = RestRelay(settings, self.limiter, self.metrics, state, self.table)
         self.grpc = GrpcRelay(settings, self.limiter, self.metrics, state, self.table)
-        if self.table is not None:
-            self.table.on_change = self.rest.forget_heads
-            self.table.set_models([Entry(model) for model in sorted(rows)])
+        self.table.on_change = self.rest.forget_heads
+        self.table.set_models([Entry(model) for model in sorted(rows)])
 
     @property
     def caller(self) -> Caller:
@@ -226,7 +228,7 @@ class Tenant:
         the pod instead when none stayed as it was): a row gone or changed is no longer served
         (its requests in flight finish), a new or changed one is served from now on."""
         table = self.table
-        if table is None:
+        if not self.host:
             return
         kept = {
             model

@@ -44,24 +44,20 @@ class GrpcRelay:
         limiter: Limiter,
         metrics: ProxyMetrics,
         state: ProxyState,
-        table: ModelTable | None = None,
+        table: ModelTable,
     ) -> None:
         self.settings = settings
         self.router = GrpcRouter(
             settings.model_id,
             settings.triton_name,
-            None if table is None else table.encoded,
-            table.private_encoded if table is not None and table.renames else None,
+            table.encoded,
+            table.private_encoded if table.renames else None,
         )
         self.limiter = limiter
         """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
         self.metrics = metrics
         """Where calls naming no model of the table count; a model pod's model's."""
-        self.served: dict[bytes, Served] = (
-            {settings.model_id.encode(): Served(settings.model_id, limiter, metrics)}
-            if table is None
-            else table.served
-        )
+        self.served: dict[bytes, Served] = table.served
         """Each model's limiter and metrics by encoded model id (the table's, as it changes)."""
         self.state = state
         self.max_message = settings.max_body_bytes

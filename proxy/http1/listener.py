@@ -52,24 +52,20 @@ class RestRelay:
         limiter: Limiter,
         metrics: ProxyMetrics,
         state: ProxyState,
-        table: ModelTable | None = None,
+        table: ModelTable,
     ) -> None:
         self.settings = settings
         self.router = HttpRouter(
             settings.model_id,
             settings.triton_name,
-            None if table is None else table.names,
-            table.private if table is not None and table.renames else None,
+            table.names,
+            table.private if table.renames else None,
         )
         self.limiter = limiter
         """The pod's own limiter (quarantine, the gateway's share); a model pod's model's."""
         self.metrics = metrics
         """Where requests naming no model of the table count; a model pod's model's."""
-        self.models: dict[str, Served] = (
-            {settings.model_id: Served(settings.model_id, limiter, metrics)}
-            if table is None
-            else table.models
-        )
+        self.models: dict[str, Served] = table.models
         """Each model's limiter and metrics by model id (the table's, followed as it changes)."""
         self.state = state
         self.max_body = settings.max_body_bytes

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from common.contract import Keys
@@ -13,6 +16,7 @@ from common.hosted import (
     loaded_condition,
     serves_label,
 )
+from proxy.table import TableError, read_models
 
 KEYS = Keys()
 
@@ -84,3 +88,25 @@ def test_names_fit_a_label_and_condition_name_part() -> None:
         part = name.removeprefix("tritonshare.io/")
         assert len(part) <= 63 and part[-1].isalnum()
     assert serves_label(KEYS, long) != serves_label(KEYS, long[:-1] + "n")
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"maxConcurrency": -1}, "`maxConcurrency` -1 is not a whole number of 0 or more"),
+        ({"idleSeconds": True}, "`idleSeconds` True is not a whole number of 0 or more"),
+        ({"residency": "lazy"}, "`residency` 'lazy' is not one of always, on-demand"),
+        ({"residency": 1}, "`residency` 1 is not one of always, on-demand"),
+    ],
+)
+def test_a_host_s_two_lists_refuse_a_model_s_settings_alike(
+    fields: dict[str, object], says: str, tmp_path: Path
+) -> None:
+    """The binder's hosted-models entries and the loader's models file (the proxy's table) give a
+    model's limit, idle time and residency with one meaning: one parser, one refusal."""
+    with pytest.raises(HostedError, match=says):
+        decode_hosted(json.dumps([{"model": "a", "uid": "u", "replica": 0, **fields}]))
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps([{"model": "a", **fields}]))
+    with pytest.raises(TableError, match=says):
+        read_models(models)

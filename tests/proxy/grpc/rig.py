@@ -22,6 +22,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy.limiter import Limiter
 from proxy.settings import parse_settings
 from proxy.state import ProxyState
+from proxy.table import ModelTable, Served
 from tests.proxy.conftest import data_frames
 
 Frame = tuple[int, int, int, bytes]  # kind, flags, stream id, payload
@@ -92,7 +93,9 @@ class Rig:
             argv += [f"--{name.replace('_', '-')}", value]
         settings = parse_settings(argv, {})
         limiter = Limiter(0, 0, 1.0)
-        self.relay = GrpcRelay(settings, limiter, ProxyMetrics(limiter, MODEL), ProxyState())
+        metrics = ProxyMetrics(limiter, MODEL)
+        table = ModelTable.of_one(Served(MODEL, limiter, metrics))
+        self.relay = GrpcRelay(settings, limiter, metrics, ProxyState(), table)
         self.triton_encoder = Encoder()
         self.triton_decoder = Decoder()
 

@@ -20,6 +20,7 @@ from proxy.policy.refusals import ProxyError
 from proxy.policy.routing import Answer, Forward, HttpRouter
 from proxy.settings import parse_settings
 from proxy.state import ProxyState
+from proxy.table import ModelTable, Served
 
 
 def _relay() -> RestRelay:
@@ -28,7 +29,10 @@ def _relay() -> RestRelay:
         {},
     )
     limiter = Limiter(0, 0, 1.0)
-    return RestRelay(settings, limiter, ProxyMetrics(limiter, "m"), ProxyState())
+    metrics = ProxyMetrics(limiter, "m")
+    return RestRelay(
+        settings, limiter, metrics, ProxyState(), ModelTable.of_one(Served("m", limiter, metrics))
+    )
 
 
 def _head(path: str, extra: str = "") -> bytes:
