@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,6 +77,11 @@ def s3_server(bucket: str = "models") -> Iterator[S3]:
         host, port = server.get_host_and_port()
         setup = {"aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
         url = f"http://{host}:{port}"
+        # moto keeps its state in this process, not in the server: a server started before in
+        # this worker left its user and bucket behind.
+        reset = urllib.request.Request(f"{url}/moto-api/reset", method="POST")
+        with urllib.request.urlopen(reset, timeout=10) as answer:
+            answer.read()
         iam = boto3.client("iam", endpoint_url=url, region_name=REGION, **setup)
         iam.create_user(UserName="reader")
         policy = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}

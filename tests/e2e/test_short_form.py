@@ -231,22 +231,21 @@ def test_a_model_uri_with_a_typo_says_why_in_an_event_the_status_and_the_logs(
     assert ended.exit_code == 1 and "HTTP 404" in ended.message
     assert cluster.apiserver is not None
     config = cluster.apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    logs = subprocess.run(
-        [
-            require_executable("kubectl"),
-            "--kubeconfig",
-            str(config),
-            "-n",
-            NAMESPACE,
-            "logs",
-            "typo",
-            "-c",
-            "storage-initializer",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert logs.returncode == 0, logs.stderr
-    assert "answered HTTP 404" in logs.stdout
+    kubectl = [require_executable("kubectl"), "--kubeconfig", str(config), "-n", NAMESPACE]
+
+    def logged() -> str | None:
+        # The container restarts: its run now may have just begun (empty so far), so the reason
+        # is in this run's log or, once another run started, in the previous one's.
+        for previous in ([], ["--previous"]):
+            logs = subprocess.run(
+                [*kubectl, "logs", "typo", "-c", "storage-initializer", *previous],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            if logs.returncode == 0 and "answered HTTP 404" in logs.stdout:
+                return logs.stdout
+        return None
+
+    wait_until("the storage initializer's reason in its logs", logged, 60)
