@@ -29,8 +29,9 @@ the loop:
   `<prefix>hosted-models` (with what their proofs' claims need: model, model uid, ordinal, GPU,
   residency) and labelled `<prefix>serves-<model>` for each replica whose loaded condition (the
   agent's, on the host: `host_changed`) is True, or False only as asleep (ModelSleeping: the
-  host's proxy wakes it on the next request), and that is not draining; deleted when its last
-  replica leaves;
+  host's proxy wakes it on the next request), and that is not draining; awake first: a sleeping
+  replica's label is `asleep` (outside the Service) while another replica of its model is awake,
+  so a request wakes one only when none is awake; deleted when its last replica leaves;
 - the model's Service (same name, owned by the model): ports http 9000 and grpc 9001, selecting
   the hosts labelled `<prefix>serves-<model>`, so it reaches exactly the hosts where the model
   is loaded.
@@ -107,6 +108,7 @@ from binder.rolling import (
 from common.contract import RESIDENCY_ALWAYS, RESIDENCY_ON_DEMAND, Keys
 from common.hosted import (
     LOAD_FAILURE_REASONS,
+    SERVES_ASLEEP,
     SLEEPING_REASON,
     HostedError,
     HostedReplica,
@@ -394,7 +396,17 @@ class ModelController:
         for pod, _ in self._ledger.state.pods_on(node):
             if pod.namespace == namespace and is_replica(pod.uid):
                 self.changed(pod.uid.rpartition("/")[0])
+                self._awake_first(pod.uid.rpartition("/")[0])
         self._wake.set()
+
+    def _awake_first(self, uid: str) -> None:
+        """The hosts of model `uid`'s other replicas are labelled again: whether a sleeping
+        one is in the Service depends on this one being awake (`_serves_value`)."""
+        model = self._ledger.models.get(uid)
+        for rid in self._ledger.replica_uids(uid) if model is not None else ():
+            charged = self._ledger.state.charged_pod(rid)
+            if charged is not None and model is not None:
+                self._hosts_seen.add((model.namespace, charged.node_name))
 
     def changed(self, uid: str) -> None:
         """A model, or its placed replicas, changed (from the cache, on the loop)."""
@@ -842,6 +854,36 @@ class ModelController:
                 return Loaded(False, f"{reason}: {message}" if message else reason, reason)
         return Loaded(False, "not loaded on its model host yet")
 
+    def _awake(self, model: ModelInfo, node: str) -> bool:
+        """Whether `model` is loaded and not asleep on the namespace's host on `node`, and
+        that host is Ready (in the Service's endpoints)."""
+        host = self._ledger.hosts.get(model.namespace, {}).get(node) or {}
+        conditions = [
+            c for c in (host.get("status") or {}).get("conditions") or [] if isinstance(c, dict)
+        ]
+        wanted = {loaded_condition(self._keys, model.name), "Ready"}
+        return len([c for c in conditions if c.get("type") in wanted]) == 2 and all(
+            c.get("status") == "True" for c in conditions if c.get("type") in wanted
+        )
+
+    def _serves_value(self, model: ModelInfo, node: str) -> str:
+        """The `serves-<model>` label of a host where `model` is loaded: "true" (selected by
+        its Service) when awake there, or when asleep there and no other replica of it is awake
+        and not draining (awake first: a sleeping replica gets requests, and wakes, only while
+        no replica of its model is awake); else "asleep", outside the Service."""
+        if self._awake(model, node):
+            return "true"
+        for rid in self._ledger.replica_uids(model.uid):
+            charged = self._ledger.state.charged_pod(rid)
+            if (
+                charged is not None
+                and charged.node_name != node
+                and rid not in self._draining
+                and self._awake(model, charged.node_name)
+            ):
+                return SERVES_ASLEEP
+        return "true"
+
     def _served(self, model: ModelInfo, node: str) -> Loaded:
         """Whether `model` is served through its Service by the namespace's host on `node`:
         loaded there (`_loaded`), and the host pod Ready, so that its endpoint is (a new host's
@@ -1208,7 +1250,7 @@ class ModelController:
         for model, ordinal, replica in sorted(replicas, key=lambda r: (r[0].name, r[1])):
             draining = replica.uid in self._draining
             if not draining and self._loaded(model, node).ready:
-                labels[serves_label(self._keys, model.name)] = "true"
+                labels[serves_label(self._keys, model.name)] = self._serves_value(model, node)
             owners.setdefault(model.uid, _owner(model, False))
             if model.storage_secret and not draining:
                 secrets.add(model.storage_secret)

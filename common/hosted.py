@@ -8,7 +8,8 @@ and is the only writer of what this module names on it:
 - annotation `<prefix>hosted-models`: a JSON list of `HostedReplica`, one per replica placed on the
   host's node (at most one replica of a model per node);
 - label `<prefix>serves-<model>: "true"` for each replica loaded and ready there (what the model's
-  Service selects), read from the agent's condition below.
+  Service selects), read from the agent's condition below; `"asleep"` (`SERVES_ASLEEP`, outside
+  the Service) for an on-demand replica asleep there while another replica of the model is awake.
 
 The agent reads the annotation, proves each replica's proof as it proves a pod's (the claim of a
 pod of uid `<model uid>/<replica>`, name `<model>/<replica>`, in the host's namespace, on the
@@ -100,6 +101,10 @@ def _qualified(keys: Keys, word: str, model: str) -> str:
         digest = hashlib.sha256(model.encode()).hexdigest()[:15]
         name = f"{word}-{model[:40].rstrip('.-_')}-{digest}"
     return f"{keys.prefix}{name}"
+
+
+SERVES_ASLEEP = "asleep"
+"""The `serves-<model>` value of a host whose replica sleeps while another one is awake."""
 
 
 def serves_label(keys: Keys, model: str) -> str:
